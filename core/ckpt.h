@@ -1,0 +1,72 @@
+/* ckpt: checkpoints as safetensors with whole tensors under canonical names.
+ * <dir>/step_<N>/{model.safetensors, optimizer.safetensors, state.json}. Every rank computes the
+ * same file layout from the same tensor list; rank 0 writes the headers, every rank pwrites the
+ * slice it holds (a box of the 2D view, then a flat range inside it: covers TP, PP, EP and ZeRO
+ * shards). The step is written under a temporary name, fsync'd, renamed, and `latest` updated
+ * atomically, so a crash mid-write never damages the previous checkpoint; keep_last prunes.
+ * Readers check every tensor's name and shape and say which one does not match. */
+#ifndef UST_CKPT_H
+#define UST_CKPT_H
+
+#include <stdint.h>
+
+#include "error.h"
+
+#define CKPT_NAME_MAX 128
+
+typedef struct {
+    char name[CKPT_NAME_MAX];
+    int ndim;          /* 1 or 2 */
+    int64_t shape[2];  /* the whole tensor's shape */
+} ckpt_tensor;
+
+/* The part of a tensor a rank holds. For a 1-D tensor of n use rows = 1, cols = n. The rank's
+ * data is the row-major box [row0, row0+nrows) x [col0, col0+ncols) of the 2-D view, restricted
+ * to its flat elements [flat0, flat1) in box order. */
+typedef struct {
+    int64_t row0, nrows, col0, ncols;
+    int64_t flat0, flat1;
+} ckpt_slice;
+
+ckpt_slice ckpt_whole(const ckpt_tensor *t);
+
+typedef struct ckpt_writer ckpt_writer;
+typedef void (*ckpt_barrier_fn)(void *arg);
+
+/* Starts step `step` under dir (creates dir and a temporary step directory). All ranks call it;
+ * barrier (may be NULL for one rank) synchronizes them where the protocol needs it. */
+ckpt_writer *ckpt_begin(const char *dir, int64_t step, int rank, ckpt_barrier_fn barrier,
+                        void *barrier_arg, ust_err *e);
+/* Declares a file (e.g. "model.safetensors") with its tensors in order; returns its index. */
+int ckpt_add_file(ckpt_writer *w, const char *file, const ckpt_tensor *tensors, int n,
+                  ust_err *e);
+int ckpt_write_slice(ckpt_writer *w, int file, const char *name, const ckpt_slice *s,
+                     const float *host_data, ust_err *e);
+/* Rank 0 writes state.json (may be NULL on others). Then fsync, barrier, rename to step_<N>,
+ * update `latest`, prune to keep_last (0 = keep all). Frees w. */
+int ckpt_commit(ckpt_writer *w, const char *state_json, int keep_last, ust_err *e);
+void ckpt_abort(ckpt_writer *w); /* leaves the previous checkpoints untouched */
+
+typedef struct ckpt_reader ckpt_reader;
+
+/* Finds the newest finished checkpoint in dir: writes its step directory into out and returns
+ * 1; returns 0 when there is none; -1 on error. */
+int ckpt_find_latest(const char *dir, char *out, int out_size, ust_err *e);
+ckpt_reader *ckpt_open(const char *step_dir, ust_err *e);
+void ckpt_close(ckpt_reader *r);
+/* Reads the slice of tensor `name` in file (e.g. "model.safetensors"); fails with a message
+ * naming the tensor when it is missing or its shape differs from `expect`. */
+int ckpt_read_slice(ckpt_reader *r, const char *file, const ckpt_tensor *expect,
+                    const ckpt_slice *s, float *host_out, ust_err *e);
+const char *ckpt_state_json(const ckpt_reader *r); /* contents of state.json */
+
+/* Minimal safetensors access used by the readers above and by tests/tools. */
+typedef struct st_file st_file;
+st_file *st_open(const char *path, ust_err *e);
+void st_close(st_file *f);
+int st_count(const st_file *f);
+const char *st_name(const st_file *f, int i);
+/* Returns pointer to fp32 data of tensor name (mmap'd), shape out; NULL if missing. */
+const float *st_tensor(const st_file *f, const char *name, int *ndim, int64_t shape[4]);
+
+#endif

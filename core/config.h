@@ -1,0 +1,116 @@
+/* config: the run's YAML (libyaml) -> a typed, validated ust_config.
+ * cfg_defaults, then cfg_load_file (unknown/duplicate keys, wrong types and bad values are
+ * errors with file:line:col and a did-you-mean), then cfg_set for each --set key.path=value,
+ * then cfg_validate against the world size. Every error returns -1 with the message in ust_err;
+ * callers exit 2 before any heavy work. cfg_dump writes the effective config as YAML. */
+#ifndef UST_CONFIG_H
+#define UST_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "error.h"
+
+#define UST_PATH_MAX 512
+
+typedef enum { ARCH_GPT2, ARCH_LLAMA } ust_arch;
+typedef enum { DEV_CPU, DEV_CUDA } ust_device;
+typedef enum { PREC_FP32, PREC_BF16 } ust_precision;
+typedef enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL } ust_recompute;
+typedef enum { ONNAN_STOP, ONNAN_SKIP } ust_on_nan;
+typedef enum { SCHED_COSINE, SCHED_LINEAR, SCHED_CONSTANT, SCHED_WSD } ust_lr_schedule;
+typedef enum { PP_AFAB, PP_1F1B, PP_INTERLEAVED, PP_ZB } ust_pp_schedule;
+typedef enum { CP_ZIGZAG, CP_CONTIGUOUS } ust_cp_layout;
+typedef enum { CP_RING, CP_ALLGATHER } ust_cp_comm;
+typedef enum { DATA_LLMC, DATA_NANOGPT, DATA_MEGATRON } ust_data_format;
+
+typedef struct {
+    struct {
+        char name[128];
+        uint64_t seed;
+        ust_device device;
+        char out_dir[UST_PATH_MAX];
+    } run;
+    struct {
+        ust_arch arch;
+        int n_layer, d_model, n_head, n_kv_head, d_ff;
+        int vocab_size; /* real vocabulary */
+        int vocab_pad;  /* padded to a multiple of this (default 128) */
+        int max_seq_len;
+        double rope_theta;
+        double norm_eps;      /* RMSNorm/LayerNorm epsilon (default 1e-5) */
+        bool tie_embeddings;  /* gpt2 always ties; llama may */
+        char init_from[UST_PATH_MAX]; /* "" = random init; else an llm.c gpt2 .bin */
+        struct {
+            int num_experts, top_k, d_ff_expert, every;
+            bool shared_expert;
+            double aux_loss_coef, z_loss_coef, capacity_factor;
+        } moe;
+    } model;
+    struct {
+        int dp, tp, pp, cp, ep;
+        bool sp;
+        int vpp;
+        ust_pp_schedule pp_schedule;
+        ust_cp_layout cp_layout;
+        ust_cp_comm cp_comm;
+        double dp_bucket_mb;
+    } parallel;
+    struct {
+        int64_t steps;
+        int seq_len, micro_batch_size, global_batch_size;
+        ust_precision precision;
+        ust_recompute recompute;
+        double grad_clip; /* <= 0: no clipping */
+        ust_on_nan on_nan;
+        int threads;      /* compute threads per rank, 0 = cores / local ranks */
+    } train;
+    struct {
+        char name[16]; /* "adamw" */
+        int zero_stage;
+        double lr, min_lr;
+        int warmup_steps;
+        ust_lr_schedule schedule;
+        double decay_frac; /* wsd: fraction of steps in the final decay */
+        double beta1, beta2, eps, weight_decay;
+    } optimizer;
+    struct {
+        ust_data_format format;
+        char train[UST_PATH_MAX], val[UST_PATH_MAX]; /* globs; val may be "" */
+        bool shuffle;
+        int val_every, val_steps;
+    } data;
+    struct {
+        char dir[UST_PATH_MAX];
+        int every, keep_last;
+        char resume[UST_PATH_MAX]; /* "auto", "none", or a step directory */
+    } checkpoint;
+    struct {
+        int every;
+        char metrics_file[UST_PATH_MAX];
+        double peak_flops; /* 0 = measured sgemm (cpu) / table (gpu) */
+    } logging;
+    struct {
+        double timeout_s;
+    } dist;
+    char source[UST_PATH_MAX]; /* the YAML file it came from */
+} ust_config;
+
+void cfg_defaults(ust_config *c);
+int cfg_load_file(ust_config *c, const char *path, ust_err *e);
+int cfg_load_string(ust_config *c, const char *yaml, const char *name, ust_err *e);
+/* "section.key=value" (also "model.moe.top_k=2"); value parsed as YAML scalar. */
+int cfg_set(ust_config *c, const char *assignment, ust_err *e);
+/* Ranges and divisibility (heads by tp, layers by pp*vpp, seq by 2*cp, experts by ep,
+ * world == dp*tp*pp*cp, batch sizes). world <= 0 skips the world check. */
+int cfg_validate(const ust_config *c, int world, ust_err *e);
+void cfg_dump(const ust_config *c, FILE *f);
+
+/* Derived values every module agrees on. */
+int cfg_vocab_padded(const ust_config *c);
+int cfg_grad_accum(const ust_config *c); /* global / (micro * dp) */
+int cfg_head_dim(const ust_config *c);
+bool cfg_tied(const ust_config *c); /* gpt2, or llama with tie_embeddings */
+
+#endif

@@ -1,0 +1,51 @@
+#include "mem.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "error.h"
+
+void mem_init(ust_arena *a, const ust_ops *ops) {
+    memset(a, 0, sizeof *a);
+    a->ops = ops;
+}
+
+void *mem_alloc(ust_arena *a, mem_cat cat, size_t bytes) {
+    UST_ASSERT(!a->frozen, "allocation of %zu bytes after setup (category %s)", bytes,
+               mem_cat_name(cat));
+    UST_ASSERT(a->nblocks < (int)(sizeof a->blocks / sizeof a->blocks[0]), "too many blocks");
+    if (bytes == 0) bytes = 64;
+    void *p = a->ops->alloc(a->ops, bytes);
+    a->blocks[a->nblocks++] = p;
+    a->bytes[cat] += bytes;
+    a->total += bytes;
+    if (a->total > a->peak) a->peak = a->total;
+    return p;
+}
+
+void mem_freeze(ust_arena *a) { a->frozen = 1; }
+
+void mem_release(ust_arena *a) {
+    for (int i = 0; i < a->nblocks; i++) a->ops->free(a->ops, a->blocks[i]);
+    a->nblocks = 0;
+    a->total = 0;
+    memset(a->bytes, 0, sizeof a->bytes);
+    a->frozen = 0;
+}
+
+const char *mem_cat_name(mem_cat c) {
+    static const char *names[MEM_NCAT] = {"params", "grads", "optimizer", "activations", "comm",
+                                          "other"};
+    return c < MEM_NCAT ? names[c] : "?";
+}
+
+size_t mem_peak_rss_bytes(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f) return 0;
+    char line[256];
+    size_t kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %zu kB", &kb) == 1) break;
+    fclose(f);
+    return kb * 1024;
+}

@@ -1,0 +1,132 @@
+/* ops: the compute interface every backend implements (CPU here, CUDA in cuda/).
+ * All tensors are device pointers to fp32, row-major; token-major activations are (B,T,...).
+ * Ops are enqueued on the backend's stream; the CPU backend runs them synchronously.
+ * Conventions: backward ops ACCUMULATE (+=) into parameter gradients (dw, db) and into
+ * attention's dq/dk/dv (ring attention sums over blocks); they OVERWRITE other activation
+ * gradients (dinp) unless a flag says otherwise. Any gradient output may be NULL (not wanted). */
+#ifndef UST_OPS_H
+#define UST_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ust_ops ust_ops;
+
+struct ust_ops {
+    const char *name; /* "cpu" or "cuda" */
+    void *impl;       /* backend-private state */
+
+    /* ---- memory ---- */
+    void *(*alloc)(const ust_ops *o, size_t bytes); /* zeroed, 64-byte aligned; fatal on OOM */
+    void (*free)(const ust_ops *o, void *p);
+    void (*to_device)(const ust_ops *o, void *dst, const void *host_src, size_t bytes);
+    void (*to_host)(const ust_ops *o, void *host_dst, const void *src, size_t bytes);
+    void (*copy)(const ust_ops *o, void *dst, const void *src, size_t bytes);
+    void (*zero)(const ust_ops *o, void *p, size_t bytes);
+    void (*sync)(const ust_ops *o);
+
+    /* ---- matmul ----
+     * C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C, row-major; op(X) = X^T when tX. */
+    void (*matmul)(const ust_ops *o, float *C, const float *A, const float *B, int M, int N, int K,
+                   int tA, int tB, float alpha, float beta);
+    /* The same for `batch` independent problems at the given element strides. */
+    void (*matmul_batched)(const ust_ops *o, float *C, const float *A, const float *B, int M, int N,
+                           int K, int tA, int tB, float alpha, float beta, int batch,
+                           int64_t strideA, int64_t strideB, int64_t strideC);
+
+    /* ---- linear: out(N,OC) = inp(N,C) @ w(OC,C)^T + bias(OC) (bias may be NULL) ----
+     * backward: dinp(N,C) = dout @ w (or += when acc_dinp), dw(OC,C) += dout^T @ inp,
+     * dbias(OC) += column sums of dout. */
+    void (*linear_fwd)(const ust_ops *o, float *out, const float *inp, const float *w,
+                       const float *bias, int N, int C, int OC);
+    void (*linear_bwd)(const ust_ops *o, float *dinp, float *dw, float *dbias, const float *dout,
+                       const float *inp, const float *w, int N, int C, int OC, int acc_dinp);
+
+    /* ---- embedding: out(B,T,C) = wte[tok - v_start] + wpe[pos[t]] ----
+     * wte holds vocabulary rows [v_start, v_end); tokens outside contribute 0 (vocab-parallel).
+     * wpe and pos may be NULL (no learned positions). pos has T entries shared by all b.
+     * backward accumulates into dwte/dwpe. */
+    void (*embedding_fwd)(const ust_ops *o, float *out, const int32_t *tok, const int32_t *pos,
+                          const float *wte, const float *wpe, int B, int T, int C, int v_start,
+                          int v_end);
+    void (*embedding_bwd)(const ust_ops *o, float *dwte, float *dwpe, const float *dout,
+                          const int32_t *tok, const int32_t *pos, int B, int T, int C, int v_start,
+                          int v_end);
+
+    /* ---- norms over the last dim C of N rows; mean/rstd (N) saved for backward ---- */
+    void (*layernorm_fwd)(const ust_ops *o, float *out, float *mean, float *rstd, const float *inp,
+                          const float *w, const float *b, int N, int C, float eps);
+    void (*layernorm_bwd)(const ust_ops *o, float *dinp, float *dw, float *db, const float *dout,
+                          const float *inp, const float *w, const float *mean, const float *rstd,
+                          int N, int C);
+    void (*rmsnorm_fwd)(const ust_ops *o, float *out, float *rstd, const float *inp,
+                        const float *w, int N, int C, float eps);
+    void (*rmsnorm_bwd)(const ust_ops *o, float *dinp, float *dw, const float *dout,
+                        const float *inp, const float *w, const float *rstd, int N, int C);
+
+    /* ---- activations, elementwise over n ---- */
+    /* GPT-2's tanh approximation: 0.5x(1+tanh(sqrt(2/pi)(x+0.044715x^3))) */
+    void (*gelu_fwd)(const ust_ops *o, float *out, const float *inp, int64_t n);
+    void (*gelu_bwd)(const ust_ops *o, float *dinp, const float *inp, const float *dout, int64_t n);
+    /* out = silu(gate) * up */
+    void (*swiglu_fwd)(const ust_ops *o, float *out, const float *gate, const float *up,
+                       int64_t n);
+    void (*swiglu_bwd)(const ust_ops *o, float *dgate, float *dup, const float *dout,
+                       const float *gate, const float *up, int64_t n);
+
+    /* ---- RoPE on x(B,T,H,D), rotate-half convention (pairs i, i+D/2, as Hugging Face Llama),
+     * angle pos[t] * theta^(-2i/D). out may equal inp. Backward applies the inverse rotation:
+     * dinp = R^T dout (dinp may equal dout). ---- */
+    void (*rope_fwd)(const ust_ops *o, float *out, const float *inp, const int32_t *pos, int B,
+                     int T, int H, int D, float theta);
+    void (*rope_bwd)(const ust_ops *o, float *dinp, const float *dout, const int32_t *pos, int B,
+                     int T, int H, int D, float theta);
+
+    /* ---- attention, flash-style (online softmax, nothing of size T*T kept) ----
+     * q(B,Tq,H,D), k,v(B,Tk,Hkv,D), out(B,Tq,H,D), lse(B,H,Tq) = log sum_j exp(s_ij);
+     * s_ij = q_i.k_j / sqrt(D); query head h uses kv head h / (H/Hkv) (GQA).
+     * When causal, key j is visible to query i iff k_pos[j] <= q_pos[i] (positions are global
+     * token positions, so context-parallel blocks mask correctly). A query that sees no key gets
+     * out = 0 and lse = -INFINITY. Backward takes the final out/lse (after any merge) and
+     * accumulates into dq, dk, dv. */
+    void (*attention_fwd)(const ust_ops *o, float *out, float *lse, const float *q, const float *k,
+                          const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
+                          const int32_t *q_pos, const int32_t *k_pos, int causal);
+    void (*attention_bwd)(const ust_ops *o, float *dq, float *dk, float *dv, const float *dout,
+                          const float *out, const float *lse, const float *q, const float *k,
+                          const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
+                          const int32_t *q_pos, const int32_t *k_pos, int causal);
+    /* Merges a partial result (out2, lse2) over other keys into (out, lse), in place. */
+    void (*attention_merge)(const ust_ops *o, float *out, float *lse, const float *out2,
+                            const float *lse2, int B, int T, int H, int D);
+
+    /* ---- softmax cross-entropy, fused with its backward ----
+     * logits(N,V); columns >= v_real are padding (probability 0, gradient 0). losses(N) gets
+     * -log p[target]; a target < 0 is ignored (loss 0, gradient 0). When dlogits != NULL it gets
+     * (softmax - onehot) * dscale; dlogits may equal logits. */
+    void (*xent_fwd_bwd)(const ust_ops *o, float *losses, float *dlogits, const float *logits,
+                         const int32_t *targets, int N, int V, int v_real, float dscale);
+
+    /* ---- optimizer: AdamW on fp32 master weights, step t >= 1 (bias correction).
+     * g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+     * p -= lr * (mhat / (sqrt(vhat) + eps) + wd * p). ---- */
+    void (*adamw)(const ust_ops *o, float *p, const float *grad, float *m, float *v, int64_t n,
+                  float lr, float b1, float b2, float eps, float wd, float grad_scale, int64_t t);
+
+    /* ---- elementwise and reductions ---- */
+    void (*add)(const ust_ops *o, float *out, const float *a, const float *b, int64_t n);
+    void (*axpy)(const ust_ops *o, float *y, float a, const float *x, int64_t n); /* y += a x */
+    void (*scale)(const ust_ops *o, float *x, float s, int64_t n);
+    double (*sumsq)(const ust_ops *o, const float *x, int64_t n); /* sum x^2, fp64, to host */
+    double (*sum)(const ust_ops *o, const float *x, int64_t n);   /* sum x, fp64, to host */
+
+    void (*destroy)(ust_ops *o);
+};
+
+/* CPU backend: OpenBLAS + OpenMP with `threads` threads (<= 0: cores / local ranks). */
+ust_ops *ops_cpu_create(int threads, int local_ranks);
+
+/* Measured single-precision GEMM rate of this backend (FLOP/s), for MFU on CPU. */
+double ops_measure_sgemm_flops(const ust_ops *o, int n, int reps);
+
+#endif

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Runs every test program (build/test/test_*) and test script (test/sh/*.sh), counts the
+# PASS/FAIL lines they print and closes with "N passed, N failed". Exit 1 when anything failed
+# or a test program died without reporting.
+cd "$(dirname "$0")/.." || exit 1
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 UST=./ustrain
+log=$(mktemp /tmp/ustrain-testlog.XXXXXX)
+crashed=0
+run_one() {
+    local what=$1; shift
+    local start=$SECONDS
+    echo "== $what"
+    local out=$(mktemp /tmp/ustrain-testout.XXXXXX)
+    "$@" </dev/null >"$out" 2>&1
+    local rc=$?
+    cat "$out" >>"$log"
+    grep -E '^FAIL' "$out"
+    [ -n "${VERBOSE:-}" ] && cat "$out"
+    echo "   ($what: exit $rc, $((SECONDS - start))s)"
+    if [ "$rc" -ne 0 ] && ! grep -q '^FAIL' "$out"; then
+        echo "FAIL $what: exited with status $rc without reporting a failure" | tee -a "$log"
+        tail -5 "$out"
+        crashed=1
+    fi
+    rm -f "$out"
+}
+for t in build/test/test_*; do
+    [ -x "$t" ] || continue
+    run_one "$t" "$t"
+done
+for s in test/sh/*.sh; do
+    [ -f "$s" ] || continue
+    run_one "$s" bash "$s"
+done
+np=$(grep -c '^PASS' "$log")
+nf=$(grep -c '^FAIL' "$log")
+echo
+grep '^FAIL' "$log" | sed 's/^/  /'
+echo "$np passed, $nf failed"
+rm -f "$log"
+[ "$nf" -eq 0 ] && [ "$crashed" -eq 0 ]
