@@ -1,0 +1,183 @@
+/* bootstrap over PMIx: srun --mpi=pmix, and OpenMPI's mpirun, which is a PMIx server for any
+ * program, MPI or not. PMIx keys are already scoped by process, so boot_put(key) is a PMIx_Put of
+ * "ust.<key>" and boot_get(rank, key) a PMIx_Get on (namespace, rank). The job id is the PMIx
+ * namespace, which is the same on every rank and different for every job step. */
+#include <math.h>
+#include <pmix.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bootstrap_impl.h"
+
+extern char **environ;
+
+struct boot_pmix {
+    pmix_proc_t me;
+    uint32_t fence_gen;
+};
+
+int boot_pmix_available(void) {
+    if (getenv("PMIX_RANK") || getenv("PMIX_NAMESPACE")) return 1;
+    for (char **v = environ; *v; v++)
+        if (!strncmp(*v, "PMIX_SERVER_URI", 15)) return 1;
+    return 0;
+}
+
+/* An integer attribute of proc, looked up only in what the server gave us at init (no waiting).
+ * Returns 1 when found. */
+static int pmix_int(const pmix_proc_t *proc, const char *key, long *out) {
+    pmix_info_t info;
+    bool yes = true;
+    PMIX_INFO_CONSTRUCT(&info);
+    PMIX_INFO_LOAD(&info, PMIX_OPTIONAL, &yes, PMIX_BOOL);
+    pmix_value_t *v = NULL;
+    pmix_status_t rc = PMIx_Get(proc, key, &info, 1, &v);
+    PMIX_INFO_DESTRUCT(&info);
+    if (rc != PMIX_SUCCESS || !v) return 0;
+    int ok = 1;
+    switch (v->type) {
+    case PMIX_UINT8: *out = v->data.uint8; break;
+    case PMIX_UINT16: *out = v->data.uint16; break;
+    case PMIX_UINT32: *out = (long)v->data.uint32; break;
+    case PMIX_UINT64: *out = (long)v->data.uint64; break;
+    case PMIX_INT: *out = v->data.integer; break;
+    case PMIX_INT32: *out = v->data.int32; break;
+    case PMIX_SIZE: *out = (long)v->data.size; break;
+    case PMIX_PROC_RANK: *out = (long)v->data.rank; break;
+    default: ok = 0;
+    }
+    PMIX_VALUE_RELEASE(v);
+    return ok;
+}
+
+int boot_pmix_init(ust_boot *b, ust_err *e) {
+    struct boot_pmix *p = calloc(1, sizeof *p);
+    if (!p) return ust_errf(e, "out of memory");
+    pmix_status_t rc = PMIx_Init(&p->me, NULL, 0);
+    if (rc != PMIX_SUCCESS) {
+        /* PMIX_* variables without a server (e.g. inherited from an outer job): not ours. */
+        ust_errf(e, "PMIx_Init: %s", PMIx_Error_string(rc));
+        free(p);
+        return 1;
+    }
+    b->impl->pmix = p;
+    b->kind = BOOT_PMIX;
+    pmix_proc_t wild;
+    PMIX_LOAD_PROCID(&wild, p->me.nspace, PMIX_RANK_WILDCARD);
+    long world = 0, lr = 0, lw = 0, node = 0, nnodes = 0;
+    if (!pmix_int(&wild, PMIX_JOB_SIZE, &world) || world < 1)
+        return ust_errf(e, "PMIx server (namespace %s) did not give the job size", p->me.nspace);
+    b->rank = (int)p->me.rank, b->world = (int)world;
+    if (b->rank < 0 || b->rank >= b->world)
+        return ust_errf(e, "PMIx rank %d outside the job size %d", b->rank, b->world);
+
+    int sane = 0;
+    char ns[PMIX_MAX_NSLEN + 1];
+    for (size_t i = 0; p->me.nspace[i] && i < PMIX_MAX_NSLEN; i++, sane++) {
+        char c = p->me.nspace[i];
+        ns[i] = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                        c == '-' || c == '_' || c == '.'
+                    ? c
+                    : '_';
+    }
+    ns[sane] = 0;
+    snprintf(b->job_id, sizeof b->job_id, "pmix-%.58s", ns);
+
+    int have_local = pmix_int(&p->me, PMIX_LOCAL_RANK, &lr) && pmix_int(&wild, PMIX_LOCAL_SIZE, &lw);
+    if (have_local && lw >= 1 && lr < lw) {
+        b->local_rank = (int)lr, b->local_world = (int)lw;
+    } else {
+        b->local_rank = b->rank, b->local_world = b->world; /* assume one node */
+    }
+    if (pmix_int(&p->me, PMIX_NODEID, &node) && pmix_int(&wild, PMIX_NUM_NODES, &nnodes) &&
+        nnodes >= 1 && node < nnodes) {
+        b->node_id = (int)node, b->nnodes = (int)nnodes;
+    } else {
+        b->nnodes = (b->world + b->local_world - 1) / b->local_world;
+        b->node_id = b->rank / b->local_world;
+    }
+    return 0;
+}
+
+static void pmix_key(char *out, size_t cap, const char *key) { snprintf(out, cap, "ust.%s", key); }
+
+int boot_pmix_put(ust_boot *b, const char *key, const void *val, size_t len, ust_err *e) {
+    char k[PMIX_MAX_KEYLEN + 1];
+    pmix_key(k, sizeof k, key);
+    pmix_value_t v;
+    PMIX_VALUE_CONSTRUCT(&v);
+    v.type = PMIX_BYTE_OBJECT;
+    v.data.bo.bytes = (char *)val; /* PMIx_Put copies; we must not destruct our buffer */
+    v.data.bo.size = len;
+    pmix_status_t rc = PMIx_Put(PMIX_GLOBAL, k, &v);
+    if (rc == PMIX_SUCCESS) rc = PMIx_Commit();
+    if (rc != PMIX_SUCCESS)
+        return ust_errf(e, "PMIx put of key '%s' failed: %s", key, PMIx_Error_string(rc));
+    (void)b;
+    return 0;
+}
+
+int boot_pmix_fence(ust_boot *b, ust_err *e) {
+    struct boot_pmix *p = b->impl->pmix;
+    uint32_t gen = p->fence_gen++;
+    pmix_info_t info[2];
+    bool collect = true;
+    int tmo = (int)ceil(b->timeout_s);
+    PMIX_INFO_CONSTRUCT(&info[0]);
+    PMIX_INFO_CONSTRUCT(&info[1]);
+    PMIX_INFO_LOAD(&info[0], PMIX_COLLECT_DATA, &collect, PMIX_BOOL);
+    PMIX_INFO_LOAD(&info[1], PMIX_TIMEOUT, &tmo, PMIX_INT);
+    double t0 = boot_now();
+    pmix_status_t rc = PMIx_Fence(NULL, 0, info, 2);
+    PMIX_INFO_DESTRUCT(&info[0]);
+    PMIX_INFO_DESTRUCT(&info[1]);
+    if (rc != PMIX_SUCCESS)
+        return ust_errf(e, "bootstrap fence %u (PMIx, namespace %s, %d ranks) failed after %.1f s: "
+                           "%s; PMIx does not say which ranks did not arrive",
+                        gen, p->me.nspace, b->world, boot_now() - t0, PMIx_Error_string(rc));
+    return 0;
+}
+
+int boot_pmix_get(ust_boot *b, int rank, const char *key, void *val, size_t cap, ust_err *e) {
+    struct boot_pmix *p = b->impl->pmix;
+    char k[PMIX_MAX_KEYLEN + 1];
+    pmix_key(k, sizeof k, key);
+    pmix_proc_t who;
+    PMIX_LOAD_PROCID(&who, p->me.nspace, (pmix_rank_t)rank);
+    pmix_info_t info;
+    int tmo = (int)ceil(b->timeout_s);
+    PMIX_INFO_CONSTRUCT(&info);
+    PMIX_INFO_LOAD(&info, PMIX_TIMEOUT, &tmo, PMIX_INT);
+    pmix_value_t *v = NULL;
+    pmix_status_t rc = PMIx_Get(&who, k, &info, 1, &v);
+    PMIX_INFO_DESTRUCT(&info);
+    if (rc != PMIX_SUCCESS || !v) {
+        if (v) PMIX_VALUE_RELEASE(v);
+        return ust_errf(e, "bootstrap get of key '%s' from rank %d (PMIx) failed%s: %s", key, rank,
+                        rc == PMIX_ERR_TIMEOUT ? " after the timeout" : "", PMIx_Error_string(rc));
+    }
+    int r;
+    if (v->type != PMIX_BYTE_OBJECT)
+        r = ust_errf(e, "bootstrap get of key '%s' from rank %d: PMIx value of type %d, not bytes",
+                     key, rank, (int)v->type);
+    else if (v->data.bo.size > cap)
+        r = ust_errf(e, "bootstrap get of key '%s' from rank %d: value of %zu bytes does not fit a "
+                        "buffer of %zu",
+                     key, rank, v->data.bo.size, cap);
+    else {
+        if (v->data.bo.size) memcpy(val, v->data.bo.bytes, v->data.bo.size);
+        r = (int)v->data.bo.size;
+    }
+    PMIX_VALUE_RELEASE(v);
+    return r;
+}
+
+void boot_pmix_finalize(ust_boot *b) {
+    struct boot_pmix *p = b->impl->pmix;
+    if (!p) return;
+    PMIx_Finalize(NULL, 0);
+    free(p);
+    b->impl->pmix = NULL;
+}
