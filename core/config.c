@@ -1,0 +1,1008 @@
+/* config: YAML (libyaml document API) -> ust_config.
+ * One table, cfg_keys, lists every key with its field, type, default and allowed range. Defaults,
+ * loading, --set, the range part of cfg_validate and cfg_dump all walk that table, so adding a
+ * key is one line there. Errors name the position (file:line:col, or the --set argument), the
+ * full key path, the offending value and what is allowed. */
+#include "config.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+/* ---------------------------------------------------------------- the key table */
+
+typedef enum { K_INT, K_I64, K_U64, K_DBL, K_BOOL, K_STR, K_ENUM } cfg_kind;
+
+enum { LO_OPEN = 1, HI_OPEN = 2, NULLABLE = 4 };
+
+typedef struct {
+    const char *path; /* "model.moe.top_k" */
+    cfg_kind kind;
+    size_t off, size;
+    const char *def; /* the default, written as in YAML */
+    double lo, hi;   /* numbers: allowed range, closed unless LO_OPEN / HI_OPEN */
+    int flags;
+    const char *const *names; /* K_ENUM: value i is names[i]; K_STR: the allowed strings */
+} cfg_key;
+
+static const char *const DEVICES[] = {"cpu", "cuda", NULL};
+static const char *const ARCHS[] = {"gpt2", "llama", NULL};
+static const char *const PP_SCHEDULES[] = {"afab", "1f1b", "interleaved", "zb", NULL};
+static const char *const CP_LAYOUTS[] = {"zigzag", "contiguous", NULL};
+static const char *const CP_COMMS[] = {"ring", "allgather", NULL};
+static const char *const PRECISIONS[] = {"fp32", "bf16", NULL};
+static const char *const RECOMPUTES[] = {"none", "selective", "full", NULL};
+static const char *const ON_NANS[] = {"stop", "skip", NULL};
+static const char *const OPTIMIZERS[] = {"adamw", NULL};
+static const char *const LR_SCHEDULES[] = {"cosine", "linear", "constant", "wsd", NULL};
+static const char *const DATA_FORMATS[] = {"llmc", "nanogpt", "megatron", NULL};
+
+/* Enum fields are stored through an int. */
+_Static_assert(sizeof(ust_arch) == sizeof(int) && sizeof(ust_device) == sizeof(int) &&
+                   sizeof(ust_precision) == sizeof(int) && sizeof(ust_recompute) == sizeof(int) &&
+                   sizeof(ust_on_nan) == sizeof(int) && sizeof(ust_lr_schedule) == sizeof(int) &&
+                   sizeof(ust_pp_schedule) == sizeof(int) && sizeof(ust_cp_layout) == sizeof(int) &&
+                   sizeof(ust_cp_comm) == sizeof(int) && sizeof(ust_data_format) == sizeof(int),
+               "config enums must be int-sized");
+
+#define AT(f) offsetof(ust_config, f), sizeof(((ust_config *)0)->f)
+#define INT(p, f, d, lo)                                                                           \
+    { p, K_INT, AT(f), d, lo, INT_MAX, 0, NULL }
+#define INTR(p, f, d, lo, hi)                                                                      \
+    { p, K_INT, AT(f), d, lo, hi, 0, NULL }
+#define I64(p, f, d, lo)                                                                           \
+    { p, K_I64, AT(f), d, lo, INFINITY, 0, NULL }
+#define U64(p, f, d)                                                                               \
+    { p, K_U64, AT(f), d, 0, INFINITY, 0, NULL }
+#define DBL(p, f, d, lo, hi, fl)                                                                   \
+    { p, K_DBL, AT(f), d, lo, hi, fl, NULL }
+#define BOOL(p, f, d)                                                                              \
+    { p, K_BOOL, AT(f), d, 0, 1, 0, NULL }
+#define STR(p, f, d, fl)                                                                           \
+    { p, K_STR, AT(f), d, 0, 0, fl, NULL }
+#define ONEOF(p, f, d, names)                                                                      \
+    { p, K_STR, AT(f), d, 0, 0, 0, names }
+#define ENUM(p, f, d, names)                                                                       \
+    { p, K_ENUM, AT(f), d, 0, 0, 0, names }
+
+/* Keys of one section must be contiguous and a subsection must follow its parent's keys:
+ * cfg_dump opens a section each time the prefix changes. */
+static const cfg_key cfg_keys[] = {
+    STR("run.name", run.name, "tiny", 0),
+    U64("run.seed", run.seed, "1234"),
+    ENUM("run.device", run.device, "cpu", DEVICES),
+    STR("run.out_dir", run.out_dir, "runs/tiny", 0),
+
+    ENUM("model.arch", model.arch, "llama", ARCHS),
+    INT("model.n_layer", model.n_layer, "4", 1),
+    INT("model.d_model", model.d_model, "128", 1),
+    INT("model.n_head", model.n_head, "4", 1),
+    INT("model.n_kv_head", model.n_kv_head, "2", 1),
+    INT("model.d_ff", model.d_ff, "384", 1),
+    INT("model.vocab_size", model.vocab_size, "512", 1),
+    INT("model.vocab_pad", model.vocab_pad, "128", 1),
+    INT("model.max_seq_len", model.max_seq_len, "256", 1),
+    DBL("model.rope_theta", model.rope_theta, "10000", 0, INFINITY, LO_OPEN),
+    DBL("model.norm_eps", model.norm_eps, "1e-5", 0, INFINITY, LO_OPEN),
+    BOOL("model.tie_embeddings", model.tie_embeddings, "false"),
+    STR("model.init_from", model.init_from, "null", NULLABLE),
+    INT("model.moe.num_experts", model.moe.num_experts, "0", 0),
+    INT("model.moe.top_k", model.moe.top_k, "2", 1),
+    INT("model.moe.d_ff_expert", model.moe.d_ff_expert, "128", 1),
+    INT("model.moe.every", model.moe.every, "1", 1),
+    BOOL("model.moe.shared_expert", model.moe.shared_expert, "false"),
+    DBL("model.moe.aux_loss_coef", model.moe.aux_loss_coef, "0.01", 0, INFINITY, 0),
+    DBL("model.moe.z_loss_coef", model.moe.z_loss_coef, "0", 0, INFINITY, 0),
+    DBL("model.moe.capacity_factor", model.moe.capacity_factor, "0", 0, INFINITY, 0),
+
+    INT("parallel.dp", parallel.dp, "1", 1),
+    INT("parallel.tp", parallel.tp, "1", 1),
+    INT("parallel.pp", parallel.pp, "1", 1),
+    INT("parallel.cp", parallel.cp, "1", 1),
+    INT("parallel.ep", parallel.ep, "1", 1),
+    BOOL("parallel.sp", parallel.sp, "false"),
+    INT("parallel.vpp", parallel.vpp, "1", 1),
+    ENUM("parallel.pp_schedule", parallel.pp_schedule, "1f1b", PP_SCHEDULES),
+    ENUM("parallel.cp_layout", parallel.cp_layout, "zigzag", CP_LAYOUTS),
+    ENUM("parallel.cp_comm", parallel.cp_comm, "ring", CP_COMMS),
+    DBL("parallel.dp_bucket_mb", parallel.dp_bucket_mb, "25", 0, INFINITY, LO_OPEN),
+
+    I64("train.steps", train.steps, "50", 0),
+    INT("train.seq_len", train.seq_len, "128", 1),
+    INT("train.micro_batch_size", train.micro_batch_size, "4", 1),
+    INT("train.global_batch_size", train.global_batch_size, "8", 1),
+    ENUM("train.precision", train.precision, "fp32", PRECISIONS),
+    ENUM("train.recompute", train.recompute, "none", RECOMPUTES),
+    DBL("train.grad_clip", train.grad_clip, "1.0", -INFINITY, INFINITY, 0),
+    ENUM("train.on_nan", train.on_nan, "stop", ON_NANS),
+    INT("train.threads", train.threads, "0", 0),
+
+    ONEOF("optimizer.name", optimizer.name, "adamw", OPTIMIZERS),
+    INTR("optimizer.zero_stage", optimizer.zero_stage, "0", 0, 3),
+    DBL("optimizer.lr", optimizer.lr, "3.0e-3", 0, INFINITY, LO_OPEN),
+    DBL("optimizer.min_lr", optimizer.min_lr, "3.0e-4", 0, INFINITY, 0),
+    INT("optimizer.warmup_steps", optimizer.warmup_steps, "5", 0),
+    ENUM("optimizer.schedule", optimizer.schedule, "cosine", LR_SCHEDULES),
+    DBL("optimizer.decay_frac", optimizer.decay_frac, "0.2", 0, 1, 0),
+    DBL("optimizer.beta1", optimizer.beta1, "0.9", 0, 1, HI_OPEN),
+    DBL("optimizer.beta2", optimizer.beta2, "0.95", 0, 1, HI_OPEN),
+    DBL("optimizer.eps", optimizer.eps, "1.0e-8", 0, INFINITY, LO_OPEN),
+    DBL("optimizer.weight_decay", optimizer.weight_decay, "0.1", 0, INFINITY, 0),
+
+    ENUM("data.format", data.format, "llmc", DATA_FORMATS),
+    STR("data.train", data.train, "data/tiny/train_*.bin", 0),
+    STR("data.val", data.val, "data/tiny/val_*.bin", NULLABLE),
+    BOOL("data.shuffle", data.shuffle, "false"),
+    INT("data.val_every", data.val_every, "25", 0),
+    INT("data.val_steps", data.val_steps, "4", 1),
+
+    STR("checkpoint.dir", checkpoint.dir, "runs/tiny/ckpt", 0),
+    INT("checkpoint.every", checkpoint.every, "25", 0),
+    INT("checkpoint.keep_last", checkpoint.keep_last, "2", 0),
+    STR("checkpoint.resume", checkpoint.resume, "auto", 0),
+
+    INT("logging.every", logging.every, "1", 1),
+    STR("logging.metrics_file", logging.metrics_file, "runs/tiny/metrics.jsonl", 0),
+    DBL("logging.peak_flops", logging.peak_flops, "0", 0, INFINITY, 0),
+
+    DBL("dist.timeout_s", dist.timeout_s, "300", 0, INFINITY, LO_OPEN),
+};
+
+#define N_KEYS (sizeof cfg_keys / sizeof cfg_keys[0])
+
+static const cfg_key *cfg_find_key(const char *path) {
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (strcmp(cfg_keys[i].path, path) == 0) return &cfg_keys[i];
+    return NULL;
+}
+
+/* A section is a path that is a proper prefix (up to a '.') of some key. */
+static bool cfg_is_section(const char *path) {
+    size_t n = strlen(path);
+    for (size_t i = 0; i < N_KEYS; i++)
+        if (strncmp(cfg_keys[i].path, path, n) == 0 && cfg_keys[i].path[n] == '.') return true;
+    return false;
+}
+
+static const char *cfg_leaf_name(const char *path) {
+    const char *dot = strrchr(path, '.');
+    return dot ? dot + 1 : path;
+}
+
+/* ---------------------------------------------------------------- scalar values */
+
+static bool cfg_is_null(const char *s, bool plain) {
+    return plain && (!*s || !strcmp(s, "~") || !strcmp(s, "null") || !strcmp(s, "Null") ||
+                     !strcmp(s, "NULL"));
+}
+
+/* Integer keys without an explicit upper bound are bounded only by their C type. */
+static bool cfg_has_hi(const cfg_key *k) {
+    return k->kind == K_DBL ? k->hi != INFINITY : k->kind == K_INT && k->hi < INT_MAX;
+}
+
+/* What the allowed range is, phrased for the side that v violates. */
+static void cfg_range_text(const cfg_key *k, double v, char *buf, size_t n) {
+    if (cfg_has_hi(k) && k->kind != K_DBL)
+        snprintf(buf, n, "must be in %g..%g", k->lo, k->hi);
+    else if (cfg_has_hi(k))
+        snprintf(buf, n, "must be in %s%g, %g%s", k->flags & LO_OPEN ? "(" : "[", k->lo, k->hi,
+                 k->flags & HI_OPEN ? ")" : "]");
+    else if (v <= k->lo || k->kind == K_DBL)
+        snprintf(buf, n, "must be %s %g", k->flags & LO_OPEN ? ">" : ">=", k->lo);
+    else
+        snprintf(buf, n, "must fit in a %d-bit integer", k->kind == K_INT ? 32 : 64);
+}
+
+static bool cfg_in_range(const cfg_key *k, double v) {
+    bool lo_ok = k->flags & LO_OPEN ? v > k->lo : v >= k->lo;
+    bool hi_ok = k->flags & HI_OPEN ? v < k->hi : v <= k->hi;
+    return lo_ok && hi_ok;
+}
+
+/* "out of range" message into why; returns -1. */
+static int cfg_range_error(const cfg_key *k, const char *shown, double v, char *why, size_t n) {
+    char range[96];
+    cfg_range_text(k, v, range, sizeof range);
+    snprintf(why, n, "%s is out of range (%s)", shown, range);
+    return -1;
+}
+
+static void cfg_list_names(const char *const *names, char *buf, size_t n) {
+    size_t used = 0;
+    buf[0] = 0;
+    for (int i = 0; names[i] && used < n; i++)
+        used += snprintf(buf + used, n - used, "%s%s", i ? ", " : "", names[i]);
+}
+
+static int cfg_name_index(const char *const *names, const char *s) {
+    for (int i = 0; names[i]; i++)
+        if (!strcmp(names[i], s)) return i;
+    return -1;
+}
+
+static int cfg_quoted_error(const char *what, const char *s, char *why, size_t n) {
+    snprintf(why, n, "expected %s, got the quoted string \"%s\" (remove the quotes)", what, s);
+    return -1;
+}
+
+static int cfg_put_int(void *dst, const cfg_key *k, const char *s, bool plain, char *why,
+                       size_t n) {
+    const char *what = k->kind == K_U64 ? "a non-negative integer" : "an integer";
+    if (!plain) return cfg_quoted_error(what, s, why, n);
+    size_t sign = (s[0] == '-' || s[0] == '+');
+    if (!s[sign] || strspn(s + sign, "0123456789") != strlen(s + sign) ||
+        (k->kind == K_U64 && s[0] == '-')) {
+        snprintf(why, n, "expected %s, got '%s'", what, s);
+        return -1;
+    }
+    errno = 0;
+    if (k->kind == K_U64) {
+        uint64_t v = strtoull(s, NULL, 10);
+        if (errno) return cfg_range_error(k, s, INFINITY, why, n);
+        memcpy(dst, &v, sizeof v);
+        return 0;
+    }
+    long long v = strtoll(s, NULL, 10);
+    if (errno || !cfg_in_range(k, (double)v)) return cfg_range_error(k, s, (double)v, why, n);
+    if (k->kind == K_INT) {
+        int iv = (int)v; /* the range of every K_INT key lies within int */
+        memcpy(dst, &iv, sizeof iv);
+    } else {
+        int64_t lv = v;
+        memcpy(dst, &lv, sizeof lv);
+    }
+    return 0;
+}
+
+static int cfg_put_double(void *dst, const cfg_key *k, const char *s, bool plain, char *why,
+                          size_t n) {
+    if (!plain) return cfg_quoted_error("a number", s, why, n);
+    char *end;
+    double v = strtod(s, &end);
+    /* Only decimal notation: strtod would also take "nan", "inf" and hex floats. */
+    if (!*s || *end || strspn(s, "0123456789+-.eE") != strlen(s) || !isfinite(v)) {
+        snprintf(why, n, "expected a number, got '%s'", s);
+        return -1;
+    }
+    if (!cfg_in_range(k, v)) return cfg_range_error(k, s, v, why, n);
+    memcpy(dst, &v, sizeof v);
+    return 0;
+}
+
+static int cfg_put_bool(void *dst, const char *s, bool plain, char *why, size_t n) {
+    if (!plain) return cfg_quoted_error("true or false", s, why, n);
+    bool v;
+    if (!strcmp(s, "true") || !strcmp(s, "True") || !strcmp(s, "TRUE"))
+        v = true;
+    else if (!strcmp(s, "false") || !strcmp(s, "False") || !strcmp(s, "FALSE"))
+        v = false;
+    else {
+        snprintf(why, n, "expected true or false, got '%s'", s);
+        return -1;
+    }
+    memcpy(dst, &v, sizeof v);
+    return 0;
+}
+
+static int cfg_put_string(void *dst, const cfg_key *k, const char *s, bool plain, char *why,
+                          size_t n) {
+    char allowed[256];
+    if (cfg_is_null(s, plain)) {
+        if (!(k->flags & NULLABLE)) {
+            snprintf(why, n, "needs a value, got null");
+            return -1;
+        }
+        s = "";
+    }
+    if (strlen(s) >= k->size) {
+        snprintf(why, n, "value is too long (%zu bytes, at most %zu)", strlen(s), k->size - 1);
+        return -1;
+    }
+    if (k->names && cfg_name_index(k->names, s) < 0) {
+        cfg_list_names(k->names, allowed, sizeof allowed);
+        snprintf(why, n, "unknown value '%s' (allowed: %s)", s, allowed);
+        return -1;
+    }
+    memset(dst, 0, k->size); /* whole field, so two configs compare equal with memcmp */
+    memcpy(dst, s, strlen(s));
+    return 0;
+}
+
+static int cfg_put_enum(void *dst, const cfg_key *k, const char *s, bool plain, char *why,
+                        size_t n) {
+    int v = cfg_is_null(s, plain) ? -1 : cfg_name_index(k->names, s);
+    if (v < 0) {
+        char allowed[256];
+        cfg_list_names(k->names, allowed, sizeof allowed);
+        snprintf(why, n, "unknown value '%s' (allowed: %s)", cfg_is_null(s, plain) ? "null" : s,
+                 allowed);
+        return -1;
+    }
+    memcpy(dst, &v, sizeof v);
+    return 0;
+}
+
+/* Parses the scalar s (plain: unquoted in the YAML) into k's field of c. On error writes the
+ * reason, without position or key, into why. */
+static int cfg_put(ust_config *c, const cfg_key *k, const char *s, bool plain, char *why,
+                   size_t n) {
+    void *dst = (char *)c + k->off;
+    if (k->kind != K_STR && k->kind != K_ENUM && cfg_is_null(s, plain)) {
+        snprintf(why, n, "needs a value, got null");
+        return -1;
+    }
+    switch (k->kind) {
+    case K_INT:
+    case K_I64:
+    case K_U64:
+        return cfg_put_int(dst, k, s, plain, why, n);
+    case K_DBL:
+        return cfg_put_double(dst, k, s, plain, why, n);
+    case K_BOOL:
+        return cfg_put_bool(dst, s, plain, why, n);
+    case K_STR:
+        return cfg_put_string(dst, k, s, plain, why, n);
+    case K_ENUM:
+        return cfg_put_enum(dst, k, s, plain, why, n);
+    }
+    return -1;
+}
+
+/* ---------------------------------------------------------------- defaults */
+
+void cfg_defaults(ust_config *c) {
+    memset(c, 0, sizeof *c);
+    for (size_t i = 0; i < N_KEYS; i++) {
+        char why[256];
+        int rc = cfg_put(c, &cfg_keys[i], cfg_keys[i].def, true, why, sizeof why);
+        UST_ASSERT(rc == 0, "bad default for %s: %s", cfg_keys[i].path, why);
+    }
+}
+
+/* ---------------------------------------------------------------- did-you-mean */
+
+enum { NAME_MAX_LEN = 64, LEVEL_MAX = 64 };
+
+typedef struct {
+    char name[LEVEL_MAX][NAME_MAX_LEN];
+    int n;
+} cfg_names;
+
+/* The names valid directly under prefix ("" = top level): keys and subsections, in table order. */
+static void cfg_level_names(const char *prefix, cfg_names *out) {
+    size_t pn = strlen(prefix);
+    out->n = 0;
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const char *p = cfg_keys[i].path;
+        if (pn && (strncmp(p, prefix, pn) || p[pn] != '.')) continue;
+        const char *s = pn ? p + pn + 1 : p;
+        size_t len = strcspn(s, ".");
+        int dup = 0;
+        for (int j = 0; j < out->n; j++)
+            dup |= strlen(out->name[j]) == len && !strncmp(out->name[j], s, len);
+        if (dup || out->n == LEVEL_MAX || len >= NAME_MAX_LEN) continue;
+        memcpy(out->name[out->n], s, len);
+        out->name[out->n++][len] = 0;
+    }
+}
+
+static int cfg_edit_distance(const char *a, const char *b) {
+    size_t na = strlen(a), nb = strlen(b);
+    if (na >= NAME_MAX_LEN || nb >= NAME_MAX_LEN) return INT_MAX;
+    int prev[NAME_MAX_LEN], cur[NAME_MAX_LEN];
+    for (size_t j = 0; j <= nb; j++) prev[j] = (int)j;
+    for (size_t i = 1; i <= na; i++) {
+        cur[0] = (int)i;
+        for (size_t j = 1; j <= nb; j++) {
+            int sub = prev[j - 1] + (a[i - 1] != b[j - 1]);
+            int del = prev[j] + 1, ins = cur[j - 1] + 1;
+            cur[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+        }
+        memcpy(prev, cur, sizeof cur);
+    }
+    return prev[nb];
+}
+
+/* The nearest valid name, if near enough to be a plausible typo; NULL otherwise. */
+static const char *cfg_suggest(const cfg_names *names, const char *name) {
+    const char *best = NULL;
+    int best_d = INT_MAX;
+    for (int i = 0; i < names->n; i++) {
+        int d = cfg_edit_distance(name, names->name[i]);
+        if (d < best_d) best_d = d, best = names->name[i];
+    }
+    if (!best) return NULL;
+    size_t longer = strlen(name) > strlen(best) ? strlen(name) : strlen(best);
+    return best_d <= 2 || (size_t)best_d * 2 <= longer ? best : NULL;
+}
+
+/* "unknown key 'train.micro_batch' (did you mean 'micro_batch_size'?)" into buf. */
+static void cfg_unknown_text(const char *prefix, const char *name, char *buf, size_t n) {
+    cfg_names names;
+    cfg_level_names(prefix, &names);
+    const char *what = *prefix ? "key" : "section";
+    char path[256];
+    snprintf(path, sizeof path, "%s%s%s", prefix, *prefix ? "." : "", name);
+    const char *best = cfg_suggest(&names, name);
+    if (best) {
+        snprintf(buf, n, "unknown %s '%s' (did you mean '%s'?)", what, path, best);
+        return;
+    }
+    char list[1024];
+    size_t used = 0;
+    list[0] = 0;
+    for (int i = 0; i < names.n && used < sizeof list; i++)
+        used += snprintf(list + used, sizeof list - used, "%s%s", i ? ", " : "", names.name[i]);
+    if (*prefix)
+        snprintf(buf, n, "unknown key '%s' (valid keys in '%s': %s)", path, prefix, list);
+    else
+        snprintf(buf, n, "unknown section '%s' (valid sections: %s)", path, list);
+}
+
+/* ---------------------------------------------------------------- walking the YAML document */
+
+typedef struct {
+    ust_config *c;
+    yaml_document_t *doc;
+    const char *where; /* file name, or "--set key=value" */
+    bool is_set;       /* --set: a position inside the value means nothing, so none is shown */
+    ust_err *e;
+} cfg_ctx;
+
+static int cfg_fail_at(const cfg_ctx *x, yaml_mark_t m, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int cfg_fail_at(const cfg_ctx *x, yaml_mark_t m, const char *fmt, ...) {
+    char msg[1536];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (x->is_set) return ust_errf(x->e, "%s: %s", x->where, msg);
+    return ust_errf(x->e, "%s:%zu:%zu: %s", x->where, m.line + 1, m.column + 1, msg);
+}
+
+/* libyaml's reader errors (bad UTF-8) carry only a byte offset. */
+static yaml_mark_t cfg_mark_at(const char *text, size_t offset) {
+    yaml_mark_t m = {offset, 0, 0};
+    for (size_t i = 0; i < offset && text[i]; i++) {
+        if (text[i] == '\n')
+            m.line++, m.column = 0;
+        else
+            m.column++;
+    }
+    return m;
+}
+
+static int cfg_syntax_error(const cfg_ctx *x, const yaml_parser_t *p, const char *text) {
+    yaml_mark_t m =
+        p->error == YAML_READER_ERROR ? cfg_mark_at(text, p->problem_offset) : p->problem_mark;
+    char ctx[256] = "";
+    if (p->context)
+        snprintf(ctx, sizeof ctx, " (%s at line %zu, column %zu)", p->context,
+                 p->context_mark.line + 1, p->context_mark.column + 1);
+    return cfg_fail_at(x, m, "YAML syntax error: %s%s", p->problem ? p->problem : "unreadable",
+                       ctx);
+}
+
+/* Parses text as exactly one YAML document into d; the caller deletes d when this returns 0. */
+static int cfg_load_document(const cfg_ctx *x, const char *text, yaml_document_t *d) {
+    yaml_parser_t p;
+    if (!yaml_parser_initialize(&p)) return ust_errf(x->e, "%s: out of memory", x->where);
+    yaml_parser_set_input_string(&p, (const unsigned char *)text, strlen(text));
+    int rc = 0;
+    if (!yaml_parser_load(&p, d)) { /* libyaml frees d on failure */
+        rc = cfg_syntax_error(x, &p, text);
+        yaml_parser_delete(&p);
+        return rc;
+    }
+    yaml_document_t extra;
+    if (!yaml_parser_load(&p, &extra)) {
+        rc = cfg_syntax_error(x, &p, text);
+    } else {
+        yaml_node_t *r = yaml_document_get_root_node(&extra);
+        if (r) rc = cfg_fail_at(x, r->start_mark, "expected one YAML document, found a second");
+        yaml_document_delete(&extra);
+    }
+    yaml_parser_delete(&p);
+    if (rc) yaml_document_delete(d);
+    return rc;
+}
+
+static const char *cfg_node_kind(const yaml_node_t *n) {
+    switch (n->type) {
+    case YAML_MAPPING_NODE:
+        return "a mapping";
+    case YAML_SEQUENCE_NODE:
+        return "a list";
+    default:
+        return "a single value";
+    }
+}
+
+static bool cfg_node_is_null(const yaml_node_t *n) {
+    return n->type == YAML_SCALAR_NODE &&
+           cfg_is_null((const char *)n->data.scalar.value,
+                       n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE);
+}
+
+static int cfg_load_leaf(const cfg_ctx *x, const cfg_key *k, const yaml_node_t *v) {
+    if (v->type != YAML_SCALAR_NODE)
+        return cfg_fail_at(x, v->start_mark, "%s: expected a single value, got %s", k->path,
+                           cfg_node_kind(v));
+    const char *s = (const char *)v->data.scalar.value;
+    if (strlen(s) != v->data.scalar.length)
+        return cfg_fail_at(x, v->start_mark, "%s: value contains a NUL character", k->path);
+    char why[1024];
+    if (cfg_put(x->c, k, s, v->data.scalar.style == YAML_PLAIN_SCALAR_STYLE, why, sizeof why))
+        return cfg_fail_at(x, v->start_mark, "%s: %s", k->path, why);
+    return 0;
+}
+
+/* A key of a mapping must be a plain name, without dots, and not repeat an earlier key. */
+static int cfg_check_key(const cfg_ctx *x, const yaml_node_t *map, const yaml_node_pair_t *pair,
+                         const char *prefix) {
+    yaml_node_t *kn = yaml_document_get_node(x->doc, pair->key);
+    const char *in = *prefix ? prefix : "the top level";
+    if (kn->type != YAML_SCALAR_NODE)
+        return cfg_fail_at(x, kn->start_mark, "keys must be names, got %s as a key in %s",
+                           cfg_node_kind(kn), in);
+    const char *name = (const char *)kn->data.scalar.value;
+    if (strchr(name, '.'))
+        return cfg_fail_at(x, kn->start_mark,
+                           "key '%s' in %s contains '.'; nest it instead (a: {b: 1}, not a.b: 1)",
+                           name, in);
+    for (const yaml_node_pair_t *q = map->data.mapping.pairs.start; q < pair; q++) {
+        yaml_node_t *qn = yaml_document_get_node(x->doc, q->key);
+        if (qn->type == YAML_SCALAR_NODE && !strcmp((const char *)qn->data.scalar.value, name))
+            return cfg_fail_at(x, kn->start_mark,
+                               "duplicate key '%s%s%s' (first given at line %zu, column %zu)",
+                               prefix, *prefix ? "." : "", name, qn->start_mark.line + 1,
+                               qn->start_mark.column + 1);
+    }
+    return 0;
+}
+
+static int cfg_load_mapping(const cfg_ctx *x, const yaml_node_t *map, const char *prefix);
+
+static int cfg_load_section(const cfg_ctx *x, const yaml_node_t *v, const char *path) {
+    if (cfg_node_is_null(v)) return 0; /* "model:" with every key commented out */
+    if (v->type != YAML_MAPPING_NODE)
+        return cfg_fail_at(x, v->start_mark,
+                           "'%s' is a section and needs a mapping of keys, got %s", path,
+                           cfg_node_kind(v));
+    return cfg_load_mapping(x, v, path);
+}
+
+static int cfg_load_mapping(const cfg_ctx *x, const yaml_node_t *map, const char *prefix) {
+    for (yaml_node_pair_t *pr = map->data.mapping.pairs.start; pr < map->data.mapping.pairs.top;
+         pr++) {
+        if (cfg_check_key(x, map, pr, prefix)) return -1;
+        yaml_node_t *kn = yaml_document_get_node(x->doc, pr->key);
+        yaml_node_t *vn = yaml_document_get_node(x->doc, pr->value);
+        const char *name = (const char *)kn->data.scalar.value;
+        char path[256];
+        snprintf(path, sizeof path, "%s%s%.*s", prefix, *prefix ? "." : "", NAME_MAX_LEN, name);
+        const cfg_key *k = strlen(name) < NAME_MAX_LEN ? cfg_find_key(path) : NULL;
+        int rc;
+        if (k)
+            rc = cfg_load_leaf(x, k, vn);
+        else if (strlen(name) < NAME_MAX_LEN && cfg_is_section(path))
+            rc = cfg_load_section(x, vn, path);
+        else {
+            char msg[1400];
+            cfg_unknown_text(prefix, name, msg, sizeof msg);
+            rc = cfg_fail_at(x, kn->start_mark, "%s", msg);
+        }
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+static int cfg_load_root(const cfg_ctx *x) {
+    yaml_node_t *root = yaml_document_get_root_node(x->doc);
+    if (!root || cfg_node_is_null(root)) return 0; /* empty file: defaults */
+    if (root->type != YAML_MAPPING_NODE)
+        return cfg_fail_at(
+            x, root->start_mark,
+            "the top level must be a mapping of sections (run:, model:, ...), got %s",
+            cfg_node_kind(root));
+    return cfg_load_mapping(x, root, "");
+}
+
+/* ---------------------------------------------------------------- public: loading */
+
+static void cfg_set_source(ust_config *c, const char *name) {
+    memset(c->source, 0, sizeof c->source);
+    snprintf(c->source, sizeof c->source, "%s", name);
+}
+
+int cfg_load_string(ust_config *c, const char *yaml, const char *name, ust_err *e) {
+    ust_config tmp = *c; /* a failed load leaves c as it was */
+    yaml_document_t doc;
+    cfg_ctx x = {.c = &tmp, .doc = &doc, .where = name, .e = e};
+    if (cfg_load_document(&x, yaml, &doc)) return -1;
+    int rc = cfg_load_root(&x);
+    yaml_document_delete(&doc);
+    if (rc) return rc;
+    cfg_set_source(&tmp, name);
+    *c = tmp;
+    return 0;
+}
+
+int cfg_load_file(ust_config *c, const char *path, ust_err *e) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return ust_errf(e, "%s: cannot open config: %s", path, strerror(errno));
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    for (size_t got; buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0;) {
+        n += got;
+        if (cap - n - 1 == 0) {
+            char *grown = realloc(buf, cap * 2);
+            if (!grown) free(buf);
+            buf = grown, cap *= 2;
+        }
+    }
+    int read_err = ferror(f);
+    fclose(f);
+    if (!buf) return ust_errf(e, "%s: out of memory reading config", path);
+    if (read_err) {
+        free(buf);
+        return ust_errf(e, "%s: read error", path);
+    }
+    buf[n] = 0;
+    int rc = strlen(buf) != n ? ust_errf(e, "%s: config contains a NUL byte", path)
+                              : cfg_load_string(c, buf, path, e);
+    free(buf);
+    return rc;
+}
+
+/* "model.moe.top_k" -> its key, or an error naming the first component that is not valid there. */
+static const cfg_key *cfg_resolve(const cfg_ctx *x, const char *path) {
+    yaml_mark_t none = {0, 0, 0};
+    char prefix[256], full[256];
+    for (size_t start = 0;;) {
+        size_t end = start + strcspn(path + start, ".");
+        snprintf(prefix, sizeof prefix, "%.*s", start ? (int)start - 1 : 0, path);
+        snprintf(full, sizeof full, "%.*s", (int)end, path);
+        bool last = path[end] == 0;
+        const cfg_key *k = cfg_find_key(full);
+        if (k && last) return k;
+        if (k) {
+            cfg_fail_at(x, none, "'%s' is a key, not a section", full);
+            return NULL;
+        }
+        if (!cfg_is_section(full)) {
+            char msg[1400];
+            cfg_unknown_text(prefix, full + start, msg, sizeof msg);
+            cfg_fail_at(x, none, "%s", msg);
+            return NULL;
+        }
+        if (last) {
+            const cfg_key *first = cfg_keys;
+            while (strncmp(first->path, full, end) || first->path[end] != '.') first++;
+            cfg_fail_at(x, none, "'%s' is a section; --set needs one of its keys, e.g. %s=%s", full,
+                        first->path, first->def);
+            return NULL;
+        }
+        start = end + 1;
+    }
+}
+
+int cfg_set(ust_config *c, const char *assignment, ust_err *e) {
+    char where[UST_PATH_MAX + 64], path[256];
+    snprintf(where, sizeof where, "--set %s", assignment);
+    const char *eq = strchr(assignment, '=');
+    if (!eq || eq == assignment || (size_t)(eq - assignment) >= sizeof path)
+        return ust_errf(e, "%s: expected key.path=value, e.g. --set train.steps=100", where);
+    snprintf(path, sizeof path, "%.*s", (int)(eq - assignment), assignment);
+
+    ust_config tmp = *c;
+    yaml_document_t doc;
+    cfg_ctx x = {.c = &tmp, .doc = &doc, .where = where, .is_set = true, .e = e};
+    const cfg_key *k = cfg_resolve(&x, path);
+    if (!k || cfg_load_document(&x, eq + 1, &doc)) return -1;
+    yaml_node_t *v = yaml_document_get_root_node(&doc);
+    int rc;
+    if (v) {
+        rc = cfg_load_leaf(&x, k, v);
+    } else { /* "key=" is an empty document: null */
+        char why[1024];
+        rc = cfg_put(&tmp, k, "", true, why, sizeof why);
+        if (rc) ust_errf(e, "%s: %s: %s", where, k->path, why);
+    }
+    yaml_document_delete(&doc);
+    if (rc == 0) *c = tmp;
+    return rc;
+}
+
+/* ---------------------------------------------------------------- validation */
+
+static double cfg_number(const ust_config *c, const cfg_key *k) {
+    const char *p = (const char *)c + k->off;
+    int i;
+    int64_t l;
+    uint64_t u;
+    double d;
+    switch (k->kind) {
+    case K_INT:
+        return memcpy(&i, p, sizeof i), i;
+    case K_I64:
+        return memcpy(&l, p, sizeof l), (double)l;
+    case K_U64:
+        return memcpy(&u, p, sizeof u), (double)u;
+    case K_DBL:
+        return memcpy(&d, p, sizeof d), d;
+    default:
+        return 0;
+    }
+}
+
+/* The per-key checks of loading, applied to a struct that code may have changed directly. */
+static int cfg_check_value(const ust_config *c, const cfg_key *k, char *why, size_t n) {
+    const char *p = (const char *)c + k->off;
+    char shown[64];
+    if (k->kind == K_STR) {
+        if (!memchr(p, 0, k->size)) return snprintf(why, n, "string is not terminated"), -1;
+        if (k->names && cfg_name_index(k->names, p) < 0) {
+            char allowed[256];
+            cfg_list_names(k->names, allowed, sizeof allowed);
+            return snprintf(why, n, "unknown value '%s' (allowed: %s)", p, allowed), -1;
+        }
+        return 0;
+    }
+    if (k->kind == K_ENUM) {
+        int v, count = 0;
+        memcpy(&v, p, sizeof v);
+        while (k->names[count]) count++;
+        if (v < 0 || v >= count) return snprintf(why, n, "invalid enum value %d", v), -1;
+        return 0;
+    }
+    if (k->kind == K_BOOL || k->kind == K_U64) return 0;
+    double v = cfg_number(c, k);
+    snprintf(shown, sizeof shown, "%.17g", v);
+    if (!isfinite(v)) return snprintf(why, n, "%s is not a finite number", shown), -1;
+    return cfg_in_range(k, v) ? 0 : cfg_range_error(k, shown, v, why, n);
+}
+
+static int cfg_vfail(const ust_config *c, ust_err *e, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static int cfg_vfail(const ust_config *c, ust_err *e, const char *fmt, ...) {
+    char msg[1536];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return ust_errf(e, "%s%s%s", c->source, c->source[0] ? ": " : "", msg);
+}
+
+#define REQUIRE(cond, ...)                                                                         \
+    do {                                                                                           \
+        if (!(cond)) return cfg_vfail(c, e, __VA_ARGS__);                                          \
+    } while (0)
+
+static int cfg_validate_model(const ust_config *c, ust_err *e) {
+    const __typeof__(c->model) *m = &c->model;
+    REQUIRE(m->d_model % m->n_head == 0,
+            "model.d_model (%d) must be divisible by model.n_head (%d)", m->d_model, m->n_head);
+    REQUIRE(m->n_head % m->n_kv_head == 0,
+            "model.n_head (%d) must be divisible by model.n_kv_head (%d)", m->n_head, m->n_kv_head);
+    REQUIRE(m->arch != ARCH_LLAMA || cfg_head_dim(c) % 2 == 0,
+            "llama's RoPE needs an even head dim, but model.d_model / model.n_head = %d / %d = %d",
+            m->d_model, m->n_head, cfg_head_dim(c));
+    REQUIRE(c->train.seq_len <= m->max_seq_len,
+            "train.seq_len (%d) must be <= model.max_seq_len (%d)", c->train.seq_len,
+            m->max_seq_len);
+    const __typeof__(m->moe) *moe = &m->moe;
+    REQUIRE(moe->num_experts == 0 || moe->top_k <= moe->num_experts,
+            "model.moe.top_k (%d) must be <= model.moe.num_experts (%d)", moe->top_k,
+            moe->num_experts);
+    REQUIRE(moe->num_experts == 0 || moe->num_experts % c->parallel.ep == 0,
+            "model.moe.num_experts (%d) must be divisible by parallel.ep (%d)", moe->num_experts,
+            c->parallel.ep);
+    REQUIRE(moe->num_experts > 0 || c->parallel.ep == 1,
+            "parallel.ep (%d) needs experts, but model.moe.num_experts is 0", c->parallel.ep);
+    return 0;
+}
+
+static int cfg_validate_parallel(const ust_config *c, ust_err *e) {
+    const __typeof__(c->parallel) *p = &c->parallel;
+    const __typeof__(c->model) *m = &c->model;
+    REQUIRE(m->n_head % p->tp == 0, "model.n_head (%d) must be divisible by parallel.tp (%d)",
+            m->n_head, p->tp);
+    REQUIRE(m->n_kv_head % p->tp == 0, "model.n_kv_head (%d) must be divisible by parallel.tp (%d)",
+            m->n_kv_head, p->tp);
+    REQUIRE(cfg_vocab_padded(c) % p->tp == 0,
+            "the padded vocab (%d: model.vocab_size %d rounded up to a multiple of model.vocab_pad "
+            "%d) must be divisible by parallel.tp (%d)",
+            cfg_vocab_padded(c), m->vocab_size, m->vocab_pad, p->tp);
+    long long stages = (long long)p->pp * p->vpp;
+    REQUIRE(m->n_layer % stages == 0,
+            "model.n_layer (%d) must be divisible by parallel.pp * parallel.vpp (%d * %d = %lld)",
+            m->n_layer, p->pp, p->vpp, stages);
+    REQUIRE(p->vpp == 1 || p->pp_schedule == PP_INTERLEAVED,
+            "parallel.vpp (%d) > 1 needs parallel.pp_schedule: interleaved (got %s)", p->vpp,
+            PP_SCHEDULES[p->pp_schedule]);
+    REQUIRE(p->cp == 1 || c->train.seq_len % (2LL * p->cp) == 0,
+            "train.seq_len (%d) must be divisible by 2 * parallel.cp (2 * %d = %lld): each rank "
+            "holds two chunks of the sequence",
+            c->train.seq_len, p->cp, 2LL * p->cp);
+    REQUIRE(p->dp % p->ep == 0,
+            "parallel.dp (%d) must be divisible by parallel.ep (%d): expert-parallel groups are "
+            "carved out of the data-parallel ranks",
+            p->dp, p->ep);
+    return 0;
+}
+
+static int cfg_validate_train(const ust_config *c, ust_err *e) {
+    long long per_step = (long long)c->train.micro_batch_size * c->parallel.dp;
+    REQUIRE(c->train.global_batch_size % per_step == 0,
+            "train.global_batch_size (%d) must be divisible by train.micro_batch_size * "
+            "parallel.dp (%d * %d = %lld)",
+            c->train.global_batch_size, c->train.micro_batch_size, c->parallel.dp, per_step);
+    REQUIRE(c->optimizer.min_lr <= c->optimizer.lr,
+            "optimizer.min_lr (%g) must be <= optimizer.lr (%g)", c->optimizer.min_lr,
+            c->optimizer.lr);
+    REQUIRE(c->data.train[0], "data.train is empty: it must name the training shards (a glob)");
+    REQUIRE(c->checkpoint.dir[0], "checkpoint.dir is empty");
+    return 0;
+}
+
+static int cfg_validate_world(const ust_config *c, int world, ust_err *e) {
+    const __typeof__(c->parallel) *p = &c->parallel;
+    long long product = (long long)p->dp * p->tp * p->pp * p->cp;
+    REQUIRE(world <= 0 || world == product,
+            "world size (%d) must equal parallel.dp * tp * pp * cp (%d * %d * %d * %d = %lld)",
+            world, p->dp, p->tp, p->pp, p->cp, product);
+    return 0;
+}
+
+#undef REQUIRE
+
+int cfg_validate(const ust_config *c, int world, ust_err *e) {
+    for (size_t i = 0; i < N_KEYS; i++) {
+        char why[1024];
+        if (cfg_check_value(c, &cfg_keys[i], why, sizeof why))
+            return cfg_vfail(c, e, "%s: %s", cfg_keys[i].path, why);
+    }
+    if (cfg_validate_model(c, e) || cfg_validate_parallel(c, e) || cfg_validate_train(c, e) ||
+        cfg_validate_world(c, world, e))
+        return -1;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- dump */
+
+/* Double-quoted YAML string; every byte libyaml would not take literally is escaped. */
+static void cfg_dump_string(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\')
+            fprintf(f, "\\%c", ch);
+        else if (ch < 0x20 || ch == 0x7f)
+            fprintf(f, "\\x%02x", ch);
+        else
+            fputc(ch, f);
+    }
+    fputc('"', f);
+}
+
+/* The shortest text that reads back to exactly v, so the dump round-trips; whole numbers keep a
+ * ".0" (10000.0, not 1e+04) so they read as floats. */
+static void cfg_dump_double(FILE *f, double v) {
+    char buf[64];
+    if (v == floor(v) && fabs(v) < 1e15) {
+        fprintf(f, "%.1f", v);
+        return;
+    }
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v) break;
+    }
+    fputs(buf, f);
+}
+
+static void cfg_dump_value(FILE *f, const ust_config *c, const cfg_key *k) {
+    const char *p = (const char *)c + k->off;
+    int i;
+    int64_t l;
+    uint64_t u;
+    double d;
+    bool b;
+    switch (k->kind) {
+    case K_INT:
+        memcpy(&i, p, sizeof i), fprintf(f, "%d", i);
+        break;
+    case K_I64:
+        memcpy(&l, p, sizeof l), fprintf(f, "%" PRId64, l);
+        break;
+    case K_U64:
+        memcpy(&u, p, sizeof u), fprintf(f, "%" PRIu64, u);
+        break;
+    case K_DBL:
+        memcpy(&d, p, sizeof d), cfg_dump_double(f, d);
+        break;
+    case K_BOOL:
+        memcpy(&b, p, sizeof b), fputs(b ? "true" : "false", f);
+        break;
+    case K_ENUM:
+        memcpy(&i, p, sizeof i), fputs(k->names[i], f);
+        break;
+    case K_STR:
+        if (!p[0] && (k->flags & NULLABLE))
+            fputs("null", f);
+        else
+            cfg_dump_string(f, p);
+        break;
+    }
+}
+
+/* Opens the sections of sec (n chars) that prev (pn chars) does not share: prev "model",
+ * sec "model.moe" prints "  moe:". */
+static void cfg_dump_sections(FILE *f, const char *prev, size_t pn, const char *sec, size_t n) {
+    size_t same = 0; /* length of the shared leading components */
+    for (size_t i = 0; i <= n && i <= pn; i++) {
+        bool end = i == n || sec[i] == '.', pend = i == pn || prev[i] == '.';
+        if (end && pend) {
+            same = i;
+            continue;
+        }
+        if (end || pend || sec[i] != prev[i]) break;
+    }
+    int depth = 0;
+    for (size_t i = 0; i < same; i++) depth += sec[i] == '.';
+    depth += same > 0;
+    for (size_t s = same ? same + 1 : 0; s < n; depth++) {
+        size_t len = strcspn(sec + s, ".");
+        if (s + len > n) len = n - s;
+        fprintf(f, "%*s%.*s:\n", 2 * depth, "", (int)len, sec + s);
+        s += len + 1;
+    }
+}
+
+void cfg_dump(const ust_config *c, FILE *f) {
+    fprintf(f, "# ustrain effective config%s%s\n", c->source[0] ? " from " : "", c->source);
+    const char *prev = "";
+    size_t pn = 0;
+    for (size_t i = 0; i < N_KEYS; i++) {
+        const cfg_key *k = &cfg_keys[i];
+        const char *leaf = cfg_leaf_name(k->path);
+        size_t n = (size_t)(leaf - 1 - k->path);
+        cfg_dump_sections(f, prev, pn, k->path, n);
+        int depth = 0;
+        for (const char *s = k->path; *s; s++) depth += *s == '.';
+        fprintf(f, "%*s%s: ", 2 * depth, "", leaf);
+        cfg_dump_value(f, c, k);
+        fputc('\n', f);
+        prev = k->path, pn = n;
+    }
+}
+
+/* ---------------------------------------------------------------- derived values */
+
+int cfg_vocab_padded(const ust_config *c) {
+    int v = c->model.vocab_size, pad = c->model.vocab_pad;
+    return pad > 0 ? (v + pad - 1) / pad * pad : v;
+}
+
+int cfg_grad_accum(const ust_config *c) {
+    long long per_step = (long long)c->train.micro_batch_size * c->parallel.dp;
+    return per_step > 0 ? (int)(c->train.global_batch_size / per_step) : 0;
+}
+
+int cfg_head_dim(const ust_config *c) {
+    return c->model.n_head > 0 ? c->model.d_model / c->model.n_head : 0;
+}
+
+bool cfg_tied(const ust_config *c) {
+    return c->model.arch == ARCH_GPT2 || c->model.tie_embeddings;
+}

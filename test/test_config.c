@@ -1,0 +1,704 @@
+/* test_config: the YAML config loader, --set, cross-field validation and the dump round trip.
+ * Error tests check the exact file:line:col (1-based, from libyaml marks) and the message. */
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "config.h"
+#include "test.h"
+
+/* Messages pass through an opaque pointer so that -Wformat-truncation does not size them. */
+__attribute__((noinline)) static const char *txt(const char *s) {
+    return s;
+}
+
+/* DESIGN.md section 1, verbatim: it must load to exactly the defaults. */
+static const char *DESIGN_YAML =
+    "run:        {name: tiny, seed: 1234, device: cpu, out_dir: runs/tiny}\n"
+    "model:      {arch: llama, n_layer: 4, d_model: 128, n_head: 4, n_kv_head: 2, d_ff: 384,\n"
+    "             vocab_size: 512, max_seq_len: 256, rope_theta: 10000, tie_embeddings: false,\n"
+    "             init_from: null,   # e.g. an llm.c gpt2_124M.bin\n"
+    "             moe: {num_experts: 0, top_k: 2, d_ff_expert: 128, every: 1, shared_expert: "
+    "false,\n"
+    "                   aux_loss_coef: 0.01, z_loss_coef: 0.0, capacity_factor: 0}}\n"
+    "parallel:   {dp: 1, tp: 1, pp: 1, cp: 1, ep: 1, sp: false, vpp: 1, pp_schedule: 1f1b,\n"
+    "             cp_layout: zigzag, cp_comm: ring, dp_bucket_mb: 25}\n"
+    "train:      {steps: 50, seq_len: 128, micro_batch_size: 4, global_batch_size: 8,\n"
+    "             precision: fp32, recompute: none, grad_clip: 1.0, on_nan: stop}\n"
+    "optimizer:  {name: adamw, zero_stage: 0, lr: 3.0e-3, min_lr: 3.0e-4, warmup_steps: 5,\n"
+    "             schedule: cosine, beta1: 0.9, beta2: 0.95, eps: 1.0e-8, weight_decay: 0.1}\n"
+    "data:       {format: llmc, train: \"data/tiny/train_*.bin\", val: \"data/tiny/val_*.bin\",\n"
+    "             shuffle: false, val_every: 25, val_steps: 4}\n"
+    "checkpoint: {dir: runs/tiny/ckpt, every: 25, keep_last: 2, resume: auto}\n"
+    "logging:    {every: 1, metrics_file: runs/tiny/metrics.jsonl}\n"
+    "dist:       {timeout_s: 300}\n";
+
+/* Every key set to a value other than its default (checked by the round-trip test). */
+static const char *ALL_CHANGED_YAML = "run:\n"
+                                      "  name: \"my run: \\\"quoted\\\" \\\\ back\"\n"
+                                      "  seed: 18446744073709551615\n"
+                                      "  device: cuda\n"
+                                      "  out_dir: 'runs/it''s here'\n"
+                                      "model:\n"
+                                      "  arch: gpt2\n"
+                                      "  n_layer: 12\n"
+                                      "  d_model: 768\n"
+                                      "  n_head: 12\n"
+                                      "  n_kv_head: 12\n"
+                                      "  d_ff: 3072\n"
+                                      "  vocab_size: 50257\n"
+                                      "  vocab_pad: 64\n"
+                                      "  max_seq_len: 1024\n"
+                                      "  rope_theta: 500000.5\n"
+                                      "  norm_eps: 1.0e-6\n"
+                                      "  tie_embeddings: true\n"
+                                      "  init_from: gpt2_124M.bin\n"
+                                      "  moe:\n"
+                                      "    num_experts: 8\n"
+                                      "    top_k: 1\n"
+                                      "    d_ff_expert: 256\n"
+                                      "    every: 2\n"
+                                      "    shared_expert: true\n"
+                                      "    aux_loss_coef: 0.001\n"
+                                      "    z_loss_coef: 1e-3\n"
+                                      "    capacity_factor: 1.25\n"
+                                      "parallel:\n"
+                                      "  dp: 4\n"
+                                      "  tp: 2\n"
+                                      "  pp: 2\n"
+                                      "  cp: 2\n"
+                                      "  ep: 2\n"
+                                      "  sp: true\n"
+                                      "  vpp: 2\n"
+                                      "  pp_schedule: interleaved\n"
+                                      "  cp_layout: contiguous\n"
+                                      "  cp_comm: allgather\n"
+                                      "  dp_bucket_mb: 0.1\n"
+                                      "train:\n"
+                                      "  steps: 123456789012\n"
+                                      "  seq_len: 1024\n"
+                                      "  micro_batch_size: 2\n"
+                                      "  global_batch_size: 64\n"
+                                      "  precision: bf16\n"
+                                      "  recompute: selective\n"
+                                      "  grad_clip: -1\n"
+                                      "  on_nan: skip\n"
+                                      "  threads: 3\n"
+                                      "optimizer:\n"
+                                      "  name: adamw\n"
+                                      "  zero_stage: 3\n"
+                                      "  lr: 6e-4\n"
+                                      "  min_lr: 0.3333333333333333\n"
+                                      "  warmup_steps: 700\n"
+                                      "  schedule: wsd\n"
+                                      "  decay_frac: 0.1\n"
+                                      "  beta1: 0.8\n"
+                                      "  beta2: 0.999\n"
+                                      "  eps: 1e-10\n"
+                                      "  weight_decay: 0\n"
+                                      "data:\n"
+                                      "  format: megatron\n"
+                                      "  train: /data/a b/train_*.bin\n"
+                                      "  val: ~\n"
+                                      "  shuffle: true\n"
+                                      "  val_every: 0\n"
+                                      "  val_steps: 9\n"
+                                      "checkpoint:\n"
+                                      "  dir: /ckpt\n"
+                                      "  every: 1000\n"
+                                      "  keep_last: 0\n"
+                                      "  resume: none\n"
+                                      "logging:\n"
+                                      "  every: 10\n"
+                                      "  metrics_file: m.jsonl\n"
+                                      "  peak_flops: 989e12\n"
+                                      "dist:\n"
+                                      "  timeout_s: 30.5\n";
+
+static bool starts_with(const char *s, const char *prefix) {
+    return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
+/* Loads yaml over the defaults under the name "t.yaml"; returns cfg_load_string's result. */
+static int load(ust_config *c, const char *yaml, ust_err *e) {
+    cfg_defaults(c);
+    e->msg[0] = 0;
+    return cfg_load_string(c, yaml, "t.yaml", e);
+}
+
+/* The load must fail, the message must start with `where` and contain `sub`. */
+#define CHECK_LOAD_FAILS(yaml, where, sub)                                                         \
+    do {                                                                                           \
+        ust_config c_;                                                                             \
+        ust_err e_;                                                                                \
+        CHECK(load(&c_, yaml, &e_) == -1, "accepted: %s", txt(yaml));                              \
+        CHECK(starts_with(e_.msg, where), "want prefix '%s', got: %s", txt(where), txt(e_.msg));   \
+        CHECK(strstr(e_.msg, sub), "want '%s' in: %s", txt(sub), txt(e_.msg));                     \
+    } while (0)
+
+#define CHECK_SET_FAILS(assignment, sub)                                                           \
+    do {                                                                                           \
+        ust_config c_, d_;                                                                         \
+        ust_err e_ = {{0}};                                                                        \
+        cfg_defaults(&c_);                                                                         \
+        d_ = c_;                                                                                   \
+        CHECK(cfg_set(&c_, assignment, &e_) == -1, "accepted --set %s", assignment);               \
+        CHECK(starts_with(e_.msg, "--set " assignment ": "), "want --set prefix, got: %s",         \
+              txt(e_.msg));                                                                        \
+        CHECK(strstr(e_.msg, sub), "want '%s' in: %s", txt(sub), txt(e_.msg));                     \
+        CHECK(memcmp(&c_, &d_, sizeof c_) == 0, "failed --set changed the config");                \
+    } while (0)
+
+/* ---------------------------------------------------------------- defaults and parsing */
+
+static void test_defaults_are_design_section_1(void) {
+    ust_config c;
+    cfg_defaults(&c);
+    CHECK(!strcmp(c.run.name, "tiny") && c.run.seed == 1234 && c.run.device == DEV_CPU &&
+              !strcmp(c.run.out_dir, "runs/tiny"),
+          "run section");
+    CHECK(c.model.arch == ARCH_LLAMA && c.model.n_layer == 4 && c.model.d_model == 128 &&
+              c.model.n_head == 4 && c.model.n_kv_head == 2 && c.model.d_ff == 384 &&
+              c.model.vocab_size == 512 && c.model.vocab_pad == 128 && c.model.max_seq_len == 256 &&
+              c.model.rope_theta == 10000 && c.model.norm_eps == 1e-5 && !c.model.tie_embeddings &&
+              !c.model.init_from[0],
+          "model section");
+    CHECK(c.model.moe.num_experts == 0 && c.model.moe.top_k == 2 &&
+              c.model.moe.d_ff_expert == 128 && c.model.moe.every == 1 &&
+              !c.model.moe.shared_expert && c.model.moe.aux_loss_coef == 0.01 &&
+              c.model.moe.z_loss_coef == 0 && c.model.moe.capacity_factor == 0,
+          "moe section");
+    CHECK(c.parallel.dp == 1 && c.parallel.tp == 1 && c.parallel.pp == 1 && c.parallel.cp == 1 &&
+              c.parallel.ep == 1 && !c.parallel.sp && c.parallel.vpp == 1 &&
+              c.parallel.pp_schedule == PP_1F1B && c.parallel.cp_layout == CP_ZIGZAG &&
+              c.parallel.cp_comm == CP_RING && c.parallel.dp_bucket_mb == 25,
+          "parallel section");
+    CHECK(c.train.steps == 50 && c.train.seq_len == 128 && c.train.micro_batch_size == 4 &&
+              c.train.global_batch_size == 8 && c.train.precision == PREC_FP32 &&
+              c.train.recompute == RECOMPUTE_NONE && c.train.grad_clip == 1.0 &&
+              c.train.on_nan == ONNAN_STOP && c.train.threads == 0,
+          "train section");
+    CHECK(!strcmp(c.optimizer.name, "adamw") && c.optimizer.zero_stage == 0 &&
+              c.optimizer.lr == 3e-3 && c.optimizer.min_lr == 3e-4 &&
+              c.optimizer.warmup_steps == 5 && c.optimizer.schedule == SCHED_COSINE &&
+              c.optimizer.decay_frac == 0.2 && c.optimizer.beta1 == 0.9 &&
+              c.optimizer.beta2 == 0.95 && c.optimizer.eps == 1e-8 &&
+              c.optimizer.weight_decay == 0.1,
+          "optimizer section");
+    CHECK(c.data.format == DATA_LLMC && !strcmp(c.data.train, "data/tiny/train_*.bin") &&
+              !strcmp(c.data.val, "data/tiny/val_*.bin") && !c.data.shuffle &&
+              c.data.val_every == 25 && c.data.val_steps == 4,
+          "data section");
+    CHECK(!strcmp(c.checkpoint.dir, "runs/tiny/ckpt") && c.checkpoint.every == 25 &&
+              c.checkpoint.keep_last == 2 && !strcmp(c.checkpoint.resume, "auto"),
+          "checkpoint section");
+    CHECK(c.logging.every == 1 && !strcmp(c.logging.metrics_file, "runs/tiny/metrics.jsonl") &&
+              c.logging.peak_flops == 0 && c.dist.timeout_s == 300 && !c.source[0],
+          "logging/dist");
+    ust_err e;
+    CHECK(cfg_validate(&c, 1, &e) == 0, "defaults must validate: %s", txt(e.msg));
+}
+
+static void test_design_yaml_loads_to_the_defaults(void) {
+    ust_config c, d;
+    ust_err e;
+    CHECK(load(&c, DESIGN_YAML, &e) == 0, "%s", txt(e.msg));
+    CHECK(!strcmp(c.source, "t.yaml"), "source is '%s'", c.source);
+    cfg_defaults(&d);
+    strcpy(d.source, "t.yaml");
+    CHECK(memcmp(&c, &d, sizeof c) == 0, "DESIGN.md's YAML differs from cfg_defaults");
+}
+
+static void test_empty_and_comment_only_files_give_defaults(void) {
+    const char *docs[] = {"", "# nothing\n", "---\n", "~\n"};
+    for (size_t i = 0; i < sizeof docs / sizeof docs[0]; i++) {
+        ust_config c, d;
+        ust_err e;
+        CHECK(load(&c, docs[i], &e) == 0, "'%s': %s", txt(docs[i]), txt(e.msg));
+        cfg_defaults(&d);
+        strcpy(d.source, "t.yaml");
+        CHECK(memcmp(&c, &d, sizeof c) == 0, "'%s' changed a value", txt(docs[i]));
+    }
+}
+
+static void test_block_style_sets_every_kind_of_value(void) {
+    ust_config c;
+    ust_err e;
+    const char *yaml = "model:\n"
+                       "  arch: gpt2\n"
+                       "  n_layer: 12\n"
+                       "  rope_theta: 5e5\n"
+                       "  tie_embeddings: True\n"
+                       "  init_from: ckpt/gpt2_124M.bin\n"
+                       "  moe:\n"
+                       "    num_experts: 8\n"
+                       "    capacity_factor: 1.25\n"
+                       "run:\n"
+                       "  seed: 18446744073709551615\n"
+                       "  name: 'quoted name'\n"
+                       "train:\n"
+                       "  steps: 10000000000   # int64\n"
+                       "  precision: bf16\n"
+                       "  grad_clip: -1\n"
+                       "data:\n"
+                       "  val: null\n"
+                       "  train: \"x/*.bin\"\n"
+                       "model_unused_section_follows: ~\n";
+    /* the last line is an unknown section: first prove everything before it parses */
+    const char *cut = strstr(yaml, "model_unused");
+    char head[1024];
+    snprintf(head, sizeof head, "%.*s", (int)(cut - yaml), yaml);
+    CHECK(load(&c, head, &e) == 0, "%s", txt(e.msg));
+    CHECK(c.model.arch == ARCH_GPT2 && c.model.n_layer == 12 && c.model.rope_theta == 5e5 &&
+              c.model.tie_embeddings && !strcmp(c.model.init_from, "ckpt/gpt2_124M.bin"),
+          "model values");
+    CHECK(c.model.moe.num_experts == 8 && c.model.moe.capacity_factor == 1.25, "moe values");
+    CHECK(c.model.d_model == 128, "untouched keys keep their defaults");
+    CHECK(c.run.seed == UINT64_MAX && !strcmp(c.run.name, "quoted name"), "run values");
+    CHECK(c.train.steps == 10000000000LL && c.train.precision == PREC_BF16 &&
+              c.train.grad_clip == -1,
+          "train values");
+    CHECK(c.data.val[0] == 0 && !strcmp(c.data.train, "x/*.bin"), "data values");
+    CHECK(load(&c, yaml, &e) == -1, "the unknown section was accepted");
+}
+
+static void test_flow_style_equals_block_style(void) {
+    ust_config a, b;
+    ust_err e;
+    CHECK(load(&a,
+               "run: {name: x, seed: 1}\nmodel: {n_layer: 8, moe: {top_k: 1}}\n"
+               "parallel: {pp_schedule: interleaved, vpp: 2}\n",
+               &e) == 0,
+          "%s", txt(e.msg));
+    CHECK(load(&b,
+               "run:\n  name: x\n  seed: 1\nmodel:\n  n_layer: 8\n  moe:\n    top_k: 1\n"
+               "parallel:\n  pp_schedule: interleaved\n  vpp: 2\n",
+               &e) == 0,
+          "%s", txt(e.msg));
+    CHECK(a.model.n_layer == 8 && a.model.moe.top_k == 1 && a.run.seed == 1 &&
+              a.parallel.pp_schedule == PP_INTERLEAVED,
+          "flow values not applied");
+    CHECK(memcmp(&a, &b, sizeof a) == 0, "flow and block style differ");
+    /* One line of flow style for the whole document. */
+    CHECK(load(&a, "{train: {steps: 7}, data: {val: ~}}", &e) == 0, "%s", txt(e.msg));
+    CHECK(a.train.steps == 7 && a.data.val[0] == 0, "whole-document flow style");
+}
+
+static void test_null_empties_nullable_strings_only(void) {
+    ust_config c;
+    ust_err e;
+    CHECK(load(&c, "model: {init_from: x.bin}\ndata:\n  val:\n", &e) == 0, "%s", txt(e.msg));
+    CHECK(!strcmp(c.model.init_from, "x.bin") && c.data.val[0] == 0, "empty value is null");
+    CHECK(load(&c, "model: {init_from: ~}\n", &e) == 0 && c.model.init_from[0] == 0, "~");
+    CHECK(load(&c, "data: {val: \"\"}\n", &e) == 0 && c.data.val[0] == 0, "quoted empty");
+    CHECK(load(&c, "data: {val: \"null\"}\n", &e) == 0 && !strcmp(c.data.val, "null"),
+          "a quoted \"null\" is the string null");
+    CHECK_LOAD_FAILS("data:\n  train: null\n", "t.yaml:2:10: ", "data.train: needs a value");
+    CHECK_LOAD_FAILS("train:\n  steps: ~\n", "t.yaml:2:10: ", "train.steps: needs a value");
+    CHECK_LOAD_FAILS("model: {arch: null}\n", "t.yaml:1:15: ", "model.arch: unknown value 'null'");
+}
+
+static void test_a_failed_load_leaves_the_config_unchanged(void) {
+    ust_config c, d;
+    ust_err e;
+    cfg_defaults(&c);
+    d = c;
+    CHECK(cfg_load_string(&c, "train: {steps: 99}\nmodel: {n_layer: x}\n", "t.yaml", &e) == -1,
+          "accepted a bad n_layer");
+    CHECK(memcmp(&c, &d, sizeof c) == 0, "train.steps was applied although the load failed");
+}
+
+static void test_load_file_reads_and_names_the_file(void) {
+    char path[] = "/tmp/ust_test_config_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0, "mkstemp");
+    FILE *f = fdopen(fd, "w");
+    fputs("train:\n  steps: 77\n  seq_len: abc\n", f);
+    fclose(f);
+    ust_config c;
+    ust_err e;
+    cfg_defaults(&c);
+    int rc = cfg_load_file(&c, path, &e);
+    char want[128];
+    snprintf(want, sizeof want, "%s:3:12: train.seq_len: expected an integer, got 'abc'", path);
+    bool ok = rc == -1 && !strcmp(e.msg, want);
+    f = fopen(path, "w");
+    fputs("train:\n  steps: 77\n", f);
+    fclose(f);
+    int rc2 = cfg_load_file(&c, path, &e);
+    unlink(path);
+    CHECK(ok, "want '%s', got rc %d: %s", txt(want), rc, txt(e.msg));
+    CHECK(rc2 == 0 && c.train.steps == 77 && !strcmp(c.source, path), "%s", txt(e.msg));
+    CHECK(cfg_load_file(&c, "/nonexistent/x.yaml", &e) == -1 &&
+              starts_with(e.msg, "/nonexistent/x.yaml: cannot open config"),
+          "missing file: %s", txt(e.msg));
+}
+
+/* ---------------------------------------------------------------- load errors */
+
+static void test_yaml_syntax_errors_have_file_line_col(void) {
+    CHECK_LOAD_FAILS("train:\n  steps: 5\n   seq_len: 4\n", "t.yaml:3:11: ",
+                     "YAML syntax error: mapping values are not allowed in this context");
+    CHECK_LOAD_FAILS("run: {name: x, seed: 1\nmodel: {}\n",
+                     "t.yaml:2:6: ", "YAML syntax error: did not find expected ',' or '}'");
+    CHECK_LOAD_FAILS("train:\n\tsteps: 5\n",
+                     "t.yaml:2:1: ", "found character that cannot start any token");
+    CHECK_LOAD_FAILS("run: {name: \"abc}\n", "t.yaml:2:1: ", "found unexpected end of stream");
+    CHECK_LOAD_FAILS("run: {name: x}\n---\ntrain: {steps: 1}\n",
+                     "t.yaml:3:1: ", "expected one YAML document, found a second");
+    CHECK_LOAD_FAILS("run:\n  name: \"a\xff\"\n", "t.yaml:2:11: ", "YAML syntax error: invalid");
+}
+
+static void test_unknown_keys_suggest_the_nearest_valid_key(void) {
+    CHECK_LOAD_FAILS("train:\n  steps: 5\n  micro_batch: 4\n", "t.yaml:3:3: ",
+                     "unknown key 'train.micro_batch' (did you mean 'micro_batch_size'?)");
+    CHECK_LOAD_FAILS("trian:\n  steps: 5\n",
+                     "t.yaml:1:1: ", "unknown section 'trian' (did you mean 'train'?)");
+    CHECK_LOAD_FAILS("model: {moe: {topk: 2}}\n",
+                     "t.yaml:1:15: ", "unknown key 'model.moe.topk' (did you mean 'top_k'?)");
+    CHECK_LOAD_FAILS("parallel: {pp_shedule: zb}\n", "t.yaml:1:12: ",
+                     "unknown key 'parallel.pp_shedule' (did you mean 'pp_schedule'?)");
+    CHECK_LOAD_FAILS("model:\n  mo: {top_k: 1}\n",
+                     "t.yaml:2:3: ", "unknown key 'model.mo' (did you mean 'moe'?)");
+    /* Nothing close: list what is valid instead of guessing. */
+    CHECK_LOAD_FAILS("dist:\n  xyzzy_frobnicate: 1\n", "t.yaml:2:3: ",
+                     "unknown key 'dist.xyzzy_frobnicate' (valid keys in 'dist': timeout_s)");
+    CHECK_LOAD_FAILS("zzzzzzzzzzzz: 1\n", "t.yaml:1:1: ",
+                     "unknown section 'zzzzzzzzzzzz' (valid sections: run, model, parallel, train, "
+                     "optimizer, data, checkpoint, logging, dist)");
+    CHECK_LOAD_FAILS("train.steps: 5\n", "t.yaml:1:1: ", "contains '.'");
+}
+
+static void test_duplicate_keys_are_errors(void) {
+    CHECK_LOAD_FAILS("train:\n  steps: 5\n  seq_len: 64\n  steps: 6\n", "t.yaml:4:3: ",
+                     "duplicate key 'train.steps' (first given at line 2, column 3)");
+    CHECK_LOAD_FAILS("train: {steps: 5}\nrun: {}\ntrain: {seq_len: 64}\n",
+                     "t.yaml:3:1: ", "duplicate key 'train' (first given at line 1, column 1)");
+    CHECK_LOAD_FAILS("model: {moe: {top_k: 1, top_k: 2}}\n",
+                     "t.yaml:1:25: ", "duplicate key 'model.moe.top_k'");
+}
+
+static void test_wrong_types_are_errors(void) {
+    CHECK_LOAD_FAILS("train:\n  steps: 1.5\n",
+                     "t.yaml:2:10: ", "train.steps: expected an integer, got '1.5'");
+    CHECK_LOAD_FAILS("run: {name: tiny, seed: abc}\n",
+                     "t.yaml:1:25: ", "run.seed: expected a non-negative integer, got 'abc'");
+    CHECK_LOAD_FAILS("train: {steps: \"50\"}\n", "t.yaml:1:16: ",
+                     "train.steps: expected an integer, got the quoted string \"50\"");
+    CHECK_LOAD_FAILS("optimizer: {lr: fast}\n",
+                     "t.yaml:1:17: ", "optimizer.lr: expected a number, got 'fast'");
+    CHECK_LOAD_FAILS("optimizer: {lr: .nan}\n", "t.yaml:1:17: ", "expected a number, got '.nan'");
+    CHECK_LOAD_FAILS("optimizer: {lr: inf}\n", "t.yaml:1:17: ", "expected a number, got 'inf'");
+    CHECK_LOAD_FAILS("data: {shuffle: yes}\n",
+                     "t.yaml:1:17: ", "data.shuffle: expected true or false, got 'yes'");
+    CHECK_LOAD_FAILS("train:\n  steps:\n    a: 1\n",
+                     "t.yaml:3:5: ", "train.steps: expected a single value, got a mapping");
+    CHECK_LOAD_FAILS("data: {train: [a, b]}\n",
+                     "t.yaml:1:15: ", "data.train: expected a single value, got a list");
+    CHECK_LOAD_FAILS("model: 5\n", "t.yaml:1:8: ",
+                     "'model' is a section and needs a mapping of keys, got a single value");
+    CHECK_LOAD_FAILS("model: {moe: [1]}\n", "t.yaml:1:14: ",
+                     "'model.moe' is a section and needs a mapping of keys, got a list");
+    CHECK_LOAD_FAILS("- run\n- model\n", "t.yaml:1:1: ",
+                     "the top level must be a mapping of sections (run:, model:, ...), got a list");
+    CHECK_LOAD_FAILS("hello\n", "t.yaml:1:1: ", "the top level must be a mapping");
+    CHECK_LOAD_FAILS("? [a, b]\n: 1\n", "t.yaml:1:3: ", "keys must be names, got a list");
+}
+
+static void test_out_of_range_values_are_errors(void) {
+    CHECK_LOAD_FAILS("model: {n_layer: -1}\n",
+                     "t.yaml:1:18: ", "model.n_layer: -1 is out of range (must be >= 1)");
+    CHECK_LOAD_FAILS("model: {d_model: 0}\n", "t.yaml:1:18: ", "model.d_model: 0 is out of range");
+    CHECK_LOAD_FAILS("optimizer: {lr: 0}\n",
+                     "t.yaml:1:17: ", "optimizer.lr: 0 is out of range (must be > 0)");
+    CHECK_LOAD_FAILS("optimizer: {beta2: 1.0}\n",
+                     "t.yaml:1:20: ", "optimizer.beta2: 1.0 is out of range (must be in [0, 1))");
+    CHECK_LOAD_FAILS("optimizer: {beta1: -0.1}\n", "t.yaml:1:20: ", "optimizer.beta1: -0.1 is out");
+    CHECK_LOAD_FAILS("optimizer: {zero_stage: 4}\n",
+                     "t.yaml:1:25: ", "optimizer.zero_stage: 4 is out of range (must be in 0..3)");
+    CHECK_LOAD_FAILS("train: {steps: -1}\n", "t.yaml:1:16: ", "train.steps: -1 is out of range");
+    CHECK_LOAD_FAILS("train: {seq_len: 99999999999}\n", "t.yaml:1:18: ",
+                     "train.seq_len: 99999999999 is out of range (must fit in a 32-bit integer)");
+    CHECK_LOAD_FAILS("train: {steps: 99999999999999999999}\n",
+                     "t.yaml:1:16: ", "(must fit in a 64-bit integer)");
+    CHECK_LOAD_FAILS(
+        "run: {seed: 99999999999999999999}\n", "t.yaml:1:13: ",
+        "run.seed: 99999999999999999999 is out of range (must fit in a 64-bit integer)");
+    CHECK_LOAD_FAILS("run: {seed: -3}\n", "t.yaml:1:13: ", "expected a non-negative integer");
+    CHECK_LOAD_FAILS("parallel: {tp: 0}\n", "t.yaml:1:16: ", "parallel.tp: 0 is out of range");
+    CHECK_LOAD_FAILS("dist: {timeout_s: 0}\n", "t.yaml:1:19: ", "dist.timeout_s: 0 is out");
+    CHECK_LOAD_FAILS(
+        "run: {name: "
+        "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+        "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa}\n",
+        "t.yaml:1:13: ", "run.name: value is too long (132 bytes, at most 127)");
+}
+
+static void test_bad_enum_values_list_the_allowed_ones(void) {
+    CHECK_LOAD_FAILS("train: {precision: fp16}\n", "t.yaml:1:20: ",
+                     "train.precision: unknown value 'fp16' (allowed: fp32, bf16)");
+    CHECK_LOAD_FAILS("model:\n  arch: gpt3\n",
+                     "t.yaml:2:9: ", "model.arch: unknown value 'gpt3' (allowed: gpt2, llama)");
+    CHECK_LOAD_FAILS("parallel: {pp_schedule: gpipe}\n",
+                     "t.yaml:1:25: ", "(allowed: afab, 1f1b, interleaved, zb)");
+    CHECK_LOAD_FAILS("optimizer: {name: sgd}\n",
+                     "t.yaml:1:19: ", "optimizer.name: unknown value 'sgd' (allowed: adamw)");
+    CHECK_LOAD_FAILS("data: {format: bin}\n",
+                     "t.yaml:1:16: ", "(allowed: llmc, nanogpt, megatron)");
+    CHECK_LOAD_FAILS("run: {device: gpu}\n", "t.yaml:1:15: ", "(allowed: cpu, cuda)");
+    CHECK_LOAD_FAILS("optimizer: {schedule: step}\n",
+                     "t.yaml:1:23: ", "(allowed: cosine, linear, constant, wsd)");
+}
+
+/* ---------------------------------------------------------------- --set */
+
+static void test_set_applies_values_parsed_as_yaml_scalars(void) {
+    ust_config c;
+    ust_err e = {{0}};
+    cfg_defaults(&c);
+    CHECK(cfg_set(&c, "model.n_layer=8", &e) == 0 && c.model.n_layer == 8, "%s", txt(e.msg));
+    CHECK(cfg_set(&c, "model.moe.top_k=1", &e) == 0 && c.model.moe.top_k == 1, "%s", txt(e.msg));
+    CHECK(cfg_set(&c, "optimizer.lr=1e-4", &e) == 0 && c.optimizer.lr == 1e-4, "%s", txt(e.msg));
+    CHECK(cfg_set(&c, "run.name=\"my run\"", &e) == 0 && !strcmp(c.run.name, "my run"), "%s",
+          txt(e.msg));
+    CHECK(cfg_set(&c, "data.train=a=b/*.bin", &e) == 0 && !strcmp(c.data.train, "a=b/*.bin"),
+          "the first '=' splits: %s", txt(e.msg));
+    CHECK(cfg_set(&c, "parallel.sp=true", &e) == 0 && c.parallel.sp, "%s", txt(e.msg));
+    CHECK(cfg_set(&c, "train.precision=bf16", &e) == 0 && c.train.precision == PREC_BF16, "%s",
+          txt(e.msg));
+    CHECK(cfg_set(&c, "data.val=null", &e) == 0 && c.data.val[0] == 0, "%s", txt(e.msg));
+    CHECK(cfg_set(&c, "model.init_from=x.bin", &e) == 0 &&
+              cfg_set(&c, "model.init_from=", &e) == 0 && c.model.init_from[0] == 0,
+          "empty value is null: %s", txt(e.msg));
+    CHECK(c.model.d_model == 128, "other keys untouched");
+}
+
+static void test_set_errors_name_the_argument(void) {
+    CHECK_SET_FAILS("model.n_layer=abc", "model.n_layer: expected an integer, got 'abc'");
+    CHECK_SET_FAILS("model.n_layer=0", "model.n_layer: 0 is out of range (must be >= 1)");
+    CHECK_SET_FAILS("train.micro_batch=4",
+                    "unknown key 'train.micro_batch' (did you mean 'micro_batch_size'?)");
+    CHECK_SET_FAILS("modle.n_layer=4", "unknown section 'modle' (did you mean 'model'?)");
+    CHECK_SET_FAILS("model.moe.topk=1", "unknown key 'model.moe.topk' (did you mean 'top_k'?)");
+    CHECK_SET_FAILS("model.moe=1", "'model.moe' is a section");
+    CHECK_SET_FAILS("model.n_layer.x=1", "'model.n_layer' is a key, not a section");
+    CHECK_SET_FAILS("train.steps", "expected key.path=value");
+    CHECK_SET_FAILS("=5", "expected key.path=value");
+    CHECK_SET_FAILS("train.precision=fp8", "unknown value 'fp8' (allowed: fp32, bf16)");
+    CHECK_SET_FAILS("train.steps={a: 1}", "train.steps: expected a single value, got a mapping");
+    CHECK_SET_FAILS("run.name=\"abc", "YAML syntax error");
+    CHECK_SET_FAILS("data.train=", "data.train: needs a value");
+    CHECK_SET_FAILS("train.steps=\"5\"", "the quoted string");
+}
+
+/* ---------------------------------------------------------------- validate */
+
+typedef struct {
+    const char *sets[6]; /* --set assignments over the defaults */
+    int world;
+    const char *want; /* exact substring of the message */
+} validate_case;
+
+static const validate_case BAD_LAYOUTS[] = {
+    {{"model.d_model=130", "model.n_head=4"},
+     1,
+     "model.d_model (130) must be divisible by model.n_head (4)"},
+    {{"model.n_kv_head=3", "model.n_head=4"},
+     1,
+     "model.n_head (4) must be divisible by model.n_kv_head (3)"},
+    {{"model.d_model=120", "model.n_head=8", "model.n_kv_head=8"},
+     1,
+     "llama's RoPE needs an even head dim, but model.d_model / model.n_head = 120 / 8 = 15"},
+    {{"parallel.tp=8", "parallel.dp=1"},
+     8,
+     "model.n_head (4) must be divisible by parallel.tp (8)"},
+    {{"parallel.tp=4"}, 4, "model.n_kv_head (2) must be divisible by parallel.tp (4)"},
+    {{"model.n_head=6", "model.n_kv_head=3", "model.d_model=192", "parallel.tp=3",
+      "model.vocab_pad=64"},
+     3,
+     "padded vocab (512: model.vocab_size 512 rounded up to a multiple of model.vocab_pad 64) "
+     "must be divisible by parallel.tp (3)"},
+    {{"parallel.pp=3"},
+     3,
+     "model.n_layer (4) must be divisible by parallel.pp * parallel.vpp (3 "
+     "* 1 = 3)"},
+    {{"parallel.pp=2", "parallel.vpp=4", "parallel.pp_schedule=interleaved"},
+     2,
+     "model.n_layer (4) must be divisible by parallel.pp * parallel.vpp (2 * 4 = 8)"},
+    {{"parallel.pp=2", "parallel.vpp=2"},
+     2,
+     "parallel.vpp (2) > 1 needs parallel.pp_schedule: interleaved (got 1f1b)"},
+    {{"parallel.cp=3", "parallel.dp=1"},
+     3,
+     "train.seq_len (128) must be divisible by 2 * parallel.cp (2 * 3 = 6)"},
+    {{"train.seq_len=512"}, 1, "train.seq_len (512) must be <= model.max_seq_len (256)"},
+    {{"model.moe.num_experts=6", "parallel.ep=4", "parallel.dp=4", "train.global_batch_size=16"},
+     4,
+     "model.moe.num_experts (6) must be divisible by parallel.ep (4)"},
+    {{"model.moe.num_experts=4", "parallel.ep=2"},
+     1,
+     "parallel.dp (1) must be divisible by parallel.ep (2)"},
+    {{"parallel.ep=2", "parallel.dp=2"},
+     2,
+     "parallel.ep (2) needs experts, but model.moe.num_experts is 0"},
+    {{"model.moe.num_experts=2", "model.moe.top_k=3"},
+     1,
+     "model.moe.top_k (3) must be <= model.moe.num_experts (2)"},
+    {{"train.global_batch_size=10", "parallel.dp=2"},
+     2,
+     "train.global_batch_size (10) must be divisible by train.micro_batch_size * parallel.dp (4 "
+     "* 2 = 8)"},
+    {{"parallel.dp=2", "parallel.tp=2"},
+     6,
+     "world size (6) must equal parallel.dp * tp * pp * cp (2 * 2 * 1 * 1 = 4)"},
+    {{"optimizer.min_lr=0.1"}, 1, "optimizer.min_lr (0.1) must be <= optimizer.lr (0.003)"},
+    {{"data.train=\"\""}, 1, "data.train is empty"},
+};
+
+static void test_validate_rejects_layouts_that_do_not_divide(void) {
+    for (size_t i = 0; i < sizeof BAD_LAYOUTS / sizeof BAD_LAYOUTS[0]; i++) {
+        const validate_case *t = &BAD_LAYOUTS[i];
+        ust_config c;
+        ust_err e = {{0}};
+        cfg_defaults(&c);
+        for (int j = 0; j < 6 && t->sets[j]; j++)
+            CHECK(cfg_set(&c, t->sets[j], &e) == 0, "case %zu: %s", i, txt(e.msg));
+        CHECK(cfg_validate(&c, t->world, &e) == -1, "case %zu accepted (want: %s)", i,
+              txt(t->want));
+        CHECK(strstr(e.msg, t->want), "case %zu: want '%s', got: %s", i, txt(t->want), txt(e.msg));
+    }
+}
+
+static void test_validate_accepts_a_5d_layout_and_skips_world_when_unknown(void) {
+    ust_config c;
+    ust_err e = {{0}};
+    const char *sets[] = {"model.n_layer=8",
+                          "model.n_head=8",
+                          "model.n_kv_head=4",
+                          "model.moe.num_experts=4",
+                          "parallel.dp=2",
+                          "parallel.tp=2",
+                          "parallel.pp=2",
+                          "parallel.cp=2",
+                          "parallel.ep=2",
+                          "parallel.vpp=2",
+                          "parallel.pp_schedule=interleaved",
+                          "train.global_batch_size=16"};
+    cfg_defaults(&c);
+    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++)
+        CHECK(cfg_set(&c, sets[i], &e) == 0, "%s", txt(e.msg));
+    CHECK(cfg_validate(&c, 16, &e) == 0, "%s", txt(e.msg));
+    CHECK(cfg_validate(&c, 0, &e) == 0, "world 0 must skip the check: %s", txt(e.msg));
+    CHECK(cfg_validate(&c, 8, &e) == -1 && strstr(e.msg, "(2 * 2 * 2 * 2 = 16)"), "%s", txt(e.msg));
+    CHECK(cfg_grad_accum(&c) == 2, "grad accum %d", cfg_grad_accum(&c));
+}
+
+static void test_validate_rechecks_ranges_of_values_set_in_code(void) {
+    ust_config c;
+    ust_err e = {{0}};
+    cfg_defaults(&c);
+    strcpy(c.source, "cfg.yaml");
+    c.model.d_ff = 0;
+    CHECK(cfg_validate(&c, 1, &e) == -1, "d_ff 0 accepted");
+    CHECK(!strcmp(e.msg, "cfg.yaml: model.d_ff: 0 is out of range (must be >= 1)"), "%s",
+          txt(e.msg));
+    cfg_defaults(&c);
+    c.optimizer.beta1 = 1.0;
+    CHECK(cfg_validate(&c, 1, &e) == -1 && strstr(e.msg, "optimizer.beta1: 1 is out of range"),
+          "%s", txt(e.msg));
+    cfg_defaults(&c);
+    c.train.precision = (ust_precision)7;
+    CHECK(cfg_validate(&c, 1, &e) == -1 && strstr(e.msg, "train.precision"), "%s", txt(e.msg));
+}
+
+/* ---------------------------------------------------------------- derived values, dump */
+
+static void test_derived_values(void) {
+    ust_config c;
+    cfg_defaults(&c);
+    CHECK(cfg_vocab_padded(&c) == 512, "512 padded to 128: %d", cfg_vocab_padded(&c));
+    c.model.vocab_size = 50257;
+    CHECK(cfg_vocab_padded(&c) == 50304, "50257 padded to 128: %d", cfg_vocab_padded(&c));
+    c.model.vocab_pad = 1;
+    CHECK(cfg_vocab_padded(&c) == 50257, "pad 1 keeps the vocab");
+    CHECK(cfg_grad_accum(&c) == 2, "8 / (4 * 1) = %d", cfg_grad_accum(&c));
+    c.parallel.dp = 2;
+    CHECK(cfg_grad_accum(&c) == 1, "8 / (4 * 2) = %d", cfg_grad_accum(&c));
+    CHECK(cfg_head_dim(&c) == 32, "128 / 4 = %d", cfg_head_dim(&c));
+    CHECK(!cfg_tied(&c), "llama without tie_embeddings is untied");
+    c.model.tie_embeddings = true;
+    CHECK(cfg_tied(&c), "llama with tie_embeddings is tied");
+    c.model.arch = ARCH_GPT2;
+    c.model.tie_embeddings = false;
+    CHECK(cfg_tied(&c), "gpt2 is always tied");
+}
+
+/* cfg_dump of c, loaded back over the defaults, must give c again, byte for byte. */
+static int dump_roundtrip(const ust_config *c, ust_config *back, char *text, size_t n, ust_err *e) {
+    FILE *f = fmemopen(text, n, "w");
+    if (!f) return ust_errf(e, "fmemopen failed");
+    cfg_dump(c, f);
+    fclose(f);
+    cfg_defaults(back);
+    if (cfg_load_string(back, text, c->source, e)) return -1;
+    return 0;
+}
+
+static void test_dump_round_trips_to_an_identical_struct(void) {
+    static char text[16384];
+    ust_config c, back, d;
+    ust_err e;
+    CHECK(load(&c, ALL_CHANGED_YAML, &e) == 0, "%s", txt(e.msg));
+    CHECK(!strcmp(c.run.name, "my run: \"quoted\" \\ back") &&
+              !strcmp(c.run.out_dir, "runs/it's here"),
+          "string escapes: '%s' '%s'", txt(c.run.name), txt(c.run.out_dir));
+    /* The fixture really changes every key: compare the dump of the defaults line by line. */
+    cfg_defaults(&d);
+    static char dtext[16384];
+    CHECK(dump_roundtrip(&d, &back, dtext, sizeof dtext, &e) == 0, "defaults: %s", txt(e.msg));
+    CHECK(memcmp(&d, &back, sizeof d) == 0, "defaults do not round-trip:\n%s", txt(dtext));
+    CHECK(dump_roundtrip(&c, &back, text, sizeof text, &e) == 0, "%s\n%s", txt(e.msg), txt(text));
+    CHECK(memcmp(&c, &back, sizeof c) == 0, "dump does not round-trip:\n%s", txt(text));
+    int keys = 0, changed = 0;
+    for (char *a = text, *b = dtext; *a && *b; keys++) {
+        char *ea = strchr(a, '\n'), *eb = strchr(b, '\n');
+        if (!ea || !eb) break;
+        bool section = ea[-1] == ':';
+        changed += !section && (ea - a != eb - b || memcmp(a, b, (size_t)(ea - a)));
+        keys -= section;
+        a = ea + 1, b = eb + 1;
+    }
+    CHECK(strstr(text, "\n  moe:\n    num_experts: 8\n"), "nested section layout:\n%s", txt(text));
+    CHECK(strstr(text, "  init_from: \"gpt2_124M.bin\"\n") && strstr(dtext, "  init_from: null\n"),
+          "strings are quoted, empty nullable strings are null");
+    /* every line but the header comment is a key or a section */
+    CHECK(changed == keys - 1, "%d of %d key lines differ from the defaults' dump", changed,
+          keys - 1);
+}
+
+int main(void) {
+    RUN_TEST(test_defaults_are_design_section_1);
+    RUN_TEST(test_design_yaml_loads_to_the_defaults);
+    RUN_TEST(test_empty_and_comment_only_files_give_defaults);
+    RUN_TEST(test_block_style_sets_every_kind_of_value);
+    RUN_TEST(test_flow_style_equals_block_style);
+    RUN_TEST(test_null_empties_nullable_strings_only);
+    RUN_TEST(test_a_failed_load_leaves_the_config_unchanged);
+    RUN_TEST(test_load_file_reads_and_names_the_file);
+    RUN_TEST(test_yaml_syntax_errors_have_file_line_col);
+    RUN_TEST(test_unknown_keys_suggest_the_nearest_valid_key);
+    RUN_TEST(test_duplicate_keys_are_errors);
+    RUN_TEST(test_wrong_types_are_errors);
+    RUN_TEST(test_out_of_range_values_are_errors);
+    RUN_TEST(test_bad_enum_values_list_the_allowed_ones);
+    RUN_TEST(test_set_applies_values_parsed_as_yaml_scalars);
+    RUN_TEST(test_set_errors_name_the_argument);
+    RUN_TEST(test_validate_rejects_layouts_that_do_not_divide);
+    RUN_TEST(test_validate_accepts_a_5d_layout_and_skips_world_when_unknown);
+    RUN_TEST(test_validate_rechecks_ranges_of_values_set_in_code);
+    RUN_TEST(test_derived_values);
+    RUN_TEST(test_dump_round_trips_to_an_identical_struct);
+    return TEST_SUMMARY();
+}
