@@ -1,0 +1,343 @@
+/* comm: the backend-independent half. Checks arguments, counts traffic, keeps each
+ * communicator's queue of posted operations and hands them to the backend. The shm backend runs
+ * the queue when an operation is waited on; NCCL launches each operation as it is posted and the
+ * queue only remembers what is outstanding. */
+#include "comm_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+double comm_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+const char *comm_backend_name(comm_backend b) { return b == COMM_BACKEND_NCCL ? "nccl" : "shm"; }
+
+int comm_backend_available(comm_backend b) {
+#ifdef UST_CUDA
+    (void)b;
+    return 1;
+#else
+    return b == COMM_BACKEND_SHM;
+#endif
+}
+
+size_t comm_dtype_size(comm_dtype t) { return t == COMM_BF16 ? 2 : 4; }
+
+const char *comm_kind_name(comm_kind k) {
+    static const char *names[COMM_NKINDS] = {"all_reduce", "all_gather", "reduce_scatter",
+                                             "broadcast",  "all_to_all", "send_recv",
+                                             "barrier"};
+    return (unsigned)k < COMM_NKINDS ? names[k] : "?";
+}
+
+float comm_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t comm_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1); /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+_Noreturn void comm_fail_wait(const ust_comm *c, comm_kind k, const int *waiting, int nwaiting,
+                              const char *why) {
+    char peers[1024];
+    size_t used = 0;
+    peers[0] = 0;
+    for (int i = 0; i < nwaiting && used + 16 < sizeof peers; i++)
+        used += (size_t)snprintf(peers + used, sizeof peers - used, "%s%d", i ? ", " : "",
+                                 c->granks[waiting[i]]);
+    ust_fatal(UST_EXIT_RUNTIME,
+              "comm: %s on group '%s' (member %d of %d, global rank %d): %s; waiting on global "
+              "rank%s %s",
+              comm_kind_name(k), c->name, c->rank, c->size, c->granks[c->rank], why,
+              nwaiting == 1 ? "" : "s", nwaiting ? peers : "(none)");
+}
+
+int comm_ctx_init(comm_ctx **out, ust_boot *boot, const comm_opts *opts, ust_err *e) {
+    *out = NULL;
+    if (!comm_backend_available(opts->backend))
+        return ust_errf(e, "comm: backend %s is not compiled in (build with CUDA=1 and NCCL)",
+                        comm_backend_name(opts->backend));
+    comm_ctx *ctx = calloc(1, sizeof *ctx);
+    UST_ASSERT(ctx, "out of memory");
+    ctx->backend = opts->backend;
+    ctx->boot = boot;
+    ctx->opts = *opts;
+    if (ctx->opts.timeout_s <= 0) ctx->opts.timeout_s = 300;
+    if (!ctx->opts.shm_slot_bytes) ctx->opts.shm_slot_bytes = 2u << 20;
+    if (!ctx->opts.shm_chan_bytes) ctx->opts.shm_chan_bytes = 256u << 10;
+    /* Sizes stay multiples of 64 so every slot and ring starts on its own cache line. */
+    ctx->opts.shm_slot_bytes = (ctx->opts.shm_slot_bytes + 63) / 64 * 64;
+    ctx->opts.shm_chan_bytes = (ctx->opts.shm_chan_bytes + 63) / 64 * 64;
+    int rc = ctx->backend == COMM_BACKEND_SHM ? shm_ctx_init(ctx, e) : nccl_ctx_init(ctx, e);
+    if (rc) {
+        free(ctx);
+        return -1;
+    }
+    *out = ctx;
+    return 0;
+}
+
+comm_backend comm_ctx_backend(const comm_ctx *ctx) { return ctx->backend; }
+
+void comm_free(ust_comm *c) {
+    if (!c) return;
+    comm_ctx *ctx = c->ctx;
+    if (c->impl) (ctx->backend == COMM_BACKEND_SHM ? shm_free : nccl_free)(c);
+    for (int i = 0; i < ctx->nall; i++)
+        if (ctx->all[i] == c) ctx->all[i] = ctx->all[--ctx->nall];
+    free(c->granks);
+    free(c->queue);
+    free(c);
+}
+
+void comm_ctx_free(comm_ctx *ctx) {
+    if (!ctx) return;
+    while (ctx->nall) comm_free(ctx->all[ctx->nall - 1]);
+    free(ctx->all);
+    if (ctx->backend == COMM_BACKEND_SHM)
+        shm_ctx_free(ctx);
+    else
+        nccl_ctx_free(ctx);
+    free(ctx);
+}
+
+/* FNV-1a over the member list: part of the key, so two different groups with one name differ. */
+static uint32_t ranks_hash(const int *r, int n) {
+    uint32_t h = 2166136261u;
+    for (int i = 0; i < n; i++)
+        for (int b = 0; b < 4; b++) h = (h ^ (uint32_t)((r[i] >> (8 * b)) & 0xff)) * 16777619u;
+    return h;
+}
+
+static void group_key(const comm_ctx *ctx, const comm_group_spec *g, char *key, size_t cap) {
+    char name[32];
+    size_t i = 0;
+    for (; g->name[i] && i < sizeof name - 1; i++) {
+        char ch = g->name[i];
+        name[i] = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9')
+                          ? ch
+                          : '_';
+    }
+    name[i] = 0;
+    snprintf(key, cap, "comm.%d.%s.%d.%08x", ctx->ncalls, name, g->ranks[0],
+             ranks_hash(g->ranks, g->n));
+}
+
+int comm_create_many(comm_ctx *ctx, int ng, const comm_group_spec *gs, ust_comm **out,
+                     ust_err *e) {
+    ust_boot *b = ctx->boot;
+    int rc = 0;
+    char key[128];
+    for (int i = 0; i < ng; i++) out[i] = NULL;
+    for (int i = 0; i < ng && !rc; i++) {
+        const comm_group_spec *g = &gs[i];
+        int me = -1;
+        if (g->n <= 0 || !g->name) {
+            rc = ust_errf(e, "comm: group %d has no members", i);
+            break;
+        }
+        for (int j = 0; j < g->n; j++) {
+            if (g->ranks[j] < 0 || g->ranks[j] >= b->world)
+                rc = ust_errf(e, "comm: group '%s' names rank %d outside the world of %d",
+                              g->name, g->ranks[j], b->world);
+            for (int k = 0; k < j; k++)
+                if (g->ranks[k] == g->ranks[j])
+                    rc = ust_errf(e, "comm: group '%s' names rank %d twice", g->name, g->ranks[j]);
+            if (g->ranks[j] == b->rank) me = j;
+        }
+        if (!rc && me < 0)
+            rc = ust_errf(e, "comm: rank %d creates group '%s' without being a member", b->rank,
+                          g->name);
+        if (rc) break;
+        ust_comm *c = calloc(1, sizeof *c);
+        UST_ASSERT(c, "out of memory");
+        c->ctx = ctx;
+        snprintf(c->name, sizeof c->name, "%s", g->name);
+        c->rank = me;
+        c->size = g->n;
+        c->granks = malloc(sizeof(int) * (size_t)g->n);
+        c->qcap = 16;
+        c->queue = calloc((size_t)c->qcap, sizeof(comm_desc));
+        UST_ASSERT(c->granks && c->queue, "out of memory");
+        memcpy(c->granks, g->ranks, sizeof(int) * (size_t)g->n);
+        if (ctx->nall == ctx->capall) {
+            ctx->capall = ctx->capall ? 2 * ctx->capall : 16;
+            ctx->all = realloc(ctx->all, sizeof(ust_comm *) * (size_t)ctx->capall);
+            UST_ASSERT(ctx->all, "out of memory");
+        }
+        ctx->all[ctx->nall++] = c;
+        out[i] = c;
+        group_key(ctx, g, key, sizeof key);
+        rc = ctx->backend == COMM_BACKEND_SHM ? shm_create_begin(c, key, e)
+                                              : nccl_create_begin(c, key, e);
+    }
+    /* Every rank reaches the fence, even after an error, so the others fail on their own
+     * terms instead of waiting for this one until the bootstrap timeout. */
+    ust_err fe;
+    if (boot_fence(b, &fe) && !rc) rc = ust_errf(e, "comm: creating groups: %s", fe.msg);
+    for (int i = 0; i < ng && !rc; i++) {
+        group_key(ctx, &gs[i], key, sizeof key);
+        rc = ctx->backend == COMM_BACKEND_SHM ? shm_create_end(out[i], key, e)
+                                              : nccl_create_end(out[i], key, e);
+    }
+    ctx->ncalls++;
+    if (rc)
+        for (int i = 0; i < ng; i++) {
+            comm_free(out[i]);
+            out[i] = NULL;
+        }
+    return rc;
+}
+
+int comm_rank(const ust_comm *c) { return c->rank; }
+int comm_size(const ust_comm *c) { return c->size; }
+int comm_global_rank(const ust_comm *c, int local) {
+    UST_ASSERT(local >= 0 && local < c->size, "member %d of %d", local, c->size);
+    return c->granks[local];
+}
+const char *comm_name(const ust_comm *c) { return c->name; }
+const comm_counters *comm_get_counters(const ust_comm *c) { return &c->cnt; }
+void comm_reset_counters(ust_comm *c) { memset(&c->cnt, 0, sizeof c->cnt); }
+
+/* Bytes this rank sends under the bandwidth-optimal algorithm (see comm.h). */
+static uint64_t bus_bytes(const ust_comm *c, const comm_desc *d) {
+    uint64_t n = (uint64_t)c->size, es = comm_dtype_size(d->t), s = 0;
+    if (n == 1) return 0;
+    switch (d->kind) {
+    case COMM_ALLREDUCE: return 2 * (n - 1) * d->count * es / n;
+    case COMM_ALLGATHER:
+    case COMM_REDUCE_SCATTER: return (n - 1) * d->count * es;
+    case COMM_BROADCAST: return c->rank == d->root ? d->count * es : 0;
+    case COMM_ALLTOALL:
+        for (int j = 0; j < c->size; j++)
+            if (j != c->rank) s += desc_scount(d, j) * es;
+        return s;
+    case COMM_SENDRECV:
+        for (int i = 0; i < d->np2p; i++)
+            if (d->p2p[i].is_send && d->p2p[i].peer != c->rank) s += d->p2p[i].count * es;
+        return s;
+    default: return 0;
+    }
+}
+
+static comm_req post(ust_comm *c, comm_desc d) {
+    UST_ASSERT(c != NULL, "operation on a NULL communicator");
+    UST_ASSERT(d.t == COMM_FP32 || d.t == COMM_BF16, "dtype %d", (int)d.t);
+    c->cnt.calls[d.kind]++;
+    c->cnt.bytes[d.kind] += bus_bytes(c, &d);
+    if (c->posted - c->done == (uint64_t)c->qcap) { /* grow the ring, keeping seq order */
+        comm_desc *q = calloc((size_t)c->qcap * 2, sizeof *q);
+        UST_ASSERT(q, "out of memory");
+        for (uint64_t s = c->done + 1; s <= c->posted; s++)
+            q[s % (uint64_t)(2 * c->qcap)] = c->queue[s % (uint64_t)c->qcap];
+        free(c->queue);
+        c->queue = q;
+        c->qcap *= 2;
+    }
+    d.seq = ++c->posted;
+    c->queue[d.seq % (uint64_t)c->qcap] = d;
+    if (c->ctx->backend == COMM_BACKEND_NCCL) nccl_launch(c, &c->queue[d.seq % (uint64_t)c->qcap]);
+    return (comm_req){c, d.seq};
+}
+
+comm_req comm_allreduce(ust_comm *c, const void *send, void *recv, size_t count, comm_dtype t,
+                        comm_redop op) {
+    return post(c, (comm_desc){.kind = COMM_ALLREDUCE, .send = send, .recv = recv,
+                               .count = count, .t = t, .op = op});
+}
+
+comm_req comm_allgather(ust_comm *c, const void *send, void *recv, size_t count, comm_dtype t) {
+    return post(c, (comm_desc){.kind = COMM_ALLGATHER, .send = send, .recv = recv,
+                               .count = count, .t = t});
+}
+
+comm_req comm_reduce_scatter(ust_comm *c, const void *send, void *recv, size_t count,
+                             comm_dtype t, comm_redop op) {
+    return post(c, (comm_desc){.kind = COMM_REDUCE_SCATTER, .send = send, .recv = recv,
+                               .count = count, .t = t, .op = op});
+}
+
+comm_req comm_broadcast(ust_comm *c, void *buf, size_t count, comm_dtype t, int root) {
+    UST_ASSERT(root >= 0 && root < c->size, "broadcast root %d of %d members", root, c->size);
+    return post(c, (comm_desc){.kind = COMM_BROADCAST, .send = buf, .recv = buf,
+                               .count = count, .t = t, .root = root});
+}
+
+comm_req comm_alltoallv(ust_comm *c, const void *send, const size_t *scounts,
+                        const size_t *sdispls, void *recv, const size_t *rcounts,
+                        const size_t *rdispls, comm_dtype t) {
+    UST_ASSERT(scounts && sdispls && rcounts && rdispls, "all-to-allv needs every count array");
+    return post(c, (comm_desc){.kind = COMM_ALLTOALL, .send = send, .recv = recv, .t = t,
+                               .scounts = scounts, .sdispls = sdispls, .rcounts = rcounts,
+                               .rdispls = rdispls});
+}
+
+comm_req comm_alltoall(ust_comm *c, const void *send, void *recv, size_t count, comm_dtype t) {
+    return post(c, (comm_desc){.kind = COMM_ALLTOALL, .send = send, .recv = recv,
+                               .count = count, .t = t});
+}
+
+comm_req comm_sendrecv(ust_comm *c, const comm_p2p *ops, int nops, comm_dtype t) {
+    for (int i = 0; i < nops; i++)
+        UST_ASSERT(ops[i].peer >= 0 && ops[i].peer < c->size, "p2p peer %d of %d members on '%s'",
+                   ops[i].peer, c->size, c->name);
+    return post(c, (comm_desc){.kind = COMM_SENDRECV, .p2p = ops, .np2p = nops, .t = t});
+}
+
+comm_req comm_barrier(ust_comm *c) { return post(c, (comm_desc){.kind = COMM_BARRIER}); }
+
+void comm_wait(comm_req *r) {
+    ust_comm *c = r->comm;
+    if (!c || r->seq <= c->done) return;
+    UST_ASSERT(r->seq <= c->posted, "waiting on seq %llu of '%s', only %llu posted",
+               (unsigned long long)r->seq, c->name, (unsigned long long)c->posted);
+    if (c->ctx->backend == COMM_BACKEND_NCCL) {
+        nccl_wait_until(c, r->seq);
+        c->done = r->seq;
+    } else {
+        while (c->done < r->seq) {
+            shm_run(c, &c->queue[(c->done + 1) % (uint64_t)c->qcap]);
+            c->done++;
+        }
+    }
+    r->comm = NULL;
+}
+
+void comm_wait_all(comm_req *r, int n) {
+    for (int i = 0; i < n; i++) comm_wait(&r[i]);
+}
+
+#ifndef UST_CUDA
+/* Without CUDA the NCCL entry points exist only so the dispatch links; comm_ctx_init refuses
+ * the backend before any of them can run. */
+int nccl_ctx_init(comm_ctx *ctx, ust_err *e) {
+    (void)ctx;
+    return ust_errf(e, "comm: NCCL backend not compiled in");
+}
+void nccl_ctx_free(comm_ctx *ctx) { (void)ctx; }
+int nccl_create_begin(ust_comm *c, const char *key, ust_err *e) {
+    (void)c, (void)key;
+    return ust_errf(e, "comm: NCCL backend not compiled in");
+}
+int nccl_create_end(ust_comm *c, const char *key, ust_err *e) {
+    (void)c, (void)key;
+    return ust_errf(e, "comm: NCCL backend not compiled in");
+}
+void nccl_launch(ust_comm *c, const comm_desc *d) { (void)c, (void)d; }
+void nccl_wait_until(ust_comm *c, uint64_t seq) { (void)c, (void)seq; }
+void nccl_free(ust_comm *c) { (void)c; }
+#endif

@@ -1,0 +1,88 @@
+/* comm internals: shared by comm.c (argument checks, counters, the queue of posted operations,
+ * dispatch) and the backends comm_shm.c and comm_nccl.c. Only those files and the comm tests
+ * include this header. */
+#ifndef UST_COMM_IMPL_H
+#define UST_COMM_IMPL_H
+
+#include "comm.h"
+
+/* One posted operation, as the caller described it (pointers are the caller's). For all-to-all
+ * with equal counts the count arrays are NULL and `count` is the per-member count. */
+typedef struct {
+    comm_kind kind;
+    const void *send;
+    void *recv; /* broadcast: the buffer */
+    size_t count;
+    comm_dtype t;
+    comm_redop op;
+    int root;
+    const size_t *scounts, *sdispls, *rcounts, *rdispls;
+    const comm_p2p *p2p;
+    int np2p;
+    uint64_t seq;
+} comm_desc;
+
+struct ust_comm {
+    comm_ctx *ctx;
+    char name[32];
+    int rank, size;
+    int *granks; /* global rank of each member */
+    comm_counters cnt;
+    uint64_t posted; /* seq of the last posted operation (first is 1) */
+    uint64_t done;   /* every seq <= done has completed */
+    comm_desc *queue; /* posted, not yet completed: seqs done+1 .. posted, ring of qcap */
+    int qcap;
+    void *impl; /* backend state */
+};
+
+struct comm_ctx {
+    comm_backend backend;
+    ust_boot *boot;
+    comm_opts opts; /* defaults filled in */
+    int ncalls;     /* comm_create_many calls so far (part of every bootstrap key) */
+    int spin;       /* shm: may spin briefly before sleeping (enough cores for the local ranks) */
+    ust_comm **all;
+    int nall, capall;
+    void *impl;
+};
+
+/* Access to a desc's per-member counts and displacements (all-to-all with equal counts). */
+static inline size_t desc_scount(const comm_desc *d, int j) {
+    return d->scounts ? d->scounts[j] : d->count;
+}
+static inline size_t desc_sdispl(const comm_desc *d, int j) {
+    return d->sdispls ? d->sdispls[j] : (size_t)j * d->count;
+}
+static inline size_t desc_rcount(const comm_desc *d, int j) {
+    return d->rcounts ? d->rcounts[j] : d->count;
+}
+static inline size_t desc_rdispl(const comm_desc *d, int j) {
+    return d->rdispls ? d->rdispls[j] : (size_t)j * d->count;
+}
+
+/* Exits with UST_EXIT_RUNTIME naming the operation, group, this rank and the members (comm-local
+ * indices, printed as global ranks) it was waiting on; `why` says what happened. */
+_Noreturn void comm_fail_wait(const ust_comm *c, comm_kind k, const int *waiting, int nwaiting,
+                              const char *why);
+double comm_now(void);
+
+/* Backends. create_begin runs before the bootstrap fence of comm_create_many (the group's first
+ * member creates the shared resource and publishes its name under key), create_end after it
+ * (the others attach). run executes the queued operation d (shm) or launches it (NCCL: called at
+ * post time); wait_until completes everything up to seq (NCCL; shm runs the queue itself). */
+int shm_ctx_init(comm_ctx *ctx, ust_err *e);
+void shm_ctx_free(comm_ctx *ctx);
+int shm_create_begin(ust_comm *c, const char *key, ust_err *e);
+int shm_create_end(ust_comm *c, const char *key, ust_err *e);
+void shm_run(ust_comm *c, const comm_desc *d);
+void shm_free(ust_comm *c);
+
+int nccl_ctx_init(comm_ctx *ctx, ust_err *e);
+void nccl_ctx_free(comm_ctx *ctx);
+int nccl_create_begin(ust_comm *c, const char *key, ust_err *e);
+int nccl_create_end(ust_comm *c, const char *key, ust_err *e);
+void nccl_launch(ust_comm *c, const comm_desc *d);
+void nccl_wait_until(ust_comm *c, uint64_t seq);
+void nccl_free(ust_comm *c);
+
+#endif

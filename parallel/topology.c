@@ -1,0 +1,147 @@
+/* topology: coordinates <-> ranks and the member lists of every group (see topology.h). A group
+ * is "every rank whose coordinates agree with mine on the fixed axes", enumerated by walking
+ * the free axes in rank order. */
+#include "topology.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int topo_grid_init(topo_grid *g, int dp, int tp, int pp, int cp, int ep, int world, ust_err *e) {
+    memset(g, 0, sizeof *g);
+    if (dp < 1 || tp < 1 || pp < 1 || cp < 1 || ep < 1)
+        return ust_errf(e, "topology: every parallel size must be >= 1 (dp=%d tp=%d pp=%d cp=%d "
+                           "ep=%d)",
+                        dp, tp, pp, cp, ep);
+    if (dp % ep)
+        return ust_errf(e, "topology: parallel.ep=%d must divide parallel.dp=%d (experts are "
+                           "sharded over ep ranks of the data-parallel group)",
+                        ep, dp);
+    long prod = (long)dp * tp * pp * cp;
+    if (prod > 1 << 20) return ust_errf(e, "topology: dp*tp*pp*cp = %ld is too large", prod);
+    if (world > 0 && prod != world)
+        return ust_errf(e, "topology: dp*tp*pp*cp = %d*%d*%d*%d = %ld, but the world has %d "
+                           "ranks",
+                        dp, tp, pp, cp, prod, world);
+    *g = (topo_grid){.dp = dp, .tp = tp, .pp = pp, .cp = cp, .ep = ep, .world = (int)prod};
+    return 0;
+}
+
+int topo_grid_from_config(topo_grid *g, const ust_config *c, int world, ust_err *e) {
+    return topo_grid_init(g, c->parallel.dp, c->parallel.tp, c->parallel.pp, c->parallel.cp,
+                          c->parallel.ep, world, e);
+}
+
+topo_coord topo_coords(const topo_grid *g, int rank) {
+    UST_ASSERT(rank >= 0 && rank < g->world, "rank %d of %d", rank, g->world);
+    topo_coord c;
+    c.tp = rank % g->tp;
+    rank /= g->tp;
+    c.cp = rank % g->cp;
+    rank /= g->cp;
+    c.dp = rank % g->dp;
+    c.pp = rank / g->dp;
+    c.ep = c.dp % g->ep;
+    c.edp = c.dp / g->ep;
+    return c;
+}
+
+int topo_rank_of(const topo_grid *g, int tp, int cp, int dp, int pp) {
+    return tp + g->tp * (cp + g->cp * (dp + g->dp * pp));
+}
+
+const char *topo_kind_name(topo_kind k) {
+    static const char *names[TOPO_NKINDS] = {"tp", "cp",  "dp",    "pp",   "dp_cp",
+                                             "ep", "edp_cp", "embedding", "world"};
+    return (unsigned)k < TOPO_NKINDS ? names[k] : "?";
+}
+
+int topo_group(const topo_grid *g, topo_kind k, int rank, int *ranks, int *index) {
+    topo_coord me = topo_coords(g, rank);
+    int n = 0;
+    /* Walk the whole grid in rank order and keep the ranks that share the fixed coordinates;
+     * O(world) per group, done once at start-up. */
+    for (int r = 0; r < g->world; r++) {
+        topo_coord o = topo_coords(g, r);
+        int same_tp = o.tp == me.tp, same_cp = o.cp == me.cp, same_dp = o.dp == me.dp,
+            same_pp = o.pp == me.pp, keep = 0;
+        switch (k) {
+        case TOPO_TP: keep = same_cp && same_dp && same_pp; break;
+        case TOPO_CP: keep = same_tp && same_dp && same_pp; break;
+        case TOPO_DP: keep = same_tp && same_cp && same_pp; break;
+        case TOPO_PP: keep = same_tp && same_cp && same_dp; break;
+        case TOPO_DPCP: keep = same_tp && same_pp; break;
+        case TOPO_EP: keep = same_tp && same_cp && same_pp && o.edp == me.edp; break;
+        case TOPO_EDPCP: keep = same_tp && same_pp && o.ep == me.ep; break;
+        case TOPO_EMB:
+            keep = same_tp && same_cp && same_dp && (o.pp == 0 || o.pp == g->pp - 1);
+            break;
+        case TOPO_WORLD: keep = 1; break;
+        default: UST_ASSERT(0, "group kind %d", (int)k);
+        }
+        if (!keep) continue;
+        if (r == rank && index) *index = n;
+        ranks[n++] = r;
+    }
+    /* pp == 1: the embedding "group" is the rank alone, which keeps callers uniform. */
+    if (k == TOPO_EMB && g->pp > 1 && me.pp != 0 && me.pp != g->pp - 1) {
+        /* A middle stage holds no embedding; it gets a group of itself. */
+        ranks[0] = rank;
+        n = 1;
+        if (index) *index = 0;
+    }
+    return n;
+}
+
+void topo_print(const topo_grid *g, FILE *f) {
+    fprintf(f, "topology: world %d = dp %d x tp %d x pp %d x cp %d (ep %d, expert-dp %d); rank "
+               "order tp, cp, dp, pp\n",
+            g->world, g->dp, g->tp, g->pp, g->cp, g->ep, g->dp / g->ep);
+    int *ranks = malloc(sizeof(int) * (size_t)g->world);
+    int *first = malloc(sizeof(int) * (size_t)g->world);
+    UST_ASSERT(ranks && first, "out of memory");
+    for (int k = 0; k < TOPO_NKINDS; k++) {
+        /* A group is printed once, from its lowest member. */
+        int ngroups = 0;
+        for (int r = 0; r < g->world; r++) {
+            int n = topo_group(g, (topo_kind)k, r, ranks, NULL);
+            if (ranks[0] == r) first[ngroups++] = r;
+            (void)n;
+        }
+        fprintf(f, "  %-9s %d group%s of %d:", topo_kind_name((topo_kind)k), ngroups,
+                ngroups == 1 ? "" : "s", topo_group(g, (topo_kind)k, 0, ranks, NULL));
+        for (int i = 0; i < ngroups; i++) {
+            int n = topo_group(g, (topo_kind)k, first[i], ranks, NULL);
+            fputs(" [", f);
+            for (int j = 0; j < n; j++) fprintf(f, "%s%d", j ? " " : "", ranks[j]);
+            fputs("]", f);
+        }
+        fputc('\n', f);
+    }
+    free(ranks);
+    free(first);
+}
+
+int topo_connect(ust_topology *t, const topo_grid *g, comm_ctx *ctx, int rank, ust_err *e) {
+    memset(t, 0, sizeof *t);
+    t->grid = *g;
+    t->rank = rank;
+    t->me = topo_coords(g, rank);
+    int *ranks = malloc(sizeof(int) * (size_t)g->world * TOPO_NKINDS);
+    UST_ASSERT(ranks, "out of memory");
+    comm_group_spec spec[TOPO_NKINDS];
+    for (int k = 0; k < TOPO_NKINDS; k++) {
+        int *rk = ranks + (size_t)k * (size_t)g->world;
+        spec[k] = (comm_group_spec){topo_kind_name((topo_kind)k), rk,
+                                    topo_group(g, (topo_kind)k, rank, rk, NULL)};
+    }
+    int rc = comm_create_many(ctx, TOPO_NKINDS, spec, t->comm, e);
+    free(ranks);
+    return rc;
+}
+
+void topo_disconnect(ust_topology *t) {
+    for (int k = 0; k < TOPO_NKINDS; k++) {
+        comm_free(t->comm[k]);
+        t->comm[k] = NULL;
+    }
+}

@@ -1,0 +1,77 @@
+/* topology: the 5D rank grid and every process group derived from it; the one place that
+ * computes ranks. world = dp*tp*pp*cp, rank order fastest-varying first tp, cp, dp, pp:
+ *     rank = tp_i + tp*(cp_i + cp*(dp_i + dp*pp_i))
+ * ep divides dp: the dp coordinate splits as dp_i = edp_i*ep + ep_i, so an expert-parallel group
+ * is ep consecutive dp coordinates (close ranks) and the expert-data-parallel replicas of an
+ * expert shard are the dp coordinates with the same ep_i.
+ * Groups of a rank (members in increasing global rank, which is the comm-local order):
+ *   TP     same cp, dp, pp                       (tp members)
+ *   CP     same tp, dp, pp                       (cp)
+ *   DP     same tp, cp, pp                       (dp)
+ *   PP     same tp, cp, dp                       (pp; stage order)
+ *   DPCP   same tp, pp             dense-gradient reduction (dp*cp; local index dp_i*cp + cp_i)
+ *   EP     same tp, cp, pp, edp_i  expert parallel (ep; local index ep_i)
+ *   EDPCP  same tp, pp, ep_i       expert-gradient reduction (dp/ep*cp; index edp_i*cp + cp_i)
+ *   EMB    same tp, cp, dp, pp_i in {0, pp-1}   tied embeddings (2 members; 1 when pp == 1)
+ *   WORLD  every rank
+ * The pure part (coordinates, member lists, printing) needs no communicator; topo_connect
+ * creates every group of this rank through comm, once, at start-up. */
+#ifndef UST_TOPOLOGY_H
+#define UST_TOPOLOGY_H
+
+#include <stdio.h>
+
+#include "comm.h"
+#include "config.h"
+#include "error.h"
+
+typedef enum {
+    TOPO_TP,
+    TOPO_CP,
+    TOPO_DP,
+    TOPO_PP,
+    TOPO_DPCP,
+    TOPO_EP,
+    TOPO_EDPCP,
+    TOPO_EMB,
+    TOPO_WORLD,
+    TOPO_NKINDS
+} topo_kind;
+
+typedef struct {
+    int dp, tp, pp, cp, ep;
+    int world;
+} topo_grid;
+
+typedef struct {
+    int tp, cp, dp, pp; /* grid coordinates */
+    int ep, edp;        /* dp = edp*ep_size + ep */
+} topo_coord;
+
+/* A rank's view: its grid, coordinates, and one communicator per group kind. */
+typedef struct {
+    topo_grid grid;
+    int rank;
+    topo_coord me;
+    ust_comm *comm[TOPO_NKINDS];
+} ust_topology;
+
+/* Checks the sizes (each >= 1, ep divides dp, product == world when world > 0; world <= 0 takes
+ * the product). Returns -1 with a message otherwise. */
+int topo_grid_init(topo_grid *g, int dp, int tp, int pp, int cp, int ep, int world, ust_err *e);
+int topo_grid_from_config(topo_grid *g, const ust_config *c, int world, ust_err *e);
+
+topo_coord topo_coords(const topo_grid *g, int rank);
+int topo_rank_of(const topo_grid *g, int tp, int cp, int dp, int pp);
+const char *topo_kind_name(topo_kind k);
+/* Writes the members of rank's group of kind k (increasing global rank) into ranks (room for
+ * g->world) and returns how many; *index (may be NULL) gets rank's position among them. */
+int topo_group(const topo_grid *g, topo_kind k, int rank, int *ranks, int *index);
+/* Prints the grid: for every kind, each distinct group's global ranks. */
+void topo_print(const topo_grid *g, FILE *f);
+
+/* Collective over the job: creates every group of `rank` (one comm_create_many call). */
+int topo_connect(ust_topology *t, const topo_grid *g, comm_ctx *ctx, int rank, ust_err *e);
+void topo_disconnect(ust_topology *t);
+
+#endif
