@@ -4,7 +4,8 @@
 
 CC      ?= gcc
 OPT     ?= -O3 -march=native
-CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -fopenmp -pthread \
+CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -Wno-format-truncation \
+           -fopenmp -pthread \
            -I. -Icore -Iparallel -I/usr/include/x86_64-linux-gnu/openblas-openmp \
            $(shell pkg-config --cflags yaml-0.1 libcjson pmix 2>/dev/null) $(EXTRA_CFLAGS)
 OBLAS   := /usr/lib/x86_64-linux-gnu/openblas-openmp

@@ -1,0 +1,9 @@
+/* cmd: sub-commands implemented outside cmd/ustrain.c, each taking the arguments after its name
+ * and returning the process exit code (0 ok, 1 runtime failure, 2 bad usage). */
+#ifndef UST_CMD_H
+#define UST_CMD_H
+
+/* ustrain bench comm [--min-bytes B] [--max-bytes B]: verify and time every collective. */
+int cmd_bench_comm(int argc, char **argv);
+
+#endif

@@ -1,0 +1,209 @@
+/* ustrain: argument parsing and sub-commands; no training logic lives here.
+ * Exit codes: 0 success, 1 runtime failure, 2 bad usage / config / input. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmd.h"
+#include "config.h"
+#include "data.h"
+#include "error.h"
+#include "log.h"
+#include "mem.h"
+#include "ops.h"
+#include "plan.h"
+#include "train.h"
+
+#define UST_VERSION "0.1.0"
+
+static const char *USAGE =
+    "usage: ustrain <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  train CONFIG [--set key.path=value ...]   train (resumes from the newest checkpoint)\n"
+    "  validate CONFIG [--world N] [--set ...]   check the config, print topology and memory "
+    "plan\n"
+    "  data demo DIR                             write the bundled demo dataset\n"
+    "  data prep --out DIR [--val-fraction F] [--shard-tokens N] FILE...\n"
+    "                                            text files -> llm.c shards (byte-level tokens)\n"
+    "  bench train CONFIG [--steps N] [--set ...] time training steps: ms/step, tok/s, MFU\n"
+    "  --help, --version\n"
+    "\n"
+    "exit codes: 0 success, 1 runtime failure, 2 bad usage, config or input\n";
+
+static int usage_error(const char *fmt, const char *arg) {
+    fprintf(stderr, "ustrain: error: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n(run `ustrain --help` for usage)\n");
+    return UST_EXIT_USAGE;
+}
+
+/* Loads CONFIG and applies every --set; other options are left for the caller (their
+ * positions in argv are marked by returning them through `rest`). */
+static int load_config(ust_config *c, int argc, char **argv, int world, int *steps_opt) {
+    ust_err e;
+    const char *path = NULL;
+    cfg_defaults(c);
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--set") == 0 || strcmp(argv[i], "--world") == 0 ||
+            strcmp(argv[i], "--steps") == 0) {
+            if (i + 1 >= argc) return usage_error("%s needs a value", argv[i]);
+            i++;
+        } else if (argv[i][0] == '-') {
+            return usage_error("unknown option %s", argv[i]);
+        } else if (!path) {
+            path = argv[i];
+        } else {
+            return usage_error("unexpected argument %s", argv[i]);
+        }
+    }
+    if (!path) return usage_error("%s", "missing CONFIG (a YAML file)");
+    if (cfg_load_file(c, path, &e)) goto bad;
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--set") == 0 && cfg_set(c, argv[i + 1], &e)) goto bad;
+        if (strcmp(argv[i], "--steps") == 0 && steps_opt) *steps_opt = atoi(argv[i + 1]);
+        if (strcmp(argv[i], "--set") == 0 || strcmp(argv[i], "--world") == 0 ||
+            strcmp(argv[i], "--steps") == 0)
+            i++;
+    }
+    if (cfg_validate(c, world, &e)) goto bad;
+    return 0;
+bad:
+    fprintf(stderr, "ustrain: error: %s\n", e.msg);
+    return UST_EXIT_USAGE;
+}
+
+static int world_option(int argc, char **argv) {
+    for (int i = 0; i + 1 < argc; i++)
+        if (strcmp(argv[i], "--world") == 0) return atoi(argv[i + 1]);
+    return 0;
+}
+
+static int cmd_train(int argc, char **argv) {
+    ust_config c;
+    int rc = load_config(&c, argc, argv, 1, NULL);
+    if (rc) return rc;
+    train_opts o = {.quiet = 0, .write_config = 1};
+    return train_run(&c, &o, NULL);
+}
+
+static int cmd_validate(int argc, char **argv) {
+    ust_config c;
+    int world = world_option(argc, argv);
+    if (world < 0) return usage_error("--world must be positive, got %s", "a negative value");
+    int rc = load_config(&c, argc, argv, world, NULL);
+    if (rc) return rc;
+    printf("config %s: valid\n", c.source);
+    printf("model: %s, %d layers, d_model %d, %d heads (%d kv), d_ff %d, vocab %d (padded %d)\n",
+           c.model.arch == ARCH_GPT2 ? "gpt2" : "llama", c.model.n_layer, c.model.d_model,
+           c.model.n_head, c.model.n_kv_head, c.model.d_ff, c.model.vocab_size,
+           cfg_vocab_padded(&c));
+    printf("layout: dp=%d tp=%d pp=%d cp=%d ep=%d (world %d); global batch %d = micro %d x "
+           "grad accum %d x dp %d\n",
+           c.parallel.dp, c.parallel.tp, c.parallel.pp, c.parallel.cp, c.parallel.ep,
+           c.parallel.dp * c.parallel.tp * c.parallel.pp * c.parallel.cp,
+           c.train.global_batch_size, c.train.micro_batch_size, cfg_grad_accum(&c),
+           c.parallel.dp);
+    mem_plan p;
+    plan_memory(&c, &p);
+    plan_print(&c, &p, stdout);
+    return 0;
+}
+
+static int cmd_data(int argc, char **argv) {
+    ust_err e;
+    if (argc >= 1 && strcmp(argv[0], "demo") == 0) {
+        if (argc != 2) return usage_error("%s", "usage: ustrain data demo DIR");
+        if (data_write_demo(argv[1], &e)) {
+            fprintf(stderr, "ustrain: error: %s\n", e.msg);
+            return UST_EXIT_RUNTIME;
+        }
+        printf("wrote the demo dataset to %s\n", argv[1]);
+        return 0;
+    }
+    if (argc >= 1 && strcmp(argv[0], "prep") == 0) {
+        data_prep_args a = {0};
+        const char **inputs = calloc(argc, sizeof *inputs);
+        for (int i = 1; i < argc; i++) {
+            if (strcmp(argv[i], "--out") == 0 && i + 1 < argc)
+                a.out_dir = argv[++i];
+            else if (strcmp(argv[i], "--val-fraction") == 0 && i + 1 < argc)
+                a.val_fraction = atof(argv[++i]);
+            else if (strcmp(argv[i], "--shard-tokens") == 0 && i + 1 < argc)
+                a.shard_tokens = atoll(argv[++i]);
+            else if (argv[i][0] == '-') {
+                free(inputs);
+                return usage_error("unknown option %s for data prep", argv[i]);
+            } else
+                inputs[a.ninputs++] = argv[i];
+        }
+        a.inputs = inputs;
+        if (!a.out_dir || !a.ninputs) {
+            free(inputs);
+            return usage_error("%s", "usage: ustrain data prep --out DIR FILE...");
+        }
+        int rc = data_prep_bytes(&a, &e);
+        free(inputs);
+        if (rc) {
+            fprintf(stderr, "ustrain: error: %s\n", e.msg);
+            return UST_EXIT_USAGE;
+        }
+        return 0;
+    }
+    return usage_error("%s", "usage: ustrain data demo DIR | ustrain data prep ...");
+}
+
+/* Times training steps of CONFIG and reports them against the machine's own sgemm rate. */
+static int cmd_bench_train(int argc, char **argv) {
+    ust_config c;
+    int steps = 10;
+    int rc = load_config(&c, argc, argv, 1, &steps);
+    if (rc) return rc;
+    c.train.steps = steps + 1; /* the first step warms up and is not timed */
+    c.checkpoint.every = 0;
+    snprintf(c.checkpoint.resume, sizeof c.checkpoint.resume, "none");
+    c.data.val_every = 0;
+    ust_ops *ops = ops_cpu_create(c.train.threads, 1);
+    double sgemm = ops_measure_sgemm_flops(ops, 1024, 6);
+    ops->destroy(ops);
+    c.logging.peak_flops = sgemm;
+    train_opts o = {.quiet = 1};
+    train_result r;
+    rc = train_run(&c, &o, &r);
+    if (rc) return rc;
+    mem_plan p;
+    plan_memory(&c, &p);
+    char b[4][32];
+    printf("bench train: %s, %lld parameters, B=%d T=%d, %d threads, fp32\n", c.source,
+           (long long)p.n_params, c.train.micro_batch_size, c.train.seq_len, c.train.threads);
+    printf("  sgemm peak (OpenBLAS, 1024^3): %.1f GFLOP/s\n", sgemm / 1e9);
+    printf("  step: %.1f ms, %.0f tokens/s, %.3g GFLOP/token\n", r.mean_step_ms, r.tokens_per_s,
+           r.flops_per_token / 1e9);
+    printf("  MFU vs measured sgemm: %.1f%%  (target >= 60%%)\n", 100 * r.mfu);
+    printf("  memory: peak RSS %s, arena %s, plan %s (RSS/plan %.2f)\n",
+           log_bytes(b[0], 32, (double)r.peak_rss), log_bytes(b[1], 32, r.arena_bytes),
+           log_bytes(b[2], 32, p.total), (double)r.peak_rss / p.total);
+    return 0;
+}
+
+static int cmd_bench(int argc, char **argv) {
+    if (argc >= 1 && strcmp(argv[0], "train") == 0) return cmd_bench_train(argc - 1, argv + 1);
+    return usage_error("%s", "usage: ustrain bench train CONFIG | ustrain bench comm");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+        strcmp(argv[1], "help") == 0) {
+        fputs(USAGE, argc < 2 ? stderr : stdout);
+        return argc < 2 ? UST_EXIT_USAGE : 0;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("ustrain %s\n", UST_VERSION);
+        return 0;
+    }
+    if (strcmp(argv[1], "train") == 0) return cmd_train(argc - 2, argv + 2);
+    if (strcmp(argv[1], "validate") == 0) return cmd_validate(argc - 2, argv + 2);
+    if (strcmp(argv[1], "data") == 0) return cmd_data(argc - 2, argv + 2);
+    if (strcmp(argv[1], "bench") == 0) return cmd_bench(argc - 2, argv + 2);
+    return usage_error("unknown command '%s'", argv[1]);
+}

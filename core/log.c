@@ -1,0 +1,78 @@
+#include "log.h"
+
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static int mkdir_parents(const char *path) {
+    char tmp[1024];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(tmp, 0777) && errno != EEXIST) return -1;
+            *p = '/';
+        }
+    return 0;
+}
+
+int log_open(ust_log *l, const char *metrics_path, char *err, int errlen) {
+    l->metrics = NULL;
+    if (!metrics_path || !metrics_path[0]) return 0;
+    if (mkdir_parents(metrics_path) ||
+        !(l->metrics = fopen(metrics_path, "a"))) {
+        snprintf(err, errlen, "%s: cannot open metrics file: %s", metrics_path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+void log_close(ust_log *l) {
+    if (l->metrics) fclose(l->metrics);
+    l->metrics = NULL;
+}
+
+const char *log_bytes(char *buf, int n, double b) {
+    const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (b >= 1024 && u < 4) b /= 1024, u++;
+    snprintf(buf, n, u ? "%.1f %s" : "%.0f %s", b, unit[u]);
+    return buf;
+}
+
+void log_step_line(const log_step *s) {
+    char mem[32], val[48] = "";
+    if (!isnan(s->val_loss)) snprintf(val, sizeof val, " | val %.4f", s->val_loss);
+    int eta = (int)(s->eta_s + 0.5);
+    printf("step %5lld/%lld | loss %.4f%s | lr %.3e | norm %.3f | %.0f tok/s | mfu %.1f%% | "
+           "%.0f ms | mem %s | eta %dh%02dm%02ds%s\n",
+           (long long)s->step, (long long)s->steps, s->loss, val, s->lr, s->grad_norm,
+           s->tokens_per_s, 100 * s->mfu, s->ms, log_bytes(mem, sizeof mem, s->peak_mem_bytes),
+           eta / 3600, eta / 60 % 60, eta % 60, s->skipped ? " | SKIPPED (non-finite)" : "");
+    fflush(stdout);
+}
+
+/* JSON has no NaN/Infinity: non-finite numbers are written as null. */
+static void json_num(FILE *f, const char *key, double v) {
+    if (isfinite(v))
+        fprintf(f, ",\"%s\":%.9g", key, v);
+    else
+        fprintf(f, ",\"%s\":null", key);
+}
+
+void log_step_json(ust_log *l, const log_step *s) {
+    if (!l->metrics) return;
+    fprintf(l->metrics, "{\"step\":%lld", (long long)s->step);
+    json_num(l->metrics, "loss", s->loss);
+    json_num(l->metrics, "lr", s->lr);
+    json_num(l->metrics, "grad_norm", s->grad_norm);
+    json_num(l->metrics, "tokens_per_s", s->tokens_per_s);
+    json_num(l->metrics, "mfu", s->mfu);
+    fprintf(l->metrics, ",\"peak_mem_bytes\":%zu", s->peak_mem_bytes);
+    json_num(l->metrics, "step_ms", s->ms);
+    if (!isnan(s->val_loss)) json_num(l->metrics, "val_loss", s->val_loss);
+    if (s->skipped) fprintf(l->metrics, ",\"skipped\":true");
+    fprintf(l->metrics, "}\n");
+    fflush(l->metrics);
+}

@@ -1,0 +1,29 @@
+/* log: what a run reports. Rank 0 prints one line per logged step and appends the same figures
+ * as one JSON object per line to logging.metrics_file (keys fixed by DESIGN.md section 10). */
+#ifndef UST_LOG_H
+#define UST_LOG_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+typedef struct {
+    int64_t step, steps;
+    double loss, lr, grad_norm, tokens_per_s, mfu, ms, eta_s;
+    size_t peak_mem_bytes;
+    double val_loss; /* NaN when not computed this step */
+    int skipped;     /* step skipped by on_nan: skip */
+} log_step;
+
+typedef struct {
+    FILE *metrics; /* NULL on ranks other than 0 or without a metrics file */
+} ust_log;
+
+/* Opens (appending) the metrics file, creating its directory. Returns -1 on failure. */
+int log_open(ust_log *l, const char *metrics_path, char *err, int errlen);
+void log_close(ust_log *l);
+void log_step_line(const log_step *s);        /* the console line */
+void log_step_json(ust_log *l, const log_step *s);
+/* Human-readable byte count ("12.3 MiB") into buf. */
+const char *log_bytes(char *buf, int n, double bytes);
+
+#endif

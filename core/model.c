@@ -1,0 +1,524 @@
+/* model.c: the transformer's math, one explicit forward/backward pair per block, llm.c style.
+ * Shapes: B = micro-batch, T = sequence, N = B*T tokens, C = d_model, H/Hkv = query/key-value
+ * heads of size D, F = d_ff, Vp = padded vocabulary (V real). */
+#include "model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "rng.h"
+
+typedef struct {
+    float *ln1_w, *ln1_b, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo;
+    float *ln2_w, *ln2_b, *wg, *wu, *bu, *wd, *bd;
+} layer_w; /* weights of one layer; the same struct points into the gradients */
+
+typedef struct {
+    float *ln1, *ln1_mean, *ln1_rstd; /* (N,C), (N), (N) */
+    float *q, *k, *v;                 /* (N,H*D), (N,Hkv*D), (N,Hkv*D); after RoPE for llama */
+    float *att, *lse;                 /* (N,H*D), (B,H,T) */
+    float *res2;                      /* (N,C) residual after attention */
+    float *ln2, *ln2_mean, *ln2_rstd; /* (N,C), (N), (N) */
+    float *gate, *up, *act;           /* (N,F) each; gate only for llama */
+} layer_acts;
+
+typedef struct {
+    float **p, **g; /* where to store the resolved parameter and gradient pointers */
+} param_target;
+
+struct model {
+    const ust_config *cfg;
+    const ust_ops *ops;
+    int llama, L, C, H, Hkv, D, F, V, Vp, maxT, B, T, tied;
+    float eps, theta;
+    ust_recompute recompute;
+
+    model_param *params;
+    param_target *targets;
+    int nparams, cap;
+    int64_t numel;
+    float *p, *g;
+
+    layer_w *lw, *lg;
+    float *wte, *wpe, *lnf_w, *lnf_b, *lm;
+    float *g_wte, *g_wpe, *g_lnf_w, *g_lnf_b, *g_lm;
+
+    float **xs;      /* L+1 residual-stream tensors (N,C): xs[l] is layer l's input */
+    layer_acts *la;  /* L sets, or one scratch set under full recompute */
+    float *lnf, *lnf_mean, *lnf_rstd, *logits, *losses; /* (N,C) (N) (N) (N,Vp) (N) */
+    float *dx, *dtmp, *dln, *dq, *dk, *dv, *datt, *dgate, *dup, *dact;
+    int32_t *tok, *tgt, *pos;
+};
+
+/* ------------------------------------------------------------------ parameter table */
+
+static void add_param(model *m, const char *name, int64_t rows, int64_t cols, int decay,
+                      float std, float value, float **p, float **g) {
+    if (m->nparams == m->cap) {
+        m->cap = m->cap ? 2 * m->cap : 64;
+        m->params = realloc(m->params, m->cap * sizeof *m->params);
+        m->targets = realloc(m->targets, m->cap * sizeof *m->targets);
+        UST_ASSERT(m->params && m->targets, "out of host memory for %d params", m->cap);
+    }
+    model_param *q = &m->params[m->nparams];
+    memset(q, 0, sizeof *q);
+    snprintf(q->name, sizeof q->name, "%s", name);
+    snprintf(q->whole.name, sizeof q->whole.name, "%s", name);
+    q->whole.ndim = rows > 1 || decay ? 2 : 1;
+    q->whole.shape[0] = q->whole.ndim == 2 ? rows : rows * cols;
+    q->whole.shape[1] = q->whole.ndim == 2 ? cols : 0;
+    q->slice = ckpt_whole(&q->whole);
+    q->numel = rows * cols;
+    q->offset = m->numel;
+    q->decay = decay;
+    q->init_std = std;
+    q->init_value = value;
+    m->targets[m->nparams] = (param_target){p, g};
+    m->numel += (q->numel + 15) & ~(int64_t)15; /* 64-byte aligned tensors */
+    m->nparams++;
+}
+
+static void add_layer_params(model *m, int l) {
+    char n[CKPT_NAME_MAX];
+    layer_w *w = &m->lw[l], *g = &m->lg[l];
+    int C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D, F = m->F, gpt2 = !m->llama;
+    float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * m->L); /* GPT-2's scaled residual init */
+#define P(suffix, rows, cols, decay, sd, val, field)                                              \
+    snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                                       \
+    add_param(m, n, rows, cols, decay, sd, val, &w->field, &g->field)
+    P("input_layernorm.weight", 1, C, 0, 0, 1, ln1_w);
+    if (gpt2) { P("input_layernorm.bias", 1, C, 0, 0, 0, ln1_b); }
+    P("self_attn.q_proj.weight", HD, C, 1, std, 0, wq);
+    if (gpt2) { P("self_attn.q_proj.bias", 1, HD, 0, 0, 0, bq); }
+    P("self_attn.k_proj.weight", KV, C, 1, std, 0, wk);
+    if (gpt2) { P("self_attn.k_proj.bias", 1, KV, 0, 0, 0, bk); }
+    P("self_attn.v_proj.weight", KV, C, 1, std, 0, wv);
+    if (gpt2) { P("self_attn.v_proj.bias", 1, KV, 0, 0, 0, bv); }
+    P("self_attn.o_proj.weight", C, HD, 1, proj_std, 0, wo);
+    if (gpt2) { P("self_attn.o_proj.bias", 1, C, 0, 0, 0, bo); }
+    P("post_attention_layernorm.weight", 1, C, 0, 0, 1, ln2_w);
+    if (gpt2) { P("post_attention_layernorm.bias", 1, C, 0, 0, 0, ln2_b); }
+    if (!gpt2) { P("mlp.gate_proj.weight", F, C, 1, std, 0, wg); }
+    P("mlp.up_proj.weight", F, C, 1, std, 0, wu);
+    if (gpt2) { P("mlp.up_proj.bias", 1, F, 0, 0, 0, bu); }
+    P("mlp.down_proj.weight", C, F, 1, proj_std, 0, wd);
+    if (gpt2) { P("mlp.down_proj.bias", 1, C, 0, 0, 0, bd); }
+#undef P
+}
+
+static void build_param_table(model *m) {
+    int C = m->C;
+    add_param(m, "model.embed_tokens.weight", m->Vp, C, 1, 0.02f, 0, &m->wte, &m->g_wte);
+    if (!m->llama)
+        add_param(m, "model.embed_positions.weight", m->maxT, C, 1, 0.02f, 0, &m->wpe, &m->g_wpe);
+    for (int l = 0; l < m->L; l++) add_layer_params(m, l);
+    add_param(m, "model.norm.weight", 1, C, 0, 0, 1, &m->lnf_w, &m->g_lnf_w);
+    if (!m->llama) add_param(m, "model.norm.bias", 1, C, 0, 0, 0, &m->lnf_b, &m->g_lnf_b);
+    if (!m->tied) add_param(m, "lm_head.weight", m->Vp, C, 1, 0.02f, 0, &m->lm, &m->g_lm);
+}
+
+/* ------------------------------------------------------------------ activations */
+
+static void alloc_layer_acts(model *m, ust_arena *a, layer_acts *x, float *shared_act) {
+    int64_t N = (int64_t)m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D, F = m->F;
+#define A(n) ((float *)mem_alloc(a, MEM_ACTS, (size_t)(n) * sizeof(float)))
+    x->ln1 = A(N * C);
+    x->ln1_mean = A(N);
+    x->ln1_rstd = A(N);
+    x->q = A(N * HD);
+    x->k = A(N * KV);
+    x->v = A(N * KV);
+    x->att = A(N * HD);
+    x->lse = A((int64_t)m->B * m->H * m->T);
+    x->res2 = A(N * C);
+    x->ln2 = A(N * C);
+    x->ln2_mean = A(N);
+    x->ln2_rstd = A(N);
+    x->gate = m->llama ? A(N * F) : NULL;
+    x->up = A(N * F);
+    x->act = shared_act ? shared_act : A(N * F);
+#undef A
+}
+
+static void alloc_activations(model *m, ust_arena *a) {
+    int64_t N = (int64_t)m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D, F = m->F;
+    int64_t wide = HD > F ? HD : F;
+#define A(n) ((float *)mem_alloc(a, MEM_ACTS, (size_t)(n) * sizeof(float)))
+    m->xs = calloc(m->L + 1, sizeof *m->xs);
+    for (int l = 0; l <= m->L; l++) m->xs[l] = A(N * C);
+    /* none: every layer keeps its activations; selective: the MLP activation output is
+     * recomputed in backward, so one shared buffer; full: only xs are kept, one scratch set. */
+    int nsets = m->recompute == RECOMPUTE_FULL ? 1 : m->L;
+    float *shared = m->recompute == RECOMPUTE_SELECTIVE ? A(N * F) : NULL;
+    m->la = calloc(nsets, sizeof *m->la);
+    for (int i = 0; i < nsets; i++) alloc_layer_acts(m, a, &m->la[i], shared);
+    m->lnf = A(N * C);
+    m->lnf_mean = A(N);
+    m->lnf_rstd = A(N);
+    m->logits = A(N * m->Vp);
+    m->losses = A(N);
+    m->dx = A(N * C);
+    m->dtmp = A(N * C);
+    m->dln = A(N * C);
+    m->dq = A(N * HD);
+    m->dk = A(N * KV);
+    m->dv = A(N * KV);
+    m->datt = A(N * wide);
+    m->dgate = m->llama ? A(N * F) : NULL;
+    m->dup = A(N * F);
+    m->dact = A(N * F);
+#undef A
+    m->tok = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
+    m->tgt = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
+    m->pos = mem_alloc(a, MEM_ACTS, m->T * sizeof(int32_t));
+    int32_t *pos = malloc(m->T * sizeof(int32_t));
+    for (int t = 0; t < m->T; t++) pos[t] = t;
+    m->ops->to_device(m->ops, m->pos, pos, m->T * sizeof(int32_t));
+    free(pos);
+}
+
+int model_create(model **out, const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
+                 ust_err *e) {
+    model *m = calloc(1, sizeof *m);
+    if (!m) return ust_errf(e, "out of memory creating the model");
+    m->cfg = cfg;
+    m->ops = ops;
+    m->llama = cfg->model.arch == ARCH_LLAMA;
+    m->L = cfg->model.n_layer;
+    m->C = cfg->model.d_model;
+    m->H = cfg->model.n_head;
+    m->Hkv = cfg->model.n_kv_head;
+    m->D = cfg_head_dim(cfg);
+    m->F = cfg->model.d_ff;
+    m->V = cfg->model.vocab_size;
+    m->Vp = cfg_vocab_padded(cfg);
+    m->maxT = cfg->model.max_seq_len;
+    m->B = cfg->train.micro_batch_size;
+    m->T = cfg->train.seq_len;
+    m->tied = cfg_tied(cfg);
+    m->eps = (float)cfg->model.norm_eps;
+    m->theta = (float)cfg->model.rope_theta;
+    m->recompute = cfg->train.recompute;
+    if (cfg->model.moe.num_experts > 0) {
+        free(m);
+        return ust_errf(e, "model.moe.num_experts = %d: mixture-of-experts layers are not "
+                           "available in this build yet (use 0)",
+                        cfg->model.moe.num_experts);
+    }
+    m->lw = calloc(m->L, sizeof *m->lw);
+    m->lg = calloc(m->L, sizeof *m->lg);
+    build_param_table(m);
+    m->p = mem_alloc(arena, MEM_PARAMS, m->numel * sizeof(float));
+    m->g = mem_alloc(arena, MEM_GRADS, m->numel * sizeof(float));
+    for (int i = 0; i < m->nparams; i++) {
+        *m->targets[i].p = m->p + m->params[i].offset;
+        *m->targets[i].g = m->g + m->params[i].offset;
+    }
+    if (m->tied) {
+        m->lm = m->wte;
+        m->g_lm = m->g_wte;
+    }
+    alloc_activations(m, arena);
+    *out = m;
+    return 0;
+}
+
+void model_destroy(model *m) {
+    if (!m) return;
+    free(m->params);
+    free(m->targets);
+    free(m->lw);
+    free(m->lg);
+    free(m->xs);
+    free(m->la);
+    free(m);
+}
+
+int model_num_params(const model *m) { return m->nparams; }
+model_param *model_param_at(model *m, int i) { return &m->params[i]; }
+float *model_params(model *m) { return m->p; }
+float *model_grads(model *m) { return m->g; }
+int64_t model_numel(const model *m) { return m->numel; }
+
+int model_find_param(const model *m, const char *name) {
+    for (int i = 0; i < m->nparams; i++)
+        if (strcmp(m->params[i].name, name) == 0) return i;
+    return -1;
+}
+
+double model_flops_per_token(const model *m) {
+    double matmul = 0; /* weights used in a matmul: every 2-D tensor but the lookup tables */
+    for (int i = 0; i < m->nparams; i++) {
+        const model_param *q = &m->params[i];
+        if (q->whole.ndim == 2 && strcmp(q->name, "model.embed_positions.weight") != 0 &&
+            (strcmp(q->name, "model.embed_tokens.weight") != 0 || m->tied))
+            matmul += (double)q->numel;
+    }
+    return 6.0 * matmul + 12.0 * m->L * (double)(m->H * m->D) * m->T;
+}
+
+/* ------------------------------------------------------------------ initialization */
+
+/* Global element index of local element i of a slice (row-major over the whole tensor). */
+static int64_t global_index(const model_param *q, int64_t i) {
+    const ckpt_slice *s = &q->slice;
+    int64_t cols = q->whole.ndim == 2 ? q->whole.shape[1] : q->whole.shape[0];
+    int64_t box = s->flat0 + i;
+    return (s->row0 + box / s->ncols) * cols + s->col0 + box % s->ncols;
+}
+
+void model_init_params(model *m, uint64_t seed) {
+    float *host = NULL;
+    int64_t cap = 0;
+    for (int i = 0; i < m->nparams; i++) {
+        const model_param *q = &m->params[i];
+        if (q->numel > cap) {
+            cap = q->numel;
+            host = realloc(host, cap * sizeof(float));
+            UST_ASSERT(host, "out of host memory (%lld floats)", (long long)cap);
+        }
+        uint64_t stream = rng_hash_str(q->name);
+        for (int64_t j = 0; j < q->numel; j++)
+            host[j] = q->init_std > 0 ? q->init_std * rng_normal(seed, stream, global_index(q, j))
+                                      : q->init_value;
+        m->ops->to_device(m->ops, m->p + q->offset, host, q->numel * sizeof(float));
+    }
+    free(host);
+}
+
+/* ------------------------------------------------------------------ forward */
+
+static void norm_forward(model *m, float *out, float *mean, float *rstd, const float *inp,
+                         const float *w, const float *b) {
+    int N = m->B * m->T;
+    if (m->llama)
+        m->ops->rmsnorm_fwd(m->ops, out, rstd, inp, w, N, m->C, m->eps);
+    else
+        m->ops->layernorm_fwd(m->ops, out, mean, rstd, inp, w, b, N, m->C, 1e-5f);
+}
+
+static void norm_backward(model *m, float *dinp, float *dw, float *db, const float *dout,
+                          const float *inp, const float *w, const float *mean,
+                          const float *rstd) {
+    int N = m->B * m->T;
+    if (m->llama)
+        m->ops->rmsnorm_bwd(m->ops, dinp, dw, dout, inp, w, rstd, N, m->C);
+    else
+        m->ops->layernorm_bwd(m->ops, dinp, dw, db, dout, inp, w, mean, rstd, N, m->C);
+}
+
+/* act(N,F) = swiglu(gate, up) for llama, gelu(up) for gpt2 */
+static void mlp_activation(model *m, layer_acts *a) {
+    int64_t n = (int64_t)m->B * m->T * m->F;
+    if (m->llama)
+        m->ops->swiglu_fwd(m->ops, a->act, a->gate, a->up, n);
+    else
+        m->ops->gelu_fwd(m->ops, a->act, a->up, n);
+}
+
+/* x_in, x_out: (B,T,C). Pre-norm block: res2 = x + attn(norm1(x)); out = res2 + mlp(norm2(res2)) */
+static void layer_forward(model *m, int l, const float *x_in, float *x_out, layer_acts *a) {
+    const ust_ops *o = m->ops;
+    const layer_w *w = &m->lw[l];
+    int N = m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D;
+    norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x_in, w->ln1_w, w->ln1_b);
+    o->linear_fwd(o, a->q, a->ln1, w->wq, w->bq, N, C, HD);
+    o->linear_fwd(o, a->k, a->ln1, w->wk, w->bk, N, C, KV);
+    o->linear_fwd(o, a->v, a->ln1, w->wv, w->bv, N, C, KV);
+    if (m->llama) {
+        o->rope_fwd(o, a->q, a->q, m->pos, m->B, m->T, m->H, m->D, m->theta);
+        o->rope_fwd(o, a->k, a->k, m->pos, m->B, m->T, m->Hkv, m->D, m->theta);
+    }
+    o->attention_fwd(o, a->att, a->lse, a->q, a->k, a->v, m->B, m->T, m->T, m->H, m->Hkv, m->D,
+                     m->pos, m->pos, 1);
+    o->linear_fwd(o, a->res2, a->att, w->wo, w->bo, N, HD, C);
+    o->axpy(o, a->res2, 1.0f, x_in, (int64_t)N * C);
+    norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b);
+    if (m->llama) o->linear_fwd(o, a->gate, a->ln2, w->wg, NULL, N, C, m->F);
+    o->linear_fwd(o, a->up, a->ln2, w->wu, w->bu, N, C, m->F);
+    mlp_activation(m, a);
+    o->linear_fwd(o, x_out, a->act, w->wd, w->bd, N, m->F, C);
+    o->axpy(o, x_out, 1.0f, a->res2, (int64_t)N * C);
+}
+
+static layer_acts *acts_of(model *m, int l) {
+    return m->recompute == RECOMPUTE_FULL ? &m->la[0] : &m->la[l];
+}
+
+double model_forward(model *m, const int32_t *inputs, const int32_t *targets, float dscale,
+                     int64_t *ntok) {
+    const ust_ops *o = m->ops;
+    int N = m->B * m->T;
+    o->to_device(o, m->tok, inputs, N * sizeof(int32_t));
+    o->to_device(o, m->tgt, targets, N * sizeof(int32_t));
+    int64_t counted = 0;
+    for (int i = 0; i < N; i++) counted += targets[i] >= 0;
+    if (ntok) *ntok = counted;
+
+    o->embedding_fwd(o, m->xs[0], m->tok, m->llama ? NULL : m->pos, m->wte, m->wpe, m->B, m->T,
+                     m->C, 0, m->Vp);
+    for (int l = 0; l < m->L; l++) layer_forward(m, l, m->xs[l], m->xs[l + 1], acts_of(m, l));
+    norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->xs[m->L], m->lnf_w, m->lnf_b);
+    o->linear_fwd(o, m->logits, m->lnf, m->lm, NULL, N, m->C, m->Vp);
+    /* fused: per-token losses, and dlogits (in place over logits) when training */
+    o->xent_fwd_bwd(o, m->losses, dscale > 0 ? m->logits : NULL, m->logits, m->tgt, N, m->Vp,
+                    m->V, dscale);
+    return o->sum(o, m->losses, N);
+}
+
+/* ------------------------------------------------------------------ backward */
+
+/* dx: (B,T,C) holds d loss / d x_out on entry and d loss / d x_in on exit. */
+static void layer_backward(model *m, int l, const float *x_in, float *dx, layer_acts *a) {
+    const ust_ops *o = m->ops;
+    const layer_w *w = &m->lw[l];
+    layer_w *g = &m->lg[l];
+    int N = m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D, F = m->F;
+    if (m->recompute == RECOMPUTE_SELECTIVE) mlp_activation(m, a);
+
+    /* MLP: out = res2 + act @ wd^T + bd */
+    o->linear_bwd(o, m->dact, g->wd, g->bd, dx, a->act, w->wd, N, F, C, 0);
+    if (m->llama) {
+        o->swiglu_bwd(o, m->dgate, m->dup, m->dact, a->gate, a->up, (int64_t)N * F);
+        o->linear_bwd(o, m->dln, g->wu, NULL, m->dup, a->ln2, w->wu, N, C, F, 0);
+        o->linear_bwd(o, m->dln, g->wg, NULL, m->dgate, a->ln2, w->wg, N, C, F, 1);
+    } else {
+        o->gelu_bwd(o, m->dup, a->up, m->dact, (int64_t)N * F);
+        o->linear_bwd(o, m->dln, g->wu, g->bu, m->dup, a->ln2, w->wu, N, C, F, 0);
+    }
+    norm_backward(m, m->dtmp, g->ln2_w, g->ln2_b, m->dln, a->res2, w->ln2_w, a->ln2_mean,
+                  a->ln2_rstd);
+    o->axpy(o, dx, 1.0f, m->dtmp, (int64_t)N * C); /* dx = d res2 */
+
+    /* attention: res2 = x_in + att @ wo^T + bo */
+    o->linear_bwd(o, m->datt, g->wo, g->bo, dx, a->att, w->wo, N, HD, C, 0);
+    o->zero(o, m->dq, (size_t)N * HD * sizeof(float));
+    o->zero(o, m->dk, (size_t)N * KV * sizeof(float));
+    o->zero(o, m->dv, (size_t)N * KV * sizeof(float));
+    o->attention_bwd(o, m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, m->B, m->T,
+                     m->T, m->H, m->Hkv, m->D, m->pos, m->pos, 1);
+    if (m->llama) {
+        o->rope_bwd(o, m->dq, m->dq, m->pos, m->B, m->T, m->H, m->D, m->theta);
+        o->rope_bwd(o, m->dk, m->dk, m->pos, m->B, m->T, m->Hkv, m->D, m->theta);
+    }
+    o->linear_bwd(o, m->dln, g->wq, g->bq, m->dq, a->ln1, w->wq, N, C, HD, 0);
+    o->linear_bwd(o, m->dln, g->wk, g->bk, m->dk, a->ln1, w->wk, N, C, KV, 1);
+    o->linear_bwd(o, m->dln, g->wv, g->bv, m->dv, a->ln1, w->wv, N, C, KV, 1);
+    norm_backward(m, m->dtmp, g->ln1_w, g->ln1_b, m->dln, x_in, w->ln1_w, a->ln1_mean,
+                  a->ln1_rstd);
+    o->axpy(o, dx, 1.0f, m->dtmp, (int64_t)N * C); /* dx = d x_in */
+}
+
+void model_backward(model *m) {
+    const ust_ops *o = m->ops;
+    int N = m->B * m->T;
+    /* head: logits now hold d loss / d logits (written by the fused cross-entropy) */
+    o->linear_bwd(o, m->dln, m->g_lm, NULL, m->logits, m->lnf, m->lm, N, m->C, m->Vp, 0);
+    norm_backward(m, m->dx, m->g_lnf_w, m->g_lnf_b, m->dln, m->xs[m->L], m->lnf_w, m->lnf_mean,
+                  m->lnf_rstd);
+    for (int l = m->L - 1; l >= 0; l--) {
+        /* full recompute: rebuild this layer's activations from its saved input */
+        if (m->recompute == RECOMPUTE_FULL)
+            layer_forward(m, l, m->xs[l], m->xs[l + 1], &m->la[0]);
+        layer_backward(m, l, m->xs[l], m->dx, acts_of(m, l));
+    }
+    o->embedding_bwd(o, m->g_wte, m->llama ? NULL : m->g_wpe, m->dx, m->tok,
+                     m->llama ? NULL : m->pos, m->B, m->T, m->C, 0, m->Vp);
+}
+
+void model_zero_grads(model *m) { m->ops->zero(m->ops, m->g, m->numel * sizeof(float)); }
+
+/* ------------------------------------------------------------------ llm.c import */
+
+/* Reads the next `count` floats of f into the parameter `name`. */
+static int read_into(model *m, FILE *f, const char *path, const char *name, int64_t count,
+                     float *host, ust_err *e) {
+    int i = model_find_param(m, name);
+    UST_ASSERT(i >= 0, "parameter %s missing", name);
+    UST_ASSERT(m->params[i].numel == count, "%s: %lld vs %lld", name,
+               (long long)m->params[i].numel, (long long)count);
+    if ((int64_t)fread(host, sizeof(float), count, f) != count)
+        return ust_errf(e, "%s: truncated llm.c checkpoint while reading %s", path, name);
+    m->ops->to_device(m->ops, m->p + m->params[i].offset, host, count * sizeof(float));
+    return 0;
+}
+
+static int check_llmc_header(const model *m, const int32_t *h, const char *path, ust_err *e) {
+    if (h[0] != 20240326)
+        return ust_errf(e, "%s: not an llm.c GPT-2 checkpoint (magic %d, expected 20240326)",
+                        path, h[0]);
+    if (h[1] != 3)
+        return ust_errf(e, "%s: llm.c checkpoint version %d (only version 3, fp32, is read)",
+                        path, h[1]);
+    if (m->llama)
+        return ust_errf(e, "%s: llm.c checkpoints are GPT-2 models; set model.arch: gpt2", path);
+    const char *names[] = {"max_seq_len", "vocab_size", "n_layer", "n_head", "d_model"};
+    int want[] = {m->maxT, m->V, m->L, m->H, m->C};
+    for (int i = 0; i < 5; i++)
+        if (h[2 + i] != want[i])
+            return ust_errf(e, "%s: checkpoint has model.%s = %d but the config says %d", path,
+                            names[i], h[2 + i], want[i]);
+    if (h[7] != m->Vp)
+        return ust_errf(e, "%s: checkpoint pads the vocabulary to %d, the config to %d (set "
+                           "model.vocab_pad so they agree)", path, h[7], m->Vp);
+    if (m->H != m->Hkv || m->F != 4 * m->C)
+        return ust_errf(e, "%s: llm.c GPT-2 needs n_kv_head = n_head and d_ff = 4*d_model", path);
+    return 0;
+}
+
+int model_load_llmc(model *m, const char *path, ust_err *e) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return ust_errf(e, "%s: cannot open llm.c checkpoint", path);
+    int32_t h[256];
+    int rc = -1;
+    float *host = NULL;
+    if (fread(h, sizeof h, 1, f) != 1) {
+        ust_errf(e, "%s: truncated llm.c checkpoint header", path);
+        goto done;
+    }
+    if (check_llmc_header(m, h, path, e)) goto done;
+    int64_t C = m->C, L = m->L, Vp = m->Vp, biggest = Vp * C > 4 * C * C ? Vp * C : 4 * C * C;
+    host = malloc((biggest > m->maxT * C ? biggest : m->maxT * C) * sizeof(float));
+    if (read_into(m, f, path, "model.embed_tokens.weight", Vp * C, host, e) ||
+        read_into(m, f, path, "model.embed_positions.weight", m->maxT * C, host, e))
+        goto done;
+    /* llm.c stacks each kind of tensor over layers: [L, ...]; qkv rows are q, then k, then v */
+    static const struct {
+        const char *suffix[3];
+        int parts;
+    } kinds[] = {
+        {{"input_layernorm.weight"}, 1},
+        {{"input_layernorm.bias"}, 1},
+        {{"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"}, 3},
+        {{"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"}, 3},
+        {{"self_attn.o_proj.weight"}, 1},
+        {{"self_attn.o_proj.bias"}, 1},
+        {{"post_attention_layernorm.weight"}, 1},
+        {{"post_attention_layernorm.bias"}, 1},
+        {{"mlp.up_proj.weight"}, 1},
+        {{"mlp.up_proj.bias"}, 1},
+        {{"mlp.down_proj.weight"}, 1},
+        {{"mlp.down_proj.bias"}, 1},
+    };
+    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
+        for (int64_t l = 0; l < L; l++)
+            for (int p = 0; p < kinds[k].parts; p++) {
+                char name[CKPT_NAME_MAX];
+                snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)l,
+                         kinds[k].suffix[p]);
+                int i = model_find_param(m, name);
+                UST_ASSERT(i >= 0, "no parameter %s", name);
+                if (read_into(m, f, path, name, m->params[i].numel, host, e)) goto done;
+            }
+    if (read_into(m, f, path, "model.norm.weight", C, host, e) ||
+        read_into(m, f, path, "model.norm.bias", C, host, e))
+        goto done;
+    rc = 0;
+done:
+    free(host);
+    fclose(f);
+    return rc;
+}

@@ -1,0 +1,21 @@
+/* plan: the per-rank memory plan `ustrain validate` prints, from closed-form formulas of the
+ * config alone (the Playbook's accounting: parameters, gradients, AdamW state with ZeRO
+ * sharding, activations of one micro-batch under the chosen recomputation). A run prints its
+ * measured arena figures beside these, so the two can be compared. */
+#ifndef UST_PLAN_H
+#define UST_PLAN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "config.h"
+
+typedef struct {
+    int64_t n_params;          /* whole model */
+    double params, grads, optim, acts, total; /* bytes per rank */
+} mem_plan;
+
+void plan_memory(const ust_config *c, mem_plan *p);
+void plan_print(const ust_config *c, const mem_plan *p, FILE *f);
+
+#endif

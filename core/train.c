@@ -1,0 +1,442 @@
+/* train.c: the step loop of one rank (DESIGN.md section 4 fixes what a step consumes). */
+#include "train.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "ckpt.h"
+#include "data.h"
+#include "error.h"
+#include "log.h"
+#include "mem.h"
+#include "model.h"
+#include "ops.h"
+#include "optim.h"
+#include "plan.h"
+
+/* Set by SIGTERM/SIGUSR1 and read between steps: the only state a signal handler may touch. */
+static volatile sig_atomic_t g_stop_signal;
+
+static void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+typedef struct {
+    const ust_config *cfg;
+    ust_ops *ops;
+    ust_arena arena;
+    model *m;
+    ust_optim opt;
+    ust_dataset *train, *val;
+    ust_log log;
+    int32_t *samples, *inputs, *targets; /* host: B x (T+1), B x T, B x T */
+    float *host;                         /* host staging for checkpoints (largest tensor) */
+    int64_t step, sample_index;          /* the run's position: steps done, samples consumed */
+    double last_loss;
+} trainer;
+
+/* ------------------------------------------------------------------ set-up */
+
+static int mkdir_p(const char *path, ust_err *e) {
+    char tmp[UST_PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1;; p++) {
+        if (*p == '/' || *p == 0) {
+            char c = *p;
+            *p = 0;
+            if (mkdir(tmp, 0777) && errno != EEXIST)
+                return ust_errf(e, "cannot create directory %s: %s", tmp, strerror(errno));
+            struct stat st;
+            if (stat(tmp, &st) || !S_ISDIR(st.st_mode))
+                return ust_errf(e, "%s is not a directory", tmp);
+            *p = c;
+            if (!c) break;
+        }
+    }
+    return 0;
+}
+
+static int open_data(trainer *t, ust_err *e) {
+    const ust_config *c = t->cfg;
+    if (data_open(&t->train, c->data.train, c->data.format, c->model.vocab_size, e) ||
+        data_check_seq_len(t->train, c->train.seq_len, e))
+        return -1;
+    if (c->data.val[0] && c->data.val_every > 0 && c->data.val_steps > 0) {
+        if (data_open(&t->val, c->data.val, c->data.format, c->model.vocab_size, e) ||
+            data_check_seq_len(t->val, c->train.seq_len, e))
+            return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ checkpoints */
+
+static void moment_name(char *out, int n, const char *param, const char *which) {
+    snprintf(out, n, "%s.%s", param, which);
+}
+
+/* The tensor list of one checkpoint file: the parameters, or the two AdamW moments of each. */
+static ckpt_tensor *ckpt_tensors(model *m, int optimizer, int *count) {
+    int np = model_num_params(m), n = optimizer ? 2 * np : np;
+    ckpt_tensor *ts = calloc(n, sizeof *ts);
+    for (int i = 0; i < np; i++) {
+        const model_param *q = model_param_at(m, i);
+        if (!optimizer) {
+            ts[i] = q->whole;
+            continue;
+        }
+        for (int k = 0; k < 2; k++) {
+            ts[2 * i + k] = q->whole;
+            moment_name(ts[2 * i + k].name, CKPT_NAME_MAX, q->name, k ? "exp_avg_sq" : "exp_avg");
+        }
+    }
+    *count = n;
+    return ts;
+}
+
+static char *state_json(trainer *t) {
+    const ust_config *c = t->cfg;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "format", "ustrain-checkpoint-1");
+    cJSON_AddNumberToObject(j, "step", (double)t->step);
+    cJSON_AddNumberToObject(j, "sample_index", (double)t->sample_index);
+    cJSON_AddNumberToObject(j, "seed", (double)c->run.seed);
+    cJSON_AddNumberToObject(j, "loss", isfinite(t->last_loss) ? t->last_loss : 0);
+    cJSON *lay = cJSON_AddObjectToObject(j, "layout");
+    cJSON_AddNumberToObject(lay, "dp", c->parallel.dp);
+    cJSON_AddNumberToObject(lay, "tp", c->parallel.tp);
+    cJSON_AddNumberToObject(lay, "pp", c->parallel.pp);
+    cJSON_AddNumberToObject(lay, "cp", c->parallel.cp);
+    cJSON_AddNumberToObject(lay, "ep", c->parallel.ep);
+    cJSON_AddNumberToObject(lay, "vpp", c->parallel.vpp);
+    cJSON_AddNumberToObject(lay, "zero_stage", c->optimizer.zero_stage);
+    char *yaml = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&yaml, &len);
+    cfg_dump(c, f);
+    fclose(f);
+    cJSON_AddStringToObject(j, "config", yaml);
+    free(yaml);
+    char *s = cJSON_Print(j);
+    cJSON_Delete(j);
+    return s;
+}
+
+static int write_file_tensors(trainer *t, ckpt_writer *w, int optimizer, ust_err *e) {
+    int n;
+    ckpt_tensor *ts = ckpt_tensors(t->m, optimizer, &n);
+    int file = ckpt_add_file(w, optimizer ? "optimizer.safetensors" : "model.safetensors", ts, n, e);
+    free(ts);
+    if (file < 0) return -1;
+    for (int i = 0; i < model_num_params(t->m); i++) {
+        const model_param *q = model_param_at(t->m, i);
+        for (int k = 0; k < (optimizer ? 2 : 1); k++) {
+            const float *src = !optimizer ? model_params(t->m) : k ? t->opt.v : t->opt.m;
+            char name[CKPT_NAME_MAX];
+            if (optimizer)
+                moment_name(name, sizeof name, q->name, k ? "exp_avg_sq" : "exp_avg");
+            else
+                snprintf(name, sizeof name, "%s", q->name);
+            t->ops->to_host(t->ops, t->host, src + q->offset, q->numel * sizeof(float));
+            if (ckpt_write_slice(w, file, name, &q->slice, t->host, e)) return -1;
+        }
+    }
+    return 0;
+}
+
+static int save_checkpoint(trainer *t, ust_err *e) {
+    const ust_config *c = t->cfg;
+    ckpt_writer *w = ckpt_begin(c->checkpoint.dir, t->step, 0, NULL, NULL, e);
+    if (!w) return -1;
+    if (write_file_tensors(t, w, 0, e) || write_file_tensors(t, w, 1, e)) {
+        ckpt_abort(w);
+        return -1;
+    }
+    char *state = state_json(t);
+    int rc = ckpt_commit(w, state, c->checkpoint.keep_last, e);
+    free(state);
+    return rc;
+}
+
+static int read_state(trainer *t, const char *json, const char *dir, ust_err *e) {
+    cJSON *j = cJSON_Parse(json);
+    cJSON *step = cJSON_GetObjectItem(j, "step"), *si = cJSON_GetObjectItem(j, "sample_index");
+    if (!j || !cJSON_IsNumber(step) || !cJSON_IsNumber(si) || step->valuedouble < 0 ||
+        si->valuedouble < 0) {
+        cJSON_Delete(j);
+        return ust_errf(e, "%s/state.json: missing or invalid step / sample_index", dir);
+    }
+    t->step = (int64_t)step->valuedouble;
+    t->sample_index = (int64_t)si->valuedouble;
+    cJSON *loss = cJSON_GetObjectItem(j, "loss");
+    t->last_loss = cJSON_IsNumber(loss) ? loss->valuedouble : NAN;
+    cJSON_Delete(j);
+    return 0;
+}
+
+static int load_checkpoint(trainer *t, const char *dir, ust_err *e) {
+    ckpt_reader *r = ckpt_open(dir, e);
+    if (!r) return -1;
+    int rc = read_state(t, ckpt_state_json(r), dir, e);
+    for (int i = 0; rc == 0 && i < model_num_params(t->m); i++) {
+        const model_param *q = model_param_at(t->m, i);
+        for (int k = 0; rc == 0 && k < 3; k++) {
+            ckpt_tensor want = q->whole;
+            float *dst = k == 0 ? model_params(t->m) : k == 1 ? t->opt.m : t->opt.v;
+            if (k) moment_name(want.name, CKPT_NAME_MAX, q->name, k == 1 ? "exp_avg" : "exp_avg_sq");
+            rc = ckpt_read_slice(r, k ? "optimizer.safetensors" : "model.safetensors", &want,
+                                 &q->slice, t->host, e);
+            if (rc == 0) t->ops->to_device(t->ops, dst + q->offset, t->host, q->numel * 4);
+        }
+    }
+    ckpt_close(r);
+    return rc;
+}
+
+/* Finds what to start from: a checkpoint (resume), an llm.c file, or a fresh init. */
+static int initialize(trainer *t, ust_err *e) {
+    const ust_config *c = t->cfg;
+    char dir[UST_PATH_MAX + 64] = "";
+    int found = 0;
+    if (strcmp(c->checkpoint.resume, "auto") == 0) {
+        found = ckpt_find_latest(c->checkpoint.dir, dir, sizeof dir, e);
+        if (found < 0) return -1;
+    } else if (strcmp(c->checkpoint.resume, "none") != 0) {
+        snprintf(dir, sizeof dir, "%s", c->checkpoint.resume);
+        found = 1;
+    }
+    if (found) {
+        if (load_checkpoint(t, dir, e)) return -1;
+        printf("resuming from %s (step %lld, sample %lld)\n", dir, (long long)t->step,
+               (long long)t->sample_index);
+        return 0;
+    }
+    if (c->model.init_from[0]) return model_load_llmc(t->m, c->model.init_from, e);
+    model_init_params(t->m, c->run.seed);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ one step */
+
+/* Splits B windows of T+1 tokens into inputs and next-token targets. */
+static void split_windows(trainer *t) {
+    int B = t->cfg->train.micro_batch_size, T = t->cfg->train.seq_len;
+    for (int b = 0; b < B; b++) {
+        memcpy(t->inputs + b * T, t->samples + b * (T + 1), T * sizeof(int32_t));
+        memcpy(t->targets + b * T, t->samples + b * (T + 1) + 1, T * sizeof(int32_t));
+    }
+}
+
+/* Forward and backward over this rank's micro-batches of the step; returns the global-batch
+ * mean loss. This rank's block of the global batch starts at sample_index + dp_rank * G/dp. */
+static double forward_backward(trainer *t) {
+    const ust_config *c = t->cfg;
+    int B = c->train.micro_batch_size, T = c->train.seq_len, accum = cfg_grad_accum(c);
+    int64_t G = c->train.global_batch_size, dp_rank = 0;
+    float dscale = 1.0f / (float)(G * T); /* mean over every target token of the global batch */
+    double loss_sum = 0;
+    model_zero_grads(t->m);
+    for (int mb = 0; mb < accum; mb++) {
+        int64_t first = t->sample_index + dp_rank * (G / c->parallel.dp) + (int64_t)mb * B;
+        data_get_samples(t->train, first, B, T, c->data.shuffle, c->run.seed, t->samples);
+        split_windows(t);
+        loss_sum += model_forward(t->m, t->inputs, t->targets, dscale, NULL);
+        model_backward(t->m);
+    }
+    return loss_sum / (double)(G * T);
+}
+
+static double validation_loss(trainer *t) {
+    const ust_config *c = t->cfg;
+    int B = c->train.micro_batch_size, T = c->train.seq_len;
+    double sum = 0;
+    int64_t count = 0, ntok;
+    for (int i = 0; i < c->data.val_steps; i++) {
+        data_get_samples(t->val, (int64_t)i * B, B, T, 0, c->run.seed, t->samples);
+        split_windows(t);
+        sum += model_forward(t->m, t->inputs, t->targets, 0, &ntok);
+        count += ntok;
+    }
+    return sum / (double)count;
+}
+
+/* ------------------------------------------------------------------ the loop */
+
+static int setup(trainer *t, const ust_config *cfg, ust_err *e) {
+    memset(t, 0, sizeof *t);
+    t->cfg = cfg;
+    t->last_loss = NAN;
+    if (cfg->run.device == DEV_CUDA)
+        return ust_errf(e, "run.device = cuda: this build has no CUDA backend yet; use cpu");
+    if (open_data(t, e)) return -1;
+    if (cfg->checkpoint.every > 0 && mkdir_p(cfg->checkpoint.dir, e)) return -1;
+    t->ops = ops_cpu_create(cfg->train.threads, 1);
+    mem_init(&t->arena, t->ops);
+    if (model_create(&t->m, cfg, t->ops, &t->arena, e)) return -1;
+    optim_init(&t->opt, cfg, t->ops, &t->arena, model_numel(t->m));
+    mem_freeze(&t->arena);
+    int B = cfg->train.micro_batch_size, T = cfg->train.seq_len;
+    int64_t biggest = 0;
+    for (int i = 0; i < model_num_params(t->m); i++)
+        if (model_param_at(t->m, i)->numel > biggest) biggest = model_param_at(t->m, i)->numel;
+    t->samples = malloc((size_t)B * (T + 1) * sizeof(int32_t));
+    t->inputs = malloc((size_t)B * T * sizeof(int32_t));
+    t->targets = malloc((size_t)B * T * sizeof(int32_t));
+    t->host = malloc(biggest * sizeof(float));
+    return initialize(t, e);
+}
+
+static void teardown(trainer *t) {
+    log_close(&t->log);
+    if (t->train) data_close(t->train);
+    if (t->val) data_close(t->val);
+    model_destroy(t->m);
+    if (t->ops) {
+        mem_release(&t->arena);
+        t->ops->destroy(t->ops);
+    }
+    free(t->samples);
+    free(t->inputs);
+    free(t->targets);
+    free(t->host);
+}
+
+static void write_effective_config(const ust_config *cfg) {
+    ust_err e;
+    char path[UST_PATH_MAX + 32];
+    if (mkdir_p(cfg->run.out_dir, &e)) {
+        fprintf(stderr, "ustrain: warning: %s\n", e.msg);
+        return;
+    }
+    snprintf(path, sizeof path, "%s/config.yaml", cfg->run.out_dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    cfg_dump(cfg, f);
+    fclose(f);
+}
+
+static double peak_flops(trainer *t) {
+    if (t->cfg->logging.peak_flops > 0) return t->cfg->logging.peak_flops;
+    return ops_measure_sgemm_flops(t->ops, 512, 4);
+}
+
+static int loop(trainer *t, const train_opts *opts, train_result *res) {
+    const ust_config *c = t->cfg;
+    ust_err e;
+    double tokens = (double)c->train.global_batch_size * c->train.seq_len;
+    double fpt = model_flops_per_token(t->m), peak = peak_flops(t), sum_ms = 0, t_start = now_s();
+    int64_t first = t->step, timed = 0;
+    res->peak_flops = peak;
+    res->flops_per_token = fpt;
+    while (t->step < c->train.steps) {
+        double t0 = now_s();
+        double loss = forward_backward(t);
+        double norm = sqrt(t->ops->sumsq(t->ops, model_grads(t->m), model_numel(t->m)));
+        double lr = optim_lr(c, t->step);
+        int finite = isfinite(loss) && isfinite(norm);
+        if (!finite && c->train.on_nan == ONNAN_STOP) {
+            fprintf(stderr, "ustrain: error: non-finite %s at step %lld (loss %g, grad norm %g); "
+                            "stopping (train.on_nan: stop)\n",
+                    isfinite(loss) ? "gradient norm" : "loss", (long long)t->step + 1, loss, norm);
+            return UST_EXIT_RUNTIME;
+        }
+        if (finite) optim_step(&t->opt, t->m, lr, optim_clip_scale(c, norm), t->step);
+        t->step++;
+        t->sample_index += c->train.global_batch_size;
+        t->last_loss = loss;
+        double ms = 1e3 * (now_s() - t0);
+        if (t->step > first + 1 || c->train.steps - first == 1) sum_ms += ms, timed++;
+
+        log_step s = {.step = t->step, .steps = c->train.steps, .loss = loss, .lr = lr,
+                      .grad_norm = norm, .ms = ms, .val_loss = NAN, .skipped = !finite};
+        s.tokens_per_s = tokens / (ms / 1e3);
+        s.mfu = fpt * s.tokens_per_s / peak;
+        s.peak_mem_bytes = t->arena.peak;
+        s.eta_s = (now_s() - t_start) / (t->step - first) * (c->train.steps - t->step);
+        int last = t->step == c->train.steps;
+        if (t->val && (t->step % c->data.val_every == 0 || last)) s.val_loss = validation_loss(t);
+        if (!opts->quiet && (t->step % c->logging.every == 0 || last || !isnan(s.val_loss))) {
+            log_step_line(&s);
+            log_step_json(&t->log, &s);
+        }
+        int stop = g_stop_signal != 0;
+        if (c->checkpoint.every > 0 && (t->step % c->checkpoint.every == 0 || last || stop)) {
+            if (save_checkpoint(t, &e)) {
+                fprintf(stderr, "ustrain: error: checkpoint at step %lld failed: %s\n",
+                        (long long)t->step, e.msg);
+                return UST_EXIT_RUNTIME;
+            }
+        }
+        if (stop) {
+            printf("received signal %d: stopped after step %lld%s\n", (int)g_stop_signal,
+                   (long long)t->step, c->checkpoint.every > 0 ? " (checkpoint written)" : "");
+            break;
+        }
+    }
+    res->steps_done = t->step - first;
+    res->final_loss = t->last_loss;
+    res->mean_step_ms = timed ? sum_ms / timed : 0;
+    res->tokens_per_s = timed ? tokens / (res->mean_step_ms / 1e3) : 0;
+    res->mfu = res->tokens_per_s * fpt / peak;
+    return UST_EXIT_OK;
+}
+
+int train_run(const ust_config *cfg, const train_opts *opts, train_result *res) {
+    trainer t;
+    ust_err e;
+    train_result dummy;
+    if (!res) res = &dummy;
+    memset(res, 0, sizeof *res);
+    if (setup(&t, cfg, &e)) {
+        fprintf(stderr, "ustrain: error: %s\n", e.msg);
+        teardown(&t);
+        return UST_EXIT_USAGE;
+    }
+    char err[1024];
+    if (!opts->quiet && log_open(&t.log, cfg->logging.metrics_file, err, sizeof err)) {
+        fprintf(stderr, "ustrain: error: %s\n", err);
+        teardown(&t);
+        return UST_EXIT_USAGE;
+    }
+    if (opts->write_config) write_effective_config(cfg);
+    mem_plan plan;
+    plan_memory(cfg, &plan);
+    if (!opts->quiet) {
+        char b1[32], b2[32];
+        printf("ustrain: %s %s, %lld parameters, %lld steps of %d x %d tokens (grad accum %d); "
+               "memory %s (plan %s)\n",
+               cfg->run.name, cfg->model.arch == ARCH_GPT2 ? "gpt2" : "llama",
+               (long long)plan.n_params, (long long)cfg->train.steps,
+               cfg->train.global_batch_size, cfg->train.seq_len, cfg_grad_accum(cfg),
+               log_bytes(b1, 32, t.arena.total), log_bytes(b2, 32, plan.total));
+    }
+    g_stop_signal = 0;
+    signal(SIGTERM, on_stop_signal);
+    signal(SIGUSR1, on_stop_signal);
+    int rc = loop(&t, opts, res);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGUSR1, SIG_DFL);
+    res->arena_bytes = (double)t.arena.total;
+    for (int i = 0; i < MEM_NCAT && i < 6; i++) res->arena_by_cat[i] = (double)t.arena.bytes[i];
+    res->peak_rss = mem_peak_rss_bytes();
+    if (rc == 0 && !opts->quiet && res->steps_done > 0) {
+        char b[32];
+        printf("done: %lld steps, final loss %.4f, %.1f ms/step, %.0f tok/s, mfu %.1f%%, "
+               "peak RSS %s\n",
+               (long long)res->steps_done, res->final_loss, res->mean_step_ms, res->tokens_per_s,
+               100 * res->mfu, log_bytes(b, 32, (double)res->peak_rss));
+    }
+    teardown(&t);
+    return rc;
+}

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# End-to-end checks of the single-process trainer through the CLI: the demo learns, resume is
+# bit-identical to an uninterrupted run, and bad input exits 2 with a clear message without
+# touching an existing checkpoint.
+. "$(dirname "$0")/../lib.sh"
+
+D=$TMP/data
+$UST data demo "$D" >/dev/null || { fail demo_data "ustrain data demo failed"; exit 1; }
+
+# A config file for this test: the tiny default pointed at the scratch directories.
+cfg() { # cfg NAME [extra yaml lines...]
+    local f=$TMP/$1.yaml; shift
+    sed -e "s#data/tiny/#$D/#g" -e "s#runs/tiny#$TMP/run#g" configs/tiny.yaml >"$f"
+    for l in "$@"; do echo "$l" >>"$f"; done
+    echo "$f"
+}
+losses() { grep -o '"loss":[^,]*' "$1" | cut -d: -f2; }
+
+# --- CLI basics
+expect_exit help_exits_0 0 'usage: ustrain' -- $UST --help
+expect_exit version_exits_0 0 '^ustrain [0-9]' -- $UST --version
+expect_exit unknown_command_exits_2 2 "unknown command 'trian'" -- $UST trian x.yaml
+expect_exit missing_config_exits_2 2 'nonexistent.yaml' -- $UST train $TMP/nonexistent.yaml
+
+# --- the demo learns: the loss falls well below its start
+C=$(cfg learn)
+out=$($UST train "$C" --set train.steps=40 --set checkpoint.every=0 2>&1)
+rc=$?
+first=$(losses $TMP/run/metrics.jsonl | head -1)
+last=$(losses $TMP/run/metrics.jsonl | tail -1)
+if [ $rc -eq 0 ] && python3 -c "import sys; a,b=float('$first'),float('$last'); sys.exit(0 if b < 0.5*a else 1)"; then
+    pass demo_loss_falls_below_half_of_start
+else
+    fail demo_loss_falls_below_half_of_start "rc=$rc first=$first last=$last: $(echo "$out" | tail -2)"
+fi
+grep -q '"val_loss"' $TMP/run/metrics.jsonl && pass metrics_have_val_loss || fail metrics_have_val_loss "no val_loss in metrics"
+python3 - "$TMP/run/metrics.jsonl" <<'EOF' && pass metrics_have_the_fixed_keys || fail metrics_have_the_fixed_keys "missing keys"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+need = {"step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "peak_mem_bytes"}
+sys.exit(0 if rows and all(need <= set(r) for r in rows) else 1)
+EOF
+[ -f $TMP/run/config.yaml ] && $UST validate $TMP/run/config.yaml >/dev/null && pass effective_config_written_and_valid || fail effective_config_written_and_valid "no valid $TMP/run/config.yaml"
+
+# --- resume is bit-identical: run 20 steps with checkpoints at 10 and 20; then resume a copy of
+# step_10 to step 20 and compare the weights byte for byte and the losses of steps 11-20.
+rm -rf $TMP/run
+A=$(cfg resume)
+run_to_20() { # run_to_20 CKPT_DIR METRICS
+    $UST train "$A" --set train.steps=20 --set checkpoint.every=10 --set checkpoint.keep_last=5 \
+        --set "checkpoint.dir=$1" --set "logging.metrics_file=$2"
+}
+run_to_20 $TMP/ckA $TMP/mA.jsonl >/dev/null 2>&1
+mkdir -p $TMP/ckB && cp -r $TMP/ckA/step_10 $TMP/ckB/
+run_to_20 $TMP/ckB $TMP/mB.jsonl >$TMP/resB.out 2>&1
+if grep -q 'resuming from' $TMP/resB.out && cmp -s $TMP/ckA/step_20/model.safetensors $TMP/ckB/step_20/model.safetensors &&
+   cmp -s $TMP/ckA/step_20/optimizer.safetensors $TMP/ckB/step_20/optimizer.safetensors; then
+    pass resume_gives_bit_identical_weights
+else
+    fail resume_gives_bit_identical_weights "$(tail -2 $TMP/resB.out)"
+fi
+if [ "$(losses $TMP/mA.jsonl | tail -10)" = "$(losses $TMP/mB.jsonl | tail -10)" ] && [ "$(losses $TMP/mB.jsonl | wc -l)" = 10 ]; then
+    pass resume_continues_the_same_losses
+else
+    fail resume_continues_the_same_losses "losses differ after resume"
+fi
+[ "$(cat $TMP/ckA/latest)" = step_20 ] && pass latest_points_to_newest || fail latest_points_to_newest "latest: $(cat $TMP/ckA/latest)"
+
+# --- bad input: exit 2 with a message, existing checkpoint untouched
+sum_before=$(cd $TMP/ckA && find . -type f -exec md5sum {} + | sort | md5sum)
+expect_exit checkpoint_shape_mismatch_exits_2 2 "tensor 'model.embed_tokens.weight'.*shape" -- \
+    $UST train "$A" --set model.d_model=64 --set train.steps=30 --set "checkpoint.dir=$TMP/ckA"
+sum_after=$(cd $TMP/ckA && find . -type f -exec md5sum {} + | sort | md5sum)
+[ "$sum_before" = "$sum_after" ] && pass bad_resume_leaves_checkpoint_untouched || fail bad_resume_leaves_checkpoint_untouched "checkpoint directory changed"
+
+B=$(cfg bad1 "bogus_section: {a: 1}")
+expect_exit unknown_section_exits_2_with_position 2 "bad1.yaml:[0-9]+:[0-9]+" -- $UST train "$B"
+printf 'train:\n  micro_batch: 4\n' >$TMP/bad2.yaml
+expect_exit unknown_key_did_you_mean 2 "bad2.yaml:2:3.*did you mean 'micro_batch_size'" -- $UST train $TMP/bad2.yaml
+printf 'train: {steps: 5, steps: 6}\n' >$TMP/bad3.yaml
+expect_exit duplicate_key_exits_2 2 "bad3.yaml:1:.*duplicate" -- $UST train $TMP/bad3.yaml
+expect_exit bad_set_value_exits_2 2 "train.steps" -- $UST train "$C" --set train.steps=abc
+expect_exit seq_longer_than_max_exits_2 2 "seq_len" -- $UST train "$C" --set train.seq_len=512
+expect_exit world_mismatch_exits_2 2 "dp" -- $UST validate "$C" --set parallel.dp=2 --world 3
+
+head -c 2000 $D/train_000.bin >$TMP/trunc_000.bin
+expect_exit truncated_shard_exits_2 2 "trunc_000.bin.*truncated" -- $UST train "$C" --set "data.train=$TMP/trunc_*.bin" --set checkpoint.every=0
+head -c 5000 /dev/urandom >$TMP/foreign_000.bin
+expect_exit foreign_shard_exits_2 2 "foreign_000.bin.*magic" -- $UST train "$C" --set "data.train=$TMP/foreign_*.bin" --set checkpoint.every=0
+expect_exit token_outside_vocab_exits_2 2 "vocab" -- $UST train "$C" --set model.vocab_size=200 --set checkpoint.every=0
+expect_exit empty_glob_exits_2 2 "nothing_here" -- $UST train "$C" --set "data.train=$TMP/nothing_here_*.bin"
+expect_exit bad_init_from_exits_2 2 "llm.c" -- $UST train "$C" --set model.arch=gpt2 --set model.n_kv_head=4 --set "model.init_from=$D/train_000.bin" --set checkpoint.resume=none --set checkpoint.every=0
+expect_exit cuda_without_backend_exits_2 2 "cuda" -- $UST train "$C" --set run.device=cuda --set checkpoint.every=0
+touch $TMP/afile
+expect_exit checkpoint_dir_under_a_file_exits_2 2 "afile" -- $UST train "$C" --set "checkpoint.dir=$TMP/afile/ck"
+
+# --- validate prints the memory plan without training
+out=$($UST validate "$C" 2>&1)
+echo "$out" | grep -q 'memory plan per rank' && echo "$out" | grep -q 'optimizer' && pass validate_prints_memory_plan || fail validate_prints_memory_plan "$out"
