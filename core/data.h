@@ -5,7 +5,8 @@
  * Sample i is the window tokens[i*T, i*T + T + 1) of the stream; with shuffle, sample i of
  * epoch e is window perm_e(i) (a seeded permutation). The loader state is one number, the global
  * sample index, so resume and re-layout neither skip nor repeat data.
- * Opening validates headers, sizes and that every token id is < vocab_size. */
+ * Opening validates headers, sizes and that every token id is < vocab_size (vocab_size <= 0
+ * skips the id check). */
 #ifndef UST_DATA_H
 #define UST_DATA_H
 
@@ -23,6 +24,9 @@ void data_close(ust_dataset *d);
 int64_t data_num_tokens(const ust_dataset *d);
 int data_num_shards(const ust_dataset *d);
 int64_t data_num_samples(const ust_dataset *d, int T); /* windows per epoch: (ntok-1)/T */
+/* Checks that the stream holds at least one window of T+1 tokens (call once at start; getting
+ * samples from a dataset that fails this is fatal). */
+int data_check_seq_len(const ust_dataset *d, int T, ust_err *e);
 
 /* Writes n samples starting at global sample index `first` into out (n x (T+1) int32).
  * Indices past one epoch wrap into the next epoch (reshuffled with the epoch number). */
@@ -40,7 +44,7 @@ typedef struct {
     const char **inputs;
     int ninputs;
     const char *out_dir;
-    double val_fraction;      /* default 0.1 */
+    double val_fraction;      /* 0 = default 0.1; negative = no val shards */
     int64_t shard_tokens;     /* tokens per shard, default 100M */
 } data_prep_args;
 int data_prep_bytes(const data_prep_args *a, ust_err *e);

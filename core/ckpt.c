@@ -1,0 +1,951 @@
+/* ckpt: safetensors checkpoints written in place by every rank, committed by one rename.
+ *
+ * Write protocol (every rank computes the same layout from the same tensor list):
+ *   begin   rank 0: mkdir -p dir, fresh dir/.tmp_step_N                      | barrier
+ *   add     rank 0: create the file, write the header, ftruncate to size     | barrier
+ *           others: open it for writing
+ *   write   every rank pwrites its slices at their offsets
+ *   commit  rank 0 writes state.json; every rank fsyncs (a rank that failed leaves a marker
+ *           file) | barrier | rank 0: fsync, rename to step_N, update `latest` atomically,
+ *           prune | barrier
+ * Until the rename nothing outside .tmp_step_N has changed, so a crash or an I/O error at any
+ * point leaves the previous checkpoints exactly as they were. */
+#include "ckpt.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define ST_MAX_HEADER 100000000 /* the safetensors reference limit */
+#define ST_MAX_DIMS 8
+#define MAX_SAFE_INT 9007199254740992.0 /* 2^53: every integer below is exact in a double */
+#define STATE_JSON "state.json"
+#define STATE_MAX (64 << 20)
+
+ckpt_slice ckpt_whole(const ckpt_tensor *t) {
+    int64_t rows = t->ndim == 2 ? t->shape[0] : 1;
+    int64_t cols = t->ndim == 2 ? t->shape[1] : t->shape[0];
+    return (ckpt_slice){
+        .row0 = 0, .nrows = rows, .col0 = 0, .ncols = cols, .flat0 = 0, .flat1 = rows * cols};
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Small file-system helpers */
+
+static int pathf(char *out, size_t n, ust_err *e, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int pathf(char *out, size_t n, ust_err *e, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(out, n, fmt, ap);
+    va_end(ap);
+    if (k < 0 || (size_t)k >= n) return ust_errf(e, "checkpoint: path too long: %.200s...", out);
+    return 0;
+}
+
+static int mkdir_p(const char *dir, ust_err *e) {
+    char buf[PATH_MAX];
+    if (pathf(buf, sizeof buf, e, "%s", dir)) return -1;
+    for (char *p = buf + 1;; p++) {
+        if (*p != '/' && *p != 0) continue;
+        char c = *p;
+        *p = 0;
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            return ust_errf(e, "checkpoint: cannot create directory %s: %s", buf, strerror(errno));
+        struct stat st;
+        if (stat(buf, &st) != 0)
+            return ust_errf(e, "checkpoint: cannot create directory %s: %s", buf, strerror(errno));
+        if (!S_ISDIR(st.st_mode))
+            return ust_errf(e, "checkpoint: cannot create directory %s: %s", buf,
+                            strerror(ENOTDIR));
+        *p = c;
+        if (!c) break;
+    }
+    return 0;
+}
+
+static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st, (void)flag, (void)ftw;
+    return remove(path) != 0 && errno != ENOENT ? -1 : 0;
+}
+
+/* rm -rf path; 0 when path is gone (or never existed). */
+static int rm_rf(const char *path) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return errno == ENOENT ? 0 : -1;
+    if (!S_ISDIR(st.st_mode)) return unlink(path);
+    return nftw(path, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static int fsync_dir(const char *dir, ust_err *e) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return ust_errf(e, "checkpoint: cannot open %s: %s", dir, strerror(errno));
+    int rc = fsync(fd);
+    int err = errno;
+    close(fd);
+    /* some file systems refuse fsync on a directory; that is not a write failure */
+    if (rc != 0 && err != EINVAL && err != EROFS)
+        return ust_errf(e, "checkpoint: cannot fsync %s: %s", dir, strerror(err));
+    return 0;
+}
+
+static int pwrite_all(int fd, const void *buf, size_t n, int64_t off, const char *path,
+                      ust_err *e) {
+    const char *p = buf;
+    while (n > 0) {
+        ssize_t k = pwrite(fd, p, n, (off_t)off);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return ust_errf(e, "checkpoint: cannot write %s: %s", path, strerror(errno));
+        if (k == 0) return ust_errf(e, "checkpoint: cannot write %s: no progress", path);
+        p += k, n -= (size_t)k, off += k;
+    }
+    return 0;
+}
+
+/* Writes a small file completely and fsyncs it (state.json, latest.tmp, failure markers). */
+static int write_small_file(const char *path, const char *text, ust_err *e) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return ust_errf(e, "checkpoint: cannot create %s: %s", path, strerror(errno));
+    int rc = pwrite_all(fd, text, strlen(text), 0, path, e);
+    if (rc == 0 && fsync(fd) != 0)
+        rc = ust_errf(e, "checkpoint: cannot fsync %s: %s", path, strerror(errno));
+    if (close(fd) != 0 && rc == 0)
+        rc = ust_errf(e, "checkpoint: cannot write %s: %s", path, strerror(errno));
+    return rc;
+}
+
+/* "step_<digits>" exactly -> the step number, else -1. */
+static int64_t parse_step_name(const char *name) {
+    if (strncmp(name, "step_", 5) != 0) return -1;
+    const char *p = name + 5;
+    if (!*p || strlen(p) > 18) return -1;
+    int64_t v = 0;
+    for (; *p; p++) {
+        if (*p < '0' || *p > '9') return -1;
+        v = v * 10 + (*p - '0');
+    }
+    return v;
+}
+
+/* Slices are boxes of the 2-D view cut to a flat range; both sides check them the same way. */
+static int check_slice(const ckpt_slice *s, int64_t rows, int64_t cols, const char *name,
+                       ust_err *e) {
+    if (s->row0 < 0 || s->nrows < 0 || s->col0 < 0 || s->ncols < 0 || s->row0 > rows ||
+        s->nrows > rows - s->row0 || s->col0 > cols || s->ncols > cols - s->col0 || s->flat0 < 0 ||
+        s->flat0 > s->flat1 || s->flat1 > s->nrows * s->ncols)
+        return ust_errf(e,
+                        "checkpoint: slice rows [%lld, +%lld) cols [%lld, +%lld) flat [%lld, %lld) "
+                        "is outside tensor '%s' of %lld x %lld",
+                        (long long)s->row0, (long long)s->nrows, (long long)s->col0,
+                        (long long)s->ncols, (long long)s->flat0, (long long)s->flat1, name,
+                        (long long)rows, (long long)cols);
+    return 0;
+}
+
+/* Calls fn(file_element_index, slice_element_index, count) for each contiguous run of the
+ * slice inside the tensor: one run per box row, or a single run when the box spans whole rows. */
+typedef int (*run_fn)(void *ctx, int64_t file_elem, int64_t slice_elem, int64_t n, ust_err *e);
+static int for_each_run(const ckpt_slice *s, int64_t cols, run_fn fn, void *ctx, ust_err *e) {
+    if (s->flat1 == s->flat0) return 0;
+    if (s->col0 == 0 && s->ncols == cols)
+        return fn(ctx, s->row0 * cols + s->flat0, 0, s->flat1 - s->flat0, e);
+    for (int64_t k = s->flat0; k < s->flat1;) {
+        int64_t r = k / s->ncols, c = k % s->ncols;
+        int64_t n = s->ncols - c;
+        if (n > s->flat1 - k) n = s->flat1 - k;
+        if (fn(ctx, (s->row0 + r) * cols + s->col0 + c, k - s->flat0, n, e) != 0) return -1;
+        k += n;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Writer */
+
+typedef struct {
+    ckpt_tensor t;
+    int64_t begin; /* absolute byte offset of the tensor's data in the file */
+} wtensor;
+
+typedef struct {
+    char name[CKPT_NAME_MAX];
+    char path[PATH_MAX];
+    int fd;
+    int n;
+    wtensor *t;
+} wfile;
+
+struct ckpt_writer {
+    char dir[PATH_MAX], tmp[PATH_MAX], final_dir[PATH_MAX];
+    int64_t step;
+    int rank;
+    ckpt_barrier_fn barrier;
+    void *barrier_arg;
+    wfile *files;
+    int nfiles;
+    bool failed; /* an earlier call failed on this rank: commit refuses */
+};
+
+static void wbarrier(ckpt_writer *w) {
+    if (w->barrier) w->barrier(w->barrier_arg);
+}
+
+static void free_writer(ckpt_writer *w) {
+    for (int i = 0; i < w->nfiles; i++) {
+        if (w->files[i].fd >= 0) close(w->files[i].fd);
+        free(w->files[i].t);
+    }
+    free(w->files);
+    free(w);
+}
+
+ckpt_writer *ckpt_begin(const char *dir, int64_t step, int rank, ckpt_barrier_fn barrier,
+                        void *barrier_arg, ust_err *e) {
+    if (step < 0) {
+        ust_errf(e, "checkpoint: negative step %lld", (long long)step);
+        return NULL;
+    }
+    ckpt_writer *w = calloc(1, sizeof *w);
+    if (!w) {
+        ust_errf(e, "checkpoint: out of memory");
+        return NULL;
+    }
+    w->step = step;
+    w->rank = rank;
+    w->barrier = barrier;
+    w->barrier_arg = barrier_arg;
+    int rc = pathf(w->dir, sizeof w->dir, e, "%s", dir);
+    if (!rc) rc = pathf(w->tmp, sizeof w->tmp, e, "%s/.tmp_step_%lld", dir, (long long)step);
+    if (!rc) rc = pathf(w->final_dir, sizeof w->final_dir, e, "%s/step_%lld", dir, (long long)step);
+    if (!rc && rank == 0) {
+        rc = mkdir_p(dir, e);
+        if (!rc && rm_rf(w->tmp) != 0)
+            rc = ust_errf(e, "checkpoint: cannot remove stale %s: %s", w->tmp, strerror(errno));
+        if (!rc && mkdir(w->tmp, 0755) != 0)
+            rc = ust_errf(e, "checkpoint: cannot create directory %s: %s", w->tmp, strerror(errno));
+    }
+    wbarrier(w); /* reached on every path, so a failure on rank 0 cannot hang the others */
+    struct stat st;
+    if (!rc && rank != 0 && (stat(w->tmp, &st) != 0 || !S_ISDIR(st.st_mode)))
+        rc = ust_errf(e, "checkpoint: rank 0 did not create %s", w->tmp);
+    if (rc) {
+        free(w);
+        return NULL;
+    }
+    return w;
+}
+
+/* The safetensors header for a file's tensors, padded with spaces to a multiple of 8. */
+static char *build_header(const wfile *f, int64_t *hlen, ust_err *e) {
+    cJSON *root = cJSON_CreateObject(), *meta = cJSON_CreateObject();
+    cJSON_AddItemToObject(root, "__metadata__", meta);
+    cJSON_AddStringToObject(meta, "format", "pt");
+    int64_t off = 0;
+    for (int i = 0; i < f->n; i++) {
+        const ckpt_tensor *t = &f->t[i].t;
+        cJSON *o = cJSON_CreateObject(), *shape = cJSON_CreateArray(), *offs = cJSON_CreateArray();
+        cJSON_AddStringToObject(o, "dtype", "F32");
+        int64_t numel = 1;
+        for (int d = 0; d < t->ndim; d++) {
+            cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->shape[d]));
+            numel *= t->shape[d];
+        }
+        cJSON_AddItemToObject(o, "shape", shape);
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)(off + 4 * numel)));
+        cJSON_AddItemToObject(o, "data_offsets", offs);
+        cJSON_AddItemToObject(root, t->name, o);
+        off += 4 * numel;
+    }
+    char *js = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!js) {
+        ust_errf(e, "checkpoint: out of memory building the header of %s", f->name);
+        return NULL;
+    }
+    size_t n = strlen(js), padded = (n + 7) / 8 * 8;
+    char *h = malloc(8 + padded);
+    if (!h) {
+        free(js);
+        ust_errf(e, "checkpoint: out of memory");
+        return NULL;
+    }
+    uint64_t le = padded; /* little-endian host */
+    memcpy(h, &le, 8);
+    memcpy(h + 8, js, n);
+    memset(h + 8 + n, ' ', padded - n);
+    free(js);
+    *hlen = 8 + (int64_t)padded;
+    return h;
+}
+
+static int check_tensor_list(const char *file, const ckpt_tensor *t, int n, ust_err *e) {
+    if (!file[0] || strchr(file, '/') || !strcmp(file, STATE_JSON) || file[0] == '.' ||
+        strlen(file) >= CKPT_NAME_MAX)
+        return ust_errf(e, "checkpoint: bad file name '%s'", file);
+    if (n < 0) return ust_errf(e, "checkpoint %s: negative tensor count %d", file, n);
+    for (int i = 0; i < n; i++) {
+        if (!t[i].name[0] || !memchr(t[i].name, 0, CKPT_NAME_MAX) ||
+            !strcmp(t[i].name, "__metadata__"))
+            return ust_errf(e, "checkpoint %s: tensor %d has a bad name", file, i);
+        if (t[i].ndim < 1 || t[i].ndim > 2)
+            return ust_errf(e, "checkpoint %s: tensor '%s' has %d dims (1 or 2 supported)", file,
+                            t[i].name, t[i].ndim);
+        for (int d = 0; d < t[i].ndim; d++)
+            if (t[i].shape[d] < 0 || t[i].shape[d] > ((int64_t)1 << 40))
+                return ust_errf(e, "checkpoint %s: tensor '%s' has a bad shape", file, t[i].name);
+        for (int j = 0; j < i; j++)
+            if (!strcmp(t[i].name, t[j].name))
+                return ust_errf(e, "checkpoint %s: tensor '%s' declared twice", file, t[i].name);
+    }
+    return 0;
+}
+
+int ckpt_add_file(ckpt_writer *w, const char *file, const ckpt_tensor *tensors, int n, ust_err *e) {
+    int rc = check_tensor_list(file, tensors, n, e);
+    wfile *nf = rc ? NULL : realloc(w->files, sizeof(wfile) * (size_t)(w->nfiles + 1));
+    if (!rc && !nf) rc = ust_errf(e, "checkpoint: out of memory");
+    wfile *f = NULL;
+    if (!rc) {
+        w->files = nf;
+        f = &w->files[w->nfiles];
+        memset(f, 0, sizeof *f);
+        f->fd = -1;
+        snprintf(f->name, sizeof f->name, "%s", file);
+        rc = pathf(f->path, sizeof f->path, e, "%s/%s", w->tmp, file);
+        f->t = calloc((size_t)(n > 0 ? n : 1), sizeof(wtensor));
+        if (!rc && !f->t) rc = ust_errf(e, "checkpoint: out of memory");
+        if (!rc)
+            w->nfiles++;
+        else
+            free(f->t);
+    }
+    int64_t hlen = 0, total = 0;
+    char *hdr = NULL;
+    if (!rc) {
+        f->n = n;
+        for (int i = 0; i < n; i++) f->t[i].t = tensors[i];
+        hdr = build_header(f, &hlen, e);
+        if (!hdr) rc = -1;
+    }
+    if (!rc) {
+        total = hlen;
+        for (int i = 0; i < n; i++) {
+            const ckpt_tensor *t = &tensors[i];
+            f->t[i].begin = total;
+            total += 4 * t->shape[0] * (t->ndim == 2 ? t->shape[1] : 1);
+        }
+    }
+    if (!rc && w->rank == 0) {
+        f->fd = open(f->path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        if (f->fd < 0)
+            rc = ust_errf(e, "checkpoint: cannot create %s: %s", f->path, strerror(errno));
+        if (!rc) rc = pwrite_all(f->fd, hdr, (size_t)hlen, 0, f->path, e);
+        if (!rc && ftruncate(f->fd, (off_t)total) != 0)
+            rc = ust_errf(e, "checkpoint: cannot size %s to %lld bytes: %s", f->path,
+                          (long long)total, strerror(errno));
+    }
+    free(hdr);
+    wbarrier(w);
+    if (!rc && w->rank != 0) {
+        f->fd = open(f->path, O_WRONLY | O_CLOEXEC);
+        if (f->fd < 0) rc = ust_errf(e, "checkpoint: cannot open %s: %s", f->path, strerror(errno));
+    }
+    if (rc) {
+        w->failed = true;
+        return -1;
+    }
+    return w->nfiles - 1;
+}
+
+typedef struct {
+    const wfile *f;
+    const wtensor *t;
+    const float *src;
+} write_ctx;
+
+static int write_run(void *vc, int64_t file_elem, int64_t slice_elem, int64_t n, ust_err *e) {
+    write_ctx *c = vc;
+    return pwrite_all(c->f->fd, c->src + slice_elem, (size_t)n * 4, c->t->begin + 4 * file_elem,
+                      c->f->path, e);
+}
+
+int ckpt_write_slice(ckpt_writer *w, int file, const char *name, const ckpt_slice *s,
+                     const float *host_data, ust_err *e) {
+    if (file < 0 || file >= w->nfiles) {
+        w->failed = true;
+        return ust_errf(e, "checkpoint: no file with index %d", file);
+    }
+    const wfile *f = &w->files[file];
+    const wtensor *t = NULL;
+    for (int i = 0; i < f->n && !t; i++)
+        if (!strcmp(f->t[i].t.name, name)) t = &f->t[i];
+    int rc = 0;
+    if (!t) rc = ust_errf(e, "checkpoint %s: tensor '%s' was not declared", f->name, name);
+    int64_t rows = 0, cols = 0;
+    if (t) {
+        rows = t->t.ndim == 2 ? t->t.shape[0] : 1;
+        cols = t->t.ndim == 2 ? t->t.shape[1] : t->t.shape[0];
+        rc = check_slice(s, rows, cols, name, e);
+    }
+    if (!rc) {
+        write_ctx c = {f, t, host_data};
+        rc = for_each_run(s, cols, write_run, &c, e);
+    }
+    if (rc) w->failed = true;
+    return rc;
+}
+
+/* Keeps the newest keep_last checkpoints, counting the one just written; older step_N go.
+ * Steps above the one just written are left alone: they are not older. */
+static void prune(const ckpt_writer *w, int keep_last) {
+    if (keep_last <= 0) return;
+    DIR *d = opendir(w->dir);
+    if (!d) return;
+    int64_t *steps = NULL;
+    int n = 0, cap = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        int64_t s = parse_step_name(de->d_name);
+        if (s < 0 || s >= w->step) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            int64_t *ns = realloc(steps, sizeof(int64_t) * (size_t)cap);
+            if (!ns) break;
+            steps = ns;
+        }
+        steps[n++] = s;
+    }
+    closedir(d);
+    /* descending: the first keep_last - 1 older ones stay */
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && steps[j] > steps[j - 1]; j--) {
+            int64_t tmp = steps[j];
+            steps[j] = steps[j - 1];
+            steps[j - 1] = tmp;
+        }
+    for (int i = keep_last - 1; i < n; i++) {
+        char p[PATH_MAX];
+        if (snprintf(p, sizeof p, "%s/step_%lld", w->dir, (long long)steps[i]) >= (int)sizeof p)
+            continue;
+        if (rm_rf(p) != 0)
+            fprintf(stderr, "ustrain: warning: checkpoint: cannot remove old %s: %s\n", p,
+                    strerror(errno));
+    }
+    free(steps);
+}
+
+/* Rank 0, after every rank's data is on disk: make step_N appear atomically, then `latest`. */
+static int publish(ckpt_writer *w, int keep_last, ust_err *e) {
+    if (fsync_dir(w->tmp, e)) return -1;
+    struct stat st;
+    char old[PATH_MAX];
+    bool replacing = lstat(w->final_dir, &st) == 0;
+    if (replacing) {
+        /* step_N exists (a rerun of the same step): move it aside first, so there is never a
+         * moment with two directories or a half-removed one under the final name */
+        if (pathf(old, sizeof old, e, "%s/.old_step_%lld", w->dir, (long long)w->step)) return -1;
+        if (rm_rf(old) != 0)
+            return ust_errf(e, "checkpoint: cannot remove %s: %s", old, strerror(errno));
+        if (rename(w->final_dir, old) != 0)
+            return ust_errf(e, "checkpoint: cannot move %s aside: %s", w->final_dir,
+                            strerror(errno));
+    }
+    if (rename(w->tmp, w->final_dir) != 0) {
+        int err = errno;
+        if (replacing) rename(old, w->final_dir);
+        return ust_errf(e, "checkpoint: cannot rename %s to %s: %s", w->tmp, w->final_dir,
+                        strerror(err));
+    }
+    if (replacing) rm_rf(old);
+    if (fsync_dir(w->dir, e)) return -1;
+
+    char latest[PATH_MAX], latest_tmp[PATH_MAX], text[64];
+    if (pathf(latest, sizeof latest, e, "%s/latest", w->dir)) return -1;
+    if (pathf(latest_tmp, sizeof latest_tmp, e, "%s/latest.tmp", w->dir)) return -1;
+    snprintf(text, sizeof text, "step_%lld\n", (long long)w->step);
+    if (write_small_file(latest_tmp, text, e)) return -1;
+    if (rename(latest_tmp, latest) != 0)
+        return ust_errf(e, "checkpoint: cannot rename %s to %s: %s", latest_tmp, latest,
+                        strerror(errno));
+    if (fsync_dir(w->dir, e)) return -1;
+    prune(w, keep_last);
+    return 0;
+}
+
+int ckpt_commit(ckpt_writer *w, const char *state_json, int keep_last, ust_err *e) {
+    int rc =
+        w->failed ? ust_errf(e, "checkpoint %s: an earlier write failed on this rank", w->tmp) : 0;
+    char p[PATH_MAX];
+    if (!rc && w->rank == 0) {
+        rc = pathf(p, sizeof p, e, "%s/%s", w->tmp, STATE_JSON);
+        if (!rc) rc = write_small_file(p, state_json ? state_json : "{}\n", e);
+    }
+    for (int i = 0; i < w->nfiles; i++) {
+        wfile *f = &w->files[i];
+        if (f->fd < 0) continue;
+        if (!rc && fsync(f->fd) != 0)
+            rc = ust_errf(e, "checkpoint: cannot fsync %s: %s", f->path, strerror(errno));
+        if (close(f->fd) != 0 && !rc)
+            rc = ust_errf(e, "checkpoint: cannot write %s: %s", f->path, strerror(errno));
+        f->fd = -1;
+    }
+    /* A failed rank says so in the temporary directory: rank 0 must not publish its holes. */
+    if (rc && w->rank != 0) {
+        ust_err ignored;
+        if (!pathf(p, sizeof p, &ignored, "%s/.failed_rank_%d", w->tmp, w->rank))
+            write_small_file(p, "failed\n", &ignored);
+    }
+    wbarrier(w);
+    if (w->rank == 0) {
+        if (!rc) {
+            DIR *d = opendir(w->tmp);
+            struct dirent *de;
+            while (d && (de = readdir(d)) && !rc)
+                if (!strncmp(de->d_name, ".failed_rank_", 13))
+                    rc = ust_errf(e, "checkpoint %s: rank %s failed to write its part", w->tmp,
+                                  de->d_name + 13);
+            if (d) closedir(d);
+        }
+        if (!rc) rc = publish(w, keep_last, e);
+        if (rc) rm_rf(w->tmp);
+    }
+    wbarrier(w);
+    if (!rc && w->rank != 0) {
+        struct stat st;
+        if (pathf(p, sizeof p, e, "%s/%s", w->final_dir, STATE_JSON) == 0 && stat(p, &st) != 0)
+            rc = ust_errf(e, "checkpoint %s: rank 0 did not finish the commit", w->final_dir);
+    }
+    free_writer(w);
+    return rc;
+}
+
+void ckpt_abort(ckpt_writer *w) {
+    if (!w) return;
+    for (int i = 0; i < w->nfiles; i++)
+        if (w->files[i].fd >= 0) {
+            close(w->files[i].fd);
+            w->files[i].fd = -1;
+        }
+    if (w->rank == 0) rm_rf(w->tmp); /* only the temporary directory: step_* stay as they are */
+    free_writer(w);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Finding the newest checkpoint */
+
+static bool is_finished(const char *dir, const char *name) {
+    char p[PATH_MAX];
+    struct stat st;
+    if (snprintf(p, sizeof p, "%s/%s/%s", dir, name, STATE_JSON) >= (int)sizeof p) return false;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+int ckpt_find_latest(const char *dir, char *out, int out_size, ust_err *e) {
+    char p[PATH_MAX];
+    if (pathf(p, sizeof p, e, "%s/latest", dir)) return -1;
+    char name[64] = "";
+    FILE *f = fopen(p, "r");
+    if (f) {
+        if (!fgets(name, sizeof name, f)) name[0] = 0;
+        fclose(f);
+        name[strcspn(name, "\r\n")] = 0;
+        if (parse_step_name(name) < 0 || !is_finished(dir, name)) name[0] = 0;
+    }
+    if (!name[0]) {
+        /* no usable `latest` (missing, or it names a step that is gone): take the highest
+         * finished step_N; .tmp_step_N and .old_step_N never count */
+        DIR *d = opendir(dir);
+        if (!d) {
+            if (errno == ENOENT) return 0;
+            return ust_errf(e, "checkpoint: cannot read directory %s: %s", dir, strerror(errno));
+        }
+        int64_t best = -1;
+        struct dirent *de;
+        while ((de = readdir(d))) {
+            int64_t s = parse_step_name(de->d_name);
+            if (s > best && is_finished(dir, de->d_name)) best = s;
+        }
+        closedir(d);
+        if (best < 0) return 0;
+        snprintf(name, sizeof name, "step_%lld", (long long)best);
+    }
+    int k = snprintf(out, (size_t)out_size, "%s/%s", dir, name);
+    if (k < 0 || k >= out_size)
+        return ust_errf(e, "checkpoint: path %s/%s does not fit %d bytes", dir, name, out_size);
+    return 1;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * safetensors reader. The header is untrusted: every length, offset and type is checked before
+ * it is used, and a tensor can only be reached through an entry that lies inside the file. */
+
+typedef struct {
+    char *name;
+    char dtype[16];
+    int ndim;
+    int64_t shape[ST_MAX_DIMS];
+    int64_t begin, end; /* relative to the data start */
+} st_entry;
+
+struct st_file {
+    char *path;
+    void *map;
+    size_t size;
+    const unsigned char *data; /* start of the tensor data */
+    int64_t data_len;
+    int n;
+    st_entry *e;  /* in header order */
+    int *by_name; /* indices sorted by name, for lookup */
+};
+
+static int dtype_size(const char *dt) {
+    static const struct {
+        const char *name;
+        int size;
+    } t[] = {{"F64", 8}, {"F32", 4}, {"F16", 2},  {"BF16", 2},    {"I64", 8},
+             {"I32", 4}, {"I16", 2}, {"I8", 1},   {"U64", 8},     {"U32", 4},
+             {"U16", 2}, {"U8", 1},  {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        if (!strcmp(dt, t[i].name)) return t[i].size;
+    return 0;
+}
+
+/* A JSON number that is an exact non-negative integer below 2^53. */
+static bool json_uint(const cJSON *j, int64_t *v) {
+    if (!cJSON_IsNumber(j)) return false;
+    double d = j->valuedouble;
+    if (!(d >= 0 && d < MAX_SAFE_INT) || d != (double)(int64_t)d) return false;
+    *v = (int64_t)d;
+    return true;
+}
+
+static int cmp_entry(const void *a, const void *b, void *file) {
+    const st_file *f = file;
+    return strcmp(f->e[*(const int *)a].name, f->e[*(const int *)b].name);
+}
+
+static int parse_entry(st_entry *en, const char *path, const cJSON *item, int64_t data_len,
+                       ust_err *e) {
+    const char *nm = item->string;
+    if (!cJSON_IsObject(item))
+        return ust_errf(e, "%s: safetensors entry '%.200s' is not an object", path, nm);
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(item, "dtype");
+    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(item, "shape");
+    const cJSON *of = cJSON_GetObjectItemCaseSensitive(item, "data_offsets");
+    if (!cJSON_IsString(dt) || !cJSON_IsArray(sh) || !cJSON_IsArray(of))
+        return ust_errf(e, "%s: tensor '%.200s' needs dtype, shape and data_offsets", path, nm);
+    int esize = dtype_size(dt->valuestring);
+    if (!esize)
+        return ust_errf(e, "%s: tensor '%.200s' has unknown dtype '%.32s'", path, nm,
+                        dt->valuestring);
+    snprintf(en->dtype, sizeof en->dtype, "%s", dt->valuestring);
+    int nd = cJSON_GetArraySize(sh);
+    if (nd > ST_MAX_DIMS)
+        return ust_errf(e, "%s: tensor '%.200s' has %d dims (at most %d)", path, nm, nd,
+                        ST_MAX_DIMS);
+    en->ndim = nd;
+    int64_t numel = 1, d = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, sh) {
+        if (!json_uint(x, &en->shape[d]))
+            return ust_errf(e, "%s: tensor '%.200s' has a bad shape", path, nm);
+        /* overflow-safe: numel * esize must stay within the data section */
+        if (en->shape[d] != 0 && numel > data_len / en->shape[d])
+            numel = data_len + 1;
+        else
+            numel *= en->shape[d];
+        d++;
+    }
+    if (cJSON_GetArraySize(of) != 2 || !json_uint(cJSON_GetArrayItem(of, 0), &en->begin) ||
+        !json_uint(cJSON_GetArrayItem(of, 1), &en->end) || en->begin > en->end)
+        return ust_errf(e, "%s: tensor '%.200s' has bad data_offsets", path, nm);
+    if (en->end > data_len)
+        return ust_errf(e,
+                        "%s: tensor '%.200s' data_offsets [%lld, %lld] run past the end of the "
+                        "file (%lld data bytes)",
+                        path, nm, (long long)en->begin, (long long)en->end, (long long)data_len);
+    if (numel > data_len || en->end - en->begin != numel * esize)
+        return ust_errf(e, "%s: tensor '%.200s' has %lld bytes but its shape needs %lld", path, nm,
+                        (long long)(en->end - en->begin),
+                        numel > data_len ? -1LL : (long long)(numel * esize));
+    en->name = strdup(nm);
+    if (!en->name) return ust_errf(e, "%s: out of memory", path);
+    return 0;
+}
+
+static int st_parse(st_file *f, ust_err *e) {
+    const unsigned char *base = f->map;
+    if (f->size < 8)
+        return ust_errf(e, "%s: not a safetensors file (%zu bytes, no header length)", f->path,
+                        f->size);
+    uint64_t hlen;
+    memcpy(&hlen, base, 8);
+    if (hlen > ST_MAX_HEADER || hlen > f->size - 8)
+        return ust_errf(e,
+                        "%s: not a safetensors file (header length %llu; the file has %zu bytes)",
+                        f->path, (unsigned long long)hlen, f->size);
+    f->data = base + 8 + hlen;
+    f->data_len = (int64_t)(f->size - 8 - hlen);
+    const char *js = (const char *)base + 8, *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(js, (size_t)hlen, &end, 0);
+    if (!root) return ust_errf(e, "%s: safetensors header is not valid JSON", f->path);
+    int rc = 0;
+    if (end)
+        for (const char *q = end; q < js + hlen && !rc; q++)
+            if (*q != ' ' && *q != '\n' && *q != '\t' && *q != '\r' && *q != 0)
+                rc = ust_errf(e, "%s: safetensors header has trailing bytes", f->path);
+    if (!rc && !cJSON_IsObject(root))
+        rc = ust_errf(e, "%s: safetensors header is not a JSON object", f->path);
+    int n = 0;
+    const cJSON *it;
+    if (!rc) cJSON_ArrayForEach(it, root) n += !!strcmp(it->string, "__metadata__");
+    if (!rc) {
+        f->e = calloc((size_t)(n ? n : 1), sizeof(st_entry));
+        f->by_name = calloc((size_t)(n ? n : 1), sizeof(int));
+        if (!f->e || !f->by_name) rc = ust_errf(e, "%s: out of memory", f->path);
+    }
+    if (!rc) cJSON_ArrayForEach(it, root) {
+            if (!strcmp(it->string, "__metadata__")) {
+                if (!cJSON_IsObject(it))
+                    rc = ust_errf(e, "%s: __metadata__ is not an object", f->path);
+            } else {
+                rc = parse_entry(&f->e[f->n], f->path, it, f->data_len, e);
+                if (!rc) f->n++;
+            }
+            if (rc) break;
+        }
+    cJSON_Delete(root);
+    if (rc) return -1;
+    for (int i = 0; i < f->n; i++) f->by_name[i] = i;
+    qsort_r(f->by_name, (size_t)f->n, sizeof(int), cmp_entry, f);
+    for (int i = 1; i < f->n; i++)
+        if (!strcmp(f->e[f->by_name[i]].name, f->e[f->by_name[i - 1]].name))
+            return ust_errf(e, "%s: tensor '%.200s' appears twice", f->path,
+                            f->e[f->by_name[i]].name);
+    return 0;
+}
+
+st_file *st_open(const char *path, ust_err *e) {
+    st_file *f = calloc(1, sizeof *f);
+    if (!f || !(f->path = strdup(path))) {
+        free(f);
+        ust_errf(e, "%s: out of memory", path);
+        return NULL;
+    }
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    int rc = 0;
+    if (fd < 0)
+        rc = ust_errf(e, "%s: cannot open: %s", path, strerror(errno));
+    else if (fstat(fd, &st) != 0)
+        rc = ust_errf(e, "%s: cannot stat: %s", path, strerror(errno));
+    else if (!S_ISREG(st.st_mode))
+        rc = ust_errf(e, "%s: not a regular file", path);
+    else if (st.st_size < 8)
+        rc = ust_errf(e, "%s: not a safetensors file (%lld bytes, no header length)", path,
+                      (long long)st.st_size);
+    if (!rc) {
+        f->size = (size_t)st.st_size;
+        f->map = mmap(NULL, f->size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (f->map == MAP_FAILED) {
+            f->map = NULL;
+            rc = ust_errf(e, "%s: cannot mmap: %s", path, strerror(errno));
+        }
+    }
+    if (fd >= 0) close(fd);
+    if (!rc) rc = st_parse(f, e);
+    if (rc) {
+        st_close(f);
+        return NULL;
+    }
+    return f;
+}
+
+void st_close(st_file *f) {
+    if (!f) return;
+    if (f->map) munmap(f->map, f->size);
+    for (int i = 0; i < f->n; i++) free(f->e[i].name);
+    free(f->e);
+    free(f->by_name);
+    free(f->path);
+    free(f);
+}
+
+int st_count(const st_file *f) {
+    return f->n;
+}
+
+const char *st_name(const st_file *f, int i) {
+    return i >= 0 && i < f->n ? f->e[i].name : NULL;
+}
+
+static const st_entry *st_find(const st_file *f, const char *name) {
+    int lo = 0, hi = f->n - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        int c = strcmp(name, f->e[f->by_name[mid]].name);
+        if (!c) return &f->e[f->by_name[mid]];
+        if (c < 0)
+            hi = mid - 1;
+        else
+            lo = mid + 1;
+    }
+    return NULL;
+}
+
+const float *st_tensor(const st_file *f, const char *name, int *ndim, int64_t shape[4]) {
+    const st_entry *en = st_find(f, name);
+    if (!en || strcmp(en->dtype, "F32") || en->ndim > 4) return NULL;
+    const unsigned char *p = f->data + en->begin;
+    if ((uintptr_t)p % _Alignof(float)) return NULL; /* foreign file with unaligned data */
+    if (ndim) *ndim = en->ndim;
+    if (shape)
+        for (int d = 0; d < en->ndim; d++) shape[d] = en->shape[d];
+    return (const float *)p;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Checkpoint reader */
+
+#define READER_MAX_FILES 8
+
+struct ckpt_reader {
+    char dir[PATH_MAX];
+    char *state;
+    struct {
+        char name[CKPT_NAME_MAX];
+        st_file *f;
+    } files[READER_MAX_FILES];
+    int nfiles;
+};
+
+ckpt_reader *ckpt_open(const char *step_dir, ust_err *e) {
+    ckpt_reader *r = calloc(1, sizeof *r);
+    if (!r) {
+        ust_errf(e, "checkpoint: out of memory");
+        return NULL;
+    }
+    char p[PATH_MAX];
+    struct stat st;
+    int rc = pathf(r->dir, sizeof r->dir, e, "%s", step_dir);
+    if (!rc) rc = pathf(p, sizeof p, e, "%s/%s", step_dir, STATE_JSON);
+    if (!rc && stat(step_dir, &st) != 0)
+        rc = ust_errf(e, "checkpoint %s: %s", step_dir, strerror(errno));
+    else if (!rc && !S_ISDIR(st.st_mode))
+        rc = ust_errf(e, "checkpoint %s: not a directory", step_dir);
+    FILE *f = NULL;
+    if (!rc && !(f = fopen(p, "rb")))
+        rc = ust_errf(e, "checkpoint %s: cannot read %s (not a finished checkpoint?): %s", step_dir,
+                      STATE_JSON, strerror(errno));
+    struct stat fst;
+    if (!rc && (fstat(fileno(f), &fst) != 0 || fst.st_size > STATE_MAX))
+        rc = ust_errf(e, "checkpoint %s: %s is unreadable or larger than %d bytes", step_dir,
+                      STATE_JSON, STATE_MAX);
+    if (!rc && !(r->state = malloc((size_t)fst.st_size + 1)))
+        rc = ust_errf(e, "checkpoint: out of memory");
+    if (!rc) {
+        size_t n = fread(r->state, 1, (size_t)fst.st_size, f);
+        if (ferror(f) || n != (size_t)fst.st_size)
+            rc = ust_errf(e, "checkpoint %s: cannot read %s", step_dir, STATE_JSON);
+        else
+            r->state[n] = 0;
+    }
+    if (f) fclose(f);
+    if (rc) {
+        ckpt_close(r);
+        return NULL;
+    }
+    return r;
+}
+
+void ckpt_close(ckpt_reader *r) {
+    if (!r) return;
+    for (int i = 0; i < r->nfiles; i++) st_close(r->files[i].f);
+    free(r->state);
+    free(r);
+}
+
+const char *ckpt_state_json(const ckpt_reader *r) {
+    return r->state;
+}
+
+/* The files are mapped on first use: a reader that only wants the model never maps the
+ * optimizer state. */
+static st_file *reader_file(ckpt_reader *r, const char *file, ust_err *e) {
+    for (int i = 0; i < r->nfiles; i++)
+        if (!strcmp(r->files[i].name, file)) return r->files[i].f;
+    if (r->nfiles == READER_MAX_FILES || strlen(file) >= CKPT_NAME_MAX || strchr(file, '/')) {
+        ust_errf(e, "checkpoint %s: cannot open file '%s'", r->dir, file);
+        return NULL;
+    }
+    char p[PATH_MAX];
+    if (pathf(p, sizeof p, e, "%s/%s", r->dir, file)) return NULL;
+    ust_err inner;
+    st_file *f = st_open(p, &inner);
+    if (!f) {
+        ust_errf(e, "checkpoint %s: %s", r->dir, inner.msg);
+        return NULL;
+    }
+    snprintf(r->files[r->nfiles].name, CKPT_NAME_MAX, "%s", file);
+    r->files[r->nfiles++].f = f;
+    return f;
+}
+
+static void format_shape(char *out, size_t n, int ndim, const int64_t *shape) {
+    size_t k = (size_t)snprintf(out, n, "[");
+    for (int d = 0; d < ndim && k < n; d++)
+        k += (size_t)snprintf(out + k, n - k, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (k < n) snprintf(out + k, n - k, "]");
+}
+
+typedef struct {
+    const unsigned char *src;
+    float *dst;
+} read_ctx;
+
+static int read_run(void *vc, int64_t file_elem, int64_t slice_elem, int64_t n, ust_err *e) {
+    (void)e;
+    read_ctx *c = vc;
+    memcpy(c->dst + slice_elem, c->src + 4 * file_elem, (size_t)n * 4); /* any alignment */
+    return 0;
+}
+
+int ckpt_read_slice(ckpt_reader *r, const char *file, const ckpt_tensor *expect,
+                    const ckpt_slice *s, float *host_out, ust_err *e) {
+    st_file *f = reader_file(r, file, e);
+    if (!f) return -1;
+    const st_entry *en = st_find(f, expect->name);
+    if (!en)
+        return ust_errf(e, "checkpoint %s: tensor '%s' missing from %s", r->dir, expect->name,
+                        file);
+    bool same = en->ndim == expect->ndim;
+    for (int d = 0; same && d < en->ndim; d++) same = en->shape[d] == expect->shape[d];
+    if (!same) {
+        char have[256], want[256];
+        format_shape(have, sizeof have, en->ndim, en->shape);
+        format_shape(want, sizeof want, expect->ndim, expect->shape);
+        return ust_errf(e, "checkpoint %s: tensor '%s' has shape %s but the model expects %s",
+                        r->dir, expect->name, have, want);
+    }
+    if (strcmp(en->dtype, "F32"))
+        return ust_errf(e, "checkpoint %s: tensor '%s' in %s has dtype %s, expected F32", r->dir,
+                        expect->name, file, en->dtype);
+    int64_t rows = expect->ndim == 2 ? expect->shape[0] : 1;
+    int64_t cols = expect->ndim == 2 ? expect->shape[1] : expect->shape[0];
+    if (check_slice(s, rows, cols, expect->name, e)) return -1;
+    read_ctx c = {f->data + en->begin, host_out};
+    return for_each_run(s, cols, read_run, &c, e);
+}

@@ -1,0 +1,737 @@
+/* data: shards -> one token stream -> fixed windows of T+1 tokens, optionally shuffled.
+ * The stream is the sorted shards concatenated; a window may cross a shard boundary. The shuffle
+ * is a keyed Feistel permutation over [0, S) with cycle-walking, so it costs no memory, is the
+ * same under every layout, and each epoch (a new key) visits every window exactly once. */
+#include "data.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "rng.h"
+
+#define LLMC_MAGIC_U16 20240520
+#define LLMC_MAGIC_U32 20240801
+#define LLMC_HEADER_INTS 256
+#define LLMC_HEADER_BYTES (LLMC_HEADER_INTS * 4)
+#define EOT_TOKEN 256
+
+typedef struct {
+    char *path;
+    void *map; /* whole file, read-only; NULL when the file is empty */
+    size_t map_len;
+    const unsigned char *tok; /* first token */
+    int width;                /* bytes per token: 2 or 4 */
+    int64_t ntok;
+    int64_t start; /* index of its first token in the stream */
+} shard;
+
+struct ust_dataset {
+    char pattern[UST_PATH_MAX];
+    shard *shards;
+    int nshards;
+    int64_t ntok;
+};
+
+static inline uint32_t shard_token(const shard *s, int64_t i) {
+    if (s->width == 2) {
+        uint16_t v;
+        memcpy(&v, s->tok + 2 * i, 2);
+        return v;
+    }
+    uint32_t v;
+    memcpy(&v, s->tok + 4 * i, 4);
+    return v;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Opening */
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Maps one shard and checks its header, its size and every token id. */
+static int open_shard(shard *s, const char *path, ust_data_format fmt, int vocab_size, ust_err *e) {
+    memset(s, 0, sizeof *s);
+    s->path = strdup(path);
+    if (!s->path) return ust_errf(e, "%s: out of memory", path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ust_errf(e, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int err = errno;
+        close(fd);
+        return ust_errf(e, "%s: cannot stat: %s", path, strerror(err));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return ust_errf(e, "%s: not a regular file", path);
+    }
+    size_t size = (size_t)st.st_size;
+    if (size > 0) {
+        s->map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (s->map == MAP_FAILED) {
+            int err = errno;
+            s->map = NULL;
+            close(fd);
+            return ust_errf(e, "%s: cannot mmap: %s", path, strerror(err));
+        }
+        s->map_len = size;
+    }
+    close(fd);
+    const unsigned char *base = s->map;
+
+    if (fmt == DATA_LLMC) {
+        if (size < LLMC_HEADER_BYTES)
+            return ust_errf(e,
+                            "%s: not an llm.c shard (%zu bytes, shorter than the %d-byte header)",
+                            path, size, LLMC_HEADER_BYTES);
+        int32_t hdr[3];
+        memcpy(hdr, base, sizeof hdr);
+        if (hdr[0] == LLMC_MAGIC_U16)
+            s->width = 2;
+        else if (hdr[0] == LLMC_MAGIC_U32)
+            s->width = 4;
+        else
+            return ust_errf(e, "%s: not an llm.c shard (magic %d; expected %d or %d)", path, hdr[0],
+                            LLMC_MAGIC_U16, LLMC_MAGIC_U32);
+        if (hdr[1] != 1)
+            return ust_errf(e, "%s: unsupported llm.c shard version %d (expected 1)", path, hdr[1]);
+        if (hdr[2] < 0)
+            return ust_errf(e, "%s: llm.c header has a negative token count (%d)", path, hdr[2]);
+        int64_t want = LLMC_HEADER_BYTES + (int64_t)hdr[2] * s->width;
+        if ((int64_t)size != want)
+            return ust_errf(e,
+                            "%s: truncated shard: header says %d tokens (%lld bytes) but file has "
+                            "%zu bytes",
+                            path, hdr[2], (long long)want, size);
+        s->tok = base + LLMC_HEADER_BYTES;
+        s->ntok = hdr[2];
+    } else if (fmt == DATA_NANOGPT) {
+        if (size % 2 != 0)
+            return ust_errf(e, "%s: nanoGPT shard has an odd size (%zu bytes) for uint16 tokens",
+                            path, size);
+        s->width = 2;
+        s->tok = base;
+        s->ntok = (int64_t)(size / 2);
+    } else {
+        return ust_errf(e, "%s: unknown data format %d", path, (int)fmt);
+    }
+
+    /* One linear pass: a token outside the vocabulary would index past the embedding. */
+    if (vocab_size > 0) {
+        for (int64_t i = 0; i < s->ntok; i++) {
+            uint32_t v = shard_token(s, i);
+            if (v >= (uint32_t)vocab_size)
+                return ust_errf(e,
+                                "%s: token %lld has id %u, outside the model's vocabulary "
+                                "(vocab_size %d)",
+                                path, (long long)i, v, vocab_size);
+        }
+    }
+    return 0;
+}
+
+int data_open(ust_dataset **out, const char *glob_pattern, ust_data_format fmt, int vocab_size,
+              ust_err *e) {
+    *out = NULL;
+    if (fmt == DATA_MEGATRON)
+        return ust_errf(e,
+                        "data.format megatron: the Megatron .bin/.idx reader is not available yet "
+                        "(issue 11 will add it); convert the data to llm.c shards or use format "
+                        "llmc/nanogpt");
+    if (!glob_pattern || !glob_pattern[0]) return ust_errf(e, "data: empty shard pattern");
+    glob_t g;
+    int rc = glob(glob_pattern, 0, NULL, &g);
+    if (rc == GLOB_NOMATCH || (rc == 0 && g.gl_pathc == 0)) {
+        if (rc == 0) globfree(&g);
+        return ust_errf(e, "data: no files match '%s'", glob_pattern);
+    }
+    if (rc != 0) return ust_errf(e, "data: cannot expand '%s' (glob error %d)", glob_pattern, rc);
+    /* strcmp, not the locale's collation: the order must be the same on every machine. */
+    qsort(g.gl_pathv, g.gl_pathc, sizeof(char *), cmp_str);
+
+    ust_dataset *d = calloc(1, sizeof *d);
+    if (!d) {
+        globfree(&g);
+        return ust_errf(e, "data: out of memory");
+    }
+    snprintf(d->pattern, sizeof d->pattern, "%s", glob_pattern);
+    d->shards = calloc(g.gl_pathc, sizeof(shard));
+    if (!d->shards) {
+        globfree(&g);
+        free(d);
+        return ust_errf(e, "data: out of memory");
+    }
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        d->nshards = (int)i + 1;
+        if (open_shard(&d->shards[i], g.gl_pathv[i], fmt, vocab_size, e) != 0) {
+            globfree(&g);
+            data_close(d);
+            return -1;
+        }
+        d->shards[i].start = d->ntok;
+        d->ntok += d->shards[i].ntok;
+    }
+    globfree(&g);
+    *out = d;
+    return 0;
+}
+
+void data_close(ust_dataset *d) {
+    if (!d) return;
+    for (int i = 0; i < d->nshards; i++) {
+        if (d->shards[i].map) munmap(d->shards[i].map, d->shards[i].map_len);
+        free(d->shards[i].path);
+    }
+    free(d->shards);
+    free(d);
+}
+
+int64_t data_num_tokens(const ust_dataset *d) {
+    return d->ntok;
+}
+int data_num_shards(const ust_dataset *d) {
+    return d->nshards;
+}
+
+int64_t data_num_samples(const ust_dataset *d, int T) {
+    if (T < 1 || d->ntok < 1) return 0;
+    return (d->ntok - 1) / T;
+}
+
+int data_check_seq_len(const ust_dataset *d, int T, ust_err *e) {
+    if (T < 1) return ust_errf(e, "data: seq_len must be >= 1 (got %d)", T);
+    if (d->ntok < (int64_t)T + 1)
+        return ust_errf(e, "data: shard(s) '%s' hold %lld tokens, fewer than seq_len+1 = %d",
+                        d->pattern, (long long)d->ntok, T + 1);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Sampling */
+
+#define SHUFFLE_ROUNDS 6
+#define SHUFFLE_STREAM 0x7368756666000000ull /* "shuff": keeps the keys apart from init's */
+
+/* A bijection on [0, S): a balanced Feistel network on 2h bits (4^h >= S, so at most 4x the
+ * domain) with cycle-walking: re-encrypt until the value lands in [0, S). Terminates because the
+ * permutation's cycle through x must come back to x < S. */
+static int64_t shuffle_index(uint64_t seed, uint64_t epoch, int64_t S, int64_t x) {
+    if (S <= 1) return x;
+    int h = 1;
+    while (h < 32 && ((uint64_t)1 << (2 * h)) < (uint64_t)S) h++;
+    uint64_t mask = ((uint64_t)1 << h) - 1;
+    uint64_t key[SHUFFLE_ROUNDS];
+    for (int r = 0; r < SHUFFLE_ROUNDS; r++) key[r] = rng_u64(seed, SHUFFLE_STREAM + epoch, r);
+    uint64_t y = (uint64_t)x;
+    do {
+        uint64_t L = y >> h, R = y & mask;
+        for (int r = 0; r < SHUFFLE_ROUNDS; r++) {
+            uint64_t nl = R;
+            R = L ^ (rng_u64(key[r], r, R) & mask);
+            L = nl;
+        }
+        y = (L << h) | R;
+    } while (y >= (uint64_t)S);
+    return (int64_t)y;
+}
+
+/* Copies n tokens of the stream starting at pos, across shard boundaries. */
+static void copy_tokens(const ust_dataset *d, int64_t pos, int64_t n, int32_t *out) {
+    int lo = 0, hi = d->nshards - 1; /* last shard with start <= pos */
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (d->shards[mid].start <= pos)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    for (int s = lo; n > 0 && s < d->nshards; s++) {
+        const shard *sh = &d->shards[s];
+        int64_t i = pos - sh->start;
+        for (; i < sh->ntok && n > 0; i++, n--, pos++) *out++ = (int32_t)shard_token(sh, i);
+    }
+    UST_ASSERT(n == 0, "window ran past the stream end (%lld tokens short)", (long long)n);
+}
+
+void data_get_samples(const ust_dataset *d, int64_t first, int n, int T, bool shuffle,
+                      uint64_t seed, int32_t *out) {
+    int64_t S = data_num_samples(d, T);
+    if (S <= 0)
+        ust_fatal(UST_EXIT_USAGE, "data: shard(s) '%s' hold %lld tokens, fewer than seq_len+1 = %d",
+                  d->pattern, (long long)d->ntok, T + 1);
+    UST_ASSERT(first >= 0, "first = %lld", (long long)first);
+    for (int k = 0; k < n; k++) {
+        int64_t g = first + k;
+        int64_t epoch = g / S, i = g % S;
+        int64_t w = shuffle ? shuffle_index(seed, (uint64_t)epoch, S, i) : i;
+        copy_tokens(d, w * (int64_t)T, (int64_t)T + 1, out + (int64_t)k * (T + 1));
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Writing shards */
+
+static int write_all(FILE *f, const void *p, size_t n, const char *path, ust_err *e) {
+    if (n && fwrite(p, 1, n, f) != n)
+        return ust_errf(e, "%s: write failed: %s", path, strerror(errno));
+    return 0;
+}
+
+static int llmc_header(int32_t hdr[LLMC_HEADER_INTS], int width, int64_t n, const char *path,
+                       ust_err *e) {
+    if (n > INT32_MAX)
+        return ust_errf(e, "%s: %lld tokens do not fit one llm.c shard (at most %d)", path,
+                        (long long)n, INT32_MAX);
+    memset(hdr, 0, LLMC_HEADER_BYTES);
+    hdr[0] = width == 2 ? LLMC_MAGIC_U16 : LLMC_MAGIC_U32;
+    hdr[1] = 1;
+    hdr[2] = (int32_t)n;
+    return 0;
+}
+
+static int close_file(FILE *f, const char *path, ust_err *e) {
+    if (fclose(f) != 0) return ust_errf(e, "%s: write failed: %s", path, strerror(errno));
+    return 0;
+}
+
+int data_write_llmc_shard(const char *path, const int32_t *tokens, int64_t n, ust_err *e) {
+    int32_t maxv = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (tokens[i] < 0)
+            return ust_errf(e, "%s: token %lld is negative (%d)", path, (long long)i, tokens[i]);
+        if (tokens[i] > maxv) maxv = tokens[i];
+    }
+    int width = maxv < 65536 ? 2 : 4;
+    int32_t hdr[LLMC_HEADER_INTS];
+    if (llmc_header(hdr, width, n, path, e) != 0) return -1;
+    FILE *f = fopen(path, "wb");
+    if (!f) return ust_errf(e, "%s: cannot create: %s", path, strerror(errno));
+    int rc = write_all(f, hdr, LLMC_HEADER_BYTES, path, e);
+    enum { CHUNK = 8192 };
+    uint16_t buf16[CHUNK];
+    for (int64_t i = 0; rc == 0 && i < n; i += CHUNK) {
+        int64_t m = n - i < CHUNK ? n - i : CHUNK;
+        if (width == 2) {
+            for (int64_t j = 0; j < m; j++) buf16[j] = (uint16_t)tokens[i + j];
+            rc = write_all(f, buf16, (size_t)m * 2, path, e);
+        } else {
+            rc = write_all(f, tokens + i, (size_t)m * 4, path, e); /* little-endian host */
+        }
+    }
+    if (close_file(f, path, e) != 0) rc = -1;
+    if (rc != 0) unlink(path);
+    return rc;
+}
+
+static int mkdir_p(const char *dir, ust_err *e) {
+    char buf[UST_PATH_MAX];
+    if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf)
+        return ust_errf(e, "%s: path too long", dir);
+    for (char *p = buf + 1;; p++) {
+        if (*p == '/' || *p == 0) {
+            char c = *p;
+            *p = 0;
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                return ust_errf(e, "%s: cannot create directory: %s", buf, strerror(errno));
+            struct stat st;
+            if (stat(buf, &st) != 0 || !S_ISDIR(st.st_mode))
+                return ust_errf(e, "%s: exists and is not a directory", buf);
+            *p = c;
+            if (!c) break;
+        }
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Demo data: generated English-like text. A small grammar with agreement (the cat sees / the
+ * cats see), fixed templates, counting runs and small sums gives a tiny model structure to
+ * learn quickly at every level: spelling, word order, agreement, and the number sequence. */
+
+static const char *const NOUNS[] = {
+    "cat",  "dog",   "bird",   "fish",   "fox",   "cow",    "horse",  "sheep",  "goat",    "duck",
+    "frog", "bear",  "mouse",  "rabbit", "lion",  "tiger",  "wolf",   "owl",    "hen",     "pig",
+    "ant",  "bee",   "snake",  "ball",   "box",   "cup",    "hat",    "book",   "car",     "boat",
+    "tree", "house", "door",   "window", "chair", "table",  "bed",    "lamp",   "clock",   "key",
+    "coat", "shoe",  "bag",    "pen",    "apple", "cake",   "egg",    "stone",  "flower",  "river",
+    "hill", "road",  "garden", "field",  "farm",  "bridge", "ship",   "train",  "kite",    "drum",
+    "bell", "star",  "cloud",  "leaf",   "seed",  "nest",   "basket", "bottle", "spoon",   "plate",
+    "rope", "wheel", "candle", "letter", "song",  "game",   "friend", "child",  "teacher", "farmer",
+    "king", "queen", "baker",  "sailor", "doctor"};
+static const char *const ADJS[] = {
+    "small",  "big",   "red",   "blue",   "green",  "yellow", "old",   "new",   "happy",
+    "sad",    "quick", "slow",  "tall",   "short",  "warm",   "cold",  "soft",  "hard",
+    "bright", "dark",  "loud",  "quiet",  "clean",  "dirty",  "round", "flat",  "long",
+    "young",  "brave", "kind",  "funny",  "sleepy", "hungry", "busy",  "tiny",  "huge",
+    "wet",    "dry",   "sweet", "pretty", "strong", "gentle", "white", "black", "brown",
+    "pink",   "shiny", "heavy", "light",  "wild",   "calm",   "proud"};
+static const char *const VERBS[] = {/* transitive, regular third person: +s */
+                                    "see",   "like",  "find",  "want",  "hold",  "help", "follow",
+                                    "watch", "bring", "take",  "keep",  "make",  "love", "hear",
+                                    "pull",  "push",  "carry", "move",  "paint", "draw", "open",
+                                    "close", "fix",   "wash",  "catch", "touch", "kick", "throw",
+                                    "read",  "build", "visit", "call",  "chase", "feed", "meet",
+                                    "greet", "hide",  "lift",  "drop",  "count"};
+static const char *const IVERBS[] = {/* intransitive */
+                                     "sleeps", "runs",   "jumps",  "sings",  "plays", "waits",
+                                     "sits",   "walks",  "swims",  "smiles", "rests", "dances",
+                                     "hides",  "laughs", "shouts", "works"};
+static const char *const PREPS[] = {"on", "under", "near", "behind", "beside",
+                                    "in", "over",  "by",   "with",   "inside"};
+static const char *const PLACES[] = {"the garden", "the house",  "the field", "the river",
+                                     "the farm",   "the park",   "the town",  "the forest",
+                                     "the market", "the school", "the hill",  "the road"};
+static const char *const TIMES[] = {"in the morning", "at night",  "every day",     "after lunch",
+                                    "before dinner",  "on sunday", "in the spring", "in the winter",
+                                    "today",          "yesterday"};
+static const char *const NAMES[] = {"Anna",  "Ben",  "Clara", "David", "Emma", "Felix", "Grace",
+                                    "Henry", "Iris", "Jack",  "Kate",  "Leo",  "Mia",   "Noah",
+                                    "Olive", "Paul", "Rose",  "Sam",   "Tom",  "Zoe"};
+static const char *const NUMS[] = {
+    "zero",     "one",     "two",     "three",     "four",     "five",     "six",
+    "seven",    "eight",   "nine",    "ten",       "eleven",   "twelve",   "thirteen",
+    "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty"};
+#define NELEM(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+typedef struct {
+    int32_t *tok;
+    int64_t n, cap;
+    uint64_t seed, stream, ctr; /* counter-based draws: the text is a pure function of these */
+    int sentence_start;         /* capitalize the next letter */
+} demo_gen;
+
+static int dg_pick(demo_gen *g, int n) {
+    return (int)(rng_u64(g->seed, g->stream, g->ctr++) % (uint64_t)n);
+}
+
+static void dg_put(demo_gen *g, int32_t t) {
+    if (g->n == g->cap) {
+        g->cap = g->cap ? 2 * g->cap : 1 << 16;
+        g->tok = realloc(g->tok, (size_t)g->cap * sizeof(int32_t));
+        UST_ASSERT(g->tok, "out of memory (%lld tokens)", (long long)g->cap);
+    }
+    g->tok[g->n++] = t;
+}
+
+static void dg_str(demo_gen *g, const char *s) {
+    for (; *s; s++) {
+        int c = (unsigned char)*s;
+        if (g->sentence_start && c >= 'a' && c <= 'z') {
+            c += 'A' - 'a';
+            g->sentence_start = 0;
+        }
+        dg_put(g, c);
+    }
+}
+
+/* A word, preceded by a space unless it starts the paragraph or follows a space already. */
+static void dg_word(demo_gen *g, const char *w) {
+    if (g->n > 0 && g->tok[g->n - 1] != ' ' && g->tok[g->n - 1] != EOT_TOKEN) dg_put(g, ' ');
+    dg_str(g, w);
+}
+
+static void dg_end(demo_gen *g, const char *punct) {
+    dg_str(g, punct);
+    g->sentence_start = 1;
+}
+
+/* "cat" -> "cats", "fox" -> "foxes", "sheep" -> "sheep", "child" -> "children" ... */
+static void plural(char *out, size_t sz, const char *w) {
+    static const char *const irr[][2] = {{"sheep", "sheep"}, {"fish", "fish"},
+                                         {"mouse", "mice"},  {"child", "children"},
+                                         {"leaf", "leaves"}, {"goose", "geese"}};
+    for (int i = 0; i < NELEM(irr); i++)
+        if (!strcmp(w, irr[i][0])) {
+            snprintf(out, sz, "%s", irr[i][1]);
+            return;
+        }
+    size_t n = strlen(w);
+    if (n >= 2 && (w[n - 1] == 'x' || w[n - 1] == 's' || (w[n - 2] == 'c' && w[n - 1] == 'h') ||
+                   (w[n - 2] == 's' && w[n - 1] == 'h')))
+        snprintf(out, sz, "%ses", w);
+    else
+        snprintf(out, sz, "%ss", w);
+}
+
+/* Third person singular: same rules as the noun plural for these regular verbs. */
+static void third_person(char *out, size_t sz, const char *v) {
+    size_t n = strlen(v);
+    if (n >= 2 && (v[n - 1] == 'x' || v[n - 1] == 's' || (v[n - 2] == 'c' && v[n - 1] == 'h') ||
+                   (v[n - 2] == 's' && v[n - 1] == 'h')))
+        snprintf(out, sz, "%ses", v);
+    else if (n >= 2 && v[n - 1] == 'y' && !strchr("aeiou", v[n - 2]))
+        snprintf(out, sz, "%.*sies", (int)(n - 1), v);
+    else
+        snprintf(out, sz, "%ss", v);
+}
+
+/* "the [adj] noun(s)" or "a/an [adj] noun"; returns whether it is plural. */
+static int dg_noun_phrase(demo_gen *g, const char *det) {
+    int pl = dg_pick(g, 3) == 0;
+    const char *adj = dg_pick(g, 2) ? ADJS[dg_pick(g, NELEM(ADJS))] : NULL;
+    const char *n = NOUNS[dg_pick(g, NELEM(NOUNS))];
+    if (!strcmp(det, "a")) {
+        const char *first = adj ? adj : n;
+        det = pl ? "some" : strchr("aeiou", first[0]) ? "an" : "a";
+    }
+    dg_word(g, det);
+    if (adj) dg_word(g, adj);
+    char buf[32];
+    if (pl) {
+        plural(buf, sizeof buf, n);
+        dg_word(g, buf);
+    } else {
+        dg_word(g, n);
+    }
+    return pl;
+}
+
+static void dg_sentence(demo_gen *g) {
+    char buf[32];
+    switch (dg_pick(g, 9)) {
+    case 0:
+    case 1: { /* the small cat sees a red ball. */
+        int pl = dg_noun_phrase(g, "the");
+        const char *v = VERBS[dg_pick(g, NELEM(VERBS))];
+        if (pl)
+            dg_word(g, v);
+        else {
+            third_person(buf, sizeof buf, v);
+            dg_word(g, buf);
+        }
+        dg_noun_phrase(g, dg_pick(g, 2) ? "a" : "the");
+        if (dg_pick(g, 3) == 0) dg_word(g, TIMES[dg_pick(g, NELEM(TIMES))]);
+        dg_end(g, ".");
+        break;
+    }
+    case 2: { /* the dogs are happy. */
+        int pl = dg_noun_phrase(g, "the");
+        dg_word(g, pl ? "are" : "is");
+        dg_word(g, ADJS[dg_pick(g, NELEM(ADJS))]);
+        dg_end(g, ".");
+        break;
+    }
+    case 3: { /* the old fox sleeps near the tree. */
+        int pl = dg_noun_phrase(g, "the");
+        const char *v = IVERBS[dg_pick(g, NELEM(IVERBS))];
+        if (pl) {
+            snprintf(buf, sizeof buf, "%.*s", (int)strlen(v) - 1, v);
+            dg_word(g, buf);
+        } else {
+            dg_word(g, v);
+        }
+        dg_word(g, PREPS[dg_pick(g, NELEM(PREPS))]);
+        dg_noun_phrase(g, "the");
+        dg_end(g, ".");
+        break;
+    }
+    case 4: { /* one, two, three, four, five. */
+        int a = dg_pick(g, 12), len = 3 + dg_pick(g, 6);
+        if (a + len > NELEM(NUMS)) len = NELEM(NUMS) - a;
+        for (int i = 0; i < len; i++) {
+            dg_word(g, NUMS[a + i]);
+            if (i + 1 < len) dg_str(g, ",");
+        }
+        dg_end(g, ".");
+        break;
+    }
+    case 5: {                                           /* two plus three is five. */
+        int a = dg_pick(g, 11), b = dg_pick(g, 11 - a); /* a + b <= 10 */
+        dg_word(g, NUMS[a]);
+        dg_word(g, "plus");
+        dg_word(g, NUMS[b]);
+        dg_word(g, "is");
+        dg_word(g, NUMS[a + b]);
+        dg_end(g, ".");
+        break;
+    }
+    case 6: { /* Anna has three red apples. */
+        dg_word(g, NAMES[dg_pick(g, NELEM(NAMES))]);
+        dg_word(g, "has");
+        int k = 2 + dg_pick(g, 9);
+        dg_word(g, NUMS[k]);
+        if (dg_pick(g, 2)) dg_word(g, ADJS[dg_pick(g, NELEM(ADJS))]);
+        plural(buf, sizeof buf, NOUNS[dg_pick(g, NELEM(NOUNS))]);
+        dg_word(g, buf);
+        dg_end(g, ".");
+        break;
+    }
+    case 7: { /* Ben gives the cup to Mia near the garden. */
+        int a = dg_pick(g, NELEM(NAMES)), b = (a + 1 + dg_pick(g, NELEM(NAMES) - 1)) % NELEM(NAMES);
+        dg_word(g, NAMES[a]);
+        dg_word(g, "gives");
+        dg_noun_phrase(g, "the");
+        dg_word(g, "to");
+        dg_word(g, NAMES[b]);
+        dg_word(g, "near");
+        dg_word(g, PLACES[dg_pick(g, NELEM(PLACES))]);
+        dg_end(g, ".");
+        break;
+    }
+    default: { /* where is the cat? the cat is in the house. */
+        const char *n = NOUNS[dg_pick(g, NELEM(NOUNS))];
+        const char *p = PLACES[dg_pick(g, NELEM(PLACES))];
+        dg_word(g, "where");
+        dg_word(g, "is");
+        dg_word(g, "the");
+        dg_word(g, n);
+        dg_end(g, "?");
+        dg_word(g, "the");
+        dg_word(g, n);
+        dg_word(g, "is");
+        dg_word(g, "in");
+        dg_word(g, p);
+        dg_end(g, ".");
+        break;
+    }
+    }
+}
+
+/* Paragraphs of 3..8 sentences, each followed by the end-of-text token, until >= ntok tokens. */
+static void dg_generate(demo_gen *g, int64_t ntok) {
+    while (g->n < ntok) {
+        g->sentence_start = 1;
+        int ns = 3 + dg_pick(g, 6);
+        for (int i = 0; i < ns; i++) dg_sentence(g);
+        dg_put(g, EOT_TOKEN);
+    }
+}
+
+/* Cuts at the first end-of-text at or after `at`, so no paragraph straddles two files. */
+static int64_t dg_cut(const demo_gen *g, int64_t at) {
+    while (at < g->n && g->tok[at - 1] != EOT_TOKEN) at++;
+    return at;
+}
+
+int data_write_demo(const char *dir, ust_err *e) {
+    if (mkdir_p(dir, e) != 0) return -1;
+    const uint64_t seed = 20240520;
+    demo_gen tr = {.seed = seed, .stream = 1}, va = {.seed = seed, .stream = 2};
+    dg_generate(&tr, 1200000);
+    dg_generate(&va, 100000);
+    int64_t cut = dg_cut(&tr, tr.n / 2);
+    char path[UST_PATH_MAX + 32];
+    int rc = 0;
+    snprintf(path, sizeof path, "%s/train_000.bin", dir);
+    if (rc == 0) rc = data_write_llmc_shard(path, tr.tok, cut, e);
+    snprintf(path, sizeof path, "%s/train_001.bin", dir);
+    if (rc == 0) rc = data_write_llmc_shard(path, tr.tok + cut, tr.n - cut, e);
+    snprintf(path, sizeof path, "%s/val_000.bin", dir);
+    if (rc == 0) rc = data_write_llmc_shard(path, va.tok, va.n, e);
+    free(tr.tok);
+    free(va.tok);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Text -> byte-level shards. Streams the inputs (no whole-corpus buffer): the sizes are known
+ * from stat, so every shard's token count is known before it is written. */
+
+typedef struct {
+    const char *dir, *split;
+    int64_t per_shard, left_in_split; /* tokens still to write into this split */
+    int64_t left_in_shard;
+    int index;
+    FILE *f;
+    char path[UST_PATH_MAX + 64];
+} shard_out;
+
+static int so_put(shard_out *o, uint16_t t, ust_err *e) {
+    if (o->left_in_shard == 0) {
+        if (o->f && close_file(o->f, o->path, e) != 0) {
+            o->f = NULL;
+            return -1;
+        }
+        o->f = NULL;
+        int64_t n = o->left_in_split < o->per_shard ? o->left_in_split : o->per_shard;
+        snprintf(o->path, sizeof o->path, "%s/%s_%03d.bin", o->dir, o->split, o->index++);
+        int32_t hdr[LLMC_HEADER_INTS];
+        if (llmc_header(hdr, 2, n, o->path, e) != 0) return -1;
+        o->f = fopen(o->path, "wb");
+        if (!o->f) return ust_errf(e, "%s: cannot create: %s", o->path, strerror(errno));
+        if (write_all(o->f, hdr, LLMC_HEADER_BYTES, o->path, e) != 0) return -1;
+        o->left_in_shard = n;
+    }
+    if (putc_unlocked(t & 0xff, o->f) == EOF || putc_unlocked(t >> 8, o->f) == EOF)
+        return ust_errf(e, "%s: write failed: %s", o->path, strerror(errno));
+    o->left_in_shard--;
+    o->left_in_split--;
+    return 0;
+}
+
+static int so_finish(shard_out *o, ust_err *e) {
+    if (!o->f) return 0;
+    FILE *f = o->f;
+    o->f = NULL;
+    return close_file(f, o->path, e);
+}
+
+int data_prep_bytes(const data_prep_args *a, ust_err *e) {
+    double frac = a->val_fraction == 0 ? 0.1 : a->val_fraction;
+    if (frac < 0) frac = 0;
+    if (frac >= 1) return ust_errf(e, "data prep: val_fraction must be below 1 (got %g)", frac);
+    int64_t per_shard = a->shard_tokens > 0 ? a->shard_tokens : 100000000;
+    if (per_shard > INT32_MAX) per_shard = INT32_MAX;
+    if (a->ninputs < 1) return ust_errf(e, "data prep: no input files");
+    int64_t total = 0;
+    for (int i = 0; i < a->ninputs; i++) {
+        struct stat st;
+        if (stat(a->inputs[i], &st) != 0)
+            return ust_errf(e, "%s: cannot read: %s", a->inputs[i], strerror(errno));
+        if (!S_ISREG(st.st_mode)) return ust_errf(e, "%s: not a regular file", a->inputs[i]);
+        total += st.st_size + 1; /* bytes + end-of-text */
+    }
+    /* The last frac of the stream goes to val; at least one token when frac > 0 so the val
+     * glob always matches, and train keeps at least two tokens (one input/target pair). */
+    int64_t nval = (int64_t)(frac * (double)total + 0.5);
+    if (frac > 0 && nval < 1) nval = 1;
+    /* With enough data (val would still be at most a quarter) val gets a whole shard, as in
+     * llm.c's data sets, so val loss is not measured on a sliver. */
+    if (frac > 0 && nval < per_shard && total >= 4 * per_shard) nval = per_shard;
+    if (total - nval < 2)
+        return ust_errf(e, "data prep: %lld tokens are too few to split into train and val",
+                        (long long)total);
+    if (mkdir_p(a->out_dir, e) != 0) return -1;
+
+    shard_out tr = {
+        .dir = a->out_dir, .split = "train", .per_shard = per_shard, .left_in_split = total - nval};
+    shard_out va = {
+        .dir = a->out_dir, .split = "val", .per_shard = per_shard, .left_in_split = nval};
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < a->ninputs; i++) {
+        FILE *in = fopen(a->inputs[i], "rb");
+        if (!in) {
+            rc = ust_errf(e, "%s: cannot read: %s", a->inputs[i], strerror(errno));
+            break;
+        }
+        int c;
+        bool eof = false;
+        while (rc == 0 && !eof) {
+            c = getc_unlocked(in);
+            uint16_t t = (uint16_t)(c == EOF ? EOT_TOKEN : c);
+            eof = c == EOF;
+            shard_out *o = tr.left_in_split > 0 ? &tr : &va;
+            if (o->left_in_split == 0) {
+                rc = ust_errf(e, "%s: grew while being read", a->inputs[i]);
+                break;
+            }
+            rc = so_put(o, t, e);
+        }
+        if (rc == 0 && ferror(in)) rc = ust_errf(e, "%s: read error", a->inputs[i]);
+        fclose(in);
+    }
+    if (rc == 0 && (tr.left_in_split || va.left_in_split))
+        rc = ust_errf(e, "data prep: an input file shrank while being read");
+    if (so_finish(&tr, e) != 0) rc = -1;
+    if (so_finish(&va, e) != 0) rc = -1;
+    return rc;
+}
