@@ -1,0 +1,913 @@
+/* ops_cpu: the CPU backend of ops.h. fp32 only, synchronous: every op has finished when it
+ * returns. Matmuls go to OpenBLAS sgemm; everything else is plain C parallelized with OpenMP
+ * static schedules. Every output element is computed by exactly one thread in a fixed order
+ * that does not depend on the thread count, so results are bit-identical run to run and
+ * across thread counts (gradient reductions over rows are done by column chunks, not by
+ * per-thread partial sums). "Device" memory is host memory. */
+#include "ops.h"
+
+#include "error.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct {
+    int threads;
+} cpu_impl;
+
+static int nthreads(const ust_ops *o) { return ((const cpu_impl *)o->impl)->threads; }
+
+/* OpenBLAS's OpenMP build follows its own thread setting, which is process-wide; several
+ * backends (tests make a 1- and a 2-thread one) may coexist, so set it before each call. */
+static void blas_threads(const ust_ops *o) {
+    int n = nthreads(o);
+    if (openblas_get_num_threads() != n) openblas_set_num_threads(n);
+}
+
+/* Reductions over a row dimension are done per chunk of this many columns, each chunk by one
+ * thread accumulating rows in order (deterministic, race-free). */
+#define COL_CHUNK 64
+
+/* ---------------------------------------------------------------- memory */
+
+static void *cpu_alloc(const ust_ops *o, size_t bytes) {
+    (void)o;
+    void *p = NULL;
+    size_t n = bytes ? (bytes + 63) / 64 * 64 : 64;
+    if (posix_memalign(&p, 64, n) != 0 || !p)
+        ust_fatal(UST_EXIT_RUNTIME, "out of memory allocating %zu bytes", bytes);
+    memset(p, 0, n);
+    return p;
+}
+
+static void cpu_free(const ust_ops *o, void *p) {
+    (void)o;
+    free(p);
+}
+
+static void cpu_copy(const ust_ops *o, void *dst, const void *src, size_t bytes) {
+    (void)o;
+    if (bytes && dst != src) memcpy(dst, src, bytes);
+}
+
+static void cpu_zero(const ust_ops *o, void *p, size_t bytes) {
+    (void)o;
+    if (bytes) memset(p, 0, bytes);
+}
+
+static void cpu_sync(const ust_ops *o) { (void)o; }
+
+/* ---------------------------------------------------------------- matmul */
+
+/* C[M,N] = alpha op(A) op(B) + beta C, row-major. A is stored (M,K), or (K,M) when tA. */
+static void sgemm(const ust_ops *o, float *C, const float *A, const float *B, int M, int N, int K,
+                  int tA, int tB, float alpha, float beta) {
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) { /* empty sum: C = beta C (BLAS rejects lda = 0) */
+        for (int64_t i = 0; i < (int64_t)M * N; i++) C[i] = beta == 0.0f ? 0.0f : beta * C[i];
+        return;
+    }
+    blas_threads(o);
+    cblas_sgemm(CblasRowMajor, tA ? CblasTrans : CblasNoTrans, tB ? CblasTrans : CblasNoTrans, M,
+                N, K, alpha, A, tA ? M : K, B, tB ? K : N, beta, C, N);
+}
+
+static void cpu_matmul(const ust_ops *o, float *C, const float *A, const float *B, int M, int N,
+                       int K, int tA, int tB, float alpha, float beta) {
+    sgemm(o, C, A, B, M, N, K, tA, tB, alpha, beta);
+}
+
+static void cpu_matmul_batched(const ust_ops *o, float *C, const float *A, const float *B, int M,
+                               int N, int K, int tA, int tB, float alpha, float beta, int batch,
+                               int64_t strideA, int64_t strideB, int64_t strideC) {
+    for (int i = 0; i < batch; i++)
+        sgemm(o, C + i * strideC, A + i * strideA, B + i * strideB, M, N, K, tA, tB, alpha, beta);
+}
+
+/* ---------------------------------------------------------------- linear */
+
+/* out(N,OC) = inp(N,C) @ w(OC,C)^T + bias(OC) */
+static void cpu_linear_fwd(const ust_ops *o, float *out, const float *inp, const float *w,
+                           const float *bias, int N, int C, int OC) {
+    sgemm(o, out, inp, w, N, OC, C, 0, 1, 1.0f, 0.0f);
+    if (!bias) return;
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int n = 0; n < N; n++) {
+        float *row = out + (int64_t)n * OC;
+        for (int c = 0; c < OC; c++) row[c] += bias[c];
+    }
+}
+
+/* dinp(N,C) = dout(N,OC) @ w(OC,C) (+= when acc_dinp); dw(OC,C) += dout^T @ inp;
+ * dbias(OC) += column sums of dout. */
+static void cpu_linear_bwd(const ust_ops *o, float *dinp, float *dw, float *dbias,
+                           const float *dout, const float *inp, const float *w, int N, int C,
+                           int OC, int acc_dinp) {
+    if (dinp) sgemm(o, dinp, dout, w, N, C, OC, 0, 0, 1.0f, acc_dinp ? 1.0f : 0.0f);
+    if (dw) sgemm(o, dw, dout, inp, OC, C, N, 1, 0, 1.0f, 1.0f);
+    if (!dbias) return;
+    int nchunks = (OC + COL_CHUNK - 1) / COL_CHUNK;
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int cb = 0; cb < nchunks; cb++) {
+        int c0 = cb * COL_CHUNK, nc = OC - c0 < COL_CHUNK ? OC - c0 : COL_CHUNK;
+        double acc[COL_CHUNK] = {0};
+        for (int n = 0; n < N; n++) {
+            const float *row = dout + (int64_t)n * OC + c0;
+            for (int c = 0; c < nc; c++) acc[c] += row[c];
+        }
+        for (int c = 0; c < nc; c++) dbias[c0 + c] += (float)acc[c];
+    }
+}
+
+/* ---------------------------------------------------------------- embedding */
+
+/* out(B,T,C) = wte[tok - v_start] (0 when tok is outside [v_start, v_end)) + wpe[pos[t]] */
+static void cpu_embedding_fwd(const ust_ops *o, float *out, const int32_t *tok,
+                              const int32_t *pos, const float *wte, const float *wpe, int B,
+                              int T, int C, int v_start, int v_end) {
+    int64_t rows = (int64_t)B * T;
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int64_t r = 0; r < rows; r++) {
+        float *o_row = out + r * C;
+        int t = (int)(r % T), id = tok[r];
+        if (wte && id >= v_start && id < v_end) {
+            const float *e = wte + (int64_t)(id - v_start) * C;
+            for (int c = 0; c < C; c++) o_row[c] = e[c];
+        } else {
+            for (int c = 0; c < C; c++) o_row[c] = 0.0f;
+        }
+        if (wpe) {
+            const float *p = wpe + (int64_t)(pos ? pos[t] : t) * C;
+            for (int c = 0; c < C; c++) o_row[c] += p[c];
+        }
+    }
+}
+
+/* dwte[tok - v_start] += dout, dwpe[pos[t]] += dout; tokens repeat, so each thread owns a chunk
+ * of columns and walks every row in order. */
+static void cpu_embedding_bwd(const ust_ops *o, float *dwte, float *dwpe, const float *dout,
+                              const int32_t *tok, const int32_t *pos, int B, int T, int C,
+                              int v_start, int v_end) {
+    int64_t rows = (int64_t)B * T;
+    int nchunks = (C + COL_CHUNK - 1) / COL_CHUNK;
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int cb = 0; cb < nchunks; cb++) {
+        int c0 = cb * COL_CHUNK, nc = C - c0 < COL_CHUNK ? C - c0 : COL_CHUNK;
+        for (int64_t r = 0; r < rows; r++) {
+            const float *g = dout + r * C + c0;
+            int t = (int)(r % T), id = tok[r];
+            if (dwte && id >= v_start && id < v_end) {
+                float *d = dwte + (int64_t)(id - v_start) * C + c0;
+                for (int c = 0; c < nc; c++) d[c] += g[c];
+            }
+            if (dwpe) {
+                float *d = dwpe + (int64_t)(pos ? pos[t] : t) * C + c0;
+                for (int c = 0; c < nc; c++) d[c] += g[c];
+            }
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- norms */
+
+/* out = (x - mean) * rstd * w + b over rows of C; mean, rstd (N) saved for backward. */
+static void cpu_layernorm_fwd(const ust_ops *o, float *out, float *mean, float *rstd,
+                              const float *inp, const float *w, const float *b, int N, int C,
+                              float eps) {
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (int64_t)n * C;
+        float *y = out + (int64_t)n * C;
+        double s = 0.0;
+#pragma omp simd reduction(+ : s)
+        for (int c = 0; c < C; c++) s += x[c];
+        float m = (float)(s / C);
+        double v = 0.0;
+#pragma omp simd reduction(+ : v)
+        for (int c = 0; c < C; c++) v += (double)(x[c] - m) * (x[c] - m);
+        float r = (float)(1.0 / sqrt(v / C + eps));
+        for (int c = 0; c < C; c++) y[c] = (x[c] - m) * r * w[c] + (b ? b[c] : 0.0f);
+        if (mean) mean[n] = m;
+        if (rstd) rstd[n] = r;
+    }
+}
+
+/* With xn = (x - mean) rstd and g = w * dout (llm.c):
+ * dinp = rstd (g - mean(g) - xn mean(g xn)); dw += dout xn; db += dout. */
+static void cpu_layernorm_bwd(const ust_ops *o, float *dinp, float *dw, float *db,
+                              const float *dout, const float *inp, const float *w,
+                              const float *mean, const float *rstd, int N, int C) {
+    if (dinp) {
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+        for (int n = 0; n < N; n++) {
+            const float *x = inp + (int64_t)n * C, *dy = dout + (int64_t)n * C;
+            float *dx = dinp + (int64_t)n * C;
+            float m = mean[n], r = rstd[n];
+            double sg = 0.0, sgx = 0.0;
+#pragma omp simd reduction(+ : sg, sgx)
+            for (int c = 0; c < C; c++) {
+                float g = w[c] * dy[c];
+                sg += g;
+                sgx += (double)g * ((x[c] - m) * r);
+            }
+            float mg = (float)(sg / C), mgx = (float)(sgx / C);
+            for (int c = 0; c < C; c++) {
+                float xn = (x[c] - m) * r;
+                dx[c] = (w[c] * dy[c] - mg - xn * mgx) * r;
+            }
+        }
+    }
+    if (!dw && !db) return;
+    int nchunks = (C + COL_CHUNK - 1) / COL_CHUNK;
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int cb = 0; cb < nchunks; cb++) {
+        int c0 = cb * COL_CHUNK, nc = C - c0 < COL_CHUNK ? C - c0 : COL_CHUNK;
+        double aw[COL_CHUNK] = {0}, ab[COL_CHUNK] = {0};
+        for (int n = 0; n < N; n++) {
+            const float *x = inp + (int64_t)n * C + c0, *dy = dout + (int64_t)n * C + c0;
+            float m = mean[n], r = rstd[n];
+            for (int c = 0; c < nc; c++) {
+                aw[c] += (double)dy[c] * ((x[c] - m) * r);
+                ab[c] += dy[c];
+            }
+        }
+        for (int c = 0; c < nc; c++) {
+            if (dw) dw[c0 + c] += (float)aw[c];
+            if (db) db[c0 + c] += (float)ab[c];
+        }
+    }
+}
+
+/* out = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps). */
+static void cpu_rmsnorm_fwd(const ust_ops *o, float *out, float *rstd, const float *inp,
+                            const float *w, int N, int C, float eps) {
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (int64_t)n * C;
+        float *y = out + (int64_t)n * C;
+        double ss = 0.0;
+#pragma omp simd reduction(+ : ss)
+        for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
+        float r = (float)(1.0 / sqrt(ss / C + eps));
+        for (int c = 0; c < C; c++) y[c] = x[c] * r * w[c];
+        if (rstd) rstd[n] = r;
+    }
+}
+
+/* d rstd / d x_k = -rstd^3 x_k / C, so with g = w * dout:
+ * dinp = rstd (g - x rstd^2 mean(g x)); dw += dout x rstd. */
+static void cpu_rmsnorm_bwd(const ust_ops *o, float *dinp, float *dw, const float *dout,
+                            const float *inp, const float *w, const float *rstd, int N, int C) {
+    if (dinp) {
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+        for (int n = 0; n < N; n++) {
+            const float *x = inp + (int64_t)n * C, *dy = dout + (int64_t)n * C;
+            float *dx = dinp + (int64_t)n * C;
+            float r = rstd[n];
+            double sgx = 0.0;
+#pragma omp simd reduction(+ : sgx)
+            for (int c = 0; c < C; c++) sgx += (double)(w[c] * dy[c]) * x[c];
+            float k = (float)(sgx / C) * r * r;
+            for (int c = 0; c < C; c++) dx[c] = (w[c] * dy[c] - x[c] * k) * r;
+        }
+    }
+    if (!dw) return;
+    int nchunks = (C + COL_CHUNK - 1) / COL_CHUNK;
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int cb = 0; cb < nchunks; cb++) {
+        int c0 = cb * COL_CHUNK, nc = C - c0 < COL_CHUNK ? C - c0 : COL_CHUNK;
+        double aw[COL_CHUNK] = {0};
+        for (int n = 0; n < N; n++) {
+            const float *x = inp + (int64_t)n * C + c0, *dy = dout + (int64_t)n * C + c0;
+            float r = rstd[n];
+            for (int c = 0; c < nc; c++) aw[c] += (double)dy[c] * (x[c] * r);
+        }
+        for (int c = 0; c < nc; c++) dw[c0 + c] += (float)aw[c];
+    }
+}
+
+/* ---------------------------------------------------------------- activations */
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+
+static void cpu_gelu_fwd(const ust_ops *o, float *out, const float *inp, int64_t n) {
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int64_t i = 0; i < n; i++) {
+        float x = inp[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x)));
+    }
+}
+
+/* d/dx of 0.5 x (1 + tanh(u)), u = k (x + a x^3): 0.5 (1 + tanh u) + 0.5 x sech^2(u) k (1 + 3a x^2) */
+static void cpu_gelu_bwd(const ust_ops *o, float *dinp, const float *inp, const float *dout,
+                         int64_t n) {
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int64_t i = 0; i < n; i++) {
+        float x = inp[i];
+        float t = tanhf(GELU_K * (x + 0.044715f * x * x * x));
+        float sech2 = 1.0f - t * t;
+        float g = 0.5f * (1.0f + t) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] = g * dout[i];
+    }
+}
+
+static void cpu_swiglu_fwd(const ust_ops *o, float *out, const float *gate, const float *up,
+                           int64_t n) {
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+/* silu'(g) = sig(g) (1 + g (1 - sig(g))) */
+static void cpu_swiglu_bwd(const ust_ops *o, float *dgate, float *dup, const float *dout,
+                           const float *gate, const float *up, int64_t n) {
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i], u = up[i], dy = dout[i];
+        float sig = 1.0f / (1.0f + expf(-g));
+        if (dgate) dgate[i] = dy * u * sig * (1.0f + g * (1.0f - sig));
+        if (dup) dup[i] = dy * g * sig;
+    }
+}
+
+/* ---------------------------------------------------------------- RoPE */
+
+#define ROPE_DMAX 1024
+
+/* Rotates pairs (x_i, x_{i+D/2}) by angle pos * theta^(-2i/D) (sign = +1) or by its inverse
+ * (sign = -1). Angles are computed in double once per token and reused over heads. */
+static void rope_apply(const ust_ops *o, float *out, const float *inp, const int32_t *pos, int B,
+                       int T, int H, int D, float theta, double sign) {
+    UST_ASSERT(D % 2 == 0 && D <= ROPE_DMAX, "rope needs an even head dim <= %d, got D=%d",
+               ROPE_DMAX, D);
+    int half = D / 2;
+    int64_t rows = (int64_t)B * T;
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int64_t r = 0; r < rows; r++) {
+        float cs[ROPE_DMAX / 2], sn[ROPE_DMAX / 2];
+        int t = (int)(r % T);
+        double p = pos ? pos[t] : t;
+        for (int i = 0; i < half; i++) {
+            double a = p * pow((double)theta, -2.0 * i / D);
+            cs[i] = (float)cos(a);
+            sn[i] = (float)(sign * sin(a));
+        }
+        for (int h = 0; h < H; h++) {
+            const float *x = inp + (r * H + h) * D;
+            float *y = out + (r * H + h) * D;
+            for (int i = 0; i < half; i++) {
+                float x1 = x[i], x2 = x[i + half];
+                y[i] = x1 * cs[i] - x2 * sn[i];
+                y[i + half] = x2 * cs[i] + x1 * sn[i];
+            }
+        }
+    }
+}
+
+static void cpu_rope_fwd(const ust_ops *o, float *out, const float *inp, const int32_t *pos, int B,
+                         int T, int H, int D, float theta) {
+    rope_apply(o, out, inp, pos, B, T, H, D, theta, 1.0);
+}
+
+static void cpu_rope_bwd(const ust_ops *o, float *dinp, const float *dout, const int32_t *pos,
+                         int B, int T, int H, int D, float theta) {
+    rope_apply(o, dinp, dout, pos, B, T, H, D, theta, -1.0);
+}
+
+/* ---------------------------------------------------------------- attention */
+
+/* Work is cut into tiles whose boundaries do not depend on the thread count: ATT_QT queries of
+ * one head (forward, dq) or ATT_KB keys of one kv head (dk/dv). A key block is transposed to
+ * (D, ATT_KB) once per tile so that scores, exp and the softmax sums vectorize over keys. */
+#define ATT_QT 64
+#define ATT_KB 64
+
+/* exp for x <= 88 (Cephes expf: 2^n times a degree-6 polynomial, ~1 ulp), written so that a
+ * loop over keys vectorizes; x < -87 (including -inf, a masked key) gives exactly 0. */
+static inline float exp_vec(float x) {
+    int under = x < -87.0f;
+    x = under ? -87.0f : (x > 88.0f ? 88.0f : x);
+    /* round to nearest by adding 1.5 * 2^23 (floorf would not vectorize) */
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float y = p * r * r + r + 1.0f;
+    union {
+        int32_t i;
+        float f;
+    } s = {.i = ((int32_t)n + 127) << 23};
+    return under ? 0.0f : y * s.f;
+}
+
+static inline float dotf(const float *a, const float *b, int n) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int d = 0; d < n; d++) s += a[d] * b[d];
+    return s;
+}
+
+/* Positions default to indices when not given. */
+static inline int posof(const int32_t *p, int i) { return p ? p[i] : i; }
+
+/* xt[d * ATT_KB + jj] = rows[jj * stride + d] for jj < nj, 0 for the padding jj >= nj. */
+static void transpose_block(float *xt, const float *rows, int64_t stride, int nj, int D) {
+    for (int d = 0; d < D; d++) {
+        float *dst = xt + (int64_t)d * ATT_KB;
+        for (int jj = 0; jj < nj; jj++) dst[jj] = rows[jj * stride + d];
+        for (int jj = nj; jj < ATT_KB; jj++) dst[jj] = 0.0f;
+    }
+}
+
+/* Accumulator chunks of this many floats stay in one vector register across a loop over keys. */
+#define ATT_VW 16
+
+/* s[jj] = scale * q . k_{j0+jj}, or -inf where the key is padding or masked. Forward and
+ * backward both use this, so they see bitwise the same scores. */
+static inline void block_scores(float *restrict s, const float *restrict q,
+                                const float *restrict kt, int j0, int nj, int D, float scale,
+                                int causal, const int32_t *k_pos, int qp) {
+    for (int c0 = 0; c0 < ATT_KB; c0 += ATT_VW) {
+        float a[ATT_VW] = {0};
+        for (int d = 0; d < D; d++) {
+            float qd = q[d];
+            const float *kd = kt + (int64_t)d * ATT_KB + c0;
+#pragma omp simd
+            for (int x = 0; x < ATT_VW; x++) a[x] += qd * kd[x];
+        }
+        for (int x = 0; x < ATT_VW; x++) s[c0 + x] = a[x];
+    }
+    for (int jj = 0; jj < ATT_KB; jj++) {
+        int vis = jj < nj && !(causal && posof(k_pos, j0 + jj) > qp);
+        s[jj] = vis ? s[jj] * scale : -INFINITY;
+    }
+}
+
+/* acc[d] += sum_{jj < nj} w[jj] * rows[jj * stride + d], a chunk of acc at a time in registers. */
+static inline void block_axpy(float *restrict acc, const float *restrict w,
+                              const float *restrict rows, int64_t stride, int nj, int D) {
+    int d0 = 0;
+    for (; d0 + ATT_VW <= D; d0 += ATT_VW) {
+        float a[ATT_VW];
+        for (int x = 0; x < ATT_VW; x++) a[x] = acc[d0 + x];
+        for (int jj = 0; jj < nj; jj++) {
+            float wj = w[jj];
+            const float *r = rows + jj * stride + d0;
+#pragma omp simd
+            for (int x = 0; x < ATT_VW; x++) a[x] += wj * r[x];
+        }
+        for (int x = 0; x < ATT_VW; x++) acc[d0 + x] = a[x];
+    }
+    for (int jj = 0; d0 < D && jj < nj; jj++)
+        for (int d = d0; d < D; d++) acc[d] += w[jj] * rows[jj * stride + d];
+}
+
+/* Smallest key position in [j0, j0 + nj): a query before it sees nothing of the block. */
+static int block_min_pos(const int32_t *k_pos, int j0, int nj) {
+    int mn = posof(k_pos, j0);
+    for (int jj = 1; jj < nj; jj++) mn = posof(k_pos, j0 + jj) < mn ? posof(k_pos, j0 + jj) : mn;
+    return mn;
+}
+
+/* One scratch area per thread, sized for the larger of the forward and backward tiles. */
+static float *att_scratch(const ust_ops *o, int D, size_t *per_thread) {
+    *per_thread = (size_t)4 * ATT_KB * D + (size_t)ATT_QT * D + 4 * ATT_KB + 4 * ATT_QT;
+    size_t bytes = *per_thread * sizeof(float) * nthreads(o);
+    float *p = malloc(bytes);
+    if (!p) ust_fatal(UST_EXIT_RUNTIME, "out of memory allocating %zu bytes (attention)", bytes);
+    return p;
+}
+
+/* For each (b, h, query i), an online softmax over key blocks: running max m, running sum l and
+ * an unnormalized output accumulator, rescaled by exp(m_old - m_new) when the max grows.
+ * out = acc / l, lse = m + log l. No Tq x Tk buffer exists. */
+static void cpu_attention_fwd(const ust_ops *o, float *out, float *lse, const float *q,
+                              const float *k, const float *v, int B, int Tq, int Tk, int H,
+                              int Hkv, int D, const int32_t *q_pos, const int32_t *k_pos,
+                              int causal) {
+    UST_ASSERT(Hkv > 0 && H % Hkv == 0 && D > 0, "H=%d must be a multiple of Hkv=%d (D=%d)", H,
+               Hkv, D);
+    const int G = H / Hkv, nqt = (Tq + ATT_QT - 1) / ATT_QT;
+    const float scale = 1.0f / sqrtf((float)D);
+    const int64_t kstride = (int64_t)Hkv * D, qstride = (int64_t)H * D;
+    const int64_t tasks = (int64_t)B * H * nqt; /* (b, h, query tile) */
+    size_t per;
+    float *scratch = att_scratch(o, D, &per);
+#pragma omp parallel num_threads(nthreads(o))
+    {
+        float *kt = scratch + per * omp_get_thread_num(), *acc = kt + (size_t)ATT_KB * D;
+        float *m = acc + (size_t)ATT_QT * D, *l = m + ATT_QT, s[ATT_KB];
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < tasks; task++) {
+            int it = (int)(task % nqt), h = (int)(task / nqt % H), b = (int)(task / nqt / H);
+            int i0 = it * ATT_QT, ni = Tq - i0 < ATT_QT ? Tq - i0 : ATT_QT, hk = h / G;
+            const float *kb = k + (int64_t)b * Tk * kstride + (int64_t)hk * D;
+            const float *vb = v + (int64_t)b * Tk * kstride + (int64_t)hk * D;
+            int qpmax = posof(q_pos, i0);
+            for (int t = 0; t < ni; t++) {
+                m[t] = -INFINITY, l[t] = 0.0f;
+                for (int d = 0; d < D; d++) acc[t * D + d] = 0.0f;
+                qpmax = posof(q_pos, i0 + t) > qpmax ? posof(q_pos, i0 + t) : qpmax;
+            }
+            for (int j0 = 0; j0 < Tk; j0 += ATT_KB) {
+                int nj = Tk - j0 < ATT_KB ? Tk - j0 : ATT_KB;
+                int kpmin = causal ? block_min_pos(k_pos, j0, nj) : 0;
+                if (causal && kpmin > qpmax) continue; /* the whole tile is before this block */
+                transpose_block(kt, kb + j0 * kstride, kstride, nj, D);
+                for (int t = 0; t < ni; t++) {
+                    int qp = posof(q_pos, i0 + t);
+                    if (causal && kpmin > qp) continue;
+                    const float *qi = q + ((int64_t)b * Tq + i0 + t) * qstride + (int64_t)h * D;
+                    block_scores(s, qi, kt, j0, nj, D, scale, causal, k_pos, qp);
+                    float bm = -INFINITY;
+#pragma omp simd reduction(max : bm)
+                    for (int jj = 0; jj < ATT_KB; jj++) bm = s[jj] > bm ? s[jj] : bm;
+                    if (bm == -INFINITY) continue; /* nothing visible in this block */
+                    float *ai = acc + t * D;
+                    if (bm > m[t]) {
+                        float c = exp_vec(m[t] - bm); /* 0 on the first visible block (acc = l = 0) */
+                        l[t] *= c;
+                        for (int d = 0; d < D; d++) ai[d] *= c;
+                        m[t] = bm;
+                    }
+                    float mt = m[t], ls = 0.0f;
+#pragma omp simd reduction(+ : ls)
+                    for (int jj = 0; jj < ATT_KB; jj++) {
+                        s[jj] = exp_vec(s[jj] - mt); /* now the unnormalized probability */
+                        ls += s[jj];
+                    }
+                    l[t] += ls;
+                    block_axpy(ai, s, vb + j0 * kstride, kstride, nj, D);
+                }
+            }
+            for (int t = 0; t < ni; t++) {
+                float *oi = out + ((int64_t)b * Tq + i0 + t) * qstride + (int64_t)h * D;
+                float *li = lse + ((int64_t)b * H + h) * Tq + i0 + t;
+                if (l[t] == 0.0f) { /* the query sees no key */
+                    for (int d = 0; d < D; d++) oi[d] = 0.0f;
+                    *li = -INFINITY;
+                } else {
+                    float inv = 1.0f / l[t];
+                    for (int d = 0; d < D; d++) oi[d] = acc[t * D + d] * inv;
+                    *li = m[t] + logf(l[t]);
+                }
+            }
+        }
+    }
+    free(scratch);
+}
+
+/* With p_ij = exp(s_ij - lse_i) (lse is final, after any merge, so p is the true probability
+ * over all keys) and D_i = dout_i . out_i:
+ *   dv_j += sum_i p_ij dout_i;  ds_ij = p_ij (dout_i . v_j - D_i);
+ *   dq_i += scale sum_j ds_ij k_j;  dk_j += scale sum_i ds_ij q_i.
+ * Two passes, each writing its outputs from one thread only: dq over (b, h, query tile), then
+ * dk/dv over (b, kv head, key block) walking the queries of every head in the group. The scores
+ * are recomputed in the second pass; that costs flops but needs neither atomics nor per-thread
+ * copies of dk/dv, and the result does not depend on the thread count. */
+static void cpu_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv, const float *dout,
+                              const float *out, const float *lse, const float *q, const float *k,
+                              const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
+                              const int32_t *q_pos, const int32_t *k_pos, int causal) {
+    UST_ASSERT(Hkv > 0 && H % Hkv == 0 && D > 0, "H=%d must be a multiple of Hkv=%d (D=%d)", H,
+               Hkv, D);
+    const int G = H / Hkv, nqt = (Tq + ATT_QT - 1) / ATT_QT, nkb = (Tk + ATT_KB - 1) / ATT_KB;
+    const float scale = 1.0f / sqrtf((float)D);
+    const int64_t kstride = (int64_t)Hkv * D, qstride = (int64_t)H * D;
+    size_t per;
+    float *scratch = att_scratch(o, D, &per);
+
+    if (dq) {
+        const int64_t tasks = (int64_t)B * H * nqt;
+#pragma omp parallel num_threads(nthreads(o))
+        {
+            float *kt = scratch + per * omp_get_thread_num(), *vt = kt + (size_t)ATT_KB * D;
+            float *acc = vt + (size_t)ATT_KB * D, *Dv = acc + (size_t)ATT_QT * D, s[ATT_KB];
+#pragma omp for schedule(static)
+            for (int64_t task = 0; task < tasks; task++) {
+                int it = (int)(task % nqt), h = (int)(task / nqt % H), b = (int)(task / nqt / H);
+                int i0 = it * ATT_QT, ni = Tq - i0 < ATT_QT ? Tq - i0 : ATT_QT, hk = h / G;
+                const float *kb = k + (int64_t)b * Tk * kstride + (int64_t)hk * D;
+                const float *vb = v + (int64_t)b * Tk * kstride + (int64_t)hk * D;
+                const float *lrow = lse + ((int64_t)b * H + h) * Tq + i0;
+                int qpmax = posof(q_pos, i0);
+                for (int t = 0; t < ni; t++) {
+                    int64_t off = ((int64_t)b * Tq + i0 + t) * qstride + (int64_t)h * D;
+                    Dv[t] = dotf(dout + off, out + off, D);
+                    for (int d = 0; d < D; d++) acc[t * D + d] = 0.0f;
+                    qpmax = posof(q_pos, i0 + t) > qpmax ? posof(q_pos, i0 + t) : qpmax;
+                }
+                for (int j0 = 0; j0 < Tk; j0 += ATT_KB) {
+                    int nj = Tk - j0 < ATT_KB ? Tk - j0 : ATT_KB;
+                    int kpmin = causal ? block_min_pos(k_pos, j0, nj) : 0;
+                    if (causal && kpmin > qpmax) continue;
+                    transpose_block(kt, kb + j0 * kstride, kstride, nj, D);
+                    transpose_block(vt, vb + j0 * kstride, kstride, nj, D);
+                    for (int t = 0; t < ni; t++) {
+                        int qp = posof(q_pos, i0 + t);
+                        float L = lrow[t], Di = Dv[t];
+                        if (L == -INFINITY || (causal && kpmin > qp)) continue;
+                        int64_t off = ((int64_t)b * Tq + i0 + t) * qstride + (int64_t)h * D;
+                        const float *doi = dout + off;
+                        block_scores(s, q + off, kt, j0, nj, D, scale, causal, k_pos, qp);
+                        float dp[ATT_KB] = {0};
+                        for (int d = 0; d < D; d++) {
+                            float g = doi[d];
+                            const float *vd = vt + (int64_t)d * ATT_KB;
+#pragma omp simd
+                            for (int jj = 0; jj < ATT_KB; jj++) dp[jj] += g * vd[jj];
+                        }
+#pragma omp simd
+                        for (int jj = 0; jj < ATT_KB; jj++) /* s becomes ds */
+                            s[jj] = exp_vec(s[jj] - L) * (dp[jj] - Di);
+                        block_axpy(acc + t * D, s, kb + j0 * kstride, kstride, nj, D);
+                    }
+                }
+                for (int t = 0; t < ni; t++) {
+                    float *dqi = dq + ((int64_t)b * Tq + i0 + t) * qstride + (int64_t)h * D;
+                    for (int d = 0; d < D; d++) dqi[d] += acc[t * D + d] * scale;
+                }
+            }
+        }
+    }
+
+    if (dk || dv) {
+        const int64_t tasks = (int64_t)B * Hkv * nkb;
+#pragma omp parallel num_threads(nthreads(o))
+        {
+            float *kt = scratch + per * omp_get_thread_num(), *vt = kt + (size_t)ATT_KB * D;
+            float *dkt = vt + (size_t)ATT_KB * D, *dvt = dkt + (size_t)ATT_KB * D, s[ATT_KB];
+#pragma omp for schedule(static)
+            for (int64_t task = 0; task < tasks; task++) {
+                int jb = (int)(task % nkb), hk = (int)(task / nkb % Hkv), b = (int)(task / nkb / Hkv);
+                int j0 = jb * ATT_KB, nj = Tk - j0 < ATT_KB ? Tk - j0 : ATT_KB;
+                const float *kb = k + ((int64_t)b * Tk + j0) * kstride + (int64_t)hk * D;
+                const float *vb = v + ((int64_t)b * Tk + j0) * kstride + (int64_t)hk * D;
+                int kpmin = causal ? block_min_pos(k_pos, j0, nj) : 0;
+                transpose_block(kt, kb, kstride, nj, D);
+                transpose_block(vt, vb, kstride, nj, D);
+                for (int64_t x = 0; x < (int64_t)ATT_KB * D; x++) dkt[x] = dvt[x] = 0.0f;
+                for (int h = hk * G; h < (hk + 1) * G; h++) {
+                    for (int i = 0; i < Tq; i++) {
+                        int qp = posof(q_pos, i);
+                        float L = lse[((int64_t)b * H + h) * Tq + i];
+                        if (L == -INFINITY || (causal && kpmin > qp)) continue;
+                        int64_t off = ((int64_t)b * Tq + i) * qstride + (int64_t)h * D;
+                        const float *qi = q + off, *doi = dout + off;
+                        float Di = dotf(doi, out + off, D);
+                        block_scores(s, qi, kt, j0, nj, D, scale, causal, k_pos, qp);
+                        float dp[ATT_KB] = {0}, p[ATT_KB];
+                        for (int d = 0; d < D; d++) {
+                            float g = doi[d];
+                            const float *vd = vt + (int64_t)d * ATT_KB;
+#pragma omp simd
+                            for (int jj = 0; jj < ATT_KB; jj++) dp[jj] += g * vd[jj];
+                        }
+#pragma omp simd
+                        for (int jj = 0; jj < ATT_KB; jj++) {
+                            p[jj] = exp_vec(s[jj] - L);
+                            s[jj] = p[jj] * (dp[jj] - Di); /* ds */
+                        }
+                        for (int d = 0; d < D; d++) {
+                            float g = doi[d], qd = qi[d];
+                            float *dvd = dvt + (int64_t)d * ATT_KB, *dkd = dkt + (int64_t)d * ATT_KB;
+#pragma omp simd
+                            for (int jj = 0; jj < ATT_KB; jj++) {
+                                dvd[jj] += p[jj] * g;
+                                dkd[jj] += s[jj] * qd;
+                            }
+                        }
+                    }
+                }
+                for (int jj = 0; jj < nj; jj++) {
+                    int64_t off = ((int64_t)b * Tk + j0 + jj) * kstride + (int64_t)hk * D;
+                    if (dk)
+                        for (int d = 0; d < D; d++) dk[off + d] += dkt[(int64_t)d * ATT_KB + jj] * scale;
+                    if (dv)
+                        for (int d = 0; d < D; d++) dv[off + d] += dvt[(int64_t)d * ATT_KB + jj];
+                }
+            }
+        }
+    }
+    free(scratch);
+}
+
+/* Two softmaxes over disjoint key sets combine as lse = logaddexp(lse1, lse2),
+ * out = exp(lse1 - lse) out1 + exp(lse2 - lse) out2. A side with lse = -inf saw no key. */
+static void cpu_attention_merge(const ust_ops *o, float *out, float *lse, const float *out2,
+                                const float *lse2, int B, int T, int H, int D) {
+    int64_t rows = (int64_t)B * H * T;
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int64_t r = 0; r < rows; r++) { /* r indexes lse(B,H,T) */
+        int t = (int)(r % T), h = (int)(r / T % H), b = (int)(r / ((int64_t)T * H));
+        float l1 = lse[r], l2 = lse2[r];
+        if (l2 == -INFINITY) continue;
+        float *o1 = out + (((int64_t)b * T + t) * H + h) * D;
+        const float *o2 = out2 + (((int64_t)b * T + t) * H + h) * D;
+        if (l1 == -INFINITY) {
+            for (int d = 0; d < D; d++) o1[d] = o2[d];
+            lse[r] = l2;
+            continue;
+        }
+        float mx = l1 > l2 ? l1 : l2, mn = l1 > l2 ? l2 : l1;
+        float l = mx + log1pf(expf(mn - mx));
+        float w1 = expf(l1 - l), w2 = expf(l2 - l);
+        for (int d = 0; d < D; d++) o1[d] = w1 * o1[d] + w2 * o2[d];
+        lse[r] = l;
+    }
+}
+
+/* ---------------------------------------------------------------- cross-entropy */
+
+/* loss = logsumexp(logits[:v_real]) - logits[target]; dlogits = (softmax - onehot) dscale on the
+ * real columns, 0 on the padding. Everything read from a row is read before it is written, so
+ * dlogits may alias logits. */
+static void cpu_xent_fwd_bwd(const ust_ops *o, float *losses, float *dlogits, const float *logits,
+                             const int32_t *targets, int N, int V, int v_real, float dscale) {
+    UST_ASSERT(v_real > 0 && v_real <= V, "v_real=%d must be in 1..V=%d", v_real, V);
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int n = 0; n < N; n++) {
+        const float *x = logits + (int64_t)n * V;
+        float *dx = dlogits ? dlogits + (int64_t)n * V : NULL;
+        int tgt = targets[n];
+        if (tgt < 0) {
+            if (losses) losses[n] = 0.0f;
+            if (dx)
+                for (int c = 0; c < V; c++) dx[c] = 0.0f;
+            continue;
+        }
+        UST_ASSERT(tgt < v_real, "target %d outside the real vocabulary (%d) in row %d", tgt,
+                   v_real, n);
+        float mx = -INFINITY;
+        for (int c = 0; c < v_real; c++) mx = x[c] > mx ? x[c] : mx;
+        double sum = 0.0;
+        for (int c = 0; c < v_real; c++) sum += expf(x[c] - mx);
+        float lsum = (float)log(sum);
+        if (losses) losses[n] = lsum + mx - x[tgt];
+        if (!dx) continue;
+        float inv = (float)(1.0 / sum);
+        for (int c = 0; c < v_real; c++) {
+            float p = expf(x[c] - mx) * inv;
+            dx[c] = (p - (c == tgt ? 1.0f : 0.0f)) * dscale;
+        }
+        for (int c = v_real; c < V; c++) dx[c] = 0.0f;
+    }
+}
+
+/* ---------------------------------------------------------------- optimizer */
+
+static void cpu_adamw(const ust_ops *o, float *p, const float *grad, float *m, float *v, int64_t n,
+                      float lr, float b1, float b2, float eps, float wd, float grad_scale,
+                      int64_t t) {
+    float bc1 = (float)(1.0 - pow((double)b1, (double)t));
+    float bc2 = (float)(1.0 - pow((double)b2, (double)t));
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int64_t i = 0; i < n; i++) {
+        float g = grad[i] * grad_scale;
+        float mi = b1 * m[i] + (1.0f - b1) * g;
+        float vi = b2 * v[i] + (1.0f - b2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        float mhat = mi / bc1, vhat = vi / bc2;
+        p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
+    }
+}
+
+/* ---------------------------------------------------------------- elementwise, reductions */
+
+static void cpu_add(const ust_ops *o, float *out, const float *a, const float *b, int64_t n) {
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+static void cpu_axpy(const ust_ops *o, float *y, float a, const float *x, int64_t n) {
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+static void cpu_scale(const ust_ops *o, float *x, float s, int64_t n) {
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
+/* Fixed chunking (independent of the thread count), partials summed in order: deterministic. */
+#define RED_CHUNKS 256
+
+static double reduce(const ust_ops *o, const float *x, int64_t n, int square) {
+    double part[RED_CHUNKS];
+    int64_t per = (n + RED_CHUNKS - 1) / RED_CHUNKS;
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int c = 0; c < RED_CHUNKS; c++) {
+        int64_t i0 = c * per, i1 = i0 + per < n ? i0 + per : n;
+        double s = 0.0;
+        if (square) {
+#pragma omp simd reduction(+ : s)
+            for (int64_t i = i0; i < i1; i++) s += (double)x[i] * x[i];
+        } else {
+#pragma omp simd reduction(+ : s)
+            for (int64_t i = i0; i < i1; i++) s += x[i];
+        }
+        part[c] = s;
+    }
+    double total = 0.0;
+    for (int c = 0; c < RED_CHUNKS; c++) total += part[c];
+    return total;
+}
+
+static double cpu_sumsq(const ust_ops *o, const float *x, int64_t n) { return reduce(o, x, n, 1); }
+static double cpu_sum(const ust_ops *o, const float *x, int64_t n) { return reduce(o, x, n, 0); }
+
+/* ---------------------------------------------------------------- lifetime */
+
+static void cpu_destroy(ust_ops *o) {
+    if (!o) return;
+    free(o->impl);
+    free(o);
+}
+
+ust_ops *ops_cpu_create(int threads, int local_ranks) {
+    if (threads <= 0) {
+        int lr = local_ranks > 0 ? local_ranks : 1;
+        threads = omp_get_num_procs() / lr;
+        if (threads < 1) threads = 1;
+    }
+    ust_ops *o = calloc(1, sizeof *o);
+    cpu_impl *impl = calloc(1, sizeof *impl);
+    if (!o || !impl) ust_fatal(UST_EXIT_RUNTIME, "out of memory creating the CPU backend");
+    impl->threads = threads;
+    omp_set_num_threads(threads);
+    openblas_set_num_threads(threads);
+
+    o->name = "cpu";
+    o->impl = impl;
+    o->alloc = cpu_alloc;
+    o->free = cpu_free;
+    o->to_device = cpu_copy;
+    o->to_host = cpu_copy;
+    o->copy = cpu_copy;
+    o->zero = cpu_zero;
+    o->sync = cpu_sync;
+    o->matmul = cpu_matmul;
+    o->matmul_batched = cpu_matmul_batched;
+    o->linear_fwd = cpu_linear_fwd;
+    o->linear_bwd = cpu_linear_bwd;
+    o->embedding_fwd = cpu_embedding_fwd;
+    o->embedding_bwd = cpu_embedding_bwd;
+    o->layernorm_fwd = cpu_layernorm_fwd;
+    o->layernorm_bwd = cpu_layernorm_bwd;
+    o->rmsnorm_fwd = cpu_rmsnorm_fwd;
+    o->rmsnorm_bwd = cpu_rmsnorm_bwd;
+    o->gelu_fwd = cpu_gelu_fwd;
+    o->gelu_bwd = cpu_gelu_bwd;
+    o->swiglu_fwd = cpu_swiglu_fwd;
+    o->swiglu_bwd = cpu_swiglu_bwd;
+    o->rope_fwd = cpu_rope_fwd;
+    o->rope_bwd = cpu_rope_bwd;
+    o->attention_fwd = cpu_attention_fwd;
+    o->attention_bwd = cpu_attention_bwd;
+    o->attention_merge = cpu_attention_merge;
+    o->xent_fwd_bwd = cpu_xent_fwd_bwd;
+    o->adamw = cpu_adamw;
+    o->add = cpu_add;
+    o->axpy = cpu_axpy;
+    o->scale = cpu_scale;
+    o->sumsq = cpu_sumsq;
+    o->sum = cpu_sum;
+    o->destroy = cpu_destroy;
+    return o;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+double ops_measure_sgemm_flops(const ust_ops *o, int n, int reps) {
+    if (n <= 0) n = 512;
+    if (reps <= 0) reps = 1;
+    size_t bytes = (size_t)n * n * sizeof(float);
+    float *A = o->alloc(o, bytes), *B = o->alloc(o, bytes), *C = o->alloc(o, bytes);
+    for (int64_t i = 0; i < (int64_t)n * n; i++) {
+        A[i] = (float)((i * 7 % 13) - 6) * 0.01f;
+        B[i] = (float)((i * 5 % 11) - 5) * 0.01f;
+    }
+    o->matmul(o, C, A, B, n, n, n, 0, 0, 1.0f, 0.0f); /* warm-up: threads, buffers, caches */
+    double t0 = now_s();
+    for (int r = 0; r < reps; r++) o->matmul(o, C, A, B, n, n, n, 0, 0, 1.0f, 0.0f);
+    double dt = now_s() - t0;
+    o->free(o, A);
+    o->free(o, B);
+    o->free(o, C);
+    return dt > 0 ? 2.0 * n * (double)n * n * reps / dt : 0.0;
+}

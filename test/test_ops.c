@@ -1,0 +1,956 @@
+/* test_ops: the CPU backend against the contract of ops.h.
+ * Forwards are compared with naive double-precision references written here; backwards with
+ * central finite differences of L = sum(out * R) for a fixed random R, where the forward runs in
+ * fp32 through the op itself and L is accumulated in double.
+ *
+ * Finite-difference tolerances: with a step eps on an input of size O(1), the fp32 forward's
+ * rounding leaves an absolute error of about sqrt(#outputs) * 1e-7 * |out| ~ 1e-6 in L, i.e.
+ * ~1e-6 / (2 eps) in the quotient (5e-5 at eps = 1e-2), and the truncation error of the
+ * central difference is eps^2 / 6 * |L'''| (~2e-5 * |L'''|; zero for ops that are linear in
+ * the perturbed input). Observed worst errors are ~3e-5; gradients are O(1), so atol 5e-4 +
+ * rtol 5e-3 is an order of magnitude above both while far below what a wrong term (an
+ * O(0.01..1) change) would give. */
+#include "error.h"
+#include "ops.h"
+#include "test.h"
+
+#include <stdint.h>
+
+#define FD_ATOL 5e-4
+#define FD_RTOL 5e-3
+
+static ust_ops *O; /* the one-thread backend every test uses */
+
+/* ---------------------------------------------------------------- helpers */
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+
+static float frand(void) { /* uniform [-1, 1), splitmix64 */
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (float)((double)(z >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+static float *fbuf(int64_t n) { return O->alloc(O, (size_t)(n > 0 ? n : 1) * sizeof(float)); }
+
+static float *randv(int64_t n, float scale) {
+    float *x = fbuf(n);
+    for (int64_t i = 0; i < n; i++) x[i] = frand() * scale;
+    return x;
+}
+
+static float *dupv(const float *x, int64_t n) {
+    float *y = fbuf(n);
+    memcpy(y, x, (size_t)n * sizeof(float));
+    return y;
+}
+
+static void fr(void *p) { O->free(O, p); }
+
+static double dot_r(const float *out, const float *R, int64_t n) {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; i++) s += (double)out[i] * R[i];
+    return s;
+}
+
+static char msg[512];
+
+/* got[i] vs ref[i], |got - ref| <= atol + rtol |ref| for every i. */
+static int close_d(const char *what, const float *got, const double *ref, int64_t n, double atol,
+                   double rtol) {
+    for (int64_t i = 0; i < n; i++) {
+        if (!(fabs(got[i] - ref[i]) <= atol + rtol * fabs(ref[i]))) {
+            snprintf(msg, sizeof msg, "%s[%lld]: got %.9g, expected %.9g", what, (long long)i,
+                     got[i], ref[i]);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static int close_f(const char *what, const float *got, const float *ref, int64_t n, double atol,
+                   double rtol) {
+    for (int64_t i = 0; i < n; i++) {
+        if (!(fabs(got[i] - ref[i]) <= atol + rtol * fabs(ref[i]))) {
+            snprintf(msg, sizeof msg, "%s[%lld]: got %.9g, expected %.9g", what, (long long)i,
+                     got[i], ref[i]);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* grad = after - before, for ops that accumulate into a preset buffer. */
+static float *diffv(const float *after, const float *before, int64_t n) {
+    float *d = fbuf(n);
+    for (int64_t i = 0; i < n; i++) d[i] = after[i] - before[i];
+    return d;
+}
+
+/* Central differences of loss() with respect to each x[k], against grad[k]. The step actually
+ * taken is (float)(x + eps) - (float)(x - eps), not 2 eps. */
+static int fd_ok(const char *what, float *x, const float *grad, int64_t n, double (*loss)(void *),
+                 void *ctx, float eps, double atol, double rtol) {
+    double worst = 0.0;
+    for (int64_t k = 0; k < n; k++) {
+        float x0 = x[k];
+        x[k] = x0 + eps;
+        float xp = x[k];
+        double lp = loss(ctx);
+        x[k] = x0 - eps;
+        float xm = x[k];
+        double lm = loss(ctx);
+        x[k] = x0;
+        double fd = (lp - lm) / ((double)xp - xm), err = fabs(grad[k] - fd);
+        if (err > worst) worst = err;
+        if (!(err <= atol + rtol * fabs(fd))) {
+            snprintf(msg, sizeof msg, "%s[%lld]: analytic %.7g, finite difference %.7g", what,
+                     (long long)k, grad[k], fd);
+            return 0;
+        }
+    }
+    if (getenv("TEST_VERBOSE")) printf("  %s: max |analytic - fd| = %.3g\n", what, worst);
+    return 1;
+}
+
+/* ---------------------------------------------------------------- memory */
+
+static void test_alloc_is_zeroed_aligned_and_copies_roundtrip(void) {
+    size_t bytes = 1000;
+    unsigned char *p = O->alloc(O, bytes), *q = O->alloc(O, bytes);
+    CHECK(((uintptr_t)p % 64) == 0 && ((uintptr_t)q % 64) == 0, "not 64-byte aligned");
+    for (size_t i = 0; i < bytes; i++) CHECK(p[i] == 0, "alloc not zeroed at %zu", i);
+    unsigned char host[1000], back[1000];
+    for (size_t i = 0; i < bytes; i++) host[i] = (unsigned char)(i * 31 + 7);
+    O->to_device(O, p, host, bytes);
+    O->copy(O, q, p, bytes);
+    O->sync(O);
+    O->to_host(O, back, q, bytes);
+    CHECK(memcmp(host, back, bytes) == 0, "to_device/copy/to_host roundtrip differs");
+    O->zero(O, q, bytes);
+    for (size_t i = 0; i < bytes; i++) CHECK(q[i] == 0, "zero left byte %zu", i);
+    fr(p);
+    fr(q);
+}
+
+/* ---------------------------------------------------------------- matmul */
+
+/* C = alpha op(A) op(B) + beta C0 in double, A stored (M,K) or (K,M) when tA, etc. */
+static void ref_matmul(double *C, const float *C0, const float *A, const float *B, int M, int N,
+                       int K, int tA, int tB, double alpha, double beta) {
+    for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) {
+            double s = 0.0;
+            for (int k = 0; k < K; k++)
+                s += (double)(tA ? A[k * M + i] : A[i * K + k]) * (tB ? B[j * K + k] : B[k * N + j]);
+            C[i * N + j] = alpha * s + beta * C0[i * N + j];
+        }
+}
+
+/* fp32 sums of K <= 33 products of O(1) numbers: error <= K * 6e-8 * sum|a b| ~ 1e-5. */
+static void test_matmul_all_transpose_combos_with_alpha_beta_match_reference(void) {
+    int shapes[2][3] = {{5, 7, 3}, {17, 9, 33}};
+    float betas[2] = {0.0f, 0.3f};
+    for (int s = 0; s < 2; s++)
+        for (int tA = 0; tA < 2; tA++)
+            for (int tB = 0; tB < 2; tB++)
+                for (int bi = 0; bi < 2; bi++) {
+                    int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+                    float *A = randv(M * K, 1), *B = randv(K * N, 1), *C = randv(M * N, 1);
+                    float *C0 = dupv(C, M * N);
+                    double *ref = malloc(sizeof(double) * M * N);
+                    O->matmul(O, C, A, B, M, N, K, tA, tB, 0.7f, betas[bi]);
+                    ref_matmul(ref, C0, A, B, M, N, K, tA, tB, 0.7, betas[bi]);
+                    int ok = close_d("C", C, ref, M * N, 2e-5, 1e-5);
+                    free(ref);
+                    fr(A), fr(B), fr(C), fr(C0);
+                    CHECK(ok, "M=%d N=%d K=%d tA=%d tB=%d beta=%g: %s", M, N, K, tA, tB,
+                          betas[bi], msg);
+                }
+}
+
+static void test_matmul_batched_matches_each_problem_at_its_strides(void) {
+    int M = 4, N = 6, K = 5, batch = 3;
+    int64_t sA = M * K + 3, sB = K * N + 1, sC = M * N + 7; /* gaps between problems */
+    float *A = randv(sA * batch, 1), *B = randv(sB * batch, 1), *C = randv(sC * batch, 1);
+    float *C0 = dupv(C, sC * batch);
+    O->matmul_batched(O, C, A, B, M, N, K, 1, 0, 1.25f, 0.5f, batch, sA, sB, sC);
+    double ref[4 * 6];
+    for (int b = 0; b < batch; b++) {
+        ref_matmul(ref, C0 + b * sC, A + b * sA, B + b * sB, M, N, K, 1, 0, 1.25, 0.5);
+        CHECK(close_d("C", C + b * sC, ref, M * N, 2e-5, 1e-5), "batch %d: %s", b, msg);
+        for (int64_t g = M * N; g < sC; g++)
+            CHECK(C[b * sC + g] == C0[b * sC + g], "batch %d wrote into the stride gap", b);
+    }
+    fr(A), fr(B), fr(C), fr(C0);
+}
+
+/* ---------------------------------------------------------------- linear */
+
+typedef struct {
+    float *inp, *w, *bias, *out, *R;
+    int N, C, OC;
+} lin_ctx;
+
+static double lin_loss(void *p) {
+    lin_ctx *c = p;
+    O->linear_fwd(O, c->out, c->inp, c->w, c->bias, c->N, c->C, c->OC);
+    return dot_r(c->out, c->R, (int64_t)c->N * c->OC);
+}
+
+static void test_linear_forward_matches_reference_with_and_without_bias(void) {
+    int N = 6, C = 5, OC = 7;
+    float *inp = randv(N * C, 1), *w = randv(OC * C, 1), *bias = randv(OC, 1), *out = fbuf(N * OC);
+    double ref[6 * 7];
+    for (int with_bias = 0; with_bias < 2; with_bias++) {
+        O->linear_fwd(O, out, inp, w, with_bias ? bias : NULL, N, C, OC);
+        for (int n = 0; n < N; n++)
+            for (int o = 0; o < OC; o++) {
+                double s = with_bias ? bias[o] : 0.0;
+                for (int c = 0; c < C; c++) s += (double)inp[n * C + c] * w[o * C + c];
+                ref[n * OC + o] = s;
+            }
+        CHECK(close_d("out", out, ref, N * OC, 1e-5, 1e-5), "bias=%d: %s", with_bias, msg);
+    }
+    fr(inp), fr(w), fr(bias), fr(out);
+}
+
+/* Linear in each input, so the central difference has no truncation error. */
+static void test_linear_backward_matches_finite_differences_and_accumulates(void) {
+    int N = 6, C = 5, OC = 7;
+    lin_ctx c = {randv(N * C, 1), randv(OC * C, 1), randv(OC, 1), fbuf(N * OC), randv(N * OC, 1),
+                 N, C, OC};
+    float *dinp = randv(N * C, 1); /* garbage: must be overwritten */
+    float *dw0 = randv(OC * C, 1), *db0 = randv(OC, 1);
+    float *dw = dupv(dw0, OC * C), *db = dupv(db0, OC);
+    O->linear_bwd(O, dinp, dw, db, c.R, c.inp, c.w, N, C, OC, 0);
+    float *gw = diffv(dw, dw0, OC * C), *gb = diffv(db, db0, OC);
+    CHECK(fd_ok("dinp", c.inp, dinp, N * C, lin_loss, &c, 1e-2f, FD_ATOL, FD_RTOL), "%s", msg);
+    CHECK(fd_ok("dw", c.w, gw, OC * C, lin_loss, &c, 1e-2f, FD_ATOL, FD_RTOL), "%s", msg);
+    CHECK(fd_ok("dbias", c.bias, gb, OC, lin_loss, &c, 1e-2f, FD_ATOL, FD_RTOL), "%s", msg);
+
+    /* acc_dinp adds to what is there; NULL dw/dbias are skipped */
+    float *pre = randv(N * C, 1), *dinp2 = dupv(pre, N * C);
+    O->linear_bwd(O, dinp2, NULL, NULL, c.R, c.inp, c.w, N, C, OC, 1);
+    float *g2 = diffv(dinp2, pre, N * C);
+    CHECK(close_f("acc dinp", g2, dinp, N * C, 1e-6, 1e-5), "%s", msg);
+    fr(c.inp), fr(c.w), fr(c.bias), fr(c.out), fr(c.R), fr(dinp), fr(dw0), fr(db0), fr(dw), fr(db);
+    fr(gw), fr(gb), fr(pre), fr(dinp2), fr(g2);
+}
+
+/* ---------------------------------------------------------------- embedding */
+
+enum { EB = 2, ET = 3, EC = 5, EVS = 3, EVE = 8, EP = 4 };
+static const int32_t e_tok[EB * ET] = {3, 7, 1, 5, 3, 9}; /* 1 and 9 are outside [3, 8) */
+static const int32_t e_pos[ET] = {2, 0, 2};               /* repeated position */
+
+typedef struct {
+    float *wte, *wpe, *out, *R;
+} emb_ctx;
+
+static double emb_loss(void *p) {
+    emb_ctx *c = p;
+    O->embedding_fwd(O, c->out, e_tok, e_pos, c->wte, c->wpe, EB, ET, EC, EVS, EVE);
+    return dot_r(c->out, c->R, EB * ET * EC);
+}
+
+static void test_embedding_forward_takes_its_vocab_slice_and_adds_positions(void) {
+    float *wte = randv((EVE - EVS) * EC, 1), *wpe = randv(EP * EC, 1), *out = fbuf(EB * ET * EC);
+    double ref[EB * ET * EC];
+    for (int with_pos = 0; with_pos < 2; with_pos++) {
+        O->embedding_fwd(O, out, e_tok, with_pos ? e_pos : NULL, wte, with_pos ? wpe : NULL, EB,
+                         ET, EC, EVS, EVE);
+        for (int r = 0; r < EB * ET; r++)
+            for (int c = 0; c < EC; c++) {
+                int id = e_tok[r];
+                double v = (id >= EVS && id < EVE) ? wte[(id - EVS) * EC + c] : 0.0;
+                if (with_pos) v += wpe[e_pos[r % ET] * EC + c];
+                ref[r * EC + c] = v;
+            }
+        CHECK(close_d("out", out, ref, EB * ET * EC, 1e-6, 1e-6), "with_pos=%d: %s", with_pos,
+              msg);
+    }
+    fr(wte), fr(wpe), fr(out);
+}
+
+static void test_embedding_backward_matches_finite_differences_and_accumulates(void) {
+    emb_ctx c = {randv((EVE - EVS) * EC, 1), randv(EP * EC, 1), fbuf(EB * ET * EC),
+                 randv(EB * ET * EC, 1)};
+    float *dwte0 = randv((EVE - EVS) * EC, 1), *dwpe0 = randv(EP * EC, 1);
+    float *dwte = dupv(dwte0, (EVE - EVS) * EC), *dwpe = dupv(dwpe0, EP * EC);
+    O->embedding_bwd(O, dwte, dwpe, c.R, e_tok, e_pos, EB, ET, EC, EVS, EVE);
+    float *gte = diffv(dwte, dwte0, (EVE - EVS) * EC), *gpe = diffv(dwpe, dwpe0, EP * EC);
+    CHECK(fd_ok("dwte", c.wte, gte, (EVE - EVS) * EC, emb_loss, &c, 1e-2f, FD_ATOL, FD_RTOL), "%s", msg);
+    CHECK(fd_ok("dwpe", c.wpe, gpe, EP * EC, emb_loss, &c, 1e-2f, FD_ATOL, FD_RTOL), "%s", msg);
+    fr(c.wte), fr(c.wpe), fr(c.out), fr(c.R), fr(dwte0), fr(dwpe0), fr(dwte), fr(dwpe), fr(gte);
+    fr(gpe);
+}
+
+/* ---------------------------------------------------------------- norms */
+
+typedef struct {
+    float *inp, *w, *b, *out, *mean, *rstd, *R;
+    int N, C, rms;
+} norm_ctx;
+
+static double norm_loss(void *p) {
+    norm_ctx *c = p;
+    if (c->rms)
+        O->rmsnorm_fwd(O, c->out, c->rstd, c->inp, c->w, c->N, c->C, 1e-5f);
+    else
+        O->layernorm_fwd(O, c->out, c->mean, c->rstd, c->inp, c->w, c->b, c->N, c->C, 1e-5f);
+    return dot_r(c->out, c->R, (int64_t)c->N * c->C);
+}
+
+static norm_ctx norm_make(int N, int C, int rms) {
+    norm_ctx c = {randv(N * C, 1), randv(C, 1), randv(C, 1), fbuf(N * C), fbuf(N), fbuf(N),
+                  randv(N * C, 1), N, C, rms};
+    for (int i = 0; i < N * C; i++) c.inp[i] += 0.3f; /* a nonzero mean for layernorm to remove */
+    return c;
+}
+
+static void norm_free(norm_ctx *c) {
+    fr(c->inp), fr(c->w), fr(c->b), fr(c->out), fr(c->mean), fr(c->rstd), fr(c->R);
+}
+
+/* Normalization of O(1) rows in fp32: ~1e-6 relative. */
+static void test_layernorm_forward_matches_reference(void) {
+    norm_ctx c = norm_make(5, 13, 0);
+    norm_loss(&c);
+    double ref[5 * 13], rmean[5], rrstd[5];
+    for (int n = 0; n < c.N; n++) {
+        double m = 0, v = 0;
+        for (int k = 0; k < c.C; k++) m += c.inp[n * c.C + k];
+        m /= c.C;
+        for (int k = 0; k < c.C; k++) v += (c.inp[n * c.C + k] - m) * (c.inp[n * c.C + k] - m);
+        double r = 1.0 / sqrt(v / c.C + 1e-5);
+        for (int k = 0; k < c.C; k++) ref[n * c.C + k] = (c.inp[n * c.C + k] - m) * r * c.w[k] + c.b[k];
+        rmean[n] = m, rrstd[n] = r;
+    }
+    CHECK(close_d("out", c.out, ref, 5 * 13, 1e-5, 1e-5), "%s", msg);
+    CHECK(close_d("mean", c.mean, rmean, 5, 1e-6, 1e-6), "%s", msg);
+    CHECK(close_d("rstd", c.rstd, rrstd, 5, 1e-6, 1e-5), "%s", msg);
+    norm_free(&c);
+}
+
+static void test_layernorm_backward_matches_finite_differences(void) {
+    norm_ctx c = norm_make(5, 13, 0);
+    norm_loss(&c);
+    float *dinp = randv(5 * 13, 1), *dw0 = randv(13, 1), *db0 = randv(13, 1);
+    float *dw = dupv(dw0, 13), *db = dupv(db0, 13);
+    O->layernorm_bwd(O, dinp, dw, db, c.R, c.inp, c.w, c.mean, c.rstd, 5, 13);
+    float *gw = diffv(dw, dw0, 13), *gb = diffv(db, db0, 13);
+    CHECK(fd_ok("dinp", c.inp, dinp, 5 * 13, norm_loss, &c, 1e-2f, FD_ATOL, FD_RTOL), "%s", msg);
+    CHECK(fd_ok("dw", c.w, gw, 13, norm_loss, &c, 1e-2f, FD_ATOL, FD_RTOL), "%s", msg);
+    CHECK(fd_ok("db", c.b, gb, 13, norm_loss, &c, 1e-2f, FD_ATOL, FD_RTOL), "%s", msg);
+    norm_free(&c);
+    fr(dinp), fr(dw0), fr(db0), fr(dw), fr(db), fr(gw), fr(gb);
+}
+
+static void test_rmsnorm_forward_matches_reference(void) {
+    norm_ctx c = norm_make(4, 11, 1);
+    norm_loss(&c);
+    double ref[4 * 11], rr[4];
+    for (int n = 0; n < c.N; n++) {
+        double ss = 0;
+        for (int k = 0; k < c.C; k++) ss += (double)c.inp[n * c.C + k] * c.inp[n * c.C + k];
+        double r = 1.0 / sqrt(ss / c.C + 1e-5);
+        for (int k = 0; k < c.C; k++) ref[n * c.C + k] = c.inp[n * c.C + k] * r * c.w[k];
+        rr[n] = r;
+    }
+    CHECK(close_d("out", c.out, ref, 4 * 11, 1e-5, 1e-5), "%s", msg);
+    CHECK(close_d("rstd", c.rstd, rr, 4, 1e-6, 1e-5), "%s", msg);
+    norm_free(&c);
+}
+
+static void test_rmsnorm_backward_matches_finite_differences(void) {
+    norm_ctx c = norm_make(4, 11, 1);
+    norm_loss(&c);
+    float *dinp = randv(4 * 11, 1), *dw0 = randv(11, 1), *dw = dupv(dw0, 11);
+    O->rmsnorm_bwd(O, dinp, dw, c.R, c.inp, c.w, c.rstd, 4, 11);
+    float *gw = diffv(dw, dw0, 11);
+    CHECK(fd_ok("dinp", c.inp, dinp, 4 * 11, norm_loss, &c, 1e-2f, FD_ATOL, FD_RTOL), "%s", msg);
+    CHECK(fd_ok("dw", c.w, gw, 11, norm_loss, &c, 1e-2f, FD_ATOL, FD_RTOL), "%s", msg);
+    norm_free(&c);
+    fr(dinp), fr(dw0), fr(dw), fr(gw);
+}
+
+/* ---------------------------------------------------------------- activations */
+
+enum { AN = 37 };
+
+typedef struct {
+    float *x, *y, *out, *R;
+    int swiglu;
+} act_ctx;
+
+static double act_loss(void *p) {
+    act_ctx *c = p;
+    if (c->swiglu)
+        O->swiglu_fwd(O, c->out, c->x, c->y, AN);
+    else
+        O->gelu_fwd(O, c->out, c->x, AN);
+    return dot_r(c->out, c->R, AN);
+}
+
+static act_ctx act_make(int swiglu) {
+    act_ctx c = {randv(AN, 4), randv(AN, 2), fbuf(AN), randv(AN, 1), swiglu}; /* x in [-4, 4) */
+    return c;
+}
+
+static void test_gelu_forward_matches_tanh_approximation(void) {
+    act_ctx c = act_make(0);
+    act_loss(&c);
+    double ref[AN];
+    for (int i = 0; i < AN; i++) {
+        double x = c.x[i];
+        ref[i] = 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+    }
+    CHECK(close_d("gelu", c.out, ref, AN, 1e-6, 1e-5), "%s", msg);
+    fr(c.x), fr(c.y), fr(c.out), fr(c.R);
+}
+
+static void test_gelu_backward_matches_finite_differences(void) {
+    act_ctx c = act_make(0);
+    float *dinp = fbuf(AN);
+    O->gelu_bwd(O, dinp, c.x, c.R, AN);
+    CHECK(fd_ok("dinp", c.x, dinp, AN, act_loss, &c, 1e-2f, FD_ATOL, FD_RTOL), "%s", msg);
+    fr(c.x), fr(c.y), fr(c.out), fr(c.R), fr(dinp);
+}
+
+static void test_swiglu_forward_matches_reference(void) {
+    act_ctx c = act_make(1);
+    act_loss(&c);
+    double ref[AN];
+    for (int i = 0; i < AN; i++) ref[i] = (double)c.x[i] / (1.0 + exp(-(double)c.x[i])) * c.y[i];
+    CHECK(close_d("swiglu", c.out, ref, AN, 1e-6, 1e-5), "%s", msg);
+    fr(c.x), fr(c.y), fr(c.out), fr(c.R);
+}
+
+static void test_swiglu_backward_matches_finite_differences(void) {
+    act_ctx c = act_make(1);
+    float *dgate = fbuf(AN), *dup = fbuf(AN), *dgate2 = fbuf(AN);
+    O->swiglu_bwd(O, dgate, dup, c.R, c.x, c.y, AN);
+    CHECK(fd_ok("dgate", c.x, dgate, AN, act_loss, &c, 1e-2f, FD_ATOL, FD_RTOL), "%s", msg);
+    CHECK(fd_ok("dup", c.y, dup, AN, act_loss, &c, 1e-2f, FD_ATOL, FD_RTOL), "%s", msg);
+    O->swiglu_bwd(O, dgate2, NULL, c.R, c.x, c.y, AN); /* dup not wanted */
+    CHECK(memcmp(dgate, dgate2, AN * sizeof(float)) == 0, "dgate changed when dup is NULL");
+    fr(c.x), fr(c.y), fr(c.out), fr(c.R), fr(dgate), fr(dup), fr(dgate2);
+}
+
+/* ---------------------------------------------------------------- RoPE */
+
+enum { RB = 2, RT = 5, RH = 3, RD = 8, RN = RB * RT * RH * RD };
+static const int32_t r_pos[RT] = {0, 5, 100, 7, 2000};
+#define R_THETA 10000.0f
+
+typedef struct {
+    float *x, *out, *R;
+} rope_ctx;
+
+static double rope_loss(void *p) {
+    rope_ctx *c = p;
+    O->rope_fwd(O, c->out, c->x, r_pos, RB, RT, RH, RD, R_THETA);
+    return dot_r(c->out, c->R, RN);
+}
+
+/* Angles up to 2000 rad: cos/sin in fp32 lose ~2000 * 6e-8 = 1.2e-4 absolute in the angle if
+ * it were formed in float; the op forms it in double, so 1e-5 holds. */
+static void test_rope_forward_rotates_half_pairs_by_position(void) {
+    float *x = randv(RN, 1), *out = fbuf(RN);
+    double ref[RN];
+    O->rope_fwd(O, out, x, r_pos, RB, RT, RH, RD, R_THETA);
+    for (int b = 0; b < RB; b++)
+        for (int t = 0; t < RT; t++)
+            for (int h = 0; h < RH; h++)
+                for (int i = 0; i < RD / 2; i++) {
+                    int base = ((b * RT + t) * RH + h) * RD;
+                    double a = r_pos[t] * pow(R_THETA, -2.0 * i / RD);
+                    double x1 = x[base + i], x2 = x[base + i + RD / 2];
+                    ref[base + i] = x1 * cos(a) - x2 * sin(a);
+                    ref[base + i + RD / 2] = x2 * cos(a) + x1 * sin(a);
+                }
+    CHECK(close_d("rope", out, ref, RN, 1e-5, 1e-5), "%s", msg);
+    fr(x), fr(out);
+}
+
+static void test_rope_backward_matches_finite_differences_and_inverts_forward(void) {
+    rope_ctx c = {randv(RN, 1), fbuf(RN), randv(RN, 1)};
+    float *dinp = fbuf(RN);
+    O->rope_bwd(O, dinp, c.R, r_pos, RB, RT, RH, RD, R_THETA);
+    CHECK(fd_ok("dinp", c.x, dinp, RN, rope_loss, &c, 1e-2f, FD_ATOL, FD_RTOL), "%s", msg);
+    /* rotation is orthogonal, so bwd(fwd(x)) = x; both in place */
+    float *y = dupv(c.x, RN);
+    O->rope_fwd(O, y, y, r_pos, RB, RT, RH, RD, R_THETA);
+    O->rope_bwd(O, y, y, r_pos, RB, RT, RH, RD, R_THETA);
+    CHECK(close_f("bwd(fwd(x))", y, c.x, RN, 1e-6, 1e-6), "%s", msg);
+    fr(c.x), fr(c.out), fr(c.R), fr(dinp), fr(y);
+}
+
+/* ---------------------------------------------------------------- attention */
+
+typedef struct {
+    int B, Tq, Tk, H, Hkv, D, causal;
+    const int32_t *qp, *kp;
+    float *q, *k, *v, *out, *lse, *R;
+} att_ctx;
+
+static att_ctx att_make(int B, int Tq, int Tk, int H, int Hkv, int D, int causal,
+                        const int32_t *qp, const int32_t *kp, float qscale) {
+    att_ctx c = {B, Tq, Tk, H, Hkv, D, causal, qp, kp, NULL, NULL, NULL, NULL, NULL, NULL};
+    c.q = randv((int64_t)B * Tq * H * D, qscale);
+    c.k = randv((int64_t)B * Tk * Hkv * D, 1.5f);
+    c.v = randv((int64_t)B * Tk * Hkv * D, 1);
+    c.out = fbuf((int64_t)B * Tq * H * D);
+    c.lse = fbuf((int64_t)B * H * Tq);
+    c.R = randv((int64_t)B * Tq * H * D, 1);
+    return c;
+}
+
+static void att_free(att_ctx *c) { fr(c->q), fr(c->k), fr(c->v), fr(c->out), fr(c->lse), fr(c->R); }
+
+static int64_t nq(const att_ctx *c) { return (int64_t)c->B * c->Tq * c->H * c->D; }
+static int64_t nk(const att_ctx *c) { return (int64_t)c->B * c->Tk * c->Hkv * c->D; }
+
+static void att_fwd(const ust_ops *o, att_ctx *c) {
+    o->attention_fwd(o, c->out, c->lse, c->q, c->k, c->v, c->B, c->Tq, c->Tk, c->H, c->Hkv, c->D,
+                     c->qp, c->kp, c->causal);
+}
+
+static void att_bwd(const ust_ops *o, att_ctx *c, float *dq, float *dk, float *dv) {
+    o->attention_bwd(o, dq, dk, dv, c->R, c->out, c->lse, c->q, c->k, c->v, c->B, c->Tq, c->Tk,
+                     c->H, c->Hkv, c->D, c->qp, c->kp, c->causal);
+}
+
+static double att_loss(void *p) {
+    att_ctx *c = p;
+    att_fwd(O, c);
+    return dot_r(c->out, c->R, nq(c));
+}
+
+/* Softmax attention in double over the visible keys, straight from the definition. */
+static void ref_attention(double *out, double *lse, const att_ctx *c) {
+    int G = c->H / c->Hkv;
+    double scale = 1.0 / sqrt((double)c->D);
+    double *s = malloc(sizeof(double) * c->Tk);
+    for (int b = 0; b < c->B; b++)
+        for (int h = 0; h < c->H; h++)
+            for (int i = 0; i < c->Tq; i++) {
+                int qp = c->qp ? c->qp[i] : i;
+                double mx = -INFINITY, sum = 0.0;
+                const float *qi = c->q + (((int64_t)b * c->Tq + i) * c->H + h) * c->D;
+                for (int j = 0; j < c->Tk; j++) {
+                    int kp = c->kp ? c->kp[j] : j;
+                    s[j] = -INFINITY;
+                    if (c->causal && kp > qp) continue;
+                    const float *kj = c->k + (((int64_t)b * c->Tk + j) * c->Hkv + h / G) * c->D;
+                    double d = 0;
+                    for (int x = 0; x < c->D; x++) d += (double)qi[x] * kj[x];
+                    s[j] = d * scale;
+                    if (s[j] > mx) mx = s[j];
+                }
+                double *oi = out + (((int64_t)b * c->Tq + i) * c->H + h) * c->D;
+                for (int x = 0; x < c->D; x++) oi[x] = 0.0;
+                for (int j = 0; j < c->Tk; j++) {
+                    if (s[j] == -INFINITY) continue;
+                    double p = exp(s[j] - mx);
+                    sum += p;
+                    const float *vj = c->v + (((int64_t)b * c->Tk + j) * c->Hkv + h / G) * c->D;
+                    for (int x = 0; x < c->D; x++) oi[x] += p * vj[x];
+                }
+                if (sum > 0)
+                    for (int x = 0; x < c->D; x++) oi[x] /= sum;
+                lse[((int64_t)b * c->H + h) * c->Tq + i] = sum > 0 ? mx + log(sum) : -INFINITY;
+            }
+    free(s);
+}
+
+/* Context-parallel-like positions: this rank's queries are two chunks of a zigzag split plus a
+ * query (position 1) that precedes every key it holds, so it sees nothing. */
+static const int32_t cp_qpos[5] = {4, 5, 14, 15, 1};
+static const int32_t cp_kpos[7] = {2, 3, 4, 5, 12, 13, 14};
+
+static int att_fwd_ok(att_ctx *c) {
+    att_fwd(O, c);
+    double *ro = malloc(sizeof(double) * nq(c)), *rl = malloc(sizeof(double) * c->B * c->H * c->Tq);
+    ref_attention(ro, rl, c);
+    int ok = close_d("out", c->out, ro, nq(c), 1e-5, 1e-4);
+    for (int64_t i = 0; ok && i < (int64_t)c->B * c->H * c->Tq; i++) {
+        if (rl[i] == -INFINITY) {
+            if (c->lse[i] != -INFINITY) {
+                snprintf(msg, sizeof msg, "lse[%lld] = %g for a query that sees no key",
+                         (long long)i, c->lse[i]);
+                ok = 0;
+            }
+        } else if (!(fabs(c->lse[i] - rl[i]) <= 1e-5 + 1e-5 * fabs(rl[i]))) {
+            snprintf(msg, sizeof msg, "lse[%lld]: got %.9g, expected %.9g", (long long)i,
+                     c->lse[i], rl[i]);
+            ok = 0;
+        }
+    }
+    free(ro), free(rl);
+    return ok;
+}
+
+/* fp32 dot products of D <= 8 and a softmax: ~1e-6 relative; 1e-5 / 1e-4 leaves margin. */
+static void test_attention_forward_matches_reference_causal_noncausal_gqa_cp(void) {
+    att_ctx c1 = att_make(2, 5, 7, 4, 2, 6, 0, NULL, NULL, 1); /* GQA, Tq != Tk, D = 6 */
+    CHECK(att_fwd_ok(&c1), "non-causal GQA: %s", msg);
+    att_ctx c2 = att_make(1, 9, 9, 3, 3, 8, 1, NULL, NULL, 1); /* causal self-attention, MHA */
+    CHECK(att_fwd_ok(&c2), "causal MHA: %s", msg);
+    att_ctx c3 = att_make(2, 5, 7, 4, 2, 4, 1, cp_qpos, cp_kpos, 1); /* CP chunk, masked row */
+    CHECK(att_fwd_ok(&c3), "causal CP GQA: %s", msg);
+    for (int b = 0; b < 2; b++)
+        for (int h = 0; h < 4; h++)
+            CHECK(c3.lse[(b * 4 + h) * 5 + 4] == -INFINITY, "masked query lse not -inf");
+    for (int b = 0; b < 2; b++)
+        for (int h = 0; h < 4; h++)
+            for (int d = 0; d < 4; d++)
+                CHECK(c3.out[((b * 5 + 4) * 4 + h) * 4 + d] == 0.0f, "masked query out not 0");
+    /* many key blocks with peaked scores, so the running max moves between blocks */
+    att_ctx c4 = att_make(1, 3, 150, 2, 1, 5, 0, NULL, NULL, 3);
+    CHECK(att_fwd_ok(&c4), "non-causal long: %s", msg);
+    att_ctx c5 = att_make(1, 130, 130, 2, 1, 16, 1, NULL, NULL, 3);
+    CHECK(att_fwd_ok(&c5), "causal long: %s", msg);
+    /* later keys score ~100x higher: without rescaling by the new max, exp overflows */
+    att_ctx c6 = att_make(1, 3, 150, 2, 1, 5, 0, NULL, NULL, 1);
+    for (int64_t x = 64 * 5; x < nk(&c6); x++) c6.k[x] *= 100.0f;
+    CHECK(att_fwd_ok(&c6), "growing max: %s", msg);
+    att_free(&c1), att_free(&c2), att_free(&c3), att_free(&c4), att_free(&c5), att_free(&c6);
+}
+
+/* Runs the backward into preset random dq/dk/dv (it accumulates) and checks the increments
+ * against finite differences; a query that sees no key must get no gradient. */
+static int att_bwd_fd_ok(att_ctx *c) {
+    att_fwd(O, c);
+    float *dq0 = randv(nq(c), 1), *dk0 = randv(nk(c), 1), *dv0 = randv(nk(c), 1);
+    float *dq = dupv(dq0, nq(c)), *dk = dupv(dk0, nk(c)), *dv = dupv(dv0, nk(c));
+    att_bwd(O, c, dq, dk, dv);
+    float *gq = diffv(dq, dq0, nq(c)), *gk = diffv(dk, dk0, nk(c)), *gv = diffv(dv, dv0, nk(c));
+    int ok = fd_ok("dq", c->q, gq, nq(c), att_loss, c, 1e-2f, FD_ATOL, FD_RTOL) &&
+             fd_ok("dk", c->k, gk, nk(c), att_loss, c, 1e-2f, FD_ATOL, FD_RTOL) &&
+             fd_ok("dv", c->v, gv, nk(c), att_loss, c, 1e-2f, FD_ATOL, FD_RTOL);
+    for (int64_t i = 0; ok && i < nq(c); i++) {
+        int t = (int)(i / ((int64_t)c->H * c->D) % c->Tq);
+        int qp = c->qp ? c->qp[t] : t, sees = !c->causal;
+        for (int j = 0; j < c->Tk; j++) sees |= (c->kp ? c->kp[j] : j) <= qp;
+        if (!sees && dq[i] != dq0[i]) {
+            snprintf(msg, sizeof msg, "dq[%lld] of a query that sees no key changed", (long long)i);
+            ok = 0;
+        }
+    }
+    fr(dq0), fr(dk0), fr(dv0), fr(dq), fr(dk), fr(dv), fr(gq), fr(gk), fr(gv);
+    return ok;
+}
+
+static void test_attention_backward_matches_finite_differences_noncausal_gqa(void) {
+    att_ctx c = att_make(2, 5, 7, 4, 2, 3, 0, NULL, NULL, 1);
+    CHECK(att_bwd_fd_ok(&c), "%s", msg);
+    att_free(&c);
+}
+
+static void test_attention_backward_matches_finite_differences_causal_cp_masked_row(void) {
+    att_ctx c = att_make(2, 5, 7, 4, 2, 4, 1, cp_qpos, cp_kpos, 1);
+    CHECK(att_bwd_fd_ok(&c), "%s", msg);
+    att_free(&c);
+}
+
+static void test_attention_backward_matches_finite_differences_many_key_blocks(void) {
+    att_ctx c = att_make(1, 6, 70, 2, 1, 3, 1, NULL, NULL, 1);
+    int32_t qp[6] = {69, 3, 40, 64, 33, 0}, kp[70]; /* queries scattered over the keys */
+    for (int j = 0; j < 70; j++) kp[j] = j;
+    c.qp = qp, c.kp = kp;
+    CHECK(att_bwd_fd_ok(&c), "%s", msg);
+    att_free(&c);
+}
+
+/* Keys of `full` at indices idx[0..n) as a context of their own (same queries). */
+static att_ctx att_subset(const att_ctx *full, const int *idx, int n, int32_t *kpos) {
+    att_ctx s = *full;
+    s.Tk = n;
+    s.kp = kpos;
+    int64_t row = (int64_t)full->Hkv * full->D;
+    s.k = fbuf((int64_t)full->B * n * row);
+    s.v = fbuf((int64_t)full->B * n * row);
+    s.out = fbuf(nq(full));
+    s.lse = fbuf((int64_t)full->B * full->H * full->Tq);
+    for (int b = 0; b < full->B; b++)
+        for (int j = 0; j < n; j++) {
+            memcpy(s.k + ((int64_t)b * n + j) * row, full->k + ((int64_t)b * full->Tk + idx[j]) * row,
+                   row * sizeof(float));
+            memcpy(s.v + ((int64_t)b * n + j) * row, full->v + ((int64_t)b * full->Tk + idx[j]) * row,
+                   row * sizeof(float));
+            kpos[j] = full->kp[idx[j]];
+        }
+    return s;
+}
+
+static void att_subset_free(att_ctx *s) { fr(s->k), fr(s->v), fr(s->out), fr(s->lse); }
+
+/* Split into keys {0..3} (positions 2..5) and {4..6} (12..14): queries at 4 and 5 see only the
+ * first set, the query at 1 sees neither, so merge meets -inf on each side and on both. */
+static const int split1[4] = {0, 1, 2, 3}, split2[3] = {4, 5, 6};
+
+static void test_attention_merge_of_two_key_sets_equals_attention_over_all_keys(void) {
+    att_ctx full = att_make(2, 5, 7, 4, 2, 4, 1, cp_qpos, cp_kpos, 1);
+    att_fwd(O, &full);
+    int32_t kp1[4], kp2[3];
+    att_ctx s1 = att_subset(&full, split1, 4, kp1), s2 = att_subset(&full, split2, 3, kp2);
+    for (int order = 0; order < 2; order++) {
+        att_ctx *a = order ? &s2 : &s1, *b = order ? &s1 : &s2;
+        att_fwd(O, a);
+        att_fwd(O, b);
+        O->attention_merge(O, a->out, a->lse, b->out, b->lse, full.B, full.Tq, full.H, full.D);
+        /* the merged result rounds differently from one pass over all keys: ~1e-6 */
+        CHECK(close_f("merged out", a->out, full.out, nq(&full), 1e-5, 1e-4), "order %d: %s",
+              order, msg);
+        for (int64_t i = 0; i < (int64_t)full.B * full.H * full.Tq; i++) {
+            if (full.lse[i] == -INFINITY)
+                CHECK(a->lse[i] == -INFINITY, "order %d: merged lse[%lld] = %g, expected -inf",
+                      order, (long long)i, a->lse[i]);
+            else
+                CHECK_CLOSE(a->lse[i], full.lse[i], 1e-5, 1e-5, "merged lse");
+        }
+    }
+    att_subset_free(&s1), att_subset_free(&s2), att_free(&full);
+}
+
+/* With the final (merged) out/lse, the backward is a sum over key sets: dq accumulates over the
+ * two calls and dk/dv of each set are that set's rows of the full dk/dv. */
+static void test_attention_backward_over_two_key_sets_with_merged_lse_equals_full_backward(void) {
+    att_ctx full = att_make(2, 5, 7, 4, 2, 4, 1, cp_qpos, cp_kpos, 1);
+    att_fwd(O, &full);
+    float *dq = fbuf(nq(&full)), *dk = fbuf(nk(&full)), *dv = fbuf(nk(&full));
+    att_bwd(O, &full, dq, dk, dv);
+
+    int32_t kp1[4], kp2[3];
+    att_ctx s1 = att_subset(&full, split1, 4, kp1), s2 = att_subset(&full, split2, 3, kp2);
+    for (att_ctx *s = &s1; s; s = s == &s1 ? &s2 : NULL) { /* backward uses the final out/lse */
+        memcpy(s->out, full.out, nq(&full) * sizeof(float));
+        memcpy(s->lse, full.lse, sizeof(float) * full.B * full.H * full.Tq);
+    }
+    float *dq_s = fbuf(nq(&full)), *dk1 = fbuf(nk(&s1)), *dv1 = fbuf(nk(&s1));
+    float *dk2 = fbuf(nk(&s2)), *dv2 = fbuf(nk(&s2));
+    att_bwd(O, &s1, dq_s, dk1, dv1);
+    att_bwd(O, &s2, dq_s, dk2, dv2);
+    CHECK(close_f("dq", dq_s, dq, nq(&full), 1e-5, 1e-4), "%s", msg);
+    int64_t row = (int64_t)full.Hkv * full.D;
+    for (int b = 0; b < full.B; b++)
+        for (int j = 0; j < 7; j++) {
+            int in1 = j < 4, jj = in1 ? j : j - 4, n = in1 ? 4 : 3;
+            const float *gk = (in1 ? dk1 : dk2) + ((int64_t)b * n + jj) * row;
+            const float *gv = (in1 ? dv1 : dv2) + ((int64_t)b * n + jj) * row;
+            CHECK(close_f("dk", gk, dk + ((int64_t)b * 7 + j) * row, row, 1e-6, 1e-5), "%s", msg);
+            CHECK(close_f("dv", gv, dv + ((int64_t)b * 7 + j) * row, row, 1e-6, 1e-5), "%s", msg);
+        }
+    fr(dq), fr(dk), fr(dv), fr(dq_s), fr(dk1), fr(dv1), fr(dk2), fr(dv2);
+    att_subset_free(&s1), att_subset_free(&s2), att_free(&full);
+}
+
+/* ---------------------------------------------------------------- cross-entropy */
+
+enum { XN = 5, XV = 12, XVR = 9 };
+static const int32_t x_tgt[XN] = {3, -1, 8, 0, -5};
+#define X_DSCALE 0.37f
+
+typedef struct {
+    float *logits, *losses;
+} xent_ctx;
+
+/* L = dscale * sum of losses, whose gradient is exactly what dlogits holds. */
+static double xent_loss(void *p) {
+    xent_ctx *c = p;
+    O->xent_fwd_bwd(O, c->losses, NULL, c->logits, x_tgt, XN, XV, XVR, 1.0f);
+    double s = 0;
+    for (int n = 0; n < XN; n++) s += c->losses[n];
+    return s * X_DSCALE;
+}
+
+static float *xent_logits(void) {
+    float *l = randv(XN * XV, 3);
+    for (int n = 0; n < XN; n++)
+        for (int v = XVR; v < XV; v++) l[n * XV + v] = 50.0f; /* padding would dominate if used */
+    return l;
+}
+
+static void test_xent_forward_excludes_padding_and_ignores_negative_targets(void) {
+    float *logits = xent_logits(), *losses = randv(XN, 1);
+    O->xent_fwd_bwd(O, losses, NULL, logits, x_tgt, XN, XV, XVR, 1.0f);
+    double ref[XN];
+    for (int n = 0; n < XN; n++) {
+        ref[n] = 0.0;
+        if (x_tgt[n] < 0) continue;
+        double s = 0;
+        for (int v = 0; v < XVR; v++) s += exp((double)logits[n * XV + v]);
+        ref[n] = log(s) - logits[n * XV + x_tgt[n]];
+    }
+    CHECK(close_d("loss", losses, ref, XN, 1e-5, 1e-5), "%s", msg);
+    fr(logits), fr(losses);
+}
+
+static void test_xent_backward_matches_finite_differences_and_may_alias_logits(void) {
+    xent_ctx c = {xent_logits(), fbuf(XN)};
+    float *dlogits = randv(XN * XV, 1), *losses = fbuf(XN);
+    O->xent_fwd_bwd(O, losses, dlogits, c.logits, x_tgt, XN, XV, XVR, X_DSCALE);
+    /* padding columns are not inputs of the loss, so finite differences give 0 there too */
+    CHECK(fd_ok("dlogits", c.logits, dlogits, XN * XV, xent_loss, &c, 1e-2f, FD_ATOL, FD_RTOL), "%s",
+          msg);
+    for (int n = 0; n < XN; n++)
+        for (int v = 0; v < XV; v++)
+            if (x_tgt[n] < 0 || v >= XVR)
+                CHECK(dlogits[n * XV + v] == 0.0f, "dlogits[%d,%d] = %g, expected 0", n, v,
+                      dlogits[n * XV + v]);
+    float *inplace = dupv(c.logits, XN * XV), *losses2 = fbuf(XN);
+    O->xent_fwd_bwd(O, losses2, inplace, inplace, x_tgt, XN, XV, XVR, X_DSCALE);
+    CHECK(memcmp(inplace, dlogits, sizeof(float) * XN * XV) == 0, "in-place dlogits differ");
+    CHECK(memcmp(losses2, losses, sizeof(float) * XN) == 0, "in-place losses differ");
+    fr(c.logits), fr(c.losses), fr(dlogits), fr(losses), fr(inplace), fr(losses2);
+}
+
+/* ---------------------------------------------------------------- optimizer, elementwise */
+
+static void test_adamw_two_steps_match_hand_computation(void) {
+    enum { n = 5 };
+    float lr = 1e-2f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, gs = 0.5f;
+    float wds[2] = {0.1f, 0.0f};
+    for (int wi = 0; wi < 2; wi++) {
+        float *p = randv(n, 1), *m = fbuf(n), *v = fbuf(n), *g1 = randv(n, 1), *g2 = randv(n, 1);
+        double P[n], M[n] = {0}, Vv[n] = {0};
+        for (int i = 0; i < n; i++) P[i] = p[i];
+        for (int t = 1; t <= 2; t++) {
+            const float *g = t == 1 ? g1 : g2;
+            O->adamw(O, p, g, m, v, n, lr, b1, b2, eps, wds[wi], gs, t);
+            for (int i = 0; i < n; i++) {
+                double gg = (double)g[i] * gs;
+                M[i] = b1 * M[i] + (1 - (double)b1) * gg;
+                Vv[i] = b2 * Vv[i] + (1 - (double)b2) * gg * gg;
+                double mh = M[i] / (1 - pow(b1, t)), vh = Vv[i] / (1 - pow(b2, t));
+                P[i] -= lr * (mh / (sqrt(vh) + eps) + wds[wi] * P[i]);
+            }
+        }
+        /* one fp32 update of size lr = 1e-2 errs by ~1e-8 */
+        CHECK(close_d("p", p, P, n, 1e-6, 1e-6), "wd=%g: %s", wds[wi], msg);
+        CHECK(close_d("m", m, M, n, 1e-6, 1e-5), "wd=%g: %s", wds[wi], msg);
+        CHECK(close_d("v", v, Vv, n, 1e-7, 1e-5), "wd=%g: %s", wds[wi], msg);
+        fr(p), fr(m), fr(v), fr(g1), fr(g2);
+    }
+}
+
+static void test_sumsq_and_sum_match_double_reference(void) {
+    int64_t sizes[4] = {0, 3, 1000, 100003};
+    for (int s = 0; s < 4; s++) {
+        int64_t n = sizes[s];
+        float *x = randv(n, 2);
+        double rs = 0, rq = 0;
+        for (int64_t i = 0; i < n; i++) rs += x[i], rq += (double)x[i] * x[i];
+        /* both sum exact fp32 values in double: agreement to ~1e-15 relative */
+        CHECK_CLOSE(O->sum(O, x, n), rs, 1e-9, 1e-12, "sum");
+        CHECK_CLOSE(O->sumsq(O, x, n), rq, 1e-9, 1e-12, "sumsq");
+        fr(x);
+    }
+}
+
+static void test_add_axpy_scale_are_exact_elementwise(void) {
+    enum { n = 17 };
+    float *a = randv(n, 1), *b = randv(n, 1), *out = fbuf(n), *y = dupv(a, n);
+    O->add(O, out, a, b, n);
+    O->axpy(O, y, 0.25f, b, n);
+    for (int i = 0; i < n; i++) {
+        CHECK(out[i] == a[i] + b[i], "add[%d]", i);
+        CHECK(y[i] == a[i] + 0.25f * b[i], "axpy[%d]", i);
+    }
+    O->scale(O, y, -3.0f, n);
+    for (int i = 0; i < n; i++) CHECK(y[i] == (a[i] + 0.25f * b[i]) * -3.0f, "scale[%d]", i);
+    fr(a), fr(b), fr(out), fr(y);
+}
+
+/* ---------------------------------------------------------------- threads */
+
+static void test_two_threads_match_one_thread_bit_for_bit_attention_and_layernorm(void) {
+    ust_ops *O2 = ops_cpu_create(2, 1);
+    att_ctx c = att_make(2, 67, 67, 4, 2, 16, 1, NULL, NULL, 2);
+    float *out1 = fbuf(nq(&c)), *lse1 = fbuf(2 * 4 * 67);
+    float *dq[2], *dk[2], *dv[2];
+    for (int r = 0; r < 2; r++) {
+        const ust_ops *o = r ? O2 : O;
+        dq[r] = fbuf(nq(&c)), dk[r] = fbuf(nk(&c)), dv[r] = fbuf(nk(&c));
+        att_fwd(o, &c);
+        if (r == 0) {
+            memcpy(out1, c.out, nq(&c) * sizeof(float));
+            memcpy(lse1, c.lse, 2 * 4 * 67 * sizeof(float));
+        }
+        att_bwd(o, &c, dq[r], dk[r], dv[r]);
+    }
+    CHECK(memcmp(out1, c.out, nq(&c) * sizeof(float)) == 0, "attention out differs");
+    CHECK(memcmp(lse1, c.lse, 2 * 4 * 67 * sizeof(float)) == 0, "attention lse differs");
+    CHECK(memcmp(dq[0], dq[1], nq(&c) * sizeof(float)) == 0, "attention dq differs");
+    CHECK(memcmp(dk[0], dk[1], nk(&c) * sizeof(float)) == 0, "attention dk differs");
+    CHECK(memcmp(dv[0], dv[1], nk(&c) * sizeof(float)) == 0, "attention dv differs");
+
+    int N = 37, C = 200;
+    float *x = randv(N * C, 1), *w = randv(C, 1), *b = randv(C, 1), *dy = randv(N * C, 1);
+    float *y[2], *mean[2], *rstd[2], *dx[2], *dw[2], *db[2];
+    for (int r = 0; r < 2; r++) {
+        const ust_ops *o = r ? O2 : O;
+        y[r] = fbuf(N * C), mean[r] = fbuf(N), rstd[r] = fbuf(N), dx[r] = fbuf(N * C);
+        dw[r] = fbuf(C), db[r] = fbuf(C);
+        o->layernorm_fwd(o, y[r], mean[r], rstd[r], x, w, b, N, C, 1e-5f);
+        o->layernorm_bwd(o, dx[r], dw[r], db[r], dy, x, w, mean[r], rstd[r], N, C);
+    }
+    CHECK(memcmp(y[0], y[1], sizeof(float) * N * C) == 0, "layernorm out differs");
+    CHECK(memcmp(rstd[0], rstd[1], sizeof(float) * N) == 0, "layernorm rstd differs");
+    CHECK(memcmp(dx[0], dx[1], sizeof(float) * N * C) == 0, "layernorm dinp differs");
+    CHECK(memcmp(dw[0], dw[1], sizeof(float) * C) == 0, "layernorm dw differs");
+    CHECK(memcmp(db[0], db[1], sizeof(float) * C) == 0, "layernorm db differs");
+    CHECK(O->sumsq(O, x, N * C) == O2->sumsq(O2, x, N * C), "sumsq differs");
+    for (int r = 0; r < 2; r++) {
+        fr(dq[r]), fr(dk[r]), fr(dv[r]), fr(y[r]), fr(mean[r]), fr(rstd[r]), fr(dx[r]);
+        fr(dw[r]), fr(db[r]);
+    }
+    fr(out1), fr(lse1), fr(x), fr(w), fr(b), fr(dy);
+    att_free(&c);
+    O2->destroy(O2);
+}
+
+static void test_measured_sgemm_rate_is_positive(void) {
+    double f = ops_measure_sgemm_flops(O, 64, 3);
+    CHECK(f > 0 && isfinite(f), "measured %g FLOP/s", f);
+}
+
+int main(void) {
+    O = ops_cpu_create(1, 1);
+    RUN_TEST(test_alloc_is_zeroed_aligned_and_copies_roundtrip);
+    RUN_TEST(test_matmul_all_transpose_combos_with_alpha_beta_match_reference);
+    RUN_TEST(test_matmul_batched_matches_each_problem_at_its_strides);
+    RUN_TEST(test_linear_forward_matches_reference_with_and_without_bias);
+    RUN_TEST(test_linear_backward_matches_finite_differences_and_accumulates);
+    RUN_TEST(test_embedding_forward_takes_its_vocab_slice_and_adds_positions);
+    RUN_TEST(test_embedding_backward_matches_finite_differences_and_accumulates);
+    RUN_TEST(test_layernorm_forward_matches_reference);
+    RUN_TEST(test_layernorm_backward_matches_finite_differences);
+    RUN_TEST(test_rmsnorm_forward_matches_reference);
+    RUN_TEST(test_rmsnorm_backward_matches_finite_differences);
+    RUN_TEST(test_gelu_forward_matches_tanh_approximation);
+    RUN_TEST(test_gelu_backward_matches_finite_differences);
+    RUN_TEST(test_swiglu_forward_matches_reference);
+    RUN_TEST(test_swiglu_backward_matches_finite_differences);
+    RUN_TEST(test_rope_forward_rotates_half_pairs_by_position);
+    RUN_TEST(test_rope_backward_matches_finite_differences_and_inverts_forward);
+    RUN_TEST(test_attention_forward_matches_reference_causal_noncausal_gqa_cp);
+    RUN_TEST(test_attention_backward_matches_finite_differences_noncausal_gqa);
+    RUN_TEST(test_attention_backward_matches_finite_differences_causal_cp_masked_row);
+    RUN_TEST(test_attention_backward_matches_finite_differences_many_key_blocks);
+    RUN_TEST(test_attention_merge_of_two_key_sets_equals_attention_over_all_keys);
+    RUN_TEST(test_attention_backward_over_two_key_sets_with_merged_lse_equals_full_backward);
+    RUN_TEST(test_xent_forward_excludes_padding_and_ignores_negative_targets);
+    RUN_TEST(test_xent_backward_matches_finite_differences_and_may_alias_logits);
+    RUN_TEST(test_adamw_two_steps_match_hand_computation);
+    RUN_TEST(test_sumsq_and_sum_match_double_reference);
+    RUN_TEST(test_add_axpy_scale_are_exact_elementwise);
+    RUN_TEST(test_two_threads_match_one_thread_bit_for_bit_attention_and_layernorm);
+    RUN_TEST(test_measured_sgemm_rate_is_positive);
+    O->destroy(O);
+    return TEST_SUMMARY();
+}
