@@ -159,7 +159,7 @@ static int cmd_bench_train(int argc, char **argv) {
     int steps = 10;
     int rc = load_config(&c, argc, argv, 1, &steps);
     if (rc) return rc;
-    c.train.steps = steps + 1; /* the first step warms up and is not timed */
+    c.train.steps = steps + 2; /* two warm-up steps (first touch of every buffer), not timed */
     c.checkpoint.every = 0;
     snprintf(c.checkpoint.resume, sizeof c.checkpoint.resume, "none");
     c.data.val_every = 0;
@@ -167,7 +167,7 @@ static int cmd_bench_train(int argc, char **argv) {
     double sgemm = ops_measure_sgemm_flops(ops, 1024, 6);
     ops->destroy(ops);
     c.logging.peak_flops = sgemm;
-    train_opts o = {.quiet = 1};
+    train_opts o = {.quiet = 1, .untimed_steps = 2};
     train_result r;
     rc = train_run(&c, &o, &r);
     if (rc) return rc;

@@ -356,7 +356,8 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
         t->sample_index += c->train.global_batch_size;
         t->last_loss = loss;
         double ms = 1e3 * (now_s() - t0);
-        if (t->step > first + 1 || c->train.steps - first == 1) sum_ms += ms, timed++;
+        int untimed = opts->untimed_steps > 0 ? opts->untimed_steps : 1;
+        if (t->step > first + untimed || c->train.steps - first <= untimed) sum_ms += ms, timed++;
 
         log_step s = {.step = t->step, .steps = c->train.steps, .loss = loss, .lr = lr,
                       .grad_norm = norm, .ms = ms, .val_loss = NAN, .skipped = !finite};
