@@ -148,6 +148,8 @@ static int cmd_data(int argc, char **argv) {
             fprintf(stderr, "ustrain: error: %s\n", e.msg);
             return UST_EXIT_USAGE;
         }
+        printf("wrote byte-level llm.c shards to %s (train_*.bin, val_*.bin; vocab 257)\n",
+               a.out_dir);
         return 0;
     }
     return usage_error("%s", "usage: ustrain data demo DIR | ustrain data prep ...");
@@ -188,6 +190,7 @@ static int cmd_bench_train(int argc, char **argv) {
 
 static int cmd_bench(int argc, char **argv) {
     if (argc >= 1 && strcmp(argv[0], "train") == 0) return cmd_bench_train(argc - 1, argv + 1);
+    if (argc >= 1 && strcmp(argv[0], "comm") == 0) return cmd_bench_comm(argc - 1, argv + 1);
     return usage_error("%s", "usage: ustrain bench train CONFIG | ustrain bench comm");
 }
 

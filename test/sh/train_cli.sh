@@ -97,3 +97,39 @@ expect_exit checkpoint_dir_under_a_file_exits_2 2 "afile" -- $UST train "$C" --s
 # --- validate prints the memory plan without training
 out=$($UST validate "$C" 2>&1)
 echo "$out" | grep -q 'memory plan per rank' && echo "$out" | grep -q 'optimizer' && pass validate_prints_memory_plan || fail validate_prints_memory_plan "$out"
+
+# --- SIGTERM (and Slurm's SIGUSR1) finish the step, write a checkpoint and exit 0; the next
+# start resumes there.
+for sig in TERM USR1; do
+    rm -rf $TMP/sig
+    $UST train "$C" --set train.steps=100000 --set checkpoint.every=100000 \
+        --set "checkpoint.dir=$TMP/sig/ck" --set "logging.metrics_file=$TMP/sig/m.jsonl" >$TMP/sig.out 2>&1 &
+    pid=$!
+    for _ in $(seq 300); do [ "$(cat $TMP/sig/m.jsonl 2>/dev/null | wc -l)" -ge 3 ] && break; sleep 0.1; done
+    kill -$sig $pid
+    wait $pid; rc=$?
+    step=$(sed 's/step_//' $TMP/sig/ck/latest 2>/dev/null)
+    if [ $rc -eq 0 ] && [ -n "$step" ] && [ "$step" -ge 3 ] && grep -q "received signal" $TMP/sig.out; then
+        pass sig${sig}_checkpoints_and_exits_0
+    else
+        fail sig${sig}_checkpoints_and_exits_0 "rc=$rc step=$step: $(tail -2 $TMP/sig.out)"
+    fi
+done
+out=$($UST train "$C" --set train.steps=$((step + 2)) --set "checkpoint.dir=$TMP/sig/ck" --set "logging.metrics_file=$TMP/sig/m2.jsonl" 2>&1)
+if echo "$out" | grep -q "resuming from .*step_$step" && [ "$(cat $TMP/sig/ck/latest)" = "step_$((step + 2))" ]; then
+    pass resume_after_signal_continues
+else
+    fail resume_after_signal_continues "$(echo "$out" | tail -2)"
+fi
+
+# --- data prep: text files -> byte-level llm.c shards the trainer reads
+for i in 1 2 3; do cat README.md docs/*.md 2>/dev/null; done >$TMP/corpus.txt
+cp configs/tiny.yaml $TMP/corpus2.txt
+if $UST data prep --out $TMP/prep $TMP/corpus.txt $TMP/corpus2.txt >/dev/null 2>&1 && ls $TMP/prep/train_*.bin >/dev/null 2>&1 &&
+   $UST train "$C" --set "data.train=$TMP/prep/train_*.bin" --set "data.val=$TMP/prep/val_*.bin" \
+       --set train.steps=2 --set checkpoint.every=0 --set "logging.metrics_file=$TMP/prep/m.jsonl" >/dev/null 2>&1; then
+    pass data_prep_shards_train
+else
+    fail data_prep_shards_train "prep or training on its shards failed"
+fi
+expect_exit data_prep_missing_input_exits_2 2 "no_such_file" -- $UST data prep --out $TMP/prep2 $TMP/no_such_file.txt
