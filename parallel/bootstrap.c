@@ -52,7 +52,7 @@ static int key_ok(const char *key, ust_err *e) {
     return 0;
 }
 
-static void random_job_id(char *out, size_t cap, const char *prefix) {
+void boot_random_id(char *out, size_t cap, const char *prefix) {
     uint64_t r = 0;
     if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) {
         struct timespec ts;
@@ -163,7 +163,7 @@ static int env_init(ust_boot *b, ust_err *e) {
     int hp = boot_env_int("MASTER_PORT", 1, 65535, &port, e);
     if (hp < 0) return -1;
     if (world == 1 && !addr && !hp) { /* nobody to meet: keep values locally */
-        random_job_id(b->job_id, sizeof b->job_id, "env");
+        boot_random_id(b->job_id, sizeof b->job_id, "env");
         b->local_rank = 0, b->local_world = 1, b->node_id = 0, b->nnodes = 1;
         return 0;
     }
@@ -176,7 +176,7 @@ static int env_init(ust_boot *b, ust_err *e) {
     double deadline = boot_now() + b->timeout_s;
     if (rank == 0) {
         char id[64];
-        random_job_id(id, sizeof id, "env");
+        boot_random_id(id, sizeof id, "env");
         im->server = store_server_start(addr, (int)port, (int)world, id, e);
         if (!im->server) return -1;
     }
@@ -260,7 +260,7 @@ int boot_init(ust_boot *b, double timeout_s, ust_err *e) {
                 b->kind = BOOT_SINGLE;
                 b->rank = 0, b->world = 1, b->local_rank = 0, b->local_world = 1;
                 b->node_id = 0, b->nnodes = 1;
-                random_job_id(b->job_id, sizeof b->job_id, "single");
+                boot_random_id(b->job_id, sizeof b->job_id, "single");
                 r = 0;
             }
         }

@@ -104,6 +104,9 @@ struct boot_impl {
     struct boot_pmix *pmix;
 };
 
+/* "<prefix>-<16 random hex digits>". */
+void boot_random_id(char *out, size_t cap, const char *prefix);
+
 /* Monotonic seconds. */
 double boot_now(void);
 

@@ -73,17 +73,28 @@ int boot_pmix_init(ust_boot *b, ust_err *e) {
     if (b->rank < 0 || b->rank >= b->world)
         return ust_errf(e, "PMIx rank %d outside the job size %d", b->rank, b->world);
 
-    int sane = 0;
-    char ns[PMIX_MAX_NSLEN + 1];
-    for (size_t i = 0; p->me.nspace[i] && i < PMIX_MAX_NSLEN; i++, sane++) {
+    /* The namespace is unique among running jobs but repeats across restarts of a launcher (a
+     * fresh Slurm numbers jobs from 1 again), so rank 0 adds a random part that everyone reads
+     * after the first fence; it also makes boot_init wait until every rank is there. */
+    char ns[PMIX_MAX_NSLEN + 1], rnd[32];
+    size_t i = 0;
+    for (; p->me.nspace[i] && i < PMIX_MAX_NSLEN; i++) {
         char c = p->me.nspace[i];
         ns[i] = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
                         c == '-' || c == '_' || c == '.'
                     ? c
                     : '_';
     }
-    ns[sane] = 0;
-    snprintf(b->job_id, sizeof b->job_id, "pmix-%.58s", ns);
+    ns[i] = 0;
+    if (b->rank == 0) {
+        boot_random_id(rnd, sizeof rnd, "r");
+        if (boot_pmix_put(b, "jobid", rnd, strlen(rnd), e) < 0) return -1;
+    }
+    if (boot_pmix_fence(b, e) < 0) return -1;
+    int n = boot_pmix_get(b, 0, "jobid", rnd, sizeof rnd - 1, e);
+    if (n < 0) return -1;
+    rnd[n] = 0;
+    snprintf(b->job_id, sizeof b->job_id, "pmix-%.36s-%.16s", ns, rnd + 2);
 
     int have_local = pmix_int(&p->me, PMIX_LOCAL_RANK, &lr) && pmix_int(&wild, PMIX_LOCAL_SIZE, &lw);
     if (have_local && lw >= 1 && lr < lw) {
