@@ -47,7 +47,7 @@ start)
         command -v "$b" >/dev/null || die "$b not found: install the Debian packages slurm-wlm and munge"
     done
     [ -f "$D/slurmctld.pid" ] && die "$D already holds a running Slurm; stop it first"
-    mkdir -p "$D"/{spool,state,log,munge}
+    mkdir -p "$D"/{spool,state,log,munge,tmp}
     chmod 700 "$D/munge"
     [ -f "$D/munge/munge.key" ] || { dd if=/dev/urandom of="$D/munge/munge.key" bs=1024 count=1 2>/dev/null; chmod 400 "$D/munge/munge.key"; }
     munged --force --key-file="$D/munge/munge.key" --socket="$D/munge/munge.sock" \
@@ -73,6 +73,7 @@ ReturnToService=2
 SlurmdParameters=config_overrides
 StateSaveLocation=$D/state
 SlurmdSpoolDir=$D/spool
+TmpFS=$D/tmp
 SlurmctldPidFile=$D/slurmctld.pid
 SlurmdPidFile=$D/slurmd.pid
 SlurmctldLogFile=$D/log/slurmctld.log

@@ -1,0 +1,72 @@
+# scripts/ustrun: the torchrun-style path end to end. The bootstrap check program (every rank puts,
+# fences and reads everyone's values) at 2 and 8 ranks; output prefixes, exit codes, signal
+# forwarding, OMP_NUM_THREADS; and `ustrain bench comm` when it is built.
+. test/lib.sh
+. test/sh/launch_lib.sh
+
+ranks_check_ok "ustrun_2_ranks_bootstrap_check" 2 -- timeout 60 scripts/ustrun --nproc-per-node 2 "$TB" --ranks-check --timeout 20
+ranks_check_ok "ustrun_8_ranks_bootstrap_check" 8 -- timeout 60 scripts/ustrun --nproc-per-node 8 "$TB" --ranks-check --timeout 20
+# Two "nodes" of 2 on this host: node ids and local ranks come from --node-rank and the launcher.
+port=$(free_port)
+timeout 60 scripts/ustrun --nnodes 2 --node-rank 1 --nproc-per-node 2 --master-port "$port" "$TB" --ranks-check --timeout 20 >"$TMP/n1.out" 2>&1 &
+n1=$!
+ranks_check_ok "ustrun_2_nodes_of_2_bootstrap_check" 2 -- timeout 60 scripts/ustrun --nnodes 2 --node-rank 0 --nproc-per-node 2 --master-port "$port" "$TB" --ranks-check --timeout 20
+wait $n1; rc=$?
+if [ $rc = 0 ] && grep -q "rank 3 of 4: kind env, local 1 of 2, node 1 of 2" "$TMP/n1.out"; then pass ustrun_second_node_sees_node_1_of_2
+else fail ustrun_second_node_sees_node_1_of_2 "exit $rc: $(tail -3 "$TMP/n1.out")"; fi
+
+# Every line prefixed with its rank, stdout and stderr kept apart.
+out=$(timeout 20 scripts/ustrun --nproc-per-node 2 sh -c 'echo "out $RANK/$WORLD_SIZE $LOCAL_RANK/$LOCAL_WORLD_SIZE"; echo "err $RANK" >&2; printf "no newline $RANK"' 2>"$TMP/err")
+if echo "$out" | grep -qx '\[rank 1\] out 1/2 1/2' && echo "$out" | grep -qx '\[rank 0\] no newline 0' &&
+   grep -qx '\[rank 1\] err 1' "$TMP/err" && ! echo "$out" | grep -q err; then pass ustrun_prefixes_each_line_with_its_rank
+else fail ustrun_prefixes_each_line_with_its_rank "stdout: $out / stderr: $(cat "$TMP/err")"; fi
+
+out=$(env -u OMP_NUM_THREADS timeout 20 scripts/ustrun --nproc-per-node 2 sh -c 'echo "omp=$OMP_NUM_THREADS"')
+cores=$(python3 -c 'import os; print(len(os.sched_getaffinity(0)))')
+want=$(( cores / 2 > 1 ? cores / 2 : 1 ))
+if [ "$(echo "$out" | grep -c "omp=$want\$")" = 2 ]; then pass ustrun_sets_omp_threads_to_cores_per_rank
+else fail ustrun_sets_omp_threads_to_cores_per_rank "want $want: $out"; fi
+
+# A failing rank: the others (sleeping) are ended, ustrun returns that rank's code, quickly.
+t0=$(date +%s)
+timeout 30 scripts/ustrun --nproc-per-node 3 sh -c 'if [ "$RANK" = 1 ]; then sleep 0.3; exit 3; fi; exec sleep 30' >"$TMP/o" 2>&1
+rc=$?; dt=$(( $(date +%s) - t0 ))
+if [ $rc = 3 ] && [ $dt -le 5 ] && grep -q "rank 1 exited with code 3; terminating the other 2" "$TMP/o"; then pass ustrun_returns_the_failed_rank_code_and_ends_the_others
+else fail ustrun_returns_the_failed_rank_code_and_ends_the_others "exit $rc after ${dt}s: $(tail -2 "$TMP/o")"; fi
+
+# A rank that ignores SIGTERM gets SIGKILL after the grace period.
+t0=$(date +%s)
+timeout 30 scripts/ustrun --grace 1 --nproc-per-node 2 sh -c 'trap "" TERM; if [ "$RANK" = 1 ]; then exit 4; fi; sleep 30' >"$TMP/o" 2>&1
+rc=$?; dt=$(( $(date +%s) - t0 ))
+if [ $rc = 4 ] && [ $dt -le 6 ] && grep -q "killing it" "$TMP/o"; then pass ustrun_kills_a_rank_that_ignores_sigterm_after_grace
+else fail ustrun_kills_a_rank_that_ignores_sigterm_after_grace "exit $rc after ${dt}s: $(tail -2 "$TMP/o")"; fi
+
+# SIGUSR1 (Slurm's warning) and SIGTERM reach every rank; ranks that stop cleanly make exit 0.
+cat >"$TMP/graceful.sh" <<'EOS'
+trap 'echo "got USR1"; exit 0' USR1
+trap 'echo "got TERM"; exit 0' TERM
+echo ready
+for _ in $(seq 300); do sleep 0.1; done  # bounded, should this test go wrong
+EOS
+for sig in USR1 TERM INT; do
+    # No `timeout` wrapper here: it would take the signal itself. A watchdog bounds the wait.
+    scripts/ustrun --nproc-per-node 2 bash "$TMP/graceful.sh" >"$TMP/o" 2>&1 &
+    pid=$!
+    for _ in $(seq 50); do [ "$(grep -c ready "$TMP/o")" = 2 ] && break; sleep 0.1; done
+    kill -"$sig" $pid
+    for _ in $(seq 100); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
+    kill -0 $pid 2>/dev/null && kill -KILL $pid
+    wait $pid; rc=$?
+    want_line=$sig; [ $sig = INT ] && want_line=""
+    if [ $sig = INT ]; then
+        # bash without an INT trap dies of SIGINT: ustrun reports 128+2.
+        if [ $rc = 130 ]; then pass ustrun_forwards_sigint; else fail ustrun_forwards_sigint "exit $rc: $(cat "$TMP/o")"; fi
+    elif [ $rc = 0 ] && [ "$(grep -c "got $want_line" "$TMP/o")" = 2 ]; then pass "ustrun_forwards_sig${sig,,}_to_every_rank"
+    else fail "ustrun_forwards_sig${sig,,}_to_every_rank" "exit $rc: $(cat "$TMP/o")"; fi
+done
+
+expect_exit ustrun_missing_program_is_exit_127 127 "cannot start" -- scripts/ustrun --nproc-per-node 2 ./no-such-program
+expect_exit ustrun_bad_node_rank_is_a_usage_error 2 "node-rank" -- scripts/ustrun --nnodes 2 --node-rank 2 true
+
+bench_comm_check ustrun 2 -- timeout 120 scripts/ustrun --nproc-per-node 2 "$UST" bench comm $BENCH_ARGS
+bench_comm_check ustrun 8 -- timeout 180 scripts/ustrun --nproc-per-node 8 "$UST" bench comm $BENCH_ARGS
