@@ -1,0 +1,53 @@
+# Slurm as the launcher: a real single-node Slurm (munged, slurmctld, slurmd on 127.0.0.1, started
+# and stopped here by scripts/slurm/local-slurm.sh), ranks started by `srun --mpi=pmix` bootstrap
+# over Slurm's PMIx server. Also: srun without PMIx gives the error that names --mpi=pmix.
+. test/lib.sh
+. test/sh/launch_lib.sh
+
+if [ "$(id -u)" != 0 ]; then
+    echo "SKIP launch_slurm: slurmd needs root to start jobs"
+    exit 0
+fi
+if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null || ! command -v srun >/dev/null; then
+    if ! UST_EXTRA_PKGS="slurm-wlm munge" timeout 900 scripts/install-deps.sh >"$TMP/install.log" 2>&1; then
+        echo "SKIP launch_slurm: slurm-wlm and munge are not installed and could not be installed: $(tail -1 "$TMP/install.log")"
+        exit 0
+    fi
+fi
+if [ ! -e /usr/lib/x86_64-linux-gnu/slurm-wlm/mpi_pmix.so ] && ! ls /usr/lib*/slurm*/mpi_pmix*.so >/dev/null 2>&1; then
+    echo "SKIP launch_slurm: this Slurm has no PMIx plugin (mpi_pmix.so)"
+    exit 0
+fi
+
+# Two consecutive free ports for slurmctld and slurmd, so parallel test runs do not collide.
+port=$(python3 -c '
+import random, socket
+for _ in range(200):
+    p = random.randrange(20000, 40000)
+    try:
+        for q in (p, p + 1):
+            s = socket.socket(); s.bind(("127.0.0.1", q)); s.close()
+        print(p); break
+    except OSError:
+        pass')
+D="$TMP/slurm"
+trap 'scripts/slurm/local-slurm.sh stop "$D" >/dev/null 2>&1; rm -rf "$TMP"' EXIT
+if ! SLURM_LOCAL_PORT=$port timeout 90 scripts/slurm/local-slurm.sh start "$D" >"$TMP/start.log" 2>&1; then
+    fail local_slurm_starts "$(tail -3 "$TMP/start.log")"
+    exit 1
+fi
+pass local_slurm_starts
+export SLURM_CONF="$D/slurm.conf"
+
+ranks_check_ok srun_pmix_2_ranks_bootstrap_check 2 -- timeout 90 srun --mpi=pmix -n 2 "$TB" --ranks-check --timeout 30
+ranks_check_ok srun_pmix_8_ranks_bootstrap_check 8 -- timeout 120 srun --mpi=pmix -n 8 "$TB" --ranks-check --timeout 30
+out=$(timeout 60 srun --mpi=pmix -n 2 "$TB" --ranks-check --timeout 20 2>&1)
+if [ "$(echo "$out" | grep -c 'kind pmix, local [01] of 2, node 0 of 1, job pmix-slurm')" = 2 ]; then pass srun_ranks_get_local_ranks_and_job_id_from_pmix
+else fail srun_ranks_get_local_ranks_and_job_id_from_pmix "$(echo "$out" | head -3)"; fi
+expect_exit srun_without_pmix_names_mpi_pmix 2 "SLURM_NTASKS=2.*srun --mpi=pmix" -- timeout 60 srun --mpi=none --kill-on-bad-exit=0 -n 2 "$TB" --ranks-check --timeout 5
+# The sbatch example at least parses as a shell script.
+if bash -n scripts/slurm/ustrain.sbatch 2>"$TMP/e"; then pass sbatch_example_parses
+else fail sbatch_example_parses "$(cat "$TMP/e")"; fi
+
+bench_comm_check srun 2 -- timeout 120 srun --mpi=pmix -n 2 "$UST" bench comm $BENCH_ARGS
+bench_comm_check srun 8 -- timeout 180 srun --mpi=pmix -n 8 "$UST" bench comm $BENCH_ARGS
