@@ -158,6 +158,7 @@ static int env_init(ust_boot *b, ust_err *e) {
 
     b->kind = BOOT_ENV;
     b->rank = (int)rank, b->world = (int)world;
+    if (world > 1) ust_error_set_rank(b->rank); /* so that even a failed join says who failed */
     const char *addr = getenv("MASTER_ADDR");
     if (addr && !*addr) addr = NULL;
     int hp = boot_env_int("MASTER_PORT", 1, 65535, &port, e);

@@ -72,6 +72,7 @@ int boot_pmix_init(ust_boot *b, ust_err *e) {
     b->rank = (int)p->me.rank, b->world = (int)world;
     if (b->rank < 0 || b->rank >= b->world)
         return ust_errf(e, "PMIx rank %d outside the job size %d", b->rank, b->world);
+    if (b->world > 1) ust_error_set_rank(b->rank);
 
     /* The namespace is unique among running jobs but repeats across restarts of a launcher (a
      * fresh Slurm numbers jobs from 1 again), so rank 0 adds a random part that everyone reads
