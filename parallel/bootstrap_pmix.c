@@ -4,6 +4,8 @@
  * namespace, which is the same on every rank and different for every job step. */
 #include <math.h>
 #include <pmix.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,7 +57,13 @@ static int pmix_int(const pmix_proc_t *proc, const char *key, long *out) {
 int boot_pmix_init(ust_boot *b, ust_err *e) {
     struct boot_pmix *p = calloc(1, sizeof *p);
     if (!p) return ust_errf(e, "out of memory");
+    /* PMIx starts a progress thread: it inherits a mask that blocks every signal, so SIGTERM and
+     * SIGUSR1 (graceful stop) are handled by our own threads. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
     pmix_status_t rc = PMIx_Init(&p->me, NULL, 0);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc != PMIX_SUCCESS) {
         /* PMIX_* variables without a server (e.g. inherited from an outer job): not ours. */
         ust_errf(e, "PMIx_Init: %s", PMIx_Error_string(rc));

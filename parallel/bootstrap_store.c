@@ -16,6 +16,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -574,7 +575,12 @@ store_server *store_server_start(const char *host, int port, int world, const ch
         s->port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
                                                  : ((struct sockaddr_in *)&sa)->sin_port);
     if (pipe2(s->wake, O_CLOEXEC) < 0) return server_free(s), ust_errf(e, "pipe: %s", strerror(errno)), NULL;
+    /* The thread blocks every signal, so SIGTERM/SIGUSR1 (graceful stop) reach the main thread. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
     int err = pthread_create(&s->th, NULL, server_main, s);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (err) return server_free(s), ust_errf(e, "pthread_create: %s", strerror(err)), NULL;
     return s;
 }
