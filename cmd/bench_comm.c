@@ -1,0 +1,289 @@
+/* ustrain bench comm: like nccl-tests, under any launcher. For all-reduce, all-gather,
+ * reduce-scatter and all-to-all on the world communicator, from --min-bytes to --max-bytes
+ * (doubling), it checks the result of the first and the last iteration against the serial
+ * formula, and prints time, algorithm bandwidth (bytes / time) and bus bandwidth (nccl-tests:
+ * all-reduce 2(n-1)/n, the others (n-1)/n times algbw), the latter also as a fraction of this
+ * machine's single-thread memcpy bandwidth. Any wrong element: a message and exit 1. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "bootstrap.h"
+#include "cmd.h"
+#include "comm.h"
+#include "error.h"
+
+#ifdef UST_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+typedef struct {
+    comm_backend backend;
+    void *dsend, *drecv; /* device buffers (NCCL) or the host buffers themselves */
+    float *hsend, *hrecv;
+} bufs;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int parse_bytes(const char *s, size_t *out) {
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || v < 0) return -1;
+    if (*end == 'K' || *end == 'k') v *= 1024, end++;
+    else if (*end == 'M' || *end == 'm') v *= 1024 * 1024, end++;
+    else if (*end == 'G' || *end == 'g') v *= 1024.0 * 1024 * 1024, end++;
+    if (*end && strcmp(end, "iB") && strcmp(end, "B")) return -1;
+    *out = (size_t)v;
+    return 0;
+}
+
+/* Single-thread memcpy bandwidth (bytes/s, counting the bytes copied once), best of 5 copies of
+ * 64 MiB: the yardstick for the shared-memory backend, which is bound by memory copies. */
+static double memcpy_bw(void) {
+    size_t n = 64u << 20;
+    char *a = malloc(n), *b = malloc(n);
+    if (!a || !b) return 0;
+    memset(a, 1, n), memset(b, 2, n);
+    double best = 1e30;
+    for (int i = 0; i < 5; i++) {
+        double t = now_s();
+        memcpy(b, a, n);
+        t = now_s() - t;
+        best = t < best ? t : best;
+        a[i] = b[n - 1 - i]; /* keep the copies observable */
+    }
+    free(a), free(b);
+    return (double)n / best;
+}
+
+static float val(int r, size_t i) { return (float)((int)(((size_t)r * 131u + i * 7u) % 17u) - 8); }
+
+static void *dev_alloc(comm_backend be, size_t bytes, float *host) {
+#ifdef UST_CUDA
+    if (be == COMM_BACKEND_NCCL) {
+        void *p = NULL;
+        if (cudaMalloc(&p, bytes ? bytes : 4) != cudaSuccess)
+            ust_fatal(UST_EXIT_RUNTIME, "bench comm: cudaMalloc of %zu bytes failed", bytes);
+        return p;
+    }
+#endif
+    (void)be, (void)bytes;
+    return host;
+}
+
+static void to_dev(const bufs *b, size_t bytes) {
+#ifdef UST_CUDA
+    if (b->backend == COMM_BACKEND_NCCL) {
+        cudaMemcpy(b->dsend, b->hsend, bytes, cudaMemcpyHostToDevice);
+        cudaMemset(b->drecv, 0, bytes);
+        return;
+    }
+#endif
+    (void)b, (void)bytes;
+}
+
+static void to_host(const bufs *b, size_t bytes) {
+#ifdef UST_CUDA
+    if (b->backend == COMM_BACKEND_NCCL) {
+        cudaMemcpy(b->hrecv, b->drecv, bytes, cudaMemcpyDeviceToHost);
+        return;
+    }
+#endif
+    (void)b, (void)bytes;
+}
+
+static comm_req post(ust_comm *w, comm_kind k, const bufs *b, size_t count) {
+    switch (k) {
+    case COMM_ALLREDUCE: return comm_allreduce(w, b->dsend, b->drecv, count, COMM_FP32, COMM_SUM);
+    case COMM_ALLGATHER: return comm_allgather(w, b->dsend, b->drecv, count, COMM_FP32);
+    case COMM_REDUCE_SCATTER:
+        return comm_reduce_scatter(w, b->dsend, b->drecv, count, COMM_FP32, COMM_SUM);
+    default: return comm_alltoall(w, b->dsend, b->drecv, count, COMM_FP32);
+    }
+}
+
+/* Returns the index of the first wrong element, or -1. count: per-rank count of the op. */
+static long verify(ust_comm *w, comm_kind k, const float *out, size_t count, float *want_out) {
+    int n = comm_size(w), me = comm_rank(w);
+    size_t total = k == COMM_ALLREDUCE || k == COMM_REDUCE_SCATTER ? count : (size_t)n * count;
+    for (size_t i = 0; i < total; i++) {
+        float want = 0;
+        if (k == COMM_ALLREDUCE || k == COMM_REDUCE_SCATTER) {
+            size_t idx = k == COMM_ALLREDUCE ? i : (size_t)me * count + i;
+            for (int j = 0; j < n; j++) want += val(j, idx);
+        } else if (k == COMM_ALLGATHER) {
+            want = val((int)(i / count), i % count);
+        } else { /* all-to-all: block j came from member j, its block `me` */
+            want = val((int)(i / count), (size_t)me * count + i % count);
+        }
+        if (out[i] != want) {
+            *want_out = want;
+            return (long)i;
+        }
+    }
+    return -1;
+}
+
+static void usage(void) {
+    fprintf(stderr, "usage: ustrain bench comm [--min-bytes B] [--max-bytes B] [--iters N] "
+                    "[--backend shm|nccl] [--timeout S]\n  sizes take K/M/G suffixes; defaults "
+                    "4K..64M\n");
+}
+
+int cmd_bench_comm(int argc, char **argv) {
+    size_t minb = 4096, maxb = 64u << 20;
+    int iters_opt = 0;
+    double timeout = 300;
+    comm_backend be = COMM_BACKEND_SHM;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--min-bytes") && v && !parse_bytes(v, &minb)) i++;
+        else if (!strcmp(a, "--max-bytes") && v && !parse_bytes(v, &maxb)) i++;
+        else if (!strcmp(a, "--iters") && v && atoi(v) > 0) iters_opt = atoi(v), i++;
+        else if (!strcmp(a, "--timeout") && v && atof(v) > 0) timeout = atof(v), i++;
+        else if (!strcmp(a, "--backend") && v && (!strcmp(v, "shm") || !strcmp(v, "nccl")))
+            be = strcmp(v, "nccl") ? COMM_BACKEND_SHM : COMM_BACKEND_NCCL, i++;
+        else {
+            fprintf(stderr, "ustrain: error: bench comm: bad argument '%s'\n", a);
+            usage();
+            return UST_EXIT_USAGE;
+        }
+    }
+    if (minb < 4) minb = 4;
+    if (maxb < minb) {
+        fprintf(stderr, "ustrain: error: bench comm: --max-bytes %zu is below --min-bytes %zu\n",
+                maxb, minb);
+        return UST_EXIT_USAGE;
+    }
+    ust_boot boot;
+    ust_err e;
+    if (boot_init(&boot, timeout, &e)) {
+        fprintf(stderr, "ustrain: error: %s\n", e.msg);
+        return UST_EXIT_USAGE;
+    }
+    comm_ctx *ctx;
+    comm_opts o = {.backend = be, .timeout_s = timeout};
+    if (comm_ctx_init(&ctx, &boot, &o, &e)) {
+        fprintf(stderr, "ustrain: error: %s\n", e.msg);
+        return UST_EXIT_USAGE;
+    }
+    int W = boot.world, me = boot.rank;
+    int *all = malloc(sizeof(int) * (size_t)W);
+    for (int i = 0; i < W; i++) all[i] = i;
+    ust_comm *w;
+    comm_group_spec spec = {"world", all, W};
+    if (comm_create_many(ctx, 1, &spec, &w, &e)) ust_fatal(UST_EXIT_RUNTIME, "%s", e.msg);
+
+    /* Rank 0 measures memcpy alone (the others wait at a barrier), then tells everyone. */
+    float mbw = 0;
+    if (me == 0) mbw = (float)memcpy_bw();
+    comm_req r = comm_barrier(w);
+    comm_wait(&r);
+
+    size_t cap = maxb / 4 + (size_t)W;
+    bufs b = {.backend = be};
+    b.hsend = malloc(cap * 4), b.hrecv = malloc(cap * 4);
+    if (!b.hsend || !b.hrecv) ust_fatal(UST_EXIT_RUNTIME, "bench comm: out of memory");
+    b.dsend = dev_alloc(be, cap * 4, b.hsend);
+    b.drecv = dev_alloc(be, cap * 4, b.hrecv);
+    if (me == 0) {
+        printf("bench comm: %d ranks, backend %s, bootstrap %s, %zu..%zu bytes; memcpy "
+               "(1 thread) %.2f GB/s\n",
+               W, comm_backend_name(be), boot_kind_name(boot.kind), minb, maxb, mbw / 1e9);
+        printf("%-15s %12s %12s %6s %10s %10s %10s %9s\n", "op", "bytes", "count", "iters",
+               "time_us", "algbw_GB/s", "busbw_GB/s", "bus/mcpy");
+    }
+    static const comm_kind kinds[] = {COMM_ALLREDUCE, COMM_ALLGATHER, COMM_REDUCE_SCATTER,
+                                      COMM_ALLTOALL};
+    int wrong = 0;
+    for (size_t ki = 0; ki < 4; ki++) {
+        comm_kind k = kinds[ki];
+        for (size_t bytes = minb; bytes <= maxb; bytes *= 2) {
+            /* bytes: the larger of the per-rank buffers (nccl-tests' "size"): the all-reduce
+             * buffer, all-gather output, reduce-scatter input, all-to-all send buffer. */
+            size_t total = bytes / 4, count = k == COMM_ALLREDUCE ? total : total / (size_t)W;
+            if (count == 0) continue;
+            size_t in = k == COMM_ALLREDUCE || k == COMM_ALLGATHER ? count : (size_t)W * count;
+            size_t outn = k == COMM_ALLREDUCE || k == COMM_REDUCE_SCATTER ? count
+                                                                           : (size_t)W * count;
+            for (size_t i = 0; i < in; i++) b.hsend[i] = val(me, i);
+            to_dev(&b, (in > outn ? in : outn) * 4);
+            int iters = iters_opt ? iters_opt
+                                  : (int)(bytes >= (32u << 20) ? 5
+                                          : bytes >= (1u << 20) ? 20 : 100);
+            /* One checked warm-up, then `iters` timed; the last result is checked too. */
+            for (int pass = 0; pass < 2; pass++) {
+                int reps = pass ? iters : 1;
+                comm_req bar = comm_barrier(w);
+                comm_wait(&bar);
+                double t0 = now_s();
+                for (int it = 0; it < reps; it++) {
+                    comm_req q = post(w, k, &b, count);
+                    comm_wait(&q);
+                }
+                double dt = (now_s() - t0) / reps;
+                to_host(&b, outn * 4);
+                float want = 0;
+                long bad = verify(w, k, b.hrecv, count, &want);
+                if (bad >= 0) {
+                    fprintf(stderr, "ustrain[rank %d]: error: bench comm: %s of %zu bytes: "
+                                    "element %ld is %g, expected %g\n",
+                            me, comm_kind_name(k), bytes, bad, (double)b.hrecv[bad], (double)want);
+                    wrong = 1;
+                }
+                if (!pass) continue;
+                /* The slowest rank's time defines the operation's time. */
+                float mine[2] = {(float)dt, (float)wrong}, *every = malloc(sizeof(float) * 2 * W);
+                void *dm = dev_alloc(be, 8, mine), *de = dev_alloc(be, 8 * (size_t)W, every);
+#ifdef UST_CUDA
+                if (be == COMM_BACKEND_NCCL) cudaMemcpy(dm, mine, 8, cudaMemcpyHostToDevice);
+#endif
+                comm_req g = comm_allgather(w, dm, de, 2, COMM_FP32);
+                comm_wait(&g);
+#ifdef UST_CUDA
+                if (be == COMM_BACKEND_NCCL) {
+                    cudaMemcpy(every, de, 8 * (size_t)W, cudaMemcpyDeviceToHost);
+                    cudaFree(dm), cudaFree(de);
+                }
+#endif
+                double tmax = 0;
+                int anywrong = 0;
+                for (int j = 0; j < W; j++) {
+                    tmax = every[2 * j] > tmax ? every[2 * j] : tmax;
+                    anywrong |= every[2 * j + 1] != 0;
+                }
+                free(every);
+                double bytes_real = (double)(k == COMM_ALLREDUCE ? count : count * (size_t)W) * 4;
+                double alg = bytes_real / tmax;
+                double factor = k == COMM_ALLREDUCE ? 2.0 * (W - 1) / W : (double)(W - 1) / W;
+                if (me == 0)
+                    printf("%-15s %12.0f %12zu %6d %10.1f %10.3f %10.3f %9.3f%s\n",
+                           comm_kind_name(k), bytes_real, count, iters, tmax * 1e6, alg / 1e9,
+                           alg * factor / 1e9, mbw > 0 ? alg * factor / mbw : 0,
+                           anywrong ? "  WRONG" : "");
+                if (anywrong) wrong = 1;
+            }
+            fflush(stdout);
+        }
+    }
+    if (me == 0) {
+        if (wrong)
+            printf("bench comm: WRONG results (see the errors above)\n");
+        else
+            printf("bench comm: all results correct\n");
+    }
+    fflush(stdout);
+#ifdef UST_CUDA
+    if (be == COMM_BACKEND_NCCL) cudaFree(b.dsend), cudaFree(b.drecv);
+#endif
+    free(b.hsend), free(b.hrecv), free(all);
+    comm_ctx_free(ctx);
+    boot_finalize(&boot);
+    return wrong ? UST_EXIT_RUNTIME : 0;
+}
