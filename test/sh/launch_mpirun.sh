@@ -15,3 +15,4 @@ if [ "$(echo "$out" | grep -c 'kind pmix')" -ge 2 ]; then pass mpirun_ranks_use_
 else fail mpirun_ranks_use_the_pmix_bootstrap "$(echo "$out" | tail -2)"; fi
 
 bench_comm_check mpirun 2 -- timeout 120 $MPIRUN -np 2 "$UST" bench comm $BENCH_ARGS
+bench_comm_check mpirun 8 -- timeout 180 $MPIRUN -np 8 "$UST" bench comm $BENCH_ARGS
