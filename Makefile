@@ -63,3 +63,57 @@ clean:
 	rm -rf build ustrain
 
 -include $(LIB_OBJ:.o=.d) $(CMD_OBJ:.o=.d) $(TESTS:%=%.d)
+
+# ---- CUDA backend (cuda/*.cu) ------------------------------------------------------------------
+# With nvcc found (/usr/local/cuda/bin/nvcc or on PATH) and CUDA != 0, cuda/*.cu are compiled
+# into the library, C code gets -DUST_CUDA, and cuBLASLt/cuBLAS/cudart are linked dynamically
+# (a CUDA build still runs CPU configs on machines without a GPU or driver). `make CUDA=0` builds
+# CPU-only. CUDA_ARCH lists SM versions (default 80 90; PTX of the last is embedded too).
+# NCCL lines that test $(CUDA) belong after this block.
+NVCC      ?= $(firstword $(wildcard /usr/local/cuda/bin/nvcc) $(shell command -v nvcc 2>/dev/null))
+ifeq ($(NVCC),)
+CUDA      ?= 0
+else
+CUDA      ?= 1
+endif
+ifneq ($(CUDA),0)
+ifeq ($(NVCC),)
+$(error CUDA=$(CUDA) but nvcc was not found; install the CUDA toolkit or build with CUDA=0)
+endif
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_ARCH ?= 80 90
+CUDA_GENCODE := $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) \
+                -gencode arch=compute_$(lastword $(CUDA_ARCH)),code=compute_$(lastword $(CUDA_ARCH))
+NVCCFLAGS ?= -O3 -std=c++17 $(CUDA_GENCODE) -Xcompiler -fPIC,-Wall -I. -Icore -Icuda
+CU_SRC    := $(sort $(wildcard cuda/*.cu))
+CU_OBJ    := $(CU_SRC:%.cu=$(B)/%.o)
+# UST_CUDA also switches parallel/comm.c from its NCCL stubs to the NCCL backend, so it is defined
+# once that backend's source exists; until then C code sees UST_CUDA_OPS (cuda/ops_cuda.h only).
+ifneq ($(wildcard parallel/comm_nccl.c),)
+CFLAGS    += -DUST_CUDA
+else
+CFLAGS    += -DUST_CUDA_OPS
+endif
+LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+
+$(B)/cuda/%.o: cuda/%.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -MT $@ -MF $(@:.o=.d) -c $< -o $@
+
+$(B)/libustrain.a: $(CU_OBJ)
+
+# GPU benchmark of the model's forward+backward (scripts/gpu-check.sh runs it)
+all: $(B)/bench_gpu
+$(B)/bench_gpu: $(B)/cuda/bench_gpu.o $(B)/libustrain.a
+	$(CC) $(LDFLAGS) -o $@ $< $(B)/libustrain.a $(LDLIBS)
+
+-include $(CU_OBJ:.o=.d) $(B)/cuda/bench_gpu.d
+endif
+# Objects built with and without CUDA differ (-DUST_CUDA*, the archive's members): a stamp that
+# changes with the choice makes switching between `make` and `make CUDA=0` in one build
+# directory rebuild them instead of linking stale ones.
+CUDA_STAMP      := $(B)/cuda-config.stamp
+CUDA_STAMP_TEXT := CUDA=$(CUDA) $(filter -DUST_CUDA%,$(CFLAGS))
+$(shell mkdir -p $(B) && [ "$$(cat $(CUDA_STAMP) 2>/dev/null)" = "$(CUDA_STAMP_TEXT)" ] || echo "$(CUDA_STAMP_TEXT)" > $(CUDA_STAMP))
+$(LIB_OBJ) $(CMD_OBJ) $(TESTS:%=%.o) $(B)/libustrain.a: $(CUDA_STAMP)
+# ---- end of the CUDA backend block -------------------------------------------------------------

@@ -1,0 +1,462 @@
+/* attention: flash-style attention forward/backward and the merge of partial results, on the GPU.
+ * Same contract as ops.h (and the CPU backend): q(B,Tq,H,D), k,v(B,Tk,Hkv,D), out(B,Tq,H,D),
+ * lse(B,H,Tq); causal visibility by global positions k_pos[j] <= q_pos[i]; GQA; a query that
+ * sees no key gets out = 0, lse = -inf; backward accumulates into dq, dk, dv.
+ *
+ * Tiling (correctness first, one straightforward scheme for every D <= 256):
+ * - Key tiles of 32 keys live in shared memory (rows padded to D+1 floats so that lane j
+ *   reading row j is free of bank conflicts). Lane j of a warp owns key j of the tile for the
+ *   scores; lanes own dimensions d = lane + 32e for the outputs, and probabilities reach them by
+ *   warp shuffles.
+ * - Forward and dq: one block per (b, h, 16-query tile), 4 warps x 4 queries, online softmax
+ *   (running max m, per-lane partial sums l, accumulators rescaled when m grows).
+ * - dk/dv: one warp per (b, kv head, 32-key tile), walking every query of every head of its
+ *   group; accumulators for its 32 keys in shared memory. Each output element is written by one
+ *   thread in a fixed order: no atomics, deterministic, like the CPU backend's two passes.
+ * A key tile whose smallest position is after every query of the tile is skipped (causal). */
+#include "cuda_internal.h"
+
+#include <limits.h>
+#include <math.h>
+
+#define KB 32           /* keys per tile = warp size */
+#define QPW 4           /* queries per warp */
+#define NW 4            /* warps per block (forward, dq) */
+#define QT (QPW * NW)   /* queries per block */
+#define QTB 16          /* queries per shared-memory load in the dk/dv kernel */
+
+__device__ __forceinline__ int posof(const int32_t *p, int i) { return p ? p[i] : i; }
+
+/* ---------------------------------------------------------------- forward */
+
+template <int DPL> /* dimensions per lane: ceil(D / 32) rounded up to 1, 2, 4, 8 */
+__global__ void __launch_bounds__(NW * 32)
+    k_att_fwd(float *out, float *lse, const float *q, const float *k, const float *v, int Tq,
+              int Tk, int H, int Hkv, int D, const int32_t *q_pos, const int32_t *k_pos,
+              int causal, float scale, int nqt) {
+    extern __shared__ float sm[];
+    __shared__ int kpos_s[KB];
+    const int DP = D + 1;
+    float *Ks = sm, *Vs = Ks + KB * DP, *Qs = Vs + KB * DP;
+    const int it = blockIdx.x % nqt, h = blockIdx.x / nqt % H, b = blockIdx.x / nqt / H;
+    const int hk = h / (H / Hkv), lane = threadIdx.x & 31, w = threadIdx.x >> 5, i0 = it * QT;
+
+    for (int x = threadIdx.x; x < QT * D; x += blockDim.x) {
+        int t = x / D, d = x % D;
+        Qs[x] = i0 + t < Tq ? q[(((int64_t)b * Tq + i0 + t) * H + h) * D + d] : 0.0f;
+    }
+    int qmax = INT_MIN, qp[QPW];
+    for (int t = 0; t < QT; t++)
+        if (i0 + t < Tq) qmax = max(qmax, posof(q_pos, i0 + t));
+    float acc[QPW][DPL], m[QPW], l[QPW];
+    #pragma unroll
+    for (int qq = 0; qq < QPW; qq++) {
+        int i = i0 + w * QPW + qq;
+        qp[qq] = i < Tq ? posof(q_pos, i) : INT_MIN;
+        m[qq] = -INFINITY;
+        l[qq] = 0.0f;
+        #pragma unroll
+        for (int e = 0; e < DPL; e++) acc[qq][e] = 0.0f;
+    }
+
+    for (int j0 = 0; j0 < Tk; j0 += KB) {
+        __syncthreads(); /* the previous tile is no longer read */
+        if (threadIdx.x < KB)
+            kpos_s[threadIdx.x] = j0 + threadIdx.x < Tk ? posof(k_pos, j0 + threadIdx.x) : INT_MAX;
+        __syncthreads();
+        if (causal) {
+            int kmin = INT_MAX;
+            for (int jj = 0; jj < KB; jj++) kmin = min(kmin, kpos_s[jj]);
+            if (kmin > qmax) continue; /* the same decision in every thread */
+        }
+        for (int x = threadIdx.x; x < KB * D; x += blockDim.x) {
+            int jj = x / D, d = x % D, j = j0 + jj;
+            float kv = 0.0f, vv = 0.0f;
+            if (j < Tk) {
+                int64_t off = (((int64_t)b * Tk + j) * Hkv + hk) * D + d;
+                kv = k[off];
+                vv = v[off];
+            }
+            Ks[jj * DP + d] = kv;
+            Vs[jj * DP + d] = vv;
+        }
+        __syncthreads();
+
+        const int kin = j0 + lane < Tk, kp = kpos_s[lane];
+        float s[QPW];
+        #pragma unroll
+        for (int qq = 0; qq < QPW; qq++) s[qq] = 0.0f;
+        for (int d = 0; d < D; d++) {
+            float kd = Ks[lane * DP + d];
+            #pragma unroll
+            for (int qq = 0; qq < QPW; qq++) s[qq] += Qs[(w * QPW + qq) * D + d] * kd;
+        }
+        #pragma unroll
+        for (int qq = 0; qq < QPW; qq++) {
+            if (i0 + w * QPW + qq >= Tq) continue; /* warp-uniform */
+            int vis = kin && !(causal && kp > qp[qq]);
+            float sc = vis ? s[qq] * scale : -INFINITY;
+            float bm = warp_max(sc);
+            if (bm == -INFINITY) continue; /* nothing visible in this tile */
+            if (bm > m[qq]) {
+                float c = expf(m[qq] - bm); /* 0 on the first visible tile (acc = l = 0) */
+                l[qq] *= c;
+                #pragma unroll
+                for (int e = 0; e < DPL; e++) acc[qq][e] *= c;
+                m[qq] = bm;
+            }
+            float p = expf(sc - m[qq]); /* 0 where masked */
+            l[qq] += p;
+            for (int jj = 0; jj < KB; jj++) {
+                float pj = __shfl_sync(0xffffffffu, p, jj);
+                #pragma unroll
+                for (int e = 0; e < DPL; e++) {
+                    int d = lane + 32 * e;
+                    if (d < D) acc[qq][e] += pj * Vs[jj * DP + d];
+                }
+            }
+        }
+    }
+
+    #pragma unroll
+    for (int qq = 0; qq < QPW; qq++) {
+        int i = i0 + w * QPW + qq;
+        if (i >= Tq) continue;
+        float L = warp_sum(l[qq]);
+        float *oi = out + (((int64_t)b * Tq + i) * H + h) * D;
+        float inv = L > 0.0f ? 1.0f / L : 0.0f;
+        #pragma unroll
+        for (int e = 0; e < DPL; e++) {
+            int d = lane + 32 * e;
+            if (d < D) oi[d] = acc[qq][e] * inv;
+        }
+        if (lane == 0) lse[((int64_t)b * H + h) * Tq + i] = L > 0.0f ? m[qq] + logf(L) : -INFINITY;
+    }
+}
+
+/* ---------------------------------------------------------------- backward */
+
+/* Di[b,h,i] = dout_i . out_i, one warp per (b, i, h) row. */
+__global__ void k_att_dot(float *Di, const float *dout, const float *out, int Tq, int H, int D,
+                          int64_t rows) {
+    int lane = threadIdx.x & 31;
+    int64_t nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    for (int64_t r = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5; r < rows; r += nwarps) {
+        const float *a = dout + r * D, *c = out + r * D;
+        float s = 0.0f;
+        for (int d = lane; d < D; d += 32) s += a[d] * c[d];
+        s = warp_sum(s);
+        int h = (int)(r % H), i = (int)(r / H % Tq);
+        int64_t b = r / H / Tq;
+        if (lane == 0) Di[(b * H + h) * Tq + i] = s;
+    }
+}
+
+/* dq_i += scale sum_j ds_ij k_j with p_ij = exp(s_ij - lse_i), ds_ij = p_ij (dout_i . v_j - Di).
+ * Same geometry as the forward. */
+template <int DPL>
+__global__ void __launch_bounds__(NW * 32)
+    k_att_dq(float *dq, const float *dout, const float *lse, const float *Di, const float *q,
+             const float *k, const float *v, int Tq, int Tk, int H, int Hkv, int D,
+             const int32_t *q_pos, const int32_t *k_pos, int causal, float scale, int nqt) {
+    extern __shared__ float sm[];
+    __shared__ int kpos_s[KB];
+    const int DP = D + 1;
+    float *Ks = sm, *Vs = Ks + KB * DP, *Qs = Vs + KB * DP, *Os = Qs + QT * D;
+    const int it = blockIdx.x % nqt, h = blockIdx.x / nqt % H, b = blockIdx.x / nqt / H;
+    const int hk = h / (H / Hkv), lane = threadIdx.x & 31, w = threadIdx.x >> 5, i0 = it * QT;
+
+    for (int x = threadIdx.x; x < QT * D; x += blockDim.x) {
+        int t = x / D, d = x % D;
+        int64_t off = (((int64_t)b * Tq + i0 + t) * H + h) * D + d;
+        Qs[x] = i0 + t < Tq ? q[off] : 0.0f;
+        Os[x] = i0 + t < Tq ? dout[off] : 0.0f;
+    }
+    int qmax = INT_MIN, qp[QPW];
+    float L[QPW], Dv[QPW], acc[QPW][DPL];
+    for (int t = 0; t < QT; t++)
+        if (i0 + t < Tq) qmax = max(qmax, posof(q_pos, i0 + t));
+    #pragma unroll
+    for (int qq = 0; qq < QPW; qq++) {
+        int i = i0 + w * QPW + qq;
+        qp[qq] = i < Tq ? posof(q_pos, i) : INT_MIN;
+        L[qq] = i < Tq ? lse[((int64_t)b * H + h) * Tq + i] : -INFINITY;
+        Dv[qq] = i < Tq ? Di[((int64_t)b * H + h) * Tq + i] : 0.0f;
+        #pragma unroll
+        for (int e = 0; e < DPL; e++) acc[qq][e] = 0.0f;
+    }
+
+    for (int j0 = 0; j0 < Tk; j0 += KB) {
+        __syncthreads();
+        if (threadIdx.x < KB)
+            kpos_s[threadIdx.x] = j0 + threadIdx.x < Tk ? posof(k_pos, j0 + threadIdx.x) : INT_MAX;
+        __syncthreads();
+        if (causal) {
+            int kmin = INT_MAX;
+            for (int jj = 0; jj < KB; jj++) kmin = min(kmin, kpos_s[jj]);
+            if (kmin > qmax) continue;
+        }
+        for (int x = threadIdx.x; x < KB * D; x += blockDim.x) {
+            int jj = x / D, d = x % D, j = j0 + jj;
+            float kv = 0.0f, vv = 0.0f;
+            if (j < Tk) {
+                int64_t off = (((int64_t)b * Tk + j) * Hkv + hk) * D + d;
+                kv = k[off];
+                vv = v[off];
+            }
+            Ks[jj * DP + d] = kv;
+            Vs[jj * DP + d] = vv;
+        }
+        __syncthreads();
+
+        const int kin = j0 + lane < Tk, kp = kpos_s[lane];
+        float s[QPW], dp[QPW];
+        #pragma unroll
+        for (int qq = 0; qq < QPW; qq++) s[qq] = dp[qq] = 0.0f;
+        for (int d = 0; d < D; d++) {
+            float kd = Ks[lane * DP + d], vd = Vs[lane * DP + d];
+            #pragma unroll
+            for (int qq = 0; qq < QPW; qq++) {
+                s[qq] += Qs[(w * QPW + qq) * D + d] * kd;
+                dp[qq] += Os[(w * QPW + qq) * D + d] * vd;
+            }
+        }
+        #pragma unroll
+        for (int qq = 0; qq < QPW; qq++) {
+            if (L[qq] == -INFINITY) continue; /* padding query, or one that sees no key */
+            int vis = kin && !(causal && kp > qp[qq]);
+            float p = vis ? expf(s[qq] * scale - L[qq]) : 0.0f;
+            float ds = p * (dp[qq] - Dv[qq]);
+            for (int jj = 0; jj < KB; jj++) {
+                float dsj = __shfl_sync(0xffffffffu, ds, jj);
+                #pragma unroll
+                for (int e = 0; e < DPL; e++) {
+                    int d = lane + 32 * e;
+                    if (d < D) acc[qq][e] += dsj * Ks[jj * DP + d];
+                }
+            }
+        }
+    }
+
+    #pragma unroll
+    for (int qq = 0; qq < QPW; qq++) {
+        int i = i0 + w * QPW + qq;
+        if (i >= Tq) continue;
+        float *dqi = dq + (((int64_t)b * Tq + i) * H + h) * D;
+        #pragma unroll
+        for (int e = 0; e < DPL; e++) {
+            int d = lane + 32 * e;
+            if (d < D) dqi[d] += acc[qq][e] * scale;
+        }
+    }
+}
+
+/* dv_j += sum_i p_ij dout_i, dk_j += scale sum_i ds_ij q_i: one warp per (b, kv head, 32 keys),
+ * lane j owning key j; accumulators in shared memory rows padded to D+1. */
+__global__ void __launch_bounds__(32)
+    k_att_dkdv(float *dk, float *dv, const float *dout, const float *lse, const float *Di,
+               const float *q, const float *k, const float *v, int Tq, int Tk, int H, int Hkv,
+               int D, const int32_t *q_pos, const int32_t *k_pos, int causal, float scale,
+               int nkb) {
+    extern __shared__ float sm[];
+    __shared__ float Ls[QTB], Ds[QTB];
+    __shared__ int qps[QTB];
+    const int DP = D + 1;
+    float *Ks = sm, *Vs = Ks + KB * DP, *dKs = Vs + KB * DP, *dVs = dKs + KB * DP;
+    float *Qs = dVs + KB * DP, *Os = Qs + QTB * D;
+    const int jb = blockIdx.x % nkb, hk = blockIdx.x / nkb % Hkv, b = blockIdx.x / nkb / Hkv;
+    const int G = H / Hkv, lane = threadIdx.x, j0 = jb * KB, j = j0 + lane, kin = j < Tk;
+    const int kp = kin ? posof(k_pos, j) : INT_MAX;
+
+    for (int x = lane; x < KB * D; x += 32) {
+        int jj = x / D, d = x % D;
+        float kv = 0.0f, vv = 0.0f;
+        if (j0 + jj < Tk) {
+            int64_t off = (((int64_t)b * Tk + j0 + jj) * Hkv + hk) * D + d;
+            kv = k[off];
+            vv = v[off];
+        }
+        Ks[jj * DP + d] = kv;
+        Vs[jj * DP + d] = vv;
+        dKs[jj * DP + d] = 0.0f;
+        dVs[jj * DP + d] = 0.0f;
+    }
+    int kmin = kp;
+    for (int off = 16; off > 0; off >>= 1) kmin = min(kmin, __shfl_xor_sync(0xffffffffu, kmin, off));
+
+    for (int h = hk * G; h < (hk + 1) * G; h++) {
+        for (int i0 = 0; i0 < Tq; i0 += QTB) {
+            int qpl = (lane < QTB && i0 + lane < Tq) ? posof(q_pos, i0 + lane) : INT_MIN;
+            int qmax = qpl;
+            for (int off = 16; off > 0; off >>= 1)
+                qmax = max(qmax, __shfl_xor_sync(0xffffffffu, qmax, off));
+            if (causal && qmax < kmin) continue; /* no query of this tile sees these keys */
+            __syncwarp();
+            for (int x = lane; x < QTB * D; x += 32) {
+                int t = x / D, d = x % D;
+                int64_t off = (((int64_t)b * Tq + i0 + t) * H + h) * D + d;
+                Qs[x] = i0 + t < Tq ? q[off] : 0.0f;
+                Os[x] = i0 + t < Tq ? dout[off] : 0.0f;
+            }
+            if (lane < QTB) {
+                int i = i0 + lane;
+                Ls[lane] = i < Tq ? lse[((int64_t)b * H + h) * Tq + i] : -INFINITY;
+                Ds[lane] = i < Tq ? Di[((int64_t)b * H + h) * Tq + i] : 0.0f;
+                qps[lane] = qpl;
+            }
+            __syncwarp();
+            for (int t = 0; t < QTB; t++) {
+                float Lt = Ls[t];
+                int qp = qps[t];
+                if (Lt == -INFINITY || (causal && qp < kmin)) continue; /* warp-uniform */
+                const float *qt = Qs + t * D, *ot = Os + t * D;
+                float s = 0.0f, dp = 0.0f;
+                for (int d = 0; d < D; d++) {
+                    s += qt[d] * Ks[lane * DP + d];
+                    dp += ot[d] * Vs[lane * DP + d];
+                }
+                int vis = kin && !(causal && kp > qp);
+                float p = vis ? expf(s * scale - Lt) : 0.0f;
+                float ds = p * (dp - Ds[t]);
+                for (int d = 0; d < D; d++) {
+                    dVs[lane * DP + d] += p * ot[d];
+                    dKs[lane * DP + d] += ds * qt[d];
+                }
+            }
+        }
+    }
+    __syncwarp();
+    for (int x = lane; x < KB * D; x += 32) {
+        int jj = x / D, d = x % D;
+        if (j0 + jj >= Tk) continue;
+        int64_t off = (((int64_t)b * Tk + j0 + jj) * Hkv + hk) * D + d;
+        if (dk) dk[off] += dKs[jj * DP + d] * scale;
+        if (dv) dv[off] += dVs[jj * DP + d];
+    }
+}
+
+/* ---------------------------------------------------------------- merge */
+
+/* One warp per (b, h, t) row of lse: lse = logaddexp(l1, l2), out = w1 out + w2 out2. Every lane
+ * reads lse before lane 0 rewrites it. */
+__global__ void k_att_merge(float *out, float *lse, const float *out2, const float *lse2, int T,
+                            int H, int D, int64_t rows) {
+    int lane = threadIdx.x & 31;
+    int64_t nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    for (int64_t r = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5; r < rows; r += nwarps) {
+        int t = (int)(r % T), h = (int)(r / T % H);
+        int64_t b = r / ((int64_t)T * H);
+        float l1 = lse[r], l2 = lse2[r];
+        __syncwarp();
+        if (l2 == -INFINITY) continue; /* the other side saw no key: nothing changes */
+        float *o1 = out + ((b * T + t) * H + h) * D;
+        const float *o2 = out2 + ((b * T + t) * H + h) * D;
+        if (l1 == -INFINITY) {
+            for (int d = lane; d < D; d += 32) o1[d] = o2[d];
+            if (lane == 0) lse[r] = l2;
+            continue;
+        }
+        float mx = fmaxf(l1, l2), mn = fminf(l1, l2);
+        float l = mx + log1pf(expf(mn - mx));
+        float w1 = expf(l1 - l), w2 = expf(l2 - l);
+        for (int d = lane; d < D; d += 32) o1[d] = w1 * o1[d] + w2 * o2[d];
+        if (lane == 0) lse[r] = l;
+    }
+}
+
+/* ---------------------------------------------------------------- launchers */
+
+/* Dynamic shared memory above the default 48 KiB must be opted into per kernel. */
+template <typename K> static void smem_optin(const ust_ops *o, K kernel, size_t bytes) {
+    cuda_impl *im = CUDA_IMPL(o);
+    UST_ASSERT((int64_t)bytes <= im->smem_optin,
+               "attention needs %zu bytes of shared memory per block, device allows %d (D too large)",
+               bytes, im->smem_optin);
+    if (bytes > 48 * 1024)
+        CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
+static int dims_per_lane(int D) { return D <= 32 ? 1 : D <= 64 ? 2 : D <= 128 ? 4 : 8; }
+
+static void check_shapes(int H, int Hkv, int D) {
+    UST_ASSERT(Hkv > 0 && H % Hkv == 0 && D > 0 && D <= 256,
+               "H=%d must be a multiple of Hkv=%d, and 0 < D=%d <= 256", H, Hkv, D);
+}
+
+void cuda_attention_fwd(const ust_ops *o, float *out, float *lse, const float *q, const float *k,
+                        const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
+                        const int32_t *q_pos, const int32_t *k_pos, int causal) {
+    check_shapes(H, Hkv, D);
+    if (B <= 0 || Tq <= 0 || H <= 0) return;
+    int nqt = (Tq + QT - 1) / QT;
+    int64_t blocks = (int64_t)B * H * nqt;
+    UST_ASSERT(blocks < INT_MAX, "attention grid too large (%lld blocks)", (long long)blocks);
+    size_t smem = (size_t)(2 * KB * (D + 1) + QT * D) * sizeof(float);
+    float scale = 1.0f / sqrtf((float)D);
+    cudaStream_t s = STREAM(o);
+#define FWD(DPL)                                                                                   \
+    smem_optin(o, k_att_fwd<DPL>, smem);                                                           \
+    k_att_fwd<DPL><<<(int)blocks, NW * 32, smem, s>>>(out, lse, q, k, v, Tq, Tk, H, Hkv, D, q_pos, \
+                                                      k_pos, causal, scale, nqt);                  \
+    break;
+    switch (dims_per_lane(D)) {
+    case 1: FWD(1)
+    case 2: FWD(2)
+    case 4: FWD(4)
+    default: FWD(8)
+    }
+#undef FWD
+    CK_LAUNCH();
+}
+
+void cuda_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv, const float *dout,
+                        const float *out, const float *lse, const float *q, const float *k,
+                        const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
+                        const int32_t *q_pos, const int32_t *k_pos, int causal) {
+    check_shapes(H, Hkv, D);
+    if (B <= 0 || Tq <= 0 || Tk <= 0 || H <= 0 || (!dq && !dk && !dv)) return;
+    cudaStream_t s = STREAM(o);
+    float scale = 1.0f / sqrtf((float)D);
+    int64_t rows = (int64_t)B * Tq * H;
+    float *Di = (float *)cuda_scratch(o, SCR_C, (size_t)rows * sizeof(float));
+    k_att_dot<<<grid_for(rows * 32, 256), 256, 0, s>>>(Di, dout, out, Tq, H, D, rows);
+    CK_LAUNCH();
+    if (dq) {
+        int nqt = (Tq + QT - 1) / QT;
+        int64_t blocks = (int64_t)B * H * nqt;
+        UST_ASSERT(blocks < INT_MAX, "attention grid too large (%lld blocks)", (long long)blocks);
+        size_t smem = (size_t)(2 * KB * (D + 1) + 2 * QT * D) * sizeof(float);
+#define DQ(DPL)                                                                                    \
+    smem_optin(o, k_att_dq<DPL>, smem);                                                            \
+    k_att_dq<DPL><<<(int)blocks, NW * 32, smem, s>>>(dq, dout, lse, Di, q, k, v, Tq, Tk, H, Hkv, D, \
+                                                     q_pos, k_pos, causal, scale, nqt);            \
+    break;
+        switch (dims_per_lane(D)) {
+        case 1: DQ(1)
+        case 2: DQ(2)
+        case 4: DQ(4)
+        default: DQ(8)
+        }
+#undef DQ
+        CK_LAUNCH();
+    }
+    if (dk || dv) {
+        int nkb = (Tk + KB - 1) / KB;
+        int64_t blocks = (int64_t)B * Hkv * nkb;
+        UST_ASSERT(blocks < INT_MAX, "attention grid too large (%lld blocks)", (long long)blocks);
+        size_t smem = (size_t)(4 * KB * (D + 1) + 2 * QTB * D) * sizeof(float);
+        smem_optin(o, k_att_dkdv, smem);
+        k_att_dkdv<<<(int)blocks, 32, smem, s>>>(dk, dv, dout, lse, Di, q, k, v, Tq, Tk, H, Hkv, D,
+                                                 q_pos, k_pos, causal, scale, nkb);
+        CK_LAUNCH();
+    }
+}
+
+void cuda_attention_merge(const ust_ops *o, float *out, float *lse, const float *out2,
+                          const float *lse2, int B, int T, int H, int D) {
+    int64_t rows = (int64_t)B * H * T;
+    if (rows <= 0) return;
+    k_att_merge<<<grid_for(rows * 32, 256), 256, 0, STREAM(o)>>>(out, lse, out2, lse2, T, H, D,
+                                                                 rows);
+    CK_LAUNCH();
+}

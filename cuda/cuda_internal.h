@@ -1,0 +1,110 @@
+/* cuda_internal: what the .cu files of the CUDA backend share (C++ only, never included by C):
+ * the backend's private state, error checks, launch geometry and warp/block reductions. */
+#ifndef UST_CUDA_INTERNAL_H
+#define UST_CUDA_INTERNAL_H
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* error.h is C11: its _Noreturn is spelled [[noreturn]] in C++. */
+#define _Noreturn [[noreturn]]
+extern "C" {
+#include "error.h"
+#include "ops.h"
+}
+#undef _Noreturn
+
+typedef struct {
+    int device;
+    int bf16;                /* matmuls round inputs to bf16 (fp32 accumulate) */
+    int smem_optin;          /* max dynamic shared memory per block (bytes) */
+    int num_sms;
+    cudaStream_t stream;     /* every op is enqueued here */
+    cublasHandle_t blas;
+    cublasLtHandle_t lt;
+    void *lt_ws;             /* cuBLASLt workspace */
+    size_t lt_ws_bytes;
+    void *scratch[3];        /* grow-only device scratch (bf16 casts, partial sums, attention D_i) */
+    size_t scratch_bytes[3];
+    double *dev_partials;    /* RED_BLOCKS partial sums of sum/sumsq */
+    double *host_partials;   /* pinned copy of them */
+} cuda_impl;
+
+enum { SCR_A = 0, SCR_B = 1, SCR_C = 2 };
+
+#define CUDA_IMPL(o) ((cuda_impl *)(o)->impl)
+#define STREAM(o) (CUDA_IMPL(o)->stream)
+
+#define CK(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t err_ = (call);                                                                 \
+        if (err_ != cudaSuccess)                                                                   \
+            ust_fatal(UST_EXIT_RUNTIME, "CUDA error at %s:%d: %s: %s", __FILE__, __LINE__, #call,   \
+                      cudaGetErrorString(err_));                                                   \
+    } while (0)
+
+/* After a kernel launch: launch-configuration errors surface here, execution errors at the
+ * next synchronizing call. */
+#define CK_LAUNCH() CK(cudaGetLastError())
+
+/* Grid for an elementwise kernel over n items with grid-stride loops. */
+static inline int grid_for(int64_t n, int threads) {
+    int64_t g = (n + threads - 1) / threads;
+    if (g > 65535 * 8) g = 65535 * 8;
+    return g < 1 ? 1 : (int)g;
+}
+
+/* Device scratch slot `slot` of at least `bytes`, grown (never shrunk) on demand. Growing
+ * happens on the first steps only; cudaFree waits for the work that may still use the old one. */
+void *cuda_scratch(const ust_ops *o, int slot, size_t bytes);
+
+/* ---- reductions (fixed trees: the result does not depend on scheduling) ---- */
+
+template <typename T> __device__ __forceinline__ T warp_sum(T v) {
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+}
+
+/* Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets the result.
+ * `sh` holds 32 values; the call begins and ends with a barrier so it can be reused. */
+template <typename T> __device__ __forceinline__ T block_sum(T v, T *sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    T r = lane < nw ? sh[lane] : (T)0;
+    r = warp_sum(r);
+    return r;
+}
+
+__device__ __forceinline__ float block_max(float v, float *sh) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) sh[w] = v;
+    __syncthreads();
+    float r = lane < nw ? sh[lane] : -INFINITY;
+    return warp_max(r);
+}
+
+/* attention.cu */
+void cuda_attention_fwd(const ust_ops *o, float *out, float *lse, const float *q, const float *k,
+                        const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
+                        const int32_t *q_pos, const int32_t *k_pos, int causal);
+void cuda_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv, const float *dout,
+                        const float *out, const float *lse, const float *q, const float *k,
+                        const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
+                        const int32_t *q_pos, const int32_t *k_pos, int causal);
+void cuda_attention_merge(const ust_ops *o, float *out, float *lse, const float *out2,
+                          const float *lse2, int B, int T, int H, int D);
+
+#endif

@@ -1,0 +1,896 @@
+/* ops_cuda: the CUDA backend of ops.h, everything but attention (attention.cu).
+ * One compute stream per backend; every op is enqueued on it and returns at once, except the
+ * ones that hand a value to the host (to_host, sum, sumsq, sync). fp32 storage everywhere;
+ * matmuls go to cuBLAS (fp32, no TF32) or, with bf16 on, to cuBLASLt on bf16 copies of the
+ * inputs with fp32 accumulation and fp32 output.
+ * Determinism: no atomics. Reductions over rows (bias, norm-weight and embedding gradients,
+ * sum/sumsq) use fixed chunkings and fixed reduction trees, so a run repeats bit for bit on the
+ * same GPU. Results differ from the CPU backend only by summation order (and expf/tanhf ulps). */
+#ifndef UST_CUDA
+#define UST_CUDA /* the real declarations of ops_cuda.h, not the stubs */
+#endif
+#include "cuda_internal.h"
+#include "ops_cuda.h"
+
+#include <cuda_bf16.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CKB(call)                                                                                  \
+    do {                                                                                           \
+        cublasStatus_t st_ = (call);                                                               \
+        if (st_ != CUBLAS_STATUS_SUCCESS)                                                          \
+            ust_fatal(UST_EXIT_RUNTIME, "cuBLAS error at %s:%d: %s: status %d", __FILE__,          \
+                      __LINE__, #call, (int)st_);                                                  \
+    } while (0)
+
+#define EW_THREADS 256 /* elementwise kernels */
+#define RED_BLOCKS 256 /* sum/sumsq: fixed number of partials, summed in order on the host */
+
+void *cuda_scratch(const ust_ops *o, int slot, size_t bytes) {
+    cuda_impl *im = CUDA_IMPL(o);
+    if (bytes > im->scratch_bytes[slot]) {
+        if (im->scratch[slot]) CK(cudaFree(im->scratch[slot]));
+        size_t want = bytes + bytes / 4;
+        cudaError_t err = cudaMalloc(&im->scratch[slot], want);
+        if (err != cudaSuccess)
+            ust_fatal(UST_EXIT_RUNTIME, "CUDA out of memory allocating %zu bytes of scratch: %s",
+                      want, cudaGetErrorString(err));
+        im->scratch_bytes[slot] = want;
+    }
+    return im->scratch[slot];
+}
+
+/* ---------------------------------------------------------------- memory */
+
+static void *cu_alloc(const ust_ops *o, size_t bytes) {
+    void *p = NULL;
+    size_t n = bytes ? (bytes + 255) / 256 * 256 : 256; /* cudaMalloc aligns to 256 >= 64 */
+    cudaError_t err = cudaMalloc(&p, n);
+    if (err != cudaSuccess) {
+        size_t fr = 0, tot = 0;
+        cudaGetLastError();
+        cudaMemGetInfo(&fr, &tot);
+        ust_fatal(UST_EXIT_RUNTIME,
+                  "CUDA out of memory allocating %zu bytes on device %d (%zu of %zu bytes free): %s",
+                  bytes, CUDA_IMPL(o)->device, fr, tot, cudaGetErrorString(err));
+    }
+    CK(cudaMemsetAsync(p, 0, n, STREAM(o)));
+    return p;
+}
+
+static void cu_free(const ust_ops *o, void *p) {
+    (void)o;
+    if (p) CK(cudaFree(p)); /* waits for the device, so pending work may still use p */
+}
+
+/* From pageable host memory the copy has read host_src when the call returns. */
+static void cu_to_device(const ust_ops *o, void *dst, const void *host_src, size_t bytes) {
+    if (bytes) CK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, STREAM(o)));
+}
+
+static void cu_to_host(const ust_ops *o, void *host_dst, const void *src, size_t bytes) {
+    if (bytes) CK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, STREAM(o)));
+    CK(cudaStreamSynchronize(STREAM(o)));
+}
+
+static void cu_copy(const ust_ops *o, void *dst, const void *src, size_t bytes) {
+    if (bytes && dst != src)
+        CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, STREAM(o)));
+}
+
+static void cu_zero(const ust_ops *o, void *p, size_t bytes) {
+    if (bytes) CK(cudaMemsetAsync(p, 0, bytes, STREAM(o)));
+}
+
+static void cu_sync(const ust_ops *o) { CK(cudaStreamSynchronize(STREAM(o))); }
+
+/* ---------------------------------------------------------------- elementwise kernels */
+
+__global__ void k_scale(float *x, float s, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = s == 0.0f ? 0.0f : x[i] * s;
+}
+
+__global__ void k_add(float *out, const float *a, const float *b, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        out[i] = a[i] + b[i];
+}
+
+__global__ void k_axpy(float *y, float a, const float *x, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        y[i] += a * x[i];
+}
+
+__global__ void k_to_bf16(__nv_bfloat16 *dst, const float *src, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+/* ---------------------------------------------------------------- matmul */
+
+/* Row-major C = A B is column-major C^T = B^T A^T: cuBLAS gets (B, A) in that order with the
+ * row-major leading dimensions, m = N, n = M. The CPU backend's lda/ldb are the same numbers. */
+
+/* Largest power of two (<= 256) dividing the address and the batch stride, for cuBLASLt. */
+static uint32_t align_of(const void *p, int64_t stride_bytes) {
+    uint64_t a = (uint64_t)(uintptr_t)p | (uint64_t)(stride_bytes > 0 ? stride_bytes : 0) | 256;
+    return (uint32_t)(a & (~a + 1));
+}
+
+/* bf16 inputs, fp32 C, CUBLAS_COMPUTE_32F through cuBLASLt. Returns 0, or -1 when cuBLASLt has
+ * no algorithm for the problem (the caller falls back to cublasGemmStridedBatchedEx). */
+static int lt_gemm(const ust_ops *o, float *C, const __nv_bfloat16 *A, const __nv_bfloat16 *B,
+                   int M, int N, int K, int tA, int tB, float alpha, float beta, int batch,
+                   int64_t sA, int64_t sB, int64_t sC) {
+    cuda_impl *im = CUDA_IMPL(o);
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t lb = NULL, la = NULL, lc = NULL; /* lb describes B (cuBLAS's "A") */
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasOperation_t opB = tB ? CUBLAS_OP_T : CUBLAS_OP_N, opA = tA ? CUBLAS_OP_T : CUBLAS_OP_N;
+    int rc = -1, nres = 0;
+    cublasLtMatmulHeuristicResult_t res;
+    uint64_t ws = im->lt_ws_bytes;
+    uint32_t alB = align_of(B, sB * 2), alA = align_of(A, sA * 2), alC = align_of(C, sC * 4);
+    int32_t bc = batch;
+#define LT(call)                                                                                   \
+    if ((call) != CUBLAS_STATUS_SUCCESS) goto done
+    LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opB, sizeof opB));
+    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opA, sizeof opA));
+    LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, tB ? K : N, tB ? N : K, tB ? K : N));
+    LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, tA ? M : K, tA ? K : M, tA ? M : K));
+    LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, N, M, N));
+    if (batch > 1) {
+        LT(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
+        LT(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
+        LT(cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
+        LT(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sB,
+                                            sizeof sB));
+        LT(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sA,
+                                            sizeof sA));
+        LT(cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sC,
+                                            sizeof sC));
+    }
+    LT(cublasLtMatmulPreferenceCreate(&pref));
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                            sizeof ws));
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &alB,
+                                            sizeof alB));
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &alA,
+                                            sizeof alA));
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &alC,
+                                            sizeof alC));
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &alC,
+                                            sizeof alC));
+    LT(cublasLtMatmulAlgoGetHeuristic(im->lt, op, lb, la, lc, lc, pref, 1, &res, &nres));
+    if (nres < 1) goto done;
+    LT(cublasLtMatmul(im->lt, op, &alpha, B, lb, A, la, &beta, C, lc, C, lc, &res.algo, im->lt_ws,
+                      im->lt_ws_bytes, im->stream));
+    rc = 0;
+#undef LT
+done:
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (lc) cublasLtMatrixLayoutDestroy(lc);
+    if (la) cublasLtMatrixLayoutDestroy(la);
+    if (lb) cublasLtMatrixLayoutDestroy(lb);
+    if (op) cublasLtMatmulDescDestroy(op);
+    return rc;
+}
+
+/* C[M,N] = alpha op(A) op(B) + beta C for `batch` problems at element strides sA, sB, sC. */
+static void gemm(const ust_ops *o, float *C, const float *A, const float *B, int M, int N, int K,
+                 int tA, int tB, float alpha, float beta, int batch, int64_t sA, int64_t sB,
+                 int64_t sC) {
+    cuda_impl *im = CUDA_IMPL(o);
+    if (M <= 0 || N <= 0 || batch <= 0) return;
+    int lda = tA ? M : K, ldb = tB ? K : N;
+    cublasOperation_t opA = tA ? CUBLAS_OP_T : CUBLAS_OP_N, opB = tB ? CUBLAS_OP_T : CUBLAS_OP_N;
+    if (K <= 0) { /* empty sum: C = beta C (BLAS rejects lda = 0) */
+        for (int i = 0; i < batch; i++) {
+            int64_t n = (int64_t)M * N;
+            k_scale<<<grid_for(n, EW_THREADS), EW_THREADS, 0, im->stream>>>(C + i * sC, beta, n);
+            CK_LAUNCH();
+        }
+        return;
+    }
+    if (!im->bf16) {
+        if (batch == 1)
+            CKB(cublasSgemm(im->blas, opB, opA, N, M, K, &alpha, B, ldb, A, lda, &beta, C, N));
+        else
+            CKB(cublasSgemmStridedBatched(im->blas, opB, opA, N, M, K, &alpha, B, ldb, sB, A, lda,
+                                          sA, &beta, C, N, sC, batch));
+        return;
+    }
+    /* bf16: round both inputs (the whole strided span) into scratch, multiply, fp32 out */
+    int64_t nA = (int64_t)(batch - 1) * sA + (int64_t)M * K;
+    int64_t nB = (int64_t)(batch - 1) * sB + (int64_t)K * N;
+    __nv_bfloat16 *a16 = (__nv_bfloat16 *)cuda_scratch(o, SCR_A, (size_t)nA * 2);
+    __nv_bfloat16 *b16 = (__nv_bfloat16 *)cuda_scratch(o, SCR_B, (size_t)nB * 2);
+    k_to_bf16<<<grid_for(nA, EW_THREADS), EW_THREADS, 0, im->stream>>>(a16, A, nA);
+    CK_LAUNCH();
+    k_to_bf16<<<grid_for(nB, EW_THREADS), EW_THREADS, 0, im->stream>>>(b16, B, nB);
+    CK_LAUNCH();
+    if (lt_gemm(o, C, a16, b16, M, N, K, tA, tB, alpha, beta, batch, sA, sB, sC) == 0) return;
+    CKB(cublasGemmStridedBatchedEx(im->blas, opB, opA, N, M, K, &alpha, b16, CUDA_R_16BF, ldb, sB,
+                                   a16, CUDA_R_16BF, lda, sA, &beta, C, CUDA_R_32F, N, sC, batch,
+                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+static void cu_matmul(const ust_ops *o, float *C, const float *A, const float *B, int M, int N,
+                      int K, int tA, int tB, float alpha, float beta) {
+    gemm(o, C, A, B, M, N, K, tA, tB, alpha, beta, 1, 0, 0, 0);
+}
+
+static void cu_matmul_batched(const ust_ops *o, float *C, const float *A, const float *B, int M,
+                              int N, int K, int tA, int tB, float alpha, float beta, int batch,
+                              int64_t strideA, int64_t strideB, int64_t strideC) {
+    gemm(o, C, A, B, M, N, K, tA, tB, alpha, beta, batch, strideA, strideB, strideC);
+}
+
+/* ---------------------------------------------------------------- column reductions */
+
+/* Sums over the N rows of (N,C) quantities, deterministic: stage 1 gives each block 32 columns
+ * and one chunk of rows (threads stride the rows, then a fixed tree over threadIdx.y), writing
+ * double partials (R,2,C); stage 2 adds the R partials in order into the outputs (+=).
+ * MODE_BIAS: dout. MODE_LN: dout * xn and dout. MODE_RMS: dout * x * rstd. */
+enum { MODE_BIAS = 0, MODE_LN = 1, MODE_RMS = 2 };
+#define CR_X 32
+#define CR_Y 8
+
+template <int MODE>
+__global__ void k_colred_partial(double *part, const float *dout, const float *inp,
+                                 const float *mean, const float *rstd, int N, int C,
+                                 int rows_per) {
+    __shared__ double s0[CR_Y][CR_X], s1[CR_Y][CR_X];
+    int c = blockIdx.x * CR_X + threadIdx.x;
+    int r0 = blockIdx.y * rows_per, r1 = min(N, r0 + rows_per);
+    double a0 = 0.0, a1 = 0.0;
+    if (c < C) {
+        for (int n = r0 + threadIdx.y; n < r1; n += CR_Y) {
+            int64_t off = (int64_t)n * C + c;
+            float dy = dout[off];
+            if (MODE == MODE_BIAS) {
+                a0 += dy;
+            } else if (MODE == MODE_LN) {
+                float xn = (inp[off] - mean[n]) * rstd[n];
+                a0 += (double)dy * xn;
+                a1 += dy;
+            } else {
+                a0 += (double)dy * (inp[off] * rstd[n]);
+            }
+        }
+    }
+    s0[threadIdx.y][threadIdx.x] = a0;
+    s1[threadIdx.y][threadIdx.x] = a1;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < C) {
+        double t0 = 0.0, t1 = 0.0;
+        for (int y = 0; y < CR_Y; y++) {
+            t0 += s0[y][threadIdx.x];
+            t1 += s1[y][threadIdx.x];
+        }
+        part[((int64_t)blockIdx.y * 2 + 0) * C + c] = t0;
+        part[((int64_t)blockIdx.y * 2 + 1) * C + c] = t1;
+    }
+}
+
+__global__ void k_colred_final(float *dst0, float *dst1, const double *part, int R, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    double t0 = 0.0, t1 = 0.0;
+    for (int r = 0; r < R; r++) {
+        t0 += part[((int64_t)r * 2 + 0) * C + c];
+        t1 += part[((int64_t)r * 2 + 1) * C + c];
+    }
+    if (dst0) dst0[c] += (float)t0;
+    if (dst1) dst1[c] += (float)t1;
+}
+
+/* dst0 (+ dst1 for MODE_LN) += column sums; R depends on N only, so results do not depend on
+ * the device. */
+static void colred(const ust_ops *o, int mode, float *dst0, float *dst1, const float *dout,
+                   const float *inp, const float *mean, const float *rstd, int N, int C) {
+    if (N <= 0 || C <= 0 || (!dst0 && !dst1)) return;
+    cudaStream_t s = STREAM(o);
+    int rows_per = 128, R = (N + rows_per - 1) / rows_per;
+    if (R > 256) {
+        R = 256;
+        rows_per = (N + R - 1) / R;
+        R = (N + rows_per - 1) / rows_per;
+    }
+    double *part = (double *)cuda_scratch(o, SCR_C, (size_t)R * 2 * C * sizeof(double));
+    dim3 grid((C + CR_X - 1) / CR_X, R), block(CR_X, CR_Y);
+    if (mode == MODE_BIAS)
+        k_colred_partial<MODE_BIAS><<<grid, block, 0, s>>>(part, dout, inp, mean, rstd, N, C, rows_per);
+    else if (mode == MODE_LN)
+        k_colred_partial<MODE_LN><<<grid, block, 0, s>>>(part, dout, inp, mean, rstd, N, C, rows_per);
+    else
+        k_colred_partial<MODE_RMS><<<grid, block, 0, s>>>(part, dout, inp, mean, rstd, N, C, rows_per);
+    CK_LAUNCH();
+    k_colred_final<<<(C + 255) / 256, 256, 0, s>>>(dst0, dst1, part, R, C);
+    CK_LAUNCH();
+}
+
+/* ---------------------------------------------------------------- linear */
+
+__global__ void k_bias_add(float *out, const float *bias, int64_t N, int OC) {
+    int64_t n = N * OC;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        out[i] += bias[i % OC];
+}
+
+/* out(N,OC) = inp(N,C) @ w(OC,C)^T + bias(OC) */
+static void cu_linear_fwd(const ust_ops *o, float *out, const float *inp, const float *w,
+                          const float *bias, int N, int C, int OC) {
+    gemm(o, out, inp, w, N, OC, C, 0, 1, 1.0f, 0.0f, 1, 0, 0, 0);
+    if (!bias || N <= 0 || OC <= 0) return;
+    int64_t n = (int64_t)N * OC;
+    k_bias_add<<<grid_for(n, EW_THREADS), EW_THREADS, 0, STREAM(o)>>>(out, bias, N, OC);
+    CK_LAUNCH();
+}
+
+/* dinp(N,C) = dout @ w (+= when acc_dinp); dw(OC,C) += dout^T @ inp; dbias += column sums */
+static void cu_linear_bwd(const ust_ops *o, float *dinp, float *dw, float *dbias,
+                          const float *dout, const float *inp, const float *w, int N, int C,
+                          int OC, int acc_dinp) {
+    if (dinp) gemm(o, dinp, dout, w, N, C, OC, 0, 0, 1.0f, acc_dinp ? 1.0f : 0.0f, 1, 0, 0, 0);
+    if (dw) gemm(o, dw, dout, inp, OC, C, N, 1, 0, 1.0f, 1.0f, 1, 0, 0, 0);
+    if (dbias) colred(o, MODE_BIAS, dbias, NULL, dout, NULL, NULL, NULL, N, OC);
+}
+
+/* ---------------------------------------------------------------- embedding */
+
+__global__ void k_embedding_fwd(float *out, const int32_t *tok, const int32_t *pos,
+                                const float *wte, const float *wpe, int T, int C, int v_start,
+                                int v_end, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / C;
+        int c = (int)(i % C), t = (int)(r % T), id = tok[r];
+        float x = (wte && id >= v_start && id < v_end) ? wte[(int64_t)(id - v_start) * C + c] : 0.0f;
+        if (wpe) x += wpe[(int64_t)(pos ? pos[t] : t) * C + c];
+        out[i] = x;
+    }
+}
+
+static void cu_embedding_fwd(const ust_ops *o, float *out, const int32_t *tok, const int32_t *pos,
+                             const float *wte, const float *wpe, int B, int T, int C, int v_start,
+                             int v_end) {
+    int64_t n = (int64_t)B * T * C;
+    if (n <= 0) return;
+    k_embedding_fwd<<<grid_for(n, EW_THREADS), EW_THREADS, 0, STREAM(o)>>>(
+        out, tok, pos, wte, wpe, T, C, v_start, v_end, n);
+    CK_LAUNCH();
+}
+
+/* Row index of source row r in the destination table, or -1 (skipped). */
+__device__ __forceinline__ int emb_dst_row(int wpe_mode, const int32_t *tok, const int32_t *pos,
+                                           int64_t r, int T, int v_start, int v_end) {
+    if (wpe_mode) {
+        int t = (int)(r % T);
+        return pos ? pos[t] : t;
+    }
+    int id = tok[r];
+    return (id >= v_start && id < v_end) ? id - v_start : -1;
+}
+
+/* dst[row(r)] += dout[r] for every source row r in order: one warp owns 32 columns and walks all
+ * rows, so repeated tokens add in row order without atomics (deterministic). Eight rows are
+ * loaded at a time; when their destinations are distinct the eight read-modify-writes are
+ * independent and overlap, otherwise they are done one by one (same result either way). */
+#define EMB_U 8
+__global__ void k_embedding_bwd(float *dst, const float *dout, const int32_t *tok,
+                                const int32_t *pos, int wpe_mode, int64_t rows, int T, int C,
+                                int v_start, int v_end) {
+    int c = blockIdx.x * 32 + threadIdx.x;
+    for (int64_t r0 = 0; r0 < rows; r0 += EMB_U) {
+        int dr[EMB_U];
+        float g[EMB_U];
+        int nr = rows - r0 < EMB_U ? (int)(rows - r0) : EMB_U;
+        for (int u = 0; u < EMB_U; u++) {
+            dr[u] = u < nr ? emb_dst_row(wpe_mode, tok, pos, r0 + u, T, v_start, v_end) : -1;
+            g[u] = (u < nr && c < C) ? dout[(r0 + u) * C + c] : 0.0f;
+        }
+        if (c >= C) continue;
+        int distinct = 1;
+        for (int u = 0; u < EMB_U; u++)
+            for (int u2 = u + 1; u2 < EMB_U; u2++)
+                if (dr[u] >= 0 && dr[u] == dr[u2]) distinct = 0;
+        if (distinct) {
+            float d[EMB_U];
+            for (int u = 0; u < EMB_U; u++)
+                if (dr[u] >= 0) d[u] = dst[(int64_t)dr[u] * C + c];
+            for (int u = 0; u < EMB_U; u++)
+                if (dr[u] >= 0) dst[(int64_t)dr[u] * C + c] = d[u] + g[u];
+        } else {
+            for (int u = 0; u < EMB_U; u++)
+                if (dr[u] >= 0) dst[(int64_t)dr[u] * C + c] += g[u];
+        }
+    }
+}
+
+static void cu_embedding_bwd(const ust_ops *o, float *dwte, float *dwpe, const float *dout,
+                             const int32_t *tok, const int32_t *pos, int B, int T, int C,
+                             int v_start, int v_end) {
+    int64_t rows = (int64_t)B * T;
+    if (rows <= 0 || C <= 0) return;
+    int grid = (C + 31) / 32;
+    if (dwte) {
+        k_embedding_bwd<<<grid, 32, 0, STREAM(o)>>>(dwte, dout, tok, pos, 0, rows, T, C, v_start,
+                                                    v_end);
+        CK_LAUNCH();
+    }
+    if (dwpe) {
+        k_embedding_bwd<<<grid, 32, 0, STREAM(o)>>>(dwpe, dout, tok, pos, 1, rows, T, C, v_start,
+                                                    v_end);
+        CK_LAUNCH();
+    }
+}
+
+/* ---------------------------------------------------------------- norms */
+
+static int row_threads(int C) { return C >= 2048 ? 512 : C >= 512 ? 256 : 128; }
+
+/* One block per row. */
+__global__ void k_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
+                                const float *w, const float *b, int C, float eps) {
+    __shared__ float sh[32];
+    int64_t n = blockIdx.x;
+    const float *x = inp + n * C;
+    float *y = out + n * C;
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) s += x[c];
+    float m = block_sum(s, sh) / C;
+    float v = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) v += (x[c] - m) * (x[c] - m);
+    v = block_sum(v, sh);
+    float r = rsqrtf(v / C + eps);
+    for (int c = threadIdx.x; c < C; c += blockDim.x) y[c] = (x[c] - m) * r * w[c] + (b ? b[c] : 0.0f);
+    if (threadIdx.x == 0) {
+        if (mean) mean[n] = m;
+        if (rstd) rstd[n] = r;
+    }
+}
+
+/* dinp = rstd (g - mean(g) - xn mean(g xn)), g = w dout, xn = (x - mean) rstd */
+__global__ void k_layernorm_bwd_dx(float *dinp, const float *dout, const float *inp,
+                                   const float *w, const float *mean, const float *rstd, int C) {
+    __shared__ float sh[32];
+    int64_t n = blockIdx.x;
+    const float *x = inp + n * C, *dy = dout + n * C;
+    float *dx = dinp + n * C;
+    float m = mean[n], r = rstd[n], sg = 0.0f, sgx = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float g = w[c] * dy[c];
+        sg += g;
+        sgx += g * ((x[c] - m) * r);
+    }
+    sg = block_sum(sg, sh);
+    sgx = block_sum(sgx, sh);
+    float mg = sg / C, mgx = sgx / C;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float xn = (x[c] - m) * r;
+        dx[c] = (w[c] * dy[c] - mg - xn * mgx) * r;
+    }
+}
+
+static void cu_layernorm_fwd(const ust_ops *o, float *out, float *mean, float *rstd,
+                             const float *inp, const float *w, const float *b, int N, int C,
+                             float eps) {
+    if (N <= 0) return;
+    k_layernorm_fwd<<<N, row_threads(C), 0, STREAM(o)>>>(out, mean, rstd, inp, w, b, C, eps);
+    CK_LAUNCH();
+}
+
+static void cu_layernorm_bwd(const ust_ops *o, float *dinp, float *dw, float *db,
+                             const float *dout, const float *inp, const float *w,
+                             const float *mean, const float *rstd, int N, int C) {
+    if (N <= 0) return;
+    if (dinp) {
+        k_layernorm_bwd_dx<<<N, row_threads(C), 0, STREAM(o)>>>(dinp, dout, inp, w, mean, rstd, C);
+        CK_LAUNCH();
+    }
+    colred(o, MODE_LN, dw, db, dout, inp, mean, rstd, N, C);
+}
+
+__global__ void k_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int C,
+                              float eps) {
+    __shared__ float sh[32];
+    int64_t n = blockIdx.x;
+    const float *x = inp + n * C;
+    float *y = out + n * C;
+    float ss = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) ss += x[c] * x[c];
+    ss = block_sum(ss, sh);
+    float r = rsqrtf(ss / C + eps);
+    for (int c = threadIdx.x; c < C; c += blockDim.x) y[c] = x[c] * r * w[c];
+    if (threadIdx.x == 0 && rstd) rstd[n] = r;
+}
+
+/* dinp = rstd (g - x rstd^2 mean(g x)), g = w dout */
+__global__ void k_rmsnorm_bwd_dx(float *dinp, const float *dout, const float *inp, const float *w,
+                                 const float *rstd, int C) {
+    __shared__ float sh[32];
+    int64_t n = blockIdx.x;
+    const float *x = inp + n * C, *dy = dout + n * C;
+    float *dx = dinp + n * C;
+    float r = rstd[n], sgx = 0.0f;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) sgx += w[c] * dy[c] * x[c];
+    sgx = block_sum(sgx, sh);
+    float kk = sgx / C * r * r;
+    for (int c = threadIdx.x; c < C; c += blockDim.x) dx[c] = (w[c] * dy[c] - x[c] * kk) * r;
+}
+
+static void cu_rmsnorm_fwd(const ust_ops *o, float *out, float *rstd, const float *inp,
+                           const float *w, int N, int C, float eps) {
+    if (N <= 0) return;
+    k_rmsnorm_fwd<<<N, row_threads(C), 0, STREAM(o)>>>(out, rstd, inp, w, C, eps);
+    CK_LAUNCH();
+}
+
+static void cu_rmsnorm_bwd(const ust_ops *o, float *dinp, float *dw, const float *dout,
+                           const float *inp, const float *w, const float *rstd, int N, int C) {
+    if (N <= 0) return;
+    if (dinp) {
+        k_rmsnorm_bwd_dx<<<N, row_threads(C), 0, STREAM(o)>>>(dinp, dout, inp, w, rstd, C);
+        CK_LAUNCH();
+    }
+    colred(o, MODE_RMS, dw, NULL, dout, inp, NULL, rstd, N, C);
+}
+
+/* ---------------------------------------------------------------- activations */
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+
+__global__ void k_gelu_fwd(float *out, const float *inp, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float x = inp[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x)));
+    }
+}
+
+__global__ void k_gelu_bwd(float *dinp, const float *inp, const float *dout, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float x = inp[i];
+        float t = tanhf(GELU_K * (x + 0.044715f * x * x * x));
+        float sech2 = 1.0f - t * t;
+        float g = 0.5f * (1.0f + t) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+        dinp[i] = g * dout[i];
+    }
+}
+
+__global__ void k_swiglu_fwd(float *out, const float *gate, const float *up, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+__global__ void k_swiglu_bwd(float *dgate, float *dup, const float *dout, const float *gate,
+                             const float *up, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float g = gate[i], u = up[i], dy = dout[i];
+        float sig = 1.0f / (1.0f + expf(-g));
+        if (dgate) dgate[i] = dy * u * sig * (1.0f + g * (1.0f - sig));
+        if (dup) dup[i] = dy * g * sig;
+    }
+}
+
+#define EW_LAUNCH(kernel, n, ...)                                                                  \
+    do {                                                                                           \
+        if ((n) > 0) {                                                                             \
+            kernel<<<grid_for((n), EW_THREADS), EW_THREADS, 0, STREAM(o)>>>(__VA_ARGS__);          \
+            CK_LAUNCH();                                                                           \
+        }                                                                                          \
+    } while (0)
+
+static void cu_gelu_fwd(const ust_ops *o, float *out, const float *inp, int64_t n) {
+    EW_LAUNCH(k_gelu_fwd, n, out, inp, n);
+}
+static void cu_gelu_bwd(const ust_ops *o, float *dinp, const float *inp, const float *dout,
+                        int64_t n) {
+    EW_LAUNCH(k_gelu_bwd, n, dinp, inp, dout, n);
+}
+static void cu_swiglu_fwd(const ust_ops *o, float *out, const float *gate, const float *up,
+                          int64_t n) {
+    EW_LAUNCH(k_swiglu_fwd, n, out, gate, up, n);
+}
+static void cu_swiglu_bwd(const ust_ops *o, float *dgate, float *dup, const float *dout,
+                          const float *gate, const float *up, int64_t n) {
+    if (!dgate && !dup) return;
+    EW_LAUNCH(k_swiglu_bwd, n, dgate, dup, dout, gate, up, n);
+}
+
+/* ---------------------------------------------------------------- RoPE */
+
+/* One thread per (token r, pair i): the angle pos * theta^(-2i/D) in double (as the CPU
+ * backend), then the rotation of pair (i, i + D/2) of every head. sign = -1 is the inverse. */
+__global__ void k_rope(float *out, const float *inp, const int32_t *pos, int64_t rows, int T,
+                       int H, int D, float theta, double sign) {
+    int half = D / 2;
+    int64_t n = rows * half;
+    for (int64_t x = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; x < n;
+         x += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = x / half;
+        int i = (int)(x % half), t = (int)(r % T);
+        double p = pos ? pos[t] : t;
+        double a = p * pow((double)theta, -2.0 * i / D);
+        float cs = (float)cos(a), sn = (float)(sign * sin(a));
+        for (int h = 0; h < H; h++) {
+            int64_t base = (r * H + h) * D;
+            float x1 = inp[base + i], x2 = inp[base + i + half];
+            out[base + i] = x1 * cs - x2 * sn;
+            out[base + i + half] = x2 * cs + x1 * sn;
+        }
+    }
+}
+
+static void cu_rope_fwd(const ust_ops *o, float *out, const float *inp, const int32_t *pos, int B,
+                        int T, int H, int D, float theta) {
+    int64_t rows = (int64_t)B * T;
+    EW_LAUNCH(k_rope, rows * (D / 2), out, inp, pos, rows, T, H, D, theta, 1.0);
+}
+
+static void cu_rope_bwd(const ust_ops *o, float *dinp, const float *dout, const int32_t *pos,
+                        int B, int T, int H, int D, float theta) {
+    int64_t rows = (int64_t)B * T;
+    EW_LAUNCH(k_rope, rows * (D / 2), dinp, dout, pos, rows, T, H, D, theta, -1.0);
+}
+
+/* ---------------------------------------------------------------- cross-entropy */
+
+/* One block per row. Everything read from a row is read before the barrier inside the last
+ * block_sum, and each element is then rewritten by the thread that reads it, so dlogits may
+ * alias logits. A target outside [0, v_real) other than the ignore marker gives a NaN loss. */
+__global__ void k_xent(float *losses, float *dlogits, const float *logits, const int32_t *targets,
+                       int V, int v_real, float dscale) {
+    __shared__ float sh[32];
+    int64_t n = blockIdx.x;
+    const float *x = logits + n * V;
+    float *dx = dlogits ? dlogits + n * V : NULL;
+    int tgt = targets[n];
+    if (tgt < 0) {
+        if (losses && threadIdx.x == 0) losses[n] = 0.0f;
+        if (dx)
+            for (int c = threadIdx.x; c < V; c += blockDim.x) dx[c] = 0.0f;
+        return;
+    }
+    float mx = -INFINITY;
+    for (int c = threadIdx.x; c < v_real; c += blockDim.x) mx = fmaxf(mx, x[c]);
+    mx = block_max(mx, sh);
+    float xt = tgt < v_real ? x[tgt] : NAN;
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < v_real; c += blockDim.x) s += expf(x[c] - mx);
+    s = block_sum(s, sh);
+    if (losses && threadIdx.x == 0) losses[n] = logf(s) + mx - xt;
+    if (!dx) return;
+    float inv = 1.0f / s;
+    for (int c = threadIdx.x; c < V; c += blockDim.x) {
+        float d = 0.0f;
+        if (c < v_real) d = (expf(x[c] - mx) * inv - (c == tgt ? 1.0f : 0.0f)) * dscale;
+        dx[c] = d;
+    }
+}
+
+static void cu_xent_fwd_bwd(const ust_ops *o, float *losses, float *dlogits, const float *logits,
+                            const int32_t *targets, int N, int V, int v_real, float dscale) {
+    UST_ASSERT(v_real > 0 && v_real <= V, "v_real=%d must be in 1..V=%d", v_real, V);
+    if (N <= 0) return;
+    k_xent<<<N, V >= 4096 ? 512 : 128, 0, STREAM(o)>>>(losses, dlogits, logits, targets, V, v_real,
+                                                       dscale);
+    CK_LAUNCH();
+}
+
+/* ---------------------------------------------------------------- optimizer */
+
+__global__ void k_adamw(float *p, const float *grad, float *m, float *v, int64_t n, float lr,
+                        float b1, float b2, float eps, float wd, float grad_scale, float bc1,
+                        float bc2) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float g = grad[i] * grad_scale;
+        float mi = b1 * m[i] + (1.0f - b1) * g;
+        float vi = b2 * v[i] + (1.0f - b2) * g * g;
+        m[i] = mi;
+        v[i] = vi;
+        float mhat = mi / bc1, vhat = vi / bc2;
+        p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
+    }
+}
+
+static void cu_adamw(const ust_ops *o, float *p, const float *grad, float *m, float *v, int64_t n,
+                     float lr, float b1, float b2, float eps, float wd, float grad_scale,
+                     int64_t t) {
+    float bc1 = (float)(1.0 - pow((double)b1, (double)t));
+    float bc2 = (float)(1.0 - pow((double)b2, (double)t));
+    EW_LAUNCH(k_adamw, n, p, grad, m, v, n, lr, b1, b2, eps, wd, grad_scale, bc1, bc2);
+}
+
+/* ---------------------------------------------------------------- elementwise, reductions */
+
+static void cu_add(const ust_ops *o, float *out, const float *a, const float *b, int64_t n) {
+    EW_LAUNCH(k_add, n, out, a, b, n);
+}
+static void cu_axpy(const ust_ops *o, float *y, float a, const float *x, int64_t n) {
+    EW_LAUNCH(k_axpy, n, y, a, x, n);
+}
+__global__ void k_scale_keep(float *x, float s, int64_t n) { /* x *= s, NaN-propagating */
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] *= s;
+}
+static void cu_scale(const ust_ops *o, float *x, float s, int64_t n) {
+    EW_LAUNCH(k_scale_keep, n, x, s, n);
+}
+
+/* Block b sums its fixed chunk [b per, (b+1) per) in double. */
+template <int SQUARE>
+__global__ void k_reduce(double *part, const float *x, int64_t n, int64_t per) {
+    __shared__ double sh[32];
+    int64_t i0 = blockIdx.x * per, i1 = min(n, i0 + per);
+    double s = 0.0;
+    for (int64_t i = i0 + threadIdx.x; i < i1; i += blockDim.x) {
+        double v = x[i];
+        s += SQUARE ? v * v : v;
+    }
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+static double reduce(const ust_ops *o, const float *x, int64_t n, int square) {
+    cuda_impl *im = CUDA_IMPL(o);
+    if (n <= 0) return 0.0;
+    int64_t per = (n + RED_BLOCKS - 1) / RED_BLOCKS;
+    if (square)
+        k_reduce<1><<<RED_BLOCKS, 256, 0, im->stream>>>(im->dev_partials, x, n, per);
+    else
+        k_reduce<0><<<RED_BLOCKS, 256, 0, im->stream>>>(im->dev_partials, x, n, per);
+    CK_LAUNCH();
+    CK(cudaMemcpyAsync(im->host_partials, im->dev_partials, RED_BLOCKS * sizeof(double),
+                       cudaMemcpyDeviceToHost, im->stream));
+    CK(cudaStreamSynchronize(im->stream));
+    double total = 0.0;
+    for (int b = 0; b < RED_BLOCKS; b++) total += im->host_partials[b];
+    return total;
+}
+
+static double cu_sumsq(const ust_ops *o, const float *x, int64_t n) { return reduce(o, x, n, 1); }
+static double cu_sum(const ust_ops *o, const float *x, int64_t n) { return reduce(o, x, n, 0); }
+
+/* ---------------------------------------------------------------- attention (attention.cu) */
+
+static void cu_attention_fwd(const ust_ops *o, float *out, float *lse, const float *q,
+                             const float *k, const float *v, int B, int Tq, int Tk, int H, int Hkv,
+                             int D, const int32_t *q_pos, const int32_t *k_pos, int causal) {
+    cuda_attention_fwd(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal);
+}
+
+static void cu_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv, const float *dout,
+                             const float *out, const float *lse, const float *q, const float *k,
+                             const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
+                             const int32_t *q_pos, const int32_t *k_pos, int causal) {
+    cuda_attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos,
+                       causal);
+}
+
+static void cu_attention_merge(const ust_ops *o, float *out, float *lse, const float *out2,
+                               const float *lse2, int B, int T, int H, int D) {
+    cuda_attention_merge(o, out, lse, out2, lse2, B, T, H, D);
+}
+
+/* ---------------------------------------------------------------- lifetime */
+
+static void cu_destroy(ust_ops *o) {
+    if (!o) return;
+    cuda_impl *im = CUDA_IMPL(o);
+    if (im) {
+        cudaStreamSynchronize(im->stream);
+        for (int i = 0; i < 3; i++)
+            if (im->scratch[i]) cudaFree(im->scratch[i]);
+        if (im->lt_ws) cudaFree(im->lt_ws);
+        if (im->dev_partials) cudaFree(im->dev_partials);
+        if (im->host_partials) cudaFreeHost(im->host_partials);
+        if (im->lt) cublasLtDestroy(im->lt);
+        if (im->blas) cublasDestroy(im->blas);
+        if (im->stream) cudaStreamDestroy(im->stream);
+        free(im);
+    }
+    free(o);
+}
+
+extern "C" void ops_cuda_set_bf16(ust_ops *o, int on) {
+    UST_ASSERT(o && strcmp(o->name, "cuda") == 0, "ops_cuda_set_bf16 on a %s backend",
+               o ? o->name : "NULL");
+    CUDA_IMPL(o)->bf16 = on != 0;
+}
+
+extern "C" ust_ops *ops_cuda_create(int device, ust_err *e) {
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) {
+        cudaGetLastError(); /* clear the sticky-free error so nothing later trips on it */
+        ust_errf(e, "run.device = cuda: no CUDA device available (cudaGetDeviceCount: %s)",
+                 cudaGetErrorString(err));
+        return NULL;
+    }
+    if (count <= 0) {
+        ust_errf(e, "run.device = cuda: no CUDA device available (cudaGetDeviceCount: 0 devices)");
+        return NULL;
+    }
+    if (device < 0 || device >= count) {
+        ust_errf(e, "run.device = cuda: device %d requested but %d visible (CUDA_VISIBLE_DEVICES=%s)",
+                 device, count, getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "");
+        return NULL;
+    }
+    err = cudaSetDevice(device);
+    if (err != cudaSuccess) {
+        cudaGetLastError();
+        ust_errf(e, "run.device = cuda: cudaSetDevice(%d): %s", device, cudaGetErrorString(err));
+        return NULL;
+    }
+    ust_ops *o = (ust_ops *)calloc(1, sizeof *o);
+    cuda_impl *im = (cuda_impl *)calloc(1, sizeof *im);
+    if (!o || !im) ust_fatal(UST_EXIT_RUNTIME, "out of memory creating the CUDA backend");
+    im->device = device;
+    CK(cudaDeviceGetAttribute(&im->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    CK(cudaDeviceGetAttribute(&im->num_sms, cudaDevAttrMultiProcessorCount, device));
+    CK(cudaStreamCreateWithFlags(&im->stream, cudaStreamNonBlocking));
+    CKB(cublasCreate(&im->blas));
+    CKB(cublasSetStream(im->blas, im->stream));
+    CKB(cublasSetMathMode(im->blas, CUBLAS_DEFAULT_MATH)); /* fp32 stays fp32: no TF32 */
+    CKB(cublasLtCreate(&im->lt));
+    im->lt_ws_bytes = (size_t)32 << 20;
+    CK(cudaMalloc(&im->lt_ws, im->lt_ws_bytes));
+    CK(cudaMalloc(&im->dev_partials, RED_BLOCKS * sizeof(double)));
+    CK(cudaMallocHost(&im->host_partials, RED_BLOCKS * sizeof(double)));
+
+    o->name = "cuda";
+    o->impl = im;
+    o->alloc = cu_alloc;
+    o->free = cu_free;
+    o->to_device = cu_to_device;
+    o->to_host = cu_to_host;
+    o->copy = cu_copy;
+    o->zero = cu_zero;
+    o->sync = cu_sync;
+    o->matmul = cu_matmul;
+    o->matmul_batched = cu_matmul_batched;
+    o->linear_fwd = cu_linear_fwd;
+    o->linear_bwd = cu_linear_bwd;
+    o->embedding_fwd = cu_embedding_fwd;
+    o->embedding_bwd = cu_embedding_bwd;
+    o->layernorm_fwd = cu_layernorm_fwd;
+    o->layernorm_bwd = cu_layernorm_bwd;
+    o->rmsnorm_fwd = cu_rmsnorm_fwd;
+    o->rmsnorm_bwd = cu_rmsnorm_bwd;
+    o->gelu_fwd = cu_gelu_fwd;
+    o->gelu_bwd = cu_gelu_bwd;
+    o->swiglu_fwd = cu_swiglu_fwd;
+    o->swiglu_bwd = cu_swiglu_bwd;
+    o->rope_fwd = cu_rope_fwd;
+    o->rope_bwd = cu_rope_bwd;
+    o->attention_fwd = cu_attention_fwd;
+    o->attention_bwd = cu_attention_bwd;
+    o->attention_merge = cu_attention_merge;
+    o->xent_fwd_bwd = cu_xent_fwd_bwd;
+    o->adamw = cu_adamw;
+    o->add = cu_add;
+    o->axpy = cu_axpy;
+    o->scale = cu_scale;
+    o->sumsq = cu_sumsq;
+    o->sum = cu_sum;
+    o->destroy = cu_destroy;
+    return o;
+}

@@ -1,0 +1,46 @@
+/* ops_cuda: the CUDA backend of ops.h (kernels in cuda/, GEMMs through cuBLAS/cuBLASLt).
+ * Contract: ops_cuda_create binds one GPU, makes one compute stream and enqueues every op on
+ * it; to_host, sum, sumsq and sync wait for it. Storage is fp32 everywhere; with bf16 on,
+ * matmuls (matmul, matmul_batched, linear_fwd/bwd) round their inputs to bf16 and accumulate
+ * in fp32 (cuBLASLt, CUBLAS_COMPUTE_32F); every other op stays fp32.
+ * A build without CUDA (make CUDA=0, or no nvcc) gets inline stubs: create fails with a message,
+ * so callers need no #ifdef. Nothing here touches CUDA until ops_cuda_create is called, so a
+ * CUDA build still runs CPU configs on a machine without a GPU or driver. */
+#ifndef UST_OPS_CUDA_H
+#define UST_OPS_CUDA_H
+
+#include "error.h"
+#include "ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(UST_CUDA) || defined(UST_CUDA_OPS)
+
+/* The backend on GPU `device` (an index among the visible devices, e.g. the local rank), fp32
+ * matmuls. NULL with a message in e when no device or driver is available. */
+ust_ops *ops_cuda_create(int device, ust_err *e);
+/* Matmuls in bf16 (inputs rounded to bf16, fp32 accumulation and output) when on != 0. */
+void ops_cuda_set_bf16(ust_ops *o, int on);
+
+#else
+
+static inline ust_ops *ops_cuda_create(int device, ust_err *e) {
+    (void)device;
+    ust_errf(e, "run.device = cuda: this build has no CUDA backend (built with CUDA=0 or "
+                "without nvcc); rebuild with nvcc available, or use run.device: cpu");
+    return (ust_ops *)0;
+}
+static inline void ops_cuda_set_bf16(ust_ops *o, int on) {
+    (void)o;
+    (void)on;
+}
+
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,655 @@
+/* test_cuda_ops: the CUDA backend against the CPU backend (itself tested against double
+ * references in test_ops.c), op by op on random inputs, then a tiny model trained 3 steps on
+ * both. Without a GPU (or in a CUDA=0 build) it prints one "SKIP cuda ops: <why>" line and
+ * passes. UST_TEST_CUDA_FAKE=cpu runs the whole file with a second CPU backend in the GPU's
+ * place, which checks the harness itself on machines without a GPU.
+ *
+ * Tolerances (|got - ref| <= atol + rtol |ref|): both backends compute in fp32 and differ only
+ * in summation order and in libm ulps (expf, tanhf, rsqrtf), so sums of K terms of size O(1)
+ * differ by ~K * 6e-8 relative; atol 1e-4 / rtol 1e-4 (matmul-like ops, K <= 128) and 2e-5
+ * (elementwise ops) sit well above that and far below what a wrong index or a missing term
+ * gives (O(0.01..1)). Attention and whole-model gradients chain exp and several reductions:
+ * rtol 1e-3. The bf16 matmul bound is derived where it is used. */
+#include "config.h"
+#include "cuda/ops_cuda.h"
+#include "error.h"
+#include "mem.h"
+#include "model.h"
+#include "ops.h"
+#include "test.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static ust_ops *CPU, *GPU;
+static int fake; /* GPU is a second CPU backend */
+
+/* ---------------------------------------------------------------- helpers */
+
+static uint64_t rng_state = 0x243F6A8885A308D3ull;
+
+static float frand(void) { /* uniform [-1, 1), splitmix64 */
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (float)((double)(z >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+static int irand(int n) { return (int)((frand() + 1.0f) * 0.5f * n) % n; }
+
+/* Host buffers: the CPU backend's "device" memory is host memory, so these feed it directly. */
+static float *hrand(int64_t n, float scale) {
+    float *x = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) x[i] = frand() * scale;
+    return x;
+}
+
+static float *gup(const float *h, int64_t n) {
+    float *d = GPU->alloc(GPU, (size_t)(n > 0 ? n : 1) * sizeof(float));
+    GPU->to_device(GPU, d, h, (size_t)n * sizeof(float));
+    return d;
+}
+
+static int32_t *gupi(const int32_t *h, int64_t n) {
+    int32_t *d = GPU->alloc(GPU, (size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    GPU->to_device(GPU, d, h, (size_t)n * sizeof(int32_t));
+    return d;
+}
+
+static float *gdown(const float *d, int64_t n) {
+    float *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    GPU->to_host(GPU, h, d, (size_t)n * sizeof(float));
+    return h;
+}
+
+static void gfree(void *p) { GPU->free(GPU, p); }
+
+static char msg[512];
+
+/* Infinities must match exactly (a fully masked attention row has lse = -inf). */
+static int close_f(const char *what, const float *got, const float *ref, int64_t n, double atol,
+                   double rtol) {
+    for (int64_t i = 0; i < n; i++) {
+        int ok = isinf(ref[i]) ? got[i] == ref[i]
+                               : fabs((double)got[i] - ref[i]) <= atol + rtol * fabs(ref[i]);
+        if (!ok) {
+            snprintf(msg, sizeof msg, "%s[%lld]: gpu %.9g, cpu %.9g", what, (long long)i, got[i],
+                     ref[i]);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Downloads d (n floats) and compares with the CPU's ref. */
+static int gclose(const char *what, const float *d, const float *ref, int64_t n, double atol,
+                  double rtol) {
+    float *h = gdown(d, n);
+    int ok = close_f(what, h, ref, n, atol, rtol);
+    free(h);
+    return ok;
+}
+
+#define CHECK_G(what, d, ref, n, atol, rtol)                                                       \
+    CHECK(gclose(what, d, ref, n, atol, rtol), "%s", msg)
+
+#define ATOL 1e-4
+#define RTOL 1e-4
+#define EW 2e-5
+
+/* ---------------------------------------------------------------- memory */
+
+static void test_cuda_alloc_is_zeroed_and_copies_roundtrip(void) {
+    size_t bytes = 1003;
+    unsigned char *p = GPU->alloc(GPU, bytes), *q = GPU->alloc(GPU, bytes);
+    CHECK(((uintptr_t)p % 64) == 0 && ((uintptr_t)q % 64) == 0, "not 64-byte aligned");
+    unsigned char host[1003], back[1003];
+    GPU->to_host(GPU, back, p, bytes);
+    for (size_t i = 0; i < bytes; i++) CHECK(back[i] == 0, "alloc not zeroed at %zu", i);
+    for (size_t i = 0; i < bytes; i++) host[i] = (unsigned char)(i * 31 + 7);
+    GPU->to_device(GPU, p, host, bytes);
+    GPU->copy(GPU, q, p, bytes);
+    GPU->sync(GPU);
+    GPU->to_host(GPU, back, q, bytes);
+    CHECK(memcmp(host, back, bytes) == 0, "to_device/copy/to_host roundtrip differs");
+    GPU->zero(GPU, q + 10, 100);
+    GPU->to_host(GPU, back, q, bytes);
+    for (size_t i = 0; i < bytes; i++)
+        CHECK(back[i] == (i >= 10 && i < 110 ? 0 : host[i]), "zero: byte %zu is %d", i, back[i]);
+    gfree(p);
+    gfree(q);
+}
+
+/* ---------------------------------------------------------------- matmul */
+
+static void test_cuda_matmul_matches_cpu_all_transposes(void) {
+    const int M = 37, N = 29, K = 53;
+    for (int tA = 0; tA < 2; tA++)
+        for (int tB = 0; tB < 2; tB++) {
+            float *A = hrand(M * K, 1), *B = hrand(K * N, 1), *C = hrand(M * N, 1);
+            float *dA = gup(A, M * K), *dB = gup(B, K * N), *dC = gup(C, M * N);
+            CPU->matmul(CPU, C, A, B, M, N, K, tA, tB, 0.7f, 0.3f);
+            GPU->matmul(GPU, dC, dA, dB, M, N, K, tA, tB, 0.7f, 0.3f);
+            char what[64];
+            snprintf(what, sizeof what, "C(tA=%d,tB=%d)", tA, tB);
+            CHECK_G(what, dC, C, M * N, ATOL, RTOL);
+            /* beta = 0 overwrites */
+            CPU->matmul(CPU, C, A, B, M, N, K, tA, tB, 1.0f, 0.0f);
+            GPU->matmul(GPU, dC, dA, dB, M, N, K, tA, tB, 1.0f, 0.0f);
+            CHECK_G(what, dC, C, M * N, ATOL, RTOL);
+            free(A), free(B), free(C);
+            gfree(dA), gfree(dB), gfree(dC);
+        }
+    /* K = 0: C = beta C */
+    float *C = hrand(6, 1), *dC = gup(C, 6), *A = hrand(1, 1), *dA = gup(A, 1);
+    CPU->matmul(CPU, C, A, A, 2, 3, 0, 0, 0, 1.0f, 0.5f);
+    GPU->matmul(GPU, dC, dA, dA, 2, 3, 0, 0, 0, 1.0f, 0.5f);
+    CHECK_G("C(K=0)", dC, C, 6, 0, 0);
+    free(C), free(A);
+    gfree(dC), gfree(dA);
+}
+
+static void test_cuda_matmul_batched_matches_cpu_with_strides(void) {
+    const int M = 21, N = 34, K = 17, batch = 3;
+    for (int tA = 0; tA < 2; tA++)
+        for (int tB = 0; tB < 2; tB++) {
+            int64_t sA = M * K + 5, sB = K * N + 3, sC = M * N + 7;
+            float *A = hrand(sA * batch, 1), *B = hrand(sB * batch, 1), *C = hrand(sC * batch, 1);
+            float *dA = gup(A, sA * batch), *dB = gup(B, sB * batch), *dC = gup(C, sC * batch);
+            CPU->matmul_batched(CPU, C, A, B, M, N, K, tA, tB, 1.3f, 1.0f, batch, sA, sB, sC);
+            GPU->matmul_batched(GPU, dC, dA, dB, M, N, K, tA, tB, 1.3f, 1.0f, batch, sA, sB, sC);
+            CHECK_G("batched C", dC, C, sC * batch, ATOL, RTOL);
+            free(A), free(B), free(C);
+            gfree(dA), gfree(dB), gfree(dC);
+        }
+}
+
+/* bf16 rounds each input to 8 significant bits (relative error <= 2^-9 each, so <= 2^-8 + 2^-18
+ * per product) and accumulates in fp32, so |C_bf16 - C_fp32| <= 2^-8 sum_k |a_k b_k| plus fp32
+ * rounding; the bound below is 1.5x that. The error must also be clearly non-zero, which shows
+ * the bf16 path ran (random fp32 inputs are not bf16-representable). */
+static void test_cuda_bf16_matmul_within_bf16_rounding_of_fp32(void) {
+    if (fake) return;
+    const int M = 64, N = 48, K = 96, batch = 2;
+    ops_cuda_set_bf16(GPU, 1);
+    double worst_seen = 0.0;
+    for (int tA = 0; tA < 2; tA++)
+        for (int tB = 0; tB < 2; tB++) {
+            int64_t sA = M * K, sB = K * N, sC = M * N;
+            float *A = hrand(sA * batch, 1), *B = hrand(sB * batch, 1), *C = hrand(sC * batch, 1);
+            float *dA = gup(A, sA * batch), *dB = gup(B, sB * batch), *dC = gup(C, sC * batch);
+            GPU->matmul_batched(GPU, dC, dA, dB, M, N, K, tA, tB, 1.0f, 0.0f, batch, sA, sB, sC);
+            float *g = gdown(dC, sC * batch);
+            for (int bt = 0; bt < batch; bt++)
+                for (int i = 0; i < M; i++)
+                    for (int j = 0; j < N; j++) {
+                        double ref = 0.0, mag = 0.0;
+                        for (int k = 0; k < K; k++) {
+                            double a = A[bt * sA + (tA ? (int64_t)k * M + i : (int64_t)i * K + k)];
+                            double b = B[bt * sB + (tB ? (int64_t)j * K + k : (int64_t)k * N + j)];
+                            ref += a * b;
+                            mag += fabs(a * b);
+                        }
+                        double err = fabs(g[bt * sC + (int64_t)i * N + j] - ref);
+                        if (err > worst_seen) worst_seen = err;
+                        if (!(err <= 1.5 * mag / 256.0 + 1e-6)) {
+                            ops_cuda_set_bf16(GPU, 0);
+                            CHECK(0, "bf16 C[%d][%d][%d] (tA=%d tB=%d): %.6g vs %.6g, bound %.3g",
+                                  bt, i, j, tA, tB, g[bt * sC + (int64_t)i * N + j], ref,
+                                  1.5 * mag / 256.0);
+                        }
+                    }
+            free(g), free(A), free(B), free(C);
+            gfree(dA), gfree(dB), gfree(dC);
+        }
+    ops_cuda_set_bf16(GPU, 0);
+    CHECK(worst_seen > 1e-4, "largest bf16 error %.3g: the matmul did not round to bf16", worst_seen);
+}
+
+/* ---------------------------------------------------------------- linear */
+
+static void test_cuda_linear_fwd_bwd_match_cpu(void) {
+    const int N = 50, C = 24, OC = 40;
+    float *x = hrand(N * C, 1), *w = hrand(OC * C, 1), *b = hrand(OC, 1), *y = hrand(N * OC, 1);
+    float *dx_ = gup(x, N * C), *dw_ = gup(w, OC * C), *db_ = gup(b, OC), *dy_ = gup(y, N * OC);
+    for (int bias = 0; bias < 2; bias++) {
+        CPU->linear_fwd(CPU, y, x, w, bias ? b : NULL, N, C, OC);
+        GPU->linear_fwd(GPU, dy_, dx_, dw_, bias ? db_ : NULL, N, C, OC);
+        CHECK_G("linear out", dy_, y, N * OC, ATOL, RTOL);
+    }
+    float *dout = hrand(N * OC, 1), *gdout = gup(dout, N * OC);
+    for (int acc = 0; acc < 2; acc++) {
+        float *dinp = hrand(N * C, 1), *dw = hrand(OC * C, 1), *dbias = hrand(OC, 1);
+        float *gdinp = gup(dinp, N * C), *gdw = gup(dw, OC * C), *gdb = gup(dbias, OC);
+        CPU->linear_bwd(CPU, dinp, dw, dbias, dout, x, w, N, C, OC, acc);
+        GPU->linear_bwd(GPU, gdinp, gdw, gdb, gdout, dx_, dw_, N, C, OC, acc);
+        CHECK_G("linear dinp", gdinp, dinp, N * C, ATOL, RTOL);
+        CHECK_G("linear dw (+=)", gdw, dw, OC * C, ATOL, RTOL);
+        CHECK_G("linear dbias (+=)", gdb, dbias, OC, ATOL, RTOL);
+        /* NULL outputs are skipped */
+        CPU->linear_bwd(CPU, NULL, dw, NULL, dout, x, w, N, C, OC, acc);
+        GPU->linear_bwd(GPU, NULL, gdw, NULL, gdout, dx_, dw_, N, C, OC, acc);
+        CHECK_G("linear dw, NULL dinp/dbias", gdw, dw, OC * C, ATOL, RTOL);
+        free(dinp), free(dw), free(dbias);
+        gfree(gdinp), gfree(gdw), gfree(gdb);
+    }
+    /* a bias gradient over many rows (several row chunks of the column reduction) */
+    const int N2 = 1000, OC2 = 70;
+    float *d2 = hrand((int64_t)N2 * OC2, 1), *bb = hrand(OC2, 1);
+    float *gd2 = gup(d2, (int64_t)N2 * OC2), *gbb = gup(bb, OC2);
+    CPU->linear_bwd(CPU, NULL, NULL, bb, d2, NULL, NULL, N2, 1, OC2, 0);
+    GPU->linear_bwd(GPU, NULL, NULL, gbb, gd2, NULL, NULL, N2, 1, OC2, 0);
+    CHECK_G("dbias over 1000 rows", gbb, bb, OC2, ATOL, RTOL);
+    free(x), free(w), free(b), free(y), free(dout), free(d2), free(bb);
+    gfree(dx_), gfree(dw_), gfree(db_), gfree(dy_), gfree(gdout), gfree(gd2), gfree(gbb);
+}
+
+/* ---------------------------------------------------------------- embedding */
+
+static void test_cuda_embedding_matches_cpu_vocab_slice_positions_repeats(void) {
+    const int B = 3, T = 11, C = 40, V = 30, vs = 5, ve = 25, P = T + 3;
+    int32_t tok[B * T], pos[T];
+    for (int i = 0; i < B * T; i++) tok[i] = irand(i % 4 == 0 ? 8 : V); /* many repeats */
+    for (int t = 0; t < T; t++) pos[t] = t + 3;
+    float *wte = hrand((ve - vs) * C, 1), *wpe = hrand(P * C, 1), *out = hrand(B * T * C, 1);
+    float *gwte = gup(wte, (ve - vs) * C), *gwpe = gup(wpe, P * C), *gout = gup(out, B * T * C);
+    int32_t *gtok = gupi(tok, B * T), *gpos = gupi(pos, T);
+    for (int with_pos = 0; with_pos < 2; with_pos++) {
+        CPU->embedding_fwd(CPU, out, tok, with_pos ? pos : NULL, wte, with_pos ? wpe : NULL, B, T,
+                           C, vs, ve);
+        GPU->embedding_fwd(GPU, gout, gtok, with_pos ? gpos : NULL, gwte, with_pos ? gwpe : NULL,
+                           B, T, C, vs, ve);
+        CHECK_G("embedding out", gout, out, B * T * C, 0, 0);
+    }
+    float *dout = hrand(B * T * C, 1), *gdo = gup(dout, B * T * C);
+    float *dwte = hrand((ve - vs) * C, 1), *dwpe = hrand(P * C, 1);
+    float *gdwte = gup(dwte, (ve - vs) * C), *gdwpe = gup(dwpe, P * C);
+    CPU->embedding_bwd(CPU, dwte, dwpe, dout, tok, pos, B, T, C, vs, ve);
+    GPU->embedding_bwd(GPU, gdwte, gdwpe, gdo, gtok, gpos, B, T, C, vs, ve);
+    /* both add the rows in row order: the same float operations */
+    CHECK_G("dwte (+=)", gdwte, dwte, (ve - vs) * C, 0, 0);
+    CHECK_G("dwpe (+=)", gdwpe, dwpe, P * C, 0, 0);
+    CPU->embedding_bwd(CPU, dwte, NULL, dout, tok, NULL, B, T, C, vs, ve);
+    GPU->embedding_bwd(GPU, gdwte, NULL, gdo, gtok, NULL, B, T, C, vs, ve);
+    CHECK_G("dwte, no positions", gdwte, dwte, (ve - vs) * C, 0, 0);
+    free(wte), free(wpe), free(out), free(dout), free(dwte), free(dwpe);
+    gfree(gwte), gfree(gwpe), gfree(gout), gfree(gtok), gfree(gpos), gfree(gdo), gfree(gdwte);
+    gfree(gdwpe);
+}
+
+/* ---------------------------------------------------------------- norms */
+
+static void test_cuda_layernorm_and_rmsnorm_match_cpu(void) {
+    const int sizes[][2] = {{33, 100}, {5, 1000}, {300, 64}};
+    for (int s = 0; s < 3; s++) {
+        int N = sizes[s][0], C = sizes[s][1];
+        int64_t n = (int64_t)N * C;
+        float *x = hrand(n, 2), *w = hrand(C, 1), *b = hrand(C, 1), *dy = hrand(n, 1);
+        for (int64_t i = 0; i < n; i++) x[i] += 3.0f; /* a mean far from 0 */
+        float *out = hrand(n, 1), *mean = hrand(N, 1), *rstd = hrand(N, 1);
+        float *gx = gup(x, n), *gw = gup(w, C), *gb = gup(b, C), *gdy = gup(dy, n);
+        float *gout = gup(out, n), *gmean = gup(mean, N), *grstd = gup(rstd, N);
+        CPU->layernorm_fwd(CPU, out, mean, rstd, x, w, b, N, C, 1e-5f);
+        GPU->layernorm_fwd(GPU, gout, gmean, grstd, gx, gw, gb, N, C, 1e-5f);
+        CHECK_G("layernorm out", gout, out, n, EW, 1e-4);
+        CHECK_G("layernorm mean", gmean, mean, N, EW, 1e-5);
+        CHECK_G("layernorm rstd", grstd, rstd, N, EW, 1e-4);
+        float *dx = hrand(n, 1), *dw = hrand(C, 1), *db = hrand(C, 1);
+        float *gdx = gup(dx, n), *gdw = gup(dw, C), *gdb = gup(db, C);
+        CPU->layernorm_bwd(CPU, dx, dw, db, dy, x, w, mean, rstd, N, C);
+        GPU->layernorm_bwd(GPU, gdx, gdw, gdb, gdy, gx, gw, gmean, grstd, N, C);
+        CHECK_G("layernorm dinp", gdx, dx, n, ATOL, 1e-3);
+        CHECK_G("layernorm dw (+=)", gdw, dw, C, ATOL, RTOL);
+        CHECK_G("layernorm db (+=)", gdb, db, C, ATOL, RTOL);
+        CPU->layernorm_bwd(CPU, NULL, dw, NULL, dy, x, w, mean, rstd, N, C);
+        GPU->layernorm_bwd(GPU, NULL, gdw, NULL, gdy, gx, gw, gmean, grstd, N, C);
+        CHECK_G("layernorm dw, NULL dinp/db", gdw, dw, C, ATOL, RTOL);
+
+        CPU->rmsnorm_fwd(CPU, out, rstd, x, w, N, C, 1e-5f);
+        GPU->rmsnorm_fwd(GPU, gout, grstd, gx, gw, N, C, 1e-5f);
+        CHECK_G("rmsnorm out", gout, out, n, EW, 1e-4);
+        CHECK_G("rmsnorm rstd", grstd, rstd, N, EW, 1e-4);
+        CPU->rmsnorm_bwd(CPU, dx, dw, dy, x, w, rstd, N, C);
+        GPU->rmsnorm_bwd(GPU, gdx, gdw, gdy, gx, gw, grstd, N, C);
+        CHECK_G("rmsnorm dinp", gdx, dx, n, ATOL, 1e-3);
+        CHECK_G("rmsnorm dw (+=)", gdw, dw, C, ATOL, RTOL);
+        free(x), free(w), free(b), free(dy), free(out), free(mean), free(rstd), free(dx), free(dw);
+        free(db);
+        gfree(gx), gfree(gw), gfree(gb), gfree(gdy), gfree(gout), gfree(gmean), gfree(grstd);
+        gfree(gdx), gfree(gdw), gfree(gdb);
+    }
+}
+
+/* ---------------------------------------------------------------- activations */
+
+static void test_cuda_gelu_swiglu_match_cpu(void) {
+    const int64_t n = 3001;
+    float *x = hrand(n, 4), *u = hrand(n, 2), *dy = hrand(n, 1), *out = hrand(n, 1);
+    float *d1 = hrand(n, 1), *d2 = hrand(n, 1);
+    float *gx = gup(x, n), *gu = gup(u, n), *gdy = gup(dy, n), *gout = gup(out, n);
+    float *gd1 = gup(d1, n), *gd2 = gup(d2, n);
+    CPU->gelu_fwd(CPU, out, x, n);
+    GPU->gelu_fwd(GPU, gout, gx, n);
+    CHECK_G("gelu", gout, out, n, EW, EW);
+    CPU->gelu_bwd(CPU, d1, x, dy, n);
+    GPU->gelu_bwd(GPU, gd1, gx, gdy, n);
+    CHECK_G("gelu dinp", gd1, d1, n, EW, EW);
+    CPU->swiglu_fwd(CPU, out, x, u, n);
+    GPU->swiglu_fwd(GPU, gout, gx, gu, n);
+    CHECK_G("swiglu", gout, out, n, EW, EW);
+    CPU->swiglu_bwd(CPU, d1, d2, dy, x, u, n);
+    GPU->swiglu_bwd(GPU, gd1, gd2, gdy, gx, gu, n);
+    CHECK_G("swiglu dgate", gd1, d1, n, EW, EW);
+    CHECK_G("swiglu dup", gd2, d2, n, EW, EW);
+    CPU->swiglu_bwd(CPU, d1, NULL, dy, u, x, n);
+    GPU->swiglu_bwd(GPU, gd1, NULL, gdy, gu, gx, n);
+    CHECK_G("swiglu dgate, NULL dup", gd1, d1, n, EW, EW);
+    free(x), free(u), free(dy), free(out), free(d1), free(d2);
+    gfree(gx), gfree(gu), gfree(gdy), gfree(gout), gfree(gd1), gfree(gd2);
+}
+
+/* ---------------------------------------------------------------- RoPE */
+
+static void test_cuda_rope_matches_cpu_in_place_and_inverse(void) {
+    enum { B = 2, T = 5, H = 3, D = 16 };
+    const int64_t n = (int64_t)B * T * H * D;
+    int32_t pos[T] = {2, 5, 7, 11, 1000};
+    float *x = hrand(n, 1), *out = hrand(n, 1);
+    float *gx = gup(x, n), *gout = gup(out, n);
+    int32_t *gpos = gupi(pos, T);
+    CPU->rope_fwd(CPU, out, x, pos, B, T, H, D, 10000.0f);
+    GPU->rope_fwd(GPU, gout, gx, gpos, B, T, H, D, 10000.0f);
+    CHECK_G("rope", gout, out, n, EW, EW);
+    CPU->rope_fwd(CPU, x, x, NULL, B, T, H, D, 500000.0f); /* in place, default positions */
+    GPU->rope_fwd(GPU, gx, gx, NULL, B, T, H, D, 500000.0f);
+    CHECK_G("rope in place", gx, x, n, EW, EW);
+    CPU->rope_bwd(CPU, out, out, pos, B, T, H, D, 10000.0f);
+    GPU->rope_bwd(GPU, gout, gout, gpos, B, T, H, D, 10000.0f);
+    CHECK_G("rope backward", gout, out, n, EW, EW);
+    free(x), free(out);
+    gfree(gx), gfree(gout), gfree(gpos);
+}
+
+/* ---------------------------------------------------------------- attention */
+
+typedef struct {
+    const char *name;
+    int B, Tq, Tk, H, Hkv, D, causal;
+    int q0, k0; /* positions q0 + i and k0 + j; q0 < 0: none given (indices) */
+} att_case;
+
+static int attention_case(const att_case *c) {
+    const int B = c->B, Tq = c->Tq, Tk = c->Tk, H = c->H, Hkv = c->Hkv, D = c->D;
+    const int64_t nq = (int64_t)B * Tq * H * D, nk = (int64_t)B * Tk * Hkv * D,
+                  nl = (int64_t)B * H * Tq;
+    int32_t *qp = malloc(Tq * sizeof(int32_t)), *kp = malloc(Tk * sizeof(int32_t));
+    for (int i = 0; i < Tq; i++) qp[i] = c->q0 + i;
+    for (int j = 0; j < Tk; j++) kp[j] = c->k0 + j;
+    const int32_t *cq = c->q0 >= 0 ? qp : NULL, *ck = c->q0 >= 0 ? kp : NULL;
+    int32_t *gqp = c->q0 >= 0 ? gupi(qp, Tq) : NULL, *gkp = c->q0 >= 0 ? gupi(kp, Tk) : NULL;
+    float *q = hrand(nq, 1.5f), *k = hrand(nk, 1.5f), *v = hrand(nk, 1), *out = hrand(nq, 1);
+    float *lse = hrand(nl, 1), *dout = hrand(nq, 1);
+    float *dq = hrand(nq, 1), *dk = hrand(nk, 1), *dv = hrand(nk, 1);
+    float *gq = gup(q, nq), *gk = gup(k, nk), *gv = gup(v, nk), *gout = gup(out, nq);
+    float *glse = gup(lse, nl), *gdout = gup(dout, nq);
+    float *gdq = gup(dq, nq), *gdk = gup(dk, nk), *gdv = gup(dv, nk);
+    int ok = 0;
+    char what[128];
+    CPU->attention_fwd(CPU, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, cq, ck, c->causal);
+    GPU->attention_fwd(GPU, gout, glse, gq, gk, gv, B, Tq, Tk, H, Hkv, D, gqp, gkp, c->causal);
+    snprintf(what, sizeof what, "%s: out", c->name);
+    if (!gclose(what, gout, out, nq, ATOL, 1e-3)) goto done;
+    snprintf(what, sizeof what, "%s: lse", c->name);
+    if (!gclose(what, glse, lse, nl, ATOL, RTOL)) goto done;
+    CPU->attention_bwd(CPU, dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, cq, ck,
+                       c->causal);
+    GPU->attention_bwd(GPU, gdq, gdk, gdv, gdout, gout, glse, gq, gk, gv, B, Tq, Tk, H, Hkv, D, gqp,
+                       gkp, c->causal);
+    snprintf(what, sizeof what, "%s: dq (+=)", c->name);
+    if (!gclose(what, gdq, dq, nq, 2 * ATOL, 1e-3)) goto done;
+    snprintf(what, sizeof what, "%s: dk (+=)", c->name);
+    if (!gclose(what, gdk, dk, nk, 2 * ATOL, 1e-3)) goto done;
+    snprintf(what, sizeof what, "%s: dv (+=)", c->name);
+    if (!gclose(what, gdv, dv, nk, 2 * ATOL, 1e-3)) goto done;
+    /* only dk wanted */
+    CPU->attention_bwd(CPU, NULL, dk, NULL, dout, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, cq, ck,
+                       c->causal);
+    GPU->attention_bwd(GPU, NULL, gdk, NULL, gdout, gout, glse, gq, gk, gv, B, Tq, Tk, H, Hkv, D,
+                       gqp, gkp, c->causal);
+    snprintf(what, sizeof what, "%s: dk alone", c->name);
+    if (!gclose(what, gdk, dk, nk, 2 * ATOL, 1e-3)) goto done;
+    ok = 1;
+done:
+    free(qp), free(kp), free(q), free(k), free(v), free(out), free(lse), free(dout), free(dq);
+    free(dk), free(dv);
+    if (gqp) gfree(gqp);
+    if (gkp) gfree(gkp);
+    gfree(gq), gfree(gk), gfree(gv), gfree(gout), gfree(glse), gfree(gdout), gfree(gdq), gfree(gdk);
+    gfree(gdv);
+    return ok;
+}
+
+static void test_cuda_attention_matches_cpu_causal_gqa_masks_and_head_dims(void) {
+    const att_case cases[] = {
+        {"causal gqa D16", 2, 37, 37, 4, 2, 16, 1, -1, 0},
+        {"causal D64 later queries", 1, 20, 45, 2, 1, 64, 1, 30, 0},
+        {"cp block, rows that see nothing", 2, 18, 40, 2, 2, 32, 1, 0, 9},
+        {"non-causal D40 Tk70", 1, 19, 70, 3, 3, 40, 0, -1, 0},
+        {"causal D128", 1, 33, 33, 2, 2, 128, 1, -1, 0},
+        {"causal gqa4 D200", 1, 17, 40, 4, 1, 200, 1, 20, 0},
+        {"causal D8 T1", 1, 1, 1, 1, 1, 8, 1, -1, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        CHECK(attention_case(&cases[i]), "%s", msg);
+}
+
+static void test_cuda_attention_merge_matches_cpu(void) {
+    const int B = 2, T = 5, H = 3, D = 40;
+    const int64_t n = (int64_t)B * T * H * D, nl = (int64_t)B * H * T;
+    float *o1 = hrand(n, 1), *o2 = hrand(n, 1), *l1 = hrand(nl, 3), *l2 = hrand(nl, 3);
+    l1[0] = -INFINITY, l2[1] = -INFINITY, l1[2] = l2[2] = -INFINITY;
+    float *g1 = gup(o1, n), *g2 = gup(o2, n), *gl1 = gup(l1, nl), *gl2 = gup(l2, nl);
+    CPU->attention_merge(CPU, o1, l1, o2, l2, B, T, H, D);
+    GPU->attention_merge(GPU, g1, gl1, g2, gl2, B, T, H, D);
+    CHECK_G("merged out", g1, o1, n, EW, EW);
+    CHECK_G("merged lse", gl1, l1, nl, EW, EW);
+    free(o1), free(o2), free(l1), free(l2);
+    gfree(g1), gfree(g2), gfree(gl1), gfree(gl2);
+}
+
+/* ---------------------------------------------------------------- cross-entropy */
+
+static void test_cuda_xent_matches_cpu_padding_ignored_targets_aliasing(void) {
+    const int shapes[][3] = {{20, 70, 50}, {6, 5000, 4999}};
+    for (int s = 0; s < 2; s++) {
+        int N = shapes[s][0], V = shapes[s][1], vr = shapes[s][2];
+        int64_t n = (int64_t)N * V;
+        int32_t *tgt = malloc(N * sizeof(int32_t));
+        for (int i = 0; i < N; i++) tgt[i] = i % 5 == 3 ? -1 : irand(vr);
+        tgt[0] = vr - 1;
+        float *x = hrand(n, 4), *loss = hrand(N, 1), *dx = hrand(n, 1);
+        float *gx = gup(x, n), *gloss = gup(loss, N), *gdx = gup(dx, n);
+        int32_t *gt = gupi(tgt, N);
+        CPU->xent_fwd_bwd(CPU, loss, dx, x, tgt, N, V, vr, 0.5f);
+        GPU->xent_fwd_bwd(GPU, gloss, gdx, gx, gt, N, V, vr, 0.5f);
+        CHECK_G("xent losses", gloss, loss, N, EW, EW);
+        CHECK_G("xent dlogits", gdx, dx, n, 1e-6, 1e-4);
+        CPU->xent_fwd_bwd(CPU, loss, NULL, x, tgt, N, V, vr, 1.0f);
+        GPU->xent_fwd_bwd(GPU, gloss, NULL, gx, gt, N, V, vr, 1.0f);
+        CHECK_G("xent losses, no dlogits", gloss, loss, N, EW, EW);
+        CPU->xent_fwd_bwd(CPU, loss, x, x, tgt, N, V, vr, 2.0f); /* in place */
+        GPU->xent_fwd_bwd(GPU, gloss, gx, gx, gt, N, V, vr, 2.0f);
+        CHECK_G("xent losses in place", gloss, loss, N, EW, EW);
+        CHECK_G("xent dlogits in place", gx, x, n, 1e-6, 1e-4);
+        free(tgt), free(x), free(loss), free(dx);
+        gfree(gx), gfree(gloss), gfree(gdx), gfree(gt);
+    }
+}
+
+/* ---------------------------------------------------------------- optimizer, elementwise */
+
+static void test_cuda_adamw_matches_cpu(void) {
+    const int64_t n = 1234;
+    float *p = hrand(n, 1), *g = hrand(n, 1), *m = hrand(n, 0.1f), *v = hrand(n, 0.1f);
+    for (int64_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
+    float *gp = gup(p, n), *gg = gup(g, n), *gm = gup(m, n), *gv = gup(v, n);
+    for (int t = 1; t <= 3; t++) {
+        CPU->adamw(CPU, p, g, m, v, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
+        GPU->adamw(GPU, gp, gg, gm, gv, n, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.5f, t);
+    }
+    CHECK_G("adamw p", gp, p, n, 1e-6, 1e-5);
+    CHECK_G("adamw m", gm, m, n, 1e-7, 1e-5);
+    CHECK_G("adamw v", gv, v, n, 1e-7, 1e-5);
+    free(p), free(g), free(m), free(v);
+    gfree(gp), gfree(gg), gfree(gm), gfree(gv);
+}
+
+static void test_cuda_elementwise_and_reductions_match_cpu(void) {
+    const int64_t n = 100003;
+    float *a = hrand(n, 1), *b = hrand(n, 1), *out = hrand(n, 1);
+    float *ga = gup(a, n), *gb = gup(b, n), *gout = gup(out, n);
+    CPU->add(CPU, out, a, b, n);
+    GPU->add(GPU, gout, ga, gb, n);
+    CHECK_G("add", gout, out, n, 0, 0);
+    CPU->axpy(CPU, out, -0.3f, a, n);
+    GPU->axpy(GPU, gout, -0.3f, ga, n);
+    CHECK_G("axpy", gout, out, n, 1e-7, 1e-6);
+    CPU->scale(CPU, out, 1.7f, n);
+    GPU->scale(GPU, gout, 1.7f, n);
+    CHECK_G("scale", gout, out, n, 0, 0);
+    /* double accumulation of the same floats in another order: ~1e-16 relative */
+    double s1 = CPU->sum(CPU, out, n), s2 = GPU->sum(GPU, gout, n);
+    CHECK_CLOSE(s2, s1, 1e-9, 1e-12, "sum");
+    s1 = CPU->sumsq(CPU, out, n), s2 = GPU->sumsq(GPU, gout, n);
+    CHECK_CLOSE(s2, s1, 1e-9, 1e-12, "sumsq");
+    CHECK_CLOSE(GPU->sum(GPU, gout, 7), CPU->sum(CPU, out, 7), 1e-12, 1e-12, "sum of 7");
+    free(a), free(b), free(out);
+    gfree(ga), gfree(gb), gfree(gout);
+}
+
+/* ---------------------------------------------------------------- tiny model */
+
+enum { MB = 2, MT = 16 };
+
+static void tiny_config(ust_config *c, ust_arch arch) {
+    cfg_defaults(c);
+    c->model.arch = arch;
+    c->model.n_layer = 2;
+    c->model.d_model = 64;
+    c->model.n_head = 4;
+    c->model.n_kv_head = arch == ARCH_LLAMA ? 2 : 4;
+    c->model.d_ff = arch == ARCH_LLAMA ? 96 : 256;
+    c->model.vocab_size = 100;
+    c->model.vocab_pad = 64;
+    c->model.max_seq_len = MT;
+    c->model.rope_theta = 10000;
+    c->train.micro_batch_size = MB;
+    c->train.seq_len = MT;
+}
+
+/* Three AdamW steps of the same model on both backends: per-step losses within 1e-5 relative,
+ * gradients within 1e-3 of their largest magnitude plus 1e-3 relative (fp32 reassociation
+ * through 2 layers), final parameters within 1e-5 (three lr = 1e-3 updates). */
+static int model_3_steps_match(ust_arch arch) {
+    ust_config c;
+    tiny_config(&c, arch);
+    ust_err e;
+    ust_arena ac, ag;
+    model *mc = NULL, *mg = NULL;
+    mem_init(&ac, CPU);
+    mem_init(&ag, GPU);
+    if (model_create(&mc, &c, CPU, &ac, &e) || model_create(&mg, &c, GPU, &ag, &e)) {
+        snprintf(msg, sizeof msg, "model_create: %s", e.msg);
+        return 0;
+    }
+    model_init_params(mc, 7);
+    model_init_params(mg, 7);
+    int64_t n = model_numel(mc);
+    float *mom = calloc(n, sizeof(float)), *var = calloc(n, sizeof(float));
+    float *gmom = GPU->alloc(GPU, n * sizeof(float)), *gvar = GPU->alloc(GPU, n * sizeof(float));
+    int32_t in[MB * MT], tgt[MB * MT];
+    int ok = 1;
+    for (int step = 1; step <= 3 && ok; step++) {
+        for (int i = 0; i < MB * MT; i++) in[i] = irand(c.model.vocab_size), tgt[i] = irand(c.model.vocab_size);
+        tgt[5] = -1;
+        int64_t nt1 = 0, nt2 = 0;
+        model_zero_grads(mc);
+        model_zero_grads(mg);
+        double l1 = model_forward(mc, in, tgt, 1.0f / (MB * MT), &nt1);
+        double l2 = model_forward(mg, in, tgt, 1.0f / (MB * MT), &nt2);
+        if (!(fabs(l2 - l1) <= 1e-5 * fabs(l1)) || nt1 != nt2) {
+            snprintf(msg, sizeof msg, "step %d: loss gpu %.9g, cpu %.9g", step, l2, l1);
+            ok = 0;
+            break;
+        }
+        model_backward(mc);
+        model_backward(mg);
+        const float *gc = model_grads(mc);
+        float *gg = gdown(model_grads(mg), n), big = 0.0f;
+        for (int64_t i = 0; i < n; i++) big = fabsf(gc[i]) > big ? fabsf(gc[i]) : big;
+        char what[64];
+        snprintf(what, sizeof what, "step %d gradient", step);
+        ok = close_f(what, gg, gc, n, 1e-3 * big, 1e-3);
+        free(gg);
+        CPU->adamw(CPU, model_params(mc), model_grads(mc), mom, var, n, 1e-3f, 0.9f, 0.95f, 1e-8f,
+                   0.1f, 1.0f, step);
+        GPU->adamw(GPU, model_params(mg), model_grads(mg), gmom, gvar, n, 1e-3f, 0.9f, 0.95f, 1e-8f,
+                   0.1f, 1.0f, step);
+    }
+    if (ok) ok = gclose("parameters after 3 steps", model_params(mg), model_params(mc), n, 1e-5, 1e-5);
+    free(mom), free(var);
+    gfree(gmom), gfree(gvar);
+    model_destroy(mc);
+    model_destroy(mg);
+    mem_release(&ac);
+    mem_release(&ag);
+    return ok;
+}
+
+static void test_cuda_tiny_gpt2_three_steps_match_cpu(void) {
+    CHECK(model_3_steps_match(ARCH_GPT2), "%s", msg);
+}
+
+static void test_cuda_tiny_llama_three_steps_match_cpu(void) {
+    CHECK(model_3_steps_match(ARCH_LLAMA), "%s", msg);
+}
+
+int main(void) {
+    ust_err e;
+    CPU = ops_cpu_create(1, 1);
+    const char *f = getenv("UST_TEST_CUDA_FAKE");
+    if (f && strcmp(f, "cpu") == 0) {
+        fake = 1;
+        GPU = ops_cpu_create(2, 1);
+        printf("# UST_TEST_CUDA_FAKE=cpu: a 2-thread CPU backend stands in for the GPU\n");
+    } else {
+        GPU = ops_cuda_create(0, &e);
+        if (!GPU) {
+            printf("SKIP cuda ops: %s\n", e.msg);
+            CPU->destroy(CPU);
+            return TEST_SUMMARY();
+        }
+    }
+    RUN_TEST(test_cuda_alloc_is_zeroed_and_copies_roundtrip);
+    RUN_TEST(test_cuda_matmul_matches_cpu_all_transposes);
+    RUN_TEST(test_cuda_matmul_batched_matches_cpu_with_strides);
+    RUN_TEST(test_cuda_bf16_matmul_within_bf16_rounding_of_fp32);
+    RUN_TEST(test_cuda_linear_fwd_bwd_match_cpu);
+    RUN_TEST(test_cuda_embedding_matches_cpu_vocab_slice_positions_repeats);
+    RUN_TEST(test_cuda_layernorm_and_rmsnorm_match_cpu);
+    RUN_TEST(test_cuda_gelu_swiglu_match_cpu);
+    RUN_TEST(test_cuda_rope_matches_cpu_in_place_and_inverse);
+    RUN_TEST(test_cuda_attention_matches_cpu_causal_gqa_masks_and_head_dims);
+    RUN_TEST(test_cuda_attention_merge_matches_cpu);
+    RUN_TEST(test_cuda_xent_matches_cpu_padding_ignored_targets_aliasing);
+    RUN_TEST(test_cuda_adamw_matches_cpu);
+    RUN_TEST(test_cuda_elementwise_and_reductions_match_cpu);
+    RUN_TEST(test_cuda_tiny_gpt2_three_steps_match_cpu);
+    RUN_TEST(test_cuda_tiny_llama_three_steps_match_cpu);
+    GPU->destroy(GPU);
+    CPU->destroy(CPU);
+    return TEST_SUMMARY();
+}
