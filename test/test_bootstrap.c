@@ -139,6 +139,8 @@ static void test_bad_launcher_environment_gives_a_message_naming_the_variable(vo
          "does not resolve"},
         {{"SLURM_NTASKS=4"}, "srun --mpi=pmix"},
         {{"OMPI_COMM_WORLD_SIZE=2"}, "OMPI_COMM_WORLD_SIZE=2"},
+        /* PMIx variables but no server (e.g. inherited), while Slurm says there are 2 tasks. */
+        {{"PMIX_RANK=0", "PMIX_NAMESPACE=ust-test-none", "SLURM_NTASKS=2"}, "PMIx_Init"},
     };
     char msg[2048];
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
@@ -148,6 +150,21 @@ static void test_bad_launcher_environment_gives_a_message_naming_the_variable(vo
         clear_launcher_env();
         CHECK(ok, "case %zu: expected /%s/, got: %.900s", i, cases[i].pattern, msg);
     }
+}
+
+static void test_stale_pmix_variables_without_a_server_fall_through_to_single(void) {
+    clear_launcher_env();
+    putenv("PMIX_RANK=0");
+    putenv("PMIX_NAMESPACE=ust-test-none");
+    ust_boot b;
+    ust_err e = {{0}};
+    double t0 = boot_now();
+    int r = boot_init(&b, 1, &e);
+    clear_launcher_env();
+    CHECK(r == 0, "%.900s", e.msg);
+    CHECK(b.kind == BOOT_SINGLE && b.world == 1, "kind %s world %d", boot_kind_name(b.kind), b.world);
+    CHECK(boot_now() - t0 < 1.0, "took %.2f s to find no PMIx server", boot_now() - t0);
+    boot_finalize(&b);
 }
 
 static void test_world_size_1_without_master_is_a_local_env_job(void) {
@@ -404,6 +421,7 @@ int main(int argc, char **argv) {
     RUN_TEST(test_store_frame_roundtrips_and_parses_incrementally);
     RUN_TEST(test_store_parser_rejects_every_malformed_frame);
     RUN_TEST(test_bad_launcher_environment_gives_a_message_naming_the_variable);
+    RUN_TEST(test_stale_pmix_variables_without_a_server_fall_through_to_single);
     RUN_TEST(test_world_size_1_without_master_is_a_local_env_job);
     RUN_TEST(test_store_serves_four_ranks_put_fence_get);
     RUN_TEST(test_store_fence_timeout_names_the_rank_that_never_came);
