@@ -156,6 +156,7 @@ static ssize_t rbuf_fill(rbuf *r, int fd) {
 }
 
 static void rbuf_consume(rbuf *r, size_t n) {
+    if (n == 0) return;
     memmove(r->p, r->p + n, r->len - n);
     r->len -= n;
 }
