@@ -58,7 +58,7 @@ static inline int grid_for(int64_t n, int threads) {
 }
 
 /* Device scratch slot `slot` of at least `bytes`, grown (never shrunk) on demand. Growing
- * happens on the first steps only; cudaFree waits for the work that may still use the old one. */
+ * happens on the first steps only, after waiting for the work that may still use the old one. */
 void *cuda_scratch(const ust_ops *o, int slot, size_t bytes);
 
 /* ---- reductions (fixed trees: the result does not depend on scheduling) ---- */

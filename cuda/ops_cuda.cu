@@ -32,7 +32,10 @@
 void *cuda_scratch(const ust_ops *o, int slot, size_t bytes) {
     cuda_impl *im = CUDA_IMPL(o);
     if (bytes > im->scratch_bytes[slot]) {
-        if (im->scratch[slot]) CK(cudaFree(im->scratch[slot]));
+        if (im->scratch[slot]) {
+            CK(cudaStreamSynchronize(im->stream)); /* work queued before may still read it */
+            CK(cudaFree(im->scratch[slot]));
+        }
         size_t want = bytes + bytes / 4;
         cudaError_t err = cudaMalloc(&im->scratch[slot], want);
         if (err != cudaSuccess)
@@ -62,8 +65,9 @@ static void *cu_alloc(const ust_ops *o, size_t bytes) {
 }
 
 static void cu_free(const ust_ops *o, void *p) {
-    (void)o;
-    if (p) CK(cudaFree(p)); /* waits for the device, so pending work may still use p */
+    if (!p) return;
+    CK(cudaStreamSynchronize(STREAM(o))); /* work queued before may still use p */
+    CK(cudaFree(p));
 }
 
 /* From pageable host memory the copy has read host_src when the call returns. */
