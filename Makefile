@@ -117,3 +117,21 @@ CUDA_STAMP_TEXT := CUDA=$(CUDA) $(filter -DUST_CUDA%,$(CFLAGS))
 $(shell mkdir -p $(B) && [ "$$(cat $(CUDA_STAMP) 2>/dev/null)" = "$(CUDA_STAMP_TEXT)" ] || echo "$(CUDA_STAMP_TEXT)" > $(CUDA_STAMP))
 $(LIB_OBJ) $(CMD_OBJ) $(TESTS:%=%.o) $(B)/libustrain.a: $(CUDA_STAMP)
 # ---- end of the CUDA backend block -------------------------------------------------------------
+
+# ---- NCCL communicator backend (parallel/comm_nccl.c) ------------------------------------------
+# Compiled when nccl.h is found (CUDA toolkit or system) unless CUDA=0 or NCCL=0: C code gets
+# -DUST_NCCL and links libnccl + cudart dynamically. The binary still runs CPU configs without
+# a GPU or driver (the shm backend never touches CUDA).
+NCCL_HOME ?= /usr/local/cuda
+NCCL_H    := $(firstword $(wildcard $(NCCL_HOME)/include/nccl.h /usr/include/nccl.h))
+NCCL      ?= $(if $(NCCL_H),$(if $(filter 0,$(CUDA)),0,1),0)
+ifeq ($(NCCL),1)
+CFLAGS    += -DUST_NCCL -I$(dir $(NCCL_H)) -I$(NCCL_HOME)/include
+LDLIBS    += -L$(NCCL_HOME)/lib64 -Wl,-rpath,$(NCCL_HOME)/lib64 -lnccl -lcudart
+endif
+
+# `ustrain bench comm` at 2, 4 and 8 ranks under scripts/ustrun, with OpenMPI's MPI_Allreduce
+# measured in the same run (needs mpicc/mpirun; not part of `make` or the tests).
+.PHONY: bench-comm
+bench-comm: ustrain
+	scripts/bench-comm.sh ./ustrain $(B)

@@ -15,7 +15,7 @@
 #include "comm.h"
 #include "error.h"
 
-#ifdef UST_CUDA
+#ifdef UST_NCCL
 #include <cuda_runtime_api.h>
 #endif
 
@@ -65,7 +65,7 @@ static double memcpy_bw(void) {
 static float val(int r, size_t i) { return (float)((int)(((size_t)r * 131u + i * 7u) % 17u) - 8); }
 
 static void *dev_alloc(comm_backend be, size_t bytes, float *host) {
-#ifdef UST_CUDA
+#ifdef UST_NCCL
     if (be == COMM_BACKEND_NCCL) {
         void *p = NULL;
         if (cudaMalloc(&p, bytes ? bytes : 4) != cudaSuccess)
@@ -78,7 +78,7 @@ static void *dev_alloc(comm_backend be, size_t bytes, float *host) {
 }
 
 static void to_dev(const bufs *b, size_t bytes) {
-#ifdef UST_CUDA
+#ifdef UST_NCCL
     if (b->backend == COMM_BACKEND_NCCL) {
         cudaMemcpy(b->dsend, b->hsend, bytes, cudaMemcpyHostToDevice);
         cudaMemset(b->drecv, 0, bytes);
@@ -89,7 +89,7 @@ static void to_dev(const bufs *b, size_t bytes) {
 }
 
 static void to_host(const bufs *b, size_t bytes) {
-#ifdef UST_CUDA
+#ifdef UST_NCCL
     if (b->backend == COMM_BACKEND_NCCL) {
         cudaMemcpy(b->hrecv, b->drecv, bytes, cudaMemcpyDeviceToHost);
         return;
@@ -241,12 +241,12 @@ int cmd_bench_comm(int argc, char **argv) {
                 /* The slowest rank's time defines the operation's time. */
                 float mine[2] = {(float)dt, (float)wrong}, *every = malloc(sizeof(float) * 2 * W);
                 void *dm = dev_alloc(be, 8, mine), *de = dev_alloc(be, 8 * (size_t)W, every);
-#ifdef UST_CUDA
+#ifdef UST_NCCL
                 if (be == COMM_BACKEND_NCCL) cudaMemcpy(dm, mine, 8, cudaMemcpyHostToDevice);
 #endif
                 comm_req g = comm_allgather(w, dm, de, 2, COMM_FP32);
                 comm_wait(&g);
-#ifdef UST_CUDA
+#ifdef UST_NCCL
                 if (be == COMM_BACKEND_NCCL) {
                     cudaMemcpy(every, de, 8 * (size_t)W, cudaMemcpyDeviceToHost);
                     cudaFree(dm), cudaFree(de);
@@ -279,7 +279,7 @@ int cmd_bench_comm(int argc, char **argv) {
             printf("bench comm: all results correct\n");
     }
     fflush(stdout);
-#ifdef UST_CUDA
+#ifdef UST_NCCL
     if (be == COMM_BACKEND_NCCL) cudaFree(b.dsend), cudaFree(b.drecv);
 #endif
     free(b.hsend), free(b.hrecv), free(all);

@@ -19,7 +19,7 @@ double comm_now(void) {
 const char *comm_backend_name(comm_backend b) { return b == COMM_BACKEND_NCCL ? "nccl" : "shm"; }
 
 int comm_backend_available(comm_backend b) {
-#ifdef UST_CUDA
+#ifdef UST_NCCL
     (void)b;
     return 1;
 #else
@@ -321,7 +321,7 @@ void comm_wait_all(comm_req *r, int n) {
     for (int i = 0; i < n; i++) comm_wait(&r[i]);
 }
 
-#ifndef UST_CUDA
+#ifndef UST_NCCL
 /* Without CUDA the NCCL entry points exist only so the dispatch links; comm_ctx_init refuses
  * the backend before any of them can run. */
 int nccl_ctx_init(comm_ctx *ctx, ust_err *e) {

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# make bench-comm: `ustrain bench comm` at 2, 4 and 8 ranks under scripts/ustrun, and OpenMPI's
+# MPI_Allreduce measured in the same run (test/tools/mpi_allreduce_bench.c, built here with mpicc),
+# then the all-reduce time of both side by side with the ratio ustrain/OpenMPI (< 1: ustrain
+# faster). Usage: scripts/bench-comm.sh [UST_BINARY] [BUILD_DIR]; MIN_BYTES/MAX_BYTES/RANKS override.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+UST=${1:-./ustrain}
+B=${2:-build}
+MIN=${MIN_BYTES:-4096}
+MAX=${MAX_BYTES:-67108864}
+RANKS=${RANKS:-"2 4 8"}
+export OMP_NUM_THREADS=1
+mkdir -p "$B"
+MPI_BENCH=
+if command -v mpicc >/dev/null && command -v mpirun >/dev/null; then
+    mpicc -O3 -o "$B/mpi_allreduce_bench" test/tools/mpi_allreduce_bench.c && MPI_BENCH="$B/mpi_allreduce_bench"
+else
+    echo "bench-comm: mpicc/mpirun not found: no OpenMPI comparison"
+fi
+rc=0
+for n in $RANKS; do
+    echo "==== $n ranks: ustrain bench comm"
+    out=$(scripts/ustrun --nproc-per-node "$n" --no-prefix "$UST" bench comm --min-bytes "$MIN" --max-bytes "$MAX" 2>&1)
+    r=$?
+    echo "$out"
+    [ $r -ne 0 ] && { echo "bench-comm: ustrain bench comm failed at $n ranks (exit $r)"; rc=1; continue; }
+    [ -z "$MPI_BENCH" ] && continue
+    mpi=$(mpirun --allow-run-as-root --oversubscribe -np "$n" "$MPI_BENCH" "$MIN" "$MAX" 2>&1) || {
+        echo "bench-comm: the OpenMPI run failed: $mpi"; continue; }
+    echo "==== $n ranks: all-reduce, ustrain shm vs OpenMPI MPI_Allreduce (same machine, same run)"
+    printf '%12s %12s %12s %8s\n' bytes ust_us mpi_us ratio
+    join <(echo "$out" | awk '$1=="all_reduce"{print $2, $5}' | sort -k1,1) \
+         <(echo "$mpi" | awk '$1=="mpi_allreduce"{print $2, $3}' | sort -k1,1) |
+        sort -n | awk '{r = $3 > 0 ? $2 / $3 : 0; worst = r > worst ? r : worst;
+                         printf "%12d %12.1f %12.1f %8.2f%s\n", $1, $2, $3, r, (r > 1.5 ? "  SLOWER than 1.5x" : "")}
+                       END {printf "worst ratio ustrain/OpenMPI: %.2f\n", worst}'
+done
+exit $rc
