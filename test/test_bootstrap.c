@@ -186,7 +186,7 @@ static void test_world_size_1_without_master_is_a_local_env_job(void) {
 
 typedef struct {
     int port, rank, world, die_after_hello, bye;
-    double timeout;
+    double timeout, sleep_before_get;
     int rc;
     char job[64];
     char err[2048];
@@ -211,6 +211,7 @@ static void *fake_rank_main(void *arg) {
     int n = snprintf(v, sizeof v, "value of rank %d", f->rank);
     if (store_client_put(c, f->rank, "k", v, (size_t)n, f->timeout, &e) < 0) goto close;
     if (store_client_fence(c, 0, f->timeout, &e) < 0) goto close;
+    if (f->sleep_before_get > 0) usleep((useconds_t)(f->sleep_before_get * 1e6));
     for (int r = 0; r < f->world && r < 8; r++) {
         int k = store_client_get(c, r, "k", f->got[r], sizeof f->got[r] - 1, f->timeout, &e);
         if (k < 0) goto close;
@@ -254,6 +255,26 @@ static void test_store_serves_four_ranks_put_fence_get(void) {
             CHECK(!strcmp(f[i].got[r], want), "rank %d read '%s' from rank %d", i, f[i].got[r], r);
         }
     }
+}
+
+static void test_store_outlives_rank_0_until_every_rank_left(void) {
+    ust_err e = {{0}};
+    store_server *s = start_store(2, &e);
+    CHECK(s, "%.900s", e.msg);
+    fake_rank f[2] = {{.port = store_server_port(s), .rank = 0, .world = 2, .timeout = 5, .bye = 1},
+                      {.port = store_server_port(s), .rank = 1, .world = 2, .timeout = 5, .bye = 1,
+                       .sleep_before_get = 0.3}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, fake_rank_main, &f[i]);
+    pthread_join(th[0], NULL);
+    /* Rank 0 is done and stops its store while rank 1 has yet to read rank 0's value. */
+    double t0 = boot_now();
+    store_server_stop(s, 5);
+    double took = boot_now() - t0;
+    pthread_join(th[1], NULL);
+    CHECK(f[0].rc == 0 && f[1].rc == 0, "rank 0: %.400s / rank 1: %.400s", f[0].err, f[1].err);
+    CHECK(!strcmp(f[1].got[0], "value of rank 0"), "rank 1 read '%s'", f[1].got[0]);
+    CHECK(took < 2.0, "stop took %.2f s", took);
 }
 
 static void test_store_fence_timeout_names_the_rank_that_never_came(void) {
@@ -424,6 +445,7 @@ int main(int argc, char **argv) {
     RUN_TEST(test_stale_pmix_variables_without_a_server_fall_through_to_single);
     RUN_TEST(test_world_size_1_without_master_is_a_local_env_job);
     RUN_TEST(test_store_serves_four_ranks_put_fence_get);
+    RUN_TEST(test_store_outlives_rank_0_until_every_rank_left);
     RUN_TEST(test_store_fence_timeout_names_the_rank_that_never_came);
     RUN_TEST(test_store_world_size_mismatch_fails_both_sides);
     RUN_TEST(test_store_rank_that_dies_fails_the_fence_at_once);
