@@ -23,6 +23,10 @@
 #include "test.h"
 #include "topology.h"
 
+#ifdef UST_NCCL
+#include <cuda_runtime_api.h>
+#endif
+
 /* ---------------------------------------------------------------- values */
 
 /* Element i of global rank r's input for salt s: an integer in [-8, 8]. */
@@ -69,7 +73,49 @@ typedef struct {
     comm_p2p p2p[4];
     void *pbuf[4];
     comm_req req;
+    struct { void *host, *dev; size_t bytes; } mir[4]; /* device mirrors (NCCL) */
+    int nmir;
 } job;
+
+/* NCCL runs: operations get device copies of the job's host buffers (set in child_main and the
+ * world-1 NCCL test; the shm runs leave it 0 and use the host buffers directly). */
+static int g_dev;
+
+static void *jalloc(job *J, size_t bytes) {
+    void *h = xalloc(bytes);
+    if (g_dev) {
+        void *d = NULL;
+#ifdef UST_NCCL
+        if (cudaMalloc(&d, bytes ? bytes : 4) != cudaSuccess) abort();
+#endif
+        J->mir[J->nmir].host = h, J->mir[J->nmir].dev = d, J->mir[J->nmir].bytes = bytes;
+        J->nmir++;
+    }
+    return h;
+}
+
+/* Device address of host pointer p (itself without mirrors). */
+static void *D(job *J, const void *p) {
+    for (int i = 0; i < J->nmir; i++) {
+        const char *h = J->mir[i].host;
+        if ((const char *)p >= h && (const char *)p <= h + J->mir[i].bytes)
+            return (char *)J->mir[i].dev + ((const char *)p - h);
+    }
+    return (void *)p;
+}
+
+static void sync_mirrors(job *J, int to_dev) {
+#ifdef UST_NCCL
+    for (int i = 0; i < J->nmir; i++)
+        if (J->mir[i].bytes &&
+            cudaMemcpy(to_dev ? J->mir[i].dev : J->mir[i].host,
+                       to_dev ? J->mir[i].host : J->mir[i].dev, J->mir[i].bytes,
+                       to_dev ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost) != cudaSuccess)
+            abort();
+#else
+    (void)J, (void)to_dev;
+#endif
+}
 
 /* All-to-allv count from global-rank-independent member indices i -> j (zeros included). */
 static size_t a2a_count(int i, int j, size_t m) {
@@ -82,27 +128,31 @@ static void job_post(job *J) {
     size_t cnt = J->count, es = esz(J->t);
     switch (J->kind) {
     case COMM_ALLREDUCE:
-        J->send = xalloc(cnt * es);
+        J->send = jalloc(J, cnt * es);
         for (size_t i = 0; i < cnt; i++) put(J->send, J->t, i, val(J->salt, g, i));
-        J->recv = J->inplace ? J->send : xalloc(cnt * es);
-        J->req = comm_allreduce(c, J->send, J->recv, cnt, J->t, J->op);
+        J->recv = J->inplace ? J->send : jalloc(J, cnt * es);
+        sync_mirrors(J, 1);
+        J->req = comm_allreduce(c, D(J, J->send), D(J, J->recv), cnt, J->t, J->op);
         break;
     case COMM_ALLGATHER:
-        J->recv = xalloc((size_t)n * cnt * es);
-        J->send = J->inplace ? (char *)J->recv + (size_t)me * cnt * es : xalloc(cnt * es);
+        J->recv = jalloc(J, (size_t)n * cnt * es);
+        J->send = J->inplace ? (char *)J->recv + (size_t)me * cnt * es : jalloc(J, cnt * es);
         for (size_t i = 0; i < cnt; i++) put(J->send, J->t, i, val(J->salt, g, i));
-        J->req = comm_allgather(c, J->send, J->recv, cnt, J->t);
+        sync_mirrors(J, 1);
+        J->req = comm_allgather(c, D(J, J->send), D(J, J->recv), cnt, J->t);
         break;
     case COMM_REDUCE_SCATTER:
-        J->send = xalloc((size_t)n * cnt * es);
+        J->send = jalloc(J, (size_t)n * cnt * es);
         for (size_t i = 0; i < (size_t)n * cnt; i++) put(J->send, J->t, i, val(J->salt, g, i));
-        J->recv = J->inplace ? (char *)J->send + (size_t)me * cnt * es : xalloc(cnt * es);
-        J->req = comm_reduce_scatter(c, J->send, J->recv, cnt, J->t, J->op);
+        J->recv = J->inplace ? (char *)J->send + (size_t)me * cnt * es : jalloc(J, cnt * es);
+        sync_mirrors(J, 1);
+        J->req = comm_reduce_scatter(c, D(J, J->send), D(J, J->recv), cnt, J->t, J->op);
         break;
     case COMM_BROADCAST:
-        J->send = J->recv = xalloc(cnt * es);
+        J->send = J->recv = jalloc(J, cnt * es);
         for (size_t i = 0; i < cnt; i++) put(J->recv, J->t, i, val(J->salt, g, i));
-        J->req = comm_broadcast(c, J->recv, cnt, J->t, J->root);
+        sync_mirrors(J, 1);
+        J->req = comm_broadcast(c, D(J, J->recv), cnt, J->t, J->root);
         break;
     case COMM_ALLTOALL: {
         /* count == 0 here means all-to-allv with per-pair counts a2a_count(., ., 37). */
@@ -115,12 +165,14 @@ static void job_post(job *J) {
             J->sd[j] = st, J->rd[j] = rt;
             st += J->sc[j], rt += J->rc[j];
         }
-        J->send = xalloc(st * es), J->recv = xalloc(rt * es);
+        J->send = jalloc(J, st * es), J->recv = jalloc(J, rt * es);
         for (int j = 0; j < n; j++) /* element k to member j encodes (sender, j, k) */
             for (size_t k = 0; k < J->sc[j]; k++)
                 put(J->send, J->t, J->sd[j] + k, val(J->salt + j, g, k));
-        J->req = J->inplace ? comm_alltoall(c, J->send, J->recv, cnt, J->t)
-                            : comm_alltoallv(c, J->send, J->sc, J->sd, J->recv, J->rc, J->rd, J->t);
+        sync_mirrors(J, 1);
+        J->req = J->inplace ? comm_alltoall(c, D(J, J->send), D(J, J->recv), cnt, J->t)
+                            : comm_alltoallv(c, D(J, J->send), J->sc, J->sd, D(J, J->recv), J->rc,
+                                             J->rd, J->t);
         break;
     }
     case COMM_SENDRECV: {
@@ -128,12 +180,14 @@ static void job_post(job *J) {
         int nx = (me + 1) % n, pv = (me + n - 1) % n;
         int peers[4] = {nx, pv, pv, nx}, sends[4] = {1, 1, 0, 0};
         for (int k = 0; k < 4; k++) {
-            J->pbuf[k] = xalloc(cnt * es);
+            J->pbuf[k] = jalloc(J, cnt * es);
             int dir = k == 0 || k == 2 ? 0 : 1; /* 0: to next / from previous */
             if (sends[k])
                 for (size_t i = 0; i < cnt; i++) put(J->pbuf[k], J->t, i, val(J->salt + dir, g, i));
             J->p2p[k] = (comm_p2p){peers[k], sends[k], J->pbuf[k], cnt};
         }
+        sync_mirrors(J, 1);
+        for (int k = 0; k < 4; k++) J->p2p[k].buf = D(J, J->pbuf[k]);
         J->req = comm_sendrecv(c, J->p2p, 4, J->t);
         break;
     }
@@ -147,6 +201,7 @@ static int job_verify(job *J, char *why, size_t cap) {
     ust_comm *c = J->c;
     int n = comm_size(c), me = comm_rank(c);
     size_t cnt = J->count;
+    sync_mirrors(J, 0);
 #define MISMATCH(i, got, want)                                                                     \
     do {                                                                                           \
         snprintf(why, cap, "%s on '%s' (n=%d, count %zu, %s%s): element %zu = %g, expected %g",    \
@@ -217,6 +272,9 @@ static void job_free(job *J) {
     free(J->send);
     free(J->sc), free(J->sd), free(J->rc), free(J->rd);
     for (int k = 0; k < 4; k++) free(J->pbuf[k]);
+#ifdef UST_NCCL
+    for (int i = 0; i < J->nmir; i++) cudaFree(J->mir[i].dev);
+#endif
     memset(J, 0, sizeof *J);
 }
 
@@ -406,6 +464,8 @@ static int child_main(void) {
     const char *mode = getenv("UST_TEST_MODE");
     double timeout = mode ? 3 : 60;
     comm_opts o = {.backend = COMM_BACKEND_SHM, .timeout_s = timeout};
+    if (getenv("UST_TEST_BACKEND") && !strcmp(getenv("UST_TEST_BACKEND"), "nccl"))
+        o.backend = COMM_BACKEND_NCCL, g_dev = 1;
     if (getenv("UST_TEST_SLOT")) o.shm_slot_bytes = (size_t)atol(getenv("UST_TEST_SLOT"));
     if (getenv("UST_TEST_CHAN")) o.shm_chan_bytes = (size_t)atol(getenv("UST_TEST_CHAN"));
     if (comm_ctx_init(&E.ctx, &E.boot, &o, &e)) {
@@ -431,7 +491,7 @@ static int child_main(void) {
         return 0; /* not reached: the wait exits */
     }
     case_world_collectives(&E);
-    case_byte_counters(&E);
+    if (!g_dev) case_byte_counters(&E); /* uses host buffers; counting is backend-independent */
     case_wait_last_completes_earlier(&E);
     static const int grids[][5] = {/* dp tp pp cp ep, by world size */
                                    [1] = {1, 1, 1, 1, 1}, [2] = {1, 2, 1, 1, 1},
@@ -657,19 +717,65 @@ static void test_world_size_1_single_process(void) {
     free(buf);
 }
 
-static void test_nccl_backend(void) {
+/* NCCL: world 1 in this process, and every GPU of the machine (up to 8) as one rank each.
+ * Without a GPU (or without NCCL at build time) it says so on a SKIP line, not PASS. */
+static void nccl_cases(void) {
     if (!comm_backend_available(COMM_BACKEND_NCCL)) {
-        printf("SKIP nccl: not compiled in (no CUDA/NCCL at build time)\n");
+        printf("SKIP nccl: not compiled in (no nccl.h at build time)\n");
         return;
     }
-    printf("SKIP nccl: the GPU cases run through `ustrain bench comm --backend nccl`\n");
+    int ngpu = 0;
+#ifdef UST_NCCL
+    if (cudaGetDeviceCount(&ngpu) != cudaSuccess) ngpu = 0;
+#endif
+    if (ngpu == 0) {
+        printf("SKIP nccl: no GPU\n");
+        return;
+    }
+    env E = {0};
+    char *buf = NULL;
+    size_t len = 0;
+    ust_err e;
+    E.out = open_memstream(&buf, &len);
+    g_dev = 1;
+    int zero = 0;
+    comm_opts o = {.backend = COMM_BACKEND_NCCL, .timeout_s = 60};
+    comm_group_spec ws = {"world", &zero, 1};
+    if (boot_init(&E.boot, 10, &e) || comm_ctx_init(&E.ctx, &E.boot, &o, &e) ||
+        comm_create_many(E.ctx, 1, &ws, &E.world, &e)) {
+        printf("FAIL comm_nccl_w1_setup: %.900s\n", e.msg), t_nfail++;
+    } else {
+        case_world_collectives(&E);
+        case_wait_last_completes_earlier(&E);
+        case_topology_groups_interleaved(&E, (int[]){1, 1, 1, 1, 1});
+        comm_ctx_free(E.ctx);
+        boot_finalize(&E.boot);
+        fclose(E.out);
+        E.out = NULL;
+        for (char *line = buf; line && *line;) {
+            char *end = strchr(line, '\n');
+            if (end) *end = 0;
+            if (!strncmp(line, "ok ", 3)) printf("PASS comm_nccl_w1_%s\n", line + 3), t_npass++;
+            if (!strncmp(line, "bad ", 4)) printf("FAIL comm_nccl_w1_%s\n", line + 4), t_nfail++;
+            line = end ? end + 1 : NULL;
+        }
+    }
+    if (E.out) fclose(E.out);
+    free(buf);
+    g_dev = 0;
+    if (ngpu >= 2) {
+        static const char *nccl_env[] = {"UST_TEST_BACKEND=nccl", NULL};
+        run_world(ngpu > 8 ? 8 : ngpu, "_nccl", nccl_env);
+    } else {
+        printf("SKIP nccl: one GPU, so no multi-rank NCCL cases (NCCL needs a GPU per rank)\n");
+    }
+    fflush(stdout);
 }
 
 int main(void) {
     if (getenv("RANK")) return child_main();
     signal(SIGPIPE, SIG_IGN);
     RUN_TEST(test_world_size_1_single_process);
-    test_nccl_backend();
     static const char *small[] = {"UST_TEST_SLOT=4096", "UST_TEST_CHAN=1024", NULL};
     static const char *dflt[] = {NULL};
     run_world(2, "", small);
@@ -679,5 +785,6 @@ int main(void) {
     run_world(8, "", small);
     fault_case("dies", "has died");
     fault_case("stalls", "timed out");
+    nccl_cases();
     return TEST_SUMMARY();
 }
