@@ -20,9 +20,12 @@
 
 const char *boot_kind_name(boot_kind k) {
     switch (k) {
-    case BOOT_SINGLE: return "single";
-    case BOOT_ENV: return "env";
-    case BOOT_PMIX: return "pmix";
+    case BOOT_SINGLE:
+        return "single";
+    case BOOT_ENV:
+        return "env";
+    case BOOT_PMIX:
+        return "pmix";
     }
     return "?";
 }
@@ -36,7 +39,8 @@ int boot_env_int(const char *name, long lo, long hi, long *v, ust_err *e) {
     while (*end == ' ' || *end == '\n') end++;
     if (errno || end == s || *end || x < lo || x > hi) {
         if (hi == INT_MAX)
-            return ust_errf(e, "environment variable %s='%s' is not an integer >= %ld", name, s, lo);
+            return ust_errf(e, "environment variable %s='%s' is not an integer >= %ld", name, s,
+                            lo);
         return ust_errf(e, "environment variable %s='%s' is not an integer in [%ld, %ld]", name, s,
                         lo, hi);
     }
@@ -46,8 +50,9 @@ int boot_env_int(const char *name, long lo, long hi, long *v, ust_err *e) {
 
 static int key_ok(const char *key, ust_err *e) {
     if (!key || !store_key_valid(key) || strlen(key) > BOOT_MAX_KEY)
-        return ust_errf(e, "bootstrap key '%s' is empty, longer than %d or has spaces or "
-                           "non-ASCII bytes",
+        return ust_errf(e,
+                        "bootstrap key '%s' is empty, longer than %d or has spaces or "
+                        "non-ASCII bytes",
                         key ? key : "(null)", BOOT_MAX_KEY);
     return 0;
 }
@@ -89,8 +94,9 @@ static int local_get(boot_impl *im, const char *key, void *val, size_t cap, ust_
     for (local_kv *x = im->kv; x; x = x->next)
         if (!strcmp(x->key, key)) {
             if (x->len > cap)
-                return ust_errf(e, "bootstrap get of key '%s': value of %zu bytes does not fit a "
-                                   "buffer of %zu",
+                return ust_errf(e,
+                                "bootstrap get of key '%s': value of %zu bytes does not fit a "
+                                "buffer of %zu",
                                 key, x->len, cap);
             memcpy(val, x->val, x->len);
             return (int)x->len;
@@ -137,8 +143,9 @@ static int env_init(ust_boot *b, ust_err *e) {
     int hw = hr < 0 ? -1 : boot_env_int("WORLD_SIZE", 1, INT_MAX, &world, e);
     if (hr < 0 || hw < 0) return -1;
     if (!hr || !hw)
-        return ust_errf(e, "torchrun-style launch needs both RANK and WORLD_SIZE in the "
-                           "environment, but %s is not set",
+        return ust_errf(e,
+                        "torchrun-style launch needs both RANK and WORLD_SIZE in the "
+                        "environment, but %s is not set",
                         hr ? "WORLD_SIZE" : "RANK");
     if (rank >= world) return ust_errf(e, "RANK=%ld is not below WORLD_SIZE=%ld", rank, world);
     int hlr = boot_env_int("LOCAL_RANK", 0, INT_MAX - 1, &lr, e);
@@ -169,8 +176,9 @@ static int env_init(ust_boot *b, ust_err *e) {
         return 0;
     }
     if (!addr || !hp)
-        return ust_errf(e, "torchrun-style launch with WORLD_SIZE=%ld needs MASTER_ADDR and "
-                           "MASTER_PORT (where rank 0 serves the key-value store), but %s is not set",
+        return ust_errf(e,
+                        "torchrun-style launch with WORLD_SIZE=%ld needs MASTER_ADDR and "
+                        "MASTER_PORT (where rank 0 serves the key-value store), but %s is not set",
                         world, !addr ? "MASTER_ADDR" : "MASTER_PORT");
     snprintf(im->where, sizeof im->where, "%s:%ld", addr, port);
 
@@ -183,7 +191,8 @@ static int env_init(ust_boot *b, ust_err *e) {
     }
     im->client = store_client_connect(addr, (int)port, deadline, e);
     if (!im->client) return -1;
-    if (store_client_hello(im->client, b->rank, b->world, b->job_id, sizeof b->job_id, deadline, e) < 0)
+    if (store_client_hello(im->client, b->rank, b->world, b->job_id, sizeof b->job_id, deadline,
+                           e) < 0)
         return -1;
     if (!hlr) {
         char host[256];
@@ -212,7 +221,7 @@ static int env_init(ust_boot *b, ust_err *e) {
 /* A launcher that started several tasks without giving us a way to meet them. */
 static int launcher_says_many(char *what, size_t cap) {
     static const char *vars[] = {"SLURM_NTASKS", "SLURM_NPROCS", "OMPI_COMM_WORLD_SIZE",
-                                 "PMI_SIZE", "PMIX_SIZE", "MPI_LOCALNRANKS"};
+                                 "PMI_SIZE",     "PMIX_SIZE",    "MPI_LOCALNRANKS"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
         const char *v = getenv(vars[i]);
         if (v && atol(v) > 1) {
@@ -252,10 +261,11 @@ int boot_init(ust_boot *b, double timeout_s, ust_err *e) {
         } else {
             char what[128];
             if (launcher_says_many(what, sizeof what)) {
-                r = ust_errf(e, "started as a single process, but the launcher says there are "
-                                "several tasks (%s) and no PMIx server is reachable%s: under "
-                                "Slurm launch with `srun --mpi=pmix` (or set MpiDefault=pmix), "
-                                "under OpenMPI with mpirun, or use scripts/ustrun",
+                r = ust_errf(e,
+                             "started as a single process, but the launcher says there are "
+                             "several tasks (%s) and no PMIx server is reachable%s: under "
+                             "Slurm launch with `srun --mpi=pmix` (or set MpiDefault=pmix), "
+                             "under OpenMPI with mpirun, or use scripts/ustrun",
                              what, pmix_why);
             } else {
                 b->kind = BOOT_SINGLE;

@@ -40,15 +40,32 @@ static int pmix_int(const pmix_proc_t *proc, const char *key, long *out) {
     if (rc != PMIX_SUCCESS || !v) return 0;
     int ok = 1;
     switch (v->type) {
-    case PMIX_UINT8: *out = v->data.uint8; break;
-    case PMIX_UINT16: *out = v->data.uint16; break;
-    case PMIX_UINT32: *out = (long)v->data.uint32; break;
-    case PMIX_UINT64: *out = (long)v->data.uint64; break;
-    case PMIX_INT: *out = v->data.integer; break;
-    case PMIX_INT32: *out = v->data.int32; break;
-    case PMIX_SIZE: *out = (long)v->data.size; break;
-    case PMIX_PROC_RANK: *out = (long)v->data.rank; break;
-    default: ok = 0;
+    case PMIX_UINT8:
+        *out = v->data.uint8;
+        break;
+    case PMIX_UINT16:
+        *out = v->data.uint16;
+        break;
+    case PMIX_UINT32:
+        *out = (long)v->data.uint32;
+        break;
+    case PMIX_UINT64:
+        *out = (long)v->data.uint64;
+        break;
+    case PMIX_INT:
+        *out = v->data.integer;
+        break;
+    case PMIX_INT32:
+        *out = v->data.int32;
+        break;
+    case PMIX_SIZE:
+        *out = (long)v->data.size;
+        break;
+    case PMIX_PROC_RANK:
+        *out = (long)v->data.rank;
+        break;
+    default:
+        ok = 0;
     }
     PMIX_VALUE_RELEASE(v);
     return ok;
@@ -105,7 +122,8 @@ int boot_pmix_init(ust_boot *b, ust_err *e) {
     rnd[n] = 0;
     snprintf(b->job_id, sizeof b->job_id, "pmix-%.36s-%.16s", ns, rnd + 2);
 
-    int have_local = pmix_int(&p->me, PMIX_LOCAL_RANK, &lr) && pmix_int(&wild, PMIX_LOCAL_SIZE, &lw);
+    int have_local =
+        pmix_int(&p->me, PMIX_LOCAL_RANK, &lr) && pmix_int(&wild, PMIX_LOCAL_SIZE, &lw);
     if (have_local && lw >= 1 && lr < lw) {
         b->local_rank = (int)lr, b->local_world = (int)lw;
     } else {
@@ -121,7 +139,9 @@ int boot_pmix_init(ust_boot *b, ust_err *e) {
     return 0;
 }
 
-static void pmix_key(char *out, size_t cap, const char *key) { snprintf(out, cap, "ust.%s", key); }
+static void pmix_key(char *out, size_t cap, const char *key) {
+    snprintf(out, cap, "ust.%s", key);
+}
 
 int boot_pmix_put(ust_boot *b, const char *key, const void *val, size_t len, ust_err *e) {
     char k[PMIX_MAX_KEYLEN + 1];
@@ -154,8 +174,9 @@ int boot_pmix_fence(ust_boot *b, ust_err *e) {
     PMIX_INFO_DESTRUCT(&info[0]);
     PMIX_INFO_DESTRUCT(&info[1]);
     if (rc != PMIX_SUCCESS)
-        return ust_errf(e, "bootstrap fence %u (PMIx, namespace %s, %d ranks) failed after %.1f s: "
-                           "%s; PMIx does not say which ranks did not arrive",
+        return ust_errf(e,
+                        "bootstrap fence %u (PMIx, namespace %s, %d ranks) failed after %.1f s: "
+                        "%s; PMIx does not say which ranks did not arrive",
                         gen, p->me.nspace, b->world, boot_now() - t0, PMIx_Error_string(rc));
     return 0;
 }
@@ -183,8 +204,9 @@ int boot_pmix_get(ust_boot *b, int rank, const char *key, void *val, size_t cap,
         r = ust_errf(e, "bootstrap get of key '%s' from rank %d: PMIx value of type %d, not bytes",
                      key, rank, (int)v->type);
     else if (v->data.bo.size > cap)
-        r = ust_errf(e, "bootstrap get of key '%s' from rank %d: value of %zu bytes does not fit a "
-                        "buffer of %zu",
+        r = ust_errf(e,
+                     "bootstrap get of key '%s' from rank %d: value of %zu bytes does not fit a "
+                     "buffer of %zu",
                      key, rank, v->data.bo.size, cap);
     else {
         if (v->data.bo.size) memcpy(val, v->data.bo.bytes, v->data.bo.size);

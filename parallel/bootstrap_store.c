@@ -35,7 +35,8 @@ double boot_now(void) {
 /* ---------------------------------------------------------------- wire format */
 
 static void put32(uint8_t *p, uint32_t v) {
-    p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8), p[2] = (uint8_t)(v >> 16), p[3] = (uint8_t)(v >> 24);
+    p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8), p[2] = (uint8_t)(v >> 16),
+    p[3] = (uint8_t)(v >> 24);
 }
 static uint32_t get32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
@@ -92,8 +93,10 @@ int store_msg_parse(const uint8_t *buf, size_t n, store_msg *m, size_t *used, ch
     uint32_t vl = get32(p + 16);
     if (!op_known(op)) return snprintf(why, whylen, "unknown op %u", op), -1;
     if (p[5] != 0) return snprintf(why, whylen, "nonzero flags 0x%02x", p[5]), -1;
-    if (kl > STORE_MAX_KEY) return snprintf(why, whylen, "key length %u > %u", kl, STORE_MAX_KEY), -1;
-    if (vl > STORE_MAX_VAL) return snprintf(why, whylen, "value length %u > %u", vl, STORE_MAX_VAL), -1;
+    if (kl > STORE_MAX_KEY)
+        return snprintf(why, whylen, "key length %u > %u", kl, STORE_MAX_KEY), -1;
+    if (vl > STORE_MAX_VAL)
+        return snprintf(why, whylen, "value length %u > %u", vl, STORE_MAX_VAL), -1;
     if ((uint64_t)STORE_HDR + kl + vl != len) {
         snprintf(why, whylen, "frame length %u != header %u + key %u + value %u", len, STORE_HDR,
                  kl, vl);
@@ -198,11 +201,11 @@ struct store_server {
     uint32_t *next_gen; /* rank r has arrived at every fence < next_gen[r] */
     uint32_t min_next_gen;
     uint8_t *joined, *present, *died;
-    int n_left;        /* ranks that joined and left */
+    int n_left; /* ranks that joined and left */
     char job_error[1024];
-    int stopping;        /* rank 0 finalized: serve until every rank left or stop_deadline */
+    int stopping; /* rank 0 finalized: serve until every rank left or stop_deadline */
     double stop_deadline;
-    int closing;         /* the thread is ending: parked requests get an error now */
+    int closing;  /* the thread is ending: parked requests get an error now */
     uint8_t *out; /* reply scratch */
 };
 
@@ -273,10 +276,10 @@ static void describe_missing(store_server *s, uint32_t gen, char *out, size_t ca
             o += (size_t)snprintf(out + o, cap - o, " ...");
             break;
         }
-        const char *st = !s->joined[r]            ? "never connected to the store"
+        const char *st = !s->joined[r]                  ? "never connected to the store"
                          : !s->present[r] && s->died[r] ? "disconnected (died?)"
-                         : !s->present[r]          ? "left the job (finalized)"
-                                                   : "connected, not at this fence yet";
+                         : !s->present[r]               ? "left the job (finalized)"
+                                                        : "connected, not at this fence yet";
         o += (size_t)snprintf(out + o, cap - o, "%s rank %d (%s)", shown > 1 ? "," : "", r, st);
     }
 }
@@ -355,8 +358,9 @@ static int handle(store_server *s, conn *c, const store_msg *m) {
         int rank = (int)m->a, world = (int)m->b;
         if (c->rank >= 0) return reply_text(s, c, ST_ERR, "HELLO sent twice"), -1;
         if (world != s->world)
-            poison(s, "rank %d joined with WORLD_SIZE=%d but rank 0 has WORLD_SIZE=%d; every rank "
-                      "must be started with the same WORLD_SIZE",
+            poison(s,
+                   "rank %d joined with WORLD_SIZE=%d but rank 0 has WORLD_SIZE=%d; every rank "
+                   "must be started with the same WORLD_SIZE",
                    rank, world, s->world);
         else if (rank < 0 || rank >= s->world)
             poison(s, "a process joined as rank %d, outside [0, %d)", rank, s->world);
@@ -555,13 +559,15 @@ store_server *store_server_start(const char *host, int port, int world, const ch
         freeaddrinfo(ai);
         server_free(s);
         if (err == EADDRINUSE)
-            ust_errf(e, "MASTER_PORT %d is already in use on %s (%s): another job or process "
-                        "holds it; pick a free port (MASTER_PORT, or ustrun --master-port)",
+            ust_errf(e,
+                     "MASTER_PORT %d is already in use on %s (%s): another job or process "
+                     "holds it; pick a free port (MASTER_PORT, or ustrun --master-port)",
                      port, host, addr);
         else if (err == EADDRNOTAVAIL)
-            ust_errf(e, "MASTER_ADDR %s (%s) is not an address of this machine, but rank 0 "
-                        "serves the key-value store there; start rank 0 on the host "
-                        "MASTER_ADDR names",
+            ust_errf(e,
+                     "MASTER_ADDR %s (%s) is not an address of this machine, but rank 0 "
+                     "serves the key-value store there; start rank 0 on the host "
+                     "MASTER_ADDR names",
                      host, addr);
         else
             ust_errf(e, "cannot serve the key-value store on %s:%d (%s): %s", host, port, addr,
@@ -575,7 +581,8 @@ store_server *store_server_start(const char *host, int port, int world, const ch
     if (getsockname(s->lfd, (struct sockaddr *)&sa, &sl) == 0)
         s->port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
                                                  : ((struct sockaddr_in *)&sa)->sin_port);
-    if (pipe2(s->wake, O_CLOEXEC) < 0) return server_free(s), ust_errf(e, "pipe: %s", strerror(errno)), NULL;
+    if (pipe2(s->wake, O_CLOEXEC) < 0)
+        return server_free(s), ust_errf(e, "pipe: %s", strerror(errno)), NULL;
     /* The thread blocks every signal, so SIGTERM/SIGUSR1 (graceful stop) reach the main thread. */
     sigset_t all, old;
     sigfillset(&all);
@@ -586,7 +593,9 @@ store_server *store_server_start(const char *host, int port, int world, const ch
     return s;
 }
 
-int store_server_port(const store_server *s) { return s->port; }
+int store_server_port(const store_server *s) {
+    return s->port;
+}
 
 void store_server_stop(store_server *s, double wait_s) {
     if (!s) return;
@@ -620,7 +629,8 @@ store_client *store_client_connect(const char *host, int port, double deadline, 
     char ps[16];
     snprintf(ps, sizeof ps, "%d", port);
     int g = getaddrinfo(host, ps, &hints, &ai);
-    if (g != 0) return ust_errf(e, "MASTER_ADDR '%s' does not resolve: %s", host, gai_strerror(g)), NULL;
+    if (g != 0)
+        return ust_errf(e, "MASTER_ADDR '%s' does not resolve: %s", host, gai_strerror(g)), NULL;
     double backoff = 0.02, t0 = boot_now();
     int last = 0, fd = -1;
     for (;;) {
@@ -635,8 +645,10 @@ store_client *store_client_connect(const char *host, int port, double deadline, 
             struct pollfd pf = {fd, POLLOUT, 0};
             int k = poll(&pf, 1, left > 0 ? (int)(left * 1000) + 1 : 0);
             socklen_t sl = sizeof last;
-            if (k == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &last, &sl) == 0 && last == 0) r = 0;
-            else if (k == 0) last = ETIMEDOUT;
+            if (k == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &last, &sl) == 0 && last == 0)
+                r = 0;
+            else if (k == 0)
+                last = ETIMEDOUT;
         } else if (r < 0) {
             last = errno;
         }
@@ -649,9 +661,10 @@ store_client *store_client_connect(const char *host, int port, double deadline, 
     }
     freeaddrinfo(ai);
     if (fd < 0)
-        return ust_errf(e, "could not connect to the key-value store of rank 0 at %s:%d "
-                           "(MASTER_ADDR:MASTER_PORT) within %.1f s: %s; is rank 0 running, and do "
-                           "all ranks have the same MASTER_ADDR and MASTER_PORT?",
+        return ust_errf(e,
+                        "could not connect to the key-value store of rank 0 at %s:%d "
+                        "(MASTER_ADDR:MASTER_PORT) within %.1f s: %s; is rank 0 running, and do "
+                        "all ranks have the same MASTER_ADDR and MASTER_PORT?",
                         host, port, boot_now() - t0, strerror(last ? last : ETIMEDOUT)),
                NULL;
     store_client *c = calloc(1, sizeof *c);
@@ -683,7 +696,8 @@ static int request(store_client *c, uint8_t op, uint32_t a, uint32_t b, const ch
         size_t used;
         char why[256];
         int r = store_msg_parse(c->in.p, c->in.len, rep, &used, why, sizeof why);
-        if (r < 0) return ust_errf(e, "bad reply from the key-value store at %s: %s", c->where, why);
+        if (r < 0)
+            return ust_errf(e, "bad reply from the key-value store at %s: %s", c->where, why);
         if (r > 0) {
             /* Keep the bytes until the caller copied the value; the next request drops them. */
             if (used != c->in.len)
@@ -702,7 +716,8 @@ static int request(store_client *c, uint8_t op, uint32_t a, uint32_t b, const ch
         if (k <= 0) continue;
         ssize_t got = rbuf_fill(&c->in, c->fd);
         if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-            return ust_errf(e, "lost the connection to the key-value store at %s (rank 0 exited?)%s%s",
+            return ust_errf(e,
+                            "lost the connection to the key-value store at %s (rank 0 exited?)%s%s",
                             c->where, got < 0 ? ": " : "", got < 0 ? strerror(errno) : "");
     }
 }
@@ -730,8 +745,10 @@ int store_client_hello(store_client *c, int rank, int world, char *job_id, size_
         r = ust_errf(e, "rank %d could not join the job at %s: %s", rank, c->where,
                      rep_text(&m, t, sizeof t));
     if (r == 0) {
-        if (m.vallen == 0 || m.vallen >= cap) r = ust_errf(e, "bad job id from the store");
-        else memcpy(job_id, m.val, m.vallen), job_id[m.vallen] = 0;
+        if (m.vallen == 0 || m.vallen >= cap)
+            r = ust_errf(e, "bad job id from the store");
+        else
+            memcpy(job_id, m.val, m.vallen), job_id[m.vallen] = 0;
     }
     pthread_mutex_unlock(&c->mu);
     return r;
@@ -742,8 +759,8 @@ int store_client_put(store_client *c, int rank, const char *key, const void *val
     store_msg m;
     char t[1100];
     pthread_mutex_lock(&c->mu);
-    int r = request(c, ST_PUT, (uint32_t)rank, 0, key, val, (uint32_t)len,
-                    boot_now() + timeout_s, &m, e);
+    int r = request(c, ST_PUT, (uint32_t)rank, 0, key, val, (uint32_t)len, boot_now() + timeout_s,
+                    &m, e);
     if (r == 0 && m.op != ST_OK)
         r = ust_errf(e, "bootstrap put of key '%s' failed: %s", key, rep_text(&m, t, sizeof t));
     pthread_mutex_unlock(&c->mu);
@@ -759,8 +776,9 @@ int store_client_get(store_client *c, int rank, const char *key, void *val, size
                     boot_now() + timeout_s + 5.0, &m, e);
     if (r == 0 && m.op == ST_VAL) {
         if (m.vallen > cap)
-            r = ust_errf(e, "bootstrap get of key '%s' from rank %d: value of %u bytes does not "
-                            "fit a buffer of %zu",
+            r = ust_errf(e,
+                         "bootstrap get of key '%s' from rank %d: value of %u bytes does not "
+                         "fit a buffer of %zu",
                          key, rank, m.vallen, cap);
         else
             memcpy(val, m.val, m.vallen), r = (int)m.vallen;

@@ -22,11 +22,12 @@
 /* ---------------------------------------------------------------- single process */
 
 static void clear_launcher_env(void) {
-    static const char *vars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-                                 "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                                 "NODE_RANK", "SLURM_NTASKS", "SLURM_NPROCS",
-                                 "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE",
-                                 "MPI_LOCALNRANKS", "PMIX_RANK", "PMIX_NAMESPACE"};
+    static const char *vars[] = {
+        "RANK",          "WORLD_SIZE",   "LOCAL_RANK",      "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",   "MASTER_PORT",  "GROUP_RANK",      "GROUP_WORLD_SIZE",
+        "NODE_RANK",     "SLURM_NTASKS", "SLURM_NPROCS",    "OMPI_COMM_WORLD_SIZE",
+        "PMI_SIZE",      "PMIX_SIZE",    "MPI_LOCALNRANKS", "PMIX_RANK",
+        "PMIX_NAMESPACE"};
     for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) unsetenv(vars[i]);
 }
 
@@ -44,9 +45,12 @@ static void test_single_process_is_rank_0_of_1_with_a_local_store(void) {
     CHECK(boot_fence(&b, &e) == 0, "fence: %.900s", e.msg);
     char v[16];
     CHECK(boot_get(&b, 0, "answer", v, sizeof v, &e) == 3 && !memcmp(v, "43!", 3), "get");
-    CHECK(boot_get(&b, 0, "absent", v, sizeof v, &e) < 0 && strstr(e.msg, "absent"), "%.900s", e.msg);
-    CHECK(boot_get(&b, 1, "answer", v, sizeof v, &e) < 0 && strstr(e.msg, "outside"), "%.900s", e.msg);
-    CHECK(boot_get(&b, 0, "answer", v, 2, &e) < 0 && strstr(e.msg, "does not fit"), "%.900s", e.msg);
+    CHECK(boot_get(&b, 0, "absent", v, sizeof v, &e) < 0 && strstr(e.msg, "absent"), "%.900s",
+          e.msg);
+    CHECK(boot_get(&b, 1, "answer", v, sizeof v, &e) < 0 && strstr(e.msg, "outside"), "%.900s",
+          e.msg);
+    CHECK(boot_get(&b, 0, "answer", v, 2, &e) < 0 && strstr(e.msg, "does not fit"), "%.900s",
+          e.msg);
     CHECK(boot_put(&b, "has space", "x", 1, &e) < 0, "key with a space accepted");
     static char big[STORE_MAX_VAL + 1];
     CHECK(boot_put(&b, "big", big, sizeof big, &e) < 0 && strstr(e.msg, "limit"), "%.900s", e.msg);
@@ -68,7 +72,8 @@ static void test_store_frame_roundtrips_and_parses_incrementally(void) {
     char why[256];
     /* Every strict prefix asks for more; the whole frame parses. */
     for (size_t k = 0; k < n; k++)
-        CHECK(store_msg_parse(buf, k, &m, &used, why, sizeof why) == 0, "prefix %zu: %.900s", k, why);
+        CHECK(store_msg_parse(buf, k, &m, &used, why, sizeof why) == 0, "prefix %zu: %.900s", k,
+              why);
     CHECK(store_msg_parse(buf, n, &m, &used, why, sizeof why) == 1, "%s", why);
     CHECK(used == n && m.op == ST_PUT && m.a == 7 && m.b == 9, "fields");
     CHECK(!strcmp(m.key, "shm/dp/3") && m.vallen == 5 && !memcmp(m.val, "hello", 5), "key/val");
@@ -102,11 +107,12 @@ static void test_store_parser_rejects_every_malformed_frame(void) {
         memcpy(bad, good, n);
         bad[cases[i].off] = cases[i].byte;
         why[0] = 0;
-        CHECK(store_msg_parse(bad, n, &m, &used, why, sizeof why) == -1 && why[0],
-              "%s: accepted", cases[i].what);
+        CHECK(store_msg_parse(bad, n, &m, &used, why, sizeof why) == -1 && why[0], "%s: accepted",
+              cases[i].what);
     }
     /* A foreign peer (e.g. an HTTP server on MASTER_PORT) is rejected from its first 8 bytes. */
-    CHECK(store_msg_parse((const uint8_t *)"GET / HTTP/1.1\r\n", 16, &m, &used, why, sizeof why) == -1,
+    CHECK(store_msg_parse((const uint8_t *)"GET / HTTP/1.1\r\n", 16, &m, &used, why, sizeof why) ==
+              -1,
           "HTTP accepted");
 }
 
@@ -162,7 +168,8 @@ static void test_stale_pmix_variables_without_a_server_fall_through_to_single(vo
     int r = boot_init(&b, 1, &e);
     clear_launcher_env();
     CHECK(r == 0, "%.900s", e.msg);
-    CHECK(b.kind == BOOT_SINGLE && b.world == 1, "kind %s world %d", boot_kind_name(b.kind), b.world);
+    CHECK(b.kind == BOOT_SINGLE && b.world == 1, "kind %s world %d", boot_kind_name(b.kind),
+          b.world);
     CHECK(boot_now() - t0 < 1.0, "took %.2f s to find no PMIx server", boot_now() - t0);
     boot_finalize(&b);
 }
@@ -178,7 +185,8 @@ static void test_world_size_1_without_master_is_a_local_env_job(void) {
     CHECK(r == 0, "%.900s", e.msg);
     CHECK(b.kind == BOOT_ENV && b.world == 1 && b.local_world == 1, "kind %d", b.kind);
     char v[4];
-    CHECK(boot_put(&b, "k", "v", 1, &e) == 0 && boot_get(&b, 0, "k", v, 4, &e) == 1, "%.900s", e.msg);
+    CHECK(boot_put(&b, "k", "v", 1, &e) == 0 && boot_get(&b, 0, "k", v, 4, &e) == 1, "%.900s",
+          e.msg);
     boot_finalize(&b);
 }
 
@@ -200,7 +208,8 @@ static void *fake_rank_main(void *arg) {
     f->rc = -1;
     store_client *c = store_client_connect("127.0.0.1", f->port, boot_now() + f->timeout, &e);
     if (!c) goto out;
-    if (store_client_hello(c, f->rank, f->world, f->job, sizeof f->job, boot_now() + f->timeout, &e) < 0)
+    if (store_client_hello(c, f->rank, f->world, f->job, sizeof f->job, boot_now() + f->timeout,
+                           &e) < 0)
         goto close;
     if (f->die_after_hello) {
         store_client_close(c, 0);
@@ -241,11 +250,13 @@ static void test_store_serves_four_ranks_put_fence_get(void) {
     CHECK(s, "%.900s", e.msg);
     fake_rank f[4];
     for (int i = 0; i < 4; i++)
-        f[i] = (fake_rank){.port = store_server_port(s), .rank = i, .world = 4, .timeout = 5, .bye = 1};
+        f[i] = (fake_rank){
+            .port = store_server_port(s), .rank = i, .world = 4, .timeout = 5, .bye = 1};
     run_ranks(f, 4);
     double t0 = boot_now();
     store_server_stop(s, 5);
-    CHECK(boot_now() - t0 < 1.0, "stop waited %.2f s although every rank had left", boot_now() - t0);
+    CHECK(boot_now() - t0 < 1.0, "stop waited %.2f s although every rank had left",
+          boot_now() - t0);
     for (int i = 0; i < 4; i++) {
         CHECK(f[i].rc == 0, "rank %d: %.900s", i, f[i].err);
         CHECK(!strcmp(f[i].job, "test-job"), "rank %d job '%s'", i, f[i].job);
@@ -262,7 +273,11 @@ static void test_store_outlives_rank_0_until_every_rank_left(void) {
     store_server *s = start_store(2, &e);
     CHECK(s, "%.900s", e.msg);
     fake_rank f[2] = {{.port = store_server_port(s), .rank = 0, .world = 2, .timeout = 5, .bye = 1},
-                      {.port = store_server_port(s), .rank = 1, .world = 2, .timeout = 5, .bye = 1,
+                      {.port = store_server_port(s),
+                       .rank = 1,
+                       .world = 2,
+                       .timeout = 5,
+                       .bye = 1,
                        .sleep_before_get = 0.3}};
     pthread_t th[2];
     for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, fake_rank_main, &f[i]);
@@ -283,7 +298,8 @@ static void test_store_fence_timeout_names_the_rank_that_never_came(void) {
     CHECK(s, "%.900s", e.msg);
     fake_rank f[2];
     for (int i = 0; i < 2; i++)
-        f[i] = (fake_rank){.port = store_server_port(s), .rank = i, .world = 3, .timeout = 0.3, .bye = 1};
+        f[i] = (fake_rank){
+            .port = store_server_port(s), .rank = i, .world = 3, .timeout = 0.3, .bye = 1};
     double t0 = boot_now();
     run_ranks(f, 2);
     double took = boot_now() - t0;
@@ -300,8 +316,9 @@ static void test_store_world_size_mismatch_fails_both_sides(void) {
     ust_err e = {{0}};
     store_server *s = start_store(2, &e);
     CHECK(s, "%.900s", e.msg);
-    fake_rank f[2] = {{.port = store_server_port(s), .rank = 0, .world = 2, .timeout = 5, .bye = 1},
-                      {.port = store_server_port(s), .rank = 1, .world = 3, .timeout = 5, .bye = 1}};
+    fake_rank f[2] = {
+        {.port = store_server_port(s), .rank = 0, .world = 2, .timeout = 5, .bye = 1},
+        {.port = store_server_port(s), .rank = 1, .world = 3, .timeout = 5, .bye = 1}};
     double t0 = boot_now();
     run_ranks(f, 2);
     double took = boot_now() - t0;
@@ -316,9 +333,9 @@ static void test_store_rank_that_dies_fails_the_fence_at_once(void) {
     ust_err e = {{0}};
     store_server *s = start_store(2, &e);
     CHECK(s, "%.900s", e.msg);
-    fake_rank f[2] = {{.port = store_server_port(s), .rank = 0, .world = 2, .timeout = 5, .bye = 1},
-                      {.port = store_server_port(s), .rank = 1, .world = 2, .timeout = 5,
-                       .die_after_hello = 1}};
+    fake_rank f[2] = {
+        {.port = store_server_port(s), .rank = 0, .world = 2, .timeout = 5, .bye = 1},
+        {.port = store_server_port(s), .rank = 1, .world = 2, .timeout = 5, .die_after_hello = 1}};
     double t0 = boot_now();
     run_ranks(f, 2);
     double took = boot_now() - t0;
@@ -351,7 +368,8 @@ static void test_store_drops_a_foreign_peer_and_keeps_serving(void) {
     store_server *s = start_store(1, &e);
     CHECK(s, "%.900s", e.msg);
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)store_server_port(s)),
+    struct sockaddr_in a = {.sin_family = AF_INET,
+                            .sin_port = htons((uint16_t)store_server_port(s)),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     CHECK(connect(fd, (struct sockaddr *)&a, sizeof a) == 0, "connect: %.900s", strerror(errno));
     const char *junk = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
@@ -414,24 +432,28 @@ static int ranks_check(double timeout, int die_rank) {
     int peer = (b.rank + 1) % b.world, v = -1;
     if (boot_get(&b, peer, "round2", &v, sizeof v, &e) != (int)sizeof v || v != peer)
         ust_fatal(UST_EXIT_RUNTIME, "round 2: read %d from rank %d: %.900s", v, peer, e.msg);
-    printf("ranks-check ok rank %d of %d kind %s job %s\n", b.rank, b.world,
-           boot_kind_name(b.kind), b.job_id);
+    printf("ranks-check ok rank %d of %d kind %s job %s\n", b.rank, b.world, boot_kind_name(b.kind),
+           b.job_id);
     fflush(stdout);
     boot_finalize(&b);
     return 0;
 }
 
 static int under_launcher(void) {
-    return getenv("RANK") || getenv("WORLD_SIZE") || getenv("PMIX_RANK") || getenv("PMIX_NAMESPACE");
+    return getenv("RANK") || getenv("WORLD_SIZE") || getenv("PMIX_RANK") ||
+           getenv("PMIX_NAMESPACE");
 }
 
 int main(int argc, char **argv) {
     int check = 0, die_rank = -1;
     double timeout = getenv("UST_TIMEOUT_S") ? atof(getenv("UST_TIMEOUT_S")) : 30;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--ranks-check")) check = 1;
-        else if (!strcmp(argv[i], "--timeout") && i + 1 < argc) timeout = atof(argv[++i]);
-        else if (!strcmp(argv[i], "--die-rank") && i + 1 < argc) die_rank = atoi(argv[++i]);
+        if (!strcmp(argv[i], "--ranks-check"))
+            check = 1;
+        else if (!strcmp(argv[i], "--timeout") && i + 1 < argc)
+            timeout = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--die-rank") && i + 1 < argc)
+            die_rank = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: %s [--ranks-check] [--timeout S] [--die-rank R]\n", argv[0]);
             return UST_EXIT_USAGE;
