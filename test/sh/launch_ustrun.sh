@@ -15,6 +15,18 @@ wait $n1; rc=$?
 if [ $rc = 0 ] && grep -q "rank 3 of 4: kind env, local 1 of 2, node 1 of 2" "$TMP/n1.out"; then pass ustrun_second_node_sees_node_1_of_2
 else fail ustrun_second_node_sees_node_1_of_2 "exit $rc: $(tail -3 "$TMP/n1.out")"; fi
 
+# Plain environment without LOCAL_RANK/LOCAL_WORLD_SIZE (hand-started ranks): local ranks and
+# nodes are derived from the hostnames the ranks exchange.
+port=$(free_port)
+for r in 1 2; do
+    timeout 30 env RANK=$r WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$TB" --ranks-check --timeout 20 >"$TMP/h$r" 2>&1 &
+done
+timeout 30 env RANK=0 WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$TB" --ranks-check --timeout 20 >"$TMP/h0" 2>&1
+rc=$?; wait
+if [ $rc = 0 ] && grep -q "rank 2 of 3: kind env, local 2 of 3, node 0 of 1" "$TMP/h2" && [ "$(cat "$TMP"/h? | grep -c 'ranks-check ok')" = 3 ]; then
+    pass env_without_local_rank_derives_local_ranks_from_hostnames
+else fail env_without_local_rank_derives_local_ranks_from_hostnames "exit $rc: $(cat "$TMP"/h? | tail -3)"; fi
+
 # Every line prefixed with its rank, stdout and stderr kept apart.
 out=$(timeout 20 scripts/ustrun --nproc-per-node 2 sh -c 'echo "out $RANK/$WORLD_SIZE $LOCAL_RANK/$LOCAL_WORLD_SIZE"; echo "err $RANK" >&2; printf "no newline $RANK"' 2>"$TMP/err")
 if echo "$out" | grep -qx '\[rank 1\] out 1/2 1/2' && echo "$out" | grep -qx '\[rank 0\] no newline 0' &&
