@@ -14,6 +14,7 @@
  *    that communicator); NCCL runs them on its stream as they are posted.
  *  - Buffers, count arrays and p2p lists passed to an operation must stay valid and unchanged
  *    until its wait returns. Buffers are device pointers (host memory for the shm backend).
+ *  - A communicator is used by one thread at a time.
  *
  * Counters: per communicator and operation kind, the calls made and the bytes this rank SENT
  * under the bandwidth-optimal algorithm (the nccl-tests "bus" convention), so a higher layer can

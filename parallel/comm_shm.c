@@ -656,11 +656,14 @@ int shm_create_begin(ust_comm *c, const char *key, ust_err *e) {
         return ust_errf(e, "comm: creating shared memory %s for group '%s': %s", s->shm_name,
                         c->name, strerror(errno));
     pending_set(s->shm_name, 1);
-    if (ftruncate(fd, (off_t)s->len) != 0) {
-        int err = errno;
+    /* Reserve the pages now: on a full /dev/shm (Docker's default is 64 MiB) this fails here
+     * with a message, instead of a SIGBUS in the middle of a collective later. */
+    int err = posix_fallocate(fd, 0, (off_t)s->len);
+    if (err) {
         close(fd);
-        return ust_errf(e, "comm: sizing shared memory %s to %zu bytes: %s (is /dev/shm full?)",
-                        s->shm_name, s->len, strerror(err));
+        return ust_errf(e, "comm: reserving %zu bytes of shared memory for group '%s' (%d "
+                           "members): %s; /dev/shm is too small (e.g. docker --shm-size=4g)",
+                        s->len, c->name, c->size, strerror(err));
     }
     if (map_segment(c, fd, e)) return -1;
     s->hdr->magic = SHM_MAGIC;

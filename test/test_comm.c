@@ -693,6 +693,24 @@ static void fault_case(const char *mode, const char *want) {
     cleanup_dir(&res, 3);
 }
 
+/* Two ranks that the bootstrap places on two nodes (one local rank each): the shm backend
+ * refuses with a message instead of failing later. */
+static void multinode_case(void) {
+    static const char *extra[] = {"LOCAL_RANK=0", "LOCAL_WORLD_SIZE=1", NULL};
+    spawn_result res;
+    spawn(2, extra, 20, &res);
+    char path[128];
+    snprintf(path, sizeof path, "%s/rank1.out", res.dir);
+    char *o = slurp(path);
+    if (res.rc[0] != 2 || res.rc[1] != 2 || !strstr(o, "one node") || !strstr(o, "2 nodes"))
+        printf("FAIL comm_w2_shm_refuses_a_job_on_two_nodes: exit codes %d %d; rank 1 said: "
+               "%.400s\n", res.rc[0], res.rc[1], o), t_nfail++;
+    else
+        printf("PASS comm_w2_shm_refuses_a_job_on_two_nodes\n"), t_npass++;
+    free(o);
+    cleanup_dir(&res, 2);
+}
+
 static void test_world_size_1_single_process(void) {
     env E = {0};
     char *buf = NULL;
@@ -785,6 +803,7 @@ int main(void) {
     run_world(8, "", small);
     fault_case("dies", "has died");
     fault_case("stalls", "timed out");
+    multinode_case();
     nccl_cases();
     return TEST_SUMMARY();
 }
