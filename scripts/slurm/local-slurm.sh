@@ -40,13 +40,17 @@ wait_for() { # seconds description command...: polls every 0.2 s
     done
 }
 
+stop_all() { stop_pid slurmd; stop_pid slurmctld; stop_pid munged; }
+
 case "$cmd" in
 start)
+    [ -f "$D/slurmctld.pid" ] && { echo "local-slurm: $D already holds a running Slurm; stop it first" >&2; exit 1; }
+    # A start that fails half-way stops what it started.
+    die() { echo "local-slurm: $*" >&2; stop_all; exit 1; }
     [ "$(id -u)" -eq 0 ] || die "needs root (slurmd runs jobs as any user)"
     for b in munged slurmctld slurmd srun sinfo; do
         command -v "$b" >/dev/null || die "$b not found: install the Debian packages slurm-wlm and munge"
     done
-    [ -f "$D/slurmctld.pid" ] && die "$D already holds a running Slurm; stop it first"
     mkdir -p "$D"/{spool,state,log,munge,tmp}
     chmod 700 "$D/munge"
     [ -f "$D/munge/munge.key" ] || { dd if=/dev/urandom of="$D/munge/munge.key" bs=1024 count=1 2>/dev/null; chmod 400 "$D/munge/munge.key"; }
@@ -105,10 +109,7 @@ EOF
     echo "export SLURM_CONF=$D/slurm.conf"
     ;;
 stop)
-    export SLURM_CONF="$D/slurm.conf"
-    stop_pid slurmd
-    stop_pid slurmctld
-    stop_pid munged
+    stop_all
     ;;
 *)
     echo "usage: $0 start|stop [DIR]" >&2
