@@ -1,5 +1,6 @@
 /* bootstrap internals: shared by bootstrap.c (detection, single process, environment parsing),
- * bootstrap_store.c (the TCP key-value store of the torchrun-style path) and bootstrap_pmix.c.
+ * bootstrap_store.c (the TCP key-value store's wire format and client), bootstrap_server.c (its
+ * server, a thread of rank 0) and bootstrap_pmix.c.
  * Only those files and test/test_bootstrap.c include this header.
  *
  * Store wire format, one frame per message, every integer little-endian:
@@ -17,6 +18,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "bootstrap.h"
 
@@ -106,6 +108,17 @@ struct boot_impl {
 
 /* "<prefix>-<16 random hex digits>". */
 void boot_random_id(char *out, size_t cap, const char *prefix);
+
+/* Socket helpers shared by the store's client and server. A growable receive buffer: */
+typedef struct {
+    uint8_t *p;
+    size_t len, cap;
+} rbuf;
+/* Reads what is available; returns bytes read, 0 on orderly close, -1 on error (EAGAIN: none). */
+ssize_t rbuf_fill(rbuf *r, int fd);
+void rbuf_consume(rbuf *r, size_t n);
+/* Sends all of buf before the deadline; -1 with errno on failure. */
+int store_send_all(int fd, const uint8_t *buf, size_t n, double deadline);
 
 /* Monotonic seconds. */
 double boot_now(void);
