@@ -34,6 +34,8 @@
 
 #define SHM_MAGIC 0x55534853u /* "USHS" */
 #define CL 64
+#define SHM_SPIN_MIN_S 2e-6 /* bounds of the adaptive spin before a futex sleep */
+#define SHM_SPIN_MAX_S 50e-6
 #define SHM_SMALL_BYTES (16u << 10) /* all-reduce below this: one barrier, see run_allreduce */
 
 typedef struct {
@@ -67,6 +69,7 @@ typedef struct {
     uint8_t *stage;  /* 2 areas of n slots of slot_bytes */
     uint32_t barriers; /* barriers this member has passed */
     int area;          /* staging area of the next round */
+    double spin_s;     /* current spin budget (see shm_wait) */
     char shm_name[128];
     int unlinked;
 } shm_comm;
@@ -144,15 +147,25 @@ typedef int (*wait_who)(const ust_comm *c, const void *arg, int *waiting);
 
 /* Waits until pred holds, sleeping on futex word w (whose waker bumps it and then wakes
  * *sleepers). On the deadline, or when a member it waits on has died, exits naming them. */
-static void shm_wait(const ust_comm *c, comm_kind k, _Atomic uint32_t *w,
+static void shm_wait(ust_comm *c, comm_kind k, _Atomic uint32_t *w,
                      _Atomic uint32_t *sleepers, wait_pred pred, wait_who who, const void *arg) {
     if (pred(c, arg)) return;
-    if (c->ctx->spin)
-        for (int i = 0; i < 4000; i++) {
+    /* Spin briefly first: a running peer arrives within microseconds. The budget adapts: it
+     * halves each time the spin fails (a descheduled peer, e.g. another job on the core, needs
+     * this core more than we need the poll) and doubles each time it succeeds. */
+    shm_comm *s = c->impl;
+    if (c->ctx->spin) {
+        double until = comm_now() + s->spin_s;
+        for (int i = 1;; i++) {
             cpu_relax();
-            if (pred(c, arg)) return;
+            if (pred(c, arg)) {
+                s->spin_s = s->spin_s * 2 < SHM_SPIN_MAX_S ? s->spin_s * 2 : SHM_SPIN_MAX_S;
+                return;
+            }
+            if (!(i & 31) && comm_now() > until) break;
         }
-    const shm_comm *s = c->impl;
+        s->spin_s = s->spin_s / 2 > SHM_SPIN_MIN_S ? s->spin_s / 2 : SHM_SPIN_MIN_S;
+    }
     double deadline = comm_now() + c->ctx->opts.timeout_s;
     int waiting[1024];
     for (;;) {
@@ -637,6 +650,7 @@ int shm_create_begin(ust_comm *c, const char *key, ust_err *e) {
     shm_comm *s = calloc(1, sizeof *s);
     UST_ASSERT(s, "out of memory");
     c->impl = s;
+    s->spin_s = SHM_SPIN_MAX_S / 4;
     s->len = seg_bytes(c->size, ctx->opts.shm_slot_bytes, ctx->opts.shm_chan_bytes);
     if (c->size == 1 || c->rank != 0) return 0;
     /* The job id comes from the launcher; keep only characters a shm name may hold. */
