@@ -379,6 +379,7 @@ typedef struct {
     const char *name;
     int B, Tq, Tk, H, Hkv, D, causal;
     int q0, k0; /* positions q0 + i and k0 + j; q0 < 0: none given (indices) */
+    int zigzag; /* positions of the second half of q and k jump by 2 T (a zig-zag CP block) */
 } att_case;
 
 static int attention_case(const att_case *c) {
@@ -386,8 +387,8 @@ static int attention_case(const att_case *c) {
     const int64_t nq = (int64_t)B * Tq * H * D, nk = (int64_t)B * Tk * Hkv * D,
                   nl = (int64_t)B * H * Tq;
     int32_t *qp = malloc(Tq * sizeof(int32_t)), *kp = malloc(Tk * sizeof(int32_t));
-    for (int i = 0; i < Tq; i++) qp[i] = c->q0 + i;
-    for (int j = 0; j < Tk; j++) kp[j] = c->k0 + j;
+    for (int i = 0; i < Tq; i++) qp[i] = c->q0 + i + (c->zigzag && i >= Tq / 2 ? 2 * Tq : 0);
+    for (int j = 0; j < Tk; j++) kp[j] = c->k0 + j + (c->zigzag && j >= Tk / 2 ? 2 * Tk : 0);
     const int32_t *cq = c->q0 >= 0 ? qp : NULL, *ck = c->q0 >= 0 ? kp : NULL;
     int32_t *gqp = c->q0 >= 0 ? gupi(qp, Tq) : NULL, *gkp = c->q0 >= 0 ? gupi(kp, Tk) : NULL;
     float *q = hrand(nq, 1.5f), *k = hrand(nk, 1.5f), *v = hrand(nk, 1), *out = hrand(nq, 1);
@@ -434,13 +435,15 @@ done:
 
 static void test_cuda_attention_matches_cpu_causal_gqa_masks_and_head_dims(void) {
     const att_case cases[] = {
-        {"causal gqa D16", 2, 37, 37, 4, 2, 16, 1, -1, 0},
-        {"causal D64 later queries", 1, 20, 45, 2, 1, 64, 1, 30, 0},
-        {"cp block, rows that see nothing", 2, 18, 40, 2, 2, 32, 1, 0, 9},
-        {"non-causal D40 Tk70", 1, 19, 70, 3, 3, 40, 0, -1, 0},
-        {"causal D128", 1, 33, 33, 2, 2, 128, 1, -1, 0},
-        {"causal gqa4 D200", 1, 17, 40, 4, 1, 200, 1, 20, 0},
-        {"causal D8 T1", 1, 1, 1, 1, 1, 8, 1, -1, 0},
+        {"causal gqa D16", 2, 37, 37, 4, 2, 16, 1, -1, 0, 0},
+        {"causal D64 later queries", 1, 20, 45, 2, 1, 64, 1, 30, 0, 0},
+        {"cp block, rows that see nothing", 2, 18, 40, 2, 2, 32, 1, 0, 9, 0},
+        {"non-causal D40 Tk70", 1, 19, 70, 3, 3, 40, 0, -1, 0, 0},
+        {"causal D128", 1, 33, 33, 2, 2, 128, 1, -1, 0, 0},
+        {"causal gqa4 D200", 1, 17, 40, 4, 1, 200, 1, 20, 0, 0},
+        {"causal D8 T1", 1, 1, 1, 1, 1, 8, 1, -1, 0, 0},
+        {"causal gqa D64 T130 (many tiles)", 1, 130, 130, 4, 2, 64, 1, -1, 0, 0},
+        {"zig-zag positions, keys reordered", 2, 48, 48, 2, 1, 32, 1, 0, 0, 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         CHECK(attention_case(&cases[i]), "%s", msg);
@@ -550,9 +553,11 @@ static void tiny_config(ust_config *c, ust_arch arch) {
     c->train.seq_len = MT;
 }
 
-/* Three AdamW steps of the same model on both backends: per-step losses within 1e-5 relative,
- * gradients within 1e-3 of their largest magnitude plus 1e-3 relative (fp32 reassociation
- * through 2 layers), final parameters within 1e-5 (three lr = 1e-3 updates). */
+/* Three SGD steps (p -= 0.1 g, through the backends' axpy) of the same model on both backends:
+ * per-step losses within 1e-5 relative, gradients within 1e-3 of their largest magnitude plus
+ * 1e-3 relative (fp32 reassociation through 2 layers), final parameters within 1e-5 + 1e-4
+ * relative. SGD, not AdamW: Adam's update is ~lr * sign(g) for any tiny g, so reassociation noise
+ * in a near-zero gradient would flip it (AdamW itself is compared op by op above). */
 static int model_3_steps_match(ust_arch arch) {
     ust_config c;
     tiny_config(&c, arch);
@@ -568,8 +573,6 @@ static int model_3_steps_match(ust_arch arch) {
     model_init_params(mc, 7);
     model_init_params(mg, 7);
     int64_t n = model_numel(mc);
-    float *mom = calloc(n, sizeof(float)), *var = calloc(n, sizeof(float));
-    float *gmom = GPU->alloc(GPU, n * sizeof(float)), *gvar = GPU->alloc(GPU, n * sizeof(float));
     int32_t in[MB * MT], tgt[MB * MT];
     int ok = 1;
     for (int step = 1; step <= 3 && ok; step++) {
@@ -594,14 +597,10 @@ static int model_3_steps_match(ust_arch arch) {
         snprintf(what, sizeof what, "step %d gradient", step);
         ok = close_f(what, gg, gc, n, 1e-3 * big, 1e-3);
         free(gg);
-        CPU->adamw(CPU, model_params(mc), model_grads(mc), mom, var, n, 1e-3f, 0.9f, 0.95f, 1e-8f,
-                   0.1f, 1.0f, step);
-        GPU->adamw(GPU, model_params(mg), model_grads(mg), gmom, gvar, n, 1e-3f, 0.9f, 0.95f, 1e-8f,
-                   0.1f, 1.0f, step);
+        CPU->axpy(CPU, model_params(mc), -0.1f, model_grads(mc), n);
+        GPU->axpy(GPU, model_params(mg), -0.1f, model_grads(mg), n);
     }
-    if (ok) ok = gclose("parameters after 3 steps", model_params(mg), model_params(mc), n, 1e-5, 1e-5);
-    free(mom), free(var);
-    gfree(gmom), gfree(gvar);
+    if (ok) ok = gclose("parameters after 3 steps", model_params(mg), model_params(mc), n, 1e-5, 1e-4);
     model_destroy(mc);
     model_destroy(mg);
     mem_release(&ac);
