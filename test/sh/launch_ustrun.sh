@@ -77,6 +77,13 @@ for sig in USR1 TERM INT; do
     else fail "ustrun_forwards_sig${sig,,}_to_every_rank" "exit $rc: $(cat "$TMP/o")"; fi
 done
 
+# Under `timeout` (SIGTERM to ustrun only): the ranks get it too and ustrun ends at once.
+t0=$(date +%s)
+timeout -k 2 10 timeout 1 scripts/ustrun --nproc-per-node 2 sleep 30 >/dev/null 2>&1
+rc=$?; dt=$(( $(date +%s) - t0 ))
+if [ $rc = 124 ] && [ $dt -le 4 ]; then pass ustrun_ends_when_terminated_by_timeout
+else fail ustrun_ends_when_terminated_by_timeout "exit $rc after ${dt}s"; fi
+
 expect_exit ustrun_missing_program_is_exit_127 127 "cannot start" -- scripts/ustrun --nproc-per-node 2 ./no-such-program
 expect_exit ustrun_bad_node_rank_is_a_usage_error 2 "node-rank" -- scripts/ustrun --nnodes 2 --node-rank 2 true
 
