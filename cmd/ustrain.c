@@ -12,6 +12,7 @@
 #include "mem.h"
 #include "ops.h"
 #include "plan.h"
+#include "topology.h"
 #include "train.h"
 
 #define UST_VERSION "0.1.0"
@@ -81,10 +82,18 @@ static int world_option(int argc, char **argv) {
 
 static int cmd_train(int argc, char **argv) {
     ust_config c;
-    int rc = load_config(&c, argc, argv, 1, NULL);
+    ust_err e;
+    int rc = load_config(&c, argc, argv, 0, NULL); /* the world size is known after bootstrap */
     if (rc) return rc;
+    ust_runtime rt;
+    if (train_runtime_init(&rt, &c, &e)) {
+        fprintf(stderr, "ustrain: error: %s\n", e.msg);
+        return UST_EXIT_USAGE;
+    }
     train_opts o = {.quiet = 0, .write_config = 1};
-    return train_run(&c, &o, NULL);
+    rc = train_run(&c, &rt, &o, NULL);
+    if (rc == 0) train_runtime_finalize(&rt); /* a failed rank leaves without waiting for peers */
+    return rc;
 }
 
 static int cmd_validate(int argc, char **argv) {
@@ -104,6 +113,15 @@ static int cmd_validate(int argc, char **argv) {
            c.parallel.dp * c.parallel.tp * c.parallel.pp * c.parallel.cp,
            c.train.global_batch_size, c.train.micro_batch_size, cfg_grad_accum(&c),
            c.parallel.dp);
+    if (world > 0) {
+        topo_grid g;
+        ust_err e;
+        if (topo_grid_from_config(&g, &c, world, &e)) {
+            fprintf(stderr, "ustrain: error: %s\n", e.msg);
+            return UST_EXIT_USAGE;
+        }
+        topo_print(&g, stdout);
+    }
     mem_plan p;
     plan_memory(&c, &p);
     plan_print(&c, &p, stdout);
@@ -171,7 +189,7 @@ static int cmd_bench_train(int argc, char **argv) {
     c.logging.peak_flops = sgemm;
     train_opts o = {.quiet = 1, .untimed_steps = 2};
     train_result r;
-    rc = train_run(&c, &o, &r);
+    rc = train_run(&c, NULL, &o, &r);
     if (rc) return rc;
     mem_plan p;
     plan_memory(&c, &p);

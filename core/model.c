@@ -38,9 +38,13 @@ struct model {
 
     model_param *params;
     param_target *targets;
+    int *param_unit;
     int nparams, cap;
-    int64_t numel;
-    float *p, *g;
+    int64_t numel, unit_pad;
+    int nunits, cur_unit;
+    int64_t *unit_off, *unit_len;
+    float *p, *g; /* whole flat buffers, or NULL when a sharding layer owns the storage */
+    model_hooks hooks;
 
     layer_w *lw, *lg;
     float *wte, *wpe, *lnf_w, *lnf_b, *lm;
@@ -61,7 +65,9 @@ static void add_param(model *m, const char *name, int64_t rows, int64_t cols, in
         m->cap = m->cap ? 2 * m->cap : 64;
         m->params = realloc(m->params, m->cap * sizeof *m->params);
         m->targets = realloc(m->targets, m->cap * sizeof *m->targets);
-        UST_ASSERT(m->params && m->targets, "out of host memory for %d params", m->cap);
+        m->param_unit = realloc(m->param_unit, m->cap * sizeof *m->param_unit);
+        UST_ASSERT(m->params && m->targets && m->param_unit, "out of host memory for %d params",
+                   m->cap);
     }
     model_param *q = &m->params[m->nparams];
     memset(q, 0, sizeof *q);
@@ -77,6 +83,7 @@ static void add_param(model *m, const char *name, int64_t rows, int64_t cols, in
     q->init_std = std;
     q->init_value = value;
     m->targets[m->nparams] = (param_target){p, g};
+    m->param_unit[m->nparams] = m->cur_unit;
     m->numel += (q->numel + 15) & ~(int64_t)15; /* 64-byte aligned tensors */
     m->nparams++;
 }
@@ -109,15 +116,31 @@ static void add_layer_params(model *m, int l) {
 #undef P
 }
 
+/* Closes the current unit: pads the flat buffer to a multiple of unit_pad. */
+static void end_unit(model *m) {
+    int u = m->cur_unit++;
+    m->numel = (m->numel + m->unit_pad - 1) / m->unit_pad * m->unit_pad;
+    m->unit_len[u] = m->numel - m->unit_off[u];
+    if (m->cur_unit < m->nunits) m->unit_off[m->cur_unit] = m->numel;
+}
+
 static void build_param_table(model *m) {
     int C = m->C;
+    m->nunits = m->L + 2;
+    m->unit_off = calloc(m->nunits, sizeof *m->unit_off);
+    m->unit_len = calloc(m->nunits, sizeof *m->unit_len);
     add_param(m, "model.embed_tokens.weight", m->Vp, C, 1, 0.02f, 0, &m->wte, &m->g_wte);
     if (!m->llama)
         add_param(m, "model.embed_positions.weight", m->maxT, C, 1, 0.02f, 0, &m->wpe, &m->g_wpe);
-    for (int l = 0; l < m->L; l++) add_layer_params(m, l);
+    end_unit(m);
+    for (int l = 0; l < m->L; l++) {
+        add_layer_params(m, l);
+        end_unit(m);
+    }
     add_param(m, "model.norm.weight", 1, C, 0, 0, 1, &m->lnf_w, &m->g_lnf_w);
     if (!m->llama) add_param(m, "model.norm.bias", 1, C, 0, 0, 0, &m->lnf_b, &m->g_lnf_b);
     if (!m->tied) add_param(m, "lm_head.weight", m->Vp, C, 1, 0.02f, 0, &m->lm, &m->g_lm);
+    end_unit(m);
 }
 
 /* ------------------------------------------------------------------ activations */
@@ -182,6 +205,14 @@ static void alloc_activations(model *m, ust_arena *a) {
 
 int model_create(model **out, const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
                  ust_err *e) {
+    model_storage st = {.unit_pad = 16, .alloc_params = 1, .alloc_grads = 1};
+    return model_create_with(out, cfg, ops, arena, &st, e);
+}
+
+int model_create_with(model **out, const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
+                      const model_storage *st, ust_err *e) {
+    UST_ASSERT(st->unit_pad >= 16 && st->unit_pad % 16 == 0, "unit_pad %lld",
+               (long long)st->unit_pad);
     model *m = calloc(1, sizeof *m);
     if (!m) return ust_errf(e, "out of memory creating the model");
     m->cfg = cfg;
@@ -208,18 +239,15 @@ int model_create(model **out, const ust_config *cfg, const ust_ops *ops, ust_are
                            "available in this build yet (use 0)",
                         cfg->model.moe.num_experts);
     }
+    m->unit_pad = st->unit_pad;
     m->lw = calloc(m->L, sizeof *m->lw);
     m->lg = calloc(m->L, sizeof *m->lg);
     build_param_table(m);
-    m->p = mem_alloc(arena, MEM_PARAMS, m->numel * sizeof(float));
-    m->g = mem_alloc(arena, MEM_GRADS, m->numel * sizeof(float));
-    for (int i = 0; i < m->nparams; i++) {
-        *m->targets[i].p = m->p + m->params[i].offset;
-        *m->targets[i].g = m->g + m->params[i].offset;
-    }
-    if (m->tied) {
-        m->lm = m->wte;
-        m->g_lm = m->g_wte;
+    if (st->alloc_params) m->p = mem_alloc(arena, MEM_PARAMS, m->numel * sizeof(float));
+    if (st->alloc_grads) m->g = mem_alloc(arena, MEM_GRADS, m->numel * sizeof(float));
+    for (int u = 0; u < m->nunits; u++) {
+        if (m->p) model_set_unit_params(m, u, m->p + m->unit_off[u]);
+        if (m->g) model_set_unit_grads(m, u, m->g + m->unit_off[u]);
     }
     alloc_activations(m, arena);
     *out = m;
@@ -230,6 +258,9 @@ void model_destroy(model *m) {
     if (!m) return;
     free(m->params);
     free(m->targets);
+    free(m->param_unit);
+    free(m->unit_off);
+    free(m->unit_len);
     free(m->lw);
     free(m->lg);
     free(m->xs);
@@ -238,6 +269,41 @@ void model_destroy(model *m) {
 }
 
 int model_num_params(const model *m) { return m->nparams; }
+int model_num_units(const model *m) { return m->nunits; }
+int model_param_unit(const model *m, int i) { return m->param_unit[i]; }
+
+void model_unit_range(const model *m, int unit, int64_t *offset, int64_t *len) {
+    *offset = m->unit_off[unit];
+    *len = m->unit_len[unit];
+}
+
+void model_set_hooks(model *m, const model_hooks *h) {
+    if (h)
+        m->hooks = *h;
+    else
+        memset(&m->hooks, 0, sizeof m->hooks);
+}
+
+static void set_unit_pointers(model *m, int unit, float *base, int grads) {
+    for (int i = 0; i < m->nparams; i++)
+        if (m->param_unit[i] == unit) {
+            float **dst = grads ? m->targets[i].g : m->targets[i].p;
+            *dst = base + (m->params[i].offset - m->unit_off[unit]);
+        }
+    if (m->tied && unit == 0) { /* lm_head is the token embedding */
+        if (grads)
+            m->g_lm = m->g_wte;
+        else
+            m->lm = m->wte;
+    }
+}
+
+void model_set_unit_params(model *m, int unit, float *base) { set_unit_pointers(m, unit, base, 0); }
+void model_set_unit_grads(model *m, int unit, float *base) { set_unit_pointers(m, unit, base, 1); }
+
+static void hook(model *m, int unit, model_phase phase) {
+    if (m->hooks.unit) m->hooks.unit(m->hooks.ctx, unit, phase);
+}
 model_param *model_param_at(model *m, int i) { return &m->params[i]; }
 float *model_params(model *m) { return m->p; }
 float *model_grads(model *m) { return m->g; }
@@ -270,7 +336,18 @@ static int64_t global_index(const model_param *q, int64_t i) {
     return (s->row0 + box / s->ncols) * cols + s->col0 + box % s->ncols;
 }
 
+void model_init_range(const model *m, int i, int64_t flat0, int64_t flat1, uint64_t seed,
+                      float *host) {
+    const model_param *q = &m->params[i];
+    uint64_t stream = rng_hash_str(q->name);
+    for (int64_t j = flat0; j < flat1; j++)
+        host[j - flat0] = q->init_std > 0
+                              ? q->init_std * rng_normal(seed, stream, global_index(q, j))
+                              : q->init_value;
+}
+
 void model_init_params(model *m, uint64_t seed) {
+    UST_ASSERT(m->p, "model_init_params needs the whole parameter buffer");
     float *host = NULL;
     int64_t cap = 0;
     for (int i = 0; i < m->nparams; i++) {
@@ -280,10 +357,7 @@ void model_init_params(model *m, uint64_t seed) {
             host = realloc(host, cap * sizeof(float));
             UST_ASSERT(host, "out of host memory (%lld floats)", (long long)cap);
         }
-        uint64_t stream = rng_hash_str(q->name);
-        for (int64_t j = 0; j < q->numel; j++)
-            host[j] = q->init_std > 0 ? q->init_std * rng_normal(seed, stream, global_index(q, j))
-                                      : q->init_value;
+        model_init_range(m, i, 0, q->numel, seed, host);
         m->ops->to_device(m->ops, m->p + q->offset, host, q->numel * sizeof(float));
     }
     free(host);
@@ -358,14 +432,23 @@ double model_forward(model *m, const int32_t *inputs, const int32_t *targets, fl
     for (int i = 0; i < N; i++) counted += targets[i] >= 0;
     if (ntok) *ntok = counted;
 
+    int head = m->nunits - 1;
+    hook(m, 0, MODEL_FWD_BEGIN);
     o->embedding_fwd(o, m->xs[0], m->tok, m->llama ? NULL : m->pos, m->wte, m->wpe, m->B, m->T,
                      m->C, 0, m->Vp);
-    for (int l = 0; l < m->L; l++) layer_forward(m, l, m->xs[l], m->xs[l + 1], acts_of(m, l));
+    hook(m, 0, MODEL_FWD_END);
+    for (int l = 0; l < m->L; l++) {
+        hook(m, l + 1, MODEL_FWD_BEGIN);
+        layer_forward(m, l, m->xs[l], m->xs[l + 1], acts_of(m, l));
+        hook(m, l + 1, MODEL_FWD_END);
+    }
+    hook(m, head, MODEL_FWD_BEGIN);
     norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->xs[m->L], m->lnf_w, m->lnf_b);
     o->linear_fwd(o, m->logits, m->lnf, m->lm, NULL, N, m->C, m->Vp);
     /* fused: per-token losses, and dlogits (in place over logits) when training */
     o->xent_fwd_bwd(o, m->losses, dscale > 0 ? m->logits : NULL, m->logits, m->tgt, N, m->Vp,
                     m->V, dscale);
+    hook(m, head, MODEL_FWD_END);
     return o->sum(o, m->losses, N);
 }
 
@@ -415,34 +498,52 @@ static void layer_backward(model *m, int l, const float *x_in, float *dx, layer_
 void model_backward(model *m) {
     const ust_ops *o = m->ops;
     int N = m->B * m->T;
+    int head = m->nunits - 1;
     /* head: logits now hold d loss / d logits (written by the fused cross-entropy) */
+    hook(m, head, MODEL_BWD_BEGIN);
     o->linear_bwd(o, m->dln, m->g_lm, NULL, m->logits, m->lnf, m->lm, N, m->C, m->Vp, 0);
     norm_backward(m, m->dx, m->g_lnf_w, m->g_lnf_b, m->dln, m->xs[m->L], m->lnf_w, m->lnf_mean,
                   m->lnf_rstd);
+    hook(m, head, MODEL_BWD_END);
     for (int l = m->L - 1; l >= 0; l--) {
+        hook(m, l + 1, MODEL_BWD_BEGIN);
         /* full recompute: rebuild this layer's activations from its saved input */
         if (m->recompute == RECOMPUTE_FULL)
             layer_forward(m, l, m->xs[l], m->xs[l + 1], &m->la[0]);
         layer_backward(m, l, m->xs[l], m->dx, acts_of(m, l));
+        hook(m, l + 1, MODEL_BWD_END);
     }
+    hook(m, 0, MODEL_BWD_BEGIN);
     o->embedding_bwd(o, m->g_wte, m->llama ? NULL : m->g_wpe, m->dx, m->tok,
                      m->llama ? NULL : m->pos, m->B, m->T, m->C, 0, m->Vp);
+    hook(m, 0, MODEL_BWD_END);
 }
 
-void model_zero_grads(model *m) { m->ops->zero(m->ops, m->g, m->numel * sizeof(float)); }
+void model_zero_grads(model *m) {
+    UST_ASSERT(m->g, "model_zero_grads needs the whole gradient buffer");
+    m->ops->zero(m->ops, m->g, m->numel * sizeof(float));
+}
 
 /* ------------------------------------------------------------------ llm.c import */
 
 /* Reads the next `count` floats of f into the parameter `name`. */
+typedef struct {
+    model_store_fn store;
+    void *ctx;
+} llmc_sink;
+
 static int read_into(model *m, FILE *f, const char *path, const char *name, int64_t count,
-                     float *host, ust_err *e) {
+                     float *host, const llmc_sink *sink, ust_err *e) {
     int i = model_find_param(m, name);
     UST_ASSERT(i >= 0, "parameter %s missing", name);
     UST_ASSERT(m->params[i].numel == count, "%s: %lld vs %lld", name,
                (long long)m->params[i].numel, (long long)count);
     if ((int64_t)fread(host, sizeof(float), count, f) != count)
         return ust_errf(e, "%s: truncated llm.c checkpoint while reading %s", path, name);
-    m->ops->to_device(m->ops, m->p + m->params[i].offset, host, count * sizeof(float));
+    if (sink->store)
+        sink->store(sink->ctx, i, host);
+    else
+        m->ops->to_device(m->ops, m->p + m->params[i].offset, host, count * sizeof(float));
     return 0;
 }
 
@@ -469,7 +570,10 @@ static int check_llmc_header(const model *m, const int32_t *h, const char *path,
     return 0;
 }
 
-int model_load_llmc(model *m, const char *path, ust_err *e) {
+int model_load_llmc(model *m, const char *path, model_store_fn store, void *store_ctx,
+                    ust_err *e) {
+    llmc_sink sink = {store, store_ctx};
+    UST_ASSERT(store || m->p, "model_load_llmc without a store needs the parameter buffer");
     FILE *f = fopen(path, "rb");
     if (!f) return ust_errf(e, "%s: cannot open llm.c checkpoint", path);
     int32_t h[256];
@@ -482,8 +586,8 @@ int model_load_llmc(model *m, const char *path, ust_err *e) {
     if (check_llmc_header(m, h, path, e)) goto done;
     int64_t C = m->C, L = m->L, Vp = m->Vp, biggest = Vp * C > 4 * C * C ? Vp * C : 4 * C * C;
     host = malloc((biggest > m->maxT * C ? biggest : m->maxT * C) * sizeof(float));
-    if (read_into(m, f, path, "model.embed_tokens.weight", Vp * C, host, e) ||
-        read_into(m, f, path, "model.embed_positions.weight", m->maxT * C, host, e))
+    if (read_into(m, f, path, "model.embed_tokens.weight", Vp * C, host, &sink, e) ||
+        read_into(m, f, path, "model.embed_positions.weight", m->maxT * C, host, &sink, e))
         goto done;
     /* llm.c stacks each kind of tensor over layers: [L, ...]; qkv rows are q, then k, then v */
     static const struct {
@@ -511,10 +615,10 @@ int model_load_llmc(model *m, const char *path, ust_err *e) {
                          kinds[k].suffix[p]);
                 int i = model_find_param(m, name);
                 UST_ASSERT(i >= 0, "no parameter %s", name);
-                if (read_into(m, f, path, name, m->params[i].numel, host, e)) goto done;
+                if (read_into(m, f, path, name, m->params[i].numel, host, &sink, e)) goto done;
             }
-    if (read_into(m, f, path, "model.norm.weight", C, host, e) ||
-        read_into(m, f, path, "model.norm.bias", C, host, e))
+    if (read_into(m, f, path, "model.norm.weight", C, host, &sink, e) ||
+        read_into(m, f, path, "model.norm.bias", C, host, &sink, e))
         goto done;
     rc = 0;
 done:

@@ -29,8 +29,40 @@ typedef struct {
 
 typedef struct model model;
 
+/* Units: the blocks a sharding layer gathers and reduces as a whole. Unit 0 holds the
+ * embeddings, units 1..n_layer the layers, the last unit the final norm and lm_head. Each
+ * unit is a contiguous range of the flat parameter buffer, padded to a multiple of unit_pad
+ * floats so it splits evenly into shards. */
+typedef enum { MODEL_FWD_BEGIN, MODEL_FWD_END, MODEL_BWD_BEGIN, MODEL_BWD_END } model_phase;
+
+/* Called at unit boundaries: FWD_BEGIN before a unit's forward, BWD_BEGIN before its backward
+ * (and before a full-recompute rerun of its forward), *_END after. A unit's gradients are final
+ * for this micro-batch at its BWD_END; with tied embeddings unit 0's gradients also receive the
+ * head's contribution, so they are final only at unit 0's BWD_END. */
+typedef struct {
+    void *ctx;
+    void (*unit)(void *ctx, int unit, model_phase phase);
+} model_hooks;
+
+typedef struct {
+    int64_t unit_pad;   /* pad every unit to a multiple of this many floats (>= 16) */
+    int alloc_params;   /* carve the whole flat parameter buffer from the arena */
+    int alloc_grads;    /* the same for gradients */
+} model_storage;
+
 int model_create(model **out, const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
-                 ust_err *e);
+                 ust_err *e); /* whole parameters and gradients, unit_pad 16 */
+int model_create_with(model **out, const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
+                      const model_storage *st, ust_err *e);
+void model_set_hooks(model *m, const model_hooks *h);
+
+int model_num_units(const model *m);
+void model_unit_range(const model *m, int unit, int64_t *offset, int64_t *len);
+int model_param_unit(const model *m, int i);
+/* Points unit u's parameters (or gradients) at base, a buffer laid out like the unit's range of
+ * the flat buffer (base[0] is the unit's first float). */
+void model_set_unit_params(model *m, int unit, float *base);
+void model_set_unit_grads(model *m, int unit, float *base);
 void model_destroy(model *m);
 
 int model_num_params(const model *m);
@@ -44,8 +76,16 @@ double model_flops_per_token(const model *m);
 
 /* Draws every parameter from the counter-based RNG keyed by (seed, name, element index). */
 void model_init_params(model *m, uint64_t seed);
-/* Loads an llm.c GPT-2 checkpoint (gpt2_124M.bin layout) into a gpt2 model of matching shape. */
-int model_load_llmc(model *m, const char *path, ust_err *e);
+/* Host values of elements [flat0, flat1) of parameter i as the RNG draws them for the whole
+ * tensor, so any shard initializes exactly its slice. */
+void model_init_range(const model *m, int i, int64_t flat0, int64_t flat1, uint64_t seed,
+                      float *host);
+/* Receives one whole tensor (host memory) of an imported checkpoint. */
+typedef void (*model_store_fn)(void *ctx, int param, const float *host);
+/* Loads an llm.c GPT-2 checkpoint (gpt2_124M.bin layout) into a gpt2 model of matching shape;
+ * each tensor goes to store (NULL: into the model's own flat parameter buffer). */
+int model_load_llmc(model *m, const char *path, model_store_fn store, void *store_ctx,
+                    ust_err *e);
 
 void model_zero_grads(model *m);
 /* inputs, targets: host arrays of B*T tokens (targets < 0 are ignored). Returns the sum of the

@@ -2,15 +2,6 @@
 
 #include <math.h>
 
-void optim_init(ust_optim *o, const ust_config *cfg, const ust_ops *ops, ust_arena *a,
-                int64_t numel) {
-    o->cfg = cfg;
-    o->ops = ops;
-    o->numel = numel;
-    o->m = mem_alloc(a, MEM_OPTIM, numel * sizeof(float));
-    o->v = mem_alloc(a, MEM_OPTIM, numel * sizeof(float));
-}
-
 double optim_lr(const ust_config *cfg, int64_t step) {
     double lr = cfg->optimizer.lr, min_lr = cfg->optimizer.min_lr;
     int64_t warm = cfg->optimizer.warmup_steps, total = cfg->train.steps;
@@ -40,14 +31,3 @@ float optim_clip_scale(const ust_config *cfg, double norm) {
     return (float)(clip / (norm + 1e-6));
 }
 
-void optim_step(ust_optim *o, model *m, double lr, float grad_scale, int64_t step) {
-    const ust_config *c = o->cfg;
-    float *p = model_params(m), *g = model_grads(m);
-    for (int i = 0; i < model_num_params(m); i++) {
-        const model_param *q = model_param_at(m, i);
-        float wd = q->decay ? (float)c->optimizer.weight_decay : 0.0f;
-        o->ops->adamw(o->ops, p + q->offset, g + q->offset, o->m + q->offset, o->v + q->offset,
-                      q->numel, (float)lr, (float)c->optimizer.beta1, (float)c->optimizer.beta2,
-                      (float)c->optimizer.eps, wd, grad_scale, step + 1);
-    }
-}

@@ -13,6 +13,7 @@
 
 #include "ckpt.h"
 #include "data.h"
+#include "dp.h"
 #include "error.h"
 #include "log.h"
 #include "mem.h"
@@ -34,17 +35,66 @@ static double now_s(void) {
 
 typedef struct {
     const ust_config *cfg;
+    ust_runtime *rt;
+    int rank0;                           /* this rank prints, logs and writes state.json */
     ust_ops *ops;
     ust_arena arena;
     model *m;
-    ust_optim opt;
+    dp_state *dp;
     ust_dataset *train, *val;
     ust_log log;
     int32_t *samples, *inputs, *targets; /* host: B x (T+1), B x T, B x T */
-    float *host;                         /* host staging for checkpoints (largest tensor) */
+    float *flag;                         /* one device float for any_rank */
     int64_t step, sample_index;          /* the run's position: steps done, samples consumed */
     double last_loss;
 } trainer;
+
+/* ------------------------------------------------------------------ the runtime */
+
+int train_runtime_init(ust_runtime *rt, const ust_config *cfg, ust_err *e) {
+    memset(rt, 0, sizeof *rt);
+    if (boot_init(&rt->boot, cfg->dist.timeout_s, e)) return -1;
+    rt->rank = rt->boot.rank;
+    rt->world = rt->boot.world;
+    if (rt->world > 1) ust_error_set_rank(rt->rank);
+    topo_grid g;
+    comm_opts co = {.backend = COMM_BACKEND_SHM, .timeout_s = cfg->dist.timeout_s};
+    if (topo_grid_from_config(&g, cfg, rt->world, e) || comm_ctx_init(&rt->comm, &rt->boot, &co, e) ||
+        topo_connect(&rt->topo, &g, rt->comm, rt->rank, e)) {
+        if (rt->comm) comm_ctx_free(rt->comm);
+        boot_finalize(&rt->boot);
+        rt->comm = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+void train_runtime_finalize(ust_runtime *rt) {
+    if (!rt->comm) return;
+    comm_req r = comm_barrier(rt->topo.comm[TOPO_WORLD]); /* nobody leaves while others work */
+    comm_wait(&r);
+    topo_disconnect(&rt->topo);
+    comm_ctx_free(rt->comm);
+    boot_finalize(&rt->boot);
+    rt->comm = NULL;
+}
+
+/* 1 when flag is set on any rank of the job. */
+static int any_rank(trainer *t, int flag) {
+    if (t->rt->world == 1) return flag;
+    float f = (float)flag;
+    t->ops->to_device(t->ops, t->flag, &f, sizeof f);
+    comm_req r = comm_allreduce(t->rt->topo.comm[TOPO_WORLD], t->flag, t->flag, 1, COMM_FP32,
+                                COMM_SUM);
+    comm_wait(&r);
+    t->ops->to_host(t->ops, &f, t->flag, sizeof f);
+    return f > 0;
+}
+
+static void world_barrier(void *arg) {
+    comm_req r = comm_barrier(((ust_runtime *)arg)->topo.comm[TOPO_WORLD]);
+    comm_wait(&r);
+}
 
 /* ------------------------------------------------------------------ set-up */
 
@@ -82,29 +132,6 @@ static int open_data(trainer *t, ust_err *e) {
 
 /* ------------------------------------------------------------------ checkpoints */
 
-static void moment_name(char *out, int n, const char *param, const char *which) {
-    snprintf(out, n, "%s.%s", param, which);
-}
-
-/* The tensor list of one checkpoint file: the parameters, or the two AdamW moments of each. */
-static ckpt_tensor *ckpt_tensors(model *m, int optimizer, int *count) {
-    int np = model_num_params(m), n = optimizer ? 2 * np : np;
-    ckpt_tensor *ts = calloc(n, sizeof *ts);
-    for (int i = 0; i < np; i++) {
-        const model_param *q = model_param_at(m, i);
-        if (!optimizer) {
-            ts[i] = q->whole;
-            continue;
-        }
-        for (int k = 0; k < 2; k++) {
-            ts[2 * i + k] = q->whole;
-            moment_name(ts[2 * i + k].name, CKPT_NAME_MAX, q->name, k ? "exp_avg_sq" : "exp_avg");
-        }
-    }
-    *count = n;
-    return ts;
-}
-
 static char *state_json(trainer *t) {
     const ust_config *c = t->cfg;
     cJSON *j = cJSON_CreateObject();
@@ -133,37 +160,15 @@ static char *state_json(trainer *t) {
     return s;
 }
 
-static int write_file_tensors(trainer *t, ckpt_writer *w, int optimizer, ust_err *e) {
-    int n;
-    ckpt_tensor *ts = ckpt_tensors(t->m, optimizer, &n);
-    int file = ckpt_add_file(w, optimizer ? "optimizer.safetensors" : "model.safetensors", ts, n, e);
-    free(ts);
-    if (file < 0) return -1;
-    for (int i = 0; i < model_num_params(t->m); i++) {
-        const model_param *q = model_param_at(t->m, i);
-        for (int k = 0; k < (optimizer ? 2 : 1); k++) {
-            const float *src = !optimizer ? model_params(t->m) : k ? t->opt.v : t->opt.m;
-            char name[CKPT_NAME_MAX];
-            if (optimizer)
-                moment_name(name, sizeof name, q->name, k ? "exp_avg_sq" : "exp_avg");
-            else
-                snprintf(name, sizeof name, "%s", q->name);
-            t->ops->to_host(t->ops, t->host, src + q->offset, q->numel * sizeof(float));
-            if (ckpt_write_slice(w, file, name, &q->slice, t->host, e)) return -1;
-        }
-    }
-    return 0;
-}
-
 static int save_checkpoint(trainer *t, ust_err *e) {
     const ust_config *c = t->cfg;
-    ckpt_writer *w = ckpt_begin(c->checkpoint.dir, t->step, 0, NULL, NULL, e);
+    ckpt_writer *w = ckpt_begin(c->checkpoint.dir, t->step, t->rt->rank, world_barrier, t->rt, e);
     if (!w) return -1;
-    if (write_file_tensors(t, w, 0, e) || write_file_tensors(t, w, 1, e)) {
+    if (dp_save(t->dp, w, e)) {
         ckpt_abort(w);
         return -1;
     }
-    char *state = state_json(t);
+    char *state = t->rank0 ? state_json(t) : NULL;
     int rc = ckpt_commit(w, state, c->checkpoint.keep_last, e);
     free(state);
     return rc;
@@ -189,17 +194,7 @@ static int load_checkpoint(trainer *t, const char *dir, ust_err *e) {
     ckpt_reader *r = ckpt_open(dir, e);
     if (!r) return -1;
     int rc = read_state(t, ckpt_state_json(r), dir, e);
-    for (int i = 0; rc == 0 && i < model_num_params(t->m); i++) {
-        const model_param *q = model_param_at(t->m, i);
-        for (int k = 0; rc == 0 && k < 3; k++) {
-            ckpt_tensor want = q->whole;
-            float *dst = k == 0 ? model_params(t->m) : k == 1 ? t->opt.m : t->opt.v;
-            if (k) moment_name(want.name, CKPT_NAME_MAX, q->name, k == 1 ? "exp_avg" : "exp_avg_sq");
-            rc = ckpt_read_slice(r, k ? "optimizer.safetensors" : "model.safetensors", &want,
-                                 &q->slice, t->host, e);
-            if (rc == 0) t->ops->to_device(t->ops, dst + q->offset, t->host, q->numel * 4);
-        }
-    }
+    if (rc == 0) rc = dp_load(t->dp, r, e);
     ckpt_close(r);
     return rc;
 }
@@ -218,12 +213,13 @@ static int initialize(trainer *t, ust_err *e) {
     }
     if (found) {
         if (load_checkpoint(t, dir, e)) return -1;
-        printf("resuming from %s (step %lld, sample %lld)\n", dir, (long long)t->step,
-               (long long)t->sample_index);
+        if (t->rank0)
+            printf("resuming from %s (step %lld, sample %lld)\n", dir, (long long)t->step,
+                   (long long)t->sample_index);
         return 0;
     }
-    if (c->model.init_from[0]) return model_load_llmc(t->m, c->model.init_from, e);
-    model_init_params(t->m, c->run.seed);
+    if (c->model.init_from[0]) return dp_load_llmc(t->dp, c->model.init_from, e);
+    dp_init_params(t->dp, c->run.seed);
     return 0;
 }
 
@@ -243,18 +239,20 @@ static void split_windows(trainer *t) {
 static double forward_backward(trainer *t) {
     const ust_config *c = t->cfg;
     int B = c->train.micro_batch_size, T = c->train.seq_len, accum = cfg_grad_accum(c);
-    int64_t G = c->train.global_batch_size, dp_rank = 0;
+    int64_t G = c->train.global_batch_size, dp_rank = t->rt->topo.me.dp;
     float dscale = 1.0f / (float)(G * T); /* mean over every target token of the global batch */
     double loss_sum = 0;
-    model_zero_grads(t->m);
+    dp_begin_step(t->dp);
     for (int mb = 0; mb < accum; mb++) {
         int64_t first = t->sample_index + dp_rank * (G / c->parallel.dp) + (int64_t)mb * B;
         data_get_samples(t->train, first, B, T, c->data.shuffle, c->run.seed, t->samples);
         split_windows(t);
+        dp_begin_microbatch(t->dp, mb == accum - 1);
         loss_sum += model_forward(t->m, t->inputs, t->targets, dscale, NULL);
         model_backward(t->m);
     }
-    return loss_sum / (double)(G * T);
+    dp_finish_grads(t->dp);
+    return dp_sum(t->dp, loss_sum) / (double)(G * T);
 }
 
 static double validation_loss(trainer *t) {
@@ -273,27 +271,29 @@ static double validation_loss(trainer *t) {
 
 /* ------------------------------------------------------------------ the loop */
 
-static int setup(trainer *t, const ust_config *cfg, ust_err *e) {
+static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, ust_err *e) {
     memset(t, 0, sizeof *t);
     t->cfg = cfg;
+    t->rt = rt;
+    t->rank0 = rt->rank == 0;
     t->last_loss = NAN;
     if (cfg->run.device == DEV_CUDA)
         return ust_errf(e, "run.device = cuda: this build has no CUDA backend yet; use cpu");
     if (open_data(t, e)) return -1;
     if (cfg->checkpoint.every > 0 && mkdir_p(cfg->checkpoint.dir, e)) return -1;
-    t->ops = ops_cpu_create(cfg->train.threads, 1);
+    t->ops = ops_cpu_create(cfg->train.threads, rt->boot.local_world);
     mem_init(&t->arena, t->ops);
-    if (model_create(&t->m, cfg, t->ops, &t->arena, e)) return -1;
-    optim_init(&t->opt, cfg, t->ops, &t->arena, model_numel(t->m));
+    ust_comm *dp_comm = rt->topo.comm[TOPO_DP];
+    model_storage st = dp_model_storage(cfg, comm_size(dp_comm));
+    if (model_create_with(&t->m, cfg, t->ops, &t->arena, &st, e) ||
+        dp_create(&t->dp, cfg, t->ops, &t->arena, t->m, dp_comm, e))
+        return -1;
+    t->flag = mem_alloc(&t->arena, MEM_COMM, sizeof(float));
     mem_freeze(&t->arena);
     int B = cfg->train.micro_batch_size, T = cfg->train.seq_len;
-    int64_t biggest = 0;
-    for (int i = 0; i < model_num_params(t->m); i++)
-        if (model_param_at(t->m, i)->numel > biggest) biggest = model_param_at(t->m, i)->numel;
     t->samples = malloc((size_t)B * (T + 1) * sizeof(int32_t));
     t->inputs = malloc((size_t)B * T * sizeof(int32_t));
     t->targets = malloc((size_t)B * T * sizeof(int32_t));
-    t->host = malloc(biggest * sizeof(float));
     return initialize(t, e);
 }
 
@@ -301,6 +301,7 @@ static void teardown(trainer *t) {
     log_close(&t->log);
     if (t->train) data_close(t->train);
     if (t->val) data_close(t->val);
+    dp_destroy(t->dp);
     model_destroy(t->m);
     if (t->ops) {
         mem_release(&t->arena);
@@ -309,7 +310,6 @@ static void teardown(trainer *t) {
     free(t->samples);
     free(t->inputs);
     free(t->targets);
-    free(t->host);
 }
 
 static void write_effective_config(const ust_config *cfg) {
@@ -342,16 +342,17 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
     while (t->step < c->train.steps) {
         double t0 = now_s();
         double loss = forward_backward(t);
-        double norm = sqrt(t->ops->sumsq(t->ops, model_grads(t->m), model_numel(t->m)));
+        double norm = dp_grad_norm(t->dp);
         double lr = optim_lr(c, t->step);
         int finite = isfinite(loss) && isfinite(norm);
         if (!finite && c->train.on_nan == ONNAN_STOP) {
-            fprintf(stderr, "ustrain: error: non-finite %s at step %lld (loss %g, grad norm %g); "
+            if (t->rank0)
+                fprintf(stderr, "ustrain: error: non-finite %s at step %lld (loss %g, grad norm %g); "
                             "stopping (train.on_nan: stop)\n",
                     isfinite(loss) ? "gradient norm" : "loss", (long long)t->step + 1, loss, norm);
             return UST_EXIT_RUNTIME;
         }
-        if (finite) optim_step(&t->opt, t->m, lr, optim_clip_scale(c, norm), t->step);
+        if (finite) dp_optimizer_step(t->dp, lr, optim_clip_scale(c, norm), t->step);
         t->step++;
         t->sample_index += c->train.global_batch_size;
         t->last_loss = loss;
@@ -362,16 +363,18 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
         log_step s = {.step = t->step, .steps = c->train.steps, .loss = loss, .lr = lr,
                       .grad_norm = norm, .ms = ms, .val_loss = NAN, .skipped = !finite};
         s.tokens_per_s = tokens / (ms / 1e3);
-        s.mfu = fpt * s.tokens_per_s / peak;
+        s.mfu = fpt * s.tokens_per_s / (peak * t->rt->world); /* peak is one rank's */
         s.peak_mem_bytes = t->arena.peak;
         s.eta_s = (now_s() - t_start) / (t->step - first) * (c->train.steps - t->step);
         int last = t->step == c->train.steps;
         if (t->val && (t->step % c->data.val_every == 0 || last)) s.val_loss = validation_loss(t);
-        if (!opts->quiet && (t->step % c->logging.every == 0 || last || !isnan(s.val_loss))) {
+        if (t->rank0 && !opts->quiet &&
+            (t->step % c->logging.every == 0 || last || !isnan(s.val_loss))) {
             log_step_line(&s);
             log_step_json(&t->log, &s);
         }
-        int stop = g_stop_signal != 0;
+        /* every rank stops after the same step: a signal to any of them counts */
+        int stop = any_rank(t, g_stop_signal != 0);
         if (c->checkpoint.every > 0 && (t->step % c->checkpoint.every == 0 || last || stop)) {
             if (save_checkpoint(t, &e)) {
                 fprintf(stderr, "ustrain: error: checkpoint at step %lld failed: %s\n",
@@ -380,7 +383,8 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
             }
         }
         if (stop) {
-            printf("received signal %d: stopped after step %lld%s\n", (int)g_stop_signal,
+            if (t->rank0)
+                printf("received signal %d: stopped after step %lld%s\n", (int)g_stop_signal,
                    (long long)t->step, c->checkpoint.every > 0 ? " (checkpoint written)" : "");
             break;
         }
@@ -389,31 +393,31 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
     res->final_loss = t->last_loss;
     res->mean_step_ms = timed ? sum_ms / timed : 0;
     res->tokens_per_s = timed ? tokens / (res->mean_step_ms / 1e3) : 0;
-    res->mfu = res->tokens_per_s * fpt / peak;
+    res->mfu = res->tokens_per_s * fpt / (peak * t->rt->world);
     return UST_EXIT_OK;
 }
 
-int train_run(const ust_config *cfg, const train_opts *opts, train_result *res) {
+static int run_with(const ust_config *cfg, ust_runtime *rt, const train_opts *opts,
+                    train_result *res) {
     trainer t;
     ust_err e;
-    train_result dummy;
-    if (!res) res = &dummy;
-    memset(res, 0, sizeof *res);
-    if (setup(&t, cfg, &e)) {
+    /* Setup failures are usage errors found before training; ranks exit on their own (a rank
+     * whose peers failed waits at most dist.timeout_s in its next collective). */
+    if (setup(&t, cfg, rt, &e)) {
         fprintf(stderr, "ustrain: error: %s\n", e.msg);
         teardown(&t);
         return UST_EXIT_USAGE;
     }
     char err[1024];
-    if (!opts->quiet && log_open(&t.log, cfg->logging.metrics_file, err, sizeof err)) {
+    if (t.rank0 && !opts->quiet && log_open(&t.log, cfg->logging.metrics_file, err, sizeof err)) {
         fprintf(stderr, "ustrain: error: %s\n", err);
         teardown(&t);
         return UST_EXIT_USAGE;
     }
-    if (opts->write_config) write_effective_config(cfg);
+    if (t.rank0 && opts->write_config) write_effective_config(cfg);
     mem_plan plan;
     plan_memory(cfg, &plan);
-    if (!opts->quiet) {
+    if (t.rank0 && !opts->quiet) {
         char b1[32], b2[32];
         printf("ustrain: %s %s, %lld parameters, %lld steps of %d x %d tokens (grad accum %d); "
                "memory %s (plan %s)\n",
@@ -431,7 +435,7 @@ int train_run(const ust_config *cfg, const train_opts *opts, train_result *res) 
     res->arena_bytes = (double)t.arena.total;
     for (int i = 0; i < MEM_NCAT && i < 6; i++) res->arena_by_cat[i] = (double)t.arena.bytes[i];
     res->peak_rss = mem_peak_rss_bytes();
-    if (rc == 0 && !opts->quiet && res->steps_done > 0) {
+    if (rc == 0 && t.rank0 && !opts->quiet && res->steps_done > 0) {
         char b[32];
         printf("done: %lld steps, final loss %.4f, %.1f ms/step, %.0f tok/s, mfu %.1f%%, "
                "peak RSS %s\n",
@@ -439,5 +443,21 @@ int train_run(const ust_config *cfg, const train_opts *opts, train_result *res) 
                100 * res->mfu, log_bytes(b, 32, (double)res->peak_rss));
     }
     teardown(&t);
+    return rc;
+}
+
+int train_run(const ust_config *cfg, ust_runtime *rt, const train_opts *opts, train_result *res) {
+    train_result dummy;
+    if (!res) res = &dummy;
+    memset(res, 0, sizeof *res);
+    if (rt) return run_with(cfg, rt, opts, res);
+    ust_runtime own;
+    ust_err e;
+    if (train_runtime_init(&own, cfg, &e)) {
+        fprintf(stderr, "ustrain: error: %s\n", e.msg);
+        return UST_EXIT_USAGE;
+    }
+    int rc = run_with(cfg, &own, opts, res);
+    train_runtime_finalize(&own);
     return rc;
 }

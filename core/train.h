@@ -1,5 +1,6 @@
-/* train: the step loop. Batches -> forward/backward over the micro-batches of the step ->
- * global-norm clipping -> AdamW -> logging, validation, checkpoints. Resumes from the newest
+/* train: the step loop. Batches -> forward/backward over this rank's micro-batches of the step
+ * (data-parallel reduction and ZeRO through parallel/dp) -> global-norm clipping -> AdamW ->
+ * logging (rank 0), validation, checkpoints (every rank writes its slices). Resumes from the newest
  * checkpoint by default and continues the exact same run. SIGTERM/SIGUSR1 finish the current
  * step, write a checkpoint and return 0. Errors in user input (config, data, checkpoint shape)
  * return UST_EXIT_USAGE before training starts; runtime failures return UST_EXIT_RUNTIME. */
@@ -8,7 +9,23 @@
 
 #include <stdint.h>
 
+#include "bootstrap.h"
+#include "comm.h"
 #include "config.h"
+#include "topology.h"
+
+/* The process's place in the job: bootstrap, communicators and every group of the 5D grid. */
+typedef struct {
+    ust_boot boot;
+    comm_ctx *comm;
+    ust_topology topo;
+    int rank, world;
+} ust_runtime;
+
+/* Joins the job (PMIx, torchrun-style environment or single process) and builds the topology
+ * of cfg's layout; a layout that does not fit the world size is a usage error (-1). */
+int train_runtime_init(ust_runtime *rt, const ust_config *cfg, ust_err *e);
+void train_runtime_finalize(ust_runtime *rt);
 
 typedef struct {
     int quiet;             /* no per-step lines (benchmark) */
@@ -26,6 +43,7 @@ typedef struct {
     size_t peak_rss;
 } train_result;
 
-int train_run(const ust_config *cfg, const train_opts *opts, train_result *res);
+/* rt may be NULL: a single-process runtime is made (and finalized) for the call. */
+int train_run(const ust_config *cfg, ust_runtime *rt, const train_opts *opts, train_result *res);
 
 #endif

@@ -379,7 +379,7 @@ static void test_llmc_import_gives_the_reference_loss(void) {
     const char *path = "/tmp/ustrain-test-llmc.bin";
     ust_err e;
     CHECK(write_llmc(path, &f.cfg) == 0, "cannot write %s", path);
-    int rc = model_load_llmc(f.m, path, &e);
+    int rc = model_load_llmc(f.m, path, NULL, NULL, &e);
     int32_t in[TB * TT], tgt[TB * TT];
     tokens(in, tgt, f.cfg.model.vocab_size);
     double got = rc ? 0 : mean_loss(&f, in, tgt), want = rc ? 0 : ref_loss(&f, in, tgt);
@@ -402,7 +402,7 @@ static void test_llmc_import_rejects_a_mismatched_shape(void) {
     const char *path = "/tmp/ustrain-test-llmc2.bin";
     write_llmc(path, &other);
     ust_err e;
-    int rc = model_load_llmc(f.m, path, &e);
+    int rc = model_load_llmc(f.m, path, NULL, NULL, &e);
     fixture_free(&f);
     remove(path);
     CHECK(rc != 0 && strstr(e.msg, "n_layer = 3"), "expected an n_layer mismatch, got: %s",

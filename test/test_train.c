@@ -82,7 +82,7 @@ static void check_plan(ust_arch arch, ust_recompute rc) {
     plan_memory(&c, &p);
     train_opts o = {.quiet = 1};
     train_result r;
-    int code = train_run(&c, &o, &r);
+    int code = train_run(&c, NULL, &o, &r);
     CHECK(code == 0, "train_run exit %d", code);
     CHECK_CLOSE(r.arena_by_cat[0], p.params, 0, 0.01, "parameter bytes vs plan");
     CHECK_CLOSE(r.arena_by_cat[1], p.grads, 0, 0.01, "gradient bytes vs plan");
@@ -107,7 +107,7 @@ static void test_gradient_accumulation_matches_one_big_batch(void) {
     b.train.micro_batch_size = 1;
     train_opts o = {.quiet = 1};
     train_result ra, rb;
-    CHECK(train_run(&a, &o, &ra) == 0 && train_run(&b, &o, &rb) == 0, "runs failed");
+    CHECK(train_run(&a, NULL, &o, &ra) == 0 && train_run(&b, NULL, &o, &rb) == 0, "runs failed");
     CHECK_CLOSE(rb.final_loss, ra.final_loss, 0, 2e-5, "loss after 3 steps, accum 4 vs 1");
 }
 
@@ -120,10 +120,10 @@ static void test_non_finite_loss_stops_with_exit_1(void) {
     train_opts o = {.quiet = 1};
     train_result r;
     fflush(stdout);
-    int code = train_run(&c, &o, &r);
+    int code = train_run(&c, NULL, &o, &r);
     CHECK(code == 1, "exit %d, expected 1", code);
     c.train.on_nan = ONNAN_SKIP;
-    code = train_run(&c, &o, &r);
+    code = train_run(&c, NULL, &o, &r);
     CHECK(code == 0 && r.steps_done == 3, "on_nan skip: exit %d after %lld steps", code,
           (long long)r.steps_done);
 }

@@ -1,0 +1,459 @@
+/* dp.c: ZeRO-0..3. Coordinates: a unit of the model is split into n chunks of `chunk[u]` floats;
+ * member r owns [r*chunk, (r+1)*chunk) of every unit ("its partition"). A buffer is either
+ * WHOLE (the model's flat layout) or SHARD (the concatenation of this rank's partitions). */
+#include "dp.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+
+typedef enum { BUF_PARAMS, BUF_GRADS, BUF_M, BUF_V } dp_buf;
+
+struct dp_state {
+    const ust_config *cfg;
+    const ust_ops *ops;
+    model *m;
+    ust_comm *comm;
+    int n, rank, stage, nunits, head, tied, last_mb, drop_grads;
+    int64_t *uoff, *ulen, *chunk, *soff; /* per unit: offset, length, chunk, offset in shard */
+    int64_t numel, shard_numel, max_unit;
+    float *p_whole, *g_whole, *p_shard, *g_shard, *mom_m, *mom_v;
+    float *work, *work_emb, *rs_tmp;   /* stage 2-3: a unit's gradients, reduce-scatter result */
+    float *gath[2], *gath_emb;         /* stage 3: gathered units */
+    int gath_unit[2], emb_valid;
+    comm_req gath_req[2];
+    comm_req *pending;                 /* stage 0-1: reductions posted this step */
+    int npending;
+    int *bucket_lo;                    /* stage 0: unit that closes each bucket (or -1) */
+    float *scalar;                     /* one float for dp_sum */
+    uint64_t bytes_at_step_start;
+};
+
+static int whole(const dp_state *d, dp_buf b) {
+    switch (b) {
+    case BUF_PARAMS: return d->stage < 3;
+    case BUF_GRADS: return d->stage < 2;
+    default: return d->stage < 1;
+    }
+}
+
+/* Pointer to unit coordinate x of unit u in buffer b (x must be held by this rank). */
+static float *at(const dp_state *d, dp_buf b, int u, int64_t x) {
+    float *base = b == BUF_PARAMS ? (whole(d, b) ? d->p_whole : d->p_shard)
+                  : b == BUF_GRADS ? (whole(d, b) ? d->g_whole : d->g_shard)
+                  : b == BUF_M     ? d->mom_m
+                                   : d->mom_v;
+    if (whole(d, b)) return base + d->uoff[u] + x;
+    int64_t lo = d->rank * d->chunk[u];
+    UST_ASSERT(x >= lo && x <= lo + d->chunk[u], "unit %d element %lld is not in this rank's "
+               "partition [%lld, %lld)", u, (long long)x, (long long)lo,
+               (long long)(lo + d->chunk[u]));
+    return base + d->soff[u] + (x - lo);
+}
+
+/* The part [*a, *b) of parameter i (flat, within the tensor) that lies in this rank's partition
+ * (part = 1) or the whole tensor (part = 0); returns the tensor's offset inside its unit. */
+static int64_t piece(const dp_state *d, int i, int part, int64_t *a, int64_t *b) {
+    const model_param *q = model_param_at(d->m, i);
+    int u = model_param_unit(d->m, i);
+    int64_t t0 = q->offset - d->uoff[u];
+    *a = 0;
+    *b = q->numel;
+    if (part) {
+        int64_t lo = d->rank * d->chunk[u] - t0, hi = lo + d->chunk[u];
+        *a = lo > 0 ? lo : 0;
+        *b = hi < q->numel ? hi : q->numel;
+        if (*b < *a) *b = *a;
+    }
+    return t0;
+}
+
+/* ------------------------------------------------------------------ set-up */
+
+model_storage dp_model_storage(const ust_config *cfg, int dp_size) {
+    int stage = cfg->optimizer.zero_stage;
+    model_storage st = {.unit_pad = 16 * (int64_t)dp_size,
+                        .alloc_params = stage < 3,
+                        .alloc_grads = stage < 2};
+    return st;
+}
+
+static void make_buckets(dp_state *d) {
+    /* stage 0: units in backward order (head first) grouped until a bucket reaches
+     * dp_bucket_mb; a bucket is the contiguous unit range [lo, hi] and is posted at lo's end */
+    double cap = d->cfg->parallel.dp_bucket_mb * 1024 * 1024 / sizeof(float);
+    d->bucket_lo = malloc(d->nunits * sizeof *d->bucket_lo);
+    double fill = 0;
+    for (int u = d->nunits - 1; u >= 0; u--) {
+        fill += (double)d->ulen[u];
+        int close = fill >= cap || u == 0;
+        d->bucket_lo[u] = close ? 1 : 0;
+        if (close) fill = 0;
+    }
+}
+
+static void on_unit(void *ctx, int u, model_phase ph);
+
+int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_arena *a, model *m,
+              ust_comm *comm, ust_err *e) {
+    dp_state *d = calloc(1, sizeof *d);
+    if (!d) return ust_errf(e, "out of memory");
+    d->cfg = cfg;
+    d->ops = ops;
+    d->m = m;
+    d->comm = comm;
+    d->n = comm_size(comm);
+    d->rank = comm_rank(comm);
+    d->stage = cfg->optimizer.zero_stage;
+    d->nunits = model_num_units(m);
+    d->head = d->nunits - 1;
+    d->tied = cfg_tied(cfg);
+    d->uoff = calloc(d->nunits, sizeof(int64_t));
+    d->ulen = calloc(d->nunits, sizeof(int64_t));
+    d->chunk = calloc(d->nunits, sizeof(int64_t));
+    d->soff = calloc(d->nunits, sizeof(int64_t));
+    for (int u = 0; u < d->nunits; u++) {
+        model_unit_range(m, u, &d->uoff[u], &d->ulen[u]);
+        UST_ASSERT(d->ulen[u] % d->n == 0, "unit %d length %lld not divisible by %d", u,
+                   (long long)d->ulen[u], d->n);
+        d->chunk[u] = d->ulen[u] / d->n;
+        d->soff[u] = d->shard_numel;
+        d->shard_numel += d->chunk[u];
+        if (u > 0 && d->ulen[u] > d->max_unit) d->max_unit = d->ulen[u];
+    }
+    d->numel = model_numel(m);
+    d->p_whole = model_params(m);
+    d->g_whole = model_grads(m);
+    int64_t moments = d->stage >= 1 ? d->shard_numel : d->numel;
+    d->mom_m = mem_alloc(a, MEM_OPTIM, moments * sizeof(float));
+    d->mom_v = mem_alloc(a, MEM_OPTIM, moments * sizeof(float));
+    if (d->stage >= 2) {
+        d->g_shard = mem_alloc(a, MEM_GRADS, d->shard_numel * sizeof(float));
+        d->work_emb = mem_alloc(a, MEM_GRADS, d->ulen[0] * sizeof(float));
+        d->work = mem_alloc(a, MEM_GRADS, d->max_unit * sizeof(float));
+        int64_t big = d->ulen[0] > d->max_unit ? d->ulen[0] : d->max_unit;
+        d->rs_tmp = mem_alloc(a, MEM_GRADS, (big / d->n) * sizeof(float));
+    }
+    if (d->stage >= 3) {
+        d->p_shard = mem_alloc(a, MEM_PARAMS, d->shard_numel * sizeof(float));
+        d->gath_emb = mem_alloc(a, MEM_PARAMS, d->ulen[0] * sizeof(float));
+        for (int s = 0; s < 2; s++) {
+            d->gath[s] = mem_alloc(a, MEM_PARAMS, d->max_unit * sizeof(float));
+            d->gath_unit[s] = -1;
+        }
+    }
+    d->scalar = mem_alloc(a, MEM_COMM, 2 * sizeof(float));
+    d->pending = calloc(d->nunits, sizeof *d->pending);
+    make_buckets(d);
+    const char *fault = getenv("UST_FAULT_DP_DROP_GRADS_RANK");
+    d->drop_grads = fault && atoi(fault) == d->rank && d->n > 1;
+    model_hooks h = {d, on_unit};
+    model_set_hooks(m, &h);
+    *out = d;
+    return 0;
+}
+
+void dp_destroy(dp_state *d) {
+    if (!d) return;
+    model_set_hooks(d->m, NULL);
+    free(d->uoff);
+    free(d->ulen);
+    free(d->chunk);
+    free(d->soff);
+    free(d->pending);
+    free(d->bucket_lo);
+    free(d);
+}
+
+/* ------------------------------------------------------------------ stage 3: gathering */
+
+static void gather_post(dp_state *d, int slot, int u) {
+    float *dst = u == 0 ? d->gath_emb : d->gath[slot];
+    comm_req r = comm_allgather(d->comm, at(d, BUF_PARAMS, u, d->rank * d->chunk[u]), dst,
+                                d->chunk[u], COMM_FP32);
+    if (u == 0)
+        comm_wait(&r);
+    else
+        d->gath_req[slot] = r, d->gath_unit[slot] = u;
+}
+
+/* Makes unit u's weights available and posts the gather of `next` ahead (-1: none). */
+static void params_ready(dp_state *d, int u, int next) {
+    if (u == 0) {
+        if (!d->emb_valid) gather_post(d, 0, 0);
+        d->emb_valid = 1;
+        model_set_unit_params(d->m, 0, d->gath_emb);
+        return;
+    }
+    int slot = d->gath_unit[0] == u ? 0 : d->gath_unit[1] == u ? 1 : -1;
+    if (slot < 0) {
+        slot = d->gath_unit[0] == next ? 1 : 0; /* never the slot a prefetch already holds */
+        comm_wait(&d->gath_req[slot]);
+        gather_post(d, slot, u);
+    }
+    comm_wait(&d->gath_req[slot]);
+    model_set_unit_params(d->m, u, d->gath[slot]);
+    if (next > 0 && next < d->nunits && d->gath_unit[1 - slot] != next) {
+        comm_wait(&d->gath_req[1 - slot]);
+        gather_post(d, 1 - slot, next);
+    }
+}
+
+static void invalidate_gathered(dp_state *d) {
+    for (int s = 0; s < 2; s++) {
+        comm_wait(&d->gath_req[s]);
+        d->gath_unit[s] = -1;
+    }
+    d->emb_valid = 0;
+}
+
+/* ------------------------------------------------------------------ gradient reduction */
+
+static float *unit_grads(dp_state *d, int u) {
+    if (d->stage < 2) return d->g_whole + d->uoff[u];
+    return u == 0 ? d->work_emb : d->work;
+}
+
+static void grads_begin(dp_state *d, int u) {
+    if (d->stage < 2) return;
+    /* unit 0's buffer must already collect the tied lm_head's gradient during the head's
+     * backward, so it is zeroed there; other units get the working buffer */
+    if (u == d->head || (u == 0 && !d->tied)) {
+        d->ops->zero(d->ops, d->work_emb, d->ulen[0] * sizeof(float));
+        model_set_unit_grads(d->m, 0, d->work_emb);
+    }
+    if (u != 0) {
+        d->ops->zero(d->ops, d->work, d->ulen[u] * sizeof(float));
+        model_set_unit_grads(d->m, u, d->work);
+    }
+}
+
+static void grads_end(dp_state *d, int u) {
+    float *g = unit_grads(d, u);
+    if (d->drop_grads && (d->stage >= 2 || d->last_mb)) /* test fault: lose this rank's part */
+        d->ops->zero(d->ops, g, d->ulen[u] * sizeof(float));
+    if (d->stage >= 2) {
+        /* every micro-batch: reduce-scatter into the shard, where micro-batches accumulate */
+        comm_req r = comm_reduce_scatter(d->comm, g, d->rs_tmp, d->chunk[u], COMM_FP32, COMM_SUM);
+        comm_wait(&r);
+        d->ops->axpy(d->ops, d->g_shard + d->soff[u], 1.0f, d->rs_tmp, d->chunk[u]);
+        return;
+    }
+    if (!d->last_mb) return;
+    if (d->stage == 1) {
+        float *mine = g + d->rank * d->chunk[u];
+        d->pending[d->npending++] =
+            comm_reduce_scatter(d->comm, g, mine, d->chunk[u], COMM_FP32, COMM_SUM);
+    } else if (d->bucket_lo[u]) {
+        int hi = u; /* the bucket runs from u up to the unit before the previous bucket */
+        while (hi + 1 < d->nunits && !d->bucket_lo[hi + 1]) hi++;
+        size_t count = (size_t)(d->uoff[hi] + d->ulen[hi] - d->uoff[u]);
+        d->pending[d->npending++] = comm_allreduce(d->comm, g, g, count, COMM_FP32, COMM_SUM);
+    }
+}
+
+static void on_unit(void *ctx, int u, model_phase ph) {
+    dp_state *d = ctx;
+    switch (ph) {
+    case MODEL_FWD_BEGIN:
+        if (d->stage == 3) params_ready(d, u, u + 1);
+        break;
+    case MODEL_BWD_BEGIN:
+        if (d->stage == 3) params_ready(d, u, u - 1);
+        grads_begin(d, u);
+        break;
+    case MODEL_BWD_END: grads_end(d, u); break;
+    case MODEL_FWD_END: break;
+    }
+}
+
+/* ------------------------------------------------------------------ the step */
+
+void dp_begin_step(dp_state *d) {
+    if (d->stage < 2)
+        d->ops->zero(d->ops, d->g_whole, d->numel * sizeof(float));
+    else
+        d->ops->zero(d->ops, d->g_shard, d->shard_numel * sizeof(float));
+    d->npending = 0;
+    const comm_counters *c = comm_get_counters(d->comm);
+    d->bytes_at_step_start = 0;
+    for (int k = 0; k < COMM_NKINDS; k++) d->bytes_at_step_start += c->bytes[k];
+}
+
+void dp_begin_microbatch(dp_state *d, int last) { d->last_mb = last; }
+
+void dp_finish_grads(dp_state *d) {
+    comm_wait_all(d->pending, d->npending);
+    d->npending = 0;
+}
+
+double dp_sum(dp_state *d, double x) {
+    if (d->n == 1) return x;
+    /* two floats carry a double's worth: the value and its rounding error */
+    float h[2] = {(float)x, (float)(x - (double)(float)x)};
+    d->ops->to_device(d->ops, d->scalar, h, sizeof h);
+    comm_req r = comm_allreduce(d->comm, d->scalar, d->scalar, 2, COMM_FP32, COMM_SUM);
+    comm_wait(&r);
+    d->ops->to_host(d->ops, h, d->scalar, sizeof h);
+    return (double)h[0] + (double)h[1];
+}
+
+double dp_grad_norm(dp_state *d) {
+    double ss = 0;
+    if (d->stage == 0) return sqrt(d->ops->sumsq(d->ops, d->g_whole, d->numel));
+    if (d->stage >= 2)
+        ss = d->ops->sumsq(d->ops, d->g_shard, d->shard_numel);
+    else
+        for (int u = 0; u < d->nunits; u++)
+            ss += d->ops->sumsq(d->ops, at(d, BUF_GRADS, u, d->rank * d->chunk[u]), d->chunk[u]);
+    return sqrt(dp_sum(d, ss));
+}
+
+void dp_optimizer_step(dp_state *d, double lr, float grad_scale, int64_t step) {
+    const ust_config *c = d->cfg;
+    int part = d->stage >= 1;
+    for (int i = 0; i < model_num_params(d->m); i++) {
+        const model_param *q = model_param_at(d->m, i);
+        int u = model_param_unit(d->m, i);
+        int64_t a, b, t0 = piece(d, i, part, &a, &b);
+        if (b <= a) continue;
+        float wd = q->decay ? (float)c->optimizer.weight_decay : 0.0f;
+        d->ops->adamw(d->ops, at(d, BUF_PARAMS, u, t0 + a), at(d, BUF_GRADS, u, t0 + a),
+                      at(d, BUF_M, u, t0 + a), at(d, BUF_V, u, t0 + a), b - a, (float)lr,
+                      (float)c->optimizer.beta1, (float)c->optimizer.beta2,
+                      (float)c->optimizer.eps, wd, grad_scale, step + 1);
+    }
+    if (d->stage == 1 || d->stage == 2) { /* everyone needs the whole updated weights */
+        for (int u = 0; u < d->nunits; u++) {
+            float *unit = d->p_whole + d->uoff[u];
+            d->pending[u] =
+                comm_allgather(d->comm, unit + d->rank * d->chunk[u], unit, d->chunk[u], COMM_FP32);
+        }
+        comm_wait_all(d->pending, d->nunits);
+    }
+    if (d->stage == 3) invalidate_gathered(d);
+}
+
+uint64_t dp_bytes_sent(const dp_state *d) {
+    const comm_counters *c = comm_get_counters(d->comm);
+    uint64_t total = 0;
+    for (int k = 0; k < COMM_NKINDS; k++) total += c->bytes[k];
+    return total - d->bytes_at_step_start;
+}
+
+/* ------------------------------------------------------------------ init, import, checkpoints */
+
+/* Fills what this rank holds of parameter i from a host function of the flat range. */
+typedef void (*fill_fn)(dp_state *d, int i, int64_t a, int64_t b, float *host, void *arg);
+
+static void fill_params(dp_state *d, fill_fn fill, void *arg) {
+    float *host = NULL;
+    int64_t cap = 0;
+    for (int i = 0; i < model_num_params(d->m); i++) {
+        int64_t a, b, t0 = piece(d, i, !whole(d, BUF_PARAMS), &a, &b);
+        if (b <= a) continue;
+        if (b - a > cap) host = realloc(host, (cap = b - a) * sizeof(float));
+        UST_ASSERT(host, "out of host memory");
+        fill(d, i, a, b, host, arg);
+        d->ops->to_device(d->ops, at(d, BUF_PARAMS, model_param_unit(d->m, i), t0 + a), host,
+                          (b - a) * sizeof(float));
+    }
+    free(host);
+}
+
+static void fill_init(dp_state *d, int i, int64_t a, int64_t b, float *host, void *arg) {
+    model_init_range(d->m, i, a, b, *(uint64_t *)arg, host);
+}
+
+void dp_init_params(dp_state *d, uint64_t seed) { fill_params(d, fill_init, &seed); }
+
+typedef struct {
+    dp_state *d;
+} llmc_ctx;
+
+static void store_llmc(void *ctx, int i, const float *whole_tensor) {
+    dp_state *d = ((llmc_ctx *)ctx)->d;
+    int64_t a, b, t0 = piece(d, i, !whole(d, BUF_PARAMS), &a, &b);
+    if (b > a)
+        d->ops->to_device(d->ops, at(d, BUF_PARAMS, model_param_unit(d->m, i), t0 + a),
+                          whole_tensor + a, (b - a) * sizeof(float));
+}
+
+int dp_load_llmc(dp_state *d, const char *path, ust_err *e) {
+    llmc_ctx ctx = {d};
+    return model_load_llmc(d->m, path, store_llmc, &ctx, e);
+}
+
+static const char *moment_suffix(dp_buf b) { return b == BUF_M ? "exp_avg" : "exp_avg_sq"; }
+
+static ckpt_tensor tensor_of(const model_param *q, dp_buf b) {
+    ckpt_tensor t = q->whole;
+    if (b == BUF_M || b == BUF_V)
+        snprintf(t.name, sizeof t.name, "%s.%s", q->name, moment_suffix(b));
+    return t;
+}
+
+static int list_file(dp_state *d, ckpt_writer *w, int optimizer, ust_err *e) {
+    int np = model_num_params(d->m), n = optimizer ? 2 * np : np;
+    ckpt_tensor *ts = calloc(n, sizeof *ts);
+    for (int i = 0; i < np; i++) {
+        const model_param *q = model_param_at(d->m, i);
+        if (optimizer) {
+            ts[2 * i] = tensor_of(q, BUF_M);
+            ts[2 * i + 1] = tensor_of(q, BUF_V);
+        } else {
+            ts[i] = tensor_of(q, BUF_PARAMS);
+        }
+    }
+    int file = ckpt_add_file(w, optimizer ? "optimizer.safetensors" : "model.safetensors", ts, n, e);
+    free(ts);
+    return file;
+}
+
+/* Writes (or reads) this rank's pieces of buffer b: its partition when saving (every element is
+ * written by exactly one member), everything it holds when loading. */
+static int transfer(dp_state *d, dp_buf b, int file, ckpt_writer *w, ckpt_reader *r, ust_err *e) {
+    float *host = NULL;
+    int64_t cap = 0;
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < model_num_params(d->m); i++) {
+        const model_param *q = model_param_at(d->m, i);
+        int64_t a, bb, t0 = piece(d, i, w ? 1 : !whole(d, b), &a, &bb);
+        if (bb <= a) continue;
+        if (bb - a > cap) host = realloc(host, (cap = bb - a) * sizeof(float));
+        float *dev = at(d, b, model_param_unit(d->m, i), t0 + a);
+        ckpt_tensor t = tensor_of(q, b);
+        ckpt_slice s = q->slice;
+        s.flat0 = q->slice.flat0 + a;
+        s.flat1 = q->slice.flat0 + bb;
+        if (w) {
+            d->ops->to_host(d->ops, host, dev, (bb - a) * sizeof(float));
+            rc = ckpt_write_slice(w, file, t.name, &s, host, e);
+        } else {
+            const char *fname = b == BUF_PARAMS ? "model.safetensors" : "optimizer.safetensors";
+            rc = ckpt_read_slice(r, fname, &t, &s, host, e);
+            if (rc == 0) d->ops->to_device(d->ops, dev, host, (bb - a) * sizeof(float));
+        }
+    }
+    free(host);
+    return rc;
+}
+
+int dp_save(dp_state *d, ckpt_writer *w, ust_err *e) {
+    int fm = list_file(d, w, 0, e);
+    int fo = fm < 0 ? -1 : list_file(d, w, 1, e);
+    if (fo < 0) return -1;
+    return transfer(d, BUF_PARAMS, fm, w, NULL, e) || transfer(d, BUF_M, fo, w, NULL, e) ||
+                   transfer(d, BUF_V, fo, w, NULL, e)
+               ? -1
+               : 0;
+}
+
+int dp_load(dp_state *d, ckpt_reader *r, ust_err *e) {
+    return transfer(d, BUF_PARAMS, 0, NULL, r, e) || transfer(d, BUF_M, 0, NULL, r, e) ||
+                   transfer(d, BUF_V, 0, NULL, r, e)
+               ? -1
+               : 0;
+}

@@ -1,0 +1,52 @@
+/* dp: data parallelism with ZeRO stages 0-3 over the data-parallel group.
+ * dp owns this rank's trainable state (fp32 master weights, gradients, AdamW moments) and lends
+ * it to the model through unit pointers and hooks; every unit is split into n equal shards.
+ *   stage 0: everything whole; gradients all-reduced in buckets of ~dp_bucket_mb, each posted
+ *            when its last unit's backward of the step's last micro-batch ends.
+ *   stage 1: moments sharded; each unit's gradients reduce-scattered at that point, each rank
+ *            updates its shard of the weights, then every unit is all-gathered.
+ *   stage 2: as 1, and only the gradient shard is kept: a unit's gradients go to a working
+ *            buffer and are reduce-scattered into the shard after every micro-batch.
+ *   stage 3: weights sharded too: a unit is all-gathered before its forward and again before its
+ *            backward, the next unit's gather posted ahead; unit 0 (embeddings) stays gathered
+ *            for the step because a tied lm_head needs it at the other end of the model.
+ * Gradients are summed: the loss scale already divides by the global batch's token count. */
+#ifndef UST_DP_H
+#define UST_DP_H
+
+#include <stdint.h>
+
+#include "ckpt.h"
+#include "comm.h"
+#include "config.h"
+#include "mem.h"
+#include "model.h"
+#include "ops.h"
+
+typedef struct dp_state dp_state;
+
+/* How the model must allocate itself for this stage and group size. */
+model_storage dp_model_storage(const ust_config *cfg, int dp_size);
+/* comm: the group gradients are reduced over (members hold replicas, see different tokens). */
+int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
+              model *m, ust_comm *comm, ust_err *e);
+void dp_destroy(dp_state *d);
+
+void dp_init_params(dp_state *d, uint64_t seed);
+int dp_load_llmc(dp_state *d, const char *path, ust_err *e);
+
+void dp_begin_step(dp_state *d);                  /* zero the gradients */
+void dp_begin_microbatch(dp_state *d, int last);  /* last: reduce as units finish */
+void dp_finish_grads(dp_state *d);                /* wait for every reduction */
+double dp_grad_norm(dp_state *d);                 /* global L2 norm (same on every rank) */
+void dp_optimizer_step(dp_state *d, double lr, float grad_scale, int64_t step);
+double dp_sum(dp_state *d, double x);             /* all-reduce of one number over the group */
+
+/* Checkpoints: the model's tensors and both moments ("<name>.exp_avg", "<name>.exp_avg_sq"). */
+int dp_save(dp_state *d, ckpt_writer *w, ust_err *e);
+int dp_load(dp_state *d, ckpt_reader *r, ust_err *e);
+
+/* Bytes this rank's dp group sent in the last step (for the analytic-volume tests). */
+uint64_t dp_bytes_sent(const dp_state *d);
+
+#endif
