@@ -43,7 +43,7 @@ import socket, sys, time
 s = socket.socket(); s.bind(("127.0.0.1", int(sys.argv[1]))); s.listen(8)
 print("held", flush=True); time.sleep(30)' "$port" >"$TMP/holder" 2>&1 &
 holder=$!
-for _ in $(seq 50); do grep -q held "$TMP/holder" && break; sleep 0.1; done
+for _ in $(seq 50); do grep -q held "$TMP/holder" 2>/dev/null && break; sleep 0.1; done
 expect_exit master_port_in_use_is_named 2 "MASTER_PORT $port is already in use on 127.0.0.1" -- \
     timeout 20 env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$TB" --ranks-check --timeout 2
 t0=$(date +%s)

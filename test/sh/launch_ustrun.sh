@@ -64,7 +64,7 @@ for sig in USR1 TERM INT; do
     # No `timeout` wrapper here: it would take the signal itself. A watchdog bounds the wait.
     scripts/ustrun --nproc-per-node 2 bash "$TMP/graceful.sh" >"$TMP/o" 2>&1 &
     pid=$!
-    for _ in $(seq 50); do [ "$(grep -c ready "$TMP/o")" = 2 ] && break; sleep 0.1; done
+    for _ in $(seq 50); do [ "$(grep -c ready "$TMP/o" 2>/dev/null)" = 2 ] && break; sleep 0.1; done
     kill -"$sig" $pid
     for _ in $(seq 100); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
     kill -0 $pid 2>/dev/null && kill -KILL $pid
