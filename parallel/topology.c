@@ -100,17 +100,31 @@ void topo_print(const topo_grid *g, FILE *f) {
     int *first = malloc(sizeof(int) * (size_t)g->world);
     UST_ASSERT(ranks && first, "out of memory");
     for (int k = 0; k < TOPO_NKINDS; k++) {
-        /* A group is printed once, from its lowest member. */
+        /* A group is printed once, from its lowest member: the rank whose free coordinates
+         * are all 0 (found without listing every rank's group, so large worlds print fast). */
         int ngroups = 0;
         for (int r = 0; r < g->world; r++) {
-            int n = topo_group(g, (topo_kind)k, r, ranks, NULL);
-            if (ranks[0] == r) first[ngroups++] = r;
-            (void)n;
+            topo_coord o = topo_coords(g, r);
+            int lowest = 0;
+            switch ((topo_kind)k) {
+            case TOPO_TP: lowest = o.tp == 0; break;
+            case TOPO_CP: lowest = o.cp == 0; break;
+            case TOPO_DP: lowest = o.dp == 0; break;
+            case TOPO_PP: lowest = o.pp == 0; break;
+            case TOPO_DPCP: lowest = o.dp == 0 && o.cp == 0; break;
+            case TOPO_EP: lowest = o.ep == 0; break;
+            case TOPO_EDPCP: lowest = o.edp == 0 && o.cp == 0; break;
+            case TOPO_EMB: lowest = o.pp == 0 || o.pp < g->pp - 1; break;
+            default: lowest = r == 0; break;
+            }
+            if (lowest) first[ngroups++] = r;
         }
         fprintf(f, "  %-9s %d group%s of %d:", topo_kind_name((topo_kind)k), ngroups,
                 ngroups == 1 ? "" : "s", topo_group(g, (topo_kind)k, 0, ranks, NULL));
         for (int i = 0; i < ngroups; i++) {
             int n = topo_group(g, (topo_kind)k, first[i], ranks, NULL);
+            UST_ASSERT(ranks[0] == first[i], "%s group of rank %d starts at %d",
+                       topo_kind_name((topo_kind)k), first[i], ranks[0]);
             fputs(" [", f);
             for (int j = 0; j < n; j++) fprintf(f, "%s%d", j ? " " : "", ranks[j]);
             fputs("]", f);

@@ -72,6 +72,7 @@ void topo_print(const topo_grid *g, FILE *f);
 
 /* Collective over the job: creates every group of `rank` (one comm_create_many call). */
 int topo_connect(ust_topology *t, const topo_grid *g, comm_ctx *ctx, int rank, ust_err *e);
+/* Frees the communicators; call it before comm_ctx_free (which frees any that are left). */
 void topo_disconnect(ust_topology *t);
 
 #endif

@@ -189,7 +189,41 @@ static void test_printer_lists_every_group(void) {
     free(buf);
 }
 
+/* Every grid of the formula test: the printer lists each group exactly once (every rank
+ * appears once per kind) and the line count is one per kind plus the header. */
+static void test_printer_lists_each_rank_once_per_kind(void) {
+    static const int grids[][5] = {{4, 2, 2, 2, 2}, {4, 1, 3, 1, 4}, {6, 2, 1, 1, 3}, {1, 1, 4, 1, 1}};
+    for (size_t gi = 0; gi < sizeof grids / sizeof *grids; gi++) {
+        const int *q = grids[gi];
+        topo_grid g;
+        ust_err e;
+        CHECK(topo_grid_init(&g, q[0], q[1], q[2], q[3], q[4], 0, &e) == 0, "%.900s", e.msg);
+        char *buf = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&buf, &len);
+        topo_print(&g, f);
+        fclose(f);
+        int lines = 0;
+        for (char *line = strchr(buf, '\n'); line && line[1]; line = strchr(line + 1, '\n')) {
+            lines++;
+            int seen[64] = {0}, r;
+            char *p = strchr(line, ':');
+            CHECK(p, "no ':' in %.80s", line + 1);
+            while ((p = strpbrk(p, "0123456789")) && p < strchr(line + 1, '\n')) {
+                r = (int)strtol(p, &p, 10);
+                CHECK(r >= 0 && r < g.world && !seen[r], "rank %d twice or out of range: %.200s",
+                      r, line + 1);
+                seen[r] = 1;
+            }
+            for (r = 0; r < g.world; r++) CHECK(seen[r], "rank %d missing: %.200s", r, line + 1);
+        }
+        CHECK(lines == TOPO_NKINDS, "%d kind lines", lines);
+        free(buf);
+    }
+}
+
 int main(void) {
+    RUN_TEST(test_printer_lists_each_rank_once_per_kind);
     RUN_TEST(test_every_group_matches_independent_formula_on_several_grids);
     RUN_TEST(test_groups_of_dp4_ep2_tp2_cp2_pp2_by_hand);
     RUN_TEST(test_middle_pipeline_stage_has_embedding_group_of_itself);
