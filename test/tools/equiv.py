@@ -11,8 +11,10 @@ dp*tp*pp*cp, and prints one PASS/FAIL line per layout. Layout words: dp, tp, pp,
 zero (optimizer.zero_stage), mb (train.micro_batch_size), or any key.path=value.
 Tolerances, from measured fp32 noise: per-step losses |a-b| <= 5e-6 + 5e-6|b| (measured: <= 5e-7
 over 10 steps of the tiny configs); every tensor of the final model.safetensors
-max|a-b| <= 5e-4 * max|b| + 1e-7 (measured: <= 6e-5, from AdamW dividing reduction-order noise by
-tiny second moments). A dropped micro-batch or a rank's missing gradients moves the step-2 loss by
+max|a-b| <= 5e-4 * max|b| + 1e-5 (measured: <= 6e-5 relative, from AdamW dividing reduction-order
+noise by tiny second moments; the absolute term covers gpt2's k_proj bias, whose gradient is zero
+in exact arithmetic (softmax ignores a shift shared by all keys), so its values are pure rounding
+noise of ~3e-6). A dropped micro-batch or a rank's missing gradients moves the step-2 loss by
 ~1e-2 (checked by --expect-fail runs in the suite)."""
 import argparse
 import json
@@ -27,7 +29,7 @@ ALIASES = {"dp": "parallel.dp", "tp": "parallel.tp", "pp": "parallel.pp", "cp": 
            "ep": "parallel.ep", "vpp": "parallel.vpp", "zero": "optimizer.zero_stage",
            "mb": "train.micro_batch_size", "sp": "parallel.sp", "sched": "parallel.pp_schedule"}
 LOSS_ATOL, LOSS_RTOL = 5e-6, 5e-6
-W_RTOL, W_ATOL = 5e-4, 1e-7
+W_RTOL, W_ATOL = 5e-4, 1e-5
 
 
 def read_safetensors(path):
@@ -60,11 +62,12 @@ def layout_sets(layout):
     return sets, world
 
 
-def run(args, sets, world, out, env_extra):
+def run(args, sets, world, out, env_extra, every=None, resume="none"):
     os.makedirs(out, exist_ok=True)
     cmd = [args.ustrain, "train", args.config]
     base = [f"train.steps={args.steps}", f"checkpoint.dir={out}/ckpt",
-            f"checkpoint.every={args.steps}", "checkpoint.keep_last=1", "checkpoint.resume=none",
+            f"checkpoint.every={every or args.steps}", "checkpoint.keep_last=5",
+            f"checkpoint.resume={resume}",
             f"logging.metrics_file={out}/metrics.jsonl", f"run.out_dir={out}",
             "data.val_every=0"]
     for s in base + args.set + sets:
@@ -84,8 +87,7 @@ def run(args, sets, world, out, env_extra):
 def compare(ref, got):
     rl, rw = ref
     gl, gw = got
-    if len(rl) != len(gl):
-        return f"{len(gl)} logged steps, expected {len(rl)}"
+    rl = rl[len(rl) - len(gl):]  # a resumed run logs only the steps after its checkpoint
     for i, (a, b) in enumerate(zip(gl, rl)):
         if not abs(a - b) <= LOSS_ATOL + LOSS_RTOL * abs(b):
             return f"step {i + 1}: loss {a:.8g} vs {b:.8g}"
@@ -119,6 +121,10 @@ def main():
     p.add_argument("--ustrain", default="./ustrain")
     p.add_argument("--ustrun", default="scripts/ustrun")
     p.add_argument("--timeout", type=float, default=600)
+    p.add_argument("--save-layout", default=None,
+                   help="train this layout to --resume-at first; every --layout then resumes "
+                        "from that checkpoint")
+    p.add_argument("--resume-at", type=int, default=0)
     args = p.parse_args()
     env_extra = dict(e.split("=", 1) for e in args.env)
     tmp = tempfile.mkdtemp(prefix="ustrain-equiv.")
@@ -127,11 +133,23 @@ def main():
         if ref is None:
             print(f"FAIL equiv{args.name}_reference: the single-process run failed: {log}")
             return 1
+        if ref is not None and args.save_layout:
+            sets, world = layout_sets(args.save_layout)
+            saved, log = run(args, sets, world, f"{tmp}/save", env_extra, every=args.resume_at)
+            if saved is None:
+                print(f"FAIL equiv{args.name}_save[{args.save_layout}]: {log}")
+                return 1
         bad = 0
         for i, layout in enumerate(args.layout):
             sets, world = layout_sets(layout)
             tag = f"equiv{args.name}[{layout}]"
-            got, log = run(args, sets, world, f"{tmp}/l{i}", env_extra)
+            resume = "none"
+            if args.save_layout:
+                tag = f"resume{args.name}[{args.save_layout} -> {layout}]"
+                resume = f"{tmp}/save/ckpt/step_{args.resume_at}"
+            got, log = run(args, sets, world, f"{tmp}/l{i}", env_extra, resume=resume)
+            if got is not None and args.save_layout and len(got[0]) != args.steps - args.resume_at:
+                got, log = None, f"resumed run logged {len(got[0])} steps"
             why = "the run failed: " + log if got is None else compare(ref, got)
             if args.expect_fail:
                 ok = why is not None and got is not None
