@@ -51,5 +51,12 @@ expect_exit srun_without_pmix_names_mpi_pmix 2 "SLURM_NTASKS=2.*srun --mpi=pmix"
 if bash -n scripts/slurm/ustrain.sbatch 2>"$TMP/e"; then pass sbatch_example_parses
 else fail sbatch_example_parses "$(cat "$TMP/e")"; fi
 
+# A rank SIGKILLed after joining: the launcher ends the job, non-zero, within seconds.
+t0=$(date +%s)
+timeout 30 srun --mpi=pmix -n 2 "$TB" --ranks-check --timeout 10 --die-rank 1 >"$TMP/o" 2>&1
+rc=$?; dt=$(( $(date +%s) - t0 ))
+if [ $rc != 0 ] && [ $rc != 124 ] && [ $dt -le 8 ]; then pass srun_sigkilled_rank_ends_the_job
+else fail srun_sigkilled_rank_ends_the_job "exit $rc after ${dt}s: $(tail -2 "$TMP/o")"; fi
+
 bench_comm_check srun 2 -- timeout 120 srun --mpi=pmix -n 2 "$UST" bench comm $BENCH_ARGS
 bench_comm_check srun 8 -- timeout 180 srun --mpi=pmix -n 8 "$UST" bench comm $BENCH_ARGS
