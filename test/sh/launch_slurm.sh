@@ -19,6 +19,10 @@ if [ ! -e /usr/lib/x86_64-linux-gnu/slurm-wlm/mpi_pmix.so ] && ! ls /usr/lib*/sl
     exit 0
 fi
 
+# Run outside any enclosing Slurm job or PMIx launcher (their variables would steer srun and the
+# ranks to the outer job).
+for v in $(env | grep -oE '^(SLURM|PMIX|PMI|OMPI)_[A-Za-z0-9_]*'); do unset "$v"; done
+
 # Two consecutive free ports for slurmctld and slurmd, so parallel test runs do not collide.
 port=$(python3 -c '
 import random, socket
