@@ -70,6 +70,7 @@ void log_step_json(ust_log *l, const log_step *s) {
     json_num(l->metrics, "tokens_per_s", s->tokens_per_s);
     json_num(l->metrics, "mfu", s->mfu);
     fprintf(l->metrics, ",\"peak_mem_bytes\":%zu", s->peak_mem_bytes);
+    fprintf(l->metrics, ",\"comm_bytes_dp\":%llu", (unsigned long long)s->comm_bytes_dp);
     json_num(l->metrics, "step_ms", s->ms);
     if (!isnan(s->val_loss)) json_num(l->metrics, "val_loss", s->val_loss);
     if (s->skipped) fprintf(l->metrics, ",\"skipped\":true");

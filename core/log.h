@@ -10,6 +10,7 @@ typedef struct {
     int64_t step, steps;
     double loss, lr, grad_norm, tokens_per_s, mfu, ms, eta_s;
     size_t peak_mem_bytes;
+    uint64_t comm_bytes_dp; /* bytes this rank sent in its data-parallel group this step */
     double val_loss; /* NaN when not computed this step */
     int skipped;     /* step skipped by on_nan: skip */
 } log_step;

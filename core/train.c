@@ -353,6 +353,7 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
             return UST_EXIT_RUNTIME;
         }
         if (finite) dp_optimizer_step(t->dp, lr, optim_clip_scale(c, norm), t->step);
+        uint64_t dp_bytes = dp_bytes_sent(t->dp); /* before validation adds its own gathers */
         t->step++;
         t->sample_index += c->train.global_batch_size;
         t->last_loss = loss;
@@ -365,6 +366,7 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
         s.tokens_per_s = tokens / (ms / 1e3);
         s.mfu = fpt * s.tokens_per_s / (peak * t->rt->world); /* peak is one rank's */
         s.peak_mem_bytes = t->arena.peak;
+        s.comm_bytes_dp = dp_bytes;
         s.eta_s = (now_s() - t_start) / (t->step - first) * (c->train.steps - t->step);
         int last = t->step == c->train.steps;
         if (t->val && (t->step % c->data.val_every == 0 || last)) s.val_loss = validation_loss(t);
