@@ -1,0 +1,381 @@
+/* emu_cuda: a CPU emulator of the CUDA subset the backend uses, for checking the kernels' logic on
+ * machines without a GPU (scripts/gpu-check.sh --emulate). Never part of the normal build.
+ * Every GPU thread of a block is a ucontext coroutine on one OS thread; __syncthreads, __syncwarp
+ * and the shuffles are cooperative barriers, and EMU_ORDER=reverse|random changes the order in
+ * which threads run between barriers, so results that depend on a missing barrier change.
+ * __shared__ becomes static (blocks run one after another); device memory is host memory filled
+ * with garbage; cuBLAS and cuBLASLt are naive column-major reference GEMMs that check their
+ * leading dimensions and layouts (EMU_LT_FAIL=1 makes cuBLASLt find no algorithm, exercising
+ * the fallback). It checks indexing, masking, reductions and barrier placement; it cannot show
+ * timing, occupancy, memory-model or hardware-specific behaviour. */
+#ifndef UST_EMU_CUDA_H
+#define UST_EMU_CUDA_H
+#include <ucontext.h>
+#include <functional>
+#include <vector>
+#include <cmath>
+#include <cstring>
+#include <cstdlib>
+#include <cstdio>
+#include <cstdint>
+#include <climits>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+
+struct dim3 {
+    unsigned x, y, z;
+    dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+typedef int cudaError_t;
+enum { cudaSuccess = 0, cudaErrorMemoryAllocation = 2 };
+typedef void *cudaStream_t;
+enum cudaMemcpyKind { cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice };
+enum { cudaStreamNonBlocking = 1 };
+enum cudaDeviceAttr { cudaDevAttrMaxSharedMemoryPerBlockOptin, cudaDevAttrMultiProcessorCount };
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize };
+
+struct EmuThread {
+    ucontext_t ctx;
+    int state; /* 0 run, 1 wait block, 2 wait warp, 3 done */
+    dim3 tid;
+    int lane, warp;
+    char *stack;
+};
+enum { EMU_STACK = 256 * 1024 };
+inline EmuThread *emu_cur;
+inline dim3 emu_blockIdx, emu_blockDim, emu_gridDim;
+inline ucontext_t emu_sched;
+inline uint64_t emu_slots[32][32];
+inline char *emu_dyn_smem;
+inline size_t emu_smem_limit = 48 * 1024;
+inline int emu_gemm_calls[3]; /* sgemm, gemmEx, cublasLt */
+inline int emu_lt_fail = getenv("EMU_LT_FAIL") != nullptr;
+inline std::function<void()> *emu_fn;
+inline std::vector<EmuThread> emu_threads;
+#define threadIdx (emu_cur->tid)
+#define blockIdx emu_blockIdx
+#define blockDim emu_blockDim
+#define gridDim emu_gridDim
+
+inline void __syncthreads() {
+    emu_cur->state = 1;
+    swapcontext(&emu_cur->ctx, &emu_sched);
+}
+inline void __syncwarp(unsigned m = 0xffffffffu) {
+    (void)m;
+    emu_cur->state = 2;
+    swapcontext(&emu_cur->ctx, &emu_sched);
+}
+template <class T> inline T emu_shfl(T v, int src) {
+    uint64_t u = 0;
+    memcpy(&u, &v, sizeof v);
+    emu_slots[emu_cur->warp][emu_cur->lane] = u;
+    __syncwarp();
+    T r;
+    uint64_t w = emu_slots[emu_cur->warp][src & 31];
+    memcpy(&r, &w, sizeof r);
+    __syncwarp();
+    return r;
+}
+template <class T> inline T __shfl_sync(unsigned, T v, int src) { return emu_shfl(v, src); }
+template <class T> inline T __shfl_xor_sync(unsigned, T v, int off) {
+    return emu_shfl(v, emu_cur->lane ^ off);
+}
+template <class T> static inline T min(T a, T b) { return a < b ? a : b; }
+template <class T> static inline T max(T a, T b) { return a > b ? a : b; }
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+
+inline void emu_run(dim3 g, dim3 b, size_t smem, std::function<void()> f);
+inline void emu_launch(dim3 g, dim3 b, size_t smem, cudaStream_t, std::function<void()> f) {
+    emu_run(g, b, smem, f);
+}
+inline void emu_launch(dim3 g, dim3 b, std::function<void()> f) { emu_run(g, b, 0, f); }
+
+/* runtime */
+inline cudaError_t cudaMalloc(void **p, size_t n);
+inline cudaError_t cudaFree(void *p);
+template <class T> inline cudaError_t cudaMalloc(T **p, size_t n) { return cudaMalloc((void **)p, n); }
+template <class T> inline cudaError_t cudaMallocHost(T **p, size_t n) { return cudaMalloc((void **)p, n); }
+inline cudaError_t cudaFreeHost(void *p) { return cudaFree(p); }
+inline cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t) { memset(p, v, n); return 0; }
+inline cudaError_t cudaMemcpyAsync(void *d, const void *s, size_t n, cudaMemcpyKind, cudaStream_t) {
+    memmove(d, s, n);
+    return 0;
+}
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return 0; }
+inline cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return 0; }
+inline cudaError_t cudaSetDevice(int) { return 0; }
+inline cudaError_t cudaDeviceGetAttribute(int *v, cudaDeviceAttr a, int) {
+    *v = a == cudaDevAttrMaxSharedMemoryPerBlockOptin ? 166912 : 108; /* A100 */
+    return 0;
+}
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, int) { *s = (void *)1; return 0; }
+inline cudaError_t cudaStreamDestroy(cudaStream_t) { return 0; }
+inline cudaError_t cudaGetLastError() { return 0; }
+inline const char *cudaGetErrorString(cudaError_t) { return "emu error"; }
+inline cudaError_t cudaMemGetInfo(size_t *f, size_t *t) { *f = *t = 0; return 0; }
+template <class K> cudaError_t cudaFuncSetAttribute(K, cudaFuncAttribute, int v) {
+    emu_smem_limit = (size_t)v > emu_smem_limit ? (size_t)v : emu_smem_limit;
+    return 0;
+}
+
+/* bf16 */
+struct __nv_bfloat16 { uint16_t x; };
+inline __nv_bfloat16 __float2bfloat16_rn(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    __nv_bfloat16 b;
+    b.x = (uint16_t)(u >> 16);
+    return b;
+}
+inline float emu_bf2f(__nv_bfloat16 b) {
+    uint32_t u = (uint32_t)b.x << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* cuBLAS */
+typedef void *cublasHandle_t;
+typedef enum { CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_NOT_SUPPORTED = 15 } cublasStatus_t;
+typedef enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 } cublasOperation_t;
+typedef enum { CUBLAS_DEFAULT_MATH = 0 } cublasMath_t;
+typedef enum { CUDA_R_32F = 0, CUDA_R_16BF = 14 } cudaDataType;
+typedef enum { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
+typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
+inline cublasStatus_t cublasCreate(cublasHandle_t *h) { *h = (void *)1; return CUBLAS_STATUS_SUCCESS; }
+inline cublasStatus_t cublasDestroy(cublasHandle_t) { return CUBLAS_STATUS_SUCCESS; }
+inline cublasStatus_t cublasSetStream(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
+inline cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; }
+inline void emu_gemm(int ta, int tb, int m, int n, int k, float alpha, const void *A, int abf, int lda,
+              long long sA, const void *B, int bbf, int ldb, long long sB, float beta, float *C,
+              int ldc, long long sC, int batch);
+inline cublasStatus_t cublasSgemm(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m,
+                                  int n, int k, const float *al, const float *A, int lda,
+                                  const float *B, int ldb, const float *be, float *C, int ldc) {
+    emu_gemm_calls[0]++;
+    emu_gemm(ta, tb, m, n, k, *al, A, 0, lda, 0, B, 0, ldb, 0, *be, C, ldc, 0, 1);
+    return CUBLAS_STATUS_SUCCESS;
+}
+inline cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t, cublasOperation_t ta,
+                                                cublasOperation_t tb, int m, int n, int k,
+                                                const float *al, const float *A, int lda,
+                                                long long sA, const float *B, int ldb, long long sB,
+                                                const float *be, float *C, int ldc, long long sC,
+                                                int batch) {
+    emu_gemm_calls[0]++;
+    emu_gemm(ta, tb, m, n, k, *al, A, 0, lda, sA, B, 0, ldb, sB, *be, C, ldc, sC, batch);
+    return CUBLAS_STATUS_SUCCESS;
+}
+inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t, cublasOperation_t ta,
+                                                 cublasOperation_t tb, int m, int n, int k,
+                                                 const void *al, const void *A, cudaDataType at,
+                                                 int lda, long long sA, const void *B,
+                                                 cudaDataType bt, int ldb, long long sB,
+                                                 const void *be, void *C, cudaDataType, int ldc,
+                                                 long long sC, int batch, cublasComputeType_t,
+                                                 cublasGemmAlgo_t) {
+    emu_gemm_calls[1]++;
+    emu_gemm(ta, tb, m, n, k, *(const float *)al, A, at == CUDA_R_16BF, lda, sA, B,
+             bt == CUDA_R_16BF, ldb, sB, *(const float *)be, (float *)C, ldc, sC, batch);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* cuBLASLt */
+typedef void *cublasLtHandle_t;
+struct EmuLtDesc { int ta, tb; };
+struct EmuLtLayout { int type; uint64_t rows, cols; int64_t ld; int batch; int64_t stride; };
+typedef EmuLtDesc *cublasLtMatmulDesc_t;
+typedef EmuLtLayout *cublasLtMatrixLayout_t;
+typedef void *cublasLtMatmulPreference_t;
+struct cublasLtMatmulAlgo_t { int dummy; };
+struct cublasLtMatmulHeuristicResult_t { cublasLtMatmulAlgo_t algo; };
+typedef enum { CUBLASLT_MATMUL_DESC_TRANSA, CUBLASLT_MATMUL_DESC_TRANSB } cublasLtMatmulDescAttributes_t;
+typedef enum { CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET } cublasLtMatrixLayoutAttribute_t;
+typedef enum { CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+               CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+               CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES } cublasLtMatmulPreferenceAttributes_t;
+inline cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) { *h = (void *)1; return CUBLAS_STATUS_SUCCESS; }
+inline cublasStatus_t cublasLtDestroy(cublasLtHandle_t) { return CUBLAS_STATUS_SUCCESS; }
+inline cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t c, cudaDataType s) {
+    if (c != CUBLAS_COMPUTE_32F || s != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+    *d = new EmuLtDesc{0, 0};
+    return CUBLAS_STATUS_SUCCESS;
+}
+inline cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) { delete d; return CUBLAS_STATUS_SUCCESS; }
+inline cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void *v, size_t n) {
+    if (n != sizeof(cublasOperation_t)) return CUBLAS_STATUS_NOT_SUPPORTED;
+    int op = *(const cublasOperation_t *)v;
+    if (a == CUBLASLT_MATMUL_DESC_TRANSA) d->ta = op; else d->tb = op;
+    return CUBLAS_STATUS_SUCCESS;
+}
+inline cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType t, uint64_t r, uint64_t c, int64_t ld) {
+    if (ld < (int64_t)r) return CUBLAS_STATUS_NOT_SUPPORTED;
+    *l = new EmuLtLayout{t, r, c, ld, 1, 0};
+    return CUBLAS_STATUS_SUCCESS;
+}
+inline cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) { delete l; return CUBLAS_STATUS_SUCCESS; }
+inline cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t l, cublasLtMatrixLayoutAttribute_t a, const void *v, size_t n) {
+    if (a == CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT) { if (n != 4) return CUBLAS_STATUS_NOT_SUPPORTED; l->batch = *(const int32_t *)v; }
+    else { if (n != 8) return CUBLAS_STATUS_NOT_SUPPORTED; l->stride = *(const int64_t *)v; }
+    return CUBLAS_STATUS_SUCCESS;
+}
+inline cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) { *p = (void *)1; return CUBLAS_STATUS_SUCCESS; }
+inline cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t) { return CUBLAS_STATUS_SUCCESS; }
+inline cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t, cublasLtMatmulPreferenceAttributes_t a, const void *v, size_t n) {
+    if (a == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES ? n != 8 : n != 4) return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (a != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) { uint32_t al = *(const uint32_t *)v; if (al == 0 || (al & (al - 1))) return CUBLAS_STATUS_NOT_SUPPORTED; }
+    return CUBLAS_STATUS_SUCCESS;
+}
+inline cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatmulPreference_t, int, cublasLtMatmulHeuristicResult_t *, int *n) {
+    *n = emu_lt_fail ? 0 : 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void *alpha, const void *A, cublasLtMatrixLayout_t la, const void *B, cublasLtMatrixLayout_t lb, const void *beta, const void *C, cublasLtMatrixLayout_t lc, void *D, cublasLtMatrixLayout_t ld, const cublasLtMatmulAlgo_t *, void *, size_t, cudaStream_t);
+
+inline cudaError_t cudaMalloc(void **p, size_t n) {
+    *p = aligned_alloc(256, (n + 255) / 256 * 256);
+    memset(*p, 0xCD, (n + 255) / 256 * 256); /* garbage, like real device memory */
+    return *p ? 0 : cudaErrorMemoryAllocation;
+}
+inline cudaError_t cudaFree(void *p) { free(p); return 0; }
+
+inline void emu_trampoline() {
+    (*emu_fn)();
+    emu_cur->state = 3;
+    swapcontext(&emu_cur->ctx, &emu_sched);
+}
+
+inline void emu_run(dim3 g, dim3 b, size_t smem, std::function<void()> f) {
+    int nt = b.x * b.y * b.z;
+    if (nt > 1024 || nt <= 0) { fprintf(stderr, "emu: bad block %d\n", nt); abort(); }
+    if (smem > emu_smem_limit) { fprintf(stderr, "emu: %zu bytes dynamic smem over the opted-in %zu\n", smem, emu_smem_limit); abort(); }
+    if (g.x > 2147483647u || g.y > 65535 || g.z > 65535) { fprintf(stderr, "emu: bad grid\n"); abort(); }
+    emu_fn = &f;
+    emu_gridDim = g;
+    emu_blockDim = b;
+    std::vector<char> sm(smem + 16);
+    if ((int)emu_threads.size() < nt) {
+        size_t old = emu_threads.size();
+        emu_threads.resize(nt);
+        for (size_t i = old; i < (size_t)nt; i++) emu_threads[i].stack = (char *)malloc(EMU_STACK);
+    }
+    for (unsigned bz = 0; bz < g.z; bz++)
+        for (unsigned by = 0; by < g.y; by++)
+            for (unsigned bx = 0; bx < g.x; bx++) {
+                emu_blockIdx = dim3(bx, by, bz);
+                memset(sm.data(), 0xAB, sm.size());
+                emu_dyn_smem = sm.data();
+                for (int t = 0; t < nt; t++) {
+                    EmuThread &th = emu_threads[t];
+                    th.tid = dim3(t % b.x, t / b.x % b.y, t / (b.x * b.y));
+                    th.lane = t % 32, th.warp = t / 32, th.state = 0;
+                    getcontext(&th.ctx);
+                    th.ctx.uc_stack.ss_sp = th.stack;
+                    th.ctx.uc_stack.ss_size = EMU_STACK;
+                    th.ctx.uc_link = nullptr;
+                    makecontext(&th.ctx, emu_trampoline, 0);
+                }
+                int alive = nt;
+                while (alive > 0) {
+                    static const char *ord = getenv("EMU_ORDER");
+                    static unsigned rs = 12345;
+                    int mode = ord ? (ord[0] == 'r' && ord[1] == 'e' ? 1 : 2) : 0;
+                    std::vector<int> order(nt);
+                    for (int t = 0; t < nt; t++) order[t] = mode == 1 ? nt - 1 - t : t;
+                    if (mode == 2)
+                        for (int t = nt - 1; t > 0; t--) {
+                            rs = rs * 1103515245u + 12345u;
+                            int j = (rs >> 8) % (t + 1);
+                            int x = order[t]; order[t] = order[j]; order[j] = x;
+                        }
+                    for (int oi = 0; oi < nt; oi++) {
+                        int t = order[oi];
+                        if (emu_threads[t].state == 0) {
+                            emu_cur = &emu_threads[t];
+                            swapcontext(&emu_sched, &emu_cur->ctx);
+                        }
+                    }
+                    alive = 0;
+                    int nblock = 0, released = 0;
+                    for (int t = 0; t < nt; t++) {
+                        int s = emu_threads[t].state;
+                        if (s != 3) alive++;
+                        if (s == 1) nblock++;
+                    }
+                    if (!alive) break;
+                    for (int w = 0; w * 32 < nt; w++) {
+                        int waiting = 0, other = 0;
+                        for (int t = w * 32; t < nt && t < w * 32 + 32; t++) {
+                            int s = emu_threads[t].state;
+                            if (s == 2) waiting++;
+                            else if (s != 3) other++;
+                        }
+                        if (waiting && !other) {
+                            for (int t = w * 32; t < nt && t < w * 32 + 32; t++)
+                                if (emu_threads[t].state == 2) emu_threads[t].state = 0;
+                            released++;
+                        }
+                    }
+                    if (!released && nblock == alive) {
+                        for (int t = 0; t < nt; t++)
+                            if (emu_threads[t].state == 1) emu_threads[t].state = 0;
+                        released++;
+                    }
+                    if (!released) {
+                        fprintf(stderr, "emu: deadlock in block (%u,%u,%u): %d alive, %d at __syncthreads\n", bx, by, bz, alive, nblock);
+                        abort();
+                    }
+                }
+            }
+}
+
+inline float emu_ld_el(const void *p, int bf, long long i) {
+    return bf ? emu_bf2f(((const __nv_bfloat16 *)p)[i]) : ((const float *)p)[i];
+}
+
+inline void emu_gemm(int ta, int tb, int m, int n, int k, float alpha, const void *A, int abf, int lda,
+              long long sA, const void *B, int bbf, int ldb, long long sB, float beta, float *C,
+              int ldc, long long sC, int batch) {
+    if (lda < (ta ? k : m) || ldb < (tb ? n : k) || ldc < m) { fprintf(stderr, "emu gemm: bad ld\n"); abort(); }
+    for (int bt = 0; bt < batch; bt++)
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < m; i++) {
+                double s = 0;
+                for (int l = 0; l < k; l++) {
+                    float a = emu_ld_el(A, abf, bt * sA + (ta ? l + (long long)i * lda : i + (long long)l * lda));
+                    float bb = emu_ld_el(B, bbf, bt * sB + (tb ? j + (long long)l * ldb : l + (long long)j * ldb));
+                    s += (double)a * bb;
+                }
+                float *c = C + bt * sC + i + (long long)j * ldc;
+                *c = beta == 0.0f ? (float)(alpha * s) : (float)(alpha * s + beta * *c);
+            }
+}
+
+inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void *alpha, const void *A, cublasLtMatrixLayout_t la, const void *B, cublasLtMatrixLayout_t lb, const void *beta, const void *C, cublasLtMatrixLayout_t lc, void *D, cublasLtMatrixLayout_t ldd, const cublasLtMatmulAlgo_t *, void *, size_t, cudaStream_t) {
+    emu_gemm_calls[2]++;
+    uint64_t m = d->ta ? la->cols : la->rows, ka = d->ta ? la->rows : la->cols;
+    uint64_t kb = d->tb ? lb->cols : lb->rows, n = d->tb ? lb->rows : lb->cols;
+    if (ka != kb || lc->rows != m || lc->cols != n || C != D || lc != ldd || la->batch != lb->batch || la->batch != lc->batch) {
+        fprintf(stderr, "emu lt: inconsistent layouts m=%lu ka=%lu kb=%lu n=%lu C %lux%lu\n", m, ka, kb, n, lc->rows, lc->cols);
+        abort();
+    }
+    emu_gemm(d->ta, d->tb, (int)m, (int)n, (int)ka, *(const float *)alpha, A, la->type == CUDA_R_16BF, (int)la->ld, la->stride, B, lb->type == CUDA_R_16BF, (int)lb->ld, lb->stride, *(const float *)beta, (float *)D, (int)lc->ld, lc->stride, la->batch);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+struct EmuReport {
+    ~EmuReport() {
+        fprintf(stderr, "emu: sgemm calls %d, gemmEx calls %d, cublasLt calls %d\n", emu_gemm_calls[0],
+                emu_gemm_calls[1], emu_gemm_calls[2]);
+    }
+};
+inline EmuReport emu_report;
+
+#endif
