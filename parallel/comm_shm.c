@@ -229,18 +229,19 @@ static void barrier(ust_comm *c, comm_kind k) {
 /* ---------------------------------------------------------------- reductions */
 
 /* out[0..len) = op over members j of slot(area, j) + off, in member order (every element is
- * reduced by exactly one rank, so all ranks end with bitwise-equal results). Also stores the
- * result back into this member's slot when `publish` is set. Blocked so the partial sums stay
- * in L1. */
+ * reduced by exactly one rank, so all ranks end with bitwise-equal results). This member's own
+ * term comes from `own` when given (its part never went through the slot: one copy less).
+ * Also stores the result into this member's slot when `publish` is set. Blocked so the partial
+ * sums stay in L1; a block is read whole before it is written, so out may alias own. */
 static void reduce_slots(const ust_comm *c, int area, size_t off, size_t len, comm_dtype t,
-                         comm_redop op, void *out, int publish) {
+                         comm_redop op, const void *own, void *out, int publish) {
     enum { BLK = 2048 };
     float acc[BLK];
     float scale = op == COMM_AVG ? 1.0f / (float)c->size : 1.0f;
     for (size_t b = 0; b < len; b += BLK) {
         size_t m = len - b < BLK ? len - b : BLK;
         for (int j = 0; j < c->size; j++) {
-            const uint8_t *src = slot(c, area, j) + off;
+            const uint8_t *src = j == c->rank && own ? own : slot(c, area, j) + off;
             if (t == COMM_FP32) {
                 const float *x = (const float *)src + b;
                 if (j == 0)
@@ -290,17 +291,20 @@ static void run_allreduce(ust_comm *c, const comm_desc *d) {
         s->area ^= 1;
         memcpy(slot(c, a, c->rank), send, d->count * es);
         barrier(c, COMM_ALLREDUCE);
-        reduce_slots(c, a, 0, d->count, d->t, d->op, recv, 0);
+        reduce_slots(c, a, 0, d->count, d->t, d->op, NULL, recv, 0);
         return;
     }
     for (size_t off = 0; off < d->count; off += per) {
         size_t len = d->count - off < per ? d->count - off : per, lo, hi;
         int a = s->area;
         s->area ^= 1;
-        memcpy(slot(c, a, c->rank), send + off * es, len * es);
-        barrier(c, COMM_ALLREDUCE);
+        /* The others read every part of my slot except mine, which I reduce from send. */
         part(len, c->size, c->rank, &lo, &hi);
-        reduce_slots(c, a, lo * es, hi - lo, d->t, d->op, recv + (off + lo) * es, 1);
+        memcpy(slot(c, a, c->rank), send + off * es, lo * es);
+        memcpy(slot(c, a, c->rank) + hi * es, send + (off + hi) * es, (len - hi) * es);
+        barrier(c, COMM_ALLREDUCE);
+        reduce_slots(c, a, lo * es, hi - lo, d->t, d->op, send + (off + lo) * es,
+                     recv + (off + lo) * es, 1);
         barrier(c, COMM_ALLREDUCE);
         for (int j = 0; j < c->size; j++) {
             if (j == c->rank) continue;
@@ -341,10 +345,13 @@ static void run_reduce_scatter(ust_comm *c, const comm_desc *d) {
         size_t len = d->count - off < per ? d->count - off : per;
         int a = s->area;
         s->area ^= 1;
-        for (size_t k = 0; k < n; k++)
-            memcpy(slot(c, a, c->rank) + k * len * es, send + (k * d->count + off) * es, len * es);
+        for (size_t k = 0; k < n; k++) /* my own part is reduced straight from send */
+            if (k != (size_t)c->rank)
+                memcpy(slot(c, a, c->rank) + k * len * es, send + (k * d->count + off) * es,
+                       len * es);
         barrier(c, COMM_REDUCE_SCATTER);
-        reduce_slots(c, a, (size_t)c->rank * len * es, len, d->t, d->op, recv + off * es, 0);
+        reduce_slots(c, a, (size_t)c->rank * len * es, len, d->t, d->op,
+                     send + ((size_t)c->rank * d->count + off) * es, recv + off * es, 0);
     }
 }
 
