@@ -71,6 +71,9 @@ void log_step_json(ust_log *l, const log_step *s) {
     json_num(l->metrics, "mfu", s->mfu);
     fprintf(l->metrics, ",\"peak_mem_bytes\":%zu", s->peak_mem_bytes);
     fprintf(l->metrics, ",\"comm_bytes_dp\":%llu", (unsigned long long)s->comm_bytes_dp);
+    fprintf(l->metrics,
+            ",\"mem_params\":%zu,\"mem_grads\":%zu,\"mem_optim\":%zu,\"mem_acts\":%zu",
+            s->mem_params, s->mem_grads, s->mem_optim, s->mem_acts);
     json_num(l->metrics, "step_ms", s->ms);
     if (!isnan(s->val_loss)) json_num(l->metrics, "val_loss", s->val_loss);
     if (s->skipped) fprintf(l->metrics, ",\"skipped\":true");

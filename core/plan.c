@@ -2,19 +2,37 @@
 
 #include "log.h"
 
-static int64_t layer_params(const ust_config *c) {
-    int64_t C = c->model.d_model, D = cfg_head_dim(c), HD = c->model.n_head * D,
-            KV = c->model.n_kv_head * D, F = c->model.d_ff;
-    if (c->model.arch == ARCH_LLAMA) return 2 * C + C * HD + 2 * C * KV + HD * C + 3 * C * F;
-    return 4 * C + (C * HD + HD) + 2 * (C * KV + KV) + (HD * C + C) + (C * F + F) + (F * C + C);
-}
+static int64_t r16(int64_t x) { return (x + 15) / 16 * 16; }
 
-static int64_t model_params(const ust_config *c) {
-    int64_t C = c->model.d_model, Vp = cfg_vocab_padded(c), gpt2 = c->model.arch == ARCH_GPT2;
-    int64_t n = Vp * C + c->model.n_layer * layer_params(c) + (gpt2 ? 2 * C : C);
-    if (gpt2) n += (int64_t)c->model.max_seq_len * C;
-    if (!cfg_tied(c)) n += Vp * C;
-    return n;
+/* The model's flat buffer in floats, unit by unit as core/model lays it out: every tensor
+ * aligned to 16 floats, every unit padded to a multiple of 16 * dp so it shards evenly. */
+typedef struct {
+    int64_t emb, layer, head, total, n_params;
+} unit_sizes;
+
+static unit_sizes units(const ust_config *c) {
+    int64_t C = c->model.d_model, D = cfg_head_dim(c), HD = c->model.n_head * D,
+            KV = c->model.n_kv_head * D, F = c->model.d_ff, Vp = cfg_vocab_padded(c);
+    int64_t L = c->model.n_layer, pad = 16 * (int64_t)c->parallel.dp;
+    int gpt2 = c->model.arch == ARCH_GPT2;
+    unit_sizes u;
+    int64_t lay[] = {C, C * HD, C * KV, C * KV, HD * C, C, F * C, F * C, C * F};
+    int64_t lay_gpt2[] = {C, C, C * HD, HD, C * KV, KV, C * KV, KV, HD * C, C, C, C, F * C, F, C * F, C};
+    int64_t sum = 0, n = 0;
+    if (gpt2)
+        for (size_t i = 0; i < sizeof lay_gpt2 / sizeof lay_gpt2[0]; i++)
+            sum += r16(lay_gpt2[i]), n += lay_gpt2[i];
+    else
+        for (size_t i = 0; i < sizeof lay / sizeof lay[0]; i++) sum += r16(lay[i]), n += lay[i];
+#define PAD(x) (((x) + pad - 1) / pad * pad)
+    u.layer = PAD(sum);
+    u.emb = PAD(r16(Vp * C) + (gpt2 ? r16((int64_t)c->model.max_seq_len * C) : 0));
+    u.head = PAD(r16(C) + (gpt2 ? r16(C) : 0) + (cfg_tied(c) ? 0 : r16(Vp * C)));
+#undef PAD
+    u.total = u.emb + L * u.layer + u.head;
+    u.n_params = Vp * C + (gpt2 ? (int64_t)c->model.max_seq_len * C : 0) + L * n +
+                 (gpt2 ? 2 * C : C) + (cfg_tied(c) ? 0 : Vp * C);
+    return u;
 }
 
 /* floats one layer keeps for backward for one micro-batch (mirrors the model's saved tensors) */
@@ -31,12 +49,16 @@ void plan_memory(const ust_config *c, mem_plan *p) {
     int64_t D = cfg_head_dim(c), HD = c->model.n_head * D, KV = c->model.n_kv_head * D;
     int64_t F = c->model.d_ff, L = c->model.n_layer, Vp = cfg_vocab_padded(c);
     int dp = c->parallel.dp, zero = c->optimizer.zero_stage;
-    int64_t model_par = c->parallel.tp * c->parallel.pp;
-    p->n_params = model_params(c);
-    double local = (double)p->n_params / model_par * 4.0;
-    p->params = zero >= 3 ? local / dp : local;
-    p->grads = zero >= 2 ? local / dp : local;
-    p->optim = zero >= 1 ? 2 * local / dp : 2 * local;
+    unit_sizes u = units(c);
+    double P = (double)u.total * 4.0 / (c->parallel.tp * c->parallel.pp), shard = P / dp;
+    double big = 4.0 * (double)(u.layer > u.head ? u.layer : u.head); /* largest unit but 0 */
+    double emb = 4.0 * (double)u.emb;
+    p->n_params = u.n_params;
+    /* ZeRO (Playbook): stage 1 shards the optimizer state, 2 the gradients too, 3 the weights
+     * too; 2 and 3 add working buffers for one unit (gradients) and 3 for gathered units */
+    p->params = zero >= 3 ? shard + emb + 2 * big : P;
+    p->grads = zero >= 2 ? shard + emb + big : P;
+    p->optim = zero >= 1 ? 2 * shard : 2 * P;
     /* saved per layer, plus the residual stream, head and backward scratch */
     int64_t per_layer, sets;
     switch (c->train.recompute) {
@@ -51,7 +73,8 @@ void plan_memory(const ust_config *c, mem_plan *p) {
             (c->model.arch == ARCH_LLAMA ? 3 : 2) * N * F; /* backward scratch */
     acts += 2 * N + c->train.seq_len;              /* tokens, targets, positions (int32) */
     p->acts = (double)acts * 4.0;
-    p->total = p->params + p->grads + p->optim + p->acts;
+    p->comm = 8.0 + 4.0; /* dp_sum's two floats, the stop flag */
+    p->total = p->params + p->grads + p->optim + p->acts + p->comm;
 }
 
 void plan_print(const ust_config *c, const mem_plan *p, FILE *f) {
@@ -67,5 +90,5 @@ void plan_print(const ust_config *c, const mem_plan *p, FILE *f) {
     fprintf(f, "  optimizer   %12s  (AdamW m and v)\n", log_bytes(b[2], 32, p->optim));
     fprintf(f, "  activations %12s  (one micro-batch of %d x %d tokens)\n",
             log_bytes(b[3], 32, p->acts), c->train.micro_batch_size, c->train.seq_len);
-    fprintf(f, "  total       %12s\n", log_bytes(b[4], 32, p->total));
+    fprintf(f, "  total       %12s  (%.0f bytes)\n", log_bytes(b[4], 32, p->total), p->total);
 }

@@ -12,7 +12,7 @@
 
 typedef struct {
     int64_t n_params;          /* whole model */
-    double params, grads, optim, acts, total; /* bytes per rank */
+    double params, grads, optim, acts, comm, total; /* bytes per rank */
 } mem_plan;
 
 void plan_memory(const ust_config *c, mem_plan *p);

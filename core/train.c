@@ -367,6 +367,10 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
         s.mfu = fpt * s.tokens_per_s / (peak * t->rt->world); /* peak is one rank's */
         s.peak_mem_bytes = t->arena.peak;
         s.comm_bytes_dp = dp_bytes;
+        s.mem_params = t->arena.bytes[MEM_PARAMS];
+        s.mem_grads = t->arena.bytes[MEM_GRADS];
+        s.mem_optim = t->arena.bytes[MEM_OPTIM];
+        s.mem_acts = t->arena.bytes[MEM_ACTS];
         s.eta_s = (now_s() - t_start) / (t->step - first) * (c->train.steps - t->step);
         int last = t->step == c->train.steps;
         if (t->val && (t->step % c->data.val_every == 0 || last)) s.val_loss = validation_loss(t);

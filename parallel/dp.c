@@ -20,7 +20,7 @@ struct dp_state {
     int64_t *uoff, *ulen, *chunk, *soff; /* per unit: offset, length, chunk, offset in shard */
     int64_t numel, shard_numel, max_unit;
     float *p_whole, *g_whole, *p_shard, *g_shard, *mom_m, *mom_v;
-    float *work, *work_emb, *rs_tmp;   /* stage 2-3: a unit's gradients, reduce-scatter result */
+    float *work, *work_emb;            /* stage 2-3: a unit's gradients (embeddings apart) */
     float *gath[2], *gath_emb;         /* stage 3: gathered units */
     int gath_unit[2], emb_valid;
     comm_req gath_req[2];
@@ -133,8 +133,6 @@ int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_are
         d->g_shard = mem_alloc(a, MEM_GRADS, d->shard_numel * sizeof(float));
         d->work_emb = mem_alloc(a, MEM_GRADS, d->ulen[0] * sizeof(float));
         d->work = mem_alloc(a, MEM_GRADS, d->max_unit * sizeof(float));
-        int64_t big = d->ulen[0] > d->max_unit ? d->ulen[0] : d->max_unit;
-        d->rs_tmp = mem_alloc(a, MEM_GRADS, (big / d->n) * sizeof(float));
     }
     if (d->stage >= 3) {
         d->p_shard = mem_alloc(a, MEM_PARAMS, d->shard_numel * sizeof(float));
@@ -235,10 +233,12 @@ static void grads_end(dp_state *d, int u) {
     if (d->drop_grads && (d->stage >= 2 || d->last_mb)) /* test fault: lose this rank's part */
         d->ops->zero(d->ops, g, d->ulen[u] * sizeof(float));
     if (d->stage >= 2) {
-        /* every micro-batch: reduce-scatter into the shard, where micro-batches accumulate */
-        comm_req r = comm_reduce_scatter(d->comm, g, d->rs_tmp, d->chunk[u], COMM_FP32, COMM_SUM);
+        /* every micro-batch: reduce-scatter in place (this rank's part of the working buffer),
+         * then add into the shard, where micro-batches accumulate */
+        float *mine = g + d->rank * d->chunk[u];
+        comm_req r = comm_reduce_scatter(d->comm, g, mine, d->chunk[u], COMM_FP32, COMM_SUM);
         comm_wait(&r);
-        d->ops->axpy(d->ops, d->g_shard + d->soff[u], 1.0f, d->rs_tmp, d->chunk[u]);
+        d->ops->axpy(d->ops, d->g_shard + d->soff[u], 1.0f, mine, d->chunk[u]);
         return;
     }
     if (!d->last_mb) return;
