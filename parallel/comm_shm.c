@@ -34,6 +34,7 @@
 
 #define SHM_MAGIC 0x55534853u /* "USHS" */
 #define CL 64
+#define SHM_MAX_WAITING 1024 /* members named in a timeout message */
 #define SHM_SPIN_MIN_S 2e-6 /* bounds of the adaptive spin before a futex sleep */
 #define SHM_SPIN_MAX_S 50e-6
 #define SHM_SMALL_BYTES (16u << 10) /* all-reduce below this: one barrier, see run_allreduce */
@@ -167,7 +168,7 @@ static void shm_wait(ust_comm *c, comm_kind k, _Atomic uint32_t *w,
         s->spin_s = s->spin_s / 2 > SHM_SPIN_MIN_S ? s->spin_s / 2 : SHM_SPIN_MIN_S;
     }
     double deadline = comm_now() + c->ctx->opts.timeout_s;
-    int waiting[1024];
+    int waiting[SHM_MAX_WAITING];
     for (;;) {
         uint32_t v = atomic_load(w);
         atomic_fetch_add(sleepers, 1);
@@ -208,7 +209,8 @@ static int barrier_who(const ust_comm *c, const void *arg, int *waiting) {
     uint32_t target = *(const uint32_t *)arg;
     int n = 0;
     for (int j = 0; j < c->size; j++)
-        if ((int32_t)(atomic_load(&s->mem[j].arrived) - target) < 0) waiting[n++] = j;
+        if ((int32_t)(atomic_load(&s->mem[j].arrived) - target) < 0 && n < SHM_MAX_WAITING)
+            waiting[n++] = j;
     return n;
 }
 
@@ -549,7 +551,7 @@ static int p2p_who(const ust_comm *c, const void *arg, int *waiting) {
         if (pa->st[i].done >= pa->st[i].total) continue;
         int dup = 0;
         for (int k = 0; k < n; k++) dup |= waiting[k] == pa->d->p2p[i].peer;
-        if (!dup && n < 1024) waiting[n++] = pa->d->p2p[i].peer;
+        if (!dup && n < SHM_MAX_WAITING) waiting[n++] = pa->d->p2p[i].peer;
     }
     (void)c;
     return n;
@@ -705,7 +707,7 @@ static int attach_who(const ust_comm *c, const void *arg, int *waiting) {
     int n = 0;
     (void)arg;
     for (int j = 0; j < c->size; j++)
-        if (!s->mem[j].pid) waiting[n++] = j;
+        if (!s->mem[j].pid && n < SHM_MAX_WAITING) waiting[n++] = j;
     return n;
 }
 
