@@ -27,6 +27,7 @@ typedef struct {
     int evcap;
     float *scratch; /* one float on the device: barrier */
     ncclUniqueId id;
+    int initializing; /* ncclCommInitRankConfig started, not yet settled */
 } nccl_comm;
 
 static void nccl_check_cuda(cudaError_t r, const char *what) {
@@ -107,8 +108,18 @@ int nccl_create_end(ust_comm *c, const char *key, ust_err *e) {
     ncclResult_t r = ncclCommInitRankConfig(&s->comm, c->size, s->id, c->rank, &cfg);
     if (r != ncclSuccess && r != ncclInProgress)
         return ust_errf(e, "comm/nccl: creating group '%s': %s", c->name, ncclGetErrorString(r));
-    settle(c, COMM_BARRIER, r, "ncclCommInitRankConfig");
+    /* Not settled here: every group of a comm_create_many call starts its (non-blocking) init
+     * before any waits, so groups listed in different orders on different ranks cannot
+     * deadlock; the first use settles it. */
+    s->initializing = 1;
     return 0;
+}
+
+static void ready(ust_comm *c, comm_kind k) {
+    nccl_comm *s = c->impl;
+    if (!s->initializing) return;
+    s->initializing = 0;
+    settle(c, k, ncclInProgress, "ncclCommInitRankConfig");
 }
 
 static ncclDataType_t dtype(comm_dtype t) { return t == COMM_BF16 ? ncclBfloat16 : ncclFloat32; }
@@ -138,6 +149,7 @@ void nccl_launch(ust_comm *c, const comm_desc *d) {
     size_t es = comm_dtype_size(d->t);
     ncclDataType_t dt = dtype(d->t);
     ncclRedOp_t op = d->op == COMM_AVG ? ncclAvg : ncclSum;
+    ready(c, d->kind);
     nccl_check_cuda(cudaEventRecord(s->ready, compute_stream()), "event record");
     nccl_check_cuda(cudaStreamWaitEvent(s->stream, s->ready, 0), "stream wait");
     ncclResult_t r = ncclSuccess;
@@ -243,6 +255,7 @@ void nccl_wait_until(ust_comm *c, uint64_t seq) {
 void nccl_free(ust_comm *c) {
     nccl_comm *s = c->impl;
     if (s->comm) {
+        ready(c, COMM_BARRIER);
         ncclResult_t r = ncclCommFinalize(s->comm);
         if (r == ncclInProgress) settle(c, COMM_BARRIER, r, "ncclCommFinalize");
         ncclCommDestroy(s->comm);
