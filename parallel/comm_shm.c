@@ -35,8 +35,10 @@
 #define SHM_MAGIC 0x55534853u /* "USHS" */
 #define CL 64
 #define SHM_MAX_WAITING 1024 /* members named in a timeout message */
+#ifndef SHM_SPIN_MIN_S
 #define SHM_SPIN_MIN_S 2e-6 /* bounds of the adaptive spin before a futex sleep */
 #define SHM_SPIN_MAX_S 50e-6
+#endif
 #define SHM_SMALL_BYTES (16u << 10) /* all-reduce below this: one barrier, see run_allreduce */
 
 typedef struct {
