@@ -54,7 +54,9 @@ demo: deps
 
 bench: deps
 	$(MAKE) ustrain
+	@[ -f data/tiny/train_000.bin ] || ./ustrain data demo data/tiny
 	./ustrain bench train configs/bench-gpt2-124m.yaml
+	scripts/bench-dp.sh
 
 format:
 	clang-format -i $(LIB_SRC) $(CMD_SRC) $(TEST_SRC) $(wildcard core/*.h parallel/*.h test/*.h)
