@@ -92,6 +92,7 @@ int comm_ctx_init(comm_ctx **out, ust_boot *boot, const comm_opts *opts, ust_err
 }
 
 comm_backend comm_ctx_backend(const comm_ctx *ctx) { return ctx->backend; }
+void comm_ctx_set_stream(comm_ctx *ctx, void *stream) { ctx->stream = stream; }
 
 void comm_free(ust_comm *c) {
     if (!c) return;

@@ -95,6 +95,9 @@ typedef struct {
  * GPU local_rank % devices. Returns -1 with a message on user-fixable problems. */
 int comm_ctx_init(comm_ctx **ctx, ust_boot *boot, const comm_opts *opts, ust_err *e);
 void comm_ctx_free(comm_ctx *ctx); /* frees every communicator made from it */
+/* NCCL: each operation first waits (on the GPU) for the work already enqueued on this compute
+ * stream (a cudaStream_t; default NULL, the legacy default stream). Ignored by shm. */
+void comm_ctx_set_stream(comm_ctx *ctx, void *stream);
 comm_backend comm_ctx_backend(const comm_ctx *ctx);
 const char *comm_backend_name(comm_backend b);
 int comm_backend_available(comm_backend b); /* NCCL compiled in (does not probe for a GPU) */

@@ -41,6 +41,7 @@ struct comm_ctx {
     comm_opts opts; /* defaults filled in */
     int ncalls;     /* comm_create_many calls so far (part of every bootstrap key) */
     int spin;       /* shm: may spin briefly before sleeping (enough cores for the local ranks) */
+    void *stream;   /* NCCL: the compute stream operations follow (comm_ctx_set_stream) */
     ust_comm **all;
     int nall, capall;
     void *impl;

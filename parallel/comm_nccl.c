@@ -140,9 +140,8 @@ static void give_event(nccl_comm *s, cudaEvent_t ev) {
     s->free_ev[s->nfree++] = ev;
 }
 
-/* The compute stream the operations must follow: the legacy default stream. (A later backend
- * with its own compute stream passes it here; comm.h keeps the interface stream-free.) */
-static cudaStream_t compute_stream(void) { return 0; }
+/* The compute stream the operations must follow (comm_ctx_set_stream; NULL: legacy default). */
+static cudaStream_t compute_stream(const ust_comm *c) { return (cudaStream_t)c->ctx->stream; }
 
 void nccl_launch(ust_comm *c, const comm_desc *d) {
     nccl_comm *s = c->impl;
@@ -150,7 +149,7 @@ void nccl_launch(ust_comm *c, const comm_desc *d) {
     ncclDataType_t dt = dtype(d->t);
     ncclRedOp_t op = d->op == COMM_AVG ? ncclAvg : ncclSum;
     ready(c, d->kind);
-    nccl_check_cuda(cudaEventRecord(s->ready, compute_stream()), "event record");
+    nccl_check_cuda(cudaEventRecord(s->ready, compute_stream(c)), "event record");
     nccl_check_cuda(cudaStreamWaitEvent(s->stream, s->ready, 0), "stream wait");
     ncclResult_t r = ncclSuccess;
     const char *send = d->send;
