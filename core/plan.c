@@ -91,4 +91,16 @@ void plan_print(const ust_config *c, const mem_plan *p, FILE *f) {
     fprintf(f, "  activations %12s  (one micro-batch of %d x %d tokens)\n",
             log_bytes(b[3], 32, p->acts), c->train.micro_batch_size, c->train.seq_len);
     fprintf(f, "  total       %12s  (%.0f bytes)\n", log_bytes(b[4], 32, p->total), p->total);
+    fprintf(f, "by ZeRO stage at dp=%d (per rank):\n  stage   parameters    gradients    optimizer"
+               "        total\n", c->parallel.dp);
+    for (int z = 0; z <= 3; z++) {
+        ust_config other = *c;
+        other.optimizer.zero_stage = z;
+        mem_plan q;
+        plan_memory(&other, &q);
+        char s[4][32];
+        fprintf(f, "  %5d %12s %12s %12s %12s%s\n", z, log_bytes(s[0], 32, q.params),
+                log_bytes(s[1], 32, q.grads), log_bytes(s[2], 32, q.optim),
+                log_bytes(s[3], 32, q.total), z == c->optimizer.zero_stage ? "  <- this run" : "");
+    }
 }
