@@ -89,13 +89,7 @@ CUDA_GENCODE := $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)
 NVCCFLAGS ?= -O3 -std=c++17 $(CUDA_GENCODE) -Xcompiler -fPIC,-Wall -I. -Icore -Icuda
 CU_SRC    := $(sort $(wildcard cuda/*.cu))
 CU_OBJ    := $(CU_SRC:%.cu=$(B)/%.o)
-# UST_CUDA also switches parallel/comm.c from its NCCL stubs to the NCCL backend, so it is defined
-# once that backend's source exists; until then C code sees UST_CUDA_OPS (cuda/ops_cuda.h only).
-ifneq ($(wildcard parallel/comm_nccl.c),)
 CFLAGS    += -DUST_CUDA
-else
-CFLAGS    += -DUST_CUDA_OPS
-endif
 LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
 
 $(B)/cuda/%.o: cuda/%.cu
@@ -111,13 +105,13 @@ $(B)/bench_gpu: $(B)/cuda/bench_gpu.o $(B)/libustrain.a
 
 -include $(CU_OBJ:.o=.d) $(B)/cuda/bench_gpu.d
 endif
-# Objects built with and without CUDA differ (-DUST_CUDA*, the archive's members): a stamp that
-# changes with the choice makes switching between `make` and `make CUDA=0` in one build
-# directory rebuild them instead of linking stale ones.
+# Objects built with and without CUDA differ (-DUST_CUDA, -DUST_NCCL, the archive's members): a
+# stamp that changes with the choice makes switching between `make` and `make CUDA=0` in one
+# build directory rebuild them (and so the archive) instead of linking stale ones.
 CUDA_STAMP      := $(B)/cuda-config.stamp
-CUDA_STAMP_TEXT := CUDA=$(CUDA) $(filter -DUST_CUDA%,$(CFLAGS))
+CUDA_STAMP_TEXT := CUDA=$(CUDA) NCCL=$(NCCL)
 $(shell mkdir -p $(B) && [ "$$(cat $(CUDA_STAMP) 2>/dev/null)" = "$(CUDA_STAMP_TEXT)" ] || echo "$(CUDA_STAMP_TEXT)" > $(CUDA_STAMP))
-$(LIB_OBJ) $(CMD_OBJ) $(TESTS:%=%.o) $(B)/libustrain.a: $(CUDA_STAMP)
+$(LIB_OBJ) $(CMD_OBJ) $(TESTS:%=%.o): $(CUDA_STAMP)
 # ---- end of the CUDA backend block -------------------------------------------------------------
 
 # ---- NCCL communicator backend (parallel/comm_nccl.c) ------------------------------------------

@@ -376,6 +376,18 @@ template <typename K> static void smem_optin(const ust_ops *o, K kernel, size_t 
         CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
+/* Di = dout_i . out_i for every (b, h, i), in scratch slot C. */
+static const float *att_dot(const ust_ops *o, const float *dout, const float *out, int B, int Tq,
+                            int H, int D) {
+    int64_t rows = (int64_t)B * Tq * H;
+    float *Di = (float *)cuda_scratch(o, SCR_C, (size_t)(rows > 0 ? rows : 1) * sizeof(float));
+    if (rows > 0) {
+        k_att_dot<<<grid_for(rows * 32, 256), 256, 0, STREAM(o)>>>(Di, dout, out, Tq, H, D, rows);
+        CK_LAUNCH();
+    }
+    return Di;
+}
+
 static int dims_per_lane(int D) { return D <= 32 ? 1 : D <= 64 ? 2 : D <= 128 ? 4 : 8; }
 
 static void check_shapes(int H, int Hkv, int D) {
@@ -383,9 +395,10 @@ static void check_shapes(int H, int Hkv, int D) {
                "H=%d must be a multiple of Hkv=%d, and 0 < D=%d <= 256", H, Hkv, D);
 }
 
-void cuda_attention_fwd(const ust_ops *o, float *out, float *lse, const float *q, const float *k,
-                        const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
-                        const int32_t *q_pos, const int32_t *k_pos, int causal) {
+static void flash_attention_fwd(const ust_ops *o, float *out, float *lse, const float *q,
+                                const float *k, const float *v, int B, int Tq, int Tk, int H,
+                                int Hkv, int D, const int32_t *q_pos, const int32_t *k_pos,
+                                int causal) {
     check_shapes(H, Hkv, D);
     if (B <= 0 || Tq <= 0 || H <= 0) return;
     int nqt = (Tq + QT - 1) / QT;
@@ -409,18 +422,16 @@ void cuda_attention_fwd(const ust_ops *o, float *out, float *lse, const float *q
     CK_LAUNCH();
 }
 
-void cuda_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv, const float *dout,
-                        const float *out, const float *lse, const float *q, const float *k,
-                        const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
-                        const int32_t *q_pos, const int32_t *k_pos, int causal) {
+static void flash_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv,
+                                const float *dout, const float *out, const float *lse,
+                                const float *q, const float *k, const float *v, int B, int Tq,
+                                int Tk, int H, int Hkv, int D, const int32_t *q_pos,
+                                const int32_t *k_pos, int causal) {
     check_shapes(H, Hkv, D);
     if (B <= 0 || Tq <= 0 || Tk <= 0 || H <= 0 || (!dq && !dk && !dv)) return;
     cudaStream_t s = STREAM(o);
     float scale = 1.0f / sqrtf((float)D);
-    int64_t rows = (int64_t)B * Tq * H;
-    float *Di = (float *)cuda_scratch(o, SCR_C, (size_t)rows * sizeof(float));
-    k_att_dot<<<grid_for(rows * 32, 256), 256, 0, s>>>(Di, dout, out, Tq, H, D, rows);
-    CK_LAUNCH();
+    const float *Di = att_dot(o, dout, out, B, Tq, H, D);
     if (dq) {
         int nqt = (Tq + QT - 1) / QT;
         int64_t blocks = (int64_t)B * H * nqt;
@@ -450,6 +461,176 @@ void cuda_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv, const
                                                  q_pos, k_pos, causal, scale, nkb);
         CK_LAUNCH();
     }
+}
+
+/* ---------------------------------------------------------------- attention through GEMMs */
+
+/* The default path: for a chunk of queries of one batch element the scores are materialized,
+ * S = scale Q K^T (heads x queries x keys, fp32), turned into probabilities in place by a row
+ * kernel, and multiplied by V; backward recomputes S and P the same way and runs the five GEMMs
+ * of the attention gradient, accumulating into dq, dk, dv with beta = 1. The GEMMs go to cuBLAS
+ * (tensor cores with bf16 on), which is far faster than the CUDA-core flash kernels above; the
+ * price is a scratch of chunk x Tk floats per head (chunks are sized to ATT_SCRATCH_BYTES) and the
+ * masked half of a causal S computed anyway. Without GQA all heads of a chunk go in one batched
+ * GEMM; with GQA each head is its own GEMM (and the heads of a group add into the same dk/dv in
+ * order). Deterministic: no atomics. */
+#define ATT_SCRATCH_BYTES ((int64_t)256 << 20)
+
+/* Row r of a chunk is head h0 + r / n, query i0 + r % n. In place, s -> p: forward computes
+ * lse = log sum_visible exp(s) and p = exp(s - max) / sum; backward takes the final lse and
+ * p = exp(s - lse). Masked keys (and every key of a row that sees none) get p = 0. */
+template <int FWD>
+__global__ void k_att_probs(float *S, float *lse, const int32_t *q_pos, const int32_t *k_pos,
+                            int causal, int Tq, int Tk, int H, int b, int h0, int i0, int n) {
+    __shared__ float sh[32];
+    int r = blockIdx.x, h = h0 + r / n, i = i0 + r % n;
+    float *s = S + (int64_t)r * Tk;
+    float *L = lse + ((int64_t)b * H + h) * Tq + i;
+    int qp = posof(q_pos, i);
+    if (FWD) {
+        float mx = -INFINITY;
+        for (int j = threadIdx.x; j < Tk; j += blockDim.x)
+            if (!(causal && posof(k_pos, j) > qp)) mx = fmaxf(mx, s[j]);
+        mx = block_max(mx, sh);
+        if (mx == -INFINITY) { /* the query sees no key */
+            for (int j = threadIdx.x; j < Tk; j += blockDim.x) s[j] = 0.0f;
+            if (threadIdx.x == 0) *L = -INFINITY;
+            return;
+        }
+        float sum = 0.0f;
+        for (int j = threadIdx.x; j < Tk; j += blockDim.x)
+            if (!(causal && posof(k_pos, j) > qp)) sum += expf(s[j] - mx);
+        sum = block_sum(sum, sh);
+        float inv = 1.0f / sum;
+        for (int j = threadIdx.x; j < Tk; j += blockDim.x)
+            s[j] = (causal && posof(k_pos, j) > qp) ? 0.0f : expf(s[j] - mx) * inv;
+        if (threadIdx.x == 0) *L = mx + logf(sum);
+    } else {
+        float l = *L;
+        for (int j = threadIdx.x; j < Tk; j += blockDim.x)
+            s[j] = (l == -INFINITY || (causal && posof(k_pos, j) > qp)) ? 0.0f : expf(s[j] - l);
+    }
+}
+
+/* dS = P (dP - Di) in place over dP; row r as in k_att_probs. */
+__global__ void k_att_ds(float *dP, const float *P, const float *Di, int Tq, int Tk, int H, int b,
+                         int h0, int i0, int n, int64_t total) {
+    for (int64_t x = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; x < total;
+         x += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = x / Tk;
+        int h = h0 + (int)(r / n), i = i0 + (int)(r % n);
+        dP[x] = P[x] * (dP[x] - Di[((int64_t)b * H + h) * Tq + i]);
+    }
+}
+
+/* Queries per chunk so that one (heads x chunk x Tk) buffer stays within ATT_SCRATCH_BYTES. */
+static int att_chunk(const ust_ops *o, int Tq, int nb, int Tk) {
+    int64_t per_row = (int64_t)nb * (Tk > 0 ? Tk : 1) * (int64_t)sizeof(float);
+    int64_t qc = CUDA_IMPL(o)->attn_chunk > 0 ? CUDA_IMPL(o)->attn_chunk : ATT_SCRATCH_BYTES / per_row;
+    return (int)(qc < 1 ? 1 : qc > Tq ? Tq : qc);
+}
+
+static void gemm_attention_fwd(const ust_ops *o, float *out, float *lse, const float *q,
+                               const float *k, const float *v, int B, int Tq, int Tk, int H,
+                               int Hkv, int D, const int32_t *q_pos, const int32_t *k_pos,
+                               int causal) {
+    const int G = H / Hkv, nb = G == 1 ? H : 1, qc = att_chunk(o, Tq, nb, Tk);
+    const float scale = 1.0f / sqrtf((float)D);
+    const int64_t qs = (int64_t)H * D, ks = (int64_t)Hkv * D;
+    float *S = (float *)cuda_scratch(o, SCR_S, (size_t)nb * qc * (Tk > 0 ? Tk : 1) * sizeof(float));
+    for (int b = 0; b < B; b++)
+        for (int i0 = 0; i0 < Tq; i0 += qc) {
+            int n = Tq - i0 < qc ? Tq - i0 : qc;
+            for (int h0 = 0; h0 < H; h0 += nb) {
+                int hk = h0 / G;
+                const float *qb = q + ((int64_t)b * Tq + i0) * qs + (int64_t)h0 * D;
+                const float *kb = k + (int64_t)b * Tk * ks + (int64_t)hk * D;
+                const float *vb = v + (int64_t)b * Tk * ks + (int64_t)hk * D;
+                float *ob = out + ((int64_t)b * Tq + i0) * qs + (int64_t)h0 * D;
+                /* S(n,Tk) = scale Q(n,D) K(Tk,D)^T, per head */
+                cuda_gemm(o, S, Tk, (int64_t)n * Tk, qb, qs, D, kb, ks, D, n, Tk, D, 0, 1, scale,
+                          0.0f, nb);
+                k_att_probs<1><<<nb * n, 128, 0, STREAM(o)>>>(S, lse, q_pos, k_pos, causal, Tq, Tk,
+                                                              H, b, h0, i0, n);
+                CK_LAUNCH();
+                /* O(n,D) = P(n,Tk) V(Tk,D) */
+                cuda_gemm(o, ob, qs, D, S, Tk, (int64_t)n * Tk, vb, ks, D, n, D, Tk, 0, 0, 1.0f,
+                          0.0f, nb);
+            }
+        }
+}
+
+static void gemm_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv,
+                               const float *dout, const float *out, const float *lse,
+                               const float *q, const float *k, const float *v, int B, int Tq,
+                               int Tk, int H, int Hkv, int D, const int32_t *q_pos,
+                               const int32_t *k_pos, int causal) {
+    const int G = H / Hkv, nb = G == 1 ? H : 1, qc = att_chunk(o, Tq, nb, Tk);
+    const float scale = 1.0f / sqrtf((float)D);
+    const int64_t qs = (int64_t)H * D, ks = (int64_t)Hkv * D;
+    const float *Di = att_dot(o, dout, out, B, Tq, H, D);
+    size_t bytes = (size_t)nb * qc * Tk * sizeof(float);
+    float *P = (float *)cuda_scratch(o, SCR_S, bytes), *dP = (float *)cuda_scratch(o, SCR_P, bytes);
+    for (int b = 0; b < B; b++)
+        for (int i0 = 0; i0 < Tq; i0 += qc) {
+            int n = Tq - i0 < qc ? Tq - i0 : qc;
+            int64_t sS = (int64_t)n * Tk;
+            for (int h0 = 0; h0 < H; h0 += nb) {
+                int hk = h0 / G;
+                int64_t qoff = ((int64_t)b * Tq + i0) * qs + (int64_t)h0 * D;
+                int64_t koff = (int64_t)b * Tk * ks + (int64_t)hk * D;
+                /* P = exp(scale Q K^T - lse), masked */
+                cuda_gemm(o, P, Tk, sS, q + qoff, qs, D, k + koff, ks, D, n, Tk, D, 0, 1, scale,
+                          0.0f, nb);
+                k_att_probs<0><<<nb * n, 128, 0, STREAM(o)>>>(P, (float *)lse, q_pos, k_pos, causal,
+                                                              Tq, Tk, H, b, h0, i0, n);
+                CK_LAUNCH();
+                /* dV(Tk,D) += P^T dO(n,D) */
+                if (dv)
+                    cuda_gemm(o, dv + koff, ks, D, P, Tk, sS, dout + qoff, qs, D, Tk, D, n, 1, 0,
+                              1.0f, 1.0f, nb);
+                if (!dq && !dk) continue;
+                /* dP(n,Tk) = dO V^T, then dS = P (dP - Di) */
+                cuda_gemm(o, dP, Tk, sS, dout + qoff, qs, D, v + koff, ks, D, n, Tk, D, 0, 1, 1.0f,
+                          0.0f, nb);
+                int64_t total = (int64_t)nb * sS;
+                k_att_ds<<<grid_for(total, 256), 256, 0, STREAM(o)>>>(dP, P, Di, Tq, Tk, H, b, h0,
+                                                                     i0, n, total);
+                CK_LAUNCH();
+                /* dQ(n,D) += scale dS K(Tk,D); dK(Tk,D) += scale dS^T Q(n,D) */
+                if (dq)
+                    cuda_gemm(o, dq + qoff, qs, D, dP, Tk, sS, k + koff, ks, D, n, D, Tk, 0, 0,
+                              scale, 1.0f, nb);
+                if (dk)
+                    cuda_gemm(o, dk + koff, ks, D, dP, Tk, sS, q + qoff, qs, D, Tk, D, n, 1, 0,
+                              scale, 1.0f, nb);
+            }
+        }
+}
+
+void cuda_attention_fwd(const ust_ops *o, float *out, float *lse, const float *q, const float *k,
+                        const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
+                        const int32_t *q_pos, const int32_t *k_pos, int causal) {
+    check_shapes(H, Hkv, D);
+    if (B <= 0 || Tq <= 0 || H <= 0) return;
+    if (CUDA_IMPL(o)->attn_flash)
+        flash_attention_fwd(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal);
+    else
+        gemm_attention_fwd(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal);
+}
+
+void cuda_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv, const float *dout,
+                        const float *out, const float *lse, const float *q, const float *k,
+                        const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
+                        const int32_t *q_pos, const int32_t *k_pos, int causal) {
+    check_shapes(H, Hkv, D);
+    if (B <= 0 || Tq <= 0 || Tk <= 0 || H <= 0 || (!dq && !dk && !dv)) return;
+    if (CUDA_IMPL(o)->attn_flash)
+        flash_attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos,
+                            k_pos, causal);
+    else
+        gemm_attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos,
+                           k_pos, causal);
 }
 
 void cuda_attention_merge(const ust_ops *o, float *out, float *lse, const float *out2,

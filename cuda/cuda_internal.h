@@ -27,13 +27,17 @@ typedef struct {
     cublasLtHandle_t lt;
     void *lt_ws;             /* cuBLASLt workspace */
     size_t lt_ws_bytes;
-    void *scratch[3];        /* grow-only device scratch (bf16 casts, partial sums, attention D_i) */
-    size_t scratch_bytes[3];
+    void *scratch[5];        /* grow-only device scratch, one slot per use (SCR_*) */
+    size_t scratch_bytes[5];
+    int attn_flash;          /* attention by the tiled flash kernels instead of GEMMs */
+    int attn_chunk;          /* > 0: queries per chunk of the GEMM attention (else by memory) */
     double *dev_partials;    /* RED_BLOCKS partial sums of sum/sumsq */
     double *host_partials;   /* pinned copy of them */
 } cuda_impl;
 
-enum { SCR_A = 0, SCR_B = 1, SCR_C = 2 };
+/* bf16 copies of GEMM inputs (A, B); column-reduction partials and attention's D_i (C);
+ * attention scores/probabilities (S) and their gradients (P). */
+enum { SCR_A = 0, SCR_B = 1, SCR_C = 2, SCR_S = 3, SCR_P = 4, SCR_N = 5 };
 
 #define CUDA_IMPL(o) ((cuda_impl *)(o)->impl)
 #define STREAM(o) (CUDA_IMPL(o)->stream)
@@ -60,6 +64,13 @@ static inline int grid_for(int64_t n, int threads) {
 /* Device scratch slot `slot` of at least `bytes`, grown (never shrunk) on demand. Growing
  * happens on the first steps only, after waiting for the work that may still use the old one. */
 void *cuda_scratch(const ust_ops *o, int slot, size_t bytes);
+
+/* Row-major C[M,N] (leading dimension ldc) = alpha op(A) op(B) + beta C for `batch` problems at
+ * element strides sA, sB, sC; A is stored (M,K) with leading dimension lda, or (K,M) when tA; B
+ * (K,N) with ldb, or (N,K) when tB. cuBLAS SGEMM, or bf16 inputs through cuBLASLt with bf16 on. */
+void cuda_gemm(const ust_ops *o, float *C, int64_t ldc, int64_t sC, const float *A, int64_t lda,
+               int64_t sA, const float *B, int64_t ldb, int64_t sB, int M, int N, int K, int tA,
+               int tB, float alpha, float beta, int batch);
 
 /* ---- reductions (fixed trees: the result does not depend on scheduling) ---- */
 

@@ -93,12 +93,6 @@ static void cu_sync(const ust_ops *o) { CK(cudaStreamSynchronize(STREAM(o))); }
 
 /* ---------------------------------------------------------------- elementwise kernels */
 
-__global__ void k_scale(float *x, float s, int64_t n) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
-        x[i] = s == 0.0f ? 0.0f : x[i] * s;
-}
-
 __global__ void k_add(float *out, const float *a, const float *b, int64_t n) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
@@ -130,9 +124,9 @@ static uint32_t align_of(const void *p, int64_t stride_bytes) {
 
 /* bf16 inputs, fp32 C, CUBLAS_COMPUTE_32F through cuBLASLt. Returns 0, or -1 when cuBLASLt has
  * no algorithm for the problem (the caller falls back to cublasGemmStridedBatchedEx). */
-static int lt_gemm(const ust_ops *o, float *C, const __nv_bfloat16 *A, const __nv_bfloat16 *B,
-                   int M, int N, int K, int tA, int tB, float alpha, float beta, int batch,
-                   int64_t sA, int64_t sB, int64_t sC) {
+static int lt_gemm(const ust_ops *o, float *C, int64_t ldc, int64_t sC, const __nv_bfloat16 *A,
+                   int64_t lda, int64_t sA, const __nv_bfloat16 *B, int64_t ldb, int64_t sB, int M,
+                   int N, int K, int tA, int tB, float alpha, float beta, int batch) {
     cuda_impl *im = CUDA_IMPL(o);
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t lb = NULL, la = NULL, lc = NULL; /* lb describes B (cuBLAS's "A") */
@@ -148,9 +142,9 @@ static int lt_gemm(const ust_ops *o, float *C, const __nv_bfloat16 *A, const __n
     LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opB, sizeof opB));
     LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opA, sizeof opA));
-    LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, tB ? K : N, tB ? N : K, tB ? K : N));
-    LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, tA ? M : K, tA ? K : M, tA ? M : K));
-    LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, N, M, N));
+    LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, tB ? K : N, tB ? N : K, ldb));
+    LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, tA ? M : K, tA ? K : M, lda));
+    LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, N, M, ldc));
     if (batch > 1) {
         LT(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
         LT(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
@@ -188,43 +182,68 @@ done:
     return rc;
 }
 
-/* C[M,N] = alpha op(A) op(B) + beta C for `batch` problems at element strides sA, sB, sC. */
-static void gemm(const ust_ops *o, float *C, const float *A, const float *B, int M, int N, int K,
-                 int tA, int tB, float alpha, float beta, int batch, int64_t sA, int64_t sB,
-                 int64_t sC) {
+__global__ void k_scale_rows(float *C, int64_t ldc, int M, int N, float beta) {
+    int64_t n = (int64_t)M * N;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float *c = C + i / N * ldc + i % N;
+        *c = beta == 0.0f ? 0.0f : *c * beta;
+    }
+}
+
+/* Elements spanned by `batch` (rows x cols) matrices at leading dimension ld and batch stride s. */
+static int64_t span_of(int batch, int64_t s, int rows, int cols, int64_t ld) {
+    return (int64_t)(batch - 1) * s + (int64_t)(rows - 1) * ld + cols;
+}
+
+void cuda_gemm(const ust_ops *o, float *C, int64_t ldc, int64_t sC, const float *A, int64_t lda,
+               int64_t sA, const float *B, int64_t ldb, int64_t sB, int M, int N, int K, int tA,
+               int tB, float alpha, float beta, int batch) {
     cuda_impl *im = CUDA_IMPL(o);
     if (M <= 0 || N <= 0 || batch <= 0) return;
-    int lda = tA ? M : K, ldb = tB ? K : N;
     cublasOperation_t opA = tA ? CUBLAS_OP_T : CUBLAS_OP_N, opB = tB ? CUBLAS_OP_T : CUBLAS_OP_N;
     if (K <= 0) { /* empty sum: C = beta C (BLAS rejects lda = 0) */
         for (int i = 0; i < batch; i++) {
             int64_t n = (int64_t)M * N;
-            k_scale<<<grid_for(n, EW_THREADS), EW_THREADS, 0, im->stream>>>(C + i * sC, beta, n);
+            k_scale_rows<<<grid_for(n, EW_THREADS), EW_THREADS, 0, im->stream>>>(C + i * sC, ldc, M,
+                                                                                N, beta);
             CK_LAUNCH();
         }
         return;
     }
+    UST_ASSERT(lda < INT32_MAX && ldb < INT32_MAX && ldc < INT32_MAX, "leading dimension too large");
     if (!im->bf16) {
         if (batch == 1)
-            CKB(cublasSgemm(im->blas, opB, opA, N, M, K, &alpha, B, ldb, A, lda, &beta, C, N));
+            CKB(cublasSgemm(im->blas, opB, opA, N, M, K, &alpha, B, (int)ldb, A, (int)lda, &beta, C,
+                            (int)ldc));
         else
-            CKB(cublasSgemmStridedBatched(im->blas, opB, opA, N, M, K, &alpha, B, ldb, sB, A, lda,
-                                          sA, &beta, C, N, sC, batch));
+            CKB(cublasSgemmStridedBatched(im->blas, opB, opA, N, M, K, &alpha, B, (int)ldb, sB, A,
+                                          (int)lda, sA, &beta, C, (int)ldc, sC, batch));
         return;
     }
-    /* bf16: round both inputs (the whole strided span) into scratch, multiply, fp32 out */
-    int64_t nA = (int64_t)(batch - 1) * sA + (int64_t)M * K;
-    int64_t nB = (int64_t)(batch - 1) * sB + (int64_t)K * N;
+    /* bf16: round both inputs (everything their strided layout spans) into scratch with the same
+     * layout, multiply, fp32 out */
+    int64_t nA = span_of(batch, sA, tA ? K : M, tA ? M : K, lda);
+    int64_t nB = span_of(batch, sB, tB ? N : K, tB ? K : N, ldb);
     __nv_bfloat16 *a16 = (__nv_bfloat16 *)cuda_scratch(o, SCR_A, (size_t)nA * 2);
     __nv_bfloat16 *b16 = (__nv_bfloat16 *)cuda_scratch(o, SCR_B, (size_t)nB * 2);
     k_to_bf16<<<grid_for(nA, EW_THREADS), EW_THREADS, 0, im->stream>>>(a16, A, nA);
     CK_LAUNCH();
     k_to_bf16<<<grid_for(nB, EW_THREADS), EW_THREADS, 0, im->stream>>>(b16, B, nB);
     CK_LAUNCH();
-    if (lt_gemm(o, C, a16, b16, M, N, K, tA, tB, alpha, beta, batch, sA, sB, sC) == 0) return;
-    CKB(cublasGemmStridedBatchedEx(im->blas, opB, opA, N, M, K, &alpha, b16, CUDA_R_16BF, ldb, sB,
-                                   a16, CUDA_R_16BF, lda, sA, &beta, C, CUDA_R_32F, N, sC, batch,
-                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (lt_gemm(o, C, ldc, sC, a16, lda, sA, b16, ldb, sB, M, N, K, tA, tB, alpha, beta, batch) == 0)
+        return;
+    CKB(cublasGemmStridedBatchedEx(im->blas, opB, opA, N, M, K, &alpha, b16, CUDA_R_16BF, (int)ldb,
+                                   sB, a16, CUDA_R_16BF, (int)lda, sA, &beta, C, CUDA_R_32F,
+                                   (int)ldc, sC, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+/* C[M,N] = alpha op(A) op(B) + beta C for `batch` dense row-major problems at element strides. */
+static void gemm(const ust_ops *o, float *C, const float *A, const float *B, int M, int N, int K,
+                 int tA, int tB, float alpha, float beta, int batch, int64_t sA, int64_t sB,
+                 int64_t sC) {
+    cuda_gemm(o, C, N, sC, A, tA ? M : K, sA, B, tB ? K : N, sB, M, N, K, tA, tB, alpha, beta,
+              batch);
 }
 
 static void cu_matmul(const ust_ops *o, float *C, const float *A, const float *B, int M, int N,
@@ -801,7 +820,7 @@ static void cu_destroy(ust_ops *o) {
     cuda_impl *im = CUDA_IMPL(o);
     if (im) {
         cudaStreamSynchronize(im->stream);
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < SCR_N; i++)
             if (im->scratch[i]) cudaFree(im->scratch[i]);
         if (im->lt_ws) cudaFree(im->lt_ws);
         if (im->dev_partials) cudaFree(im->dev_partials);
@@ -848,6 +867,14 @@ extern "C" ust_ops *ops_cuda_create(int device, ust_err *e) {
     cuda_impl *im = (cuda_impl *)calloc(1, sizeof *im);
     if (!o || !im) ust_fatal(UST_EXIT_RUNTIME, "out of memory creating the CUDA backend");
     im->device = device;
+    const char *att = getenv("UST_CUDA_ATTENTION"), *chunk = getenv("UST_CUDA_ATTENTION_CHUNK");
+    if (att && strcmp(att, "flash") != 0 && strcmp(att, "gemm") != 0) {
+        ust_errf(e, "UST_CUDA_ATTENTION=%s: expected flash or gemm", att);
+        free(o), free(im);
+        return NULL;
+    }
+    im->attn_flash = att && strcmp(att, "flash") == 0;
+    im->attn_chunk = chunk ? atoi(chunk) : 0;
     CK(cudaDeviceGetAttribute(&im->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     CK(cudaDeviceGetAttribute(&im->num_sms, cudaDevAttrMultiProcessorCount, device));
     CK(cudaStreamCreateWithFlags(&im->stream, cudaStreamNonBlocking));

@@ -1,8 +1,12 @@
 /* ops_cuda: the CUDA backend of ops.h (kernels in cuda/, GEMMs through cuBLAS/cuBLASLt).
  * Contract: ops_cuda_create binds one GPU, makes one compute stream and enqueues every op on
- * it; to_host, sum, sumsq and sync wait for it. Storage is fp32 everywhere; with bf16 on,
- * matmuls (matmul, matmul_batched, linear_fwd/bwd) round their inputs to bf16 and accumulate
- * in fp32 (cuBLASLt, CUBLAS_COMPUTE_32F); every other op stays fp32.
+ * it; to_host, sum, sumsq and sync wait for it. Storage is fp32 everywhere; with bf16 on, every
+ * GEMM (matmul, matmul_batched, linear_fwd/bwd, and the GEMMs of the default attention path)
+ * rounds its inputs to bf16 and accumulates in fp32 (cuBLASLt, CUBLAS_COMPUTE_32F); every other
+ * op (softmax and log-sum-exp included) stays fp32.
+ * Attention runs as cuBLAS GEMMs over chunks of materialized scores (default), or with
+ * UST_CUDA_ATTENTION=flash as tiled flash-style kernels that keep nothing of size T x T;
+ * UST_CUDA_ATTENTION_CHUNK=N fixes the queries per chunk of the GEMM path (both read at create).
  * A build without CUDA (make CUDA=0, or no nvcc) gets inline stubs: create fails with a message,
  * so callers need no #ifdef. Nothing here touches CUDA until ops_cuda_create is called, so a
  * CUDA build still runs CPU configs on a machine without a GPU or driver. */
@@ -16,7 +20,7 @@
 extern "C" {
 #endif
 
-#if defined(UST_CUDA) || defined(UST_CUDA_OPS)
+#ifdef UST_CUDA
 
 /* The backend on GPU `device` (an index among the visible devices, e.g. the local rank), fp32
  * matmuls. NULL with a message in e when no device or driver is available. */

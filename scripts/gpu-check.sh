@@ -43,7 +43,7 @@ PY
             -o "$E/obj/$(basename "$f" .cu).o" || exit 1
     done
     gcc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -Werror -Wno-format-truncation -fopenmp -I. \
-        -Icore -Iparallel -I/usr/include/x86_64-linux-gnu/openblas-openmp -DUST_CUDA_OPS \
+        -Icore -Iparallel -I/usr/include/x86_64-linux-gnu/openblas-openmp -DUST_CUDA \
         -c test/test_cuda_ops.c -o $E/obj/test_cuda_ops.o || exit 1
     OB=/usr/lib/x86_64-linux-gnu/openblas-openmp
     g++ -o $E/test_cuda_ops_emu $E/obj/*.o $E/lib/libustrain.a -L$OB -Wl,-rpath,$OB -lopenblas \

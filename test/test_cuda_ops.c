@@ -433,20 +433,51 @@ done:
     return ok;
 }
 
+static const att_case att_cases[] = {
+    {"causal gqa D16", 2, 37, 37, 4, 2, 16, 1, -1, 0, 0},
+    {"causal D64 later queries", 1, 20, 45, 2, 1, 64, 1, 30, 0, 0},
+    {"cp block, rows that see nothing", 2, 18, 40, 2, 2, 32, 1, 0, 9, 0},
+    {"non-causal D40 Tk70", 1, 19, 70, 3, 3, 40, 0, -1, 0, 0},
+    {"causal D128", 1, 33, 33, 2, 2, 128, 1, -1, 0, 0},
+    {"causal gqa4 D200", 1, 17, 40, 4, 1, 200, 1, 20, 0, 0},
+    {"causal D8 T1", 1, 1, 1, 1, 1, 8, 1, -1, 0, 0},
+    {"causal gqa D64 T130 (many tiles)", 1, 130, 130, 4, 2, 64, 1, -1, 0, 0},
+    {"zig-zag positions, keys reordered", 2, 48, 48, 2, 1, 32, 1, 0, 0, 1},
+};
+
+/* The GPU backend under test is swapped for another configuration of the same device. */
+static int attention_cases_with(const char *env, const char *value) {
+    ust_ops *saved = GPU, *alt = NULL;
+    ust_err e;
+    setenv(env, value, 1);
+    alt = ops_cuda_create(0, &e);
+    unsetenv(env);
+    if (!alt) {
+        snprintf(msg, sizeof msg, "ops_cuda_create with %s=%s: %s", env, value, e.msg);
+        return 0;
+    }
+    GPU = alt;
+    int ok = 1;
+    for (size_t i = 0; ok && i < sizeof att_cases / sizeof att_cases[0]; i++)
+        ok = attention_case(&att_cases[i]);
+    GPU = saved;
+    alt->destroy(alt);
+    return ok;
+}
+
+static void test_cuda_attention_flash_kernels_match_cpu(void) {
+    if (fake) return;
+    CHECK(attention_cases_with("UST_CUDA_ATTENTION", "flash"), "flash: %s", msg);
+}
+
+static void test_cuda_attention_gemm_in_query_chunks_matches_cpu(void) {
+    if (fake) return;
+    CHECK(attention_cases_with("UST_CUDA_ATTENTION_CHUNK", "7"), "chunks of 7 queries: %s", msg);
+}
+
 static void test_cuda_attention_matches_cpu_causal_gqa_masks_and_head_dims(void) {
-    const att_case cases[] = {
-        {"causal gqa D16", 2, 37, 37, 4, 2, 16, 1, -1, 0, 0},
-        {"causal D64 later queries", 1, 20, 45, 2, 1, 64, 1, 30, 0, 0},
-        {"cp block, rows that see nothing", 2, 18, 40, 2, 2, 32, 1, 0, 9, 0},
-        {"non-causal D40 Tk70", 1, 19, 70, 3, 3, 40, 0, -1, 0, 0},
-        {"causal D128", 1, 33, 33, 2, 2, 128, 1, -1, 0, 0},
-        {"causal gqa4 D200", 1, 17, 40, 4, 1, 200, 1, 20, 0, 0},
-        {"causal D8 T1", 1, 1, 1, 1, 1, 8, 1, -1, 0, 0},
-        {"causal gqa D64 T130 (many tiles)", 1, 130, 130, 4, 2, 64, 1, -1, 0, 0},
-        {"zig-zag positions, keys reordered", 2, 48, 48, 2, 1, 32, 1, 0, 0, 1},
-    };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        CHECK(attention_case(&cases[i]), "%s", msg);
+    for (size_t i = 0; i < sizeof att_cases / sizeof att_cases[0]; i++)
+        CHECK(attention_case(&att_cases[i]), "%s", msg);
 }
 
 static void test_cuda_attention_merge_matches_cpu(void) {
@@ -608,6 +639,48 @@ static int model_3_steps_match(ust_arch arch) {
     return ok;
 }
 
+/* bf16 GEMM inputs (every linear layer and the attention GEMMs) against the fp32 CPU run of the
+ * same tiny llama model: bf16 keeps 8 significant bits, so each GEMM is off by ~2^-9 relative
+ * per input and the loss by far less than 1%; the gradient direction stays the same (cosine
+ * > 0.999) while a wrong layout or a missing term would change both at O(1). */
+static void test_cuda_tiny_model_bf16_close_to_fp32_cpu(void) {
+    if (fake) return;
+    ust_config c;
+    tiny_config(&c, ARCH_LLAMA);
+    ust_err e;
+    ust_arena ac, ag;
+    model *mc = NULL, *mg = NULL;
+    mem_init(&ac, CPU);
+    mem_init(&ag, GPU);
+    CHECK(model_create(&mc, &c, CPU, &ac, &e) == 0 && model_create(&mg, &c, GPU, &ag, &e) == 0,
+          "model_create: %s", e.msg);
+    model_init_params(mc, 11);
+    model_init_params(mg, 11);
+    int32_t in[MB * MT], tgt[MB * MT];
+    for (int i = 0; i < MB * MT; i++) in[i] = irand(c.model.vocab_size), tgt[i] = irand(c.model.vocab_size);
+    int64_t n = model_numel(mc), nt = 0;
+    model_zero_grads(mc);
+    model_zero_grads(mg);
+    ops_cuda_set_bf16(GPU, 1);
+    double l1 = model_forward(mc, in, tgt, 1.0f / (MB * MT), &nt);
+    double l2 = model_forward(mg, in, tgt, 1.0f / (MB * MT), &nt);
+    model_backward(mc);
+    model_backward(mg);
+    ops_cuda_set_bf16(GPU, 0);
+    float *gg = gdown(model_grads(mg), n);
+    const float *gc = model_grads(mc);
+    double dot = 0, n1 = 0, n2 = 0;
+    for (int64_t i = 0; i < n; i++) dot += (double)gg[i] * gc[i], n1 += (double)gc[i] * gc[i], n2 += (double)gg[i] * gg[i];
+    free(gg);
+    model_destroy(mc);
+    model_destroy(mg);
+    mem_release(&ac);
+    mem_release(&ag);
+    CHECK(fabs(l2 - l1) <= 0.01 * fabs(l1), "bf16 loss %.6g vs fp32 %.6g", l2, l1);
+    double cosine = dot / sqrt(n1 * n2 + 1e-300);
+    CHECK(cosine > 0.999, "gradient cosine bf16 vs fp32 %.6f", cosine);
+}
+
 static void test_cuda_tiny_gpt2_three_steps_match_cpu(void) {
     CHECK(model_3_steps_match(ARCH_GPT2), "%s", msg);
 }
@@ -642,12 +715,15 @@ int main(void) {
     RUN_TEST(test_cuda_gelu_swiglu_match_cpu);
     RUN_TEST(test_cuda_rope_matches_cpu_in_place_and_inverse);
     RUN_TEST(test_cuda_attention_matches_cpu_causal_gqa_masks_and_head_dims);
+    RUN_TEST(test_cuda_attention_flash_kernels_match_cpu);
+    RUN_TEST(test_cuda_attention_gemm_in_query_chunks_matches_cpu);
     RUN_TEST(test_cuda_attention_merge_matches_cpu);
     RUN_TEST(test_cuda_xent_matches_cpu_padding_ignored_targets_aliasing);
     RUN_TEST(test_cuda_adamw_matches_cpu);
     RUN_TEST(test_cuda_elementwise_and_reductions_match_cpu);
     RUN_TEST(test_cuda_tiny_gpt2_three_steps_match_cpu);
     RUN_TEST(test_cuda_tiny_llama_three_steps_match_cpu);
+    RUN_TEST(test_cuda_tiny_model_bf16_close_to_fp32_cpu);
     GPU->destroy(GPU);
     CPU->destroy(CPU);
     return TEST_SUMMARY();
