@@ -11,6 +11,7 @@
  * Until the rename nothing outside .tmp_step_N has changed, so a crash or an I/O error at any
  * point leaves the previous checkpoints exactly as they were. */
 #include "ckpt.h"
+#include "fs.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -55,26 +56,6 @@ static int pathf(char *out, size_t n, ust_err *e, const char *fmt, ...) {
     return 0;
 }
 
-static int mkdir_p(const char *dir, ust_err *e) {
-    char buf[PATH_MAX];
-    if (pathf(buf, sizeof buf, e, "%s", dir)) return -1;
-    for (char *p = buf + 1;; p++) {
-        if (*p != '/' && *p != 0) continue;
-        char c = *p;
-        *p = 0;
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            return ust_errf(e, "checkpoint: cannot create directory %s: %s", buf, strerror(errno));
-        struct stat st;
-        if (stat(buf, &st) != 0)
-            return ust_errf(e, "checkpoint: cannot create directory %s: %s", buf, strerror(errno));
-        if (!S_ISDIR(st.st_mode))
-            return ust_errf(e, "checkpoint: cannot create directory %s: %s", buf,
-                            strerror(ENOTDIR));
-        *p = c;
-        if (!c) break;
-    }
-    return 0;
-}
 
 static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
     (void)st, (void)flag, (void)ftw;
@@ -230,7 +211,7 @@ ckpt_writer *ckpt_begin(const char *dir, int64_t step, int rank, ckpt_barrier_fn
     if (!rc) rc = pathf(w->tmp, sizeof w->tmp, e, "%s/.tmp_step_%lld", dir, (long long)step);
     if (!rc) rc = pathf(w->final_dir, sizeof w->final_dir, e, "%s/step_%lld", dir, (long long)step);
     if (!rc && rank == 0) {
-        rc = mkdir_p(dir, e);
+        rc = fs_mkdir_p(dir, e);
         if (!rc && rm_rf(w->tmp) != 0)
             rc = ust_errf(e, "checkpoint: cannot remove stale %s: %s", w->tmp, strerror(errno));
         if (!rc && mkdir(w->tmp, 0755) != 0)

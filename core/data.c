@@ -3,6 +3,7 @@
  * is a keyed Feistel permutation over [0, S) with cycle-walking, so it costs no memory, is the
  * same under every layout, and each epoch (a new key) visits every window exactly once. */
 #include "data.h"
+#include "fs.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -332,25 +333,6 @@ int data_write_llmc_shard(const char *path, const int32_t *tokens, int64_t n, us
     return rc;
 }
 
-static int mkdir_p(const char *dir, ust_err *e) {
-    char buf[UST_PATH_MAX];
-    if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf)
-        return ust_errf(e, "%s: path too long", dir);
-    for (char *p = buf + 1;; p++) {
-        if (*p == '/' || *p == 0) {
-            char c = *p;
-            *p = 0;
-            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-                return ust_errf(e, "%s: cannot create directory: %s", buf, strerror(errno));
-            struct stat st;
-            if (stat(buf, &st) != 0 || !S_ISDIR(st.st_mode))
-                return ust_errf(e, "%s: exists and is not a directory", buf);
-            *p = c;
-            if (!c) break;
-        }
-    }
-    return 0;
-}
 
 /* ---------------------------------------------------------------------------------------------
  * Demo data: generated English-like text. A small grammar with agreement (the cat sees / the
@@ -613,7 +595,7 @@ static int64_t dg_cut(const demo_gen *g, int64_t at) {
 }
 
 int data_write_demo(const char *dir, ust_err *e) {
-    if (mkdir_p(dir, e) != 0) return -1;
+    if (fs_mkdir_p(dir, e) != 0) return -1;
     const uint64_t seed = 20240520;
     demo_gen tr = {.seed = seed, .stream = 1}, va = {.seed = seed, .stream = 2};
     dg_generate(&tr, 1200000);
@@ -700,7 +682,7 @@ int data_prep_bytes(const data_prep_args *a, ust_err *e) {
     if (total - nval < 2)
         return ust_errf(e, "data prep: %lld tokens are too few to split into train and val",
                         (long long)total);
-    if (mkdir_p(a->out_dir, e) != 0) return -1;
+    if (fs_mkdir_p(a->out_dir, e) != 0) return -1;
 
     shard_out tr = {
         .dir = a->out_dir, .split = "train", .per_shard = per_shard, .left_in_split = total - nval};

@@ -1,27 +1,27 @@
 #include "log.h"
 
+#include "fs.h"
+
 #include <errno.h>
 #include <math.h>
 #include <string.h>
-#include <sys/stat.h>
 
-static int mkdir_parents(const char *path) {
-    char tmp[1024];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *p = tmp + 1; *p; p++)
-        if (*p == '/') {
-            *p = 0;
-            if (mkdir(tmp, 0777) && errno != EEXIST) return -1;
-            *p = '/';
-        }
-    return 0;
-}
 
 int log_open(ust_log *l, const char *metrics_path, char *err, int errlen) {
     l->metrics = NULL;
     if (!metrics_path || !metrics_path[0]) return 0;
-    if (mkdir_parents(metrics_path) ||
-        !(l->metrics = fopen(metrics_path, "a"))) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", metrics_path);
+    char *slash = strrchr(dir, '/');
+    ust_err e;
+    if (slash && slash != dir) {
+        *slash = 0;
+        if (fs_mkdir_p(dir, &e)) {
+            snprintf(err, errlen, "%s: %s", metrics_path, e.msg);
+            return -1;
+        }
+    }
+    if (!(l->metrics = fopen(metrics_path, "a"))) {
         snprintf(err, errlen, "%s: cannot open metrics file: %s", metrics_path, strerror(errno));
         return -1;
     }

@@ -15,6 +15,7 @@
 #include "data.h"
 #include "dp.h"
 #include "error.h"
+#include "fs.h"
 #include "log.h"
 #include "mem.h"
 #include "model.h"
@@ -98,24 +99,6 @@ static void world_barrier(void *arg) {
 
 /* ------------------------------------------------------------------ set-up */
 
-static int mkdir_p(const char *path, ust_err *e) {
-    char tmp[UST_PATH_MAX];
-    snprintf(tmp, sizeof tmp, "%s", path);
-    for (char *p = tmp + 1;; p++) {
-        if (*p == '/' || *p == 0) {
-            char c = *p;
-            *p = 0;
-            if (mkdir(tmp, 0777) && errno != EEXIST)
-                return ust_errf(e, "cannot create directory %s: %s", tmp, strerror(errno));
-            struct stat st;
-            if (stat(tmp, &st) || !S_ISDIR(st.st_mode))
-                return ust_errf(e, "%s is not a directory", tmp);
-            *p = c;
-            if (!c) break;
-        }
-    }
-    return 0;
-}
 
 static int open_data(trainer *t, ust_err *e) {
     const ust_config *c = t->cfg;
@@ -280,7 +263,7 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, ust_err *e)
     if (cfg->run.device == DEV_CUDA)
         return ust_errf(e, "run.device = cuda: this build has no CUDA backend yet; use cpu");
     if (open_data(t, e)) return -1;
-    if (cfg->checkpoint.every > 0 && mkdir_p(cfg->checkpoint.dir, e)) return -1;
+    if (cfg->checkpoint.every > 0 && fs_mkdir_p(cfg->checkpoint.dir, e)) return -1;
     t->ops = ops_cpu_create(cfg->train.threads, rt->boot.local_world);
     mem_init(&t->arena, t->ops);
     ust_comm *dp_comm = rt->topo.comm[TOPO_DP];
@@ -315,7 +298,7 @@ static void teardown(trainer *t) {
 static void write_effective_config(const ust_config *cfg) {
     ust_err e;
     char path[UST_PATH_MAX + 32];
-    if (mkdir_p(cfg->run.out_dir, &e)) {
+    if (fs_mkdir_p(cfg->run.out_dir, &e)) {
         fprintf(stderr, "ustrain: warning: %s\n", e.msg);
         return;
     }
