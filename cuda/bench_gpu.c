@@ -92,6 +92,12 @@ int main(int argc, char **argv) {
     }
     o->sync(o);
     double dt = now_s() - t0;
+    size_t own = 0, used = 0, total = 0;
+    ops_cuda_memory(o, &own, &used, &total);
+    printf("bench_gpu: device memory: arena %.2f GiB, backend scratch %.2f GiB, device used %.2f of "
+           "%.2f GiB\n",
+           arena.total / 1073741824.0, own / 1073741824.0, used / 1073741824.0,
+           total / 1073741824.0);
     double tps = (double)B * T * steps / dt, flops = model_flops_per_token(m) * tps;
     printf("bench_gpu: %d steps in %.3f s: %.1f ms/step, %.0f tokens/s, %.1f TFLOP/s, MFU %.1f%% of "
            "%.0f TFLOP/s (last loss %.4f)\n",

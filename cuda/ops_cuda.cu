@@ -839,6 +839,17 @@ extern "C" void ops_cuda_set_bf16(ust_ops *o, int on) {
     CUDA_IMPL(o)->bf16 = on != 0;
 }
 
+extern "C" void ops_cuda_memory(const ust_ops *o, size_t *backend_bytes, size_t *device_used,
+                                size_t *device_total) {
+    const cuda_impl *im = CUDA_IMPL(o);
+    size_t own = im->lt_ws_bytes + RED_BLOCKS * sizeof(double), fr = 0, tot = 0;
+    for (int i = 0; i < SCR_N; i++) own += im->scratch_bytes[i];
+    CK(cudaMemGetInfo(&fr, &tot));
+    *backend_bytes = own;
+    *device_used = tot - fr;
+    *device_total = tot;
+}
+
 extern "C" ust_ops *ops_cuda_create(int device, ust_err *e) {
     int count = 0;
     cudaError_t err = cudaGetDeviceCount(&count);

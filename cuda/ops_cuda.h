@@ -27,6 +27,10 @@ extern "C" {
 ust_ops *ops_cuda_create(int device, ust_err *e);
 /* Matmuls in bf16 (inputs rounded to bf16, fp32 accumulation and output) when on != 0. */
 void ops_cuda_set_bf16(ust_ops *o, int on);
+/* Device memory outside the arena: the backend's own scratch and workspaces (bytes), and the
+ * device's used and total memory as cudaMemGetInfo reports them (all processes). */
+void ops_cuda_memory(const ust_ops *o, size_t *backend_bytes, size_t *device_used,
+                     size_t *device_total);
 
 #else
 
@@ -39,6 +43,11 @@ static inline ust_ops *ops_cuda_create(int device, ust_err *e) {
 static inline void ops_cuda_set_bf16(ust_ops *o, int on) {
     (void)o;
     (void)on;
+}
+static inline void ops_cuda_memory(const ust_ops *o, size_t *backend_bytes, size_t *device_used,
+                                   size_t *device_total) {
+    (void)o;
+    *backend_bytes = *device_used = *device_total = 0;
 }
 
 #endif
