@@ -262,6 +262,20 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, ust_err *e)
     t->last_loss = NAN;
     if (cfg->run.device == DEV_CUDA)
         return ust_errf(e, "run.device = cuda: this build has no CUDA backend yet; use cpu");
+    /* the layout keys are validated for every dimension; training refuses the ones it cannot
+     * run yet rather than silently computing something else */
+    const struct {
+        const char *key;
+        int value;
+    } pending[] = {{"parallel.tp", cfg->parallel.tp},
+                   {"parallel.pp", cfg->parallel.pp},
+                   {"parallel.cp", cfg->parallel.cp},
+                   {"parallel.ep", cfg->parallel.ep}};
+    for (size_t i = 0; i < sizeof pending / sizeof pending[0]; i++)
+        if (pending[i].value != 1)
+            return ust_errf(e, "%s = %d: this build trains data-parallel layouts only (tensor, "
+                               "pipeline, context and expert parallelism are not available yet); "
+                               "set %s: 1", pending[i].key, pending[i].value, pending[i].key);
     if (open_data(t, e)) return -1;
     if (cfg->checkpoint.every > 0 && fs_mkdir_p(cfg->checkpoint.dir, e)) return -1;
     t->ops = ops_cpu_create(cfg->train.threads, rt->boot.local_world);
