@@ -839,6 +839,8 @@ extern "C" void ops_cuda_set_bf16(ust_ops *o, int on) {
     CUDA_IMPL(o)->bf16 = on != 0;
 }
 
+extern "C" void *ops_cuda_stream(const ust_ops *o) { return (void *)CUDA_IMPL(o)->stream; }
+
 extern "C" void ops_cuda_memory(const ust_ops *o, size_t *backend_bytes, size_t *device_used,
                                 size_t *device_total) {
     const cuda_impl *im = CUDA_IMPL(o);
@@ -863,11 +865,11 @@ extern "C" ust_ops *ops_cuda_create(int device, ust_err *e) {
         ust_errf(e, "run.device = cuda: no CUDA device available (cudaGetDeviceCount: 0 devices)");
         return NULL;
     }
-    if (device < 0 || device >= count) {
-        ust_errf(e, "run.device = cuda: device %d requested but %d visible (CUDA_VISIBLE_DEVICES=%s)",
-                 device, count, getenv("CUDA_VISIBLE_DEVICES") ? getenv("CUDA_VISIBLE_DEVICES") : "");
+    if (device < 0) {
+        ust_errf(e, "run.device = cuda: device %d is not a device index", device);
         return NULL;
     }
+    device %= count; /* the local rank, as the NCCL backend maps it */
     err = cudaSetDevice(device);
     if (err != cudaSuccess) {
         cudaGetLastError();

@@ -22,9 +22,12 @@ extern "C" {
 
 #ifdef UST_CUDA
 
-/* The backend on GPU `device` (an index among the visible devices, e.g. the local rank), fp32
- * matmuls. NULL with a message in e when no device or driver is available. */
+/* The backend on GPU `device` % (visible devices) (pass the local rank: the NCCL backend picks
+ * its GPU the same way), fp32 matmuls. NULL with a message in e when no device or driver is
+ * available. */
 ust_ops *ops_cuda_create(int device, ust_err *e);
+/* The compute stream (a cudaStream_t) every op is enqueued on, e.g. for comm_ctx_set_stream. */
+void *ops_cuda_stream(const ust_ops *o);
 /* Matmuls in bf16 (inputs rounded to bf16, fp32 accumulation and output) when on != 0. */
 void ops_cuda_set_bf16(ust_ops *o, int on);
 /* Device memory outside the arena: the backend's own scratch and workspaces (bytes), and the
@@ -39,6 +42,10 @@ static inline ust_ops *ops_cuda_create(int device, ust_err *e) {
     ust_errf(e, "run.device = cuda: this build has no CUDA backend (built with CUDA=0 or "
                 "without nvcc); rebuild with nvcc available, or use run.device: cpu");
     return (ust_ops *)0;
+}
+static inline void *ops_cuda_stream(const ust_ops *o) {
+    (void)o;
+    return (void *)0;
 }
 static inline void ops_cuda_set_bf16(ust_ops *o, int on) {
     (void)o;
