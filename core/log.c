@@ -70,7 +70,8 @@ void log_step_json(ust_log *l, const log_step *s) {
     json_num(l->metrics, "tokens_per_s", s->tokens_per_s);
     json_num(l->metrics, "mfu", s->mfu);
     fprintf(l->metrics, ",\"peak_mem_bytes\":%zu", s->peak_mem_bytes);
-    fprintf(l->metrics, ",\"comm_bytes_dp\":%llu", (unsigned long long)s->comm_bytes_dp);
+    fprintf(l->metrics, ",\"comm_bytes_dp\":%llu,\"comm_bytes_tp\":%llu",
+            (unsigned long long)s->comm_bytes_dp, (unsigned long long)s->comm_bytes_tp);
     fprintf(l->metrics,
             ",\"mem_params\":%zu,\"mem_grads\":%zu,\"mem_optim\":%zu,\"mem_acts\":%zu",
             s->mem_params, s->mem_grads, s->mem_optim, s->mem_acts);

@@ -10,6 +10,7 @@
 
 #include "error.h"
 #include "rng.h"
+#include "tp.h"
 
 typedef struct {
     float *ln1_w, *ln1_b, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo;
@@ -32,7 +33,10 @@ typedef struct {
 struct model {
     const ust_config *cfg;
     const ust_ops *ops;
-    int llama, L, C, H, Hkv, D, F, V, Vp, maxT, B, T, tied;
+    ust_tp *tp, own_tp; /* tensor parallelism (own_tp: a group of one) */
+    /* H, Hkv, F and Vl are this rank's shares under tensor parallelism; Hg, Hkvg, Fg, Vp whole */
+    int llama, L, C, H, Hkv, D, F, V, Vp, Vl, maxT, B, T, tied;
+    int Hg, Hkvg, Fg;
     float eps, theta;
     ust_recompute recompute;
 
@@ -59,8 +63,13 @@ struct model {
 
 /* ------------------------------------------------------------------ parameter table */
 
-static void add_param(model *m, const char *name, int64_t rows, int64_t cols, int decay,
-                      float std, float value, float **p, float **g) {
+/* How a tensor is split over the tensor-parallel group: whole, by rows (column-parallel
+ * output features, vocabulary rows), or by columns (row-parallel input features; a 1-D bias of
+ * a column-parallel layer is a row vector split by columns). */
+enum { SPLIT_NONE, SPLIT_ROWS, SPLIT_COLS };
+
+static void add_param(model *m, const char *name, int64_t rows, int64_t cols, int split,
+                      int decay, float std, float value, float **p, float **g) {
     if (m->nparams == m->cap) {
         m->cap = m->cap ? 2 * m->cap : 64;
         m->params = realloc(m->params, m->cap * sizeof *m->params);
@@ -77,7 +86,18 @@ static void add_param(model *m, const char *name, int64_t rows, int64_t cols, in
     q->whole.shape[0] = q->whole.ndim == 2 ? rows : rows * cols;
     q->whole.shape[1] = q->whole.ndim == 2 ? cols : 0;
     q->slice = ckpt_whole(&q->whole);
-    q->numel = rows * cols;
+    int start;
+    if (split == SPLIT_ROWS) {
+        q->slice.nrows = tp_part(m->tp, (int)rows, &start);
+        q->slice.row0 = start;
+    } else if (split == SPLIT_COLS) {
+        q->slice.ncols = tp_part(m->tp, (int)cols, &start);
+        q->slice.col0 = start;
+    }
+    q->tp_split = split != SPLIT_NONE;
+    q->numel = q->slice.nrows * q->slice.ncols;
+    q->slice.flat0 = 0;
+    q->slice.flat1 = q->numel;
     q->offset = m->numel;
     q->decay = decay;
     q->init_std = std;
@@ -91,28 +111,29 @@ static void add_param(model *m, const char *name, int64_t rows, int64_t cols, in
 static void add_layer_params(model *m, int l) {
     char n[CKPT_NAME_MAX];
     layer_w *w = &m->lw[l], *g = &m->lg[l];
-    int C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D, F = m->F, gpt2 = !m->llama;
+    int C = m->C, HD = m->Hg * m->D, KV = m->Hkvg * m->D, F = m->Fg, gpt2 = !m->llama;
     float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * m->L); /* GPT-2's scaled residual init */
-#define P(suffix, rows, cols, decay, sd, val, field)                                              \
+    const int N0 = SPLIT_NONE, R = SPLIT_ROWS, CO = SPLIT_COLS;
+#define P(suffix, rows, cols, split, decay, sd, val, field)                                       \
     snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                                       \
-    add_param(m, n, rows, cols, decay, sd, val, &w->field, &g->field)
-    P("input_layernorm.weight", 1, C, 0, 0, 1, ln1_w);
-    if (gpt2) { P("input_layernorm.bias", 1, C, 0, 0, 0, ln1_b); }
-    P("self_attn.q_proj.weight", HD, C, 1, std, 0, wq);
-    if (gpt2) { P("self_attn.q_proj.bias", 1, HD, 0, 0, 0, bq); }
-    P("self_attn.k_proj.weight", KV, C, 1, std, 0, wk);
-    if (gpt2) { P("self_attn.k_proj.bias", 1, KV, 0, 0, 0, bk); }
-    P("self_attn.v_proj.weight", KV, C, 1, std, 0, wv);
-    if (gpt2) { P("self_attn.v_proj.bias", 1, KV, 0, 0, 0, bv); }
-    P("self_attn.o_proj.weight", C, HD, 1, proj_std, 0, wo);
-    if (gpt2) { P("self_attn.o_proj.bias", 1, C, 0, 0, 0, bo); }
-    P("post_attention_layernorm.weight", 1, C, 0, 0, 1, ln2_w);
-    if (gpt2) { P("post_attention_layernorm.bias", 1, C, 0, 0, 0, ln2_b); }
-    if (!gpt2) { P("mlp.gate_proj.weight", F, C, 1, std, 0, wg); }
-    P("mlp.up_proj.weight", F, C, 1, std, 0, wu);
-    if (gpt2) { P("mlp.up_proj.bias", 1, F, 0, 0, 0, bu); }
-    P("mlp.down_proj.weight", C, F, 1, proj_std, 0, wd);
-    if (gpt2) { P("mlp.down_proj.bias", 1, C, 0, 0, 0, bd); }
+    add_param(m, n, rows, cols, split, decay, sd, val, &w->field, &g->field)
+    P("input_layernorm.weight", 1, C, N0, 0, 0, 1, ln1_w);
+    if (gpt2) { P("input_layernorm.bias", 1, C, N0, 0, 0, 0, ln1_b); }
+    P("self_attn.q_proj.weight", HD, C, R, 1, std, 0, wq);
+    if (gpt2) { P("self_attn.q_proj.bias", 1, HD, CO, 0, 0, 0, bq); }
+    P("self_attn.k_proj.weight", KV, C, R, 1, std, 0, wk);
+    if (gpt2) { P("self_attn.k_proj.bias", 1, KV, CO, 0, 0, 0, bk); }
+    P("self_attn.v_proj.weight", KV, C, R, 1, std, 0, wv);
+    if (gpt2) { P("self_attn.v_proj.bias", 1, KV, CO, 0, 0, 0, bv); }
+    P("self_attn.o_proj.weight", C, HD, CO, 1, proj_std, 0, wo);
+    if (gpt2) { P("self_attn.o_proj.bias", 1, C, N0, 0, 0, 0, bo); }
+    P("post_attention_layernorm.weight", 1, C, N0, 0, 0, 1, ln2_w);
+    if (gpt2) { P("post_attention_layernorm.bias", 1, C, N0, 0, 0, 0, ln2_b); }
+    if (!gpt2) { P("mlp.gate_proj.weight", F, C, R, 1, std, 0, wg); }
+    P("mlp.up_proj.weight", F, C, R, 1, std, 0, wu);
+    if (gpt2) { P("mlp.up_proj.bias", 1, F, CO, 0, 0, 0, bu); }
+    P("mlp.down_proj.weight", C, F, CO, 1, proj_std, 0, wd);
+    if (gpt2) { P("mlp.down_proj.bias", 1, C, N0, 0, 0, 0, bd); }
 #undef P
 }
 
@@ -129,17 +150,21 @@ static void build_param_table(model *m) {
     m->nunits = m->L + 2;
     m->unit_off = calloc(m->nunits, sizeof *m->unit_off);
     m->unit_len = calloc(m->nunits, sizeof *m->unit_len);
-    add_param(m, "model.embed_tokens.weight", m->Vp, C, 1, 0.02f, 0, &m->wte, &m->g_wte);
+    add_param(m, "model.embed_tokens.weight", m->Vp, C, SPLIT_ROWS, 1, 0.02f, 0, &m->wte,
+              &m->g_wte);
     if (!m->llama)
-        add_param(m, "model.embed_positions.weight", m->maxT, C, 1, 0.02f, 0, &m->wpe, &m->g_wpe);
+        add_param(m, "model.embed_positions.weight", m->maxT, C, SPLIT_NONE, 1, 0.02f, 0, &m->wpe,
+                  &m->g_wpe);
     end_unit(m);
     for (int l = 0; l < m->L; l++) {
         add_layer_params(m, l);
         end_unit(m);
     }
-    add_param(m, "model.norm.weight", 1, C, 0, 0, 1, &m->lnf_w, &m->g_lnf_w);
-    if (!m->llama) add_param(m, "model.norm.bias", 1, C, 0, 0, 0, &m->lnf_b, &m->g_lnf_b);
-    if (!m->tied) add_param(m, "lm_head.weight", m->Vp, C, 1, 0.02f, 0, &m->lm, &m->g_lm);
+    add_param(m, "model.norm.weight", 1, C, SPLIT_NONE, 0, 0, 1, &m->lnf_w, &m->g_lnf_w);
+    if (!m->llama)
+        add_param(m, "model.norm.bias", 1, C, SPLIT_NONE, 0, 0, 0, &m->lnf_b, &m->g_lnf_b);
+    if (!m->tied)
+        add_param(m, "lm_head.weight", m->Vp, C, SPLIT_ROWS, 1, 0.02f, 0, &m->lm, &m->g_lm);
     end_unit(m);
 }
 
@@ -181,7 +206,7 @@ static void alloc_activations(model *m, ust_arena *a) {
     m->lnf = A(N * C);
     m->lnf_mean = A(N);
     m->lnf_rstd = A(N);
-    m->logits = A(N * m->Vp);
+    m->logits = A(N * m->Vl);
     m->losses = A(N);
     m->dx = A(N * C);
     m->dtmp = A(N * C);
@@ -217,6 +242,11 @@ int model_create_with(model **out, const ust_config *cfg, const ust_ops *ops, us
     if (!m) return ust_errf(e, "out of memory creating the model");
     m->cfg = cfg;
     m->ops = ops;
+    m->tp = st->tp;
+    if (!m->tp) {
+        tp_init(&m->own_tp, ops, NULL, arena, 0);
+        m->tp = &m->own_tp;
+    }
     m->llama = cfg->model.arch == ARCH_LLAMA;
     m->L = cfg->model.n_layer;
     m->C = cfg->model.d_model;
@@ -233,6 +263,12 @@ int model_create_with(model **out, const ust_config *cfg, const ust_ops *ops, us
     m->eps = (float)cfg->model.norm_eps;
     m->theta = (float)cfg->model.rope_theta;
     m->recompute = cfg->train.recompute;
+    m->Hg = m->H, m->Hkvg = m->Hkv, m->Fg = m->F;
+    int start;
+    m->H = tp_part(m->tp, m->Hg, &start); /* this rank's heads and hidden units */
+    m->Hkv = tp_part(m->tp, m->Hkvg, &start);
+    m->F = tp_part(m->tp, m->Fg, &start);
+    m->Vl = tp_part(m->tp, m->Vp, &start);
     if (cfg->model.moe.num_experts > 0) {
         free(m);
         return ust_errf(e, "model.moe.num_experts = %d: mixture-of-experts layers are not "
@@ -317,13 +353,13 @@ int model_find_param(const model *m, const char *name) {
 
 double model_flops_per_token(const model *m) {
     double matmul = 0; /* weights used in a matmul: every 2-D tensor but the lookup tables */
-    for (int i = 0; i < m->nparams; i++) {
+    for (int i = 0; i < m->nparams; i++) { /* whole tensors: the model's FLOPs, not this rank's */
         const model_param *q = &m->params[i];
         if (q->whole.ndim == 2 && strcmp(q->name, "model.embed_positions.weight") != 0 &&
             (strcmp(q->name, "model.embed_tokens.weight") != 0 || m->tied))
-            matmul += (double)q->numel;
+            matmul += (double)q->whole.shape[0] * (double)q->whole.shape[1];
     }
-    return 6.0 * matmul + 12.0 * m->L * (double)(m->H * m->D) * m->T;
+    return 6.0 * matmul + 12.0 * m->L * (double)(m->Hg * m->D) * m->T;
 }
 
 /* ------------------------------------------------------------------ initialization */
@@ -408,13 +444,13 @@ static void layer_forward(model *m, int l, const float *x_in, float *x_out, laye
     }
     o->attention_fwd(o, a->att, a->lse, a->q, a->k, a->v, m->B, m->T, m->T, m->H, m->Hkv, m->D,
                      m->pos, m->pos, 1);
-    o->linear_fwd(o, a->res2, a->att, w->wo, w->bo, N, HD, C);
+    tp_row_linear_fwd(m->tp, a->res2, a->att, w->wo, w->bo, N, HD, C);
     o->axpy(o, a->res2, 1.0f, x_in, (int64_t)N * C);
     norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b);
     if (m->llama) o->linear_fwd(o, a->gate, a->ln2, w->wg, NULL, N, C, m->F);
     o->linear_fwd(o, a->up, a->ln2, w->wu, w->bu, N, C, m->F);
     mlp_activation(m, a);
-    o->linear_fwd(o, x_out, a->act, w->wd, w->bd, N, m->F, C);
+    tp_row_linear_fwd(m->tp, x_out, a->act, w->wd, w->bd, N, m->F, C);
     o->axpy(o, x_out, 1.0f, a->res2, (int64_t)N * C);
 }
 
@@ -434,8 +470,8 @@ double model_forward(model *m, const int32_t *inputs, const int32_t *targets, fl
 
     int head = m->nunits - 1;
     hook(m, 0, MODEL_FWD_BEGIN);
-    o->embedding_fwd(o, m->xs[0], m->tok, m->llama ? NULL : m->pos, m->wte, m->wpe, m->B, m->T,
-                     m->C, 0, m->Vp);
+    tp_embedding_fwd(m->tp, m->xs[0], m->tok, m->llama ? NULL : m->pos, m->wte, m->wpe, m->B,
+                     m->T, m->C, m->Vp);
     hook(m, 0, MODEL_FWD_END);
     for (int l = 0; l < m->L; l++) {
         hook(m, l + 1, MODEL_FWD_BEGIN);
@@ -444,10 +480,9 @@ double model_forward(model *m, const int32_t *inputs, const int32_t *targets, fl
     }
     hook(m, head, MODEL_FWD_BEGIN);
     norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->xs[m->L], m->lnf_w, m->lnf_b);
-    o->linear_fwd(o, m->logits, m->lnf, m->lm, NULL, N, m->C, m->Vp);
-    /* fused: per-token losses, and dlogits (in place over logits) when training */
-    o->xent_fwd_bwd(o, m->losses, dscale > 0 ? m->logits : NULL, m->logits, m->tgt, N, m->Vp,
-                    m->V, dscale);
+    o->linear_fwd(o, m->logits, m->lnf, m->lm, NULL, N, m->C, m->Vl);
+    /* per-token losses, and dlogits (in place over logits) when training */
+    tp_xent(m->tp, m->losses, m->logits, m->tgt, N, m->Vp, m->V, dscale);
     hook(m, head, MODEL_FWD_END);
     return o->sum(o, m->losses, N);
 }
@@ -472,6 +507,7 @@ static void layer_backward(model *m, int l, const float *x_in, float *dx, layer_
         o->gelu_bwd(o, m->dup, a->up, m->dact, (int64_t)N * F);
         o->linear_bwd(o, m->dln, g->wu, g->bu, m->dup, a->ln2, w->wu, N, C, F, 0);
     }
+    tp_allreduce(m->tp, m->dln, (int64_t)N * C); /* the MLP's input is shared by the group */
     norm_backward(m, m->dtmp, g->ln2_w, g->ln2_b, m->dln, a->res2, w->ln2_w, a->ln2_mean,
                   a->ln2_rstd);
     o->axpy(o, dx, 1.0f, m->dtmp, (int64_t)N * C); /* dx = d res2 */
@@ -490,6 +526,7 @@ static void layer_backward(model *m, int l, const float *x_in, float *dx, layer_
     o->linear_bwd(o, m->dln, g->wq, g->bq, m->dq, a->ln1, w->wq, N, C, HD, 0);
     o->linear_bwd(o, m->dln, g->wk, g->bk, m->dk, a->ln1, w->wk, N, C, KV, 1);
     o->linear_bwd(o, m->dln, g->wv, g->bv, m->dv, a->ln1, w->wv, N, C, KV, 1);
+    tp_allreduce(m->tp, m->dln, (int64_t)N * C); /* so is attention's */
     norm_backward(m, m->dtmp, g->ln1_w, g->ln1_b, m->dln, x_in, w->ln1_w, a->ln1_mean,
                   a->ln1_rstd);
     o->axpy(o, dx, 1.0f, m->dtmp, (int64_t)N * C); /* dx = d x_in */
@@ -501,7 +538,8 @@ void model_backward(model *m) {
     int head = m->nunits - 1;
     /* head: logits now hold d loss / d logits (written by the fused cross-entropy) */
     hook(m, head, MODEL_BWD_BEGIN);
-    o->linear_bwd(o, m->dln, m->g_lm, NULL, m->logits, m->lnf, m->lm, N, m->C, m->Vp, 0);
+    o->linear_bwd(o, m->dln, m->g_lm, NULL, m->logits, m->lnf, m->lm, N, m->C, m->Vl, 0);
+    tp_allreduce(m->tp, m->dln, (int64_t)N * m->C);
     norm_backward(m, m->dx, m->g_lnf_w, m->g_lnf_b, m->dln, m->xs[m->L], m->lnf_w, m->lnf_mean,
                   m->lnf_rstd);
     hook(m, head, MODEL_BWD_END);
@@ -514,8 +552,8 @@ void model_backward(model *m) {
         hook(m, l + 1, MODEL_BWD_END);
     }
     hook(m, 0, MODEL_BWD_BEGIN);
-    o->embedding_bwd(o, m->g_wte, m->llama ? NULL : m->g_wpe, m->dx, m->tok,
-                     m->llama ? NULL : m->pos, m->B, m->T, m->C, 0, m->Vp);
+    tp_embedding_bwd(m->tp, m->g_wte, m->llama ? NULL : m->g_wpe, m->dx, m->tok,
+                     m->llama ? NULL : m->pos, m->B, m->T, m->C, m->Vp);
     hook(m, 0, MODEL_BWD_END);
 }
 
@@ -536,14 +574,20 @@ static int read_into(model *m, FILE *f, const char *path, const char *name, int6
                      float *host, const llmc_sink *sink, ust_err *e) {
     int i = model_find_param(m, name);
     UST_ASSERT(i >= 0, "parameter %s missing", name);
-    UST_ASSERT(m->params[i].numel == count, "%s: %lld vs %lld", name,
-               (long long)m->params[i].numel, (long long)count);
+    const model_param *q = &m->params[i];
+    int64_t whole = q->whole.ndim == 2 ? q->whole.shape[0] * q->whole.shape[1] : q->whole.shape[0];
+    UST_ASSERT(whole == count, "%s: %lld vs %lld", name, (long long)whole, (long long)count);
     if ((int64_t)fread(host, sizeof(float), count, f) != count)
         return ust_errf(e, "%s: truncated llm.c checkpoint while reading %s", path, name);
+    /* keep this rank's box of the whole tensor, in place (rows only move towards the front) */
+    int64_t cols = q->whole.ndim == 2 ? q->whole.shape[1] : q->whole.shape[0];
+    for (int64_t r = 0; r < q->slice.nrows; r++)
+        memmove(host + r * q->slice.ncols, host + (q->slice.row0 + r) * cols + q->slice.col0,
+                q->slice.ncols * sizeof(float));
     if (sink->store)
         sink->store(sink->ctx, i, host);
     else
-        m->ops->to_device(m->ops, m->p + m->params[i].offset, host, count * sizeof(float));
+        m->ops->to_device(m->ops, m->p + q->offset, host, q->numel * sizeof(float));
     return 0;
 }
 
@@ -557,7 +601,7 @@ static int check_llmc_header(const model *m, const int32_t *h, const char *path,
     if (m->llama)
         return ust_errf(e, "%s: llm.c checkpoints are GPT-2 models; set model.arch: gpt2", path);
     const char *names[] = {"max_seq_len", "vocab_size", "n_layer", "n_head", "d_model"};
-    int want[] = {m->maxT, m->V, m->L, m->H, m->C};
+    int want[] = {m->maxT, m->V, m->L, m->Hg, m->C};
     for (int i = 0; i < 5; i++)
         if (h[2 + i] != want[i])
             return ust_errf(e, "%s: checkpoint has model.%s = %d but the config says %d", path,
@@ -565,7 +609,7 @@ static int check_llmc_header(const model *m, const int32_t *h, const char *path,
     if (h[7] != m->Vp)
         return ust_errf(e, "%s: checkpoint pads the vocabulary to %d, the config to %d (set "
                            "model.vocab_pad so they agree)", path, h[7], m->Vp);
-    if (m->H != m->Hkv || m->F != 4 * m->C)
+    if (m->Hg != m->Hkvg || m->Fg != 4 * m->C)
         return ust_errf(e, "%s: llm.c GPT-2 needs n_kv_head = n_head and d_ff = 4*d_model", path);
     return 0;
 }
@@ -615,7 +659,9 @@ int model_load_llmc(model *m, const char *path, model_store_fn store, void *stor
                          kinds[k].suffix[p]);
                 int i = model_find_param(m, name);
                 UST_ASSERT(i >= 0, "no parameter %s", name);
-                if (read_into(m, f, path, name, m->params[i].numel, host, &sink, e)) goto done;
+                const ckpt_tensor *w = &m->params[i].whole;
+                int64_t n = w->ndim == 2 ? w->shape[0] * w->shape[1] : w->shape[0];
+                if (read_into(m, f, path, name, n, host, &sink, e)) goto done;
             }
     if (read_into(m, f, path, "model.norm.weight", C, host, &sink, e) ||
         read_into(m, f, path, "model.norm.bias", C, host, &sink, e))

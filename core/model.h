@@ -23,6 +23,7 @@ typedef struct {
     int64_t numel;      /* elements held here */
     int64_t offset;     /* element offset into the flat parameter / gradient buffers */
     int decay;          /* weight decay applies (matrices) */
+    int tp_split;       /* split over the tensor-parallel group (else every member holds it) */
     float init_std;     /* N(0, init_std); 0 means the constant init_value */
     float init_value;
 } model_param;
@@ -44,7 +45,10 @@ typedef struct {
     void (*unit)(void *ctx, int unit, model_phase phase);
 } model_hooks;
 
+struct ust_tp;
+
 typedef struct {
+    struct ust_tp *tp;  /* tensor parallelism (NULL: none) */
     int64_t unit_pad;   /* pad every unit to a multiple of this many floats (>= 16) */
     int alloc_params;   /* carve the whole flat parameter buffer from the arena */
     int alloc_grads;    /* the same for gradients */
@@ -80,7 +84,7 @@ void model_init_params(model *m, uint64_t seed);
  * tensor, so any shard initializes exactly its slice. */
 void model_init_range(const model *m, int i, int64_t flat0, int64_t flat1, uint64_t seed,
                       float *host);
-/* Receives one whole tensor (host memory) of an imported checkpoint. */
+/* Receives this rank's part (its slice box, row-major) of one imported tensor, host memory. */
 typedef void (*model_store_fn)(void *ctx, int param, const float *host);
 /* Loads an llm.c GPT-2 checkpoint (gpt2_124M.bin layout) into a gpt2 model of matching shape;
  * each tensor goes to store (NULL: into the model's own flat parameter buffer). */

@@ -107,6 +107,20 @@ struct ust_ops {
     void (*xent_fwd_bwd)(const ust_ops *o, float *losses, float *dlogits, const float *logits,
                          const int32_t *targets, int N, int V, int v_real, float dscale);
 
+    /* ---- vocab-parallel cross-entropy: logits(N,V) hold vocabulary columns [v_start,
+     * v_start+V) of a vocabulary whose real size is v_real (global columns >= v_real are
+     * padding). xent_vp_local writes each row's log-sum-exp over its real local columns (lse,
+     * -INFINITY when it has none) and the target's logit when the target is a local column
+     * (tlogit, else 0). After the caller combines them over the vocabulary shards (lse merged,
+     * tlogit summed), xent_vp_finish writes losses = lse - tlogit and, when dlogits != NULL,
+     * (softmax - onehot) * dscale for the local columns (dlogits may equal logits). Targets < 0
+     * are ignored (loss 0, gradient 0). ---- */
+    void (*xent_vp_local)(const ust_ops *o, float *lse, float *tlogit, const float *logits,
+                          const int32_t *targets, int N, int V, int v_start, int v_real);
+    void (*xent_vp_finish)(const ust_ops *o, float *losses, float *dlogits, const float *logits,
+                           const int32_t *targets, const float *lse, const float *tlogit, int N,
+                           int V, int v_start, int v_real, float dscale);
+
     /* ---- optimizer: AdamW on fp32 master weights, step t >= 1 (bias correction).
      * g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
      * p -= lr * (mhat / (sqrt(vhat) + eps) + wd * p). ---- */

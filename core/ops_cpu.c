@@ -764,6 +764,48 @@ static void cpu_xent_fwd_bwd(const ust_ops *o, float *losses, float *dlogits, co
     }
 }
 
+/* Real local columns of a vocabulary shard: [0, n) with n = clamp(v_real - v_start, 0, V). */
+static int real_columns(int V, int v_start, int v_real) {
+    int n = v_real - v_start;
+    return n < 0 ? 0 : n > V ? V : n;
+}
+
+static void cpu_xent_vp_local(const ust_ops *o, float *lse, float *tlogit, const float *logits,
+                              const int32_t *targets, int N, int V, int v_start, int v_real) {
+    int real = real_columns(V, v_start, v_real);
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int n = 0; n < N; n++) {
+        const float *x = logits + (int64_t)n * V;
+        float mx = -INFINITY;
+        for (int c = 0; c < real; c++) mx = x[c] > mx ? x[c] : mx;
+        double sum = 0.0;
+        for (int c = 0; c < real; c++) sum += expf(x[c] - mx);
+        lse[n] = real ? mx + (float)log(sum) : -INFINITY;
+        int local = targets[n] - v_start;
+        tlogit[n] = targets[n] >= 0 && local >= 0 && local < real ? x[local] : 0.0f;
+    }
+}
+
+static void cpu_xent_vp_finish(const ust_ops *o, float *losses, float *dlogits,
+                               const float *logits, const int32_t *targets, const float *lse,
+                               const float *tlogit, int N, int V, int v_start, int v_real,
+                               float dscale) {
+    int real = real_columns(V, v_start, v_real);
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int n = 0; n < N; n++) {
+        int ignored = targets[n] < 0;
+        if (losses) losses[n] = ignored ? 0.0f : lse[n] - tlogit[n];
+        if (!dlogits) continue;
+        const float *x = logits + (int64_t)n * V;
+        float *dx = dlogits + (int64_t)n * V;
+        int local = targets[n] - v_start;
+        for (int c = 0; c < V; c++) {
+            float p = c < real && !ignored ? expf(x[c] - lse[n]) : 0.0f;
+            dx[c] = ignored ? 0.0f : (p - (c == local ? 1.0f : 0.0f)) * dscale;
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- optimizer */
 
 static void cpu_adamw(const ust_ops *o, float *p, const float *grad, float *m, float *v, int64_t n,
@@ -877,6 +919,8 @@ ust_ops *ops_cpu_create(int threads, int local_ranks) {
     o->attention_bwd = cpu_attention_bwd;
     o->attention_merge = cpu_attention_merge;
     o->xent_fwd_bwd = cpu_xent_fwd_bwd;
+    o->xent_vp_local = cpu_xent_vp_local;
+    o->xent_vp_finish = cpu_xent_vp_finish;
     o->adamw = cpu_adamw;
     o->add = cpu_add;
     o->axpy = cpu_axpy;

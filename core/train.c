@@ -22,6 +22,7 @@
 #include "ops.h"
 #include "optim.h"
 #include "plan.h"
+#include "tp.h"
 
 /* Set by SIGTERM/SIGUSR1 and read between steps: the only state a signal handler may touch. */
 static volatile sig_atomic_t g_stop_signal;
@@ -40,6 +41,7 @@ typedef struct {
     int rank0;                           /* this rank prints, logs and writes state.json */
     ust_ops *ops;
     ust_arena arena;
+    ust_tp tp;
     model *m;
     dp_state *dp;
     ust_dataset *train, *val;
@@ -78,6 +80,13 @@ void train_runtime_finalize(ust_runtime *rt) {
     comm_ctx_free(rt->comm);
     boot_finalize(&rt->boot);
     rt->comm = NULL;
+}
+
+static uint64_t bytes_sent(ust_comm *c) {
+    const comm_counters *k = comm_get_counters(c);
+    uint64_t total = 0;
+    for (int i = 0; i < COMM_NKINDS; i++) total += k->bytes[i];
+    return total;
 }
 
 /* 1 when flag is set on any rank of the job. */
@@ -267,23 +276,28 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, ust_err *e)
     const struct {
         const char *key;
         int value;
-    } pending[] = {{"parallel.tp", cfg->parallel.tp},
-                   {"parallel.pp", cfg->parallel.pp},
+    } pending[] = {{"parallel.pp", cfg->parallel.pp},
                    {"parallel.cp", cfg->parallel.cp},
                    {"parallel.ep", cfg->parallel.ep}};
+    if (cfg->parallel.sp)
+        return ust_errf(e, "parallel.sp = true: sequence parallelism is not available yet; set "
+                           "parallel.sp: false (tensor parallelism works without it)");
     for (size_t i = 0; i < sizeof pending / sizeof pending[0]; i++)
         if (pending[i].value != 1)
-            return ust_errf(e, "%s = %d: this build trains data-parallel layouts only (tensor, "
-                               "pipeline, context and expert parallelism are not available yet); "
-                               "set %s: 1", pending[i].key, pending[i].value, pending[i].key);
+            return ust_errf(e, "%s = %d: this build trains data- and tensor-parallel layouts "
+                               "only (pipeline, context and expert parallelism are not available "
+                               "yet); set %s: 1", pending[i].key, pending[i].value,
+                            pending[i].key);
     if (open_data(t, e)) return -1;
     if (cfg->checkpoint.every > 0 && fs_mkdir_p(cfg->checkpoint.dir, e)) return -1;
     t->ops = ops_cpu_create(cfg->train.threads, rt->boot.local_world);
     mem_init(&t->arena, t->ops);
-    ust_comm *dp_comm = rt->topo.comm[TOPO_DP];
+    ust_comm *dp_comm = rt->topo.comm[TOPO_DP], *tp_comm = rt->topo.comm[TOPO_TP];
+    tp_init(&t->tp, t->ops, tp_comm, &t->arena, cfg->train.micro_batch_size * cfg->train.seq_len);
     model_storage st = dp_model_storage(cfg, comm_size(dp_comm));
+    st.tp = &t->tp;
     if (model_create_with(&t->m, cfg, t->ops, &t->arena, &st, e) ||
-        dp_create(&t->dp, cfg, t->ops, &t->arena, t->m, dp_comm, e))
+        dp_create(&t->dp, cfg, t->ops, &t->arena, t->m, dp_comm, tp_comm, e))
         return -1;
     t->flag = mem_alloc(&t->arena, MEM_COMM, sizeof(float));
     mem_freeze(&t->arena);
@@ -338,6 +352,7 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
     res->flops_per_token = fpt;
     while (t->step < c->train.steps) {
         double t0 = now_s();
+        uint64_t tp_bytes0 = bytes_sent(t->rt->topo.comm[TOPO_TP]);
         double loss = forward_backward(t);
         double norm = dp_grad_norm(t->dp);
         double lr = optim_lr(c, t->step);
@@ -351,6 +366,7 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
         }
         if (finite) dp_optimizer_step(t->dp, lr, optim_clip_scale(c, norm), t->step);
         uint64_t dp_bytes = dp_bytes_sent(t->dp); /* before validation adds its own gathers */
+        uint64_t tp_bytes = bytes_sent(t->rt->topo.comm[TOPO_TP]) - tp_bytes0;
         t->step++;
         t->sample_index += c->train.global_batch_size;
         t->last_loss = loss;
@@ -364,6 +380,7 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
         s.mfu = fpt * s.tokens_per_s / (peak * t->rt->world); /* peak is one rank's */
         s.peak_mem_bytes = t->arena.peak;
         s.comm_bytes_dp = dp_bytes;
+        s.comm_bytes_tp = tp_bytes;
         s.mem_params = t->arena.bytes[MEM_PARAMS];
         s.mem_grads = t->arena.bytes[MEM_GRADS];
         s.mem_optim = t->arena.bytes[MEM_OPTIM];

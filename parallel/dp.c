@@ -15,7 +15,7 @@ struct dp_state {
     const ust_config *cfg;
     const ust_ops *ops;
     model *m;
-    ust_comm *comm;
+    ust_comm *comm, *mp; /* the dp group; the group holding the other shards of this replica */
     int n, rank, stage, nunits, head, tied, last_mb, drop_grads;
     int64_t *uoff, *ulen, *chunk, *soff; /* per unit: offset, length, chunk, offset in shard */
     int64_t numel, shard_numel, max_unit;
@@ -97,13 +97,14 @@ static void make_buckets(dp_state *d) {
 static void on_unit(void *ctx, int u, model_phase ph);
 
 int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_arena *a, model *m,
-              ust_comm *comm, ust_err *e) {
+              ust_comm *comm, ust_comm *mp, ust_err *e) {
     dp_state *d = calloc(1, sizeof *d);
     if (!d) return ust_errf(e, "out of memory");
     d->cfg = cfg;
     d->ops = ops;
     d->m = m;
     d->comm = comm;
+    d->mp = mp;
     d->n = comm_size(comm);
     d->rank = comm_rank(comm);
     d->stage = cfg->optimizer.zero_stage;
@@ -289,26 +290,33 @@ void dp_finish_grads(dp_state *d) {
     d->npending = 0;
 }
 
-double dp_sum(dp_state *d, double x) {
-    if (d->n == 1) return x;
+static double sum_over(dp_state *d, ust_comm *c, double x) {
+    if (!c || comm_size(c) == 1) return x;
     /* two floats carry a double's worth: the value and its rounding error */
     float h[2] = {(float)x, (float)(x - (double)(float)x)};
     d->ops->to_device(d->ops, d->scalar, h, sizeof h);
-    comm_req r = comm_allreduce(d->comm, d->scalar, d->scalar, 2, COMM_FP32, COMM_SUM);
+    comm_req r = comm_allreduce(c, d->scalar, d->scalar, 2, COMM_FP32, COMM_SUM);
     comm_wait(&r);
     d->ops->to_host(d->ops, h, d->scalar, sizeof h);
     return (double)h[0] + (double)h[1];
 }
 
+double dp_sum(dp_state *d, double x) { return sum_over(d, d->comm, x); }
+
+/* Sum of squares over the whole model: the pieces each dp member holds are disjoint; tensors
+ * split over the tensor-parallel group are summed over it too, replicated ones counted once. */
 double dp_grad_norm(dp_state *d) {
-    double ss = 0;
-    if (d->stage == 0) return sqrt(d->ops->sumsq(d->ops, d->g_whole, d->numel));
-    if (d->stage >= 2)
-        ss = d->ops->sumsq(d->ops, d->g_shard, d->shard_numel);
-    else
-        for (int u = 0; u < d->nunits; u++)
-            ss += d->ops->sumsq(d->ops, at(d, BUF_GRADS, u, d->rank * d->chunk[u]), d->chunk[u]);
-    return sqrt(dp_sum(d, ss));
+    double split = 0, repl = 0;
+    int part = d->stage >= 1;
+    for (int i = 0; i < model_num_params(d->m); i++) {
+        int64_t a, b, t0 = piece(d, i, part, &a, &b);
+        if (b <= a) continue;
+        double ss = d->ops->sumsq(d->ops, at(d, BUF_GRADS, model_param_unit(d->m, i), t0 + a),
+                                  b - a);
+        *(model_param_at(d->m, i)->tp_split ? &split : &repl) += ss;
+    }
+    if (part) split = dp_sum(d, split), repl = dp_sum(d, repl);
+    return sqrt(sum_over(d, d->mp, split) + repl);
 }
 
 void dp_optimizer_step(dp_state *d, double lr, float grad_scale, int64_t step) {
@@ -422,6 +430,7 @@ static int transfer(dp_state *d, dp_buf b, int file, ckpt_writer *w, ckpt_reader
         const model_param *q = model_param_at(d->m, i);
         int64_t a, bb, t0 = piece(d, i, w ? 1 : !whole(d, b), &a, &bb);
         if (bb <= a) continue;
+        if (w && !q->tp_split && d->mp && comm_rank(d->mp) != 0) continue; /* written once */
         if (bb - a > cap) host = realloc(host, (cap = bb - a) * sizeof(float));
         float *dev = at(d, b, model_param_unit(d->m, i), t0 + a);
         ckpt_tensor t = tensor_of(q, b);

@@ -27,9 +27,11 @@ typedef struct dp_state dp_state;
 
 /* How the model must allocate itself for this stage and group size. */
 model_storage dp_model_storage(const ust_config *cfg, int dp_size);
-/* comm: the group gradients are reduced over (members hold replicas, see different tokens). */
+/* comm: the group gradients are reduced over (members hold replicas, see different tokens);
+ * mp: the group holding the other tensor-parallel shards of this replica (NULL: none), over
+ * which the gradient norm is summed and of which only member 0 writes replicated tensors. */
 int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
-              model *m, ust_comm *comm, ust_err *e);
+              model *m, ust_comm *comm, ust_comm *mp, ust_err *e);
 void dp_destroy(dp_state *d);
 
 void dp_init_params(dp_state *d, uint64_t seed);

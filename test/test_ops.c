@@ -790,6 +790,39 @@ static void test_xent_forward_excludes_padding_and_ignores_negative_targets(void
     fr(logits), fr(losses);
 }
 
+/* Three vocabulary shards of 4 columns (the last holds one real column and three padding ones),
+ * combined as tensor parallelism does it (log-sum-exp merged in shard order with
+ * attention_merge at D = 1, target logits summed), give the whole-vocabulary loss and gradient. */
+static void test_vocab_parallel_xent_matches_the_whole_vocabulary(void) {
+    enum { S = 3, W = XV / S };
+    float *logits = xent_logits(), *losses = fbuf(XN), *dl = fbuf(XN * XV);
+    O->xent_fwd_bwd(O, losses, dl, logits, x_tgt, XN, XV, XVR, X_DSCALE);
+    float *shard[S], *lse[S], *tl[S], *dummy = fbuf(XN), *dummy2 = fbuf(XN);
+    for (int s = 0; s < S; s++) {
+        shard[s] = fbuf(XN * W), lse[s] = fbuf(XN), tl[s] = fbuf(XN);
+        for (int n = 0; n < XN; n++)
+            memcpy(shard[s] + n * W, logits + n * XV + s * W, W * sizeof(float));
+        O->xent_vp_local(O, lse[s], tl[s], shard[s], x_tgt, XN, W, s * W, XVR);
+    }
+    float *glse = dupv(lse[0], XN), *gtl = dupv(tl[0], XN);
+    for (int s = 1; s < S; s++) {
+        O->attention_merge(O, dummy, glse, dummy2, lse[s], 1, XN, 1, 1);
+        O->add(O, gtl, gtl, tl[s], XN);
+    }
+    int ok = 1;
+    for (int s = 0; s < S && ok; s++) {
+        float *l = fbuf(XN), *d = fbuf(XN * W), *want = fbuf(XN * W);
+        O->xent_vp_finish(O, l, d, shard[s], x_tgt, glse, gtl, XN, W, s * W, XVR, X_DSCALE);
+        for (int n = 0; n < XN; n++) memcpy(want + n * W, dl + n * XV + s * W, W * sizeof(float));
+        ok = close_f("shard loss", l, losses, XN, 1e-5, 1e-5) &&
+             close_f("shard dlogits", d, want, XN * W, 1e-6, 1e-5);
+        fr(l), fr(d), fr(want);
+    }
+    CHECK(ok, "%s", msg);
+    for (int s = 0; s < S; s++) fr(shard[s]), fr(lse[s]), fr(tl[s]);
+    fr(logits), fr(losses), fr(dl), fr(dummy), fr(dummy2), fr(glse), fr(gtl);
+}
+
 static void test_xent_backward_matches_finite_differences_and_may_alias_logits(void) {
     xent_ctx c = {xent_logits(), fbuf(XN)};
     float *dlogits = randv(XN * XV, 1), *losses = fbuf(XN);
@@ -949,6 +982,7 @@ int main(void) {
     RUN_TEST(test_adamw_two_steps_match_hand_computation);
     RUN_TEST(test_sumsq_and_sum_match_double_reference);
     RUN_TEST(test_add_axpy_scale_are_exact_elementwise);
+    RUN_TEST(test_vocab_parallel_xent_matches_the_whole_vocabulary);
     RUN_TEST(test_two_threads_match_one_thread_bit_for_bit_attention_and_layernorm);
     RUN_TEST(test_measured_sgemm_rate_is_positive);
     O->destroy(O);
