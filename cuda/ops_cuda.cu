@@ -716,6 +716,70 @@ static void cu_xent_fwd_bwd(const ust_ops *o, float *losses, float *dlogits, con
     CK_LAUNCH();
 }
 
+/* Vocabulary-parallel cross-entropy: this shard holds global columns [v_start, v_start + V), the
+ * first `real` of them real. Local pass: per row the log-sum-exp over the real local columns
+ * (-inf when none) and the target's logit when the target is local (else 0). */
+__global__ void k_xent_vp_local(float *lse, float *tlogit, const float *logits,
+                                const int32_t *targets, int V, int v_start, int real) {
+    __shared__ float sh[32];
+    int64_t n = blockIdx.x;
+    const float *x = logits + n * V;
+    float mx = -INFINITY;
+    for (int c = threadIdx.x; c < real; c += blockDim.x) mx = fmaxf(mx, x[c]);
+    mx = block_max(mx, sh);
+    float s = 0.0f;
+    for (int c = threadIdx.x; c < real; c += blockDim.x) s += expf(x[c] - mx);
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) {
+        int t = targets[n], local = t - v_start;
+        lse[n] = real > 0 ? mx + logf(s) : -INFINITY;
+        tlogit[n] = t >= 0 && local >= 0 && local < real ? x[local] : 0.0f;
+    }
+}
+
+/* After the shards' lse were merged and tlogits summed: losses = lse - tlogit, and dlogits =
+ * (softmax - onehot) dscale on the local columns (0 on padding and ignored rows). Each element
+ * is read and rewritten by one thread, so dlogits may alias logits. */
+__global__ void k_xent_vp_finish(float *losses, float *dlogits, const float *logits,
+                                 const int32_t *targets, const float *lse, const float *tlogit,
+                                 int V, int v_start, int real, float dscale) {
+    int64_t n = blockIdx.x;
+    int t = targets[n], ignored = t < 0, local = t - v_start;
+    float L = lse[n];
+    if (losses && threadIdx.x == 0) losses[n] = ignored ? 0.0f : L - tlogit[n];
+    if (!dlogits) return;
+    const float *x = logits + n * V;
+    float *dx = dlogits + n * V;
+    for (int c = threadIdx.x; c < V; c += blockDim.x) {
+        float p = c < real && !ignored ? expf(x[c] - L) : 0.0f;
+        dx[c] = ignored ? 0.0f : (p - (c == local ? 1.0f : 0.0f)) * dscale;
+    }
+}
+
+static int vp_real_columns(int V, int v_start, int v_real) {
+    int n = v_real - v_start;
+    return n < 0 ? 0 : n > V ? V : n;
+}
+
+static void cu_xent_vp_local(const ust_ops *o, float *lse, float *tlogit, const float *logits,
+                             const int32_t *targets, int N, int V, int v_start, int v_real) {
+    if (N <= 0) return;
+    k_xent_vp_local<<<N, V >= 4096 ? 512 : 128, 0, STREAM(o)>>>(
+        lse, tlogit, logits, targets, V, v_start, vp_real_columns(V, v_start, v_real));
+    CK_LAUNCH();
+}
+
+static void cu_xent_vp_finish(const ust_ops *o, float *losses, float *dlogits,
+                              const float *logits, const int32_t *targets, const float *lse,
+                              const float *tlogit, int N, int V, int v_start, int v_real,
+                              float dscale) {
+    if (N <= 0) return;
+    k_xent_vp_finish<<<N, V >= 4096 ? 512 : 128, 0, STREAM(o)>>>(
+        losses, dlogits, logits, targets, lse, tlogit, V, v_start,
+        vp_real_columns(V, v_start, v_real), dscale);
+    CK_LAUNCH();
+}
+
 /* ---------------------------------------------------------------- optimizer */
 
 __global__ void k_adamw(float *p, const float *grad, float *m, float *v, int64_t n, float lr,
@@ -929,6 +993,8 @@ extern "C" ust_ops *ops_cuda_create(int device, ust_err *e) {
     o->attention_bwd = cu_attention_bwd;
     o->attention_merge = cu_attention_merge;
     o->xent_fwd_bwd = cu_xent_fwd_bwd;
+    o->xent_vp_local = cu_xent_vp_local;
+    o->xent_vp_finish = cu_xent_vp_finish;
     o->adamw = cu_adamw;
     o->add = cu_add;
     o->axpy = cu_axpy;

@@ -523,6 +523,48 @@ static void test_cuda_xent_matches_cpu_padding_ignored_targets_aliasing(void) {
     }
 }
 
+/* Two vocabulary shards (the second holding the padding) run locally, combined on the host as
+ * the caller would (lse merged, tlogit summed), then finished in place. */
+static void test_cuda_xent_vocab_parallel_matches_cpu(void) {
+    const int N = 12, Vs = 40, v_real = 70; /* shards [0, 40) and [40, 80): 10 padding columns */
+    int32_t tgt[N];
+    for (int i = 0; i < N; i++) tgt[i] = i % 4 == 1 ? -1 : irand(v_real);
+    tgt[0] = 3, tgt[2] = 45;
+    int32_t *gt = gupi(tgt, N);
+    float *lse[2], *tl[2], *x[2], *gx[2], *glse[2], *gtl[2];
+    for (int sh = 0; sh < 2; sh++) {
+        x[sh] = hrand((int64_t)N * Vs, 4);
+        gx[sh] = gup(x[sh], (int64_t)N * Vs);
+        lse[sh] = hrand(N, 1), tl[sh] = hrand(N, 1);
+        glse[sh] = gup(lse[sh], N), gtl[sh] = gup(tl[sh], N);
+        CPU->xent_vp_local(CPU, lse[sh], tl[sh], x[sh], tgt, N, Vs, sh * Vs, v_real);
+        GPU->xent_vp_local(GPU, glse[sh], gtl[sh], gx[sh], gt, N, Vs, sh * Vs, v_real);
+        CHECK_G("vp lse", glse[sh], lse[sh], N, EW, EW);
+        CHECK_G("vp tlogit", gtl[sh], tl[sh], N, 0, 0);
+    }
+    float L[N], T[N];
+    for (int i = 0; i < N; i++) {
+        float a = lse[0][i], b = lse[1][i], m = a > b ? a : b;
+        L[i] = m + logf(expf(a - m) + expf(b - m));
+        T[i] = tl[0][i] + tl[1][i];
+    }
+    float *gL = gup(L, N), *gT = gup(T, N);
+    for (int sh = 0; sh < 2; sh++) {
+        float *loss = hrand(N, 1), *gloss = gup(loss, N);
+        CPU->xent_vp_finish(CPU, loss, x[sh], x[sh], tgt, L, T, N, Vs, sh * Vs, v_real, 0.5f);
+        GPU->xent_vp_finish(GPU, gloss, gx[sh], gx[sh], gt, gL, gT, N, Vs, sh * Vs, v_real, 0.5f);
+        CHECK_G("vp losses", gloss, loss, N, EW, EW);
+        CHECK_G("vp dlogits in place", gx[sh], x[sh], (int64_t)N * Vs, 1e-6, 1e-4);
+        free(loss);
+        gfree(gloss);
+    }
+    for (int sh = 0; sh < 2; sh++) {
+        free(x[sh]), free(lse[sh]), free(tl[sh]);
+        gfree(gx[sh]), gfree(glse[sh]), gfree(gtl[sh]);
+    }
+    gfree(gt), gfree(gL), gfree(gT);
+}
+
 /* ---------------------------------------------------------------- optimizer, elementwise */
 
 static void test_cuda_adamw_matches_cpu(void) {
@@ -719,6 +761,7 @@ int main(void) {
     RUN_TEST(test_cuda_attention_gemm_in_query_chunks_matches_cpu);
     RUN_TEST(test_cuda_attention_merge_matches_cpu);
     RUN_TEST(test_cuda_xent_matches_cpu_padding_ignored_targets_aliasing);
+    RUN_TEST(test_cuda_xent_vocab_parallel_matches_cpu);
     RUN_TEST(test_cuda_adamw_matches_cpu);
     RUN_TEST(test_cuda_elementwise_and_reductions_match_cpu);
     RUN_TEST(test_cuda_tiny_gpt2_three_steps_match_cpu);
