@@ -73,6 +73,7 @@ typedef struct {
     uint32_t barriers; /* barriers this member has passed */
     int area;          /* staging area of the next round */
     double spin_s;     /* current spin budget (see shm_wait) */
+    uint32_t nwaits;   /* waits so far (every 64th probes with the full budget) */
     char shm_name[128];
     int unlinked;
 } shm_comm;
@@ -155,10 +156,13 @@ static void shm_wait(ust_comm *c, comm_kind k, _Atomic uint32_t *w,
     if (pred(c, arg)) return;
     /* Spin briefly first: a running peer arrives within microseconds. The budget adapts: it
      * halves each time the spin fails (a descheduled peer, e.g. another job on the core, needs
-     * this core more than we need the poll) and doubles each time it succeeds. */
+     * this core more than we need the poll) and doubles each time it succeeds. Failures feed
+     * themselves (a rank that slept arrives late at the next barrier, so its peer's short spin
+     * fails too), so every 64th wait spins the full budget: once both ranks are running, one
+     * success puts them back in step. */
     shm_comm *s = c->impl;
     if (c->ctx->spin) {
-        double until = comm_now() + s->spin_s;
+        double until = comm_now() + ((++s->nwaits & 63) ? s->spin_s : SHM_SPIN_MAX_S);
         for (int i = 1;; i++) {
             cpu_relax();
             if (pred(c, arg)) {
