@@ -36,6 +36,7 @@ struct model {
     ust_tp *tp, own_tp; /* tensor parallelism (own_tp: a group of one) */
     /* H, Hkv, F and Vl are this rank's shares under tensor parallelism; Hg, Hkvg, Fg, Vp whole */
     int llama, L, C, H, Hkv, D, F, V, Vp, Vl, maxT, B, T, tied;
+    int Nl; /* token rows held outside the tensor-parallel halves (B*T, or B*T/tp under sp) */
     int Hg, Hkvg, Fg;
     float eps, theta;
     ust_recompute recompute;
@@ -58,6 +59,7 @@ struct model {
     layer_acts *la;  /* L sets, or one scratch set under full recompute */
     float *lnf, *lnf_mean, *lnf_rstd, *logits, *losses; /* (N,C) (N) (N) (N,Vp) (N) */
     float *dx, *dtmp, *dln, *dq, *dk, *dv, *datt, *dgate, *dup, *dact;
+    float *dnorm; /* 2C: a norm's weight (and bias) gradient before the sp reduction */
     int32_t *tok, *tgt, *pos;
 };
 
@@ -172,19 +174,20 @@ static void build_param_table(model *m) {
 
 static void alloc_layer_acts(model *m, ust_arena *a, layer_acts *x, float *shared_act) {
     int64_t N = (int64_t)m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D, F = m->F;
+    int64_t Nl = m->Nl;
 #define A(n) ((float *)mem_alloc(a, MEM_ACTS, (size_t)(n) * sizeof(float)))
-    x->ln1 = A(N * C);
-    x->ln1_mean = A(N);
-    x->ln1_rstd = A(N);
+    x->ln1 = A(Nl * C);
+    x->ln1_mean = A(Nl);
+    x->ln1_rstd = A(Nl);
     x->q = A(N * HD);
     x->k = A(N * KV);
     x->v = A(N * KV);
     x->att = A(N * HD);
     x->lse = A((int64_t)m->B * m->H * m->T);
-    x->res2 = A(N * C);
-    x->ln2 = A(N * C);
-    x->ln2_mean = A(N);
-    x->ln2_rstd = A(N);
+    x->res2 = A(Nl * C);
+    x->ln2 = A(Nl * C);
+    x->ln2_mean = A(Nl);
+    x->ln2_rstd = A(Nl);
     x->gate = m->llama ? A(N * F) : NULL;
     x->up = A(N * F);
     x->act = shared_act ? shared_act : A(N * F);
@@ -193,24 +196,25 @@ static void alloc_layer_acts(model *m, ust_arena *a, layer_acts *x, float *share
 
 static void alloc_activations(model *m, ust_arena *a) {
     int64_t N = (int64_t)m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D, F = m->F;
-    int64_t wide = HD > F ? HD : F;
+    int64_t wide = HD > F ? HD : F, Nl = m->Nl;
 #define A(n) ((float *)mem_alloc(a, MEM_ACTS, (size_t)(n) * sizeof(float)))
     m->xs = calloc(m->L + 1, sizeof *m->xs);
-    for (int l = 0; l <= m->L; l++) m->xs[l] = A(N * C);
+    for (int l = 0; l <= m->L; l++) m->xs[l] = A(Nl * C);
     /* none: every layer keeps its activations; selective: the MLP activation output is
      * recomputed in backward, so one shared buffer; full: only xs are kept, one scratch set. */
     int nsets = m->recompute == RECOMPUTE_FULL ? 1 : m->L;
     float *shared = m->recompute == RECOMPUTE_SELECTIVE ? A(N * F) : NULL;
     m->la = calloc(nsets, sizeof *m->la);
     for (int i = 0; i < nsets; i++) alloc_layer_acts(m, a, &m->la[i], shared);
-    m->lnf = A(N * C);
-    m->lnf_mean = A(N);
-    m->lnf_rstd = A(N);
+    m->lnf = A(Nl * C);
+    m->lnf_mean = A(Nl);
+    m->lnf_rstd = A(Nl);
     m->logits = A(N * m->Vl);
     m->losses = A(N);
-    m->dx = A(N * C);
-    m->dtmp = A(N * C);
+    m->dx = A(Nl * C);
+    m->dtmp = A(Nl * C);
     m->dln = A(N * C);
+    if (tp_sp(m->tp)) m->dnorm = A(2 * C);
     m->dq = A(N * HD);
     m->dk = A(N * KV);
     m->dv = A(N * KV);
@@ -244,7 +248,7 @@ int model_create_with(model **out, const ust_config *cfg, const ust_ops *ops, us
     m->ops = ops;
     m->tp = st->tp;
     if (!m->tp) {
-        tp_init(&m->own_tp, ops, NULL, arena, 0);
+        tp_init(&m->own_tp, ops, NULL, arena, 0, 0, 0);
         m->tp = &m->own_tp;
     }
     m->llama = cfg->model.arch == ARCH_LLAMA;
@@ -269,6 +273,7 @@ int model_create_with(model **out, const ust_config *cfg, const ust_ops *ops, us
     m->Hkv = tp_part(m->tp, m->Hkvg, &start);
     m->F = tp_part(m->tp, m->Fg, &start);
     m->Vl = tp_part(m->tp, m->Vp, &start);
+    m->Nl = tp_rows(m->tp, m->B * m->T);
     if (cfg->model.moe.num_experts > 0) {
         free(m);
         return ust_errf(e, "model.moe.num_experts = %d: mixture-of-experts layers are not "
@@ -401,23 +406,42 @@ void model_init_params(model *m, uint64_t seed) {
 
 /* ------------------------------------------------------------------ forward */
 
+/* Norms run on this rank's rows (all of them without sequence parallelism). */
 static void norm_forward(model *m, float *out, float *mean, float *rstd, const float *inp,
                          const float *w, const float *b) {
-    int N = m->B * m->T;
+    int N = m->Nl;
     if (m->llama)
         m->ops->rmsnorm_fwd(m->ops, out, rstd, inp, w, N, m->C, m->eps);
     else
         m->ops->layernorm_fwd(m->ops, out, mean, rstd, inp, w, b, N, m->C, 1e-5f);
 }
 
-static void norm_backward(model *m, float *dinp, float *dw, float *db, const float *dout,
-                          const float *inp, const float *w, const float *mean,
-                          const float *rstd) {
-    int N = m->B * m->T;
+static void norm_backward_rows(model *m, float *dinp, float *dw, float *db, const float *dout,
+                               const float *inp, const float *w, const float *mean,
+                               const float *rstd) {
+    int N = m->Nl;
     if (m->llama)
         m->ops->rmsnorm_bwd(m->ops, dinp, dw, dout, inp, w, rstd, N, m->C);
     else
         m->ops->layernorm_bwd(m->ops, dinp, dw, db, dout, inp, w, mean, rstd, N, m->C);
+}
+
+/* Under sequence parallelism each rank saw only its rows, so the norm's weight (and bias)
+ * gradient of this micro-batch is summed over the group before it is accumulated. */
+static void norm_backward(model *m, float *dinp, float *dw, float *db, const float *dout,
+                          const float *inp, const float *w, const float *mean,
+                          const float *rstd) {
+    if (!tp_sp(m->tp)) {
+        norm_backward_rows(m, dinp, dw, db, dout, inp, w, mean, rstd);
+        return;
+    }
+    const ust_ops *o = m->ops;
+    int C = m->C;
+    o->zero(o, m->dnorm, 2 * (size_t)C * sizeof(float));
+    norm_backward_rows(m, dinp, m->dnorm, db ? m->dnorm + C : NULL, dout, inp, w, mean, rstd);
+    tp_allreduce(m->tp, m->dnorm, db ? 2 * C : C);
+    o->axpy(o, dw, 1.0f, m->dnorm, C);
+    if (db) o->axpy(o, db, 1.0f, m->dnorm + C, C);
 }
 
 /* act(N,F) = swiglu(gate, up) for llama, gelu(up) for gpt2 */
@@ -435,9 +459,10 @@ static void layer_forward(model *m, int l, const float *x_in, float *x_out, laye
     const layer_w *w = &m->lw[l];
     int N = m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D;
     norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x_in, w->ln1_w, w->ln1_b);
-    o->linear_fwd(o, a->q, a->ln1, w->wq, w->bq, N, C, HD);
-    o->linear_fwd(o, a->k, a->ln1, w->wk, w->bk, N, C, KV);
-    o->linear_fwd(o, a->v, a->ln1, w->wv, w->bv, N, C, KV);
+    const float *ln1 = tp_gather(m->tp, a->ln1); /* (N, C): every token enters attention */
+    o->linear_fwd(o, a->q, ln1, w->wq, w->bq, N, C, HD);
+    o->linear_fwd(o, a->k, ln1, w->wk, w->bk, N, C, KV);
+    o->linear_fwd(o, a->v, ln1, w->wv, w->bv, N, C, KV);
     if (m->llama) {
         o->rope_fwd(o, a->q, a->q, m->pos, m->B, m->T, m->H, m->D, m->theta);
         o->rope_fwd(o, a->k, a->k, m->pos, m->B, m->T, m->Hkv, m->D, m->theta);
@@ -445,13 +470,14 @@ static void layer_forward(model *m, int l, const float *x_in, float *x_out, laye
     o->attention_fwd(o, a->att, a->lse, a->q, a->k, a->v, m->B, m->T, m->T, m->H, m->Hkv, m->D,
                      m->pos, m->pos, 1);
     tp_row_linear_fwd(m->tp, a->res2, a->att, w->wo, w->bo, N, HD, C);
-    o->axpy(o, a->res2, 1.0f, x_in, (int64_t)N * C);
+    o->axpy(o, a->res2, 1.0f, x_in, (int64_t)m->Nl * C);
     norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b);
-    if (m->llama) o->linear_fwd(o, a->gate, a->ln2, w->wg, NULL, N, C, m->F);
-    o->linear_fwd(o, a->up, a->ln2, w->wu, w->bu, N, C, m->F);
+    const float *ln2 = tp_gather(m->tp, a->ln2);
+    if (m->llama) o->linear_fwd(o, a->gate, ln2, w->wg, NULL, N, C, m->F);
+    o->linear_fwd(o, a->up, ln2, w->wu, w->bu, N, C, m->F);
     mlp_activation(m, a);
     tp_row_linear_fwd(m->tp, x_out, a->act, w->wd, w->bd, N, m->F, C);
-    o->axpy(o, x_out, 1.0f, a->res2, (int64_t)N * C);
+    o->axpy(o, x_out, 1.0f, a->res2, (int64_t)m->Nl * C);
 }
 
 static layer_acts *acts_of(model *m, int l) {
@@ -480,7 +506,7 @@ double model_forward(model *m, const int32_t *inputs, const int32_t *targets, fl
     }
     hook(m, head, MODEL_FWD_BEGIN);
     norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->xs[m->L], m->lnf_w, m->lnf_b);
-    o->linear_fwd(o, m->logits, m->lnf, m->lm, NULL, N, m->C, m->Vl);
+    o->linear_fwd(o, m->logits, tp_gather(m->tp, m->lnf), m->lm, NULL, N, m->C, m->Vl);
     /* per-token losses, and dlogits (in place over logits) when training */
     tp_xent(m->tp, m->losses, m->logits, m->tgt, N, m->Vp, m->V, dscale);
     hook(m, head, MODEL_FWD_END);
@@ -498,22 +524,24 @@ static void layer_backward(model *m, int l, const float *x_in, float *dx, layer_
     if (m->recompute == RECOMPUTE_SELECTIVE) mlp_activation(m, a);
 
     /* MLP: out = res2 + act @ wd^T + bd */
-    o->linear_bwd(o, m->dact, g->wd, g->bd, dx, a->act, w->wd, N, F, C, 0);
+    o->linear_bwd(o, m->dact, g->wd, g->bd, tp_gather_grad(m->tp, dx), a->act, w->wd, N, F, C, 0);
+    const float *ln2 = tp_gather(m->tp, a->ln2); /* sp: gathered again rather than kept */
     if (m->llama) {
         o->swiglu_bwd(o, m->dgate, m->dup, m->dact, a->gate, a->up, (int64_t)N * F);
-        o->linear_bwd(o, m->dln, g->wu, NULL, m->dup, a->ln2, w->wu, N, C, F, 0);
-        o->linear_bwd(o, m->dln, g->wg, NULL, m->dgate, a->ln2, w->wg, N, C, F, 1);
+        o->linear_bwd(o, m->dln, g->wu, NULL, m->dup, ln2, w->wu, N, C, F, 0);
+        o->linear_bwd(o, m->dln, g->wg, NULL, m->dgate, ln2, w->wg, N, C, F, 1);
     } else {
         o->gelu_bwd(o, m->dup, a->up, m->dact, (int64_t)N * F);
-        o->linear_bwd(o, m->dln, g->wu, g->bu, m->dup, a->ln2, w->wu, N, C, F, 0);
+        o->linear_bwd(o, m->dln, g->wu, g->bu, m->dup, ln2, w->wu, N, C, F, 0);
     }
-    tp_allreduce(m->tp, m->dln, (int64_t)N * C); /* the MLP's input is shared by the group */
-    norm_backward(m, m->dtmp, g->ln2_w, g->ln2_b, m->dln, a->res2, w->ln2_w, a->ln2_mean,
+    /* the MLP's input is shared by the group: its gradient is summed */
+    float *dln = tp_reduce_grad(m->tp, m->dln);
+    norm_backward(m, m->dtmp, g->ln2_w, g->ln2_b, dln, a->res2, w->ln2_w, a->ln2_mean,
                   a->ln2_rstd);
-    o->axpy(o, dx, 1.0f, m->dtmp, (int64_t)N * C); /* dx = d res2 */
+    o->axpy(o, dx, 1.0f, m->dtmp, (int64_t)m->Nl * C); /* dx = d res2 */
 
     /* attention: res2 = x_in + att @ wo^T + bo */
-    o->linear_bwd(o, m->datt, g->wo, g->bo, dx, a->att, w->wo, N, HD, C, 0);
+    o->linear_bwd(o, m->datt, g->wo, g->bo, tp_gather_grad(m->tp, dx), a->att, w->wo, N, HD, C, 0);
     o->zero(o, m->dq, (size_t)N * HD * sizeof(float));
     o->zero(o, m->dk, (size_t)N * KV * sizeof(float));
     o->zero(o, m->dv, (size_t)N * KV * sizeof(float));
@@ -523,13 +551,14 @@ static void layer_backward(model *m, int l, const float *x_in, float *dx, layer_
         o->rope_bwd(o, m->dq, m->dq, m->pos, m->B, m->T, m->H, m->D, m->theta);
         o->rope_bwd(o, m->dk, m->dk, m->pos, m->B, m->T, m->Hkv, m->D, m->theta);
     }
-    o->linear_bwd(o, m->dln, g->wq, g->bq, m->dq, a->ln1, w->wq, N, C, HD, 0);
-    o->linear_bwd(o, m->dln, g->wk, g->bk, m->dk, a->ln1, w->wk, N, C, KV, 1);
-    o->linear_bwd(o, m->dln, g->wv, g->bv, m->dv, a->ln1, w->wv, N, C, KV, 1);
-    tp_allreduce(m->tp, m->dln, (int64_t)N * C); /* so is attention's */
-    norm_backward(m, m->dtmp, g->ln1_w, g->ln1_b, m->dln, x_in, w->ln1_w, a->ln1_mean,
+    const float *ln1 = tp_gather(m->tp, a->ln1);
+    o->linear_bwd(o, m->dln, g->wq, g->bq, m->dq, ln1, w->wq, N, C, HD, 0);
+    o->linear_bwd(o, m->dln, g->wk, g->bk, m->dk, ln1, w->wk, N, C, KV, 1);
+    o->linear_bwd(o, m->dln, g->wv, g->bv, m->dv, ln1, w->wv, N, C, KV, 1);
+    dln = tp_reduce_grad(m->tp, m->dln); /* so is attention's */
+    norm_backward(m, m->dtmp, g->ln1_w, g->ln1_b, dln, x_in, w->ln1_w, a->ln1_mean,
                   a->ln1_rstd);
-    o->axpy(o, dx, 1.0f, m->dtmp, (int64_t)N * C); /* dx = d x_in */
+    o->axpy(o, dx, 1.0f, m->dtmp, (int64_t)m->Nl * C); /* dx = d x_in */
 }
 
 void model_backward(model *m) {
@@ -538,9 +567,10 @@ void model_backward(model *m) {
     int head = m->nunits - 1;
     /* head: logits now hold d loss / d logits (written by the fused cross-entropy) */
     hook(m, head, MODEL_BWD_BEGIN);
-    o->linear_bwd(o, m->dln, m->g_lm, NULL, m->logits, m->lnf, m->lm, N, m->C, m->Vl, 0);
-    tp_allreduce(m->tp, m->dln, (int64_t)N * m->C);
-    norm_backward(m, m->dx, m->g_lnf_w, m->g_lnf_b, m->dln, m->xs[m->L], m->lnf_w, m->lnf_mean,
+    o->linear_bwd(o, m->dln, m->g_lm, NULL, m->logits, tp_gather(m->tp, m->lnf), m->lm, N, m->C,
+                  m->Vl, 0);
+    float *dln = tp_reduce_grad(m->tp, m->dln);
+    norm_backward(m, m->dx, m->g_lnf_w, m->g_lnf_b, dln, m->xs[m->L], m->lnf_w, m->lnf_mean,
                   m->lnf_rstd);
     hook(m, head, MODEL_BWD_END);
     for (int l = m->L - 1; l >= 0; l--) {

@@ -279,9 +279,11 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, ust_err *e)
     } pending[] = {{"parallel.pp", cfg->parallel.pp},
                    {"parallel.cp", cfg->parallel.cp},
                    {"parallel.ep", cfg->parallel.ep}};
-    if (cfg->parallel.sp)
-        return ust_errf(e, "parallel.sp = true: sequence parallelism is not available yet; set "
-                           "parallel.sp: false (tensor parallelism works without it)");
+    if (cfg->parallel.sp &&
+        cfg->train.micro_batch_size * cfg->train.seq_len % cfg->parallel.tp != 0)
+        return ust_errf(e, "parallel.sp: the %d x %d tokens of a micro-batch do not split over "
+                           "parallel.tp = %d ranks", cfg->train.micro_batch_size,
+                        cfg->train.seq_len, cfg->parallel.tp);
     for (size_t i = 0; i < sizeof pending / sizeof pending[0]; i++)
         if (pending[i].value != 1)
             return ust_errf(e, "%s = %d: this build trains data- and tensor-parallel layouts "
@@ -293,7 +295,8 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, ust_err *e)
     t->ops = ops_cpu_create(cfg->train.threads, rt->boot.local_world);
     mem_init(&t->arena, t->ops);
     ust_comm *dp_comm = rt->topo.comm[TOPO_DP], *tp_comm = rt->topo.comm[TOPO_TP];
-    tp_init(&t->tp, t->ops, tp_comm, &t->arena, cfg->train.micro_batch_size * cfg->train.seq_len);
+    tp_init(&t->tp, t->ops, tp_comm, &t->arena, cfg->train.micro_batch_size * cfg->train.seq_len,
+            cfg->model.d_model, cfg->parallel.sp);
     model_storage st = dp_model_storage(cfg, comm_size(dp_comm));
     st.tp = &t->tp;
     if (model_create_with(&t->m, cfg, t->ops, &t->arena, &st, e) ||

@@ -3,13 +3,25 @@
 
 #include "error.h"
 
-void tp_init(ust_tp *tp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, int max_rows) {
+void tp_init(ust_tp *tp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, int max_rows,
+             int width, int sp) {
     tp->ops = ops;
     tp->comm = comm;
     tp->n = comm ? comm_size(comm) : 1;
     tp->rank = comm ? comm_rank(comm) : 0;
     tp->max_rows = max_rows;
+    tp->width = width;
+    tp->sp = sp && tp->n > 1;
     tp->lse_all = tp->tlogit = tp->merge_out = tp->merge_out2 = NULL;
+    tp->gath_a = tp->gath_d = tp->partial = tp->dlocal = NULL;
+    if (tp->sp) {
+        UST_ASSERT(max_rows % tp->n == 0, "%d rows do not split over %d ranks", max_rows, tp->n);
+        size_t full = (size_t)max_rows * width * sizeof(float);
+        tp->gath_a = mem_alloc(arena, MEM_ACTS, full);
+        tp->gath_d = mem_alloc(arena, MEM_ACTS, full);
+        tp->partial = mem_alloc(arena, MEM_ACTS, full);
+        tp->dlocal = mem_alloc(arena, MEM_ACTS, full / tp->n);
+    }
     if (tp->n > 1) {
         tp->lse_all = mem_alloc(arena, MEM_COMM, (size_t)tp->n * max_rows * sizeof(float));
         tp->tlogit = mem_alloc(arena, MEM_COMM, (size_t)max_rows * sizeof(float));
@@ -19,6 +31,37 @@ void tp_init(ust_tp *tp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, i
 }
 
 int tp_size(const ust_tp *tp) { return tp ? tp->n : 1; }
+int tp_sp(const ust_tp *tp) { return tp->sp; }
+int tp_rows(const ust_tp *tp, int N) { return tp->sp ? N / tp->n : N; }
+
+static const float *gather_rows(ust_tp *tp, const float *mine, float *full) {
+    if (!tp->sp) return mine;
+    size_t count = (size_t)tp->max_rows / tp->n * tp->width;
+    comm_req r = comm_allgather(tp->comm, mine, full, count, COMM_FP32);
+    comm_wait(&r);
+    return full;
+}
+
+const float *tp_gather(ust_tp *tp, const float *mine) { return gather_rows(tp, mine, tp->gath_a); }
+const float *tp_gather_grad(ust_tp *tp, const float *dmine) {
+    return gather_rows(tp, dmine, tp->gath_d);
+}
+
+/* full(N, width) summed over the group, this rank's rows into mine */
+static void reduce_scatter_rows(ust_tp *tp, const float *full, float *mine) {
+    size_t count = (size_t)tp->max_rows / tp->n * tp->width;
+    comm_req r = comm_reduce_scatter(tp->comm, full, mine, count, COMM_FP32, COMM_SUM);
+    comm_wait(&r);
+}
+
+float *tp_reduce_grad(ust_tp *tp, float *dfull) {
+    if (!tp->sp) {
+        tp_allreduce(tp, dfull, (int64_t)tp->max_rows * tp->width);
+        return dfull;
+    }
+    reduce_scatter_rows(tp, dfull, tp->dlocal);
+    return tp->dlocal;
+}
 int tp_is_first(const ust_tp *tp) { return !tp || tp->rank == 0; }
 
 int tp_part(const ust_tp *tp, int whole, int *start) {
@@ -41,8 +84,13 @@ void tp_allreduce(ust_tp *tp, float *x, int64_t n) {
 
 void tp_row_linear_fwd(ust_tp *tp, float *out, const float *inp, const float *w,
                        const float *bias, int N, int C_local, int OC) {
-    tp->ops->linear_fwd(tp->ops, out, inp, w, tp_is_first(tp) ? bias : NULL, N, C_local, OC);
-    tp_allreduce(tp, out, (int64_t)N * OC);
+    float *sum = tp->sp ? tp->partial : out;
+    UST_ASSERT(!tp->sp || (OC == tp->width && N == tp->max_rows), "sp rows %d x %d", N, OC);
+    tp->ops->linear_fwd(tp->ops, sum, inp, w, tp_is_first(tp) ? bias : NULL, N, C_local, OC);
+    if (tp->sp)
+        reduce_scatter_rows(tp, sum, out);
+    else
+        tp_allreduce(tp, out, (int64_t)N * OC);
 }
 
 void tp_embedding_fwd(ust_tp *tp, float *out, const int32_t *tok, const int32_t *pos,
@@ -50,16 +98,22 @@ void tp_embedding_fwd(ust_tp *tp, float *out, const int32_t *tok, const int32_t 
     int v0, v1;
     tp_vocab_range(tp, Vp, &v0, &v1);
     /* rows outside this rank's slice contribute 0; positions are added once */
-    tp->ops->embedding_fwd(tp->ops, out, tok, pos, wte, tp_is_first(tp) ? wpe : NULL, B, T, C, v0,
+    float *sum = tp->sp ? tp->partial : out;
+    tp->ops->embedding_fwd(tp->ops, sum, tok, pos, wte, tp_is_first(tp) ? wpe : NULL, B, T, C, v0,
                            v1);
-    tp_allreduce(tp, out, (int64_t)B * T * C);
+    if (tp->sp)
+        reduce_scatter_rows(tp, sum, out);
+    else
+        tp_allreduce(tp, out, (int64_t)B * T * C);
 }
 
 void tp_embedding_bwd(ust_tp *tp, float *dwte, float *dwpe, const float *dout, const int32_t *tok,
                       const int32_t *pos, int B, int T, int C, int Vp) {
     int v0, v1;
     tp_vocab_range(tp, Vp, &v0, &v1);
-    /* dout is whole on every rank, so the replicated wpe gets the same gradient everywhere */
+    /* the gradient of every row is whole on every rank (gathered under sp), so the replicated
+     * wpe gets the same gradient everywhere */
+    dout = tp_gather_grad(tp, dout);
     tp->ops->embedding_bwd(tp->ops, dwte, dwpe, dout, tok, pos, B, T, C, v0, v1);
 }
 

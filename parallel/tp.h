@@ -5,6 +5,10 @@
  * is all-reduced in backward), a row-parallel output is all-reduced in forward (its gradient is
  * used as is). Biases of row-parallel layers are added once (on tp rank 0). The cross-entropy is
  * vocab-parallel: each rank only ever holds logits of its own vocabulary slice.
+ * Sequence parallelism (sp): outside the two halves the token rows are split over the group
+ * (norms, residual adds and their activations on N/n rows); entering a column-parallel half
+ * all-gathers the rows, leaving a row-parallel half reduce-scatters them, and norm-weight
+ * gradients are summed over the group. Same traffic as the all-reduces it replaces.
  * With n == 1 every call is the plain single-rank op. */
 #ifndef UST_TP_H
 #define UST_TP_H
@@ -18,13 +22,30 @@
 typedef struct ust_tp {
     const ust_ops *ops;
     ust_comm *comm;
-    int n, rank;
+    int n, rank, sp, width;
     float *lse_all, *tlogit, *merge_out, *merge_out2; /* vocab-parallel loss scratch */
+    float *gath_a, *gath_d, *partial, *dlocal;        /* sequence-parallel scratch */
     int max_rows;
 } ust_tp;
 
-/* comm may be NULL (no tensor parallelism). max_rows: tokens per micro-batch. */
-void tp_init(ust_tp *tp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, int max_rows);
+/* comm may be NULL (no tensor parallelism). max_rows: tokens per micro-batch; width: the
+ * model width C (rows gathered and scattered under sequence parallelism); sp: sequence
+ * parallelism on (max_rows must then divide by the group size). */
+void tp_init(ust_tp *tp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, int max_rows,
+             int width, int sp);
+/* Rows of a micro-batch of N tokens held here outside the parallel halves (N/n under sp). */
+int tp_rows(const ust_tp *tp, int N);
+int tp_sp(const ust_tp *tp);
+
+/* Entering a column-parallel half: the whole (N, width) input from this rank's rows. Without sp
+ * that is `mine` itself; with sp the rows are all-gathered into scratch (valid until the next
+ * tp_gather). */
+const float *tp_gather(ust_tp *tp, const float *mine);
+/* The same for a gradient arriving at a row-parallel half's output (separate scratch). */
+const float *tp_gather_grad(ust_tp *tp, const float *dmine);
+/* Leaving a column-parallel half backward: dfull(N, width) holds this rank's partial input
+ * gradient; returns the summed gradient of this rank's rows (dfull itself without sp). */
+float *tp_reduce_grad(ust_tp *tp, float *dfull);
 int tp_size(const ust_tp *tp);
 /* The [start, start + len) part of a dimension of size `whole` this rank holds (whole % n == 0). */
 int tp_part(const ust_tp *tp, int whole, int *start);
@@ -37,11 +58,13 @@ int tp_is_first(const ust_tp *tp);
  * forward of a row-parallel output. */
 void tp_allreduce(ust_tp *tp, float *x, int64_t n);
 
-/* out(N,OC) = inp(N,C_local) @ w(OC,C_local)^T summed over the group, + bias once. */
+/* out = inp(N,C_local) @ w(OC,C_local)^T summed over the group, + bias once; out holds this
+ * rank's rows (all N without sp; OC must be the model width under sp). */
 void tp_row_linear_fwd(ust_tp *tp, float *out, const float *inp, const float *w,
                        const float *bias, int N, int C_local, int OC);
 
-/* out(B,T,C) = wte[tok] (this rank's vocabulary rows, summed over the group) + wpe[pos]. */
+/* out = wte[tok] (this rank's vocabulary rows, summed over the group) + wpe[pos], for this
+ * rank's token rows; backward takes the gradient of those rows. */
 void tp_embedding_fwd(ust_tp *tp, float *out, const int32_t *tok, const int32_t *pos,
                       const float *wte, const float *wpe, int B, int T, int C, int Vp);
 void tp_embedding_bwd(ust_tp *tp, float *dwte, float *dwpe, const float *dout, const int32_t *tok,

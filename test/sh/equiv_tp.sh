@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Tensor parallelism in the equivalence harness: tp 2 and 4 alone and with dp/ZeRO, gpt2 (tied,
-# biases) and llama with grouped-query attention, resume across tp layouts, and the layouts
-# that cannot split refused with exit 2.
+# Tensor parallelism in the equivalence harness: tp 2 and 4 with and without sequence
+# parallelism, alone and with dp/ZeRO, gpt2 (tied, biases) and llama with grouped-query
+# attention, resume across tp layouts, and the layouts that cannot split refused with exit 2.
 . "$(dirname "$0")/../lib.sh"
 
 $UST data demo $TMP/data >/dev/null
@@ -17,11 +17,14 @@ sed -e 's/arch: llama/arch: gpt2/' -e 's/n_kv_head: 4/n_kv_head: 8/' -e 's/equiv
 EQ="python3 test/tools/equiv.py --steps 8"
 
 $EQ --name _tp_llama_gqa --config $TMP/llama.yaml --layout "tp=2" --layout "tp=4" \
-    --layout "tp=2 dp=2 zero=1" --layout "tp=2 dp=2 zero=3" --layout "tp=2 train.recompute=full"
-$EQ --name _tp_gpt2 --config $TMP/gpt2.yaml --layout "tp=2" --layout "tp=4" --layout "tp=2 dp=2 zero=2"
+    --layout "tp=2 dp=2 zero=1" --layout "tp=2 dp=2 zero=3" --layout "tp=2 train.recompute=full" \
+    --layout "tp=2 sp=true" --layout "tp=4 sp=true" --layout "tp=2 sp=true dp=2 zero=3"
+$EQ --name _tp_gpt2 --config $TMP/gpt2.yaml --layout "tp=2" --layout "tp=4" --layout "tp=2 dp=2 zero=2" \
+    --layout "tp=2 sp=true" --layout "tp=4 sp=true dp=2 zero=1" --layout "tp=2 sp=true train.recompute=selective"
 $EQ --name _tp --config $TMP/llama.yaml --save-layout "tp=4" --resume-at 4 --layout "tp=2 dp=2" \
     --layout "tp=1"
-$EQ --name _tp --config $TMP/gpt2.yaml --save-layout "tp=2 dp=2 zero=3" --resume-at 4 --layout "tp=4"
+$EQ --name _tp --config $TMP/gpt2.yaml --save-layout "tp=2 dp=2 zero=3" --resume-at 4 --layout "tp=4" \
+    --layout "tp=2 sp=true"
 
 expect_exit tp_heads_not_divisible_exits_2 2 "n_kv_head \(4\) must be divisible by parallel.tp \(8\)" -- \
     $UST validate $TMP/llama.yaml --set parallel.tp=8 --world 8
