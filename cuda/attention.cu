@@ -2,8 +2,10 @@
  * Same contract as ops.h (and the CPU backend): q(B,Tq,H,D), k,v(B,Tk,Hkv,D), out(B,Tq,H,D),
  * lse(B,H,Tq); causal visibility by global positions k_pos[j] <= q_pos[i]; GQA; a query that
  * sees no key gets out = 0, lse = -inf; backward accumulates into dq, dk, dv.
+ * Two implementations: the default runs the products as cuBLAS GEMMs over chunks of materialized
+ * scores (bottom of this file); UST_CUDA_ATTENTION=flash selects the tiled kernels below.
  *
- * Tiling (correctness first, one straightforward scheme for every D <= 256):
+ * Flash tiling (correctness first, one straightforward scheme for every D <= 256):
  * - Key tiles of 32 keys live in shared memory (rows padded to D+1 floats so that lane j
  *   reading row j is free of bank conflicts). Lane j of a warp owns key j of the tile for the
  *   scores; lanes own dimensions d = lane + 32e for the outputs, and probabilities reach them by
