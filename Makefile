@@ -57,6 +57,7 @@ bench: deps
 	@[ -f data/tiny/train_000.bin ] || ./ustrain data demo data/tiny
 	./ustrain bench train configs/bench-gpt2-124m.yaml
 	scripts/bench-dp.sh
+	scripts/bench-tp.sh
 
 format:
 	clang-format -i $(LIB_SRC) $(CMD_SRC) $(TEST_SRC) $(wildcard core/*.h parallel/*.h test/*.h)

@@ -76,6 +76,7 @@ void log_step_json(ust_log *l, const log_step *s) {
             ",\"mem_params\":%zu,\"mem_grads\":%zu,\"mem_optim\":%zu,\"mem_acts\":%zu",
             s->mem_params, s->mem_grads, s->mem_optim, s->mem_acts);
     json_num(l->metrics, "step_ms", s->ms);
+    json_num(l->metrics, "tp_comm_ms", s->tp_comm_ms);
     if (!isnan(s->val_loss)) json_num(l->metrics, "val_loss", s->val_loss);
     if (s->skipped) fprintf(l->metrics, ",\"skipped\":true");
     fprintf(l->metrics, "}\n");

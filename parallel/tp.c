@@ -1,7 +1,22 @@
 /* tp.c: the collectives tensor parallelism adds to a layer (Megatron's f/g operators). */
 #include "tp.h"
 
+#include <time.h>
+
 #include "error.h"
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+/* Waits for r, charging the time to the group's communication total. */
+static void wait_timed(ust_tp *tp, comm_req *r, int n) {
+    double t0 = now_s();
+    comm_wait_all(r, n);
+    tp->comm_s += now_s() - t0;
+}
 
 void tp_init(ust_tp *tp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, int max_rows,
              int width, int sp) {
@@ -11,6 +26,7 @@ void tp_init(ust_tp *tp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, i
     tp->rank = comm ? comm_rank(comm) : 0;
     tp->max_rows = max_rows;
     tp->width = width;
+    tp->comm_s = 0;
     tp->sp = sp && tp->n > 1;
     tp->lse_all = tp->tlogit = tp->merge_out = tp->merge_out2 = NULL;
     tp->gath_a = tp->gath_d = tp->partial = tp->dlocal = NULL;
@@ -38,7 +54,7 @@ static const float *gather_rows(ust_tp *tp, const float *mine, float *full) {
     if (!tp->sp) return mine;
     size_t count = (size_t)tp->max_rows / tp->n * tp->width;
     comm_req r = comm_allgather(tp->comm, mine, full, count, COMM_FP32);
-    comm_wait(&r);
+    wait_timed(tp, &r, 1);
     return full;
 }
 
@@ -51,7 +67,7 @@ const float *tp_gather_grad(ust_tp *tp, const float *dmine) {
 static void reduce_scatter_rows(ust_tp *tp, const float *full, float *mine) {
     size_t count = (size_t)tp->max_rows / tp->n * tp->width;
     comm_req r = comm_reduce_scatter(tp->comm, full, mine, count, COMM_FP32, COMM_SUM);
-    comm_wait(&r);
+    wait_timed(tp, &r, 1);
 }
 
 float *tp_reduce_grad(ust_tp *tp, float *dfull) {
@@ -79,7 +95,7 @@ void tp_vocab_range(const ust_tp *tp, int Vp, int *v_start, int *v_end) {
 void tp_allreduce(ust_tp *tp, float *x, int64_t n) {
     if (tp_size(tp) == 1) return;
     comm_req r = comm_allreduce(tp->comm, x, x, (size_t)n, COMM_FP32, COMM_SUM);
-    comm_wait(&r);
+    wait_timed(tp, &r, 1);
 }
 
 void tp_row_linear_fwd(ust_tp *tp, float *out, const float *inp, const float *w,
@@ -133,7 +149,7 @@ void tp_xent(ust_tp *tp, float *losses, float *logits, const int32_t *targets, i
     o->xent_vp_local(o, mine, tp->tlogit, logits, targets, N, V, v0, v_real);
     comm_req r[2] = {comm_allgather(tp->comm, mine, tp->lse_all, N, COMM_FP32),
                      comm_allreduce(tp->comm, tp->tlogit, tp->tlogit, N, COMM_FP32, COMM_SUM)};
-    comm_wait_all(r, 2);
+    wait_timed(tp, r, 2);
     /* log-sum-exp of the shards, merged in rank order so every rank gets the same bits */
     float *lse = tp->lse_all;
     for (int s = 1; s < tp->n; s++)

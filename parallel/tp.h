@@ -26,6 +26,7 @@ typedef struct ust_tp {
     float *lse_all, *tlogit, *merge_out, *merge_out2; /* vocab-parallel loss scratch */
     float *gath_a, *gath_d, *partial, *dlocal;        /* sequence-parallel scratch */
     int max_rows;
+    double comm_s; /* wall time spent in this group's collectives (summed, for reports) */
 } ust_tp;
 
 /* comm may be NULL (no tensor parallelism). max_rows: tokens per micro-batch; width: the
