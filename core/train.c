@@ -21,6 +21,7 @@
 #include "model.h"
 #include "ops.h"
 #include "optim.h"
+#include "cuda/ops_cuda.h"
 #include "plan.h"
 #include "tp.h"
 
@@ -61,7 +62,10 @@ int train_runtime_init(ust_runtime *rt, const ust_config *cfg, ust_err *e) {
     rt->world = rt->boot.world;
     if (rt->world > 1) ust_error_set_rank(rt->rank);
     topo_grid g;
-    comm_opts co = {.backend = COMM_BACKEND_SHM, .timeout_s = cfg->dist.timeout_s};
+    /* GPUs talk through NCCL; a single GPU needs no communicator backend beyond the trivial */
+    comm_backend be = cfg->run.device == DEV_CUDA && rt->world > 1 ? COMM_BACKEND_NCCL
+                                                                    : COMM_BACKEND_SHM;
+    comm_opts co = {.backend = be, .timeout_s = cfg->dist.timeout_s};
     if (topo_grid_from_config(&g, cfg, rt->world, e) || comm_ctx_init(&rt->comm, &rt->boot, &co, e) ||
         topo_connect(&rt->topo, &g, rt->comm, rt->rank, e)) {
         if (rt->comm) comm_ctx_free(rt->comm);
@@ -269,8 +273,9 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, ust_err *e)
     t->rt = rt;
     t->rank0 = rt->rank == 0;
     t->last_loss = NAN;
-    if (cfg->run.device == DEV_CUDA)
-        return ust_errf(e, "run.device = cuda: this build has no CUDA backend yet; use cpu");
+    if (cfg->run.device == DEV_CPU && cfg->train.precision == PREC_BF16)
+        return ust_errf(e, "train.precision = bf16: the CPU backend computes in fp32 only; use "
+                           "fp32, or run.device: cuda");
     /* the layout keys are validated for every dimension; training refuses the ones it cannot
      * run yet rather than silently computing something else */
     const struct {
@@ -292,7 +297,13 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, ust_err *e)
                             pending[i].key);
     if (open_data(t, e)) return -1;
     if (cfg->checkpoint.every > 0 && fs_mkdir_p(cfg->checkpoint.dir, e)) return -1;
-    t->ops = ops_cpu_create(cfg->train.threads, rt->boot.local_world);
+    if (cfg->run.device == DEV_CUDA) {
+        if (!(t->ops = ops_cuda_create(rt->boot.local_rank, e))) return -1;
+        ops_cuda_set_bf16(t->ops, cfg->train.precision == PREC_BF16);
+        comm_ctx_set_stream(rt->comm, ops_cuda_stream(t->ops));
+    } else {
+        t->ops = ops_cpu_create(cfg->train.threads, rt->boot.local_world);
+    }
     mem_init(&t->arena, t->ops);
     ust_comm *dp_comm = rt->topo.comm[TOPO_DP], *tp_comm = rt->topo.comm[TOPO_TP];
     tp_init(&t->tp, t->ops, tp_comm, &t->arena, cfg->train.micro_batch_size * cfg->train.seq_len,
