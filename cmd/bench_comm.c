@@ -226,9 +226,14 @@ int cmd_bench_comm(int argc, char **argv) {
             int iters = iters_opt ? iters_opt
                                   : (int)(bytes >= (32u << 20) ? 5
                                           : bytes >= (1u << 20) ? 20 : 100);
-            /* One checked warm-up, then `iters` timed; the last result is checked too. */
+            /* One checked warm-up, then 5 untimed and `iters` timed; the last result is checked too. */
             for (int pass = 0; pass < 2; pass++) {
                 int reps = pass ? iters : 1;
+                /* Like nccl-tests' -w: a few untimed iterations before the timed ones. */
+                for (int it = 0; pass && it < 5; it++) {
+                    comm_req q = post(w, k, &b, count);
+                    comm_wait(&q);
+                }
                 comm_req bar = comm_barrier(w);
                 comm_wait(&bar);
                 double t0 = now_s();
