@@ -4,10 +4,12 @@
 #   2. build/test/test_cuda_ops: every op of ops.h on the GPU against the CPU backend (both
 #      attention implementations), the bf16 matmul bound, 3 training steps of tiny gpt2/llama
 #      models on both backends, a bf16 tiny-model check,
-#   3. the GPT-2 124M benchmark at T=1024 with bf16 matmuls: tokens/s and MFU against 989 TFLOP/s
+#   3. once run.device=cuda is wired into core/train.c: configs/tiny.yaml for 10 steps on the GPU
+#      (fp32) and on the CPU, per-step losses compared,
+#   4. the GPT-2 124M benchmark at T=1024 with bf16 matmuls: tokens/s and MFU against 989 TFLOP/s
 #      (H100/H200 SXM dense bf16), through `ustrain bench train` when run.device=cuda is wired
 #      into it, and always through build/bench_gpu (model forward+backward+AdamW directly).
-# Every stage has its own timeout (worst case 7.5 min in all); the script goes on after a failure
+# Every stage has its own timeout (worst case under 8 min in all); the script goes on after a failure
 # and exits non-zero at the end if anything failed. Output is meant to be pasted into the issue.
 #
 # scripts/gpu-check.sh --emulate is for machines WITHOUT a GPU: it compiles cuda/*.cu as C++
@@ -69,7 +71,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 nproc
 
 stage "build (make -j16)"
-if ! timeout 180 make -j16 >/tmp/gpu-check-build.log 2>&1; then
+if ! timeout 150 make -j16 >/tmp/gpu-check-build.log 2>&1; then
     tail -30 /tmp/gpu-check-build.log
     echo "FAIL build"
     exit 1
@@ -77,9 +79,31 @@ fi
 grep -c nvcc /tmp/gpu-check-build.log | sed 's/^/nvcc invocations: /'
 
 stage "GPU op tests (build/test/test_cuda_ops)"
-timeout 100 build/test/test_cuda_ops
+timeout 90 build/test/test_cuda_ops
 rc=$?
 [ $rc -eq 0 ] || { echo "FAIL test_cuda_ops: exit $rc"; fail=1; }
+
+if grep -q ops_cuda_create core/train.c; then
+    stage "ustrain train configs/tiny.yaml, 10 steps: run.device cuda (fp32) vs cpu"
+    [ -f data/tiny/train_000.bin ] || ./ustrain data demo data/tiny >/dev/null
+    for dev in cpu cuda; do
+        rm -rf /tmp/gpu-check-$dev
+        timeout 30 ./ustrain train configs/tiny.yaml --set run.device=$dev --set train.precision=fp32 \
+            --set train.steps=10 --set checkpoint.resume=none --set checkpoint.every=0 \
+            --set run.out_dir=/tmp/gpu-check-$dev --set checkpoint.dir=/tmp/gpu-check-$dev/ckpt \
+            --set logging.metrics_file=/tmp/gpu-check-$dev/m.jsonl >/tmp/gpu-check-$dev.log 2>&1 ||
+            { tail -3 /tmp/gpu-check-$dev.log; echo "FAIL tiny train on $dev"; fail=1; }
+    done
+    # per-step losses: fp32 on both, different summation orders; 1e-4 relative is ~100x the
+    # reassociation noise over 10 steps and far below what a wrong op would give
+    paste <(grep -o '"loss":[^,]*' /tmp/gpu-check-cpu/m.jsonl | cut -d: -f2) \
+          <(grep -o '"loss":[^,]*' /tmp/gpu-check-cuda/m.jsonl | cut -d: -f2) |
+        awk 'BEGIN { bad = 0; n = 0 }
+             { n++; d = $1 - $2; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1);
+               printf "step %2d: cpu %.6f cuda %.6f rel %.2e\n", n, $1, $2, r; if (r > 1e-4) bad = 1 }
+             END { if (n != 10 || bad) { print "FAIL tiny losses differ (" n " steps compared)"; exit 1 } }' ||
+        fail=1
+fi
 
 stage "GPT-2 124M, T=1024, bf16 matmuls: build/bench_gpu"
 timeout 70 build/bench_gpu 8 1024 10 bf16 gpt2-124m 989
