@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "cp.h"
 #include "rng.h"
 #include "tp.h"
 
@@ -34,6 +35,7 @@ struct model {
     const ust_config *cfg;
     const ust_ops *ops;
     ust_tp *tp, own_tp; /* tensor parallelism (own_tp: a group of one) */
+    ust_cp cp;          /* context parallelism (a group of one without it) */
     /* H, Hkv, F and Vl are this rank's shares under tensor parallelism; Hg, Hkvg, Fg, Vp whole */
     int llama, L, C, H, Hkv, D, F, V, Vp, Vl, maxT, B, T, tied;
     int Nl; /* token rows held outside the tensor-parallel halves (B*T, or B*T/tp under sp) */
@@ -225,11 +227,7 @@ static void alloc_activations(model *m, ust_arena *a) {
 #undef A
     m->tok = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
     m->tgt = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
-    m->pos = mem_alloc(a, MEM_ACTS, m->T * sizeof(int32_t));
-    int32_t *pos = malloc(m->T * sizeof(int32_t));
-    for (int t = 0; t < m->T; t++) pos[t] = t;
-    m->ops->to_device(m->ops, m->pos, pos, m->T * sizeof(int32_t));
-    free(pos);
+    m->pos = (int32_t *)cp_positions_device(&m->cp); /* the global positions of our tokens */
 }
 
 int model_create(model **out, const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
@@ -273,6 +271,9 @@ int model_create_with(model **out, const ust_config *cfg, const ust_ops *ops, us
     m->Hkv = tp_part(m->tp, m->Hkvg, &start);
     m->F = tp_part(m->tp, m->Fg, &start);
     m->Vl = tp_part(m->tp, m->Vp, &start);
+    cp_init(&m->cp, ops, st->cp_comm, arena, m->T, m->B, m->H, m->Hkv, m->D,
+            cfg->parallel.cp_layout, cfg->parallel.cp_comm);
+    m->T = cp_local_len(&m->cp);
     m->Nl = tp_rows(m->tp, m->B * m->T);
     if (cfg->model.moe.num_experts > 0) {
         free(m);
@@ -306,6 +307,7 @@ void model_destroy(model *m) {
     free(m->lg);
     free(m->xs);
     free(m->la);
+    free(m->cp.pos_host);
     free(m);
 }
 
@@ -364,7 +366,7 @@ double model_flops_per_token(const model *m) {
             (strcmp(q->name, "model.embed_tokens.weight") != 0 || m->tied))
             matmul += (double)q->whole.shape[0] * (double)q->whole.shape[1];
     }
-    return 6.0 * matmul + 12.0 * m->L * (double)(m->Hg * m->D) * m->T;
+    return 6.0 * matmul + 12.0 * m->L * (double)(m->Hg * m->D) * m->cp.T; /* whole sequence */
 }
 
 /* ------------------------------------------------------------------ initialization */
@@ -467,8 +469,7 @@ static void layer_forward(model *m, int l, const float *x_in, float *x_out, laye
         o->rope_fwd(o, a->q, a->q, m->pos, m->B, m->T, m->H, m->D, m->theta);
         o->rope_fwd(o, a->k, a->k, m->pos, m->B, m->T, m->Hkv, m->D, m->theta);
     }
-    o->attention_fwd(o, a->att, a->lse, a->q, a->k, a->v, m->B, m->T, m->T, m->H, m->Hkv, m->D,
-                     m->pos, m->pos, 1);
+    cp_attention_fwd(&m->cp, a->att, a->lse, a->q, a->k, a->v, m->H);
     tp_row_linear_fwd(m->tp, a->res2, a->att, w->wo, w->bo, N, HD, C);
     o->axpy(o, a->res2, 1.0f, x_in, (int64_t)m->Nl * C);
     norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b);
@@ -545,8 +546,7 @@ static void layer_backward(model *m, int l, const float *x_in, float *dx, layer_
     o->zero(o, m->dq, (size_t)N * HD * sizeof(float));
     o->zero(o, m->dk, (size_t)N * KV * sizeof(float));
     o->zero(o, m->dv, (size_t)N * KV * sizeof(float));
-    o->attention_bwd(o, m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, m->B, m->T,
-                     m->T, m->H, m->Hkv, m->D, m->pos, m->pos, 1);
+    cp_attention_bwd(&m->cp, m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, m->H);
     if (m->llama) {
         o->rope_bwd(o, m->dq, m->dq, m->pos, m->B, m->T, m->H, m->D, m->theta);
         o->rope_bwd(o, m->dk, m->dk, m->pos, m->B, m->T, m->Hkv, m->D, m->theta);

@@ -1,7 +1,8 @@
 /* model: the decoder-only transformer (gpt2 | llama) as a parameter table plus explicit
  * per-layer forward/backward on the ops.h interface, llm.c style.
  * Contract: model_create carves parameters, gradients and activations for one micro-batch
- * (B = train.micro_batch_size, T = train.seq_len) out of the arena; model_forward runs the whole
+ * (B = train.micro_batch_size, T = train.seq_len, or this rank's T/cp tokens of each sequence
+ * under context parallelism, at the positions cp_layout_positions gives) out of the arena; model_forward runs the whole
  * stack and, when dscale > 0, also leaves d(loss)/d(logits) * dscale ready for model_backward,
  * which ACCUMULATES parameter gradients (so gradient accumulation is just calling it again).
  * Parameters are stored unfused under canonical Hugging Face-style names (DESIGN.md section 7),
@@ -47,8 +48,11 @@ typedef struct {
 
 struct ust_tp;
 
+struct ust_comm;
+
 typedef struct {
     struct ust_tp *tp;  /* tensor parallelism (NULL: none) */
+    struct ust_comm *cp_comm; /* context parallelism: the group a sequence is split over (NULL: none) */
     int64_t unit_pad;   /* pad every unit to a multiple of this many floats (>= 16) */
     int alloc_params;   /* carve the whole flat parameter buffer from the arena */
     int alloc_grads;    /* the same for gradients */
@@ -92,7 +96,7 @@ int model_load_llmc(model *m, const char *path, model_store_fn store, void *stor
                     ust_err *e);
 
 void model_zero_grads(model *m);
-/* inputs, targets: host arrays of B*T tokens (targets < 0 are ignored). Returns the sum of the
+/* inputs, targets: host arrays of B*T tokens, this rank's (targets < 0 are ignored). Returns the sum of the
  * per-token losses; *ntok gets the number of counted targets. dscale > 0 prepares backward with
  * d(loss_sum)/d(logits) scaled by dscale (e.g. 1 / tokens in the global batch). */
 double model_forward(model *m, const int32_t *inputs, const int32_t *targets, float dscale,

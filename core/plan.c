@@ -13,7 +13,7 @@ typedef struct {
 static unit_sizes units(const ust_config *c) {
     int64_t C = c->model.d_model, D = cfg_head_dim(c), HD = c->model.n_head * D,
             KV = c->model.n_kv_head * D, F = c->model.d_ff, Vp = cfg_vocab_padded(c);
-    int64_t L = c->model.n_layer, pad = 16 * (int64_t)c->parallel.dp;
+    int64_t L = c->model.n_layer, pad = 16 * (int64_t)c->parallel.dp * c->parallel.cp;
     int gpt2 = c->model.arch == ARCH_GPT2;
     unit_sizes u;
     int64_t lay[] = {C, C * HD, C * KV, C * KV, HD * C, C, F * C, F * C, C * F};
@@ -45,10 +45,12 @@ static int64_t layer_act_floats(const ust_config *c, int64_t N, int with_mlp_act
 }
 
 void plan_memory(const ust_config *c, mem_plan *p) {
-    int64_t N = (int64_t)c->train.micro_batch_size * c->train.seq_len, C = c->model.d_model;
+    /* a rank holds seq_len / cp tokens of each sequence; ZeRO shards over dp x cp */
+    int64_t N = (int64_t)c->train.micro_batch_size * c->train.seq_len / c->parallel.cp;
+    int64_t C = c->model.d_model;
     int64_t D = cfg_head_dim(c), HD = c->model.n_head * D, KV = c->model.n_kv_head * D;
     int64_t F = c->model.d_ff, L = c->model.n_layer, Vp = cfg_vocab_padded(c);
-    int dp = c->parallel.dp, zero = c->optimizer.zero_stage;
+    int dp = c->parallel.dp * c->parallel.cp, zero = c->optimizer.zero_stage;
     unit_sizes u = units(c);
     double P = (double)u.total * 4.0 / (c->parallel.tp * c->parallel.pp), shard = P / dp;
     double big = 4.0 * (double)(u.layer > u.head ? u.layer : u.head); /* largest unit but 0 */

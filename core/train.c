@@ -22,6 +22,7 @@
 #include "ops.h"
 #include "optim.h"
 #include "cuda/ops_cuda.h"
+#include "cp.h"
 #include "plan.h"
 #include "tp.h"
 
@@ -47,7 +48,9 @@ typedef struct {
     dp_state *dp;
     ust_dataset *train, *val;
     ust_log log;
-    int32_t *samples, *inputs, *targets; /* host: B x (T+1), B x T, B x T */
+    int32_t *samples, *inputs, *targets; /* host: B x (T+1), B x Tl, B x Tl */
+    int32_t *positions;                  /* host: the Tl positions this rank's tokens have */
+    int Tl;                              /* tokens of each sequence on this rank (T / cp) */
     float *flag;                         /* one device float for any_rank */
     int64_t step, sample_index;          /* the run's position: steps done, samples consumed */
     double last_loss;
@@ -221,13 +224,16 @@ static int initialize(trainer *t, ust_err *e) {
 
 /* ------------------------------------------------------------------ one step */
 
-/* Splits B windows of T+1 tokens into inputs and next-token targets. */
+/* Takes this rank's tokens of B windows of T+1 tokens (all of them, or its context-parallel
+ * chunks) as inputs, and the token after each as its target. */
 static void split_windows(trainer *t) {
-    int B = t->cfg->train.micro_batch_size, T = t->cfg->train.seq_len;
-    for (int b = 0; b < B; b++) {
-        memcpy(t->inputs + b * T, t->samples + b * (T + 1), T * sizeof(int32_t));
-        memcpy(t->targets + b * T, t->samples + b * (T + 1) + 1, T * sizeof(int32_t));
-    }
+    int B = t->cfg->train.micro_batch_size, T = t->cfg->train.seq_len, Tl = t->Tl;
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < Tl; j++) {
+            const int32_t *w = t->samples + (int64_t)b * (T + 1) + t->positions[j];
+            t->inputs[b * Tl + j] = w[0];
+            t->targets[b * Tl + j] = w[1];
+        }
 }
 
 /* Forward and backward over this rank's micro-batches of the step; returns the global-batch
@@ -262,7 +268,9 @@ static double validation_loss(trainer *t) {
         sum += model_forward(t->m, t->inputs, t->targets, 0, &ntok);
         count += ntok;
     }
-    return sum / (double)count;
+    /* every dp rank evaluates the same windows, each cp rank its own tokens of them: summing
+     * both over the group counts every token the same number of times */
+    return dp_sum(t->dp, sum) / dp_sum(t->dp, (double)count);
 }
 
 /* ------------------------------------------------------------------ the loop */
@@ -281,18 +289,17 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, ust_err *e)
     const struct {
         const char *key;
         int value;
-    } pending[] = {{"parallel.pp", cfg->parallel.pp},
-                   {"parallel.cp", cfg->parallel.cp},
-                   {"parallel.ep", cfg->parallel.ep}};
+    } pending[] = {{"parallel.pp", cfg->parallel.pp}, {"parallel.ep", cfg->parallel.ep}};
+    int cp = cfg->parallel.cp;
     if (cfg->parallel.sp &&
-        cfg->train.micro_batch_size * cfg->train.seq_len % cfg->parallel.tp != 0)
-        return ust_errf(e, "parallel.sp: the %d x %d tokens of a micro-batch do not split over "
-                           "parallel.tp = %d ranks", cfg->train.micro_batch_size,
-                        cfg->train.seq_len, cfg->parallel.tp);
+        cfg->train.micro_batch_size * (cfg->train.seq_len / cp) % cfg->parallel.tp != 0)
+        return ust_errf(e, "parallel.sp: the %d x %d tokens a rank holds of a micro-batch do not "
+                           "split over parallel.tp = %d ranks", cfg->train.micro_batch_size,
+                        cfg->train.seq_len / cp, cfg->parallel.tp);
     for (size_t i = 0; i < sizeof pending / sizeof pending[0]; i++)
         if (pending[i].value != 1)
-            return ust_errf(e, "%s = %d: this build trains data- and tensor-parallel layouts "
-                               "only (pipeline, context and expert parallelism are not available "
+            return ust_errf(e, "%s = %d: this build trains data-, tensor- and context-parallel "
+                               "layouts only (pipeline and expert parallelism are not available "
                                "yet); set %s: 1", pending[i].key, pending[i].value,
                             pending[i].key);
     if (open_data(t, e)) return -1;
@@ -305,11 +312,19 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, ust_err *e)
         t->ops = ops_cpu_create(cfg->train.threads, rt->boot.local_world);
     }
     mem_init(&t->arena, t->ops);
-    ust_comm *dp_comm = rt->topo.comm[TOPO_DP], *tp_comm = rt->topo.comm[TOPO_TP];
-    tp_init(&t->tp, t->ops, tp_comm, &t->arena, cfg->train.micro_batch_size * cfg->train.seq_len,
+    /* dense gradients are summed over the ranks that hold the same shard and saw different
+     * tokens: the data-parallel replicas and the context-parallel parts of each sequence */
+    ust_comm *dp_comm = rt->topo.comm[TOPO_DPCP], *tp_comm = rt->topo.comm[TOPO_TP];
+    ust_comm *cp_comm = rt->topo.comm[TOPO_CP];
+    t->Tl = cfg->train.seq_len / cp;
+    t->positions = malloc(t->Tl * sizeof(int32_t));
+    cp_layout_positions(cfg->parallel.cp_layout, cfg->train.seq_len, cp, comm_rank(cp_comm),
+                        t->positions);
+    tp_init(&t->tp, t->ops, tp_comm, &t->arena, cfg->train.micro_batch_size * t->Tl,
             cfg->model.d_model, cfg->parallel.sp);
     model_storage st = dp_model_storage(cfg, comm_size(dp_comm));
     st.tp = &t->tp;
+    st.cp_comm = cp_comm;
     if (model_create_with(&t->m, cfg, t->ops, &t->arena, &st, e) ||
         dp_create(&t->dp, cfg, t->ops, &t->arena, t->m, dp_comm, tp_comm, e))
         return -1;
@@ -317,8 +332,8 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, ust_err *e)
     mem_freeze(&t->arena);
     int B = cfg->train.micro_batch_size, T = cfg->train.seq_len;
     t->samples = malloc((size_t)B * (T + 1) * sizeof(int32_t));
-    t->inputs = malloc((size_t)B * T * sizeof(int32_t));
-    t->targets = malloc((size_t)B * T * sizeof(int32_t));
+    t->inputs = malloc((size_t)B * t->Tl * sizeof(int32_t));
+    t->targets = malloc((size_t)B * t->Tl * sizeof(int32_t));
     return initialize(t, e);
 }
 
@@ -335,6 +350,7 @@ static void teardown(trainer *t) {
     free(t->samples);
     free(t->inputs);
     free(t->targets);
+    free(t->positions);
 }
 
 static void write_effective_config(const ust_config *cfg) {

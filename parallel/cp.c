@@ -1,0 +1,194 @@
+/* cp.c: ring attention (and its all-gather variant) over the context-parallel group. */
+#include "cp.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "error.h"
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+void cp_layout_positions(ust_cp_layout layout, int T, int n, int r, int32_t *out) {
+    if (layout == CP_CONTIGUOUS || n == 1) {
+        int len = T / n;
+        for (int j = 0; j < len; j++) out[j] = r * len + j;
+        return;
+    }
+    /* zigzag: chunks r and 2n-1-r of 2n, so an early (cheap) and a late (costly) chunk */
+    int c = T / (2 * n);
+    for (int j = 0; j < c; j++) {
+        out[j] = r * c + j;
+        out[c + j] = (2 * n - 1 - r) * c + j;
+    }
+}
+
+/* (query, key) pairs with key position <= query position, for the pair-count report */
+static double visible_pairs(const int32_t *qp, const int32_t *kp, int Tl) {
+    double n = 0;
+    for (int i = 0; i < Tl; i++)
+        for (int j = 0; j < Tl; j++) n += kp[j] <= qp[i];
+    return n;
+}
+
+void cp_init(ust_cp *cp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, int T, int B,
+             int H, int Hkv, int D, ust_cp_layout layout, ust_cp_comm mode) {
+    memset(cp, 0, sizeof *cp);
+    cp->ops = ops;
+    cp->comm = comm;
+    cp->n = comm ? comm_size(comm) : 1;
+    cp->rank = comm ? comm_rank(comm) : 0;
+    UST_ASSERT(T % (cp->n == 1 ? 1 : 2 * cp->n) == 0, "T %d over cp %d", T, cp->n);
+    cp->T = T;
+    cp->Tl = T / cp->n;
+    cp->B = B;
+    cp->Hkv = Hkv;
+    cp->D = D;
+    cp->layout = layout;
+    cp->mode = mode;
+    cp->pos_host = malloc((size_t)cp->n * cp->Tl * sizeof(int32_t));
+    for (int r = 0; r < cp->n; r++)
+        cp_layout_positions(layout, T, cp->n, r, cp->pos_host + (size_t)r * cp->Tl);
+    size_t npos = (size_t)cp->n * cp->Tl * sizeof(int32_t);
+    cp->pos = mem_alloc(arena, MEM_ACTS, npos);
+    ops->to_device(ops, cp->pos, cp->pos_host, npos);
+    if (cp->n == 1) return;
+    size_t blk = (size_t)B * cp->Tl * Hkv * D * sizeof(float);
+    cp->acc_dk = mem_alloc(arena, MEM_ACTS, blk);
+    cp->acc_dv = mem_alloc(arena, MEM_ACTS, blk);
+    if (mode == CP_RING) {
+        for (int s = 0; s < 2; s++)
+            for (int k = 0; k < 4; k++) cp->kv[s][k] = mem_alloc(arena, MEM_ACTS, blk);
+    } else {
+        cp->all_k = mem_alloc(arena, MEM_ACTS, blk * cp->n);
+        cp->all_v = mem_alloc(arena, MEM_ACTS, blk * cp->n);
+        cp->all_dk = mem_alloc(arena, MEM_ACTS, blk * cp->n);
+        cp->all_dv = mem_alloc(arena, MEM_ACTS, blk * cp->n);
+    }
+    cp->part_out = mem_alloc(arena, MEM_ACTS, (size_t)B * cp->Tl * H * D * sizeof(float));
+    cp->part_lse = mem_alloc(arena, MEM_ACTS, (size_t)B * H * cp->Tl * sizeof(float));
+}
+
+int cp_local_len(const ust_cp *cp) { return cp->Tl; }
+const int32_t *cp_positions_of(const ust_cp *cp, int r) { return cp->pos_host + (size_t)r * cp->Tl; }
+const int32_t *cp_positions_device(const ust_cp *cp) { return cp->pos + (size_t)cp->rank * cp->Tl; }
+
+static const int32_t *pos_dev(const ust_cp *cp, int r) { return cp->pos + (size_t)r * cp->Tl; }
+
+static void count(ust_cp *cp, int owner, int H) {
+    cp->pairs += (double)cp->B * H *
+                 visible_pairs(cp_positions_of(cp, cp->rank), cp_positions_of(cp, owner), cp->Tl);
+}
+
+static void wait_timed(ust_cp *cp, comm_req *r) {
+    double t0 = now_s();
+    comm_wait(r);
+    cp->comm_s += now_s() - t0;
+}
+
+/* Posts (the list lives in cp until the wait): send the `nbuf` buffers of send[] to the next rank, receive as many into recv[] from
+ * the previous one (one batch, so two ranks exchanging with each other cannot deadlock). */
+static comm_req pass_on(ust_cp *cp, float *const *send, float *const *recv, int nbuf) {
+    comm_p2p *ops = cp->p2p; /* must stay valid until the wait */
+    size_t count = (size_t)cp->B * cp->Tl * cp->Hkv * cp->D;
+    int next = (cp->rank + 1) % cp->n, prev = (cp->rank + cp->n - 1) % cp->n;
+    for (int i = 0; i < nbuf; i++) {
+        ops[2 * i] = (comm_p2p){.peer = next, .is_send = 1, .buf = send[i], .count = count};
+        ops[2 * i + 1] = (comm_p2p){.peer = prev, .is_send = 0, .buf = recv[i], .count = count};
+    }
+    return comm_sendrecv(cp->comm, ops, 2 * nbuf, COMM_FP32);
+}
+
+static void gather_blocks(ust_cp *cp, const float *k, const float *v) {
+    size_t count = (size_t)cp->B * cp->Tl * cp->Hkv * cp->D;
+    comm_req r[2] = {comm_allgather(cp->comm, k, cp->all_k, count, COMM_FP32),
+                     comm_allgather(cp->comm, v, cp->all_v, count, COMM_FP32)};
+    double t0 = now_s();
+    comm_wait_all(r, 2);
+    cp->comm_s += now_s() - t0;
+}
+
+static size_t blk(const ust_cp *cp) { return (size_t)cp->B * cp->Tl * cp->Hkv * cp->D; }
+
+void cp_attention_fwd(ust_cp *cp, float *out, float *lse, const float *q, const float *k,
+                      const float *v, int H) {
+    const ust_ops *o = cp->ops;
+    int B = cp->B, Tl = cp->Tl, Hkv = cp->Hkv, D = cp->D;
+    const int32_t *qp = pos_dev(cp, cp->rank);
+    /* the local block first: it holds the diagonal, so every query sees at least one key */
+    o->attention_fwd(o, out, lse, q, k, v, B, Tl, Tl, H, Hkv, D, qp, qp, 1);
+    count(cp, cp->rank, H);
+    if (cp->n == 1) return;
+    if (cp->mode == CP_ALLGATHER) gather_blocks(cp, k, v);
+    const float *ck = k, *cv = v;
+    for (int s = 1; s < cp->n; s++) {
+        int owner = (cp->rank - s + cp->n) % cp->n;
+        if (cp->mode == CP_RING) {
+            /* pass the block in hand on and take the previous rank's */
+            float *send[2] = {(float *)ck, (float *)cv}, *recv[2] = {cp->kv[s % 2][0], cp->kv[s % 2][1]};
+            comm_req r = pass_on(cp, send, recv, 2);
+            wait_timed(cp, &r);
+            ck = recv[0], cv = recv[1];
+        } else {
+            ck = cp->all_k + owner * blk(cp), cv = cp->all_v + owner * blk(cp);
+        }
+        o->attention_fwd(o, cp->part_out, cp->part_lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp,
+                         pos_dev(cp, owner), 1);
+        o->attention_merge(o, out, lse, cp->part_out, cp->part_lse, B, Tl, H, D);
+        count(cp, owner, H);
+    }
+}
+
+void cp_attention_bwd(ust_cp *cp, float *dq, float *dk, float *dv, const float *dout,
+                      const float *out, const float *lse, const float *q, const float *k,
+                      const float *v, int H) {
+    const ust_ops *o = cp->ops;
+    int B = cp->B, Tl = cp->Tl, Hkv = cp->Hkv, D = cp->D, n = cp->n;
+    const int32_t *qp = pos_dev(cp, cp->rank);
+    if (n == 1) {
+        o->attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, Tl, Tl, H, Hkv, D, qp, qp, 1);
+        return;
+    }
+    if (cp->mode == CP_ALLGATHER) {
+        /* every block's gradient computed here, then summed at its owner */
+        gather_blocks(cp, k, v);
+        o->zero(o, cp->all_dk, blk(cp) * n * sizeof(float));
+        o->zero(o, cp->all_dv, blk(cp) * n * sizeof(float));
+        for (int r = 0; r < n; r++)
+            o->attention_bwd(o, dq, cp->all_dk + r * blk(cp), cp->all_dv + r * blk(cp), dout, out,
+                             lse, q, cp->all_k + r * blk(cp), cp->all_v + r * blk(cp), B, Tl, Tl,
+                             H, Hkv, D, qp, pos_dev(cp, r), 1);
+        comm_req r[2] = {comm_reduce_scatter(cp->comm, cp->all_dk, cp->acc_dk, blk(cp), COMM_FP32,
+                                             COMM_SUM),
+                         comm_reduce_scatter(cp->comm, cp->all_dv, cp->acc_dv, blk(cp), COMM_FP32,
+                                             COMM_SUM)};
+        double t0 = now_s();
+        comm_wait_all(r, 2);
+        cp->comm_s += now_s() - t0;
+        o->axpy(o, dk, 1.0f, cp->acc_dk, (int64_t)blk(cp));
+        o->axpy(o, dv, 1.0f, cp->acc_dv, (int64_t)blk(cp));
+        return;
+    }
+    /* the ring: the block in hand (k, v and the gradients gathered for it so far) moves on after
+     * each step; after n steps every block is back at its owner with its whole gradient */
+    o->zero(o, cp->acc_dk, blk(cp) * sizeof(float));
+    o->zero(o, cp->acc_dv, blk(cp) * sizeof(float));
+    const float *ck = k, *cv = v;
+    float *cdk = cp->acc_dk, *cdv = cp->acc_dv;
+    for (int s = 0; s < n; s++) {
+        int owner = (cp->rank - s + n) % n;
+        o->attention_bwd(o, dq, cdk, cdv, dout, out, lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp,
+                         pos_dev(cp, owner), 1);
+        float *const *buf = cp->kv[s % 2];
+        float *send[4] = {(float *)ck, (float *)cv, cdk, cdv};
+        comm_req r = pass_on(cp, send, buf, 4);
+        wait_timed(cp, &r);
+        ck = buf[0], cv = buf[1], cdk = buf[2], cdv = buf[3];
+    }
+    o->axpy(o, dk, 1.0f, cdk, (int64_t)blk(cp));
+    o->axpy(o, dv, 1.0f, cdv, (int64_t)blk(cp));
+}

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Context parallelism in the equivalence harness: cp 2 and 4 in both layouts and both
+# communication modes, with tp (and sp) and with dp/ZeRO, gpt2 (learned positions follow the
+# tokens) and llama (RoPE), resume across cp layouts, and sequences that cannot split refused.
+. "$(dirname "$0")/../lib.sh"
+
+$UST data demo $TMP/data >/dev/null
+cat >$TMP/llama.yaml <<EOT
+run:   {name: equiv-cp-llama, seed: 7}
+model: {arch: llama, n_layer: 2, d_model: 64, n_head: 4, n_kv_head: 2, d_ff: 128, vocab_size: 500, max_seq_len: 64}
+train: {seq_len: 32, micro_batch_size: 1, global_batch_size: 4}
+optimizer: {lr: 3.0e-3, warmup_steps: 2}
+data:  {train: "$TMP/data/train_*.bin", val: null}
+EOT
+sed -e 's/arch: llama/arch: gpt2/' -e 's/n_kv_head: 2/n_kv_head: 4/' -e 's/equiv-cp-llama/equiv-cp-gpt2/' \
+    $TMP/llama.yaml >$TMP/gpt2.yaml
+EQ="python3 test/tools/equiv.py --steps 8"
+
+$EQ --name _cp_llama --config $TMP/llama.yaml --layout "cp=2" --layout "cp=4" \
+    --layout "cp=2 parallel.cp_layout=contiguous" --layout "cp=2 parallel.cp_comm=allgather" \
+    --layout "cp=2 tp=2" --layout "cp=2 dp=2 zero=1" --layout "cp=2 dp=2 zero=3" \
+    --layout "cp=2 tp=2 sp=true"
+$EQ --name _cp_gpt2 --config $TMP/gpt2.yaml --layout "cp=2" --layout "cp=4 parallel.cp_layout=contiguous" \
+    --layout "cp=2 tp=2 dp=2 zero=2" --layout "cp=2 train.recompute=full"
+$EQ --name _cp --config $TMP/llama.yaml --save-layout "cp=4" --resume-at 4 --layout "cp=2 dp=2" --layout "cp=1"
+$EQ --name _cp --config $TMP/gpt2.yaml --save-layout "dp=2 tp=2" --resume-at 4 --layout "cp=2 tp=2"
+
+expect_exit cp_seq_not_divisible_exits_2 2 "seq_len" -- \
+    $UST validate $TMP/llama.yaml --set parallel.cp=3 --set train.seq_len=32 --world 3
+exit 0

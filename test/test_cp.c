@@ -1,0 +1,147 @@
+/* Context parallelism at the attention level.
+ * Run alone: the token layouts (zigzag chunks r and 2n-1-r, contiguous chunk r) and their causal
+ * load balance. Run under a launcher with `--ring-check LAYOUT MODE` (test/sh/cp_attention.sh
+ * does, for 2 and 4 ranks): every rank computes ring (or all-gather) attention forward and
+ * backward for its tokens and compares them with single-rank attention over the whole sequence;
+ * the (query, key) pairs each rank's attention counted must be equal within 1% under zigzag and
+ * unequal under contiguous. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "bootstrap.h"
+#include "comm.h"
+#include "cp.h"
+#include "mem.h"
+#include "ops.h"
+#include "rng.h"
+#include "test.h"
+
+static void test_zigzag_gives_rank_r_chunks_r_and_2n_minus_1_minus_r(void) {
+    int32_t p[16];
+    cp_layout_positions(CP_ZIGZAG, 32, 4, 1, p); /* chunks of 4: 1 and 6 */
+    for (int j = 0; j < 4; j++) CHECK(p[j] == 4 + j && p[4 + j] == 24 + j, "p[%d] = %d", j, p[j]);
+    cp_layout_positions(CP_CONTIGUOUS, 32, 4, 3, p);
+    for (int j = 0; j < 8; j++) CHECK(p[j] == 24 + j, "contiguous p[%d] = %d", j, p[j]);
+}
+
+static void test_every_position_is_held_exactly_once(void) {
+    for (int lay = 0; lay < 2; lay++) {
+        int seen[64] = {0}, p[64];
+        for (int r = 0; r < 4; r++) {
+            cp_layout_positions(lay ? CP_CONTIGUOUS : CP_ZIGZAG, 64, 4, r, p);
+            for (int j = 0; j < 16; j++) seen[p[j]]++;
+        }
+        for (int i = 0; i < 64; i++) CHECK(seen[i] == 1, "position %d held %d times", i, seen[i]);
+    }
+}
+
+/* ---------------------------------------------------------------- multi-rank check */
+
+enum { B = 2, T = 32, H = 4, HKV = 2, D = 8 };
+
+static float val(uint64_t stream, int64_t i) { return rng_normal(17, stream, (uint64_t)i); }
+
+/* Row of token at position t (batch b, head h) of a (B,T,heads,D) tensor. */
+static int64_t at(int b, int t, int h, int heads, int Tn) {
+    return (((int64_t)b * Tn + t) * heads + h) * D;
+}
+
+static int ring_check(const char *layout_name, const char *mode_name) {
+    ust_boot boot;
+    ust_err e;
+    if (boot_init(&boot, 30, &e)) return printf("FAIL boot: %s\n", e.msg), 1;
+    comm_ctx *ctx;
+    comm_opts co = {.backend = COMM_BACKEND_SHM, .timeout_s = 30};
+    int *ranks = malloc(boot.world * sizeof(int));
+    for (int i = 0; i < boot.world; i++) ranks[i] = i;
+    comm_group_spec spec = {"cp", ranks, boot.world};
+    ust_comm *comm;
+    if (comm_ctx_init(&ctx, &boot, &co, &e) || comm_create_many(ctx, 1, &spec, &comm, &e))
+        return printf("FAIL comm: %s\n", e.msg), 1;
+    ust_cp_layout layout = strcmp(layout_name, "zigzag") ? CP_CONTIGUOUS : CP_ZIGZAG;
+    ust_cp_comm mode = strcmp(mode_name, "ring") ? CP_ALLGATHER : CP_RING;
+    ust_ops *o = ops_cpu_create(1, 1);
+    ust_arena arena;
+    mem_init(&arena, o);
+    ust_cp cp;
+    cp_init(&cp, o, comm, &arena, T, B, H, HKV, D, layout, mode);
+    int n = cp.n, Tl = cp.Tl, r = cp.rank;
+    const int32_t *mine = cp_positions_of(&cp, r);
+    /* the whole sequence's q, k, v, dout: the reference, and this rank's rows of them */
+    int64_t nq = (int64_t)B * T * H * D, nk = (int64_t)B * T * HKV * D;
+    float *q = malloc(nq * 4), *k = malloc(nk * 4), *v = malloc(nk * 4), *dout = malloc(nq * 4);
+    for (int64_t i = 0; i < nq; i++) q[i] = val(1, i), dout[i] = val(4, i);
+    for (int64_t i = 0; i < nk; i++) k[i] = val(2, i), v[i] = val(3, i);
+    float *out = calloc(nq, 4), *lse = calloc(B * H * T, 4), *dq = calloc(nq, 4),
+          *dk = calloc(nk, 4), *dv = calloc(nk, 4);
+    int32_t pos[T];
+    for (int t = 0; t < T; t++) pos[t] = t;
+    o->attention_fwd(o, out, lse, q, k, v, B, T, T, H, HKV, D, pos, pos, 1);
+    o->attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, T, T, H, HKV, D, pos, pos, 1);
+    int64_t lq = (int64_t)B * Tl * H * D, lk = (int64_t)B * Tl * HKV * D;
+    float *q_l = malloc(lq * 4), *k_l = malloc(lk * 4), *v_l = malloc(lk * 4),
+          *dout_l = malloc(lq * 4);
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < Tl; j++) {
+            memcpy(q_l + at(b, j, 0, H, Tl), q + at(b, mine[j], 0, H, T), H * D * 4);
+            memcpy(dout_l + at(b, j, 0, H, Tl), dout + at(b, mine[j], 0, H, T), H * D * 4);
+            memcpy(k_l + at(b, j, 0, HKV, Tl), k + at(b, mine[j], 0, HKV, T), HKV * D * 4);
+            memcpy(v_l + at(b, j, 0, HKV, Tl), v + at(b, mine[j], 0, HKV, T), HKV * D * 4);
+        }
+    float *out_l = calloc(lq, 4), *lse_l = calloc(B * H * Tl, 4), *dq_l = calloc(lq, 4),
+          *dk_l = calloc(lk, 4), *dv_l = calloc(lk, 4);
+    cp_attention_fwd(&cp, out_l, lse_l, q_l, k_l, v_l, H);
+    cp_attention_bwd(&cp, dq_l, dk_l, dv_l, dout_l, out_l, lse_l, q_l, k_l, v_l, H);
+    /* fp32, sums over up to 32 keys regrouped by blocks: agreement to ~1e-6 */
+    double worst[4] = {0};
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < Tl; j++) {
+            for (int i = 0; i < H * D; i++) {
+                int64_t a = at(b, j, 0, H, Tl) + i, g = at(b, mine[j], 0, H, T) + i;
+                worst[0] = fmax(worst[0], fabs(out_l[a] - out[g]));
+                worst[1] = fmax(worst[1], fabs(dq_l[a] - dq[g]));
+            }
+            for (int i = 0; i < HKV * D; i++) {
+                int64_t a = at(b, j, 0, HKV, Tl) + i, g = at(b, mine[j], 0, HKV, T) + i;
+                worst[2] = fmax(worst[2], fabs(dk_l[a] - dk[g]));
+                worst[3] = fmax(worst[3], fabs(dv_l[a] - dv[g]));
+            }
+        }
+    const char *what[4] = {"out", "dq", "dk", "dv"};
+    int bad = 0;
+    for (int i = 0; i < 4; i++)
+        if (!(worst[i] <= 2e-5)) {
+            printf("FAIL cp%d_%s_%s_%s_matches_full_attention: max |diff| %.3g (rank %d)\n", n,
+                   layout_name, mode_name, what[i], worst[i], r);
+            bad = 1;
+        }
+    if (!bad && r == 0)
+        printf("PASS cp%d_%s_%s_forward_and_backward_match_full_attention\n", n, layout_name,
+               mode_name);
+    /* load balance: every rank's counted (query, key) pairs, gathered */
+    float *pairs = o->alloc(o, n * sizeof(float)), mine_pairs = (float)cp.pairs;
+    comm_req req = comm_allgather(comm, &mine_pairs, pairs, 1, COMM_FP32);
+    comm_wait(&req);
+    float lo = pairs[0], hi = pairs[0];
+    for (int i = 1; i < n; i++) lo = fminf(lo, pairs[i]), hi = fmaxf(hi, pairs[i]);
+    int balanced = hi <= lo * 1.01f;
+    if (r == 0) {
+        int want = layout == CP_ZIGZAG;
+        printf("%s cp%d_%s_attention_pairs_%s: per rank min %.0f max %.0f\n",
+               balanced == want ? "PASS" : "FAIL", n, layout_name,
+               want ? "equal_within_1pct" : "unequal", lo, hi);
+        bad |= balanced != want;
+    }
+    comm_req bar = comm_barrier(comm);
+    comm_wait(&bar);
+    comm_ctx_free(ctx);
+    boot_finalize(&boot);
+    return bad;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 4 && !strcmp(argv[1], "--ring-check")) return ring_check(argv[2], argv[3]);
+    RUN_TEST(test_zigzag_gives_rank_r_chunks_r_and_2n_minus_1_minus_r);
+    RUN_TEST(test_every_position_is_held_exactly_once);
+    return TEST_SUMMARY();
+}
