@@ -39,7 +39,7 @@ static unit_sizes units(const ust_config *c) {
 static int64_t layer_act_floats(const ust_config *c, int64_t N, int with_mlp_act) {
     int64_t C = c->model.d_model, D = cfg_head_dim(c), HD = c->model.n_head * D,
             KV = c->model.n_kv_head * D, F = c->model.d_ff, llama = c->model.arch == ARCH_LLAMA;
-    int64_t B = c->train.micro_batch_size, T = c->train.seq_len;
+    int64_t B = c->train.micro_batch_size, T = c->train.seq_len / c->parallel.cp;
     return 3 * N * C + 4 * N + 2 * N * HD + 2 * N * KV + B * c->model.n_head * T +
            (llama ? 2 : 1) * N * F + (with_mlp_act ? N * F : 0);
 }
@@ -75,7 +75,7 @@ void plan_memory(const ust_config *c, mem_plan *p) {
             (c->model.arch == ARCH_LLAMA ? 3 : 2) * N * F; /* backward scratch */
     acts += 2 * N + c->train.seq_len;              /* tokens, targets, positions (int32) */
     p->acts = (double)acts * 4.0;
-    p->comm = 8.0 + 4.0; /* dp_sum's two floats, the stop flag */
+    p->comm = 16.0 + 4.0; /* dp_sum's four floats, the stop flag */
     p->total = p->params + p->grads + p->optim + p->acts + p->comm;
 }
 

@@ -143,7 +143,7 @@ int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_are
             d->gath_unit[s] = -1;
         }
     }
-    d->scalar = mem_alloc(a, MEM_COMM, 2 * sizeof(float));
+    d->scalar = mem_alloc(a, MEM_COMM, 4 * sizeof(float));
     d->pending = calloc(d->nunits, sizeof *d->pending);
     make_buckets(d);
     const char *fault = getenv("UST_FAULT_DP_DROP_GRADS_RANK");
@@ -290,18 +290,23 @@ void dp_finish_grads(dp_state *d) {
     d->npending = 0;
 }
 
-static double sum_over(dp_state *d, ust_comm *c, double x) {
-    if (!c || comm_size(c) == 1) return x;
-    /* two floats carry a double's worth: the value and its rounding error */
-    float h[2] = {(float)x, (float)(x - (double)(float)x)};
-    d->ops->to_device(d->ops, d->scalar, h, sizeof h);
-    comm_req r = comm_allreduce(c, d->scalar, d->scalar, 2, COMM_FP32, COMM_SUM);
+/* Sums n (<= 2) doubles over group c in one all-reduce. Two floats carry a double's worth: the
+ * value and its rounding error. */
+static void sum_over(dp_state *d, ust_comm *c, double *x, int n) {
+    if (!c || comm_size(c) == 1) return;
+    float h[4];
+    for (int i = 0; i < n; i++) h[2 * i] = (float)x[i], h[2 * i + 1] = (float)(x[i] - (double)(float)x[i]);
+    d->ops->to_device(d->ops, d->scalar, h, 2 * n * sizeof(float));
+    comm_req r = comm_allreduce(c, d->scalar, d->scalar, 2 * n, COMM_FP32, COMM_SUM);
     comm_wait(&r);
-    d->ops->to_host(d->ops, h, d->scalar, sizeof h);
-    return (double)h[0] + (double)h[1];
+    d->ops->to_host(d->ops, h, d->scalar, 2 * n * sizeof(float));
+    for (int i = 0; i < n; i++) x[i] = (double)h[2 * i] + (double)h[2 * i + 1];
 }
 
-double dp_sum(dp_state *d, double x) { return sum_over(d, d->comm, x); }
+double dp_sum(dp_state *d, double x) {
+    sum_over(d, d->comm, &x, 1);
+    return x;
+}
 
 /* Sum of squares over the whole model: the pieces each dp member holds are disjoint; tensors
  * split over the tensor-parallel group are summed over it too, replicated ones counted once. */
@@ -315,8 +320,10 @@ double dp_grad_norm(dp_state *d) {
                                   b - a);
         *(model_param_at(d->m, i)->tp_split ? &split : &repl) += ss;
     }
-    if (part) split = dp_sum(d, split), repl = dp_sum(d, repl);
-    return sqrt(sum_over(d, d->mp, split) + repl);
+    double both[2] = {split, repl};
+    if (part) sum_over(d, d->comm, both, 2);
+    sum_over(d, d->mp, both, 1);
+    return sqrt(both[0] + both[1]);
 }
 
 void dp_optimizer_step(dp_state *d, double lr, float grad_scale, int64_t step) {

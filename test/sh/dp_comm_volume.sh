@@ -6,6 +6,7 @@
 #   stage 2:     (A+1)(n-1)/n P        (reduce-scatter every micro-batch + all-gather)
 #   stage 3:     (n-1)/n (A P + 2P - U0 - Uhead - Ulast)   (A=1 here: the backward re-gathers
 #                every unit but the embeddings, the head and the last layer, still resident)
+# plus the loss's all-reduce (2 floats) and, for stages >= 1, the gradient norm's (4 floats).
 . "$(dirname "$0")/../lib.sh"
 
 $UST data demo $TMP/data >/dev/null
@@ -36,11 +37,12 @@ layer = [C, D * H * C, D * KV * C, D * KV * C, C * H * D, C, F * C, F * C, C * F
 units = [pad(r16(Vp * C))] + [pad(sum(r16(x) for x in layer))] * L + [pad(r16(C) + r16(Vp * C))]
 P = 4 * sum(units)
 f = (n - 1) / n
-scal = 2 * f * 8  # one 2-float all-reduce
+scal = 2 * f * 8   # the loss: one 2-float all-reduce
+norm = 2 * f * 16  # stages >= 1: the gradient norm's two sums in one 4-float all-reduce
 want = {0: 2 * f * P + scal,
-        1: 2 * f * P + 2 * scal,
-        2: (A + 1) * f * P + 2 * scal,
-        3: f * (A * P + 2 * P - 4 * (units[0] + units[-1] + units[-2])) + 2 * scal}[z]
+        1: 2 * f * P + scal + norm,
+        2: (A + 1) * f * P + scal + norm,
+        3: f * (A * P + 2 * P - 4 * (units[0] + units[-1] + units[-2])) + scal + norm}[z]
 got = [json.loads(l)["comm_bytes_dp"] for l in open(path)]
 ok = all(abs(g - want) <= 1 for g in got)
 print(f"# n={n} zero={z} A={A}: sent {got} bytes per step, analytic {want:.0f} ({want / P:.3f} P)")
