@@ -58,6 +58,7 @@ bench: deps
 	./ustrain bench train configs/bench-gpt2-124m.yaml
 	scripts/bench-dp.sh
 	scripts/bench-tp.sh
+	scripts/bench-cp.sh
 
 format:
 	clang-format -i $(LIB_SRC) $(CMD_SRC) $(TEST_SRC) $(wildcard core/*.h parallel/*.h test/*.h)

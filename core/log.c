@@ -77,6 +77,7 @@ void log_step_json(ust_log *l, const log_step *s) {
             s->mem_params, s->mem_grads, s->mem_optim, s->mem_acts);
     json_num(l->metrics, "step_ms", s->ms);
     json_num(l->metrics, "tp_comm_ms", s->tp_comm_ms);
+    json_num(l->metrics, "cp_wait_ms", s->cp_wait_ms);
     if (!isnan(s->val_loss)) json_num(l->metrics, "val_loss", s->val_loss);
     if (s->skipped) fprintf(l->metrics, ",\"skipped\":true");
     fprintf(l->metrics, "}\n");

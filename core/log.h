@@ -13,6 +13,7 @@ typedef struct {
     uint64_t comm_bytes_dp; /* bytes this rank sent in its data-parallel group this step */
     uint64_t comm_bytes_tp; /* ... and in its tensor-parallel group */
     double tp_comm_ms;      /* time this step spent waiting for tensor-parallel collectives */
+    double cp_wait_ms;      /* ... and for context-parallel key/value blocks */
     size_t mem_params, mem_grads, mem_optim, mem_acts; /* this rank's arena by category */
     double val_loss; /* NaN when not computed this step */
     int skipped;     /* step skipped by on_nan: skip */

@@ -587,6 +587,8 @@ void model_backward(model *m) {
     hook(m, 0, MODEL_BWD_END);
 }
 
+double model_cp_wait_s(const model *m) { return m->cp.comm_s; }
+
 void model_zero_grads(model *m) {
     UST_ASSERT(m->g, "model_zero_grads needs the whole gradient buffer");
     m->ops->zero(m->ops, m->g, m->numel * sizeof(float));

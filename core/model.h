@@ -96,6 +96,8 @@ int model_load_llmc(model *m, const char *path, model_store_fn store, void *stor
                     ust_err *e);
 
 void model_zero_grads(model *m);
+/* Seconds this rank has spent waiting for context-parallel key/value blocks (0 without cp). */
+double model_cp_wait_s(const model *m);
 /* inputs, targets: host arrays of B*T tokens, this rank's (targets < 0 are ignored). Returns the sum of the
  * per-token losses; *ntok gets the number of counted targets. dscale > 0 prepares backward with
  * d(loss_sum)/d(logits) scaled by dscale (e.g. 1 / tokens in the global batch). */

@@ -137,7 +137,8 @@ struct ust_ops {
     void (*destroy)(ust_ops *o);
 };
 
-/* CPU backend: OpenBLAS + OpenMP with `threads` threads (<= 0: cores / local ranks). */
+/* CPU backend: OpenBLAS + OpenMP with `threads` threads (<= 0: cores / local ranks, capped by
+ * OMP_NUM_THREADS when that is set). */
 ust_ops *ops_cpu_create(int threads, int local_ranks);
 
 /* Measured single-precision GEMM rate of this backend (FLOP/s), for MFU on CPU. */

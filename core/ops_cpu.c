@@ -879,8 +879,12 @@ static void cpu_destroy(ust_ops *o) {
 
 ust_ops *ops_cpu_create(int threads, int local_ranks) {
     if (threads <= 0) {
+        /* cores shared by the ranks of this node; an explicit OMP_NUM_THREADS caps it (the
+         * launcher sets it; more threads than free cores spin in OpenMP barriers for nothing) */
         int lr = local_ranks > 0 ? local_ranks : 1;
         threads = omp_get_num_procs() / lr;
+        const char *env = getenv("OMP_NUM_THREADS");
+        if (env && atoi(env) > 0 && atoi(env) < threads) threads = atoi(env);
         if (threads < 1) threads = 1;
     }
     ust_ops *o = calloc(1, sizeof *o);

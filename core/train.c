@@ -383,7 +383,7 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
     while (t->step < c->train.steps) {
         double t0 = now_s();
         uint64_t tp_bytes0 = bytes_sent(t->rt->topo.comm[TOPO_TP]);
-        double tp_s0 = t->tp.comm_s;
+        double tp_s0 = t->tp.comm_s, cp_s0 = model_cp_wait_s(t->m);
         double loss = forward_backward(t);
         double norm = dp_grad_norm(t->dp);
         double lr = optim_lr(c, t->step);
@@ -413,6 +413,7 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
         s.comm_bytes_dp = dp_bytes;
         s.comm_bytes_tp = tp_bytes;
         s.tp_comm_ms = 1e3 * (t->tp.comm_s - tp_s0);
+        s.cp_wait_ms = 1e3 * (model_cp_wait_s(t->m) - cp_s0);
         s.mem_params = t->arena.bytes[MEM_PARAMS];
         s.mem_grads = t->arena.bytes[MEM_GRADS];
         s.mem_optim = t->arena.bytes[MEM_OPTIM];

@@ -4,7 +4,7 @@ set -u
 UST=${UST:-./ustrain}
 TMP=$(mktemp -d /tmp/ustrain-test.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1: $2"; }
 # expect_exit NAME CODE PATTERN -- cmd...: runs cmd, checks exit code and that stderr+stdout match PATTERN

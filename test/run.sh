@@ -3,7 +3,7 @@
 # PASS/FAIL lines they print and closes with "N passed, N failed". Exit 1 when anything failed
 # or a test program died without reporting.
 cd "$(dirname "$0")/.." || exit 1
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 UST=./ustrain
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE UST=./ustrain
 log=$(mktemp /tmp/ustrain-testlog.XXXXXX)
 crashed=0
 run_one() {
