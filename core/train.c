@@ -367,8 +367,13 @@ static void write_effective_config(const ust_config *cfg) {
     fclose(f);
 }
 
+/* Dense bf16 peak of the GPUs ustrain is tuned for (H100/H200 SXM); set logging.peak_flops for
+ * others. On CPU the backend's own measured sgemm rate is the honest denominator. */
+#define GPU_PEAK_FLOPS 989e12
+
 static double peak_flops(trainer *t) {
     if (t->cfg->logging.peak_flops > 0) return t->cfg->logging.peak_flops;
+    if (t->cfg->run.device == DEV_CUDA) return GPU_PEAK_FLOPS;
     return ops_measure_sgemm_flops(t->ops, 512, 4);
 }
 
