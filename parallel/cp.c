@@ -117,29 +117,37 @@ static size_t blk(const ust_cp *cp) { return (size_t)cp->B * cp->Tl * cp->Hkv * 
 void cp_attention_fwd(ust_cp *cp, float *out, float *lse, const float *q, const float *k,
                       const float *v, int H) {
     const ust_ops *o = cp->ops;
-    int B = cp->B, Tl = cp->Tl, Hkv = cp->Hkv, D = cp->D;
+    int B = cp->B, Tl = cp->Tl, Hkv = cp->Hkv, D = cp->D, n = cp->n;
     const int32_t *qp = pos_dev(cp, cp->rank);
-    /* the local block first: it holds the diagonal, so every query sees at least one key */
-    o->attention_fwd(o, out, lse, q, k, v, B, Tl, Tl, H, Hkv, D, qp, qp, 1);
-    count(cp, cp->rank, H);
-    if (cp->n == 1) return;
-    if (cp->mode == CP_ALLGATHER) gather_blocks(cp, k, v);
+    if (n > 1 && cp->mode == CP_ALLGATHER) gather_blocks(cp, k, v);
     const float *ck = k, *cv = v;
-    for (int s = 1; s < cp->n; s++) {
-        int owner = (cp->rank - s + cp->n) % cp->n;
-        if (cp->mode == CP_RING) {
-            /* pass the block in hand on and take the previous rank's */
-            float *send[2] = {(float *)ck, (float *)cv}, *recv[2] = {cp->kv[s % 2][0], cp->kv[s % 2][1]};
-            comm_req r = pass_on(cp, send, recv, 2);
-            wait_timed(cp, &r);
-            ck = recv[0], cv = recv[1];
-        } else {
+    /* step s works on the block of rank - s; the local block comes first: it holds the diagonal,
+     * so every query sees at least one key before any merge */
+    for (int s = 0; s < n; s++) {
+        int owner = (cp->rank - s + n) % n;
+        comm_req r = {0};
+        float *nk = NULL, *nv = NULL;
+        if (cp->mode == CP_RING && s + 1 < n) {
+            /* send the block in hand on before computing with it, so the transfer overlaps */
+            float *send[2] = {(float *)ck, (float *)cv};
+            float *recv[2] = {cp->kv[(s + 1) % 2][0], cp->kv[(s + 1) % 2][1]};
+            r = pass_on(cp, send, recv, 2);
+            nk = recv[0], nv = recv[1];
+        } else if (cp->mode == CP_ALLGATHER && s > 0) {
             ck = cp->all_k + owner * blk(cp), cv = cp->all_v + owner * blk(cp);
         }
-        o->attention_fwd(o, cp->part_out, cp->part_lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp,
-                         pos_dev(cp, owner), 1);
-        o->attention_merge(o, out, lse, cp->part_out, cp->part_lse, B, Tl, H, D);
+        if (s == 0) {
+            o->attention_fwd(o, out, lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp, qp, 1);
+        } else {
+            o->attention_fwd(o, cp->part_out, cp->part_lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp,
+                             pos_dev(cp, owner), 1);
+            o->attention_merge(o, out, lse, cp->part_out, cp->part_lse, B, Tl, H, D);
+        }
         count(cp, owner, H);
+        if (nk) {
+            wait_timed(cp, &r);
+            ck = nk, cv = nv;
+        }
     }
 }
 
