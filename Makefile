@@ -43,7 +43,7 @@ $(B)/test/%: $(B)/test/%.o $(B)/libustrain.a
 
 # The README's test command: installs what is missing, builds everything, runs every test.
 test: deps
-	$(MAKE) all
+	$(MAKE) -j$$(nproc) all
 	test/run.sh
 
 # The README's main job: the bundled tiny default on CPU (writes the demo data when missing).

@@ -2,17 +2,9 @@
 # The context-parallel benchmark of `make bench`: a small llama on 4096-token sequences at
 # cp = 1, 2, 4 (zigzag ring, one thread per rank). Prints per-rank activation bytes (target: close
 # to 1/cp) and the share of step time spent waiting for key/value blocks.
-set -eu
-cd "$(dirname "$0")/.."
-UST=${UST:-./ustrain}
-TMP=$(mktemp -d /tmp/ustrain-bench-cp.XXXXXX)
-trap 'rm -rf "$TMP"' EXIT
-[ -f data/tiny/train_000.bin ] || $UST data demo data/tiny >/dev/null
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+. "$(dirname "$0")/bench-lib.sh"
 for cp in 1 2 4; do
-    scripts/ustrun --nproc-per-node $cp $UST train configs/bench-cp-llama.yaml --set parallel.cp=$cp \
-        --set "logging.metrics_file=$TMP/cp$cp.jsonl" >$TMP/cp$cp.out 2>&1 ||
-        { echo "bench-cp: cp=$cp failed:"; tail -5 $TMP/cp$cp.out; exit 1; }
+    bench_run cp$cp $cp configs/bench-cp-llama.yaml --set parallel.cp=$cp
 done
 python3 - "$TMP" <<'PY'
 import json, sys

@@ -5,21 +5,11 @@
 # gradient + optimizer bytes relative to stage 0, measured by the ranks' own arenas.
 # Targets (issue 4): stages 1-3 within 15% of stage 0's step time; stage 3 <= 55% of stage 0's
 # parameter+gradient+optimizer memory.
-set -eu
-cd "$(dirname "$0")/.."
-UST=${UST:-./ustrain}
+. "$(dirname "$0")/bench-lib.sh"
 STEPS=${STEPS:-4}
-TMP=$(mktemp -d /tmp/ustrain-bench-dp.XXXXXX)
-trap 'rm -rf "$TMP"' EXIT
-[ -f data/tiny/train_000.bin ] || $UST data demo data/tiny >/dev/null
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
-
 run() { # run NAME DP ZERO
-    local gbs=$((4 * $2))
-    scripts/ustrun --nproc-per-node $2 $UST train configs/bench-gpt2-124m.yaml --set parallel.dp=$2 \
-        --set optimizer.zero_stage=$3 --set train.threads=1 --set train.global_batch_size=$gbs \
-        --set train.steps=$((STEPS + 2)) --set "logging.metrics_file=$TMP/$1.jsonl" >$TMP/$1.out 2>&1 ||
-        { echo "bench-dp: $1 failed:"; tail -5 $TMP/$1.out; exit 1; }
+    bench_run "$1" "$2" configs/bench-gpt2-124m.yaml --set parallel.dp=$2 --set optimizer.zero_stage=$3 \
+        --set train.global_batch_size=$((4 * $2)) --set train.steps=$((STEPS + 2))
 }
 run dp1 1 0
 for z in 0 1 2 3; do run z$z 2 $z; done

@@ -3,19 +3,11 @@
 # rank) at tp=1, tp=2 and tp=2 with sequence parallelism, started with scripts/ustrun. Prints the
 # per-rank activation bytes (target: sequence parallelism cuts the norm/residual part by ~tp)
 # and the share of step time spent waiting for tensor-parallel collectives.
-set -eu
-cd "$(dirname "$0")/.."
-UST=${UST:-./ustrain}
+. "$(dirname "$0")/bench-lib.sh"
 STEPS=${STEPS:-3}
-TMP=$(mktemp -d /tmp/ustrain-bench-tp.XXXXXX)
-trap 'rm -rf "$TMP"' EXIT
-[ -f data/tiny/train_000.bin ] || $UST data demo data/tiny >/dev/null
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 run() { # run NAME TP SP
-    scripts/ustrun --nproc-per-node $2 $UST train configs/bench-gpt2-124m.yaml --set parallel.tp=$2 \
-        --set parallel.sp=$3 --set train.threads=1 --set train.steps=$((STEPS + 2)) \
-        --set "logging.metrics_file=$TMP/$1.jsonl" >$TMP/$1.out 2>&1 ||
-        { echo "bench-tp: $1 failed:"; tail -5 $TMP/$1.out; exit 1; }
+    bench_run "$1" "$2" configs/bench-gpt2-124m.yaml --set parallel.tp=$2 --set parallel.sp=$3 \
+        --set train.steps=$((STEPS + 2))
 }
 run tp1 1 false
 run tp2 2 false
