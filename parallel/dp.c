@@ -26,8 +26,8 @@ struct dp_state {
     comm_req gath_req[2];
     comm_req *pending;                 /* stage 0-1: reductions posted this step */
     int npending;
-    int *bucket_lo;                    /* stage 0: unit that closes each bucket (or -1) */
-    float *scalar;                     /* one float for dp_sum */
+    int *bucket_lo;                    /* stage 0: 1 where a unit closes a bucket (its lowest) */
+    float *scalar;                     /* four floats for the scalar all-reduces */
     uint64_t bytes_at_step_start;
 };
 

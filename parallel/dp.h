@@ -1,4 +1,6 @@
-/* dp: data parallelism with ZeRO stages 0-3 over the data-parallel group.
+/* dp: data parallelism with ZeRO stages 0-3 over the ranks that hold replicas of the same
+ * shard and see different tokens (the dp x cp group: data-parallel replicas and the
+ * context-parallel parts of each sequence).
  * dp owns this rank's trainable state (fp32 master weights, gradients, AdamW moments) and lends
  * it to the model through unit pointers and hooks; every unit is split into n equal shards.
  *   stage 0: everything whole; gradients all-reduced in buckets of ~dp_bucket_mb, each posted
