@@ -442,8 +442,9 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
         }
         if (stop) {
             if (t->rank0)
-                printf("received signal %d: stopped after step %lld%s\n", (int)g_stop_signal,
-                   (long long)t->step, c->checkpoint.every > 0 ? " (checkpoint written)" : "");
+                printf("received signal: stopped after step %lld%s (SIGTERM/SIGUSR1 to any "
+                       "rank stops every rank after the same step)\n",
+                       (long long)t->step, c->checkpoint.every > 0 ? ", checkpoint written" : "");
             break;
         }
     }
