@@ -4,55 +4,86 @@
 
 static int64_t r16(int64_t x) { return (x + 15) / 16 * 16; }
 
-/* The model's flat buffer in floats, unit by unit as core/model lays it out: every tensor
- * aligned to 16 floats, every unit padded to a multiple of 16 * dp so it shards evenly. */
+/* This rank's shapes: heads, hidden units and vocabulary rows split over tp; the tokens of a
+ * micro-batch split over cp (and, outside the tensor-parallel halves, over tp under sp). */
+typedef struct {
+    int64_t C, D, H, Hkv, HD, KV, F, Vp, Vl, L, B, T, Tl, N, Nl, t, cp, maxT;
+    int gpt2, llama, tied;
+} shapes;
+
+static shapes shapes_of(const ust_config *c) {
+    shapes s;
+    s.t = c->parallel.tp, s.cp = c->parallel.cp;
+    s.C = c->model.d_model, s.D = cfg_head_dim(c), s.L = c->model.n_layer;
+    s.H = c->model.n_head / s.t, s.Hkv = c->model.n_kv_head / s.t;
+    s.HD = s.H * s.D, s.KV = s.Hkv * s.D, s.F = c->model.d_ff / s.t;
+    s.Vp = cfg_vocab_padded(c), s.Vl = s.Vp / s.t, s.maxT = c->model.max_seq_len;
+    s.B = c->train.micro_batch_size, s.T = c->train.seq_len, s.Tl = s.T / s.cp;
+    s.N = s.B * s.Tl;
+    s.Nl = c->parallel.sp && s.t > 1 ? s.N / s.t : s.N;
+    s.gpt2 = c->model.arch == ARCH_GPT2, s.llama = !s.gpt2, s.tied = cfg_tied(c);
+    return s;
+}
+
+/* The model's flat buffer on this rank in floats, unit by unit as core/model lays it out: every
+ * tensor aligned to 16 floats, every unit padded to a multiple of 16 * (dp x cp) so it shards
+ * evenly. n_params counts the whole model. */
 typedef struct {
     int64_t emb, layer, head, total, n_params;
 } unit_sizes;
 
 static unit_sizes units(const ust_config *c) {
-    int64_t C = c->model.d_model, D = cfg_head_dim(c), HD = c->model.n_head * D,
-            KV = c->model.n_kv_head * D, F = c->model.d_ff, Vp = cfg_vocab_padded(c);
-    int64_t L = c->model.n_layer, pad = 16 * (int64_t)c->parallel.dp * c->parallel.cp;
-    int gpt2 = c->model.arch == ARCH_GPT2;
+    shapes s = shapes_of(c);
+    int64_t C = s.C, pad = 16 * (int64_t)c->parallel.dp * c->parallel.cp, t = s.t;
+    int64_t lay[] = {C, s.HD * C, s.KV * C, s.KV * C, C * s.HD, C, s.F * C, s.F * C, C * s.F};
+    int64_t lay_gpt2[] = {C,      C,      s.HD * C, s.HD, s.KV * C, s.KV, s.KV * C, s.KV,
+                          C * s.HD, C,    C,        C,    s.F * C,  s.F,  C * s.F,  C};
+    const int64_t *list = s.gpt2 ? lay_gpt2 : lay;
+    size_t count = s.gpt2 ? sizeof lay_gpt2 / sizeof lay_gpt2[0] : sizeof lay / sizeof lay[0];
+    int64_t sum = 0, whole = 0;
+    for (size_t i = 0; i < count; i++) sum += r16(list[i]);
+    /* whole-model count: the split tensors times t, the replicated ones (norms, row-parallel
+     * biases) once */
+    int64_t repl = s.gpt2 ? 6 * C : 2 * C; /* norm weights (+ biases), o/down biases */
+    for (size_t i = 0; i < count; i++) whole += list[i];
+    whole = (whole - repl) * t + repl;
     unit_sizes u;
-    int64_t lay[] = {C, C * HD, C * KV, C * KV, HD * C, C, F * C, F * C, C * F};
-    int64_t lay_gpt2[] = {C, C, C * HD, HD, C * KV, KV, C * KV, KV, HD * C, C, C, C, F * C, F, C * F, C};
-    int64_t sum = 0, n = 0;
-    if (gpt2)
-        for (size_t i = 0; i < sizeof lay_gpt2 / sizeof lay_gpt2[0]; i++)
-            sum += r16(lay_gpt2[i]), n += lay_gpt2[i];
-    else
-        for (size_t i = 0; i < sizeof lay / sizeof lay[0]; i++) sum += r16(lay[i]), n += lay[i];
 #define PAD(x) (((x) + pad - 1) / pad * pad)
     u.layer = PAD(sum);
-    u.emb = PAD(r16(Vp * C) + (gpt2 ? r16((int64_t)c->model.max_seq_len * C) : 0));
-    u.head = PAD(r16(C) + (gpt2 ? r16(C) : 0) + (cfg_tied(c) ? 0 : r16(Vp * C)));
+    u.emb = PAD(r16(s.Vl * C) + (s.gpt2 ? r16(s.maxT * C) : 0));
+    u.head = PAD(r16(C) + (s.gpt2 ? r16(C) : 0) + (s.tied ? 0 : r16(s.Vl * C)));
 #undef PAD
-    u.total = u.emb + L * u.layer + u.head;
-    u.n_params = Vp * C + (gpt2 ? (int64_t)c->model.max_seq_len * C : 0) + L * n +
-                 (gpt2 ? 2 * C : C) + (cfg_tied(c) ? 0 : Vp * C);
+    u.total = u.emb + s.L * u.layer + u.head;
+    u.n_params = s.Vp * C + (s.gpt2 ? s.maxT * C : 0) + s.L * whole + (s.gpt2 ? 2 * C : C) +
+                 (s.tied ? 0 : s.Vp * C);
     return u;
 }
 
 /* floats one layer keeps for backward for one micro-batch (mirrors the model's saved tensors) */
-static int64_t layer_act_floats(const ust_config *c, int64_t N, int with_mlp_act) {
-    int64_t C = c->model.d_model, D = cfg_head_dim(c), HD = c->model.n_head * D,
-            KV = c->model.n_kv_head * D, F = c->model.d_ff, llama = c->model.arch == ARCH_LLAMA;
-    int64_t B = c->train.micro_batch_size, T = c->train.seq_len / c->parallel.cp;
-    return 3 * N * C + 4 * N + 2 * N * HD + 2 * N * KV + B * c->model.n_head * T +
-           (llama ? 2 : 1) * N * F + (with_mlp_act ? N * F : 0);
+static int64_t layer_act_floats(const shapes *s, int with_mlp_act) {
+    return 3 * s->Nl * s->C + 4 * s->Nl + 2 * s->N * s->HD + 2 * s->N * s->KV +
+           s->B * s->H * s->Tl + (s->llama ? 2 : 1) * s->N * s->F + (with_mlp_act ? s->N * s->F : 0);
+}
+
+/* floats of the tensor- and context-parallel scratch buffers (MEM_ACTS and MEM_COMM) */
+static int64_t parallel_scratch(const ust_config *c, const shapes *s, int64_t *comm) {
+    int64_t acts = 0;
+    *comm = 0;
+    if (s->t > 1) *comm += (s->t + 3) * s->N; /* vocab-parallel loss */
+    if (c->parallel.sp && s->t > 1) acts += 3 * s->N * s->C + s->N * s->C / s->t + 2 * s->C;
+    if (s->cp > 1) {
+        int64_t blk = s->B * s->Tl * s->Hkv * s->D;
+        acts += 2 * blk + (c->parallel.cp_comm == CP_RING ? 8 * blk : 4 * s->cp * blk);
+        acts += s->B * s->Tl * s->H * s->D + s->B * s->H * s->Tl;
+    }
+    return acts;
 }
 
 void plan_memory(const ust_config *c, mem_plan *p) {
-    /* a rank holds seq_len / cp tokens of each sequence; ZeRO shards over dp x cp */
-    int64_t N = (int64_t)c->train.micro_batch_size * c->train.seq_len / c->parallel.cp;
-    int64_t C = c->model.d_model;
-    int64_t D = cfg_head_dim(c), HD = c->model.n_head * D, KV = c->model.n_kv_head * D;
-    int64_t F = c->model.d_ff, L = c->model.n_layer, Vp = cfg_vocab_padded(c);
-    int dp = c->parallel.dp * c->parallel.cp, zero = c->optimizer.zero_stage;
+    shapes s = shapes_of(c);
+    int dp = c->parallel.dp * c->parallel.cp, zero = c->optimizer.zero_stage; /* ZeRO group */
     unit_sizes u = units(c);
-    double P = (double)u.total * 4.0 / (c->parallel.tp * c->parallel.pp), shard = P / dp;
+    double P = (double)u.total * 4.0 / c->parallel.pp, shard = P / dp;
     double big = 4.0 * (double)(u.layer > u.head ? u.layer : u.head); /* largest unit but 0 */
     double emb = 4.0 * (double)u.emb;
     p->n_params = u.n_params;
@@ -62,20 +93,22 @@ void plan_memory(const ust_config *c, mem_plan *p) {
     p->grads = zero >= 2 ? shard + emb + big : P;
     p->optim = zero >= 1 ? 2 * shard : 2 * P;
     /* saved per layer, plus the residual stream, head and backward scratch */
-    int64_t per_layer, sets;
+    int64_t per_layer, sets, N = s.N, Nl = s.Nl, C = s.C;
     switch (c->train.recompute) {
-    case RECOMPUTE_FULL: per_layer = layer_act_floats(c, N, 1), sets = 1; break;
-    case RECOMPUTE_SELECTIVE: per_layer = layer_act_floats(c, N, 0), sets = L; break;
-    default: per_layer = layer_act_floats(c, N, 1), sets = L;
+    case RECOMPUTE_FULL: per_layer = layer_act_floats(&s, 1), sets = 1; break;
+    case RECOMPUTE_SELECTIVE: per_layer = layer_act_floats(&s, 0), sets = s.L; break;
+    default: per_layer = layer_act_floats(&s, 1), sets = s.L;
     }
-    int64_t acts = sets * per_layer + (c->train.recompute == RECOMPUTE_SELECTIVE ? N * F : 0);
-    acts += (L + 1) * N * C;                       /* residual stream */
-    acts += N * C + 2 * N + N * Vp + N;            /* final norm, logits, losses */
-    acts += 3 * N * C + N * HD + 2 * N * KV + N * (HD > F ? HD : F) +
-            (c->model.arch == ARCH_LLAMA ? 3 : 2) * N * F; /* backward scratch */
-    acts += 2 * N + c->train.seq_len;              /* tokens, targets, positions (int32) */
+    int64_t acts = sets * per_layer + (c->train.recompute == RECOMPUTE_SELECTIVE ? N * s.F : 0);
+    acts += (s.L + 1) * Nl * C;                      /* residual stream */
+    acts += Nl * C + 2 * Nl + N * s.Vl + N;          /* final norm, logits, losses */
+    acts += 2 * Nl * C + N * C + N * s.HD + 2 * N * s.KV + N * (s.HD > s.F ? s.HD : s.F) +
+            (s.llama ? 3 : 2) * N * s.F;             /* backward scratch */
+    acts += 2 * N + s.T;                             /* tokens, targets, positions (int32) */
+    int64_t comm;
+    acts += parallel_scratch(c, &s, &comm);
     p->acts = (double)acts * 4.0;
-    p->comm = 16.0 + 4.0; /* dp_sum's four floats, the stop flag */
+    p->comm = 16.0 + 4.0 + 4.0 * comm; /* dp_sum's four floats, the stop flag, tp scratch */
     p->total = p->params + p->grads + p->optim + p->acts + p->comm;
 }
 

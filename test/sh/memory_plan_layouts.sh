@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# `ustrain validate` prints each rank's memory from the config alone; under tensor, sequence and
+# context parallelism (and their mixes with dp/ZeRO) it equals the arena rank 0 allocates, byte
+# for byte.
+. "$(dirname "$0")/../lib.sh"
+
+$UST data demo $TMP/data >/dev/null
+cat >$TMP/c.yaml <<EOT
+run:   {name: plan, seed: 7}
+model: {arch: llama, n_layer: 2, d_model: 64, n_head: 8, n_kv_head: 4, d_ff: 128, vocab_size: 500, max_seq_len: 64}
+train: {steps: 1, seq_len: 32, micro_batch_size: 1, global_batch_size: 4}
+data:  {train: "$TMP/data/train_*.bin", val: null}
+checkpoint: {every: 0, resume: none}
+EOT
+sed -e 's/arch: llama/arch: gpt2/' -e 's/n_kv_head: 4/n_kv_head: 8/' $TMP/c.yaml >$TMP/g.yaml
+check() { # check CONFIG NAME WORLD SETS...
+    local cfg=$1 name=$2 world=$3; shift 3
+    local plan got
+    plan=$($UST validate $cfg "$@" --world $world | sed -n 's/.*total.*(\([0-9]*\) bytes).*/\1/p')
+    scripts/ustrun --nproc-per-node $world $UST train $cfg "$@" --set "logging.metrics_file=$TMP/$name.jsonl" \
+        >$TMP/out 2>&1 || { fail $name "run failed: $(tail -2 $TMP/out)"; return; }
+    got=$(grep -o '"peak_mem_bytes":[0-9]*' $TMP/$name.jsonl | cut -d: -f2)
+    [ -n "$plan" ] && [ "$got" = "$plan" ] && pass $name || fail $name "arena $got bytes, plan $plan"
+}
+check $TMP/c.yaml memory_plan_tp2 2 --set parallel.tp=2
+check $TMP/c.yaml memory_plan_tp2_sp 2 --set parallel.tp=2 --set parallel.sp=true
+check $TMP/c.yaml memory_plan_cp2_ring 2 --set parallel.cp=2
+check $TMP/c.yaml memory_plan_cp4_allgather 4 --set parallel.cp=4 --set parallel.cp_comm=allgather
+check $TMP/c.yaml memory_plan_tp2_cp2_dp2_zero3 8 --set parallel.tp=2 --set parallel.cp=2 --set parallel.dp=2 --set optimizer.zero_stage=3
+check $TMP/g.yaml memory_plan_gpt2_tp4_sp_dp2_zero1 8 --set parallel.tp=4 --set parallel.sp=true --set parallel.dp=2 --set optimizer.zero_stage=1
+check $TMP/g.yaml memory_plan_gpt2_tp2_recompute_full 2 --set parallel.tp=2 --set train.recompute=full
