@@ -88,9 +88,10 @@ void plan_memory(const ust_config *c, mem_plan *p) {
     double emb = 4.0 * (double)u.emb;
     p->n_params = u.n_params;
     /* ZeRO (Playbook): stage 1 shards the optimizer state, 2 the gradients too, 3 the weights
-     * too; 2 and 3 add working buffers for one unit (gradients) and 3 for gathered units */
+     * too; 2 and 3 add working buffers for two units' gradients (one filling while the other
+     * reduces) and 3 two gathered units (one in use, the next prefetched) */
     p->params = zero >= 3 ? shard + emb + 2 * big : P;
-    p->grads = zero >= 2 ? shard + emb + big : P;
+    p->grads = zero >= 2 ? shard + emb + 2 * big : P;
     p->optim = zero >= 1 ? 2 * shard : 2 * P;
     /* saved per layer, plus the residual stream, head and backward scratch */
     int64_t per_layer, sets, N = s.N, Nl = s.Nl, C = s.C;

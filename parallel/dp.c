@@ -20,7 +20,16 @@ struct dp_state {
     int64_t *uoff, *ulen, *chunk, *soff; /* per unit: offset, length, chunk, offset in shard */
     int64_t numel, shard_numel, max_unit;
     float *p_whole, *g_whole, *p_shard, *g_shard, *mom_m, *mom_v;
-    float *work, *work_emb;            /* stage 2-3: a unit's gradients (embeddings apart) */
+    /* stage 2-3: units' gradients, two working buffers in turn (embeddings apart), so one
+     * unit's reduce-scatter can run while the next unit's backward fills the other; a buffer's
+     * reduction is finished (and added into the shard) before it is reused */
+    float *work[2], *work_emb;
+    struct {
+        comm_req req;
+        int unit; /* -1: nothing in flight */
+        float *buf;
+    } rs[3];                           /* in flight from work[0], work[1], work_emb */
+    int wslot;                         /* the working buffer the next unit gets */
     float *gath[2], *gath_emb;         /* stage 3: gathered units */
     int gath_unit[2], emb_valid;
     comm_req gath_req[2];
@@ -133,7 +142,8 @@ int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_are
     if (d->stage >= 2) {
         d->g_shard = mem_alloc(a, MEM_GRADS, d->shard_numel * sizeof(float));
         d->work_emb = mem_alloc(a, MEM_GRADS, d->ulen[0] * sizeof(float));
-        d->work = mem_alloc(a, MEM_GRADS, d->max_unit * sizeof(float));
+        for (int k = 0; k < 2; k++) d->work[k] = mem_alloc(a, MEM_GRADS, d->max_unit * sizeof(float));
+        for (int k = 0; k < 3; k++) d->rs[k].unit = -1;
     }
     if (d->stage >= 3) {
         d->p_shard = mem_alloc(a, MEM_PARAMS, d->shard_numel * sizeof(float));
@@ -210,22 +220,35 @@ static void invalidate_gathered(dp_state *d) {
 
 /* ------------------------------------------------------------------ gradient reduction */
 
+/* Completes the reduce-scatter in flight from working buffer k and adds this rank's part into
+ * the gradient shard, where micro-batches accumulate. */
+static void finish_rs(dp_state *d, int k) {
+    int u = d->rs[k].unit;
+    if (u < 0) return;
+    comm_wait(&d->rs[k].req);
+    d->ops->axpy(d->ops, d->g_shard + d->soff[u], 1.0f, d->rs[k].buf + d->rank * d->chunk[u],
+                 d->chunk[u]);
+    d->rs[k].unit = -1;
+}
+
 static float *unit_grads(dp_state *d, int u) {
     if (d->stage < 2) return d->g_whole + d->uoff[u];
-    return u == 0 ? d->work_emb : d->work;
+    return u == 0 ? d->work_emb : d->work[d->wslot];
 }
 
 static void grads_begin(dp_state *d, int u) {
     if (d->stage < 2) return;
     /* unit 0's buffer must already collect the tied lm_head's gradient during the head's
-     * backward, so it is zeroed there; other units get the working buffer */
+     * backward, so it is zeroed there; other units get the next working buffer */
     if (u == d->head || (u == 0 && !d->tied)) {
+        finish_rs(d, 2);
         d->ops->zero(d->ops, d->work_emb, d->ulen[0] * sizeof(float));
         model_set_unit_grads(d->m, 0, d->work_emb);
     }
     if (u != 0) {
-        d->ops->zero(d->ops, d->work, d->ulen[u] * sizeof(float));
-        model_set_unit_grads(d->m, u, d->work);
+        finish_rs(d, d->wslot);
+        d->ops->zero(d->ops, d->work[d->wslot], d->ulen[u] * sizeof(float));
+        model_set_unit_grads(d->m, u, d->work[d->wslot]);
     }
 }
 
@@ -234,12 +257,14 @@ static void grads_end(dp_state *d, int u) {
     if (d->drop_grads && (d->stage >= 2 || d->last_mb)) /* test fault: lose this rank's part */
         d->ops->zero(d->ops, g, d->ulen[u] * sizeof(float));
     if (d->stage >= 2) {
-        /* every micro-batch: reduce-scatter in place (this rank's part of the working buffer),
-         * then add into the shard, where micro-batches accumulate */
-        float *mine = g + d->rank * d->chunk[u];
-        comm_req r = comm_reduce_scatter(d->comm, g, mine, d->chunk[u], COMM_FP32, COMM_SUM);
-        comm_wait(&r);
-        d->ops->axpy(d->ops, d->g_shard + d->soff[u], 1.0f, mine, d->chunk[u]);
+        /* every micro-batch: reduce-scatter in place into this rank's part of the working
+         * buffer; finish_rs adds it into the shard when the buffer is needed again */
+        int k = u == 0 ? 2 : d->wslot;
+        d->rs[k].req = comm_reduce_scatter(d->comm, g, g + d->rank * d->chunk[u], d->chunk[u],
+                                           COMM_FP32, COMM_SUM);
+        d->rs[k].unit = u;
+        d->rs[k].buf = g;
+        if (u != 0) d->wslot ^= 1;
         return;
     }
     if (!d->last_mb) return;
@@ -288,6 +313,8 @@ void dp_begin_microbatch(dp_state *d, int last) { d->last_mb = last; }
 void dp_finish_grads(dp_state *d) {
     comm_wait_all(d->pending, d->npending);
     d->npending = 0;
+    if (d->stage >= 2)
+        for (int k = 0; k < 3; k++) finish_rs(d, k);
 }
 
 /* Sums n (<= 2) doubles over group c in one all-reduce. Two floats carry a double's worth: the
