@@ -189,12 +189,19 @@ void cp_attention_bwd(ust_cp *cp, float *dq, float *dk, float *dv, const float *
     float *cdk = cp->acc_dk, *cdv = cp->acc_dv;
     for (int s = 0; s < n; s++) {
         int owner = (cp->rank - s + n) % n;
+        float *const *buf = cp->kv[s % 2];
+        /* the block's keys and values move on while we compute; its gradients after */
+        comm_req kv = {0};
+        if (s + 1 < n) {
+            float *send[2] = {(float *)ck, (float *)cv};
+            kv = pass_on(cp, send, buf, 2);
+        }
         o->attention_bwd(o, dq, cdk, cdv, dout, out, lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp,
                          pos_dev(cp, owner), 1);
-        float *const *buf = cp->kv[s % 2];
-        float *send[4] = {(float *)ck, (float *)cv, cdk, cdv};
-        comm_req r = pass_on(cp, send, buf, 4);
-        wait_timed(cp, &r);
+        if (s + 1 < n) wait_timed(cp, &kv);
+        float *send[2] = {cdk, cdv};
+        comm_req g = pass_on(cp, send, buf + 2, 2);
+        wait_timed(cp, &g);
         ck = buf[0], cv = buf[1], cdk = buf[2], cdv = buf[3];
     }
     o->axpy(o, dk, 1.0f, cdk, (int64_t)blk(cp));
