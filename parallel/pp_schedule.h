@@ -1,0 +1,104 @@
+/* pp_schedule: pipeline schedules as data. pps_build turns (kind, p ranks, v chunks per rank,
+ * m micro-batches, rank) into the list of actions that rank executes, in order: compute F/B/W of
+ * (micro-batch, chunk) and the point-to-point transfers around them. Nothing here runs a model:
+ * the lists can be printed, checked (pps_check, pps_check_pairs) and simulated with unit costs
+ * (pps_simulate), and the executor walks them. Chunk c of rank r is global stage s = c*p + r
+ * (Megatron's interleaved assignment): stage s+1 lives on rank (r+1)%p, stage s-1 on (r-1+p)%p.
+ *
+ * Communication rule (what the executor must do): the comm actions standing between two compute
+ * actions form ONE batch, posted together (one batched send/recv). A batch holding a receive is
+ * waited on before the next compute; a batch of sends only may stay in flight while the rank
+ * computes on, and is waited on before the next batch is posted (or at the end of the step). The
+ * builder puts the receives of a step (one compute, or interleaved's steady F+B pair) right
+ * before it and its sends right after it, so the send of one result travels in the same batch as
+ * the receive for the next compute (Megatron's send_forward_recv_backward): two neighbours that
+ * send to each other meet in one batch. Breadth-first interleaved posts the receives that come
+ * round the ring (rank p-1 -> 0) m-p computes early, since its sender is that far behind.
+ * pps_simulate runs exactly this rule and reports any deadlock. Transfers on one ordered rank
+ * pair are matched in posting order (as NCCL and the shm backend do), so pps_check_pairs
+ * requires the k-th send from a to b to be the k-th receive on b from a.
+ * With p == 1 every neighbour stage is local: there are no comm actions. */
+#ifndef UST_PP_SCHEDULE_H
+#define UST_PP_SCHEDULE_H
+
+#include <stdio.h>
+
+#include "config.h"
+#include "error.h"
+
+#define PPS_MAX_P 64 /* ranks pps_simulate accepts */
+
+typedef enum {
+    PPS_F,         /* forward of (mb, chunk) */
+    PPS_B,         /* backward; for zb only the input gradient (the weight gradient is W) */
+    PPS_W,         /* zb: weight gradient of (mb, chunk), after its B; frees the activations */
+    PPS_SEND_ACT,  /* output activation of (mb, stage) to the rank of stage+1 */
+    PPS_RECV_ACT,  /* input activation of (mb, stage) from the rank of stage-1 */
+    PPS_SEND_GRAD, /* input gradient of (mb, stage) to the rank of stage-1 */
+    PPS_RECV_GRAD, /* output gradient of (mb, stage) from the rank of stage+1 */
+} pps_op;
+
+/* mb, chunk and stage name the LOCAL computation the action belongs to (for a receive, the one
+ * that consumes it; for a send, the one that produced it). peer: the other rank, -1 for compute. */
+typedef struct {
+    pps_op op;
+    int mb, chunk, stage, peer;
+} pps_action;
+
+enum { PPS_BREADTH_FIRST = 1 }; /* pps_build flag, interleaved only (default depth-first) */
+
+typedef struct {
+    ust_pp_schedule kind;
+    int p, v, m, rank, flags;
+    int n;         /* actions */
+    pps_action *a; /* owned, pps_free */
+} pps_schedule;
+
+/* Builds rank's schedule. Errors (-1 with a message): p, v or m < 1, rank out of range, v > 1
+ * with a non-interleaved kind, interleaved with m % p != 0. */
+int pps_build(pps_schedule *s, ust_pp_schedule kind, int p, int v, int m, int rank, int flags,
+              ust_err *e);
+/* Builds all p ranks' schedules into all[0..p-1] (freed again on error). */
+int pps_build_all(pps_schedule *all, ust_pp_schedule kind, int p, int v, int m, int flags,
+                  ust_err *e);
+void pps_free(pps_schedule *s);
+void pps_free_all(pps_schedule *all, int p);
+
+const char *pps_op_name(pps_op op);
+const char *pps_kind_name(ust_pp_schedule kind);
+/* One line per action: "<index> F mb=3 chunk=1 stage=5" / "<index> SEND_ACT mb=3 stage=5 to=2". */
+void pps_print(FILE *f, const pps_schedule *s);
+
+/* One rank: every (mb, chunk) has exactly one F and one B (and one W for zb, none otherwise), in
+ * dependency order (B after F, W after B; with p == 1, F(c) after F(c-1) and B(c) after B(c+1));
+ * every compute that needs a remote input has exactly one matching receive before it (and after
+ * the previous compute), every remote output exactly one send after it; no other comm actions. */
+int pps_check(const pps_schedule *s, ust_err *e);
+/* All ranks: pps_check on each, then on every ordered pair (a, b) the k-th send from a to b and
+ * the k-th receive on b from a carry the same tensor (SEND_ACT(mb, s) <-> RECV_ACT(mb, s+1),
+ * SEND_GRAD(mb, s) <-> RECV_GRAD(mb, s-1)), with no send or receive left over. */
+int pps_check_pairs(const pps_schedule *all, int p, ust_err *e);
+
+/* Unit-cost timeline. Comm is free: a batch completes when every partner has posted its side, and
+ * a received tensor is there at the later of the two posts. */
+typedef struct {
+    double f, b, w; /* b: the whole backward for non-zb kinds, the input-gradient part for zb */
+} pps_costs;
+
+typedef struct {
+    double makespan;        /* time the last rank finishes */
+    double busy[PPS_MAX_P]; /* compute time of each rank */
+    double bubble;          /* max over ranks of idle/busy (Playbook: bubble time / ideal time) */
+    double idle_frac;       /* max over ranks of idle/makespan */
+    int peak_alive[PPS_MAX_P]; /* most (mb, chunk) activations held at once per rank: alive from
+                                  the start of F to the end of B, or of W when the schedule has W
+                                  (W still reads the layer inputs) */
+} pps_sim;
+
+/* Runs pps_check_pairs, then executes all p schedules under the comm rule above with start times
+ * as early as dependencies allow (F(mb,s) after F(mb,s-1); B(mb,s) after F(mb,s) and
+ * B(mb,s+1); W after B). A state where no rank can move is reported as a deadlock (-1, with
+ * each stuck rank's action), never a hang. */
+int pps_simulate(const pps_schedule *all, int p, pps_costs c, pps_sim *out, ust_err *e);
+
+#endif

@@ -1,0 +1,314 @@
+/* Pipeline schedules as data: every schedule over a grid of (p, v, m) is well-formed, pairs its
+ * transfers, runs to the end in the unit-cost simulator, and has the memory and bubble the
+ * literature gives. Unit costs: F = 1 and B = 2 (a backward is about twice a forward) for afab,
+ * 1f1b and interleaved (per chunk); for zb the same backward split as B = 1 (input gradient) +
+ * W = 1 (weight gradient), so every schedule does the same 3 units of work per (mb, chunk).
+ * Bubble = idle / busy on a rank (the Playbook's bubble time over ideal time); all ranks do the
+ * same work, so every rank has the same bubble. Times are small integers: exact comparisons. */
+#include "pp_schedule.h"
+#include "test.h"
+
+static const pps_costs COST = {.f = 1, .b = 2, .w = 0};
+static const pps_costs COST_ZB = {.f = 1, .b = 1, .w = 1};
+
+static pps_costs cost_of(ust_pp_schedule k) {
+    return k == PP_ZB ? COST_ZB : COST;
+}
+
+static const int PS[] = {1, 2, 4}, MS[] = {1, 2, 4, 8, 16};
+#define N(a) (int)(sizeof a / sizeof *a)
+
+/* Builds all ranks, checks them and simulates; fails the test with the message on error. */
+#define BUILD_SIM(all, kind, p, v, m, flags, sim)                                                  \
+    do {                                                                                           \
+        ust_err e_ = {{0}};                                                                        \
+        CHECK(pps_build_all(all, kind, p, v, m, flags, &e_) == 0, "%s p=%d v=%d m=%d: %s",         \
+              pps_kind_name(kind), p, v, m, e_.msg);                                               \
+        int rc_ = pps_check_pairs(all, p, &e_);                                                    \
+        if (!rc_) rc_ = pps_simulate(all, p, cost_of(kind), &(sim), &e_);                          \
+        pps_free_all(all, p);                                                                      \
+        CHECK(rc_ == 0, "%s p=%d v=%d m=%d: %s", pps_kind_name(kind), p, v, m, e_.msg);            \
+    } while (0)
+
+static void test_every_schedule_in_the_grid_is_well_formed_and_runs_to_the_end(void) {
+    ust_pp_schedule kinds[] = {PP_AFAB, PP_1F1B, PP_INTERLEAVED, PP_ZB};
+    pps_schedule all[4];
+    int cases = 0;
+    for (int ki = 0; ki < N(kinds); ki++)
+        for (int pi = 0; pi < N(PS); pi++)
+            for (int v = 1; v <= (kinds[ki] == PP_INTERLEAVED ? 2 : 1); v++)
+                for (int bf = 0; bf <= (kinds[ki] == PP_INTERLEAVED); bf++)
+                    for (int mi = 0; mi < N(MS); mi++) {
+                        int p = PS[pi], m = MS[mi];
+                        if (kinds[ki] == PP_INTERLEAVED && m % p) continue;
+                        pps_sim sim;
+                        BUILD_SIM(all, kinds[ki], p, v, m, bf ? PPS_BREADTH_FIRST : 0, sim);
+                        /* every rank does all its work: 3 units per (mb, chunk) */
+                        for (int r = 0; r < p; r++)
+                            CHECK(sim.busy[r] == 3.0 * m * v, "%s p=%d m=%d rank %d busy %g",
+                                  pps_kind_name(kinds[ki]), p, m, r, sim.busy[r]);
+                        cases++;
+                    }
+    CHECK(cases > 60, "only %d cases", cases);
+}
+
+static void test_afab_holds_all_m_activations_on_every_rank(void) {
+    pps_schedule all[4];
+    for (int pi = 0; pi < N(PS); pi++)
+        for (int mi = 0; mi < N(MS); mi++) {
+            int p = PS[pi], m = MS[mi];
+            pps_sim sim;
+            BUILD_SIM(all, PP_AFAB, p, 1, m, 0, sim);
+            for (int r = 0; r < p; r++)
+                CHECK(sim.peak_alive[r] == m, "p=%d m=%d rank %d peak %d", p, m, r,
+                      sim.peak_alive[r]);
+        }
+}
+
+/* 1F1B: rank r holds its p-r-1 warm-up micro-batches plus the one in its steady F/B pair. */
+static void test_1f1b_holds_min_p_minus_rank_and_m_activations(void) {
+    pps_schedule all[4];
+    for (int pi = 0; pi < N(PS); pi++)
+        for (int mi = 0; mi < N(MS); mi++) {
+            int p = PS[pi], m = MS[mi];
+            pps_sim sim;
+            BUILD_SIM(all, PP_1F1B, p, 1, m, 0, sim);
+            for (int r = 0; r < p; r++) {
+                int want = p - r < m ? p - r : m;
+                CHECK(sim.peak_alive[r] == want, "p=%d m=%d rank %d peak %d, want %d", p, m, r,
+                      sim.peak_alive[r], want);
+            }
+        }
+}
+
+/* ZB-H1 keeps 1F1B's peak (rank 0's min(p, m), activations alive until W) on every rank: the
+ * later ranks use the room rank 0 needs anyway to delay their W's (the paper's design), so rank r
+ * holds min(p, m) rather than 1F1B's min(p - r, m). */
+static void test_zb_peak_activations_match_1f1b_peak(void) {
+    pps_schedule all[4];
+    for (int pi = 0; pi < N(PS); pi++)
+        for (int mi = 0; mi < N(MS); mi++) {
+            int p = PS[pi], m = MS[mi], want = p < m ? p : m;
+            pps_sim sim;
+            BUILD_SIM(all, PP_ZB, p, 1, m, 0, sim);
+            CHECK(sim.peak_alive[0] == want, "p=%d m=%d rank 0 peak %d, want %d", p, m,
+                  sim.peak_alive[0], want);
+            for (int r = 0; r < p; r++)
+                CHECK(sim.peak_alive[r] <= want, "p=%d m=%d rank %d peak %d > %d", p, m, r,
+                      sim.peak_alive[r], want);
+        }
+}
+
+/* afab and 1f1b: makespan (m + p - 1)(F + B), so bubble = (p-1)/m of the ideal time and
+ * (p-1)/(m+p-1) of the makespan. */
+static void test_afab_and_1f1b_bubble_is_p_minus_1_over_m(void) {
+    ust_pp_schedule kinds[] = {PP_AFAB, PP_1F1B};
+    pps_schedule all[4];
+    for (int ki = 0; ki < N(kinds); ki++)
+        for (int pi = 0; pi < N(PS); pi++)
+            for (int mi = 0; mi < N(MS); mi++) {
+                int p = PS[pi], m = MS[mi];
+                pps_sim sim;
+                BUILD_SIM(all, kinds[ki], p, 1, m, 0, sim);
+                CHECK(sim.makespan == 3.0 * (m + p - 1), "%s p=%d m=%d makespan %g",
+                      pps_kind_name(kinds[ki]), p, m, sim.makespan);
+                CHECK_CLOSE(sim.bubble, (p - 1.0) / m, 1e-12, 0, "bubble / ideal");
+                CHECK_CLOSE(sim.idle_frac, (p - 1.0) / (m + p - 1), 1e-12, 0, "idle / makespan");
+            }
+}
+
+/* Depth-first interleaved: a chunk costs 1/v of a stage, the fill and drain cost (p-1) chunk
+ * F+B, so makespan = 3(v*m + p - 1) chunk units and bubble = (p-1)/(v*m). */
+static void test_interleaved_bubble_is_p_minus_1_over_v_m(void) {
+    pps_schedule all[4];
+    for (int bf = 0; bf <= 1; bf++)
+        for (int pi = 0; pi < N(PS); pi++)
+            for (int v = 1; v <= 2; v++)
+                for (int mi = 0; mi < N(MS); mi++) {
+                    int p = PS[pi], m = MS[mi];
+                    if (m % p) continue;
+                    pps_sim sim;
+                    BUILD_SIM(all, PP_INTERLEAVED, p, v, m, bf ? PPS_BREADTH_FIRST : 0, sim);
+                    CHECK(sim.makespan == 3.0 * (v * m + p - 1), "bf=%d p=%d v=%d m=%d makespan %g",
+                          bf, p, v, m, sim.makespan);
+                    CHECK_CLOSE(sim.bubble, (p - 1.0) / (v * m), 1e-12, 0, "bubble / ideal");
+                }
+}
+
+/* Interleaving trades memory for the bubble: depth-first rank 0 holds its (v-1)*p + 2(p-1)
+ * warm-up chunks plus one (Megatron's count), breadth-first all m*v like afab. */
+static void test_interleaved_peak_activations(void) {
+    pps_schedule all[4];
+    int p = 4, v = 2, m = 16;
+    pps_sim df, bf;
+    BUILD_SIM(all, PP_INTERLEAVED, p, v, m, 0, df);
+    BUILD_SIM(all, PP_INTERLEAVED, p, v, m, PPS_BREADTH_FIRST, bf);
+    for (int r = 0; r < p; r++) {
+        int want = (v - 1) * p + 2 * (p - r - 1) + 1;
+        CHECK(df.peak_alive[r] == want, "depth-first rank %d peak %d, want %d", r, df.peak_alive[r],
+              want);
+        CHECK(bf.peak_alive[r] == m * v, "breadth-first rank %d peak %d", r, bf.peak_alive[r]);
+    }
+}
+
+/* ZB-H1 with F = B = W: the paper's bubble is (p-1)(F+B-W) = p-1 units, a third of 1F1B's
+ * (p-1)(F+B+W), so makespan = 3m + p - 1 and bubble = (p-1)/(3m) once m >= p; below 1f1b for
+ * every m when p > 1. */
+static void test_zb_bubble_is_a_third_of_1f1b(void) {
+    pps_schedule all[4];
+    for (int pi = 0; pi < N(PS); pi++)
+        for (int mi = 0; mi < N(MS); mi++) {
+            int p = PS[pi], m = MS[mi];
+            pps_sim zb, f1b;
+            BUILD_SIM(all, PP_ZB, p, 1, m, 0, zb);
+            BUILD_SIM(all, PP_1F1B, p, 1, m, 0, f1b);
+            if (p == 1) CHECK(zb.bubble == 0, "p=1 m=%d: zb bubble %g", m, zb.bubble);
+            if (p > 1)
+                CHECK(zb.bubble < f1b.bubble, "p=%d m=%d: zb bubble %g, 1f1b %g", p, m, zb.bubble,
+                      f1b.bubble);
+            if (m >= p) {
+                CHECK(zb.makespan == 3.0 * m + p - 1, "p=%d m=%d: zb makespan %g", p, m,
+                      zb.makespan);
+                CHECK_CLOSE(zb.bubble, (p - 1.0) / (3 * m), 1e-12, 0, "zb bubble / ideal");
+            }
+        }
+}
+
+/* ---- the checkers can fail ---------------------------------------------------------------- */
+
+static int find(const pps_schedule *s, pps_op op, int mb) {
+    for (int i = 0; i < s->n; i++)
+        if (s->a[i].op == op && s->a[i].mb == mb) return i;
+    return -1;
+}
+
+static void drop(pps_schedule *s, int i) {
+    memmove(&s->a[i], &s->a[i + 1], sizeof *s->a * (s->n - i - 1));
+    s->n--;
+}
+
+static void test_a_dropped_backward_is_rejected(void) {
+    pps_schedule all[4];
+    ust_err e = {{0}};
+    CHECK(pps_build_all(all, PP_1F1B, 4, 1, 8, 0, &e) == 0, "%s", e.msg);
+    /* B alone: its gradient send now precedes any producer */
+    pps_schedule *s = &all[2];
+    drop(s, find(s, PPS_B, 5));
+    int rc1 = pps_check(s, &e);
+    int ok1 = rc1 == -1 && strstr(e.msg, "SEND_GRAD mb=5") && strstr(e.msg, "before the compute");
+    /* B with its transfers: nothing refers to it any more, the count catches it */
+    drop(s, find(s, PPS_SEND_GRAD, 5));
+    drop(s, find(s, PPS_RECV_GRAD, 5));
+    int rc2 = pps_check(s, &e);
+    pps_free_all(all, 4);
+    CHECK(ok1, "B only: rc %d: %s", rc1, e.msg);
+    CHECK(rc2 == -1 && strstr(e.msg, "mb=5 chunk=0 has no B"), "rc %d: %s", rc2, e.msg);
+}
+
+static void test_a_swapped_send_and_receive_is_rejected(void) {
+    /* rank 1 receives mb 3's activation after running its forward */
+    pps_schedule all[4];
+    ust_err e = {{0}};
+    CHECK(pps_build_all(all, PP_1F1B, 4, 1, 8, 0, &e) == 0, "%s", e.msg);
+    int i = find(&all[1], PPS_RECV_ACT, 3);
+    CHECK(i >= 0 && all[1].a[i + 1].op == PPS_F, "layout changed");
+    pps_action t = all[1].a[i];
+    all[1].a[i] = all[1].a[i + 1];
+    all[1].a[i + 1] = t;
+    int rc = pps_check_pairs(all, 4, &e);
+    pps_free_all(all, 4);
+    CHECK(rc == -1 && strstr(e.msg, "receive after"), "rc %d: %s", rc, e.msg);
+}
+
+static void test_transfers_out_of_order_between_ranks_are_rejected(void) {
+    /* rank 0 sends mb 1 before mb 0: each rank alone is fine, the pair is not */
+    pps_schedule all[2];
+    ust_err e = {{0}};
+    CHECK(pps_build_all(all, PP_AFAB, 2, 1, 2, 0, &e) == 0, "%s", e.msg);
+    int a = find(&all[0], PPS_SEND_ACT, 0), b = find(&all[0], PPS_SEND_ACT, 1);
+    int fa = find(&all[0], PPS_F, 0), fb = find(&all[0], PPS_F, 1);
+    CHECK(a >= 0 && b >= 0 && fa >= 0 && fb >= 0, "layout changed");
+    /* F0 F1 then send 1, send 0 */
+    pps_action s0 = all[0].a[a], s1 = all[0].a[b];
+    pps_action f1 = all[0].a[fb];
+    all[0].a[a] = f1, all[0].a[fb] = s1, all[0].a[b] = s0;
+    int single = pps_check(&all[0], &e);
+    int rc = pps_check_pairs(all, 2, &e);
+    pps_free_all(all, 2);
+    CHECK(single == 0, "rank 0 alone should pass");
+    CHECK(rc == -1 && strstr(e.msg, "posting order"), "rc %d: %s", rc, e.msg);
+}
+
+static void test_a_deadlocking_post_order_is_reported_not_hung(void) {
+    /* 1F1B p=2 m=2: rank 0 posts the receive of mb 0's gradient before its forward of mb 0. Each
+     * rank is well-formed and the transfers pair up, but the gradient needs the activation rank 0
+     * has not sent yet: a cycle, which the simulator must report instead of spinning. */
+    pps_schedule all[2];
+    ust_err e = {{0}};
+    CHECK(pps_build_all(all, PP_1F1B, 2, 1, 2, 0, &e) == 0, "%s", e.msg);
+    int f0 = find(&all[0], PPS_F, 0), rg = find(&all[0], PPS_RECV_GRAD, 0);
+    CHECK(f0 == 0 && rg > f0, "layout changed");
+    pps_action t = all[0].a[rg];
+    memmove(&all[0].a[f0 + 1], &all[0].a[f0], sizeof t * (rg - f0));
+    all[0].a[f0] = t;
+    pps_sim sim;
+    int rc = pps_check_pairs(all, 2, &e);
+    int rs = rc ? -1 : pps_simulate(all, 2, COST, &sim, &e);
+    pps_free_all(all, 2);
+    CHECK(rc == 0, "still well-formed: %s", e.msg);
+    CHECK(rs == -1 && strstr(e.msg, "deadlock"), "rs %d: %s", rs, e.msg);
+}
+
+static void test_invalid_inputs_give_an_error(void) {
+    pps_schedule s;
+    ust_err e = {{0}};
+    CHECK(pps_build(&s, PP_INTERLEAVED, 4, 2, 6, 0, 0, &e) == -1 && strstr(e.msg, "multiple of pp"),
+          "m %% p: %s", e.msg);
+    CHECK(pps_build(&s, PP_INTERLEAVED, 2, 0, 4, 0, 0, &e) == -1 && strstr(e.msg, ">= 1"), "v: %s",
+          e.msg);
+    CHECK(pps_build(&s, PP_1F1B, 2, 1, 0, 0, 0, &e) == -1 && strstr(e.msg, ">= 1"), "m: %s", e.msg);
+    CHECK(pps_build(&s, PP_1F1B, 2, 1, 4, 2, 0, &e) == -1 && strstr(e.msg, "rank"), "rank: %s",
+          e.msg);
+    CHECK(pps_build(&s, PP_1F1B, 2, 2, 4, 0, 0, &e) == -1 && strstr(e.msg, "interleaved"), "v: %s",
+          e.msg);
+    CHECK(pps_build(&s, PP_ZB, 2, 1, 4, 0, PPS_BREADTH_FIRST, &e) == -1, "flag");
+    CHECK(s.a == NULL, "nothing allocated on error");
+}
+
+static void test_print_writes_one_line_per_action(void) {
+    pps_schedule s;
+    ust_err e = {{0}};
+    CHECK(pps_build(&s, PP_ZB, 4, 1, 8, 1, 0, &e) == 0, "%s", e.msg);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    pps_print(f, &s);
+    fclose(f);
+    int lines = 0;
+    for (size_t i = 0; i < len; i++) lines += buf[i] == '\n';
+    int n = s.n;
+    pps_free(&s);
+    int ok = lines == n + 1 && strstr(buf, " W mb=0 chunk=0 stage=1\n") &&
+             strstr(buf, "SEND_GRAD mb=0 stage=1 to=0\n");
+    if (!ok) fputs(buf, stdout);
+    free(buf);
+    CHECK(ok, "%d lines for %d actions", lines, n);
+}
+
+int main(void) {
+    RUN_TEST(test_every_schedule_in_the_grid_is_well_formed_and_runs_to_the_end);
+    RUN_TEST(test_afab_holds_all_m_activations_on_every_rank);
+    RUN_TEST(test_1f1b_holds_min_p_minus_rank_and_m_activations);
+    RUN_TEST(test_zb_peak_activations_match_1f1b_peak);
+    RUN_TEST(test_afab_and_1f1b_bubble_is_p_minus_1_over_m);
+    RUN_TEST(test_interleaved_bubble_is_p_minus_1_over_v_m);
+    RUN_TEST(test_interleaved_peak_activations);
+    RUN_TEST(test_zb_bubble_is_a_third_of_1f1b);
+    RUN_TEST(test_a_dropped_backward_is_rejected);
+    RUN_TEST(test_a_swapped_send_and_receive_is_rejected);
+    RUN_TEST(test_transfers_out_of_order_between_ranks_are_rejected);
+    RUN_TEST(test_a_deadlocking_post_order_is_reported_not_hung);
+    RUN_TEST(test_invalid_inputs_give_an_error);
+    RUN_TEST(test_print_writes_one_line_per_action);
+    return TEST_SUMMARY();
+}
