@@ -12,6 +12,7 @@
 #include "mem.h"
 #include "ops.h"
 #include "plan.h"
+#include "pp_schedule.h"
 #include "topology.h"
 #include "train.h"
 
@@ -22,8 +23,9 @@ static const char *USAGE =
     "\n"
     "commands:\n"
     "  train CONFIG [--set key.path=value ...]   train (resumes from the newest checkpoint)\n"
-    "  validate CONFIG [--world N] [--set ...]   check the config, print topology and memory "
-    "plan\n"
+    "  validate CONFIG [--world N] [--schedule] [--set ...]\n"
+    "                                            check the config, print topology and memory plan\n"
+    "                                            (--schedule: the pipeline schedule of every rank)\n"
     "  data demo DIR                             write the bundled demo dataset\n"
     "  data prep --out DIR [--val-fraction F] [--shard-tokens N] FILE...\n"
     "                                            text files -> llm.c shards (byte-level tokens)\n"
@@ -50,6 +52,8 @@ static int load_config(ust_config *c, int argc, char **argv, int world, int *ste
             strcmp(argv[i], "--steps") == 0) {
             if (i + 1 >= argc) return usage_error("%s needs a value", argv[i]);
             i++;
+        } else if (strcmp(argv[i], "--schedule") == 0) {
+            continue;
         } else if (argv[i][0] == '-') {
             return usage_error("unknown option %s", argv[i]);
         } else if (!path) {
@@ -72,6 +76,37 @@ static int load_config(ust_config *c, int argc, char **argv, int world, int *ste
 bad:
     fprintf(stderr, "ustrain: error: %s\n", e.msg);
     return UST_EXIT_USAGE;
+}
+
+/* Prints every pipeline rank's schedule (the actions pipeline parallelism will execute) and the
+ * simulated bubble beside the analytic one. */
+static int print_schedule(const ust_config *c) {
+    int p = c->parallel.pp, v = c->parallel.vpp, m = cfg_grad_accum(c);
+    ust_err e;
+    if (p > PPS_MAX_P) {
+        fprintf(stderr, "ustrain: error: parallel.pp = %d: schedules print up to %d ranks\n", p,
+                PPS_MAX_P);
+        return UST_EXIT_USAGE;
+    }
+    pps_schedule *all = calloc(p, sizeof *all);
+    if (pps_build_all(all, c->parallel.pp_schedule, p, v, m, 0, &e) ||
+        pps_check_pairs(all, p, &e)) {
+        free(all);
+        fprintf(stderr, "ustrain: error: %s: %s\n", c->source, e.msg);
+        return UST_EXIT_USAGE;
+    }
+    for (int r = 0; r < p; r++) pps_print(stdout, &all[r]);
+    pps_costs cost = c->parallel.pp_schedule == PP_ZB ? (pps_costs){1, 1, 1} : (pps_costs){1, 2, 0};
+    pps_sim sim;
+    if (pps_simulate(all, p, cost, &sim, &e) == 0)
+        printf("schedule %s: p=%d v=%d m=%d; simulated bubble %.4f (analytic (p-1)/(v*m) = %.4f; "
+               "time units F=1, %s)\n",
+               pps_kind_name(c->parallel.pp_schedule), p, v, m, sim.bubble,
+               (double)(p - 1) / ((double)v * m),
+               c->parallel.pp_schedule == PP_ZB ? "B=1, W=1" : "B=2");
+    pps_free_all(all, p);
+    free(all);
+    return 0;
 }
 
 static int world_option(int argc, char **argv) {
@@ -125,6 +160,8 @@ static int cmd_validate(int argc, char **argv) {
     mem_plan p;
     plan_memory(&c, &p);
     plan_print(&c, &p, stdout);
+    for (int i = 0; i < argc; i++)
+        if (strcmp(argv[i], "--schedule") == 0) return print_schedule(&c);
     return 0;
 }
 

@@ -137,3 +137,10 @@ expect_exit data_prep_missing_input_exits_2 2 "no_such_file" -- $UST data prep -
 # --- dimensions this build cannot train yet are refused, not silently ignored
 expect_exit pp_refused_exits_2 2 "parallel.pp = 2" -- scripts/ustrun --nproc-per-node 2 $UST train "$C" --set parallel.pp=2 --set checkpoint.every=0
 expect_exit world_mismatch_in_train_exits_2 2 "world has 1 ranks" -- $UST train "$C" --set parallel.dp=2 --set checkpoint.every=0
+
+# --- validate --schedule prints every pipeline rank's actions and the simulated bubble
+out=$($UST validate "$C" --set parallel.pp=2 --set train.global_batch_size=16 --schedule 2>&1)
+echo "$out" | grep -q "SEND_ACT mb=3 stage=0 to=1" && echo "$out" | grep -q "simulated bubble 0.2500 (analytic (p-1)/(v\*m) = 0.2500" &&
+    pass validate_prints_the_pipeline_schedule || fail validate_prints_the_pipeline_schedule "$(echo "$out" | tail -2)"
+expect_exit interleaved_needs_m_multiple_of_p_exits_2 2 "interleaved" -- \
+    $UST validate "$C" --set parallel.pp=2 --set parallel.vpp=2 --set parallel.pp_schedule=interleaved --set train.global_batch_size=12 --schedule
