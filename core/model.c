@@ -308,6 +308,7 @@ void model_destroy(model *m) {
     free(m->xs);
     free(m->la);
     free(m->cp.pos_host);
+    free(m->cp.block_pairs);
     free(m);
 }
 

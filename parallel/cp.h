@@ -30,6 +30,7 @@ typedef struct ust_cp {
     float *all_k, *all_v, *all_dk, *all_dv; /* allgather mode: every block */
     comm_p2p p2p[8];         /* the posted send/recv list of the block in flight */
     double pairs;            /* (query, key) pairs attended so far (causal ones only) */
+    double *block_pairs;     /* per block owner: causal pairs of our queries with its keys */
     double comm_s;           /* wall time spent waiting for blocks */
 } ust_cp;
 
