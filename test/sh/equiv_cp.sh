@@ -19,7 +19,7 @@ EQ="python3 test/tools/equiv.py --steps 8"
 $EQ --name _cp_llama --config $TMP/llama.yaml --layout "cp=2" --layout "cp=4" \
     --layout "cp=2 parallel.cp_layout=contiguous" --layout "cp=2 parallel.cp_comm=allgather" \
     --layout "cp=2 tp=2" --layout "cp=2 dp=2 zero=1" --layout "cp=2 dp=2 zero=3" \
-    --layout "cp=2 tp=2 sp=true"
+    --layout "cp=2 tp=2 sp=true" --layout "dp=2 tp=2 cp=2 sp=true zero=1"
 $EQ --name _cp_gpt2 --config $TMP/gpt2.yaml --layout "cp=2" --layout "cp=4 parallel.cp_layout=contiguous" \
     --layout "cp=2 tp=2 dp=2 zero=2" --layout "cp=2 train.recompute=full"
 $EQ --name _cp --config $TMP/llama.yaml --save-layout "cp=4" --resume-at 4 --layout "cp=2 dp=2" --layout "cp=1"

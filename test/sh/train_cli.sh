@@ -144,3 +144,19 @@ echo "$out" | grep -q "SEND_ACT mb=3 stage=0 to=1" && echo "$out" | grep -q "sim
     pass validate_prints_the_pipeline_schedule || fail validate_prints_the_pipeline_schedule "$(echo "$out" | tail -2)"
 expect_exit interleaved_needs_m_multiple_of_p_exits_2 2 "interleaved" -- \
     $UST validate "$C" --set parallel.pp=2 --set parallel.vpp=2 --set parallel.pp_schedule=interleaved --set train.global_batch_size=12 --schedule
+
+# --- every bundled config is valid for the world size its layout needs
+for f in configs/*.yaml; do
+    world=$(python3 - "$f" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+w = 1
+for k in ("dp", "tp", "pp", "cp"):
+    m = re.search(r"\b%s:\s*(\d+)" % k, text.split("parallel:")[1].split("\n")[0]) if "parallel:" in text else None
+    w *= int(m.group(1)) if m else 1
+print(w)
+PY
+)
+    $UST validate "$f" --world "$world" >/dev/null 2>&1 && pass "bundled_config_valid_$(basename "$f" .yaml)" ||
+        fail "bundled_config_valid_$(basename "$f" .yaml)" "$($UST validate "$f" --world "$world" 2>&1 | tail -1)"
+done
