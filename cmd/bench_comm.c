@@ -35,9 +35,12 @@ static int parse_bytes(const char *s, size_t *out) {
     char *end;
     double v = strtod(s, &end);
     if (end == s || v < 0) return -1;
-    if (*end == 'K' || *end == 'k') v *= 1024, end++;
-    else if (*end == 'M' || *end == 'm') v *= 1024 * 1024, end++;
-    else if (*end == 'G' || *end == 'g') v *= 1024.0 * 1024 * 1024, end++;
+    if (*end == 'K' || *end == 'k')
+        v *= 1024, end++;
+    else if (*end == 'M' || *end == 'm')
+        v *= 1024 * 1024, end++;
+    else if (*end == 'G' || *end == 'g')
+        v *= 1024.0 * 1024 * 1024, end++;
     if (*end && strcmp(end, "iB") && strcmp(end, "B")) return -1;
     *out = (size_t)v;
     return 0;
@@ -100,11 +103,14 @@ static void to_host(const bufs *b, size_t bytes) {
 
 static comm_req post(ust_comm *w, comm_kind k, const bufs *b, size_t count) {
     switch (k) {
-    case COMM_ALLREDUCE: return comm_allreduce(w, b->dsend, b->drecv, count, COMM_FP32, COMM_SUM);
-    case COMM_ALLGATHER: return comm_allgather(w, b->dsend, b->drecv, count, COMM_FP32);
+    case COMM_ALLREDUCE:
+        return comm_allreduce(w, b->dsend, b->drecv, count, COMM_FP32, COMM_SUM);
+    case COMM_ALLGATHER:
+        return comm_allgather(w, b->dsend, b->drecv, count, COMM_FP32);
     case COMM_REDUCE_SCATTER:
         return comm_reduce_scatter(w, b->dsend, b->drecv, count, COMM_FP32, COMM_SUM);
-    default: return comm_alltoall(w, b->dsend, b->drecv, count, COMM_FP32);
+    default:
+        return comm_alltoall(w, b->dsend, b->drecv, count, COMM_FP32);
     }
 }
 
@@ -143,10 +149,14 @@ int cmd_bench_comm(int argc, char **argv) {
     comm_backend be = COMM_BACKEND_SHM;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--min-bytes") && v && !parse_bytes(v, &minb)) i++;
-        else if (!strcmp(a, "--max-bytes") && v && !parse_bytes(v, &maxb)) i++;
-        else if (!strcmp(a, "--iters") && v && atoi(v) > 0) iters_opt = atoi(v), i++;
-        else if (!strcmp(a, "--timeout") && v && atof(v) > 0) timeout = atof(v), i++;
+        if (!strcmp(a, "--min-bytes") && v && !parse_bytes(v, &minb))
+            i++;
+        else if (!strcmp(a, "--max-bytes") && v && !parse_bytes(v, &maxb))
+            i++;
+        else if (!strcmp(a, "--iters") && v && atoi(v) > 0)
+            iters_opt = atoi(v), i++;
+        else if (!strcmp(a, "--timeout") && v && atof(v) > 0)
+            timeout = atof(v), i++;
         else if (!strcmp(a, "--backend") && v && (!strcmp(v, "shm") || !strcmp(v, "nccl")))
             be = strcmp(v, "nccl") ? COMM_BACKEND_SHM : COMM_BACKEND_NCCL, i++;
         else {
@@ -206,8 +216,8 @@ int cmd_bench_comm(int argc, char **argv) {
     /* Many small ones last: after the large ones the ranks take a few hundred operations to
      * fall back into step (their adaptive spins shrank while the large rounds were uneven). */
     for (int i = 0; i < 400; i++) {
-        comm_req q = comm_allreduce(w, b.dsend, b.drecv, i < 2 ? cap - (size_t)W : 1024,
-                                    COMM_FP32, COMM_SUM);
+        comm_req q = comm_allreduce(w, b.dsend, b.drecv, i < 2 ? cap - (size_t)W : 1024, COMM_FP32,
+                                    COMM_SUM);
         comm_wait(&q);
     }
     static const comm_kind kinds[] = {COMM_ALLREDUCE, COMM_ALLGATHER, COMM_REDUCE_SCATTER,
@@ -221,14 +231,16 @@ int cmd_bench_comm(int argc, char **argv) {
             size_t total = bytes / 4, count = k == COMM_ALLREDUCE ? total : total / (size_t)W;
             if (count == 0) continue;
             size_t in = k == COMM_ALLREDUCE || k == COMM_ALLGATHER ? count : (size_t)W * count;
-            size_t outn = k == COMM_ALLREDUCE || k == COMM_REDUCE_SCATTER ? count
-                                                                           : (size_t)W * count;
+            size_t outn =
+                k == COMM_ALLREDUCE || k == COMM_REDUCE_SCATTER ? count : (size_t)W * count;
             for (size_t i = 0; i < in; i++) b.hsend[i] = val(me, i);
             to_dev(&b, (in > outn ? in : outn) * 4);
             int iters = iters_opt ? iters_opt
-                                  : (int)(bytes >= (32u << 20) ? 5
-                                          : bytes >= (1u << 20) ? 20 : 100);
-            /* One checked warm-up, then 5 untimed and `iters` timed; the last result is checked too. */
+                                  : (int)(bytes >= (32u << 20)  ? 5
+                                          : bytes >= (1u << 20) ? 20
+                                                                : 100);
+            /* One checked warm-up, then 5 untimed and `iters` timed; the last result is checked
+             * too. */
             for (int pass = 0; pass < 2; pass++) {
                 int reps = pass ? iters : 1;
                 /* Like nccl-tests' -w: a few untimed iterations before the timed ones. */
@@ -248,8 +260,9 @@ int cmd_bench_comm(int argc, char **argv) {
                 float want = 0;
                 long bad = verify(w, k, b.hrecv, count, &want);
                 if (bad >= 0) {
-                    fprintf(stderr, "ustrain[rank %d]: error: bench comm: %s of %zu bytes: "
-                                    "element %ld is %g, expected %g\n",
+                    fprintf(stderr,
+                            "ustrain[rank %d]: error: bench comm: %s of %zu bytes: "
+                            "element %ld is %g, expected %g\n",
                             me, comm_kind_name(k), bytes, bad, (double)b.hrecv[bad], (double)want);
                     wrong = 1;
                 }

@@ -25,7 +25,8 @@ static const char *USAGE =
     "  train CONFIG [--set key.path=value ...]   train (resumes from the newest checkpoint)\n"
     "  validate CONFIG [--world N] [--schedule] [--set ...]\n"
     "                                            check the config, print topology and memory plan\n"
-    "                                            (--schedule: the pipeline schedule of every rank)\n"
+    "                                            (--schedule: the pipeline schedule of every "
+    "rank)\n"
     "  data demo DIR                             write the bundled demo dataset\n"
     "  data prep --out DIR [--val-fraction F] [--shard-tokens N] FILE...\n"
     "                                            text files -> llm.c shards (byte-level tokens)\n"
@@ -145,9 +146,8 @@ static int cmd_validate(int argc, char **argv) {
     printf("layout: dp=%d tp=%d pp=%d cp=%d ep=%d (world %d); global batch %d = micro %d x "
            "grad accum %d x dp %d\n",
            c.parallel.dp, c.parallel.tp, c.parallel.pp, c.parallel.cp, c.parallel.ep,
-           c.parallel.dp * c.parallel.tp * c.parallel.pp * c.parallel.cp,
-           c.train.global_batch_size, c.train.micro_batch_size, cfg_grad_accum(&c),
-           c.parallel.dp);
+           c.parallel.dp * c.parallel.tp * c.parallel.pp * c.parallel.cp, c.train.global_batch_size,
+           c.train.micro_batch_size, cfg_grad_accum(&c), c.parallel.dp);
     if (world > 0) {
         topo_grid g;
         ust_err e;
@@ -236,9 +236,8 @@ static int cmd_bench_train(int argc, char **argv) {
     mem_plan p;
     plan_memory(&c, &p);
     char b[4][32];
-    printf("bench train: %s, %lld parameters, B=%d T=%d, %s, %s\n", c.source,
-           (long long)p.n_params, c.train.micro_batch_size, c.train.seq_len,
-           c.run.device == DEV_CUDA ? "cuda" : "cpu",
+    printf("bench train: %s, %lld parameters, B=%d T=%d, %s, %s\n", c.source, (long long)p.n_params,
+           c.train.micro_batch_size, c.train.seq_len, c.run.device == DEV_CUDA ? "cuda" : "cpu",
            c.train.precision == PREC_BF16 ? "bf16" : "fp32");
     if (sgemm > 0) printf("  sgemm peak (OpenBLAS, 1024^3): %.1f GFLOP/s\n", sgemm / 1e9);
     printf("  step: %.1f ms, %.0f tokens/s, %.3g GFLOP/token\n", r.mean_step_ms, r.tokens_per_s,

@@ -56,7 +56,6 @@ static int pathf(char *out, size_t n, ust_err *e, const char *fmt, ...) {
     return 0;
 }
 
-
 static int rm_one(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
     (void)st, (void)flag, (void)ftw;
     return remove(path) != 0 && errno != ENOENT ? -1 : 0;
@@ -765,13 +764,9 @@ void st_close(st_file *f) {
     free(f);
 }
 
-int st_count(const st_file *f) {
-    return f->n;
-}
+int st_count(const st_file *f) { return f->n; }
 
-const char *st_name(const st_file *f, int i) {
-    return i >= 0 && i < f->n ? f->e[i].name : NULL;
-}
+const char *st_name(const st_file *f, int i) { return i >= 0 && i < f->n ? f->e[i].name : NULL; }
 
 static const st_entry *st_find(const st_file *f, const char *name) {
     int lo = 0, hi = f->n - 1;
@@ -859,9 +854,7 @@ void ckpt_close(ckpt_reader *r) {
     free(r);
 }
 
-const char *ckpt_state_json(const ckpt_reader *r) {
-    return r->state;
-}
+const char *ckpt_state_json(const ckpt_reader *r) { return r->state; }
 
 /* The files are mapped on first use: a reader that only wants the model never maps the
  * optimizer state. */

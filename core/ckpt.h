@@ -16,8 +16,8 @@
 
 typedef struct {
     char name[CKPT_NAME_MAX];
-    int ndim;          /* 1 or 2 */
-    int64_t shape[2];  /* the whole tensor's shape */
+    int ndim;         /* 1 or 2 */
+    int64_t shape[2]; /* the whole tensor's shape */
 } ckpt_tensor;
 
 /* The part of a tensor a rank holds. For a 1-D tensor of n use rows = 1, cols = n. The rank's
@@ -38,8 +38,7 @@ typedef void (*ckpt_barrier_fn)(void *arg);
 ckpt_writer *ckpt_begin(const char *dir, int64_t step, int rank, ckpt_barrier_fn barrier,
                         void *barrier_arg, ust_err *e);
 /* Declares a file (e.g. "model.safetensors") with its tensors in order; returns its index. */
-int ckpt_add_file(ckpt_writer *w, const char *file, const ckpt_tensor *tensors, int n,
-                  ust_err *e);
+int ckpt_add_file(ckpt_writer *w, const char *file, const ckpt_tensor *tensors, int n, ust_err *e);
 int ckpt_write_slice(ckpt_writer *w, int file, const char *name, const ckpt_slice *s,
                      const float *host_data, ust_err *e);
 /* Rank 0 writes state.json (may be NULL on others). Then fsync, barrier, rename to step_<N>,

@@ -1003,6 +1003,4 @@ int cfg_head_dim(const ust_config *c) {
     return c->model.n_head > 0 ? c->model.d_model / c->model.n_head : 0;
 }
 
-bool cfg_tied(const ust_config *c) {
-    return c->model.arch == ARCH_GPT2 || c->model.tie_embeddings;
-}
+bool cfg_tied(const ust_config *c) { return c->model.arch == ARCH_GPT2 || c->model.tie_embeddings; }

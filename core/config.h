@@ -39,8 +39,8 @@ typedef struct {
         int vocab_pad;  /* padded to a multiple of this (default 128) */
         int max_seq_len;
         double rope_theta;
-        double norm_eps;      /* RMSNorm/LayerNorm epsilon (default 1e-5) */
-        bool tie_embeddings;  /* gpt2 always ties; llama may */
+        double norm_eps;              /* RMSNorm/LayerNorm epsilon (default 1e-5) */
+        bool tie_embeddings;          /* gpt2 always ties; llama may */
         char init_from[UST_PATH_MAX]; /* "" = random init; else an llm.c gpt2 .bin */
         struct {
             int num_experts, top_k, d_ff_expert, every;
@@ -64,7 +64,7 @@ typedef struct {
         ust_recompute recompute;
         double grad_clip; /* <= 0: no clipping */
         ust_on_nan on_nan;
-        int threads;      /* compute threads per rank, 0 = cores / local ranks */
+        int threads; /* compute threads per rank, 0 = cores / local ranks */
     } train;
     struct {
         char name[16]; /* "adamw" */

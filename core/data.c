@@ -196,12 +196,8 @@ void data_close(ust_dataset *d) {
     free(d);
 }
 
-int64_t data_num_tokens(const ust_dataset *d) {
-    return d->ntok;
-}
-int data_num_shards(const ust_dataset *d) {
-    return d->nshards;
-}
+int64_t data_num_tokens(const ust_dataset *d) { return d->ntok; }
+int data_num_shards(const ust_dataset *d) { return d->nshards; }
 
 int64_t data_num_samples(const ust_dataset *d, int T) {
     if (T < 1 || d->ntok < 1) return 0;
@@ -332,7 +328,6 @@ int data_write_llmc_shard(const char *path, const int32_t *tokens, int64_t n, us
     if (rc != 0) unlink(path);
     return rc;
 }
-
 
 /* ---------------------------------------------------------------------------------------------
  * Demo data: generated English-like text. A small grammar with agreement (the cat sees / the

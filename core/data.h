@@ -44,8 +44,8 @@ typedef struct {
     const char **inputs;
     int ninputs;
     const char *out_dir;
-    double val_fraction;      /* 0 = default 0.1; negative = no val shards */
-    int64_t shard_tokens;     /* tokens per shard, default 100M */
+    double val_fraction;  /* 0 = default 0.1; negative = no val shards */
+    int64_t shard_tokens; /* tokens per shard, default 100M */
 } data_prep_args;
 int data_prep_bytes(const data_prep_args *a, ust_err *e);
 

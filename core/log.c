@@ -6,7 +6,6 @@
 #include <math.h>
 #include <string.h>
 
-
 int log_open(ust_log *l, const char *metrics_path, char *err, int errlen) {
     l->metrics = NULL;
     if (!metrics_path || !metrics_path[0]) return 0;
@@ -72,8 +71,7 @@ void log_step_json(ust_log *l, const log_step *s) {
     fprintf(l->metrics, ",\"peak_mem_bytes\":%zu", s->peak_mem_bytes);
     fprintf(l->metrics, ",\"comm_bytes_dp\":%llu,\"comm_bytes_tp\":%llu",
             (unsigned long long)s->comm_bytes_dp, (unsigned long long)s->comm_bytes_tp);
-    fprintf(l->metrics,
-            ",\"mem_params\":%zu,\"mem_grads\":%zu,\"mem_optim\":%zu,\"mem_acts\":%zu",
+    fprintf(l->metrics, ",\"mem_params\":%zu,\"mem_grads\":%zu,\"mem_optim\":%zu,\"mem_acts\":%zu",
             s->mem_params, s->mem_grads, s->mem_optim, s->mem_acts);
     json_num(l->metrics, "step_ms", s->ms);
     json_num(l->metrics, "tp_comm_ms", s->tp_comm_ms);

@@ -15,8 +15,8 @@ typedef struct {
     double tp_comm_ms;      /* time this step spent waiting for tensor-parallel collectives */
     double cp_wait_ms;      /* ... and for context-parallel key/value blocks */
     size_t mem_params, mem_grads, mem_optim, mem_acts; /* this rank's arena by category */
-    double val_loss; /* NaN when not computed this step */
-    int skipped;     /* step skipped by on_nan: skip */
+    double val_loss;                                   /* NaN when not computed this step */
+    int skipped;                                       /* step skipped by on_nan: skip */
 } log_step;
 
 typedef struct {
@@ -26,7 +26,7 @@ typedef struct {
 /* Opens (appending) the metrics file, creating its directory. Returns -1 on failure. */
 int log_open(ust_log *l, const char *metrics_path, char *err, int errlen);
 void log_close(ust_log *l);
-void log_step_line(const log_step *s);        /* the console line */
+void log_step_line(const log_step *s); /* the console line */
 void log_step_json(ust_log *l, const log_step *s);
 /* Human-readable byte count ("12.3 MiB") into buf. */
 const char *log_bytes(char *buf, int n, double bytes);

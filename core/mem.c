@@ -34,8 +34,8 @@ void mem_release(ust_arena *a) {
 }
 
 const char *mem_cat_name(mem_cat c) {
-    static const char *names[MEM_NCAT] = {"params", "grads", "optimizer", "activations", "comm",
-                                          "other"};
+    static const char *names[MEM_NCAT] = {"params",      "grads", "optimizer",
+                                          "activations", "comm",  "other"};
     return c < MEM_NCAT ? names[c] : "?";
 }
 

@@ -57,8 +57,8 @@ struct model {
     float *wte, *wpe, *lnf_w, *lnf_b, *lm;
     float *g_wte, *g_wpe, *g_lnf_w, *g_lnf_b, *g_lm;
 
-    float **xs;      /* L+1 residual-stream tensors (N,C): xs[l] is layer l's input */
-    layer_acts *la;  /* L sets, or one scratch set under full recompute */
+    float **xs;     /* L+1 residual-stream tensors (N,C): xs[l] is layer l's input */
+    layer_acts *la; /* L sets, or one scratch set under full recompute */
     float *lnf, *lnf_mean, *lnf_rstd, *logits, *losses; /* (N,C) (N) (N) (N,Vp) (N) */
     float *dx, *dtmp, *dln, *dq, *dk, *dv, *datt, *dgate, *dup, *dact;
     float *dnorm; /* 2C: a norm's weight (and bias) gradient before the sp reduction */
@@ -72,8 +72,8 @@ struct model {
  * a column-parallel layer is a row vector split by columns). */
 enum { SPLIT_NONE, SPLIT_ROWS, SPLIT_COLS };
 
-static void add_param(model *m, const char *name, int64_t rows, int64_t cols, int split,
-                      int decay, float std, float value, float **p, float **g) {
+static void add_param(model *m, const char *name, int64_t rows, int64_t cols, int split, int decay,
+                      float std, float value, float **p, float **g) {
     if (m->nparams == m->cap) {
         m->cap = m->cap ? 2 * m->cap : 64;
         m->params = realloc(m->params, m->cap * sizeof *m->params);
@@ -118,6 +118,8 @@ static void add_layer_params(model *m, int l) {
     int C = m->C, HD = m->Hg * m->D, KV = m->Hkvg * m->D, F = m->Fg, gpt2 = !m->llama;
     float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * m->L); /* GPT-2's scaled residual init */
     const int N0 = SPLIT_NONE, R = SPLIT_ROWS, CO = SPLIT_COLS;
+    /* one line per tensor: the layer's parameter table */
+    // clang-format off
 #define P(suffix, rows, cols, split, decay, sd, val, field)                                       \
     snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                                       \
     add_param(m, n, rows, cols, split, decay, sd, val, &w->field, &g->field)
@@ -139,6 +141,7 @@ static void add_layer_params(model *m, int l) {
     P("mlp.down_proj.weight", C, F, CO, 1, proj_std, 0, wd);
     if (gpt2) { P("mlp.down_proj.bias", 1, C, N0, 0, 0, 0, bd); }
 #undef P
+    // clang-format on
 }
 
 /* Closes the current unit: pads the flat buffer to a multiple of unit_pad. */
@@ -277,8 +280,9 @@ int model_create_with(model **out, const ust_config *cfg, const ust_ops *ops, us
     m->Nl = tp_rows(m->tp, m->B * m->T);
     if (cfg->model.moe.num_experts > 0) {
         free(m);
-        return ust_errf(e, "model.moe.num_experts = %d: mixture-of-experts layers are not "
-                           "available in this build yet (use 0)",
+        return ust_errf(e,
+                        "model.moe.num_experts = %d: mixture-of-experts layers are not "
+                        "available in this build yet (use 0)",
                         cfg->model.moe.num_experts);
     }
     m->unit_pad = st->unit_pad;
@@ -432,8 +436,7 @@ static void norm_backward_rows(model *m, float *dinp, float *dw, float *db, cons
 /* Under sequence parallelism each rank saw only its rows, so the norm's weight (and bias)
  * gradient of this micro-batch is summed over the group before it is accumulated. */
 static void norm_backward(model *m, float *dinp, float *dw, float *db, const float *dout,
-                          const float *inp, const float *w, const float *mean,
-                          const float *rstd) {
+                          const float *inp, const float *w, const float *mean, const float *rstd) {
     if (!tp_sp(m->tp)) {
         norm_backward_rows(m, dinp, dw, db, dout, inp, w, mean, rstd);
         return;
@@ -498,8 +501,8 @@ double model_forward(model *m, const int32_t *inputs, const int32_t *targets, fl
 
     int head = m->nunits - 1;
     hook(m, 0, MODEL_FWD_BEGIN);
-    tp_embedding_fwd(m->tp, m->xs[0], m->tok, m->llama ? NULL : m->pos, m->wte, m->wpe, m->B,
-                     m->T, m->C, m->Vp);
+    tp_embedding_fwd(m->tp, m->xs[0], m->tok, m->llama ? NULL : m->pos, m->wte, m->wpe, m->B, m->T,
+                     m->C, m->Vp);
     hook(m, 0, MODEL_FWD_END);
     for (int l = 0; l < m->L; l++) {
         hook(m, l + 1, MODEL_FWD_BEGIN);
@@ -538,8 +541,7 @@ static void layer_backward(model *m, int l, const float *x_in, float *dx, layer_
     }
     /* the MLP's input is shared by the group: its gradient is summed */
     float *dln = tp_reduce_grad(m->tp, m->dln);
-    norm_backward(m, m->dtmp, g->ln2_w, g->ln2_b, dln, a->res2, w->ln2_w, a->ln2_mean,
-                  a->ln2_rstd);
+    norm_backward(m, m->dtmp, g->ln2_w, g->ln2_b, dln, a->res2, w->ln2_w, a->ln2_mean, a->ln2_rstd);
     o->axpy(o, dx, 1.0f, m->dtmp, (int64_t)m->Nl * C); /* dx = d res2 */
 
     /* attention: res2 = x_in + att @ wo^T + bo */
@@ -557,8 +559,7 @@ static void layer_backward(model *m, int l, const float *x_in, float *dx, layer_
     o->linear_bwd(o, m->dln, g->wk, g->bk, m->dk, ln1, w->wk, N, C, KV, 1);
     o->linear_bwd(o, m->dln, g->wv, g->bv, m->dv, ln1, w->wv, N, C, KV, 1);
     dln = tp_reduce_grad(m->tp, m->dln); /* so is attention's */
-    norm_backward(m, m->dtmp, g->ln1_w, g->ln1_b, dln, x_in, w->ln1_w, a->ln1_mean,
-                  a->ln1_rstd);
+    norm_backward(m, m->dtmp, g->ln1_w, g->ln1_b, dln, x_in, w->ln1_w, a->ln1_mean, a->ln1_rstd);
     o->axpy(o, dx, 1.0f, m->dtmp, (int64_t)m->Nl * C); /* dx = d x_in */
 }
 
@@ -577,8 +578,7 @@ void model_backward(model *m) {
     for (int l = m->L - 1; l >= 0; l--) {
         hook(m, l + 1, MODEL_BWD_BEGIN);
         /* full recompute: rebuild this layer's activations from its saved input */
-        if (m->recompute == RECOMPUTE_FULL)
-            layer_forward(m, l, m->xs[l], m->xs[l + 1], &m->la[0]);
+        if (m->recompute == RECOMPUTE_FULL) layer_forward(m, l, m->xs[l], m->xs[l + 1], &m->la[0]);
         layer_backward(m, l, m->xs[l], m->dx, acts_of(m, l));
         hook(m, l + 1, MODEL_BWD_END);
     }
@@ -626,11 +626,11 @@ static int read_into(model *m, FILE *f, const char *path, const char *name, int6
 
 static int check_llmc_header(const model *m, const int32_t *h, const char *path, ust_err *e) {
     if (h[0] != 20240326)
-        return ust_errf(e, "%s: not an llm.c GPT-2 checkpoint (magic %d, expected 20240326)",
-                        path, h[0]);
+        return ust_errf(e, "%s: not an llm.c GPT-2 checkpoint (magic %d, expected 20240326)", path,
+                        h[0]);
     if (h[1] != 3)
-        return ust_errf(e, "%s: llm.c checkpoint version %d (only version 3, fp32, is read)",
-                        path, h[1]);
+        return ust_errf(e, "%s: llm.c checkpoint version %d (only version 3, fp32, is read)", path,
+                        h[1]);
     if (m->llama)
         return ust_errf(e, "%s: llm.c checkpoints are GPT-2 models; set model.arch: gpt2", path);
     const char *names[] = {"max_seq_len", "vocab_size", "n_layer", "n_head", "d_model"};
@@ -640,15 +640,16 @@ static int check_llmc_header(const model *m, const int32_t *h, const char *path,
             return ust_errf(e, "%s: checkpoint has model.%s = %d but the config says %d", path,
                             names[i], h[2 + i], want[i]);
     if (h[7] != m->Vp)
-        return ust_errf(e, "%s: checkpoint pads the vocabulary to %d, the config to %d (set "
-                           "model.vocab_pad so they agree)", path, h[7], m->Vp);
+        return ust_errf(e,
+                        "%s: checkpoint pads the vocabulary to %d, the config to %d (set "
+                        "model.vocab_pad so they agree)",
+                        path, h[7], m->Vp);
     if (m->Hg != m->Hkvg || m->Fg != 4 * m->C)
         return ust_errf(e, "%s: llm.c GPT-2 needs n_kv_head = n_head and d_ff = 4*d_model", path);
     return 0;
 }
 
-int model_load_llmc(model *m, const char *path, model_store_fn store, void *store_ctx,
-                    ust_err *e) {
+int model_load_llmc(model *m, const char *path, model_store_fn store, void *store_ctx, ust_err *e) {
     llmc_sink sink = {store, store_ctx};
     UST_ASSERT(store || m->p, "model_load_llmc without a store needs the parameter buffer");
     FILE *f = fopen(path, "rb");

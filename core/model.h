@@ -2,11 +2,12 @@
  * per-layer forward/backward on the ops.h interface, llm.c style.
  * Contract: model_create carves parameters, gradients and activations for one micro-batch
  * (B = train.micro_batch_size, T = train.seq_len, or this rank's T/cp tokens of each sequence
- * under context parallelism, at the positions cp_layout_positions gives) out of the arena; model_forward runs the whole
- * stack and, when dscale > 0, also leaves d(loss)/d(logits) * dscale ready for model_backward,
- * which ACCUMULATES parameter gradients (so gradient accumulation is just calling it again).
- * Parameters are stored unfused under canonical Hugging Face-style names (DESIGN.md section 7),
- * each tensor [out_features, in_features] row-major, in one flat buffer in table order. */
+ * under context parallelism, at the positions cp_layout_positions gives) out of the arena;
+ * model_forward runs the whole stack and, when dscale > 0, also leaves d(loss)/d(logits) * dscale
+ * ready for model_backward, which ACCUMULATES parameter gradients (so gradient accumulation is just
+ * calling it again). Parameters are stored unfused under canonical Hugging Face-style names
+ * (DESIGN.md section 7), each tensor [out_features, in_features] row-major, in one flat buffer in
+ * table order. */
 #ifndef UST_MODEL_H
 #define UST_MODEL_H
 
@@ -19,13 +20,13 @@
 
 typedef struct {
     char name[CKPT_NAME_MAX];
-    ckpt_tensor whole;  /* global name and shape */
-    ckpt_slice slice;   /* what this rank holds (the whole tensor on one rank) */
-    int64_t numel;      /* elements held here */
-    int64_t offset;     /* element offset into the flat parameter / gradient buffers */
-    int decay;          /* weight decay applies (matrices) */
-    int tp_split;       /* split over the tensor-parallel group (else every member holds it) */
-    float init_std;     /* N(0, init_std); 0 means the constant init_value */
+    ckpt_tensor whole; /* global name and shape */
+    ckpt_slice slice;  /* what this rank holds (the whole tensor on one rank) */
+    int64_t numel;     /* elements held here */
+    int64_t offset;    /* element offset into the flat parameter / gradient buffers */
+    int decay;         /* weight decay applies (matrices) */
+    int tp_split;      /* split over the tensor-parallel group (else every member holds it) */
+    float init_std;    /* N(0, init_std); 0 means the constant init_value */
     float init_value;
 } model_param;
 
@@ -51,11 +52,12 @@ struct ust_tp;
 struct ust_comm;
 
 typedef struct {
-    struct ust_tp *tp;  /* tensor parallelism (NULL: none) */
-    struct ust_comm *cp_comm; /* context parallelism: the group a sequence is split over (NULL: none) */
-    int64_t unit_pad;   /* pad every unit to a multiple of this many floats (>= 16) */
-    int alloc_params;   /* carve the whole flat parameter buffer from the arena */
-    int alloc_grads;    /* the same for gradients */
+    struct ust_tp *tp; /* tensor parallelism (NULL: none) */
+    struct ust_comm
+        *cp_comm;     /* context parallelism: the group a sequence is split over (NULL: none) */
+    int64_t unit_pad; /* pad every unit to a multiple of this many floats (>= 16) */
+    int alloc_params; /* carve the whole flat parameter buffer from the arena */
+    int alloc_grads;  /* the same for gradients */
 } model_storage;
 
 int model_create(model **out, const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
@@ -76,7 +78,7 @@ void model_destroy(model *m);
 int model_num_params(const model *m);
 model_param *model_param_at(model *m, int i);
 int model_find_param(const model *m, const char *name); /* index or -1 */
-float *model_params(model *m); /* flat device buffer */
+float *model_params(model *m);                          /* flat device buffer */
 float *model_grads(model *m);
 int64_t model_numel(const model *m);
 /* Parameter count and training FLOPs per token (6 N_matmul + 12 L d T, PaLM's convention). */
@@ -92,15 +94,14 @@ void model_init_range(const model *m, int i, int64_t flat0, int64_t flat1, uint6
 typedef void (*model_store_fn)(void *ctx, int param, const float *host);
 /* Loads an llm.c GPT-2 checkpoint (gpt2_124M.bin layout) into a gpt2 model of matching shape;
  * each tensor goes to store (NULL: into the model's own flat parameter buffer). */
-int model_load_llmc(model *m, const char *path, model_store_fn store, void *store_ctx,
-                    ust_err *e);
+int model_load_llmc(model *m, const char *path, model_store_fn store, void *store_ctx, ust_err *e);
 
 void model_zero_grads(model *m);
 /* Seconds this rank has spent waiting for context-parallel key/value blocks (0 without cp). */
 double model_cp_wait_s(const model *m);
-/* inputs, targets: host arrays of B*T tokens, this rank's (targets < 0 are ignored). Returns the sum of the
- * per-token losses; *ntok gets the number of counted targets. dscale > 0 prepares backward with
- * d(loss_sum)/d(logits) scaled by dscale (e.g. 1 / tokens in the global batch). */
+/* inputs, targets: host arrays of B*T tokens, this rank's (targets < 0 are ignored). Returns the
+ * sum of the per-token losses; *ntok gets the number of counted targets. dscale > 0 prepares
+ * backward with d(loss_sum)/d(logits) scaled by dscale (e.g. 1 / tokens in the global batch). */
 double model_forward(model *m, const int32_t *inputs, const int32_t *targets, float dscale,
                      int64_t *ntok);
 void model_backward(model *m);

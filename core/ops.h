@@ -59,8 +59,8 @@ struct ust_ops {
     void (*layernorm_bwd)(const ust_ops *o, float *dinp, float *dw, float *db, const float *dout,
                           const float *inp, const float *w, const float *mean, const float *rstd,
                           int N, int C);
-    void (*rmsnorm_fwd)(const ust_ops *o, float *out, float *rstd, const float *inp,
-                        const float *w, int N, int C, float eps);
+    void (*rmsnorm_fwd)(const ust_ops *o, float *out, float *rstd, const float *inp, const float *w,
+                        int N, int C, float eps);
     void (*rmsnorm_bwd)(const ust_ops *o, float *dinp, float *dw, const float *dout,
                         const float *inp, const float *w, const float *rstd, int N, int C);
 
@@ -69,8 +69,7 @@ struct ust_ops {
     void (*gelu_fwd)(const ust_ops *o, float *out, const float *inp, int64_t n);
     void (*gelu_bwd)(const ust_ops *o, float *dinp, const float *inp, const float *dout, int64_t n);
     /* out = silu(gate) * up */
-    void (*swiglu_fwd)(const ust_ops *o, float *out, const float *gate, const float *up,
-                       int64_t n);
+    void (*swiglu_fwd)(const ust_ops *o, float *out, const float *gate, const float *up, int64_t n);
     void (*swiglu_bwd)(const ust_ops *o, float *dgate, float *dup, const float *dout,
                        const float *gate, const float *up, int64_t n);
 

@@ -72,8 +72,8 @@ static void sgemm(const ust_ops *o, float *C, const float *A, const float *B, in
         return;
     }
     blas_threads(o);
-    cblas_sgemm(CblasRowMajor, tA ? CblasTrans : CblasNoTrans, tB ? CblasTrans : CblasNoTrans, M,
-                N, K, alpha, A, tA ? M : K, B, tB ? K : N, beta, C, N);
+    cblas_sgemm(CblasRowMajor, tA ? CblasTrans : CblasNoTrans, tB ? CblasTrans : CblasNoTrans, M, N,
+                K, alpha, A, tA ? M : K, B, tB ? K : N, beta, C, N);
 }
 
 static void cpu_matmul(const ust_ops *o, float *C, const float *A, const float *B, int M, int N,
@@ -126,9 +126,9 @@ static void cpu_linear_bwd(const ust_ops *o, float *dinp, float *dw, float *dbia
 /* ---------------------------------------------------------------- embedding */
 
 /* out(B,T,C) = wte[tok - v_start] (0 when tok is outside [v_start, v_end)) + wpe[pos[t]] */
-static void cpu_embedding_fwd(const ust_ops *o, float *out, const int32_t *tok,
-                              const int32_t *pos, const float *wte, const float *wpe, int B,
-                              int T, int C, int v_start, int v_end) {
+static void cpu_embedding_fwd(const ust_ops *o, float *out, const int32_t *tok, const int32_t *pos,
+                              const float *wte, const float *wpe, int B, int T, int C, int v_start,
+                              int v_end) {
     int64_t rows = (int64_t)B * T;
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int64_t r = 0; r < rows; r++) {
@@ -302,7 +302,8 @@ static void cpu_gelu_fwd(const ust_ops *o, float *out, const float *inp, int64_t
     }
 }
 
-/* d/dx of 0.5 x (1 + tanh(u)), u = k (x + a x^3): 0.5 (1 + tanh u) + 0.5 x sech^2(u) k (1 + 3a x^2) */
+/* d/dx of 0.5 x (1 + tanh(u)), u = k (x + a x^3): 0.5 (1 + tanh u) + 0.5 x sech^2(u) k (1 + 3a x^2)
+ */
 static void cpu_gelu_bwd(const ust_ops *o, float *dinp, const float *inp, const float *dout,
                          int64_t n) {
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
@@ -492,11 +493,10 @@ static float *att_scratch(const ust_ops *o, int D, size_t *per_thread) {
  * an unnormalized output accumulator, rescaled by exp(m_old - m_new) when the max grows.
  * out = acc / l, lse = m + log l. No Tq x Tk buffer exists. */
 static void cpu_attention_fwd(const ust_ops *o, float *out, float *lse, const float *q,
-                              const float *k, const float *v, int B, int Tq, int Tk, int H,
-                              int Hkv, int D, const int32_t *q_pos, const int32_t *k_pos,
-                              int causal) {
-    UST_ASSERT(Hkv > 0 && H % Hkv == 0 && D > 0, "H=%d must be a multiple of Hkv=%d (D=%d)", H,
-               Hkv, D);
+                              const float *k, const float *v, int B, int Tq, int Tk, int H, int Hkv,
+                              int D, const int32_t *q_pos, const int32_t *k_pos, int causal) {
+    UST_ASSERT(Hkv > 0 && H % Hkv == 0 && D > 0, "H=%d must be a multiple of Hkv=%d (D=%d)", H, Hkv,
+               D);
     const int G = H / Hkv, nqt = (Tq + ATT_QT - 1) / ATT_QT;
     const float scale = 1.0f / sqrtf((float)D);
     const int64_t kstride = (int64_t)Hkv * D, qstride = (int64_t)H * D;
@@ -535,7 +535,8 @@ static void cpu_attention_fwd(const ust_ops *o, float *out, float *lse, const fl
                     if (bm == -INFINITY) continue; /* nothing visible in this block */
                     float *ai = acc + t * D;
                     if (bm > m[t]) {
-                        float c = exp_vec(m[t] - bm); /* 0 on the first visible block (acc = l = 0) */
+                        float c =
+                            exp_vec(m[t] - bm); /* 0 on the first visible block (acc = l = 0) */
                         l[t] *= c;
                         for (int d = 0; d < D; d++) ai[d] *= c;
                         m[t] = bm;
@@ -579,8 +580,8 @@ static void cpu_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv,
                               const float *out, const float *lse, const float *q, const float *k,
                               const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
                               const int32_t *q_pos, const int32_t *k_pos, int causal) {
-    UST_ASSERT(Hkv > 0 && H % Hkv == 0 && D > 0, "H=%d must be a multiple of Hkv=%d (D=%d)", H,
-               Hkv, D);
+    UST_ASSERT(Hkv > 0 && H % Hkv == 0 && D > 0, "H=%d must be a multiple of Hkv=%d (D=%d)", H, Hkv,
+               D);
     const int G = H / Hkv, nqt = (Tq + ATT_QT - 1) / ATT_QT, nkb = (Tk + ATT_KB - 1) / ATT_KB;
     const float scale = 1.0f / sqrtf((float)D);
     const int64_t kstride = (int64_t)Hkv * D, qstride = (int64_t)H * D;
@@ -649,7 +650,8 @@ static void cpu_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv,
             float *dkt = vt + (size_t)ATT_KB * D, *dvt = dkt + (size_t)ATT_KB * D, s[ATT_KB];
 #pragma omp for schedule(static)
             for (int64_t task = 0; task < tasks; task++) {
-                int jb = (int)(task % nkb), hk = (int)(task / nkb % Hkv), b = (int)(task / nkb / Hkv);
+                int jb = (int)(task % nkb), hk = (int)(task / nkb % Hkv),
+                    b = (int)(task / nkb / Hkv);
                 int j0 = jb * ATT_KB, nj = Tk - j0 < ATT_KB ? Tk - j0 : ATT_KB;
                 const float *kb = k + ((int64_t)b * Tk + j0) * kstride + (int64_t)hk * D;
                 const float *vb = v + ((int64_t)b * Tk + j0) * kstride + (int64_t)hk * D;
@@ -680,7 +682,8 @@ static void cpu_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv,
                         }
                         for (int d = 0; d < D; d++) {
                             float g = doi[d], qd = qi[d];
-                            float *dvd = dvt + (int64_t)d * ATT_KB, *dkd = dkt + (int64_t)d * ATT_KB;
+                            float *dvd = dvt + (int64_t)d * ATT_KB,
+                                  *dkd = dkt + (int64_t)d * ATT_KB;
 #pragma omp simd
                             for (int jj = 0; jj < ATT_KB; jj++) {
                                 dvd[jj] += p[jj] * g;
@@ -692,7 +695,8 @@ static void cpu_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv,
                 for (int jj = 0; jj < nj; jj++) {
                     int64_t off = ((int64_t)b * Tk + j0 + jj) * kstride + (int64_t)hk * D;
                     if (dk)
-                        for (int d = 0; d < D; d++) dk[off + d] += dkt[(int64_t)d * ATT_KB + jj] * scale;
+                        for (int d = 0; d < D; d++)
+                            dk[off + d] += dkt[(int64_t)d * ATT_KB + jj] * scale;
                     if (dv)
                         for (int d = 0; d < D; d++) dv[off + d] += dvt[(int64_t)d * ATT_KB + jj];
                 }
@@ -786,10 +790,9 @@ static void cpu_xent_vp_local(const ust_ops *o, float *lse, float *tlogit, const
     }
 }
 
-static void cpu_xent_vp_finish(const ust_ops *o, float *losses, float *dlogits,
-                               const float *logits, const int32_t *targets, const float *lse,
-                               const float *tlogit, int N, int V, int v_start, int v_real,
-                               float dscale) {
+static void cpu_xent_vp_finish(const ust_ops *o, float *losses, float *dlogits, const float *logits,
+                               const int32_t *targets, const float *lse, const float *tlogit, int N,
+                               int V, int v_start, int v_real, float dscale) {
     int real = real_columns(V, v_start, v_real);
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int n = 0; n < N; n++) {

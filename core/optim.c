@@ -10,8 +10,10 @@ double optim_lr(const ust_config *cfg, int64_t step) {
     double progress = (double)(step - warm) / (double)(total - 1 - warm); /* 0 .. 1 */
     if (progress > 1) progress = 1;
     switch (cfg->optimizer.schedule) {
-    case SCHED_CONSTANT: return lr;
-    case SCHED_LINEAR: return lr + (min_lr - lr) * progress;
+    case SCHED_CONSTANT:
+        return lr;
+    case SCHED_LINEAR:
+        return lr + (min_lr - lr) * progress;
     case SCHED_WSD: {
         /* warmup, stable at lr, then a linear decay over the last decay_frac of all steps */
         int64_t decay_steps = (int64_t)ceil(cfg->optimizer.decay_frac * (double)total);
@@ -21,7 +23,8 @@ double optim_lr(const ust_config *cfg, int64_t step) {
         return lr + (min_lr - lr) * (f > 1 ? 1 : f);
     }
     case SCHED_COSINE:
-    default: return min_lr + 0.5 * (lr - min_lr) * (1.0 + cos(M_PI * progress));
+    default:
+        return min_lr + 0.5 * (lr - min_lr) * (1.0 + cos(M_PI * progress));
     }
 }
 
@@ -30,4 +33,3 @@ float optim_clip_scale(const ust_config *cfg, double norm) {
     if (clip <= 0 || !(norm > clip)) return 1.0f;
     return (float)(clip / (norm + 1e-6));
 }
-

@@ -36,8 +36,8 @@ static unit_sizes units(const ust_config *c) {
     shapes s = shapes_of(c);
     int64_t C = s.C, pad = 16 * (int64_t)c->parallel.dp * c->parallel.cp, t = s.t;
     int64_t lay[] = {C, s.HD * C, s.KV * C, s.KV * C, C * s.HD, C, s.F * C, s.F * C, C * s.F};
-    int64_t lay_gpt2[] = {C,      C,      s.HD * C, s.HD, s.KV * C, s.KV, s.KV * C, s.KV,
-                          C * s.HD, C,    C,        C,    s.F * C,  s.F,  C * s.F,  C};
+    int64_t lay_gpt2[] = {C,        C, s.HD * C, s.HD, s.KV * C, s.KV, s.KV * C, s.KV,
+                          C * s.HD, C, C,        C,    s.F * C,  s.F,  C * s.F,  C};
     const int64_t *list = s.gpt2 ? lay_gpt2 : lay;
     size_t count = s.gpt2 ? sizeof lay_gpt2 / sizeof lay_gpt2[0] : sizeof lay / sizeof lay[0];
     int64_t sum = 0, whole = 0;
@@ -62,7 +62,8 @@ static unit_sizes units(const ust_config *c) {
 /* floats one layer keeps for backward for one micro-batch (mirrors the model's saved tensors) */
 static int64_t layer_act_floats(const shapes *s, int with_mlp_act) {
     return 3 * s->Nl * s->C + 4 * s->Nl + 2 * s->N * s->HD + 2 * s->N * s->KV +
-           s->B * s->H * s->Tl + (s->llama ? 2 : 1) * s->N * s->F + (with_mlp_act ? s->N * s->F : 0);
+           s->B * s->H * s->Tl + (s->llama ? 2 : 1) * s->N * s->F +
+           (with_mlp_act ? s->N * s->F : 0);
 }
 
 /* floats of the tensor- and context-parallel scratch buffers (MEM_ACTS and MEM_COMM) */
@@ -96,16 +97,21 @@ void plan_memory(const ust_config *c, mem_plan *p) {
     /* saved per layer, plus the residual stream, head and backward scratch */
     int64_t per_layer, sets, N = s.N, Nl = s.Nl, C = s.C;
     switch (c->train.recompute) {
-    case RECOMPUTE_FULL: per_layer = layer_act_floats(&s, 1), sets = 1; break;
-    case RECOMPUTE_SELECTIVE: per_layer = layer_act_floats(&s, 0), sets = s.L; break;
-    default: per_layer = layer_act_floats(&s, 1), sets = s.L;
+    case RECOMPUTE_FULL:
+        per_layer = layer_act_floats(&s, 1), sets = 1;
+        break;
+    case RECOMPUTE_SELECTIVE:
+        per_layer = layer_act_floats(&s, 0), sets = s.L;
+        break;
+    default:
+        per_layer = layer_act_floats(&s, 1), sets = s.L;
     }
     int64_t acts = sets * per_layer + (c->train.recompute == RECOMPUTE_SELECTIVE ? N * s.F : 0);
-    acts += (s.L + 1) * Nl * C;                      /* residual stream */
-    acts += Nl * C + 2 * Nl + N * s.Vl + N;          /* final norm, logits, losses */
+    acts += (s.L + 1) * Nl * C;             /* residual stream */
+    acts += Nl * C + 2 * Nl + N * s.Vl + N; /* final norm, logits, losses */
     acts += 2 * Nl * C + N * C + N * s.HD + 2 * N * s.KV + N * (s.HD > s.F ? s.HD : s.F) +
-            (s.llama ? 3 : 2) * N * s.F;             /* backward scratch */
-    acts += 2 * N + s.T;                             /* tokens, targets, positions (int32) */
+            (s.llama ? 3 : 2) * N * s.F; /* backward scratch */
+    acts += 2 * N + s.T;                 /* tokens, targets, positions (int32) */
     int64_t comm;
     acts += parallel_scratch(c, &s, &comm);
     p->acts = (double)acts * 4.0;
@@ -127,8 +133,10 @@ void plan_print(const ust_config *c, const mem_plan *p, FILE *f) {
     fprintf(f, "  activations %12s  (one micro-batch of %d x %d tokens)\n",
             log_bytes(b[3], 32, p->acts), c->train.micro_batch_size, c->train.seq_len);
     fprintf(f, "  total       %12s  (%.0f bytes)\n", log_bytes(b[4], 32, p->total), p->total);
-    fprintf(f, "by ZeRO stage at dp=%d (per rank):\n  stage   parameters    gradients    optimizer"
-               "        total\n", c->parallel.dp);
+    fprintf(f,
+            "by ZeRO stage at dp=%d (per rank):\n  stage   parameters    gradients    optimizer"
+            "        total\n",
+            c->parallel.dp);
     for (int z = 0; z <= 3; z++) {
         ust_config other = *c;
         other.optimizer.zero_stage = z;

@@ -11,7 +11,7 @@
 #include "config.h"
 
 typedef struct {
-    int64_t n_params;          /* whole model */
+    int64_t n_params;                               /* whole model */
     double params, grads, optim, acts, comm, total; /* bytes per rank */
 } mem_plan;
 

@@ -6,9 +6,9 @@
 
 #include <stdint.h>
 
-uint64_t rng_hash_str(const char *s);                              /* FNV-1a 64 */
-uint64_t rng_u64(uint64_t seed, uint64_t stream, uint64_t index);  /* uniform 64 bits */
+uint64_t rng_hash_str(const char *s);                               /* FNV-1a 64 */
+uint64_t rng_u64(uint64_t seed, uint64_t stream, uint64_t index);   /* uniform 64 bits */
 double rng_uniform(uint64_t seed, uint64_t stream, uint64_t index); /* [0, 1) */
-float rng_normal(uint64_t seed, uint64_t stream, uint64_t index);  /* N(0, 1), Box-Muller */
+float rng_normal(uint64_t seed, uint64_t stream, uint64_t index);   /* N(0, 1), Box-Muller */
 
 #endif

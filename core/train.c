@@ -40,7 +40,7 @@ static double now_s(void) {
 typedef struct {
     const ust_config *cfg;
     ust_runtime *rt;
-    int rank0;                           /* this rank prints, logs and writes state.json */
+    int rank0; /* this rank prints, logs and writes state.json */
     ust_ops *ops;
     ust_arena arena;
     ust_tp tp;
@@ -66,10 +66,11 @@ int train_runtime_init(ust_runtime *rt, const ust_config *cfg, ust_err *e) {
     if (rt->world > 1) ust_error_set_rank(rt->rank);
     topo_grid g;
     /* GPUs talk through NCCL; a single GPU needs no communicator backend beyond the trivial */
-    comm_backend be = cfg->run.device == DEV_CUDA && rt->world > 1 ? COMM_BACKEND_NCCL
-                                                                    : COMM_BACKEND_SHM;
+    comm_backend be =
+        cfg->run.device == DEV_CUDA && rt->world > 1 ? COMM_BACKEND_NCCL : COMM_BACKEND_SHM;
     comm_opts co = {.backend = be, .timeout_s = cfg->dist.timeout_s};
-    if (topo_grid_from_config(&g, cfg, rt->world, e) || comm_ctx_init(&rt->comm, &rt->boot, &co, e) ||
+    if (topo_grid_from_config(&g, cfg, rt->world, e) ||
+        comm_ctx_init(&rt->comm, &rt->boot, &co, e) ||
         topo_connect(&rt->topo, &g, rt->comm, rt->rank, e)) {
         if (rt->comm) comm_ctx_free(rt->comm);
         boot_finalize(&rt->boot);
@@ -101,8 +102,8 @@ static int any_rank(trainer *t, int flag) {
     if (t->rt->world == 1) return flag;
     float f = (float)flag;
     t->ops->to_device(t->ops, t->flag, &f, sizeof f);
-    comm_req r = comm_allreduce(t->rt->topo.comm[TOPO_WORLD], t->flag, t->flag, 1, COMM_FP32,
-                                COMM_SUM);
+    comm_req r =
+        comm_allreduce(t->rt->topo.comm[TOPO_WORLD], t->flag, t->flag, 1, COMM_FP32, COMM_SUM);
     comm_wait(&r);
     t->ops->to_host(t->ops, &f, t->flag, sizeof f);
     return f > 0;
@@ -114,7 +115,6 @@ static void world_barrier(void *arg) {
 }
 
 /* ------------------------------------------------------------------ set-up */
-
 
 static int open_data(trainer *t, ust_err *e) {
     const ust_config *c = t->cfg;
@@ -293,15 +293,17 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, ust_err *e)
     int cp = cfg->parallel.cp;
     if (cfg->parallel.sp &&
         cfg->train.micro_batch_size * (cfg->train.seq_len / cp) % cfg->parallel.tp != 0)
-        return ust_errf(e, "parallel.sp: the %d x %d tokens a rank holds of a micro-batch do not "
-                           "split over parallel.tp = %d ranks", cfg->train.micro_batch_size,
-                        cfg->train.seq_len / cp, cfg->parallel.tp);
+        return ust_errf(e,
+                        "parallel.sp: the %d x %d tokens a rank holds of a micro-batch do not "
+                        "split over parallel.tp = %d ranks",
+                        cfg->train.micro_batch_size, cfg->train.seq_len / cp, cfg->parallel.tp);
     for (size_t i = 0; i < sizeof pending / sizeof pending[0]; i++)
         if (pending[i].value != 1)
-            return ust_errf(e, "%s = %d: this build trains data-, tensor- and context-parallel "
-                               "layouts only (pipeline and expert parallelism are not available "
-                               "yet); set %s: 1", pending[i].key, pending[i].value,
-                            pending[i].key);
+            return ust_errf(e,
+                            "%s = %d: this build trains data-, tensor- and context-parallel "
+                            "layouts only (pipeline and expert parallelism are not available "
+                            "yet); set %s: 1",
+                            pending[i].key, pending[i].value, pending[i].key);
     if (open_data(t, e)) return -1;
     if (cfg->checkpoint.every > 0 && fs_mkdir_p(cfg->checkpoint.dir, e)) return -1;
     if (cfg->run.device == DEV_CUDA) {
@@ -395,9 +397,11 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
         int finite = isfinite(loss) && isfinite(norm);
         if (!finite && c->train.on_nan == ONNAN_STOP) {
             if (t->rank0)
-                fprintf(stderr, "ustrain: error: non-finite %s at step %lld (loss %g, grad norm %g); "
-                            "stopping (train.on_nan: stop)\n",
-                    isfinite(loss) ? "gradient norm" : "loss", (long long)t->step + 1, loss, norm);
+                fprintf(stderr,
+                        "ustrain: error: non-finite %s at step %lld (loss %g, grad norm %g); "
+                        "stopping (train.on_nan: stop)\n",
+                        isfinite(loss) ? "gradient norm" : "loss", (long long)t->step + 1, loss,
+                        norm);
             return UST_EXIT_RUNTIME;
         }
         if (finite) dp_optimizer_step(t->dp, lr, optim_clip_scale(c, norm), t->step);
@@ -410,8 +414,14 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
         int untimed = opts->untimed_steps > 0 ? opts->untimed_steps : 1;
         if (t->step > first + untimed || c->train.steps - first <= untimed) sum_ms += ms, timed++;
 
-        log_step s = {.step = t->step, .steps = c->train.steps, .loss = loss, .lr = lr,
-                      .grad_norm = norm, .ms = ms, .val_loss = NAN, .skipped = !finite};
+        log_step s = {.step = t->step,
+                      .steps = c->train.steps,
+                      .loss = loss,
+                      .lr = lr,
+                      .grad_norm = norm,
+                      .ms = ms,
+                      .val_loss = NAN,
+                      .skipped = !finite};
         s.tokens_per_s = tokens / (ms / 1e3);
         s.mfu = fpt * s.tokens_per_s / (peak * t->rt->world); /* peak is one rank's */
         s.peak_mem_bytes = t->arena.peak;
@@ -481,9 +491,9 @@ static int run_with(const ust_config *cfg, ust_runtime *rt, const train_opts *op
         printf("ustrain: %s %s, %lld parameters, %lld steps of %d x %d tokens (grad accum %d); "
                "memory %s (plan %s)\n",
                cfg->run.name, cfg->model.arch == ARCH_GPT2 ? "gpt2" : "llama",
-               (long long)plan.n_params, (long long)cfg->train.steps,
-               cfg->train.global_batch_size, cfg->train.seq_len, cfg_grad_accum(cfg),
-               log_bytes(b1, 32, t.arena.total), log_bytes(b2, 32, plan.total));
+               (long long)plan.n_params, (long long)cfg->train.steps, cfg->train.global_batch_size,
+               cfg->train.seq_len, cfg_grad_accum(cfg), log_bytes(b1, 32, t.arena.total),
+               log_bytes(b2, 32, plan.total));
     }
     g_stop_signal = 0;
     signal(SIGTERM, on_stop_signal);

@@ -28,17 +28,17 @@ int train_runtime_init(ust_runtime *rt, const ust_config *cfg, ust_err *e);
 void train_runtime_finalize(ust_runtime *rt);
 
 typedef struct {
-    int quiet;             /* no per-step lines (benchmark) */
-    int write_config;      /* write the effective config under run.out_dir */
-    int untimed_steps;     /* first steps left out of the mean step time (default 1) */
+    int quiet;         /* no per-step lines (benchmark) */
+    int write_config;  /* write the effective config under run.out_dir */
+    int untimed_steps; /* first steps left out of the mean step time (default 1) */
 } train_opts;
 
 typedef struct {
-    int64_t steps_done;    /* steps run by this call */
+    int64_t steps_done; /* steps run by this call */
     double final_loss;
-    double mean_step_ms;   /* over the steps after the untimed ones */
+    double mean_step_ms; /* over the steps after the untimed ones */
     double tokens_per_s, mfu, peak_flops, flops_per_token;
-    double arena_bytes;    /* measured arena total */
+    double arena_bytes; /* measured arena total */
     double arena_by_cat[6];
     size_t peak_rss;
 } train_result;

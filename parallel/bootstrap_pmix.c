@@ -139,9 +139,7 @@ int boot_pmix_init(ust_boot *b, ust_err *e) {
     return 0;
 }
 
-static void pmix_key(char *out, size_t cap, const char *key) {
-    snprintf(out, cap, "ust.%s", key);
-}
+static void pmix_key(char *out, size_t cap, const char *key) { snprintf(out, cap, "ust.%s", key); }
 
 int boot_pmix_put(ust_boot *b, const char *key, const void *val, size_t len, ust_err *e) {
     char k[PMIX_MAX_KEYLEN + 1];

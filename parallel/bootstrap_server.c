@@ -452,9 +452,7 @@ store_server *store_server_start(const char *host, int port, int world, const ch
     return s;
 }
 
-int store_server_port(const store_server *s) {
-    return s->port;
-}
+int store_server_port(const store_server *s) { return s->port; }
 
 void store_server_stop(store_server *s, double wait_s) {
     if (!s) return;

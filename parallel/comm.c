@@ -130,16 +130,15 @@ static void group_key(const comm_ctx *ctx, const comm_group_spec *g, char *key, 
     for (; g->name[i] && i < sizeof name - 1; i++) {
         char ch = g->name[i];
         name[i] = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9')
-                          ? ch
-                          : '_';
+                      ? ch
+                      : '_';
     }
     name[i] = 0;
     snprintf(key, cap, "comm.%d.%s.%d.%08x", ctx->ncalls, name, g->ranks[0],
              ranks_hash(g->ranks, g->n));
 }
 
-int comm_create_many(comm_ctx *ctx, int ng, const comm_group_spec *gs, ust_comm **out,
-                     ust_err *e) {
+int comm_create_many(comm_ctx *ctx, int ng, const comm_group_spec *gs, ust_comm **out, ust_err *e) {
     ust_boot *b = ctx->boot;
     int rc = 0;
     char key[128];
@@ -153,8 +152,8 @@ int comm_create_many(comm_ctx *ctx, int ng, const comm_group_spec *gs, ust_comm 
         }
         for (int j = 0; j < g->n; j++) {
             if (g->ranks[j] < 0 || g->ranks[j] >= b->world)
-                rc = ust_errf(e, "comm: group '%s' names rank %d outside the world of %d",
-                              g->name, g->ranks[j], b->world);
+                rc = ust_errf(e, "comm: group '%s' names rank %d outside the world of %d", g->name,
+                              g->ranks[j], b->world);
             for (int k = 0; k < j; k++)
                 if (g->ranks[k] == g->ranks[j])
                     rc = ust_errf(e, "comm: group '%s' names rank %d twice", g->name, g->ranks[j]);
@@ -219,10 +218,13 @@ static uint64_t bus_bytes(const ust_comm *c, const comm_desc *d) {
     uint64_t n = (uint64_t)c->size, es = comm_dtype_size(d->t), s = 0;
     if (n == 1) return 0;
     switch (d->kind) {
-    case COMM_ALLREDUCE: return 2 * (n - 1) * d->count * es / n;
+    case COMM_ALLREDUCE:
+        return 2 * (n - 1) * d->count * es / n;
     case COMM_ALLGATHER:
-    case COMM_REDUCE_SCATTER: return (n - 1) * d->count * es;
-    case COMM_BROADCAST: return c->rank == d->root ? d->count * es : 0;
+    case COMM_REDUCE_SCATTER:
+        return (n - 1) * d->count * es;
+    case COMM_BROADCAST:
+        return c->rank == d->root ? d->count * es : 0;
     case COMM_ALLTOALL:
         for (int j = 0; j < c->size; j++)
             if (j != c->rank) s += desc_scount(d, j) * es;
@@ -231,7 +233,8 @@ static uint64_t bus_bytes(const ust_comm *c, const comm_desc *d) {
         for (int i = 0; i < d->np2p; i++)
             if (d->p2p[i].is_send && d->p2p[i].peer != c->rank) s += d->p2p[i].count * es;
         return s;
-    default: return 0;
+    default:
+        return 0;
     }
 }
 
@@ -257,39 +260,53 @@ static comm_req post(ust_comm *c, comm_desc d) {
 
 comm_req comm_allreduce(ust_comm *c, const void *send, void *recv, size_t count, comm_dtype t,
                         comm_redop op) {
-    return post(c, (comm_desc){.kind = COMM_ALLREDUCE, .send = send, .recv = recv,
-                               .count = count, .t = t, .op = op});
+    return post(
+        c,
+        (comm_desc){
+            .kind = COMM_ALLREDUCE, .send = send, .recv = recv, .count = count, .t = t, .op = op});
 }
 
 comm_req comm_allgather(ust_comm *c, const void *send, void *recv, size_t count, comm_dtype t) {
-    return post(c, (comm_desc){.kind = COMM_ALLGATHER, .send = send, .recv = recv,
-                               .count = count, .t = t});
+    return post(
+        c, (comm_desc){.kind = COMM_ALLGATHER, .send = send, .recv = recv, .count = count, .t = t});
 }
 
-comm_req comm_reduce_scatter(ust_comm *c, const void *send, void *recv, size_t count,
-                             comm_dtype t, comm_redop op) {
-    return post(c, (comm_desc){.kind = COMM_REDUCE_SCATTER, .send = send, .recv = recv,
-                               .count = count, .t = t, .op = op});
+comm_req comm_reduce_scatter(ust_comm *c, const void *send, void *recv, size_t count, comm_dtype t,
+                             comm_redop op) {
+    return post(c, (comm_desc){.kind = COMM_REDUCE_SCATTER,
+                               .send = send,
+                               .recv = recv,
+                               .count = count,
+                               .t = t,
+                               .op = op});
 }
 
 comm_req comm_broadcast(ust_comm *c, void *buf, size_t count, comm_dtype t, int root) {
     UST_ASSERT(root >= 0 && root < c->size, "broadcast root %d of %d members", root, c->size);
-    return post(c, (comm_desc){.kind = COMM_BROADCAST, .send = buf, .recv = buf,
-                               .count = count, .t = t, .root = root});
+    return post(c, (comm_desc){.kind = COMM_BROADCAST,
+                               .send = buf,
+                               .recv = buf,
+                               .count = count,
+                               .t = t,
+                               .root = root});
 }
 
-comm_req comm_alltoallv(ust_comm *c, const void *send, const size_t *scounts,
-                        const size_t *sdispls, void *recv, const size_t *rcounts,
-                        const size_t *rdispls, comm_dtype t) {
+comm_req comm_alltoallv(ust_comm *c, const void *send, const size_t *scounts, const size_t *sdispls,
+                        void *recv, const size_t *rcounts, const size_t *rdispls, comm_dtype t) {
     UST_ASSERT(scounts && sdispls && rcounts && rdispls, "all-to-allv needs every count array");
-    return post(c, (comm_desc){.kind = COMM_ALLTOALL, .send = send, .recv = recv, .t = t,
-                               .scounts = scounts, .sdispls = sdispls, .rcounts = rcounts,
+    return post(c, (comm_desc){.kind = COMM_ALLTOALL,
+                               .send = send,
+                               .recv = recv,
+                               .t = t,
+                               .scounts = scounts,
+                               .sdispls = sdispls,
+                               .rcounts = rcounts,
                                .rdispls = rdispls});
 }
 
 comm_req comm_alltoall(ust_comm *c, const void *send, void *recv, size_t count, comm_dtype t) {
-    return post(c, (comm_desc){.kind = COMM_ALLTOALL, .send = send, .recv = recv,
-                               .count = count, .t = t});
+    return post(
+        c, (comm_desc){.kind = COMM_ALLTOALL, .send = send, .recv = recv, .count = count, .t = t});
 }
 
 comm_req comm_sendrecv(ust_comm *c, const comm_p2p *ops, int nops, comm_dtype t) {

@@ -70,9 +70,9 @@ typedef struct {
 
 typedef struct {
     comm_backend backend;
-    double timeout_s;       /* deadline of every wait (dist.timeout_s); <= 0 means 300 */
-    size_t shm_slot_bytes;  /* shm: staging bytes per member and round (0: 2 MiB) */
-    size_t shm_chan_bytes;  /* shm: ring buffer per ordered pair for send/recv (0: 256 KiB) */
+    double timeout_s;      /* deadline of every wait (dist.timeout_s); <= 0 means 300 */
+    size_t shm_slot_bytes; /* shm: staging bytes per member and round (0: 2 MiB) */
+    size_t shm_chan_bytes; /* shm: ring buffer per ordered pair for send/recv (0: 256 KiB) */
 } comm_opts;
 
 /* One entry of a batched send/recv: `count` elements to or from comm-local rank `peer`. */
@@ -123,16 +123,15 @@ comm_req comm_allreduce(ust_comm *c, const void *send, void *recv, size_t count,
 comm_req comm_allgather(ust_comm *c, const void *send, void *recv, size_t count, comm_dtype t);
 /* recv (count) = op over members of their send[rank*count ..]; send holds size*count elements;
  * recv == send + rank*count allowed. */
-comm_req comm_reduce_scatter(ust_comm *c, const void *send, void *recv, size_t count,
-                             comm_dtype t, comm_redop op);
+comm_req comm_reduce_scatter(ust_comm *c, const void *send, void *recv, size_t count, comm_dtype t,
+                             comm_redop op);
 /* buf on every member = buf of comm-local rank root. */
 comm_req comm_broadcast(ust_comm *c, void *buf, size_t count, comm_dtype t, int root);
 /* Member i sends scounts[j] elements from send + sdispls[j] to member j, which receives them at
  * recv + rdispls[i] (rcounts[i] must equal member i's scounts[j]). Displacements in elements.
  * send and recv must not overlap. */
-comm_req comm_alltoallv(ust_comm *c, const void *send, const size_t *scounts,
-                        const size_t *sdispls, void *recv, const size_t *rcounts,
-                        const size_t *rdispls, comm_dtype t);
+comm_req comm_alltoallv(ust_comm *c, const void *send, const size_t *scounts, const size_t *sdispls,
+                        void *recv, const size_t *rcounts, const size_t *rdispls, comm_dtype t);
 /* Equal counts: count elements to and from every member, packed in member order. */
 comm_req comm_alltoall(ust_comm *c, const void *send, void *recv, size_t count, comm_dtype t);
 /* Posts every send and recv of the list together; they complete together and cannot deadlock

@@ -28,8 +28,8 @@ struct ust_comm {
     int rank, size;
     int *granks; /* global rank of each member */
     comm_counters cnt;
-    uint64_t posted; /* seq of the last posted operation (first is 1) */
-    uint64_t done;   /* every seq <= done has completed */
+    uint64_t posted;  /* seq of the last posted operation (first is 1) */
+    uint64_t done;    /* every seq <= done has completed */
     comm_desc *queue; /* posted, not yet completed: seqs done+1 .. posted, ring of qcap */
     int qcap;
     void *impl; /* backend state */

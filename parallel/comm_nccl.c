@@ -158,7 +158,9 @@ void nccl_launch(ust_comm *c, const comm_desc *d) {
     case COMM_ALLREDUCE:
         r = ncclAllReduce(send, recv, d->count, dt, op, s->comm, s->stream);
         break;
-    case COMM_ALLGATHER: r = ncclAllGather(send, recv, d->count, dt, s->comm, s->stream); break;
+    case COMM_ALLGATHER:
+        r = ncclAllGather(send, recv, d->count, dt, s->comm, s->stream);
+        break;
     case COMM_REDUCE_SCATTER:
         r = ncclReduceScatter(send, recv, d->count, dt, op, s->comm, s->stream);
         break;
@@ -192,7 +194,8 @@ void nccl_launch(ust_comm *c, const comm_desc *d) {
     case COMM_BARRIER:
         r = ncclAllReduce(s->scratch, s->scratch, 1, ncclFloat32, ncclSum, s->comm, s->stream);
         break;
-    default: UST_ASSERT(0, "unknown operation %d", (int)d->kind);
+    default:
+        UST_ASSERT(0, "unknown operation %d", (int)d->kind);
     }
     if (r != ncclSuccess && r != ncclInProgress)
         ust_fatal(UST_EXIT_RUNTIME, "comm/nccl: %s on group '%s': %s", comm_kind_name(d->kind),

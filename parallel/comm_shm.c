@@ -66,10 +66,10 @@ typedef struct {
     uint8_t *base;
     size_t len;
     shm_hdr *hdr;
-    shm_member *mem; /* n */
-    shm_chan *chan;  /* n*n, index src*n + dst */
-    uint8_t *ring;   /* n*n rings of chan_bytes */
-    uint8_t *stage;  /* 2 areas of n slots of slot_bytes */
+    shm_member *mem;   /* n */
+    shm_chan *chan;    /* n*n, index src*n + dst */
+    uint8_t *ring;     /* n*n rings of chan_bytes */
+    uint8_t *stage;    /* 2 areas of n slots of slot_bytes */
     uint32_t barriers; /* barriers this member has passed */
     int area;          /* staging area of the next round */
     double spin_s;     /* current spin budget (see shm_wait) */
@@ -151,8 +151,8 @@ typedef int (*wait_who)(const ust_comm *c, const void *arg, int *waiting);
 
 /* Waits until pred holds, sleeping on futex word w (whose waker bumps it and then wakes
  * *sleepers). On the deadline, or when a member it waits on has died, exits naming them. */
-static void shm_wait(ust_comm *c, comm_kind k, _Atomic uint32_t *w,
-                     _Atomic uint32_t *sleepers, wait_pred pred, wait_who who, const void *arg) {
+static void shm_wait(ust_comm *c, comm_kind k, _Atomic uint32_t *w, _Atomic uint32_t *sleepers,
+                     wait_pred pred, wait_who who, const void *arg) {
     if (pred(c, arg)) return;
     /* Spin briefly first: a running peer arrives within microseconds. The budget adapts: it
      * halves each time the spin fails (a descheduled peer, e.g. another job on the core, needs
@@ -348,8 +348,10 @@ static void run_reduce_scatter(ust_comm *c, const comm_desc *d) {
     size_t es = comm_dtype_size(d->t), n = (size_t)c->size;
     size_t per = c->ctx->opts.shm_slot_bytes / (n * es);
     per = per ? per : 1;
-    UST_ASSERT(per * n * es <= c->ctx->opts.shm_slot_bytes, "slot of %zu bytes too small for %zu "
-               "members", c->ctx->opts.shm_slot_bytes, n);
+    UST_ASSERT(per * n * es <= c->ctx->opts.shm_slot_bytes,
+               "slot of %zu bytes too small for %zu "
+               "members",
+               c->ctx->opts.shm_slot_bytes, n);
     const uint8_t *send = d->send;
     uint8_t *recv = d->recv;
     for (size_t off = 0; off < d->count; off += per) {
@@ -441,9 +443,9 @@ static void run_alltoall(ust_comm *c, const comm_desc *d) {
 /* Stream framing on a ring: an 8-byte length, then the payload padded to 8 bytes, so every
  * header starts 8-aligned and is never split by the wrap. */
 typedef struct {
-    size_t done;   /* stream bytes moved: 8 header + padded payload */
-    size_t total;  /* 8 + round_up(bytes, 8) */
-    size_t bytes;  /* payload */
+    size_t done;  /* stream bytes moved: 8 header + padded payload */
+    size_t total; /* 8 + round_up(bytes, 8) */
+    size_t bytes; /* payload */
 } p2p_state;
 
 typedef struct {
@@ -610,8 +612,8 @@ void shm_run(ust_comm *c, const comm_desc *d) {
     size_t es = comm_dtype_size(d->t);
     if (c->size == 1) { /* nothing to exchange: the result is the input */
         size_t n = d->kind == COMM_ALLTOALL ? desc_scount(d, 0) : d->count;
-        const uint8_t *src = (const uint8_t *)d->send +
-                             (d->kind == COMM_ALLTOALL ? desc_sdispl(d, 0) * es : 0);
+        const uint8_t *src =
+            (const uint8_t *)d->send + (d->kind == COMM_ALLTOALL ? desc_sdispl(d, 0) * es : 0);
         uint8_t *dst = (uint8_t *)d->recv + (d->kind == COMM_ALLTOALL ? desc_rdispl(d, 0) * es : 0);
         if (d->kind == COMM_SENDRECV) {
             run_sendrecv(c, d);
@@ -621,14 +623,29 @@ void shm_run(ust_comm *c, const comm_desc *d) {
         return;
     }
     switch (d->kind) {
-    case COMM_ALLREDUCE: run_allreduce(c, d); break;
-    case COMM_ALLGATHER: run_allgather(c, d); break;
-    case COMM_REDUCE_SCATTER: run_reduce_scatter(c, d); break;
-    case COMM_BROADCAST: run_broadcast(c, d); break;
-    case COMM_ALLTOALL: run_alltoall(c, d); break;
-    case COMM_SENDRECV: run_sendrecv(c, d); break;
-    case COMM_BARRIER: barrier(c, COMM_BARRIER); break;
-    default: UST_ASSERT(0, "unknown operation %d", (int)d->kind);
+    case COMM_ALLREDUCE:
+        run_allreduce(c, d);
+        break;
+    case COMM_ALLGATHER:
+        run_allgather(c, d);
+        break;
+    case COMM_REDUCE_SCATTER:
+        run_reduce_scatter(c, d);
+        break;
+    case COMM_BROADCAST:
+        run_broadcast(c, d);
+        break;
+    case COMM_ALLTOALL:
+        run_alltoall(c, d);
+        break;
+    case COMM_SENDRECV:
+        run_sendrecv(c, d);
+        break;
+    case COMM_BARRIER:
+        barrier(c, COMM_BARRIER);
+        break;
+    default:
+        UST_ASSERT(0, "unknown operation %d", (int)d->kind);
     }
 }
 
@@ -636,8 +653,9 @@ void shm_run(ust_comm *c, const comm_desc *d) {
 
 int shm_ctx_init(comm_ctx *ctx, ust_err *e) {
     if (ctx->boot->nnodes > 1)
-        return ust_errf(e, "comm: the shared-memory backend works on one node, but the job spans "
-                           "%d nodes (use run.device: cuda with NCCL, or launch on one node)",
+        return ust_errf(e,
+                        "comm: the shared-memory backend works on one node, but the job spans "
+                        "%d nodes (use run.device: cuda with NCCL, or launch on one node)",
                         ctx->boot->nnodes);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     ctx->spin = ctx->boot->local_world <= cores;
@@ -693,8 +711,9 @@ int shm_create_begin(ust_comm *c, const char *key, ust_err *e) {
     int err = posix_fallocate(fd, 0, (off_t)s->len);
     if (err) {
         close(fd);
-        return ust_errf(e, "comm: reserving %zu bytes of shared memory for group '%s' (%d "
-                           "members): %s; /dev/shm is too small (e.g. docker --shm-size=4g)",
+        return ust_errf(e,
+                        "comm: reserving %zu bytes of shared memory for group '%s' (%d "
+                        "members): %s; /dev/shm is too small (e.g. docker --shm-size=4g)",
                         s->len, c->name, c->size, strerror(err));
     }
     if (map_segment(c, fd, e)) return -1;
@@ -730,14 +749,16 @@ int shm_create_end(ust_comm *c, const char *key, ust_err *e) {
         s->shm_name[sizeof s->shm_name - 1] = 0;
         int fd = shm_open(s->shm_name, O_RDWR, 0600);
         if (fd < 0)
-            return ust_errf(e, "comm: opening shared memory %s of group '%s' (made by rank %d): "
-                               "%s (the job must run on one node)",
+            return ust_errf(e,
+                            "comm: opening shared memory %s of group '%s' (made by rank %d): "
+                            "%s (the job must run on one node)",
                             s->shm_name, c->name, c->granks[0], strerror(errno));
         struct stat sb;
         if (fstat(fd, &sb) != 0 || (size_t)sb.st_size != s->len) {
             close(fd);
-            return ust_errf(e, "comm: shared memory %s of group '%s' has %lld bytes, expected %zu "
-                               "(ranks disagree on the comm settings)",
+            return ust_errf(e,
+                            "comm: shared memory %s of group '%s' has %lld bytes, expected %zu "
+                            "(ranks disagree on the comm settings)",
                             s->shm_name, c->name, (long long)sb.st_size, s->len);
         }
         if (map_segment(c, fd, e)) return -1;

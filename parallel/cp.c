@@ -39,8 +39,8 @@ static double visible_pairs(const int32_t *qp, const int32_t *kp, int Tl) {
     return n;
 }
 
-void cp_init(ust_cp *cp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, int T, int B,
-             int H, int Hkv, int D, ust_cp_layout layout, ust_cp_comm mode) {
+void cp_init(ust_cp *cp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, int T, int B, int H,
+             int Hkv, int D, ust_cp_layout layout, ust_cp_comm mode) {
     memset(cp, 0, sizeof *cp);
     cp->ops = ops;
     cp->comm = comm;
@@ -59,8 +59,8 @@ void cp_init(ust_cp *cp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, i
         cp_layout_positions(layout, T, cp->n, r, cp->pos_host + (size_t)r * cp->Tl);
     cp->block_pairs = malloc(cp->n * sizeof(double));
     for (int r = 0; r < cp->n; r++)
-        cp->block_pairs[r] = visible_pairs(cp_positions_of(cp, cp->rank), cp_positions_of(cp, r),
-                                           cp->Tl);
+        cp->block_pairs[r] =
+            visible_pairs(cp_positions_of(cp, cp->rank), cp_positions_of(cp, r), cp->Tl);
     size_t npos = (size_t)cp->n * cp->Tl * sizeof(int32_t);
     cp->pos = mem_alloc(arena, MEM_ACTS, npos);
     ops->to_device(ops, cp->pos, cp->pos_host, npos);
@@ -82,7 +82,9 @@ void cp_init(ust_cp *cp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, i
 }
 
 int cp_local_len(const ust_cp *cp) { return cp->Tl; }
-const int32_t *cp_positions_of(const ust_cp *cp, int r) { return cp->pos_host + (size_t)r * cp->Tl; }
+const int32_t *cp_positions_of(const ust_cp *cp, int r) {
+    return cp->pos_host + (size_t)r * cp->Tl;
+}
 const int32_t *cp_positions_device(const ust_cp *cp) { return cp->pos + (size_t)cp->rank * cp->Tl; }
 
 static const int32_t *pos_dev(const ust_cp *cp, int r) { return cp->pos + (size_t)r * cp->Tl; }
@@ -97,8 +99,9 @@ static void wait_timed(ust_cp *cp, comm_req *r) {
     cp->comm_s += now_s() - t0;
 }
 
-/* Posts (the list lives in cp until the wait): send the `nbuf` buffers of send[] to the next rank, receive as many into recv[] from
- * the previous one (one batch, so two ranks exchanging with each other cannot deadlock). */
+/* Posts (the list lives in cp until the wait): send the `nbuf` buffers of send[] to the next rank,
+ * receive as many into recv[] from the previous one (one batch, so two ranks exchanging with each
+ * other cannot deadlock). */
 static comm_req pass_on(ust_cp *cp, float *const *send, float *const *recv, int nbuf) {
     comm_p2p *ops = cp->p2p; /* must stay valid until the wait */
     size_t count = (size_t)cp->B * cp->Tl * cp->Hkv * cp->D;
@@ -175,12 +178,11 @@ void cp_attention_bwd(ust_cp *cp, float *dq, float *dk, float *dv, const float *
         o->zero(o, cp->all_dv, blk(cp) * n * sizeof(float));
         for (int r = 0; r < n; r++)
             o->attention_bwd(o, dq, cp->all_dk + r * blk(cp), cp->all_dv + r * blk(cp), dout, out,
-                             lse, q, cp->all_k + r * blk(cp), cp->all_v + r * blk(cp), B, Tl, Tl,
-                             H, Hkv, D, qp, pos_dev(cp, r), 1);
-        comm_req r[2] = {comm_reduce_scatter(cp->comm, cp->all_dk, cp->acc_dk, blk(cp), COMM_FP32,
-                                             COMM_SUM),
-                         comm_reduce_scatter(cp->comm, cp->all_dv, cp->acc_dv, blk(cp), COMM_FP32,
-                                             COMM_SUM)};
+                             lse, q, cp->all_k + r * blk(cp), cp->all_v + r * blk(cp), B, Tl, Tl, H,
+                             Hkv, D, qp, pos_dev(cp, r), 1);
+        comm_req r[2] = {
+            comm_reduce_scatter(cp->comm, cp->all_dk, cp->acc_dk, blk(cp), COMM_FP32, COMM_SUM),
+            comm_reduce_scatter(cp->comm, cp->all_dv, cp->acc_dv, blk(cp), COMM_FP32, COMM_SUM)};
         double t0 = now_s();
         comm_wait_all(r, 2);
         cp->comm_s += now_s() - t0;

@@ -22,22 +22,22 @@ typedef struct ust_cp {
     int n, rank, T, Tl, B, Hkv, D;
     ust_cp_layout layout;
     ust_cp_comm mode;
-    int32_t *pos_host;       /* n x Tl: the positions every rank holds */
-    int32_t *pos;            /* the same on the device */
-    float *kv[2][4];         /* ring buffers: k, v, dk, dv of one block, twice */
-    float *acc_dk, *acc_dv;  /* this rank's own block's gradients on their way around */
+    int32_t *pos_host;      /* n x Tl: the positions every rank holds */
+    int32_t *pos;           /* the same on the device */
+    float *kv[2][4];        /* ring buffers: k, v, dk, dv of one block, twice */
+    float *acc_dk, *acc_dv; /* this rank's own block's gradients on their way around */
     float *part_out, *part_lse;
     float *all_k, *all_v, *all_dk, *all_dv; /* allgather mode: every block */
-    comm_p2p p2p[8];         /* the posted send/recv list of the block in flight */
-    double pairs;            /* (query, key) pairs attended so far (causal ones only) */
-    double *block_pairs;     /* per block owner: causal pairs of our queries with its keys */
-    double comm_s;           /* wall time spent waiting for blocks */
+    comm_p2p p2p[8];                        /* the posted send/recv list of the block in flight */
+    double pairs;        /* (query, key) pairs attended so far (causal ones only) */
+    double *block_pairs; /* per block owner: causal pairs of our queries with its keys */
+    double comm_s;       /* wall time spent waiting for blocks */
 } ust_cp;
 
 /* comm may be NULL (no context parallelism). T: the whole sequence; B, H, Hkv, D: the attention
  * shapes of this rank (heads after tensor parallelism). */
-void cp_init(ust_cp *cp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, int T, int B,
-             int H, int Hkv, int D, ust_cp_layout layout, ust_cp_comm mode);
+void cp_init(ust_cp *cp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, int T, int B, int H,
+             int Hkv, int D, ust_cp_layout layout, ust_cp_comm mode);
 int cp_local_len(const ust_cp *cp);
 /* Positions of rank r's tokens in the sequence (host, Tl entries, increasing). */
 const int32_t *cp_positions_of(const ust_cp *cp, int r);

@@ -28,37 +28,41 @@ struct dp_state {
         comm_req req;
         int unit; /* -1: nothing in flight */
         float *buf;
-    } rs[3];                           /* in flight from work[0], work[1], work_emb */
-    int wslot;                         /* the working buffer the next unit gets */
-    float *gath[2], *gath_emb;         /* stage 3: gathered units */
+    } rs[3];                   /* in flight from work[0], work[1], work_emb */
+    int wslot;                 /* the working buffer the next unit gets */
+    float *gath[2], *gath_emb; /* stage 3: gathered units */
     int gath_unit[2], emb_valid;
     comm_req gath_req[2];
-    comm_req *pending;                 /* stage 0-1: reductions posted this step */
+    comm_req *pending; /* stage 0-1: reductions posted this step */
     int npending;
-    int *bucket_lo;                    /* stage 0: 1 where a unit closes a bucket (its lowest) */
-    float *scalar;                     /* four floats for the scalar all-reduces */
+    int *bucket_lo; /* stage 0: 1 where a unit closes a bucket (its lowest) */
+    float *scalar;  /* four floats for the scalar all-reduces */
     uint64_t bytes_at_step_start;
 };
 
 static int whole(const dp_state *d, dp_buf b) {
     switch (b) {
-    case BUF_PARAMS: return d->stage < 3;
-    case BUF_GRADS: return d->stage < 2;
-    default: return d->stage < 1;
+    case BUF_PARAMS:
+        return d->stage < 3;
+    case BUF_GRADS:
+        return d->stage < 2;
+    default:
+        return d->stage < 1;
     }
 }
 
 /* Pointer to unit coordinate x of unit u in buffer b (x must be held by this rank). */
 static float *at(const dp_state *d, dp_buf b, int u, int64_t x) {
-    float *base = b == BUF_PARAMS ? (whole(d, b) ? d->p_whole : d->p_shard)
+    float *base = b == BUF_PARAMS  ? (whole(d, b) ? d->p_whole : d->p_shard)
                   : b == BUF_GRADS ? (whole(d, b) ? d->g_whole : d->g_shard)
                   : b == BUF_M     ? d->mom_m
                                    : d->mom_v;
     if (whole(d, b)) return base + d->uoff[u] + x;
     int64_t lo = d->rank * d->chunk[u];
-    UST_ASSERT(x >= lo && x <= lo + d->chunk[u], "unit %d element %lld is not in this rank's "
-               "partition [%lld, %lld)", u, (long long)x, (long long)lo,
-               (long long)(lo + d->chunk[u]));
+    UST_ASSERT(x >= lo && x <= lo + d->chunk[u],
+               "unit %d element %lld is not in this rank's "
+               "partition [%lld, %lld)",
+               u, (long long)x, (long long)lo, (long long)(lo + d->chunk[u]));
     return base + d->soff[u] + (x - lo);
 }
 
@@ -83,9 +87,8 @@ static int64_t piece(const dp_state *d, int i, int part, int64_t *a, int64_t *b)
 
 model_storage dp_model_storage(const ust_config *cfg, int dp_size) {
     int stage = cfg->optimizer.zero_stage;
-    model_storage st = {.unit_pad = 16 * (int64_t)dp_size,
-                        .alloc_params = stage < 3,
-                        .alloc_grads = stage < 2};
+    model_storage st = {
+        .unit_pad = 16 * (int64_t)dp_size, .alloc_params = stage < 3, .alloc_grads = stage < 2};
     return st;
 }
 
@@ -142,7 +145,8 @@ int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_are
     if (d->stage >= 2) {
         d->g_shard = mem_alloc(a, MEM_GRADS, d->shard_numel * sizeof(float));
         d->work_emb = mem_alloc(a, MEM_GRADS, d->ulen[0] * sizeof(float));
-        for (int k = 0; k < 2; k++) d->work[k] = mem_alloc(a, MEM_GRADS, d->max_unit * sizeof(float));
+        for (int k = 0; k < 2; k++)
+            d->work[k] = mem_alloc(a, MEM_GRADS, d->max_unit * sizeof(float));
         for (int k = 0; k < 3; k++) d->rs[k].unit = -1;
     }
     if (d->stage >= 3) {
@@ -290,8 +294,11 @@ static void on_unit(void *ctx, int u, model_phase ph) {
         if (d->stage == 3) params_ready(d, u, u - 1);
         grads_begin(d, u);
         break;
-    case MODEL_BWD_END: grads_end(d, u); break;
-    case MODEL_FWD_END: break;
+    case MODEL_BWD_END:
+        grads_end(d, u);
+        break;
+    case MODEL_FWD_END:
+        break;
     }
 }
 
@@ -322,7 +329,8 @@ void dp_finish_grads(dp_state *d) {
 static void sum_over(dp_state *d, ust_comm *c, double *x, int n) {
     if (!c || comm_size(c) == 1) return;
     float h[4];
-    for (int i = 0; i < n; i++) h[2 * i] = (float)x[i], h[2 * i + 1] = (float)(x[i] - (double)(float)x[i]);
+    for (int i = 0; i < n; i++)
+        h[2 * i] = (float)x[i], h[2 * i + 1] = (float)(x[i] - (double)(float)x[i]);
     d->ops->to_device(d->ops, d->scalar, h, 2 * n * sizeof(float));
     comm_req r = comm_allreduce(c, d->scalar, d->scalar, 2 * n, COMM_FP32, COMM_SUM);
     comm_wait(&r);
@@ -343,8 +351,8 @@ double dp_grad_norm(dp_state *d) {
     for (int i = 0; i < model_num_params(d->m); i++) {
         int64_t a, b, t0 = piece(d, i, part, &a, &b);
         if (b <= a) continue;
-        double ss = d->ops->sumsq(d->ops, at(d, BUF_GRADS, model_param_unit(d->m, i), t0 + a),
-                                  b - a);
+        double ss =
+            d->ops->sumsq(d->ops, at(d, BUF_GRADS, model_param_unit(d->m, i), t0 + a), b - a);
         *(model_param_at(d->m, i)->tp_split ? &split : &repl) += ss;
     }
     double both[2] = {split, repl};
@@ -364,8 +372,8 @@ void dp_optimizer_step(dp_state *d, double lr, float grad_scale, int64_t step) {
         float wd = q->decay ? (float)c->optimizer.weight_decay : 0.0f;
         d->ops->adamw(d->ops, at(d, BUF_PARAMS, u, t0 + a), at(d, BUF_GRADS, u, t0 + a),
                       at(d, BUF_M, u, t0 + a), at(d, BUF_V, u, t0 + a), b - a, (float)lr,
-                      (float)c->optimizer.beta1, (float)c->optimizer.beta2,
-                      (float)c->optimizer.eps, wd, grad_scale, step + 1);
+                      (float)c->optimizer.beta1, (float)c->optimizer.beta2, (float)c->optimizer.eps,
+                      wd, grad_scale, step + 1);
     }
     if (d->stage == 1 || d->stage == 2) { /* everyone needs the whole updated weights */
         for (int u = 0; u < d->nunits; u++) {
@@ -449,7 +457,8 @@ static int list_file(dp_state *d, ckpt_writer *w, int optimizer, ust_err *e) {
             ts[i] = tensor_of(q, BUF_PARAMS);
         }
     }
-    int file = ckpt_add_file(w, optimizer ? "optimizer.safetensors" : "model.safetensors", ts, n, e);
+    int file =
+        ckpt_add_file(w, optimizer ? "optimizer.safetensors" : "model.safetensors", ts, n, e);
     free(ts);
     return file;
 }

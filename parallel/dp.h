@@ -32,19 +32,19 @@ model_storage dp_model_storage(const ust_config *cfg, int dp_size);
 /* comm: the group gradients are reduced over (members hold replicas, see different tokens);
  * mp: the group holding the other tensor-parallel shards of this replica (NULL: none), over
  * which the gradient norm is summed and of which only member 0 writes replicated tensors. */
-int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
-              model *m, ust_comm *comm, ust_comm *mp, ust_err *e);
+int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_arena *arena, model *m,
+              ust_comm *comm, ust_comm *mp, ust_err *e);
 void dp_destroy(dp_state *d);
 
 void dp_init_params(dp_state *d, uint64_t seed);
 int dp_load_llmc(dp_state *d, const char *path, ust_err *e);
 
-void dp_begin_step(dp_state *d);                  /* zero the gradients */
-void dp_begin_microbatch(dp_state *d, int last);  /* last: reduce as units finish */
-void dp_finish_grads(dp_state *d);                /* wait for every reduction */
-double dp_grad_norm(dp_state *d);                 /* global L2 norm (same on every rank) */
+void dp_begin_step(dp_state *d);                 /* zero the gradients */
+void dp_begin_microbatch(dp_state *d, int last); /* last: reduce as units finish */
+void dp_finish_grads(dp_state *d);               /* wait for every reduction */
+double dp_grad_norm(dp_state *d);                /* global L2 norm (same on every rank) */
 void dp_optimizer_step(dp_state *d, double lr, float grad_scale, int64_t step);
-double dp_sum(dp_state *d, double x);             /* all-reduce of one number over the group */
+double dp_sum(dp_state *d, double x); /* all-reduce of one number over the group */
 
 /* Checkpoints: the model's tensors and both moments ("<name>.exp_avg", "<name>.exp_avg_sq"). */
 int dp_save(dp_state *d, ckpt_writer *w, ust_err *e);

@@ -5,16 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int imin(int a, int b) {
-    return a < b ? a : b;
-}
-static double dmax(double a, double b) {
-    return a > b ? a : b;
-}
+static int imin(int a, int b) { return a < b ? a : b; }
+static double dmax(double a, double b) { return a > b ? a : b; }
 
-static int is_comm(pps_op op) {
-    return op >= PPS_SEND_ACT;
-}
+static int is_comm(pps_op op) { return op >= PPS_SEND_ACT; }
 
 enum { STEP_JOIN = -2 }; /* marks a compute that shares the previous one's comm step */
 

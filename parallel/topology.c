@@ -9,18 +9,21 @@
 int topo_grid_init(topo_grid *g, int dp, int tp, int pp, int cp, int ep, int world, ust_err *e) {
     memset(g, 0, sizeof *g);
     if (dp < 1 || tp < 1 || pp < 1 || cp < 1 || ep < 1)
-        return ust_errf(e, "topology: every parallel size must be >= 1 (dp=%d tp=%d pp=%d cp=%d "
-                           "ep=%d)",
+        return ust_errf(e,
+                        "topology: every parallel size must be >= 1 (dp=%d tp=%d pp=%d cp=%d "
+                        "ep=%d)",
                         dp, tp, pp, cp, ep);
     if (dp % ep)
-        return ust_errf(e, "topology: parallel.ep=%d must divide parallel.dp=%d (experts are "
-                           "sharded over ep ranks of the data-parallel group)",
+        return ust_errf(e,
+                        "topology: parallel.ep=%d must divide parallel.dp=%d (experts are "
+                        "sharded over ep ranks of the data-parallel group)",
                         ep, dp);
     long prod = (long)dp * tp * pp * cp;
     if (prod > 1 << 20) return ust_errf(e, "topology: dp*tp*pp*cp = %ld is too large", prod);
     if (world > 0 && prod != world)
-        return ust_errf(e, "topology: dp*tp*pp*cp = %d*%d*%d*%d = %ld, but the world has %d "
-                           "ranks",
+        return ust_errf(e,
+                        "topology: dp*tp*pp*cp = %d*%d*%d*%d = %ld, but the world has %d "
+                        "ranks",
                         dp, tp, pp, cp, prod, world);
     *g = (topo_grid){.dp = dp, .tp = tp, .pp = pp, .cp = cp, .ep = ep, .world = (int)prod};
     return 0;
@@ -50,7 +53,7 @@ int topo_rank_of(const topo_grid *g, int tp, int cp, int dp, int pp) {
 }
 
 const char *topo_kind_name(topo_kind k) {
-    static const char *names[TOPO_NKINDS] = {"tp", "cp",  "dp",    "pp",   "dp_cp",
+    static const char *names[TOPO_NKINDS] = {"tp", "cp",     "dp",        "pp",   "dp_cp",
                                              "ep", "edp_cp", "embedding", "world"};
     return (unsigned)k < TOPO_NKINDS ? names[k] : "?";
 }
@@ -65,18 +68,35 @@ int topo_group(const topo_grid *g, topo_kind k, int rank, int *ranks, int *index
         int same_tp = o.tp == me.tp, same_cp = o.cp == me.cp, same_dp = o.dp == me.dp,
             same_pp = o.pp == me.pp, keep = 0;
         switch (k) {
-        case TOPO_TP: keep = same_cp && same_dp && same_pp; break;
-        case TOPO_CP: keep = same_tp && same_dp && same_pp; break;
-        case TOPO_DP: keep = same_tp && same_cp && same_pp; break;
-        case TOPO_PP: keep = same_tp && same_cp && same_dp; break;
-        case TOPO_DPCP: keep = same_tp && same_pp; break;
-        case TOPO_EP: keep = same_tp && same_cp && same_pp && o.edp == me.edp; break;
-        case TOPO_EDPCP: keep = same_tp && same_pp && o.ep == me.ep; break;
+        case TOPO_TP:
+            keep = same_cp && same_dp && same_pp;
+            break;
+        case TOPO_CP:
+            keep = same_tp && same_dp && same_pp;
+            break;
+        case TOPO_DP:
+            keep = same_tp && same_cp && same_pp;
+            break;
+        case TOPO_PP:
+            keep = same_tp && same_cp && same_dp;
+            break;
+        case TOPO_DPCP:
+            keep = same_tp && same_pp;
+            break;
+        case TOPO_EP:
+            keep = same_tp && same_cp && same_pp && o.edp == me.edp;
+            break;
+        case TOPO_EDPCP:
+            keep = same_tp && same_pp && o.ep == me.ep;
+            break;
         case TOPO_EMB:
             keep = same_tp && same_cp && same_dp && (o.pp == 0 || o.pp == g->pp - 1);
             break;
-        case TOPO_WORLD: keep = 1; break;
-        default: UST_ASSERT(0, "group kind %d", (int)k);
+        case TOPO_WORLD:
+            keep = 1;
+            break;
+        default:
+            UST_ASSERT(0, "group kind %d", (int)k);
         }
         if (!keep) continue;
         if (r == rank && index) *index = n;
@@ -93,8 +113,9 @@ int topo_group(const topo_grid *g, topo_kind k, int rank, int *ranks, int *index
 }
 
 void topo_print(const topo_grid *g, FILE *f) {
-    fprintf(f, "topology: world %d = dp %d x tp %d x pp %d x cp %d (ep %d, expert-dp %d); rank "
-               "order tp, cp, dp, pp\n",
+    fprintf(f,
+            "topology: world %d = dp %d x tp %d x pp %d x cp %d (ep %d, expert-dp %d); rank "
+            "order tp, cp, dp, pp\n",
             g->world, g->dp, g->tp, g->pp, g->cp, g->ep, g->dp / g->ep);
     int *ranks = malloc(sizeof(int) * (size_t)g->world);
     int *first = malloc(sizeof(int) * (size_t)g->world);
@@ -107,15 +128,33 @@ void topo_print(const topo_grid *g, FILE *f) {
             topo_coord o = topo_coords(g, r);
             int lowest = 0;
             switch ((topo_kind)k) {
-            case TOPO_TP: lowest = o.tp == 0; break;
-            case TOPO_CP: lowest = o.cp == 0; break;
-            case TOPO_DP: lowest = o.dp == 0; break;
-            case TOPO_PP: lowest = o.pp == 0; break;
-            case TOPO_DPCP: lowest = o.dp == 0 && o.cp == 0; break;
-            case TOPO_EP: lowest = o.ep == 0; break;
-            case TOPO_EDPCP: lowest = o.edp == 0 && o.cp == 0; break;
-            case TOPO_EMB: lowest = o.pp == 0 || o.pp < g->pp - 1; break;
-            default: lowest = r == 0; break;
+            case TOPO_TP:
+                lowest = o.tp == 0;
+                break;
+            case TOPO_CP:
+                lowest = o.cp == 0;
+                break;
+            case TOPO_DP:
+                lowest = o.dp == 0;
+                break;
+            case TOPO_PP:
+                lowest = o.pp == 0;
+                break;
+            case TOPO_DPCP:
+                lowest = o.dp == 0 && o.cp == 0;
+                break;
+            case TOPO_EP:
+                lowest = o.ep == 0;
+                break;
+            case TOPO_EDPCP:
+                lowest = o.edp == 0 && o.cp == 0;
+                break;
+            case TOPO_EMB:
+                lowest = o.pp == 0 || o.pp < g->pp - 1;
+                break;
+            default:
+                lowest = r == 0;
+                break;
             }
             if (lowest) first[ngroups++] = r;
         }

@@ -98,8 +98,8 @@ void tp_allreduce(ust_tp *tp, float *x, int64_t n) {
     wait_timed(tp, &r, 1);
 }
 
-void tp_row_linear_fwd(ust_tp *tp, float *out, const float *inp, const float *w,
-                       const float *bias, int N, int C_local, int OC) {
+void tp_row_linear_fwd(ust_tp *tp, float *out, const float *inp, const float *w, const float *bias,
+                       int N, int C_local, int OC) {
     float *sum = tp->sp ? tp->partial : out;
     UST_ASSERT(!tp->sp || (OC == tp->width && N == tp->max_rows), "sp rows %d x %d", N, OC);
     tp->ops->linear_fwd(tp->ops, sum, inp, w, tp_is_first(tp) ? bias : NULL, N, C_local, OC);
@@ -155,6 +155,6 @@ void tp_xent(ust_tp *tp, float *losses, float *logits, const int32_t *targets, i
     for (int s = 1; s < tp->n; s++)
         o->attention_merge(o, tp->merge_out, lse, tp->merge_out2, tp->lse_all + (int64_t)s * N, 1,
                            N, 1, 1);
-    o->xent_vp_finish(o, losses, dscale > 0 ? logits : NULL, logits, targets, lse, tp->tlogit, N,
-                      V, v0, v_real, dscale);
+    o->xent_vp_finish(o, losses, dscale > 0 ? logits : NULL, logits, targets, lse, tp->tlogit, N, V,
+                      v0, v_real, dscale);
 }

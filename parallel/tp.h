@@ -61,8 +61,8 @@ void tp_allreduce(ust_tp *tp, float *x, int64_t n);
 
 /* out = inp(N,C_local) @ w(OC,C_local)^T summed over the group, + bias once; out holds this
  * rank's rows (all N without sp; OC must be the model width under sp). */
-void tp_row_linear_fwd(ust_tp *tp, float *out, const float *inp, const float *w,
-                       const float *bias, int N, int C_local, int OC);
+void tp_row_linear_fwd(ust_tp *tp, float *out, const float *inp, const float *w, const float *bias,
+                       int N, int C_local, int OC);
 
 /* out = wte[tok] (this rank's vocabulary rows, summed over the group) + wpe[pos], for this
  * rank's token rows; backward takes the gradient of those rows. */

@@ -47,9 +47,7 @@ static void read_text(const char *path, char *out, size_t n) {
 static const ckpt_tensor T3[3] = {{"model.layers.0.A.weight", 2, {6, 5}},
                                   {"model.norm.weight", 1, {7, 0}},
                                   {"lm_head.weight", 2, {4, 3}}};
-static float value(int i, int64_t k, float salt) {
-    return salt + 1000.0f * (float)i + (float)k;
-}
+static float value(int i, int64_t k, float salt) { return salt + 1000.0f * (float)i + (float)k; }
 
 static void fill_whole(int i, float salt, float *out) {
     ckpt_slice s = ckpt_whole(&T3[i]);
@@ -499,9 +497,7 @@ typedef struct {
     char msg[1024];
 } rank_arg;
 
-static void barrier_wait(void *b) {
-    pthread_barrier_wait(b);
-}
+static void barrier_wait(void *b) { pthread_barrier_wait(b); }
 
 static void *rank_main(void *va) {
     rank_arg *a = va;

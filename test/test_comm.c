@@ -75,7 +75,10 @@ typedef struct {
     comm_p2p p2p[4];
     void *pbuf[4];
     comm_req req;
-    struct { void *host, *dev; size_t bytes; } mir[4]; /* device mirrors (NCCL) */
+    struct {
+        void *host, *dev;
+        size_t bytes;
+    } mir[4]; /* device mirrors (NCCL) */
     int nmir;
 } job;
 
@@ -193,8 +196,11 @@ static void job_post(job *J) {
         J->req = comm_sendrecv(c, J->p2p, 4, J->t);
         break;
     }
-    case COMM_BARRIER: J->req = comm_barrier(c); break;
-    default: break;
+    case COMM_BARRIER:
+        J->req = comm_barrier(c);
+        break;
+    default:
+        break;
     }
 }
 
@@ -261,7 +267,8 @@ static int job_verify(job *J, char *why, size_t cap) {
         }
         break;
     }
-    default: break;
+    default:
+        break;
     }
     return 0;
 #undef MISMATCH
@@ -323,31 +330,56 @@ static void case_world_collectives(env *E) {
                 for (int op = 0; op < 2; op++) {
                     snprintf(name, sizeof name, "allreduce_%s_%s_%zu%s", tn, op ? "avg" : "sum",
                              cnt, ip ? "_inplace" : "");
-                    run_one(E, name, (job){.kind = COMM_ALLREDUCE, .c = E->world, .t = dt,
-                                           .op = op ? COMM_AVG : COMM_SUM, .count = cnt,
-                                           .inplace = ip, .salt = (int)si});
+                    run_one(E, name,
+                            (job){.kind = COMM_ALLREDUCE,
+                                  .c = E->world,
+                                  .t = dt,
+                                  .op = op ? COMM_AVG : COMM_SUM,
+                                  .count = cnt,
+                                  .inplace = ip,
+                                  .salt = (int)si});
                     snprintf(name, sizeof name, "reduce_scatter_%s_%s_%zu%s", tn,
                              op ? "avg" : "sum", cnt / (size_t)(big ? n : 1), ip ? "_inplace" : "");
-                    run_one(E, name, (job){.kind = COMM_REDUCE_SCATTER, .c = E->world, .t = dt,
-                                           .op = op ? COMM_AVG : COMM_SUM,
-                                           .count = cnt / (size_t)(big ? n : 1), .inplace = ip,
-                                           .salt = (int)si + 1});
+                    run_one(E, name,
+                            (job){.kind = COMM_REDUCE_SCATTER,
+                                  .c = E->world,
+                                  .t = dt,
+                                  .op = op ? COMM_AVG : COMM_SUM,
+                                  .count = cnt / (size_t)(big ? n : 1),
+                                  .inplace = ip,
+                                  .salt = (int)si + 1});
                 }
                 snprintf(name, sizeof name, "allgather_%s_%zu%s", tn, cnt / (size_t)(big ? n : 1),
                          ip ? "_inplace" : "");
-                run_one(E, name, (job){.kind = COMM_ALLGATHER, .c = E->world, .t = dt,
-                                       .count = cnt / (size_t)(big ? n : 1), .inplace = ip,
-                                       .salt = (int)si + 2});
+                run_one(E, name,
+                        (job){.kind = COMM_ALLGATHER,
+                              .c = E->world,
+                              .t = dt,
+                              .count = cnt / (size_t)(big ? n : 1),
+                              .inplace = ip,
+                              .salt = (int)si + 2});
             }
             snprintf(name, sizeof name, "broadcast_%s_%zu_root_last", tn, cnt);
-            run_one(E, name, (job){.kind = COMM_BROADCAST, .c = E->world, .t = dt, .count = cnt,
-                                   .root = n - 1, .salt = (int)si});
+            run_one(E, name,
+                    (job){.kind = COMM_BROADCAST,
+                          .c = E->world,
+                          .t = dt,
+                          .count = cnt,
+                          .root = n - 1,
+                          .salt = (int)si});
             snprintf(name, sizeof name, "alltoall_%s_%zu", tn, cnt / (size_t)n);
-            run_one(E, name, (job){.kind = COMM_ALLTOALL, .c = E->world, .t = dt,
-                                   .count = cnt / (size_t)n, .inplace = 1, .salt = (int)si});
+            run_one(E, name,
+                    (job){.kind = COMM_ALLTOALL,
+                          .c = E->world,
+                          .t = dt,
+                          .count = cnt / (size_t)n,
+                          .inplace = 1,
+                          .salt = (int)si});
             snprintf(name, sizeof name, "sendrecv_ring_both_directions_%s_%zu", tn, cnt);
-            run_one(E, name, (job){.kind = COMM_SENDRECV, .c = E->world, .t = dt, .count = cnt,
-                                   .salt = (int)si});
+            run_one(
+                E, name,
+                (job){
+                    .kind = COMM_SENDRECV, .c = E->world, .t = dt, .count = cnt, .salt = (int)si});
         }
         snprintf(name, sizeof name, "alltoallv_uneven_counts_with_zeros_%s", tn);
         run_one(E, name, (job){.kind = COMM_ALLTOALL, .c = E->world, .t = dt, .salt = 3});
@@ -376,12 +408,16 @@ static void case_topology_groups_interleaved(env *E, const int grid[5]) {
     for (int round = 0; round < 2; round++)
         for (int k = 0; k < TOPO_NKINDS; k++) {
             static const comm_kind kinds[TOPO_NKINDS] = {
-                COMM_ALLREDUCE, COMM_ALLGATHER, COMM_ALLREDUCE,      COMM_SENDRECV, COMM_REDUCE_SCATTER,
+                COMM_ALLREDUCE, COMM_ALLGATHER, COMM_ALLREDUCE, COMM_SENDRECV, COMM_REDUCE_SCATTER,
                 COMM_ALLTOALL,  COMM_ALLREDUCE, COMM_BROADCAST, COMM_ALLGATHER};
             comm_kind kk = round ? kinds[(k + 3) % TOPO_NKINDS] : kinds[k];
-            J[nj] = (job){.kind = kk, .c = T.comm[k], .t = round ? COMM_BF16 : COMM_FP32,
-                          .count = 3000 + (size_t)k * 11, .salt = k + 10 * round,
-                          .root = comm_size(T.comm[k]) - 1, .inplace = kk == COMM_ALLTOALL};
+            J[nj] = (job){.kind = kk,
+                          .c = T.comm[k],
+                          .t = round ? COMM_BF16 : COMM_FP32,
+                          .count = 3000 + (size_t)k * 11,
+                          .salt = k + 10 * round,
+                          .root = comm_size(T.comm[k]) - 1,
+                          .inplace = kk == COMM_ALLTOALL};
             job_post(&J[nj++]);
         }
     int bad = 0;
@@ -441,8 +477,11 @@ static void case_wait_last_completes_earlier(env *E) {
     ust_comm *c = E->world;
     job J[5];
     for (int i = 0; i < 5; i++) {
-        J[i] = (job){.kind = i % 2 ? COMM_ALLGATHER : COMM_ALLREDUCE, .c = c, .t = COMM_FP32,
-                     .count = 777 + (size_t)i, .salt = i};
+        J[i] = (job){.kind = i % 2 ? COMM_ALLGATHER : COMM_ALLREDUCE,
+                     .c = c,
+                     .t = COMM_FP32,
+                     .count = 777 + (size_t)i,
+                     .salt = i};
         job_post(&J[i]);
     }
     comm_wait(&J[4].req);
@@ -496,10 +535,13 @@ static int child_main(void) {
     if (!g_dev) case_byte_counters(&E); /* uses host buffers; counting is backend-independent */
     case_wait_last_completes_earlier(&E);
     static const int grids[][5] = {/* dp tp pp cp ep, by world size */
-                                   [1] = {1, 1, 1, 1, 1}, [2] = {1, 2, 1, 1, 1},
-                                   [3] = {3, 1, 1, 1, 3}, [4] = {2, 2, 1, 1, 2},
+                                   [1] = {1, 1, 1, 1, 1},
+                                   [2] = {1, 2, 1, 1, 1},
+                                   [3] = {3, 1, 1, 1, 3},
+                                   [4] = {2, 2, 1, 1, 2},
                                    [8] = {2, 2, 2, 1, 2}};
-    if (E.boot.world < 9 && grids[E.boot.world][0]) case_topology_groups_interleaved(&E, grids[E.boot.world]);
+    if (E.boot.world < 9 && grids[E.boot.world][0])
+        case_topology_groups_interleaved(&E, grids[E.boot.world]);
     if (E.boot.world == 8) case_topology_groups_interleaved(&E, (int[]){2, 1, 2, 2, 2});
     if (E.boot.world == 4) case_topology_groups_interleaved(&E, (int[]){1, 1, 2, 2, 1});
     comm_ctx_free(E.ctx);
@@ -514,7 +556,8 @@ static int free_port(void) {
     int s = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t l = sizeof a;
-    if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) || getsockname(s, (struct sockaddr *)&a, &l))
+    if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) ||
+        getsockname(s, (struct sockaddr *)&a, &l))
         return 29500 + (int)(getpid() % 1000);
     close(s);
     return ntohs(a.sin_port);
@@ -721,7 +764,9 @@ static void multinode_case(void) {
     char *o = slurp(path);
     if (res.rc[0] != 2 || res.rc[1] != 2 || !strstr(o, "one node") || !strstr(o, "2 nodes"))
         printf("FAIL comm_w2_shm_refuses_a_job_on_two_nodes: exit codes %d %d; rank 0 said: "
-               "%.400s\n", res.rc[0], res.rc[1], o), t_nfail++;
+               "%.400s\n",
+               res.rc[0], res.rc[1], o),
+            t_nfail++;
     else
         printf("PASS comm_w2_shm_refuses_a_job_on_two_nodes\n"), t_npass++;
     free(o);

@@ -10,9 +10,7 @@
 #include "test.h"
 
 /* Messages pass through an opaque pointer so that -Wformat-truncation does not size them. */
-__attribute__((noinline)) static const char *txt(const char *s) {
-    return s;
-}
+__attribute__((noinline)) static const char *txt(const char *s) { return s; }
 
 /* DESIGN.md section 1, verbatim: it must load to exactly the defaults. */
 static const char *DESIGN_YAML =

@@ -93,8 +93,7 @@ static int gclose(const char *what, const float *d, const float *ref, int64_t n,
     return ok;
 }
 
-#define CHECK_G(what, d, ref, n, atol, rtol)                                                       \
-    CHECK(gclose(what, d, ref, n, atol, rtol), "%s", msg)
+#define CHECK_G(what, d, ref, n, atol, rtol) CHECK(gclose(what, d, ref, n, atol, rtol), "%s", msg)
 
 #define ATOL 1e-4
 #define RTOL 1e-4
@@ -206,7 +205,8 @@ static void test_cuda_bf16_matmul_within_bf16_rounding_of_fp32(void) {
             gfree(dA), gfree(dB), gfree(dC);
         }
     ops_cuda_set_bf16(GPU, 0);
-    CHECK(worst_seen > 1e-4, "largest bf16 error %.3g: the matmul did not round to bf16", worst_seen);
+    CHECK(worst_seen > 1e-4, "largest bf16 error %.3g: the matmul did not round to bf16",
+          worst_seen);
 }
 
 /* ---------------------------------------------------------------- linear */
@@ -260,8 +260,8 @@ static void test_cuda_embedding_matches_cpu_vocab_slice_positions_repeats(void) 
     for (int with_pos = 0; with_pos < 2; with_pos++) {
         CPU->embedding_fwd(CPU, out, tok, with_pos ? pos : NULL, wte, with_pos ? wpe : NULL, B, T,
                            C, vs, ve);
-        GPU->embedding_fwd(GPU, gout, gtok, with_pos ? gpos : NULL, gwte, with_pos ? gwpe : NULL,
-                           B, T, C, vs, ve);
+        GPU->embedding_fwd(GPU, gout, gtok, with_pos ? gpos : NULL, gwte, with_pos ? gwpe : NULL, B,
+                           T, C, vs, ve);
         CHECK_G("embedding out", gout, out, B * T * C, 0, 0);
     }
     float *dout = hrand(B * T * C, 1), *gdo = gup(dout, B * T * C);
@@ -649,7 +649,8 @@ static int model_3_steps_match(ust_arch arch) {
     int32_t in[MB * MT], tgt[MB * MT];
     int ok = 1;
     for (int step = 1; step <= 3 && ok; step++) {
-        for (int i = 0; i < MB * MT; i++) in[i] = irand(c.model.vocab_size), tgt[i] = irand(c.model.vocab_size);
+        for (int i = 0; i < MB * MT; i++)
+            in[i] = irand(c.model.vocab_size), tgt[i] = irand(c.model.vocab_size);
         tgt[5] = -1;
         int64_t nt1 = 0, nt2 = 0;
         model_zero_grads(mc);
@@ -673,7 +674,8 @@ static int model_3_steps_match(ust_arch arch) {
         CPU->axpy(CPU, model_params(mc), -0.1f, model_grads(mc), n);
         GPU->axpy(GPU, model_params(mg), -0.1f, model_grads(mg), n);
     }
-    if (ok) ok = gclose("parameters after 3 steps", model_params(mg), model_params(mc), n, 1e-5, 1e-4);
+    if (ok)
+        ok = gclose("parameters after 3 steps", model_params(mg), model_params(mc), n, 1e-5, 1e-4);
     model_destroy(mc);
     model_destroy(mg);
     mem_release(&ac);
@@ -699,7 +701,8 @@ static void test_cuda_tiny_model_bf16_close_to_fp32_cpu(void) {
     model_init_params(mc, 11);
     model_init_params(mg, 11);
     int32_t in[MB * MT], tgt[MB * MT];
-    for (int i = 0; i < MB * MT; i++) in[i] = irand(c.model.vocab_size), tgt[i] = irand(c.model.vocab_size);
+    for (int i = 0; i < MB * MT; i++)
+        in[i] = irand(c.model.vocab_size), tgt[i] = irand(c.model.vocab_size);
     int64_t n = model_numel(mc), nt = 0;
     model_zero_grads(mc);
     model_zero_grads(mg);
@@ -712,7 +715,8 @@ static void test_cuda_tiny_model_bf16_close_to_fp32_cpu(void) {
     float *gg = gdown(model_grads(mg), n);
     const float *gc = model_grads(mc);
     double dot = 0, n1 = 0, n2 = 0;
-    for (int64_t i = 0; i < n; i++) dot += (double)gg[i] * gc[i], n1 += (double)gc[i] * gc[i], n2 += (double)gg[i] * gg[i];
+    for (int64_t i = 0; i < n; i++)
+        dot += (double)gg[i] * gc[i], n1 += (double)gc[i] * gc[i], n2 += (double)gg[i] * gg[i];
     free(gg);
     model_destroy(mc);
     model_destroy(mg);

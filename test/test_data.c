@@ -37,9 +37,7 @@ static long file_size(const char *path) {
 /* Three shards of 10, 7 and 13 tokens; token k of the stream is 3*k + 1 (shard 2 in uint32
  * with a large id, so it has to be the uint32 format). */
 #define NTOK 30
-static int32_t stream_tok(int64_t k) {
-    return k == 25 ? 70000 : (int32_t)(3 * k + 1);
-}
+static int32_t stream_tok(int64_t k) { return k == 25 ? 70000 : (int32_t)(3 * k + 1); }
 
 static int make_three_shards(char *dir, size_t n) {
     mkdir_in(dir, n, "three");

@@ -170,10 +170,12 @@ static double ref_loss(fixture *f, const int32_t *in, const int32_t *tgt) {
                     }
                 }
             for (int t = 0; t < TT; t++) {
-                ref_linear(tmp, atts + t * H * D, P(f, "model.layers.%d.self_attn.o_proj.weight", l),
+                ref_linear(tmp, atts + t * H * D,
+                           P(f, "model.layers.%d.self_attn.o_proj.weight", l),
                            P(f, "model.layers.%d.self_attn.o_proj.bias", l), C, H * D);
                 for (int i = 0; i < C; i++) x[t * C + i] += tmp[i];
-                ref_norm(c, h, x + t * C, P(f, "model.layers.%d.post_attention_layernorm.weight", l),
+                ref_norm(c, h, x + t * C,
+                         P(f, "model.layers.%d.post_attention_layernorm.weight", l),
                          P(f, "model.layers.%d.post_attention_layernorm.bias", l), C);
                 ref_linear(u, h, P(f, "model.layers.%d.mlp.up_proj.weight", l),
                            P(f, "model.layers.%d.mlp.up_proj.bias", l), F, C);
@@ -328,7 +330,8 @@ static void test_init_is_keyed_by_seed_name_and_index(void) {
     float one = model_params(f.m)[model_param_at(f.m, ln)->offset + 5];
     int wo = model_find_param(f.m, "model.layers.0.self_attn.o_proj.weight");
     float o = model_params(f.m)[model_param_at(f.m, wo)->offset];
-    float o_want = 0.02f / sqrtf(4.0f) * rng_normal(1234, rng_hash_str(model_param_at(f.m, wo)->name), 0);
+    float o_want =
+        0.02f / sqrtf(4.0f) * rng_normal(1234, rng_hash_str(model_param_at(f.m, wo)->name), 0);
     fixture_free(&f);
     CHECK(i >= 0 && got == want, "k_proj[37] = %g, expected %g", got, want);
     CHECK(one == 1.0f, "norm weight initialized to %g", one);
@@ -341,8 +344,10 @@ static void test_parameter_names_and_shapes_are_canonical(void) {
     int k = model_find_param(f.m, "model.layers.0.self_attn.k_proj.weight");
     int d = model_find_param(f.m, "model.layers.1.mlp.down_proj.weight");
     int lm = model_find_param(f.m, "lm_head.weight");
-    int64_t k0 = model_param_at(f.m, k)->whole.shape[0], k1 = model_param_at(f.m, k)->whole.shape[1];
-    int64_t d0 = model_param_at(f.m, d)->whole.shape[0], d1 = model_param_at(f.m, d)->whole.shape[1];
+    int64_t k0 = model_param_at(f.m, k)->whole.shape[0],
+            k1 = model_param_at(f.m, k)->whole.shape[1];
+    int64_t d0 = model_param_at(f.m, d)->whole.shape[0],
+            d1 = model_param_at(f.m, d)->whole.shape[1];
     int64_t v0 = lm >= 0 ? model_param_at(f.m, lm)->whole.shape[0] : -1;
     int n = model_num_params(f.m);
     fixture_free(&f);
@@ -358,13 +363,20 @@ static void test_parameter_names_and_shapes_are_canonical(void) {
 static int write_llmc(const char *path, const ust_config *c) {
     FILE *f = fopen(path, "wb");
     if (!f) return -1;
-    int32_t h[256] = {20240326, 3, c->model.max_seq_len, c->model.vocab_size, c->model.n_layer,
-                      c->model.n_head, c->model.d_model, cfg_vocab_padded(c)};
+    int32_t h[256] = {20240326,
+                      3,
+                      c->model.max_seq_len,
+                      c->model.vocab_size,
+                      c->model.n_layer,
+                      c->model.n_head,
+                      c->model.d_model,
+                      cfg_vocab_padded(c)};
     fwrite(h, sizeof h, 1, f);
     int64_t C = c->model.d_model, L = c->model.n_layer, Vp = cfg_vocab_padded(c);
-    int64_t n = Vp * C + c->model.max_seq_len * C + L * (2 * C + 3 * C * C + 3 * C + C * C + C +
-                                                          2 * C + 4 * C * C + 4 * C + 4 * C * C + C) +
-                2 * C;
+    int64_t n =
+        Vp * C + c->model.max_seq_len * C +
+        L * (2 * C + 3 * C * C + 3 * C + C * C + C + 2 * C + 4 * C * C + 4 * C + 4 * C * C + C) +
+        2 * C;
     for (int64_t i = 0; i < n; i++) {
         float x = 0.05f * rng_normal(11, 0, i);
         fwrite(&x, 4, 1, f);
@@ -386,7 +398,8 @@ static void test_llmc_import_gives_the_reference_loss(void) {
     /* spot check the layout: the first q_proj row comes right after the layer norms */
     int q = model_find_param(f.m, "model.layers.0.self_attn.q_proj.weight");
     int64_t C = 32, Vp = 64, off = Vp * C + 16 * C + 2 * 2 * C; /* wte, wpe, ln1 w+b of 2 layers */
-    float expect_q0 = 0.05f * rng_normal(11, 0, off), got_q0 = model_params(f.m)[model_param_at(f.m, q)->offset];
+    float expect_q0 = 0.05f * rng_normal(11, 0, off),
+          got_q0 = model_params(f.m)[model_param_at(f.m, q)->offset];
     fixture_free(&f);
     remove(path);
     CHECK(rc == 0, "model_load_llmc: %s", e.msg);

@@ -144,7 +144,8 @@ static void ref_matmul(double *C, const float *C0, const float *A, const float *
         for (int j = 0; j < N; j++) {
             double s = 0.0;
             for (int k = 0; k < K; k++)
-                s += (double)(tA ? A[k * M + i] : A[i * K + k]) * (tB ? B[j * K + k] : B[k * N + j]);
+                s +=
+                    (double)(tA ? A[k * M + i] : A[i * K + k]) * (tB ? B[j * K + k] : B[k * N + j]);
             C[i * N + j] = alpha * s + beta * C0[i * N + j];
         }
 }
@@ -166,8 +167,8 @@ static void test_matmul_all_transpose_combos_with_alpha_beta_match_reference(voi
                     int ok = close_d("C", C, ref, M * N, 2e-5, 1e-5);
                     free(ref);
                     fr(A), fr(B), fr(C), fr(C0);
-                    CHECK(ok, "M=%d N=%d K=%d tA=%d tB=%d beta=%g: %s", M, N, K, tA, tB,
-                          betas[bi], msg);
+                    CHECK(ok, "M=%d N=%d K=%d tA=%d tB=%d beta=%g: %s", M, N, K, tA, tB, betas[bi],
+                          msg);
                 }
 }
 
@@ -220,8 +221,8 @@ static void test_linear_forward_matches_reference_with_and_without_bias(void) {
 /* Linear in each input, so the central difference has no truncation error. */
 static void test_linear_backward_matches_finite_differences_and_accumulates(void) {
     int N = 6, C = 5, OC = 7;
-    lin_ctx c = {randv(N * C, 1), randv(OC * C, 1), randv(OC, 1), fbuf(N * OC), randv(N * OC, 1),
-                 N, C, OC};
+    lin_ctx c = {
+        randv(N * C, 1), randv(OC * C, 1), randv(OC, 1), fbuf(N * OC), randv(N * OC, 1), N, C, OC};
     float *dinp = randv(N * C, 1); /* garbage: must be overwritten */
     float *dw0 = randv(OC * C, 1), *db0 = randv(OC, 1);
     float *dw = dupv(dw0, OC * C), *db = dupv(db0, OC);
@@ -260,8 +261,8 @@ static void test_embedding_forward_takes_its_vocab_slice_and_adds_positions(void
     float *wte = randv((EVE - EVS) * EC, 1), *wpe = randv(EP * EC, 1), *out = fbuf(EB * ET * EC);
     double ref[EB * ET * EC];
     for (int with_pos = 0; with_pos < 2; with_pos++) {
-        O->embedding_fwd(O, out, e_tok, with_pos ? e_pos : NULL, wte, with_pos ? wpe : NULL, EB,
-                         ET, EC, EVS, EVE);
+        O->embedding_fwd(O, out, e_tok, with_pos ? e_pos : NULL, wte, with_pos ? wpe : NULL, EB, ET,
+                         EC, EVS, EVE);
         for (int r = 0; r < EB * ET; r++)
             for (int c = 0; c < EC; c++) {
                 int id = e_tok[r];
@@ -269,8 +270,7 @@ static void test_embedding_forward_takes_its_vocab_slice_and_adds_positions(void
                 if (with_pos) v += wpe[e_pos[r % ET] * EC + c];
                 ref[r * EC + c] = v;
             }
-        CHECK(close_d("out", out, ref, EB * ET * EC, 1e-6, 1e-6), "with_pos=%d: %s", with_pos,
-              msg);
+        CHECK(close_d("out", out, ref, EB * ET * EC, 1e-6, 1e-6), "with_pos=%d: %s", with_pos, msg);
     }
     fr(wte), fr(wpe), fr(out);
 }
@@ -282,7 +282,8 @@ static void test_embedding_backward_matches_finite_differences_and_accumulates(v
     float *dwte = dupv(dwte0, (EVE - EVS) * EC), *dwpe = dupv(dwpe0, EP * EC);
     O->embedding_bwd(O, dwte, dwpe, c.R, e_tok, e_pos, EB, ET, EC, EVS, EVE);
     float *gte = diffv(dwte, dwte0, (EVE - EVS) * EC), *gpe = diffv(dwpe, dwpe0, EP * EC);
-    CHECK(fd_ok("dwte", c.wte, gte, (EVE - EVS) * EC, emb_loss, &c, 1e-2f, FD_ATOL, FD_RTOL), "%s", msg);
+    CHECK(fd_ok("dwte", c.wte, gte, (EVE - EVS) * EC, emb_loss, &c, 1e-2f, FD_ATOL, FD_RTOL), "%s",
+          msg);
     CHECK(fd_ok("dwpe", c.wpe, gpe, EP * EC, emb_loss, &c, 1e-2f, FD_ATOL, FD_RTOL), "%s", msg);
     fr(c.wte), fr(c.wpe), fr(c.out), fr(c.R), fr(dwte0), fr(dwpe0), fr(dwte), fr(dwpe), fr(gte);
     fr(gpe);
@@ -305,8 +306,8 @@ static double norm_loss(void *p) {
 }
 
 static norm_ctx norm_make(int N, int C, int rms) {
-    norm_ctx c = {randv(N * C, 1), randv(C, 1), randv(C, 1), fbuf(N * C), fbuf(N), fbuf(N),
-                  randv(N * C, 1), N, C, rms};
+    norm_ctx c = {randv(N * C, 1), randv(C, 1),     randv(C, 1), fbuf(N * C), fbuf(N),
+                  fbuf(N),         randv(N * C, 1), N,           C,           rms};
     for (int i = 0; i < N * C; i++) c.inp[i] += 0.3f; /* a nonzero mean for layernorm to remove */
     return c;
 }
@@ -326,7 +327,8 @@ static void test_layernorm_forward_matches_reference(void) {
         m /= c.C;
         for (int k = 0; k < c.C; k++) v += (c.inp[n * c.C + k] - m) * (c.inp[n * c.C + k] - m);
         double r = 1.0 / sqrt(v / c.C + 1e-5);
-        for (int k = 0; k < c.C; k++) ref[n * c.C + k] = (c.inp[n * c.C + k] - m) * r * c.w[k] + c.b[k];
+        for (int k = 0; k < c.C; k++)
+            ref[n * c.C + k] = (c.inp[n * c.C + k] - m) * r * c.w[k] + c.b[k];
         rmean[n] = m, rrstd[n] = r;
     }
     CHECK(close_d("out", c.out, ref, 5 * 13, 1e-5, 1e-5), "%s", msg);
@@ -497,8 +499,8 @@ typedef struct {
     float *q, *k, *v, *out, *lse, *R;
 } att_ctx;
 
-static att_ctx att_make(int B, int Tq, int Tk, int H, int Hkv, int D, int causal,
-                        const int32_t *qp, const int32_t *kp, float qscale) {
+static att_ctx att_make(int B, int Tq, int Tk, int H, int Hkv, int D, int causal, const int32_t *qp,
+                        const int32_t *kp, float qscale) {
     att_ctx c = {B, Tq, Tk, H, Hkv, D, causal, qp, kp, NULL, NULL, NULL, NULL, NULL, NULL};
     c.q = randv((int64_t)B * Tq * H * D, qscale);
     c.k = randv((int64_t)B * Tk * Hkv * D, 1.5f);
@@ -585,8 +587,8 @@ static int att_fwd_ok(att_ctx *c) {
                 ok = 0;
             }
         } else if (!(fabs(c->lse[i] - rl[i]) <= 1e-5 + 1e-5 * fabs(rl[i]))) {
-            snprintf(msg, sizeof msg, "lse[%lld]: got %.9g, expected %.9g", (long long)i,
-                     c->lse[i], rl[i]);
+            snprintf(msg, sizeof msg, "lse[%lld]: got %.9g, expected %.9g", (long long)i, c->lse[i],
+                     rl[i]);
             ok = 0;
         }
     }
@@ -678,10 +680,10 @@ static att_ctx att_subset(const att_ctx *full, const int *idx, int n, int32_t *k
     s.lse = fbuf((int64_t)full->B * full->H * full->Tq);
     for (int b = 0; b < full->B; b++)
         for (int j = 0; j < n; j++) {
-            memcpy(s.k + ((int64_t)b * n + j) * row, full->k + ((int64_t)b * full->Tk + idx[j]) * row,
-                   row * sizeof(float));
-            memcpy(s.v + ((int64_t)b * n + j) * row, full->v + ((int64_t)b * full->Tk + idx[j]) * row,
-                   row * sizeof(float));
+            memcpy(s.k + ((int64_t)b * n + j) * row,
+                   full->k + ((int64_t)b * full->Tk + idx[j]) * row, row * sizeof(float));
+            memcpy(s.v + ((int64_t)b * n + j) * row,
+                   full->v + ((int64_t)b * full->Tk + idx[j]) * row, row * sizeof(float));
             kpos[j] = full->kp[idx[j]];
         }
     return s;
@@ -704,8 +706,8 @@ static void test_attention_merge_of_two_key_sets_equals_attention_over_all_keys(
         att_fwd(O, b);
         O->attention_merge(O, a->out, a->lse, b->out, b->lse, full.B, full.Tq, full.H, full.D);
         /* the merged result rounds differently from one pass over all keys: ~1e-6 */
-        CHECK(close_f("merged out", a->out, full.out, nq(&full), 1e-5, 1e-4), "order %d: %s",
-              order, msg);
+        CHECK(close_f("merged out", a->out, full.out, nq(&full), 1e-5, 1e-4), "order %d: %s", order,
+              msg);
         for (int64_t i = 0; i < (int64_t)full.B * full.H * full.Tq; i++) {
             if (full.lse[i] == -INFINITY)
                 CHECK(a->lse[i] == -INFINITY, "order %d: merged lse[%lld] = %g, expected -inf",
@@ -828,8 +830,8 @@ static void test_xent_backward_matches_finite_differences_and_may_alias_logits(v
     float *dlogits = randv(XN * XV, 1), *losses = fbuf(XN);
     O->xent_fwd_bwd(O, losses, dlogits, c.logits, x_tgt, XN, XV, XVR, X_DSCALE);
     /* padding columns are not inputs of the loss, so finite differences give 0 there too */
-    CHECK(fd_ok("dlogits", c.logits, dlogits, XN * XV, xent_loss, &c, 1e-2f, FD_ATOL, FD_RTOL), "%s",
-          msg);
+    CHECK(fd_ok("dlogits", c.logits, dlogits, XN * XV, xent_loss, &c, 1e-2f, FD_ATOL, FD_RTOL),
+          "%s", msg);
     for (int n = 0; n < XN; n++)
         for (int v = 0; v < XV; v++)
             if (x_tgt[n] < 0 || v >= XVR)

@@ -11,9 +11,7 @@
 static const pps_costs COST = {.f = 1, .b = 2, .w = 0};
 static const pps_costs COST_ZB = {.f = 1, .b = 1, .w = 1};
 
-static pps_costs cost_of(ust_pp_schedule k) {
-    return k == PP_ZB ? COST_ZB : COST;
-}
+static pps_costs cost_of(ust_pp_schedule k) { return k == PP_ZB ? COST_ZB : COST; }
 
 static const int PS[] = {1, 2, 4}, MS[] = {1, 2, 4, 8, 16};
 #define N(a) (int)(sizeof a / sizeof *a)

@@ -54,7 +54,8 @@ static int expected_group(const topo_grid *g, topo_kind k, int r, int *out) {
     case TOPO_WORLD:
         for (int i = 0; i < g->world; i++) out[n++] = i;
         break;
-    default: break;
+    default:
+        break;
     }
     qsort(out, (size_t)n, sizeof(int), cmp_int);
     return n;
@@ -77,15 +78,18 @@ static int check_grid(int dp, int tp, int pp, int cp, int ep, char *why, size_t 
             int idx = -1, n = topo_group(&g, (topo_kind)k, r, a, &idx);
             int ne = expected_group(&g, (topo_kind)k, r, b);
             if (n != ne || memcmp(a, b, sizeof(int) * (size_t)n)) {
-                rc = (snprintf(why, cap, "grid dp%d tp%d pp%d cp%d ep%d: rank %d group %s has %d "
-                              "members (first %d), expected %d (first %d)",
-                              dp, tp, pp, cp, ep, r, topo_kind_name((topo_kind)k), n, a[0], ne,
-                              b[0]), -1);
+                rc = (snprintf(why, cap,
+                               "grid dp%d tp%d pp%d cp%d ep%d: rank %d group %s has %d "
+                               "members (first %d), expected %d (first %d)",
+                               dp, tp, pp, cp, ep, r, topo_kind_name((topo_kind)k), n, a[0], ne,
+                               b[0]),
+                      -1);
                 break;
             }
             if (idx < 0 || a[idx] != r) {
                 rc = (snprintf(why, cap, "rank %d: index %d in its %s group is wrong", r, idx,
-                              topo_kind_name((topo_kind)k)), -1);
+                               topo_kind_name((topo_kind)k)),
+                      -1);
                 break;
             }
             /* Partition: every member sees the same list. */
@@ -93,7 +97,8 @@ static int check_grid(int dp, int tp, int pp, int cp, int ep, char *why, size_t 
                 int n2 = topo_group(&g, (topo_kind)k, a[j], m, NULL);
                 if (n2 != n || memcmp(m, a, sizeof(int) * (size_t)n))
                     rc = (snprintf(why, cap, "%s group of rank %d differs from that of member %d",
-                                  topo_kind_name((topo_kind)k), r, a[j]), -1);
+                                   topo_kind_name((topo_kind)k), r, a[j]),
+                          -1);
             }
         }
     }
@@ -164,8 +169,7 @@ static void test_invalid_grids_are_refused_with_a_message(void) {
     topo_grid g;
     ust_err e;
     e.msg[0] = 0;
-    CHECK(topo_grid_init(&g, 4, 2, 1, 1, 3, 0, &e) == -1 && strstr(e.msg, "ep=3"), "ep: %s",
-          e.msg);
+    CHECK(topo_grid_init(&g, 4, 2, 1, 1, 3, 0, &e) == -1 && strstr(e.msg, "ep=3"), "ep: %s", e.msg);
     CHECK(topo_grid_init(&g, 2, 2, 2, 1, 1, 6, &e) == -1 && strstr(e.msg, "world has 6"),
           "world: %s", e.msg);
     CHECK(topo_grid_init(&g, 0, 1, 1, 1, 1, 0, &e) == -1 && strstr(e.msg, ">= 1"), "zero: %s",
@@ -192,7 +196,8 @@ static void test_printer_lists_every_group(void) {
 /* Every grid of the formula test: the printer lists each group exactly once (every rank
  * appears once per kind) and the line count is one per kind plus the header. */
 static void test_printer_lists_each_rank_once_per_kind(void) {
-    static const int grids[][5] = {{4, 2, 2, 2, 2}, {4, 1, 3, 1, 4}, {6, 2, 1, 1, 3}, {1, 1, 4, 1, 1}};
+    static const int grids[][5] = {
+        {4, 2, 2, 2, 2}, {4, 1, 3, 1, 4}, {6, 2, 1, 1, 3}, {1, 1, 4, 1, 1}};
     for (size_t gi = 0; gi < sizeof grids / sizeof *grids; gi++) {
         const int *q = grids[gi];
         topo_grid g;
@@ -211,8 +216,8 @@ static void test_printer_lists_each_rank_once_per_kind(void) {
             CHECK(p, "no ':' in %.80s", line + 1);
             while ((p = strpbrk(p, "0123456789")) && p < strchr(line + 1, '\n')) {
                 r = (int)strtol(p, &p, 10);
-                CHECK(r >= 0 && r < g.world && !seen[r], "rank %d twice or out of range: %.200s",
-                      r, line + 1);
+                CHECK(r >= 0 && r < g.world && !seen[r], "rank %d twice or out of range: %.200s", r,
+                      line + 1);
                 seen[r] = 1;
             }
             for (r = 0; r < g.world; r++) CHECK(seen[r], "rank %d missing: %.200s", r, line + 1);

@@ -91,7 +91,9 @@ static void check_plan(ust_arch arch, ust_recompute rc) {
 }
 
 static void test_memory_plan_matches_the_arena_gpt2(void) { check_plan(ARCH_GPT2, RECOMPUTE_NONE); }
-static void test_memory_plan_matches_the_arena_llama(void) { check_plan(ARCH_LLAMA, RECOMPUTE_NONE); }
+static void test_memory_plan_matches_the_arena_llama(void) {
+    check_plan(ARCH_LLAMA, RECOMPUTE_NONE);
+}
 static void test_memory_plan_matches_the_arena_selective(void) {
     check_plan(ARCH_LLAMA, RECOMPUTE_SELECTIVE);
 }
