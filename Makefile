@@ -20,9 +20,12 @@ LIB_OBJ := $(LIB_SRC:%.c=$(B)/%.o)
 CMD_OBJ := $(CMD_SRC:%.c=$(B)/%.o)
 TESTS   := $(TEST_SRC:test/%.c=$(B)/test/%)
 
-.PHONY: all deps test demo bench clean format
+.PHONY: all deps test test-asan demo bench clean format
 
-all: ustrain $(TESTS)
+# BIN: where the binary goes (other build directories, e.g. the sanitizer build, keep their own)
+BIN     ?= ustrain
+
+all: $(BIN) $(TESTS)
 
 deps:
 	@scripts/install-deps.sh
@@ -35,7 +38,7 @@ $(B)/libustrain.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-ustrain: $(CMD_OBJ) $(B)/libustrain.a
+$(BIN): $(CMD_OBJ) $(B)/libustrain.a
 	$(CC) $(LDFLAGS) -o $@ $(CMD_OBJ) $(B)/libustrain.a $(LDLIBS)
 
 $(B)/test/%: $(B)/test/%.o $(B)/libustrain.a
@@ -45,6 +48,14 @@ $(B)/test/%: $(B)/test/%.o $(B)/libustrain.a
 test: deps
 	$(MAKE) -j$$(nproc) all
 	test/run.sh
+
+# The whole suite on an AddressSanitizer + UndefinedBehaviorSanitizer build (CPU only), in its own
+# build directory with its own binary; any sanitizer report fails the test that triggered it.
+ASAN_OPT := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+test-asan: deps
+	$(MAKE) -j$$(nproc) B=build-asan BIN=build-asan/ustrain CUDA=0 OPT="$(ASAN_OPT)" \
+	    EXTRA_LDFLAGS="-fsanitize=address,undefined" all
+	BUILD=build-asan UST=build-asan/ustrain ASAN_OPTIONS=detect_leaks=0 test/run.sh
 
 # The README's main job: the bundled tiny default on CPU (writes the demo data when missing).
 demo: deps

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Runs every test program (build/test/test_*) and test script (test/sh/*.sh), counts the
-# PASS/FAIL lines they print and closes with "N passed, N failed". Exit 1 when anything failed
-# or a test program died without reporting.
+# Runs every test program ($BUILD/test/test_*, build/ by default) and test script (test/sh/*.sh),
+# counts the PASS/FAIL lines they print and closes with "N passed, N failed". Exit 1 when
+# anything failed or a test program died without reporting.
 cd "$(dirname "$0")/.." || exit 1
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE UST=./ustrain
+# BUILD: the build directory whose test programs run; UST: the binary the scripts use.
+BUILD=${BUILD:-build}
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE UST=${UST:-./ustrain}
+export TB=${TB:-$BUILD/test/test_bootstrap} TC=${TC:-$BUILD/test/test_cp}
 log=$(mktemp /tmp/ustrain-testlog.XXXXXX)
 crashed=0
 run_one() {
@@ -24,7 +27,7 @@ run_one() {
     fi
     rm -f "$out"
 }
-for t in build/test/test_*; do
+for t in "$BUILD"/test/test_*; do
     [ -x "$t" ] || continue
     run_one "$t" "$t"
 done

@@ -118,7 +118,7 @@ def main():
     p.add_argument("--name", default="")
     p.add_argument("--expect-fail", action="store_true")
     p.add_argument("--env", action="append", default=[])
-    p.add_argument("--ustrain", default="./ustrain")
+    p.add_argument("--ustrain", default=os.environ.get("UST", "./ustrain"))
     p.add_argument("--ustrun", default="scripts/ustrun")
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--save-layout", default=None,
