@@ -379,6 +379,32 @@ static double peak_flops(trainer *t) {
     return ops_measure_sgemm_flops(t->ops, 1024, 4); /* ~40 ms; smaller sizes under-report */
 }
 
+/* Where the counters stood when a step began, so its report shows what the step alone did. */
+typedef struct {
+    double t0, tp_s, cp_s;
+    uint64_t tp_bytes;
+} step_mark;
+
+static step_mark mark_step(trainer *t) {
+    return (step_mark){now_s(), t->tp.comm_s, model_cp_wait_s(t->m),
+                       bytes_sent(t->rt->topo.comm[TOPO_TP])};
+}
+
+/* The figures of the step just done (s already holds step, loss, lr, norm and time). */
+static void measure_step(trainer *t, const step_mark *m, double fpt, double peak, log_step *s) {
+    double tokens = (double)t->cfg->train.global_batch_size * t->cfg->train.seq_len;
+    s->tokens_per_s = tokens / (s->ms / 1e3);
+    s->mfu = fpt * s->tokens_per_s / (peak * t->rt->world); /* peak is one rank's */
+    s->peak_mem_bytes = t->arena.peak;
+    s->comm_bytes_tp = bytes_sent(t->rt->topo.comm[TOPO_TP]) - m->tp_bytes;
+    s->tp_comm_ms = 1e3 * (t->tp.comm_s - m->tp_s);
+    s->cp_wait_ms = 1e3 * (model_cp_wait_s(t->m) - m->cp_s);
+    s->mem_params = t->arena.bytes[MEM_PARAMS];
+    s->mem_grads = t->arena.bytes[MEM_GRADS];
+    s->mem_optim = t->arena.bytes[MEM_OPTIM];
+    s->mem_acts = t->arena.bytes[MEM_ACTS];
+}
+
 static int loop(trainer *t, const train_opts *opts, train_result *res) {
     const ust_config *c = t->cfg;
     ust_err e;
@@ -388,9 +414,7 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
     res->peak_flops = peak;
     res->flops_per_token = fpt;
     while (t->step < c->train.steps) {
-        double t0 = now_s();
-        uint64_t tp_bytes0 = bytes_sent(t->rt->topo.comm[TOPO_TP]);
-        double tp_s0 = t->tp.comm_s, cp_s0 = model_cp_wait_s(t->m);
+        step_mark mark = mark_step(t);
         double loss = forward_backward(t);
         double norm = dp_grad_norm(t->dp);
         double lr = optim_lr(c, t->step);
@@ -405,34 +429,22 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
             return UST_EXIT_RUNTIME;
         }
         if (finite) dp_optimizer_step(t->dp, lr, optim_clip_scale(c, norm), t->step);
-        uint64_t dp_bytes = dp_bytes_sent(t->dp); /* before validation adds its own gathers */
-        uint64_t tp_bytes = bytes_sent(t->rt->topo.comm[TOPO_TP]) - tp_bytes0;
-        t->step++;
-        t->sample_index += c->train.global_batch_size;
-        t->last_loss = loss;
-        double ms = 1e3 * (now_s() - t0);
-        int untimed = opts->untimed_steps > 0 ? opts->untimed_steps : 1;
-        if (t->step > first + untimed || c->train.steps - first <= untimed) sum_ms += ms, timed++;
-
-        log_step s = {.step = t->step,
+        log_step s = {.step = t->step + 1,
                       .steps = c->train.steps,
                       .loss = loss,
                       .lr = lr,
                       .grad_norm = norm,
-                      .ms = ms,
+                      .ms = 1e3 * (now_s() - mark.t0),
                       .val_loss = NAN,
-                      .skipped = !finite};
-        s.tokens_per_s = tokens / (ms / 1e3);
-        s.mfu = fpt * s.tokens_per_s / (peak * t->rt->world); /* peak is one rank's */
-        s.peak_mem_bytes = t->arena.peak;
-        s.comm_bytes_dp = dp_bytes;
-        s.comm_bytes_tp = tp_bytes;
-        s.tp_comm_ms = 1e3 * (t->tp.comm_s - tp_s0);
-        s.cp_wait_ms = 1e3 * (model_cp_wait_s(t->m) - cp_s0);
-        s.mem_params = t->arena.bytes[MEM_PARAMS];
-        s.mem_grads = t->arena.bytes[MEM_GRADS];
-        s.mem_optim = t->arena.bytes[MEM_OPTIM];
-        s.mem_acts = t->arena.bytes[MEM_ACTS];
+                      .skipped = !finite,
+                      .comm_bytes_dp = dp_bytes_sent(t->dp)}; /* before validation's gathers */
+        measure_step(t, &mark, fpt, peak, &s);
+        t->step++;
+        t->sample_index += c->train.global_batch_size;
+        t->last_loss = loss;
+        int untimed = opts->untimed_steps > 0 ? opts->untimed_steps : 1;
+        if (t->step > first + untimed || c->train.steps - first <= untimed)
+            sum_ms += s.ms, timed++;
         s.eta_s = (now_s() - t_start) / (t->step - first) * (c->train.steps - t->step);
         int last = t->step == c->train.steps;
         if (t->val && (t->step % c->data.val_every == 0 || last)) s.val_loss = validation_loss(t);
