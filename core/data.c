@@ -58,6 +58,86 @@ static int cmp_str(const void *a, const void *b) {
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* Megatron-LM's indexed dataset (MMapIndexedDataset, as preprocess_data.py writes it): PREFIX.bin
+ * holds the tokens of every sequence back to back; PREFIX.idx is the 9-byte magic "MMIDIDX\0\0",
+ * a uint64 version (1), a uint8 dtype code, uint64 sequence and document counts, then int32
+ * sizes[count] (tokens per sequence), int64 pointers[count] (byte offsets into .bin) and int64
+ * doc_idx[docs]. The stream is the sequences in index order, so the index must describe the
+ * .bin contiguously from byte 0 to its end. */
+#define MEGATRON_MAGIC "MMIDIDX\0\0"
+#define MEGATRON_HEADER 34 /* 9 + 8 + 1 + 8 + 8 */
+
+static int megatron_width(int code) { return code == 8 ? 2 : code == 4 ? 4 : 0; }
+
+static int open_megatron_index(shard *s, const char *bin_path, size_t bin_size, ust_err *e) {
+    char idx[UST_PATH_MAX + 8];
+    size_t n = strlen(bin_path);
+    if (n < 4 || strcmp(bin_path + n - 4, ".bin") != 0)
+        return ust_errf(e, "%s: a Megatron dataset is named PREFIX.bin (with PREFIX.idx beside it)",
+                        bin_path);
+    snprintf(idx, sizeof idx, "%.*s.idx", (int)(n - 4), bin_path);
+    FILE *f = fopen(idx, "rb");
+    if (!f) return ust_errf(e, "%s: cannot open its index %s: %s", bin_path, idx, strerror(errno));
+    unsigned char h[MEGATRON_HEADER];
+    int rc = -1;
+    int32_t *sizes = NULL;
+    int64_t *ptrs = NULL;
+    uint64_t version, count, docs;
+    if (fread(h, 1, sizeof h, f) != sizeof h || memcmp(h, MEGATRON_MAGIC, 9) != 0) {
+        ust_errf(e, "%s: not a Megatron index (bad magic or shorter than its header)", idx);
+        goto done;
+    }
+    memcpy(&version, h + 9, 8), memcpy(&count, h + 18, 8), memcpy(&docs, h + 26, 8);
+    s->width = megatron_width(h[17]);
+    if (version != 1 || !s->width) {
+        ust_errf(e,
+                 "%s: Megatron index version %llu, dtype code %d (read: version 1 with "
+                 "uint16 (8) or int32 (4) tokens)",
+                 idx, (unsigned long long)version, h[17]);
+        goto done;
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) || count > ((uint64_t)1 << 40) || docs > ((uint64_t)1 << 40) ||
+        (uint64_t)st.st_size != MEGATRON_HEADER + 12 * count + 8 * docs) {
+        ust_errf(e,
+                 "%s: truncated or inconsistent Megatron index (%llu sequences, %llu documents "
+                 "do not match its %lld bytes)",
+                 idx, (unsigned long long)count, (unsigned long long)docs, (long long)st.st_size);
+        goto done;
+    }
+    sizes = malloc((count ? count : 1) * sizeof *sizes);
+    ptrs = malloc((count ? count : 1) * sizeof *ptrs);
+    if (!sizes || !ptrs || fread(sizes, 4, count, f) != count ||
+        fread(ptrs, 8, count, f) != count) {
+        ust_errf(e, "%s: cannot read the Megatron index", idx);
+        goto done;
+    }
+    int64_t next = 0;
+    for (uint64_t i = 0; i < count; i++) {
+        if (sizes[i] < 0 || ptrs[i] != next) {
+            ust_errf(e,
+                     "%s: sequence %llu starts at byte %lld, expected %lld (only contiguous "
+                     "indexes are read)",
+                     idx, (unsigned long long)i, (long long)ptrs[i], (long long)next);
+            goto done;
+        }
+        next += (int64_t)sizes[i] * s->width;
+    }
+    if ((uint64_t)next != bin_size) {
+        ust_errf(e, "%s: the index describes %lld bytes of tokens but the file has %zu", bin_path,
+                 (long long)next, bin_size);
+        goto done;
+    }
+    s->tok = s->map;
+    s->ntok = next / s->width;
+    rc = 0;
+done:
+    free(sizes);
+    free(ptrs);
+    fclose(f);
+    return rc;
+}
+
 /* Maps one shard and checks its header, its size and every token id. */
 static int open_shard(shard *s, const char *path, ust_data_format fmt, int vocab_size, ust_err *e) {
     memset(s, 0, sizeof *s);
@@ -122,6 +202,8 @@ static int open_shard(shard *s, const char *path, ust_data_format fmt, int vocab
         s->width = 2;
         s->tok = base;
         s->ntok = (int64_t)(size / 2);
+    } else if (fmt == DATA_MEGATRON) {
+        if (open_megatron_index(s, path, size, e)) return -1;
     } else {
         return ust_errf(e, "%s: unknown data format %d", path, (int)fmt);
     }
@@ -143,11 +225,6 @@ static int open_shard(shard *s, const char *path, ust_data_format fmt, int vocab
 int data_open(ust_dataset **out, const char *glob_pattern, ust_data_format fmt, int vocab_size,
               ust_err *e) {
     *out = NULL;
-    if (fmt == DATA_MEGATRON)
-        return ust_errf(e,
-                        "data.format megatron: the Megatron .bin/.idx reader is not available yet "
-                        "(issue 11 will add it); convert the data to llm.c shards or use format "
-                        "llmc/nanogpt");
     if (!glob_pattern || !glob_pattern[0]) return ust_errf(e, "data: empty shard pattern");
     glob_t g;
     int rc = glob(glob_pattern, 0, NULL, &g);

@@ -1,7 +1,7 @@
 /* data: tokenized shards -> the run's deterministic sample order.
  * Shards matching a glob are mmap'd and concatenated in sorted order into one token stream.
  * Formats: llm.c (256 x int32 header; magic 20240520 = uint16 tokens, 20240801 = uint32;
- * header[2] = token count), nanoGPT raw uint16, Megatron .bin/.idx (issue 11).
+ * header[2] = token count), nanoGPT raw uint16, Megatron .bin/.idx (the glob names the .bin files).
  * Sample i is the window tokens[i*T, i*T + T + 1) of the stream; with shuffle, sample i of
  * epoch e is window perm_e(i) (a seeded permutation). The loader state is one number, the global
  * sample index, so resume and re-layout neither skip nor repeat data.

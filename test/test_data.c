@@ -218,12 +218,72 @@ static void test_empty_glob_names_the_pattern(void) {
     CHECK(strstr(e.msg, "no files match") && strstr(e.msg, pat), "message: %.900s", e.msg);
 }
 
-static void test_megatron_is_an_honest_refusal(void) {
+/* Writes PREFIX.bin and PREFIX.idx as Megatron-LM's MMapIndexedDataset lays them out: the
+ * sequences' tokens back to back, and the index (magic, version 1, dtype code, counts, int32
+ * sizes, int64 byte pointers, int64 document index). */
+static void write_megatron(const char *prefix, const void *tokens, int width, const int32_t *sizes,
+                           int count) {
+    char name[128];
+    int64_t total = 0, ptrs[16];
+    for (int i = 0; i < count; i++) ptrs[i] = total * width, total += sizes[i];
+    snprintf(name, sizeof name, "%s.bin", prefix);
+    write_raw(name, tokens, (size_t)total * width);
+    unsigned char buf[1024];
+    size_t n = 0;
+    uint64_t version = 1, cnt = (uint64_t)count, docs = (uint64_t)count + 1;
+    memcpy(buf, "MMIDIDX\0\0", 9), n = 9;
+    memcpy(buf + n, &version, 8), n += 8;
+    buf[n++] = width == 2 ? 8 : 4; /* dtype codes: 8 = uint16, 4 = int32 */
+    memcpy(buf + n, &cnt, 8), n += 8;
+    memcpy(buf + n, &docs, 8), n += 8;
+    memcpy(buf + n, sizes, 4 * count), n += 4 * count;
+    memcpy(buf + n, ptrs, 8 * count), n += 8 * count;
+    for (uint64_t d = 0; d < docs; d++) memcpy(buf + n, &d, 8), n += 8;
+    snprintf(name, sizeof name, "%s.idx", prefix);
+    write_raw(name, buf, n);
+}
+
+static void test_megatron_indexed_dataset_reads_the_sequences_in_order(void) {
+    char dir[512], pat[600];
+    mkdir_in(dir, sizeof dir, "meg");
+    uint16_t a[9];
+    int32_t b[7], sa[3] = {4, 2, 3}, sb[2] = {5, 2};
+    for (int k = 0; k < 9; k++) a[k] = (uint16_t)(100 + k);
+    for (int k = 0; k < 7; k++) b[k] = 109 + k; /* int32 tokens continue the stream */
+    write_megatron("meg/a_text_document", a, 2, sa, 3);
+    write_megatron("meg/b_text_document", b, 4, sb, 2);
+    snprintf(pat, sizeof pat, "%s/*_text_document.bin", dir);
     ust_dataset *d;
     ust_err e;
-    CHECK(data_open(&d, "whatever*", DATA_MEGATRON, 512, &e) == -1, "megatron accepted");
-    CHECK(strstr(e.msg, "not available yet") && strstr(e.msg, "issue 11"), "message: %.900s",
-          e.msg);
+    CHECK(data_open(&d, pat, DATA_MEGATRON, 512, &e) == 0, "open: %.900s", e.msg);
+    CHECK(data_num_tokens(d) == 16, "%lld tokens", (long long)data_num_tokens(d));
+    int32_t out[8];
+    data_get_samples(d, 1, 1, 7, false, 0, out); /* tokens [7, 15): across the two files */
+    data_close(d);
+    for (int j = 0; j < 8; j++) CHECK(out[j] == 107 + j, "token %d = %d", j, out[j]);
+}
+
+static void test_megatron_bad_index_is_rejected_with_a_reason(void) {
+    char dir[512], pat[600], idx[600];
+    mkdir_in(dir, sizeof dir, "megbad");
+    uint16_t a[6] = {1, 2, 3, 4, 5, 6};
+    int32_t sa[2] = {4, 2};
+    snprintf(pat, sizeof pat, "%s/*.bin", dir);
+    ust_dataset *d;
+    ust_err e;
+    write_megatron("megbad/x", a, 2, sa, 2);
+    CHECK(data_open(&d, pat, DATA_MEGATRON, 5, &e) == -1 && strstr(e.msg, "outside"),
+          "token 5 with vocab 5: %.900s", e.msg);
+    write_raw("megbad/x.bin", a, 10); /* the index describes 12 bytes */
+    CHECK(data_open(&d, pat, DATA_MEGATRON, 512, &e) == -1 && strstr(e.msg, "12 bytes"),
+          "short .bin: %.900s", e.msg);
+    write_raw("megbad/x.idx", "MMIDIDX", 7);
+    CHECK(data_open(&d, pat, DATA_MEGATRON, 512, &e) == -1 && strstr(e.msg, "magic"),
+          "bad magic: %.900s", e.msg);
+    path_in(idx, sizeof idx, "megbad/x.idx");
+    remove(idx);
+    CHECK(data_open(&d, pat, DATA_MEGATRON, 512, &e) == -1 && strstr(e.msg, "x.idx"),
+          "missing index: %.900s", e.msg);
 }
 
 static void test_nanogpt_raw_uint16(void) {
@@ -368,7 +428,8 @@ int main(void) {
     RUN_TEST(test_foreign_magic_is_rejected);
     RUN_TEST(test_token_outside_vocab_names_file_index_and_value);
     RUN_TEST(test_empty_glob_names_the_pattern);
-    RUN_TEST(test_megatron_is_an_honest_refusal);
+    RUN_TEST(test_megatron_indexed_dataset_reads_the_sequences_in_order);
+    RUN_TEST(test_megatron_bad_index_is_rejected_with_a_reason);
     RUN_TEST(test_nanogpt_raw_uint16);
     RUN_TEST(test_demo_data_reopens_with_vocab_512_and_is_deterministic);
     RUN_TEST(test_prep_bytes_splits_train_and_val_with_end_of_text);
