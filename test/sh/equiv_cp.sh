@@ -4,16 +4,7 @@
 # tokens) and llama (RoPE), resume across cp layouts, and sequences that cannot split refused.
 . "$(dirname "$0")/../lib.sh"
 
-$UST data demo $TMP/data >/dev/null
-cat >$TMP/llama.yaml <<EOT
-run:   {name: equiv-cp-llama, seed: 7}
-model: {arch: llama, n_layer: 2, d_model: 64, n_head: 4, n_kv_head: 2, d_ff: 128, vocab_size: 500, max_seq_len: 64}
-train: {seq_len: 32, micro_batch_size: 1, global_batch_size: 4}
-optimizer: {lr: 3.0e-3, warmup_steps: 2}
-data:  {train: "$TMP/data/train_*.bin", val: null}
-EOT
-sed -e 's/arch: llama/arch: gpt2/' -e 's/n_kv_head: 2/n_kv_head: 4/' -e 's/equiv-cp-llama/equiv-cp-gpt2/' \
-    $TMP/llama.yaml >$TMP/gpt2.yaml
+equiv_configs equiv-cp 4 2
 EQ="python3 test/tools/equiv.py --steps 8"
 
 $EQ --name _cp_llama --config $TMP/llama.yaml --layout "cp=2" --layout "cp=4" \

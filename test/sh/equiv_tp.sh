@@ -4,16 +4,7 @@
 # attention, resume across tp layouts, and the layouts that cannot split refused with exit 2.
 . "$(dirname "$0")/../lib.sh"
 
-$UST data demo $TMP/data >/dev/null
-cat >$TMP/llama.yaml <<EOT
-run:   {name: equiv-tp-llama, seed: 7}
-model: {arch: llama, n_layer: 2, d_model: 64, n_head: 8, n_kv_head: 4, d_ff: 128, vocab_size: 500, max_seq_len: 64}
-train: {seq_len: 32, micro_batch_size: 1, global_batch_size: 4}
-optimizer: {lr: 3.0e-3, warmup_steps: 2}
-data:  {train: "$TMP/data/train_*.bin", val: null}
-EOT
-sed -e 's/arch: llama/arch: gpt2/' -e 's/n_kv_head: 4/n_kv_head: 8/' -e 's/equiv-tp-llama/equiv-tp-gpt2/' \
-    $TMP/llama.yaml >$TMP/gpt2.yaml
+equiv_configs equiv-tp 8 4
 EQ="python3 test/tools/equiv.py --steps 8"
 
 $EQ --name _tp_llama_gqa --config $TMP/llama.yaml --layout "tp=2" --layout "tp=4" \
