@@ -6,7 +6,12 @@
  *   RANK or WORLD_SIZE                             -> torchrun-style environment + TCP store
  *   otherwise                                      -> single process, unless a launcher variable
  *                                                     (SLURM_NTASKS, OMPI_COMM_WORLD_SIZE,
- *                                                     PMI_SIZE) says there are several tasks. */
+ *                                                     PMI_SIZE) says there are several tasks.
+ *
+ * On the environment path every rank presents UST_JOB_SECRET to rank 0's store (scripts/ustrun
+ * makes one per job). Without it the store accepts any client, and rank 0 says so once on
+ * stderr: a plain torchrun-style environment keeps working, unprotected. UST_JOB_ID, when set
+ * (ustrun sets it), becomes the job id, so the launcher can find what the job left in /dev/shm. */
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -136,6 +141,24 @@ static int derive_local_from_hosts(ust_boot *b, ust_err *e) {
     return 0;
 }
 
+/* UST_JOB_ID (a launcher's name for the job) or a random one. */
+static int job_id_from_env(char *out, size_t cap, ust_err *e) {
+    const char *id = getenv("UST_JOB_ID");
+    if (!id || !*id) return boot_random_id(out, cap, "env"), 0;
+    size_t n = strlen(id);
+    int ok = n <= 40;
+    for (size_t i = 0; i < n && ok; i++)
+        ok = (id[i] >= 'a' && id[i] <= 'z') || (id[i] >= 'A' && id[i] <= 'Z') ||
+             (id[i] >= '0' && id[i] <= '9') || id[i] == '_' || id[i] == '.';
+    if (!ok)
+        return ust_errf(e,
+                        "environment variable UST_JOB_ID='%s' is not up to 40 letters, digits, "
+                        "'_' or '.'",
+                        id);
+    snprintf(out, cap, "%s", id);
+    return 0;
+}
+
 static int env_init(ust_boot *b, ust_err *e) {
     boot_impl *im = b->impl;
     long rank = 0, world = 0, lr = 0, lw = 0, port = 0, gr = 0, gw = 0;
@@ -183,16 +206,24 @@ static int env_init(ust_boot *b, ust_err *e) {
     snprintf(im->where, sizeof im->where, "%s:%ld", addr, port);
 
     double deadline = boot_now() + b->timeout_s;
+    const char *secret = getenv("UST_JOB_SECRET");
+    if (secret && !*secret) secret = NULL;
     if (rank == 0) {
         char id[64];
-        boot_random_id(id, sizeof id, "env");
-        im->server = store_server_start(addr, (int)port, (int)world, id, e);
+        if (job_id_from_env(id, sizeof id, e) < 0) return -1;
+        im->server = store_server_start_auth(addr, (int)port, (int)world, id, secret, e);
         if (!im->server) return -1;
+        if (!secret)
+            fprintf(stderr,
+                    "ustrain: warning: UST_JOB_SECRET is not set: the bootstrap key-value store "
+                    "on %s accepts any process that can connect to it (scripts/ustrun sets a "
+                    "secret; elsewhere export the same UST_JOB_SECRET to every rank)\n",
+                    im->where);
     }
     im->client = store_client_connect(addr, (int)port, deadline, e);
     if (!im->client) return -1;
-    if (store_client_hello(im->client, b->rank, b->world, b->job_id, sizeof b->job_id, deadline,
-                           e) < 0)
+    if (store_client_hello_auth(im->client, b->rank, b->world, secret, b->job_id, sizeof b->job_id,
+                                deadline, e) < 0)
         return -1;
     if (!hlr) {
         char host[256];

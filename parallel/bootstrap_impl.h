@@ -30,7 +30,7 @@
 
 typedef enum {
     /* requests */
-    ST_HELLO = 1, /* a = rank, b = world; reply OK with the job id */
+    ST_HELLO = 1, /* a = rank, b = world, value = job secret; reply OK with the job id */
     ST_PUT,       /* a = rank, key, value; reply OK */
     ST_GET,       /* a = owner rank, b = wait ms, key; reply VAL, or TIMEOUT/ERR after waiting */
     ST_FENCE,     /* a = generation, b = wait ms; reply OK when every rank arrived */
@@ -72,6 +72,14 @@ typedef struct store_client store_client;
 /* Binds host:port (only that address) and starts the serving thread. */
 store_server *store_server_start(const char *host, int port, int world, const char *job_id,
                                  ust_err *e);
+/* The job secret (UST_JOB_SECRET): a server started with one answers only clients whose HELLO
+ * carries it as its value (compared in constant time); any other client is logged on stderr and
+ * dropped before it can touch the job. NULL or "" accepts every client (store_server_start). */
+#define STORE_MAX_SECRET 256u
+store_server *store_server_start_auth(const char *host, int port, int world, const char *job_id,
+                                      const char *secret, ust_err *e);
+/* 1 when val[0..len) equals the secret; the time taken does not depend on where they differ. */
+int store_secret_equal(const char *secret, const uint8_t *val, uint32_t len);
 /* The port it listens on (useful when started with port 0). */
 int store_server_port(const store_server *s);
 /* Asks the server to stop once every rank that joined has left, or after wait_s, and joins it. */
@@ -80,6 +88,9 @@ void store_server_stop(store_server *s, double wait_s);
 store_client *store_client_connect(const char *host, int port, double deadline, ust_err *e);
 int store_client_hello(store_client *c, int rank, int world, char *job_id, size_t cap,
                        double deadline, ust_err *e);
+/* store_client_hello presenting the job secret (NULL: none). */
+int store_client_hello_auth(store_client *c, int rank, int world, const char *secret, char *job_id,
+                            size_t cap, double deadline, ust_err *e);
 int store_client_put(store_client *c, int rank, const char *key, const void *val, size_t len,
                      double timeout_s, ust_err *e);
 int store_client_get(store_client *c, int rank, const char *key, void *val, size_t cap,

@@ -7,7 +7,10 @@
  * missing) or when a rank it depends on leaves (ERR). So the clients never poll.
  * A rank that joins with a different WORLD_SIZE, a rank number out of range or a rank number
  * already taken poisons the job: every later request of every rank is answered with that error,
- * so the mistake is reported on all sides. */
+ * so the mistake is reported on all sides.
+ * With a job secret, a client is only heard once its HELLO carried the secret: one without it
+ * (or one that sends no HELLO within HELLO_WAIT_S) is logged on stderr and dropped, so a stranger
+ * can neither read the values nor poison the job. */
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -34,11 +37,14 @@ typedef struct entry {
 } entry;
 
 #define NBUCKET 4096
+#define HELLO_WAIT_S 10.0 /* an anonymous connection gets this long to say HELLO */
 
 typedef struct {
     int fd;
     int rank; /* -1 until HELLO */
     int said_bye;
+    double t_accept;
+    char peer[64]; /* address:port, for the log */
     rbuf in;
     /* the one parked request of this connection, if any */
     int parked;
@@ -53,6 +59,7 @@ struct store_server {
     pthread_t th;
     int world, port;
     char job_id[64];
+    char secret[STORE_MAX_SECRET + 1]; /* "" = every client is accepted */
     char where[300];
     conn *conns;
     int nconn, capconn;
@@ -216,6 +223,16 @@ static int handle(store_server *s, conn *c, const store_msg *m) {
     if (m->op == ST_HELLO) {
         int rank = (int)m->a, world = (int)m->b;
         if (c->rank >= 0) return reply_text(s, c, ST_ERR, "HELLO sent twice"), -1;
+        if (s->secret[0] && !store_secret_equal(s->secret, m->val, m->vallen)) {
+            fprintf(stderr,
+                    "ustrain: bootstrap store: dropping a client from %s (says rank %d): %s job "
+                    "secret\n",
+                    c->peer, rank, m->vallen ? "wrong" : "no");
+            return reply_text(s, c, ST_ERR,
+                              "the job secret (UST_JOB_SECRET) is missing or differs from rank "
+                              "0's: every rank must get the same UST_JOB_SECRET"),
+                   -1;
+        }
         if (world != s->world)
             poison(s,
                    "rank %d joined with WORLD_SIZE=%d but rank 0 has WORLD_SIZE=%d; every rank "
@@ -290,6 +307,29 @@ static int count_present(store_server *s) {
     return n;
 }
 
+/* Connections that never said HELLO hold a slot each: a stranger could fill them all. */
+static void drop_silent(store_server *s, double now) {
+    for (int i = s->nconn - 1; i >= 0; i--)
+        if (s->conns[i].rank < 0 && now >= s->conns[i].t_accept + HELLO_WAIT_S) {
+            fprintf(stderr,
+                    "ustrain: bootstrap store: dropping a client from %s: no HELLO within "
+                    "%.0f s\n",
+                    s->conns[i].peer, HELLO_WAIT_S);
+            conn_close(s, i);
+        }
+}
+
+/* "address:port" of a connected socket's peer. */
+static void peer_name(int fd, char *out, size_t cap) {
+    struct sockaddr_storage sa;
+    socklen_t sl = sizeof sa;
+    char host[NI_MAXHOST] = "?", port[NI_MAXSERV] = "?";
+    if (getpeername(fd, (struct sockaddr *)&sa, &sl) == 0)
+        getnameinfo((struct sockaddr *)&sa, sl, host, sizeof host, port, sizeof port,
+                    NI_NUMERICHOST | NI_NUMERICSERV);
+    snprintf(out, cap, "%s:%s", host, port);
+}
+
 static void *server_main(void *arg) {
     store_server *s = arg;
     struct pollfd *pf = NULL;
@@ -297,9 +337,13 @@ static void *server_main(void *arg) {
     for (;;) {
         double now = boot_now();
         if (s->stopping && (count_present(s) == 0 || now >= s->stop_deadline)) break;
+        drop_silent(s, now);
         double next = s->stopping ? s->stop_deadline : now + 3600;
-        for (int i = 0; i < s->nconn; i++)
+        for (int i = 0; i < s->nconn; i++) {
             if (s->conns[i].parked && s->conns[i].pdeadline < next) next = s->conns[i].pdeadline;
+            if (s->conns[i].rank < 0 && s->conns[i].t_accept + HELLO_WAIT_S < next)
+                next = s->conns[i].t_accept + HELLO_WAIT_S;
+        }
         int tmo = next <= now ? 0 : (int)((next - now) * 1000) + 1;
         if (cap_pf < s->nconn + 2) {
             cap_pf = 2 * (s->nconn + 2);
@@ -359,7 +403,9 @@ static void *server_main(void *arg) {
                     }
                     int one = 1;
                     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-                    s->conns[s->nconn++] = (conn){.fd = fd, .rank = -1};
+                    s->conns[s->nconn] = (conn){.fd = fd, .rank = -1, .t_accept = boot_now()};
+                    peer_name(fd, s->conns[s->nconn].peer, sizeof s->conns[s->nconn].peer);
+                    s->nconn++;
                 }
             }
         }
@@ -387,8 +433,18 @@ static void server_free(store_server *s) {
 
 store_server *store_server_start(const char *host, int port, int world, const char *job_id,
                                  ust_err *e) {
+    return store_server_start_auth(host, port, world, job_id, NULL, e);
+}
+
+store_server *store_server_start_auth(const char *host, int port, int world, const char *job_id,
+                                      const char *secret, ust_err *e) {
+    if (secret && strlen(secret) > STORE_MAX_SECRET)
+        return ust_errf(e, "UST_JOB_SECRET has %zu bytes, more than the limit of %u",
+                        strlen(secret), STORE_MAX_SECRET),
+               NULL;
     store_server *s = calloc(1, sizeof *s);
     if (!s) return ust_errf(e, "out of memory"), NULL;
+    snprintf(s->secret, sizeof s->secret, "%s", secret ? secret : "");
     s->lfd = s->wake[0] = s->wake[1] = -1;
     s->world = world;
     snprintf(s->job_id, sizeof s->job_id, "%s", job_id);
