@@ -3,7 +3,9 @@
  * Each communicator maps one POSIX shm segment (mode 0600), created by its first member under a
  * name derived from the job id and published through the bootstrap KV store; the others map it
  * after the fence, and once every member has attached the name is unlinked (so a crash later
- * leaves nothing behind in /dev/shm).
+ * leaves nothing behind in /dev/shm). A crash before that can leave a segment: its name,
+ * /ust-<job>-<group>-p<creator pid>-<nonce>, lets scripts/ustrun remove its job's segments when
+ * the ranks have ended, and lets the next job on the node remove those whose creator is dead.
  *
  * Segment: a header of futex words, per-member lines, n*n point-to-point rings, and two staging
  * areas of n slots each. Collectives run in rounds over a bounded slice of the buffer: members
@@ -17,6 +19,7 @@
  * killed rank is reported within about a second instead of after the whole timeout. */
 #include "comm_impl.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -651,6 +654,56 @@ void shm_run(ust_comm *c, const comm_desc *d) {
 
 /* ---------------------------------------------------------------- set-up */
 
+/* The creator pid in a segment name made by shm_create_begin ("...-p<pid>-<hex>"), or 0. */
+static long segment_pid(const char *name) {
+    const char *dash = strrchr(name, '-');
+    if (!dash || !dash[1] || dash == name) return 0;
+    const char *p = dash - 1;
+    while (p > name && *p >= '0' && *p <= '9') p--;
+    if (p == dash - 1 || *p != 'p' || p == name || p[-1] != '-') return 0;
+    return strtol(p + 1, NULL, 10);
+}
+
+/* A process that no longer runs: gone, or a zombie nobody reaped yet (its launcher was killed
+ * too, and the container's init may not reap). */
+static int pid_dead(long pid) {
+    if (kill((pid_t)pid, 0) != 0) return errno == ESRCH;
+    char p[64], buf[256];
+    snprintf(p, sizeof p, "/proc/%ld/stat", pid);
+    FILE *f = fopen(p, "r");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    const char *paren = strrchr(buf, ')'); /* "pid (comm) S ...": comm may hold spaces */
+    return paren && paren[1] == ' ' && paren[2] == 'Z';
+}
+
+/* Removes this user's /dev/shm/ust-* segments whose creator no longer exists: what ranks killed
+ * while setting up a communicator left behind (their launcher may be dead too). A live creator's
+ * segment is kept, whoever it belongs to. */
+static void sweep_stale_segments(void) {
+    DIR *d = opendir("/dev/shm");
+    if (!d) return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (strncmp(de->d_name, "ust-", 4) != 0) continue;
+        long pid = segment_pid(de->d_name);
+        struct stat st;
+        if (pid <= 0 || fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+            st.st_uid != geteuid() || !pid_dead(pid))
+            continue;
+        char name[300];
+        snprintf(name, sizeof name, "/%s", de->d_name);
+        if (shm_unlink(name) == 0)
+            fprintf(stderr,
+                    "ustrain: removed stale shared memory /dev/shm%s (its creator, pid %ld, is "
+                    "gone)\n",
+                    name, pid);
+    }
+    closedir(d);
+}
+
 int shm_ctx_init(comm_ctx *ctx, ust_err *e) {
     if (ctx->boot->nnodes > 1)
         return ust_errf(e,
@@ -659,6 +712,7 @@ int shm_ctx_init(comm_ctx *ctx, ust_err *e) {
                         ctx->boot->nnodes);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     ctx->spin = ctx->boot->local_world <= cores;
+    if (ctx->boot->local_rank == 0) sweep_stale_segments();
     if (!g_atexit_registered) {
         atexit(shm_unlink_pending);
         g_atexit_registered = 1;
@@ -699,8 +753,8 @@ int shm_create_begin(ust_comm *c, const char *key, ust_err *e) {
     job[i] = 0;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    snprintf(s->shm_name, sizeof s->shm_name, "/ust-%.40s-%.60s-%x%lx", job, key + 5,
-             (unsigned)getpid(), (long)ts.tv_nsec);
+    snprintf(s->shm_name, sizeof s->shm_name, "/ust-%.40s-%.50s-p%d-%lx", job, key + 5,
+             (int)getpid(), (long)ts.tv_nsec);
     int fd = shm_open(s->shm_name, O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0)
         return ust_errf(e, "comm: creating shared memory %s for group '%s': %s", s->shm_name,
@@ -746,6 +800,10 @@ int shm_create_end(ust_comm *c, const char *key, ust_err *e) {
     if (c->rank != 0) {
         int got = boot_get(ctx->boot, c->granks[0], key, s->shm_name, sizeof s->shm_name, e);
         if (got < 0) return -1;
+        /* Test-only fault switch: hold the window in which the segment exists under its name
+         * (test/sh/security.sh kills the job there to check the clean-up of what it leaves). */
+        const char *hold = getenv("UST_FAULT_SHM_ATTACH_SLEEP_MS");
+        if (hold && atoi(hold) > 0) usleep((useconds_t)atoi(hold) * 1000u);
         s->shm_name[sizeof s->shm_name - 1] = 0;
         int fd = shm_open(s->shm_name, O_RDWR, 0600);
         if (fd < 0)
