@@ -134,6 +134,32 @@ struct ust_ops {
     double (*sum)(const ust_ops *o, const float *x, int64_t n);   /* sum x, fp64, to host */
 
     void (*destroy)(ust_ops *o);
+
+    /* ---- mixture of experts (core/moe.c, parallel/ep.c) ----
+     * Routing: a token n picks k experts; assignment a = n*k + j is its j-th choice. Rows of the
+     * expert buffers are assignments grouped by expert. Index arrays are device int32. */
+    /* Per token over E experts: probs = softmax(logits) in fp32, lse = log-sum-exp (may be NULL),
+     * topk(N,k) the k most probable experts (descending; ties to the lower index), gate(N,k) their
+     * probabilities renormalized to sum 1; psum(E) = column sums of probs (may be NULL). */
+    void (*moe_router_fwd)(const ust_ops *o, float *probs, float *lse, int32_t *topk, float *gate,
+                           float *psum, const float *logits, int N, int E, int k);
+    /* dlogits(N,E) = softmax backward of dprobs, where dprobs = the gate renormalization's
+     * backward of dgate(N,k) (NULL: 0) + aux_dp[e] for every token (NULL: 0), plus zscale * lse[n]
+     * * probs (the gradient of zscale/2 * lse^2). Overwrites dlogits. */
+    void (*moe_router_bwd)(const ust_ops *o, float *dlogits, const float *dgate, const float *probs,
+                           const float *lse, const int32_t *topk, const float *gate,
+                           const float *aux_dp, float zscale, int N, int E, int k);
+    /* out(M,C): row i = inp[src[i] / div] * (scale ? scale[src[i]] : 1). Gathers token rows into
+     * expert order (div = k, scale = gate for a gradient) or permutes rows (div = 1). */
+    void (*moe_gather)(const ust_ops *o, float *out, const float *inp, const int32_t *src,
+                       const float *scale, int M, int C, int div);
+    /* out(N,C) (+= when acc) row n = sum_j w * rows[pos[n*k+j]] over j with pos >= 0 (dropped
+     * assignments have pos < 0), w = gate[n*k+j] or 1 when gate is NULL. Per token in j order. */
+    void (*moe_combine)(const ust_ops *o, float *out, const float *rows, const int32_t *pos,
+                        const float *gate, int N, int k, int C, int acc);
+    /* dgate(N,k): dgate[a] = dout[a/k] . rows[pos[a]] (0 when pos[a] < 0). Overwrites. */
+    void (*moe_gate_grad)(const ust_ops *o, float *dgate, const float *dout, const float *rows,
+                          const int32_t *pos, int N, int k, int C);
 };
 
 /* CPU backend: OpenBLAS + OpenMP with `threads` threads (<= 0: cores / local ranks, capped by

@@ -872,6 +872,119 @@ static double reduce(const ust_ops *o, const float *x, int64_t n, int square) {
 static double cpu_sumsq(const ust_ops *o, const float *x, int64_t n) { return reduce(o, x, n, 1); }
 static double cpu_sum(const ust_ops *o, const float *x, int64_t n) { return reduce(o, x, n, 0); }
 
+/* ---------------------------------------------------------------- mixture of experts */
+
+static int chosen(const int32_t *sel, int j, int e) {
+    for (int m = 0; m < j; m++)
+        if (sel[m] == e) return 1;
+    return 0;
+}
+
+static void cpu_moe_router_fwd(const ust_ops *o, float *probs, float *lse, int32_t *topk,
+                               float *gate, float *psum, const float *logits, int N, int E, int k) {
+    UST_ASSERT(k >= 1 && k <= E, "top-%d of %d experts", k, E);
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int n = 0; n < N; n++) {
+        const float *x = logits + (int64_t)n * E;
+        float *p = probs + (int64_t)n * E;
+        float mx = -INFINITY;
+        for (int e = 0; e < E; e++) mx = x[e] > mx ? x[e] : mx;
+        double sum = 0.0;
+        for (int e = 0; e < E; e++) sum += expf(x[e] - mx);
+        float inv = (float)(1.0 / sum);
+        for (int e = 0; e < E; e++) p[e] = expf(x[e] - mx) * inv;
+        if (lse) lse[n] = mx + (float)log(sum);
+        int32_t *sel = topk + (int64_t)n * k;
+        float *g = gate + (int64_t)n * k, s = 0.0f;
+        for (int j = 0; j < k; j++) { /* k passes: strict > keeps the lower index on ties */
+            int best = -1;
+            for (int e = 0; e < E; e++)
+                if (!chosen(sel, j, e) && (best < 0 || p[e] > p[best])) best = e;
+            sel[j] = best;
+            s += p[best];
+        }
+        for (int j = 0; j < k; j++) g[j] = p[sel[j]] / s;
+    }
+    if (!psum) return;
+    int nchunks = (E + COL_CHUNK - 1) / COL_CHUNK;
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int cb = 0; cb < nchunks; cb++) {
+        int c0 = cb * COL_CHUNK, nc = E - c0 < COL_CHUNK ? E - c0 : COL_CHUNK;
+        double acc[COL_CHUNK] = {0};
+        for (int n = 0; n < N; n++)
+            for (int c = 0; c < nc; c++) acc[c] += probs[(int64_t)n * E + c0 + c];
+        for (int c = 0; c < nc; c++) psum[c0 + c] = (float)acc[c];
+    }
+}
+
+/* gate_j = p_{i_j} / S with S = sum_m p_{i_m}: dp_{i_j} += (dgate_j - sum_m dgate_m gate_m) / S.
+ * Softmax: dlogit_e = p_e (dp_e - sum_f p_f dp_f); the z-loss adds zscale lse p_e. */
+static void cpu_moe_router_bwd(const ust_ops *o, float *dlogits, const float *dgate,
+                               const float *probs, const float *lse, const int32_t *topk,
+                               const float *gate, const float *aux_dp, float zscale, int N, int E,
+                               int k) {
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int n = 0; n < N; n++) {
+        const float *p = probs + (int64_t)n * E;
+        float *d = dlogits + (int64_t)n * E; /* holds dprobs first */
+        for (int e = 0; e < E; e++) d[e] = aux_dp ? aux_dp[e] : 0.0f;
+        if (dgate) {
+            const int32_t *sel = topk + (int64_t)n * k;
+            const float *dg = dgate + (int64_t)n * k, *g = gate + (int64_t)n * k;
+            float s = 0.0f, dot = 0.0f;
+            for (int j = 0; j < k; j++) s += p[sel[j]], dot += dg[j] * g[j];
+            for (int j = 0; j < k; j++) d[sel[j]] += (dg[j] - dot) / s;
+        }
+        double pd = 0.0;
+        for (int e = 0; e < E; e++) pd += (double)p[e] * d[e];
+        float z = lse && zscale != 0.0f ? zscale * lse[n] : 0.0f;
+        for (int e = 0; e < E; e++) d[e] = p[e] * (d[e] - (float)pd + z);
+    }
+}
+
+static void cpu_moe_gather(const ust_ops *o, float *out, const float *inp, const int32_t *src,
+                           const float *scale, int M, int C, int div) {
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int i = 0; i < M; i++) {
+        const float *x = inp + (int64_t)(src[i] / div) * C;
+        float *y = out + (int64_t)i * C, w = scale ? scale[src[i]] : 1.0f;
+        for (int c = 0; c < C; c++) y[c] = w * x[c];
+    }
+}
+
+static void cpu_moe_combine(const ust_ops *o, float *out, const float *rows, const int32_t *pos,
+                            const float *gate, int N, int k, int C, int acc) {
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int n = 0; n < N; n++) {
+        float *y = out + (int64_t)n * C;
+        if (!acc)
+            for (int c = 0; c < C; c++) y[c] = 0.0f;
+        for (int j = 0; j < k; j++) {
+            int64_t a = (int64_t)n * k + j;
+            if (pos[a] < 0) continue;
+            const float *r = rows + (int64_t)pos[a] * C;
+            float w = gate ? gate[a] : 1.0f;
+            for (int c = 0; c < C; c++) y[c] += w * r[c];
+        }
+    }
+}
+
+static void cpu_moe_gate_grad(const ust_ops *o, float *dgate, const float *dout, const float *rows,
+                              const int32_t *pos, int N, int k, int C) {
+    int64_t A = (int64_t)N * k;
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int64_t a = 0; a < A; a++) {
+        if (pos[a] < 0) {
+            dgate[a] = 0.0f;
+            continue;
+        }
+        const float *g = dout + (a / k) * C, *r = rows + (int64_t)pos[a] * C;
+        double s = 0.0;
+        for (int c = 0; c < C; c++) s += (double)g[c] * r[c];
+        dgate[a] = (float)s;
+    }
+}
+
 /* ---------------------------------------------------------------- lifetime */
 
 static void cpu_destroy(ust_ops *o) {
@@ -935,6 +1048,11 @@ ust_ops *ops_cpu_create(int threads, int local_ranks) {
     o->sumsq = cpu_sumsq;
     o->sum = cpu_sum;
     o->destroy = cpu_destroy;
+    o->moe_router_fwd = cpu_moe_router_fwd;
+    o->moe_router_bwd = cpu_moe_router_bwd;
+    o->moe_gather = cpu_moe_gather;
+    o->moe_combine = cpu_moe_combine;
+    o->moe_gate_grad = cpu_moe_gate_grad;
     return o;
 }
 

@@ -1,0 +1,390 @@
+/* moe.c: the mixture-of-experts layer (router, experts, aux losses, capacity), llm.c style.
+ * Shapes: N tokens, C = d_model, E experts (El local), k = top_k, Fe = d_ff_expert, R = rows of
+ * the local-expert buffers. Routing decisions go to the host (they size the expert matmuls and
+ * the all-to-all anyway); everything per element stays on the device. */
+#include "moe.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+
+/* ------------------------------------------------------------------ parameters */
+
+int moe_layer_is_moe(const ust_config *cfg, int l) {
+    int every = cfg->model.moe.every > 0 ? cfg->model.moe.every : 1;
+    return cfg->model.moe.num_experts > 0 && l % every == 0;
+}
+
+static void emit(moe_param_fn fn, void *ctx, const char *name, int64_t rows, int64_t cols,
+                 int decay, float std, int expert, float **p, float **g) {
+    moe_param q = {name, rows, cols, decay, std, 0.0f, expert, p, g};
+    fn(ctx, &q);
+}
+
+/* One expert's tensors under `prefix` (e.g. "model.layers.3.mlp.experts.5"). */
+static void emit_expert(const ust_config *cfg, const char *prefix, int expert, moe_expert *w,
+                        moe_expert *g, moe_param_fn fn, void *ctx) {
+    char n[256];
+    int64_t C = cfg->model.d_model, F = cfg->model.moe.d_ff_expert;
+    int gpt2 = cfg->model.arch == ARCH_GPT2;
+    float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * cfg->model.n_layer);
+#define T(f) (w ? &w->f : NULL), (g ? &g->f : NULL)
+    if (!gpt2) {
+        snprintf(n, sizeof n, "%s.gate_proj.weight", prefix);
+        emit(fn, ctx, n, F, C, 1, std, expert, T(gate));
+    }
+    snprintf(n, sizeof n, "%s.up_proj.weight", prefix);
+    emit(fn, ctx, n, F, C, 1, std, expert, T(up));
+    if (gpt2) {
+        snprintf(n, sizeof n, "%s.up_proj.bias", prefix);
+        emit(fn, ctx, n, 1, F, 0, 0.0f, expert, T(up_b));
+    }
+    snprintf(n, sizeof n, "%s.down_proj.weight", prefix);
+    emit(fn, ctx, n, C, F, 1, proj_std, expert, T(down));
+    if (gpt2) {
+        snprintf(n, sizeof n, "%s.down_proj.bias", prefix);
+        emit(fn, ctx, n, 1, C, 0, 0.0f, expert, T(down_b));
+    }
+#undef T
+}
+
+void moe_enum_params(const ust_config *cfg, int l, int ep_size, int ep_rank, moe_weights *w,
+                     moe_weights *g, moe_param_fn fn, void *ctx) {
+    int E = cfg->model.moe.num_experts, El = E / ep_size, e0 = ep_rank * El;
+    UST_ASSERT(E % ep_size == 0 && ep_rank >= 0 && ep_rank < ep_size, "E %d ep %d/%d", E, ep_rank,
+               ep_size);
+    UST_ASSERT(!w || (w->nexperts == El && w->first_expert == e0), "weights for experts %d+%d",
+               w->first_expert, w->nexperts);
+    UST_ASSERT(!g || (g->nexperts == El && g->first_expert == e0), "grads for experts %d+%d",
+               g->first_expert, g->nexperts);
+    char n[256];
+    snprintf(n, sizeof n, "model.layers.%d.mlp.router.weight", l);
+    emit(fn, ctx, n, E, cfg->model.d_model, 1, 0.02f, -1, w ? &w->router : NULL,
+         g ? &g->router : NULL);
+    if (cfg->model.moe.shared_expert) {
+        snprintf(n, sizeof n, "model.layers.%d.mlp.shared_expert", l);
+        emit_expert(cfg, n, -1, w ? &w->shared : NULL, g ? &g->shared : NULL, fn, ctx);
+    }
+    for (int i = 0; i < El; i++) {
+        snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%d", l, e0 + i);
+        emit_expert(cfg, n, e0 + i, w ? &w->experts[i] : NULL, g ? &g->experts[i] : NULL, fn, ctx);
+    }
+}
+
+void moe_weights_init(moe_weights *w, const moe_ctx *m) {
+    memset(w, 0, sizeof *w);
+    w->nexperts = m->El;
+    w->first_expert = m->e0;
+    w->experts = calloc(m->El, sizeof *w->experts);
+    UST_ASSERT(w->experts, "out of host memory (%d experts)", m->El);
+}
+
+void moe_weights_free(moe_weights *w) {
+    free(w->experts);
+    w->experts = NULL;
+}
+
+/* ------------------------------------------------------------------ setup */
+
+#define FL(n) ((float *)mem_alloc(arena, MEM_ACTS, (size_t)(n) * sizeof(float)))
+#define IN(n) ((int32_t *)mem_alloc(arena, MEM_ACTS, (size_t)(n) * sizeof(int32_t)))
+
+static void *host_alloc(size_t bytes) {
+    void *p = calloc(1, bytes ? bytes : 1);
+    UST_ASSERT(p, "out of host memory (%zu bytes)", bytes);
+    return p;
+}
+
+void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *arena, int N,
+              const moe_groups *groups) {
+    memset(m, 0, sizeof *m);
+    const __typeof__(cfg->model.moe) *c = &cfg->model.moe;
+    UST_ASSERT(c->num_experts > 0 && c->top_k >= 1 && c->top_k <= c->num_experts,
+               "moe with %d experts, top-%d", c->num_experts, c->top_k);
+    UST_ASSERT(ops->moe_router_fwd && ops->moe_gather && ops->moe_combine,
+               "the %s backend has no MoE ops", ops->name);
+    m->ops = ops;
+    m->llama = cfg->model.arch == ARCH_LLAMA;
+    m->shared = c->shared_expert;
+    m->E = c->num_experts;
+    m->k = c->top_k;
+    m->C = cfg->model.d_model;
+    m->Fe = c->d_ff_expert;
+    m->N = N;
+    m->aux_coef = c->aux_loss_coef;
+    m->z_coef = c->z_loss_coef;
+    m->capacity_factor = c->capacity_factor;
+    if (groups) memcpy(m->stats_comm, groups->stats_comm, sizeof m->stats_comm);
+    int64_t A = (int64_t)N * m->k, C = m->C, E = m->E;
+    ep_init(&m->ep, ops, groups ? groups->ep_comm : NULL, arena, m->E, m->C, A);
+    m->El = ep_local_experts(&m->ep, &m->e0);
+    m->R = ep_max_recv(&m->ep);
+    int ep1 = ep_size(&m->ep) == 1;
+    m->logits = FL(N * E);
+    m->dlogits = FL(N * E);
+    m->dgate = FL(A);
+    m->tmp = FL(N * C);
+    m->xd = ep1 ? NULL : FL(A * C);
+    m->eout = ep1 ? NULL : FL(m->R * C);
+    m->d_home = FL(A * C);
+    m->d_local = ep1 ? NULL : FL(m->R * C);
+    m->dxe = FL(m->R * C);
+    m->dh1 = FL(m->R * m->Fe);
+    m->dh2 = FL(m->R * m->Fe);
+    m->dact = FL(m->R * m->Fe);
+    m->aux_dp = FL(E);
+    m->stats = FL(2 * E + 3);
+    m->stats_host = host_alloc((2 * E + 3) * sizeof(float));
+    m->topk_host = host_alloc(A * sizeof(int32_t));
+    m->pos_host = host_alloc(A * sizeof(int32_t));
+    m->assign_host = host_alloc(A * sizeof(int32_t));
+    m->cnt_host = host_alloc(2 * E * sizeof(int32_t));
+}
+
+void moe_free(moe_ctx *m) {
+    free(m->stats_host);
+    free(m->topk_host);
+    free(m->pos_host);
+    free(m->assign_host);
+    free(m->cnt_host);
+    ep_free(&m->ep);
+}
+
+/* Per-layer sizes in floats (int32 counts as one), shared by moe_acts_init and moe_acts_bytes. */
+static int64_t acts_floats(int llama, int shared, int64_t N, int64_t E, int64_t k, int64_t C,
+                           int64_t Fe, int64_t R, int ep1) {
+    int64_t A = N * k;
+    int64_t n = N * E + N + A + 3 * A;             /* probs lse gate topk assign pos */
+    n += R * C + (llama ? 3 : 2) * R * Fe + A * C; /* xe h1 h2 act eout */
+    if (shared) n += (llama ? 3 : 2) * N * Fe;     /* s_h1 s_h2 s_act */
+    if (!ep1) n += 2 * R;                          /* plan order, inv */
+    return n;
+}
+
+void moe_acts_init(moe_ctx *m, moe_acts *a, ust_arena *arena) {
+    memset(a, 0, sizeof *a);
+    int64_t N = m->N, A = N * m->k, C = m->C, Fe = m->Fe, R = m->R;
+    a->probs = FL(N * m->E);
+    a->lse = FL(N);
+    a->gate = FL(A);
+    a->topk = IN(A);
+    a->assign = IN(A);
+    a->pos = IN(A);
+    a->xe = FL(R * C);
+    a->h1 = m->llama ? FL(R * Fe) : NULL;
+    a->h2 = FL(R * Fe);
+    a->act = FL(R * Fe);
+    a->eout = FL(A * C);
+    if (m->shared) {
+        a->s_h1 = m->llama ? FL(N * Fe) : NULL;
+        a->s_h2 = FL(N * Fe);
+        a->s_act = FL(N * Fe);
+    }
+    ep_plan_init(&m->ep, &a->plan, arena);
+    a->aux_dp_host = host_alloc(m->E * sizeof(float));
+}
+
+void moe_acts_free(moe_acts *a) {
+    ep_plan_free(&a->plan);
+    free(a->aux_dp_host);
+    a->aux_dp_host = NULL;
+}
+
+int64_t moe_acts_bytes(const ust_config *cfg, int N, int ep_size) {
+    const __typeof__(cfg->model.moe) *c = &cfg->model.moe;
+    int64_t A = (int64_t)N * c->top_k;
+    int64_t n =
+        acts_floats(cfg->model.arch == ARCH_LLAMA, c->shared_expert, N, c->num_experts, c->top_k,
+                    cfg->model.d_model, c->d_ff_expert, A * ep_size, ep_size == 1);
+    return n * 4;
+}
+#undef FL
+#undef IN
+
+/* ------------------------------------------------------------------ experts */
+
+/* out(M,C) = expert(x(M,C)); h1, h2, act (M,Fe) saved. */
+static void expert_fwd(const moe_ctx *m, const moe_expert *w, float *out, const float *x, float *h1,
+                       float *h2, float *act, int M) {
+    const ust_ops *o = m->ops;
+    int C = m->C, F = m->Fe;
+    if (M == 0) return;
+    if (m->llama) {
+        o->linear_fwd(o, h1, x, w->gate, NULL, M, C, F);
+        o->linear_fwd(o, h2, x, w->up, NULL, M, C, F);
+        o->swiglu_fwd(o, act, h1, h2, (int64_t)M * F);
+    } else {
+        o->linear_fwd(o, h2, x, w->up, w->up_b, M, C, F);
+        o->gelu_fwd(o, act, h2, (int64_t)M * F);
+    }
+    o->linear_fwd(o, out, act, w->down, w->down_b, M, F, C);
+}
+
+/* dx(M,C) (= or += when acc) and g += from dout(M,C); uses the context's backward scratch. */
+static void expert_bwd(const moe_ctx *m, const moe_expert *w, moe_expert *g, float *dx,
+                       const float *dout, const float *x, const float *h1, const float *h2,
+                       const float *act, int M, int acc) {
+    const ust_ops *o = m->ops;
+    int C = m->C, F = m->Fe;
+    if (M == 0) return;
+    o->linear_bwd(o, m->dact, g->down, g->down_b, dout, act, w->down, M, F, C, 0);
+    if (m->llama) {
+        o->swiglu_bwd(o, m->dh1, m->dh2, m->dact, h1, h2, (int64_t)M * F);
+        o->linear_bwd(o, dx, g->up, NULL, m->dh2, x, w->up, M, C, F, acc);
+        o->linear_bwd(o, dx, g->gate, NULL, m->dh1, x, w->gate, M, C, F, 1);
+    } else {
+        o->gelu_bwd(o, m->dh2, h2, m->dact, (int64_t)M * F);
+        o->linear_bwd(o, dx, g->up, g->up_b, m->dh2, x, w->up, M, C, F, acc);
+    }
+}
+
+/* The local experts over their contiguous row groups of a. */
+static void local_experts_fwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, float *out) {
+    int64_t off = 0, C = m->C, F = m->Fe;
+    for (int i = 0; i < m->El; i++) {
+        int M = a->plan.local[i];
+        expert_fwd(m, &w->experts[i], out + off * C, a->xe + off * C,
+                   a->h1 ? a->h1 + off * F : NULL, a->h2 + off * F, a->act + off * F, M);
+        off += M;
+    }
+}
+
+static void local_experts_bwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g,
+                              float *dx, const float *dout) {
+    int64_t off = 0, C = m->C, F = m->Fe;
+    for (int i = 0; i < m->El; i++) {
+        int M = a->plan.local[i];
+        expert_bwd(m, &w->experts[i], &g->experts[i], dx + off * C, dout + off * C, a->xe + off * C,
+                   a->h1 ? a->h1 + off * F : NULL, a->h2 + off * F, a->act + off * F, M, 0);
+        off += M;
+    }
+}
+
+/* ------------------------------------------------------------------ routing */
+
+/* Host: from topk, the assignments each expert keeps (capacity, in token order), their rows
+ * grouped by expert (assign: row -> assignment) and each assignment's row (pos, -1 if dropped).
+ * cnt_host gets the routed (before drops) and kept counts. */
+static void route(moe_ctx *m, moe_acts *a) {
+    const ust_ops *o = m->ops;
+    int E = m->E;
+    int64_t A = (int64_t)m->N * m->k;
+    int32_t *routed = m->cnt_host, *kept = m->cnt_host + E, *pos = m->pos_host;
+    o->to_host(o, m->topk_host, a->topk, A * sizeof(int32_t));
+    int64_t cap = INT_MAX;
+    if (m->capacity_factor > 0) cap = (int64_t)ceil(m->capacity_factor * A / E - 1e-9);
+    memset(m->cnt_host, 0, 2 * E * sizeof(int32_t));
+    for (int64_t i = 0; i < A; i++) {
+        int e = m->topk_host[i];
+        UST_ASSERT(e >= 0 && e < E, "router chose expert %d of %d", e, E);
+        routed[e]++;
+        pos[i] = kept[e] < cap ? kept[e]++ : -1; /* index within the expert for now */
+    }
+    int64_t off[E + 1];
+    off[0] = 0;
+    for (int e = 0; e < E; e++) off[e + 1] = off[e] + kept[e];
+    for (int64_t i = 0; i < A; i++) {
+        if (pos[i] < 0) continue;
+        pos[i] += (int32_t)off[m->topk_host[i]];
+        m->assign_host[pos[i]] = (int32_t)i;
+    }
+    a->nkept = off[E];
+    o->to_device(o, a->pos, pos, A * sizeof(int32_t));
+    o->to_device(o, a->assign, m->assign_host, a->nkept * sizeof(int32_t));
+}
+
+/* Sums [routed counts E | prob sums E | sum lse^2 | tokens | dropped] over the stats groups and
+ * derives the losses, the load statistics and the aux gradient factors. The prob sums are on
+ * the device already (router_fwd wrote them into m->stats + E). */
+static void statistics(moe_ctx *m, moe_acts *a, moe_stats *st) {
+    const ust_ops *o = m->ops;
+    int E = m->E, k = m->k;
+    float *h = m->stats_host;
+    for (int e = 0; e < E; e++) h[e] = (float)m->cnt_host[e];
+    h[2 * E] = (float)o->sumsq(o, a->lse, m->N);
+    h[2 * E + 1] = (float)m->N;
+    h[2 * E + 2] = (float)((int64_t)m->N * k - a->nkept);
+    o->to_device(o, m->stats, h, E * sizeof(float));
+    o->to_device(o, m->stats + 2 * E, h + 2 * E, 3 * sizeof(float));
+    for (int i = 0; i < 2; i++)
+        if (m->stats_comm[i]) {
+            comm_req r = comm_allreduce(m->stats_comm[i], m->stats, m->stats, 2 * E + 3, COMM_FP32,
+                                        COMM_SUM);
+            comm_wait(&r);
+        }
+    o->to_host(o, h, m->stats, (2 * E + 3) * sizeof(float));
+    double T = h[2 * E + 1], aux = 0, mx = 0;
+    for (int e = 0; e < E; e++) {
+        double f = h[e] / (T * k), P = h[E + e] / T;
+        aux += f * P;
+        a->aux_dp_host[e] = (float)(m->aux_coef * E * f / T); /* d aux_coef*aux / d p[n][e] */
+        mx = h[e] > mx ? h[e] : mx;
+    }
+    a->zscale = (float)(2.0 * m->z_coef / T);
+    st->aux_loss = E * aux;
+    st->z_loss = h[2 * E] / T;
+    st->loss = m->aux_coef * st->aux_loss + m->z_coef * st->z_loss;
+    st->load_max = mx;
+    st->load_mean = T * k / E;
+    st->dropped_frac = h[2 * E + 2] / (T * k);
+    st->tokens = (int64_t)T;
+}
+
+/* ------------------------------------------------------------------ forward / backward */
+
+void moe_forward(moe_ctx *m, moe_acts *a, const moe_weights *w, float *y, const float *x,
+                 moe_stats *stats) {
+    const ust_ops *o = m->ops;
+    int N = m->N, E = m->E, k = m->k, C = m->C;
+    int ep1 = ep_size(&m->ep) == 1;
+    o->linear_fwd(o, m->logits, x, w->router, NULL, N, C, E);
+    o->moe_router_fwd(o, a->probs, a->lse, a->topk, a->gate, m->stats + E, m->logits, N, E, k);
+    route(m, a);
+    moe_stats local;
+    statistics(m, a, stats ? stats : &local);
+    ep_plan_make(&m->ep, &a->plan, m->cnt_host + E); /* kept counts */
+    /* token copies in global expert order, to the experts' ranks; at ep = 1 they stay in xe */
+    float *xd = ep1 ? a->xe : m->xd, *eout = ep1 ? a->eout : m->eout;
+    if (a->nkept) o->moe_gather(o, xd, x, a->assign, NULL, (int)a->nkept, C, k);
+    if (!ep1) ep_dispatch(&m->ep, &a->plan, a->xe, xd);
+    local_experts_fwd(m, a, w, eout);
+    if (!ep1) ep_combine(&m->ep, &a->plan, a->eout, eout);
+    o->moe_combine(o, y, a->eout, a->pos, a->gate, N, k, C, 0);
+    if (m->shared) {
+        expert_fwd(m, &w->shared, m->tmp, x, a->s_h1, a->s_h2, a->s_act, N);
+        o->axpy(o, y, 1.0f, m->tmp, (int64_t)N * C);
+    }
+}
+
+void moe_backward(moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g, float *dx,
+                  const float *dy, const float *x, float loss_scale, int acc_dx) {
+    const ust_ops *o = m->ops;
+    int N = m->N, E = m->E, k = m->k, C = m->C;
+    int ep1 = ep_size(&m->ep) == 1;
+    /* y = sum_j gate_j eout_j: the gates' gradient, then each kept row's d eout = gate dy */
+    o->moe_gate_grad(o, m->dgate, dy, a->eout, a->pos, N, k, C);
+    float *d_local = ep1 ? m->d_home : m->d_local;
+    if (a->nkept) o->moe_gather(o, m->d_home, dy, a->assign, a->gate, (int)a->nkept, C, k);
+    if (!ep1) ep_dispatch(&m->ep, &a->plan, d_local, m->d_home);
+    local_experts_bwd(m, a, w, g, m->dxe, d_local);
+    /* the rows' input gradients home again, each token summing its copies */
+    float *dx_home = ep1 ? m->dxe : m->d_home;
+    if (!ep1) ep_combine(&m->ep, &a->plan, dx_home, m->dxe);
+    o->moe_combine(o, dx, dx_home, a->pos, NULL, N, k, C, acc_dx);
+    if (m->shared)
+        expert_bwd(m, &w->shared, &g->shared, dx, dy, x, a->s_h1, a->s_h2, a->s_act, N, 1);
+    /* router: gates, aux loss (through P_e) and z-loss, then logits = x Wr^T */
+    float *aux = NULL;
+    if (m->aux_coef != 0.0) {
+        for (int e = 0; e < E; e++) m->stats_host[e] = a->aux_dp_host[e] * loss_scale;
+        o->to_device(o, m->aux_dp, m->stats_host, E * sizeof(float));
+        aux = m->aux_dp;
+    }
+    o->moe_router_bwd(o, m->dlogits, m->dgate, a->probs, a->lse, a->topk, a->gate, aux,
+                      a->zscale * loss_scale, N, E, k);
+    o->linear_bwd(o, dx, g->router, NULL, m->dlogits, x, w->router, N, C, E, 1);
+}

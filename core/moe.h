@@ -1,0 +1,165 @@
+/* moe: a mixture-of-experts layer that stands in for a layer's MLP. Forward/backward pairs on the
+ * ops.h interface, llm.c style; expert parallelism through parallel/ep (no rank computed here).
+ *   y(N,C) = sum_{j<k} gate_j * expert_{e_j}(x) [+ shared_expert(x)]    (caller adds y to the
+ *   residual stream; x is the normed input, kept by the caller for backward)
+ * Router: logits = x @ Wr^T (Wr [E,C]), softmax in fp32, top-k experts per token (ties to the
+ * lower index), gates = their probabilities renormalized over the k. Experts: llama SwiGLU
+ * (gate_proj, up_proj [Fe,C], down_proj [C,Fe]) or gpt2 GELU (up_proj [Fe,C] + bias, down_proj
+ * [C,Fe] + bias), Fe = model.moe.d_ff_expert; the optional shared expert has the same shape and
+ * sees every token with weight 1.
+ * Losses (Switch Transformer / ST-MoE), over the micro-batch's tokens T (summed over the
+ * stats groups, e.g. the cp and sp shards, before use; DESIGN.md section 4):
+ *   aux = E * sum_e f_e P_e,  f_e = (assignments routed to e) / (T*k) (before capacity drops),
+ *                             P_e = mean router probability of e over the tokens;
+ *   z   = mean over tokens of logsumexp(logits)^2.
+ * moe_forward returns both unscaled (stats->aux_loss, z_loss) and their weighted sum
+ * aux_loss_coef*aux + z_loss_coef*z (stats->loss) for the caller to add to its loss;
+ * moe_backward adds loss_scale * d(that sum) to the router, flowing through P_e (f_e is a count).
+ * Capacity: dropless when model.moe.capacity_factor == 0. Otherwise each expert keeps at most
+ * ceil(capacity_factor * N * k / E) of the assignments this rank routes (N = its tokens), in token
+ * order (then choice order); a dropped assignment contributes nothing (its gate is not
+ * renormalized away), so a token dropped by all its experts gets y = 0 (+ shared expert) and only
+ * the caller's residual passes through. With ep > 1 drops are decided before dispatch, per rank.
+ * Expert parallelism: rank r of the ep group holds experts [r*E/ep, (r+1)*E/ep); tokens go to
+ * them and back with ep_dispatch/ep_combine. Expert weight gradients are plain accumulations
+ * over the tokens that reached the expert from every ep rank; the caller reduces them over
+ * expert-dp x cp (and the router and shared expert over dp x cp) like any other gradient.
+ * Memory: moe_acts_init carves one layer's saved activations from the arena (MEM_ACTS) with
+ * sizes fixed by the config: the local-expert buffers hold the dropless worst case, N*k rows at
+ * ep = 1 and ep*N*k rows at ep > 1 (every rank's tokens all routed to this rank's experts).
+ *
+ * How the model uses it (per MoE layer l, moe_layer_is_moe):
+ *   setup:    moe_init(&ctx, cfg, ops, arena, N, &groups)        once, shared by the layers
+ *             moe_weights_init(&w[l], &ctx), moe_weights_init(&g[l], &ctx)
+ *             moe_enum_params(cfg, l, ep, ep_rank, &w[l], &g[l], add_param_cb, model)
+ *             moe_acts_init(&ctx, &acts[l], arena)
+ *   forward:  moe_forward(&ctx, &acts[l], &w[l], y, ln2, &stats[l]); loss += stats[l].loss
+ *   backward: moe_backward(&ctx, &acts[l], &w[l], &g[l], dln2, dy, ln2, loss_scale, acc)
+ * The stats groups' members must call moe_forward together (one all-reduce of 2E+3 floats per
+ * group), and so must the ep group's (moe_forward and moe_backward each run two all-to-all(v)s
+ * plus one all-to-all of counts in forward). */
+#ifndef UST_MOE_H
+#define UST_MOE_H
+
+#include <stdint.h>
+
+#include "comm.h"
+#include "config.h"
+#include "ep.h"
+#include "mem.h"
+#include "ops.h"
+
+/* One expert's tensors (or their gradients). llama: gate, up, down; gpt2: up, up_b, down, down_b
+ * (the others NULL). */
+typedef struct {
+    float *gate, *up, *up_b, *down, *down_b;
+} moe_expert;
+
+/* A MoE layer's tensors on this rank (or their gradients): experts[i] is global expert
+ * first_expert + i. Filled through moe_enum_params' p/g targets. */
+typedef struct {
+    float *router; /* [E, C] */
+    moe_expert *experts;
+    int nexperts, first_expert;
+    moe_expert shared; /* all NULL without a shared expert */
+} moe_weights;
+
+/* One tensor of a MoE layer, for the model's parameter table. */
+typedef struct {
+    const char *name;   /* canonical checkpoint name, global expert index in it */
+    int64_t rows, cols; /* whole tensor, [out, in]; biases are rows = 1 */
+    int decay;          /* weight decay applies (matrices) */
+    float init_std;     /* N(0, std); 0 means the constant init_value */
+    float init_value;
+    int expert;     /* global expert index; -1 for the router and the shared expert */
+    float **p, **g; /* where the model stores the resolved parameter / gradient pointers */
+} moe_param;
+typedef void (*moe_param_fn)(void *ctx, const moe_param *p);
+
+/* 1 when layer l (0-based) is a MoE layer: num_experts > 0 and l % moe.every == 0 (Megatron's
+ * moe_layer_freq: every = 1 makes every layer MoE, every = 2 layers 0, 2, 4, ...). */
+int moe_layer_is_moe(const ust_config *cfg, int l);
+
+/* Enumerates layer l's tensors held by ep rank ep_rank of ep_size, in a fixed order: router,
+ * shared expert, then the local experts by increasing global index. Names:
+ *   model.layers.l.mlp.router.weight                          [E, C]
+ *   model.layers.l.mlp.experts.e.{gate_proj,up_proj}.weight   [Fe, C]   (+ up_proj.bias [Fe], gpt2)
+ *   model.layers.l.mlp.experts.e.down_proj.weight             [C, Fe]   (+ down_proj.bias [C],
+ * gpt2) model.layers.l.mlp.shared_expert.{gate_proj,up_proj,down_proj}.weight (+ biases, gpt2)
+ * Init: std 0.02, down_proj 0.02/sqrt(2*n_layer) (as the dense MLP), biases 0. w and g may be
+ * NULL (then p and g are NULL: for counting, e.g. the memory plan); else they must have been set
+ * up by moe_weights_init for this ep rank. Pure: needs no context. */
+void moe_enum_params(const ust_config *cfg, int l, int ep_size, int ep_rank, moe_weights *w,
+                     moe_weights *g, moe_param_fn fn, void *ctx);
+
+typedef struct {
+    ust_comm *ep_comm;       /* expert-parallel group (NULL: every expert on this rank) */
+    ust_comm *stats_comm[2]; /* groups the micro-batch's tokens are split over (cp, sp; NULL:
+                              * none): the aux-loss statistics are summed over each */
+} moe_groups;
+
+/* Load statistics and losses of one forward (over the stats groups' tokens). */
+typedef struct {
+    double aux_loss, z_loss; /* unscaled */
+    double loss;             /* aux_loss_coef * aux_loss + z_loss_coef * z_loss */
+    double load_max;         /* most assignments routed to one expert */
+    double load_mean;        /* tokens * k / E */
+    double dropped_frac;     /* dropped assignments / (tokens * k) */
+    int64_t tokens;
+} moe_stats;
+
+/* Context shared by the MoE layers of a model (dimensions, dispatch, backward scratch). */
+typedef struct moe_ctx {
+    const ust_ops *ops;
+    ust_ep ep;
+    ust_comm *stats_comm[2];
+    int llama, shared, E, k, C, Fe, N;
+    int El, e0; /* local experts: [e0, e0 + El) */
+    int64_t R;  /* rows of the local-expert buffers */
+    double aux_coef, z_coef, capacity_factor;
+    /* scratch */
+    float *logits, *dlogits, *dgate, *tmp;       /* (N,E) (N,E) (N*k) (N,C) */
+    float *xd, *eout;                            /* (N*k,C) (R,C), ep > 1 only */
+    float *d_home, *d_local, *dxe;               /* (N*k,C) (R,C) (R,C) */
+    float *dh1, *dh2, *dact;                     /* (R,Fe) each */
+    float *aux_dp, *stats;                       /* device E and 2E+3 */
+    float *stats_host;                           /* host 2E+3 */
+    int32_t *topk_host, *pos_host, *assign_host; /* host N*k each */
+    int32_t *cnt_host;                           /* host 2E: routed, kept */
+} moe_ctx;
+
+/* One MoE layer's activations saved for backward. */
+typedef struct {
+    float *probs, *lse, *gate;    /* (N,E) (N) (N,k) */
+    int32_t *topk, *assign, *pos; /* (N,k); assign: row -> assignment; pos: assignment -> row */
+    float *xe, *h1, *h2, *act;    /* local-expert rows (R,C) (R,Fe) x3; h1 = gate_proj (llama) */
+    float *eout;                  /* (N*k,C) expert outputs back home, in row order */
+    float *s_h1, *s_h2, *s_act;   /* shared expert (N,Fe) each */
+    ep_plan plan;
+    int64_t nkept;      /* rows sent (kept assignments) */
+    float *aux_dp_host; /* host E: d aux_coef*aux / d probs[:, e] */
+    float zscale;       /* 2 z_coef / tokens */
+} moe_acts;
+
+/* N: tokens per micro-batch on this rank. Needs model.moe.num_experts > 0 (validated config). */
+void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *arena, int N,
+              const moe_groups *groups);
+void moe_free(moe_ctx *m); /* host memory; the arena owns the rest */
+void moe_weights_init(moe_weights *w, const moe_ctx *m);
+void moe_weights_free(moe_weights *w);
+void moe_acts_init(moe_ctx *m, moe_acts *a, ust_arena *arena);
+void moe_acts_free(moe_acts *a); /* host memory */
+/* Bytes moe_acts_init takes from the arena per layer (for the memory plan). */
+int64_t moe_acts_bytes(const ust_config *cfg, int N, int ep_size);
+
+/* y(N,C) = the layer's output for x(N,C); saves what backward needs in a; fills stats. */
+void moe_forward(moe_ctx *m, moe_acts *a, const moe_weights *w, float *y, const float *x,
+                 moe_stats *stats);
+/* dx(N,C) = d/dx (overwritten, or += when acc_dx) given dy(N,C); ACCUMULATES into g the
+ * gradients of this rank's tensors. loss_scale multiplies the aux and z-loss gradients (e.g. the
+ * same 1/tokens or 1/micro-batches factor the caller applies to its own loss). x must be the
+ * forward's input. */
+void moe_backward(moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g, float *dx,
+                  const float *dy, const float *x, float loss_scale, int acc_dx);
+
+#endif

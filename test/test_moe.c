@@ -1,0 +1,491 @@
+/* The mixture-of-experts layer (core/moe) on one rank: forward against an independent fp64
+ * reference, every gradient against central finite differences of that reference (llama and gpt2
+ * experts, top-1 and top-2, with and without a shared expert, with capacity drops), the aux and
+ * z losses, capacity dropping and load statistics against hand-computed tiny cases, the
+ * parameter enumeration (names, shapes, local experts under ep) and the activation sizes. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "config.h"
+#include "mem.h"
+#include "moe.h"
+#include "ops.h"
+#include "rng.h"
+#include "test.h"
+
+/* ---------------------------------------------------------------- fixture */
+
+typedef struct {
+    float *p, *g;
+    int64_t n;
+    char name[128];
+} tparam;
+
+typedef struct {
+    ust_arena *arena;
+    tparam t[256];
+    int n;
+} plist;
+
+/* moe_enum_params callback: one arena tensor (and gradient) per parameter. */
+static void collect(void *ctx, const moe_param *q) {
+    plist *l = ctx;
+    tparam *t = &l->t[l->n++];
+    t->n = q->rows * q->cols;
+    t->p = mem_alloc(l->arena, MEM_PARAMS, t->n * sizeof(float));
+    t->g = mem_alloc(l->arena, MEM_GRADS, t->n * sizeof(float));
+    snprintf(t->name, sizeof t->name, "%s", q->name);
+    if (q->p) *q->p = t->p;
+    if (q->g) *q->g = t->g;
+}
+
+typedef struct {
+    ust_config cfg;
+    ust_ops *ops;
+    ust_arena arena;
+    moe_ctx m;
+    moe_acts a;
+    moe_weights w, g;
+    plist pl;
+    int N;
+    float *x, *y, *dy, *dx;
+} fixture;
+
+static void moe_config(ust_config *c, ust_arch arch, int E, int k, int C, int Fe, int shared) {
+    cfg_defaults(c);
+    c->model.arch = arch;
+    c->model.n_layer = 2;
+    c->model.d_model = C;
+    c->model.moe.num_experts = E;
+    c->model.moe.top_k = k;
+    c->model.moe.d_ff_expert = Fe;
+    c->model.moe.shared_expert = shared;
+}
+
+static void fixture_make(fixture *f, int N) {
+    f->ops = ops_cpu_create(1, 1);
+    mem_init(&f->arena, f->ops);
+    f->N = N;
+    moe_init(&f->m, &f->cfg, f->ops, &f->arena, N, NULL);
+    moe_weights_init(&f->w, &f->m);
+    moe_weights_init(&f->g, &f->m);
+    f->pl.arena = &f->arena;
+    f->pl.n = 0;
+    moe_enum_params(&f->cfg, 0, 1, 0, &f->w, &f->g, collect, &f->pl);
+    moe_acts_init(&f->m, &f->a, &f->arena);
+    int64_t NC = (int64_t)N * f->cfg.model.d_model;
+    f->x = mem_alloc(&f->arena, MEM_ACTS, NC * 4);
+    f->y = mem_alloc(&f->arena, MEM_ACTS, NC * 4);
+    f->dy = mem_alloc(&f->arena, MEM_ACTS, NC * 4);
+    f->dx = mem_alloc(&f->arena, MEM_ACTS, NC * 4);
+}
+
+static void fixture_free(fixture *f) {
+    moe_acts_free(&f->a);
+    moe_weights_free(&f->w);
+    moe_weights_free(&f->g);
+    moe_free(&f->m);
+    mem_release(&f->arena);
+    f->ops->destroy(f->ops);
+}
+
+/* Random weights of O(0.5) (router O(1), so routing is far from uniform and ties), biases 0.3. */
+static void fill_random(fixture *f, uint64_t seed) {
+    for (int i = 0; i < f->pl.n; i++) {
+        tparam *t = &f->pl.t[i];
+        float s = strstr(t->name, "router") ? 1.0f : strstr(t->name, "bias") ? 0.3f : 0.5f;
+        for (int64_t j = 0; j < t->n; j++) t->p[j] = s * rng_normal(seed, i, j);
+    }
+    int64_t NC = (int64_t)f->N * f->cfg.model.d_model;
+    for (int64_t j = 0; j < NC; j++) {
+        f->x[j] = rng_normal(seed, 1000, j);
+        f->dy[j] = rng_normal(seed, 1001, j);
+    }
+}
+
+/* ---------------------------------------------------------------- fp64 reference */
+
+typedef struct {
+    const ust_config *cfg;
+    const moe_weights *w;
+    int N;
+} ref_ctx;
+
+static double gelu64(double x) {
+    return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+}
+static double silu64(double x) { return x / (1.0 + exp(-x)); }
+
+/* out(C) += scale * expert(x(C)) in double. */
+static void ref_expert(const ref_ctx *r, const moe_expert *e, const double *x, double scale,
+                       double *out) {
+    int C = r->cfg->model.d_model, F = r->cfg->model.moe.d_ff_expert;
+    int llama = r->cfg->model.arch == ARCH_LLAMA;
+    double h[256];
+    for (int f = 0; f < F; f++) {
+        double u = e->up_b ? e->up_b[f] : 0.0, gt = 0.0;
+        for (int c = 0; c < C; c++) {
+            u += (double)e->up[f * C + c] * x[c];
+            if (llama) gt += (double)e->gate[f * C + c] * x[c];
+        }
+        h[f] = llama ? silu64(gt) * u : gelu64(u);
+    }
+    for (int c = 0; c < C; c++) {
+        double s = e->down_b ? e->down_b[c] : 0.0;
+        for (int f = 0; f < F; f++) s += (double)e->down[c * F + f] * h[f];
+        out[c] += scale * s;
+    }
+}
+
+/* L = sum(dy * y) + loss_scale * (aux_coef aux + z_coef z), y the layer's output for x. */
+static double ref_loss(const ref_ctx *r, const float *x, const float *dy, double loss_scale,
+                       double *y_out) {
+    const __typeof__(r->cfg->model.moe) *mc = &r->cfg->model.moe;
+    int N = r->N, C = r->cfg->model.d_model, E = mc->num_experts, k = mc->top_k;
+    double cnt[64] = {0}, psum[64] = {0}, zsum = 0, L = 0;
+    int kept[64] = {0};
+    int64_t cap = mc->capacity_factor > 0 ? (int64_t)ceil(mc->capacity_factor * N * k / E - 1e-9)
+                                          : (int64_t)1 << 40;
+    for (int n = 0; n < N; n++) {
+        double xn[256], y[256] = {0}, lg[64], p[64], mx = -INFINITY, s = 0;
+        for (int c = 0; c < C; c++) xn[c] = x[n * C + c];
+        for (int e = 0; e < E; e++) {
+            lg[e] = 0;
+            for (int c = 0; c < C; c++) lg[e] += (double)r->w->router[e * C + c] * xn[c];
+            mx = fmax(mx, lg[e]);
+        }
+        for (int e = 0; e < E; e++) s += exp(lg[e] - mx);
+        for (int e = 0; e < E; e++) p[e] = exp(lg[e] - mx) / s, psum[e] += p[e];
+        zsum += pow(mx + log(s), 2);
+        int sel[64];
+        double S = 0;
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int used = 0;
+                for (int m = 0; m < j; m++) used |= sel[m] == e;
+                if (!used && (best < 0 || p[e] > p[best])) best = e;
+            }
+            sel[j] = best, S += p[best];
+        }
+        for (int j = 0; j < k; j++) {
+            int e = sel[j];
+            cnt[e]++;
+            if (kept[e]++ >= cap) continue; /* dropped: contributes nothing */
+            ref_expert(r, &r->w->experts[e], xn, p[e] / S, y);
+        }
+        if (mc->shared_expert) ref_expert(r, &r->w->shared, xn, 1.0, y);
+        for (int c = 0; c < C; c++) {
+            L += (double)dy[n * C + c] * y[c];
+            if (y_out) y_out[n * C + c] = y[c];
+        }
+    }
+    double aux = 0;
+    for (int e = 0; e < E; e++) aux += cnt[e] / ((double)N * k) * psum[e] / N;
+    aux *= E;
+    return L + loss_scale * (mc->aux_loss_coef * aux + mc->z_loss_coef * zsum / N);
+}
+
+/* ---------------------------------------------------------------- gradient check */
+
+/* Central differences of the fp64 reference in each element of x and of every parameter, against
+ * moe_backward. The reference computes in double with h = 1e-4 on O(1) values, so its truncation
+ * error is ~1e-8 relative; moe runs in fp32 through sums of <= 2*Fe terms, so 1e-3 relative
+ * (plus 2e-4 absolute for near-zero entries) is far above float noise and far below what a wrong
+ * term gives. Routing must not change inside +-h: the fixtures keep routing margins >> h. */
+static int check_gradients(fixture *f, const char *what, char *why, size_t nwhy) {
+    float loss_scale = 1.7f;
+    ref_ctx r = {&f->cfg, &f->w, f->N};
+    moe_stats st;
+    moe_forward(&f->m, &f->a, &f->w, f->y, f->x, &st);
+    double yref[4096];
+    double Lref = ref_loss(&r, f->x, f->dy, loss_scale, yref);
+    int64_t NC = (int64_t)f->N * f->cfg.model.d_model;
+    double ysum = 0;
+    for (int64_t j = 0; j < NC; j++) {
+        ysum += f->dy[j] * f->y[j];
+        if (fabs(f->y[j] - yref[j]) > 1e-4 + 1e-4 * fabs(yref[j]))
+            return snprintf(why, nwhy, "%s: y[%lld] = %.7g, reference %.7g", what, (long long)j,
+                            f->y[j], yref[j]),
+                   1;
+    }
+    if (fabs(ysum + loss_scale * st.loss - Lref) > 1e-4 * (1 + fabs(Lref)))
+        return snprintf(why, nwhy, "%s: loss %.7g vs reference %.7g", what,
+                        ysum + loss_scale * st.loss, Lref),
+               1;
+    for (int i = 0; i < f->pl.n; i++) memset(f->pl.t[i].g, 0, f->pl.t[i].n * 4);
+    moe_backward(&f->m, &f->a, &f->w, &f->g, f->dx, f->dy, f->x, loss_scale, 0);
+    const double h = 1e-4;
+    for (int i = -1; i < f->pl.n; i++) { /* -1: the input x */
+        float *p = i < 0 ? f->x : f->pl.t[i].p, *g = i < 0 ? f->dx : f->pl.t[i].g;
+        int64_t n = i < 0 ? NC : f->pl.t[i].n;
+        for (int64_t j = 0; j < n; j++) {
+            float keep = p[j];
+            p[j] = keep + (float)h;
+            double hp = p[j] - keep; /* the step actually taken in float */
+            double lp = ref_loss(&r, f->x, f->dy, loss_scale, NULL);
+            p[j] = keep - (float)h;
+            double hm = keep - p[j];
+            double lm = ref_loss(&r, f->x, f->dy, loss_scale, NULL);
+            p[j] = keep;
+            double fd = (lp - lm) / (hp + hm);
+            if (!(fabs(g[j] - fd) <= 2e-4 + 1e-3 * fabs(fd)))
+                return snprintf(why, nwhy, "%s: d/d %s[%lld] = %.7g, finite difference %.7g", what,
+                                i < 0 ? "x" : f->pl.t[i].name, (long long)j, g[j], fd),
+                       1;
+        }
+    }
+    return 0;
+}
+
+static void gradient_case(ust_arch arch, int k, int shared, double capacity, const char *what) {
+    fixture f;
+    moe_config(&f.cfg, arch, 4, k, 8, 6, shared);
+    f.cfg.model.moe.aux_loss_coef = 0.3;
+    f.cfg.model.moe.z_loss_coef = 0.05;
+    f.cfg.model.moe.capacity_factor = capacity;
+    fixture_make(&f, 12);
+    fill_random(&f, 11 + k + 2 * shared);
+    char why[512];
+    int bad = check_gradients(&f, what, why, sizeof why);
+    fixture_free(&f);
+    CHECK(!bad, "%s", why);
+}
+
+static void test_moe_llama_top2_gradients_match_finite_differences(void) {
+    gradient_case(ARCH_LLAMA, 2, 0, 0, "llama top-2");
+}
+static void test_moe_llama_top1_shared_gradients_match_finite_differences(void) {
+    gradient_case(ARCH_LLAMA, 1, 1, 0, "llama top-1 shared");
+}
+static void test_moe_llama_top2_shared_gradients_match_finite_differences(void) {
+    gradient_case(ARCH_LLAMA, 2, 1, 0, "llama top-2 shared");
+}
+static void test_moe_gpt2_top1_gradients_match_finite_differences(void) {
+    gradient_case(ARCH_GPT2, 1, 0, 0, "gpt2 top-1");
+}
+static void test_moe_gpt2_top2_shared_gradients_match_finite_differences(void) {
+    gradient_case(ARCH_GPT2, 2, 1, 0, "gpt2 top-2 shared");
+}
+static void test_moe_llama_top3_gradients_match_finite_differences(void) {
+    gradient_case(ARCH_LLAMA, 3, 0, 0, "llama top-3");
+}
+/* capacity 0.5: each expert keeps ceil(0.5*12*2/4) = 3 of ~6 assignments, so many drops */
+static void test_moe_capacity_drops_gradients_match_finite_differences(void) {
+    gradient_case(ARCH_GPT2, 2, 0, 0.5, "gpt2 top-2 capacity 0.5");
+    if (t_failed_flag) return;
+    gradient_case(ARCH_LLAMA, 2, 1, 0.5, "llama top-2 shared capacity 0.5");
+}
+
+/* ---------------------------------------------------------------- hand-computed cases */
+
+/* N = 4 tokens, C = 2, E = 2 gpt2 experts with Fe = 2: router = identity, so logits = x;
+ * up = down = identity, up bias 0, down bias (10, 0) for expert 0 and (0, 20) for expert 1, so
+ * expert e(x) = gelu(x) + b_e elementwise. x = (1,0), (0,1), (2,0), (0,0). */
+static void hand_fixture(fixture *f, int k, double capacity, double aux_coef) {
+    moe_config(&f->cfg, ARCH_GPT2, 2, k, 2, 2, 0);
+    f->cfg.model.moe.aux_loss_coef = aux_coef;
+    f->cfg.model.moe.z_loss_coef = 0.01;
+    f->cfg.model.moe.capacity_factor = capacity;
+    fixture_make(f, 4);
+    for (int i = 0; i < f->pl.n; i++) memset(f->pl.t[i].p, 0, f->pl.t[i].n * 4);
+    f->w.router[0] = f->w.router[3] = 1;
+    for (int e = 0; e < 2; e++) {
+        moe_expert *x = &f->w.experts[e];
+        x->up[0] = x->up[3] = x->down[0] = x->down[3] = 1;
+    }
+    f->w.experts[0].down_b[0] = 10;
+    f->w.experts[1].down_b[1] = 20;
+    float xs[8] = {1, 0, 0, 1, 2, 0, 0, 0};
+    memcpy(f->x, xs, sizeof xs);
+}
+
+#define GELU1 0.8411919906082768
+#define GELU2 1.954597694087775
+
+/* softmax rows: (.7310586, .2689414), (.2689414, .7310586), (.8807971, .1192029), (.5, .5);
+ * top-1 picks experts 0, 1, 0, 0 (the tie goes to expert 0): f = (3/4, 1/4),
+ * P = ((.7310586 + .2689414 + .8807971 + .5)/4, 1 - that) = (.5951993, .4048007),
+ * aux = 2 (3/4 * .5951993 + 1/4 * .4048007) = 1.0951993;
+ * lse = log(1+e), log(1+e), log(1+e^2), log 2: z = mean lse^2 = 2.1133971. */
+static void test_moe_aux_and_z_loss_match_hand_computed_values(void) {
+    fixture f;
+    hand_fixture(&f, 1, 0, 0.1);
+    moe_stats st;
+    moe_forward(&f.m, &f.a, &f.w, f.y, f.x, &st);
+    fixture_free(&f);
+    CHECK_CLOSE(st.aux_loss, 1.0951992694944706, 1e-6, 0, "aux loss");
+    CHECK_CLOSE(st.z_loss, 2.113397074470959, 1e-5, 0, "z loss");
+    CHECK_CLOSE(st.loss, 0.1 * 1.0951992694944706 + 0.01 * 2.113397074470959, 1e-6, 0, "loss");
+    CHECK(st.load_max == 3 && st.load_mean == 2 && st.dropped_frac == 0 && st.tokens == 4,
+          "load max %g mean %g dropped %g tokens %lld", st.load_max, st.load_mean, st.dropped_frac,
+          (long long)st.tokens);
+}
+
+/* The same tokens with top-1 and capacity_factor 1: capacity ceil(1 * 4 * 1 / 2) = 2, expert 0
+ * gets tokens 0, 2, 3 in that order, so token 3 is dropped (y = 0: only the caller's residual
+ * passes) and the others get gelu(x) + b_e with gate 1. */
+static void test_moe_capacity_drops_overflow_in_token_order_top1(void) {
+    fixture f;
+    hand_fixture(&f, 1, 1.0, 0.1);
+    moe_stats st;
+    moe_forward(&f.m, &f.a, &f.w, f.y, f.x, &st);
+    float y[8];
+    memcpy(y, f.y, sizeof y);
+    fixture_free(&f);
+    double want[8] = {GELU1 + 10, 0, 0, GELU1 + 20, GELU2 + 10, 0, 0, 0};
+    for (int i = 0; i < 8; i++) CHECK_CLOSE(y[i], want[i], 1e-5, 1e-6, "y");
+    CHECK(st.dropped_frac == 0.25 && st.load_max == 3, "dropped %g load max %g", st.dropped_frac,
+          st.load_max);
+}
+
+/* Top-2 (every token picks both experts) and capacity_factor 0.5: capacity ceil(0.5*4*2/2) = 2,
+ * so both experts keep tokens 0 and 1 and drop 2 and 3. Token 0: gates (.7310586, .2689414) for
+ * experts (0, 1): y = gelu(x) + .7310586 (10, 0) + .2689414 (0, 20); token 1 the mirror image;
+ * the dropped tokens' gates are not renormalized away. */
+static void test_moe_capacity_drops_whole_tokens_top2(void) {
+    fixture f;
+    hand_fixture(&f, 2, 0.5, 0.1);
+    moe_stats st;
+    moe_forward(&f.m, &f.a, &f.w, f.y, f.x, &st);
+    float y[8];
+    memcpy(y, f.y, sizeof y);
+    fixture_free(&f);
+    double p = 0.7310585786300049, q = 1 - p;
+    double want[8] = {GELU1 + 10 * p, 20 * q, 10 * q, GELU1 + 20 * p, 0, 0, 0, 0};
+    for (int i = 0; i < 8; i++) CHECK_CLOSE(y[i], want[i], 1e-5, 1e-6, "y");
+    CHECK(st.dropped_frac == 0.5 && st.load_max == 4 && st.load_mean == 4,
+          "dropped %g load max %g mean %g", st.dropped_frac, st.load_max, st.load_mean);
+    CHECK_CLOSE(st.aux_loss, 1.0, 1e-6, 0, "aux loss (f = (1/2, 1/2), P_0 + P_1 = 1)");
+}
+
+/* The z-loss gradient by hand: d/dx of z_coef * mean(lse^2) with router = identity is
+ * z_coef * 2 lse(x_n) softmax(x_n) / N per token (through logits = x); with dy = 0, no aux and
+ * experts cut off (zero down weights and biases), dx is exactly that. */
+static void test_moe_z_loss_gradient_matches_hand_computed_value(void) {
+    fixture f;
+    hand_fixture(&f, 1, 0, 0);
+    for (int e = 0; e < 2; e++) memset(f.w.experts[e].down_b, 0, 2 * 4);
+    memset(f.dy, 0, 8 * 4);
+    moe_stats st;
+    moe_forward(&f.m, &f.a, &f.w, f.y, f.x, &st);
+    moe_backward(&f.m, &f.a, &f.w, &f.g, f.dx, f.dy, f.x, 1.0f, 0);
+    float dx[8];
+    memcpy(dx, f.dx, sizeof dx);
+    fixture_free(&f);
+    double lse[4] = {1.3132616875182228, 1.3132616875182228, 2.1269280110429727,
+                     0.6931471805599453};
+    double p0[4] = {0.7310585786300049, 0.2689414213699951, 0.8807970779778823, 0.5};
+    for (int n = 0; n < 4; n++) {
+        CHECK_CLOSE(dx[2 * n], 0.01 * 2 * lse[n] * p0[n] / 4, 1e-7, 1e-5, "dx[n][0]");
+        CHECK_CLOSE(dx[2 * n + 1], 0.01 * 2 * lse[n] * (1 - p0[n]) / 4, 1e-7, 1e-5, "dx[n][1]");
+    }
+}
+
+/* ---------------------------------------------------------------- parameters, memory */
+
+typedef struct {
+    char names[64][128];
+    int64_t rows[64], cols[64];
+    int expert[64], decay[64], n;
+    float std[64];
+} name_list;
+
+static void list_names(void *ctx, const moe_param *q) {
+    name_list *l = ctx;
+    snprintf(l->names[l->n], 128, "%s", q->name);
+    l->rows[l->n] = q->rows, l->cols[l->n] = q->cols, l->expert[l->n] = q->expert;
+    l->decay[l->n] = q->decay, l->std[l->n] = q->init_std;
+    l->n++;
+}
+
+/* llama, 8 experts over ep = 4: rank 2 holds experts 4 and 5, named by their global index; the
+ * router and the shared expert are on every rank. */
+static void test_moe_params_name_local_experts_by_global_index(void) {
+    ust_config c;
+    moe_config(&c, ARCH_LLAMA, 8, 2, 16, 24, 1);
+    name_list l = {0};
+    moe_enum_params(&c, 3, 4, 2, NULL, NULL, list_names, &l);
+    const char *want[] = {"model.layers.3.mlp.router.weight",
+                          "model.layers.3.mlp.shared_expert.gate_proj.weight",
+                          "model.layers.3.mlp.shared_expert.up_proj.weight",
+                          "model.layers.3.mlp.shared_expert.down_proj.weight",
+                          "model.layers.3.mlp.experts.4.gate_proj.weight",
+                          "model.layers.3.mlp.experts.4.up_proj.weight",
+                          "model.layers.3.mlp.experts.4.down_proj.weight",
+                          "model.layers.3.mlp.experts.5.gate_proj.weight",
+                          "model.layers.3.mlp.experts.5.up_proj.weight",
+                          "model.layers.3.mlp.experts.5.down_proj.weight"};
+    CHECK(l.n == 10, "%d tensors, expected 10", l.n);
+    for (int i = 0; i < 10; i++)
+        CHECK(!strcmp(l.names[i], want[i]), "%s vs %s", l.names[i], want[i]);
+    CHECK(l.rows[0] == 8 && l.cols[0] == 16 && l.expert[0] == -1, "router [%lld, %lld]",
+          (long long)l.rows[0], (long long)l.cols[0]);
+    CHECK(l.rows[4] == 24 && l.cols[4] == 16 && l.expert[4] == 4, "gate_proj");
+    CHECK(l.rows[9] == 16 && l.cols[9] == 24 && l.expert[9] == 5, "down_proj");
+    CHECK(l.std[9] == 0.02f / sqrtf(4.0f) && l.std[8] == 0.02f, "init std %g %g", l.std[9],
+          l.std[8]);
+}
+
+static void test_moe_gpt2_params_have_biases_without_decay(void) {
+    ust_config c;
+    moe_config(&c, ARCH_GPT2, 2, 1, 16, 24, 0);
+    name_list l = {0};
+    moe_enum_params(&c, 0, 1, 0, NULL, NULL, list_names, &l);
+    CHECK(l.n == 1 + 2 * 4, "%d tensors", l.n);
+    CHECK(!strcmp(l.names[2], "model.layers.0.mlp.experts.0.up_proj.bias") && l.rows[2] == 1 &&
+              l.cols[2] == 24 && l.decay[2] == 0 && l.std[2] == 0,
+          "%s", l.names[2]);
+    CHECK(!strcmp(l.names[8], "model.layers.0.mlp.experts.1.down_proj.bias") && l.cols[8] == 16,
+          "%s", l.names[8]);
+}
+
+static void test_moe_every_selects_layers_from_zero(void) {
+    ust_config c;
+    moe_config(&c, ARCH_LLAMA, 4, 2, 8, 8, 0);
+    c.model.moe.every = 2;
+    CHECK(moe_layer_is_moe(&c, 0) && !moe_layer_is_moe(&c, 1) && moe_layer_is_moe(&c, 2),
+          "every 2");
+    c.model.moe.num_experts = 0;
+    CHECK(!moe_layer_is_moe(&c, 0), "no experts");
+}
+
+/* moe_acts_bytes (for the memory plan) is exactly what moe_acts_init takes from the arena. */
+static void test_moe_acts_bytes_match_the_arena(void) {
+    ust_config c;
+    moe_config(&c, ARCH_LLAMA, 4, 2, 8, 8, 1);
+    ust_ops *o = ops_cpu_create(1, 1);
+    ust_arena a;
+    mem_init(&a, o);
+    moe_ctx m;
+    moe_init(&m, &c, o, &a, 32, NULL);
+    size_t before = a.bytes[MEM_ACTS];
+    moe_acts acts;
+    moe_acts_init(&m, &acts, &a);
+    int64_t got = (int64_t)(a.bytes[MEM_ACTS] - before), want = moe_acts_bytes(&c, 32, 1);
+    moe_acts_free(&acts);
+    moe_free(&m);
+    mem_release(&a);
+    o->destroy(o);
+    CHECK(got == want, "arena %lld bytes, moe_acts_bytes %lld", (long long)got, (long long)want);
+}
+
+int main(void) {
+    RUN_TEST(test_moe_llama_top2_gradients_match_finite_differences);
+    RUN_TEST(test_moe_llama_top1_shared_gradients_match_finite_differences);
+    RUN_TEST(test_moe_llama_top2_shared_gradients_match_finite_differences);
+    RUN_TEST(test_moe_gpt2_top1_gradients_match_finite_differences);
+    RUN_TEST(test_moe_gpt2_top2_shared_gradients_match_finite_differences);
+    RUN_TEST(test_moe_llama_top3_gradients_match_finite_differences);
+    RUN_TEST(test_moe_capacity_drops_gradients_match_finite_differences);
+    RUN_TEST(test_moe_aux_and_z_loss_match_hand_computed_values);
+    RUN_TEST(test_moe_capacity_drops_overflow_in_token_order_top1);
+    RUN_TEST(test_moe_capacity_drops_whole_tokens_top2);
+    RUN_TEST(test_moe_z_loss_gradient_matches_hand_computed_value);
+    RUN_TEST(test_moe_params_name_local_experts_by_global_index);
+    RUN_TEST(test_moe_gpt2_params_have_biases_without_decay);
+    RUN_TEST(test_moe_every_selects_layers_from_zero);
+    RUN_TEST(test_moe_acts_bytes_match_the_arena);
+    return TEST_SUMMARY();
+}
