@@ -109,6 +109,7 @@ static const cfg_key cfg_keys[] = {
     BOOL("parallel.sp", parallel.sp, "false"),
     INT("parallel.vpp", parallel.vpp, "1", 1),
     ENUM("parallel.pp_schedule", parallel.pp_schedule, "1f1b", PP_SCHEDULES),
+    BOOL("parallel.pp_breadth_first", parallel.pp_breadth_first, "false"),
     ENUM("parallel.cp_layout", parallel.cp_layout, "zigzag", CP_LAYOUTS),
     ENUM("parallel.cp_comm", parallel.cp_comm, "ring", CP_COMMS),
     DBL("parallel.dp_bucket_mb", parallel.dp_bucket_mb, "25", 0, INFINITY, LO_OPEN),
@@ -831,6 +832,13 @@ static int cfg_validate_parallel(const ust_config *c, ust_err *e) {
     REQUIRE(p->vpp == 1 || p->pp_schedule == PP_INTERLEAVED,
             "parallel.vpp (%d) > 1 needs parallel.pp_schedule: interleaved (got %s)", p->vpp,
             PP_SCHEDULES[p->pp_schedule]);
+    REQUIRE(p->vpp == 1 || p->pp > 1,
+            "parallel.vpp (%d) > 1 needs parallel.pp > 1: virtual stages interleave over pipeline "
+            "ranks", p->vpp);
+    REQUIRE(p->vpp <= 16, "parallel.vpp (%d) must be at most 16", p->vpp);
+    REQUIRE(p->pp == 1 || p->pp_schedule != PP_ZB || c->train.recompute != RECOMPUTE_FULL,
+            "parallel.pp_schedule: zb defers weight gradients, which full recomputation cannot "
+            "keep; use train.recompute: none or selective%s", "");
     REQUIRE(p->cp == 1 || c->train.seq_len % (2LL * p->cp) == 0,
             "train.seq_len (%d) must be divisible by 2 * parallel.cp (2 * %d = %lld): each rank "
             "holds two chunks of the sequence",

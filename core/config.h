@@ -53,6 +53,7 @@ typedef struct {
         bool sp;
         int vpp;
         ust_pp_schedule pp_schedule;
+        bool pp_breadth_first; /* interleaved: all micro-batches through a chunk before the next */
         ust_cp_layout cp_layout;
         ust_cp_comm cp_comm;
         double dp_bucket_mb;

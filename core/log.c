@@ -76,6 +76,10 @@ void log_step_json(ust_log *l, const log_step *s) {
     json_num(l->metrics, "step_ms", s->ms);
     json_num(l->metrics, "tp_comm_ms", s->tp_comm_ms);
     json_num(l->metrics, "cp_wait_ms", s->cp_wait_ms);
+    if (!isnan(s->pp_bubble)) {
+        json_num(l->metrics, "pp_bubble", s->pp_bubble);
+        json_num(l->metrics, "pp_bubble_analytic", s->pp_bubble_analytic);
+    }
     if (!isnan(s->val_loss)) json_num(l->metrics, "val_loss", s->val_loss);
     if (s->skipped) fprintf(l->metrics, ",\"skipped\":true");
     fprintf(l->metrics, "}\n");

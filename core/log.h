@@ -16,6 +16,8 @@ typedef struct {
     double cp_wait_ms;      /* ... and for context-parallel key/value blocks */
     size_t mem_params, mem_grads, mem_optim, mem_acts; /* this rank's arena by category */
     double val_loss;                                   /* NaN when not computed this step */
+    double pp_bubble;   /* pipeline: max over stages of idle / busy time this step (NaN: no pp) */
+    double pp_bubble_analytic; /* (p - 1) / (v * m) */
     int skipped;                                       /* step skipped by on_nan: skip */
 } log_step;
 

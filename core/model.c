@@ -27,6 +27,33 @@ typedef struct {
     float *gate, *up, *act;           /* (N,F) each; gate only for llama */
 } layer_acts;
 
+/* Zero-bubble schedules split a layer's backward into B (input gradients, now) and W (weight
+ * gradients, later). B keeps the gradient each weight gradient needs at its linear's output. */
+typedef struct {
+    float *gmlp, *dup, *dgate, *dln2;  /* (N,C) down_proj out, (N,F) up/gate out, (Nl,C) norm 2 */
+    float *gatt, *dq, *dk, *dv, *dln1; /* (N,C) o_proj out, q/k/v out, (Nl,C) norm 1 */
+} layer_wsave;
+
+/* What one micro-batch in flight through a chunk keeps between its forward and backward. */
+typedef struct {
+    float **xs;      /* layers+1 residual tensors (Nl,C): xs[i] is layer lo+i's input */
+    layer_acts *la;  /* one set per layer (NULL under full recompute: the shared scratch) */
+    layer_wsave *ws; /* zb only: one per layer */
+    float *lnf, *lnf_mean, *lnf_rstd, *logits; /* head chunk: (Nl,C) (Nl) (Nl) (N,Vl) */
+    float *dlnf;  /* head chunk under zb: the final norm's output gradient (Nl,C) */
+    int32_t *tok; /* embedding chunk: the token ids */
+    float *dy;    /* (Nl,C): d loss / d chunk output on entry to backward, d / d input after */
+} act_slot;
+
+/* A contiguous run of layers: one pipeline stage (the whole model without pipelining). */
+typedef struct {
+    int stage, lo, hi; /* global stage; layers [lo, hi) */
+    int embed, head;   /* holds the embeddings / the final norm, lm_head and loss */
+    int unit0, nunits; /* its units in the rank's unit numbering */
+    int nslots;
+    act_slot *slots;
+} model_chunk;
+
 typedef struct {
     float **p, **g; /* where to store the resolved parameter and gradient pointers */
 } param_target;
@@ -42,6 +69,12 @@ struct model {
     int Hg, Hkvg, Fg;
     float eps, theta;
     ust_recompute recompute;
+    int zb;         /* keep what deferred weight gradients (model_chunk_weight_grad) need */
+    int tied_local; /* tied embeddings with the embedding and the head on this rank */
+    int tied_copy;  /* tied embeddings, head here, embedding on another stage: a synced copy */
+
+    model_chunk *chunks;
+    int nchunks;
 
     model_param *params;
     param_target *targets;
@@ -52,17 +85,18 @@ struct model {
     int64_t *unit_off, *unit_len;
     float *p, *g; /* whole flat buffers, or NULL when a sharding layer owns the storage */
     model_hooks hooks;
+    ckpt_tensor *all; /* every tensor of the whole model (all stages), checkpoint order */
+    int nall;
 
-    layer_w *lw, *lg;
+    layer_w *lw, *lg; /* indexed by global layer; only this rank's layers are set */
     float *wte, *wpe, *lnf_w, *lnf_b, *lm;
     float *g_wte, *g_wpe, *g_lnf_w, *g_lnf_b, *g_lm;
 
-    float **xs;     /* L+1 residual-stream tensors (N,C): xs[l] is layer l's input */
-    layer_acts *la; /* L sets, or one scratch set under full recompute */
-    float *lnf, *lnf_mean, *lnf_rstd, *logits, *losses; /* (N,C) (N) (N) (N,Vp) (N) */
-    float *dx, *dtmp, *dln, *dq, *dk, *dv, *datt, *dgate, *dup, *dact;
+    layer_acts scratch; /* full recompute: the one set every layer rebuilds into */
+    float *losses;      /* (N) */
+    float *dtmp, *dln, *dq, *dk, *dv, *datt, *dgate, *dup, *dact;
     float *dnorm; /* 2C: a norm's weight (and bias) gradient before the sp reduction */
-    int32_t *tok, *tgt, *pos;
+    int32_t *tgt, *pos;
 };
 
 /* ------------------------------------------------------------------ parameter table */
@@ -144,43 +178,102 @@ static void add_layer_params(model *m, int l) {
     // clang-format on
 }
 
-/* Closes the current unit: pads the flat buffer to a multiple of unit_pad. */
-static void end_unit(model *m) {
+/* Closes the current unit: pads the flat buffer to a multiple of unit_pad, and to at least
+ * min_len floats. */
+static void end_unit(model *m, int64_t min_len) {
     int u = m->cur_unit++;
     m->numel = (m->numel + m->unit_pad - 1) / m->unit_pad * m->unit_pad;
+    if (m->numel - m->unit_off[u] < min_len) m->numel = m->unit_off[u] + min_len;
     m->unit_len[u] = m->numel - m->unit_off[u];
     if (m->cur_unit < m->nunits) m->unit_off[m->cur_unit] = m->numel;
 }
 
-static void build_param_table(model *m) {
+static int64_t align16(int64_t n) { return (n + 15) & ~(int64_t)15; }
+
+/* Tied embeddings over a pipeline: the first stage's embedding unit and the last stage's head
+ * unit (which starts with the copy) get one common length, so a ZeRO partition of the table
+ * covers the same elements on both ends and the copy's gradient syncs shard by shard. */
+static int64_t tied_unit_len(const model *m) {
+    int64_t table = align16((int64_t)m->Vl * m->C);
+    int64_t embed = table + (m->llama ? 0 : align16((int64_t)m->maxT * m->C));
+    int64_t head = table + align16(m->C) * (m->llama ? 1 : 2);
+    int64_t len = embed > head ? embed : head;
+    return (len + m->unit_pad - 1) / m->unit_pad * m->unit_pad;
+}
+
+static void add_embed_unit(model *m) {
     int C = m->C;
-    m->nunits = m->L + 2;
-    m->unit_off = calloc(m->nunits, sizeof *m->unit_off);
-    m->unit_len = calloc(m->nunits, sizeof *m->unit_len);
     add_param(m, "model.embed_tokens.weight", m->Vp, C, SPLIT_ROWS, 1, 0.02f, 0, &m->wte,
               &m->g_wte);
     if (!m->llama)
         add_param(m, "model.embed_positions.weight", m->maxT, C, SPLIT_NONE, 1, 0.02f, 0, &m->wpe,
                   &m->g_wpe);
-    end_unit(m);
-    for (int l = 0; l < m->L; l++) {
-        add_layer_params(m, l);
-        end_unit(m);
+    end_unit(m, m->tied && m->cfg->parallel.pp > 1 ? tied_unit_len(m) : 0);
+}
+
+static void add_head_unit(model *m) {
+    int C = m->C;
+    if (m->tied_copy) { /* the copy, under the embedding's own name: initialized, saved and
+                           loaded as that tensor (only the first stage writes it) */
+        add_param(m, "model.embed_tokens.weight", m->Vp, C, SPLIT_ROWS, 1, 0.02f, 0, &m->lm,
+                  &m->g_lm);
+        m->params[m->nparams - 1].replica = 1;
     }
     add_param(m, "model.norm.weight", 1, C, SPLIT_NONE, 0, 0, 1, &m->lnf_w, &m->g_lnf_w);
     if (!m->llama)
         add_param(m, "model.norm.bias", 1, C, SPLIT_NONE, 0, 0, 0, &m->lnf_b, &m->g_lnf_b);
     if (!m->tied)
         add_param(m, "lm_head.weight", m->Vp, C, SPLIT_ROWS, 1, 0.02f, 0, &m->lm, &m->g_lm);
-    end_unit(m);
+    end_unit(m, m->tied_copy ? tied_unit_len(m) : 0);
+}
+
+static void build_param_table(model *m) {
+    m->nunits = 0;
+    for (int c = 0; c < m->nchunks; c++) {
+        model_chunk *ch = &m->chunks[c];
+        ch->unit0 = m->nunits;
+        ch->nunits = ch->embed + (ch->hi - ch->lo) + ch->head;
+        m->nunits += ch->nunits;
+    }
+    m->unit_off = calloc(m->nunits, sizeof *m->unit_off);
+    m->unit_len = calloc(m->nunits, sizeof *m->unit_len);
+    for (int c = 0; c < m->nchunks; c++) {
+        const model_chunk *ch = &m->chunks[c];
+        if (ch->embed) add_embed_unit(m);
+        for (int l = ch->lo; l < ch->hi; l++) {
+            add_layer_params(m, l);
+            end_unit(m, 0);
+        }
+        if (ch->head) add_head_unit(m);
+    }
+}
+
+/* The whole model's tensors in checkpoint order (every rank lists all of them, whatever it
+ * holds): the parameter table of a one-chunk model, of which only the names and shapes count. */
+static void list_all_tensors(model *m) {
+    model t = *m;
+    t.params = NULL, t.targets = NULL, t.param_unit = NULL;
+    t.nparams = t.cap = 0, t.numel = 0, t.cur_unit = 0;
+    t.tied_copy = 0;
+    model_chunk whole = {.stage = 0, .lo = 0, .hi = m->L, .embed = 1, .head = 1};
+    t.chunks = &whole, t.nchunks = 1;
+    t.lw = calloc(m->L, sizeof *t.lw);
+    t.lg = calloc(m->L, sizeof *t.lg);
+    build_param_table(&t);
+    m->nall = t.nparams;
+    m->all = calloc(t.nparams, sizeof *m->all);
+    for (int i = 0; i < t.nparams; i++) m->all[i] = t.params[i].whole;
+    free(t.params), free(t.targets), free(t.param_unit), free(t.unit_off), free(t.unit_len);
+    free(t.lw), free(t.lg);
 }
 
 /* ------------------------------------------------------------------ activations */
 
+#define A(n) ((float *)mem_alloc(a, MEM_ACTS, (size_t)(n) * sizeof(float)))
+
 static void alloc_layer_acts(model *m, ust_arena *a, layer_acts *x, float *shared_act) {
     int64_t N = (int64_t)m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D, F = m->F;
     int64_t Nl = m->Nl;
-#define A(n) ((float *)mem_alloc(a, MEM_ACTS, (size_t)(n) * sizeof(float)))
     x->ln1 = A(Nl * C);
     x->ln1_mean = A(Nl);
     x->ln1_rstd = A(Nl);
@@ -196,30 +289,60 @@ static void alloc_layer_acts(model *m, ust_arena *a, layer_acts *x, float *share
     x->gate = m->llama ? A(N * F) : NULL;
     x->up = A(N * F);
     x->act = shared_act ? shared_act : A(N * F);
-#undef A
+}
+
+static void alloc_wsave(model *m, ust_arena *a, layer_wsave *w) {
+    int64_t N = (int64_t)m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D, F = m->F;
+    w->gmlp = A(N * C);
+    w->dup = A(N * F);
+    w->dgate = m->llama ? A(N * F) : NULL;
+    w->dln2 = A((int64_t)m->Nl * C);
+    w->gatt = A(N * C);
+    w->dq = A(N * HD);
+    w->dk = A(N * KV);
+    w->dv = A(N * KV);
+    w->dln1 = A((int64_t)m->Nl * C);
+}
+
+/* none: every layer keeps its activations; selective: the MLP activation output is recomputed
+ * in backward, so one shared buffer; full: only the layer inputs are kept, one scratch set. */
+static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *s, float *shared) {
+    int64_t N = (int64_t)m->B * m->T, C = m->C, Nl = m->Nl, nl = ch->hi - ch->lo;
+    s->xs = calloc(nl + 1, sizeof *s->xs);
+    for (int i = 0; i <= nl; i++) s->xs[i] = A(Nl * C);
+    if (m->recompute != RECOMPUTE_FULL) {
+        s->la = calloc(nl, sizeof *s->la);
+        for (int i = 0; i < nl; i++) alloc_layer_acts(m, a, &s->la[i], shared);
+    }
+    if (m->zb) {
+        s->ws = calloc(nl, sizeof *s->ws);
+        for (int i = 0; i < nl; i++) alloc_wsave(m, a, &s->ws[i]);
+    }
+    if (ch->head) {
+        s->lnf = A(Nl * C);
+        s->lnf_mean = A(Nl);
+        s->lnf_rstd = A(Nl);
+        s->logits = A(N * m->Vl);
+        if (m->zb) s->dlnf = A(Nl * C);
+    }
+    if (ch->embed) s->tok = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
+    s->dy = A(Nl * C);
 }
 
 static void alloc_activations(model *m, ust_arena *a) {
     int64_t N = (int64_t)m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D, F = m->F;
-    int64_t wide = HD > F ? HD : F, Nl = m->Nl;
-#define A(n) ((float *)mem_alloc(a, MEM_ACTS, (size_t)(n) * sizeof(float)))
-    m->xs = calloc(m->L + 1, sizeof *m->xs);
-    for (int l = 0; l <= m->L; l++) m->xs[l] = A(Nl * C);
-    /* none: every layer keeps its activations; selective: the MLP activation output is
-     * recomputed in backward, so one shared buffer; full: only xs are kept, one scratch set. */
-    int nsets = m->recompute == RECOMPUTE_FULL ? 1 : m->L;
+    int64_t wide = HD > F ? HD : F;
     float *shared = m->recompute == RECOMPUTE_SELECTIVE ? A(N * F) : NULL;
-    m->la = calloc(nsets, sizeof *m->la);
-    for (int i = 0; i < nsets; i++) alloc_layer_acts(m, a, &m->la[i], shared);
-    m->lnf = A(Nl * C);
-    m->lnf_mean = A(Nl);
-    m->lnf_rstd = A(Nl);
-    m->logits = A(N * m->Vl);
+    if (m->recompute == RECOMPUTE_FULL) alloc_layer_acts(m, a, &m->scratch, shared);
+    for (int c = 0; c < m->nchunks; c++) {
+        model_chunk *ch = &m->chunks[c];
+        ch->slots = calloc(ch->nslots, sizeof *ch->slots);
+        for (int k = 0; k < ch->nslots; k++) alloc_slot(m, a, ch, &ch->slots[k], shared);
+    }
     m->losses = A(N);
-    m->dx = A(Nl * C);
-    m->dtmp = A(Nl * C);
+    m->dtmp = A((int64_t)m->Nl * C);
     m->dln = A(N * C);
-    if (tp_sp(m->tp)) m->dnorm = A(2 * C);
+    if (tp_sp(m->tp) || m->zb) m->dnorm = A(2 * C);
     m->dq = A(N * HD);
     m->dk = A(N * KV);
     m->dv = A(N * KV);
@@ -227,11 +350,10 @@ static void alloc_activations(model *m, ust_arena *a) {
     m->dgate = m->llama ? A(N * F) : NULL;
     m->dup = A(N * F);
     m->dact = A(N * F);
-#undef A
-    m->tok = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
     m->tgt = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
     m->pos = (int32_t *)cp_positions_device(&m->cp); /* the global positions of our tokens */
 }
+#undef A
 
 int model_create(model **out, const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
                  ust_err *e) {
@@ -239,10 +361,36 @@ int model_create(model **out, const ust_config *cfg, const ust_ops *ops, ust_are
     return model_create_with(out, cfg, ops, arena, &st, e);
 }
 
+/* This rank's chunks: stage c*p + r for c < v, each n_layer / (p*v) layers. */
+static void plan_chunks(model *m, const model_storage *st) {
+    int p = st->pp_size > 0 ? st->pp_size : 1, v = st->vpp > 0 ? st->vpp : 1;
+    int S = p * v, per = m->L / S;
+    m->nchunks = v;
+    m->chunks = calloc(v, sizeof *m->chunks);
+    for (int c = 0; c < v; c++) {
+        model_chunk *ch = &m->chunks[c];
+        ch->stage = c * p + st->pp_rank;
+        ch->lo = ch->stage * per;
+        ch->hi = ch->lo + per;
+        ch->embed = ch->stage == 0;
+        ch->head = ch->stage == S - 1;
+        ch->nslots = st->slots[c] > 0 ? st->slots[c] : 1;
+    }
+    int embed = 0, head = 0;
+    for (int c = 0; c < v; c++) embed |= m->chunks[c].embed, head |= m->chunks[c].head;
+    m->tied_local = m->tied && embed && head;
+    m->tied_copy = m->tied && head && !embed;
+}
+
 int model_create_with(model **out, const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
                       const model_storage *st, ust_err *e) {
     UST_ASSERT(st->unit_pad >= 16 && st->unit_pad % 16 == 0, "unit_pad %lld",
                (long long)st->unit_pad);
+    if (cfg->model.moe.num_experts > 0)
+        return ust_errf(e,
+                        "model.moe.num_experts = %d: mixture-of-experts layers are not "
+                        "available in this build yet (use 0)",
+                        cfg->model.moe.num_experts);
     model *m = calloc(1, sizeof *m);
     if (!m) return ust_errf(e, "out of memory creating the model");
     m->cfg = cfg;
@@ -268,6 +416,7 @@ int model_create_with(model **out, const ust_config *cfg, const ust_ops *ops, us
     m->eps = (float)cfg->model.norm_eps;
     m->theta = (float)cfg->model.rope_theta;
     m->recompute = cfg->train.recompute;
+    m->zb = st->zb;
     m->Hg = m->H, m->Hkvg = m->Hkv, m->Fg = m->F;
     int start;
     m->H = tp_part(m->tp, m->Hg, &start); /* this rank's heads and hidden units */
@@ -278,17 +427,12 @@ int model_create_with(model **out, const ust_config *cfg, const ust_ops *ops, us
             cfg->parallel.cp_layout, cfg->parallel.cp_comm);
     m->T = cp_local_len(&m->cp);
     m->Nl = tp_rows(m->tp, m->B * m->T);
-    if (cfg->model.moe.num_experts > 0) {
-        free(m);
-        return ust_errf(e,
-                        "model.moe.num_experts = %d: mixture-of-experts layers are not "
-                        "available in this build yet (use 0)",
-                        cfg->model.moe.num_experts);
-    }
     m->unit_pad = st->unit_pad;
+    plan_chunks(m, st);
     m->lw = calloc(m->L, sizeof *m->lw);
     m->lg = calloc(m->L, sizeof *m->lg);
     build_param_table(m);
+    list_all_tensors(m);
     if (st->alloc_params) m->p = mem_alloc(arena, MEM_PARAMS, m->numel * sizeof(float));
     if (st->alloc_grads) m->g = mem_alloc(arena, MEM_GRADS, m->numel * sizeof(float));
     for (int u = 0; u < m->nunits; u++) {
@@ -309,8 +453,15 @@ void model_destroy(model *m) {
     free(m->unit_len);
     free(m->lw);
     free(m->lg);
-    free(m->xs);
-    free(m->la);
+    free(m->all);
+    for (int c = 0; c < m->nchunks; c++) {
+        for (int k = 0; k < m->chunks[c].nslots; k++) {
+            act_slot *s = &m->chunks[c].slots[k];
+            free(s->xs), free(s->la), free(s->ws);
+        }
+        free(m->chunks[c].slots);
+    }
+    free(m->chunks);
     free(m->cp.pos_host);
     free(m->cp.block_pairs);
     free(m);
@@ -338,7 +489,7 @@ static void set_unit_pointers(model *m, int unit, float *base, int grads) {
             float **dst = grads ? m->targets[i].g : m->targets[i].p;
             *dst = base + (m->params[i].offset - m->unit_off[unit]);
         }
-    if (m->tied && unit == 0) { /* lm_head is the token embedding */
+    if (m->tied_local && unit == 0) { /* lm_head is the token embedding */
         if (grads)
             m->g_lm = m->g_wte;
         else
@@ -365,11 +516,11 @@ int model_find_param(const model *m, const char *name) {
 
 double model_flops_per_token(const model *m) {
     double matmul = 0; /* weights used in a matmul: every 2-D tensor but the lookup tables */
-    for (int i = 0; i < m->nparams; i++) { /* whole tensors: the model's FLOPs, not this rank's */
-        const model_param *q = &m->params[i];
-        if (q->whole.ndim == 2 && strcmp(q->name, "model.embed_positions.weight") != 0 &&
+    for (int i = 0; i < m->nall; i++) { /* whole tensors: the model's FLOPs, not this rank's */
+        const ckpt_tensor *q = &m->all[i];
+        if (q->ndim == 2 && strcmp(q->name, "model.embed_positions.weight") != 0 &&
             (strcmp(q->name, "model.embed_tokens.weight") != 0 || m->tied))
-            matmul += (double)q->whole.shape[0] * (double)q->whole.shape[1];
+            matmul += (double)q->shape[0] * (double)q->shape[1];
     }
     return 6.0 * matmul + 12.0 * m->L * (double)(m->Hg * m->D) * m->cp.T; /* whole sequence */
 }
@@ -485,67 +636,117 @@ static void layer_forward(model *m, int l, const float *x_in, float *x_out, laye
     o->axpy(o, x_out, 1.0f, a->res2, (int64_t)m->Nl * C);
 }
 
-static layer_acts *acts_of(model *m, int l) {
-    return m->recompute == RECOMPUTE_FULL ? &m->la[0] : &m->la[l];
+static layer_acts *acts_of(model *m, act_slot *s, int i) {
+    return m->recompute == RECOMPUTE_FULL ? &m->scratch : &s->la[i];
 }
 
-double model_forward(model *m, const int32_t *inputs, const int32_t *targets, float dscale,
-                     int64_t *ntok) {
+int model_num_chunks(const model *m) { return m->nchunks; }
+int model_chunk_slots(const model *m, int c) { return m->chunks[c].nslots; }
+int64_t model_boundary_numel(const model *m) { return (int64_t)m->Nl * m->C; }
+float *model_chunk_input(model *m, int c, int slot) { return m->chunks[c].slots[slot].xs[0]; }
+float *model_chunk_output(model *m, int c, int slot) {
+    const model_chunk *ch = &m->chunks[c];
+    return ch->slots[slot].xs[ch->hi - ch->lo];
+}
+float *model_chunk_grad(model *m, int c, int slot) { return m->chunks[c].slots[slot].dy; }
+
+double model_chunk_forward(model *m, int c, int slot, const int32_t *inputs, const int32_t *targets,
+                           float dscale, int64_t *ntok) {
     const ust_ops *o = m->ops;
-    int N = m->B * m->T;
-    o->to_device(o, m->tok, inputs, N * sizeof(int32_t));
+    model_chunk *ch = &m->chunks[c];
+    act_slot *s = &ch->slots[slot];
+    int N = m->B * m->T, u = ch->unit0;
+    if (ntok) *ntok = 0;
+    if (ch->embed) {
+        o->to_device(o, s->tok, inputs, N * sizeof(int32_t));
+        hook(m, u, MODEL_FWD_BEGIN);
+        tp_embedding_fwd(m->tp, s->xs[0], s->tok, m->llama ? NULL : m->pos, m->wte, m->wpe, m->B,
+                         m->T, m->C, m->Vp);
+        hook(m, u++, MODEL_FWD_END);
+    }
+    for (int l = ch->lo; l < ch->hi; l++) {
+        int i = l - ch->lo;
+        hook(m, u, MODEL_FWD_BEGIN);
+        layer_forward(m, l, s->xs[i], s->xs[i + 1], acts_of(m, s, i));
+        hook(m, u++, MODEL_FWD_END);
+    }
+    if (!ch->head) return 0;
     o->to_device(o, m->tgt, targets, N * sizeof(int32_t));
     int64_t counted = 0;
     for (int i = 0; i < N; i++) counted += targets[i] >= 0;
     if (ntok) *ntok = counted;
-
-    int head = m->nunits - 1;
-    hook(m, 0, MODEL_FWD_BEGIN);
-    tp_embedding_fwd(m->tp, m->xs[0], m->tok, m->llama ? NULL : m->pos, m->wte, m->wpe, m->B, m->T,
-                     m->C, m->Vp);
-    hook(m, 0, MODEL_FWD_END);
-    for (int l = 0; l < m->L; l++) {
-        hook(m, l + 1, MODEL_FWD_BEGIN);
-        layer_forward(m, l, m->xs[l], m->xs[l + 1], acts_of(m, l));
-        hook(m, l + 1, MODEL_FWD_END);
-    }
-    hook(m, head, MODEL_FWD_BEGIN);
-    norm_forward(m, m->lnf, m->lnf_mean, m->lnf_rstd, m->xs[m->L], m->lnf_w, m->lnf_b);
-    o->linear_fwd(o, m->logits, tp_gather(m->tp, m->lnf), m->lm, NULL, N, m->C, m->Vl);
+    hook(m, u, MODEL_FWD_BEGIN);
+    norm_forward(m, s->lnf, s->lnf_mean, s->lnf_rstd, s->xs[ch->hi - ch->lo], m->lnf_w, m->lnf_b);
+    o->linear_fwd(o, s->logits, tp_gather(m->tp, s->lnf), m->lm, NULL, N, m->C, m->Vl);
     /* per-token losses, and dlogits (in place over logits) when training */
-    tp_xent(m->tp, m->losses, m->logits, m->tgt, N, m->Vp, m->V, dscale);
-    hook(m, head, MODEL_FWD_END);
+    tp_xent(m->tp, m->losses, s->logits, m->tgt, N, m->Vp, m->V, dscale);
+    hook(m, u, MODEL_FWD_END);
     return o->sum(o, m->losses, N);
+}
+
+double model_forward(model *m, const int32_t *inputs, const int32_t *targets, float dscale,
+                     int64_t *ntok) {
+    UST_ASSERT(m->nchunks == 1 && m->chunks[0].embed && m->chunks[0].head,
+               "model_forward runs the whole model; a pipeline stage runs model_chunk_forward");
+    return model_chunk_forward(m, 0, 0, inputs, targets, dscale, ntok);
 }
 
 /* ------------------------------------------------------------------ backward */
 
-/* dx: (B,T,C) holds d loss / d x_out on entry and d loss / d x_in on exit. */
-static void layer_backward(model *m, int l, const float *x_in, float *dx, layer_acts *a) {
+/* A norm's input gradient only (B of a zero-bubble schedule): the weight gradient goes to the
+ * scratch and is dropped; W computes it again from the saved output gradient. */
+static void norm_backward_input(model *m, float *dinp, const float *dout, const float *inp,
+                                const float *w, const float *mean, const float *rstd) {
+    float *dw = m->dnorm, *db = m->llama ? NULL : m->dnorm + m->C;
+    m->ops->zero(m->ops, m->dnorm, 2 * (size_t)m->C * sizeof(float));
+    norm_backward_rows(m, dinp, dw, db, dout, inp, w, mean, rstd);
+}
+
+static void save(model *m, float *dst, const float *src, int64_t n) {
+    m->ops->copy(m->ops, dst, src, (size_t)n * sizeof(float));
+}
+
+/* dx: (B,T,C) holds d loss / d x_out on entry and d loss / d x_in on exit. With ws (zb's B) no
+ * weight gradient is computed: each linear's output gradient is kept in ws for W instead. */
+static void layer_backward(model *m, int l, const float *x_in, float *dx, layer_acts *a,
+                           layer_wsave *ws) {
     const ust_ops *o = m->ops;
     const layer_w *w = &m->lw[l];
-    layer_w *g = &m->lg[l];
+    layer_w none = {0}, *g = ws ? &none : &m->lg[l];
     int N = m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D, F = m->F;
-    if (m->recompute == RECOMPUTE_SELECTIVE) mlp_activation(m, a);
+    int64_t NC = (int64_t)N * C, NF = (int64_t)N * F, NlC = (int64_t)m->Nl * C;
+    if (m->recompute == RECOMPUTE_SELECTIVE && !ws) mlp_activation(m, a);
 
     /* MLP: out = res2 + act @ wd^T + bd */
-    o->linear_bwd(o, m->dact, g->wd, g->bd, tp_gather_grad(m->tp, dx), a->act, w->wd, N, F, C, 0);
+    const float *gdx = tp_gather_grad(m->tp, dx);
+    if (ws) save(m, ws->gmlp, gdx, NC);
+    o->linear_bwd(o, m->dact, g->wd, g->bd, gdx, a->act, w->wd, N, F, C, 0);
     const float *ln2 = tp_gather(m->tp, a->ln2); /* sp: gathered again rather than kept */
     if (m->llama) {
-        o->swiglu_bwd(o, m->dgate, m->dup, m->dact, a->gate, a->up, (int64_t)N * F);
+        o->swiglu_bwd(o, m->dgate, m->dup, m->dact, a->gate, a->up, NF);
         o->linear_bwd(o, m->dln, g->wu, NULL, m->dup, ln2, w->wu, N, C, F, 0);
         o->linear_bwd(o, m->dln, g->wg, NULL, m->dgate, ln2, w->wg, N, C, F, 1);
+        if (ws) save(m, ws->dgate, m->dgate, NF);
     } else {
-        o->gelu_bwd(o, m->dup, a->up, m->dact, (int64_t)N * F);
+        o->gelu_bwd(o, m->dup, a->up, m->dact, NF);
         o->linear_bwd(o, m->dln, g->wu, g->bu, m->dup, ln2, w->wu, N, C, F, 0);
     }
+    if (ws) save(m, ws->dup, m->dup, NF);
     /* the MLP's input is shared by the group: its gradient is summed */
     float *dln = tp_reduce_grad(m->tp, m->dln);
-    norm_backward(m, m->dtmp, g->ln2_w, g->ln2_b, dln, a->res2, w->ln2_w, a->ln2_mean, a->ln2_rstd);
-    o->axpy(o, dx, 1.0f, m->dtmp, (int64_t)m->Nl * C); /* dx = d res2 */
+    if (ws) {
+        save(m, ws->dln2, dln, NlC);
+        norm_backward_input(m, m->dtmp, dln, a->res2, w->ln2_w, a->ln2_mean, a->ln2_rstd);
+    } else {
+        norm_backward(m, m->dtmp, g->ln2_w, g->ln2_b, dln, a->res2, w->ln2_w, a->ln2_mean,
+                      a->ln2_rstd);
+    }
+    o->axpy(o, dx, 1.0f, m->dtmp, NlC); /* dx = d res2 */
 
     /* attention: res2 = x_in + att @ wo^T + bo */
-    o->linear_bwd(o, m->datt, g->wo, g->bo, tp_gather_grad(m->tp, dx), a->att, w->wo, N, HD, C, 0);
+    gdx = tp_gather_grad(m->tp, dx);
+    if (ws) save(m, ws->gatt, gdx, NC);
+    o->linear_bwd(o, m->datt, g->wo, g->bo, gdx, a->att, w->wo, N, HD, C, 0);
     o->zero(o, m->dq, (size_t)N * HD * sizeof(float));
     o->zero(o, m->dk, (size_t)N * KV * sizeof(float));
     o->zero(o, m->dv, (size_t)N * KV * sizeof(float));
@@ -554,39 +755,135 @@ static void layer_backward(model *m, int l, const float *x_in, float *dx, layer_
         o->rope_bwd(o, m->dq, m->dq, m->pos, m->B, m->T, m->H, m->D, m->theta);
         o->rope_bwd(o, m->dk, m->dk, m->pos, m->B, m->T, m->Hkv, m->D, m->theta);
     }
+    if (ws) {
+        save(m, ws->dq, m->dq, (int64_t)N * HD);
+        save(m, ws->dk, m->dk, (int64_t)N * KV);
+        save(m, ws->dv, m->dv, (int64_t)N * KV);
+    }
     const float *ln1 = tp_gather(m->tp, a->ln1);
     o->linear_bwd(o, m->dln, g->wq, g->bq, m->dq, ln1, w->wq, N, C, HD, 0);
     o->linear_bwd(o, m->dln, g->wk, g->bk, m->dk, ln1, w->wk, N, C, KV, 1);
     o->linear_bwd(o, m->dln, g->wv, g->bv, m->dv, ln1, w->wv, N, C, KV, 1);
     dln = tp_reduce_grad(m->tp, m->dln); /* so is attention's */
-    norm_backward(m, m->dtmp, g->ln1_w, g->ln1_b, dln, x_in, w->ln1_w, a->ln1_mean, a->ln1_rstd);
-    o->axpy(o, dx, 1.0f, m->dtmp, (int64_t)m->Nl * C); /* dx = d x_in */
+    if (ws) {
+        save(m, ws->dln1, dln, NlC);
+        norm_backward_input(m, m->dtmp, dln, x_in, w->ln1_w, a->ln1_mean, a->ln1_rstd);
+    } else {
+        norm_backward(m, m->dtmp, g->ln1_w, g->ln1_b, dln, x_in, w->ln1_w, a->ln1_mean,
+                      a->ln1_rstd);
+    }
+    o->axpy(o, dx, 1.0f, m->dtmp, NlC); /* dx = d x_in */
 }
 
-void model_backward(model *m) {
+/* zb's W of one layer: every weight gradient from the output gradients B kept. */
+static void layer_weight_grad(model *m, int l, const float *x_in, layer_acts *a,
+                              const layer_wsave *ws) {
+    const ust_ops *o = m->ops;
+    const layer_w *w = &m->lw[l];
+    layer_w *g = &m->lg[l];
+    int N = m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D, F = m->F;
+    if (m->recompute == RECOMPUTE_SELECTIVE) mlp_activation(m, a);
+    o->linear_bwd(o, NULL, g->wd, g->bd, ws->gmlp, a->act, w->wd, N, F, C, 0);
+    const float *ln2 = tp_gather(m->tp, a->ln2);
+    o->linear_bwd(o, NULL, g->wu, m->llama ? NULL : g->bu, ws->dup, ln2, w->wu, N, C, F, 0);
+    if (m->llama) o->linear_bwd(o, NULL, g->wg, NULL, ws->dgate, ln2, w->wg, N, C, F, 0);
+    norm_backward(m, m->dtmp, g->ln2_w, g->ln2_b, ws->dln2, a->res2, w->ln2_w, a->ln2_mean,
+                  a->ln2_rstd);
+    o->linear_bwd(o, NULL, g->wo, g->bo, ws->gatt, a->att, w->wo, N, HD, C, 0);
+    const float *ln1 = tp_gather(m->tp, a->ln1);
+    o->linear_bwd(o, NULL, g->wq, g->bq, ws->dq, ln1, w->wq, N, C, HD, 0);
+    o->linear_bwd(o, NULL, g->wk, g->bk, ws->dk, ln1, w->wk, N, C, KV, 0);
+    o->linear_bwd(o, NULL, g->wv, g->bv, ws->dv, ln1, w->wv, N, C, KV, 0);
+    norm_backward(m, m->dtmp, g->ln1_w, g->ln1_b, ws->dln1, x_in, w->ln1_w, a->ln1_mean,
+                  a->ln1_rstd);
+}
+
+/* The head's backward: logits hold d loss / d logits (written by the fused cross-entropy);
+ * leaves d loss / d (final norm input) in dx. */
+static void head_backward(model *m, act_slot *s, const float *x_last, float *dx, int input_only) {
     const ust_ops *o = m->ops;
     int N = m->B * m->T;
-    int head = m->nunits - 1;
-    /* head: logits now hold d loss / d logits (written by the fused cross-entropy) */
-    hook(m, head, MODEL_BWD_BEGIN);
-    o->linear_bwd(o, m->dln, m->g_lm, NULL, m->logits, tp_gather(m->tp, m->lnf), m->lm, N, m->C,
-                  m->Vl, 0);
+    o->linear_bwd(o, m->dln, input_only ? NULL : m->g_lm, NULL, s->logits, tp_gather(m->tp, s->lnf),
+                  m->lm, N, m->C, m->Vl, 0);
     float *dln = tp_reduce_grad(m->tp, m->dln);
-    norm_backward(m, m->dx, m->g_lnf_w, m->g_lnf_b, dln, m->xs[m->L], m->lnf_w, m->lnf_mean,
-                  m->lnf_rstd);
-    hook(m, head, MODEL_BWD_END);
-    for (int l = m->L - 1; l >= 0; l--) {
-        hook(m, l + 1, MODEL_BWD_BEGIN);
-        /* full recompute: rebuild this layer's activations from its saved input */
-        if (m->recompute == RECOMPUTE_FULL) layer_forward(m, l, m->xs[l], m->xs[l + 1], &m->la[0]);
-        layer_backward(m, l, m->xs[l], m->dx, acts_of(m, l));
-        hook(m, l + 1, MODEL_BWD_END);
+    if (input_only) {
+        save(m, s->dlnf, dln, (int64_t)m->Nl * m->C);
+        norm_backward_input(m, dx, dln, x_last, m->lnf_w, s->lnf_mean, s->lnf_rstd);
+    } else {
+        norm_backward(m, dx, m->g_lnf_w, m->g_lnf_b, dln, x_last, m->lnf_w, s->lnf_mean,
+                      s->lnf_rstd);
     }
-    hook(m, 0, MODEL_BWD_BEGIN);
-    tp_embedding_bwd(m->tp, m->g_wte, m->llama ? NULL : m->g_wpe, m->dx, m->tok,
-                     m->llama ? NULL : m->pos, m->B, m->T, m->C, m->Vp);
-    hook(m, 0, MODEL_BWD_END);
 }
+
+static void embedding_backward(model *m, act_slot *s, const float *dx) {
+    tp_embedding_bwd(m->tp, m->g_wte, m->llama ? NULL : m->g_wpe, dx, s->tok,
+                     m->llama ? NULL : m->pos, m->B, m->T, m->C, m->Vp);
+}
+
+void model_chunk_backward(model *m, int c, int slot, int input_only) {
+    model_chunk *ch = &m->chunks[c];
+    act_slot *s = &ch->slots[slot];
+    UST_ASSERT(!input_only || m->zb, "input-only backward needs a model made with zb");
+    model_phase begin = input_only ? MODEL_BIN_BEGIN : MODEL_BWD_BEGIN;
+    model_phase end = input_only ? MODEL_BIN_END : MODEL_BWD_END;
+    int nl = ch->hi - ch->lo, u = ch->unit0 + ch->nunits - 1;
+    float *dx = s->dy; /* the chunk's output gradient, turned into its input gradient */
+    if (ch->head) {
+        hook(m, u, begin);
+        head_backward(m, s, s->xs[nl], dx, input_only);
+        hook(m, u--, end);
+    }
+    for (int l = ch->hi - 1; l >= ch->lo; l--) {
+        int i = l - ch->lo;
+        hook(m, u, begin);
+        /* full recompute: rebuild this layer's activations from its saved input */
+        if (m->recompute == RECOMPUTE_FULL)
+            layer_forward(m, l, s->xs[i], s->xs[i + 1], &m->scratch);
+        layer_backward(m, l, s->xs[i], dx, acts_of(m, s, i), input_only ? &s->ws[i] : NULL);
+        hook(m, u--, end);
+    }
+    if (ch->embed) {
+        hook(m, u, begin);
+        if (!input_only) embedding_backward(m, s, dx);
+        hook(m, u, end);
+    }
+}
+
+void model_chunk_weight_grad(model *m, int c, int slot) {
+    model_chunk *ch = &m->chunks[c];
+    act_slot *s = &ch->slots[slot];
+    UST_ASSERT(m->zb, "weight-gradient pass needs a model made with zb");
+    int nl = ch->hi - ch->lo, u = ch->unit0 + ch->nunits - 1;
+    const ust_ops *o = m->ops;
+    if (ch->head) {
+        hook(m, u, MODEL_BWD_BEGIN);
+        o->linear_bwd(o, NULL, m->g_lm, NULL, s->logits, tp_gather(m->tp, s->lnf), m->lm,
+                      m->B * m->T, m->C, m->Vl, 0);
+        norm_backward(m, m->dtmp, m->g_lnf_w, m->g_lnf_b, s->dlnf, s->xs[nl], m->lnf_w, s->lnf_mean,
+                      s->lnf_rstd);
+        hook(m, u--, MODEL_BWD_END);
+    }
+    for (int l = ch->hi - 1; l >= ch->lo; l--) {
+        int i = l - ch->lo;
+        hook(m, u, MODEL_BWD_BEGIN);
+        layer_weight_grad(m, l, s->xs[i], acts_of(m, s, i), &s->ws[i]);
+        hook(m, u--, MODEL_BWD_END);
+    }
+    if (ch->embed) {
+        hook(m, u, MODEL_BWD_BEGIN);
+        embedding_backward(m, s, s->dy); /* B left d loss / d embedding output there */
+        hook(m, u, MODEL_BWD_END);
+    }
+}
+
+void model_backward(model *m) { model_chunk_backward(m, 0, 0, 0); }
+
+const ckpt_tensor *model_all_tensors(const model *m, int *n) {
+    *n = m->nall;
+    return m->all;
+}
+
+int model_tied_local(const model *m) { return m->tied_local; }
 
 double model_cp_wait_s(const model *m) { return m->cp.comm_s; }
 
@@ -606,7 +903,11 @@ typedef struct {
 static int read_into(model *m, FILE *f, const char *path, const char *name, int64_t count,
                      float *host, const llmc_sink *sink, ust_err *e) {
     int i = model_find_param(m, name);
-    UST_ASSERT(i >= 0, "parameter %s missing", name);
+    if (i < 0) { /* another pipeline stage's tensor */
+        if (fseeko(f, (off_t)count * (off_t)sizeof(float), SEEK_CUR) != 0)
+            return ust_errf(e, "%s: truncated llm.c checkpoint while skipping %s", path, name);
+        return 0;
+    }
     const model_param *q = &m->params[i];
     int64_t whole = q->whole.ndim == 2 ? q->whole.shape[0] * q->whole.shape[1] : q->whole.shape[0];
     UST_ASSERT(whole == count, "%s: %lld vs %lld", name, (long long)whole, (long long)count);
@@ -691,9 +992,10 @@ int model_load_llmc(model *m, const char *path, model_store_fn store, void *stor
                 char name[CKPT_NAME_MAX];
                 snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)l,
                          kinds[k].suffix[p]);
-                int i = model_find_param(m, name);
-                UST_ASSERT(i >= 0, "no parameter %s", name);
-                const ckpt_tensor *w = &m->params[i].whole;
+                const ckpt_tensor *w = NULL;
+                for (int k = 0; k < m->nall && !w; k++)
+                    if (strcmp(m->all[k].name, name) == 0) w = &m->all[k];
+                UST_ASSERT(w, "no parameter %s", name);
                 int64_t n = w->ndim == 2 ? w->shape[0] * w->shape[1] : w->shape[0];
                 if (read_into(m, f, path, name, n, host, &sink, e)) goto done;
             }

@@ -26,6 +26,8 @@ typedef struct {
     int64_t offset;    /* element offset into the flat parameter / gradient buffers */
     int decay;         /* weight decay applies (matrices) */
     int tp_split;      /* split over the tensor-parallel group (else every member holds it) */
+    int replica;       /* a synced copy of a tensor another rank owns (tied embeddings over a
+                          pipeline): loaded, never saved, counted once in the gradient norm */
     float init_std;    /* N(0, init_std); 0 means the constant init_value */
     float init_value;
 } model_param;
@@ -36,7 +38,14 @@ typedef struct model model;
  * embeddings, units 1..n_layer the layers, the last unit the final norm and lm_head. Each
  * unit is a contiguous range of the flat parameter buffer, padded to a multiple of unit_pad
  * floats so it splits evenly into shards. */
-typedef enum { MODEL_FWD_BEGIN, MODEL_FWD_END, MODEL_BWD_BEGIN, MODEL_BWD_END } model_phase;
+typedef enum {
+    MODEL_FWD_BEGIN,
+    MODEL_FWD_END,
+    MODEL_BWD_BEGIN,
+    MODEL_BWD_END,
+    MODEL_BIN_BEGIN, /* zero-bubble B: the unit's input gradient only; reads its weights, writes */
+    MODEL_BIN_END    /* no weight gradient (its BWD_BEGIN/END come later, around W) */
+} model_phase;
 
 /* Called at unit boundaries: FWD_BEGIN before a unit's forward, BWD_BEGIN before its backward
  * (and before a full-recompute rerun of its forward), *_END after. A unit's gradients are final
@@ -49,6 +58,8 @@ typedef struct {
 
 struct ust_tp;
 
+#define MODEL_MAX_CHUNKS 16 /* parallel.vpp's limit */
+
 struct ust_comm;
 
 typedef struct {
@@ -58,6 +69,11 @@ typedef struct {
     int64_t unit_pad; /* pad every unit to a multiple of this many floats (>= 16) */
     int alloc_params; /* carve the whole flat parameter buffer from the arena */
     int alloc_grads;  /* the same for gradients */
+    /* pipeline: this rank holds stages c*pp_size + pp_rank for chunks c < vpp, n_layer/(pp*vpp)
+     * layers each (0 for pp_size/vpp means 1: the whole model) */
+    int pp_rank, pp_size, vpp;
+    int slots[MODEL_MAX_CHUNKS]; /* micro-batches in flight per chunk (activation sets; 0 = 1) */
+    int zb; /* keep what deferred weight gradients need (zero-bubble schedules) */
 } model_storage;
 
 int model_create(model **out, const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
@@ -105,5 +121,29 @@ double model_cp_wait_s(const model *m);
 double model_forward(model *m, const int32_t *inputs, const int32_t *targets, float dscale,
                      int64_t *ntok);
 void model_backward(model *m);
+
+/* Pipeline stages. A rank holds model_num_chunks chunks (its stages), each with
+ * model_chunk_slots activation sets: one per micro-batch in flight through it. The slot's
+ * input tensor (Nl x C, model_boundary_numel floats) is where a stage's received activation
+ * goes, its output what it sends; model_chunk_grad is the slot's gradient buffer: the output
+ * gradient before backward (received, or written by the head), the input gradient after.
+ * The first chunk of stage 0 reads inputs, the last stage's reads targets (others pass NULL). */
+int model_num_chunks(const model *m);
+int model_chunk_slots(const model *m, int chunk);
+int64_t model_boundary_numel(const model *m);
+float *model_chunk_input(model *m, int chunk, int slot);
+float *model_chunk_output(model *m, int chunk, int slot);
+float *model_chunk_grad(model *m, int chunk, int slot);
+double model_chunk_forward(model *m, int chunk, int slot, const int32_t *inputs,
+                           const int32_t *targets, float dscale, int64_t *ntok);
+/* input_only (zb's B, model made with storage.zb): input gradients only, keeping what
+ * model_chunk_weight_grad (W) needs to add the weight gradients later. */
+void model_chunk_backward(model *m, int chunk, int slot, int input_only);
+void model_chunk_weight_grad(model *m, int chunk, int slot);
+
+/* Every tensor of the whole model (all stages, whole shapes) in checkpoint order. */
+const ckpt_tensor *model_all_tensors(const model *m, int *n);
+/* Tied embeddings whose embedding and head are both on this rank (one tensor serves both). */
+int model_tied_local(const model *m);
 
 #endif

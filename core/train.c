@@ -24,6 +24,7 @@
 #include "cuda/ops_cuda.h"
 #include "cp.h"
 #include "plan.h"
+#include "pp.h"
 #include "tp.h"
 
 /* Set by SIGTERM/SIGUSR1 and read between steps: the only state a signal handler may touch. */
@@ -46,6 +47,7 @@ typedef struct {
     ust_tp tp;
     model *m;
     dp_state *dp;
+    pp_state *pp; /* pipeline executor (NULL without pipeline parallelism) */
     ust_dataset *train, *val;
     ust_log log;
     int32_t *samples, *inputs, *targets; /* host: B x (T+1), B x Tl, B x Tl */
@@ -226,28 +228,84 @@ static int initialize(trainer *t, ust_err *e) {
 
 /* Takes this rank's tokens of B windows of T+1 tokens (all of them, or its context-parallel
  * chunks) as inputs, and the token after each as its target. */
-static void split_windows(trainer *t) {
+static void split_windows_into(trainer *t, int32_t *inputs, int32_t *targets) {
     int B = t->cfg->train.micro_batch_size, T = t->cfg->train.seq_len, Tl = t->Tl;
     for (int b = 0; b < B; b++)
         for (int j = 0; j < Tl; j++) {
             const int32_t *w = t->samples + (int64_t)b * (T + 1) + t->positions[j];
-            t->inputs[b * Tl + j] = w[0];
-            t->targets[b * Tl + j] = w[1];
+            inputs[b * Tl + j] = w[0];
+            targets[b * Tl + j] = w[1];
         }
+}
+
+static void split_windows(trainer *t) { split_windows_into(t, t->inputs, t->targets); }
+
+/* The first sample of micro-batch mb of this step on this rank: its data-parallel block of the
+ * global batch starts at sample_index + dp_rank * G/dp. */
+static int64_t first_sample(trainer *t, int mb) {
+    const ust_config *c = t->cfg;
+    int64_t G = c->train.global_batch_size, dp_rank = t->rt->topo.me.dp;
+    return t->sample_index + dp_rank * (G / c->parallel.dp) +
+           (int64_t)mb * c->train.micro_batch_size;
+}
+
+/* pipeline callbacks */
+static void pp_load_train(void *ctx, int mb, int32_t *inputs, int32_t *targets) {
+    trainer *t = ctx;
+    const ust_config *c = t->cfg;
+    data_get_samples(t->train, first_sample(t, mb), c->train.micro_batch_size, c->train.seq_len,
+                     c->data.shuffle, c->run.seed, t->samples);
+    split_windows_into(t, inputs, targets);
+}
+
+static void pp_load_val(void *ctx, int mb, int32_t *inputs, int32_t *targets) {
+    trainer *t = ctx;
+    const ust_config *c = t->cfg;
+    int B = c->train.micro_batch_size;
+    data_get_samples(t->val, (int64_t)mb * B, B, c->train.seq_len, 0, c->run.seed, t->samples);
+    split_windows_into(t, inputs, targets);
+}
+
+static void pp_before_grads(void *ctx, int mb, int last) {
+    (void)mb;
+    dp_begin_microbatch(((trainer *)ctx)->dp, last);
+}
+
+/* Tied embeddings over a pipeline: the first stage's table and the last stage's copy get the
+ * sum of both gradients (each already reduced over its data-parallel group, piece by piece:
+ * the two units are laid out alike, so the pieces match). */
+static void sync_tied_grads(trainer *t) {
+    int i = model_find_param(t->m, "model.embed_tokens.weight");
+    if (i < 0 || !cfg_tied(t->cfg)) return;
+    int64_t n;
+    float *g = dp_grad_piece(t->dp, i, &n);
+    pp_sync_tied(t->pp, g, n);
+}
+
+static double forward_backward_pipeline(trainer *t) {
+    const ust_config *c = t->cfg;
+    int64_t G = c->train.global_batch_size, T = c->train.seq_len;
+    pp_callbacks cb = {t, pp_load_train, pp_before_grads};
+    dp_begin_step(t->dp);
+    double loss_sum = pp_train_step(t->pp, &cb, 1.0f / (float)(G * T));
+    dp_finish_grads(t->dp);
+    sync_tied_grads(t);
+    return dp_sum(t->dp, pp_sum(t->pp, loss_sum)) / (double)(G * T);
 }
 
 /* Forward and backward over this rank's micro-batches of the step; returns the global-batch
  * mean loss. This rank's block of the global batch starts at sample_index + dp_rank * G/dp. */
 static double forward_backward(trainer *t) {
+    if (t->pp) return forward_backward_pipeline(t);
     const ust_config *c = t->cfg;
     int B = c->train.micro_batch_size, T = c->train.seq_len, accum = cfg_grad_accum(c);
-    int64_t G = c->train.global_batch_size, dp_rank = t->rt->topo.me.dp;
+    int64_t G = c->train.global_batch_size;
     float dscale = 1.0f / (float)(G * T); /* mean over every target token of the global batch */
     double loss_sum = 0;
     dp_begin_step(t->dp);
     for (int mb = 0; mb < accum; mb++) {
-        int64_t first = t->sample_index + dp_rank * (G / c->parallel.dp) + (int64_t)mb * B;
-        data_get_samples(t->train, first, B, T, c->data.shuffle, c->run.seed, t->samples);
+        data_get_samples(t->train, first_sample(t, mb), B, T, c->data.shuffle, c->run.seed,
+                         t->samples);
         split_windows(t);
         dp_begin_microbatch(t->dp, mb == accum - 1);
         loss_sum += model_forward(t->m, t->inputs, t->targets, dscale, NULL);
@@ -262,6 +320,12 @@ static double validation_loss(trainer *t) {
     int B = c->train.micro_batch_size, T = c->train.seq_len;
     double sum = 0;
     int64_t count = 0, ntok;
+    if (t->pp) { /* only the last stage counts; the pipeline sum brings it to every stage */
+        pp_callbacks cb = {t, pp_load_val, pp_before_grads};
+        sum = pp_sum(t->pp, pp_forward_only(t->pp, &cb, c->data.val_steps, &count));
+        count = (int64_t)pp_sum(t->pp, (double)count);
+        return dp_sum(t->dp, sum) / dp_sum(t->dp, (double)count);
+    }
     for (int i = 0; i < c->data.val_steps; i++) {
         data_get_samples(t->val, (int64_t)i * B, B, T, 0, c->run.seed, t->samples);
         split_windows(t);
@@ -289,7 +353,7 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, ust_err *e)
     const struct {
         const char *key;
         int value;
-    } pending[] = {{"parallel.pp", cfg->parallel.pp}, {"parallel.ep", cfg->parallel.ep}};
+    } pending[] = {{"parallel.ep", cfg->parallel.ep}};
     int cp = cfg->parallel.cp;
     if (cfg->parallel.sp &&
         cfg->train.micro_batch_size * (cfg->train.seq_len / cp) % cfg->parallel.tp != 0)
@@ -300,8 +364,8 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, ust_err *e)
     for (size_t i = 0; i < sizeof pending / sizeof pending[0]; i++)
         if (pending[i].value != 1)
             return ust_errf(e,
-                            "%s = %d: this build trains data-, tensor- and context-parallel "
-                            "layouts only (pipeline and expert parallelism are not available "
+                            "%s = %d: this build trains data-, tensor-, pipeline- and "
+                            "context-parallel layouts only (expert parallelism is not available "
                             "yet); set %s: 1",
                             pending[i].key, pending[i].value, pending[i].key);
     if (open_data(t, e)) return -1;
@@ -327,9 +391,30 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, ust_err *e)
     model_storage st = dp_model_storage(cfg, comm_size(dp_comm));
     st.tp = &t->tp;
     st.cp_comm = cp_comm;
+    pps_schedule sched = {0};
+    if (cfg->parallel.pp > 1) {
+        if (pp_plan(cfg, rt->topo.me.pp, &sched, st.slots, e)) return -1;
+        st.pp_rank = rt->topo.me.pp;
+        st.pp_size = cfg->parallel.pp;
+        st.vpp = cfg->parallel.vpp;
+        st.zb = cfg->parallel.pp_schedule == PP_ZB;
+        if (cfg->optimizer.zero_stage == 3 && t->rank0)
+            fprintf(stderr,
+                    "ustrain: warning: optimizer.zero_stage = 3 with parallel.pp = %d "
+                    "gathers every layer's weights again for each micro-batch's forward "
+                    "and backward; ZeRO-1 or 2 is the usual choice with pipelines\n",
+                    cfg->parallel.pp);
+    }
     if (model_create_with(&t->m, cfg, t->ops, &t->arena, &st, e) ||
-        dp_create(&t->dp, cfg, t->ops, &t->arena, t->m, dp_comm, tp_comm, e))
+        dp_create(&t->dp, cfg, t->ops, &t->arena, t->m, dp_comm, tp_comm, e)) {
+        pps_free(&sched);
         return -1;
+    }
+    if (cfg->parallel.pp > 1) {
+        dp_set_pipeline(t->dp, rt->topo.comm[TOPO_PP]);
+        t->pp = pp_create(cfg, t->ops, &t->arena, t->m, rt->topo.comm[TOPO_PP],
+                          rt->topo.comm[TOPO_EMB], &sched);
+    }
     t->flag = mem_alloc(&t->arena, MEM_COMM, sizeof(float));
     mem_freeze(&t->arena);
     int B = cfg->train.micro_batch_size, T = cfg->train.seq_len;
@@ -343,6 +428,7 @@ static void teardown(trainer *t) {
     log_close(&t->log);
     if (t->train) data_close(t->train);
     if (t->val) data_close(t->val);
+    pp_destroy(t->pp);
     dp_destroy(t->dp);
     model_destroy(t->m);
     if (t->ops) {
@@ -436,15 +522,20 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
                       .grad_norm = norm,
                       .ms = 1e3 * (now_s() - mark.t0),
                       .val_loss = NAN,
+                      .pp_bubble = NAN,
                       .skipped = !finite,
                       .comm_bytes_dp = dp_bytes_sent(t->dp)}; /* before validation's gathers */
         measure_step(t, &mark, fpt, peak, &s);
+        if (t->pp) {
+            pp_stats ps = pp_last_step_stats(t->pp);
+            s.pp_bubble = ps.bubble;
+            s.pp_bubble_analytic = ps.analytic;
+        }
         t->step++;
         t->sample_index += c->train.global_batch_size;
         t->last_loss = loss;
         int untimed = opts->untimed_steps > 0 ? opts->untimed_steps : 1;
-        if (t->step > first + untimed || c->train.steps - first <= untimed)
-            sum_ms += s.ms, timed++;
+        if (t->step > first + untimed || c->train.steps - first <= untimed) sum_ms += s.ms, timed++;
         s.eta_s = (now_s() - t_start) / (t->step - first) * (c->train.steps - t->step);
         int last = t->step == c->train.steps;
         if (t->val && (t->step % c->data.val_every == 0 || last)) s.val_loss = validation_loss(t);

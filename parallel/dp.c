@@ -16,6 +16,7 @@ struct dp_state {
     const ust_ops *ops;
     model *m;
     ust_comm *comm, *mp; /* the dp group; the group holding the other shards of this replica */
+    ust_comm *pipe;      /* the pipeline group: the other stages of this replica (NULL: none) */
     int n, rank, stage, nunits, head, tied, last_mb, drop_grads;
     int64_t *uoff, *ulen, *chunk, *soff; /* per unit: offset, length, chunk, offset in shard */
     int64_t numel, shard_numel, max_unit;
@@ -122,7 +123,7 @@ int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_are
     d->stage = cfg->optimizer.zero_stage;
     d->nunits = model_num_units(m);
     d->head = d->nunits - 1;
-    d->tied = cfg_tied(cfg);
+    d->tied = model_tied_local(m); /* unit 0 also collects the head's gradient */
     d->uoff = calloc(d->nunits, sizeof(int64_t));
     d->ulen = calloc(d->nunits, sizeof(int64_t));
     d->chunk = calloc(d->nunits, sizeof(int64_t));
@@ -297,7 +298,11 @@ static void on_unit(void *ctx, int u, model_phase ph) {
     case MODEL_BWD_END:
         grads_end(d, u);
         break;
+    case MODEL_BIN_BEGIN: /* zero-bubble B: weights needed, gradients untouched */
+        if (d->stage == 3) params_ready(d, u, u - 1);
+        break;
     case MODEL_FWD_END:
+    case MODEL_BIN_END:
         break;
     }
 }
@@ -344,13 +349,14 @@ double dp_sum(dp_state *d, double x) {
 }
 
 /* Sum of squares over the whole model: the pieces each dp member holds are disjoint; tensors
- * split over the tensor-parallel group are summed over it too, replicated ones counted once. */
+ * split over the tensor-parallel group are summed over it too, replicated ones counted once;
+ * the pipeline stages hold disjoint layers (a tied embedding's copy is not counted). */
 double dp_grad_norm(dp_state *d) {
     double split = 0, repl = 0;
     int part = d->stage >= 1;
     for (int i = 0; i < model_num_params(d->m); i++) {
         int64_t a, b, t0 = piece(d, i, part, &a, &b);
-        if (b <= a) continue;
+        if (b <= a || model_param_at(d->m, i)->replica) continue;
         double ss =
             d->ops->sumsq(d->ops, at(d, BUF_GRADS, model_param_unit(d->m, i), t0 + a), b - a);
         *(model_param_at(d->m, i)->tp_split ? &split : &repl) += ss;
@@ -358,6 +364,7 @@ double dp_grad_norm(dp_state *d) {
     double both[2] = {split, repl};
     if (part) sum_over(d, d->comm, both, 2);
     sum_over(d, d->mp, both, 1);
+    sum_over(d, d->pipe, both, 2);
     return sqrt(both[0] + both[1]);
 }
 
@@ -384,6 +391,14 @@ void dp_optimizer_step(dp_state *d, double lr, float grad_scale, int64_t step) {
         comm_wait_all(d->pending, d->nunits);
     }
     if (d->stage == 3) invalidate_gathered(d);
+}
+
+void dp_set_pipeline(dp_state *d, ust_comm *pipe) { d->pipe = pipe; }
+
+float *dp_grad_piece(dp_state *d, int i, int64_t *n) {
+    int64_t a, b, t0 = piece(d, i, d->stage >= 1, &a, &b);
+    *n = b - a;
+    return b > a ? at(d, BUF_GRADS, model_param_unit(d->m, i), t0 + a) : NULL;
 }
 
 uint64_t dp_bytes_sent(const dp_state *d) {
@@ -445,16 +460,21 @@ static ckpt_tensor tensor_of(const model_param *q, dp_buf b) {
     return t;
 }
 
+/* Every rank declares the whole model's tensors (other stages' too): the file layout is the
+ * same everywhere, and each rank fills in what it holds. */
 static int list_file(dp_state *d, ckpt_writer *w, int optimizer, ust_err *e) {
-    int np = model_num_params(d->m), n = optimizer ? 2 * np : np;
+    int np;
+    const ckpt_tensor *all = model_all_tensors(d->m, &np);
+    int n = optimizer ? 2 * np : np;
     ckpt_tensor *ts = calloc(n, sizeof *ts);
     for (int i = 0; i < np; i++) {
-        const model_param *q = model_param_at(d->m, i);
+        model_param q = {.whole = all[i]};
+        snprintf(q.name, sizeof q.name, "%s", all[i].name);
         if (optimizer) {
-            ts[2 * i] = tensor_of(q, BUF_M);
-            ts[2 * i + 1] = tensor_of(q, BUF_V);
+            ts[2 * i] = tensor_of(&q, BUF_M);
+            ts[2 * i + 1] = tensor_of(&q, BUF_V);
         } else {
-            ts[i] = tensor_of(q, BUF_PARAMS);
+            ts[i] = tensor_of(&q, BUF_PARAMS);
         }
     }
     int file =
@@ -474,6 +494,7 @@ static int transfer(dp_state *d, dp_buf b, int file, ckpt_writer *w, ckpt_reader
         int64_t a, bb, t0 = piece(d, i, w ? 1 : !whole(d, b), &a, &bb);
         if (bb <= a) continue;
         if (w && !q->tp_split && d->mp && comm_rank(d->mp) != 0) continue; /* written once */
+        if (w && q->replica) continue; /* the owner's stage writes it */
         if (bb - a > cap) host = realloc(host, (cap = bb - a) * sizeof(float));
         float *dev = at(d, b, model_param_unit(d->m, i), t0 + a);
         ckpt_tensor t = tensor_of(q, b);

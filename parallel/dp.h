@@ -50,6 +50,13 @@ double dp_sum(dp_state *d, double x); /* all-reduce of one number over the group
 int dp_save(dp_state *d, ckpt_writer *w, ust_err *e);
 int dp_load(dp_state *d, ckpt_reader *r, ust_err *e);
 
+/* Pipeline parallelism: the gradient norm also sums over the stages of this group. */
+void dp_set_pipeline(dp_state *d, ust_comm *pipe);
+/* The gradient the optimizer will read for parameter i on this rank (its ZeRO partition of the
+ * tensor, or the whole tensor without sharding) and its length; NULL when it holds none. Valid
+ * after dp_finish_grads: tied embeddings sum it with the other pipeline end's copy. */
+float *dp_grad_piece(dp_state *d, int i, int64_t *n);
+
 /* Bytes this rank's dp group sent in the last step (for the analytic-volume tests). */
 uint64_t dp_bytes_sent(const dp_state *d);
 

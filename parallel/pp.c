@@ -1,0 +1,273 @@
+/* pp.c: runs a pipeline schedule (pp_schedule.h) on the model's chunks. */
+#include "pp.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "error.h"
+
+struct pp_state {
+    const ust_config *cfg;
+    const ust_ops *ops;
+    model *m;
+    ust_comm *pipe, *emb;
+    pps_schedule sched;
+    int *slot; /* per action: the activation set of its (micro-batch, chunk) */
+    int p, v, nmb, zb;
+    int32_t *inputs, *targets; /* host, one micro-batch */
+    float *scalar;             /* device: pp_sum's all-reduce, pp_last_step_stats' gather */
+    comm_p2p *batch[2];        /* two batches: one in flight, one being built */
+    int nbatch[2];
+    double busy_s, idle_s;
+};
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + 1e-9 * t.tv_nsec;
+}
+
+/* ------------------------------------------------------------------ planning */
+
+static int frees_slot(const pps_schedule *s, const pps_action *a) {
+    return a->op == (s->kind == PP_ZB ? PPS_W : PPS_B);
+}
+
+/* Gives each action the activation set of its (micro-batch, chunk): the lowest free one of
+ * the chunk at the pair's first action, released after its last use. Returns the sets each
+ * chunk needs in slots[]. */
+static void slot_plan(const pps_schedule *s, int *slot_of, int slots[MODEL_MAX_CHUNKS]) {
+    int *held = malloc((size_t)s->m * s->v * sizeof *held); /* (mb, chunk) -> set or -1 */
+    unsigned char *busy = calloc((size_t)s->v * (s->m + 1), 1);
+    for (int i = 0; i < s->m * s->v; i++) held[i] = -1;
+    for (int c = 0; c < s->v; c++) slots[c] = 0;
+    for (int i = 0; i < s->n; i++) {
+        const pps_action *a = &s->a[i];
+        int key = a->mb * s->v + a->chunk;
+        unsigned char *cb = busy + (size_t)a->chunk * (s->m + 1);
+        if (held[key] < 0) {
+            int k = 0;
+            while (cb[k]) k++;
+            cb[k] = 1;
+            held[key] = k;
+            if (k + 1 > slots[a->chunk]) slots[a->chunk] = k + 1;
+        }
+        slot_of[i] = held[key];
+        if (frees_slot(s, a)) cb[held[key]] = 0; /* the pair is done; its key is never seen again */
+    }
+    free(held);
+    free(busy);
+}
+
+int pp_plan(const ust_config *cfg, int pp_rank, pps_schedule *sched, int slots[MODEL_MAX_CHUNKS],
+            ust_err *e) {
+    int flags = cfg->parallel.pp_breadth_first ? PPS_BREADTH_FIRST : 0;
+    if (pps_build(sched, cfg->parallel.pp_schedule, cfg->parallel.pp, cfg->parallel.vpp,
+                  cfg_grad_accum(cfg), pp_rank, flags, e))
+        return -1;
+    int *slot_of = malloc((size_t)sched->n * sizeof *slot_of);
+    slot_plan(sched, slot_of, slots);
+    free(slot_of);
+    return 0;
+}
+
+/* ------------------------------------------------------------------ set-up */
+
+pp_state *pp_create(const ust_config *cfg, const ust_ops *ops, ust_arena *arena, model *m,
+                    ust_comm *pipe, ust_comm *emb, pps_schedule *sched) {
+    pp_state *s = calloc(1, sizeof *s);
+    UST_ASSERT(s, "out of memory");
+    s->cfg = cfg;
+    s->ops = ops;
+    s->m = m;
+    s->pipe = pipe;
+    s->emb = emb && comm_size(emb) > 1 ? emb : NULL;
+    s->sched = *sched;
+    memset(sched, 0, sizeof *sched);
+    s->p = s->sched.p, s->v = s->sched.v, s->nmb = s->sched.m;
+    s->zb = s->sched.kind == PP_ZB;
+    int slots[MODEL_MAX_CHUNKS];
+    s->slot = malloc((size_t)s->sched.n * sizeof *s->slot);
+    slot_plan(&s->sched, s->slot, slots);
+    for (int c = 0; c < s->v; c++)
+        UST_ASSERT(slots[c] <= model_chunk_slots(m, c),
+                   "chunk %d needs %d activation sets, the model has %d", c, slots[c],
+                   model_chunk_slots(m, c));
+    size_t tokens = (size_t)cfg->train.micro_batch_size * (cfg->train.seq_len / cfg->parallel.cp);
+    s->inputs = malloc(tokens * sizeof(int32_t));
+    s->targets = malloc(tokens * sizeof(int32_t));
+    s->scalar = mem_alloc(arena, MEM_COMM, (size_t)2 * (s->p > 2 ? s->p : 2) * sizeof(float));
+    for (int k = 0; k < 2; k++) s->batch[k] = calloc((size_t)s->sched.n + 1, sizeof(comm_p2p));
+    return s;
+}
+
+void pp_destroy(pp_state *s) {
+    if (!s) return;
+    pps_free(&s->sched);
+    free(s->slot);
+    free(s->inputs);
+    free(s->targets);
+    free(s->batch[0]);
+    free(s->batch[1]);
+    free(s);
+}
+
+/* ------------------------------------------------------------------ transfers */
+
+/* The buffer a comm action reads or fills: activations cross at the chunk's input (receive)
+ * or output (send), gradients in the slot's gradient buffer both ways. */
+static comm_p2p transfer_of(pp_state *s, const pps_action *a, int slot) {
+    comm_p2p t = {.peer = a->peer, .count = (size_t)model_boundary_numel(s->m)};
+    switch (a->op) {
+    case PPS_SEND_ACT:
+        t.is_send = 1, t.buf = model_chunk_output(s->m, a->chunk, slot);
+        break;
+    case PPS_RECV_ACT:
+        t.buf = model_chunk_input(s->m, a->chunk, slot);
+        break;
+    case PPS_SEND_GRAD:
+        t.is_send = 1, t.buf = model_chunk_grad(s->m, a->chunk, slot);
+        break;
+    default: /* PPS_RECV_GRAD */
+        t.buf = model_chunk_grad(s->m, a->chunk, slot);
+        break;
+    }
+    return t;
+}
+
+typedef struct {
+    int cur;      /* the batch being built */
+    int inflight; /* a send-only batch is posted and not yet waited on */
+    comm_req req; /* ... its request */
+    int has_recv; /* the batch being built receives something */
+} batch_state;
+
+static void wait_timed(pp_state *s, comm_req *r) {
+    double t0 = now_s();
+    comm_wait(r);
+    s->idle_s += now_s() - t0;
+}
+
+/* Posts the batch being built (after finishing the one in flight); waits for it when it
+ * receives something, so the next computation finds its inputs. */
+static void flush(pp_state *s, batch_state *b) {
+    if (b->inflight) wait_timed(s, &b->req), b->inflight = 0;
+    if (s->nbatch[b->cur] == 0) return;
+    b->req = comm_sendrecv(s->pipe, s->batch[b->cur], s->nbatch[b->cur], COMM_FP32);
+    if (b->has_recv)
+        wait_timed(s, &b->req);
+    else
+        b->inflight = 1;
+    b->cur ^= 1;
+    s->nbatch[b->cur] = 0;
+    b->has_recv = 0;
+}
+
+/* ------------------------------------------------------------------ computations */
+
+static double compute(pp_state *s, const pp_callbacks *cb, const pps_action *a, int slot,
+                      float dscale) {
+    double loss = 0, t0 = now_s();
+    int last = a->mb == s->nmb - 1;
+    switch (a->op) {
+    case PPS_F:
+        cb->load(cb->ctx, a->mb, s->inputs, s->targets); /* the model reads what it needs */
+        loss = model_chunk_forward(s->m, a->chunk, slot, s->inputs, s->targets, dscale, NULL);
+        break;
+    case PPS_B:
+        if (!s->zb) cb->before_grads(cb->ctx, a->mb, last);
+        model_chunk_backward(s->m, a->chunk, slot, s->zb);
+        break;
+    default: /* PPS_W */
+        cb->before_grads(cb->ctx, a->mb, last);
+        model_chunk_weight_grad(s->m, a->chunk, slot);
+        break;
+    }
+    s->busy_s += now_s() - t0;
+    return loss;
+}
+
+static int is_compute(pps_op op) { return op == PPS_F || op == PPS_B || op == PPS_W; }
+
+double pp_train_step(pp_state *s, const pp_callbacks *cb, float dscale) {
+    batch_state b = {0};
+    s->nbatch[0] = s->nbatch[1] = 0;
+    s->busy_s = s->idle_s = 0;
+    double loss = 0;
+    for (int i = 0; i < s->sched.n; i++) {
+        const pps_action *a = &s->sched.a[i];
+        if (!is_compute(a->op)) {
+            s->batch[b.cur][s->nbatch[b.cur]++] = transfer_of(s, a, s->slot[i]);
+            b.has_recv |= a->op == PPS_RECV_ACT || a->op == PPS_RECV_GRAD;
+            continue;
+        }
+        flush(s, &b);
+        loss += compute(s, cb, a, s->slot[i], dscale);
+    }
+    flush(s, &b);
+    if (b.inflight) wait_timed(s, &b.req);
+    return loss;
+}
+
+/* Validation: each micro-batch goes through the stages in order, one at a time (a chain:
+ * nothing to overlap), in every chunk's first activation set. */
+double pp_forward_only(pp_state *s, const pp_callbacks *cb, int nmb, int64_t *ntok) {
+    int r = comm_rank(s->pipe), count = (int)model_boundary_numel(s->m);
+    int S = s->p * s->v;
+    double loss = 0;
+    *ntok = 0;
+    for (int mb = 0; mb < nmb; mb++)
+        for (int c = 0; c < s->v; c++) {
+            int stage = c * s->p + r;
+            if (stage > 0) {
+                comm_p2p in = {(r - 1 + s->p) % s->p, 0, model_chunk_input(s->m, c, 0), count};
+                comm_req q = comm_sendrecv(s->pipe, &in, 1, COMM_FP32);
+                comm_wait(&q);
+            }
+            int64_t n = 0;
+            cb->load(cb->ctx, mb, s->inputs, s->targets);
+            loss += model_chunk_forward(s->m, c, 0, s->inputs, s->targets, 0, &n);
+            *ntok += n;
+            if (stage < S - 1) {
+                comm_p2p out = {(r + 1) % s->p, 1, model_chunk_output(s->m, c, 0), count};
+                comm_req q = comm_sendrecv(s->pipe, &out, 1, COMM_FP32);
+                comm_wait(&q);
+            }
+        }
+    return loss;
+}
+
+/* ------------------------------------------------------------------ reductions */
+
+/* Two floats carry a double's worth: the value and its rounding error. */
+double pp_sum(pp_state *s, double x) {
+    float h[2] = {(float)x, (float)(x - (double)(float)x)};
+    s->ops->to_device(s->ops, s->scalar, h, sizeof h);
+    comm_req r = comm_allreduce(s->pipe, s->scalar, s->scalar, 2, COMM_FP32, COMM_SUM);
+    comm_wait(&r);
+    s->ops->to_host(s->ops, h, s->scalar, sizeof h);
+    return (double)h[0] + (double)h[1];
+}
+
+void pp_sync_tied(pp_state *s, float *g, int64_t n) {
+    if (!s->emb || n <= 0) return;
+    comm_req r = comm_allreduce(s->emb, g, g, (size_t)n, COMM_FP32, COMM_SUM);
+    comm_wait(&r);
+}
+
+pp_stats pp_last_step_stats(pp_state *s) {
+    pp_stats st = {.busy_s = s->busy_s, .idle_s = s->idle_s};
+    st.analytic = (double)(s->p - 1) / ((double)s->v * s->nmb);
+    float mine[2] = {(float)s->busy_s, (float)s->idle_s}, *all = malloc(2 * s->p * sizeof(float));
+    float *at = s->scalar + 2 * comm_rank(s->pipe); /* in place: member i's part at 2i */
+    s->ops->to_device(s->ops, at, mine, sizeof mine);
+    comm_req r = comm_allgather(s->pipe, at, s->scalar, 2, COMM_FP32);
+    comm_wait(&r);
+    s->ops->to_host(s->ops, all, s->scalar, 2 * s->p * sizeof(float));
+    for (int k = 0; k < s->p; k++)
+        if (all[2 * k] > 0 && all[2 * k + 1] / all[2 * k] > st.bubble)
+            st.bubble = all[2 * k + 1] / all[2 * k];
+    free(all);
+    return st;
+}

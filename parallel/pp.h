@@ -1,0 +1,67 @@
+/* pp: the pipeline executor. It walks this rank's action list from pp_schedule (forward,
+ * backward and weight-gradient computations of (micro-batch, chunk), and the point-to-point
+ * transfers around them) and runs it on the model's chunks:
+ *   - activation slots: each (micro-batch, chunk) gets one of the chunk's activation sets from
+ *     its first action (a receive or its forward) to the end of its backward (of W for zb);
+ *     pp_slot_plan computes the assignment before the model exists, so the model allocates
+ *     exactly as many sets as the schedule keeps in flight;
+ *   - transfers: the comm actions between two computations go out as one batched send/recv;
+ *     a batch with a receive is waited on before the next computation, a batch of sends only
+ *     stays in flight until the next batch is posted (pp_schedule.h states why this cannot
+ *     deadlock);
+ *   - accounting: time in computations (busy) and waiting for transfers (idle) per step.
+ * The model keeps its gradient hooks (data parallelism); the caller says, through
+ * before_grads, which micro-batch's gradients a backward pass is about to add. */
+#ifndef UST_PP_H
+#define UST_PP_H
+
+#include <stdint.h>
+
+#include "comm.h"
+#include "config.h"
+#include "model.h"
+#include "ops.h"
+#include "pp_schedule.h"
+
+typedef struct {
+    void *ctx;
+    /* host arrays of this rank's B x Tl tokens of micro-batch mb of the step */
+    void (*load)(void *ctx, int mb, int32_t *inputs, int32_t *targets);
+    /* called before a pass that adds parameter gradients of micro-batch mb (last: mb is the
+     * step's last micro-batch) */
+    void (*before_grads)(void *ctx, int mb, int last);
+} pp_callbacks;
+
+/* This rank's schedule for cfg (pipeline coordinate pp_rank, parallel.pp_schedule over
+ * cfg_grad_accum micro-batches) and the activation sets each of its chunks needs. */
+int pp_plan(const ust_config *cfg, int pp_rank, pps_schedule *sched, int slots[MODEL_MAX_CHUNKS],
+            ust_err *e);
+
+typedef struct pp_state pp_state;
+
+/* Takes ownership of sched. pipe: the pipeline group (member i = stage rank i); emb: the tied
+ * embedding group (first and last stage; NULL or size 1 when there is nothing to sync). */
+pp_state *pp_create(const ust_config *cfg, const ust_ops *ops, ust_arena *arena, model *m,
+                    ust_comm *pipe, ust_comm *emb, pps_schedule *sched);
+void pp_destroy(pp_state *s);
+
+/* Runs one step's schedule; returns this rank's sum of per-token losses (non-zero on the last
+ * stage only). dscale as in model_forward. */
+double pp_train_step(pp_state *s, const pp_callbacks *cb, float dscale);
+/* Forward only (validation): nmb micro-batches through the pipeline; returns the loss sum and
+ * counted targets of this rank (the last stage's). */
+double pp_forward_only(pp_state *s, const pp_callbacks *cb, int nmb, int64_t *ntok);
+/* All-reduce of one number over the pipeline group. */
+double pp_sum(pp_state *s, double x);
+/* Tied embeddings: sums the copies' gradient pieces (n floats at g) over the embedding group. */
+void pp_sync_tied(pp_state *s, float *g, int64_t n);
+
+typedef struct {
+    double busy_s, idle_s; /* this rank, last step: computing; waiting for transfers */
+    double bubble;         /* max over the pipeline of idle / busy */
+    double analytic;       /* (p - 1) / (v * m) */
+} pp_stats;
+/* Collective over the pipeline group (every stage calls it after a step). */
+pp_stats pp_last_step_stats(pp_state *s);
+
+#endif
