@@ -1,6 +1,9 @@
 #include "plan.h"
 
+#include <stdlib.h>
+
 #include "log.h"
+#include "pp_schedule.h" /* pure: the schedule decides how many micro-batches a stage holds */
 
 static int64_t r16(int64_t x) { return (x + 15) / 16 * 16; }
 
@@ -30,6 +33,7 @@ static shapes shapes_of(const ust_config *c) {
  * evenly. n_params counts the whole model. */
 typedef struct {
     int64_t emb, layer, head, total, n_params;
+    int64_t tied_copy; /* tied embeddings over a pipeline: the last stage's head unit */
 } unit_sizes;
 
 static unit_sizes units(const ust_config *c) {
@@ -52,6 +56,12 @@ static unit_sizes units(const ust_config *c) {
     u.layer = PAD(sum);
     u.emb = PAD(r16(s.Vl * C) + (s.gpt2 ? r16(s.maxT * C) : 0));
     u.head = PAD(r16(C) + (s.gpt2 ? r16(C) : 0) + (s.tied ? 0 : r16(s.Vl * C)));
+    u.tied_copy = 0;
+    if (s.tied && c->parallel.pp > 1) { /* the last stage's copy; both units one common length */
+        int64_t head = PAD(r16(s.Vl * C) + r16(C) * (s.gpt2 ? 2 : 1));
+        u.tied_copy = u.emb > head ? u.emb : head;
+        u.emb = u.tied_copy;
+    }
 #undef PAD
     u.total = u.emb + s.L * u.layer + u.head;
     u.n_params = s.Vp * C + (s.gpt2 ? s.maxT * C : 0) + s.L * whole + (s.gpt2 ? 2 * C : C) +
@@ -80,13 +90,61 @@ static int64_t parallel_scratch(const ust_config *c, const shapes *s, int64_t *c
     return acts;
 }
 
-void plan_memory(const ust_config *c, mem_plan *p) {
+/* What pipeline rank r holds: its chunks' units, the first of them, the largest other one, and
+ * the activation floats of the micro-batches it keeps in flight (activation sets per chunk from
+ * the schedule itself). Without a pipeline: the whole model, one set. */
+typedef struct {
+    int64_t total, first, big, slot_acts, head_acts, tied;
+} stage_plan;
+
+static stage_plan plan_stage(const ust_config *c, const shapes *s, const unit_sizes *u, int r) {
+    int p = c->parallel.pp, v = c->parallel.vpp, S = p * v;
+    int64_t per = s->L / S, N = s->N, Nl = s->Nl, C = s->C;
+    int zb = p > 1 && c->parallel.pp_schedule == PP_ZB;
+    int slots[16] = {1};
+    pps_schedule sched;
+    ust_err e;
+    if (p > 1 && pps_build(&sched, c->parallel.pp_schedule, p, v, cfg_grad_accum(c), r,
+                           c->parallel.pp_breadth_first ? PPS_BREADTH_FIRST : 0, &e) == 0) {
+        pps_slots(&sched, NULL, slots);
+        pps_free(&sched);
+    }
+    int64_t layer = c->train.recompute == RECOMPUTE_FULL        ? 0
+                    : c->train.recompute == RECOMPUTE_SELECTIVE ? layer_act_floats(s, 0)
+                                                                : layer_act_floats(s, 1);
+    int64_t wsave = 2 * N * C + (s->llama ? 2 : 1) * N * s->F + 2 * Nl * C + N * s->HD +
+                    2 * N * s->KV; /* zb: the output gradients W needs, per layer */
+    stage_plan st = {0};
+    st.first = -1;
+    for (int ch = 0; ch < v; ch++) {
+        int stage = ch * p + r, embed = stage == 0, head = stage == S - 1;
+        int64_t units = embed ? u->emb : 0;
+        if (st.first < 0) st.first = embed ? u->emb : u->layer;
+        for (int64_t l = 0; l < per; l++) units += u->layer;
+        if (head) units += u->tied_copy && !embed ? u->tied_copy : u->head;
+        st.total += units;
+        int64_t big = head ? (u->tied_copy && !embed ? u->tied_copy : u->head) : u->layer;
+        if (big > st.big && !(embed && per == 0)) st.big = big;
+        /* one set: residual stream, saved layers, gradient buffer, head or tokens */
+        int64_t set = (per + 1) * Nl * C + per * layer + (zb ? per * wsave : 0) + Nl * C;
+        if (head) set += Nl * C + 2 * Nl + N * s->Vl + (zb ? Nl * C : 0);
+        if (embed) set += N; /* token ids (int32) */
+        st.slot_acts += slots[ch] * set;
+        st.tied |= embed && head;
+    }
+    if (u->layer > st.big && per > 1) st.big = u->layer;
+    return st;
+}
+
+/* The plan of pipeline rank r (every rank without a pipeline). */
+static void plan_rank(const ust_config *c, int r, mem_plan *p) {
     shapes s = shapes_of(c);
     int dp = c->parallel.dp * c->parallel.cp, zero = c->optimizer.zero_stage; /* ZeRO group */
     unit_sizes u = units(c);
-    double P = (double)u.total * 4.0 / c->parallel.pp, shard = P / dp;
-    double big = 4.0 * (double)(u.layer > u.head ? u.layer : u.head); /* largest unit but 0 */
-    double emb = 4.0 * (double)u.emb;
+    stage_plan st = plan_stage(c, &s, &u, r);
+    double P = (double)st.total * 4.0, shard = P / dp;
+    double big = 4.0 * (double)st.big;   /* largest unit but the first */
+    double emb = 4.0 * (double)st.first; /* the first unit has its own working buffer */
     p->n_params = u.n_params;
     /* ZeRO (Playbook): stage 1 shards the optimizer state, 2 the gradients too, 3 the weights
      * too; 2 and 3 add working buffers for two units' gradients (one filling while the other
@@ -94,30 +152,26 @@ void plan_memory(const ust_config *c, mem_plan *p) {
     p->params = zero >= 3 ? shard + emb + 2 * big : P;
     p->grads = zero >= 2 ? shard + emb + 2 * big : P;
     p->optim = zero >= 1 ? 2 * shard : 2 * P;
-    /* saved per layer, plus the residual stream, head and backward scratch */
-    int64_t per_layer, sets, N = s.N, Nl = s.Nl, C = s.C;
-    switch (c->train.recompute) {
-    case RECOMPUTE_FULL:
-        per_layer = layer_act_floats(&s, 1), sets = 1;
-        break;
-    case RECOMPUTE_SELECTIVE:
-        per_layer = layer_act_floats(&s, 0), sets = s.L;
-        break;
-    default:
-        per_layer = layer_act_floats(&s, 1), sets = s.L;
-    }
-    int64_t acts = sets * per_layer + (c->train.recompute == RECOMPUTE_SELECTIVE ? N * s.F : 0);
-    acts += (s.L + 1) * Nl * C;             /* residual stream */
-    acts += Nl * C + 2 * Nl + N * s.Vl + N; /* final norm, logits, losses */
-    acts += 2 * Nl * C + N * C + N * s.HD + 2 * N * s.KV + N * (s.HD > s.F ? s.HD : s.F) +
+    int64_t N = s.N, Nl = s.Nl, C = s.C;
+    int zb = c->parallel.pp > 1 && c->parallel.pp_schedule == PP_ZB;
+    int64_t acts = st.slot_acts;
+    if (c->train.recompute == RECOMPUTE_SELECTIVE) acts += N * s.F; /* the shared MLP output */
+    if (c->train.recompute == RECOMPUTE_FULL) acts += layer_act_floats(&s, 1); /* scratch set */
+    acts += N; /* per-token losses */
+    acts += Nl * C + N * C + N * s.HD + 2 * N * s.KV + N * (s.HD > s.F ? s.HD : s.F) +
             (s.llama ? 3 : 2) * N * s.F; /* backward scratch */
-    acts += 2 * N + s.T;                 /* tokens, targets, positions (int32) */
+    acts += N + s.T;                     /* targets, positions (int32) */
     int64_t comm;
     acts += parallel_scratch(c, &s, &comm);
+    if (zb && !(c->parallel.sp && s.t > 1)) acts += 2 * C; /* B's dropped norm gradient */
     p->acts = (double)acts * 4.0;
-    p->comm = 16.0 + 4.0 + 4.0 * comm; /* dp_sum's four floats, the stop flag, tp scratch */
+    int pp = c->parallel.pp;
+    /* dp_sum's four floats, the stop flag, tp scratch, the pipeline's scalars */
+    p->comm = 16.0 + 4.0 + 4.0 * comm + (pp > 1 ? 8.0 * (pp > 2 ? pp : 2) : 0);
     p->total = p->params + p->grads + p->optim + p->acts + p->comm;
 }
+
+void plan_memory(const ust_config *c, mem_plan *p) { plan_rank(c, 0, p); }
 
 void plan_print(const ust_config *c, const mem_plan *p, FILE *f) {
     char b[5][32];
@@ -133,6 +187,18 @@ void plan_print(const ust_config *c, const mem_plan *p, FILE *f) {
     fprintf(f, "  activations %12s  (one micro-batch of %d x %d tokens)\n",
             log_bytes(b[3], 32, p->acts), c->train.micro_batch_size, c->train.seq_len);
     fprintf(f, "  total       %12s  (%.0f bytes)\n", log_bytes(b[4], 32, p->total), p->total);
+    if (c->parallel.pp > 1) {
+        fprintf(f, "by pipeline rank (stages r, r+pp, ...; micro-batches in flight per %s):\n",
+                c->parallel.pp_schedule == PP_AFAB ? "afab: all of them" : "the schedule");
+        for (int r = 0; r < c->parallel.pp; r++) {
+            mem_plan q;
+            char s[3][32];
+            plan_rank(c, r, &q);
+            fprintf(f, "  pp rank %-3d parameters %10s  activations %10s  total %10s\n", r,
+                    log_bytes(s[0], 32, q.params), log_bytes(s[1], 32, q.acts),
+                    log_bytes(s[2], 32, q.total));
+        }
+    }
     fprintf(f,
             "by ZeRO stage at dp=%d (per rank):\n  stage   parameters    gradients    optimizer"
             "        total\n",

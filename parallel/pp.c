@@ -30,45 +30,13 @@ static double now_s(void) {
 
 /* ------------------------------------------------------------------ planning */
 
-static int frees_slot(const pps_schedule *s, const pps_action *a) {
-    return a->op == (s->kind == PP_ZB ? PPS_W : PPS_B);
-}
-
-/* Gives each action the activation set of its (micro-batch, chunk): the lowest free one of
- * the chunk at the pair's first action, released after its last use. Returns the sets each
- * chunk needs in slots[]. */
-static void slot_plan(const pps_schedule *s, int *slot_of, int slots[MODEL_MAX_CHUNKS]) {
-    int *held = malloc((size_t)s->m * s->v * sizeof *held); /* (mb, chunk) -> set or -1 */
-    unsigned char *busy = calloc((size_t)s->v * (s->m + 1), 1);
-    for (int i = 0; i < s->m * s->v; i++) held[i] = -1;
-    for (int c = 0; c < s->v; c++) slots[c] = 0;
-    for (int i = 0; i < s->n; i++) {
-        const pps_action *a = &s->a[i];
-        int key = a->mb * s->v + a->chunk;
-        unsigned char *cb = busy + (size_t)a->chunk * (s->m + 1);
-        if (held[key] < 0) {
-            int k = 0;
-            while (cb[k]) k++;
-            cb[k] = 1;
-            held[key] = k;
-            if (k + 1 > slots[a->chunk]) slots[a->chunk] = k + 1;
-        }
-        slot_of[i] = held[key];
-        if (frees_slot(s, a)) cb[held[key]] = 0; /* the pair is done; its key is never seen again */
-    }
-    free(held);
-    free(busy);
-}
-
 int pp_plan(const ust_config *cfg, int pp_rank, pps_schedule *sched, int slots[MODEL_MAX_CHUNKS],
             ust_err *e) {
     int flags = cfg->parallel.pp_breadth_first ? PPS_BREADTH_FIRST : 0;
     if (pps_build(sched, cfg->parallel.pp_schedule, cfg->parallel.pp, cfg->parallel.vpp,
                   cfg_grad_accum(cfg), pp_rank, flags, e))
         return -1;
-    int *slot_of = malloc((size_t)sched->n * sizeof *slot_of);
-    slot_plan(sched, slot_of, slots);
-    free(slot_of);
+    pps_slots(sched, NULL, slots);
     return 0;
 }
 
@@ -89,7 +57,7 @@ pp_state *pp_create(const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
     s->zb = s->sched.kind == PP_ZB;
     int slots[MODEL_MAX_CHUNKS];
     s->slot = malloc((size_t)s->sched.n * sizeof *s->slot);
-    slot_plan(&s->sched, s->slot, slots);
+    pps_slots(&s->sched, s->slot, slots);
     for (int c = 0; c < s->v; c++)
         UST_ASSERT(slots[c] <= model_chunk_slots(m, c),
                    "chunk %d needs %d activation sets, the model has %d", c, slots[c],

@@ -564,3 +564,32 @@ int pps_simulate(const pps_schedule *all, int p, pps_costs cost, pps_sim *out, u
     for (int r = 0; r < p; r++) free(partner[r]), free(posted[r]);
     return rc;
 }
+
+/* ------------------------------------------------------------------ activation sets */
+
+static int frees_slot(const pps_schedule *s, const pps_action *a) {
+    return a->op == (s->kind == PP_ZB ? PPS_W : PPS_B);
+}
+
+void pps_slots(const pps_schedule *s, int *slot_of, int *slots) {
+    int *held = malloc((size_t)s->m * s->v * sizeof *held); /* (mb, chunk) -> set or -1 */
+    unsigned char *busy = calloc((size_t)s->v * (s->m + 1), 1);
+    for (int i = 0; i < s->m * s->v; i++) held[i] = -1;
+    for (int c = 0; c < s->v; c++) slots[c] = 0;
+    for (int i = 0; i < s->n; i++) {
+        const pps_action *a = &s->a[i];
+        int key = a->mb * s->v + a->chunk;
+        unsigned char *cb = busy + (size_t)a->chunk * (s->m + 1);
+        if (held[key] < 0) {
+            int k = 0;
+            while (cb[k]) k++;
+            cb[k] = 1;
+            held[key] = k;
+            if (k + 1 > slots[a->chunk]) slots[a->chunk] = k + 1;
+        }
+        if (slot_of) slot_of[i] = held[key];
+        if (frees_slot(s, a)) cb[held[key]] = 0; /* the pair is done; its key is never seen again */
+    }
+    free(held);
+    free(busy);
+}

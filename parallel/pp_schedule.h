@@ -101,4 +101,10 @@ typedef struct {
  * each stuck rank's action), never a hang. */
 int pps_simulate(const pps_schedule *all, int p, pps_costs c, pps_sim *out, ust_err *e);
 
+/* Activation sets: each (micro-batch, chunk) holds one of its chunk's sets from its first
+ * action (a receive or its forward) to the end of its backward (of its W for zb); the lowest
+ * free set is taken. slot_of (may be NULL; s->n entries) gets each action's set, slots (s->v
+ * entries) the number of sets each chunk needs: its peak of micro-batches in flight. */
+void pps_slots(const pps_schedule *s, int *slot_of, int *slots);
+
 #endif

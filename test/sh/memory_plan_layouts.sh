@@ -29,3 +29,11 @@ check $TMP/c.yaml memory_plan_cp4_allgather 4 --set parallel.cp=4 --set parallel
 check $TMP/c.yaml memory_plan_tp2_cp2_dp2_zero3 8 --set parallel.tp=2 --set parallel.cp=2 --set parallel.dp=2 --set optimizer.zero_stage=3
 check $TMP/g.yaml memory_plan_gpt2_tp4_sp_dp2_zero1 8 --set parallel.tp=4 --set parallel.sp=true --set parallel.dp=2 --set optimizer.zero_stage=1
 check $TMP/g.yaml memory_plan_gpt2_tp2_recompute_full 2 --set parallel.tp=2 --set train.recompute=full
+# pipelines: rank 0 holds stage 0 (and stage pp under interleaving) with as many micro-batches
+# in flight as its schedule keeps (afab: all 4; 1f1b: pp; zb adds what W needs)
+check $TMP/c.yaml memory_plan_pp2_afab 2 --set parallel.pp=2 --set parallel.pp_schedule=afab
+check $TMP/c.yaml memory_plan_pp2_1f1b_dp2_zero1 4 --set parallel.pp=2 --set parallel.dp=2 --set optimizer.zero_stage=1 --set train.global_batch_size=8
+check $TMP/g.yaml memory_plan_gpt2_pp2_zb_zero2 4 --set parallel.pp=2 --set parallel.pp_schedule=zb --set parallel.dp=2 --set optimizer.zero_stage=2 --set train.global_batch_size=8
+check $TMP/g.yaml memory_plan_gpt2_pp2_vpp2_tp2_sp 4 --set model.n_layer=4 --set parallel.pp=2 --set parallel.vpp=2 --set parallel.pp_schedule=interleaved --set parallel.tp=2 --set parallel.sp=true
+check $TMP/c.yaml memory_plan_pp2_zero3_selective 4 --set parallel.pp=2 --set parallel.dp=2 --set optimizer.zero_stage=3 --set train.recompute=selective --set train.global_batch_size=8
+check $TMP/c.yaml memory_plan_pp2_cp2_full 4 --set parallel.pp=2 --set parallel.cp=2 --set train.recompute=full
