@@ -1,0 +1,327 @@
+/* Expert parallelism (parallel/ep) through the MoE layer.
+ * Run alone: the single-rank dispatch plan is the identity. Run under a launcher with
+ * `--ep-check` (test/sh/ep_dispatch.sh does, for 2 and 4 ranks): every rank holds its own tokens
+ * and runs the MoE layer twice, once with all experts local (ep = 1, the reference) and once with
+ * the experts split over the world (ep = n); outputs, input gradients, router and shared-expert
+ * gradients must match the rank's own reference, and each local expert's gradient the sum over
+ * ranks of the references' (expert gradients are accumulations over every rank's tokens). Cases:
+ * llama/gpt2, top-1/2, shared expert, random and very skewed routing (all tokens to one expert,
+ * most experts get none), and capacity drops (decided before dispatch, so still equal). A last
+ * case checks the stats hook: with the world as the stats group, the aux and z losses of
+ * sharded tokens equal those of one rank holding every token. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bootstrap.h"
+#include "comm.h"
+#include "ep.h"
+#include "mem.h"
+#include "moe.h"
+#include "ops.h"
+#include "rng.h"
+#include "test.h"
+
+static void test_single_rank_plan_is_identity(void) {
+    ust_ops *o = ops_cpu_create(1, 1);
+    ust_arena a;
+    mem_init(&a, o);
+    ust_ep ep;
+    ep_init(&ep, o, NULL, &a, 4, 3, 10);
+    ep_plan p;
+    ep_plan_init(&ep, &p, &a);
+    int32_t send[4] = {3, 0, 5, 2};
+    ep_plan_make(&ep, &p, send);
+    float rows[30], out[30];
+    for (int i = 0; i < 30; i++) rows[i] = (float)i;
+    ep_dispatch(&ep, &p, out, rows);
+    int first, n = ep_local_experts(&ep, &first), same = !memcmp(out, rows, sizeof rows);
+    int64_t nrecv = p.nrecv;
+    int32_t local2 = p.local[2];
+    ep_plan_free(&p);
+    ep_free(&ep);
+    mem_release(&a);
+    o->destroy(o);
+    CHECK(n == 4 && first == 0 && nrecv == 10 && local2 == 5 && same,
+          "experts %d from %d, %lld rows, local[2] %d, same %d", n, first, (long long)nrecv, local2,
+          same);
+}
+
+/* ---------------------------------------------------------------- multi-rank check */
+
+enum { E = 8, C = 8, FE = 6, NTOK = 16 };
+
+typedef struct {
+    float *p, *g;
+    int64_t n;
+    char name[128];
+} tparam;
+
+typedef struct plist {
+    ust_arena *arena;
+    tparam t[512];
+    int n;
+    const struct plist *share; /* when set: parameters point at these (same names), own grads */
+} plist;
+
+static void collect(void *ctx, const moe_param *q) {
+    plist *l = ctx;
+    tparam *t = &l->t[l->n++];
+    t->n = q->rows * q->cols;
+    t->p = NULL;
+    snprintf(t->name, sizeof t->name, "%s", q->name);
+    if (l->share)
+        for (int i = 0; i < l->share->n; i++)
+            if (!strcmp(l->share->t[i].name, q->name)) t->p = l->share->t[i].p;
+    if (!t->p) t->p = mem_alloc(l->arena, MEM_PARAMS, t->n * sizeof(float));
+    t->g = mem_alloc(l->arena, MEM_GRADS, t->n * sizeof(float));
+    *q->p = t->p;
+    *q->g = t->g;
+}
+
+static const tparam *find(const plist *l, const char *name) {
+    for (int i = 0; i < l->n; i++)
+        if (!strcmp(l->t[i].name, name)) return &l->t[i];
+    return NULL;
+}
+
+typedef struct {
+    const char *name;
+    ust_arch arch;
+    int k, shared, skewed;
+    double capacity;
+} ep_case;
+
+typedef struct {
+    moe_ctx m;
+    moe_acts a;
+    moe_weights w, g;
+    plist pl;
+    float *y, *dx;
+    moe_stats st;
+} layer;
+
+static void layer_make(layer *L, const ust_config *cfg, const ust_ops *o, ust_arena *arena, int N,
+                       const moe_groups *groups, const plist *share) {
+    memset(L, 0, sizeof *L);
+    moe_init(&L->m, cfg, o, arena, N, groups);
+    moe_weights_init(&L->w, &L->m);
+    moe_weights_init(&L->g, &L->m);
+    L->pl.arena = arena;
+    L->pl.share = share;
+    int n = groups && groups->ep_comm ? comm_size(groups->ep_comm) : 1;
+    int r = groups && groups->ep_comm ? comm_rank(groups->ep_comm) : 0;
+    moe_enum_params(cfg, 0, n, r, &L->w, &L->g, collect, &L->pl);
+    moe_acts_init(&L->m, &L->a, arena);
+    L->y = mem_alloc(arena, MEM_ACTS, (size_t)N * C * 4);
+    L->dx = mem_alloc(arena, MEM_ACTS, (size_t)N * C * 4);
+}
+
+static void layer_run(layer *L, const float *x, const float *dy) {
+    moe_forward(&L->m, &L->a, &L->w, L->y, x, &L->st);
+    moe_backward(&L->m, &L->a, &L->w, &L->g, L->dx, dy, x, 0.5f, 0);
+}
+
+static void layer_free(layer *L) {
+    moe_acts_free(&L->a);
+    moe_weights_free(&L->w);
+    moe_weights_free(&L->g);
+    moe_free(&L->m);
+}
+
+/* Same weights on every rank (seed independent of the rank). Skewed: router row 0 pulls every
+ * token (x[:,0] >= 3) to expert 0 with a logit margin >= 6, row 1 to expert 1 as second choice;
+ * the other experts get nothing. */
+static void fill_weights(plist *pl, const ep_case *c) {
+    for (int i = 0; i < pl->n; i++) {
+        tparam *t = &pl->t[i];
+        int router = strstr(t->name, "router") != NULL;
+        float s = router ? (c->skewed ? 0.1f : 1.0f) : strstr(t->name, "bias") ? 0.3f : 0.5f;
+        for (int64_t j = 0; j < t->n; j++) t->p[j] = s * rng_normal(5, i, j);
+        if (router && c->skewed) t->p[0 * C + 0] = 4.0f, t->p[1 * C + 0] = 2.0f;
+    }
+}
+
+static void fill_tokens(float *x, float *dy, int rank, int N, int skewed) {
+    for (int j = 0; j < N * C; j++) {
+        x[j] = rng_normal(100 + rank, 1, j);
+        dy[j] = rng_normal(100 + rank, 2, j);
+        if (skewed && j % C == 0) x[j] = 3.0f + fabsf(x[j]);
+    }
+}
+
+static double maxdiff(const float *a, const float *b, int64_t n) {
+    double w = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs(a[i] - b[i]) / (1.0 + fabs(b[i]));
+        w = d > w || d != d ? d : w;
+    }
+    return w;
+}
+
+/* Worst relative difference between the ep run and the references; expert gradients against
+ * the references summed over the ranks. */
+static double compare(layer *ep, layer *ref, ust_comm *world, int N, int64_t *rows_moved) {
+    double worst =
+        fmax(maxdiff(ep->y, ref->y, (int64_t)N * C), maxdiff(ep->dx, ref->dx, (int64_t)N * C));
+    worst = fmax(worst, fabs(ep->st.aux_loss - ref->st.aux_loss));
+    for (int i = 0; i < ref->pl.n; i++) { /* every rank the same list, same order */
+        tparam *t = &ref->pl.t[i];
+        int expert = strstr(t->name, ".experts.") != NULL;
+        if (expert) {
+            comm_req r = comm_allreduce(world, t->g, t->g, t->n, COMM_FP32, COMM_SUM);
+            comm_wait(&r);
+        }
+        const tparam *mine = find(&ep->pl, t->name);
+        if (mine)
+            worst = fmax(worst, maxdiff(mine->g, t->g, t->n));
+        else if (!expert)
+            worst = INFINITY; /* router and shared expert are on every rank */
+    }
+    *rows_moved = ep->m.ep.rows_sent;
+    return worst;
+}
+
+/* fp32 on both paths; the tokens' rows go through the same ops, only the expert GEMMs see them
+ * in other groupings and expert gradients sum over ranks in another order: 1e-5 relative is
+ * ~100x float rounding of these O(10)-term sums and far below a misrouted row (O(1)). */
+#define TOL 1e-5
+
+static int run_case(const ep_case *c, ust_comm *world, const ust_ops *o, int rank, int n) {
+    ust_config cfg;
+    cfg_defaults(&cfg);
+    cfg.model.arch = c->arch;
+    cfg.model.n_layer = 2;
+    cfg.model.d_model = C;
+    cfg.model.moe.num_experts = E;
+    cfg.model.moe.top_k = c->k;
+    cfg.model.moe.d_ff_expert = FE;
+    cfg.model.moe.shared_expert = c->shared;
+    cfg.model.moe.aux_loss_coef = 0.2;
+    cfg.model.moe.z_loss_coef = 0.1;
+    cfg.model.moe.capacity_factor = c->capacity;
+    ust_arena arena;
+    mem_init(&arena, o);
+    layer ref, ep;
+    moe_groups g = {.ep_comm = world};
+    layer_make(&ref, &cfg, o, &arena, NTOK, NULL, NULL);
+    fill_weights(&ref.pl, c);
+    layer_make(&ep, &cfg, o, &arena, NTOK, &g, &ref.pl);
+    float *x = mem_alloc(&arena, MEM_ACTS, NTOK * C * 4),
+          *dy = mem_alloc(&arena, MEM_ACTS, NTOK * C * 4);
+    fill_tokens(x, dy, rank, NTOK, c->skewed);
+    layer_run(&ref, x, dy);
+    layer_run(&ep, x, dy);
+    int64_t moved, nrecv = ep.a.plan.nrecv;
+    double worst = compare(&ep, &ref, world, NTOK, &moved);
+    /* the worst over ranks, and how many ranks received no rows at all */
+    float v[2] = {(float)worst, nrecv == 0 ? 1.0f : 0.0f}, all[8] = {0};
+    comm_req r = comm_allgather(world, v, all, 2, COMM_FP32);
+    comm_wait(&r);
+    float w = 0, idle = 0;
+    for (int i = 0; i < n; i++)
+        w = fmaxf(w, all[2 * i]) + (all[2 * i] != all[2 * i]), idle += all[2 * i + 1];
+    /* skewed: all tokens to experts 0 (and 1), both on rank 0, so every other rank holds none */
+    int idle_ok = !c->skewed || idle == n - 1;
+    int bad = !(w <= TOL) || !idle_ok || (!c->skewed && moved == 0);
+    if (rank == 0)
+        printf("%s ep%d_%s_matches_ep1: worst rel diff %.3g, ranks without rows %g\n",
+               bad ? "FAIL" : "PASS", n, c->name, w, idle);
+    layer_free(&ref);
+    layer_free(&ep);
+    mem_release(&arena);
+    return bad;
+}
+
+/* Stats hook: n ranks with NTOK tokens each and the world as stats group against one layer over
+ * all n*NTOK tokens: aux and z losses, loads, outputs of this rank's rows, and the router
+ * gradient summed over ranks. */
+static int run_stats_case(ust_comm *world, const ust_ops *o, int rank, int n) {
+    ust_config cfg;
+    cfg_defaults(&cfg);
+    cfg.model.arch = ARCH_LLAMA;
+    cfg.model.n_layer = 2;
+    cfg.model.d_model = C;
+    cfg.model.moe.num_experts = E;
+    cfg.model.moe.top_k = 2;
+    cfg.model.moe.d_ff_expert = FE;
+    cfg.model.moe.aux_loss_coef = 0.2;
+    cfg.model.moe.z_loss_coef = 0.1;
+    ust_arena arena;
+    mem_init(&arena, o);
+    ep_case c = {"stats", ARCH_LLAMA, 2, 0, 0, 0};
+    layer full, shard;
+    moe_groups g = {.stats_comm = {world, NULL}};
+    layer_make(&full, &cfg, o, &arena, n * NTOK, NULL, NULL);
+    fill_weights(&full.pl, &c);
+    layer_make(&shard, &cfg, o, &arena, NTOK, &g, &full.pl);
+    float *x = mem_alloc(&arena, MEM_ACTS, (size_t)n * NTOK * C * 4);
+    float *dy = mem_alloc(&arena, MEM_ACTS, (size_t)n * NTOK * C * 4);
+    for (int s = 0; s < n; s++)
+        fill_tokens(x + (int64_t)s * NTOK * C, dy + (int64_t)s * NTOK * C, s, NTOK, 0);
+    layer_run(&full, x, dy);
+    const float *xs = x + (int64_t)rank * NTOK * C, *dys = dy + (int64_t)rank * NTOK * C;
+    layer_run(&shard, xs, dys);
+    double worst =
+        fabs(full.st.aux_loss - shard.st.aux_loss) + fabs(full.st.z_loss - shard.st.z_loss);
+    worst += fabs(full.st.load_max - shard.st.load_max) + (full.st.tokens != shard.st.tokens);
+    worst = fmax(worst, maxdiff(shard.y, full.y + (int64_t)rank * NTOK * C, NTOK * C));
+    worst = fmax(worst, maxdiff(shard.dx, full.dx + (int64_t)rank * NTOK * C, NTOK * C));
+    comm_req r = comm_allreduce(world, shard.g.router, shard.g.router, E * C, COMM_FP32, COMM_SUM);
+    comm_wait(&r);
+    worst = fmax(worst, maxdiff(shard.g.router, full.g.router, E * C));
+    float v = (float)worst, all[8] = {0};
+    r = comm_allgather(world, &v, all, 1, COMM_FP32);
+    comm_wait(&r);
+    float w = 0;
+    for (int i = 0; i < n; i++) w = fmaxf(w, all[i]) + (all[i] != all[i]);
+    int bad = !(w <= TOL);
+    if (rank == 0)
+        printf("%s stats%d_aux_and_z_loss_over_the_stats_group_match_one_rank_with_all_tokens: "
+               "worst %.3g (aux %.6f)\n",
+               bad ? "FAIL" : "PASS", n, w, full.st.aux_loss);
+    layer_free(&full);
+    layer_free(&shard);
+    mem_release(&arena);
+    return bad;
+}
+
+static int ep_check(void) {
+    ust_boot boot;
+    ust_err e;
+    if (boot_init(&boot, 30, &e)) return printf("FAIL boot: %s\n", e.msg), 1;
+    comm_ctx *ctx;
+    comm_opts co = {.backend = COMM_BACKEND_SHM, .timeout_s = 30};
+    int *ranks = malloc(boot.world * sizeof(int));
+    for (int i = 0; i < boot.world; i++) ranks[i] = i;
+    comm_group_spec spec = {"ep", ranks, boot.world};
+    ust_comm *world;
+    if (comm_ctx_init(&ctx, &boot, &co, &e) || comm_create_many(ctx, 1, &spec, &world, &e))
+        return printf("FAIL comm: %s\n", e.msg), 1;
+    int n = comm_size(world), rank = comm_rank(world);
+    ust_ops *o = ops_cpu_create(1, 1);
+    static const ep_case cases[] = {
+        {"llama_top2_random", ARCH_LLAMA, 2, 0, 0, 0},
+        {"gpt2_top1_shared_random", ARCH_GPT2, 1, 1, 0, 0},
+        {"llama_top1_skewed_all_tokens_to_one_expert", ARCH_LLAMA, 1, 0, 1, 0},
+        {"gpt2_top2_shared_skewed", ARCH_GPT2, 2, 1, 1, 0},
+        {"llama_top2_capacity_drops_before_dispatch", ARCH_LLAMA, 2, 1, 0, 0.5},
+    };
+    int bad = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        bad |= run_case(&cases[i], world, o, rank, n);
+    bad |= run_stats_case(world, o, rank, n);
+    comm_req bar = comm_barrier(world);
+    comm_wait(&bar);
+    o->destroy(o);
+    comm_ctx_free(ctx);
+    boot_finalize(&boot);
+    free(ranks);
+    return bad;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 2 && !strcmp(argv[1], "--ep-check")) return ep_check();
+    RUN_TEST(test_single_rank_plan_is_identity);
+    return TEST_SUMMARY();
+}
