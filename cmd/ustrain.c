@@ -28,9 +28,13 @@ static const char *USAGE =
     "                                            (--schedule: the pipeline schedule of every "
     "rank)\n"
     "  data demo DIR                             write the bundled demo dataset\n"
-    "  data prep --out DIR [--val-fraction F] [--shard-tokens N] FILE...\n"
-    "                                            text files -> llm.c shards (byte-level tokens)\n"
+    "  data prep --out DIR [--tokenizer tokenizer.json] [--jsonl-field NAME] [--eot ID|none]\n"
+    "            [--threads N] [--val-fraction F] [--shard-tokens N] FILE...\n"
+    "                                            text / JSON lines -> llm.c shards (bytes, or the\n"
+    "                                            byte-level BPE of a Hugging Face tokenizer.json)\n"
     "  bench train CONFIG [--steps N] [--set ...] time training steps: ms/step, tok/s, MFU\n"
+    "  export CKPT --to hf OUT                   checkpoint -> Hugging Face model.safetensors +\n"
+    "                                            config.json (LlamaForCausalLM / GPT2LMHeadModel)\n"
     "  --help, --version\n"
     "\n"
     "exit codes: 0 success, 1 runtime failure, 2 bad usage, config or input\n";
@@ -176,37 +180,7 @@ static int cmd_data(int argc, char **argv) {
         printf("wrote the demo dataset to %s\n", argv[1]);
         return 0;
     }
-    if (argc >= 1 && strcmp(argv[0], "prep") == 0) {
-        data_prep_args a = {0};
-        const char **inputs = calloc(argc, sizeof *inputs);
-        for (int i = 1; i < argc; i++) {
-            if (strcmp(argv[i], "--out") == 0 && i + 1 < argc)
-                a.out_dir = argv[++i];
-            else if (strcmp(argv[i], "--val-fraction") == 0 && i + 1 < argc)
-                a.val_fraction = atof(argv[++i]);
-            else if (strcmp(argv[i], "--shard-tokens") == 0 && i + 1 < argc)
-                a.shard_tokens = atoll(argv[++i]);
-            else if (argv[i][0] == '-') {
-                free(inputs);
-                return usage_error("unknown option %s for data prep", argv[i]);
-            } else
-                inputs[a.ninputs++] = argv[i];
-        }
-        a.inputs = inputs;
-        if (!a.out_dir || !a.ninputs) {
-            free(inputs);
-            return usage_error("%s", "usage: ustrain data prep --out DIR FILE...");
-        }
-        int rc = data_prep_bytes(&a, &e);
-        free(inputs);
-        if (rc) {
-            fprintf(stderr, "ustrain: error: %s\n", e.msg);
-            return UST_EXIT_USAGE;
-        }
-        printf("wrote byte-level llm.c shards to %s (train_*.bin, val_*.bin; vocab 257)\n",
-               a.out_dir);
-        return 0;
-    }
+    if (argc >= 1 && strcmp(argv[0], "prep") == 0) return cmd_data_prep(argc - 1, argv + 1);
     return usage_error("%s", "usage: ustrain data demo DIR | ustrain data prep ...");
 }
 
@@ -272,5 +246,6 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "validate") == 0) return cmd_validate(argc - 2, argv + 2);
     if (strcmp(argv[1], "data") == 0) return cmd_data(argc - 2, argv + 2);
     if (strcmp(argv[1], "bench") == 0) return cmd_bench(argc - 2, argv + 2);
+    if (strcmp(argv[1], "export") == 0) return cmd_export(argc - 2, argv + 2);
     return usage_error("unknown command '%s'", argv[1]);
 }
