@@ -834,11 +834,20 @@ static int cfg_validate_parallel(const ust_config *c, ust_err *e) {
             PP_SCHEDULES[p->pp_schedule]);
     REQUIRE(p->vpp == 1 || p->pp > 1,
             "parallel.vpp (%d) > 1 needs parallel.pp > 1: virtual stages interleave over pipeline "
-            "ranks", p->vpp);
+            "ranks",
+            p->vpp);
     REQUIRE(p->vpp <= 16, "parallel.vpp (%d) must be at most 16", p->vpp);
+    long long per_dp = (long long)c->train.micro_batch_size * p->dp;
+    long long mbs = per_dp > 0 ? c->train.global_batch_size / per_dp : 0;
+    REQUIRE(p->pp == 1 || p->pp_schedule != PP_INTERLEAVED || mbs % p->pp == 0,
+            "parallel.pp_schedule: interleaved needs the micro-batches per step (%lld = "
+            "train.global_batch_size %d / (micro_batch_size %d x dp %d)) to be a multiple of "
+            "parallel.pp (%d)",
+            mbs, c->train.global_batch_size, c->train.micro_batch_size, p->dp, p->pp);
     REQUIRE(p->pp == 1 || p->pp_schedule != PP_ZB || c->train.recompute != RECOMPUTE_FULL,
             "parallel.pp_schedule: zb defers weight gradients, which full recomputation cannot "
-            "keep; use train.recompute: none or selective%s", "");
+            "keep; use train.recompute: none or selective%s",
+            "");
     REQUIRE(p->cp == 1 || c->train.seq_len % (2LL * p->cp) == 0,
             "train.seq_len (%d) must be divisible by 2 * parallel.cp (2 * %d = %lld): each rank "
             "holds two chunks of the sequence",

@@ -20,6 +20,7 @@ struct pp_state {
     comm_p2p *batch[2];        /* two batches: one in flight, one being built */
     int nbatch[2];
     double busy_s, idle_s;
+    int fault_skip_tied; /* test fault: UST_FAULT_PP_SKIP_TIED_SYNC=1 leaves the copies apart */
 };
 
 static double now_s(void) {
@@ -55,6 +56,8 @@ pp_state *pp_create(const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
     memset(sched, 0, sizeof *sched);
     s->p = s->sched.p, s->v = s->sched.v, s->nmb = s->sched.m;
     s->zb = s->sched.kind == PP_ZB;
+    const char *fault = getenv("UST_FAULT_PP_SKIP_TIED_SYNC");
+    s->fault_skip_tied = fault && atoi(fault) == 1;
     int slots[MODEL_MAX_CHUNKS];
     s->slot = malloc((size_t)s->sched.n * sizeof *s->slot);
     pps_slots(&s->sched, s->slot, slots);
@@ -219,7 +222,7 @@ double pp_sum(pp_state *s, double x) {
 }
 
 void pp_sync_tied(pp_state *s, float *g, int64_t n) {
-    if (!s->emb || n <= 0) return;
+    if (!s->emb || n <= 0 || s->fault_skip_tied) return;
     comm_req r = comm_allreduce(s->emb, g, g, (size_t)n, COMM_FP32, COMM_SUM);
     comm_wait(&r);
 }

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Pipeline parallelism in the equivalence harness: pp 2 and 4 under every schedule (afab, 1f1b,
+# interleaved depth- and breadth-first, zb), with dp/ZeRO, tp/sp and cp, gpt2 with tied
+# embeddings synced between the first and last stage, llama with grouped-query attention;
+# checkpoints resumed across pipeline layouts; a skipped tied-embedding sync is caught; layouts
+# the schedules cannot run are refused with exit 2.
+. "$(dirname "$0")/../lib.sh"
+
+equiv_configs equiv-pp 4 2
+sed -i 's/n_layer: 2/n_layer: 4/' $TMP/llama.yaml $TMP/gpt2.yaml
+EQ="python3 test/tools/equiv.py --steps 6"
+
+$EQ --name _pp_llama --config $TMP/llama.yaml \
+    --layout "pp=2 sched=afab" --layout "pp=2 sched=1f1b" --layout "pp=2 sched=zb" \
+    --layout "pp=4 sched=afab" --layout "pp=4 sched=1f1b" --layout "pp=4 sched=zb" \
+    --layout "pp=2 vpp=2 sched=interleaved" \
+    --layout "pp=2 vpp=2 sched=interleaved parallel.pp_breadth_first=true" \
+    --layout "pp=2 dp=2 zero=1" --layout "pp=2 tp=2" --layout "pp=2 cp=2 sched=zb" \
+    --layout "pp=2 dp=2 zero=3" --layout "pp=2 sched=zb train.recompute=selective"
+$EQ --name _pp_gpt2 --config $TMP/gpt2.yaml \
+    --layout "pp=2" --layout "pp=4 sched=zb" --layout "pp=2 vpp=2 sched=interleaved" \
+    --layout "pp=2 dp=2 zero=2 sched=zb" --layout "pp=2 tp=2 sp=true dp=2 zero=1" \
+    --layout "pp=2 train.recompute=full"
+$EQ --name _pp --config $TMP/llama.yaml --save-layout "pp=4" --resume-at 3 --layout "pp=2" \
+    --layout "pp=1" --layout "pp=2 vpp=2 sched=interleaved"
+$EQ --name _pp --config $TMP/gpt2.yaml --save-layout "pp=2 dp=2 zero=3" --resume-at 3 \
+    --layout "pp=4 sched=zb" --layout "tp=2"
+# the harness sees a pipeline bug: the last stage's copy of the tied embedding left unsynced
+$EQ --name _pp_fault --config $TMP/gpt2.yaml --expect-fail --env UST_FAULT_PP_SKIP_TIED_SYNC=1 \
+    --layout "pp=2"
+
+expect_exit pp_interleaved_needs_divisible_microbatches 2 "multiple of parallel.pp \(2\)" -- \
+    $UST validate $TMP/llama.yaml --set parallel.pp=2 --set parallel.vpp=2 \
+    --set parallel.pp_schedule=interleaved --set train.global_batch_size=3
+expect_exit pp_vpp_needs_pp 2 "parallel.vpp \(2\) > 1 needs parallel.pp > 1" -- \
+    $UST validate $TMP/llama.yaml --set parallel.vpp=2 --set parallel.pp_schedule=interleaved
+expect_exit pp_zb_refuses_full_recompute 2 "zb defers weight gradients" -- \
+    $UST validate $TMP/llama.yaml --set parallel.pp=2 --set parallel.pp_schedule=zb \
+    --set train.recompute=full --world 2
+expect_exit pp_layers_not_divisible 2 "n_layer \(4\) must be divisible" -- \
+    $UST validate $TMP/llama.yaml --set parallel.pp=3 --world 3
+exit 0
