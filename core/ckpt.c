@@ -27,6 +27,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #define ST_MAX_HEADER 100000000 /* the safetensors reference limit */
@@ -81,11 +82,22 @@ static int fsync_dir(const char *dir, ust_err *e) {
     return 0;
 }
 
+/* Test-only fault switches (test/sh/crash_safety.sh), read from the environment:
+ *   UST_FAULT_CKPT_WRITE_ERRNO=N  every data write fails with errno N (e.g. 28, ENOSPC), for
+ *                                 machines where a full file system cannot be mounted
+ *   UST_FAULT_CKPT_SLEEP_MS=N     each rank sleeps N ms after its first slice of a checkpoint,
+ *                                 so a test can kill it while the files are half written */
+static int fault_env(const char *name) {
+    const char *s = getenv(name);
+    return s ? atoi(s) : 0;
+}
+
 static int pwrite_all(int fd, const void *buf, size_t n, int64_t off, const char *path,
                       ust_err *e) {
     const char *p = buf;
+    int fault = fault_env("UST_FAULT_CKPT_WRITE_ERRNO");
     while (n > 0) {
-        ssize_t k = pwrite(fd, p, n, (off_t)off);
+        ssize_t k = fault > 0 ? (errno = fault, -1) : pwrite(fd, p, n, (off_t)off);
         if (k < 0 && errno == EINTR) continue;
         if (k < 0) return ust_errf(e, "checkpoint: cannot write %s: %s", path, strerror(errno));
         if (k == 0) return ust_errf(e, "checkpoint: cannot write %s: no progress", path);
@@ -176,6 +188,7 @@ struct ckpt_writer {
     wfile *files;
     int nfiles;
     bool failed; /* an earlier call failed on this rank: commit refuses */
+    bool slept;  /* UST_FAULT_CKPT_SLEEP_MS was applied */
 };
 
 static void wbarrier(ckpt_writer *w) {
@@ -385,6 +398,13 @@ int ckpt_write_slice(ckpt_writer *w, int file, const char *name, const ckpt_slic
         rc = for_each_run(s, cols, write_run, &c, e);
     }
     if (rc) w->failed = true;
+    int sleep_ms = w->slept ? 0 : fault_env("UST_FAULT_CKPT_SLEEP_MS");
+    if (sleep_ms > 0) {
+        w->slept = true;
+        struct timespec ts = {sleep_ms / 1000, (long)(sleep_ms % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+        }
+    }
     return rc;
 }
 
