@@ -17,7 +17,7 @@ run_one() {
     "$@" </dev/null >"$out" 2>&1
     local rc=$?
     cat "$out" >>"$log"
-    grep -E '^FAIL' "$out"
+    grep -E '^(FAIL|SKIP)' "$out"
     [ -n "${VERBOSE:-}" ] && cat "$out"
     echo "   ($what: exit $rc, $((SECONDS - start))s)"
     if [ "$rc" -ne 0 ] && ! grep -q '^FAIL' "$out"; then
