@@ -9,4 +9,7 @@ int cmd_bench_comm(int argc, char **argv);
 /* ustrain export CKPT --to hf OUT: a checkpoint in the Hugging Face transformers layout. */
 int cmd_export(int argc, char **argv);
 
+/* ustrain data prep --out DIR [--tokenizer tokenizer.json] ... FILE...: text -> llm.c shards. */
+int cmd_data_prep(int argc, char **argv);
+
 #endif

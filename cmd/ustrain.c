@@ -28,8 +28,10 @@ static const char *USAGE =
     "                                            (--schedule: the pipeline schedule of every "
     "rank)\n"
     "  data demo DIR                             write the bundled demo dataset\n"
-    "  data prep --out DIR [--val-fraction F] [--shard-tokens N] FILE...\n"
-    "                                            text files -> llm.c shards (byte-level tokens)\n"
+    "  data prep --out DIR [--tokenizer tokenizer.json] [--jsonl-field NAME] [--eot ID|none]\n"
+    "            [--threads N] [--val-fraction F] [--shard-tokens N] FILE...\n"
+    "                                            text / JSON lines -> llm.c shards (bytes, or the\n"
+    "                                            byte-level BPE of a Hugging Face tokenizer.json)\n"
     "  bench train CONFIG [--steps N] [--set ...] time training steps: ms/step, tok/s, MFU\n"
     "  export CKPT --to hf OUT                   checkpoint -> Hugging Face model.safetensors +\n"
     "                                            config.json (LlamaForCausalLM / GPT2LMHeadModel)\n"
@@ -178,37 +180,7 @@ static int cmd_data(int argc, char **argv) {
         printf("wrote the demo dataset to %s\n", argv[1]);
         return 0;
     }
-    if (argc >= 1 && strcmp(argv[0], "prep") == 0) {
-        data_prep_args a = {0};
-        const char **inputs = calloc(argc, sizeof *inputs);
-        for (int i = 1; i < argc; i++) {
-            if (strcmp(argv[i], "--out") == 0 && i + 1 < argc)
-                a.out_dir = argv[++i];
-            else if (strcmp(argv[i], "--val-fraction") == 0 && i + 1 < argc)
-                a.val_fraction = atof(argv[++i]);
-            else if (strcmp(argv[i], "--shard-tokens") == 0 && i + 1 < argc)
-                a.shard_tokens = atoll(argv[++i]);
-            else if (argv[i][0] == '-') {
-                free(inputs);
-                return usage_error("unknown option %s for data prep", argv[i]);
-            } else
-                inputs[a.ninputs++] = argv[i];
-        }
-        a.inputs = inputs;
-        if (!a.out_dir || !a.ninputs) {
-            free(inputs);
-            return usage_error("%s", "usage: ustrain data prep --out DIR FILE...");
-        }
-        int rc = data_prep_bytes(&a, &e);
-        free(inputs);
-        if (rc) {
-            fprintf(stderr, "ustrain: error: %s\n", e.msg);
-            return UST_EXIT_USAGE;
-        }
-        printf("wrote byte-level llm.c shards to %s (train_*.bin, val_*.bin; vocab 257)\n",
-               a.out_dir);
-        return 0;
-    }
+    if (argc >= 1 && strcmp(argv[0], "prep") == 0) return cmd_data_prep(argc - 1, argv + 1);
     return usage_error("%s", "usage: ustrain data demo DIR | ustrain data prep ...");
 }
 

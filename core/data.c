@@ -4,6 +4,7 @@
  * same under every layout, and each epoch (a new key) visits every window exactly once. */
 #include "data.h"
 #include "fs.h"
+#include "prep.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -372,6 +373,10 @@ static int llmc_header(int32_t hdr[LLMC_HEADER_INTS], int width, int64_t n, cons
     return 0;
 }
 
+int data_llmc_header(int32_t hdr[256], int width, int64_t ntok, const char *path, ust_err *e) {
+    return llmc_header(hdr, width, ntok, path, e);
+}
+
 static int close_file(FILE *f, const char *path, ust_err *e) {
     if (fclose(f) != 0) return ust_errf(e, "%s: write failed: %s", path, strerror(errno));
     return 0;
@@ -687,105 +692,15 @@ int data_write_demo(const char *dir, ust_err *e) {
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Text -> byte-level shards. Streams the inputs (no whole-corpus buffer): the sizes are known
- * from stat, so every shard's token count is known before it is written. */
-
-typedef struct {
-    const char *dir, *split;
-    int64_t per_shard, left_in_split; /* tokens still to write into this split */
-    int64_t left_in_shard;
-    int index;
-    FILE *f;
-    char path[UST_PATH_MAX + 64];
-} shard_out;
-
-static int so_put(shard_out *o, uint16_t t, ust_err *e) {
-    if (o->left_in_shard == 0) {
-        if (o->f && close_file(o->f, o->path, e) != 0) {
-            o->f = NULL;
-            return -1;
-        }
-        o->f = NULL;
-        int64_t n = o->left_in_split < o->per_shard ? o->left_in_split : o->per_shard;
-        snprintf(o->path, sizeof o->path, "%s/%s_%03d.bin", o->dir, o->split, o->index++);
-        int32_t hdr[LLMC_HEADER_INTS];
-        if (llmc_header(hdr, 2, n, o->path, e) != 0) return -1;
-        o->f = fopen(o->path, "wb");
-        if (!o->f) return ust_errf(e, "%s: cannot create: %s", o->path, strerror(errno));
-        if (write_all(o->f, hdr, LLMC_HEADER_BYTES, o->path, e) != 0) return -1;
-        o->left_in_shard = n;
-    }
-    if (putc_unlocked(t & 0xff, o->f) == EOF || putc_unlocked(t >> 8, o->f) == EOF)
-        return ust_errf(e, "%s: write failed: %s", o->path, strerror(errno));
-    o->left_in_shard--;
-    o->left_in_split--;
-    return 0;
-}
-
-static int so_finish(shard_out *o, ust_err *e) {
-    if (!o->f) return 0;
-    FILE *f = o->f;
-    o->f = NULL;
-    return close_file(f, o->path, e);
-}
+ * Text -> byte-level shards: the prep pipeline (core/prep.c) with its byte tokenizer. */
 
 int data_prep_bytes(const data_prep_args *a, ust_err *e) {
-    double frac = a->val_fraction == 0 ? 0.1 : a->val_fraction;
-    if (frac < 0) frac = 0;
-    if (frac >= 1) return ust_errf(e, "data prep: val_fraction must be below 1 (got %g)", frac);
-    int64_t per_shard = a->shard_tokens > 0 ? a->shard_tokens : 100000000;
-    if (per_shard > INT32_MAX) per_shard = INT32_MAX;
-    if (a->ninputs < 1) return ust_errf(e, "data prep: no input files");
-    int64_t total = 0;
-    for (int i = 0; i < a->ninputs; i++) {
-        struct stat st;
-        if (stat(a->inputs[i], &st) != 0)
-            return ust_errf(e, "%s: cannot read: %s", a->inputs[i], strerror(errno));
-        if (!S_ISREG(st.st_mode)) return ust_errf(e, "%s: not a regular file", a->inputs[i]);
-        total += st.st_size + 1; /* bytes + end-of-text */
-    }
-    /* The last frac of the stream goes to val; at least one token when frac > 0 so the val
-     * glob always matches, and train keeps at least two tokens (one input/target pair). */
-    int64_t nval = (int64_t)(frac * (double)total + 0.5);
-    if (frac > 0 && nval < 1) nval = 1;
-    /* With enough data (val would still be at most a quarter) val gets a whole shard, as in
-     * llm.c's data sets, so val loss is not measured on a sliver. */
-    if (frac > 0 && nval < per_shard && total >= 4 * per_shard) nval = per_shard;
-    if (total - nval < 2)
-        return ust_errf(e, "data prep: %lld tokens are too few to split into train and val",
-                        (long long)total);
-    if (fs_mkdir_p(a->out_dir, e) != 0) return -1;
-
-    shard_out tr = {
-        .dir = a->out_dir, .split = "train", .per_shard = per_shard, .left_in_split = total - nval};
-    shard_out va = {
-        .dir = a->out_dir, .split = "val", .per_shard = per_shard, .left_in_split = nval};
-    int rc = 0;
-    for (int i = 0; rc == 0 && i < a->ninputs; i++) {
-        FILE *in = fopen(a->inputs[i], "rb");
-        if (!in) {
-            rc = ust_errf(e, "%s: cannot read: %s", a->inputs[i], strerror(errno));
-            break;
-        }
-        int c;
-        bool eof = false;
-        while (rc == 0 && !eof) {
-            c = getc_unlocked(in);
-            uint16_t t = (uint16_t)(c == EOF ? EOT_TOKEN : c);
-            eof = c == EOF;
-            shard_out *o = tr.left_in_split > 0 ? &tr : &va;
-            if (o->left_in_split == 0) {
-                rc = ust_errf(e, "%s: grew while being read", a->inputs[i]);
-                break;
-            }
-            rc = so_put(o, t, e);
-        }
-        if (rc == 0 && ferror(in)) rc = ust_errf(e, "%s: read error", a->inputs[i]);
-        fclose(in);
-    }
-    if (rc == 0 && (tr.left_in_split || va.left_in_split))
-        rc = ust_errf(e, "data prep: an input file shrank while being read");
-    if (so_finish(&tr, e) != 0) rc = -1;
-    if (so_finish(&va, e) != 0) rc = -1;
-    return rc;
+    prep_args p = {.inputs = a->inputs,
+                   .ninputs = a->ninputs,
+                   .out_dir = a->out_dir,
+                   .val_fraction = a->val_fraction,
+                   .shard_tokens = a->shard_tokens,
+                   .eot = PREP_EOT_DEFAULT,
+                   .threads = 1};
+    return prep_run(&p, NULL, e);
 }

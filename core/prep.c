@@ -1,0 +1,431 @@
+/* prep: the reader hands out items (a document, or a piece of a long one cut at a safe point),
+ * a batch of items is tokenized by the threads, and the main thread appends the batch's ids in
+ * item order to a temporary token file under the output directory. Only when the total is known
+ * can the stream be split into train and val, so the shards are cut from that file at the end. */
+#include "prep.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "data.h"
+#include "fs.h"
+
+enum { BYTE_EOT = 256, MAX_THREADS = 256 };
+
+typedef struct {
+    char *text;
+    size_t len;
+    bool doc_end; /* the end-of-text token follows */
+    tok_ids ids;
+} item;
+
+/* The input being read: one file at a time, plain text streamed in chunks or JSON lines. */
+typedef struct {
+    const prep_args *a;
+    int file;
+    FILE *f;
+    bool jsonl;
+    const char *field;
+    int64_t line;
+    char *carry; /* plain text read but not yet handed out */
+    size_t carry_n, carry_cap;
+    char *line_buf;
+    size_t line_cap;
+    int64_t bytes_done; /* of finished files, for the progress bar */
+} reader;
+
+typedef struct {
+    item *items;
+    int n, cap;
+    size_t bytes;
+} batch;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+static void batch_add(batch *b, char *text, size_t len, bool doc_end) {
+    if (b->n == b->cap) {
+        b->cap = b->cap ? 2 * b->cap : 64;
+        b->items = realloc(b->items, (size_t)b->cap * sizeof *b->items);
+        UST_ASSERT(b->items, "out of memory (%d batch items)", b->cap);
+    }
+    b->items[b->n++] = (item){.text = text, .len = len, .doc_end = doc_end};
+    b->bytes += len;
+}
+
+static char *dup_bytes(const char *s, size_t n) {
+    char *p = malloc(n + 1);
+    UST_ASSERT(p, "out of memory (%zu bytes)", n);
+    memcpy(p, s, n);
+    p[n] = 0;
+    return p;
+}
+
+/* Adds one in-memory document, cut into pieces of about chunk bytes where the tokenizer allows. */
+static void add_document(batch *b, const prep_args *a, const char *s, size_t n) {
+    size_t chunk = (size_t)a->chunk_bytes;
+    while (n > chunk) {
+        size_t cut = 0;
+        for (size_t w = chunk; !cut && w < n; w = w * 2 < n ? w * 2 : n)
+            cut = tok_safe_cut(a->tok, s, w + 1 <= n ? w + 1 : n);
+        if (!cut) break;
+        batch_add(b, dup_bytes(s, cut), cut, false);
+        s += cut;
+        n -= cut;
+    }
+    batch_add(b, dup_bytes(s, n), n, true);
+}
+
+static int open_next(reader *r, ust_err *e) {
+    const prep_args *a = r->a;
+    const char *path = a->inputs[r->file];
+    r->f = fopen(path, "rb");
+    if (!r->f) return ust_errf(e, "%s: cannot read: %s", path, strerror(errno));
+    r->jsonl = a->jsonl_field || ends_with(path, ".jsonl");
+    r->field = a->jsonl_field ? a->jsonl_field : "text";
+    r->line = 0;
+    r->carry_n = 0;
+    return 0;
+}
+
+static void close_current(reader *r) {
+    struct stat st;
+    if (fstat(fileno(r->f), &st) == 0) r->bytes_done += st.st_size;
+    fclose(r->f);
+    r->f = NULL;
+    r->file++;
+}
+
+/* Plain text: reads about a chunk more and hands out everything up to the last safe cut; the
+ * whole rest (with the end of text) at end of file. Returns 1 at end of file, 0 otherwise. */
+static int read_plain(reader *r, batch *b, ust_err *e) {
+    size_t chunk = (size_t)r->a->chunk_bytes;
+    if (r->carry_cap < r->carry_n + chunk + 1) {
+        r->carry_cap = 2 * (r->carry_n + chunk) + 1;
+        r->carry = realloc(r->carry, r->carry_cap);
+        UST_ASSERT(r->carry, "out of memory (%zu bytes)", r->carry_cap);
+    }
+    size_t got = fread(r->carry + r->carry_n, 1, chunk, r->f);
+    r->carry_n += got;
+    if (ferror(r->f)) return ust_errf(e, "%s: read error", r->a->inputs[r->file]);
+    if (got < chunk && feof(r->f)) {
+        batch_add(b, dup_bytes(r->carry, r->carry_n), r->carry_n, true);
+        r->carry_n = 0;
+        return 1;
+    }
+    size_t cut = tok_safe_cut(r->a->tok, r->carry, r->carry_n);
+    if (cut) {
+        batch_add(b, dup_bytes(r->carry, cut), cut, false);
+        memmove(r->carry, r->carry + cut, r->carry_n - cut);
+        r->carry_n -= cut;
+    }
+    return 0;
+}
+
+/* JSON lines: one document per non-blank line. Returns 1 at end of file, 0 otherwise. */
+static int read_jsonl(reader *r, batch *b, ust_err *e) {
+    const char *path = r->a->inputs[r->file];
+    ssize_t n = getline(&r->line_buf, &r->line_cap, r->f);
+    if (n < 0) {
+        if (ferror(r->f)) return ust_errf(e, "%s: read error", path);
+        return 1;
+    }
+    r->line++;
+    if (strspn(r->line_buf, " \t\r\n") == (size_t)n) return 0;
+    cJSON *o = cJSON_ParseWithLength(r->line_buf, (size_t)n);
+    if (!o) return ust_errf(e, "%s:%lld: not valid JSON", path, (long long)r->line);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, r->field);
+    if (!cJSON_IsString(v)) {
+        cJSON_Delete(o);
+        return ust_errf(e, "%s:%lld: no string field \"%s\" (choose the field with --jsonl-field)",
+                        path, (long long)r->line, r->field);
+    }
+    add_document(b, r->a, v->valuestring, strlen(v->valuestring));
+    cJSON_Delete(o);
+    return 0;
+}
+
+/* Fills b with at least `want` bytes of items unless the inputs run out. Returns 1 when they
+ * have, 0 when there is more, -1 on error. */
+static int fill_batch(reader *r, batch *b, size_t want, ust_err *e) {
+    while (b->bytes < want) {
+        if (!r->f) {
+            if (r->file == r->a->ninputs) return 1;
+            if (open_next(r, e)) return -1;
+        }
+        int rc = r->jsonl ? read_jsonl(r, b, e) : read_plain(r, b, e);
+        if (rc < 0) return -1;
+        if (rc == 1) close_current(r);
+        if (r->jsonl && b->n > 4096) break; /* many short documents: keep batches small */
+    }
+    return r->file == r->a->ninputs && !r->f;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Threads: each takes the next untaken item of the batch. */
+
+typedef struct {
+    const tok_tokenizer *tok;
+    tok_work *work;
+    batch *b;
+    atomic_int *next;
+} worker;
+
+static void *work_loop(void *arg) {
+    worker *w = arg;
+    for (int i; (i = atomic_fetch_add(w->next, 1)) < w->b->n;) {
+        item *it = &w->b->items[i];
+        it->ids.n = 0;
+        tok_encode(w->tok, w->work, it->text, it->len, &it->ids);
+    }
+    return NULL;
+}
+
+static void tokenize_batch(const tok_tokenizer *tok, tok_work **works, int nthreads, batch *b) {
+    atomic_int next = 0;
+    worker w[MAX_THREADS];
+    pthread_t th[MAX_THREADS];
+    int started = 0;
+    for (int t = 0; t < nthreads; t++) w[t] = (worker){tok, works[t], b, &next};
+    for (int t = 1; t < nthreads && t < b->n; t++)
+        if (pthread_create(&th[t], NULL, work_loop, &w[t]) == 0) started = t;
+    work_loop(&w[0]);
+    for (int t = 1; t <= started; t++) pthread_join(th[t], NULL);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Output: the temporary token stream, then the shards cut from it. */
+
+typedef struct {
+    FILE *f;
+    char path[UST_PATH_MAX + 64];
+    int width;
+    int64_t n;
+    unsigned char buf[1 << 16];
+    size_t fill;
+} stream;
+
+static int stream_flush(stream *s, ust_err *e) {
+    if (s->fill && fwrite(s->buf, 1, s->fill, s->f) != s->fill)
+        return ust_errf(e, "%s: write failed: %s", s->path, strerror(errno));
+    s->fill = 0;
+    return 0;
+}
+
+static int stream_put(stream *s, int32_t id, ust_err *e) {
+    if (s->fill + 4 > sizeof s->buf && stream_flush(s, e)) return -1;
+    if (s->width == 2) {
+        uint16_t v = (uint16_t)id;
+        memcpy(s->buf + s->fill, &v, 2);
+    } else {
+        memcpy(s->buf + s->fill, &id, 4); /* little-endian host, as the reader */
+    }
+    s->fill += (size_t)s->width;
+    s->n++;
+    return 0;
+}
+
+static int write_batch(stream *s, batch *b, int eot, int vocab, ust_err *e) {
+    for (int i = 0; i < b->n; i++) {
+        item *it = &b->items[i];
+        for (int64_t k = 0; k < it->ids.n; k++) {
+            UST_ASSERT(it->ids.ids[k] >= 0 && it->ids.ids[k] < vocab, "token %d outside vocab %d",
+                       it->ids.ids[k], vocab);
+            if (stream_put(s, it->ids.ids[k], e)) return -1;
+        }
+        if (it->doc_end && eot >= 0 && stream_put(s, eot, e)) return -1;
+    }
+    return 0;
+}
+
+/* Writes tokens [first, first+n) of the stream as SPLIT_000.bin, ... of per_shard tokens. */
+static int write_split(stream *s, const char *dir, const char *split, int64_t first, int64_t n,
+                       int64_t per_shard, int *nshards, ust_err *e) {
+    _Static_assert(sizeof(((stream *)0)->buf) % 4 == 0, "whole tokens per copy");
+    if (fseeko(s->f, (off_t)(first * s->width), SEEK_SET) != 0)
+        return ust_errf(e, "%s: seek failed: %s", s->path, strerror(errno));
+    *nshards = 0;
+    for (int64_t done = 0; done < n; (*nshards)++) {
+        int64_t m = n - done < per_shard ? n - done : per_shard;
+        char path[UST_PATH_MAX + 64];
+        snprintf(path, sizeof path, "%s/%s_%03d.bin", dir, split, *nshards);
+        int32_t hdr[256];
+        if (data_llmc_header(hdr, s->width, m, path, e)) return -1;
+        FILE *out = fopen(path, "wb");
+        if (!out) return ust_errf(e, "%s: cannot create: %s", path, strerror(errno));
+        int rc = fwrite(hdr, sizeof hdr, 1, out) == 1 ? 0 : -1;
+        for (int64_t left = m * s->width; rc == 0 && left > 0;) {
+            size_t k = left < (int64_t)sizeof s->buf ? (size_t)left : sizeof s->buf;
+            rc = fread(s->buf, 1, k, s->f) == k && fwrite(s->buf, 1, k, out) == k ? 0 : -1;
+            left -= (int64_t)k;
+        }
+        if (fclose(out) != 0) rc = -1;
+        if (rc) return ust_errf(e, "%s: write failed: %s", path, strerror(errno));
+        done += m;
+    }
+    return 0;
+}
+
+/* The last frac of the stream goes to val (at least one token when frac > 0 so the val glob
+ * matches), and with enough data (val still at most a quarter) a whole shard, as in llm.c's data
+ * sets, so val loss is not measured on a sliver; train keeps at least one input/target pair. */
+static int split_sizes(int64_t total, double frac, int64_t per_shard, int64_t *nval, ust_err *e) {
+    *nval = (int64_t)(frac * (double)total + 0.5);
+    if (frac > 0 && *nval < 1) *nval = 1;
+    if (frac > 0 && *nval < per_shard && total >= 4 * per_shard) *nval = per_shard;
+    if (total - *nval < 2)
+        return ust_errf(e, "data prep: %lld tokens are too few to split into train and val",
+                        (long long)total);
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Progress */
+
+static void progress(const reader *r, int64_t ntok, double t0, bool done) {
+    int64_t total = 0;
+    for (int i = 0; i < r->a->ninputs; i++) {
+        struct stat st;
+        if (stat(r->a->inputs[i], &st) == 0) total += st.st_size;
+    }
+    int64_t at = r->bytes_done + (r->f ? (int64_t)ftello(r->f) : 0);
+    if (at > total) at = total;
+    double frac = total > 0 ? (double)at / (double)total : 1, dt = now_s() - t0;
+    char bar[31];
+    int k = (int)(30 * frac);
+    for (int i = 0; i < 30; i++) bar[i] = i < k ? '#' : '.';
+    bar[30] = 0;
+    fprintf(stderr, "\rdata prep [%s] %3.0f%%  %.1f/%.1f MB  %lld tokens  %.2fM tokens/s%s", bar,
+            100 * frac, (double)at / 1e6, (double)total / 1e6, (long long)ntok,
+            dt > 0 ? (double)ntok / dt / 1e6 : 0.0, done ? "\n" : "");
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The run */
+
+static int check_inputs(const prep_args *a, int64_t *bytes, ust_err *e) {
+    if (a->ninputs < 1) return ust_errf(e, "data prep: no input files");
+    *bytes = 0;
+    for (int i = 0; i < a->ninputs; i++) {
+        struct stat st;
+        if (stat(a->inputs[i], &st) != 0)
+            return ust_errf(e, "%s: cannot read: %s", a->inputs[i], strerror(errno));
+        if (!S_ISREG(st.st_mode)) return ust_errf(e, "%s: not a regular file", a->inputs[i]);
+        *bytes += st.st_size;
+    }
+    return 0;
+}
+
+static int resolve_eot(const prep_args *a, const tok_tokenizer *tok, int *eot, ust_err *e) {
+    *eot = a->eot == PREP_EOT_DEFAULT ? tok_eot(tok) : a->eot;
+    if (a->eot == PREP_EOT_DEFAULT && *eot < 0)
+        return ust_errf(e, "data prep: the tokenizer has no <|endoftext|> or <|end_of_text|> "
+                           "token; give the end-of-text id with --eot ID (or --eot none)");
+    return 0;
+}
+
+/* Tokenizes every input into the stream s; r gets the document and token counts. */
+static int tokenize_all(const prep_args *a, const tok_tokenizer *tok, int nthreads, stream *s,
+                        int eot, int vocab, prep_result *res, ust_err *e) {
+    reader rd = {.a = a};
+    tok_work *works[MAX_THREADS];
+    for (int t = 0; t < nthreads; t++) works[t] = tok_work_new(tok);
+    batch b = {0};
+    size_t want = (size_t)a->chunk_bytes * (size_t)(2 * nthreads);
+    double t0 = now_s(), last = 0;
+    int rc = 0, end = 0;
+    while (rc == 0 && !end) {
+        end = fill_batch(&rd, &b, want, e);
+        if (end < 0) {
+            rc = -1;
+            break;
+        }
+        tokenize_batch(tok, works, nthreads, &b);
+        rc = write_batch(s, &b, eot, vocab, e);
+        for (int i = 0; i < b.n; i++) {
+            res->ndocs += b.items[i].doc_end;
+            free(b.items[i].text);
+            free(b.items[i].ids.ids);
+        }
+        b.n = 0;
+        b.bytes = 0;
+        if (a->progress && (now_s() - last > 0.2 || end)) {
+            progress(&rd, s->n, t0, end && rc == 0);
+            last = now_s();
+        }
+    }
+    if (rd.f) fclose(rd.f);
+    for (int t = 0; t < nthreads; t++) tok_work_free(works[t]);
+    free(b.items);
+    free(rd.carry);
+    free(rd.line_buf);
+    return rc;
+}
+
+static int threads_to_use(const prep_args *a) {
+    int n = a->threads > 0 ? a->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : n;
+}
+
+int prep_run(const prep_args *a, prep_result *res, ust_err *e) {
+    prep_result dummy;
+    if (!res) res = &dummy;
+    memset(res, 0, sizeof *res);
+    double t0 = now_s(), frac = a->val_fraction == 0 ? 0.1 : a->val_fraction;
+    if (frac < 0) frac = 0;
+    if (frac >= 1) return ust_errf(e, "data prep: val_fraction must be below 1 (got %g)", frac);
+    int64_t per_shard = a->shard_tokens > 0 ? a->shard_tokens : 100000000;
+    if (per_shard > INT32_MAX) per_shard = INT32_MAX;
+    if (check_inputs(a, &res->nbytes, e)) return -1;
+    tok_tokenizer *own = a->tok ? NULL : tok_bytes();
+    const tok_tokenizer *tok = a->tok ? a->tok : own;
+    prep_args args = *a;
+    args.tok = tok;
+    if (args.chunk_bytes <= 0) args.chunk_bytes = 1 << 20;
+    int eot, rc = resolve_eot(a, tok, &eot, e);
+    int vocab = tok_vocab_size(tok) > eot + 1 ? tok_vocab_size(tok) : eot + 1;
+    stream *s = calloc(1, sizeof *s);
+    UST_ASSERT(s, "out of memory");
+    s->width = vocab <= 65536 ? 2 : 4;
+    snprintf(s->path, sizeof s->path, "%s/.prep_tokens.tmp", a->out_dir);
+    if (rc == 0) rc = fs_mkdir_p(a->out_dir, e);
+    if (rc == 0 && !(s->f = fopen(s->path, "w+b")))
+        rc = ust_errf(e, "%s: cannot create: %s", s->path, strerror(errno));
+    res->threads = threads_to_use(a);
+    if (rc == 0) rc = tokenize_all(&args, tok, res->threads, s, eot, vocab, res, e);
+    if (rc == 0) rc = stream_flush(s, e);
+    int64_t nval = 0;
+    if (rc == 0) rc = split_sizes(s->n, frac, per_shard, &nval, e);
+    if (rc == 0)
+        rc = write_split(s, a->out_dir, "train", 0, s->n - nval, per_shard, &res->ntrain_shards, e);
+    if (rc == 0)
+        rc = write_split(s, a->out_dir, "val", s->n - nval, nval, per_shard, &res->nval_shards, e);
+    if (s->f) fclose(s->f);
+    unlink(s->path);
+    res->ntrain = s->n - nval;
+    res->nval = nval;
+    res->vocab_size = vocab;
+    res->width = s->width;
+    res->eot = eot;
+    res->seconds = now_s() - t0;
+    free(s);
+    tok_free(own);
+    return rc;
+}

@@ -1,0 +1,952 @@
+/* tokenizer: the Hugging Face `tokenizers` encode pipeline for byte-level BPE, step for step:
+ *   1. added tokens (non-normalized ones, then normalized ones) are cut out of the text,
+ *      leftmost-longest, honouring single_word / lstrip / rstrip;
+ *   2. each remaining piece goes through the pre-tokenizer stages (Split regex, ByteLevel with
+ *      its optional prefix space and GPT-2 regex);
+ *   3. each pre-token's bytes become the vocabulary's single-byte symbols, merged by BPE in merge
+ *      rank order (lowest rank first, leftmost first), as `tokenizers`' Word::merge_all does.
+ * The vocabulary is kept as raw bytes: ByteLevel's byte -> printable-character map is undone at
+ * load time, so encoding never builds the mapped strings. The regexes are scanners that follow
+ * the alternation order and backtracking of the patterns (see pretok_gpt2/pretok_llama3). */
+#include "tokenizer.h"
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+enum { CL_OTHER = 0, CL_L = 1, CL_N = 2, CL_S = 3 };
+enum { MAX_STAGES = 4 };
+
+#define GPT2_PATTERN                                                                               \
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
+#define LLAMA3_PATTERN                                                                             \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "                     \
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#define QWEN2_PATTERN                                                                              \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "                          \
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+
+/* ---------------------------------------------------------------------------------------------
+ * Hash maps: byte string -> id (the vocabulary) and id pair -> (rank, merged id) (the merges). */
+
+typedef struct {
+    uint32_t off, len;
+    int32_t id; /* -1: empty slot */
+} str_slot;
+
+typedef struct {
+    str_slot *slot;
+    uint64_t mask;
+    char *pool;
+    size_t pool_n, pool_cap;
+} strmap;
+
+typedef struct {
+    uint64_t key; /* a << 32 | b; UINT64_MAX: empty */
+    int32_t rank, new_id;
+} pair_slot;
+
+typedef struct {
+    pair_slot *slot;
+    uint64_t mask;
+} pairmap;
+
+static uint64_t hash_bytes(const unsigned char *s, size_t n) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 1099511628211ull;
+    return h ^ (h >> 29);
+}
+
+static uint64_t hash_pair(uint64_t k) {
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    return k ^ (k >> 33);
+}
+
+static uint64_t pow2_at_least(uint64_t n) {
+    uint64_t c = 16;
+    while (c < n) c <<= 1;
+    return c;
+}
+
+static void strmap_init(strmap *m, size_t n) {
+    uint64_t cap = pow2_at_least(2 * n + 1);
+    m->slot = malloc(cap * sizeof *m->slot);
+    UST_ASSERT(m->slot, "out of memory (%llu map slots)", (unsigned long long)cap);
+    for (uint64_t i = 0; i < cap; i++) m->slot[i].id = -1;
+    m->mask = cap - 1;
+    m->pool = NULL;
+    m->pool_n = m->pool_cap = 0;
+}
+
+static int32_t strmap_get(const strmap *m, const void *s, size_t n) {
+    for (uint64_t i = hash_bytes(s, n) & m->mask;; i = (i + 1) & m->mask) {
+        const str_slot *x = &m->slot[i];
+        if (x->id < 0) return -1;
+        if (x->len == n && memcmp(m->pool + x->off, s, n) == 0) return x->id;
+    }
+}
+
+/* Inserts or overwrites (the map is sized at init for every key it will hold). */
+static void strmap_put(strmap *m, const void *s, size_t n, int32_t id) {
+    uint64_t i = hash_bytes(s, n) & m->mask;
+    for (; m->slot[i].id >= 0; i = (i + 1) & m->mask) {
+        str_slot *x = &m->slot[i];
+        if (x->len == n && memcmp(m->pool + x->off, s, n) == 0) {
+            x->id = id;
+            return;
+        }
+    }
+    if (m->pool_n + n > m->pool_cap) {
+        m->pool_cap = 2 * (m->pool_n + n) + 4096;
+        m->pool = realloc(m->pool, m->pool_cap);
+        UST_ASSERT(m->pool, "out of memory (vocabulary pool of %zu bytes)", m->pool_cap);
+    }
+    memcpy(m->pool + m->pool_n, s, n);
+    m->slot[i] = (str_slot){.off = (uint32_t)m->pool_n, .len = (uint32_t)n, .id = id};
+    m->pool_n += n;
+}
+
+static void pairmap_init(pairmap *m, size_t n) {
+    uint64_t cap = pow2_at_least(2 * n + 1);
+    m->slot = malloc(cap * sizeof *m->slot);
+    UST_ASSERT(m->slot, "out of memory (%llu merge slots)", (unsigned long long)cap);
+    for (uint64_t i = 0; i < cap; i++) m->slot[i].key = UINT64_MAX;
+    m->mask = cap - 1;
+}
+
+static inline uint64_t pair_key(int32_t a, int32_t b) {
+    return (uint64_t)(uint32_t)a << 32 | (uint32_t)b;
+}
+
+static inline const pair_slot *pairmap_get(const pairmap *m, int32_t a, int32_t b) {
+    uint64_t k = pair_key(a, b);
+    for (uint64_t i = hash_pair(k) & m->mask;; i = (i + 1) & m->mask) {
+        const pair_slot *x = &m->slot[i];
+        if (x->key == k) return x;
+        if (x->key == UINT64_MAX) return NULL;
+    }
+}
+
+/* A repeated pair keeps its last rank, as `tokenizers` builds its merge map. */
+static void pairmap_put(pairmap *m, int32_t a, int32_t b, int32_t rank, int32_t new_id) {
+    uint64_t k = pair_key(a, b), i = hash_pair(k) & m->mask;
+    while (m->slot[i].key != UINT64_MAX && m->slot[i].key != k) i = (i + 1) & m->mask;
+    m->slot[i] = (pair_slot){.key = k, .rank = rank, .new_id = new_id};
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The tokenizer */
+
+typedef struct {
+    char *content;
+    size_t len;
+    int32_t id;
+    bool single_word, lstrip, rstrip, normalized;
+} added_token;
+
+typedef struct {
+    tok_split split;
+    bool prefix_space; /* ByteLevel add_prefix_space: " " before every piece not starting so */
+} stage;
+
+struct tok_tokenizer {
+    bool bpe; /* false: raw bytes */
+    int vocab_size, eot;
+    char describe[96];
+    int nstages;
+    stage stages[MAX_STAGES];
+    int32_t byte_id[256]; /* the single-byte symbol of each byte, -1 when the vocab lacks it */
+    strmap vocab;         /* raw bytes -> id */
+    pairmap merges;
+    bool ignore_merges, fuse_unk, cuttable;
+    int32_t unk_id;
+    added_token *added;
+    int nadded;
+    /* per pass (0: non-normalized tokens, 1: normalized ones): the tokens starting with each
+     * byte, longest first, as [first[b], first[b+1]) in by_first */
+    int first[2][257];
+    int *by_first[2];
+};
+
+typedef struct {
+    int32_t rank, pos, new_id;
+} merge_item;
+
+struct tok_work {
+    /* BPE symbols (a doubly linked list over an array, as `tokenizers`' Word) */
+    int32_t *sym, *prev, *next, *len;
+    merge_item *heap;
+    size_t cap, heap_cap;
+    char *pfx[MAX_STAGES]; /* a piece with its prefix space, per stage */
+    size_t pfx_cap[MAX_STAGES];
+};
+
+/* GPT-2's bytes_to_unicode: printable Latin-1 bytes map to themselves, the other 68 to U+0100.. */
+static void byte_level_map(unsigned int map[256]) {
+    int n = 0;
+    for (int b = 0; b < 256; b++) {
+        bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+        map[b] = printable ? (unsigned)b : 256u + (unsigned)n++;
+    }
+}
+
+tok_tokenizer *tok_bytes(void) {
+    tok_tokenizer *t = calloc(1, sizeof *t);
+    UST_ASSERT(t, "out of memory");
+    t->vocab_size = 257;
+    t->eot = 256;
+    t->cuttable = true;
+    snprintf(t->describe, sizeof t->describe, "bytes");
+    return t;
+}
+
+void tok_free(tok_tokenizer *t) {
+    if (!t) return;
+    free(t->vocab.slot);
+    free(t->vocab.pool);
+    free(t->merges.slot);
+    for (int i = 0; i < t->nadded; i++) free(t->added[i].content);
+    free(t->added);
+    free(t->by_first[0]);
+    free(t->by_first[1]);
+    free(t);
+}
+
+int tok_vocab_size(const tok_tokenizer *t) { return t->vocab_size; }
+int tok_eot(const tok_tokenizer *t) { return t->eot; }
+const char *tok_describe(const tok_tokenizer *t) { return t->describe; }
+
+/* ---------------------------------------------------------------------------------------------
+ * Loading tokenizer.json */
+
+static char *read_file(const char *path, size_t *n, ust_err *e) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        ust_errf(e, "%s: cannot read: %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 20, len = 0;
+    char *buf = malloc(cap + 1);
+    for (size_t r; buf && (r = fread(buf + len, 1, cap - len, f)) > 0;) {
+        len += r;
+        if (len == cap) buf = realloc(buf, (cap *= 2) + 1);
+    }
+    UST_ASSERT(buf, "out of memory reading %s", path);
+    int err = ferror(f);
+    fclose(f);
+    if (err) {
+        free(buf);
+        ust_errf(e, "%s: read error", path);
+        return NULL;
+    }
+    buf[len] = 0;
+    *n = len;
+    return buf;
+}
+
+/* Decodes one UTF-8 character at s[i] (n bytes available); invalid bytes decode as themselves
+ * with length 1 and code point 0xFFFFFFFF (class "other"). */
+static inline uint32_t utf8_at(const unsigned char *s, size_t n, size_t i, int *len) {
+    unsigned c = s[i];
+    if (c < 0x80) {
+        *len = 1;
+        return c;
+    }
+    int k = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 ? 2 : 0;
+    if (k == 0 || c > 0xF4 || i + k > n) goto bad;
+    uint32_t cp = c & (0x3F >> (k - 1));
+    for (int j = 1; j < k; j++) {
+        if ((s[i + j] & 0xC0) != 0x80) goto bad;
+        cp = cp << 6 | (s[i + j] & 0x3F);
+    }
+    if ((k == 3 && (cp < 0x800 || (cp >= 0xD800 && cp < 0xE000))) || (k == 4 && cp < 0x10000) ||
+        cp > 0x10FFFF)
+        goto bad;
+    *len = k;
+    return cp;
+bad:
+    *len = 1;
+    return 0xFFFFFFFFu;
+}
+
+/* A vocabulary string in ByteLevel's alphabet -> its raw bytes; -1 when a character is outside
+ * the alphabet (such a token can only come from the added-token pass). */
+static int unmap_bytes(const char *s, const int16_t inv[512], unsigned char *out, size_t *n) {
+    size_t len = strlen(s), k = 0;
+    for (size_t i = 0; i < len;) {
+        int l;
+        uint32_t cp = utf8_at((const unsigned char *)s, len, i, &l);
+        if (cp >= 512 || inv[cp] < 0) return -1;
+        out[k++] = (unsigned char)inv[cp];
+        i += (size_t)l;
+    }
+    *n = k;
+    return 0;
+}
+
+static bool json_bool(const cJSON *o, const char *key, bool dflt) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsBool(v) ? cJSON_IsTrue(v) : dflt;
+}
+
+static const char *json_type(const cJSON *o) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "type");
+    return cJSON_IsString(v) ? v->valuestring : "";
+}
+
+static int add_stage(tok_tokenizer *t, tok_split split, bool prefix_space, const char *path,
+                     ust_err *e) {
+    if (t->nstages == MAX_STAGES)
+        return ust_errf(e, "%s: more than %d pre-tokenizer stages", path, MAX_STAGES);
+    t->stages[t->nstages++] = (stage){split, prefix_space};
+    return 0;
+}
+
+/* One pre-tokenizer object -> stages. Returns 1 when it was a ByteLevel, 0 otherwise, -1 error. */
+static int load_pretok(tok_tokenizer *t, const cJSON *p, const char *path, ust_err *e) {
+    const char *type = json_type(p);
+    if (strcmp(type, "ByteLevel") == 0) {
+        bool re = json_bool(p, "use_regex", true);
+        if (add_stage(t, re ? TOK_SPLIT_GPT2 : TOK_SPLIT_NONE,
+                      json_bool(p, "add_prefix_space", true), path, e))
+            return -1;
+        return 1;
+    }
+    if (strcmp(type, "Split") == 0) {
+        const cJSON *pat = cJSON_GetObjectItemCaseSensitive(p, "pattern");
+        const cJSON *re = cJSON_GetObjectItemCaseSensitive(pat, "Regex");
+        const cJSON *beh = cJSON_GetObjectItemCaseSensitive(p, "behavior");
+        if (!cJSON_IsString(re))
+            return ust_errf(e,
+                            "%s: Split pre-tokenizer without a Regex pattern (supported: the "
+                            "GPT-2, Llama-3 and Qwen2 regexes)",
+                            path);
+        if (!cJSON_IsString(beh) || strcmp(beh->valuestring, "Isolated") != 0 ||
+            json_bool(p, "invert", false))
+            return ust_errf(e,
+                            "%s: Split pre-tokenizer with behavior %s%s (supported: Isolated, "
+                            "not inverted)",
+                            path, cJSON_IsString(beh) ? beh->valuestring : "?",
+                            json_bool(p, "invert", false) ? ", inverted" : "");
+        const char *s = re->valuestring;
+        tok_split k = strcmp(s, GPT2_PATTERN) == 0     ? TOK_SPLIT_GPT2
+                      : strcmp(s, LLAMA3_PATTERN) == 0 ? TOK_SPLIT_LLAMA3
+                      : strcmp(s, QWEN2_PATTERN) == 0  ? TOK_SPLIT_QWEN2
+                                                       : TOK_SPLIT_NONE;
+        if (k == TOK_SPLIT_NONE)
+            return ust_errf(e,
+                            "%s: Split regex '%.200s' is not supported (supported: the GPT-2, "
+                            "Llama-3 and Qwen2 pre-tokenization regexes)",
+                            path, s);
+        return add_stage(t, k, false, path, e);
+    }
+    if (strcmp(type, "Sequence") == 0) {
+        const cJSON *list = cJSON_GetObjectItemCaseSensitive(p, "pretokenizers");
+        const cJSON *x;
+        int bl = 0;
+        cJSON_ArrayForEach(x, list) {
+            int r = load_pretok(t, x, path, e);
+            if (r < 0) return -1;
+            bl |= r;
+        }
+        return bl;
+    }
+    return ust_errf(e,
+                    "%s: pre-tokenizer '%s' is not supported (supported: ByteLevel, Split with "
+                    "the GPT-2/Llama-3/Qwen2 regex, Sequence of those)",
+                    path, type);
+}
+
+/* Refuses the model options that change what encode returns and are not implemented. */
+static int check_model(const cJSON *model, const char *path, ust_err *e) {
+    const char *type = json_type(model);
+    if (type[0] && strcmp(type, "BPE") != 0)
+        return ust_errf(e, "%s: model type '%s' is not supported (only BPE)", path, type);
+    const cJSON *d = cJSON_GetObjectItemCaseSensitive(model, "dropout");
+    if (cJSON_IsNumber(d) && d->valuedouble > 0)
+        return ust_errf(e, "%s: BPE dropout %g is not supported (must be null or 0)", path,
+                        d->valuedouble);
+    const char *bad[] = {"continuing_subword_prefix", "end_of_word_suffix"};
+    for (int i = 0; i < 2; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(model, bad[i]);
+        if (cJSON_IsString(v) && v->valuestring[0])
+            return ust_errf(e, "%s: BPE %s '%s' is not supported (byte-level BPE has none)", path,
+                            bad[i], v->valuestring);
+    }
+    if (json_bool(model, "byte_fallback", false))
+        return ust_errf(e, "%s: BPE byte_fallback is not supported (byte-level BPE has every byte)",
+                        path);
+    return 0;
+}
+
+static int load_vocab(tok_tokenizer *t, const cJSON *vocab, const int16_t inv[512],
+                      const char *path, ust_err *e) {
+    if (!cJSON_IsObject(vocab)) return ust_errf(e, "%s: model.vocab is not an object", path);
+    strmap_init(&t->vocab, (size_t)cJSON_GetArraySize(vocab));
+    for (int b = 0; b < 256; b++) t->byte_id[b] = -1;
+    unsigned char buf[1024];
+    const cJSON *x;
+    cJSON_ArrayForEach(x, vocab) {
+        if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > INT32_MAX - 1)
+            return ust_errf(e, "%s: vocab entry '%.100s' has no valid id", path, x->string);
+        int32_t id = (int32_t)x->valuedouble;
+        if (id >= t->vocab_size) t->vocab_size = id + 1;
+        size_t n;
+        if (strlen(x->string) >= sizeof buf || unmap_bytes(x->string, inv, buf, &n) != 0) continue;
+        strmap_put(&t->vocab, buf, n, id);
+        if (n == 1) t->byte_id[buf[0]] = id;
+    }
+    return 0;
+}
+
+/* A merge is "a b" (older files) or ["a", "b"]. */
+static int merge_parts(const cJSON *m, const char **a, const char **b, char *tmp, size_t cap) {
+    if (cJSON_IsArray(m) && cJSON_GetArraySize(m) == 2) {
+        const cJSON *x = cJSON_GetArrayItem(m, 0), *y = cJSON_GetArrayItem(m, 1);
+        if (!cJSON_IsString(x) || !cJSON_IsString(y)) return -1;
+        *a = x->valuestring;
+        *b = y->valuestring;
+        return 0;
+    }
+    if (!cJSON_IsString(m) || strlen(m->valuestring) >= cap) return -1;
+    strcpy(tmp, m->valuestring);
+    char *sp = strchr(tmp, ' ');
+    if (!sp || strchr(sp + 1, ' ')) return -1;
+    *sp = 0;
+    *a = tmp;
+    *b = sp + 1;
+    return 0;
+}
+
+static int load_merges(tok_tokenizer *t, const cJSON *merges, const int16_t inv[512],
+                       const char *path, ust_err *e) {
+    int n = cJSON_GetArraySize(merges);
+    pairmap_init(&t->merges, (size_t)n);
+    char tmp[1024];
+    unsigned char ab[2048];
+    int rank = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, merges) {
+        const char *a, *b;
+        size_t na, nb;
+        if (merge_parts(m, &a, &b, tmp, sizeof tmp) != 0)
+            return ust_errf(e, "%s: merge %d is not \"a b\" or [\"a\", \"b\"]", path, rank);
+        if (strlen(a) >= 1024 || strlen(b) >= 1024 || unmap_bytes(a, inv, ab, &na) ||
+            unmap_bytes(b, inv, ab + na, &nb))
+            return ust_errf(e, "%s: merge %d ('%.100s' '%.100s') is not in the byte-level alphabet",
+                            path, rank, a, b);
+        int32_t ia = strmap_get(&t->vocab, ab, na), ib = strmap_get(&t->vocab, ab + na, nb),
+                inew = strmap_get(&t->vocab, ab, na + nb);
+        if (ia < 0 || ib < 0 || inew < 0)
+            return ust_errf(e, "%s: merge %d ('%.100s' '%.100s'): %s is not in the vocabulary",
+                            path, rank, a, b,
+                            ia < 0   ? "its left part"
+                            : ib < 0 ? "its right part"
+                                     : "the merged token");
+        pairmap_put(&t->merges, ia, ib, rank, inew);
+        rank++;
+    }
+    return 0;
+}
+
+static int cmp_added_len(const void *x, const void *y, void *ctx) {
+    const added_token *a = ctx;
+    return (int)(a[*(const int *)y].len > a[*(const int *)x].len) -
+           (int)(a[*(const int *)y].len < a[*(const int *)x].len);
+}
+
+/* Indexes the added tokens of each pass by first byte, longest first (leftmost-longest). */
+static void index_added(tok_tokenizer *t) {
+    for (int p = 0; p < 2; p++) {
+        int cnt[257] = {0};
+        for (int i = 0; i < t->nadded; i++)
+            if (t->added[i].normalized == (p == 1) && t->added[i].len)
+                cnt[(unsigned char)t->added[i].content[0] + 1]++;
+        for (int b = 0; b < 256; b++) cnt[b + 1] += cnt[b];
+        memcpy(t->first[p], cnt, sizeof cnt);
+        t->by_first[p] = malloc((size_t)(t->nadded + 1) * sizeof(int));
+        UST_ASSERT(t->by_first[p], "out of memory");
+        int fill[256];
+        for (int b = 0; b < 256; b++) fill[b] = cnt[b];
+        for (int i = 0; i < t->nadded; i++)
+            if (t->added[i].normalized == (p == 1) && t->added[i].len)
+                t->by_first[p][fill[(unsigned char)t->added[i].content[0]]++] = i;
+        for (int b = 0; b < 256; b++)
+            qsort_r(t->by_first[p] + cnt[b], (size_t)(cnt[b + 1] - cnt[b]), sizeof(int),
+                    cmp_added_len, t->added);
+    }
+}
+
+static int load_added(tok_tokenizer *t, const cJSON *list, const char *path, ust_err *e) {
+    int n = cJSON_GetArraySize(list);
+    t->added = calloc((size_t)n + 1, sizeof *t->added);
+    UST_ASSERT(t->added, "out of memory");
+    const cJSON *x;
+    cJSON_ArrayForEach(x, list) {
+        const cJSON *id = cJSON_GetObjectItemCaseSensitive(x, "id");
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(x, "content");
+        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || !cJSON_IsString(c))
+            return ust_errf(e, "%s: added token %d has no id or content", path, t->nadded);
+        added_token *a = &t->added[t->nadded++];
+        a->content = strdup(c->valuestring);
+        a->len = strlen(a->content);
+        a->id = (int32_t)id->valuedouble;
+        a->single_word = json_bool(x, "single_word", false);
+        a->lstrip = json_bool(x, "lstrip", false);
+        a->rstrip = json_bool(x, "rstrip", false);
+        a->normalized = json_bool(x, "normalized", !json_bool(x, "special", false));
+        if (a->id >= t->vocab_size) t->vocab_size = a->id + 1;
+        /* a cut must not split a token nor move the whitespace an lstrip token takes */
+        if (a->lstrip || memchr(a->content, '\n', a->len)) t->cuttable = false;
+        bool eot =
+            strcmp(a->content, "<|endoftext|>") == 0 || strcmp(a->content, "<|end_of_text|>") == 0;
+        if (eot && t->eot < 0) t->eot = a->id;
+    }
+    index_added(t);
+    return 0;
+}
+
+static int load_json(tok_tokenizer *t, const cJSON *root, const char *path, ust_err *e) {
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (!cJSON_IsObject(model)) return ust_errf(e, "%s: no \"model\" object", path);
+    if (check_model(model, path, e)) return -1;
+    const cJSON *norm = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
+    if (norm && !cJSON_IsNull(norm))
+        return ust_errf(e,
+                        "%s: normalizer '%s' is not supported (byte-level BPE tokenizers have "
+                        "normalizer null)",
+                        path, json_type(norm));
+    const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
+    int bl = cJSON_IsObject(pre) ? load_pretok(t, pre, path, e) : 0;
+    if (bl < 0) return -1;
+    if (bl == 0)
+        return ust_errf(e,
+                        "%s: the pre-tokenizer has no ByteLevel step: only byte-level BPE "
+                        "tokenizers are supported",
+                        path);
+    for (int i = 0; i < t->nstages; i++)
+        if (t->stages[i].prefix_space) t->cuttable = false;
+    unsigned int map[256];
+    int16_t inv[512];
+    byte_level_map(map);
+    for (int i = 0; i < 512; i++) inv[i] = -1;
+    for (int b = 0; b < 256; b++) inv[map[b]] = (int16_t)b;
+    if (load_vocab(t, cJSON_GetObjectItemCaseSensitive(model, "vocab"), inv, path, e)) return -1;
+    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
+    if (!cJSON_IsArray(merges)) return ust_errf(e, "%s: model.merges is not a list", path);
+    if (load_merges(t, merges, inv, path, e)) return -1;
+    t->ignore_merges = json_bool(model, "ignore_merges", false);
+    t->fuse_unk = json_bool(model, "fuse_unk", false);
+    t->unk_id = -1;
+    const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
+    if (cJSON_IsString(unk)) {
+        size_t n;
+        unsigned char buf[1024];
+        if (strlen(unk->valuestring) < sizeof buf &&
+            unmap_bytes(unk->valuestring, inv, buf, &n) == 0)
+            t->unk_id = strmap_get(&t->vocab, buf, n);
+        if (t->unk_id < 0)
+            return ust_errf(e, "%s: unk_token '%s' is not in the vocabulary", path,
+                            unk->valuestring);
+    }
+    return load_added(t, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"), path, e);
+}
+
+int tok_load(tok_tokenizer **out, const char *path, ust_err *e) {
+    size_t n;
+    char *text = read_file(path, &n, e);
+    if (!text) return -1;
+    cJSON *root = cJSON_ParseWithLength(text, n);
+    free(text);
+    if (!root) return ust_errf(e, "%s: not valid JSON (a Hugging Face tokenizer.json)", path);
+    tok_tokenizer *t = calloc(1, sizeof *t);
+    UST_ASSERT(t, "out of memory");
+    t->bpe = true;
+    t->eot = -1;
+    t->cuttable = true;
+    int rc = load_json(t, root, path, e);
+    cJSON_Delete(root);
+    if (rc) {
+        tok_free(t);
+        return -1;
+    }
+    const char *sp[] = {"none", "gpt2", "llama3", "qwen2"};
+    tok_split s = TOK_SPLIT_NONE;
+    for (int i = 0; i < t->nstages; i++)
+        if (t->stages[i].split != TOK_SPLIT_NONE) s = t->stages[i].split;
+    snprintf(t->describe, sizeof t->describe, "byte-level BPE, %s pre-tokenization", sp[s]);
+    *out = t;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Pre-tokenization scanners. Each returns where the regex's match starting at i ends; the
+ * alternatives are tried in the pattern's order, and each comment names the one it implements.
+ * Classes come from tok_unicode_class (Unicode 16, as Oniguruma in `tokenizers`). */
+
+typedef struct {
+    const unsigned char *s;
+    size_t n;
+} text;
+
+static inline int class_at(text t, size_t i, int *len, uint32_t *cp) {
+    uint32_t c = utf8_at(t.s, t.n, i, len);
+    if (cp) *cp = c;
+    return c == 0xFFFFFFFFu ? CL_OTHER : tok_unicode_class(c);
+}
+
+/* End of the run of characters of class cl starting at i (at most max characters). */
+static size_t run_of(text t, size_t i, int cl, int max) {
+    int len;
+    for (int k = 0; i < t.n && k < max && class_at(t, i, &len, NULL) == cl; k++) i += (size_t)len;
+    return i;
+}
+
+/* \s+(?!\S)|\s+ at a whitespace character: the run, less its last character when a non-space
+ * follows and the run is longer than one (the backtracking of the first alternative). */
+static size_t whitespace_tail(text t, size_t i) {
+    size_t j = i, last = i;
+    int len;
+    while (j < t.n && class_at(t, j, &len, NULL) == CL_S) {
+        last = j;
+        j += (size_t)len;
+    }
+    if (j == t.n || last == i) return j;
+    return last;
+}
+
+static inline uint32_t ascii_lower(uint32_t c) { return c >= 'A' && c <= 'Z' ? c | 0x20 : c; }
+
+/* 's|'t|'re|'ve|'m|'ll|'d, case-sensitive (GPT-2) or not (Llama-3: (?i:...), where the long s
+ * U+017F folds to s). Returns the match end or 0. */
+static size_t contraction(text t, size_t i, bool icase) {
+    if (t.s[i] != '\'' || i + 1 >= t.n) return 0;
+    int len;
+    uint32_t c;
+    class_at(t, i + 1, &len, &c);
+    if (icase) c = c == 0x17F ? 's' : ascii_lower(c);
+    if (c == 's' || c == 't' || c == 'm' || c == 'd') return i + 1 + (size_t)len;
+    if (len != 1 || i + 2 >= t.n) return 0;
+    uint32_t c2 = icase ? ascii_lower(t.s[i + 2]) : t.s[i + 2];
+    if ((c == 'r' && c2 == 'e') || (c == 'v' && c2 == 'e') || (c == 'l' && c2 == 'l')) return i + 3;
+    return 0;
+}
+
+/* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
+static size_t pretok_gpt2(text t, size_t i) {
+    size_t j = contraction(t, i, false);
+    if (j) return j;
+    int len, cl = class_at(t, i, &len, NULL);
+    if (t.s[i] == ' ' && i + 1 < t.n) { /* " ?X+" with the space */
+        int l2, c2 = class_at(t, i + 1, &l2, NULL);
+        if (c2 != CL_S) return run_of(t, i + 1, c2, 1 << 30);
+    }
+    if (cl != CL_S) return run_of(t, i, cl, 1 << 30);
+    return whitespace_tail(t, i);
+}
+
+/* (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,D}| ?[^\s\p{L}\p{N}]+[\r\n]*|
+ * \s*[\r\n]+|\s+(?!\S)|\s+   (D = 3 for Llama-3, 1 for Qwen2) */
+static size_t pretok_llama3(text t, size_t i, int max_digits) {
+    size_t j = contraction(t, i, true);
+    if (j) return j;
+    int len, cl = class_at(t, i, &len, NULL);
+    if (cl == CL_L) return run_of(t, i, CL_L, 1 << 30);
+    if (cl != CL_N && t.s[i] != '\r' && t.s[i] != '\n' && i + (size_t)len < t.n) {
+        int l2; /* [^\r\n\p{L}\p{N}]\p{L}+ */
+        if (class_at(t, i + (size_t)len, &l2, NULL) == CL_L)
+            return run_of(t, i + (size_t)len, CL_L, 1 << 30);
+    }
+    if (cl == CL_N) return run_of(t, i, CL_N, max_digits);
+    size_t k = i; /* ' ?[^\s\p{L}\p{N}]+[\r\n]*' */
+    if (t.s[i] == ' ' && i + 1 < t.n && class_at(t, i + 1, &len, NULL) == CL_OTHER) k = i + 1;
+    if (class_at(t, k, &len, NULL) == CL_OTHER) {
+        k = run_of(t, k, CL_OTHER, 1 << 30);
+        while (k < t.n && (t.s[k] == '\r' || t.s[k] == '\n')) k++;
+        return k;
+    }
+    /* \s*[\r\n]+: the whitespace run up to and including its last \r or \n */
+    size_t end = run_of(t, i, CL_S, 1 << 30), last_nl = 0;
+    for (size_t p = i; p < end; p++)
+        if (t.s[p] == '\r' || t.s[p] == '\n') last_nl = p + 1;
+    if (last_nl) return last_nl;
+    return whitespace_tail(t, i);
+}
+
+size_t tok_pretok_next(tok_split kind, const char *s, size_t len, size_t i) {
+    text t = {(const unsigned char *)s, len};
+    switch (kind) {
+    case TOK_SPLIT_GPT2:
+        return pretok_gpt2(t, i);
+    case TOK_SPLIT_LLAMA3:
+        return pretok_llama3(t, i, 3);
+    case TOK_SPLIT_QWEN2:
+        return pretok_llama3(t, i, 1);
+    default:
+        return len;
+    }
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Encoding */
+
+void tok_ids_push(tok_ids *v, int32_t id) {
+    if (v->n == v->cap) {
+        v->cap = v->cap ? 2 * v->cap : 1024;
+        v->ids = realloc(v->ids, (size_t)v->cap * sizeof *v->ids);
+        UST_ASSERT(v->ids, "out of memory (%lld token ids)", (long long)v->cap);
+    }
+    v->ids[v->n++] = id;
+}
+
+tok_work *tok_work_new(const tok_tokenizer *t) {
+    (void)t;
+    tok_work *w = calloc(1, sizeof *w);
+    UST_ASSERT(w, "out of memory");
+    return w;
+}
+
+void tok_work_free(tok_work *w) {
+    if (!w) return;
+    free(w->sym);
+    free(w->prev);
+    free(w->next);
+    free(w->len);
+    free(w->heap);
+    for (int i = 0; i < MAX_STAGES; i++) free(w->pfx[i]);
+    free(w);
+}
+
+static void work_reserve(tok_work *w, size_t n) {
+    if (n <= w->cap) return;
+    w->cap = 2 * n;
+    w->sym = realloc(w->sym, w->cap * sizeof(int32_t));
+    w->prev = realloc(w->prev, w->cap * sizeof(int32_t));
+    w->next = realloc(w->next, w->cap * sizeof(int32_t));
+    w->len = realloc(w->len, w->cap * sizeof(int32_t));
+    UST_ASSERT(w->sym && w->prev && w->next && w->len, "out of memory (%zu symbols)", w->cap);
+}
+
+/* Min-heap on (rank, pos): the lowest-ranked merge first, the leftmost among equals. */
+static inline bool merge_before(merge_item a, merge_item b) {
+    return a.rank < b.rank || (a.rank == b.rank && a.pos < b.pos);
+}
+
+static void heap_push(tok_work *w, size_t *n, merge_item m) {
+    if (*n == w->heap_cap) {
+        w->heap_cap = w->heap_cap ? 2 * w->heap_cap : 256;
+        w->heap = realloc(w->heap, w->heap_cap * sizeof *w->heap);
+        UST_ASSERT(w->heap, "out of memory (merge heap)");
+    }
+    size_t i = (*n)++;
+    while (i > 0 && merge_before(m, w->heap[(i - 1) / 2])) {
+        w->heap[i] = w->heap[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    w->heap[i] = m;
+}
+
+static merge_item heap_pop(tok_work *w, size_t *n) {
+    merge_item top = w->heap[0], last = w->heap[--*n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n) break;
+        if (c + 1 < *n && merge_before(w->heap[c + 1], w->heap[c])) c++;
+        if (!merge_before(w->heap[c], last)) break;
+        w->heap[i] = w->heap[c];
+        i = c;
+    }
+    if (*n) w->heap[i] = last;
+    return top;
+}
+
+static void push_pair(const tok_tokenizer *t, tok_work *w, size_t *hn, int32_t pos) {
+    const pair_slot *m = pairmap_get(&t->merges, w->sym[pos], w->sym[w->next[pos]]);
+    if (m) heap_push(w, hn, (merge_item){m->rank, pos, m->new_id});
+}
+
+/* Byte symbols of one pre-token; a byte missing from the vocabulary becomes unk_token (fused
+ * with its neighbours when fuse_unk) or, without unk_token, is dropped, as in `tokenizers`. */
+static int32_t initial_symbols(const tok_tokenizer *t, tok_work *w, const unsigned char *s,
+                               size_t n) {
+    int32_t k = 0;
+    bool pending_unk = false;
+    for (size_t i = 0; i < n; i++) {
+        int32_t id = t->byte_id[s[i]];
+        if (id < 0 && t->unk_id < 0) continue;
+        if (id < 0 && pending_unk && t->fuse_unk) continue;
+        if (pending_unk) w->sym[k++] = t->unk_id;
+        pending_unk = id < 0;
+        if (id >= 0) w->sym[k++] = id;
+    }
+    if (pending_unk) w->sym[k++] = t->unk_id;
+    return k;
+}
+
+/* `tokenizers`' Word::merge_all: pop the best pair; skip it when its left symbol is gone or its
+ * pair now merges to another id; merge; queue the two pairs the new symbol forms. */
+static void bpe_piece(const tok_tokenizer *t, tok_work *w, const unsigned char *s, size_t n,
+                      tok_ids *out) {
+    if (t->ignore_merges) {
+        int32_t id = strmap_get(&t->vocab, s, n);
+        if (id >= 0) {
+            tok_ids_push(out, id);
+            return;
+        }
+    }
+    work_reserve(w, n + 1);
+    int32_t k = initial_symbols(t, w, s, n);
+    size_t hn = 0;
+    for (int32_t i = 0; i < k; i++) {
+        w->prev[i] = i - 1;
+        w->next[i] = i + 1 < k ? i + 1 : -1;
+        w->len[i] = 1;
+    }
+    for (int32_t i = 0; i + 1 < k; i++) push_pair(t, w, &hn, i);
+    while (hn > 0) {
+        merge_item m = heap_pop(w, &hn);
+        int32_t p = m.pos, q = w->next[p];
+        if (w->len[p] == 0 || q < 0) continue;
+        const pair_slot *cur = pairmap_get(&t->merges, w->sym[p], w->sym[q]);
+        if (!cur || cur->new_id != m.new_id) continue;
+        w->sym[p] = m.new_id;
+        w->len[p] += w->len[q];
+        w->len[q] = 0;
+        w->next[p] = w->next[q];
+        if (w->next[p] >= 0) w->prev[w->next[p]] = p;
+        if (w->prev[p] >= 0) push_pair(t, w, &hn, w->prev[p]);
+        if (w->next[p] >= 0) push_pair(t, w, &hn, p);
+    }
+    for (int32_t i = 0; i >= 0 && k > 0; i = w->next[i]) tok_ids_push(out, w->sym[i]);
+}
+
+/* Pre-tokenizer stage k over one piece, then the remaining stages, then BPE. */
+static void encode_stage(const tok_tokenizer *t, tok_work *w, const char *s, size_t n, int k,
+                         tok_ids *out) {
+    if (n == 0) return; /* `tokenizers` drops empty pieces */
+    if (k == t->nstages) {
+        bpe_piece(t, w, (const unsigned char *)s, n, out);
+        return;
+    }
+    const stage *st = &t->stages[k];
+    if (st->prefix_space && s[0] != ' ') {
+        if (w->pfx_cap[k] < n + 1) {
+            w->pfx_cap[k] = 2 * n + 16;
+            w->pfx[k] = realloc(w->pfx[k], w->pfx_cap[k]);
+            UST_ASSERT(w->pfx[k], "out of memory (%zu bytes)", w->pfx_cap[k]);
+        }
+        w->pfx[k][0] = ' ';
+        memcpy(w->pfx[k] + 1, s, n);
+        s = w->pfx[k];
+        n++;
+    }
+    if (st->split == TOK_SPLIT_NONE) {
+        encode_stage(t, w, s, n, k + 1, out);
+        return;
+    }
+    for (size_t i = 0; i < n;) {
+        size_t j = tok_pretok_next(st->split, s, n, i);
+        encode_stage(t, w, s + i, j - i, k + 1, out);
+        i = j;
+    }
+}
+
+static bool is_space_at(text t, size_t i, int *len) { return class_at(t, i, len, NULL) == CL_S; }
+
+/* \w as `tokenizers`' single_word check uses it, approximated by letters, numbers and '_'. */
+static bool word_char_at(text t, size_t i) {
+    int len, cl = class_at(t, i, &len, NULL);
+    return cl == CL_L || cl == CL_N || t.s[i] == '_';
+}
+
+/* The character that ends at i (i > 0): back over at most three continuation bytes. */
+static bool word_char_before(text t, size_t i) {
+    size_t j = i - 1;
+    while (j > 0 && i - j < 4 && (t.s[j] & 0xC0) == 0x80) j--;
+    int len;
+    class_at(t, j, &len, NULL);
+    return word_char_at(t, j + (size_t)len == i ? j : i - 1);
+}
+
+/* Leftmost-longest match of pass p's added tokens at or after i: its index, or -1. */
+static int find_added(const tok_tokenizer *t, int p, text s, size_t i, size_t *at) {
+    for (; i < s.n; i++) {
+        unsigned b = s.s[i];
+        for (int k = t->first[p][b]; k < t->first[p][b + 1]; k++) {
+            const added_token *a = &t->added[t->by_first[p][k]];
+            if (a->len <= s.n - i && memcmp(s.s + i, a->content, a->len) == 0) {
+                *at = i;
+                return t->by_first[p][k];
+            }
+        }
+    }
+    return -1;
+}
+
+/* AddedVocabulary::find_matches for pass p, then the next pass on the text between matches. */
+static void encode_added(const tok_tokenizer *t, tok_work *w, const char *str, size_t n, int p,
+                         tok_ids *out) {
+    if (p == 2) {
+        encode_stage(t, w, str, n, 0, out);
+        return;
+    }
+    if (t->first[p][256] == 0) {
+        encode_added(t, w, str, n, p + 1, out);
+        return;
+    }
+    text s = {(const unsigned char *)str, n};
+    size_t done = 0, i = 0, at;
+    int len, k;
+    while ((k = find_added(t, p, s, i, &at)) >= 0) {
+        const added_token *a = &t->added[k];
+        size_t start = at, stop = at + a->len;
+        i = stop;
+        if (a->single_word &&
+            ((start > 0 && word_char_before(s, start)) || (stop < n && word_char_at(s, stop))))
+            continue;
+        if (a->lstrip) {
+            size_t ns = start;
+            while (ns > done) {
+                size_t c = ns - 1;
+                while (c > done && (s.s[c] & 0xC0) == 0x80) c--;
+                if (!is_space_at(s, c, &len)) break;
+                ns = c;
+            }
+            start = ns;
+        }
+        if (a->rstrip)
+            while (stop < n && is_space_at(s, stop, &len)) stop += (size_t)len;
+        if (done < start) encode_added(t, w, str + done, start - done, p + 1, out);
+        tok_ids_push(out, a->id);
+        done = i = stop;
+    }
+    if (done < n) encode_added(t, w, str + done, n - done, p + 1, out);
+}
+
+void tok_encode(const tok_tokenizer *t, tok_work *w, const char *text, size_t len, tok_ids *out) {
+    if (!t->bpe) {
+        for (size_t i = 0; i < len; i++) tok_ids_push(out, (unsigned char)text[i]);
+        return;
+    }
+    encode_added(t, w, text, len, 0, out);
+}
+
+/* Cut between "x\n" and "y" with x, y printable ASCII: no match of the three regexes spans a
+ * newline followed by a non-space, and with a non-space before it the newline is its own piece
+ * (or ends the punctuation piece before it) whether or not text follows, so both halves
+ * pre-tokenize as the whole does. */
+size_t tok_safe_cut(const tok_tokenizer *t, const char *text, size_t len) {
+    if (!t->bpe) return len > 1 ? len - 1 : 0;
+    if (!t->cuttable || len < 3) return 0;
+    for (size_t p = len - 1; p >= 2; p--) {
+        unsigned a = (unsigned char)text[p - 2], b = (unsigned char)text[p];
+        if (text[p - 1] == '\n' && a > ' ' && a < 0x7F && b > ' ' && b < 0x7F) return p;
+    }
+    return 0;
+}
