@@ -877,6 +877,154 @@ static void cu_attention_merge(const ust_ops *o, float *out, float *lse, const f
     cuda_attention_merge(o, out, lse, out2, lse2, B, T, H, D);
 }
 
+/* ---------------------------------------------------------------- mixture of experts */
+
+/* One thread per token: softmax over E, then k argmax passes (strict >, so ties go to the lower
+ * index, as on the CPU), gates renormalized over the chosen k. */
+__global__ void k_moe_router_fwd(float *probs, float *lse, int32_t *topk, float *gate,
+                                 const float *logits, int N, int E, int k) {
+    int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= N) return;
+    const float *x = logits + (int64_t)n * E;
+    float *p = probs + (int64_t)n * E;
+    float mx = -INFINITY, sum = 0.0f;
+    for (int e = 0; e < E; e++) mx = fmaxf(mx, x[e]);
+    for (int e = 0; e < E; e++) sum += expf(x[e] - mx);
+    float inv = 1.0f / sum;
+    for (int e = 0; e < E; e++) p[e] = expf(x[e] - mx) * inv;
+    if (lse) lse[n] = mx + logf(sum);
+    int32_t *sel = topk + (int64_t)n * k;
+    float s = 0.0f;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int used = 0;
+            for (int m = 0; m < j; m++) used |= sel[m] == e;
+            if (!used && (best < 0 || p[e] > p[best])) best = e;
+        }
+        sel[j] = best;
+        s += p[best];
+    }
+    for (int j = 0; j < k; j++) gate[(int64_t)n * k + j] = p[sel[j]] / s;
+}
+
+/* psum[e] = sum over rows of probs[:, e]: one block per column, a fixed tree in double. */
+__global__ void k_moe_colsum(float *psum, const float *probs, int N, int E) {
+    __shared__ double sh[32];
+    int e = blockIdx.x;
+    double s = 0.0;
+    for (int n = threadIdx.x; n < N; n += blockDim.x) s += probs[(int64_t)n * E + e];
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) psum[e] = (float)s;
+}
+
+static void cu_moe_router_fwd(const ust_ops *o, float *probs, float *lse, int32_t *topk,
+                              float *gate, float *psum, const float *logits, int N, int E, int k) {
+    if (N > 0) {
+        k_moe_router_fwd<<<(N + 127) / 128, 128, 0, STREAM(o)>>>(probs, lse, topk, gate, logits, N,
+                                                                 E, k);
+        CK_LAUNCH();
+    }
+    if (psum) {
+        k_moe_colsum<<<E, 256, 0, STREAM(o)>>>(psum, probs, N, E);
+        CK_LAUNCH();
+    }
+}
+
+/* One thread per token; dlogits holds dprobs first (see ops.h). */
+__global__ void k_moe_router_bwd(float *dlogits, const float *dgate, const float *probs,
+                                 const float *lse, const int32_t *topk, const float *gate,
+                                 const float *aux_dp, float zscale, int N, int E, int k) {
+    int n = blockIdx.x * blockDim.x + threadIdx.x;
+    if (n >= N) return;
+    const float *p = probs + (int64_t)n * E;
+    float *d = dlogits + (int64_t)n * E;
+    for (int e = 0; e < E; e++) d[e] = aux_dp ? aux_dp[e] : 0.0f;
+    if (dgate) {
+        const int32_t *sel = topk + (int64_t)n * k;
+        const float *dg = dgate + (int64_t)n * k, *g = gate + (int64_t)n * k;
+        float s = 0.0f, dot = 0.0f;
+        for (int j = 0; j < k; j++) s += p[sel[j]], dot += dg[j] * g[j];
+        for (int j = 0; j < k; j++) d[sel[j]] += (dg[j] - dot) / s;
+    }
+    float pd = 0.0f;
+    for (int e = 0; e < E; e++) pd += p[e] * d[e];
+    float z = lse && zscale != 0.0f ? zscale * lse[n] : 0.0f;
+    for (int e = 0; e < E; e++) d[e] = p[e] * (d[e] - pd + z);
+}
+
+static void cu_moe_router_bwd(const ust_ops *o, float *dlogits, const float *dgate,
+                              const float *probs, const float *lse, const int32_t *topk,
+                              const float *gate, const float *aux_dp, float zscale, int N, int E,
+                              int k) {
+    if (N <= 0) return;
+    k_moe_router_bwd<<<(N + 127) / 128, 128, 0, STREAM(o)>>>(dlogits, dgate, probs, lse, topk, gate,
+                                                             aux_dp, zscale, N, E, k);
+    CK_LAUNCH();
+}
+
+__global__ void k_moe_gather(float *out, const float *inp, const int32_t *src, const float *scale,
+                             int M, int C, int div) {
+    int64_t n = (int64_t)M * C;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i / C, c = i % C;
+        int32_t a = src[r];
+        out[i] = (scale ? scale[a] : 1.0f) * inp[(int64_t)(a / div) * C + c];
+    }
+}
+
+static void cu_moe_gather(const ust_ops *o, float *out, const float *inp, const int32_t *src,
+                          const float *scale, int M, int C, int div) {
+    EW_LAUNCH(k_moe_gather, (int64_t)M * C, out, inp, src, scale, M, C, div);
+}
+
+/* One thread per output element, summing the token's k rows in j order (no atomics). */
+__global__ void k_moe_combine(float *out, const float *rows, const int32_t *pos, const float *gate,
+                              int N, int k, int C, int acc) {
+    int64_t n = (int64_t)N * C;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t t = i / C, c = i % C;
+        float y = acc ? out[i] : 0.0f;
+        for (int j = 0; j < k; j++) {
+            int64_t a = t * k + j;
+            if (pos[a] < 0) continue;
+            y += (gate ? gate[a] : 1.0f) * rows[(int64_t)pos[a] * C + c];
+        }
+        out[i] = y;
+    }
+}
+
+static void cu_moe_combine(const ust_ops *o, float *out, const float *rows, const int32_t *pos,
+                           const float *gate, int N, int k, int C, int acc) {
+    EW_LAUNCH(k_moe_combine, (int64_t)N * C, out, rows, pos, gate, N, k, C, acc);
+}
+
+/* One warp per assignment: a dot product of C, reduced by a fixed shuffle tree. */
+__global__ void k_moe_gate_grad(float *dgate, const float *dout, const float *rows,
+                                const int32_t *pos, int64_t A, int k, int C) {
+    int64_t a = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x & 31;
+    if (a >= A) return; /* whole warps leave together: A is warp-uniform */
+    int32_t r = pos[a];
+    float s = 0.0f;
+    if (r >= 0) {
+        const float *g = dout + (a / k) * C, *x = rows + (int64_t)r * C;
+        for (int c = lane; c < C; c += 32) s += g[c] * x[c];
+    }
+    s = warp_sum(s);
+    if (lane == 0) dgate[a] = s;
+}
+
+static void cu_moe_gate_grad(const ust_ops *o, float *dgate, const float *dout, const float *rows,
+                             const int32_t *pos, int N, int k, int C) {
+    int64_t A = (int64_t)N * k;
+    if (A <= 0) return;
+    k_moe_gate_grad<<<(int)((A + 7) / 8), 256, 0, STREAM(o)>>>(dgate, dout, rows, pos, A, k, C);
+    CK_LAUNCH();
+}
+
 /* ---------------------------------------------------------------- lifetime */
 
 static void cu_destroy(ust_ops *o) {
@@ -1002,5 +1150,10 @@ extern "C" ust_ops *ops_cuda_create(int device, ust_err *e) {
     o->sumsq = cu_sumsq;
     o->sum = cu_sum;
     o->destroy = cu_destroy;
+    o->moe_router_fwd = cu_moe_router_fwd;
+    o->moe_router_bwd = cu_moe_router_bwd;
+    o->moe_gather = cu_moe_gather;
+    o->moe_combine = cu_moe_combine;
+    o->moe_gate_grad = cu_moe_gate_grad;
     return o;
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "cuda/ops_cuda.h"
 #include "mem.h"
 #include "moe.h"
 #include "ops.h"
@@ -63,8 +64,8 @@ static void moe_config(ust_config *c, ust_arch arch, int E, int k, int C, int Fe
     c->model.moe.shared_expert = shared;
 }
 
-static void fixture_make(fixture *f, int N) {
-    f->ops = ops_cpu_create(1, 1);
+static void fixture_make_on(fixture *f, int N, ust_ops *ops) {
+    f->ops = ops;
     mem_init(&f->arena, f->ops);
     f->N = N;
     moe_init(&f->m, &f->cfg, f->ops, &f->arena, N, NULL);
@@ -80,6 +81,8 @@ static void fixture_make(fixture *f, int N) {
     f->dy = mem_alloc(&f->arena, MEM_ACTS, NC * 4);
     f->dx = mem_alloc(&f->arena, MEM_ACTS, NC * 4);
 }
+
+static void fixture_make(fixture *f, int N) { fixture_make_on(f, N, ops_cpu_create(1, 1)); }
 
 static void fixture_free(fixture *f) {
     moe_acts_free(&f->a);
@@ -471,6 +474,81 @@ static void test_moe_acts_bytes_match_the_arena(void) {
     CHECK(got == want, "arena %lld bytes, moe_acts_bytes %lld", (long long)got, (long long)want);
 }
 
+/* ---------------------------------------------------------------- the CUDA backend */
+
+/* The GPU backend, or a second CPU backend under UST_TEST_CUDA_FAKE=cpu (checks this harness on
+ * machines without a GPU); NULL (the test passes with a SKIP line) when neither is there. */
+static ust_ops *gpu_backend(void) {
+    const char *fake = getenv("UST_TEST_CUDA_FAKE");
+    if (fake && !strcmp(fake, "cpu")) return ops_cpu_create(1, 1);
+    ust_err e;
+    ust_ops *g = ops_cuda_create(0, &e);
+    if (!g) printf("SKIP moe cuda: %s\n", e.msg);
+    return g;
+}
+
+static double max_rel(const float *a, const float *b, int64_t n) {
+    double w = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = fabs(a[i] - b[i]) / (1.0 + fabs(b[i]));
+        w = d > w || d != d ? d : w;
+    }
+    return w;
+}
+
+/* Device tensor -> host copy (freed by the caller). */
+static float *host_copy(const ust_ops *o, const void *p, int64_t n) {
+    float *h = malloc((size_t)(n > 0 ? n : 1) * 4);
+    o->to_host(o, h, p, (size_t)n * 4);
+    return h;
+}
+
+/* The whole layer (forward, backward, every gradient; capacity drops and the shared expert on, so
+ * the five MoE ops and the host routing all run) on the GPU against the CPU backend. Both are fp32;
+ * they differ in summation order and expf/logf ulps: 1e-4 relative on O(1) values. */
+static void test_moe_layer_on_cuda_matches_cpu(void) {
+    ust_ops *gpu = gpu_backend();
+    if (!gpu) return;
+    fixture c, g;
+    for (fixture *f = &c; f; f = f == &c ? &g : NULL) {
+        moe_config(&f->cfg, ARCH_LLAMA, 6, 2, 40, 24, 1);
+        f->cfg.model.moe.aux_loss_coef = 0.3;
+        f->cfg.model.moe.z_loss_coef = 0.05;
+        f->cfg.model.moe.capacity_factor = 0.8;
+    }
+    const int N = 37;
+    fixture_make(&c, N);
+    fixture_make_on(&g, N, gpu);
+    fill_random(&c, 3);
+    for (int i = 0; i < c.pl.n; i++) gpu->to_device(gpu, g.pl.t[i].p, c.pl.t[i].p, c.pl.t[i].n * 4);
+    int64_t NC = (int64_t)N * 40;
+    gpu->to_device(gpu, g.x, c.x, NC * 4);
+    gpu->to_device(gpu, g.dy, c.dy, NC * 4);
+    moe_stats sc, sg;
+    moe_forward(&c.m, &c.a, &c.w, c.y, c.x, &sc);
+    moe_backward(&c.m, &c.a, &c.w, &c.g, c.dx, c.dy, c.x, 0.7f, 0);
+    moe_forward(&g.m, &g.a, &g.w, g.y, g.x, &sg);
+    moe_backward(&g.m, &g.a, &g.w, &g.g, g.dx, g.dy, g.x, 0.7f, 0);
+    double worst = fabs(sc.loss - sg.loss) + fabs(sc.dropped_frac - sg.dropped_frac);
+    char what[160] = "losses";
+    float *h = host_copy(gpu, g.y, NC);
+    if (max_rel(h, c.y, NC) > worst) worst = max_rel(h, c.y, NC), snprintf(what, sizeof what, "y");
+    free(h);
+    h = host_copy(gpu, g.dx, NC);
+    if (max_rel(h, c.dx, NC) > worst)
+        worst = max_rel(h, c.dx, NC), snprintf(what, sizeof what, "dx");
+    free(h);
+    for (int i = 0; i < c.pl.n; i++) {
+        h = host_copy(gpu, g.pl.t[i].g, c.pl.t[i].n);
+        double d = max_rel(h, c.pl.t[i].g, c.pl.t[i].n);
+        if (d > worst || d != d) worst = d, snprintf(what, sizeof what, "%s", c.pl.t[i].name);
+        free(h);
+    }
+    fixture_free(&c);
+    fixture_free(&g);
+    CHECK(worst <= 1e-4, "GPU vs CPU: worst relative difference %.3g in %s", worst, what);
+}
+
 int main(void) {
     RUN_TEST(test_moe_llama_top2_gradients_match_finite_differences);
     RUN_TEST(test_moe_llama_top1_shared_gradients_match_finite_differences);
@@ -487,5 +565,6 @@ int main(void) {
     RUN_TEST(test_moe_gpt2_params_have_biases_without_decay);
     RUN_TEST(test_moe_every_selects_layers_from_zero);
     RUN_TEST(test_moe_acts_bytes_match_the_arena);
+    RUN_TEST(test_moe_layer_on_cuda_matches_cpu);
     return TEST_SUMMARY();
 }

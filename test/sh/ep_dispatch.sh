@@ -4,7 +4,7 @@
 # backward, for random and very skewed routing and capacity drops; and the aux-loss statistics
 # summed over a stats group against one rank holding every token.
 . "$(dirname "$0")/../lib.sh"
-TE=${TE:-build/test/test_ep}
+TE=${TE:-${BUILD:-build}/test/test_ep}
 for n in 2 4; do
     out=$(timeout 300 scripts/ustrun --nproc-per-node $n --no-prefix $TE --ep-check 2>&1)
     rc=$?
