@@ -85,17 +85,20 @@ static void regroup_indices(ust_ep *ep, ep_plan *p) {
     int n = ep->n, El = ep->El;
     int32_t *order = ep->idx_host, *inv = ep->idx_host + ep->max_recv;
     int64_t i = 0;
-    for (int e = 0; e < El; e++)
+    for (int e = 0; e < El; e++) {
+        int64_t staged = 0; /* offset of block (s, e) in the staging order */
+        for (int e2 = 0; e2 < e; e2++) staged += p->recv[e2];
         for (int s = 0; s < n; s++) {
-            int64_t staged = 0; /* offset of block (s, e) in the staging order */
-            for (int s2 = 0; s2 < s; s2++)
-                for (int e2 = 0; e2 < El; e2++) staged += p->recv[s2 * El + e2];
-            for (int e2 = 0; e2 < e; e2++) staged += p->recv[s * El + e2];
             for (int r = 0; r < p->recv[s * El + e]; r++, i++) {
                 order[i] = (int32_t)(staged + r);
                 inv[staged + r] = (int32_t)i;
             }
+            /* to block (s+1, e): the rest of source s, then source s+1's experts before e */
+            for (int e2 = e; e2 < El; e2++) staged += p->recv[s * El + e2];
+            if (s + 1 < n)
+                for (int e2 = 0; e2 < e; e2++) staged += p->recv[(s + 1) * El + e2];
         }
+    }
     const ust_ops *o = ep->ops;
     o->to_device(o, p->order, order, (size_t)p->nrecv * sizeof(int32_t));
     o->to_device(o, p->inv, inv, (size_t)p->nrecv * sizeof(int32_t));
