@@ -70,6 +70,7 @@ bench: deps
 	scripts/bench-dp.sh
 	scripts/bench-tp.sh
 	scripts/bench-cp.sh
+	scripts/bench-pp.sh
 
 format:
 	clang-format -i $(LIB_SRC) $(CMD_SRC) $(TEST_SRC) $(wildcard core/*.h parallel/*.h test/*.h)
@@ -144,3 +145,12 @@ endif
 .PHONY: bench-comm
 bench-comm: ustrain
 	scripts/bench-comm.sh ./ustrain $(B)
+
+# The long fuzz run (test/sh/fuzz_short.sh is the short one in `make test`): every libFuzzer
+# target of test/fuzz, built with clang + ASan + UBSan in build-fuzz/, for FUZZ_SECONDS each.
+# Crashing inputs are kept in build-fuzz/artifacts/ (see test/fuzz/run.sh).
+FUZZ_SECONDS ?= 60
+.PHONY: fuzz
+fuzz:
+	@UST_EXTRA_PKGS="clang libclang-rt-dev" scripts/install-deps.sh
+	test/fuzz/run.sh build-fuzz $(FUZZ_SECONDS)
