@@ -79,6 +79,10 @@ void log_step_json(ust_log *l, const log_step *s) {
     if (!isnan(s->pp_bubble)) {
         json_num(l->metrics, "pp_bubble", s->pp_bubble);
         json_num(l->metrics, "pp_bubble_analytic", s->pp_bubble_analytic);
+        json_num(l->metrics, "pp_bubble_sim", s->pp_bubble_sim);
+        json_num(l->metrics, "pp_f_ms", s->pp_op_ms[0]);
+        json_num(l->metrics, "pp_b_ms", s->pp_op_ms[1]);
+        json_num(l->metrics, "pp_w_ms", s->pp_op_ms[2]);
     }
     if (!isnan(s->val_loss)) json_num(l->metrics, "val_loss", s->val_loss);
     if (s->skipped) fprintf(l->metrics, ",\"skipped\":true");

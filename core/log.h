@@ -18,6 +18,8 @@ typedef struct {
     double val_loss;                                   /* NaN when not computed this step */
     double pp_bubble;   /* pipeline: max over stages of idle / busy time this step (NaN: no pp) */
     double pp_bubble_analytic; /* (p - 1) / (v * m) */
+    double pp_bubble_sim;      /* the schedule's timeline with this step's mean op times */
+    double pp_op_ms[3];        /* those mean F, B, W times (averaged over the stages) */
     int skipped;                                       /* step skipped by on_nan: skip */
 } log_step;
 

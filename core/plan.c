@@ -167,7 +167,7 @@ static void plan_rank(const ust_config *c, int r, mem_plan *p) {
     p->acts = (double)acts * 4.0;
     int pp = c->parallel.pp;
     /* dp_sum's four floats, the stop flag, tp scratch, the pipeline's scalars */
-    p->comm = 16.0 + 4.0 + 4.0 * comm + (pp > 1 ? 8.0 * (pp > 2 ? pp : 2) : 0);
+    p->comm = 16.0 + 4.0 + 4.0 * comm + (pp > 1 ? 20.0 * pp : 0);
     p->total = p->params + p->grads + p->optim + p->acts + p->comm;
 }
 

@@ -530,6 +530,8 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
             pp_stats ps = pp_last_step_stats(t->pp);
             s.pp_bubble = ps.bubble;
             s.pp_bubble_analytic = ps.analytic;
+            s.pp_bubble_sim = ps.simulated;
+            s.pp_op_ms[0] = ps.f_ms, s.pp_op_ms[1] = ps.b_ms, s.pp_op_ms[2] = ps.w_ms;
         }
         t->step++;
         t->sample_index += c->train.global_batch_size;

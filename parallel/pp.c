@@ -20,6 +20,9 @@ struct pp_state {
     comm_p2p *batch[2];        /* two batches: one in flight, one being built */
     int nbatch[2];
     double busy_s, idle_s;
+    double op_s[3]; /* last step: time in F, B, W */
+    int op_n[3];
+    pps_schedule *all;   /* every rank's schedule, for the simulation with measured costs */
     int fault_skip_tied; /* test fault: UST_FAULT_PP_SKIP_TIED_SYNC=1 leaves the copies apart */
 };
 
@@ -68,14 +71,20 @@ pp_state *pp_create(const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
     size_t tokens = (size_t)cfg->train.micro_batch_size * (cfg->train.seq_len / cfg->parallel.cp);
     s->inputs = malloc(tokens * sizeof(int32_t));
     s->targets = malloc(tokens * sizeof(int32_t));
-    s->scalar = mem_alloc(arena, MEM_COMM, (size_t)2 * (s->p > 2 ? s->p : 2) * sizeof(float));
+    s->scalar = mem_alloc(arena, MEM_COMM, (size_t)5 * s->p * sizeof(float));
     for (int k = 0; k < 2; k++) s->batch[k] = calloc((size_t)s->sched.n + 1, sizeof(comm_p2p));
+    s->all = calloc(s->p, sizeof *s->all);
+    ust_err e;
+    UST_ASSERT(pps_build_all(s->all, s->sched.kind, s->p, s->v, s->nmb, s->sched.flags, &e) == 0,
+               "%s", e.msg);
     return s;
 }
 
 void pp_destroy(pp_state *s) {
     if (!s) return;
     pps_free(&s->sched);
+    pps_free_all(s->all, s->p);
+    free(s->all);
     free(s->slot);
     free(s->inputs);
     free(s->targets);
@@ -155,7 +164,11 @@ static double compute(pp_state *s, const pp_callbacks *cb, const pps_action *a, 
         model_chunk_weight_grad(s->m, a->chunk, slot);
         break;
     }
-    s->busy_s += now_s() - t0;
+    double dt = now_s() - t0;
+    int k = a->op == PPS_F ? 0 : a->op == PPS_B ? 1 : 2;
+    s->busy_s += dt;
+    s->op_s[k] += dt;
+    s->op_n[k]++;
     return loss;
 }
 
@@ -165,6 +178,8 @@ double pp_train_step(pp_state *s, const pp_callbacks *cb, float dscale) {
     batch_state b = {0};
     s->nbatch[0] = s->nbatch[1] = 0;
     s->busy_s = s->idle_s = 0;
+    memset(s->op_s, 0, sizeof s->op_s);
+    memset(s->op_n, 0, sizeof s->op_n);
     double loss = 0;
     for (int i = 0; i < s->sched.n; i++) {
         const pps_action *a = &s->sched.a[i];
@@ -227,18 +242,31 @@ void pp_sync_tied(pp_state *s, float *g, int64_t n) {
     comm_wait(&r);
 }
 
+/* Per rank: busy, idle, and mean F, B, W times. */
+enum { NSTAT = 5 };
+
 pp_stats pp_last_step_stats(pp_state *s) {
     pp_stats st = {.busy_s = s->busy_s, .idle_s = s->idle_s};
     st.analytic = (double)(s->p - 1) / ((double)s->v * s->nmb);
-    float mine[2] = {(float)s->busy_s, (float)s->idle_s}, *all = malloc(2 * s->p * sizeof(float));
-    float *at = s->scalar + 2 * comm_rank(s->pipe); /* in place: member i's part at 2i */
+    float mine[NSTAT] = {(float)s->busy_s, (float)s->idle_s}, *all = malloc(NSTAT * s->p * 4);
+    for (int k = 0; k < 3; k++) mine[2 + k] = s->op_n[k] ? (float)(s->op_s[k] / s->op_n[k]) : 0;
+    float *at = s->scalar + NSTAT * comm_rank(s->pipe); /* in place: member i's part at 5i */
     s->ops->to_device(s->ops, at, mine, sizeof mine);
-    comm_req r = comm_allgather(s->pipe, at, s->scalar, 2, COMM_FP32);
+    comm_req r = comm_allgather(s->pipe, at, s->scalar, NSTAT, COMM_FP32);
     comm_wait(&r);
-    s->ops->to_host(s->ops, all, s->scalar, 2 * s->p * sizeof(float));
-    for (int k = 0; k < s->p; k++)
-        if (all[2 * k] > 0 && all[2 * k + 1] / all[2 * k] > st.bubble)
-            st.bubble = all[2 * k + 1] / all[2 * k];
+    s->ops->to_host(s->ops, all, s->scalar, NSTAT * s->p * sizeof(float));
+    pps_costs cost = {0, 0, 0};
+    for (int k = 0; k < s->p; k++) {
+        const float *x = all + NSTAT * k;
+        if (x[0] > 0 && x[1] / x[0] > st.bubble) st.bubble = x[1] / x[0];
+        cost.f += x[2] / s->p, cost.b += x[3] / s->p, cost.w += x[4] / s->p;
+    }
     free(all);
+    /* the schedule's own accounting: its timeline with these stage-averaged op times and free
+     * transfers (what the bubble would be on dedicated devices) */
+    pps_sim sim;
+    ust_err e;
+    st.simulated = cost.f > 0 && pps_simulate(s->all, s->p, cost, &sim, &e) == 0 ? sim.bubble : -1;
+    st.f_ms = 1e3 * cost.f, st.b_ms = 1e3 * cost.b, st.w_ms = 1e3 * cost.w;
     return st;
 }

@@ -57,9 +57,11 @@ double pp_sum(pp_state *s, double x);
 void pp_sync_tied(pp_state *s, float *g, int64_t n);
 
 typedef struct {
-    double busy_s, idle_s; /* this rank, last step: computing; waiting for transfers */
-    double bubble;         /* max over the pipeline of idle / busy */
-    double analytic;       /* (p - 1) / (v * m) */
+    double busy_s, idle_s;   /* this rank, last step: computing; waiting for transfers */
+    double bubble;           /* max over the pipeline of idle / busy */
+    double analytic;         /* (p - 1) / (v * m) */
+    double simulated;        /* the schedule's timeline with the measured mean F, B, W times */
+    double f_ms, b_ms, w_ms; /* those times (averaged over the stages) */
 } pp_stats;
 /* Collective over the pipeline group (every stage calls it after a step). */
 pp_stats pp_last_step_stats(pp_state *s);
