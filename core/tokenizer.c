@@ -482,20 +482,39 @@ static void index_added(tok_tokenizer *t) {
     }
 }
 
-static int load_added(tok_tokenizer *t, const cJSON *list, const char *path, ust_err *e) {
+/* The id `tokenizers` gives an added token when it loads the file (the "id" field is only
+ * checked, with a warning): the vocabulary's id for that exact string, else the next free id
+ * counting from the number of vocabulary entries. */
+static int32_t added_id(const strmap *verbatim, const char *content, int32_t *next_id) {
+    int32_t id = strmap_get(verbatim, content, strlen(content));
+    return id >= 0 ? id : (*next_id)++;
+}
+
+static int load_added(tok_tokenizer *t, const cJSON *list, const cJSON *vocab, const char *path,
+                      ust_err *e) {
     int n = cJSON_GetArraySize(list);
     t->added = calloc((size_t)n + 1, sizeof *t->added);
     UST_ASSERT(t->added, "out of memory");
+    strmap verbatim;
+    strmap_init(&verbatim, (size_t)cJSON_GetArraySize(vocab));
     const cJSON *x;
+    cJSON_ArrayForEach(x, vocab)
+        strmap_put(&verbatim, x->string, strlen(x->string), (int32_t)x->valuedouble);
+    int32_t next_id = cJSON_GetArraySize(vocab);
+    int rc = 0;
     cJSON_ArrayForEach(x, list) {
-        const cJSON *id = cJSON_GetObjectItemCaseSensitive(x, "id");
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(x, "content");
-        if (!cJSON_IsNumber(id) || id->valuedouble < 0 || !cJSON_IsString(c))
-            return ust_errf(e, "%s: added token %d has no id or content", path, t->nadded);
+        if (!cJSON_IsString(c)) {
+            rc = ust_errf(e, "%s: added token %d has no content", path, t->nadded);
+            break;
+        }
+        if (!c->valuestring[0]) continue;
         added_token *a = &t->added[t->nadded++];
         a->content = strdup(c->valuestring);
         a->len = strlen(a->content);
-        a->id = (int32_t)id->valuedouble;
+        a->id = added_id(&verbatim, a->content, &next_id);
+        for (int i = 0; i + 1 < t->nadded; i++)
+            if (strcmp(t->added[i].content, a->content) == 0) a->id = t->added[i].id;
         a->single_word = json_bool(x, "single_word", false);
         a->lstrip = json_bool(x, "lstrip", false);
         a->rstrip = json_bool(x, "rstrip", false);
@@ -507,8 +526,10 @@ static int load_added(tok_tokenizer *t, const cJSON *list, const char *path, ust
             strcmp(a->content, "<|endoftext|>") == 0 || strcmp(a->content, "<|end_of_text|>") == 0;
         if (eot && t->eot < 0) t->eot = a->id;
     }
+    free(verbatim.slot);
+    free(verbatim.pool);
     index_added(t);
-    return 0;
+    return rc;
 }
 
 static int load_json(tok_tokenizer *t, const cJSON *root, const char *path, ust_err *e) {
@@ -554,7 +575,8 @@ static int load_json(tok_tokenizer *t, const cJSON *root, const char *path, ust_
             return ust_errf(e, "%s: unk_token '%s' is not in the vocabulary", path,
                             unk->valuestring);
     }
-    return load_added(t, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"), path, e);
+    return load_added(t, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"),
+                      cJSON_GetObjectItemCaseSensitive(model, "vocab"), path, e);
 }
 
 int tok_load(tok_tokenizer **out, const char *path, ust_err *e) {
