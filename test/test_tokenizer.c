@@ -46,6 +46,8 @@ static const char *const GPT2_CASES[][16] = {
     {"?!\n\nfoo", "?!", "\n", "\n", "foo", NULL},
     {" ?!\n", " ?!", "\n", NULL},
     {"\342\200\250a\302\205b", "\342\200\250", "a", "\302\205", "b", NULL},
+    {"x'\305\277a y'Sb\342\200\231s", "x", "'", "\305\277a", " y", "'", "Sb", "\342\200\231", "s",
+     NULL},
 };
 static const char *const LLAMA3_CASES[][16] = {
     {"Hello world", "Hello", " world", NULL},
@@ -68,6 +70,8 @@ static const char *const LLAMA3_CASES[][16] = {
     {"?!\n\nfoo", "?!\n\n", "foo", NULL},
     {" ?!\n", " ?!\n", NULL},
     {"\342\200\250a\302\205b", "\342\200\250a", "\302\205b", NULL},
+    {"x'\305\277a y'Sb\342\200\231s", "x", "'\305\277", "a", " y", "'S", "b", "\342\200\231s",
+     NULL},
 };
 
 /* Runs the scanner over row[0] and compares every piece with row[1..]. */
