@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Renders ustrain metrics files (logging.metrics_file, one JSON object per step; keys written by
+core/log.c) to PNGs; several runs are overlaid, each labelled by its run directory's name.
+Run it through scripts/plot, which makes sure matplotlib is there.
+
+  plot_metrics.py [-o OUTDIR] metrics.jsonl...
+
+Writes OUTDIR/{loss, lr, grad_norm, tokens_per_s, mfu, memory, overview}.png (a panel is left out
+when no run has that metric) and prints one line per file with the runs and points it holds.
+A resumed run appends to its metrics file and may log a step again: the last line for a step
+wins. Bad input (a missing, empty or non-JSON-lines file) exits 2 with the reason."""
+import argparse
+import json
+import math
+import os
+import sys
+
+# (file stem, title, y label, [(key, line style suffix)], scale)
+PANELS = [
+    ("loss", "loss", "cross-entropy", [("loss", "train"), ("val_loss", "val")], 1.0),
+    ("lr", "learning rate", "lr", [("lr", "")], 1.0),
+    ("grad_norm", "gradient norm (before clipping)", "global L2 norm", [("grad_norm", "")], 1.0),
+    ("tokens_per_s", "throughput", "tokens / s", [("tokens_per_s", "")], 1.0),
+    ("mfu", "model FLOPs utilization", "MFU (%)", [("mfu", "")], 100.0),
+    ("memory", "peak memory", "MiB", [("peak_mem_bytes", "")], 1.0 / (1 << 20)),
+]
+
+
+def die(msg):
+    print(f"plot: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def load(path):
+    """-> {step: row} with the last row for each step."""
+    if not os.path.isfile(path):
+        die(f"{path}: no such file")
+    rows = {}
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError as e:
+                die(f"{path}:{n}: not a JSON line ({e.msg}); expected ustrain's metrics.jsonl")
+            if not isinstance(r, dict) or not isinstance(r.get("step"), (int, float)):
+                die(f'{path}:{n}: a metrics line needs a numeric "step"')
+            rows[int(r["step"])] = r
+    if not rows:
+        die(f"{path}: empty, no metrics to plot")
+    return rows
+
+
+def labels(paths):
+    """Run names: the metrics file's directory name, widened with parents until they differ."""
+    parts = [os.path.abspath(p).split(os.sep)[:-1] or ["."] for p in paths]
+    for depth in range(1, max(len(p) for p in parts) + 1):
+        names = ["/".join(p[-depth:]) for p in parts]
+        if len(set(names)) == len(names):
+            return names
+    return [f"{n} #{i + 1}" for i, n in enumerate(names)]
+
+
+def series(rows, key, scale):
+    pts = [(s, r.get(key)) for s, r in sorted(rows.items())]
+    pts = [(s, v * scale) for s, v in pts
+           if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def draw(ax, panel, runs, colors):
+    stem, title, ylabel, keys, scale = panel
+    counts = []
+    for (name, rows), color in zip(runs, colors):
+        n = 0
+        for key, kind in keys:
+            x, y = series(rows, key, scale)
+            if not x:
+                continue
+            label = f"{name} {kind}".strip() if len(keys) > 1 else name
+            style = dict(linestyle="--", marker="o", markersize=3) if kind == "val" else {}
+            ax.plot(x, y, color=color, linewidth=1.2, label=label, **style)
+            n += len(x)
+        if n:
+            counts.append((name, n))
+    ax.set_title(title)
+    ax.set_xlabel("step")
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    # the norm spans decades (a spike early, then slow decay): log, when every value allows it
+    if stem == "grad_norm" and all(v > 0 for _, rows in runs for v in series(rows, keys[0][0], 1)[1]):
+        ax.set_yscale("log")
+    if counts:
+        ax.legend(fontsize=8)
+    return counts
+
+
+def main():
+    ap = argparse.ArgumentParser(prog="scripts/plot", description=__doc__.split("\n")[0])
+    ap.add_argument("-o", "--out", default="plots", help="output directory (default: plots)")
+    ap.add_argument("files", nargs="*", metavar="metrics.jsonl")
+    a = ap.parse_args()
+    if not a.files:
+        die("no metrics file given; usage: scripts/plot [-o OUTDIR] metrics.jsonl...")
+    runs = list(zip(labels(a.files), [load(p) for p in a.files]))
+    if os.path.exists(a.out) and not os.path.isdir(a.out):
+        die(f"-o {a.out}: exists and is not a directory")
+    os.makedirs(a.out, exist_ok=True)
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = [plt.get_cmap("tab10")(i % 10) for i in range(len(runs))]
+    present = [p for p in PANELS if any(series(rows, k, 1)[0] for _, rows in runs for k, _ in p[3])]
+    for panel in present:
+        fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
+        counts = draw(ax, panel, runs, colors)
+        fig.tight_layout()
+        path = os.path.join(a.out, panel[0] + ".png")
+        fig.savefig(path)
+        plt.close(fig)
+        desc = ", ".join(f"{n} ({k} points)" for n, k in counts)
+        print(f"{path}: {len(counts)} run(s): {desc}")
+    cols = 2
+    nrows = (len(present) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(12, 3.6 * nrows), dpi=100, squeeze=False)
+    for ax, panel in zip(axes.flat, present):
+        draw(ax, panel, runs, colors)
+    for ax in list(axes.flat)[len(present):]:
+        ax.axis("off")
+    fig.tight_layout()
+    path = os.path.join(a.out, "overview.png")
+    fig.savefig(path)
+    plt.close(fig)
+    print(f"{path}: {len(present)} panels, {len(runs)} run(s)")
+
+
+if __name__ == "__main__":
+    main()
