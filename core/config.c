@@ -17,7 +17,7 @@
 
 /* ---------------------------------------------------------------- the key table */
 
-typedef enum { K_INT, K_I64, K_U64, K_DBL, K_BOOL, K_STR, K_ENUM } cfg_kind;
+typedef enum { K_INT, K_I64, K_U64, K_DBL, K_BOOL, K_STR, K_ENUM, K_LIST } cfg_kind;
 
 enum { LO_OPEN = 1, HI_OPEN = 2, NULLABLE = 4 };
 
@@ -70,6 +70,9 @@ _Static_assert(sizeof(ust_arch) == sizeof(int) && sizeof(ust_device) == sizeof(i
     { p, K_STR, AT(f), d, 0, 0, 0, names }
 #define ENUM(p, f, d, names)                                                                       \
     { p, K_ENUM, AT(f), d, 0, 0, 0, names }
+/* a list of positive integers ([4, 4, 2, 2], or "4,4,2,2" with --set), kept as "4,4,2,2" */
+#define LIST(p, f)                                                                                 \
+    { p, K_LIST, AT(f), "null", 1, INT_MAX, NULLABLE, NULL }
 
 /* Keys of one section must be contiguous and a subsection must follow its parent's keys:
  * cfg_dump opens a section each time the prefix changes. */
@@ -110,6 +113,7 @@ static const cfg_key cfg_keys[] = {
     INT("parallel.vpp", parallel.vpp, "1", 1),
     ENUM("parallel.pp_schedule", parallel.pp_schedule, "1f1b", PP_SCHEDULES),
     BOOL("parallel.pp_breadth_first", parallel.pp_breadth_first, "false"),
+    LIST("parallel.pp_layers", parallel.pp_layers),
     ENUM("parallel.cp_layout", parallel.cp_layout, "zigzag", CP_LAYOUTS),
     ENUM("parallel.cp_comm", parallel.cp_comm, "ring", CP_COMMS),
     DBL("parallel.dp_bucket_mb", parallel.dp_bucket_mb, "25", 0, INFINITY, LO_OPEN),
@@ -330,12 +334,45 @@ static int cfg_put_enum(void *dst, const cfg_key *k, const char *s, bool plain, 
     return 0;
 }
 
+/* "4, 4,2 ,2" or "[4,4,2,2]" -> "4,4,2,2"; every item a positive integer. */
+static int cfg_put_list(void *dst, const cfg_key *k, const char *s, bool plain, char *why,
+                        size_t n) {
+    char out[256] = "", item[32];
+    if (cfg_is_null(s, plain) || !*s) {
+        memset(dst, 0, k->size);
+        return 0;
+    }
+    const char *p = s + (*s == '[');
+    size_t len = strlen(p) - (*s == '[' && p[strlen(p) - 1] == ']');
+    for (size_t i = 0; i <= len;) {
+        size_t j = i;
+        while (j < len && p[j] != ',') j++;
+        size_t a = i, b = j;
+        while (a < b && p[a] == ' ') a++;
+        while (b > a && p[b - 1] == ' ') b--;
+        if (b - a == 0 || b - a >= sizeof item || strspn(p + a, "0123456789") < b - a ||
+            atoi(p + a) < 1) {
+            snprintf(why, n, "expected a list of positive integers, got '%s'", s);
+            return -1;
+        }
+        snprintf(item, sizeof item, "%.*s", (int)(b - a), p + a);
+        if (strlen(out) + strlen(item) + 2 > sizeof out || strlen(out) + strlen(item) + 2 > k->size)
+            return snprintf(why, n, "list is too long: '%s'", s), -1;
+        if (*out) strcat(out, ",");
+        strcat(out, item);
+        i = j + 1;
+    }
+    memset(dst, 0, k->size);
+    memcpy(dst, out, strlen(out));
+    return 0;
+}
+
 /* Parses the scalar s (plain: unquoted in the YAML) into k's field of c. On error writes the
  * reason, without position or key, into why. */
 static int cfg_put(ust_config *c, const cfg_key *k, const char *s, bool plain, char *why,
                    size_t n) {
     void *dst = (char *)c + k->off;
-    if (k->kind != K_STR && k->kind != K_ENUM && cfg_is_null(s, plain)) {
+    if (k->kind != K_STR && k->kind != K_ENUM && k->kind != K_LIST && cfg_is_null(s, plain)) {
         snprintf(why, n, "needs a value, got null");
         return -1;
     }
@@ -352,6 +389,8 @@ static int cfg_put(ust_config *c, const cfg_key *k, const char *s, bool plain, c
         return cfg_put_string(dst, k, s, plain, why, n);
     case K_ENUM:
         return cfg_put_enum(dst, k, s, plain, why, n);
+    case K_LIST:
+        return cfg_put_list(dst, k, s, plain, why, n);
     }
     return -1;
 }
@@ -534,7 +573,26 @@ static bool cfg_node_is_null(const yaml_node_t *n) {
                        n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE);
 }
 
+/* A YAML list of scalars for a K_LIST key, as the "a,b,c" text cfg_put_list reads. */
+static int cfg_load_list(const cfg_ctx *x, const cfg_key *k, const yaml_node_t *v) {
+    char text[512] = "", why[1024];
+    for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top;
+         it++) {
+        yaml_node_t *item = yaml_document_get_node(x->doc, *it);
+        if (item->type != YAML_SCALAR_NODE || item->data.scalar.length > 32 ||
+            strlen(text) + item->data.scalar.length + 2 > sizeof text)
+            return cfg_fail_at(x, item->start_mark, "%s: expected a list of positive integers",
+                               k->path);
+        if (*text) strcat(text, ",");
+        strcat(text, (const char *)item->data.scalar.value);
+    }
+    if (cfg_put(x->c, k, *text ? text : "null", true, why, sizeof why))
+        return cfg_fail_at(x, v->start_mark, "%s: %s", k->path, why);
+    return 0;
+}
+
 static int cfg_load_leaf(const cfg_ctx *x, const cfg_key *k, const yaml_node_t *v) {
+    if (k->kind == K_LIST && v->type == YAML_SEQUENCE_NODE) return cfg_load_list(x, k, v);
     if (v->type != YAML_SCALAR_NODE)
         return cfg_fail_at(x, v->start_mark, "%s: expected a single value, got %s", k->path,
                            cfg_node_kind(v));
@@ -766,6 +824,11 @@ static int cfg_check_value(const ust_config *c, const cfg_key *k, char *why, siz
         if (v < 0 || v >= count) return snprintf(why, n, "invalid enum value %d", v), -1;
         return 0;
     }
+    if (k->kind == K_LIST) {
+        char copy[256];
+        if (!memchr(p, 0, k->size)) return snprintf(why, n, "list is not terminated"), -1;
+        return cfg_put_list(copy, k, p, true, why, n);
+    }
     if (k->kind == K_BOOL || k->kind == K_U64) return 0;
     double v = cfg_number(c, k);
     snprintf(shown, sizeof shown, "%.17g", v);
@@ -826,8 +889,19 @@ static int cfg_validate_parallel(const ust_config *c, ust_err *e) {
             "%d) must be divisible by parallel.tp (%d)",
             cfg_vocab_padded(c), m->vocab_size, m->vocab_pad, p->tp);
     long long stages = (long long)p->pp * p->vpp;
-    REQUIRE(m->n_layer % stages == 0,
-            "model.n_layer (%d) must be divisible by parallel.pp * parallel.vpp (%d * %d = %lld)",
+    if (p->pp_layers[0]) {
+        int per[CFG_MAX_STAGES], n = cfg_pp_layers(c, per), sum = 0;
+        for (int i = 0; i < n; i++) sum += per[i];
+        REQUIRE(n == stages,
+                "parallel.pp_layers has %d entries; it needs one per stage: parallel.pp * "
+                "parallel.vpp = %lld",
+                n, stages);
+        REQUIRE(sum == m->n_layer, "parallel.pp_layers adds up to %d layers; model.n_layer is %d",
+                sum, m->n_layer);
+    }
+    REQUIRE(p->pp_layers[0] || m->n_layer % stages == 0,
+            "model.n_layer (%d) must be divisible by parallel.pp * parallel.vpp (%d * %d = %lld), "
+            "or parallel.pp_layers must list each stage's layers",
             m->n_layer, p->pp, p->vpp, stages);
     REQUIRE(p->vpp == 1 || p->pp_schedule == PP_INTERLEAVED,
             "parallel.vpp (%d) > 1 needs parallel.pp_schedule: interleaved (got %s)", p->vpp,
@@ -960,6 +1034,15 @@ static void cfg_dump_value(FILE *f, const ust_config *c, const cfg_key *k) {
         else
             cfg_dump_string(f, p);
         break;
+    case K_LIST:
+        if (!p[0]) {
+            fputs("null", f);
+            break;
+        }
+        fputc('[', f);
+        for (const char *q = p; *q; q++) *q == ',' ? fputs(", ", f) : fputc(*q, f);
+        fputc(']', f);
+        break;
     }
 }
 
@@ -1021,3 +1104,30 @@ int cfg_head_dim(const ust_config *c) {
 }
 
 bool cfg_tied(const ust_config *c) { return c->model.arch == ARCH_GPT2 || c->model.tie_embeddings; }
+
+int cfg_pp_layers(const ust_config *c, int *per) {
+    int n = 0;
+    for (const char *q = c->parallel.pp_layers; *q && n < CFG_MAX_STAGES; n++) {
+        per[n] = atoi(q);
+        q = strchr(q, ',');
+        if (!q) {
+            n++;
+            break;
+        }
+        q++;
+    }
+    return n;
+}
+
+void cfg_stage_layers(const ust_config *c, int stage, int *lo, int *hi) {
+    int S = c->parallel.pp * c->parallel.vpp, per[CFG_MAX_STAGES];
+    if (!c->parallel.pp_layers[0]) {
+        *lo = stage * (c->model.n_layer / S);
+        *hi = *lo + c->model.n_layer / S;
+        return;
+    }
+    cfg_pp_layers(c, per);
+    *lo = 0;
+    for (int i = 0; i < stage; i++) *lo += per[i];
+    *hi = *lo + per[stage];
+}

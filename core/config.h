@@ -54,6 +54,7 @@ typedef struct {
         int vpp;
         ust_pp_schedule pp_schedule;
         bool pp_breadth_first; /* interleaved: all micro-batches through a chunk before the next */
+        char pp_layers[256];   /* "" or "4,4,3,1": layers of each stage (pp * vpp entries) */
         ust_cp_layout cp_layout;
         ust_cp_comm cp_comm;
         double dp_bucket_mb;
@@ -113,5 +114,11 @@ int cfg_vocab_padded(const ust_config *c);
 int cfg_grad_accum(const ust_config *c); /* global / (micro * dp) */
 int cfg_head_dim(const ust_config *c);
 bool cfg_tied(const ust_config *c); /* gpt2, or llama with tie_embeddings */
+
+#define CFG_MAX_STAGES 1024
+/* parallel.pp_layers as numbers; returns how many (0: an even split). */
+int cfg_pp_layers(const ust_config *c, int *per);
+/* Global stage s (of pp * vpp) holds layers [lo, hi): parallel.pp_layers, or an even split. */
+void cfg_stage_layers(const ust_config *c, int stage, int *lo, int *hi);
 
 #endif

@@ -361,17 +361,18 @@ int model_create(model **out, const ust_config *cfg, const ust_ops *ops, ust_are
     return model_create_with(out, cfg, ops, arena, &st, e);
 }
 
-/* This rank's chunks: stage c*p + r for c < v, each n_layer / (p*v) layers. */
+/* This rank's chunks: stage c*p + r for c < v, each n_layer / (p*v) layers or as
+ * parallel.pp_layers says. */
 static void plan_chunks(model *m, const model_storage *st) {
     int p = st->pp_size > 0 ? st->pp_size : 1, v = st->vpp > 0 ? st->vpp : 1;
-    int S = p * v, per = m->L / S;
+    int S = p * v;
     m->nchunks = v;
     m->chunks = calloc(v, sizeof *m->chunks);
     for (int c = 0; c < v; c++) {
         model_chunk *ch = &m->chunks[c];
         ch->stage = c * p + st->pp_rank;
-        ch->lo = ch->stage * per;
-        ch->hi = ch->lo + per;
+        ch->lo = 0, ch->hi = m->L;
+        if (S > 1) cfg_stage_layers(m->cfg, ch->stage, &ch->lo, &ch->hi);
         ch->embed = ch->stage == 0;
         ch->head = ch->stage == S - 1;
         ch->nslots = st->slots[c] > 0 ? st->slots[c] : 1;

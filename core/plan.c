@@ -94,12 +94,12 @@ static int64_t parallel_scratch(const ust_config *c, const shapes *s, int64_t *c
  * the activation floats of the micro-batches it keeps in flight (activation sets per chunk from
  * the schedule itself). Without a pipeline: the whole model, one set. */
 typedef struct {
-    int64_t total, first, big, slot_acts, head_acts, tied;
+    int64_t total, first, big, slot_acts;
 } stage_plan;
 
 static stage_plan plan_stage(const ust_config *c, const shapes *s, const unit_sizes *u, int r) {
     int p = c->parallel.pp, v = c->parallel.vpp, S = p * v;
-    int64_t per = s->L / S, N = s->N, Nl = s->Nl, C = s->C;
+    int64_t N = s->N, Nl = s->Nl, C = s->C;
     int zb = p > 1 && c->parallel.pp_schedule == PP_ZB;
     int slots[16] = {1};
     pps_schedule sched;
@@ -115,24 +115,27 @@ static stage_plan plan_stage(const ust_config *c, const shapes *s, const unit_si
     int64_t wsave = 2 * N * C + (s->llama ? 2 : 1) * N * s->F + 2 * Nl * C + N * s->HD +
                     2 * N * s->KV; /* zb: the output gradients W needs, per layer */
     stage_plan st = {0};
-    st.first = -1;
+    int nunits = 0;
     for (int ch = 0; ch < v; ch++) {
-        int stage = ch * p + r, embed = stage == 0, head = stage == S - 1;
-        int64_t units = embed ? u->emb : 0;
-        if (st.first < 0) st.first = embed ? u->emb : u->layer;
-        for (int64_t l = 0; l < per; l++) units += u->layer;
-        if (head) units += u->tied_copy && !embed ? u->tied_copy : u->head;
-        st.total += units;
-        int64_t big = head ? (u->tied_copy && !embed ? u->tied_copy : u->head) : u->layer;
-        if (big > st.big && !(embed && per == 0)) st.big = big;
+        int stage = ch * p + r, embed = stage == 0, head = stage == S - 1, lo = 0, hi = s->L;
+        if (S > 1) cfg_stage_layers(c, stage, &lo, &hi);
+        int64_t per = hi - lo;
+        /* the units in the model's order: embedding, layers, head (with the tied copy) */
+        int64_t head_unit = u->tied_copy && !embed ? u->tied_copy : u->head;
+        for (int64_t k = -embed; k < per + head; k++) {
+            int64_t len = k < 0 ? u->emb : k < per ? u->layer : head_unit;
+            st.total += len;
+            if (nunits++ == 0)
+                st.first = len;
+            else if (len > st.big)
+                st.big = len;
+        }
         /* one set: residual stream, saved layers, gradient buffer, head or tokens */
         int64_t set = (per + 1) * Nl * C + per * layer + (zb ? per * wsave : 0) + Nl * C;
         if (head) set += Nl * C + 2 * Nl + N * s->Vl + (zb ? Nl * C : 0);
         if (embed) set += N; /* token ids (int32) */
         st.slot_acts += slots[ch] * set;
-        st.tied |= embed && head;
     }
-    if (u->layer > st.big && per > 1) st.big = u->layer;
     return st;
 }
 

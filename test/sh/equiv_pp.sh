@@ -16,7 +16,8 @@ $EQ --name _pp_llama --config $TMP/llama.yaml \
     --layout "pp=2 vpp=2 sched=interleaved" \
     --layout "pp=2 vpp=2 sched=interleaved parallel.pp_breadth_first=true" \
     --layout "pp=2 dp=2 zero=1" --layout "pp=2 tp=2" --layout "pp=2 cp=2 sched=zb" \
-    --layout "pp=2 dp=2 zero=3" --layout "pp=2 sched=zb train.recompute=selective"
+    --layout "pp=2 dp=2 zero=3" --layout "pp=2 sched=zb train.recompute=selective" \
+    --layout "pp=2 parallel.pp_layers=3,1" --layout "pp=2 sched=zb parallel.pp_layers=[1,3]"
 $EQ --name _pp_gpt2 --config $TMP/gpt2.yaml \
     --layout "pp=2" --layout "pp=4 sched=zb" --layout "pp=2 vpp=2 sched=interleaved" \
     --layout "pp=2 dp=2 zero=2 sched=zb" --layout "pp=2 tp=2 sp=true dp=2 zero=1" \
@@ -37,6 +38,12 @@ expect_exit pp_vpp_needs_pp 2 "parallel.vpp \(2\) > 1 needs parallel.pp > 1" -- 
 expect_exit pp_zb_refuses_full_recompute 2 "zb defers weight gradients" -- \
     $UST validate $TMP/llama.yaml --set parallel.pp=2 --set parallel.pp_schedule=zb \
     --set train.recompute=full --world 2
+expect_exit pp_layers_wrong_count 2 "parallel.pp_layers has 3 entries; it needs one per stage: parallel.pp \* parallel.vpp = 2" -- \
+    $UST validate $TMP/llama.yaml --set parallel.pp=2 --set parallel.pp_layers=2,1,1 --world 2
+expect_exit pp_layers_wrong_sum 2 "parallel.pp_layers adds up to 5 layers; model.n_layer is 4" -- \
+    $UST validate $TMP/llama.yaml --set parallel.pp=2 --set "parallel.pp_layers=[3, 2]" --world 2
+expect_exit pp_layers_not_numbers 2 "expected a list of positive integers, got '3,x'" -- \
+    $UST validate $TMP/llama.yaml --set parallel.pp=2 --set parallel.pp_layers=3,x --world 2
 expect_exit pp_layers_not_divisible 2 "n_layer \(4\) must be divisible" -- \
     $UST validate $TMP/llama.yaml --set parallel.pp=3 --world 3
 exit 0

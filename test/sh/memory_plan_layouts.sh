@@ -37,3 +37,4 @@ check $TMP/g.yaml memory_plan_gpt2_pp2_zb_zero2 4 --set parallel.pp=2 --set para
 check $TMP/g.yaml memory_plan_gpt2_pp2_vpp2_tp2_sp 4 --set model.n_layer=4 --set parallel.pp=2 --set parallel.vpp=2 --set parallel.pp_schedule=interleaved --set parallel.tp=2 --set parallel.sp=true
 check $TMP/c.yaml memory_plan_pp2_zero3_selective 4 --set parallel.pp=2 --set parallel.dp=2 --set optimizer.zero_stage=3 --set train.recompute=selective --set train.global_batch_size=8
 check $TMP/c.yaml memory_plan_pp2_cp2_full 4 --set parallel.pp=2 --set parallel.cp=2 --set train.recompute=full
+check $TMP/c.yaml memory_plan_pp2_uneven_layers 2 --set model.n_layer=4 --set parallel.pp=2 --set parallel.pp_layers=3,1
