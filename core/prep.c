@@ -202,12 +202,14 @@ static void tokenize_batch(const tok_tokenizer *tok, tok_work **works, int nthre
     atomic_int next = 0;
     worker w[MAX_THREADS];
     pthread_t th[MAX_THREADS];
-    int started = 0;
+    bool started[MAX_THREADS] = {false};
     for (int t = 0; t < nthreads; t++) w[t] = (worker){tok, works[t], b, &next};
+    /* a thread that cannot start leaves its share to the others */
     for (int t = 1; t < nthreads && t < b->n; t++)
-        if (pthread_create(&th[t], NULL, work_loop, &w[t]) == 0) started = t;
+        started[t] = pthread_create(&th[t], NULL, work_loop, &w[t]) == 0;
     work_loop(&w[0]);
-    for (int t = 1; t <= started; t++) pthread_join(th[t], NULL);
+    for (int t = 1; t < nthreads; t++)
+        if (started[t]) pthread_join(th[t], NULL);
 }
 
 /* ---------------------------------------------------------------------------------------------
