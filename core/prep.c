@@ -282,6 +282,12 @@ static int write_split(stream *s, const char *dir, const char *split, int64_t fi
         if (rc) return ust_errf(e, "%s: write failed: %s", path, strerror(errno));
         done += m;
     }
+    /* shards of an earlier, longer run in the same directory would join this one's glob */
+    for (int k = *nshards;; k++) {
+        char path[UST_PATH_MAX + 64];
+        snprintf(path, sizeof path, "%s/%s_%03d.bin", dir, split, k);
+        if (unlink(path) != 0) break;
+    }
     return 0;
 }
 

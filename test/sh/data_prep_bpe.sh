@@ -46,6 +46,11 @@ for k in gpt2 llama3; do
         fail data_prep_${k}_same_output_for_1_and_3_threads_and_cut_documents "$n shards; $(echo "$out" | tail -3)"
 done
 
+# --- a second run into the same directory with fewer shards removes the earlier run's extra ones
+$UST data prep --tokenizer $TMP/gpt2.json --out $TMP/gpt2-t1 --shard-tokens 40000 $FILES >/dev/null 2>&1
+n=$(ls $TMP/gpt2-t1/train_*.bin | wc -l)
+[ "$n" = 2 ] && pass data_prep_rerun_removes_stale_shards || fail data_prep_rerun_removes_stale_shards "$n train shards, expected 2"
+
 # --- merges written as "a b" strings (older tokenizer.json files) give the same tokens
 $REF legacy $TMP/gpt2.json $TMP/gpt2-legacy.json
 $UST data prep --tokenizer $TMP/gpt2-legacy.json --out $TMP/legacy $FILES >/dev/null 2>&1 &&
