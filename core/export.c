@@ -76,7 +76,7 @@ static void xsrc(xtensor *x, const char *name, int ndim, int64_t rows, int64_t c
     s->shape[1] = ndim == 2 ? cols : 0;
 }
 
-/* A tensor whose exported name is the checkpoint's name with a prefix swapped (or the same). */
+/* One checkpoint tensor src of rows x cols -> dst: the same shape, or transposed for X_T. */
 static void xsame(xtable *l, xform op, const char *dst, const char *src, int ndim, int64_t rows,
                   int64_t cols) {
     xtensor *x = xadd(l, op, dst, ndim, ndim == 2 && op == X_T ? cols : rows,
@@ -91,28 +91,23 @@ static void llama_table(xtable *l) {
     int64_t HD = c->model.n_head * D, KV = c->model.n_kv_head * D;
     xtensor *x = xadd(l, X_ROWS, "model.embed_tokens.weight", 2, V, C);
     xsrc(x, "model.embed_tokens.weight", 2, Vp, C);
-    static const struct {
-        const char *suffix;
-        int ndim;
-        char rows, cols; /* C, H(D), K(V), F, or 1 */
-    } layer[] = {
-        {"input_layernorm.weight", 1, 'C', '1'},  {"self_attn.q_proj.weight", 2, 'H', 'C'},
-        {"self_attn.k_proj.weight", 2, 'K', 'C'}, {"self_attn.v_proj.weight", 2, 'K', 'C'},
-        {"self_attn.o_proj.weight", 2, 'C', 'H'}, {"post_attention_layernorm.weight", 1, 'C', '1'},
-        {"mlp.gate_proj.weight", 2, 'F', 'C'},    {"mlp.up_proj.weight", 2, 'F', 'C'},
-        {"mlp.down_proj.weight", 2, 'C', 'F'},
-    };
-    for (int i = 0; i < c->model.n_layer; i++)
-        for (size_t k = 0; k < sizeof layer / sizeof layer[0]; k++) {
-            char n[CKPT_NAME_MAX];
-            snprintf(n, sizeof n, "model.layers.%d.%s", i, layer[k].suffix);
-            int64_t dim[2];
-            for (int d = 0; d < 2; d++) {
-                char s = d ? layer[k].cols : layer[k].rows;
-                dim[d] = s == 'C' ? C : s == 'H' ? HD : s == 'K' ? KV : s == 'F' ? F : 1;
-            }
-            xsame(l, X_COPY, n, n, layer[k].ndim, dim[0], dim[1]);
-        }
+    for (int i = 0; i < c->model.n_layer; i++) {
+        char n[CKPT_NAME_MAX];
+        /* the same name and shape on both sides */
+#define SAME(suffix, ndim, rows, cols)                                                             \
+    snprintf(n, sizeof n, "model.layers.%d.%s", i, suffix);                                        \
+    xsame(l, X_COPY, n, n, ndim, rows, cols)
+        SAME("input_layernorm.weight", 1, C, 0);
+        SAME("self_attn.q_proj.weight", 2, HD, C);
+        SAME("self_attn.k_proj.weight", 2, KV, C);
+        SAME("self_attn.v_proj.weight", 2, KV, C);
+        SAME("self_attn.o_proj.weight", 2, C, HD);
+        SAME("post_attention_layernorm.weight", 1, C, 0);
+        SAME("mlp.gate_proj.weight", 2, F, C);
+        SAME("mlp.up_proj.weight", 2, F, C);
+        SAME("mlp.down_proj.weight", 2, C, F);
+#undef SAME
+    }
     xsame(l, X_COPY, "model.norm.weight", "model.norm.weight", 1, C, 0);
     if (!cfg_tied(c)) { /* tied: transformers takes lm_head from embed_tokens */
         x = xadd(l, X_ROWS, "lm_head.weight", 2, V, C);
