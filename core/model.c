@@ -83,7 +83,8 @@ struct model {
     int64_t numel, unit_pad;
     int nunits, cur_unit;
     int64_t *unit_off, *unit_len;
-    float *p, *g; /* whole flat buffers, or NULL when a sharding layer owns the storage */
+    int *unit_expert; /* per unit: holds expert weights (reduced over expert-dp x cp) */
+    float *p, *g;     /* whole flat buffers, or NULL when a sharding layer owns the storage */
     model_hooks hooks;
     ckpt_tensor *all; /* every tensor of the whole model (all stages), checkpoint order */
     int nall;
@@ -885,6 +886,10 @@ const ckpt_tensor *model_all_tensors(const model *m, int *n) {
 }
 
 int model_tied_local(const model *m) { return m->tied_local; }
+
+int model_unit_is_expert(const model *m, int unit) {
+    return m->unit_expert && m->unit_expert[unit];
+}
 
 double model_cp_wait_s(const model *m) { return m->cp.comm_s; }
 

@@ -145,5 +145,7 @@ void model_chunk_weight_grad(model *m, int chunk, int slot);
 const ckpt_tensor *model_all_tensors(const model *m, int *n);
 /* Tied embeddings whose embedding and head are both on this rank (one tensor serves both). */
 int model_tied_local(const model *m);
+/* The unit holds a MoE layer's experts: its gradients are reduced over expert-dp x cp. */
+int model_unit_is_expert(const model *m, int unit);
 
 #endif

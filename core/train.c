@@ -405,13 +405,17 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, ust_err *e)
                     "and backward; ZeRO-1 or 2 is the usual choice with pipelines\n",
                     cfg->parallel.pp);
     }
+    dp_groups groups = {.dense = dp_comm,
+                        .expert = rt->topo.comm[TOPO_EDPCP],
+                        .ep = rt->topo.comm[TOPO_EP],
+                        .mp = tp_comm,
+                        .pipe = cfg->parallel.pp > 1 ? rt->topo.comm[TOPO_PP] : NULL};
     if (model_create_with(&t->m, cfg, t->ops, &t->arena, &st, e) ||
-        dp_create(&t->dp, cfg, t->ops, &t->arena, t->m, dp_comm, tp_comm, e)) {
+        dp_create(&t->dp, cfg, t->ops, &t->arena, t->m, &groups, e)) {
         pps_free(&sched);
         return -1;
     }
     if (cfg->parallel.pp > 1) {
-        dp_set_pipeline(t->dp, rt->topo.comm[TOPO_PP]);
         t->pp = pp_create(cfg, t->ops, &t->arena, t->m, rt->topo.comm[TOPO_PP],
                           rt->topo.comm[TOPO_EMB], &sched);
     }

@@ -17,7 +17,11 @@ struct dp_state {
     model *m;
     ust_comm *comm, *mp; /* the dp group; the group holding the other shards of this replica */
     ust_comm *pipe;      /* the pipeline group: the other stages of this replica (NULL: none) */
-    int n, rank, stage, nunits, head, tied, last_mb, drop_grads;
+    ust_comm *ep;        /* the expert-parallel group: the other experts of a MoE layer */
+    ust_comm **ucomm;    /* per unit: the group it is reduced and sharded over */
+    int *urank, *un;     /* per unit: this rank's index in it, and its size */
+    int *pinned;         /* per unit: between its BEGIN and END hooks (in use) */
+    int n, rank, stage, nunits, head, tied, last_mb, drop_grads, has_experts;
     int64_t *uoff, *ulen, *chunk, *soff; /* per unit: offset, length, chunk, offset in shard */
     int64_t numel, shard_numel, max_unit;
     float *p_whole, *g_whole, *p_shard, *g_shard, *mom_m, *mom_v;
@@ -31,6 +35,7 @@ struct dp_state {
         float *buf;
     } rs[3];                   /* in flight from work[0], work[1], work_emb */
     int wslot;                 /* the working buffer the next unit gets */
+    int *uwork;                /* per unit: the working buffer it was given at its BEGIN */
     float *gath[2], *gath_emb; /* stage 3: gathered units */
     int gath_unit[2], emb_valid;
     comm_req gath_req[2];
@@ -59,7 +64,7 @@ static float *at(const dp_state *d, dp_buf b, int u, int64_t x) {
                   : b == BUF_M     ? d->mom_m
                                    : d->mom_v;
     if (whole(d, b)) return base + d->uoff[u] + x;
-    int64_t lo = d->rank * d->chunk[u];
+    int64_t lo = d->urank[u] * d->chunk[u];
     UST_ASSERT(x >= lo && x <= lo + d->chunk[u],
                "unit %d element %lld is not in this rank's "
                "partition [%lld, %lld)",
@@ -76,7 +81,7 @@ static int64_t piece(const dp_state *d, int i, int part, int64_t *a, int64_t *b)
     *a = 0;
     *b = q->numel;
     if (part) {
-        int64_t lo = d->rank * d->chunk[u] - t0, hi = lo + d->chunk[u];
+        int64_t lo = d->urank[u] * d->chunk[u] - t0, hi = lo + d->chunk[u];
         *a = lo > 0 ? lo : 0;
         *b = hi < q->numel ? hi : q->numel;
         if (*b < *a) *b = *a;
@@ -101,7 +106,8 @@ static void make_buckets(dp_state *d) {
     double fill = 0;
     for (int u = d->nunits - 1; u >= 0; u--) {
         fill += (double)d->ulen[u];
-        int close = fill >= cap || u == 0;
+        /* a bucket is one all-reduce: it never spans units reduced over different groups */
+        int close = fill >= cap || u == 0 || d->ucomm[u - 1] != d->ucomm[u];
         d->bucket_lo[u] = close ? 1 : 0;
         if (close) fill = 0;
     }
@@ -110,7 +116,8 @@ static void make_buckets(dp_state *d) {
 static void on_unit(void *ctx, int u, model_phase ph);
 
 int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_arena *a, model *m,
-              ust_comm *comm, ust_comm *mp, ust_err *e) {
+              const dp_groups *gr, ust_err *e) {
+    ust_comm *comm = gr->dense, *mp = gr->mp;
     dp_state *d = calloc(1, sizeof *d);
     if (!d) return ust_errf(e, "out of memory");
     d->cfg = cfg;
@@ -124,15 +131,27 @@ int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_are
     d->nunits = model_num_units(m);
     d->head = d->nunits - 1;
     d->tied = model_tied_local(m); /* unit 0 also collects the head's gradient */
+    d->pipe = gr->pipe;
+    d->ep = gr->ep && comm_size(gr->ep) > 1 ? gr->ep : NULL;
     d->uoff = calloc(d->nunits, sizeof(int64_t));
     d->ulen = calloc(d->nunits, sizeof(int64_t));
     d->chunk = calloc(d->nunits, sizeof(int64_t));
     d->soff = calloc(d->nunits, sizeof(int64_t));
+    d->ucomm = calloc(d->nunits, sizeof *d->ucomm);
+    d->urank = calloc(d->nunits, sizeof *d->urank);
+    d->un = calloc(d->nunits, sizeof *d->un);
+    d->pinned = calloc(d->nunits, sizeof *d->pinned);
+    d->uwork = calloc(d->nunits, sizeof *d->uwork);
     for (int u = 0; u < d->nunits; u++) {
         model_unit_range(m, u, &d->uoff[u], &d->ulen[u]);
-        UST_ASSERT(d->ulen[u] % d->n == 0, "unit %d length %lld not divisible by %d", u,
-                   (long long)d->ulen[u], d->n);
-        d->chunk[u] = d->ulen[u] / d->n;
+        int expert = model_unit_is_expert(m, u);
+        d->has_experts |= expert;
+        d->ucomm[u] = expert ? gr->expert : comm;
+        d->urank[u] = comm_rank(d->ucomm[u]);
+        d->un[u] = comm_size(d->ucomm[u]);
+        UST_ASSERT(d->ulen[u] % d->un[u] == 0, "unit %d length %lld not divisible by %d", u,
+                   (long long)d->ulen[u], d->un[u]);
+        d->chunk[u] = d->ulen[u] / d->un[u];
         d->soff[u] = d->shard_numel;
         d->shard_numel += d->chunk[u];
         if (u > 0 && d->ulen[u] > d->max_unit) d->max_unit = d->ulen[u];
@@ -176,6 +195,11 @@ void dp_destroy(dp_state *d) {
     free(d->ulen);
     free(d->chunk);
     free(d->soff);
+    free(d->ucomm);
+    free(d->urank);
+    free(d->un);
+    free(d->pinned);
+    free(d->uwork);
     free(d->pending);
     free(d->bucket_lo);
     free(d);
@@ -185,7 +209,7 @@ void dp_destroy(dp_state *d) {
 
 static void gather_post(dp_state *d, int slot, int u) {
     float *dst = u == 0 ? d->gath_emb : d->gath[slot];
-    comm_req r = comm_allgather(d->comm, at(d, BUF_PARAMS, u, d->rank * d->chunk[u]), dst,
+    comm_req r = comm_allgather(d->ucomm[u], at(d, BUF_PARAMS, u, d->urank[u] * d->chunk[u]), dst,
                                 d->chunk[u], COMM_FP32);
     if (u == 0)
         comm_wait(&r);
@@ -203,13 +227,17 @@ static void params_ready(dp_state *d, int u, int next) {
     }
     int slot = d->gath_unit[0] == u ? 0 : d->gath_unit[1] == u ? 1 : -1;
     if (slot < 0) {
-        slot = d->gath_unit[0] == next ? 1 : 0; /* never the slot a prefetch already holds */
+        /* never the slot of a unit in use (a MoE layer's dense and expert units are used
+         * together), else not the one a prefetch already holds */
+        int busy0 = d->gath_unit[0] >= 0 && d->pinned[d->gath_unit[0]];
+        slot = busy0 ? 1 : d->gath_unit[0] == next ? 1 : 0;
         comm_wait(&d->gath_req[slot]);
         gather_post(d, slot, u);
     }
     comm_wait(&d->gath_req[slot]);
     model_set_unit_params(d->m, u, d->gath[slot]);
-    if (next > 0 && next < d->nunits && d->gath_unit[1 - slot] != next) {
+    int other = d->gath_unit[1 - slot];
+    if (next > 0 && next < d->nunits && other != next && !(other >= 0 && d->pinned[other])) {
         comm_wait(&d->gath_req[1 - slot]);
         gather_post(d, 1 - slot, next);
     }
@@ -231,14 +259,14 @@ static void finish_rs(dp_state *d, int k) {
     int u = d->rs[k].unit;
     if (u < 0) return;
     comm_wait(&d->rs[k].req);
-    d->ops->axpy(d->ops, d->g_shard + d->soff[u], 1.0f, d->rs[k].buf + d->rank * d->chunk[u],
+    d->ops->axpy(d->ops, d->g_shard + d->soff[u], 1.0f, d->rs[k].buf + d->urank[u] * d->chunk[u],
                  d->chunk[u]);
     d->rs[k].unit = -1;
 }
 
 static float *unit_grads(dp_state *d, int u) {
     if (d->stage < 2) return d->g_whole + d->uoff[u];
-    return u == 0 ? d->work_emb : d->work[d->wslot];
+    return u == 0 ? d->work_emb : d->work[d->uwork[u]];
 }
 
 static void grads_begin(dp_state *d, int u) {
@@ -250,10 +278,13 @@ static void grads_begin(dp_state *d, int u) {
         d->ops->zero(d->ops, d->work_emb, d->ulen[0] * sizeof(float));
         model_set_unit_grads(d->m, 0, d->work_emb);
     }
-    if (u != 0) {
-        finish_rs(d, d->wslot);
-        d->ops->zero(d->ops, d->work[d->wslot], d->ulen[u] * sizeof(float));
-        model_set_unit_grads(d->m, u, d->work[d->wslot]);
+    if (u != 0) { /* the buffers alternate; a unit keeps its own until its END */
+        int k = d->wslot;
+        d->wslot ^= 1;
+        finish_rs(d, k);
+        d->uwork[u] = k;
+        d->ops->zero(d->ops, d->work[k], d->ulen[u] * sizeof(float));
+        model_set_unit_grads(d->m, u, d->work[k]);
     }
 }
 
@@ -264,29 +295,29 @@ static void grads_end(dp_state *d, int u) {
     if (d->stage >= 2) {
         /* every micro-batch: reduce-scatter in place into this rank's part of the working
          * buffer; finish_rs adds it into the shard when the buffer is needed again */
-        int k = u == 0 ? 2 : d->wslot;
-        d->rs[k].req = comm_reduce_scatter(d->comm, g, g + d->rank * d->chunk[u], d->chunk[u],
-                                           COMM_FP32, COMM_SUM);
+        int k = u == 0 ? 2 : d->uwork[u];
+        d->rs[k].req = comm_reduce_scatter(d->ucomm[u], g, g + d->urank[u] * d->chunk[u],
+                                           d->chunk[u], COMM_FP32, COMM_SUM);
         d->rs[k].unit = u;
         d->rs[k].buf = g;
-        if (u != 0) d->wslot ^= 1;
         return;
     }
     if (!d->last_mb) return;
     if (d->stage == 1) {
-        float *mine = g + d->rank * d->chunk[u];
+        float *mine = g + d->urank[u] * d->chunk[u];
         d->pending[d->npending++] =
-            comm_reduce_scatter(d->comm, g, mine, d->chunk[u], COMM_FP32, COMM_SUM);
+            comm_reduce_scatter(d->ucomm[u], g, mine, d->chunk[u], COMM_FP32, COMM_SUM);
     } else if (d->bucket_lo[u]) {
         int hi = u; /* the bucket runs from u up to the unit before the previous bucket */
         while (hi + 1 < d->nunits && !d->bucket_lo[hi + 1]) hi++;
         size_t count = (size_t)(d->uoff[hi] + d->ulen[hi] - d->uoff[u]);
-        d->pending[d->npending++] = comm_allreduce(d->comm, g, g, count, COMM_FP32, COMM_SUM);
+        d->pending[d->npending++] = comm_allreduce(d->ucomm[u], g, g, count, COMM_FP32, COMM_SUM);
     }
 }
 
 static void on_unit(void *ctx, int u, model_phase ph) {
     dp_state *d = ctx;
+    d->pinned[u] = ph == MODEL_FWD_BEGIN || ph == MODEL_BWD_BEGIN || ph == MODEL_BIN_BEGIN;
     switch (ph) {
     case MODEL_FWD_BEGIN:
         if (d->stage == 3) params_ready(d, u, u + 1);
@@ -352,16 +383,21 @@ double dp_sum(dp_state *d, double x) {
  * split over the tensor-parallel group are summed over it too, replicated ones counted once;
  * the pipeline stages hold disjoint layers (a tied embedding's copy is not counted). */
 double dp_grad_norm(dp_state *d) {
-    double split = 0, repl = 0;
+    double split = 0, repl = 0, experts = 0;
     int part = d->stage >= 1;
     for (int i = 0; i < model_num_params(d->m); i++) {
         int64_t a, b, t0 = piece(d, i, part, &a, &b);
         if (b <= a || model_param_at(d->m, i)->replica) continue;
-        double ss =
-            d->ops->sumsq(d->ops, at(d, BUF_GRADS, model_param_unit(d->m, i), t0 + a), b - a);
-        *(model_param_at(d->m, i)->tp_split ? &split : &repl) += ss;
+        int u = model_param_unit(d->m, i);
+        double ss = d->ops->sumsq(d->ops, at(d, BUF_GRADS, u, t0 + a), b - a);
+        *(model_unit_is_expert(d->m, u)       ? &experts
+          : model_param_at(d->m, i)->tp_split ? &split
+                                              : &repl) += ss;
     }
-    double both[2] = {split, repl};
+    /* experts are replicated over tp: counted once, like the replicated dense tensors; whole
+     * (ZeRO-0) they are held by every expert-dp replica, and the ep group holds the others */
+    if (!part && d->ep) sum_over(d, d->ep, &experts, 1);
+    double both[2] = {split, repl + experts};
     if (part) sum_over(d, d->comm, both, 2);
     sum_over(d, d->mp, both, 1);
     sum_over(d, d->pipe, both, 2);
@@ -385,15 +421,13 @@ void dp_optimizer_step(dp_state *d, double lr, float grad_scale, int64_t step) {
     if (d->stage == 1 || d->stage == 2) { /* everyone needs the whole updated weights */
         for (int u = 0; u < d->nunits; u++) {
             float *unit = d->p_whole + d->uoff[u];
-            d->pending[u] =
-                comm_allgather(d->comm, unit + d->rank * d->chunk[u], unit, d->chunk[u], COMM_FP32);
+            d->pending[u] = comm_allgather(d->ucomm[u], unit + d->urank[u] * d->chunk[u], unit,
+                                           d->chunk[u], COMM_FP32);
         }
         comm_wait_all(d->pending, d->nunits);
     }
     if (d->stage == 3) invalidate_gathered(d);
 }
-
-void dp_set_pipeline(dp_state *d, ust_comm *pipe) { d->pipe = pipe; }
 
 float *dp_grad_piece(dp_state *d, int i, int64_t *n) {
     int64_t a, b, t0 = piece(d, i, d->stage >= 1, &a, &b);

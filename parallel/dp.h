@@ -29,11 +29,19 @@ typedef struct dp_state dp_state;
 
 /* How the model must allocate itself for this stage and group size. */
 model_storage dp_model_storage(const ust_config *cfg, int dp_size);
-/* comm: the group gradients are reduced over (members hold replicas, see different tokens);
- * mp: the group holding the other tensor-parallel shards of this replica (NULL: none), over
- * which the gradient norm is summed and of which only member 0 writes replicated tensors. */
+/* The groups a rank's gradients involve. */
+typedef struct {
+    ust_comm *dense;  /* dense gradients are reduced (and ZeRO-sharded) over it: the replicas
+                         that see different tokens (dp x cp) */
+    ust_comm *expert; /* expert units' gradients: expert-dp x cp (NULL without MoE) */
+    ust_comm *ep;     /* the expert-parallel group: holds the other experts (NULL: none) */
+    ust_comm *mp;     /* the other tensor-parallel shards of this replica (NULL: none): the
+                         norm sums over it, and only its member 0 writes replicated tensors */
+    ust_comm *pipe;   /* the other pipeline stages (NULL: none): the norm sums over it */
+} dp_groups;
+
 int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_arena *arena, model *m,
-              ust_comm *comm, ust_comm *mp, ust_err *e);
+              const dp_groups *groups, ust_err *e);
 void dp_destroy(dp_state *d);
 
 void dp_init_params(dp_state *d, uint64_t seed);
@@ -50,8 +58,6 @@ double dp_sum(dp_state *d, double x); /* all-reduce of one number over the group
 int dp_save(dp_state *d, ckpt_writer *w, ust_err *e);
 int dp_load(dp_state *d, ckpt_reader *r, ust_err *e);
 
-/* Pipeline parallelism: the gradient norm also sums over the stages of this group. */
-void dp_set_pipeline(dp_state *d, ust_comm *pipe);
 /* The gradient the optimizer will read for parameter i on this rank (its ZeRO partition of the
  * tensor, or the whole tensor without sharding) and its length; NULL when it holds none. Valid
  * after dp_finish_grads: tied embeddings sum it with the other pipeline end's copy. */
