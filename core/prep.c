@@ -361,12 +361,9 @@ static int tokenize_all(const prep_args *a, const tok_tokenizer *tok, int nthrea
     int rc = 0, end = 0;
     while (rc == 0 && !end) {
         end = fill_batch(&rd, &b, want, e);
-        if (end < 0) {
-            rc = -1;
-            break;
-        }
-        tokenize_batch(tok, works, nthreads, &b);
-        rc = write_batch(s, &b, eot, vocab, e);
+        if (end < 0) rc = -1;
+        if (rc == 0) tokenize_batch(tok, works, nthreads, &b);
+        if (rc == 0) rc = write_batch(s, &b, eot, vocab, e);
         for (int i = 0; i < b.n; i++) {
             res->ndocs += b.items[i].doc_end;
             free(b.items[i].text);
@@ -374,7 +371,7 @@ static int tokenize_all(const prep_args *a, const tok_tokenizer *tok, int nthrea
         }
         b.n = 0;
         b.bytes = 0;
-        if (a->progress && (now_s() - last > 0.2 || end)) {
+        if (rc == 0 && a->progress && (now_s() - last > 0.2 || end)) {
             progress(&rd, s->n, t0, end && rc == 0);
             last = now_s();
         }
