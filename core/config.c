@@ -911,6 +911,10 @@ static int cfg_validate_parallel(const ust_config *c, ust_err *e) {
             "ranks",
             p->vpp);
     REQUIRE(p->vpp <= 16, "parallel.vpp (%d) must be at most 16", p->vpp);
+    REQUIRE(p->pp == 1 || p->pp_schedule != PP_ZB || m->moe.num_experts == 0,
+            "parallel.pp_schedule: zb does not split a MoE layer's backward into B and W; use "
+            "1f1b or interleaved with model.moe.num_experts = %d",
+            m->moe.num_experts);
     long long per_dp = (long long)c->train.micro_batch_size * p->dp;
     long long mbs = per_dp > 0 ? c->train.global_batch_size / per_dp : 0;
     REQUIRE(p->pp == 1 || p->pp_schedule != PP_INTERLEAVED || mbs % p->pp == 0,

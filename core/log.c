@@ -84,6 +84,17 @@ void log_step_json(ust_log *l, const log_step *s) {
         json_num(l->metrics, "pp_b_ms", s->pp_op_ms[1]);
         json_num(l->metrics, "pp_w_ms", s->pp_op_ms[2]);
     }
+    if (s->moe_n > 0) {
+        fprintf(l->metrics, ",\"moe\":[");
+        for (int i = 0; i < s->moe_n; i++) {
+            fprintf(l->metrics, "%s{\"layer\":%d", i ? "," : "", s->moe_layer[i]);
+            json_num(l->metrics, "load_max", s->moe_load_max[i]);
+            json_num(l->metrics, "load_mean", s->moe_load_mean[i]);
+            json_num(l->metrics, "dropped", s->moe_dropped[i]);
+            fputc('}', l->metrics);
+        }
+        fputc(']', l->metrics);
+    }
     if (!isnan(s->val_loss)) json_num(l->metrics, "val_loss", s->val_loss);
     if (s->skipped) fprintf(l->metrics, ",\"skipped\":true");
     fprintf(l->metrics, "}\n");

@@ -6,6 +6,8 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#define LOG_MAX_MOE 64
+
 typedef struct {
     int64_t step, steps;
     double loss, lr, grad_norm, tokens_per_s, mfu, ms, eta_s;
@@ -20,6 +22,10 @@ typedef struct {
     double pp_bubble_analytic; /* (p - 1) / (v * m) */
     double pp_bubble_sim;      /* the schedule's timeline with this step's mean op times */
     double pp_op_ms[3];        /* those mean F, B, W times (averaged over the stages) */
+    /* MoE layers of this rank: tokens routed to the busiest expert, the mean, dropped fraction */
+    int moe_n;
+    int moe_layer[LOG_MAX_MOE];
+    double moe_load_max[LOG_MAX_MOE], moe_load_mean[LOG_MAX_MOE], moe_dropped[LOG_MAX_MOE];
     int skipped;                                       /* step skipped by on_nan: skip */
 } log_step;
 

@@ -10,6 +10,7 @@
 
 #include "error.h"
 #include "cp.h"
+#include "moe.h"
 #include "rng.h"
 #include "tp.h"
 
@@ -39,6 +40,7 @@ typedef struct {
     float **xs;      /* layers+1 residual tensors (Nl,C): xs[i] is layer lo+i's input */
     layer_acts *la;  /* one set per layer (NULL under full recompute: the shared scratch) */
     layer_wsave *ws; /* zb only: one per layer */
+    moe_acts *ma;    /* MoE layers: one per layer of the chunk (dense layers leave it unset) */
     float *lnf, *lnf_mean, *lnf_rstd, *logits; /* head chunk: (Nl,C) (Nl) (Nl) (N,Vl) */
     float *dlnf;  /* head chunk under zb: the final norm's output gradient (Nl,C) */
     int32_t *tok; /* embedding chunk: the token ids */
@@ -94,7 +96,16 @@ struct model {
     float *g_wte, *g_wpe, *g_lnf_w, *g_lnf_b, *g_lm;
 
     layer_acts scratch; /* full recompute: the one set every layer rebuilds into */
-    float *losses;      /* (N) */
+
+    /* mixture of experts: the MLP of layers moe_layer_is_moe */
+    moe_ctx moe;
+    moe_weights *mw, *mg; /* per global layer (MoE layers only) */
+    moe_stats *mstats;    /* per global layer: the last forward's load and losses */
+    int has_moe, ep_rank, ep_size, listing;
+    int in_experts;  /* building the table: the current unit holds experts */
+    double moe_loss; /* weighted aux + z losses of the forwards since the last take */
+    float moe_scale; /* each micro-batch's share of the step's MoE loss */
+    float *losses;   /* (N) */
     float *dtmp, *dln, *dq, *dk, *dv, *datt, *dgate, *dup, *dact;
     float *dnorm; /* 2C: a norm's weight (and bias) gradient before the sp reduction */
     int32_t *tgt, *pos;
@@ -147,6 +158,32 @@ static void add_param(model *m, const char *name, int64_t rows, int64_t cols, in
     m->nparams++;
 }
 
+static void end_unit(model *m, int64_t min_len);
+
+static int is_moe(const model *m, int l) { return m->has_moe && moe_layer_is_moe(m->cfg, l); }
+
+/* MoE tensors stay whole (never tensor-split); the experts open a unit of their own, which is
+ * reduced over expert-dp x cp instead of dp x cp. */
+static void add_moe_param(void *ctx, const moe_param *q) {
+    model *m = ctx;
+    if (q->expert >= 0 && !m->in_experts) {
+        end_unit(m, 0);
+        m->unit_expert[m->cur_unit] = 1;
+        m->in_experts = 1;
+    }
+    add_param(m, q->name, q->rows, q->cols, SPLIT_NONE, q->decay, q->init_std, q->init_value, q->p,
+              q->g);
+}
+
+static void add_moe_params(model *m, int l) {
+    m->in_experts = 0;
+    if (m->listing) /* the whole model's list: every expert */
+        moe_enum_params(m->cfg, l, 1, 0, NULL, NULL, add_moe_param, m);
+    else
+        moe_enum_params(m->cfg, l, m->ep_size, m->ep_rank, &m->mw[l], &m->mg[l], add_moe_param, m);
+    m->in_experts = 0;
+}
+
 static void add_layer_params(model *m, int l) {
     char n[CKPT_NAME_MAX];
     layer_w *w = &m->lw[l], *g = &m->lg[l];
@@ -170,6 +207,7 @@ static void add_layer_params(model *m, int l) {
     if (gpt2) { P("self_attn.o_proj.bias", 1, C, N0, 0, 0, 0, bo); }
     P("post_attention_layernorm.weight", 1, C, N0, 0, 0, 1, ln2_w);
     if (gpt2) { P("post_attention_layernorm.bias", 1, C, N0, 0, 0, 0, ln2_b); }
+    if (is_moe(m, l)) { add_moe_params(m, l); return; }
     if (!gpt2) { P("mlp.gate_proj.weight", F, C, R, 1, std, 0, wg); }
     P("mlp.up_proj.weight", F, C, R, 1, std, 0, wu);
     if (gpt2) { P("mlp.up_proj.bias", 1, F, CO, 0, 0, 0, bu); }
@@ -234,10 +272,12 @@ static void build_param_table(model *m) {
         model_chunk *ch = &m->chunks[c];
         ch->unit0 = m->nunits;
         ch->nunits = ch->embed + (ch->hi - ch->lo) + ch->head;
+        for (int l = ch->lo; l < ch->hi; l++) ch->nunits += is_moe(m, l); /* + its experts */
         m->nunits += ch->nunits;
     }
     m->unit_off = calloc(m->nunits, sizeof *m->unit_off);
     m->unit_len = calloc(m->nunits, sizeof *m->unit_len);
+    m->unit_expert = calloc(m->nunits, sizeof *m->unit_expert);
     for (int c = 0; c < m->nchunks; c++) {
         const model_chunk *ch = &m->chunks[c];
         if (ch->embed) add_embed_unit(m);
@@ -253,6 +293,7 @@ static void build_param_table(model *m) {
  * holds): the parameter table of a one-chunk model, of which only the names and shapes count. */
 static void list_all_tensors(model *m) {
     model t = *m;
+    t.listing = 1;
     t.params = NULL, t.targets = NULL, t.param_unit = NULL;
     t.nparams = t.cap = 0, t.numel = 0, t.cur_unit = 0;
     t.tied_copy = 0;
@@ -265,6 +306,7 @@ static void list_all_tensors(model *m) {
     m->all = calloc(t.nparams, sizeof *m->all);
     for (int i = 0; i < t.nparams; i++) m->all[i] = t.params[i].whole;
     free(t.params), free(t.targets), free(t.param_unit), free(t.unit_off), free(t.unit_len);
+    free(t.unit_expert);
     free(t.lw), free(t.lg);
 }
 
@@ -315,6 +357,11 @@ static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *
         s->la = calloc(nl, sizeof *s->la);
         for (int i = 0; i < nl; i++) alloc_layer_acts(m, a, &s->la[i], shared);
     }
+    if (m->has_moe) {
+        s->ma = calloc(nl, sizeof *s->ma);
+        for (int i = 0; i < nl; i++)
+            if (is_moe(m, ch->lo + i)) moe_acts_init(&m->moe, &s->ma[i], a);
+    }
     if (m->zb) {
         s->ws = calloc(nl, sizeof *s->ws);
         for (int i = 0; i < nl; i++) alloc_wsave(m, a, &s->ws[i]);
@@ -362,6 +409,27 @@ int model_create(model **out, const ust_config *cfg, const ust_ops *ops, ust_are
     return model_create_with(out, cfg, ops, arena, &st, e);
 }
 
+/* The MoE layers' shared context and weight tables. Every tensor-parallel rank runs the MoE
+ * layers on all tokens of the micro-batch (gathered under sp), so their results and gradients
+ * agree over tp; the aux-loss statistics are summed over the cp shards. */
+static void init_moe(model *m, ust_arena *arena, const model_storage *st) {
+    m->has_moe = 1;
+    m->ep_size = st->ep_comm ? comm_size(st->ep_comm) : 1;
+    m->ep_rank = st->ep_comm ? comm_rank(st->ep_comm) : 0;
+    moe_groups g = {.ep_comm = st->ep_comm, .stats_comm = {st->cp_comm, NULL}};
+    moe_init(&m->moe, m->cfg, m->ops, arena, m->B * m->T, &g);
+    m->mw = calloc(m->L, sizeof *m->mw);
+    m->mg = calloc(m->L, sizeof *m->mg);
+    m->mstats = calloc(m->L, sizeof *m->mstats);
+    for (int l = 0; l < m->L; l++)
+        if (is_moe(m, l))
+            moe_weights_init(&m->mw[l], &m->moe), moe_weights_init(&m->mg[l], &m->moe);
+    /* the step's loss adds each micro-batch's MoE loss averaged over the step's micro-batches
+     * (DESIGN.md section 4); the cp shards of a micro-batch share its statistics, so one of
+     * them counts the value (all of them its gradient, through their own tokens) */
+    m->moe_scale = 1.0f / (float)(cfg_grad_accum(m->cfg) * m->cfg->parallel.dp);
+}
+
 /* This rank's chunks: stage c*p + r for c < v, each n_layer / (p*v) layers or as
  * parallel.pp_layers says. */
 static void plan_chunks(model *m, const model_storage *st) {
@@ -388,11 +456,6 @@ int model_create_with(model **out, const ust_config *cfg, const ust_ops *ops, us
                       const model_storage *st, ust_err *e) {
     UST_ASSERT(st->unit_pad >= 16 && st->unit_pad % 16 == 0, "unit_pad %lld",
                (long long)st->unit_pad);
-    if (cfg->model.moe.num_experts > 0)
-        return ust_errf(e,
-                        "model.moe.num_experts = %d: mixture-of-experts layers are not "
-                        "available in this build yet (use 0)",
-                        cfg->model.moe.num_experts);
     model *m = calloc(1, sizeof *m);
     if (!m) return ust_errf(e, "out of memory creating the model");
     m->cfg = cfg;
@@ -431,6 +494,7 @@ int model_create_with(model **out, const ust_config *cfg, const ust_ops *ops, us
     m->Nl = tp_rows(m->tp, m->B * m->T);
     m->unit_pad = st->unit_pad;
     plan_chunks(m, st);
+    if (cfg->model.moe.num_experts > 0) init_moe(m, arena, st);
     m->lw = calloc(m->L, sizeof *m->lw);
     m->lg = calloc(m->L, sizeof *m->lg);
     build_param_table(m);
@@ -459,11 +523,19 @@ void model_destroy(model *m) {
     for (int c = 0; c < m->nchunks; c++) {
         for (int k = 0; k < m->chunks[c].nslots; k++) {
             act_slot *s = &m->chunks[c].slots[k];
-            free(s->xs), free(s->la), free(s->ws);
+            for (int i = 0; s->ma && i < m->chunks[c].hi - m->chunks[c].lo; i++)
+                if (is_moe(m, m->chunks[c].lo + i)) moe_acts_free(&s->ma[i]);
+            free(s->xs), free(s->la), free(s->ws), free(s->ma);
         }
         free(m->chunks[c].slots);
     }
     free(m->chunks);
+    if (m->has_moe) {
+        for (int l = 0; l < m->L; l++)
+            if (is_moe(m, l)) moe_weights_free(&m->mw[l]), moe_weights_free(&m->mg[l]);
+        moe_free(&m->moe);
+    }
+    free(m->mw), free(m->mg), free(m->mstats), free(m->unit_expert);
     free(m->cp.pos_host);
     free(m->cp.block_pairs);
     free(m);
@@ -613,7 +685,24 @@ static void mlp_activation(model *m, layer_acts *a) {
 }
 
 /* x_in, x_out: (B,T,C). Pre-norm block: res2 = x + attn(norm1(x)); out = res2 + mlp(norm2(res2)) */
-static void layer_forward(model *m, int l, const float *x_in, float *x_out, layer_acts *a) {
+/* This rank's rows of a (N,C) tensor every tensor-parallel rank holds whole. */
+static float *local_rows(const model *m, float *p) {
+    return tp_sp(m->tp) ? p + (int64_t)m->tp->rank * m->Nl * m->C : p;
+}
+
+/* The MoE MLP: y (N,C) from every token on every tensor-parallel rank; this rank's rows join
+ * the residual. */
+static void moe_mlp_forward(model *m, int l, float *x_out, const layer_acts *a, moe_acts *ma,
+                            moe_stats *st) {
+    const float *ln2 = tp_gather(m->tp, a->ln2);
+    moe_forward(&m->moe, ma, &m->mw[l], m->dln, ln2, st); /* dln: scratch, free in forward */
+    int64_t NlC = (int64_t)m->Nl * m->C;
+    m->ops->copy(m->ops, x_out, local_rows(m, m->dln), (size_t)NlC * sizeof(float));
+    m->ops->axpy(m->ops, x_out, 1.0f, a->res2, NlC);
+}
+
+static void layer_forward(model *m, int l, const float *x_in, float *x_out, layer_acts *a,
+                          moe_acts *ma, moe_stats *st) {
     const ust_ops *o = m->ops;
     const layer_w *w = &m->lw[l];
     int N = m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D;
@@ -630,6 +719,10 @@ static void layer_forward(model *m, int l, const float *x_in, float *x_out, laye
     tp_row_linear_fwd(m->tp, a->res2, a->att, w->wo, w->bo, N, HD, C);
     o->axpy(o, a->res2, 1.0f, x_in, (int64_t)m->Nl * C);
     norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b);
+    if (is_moe(m, l)) {
+        moe_mlp_forward(m, l, x_out, a, ma, st);
+        return;
+    }
     const float *ln2 = tp_gather(m->tp, a->ln2);
     if (m->llama) o->linear_fwd(o, a->gate, ln2, w->wg, NULL, N, C, m->F);
     o->linear_fwd(o, a->up, ln2, w->wu, w->bu, N, C, m->F);
@@ -667,10 +760,18 @@ double model_chunk_forward(model *m, int c, int slot, const int32_t *inputs, con
         hook(m, u++, MODEL_FWD_END);
     }
     for (int l = ch->lo; l < ch->hi; l++) {
-        int i = l - ch->lo;
+        int i = l - ch->lo, moe = is_moe(m, l); /* a MoE layer: units u and u+1 (experts) */
+        moe_stats st;
         hook(m, u, MODEL_FWD_BEGIN);
-        layer_forward(m, l, s->xs[i], s->xs[i + 1], acts_of(m, s, i));
-        hook(m, u++, MODEL_FWD_END);
+        if (moe) hook(m, u + 1, MODEL_FWD_BEGIN);
+        layer_forward(m, l, s->xs[i], s->xs[i + 1], acts_of(m, s, i), moe ? &s->ma[i] : NULL, &st);
+        if (moe) {
+            hook(m, u + 1, MODEL_FWD_END);
+            m->mstats[l] = st;
+            if (dscale > 0 && m->cp.rank == 0) m->moe_loss += st.loss * m->moe_scale;
+        }
+        hook(m, u, MODEL_FWD_END);
+        u += 1 + moe;
     }
     if (!ch->head) return 0;
     o->to_device(o, m->tgt, targets, N * sizeof(int32_t));
@@ -711,16 +812,26 @@ static void save(model *m, float *dst, const float *src, int64_t n) {
 /* dx: (B,T,C) holds d loss / d x_out on entry and d loss / d x_in on exit. With ws (zb's B) no
  * weight gradient is computed: each linear's output gradient is kept in ws for W instead. */
 static void layer_backward(model *m, int l, const float *x_in, float *dx, layer_acts *a,
-                           layer_wsave *ws) {
+                           moe_acts *ma, layer_wsave *ws) {
     const ust_ops *o = m->ops;
     const layer_w *w = &m->lw[l];
     layer_w none = {0}, *g = ws ? &none : &m->lg[l];
     int N = m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D, F = m->F;
     int64_t NC = (int64_t)N * C, NF = (int64_t)N * F, NlC = (int64_t)m->Nl * C;
+    UST_ASSERT(!ws || !is_moe(m, l), "zero-bubble B/W split of a MoE layer");
+    const float *gdx;
+    float *dln;
+    if (is_moe(m, l)) { /* every tp rank: all tokens; its own rows of the input gradient */
+        gdx = tp_gather_grad(m->tp, dx);
+        moe_backward(&m->moe, ma, &m->mw[l], &m->mg[l], m->dln, gdx, tp_gather(m->tp, a->ln2),
+                     m->moe_scale, 0);
+        dln = local_rows(m, m->dln);
+        goto norm2;
+    }
     if (m->recompute == RECOMPUTE_SELECTIVE && !ws) mlp_activation(m, a);
 
     /* MLP: out = res2 + act @ wd^T + bd */
-    const float *gdx = tp_gather_grad(m->tp, dx);
+    gdx = tp_gather_grad(m->tp, dx);
     if (ws) save(m, ws->gmlp, gdx, NC);
     o->linear_bwd(o, m->dact, g->wd, g->bd, gdx, a->act, w->wd, N, F, C, 0);
     const float *ln2 = tp_gather(m->tp, a->ln2); /* sp: gathered again rather than kept */
@@ -735,7 +846,8 @@ static void layer_backward(model *m, int l, const float *x_in, float *dx, layer_
     }
     if (ws) save(m, ws->dup, m->dup, NF);
     /* the MLP's input is shared by the group: its gradient is summed */
-    float *dln = tp_reduce_grad(m->tp, m->dln);
+    dln = tp_reduce_grad(m->tp, m->dln);
+norm2:
     if (ws) {
         save(m, ws->dln2, dln, NlC);
         norm_backward_input(m, m->dtmp, dln, a->res2, w->ln2_w, a->ln2_mean, a->ln2_rstd);
@@ -836,13 +948,19 @@ void model_chunk_backward(model *m, int c, int slot, int input_only) {
         hook(m, u--, end);
     }
     for (int l = ch->hi - 1; l >= ch->lo; l--) {
-        int i = l - ch->lo;
-        hook(m, u, begin);
+        int i = l - ch->lo, moe = is_moe(m, l), ua = u - moe; /* MoE: ua dense, u experts */
+        moe_acts *ma = moe ? &s->ma[i] : NULL;
+        hook(m, ua, begin);
+        if (moe) hook(m, u, begin);
         /* full recompute: rebuild this layer's activations from its saved input */
-        if (m->recompute == RECOMPUTE_FULL)
-            layer_forward(m, l, s->xs[i], s->xs[i + 1], &m->scratch);
-        layer_backward(m, l, s->xs[i], dx, acts_of(m, s, i), input_only ? &s->ws[i] : NULL);
-        hook(m, u--, end);
+        if (m->recompute == RECOMPUTE_FULL) {
+            moe_stats again;
+            layer_forward(m, l, s->xs[i], s->xs[i + 1], &m->scratch, ma, &again);
+        }
+        layer_backward(m, l, s->xs[i], dx, acts_of(m, s, i), ma, input_only ? &s->ws[i] : NULL);
+        if (moe) hook(m, u, end);
+        hook(m, ua, end);
+        u = ua - 1;
     }
     if (ch->embed) {
         hook(m, u, begin);
@@ -886,6 +1004,26 @@ const ckpt_tensor *model_all_tensors(const model *m, int *n) {
 }
 
 int model_tied_local(const model *m) { return m->tied_local; }
+
+double model_take_moe_loss(model *m) {
+    double x = m->moe_loss;
+    m->moe_loss = 0;
+    return x;
+}
+
+int model_moe_stats(const model *m, int *layers, double *load_max, double *load_mean,
+                    double *dropped, int max) {
+    int n = 0;
+    for (int c = 0; c < m->nchunks; c++)
+        for (int l = m->chunks[c].lo; l < m->chunks[c].hi && n < max; l++)
+            if (is_moe(m, l)) {
+                layers[n] = l;
+                load_max[n] = m->mstats[l].load_max;
+                load_mean[n] = m->mstats[l].load_mean;
+                dropped[n++] = m->mstats[l].dropped_frac;
+            }
+    return n;
+}
 
 int model_unit_is_expert(const model *m, int unit) {
     return m->unit_expert && m->unit_expert[unit];

@@ -74,6 +74,7 @@ typedef struct {
     int pp_rank, pp_size, vpp;
     int slots[MODEL_MAX_CHUNKS]; /* micro-batches in flight per chunk (activation sets; 0 = 1) */
     int zb; /* keep what deferred weight gradients need (zero-bubble schedules) */
+    struct ust_comm *ep_comm; /* expert parallelism: the group holding the other experts */
 } model_storage;
 
 int model_create(model **out, const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
@@ -145,6 +146,14 @@ void model_chunk_weight_grad(model *m, int chunk, int slot);
 const ckpt_tensor *model_all_tensors(const model *m, int *n);
 /* Tied embeddings whose embedding and head are both on this rank (one tensor serves both). */
 int model_tied_local(const model *m);
+/* The MoE losses (aux_loss_coef * aux + z_loss_coef * z, each micro-batch's averaged over the
+ * step's micro-batches of the whole batch) of the training forwards since the last call; summed
+ * over the dp x cp group and the pipeline it is the step's share of the loss. */
+double model_take_moe_loss(model *m);
+/* This rank's MoE layers and their last forward's load: most tokens routed to one expert, the
+ * mean, the dropped fraction. Returns how many (at most max). */
+int model_moe_stats(const model *m, int *layers, double *load_max, double *load_mean,
+                    double *dropped, int max);
 /* The unit holds a MoE layer's experts: its gradients are reduced over expert-dp x cp. */
 int model_unit_is_expert(const model *m, int unit);
 

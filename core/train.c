@@ -48,6 +48,7 @@ typedef struct {
     model *m;
     dp_state *dp;
     pp_state *pp; /* pipeline executor (NULL without pipeline parallelism) */
+    int has_moe;  /* the model has mixture-of-experts layers */
     ust_dataset *train, *val;
     ust_log log;
     int32_t *samples, *inputs, *targets; /* host: B x (T+1), B x Tl, B x Tl */
@@ -290,7 +291,9 @@ static double forward_backward_pipeline(trainer *t) {
     double loss_sum = pp_train_step(t->pp, &cb, 1.0f / (float)(G * T));
     dp_finish_grads(t->dp);
     sync_tied_grads(t);
-    return dp_sum(t->dp, pp_sum(t->pp, loss_sum)) / (double)(G * T);
+    double moe = model_take_moe_loss(t->m);
+    if (t->has_moe) moe = dp_sum(t->dp, pp_sum(t->pp, moe));
+    return dp_sum(t->dp, pp_sum(t->pp, loss_sum)) / (double)(G * T) + moe;
 }
 
 /* Forward and backward over this rank's micro-batches of the step; returns the global-batch
@@ -312,7 +315,8 @@ static double forward_backward(trainer *t) {
         model_backward(t->m);
     }
     dp_finish_grads(t->dp);
-    return dp_sum(t->dp, loss_sum) / (double)(G * T);
+    double moe = model_take_moe_loss(t->m); /* 0 without MoE layers */
+    return dp_sum(t->dp, loss_sum) / (double)(G * T) + (t->has_moe ? dp_sum(t->dp, moe) : 0);
 }
 
 static double validation_loss(trainer *t) {
@@ -348,12 +352,6 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, ust_err *e)
     if (cfg->run.device == DEV_CPU && cfg->train.precision == PREC_BF16)
         return ust_errf(e, "train.precision = bf16: the CPU backend computes in fp32 only; use "
                            "fp32, or run.device: cuda");
-    /* the layout keys are validated for every dimension; training refuses the ones it cannot
-     * run yet rather than silently computing something else */
-    const struct {
-        const char *key;
-        int value;
-    } pending[] = {{"parallel.ep", cfg->parallel.ep}};
     int cp = cfg->parallel.cp;
     if (cfg->parallel.sp &&
         cfg->train.micro_batch_size * (cfg->train.seq_len / cp) % cfg->parallel.tp != 0)
@@ -361,13 +359,6 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, ust_err *e)
                         "parallel.sp: the %d x %d tokens a rank holds of a micro-batch do not "
                         "split over parallel.tp = %d ranks",
                         cfg->train.micro_batch_size, cfg->train.seq_len / cp, cfg->parallel.tp);
-    for (size_t i = 0; i < sizeof pending / sizeof pending[0]; i++)
-        if (pending[i].value != 1)
-            return ust_errf(e,
-                            "%s = %d: this build trains data-, tensor-, pipeline- and "
-                            "context-parallel layouts only (expert parallelism is not available "
-                            "yet); set %s: 1",
-                            pending[i].key, pending[i].value, pending[i].key);
     if (open_data(t, e)) return -1;
     if (cfg->checkpoint.every > 0 && fs_mkdir_p(cfg->checkpoint.dir, e)) return -1;
     if (cfg->run.device == DEV_CUDA) {
@@ -383,6 +374,7 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, ust_err *e)
     ust_comm *dp_comm = rt->topo.comm[TOPO_DPCP], *tp_comm = rt->topo.comm[TOPO_TP];
     ust_comm *cp_comm = rt->topo.comm[TOPO_CP];
     t->Tl = cfg->train.seq_len / cp;
+    t->has_moe = cfg->model.moe.num_experts > 0;
     t->positions = malloc(t->Tl * sizeof(int32_t));
     cp_layout_positions(cfg->parallel.cp_layout, cfg->train.seq_len, cp, comm_rank(cp_comm),
                         t->positions);
@@ -391,6 +383,7 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, ust_err *e)
     model_storage st = dp_model_storage(cfg, comm_size(dp_comm));
     st.tp = &t->tp;
     st.cp_comm = cp_comm;
+    st.ep_comm = cfg->parallel.ep > 1 ? rt->topo.comm[TOPO_EP] : NULL;
     pps_schedule sched = {0};
     if (cfg->parallel.pp > 1) {
         if (pp_plan(cfg, rt->topo.me.pp, &sched, st.slots, e)) return -1;
@@ -530,6 +523,8 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
                       .skipped = !finite,
                       .comm_bytes_dp = dp_bytes_sent(t->dp)}; /* before validation's gathers */
         measure_step(t, &mark, fpt, peak, &s);
+        s.moe_n = model_moe_stats(t->m, s.moe_layer, s.moe_load_max, s.moe_load_mean, s.moe_dropped,
+                                  LOG_MAX_MOE);
         if (t->pp) {
             pp_stats ps = pp_last_step_stats(t->pp);
             s.pp_bubble = ps.bubble;
