@@ -134,8 +134,8 @@ else
 fi
 expect_exit data_prep_missing_input_exits_2 2 "no_such_file" -- $UST data prep --out $TMP/prep2 $TMP/no_such_file.txt
 
-# --- dimensions this build cannot train yet are refused, not silently ignored
-expect_exit pp_refused_exits_2 2 "parallel.pp = 2" -- scripts/ustrun --nproc-per-node 2 $UST train "$C" --set parallel.pp=2 --set checkpoint.every=0
+# --- layouts that cannot split the model are refused before training, on every rank
+expect_exit pp_split_refused_in_train_exits_2 2 "must be divisible by parallel.pp" -- scripts/ustrun --nproc-per-node 3 $UST train "$C" --set parallel.pp=3 --set checkpoint.every=0
 expect_exit world_mismatch_in_train_exits_2 2 "world has 1 ranks" -- $UST train "$C" --set parallel.dp=2 --set checkpoint.every=0
 
 # --- validate --schedule prints every pipeline rank's actions and the simulated bubble
