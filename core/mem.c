@@ -1,6 +1,7 @@
 #include "mem.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "error.h"
@@ -13,7 +14,11 @@ void mem_init(ust_arena *a, const ust_ops *ops) {
 void *mem_alloc(ust_arena *a, mem_cat cat, size_t bytes) {
     UST_ASSERT(!a->frozen, "allocation of %zu bytes after setup (category %s)", bytes,
                mem_cat_name(cat));
-    UST_ASSERT(a->nblocks < (int)(sizeof a->blocks / sizeof a->blocks[0]), "too many blocks");
+    if (a->nblocks == a->cap) {
+        a->cap = a->cap ? 2 * a->cap : 256;
+        a->blocks = realloc(a->blocks, (size_t)a->cap * sizeof *a->blocks);
+        UST_ASSERT(a->blocks, "out of host memory for %d arena blocks", a->cap);
+    }
     if (bytes == 0) bytes = 64;
     void *p = a->ops->alloc(a->ops, bytes);
     a->blocks[a->nblocks++] = p;
@@ -28,6 +33,9 @@ void mem_freeze(ust_arena *a) { a->frozen = 1; }
 void mem_release(ust_arena *a) {
     for (int i = 0; i < a->nblocks; i++) a->ops->free(a->ops, a->blocks[i]);
     a->nblocks = 0;
+    free(a->blocks);
+    a->blocks = NULL;
+    a->cap = 0;
     a->total = 0;
     memset(a->bytes, 0, sizeof a->bytes);
     a->frozen = 0;

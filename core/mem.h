@@ -16,8 +16,8 @@ typedef struct {
     size_t bytes[MEM_NCAT];
     size_t total, peak;
     int frozen;
-    void *blocks[4096];
-    int nblocks;
+    void **blocks; /* every allocation, to free them (grows as needed) */
+    int nblocks, cap;
 } ust_arena;
 
 void mem_init(ust_arena *a, const ust_ops *ops);

@@ -314,7 +314,8 @@ static void list_all_tensors(model *m) {
 
 #define A(n) ((float *)mem_alloc(a, MEM_ACTS, (size_t)(n) * sizeof(float)))
 
-static void alloc_layer_acts(model *m, ust_arena *a, layer_acts *x, float *shared_act) {
+/* mlp: the dense MLP's buffers too (a MoE layer keeps its own in moe_acts) */
+static void alloc_layer_acts(model *m, ust_arena *a, layer_acts *x, float *shared_act, int mlp) {
     int64_t N = (int64_t)m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D, F = m->F;
     int64_t Nl = m->Nl;
     x->ln1 = A(Nl * C);
@@ -329,6 +330,7 @@ static void alloc_layer_acts(model *m, ust_arena *a, layer_acts *x, float *share
     x->ln2 = A(Nl * C);
     x->ln2_mean = A(Nl);
     x->ln2_rstd = A(Nl);
+    if (!mlp) return;
     x->gate = m->llama ? A(N * F) : NULL;
     x->up = A(N * F);
     x->act = shared_act ? shared_act : A(N * F);
@@ -355,7 +357,8 @@ static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *
     for (int i = 0; i <= nl; i++) s->xs[i] = A(Nl * C);
     if (m->recompute != RECOMPUTE_FULL) {
         s->la = calloc(nl, sizeof *s->la);
-        for (int i = 0; i < nl; i++) alloc_layer_acts(m, a, &s->la[i], shared);
+        for (int i = 0; i < nl; i++)
+            alloc_layer_acts(m, a, &s->la[i], shared, !is_moe(m, ch->lo + i));
     }
     if (m->has_moe) {
         s->ma = calloc(nl, sizeof *s->ma);
@@ -381,7 +384,7 @@ static void alloc_activations(model *m, ust_arena *a) {
     int64_t N = (int64_t)m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D, F = m->F;
     int64_t wide = HD > F ? HD : F;
     float *shared = m->recompute == RECOMPUTE_SELECTIVE ? A(N * F) : NULL;
-    if (m->recompute == RECOMPUTE_FULL) alloc_layer_acts(m, a, &m->scratch, shared);
+    if (m->recompute == RECOMPUTE_FULL) alloc_layer_acts(m, a, &m->scratch, shared, 1);
     for (int c = 0; c < m->nchunks; c++) {
         model_chunk *ch = &m->chunks[c];
         ch->slots = calloc(ch->nslots, sizeof *ch->slots);

@@ -165,6 +165,16 @@ static int64_t acts_floats(int llama, int shared, int64_t N, int64_t E, int64_t 
     return n;
 }
 
+int64_t moe_ctx_bytes(const ust_config *cfg, int N, int ep_size) {
+    const __typeof__(cfg->model.moe) *c = &cfg->model.moe;
+    int64_t A = (int64_t)N * c->top_k, C = cfg->model.d_model, E = c->num_experts;
+    int64_t R = A * ep_size, Fe = c->d_ff_expert, ep1 = ep_size == 1;
+    int64_t n = 2 * N * E + A + N * C + (ep1 ? 0 : A * C + 2 * R * C) + A * C + R * C + 3 * R * Fe +
+                E + 2 * E + 3;    /* as moe_init carves them */
+    if (!ep1) n += 2 * E + R * C; /* ep_init's counts and staging rows */
+    return n * 4;
+}
+
 void moe_acts_init(moe_ctx *m, moe_acts *a, ust_arena *arena) {
     memset(a, 0, sizeof *a);
     int64_t N = m->N, A = N * m->k, C = m->C, Fe = m->Fe, R = m->R;

@@ -149,6 +149,8 @@ void moe_weights_init(moe_weights *w, const moe_ctx *m);
 void moe_weights_free(moe_weights *w);
 void moe_acts_init(moe_ctx *m, moe_acts *a, ust_arena *arena);
 void moe_acts_free(moe_acts *a); /* host memory */
+/* Bytes moe_init (with its ep_init) takes from the arena (for the memory plan). */
+int64_t moe_ctx_bytes(const ust_config *cfg, int N, int ep_size);
 /* Bytes moe_acts_init takes from the arena per layer (for the memory plan). */
 int64_t moe_acts_bytes(const ust_config *cfg, int N, int ep_size);
 

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include "log.h"
+#include "moe.h"
 #include "pp_schedule.h" /* pure: the schedule decides how many micro-batches a stage holds */
 
 static int64_t r16(int64_t x) { return (x + 15) / 16 * 16; }
@@ -34,7 +35,23 @@ static shapes shapes_of(const ust_config *c) {
 typedef struct {
     int64_t emb, layer, head, total, n_params;
     int64_t tied_copy; /* tied embeddings over a pipeline: the last stage's head unit */
+    int64_t moe_dense, moe_experts; /* a MoE layer's two units (attention, router, shared expert;
+                                       this rank's experts) */
 } unit_sizes;
+
+/* Counts a MoE layer's tensors as the model lays them out (16-float aligned) and whole. */
+typedef struct {
+    int64_t dense, experts, whole;
+} moe_count;
+
+static void count_moe_param(void *ctx, const moe_param *q) {
+    moe_count *k = ctx;
+    *(q->expert >= 0 ? &k->experts : &k->dense) += r16(q->rows * q->cols);
+}
+
+static void count_moe_whole(void *ctx, const moe_param *q) {
+    ((moe_count *)ctx)->whole += q->rows * q->cols;
+}
 
 static unit_sizes units(const ust_config *c) {
     shapes s = shapes_of(c);
@@ -62,10 +79,25 @@ static unit_sizes units(const ust_config *c) {
         u.tied_copy = u.emb > head ? u.emb : head;
         u.emb = u.tied_copy;
     }
-#undef PAD
-    u.total = u.emb + s.L * u.layer + u.head;
+    u.total = 0; /* per pipeline rank: plan_stage */
     u.n_params = s.Vp * C + (s.gpt2 ? s.maxT * C : 0) + s.L * whole + (s.gpt2 ? 2 * C : C) +
                  (s.tied ? 0 : s.Vp * C);
+    u.moe_dense = u.moe_experts = 0;
+    if (c->model.moe.num_experts > 0) {
+        /* a MoE layer: the attention half of a layer, then the MoE tensors (whole: no tp) */
+        int64_t attn = 0, attn_whole = 0, mlp = s.gpt2 ? 4 : 3;
+        for (size_t i = 0; i + mlp < count; i++) attn += r16(list[i]), attn_whole += list[i];
+        int64_t arepl = s.gpt2 ? 5 * C : 2 * C; /* norms (+ biases), o_proj's bias */
+        attn_whole = (attn_whole - arepl) * t + arepl;
+        moe_count k = {0}, w = {0};
+        moe_enum_params(c, 0, c->parallel.ep, 0, NULL, NULL, count_moe_param, &k);
+        moe_enum_params(c, 0, 1, 0, NULL, NULL, count_moe_whole, &w);
+        u.moe_dense = PAD(attn + k.dense);
+        u.moe_experts = PAD(k.experts);
+        for (int l = 0; l < s.L; l++)
+            if (moe_layer_is_moe(c, l)) u.n_params += attn_whole + w.whole - whole;
+    }
+#undef PAD
     return u;
 }
 
@@ -95,6 +127,7 @@ static int64_t parallel_scratch(const ust_config *c, const shapes *s, int64_t *c
  * the schedule itself). Without a pipeline: the whole model, one set. */
 typedef struct {
     int64_t total, first, big, slot_acts;
+    int64_t experts; /* of total: expert units (sharded over expert-dp x cp) */
 } stage_plan;
 
 static stage_plan plan_stage(const ust_config *c, const shapes *s, const unit_sizes *u, int r) {
@@ -114,24 +147,40 @@ static stage_plan plan_stage(const ust_config *c, const shapes *s, const unit_si
                                                                 : layer_act_floats(s, 1);
     int64_t wsave = 2 * N * C + (s->llama ? 2 : 1) * N * s->F + 2 * Nl * C + N * s->HD +
                     2 * N * s->KV; /* zb: the output gradients W needs, per layer */
+    /* a MoE layer keeps its own MLP state instead of the dense MLP's */
+    int64_t dense_mlp = c->train.recompute == RECOMPUTE_FULL
+                            ? 0
+                            : (s->llama ? 2 : 1) * N * s->F +
+                                  (c->train.recompute == RECOMPUTE_SELECTIVE ? 0 : N * s->F);
+    int64_t moe_layer =
+        layer - dense_mlp +
+        (c->model.moe.num_experts > 0 ? moe_acts_bytes(c, (int)N, c->parallel.ep) / 4 : 0);
     stage_plan st = {0};
     int nunits = 0;
     for (int ch = 0; ch < v; ch++) {
         int stage = ch * p + r, embed = stage == 0, head = stage == S - 1, lo = 0, hi = s->L;
         if (S > 1) cfg_stage_layers(c, stage, &lo, &hi);
-        int64_t per = hi - lo;
-        /* the units in the model's order: embedding, layers, head (with the tied copy) */
+        int64_t per = hi - lo, layers_acts = 0;
+        /* the units in the model's order: embedding, layers (a MoE layer has two), head (with
+         * the tied copy) */
         int64_t head_unit = u->tied_copy && !embed ? u->tied_copy : u->head;
+        int64_t lens[3];
         for (int64_t k = -embed; k < per + head; k++) {
-            int64_t len = k < 0 ? u->emb : k < per ? u->layer : head_unit;
-            st.total += len;
-            if (nunits++ == 0)
-                st.first = len;
-            else if (len > st.big)
-                st.big = len;
+            int moe = k >= 0 && k < per && moe_layer_is_moe(c, (int)(lo + k)), n = 1;
+            lens[0] = k < 0 ? u->emb : k >= per ? head_unit : moe ? u->moe_dense : u->layer;
+            if (moe) lens[n++] = u->moe_experts;
+            for (int i = 0; i < n; i++) {
+                st.total += lens[i];
+                if (moe && i == 1) st.experts += lens[i];
+                if (nunits++ == 0)
+                    st.first = lens[i];
+                else if (lens[i] > st.big)
+                    st.big = lens[i];
+            }
+            if (k >= 0 && k < per) layers_acts += moe ? moe_layer : layer;
         }
         /* one set: residual stream, saved layers, gradient buffer, head or tokens */
-        int64_t set = (per + 1) * Nl * C + per * layer + (zb ? per * wsave : 0) + Nl * C;
+        int64_t set = (per + 1) * Nl * C + layers_acts + (zb ? per * wsave : 0) + Nl * C;
         if (head) set += Nl * C + 2 * Nl + N * s->Vl + (zb ? Nl * C : 0);
         if (embed) set += N; /* token ids (int32) */
         st.slot_acts += slots[ch] * set;
@@ -145,7 +194,9 @@ static void plan_rank(const ust_config *c, int r, mem_plan *p) {
     int dp = c->parallel.dp * c->parallel.cp, zero = c->optimizer.zero_stage; /* ZeRO group */
     unit_sizes u = units(c);
     stage_plan st = plan_stage(c, &s, &u, r);
-    double P = (double)st.total * 4.0, shard = P / dp;
+    int edp = c->parallel.dp / c->parallel.ep * c->parallel.cp; /* the experts' ZeRO group */
+    double P = (double)st.total * 4.0;
+    double shard = 4.0 * ((double)(st.total - st.experts) / dp + (double)st.experts / edp);
     double big = 4.0 * (double)st.big;   /* largest unit but the first */
     double emb = 4.0 * (double)st.first; /* the first unit has its own working buffer */
     p->n_params = u.n_params;
@@ -164,6 +215,7 @@ static void plan_rank(const ust_config *c, int r, mem_plan *p) {
     acts += Nl * C + N * C + N * s.HD + 2 * N * s.KV + N * (s.HD > s.F ? s.HD : s.F) +
             (s.llama ? 3 : 2) * N * s.F; /* backward scratch */
     acts += N + s.T;                     /* targets, positions (int32) */
+    if (c->model.moe.num_experts > 0) acts += moe_ctx_bytes(c, (int)N, c->parallel.ep) / 4;
     int64_t comm;
     acts += parallel_scratch(c, &s, &comm);
     if (zb && !(c->parallel.sp && s.t > 1)) acts += 2 * C; /* B's dropped norm gradient */

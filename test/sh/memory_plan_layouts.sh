@@ -38,3 +38,10 @@ check $TMP/g.yaml memory_plan_gpt2_pp2_vpp2_tp2_sp 4 --set model.n_layer=4 --set
 check $TMP/c.yaml memory_plan_pp2_zero3_selective 4 --set parallel.pp=2 --set parallel.dp=2 --set optimizer.zero_stage=3 --set train.recompute=selective --set train.global_batch_size=8
 check $TMP/c.yaml memory_plan_pp2_cp2_full 4 --set parallel.pp=2 --set parallel.cp=2 --set train.recompute=full
 check $TMP/c.yaml memory_plan_pp2_uneven_layers 2 --set model.n_layer=4 --set parallel.pp=2 --set parallel.pp_layers=3,1
+# mixture of experts: a MoE layer's dense and expert units (the experts sharded over expert-dp x cp
+# under ZeRO), its saved routing and expert activations, the dispatch buffers
+M="--set model.moe.num_experts=4 --set model.moe.d_ff_expert=64"
+check $TMP/c.yaml memory_plan_moe_ep2_dp2 2 $M --set parallel.dp=2 --set parallel.ep=2
+check $TMP/g.yaml memory_plan_gpt2_moe_shared_ep2_dp4_zero2 4 $M --set model.moe.shared_expert=true --set parallel.dp=4 --set parallel.ep=2 --set optimizer.zero_stage=2
+check $TMP/c.yaml memory_plan_moe_every2_pp2_tp2_sp_zero3 8 $M --set model.n_layer=4 --set model.moe.every=2 --set parallel.pp=2 --set parallel.tp=2 --set parallel.sp=true --set parallel.dp=2 --set parallel.ep=2 --set optimizer.zero_stage=3
+check $TMP/c.yaml memory_plan_moe_recompute_full_cp2 4 $M --set parallel.cp=2 --set parallel.dp=2 --set parallel.ep=2 --set train.recompute=full
