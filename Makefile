@@ -71,6 +71,7 @@ bench: deps
 	scripts/bench-tp.sh
 	scripts/bench-cp.sh
 	scripts/bench-pp.sh
+	scripts/bench-moe.sh
 
 format:
 	clang-format -i $(LIB_SRC) $(CMD_SRC) $(TEST_SRC) $(wildcard core/*.h parallel/*.h test/*.h)

@@ -76,6 +76,7 @@ void log_step_json(ust_log *l, const log_step *s) {
     json_num(l->metrics, "step_ms", s->ms);
     json_num(l->metrics, "tp_comm_ms", s->tp_comm_ms);
     json_num(l->metrics, "cp_wait_ms", s->cp_wait_ms);
+    json_num(l->metrics, "ep_comm_ms", s->ep_comm_ms);
     if (!isnan(s->pp_bubble)) {
         json_num(l->metrics, "pp_bubble", s->pp_bubble);
         json_num(l->metrics, "pp_bubble_analytic", s->pp_bubble_analytic);

@@ -16,6 +16,7 @@ typedef struct {
     uint64_t comm_bytes_tp; /* ... and in its tensor-parallel group */
     double tp_comm_ms;      /* time this step spent waiting for tensor-parallel collectives */
     double cp_wait_ms;      /* ... and for context-parallel key/value blocks */
+    double ep_comm_ms;      /* ... and in MoE dispatch/combine all-to-alls */
     size_t mem_params, mem_grads, mem_optim, mem_acts; /* this rank's arena by category */
     double val_loss;                                   /* NaN when not computed this step */
     double pp_bubble;   /* pipeline: max over stages of idle / busy time this step (NaN: no pp) */

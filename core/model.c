@@ -1008,6 +1008,8 @@ const ckpt_tensor *model_all_tensors(const model *m, int *n) {
 
 int model_tied_local(const model *m) { return m->tied_local; }
 
+double model_ep_wait_s(const model *m) { return m->has_moe ? m->moe.ep.comm_s : 0; }
+
 double model_take_moe_loss(model *m) {
     double x = m->moe_loss;
     m->moe_loss = 0;

@@ -150,6 +150,8 @@ int model_tied_local(const model *m);
  * step's micro-batches of the whole batch) of the training forwards since the last call; summed
  * over the dp x cp group and the pipeline it is the step's share of the loss. */
 double model_take_moe_loss(model *m);
+/* Seconds this rank has spent in the MoE layers' dispatch/combine all-to-alls (0 without). */
+double model_ep_wait_s(const model *m);
 /* This rank's MoE layers and their last forward's load: most tokens routed to one expert, the
  * mean, the dropped fraction. Returns how many (at most max). */
 int model_moe_stats(const model *m, int *layers, double *load_max, double *load_mean,

@@ -464,12 +464,12 @@ static double peak_flops(trainer *t) {
 
 /* Where the counters stood when a step began, so its report shows what the step alone did. */
 typedef struct {
-    double t0, tp_s, cp_s;
+    double t0, tp_s, cp_s, ep_s;
     uint64_t tp_bytes;
 } step_mark;
 
 static step_mark mark_step(trainer *t) {
-    return (step_mark){now_s(), t->tp.comm_s, model_cp_wait_s(t->m),
+    return (step_mark){now_s(), t->tp.comm_s, model_cp_wait_s(t->m), model_ep_wait_s(t->m),
                        bytes_sent(t->rt->topo.comm[TOPO_TP])};
 }
 
@@ -482,6 +482,7 @@ static void measure_step(trainer *t, const step_mark *m, double fpt, double peak
     s->comm_bytes_tp = bytes_sent(t->rt->topo.comm[TOPO_TP]) - m->tp_bytes;
     s->tp_comm_ms = 1e3 * (t->tp.comm_s - m->tp_s);
     s->cp_wait_ms = 1e3 * (model_cp_wait_s(t->m) - m->cp_s);
+    s->ep_comm_ms = 1e3 * (model_ep_wait_s(t->m) - m->ep_s);
     s->mem_params = t->arena.bytes[MEM_PARAMS];
     s->mem_grads = t->arena.bytes[MEM_GRADS];
     s->mem_optim = t->arena.bytes[MEM_OPTIM];
