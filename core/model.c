@@ -99,6 +99,7 @@ struct model {
 
     /* mixture of experts: the MLP of layers moe_layer_is_moe */
     moe_ctx moe;
+    moe_acts moe_scratch; /* full recompute: the one set every MoE layer rebuilds into */
     moe_weights *mw, *mg; /* per global layer (MoE layers only) */
     moe_stats *mstats;    /* per global layer: the last forward's load and losses */
     int has_moe, ep_rank, ep_size, listing;
@@ -360,7 +361,7 @@ static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *
         for (int i = 0; i < nl; i++)
             alloc_layer_acts(m, a, &s->la[i], shared, !is_moe(m, ch->lo + i));
     }
-    if (m->has_moe) {
+    if (m->has_moe && m->recompute != RECOMPUTE_FULL) { /* full: the shared m->moe_scratch */
         s->ma = calloc(nl, sizeof *s->ma);
         for (int i = 0; i < nl; i++)
             if (is_moe(m, ch->lo + i)) moe_acts_init(&m->moe, &s->ma[i], a);
@@ -385,6 +386,7 @@ static void alloc_activations(model *m, ust_arena *a) {
     int64_t wide = HD > F ? HD : F;
     float *shared = m->recompute == RECOMPUTE_SELECTIVE ? A(N * F) : NULL;
     if (m->recompute == RECOMPUTE_FULL) alloc_layer_acts(m, a, &m->scratch, shared, 1);
+    if (m->recompute == RECOMPUTE_FULL && m->has_moe) moe_acts_init(&m->moe, &m->moe_scratch, a);
     for (int c = 0; c < m->nchunks; c++) {
         model_chunk *ch = &m->chunks[c];
         ch->slots = calloc(ch->nslots, sizeof *ch->slots);
@@ -536,6 +538,7 @@ void model_destroy(model *m) {
     if (m->has_moe) {
         for (int l = 0; l < m->L; l++)
             if (is_moe(m, l)) moe_weights_free(&m->mw[l]), moe_weights_free(&m->mg[l]);
+        if (m->recompute == RECOMPUTE_FULL) moe_acts_free(&m->moe_scratch);
         moe_free(&m->moe);
     }
     free(m->mw), free(m->mg), free(m->mstats), free(m->unit_expert);
@@ -738,6 +741,10 @@ static layer_acts *acts_of(model *m, act_slot *s, int i) {
     return m->recompute == RECOMPUTE_FULL ? &m->scratch : &s->la[i];
 }
 
+static moe_acts *moe_acts_of(model *m, act_slot *s, int i) {
+    return m->recompute == RECOMPUTE_FULL ? &m->moe_scratch : &s->ma[i];
+}
+
 int model_num_chunks(const model *m) { return m->nchunks; }
 int model_chunk_slots(const model *m, int c) { return m->chunks[c].nslots; }
 int64_t model_boundary_numel(const model *m) { return (int64_t)m->Nl * m->C; }
@@ -767,7 +774,8 @@ double model_chunk_forward(model *m, int c, int slot, const int32_t *inputs, con
         moe_stats st;
         hook(m, u, MODEL_FWD_BEGIN);
         if (moe) hook(m, u + 1, MODEL_FWD_BEGIN);
-        layer_forward(m, l, s->xs[i], s->xs[i + 1], acts_of(m, s, i), moe ? &s->ma[i] : NULL, &st);
+        layer_forward(m, l, s->xs[i], s->xs[i + 1], acts_of(m, s, i),
+                      moe ? moe_acts_of(m, s, i) : NULL, &st);
         if (moe) {
             hook(m, u + 1, MODEL_FWD_END);
             m->mstats[l] = st;
@@ -952,7 +960,7 @@ void model_chunk_backward(model *m, int c, int slot, int input_only) {
     }
     for (int l = ch->hi - 1; l >= ch->lo; l--) {
         int i = l - ch->lo, moe = is_moe(m, l), ua = u - moe; /* MoE: ua dense, u experts */
-        moe_acts *ma = moe ? &s->ma[i] : NULL;
+        moe_acts *ma = moe ? moe_acts_of(m, s, i) : NULL;
         hook(m, ua, begin);
         if (moe) hook(m, u, begin);
         /* full recompute: rebuild this layer's activations from its saved input */

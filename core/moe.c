@@ -99,6 +99,21 @@ static void *host_alloc(size_t bytes) {
     return p;
 }
 
+/* Rows of the dispatch buffers: what a rank sends (its kept assignments) and what it may hold
+ * for its local experts. Dropless, every token of every ep rank may pick them (N*k from each);
+ * with a capacity, each expert keeps at most cap rows of each rank. */
+static void moe_rows(const ust_config *cfg, int64_t N, int ep, int64_t *send, int64_t *recv) {
+    const __typeof__(cfg->model.moe) *c = &cfg->model.moe;
+    int64_t A = N * c->top_k, E = c->num_experts, s = A, r = A;
+    if (c->capacity_factor > 0) {
+        int64_t cap = (int64_t)ceil(c->capacity_factor * A / E - 1e-9);
+        s = A < E * cap ? A : E * cap;
+        r = A < E / ep * cap ? A : E / ep * cap;
+    }
+    *send = s;
+    *recv = r * ep;
+}
+
 void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *arena, int N,
               const moe_groups *groups) {
     memset(m, 0, sizeof *m);
@@ -120,7 +135,10 @@ void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *
     m->capacity_factor = c->capacity_factor;
     if (groups) memcpy(m->stats_comm, groups->stats_comm, sizeof m->stats_comm);
     int64_t A = (int64_t)N * m->k, C = m->C, E = m->E;
-    ep_init(&m->ep, ops, groups ? groups->ep_comm : NULL, arena, m->E, m->C, A);
+    int64_t max_send, max_recv;
+    moe_rows(cfg, N, groups && groups->ep_comm ? comm_size(groups->ep_comm) : 1, &max_send,
+             &max_recv);
+    ep_init(&m->ep, ops, groups ? groups->ep_comm : NULL, arena, m->E, m->C, max_send, max_recv);
     m->El = ep_local_experts(&m->ep, &m->e0);
     m->R = ep_max_recv(&m->ep);
     int ep1 = ep_size(&m->ep) == 1;
@@ -168,7 +186,8 @@ static int64_t acts_floats(int llama, int shared, int64_t N, int64_t E, int64_t 
 int64_t moe_ctx_bytes(const ust_config *cfg, int N, int ep_size) {
     const __typeof__(cfg->model.moe) *c = &cfg->model.moe;
     int64_t A = (int64_t)N * c->top_k, C = cfg->model.d_model, E = c->num_experts;
-    int64_t R = A * ep_size, Fe = c->d_ff_expert, ep1 = ep_size == 1;
+    int64_t S, R, Fe = c->d_ff_expert, ep1 = ep_size == 1;
+    moe_rows(cfg, N, ep_size, &S, &R);
     int64_t n = 2 * N * E + A + N * C + (ep1 ? 0 : A * C + 2 * R * C) + A * C + R * C + 3 * R * Fe +
                 E + 2 * E + 3;    /* as moe_init carves them */
     if (!ep1) n += 2 * E + R * C; /* ep_init's counts and staging rows */
@@ -206,10 +225,10 @@ void moe_acts_free(moe_acts *a) {
 
 int64_t moe_acts_bytes(const ust_config *cfg, int N, int ep_size) {
     const __typeof__(cfg->model.moe) *c = &cfg->model.moe;
-    int64_t A = (int64_t)N * c->top_k;
-    int64_t n =
-        acts_floats(cfg->model.arch == ARCH_LLAMA, c->shared_expert, N, c->num_experts, c->top_k,
-                    cfg->model.d_model, c->d_ff_expert, A * ep_size, ep_size == 1);
+    int64_t S, R;
+    moe_rows(cfg, N, ep_size, &S, &R);
+    int64_t n = acts_floats(cfg->model.arch == ARCH_LLAMA, c->shared_expert, N, c->num_experts,
+                            c->top_k, cfg->model.d_model, c->d_ff_expert, R, ep_size == 1);
     return n * 4;
 }
 #undef FL

@@ -152,9 +152,9 @@ static stage_plan plan_stage(const ust_config *c, const shapes *s, const unit_si
                             ? 0
                             : (s->llama ? 2 : 1) * N * s->F +
                                   (c->train.recompute == RECOMPUTE_SELECTIVE ? 0 : N * s->F);
-    int64_t moe_layer =
-        layer - dense_mlp +
-        (c->model.moe.num_experts > 0 ? moe_acts_bytes(c, (int)N, c->parallel.ep) / 4 : 0);
+    int full = c->train.recompute == RECOMPUTE_FULL, moe = c->model.moe.num_experts > 0;
+    int64_t moe_acts = moe ? moe_acts_bytes(c, (int)N, c->parallel.ep) / 4 : 0;
+    int64_t moe_layer = layer - dense_mlp + (full ? 0 : moe_acts); /* full: one shared set */
     stage_plan st = {0};
     int nunits = 0;
     for (int ch = 0; ch < v; ch++) {
@@ -216,6 +216,8 @@ static void plan_rank(const ust_config *c, int r, mem_plan *p) {
             (s.llama ? 3 : 2) * N * s.F; /* backward scratch */
     acts += N + s.T;                     /* targets, positions (int32) */
     if (c->model.moe.num_experts > 0) acts += moe_ctx_bytes(c, (int)N, c->parallel.ep) / 4;
+    if (c->model.moe.num_experts > 0 && c->train.recompute == RECOMPUTE_FULL)
+        acts += moe_acts_bytes(c, (int)N, c->parallel.ep) / 4; /* the shared MoE set */
     int64_t comm;
     acts += parallel_scratch(c, &s, &comm);
     if (zb && !(c->parallel.sp && s.t > 1)) acts += 2 * C; /* B's dropped norm gradient */

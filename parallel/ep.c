@@ -20,7 +20,7 @@ static void wait_timed(ust_ep *ep, comm_req *r) {
 }
 
 void ep_init(ust_ep *ep, const ust_ops *ops, ust_comm *comm, ust_arena *arena, int E, int C,
-             int64_t max_send) {
+             int64_t max_send, int64_t max_recv) {
     memset(ep, 0, sizeof *ep);
     ep->ops = ops;
     ep->comm = comm;
@@ -31,7 +31,7 @@ void ep_init(ust_ep *ep, const ust_ops *ops, ust_comm *comm, ust_arena *arena, i
     ep->El = E / ep->n;
     ep->C = C;
     ep->max_send = max_send;
-    ep->max_recv = max_send * ep->n;
+    ep->max_recv = max_recv > 0 ? max_recv : max_send * ep->n;
     if (ep->n == 1) return;
     int n = ep->n;
     ep->cnt_send = mem_alloc(arena, MEM_COMM, (size_t)E * sizeof(float));

@@ -43,9 +43,10 @@ typedef struct {
 } ep_plan;
 
 /* comm may be NULL (all E experts local). E experts, rows of C floats, at most max_send rows
- * sent per dispatch (N*k for N tokens and top-k routing). Buffers come from the arena. */
+ * sent per dispatch (N*k for N tokens and top-k routing) and max_recv held for the local experts
+ * (0: n * max_send, every rank's rows). Buffers come from the arena. */
 void ep_init(ust_ep *ep, const ust_ops *ops, ust_comm *comm, ust_arena *arena, int E, int C,
-             int64_t max_send);
+             int64_t max_send, int64_t max_recv);
 void ep_free(ust_ep *ep); /* host memory; the arena owns the rest */
 int ep_size(const ust_ep *ep);
 /* The local experts: returns E/n and sets *first to the global index of the first. */

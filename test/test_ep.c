@@ -27,7 +27,7 @@ static void test_single_rank_plan_is_identity(void) {
     ust_arena a;
     mem_init(&a, o);
     ust_ep ep;
-    ep_init(&ep, o, NULL, &a, 4, 3, 10);
+    ep_init(&ep, o, NULL, &a, 4, 3, 10, 0);
     ep_plan p;
     ep_plan_init(&ep, &p, &a);
     int32_t send[4] = {3, 0, 5, 2};
