@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# All five dimensions at once and the combinations the per-dimension harness scripts leave out:
+# a tiny llama with MoE layers under dp=2 x tp=2 x pp=2 x cp=2 x ep=2 (16 ranks) and 3- and
+# 4-dimension mixes train the single-process model; a checkpoint saved under one layout resumes
+# under layouts that change dp, tp, pp, vpp, cp, ep and the ZeRO stage all at once (same losses,
+# same data position); a stop signal to the launcher of a multi-dimensional job stops every rank
+# after one step with a checkpoint, and the next start resumes there.
+. "$(dirname "$0")/../lib.sh"
+
+equiv_configs equiv-5d 4 2
+sed -i -e 's/n_layer: 2/n_layer: 4/' \
+    -e 's/max_seq_len: 64}/max_seq_len: 64, moe: {num_experts: 4, top_k: 2, d_ff_expert: 64, every: 2, aux_loss_coef: 0.01}}/' \
+    $TMP/llama.yaml
+EQ="python3 test/tools/equiv.py --steps 5"
+
+$EQ --name _5d --config $TMP/llama.yaml \
+    --layout "dp=2 tp=2 pp=2 cp=2 ep=2 sp=true zero=1" \
+    --layout "tp=2 pp=2 cp=2" --layout "dp=2 tp=2 pp=2 ep=2 zero=2" \
+    --layout "dp=2 pp=2 cp=2 ep=2 sched=afab" --layout "dp=2 tp=2 cp=2 ep=2 zero=3"
+$EQ --name _5d --config $TMP/llama.yaml --save-layout "dp=2 tp=2 pp=2 ep=2 zero=1" --resume-at 2 \
+    --layout "dp=2 cp=2 pp=2 vpp=2 sched=interleaved zero=2" \
+    --layout "dp=4 ep=4 tp=2 zero=3" --layout "dp=1"
+
+# a stop signal to the launcher: every rank stops after the same step, with a checkpoint
+sed -e "s#$TMP/data/train_\*.bin#$TMP/data/train_*.bin#" $TMP/llama.yaml >$TMP/stop.yaml
+cat >>$TMP/stop.yaml <<EOT
+checkpoint: {dir: $TMP/run/ckpt, every: 100000}
+logging: {metrics_file: $TMP/run/metrics.jsonl}
+EOT
+L="--set parallel.dp=2 --set parallel.tp=2 --set parallel.pp=2 --set parallel.ep=2"
+scripts/ustrun --nproc-per-node 8 $UST train $TMP/stop.yaml $L --set train.steps=100000 >$TMP/out 2>&1 &
+launcher=$!
+for _ in $(seq 600); do [ "$(cat $TMP/run/metrics.jsonl 2>/dev/null | wc -l)" -ge 2 ] && break; sleep 0.1; done
+kill -TERM $launcher
+wait $launcher; rc=$?
+step=$(sed 's/step_//' $TMP/run/ckpt/latest 2>/dev/null)
+if [ $rc -eq 0 ] && [ -n "$step" ] && [ "$(grep -c 'received signal' $TMP/out)" = 1 ] &&
+    [ -f $TMP/run/ckpt/step_$step/model.safetensors ]; then
+    pass sigterm_to_launcher_stops_a_4d_job_at_one_step
+else
+    fail sigterm_to_launcher_stops_a_4d_job_at_one_step "rc=$rc step=$step: $(tail -3 $TMP/out)"
+fi
+out=$(scripts/ustrun --nproc-per-node 8 $UST train $TMP/stop.yaml $L --set train.steps=$((step + 1)) 2>&1)
+echo "$out" | grep -q "resuming from .*step_$step" && [ "$(cat $TMP/run/ckpt/latest)" = "step_$((step + 1))" ] &&
+    pass resume_after_stop_of_a_4d_job || fail resume_after_stop_of_a_4d_job "$(echo "$out" | tail -3)"
+# every bundled config, the real-size layouts included, is valid for its own world size
+for f in configs/*.yaml; do
+    w=$($UST validate $f 2>&1 | sed -n 's/.*(world \([0-9]*\)).*/\1/p' | head -1)
+    if $UST validate $f --world "$w" >$TMP/v.out 2>&1; then pass "config_$(basename $f .yaml)_validates_at_world_$w"
+    else fail "config_$(basename $f .yaml)_validates" "$(tail -2 $TMP/v.out)"; fi
+done
+exit 0
