@@ -62,5 +62,23 @@ rc=$?; dt=$(( $(date +%s) - t0 ))
 if [ $rc != 0 ] && [ $rc != 124 ] && [ $dt -le 8 ]; then pass srun_sigkilled_rank_ends_the_job
 else fail srun_sigkilled_rank_ends_the_job "exit $rc after ${dt}s: $(tail -2 "$TMP/o")"; fi
 
+# Graceful stop under Slurm: `scancel --signal=USR1` (what a job's time limit warning sends) reaches
+# every rank of a training job; they agree on one step, write a checkpoint and exit 0.
+$UST data demo $TMP/sdata >/dev/null
+sed -e "s#data/tiny/#$TMP/sdata/#g" -e "s#runs/tiny#$TMP/srun#g" configs/tiny.yaml >$TMP/s.yaml
+timeout 120 srun --mpi=pmix -n 2 -J ust-stop "$UST" train $TMP/s.yaml --set parallel.dp=2 \
+    --set train.steps=100000 --set checkpoint.every=100000 >$TMP/so 2>&1 &
+srun_pid=$!
+for _ in $(seq 600); do [ "$(cat $TMP/srun/metrics.jsonl 2>/dev/null | wc -l)" -ge 3 ] && break; sleep 0.1; done
+scancel --signal=USR1 "$(squeue -h -n ust-stop -o %i | head -1)"
+wait $srun_pid; rc=$?
+step=$(sed 's/step_//' $TMP/srun/ckpt/latest 2>/dev/null)
+if [ $rc = 0 ] && [ -n "$step" ] && [ -f $TMP/srun/ckpt/step_$step/model.safetensors ] &&
+    grep -q "received signal: stopped after step $step" $TMP/so; then
+    pass scancel_usr1_stops_a_training_job_with_a_checkpoint
+else
+    fail scancel_usr1_stops_a_training_job_with_a_checkpoint "exit $rc, step '$step': $(tail -3 $TMP/so)"
+fi
+
 bench_comm_check srun 2 -- timeout 120 srun --mpi=pmix -n 2 "$UST" bench comm $BENCH_ARGS
 bench_comm_check srun 8 -- timeout 180 srun --mpi=pmix -n 8 "$UST" bench comm $BENCH_ARGS
