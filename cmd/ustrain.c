@@ -94,7 +94,8 @@ static int print_schedule(const ust_config *c) {
         return UST_EXIT_USAGE;
     }
     pps_schedule *all = calloc(p, sizeof *all);
-    if (pps_build_all(all, c->parallel.pp_schedule, p, v, m, 0, &e) ||
+    int flags = c->parallel.pp_breadth_first ? PPS_BREADTH_FIRST : 0;
+    if (pps_build_all(all, c->parallel.pp_schedule, p, v, m, flags, &e) ||
         pps_check_pairs(all, p, &e)) {
         free(all);
         fprintf(stderr, "ustrain: error: %s: %s\n", c->source, e.msg);
