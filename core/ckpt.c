@@ -16,6 +16,7 @@
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <inttypes.h>
@@ -872,6 +873,27 @@ void ckpt_close(ckpt_reader *r) {
     for (int i = 0; i < r->nfiles; i++) st_close(r->files[i].f);
     free(r->state);
     free(r);
+}
+
+int ckpt_parse_state(const char *json, const char *dir, ckpt_state *out, ust_err *e) {
+    cJSON *j = cJSON_Parse(json ? json : "");
+    cJSON *step = cJSON_GetObjectItem(j, "step"), *si = cJSON_GetObjectItem(j, "sample_index");
+    /* integers within int64 (doubles hold them exactly up to 2^53) */
+    int ok = j && cJSON_IsNumber(step) && cJSON_IsNumber(si) && step->valuedouble >= 0 &&
+             si->valuedouble >= 0 && step->valuedouble <= 9007199254740992.0 &&
+             si->valuedouble <= 9007199254740992.0 &&
+             step->valuedouble == (double)(int64_t)step->valuedouble &&
+             si->valuedouble == (double)(int64_t)si->valuedouble;
+    if (!ok) {
+        cJSON_Delete(j);
+        return ust_errf(e, "%s/state.json: missing or invalid step / sample_index", dir);
+    }
+    out->step = (int64_t)step->valuedouble;
+    out->sample_index = (int64_t)si->valuedouble;
+    cJSON *loss = cJSON_GetObjectItem(j, "loss");
+    out->loss = cJSON_IsNumber(loss) ? loss->valuedouble : NAN;
+    cJSON_Delete(j);
+    return 0;
 }
 
 const char *ckpt_state_json(const ckpt_reader *r) { return r->state; }

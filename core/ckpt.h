@@ -59,6 +59,15 @@ int ckpt_read_slice(ckpt_reader *r, const char *file, const ckpt_tensor *expect,
                     const ckpt_slice *s, float *host_out, ust_err *e);
 const char *ckpt_state_json(const ckpt_reader *r); /* contents of state.json */
 
+/* The run position state.json carries (written by the trainer with the layout and config). */
+typedef struct {
+    int64_t step, sample_index; /* steps done, samples consumed */
+    double loss;                /* NaN when absent */
+} ckpt_state;
+/* Parses state.json text (dir names it in messages): step and sample_index must be present,
+ * non-negative integers; -1 with a message otherwise. */
+int ckpt_parse_state(const char *json, const char *dir, ckpt_state *out, ust_err *e);
+
 /* Minimal safetensors access used by the readers above and by tests/tools. */
 typedef struct st_file st_file;
 st_file *st_open(const char *path, ust_err *e);

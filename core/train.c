@@ -177,18 +177,11 @@ static int save_checkpoint(trainer *t, ust_err *e) {
 }
 
 static int read_state(trainer *t, const char *json, const char *dir, ust_err *e) {
-    cJSON *j = cJSON_Parse(json);
-    cJSON *step = cJSON_GetObjectItem(j, "step"), *si = cJSON_GetObjectItem(j, "sample_index");
-    if (!j || !cJSON_IsNumber(step) || !cJSON_IsNumber(si) || step->valuedouble < 0 ||
-        si->valuedouble < 0) {
-        cJSON_Delete(j);
-        return ust_errf(e, "%s/state.json: missing or invalid step / sample_index", dir);
-    }
-    t->step = (int64_t)step->valuedouble;
-    t->sample_index = (int64_t)si->valuedouble;
-    cJSON *loss = cJSON_GetObjectItem(j, "loss");
-    t->last_loss = cJSON_IsNumber(loss) ? loss->valuedouble : NAN;
-    cJSON_Delete(j);
+    ckpt_state st;
+    if (ckpt_parse_state(json, dir, &st, e)) return -1;
+    t->step = st.step;
+    t->sample_index = st.sample_index;
+    t->last_loss = st.loss;
     return 0;
 }
 

@@ -1,6 +1,7 @@
 /* ckpt: slices written by several writers read back whole and by slices; the commit protocol
  * (latest, keep_last, abort, replacing a step, failures) never damages the previous checkpoint;
  * hostile safetensors headers give errors, not crashes. */
+#include <math.h>
 #include <cjson/cJSON.h>
 #include <pthread.h>
 #include <stdbool.h>
@@ -564,6 +565,30 @@ static void test_a_failed_rank_stops_the_commit(void) {
           "a checkpoint with a failed rank was published");
 }
 
+static void test_state_json_position_is_parsed_and_bad_ones_refused(void) {
+    ckpt_state st;
+    ust_err e;
+    CHECK(ckpt_parse_state("{\"step\": 12, \"sample_index\": 96, \"loss\": 2.5}", "d", &st, &e) ==
+                  0 &&
+              st.step == 12 && st.sample_index == 96 && st.loss == 2.5,
+          "valid state: %s", e.msg);
+    CHECK(ckpt_parse_state("{\"step\": 3, \"sample_index\": 0}", "d", &st, &e) == 0 &&
+              isnan(st.loss),
+          "loss is optional");
+    const char *bad[] = {"",
+                         "{",
+                         "[]",
+                         "{\"step\": 1}",
+                         "{\"step\": -1, \"sample_index\": 0}",
+                         "{\"step\": 1.5, \"sample_index\": 0}",
+                         "{\"step\": 1, \"sample_index\": 1e300}",
+                         "{\"step\": \"1\", \"sample_index\": 0}"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECK(ckpt_parse_state(bad[i], "run/step_1", &st, &e) == -1 &&
+                  strstr(e.msg, "run/step_1/state.json"),
+              "state '%s' accepted (or unnamed error: %s)", bad[i], e.msg);
+}
+
 int main(void) {
     umask(022);
     snprintf(g_tmp, sizeof g_tmp, "/tmp/ust_test_ckpt.XXXXXX");
@@ -580,6 +605,7 @@ int main(void) {
     RUN_TEST(test_unwritable_location_gives_clear_error_and_old_checkpoint_survives);
     RUN_TEST(test_two_ranks_write_their_shards_into_one_checkpoint);
     RUN_TEST(test_a_failed_rank_stops_the_commit);
+    RUN_TEST(test_state_json_position_is_parsed_and_bad_ones_refused);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_tmp);

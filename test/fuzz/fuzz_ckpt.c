@@ -1,13 +1,13 @@
 /* libFuzzer target: the checkpoint readers of core/ckpt.c: st_open (safetensors header and
- * tensor table) and ckpt_open + ckpt_read_slice (a step directory with state.json and
- * model.safetensors). Input layout: bytes 0-3 are the state.json length (little-endian, cut to
- * what is there), then state.json, then model.safetensors. Every tensor the reader lists is read
- * back whole and in a slice: an accepted file must never let a read leave its mapping. */
+ * tensor table) and ckpt_open + ckpt_parse_state + ckpt_read_slice (a step directory with
+ * state.json and model.safetensors). Input layout: bytes 0-3 are the state.json length
+ * (little-endian, cut to what is there), then state.json, then model.safetensors. Every tensor the
+ * reader lists is read back whole and in a slice: an accepted file must never let a read leave its
+ * mapping. */
 #include "fuzz_util.h"
 
-#include <cjson/cJSON.h>
-
 #include "ckpt.h"
+#include "error.h"
 
 static void read_tensors(const char *step, const st_file *f) {
     ust_err e;
@@ -16,8 +16,10 @@ static void read_tensors(const char *step, const st_file *f) {
         if (!e.msg[0]) abort();
         return;
     }
-    cJSON *state = cJSON_Parse(ckpt_state_json(r)); /* what the trainer does with it first */
-    cJSON_Delete(state);
+    ckpt_state st; /* what the trainer does with it first */
+    ust_err se;
+    if (ckpt_parse_state(ckpt_state_json(r), step, &st, &se) == 0)
+        UST_ASSERT(st.step >= 0 && st.sample_index >= 0, "negative position from state.json");
     for (int i = 0; i < st_count(f) && i < 64; i++) {
         const char *name = st_name(f, i);
         int ndim = 0;
