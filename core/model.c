@@ -421,7 +421,12 @@ static void init_moe(model *m, ust_arena *arena, const model_storage *st) {
     m->has_moe = 1;
     m->ep_size = st->ep_comm ? comm_size(st->ep_comm) : 1;
     m->ep_rank = st->ep_comm ? comm_rank(st->ep_comm) : 0;
-    moe_groups g = {.ep_comm = st->ep_comm, .stats_comm = {st->cp_comm, NULL}};
+    moe_groups g = {.ep_comm = st->ep_comm,
+                    .stats_comm = {st->cp_comm, NULL},
+                    .cap_comm = st->cp_comm,
+                    .cap_pos = m->cp.pos_host,
+                    .cap_T = m->cfg->train.seq_len,
+                    .cap_Tl = m->T};
     moe_init(&m->moe, m->cfg, m->ops, arena, m->B * m->T, &g);
     m->mw = calloc(m->L, sizeof *m->mw);
     m->mg = calloc(m->L, sizeof *m->mg);

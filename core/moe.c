@@ -102,16 +102,72 @@ static void *host_alloc(size_t bytes) {
 /* Rows of the dispatch buffers: what a rank sends (its kept assignments) and what it may hold
  * for its local experts. Dropless, every token of every ep rank may pick them (N*k from each);
  * with a capacity, each expert keeps at most cap rows of each rank. */
+static int64_t moe_capacity(double factor, int64_t assignments, int64_t E) {
+    return (int64_t)ceil(factor * assignments / E - 1e-9);
+}
+
 static void moe_rows(const ust_config *cfg, int64_t N, int ep, int64_t *send, int64_t *recv) {
     const __typeof__(cfg->model.moe) *c = &cfg->model.moe;
     int64_t A = N * c->top_k, E = c->num_experts, s = A, r = A;
-    if (c->capacity_factor > 0) {
-        int64_t cap = (int64_t)ceil(c->capacity_factor * A / E - 1e-9);
+    if (c->capacity_factor > 0) { /* the whole micro-batch's capacity (cp shards together) */
+        int64_t cap = moe_capacity(c->capacity_factor, A * cfg->parallel.cp, E);
         s = A < E * cap ? A : E * cap;
         r = A < E / ep * cap ? A : E / ep * cap;
     }
     *send = s;
     *recv = r * ep;
+}
+
+/* The micro-batch's token order over the cp group: sequence by sequence, by position. */
+typedef struct {
+    int32_t key, token; /* b*T + position; member*N + local index */
+} cap_token;
+
+static int cmp_key(const void *a, const void *b) {
+    int32_t x = ((const cap_token *)a)->key, y = ((const cap_token *)b)->key;
+    return (x > y) - (x < y);
+}
+
+static void init_capacity_order(moe_ctx *m, const moe_groups *g, ust_arena *arena) {
+    int n = comm_size(g->cap_comm), N = m->N;
+    cap_token *t = host_alloc((size_t)n * N * sizeof *t);
+    for (int r = 0; r < n; r++)
+        for (int i = 0; i < N; i++) {
+            int b = i / g->cap_Tl, j = i % g->cap_Tl;
+            t[r * N + i] = (cap_token){b * g->cap_T + g->cap_pos[r * g->cap_Tl + j], r * N + i};
+        }
+    qsort(t, (size_t)n * N, sizeof *t, cmp_key);
+    m->cap_order = host_alloc((size_t)n * N * sizeof(int32_t));
+    for (int64_t i = 0; i < (int64_t)n * N; i++) m->cap_order[i] = t[i].token;
+    free(t);
+    m->cap_comm = g->cap_comm;
+    m->cap_topk = mem_alloc(arena, MEM_COMM, (size_t)n * N * m->k * sizeof(float));
+    m->cap_topk_host = host_alloc((size_t)n * N * m->k * sizeof(float));
+    m->cap_count = host_alloc((size_t)m->E * sizeof(int32_t));
+}
+
+/* Capacity over the cp group: every member's choices, walked in the micro-batch's token order
+ * (then choice order) as one rank would; pos[i] = -1 for this rank's dropped assignments, else
+ * its index among this rank's kept assignments to the expert. */
+static void route_capacity_cp(moe_ctx *m, const moe_acts *a, int32_t *pos, int32_t *kept) {
+    const ust_ops *o = m->ops;
+    int n = comm_size(m->cap_comm), me = comm_rank(m->cap_comm), k = m->k;
+    int64_t A = (int64_t)m->N * k, cap = moe_capacity(m->capacity_factor, A * n, m->E);
+    for (int64_t i = 0; i < A; i++) m->cap_topk_host[me * A + i] = (float)m->topk_host[i];
+    o->to_device(o, m->cap_topk + me * A, m->cap_topk_host + me * A, A * sizeof(float));
+    comm_req r = comm_allgather(m->cap_comm, m->cap_topk + me * A, m->cap_topk, A, COMM_FP32);
+    comm_wait(&r);
+    o->to_host(o, m->cap_topk_host, m->cap_topk, (size_t)n * A * sizeof(float));
+    memset(m->cap_count, 0, m->E * sizeof(int32_t));
+    for (int64_t t = 0; t < (int64_t)n * m->N; t++) {
+        int tok = m->cap_order[t], owner = tok / m->N, i = tok % m->N;
+        for (int j = 0; j < k; j++) {
+            int e = (int)m->cap_topk_host[(int64_t)owner * A + (int64_t)i * k + j];
+            int keep = m->cap_count[e]++ < cap;
+            if (owner == me) pos[(int64_t)i * k + j] = keep ? kept[e]++ : -1;
+        }
+    }
+    (void)a;
 }
 
 void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *arena, int N,
@@ -134,6 +190,8 @@ void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *
     m->z_coef = c->z_loss_coef;
     m->capacity_factor = c->capacity_factor;
     if (groups) memcpy(m->stats_comm, groups->stats_comm, sizeof m->stats_comm);
+    if (groups && groups->cap_comm && comm_size(groups->cap_comm) > 1 && c->capacity_factor > 0)
+        init_capacity_order(m, groups, arena);
     int64_t A = (int64_t)N * m->k, C = m->C, E = m->E;
     int64_t max_send, max_recv;
     moe_rows(cfg, N, groups && groups->ep_comm ? comm_size(groups->ep_comm) : 1, &max_send,
@@ -164,6 +222,9 @@ void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *
 }
 
 void moe_free(moe_ctx *m) {
+    free(m->cap_order);
+    free(m->cap_topk_host);
+    free(m->cap_count);
     free(m->stats_host);
     free(m->topk_host);
     free(m->pos_host);
@@ -191,6 +252,7 @@ int64_t moe_ctx_bytes(const ust_config *cfg, int N, int ep_size) {
     int64_t n = 2 * N * E + A + N * C + (ep1 ? 0 : A * C + 2 * R * C) + A * C + R * C + 3 * R * Fe +
                 E + 2 * E + 3;    /* as moe_init carves them */
     if (!ep1) n += 2 * E + R * C; /* ep_init's counts and staging rows */
+    if (cfg->parallel.cp > 1 && c->capacity_factor > 0) n += cfg->parallel.cp * A; /* choices */
     return n * 4;
 }
 
@@ -311,8 +373,9 @@ static void route(moe_ctx *m, moe_acts *a) {
         int e = m->topk_host[i];
         UST_ASSERT(e >= 0 && e < E, "router chose expert %d of %d", e, E);
         routed[e]++;
-        pos[i] = kept[e] < cap ? kept[e]++ : -1; /* index within the expert for now */
+        if (!m->cap_comm) pos[i] = kept[e] < cap ? kept[e]++ : -1; /* index within the expert */
     }
+    if (m->cap_comm) route_capacity_cp(m, a, pos, kept);
     int64_t off[E + 1];
     off[0] = 0;
     for (int e = 0; e < E; e++) off[e + 1] = off[e] + kept[e];

@@ -96,6 +96,12 @@ typedef struct {
     ust_comm *ep_comm;       /* expert-parallel group (NULL: every expert on this rank) */
     ust_comm *stats_comm[2]; /* groups the micro-batch's tokens are split over (cp, sp; NULL:
                               * none): the aux-loss statistics are summed over each */
+    /* Capacity over a sequence split by context parallelism: the group (NULL: none) and where
+     * every member's tokens sit, so drops are decided in the micro-batch's token order as if one
+     * rank held it: member r's token j of sequence b is at position pos[r*Tl + j] of T. */
+    ust_comm *cap_comm;
+    const int32_t *cap_pos;
+    int cap_T, cap_Tl;
 } moe_groups;
 
 /* Load statistics and losses of one forward (over the stats groups' tokens). */
@@ -113,6 +119,11 @@ typedef struct moe_ctx {
     const ust_ops *ops;
     ust_ep ep;
     ust_comm *stats_comm[2];
+    ust_comm *cap_comm;   /* capacity decided over this group's tokens (cp; NULL: local) */
+    int32_t *cap_order;   /* host: every member's token (member*N + i) in sequence order */
+    float *cap_topk;      /* device (n*N*k): every member's choices, gathered */
+    float *cap_topk_host; /* host copy */
+    int32_t *cap_count;   /* host E */
     int llama, shared, E, k, C, Fe, N;
     int El, e0; /* local experts: [e0, e0 + El) */
     int64_t R;  /* rows of the local-expert buffers */

@@ -21,9 +21,11 @@ $EQ --name _moe_llama --config $TMP/llama.yaml \
     --layout "dp=2" --layout "dp=2 ep=2" --layout "dp=4 ep=4" --layout "dp=4 ep=2 zero=1" \
     --layout "dp=2 ep=2 zero=2" --layout "dp=2 ep=2 zero=3" --layout "dp=2 ep=2 tp=2" \
     --layout "dp=2 ep=2 tp=2 sp=true" --layout "dp=2 ep=2 pp=2" --layout "dp=2 ep=2 cp=2"
-# capacity drops are decided per micro-batch per dp rank, before dispatch: ep does not move them
+# capacity drops are decided per micro-batch per dp rank, before dispatch, in the micro-batch's
+# token order whatever the cp split: neither ep nor cp moves them
 $EQ --name _moe_capacity --config $TMP/llama.yaml --set model.moe.capacity_factor=1.0 \
-    --layout "dp=2 ep=2" --layout "dp=4 ep=4 zero=1"
+    --layout "dp=2 ep=2" --layout "dp=4 ep=4 zero=1" --layout "cp=2" \
+    --layout "dp=2 ep=2 cp=2 parallel.cp_layout=contiguous" --layout "cp=2 tp=2 sp=true"
 $EQ --name _moe_gpt2 --config $TMP/gpt2.yaml \
     --layout "dp=2 ep=2" --layout "dp=4 ep=4 zero=3" \
     --layout "dp=2 ep=2 pp=2 vpp=2 sched=interleaved" --layout "dp=2 ep=2 train.recompute=full" \

@@ -46,3 +46,4 @@ check $TMP/g.yaml memory_plan_gpt2_moe_shared_ep2_dp4_zero2 4 $M --set model.moe
 check $TMP/c.yaml memory_plan_moe_every2_pp2_tp2_sp_zero3 8 $M --set model.n_layer=4 --set model.moe.every=2 --set parallel.pp=2 --set parallel.tp=2 --set parallel.sp=true --set parallel.dp=2 --set parallel.ep=2 --set optimizer.zero_stage=3
 check $TMP/c.yaml memory_plan_moe_recompute_full_cp2 4 $M --set parallel.cp=2 --set parallel.dp=2 --set parallel.ep=2 --set train.recompute=full
 check $TMP/c.yaml memory_plan_moe_capacity_ep2_dp2 2 $M --set parallel.dp=2 --set parallel.ep=2 --set model.moe.capacity_factor=1.25
+check $TMP/c.yaml memory_plan_moe_capacity_cp2 2 $M --set parallel.cp=2 --set model.moe.capacity_factor=1.0
