@@ -12,4 +12,7 @@ int cmd_export(int argc, char **argv);
 /* ustrain data prep --out DIR [--tokenizer tokenizer.json] ... FILE...: text -> llm.c shards. */
 int cmd_data_prep(int argc, char **argv);
 
+/* ustrain plan CONFIG --world N ...: layouts ranked by estimated step time (core/planner). */
+int cmd_plan(int argc, char **argv);
+
 #endif

@@ -33,6 +33,9 @@ static const char *USAGE =
     "                                            text / JSON lines -> llm.c shards (bytes, or the\n"
     "                                            byte-level BPE of a Hugging Face tokenizer.json)\n"
     "  bench train CONFIG [--steps N] [--set ...] time training steps: ms/step, tok/s, MFU\n"
+    "  plan CONFIG --world N [--gpu-mem 80GiB] [--gpus-per-node 8] [--global-batch 512|4M]\n"
+    "       [--write OUT.yaml] ...              layouts that fit, ranked by estimated step time\n"
+    "                                            (ustrain plan --help: every option)\n"
     "  export CKPT --to hf OUT                   checkpoint -> Hugging Face model.safetensors +\n"
     "                                            config.json (LlamaForCausalLM / GPT2LMHeadModel)\n"
     "  --help, --version\n"
@@ -248,5 +251,6 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "data") == 0) return cmd_data(argc - 2, argv + 2);
     if (strcmp(argv[1], "bench") == 0) return cmd_bench(argc - 2, argv + 2);
     if (strcmp(argv[1], "export") == 0) return cmd_export(argc - 2, argv + 2);
+    if (strcmp(argv[1], "plan") == 0) return cmd_plan(argc - 2, argv + 2);
     return usage_error("unknown command '%s'", argv[1]);
 }

@@ -1,0 +1,378 @@
+/* ustrain plan CONFIG --world N ...: the layouts of N GPUs that fit the model, ranked by the
+ * estimated step time of core/planner, printed as the Playbook's three steps; --write puts the
+ * best one into a ready config. */
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmd.h"
+#include "config.h"
+#include "error.h"
+#include "log.h"
+#include "plan.h"
+#include "planner.h"
+
+static const char *PLAN_USAGE =
+    "usage: ustrain plan CONFIG --world N [--gpu-mem SIZE] [--gpus-per-node N]\n"
+    "           [--global-batch SEQS|TOKENS] [--seq-len N] [--mfu F] [--peak-flops FLOPS]\n"
+    "           [--bw-intra BYTES_PER_S] [--bw-inter BYTES_PER_S] [--top N] [--all]\n"
+    "           [--write OUT.yaml] [--set key.path=value ...]\n"
+    "  SIZE: bytes with an optional K/M/G/T or KiB/MiB/GiB/TiB (powers of 1024) or KB/MB/GB/TB\n"
+    "        (powers of 1000) suffix; default 80GiB\n"
+    "  --global-batch: sequences (512), or tokens with a K/M/G suffix (4M = 4*2^20) or 'tok'\n"
+    "        (4194304tok); default the config's train.global_batch_size\n"
+    "  defaults: --gpus-per-node 8 --mfu 0.4 --peak-flops 989e12 --bw-intra 450e9 --bw-inter 50e9\n"
+    "        --top 10; the config's parallel section is ignored\n";
+
+static int bad(const char *fmt, const char *a, const char *b) {
+    fprintf(stderr, "ustrain plan: error: ");
+    fprintf(stderr, fmt, a, b);
+    fprintf(stderr, "\n(run `ustrain plan --help` for usage)\n");
+    return UST_EXIT_USAGE;
+}
+
+/* A whole positive number (no sign, no suffix). */
+static int parse_count(const char *s, long long *out) {
+    char *end;
+    if (!isdigit((unsigned char)s[0])) return -1;
+    long long v = strtoll(s, &end, 10);
+    if (*end || v <= 0) return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_positive(const char *s, double *out) {
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *end || !(v > 0) || !isfinite(v)) return -1;
+    *out = v;
+    return 0;
+}
+
+/* Multiplier of a size suffix ("" -> 1); 0 if unknown. */
+static double size_suffix(const char *u) {
+    static const struct {
+        const char *s;
+        double m;
+    } t[] = {{"", 1},
+             {"B", 1},
+             {"K", 1024.0},
+             {"KiB", 1024.0},
+             {"KB", 1e3},
+             {"M", 1048576.0},
+             {"MiB", 1048576.0},
+             {"MB", 1e6},
+             {"G", 1073741824.0},
+             {"GiB", 1073741824.0},
+             {"GB", 1e9},
+             {"T", 1099511627776.0},
+             {"TiB", 1099511627776.0},
+             {"TB", 1e12}};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        if (strcmp(u, t[i].s) == 0) return t[i].m;
+    return 0;
+}
+
+static int parse_size(const char *s, double *out) {
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || !(v > 0) || !isfinite(v)) return -1;
+    double m = size_suffix(end);
+    if (m == 0) return -1;
+    *out = v * m;
+    return 0;
+}
+
+/* "512" sequences; "4M", "4Mtok", "4194304tok" tokens (K/M/G binary). Returns 0 with either
+ * *seqs or *tokens set. */
+static int parse_batch(const char *s, long long *seqs, long long *tokens) {
+    char *end;
+    if (!isdigit((unsigned char)s[0])) return -1;
+    long long v = strtoll(s, &end, 10);
+    if (v <= 0) return -1;
+    double m = 1;
+    int tok = 0;
+    if (*end == 'K' || *end == 'M' || *end == 'G') {
+        m = *end == 'K' ? 1024.0 : *end == 'M' ? 1048576.0 : 1073741824.0;
+        tok = 1, end++;
+    }
+    if (strcmp(end, "tok") == 0 || strcmp(end, "tokens") == 0)
+        tok = 1;
+    else if (*end)
+        return -1;
+    *seqs = *tokens = 0;
+    *(tok ? tokens : seqs) = (long long)(v * m);
+    return 0;
+}
+
+typedef struct {
+    const char *config, *write;
+    int world, top, all, seq_len;
+    long long batch_seqs, batch_tokens;
+    planner_hw hw;
+} plan_opts;
+
+/* Parses argv into o; --set assignments are applied later (they need the loaded config). */
+static int parse_args(int argc, char **argv, plan_opts *o) {
+    memset(o, 0, sizeof *o);
+    planner_hw_defaults(&o->hw);
+    o->top = 10;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long long n;
+        if (strcmp(a, "--all") == 0) {
+            o->all = 1;
+            continue;
+        }
+        if (a[0] != '-') {
+            if (o->config) return bad("unexpected argument %s%s", a, "");
+            o->config = a;
+            continue;
+        }
+        static const char *const with_value[] = {
+            "--world",    "--gpu-mem", "--gpus-per-node", "--global-batch",
+            "--seq-len",  "--mfu",     "--peak-flops",    "--bw-intra",
+            "--bw-inter", "--top",     "--write",         "--set",
+            NULL};
+        int known = 0;
+        for (int k = 0; with_value[k]; k++) known |= strcmp(a, with_value[k]) == 0;
+        if (!known)
+            return bad("unknown option %s%s", a,
+                       " (allowed: --world --gpu-mem --gpus-per-node --global-batch --seq-len "
+                       "--mfu --peak-flops --bw-intra --bw-inter --top --all --write --set)");
+        if (!v) return bad("%s needs a value%s", a, "");
+        i++;
+        if (strcmp(a, "--world") == 0 || strcmp(a, "--gpus-per-node") == 0 ||
+            strcmp(a, "--top") == 0 || strcmp(a, "--seq-len") == 0) {
+            if (parse_count(v, &n) || n > 1 << 24)
+                return bad("%s %s: expected a whole number from 1 to 16777216", a, v);
+            *(strcmp(a, "--world") == 0           ? &o->world
+              : strcmp(a, "--gpus-per-node") == 0 ? &o->hw.gpus_per_node
+              : strcmp(a, "--top") == 0           ? &o->top
+                                                  : &o->seq_len) = (int)n;
+        } else if (strcmp(a, "--gpu-mem") == 0) {
+            if (parse_size(v, &o->hw.gpu_mem))
+                return bad("--gpu-mem %s: expected a size such as 80GiB, 141GB or 85899345920%s", v,
+                           "");
+        } else if (strcmp(a, "--global-batch") == 0) {
+            if (parse_batch(v, &o->batch_seqs, &o->batch_tokens))
+                return bad(
+                    "--global-batch %s: expected sequences (512) or tokens (4M, 4194304tok)%s", v,
+                    "");
+        } else if (strcmp(a, "--mfu") == 0) {
+            if (parse_positive(v, &o->hw.mfu) || o->hw.mfu > 1)
+                return bad("--mfu %s: expected a fraction in (0, 1], e.g. 0.4%s", v, "");
+        } else if (strcmp(a, "--peak-flops") == 0 || strcmp(a, "--bw-intra") == 0 ||
+                   strcmp(a, "--bw-inter") == 0) {
+            double *dst = strcmp(a, "--peak-flops") == 0 ? &o->hw.peak_flops
+                          : strcmp(a, "--bw-intra") == 0 ? &o->hw.bw_intra
+                                                         : &o->hw.bw_inter;
+            if (parse_positive(v, dst))
+                return bad("%s %s: expected a positive number such as 450e9", a, v);
+        } else if (strcmp(a, "--write") == 0) {
+            o->write = v;
+        }
+    }
+    if (!o->config) return bad("missing CONFIG (a YAML file)%s%s", "", "");
+    if (!o->world) return bad("missing --world N (the number of GPUs)%s%s", "", "");
+    return 0;
+}
+
+/* Loads the config, applies --set, --seq-len and --global-batch, and checks the model alone
+ * (with a one-rank layout; the search fills the layout in). */
+static int load_base(int argc, char **argv, const plan_opts *o, ust_config *c) {
+    ust_err e;
+    char buf[64];
+    cfg_defaults(c);
+    if (cfg_load_file(c, o->config, &e)) goto fail;
+    for (int i = 0; i + 1 < argc; i++)
+        if (strcmp(argv[i], "--set") == 0 && cfg_set(c, argv[++i], &e)) goto fail;
+    if (o->seq_len) c->train.seq_len = o->seq_len;
+    if (o->batch_tokens) {
+        if (o->batch_tokens % c->train.seq_len) {
+            snprintf(buf, sizeof buf, "%lld tokens", o->batch_tokens);
+            fprintf(stderr,
+                    "ustrain plan: error: --global-batch %s is not a whole number of %d-token "
+                    "sequences\n",
+                    buf, c->train.seq_len);
+            return UST_EXIT_USAGE;
+        }
+        if (o->batch_tokens / c->train.seq_len > 1 << 30)
+            return bad("--global-batch: too many sequences%s%s", "", "");
+        c->train.global_batch_size = (int)(o->batch_tokens / c->train.seq_len);
+    } else if (o->batch_seqs) {
+        if (o->batch_seqs > 1 << 30) return bad("--global-batch: too many sequences%s%s", "", "");
+        c->train.global_batch_size = (int)o->batch_seqs;
+    }
+    ust_config one = *c;
+    planner_layout l = {1, 1, 1, 1, 1, 1, 0, 1, false, RECOMPUTE_NONE};
+    planner_apply(c, &l, &one);
+    one.train.global_batch_size = 1;
+    if (cfg_validate(&one, 1, &e)) goto fail;
+    return 0;
+fail:
+    fprintf(stderr, "ustrain plan: error: %s\n", e.msg);
+    return UST_EXIT_USAGE;
+}
+
+static const char *recompute_name(ust_recompute r) {
+    return r == RECOMPUTE_FULL ? "full" : r == RECOMPUTE_SELECTIVE ? "selective" : "none";
+}
+
+static void layout_line(const planner_layout *l, int world, char *buf, size_t n) {
+    snprintf(buf, n,
+             "dp=%d tp=%d pp=%d vpp=%d cp=%d ep=%d sp=%s zero=%d micro_batch=%d "
+             "recompute=%s (world %d)",
+             l->dp, l->tp, l->pp, l->vpp, l->cp, l->ep, l->sp ? "on" : "off", l->zero,
+             l->micro_batch, recompute_name(l->recompute), world);
+}
+
+static void print_steps(const ust_config *c, const plan_opts *o, const planner_stats *st,
+                        const planner_entry *best) {
+    char line[256];
+    layout_line(&best->l, o->world, line, sizeof line);
+    planner_sizes s;
+    planner_model_sizes(c, &s);
+    char b[4][32];
+    double active =
+        s.n_params -
+        (s.n_moe ? s.n_moe * (c->model.moe.num_experts - c->model.moe.top_k) * s.expert : 0);
+    printf("ustrain plan: %s on %d GPUs (%d per node, %s each); compute at MFU %.2f of %.0f "
+           "TFLOP/s; bandwidth %.0f GB/s intra-node, %.0f GB/s inter-node\n",
+           c->source, o->world, o->hw.gpus_per_node, log_bytes(b[0], 32, o->hw.gpu_mem), o->hw.mfu,
+           o->hw.peak_flops / 1e12, o->hw.bw_intra / 1e9, o->hw.bw_inter / 1e9);
+    printf("model: %s, %.4g B parameters (%.4g B active per token), %d layers, d_model %d; "
+           "%.4g GFLOP per token (6 x active matmul weights + 12 x layers x d_model x seq_len)\n",
+           c->model.arch == ARCH_GPT2 ? "gpt2" : "llama", s.n_params / 1e9, active / 1e9,
+           c->model.n_layer, c->model.d_model, planner_flops_per_token(c) / 1e9);
+    printf("step 1, fit one model instance: weights, gradients and AdamW moments take 16 bytes "
+           "x %.4g B = %s unsharded (fp32); %ld of %ld valid layouts fit %s per rank; the "
+           "smallest model-parallel degree that fits is tp x pp x cp = %d (%s)\n",
+           s.n_params / 1e9, log_bytes(b[1], 32, 16.0 * s.n_params), st->fitting,
+           st->fitting + st->over_mem, log_bytes(b[2], 32, o->hw.gpu_mem),
+           best->l.tp * best->l.pp * best->l.cp, line);
+    printf("step 2, reach the global batch: %d sequences x %d tokens = %lld tokens per step = "
+           "dp x micro-batch x gradient accumulation\n",
+           c->train.global_batch_size, c->train.seq_len,
+           (long long)c->train.global_batch_size * c->train.seq_len);
+    printf("step 3, maximize throughput: ranked by estimated step time = compute + communication "
+           "(no overlap) + pipeline bubble\n");
+}
+
+static void print_table(const ust_config *c, const planner_entry *e, long n, int top) {
+    printf("\n  #   dp  tp  pp vpp  cp  ep sp zero  mbs   ga recompute   step_s  compute     comm"
+           "   bubble     mem/rank       tok/s\n");
+    for (long i = 0; i < n && i < top; i++) {
+        const planner_layout *l = &e[i].l;
+        const planner_cost *k = &e[i].cost;
+        char m[32];
+        printf("%3ld %4d %3d %3d %3d %3d %3d %2s %4d %4d %4d %-9s %8.3f %8.3f %8.3f %8.3f %12s "
+               "%11.0f\n",
+               i + 1, l->dp, l->tp, l->pp, l->vpp, l->cp, l->ep, l->sp ? "y" : "n", l->zero,
+               l->micro_batch, c->train.global_batch_size / (l->dp * l->micro_batch),
+               recompute_name(l->recompute), k->total, k->compute, k->comm, k->bubble,
+               log_bytes(m, sizeof m, k->mem), k->tokens_per_s);
+    }
+}
+
+static void print_best(const ust_config *c, const planner_entry *e, int world) {
+    char line[256], m[32];
+    layout_line(&e->l, world, line, sizeof line);
+    printf("\nbest: %s\n", line);
+    printf("  step %.3f s = compute %.3f + communication %.3f + bubble %.3f; %.0f tokens/s\n",
+           e->cost.total, e->cost.compute, e->cost.comm, e->cost.bubble, e->cost.tokens_per_s);
+    const planner_layout *l = &e->l;
+    int size[PLAN_NGROUPS] = {[PLAN_DP] = l->dp * l->cp,
+                              [PLAN_TP] = l->tp,
+                              [PLAN_CP] = l->cp,
+                              [PLAN_PP] = l->pp,
+                              [PLAN_EP] = l->ep};
+    printf("  communication per step:");
+    for (int g = 0; g < PLAN_NGROUPS; g++) {
+        if (size[g] > 1)
+            printf(" %s %.3f s (%d ranks, %s)", planner_group_names[g], e->cost.group[g], size[g],
+                   e->cost.intra[g] ? "intra-node" : "inter-node");
+        else
+            printf(" %s -", planner_group_names[g]);
+        printf("%s", g + 1 < PLAN_NGROUPS ? "," : "\n");
+    }
+    printf("  memory per rank: %s (%.0f bytes; the fp32 memory plan `ustrain validate` prints)\n",
+           log_bytes(m, sizeof m, e->cost.mem), e->cost.mem);
+    (void)c;
+}
+
+static int write_yaml(const ust_config *base, const planner_entry *e, int world, const char *path) {
+    ust_config c;
+    planner_apply(base, &e->l, &c);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "ustrain plan: error: cannot write %s\n", path);
+        return UST_EXIT_RUNTIME;
+    }
+    char line[256];
+    layout_line(&e->l, world, line, sizeof line);
+    fprintf(f,
+            "# written by ustrain plan: %s\n# estimated step %.3f s (compute %.3f, comm %.3f, "
+            "bubble %.3f), %.0f tokens/s\n",
+            line, e->cost.total, e->cost.compute, e->cost.comm, e->cost.bubble,
+            e->cost.tokens_per_s);
+    cfg_dump(&c, f);
+    if (fclose(f)) {
+        fprintf(stderr, "ustrain plan: error: cannot write %s\n", path);
+        return UST_EXIT_RUNTIME;
+    }
+    printf("wrote %s (check it with: ustrain validate %s --world %d)\n", path, path, world);
+    return 0;
+}
+
+int cmd_plan(int argc, char **argv) {
+    for (int i = 0; i < argc; i++)
+        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
+            fputs(PLAN_USAGE, stdout);
+            return 0;
+        }
+    plan_opts o;
+    ust_config base;
+    int rc = parse_args(argc, argv, &o);
+    if (!rc) rc = load_base(argc, argv, &o, &base);
+    if (rc) return rc;
+    planner_entry *e = NULL;
+    planner_stats st;
+    long n = planner_search(&base, o.world, &o.hw, &e, &st);
+    char line[256], b[2][32];
+    if (st.candidates == st.invalid) {
+        fprintf(stderr,
+                "ustrain plan: error: no valid layout of --world %d for %s (%ld tried; the first "
+                "refused: %s)\n",
+                o.world, o.config, st.candidates, st.first_error);
+        free(e);
+        return UST_EXIT_USAGE;
+    }
+    if (n == 0) {
+        layout_line(&st.smallest.l, o.world, line, sizeof line);
+        fprintf(stderr,
+                "ustrain plan: error: none of the %ld valid layouts fits --gpu-mem %s per rank; "
+                "the smallest needs %s (%s)\n",
+                st.over_mem, log_bytes(b[0], 32, o.hw.gpu_mem),
+                log_bytes(b[1], 32, st.smallest.cost.mem), line);
+        free(e);
+        return UST_EXIT_USAGE;
+    }
+    /* step 1's smallest model-parallel degree, before the list is cut to one entry per mesh */
+    planner_entry small = e[0];
+    for (long i = 1; i < n; i++)
+        if (e[i].l.tp * e[i].l.pp * e[i].l.cp < small.l.tp * small.l.pp * small.l.cp) small = e[i];
+    print_steps(&base, &o, &st, &small);
+    long shown = o.all ? n : planner_best_per_mesh(e, n);
+    print_table(&base, e, shown, o.top);
+    printf("(%ld of %ld %s; %ld layouts tried, %ld refused by validation, %ld over memory)\n",
+           shown < o.top ? shown : (long)o.top, shown,
+           o.all ? "fitting layouts" : "meshes, the best variant of each (--all: every variant)",
+           st.candidates, st.invalid, st.over_mem);
+    print_best(&base, &e[0], o.world);
+    rc = o.write ? write_yaml(&base, &e[0], o.world, o.write) : 0;
+    free(e);
+    return rc;
+}

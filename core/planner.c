@@ -1,0 +1,299 @@
+#include "planner.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "plan.h"
+
+const char *const planner_group_names[PLAN_NGROUPS] = {"dp", "tp", "cp", "pp", "ep"};
+
+void planner_hw_defaults(planner_hw *h) {
+    h->peak_flops = 989e12;
+    h->mfu = 0.4;
+    h->bw_intra = 450e9;
+    h->bw_inter = 50e9;
+    h->gpus_per_node = 8;
+    h->gpu_mem = 80.0 * (1 << 30);
+}
+
+void planner_apply(const ust_config *base, const planner_layout *l, ust_config *out) {
+    *out = *base;
+    out->parallel.dp = l->dp, out->parallel.tp = l->tp, out->parallel.pp = l->pp;
+    out->parallel.vpp = l->vpp, out->parallel.cp = l->cp, out->parallel.ep = l->ep;
+    out->parallel.sp = l->sp;
+    out->parallel.pp_schedule = l->vpp > 1 ? PP_INTERLEAVED : PP_1F1B;
+    out->parallel.pp_layers[0] = 0;
+    out->train.micro_batch_size = l->micro_batch;
+    out->train.recompute = l->recompute;
+    out->optimizer.zero_stage = l->zero;
+}
+
+/* ---------------------------------------------------------------- model sizes and FLOPs */
+
+void planner_model_sizes(const ust_config *c, planner_sizes *s) {
+    double C = c->model.d_model, F = c->model.d_ff, V = cfg_vocab_padded(c);
+    double HD = (double)c->model.n_head * cfg_head_dim(c);
+    double KV = (double)c->model.n_kv_head * cfg_head_dim(c);
+    double Fe = c->model.moe.d_ff_expert, E = c->model.moe.num_experts;
+    int gpt2 = c->model.arch == ARCH_GPT2, L = c->model.n_layer;
+    memset(s, 0, sizeof *s);
+    s->emb = V * C + (gpt2 ? (double)c->model.max_seq_len * C : 0);
+    s->head = (gpt2 ? 2 * C : C) + (cfg_tied(c) ? 0 : V * C);
+    double attn_mm = 2 * HD * C + 2 * KV * C; /* q, o; k, v */
+    /* gpt2: LayerNorms with biases, biases on q, k, v, o */
+    s->attn = attn_mm + (gpt2 ? 4 * C + HD + 2 * KV + C : 2 * C);
+    double mlp_mm = (gpt2 ? 2 : 3) * F * C, expert_mm = (gpt2 ? 2 : 3) * Fe * C;
+    s->mlp = mlp_mm + (gpt2 ? F + C : 0);
+    s->expert = expert_mm + (gpt2 ? Fe + C : 0);
+    int shared = c->model.moe.shared_expert;
+    s->moe_dense = E * C + (shared ? s->expert : 0);
+    for (int l = 0; E > 0 && l < L; l++) s->n_moe += l % c->model.moe.every == 0;
+    s->n_params = s->emb + s->head + L * s->attn + (L - s->n_moe) * s->mlp +
+                  s->n_moe * (s->moe_dense + E * s->expert);
+    /* the logits matmul runs whether or not lm_head is tied to the embedding */
+    s->mm_dense = L * attn_mm + (L - s->n_moe) * mlp_mm + V * C;
+    s->mm_moe = s->n_moe * (E * C + (c->model.moe.top_k + shared) * expert_mm);
+}
+
+double planner_flops_per_token(const ust_config *c) {
+    planner_sizes s;
+    planner_model_sizes(c, &s);
+    return 6.0 * (s.mm_dense + s.mm_moe) +
+           12.0 * c->model.n_layer * (double)c->model.d_model * c->train.seq_len;
+}
+
+/* ---------------------------------------------------------------- collectives */
+
+double planner_allreduce_s(double bytes, int n, double bw) {
+    return n > 1 ? 2.0 * (n - 1) / n * bytes / bw : 0;
+}
+double planner_allgather_s(double bytes, int n, double bw) {
+    return n > 1 ? (double)(n - 1) / n * bytes / bw : 0;
+}
+double planner_reducescatter_s(double bytes, int n, double bw) {
+    return planner_allgather_s(bytes, n, bw);
+}
+double planner_alltoall_s(double bytes, int n, double bw) {
+    return planner_allgather_s(bytes, n, bw);
+}
+
+int planner_intra_node(int stride, int size, int gpus_per_node) {
+    long span = (long)stride * size;
+    return span <= gpus_per_node && gpus_per_node % span == 0;
+}
+
+/* ---------------------------------------------------------------- the step estimate */
+
+/* Every buffer ustrain communicates is fp32 (activations too: bf16 is only the matmul inputs). */
+#define BYTES 4.0
+
+/* DP: gradients of `params` over n ranks as ustrain's dp does it per ZeRO stage, m micro-batches:
+ * 0 one all-reduce; 1 reduce-scatter + all-gather of the updated weights; 2 a reduce-scatter after
+ * every micro-batch + the all-gather; 3 every micro-batch gathers the weights before forward and
+ * again before backward and reduce-scatters the gradients. */
+static double dp_time(double params, int n, double bw, int zero, int m) {
+    double b = BYTES * params, rs = planner_reducescatter_s(b, n, bw);
+    double ag = planner_allgather_s(b, n, bw);
+    switch (zero) {
+    case 0:
+        return planner_allreduce_s(b, n, bw);
+    case 1:
+        return rs + ag;
+    case 2:
+        return m * rs + ag;
+    default:
+        return m * (2 * ag + rs);
+    }
+}
+
+void planner_estimate(const ust_config *c, const planner_hw *hw, planner_cost *o) {
+    const __typeof__(c->parallel) *p = &c->parallel;
+    int dp = p->dp, tp = p->tp, pp = p->pp, v = p->vpp, cp = p->cp, ep = p->ep;
+    int m = cfg_grad_accum(c), gpn = hw->gpus_per_node;
+    int full = c->train.recompute == RECOMPUTE_FULL, sp = p->sp && tp > 1;
+    double B = c->train.micro_batch_size, T = c->train.seq_len, C = c->model.d_model;
+    double L = c->model.n_layer, Tl = T / cp;
+    planner_sizes s;
+    planner_model_sizes(c, &s);
+    double layers = L / pp, moe_on = (double)s.n_moe / pp, dense_on = layers - moe_on;
+    memset(o, 0, sizeof *o);
+
+    /* compute: the dense part is split over tp, the MoE MLPs run on every tp rank; every token
+     * of the step goes through once (dp x cp split the tokens, pp the layers); full recompute
+     * runs the forward (a third of the work) twice */
+    double f_dense = 6 * s.mm_dense + 12 * L * C * T, f_moe = 6 * s.mm_moe;
+    if (full) f_dense += 2 * s.mm_dense + 4 * L * C * T, f_moe += 2 * s.mm_moe;
+    double tokens = (double)c->train.global_batch_size * T;
+    double flops = tokens / ((double)dp * cp) * (f_dense / ((double)tp * pp) + f_moe / pp);
+    o->compute = flops / (hw->mfu * hw->peak_flops);
+    o->bubble = pp > 1 ? (double)(pp - 1) / ((double)v * m) * o->compute : 0;
+
+    /* which bandwidth each group gets: rank order tp, cp, dp, pp (fastest first) */
+    o->intra[PLAN_TP] = planner_intra_node(1, tp, gpn);
+    o->intra[PLAN_CP] = planner_intra_node(tp, cp, gpn);
+    o->intra[PLAN_DP] = planner_intra_node(tp, cp * dp, gpn); /* dp x cp, expert-dp x cp */
+    o->intra[PLAN_EP] = planner_intra_node(tp * cp, ep, gpn);
+    o->intra[PLAN_PP] = planner_intra_node(tp * cp * dp, pp, gpn);
+    double bw[PLAN_NGROUPS];
+    for (int g = 0; g < PLAN_NGROUPS; g++) bw[g] = o->intra[g] ? hw->bw_intra : hw->bw_inter;
+
+    /* DP: this rank's parameters (the heavier end stage under a pipeline) */
+    double end = pp > 1 ? (s.emb > s.head ? s.emb : s.head) : s.emb + s.head;
+    double dense = (layers * s.attn + dense_on * s.mlp + end) / tp + moe_on * s.moe_dense;
+    double experts = moe_on * ((double)c->model.moe.num_experts / ep) * s.expert;
+    int zero = c->optimizer.zero_stage;
+    o->group[PLAN_DP] = dp_time(dense, dp * cp, bw[PLAN_DP], zero, m) +
+                        dp_time(experts, dp / ep * cp, bw[PLAN_DP], zero, m);
+
+    /* TP, per micro-batch, in units of one all-gather of the rows a = (B, T/cp, C): a dense layer
+     * all-reduces twice forward and twice backward (8 units); with sp it all-gathers and
+     * reduce-scatters instead and gathers both norms' outputs again in backward (10). A MoE
+     * layer only has attention's (4; sp: 8, its input gathered for the MLP). Full recompute
+     * repeats the forward's (4, 4; MoE 2, 3). Embedding and lm_head: 4. */
+    double unit = planner_allgather_s(BYTES * B * Tl * C, tp, bw[PLAN_TP]);
+    double u_dense = (sp ? 10 : 8) + full * 4, u_moe = (sp ? 8 : 4) + full * (sp ? 3 : 2);
+    o->group[PLAN_TP] = m * (dense_on * u_dense + moe_on * u_moe + 4) * unit;
+
+    /* CP ring: the local K/V block goes around the group (n-1 hops) forward, K/V and their
+     * gradients (twice the bytes) backward, once more forward under full recompute; the
+     * allgather variant moves the same bytes */
+    double kv = BYTES * B * Tl * 2.0 * (c->model.n_kv_head / tp) * cfg_head_dim(c);
+    o->group[PLAN_CP] = cp > 1 ? m * layers * (3 + full) * (cp - 1) * kv / bw[PLAN_CP] : 0;
+
+    /* PP: each micro-batch crosses every chunk boundary forward (activations) and backward
+     * (their gradients); under sp the residual stream is split over tp */
+    double act = BYTES * B * Tl * C / (sp ? tp : 1);
+    o->group[PLAN_PP] = pp > 1 ? 2.0 * v * m * act / bw[PLAN_PP] : 0;
+
+    /* EP: every token (all of them on every tp rank) goes to its top_k experts and back, forward
+     * and backward: four all-to-alls per MoE layer, two more under full recompute */
+    double rows = B * Tl * c->model.moe.top_k;
+    o->group[PLAN_EP] =
+        m * moe_on * (4 + 2 * full) * planner_alltoall_s(BYTES * rows * C, ep, bw[PLAN_EP]);
+
+    for (int g = 0; g < PLAN_NGROUPS; g++) o->comm += o->group[g];
+    o->total = o->compute + o->bubble + o->comm;
+    o->tokens_per_s = tokens / o->total;
+    mem_plan mp;
+    plan_memory(c, &mp);
+    o->mem = mp.total;
+}
+
+/* ---------------------------------------------------------------- the search */
+
+static int cmp3(double a, double b) { return a < b ? -1 : a > b; }
+
+int planner_compare(const void *pa, const void *pb) {
+    const planner_entry *a = pa, *b = pb;
+    int r;
+    /* equal up to rounding: sums in a different order must not reorder ties */
+    double ta = a->cost.total, tb = b->cost.total;
+    if ((ta - tb) > 1e-9 * tb || (tb - ta) > 1e-9 * tb) return cmp3(ta, tb);
+    if ((r = cmp3(b->l.micro_batch, a->l.micro_batch))) return r;
+    if ((r = cmp3(a->cost.mem, b->cost.mem))) return r;
+    int x[] = {a->l.dp, a->l.tp, a->l.pp, a->l.vpp, a->l.cp, a->l.ep, a->l.zero};
+    int y[] = {b->l.dp, b->l.tp, b->l.pp, b->l.vpp, b->l.cp, b->l.ep, b->l.zero};
+    for (int i = 0; i < 7; i++)
+        if ((r = cmp3(x[i], y[i]))) return r;
+    if ((r = cmp3(a->l.sp, b->l.sp))) return r;
+    return cmp3(a->l.recompute, b->l.recompute);
+}
+
+static int divisors(int n, int *d, int max) {
+    int k = 0;
+    for (int i = 1; i <= n && k < max; i++)
+        if (n % i == 0) d[k++] = i;
+    return k;
+}
+
+typedef struct {
+    const ust_config *base;
+    const planner_hw *hw;
+    int world;
+    planner_entry *e;
+    long n, cap;
+    planner_stats *st;
+    double smallest;
+} search;
+
+static void consider(search *s, const planner_layout *l) {
+    ust_config c;
+    ust_err err;
+    planner_apply(s->base, l, &c);
+    s->st->candidates++;
+    if (cfg_validate(&c, s->world, &err)) {
+        if (!s->st->invalid++)
+            snprintf(s->st->first_error, sizeof s->st->first_error, "%s", err.msg);
+        return;
+    }
+    planner_entry e = {.l = *l};
+    planner_estimate(&c, s->hw, &e.cost);
+    if (s->smallest == 0 || e.cost.mem < s->smallest) s->smallest = e.cost.mem, s->st->smallest = e;
+    if (e.cost.mem > s->hw->gpu_mem) {
+        s->st->over_mem++;
+        return;
+    }
+    if (s->n == s->cap) {
+        s->cap = s->cap ? 2 * s->cap : 1024;
+        s->e = realloc(s->e, s->cap * sizeof *s->e);
+        if (!s->e) abort();
+    }
+    s->e[s->n++] = e;
+}
+
+/* The parts of a layout below the mesh: sp, ZeRO stage, recompute, micro-batch. */
+static void sweep_mesh(search *s, planner_layout l) {
+    int G = s->base->train.global_batch_size, mbs[64];
+    if (G % l.dp) { /* cfg_validate says why */
+        l.micro_batch = 1, l.zero = 0, l.sp = 0, l.recompute = RECOMPUTE_NONE;
+        consider(s, &l);
+        return;
+    }
+    int nm = divisors(G / l.dp, mbs, 64);
+    for (int sp = 0; sp <= (l.tp > 1); sp++)
+        for (int z = 0; z <= 3; z++)
+            for (int r = RECOMPUTE_NONE; r <= RECOMPUTE_FULL; r++)
+                for (int i = 0; i < nm; i++) {
+                    l.sp = sp, l.zero = z, l.recompute = (ust_recompute)r, l.micro_batch = mbs[i];
+                    consider(s, &l);
+                }
+}
+
+long planner_search(const ust_config *base, int world, const planner_hw *hw, planner_entry **out,
+                    planner_stats *st) {
+    search s = {.base = base, .hw = hw, .world = world, .st = st};
+    memset(st, 0, sizeof *st);
+    int d[256], nd = divisors(world, d, 256), E = base->model.moe.num_experts;
+    for (int a = 0; a < nd; a++)
+        for (int b = 0; b < nd; b++)
+            for (int q = 0; q < nd; q++) {
+                int tp = d[a], cp = d[b], pp = d[q];
+                if (world % ((long)tp * cp * pp)) continue;
+                int dp = world / (tp * cp * pp);
+                for (int v = 1; v <= (pp > 1 ? 16 : 1); v++) {
+                    if (base->model.n_layer % (pp * v)) continue;
+                    for (int ep = 1; ep <= dp; ep++) {
+                        if (dp % ep || (ep > 1 && (E == 0 || E % ep))) continue;
+                        planner_layout l = {
+                            .dp = dp, .tp = tp, .pp = pp, .vpp = v, .cp = cp, .ep = ep};
+                        sweep_mesh(&s, l);
+                    }
+                }
+            }
+    qsort(s.e, s.n, sizeof *s.e, planner_compare);
+    st->fitting = s.n;
+    *out = s.e;
+    return s.n;
+}
+
+long planner_best_per_mesh(planner_entry *e, long n) {
+    long k = 0;
+    for (long i = 0; i < n; i++) {
+        int seen = 0;
+        for (long j = 0; j < k && !seen; j++)
+            seen = e[j].l.dp == e[i].l.dp && e[j].l.tp == e[i].l.tp && e[j].l.pp == e[i].l.pp &&
+                   e[j].l.vpp == e[i].l.vpp && e[j].l.cp == e[i].l.cp && e[j].l.ep == e[i].l.ep;
+        if (!seen) e[k++] = e[i];
+    }
+    return k;
+}
