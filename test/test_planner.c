@@ -1,0 +1,333 @@
+/* test_planner: the cost model of `ustrain plan` against hand-computed cases (ring formulas, each
+ * group's volume, compute, bubble), its parameter count against the memory plan's, and the
+ * search's ranking in cases whose answer is known. The tiny model is the config defaults: llama,
+ * L=4, d_model C=128, 4 heads of 32 (2 kv heads), d_ff 384, vocabulary 512, seq_len T=128. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "config.h"
+#include "plan.h"
+#include "planner.h"
+#include "test.h"
+
+/* relative tolerance: the planner sums the same terms in another order */
+#define RT 1e-12
+
+static void tiny(ust_config *c) { cfg_defaults(c); }
+
+static void moe(ust_config *c) {
+    cfg_defaults(c);
+    c->model.moe.num_experts = 4, c->model.moe.top_k = 2, c->model.moe.d_ff_expert = 64;
+}
+
+static planner_hw hw_of(double bw_intra, double bw_inter, int gpn) {
+    planner_hw h;
+    planner_hw_defaults(&h);
+    h.peak_flops = 1e12, h.mfu = 0.5, h.bw_intra = bw_intra, h.bw_inter = bw_inter;
+    h.gpus_per_node = gpn, h.gpu_mem = 1e18;
+    return h;
+}
+
+/* c with the layout applied and its global batch set; fails the test if it is invalid */
+static int layout(ust_config *out, const ust_config *base, planner_layout l, int G) {
+    ust_config b = *base;
+    b.train.global_batch_size = G;
+    planner_apply(&b, &l, out);
+    ust_err e;
+    int world = l.dp * l.tp * l.pp * l.cp;
+    if (cfg_validate(out, world, &e)) {
+        printf("# invalid layout: %s\n", e.msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* LAYOUT(.tp = 2): a layout of ones with the named fields overridden (so override-init is meant) */
+#pragma GCC diagnostic ignored "-Woverride-init"
+#define LAYOUT(...)                                                                                \
+    ((planner_layout){                                                                             \
+        .dp = 1, .tp = 1, .pp = 1, .vpp = 1, .cp = 1, .ep = 1, .micro_batch = 1, __VA_ARGS__})
+
+static void test_ring_formulas() {
+    CHECK_CLOSE(planner_allreduce_s(1e9, 8, 1e9), 2.0 * 7 / 8, 0, RT, "all-reduce 2(n-1)/n");
+    CHECK_CLOSE(planner_allgather_s(1e9, 8, 1e9), 7.0 / 8, 0, RT, "all-gather (n-1)/n");
+    CHECK_CLOSE(planner_reducescatter_s(1e9, 4, 2e9), 3.0 / 8, 0, RT, "reduce-scatter");
+    CHECK_CLOSE(planner_alltoall_s(1e9, 2, 1e9), 0.5, 0, RT, "all-to-all");
+    CHECK(planner_allreduce_s(1e9, 1, 1e9) == 0, "a group of one communicates nothing");
+}
+
+static void test_group_is_intra_node_when_its_span_fits_and_divides_the_node() {
+    CHECK(planner_intra_node(1, 8, 8), "tp 8 fills a node");
+    CHECK(planner_intra_node(4, 2, 8), "cp 2 over tp 4 spans 8 ranks");
+    CHECK(!planner_intra_node(4, 4, 8), "span 16 > 8");
+    CHECK(!planner_intra_node(2, 3, 8), "span 6 does not divide 8: some groups straddle nodes");
+    CHECK(!planner_intra_node(1, 2, 1), "one GPU per node: every group crosses nodes");
+}
+
+static void test_parameter_count_equals_the_memory_plans() {
+    ust_config c, g, m, s;
+    tiny(&c);
+    planner_sizes z;
+    planner_model_sizes(&c, &z);
+    /* by hand: embedding 512*128, norm + lm_head 128 + 512*128, per layer 2 norms 256, q/o
+     * 2*128*128, k/v 2*64*128, MLP 3*384*128 */
+    CHECK_CLOSE(z.n_params, 65536 + 65664 + 4 * (256 + 32768 + 16384 + 147456), 0, 0, "llama");
+    g = c, g.model.arch = ARCH_GPT2, g.model.n_kv_head = 4;
+    moe(&m);
+    s = m, s.model.moe.shared_expert = true, s.model.moe.every = 2, s.model.arch = ARCH_GPT2;
+    s.model.n_kv_head = 4;
+    const ust_config *all[] = {&c, &g, &m, &s};
+    const char *names[] = {"llama", "gpt2 (tied, biases, positions)", "llama MoE",
+                           "gpt2 MoE every 2 with a shared expert"};
+    for (int i = 0; i < 4; i++) {
+        mem_plan p;
+        plan_memory(all[i], &p);
+        planner_model_sizes(all[i], &z);
+        CHECK(z.n_params == (double)p.n_params, "%s: planner %.0f, memory plan %lld", names[i],
+              z.n_params, (long long)p.n_params);
+    }
+}
+
+static void test_flops_per_token_by_hand() {
+    ust_config c, m;
+    tiny(&c);
+    /* matmul weights: 4 layers x (q,o 2*128*128 + k,v 2*64*128 + MLP 3*384*128) + lm_head
+     * 512*128 = 851968; attention 12*L*C*T = 12*4*128*128 */
+    CHECK_CLOSE(planner_flops_per_token(&c), 6.0 * 851968 + 786432, 0, RT, "dense");
+    moe(&m);
+    /* each MoE layer: router 4*128 and top_k = 2 of the 4 experts, 3*64*128 each */
+    double mm = 4 * 49152.0 + 65536 + 4 * (512 + 2 * 3 * 64 * 128.0);
+    CHECK_CLOSE(planner_flops_per_token(&m), 6 * mm + 786432, 0, RT, "MoE: active experts only");
+}
+
+/* compute = tokens x FLOP/token / ranks / (mfu x peak); 1f1b's bubble (p-1)/m of it, interleaved
+ * (p-1)/(v*m) */
+static void test_compute_and_pipeline_bubble() {
+    ust_config base, c;
+    tiny(&base);
+    planner_hw hw = hw_of(1e9, 1e9, 8);
+    planner_cost k;
+    CHECK(!layout(&c, &base, LAYOUT(.pp = 2, .micro_batch = 1), 8), "pp2");
+    planner_estimate(&c, &hw, &k);
+    double compute = 8 * 128 * 5898240.0 / 2 / 0.5e12;
+    CHECK_CLOSE(k.compute, compute, 0, RT, "compute, pp 2");
+    CHECK_CLOSE(k.bubble, compute / 8, 0, RT, "bubble (2-1)/8");
+    CHECK(!layout(&c, &base, LAYOUT(.pp = 2, .vpp = 2, .micro_batch = 1), 8), "pp2 vpp2");
+    planner_estimate(&c, &hw, &k);
+    CHECK_CLOSE(k.bubble, compute / 16, 0, RT, "bubble (2-1)/(2*8)");
+    CHECK(!layout(&c, &base, LAYOUT(.dp = 4, .micro_batch = 2), 8), "dp4");
+    planner_estimate(&c, &hw, &k);
+    CHECK_CLOSE(k.compute, 8 * 128 * 5898240.0 / 4 / 0.5e12, 0, RT, "compute, dp 4");
+    CHECK(k.bubble == 0, "no pipeline, no bubble");
+    /* full recomputation adds a forward: 2 x matmul weights + 4 L C T per token */
+    c.train.recompute = RECOMPUTE_FULL;
+    planner_estimate(&c, &hw, &k);
+    CHECK_CLOSE(k.compute, 8 * 128 * (5898240.0 + 2 * 851968 + 262144) / 4 / 0.5e12, 0, RT,
+                "compute, full recompute");
+}
+
+/* dp-only: one all-reduce of the fp32 gradients, 2(n-1)/n * 4 * params / bw, intra-node when the
+ * group fits a node; ZeRO-2 reduce-scatters every micro-batch, ZeRO-3 also gathers twice */
+static void test_dp_only_gradient_all_reduce() {
+    ust_config base, c;
+    tiny(&base);
+    double P = 918656, m = 4;
+    planner_hw hw = hw_of(100e9, 10e9, 8);
+    planner_cost k;
+    for (int z = 0; z <= 3; z++) {
+        CHECK(!layout(&c, &base, LAYOUT(.dp = 8, .zero = z), 32), "dp8");
+        planner_estimate(&c, &hw, &k);
+        double ar = 2.0 * 7 / 8 * 4 * P / 100e9, rs = 7.0 / 8 * 4 * P / 100e9;
+        double want[] = {ar, ar, m * rs + rs, m * 3 * rs};
+        CHECK_CLOSE(k.group[PLAN_DP], want[z], 0, RT, "dp 8 intra-node");
+        CHECK(k.intra[PLAN_DP], "8 ranks in a node of 8");
+        CHECK(k.comm == k.group[PLAN_DP], "only dp communicates");
+    }
+    hw = hw_of(100e9, 10e9, 4);
+    CHECK(!layout(&c, &base, LAYOUT(.dp = 8), 32), "dp8");
+    planner_estimate(&c, &hw, &k);
+    CHECK_CLOSE(k.group[PLAN_DP], 2.0 * 7 / 8 * 4 * P / 10e9, 0, RT, "dp 8 over nodes of 4");
+    CHECK(!k.intra[PLAN_DP], "8 ranks over nodes of 4");
+}
+
+/* TP per micro-batch: a layer's 4 all-reduces of the (B, T, C) rows = 8 units of (n-1)/n * a;
+ * with sp 10 units (2 extra re-gathers in backward); embedding + lm_head 4 units */
+static void test_tp_volume_per_layer() {
+    ust_config base, c;
+    tiny(&base);
+    planner_hw hw = hw_of(1e9, 1e9, 8);
+    planner_cost k;
+    double a = 4.0 * 2 * 128 * 128, unit = 0.5 * a / 1e9, m = 2; /* mbs 2, 2 micro-batches */
+    CHECK(!layout(&c, &base, LAYOUT(.tp = 2, .micro_batch = 2), 4), "tp2");
+    planner_estimate(&c, &hw, &k);
+    CHECK_CLOSE(k.group[PLAN_TP], m * (4 * 8 + 4) * unit, 0, RT, "tp 2");
+    CHECK_CLOSE(k.group[PLAN_TP], m * (4 * 4 + 2) * planner_allreduce_s(a, 2, 1e9), 0, RT,
+                "tp 2 as all-reduces");
+    CHECK(!layout(&c, &base, LAYOUT(.tp = 2, .micro_batch = 2, .sp = true), 4), "tp2 sp");
+    planner_estimate(&c, &hw, &k);
+    CHECK_CLOSE(k.group[PLAN_TP], m * (4 * 10 + 4) * unit, 0, RT, "tp 2 with sp");
+    CHECK(k.group[PLAN_DP] == 0 && k.group[PLAN_PP] == 0, "no other group");
+}
+
+/* CP ring: the local K/V block (B, T/cp, 2 * kv heads * head dim) makes n-1 hops forward, K/V +
+ * their gradients n-1 hops backward: 3 (n-1) blocks per layer per micro-batch */
+static void test_cp_ring_kv_passes() {
+    ust_config base, c;
+    tiny(&base);
+    planner_hw hw = hw_of(1e9, 1e9, 8);
+    planner_cost k;
+    CHECK(!layout(&c, &base, LAYOUT(.cp = 2), 2), "cp2");
+    planner_estimate(&c, &hw, &k);
+    double kv = 4.0 * 1 * 64 * 2 * 2 * 32;
+    CHECK_CLOSE(k.group[PLAN_CP], 2 * 4 * 3 * kv / 1e9, 0, RT, "cp 2, 2 micro-batches");
+    CHECK_CLOSE(k.group[PLAN_DP], 2.0 / 2 * 4 * 918656 / 1e9, 0, RT,
+                "cp ranks reduce gradients too");
+}
+
+/* PP: each micro-batch sends its activations (B, T, C) forward and their gradient back over each
+ * of the v chunk boundaries; inter-node when the pipeline spans nodes */
+static void test_pp_p2p_activations() {
+    ust_config base, c;
+    tiny(&base);
+    planner_hw hw = hw_of(1e9, 1e8, 2);
+    planner_cost k;
+    CHECK(!layout(&c, &base, LAYOUT(.pp = 2), 8), "pp2");
+    planner_estimate(&c, &hw, &k);
+    CHECK_CLOSE(k.group[PLAN_PP], 2.0 * 8 * 4 * 128 * 128 / 1e9, 0, RT, "pp 2 in a node of 2");
+    CHECK(!layout(&c, &base, LAYOUT(.pp = 2, .dp = 2, .vpp = 2), 16), "dp2 pp2 vpp2");
+    planner_estimate(&c, &hw, &k);
+    CHECK(!k.intra[PLAN_PP] && k.intra[PLAN_DP], "dp inside the node, pp across");
+    CHECK_CLOSE(k.group[PLAN_PP], 2.0 * 2 * 8 * 4 * 128 * 128 / 1e8, 0, RT, "vpp 2 across nodes");
+}
+
+/* EP: every token to its top_k experts and back, forward and backward: 4 all-to-alls of
+ * (B * T * k, C) rows per MoE layer */
+static void test_ep_all_to_all() {
+    ust_config base, c;
+    moe(&base);
+    planner_hw hw = hw_of(1e9, 1e9, 8);
+    planner_cost k;
+    CHECK(!layout(&c, &base, LAYOUT(.dp = 2, .ep = 2), 2), "dp2 ep2");
+    planner_estimate(&c, &hw, &k);
+    double rows = 128 * 2, bytes = 4 * rows * 128;
+    CHECK_CLOSE(k.group[PLAN_EP], 4 * 4 * 0.5 * bytes / 1e9, 0, RT, "ep 2, 4 MoE layers");
+    /* dense gradients over dp 2, each rank's 2 experts per layer over expert-dp 1 */
+    double dense = 65536 + 65664 + 4 * (49408 + 4 * 128);
+    CHECK_CLOSE(k.group[PLAN_DP], 2.0 / 2 * 4 * dense / 1e9, 0, RT, "experts are not reduced");
+}
+
+static int sorted(const planner_entry *e, long n) {
+    for (long i = 1; i < n; i++)
+        if (planner_compare(&e[i - 1], &e[i]) > 0) return 0;
+    return 1;
+}
+
+/* Infinite bandwidth: every layout without a pipeline or full recompute takes exactly the ideal
+ * compute time, and the tie goes to the largest micro-batch (dp 1 over 4 ranks: tp2 x cp2 or
+ * cp4, all 8 sequences at once). */
+static void test_ranking_without_communication_cost() {
+    ust_config c;
+    tiny(&c);
+    planner_hw hw = hw_of(1e30, 1e30, 8);
+    planner_entry *e;
+    planner_stats st;
+    long n = planner_search(&c, 4, &hw, &e, &st);
+    CHECK(n > 0 && n == st.fitting && st.over_mem == 0, "%ld fitting", n);
+    CHECK(sorted(e, n), "sorted by planner_compare");
+    planner_layout b = e[0].l;
+    CHECK_CLOSE(e[0].cost.total, 8 * 128 * 5898240.0 / 4 / 0.5e12, 0, 1e-9, "ideal compute");
+    CHECK(b.pp == 1 && b.recompute != RECOMPUTE_FULL && b.dp == 1 && b.micro_batch == 8,
+          "best dp %d pp %d micro-batch %d recompute %d", b.dp, b.pp, b.micro_batch, b.recompute);
+    for (long i = 0; i < n; i++)
+        if (e[i].l.pp > 1 || e[i].l.recompute == RECOMPUTE_FULL)
+            CHECK(e[i].cost.total > e[0].cost.total, "a bubble or a recompute costs time");
+    free(e);
+}
+
+/* Fast NVLink, a very slow network, 2 nodes of 8: the best layout keeps every group but the
+ * pipeline inside a node (the Playbook: pp across nodes, its p2p is the smallest traffic) */
+static void test_ranking_puts_the_pipeline_across_slow_nodes() {
+    ust_config c;
+    tiny(&c);
+    c.train.global_batch_size = 16;
+    planner_hw hw = hw_of(1e15, 1e6, 8);
+    planner_entry *e;
+    planner_stats st;
+    long n = planner_search(&c, 16, &hw, &e, &st);
+    CHECK(n > 0 && sorted(e, n), "%ld fitting", n);
+    planner_layout b = e[0].l;
+    CHECK(b.pp == 2 && !e[0].cost.intra[PLAN_PP], "best pp %d (dp %d tp %d cp %d)", b.pp, b.dp,
+          b.tp, b.cp);
+    CHECK(e[0].cost.intra[PLAN_DP] && e[0].cost.intra[PLAN_TP] && e[0].cost.intra[PLAN_CP],
+          "the rest inside a node");
+    free(e);
+}
+
+/* The memory filter uses the memory plan of `validate`; per-mesh dedup keeps each mesh's best. */
+static void test_memory_filter_and_best_per_mesh() {
+    ust_config c;
+    tiny(&c);
+    planner_hw hw = hw_of(450e9, 50e9, 8);
+    planner_entry *e;
+    planner_stats st;
+    long all = planner_search(&c, 4, &hw, &e, &st);
+    double lo = e[0].cost.mem, hi = lo;
+    for (long i = 0; i < all; i++) {
+        lo = e[i].cost.mem < lo ? e[i].cost.mem : lo;
+        hi = e[i].cost.mem > hi ? e[i].cost.mem : hi;
+    }
+    free(e);
+    hw.gpu_mem = (lo + hi) / 2;
+    long n = planner_search(&c, 4, &hw, &e, &st);
+    CHECK(n > 0 && st.over_mem > 0 && n + st.over_mem == all, "%ld fit, %ld over, %ld valid", n,
+          st.over_mem, all);
+    CHECK(st.smallest.cost.mem == lo, "the smallest layout is reported");
+    for (long i = 0; i < n; i++) {
+        ust_config x;
+        planner_apply(&c, &e[i].l, &x);
+        mem_plan p;
+        plan_memory(&x, &p);
+        CHECK(e[i].cost.mem == p.total && p.total <= hw.gpu_mem, "entry %ld: %.0f vs plan %.0f", i,
+              e[i].cost.mem, p.total);
+    }
+    planner_entry first = e[0];
+    long k = planner_best_per_mesh(e, n);
+    CHECK(k < n && memcmp(&e[0], &first, sizeof first) == 0, "%ld meshes of %ld", k, n);
+    for (long i = 0; i < k; i++)
+        for (long j = i + 1; j < k; j++)
+            CHECK(!(e[i].l.dp == e[j].l.dp && e[i].l.tp == e[j].l.tp && e[i].l.pp == e[j].l.pp &&
+                    e[i].l.vpp == e[j].l.vpp && e[i].l.cp == e[j].l.cp && e[i].l.ep == e[j].l.ep),
+                  "mesh listed twice");
+    free(e);
+}
+
+static void test_no_layout_of_a_prime_world() {
+    ust_config c;
+    tiny(&c);
+    planner_hw hw = hw_of(450e9, 50e9, 8);
+    planner_entry *e;
+    planner_stats st;
+    long n = planner_search(&c, 7, &hw, &e, &st);
+    CHECK(n == 0 && st.candidates > 0 && st.invalid == st.candidates, "%ld of %ld", st.invalid,
+          st.candidates);
+    CHECK(strstr(st.first_error, "divisible") != NULL, "why: %s", st.first_error);
+    free(e);
+}
+
+int main(void) {
+    RUN_TEST(test_ring_formulas);
+    RUN_TEST(test_group_is_intra_node_when_its_span_fits_and_divides_the_node);
+    RUN_TEST(test_parameter_count_equals_the_memory_plans);
+    RUN_TEST(test_flops_per_token_by_hand);
+    RUN_TEST(test_compute_and_pipeline_bubble);
+    RUN_TEST(test_dp_only_gradient_all_reduce);
+    RUN_TEST(test_tp_volume_per_layer);
+    RUN_TEST(test_cp_ring_kv_passes);
+    RUN_TEST(test_pp_p2p_activations);
+    RUN_TEST(test_ep_all_to_all);
+    RUN_TEST(test_ranking_without_communication_cost);
+    RUN_TEST(test_ranking_puts_the_pipeline_across_slow_nodes);
+    RUN_TEST(test_memory_filter_and_best_per_mesh);
+    RUN_TEST(test_no_layout_of_a_prime_world);
+    return TEST_SUMMARY();
+}
