@@ -217,6 +217,28 @@ fail:
     return UST_EXIT_USAGE;
 }
 
+/* seconds with three significant-ish digits in s, ms or us, so tiny models read too */
+static const char *fmt_time(char *buf, size_t n, double s) {
+    if (s == 0 || s >= 1)
+        snprintf(buf, n, "%.3f s", s);
+    else if (s >= 1e-3)
+        snprintf(buf, n, "%.3f ms", s * 1e3);
+    else
+        snprintf(buf, n, "%.3f us", s * 1e6);
+    return buf;
+}
+
+/* a count as 8.03 B, 213.6 M, 12.5 K */
+static const char *fmt_count(char *buf, size_t n, double x) {
+    if (x >= 1e9)
+        snprintf(buf, n, "%.3g B", x / 1e9);
+    else if (x >= 1e6)
+        snprintf(buf, n, "%.4g M", x / 1e6);
+    else
+        snprintf(buf, n, "%.4g K", x / 1e3);
+    return buf;
+}
+
 static const char *recompute_name(ust_recompute r) {
     return r == RECOMPUTE_FULL ? "full" : r == RECOMPUTE_SELECTIVE ? "selective" : "none";
 }
@@ -235,7 +257,7 @@ static void print_steps(const ust_config *c, const plan_opts *o, const planner_s
     layout_line(&best->l, o->world, line, sizeof line);
     planner_sizes s;
     planner_model_sizes(c, &s);
-    char b[4][32];
+    char b[4][32], n[2][32];
     double active =
         s.n_params -
         (s.n_moe ? s.n_moe * (c->model.moe.num_experts - c->model.moe.top_k) * s.expert : 0);
@@ -243,14 +265,15 @@ static void print_steps(const ust_config *c, const plan_opts *o, const planner_s
            "TFLOP/s; bandwidth %.0f GB/s intra-node, %.0f GB/s inter-node\n",
            c->source, o->world, o->hw.gpus_per_node, log_bytes(b[0], 32, o->hw.gpu_mem), o->hw.mfu,
            o->hw.peak_flops / 1e12, o->hw.bw_intra / 1e9, o->hw.bw_inter / 1e9);
-    printf("model: %s, %.4g B parameters (%.4g B active per token), %d layers, d_model %d; "
-           "%.4g GFLOP per token (6 x active matmul weights + 12 x layers x d_model x seq_len)\n",
-           c->model.arch == ARCH_GPT2 ? "gpt2" : "llama", s.n_params / 1e9, active / 1e9,
-           c->model.n_layer, c->model.d_model, planner_flops_per_token(c) / 1e9);
+    printf("model: %s, %s parameters (%s active per token), %d layers, d_model %d; %.4g "
+           "GFLOP per token (6 x active matmul weights + 12 x layers x d_model x seq_len)\n",
+           c->model.arch == ARCH_GPT2 ? "gpt2" : "llama", fmt_count(b[3], 32, s.n_params),
+           fmt_count(n[0], 32, active), c->model.n_layer, c->model.d_model,
+           planner_flops_per_token(c) / 1e9);
     printf("step 1, fit one model instance: weights, gradients and AdamW moments take 16 bytes "
-           "x %.4g B = %s unsharded (fp32); %ld of %ld valid layouts fit %s per rank; the "
+           "x %s = %s unsharded (fp32); %ld of %ld valid layouts fit %s per rank; the "
            "smallest model-parallel degree that fits is tp x pp x cp = %d (%s)\n",
-           s.n_params / 1e9, log_bytes(b[1], 32, 16.0 * s.n_params), st->fitting,
+           fmt_count(n[1], 32, s.n_params), log_bytes(b[1], 32, 16.0 * s.n_params), st->fitting,
            st->fitting + st->over_mem, log_bytes(b[2], 32, o->hw.gpu_mem),
            best->l.tp * best->l.pp * best->l.cp, line);
     printf("step 2, reach the global batch: %d sequences x %d tokens = %lld tokens per step = "
@@ -262,18 +285,19 @@ static void print_steps(const ust_config *c, const plan_opts *o, const planner_s
 }
 
 static void print_table(const ust_config *c, const planner_entry *e, long n, int top) {
-    printf("\n  #   dp  tp  pp vpp  cp  ep sp zero  mbs   ga recompute   step_s  compute     comm"
-           "   bubble     mem/rank       tok/s\n");
+    printf("\n  #   dp  tp  pp vpp  cp  ep sp zero  mbs   ga recompute        step     compute"
+           "        comm      bubble   mem/rank        tok/s\n");
     for (long i = 0; i < n && i < top; i++) {
         const planner_layout *l = &e[i].l;
         const planner_cost *k = &e[i].cost;
-        char m[32];
-        printf("%3ld %4d %3d %3d %3d %3d %3d %2s %4d %4d %4d %-9s %8.3f %8.3f %8.3f %8.3f %12s "
-               "%11.0f\n",
-               i + 1, l->dp, l->tp, l->pp, l->vpp, l->cp, l->ep, l->sp ? "y" : "n", l->zero,
-               l->micro_batch, c->train.global_batch_size / (l->dp * l->micro_batch),
-               recompute_name(l->recompute), k->total, k->compute, k->comm, k->bubble,
-               log_bytes(m, sizeof m, k->mem), k->tokens_per_s);
+        char m[32], t[4][32];
+        printf(
+            "%3ld %4d %3d %3d %3d %3d %3d %2s %4d %4d %4d %-9s %11s %11s %11s %11s %10s %12.0f\n",
+            i + 1, l->dp, l->tp, l->pp, l->vpp, l->cp, l->ep, l->sp ? "y" : "n", l->zero,
+            l->micro_batch, c->train.global_batch_size / (l->dp * l->micro_batch),
+            recompute_name(l->recompute), fmt_time(t[0], 32, k->total),
+            fmt_time(t[1], 32, k->compute), fmt_time(t[2], 32, k->comm),
+            fmt_time(t[3], 32, k->bubble), log_bytes(m, sizeof m, k->mem), k->tokens_per_s);
     }
 }
 
@@ -281,8 +305,11 @@ static void print_best(const ust_config *c, const planner_entry *e, int world) {
     char line[256], m[32];
     layout_line(&e->l, world, line, sizeof line);
     printf("\nbest: %s\n", line);
-    printf("  step %.3f s = compute %.3f + communication %.3f + bubble %.3f; %.0f tokens/s\n",
-           e->cost.total, e->cost.compute, e->cost.comm, e->cost.bubble, e->cost.tokens_per_s);
+    char t[4][32];
+    printf("  step %s = compute %s + communication %s + bubble %s; %.0f tokens/s\n",
+           fmt_time(t[0], 32, e->cost.total), fmt_time(t[1], 32, e->cost.compute),
+           fmt_time(t[2], 32, e->cost.comm), fmt_time(t[3], 32, e->cost.bubble),
+           e->cost.tokens_per_s);
     const planner_layout *l = &e->l;
     int size[PLAN_NGROUPS] = {[PLAN_DP] = l->dp * l->cp,
                               [PLAN_TP] = l->tp,
@@ -292,7 +319,8 @@ static void print_best(const ust_config *c, const planner_entry *e, int world) {
     printf("  communication per step:");
     for (int g = 0; g < PLAN_NGROUPS; g++) {
         if (size[g] > 1)
-            printf(" %s %.3f s (%d ranks, %s)", planner_group_names[g], e->cost.group[g], size[g],
+            printf(" %s %s (%d ranks, %s)", planner_group_names[g],
+                   fmt_time(t[0], 32, e->cost.group[g]), size[g],
                    e->cost.intra[g] ? "intra-node" : "inter-node");
         else
             printf(" %s -", planner_group_names[g]);
@@ -314,10 +342,10 @@ static int write_yaml(const ust_config *base, const planner_entry *e, int world,
     char line[256];
     layout_line(&e->l, world, line, sizeof line);
     fprintf(f,
-            "# written by ustrain plan: %s\n# estimated step %.3f s (compute %.3f, comm %.3f, "
-            "bubble %.3f), %.0f tokens/s\n",
+            "# written by ustrain plan: %s\n# estimated step %.6g s (compute %.6g, comm %.6g, "
+            "bubble %.6g), %.0f tokens/s; memory per rank %.0f bytes\n",
             line, e->cost.total, e->cost.compute, e->cost.comm, e->cost.bubble,
-            e->cost.tokens_per_s);
+            e->cost.tokens_per_s, e->cost.mem);
     cfg_dump(&c, f);
     if (fclose(f)) {
         fprintf(stderr, "ustrain plan: error: cannot write %s\n", path);

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# `ustrain plan`: the ranked table, the three steps, --write's config validates and trains, the
+# memory it reports equals `validate`'s plan and the arena peak a real CPU run of the chosen layout
+# measures, and bad input exits 2 with a message.
+. "$(dirname "$0")/../lib.sh"
+
+$UST data demo $TMP/data >/dev/null
+cat >$TMP/c.yaml <<EOT
+run:   {name: plan, seed: 7, out_dir: $TMP/run}
+model: {arch: llama, n_layer: 4, d_model: 64, n_head: 8, n_kv_head: 4, d_ff: 128, vocab_size: 500, max_seq_len: 64}
+train: {steps: 2, seq_len: 32, micro_batch_size: 1, global_batch_size: 8}
+data:  {train: "$TMP/data/train_*.bin", val: null}
+checkpoint: {dir: $TMP/run/ckpt, every: 0, resume: none}
+EOT
+sed -e 's/d_ff: 128,/d_ff: 128, moe: {num_experts: 4, top_k: 2, d_ff_expert: 64},/' $TMP/c.yaml >$TMP/moe.yaml
+
+# plan_and_run NAME CONFIG WORLD PLAN_OPTIONS...: plans, writes the best layout, validates it and
+# trains it for 2 steps under scripts/ustrun; the plan's bytes must equal validate's and the
+# measured arena peak
+plan_and_run() {
+    local name=$1 cfg=$2 world=$3; shift 3
+    local out planned validated got
+    out=$($UST plan $cfg --world $world --write $TMP/$name.yaml "$@" 2>&1) ||
+        { fail $name "plan failed: $(echo "$out" | tail -2)"; return; }
+    planned=$(echo "$out" | sed -n 's/^  memory per rank: .*(\([0-9]*\) bytes;.*/\1/p')
+    validated=$($UST validate $TMP/$name.yaml --world $world | sed -n 's/^  total.*(\([0-9]*\) bytes).*/\1/p')
+    [ -n "$planned" ] && [ "$planned" = "$validated" ] ||
+        { fail $name "plan says $planned bytes, validate $validated"; return; }
+    scripts/ustrun --nproc-per-node $world $UST train $TMP/$name.yaml \
+        --set logging.metrics_file=$TMP/$name.jsonl >$TMP/$name.out 2>&1 ||
+        { fail $name "training the planned layout failed: $(tail -2 $TMP/$name.out)"; return; }
+    got=$(grep -o '"peak_mem_bytes":[0-9]*' $TMP/$name.jsonl | tail -1 | cut -d: -f2)
+    [ "$got" = "$planned" ] || { fail $name "measured arena peak $got bytes, plan $planned"; return; }
+    pass "$name ($(grep '^# written' $TMP/$name.yaml | sed 's/.*plan: //'))"
+}
+plan_and_run plan_cli_best_layout_trains_with_the_planned_memory $TMP/c.yaml 4
+# two nodes of two GPUs with little memory: a different layout, still the measured peak
+plan_and_run plan_cli_two_nodes_tight_memory_trains_with_the_planned_memory $TMP/c.yaml 4 \
+    --gpus-per-node 2 --gpu-mem 1.6MiB
+plan_and_run plan_cli_moe_layout_trains_with_the_planned_memory $TMP/moe.yaml 4 --gpus-per-node 2
+
+# the table: three steps, ranked by step time (tokens/s, the last column, never increases), every
+# row within --gpu-mem, --top rows
+out=$($UST plan $TMP/c.yaml --world 8 --top 6 --gpu-mem 2MiB)
+rows=$(echo "$out" | grep -cE '^ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ ')
+if echo "$out" | grep -q '^step 1, fit one model instance' && echo "$out" | grep -q '^step 2' &&
+    echo "$out" | grep -q '^step 3' && [ "$rows" = 6 ] &&
+    echo "$out" | grep -E '^ +[0-9]+ +[0-9]+ ' | awk '{print $NF}' | sort -g -r -c 2>/dev/null; then
+    pass plan_cli_table_ranked_by_step_time
+else
+    fail plan_cli_table_ranked_by_step_time "rows $rows: $(echo "$out" | head -12)"
+fi
+# memory column: parse "x.y MiB" / "KiB" and compare with 2 MiB
+if echo "$out" | grep -E '^ +[0-9]+ +[0-9]+ ' | awk '{v=$(NF-2); u=$(NF-1); m=(u=="MiB")?v*1048576:(u=="KiB")?v*1024:v; if (m > 2*1048576) bad=1} END {exit bad}'; then
+    pass plan_cli_rows_fit_gpu_mem
+else
+    fail plan_cli_rows_fit_gpu_mem "$(echo "$out" | grep -E '^ +[0-9]+ +[0-9]+ ' | head -3)"
+fi
+n_all=$($UST plan $TMP/c.yaml --world 8 --all --top 100000 | grep -cE '^ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ ')
+n_mesh=$($UST plan $TMP/c.yaml --world 8 --top 100000 | grep -cE '^ +[0-9]+ +[0-9]+ +[0-9]+ +[0-9]+ ')
+[ "$n_all" -gt "$n_mesh" ] && [ "$n_mesh" -gt 1 ] && pass plan_cli_all_lists_every_variant ||
+    fail plan_cli_all_lists_every_variant "--all $n_all rows, per mesh $n_mesh"
+
+# the global batch in sequences or tokens, and --seq-len
+expect_exit plan_cli_global_batch_tokens 0 '^step 2, reach the global batch: 16 sequences x 32 tokens = 512 tokens' -- \
+    $UST plan $TMP/c.yaml --world 4 --global-batch 512tok
+expect_exit plan_cli_global_batch_k_suffix 0 '32 sequences x 32 tokens = 1024 tokens' -- \
+    $UST plan $TMP/c.yaml --world 4 --global-batch 1K
+expect_exit plan_cli_seq_len 0 '16 sequences x 64 tokens' -- \
+    $UST plan $TMP/c.yaml --world 4 --global-batch 16 --seq-len 64
+expect_exit plan_cli_help 0 'usage: ustrain plan CONFIG --world N' -- $UST plan --help
+
+# a real size: llama-8b on 64 GPUs, its written config validates at 64 with the same memory
+out=$($UST plan configs/llama-8b.yaml --world 64 --gpu-mem 80GiB --gpus-per-node 8 \
+    --global-batch 4M --write $TMP/l8.yaml 2>&1)
+planned=$(echo "$out" | sed -n 's/^  memory per rank: .*(\([0-9]*\) bytes;.*/\1/p')
+validated=$($UST validate $TMP/l8.yaml --world 64 2>&1 | sed -n 's/^  total.*(\([0-9]*\) bytes).*/\1/p')
+if echo "$out" | grep -q '512 sequences x 8192 tokens = 4194304 tokens' && [ -n "$planned" ] &&
+    [ "$planned" = "$validated" ] && [ "$planned" -le $((80 << 30)) ]; then
+    pass plan_cli_llama_8b_64_gpus
+else
+    fail plan_cli_llama_8b_64_gpus "plan $planned bytes, validate $validated: $(echo "$out" | tail -3)"
+fi
+
+# bad input: exit 2 with the offending value
+P="$UST plan $TMP/c.yaml"
+expect_exit plan_cli_unknown_option 2 'unknown option --frobnicate' -- $P --world 4 --frobnicate 1
+expect_exit plan_cli_missing_world 2 'missing --world' -- $P
+expect_exit plan_cli_world_not_a_number 2 '--world abc' -- $P --world abc
+expect_exit plan_cli_world_zero 2 '--world 0' -- $P --world 0
+expect_exit plan_cli_world_without_layout 2 'no valid layout of --world 7' -- $P --world 7
+expect_exit plan_cli_bad_gpu_mem 2 '--gpu-mem 80XB' -- $P --world 4 --gpu-mem 80XB
+expect_exit plan_cli_nothing_fits 2 'none of the .* valid layouts fits --gpu-mem 1.0 KiB' -- $P --world 4 --gpu-mem 1KiB
+expect_exit plan_cli_bad_global_batch 2 '--global-batch 4Q' -- $P --world 4 --global-batch 4Q
+expect_exit plan_cli_tokens_not_whole_sequences 2 'not a whole number of 32-token sequences' -- $P --world 4 --global-batch 100tok
+expect_exit plan_cli_bad_mfu 2 '--mfu 1.5' -- $P --world 4 --mfu 1.5
+expect_exit plan_cli_bad_bandwidth 2 '--bw-inter -5' -- $P --world 4 --bw-inter -5
+expect_exit plan_cli_missing_value 2 '--top needs a value' -- $P --world 4 --top
+expect_exit plan_cli_seq_len_over_max 2 'train.seq_len \(128\) must be <= model.max_seq_len \(64\)' -- $P --world 4 --seq-len 128
+expect_exit plan_cli_missing_config 2 'nope.yaml' -- $UST plan $TMP/nope.yaml --world 4
+expect_exit plan_cli_bad_set 2 'model.n_layr' -- $P --world 4 --set model.n_layr=3
