@@ -13,6 +13,7 @@
 #include "log.h"
 #include "plan.h"
 #include "planner.h"
+#include "pp_schedule.h"
 
 static const char *PLAN_USAGE =
     "usage: ustrain plan CONFIG --world N [--gpu-mem SIZE] [--gpus-per-node N]\n"
@@ -220,11 +221,11 @@ fail:
 /* seconds with three significant-ish digits in s, ms or us, so tiny models read too */
 static const char *fmt_time(char *buf, size_t n, double s) {
     if (s == 0 || s >= 1)
-        snprintf(buf, n, "%.3f s", s);
+        snprintf(buf, n, "%.4g s", s);
     else if (s >= 1e-3)
-        snprintf(buf, n, "%.3f ms", s * 1e3);
+        snprintf(buf, n, "%.4g ms", s * 1e3);
     else
-        snprintf(buf, n, "%.3f us", s * 1e6);
+        snprintf(buf, n, "%.4g us", s * 1e6);
     return buf;
 }
 
@@ -331,6 +332,32 @@ static void print_best(const ust_config *c, const planner_entry *e, int world) {
     (void)c;
 }
 
+/* Where the config's own parallel section (if valid at this world) ranks among the fitting
+ * layouts: 0-based rank (n when it does not fit), or -1 when it is not a layout of this world.
+ * The description goes to buf. */
+static int own_layout(const ust_config *base, const plan_opts *o, const planner_entry *e, long n,
+                      char *buf, size_t len) {
+    ust_err err;
+    if (cfg_validate(base, o->world, &err)) return -1;
+    const __typeof__(base->parallel) *p = &base->parallel;
+    planner_entry me = {.l = {p->dp, p->tp, p->pp, p->vpp, p->cp, p->ep, base->optimizer.zero_stage,
+                              base->train.micro_batch_size, p->sp, base->train.recompute}};
+    planner_estimate(base, &o->hw, &me.cost);
+    char line[256], t[32], m[32];
+    layout_line(&me.l, o->world, line, sizeof line);
+    long r = 0;
+    while (r < n && planner_compare(&e[r], &me) < 0) r++;
+    int fits = me.cost.mem <= o->hw.gpu_mem;
+    snprintf(buf, len, "%s (%s): step %s, %s per rank; %s", line, pps_kind_name(p->pp_schedule),
+             fmt_time(t, sizeof t, me.cost.total), log_bytes(m, sizeof m, me.cost.mem),
+             fits ? "" : "does not fit --gpu-mem");
+    if (fits) {
+        size_t k = strlen(buf);
+        snprintf(buf + k, len - k, "would rank %ld of the %ld fitting layouts", r + 1, n);
+    }
+    return fits ? (int)r : (int)n;
+}
+
 static int write_yaml(const ust_config *base, const planner_entry *e, int world, const char *path) {
     ust_config c;
     planner_apply(base, &e->l, &c);
@@ -393,6 +420,8 @@ int cmd_plan(int argc, char **argv) {
     for (long i = 1; i < n; i++)
         if (e[i].l.tp * e[i].l.pp * e[i].l.cp < small.l.tp * small.l.pp * small.l.cp) small = e[i];
     print_steps(&base, &o, &st, &small);
+    char own[256];
+    int own_rank = own_layout(&base, &o, e, n, own, sizeof own);
     long shown = o.all ? n : planner_best_per_mesh(e, n);
     print_table(&base, e, shown, o.top);
     printf("(%ld of %ld %s; %ld layouts tried, %ld refused by validation, %ld over memory)\n",
@@ -400,6 +429,7 @@ int cmd_plan(int argc, char **argv) {
            o.all ? "fitting layouts" : "meshes, the best variant of each (--all: every variant)",
            st.candidates, st.invalid, st.over_mem);
     print_best(&base, &e[0], o.world);
+    if (own_rank >= 0) printf("the config's own layout: %s\n", own);
     rc = o.write ? write_yaml(&base, &e[0], o.world, o.write) : 0;
     free(e);
     return rc;
