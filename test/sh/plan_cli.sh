@@ -68,6 +68,8 @@ expect_exit plan_cli_global_batch_k_suffix 0 '32 sequences x 32 tokens = 1024 to
     $UST plan $TMP/c.yaml --world 4 --global-batch 1K
 expect_exit plan_cli_seq_len 0 '16 sequences x 64 tokens' -- \
     $UST plan $TMP/c.yaml --world 4 --global-batch 16 --seq-len 64
+expect_exit plan_cli_reports_the_configs_own_layout 0 "the config's own layout: dp=4 tp=1 .* would rank [0-9]+ of" -- \
+    $UST plan $TMP/c.yaml --world 4 --set parallel.dp=4
 expect_exit plan_cli_help 0 'usage: ustrain plan CONFIG --world N' -- $UST plan --help
 
 # a real size: llama-8b on 64 GPUs, its written config validates at 64 with the same memory
