@@ -186,9 +186,9 @@ static int cmp3(double a, double b) { return a < b ? -1 : a > b; }
 int planner_compare(const void *pa, const void *pb) {
     const planner_entry *a = pa, *b = pb;
     int r;
-    /* equal up to rounding: sums in a different order must not reorder ties */
-    double ta = a->cost.total, tb = b->cost.total;
-    if ((ta - tb) > 1e-9 * tb || (tb - ta) > 1e-9 * tb) return cmp3(ta, tb);
+    /* step times compared at float precision, so sums of the same terms in another order tie
+     * (rounding to float keeps the order a strict weak order, which a tolerance would not) */
+    if ((r = cmp3((float)a->cost.total, (float)b->cost.total))) return r;
     if ((r = cmp3(b->l.micro_batch, a->l.micro_batch))) return r;
     if ((r = cmp3(a->cost.mem, b->cost.mem))) return r;
     int x[] = {a->l.dp, a->l.tp, a->l.pp, a->l.vpp, a->l.cp, a->l.ep, a->l.zero};
