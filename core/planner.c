@@ -280,7 +280,7 @@ long planner_search(const ust_config *base, int world, const planner_hw *hw, pla
                     }
                 }
             }
-    qsort(s.e, s.n, sizeof *s.e, planner_compare);
+    if (s.n) qsort(s.e, s.n, sizeof *s.e, planner_compare); /* qsort(NULL, 0) is undefined */
     st->fitting = s.n;
     *out = s.e;
     return s.n;
