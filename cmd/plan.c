@@ -298,7 +298,7 @@ static void print_table(const ust_config *c, const planner_entry *e, long n, int
             l->micro_batch, c->train.global_batch_size / (l->dp * l->micro_batch),
             recompute_name(l->recompute), fmt_time(t[0], 32, k->total),
             fmt_time(t[1], 32, k->compute), fmt_time(t[2], 32, k->comm),
-            fmt_time(t[3], 32, k->bubble), log_bytes(m, sizeof m, k->mem), k->tokens_per_s);
+            fmt_time(t[3], 32, k->bubble), log_bytes(m, sizeof m, k->mem_peak), k->tokens_per_s);
     }
 }
 
@@ -329,6 +329,11 @@ static void print_best(const ust_config *c, const planner_entry *e, int world) {
     }
     printf("  memory per rank: %s (%.0f bytes; the fp32 memory plan `ustrain validate` prints)\n",
            log_bytes(m, sizeof m, e->cost.mem), e->cost.mem);
+    if (e->l.pp > 1) {
+        char pk[32];
+        printf("  busiest pipeline rank: %s (what must fit --gpu-mem)\n",
+               log_bytes(pk, sizeof pk, e->cost.mem_peak));
+    }
     (void)c;
 }
 
@@ -347,9 +352,9 @@ static int own_layout(const ust_config *base, const plan_opts *o, const planner_
     layout_line(&me.l, o->world, line, sizeof line);
     long r = 0;
     while (r < n && planner_compare(&e[r], &me) < 0) r++;
-    int fits = me.cost.mem <= o->hw.gpu_mem;
+    int fits = me.cost.mem_peak <= o->hw.gpu_mem;
     snprintf(buf, len, "%s (%s): step %s, %s per rank; %s", line, pps_kind_name(p->pp_schedule),
-             fmt_time(t, sizeof t, me.cost.total), log_bytes(m, sizeof m, me.cost.mem),
+             fmt_time(t, sizeof t, me.cost.total), log_bytes(m, sizeof m, me.cost.mem_peak),
              fits ? "" : "does not fit --gpu-mem");
     if (fits) {
         size_t k = strlen(buf);
@@ -411,7 +416,7 @@ int cmd_plan(int argc, char **argv) {
                 "ustrain plan: error: none of the %ld valid layouts fits --gpu-mem %s per rank; "
                 "the smallest needs %s (%s)\n",
                 st.over_mem, log_bytes(b[0], 32, o.hw.gpu_mem),
-                log_bytes(b[1], 32, st.smallest.cost.mem), line);
+                log_bytes(b[1], 32, st.smallest.cost.mem_peak), line);
         free(e);
         return UST_EXIT_USAGE;
     }

@@ -230,6 +230,18 @@ static void plan_rank(const ust_config *c, int r, mem_plan *p) {
 
 void plan_memory(const ust_config *c, mem_plan *p) { plan_rank(c, 0, p); }
 
+void plan_memory_rank(const ust_config *c, int pp_rank, mem_plan *p) { plan_rank(c, pp_rank, p); }
+
+double plan_memory_peak(const ust_config *c) {
+    double peak = 0;
+    for (int r = 0; r < c->parallel.pp; r++) {
+        mem_plan q;
+        plan_rank(c, r, &q);
+        if (q.total > peak) peak = q.total;
+    }
+    return peak;
+}
+
 void plan_print(const ust_config *c, const mem_plan *p, FILE *f) {
     char b[5][32];
     fprintf(f, "memory plan per rank (fp32; ZeRO-%d over dp=%d; recompute %s):\n",

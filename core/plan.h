@@ -15,7 +15,10 @@ typedef struct {
     double params, grads, optim, acts, comm, total; /* bytes per rank */
 } mem_plan;
 
-void plan_memory(const ust_config *c, mem_plan *p);
+void plan_memory(const ust_config *c, mem_plan *p); /* pipeline rank 0 (every rank without pp) */
+void plan_memory_rank(const ust_config *c, int pp_rank, mem_plan *p);
+/* The largest total over the pipeline ranks: what must fit a device. */
+double plan_memory_peak(const ust_config *c);
 void plan_print(const ust_config *c, const mem_plan *p, FILE *f);
 
 #endif

@@ -177,6 +177,7 @@ void planner_estimate(const ust_config *c, const planner_hw *hw, planner_cost *o
     mem_plan mp;
     plan_memory(c, &mp);
     o->mem = mp.total;
+    o->mem_peak = plan_memory_peak(c);
 }
 
 /* ---------------------------------------------------------------- the search */
@@ -190,7 +191,7 @@ int planner_compare(const void *pa, const void *pb) {
      * (rounding to float keeps the order a strict weak order, which a tolerance would not) */
     if ((r = cmp3((float)a->cost.total, (float)b->cost.total))) return r;
     if ((r = cmp3(b->l.micro_batch, a->l.micro_batch))) return r;
-    if ((r = cmp3(a->cost.mem, b->cost.mem))) return r;
+    if ((r = cmp3(a->cost.mem_peak, b->cost.mem_peak))) return r;
     int x[] = {a->l.dp, a->l.tp, a->l.pp, a->l.vpp, a->l.cp, a->l.ep, a->l.zero};
     int y[] = {b->l.dp, b->l.tp, b->l.pp, b->l.vpp, b->l.cp, b->l.ep, b->l.zero};
     for (int i = 0; i < 7; i++)
@@ -228,8 +229,9 @@ static void consider(search *s, const planner_layout *l) {
     }
     planner_entry e = {.l = *l};
     planner_estimate(&c, s->hw, &e.cost);
-    if (s->smallest == 0 || e.cost.mem < s->smallest) s->smallest = e.cost.mem, s->st->smallest = e;
-    if (e.cost.mem > s->hw->gpu_mem) {
+    if (s->smallest == 0 || e.cost.mem_peak < s->smallest)
+        s->smallest = e.cost.mem_peak, s->st->smallest = e;
+    if (e.cost.mem_peak > s->hw->gpu_mem) {
         s->st->over_mem++;
         return;
     }

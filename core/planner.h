@@ -80,7 +80,8 @@ typedef struct {
     int intra[PLAN_NGROUPS]; /* the group's bandwidth: 1 intra-node, 0 inter-node */
     double total;            /* compute + bubble + comm */
     double tokens_per_s;     /* global batch tokens / total */
-    double mem;              /* plan_memory total bytes (fp32, as `validate`) */
+    double mem;              /* plan_memory total bytes (fp32, as `validate`: pipeline rank 0) */
+    double mem_peak;         /* the largest over the pipeline ranks: what must fit */
 } planner_cost;
 
 void planner_estimate(const ust_config *c, const planner_hw *hw, planner_cost *out);
