@@ -3,6 +3,11 @@
 #ifndef UST_CMD_H
 #define UST_CMD_H
 
+/* Bad usage: "<who>: error: <message>", then hint (the usage text, or where to find it), on
+ * stderr; returns exit code 2. */
+int cmd_usage_error(const char *who, const char *hint, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
 /* ustrain bench comm [--min-bytes B] [--max-bytes B]: verify and time every collective. */
 int cmd_bench_comm(int argc, char **argv);
 

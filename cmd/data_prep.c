@@ -16,10 +16,7 @@ static const char *PREP_USAGE =
     "                         [--chunk-bytes N] FILE...";
 
 static int prep_error(const char *fmt, const char *a, const char *b) {
-    fprintf(stderr, "ustrain: error: ");
-    fprintf(stderr, fmt, a, b);
-    fprintf(stderr, "\n%s\n", PREP_USAGE);
-    return UST_EXIT_USAGE;
+    return cmd_usage_error("ustrain", PREP_USAGE, fmt, a, b);
 }
 
 /* A whole number in [lo, hi], or -1 with *ok = 0. */

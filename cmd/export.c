@@ -14,10 +14,7 @@ static const char *EXPORT_USAGE =
     "  OUT   directory for model.safetensors + config.json (created when missing)\n";
 
 static int export_usage(const char *what, const char *arg) {
-    fprintf(stderr, "ustrain: error: ");
-    fprintf(stderr, what, arg);
-    fprintf(stderr, "\n%s", EXPORT_USAGE);
-    return UST_EXIT_USAGE;
+    return cmd_usage_error("ustrain", EXPORT_USAGE, what, arg);
 }
 
 int cmd_export(int argc, char **argv) {

@@ -28,10 +28,7 @@ static const char *PLAN_USAGE =
     "        --top 10; the config's parallel section is ignored\n";
 
 static int bad(const char *fmt, const char *a, const char *b) {
-    fprintf(stderr, "ustrain plan: error: ");
-    fprintf(stderr, fmt, a, b);
-    fprintf(stderr, "\n(run `ustrain plan --help` for usage)\n");
-    return UST_EXIT_USAGE;
+    return cmd_usage_error("ustrain plan", "(run `ustrain plan --help` for usage)", fmt, a, b);
 }
 
 /* A whole positive number (no sign, no suffix). */

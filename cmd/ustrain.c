@@ -43,10 +43,7 @@ static const char *USAGE =
     "exit codes: 0 success, 1 runtime failure, 2 bad usage, config or input\n";
 
 static int usage_error(const char *fmt, const char *arg) {
-    fprintf(stderr, "ustrain: error: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n(run `ustrain --help` for usage)\n");
-    return UST_EXIT_USAGE;
+    return cmd_usage_error("ustrain", "(run `ustrain --help` for usage)", fmt, arg);
 }
 
 /* Loads CONFIG and applies every --set; other options are left for the caller (their
