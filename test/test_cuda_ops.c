@@ -631,9 +631,18 @@ static void tiny_config(ust_config *c, ust_arch arch) {
  * 1e-3 relative (fp32 reassociation through 2 layers), final parameters within 1e-5 + 1e-4
  * relative. SGD, not AdamW: Adam's update is ~lr * sign(g) for any tiny g, so reassociation noise
  * in a near-zero gradient would flip it (AdamW itself is compared op by op above). */
-static int model_3_steps_match(ust_arch arch) {
+static int model_3_steps_match(ust_arch arch, int experts) {
     ust_config c;
     tiny_config(&c, arch);
+    if (experts) { /* every layer MoE: router, dispatch, experts, combine and their backward */
+        c.model.moe.num_experts = experts;
+        c.model.moe.top_k = 2;
+        c.model.moe.d_ff_expert = 48;
+        c.model.moe.every = 1;
+        c.model.moe.shared_expert = true;
+        c.model.moe.aux_loss_coef = 0.01;
+        c.model.moe.z_loss_coef = 0.001;
+    }
     ust_err e;
     ust_arena ac, ag;
     model *mc = NULL, *mg = NULL;
@@ -728,11 +737,15 @@ static void test_cuda_tiny_model_bf16_close_to_fp32_cpu(void) {
 }
 
 static void test_cuda_tiny_gpt2_three_steps_match_cpu(void) {
-    CHECK(model_3_steps_match(ARCH_GPT2), "%s", msg);
+    CHECK(model_3_steps_match(ARCH_GPT2, 0), "%s", msg);
 }
 
 static void test_cuda_tiny_llama_three_steps_match_cpu(void) {
-    CHECK(model_3_steps_match(ARCH_LLAMA), "%s", msg);
+    CHECK(model_3_steps_match(ARCH_LLAMA, 0), "%s", msg);
+}
+
+static void test_cuda_tiny_moe_three_steps_match_cpu(void) {
+    CHECK(model_3_steps_match(ARCH_LLAMA, 4), "%s", msg);
 }
 
 int main(void) {
@@ -770,6 +783,7 @@ int main(void) {
     RUN_TEST(test_cuda_elementwise_and_reductions_match_cpu);
     RUN_TEST(test_cuda_tiny_gpt2_three_steps_match_cpu);
     RUN_TEST(test_cuda_tiny_llama_three_steps_match_cpu);
+    RUN_TEST(test_cuda_tiny_moe_three_steps_match_cpu);
     RUN_TEST(test_cuda_tiny_model_bf16_close_to_fp32_cpu);
     GPU->destroy(GPU);
     CPU->destroy(CPU);
