@@ -12,6 +12,11 @@
  * interleaved pairs (x_{2i}, x_{2i+1}). Grouped-query heads map the same way too: query head h
  * reads key/value head h / (n_head / n_kv_head) in both (repeat_kv).
  *
+ * llama with MoE layers in every layer (no shared expert) -> MixtralForCausalLM: the router is
+ * block_sparse_moe.gate, expert e's gate_proj / down_proj / up_proj are its w1 / w2 / w3 (the
+ * Hub's per-expert names, which transformers and vLLM read). Mixtral routes as ustrain does:
+ * softmax over all experts, top-k, the k weights renormalized to sum to one.
+ *
  * gpt2: GPT2LMHeadModel keeps GPT-2's Conv1D weights, [in, out] (the transpose of ours), and one
  * fused c_attn whose output features are q | k | v. GPT-2 has no grouped-query attention, so a
  * ustrain gpt2 with n_kv_head < n_head is exported with each key/value head repeated for the
@@ -84,6 +89,28 @@ static void xsame(xtable *l, xform op, const char *dst, const char *src, int ndi
     xsrc(x, src, ndim, rows, cols);
 }
 
+/* A MoE layer under Mixtral's names. */
+static void mixtral_layer(xtable *l, int i) {
+    const ust_config *c = l->c;
+    int64_t C = c->model.d_model, E = c->model.moe.num_experts, Fe = c->model.moe.d_ff_expert;
+    char dst[CKPT_NAME_MAX], src[CKPT_NAME_MAX];
+    snprintf(dst, sizeof dst, "model.layers.%d.block_sparse_moe.gate.weight", i);
+    snprintf(src, sizeof src, "model.layers.%d.mlp.router.weight", i);
+    xsame(l, X_COPY, dst, src, 2, E, C);
+    static const struct {
+        const char *w, *ours;
+        int down;
+    } map[] = {{"w1", "gate_proj", 0}, {"w2", "down_proj", 1}, {"w3", "up_proj", 0}};
+    for (int64_t e = 0; e < E; e++)
+        for (int k = 0; k < 3; k++) {
+            snprintf(dst, sizeof dst, "model.layers.%d.block_sparse_moe.experts.%lld.%s.weight", i,
+                     (long long)e, map[k].w);
+            snprintf(src, sizeof src, "model.layers.%d.mlp.experts.%lld.%s.weight", i, (long long)e,
+                     map[k].ours);
+            xsame(l, X_COPY, dst, src, 2, map[k].down ? C : Fe, map[k].down ? Fe : C);
+        }
+}
+
 static void llama_table(xtable *l) {
     const ust_config *c = l->c;
     int64_t C = c->model.d_model, V = c->model.vocab_size, Vp = cfg_vocab_padded(c);
@@ -103,6 +130,10 @@ static void llama_table(xtable *l) {
         SAME("self_attn.v_proj.weight", 2, KV, C);
         SAME("self_attn.o_proj.weight", 2, C, HD);
         SAME("post_attention_layernorm.weight", 1, C, 0);
+        if (c->model.moe.num_experts > 0) {
+            mixtral_layer(l, i);
+            continue;
+        }
         SAME("mlp.gate_proj.weight", 2, F, C);
         SAME("mlp.up_proj.weight", 2, F, C);
         SAME("mlp.down_proj.weight", 2, C, F);
@@ -159,14 +190,18 @@ static void gpt2_table(xtable *l) {
 }
 
 static int build_table(xtable *l, const ust_config *c, ust_err *e) {
-    if (c->model.moe.num_experts > 0)
+    const __typeof__(c->model.moe) *moe = &c->model.moe;
+    if (moe->num_experts > 0 &&
+        (c->model.arch != ARCH_LLAMA || moe->every != 1 || moe->shared_expert))
         return ust_errf(e,
-                        "model.moe.num_experts = %d: exporting mixture-of-experts models is not "
-                        "supported yet (dense llama and gpt2 are)",
-                        c->model.moe.num_experts);
+                        "model.moe: the Hugging Face layout for mixture of experts is Mixtral's, "
+                        "a llama with experts in every layer and no shared expert (this model: "
+                        "arch %s, moe.every = %d, moe.shared_expert = %s)",
+                        c->model.arch == ARCH_LLAMA ? "llama" : "gpt2", moe->every,
+                        moe->shared_expert ? "true" : "false");
     l->c = c;
     l->n = 0;
-    l->t = calloc((size_t)c->model.n_layer * 16 + 8, sizeof *l->t);
+    l->t = calloc((size_t)c->model.n_layer * (16 + 3 * moe->num_experts + 1) + 8, sizeof *l->t);
     if (!l->t) return ust_errf(e, "export: out of memory");
     if (c->model.arch == ARCH_LLAMA)
         llama_table(l);
@@ -355,13 +390,23 @@ static void special_tokens(cJSON *j, int eot) {
 
 static cJSON *llama_config(const ust_config *c) {
     const __typeof__(c->model) *m = &c->model;
+    int moe = m->moe.num_experts > 0;
     cJSON *j = cJSON_CreateObject();
-    cJSON_AddItemToObject(j, "architectures",
-                          cJSON_CreateStringArray((const char *[]){"LlamaForCausalLM"}, 1));
-    cJSON_AddStringToObject(j, "model_type", "llama");
+    cJSON_AddItemToObject(
+        j, "architectures",
+        cJSON_CreateStringArray((const char *[]){moe ? "MixtralForCausalLM" : "LlamaForCausalLM"},
+                                1));
+    cJSON_AddStringToObject(j, "model_type", moe ? "mixtral" : "llama");
     cJSON_AddNumberToObject(j, "vocab_size", m->vocab_size);
     cJSON_AddNumberToObject(j, "hidden_size", m->d_model);
-    cJSON_AddNumberToObject(j, "intermediate_size", m->d_ff);
+    cJSON_AddNumberToObject(j, "intermediate_size", moe ? m->moe.d_ff_expert : m->d_ff);
+    if (moe) {
+        cJSON_AddNumberToObject(j, "num_local_experts", m->moe.num_experts);
+        cJSON_AddNumberToObject(j, "num_experts_per_tok", m->moe.top_k);
+        cJSON_AddNumberToObject(j, "router_aux_loss_coef", m->moe.aux_loss_coef);
+        cJSON_AddBoolToObject(j, "output_router_logits", 0);
+        cJSON_AddNullToObject(j, "sliding_window");
+    }
     cJSON_AddNumberToObject(j, "num_hidden_layers", m->n_layer);
     cJSON_AddNumberToObject(j, "num_attention_heads", m->n_head);
     cJSON_AddNumberToObject(j, "num_key_value_heads", m->n_kv_head);

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `ustrain export CKPT --to hf OUT`: tiny llama (untied and tied, grouped-query) and gpt2 (with
-# grouped-query heads, which GPT-2's fused c_attn must repeat) are trained for a few steps and
+# `ustrain export CKPT --to hf OUT`: tiny llama (untied and tied, grouped-query), gpt2 (with
+# grouped-query heads, which GPT-2's fused c_attn must repeat) and a llama with experts in every
+# layer (exported as Mixtral) are trained for a few steps and
 # exported; test/tools/hf_export_check.py checks the safetensors framing, the transformers names
 # and shapes, every value against the checkpoint and config.json. Where torch and transformers
 # can be installed, transformers' loss on the validation windows must equal ustrain's val_loss
@@ -26,26 +27,30 @@ data:  {train: "$TMP/data/train_*.bin", val: "$TMP/data/val_*.bin", val_every: 6
 checkpoint: {dir: $TMP/RUN/ckpt, every: 6}
 logging: {metrics_file: $TMP/RUN/metrics.jsonl}
 EOT
-model_json() { # model_json ARCH TIED
+model_json() { # model_json ARCH TIED [MOE]: MOE adds the Mixtral fields
     echo "{\"arch\": \"$1\", \"n_layer\": 2, \"d_model\": 64, \"n_head\": 4, \"n_kv_head\": 2, \"d_ff\": 96," \
-        "\"vocab_size\": 300, \"vocab_padded\": 384, \"max_seq_len\": 64, \"tied\": $2}"
+        "\"vocab_size\": 300, \"vocab_padded\": 384, \"max_seq_len\": 64, \"tied\": $2" \
+        "${3:+, \"experts\": 4, \"top_k\": 2, \"d_ff_expert\": 48}}"
 }
+MOE_YAML="moe: {num_experts: 4, top_k: 2, d_ff_expert: 48, every: 1, aux_loss_coef: 0.01}"
 
 # train_export TAG ARCH TIED: trains $TMP/TAG and exports its step_6 to $TMP/TAG-hf
 train_export() {
     sed -e "s#RUN#$1#g" -e "s/arch: llama/arch: $2/" $TMP/template.yaml >$TMP/$1.yaml
     [ "$3" = true ] && sed -i 's/max_seq_len: 64}/max_seq_len: 64, tie_embeddings: true}/' $TMP/$1.yaml
+    [ -n "${4:-}" ] && sed -i "s/max_seq_len: 64}/max_seq_len: 64, $MOE_YAML}/" $TMP/$1.yaml
     if ! $UST train $TMP/$1.yaml >$TMP/$1.log 2>&1; then
         fail ${1}_trains "$(tail -2 $TMP/$1.log)"
         return 1
     fi
     expect_exit ${1}_export_exits_0 0 "exported .* to $TMP/$1-hf" -- \
         $UST export $TMP/$1/ckpt/step_6 --to hf $TMP/$1-hf || return 1
-    $CHECK layout $1 $TMP/$1/ckpt/step_6 $TMP/$1-hf "$(model_json $2 $3)"
+    $CHECK layout $1 $TMP/$1/ckpt/step_6 $TMP/$1-hf "$(model_json $2 $3 ${4:-})"
 }
 train_export llama llama false
 train_export llama_tied llama true
 train_export gpt2 gpt2 true
+train_export mixtral llama false moe
 
 # OUT holds exactly the two files: no temporaries left behind
 [ "$(ls -A $TMP/llama-hf | tr '\n' ' ')" = "config.json model.safetensors " ] &&
@@ -64,7 +69,7 @@ if [ -n "${UST_INSTALL_TRANSFORMERS:-}" ] && ! python3 -c 'import torch, transfo
     timeout 1200 pip install -q torch transformers >$TMP/pip.log 2>&1
 fi
 if python3 -c 'import torch, transformers' 2>/dev/null; then
-    for t in llama llama_tied gpt2; do
+    for t in llama llama_tied gpt2 mixtral; do
         vl=$(grep -o '"val_loss":[^,}]*' $TMP/$t/metrics.jsonl | tail -1 | cut -d: -f2)
         if [ -z "$vl" ]; then fail ${t}_transformers_loss_matches_ustrain "no val_loss in metrics"; continue; fi
         # 2 val steps x micro-batch 2 = 4 windows of 32 (+1) tokens from the start of val_000.bin
@@ -88,9 +93,12 @@ expect_exit export_file_as_checkpoint_exits_2 2 "not a checkpoint directory" -- 
 copy_ckpt() {
     rm -rf $TMP/$1 && cp -r $TMP/llama/ckpt/step_6 $TMP/$1 && sed -i "$2" $TMP/$1/state.json
 }
-copy_ckpt moe 's/num_experts: 0/num_experts: 4/'
-expect_exit export_moe_not_supported_exits_2 2 "num_experts = 4: exporting mixture-of-experts models is not supported yet" -- \
+copy_ckpt moe 's/num_experts: 0/num_experts: 4/; s/shared_expert: false/shared_expert: true/'
+expect_exit export_moe_with_shared_expert_exits_2 2 "the Hugging Face layout for mixture of experts is Mixtral's.*moe.shared_expert = true" -- \
     $UST export $TMP/moe --to hf $TMP/bad-out
+copy_ckpt moe2 's/num_experts: 0/num_experts: 4/'
+expect_exit export_moe_config_on_dense_checkpoint_exits_2 2 "model.layers.0.mlp.router.weight" -- \
+    $UST export $TMP/moe2 --to hf $TMP/bad-out
 copy_ckpt shape 's/d_ff: 96/d_ff: 128/'
 expect_exit export_shape_mismatch_exits_2 2 "tensor 'model.layers.0.mlp.gate_proj.weight' has shape \[96, 64\] but the checkpoint's config implies \[128, 64\]" -- \
     $UST export $TMP/shape --to hf $TMP/bad-out

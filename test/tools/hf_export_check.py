@@ -4,7 +4,9 @@ the C code. Prints PASS/FAIL lines (test/lib.sh style), exits 0 either way unles
 
   hf_export_check.py layout TAG STEP_DIR OUT_DIR MODEL_JSON
       MODEL_JSON: the model the test trained, {"arch", "n_layer", "d_model", "n_head",
-      "n_kv_head", "d_ff", "vocab_size", "vocab_padded", "max_seq_len", "tied"}.
+      "n_kv_head", "d_ff", "vocab_size", "vocab_padded", "max_seq_len", "tied"} and, for a
+      mixture of experts in every layer (exported as MixtralForCausalLM), "experts", "top_k",
+      "d_ff_expert".
       Checks the safetensors framing (8-byte little-endian header length, JSON header with
       dtype/shape/data_offsets, "__metadata__": {"format": "pt"}, contiguous F32 data), that the
       names and shapes are exactly LlamaForCausalLM's / GPT2LMHeadModel's, that every value is
@@ -70,12 +72,19 @@ def expected_tensors(m, ck):
     if m["arch"] == "llama":
         out["model.embed_tokens.weight"] = ck["model.embed_tokens.weight"][:V]
         for i in range(L):
+            mlp = [] if m.get("experts") else [
+                "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"]
             for s in ["input_layernorm.weight", "post_attention_layernorm.weight",
                       "self_attn.q_proj.weight", "self_attn.k_proj.weight",
-                      "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-                      "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"]:
+                      "self_attn.v_proj.weight", "self_attn.o_proj.weight"] + mlp:
                 n = f"model.layers.{i}.{s}"
                 out[n] = ck[n]
+            if m.get("experts"):  # Mixtral: gate = router, w1/w2/w3 = gate/down/up projections
+                p, q = f"model.layers.{i}.block_sparse_moe.", f"model.layers.{i}.mlp."
+                out[p + "gate.weight"] = ck[q + "router.weight"]
+                for e in range(m["experts"]):
+                    for w, ours in (("w1", "gate_proj"), ("w2", "down_proj"), ("w3", "up_proj")):
+                        out[f"{p}experts.{e}.{w}.weight"] = ck[f"{q}experts.{e}.{ours}.weight"]
         out["model.norm.weight"] = ck["model.norm.weight"]
         if not m["tied"]:
             out["lm_head.weight"] = ck["lm_head.weight"][:V]
@@ -122,9 +131,16 @@ def expected_shapes(m):
             p = f"model.layers.{i}."
             s.update({p + "input_layernorm.weight": [C], p + "post_attention_layernorm.weight": [C],
                       p + "self_attn.q_proj.weight": [HD, C], p + "self_attn.k_proj.weight": [KV, C],
-                      p + "self_attn.v_proj.weight": [KV, C], p + "self_attn.o_proj.weight": [C, HD],
-                      p + "mlp.gate_proj.weight": [F, C], p + "mlp.up_proj.weight": [F, C],
-                      p + "mlp.down_proj.weight": [C, F]})
+                      p + "self_attn.v_proj.weight": [KV, C], p + "self_attn.o_proj.weight": [C, HD]})
+            if not m.get("experts"):
+                s.update({p + "mlp.gate_proj.weight": [F, C], p + "mlp.up_proj.weight": [F, C],
+                          p + "mlp.down_proj.weight": [C, F]})
+                continue
+            E, Fe, b = m["experts"], m["d_ff_expert"], p + "block_sparse_moe."
+            s[b + "gate.weight"] = [E, C]
+            for e in range(E):
+                s.update({f"{b}experts.{e}.w1.weight": [Fe, C], f"{b}experts.{e}.w2.weight": [C, Fe],
+                          f"{b}experts.{e}.w3.weight": [Fe, C]})
         s["model.norm.weight"] = [C]
         if not m["tied"]:
             s["lm_head.weight"] = [V, C]
@@ -145,6 +161,15 @@ def expected_shapes(m):
 
 
 def expected_config(m):
+    if m.get("experts"):
+        return {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                "hidden_size": m["d_model"], "intermediate_size": m["d_ff_expert"],
+                "num_local_experts": m["experts"], "num_experts_per_tok": m["top_k"],
+                "num_attention_heads": m["n_head"], "num_key_value_heads": m["n_kv_head"],
+                "num_hidden_layers": m["n_layer"], "rms_norm_eps": 1e-5, "rope_theta": 10000,
+                "max_position_embeddings": m["max_seq_len"], "vocab_size": m["vocab_size"],
+                "tie_word_embeddings": m["tied"], "torch_dtype": "float32", "hidden_act": "silu",
+                "output_router_logits": False}
     if m["arch"] == "llama":
         return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
                 "hidden_size": m["d_model"], "intermediate_size": m["d_ff"],
