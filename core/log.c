@@ -80,6 +80,7 @@ void log_step_json(ust_log *l, const log_step *s) {
     if (!isnan(s->pp_bubble)) {
         json_num(l->metrics, "pp_bubble", s->pp_bubble);
         json_num(l->metrics, "pp_bubble_analytic", s->pp_bubble_analytic);
+        fprintf(l->metrics, ",\"comm_bytes_pp\":%llu", (unsigned long long)s->comm_bytes_pp);
         json_num(l->metrics, "pp_bubble_sim", s->pp_bubble_sim);
         json_num(l->metrics, "pp_f_ms", s->pp_op_ms[0]);
         json_num(l->metrics, "pp_b_ms", s->pp_op_ms[1]);

@@ -14,12 +14,13 @@ typedef struct {
     size_t peak_mem_bytes;
     uint64_t comm_bytes_dp; /* bytes this rank sent in its data-parallel group this step */
     uint64_t comm_bytes_tp; /* ... and in its tensor-parallel group */
+    uint64_t comm_bytes_pp; /* ... and to its pipeline neighbours (activations, gradients) */
     double tp_comm_ms;      /* time this step spent waiting for tensor-parallel collectives */
     double cp_wait_ms;      /* ... and for context-parallel key/value blocks */
     double ep_comm_ms;      /* ... and in MoE dispatch/combine all-to-alls */
     size_t mem_params, mem_grads, mem_optim, mem_acts; /* this rank's arena by category */
     double val_loss;                                   /* NaN when not computed this step */
-    double pp_bubble;   /* pipeline: max over stages of idle / busy time this step (NaN: no pp) */
+    double pp_bubble; /* pipeline: max over stages of idle / busy time this step (NaN: no pp) */
     double pp_bubble_analytic; /* (p - 1) / (v * m) */
     double pp_bubble_sim;      /* the schedule's timeline with this step's mean op times */
     double pp_op_ms[3];        /* those mean F, B, W times (averaged over the stages) */
@@ -27,7 +28,7 @@ typedef struct {
     int moe_n;
     int moe_layer[LOG_MAX_MOE];
     double moe_load_max[LOG_MAX_MOE], moe_load_mean[LOG_MAX_MOE], moe_dropped[LOG_MAX_MOE];
-    int skipped;                                       /* step skipped by on_nan: skip */
+    int skipped; /* step skipped by on_nan: skip */
 } log_step;
 
 typedef struct {

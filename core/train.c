@@ -523,6 +523,7 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
             pp_stats ps = pp_last_step_stats(t->pp);
             s.pp_bubble = ps.bubble;
             s.pp_bubble_analytic = ps.analytic;
+            s.comm_bytes_pp = ps.sent_bytes;
             s.pp_bubble_sim = ps.simulated;
             s.pp_op_ms[0] = ps.f_ms, s.pp_op_ms[1] = ps.b_ms, s.pp_op_ms[2] = ps.w_ms;
         }

@@ -20,7 +20,8 @@ struct pp_state {
     comm_p2p *batch[2];        /* two batches: one in flight, one being built */
     int nbatch[2];
     double busy_s, idle_s;
-    double op_s[3]; /* last step: time in F, B, W */
+    uint64_t sent_bytes; /* last step: activations and gradients this rank sent */
+    double op_s[3];      /* last step: time in F, B, W */
     int op_n[3];
     pps_schedule *all;   /* every rank's schedule, for the simulation with measured costs */
     int fault_skip_tied; /* test fault: UST_FAULT_PP_SKIP_TIED_SYNC=1 leaves the copies apart */
@@ -178,13 +179,16 @@ double pp_train_step(pp_state *s, const pp_callbacks *cb, float dscale) {
     batch_state b = {0};
     s->nbatch[0] = s->nbatch[1] = 0;
     s->busy_s = s->idle_s = 0;
+    s->sent_bytes = 0;
     memset(s->op_s, 0, sizeof s->op_s);
     memset(s->op_n, 0, sizeof s->op_n);
     double loss = 0;
     for (int i = 0; i < s->sched.n; i++) {
         const pps_action *a = &s->sched.a[i];
         if (!is_compute(a->op)) {
-            s->batch[b.cur][s->nbatch[b.cur]++] = transfer_of(s, a, s->slot[i]);
+            comm_p2p t = transfer_of(s, a, s->slot[i]);
+            s->batch[b.cur][s->nbatch[b.cur]++] = t;
+            if (t.is_send) s->sent_bytes += t.count * sizeof(float);
             b.has_recv |= a->op == PPS_RECV_ACT || a->op == PPS_RECV_GRAD;
             continue;
         }
@@ -246,7 +250,7 @@ void pp_sync_tied(pp_state *s, float *g, int64_t n) {
 enum { NSTAT = 5 };
 
 pp_stats pp_last_step_stats(pp_state *s) {
-    pp_stats st = {.busy_s = s->busy_s, .idle_s = s->idle_s};
+    pp_stats st = {.busy_s = s->busy_s, .idle_s = s->idle_s, .sent_bytes = s->sent_bytes};
     st.analytic = (double)(s->p - 1) / ((double)s->v * s->nmb);
     float mine[NSTAT] = {(float)s->busy_s, (float)s->idle_s}, *all = malloc(NSTAT * s->p * 4);
     for (int k = 0; k < 3; k++) mine[2 + k] = s->op_n[k] ? (float)(s->op_s[k] / s->op_n[k]) : 0;

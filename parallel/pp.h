@@ -58,6 +58,7 @@ void pp_sync_tied(pp_state *s, float *g, int64_t n);
 
 typedef struct {
     double busy_s, idle_s;   /* this rank, last step: computing; waiting for transfers */
+    uint64_t sent_bytes;     /* this rank, last step: activations and gradients sent */
     double bubble;           /* max over the pipeline of idle / busy */
     double analytic;         /* (p - 1) / (v * m) */
     double simulated;        /* the schedule's timeline with the measured mean F, B, W times */

@@ -47,6 +47,22 @@ else
     fail pp_validation_loss_equals_one_process "one process: '$ref', pp=2 vpp=2 dp=2: '$got'"
 fi
 
+# the bytes rank 0 sends to its pipeline neighbours per step, against the count: each transfer is
+# one micro-batch's boundary tensor (32 tokens x 64 floats, halved over tp under sp); stage 0
+# sends m activations, under interleaving its second chunk (stage 2 of 4) m more and m gradients
+ppbytes() { # ppbytes NAME WORLD WANT SETS...
+    local name=$1 w=$2 want=$3; shift 3
+    rm -rf $TMP/pb
+    scripts/ustrun --nproc-per-node $w $UST train $TMP/llama.yaml --set train.steps=1 \
+        --set checkpoint.every=0 --set "logging.metrics_file=$TMP/pb/m.jsonl" "$@" >/dev/null 2>&1
+    local got=$(grep -o '"comm_bytes_pp":[0-9]*' $TMP/pb/m.jsonl | cut -d: -f2)
+    [ "$got" = "$want" ] && pass $name || fail $name "rank 0 sent $got bytes, expected $want"
+}
+ppbytes pp_bytes_1f1b 2 $((4 * 32 * 64 * 4)) --set parallel.pp=2
+ppbytes pp_bytes_interleaved 2 $((3 * 4 * 32 * 64 * 4)) --set parallel.pp=2 --set parallel.vpp=2 \
+    --set parallel.pp_schedule=interleaved
+ppbytes pp_bytes_tp2_sp 4 $((4 * 16 * 64 * 4)) --set parallel.pp=2 --set parallel.tp=2 --set parallel.sp=true
+
 expect_exit pp_interleaved_needs_divisible_microbatches 2 "multiple of parallel.pp \(2\)" -- \
     $UST validate $TMP/llama.yaml --set parallel.pp=2 --set parallel.vpp=2 \
     --set parallel.pp_schedule=interleaved --set train.global_batch_size=3
