@@ -825,30 +825,21 @@ static void save(model *m, float *dst, const float *src, int64_t n) {
     m->ops->copy(m->ops, dst, src, (size_t)n * sizeof(float));
 }
 
-/* dx: (B,T,C) holds d loss / d x_out on entry and d loss / d x_in on exit. With ws (zb's B) no
- * weight gradient is computed: each linear's output gradient is kept in ws for W instead. */
-static void layer_backward(model *m, int l, const float *x_in, float *dx, layer_acts *a,
-                           moe_acts *ma, layer_wsave *ws) {
+/* The backward passes below take ws: NULL for a whole backward; zb's B passes the layer's
+ * layer_wsave, and then no weight gradient is computed: each linear's output gradient is kept
+ * in ws for W instead. g: where weight gradients go (a dummy set under B). */
+
+/* Dense MLP, out = res2 + act(ln2 @ wu^T [, ln2 @ wg^T]) @ wd^T + bd: from d out (dx, this
+ * rank's rows) to d ln2; returns this rank's rows of it. */
+static float *mlp_backward(model *m, int l, const float *dx, layer_acts *a, const layer_w *g,
+                           layer_wsave *ws) {
     const ust_ops *o = m->ops;
     const layer_w *w = &m->lw[l];
-    layer_w none = {0}, *g = ws ? &none : &m->lg[l];
-    int N = m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D, F = m->F;
-    int64_t NC = (int64_t)N * C, NF = (int64_t)N * F, NlC = (int64_t)m->Nl * C;
-    UST_ASSERT(!ws || !is_moe(m, l), "zero-bubble B/W split of a MoE layer");
-    const float *gdx;
-    float *dln;
-    if (is_moe(m, l)) { /* every tp rank: all tokens; its own rows of the input gradient */
-        gdx = tp_gather_grad(m->tp, dx);
-        moe_backward(&m->moe, ma, &m->mw[l], &m->mg[l], m->dln, gdx, tp_gather(m->tp, a->ln2),
-                     m->moe_scale, 0);
-        dln = local_rows(m, m->dln);
-        goto norm2;
-    }
+    int N = m->B * m->T, C = m->C, F = m->F;
+    int64_t NF = (int64_t)N * F;
     if (m->recompute == RECOMPUTE_SELECTIVE && !ws) mlp_activation(m, a);
-
-    /* MLP: out = res2 + act @ wd^T + bd */
-    gdx = tp_gather_grad(m->tp, dx);
-    if (ws) save(m, ws->gmlp, gdx, NC);
+    const float *gdx = tp_gather_grad(m->tp, dx);
+    if (ws) save(m, ws->gmlp, gdx, (int64_t)N * C);
     o->linear_bwd(o, m->dact, g->wd, g->bd, gdx, a->act, w->wd, N, F, C, 0);
     const float *ln2 = tp_gather(m->tp, a->ln2); /* sp: gathered again rather than kept */
     if (m->llama) {
@@ -861,21 +852,40 @@ static void layer_backward(model *m, int l, const float *x_in, float *dx, layer_
         o->linear_bwd(o, m->dln, g->wu, g->bu, m->dup, ln2, w->wu, N, C, F, 0);
     }
     if (ws) save(m, ws->dup, m->dup, NF);
-    /* the MLP's input is shared by the group: its gradient is summed */
-    dln = tp_reduce_grad(m->tp, m->dln);
-norm2:
-    if (ws) {
-        save(m, ws->dln2, dln, NlC);
-        norm_backward_input(m, m->dtmp, dln, a->res2, w->ln2_w, a->ln2_mean, a->ln2_rstd);
-    } else {
-        norm_backward(m, m->dtmp, g->ln2_w, g->ln2_b, dln, a->res2, w->ln2_w, a->ln2_mean,
-                      a->ln2_rstd);
-    }
-    o->axpy(o, dx, 1.0f, m->dtmp, NlC); /* dx = d res2 */
+    return tp_reduce_grad(m->tp, m->dln); /* the MLP's input is shared by the group: summed */
+}
 
-    /* attention: res2 = x_in + att @ wo^T + bo */
-    gdx = tp_gather_grad(m->tp, dx);
-    if (ws) save(m, ws->gatt, gdx, NC);
+/* MoE MLP: every tensor-parallel rank ran it on all tokens, so the input gradient is whole and
+ * the same on each; this rank keeps its own rows (no sum). */
+static float *moe_mlp_backward(model *m, int l, const float *dx, layer_acts *a, moe_acts *ma) {
+    const float *gdx = tp_gather_grad(m->tp, dx);
+    moe_backward(&m->moe, ma, &m->mw[l], &m->mg[l], m->dln, gdx, tp_gather(m->tp, a->ln2),
+                 m->moe_scale, 0);
+    return local_rows(m, m->dln);
+}
+
+/* dx += d loss / d (a norm's input), given its output gradient dout (this rank's rows). */
+static void norm_step_backward(model *m, float *dx, float *dout, const float *inp, const float *w,
+                               float *gw, float *gb, const float *mean, const float *rstd,
+                               float *keep) {
+    if (keep) {
+        save(m, keep, dout, (int64_t)m->Nl * m->C);
+        norm_backward_input(m, m->dtmp, dout, inp, w, mean, rstd);
+    } else {
+        norm_backward(m, m->dtmp, gw, gb, dout, inp, w, mean, rstd);
+    }
+    m->ops->axpy(m->ops, dx, 1.0f, m->dtmp, (int64_t)m->Nl * m->C);
+}
+
+/* Attention, res2 = x_in + attn(ln1) @ wo^T + bo: from d res2 (dx) to d ln1; returns this
+ * rank's rows of it. */
+static float *attention_backward(model *m, int l, const float *dx, layer_acts *a, const layer_w *g,
+                                 layer_wsave *ws) {
+    const ust_ops *o = m->ops;
+    const layer_w *w = &m->lw[l];
+    int N = m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D;
+    const float *gdx = tp_gather_grad(m->tp, dx);
+    if (ws) save(m, ws->gatt, gdx, (int64_t)N * C);
     o->linear_bwd(o, m->datt, g->wo, g->bo, gdx, a->att, w->wo, N, HD, C, 0);
     o->zero(o, m->dq, (size_t)N * HD * sizeof(float));
     o->zero(o, m->dk, (size_t)N * KV * sizeof(float));
@@ -894,15 +904,22 @@ norm2:
     o->linear_bwd(o, m->dln, g->wq, g->bq, m->dq, ln1, w->wq, N, C, HD, 0);
     o->linear_bwd(o, m->dln, g->wk, g->bk, m->dk, ln1, w->wk, N, C, KV, 1);
     o->linear_bwd(o, m->dln, g->wv, g->bv, m->dv, ln1, w->wv, N, C, KV, 1);
-    dln = tp_reduce_grad(m->tp, m->dln); /* so is attention's */
-    if (ws) {
-        save(m, ws->dln1, dln, NlC);
-        norm_backward_input(m, m->dtmp, dln, x_in, w->ln1_w, a->ln1_mean, a->ln1_rstd);
-    } else {
-        norm_backward(m, m->dtmp, g->ln1_w, g->ln1_b, dln, x_in, w->ln1_w, a->ln1_mean,
-                      a->ln1_rstd);
-    }
-    o->axpy(o, dx, 1.0f, m->dtmp, NlC); /* dx = d x_in */
+    return tp_reduce_grad(m->tp, m->dln); /* so is attention's */
+}
+
+/* dx: (B,T,C) holds d loss / d x_out on entry and d loss / d x_in on exit. */
+static void layer_backward(model *m, int l, const float *x_in, float *dx, layer_acts *a,
+                           moe_acts *ma, layer_wsave *ws) {
+    const layer_w *w = &m->lw[l];
+    layer_w none = {0}, *g = ws ? &none : &m->lg[l];
+    UST_ASSERT(!ws || !is_moe(m, l), "zero-bubble B/W split of a MoE layer");
+    float *dln =
+        is_moe(m, l) ? moe_mlp_backward(m, l, dx, a, ma) : mlp_backward(m, l, dx, a, g, ws);
+    norm_step_backward(m, dx, dln, a->res2, w->ln2_w, g->ln2_w, g->ln2_b, a->ln2_mean, a->ln2_rstd,
+                       ws ? ws->dln2 : NULL); /* dx = d res2 */
+    dln = attention_backward(m, l, dx, a, g, ws);
+    norm_step_backward(m, dx, dln, x_in, w->ln1_w, g->ln1_w, g->ln1_b, a->ln1_mean, a->ln1_rstd,
+                       ws ? ws->dln1 : NULL); /* dx = d x_in */
 }
 
 /* zb's W of one layer: every weight gradient from the output gradients B kept. */
