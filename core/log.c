@@ -41,14 +41,20 @@ const char *log_bytes(char *buf, int n, double b) {
 }
 
 void log_step_line(const log_step *s) {
-    char mem[32], val[48] = "";
+    char mem[32], val[48] = "", extra[96] = "";
     if (!isnan(s->val_loss)) snprintf(val, sizeof val, " | val %.4f", s->val_loss);
+    size_t n = 0;
+    if (!isnan(s->pp_bubble)) /* the schedule's own accounting, and the analytic value */
+        n += snprintf(extra + n, sizeof extra - n, " | bubble %.3f (analytic %.3f)",
+                      s->pp_bubble_sim, s->pp_bubble_analytic);
+    if (s->ep_comm_ms > 0 && n < sizeof extra)
+        snprintf(extra + n, sizeof extra - n, " | a2a %.0f ms", s->ep_comm_ms);
     int eta = (int)(s->eta_s + 0.5);
     printf("step %5lld/%lld | loss %.4f%s | lr %.3e | norm %.3f | %.0f tok/s | mfu %.1f%% | "
-           "%.0f ms | mem %s | eta %dh%02dm%02ds%s\n",
+           "%.0f ms | mem %s%s | eta %dh%02dm%02ds%s\n",
            (long long)s->step, (long long)s->steps, s->loss, val, s->lr, s->grad_norm,
            s->tokens_per_s, 100 * s->mfu, s->ms, log_bytes(mem, sizeof mem, s->peak_mem_bytes),
-           eta / 3600, eta / 60 % 60, eta % 60, s->skipped ? " | SKIPPED (non-finite)" : "");
+           extra, eta / 3600, eta / 60 % 60, eta % 60, s->skipped ? " | SKIPPED (non-finite)" : "");
     fflush(stdout);
 }
 
