@@ -83,6 +83,11 @@ timeout 90 build/test/test_cuda_ops
 rc=$?
 [ $rc -eq 0 ] || { echo "FAIL test_cuda_ops: exit $rc"; fail=1; }
 
+stage "MoE layer on the GPU against the CPU (build/test/test_moe)"
+timeout 60 build/test/test_moe
+rc=$?
+[ $rc -eq 0 ] || { echo "FAIL test_moe: exit $rc"; fail=1; }
+
 if grep -q ops_cuda_create core/train.c; then
     stage "ustrain train configs/tiny.yaml, 10 steps: run.device cuda (fp32) vs cpu"
     [ -f data/tiny/train_000.bin ] || ./ustrain data demo data/tiny >/dev/null
