@@ -79,8 +79,11 @@ static void strmap_init(strmap *m, size_t n) {
     UST_ASSERT(m->slot, "out of memory (%llu map slots)", (unsigned long long)cap);
     for (uint64_t i = 0; i < cap; i++) m->slot[i].id = -1;
     m->mask = cap - 1;
-    m->pool = NULL;
-    m->pool_n = m->pool_cap = 0;
+    /* never NULL: an empty key (a vocabulary entry "") still points into the pool */
+    m->pool_cap = 4096;
+    m->pool = malloc(m->pool_cap);
+    UST_ASSERT(m->pool, "out of memory (vocabulary pool)");
+    m->pool_n = 0;
 }
 
 static int32_t strmap_get(const strmap *m, const void *s, size_t n) {

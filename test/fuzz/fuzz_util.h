@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-static const char *fuzz_dir(void) {
+static inline const char *fuzz_dir(void) {
     static char dir[256];
     if (!dir[0]) {
         snprintf(dir, sizeof dir, "%s/ust-fuzz-XXXXXX",
@@ -21,7 +21,7 @@ static const char *fuzz_dir(void) {
 }
 
 /* Writes data to fuzz_dir()/name and returns the path (static buffer per slot). */
-static const char *fuzz_file(int slot, const char *name, const uint8_t *data, size_t size) {
+static inline const char *fuzz_file(int slot, const char *name, const uint8_t *data, size_t size) {
     static char paths[4][512];
     snprintf(paths[slot], sizeof paths[slot], "%s/%s", fuzz_dir(), name);
     int fd = open(paths[slot], O_WRONLY | O_CREAT | O_TRUNC, 0600);
@@ -35,7 +35,7 @@ static const char *fuzz_file(int slot, const char *name, const uint8_t *data, si
     return paths[slot];
 }
 
-static uint32_t fuzz_le32(const uint8_t *p) {
+static inline uint32_t fuzz_le32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
