@@ -23,6 +23,10 @@ $EQ --name _5d --config $TMP/llama.yaml \
 $EQ --name _5d --config $TMP/llama.yaml --save-layout "dp=2 tp=2 pp=2 ep=2 zero=1" --resume-at 2 \
     --layout "dp=2 cp=2 pp=2 vpp=2 sched=interleaved zero=2" \
     --layout "dp=4 ep=4 tp=2 zero=3" --layout "dp=1"
+# all seven at once: dp 2->1, tp 2->1, pp 2->4, vpp 2->1, cp 1->2, ep 2->1, ZeRO 1->2
+$EQ --name _5d_all --config $TMP/llama.yaml \
+    --save-layout "dp=2 tp=2 pp=2 vpp=2 sched=interleaved ep=2 zero=1" --resume-at 2 \
+    --layout "pp=4 cp=2 zero=2"
 
 # a stop signal to the launcher: every rank stops after the same step, with a checkpoint
 sed -e "s#$TMP/data/train_\*.bin#$TMP/data/train_*.bin#" $TMP/llama.yaml >$TMP/stop.yaml
