@@ -4,7 +4,6 @@
  * same under every layout, and each epoch (a new key) visits every window exactly once. */
 #include "data.h"
 #include "fs.h"
-#include "prep.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -689,18 +688,4 @@ int data_write_demo(const char *dir, ust_err *e) {
     free(tr.tok);
     free(va.tok);
     return rc;
-}
-
-/* ---------------------------------------------------------------------------------------------
- * Text -> byte-level shards: the prep pipeline (core/prep.c) with its byte tokenizer. */
-
-int data_prep_bytes(const data_prep_args *a, ust_err *e) {
-    prep_args p = {.inputs = a->inputs,
-                   .ninputs = a->ninputs,
-                   .out_dir = a->out_dir,
-                   .val_fraction = a->val_fraction,
-                   .shard_tokens = a->shard_tokens,
-                   .eot = PREP_EOT_DEFAULT,
-                   .threads = 1};
-    return prep_run(&p, NULL, e);
 }

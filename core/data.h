@@ -37,19 +37,6 @@ void data_get_samples(const ust_dataset *d, int64_t first, int n, int T, bool sh
  * DIR/train_000.bin, DIR/train_001.bin, DIR/val_000.bin). Deterministic. */
 int data_write_demo(const char *dir, ust_err *e);
 
-/* Text -> llm.c shards with byte-level tokens (0..255; 256 = end of text after each document);
- * prep_run (prep.h) with the byte tokenizer and one thread.
- * Each input file is one document; the last val_fraction of documents' tokens (at least one
- * shard's worth when there is enough) go to val. Writes OUT/train_NNN.bin and OUT/val_NNN.bin. */
-typedef struct {
-    const char **inputs;
-    int ninputs;
-    const char *out_dir;
-    double val_fraction;  /* 0 = default 0.1; negative = no val shards */
-    int64_t shard_tokens; /* tokens per shard, default 100M */
-} data_prep_args;
-int data_prep_bytes(const data_prep_args *a, ust_err *e);
-
 /* Fills an llm.c header for ntok tokens of width 2 (uint16) or 4 (uint32) bytes. */
 int data_llmc_header(int32_t hdr[256], int width, int64_t ntok, const char *path, ust_err *e);
 

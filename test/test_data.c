@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "data.h"
+#include "prep.h"
 #include "test.h"
 
 static char g_tmp[256];
@@ -52,6 +53,14 @@ static int make_three_shards(char *dir, size_t n) {
     snprintf(p, sizeof p, "%s/s_002.bin", dir);
     if (data_write_llmc_shard(p, t + 17, 13, &e)) return -1;
     return 0;
+}
+
+/* Text -> byte-level shards (ids 0..255, end of text 256) with one thread: prep_run without a
+ * tokenizer. */
+static int prep_bytes(prep_args *a, ust_err *e) {
+    a->eot = PREP_EOT_DEFAULT;
+    a->threads = 1;
+    return prep_run(a, NULL, e);
 }
 
 static void test_llmc_shard_width_follows_max_token(void) {
@@ -373,10 +382,10 @@ static void test_prep_bytes_splits_train_and_val_with_end_of_text(void) {
     write_raw("doc1.txt", t1, 60);
     write_raw("doc2.txt", t2, 38);
     const char *inputs[] = {in1, in2};
-    data_prep_args args = {
+    prep_args args = {
         .inputs = inputs, .ninputs = 2, .out_dir = out, .val_fraction = 0.1, .shard_tokens = 40};
     ust_err e;
-    CHECK(data_prep_bytes(&args, &e) == 0, "prep: %.900s", e.msg);
+    CHECK(prep_bytes(&args, &e) == 0, "prep: %.900s", e.msg);
     ust_dataset *d;
     snprintf(pat, sizeof pat, "%s/train_*.bin", out);
     CHECK(data_open(&d, pat, DATA_LLMC, 257, &e) == 0, "open train: %.900s", e.msg);
@@ -400,21 +409,21 @@ static void test_prep_bytes_splits_train_and_val_with_end_of_text(void) {
     char out2[512], out3[512];
     path_in(out2, sizeof out2, "prep2");
     path_in(out3, sizeof out3, "prep3");
-    data_prep_args a2 = {
+    prep_args a2 = {
         .inputs = inputs, .ninputs = 2, .out_dir = out2, .val_fraction = 0.05, .shard_tokens = 20};
-    CHECK(data_prep_bytes(&a2, &e) == 0, "prep2: %.900s", e.msg);
+    CHECK(prep_bytes(&a2, &e) == 0, "prep2: %.900s", e.msg);
     snprintf(pat, sizeof pat, "%s/val_*.bin", out2);
     CHECK(data_open(&d, pat, DATA_LLMC, 257, &e) == 0, "open val: %.900s", e.msg);
     int64_t nv = data_num_tokens(d);
     data_close(d);
     CHECK(nv == 20, "val has %lld tokens, expected one shard of 20", (long long)nv);
-    data_prep_args a3 = {.inputs = inputs, .ninputs = 2, .out_dir = out3, .val_fraction = -1};
-    CHECK(data_prep_bytes(&a3, &e) == 0, "prep3: %.900s", e.msg);
+    prep_args a3 = {.inputs = inputs, .ninputs = 2, .out_dir = out3, .val_fraction = -1};
+    CHECK(prep_bytes(&a3, &e) == 0, "prep3: %.900s", e.msg);
     snprintf(pat, sizeof pat, "%s/val_*.bin", out3);
     CHECK(data_open(&d, pat, DATA_LLMC, 257, &e) == -1, "val shards written with val_fraction < 0");
     const char *missing[] = {"/nonexistent/file.txt"};
-    data_prep_args bad = {.inputs = missing, .ninputs = 1, .out_dir = out};
-    CHECK(data_prep_bytes(&bad, &e) == -1 && strstr(e.msg, "/nonexistent/file.txt"),
+    prep_args bad = {.inputs = missing, .ninputs = 1, .out_dir = out};
+    CHECK(prep_bytes(&bad, &e) == -1 && strstr(e.msg, "/nonexistent/file.txt"),
           "missing input: %.900s", e.msg);
 }
 
