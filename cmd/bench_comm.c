@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "bootstrap.h"
+#include "log.h"
 #include "cmd.h"
 #include "comm.h"
 #include "error.h"
@@ -24,12 +25,6 @@ typedef struct {
     void *dsend, *drecv; /* device buffers (NCCL) or the host buffers themselves */
     float *hsend, *hrecv;
 } bufs;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static int parse_bytes(const char *s, size_t *out) {
     char *end;
@@ -55,9 +50,9 @@ static double memcpy_bw(void) {
     memset(a, 1, n), memset(b, 2, n);
     double best = 1e30;
     for (int i = 0; i < 5; i++) {
-        double t = now_s();
+        double t = log_now_s();
         memcpy(b, a, n);
-        t = now_s() - t;
+        t = log_now_s() - t;
         best = t < best ? t : best;
         a[i] = b[n - 1 - i]; /* keep the copies observable */
     }
@@ -250,12 +245,12 @@ int cmd_bench_comm(int argc, char **argv) {
                 }
                 comm_req bar = comm_barrier(w);
                 comm_wait(&bar);
-                double t0 = now_s();
+                double t0 = log_now_s();
                 for (int it = 0; it < reps; it++) {
                     comm_req q = post(w, k, &b, count);
                     comm_wait(&q);
                 }
-                double dt = (now_s() - t0) / reps;
+                double dt = (log_now_s() - t0) / reps;
                 to_host(&b, outn * 4);
                 float want = 0;
                 long bad = verify(w, k, b.hrecv, count, &want);

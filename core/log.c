@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <math.h>
 #include <string.h>
+#include <time.h>
 
 int log_open(ust_log *l, const char *metrics_path, char *err, int errlen) {
     l->metrics = NULL;
@@ -30,6 +31,12 @@ int log_open(ust_log *l, const char *metrics_path, char *err, int errlen) {
 void log_close(ust_log *l) {
     if (l->metrics) fclose(l->metrics);
     l->metrics = NULL;
+}
+
+double log_now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
 const char *log_bytes(char *buf, int n, double b) {

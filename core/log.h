@@ -40,6 +40,8 @@ int log_open(ust_log *l, const char *metrics_path, char *err, int errlen);
 void log_close(ust_log *l);
 void log_step_line(const log_step *s); /* the console line */
 void log_step_json(ust_log *l, const log_step *s);
+/* Seconds on the monotonic clock: every timing and deadline of a run reads this one. */
+double log_now_s(void);
 /* Human-readable byte count ("12.3 MiB") into buf. */
 const char *log_bytes(char *buf, int n, double bytes);
 

@@ -5,6 +5,7 @@
  * across thread counts (gradient reductions over rows are done by column chunks, not by
  * per-thread partial sums). "Device" memory is host memory. */
 #include "ops.h"
+#include "log.h"
 
 #include "error.h"
 
@@ -1056,12 +1057,6 @@ ust_ops *ops_cpu_create(int threads, int local_ranks) {
     return o;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 double ops_measure_sgemm_flops(const ust_ops *o, int n, int reps) {
     if (n <= 0) n = 512;
     if (reps <= 0) reps = 1;
@@ -1072,9 +1067,9 @@ double ops_measure_sgemm_flops(const ust_ops *o, int n, int reps) {
         B[i] = (float)((i * 5 % 11) - 5) * 0.01f;
     }
     o->matmul(o, C, A, B, n, n, n, 0, 0, 1.0f, 0.0f); /* warm-up: threads, buffers, caches */
-    double t0 = now_s();
+    double t0 = log_now_s();
     for (int r = 0; r < reps; r++) o->matmul(o, C, A, B, n, n, n, 0, 0, 1.0f, 0.0f);
-    double dt = now_s() - t0;
+    double dt = log_now_s() - t0;
     o->free(o, A);
     o->free(o, B);
     o->free(o, C);

@@ -3,6 +3,7 @@
  * item order to a temporary token file under the output directory. Only when the total is known
  * can the stream be split into train and val, so the shards are cut from that file at the end. */
 #include "prep.h"
+#include "log.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -48,12 +49,6 @@ typedef struct {
     int n, cap;
     size_t bytes;
 } batch;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static bool ends_with(const char *s, const char *suffix) {
     size_t n = strlen(s), m = strlen(suffix);
@@ -315,7 +310,7 @@ static void progress(const reader *r, int64_t ntok, double t0, bool done) {
     }
     int64_t at = r->bytes_done + (r->f ? (int64_t)ftello(r->f) : 0);
     if (at > total) at = total;
-    double frac = total > 0 ? (double)at / (double)total : 1, dt = now_s() - t0;
+    double frac = total > 0 ? (double)at / (double)total : 1, dt = log_now_s() - t0;
     char bar[31];
     int k = (int)(30 * frac);
     for (int i = 0; i < 30; i++) bar[i] = i < k ? '#' : '.';
@@ -357,7 +352,7 @@ static int tokenize_all(const prep_args *a, const tok_tokenizer *tok, int nthrea
     for (int t = 0; t < nthreads; t++) works[t] = tok_work_new(tok);
     batch b = {0};
     size_t want = (size_t)a->chunk_bytes * (size_t)(2 * nthreads);
-    double t0 = now_s(), last = 0;
+    double t0 = log_now_s(), last = 0;
     int rc = 0, end = 0;
     while (rc == 0 && !end) {
         end = fill_batch(&rd, &b, want, e);
@@ -371,9 +366,9 @@ static int tokenize_all(const prep_args *a, const tok_tokenizer *tok, int nthrea
         }
         b.n = 0;
         b.bytes = 0;
-        if (rc == 0 && a->progress && (now_s() - last > 0.2 || end)) {
+        if (rc == 0 && a->progress && (log_now_s() - last > 0.2 || end)) {
             progress(&rd, s->n, t0, end && rc == 0);
-            last = now_s();
+            last = log_now_s();
         }
     }
     if (rd.f) fclose(rd.f);
@@ -393,7 +388,7 @@ int prep_run(const prep_args *a, prep_result *res, ust_err *e) {
     prep_result dummy;
     if (!res) res = &dummy;
     memset(res, 0, sizeof *res);
-    double t0 = now_s(), frac = a->val_fraction == 0 ? 0.1 : a->val_fraction;
+    double t0 = log_now_s(), frac = a->val_fraction == 0 ? 0.1 : a->val_fraction;
     if (frac < 0) frac = 0;
     if (frac >= 1) return ust_errf(e, "data prep: val_fraction must be below 1 (got %g)", frac);
     int64_t per_shard = a->shard_tokens > 0 ? a->shard_tokens : 100000000;
@@ -429,7 +424,7 @@ int prep_run(const prep_args *a, prep_result *res, ust_err *e) {
     res->vocab_size = vocab;
     res->width = s->width;
     res->eot = eot;
-    res->seconds = now_s() - t0;
+    res->seconds = log_now_s() - t0;
     free(s);
     tok_free(own);
     return rc;

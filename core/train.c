@@ -32,12 +32,6 @@ static volatile sig_atomic_t g_stop_signal;
 
 static void on_stop_signal(int sig) { g_stop_signal = sig; }
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + 1e-9 * t.tv_nsec;
-}
-
 typedef struct {
     const ust_config *cfg;
     ust_runtime *rt;
@@ -462,7 +456,7 @@ typedef struct {
 } step_mark;
 
 static step_mark mark_step(trainer *t) {
-    return (step_mark){now_s(), t->tp.comm_s, model_cp_wait_s(t->m), model_ep_wait_s(t->m),
+    return (step_mark){log_now_s(), t->tp.comm_s, model_cp_wait_s(t->m), model_ep_wait_s(t->m),
                        bytes_sent(t->rt->topo.comm[TOPO_TP])};
 }
 
@@ -486,7 +480,8 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
     const ust_config *c = t->cfg;
     ust_err e;
     double tokens = (double)c->train.global_batch_size * c->train.seq_len;
-    double fpt = model_flops_per_token(t->m), peak = peak_flops(t), sum_ms = 0, t_start = now_s();
+    double fpt = model_flops_per_token(t->m), peak = peak_flops(t), sum_ms = 0,
+           t_start = log_now_s();
     int64_t first = t->step, timed = 0;
     res->peak_flops = peak;
     res->flops_per_token = fpt;
@@ -511,7 +506,7 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
                       .loss = loss,
                       .lr = lr,
                       .grad_norm = norm,
-                      .ms = 1e3 * (now_s() - mark.t0),
+                      .ms = 1e3 * (log_now_s() - mark.t0),
                       .val_loss = NAN,
                       .pp_bubble = NAN,
                       .skipped = !finite,
@@ -532,7 +527,7 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
         t->last_loss = loss;
         int untimed = opts->untimed_steps > 0 ? opts->untimed_steps : 1;
         if (t->step > first + untimed || c->train.steps - first <= untimed) sum_ms += s.ms, timed++;
-        s.eta_s = (now_s() - t_start) / (t->step - first) * (c->train.steps - t->step);
+        s.eta_s = (log_now_s() - t_start) / (t->step - first) * (c->train.steps - t->step);
         int last = t->step == c->train.steps;
         if (t->val && (t->step % c->data.val_every == 0 || last)) s.val_loss = validation_loss(t);
         if (t->rank0 && !opts->quiet &&

@@ -4,6 +4,7 @@
  * (defaults 8 1024 10 bf16 gpt2-124m 989: dense bf16 of H100/H200 SXM). FLOPs per token are the
  * model's own count (6 N_matmul + 12 L d T). Prints "SKIP bench_gpu: <why>" without a GPU. */
 #include "config.h"
+#include "log.h"
 #include "cuda/ops_cuda.h"
 #include "mem.h"
 #include "model.h"
@@ -15,12 +16,6 @@
 #include <string.h>
 #include <time.h>
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 int main(int argc, char **argv) {
     int B = argc > 1 ? atoi(argv[1]) : 8, T = argc > 2 ? atoi(argv[2]) : 1024;
     int steps = argc > 3 ? atoi(argv[3]) : 10;
@@ -28,7 +23,9 @@ int main(int argc, char **argv) {
     const char *shape = argc > 5 ? argv[5] : "gpt2-124m";
     double peak = (argc > 6 ? atof(argv[6]) : 989.0) * 1e12;
     if (B <= 0 || T <= 0 || steps <= 0) {
-        fprintf(stderr, "usage: bench_gpu [B] [T] [steps] [fp32|bf16] [gpt2-124m|llama-tiny] [peak_tflops]\n");
+        fprintf(
+            stderr,
+            "usage: bench_gpu [B] [T] [steps] [fp32|bf16] [gpt2-124m|llama-tiny] [peak_tflops]\n");
         return 2;
     }
 
@@ -65,23 +62,25 @@ int main(int argc, char **argv) {
     }
     model_init_params(m, 1234);
     int64_t n = model_numel(m);
-    float *mom = o->alloc(o, (size_t)n * sizeof(float)), *var = o->alloc(o, (size_t)n * sizeof(float));
-    int32_t *in = malloc((size_t)B * T * sizeof(int32_t)), *tgt = malloc((size_t)B * T * sizeof(int32_t));
+    float *mom = o->alloc(o, (size_t)n * sizeof(float)),
+          *var = o->alloc(o, (size_t)n * sizeof(float));
+    int32_t *in = malloc((size_t)B * T * sizeof(int32_t)),
+            *tgt = malloc((size_t)B * T * sizeof(int32_t));
     uint64_t x = 88172645463325252ull;
     for (int i = 0; i < B * T; i++) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         in[i] = (int32_t)(x % (uint64_t)c.model.vocab_size);
         tgt[i] = (int32_t)((x >> 20) % (uint64_t)c.model.vocab_size);
     }
-    printf("bench_gpu: %s B=%d T=%d %s, %lld parameters, %.3g FLOP/token, arena %.2f GiB\n", shape, B,
-           T, bf16 ? "bf16 matmuls" : "fp32", (long long)n, model_flops_per_token(m),
+    printf("bench_gpu: %s B=%d T=%d %s, %lld parameters, %.3g FLOP/token, arena %.2f GiB\n", shape,
+           B, T, bf16 ? "bf16 matmuls" : "fp32", (long long)n, model_flops_per_token(m),
            arena.total / 1073741824.0);
     double t0 = 0.0, loss = 0.0;
     int warm = 2;
     for (int s = 0; s < warm + steps; s++) {
         if (s == warm) {
             o->sync(o);
-            t0 = now_s();
+            t0 = log_now_s();
         }
         int64_t ntok = 0;
         model_zero_grads(m);
@@ -91,17 +90,18 @@ int main(int argc, char **argv) {
                  1.0f, s + 1);
     }
     o->sync(o);
-    double dt = now_s() - t0;
+    double dt = log_now_s() - t0;
     size_t own = 0, used = 0, total = 0;
     ops_cuda_memory(o, &own, &used, &total);
-    printf("bench_gpu: device memory: arena %.2f GiB, backend scratch %.2f GiB, device used %.2f of "
-           "%.2f GiB\n",
-           arena.total / 1073741824.0, own / 1073741824.0, used / 1073741824.0,
-           total / 1073741824.0);
+    printf(
+        "bench_gpu: device memory: arena %.2f GiB, backend scratch %.2f GiB, device used %.2f of "
+        "%.2f GiB\n",
+        arena.total / 1073741824.0, own / 1073741824.0, used / 1073741824.0, total / 1073741824.0);
     double tps = (double)B * T * steps / dt, flops = model_flops_per_token(m) * tps;
-    printf("bench_gpu: %d steps in %.3f s: %.1f ms/step, %.0f tokens/s, %.1f TFLOP/s, MFU %.1f%% of "
-           "%.0f TFLOP/s (last loss %.4f)\n",
-           steps, dt, dt / steps * 1e3, tps, flops / 1e12, 100.0 * flops / peak, peak / 1e12, loss);
+    printf(
+        "bench_gpu: %d steps in %.3f s: %.1f ms/step, %.0f tokens/s, %.1f TFLOP/s, MFU %.1f%% of "
+        "%.0f TFLOP/s (last loss %.4f)\n",
+        steps, dt, dt / steps * 1e3, tps, flops / 1e12, 100.0 * flops / peak, peak / 1e12, loss);
     free(in);
     free(tgt);
     o->free(o, mom);

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "bootstrap_impl.h"
+#include "log.h"
 
 const char *boot_kind_name(boot_kind k) {
     switch (k) {
@@ -205,7 +206,7 @@ static int env_init(ust_boot *b, ust_err *e) {
                         world, !addr ? "MASTER_ADDR" : "MASTER_PORT");
     snprintf(im->where, sizeof im->where, "%s:%ld", addr, port);
 
-    double deadline = boot_now() + b->timeout_s;
+    double deadline = log_now_s() + b->timeout_s;
     const char *secret = getenv("UST_JOB_SECRET");
     if (secret && !*secret) secret = NULL;
     if (rank == 0) {
@@ -233,7 +234,7 @@ static int env_init(ust_boot *b, ust_err *e) {
     }
     /* Everyone joined before anyone goes on: a missing rank is reported here, by name. */
     ust_err fe;
-    double left = deadline - boot_now();
+    double left = deadline - log_now_s();
     if (store_client_fence(im->client, im->fence_gen++, left > 0.1 ? left : 0.1, &fe) < 0)
         return ust_errf(e, "waiting for all %d ranks to join at %s: %s", b->world, im->where,
                         fe.msg);

@@ -131,9 +131,6 @@ void rbuf_consume(rbuf *r, size_t n);
 /* Sends all of buf before the deadline; -1 with errno on failure. */
 int store_send_all(int fd, const uint8_t *buf, size_t n, double deadline);
 
-/* Monotonic seconds. */
-double boot_now(void);
-
 /* PMIx path. boot_pmix_available() is cheap: it only looks at the environment. */
 int boot_pmix_available(void);
 /* Returns 0 joined, 1 "no PMIx server here" (caller falls through), -1 error. */

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "bootstrap_impl.h"
+#include "log.h"
 
 extern char **environ;
 
@@ -167,7 +168,7 @@ int boot_pmix_fence(ust_boot *b, ust_err *e) {
     PMIX_INFO_CONSTRUCT(&info[1]);
     PMIX_INFO_LOAD(&info[0], PMIX_COLLECT_DATA, &collect, PMIX_BOOL);
     PMIX_INFO_LOAD(&info[1], PMIX_TIMEOUT, &tmo, PMIX_INT);
-    double t0 = boot_now();
+    double t0 = log_now_s();
     pmix_status_t rc = PMIx_Fence(NULL, 0, info, 2);
     PMIX_INFO_DESTRUCT(&info[0]);
     PMIX_INFO_DESTRUCT(&info[1]);
@@ -175,7 +176,7 @@ int boot_pmix_fence(ust_boot *b, ust_err *e) {
         return ust_errf(e,
                         "bootstrap fence %u (PMIx, namespace %s, %d ranks) failed after %.1f s: "
                         "%s; PMIx does not say which ranks did not arrive",
-                        gen, p->me.nspace, b->world, boot_now() - t0, PMIx_Error_string(rc));
+                        gen, p->me.nspace, b->world, log_now_s() - t0, PMIx_Error_string(rc));
     return 0;
 }
 

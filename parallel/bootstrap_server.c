@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "bootstrap_impl.h"
+#include "log.h"
 
 typedef struct entry {
     struct entry *next;
@@ -110,7 +111,7 @@ static int kv_put(store_server *s, int rank, const char *key, const uint8_t *val
 static void reply(store_server *s, conn *c, uint8_t op, const void *val, uint32_t len) {
     size_t n = store_msg_encode(s->out, 4 + STORE_HDR + STORE_MAX_KEY + STORE_MAX_VAL, op, 0, 0,
                                 NULL, val, len);
-    if (n == 0 || store_send_all(c->fd, s->out, n, boot_now() + 10.0) < 0) {
+    if (n == 0 || store_send_all(c->fd, s->out, n, log_now_s() + 10.0) < 0) {
         /* The client is gone or stuck; its disconnect is noticed by the poll loop. */
         shutdown(c->fd, SHUT_RDWR);
     }
@@ -199,7 +200,7 @@ static int try_answer(store_server *s, conn *c, double now) {
 }
 
 static void answer_parked(store_server *s) {
-    double now = boot_now();
+    double now = log_now_s();
     for (int i = 0; i < s->nconn; i++)
         if (s->conns[i].parked && try_answer(s, &s->conns[i], now)) s->conns[i].parked = 0;
 }
@@ -296,7 +297,7 @@ static int handle(store_server *s, conn *c, const store_msg *m) {
     c->pop = m->op;
     c->pa = m->a;
     snprintf(c->pkey, sizeof c->pkey, "%s", m->key);
-    c->pdeadline = boot_now() + m->b / 1000.0;
+    c->pdeadline = log_now_s() + m->b / 1000.0;
     answer_parked(s);
     return 0;
 }
@@ -335,7 +336,7 @@ static void *server_main(void *arg) {
     struct pollfd *pf = NULL;
     int cap_pf = 0;
     for (;;) {
-        double now = boot_now();
+        double now = log_now_s();
         if (s->stopping && (count_present(s) == 0 || now >= s->stop_deadline)) break;
         drop_silent(s, now);
         double next = s->stopping ? s->stop_deadline : now + 3600;
@@ -360,7 +361,7 @@ static void *server_main(void *arg) {
             double wait_s;
             if (read(s->wake[0], &wait_s, sizeof wait_s) == (ssize_t)sizeof wait_s) {
                 s->stopping = 1;
-                s->stop_deadline = boot_now() + wait_s;
+                s->stop_deadline = log_now_s() + wait_s;
             }
         }
         /* Connections first (indices shift when one closes, so walk from the end). */
@@ -403,7 +404,7 @@ static void *server_main(void *arg) {
                     }
                     int one = 1;
                     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-                    s->conns[s->nconn] = (conn){.fd = fd, .rank = -1, .t_accept = boot_now()};
+                    s->conns[s->nconn] = (conn){.fd = fd, .rank = -1, .t_accept = log_now_s()};
                     peer_name(fd, s->conns[s->nconn].peer, sizeof s->conns[s->nconn].peer);
                     s->nconn++;
                 }

@@ -18,12 +18,7 @@
 #include <unistd.h>
 
 #include "bootstrap_impl.h"
-
-double boot_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "log.h"
 
 /* ---------------------------------------------------------------- wire format */
 
@@ -122,7 +117,7 @@ int store_send_all(int fd, const uint8_t *buf, size_t n, double deadline) {
         }
         if (k < 0 && errno == EINTR) continue;
         if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-            double left = deadline - boot_now();
+            double left = deadline - log_now_s();
             if (left <= 0) return errno = ETIMEDOUT, -1;
             struct pollfd pf = {fd, POLLOUT, 0};
             poll(&pf, 1, (int)(left * 1000) + 1);
@@ -179,7 +174,7 @@ store_client *store_client_connect(const char *host, int port, double deadline, 
     int g = getaddrinfo(host, ps, &hints, &ai);
     if (g != 0)
         return ust_errf(e, "MASTER_ADDR '%s' does not resolve: %s", host, gai_strerror(g)), NULL;
-    double backoff = 0.02, t0 = boot_now();
+    double backoff = 0.02, t0 = log_now_s();
     int last = 0, fd = -1;
     for (;;) {
         fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -189,7 +184,7 @@ store_client *store_client_connect(const char *host, int port, double deadline, 
         }
         int r = connect(fd, ai->ai_addr, ai->ai_addrlen);
         if (r < 0 && errno == EINPROGRESS) {
-            double left = deadline - boot_now();
+            double left = deadline - log_now_s();
             struct pollfd pf = {fd, POLLOUT, 0};
             int k = poll(&pf, 1, left > 0 ? (int)(left * 1000) + 1 : 0);
             socklen_t sl = sizeof last;
@@ -203,7 +198,7 @@ store_client *store_client_connect(const char *host, int port, double deadline, 
         if (r == 0) break;
         close(fd);
         fd = -1;
-        if (boot_now() + backoff > deadline) break;
+        if (log_now_s() + backoff > deadline) break;
         sleep_s(backoff); /* rank 0 may simply not be listening yet */
         if (backoff < 0.5) backoff *= 2;
     }
@@ -213,7 +208,7 @@ store_client *store_client_connect(const char *host, int port, double deadline, 
                         "could not connect to the key-value store of rank 0 at %s:%d "
                         "(MASTER_ADDR:MASTER_PORT) within %.1f s: %s; is rank 0 running, and do "
                         "all ranks have the same MASTER_ADDR and MASTER_PORT?",
-                        host, port, boot_now() - t0, strerror(last ? last : ETIMEDOUT)),
+                        host, port, log_now_s() - t0, strerror(last ? last : ETIMEDOUT)),
                NULL;
     store_client *c = calloc(1, sizeof *c);
     if (c) c->out = malloc(4 + STORE_HDR + STORE_MAX_KEY + STORE_MAX_VAL);
@@ -237,7 +232,7 @@ static int request(store_client *c, uint8_t op, uint32_t a, uint32_t b, const ch
     rbuf_consume(&c->in, c->last_reply);
     c->last_reply = 0;
     if (c->in.len) return ust_errf(e, "bootstrap store at %s sent an unexpected message", c->where);
-    if (store_send_all(c->fd, c->out, n, boot_now() + 30.0) < 0)
+    if (store_send_all(c->fd, c->out, n, log_now_s() + 30.0) < 0)
         return ust_errf(e, "lost the connection to the key-value store at %s (rank 0 exited?): %s",
                         c->where, strerror(errno));
     for (;;) {
@@ -255,7 +250,7 @@ static int request(store_client *c, uint8_t op, uint32_t a, uint32_t b, const ch
             c->last_reply = used;
             return 0;
         }
-        double left = wait_deadline - boot_now();
+        double left = wait_deadline - log_now_s();
         if (left <= 0)
             return ust_errf(e, "the key-value store at %s did not answer in time", c->where);
         struct pollfd pf = {c->fd, POLLIN, 0};
@@ -322,7 +317,7 @@ int store_client_put(store_client *c, int rank, const char *key, const void *val
     store_msg m;
     char t[1100];
     pthread_mutex_lock(&c->mu);
-    int r = request(c, ST_PUT, (uint32_t)rank, 0, key, val, (uint32_t)len, boot_now() + timeout_s,
+    int r = request(c, ST_PUT, (uint32_t)rank, 0, key, val, (uint32_t)len, log_now_s() + timeout_s,
                     &m, e);
     if (r == 0 && m.op != ST_OK)
         r = ust_errf(e, "bootstrap put of key '%s' failed: %s", key, rep_text(&m, t, sizeof t));
@@ -336,7 +331,7 @@ int store_client_get(store_client *c, int rank, const char *key, void *val, size
     char t[1600];
     pthread_mutex_lock(&c->mu);
     int r = request(c, ST_GET, (uint32_t)rank, wait_ms(timeout_s), key, NULL, 0,
-                    boot_now() + timeout_s + 5.0, &m, e);
+                    log_now_s() + timeout_s + 5.0, &m, e);
     if (r == 0 && m.op == ST_VAL) {
         if (m.vallen > cap)
             r = ust_errf(e,
@@ -361,7 +356,7 @@ int store_client_fence(store_client *c, uint32_t gen, double timeout_s, ust_err 
     char t[1600];
     pthread_mutex_lock(&c->mu);
     int r = request(c, ST_FENCE, gen, wait_ms(timeout_s), NULL, NULL, 0,
-                    boot_now() + timeout_s + 5.0, &m, e);
+                    log_now_s() + timeout_s + 5.0, &m, e);
     if (r == 0 && m.op == ST_TIMEOUT)
         r = ust_errf(e, "bootstrap fence %u timed out after %.1f s: %s", gen, timeout_s,
                      rep_text(&m, t, sizeof t));
@@ -375,7 +370,7 @@ void store_client_close(store_client *c, int say_bye) {
     if (!c) return;
     if (say_bye) {
         store_msg m;
-        request(c, ST_BYE, 0, 0, NULL, NULL, 0, boot_now() + 5.0, &m, NULL);
+        request(c, ST_BYE, 0, 0, NULL, NULL, 0, log_now_s() + 5.0, &m, NULL);
     }
     close(c->fd);
     pthread_mutex_destroy(&c->mu);

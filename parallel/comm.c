@@ -3,18 +3,13 @@
  * the queue when an operation is waited on; NCCL launches each operation as it is posted and the
  * queue only remembers what is outstanding. */
 #include "comm_impl.h"
+#include "log.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-double comm_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 const char *comm_backend_name(comm_backend b) { return b == COMM_BACKEND_NCCL ? "nccl" : "shm"; }
 

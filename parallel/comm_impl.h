@@ -65,7 +65,6 @@ static inline size_t desc_rdispl(const comm_desc *d, int j) {
  * indices, printed as global ranks) it was waiting on; `why` says what happened. */
 _Noreturn void comm_fail_wait(const ust_comm *c, comm_kind k, const int *waiting, int nwaiting,
                               const char *why);
-double comm_now(void);
 
 /* Backends. create_begin runs before the bootstrap fence of comm_create_many (the group's first
  * member creates the shared resource and publishes its name under key), create_end after it

@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "comm_impl.h"
+#include "log.h"
 
 typedef struct {
     ncclComm_t comm;
@@ -44,10 +45,10 @@ static void sleep_us(long us) {
  * deadline. */
 static void settle(ust_comm *c, comm_kind k, ncclResult_t r, const char *what) {
     nccl_comm *s = c->impl;
-    double deadline = comm_now() + c->ctx->opts.timeout_s;
+    double deadline = log_now_s() + c->ctx->opts.timeout_s;
     long nap = 10;
     while (r == ncclInProgress) {
-        if (comm_now() > deadline) {
+        if (log_now_s() > deadline) {
             ncclCommAbort(s->comm);
             int w[1024], n = 0;
             for (int j = 0; j < c->size && n < 1024; j++)
@@ -218,7 +219,7 @@ void nccl_launch(ust_comm *c, const comm_desc *d) {
 
 void nccl_wait_until(ust_comm *c, uint64_t seq) {
     nccl_comm *s = c->impl;
-    double deadline = comm_now() + c->ctx->opts.timeout_s;
+    double deadline = log_now_s() + c->ctx->opts.timeout_s;
     for (uint64_t q = c->done + 1; q <= seq; q++) {
         cudaEvent_t ev = s->ev_of[q % (uint64_t)s->evcap];
         const comm_desc *d = &c->queue[q % (uint64_t)c->qcap];
@@ -237,7 +238,7 @@ void nccl_wait_until(ust_comm *c, uint64_t seq) {
                           comm_kind_name(d->kind), c->name, c->rank, c->size,
                           ncclGetErrorString(ar));
             }
-            if (comm_now() > deadline) {
+            if (log_now_s() > deadline) {
                 ncclCommAbort(s->comm);
                 int w[1024], n = 0;
                 for (int j = 0; j < c->size && n < 1024; j++)

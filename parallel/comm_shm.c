@@ -18,6 +18,7 @@
  * deadline in slices; in each slice the peers not yet arrived are checked for liveness, so a
  * killed rank is reported within about a second instead of after the whole timeout. */
 #include "comm_impl.h"
+#include "log.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -165,25 +166,25 @@ static void shm_wait(ust_comm *c, comm_kind k, _Atomic uint32_t *w, _Atomic uint
      * success puts them back in step. */
     shm_comm *s = c->impl;
     if (c->ctx->spin) {
-        double until = comm_now() + ((++s->nwaits & 63) ? s->spin_s : SHM_SPIN_MAX_S);
+        double until = log_now_s() + ((++s->nwaits & 63) ? s->spin_s : SHM_SPIN_MAX_S);
         for (int i = 1;; i++) {
             cpu_relax();
             if (pred(c, arg)) {
                 s->spin_s = s->spin_s * 2 < SHM_SPIN_MAX_S ? s->spin_s * 2 : SHM_SPIN_MAX_S;
                 return;
             }
-            if (!(i & 31) && comm_now() > until) break;
+            if (!(i & 31) && log_now_s() > until) break;
         }
         s->spin_s = s->spin_s / 2 > SHM_SPIN_MIN_S ? s->spin_s / 2 : SHM_SPIN_MIN_S;
     }
-    double deadline = comm_now() + c->ctx->opts.timeout_s;
+    double deadline = log_now_s() + c->ctx->opts.timeout_s;
     int waiting[SHM_MAX_WAITING];
     for (;;) {
         uint32_t v = atomic_load(w);
         int slept_out = 1;
         atomic_fetch_add(sleepers, 1);
         if (!pred(c, arg)) {
-            double left = deadline - comm_now();
+            double left = deadline - log_now_s();
             double slice = left < 0.5 ? left : 0.5;
             if (slice > 0) {
                 struct timespec ts = {(time_t)slice, (long)((slice - (double)(time_t)slice) * 1e9)};
@@ -193,14 +194,14 @@ static void shm_wait(ust_comm *c, comm_kind k, _Atomic uint32_t *w, _Atomic uint
         atomic_fetch_sub(sleepers, 1);
         if (pred(c, arg)) return;
         /* Only a whole quiet slice makes us look at the peers (kill(pid, 0) per member). */
-        if (!slept_out && comm_now() < deadline) continue;
+        if (!slept_out && log_now_s() < deadline) continue;
         int nw = who(c, arg, waiting);
         for (int i = 0; i < nw; i++) {
             pid_t pid = s->mem[waiting[i]].pid;
             if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH)
                 comm_fail_wait(c, k, waiting + i, 1, "a member process has died");
         }
-        if (comm_now() >= deadline) {
+        if (log_now_s() >= deadline) {
             char why[96];
             snprintf(why, sizeof why, "timed out after %g s (dist.timeout_s)",
                      c->ctx->opts.timeout_s);

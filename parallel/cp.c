@@ -1,17 +1,12 @@
 /* cp.c: ring attention (and its all-gather variant) over the context-parallel group. */
 #include "cp.h"
+#include "log.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "error.h"
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + 1e-9 * t.tv_nsec;
-}
 
 void cp_layout_positions(ust_cp_layout layout, int T, int n, int r, int32_t *out) {
     if (layout == CP_CONTIGUOUS || n == 1) {
@@ -94,9 +89,9 @@ static void count(ust_cp *cp, int owner, int H) {
 }
 
 static void wait_timed(ust_cp *cp, comm_req *r) {
-    double t0 = now_s();
+    double t0 = log_now_s();
     comm_wait(r);
-    cp->comm_s += now_s() - t0;
+    cp->comm_s += log_now_s() - t0;
 }
 
 /* Posts (the list lives in cp until the wait): send the `nbuf` buffers of send[] to the next rank,
@@ -117,9 +112,9 @@ static void gather_blocks(ust_cp *cp, const float *k, const float *v) {
     size_t count = (size_t)cp->B * cp->Tl * cp->Hkv * cp->D;
     comm_req r[2] = {comm_allgather(cp->comm, k, cp->all_k, count, COMM_FP32),
                      comm_allgather(cp->comm, v, cp->all_v, count, COMM_FP32)};
-    double t0 = now_s();
+    double t0 = log_now_s();
     comm_wait_all(r, 2);
-    cp->comm_s += now_s() - t0;
+    cp->comm_s += log_now_s() - t0;
 }
 
 static size_t blk(const ust_cp *cp) { return (size_t)cp->B * cp->Tl * cp->Hkv * cp->D; }
@@ -183,9 +178,9 @@ void cp_attention_bwd(ust_cp *cp, float *dq, float *dk, float *dv, const float *
         comm_req r[2] = {
             comm_reduce_scatter(cp->comm, cp->all_dk, cp->acc_dk, blk(cp), COMM_FP32, COMM_SUM),
             comm_reduce_scatter(cp->comm, cp->all_dv, cp->acc_dv, blk(cp), COMM_FP32, COMM_SUM)};
-        double t0 = now_s();
+        double t0 = log_now_s();
         comm_wait_all(r, 2);
-        cp->comm_s += now_s() - t0;
+        cp->comm_s += log_now_s() - t0;
         o->axpy(o, dk, 1.0f, cp->acc_dk, (int64_t)blk(cp));
         o->axpy(o, dv, 1.0f, cp->acc_dv, (int64_t)blk(cp));
         return;

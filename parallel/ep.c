@@ -1,5 +1,6 @@
 /* ep.c: token dispatch and combine over the expert-parallel group (all-to-all). */
 #include "ep.h"
+#include "log.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -7,16 +8,10 @@
 
 #include "error.h"
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + 1e-9 * t.tv_nsec;
-}
-
 static void wait_timed(ust_ep *ep, comm_req *r) {
-    double t0 = now_s();
+    double t0 = log_now_s();
     comm_wait(r);
-    ep->comm_s += now_s() - t0;
+    ep->comm_s += log_now_s() - t0;
 }
 
 void ep_init(ust_ep *ep, const ust_ops *ops, ust_comm *comm, ust_arena *arena, int E, int C,

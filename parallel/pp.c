@@ -1,5 +1,6 @@
 /* pp.c: runs a pipeline schedule (pp_schedule.h) on the model's chunks. */
 #include "pp.h"
+#include "log.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -26,12 +27,6 @@ struct pp_state {
     pps_schedule *all;   /* every rank's schedule, for the simulation with measured costs */
     int fault_skip_tied; /* test fault: UST_FAULT_PP_SKIP_TIED_SYNC=1 leaves the copies apart */
 };
-
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + 1e-9 * t.tv_nsec;
-}
 
 /* ------------------------------------------------------------------ planning */
 
@@ -125,9 +120,9 @@ typedef struct {
 } batch_state;
 
 static void wait_timed(pp_state *s, comm_req *r) {
-    double t0 = now_s();
+    double t0 = log_now_s();
     comm_wait(r);
-    s->idle_s += now_s() - t0;
+    s->idle_s += log_now_s() - t0;
 }
 
 /* Posts the batch being built (after finishing the one in flight); waits for it when it
@@ -149,7 +144,7 @@ static void flush(pp_state *s, batch_state *b) {
 
 static double compute(pp_state *s, const pp_callbacks *cb, const pps_action *a, int slot,
                       float dscale) {
-    double loss = 0, t0 = now_s();
+    double loss = 0, t0 = log_now_s();
     int last = a->mb == s->nmb - 1;
     switch (a->op) {
     case PPS_F:
@@ -165,7 +160,7 @@ static double compute(pp_state *s, const pp_callbacks *cb, const pps_action *a, 
         model_chunk_weight_grad(s->m, a->chunk, slot);
         break;
     }
-    double dt = now_s() - t0;
+    double dt = log_now_s() - t0;
     int k = a->op == PPS_F ? 0 : a->op == PPS_B ? 1 : 2;
     s->busy_s += dt;
     s->op_s[k] += dt;

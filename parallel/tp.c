@@ -1,21 +1,16 @@
 /* tp.c: the collectives tensor parallelism adds to a layer (Megatron's f/g operators). */
 #include "tp.h"
+#include "log.h"
 
 #include <time.h>
 
 #include "error.h"
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + 1e-9 * t.tv_nsec;
-}
-
 /* Waits for r, charging the time to the group's communication total. */
 static void wait_timed(ust_tp *tp, comm_req *r, int n) {
-    double t0 = now_s();
+    double t0 = log_now_s();
     comm_wait_all(r, n);
-    tp->comm_s += now_s() - t0;
+    tp->comm_s += log_now_s() - t0;
 }
 
 void tp_init(ust_tp *tp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, int max_rows,

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "bootstrap.h"
+#include "log.h"
 #include "bootstrap_impl.h"
 #include "test.h"
 
@@ -164,13 +165,13 @@ static void test_stale_pmix_variables_without_a_server_fall_through_to_single(vo
     putenv("PMIX_NAMESPACE=ust-test-none");
     ust_boot b;
     ust_err e = {{0}};
-    double t0 = boot_now();
+    double t0 = log_now_s();
     int r = boot_init(&b, 1, &e);
     clear_launcher_env();
     CHECK(r == 0, "%.900s", e.msg);
     CHECK(b.kind == BOOT_SINGLE && b.world == 1, "kind %s world %d", boot_kind_name(b.kind),
           b.world);
-    CHECK(boot_now() - t0 < 1.0, "took %.2f s to find no PMIx server", boot_now() - t0);
+    CHECK(log_now_s() - t0 < 1.0, "took %.2f s to find no PMIx server", log_now_s() - t0);
     boot_finalize(&b);
 }
 
@@ -206,9 +207,9 @@ static void *fake_rank_main(void *arg) {
     fake_rank *f = arg;
     ust_err e = {{0}};
     f->rc = -1;
-    store_client *c = store_client_connect("127.0.0.1", f->port, boot_now() + f->timeout, &e);
+    store_client *c = store_client_connect("127.0.0.1", f->port, log_now_s() + f->timeout, &e);
     if (!c) goto out;
-    if (store_client_hello(c, f->rank, f->world, f->job, sizeof f->job, boot_now() + f->timeout,
+    if (store_client_hello(c, f->rank, f->world, f->job, sizeof f->job, log_now_s() + f->timeout,
                            &e) < 0)
         goto close;
     if (f->die_after_hello) {
@@ -253,10 +254,10 @@ static void test_store_serves_four_ranks_put_fence_get(void) {
         f[i] = (fake_rank){
             .port = store_server_port(s), .rank = i, .world = 4, .timeout = 5, .bye = 1};
     run_ranks(f, 4);
-    double t0 = boot_now();
+    double t0 = log_now_s();
     store_server_stop(s, 5);
-    CHECK(boot_now() - t0 < 1.0, "stop waited %.2f s although every rank had left",
-          boot_now() - t0);
+    CHECK(log_now_s() - t0 < 1.0, "stop waited %.2f s although every rank had left",
+          log_now_s() - t0);
     for (int i = 0; i < 4; i++) {
         CHECK(f[i].rc == 0, "rank %d: %.900s", i, f[i].err);
         CHECK(!strcmp(f[i].job, "test-job"), "rank %d job '%s'", i, f[i].job);
@@ -283,9 +284,9 @@ static void test_store_outlives_rank_0_until_every_rank_left(void) {
     for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, fake_rank_main, &f[i]);
     pthread_join(th[0], NULL);
     /* Rank 0 is done and stops its store while rank 1 has yet to read rank 0's value. */
-    double t0 = boot_now();
+    double t0 = log_now_s();
     store_server_stop(s, 5);
-    double took = boot_now() - t0;
+    double took = log_now_s() - t0;
     pthread_join(th[1], NULL);
     CHECK(f[0].rc == 0 && f[1].rc == 0, "rank 0: %.400s / rank 1: %.400s", f[0].err, f[1].err);
     CHECK(!strcmp(f[1].got[0], "value of rank 0"), "rank 1 read '%s'", f[1].got[0]);
@@ -300,9 +301,9 @@ static void test_store_fence_timeout_names_the_rank_that_never_came(void) {
     for (int i = 0; i < 2; i++)
         f[i] = (fake_rank){
             .port = store_server_port(s), .rank = i, .world = 3, .timeout = 0.3, .bye = 1};
-    double t0 = boot_now();
+    double t0 = log_now_s();
     run_ranks(f, 2);
-    double took = boot_now() - t0;
+    double took = log_now_s() - t0;
     store_server_stop(s, 1);
     CHECK(took < 2.0, "fence returned after %.2f s with a 0.3 s timeout", took);
     for (int i = 0; i < 2; i++) {
@@ -319,9 +320,9 @@ static void test_store_world_size_mismatch_fails_both_sides(void) {
     fake_rank f[2] = {
         {.port = store_server_port(s), .rank = 0, .world = 2, .timeout = 5, .bye = 1},
         {.port = store_server_port(s), .rank = 1, .world = 3, .timeout = 5, .bye = 1}};
-    double t0 = boot_now();
+    double t0 = log_now_s();
     run_ranks(f, 2);
-    double took = boot_now() - t0;
+    double took = log_now_s() - t0;
     store_server_stop(s, 1);
     CHECK(took < 2.0, "mismatch took %.2f s to report", took);
     for (int i = 0; i < 2; i++)
@@ -336,9 +337,9 @@ static void test_store_rank_that_dies_fails_the_fence_at_once(void) {
     fake_rank f[2] = {
         {.port = store_server_port(s), .rank = 0, .world = 2, .timeout = 5, .bye = 1},
         {.port = store_server_port(s), .rank = 1, .world = 2, .timeout = 5, .die_after_hello = 1}};
-    double t0 = boot_now();
+    double t0 = log_now_s();
     run_ranks(f, 2);
-    double took = boot_now() - t0;
+    double took = log_now_s() - t0;
     store_server_stop(s, 1);
     CHECK(took < 2.0, "a dead rank took %.2f s to notice (timeout 5 s)", took);
     CHECK(f[0].rc < 0 && strstr(f[0].err, "rank 1 (disconnected"), "rank 0: %.900s", f[0].err);
@@ -354,10 +355,10 @@ static void test_store_port_in_use_and_refused_connection_name_the_address(void)
           s2 ? "started" : e.msg);
     store_server_stop(s, 0);
     /* The port is closed now: connecting is refused until the deadline. */
-    double t0 = boot_now();
-    store_client *c = store_client_connect("127.0.0.1", port, boot_now() + 0.3, &e);
+    double t0 = log_now_s();
+    store_client *c = store_client_connect("127.0.0.1", port, log_now_s() + 0.3, &e);
     CHECK(!c, "connected to a closed port");
-    CHECK(boot_now() - t0 < 1.5, "refused connection took %.2f s", boot_now() - t0);
+    CHECK(log_now_s() - t0 < 1.5, "refused connection took %.2f s", log_now_s() - t0);
     char where[64];
     snprintf(where, sizeof where, "127.0.0.1:%d", port);
     CHECK(strstr(e.msg, where) && strstr(e.msg, "refused"), "%.900s", e.msg);
