@@ -311,6 +311,19 @@ comm_req comm_sendrecv(ust_comm *c, const comm_p2p *ops, int nops, comm_dtype t)
     return post(c, (comm_desc){.kind = COMM_SENDRECV, .p2p = ops, .np2p = nops, .t = t});
 }
 
+void comm_sum_doubles(ust_comm *c, const ust_ops *ops, float *dev, double *x, int n) {
+    UST_ASSERT(n >= 1 && n <= 4, "comm_sum_doubles of %d values", n);
+    if (!c || c->size == 1) return;
+    float h[8];
+    for (int i = 0; i < n; i++)
+        h[2 * i] = (float)x[i], h[2 * i + 1] = (float)(x[i] - (double)(float)x[i]);
+    ops->to_device(ops, dev, h, 2 * (size_t)n * sizeof(float));
+    comm_req r = comm_allreduce(c, dev, dev, 2 * (size_t)n, COMM_FP32, COMM_SUM);
+    comm_wait(&r);
+    ops->to_host(ops, h, dev, 2 * (size_t)n * sizeof(float));
+    for (int i = 0; i < n; i++) x[i] = (double)h[2 * i] + (double)h[2 * i + 1];
+}
+
 comm_req comm_barrier(ust_comm *c) { return post(c, (comm_desc){.kind = COMM_BARRIER}); }
 
 void comm_wait(comm_req *r) {

@@ -37,6 +37,7 @@
 
 #include "bootstrap.h"
 #include "error.h"
+#include "ops.h"
 
 typedef enum { COMM_FP32, COMM_BF16 } comm_dtype; /* bf16: uint16 storage, fp32 accumulation */
 typedef enum { COMM_SUM, COMM_AVG } comm_redop;   /* AVG = SUM / members */
@@ -140,6 +141,9 @@ comm_req comm_alltoall(ust_comm *c, const void *send, void *recv, size_t count, 
  * its own matching batch entries; members not named are not involved. */
 comm_req comm_sendrecv(ust_comm *c, const comm_p2p *ops, int nops, comm_dtype t);
 comm_req comm_barrier(ust_comm *c);
+/* Sums n (<= 4) doubles over c, in place, through dev (2n floats of device memory from ops):
+ * each double travels as a float plus its rounding error, so the sum keeps ~48 bits. Blocks. */
+void comm_sum_doubles(ust_comm *c, const ust_ops *ops, float *dev, double *x, int n);
 
 /* Completes r (and, on shm, everything posted before it on the same communicator). */
 void comm_wait(comm_req *r);

@@ -360,18 +360,9 @@ void dp_finish_grads(dp_state *d) {
         for (int k = 0; k < 3; k++) finish_rs(d, k);
 }
 
-/* Sums n (<= 2) doubles over group c in one all-reduce. Two floats carry a double's worth: the
- * value and its rounding error. */
+/* Sums n (<= 2) doubles over group c in one all-reduce (d->scalar holds four floats). */
 static void sum_over(dp_state *d, ust_comm *c, double *x, int n) {
-    if (!c || comm_size(c) == 1) return;
-    float h[4];
-    for (int i = 0; i < n; i++)
-        h[2 * i] = (float)x[i], h[2 * i + 1] = (float)(x[i] - (double)(float)x[i]);
-    d->ops->to_device(d->ops, d->scalar, h, 2 * n * sizeof(float));
-    comm_req r = comm_allreduce(c, d->scalar, d->scalar, 2 * n, COMM_FP32, COMM_SUM);
-    comm_wait(&r);
-    d->ops->to_host(d->ops, h, d->scalar, 2 * n * sizeof(float));
-    for (int i = 0; i < n; i++) x[i] = (double)h[2 * i] + (double)h[2 * i + 1];
+    comm_sum_doubles(c, d->ops, d->scalar, x, n);
 }
 
 double dp_sum(dp_state *d, double x) {

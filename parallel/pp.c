@@ -225,14 +225,9 @@ double pp_forward_only(pp_state *s, const pp_callbacks *cb, int nmb, int64_t *nt
 
 /* ------------------------------------------------------------------ reductions */
 
-/* Two floats carry a double's worth: the value and its rounding error. */
 double pp_sum(pp_state *s, double x) {
-    float h[2] = {(float)x, (float)(x - (double)(float)x)};
-    s->ops->to_device(s->ops, s->scalar, h, sizeof h);
-    comm_req r = comm_allreduce(s->pipe, s->scalar, s->scalar, 2, COMM_FP32, COMM_SUM);
-    comm_wait(&r);
-    s->ops->to_host(s->ops, h, s->scalar, sizeof h);
-    return (double)h[0] + (double)h[1];
+    comm_sum_doubles(s->pipe, s->ops, s->scalar, &x, 1);
+    return x;
 }
 
 void pp_sync_tied(pp_state *s, float *g, int64_t n) {
