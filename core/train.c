@@ -216,7 +216,7 @@ static int initialize(trainer *t, ust_err *e) {
 
 /* Takes this rank's tokens of B windows of T+1 tokens (all of them, or its context-parallel
  * chunks) as inputs, and the token after each as its target. */
-static void split_windows_into(trainer *t, int32_t *inputs, int32_t *targets) {
+static void split_windows(trainer *t, int32_t *inputs, int32_t *targets) {
     int B = t->cfg->train.micro_batch_size, T = t->cfg->train.seq_len, Tl = t->Tl;
     for (int b = 0; b < B; b++)
         for (int j = 0; j < Tl; j++) {
@@ -225,8 +225,6 @@ static void split_windows_into(trainer *t, int32_t *inputs, int32_t *targets) {
             targets[b * Tl + j] = w[1];
         }
 }
-
-static void split_windows(trainer *t) { split_windows_into(t, t->inputs, t->targets); }
 
 /* The first sample of micro-batch mb of this step on this rank: its data-parallel block of the
  * global batch starts at sample_index + dp_rank * G/dp. */
@@ -237,21 +235,22 @@ static int64_t first_sample(trainer *t, int mb) {
            (int64_t)mb * c->train.micro_batch_size;
 }
 
-/* pipeline callbacks */
-static void pp_load_train(void *ctx, int mb, int32_t *inputs, int32_t *targets) {
+/* This rank's tokens of micro-batch mb of the step (of the validation set): the loop below and
+ * the pipeline executor both load through these. */
+static void load_train(void *ctx, int mb, int32_t *inputs, int32_t *targets) {
     trainer *t = ctx;
     const ust_config *c = t->cfg;
     data_get_samples(t->train, first_sample(t, mb), c->train.micro_batch_size, c->train.seq_len,
                      c->data.shuffle, c->run.seed, t->samples);
-    split_windows_into(t, inputs, targets);
+    split_windows(t, inputs, targets);
 }
 
-static void pp_load_val(void *ctx, int mb, int32_t *inputs, int32_t *targets) {
+static void load_val(void *ctx, int mb, int32_t *inputs, int32_t *targets) {
     trainer *t = ctx;
     const ust_config *c = t->cfg;
     int B = c->train.micro_batch_size;
     data_get_samples(t->val, (int64_t)mb * B, B, c->train.seq_len, 0, c->run.seed, t->samples);
-    split_windows_into(t, inputs, targets);
+    split_windows(t, inputs, targets);
 }
 
 static void pp_before_grads(void *ctx, int mb, int last) {
@@ -273,7 +272,7 @@ static void sync_tied_grads(trainer *t) {
 static double forward_backward_pipeline(trainer *t) {
     const ust_config *c = t->cfg;
     int64_t G = c->train.global_batch_size, T = c->train.seq_len;
-    pp_callbacks cb = {t, pp_load_train, pp_before_grads};
+    pp_callbacks cb = {t, load_train, pp_before_grads};
     dp_begin_step(t->dp);
     double loss_sum = pp_train_step(t->pp, &cb, 1.0f / (float)(G * T));
     dp_finish_grads(t->dp);
@@ -288,15 +287,13 @@ static double forward_backward_pipeline(trainer *t) {
 static double forward_backward(trainer *t) {
     if (t->pp) return forward_backward_pipeline(t);
     const ust_config *c = t->cfg;
-    int B = c->train.micro_batch_size, T = c->train.seq_len, accum = cfg_grad_accum(c);
+    int T = c->train.seq_len, accum = cfg_grad_accum(c);
     int64_t G = c->train.global_batch_size;
     float dscale = 1.0f / (float)(G * T); /* mean over every target token of the global batch */
     double loss_sum = 0;
     dp_begin_step(t->dp);
     for (int mb = 0; mb < accum; mb++) {
-        data_get_samples(t->train, first_sample(t, mb), B, T, c->data.shuffle, c->run.seed,
-                         t->samples);
-        split_windows(t);
+        load_train(t, mb, t->inputs, t->targets);
         dp_begin_microbatch(t->dp, mb == accum - 1);
         loss_sum += model_forward(t->m, t->inputs, t->targets, dscale, NULL);
         model_backward(t->m);
@@ -308,18 +305,16 @@ static double forward_backward(trainer *t) {
 
 static double validation_loss(trainer *t) {
     const ust_config *c = t->cfg;
-    int B = c->train.micro_batch_size, T = c->train.seq_len;
     double sum = 0;
     int64_t count = 0, ntok;
     if (t->pp) { /* only the last stage counts; the pipeline sum brings it to every stage */
-        pp_callbacks cb = {t, pp_load_val, pp_before_grads};
+        pp_callbacks cb = {t, load_val, pp_before_grads};
         sum = pp_sum(t->pp, pp_forward_only(t->pp, &cb, c->data.val_steps, &count));
         count = (int64_t)pp_sum(t->pp, (double)count);
         return dp_sum(t->dp, sum) / dp_sum(t->dp, (double)count);
     }
     for (int i = 0; i < c->data.val_steps; i++) {
-        data_get_samples(t->val, (int64_t)i * B, B, T, 0, c->run.seed, t->samples);
-        split_windows(t);
+        load_val(t, i, t->inputs, t->targets);
         sum += model_forward(t->m, t->inputs, t->targets, 0, &ntok);
         count += ntok;
     }
