@@ -41,8 +41,9 @@ typedef struct {
     ust_tp tp;
     model *m;
     dp_state *dp;
-    pp_state *pp; /* pipeline executor (NULL without pipeline parallelism) */
-    int has_moe;  /* the model has mixture-of-experts layers */
+    pp_state *pp;   /* pipeline executor (NULL without pipeline parallelism) */
+    int has_moe;    /* the model has mixture-of-experts layers */
+    int tied_param; /* pipeline with tied embeddings: this rank's table or copy (-1: none) */
     ust_dataset *train, *val;
     ust_log log;
     int32_t *samples, *inputs, *targets; /* host: B x (T+1), B x Tl, B x Tl */
@@ -262,10 +263,9 @@ static void pp_before_grads(void *ctx, int mb, int last) {
  * sum of both gradients (each already reduced over its data-parallel group, piece by piece:
  * the two units are laid out alike, so the pieces match). */
 static void sync_tied_grads(trainer *t) {
-    int i = model_find_param(t->m, "model.embed_tokens.weight");
-    if (i < 0 || !cfg_tied(t->cfg)) return;
+    if (t->tied_param < 0) return;
     int64_t n;
-    float *g = dp_grad_piece(t->dp, i, &n);
+    float *g = dp_grad_piece(t->dp, t->tied_param, &n);
     pp_sync_tied(t->pp, g, n);
 }
 
@@ -391,6 +391,7 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, ust_err *e)
         return -1;
     }
     if (cfg->parallel.pp > 1) {
+        t->tied_param = cfg_tied(cfg) ? model_find_param(t->m, "model.embed_tokens.weight") : -1;
         t->pp = pp_create(cfg, t->ops, &t->arena, t->m, rt->topo.comm[TOPO_PP],
                           rt->topo.comm[TOPO_EMB], &sched);
     }

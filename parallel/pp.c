@@ -8,13 +8,15 @@
 
 #include "error.h"
 
+enum { NSTAT = 5 }; /* figures each rank shares after a step: busy, idle, mean F, B, W times */
+
 struct pp_state {
     const ust_config *cfg;
     const ust_ops *ops;
     model *m;
     ust_comm *pipe, *emb;
-    pps_schedule sched;
-    int *slot; /* per action: the activation set of its (micro-batch, chunk) */
+    const pps_schedule *sched; /* this rank's: all[rank] */
+    int *slot;                 /* per action: the activation set of its (micro-batch, chunk) */
     int p, v, nmb, zb;
     int32_t *inputs, *targets; /* host, one micro-batch */
     float *scalar;             /* device: pp_sum's all-reduce, pp_last_step_stats' gather */
@@ -25,6 +27,7 @@ struct pp_state {
     double op_s[3];      /* last step: time in F, B, W */
     int op_n[3];
     pps_schedule *all;   /* every rank's schedule, for the simulation with measured costs */
+    float *stats_host;   /* host: every rank's NSTAT figures (pp_last_step_stats) */
     int fault_skip_tied; /* test fault: UST_FAULT_PP_SKIP_TIED_SYNC=1 leaves the copies apart */
 };
 
@@ -51,15 +54,22 @@ pp_state *pp_create(const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
     s->m = m;
     s->pipe = pipe;
     s->emb = emb && comm_size(emb) > 1 ? emb : NULL;
-    s->sched = *sched;
-    memset(sched, 0, sizeof *sched);
-    s->p = s->sched.p, s->v = s->sched.v, s->nmb = s->sched.m;
-    s->zb = s->sched.kind == PP_ZB;
+    /* every rank's schedule (the simulation of pp_last_step_stats needs them); this rank's is
+     * the one pp_plan made */
+    s->p = sched->p, s->v = sched->v, s->nmb = sched->m;
+    s->all = calloc(s->p, sizeof *s->all);
+    ust_err e;
+    UST_ASSERT(s->all &&
+                   pps_build_all(s->all, sched->kind, s->p, s->v, s->nmb, sched->flags, &e) == 0,
+               "%s", e.msg);
+    s->sched = &s->all[sched->rank];
+    pps_free(sched);
+    s->zb = s->sched->kind == PP_ZB;
     const char *fault = getenv("UST_FAULT_PP_SKIP_TIED_SYNC");
     s->fault_skip_tied = fault && atoi(fault) == 1;
     int slots[MODEL_MAX_CHUNKS];
-    s->slot = malloc((size_t)s->sched.n * sizeof *s->slot);
-    pps_slots(&s->sched, s->slot, slots);
+    s->slot = malloc((size_t)s->sched->n * sizeof *s->slot);
+    pps_slots(s->sched, s->slot, slots);
     for (int c = 0; c < s->v; c++)
         UST_ASSERT(slots[c] <= model_chunk_slots(m, c),
                    "chunk %d needs %d activation sets, the model has %d", c, slots[c],
@@ -67,18 +77,14 @@ pp_state *pp_create(const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
     size_t tokens = (size_t)cfg->train.micro_batch_size * (cfg->train.seq_len / cfg->parallel.cp);
     s->inputs = malloc(tokens * sizeof(int32_t));
     s->targets = malloc(tokens * sizeof(int32_t));
-    s->scalar = mem_alloc(arena, MEM_COMM, (size_t)5 * s->p * sizeof(float));
-    for (int k = 0; k < 2; k++) s->batch[k] = calloc((size_t)s->sched.n + 1, sizeof(comm_p2p));
-    s->all = calloc(s->p, sizeof *s->all);
-    ust_err e;
-    UST_ASSERT(pps_build_all(s->all, s->sched.kind, s->p, s->v, s->nmb, s->sched.flags, &e) == 0,
-               "%s", e.msg);
+    s->scalar = mem_alloc(arena, MEM_COMM, (size_t)NSTAT * s->p * sizeof(float));
+    for (int k = 0; k < 2; k++) s->batch[k] = calloc((size_t)s->sched->n + 1, sizeof(comm_p2p));
+    s->stats_host = malloc((size_t)NSTAT * s->p * sizeof(float));
     return s;
 }
 
 void pp_destroy(pp_state *s) {
     if (!s) return;
-    pps_free(&s->sched);
     pps_free_all(s->all, s->p);
     free(s->all);
     free(s->slot);
@@ -86,6 +92,7 @@ void pp_destroy(pp_state *s) {
     free(s->targets);
     free(s->batch[0]);
     free(s->batch[1]);
+    free(s->stats_host);
     free(s);
 }
 
@@ -178,8 +185,8 @@ double pp_train_step(pp_state *s, const pp_callbacks *cb, float dscale) {
     memset(s->op_s, 0, sizeof s->op_s);
     memset(s->op_n, 0, sizeof s->op_n);
     double loss = 0;
-    for (int i = 0; i < s->sched.n; i++) {
-        const pps_action *a = &s->sched.a[i];
+    for (int i = 0; i < s->sched->n; i++) {
+        const pps_action *a = &s->sched->a[i];
         if (!is_compute(a->op)) {
             comm_p2p t = transfer_of(s, a, s->slot[i]);
             s->batch[b.cur][s->nbatch[b.cur]++] = t;
@@ -236,13 +243,10 @@ void pp_sync_tied(pp_state *s, float *g, int64_t n) {
     comm_wait(&r);
 }
 
-/* Per rank: busy, idle, and mean F, B, W times. */
-enum { NSTAT = 5 };
-
 pp_stats pp_last_step_stats(pp_state *s) {
     pp_stats st = {.busy_s = s->busy_s, .idle_s = s->idle_s, .sent_bytes = s->sent_bytes};
     st.analytic = (double)(s->p - 1) / ((double)s->v * s->nmb);
-    float mine[NSTAT] = {(float)s->busy_s, (float)s->idle_s}, *all = malloc(NSTAT * s->p * 4);
+    float mine[NSTAT] = {(float)s->busy_s, (float)s->idle_s}, *all = s->stats_host;
     for (int k = 0; k < 3; k++) mine[2 + k] = s->op_n[k] ? (float)(s->op_s[k] / s->op_n[k]) : 0;
     float *at = s->scalar + NSTAT * comm_rank(s->pipe); /* in place: member i's part at 5i */
     s->ops->to_device(s->ops, at, mine, sizeof mine);
@@ -255,7 +259,6 @@ pp_stats pp_last_step_stats(pp_state *s) {
         if (x[0] > 0 && x[1] / x[0] > st.bubble) st.bubble = x[1] / x[0];
         cost.f += x[2] / s->p, cost.b += x[3] / s->p, cost.w += x[4] / s->p;
     }
-    free(all);
     /* the schedule's own accounting: its timeline with these stage-averaged op times and free
      * transfers (what the bubble would be on dedicated devices) */
     pps_sim sim;
