@@ -103,6 +103,22 @@ static void cpu_linear_fwd(const ust_ops *o, float *out, const float *inp, const
     }
 }
 
+/* out(W) = (or += when acc) the column sums of in(N,W), in fp64, each thread owning a chunk of
+ * columns and walking the rows in order (deterministic for any thread count). */
+static void column_sums(const ust_ops *o, float *out, const float *in, int N, int W, int acc) {
+    int nchunks = (W + COL_CHUNK - 1) / COL_CHUNK;
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int cb = 0; cb < nchunks; cb++) {
+        int c0 = cb * COL_CHUNK, nc = W - c0 < COL_CHUNK ? W - c0 : COL_CHUNK;
+        double sum[COL_CHUNK] = {0};
+        for (int n = 0; n < N; n++) {
+            const float *row = in + (int64_t)n * W + c0;
+            for (int c = 0; c < nc; c++) sum[c] += row[c];
+        }
+        for (int c = 0; c < nc; c++) out[c0 + c] = (acc ? out[c0 + c] : 0.0f) + (float)sum[c];
+    }
+}
+
 /* dinp(N,C) = dout(N,OC) @ w(OC,C) (+= when acc_dinp); dw(OC,C) += dout^T @ inp;
  * dbias(OC) += column sums of dout. */
 static void cpu_linear_bwd(const ust_ops *o, float *dinp, float *dw, float *dbias,
@@ -110,18 +126,7 @@ static void cpu_linear_bwd(const ust_ops *o, float *dinp, float *dw, float *dbia
                            int OC, int acc_dinp) {
     if (dinp) sgemm(o, dinp, dout, w, N, C, OC, 0, 0, 1.0f, acc_dinp ? 1.0f : 0.0f);
     if (dw) sgemm(o, dw, dout, inp, OC, C, N, 1, 0, 1.0f, 1.0f);
-    if (!dbias) return;
-    int nchunks = (OC + COL_CHUNK - 1) / COL_CHUNK;
-#pragma omp parallel for schedule(static) num_threads(nthreads(o))
-    for (int cb = 0; cb < nchunks; cb++) {
-        int c0 = cb * COL_CHUNK, nc = OC - c0 < COL_CHUNK ? OC - c0 : COL_CHUNK;
-        double acc[COL_CHUNK] = {0};
-        for (int n = 0; n < N; n++) {
-            const float *row = dout + (int64_t)n * OC + c0;
-            for (int c = 0; c < nc; c++) acc[c] += row[c];
-        }
-        for (int c = 0; c < nc; c++) dbias[c0 + c] += (float)acc[c];
-    }
+    if (dbias) column_sums(o, dbias, dout, N, OC, 1);
 }
 
 /* ---------------------------------------------------------------- embedding */
@@ -906,16 +911,7 @@ static void cpu_moe_router_fwd(const ust_ops *o, float *probs, float *lse, int32
         }
         for (int j = 0; j < k; j++) g[j] = p[sel[j]] / s;
     }
-    if (!psum) return;
-    int nchunks = (E + COL_CHUNK - 1) / COL_CHUNK;
-#pragma omp parallel for schedule(static) num_threads(nthreads(o))
-    for (int cb = 0; cb < nchunks; cb++) {
-        int c0 = cb * COL_CHUNK, nc = E - c0 < COL_CHUNK ? E - c0 : COL_CHUNK;
-        double acc[COL_CHUNK] = {0};
-        for (int n = 0; n < N; n++)
-            for (int c = 0; c < nc; c++) acc[c] += probs[(int64_t)n * E + c0 + c];
-        for (int c = 0; c < nc; c++) psum[c0 + c] = (float)acc[c];
-    }
+    if (psum) column_sums(o, psum, probs, N, E, 0);
 }
 
 /* gate_j = p_{i_j} / S with S = sum_m p_{i_m}: dp_{i_j} += (dgate_j - sum_m dgate_m gate_m) / S.
