@@ -15,6 +15,7 @@
 #include "ops.h"
 #include "rng.h"
 #include "test.h"
+#include "test_world.h"
 
 static void test_zigzag_gives_rank_r_chunks_r_and_2n_minus_1_minus_r(void) {
     int32_t p[16];
@@ -47,17 +48,9 @@ static int64_t at(int b, int t, int h, int heads, int Tn) {
 }
 
 static int ring_check(const char *layout_name, const char *mode_name) {
-    ust_boot boot;
-    ust_err e;
-    if (boot_init(&boot, 30, &e)) return printf("FAIL boot: %s\n", e.msg), 1;
-    comm_ctx *ctx;
-    comm_opts co = {.backend = COMM_BACKEND_SHM, .timeout_s = 30};
-    int *ranks = malloc(boot.world * sizeof(int));
-    for (int i = 0; i < boot.world; i++) ranks[i] = i;
-    comm_group_spec spec = {"cp", ranks, boot.world};
-    ust_comm *comm;
-    if (comm_ctx_init(&ctx, &boot, &co, &e) || comm_create_many(ctx, 1, &spec, &comm, &e))
-        return printf("FAIL comm: %s\n", e.msg), 1;
+    test_world w;
+    if (test_world_join(&w, "cp")) return 1;
+    ust_comm *comm = w.comm;
     ust_cp_layout layout = strcmp(layout_name, "zigzag") ? CP_CONTIGUOUS : CP_ZIGZAG;
     ust_cp_comm mode = strcmp(mode_name, "ring") ? CP_ALLGATHER : CP_RING;
     ust_ops *o = ops_cpu_create(1, 1);
@@ -132,10 +125,7 @@ static int ring_check(const char *layout_name, const char *mode_name) {
                want ? "equal_within_1pct" : "unequal", lo, hi);
         bad |= balanced != want;
     }
-    comm_req bar = comm_barrier(comm);
-    comm_wait(&bar);
-    comm_ctx_free(ctx);
-    boot_finalize(&boot);
+    test_world_leave(&w);
     return bad;
 }
 

@@ -21,6 +21,7 @@
 #include "ops.h"
 #include "rng.h"
 #include "test.h"
+#include "test_world.h"
 
 static void test_single_rank_plan_is_identity(void) {
     ust_ops *o = ops_cpu_create(1, 1);
@@ -287,17 +288,9 @@ static int run_stats_case(ust_comm *world, const ust_ops *o, int rank, int n) {
 }
 
 static int ep_check(void) {
-    ust_boot boot;
-    ust_err e;
-    if (boot_init(&boot, 30, &e)) return printf("FAIL boot: %s\n", e.msg), 1;
-    comm_ctx *ctx;
-    comm_opts co = {.backend = COMM_BACKEND_SHM, .timeout_s = 30};
-    int *ranks = malloc(boot.world * sizeof(int));
-    for (int i = 0; i < boot.world; i++) ranks[i] = i;
-    comm_group_spec spec = {"ep", ranks, boot.world};
-    ust_comm *world;
-    if (comm_ctx_init(&ctx, &boot, &co, &e) || comm_create_many(ctx, 1, &spec, &world, &e))
-        return printf("FAIL comm: %s\n", e.msg), 1;
+    test_world tw;
+    if (test_world_join(&tw, "ep")) return 1;
+    ust_comm *world = tw.comm;
     int n = comm_size(world), rank = comm_rank(world);
     ust_ops *o = ops_cpu_create(1, 1);
     static const ep_case cases[] = {
@@ -311,12 +304,8 @@ static int ep_check(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         bad |= run_case(&cases[i], world, o, rank, n);
     bad |= run_stats_case(world, o, rank, n);
-    comm_req bar = comm_barrier(world);
-    comm_wait(&bar);
     o->destroy(o);
-    comm_ctx_free(ctx);
-    boot_finalize(&boot);
-    free(ranks);
+    test_world_leave(&tw);
     return bad;
 }
 
