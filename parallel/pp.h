@@ -39,8 +39,9 @@ int pp_plan(const ust_config *cfg, int pp_rank, pps_schedule *sched, int slots[M
 
 typedef struct pp_state pp_state;
 
-/* Takes ownership of sched. pipe: the pipeline group (member i = stage rank i); emb: the tied
- * embedding group (first and last stage; NULL or size 1 when there is nothing to sync). */
+/* Consumes sched (pp_plan's; freed here: the executor keeps every rank's schedule). pipe: the
+ * pipeline group (member i = stage rank i); emb: the tied embedding group (first and last stage;
+ * NULL or size 1 when there is nothing to sync). */
 pp_state *pp_create(const ust_config *cfg, const ust_ops *ops, ust_arena *arena, model *m,
                     ust_comm *pipe, ust_comm *emb, pps_schedule *sched);
 void pp_destroy(pp_state *s);
