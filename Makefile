@@ -77,7 +77,7 @@ format:
 	clang-format -i $(LIB_SRC) $(CMD_SRC) $(TEST_SRC) $(wildcard core/*.h parallel/*.h test/*.h)
 
 clean:
-	rm -rf build ustrain
+	rm -rf build build-emu ustrain
 
 -include $(LIB_OBJ:.o=.d) $(CMD_OBJ:.o=.d) $(TESTS:%=%.d)
 
@@ -124,10 +124,38 @@ endif
 # stamp that changes with the choice makes switching between `make` and `make CUDA=0` in one
 # build directory rebuild them (and so the archive) instead of linking stale ones.
 CUDA_STAMP      := $(B)/cuda-config.stamp
-CUDA_STAMP_TEXT := CUDA=$(CUDA) NCCL=$(NCCL)
+CUDA_STAMP_TEXT := CUDA=$(CUDA) NCCL=$(NCCL) EMU=$(EMU)
 $(shell mkdir -p $(B) && [ "$$(cat $(CUDA_STAMP) 2>/dev/null)" = "$(CUDA_STAMP_TEXT)" ] || echo "$(CUDA_STAMP_TEXT)" > $(CUDA_STAMP))
 $(LIB_OBJ) $(CMD_OBJ) $(TESTS:%=%.o): $(CUDA_STAMP)
 # ---- end of the CUDA backend block -------------------------------------------------------------
+
+# ---- the emulator build (make emu) -------------------------------------------------------------
+# build-emu/: the whole project with cuda/*.cu compiled as C++ against the CPU emulator in cuda/emu
+# (kernels, cuBLAS/cuBLASLt, the runtime with streams, events and guarded device memory, NCCL over
+# shared memory), so run.device=cuda and the NCCL backend run on machines without a GPU. It checks
+# logic (test/sh/gpu_emulated.sh), never speed or hardware behaviour. Needs g++.
+.PHONY: emu
+emu:
+	$(MAKE) B=build-emu BIN=build-emu/ustrain CUDA=0 NCCL=0 EMU=1 OPT="-O1" all
+ifeq ($(EMU),1)
+CXX       ?= g++
+CFLAGS    += -DUST_CUDA -DUST_NCCL -Icuda/emu/include
+EMU_CU    := $(sort $(wildcard cuda/*.cu))
+EMU_OBJ   := $(EMU_CU:%.cu=$(B)/%.o) $(B)/cuda/emu/emu_rt.o
+EMU_CXX   := $(CXX) -std=c++17 $(OPT) -g -MMD -MP
+.PRECIOUS: $(B)/cuda/%.cpp
+$(B)/cuda/%.cpp: cuda/%.cu cuda/emu/cu2cpp.py
+	@mkdir -p $(dir $@)
+	python3 cuda/emu/cu2cpp.py $< $@
+$(B)/cuda/%.o: $(B)/cuda/%.cpp
+	$(EMU_CXX) -w -Icuda/emu/include -Icuda -I. -Icore -c $< -o $@
+$(B)/cuda/emu/emu_rt.o: cuda/emu/emu_rt.cpp
+	@mkdir -p $(dir $@)
+	$(EMU_CXX) -Wall -Wextra -Werror -c $< -o $@
+$(B)/libustrain.a: $(EMU_OBJ)
+LDLIBS    += -lstdc++
+-include $(EMU_OBJ:.o=.d)
+endif
 
 # ---- NCCL communicator backend (parallel/comm_nccl.c) ------------------------------------------
 # Compiled when nccl.h is found (CUDA toolkit or system) unless CUDA=0 or NCCL=0: C code gets

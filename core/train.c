@@ -413,6 +413,9 @@ static void teardown(trainer *t) {
     model_destroy(t->m);
     if (t->ops) {
         mem_release(&t->arena);
+        /* the communicators outlive the compute stream (the final barrier): stop ordering
+         * their operations after a stream that is about to be destroyed */
+        comm_ctx_set_stream(t->rt->comm, NULL);
         t->ops->destroy(t->ops);
     }
     free(t->samples);

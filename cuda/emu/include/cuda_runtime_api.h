@@ -1,0 +1,2 @@
+/* emulator build: the runtime and NCCL are emu_rt.h */
+#include "../emu_rt.h"
