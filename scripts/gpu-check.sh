@@ -12,10 +12,11 @@
 # Every stage has its own timeout (worst case under 8 min in all); the script goes on after a failure
 # and exits non-zero at the end if anything failed. Output is meant to be pasted into the issue.
 #
-# scripts/gpu-check.sh --emulate is for machines WITHOUT a GPU: it compiles cuda/*.cu as C++
-# against cuda/emu_cuda.h (a CPU emulator of the CUDA subset used: coroutine threads, barriers,
-# shuffles, reference cuBLAS/cuBLASLt) and runs test_cuda_ops on it with three thread orders and
-# the cuBLASLt fallback. It checks the kernels' logic (indices, masks, reductions, barriers), not
+# scripts/gpu-check.sh --emulate is for machines WITHOUT a GPU: `make emu` builds the project
+# against the CPU emulator in cuda/emu (coroutine GPU threads, barriers, shuffles, reference
+# cuBLAS/cuBLASLt, streams and events, guarded device memory, NCCL over shared memory); it runs
+# test_cuda_ops with three thread orders and the cuBLASLt fallback, then test/sh/gpu_emulated.sh
+# (run.device=cuda training and the multi-rank layouts over emulated NCCL). It checks logic, not
 # performance or hardware behaviour. Needs g++ and python3; builds under build-emu/.
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -25,42 +26,22 @@ stage() { echo; echo "==== $* (t=$((SECONDS - T0))s)"; }
 
 if [ "${1:-}" = "--emulate" ]; then
     E=build-emu
-    stage "CPU-only library (make B=$E/lib CUDA=0)"
-    make -s B=$E/lib CUDA=0 -j"$(nproc)" $E/lib/libustrain.a || exit 1
-    rm -rf $E/fake $E/src $E/obj && mkdir -p $E/fake $E/src $E/obj
-    for h in cuda_runtime.h cublas_v2.h cublasLt.h cuda_bf16.h; do
-        echo "#include \"$PWD/cuda/emu_cuda.h\"" >$E/fake/$h
-    done
-    cp cuda/*.h $E/src/
-    stage "kernels as C++ against cuda/emu_cuda.h"
-    for f in cuda/*.cu; do
-        python3 - "$f" "$E/src/$(basename "$f" .cu).cpp" <<'PY' || exit 1
-import re, sys
-s = open(sys.argv[1]).read()
-s = s.replace('extern __shared__ float sm[];', 'float *sm = (float *)emu_dyn_smem;')
-launch = re.compile(r'(\w+(?:<\w+>)?)<<<(.*?)>>>\((.*?)\);', re.S)
-s = launch.sub(lambda m: 'emu_launch(%s, [=] { %s(%s); });' % (m.group(2), m.group(1), m.group(3)), s)
-open(sys.argv[2], 'w').write(s)
-PY
-        g++ -std=c++17 -O1 -g -w -I$E/fake -I$E/src -I. -Icore -c "$E/src/$(basename "$f" .cu).cpp" \
-            -o "$E/obj/$(basename "$f" .cu).o" || exit 1
-    done
-    gcc -std=c11 -D_GNU_SOURCE -O1 -g -Wall -Wextra -Werror -Wno-format-truncation -fopenmp -I. \
-        -Icore -Iparallel -I/usr/include/x86_64-linux-gnu/openblas-openmp -DUST_CUDA \
-        -c test/test_cuda_ops.c -o $E/obj/test_cuda_ops.o || exit 1
-    OB=/usr/lib/x86_64-linux-gnu/openblas-openmp
-    g++ -o $E/test_cuda_ops_emu $E/obj/*.o $E/lib/libustrain.a -L$OB -Wl,-rpath,$OB -lopenblas \
-        -lyaml -lcjson -lpmix -lm -lrt -fopenmp -pthread || exit 1
+    stage "the emulator build (make emu: cuda/*.cu as C++ against cuda/emu)"
+    make -s emu -j"$(nproc)" || exit 1
     for mode in forward reverse random lt-fallback; do
         stage "test_cuda_ops on the emulator ($mode)"
         case $mode in
-        lt-fallback) EMU_LT_FAIL=1 timeout 600 $E/test_cuda_ops_emu ;;
-        forward) timeout 600 $E/test_cuda_ops_emu ;;
-        *) EMU_ORDER=$mode timeout 600 $E/test_cuda_ops_emu ;;
+        lt-fallback) EMU_LT_FAIL=1 EMU_REPORT=1 timeout 600 $E/test/test_cuda_ops ;;
+        forward) timeout 600 $E/test/test_cuda_ops ;;
+        *) EMU_ORDER=$mode timeout 600 $E/test/test_cuda_ops ;;
         esac
         rc=$?
         [ $rc -eq 0 ] || { echo "FAIL emulated test_cuda_ops ($mode): exit $rc"; fail=1; }
     done
+    stage "training, NCCL and the layouts on the emulator (test/sh/gpu_emulated.sh)"
+    bash test/sh/gpu_emulated.sh | tee /tmp/gpu-check-emu.log | grep -E '^(FAIL|SKIP)'
+    grep -q '^FAIL' /tmp/gpu-check-emu.log && fail=1
+    echo "$(grep -c '^PASS' /tmp/gpu-check-emu.log) passed, $(grep -c '^FAIL' /tmp/gpu-check-emu.log) failed"
     stage "done (emulated): $([ $fail -eq 0 ] && echo ALL OK || echo SOME FAILED) in $((SECONDS - T0))s"
     exit $fail
 fi

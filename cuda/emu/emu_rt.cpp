@@ -63,7 +63,8 @@ struct Heap {
     char *base = nullptr, *alias = nullptr;
     size_t cap = 0, top = 0; /* top: high-water mark of the allocations, page-rounded */
     size_t used = 0;
-    std::map<size_t, size_t> live, free_; /* offset -> bytes */
+    std::map<size_t, size_t> free_;                       /* offset -> bytes */
+    std::map<size_t, std::pair<size_t, size_t>> live; /* offset -> (asked, reserved) bytes */
     int open_depth = 0;
     bool guard = true;
 };
@@ -128,9 +129,11 @@ char *dev_alias(const void *p, size_t n, const char *what) {
     auto it = heap.live.upper_bound(off);
     if (it == heap.live.begin()) emu_die("%s: %p is not in a live allocation", what, p);
     --it;
-    if (off + n > it->first + it->second)
+    /* the bytes asked for, not the rounded reservation: an overrun real CUDA would not notice
+     * until it hits a neighbour is caught at once */
+    if (off + n > it->first + it->second.first)
         emu_die("%s: %zu bytes at %p run %zu bytes past their allocation", what, n, p,
-                off + n - (it->first + it->second));
+                off + n - (it->first + it->second.first));
     return heap.alias + off;
 }
 } // namespace
@@ -154,7 +157,7 @@ extern "C" cudaError_t cudaMalloc(void **p, size_t n) {
         size_t off = it->first, rest = it->second - want;
         heap.free_.erase(it);
         if (rest) heap.free_[off + want] = rest;
-        heap.live[off] = want;
+        heap.live[off] = {n, want};
         heap.used += want;
         size_t end = (off + want + kPage - 1) / kPage * kPage;
         if (end > heap.top) {
@@ -179,7 +182,7 @@ extern "C" cudaError_t cudaFree(void *p) {
     size_t off = (size_t)((char *)p - heap.base);
     auto it = heap.live.find(off);
     if (it == heap.live.end()) emu_die("cudaFree(%p): not the start of a live allocation", p);
-    size_t len = it->second;
+    size_t len = it->second.second;
     heap.live.erase(it);
     heap.used -= len;
     auto nx = heap.free_.lower_bound(off);

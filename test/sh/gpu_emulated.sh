@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# The CUDA backend and the NCCL communicator on the CPU emulator (cuda/emu, `make emu`), so the GPU
+# code paths run in every `make test` on machines without a GPU:
+#   - every op of ops.h on the emulated GPU against the CPU backend (test_cuda_ops), the MoE layer
+#     (test_moe), and the NCCL backend at world 1 and 4 (test_comm, every collective and p2p);
+#   - run.device=cuda training in one process: fp32 per-step losses and weights against the CPU
+#     run, bf16 close to it but not equal, checkpoints moved between GPU and CPU runs;
+#   - the equivalence harness with run.device=cuda over emulated NCCL (dp/ZeRO-1/2/3, tp+sp,
+#     pp 1f1b/interleaved/zb with tied embeddings, cp, ep, tp x pp x cp) against the
+#     single-process CPU run, and a rank's dropped gradients caught on that path too;
+#   - the emulator's own checks fire: host code reading device memory, a host buffer given to
+#     NCCL, a copy in the wrong direction, a write past an allocation.
+# The emulator checks logic: indices, barriers, stream and event order, which pointers live on
+# the device. Speed and hardware behaviour need a GPU (scripts/gpu-check.sh).
+. "$(dirname "$0")/../lib.sh"
+
+if ! command -v g++ >/dev/null; then
+    echo "SKIP gpu_emulated: g++ is not installed (scripts/install-deps.sh installs it)"
+    exit 0
+fi
+if ! make -s emu -j"$(nproc)" >$TMP/build.log 2>&1; then
+    fail emu_build "make emu failed: $(grep -m3 -E 'error|Error' $TMP/build.log)"
+    exit 0
+fi
+pass emu_build
+E=build-emu
+export EMU_GPUS=8
+
+# run_prefixed NAME CMD...: runs a test program, its PASS/FAIL lines renamed emu_*; a crash fails
+run_prefixed() {
+    local name=$1; shift
+    "$@" >$TMP/out 2>&1
+    local rc=$?
+    sed -n -e 's/^PASS /PASS emu_/p' -e 's/^FAIL /FAIL emu_/p' $TMP/out
+    [ $rc -eq 0 ] || grep -q '^FAIL' $TMP/out || fail "emu_$name" "exit $rc: $(tail -3 $TMP/out)"
+}
+run_prefixed test_cuda_ops $E/test/test_cuda_ops
+run_prefixed test_moe $E/test/test_moe
+# the NCCL backend: only its cases (the shm ones already ran in the normal build)
+EMU_GPUS=4 $E/test/test_comm >$TMP/comm 2>&1
+rc=$?
+sed -n -e '/nccl/s/^PASS /PASS emu_/p' -e '/nccl/s/^FAIL /FAIL emu_/p' $TMP/comm
+n=$(grep -c '^PASS comm_w4_nccl' $TMP/comm)
+[ $rc -eq 0 ] && [ "$n" -gt 20 ] && pass emu_comm_nccl_world4_ran ||
+    fail emu_comm_nccl_world4_ran "exit $rc, $n world-4 NCCL cases passed: $(grep -m2 -E '^(FAIL|SKIP)' $TMP/comm)"
+
+# ---- training with run.device=cuda
+equiv_configs emu 4 2
+EQ="python3 test/tools/equiv.py --ustrain $E/ustrain --steps 4"
+$EQ --name _emu_llama --config $TMP/llama.yaml --layout "run.device=cuda" \
+    --layout "dp=2 zero=1 run.device=cuda" --layout "dp=2 zero=3 run.device=cuda" \
+    --layout "tp=2 sp=true run.device=cuda" --layout "pp=2 run.device=cuda" \
+    --layout "cp=2 run.device=cuda" --layout "tp=2 pp=2 cp=2 run.device=cuda"
+sed -i 's/n_layer: 2/n_layer: 4/' $TMP/gpt2.yaml
+$EQ --name _emu_gpt2 --config $TMP/gpt2.yaml --layout "pp=2 vpp=2 sched=interleaved run.device=cuda" \
+    --layout "pp=2 sched=zb dp=2 zero=2 run.device=cuda"
+sed -e 's/max_seq_len: 64}/max_seq_len: 64, moe: {num_experts: 4, top_k: 2, every: 1}}/' \
+    -e 's/^optimizer: {/optimizer: {eps: 1.0e-6, /' $TMP/llama.yaml >$TMP/moe.yaml
+$EQ --name _emu_moe --config $TMP/moe.yaml --layout "dp=2 ep=2 run.device=cuda" \
+    --layout "dp=2 ep=2 tp=2 sp=true zero=1 run.device=cuda"
+# checkpoints cross devices: saved on (emulated) GPUs, resumed on the CPU and the other way
+$EQ --name _emu_ckpt --config $TMP/llama.yaml --save-layout "dp=2 zero=3 run.device=cuda" \
+    --resume-at 2 --layout "dp=1" --layout "tp=2 run.device=cuda"
+$EQ --name _emu_ckpt_cpu --config $TMP/llama.yaml --save-layout "dp=2" --resume-at 2 \
+    --layout "run.device=cuda"
+# the harness sees a lost gradient on this path as well
+$EQ --name _emu_fault --config $TMP/llama.yaml --expect-fail --env UST_FAULT_DP_DROP_GRADS_RANK=1 \
+    --layout "dp=2 zero=1 run.device=cuda"
+
+# bf16 matmuls: close to the fp32 run, but not equal (the precision switch reaches the GEMMs)
+for p in fp32 bf16; do
+    $E/ustrain train $TMP/llama.yaml --set run.device=cuda --set train.precision=$p \
+        --set train.steps=4 --set run.out_dir=$TMP/$p --set checkpoint.dir=$TMP/$p/ckpt \
+        --set logging.metrics_file=$TMP/$p/m.jsonl >$TMP/$p.log 2>&1 ||
+        fail emu_train_$p "$(tail -2 $TMP/$p.log)"
+done
+paste <(grep -o '"loss":[^,]*' $TMP/fp32/m.jsonl | cut -d: -f2) \
+    <(grep -o '"loss":[^,]*' $TMP/bf16/m.jsonl | cut -d: -f2) |
+    awk 'BEGIN { n = 0; worst = 0 } { n++; d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > worst) worst = r }
+         END { if (n == 4 && worst > 0 && worst < 2e-2) print "PASS emu_bf16_close_to_fp32_not_equal";
+               else printf "FAIL emu_bf16_close_to_fp32_not_equal: %d steps, worst relative %.3g\n", n, worst }'
+
+# ---- the emulator's own checks (a check that never fires proves nothing)
+cat >$TMP/misuse.c <<'EOF'
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <stdio.h>
+int main(int argc, char **argv) {
+    float *d, h[16] = {0};
+    cudaMalloc((void **)&d, 64);
+    switch (argc > 1 ? argv[1][0] : 'x') {
+    case 'r': return (int)((volatile float *)d)[3];            /* host reads device memory */
+    case 'c': cudaMemcpy(d, h, 16, cudaMemcpyDeviceToHost); break; /* wrong direction */
+    case 'o': cudaMemset(d, 0, 128); break;                      /* past the allocation */
+    case 'n': {                                                  /* host buffer to NCCL */
+        ncclUniqueId id;
+        ncclComm_t c;
+        ncclGetUniqueId(&id);
+        ncclCommInitRank(&c, 1, id, 0);
+        ncclAllReduce(h, h, 4, ncclFloat32, ncclSum, c, 0);
+        break;
+    }
+    default: /* correct use: a round trip */
+        cudaMemcpy(d, h, 64, cudaMemcpyHostToDevice);
+        cudaMemcpy(h, d, 64, cudaMemcpyDeviceToHost);
+        printf("ok\n");
+    }
+    return 0;
+}
+EOF
+if gcc -std=c11 -Icuda/emu/include $TMP/misuse.c $E/cuda/emu/emu_rt.o -lstdc++ -pthread \
+    -o $TMP/misuse 2>$TMP/cc.log; then
+    expect_exit emu_correct_use_runs 0 '^ok' -- $TMP/misuse x
+    for m in "r|host_read_of_device_memory|host code touched device memory" \
+        "c|copy_in_the_wrong_direction|the destination is device memory and the source host" \
+        "o|write_past_an_allocation|run 64 bytes past their allocation" \
+        "n|host_buffer_given_to_nccl|ncclAllReduce send: 0x[0-9a-f]+ is not device memory"; do
+        IFS='|' read -r mode what pat <<<"$m"
+        out=$($TMP/misuse "$mode" 2>&1)
+        rc=$?
+        if [ $rc -ne 0 ] && echo "$out" | grep -qE "$pat"; then
+            pass "emu_catches_$what"
+        else
+            fail "emu_catches_$what" "exit $rc: $(echo "$out" | head -2)"
+        fi
+    done
+else
+    fail emu_misuse_build "$(head -3 $TMP/cc.log)"
+fi
+exit 0
