@@ -475,13 +475,22 @@ static void measure_step(trainer *t, const step_mark *m, double fpt, double peak
     s->mem_acts = t->arena.bytes[MEM_ACTS];
 }
 
+/* Device allocations the CUDA backend has made so far (0 on the CPU). The step loop should make
+ * none after its first step, which sizes the backend's scratch. */
+static int64_t device_allocations(const trainer *t) {
+    if (t->cfg->run.device != DEV_CUDA) return 0;
+    ops_cuda_mem m;
+    ops_cuda_memory(t->ops, &m);
+    return m.allocations;
+}
+
 static int loop(trainer *t, const train_opts *opts, train_result *res) {
     const ust_config *c = t->cfg;
     ust_err e;
     double tokens = (double)c->train.global_batch_size * c->train.seq_len;
     double fpt = model_flops_per_token(t->m), peak = peak_flops(t), sum_ms = 0,
            t_start = log_now_s();
-    int64_t first = t->step, timed = 0;
+    int64_t first = t->step, timed = 0, allocs_after_first = -1;
     res->peak_flops = peak;
     res->flops_per_token = fpt;
     while (t->step < c->train.steps) {
@@ -524,6 +533,7 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
         t->step++;
         t->sample_index += c->train.global_batch_size;
         t->last_loss = loss;
+        if (t->step == first + 1) allocs_after_first = device_allocations(t);
         int untimed = opts->untimed_steps > 0 ? opts->untimed_steps : 1;
         if (t->step > first + untimed || c->train.steps - first <= untimed) sum_ms += s.ms, timed++;
         s.eta_s = (log_now_s() - t_start) / (t->step - first) * (c->train.steps - t->step);
@@ -553,6 +563,8 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
     }
     res->steps_done = t->step - first;
     res->final_loss = t->last_loss;
+    if (allocs_after_first >= 0)
+        res->device_allocs_after_first_step = device_allocations(t) - allocs_after_first;
     res->mean_step_ms = timed ? sum_ms / timed : 0;
     res->tokens_per_s = timed ? tokens / (res->mean_step_ms / 1e3) : 0;
     res->mfu = res->tokens_per_s * fpt / (peak * t->rt->world);
@@ -597,12 +609,27 @@ static int run_with(const ust_config *cfg, ust_runtime *rt, const train_opts *op
     res->arena_bytes = (double)t.arena.total;
     for (int i = 0; i < MEM_NCAT && i < 6; i++) res->arena_by_cat[i] = (double)t.arena.bytes[i];
     res->peak_rss = mem_peak_rss_bytes();
+    if (cfg->run.device == DEV_CUDA) {
+        ops_cuda_mem m;
+        ops_cuda_memory(t.ops, &m);
+        res->device_backend_bytes = m.backend_bytes;
+        res->device_used = m.device_used;
+    }
     if (rc == 0 && t.rank0 && !opts->quiet && res->steps_done > 0) {
         char b[32];
         printf("done: %lld steps, final loss %.4f, %.1f ms/step, %.0f tok/s, mfu %.1f%%, "
                "peak RSS %s\n",
                (long long)res->steps_done, res->final_loss, res->mean_step_ms, res->tokens_per_s,
                100 * res->mfu, log_bytes(b, 32, (double)res->peak_rss));
+        if (cfg->run.device == DEV_CUDA) {
+            char b1[32], b3[32];
+            printf("device memory: arena %s + backend scratch %s; %s in use on the device; %lld "
+                   "device allocations after the first step\n",
+                   log_bytes(b1, 32, (double)t.arena.total),
+                   log_bytes(b3, 32, (double)res->device_backend_bytes),
+                   log_bytes(b, 32, (double)res->device_used),
+                   (long long)res->device_allocs_after_first_step);
+        }
     }
     teardown(&t);
     return rc;

@@ -41,6 +41,10 @@ typedef struct {
     double arena_bytes; /* measured arena total */
     double arena_by_cat[6];
     size_t peak_rss;
+    /* run.device = cuda: the backend's scratch outside the arena, the device memory in use
+     * (cudaMemGetInfo), and the device allocations made after the first step (0 expected) */
+    size_t device_backend_bytes, device_used;
+    int64_t device_allocs_after_first_step;
 } train_result;
 
 /* rt may be NULL: a single-process runtime is made (and finalized) for the call. */

@@ -91,12 +91,13 @@ int main(int argc, char **argv) {
     }
     o->sync(o);
     double dt = log_now_s() - t0;
-    size_t own = 0, used = 0, total = 0;
-    ops_cuda_memory(o, &own, &used, &total);
+    ops_cuda_mem dm;
+    ops_cuda_memory(o, &dm);
     printf(
         "bench_gpu: device memory: arena %.2f GiB, backend scratch %.2f GiB, device used %.2f of "
         "%.2f GiB\n",
-        arena.total / 1073741824.0, own / 1073741824.0, used / 1073741824.0, total / 1073741824.0);
+        arena.total / 1073741824.0, dm.backend_bytes / 1073741824.0,
+        dm.device_used / 1073741824.0, dm.device_total / 1073741824.0);
     double tps = (double)B * T * steps / dt, flops = model_flops_per_token(m) * tps;
     printf(
         "bench_gpu: %d steps in %.3f s: %.1f ms/step, %.0f tokens/s, %.1f TFLOP/s, MFU %.1f%% of "

@@ -33,6 +33,7 @@ typedef struct {
     int attn_chunk;          /* > 0: queries per chunk of the GEMM attention (else by memory) */
     double *dev_partials;    /* RED_BLOCKS partial sums of sum/sumsq */
     double *host_partials;   /* pinned copy of them */
+    int64_t allocations;     /* cudaMalloc calls of alloc and scratch growth (ops_cuda_memory) */
 } cuda_impl;
 
 /* bf16 copies of GEMM inputs (A, B); column-reduction partials and attention's D_i (C);

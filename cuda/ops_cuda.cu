@@ -37,6 +37,7 @@ void *cuda_scratch(const ust_ops *o, int slot, size_t bytes) {
             CK(cudaFree(im->scratch[slot]));
         }
         size_t want = bytes + bytes / 4;
+        im->allocations++;
         cudaError_t err = cudaMalloc(&im->scratch[slot], want);
         if (err != cudaSuccess)
             ust_fatal(UST_EXIT_RUNTIME, "CUDA out of memory allocating %zu bytes of scratch: %s",
@@ -51,6 +52,7 @@ void *cuda_scratch(const ust_ops *o, int slot, size_t bytes) {
 static void *cu_alloc(const ust_ops *o, size_t bytes) {
     void *p = NULL;
     size_t n = bytes ? (bytes + 255) / 256 * 256 : 256; /* cudaMalloc aligns to 256 >= 64 */
+    CUDA_IMPL(o)->allocations++;
     cudaError_t err = cudaMalloc(&p, n);
     if (err != cudaSuccess) {
         size_t fr = 0, tot = 0;
@@ -1053,15 +1055,15 @@ extern "C" void ops_cuda_set_bf16(ust_ops *o, int on) {
 
 extern "C" void *ops_cuda_stream(const ust_ops *o) { return (void *)CUDA_IMPL(o)->stream; }
 
-extern "C" void ops_cuda_memory(const ust_ops *o, size_t *backend_bytes, size_t *device_used,
-                                size_t *device_total) {
+extern "C" void ops_cuda_memory(const ust_ops *o, ops_cuda_mem *m) {
     const cuda_impl *im = CUDA_IMPL(o);
     size_t own = im->lt_ws_bytes + RED_BLOCKS * sizeof(double), fr = 0, tot = 0;
     for (int i = 0; i < SCR_N; i++) own += im->scratch_bytes[i];
     CK(cudaMemGetInfo(&fr, &tot));
-    *backend_bytes = own;
-    *device_used = tot - fr;
-    *device_total = tot;
+    m->backend_bytes = own;
+    m->device_used = tot - fr;
+    m->device_total = tot;
+    m->allocations = im->allocations;
 }
 
 extern "C" ust_ops *ops_cuda_create(int device, ust_err *e) {

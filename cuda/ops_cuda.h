@@ -30,10 +30,15 @@ ust_ops *ops_cuda_create(int device, ust_err *e);
 void *ops_cuda_stream(const ust_ops *o);
 /* Matmuls in bf16 (inputs rounded to bf16, fp32 accumulation and output) when on != 0. */
 void ops_cuda_set_bf16(ust_ops *o, int on);
-/* Device memory outside the arena: the backend's own scratch and workspaces (bytes), and the
- * device's used and total memory as cudaMemGetInfo reports them (all processes). */
-void ops_cuda_memory(const ust_ops *o, size_t *backend_bytes, size_t *device_used,
-                     size_t *device_total);
+/* Device memory as the backend sees it: its own scratch and workspaces outside the arena
+ * (bytes), the device allocations it has made so far (arena blocks and scratch growth: none
+ * should happen once the first step has sized the scratch), and the device's used and total
+ * memory as cudaMemGetInfo reports them (all processes). */
+typedef struct {
+    size_t backend_bytes, device_used, device_total;
+    int64_t allocations;
+} ops_cuda_mem;
+void ops_cuda_memory(const ust_ops *o, ops_cuda_mem *m);
 
 #else
 
@@ -51,10 +56,14 @@ static inline void ops_cuda_set_bf16(ust_ops *o, int on) {
     (void)o;
     (void)on;
 }
-static inline void ops_cuda_memory(const ust_ops *o, size_t *backend_bytes, size_t *device_used,
-                                   size_t *device_total) {
+typedef struct {
+    size_t backend_bytes, device_used, device_total;
+    int64_t allocations;
+} ops_cuda_mem;
+static inline void ops_cuda_memory(const ust_ops *o, ops_cuda_mem *m) {
     (void)o;
-    *backend_bytes = *device_used = *device_total = 0;
+    m->backend_bytes = m->device_used = m->device_total = 0;
+    m->allocations = 0;
 }
 
 #endif

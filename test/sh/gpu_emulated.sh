@@ -4,7 +4,8 @@
 #   - every op of ops.h on the emulated GPU against the CPU backend (test_cuda_ops), the MoE layer
 #     (test_moe), and the NCCL backend at world 1 and 4 (test_comm, every collective and p2p);
 #   - run.device=cuda training in one process: fp32 per-step losses and weights against the CPU
-#     run, bf16 close to it but not equal, checkpoints moved between GPU and CPU runs;
+#     run, bf16 close to it but not equal, checkpoints moved between GPU and CPU runs, no
+#     device allocation after the first step;
 #   - the equivalence harness with run.device=cuda over emulated NCCL (dp/ZeRO-1/2/3, tp+sp,
 #     pp 1f1b/interleaved/zb with tied embeddings, cp, ep, tp x pp x cp) against the
 #     single-process CPU run, and a rank's dropped gradients caught on that path too;
@@ -79,6 +80,12 @@ paste <(grep -o '"loss":[^,]*' $TMP/fp32/m.jsonl | cut -d: -f2) \
     awk 'BEGIN { n = 0; worst = 0 } { n++; d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > worst) worst = r }
          END { if (n == 4 && worst > 0 && worst < 2e-2) print "PASS emu_bf16_close_to_fp32_not_equal";
                else printf "FAIL emu_bf16_close_to_fp32_not_equal: %d steps, worst relative %.3g\n", n, worst }'
+
+# memory: the arena and the backend's scratch are reported, and nothing is allocated on the
+# device once the first step has sized the scratch
+grep -qE '^device memory: arena .* backend scratch .* 0 device allocations after the first step' \
+    $TMP/fp32.log && pass emu_no_device_allocation_after_the_first_step ||
+    fail emu_no_device_allocation_after_the_first_step "$(grep -m1 '^device memory' $TMP/fp32.log)"
 
 # ---- the emulator's own checks (a check that never fires proves nothing)
 cat >$TMP/misuse.c <<'EOF'
