@@ -121,6 +121,7 @@ inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 inline void emu_run(dim3 g, dim3 b, size_t smem, std::function<void()> f);
 /* A kernel runs once its stream's earlier work is done, with device memory open to it. */
 inline void emu_launch(dim3 g, dim3 b, size_t smem, cudaStream_t s, std::function<void()> f) {
+    emu_note_launch();
     emu_stream_drain(s);
     emu_dev_open();
     emu_run(g, b, smem, f);
@@ -172,6 +173,7 @@ inline void emu_gemm(int ta, int tb, int m, int n, int k, float alpha, const voi
               int ldc, long long sC, int batch);
 /* A GEMM on stream s: like a kernel, after the stream's earlier work, with device memory open. */
 template <class F> inline void emu_gemm_on(cudaStream_t s, F f) {
+    emu_note_launch();
     emu_stream_drain(s);
     emu_dev_open();
     f();

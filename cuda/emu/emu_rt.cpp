@@ -22,6 +22,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -224,11 +225,45 @@ struct EmuStream {
     uint64_t enq = 0, done = 0;
     bool stop = false;
     std::thread worker;
+    const char *last_op = nullptr; /* the NCCL operation queued last (EMU_STATS) */
 };
 struct EmuEvent {
     EmuStream *s = nullptr;
     uint64_t seq = 0;
+    /* EMU_STATS: the operation the record followed, the launch count then, first wait done */
+    const char *op = nullptr;
+    uint64_t launches = 0;
+    bool waited = false;
 };
+
+/* ---- EMU_STATS: overlap of communication with computation, as the host issued it */
+namespace {
+std::atomic<uint64_t> g_launches{0};
+struct OverlapStats {
+    std::mutex mu;
+    std::map<std::string, std::pair<long, long>> by_op; /* waited, overlapped */
+    ~OverlapStats() {
+        if (!getenv("EMU_STATS")) return;
+        for (auto &kv : by_op)
+            fprintf(stderr, "emu-stats: %s waited %ld overlapped %ld\n", kv.first.c_str(),
+                    kv.second.first, kv.second.second);
+    }
+};
+OverlapStats g_overlap;
+
+/* The host's first wait on the completion of an NCCL operation: overlapped when kernels or
+ * GEMMs were issued after the operation and before this wait. */
+void note_wait(EmuEvent *ev) {
+    if (ev->waited || !ev->op) return;
+    ev->waited = true;
+    std::lock_guard<std::mutex> l(g_overlap.mu);
+    auto &st = g_overlap.by_op[ev->op];
+    st.first++;
+    if (g_launches.load() > ev->launches) st.second++;
+}
+} // namespace
+
+extern "C" void emu_note_launch(void) { g_launches++; }
 
 namespace {
 EmuStream *legacy_default() {
@@ -322,16 +357,22 @@ extern "C" cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t st) {
     std::lock_guard<std::mutex> l(s->mu);
     ev->s = s;
     ev->seq = s->enq;
+    ev->op = s->last_op;
+    s->last_op = nullptr;
+    ev->launches = g_launches.load();
+    ev->waited = false;
     return cudaSuccess;
 }
 
 extern "C" cudaError_t cudaEventQuery(cudaEvent_t ev) {
+    note_wait(ev);
     if (!ev->s) return cudaSuccess;
     std::lock_guard<std::mutex> l(ev->s->mu);
     return ev->s->done >= ev->seq ? cudaSuccess : cudaErrorNotReady;
 }
 
 extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
+    note_wait(ev);
     if (ev->s) wait_done(ev->s, ev->seq);
     return cudaSuccess;
 }
@@ -564,10 +605,15 @@ void reduce_into(EmuNccl *c, char *out, size_t cnt, ncclDataType_t t, ncclRedOp_
     }
 }
 
-/* Runs one operation of `c` on stream s (or adds it to the open group). */
-ncclResult_t submit(EmuNccl *c, cudaStream_t s, std::function<bool()> op) {
+/* Queues operation `what` of `c` on stream s. */
+ncclResult_t submit(EmuNccl *c, cudaStream_t s, const char *what, std::function<bool()> op) {
     if (!c) return ncclInvalidArgument;
     if (c->err.load() != ncclSuccess) return (ncclResult_t)c->err.load();
+    {
+        EmuStream *st = S(s);
+        std::lock_guard<std::mutex> l(st->mu);
+        st->last_op = what;
+    }
     c->pending++;
     enqueue(s, [c, op] {
         if (!c->aborted.load() && c->err.load() == ncclSuccess && !op() && !c->aborted.load() &&
@@ -663,7 +709,7 @@ extern "C" ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count
     size_t es = dtype_size(t), bytes = count * es;
     const char *sa = dev_alias(send, bytes, "ncclAllReduce send");
     char *ra = dev_alias(recv, bytes, "ncclAllReduce recv");
-    return submit(c, s, [=] {
+    return submit(c, s, "ncclAllReduce", [=] {
         size_t per = kSlot / es;
         for (size_t off = 0; off < count; off += per) {
             size_t k = count - off < per ? count - off : per;
@@ -681,7 +727,7 @@ extern "C" ncclResult_t ncclAllGather(const void *send, void *recv, size_t count
     size_t es = dtype_size(t);
     const char *sa = dev_alias(send, count * es, "ncclAllGather send");
     char *ra = dev_alias(recv, count * es * c->n, "ncclAllGather recv");
-    return submit(c, s, [=] {
+    return submit(c, s, "ncclAllGather", [=] {
         size_t per = kSlot / es;
         for (size_t off = 0; off < count; off += per) {
             size_t k = count - off < per ? count - off : per;
@@ -701,7 +747,7 @@ extern "C" ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t c
     size_t es = dtype_size(t);
     const char *sa = dev_alias(send, count * es * c->n, "ncclReduceScatter send");
     char *ra = dev_alias(recv, count * es, "ncclReduceScatter recv");
-    return submit(c, s, [=] {
+    return submit(c, s, "ncclReduceScatter", [=] {
         size_t per = kSlot / es / c->n;
         for (size_t off = 0; off < count; off += per) {
             size_t k = count - off < per ? count - off : per;
@@ -723,7 +769,7 @@ extern "C" ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count
     if (root < 0 || root >= c->n) return ncclInvalidArgument;
     const char *sa = c->rank == root ? dev_alias(send, count * es, "ncclBroadcast send") : nullptr;
     char *ra = dev_alias(recv, count * es, "ncclBroadcast recv");
-    return submit(c, s, [=] {
+    return submit(c, s, "ncclBroadcast", [=] {
         size_t per = kSlot / es;
         for (size_t off = 0; off < count; off += per) {
             size_t k = count - off < per ? count - off : per;
@@ -802,7 +848,7 @@ ncclResult_t p2p(bool is_send, const void *buf, size_t count, ncclDataType_t t, 
         return ncclSuccess;
     }
     std::vector<P2p> one{o};
-    return submit(c, s, [c, one] { return run_p2p(c, one); });
+    return submit(c, s, is_send ? "ncclSend" : "ncclRecv", [c, one] { return run_p2p(c, one); });
 }
 } // namespace
 
@@ -830,5 +876,5 @@ extern "C" ncclResult_t ncclGroupEnd(void) {
     ops.swap(pending_p2p);
     group_comm = nullptr, group_stream = nullptr;
     if (ops.empty()) return ncclSuccess;
-    return submit(c, s, [c, ops] { return run_p2p(c, ops); });
+    return submit(c, s, "ncclSend/Recv group", [c, ops] { return run_p2p(c, ops); });
 }

@@ -14,7 +14,10 @@
  *   - NCCL communicators of different processes meet in shared memory (collectives summed in
  *     rank order, point-to-point through per-pair rings); a dead peer or ncclCommAbort ends a
  *     waiting operation with an error instead of a hang.
- * EMU_GPUS sets the device count (default 1; 0 emulates a machine without a GPU). */
+ * EMU_GPUS sets the device count (default 1; 0 emulates a machine without a GPU).
+ * EMU_STATS=1 prints at exit, per NCCL operation kind, how many completions the host waited on
+ * and how many of those had kernels or GEMMs issued between the operation and the wait: the
+ * communication the code overlaps with computation (on a GPU it runs concurrently with them). */
 #ifndef UST_EMU_RT_H
 #define UST_EMU_RT_H
 #include <stddef.h>
@@ -66,6 +69,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t ev);
 void emu_dev_open(void);
 void emu_dev_close(void);
 void emu_stream_drain(cudaStream_t s);
+void emu_note_launch(void); /* a kernel or GEMM was issued (for EMU_STATS) */
 
 /* ---- NCCL */
 typedef enum { ncclSuccess = 0, ncclUnhandledCudaError = 1, ncclSystemError = 2,

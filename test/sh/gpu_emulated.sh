@@ -9,6 +9,8 @@
 #   - the equivalence harness with run.device=cuda over emulated NCCL (dp/ZeRO-1/2/3, tp+sp,
 #     pp 1f1b/interleaved/zb with tied embeddings, cp, ep, tp x pp x cp) against the
 #     single-process CPU run, and a rank's dropped gradients caught on that path too;
+#   - communication overlaps with computation where the design says (dp buckets during
+#     backward, ZeRO-3 prefetch, ring attention's K/V exchange, pipeline sends);
 #   - the emulator's own checks fire: host code reading device memory, a host buffer given to
 #     NCCL, a copy in the wrong direction, a write past an allocation.
 # The emulator checks logic: indices, barriers, stream and event order, which pointers live on
@@ -86,6 +88,36 @@ paste <(grep -o '"loss":[^,]*' $TMP/fp32/m.jsonl | cut -d: -f2) \
 grep -qE '^device memory: arena .* backend scratch .* 0 device allocations after the first step' \
     $TMP/fp32.log && pass emu_no_device_allocation_after_the_first_step ||
     fail emu_no_device_allocation_after_the_first_step "$(grep -m1 '^device memory' $TMP/fp32.log)"
+
+# overlap, as the host issues it (EMU_STATS): how many NCCL operations had kernels issued between
+# their post and the host's wait on them. On a GPU those kernels run while the communication
+# does. One dp bucket posted when backward ends overlaps with nothing: the control.
+overlapped() { # OP SETTINGS...: rank 0's count of OP operations that overlapped with compute
+    local op=$1; shift
+    rm -rf $TMP/ov
+    EMU_STATS=1 scripts/ustrun --nproc-per-node 2 $E/ustrain train $TMP/llama.yaml \
+        --set run.device=cuda --set train.steps=2 --set run.out_dir=$TMP/ov \
+        --set checkpoint.dir=$TMP/ov/ckpt --set logging.metrics_file=$TMP/ov/m.jsonl "$@" 2>&1 |
+        sed -n "s|^\[rank 0\] emu-stats: $op waited [0-9]* overlapped ||p"
+}
+check_overlap() { # NAME OP WANT(some|none) SETTINGS...
+    local name=$1 op=$2 want=$3; shift 3
+    local n
+    n=$(overlapped "$op" "$@")
+    local ok=0
+    [ -n "$n" ] && [ "$want" = some ] && [ "$n" -gt 0 ] && ok=1
+    [ -n "$n" ] && [ "$want" = none ] && [ "$n" -eq 0 ] && ok=1
+    if [ $ok = 1 ]; then
+        pass "emu_overlap_$name"
+    else
+        fail "emu_overlap_$name" "$op overlapped ${n:-never waited}, expected $want"
+    fi
+}
+check_overlap dp_buckets_with_backward ncclAllReduce some --set parallel.dp=2 --set parallel.dp_bucket_mb=0.01
+check_overlap dp_one_bucket_control ncclAllReduce none --set parallel.dp=2 --set parallel.dp_bucket_mb=1000
+check_overlap zero3_prefetch ncclAllGather some --set parallel.dp=2 --set optimizer.zero_stage=3
+check_overlap cp_ring_kv "ncclSend/Recv group" some --set parallel.cp=2
+check_overlap pp_sends "ncclSend/Recv group" some --set parallel.pp=2
 
 # ---- the emulator's own checks (a check that never fires proves nothing)
 cat >$TMP/misuse.c <<'EOF'
