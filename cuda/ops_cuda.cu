@@ -124,11 +124,13 @@ static uint32_t align_of(const void *p, int64_t stride_bytes) {
     return (uint32_t)(a & (~a + 1));
 }
 
-/* bf16 inputs, fp32 C, CUBLAS_COMPUTE_32F through cuBLASLt. Returns 0, or -1 when cuBLASLt has
- * no algorithm for the problem (the caller falls back to cublasGemmStridedBatchedEx). */
+/* bf16 inputs, fp32 C, CUBLAS_COMPUTE_32F through cuBLASLt; with bias (N floats, one per column
+ * of the row-major C) added in the epilogue. Returns 0, or -1 when cuBLASLt has no algorithm for
+ * the problem (the caller falls back to cublasGemmStridedBatchedEx and adds the bias itself). */
 static int lt_gemm(const ust_ops *o, float *C, int64_t ldc, int64_t sC, const __nv_bfloat16 *A,
                    int64_t lda, int64_t sA, const __nv_bfloat16 *B, int64_t ldb, int64_t sB, int M,
-                   int N, int K, int tA, int tB, float alpha, float beta, int batch) {
+                   int N, int K, int tA, int tB, float alpha, float beta, int batch,
+                   const float *bias) {
     cuda_impl *im = CUDA_IMPL(o);
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t lb = NULL, la = NULL, lc = NULL; /* lb describes B (cuBLAS's "A") */
@@ -144,6 +146,12 @@ static int lt_gemm(const ust_ops *o, float *C, int64_t ldc, int64_t sC, const __
     LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opB, sizeof opB));
     LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opA, sizeof opA));
+    if (bias) { /* cuBLASLt's D is C transposed: its rows are our columns */
+        cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+        LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+        LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                          sizeof bias));
+    }
     LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, tB ? K : N, tB ? N : K, ldb));
     LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, tA ? M : K, tA ? K : M, lda));
     LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, N, M, ldc));
@@ -198,11 +206,16 @@ static int64_t span_of(int batch, int64_t s, int rows, int cols, int64_t ld) {
     return (int64_t)(batch - 1) * s + (int64_t)(rows - 1) * ld + cols;
 }
 
-void cuda_gemm(const ust_ops *o, float *C, int64_t ldc, int64_t sC, const float *A, int64_t lda,
-               int64_t sA, const float *B, int64_t ldb, int64_t sB, int M, int N, int K, int tA,
-               int tB, float alpha, float beta, int batch) {
+/* cuda_gemm, and with bias != NULL (batch 1, beta 0) C[i][j] += bias[j] fused into the bf16
+ * GEMM's epilogue when cuBLASLt runs it. Returns 1 when the bias was added, 0 when the caller
+ * must add it. */
+static int gemm_epilogue(const ust_ops *o, float *C, int64_t ldc, int64_t sC, const float *A,
+                         int64_t lda, int64_t sA, const float *B, int64_t ldb, int64_t sB, int M,
+                         int N, int K, int tA, int tB, float alpha, float beta, int batch,
+                         const float *bias) {
     cuda_impl *im = CUDA_IMPL(o);
-    if (M <= 0 || N <= 0 || batch <= 0) return;
+    UST_ASSERT(!bias || (batch == 1 && beta == 0.0f), "a GEMM bias epilogue needs batch 1, beta 0");
+    if (M <= 0 || N <= 0 || batch <= 0) return 0;
     cublasOperation_t opA = tA ? CUBLAS_OP_T : CUBLAS_OP_N, opB = tB ? CUBLAS_OP_T : CUBLAS_OP_N;
     if (K <= 0) { /* empty sum: C = beta C (BLAS rejects lda = 0) */
         for (int i = 0; i < batch; i++) {
@@ -211,7 +224,7 @@ void cuda_gemm(const ust_ops *o, float *C, int64_t ldc, int64_t sC, const float 
                                                                                 N, beta);
             CK_LAUNCH();
         }
-        return;
+        return 0;
     }
     UST_ASSERT(lda < INT32_MAX && ldb < INT32_MAX && ldc < INT32_MAX, "leading dimension too large");
     if (!im->bf16) {
@@ -221,7 +234,7 @@ void cuda_gemm(const ust_ops *o, float *C, int64_t ldc, int64_t sC, const float 
         else
             CKB(cublasSgemmStridedBatched(im->blas, opB, opA, N, M, K, &alpha, B, (int)ldb, sB, A,
                                           (int)lda, sA, &beta, C, (int)ldc, sC, batch));
-        return;
+        return 0;
     }
     /* bf16: round both inputs (everything their strided layout spans) into scratch with the same
      * layout, multiply, fp32 out */
@@ -233,11 +246,22 @@ void cuda_gemm(const ust_ops *o, float *C, int64_t ldc, int64_t sC, const float 
     CK_LAUNCH();
     k_to_bf16<<<grid_for(nB, EW_THREADS), EW_THREADS, 0, im->stream>>>(b16, B, nB);
     CK_LAUNCH();
-    if (lt_gemm(o, C, ldc, sC, a16, lda, sA, b16, ldb, sB, M, N, K, tA, tB, alpha, beta, batch) == 0)
-        return;
+    if (lt_gemm(o, C, ldc, sC, a16, lda, sA, b16, ldb, sB, M, N, K, tA, tB, alpha, beta, batch,
+                bias) == 0)
+        return bias != NULL;
+    if (bias && lt_gemm(o, C, ldc, sC, a16, lda, sA, b16, ldb, sB, M, N, K, tA, tB, alpha, beta,
+                        batch, NULL) == 0)
+        return 0; /* cuBLASLt runs the GEMM, only not with this epilogue */
     CKB(cublasGemmStridedBatchedEx(im->blas, opB, opA, N, M, K, &alpha, b16, CUDA_R_16BF, (int)ldb,
                                    sB, a16, CUDA_R_16BF, (int)lda, sA, &beta, C, CUDA_R_32F,
                                    (int)ldc, sC, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return 0;
+}
+
+void cuda_gemm(const ust_ops *o, float *C, int64_t ldc, int64_t sC, const float *A, int64_t lda,
+               int64_t sA, const float *B, int64_t ldb, int64_t sB, int M, int N, int K, int tA,
+               int tB, float alpha, float beta, int batch) {
+    gemm_epilogue(o, C, ldc, sC, A, lda, sA, B, ldb, sB, M, N, K, tA, tB, alpha, beta, batch, NULL);
 }
 
 /* C[M,N] = alpha op(A) op(B) + beta C for `batch` dense row-major problems at element strides. */
@@ -352,10 +376,11 @@ __global__ void k_bias_add(float *out, const float *bias, int64_t N, int OC) {
         out[i] += bias[i % OC];
 }
 
-/* out(N,OC) = inp(N,C) @ w(OC,C)^T + bias(OC) */
+/* out(N,OC) = inp(N,C) @ w(OC,C)^T + bias(OC): the bias in the GEMM's epilogue under bf16 */
 static void cu_linear_fwd(const ust_ops *o, float *out, const float *inp, const float *w,
                           const float *bias, int N, int C, int OC) {
-    gemm(o, out, inp, w, N, OC, C, 0, 1, 1.0f, 0.0f, 1, 0, 0, 0);
+    if (gemm_epilogue(o, out, OC, 0, inp, C, 0, w, C, 0, N, OC, C, 0, 1, 1.0f, 0.0f, 1, bias))
+        return;
     if (!bias || N <= 0 || OC <= 0) return;
     int64_t n = (int64_t)N * OC;
     k_bias_add<<<grid_for(n, EW_THREADS), EW_THREADS, 0, STREAM(o)>>>(out, bias, N, OC);

@@ -247,6 +247,37 @@ static void test_cuda_linear_fwd_bwd_match_cpu(void) {
     gfree(dx_), gfree(dw_), gfree(db_), gfree(dy_), gfree(gdout), gfree(gd2), gfree(gbb);
 }
 
+/* bf16: gpt2's biased linears take the bias in the cuBLASLt epilogue (or, where cuBLASLt has no
+ * algorithm, in a separate kernel); either way within bf16 rounding of the fp32 CPU result, and
+ * the bias really added (the result moves by it). */
+static void test_cuda_bf16_linear_bias_matches_cpu(void) {
+    if (fake) return;
+    const int N = 37, C = 64, OC = 48;
+    float *x = hrand(N * C, 1), *w = hrand(OC * C, 1), *b = hrand(OC, 1), *y = hrand(N * OC, 1);
+    float *dx_ = gup(x, N * C), *dw_ = gup(w, OC * C), *db_ = gup(b, OC), *dy_ = gup(y, N * OC);
+    CPU->linear_fwd(CPU, y, x, w, b, N, C, OC);
+    ops_cuda_set_bf16(GPU, 1);
+    GPU->linear_fwd(GPU, dy_, dx_, dw_, db_, N, C, OC);
+    float *with = gdown(dy_, N * OC);
+    GPU->linear_fwd(GPU, dy_, dx_, dw_, NULL, N, C, OC);
+    float *without = gdown(dy_, N * OC);
+    ops_cuda_set_bf16(GPU, 0);
+    double worst = 0, moved = 0;
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < OC; j++) {
+            double mag = fabs(b[j]);
+            for (int k = 0; k < C; k++) mag += fabs((double)x[i * C + k] * w[j * C + k]);
+            double err = fabs(with[i * OC + j] - y[i * OC + j]) / (mag / 256.0 * 1.5 + 1e-6);
+            worst = err > worst ? err : worst;
+            double d = fabs(with[i * OC + j] - without[i * OC + j] - b[j]);
+            moved = d > moved ? d : moved;
+        }
+    CHECK(worst <= 1.0, "bf16 linear with bias: error %.3g of the bf16 bound", worst);
+    CHECK(moved <= 1e-5, "the bias moved the output by up to %.3g less or more than itself", moved);
+    free(x), free(w), free(b), free(y), free(with), free(without);
+    gfree(dx_), gfree(dw_), gfree(db_), gfree(dy_);
+}
+
 /* ---------------------------------------------------------------- embedding */
 
 static void test_cuda_embedding_matches_cpu_vocab_slice_positions_repeats(void) {
@@ -769,6 +800,7 @@ int main(void) {
     RUN_TEST(test_cuda_matmul_batched_matches_cpu_with_strides);
     RUN_TEST(test_cuda_bf16_matmul_within_bf16_rounding_of_fp32);
     RUN_TEST(test_cuda_linear_fwd_bwd_match_cpu);
+    RUN_TEST(test_cuda_bf16_linear_bias_matches_cpu);
     RUN_TEST(test_cuda_embedding_matches_cpu_vocab_slice_positions_repeats);
     RUN_TEST(test_cuda_layernorm_and_rmsnorm_match_cpu);
     RUN_TEST(test_cuda_gelu_swiglu_match_cpu);

@@ -214,14 +214,16 @@ inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperati
 
 /* cuBLASLt */
 typedef void *cublasLtHandle_t;
-struct EmuLtDesc { int ta, tb; };
+struct EmuLtDesc { int ta, tb, epilogue; const float *bias; };
 struct EmuLtLayout { int type; uint64_t rows, cols; int64_t ld; int batch; int64_t stride; };
 typedef EmuLtDesc *cublasLtMatmulDesc_t;
 typedef EmuLtLayout *cublasLtMatrixLayout_t;
 typedef void *cublasLtMatmulPreference_t;
 struct cublasLtMatmulAlgo_t { int dummy; };
 struct cublasLtMatmulHeuristicResult_t { cublasLtMatmulAlgo_t algo; };
-typedef enum { CUBLASLT_MATMUL_DESC_TRANSA, CUBLASLT_MATMUL_DESC_TRANSB } cublasLtMatmulDescAttributes_t;
+typedef enum { CUBLASLT_MATMUL_DESC_TRANSA, CUBLASLT_MATMUL_DESC_TRANSB, CUBLASLT_MATMUL_DESC_EPILOGUE,
+               CUBLASLT_MATMUL_DESC_BIAS_POINTER } cublasLtMatmulDescAttributes_t;
+typedef enum { CUBLASLT_EPILOGUE_DEFAULT = 1, CUBLASLT_EPILOGUE_BIAS = 4 } cublasLtEpilogue_t;
 typedef enum { CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET } cublasLtMatrixLayoutAttribute_t;
 typedef enum { CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
                CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
@@ -230,14 +232,22 @@ inline cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) { *h = (void *)1; retu
 inline cublasStatus_t cublasLtDestroy(cublasLtHandle_t) { return CUBLAS_STATUS_SUCCESS; }
 inline cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t c, cudaDataType s) {
     if (c != CUBLAS_COMPUTE_32F || s != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
-    *d = new EmuLtDesc{0, 0};
+    *d = new EmuLtDesc{0, 0, CUBLASLT_EPILOGUE_DEFAULT, nullptr};
     return CUBLAS_STATUS_SUCCESS;
 }
 inline cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) { delete d; return CUBLAS_STATUS_SUCCESS; }
 inline cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void *v, size_t n) {
-    if (n != sizeof(cublasOperation_t)) return CUBLAS_STATUS_NOT_SUPPORTED;
-    int op = *(const cublasOperation_t *)v;
-    if (a == CUBLASLT_MATMUL_DESC_TRANSA) d->ta = op; else d->tb = op;
+    if (a == CUBLASLT_MATMUL_DESC_BIAS_POINTER) {
+        if (n != sizeof(void *)) return CUBLAS_STATUS_NOT_SUPPORTED;
+        d->bias = *(const float *const *)v;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    if (n != 4) return CUBLAS_STATUS_NOT_SUPPORTED; /* the enums are 32-bit */
+    int x = *(const int32_t *)v;
+    if (a == CUBLASLT_MATMUL_DESC_EPILOGUE) {
+        if (x != CUBLASLT_EPILOGUE_DEFAULT && x != CUBLASLT_EPILOGUE_BIAS) return CUBLAS_STATUS_NOT_SUPPORTED;
+        d->epilogue = x;
+    } else if (a == CUBLASLT_MATMUL_DESC_TRANSA) d->ta = x; else d->tb = x;
     return CUBLAS_STATUS_SUCCESS;
 }
 inline cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType t, uint64_t r, uint64_t c, int64_t ld) {
@@ -380,7 +390,13 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, c
         fprintf(stderr, "emu lt: inconsistent layouts m=%lu ka=%lu kb=%lu n=%lu C %lux%lu\n", m, ka, kb, n, lc->rows, lc->cols);
         abort();
     }
-    emu_gemm_on(stream, [&] { emu_gemm(d->ta, d->tb, (int)m, (int)n, (int)ka, *(const float *)alpha, A, la->type == CUDA_R_16BF, (int)la->ld, la->stride, B, lb->type == CUDA_R_16BF, (int)lb->ld, lb->stride, *(const float *)beta, (float *)D, (int)lc->ld, lc->stride, la->batch); });
+    if (d->epilogue == CUBLASLT_EPILOGUE_BIAS && (!d->bias || la->batch != 1)) { fprintf(stderr, "emu lt: bias epilogue without a bias or with batches\n"); abort(); }
+    emu_gemm_on(stream, [&] {
+        emu_gemm(d->ta, d->tb, (int)m, (int)n, (int)ka, *(const float *)alpha, A, la->type == CUDA_R_16BF, (int)la->ld, la->stride, B, lb->type == CUDA_R_16BF, (int)lb->ld, lb->stride, *(const float *)beta, (float *)D, (int)lc->ld, lc->stride, la->batch);
+        if (d->epilogue == CUBLASLT_EPILOGUE_BIAS) /* one bias element per row of D */
+            for (uint64_t j = 0; j < n; j++)
+                for (uint64_t i = 0; i < m; i++) ((float *)D)[i + j * lc->ld] += d->bias[i];
+    });
     return CUBLAS_STATUS_SUCCESS;
 }
 
