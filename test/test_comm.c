@@ -527,7 +527,11 @@ static int child_main(void) {
             sleep(6); /* "never arrives" (within the others' 3 s timeout) */
             _exit(0);
         }
-        comm_req r = comm_allreduce(E.world, x, x, 4, COMM_FP32, COMM_SUM);
+        float *buf = x; /* NCCL needs device memory */
+#ifdef UST_NCCL
+        if (g_dev && cudaMalloc((void **)&buf, sizeof x) != cudaSuccess) abort();
+#endif
+        comm_req r = comm_allreduce(E.world, buf, buf, 4, COMM_FP32, COMM_SUM);
         comm_wait(&r);
         return 0; /* not reached: the wait exits */
     }
@@ -730,17 +734,21 @@ static void run_world(int W, const char *tag, const char *const *extra) {
 
 /* A rank that dies (or never arrives) mid-collective: the others exit non-zero within the
  * timeout (3 s here) with a message naming the operation, group and the missing rank. */
-static void fault_case(const char *mode, const char *want) {
-    const char *extra[] = {mode[0] == 'd' ? "UST_TEST_MODE=die" : "UST_TEST_MODE=stall", NULL};
+/* backend: NULL for shm, or an extra environment entry (UST_TEST_BACKEND=nccl). NCCL cannot tell
+ * which peer is missing, so rank 0 names every member it waited for. */
+static void fault_case(const char *mode, const char *want, const char *backend) {
+    const char *extra[] = {mode[0] == 'd' ? "UST_TEST_MODE=die" : "UST_TEST_MODE=stall", backend,
+                           NULL};
     spawn_result res;
     spawn(3, extra, 20, &res);
     char path[128];
     snprintf(path, sizeof path, "%s/rank0.out", res.dir);
     char *o = slurp(path);
-    char name[64];
-    snprintf(name, sizeof name, "comm_w3_rank_that_%s_mid_allreduce_ends_the_others", mode);
+    char name[80];
+    snprintf(name, sizeof name, "comm_w3%s_rank_that_%s_mid_allreduce_ends_the_others",
+             backend ? "_nccl" : "", mode);
     if (res.rc[0] != 1 || res.rc[1] != 1 || !strstr(o, want) || !strstr(o, "all_reduce") ||
-        !strstr(o, "'world'") || !strstr(o, "rank 2") || res.secs > 15) {
+        !strstr(o, "'world'") || !strstr(o, backend ? "ranks 1, 2" : "rank 2") || res.secs > 15) {
         printf("FAIL %s: exit codes %d %d %d after %.1f s; rank 0 said: %.400s\n", name, res.rc[0],
                res.rc[1], res.rc[2], res.secs, o);
         t_nfail++;
@@ -846,6 +854,9 @@ static void nccl_cases(void) {
     if (ngpu >= 2) {
         static const char *nccl_env[] = {"UST_TEST_BACKEND=nccl", NULL};
         run_world(ngpu > 8 ? 8 : ngpu, "_nccl", nccl_env);
+        /* a stalled peer: the others' NCCL wait reaches the deadline, aborts the communicator
+         * and names the group and the members it waited for */
+        if (ngpu >= 3) fault_case("stalls", "timed out", "UST_TEST_BACKEND=nccl");
     } else {
         printf("SKIP nccl: one GPU, so no multi-rank NCCL cases (NCCL needs a GPU per rank)\n");
     }
@@ -863,8 +874,8 @@ int main(void) {
     run_world(3, "", small);
     run_world(4, "", small);
     run_world(8, "", small);
-    fault_case("dies", "has died");
-    fault_case("stalls", "timed out");
+    fault_case("dies", "has died", NULL);
+    fault_case("stalls", "timed out", NULL);
     multinode_case();
     nccl_cases();
     return TEST_SUMMARY();
