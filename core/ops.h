@@ -12,6 +12,13 @@
 
 typedef struct ust_ops ust_ops;
 
+/* One tensor of a multi-tensor op: n floats at offset p of the parameters, g of the gradients
+ * and m of both moments, with weight decay wd (sumsq_many reads g and n only). */
+typedef struct {
+    int64_t p, g, m, n;
+    float wd;
+} ops_segment;
+
 struct ust_ops {
     const char *name; /* "cpu" or "cuda" */
     void *impl;       /* backend-private state */
@@ -125,6 +132,14 @@ struct ust_ops {
      * p -= lr * (mhat / (sqrt(vhat) + eps) + wd * p). ---- */
     void (*adamw)(const ust_ops *o, float *p, const float *grad, float *m, float *v, int64_t n,
                   float lr, float b1, float b2, float eps, float wd, float grad_scale, int64_t t);
+    /* Multi-tensor forms for the optimizer step and the gradient norm: k segments of the same
+     * buffers, each exactly like one call of the single form (out[i]: segment i's sum of
+     * squares). The GPU runs each in one launch, and sumsq_many waits once. */
+    void (*adamw_many)(const ust_ops *o, float *p, const float *grad, float *m, float *v,
+                       const ops_segment *seg, int k, float lr, float b1, float b2, float eps,
+                       float grad_scale, int64_t t);
+    void (*sumsq_many)(const ust_ops *o, const float *grad, const ops_segment *seg, int k,
+                       double *out);
 
     /* ---- elementwise and reductions ---- */
     void (*add)(const ust_ops *o, float *out, const float *a, const float *b, int64_t n);

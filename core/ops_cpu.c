@@ -834,6 +834,14 @@ static void cpu_adamw(const ust_ops *o, float *p, const float *grad, float *m, f
     }
 }
 
+static void cpu_adamw_many(const ust_ops *o, float *p, const float *grad, float *m, float *v,
+                           const ops_segment *seg, int k, float lr, float b1, float b2, float eps,
+                           float grad_scale, int64_t t) {
+    for (int i = 0; i < k; i++)
+        cpu_adamw(o, p + seg[i].p, grad + seg[i].g, m + seg[i].m, v + seg[i].m, seg[i].n, lr, b1,
+                  b2, eps, seg[i].wd, grad_scale, t);
+}
+
 /* ---------------------------------------------------------------- elementwise, reductions */
 
 static void cpu_add(const ust_ops *o, float *out, const float *a, const float *b, int64_t n) {
@@ -876,6 +884,10 @@ static double reduce(const ust_ops *o, const float *x, int64_t n, int square) {
 }
 
 static double cpu_sumsq(const ust_ops *o, const float *x, int64_t n) { return reduce(o, x, n, 1); }
+static void cpu_sumsq_many(const ust_ops *o, const float *grad, const ops_segment *seg, int k,
+                           double *out) {
+    for (int i = 0; i < k; i++) out[i] = reduce(o, grad + seg[i].g, seg[i].n, 1);
+}
 static double cpu_sum(const ust_ops *o, const float *x, int64_t n) { return reduce(o, x, n, 0); }
 
 /* ---------------------------------------------------------------- mixture of experts */
@@ -1039,6 +1051,8 @@ ust_ops *ops_cpu_create(int threads, int local_ranks) {
     o->xent_vp_local = cpu_xent_vp_local;
     o->xent_vp_finish = cpu_xent_vp_finish;
     o->adamw = cpu_adamw;
+    o->adamw_many = cpu_adamw_many;
+    o->sumsq_many = cpu_sumsq_many;
     o->add = cpu_add;
     o->axpy = cpu_axpy;
     o->scale = cpu_scale;

@@ -27,18 +27,21 @@ typedef struct {
     cublasLtHandle_t lt;
     void *lt_ws;             /* cuBLASLt workspace */
     size_t lt_ws_bytes;
-    void *scratch[5];        /* grow-only device scratch, one slot per use (SCR_*) */
-    size_t scratch_bytes[5];
+    void *scratch[6];        /* grow-only device scratch, one slot per use (SCR_*) */
+    size_t scratch_bytes[6];
     int attn_flash;          /* attention by the tiled flash kernels instead of GEMMs */
     int attn_chunk;          /* > 0: queries per chunk of the GEMM attention (else by memory) */
     double *dev_partials;    /* RED_BLOCKS partial sums of sum/sumsq */
     double *host_partials;   /* pinned copy of them */
     int64_t allocations;     /* cudaMalloc calls of alloc and scratch growth (ops_cuda_memory) */
+    void *chunks_host;       /* multi-tensor ops: the chunk list and partial sums on the host */
+    size_t chunks_host_bytes;
 } cuda_impl;
 
 /* bf16 copies of GEMM inputs (A, B); column-reduction partials and attention's D_i (C);
- * attention scores/probabilities (S) and their gradients (P). */
-enum { SCR_A = 0, SCR_B = 1, SCR_C = 2, SCR_S = 3, SCR_P = 4, SCR_N = 5 };
+ * attention scores/probabilities (S) and their gradients (P); the multi-tensor ops' chunk list
+ * and partial sums (M). */
+enum { SCR_A = 0, SCR_B = 1, SCR_C = 2, SCR_S = 3, SCR_P = 4, SCR_M = 5, SCR_N = 6 };
 
 #define CUDA_IMPL(o) ((cuda_impl *)(o)->impl)
 #define STREAM(o) (CUDA_IMPL(o)->stream)

@@ -809,19 +809,25 @@ static void cu_xent_vp_finish(const ust_ops *o, float *losses, float *dlogits,
 
 /* ---------------------------------------------------------------- optimizer */
 
+/* One element of AdamW (the CPU backend's formula, operation for operation). */
+__device__ __forceinline__ void adamw_one(float *p, float grad, float *m, float *v, float lr,
+                                          float b1, float b2, float eps, float wd,
+                                          float grad_scale, float bc1, float bc2) {
+    float g = grad * grad_scale;
+    float mi = b1 * *m + (1.0f - b1) * g;
+    float vi = b2 * *v + (1.0f - b2) * g * g;
+    *m = mi;
+    *v = vi;
+    float mhat = mi / bc1, vhat = vi / bc2;
+    *p -= lr * (mhat / (sqrtf(vhat) + eps) + wd * *p);
+}
+
 __global__ void k_adamw(float *p, const float *grad, float *m, float *v, int64_t n, float lr,
                         float b1, float b2, float eps, float wd, float grad_scale, float bc1,
                         float bc2) {
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        float g = grad[i] * grad_scale;
-        float mi = b1 * m[i] + (1.0f - b1) * g;
-        float vi = b2 * v[i] + (1.0f - b2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        float mhat = mi / bc1, vhat = vi / bc2;
-        p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
-    }
+         i += (int64_t)gridDim.x * blockDim.x)
+        adamw_one(p + i, grad[i], m + i, v + i, lr, b1, b2, eps, wd, grad_scale, bc1, bc2);
 }
 
 static void cu_adamw(const ust_ops *o, float *p, const float *grad, float *m, float *v, int64_t n,
@@ -830,6 +836,103 @@ static void cu_adamw(const ust_ops *o, float *p, const float *grad, float *m, fl
     float bc1 = (float)(1.0 - pow((double)b1, (double)t));
     float bc2 = (float)(1.0 - pow((double)b2, (double)t));
     EW_LAUNCH(k_adamw, n, p, grad, m, v, n, lr, b1, b2, eps, wd, grad_scale, bc1, bc2);
+}
+
+/* ---------------------------------------------------------------- multi-tensor */
+
+#define SEG_CHUNK 65536 /* elements per block of the multi-tensor kernels */
+
+typedef struct {
+    int64_t p, g, m, n; /* the chunk's offsets in the buffers and its length */
+    float wd;
+    int seg; /* the segment it belongs to */
+} seg_chunk;
+
+/* Splits the segments into chunks of at most SEG_CHUNK elements (one block each), uploads the
+ * list, and returns its count; *dev the device list, *part room for one double per chunk, and
+ * the host list in im->chunks_host. */
+static int upload_chunks(const ust_ops *o, const ops_segment *seg, int k, seg_chunk **dev,
+                         double **part) {
+    cuda_impl *im = CUDA_IMPL(o);
+    int64_t nc = 0;
+    for (int i = 0; i < k; i++) nc += (seg[i].n + SEG_CHUNK - 1) / SEG_CHUNK;
+    UST_ASSERT(nc < INT32_MAX, "%lld chunks in one multi-tensor op", (long long)nc);
+    size_t list = ((size_t)nc * sizeof(seg_chunk) + 255) / 256 * 256;
+    size_t host = list + (size_t)nc * sizeof(double);
+    if (host > im->chunks_host_bytes) {
+        free(im->chunks_host);
+        im->chunks_host = malloc(host);
+        if (!im->chunks_host) ust_fatal(UST_EXIT_RUNTIME, "out of memory (%zu bytes)", host);
+        im->chunks_host_bytes = host;
+    }
+    seg_chunk *h = (seg_chunk *)im->chunks_host;
+    int c = 0;
+    for (int i = 0; i < k; i++)
+        for (int64_t a = 0; a < seg[i].n; a += SEG_CHUNK, c++) {
+            int64_t n = seg[i].n - a < SEG_CHUNK ? seg[i].n - a : SEG_CHUNK;
+            h[c] = (seg_chunk){seg[i].p + a, seg[i].g + a, seg[i].m + a, n, seg[i].wd, i};
+        }
+    if (!nc) return 0;
+    char *d = (char *)cuda_scratch(o, SCR_M, host);
+    CK(cudaMemcpyAsync(d, h, (size_t)nc * sizeof(seg_chunk), cudaMemcpyHostToDevice, im->stream));
+    *dev = (seg_chunk *)d;
+    *part = (double *)(d + list);
+    return (int)nc;
+}
+
+__global__ void k_adamw_many(float *p, const float *grad, float *m, float *v, const seg_chunk *ch,
+                             float lr, float b1, float b2, float eps, float grad_scale, float bc1,
+                             float bc2) {
+    seg_chunk c = ch[blockIdx.x];
+    for (int64_t i = threadIdx.x; i < c.n; i += blockDim.x)
+        adamw_one(p + c.p + i, grad[c.g + i], m + c.m + i, v + c.m + i, lr, b1, b2, eps, c.wd,
+                  grad_scale, bc1, bc2);
+}
+
+static void cu_adamw_many(const ust_ops *o, float *p, const float *grad, float *m, float *v,
+                          const ops_segment *seg, int k, float lr, float b1, float b2, float eps,
+                          float grad_scale, int64_t t) {
+    seg_chunk *ch;
+    double *part;
+    int nc = upload_chunks(o, seg, k, &ch, &part);
+    if (!nc) return;
+    float bc1 = (float)(1.0 - pow((double)b1, (double)t));
+    float bc2 = (float)(1.0 - pow((double)b2, (double)t));
+    k_adamw_many<<<nc, 256, 0, STREAM(o)>>>(p, grad, m, v, ch, lr, b1, b2, eps, grad_scale, bc1,
+                                            bc2);
+    CK_LAUNCH();
+}
+
+/* Block c sums the squares of chunk c in double; the host adds the chunks of each segment in
+ * order, so the result does not depend on the device. */
+__global__ void k_sumsq_many(double *part, const float *grad, const seg_chunk *ch) {
+    __shared__ double sh[32];
+    seg_chunk c = ch[blockIdx.x];
+    double s = 0.0;
+    for (int64_t i = threadIdx.x; i < c.n; i += blockDim.x) {
+        double x = grad[c.g + i];
+        s += x * x;
+    }
+    s = block_sum(s, sh);
+    if (threadIdx.x == 0) part[blockIdx.x] = s;
+}
+
+static void cu_sumsq_many(const ust_ops *o, const float *grad, const ops_segment *seg, int k,
+                          double *out) {
+    cuda_impl *im = CUDA_IMPL(o);
+    seg_chunk *ch;
+    double *part;
+    for (int i = 0; i < k; i++) out[i] = 0.0;
+    int nc = upload_chunks(o, seg, k, &ch, &part);
+    if (!nc) return;
+    k_sumsq_many<<<nc, 256, 0, im->stream>>>(part, grad, ch);
+    CK_LAUNCH();
+    const seg_chunk *h = (const seg_chunk *)im->chunks_host;
+    double *hp = (double *)((char *)im->chunks_host +
+                            ((size_t)nc * sizeof(seg_chunk) + 255) / 256 * 256);
+    CK(cudaMemcpyAsync(hp, part, (size_t)nc * sizeof(double), cudaMemcpyDeviceToHost, im->stream));
+    CK(cudaStreamSynchronize(im->stream));
+    for (int c = 0; c < nc; c++) out[h[c].seg] += hp[c];
 }
 
 /* ---------------------------------------------------------------- elementwise, reductions */
@@ -1064,6 +1167,7 @@ static void cu_destroy(ust_ops *o) {
         if (im->lt_ws) cudaFree(im->lt_ws);
         if (im->dev_partials) cudaFree(im->dev_partials);
         if (im->host_partials) cudaFreeHost(im->host_partials);
+        free(im->chunks_host);
         if (im->lt) cublasLtDestroy(im->lt);
         if (im->blas) cublasDestroy(im->blas);
         if (im->stream) cudaStreamDestroy(im->stream);
@@ -1171,6 +1275,8 @@ extern "C" ust_ops *ops_cuda_create(int device, ust_err *e) {
     o->xent_vp_local = cu_xent_vp_local;
     o->xent_vp_finish = cu_xent_vp_finish;
     o->adamw = cu_adamw;
+    o->adamw_many = cu_adamw_many;
+    o->sumsq_many = cu_sumsq_many;
     o->add = cu_add;
     o->axpy = cu_axpy;
     o->scale = cu_scale;

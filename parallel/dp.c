@@ -43,6 +43,9 @@ struct dp_state {
     int npending;
     int *bucket_lo; /* stage 0: 1 where a unit closes a bucket (its lowest) */
     float *scalar;  /* four floats for the scalar all-reduces */
+    ops_segment *seg; /* per parameter: the multi-tensor ops' segments (norm, optimizer) */
+    int *seg_param;   /* the parameter of each segment */
+    double *seg_sumsq;
     uint64_t bytes_at_step_start;
 };
 
@@ -57,12 +60,17 @@ static int whole(const dp_state *d, dp_buf b) {
     }
 }
 
+/* The buffer b lives in: whole or this rank's shard. */
+static float *buf_base(const dp_state *d, dp_buf b) {
+    return b == BUF_PARAMS  ? (whole(d, b) ? d->p_whole : d->p_shard)
+           : b == BUF_GRADS ? (whole(d, b) ? d->g_whole : d->g_shard)
+           : b == BUF_M     ? d->mom_m
+                            : d->mom_v;
+}
+
 /* Pointer to unit coordinate x of unit u in buffer b (x must be held by this rank). */
 static float *at(const dp_state *d, dp_buf b, int u, int64_t x) {
-    float *base = b == BUF_PARAMS  ? (whole(d, b) ? d->p_whole : d->p_shard)
-                  : b == BUF_GRADS ? (whole(d, b) ? d->g_whole : d->g_shard)
-                  : b == BUF_M     ? d->mom_m
-                                   : d->mom_v;
+    float *base = buf_base(d, b);
     if (whole(d, b)) return base + d->uoff[u] + x;
     int64_t lo = d->urank[u] * d->chunk[u];
     UST_ASSERT(x >= lo && x <= lo + d->chunk[u],
@@ -179,6 +187,11 @@ int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_are
     }
     d->scalar = mem_alloc(a, MEM_COMM, 4 * sizeof(float));
     d->pending = calloc(d->nunits, sizeof *d->pending);
+    int np = model_num_params(m);
+    d->seg = calloc(np ? np : 1, sizeof *d->seg);
+    d->seg_param = calloc(np ? np : 1, sizeof *d->seg_param);
+    d->seg_sumsq = calloc(np ? np : 1, sizeof *d->seg_sumsq);
+    UST_ASSERT(d->seg && d->seg_param && d->seg_sumsq, "out of memory");
     make_buckets(d);
     const char *fault = getenv("UST_FAULT_DP_DROP_GRADS_RANK");
     d->drop_grads = fault && atoi(fault) == d->rank && d->n > 1;
@@ -202,6 +215,9 @@ void dp_destroy(dp_state *d) {
     free(d->uwork);
     free(d->pending);
     free(d->bucket_lo);
+    free(d->seg);
+    free(d->seg_param);
+    free(d->seg_sumsq);
     free(d);
 }
 
@@ -370,17 +386,38 @@ double dp_sum(dp_state *d, double x) {
     return x;
 }
 
+/* The pieces of every parameter this rank holds (whole or its partition), as segments of the
+ * parameter, gradient and moment buffers for the multi-tensor ops; replicas left out when
+ * skip_replicas. Returns their count (d->seg, d->seg_param). */
+static int held_segments(dp_state *d, int skip_replicas) {
+    const ust_config *c = d->cfg;
+    int part = d->stage >= 1, k = 0;
+    for (int i = 0; i < model_num_params(d->m); i++) {
+        const model_param *q = model_param_at(d->m, i);
+        int u = model_param_unit(d->m, i);
+        int64_t a, b, t0 = piece(d, i, part, &a, &b);
+        if (b <= a || (skip_replicas && q->replica)) continue;
+        d->seg[k] = (ops_segment){
+            .p = at(d, BUF_PARAMS, u, t0 + a) - buf_base(d, BUF_PARAMS),
+            .g = at(d, BUF_GRADS, u, t0 + a) - buf_base(d, BUF_GRADS),
+            .m = at(d, BUF_M, u, t0 + a) - buf_base(d, BUF_M), /* BUF_V: the same layout */
+            .n = b - a,
+            .wd = q->decay ? (float)c->optimizer.weight_decay : 0.0f};
+        d->seg_param[k++] = i;
+    }
+    return k;
+}
+
 /* Sum of squares over the whole model: the pieces each dp member holds are disjoint; tensors
  * split over the tensor-parallel group are summed over it too, replicated ones counted once;
  * the pipeline stages hold disjoint layers (a tied embedding's copy is not counted). */
 double dp_grad_norm(dp_state *d) {
     double split = 0, repl = 0, experts = 0;
-    int part = d->stage >= 1;
-    for (int i = 0; i < model_num_params(d->m); i++) {
-        int64_t a, b, t0 = piece(d, i, part, &a, &b);
-        if (b <= a || model_param_at(d->m, i)->replica) continue;
-        int u = model_param_unit(d->m, i);
-        double ss = d->ops->sumsq(d->ops, at(d, BUF_GRADS, u, t0 + a), b - a);
+    int part = d->stage >= 1, k = held_segments(d, 1);
+    d->ops->sumsq_many(d->ops, buf_base(d, BUF_GRADS), d->seg, k, d->seg_sumsq);
+    for (int s = 0; s < k; s++) {
+        int i = d->seg_param[s], u = model_param_unit(d->m, i);
+        double ss = d->seg_sumsq[s];
         *(model_unit_is_expert(d->m, u)       ? &experts
           : model_param_at(d->m, i)->tp_split ? &split
                                               : &repl) += ss;
@@ -397,18 +434,11 @@ double dp_grad_norm(dp_state *d) {
 
 void dp_optimizer_step(dp_state *d, double lr, float grad_scale, int64_t step) {
     const ust_config *c = d->cfg;
-    int part = d->stage >= 1;
-    for (int i = 0; i < model_num_params(d->m); i++) {
-        const model_param *q = model_param_at(d->m, i);
-        int u = model_param_unit(d->m, i);
-        int64_t a, b, t0 = piece(d, i, part, &a, &b);
-        if (b <= a) continue;
-        float wd = q->decay ? (float)c->optimizer.weight_decay : 0.0f;
-        d->ops->adamw(d->ops, at(d, BUF_PARAMS, u, t0 + a), at(d, BUF_GRADS, u, t0 + a),
-                      at(d, BUF_M, u, t0 + a), at(d, BUF_V, u, t0 + a), b - a, (float)lr,
-                      (float)c->optimizer.beta1, (float)c->optimizer.beta2, (float)c->optimizer.eps,
-                      wd, grad_scale, step + 1);
-    }
+    int k = held_segments(d, 0);
+    d->ops->adamw_many(d->ops, buf_base(d, BUF_PARAMS), buf_base(d, BUF_GRADS),
+                       buf_base(d, BUF_M), buf_base(d, BUF_V), d->seg, k, (float)lr,
+                       (float)c->optimizer.beta1, (float)c->optimizer.beta2,
+                       (float)c->optimizer.eps, grad_scale, step + 1);
     if (d->stage == 1 || d->stage == 2) { /* everyone needs the whole updated weights */
         for (int u = 0; u < d->nunits; u++) {
             float *unit = d->p_whole + d->uoff[u];

@@ -614,6 +614,35 @@ static void test_cuda_adamw_matches_cpu(void) {
     gfree(gp), gfree(gg), gfree(gm), gfree(gv);
 }
 
+/* The multi-tensor forms against the CPU: segments spanning several 65536-element chunks, one
+ * shorter than a chunk, one empty, each buffer laid out differently. */
+static void test_cuda_adamw_many_and_sumsq_many_match_cpu(void) {
+    enum { k = 4 };
+    const int64_t np = 300000, ng = 250000, nm = 280000;
+    const ops_segment seg[k] = {{0, 100, 200, 140000, 0.1f},
+                                {150000, 140500, 140300, 100000, 0.0f},
+                                {299000, 249000, 279000, 0, 0.1f},
+                                {250001, 240400, 240401, 777, 0.05f}};
+    float *p = hrand(np, 1), *g = hrand(ng, 1), *m = hrand(nm, 0.1f), *v = hrand(nm, 0.1f);
+    for (int64_t i = 0; i < nm; i++) v[i] = fabsf(v[i]);
+    float *gp = gup(p, np), *gg = gup(g, ng), *gm = gup(m, nm), *gv = gup(v, nm);
+    for (int t = 1; t <= 2; t++) {
+        CPU->adamw_many(CPU, p, g, m, v, seg, k, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.5f, t);
+        GPU->adamw_many(GPU, gp, gg, gm, gv, seg, k, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.5f, t);
+    }
+    CHECK_G("adamw_many p", gp, p, np, 1e-6, 1e-5);
+    CHECK_G("adamw_many m", gm, m, nm, 1e-7, 1e-5);
+    CHECK_G("adamw_many v", gv, v, nm, 1e-7, 1e-5);
+    double c[k], d[k];
+    CPU->sumsq_many(CPU, g, seg, k, c);
+    GPU->sumsq_many(GPU, gg, seg, k, d);
+    for (int i = 0; i < k; i++)
+        CHECK(fabs(c[i] - d[i]) <= 1e-12 * c[i], "sumsq_many segment %d: gpu %.17g cpu %.17g", i,
+              d[i], c[i]);
+    free(p), free(g), free(m), free(v);
+    gfree(gp), gfree(gg), gfree(gm), gfree(gv);
+}
+
 static void test_cuda_elementwise_and_reductions_match_cpu(void) {
     const int64_t n = 100003;
     float *a = hrand(n, 1), *b = hrand(n, 1), *out = hrand(n, 1);
@@ -812,6 +841,7 @@ int main(void) {
     RUN_TEST(test_cuda_xent_matches_cpu_padding_ignored_targets_aliasing);
     RUN_TEST(test_cuda_xent_vocab_parallel_matches_cpu);
     RUN_TEST(test_cuda_adamw_matches_cpu);
+    RUN_TEST(test_cuda_adamw_many_and_sumsq_many_match_cpu);
     RUN_TEST(test_cuda_elementwise_and_reductions_match_cpu);
     RUN_TEST(test_cuda_tiny_gpt2_three_steps_match_cpu);
     RUN_TEST(test_cuda_tiny_llama_three_steps_match_cpu);

@@ -887,6 +887,36 @@ static void test_sumsq_and_sum_match_double_reference(void) {
     }
 }
 
+/* The multi-tensor forms equal one single-form call per segment, bit for bit: segments at
+ * different offsets of each buffer (parameters, gradients and moments laid out differently, as
+ * under ZeRO), with their own weight decay, an empty one included. */
+static void test_adamw_many_and_sumsq_many_equal_per_segment_calls(void) {
+    enum { np = 400, ng = 300, nm = 350, k = 4 };
+    const ops_segment seg[k] = {{0, 10, 20, 100, 0.1f},
+                                {150, 120, 130, 200, 0.0f},
+                                {380, 290, 340, 0, 0.1f},
+                                {360, 280, 330, 15, 0.05f}};
+    float *p = randv(np, 1), *g = randv(ng, 1), *m = randv(nm, 0.1f), *v = randv(nm, 0.1f);
+    for (int i = 0; i < nm; i++) v[i] = fabsf(v[i]);
+    float *p2 = dupv(p, np), *m2 = dupv(m, nm), *v2 = dupv(v, nm);
+    for (int t = 1; t <= 2; t++) {
+        O->adamw_many(O, p, g, m, v, seg, k, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.5f, t);
+        for (int i = 0; i < k; i++)
+            O->adamw(O, p2 + seg[i].p, g + seg[i].g, m2 + seg[i].m, v2 + seg[i].m, seg[i].n, 1e-2f,
+                     0.9f, 0.95f, 1e-8f, seg[i].wd, 0.5f, t);
+    }
+    CHECK(!memcmp(p, p2, sizeof(float) * np), "adamw_many parameters differ");
+    CHECK(!memcmp(m, m2, sizeof(float) * nm) && !memcmp(v, v2, sizeof(float) * nm),
+          "adamw_many moments differ");
+    double out[k];
+    O->sumsq_many(O, g, seg, k, out);
+    for (int i = 0; i < k; i++)
+        CHECK(out[i] == O->sumsq(O, g + seg[i].g, seg[i].n), "sumsq_many segment %d: %.17g vs %.17g",
+              i, out[i], O->sumsq(O, g + seg[i].g, seg[i].n));
+    CHECK(out[2] == 0.0 && out[0] > 0.0, "empty segment %g, first %g", out[2], out[0]);
+    fr(p), fr(g), fr(m), fr(v), fr(p2), fr(m2), fr(v2);
+}
+
 static void test_add_axpy_scale_are_exact_elementwise(void) {
     enum { n = 17 };
     float *a = randv(n, 1), *b = randv(n, 1), *out = fbuf(n), *y = dupv(a, n);
@@ -983,6 +1013,7 @@ int main(void) {
     RUN_TEST(test_xent_backward_matches_finite_differences_and_may_alias_logits);
     RUN_TEST(test_adamw_two_steps_match_hand_computation);
     RUN_TEST(test_sumsq_and_sum_match_double_reference);
+    RUN_TEST(test_adamw_many_and_sumsq_many_equal_per_segment_calls);
     RUN_TEST(test_add_axpy_scale_are_exact_elementwise);
     RUN_TEST(test_vocab_parallel_xent_matches_the_whole_vocabulary);
     RUN_TEST(test_two_threads_match_one_thread_bit_for_bit_attention_and_layernorm);
