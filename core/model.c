@@ -735,9 +735,13 @@ static void layer_forward(model *m, int l, const float *x_in, float *x_out, laye
         return;
     }
     const float *ln2 = tp_gather(m->tp, a->ln2);
-    if (m->llama) o->linear_fwd(o, a->gate, ln2, w->wg, NULL, N, C, m->F);
-    o->linear_fwd(o, a->up, ln2, w->wu, w->bu, N, C, m->F);
-    mlp_activation(m, a);
+    if (m->llama) {
+        o->linear_fwd(o, a->gate, ln2, w->wg, NULL, N, C, m->F);
+        o->linear_fwd(o, a->up, ln2, w->wu, w->bu, N, C, m->F);
+        mlp_activation(m, a);
+    } else {
+        o->linear_gelu_fwd(o, a->up, a->act, ln2, w->wu, w->bu, N, C, m->F);
+    }
     tp_row_linear_fwd(m->tp, x_out, a->act, w->wd, w->bd, N, m->F, C);
     o->axpy(o, x_out, 1.0f, a->res2, (int64_t)m->Nl * C);
 }

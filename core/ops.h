@@ -75,6 +75,10 @@ struct ust_ops {
     /* GPT-2's tanh approximation: 0.5x(1+tanh(sqrt(2/pi)(x+0.044715x^3))) */
     void (*gelu_fwd)(const ust_ops *o, float *out, const float *inp, int64_t n);
     void (*gelu_bwd)(const ust_ops *o, float *dinp, const float *inp, const float *dout, int64_t n);
+    /* up(N,OC) = linear_fwd(inp, w, bias), act = gelu_fwd(up): gpt2's MLP up-projection, which
+     * the GPU fuses into the GEMM's epilogue under bf16 */
+    void (*linear_gelu_fwd)(const ust_ops *o, float *up, float *act, const float *inp,
+                            const float *w, const float *bias, int N, int C, int OC);
     /* out = silu(gate) * up */
     void (*swiglu_fwd)(const ust_ops *o, float *out, const float *gate, const float *up, int64_t n);
     void (*swiglu_bwd)(const ust_ops *o, float *dgate, float *dup, const float *dout,

@@ -308,6 +308,12 @@ static void cpu_gelu_fwd(const ust_ops *o, float *out, const float *inp, int64_t
     }
 }
 
+static void cpu_linear_gelu_fwd(const ust_ops *o, float *up, float *act, const float *inp,
+                                const float *w, const float *bias, int N, int C, int OC) {
+    cpu_linear_fwd(o, up, inp, w, bias, N, C, OC);
+    cpu_gelu_fwd(o, act, up, (int64_t)N * OC);
+}
+
 /* d/dx of 0.5 x (1 + tanh(u)), u = k (x + a x^3): 0.5 (1 + tanh u) + 0.5 x sech^2(u) k (1 + 3a x^2)
  */
 static void cpu_gelu_bwd(const ust_ops *o, float *dinp, const float *inp, const float *dout,
@@ -1039,6 +1045,7 @@ ust_ops *ops_cpu_create(int threads, int local_ranks) {
     o->rmsnorm_fwd = cpu_rmsnorm_fwd;
     o->rmsnorm_bwd = cpu_rmsnorm_bwd;
     o->gelu_fwd = cpu_gelu_fwd;
+    o->linear_gelu_fwd = cpu_linear_gelu_fwd;
     o->gelu_bwd = cpu_gelu_bwd;
     o->swiglu_fwd = cpu_swiglu_fwd;
     o->swiglu_bwd = cpu_swiglu_bwd;

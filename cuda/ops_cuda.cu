@@ -124,13 +124,14 @@ static uint32_t align_of(const void *p, int64_t stride_bytes) {
     return (uint32_t)(a & (~a + 1));
 }
 
-/* bf16 inputs, fp32 C, CUBLAS_COMPUTE_32F through cuBLASLt; with bias (N floats, one per column
- * of the row-major C) added in the epilogue. Returns 0, or -1 when cuBLASLt has no algorithm for
- * the problem (the caller falls back to cublasGemmStridedBatchedEx and adds the bias itself). */
+/* bf16 inputs, fp32 C, CUBLAS_COMPUTE_32F through cuBLASLt, with an optional epilogue: bias
+ * (N floats, one per column of the row-major C) added, and with gelu_pre the result stored
+ * there (ldc, the pre-activation) and gelu of it in C. Returns 0, or -1 when cuBLASLt has no
+ * algorithm for the problem (nothing ran: the caller takes another path). */
 static int lt_gemm(const ust_ops *o, float *C, int64_t ldc, int64_t sC, const __nv_bfloat16 *A,
                    int64_t lda, int64_t sA, const __nv_bfloat16 *B, int64_t ldb, int64_t sB, int M,
                    int N, int K, int tA, int tB, float alpha, float beta, int batch,
-                   const float *bias) {
+                   const float *bias, float *gelu_pre) {
     cuda_impl *im = CUDA_IMPL(o);
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t lb = NULL, la = NULL, lc = NULL; /* lb describes B (cuBLAS's "A") */
@@ -146,11 +147,21 @@ static int lt_gemm(const ust_ops *o, float *C, int64_t ldc, int64_t sC, const __
     LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opB, sizeof opB));
     LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opA, sizeof opA));
-    if (bias) { /* cuBLASLt's D is C transposed: its rows are our columns */
-        cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    if (bias || gelu_pre) { /* cuBLASLt's D is C transposed: its rows are our columns */
+        cublasLtEpilogue_t epi = !gelu_pre ? CUBLASLT_EPILOGUE_BIAS
+                                 : bias    ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                           : CUBLASLT_EPILOGUE_GELU_AUX;
         LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-        LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                          sizeof bias));
+        if (bias)
+            LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                              sizeof bias));
+        if (gelu_pre) {
+            int64_t ld = ldc;
+            LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                              &gelu_pre, sizeof gelu_pre));
+            LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld,
+                                              sizeof ld));
+        }
     }
     LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, tB ? K : N, tB ? N : K, ldb));
     LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, tA ? M : K, tA ? K : M, lda));
@@ -206,6 +217,22 @@ static int64_t span_of(int batch, int64_t s, int rows, int cols, int64_t ld) {
     return (int64_t)(batch - 1) * s + (int64_t)(rows - 1) * ld + cols;
 }
 
+/* bf16: rounds both inputs (everything their strided layouts span) into scratch with the same
+ * layouts. */
+static void bf16_inputs(const ust_ops *o, const float *A, int64_t lda, int64_t sA, const float *B,
+                        int64_t ldb, int64_t sB, int M, int N, int K, int tA, int tB, int batch,
+                        __nv_bfloat16 **a16, __nv_bfloat16 **b16) {
+    cuda_impl *im = CUDA_IMPL(o);
+    int64_t nA = span_of(batch, sA, tA ? K : M, tA ? M : K, lda);
+    int64_t nB = span_of(batch, sB, tB ? N : K, tB ? K : N, ldb);
+    *a16 = (__nv_bfloat16 *)cuda_scratch(o, SCR_A, (size_t)nA * 2);
+    *b16 = (__nv_bfloat16 *)cuda_scratch(o, SCR_B, (size_t)nB * 2);
+    k_to_bf16<<<grid_for(nA, EW_THREADS), EW_THREADS, 0, im->stream>>>(*a16, A, nA);
+    CK_LAUNCH();
+    k_to_bf16<<<grid_for(nB, EW_THREADS), EW_THREADS, 0, im->stream>>>(*b16, B, nB);
+    CK_LAUNCH();
+}
+
 /* cuda_gemm, and with bias != NULL (batch 1, beta 0) C[i][j] += bias[j] fused into the bf16
  * GEMM's epilogue when cuBLASLt runs it. Returns 1 when the bias was added, 0 when the caller
  * must add it. */
@@ -236,21 +263,13 @@ static int gemm_epilogue(const ust_ops *o, float *C, int64_t ldc, int64_t sC, co
                                           (int)lda, sA, &beta, C, (int)ldc, sC, batch));
         return 0;
     }
-    /* bf16: round both inputs (everything their strided layout spans) into scratch with the same
-     * layout, multiply, fp32 out */
-    int64_t nA = span_of(batch, sA, tA ? K : M, tA ? M : K, lda);
-    int64_t nB = span_of(batch, sB, tB ? N : K, tB ? K : N, ldb);
-    __nv_bfloat16 *a16 = (__nv_bfloat16 *)cuda_scratch(o, SCR_A, (size_t)nA * 2);
-    __nv_bfloat16 *b16 = (__nv_bfloat16 *)cuda_scratch(o, SCR_B, (size_t)nB * 2);
-    k_to_bf16<<<grid_for(nA, EW_THREADS), EW_THREADS, 0, im->stream>>>(a16, A, nA);
-    CK_LAUNCH();
-    k_to_bf16<<<grid_for(nB, EW_THREADS), EW_THREADS, 0, im->stream>>>(b16, B, nB);
-    CK_LAUNCH();
+    __nv_bfloat16 *a16, *b16;
+    bf16_inputs(o, A, lda, sA, B, ldb, sB, M, N, K, tA, tB, batch, &a16, &b16);
     if (lt_gemm(o, C, ldc, sC, a16, lda, sA, b16, ldb, sB, M, N, K, tA, tB, alpha, beta, batch,
-                bias) == 0)
+                bias, NULL) == 0)
         return bias != NULL;
     if (bias && lt_gemm(o, C, ldc, sC, a16, lda, sA, b16, ldb, sB, M, N, K, tA, tB, alpha, beta,
-                        batch, NULL) == 0)
+                        batch, NULL, NULL) == 0)
         return 0; /* cuBLASLt runs the GEMM, only not with this epilogue */
     CKB(cublasGemmStridedBatchedEx(im->blas, opB, opA, N, M, K, &alpha, b16, CUDA_R_16BF, (int)ldb,
                                    sB, a16, CUDA_R_16BF, (int)lda, sA, &beta, C, CUDA_R_32F,
@@ -653,6 +672,22 @@ static void cu_gelu_bwd(const ust_ops *o, float *dinp, const float *inp, const f
                         int64_t n) {
     EW_LAUNCH(k_gelu_bwd, n, dinp, inp, dout, n);
 }
+/* up(N,OC) = inp @ w^T + bias, act = gelu(up): under bf16 one cuBLASLt GEMM whose epilogue adds
+ * the bias, keeps the pre-activation in up and writes gelu of it to act (its leading dimension
+ * must be a multiple of 8); otherwise linear_fwd then gelu_fwd. */
+static void cu_linear_gelu_fwd(const ust_ops *o, float *up, float *act, const float *inp,
+                               const float *w, const float *bias, int N, int C, int OC) {
+    if (CUDA_IMPL(o)->bf16 && N > 0 && C > 0 && OC % 8 == 0) {
+        __nv_bfloat16 *a16, *b16;
+        bf16_inputs(o, inp, C, 0, w, C, 0, N, OC, C, 0, 1, 1, &a16, &b16);
+        if (lt_gemm(o, act, OC, 0, a16, C, 0, b16, C, 0, N, OC, C, 0, 1, 1.0f, 0.0f, 1, bias,
+                    up) == 0)
+            return;
+    }
+    cu_linear_fwd(o, up, inp, w, bias, N, C, OC);
+    cu_gelu_fwd(o, act, up, (int64_t)N * OC);
+}
+
 static void cu_swiglu_fwd(const ust_ops *o, float *out, const float *gate, const float *up,
                           int64_t n) {
     EW_LAUNCH(k_swiglu_fwd, n, out, gate, up, n);
@@ -1263,6 +1298,7 @@ extern "C" ust_ops *ops_cuda_create(int device, ust_err *e) {
     o->rmsnorm_fwd = cu_rmsnorm_fwd;
     o->rmsnorm_bwd = cu_rmsnorm_bwd;
     o->gelu_fwd = cu_gelu_fwd;
+    o->linear_gelu_fwd = cu_linear_gelu_fwd;
     o->gelu_bwd = cu_gelu_bwd;
     o->swiglu_fwd = cu_swiglu_fwd;
     o->swiglu_bwd = cu_swiglu_bwd;

@@ -278,6 +278,46 @@ static void test_cuda_bf16_linear_bias_matches_cpu(void) {
     gfree(dx_), gfree(dw_), gfree(db_), gfree(dy_);
 }
 
+/* gpt2's MLP up-projection + gelu: in fp32 like linear_fwd then gelu_fwd on the CPU; under bf16
+ * (the cuBLASLt GELU epilogue when OC is a multiple of 8, the separate kernels otherwise) the
+ * pre-activation within bf16 rounding of the CPU's and the activation gelu of it. */
+static void test_cuda_linear_gelu_matches_cpu_fp32_and_bf16(void) {
+    if (fake) return;
+    const int N = 29, C = 64;
+    for (int oc = 0; oc < 2; oc++) {
+        int OC = oc ? 44 : 48; /* 44: no epilogue (its leading dimension is not a multiple of 8) */
+        float *x = hrand(N * C, 1), *w = hrand(OC * C, 1), *b = hrand(OC, 1);
+        float *up = hrand(N * OC, 1), *act = hrand(N * OC, 1);
+        float *gx = gup(x, N * C), *gw = gup(w, OC * C), *gb = gup(b, OC);
+        float *gup_ = gup(up, N * OC), *gact = gup(act, N * OC);
+        CPU->linear_gelu_fwd(CPU, up, act, x, w, b, N, C, OC);
+        GPU->linear_gelu_fwd(GPU, gup_, gact, gx, gw, gb, N, C, OC);
+        CHECK_G("linear_gelu up (fp32)", gup_, up, N * OC, ATOL, RTOL);
+        CHECK_G("linear_gelu act (fp32)", gact, act, N * OC, ATOL, RTOL);
+        ops_cuda_set_bf16(GPU, 1);
+        GPU->linear_gelu_fwd(GPU, gup_, gact, gx, gw, gb, N, C, OC);
+        ops_cuda_set_bf16(GPU, 0);
+        float *u = gdown(gup_, N * OC), *a = gdown(gact, N * OC);
+        double worst = 0, gworst = 0;
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < OC; j++) {
+                double mag = fabs(b[j]);
+                for (int k = 0; k < C; k++) mag += fabs((double)x[i * C + k] * w[j * C + k]);
+                double e = fabs(u[i * OC + j] - up[i * OC + j]) / (mag / 256.0 * 1.5 + 1e-6);
+                worst = e > worst ? e : worst;
+                double z = u[i * OC + j];
+                double g = 0.5 * z * (1.0 + tanh(0.7978845608028654 * (z + 0.044715 * z * z * z)));
+                double ge = fabs(a[i * OC + j] - g);
+                gworst = ge > gworst ? ge : gworst;
+            }
+        CHECK(worst <= 1.0, "bf16 OC=%d: pre-activation error %.3g of the bf16 bound", OC, worst);
+        CHECK(gworst <= 1e-5, "bf16 OC=%d: activation differs from gelu(pre-activation) by %.3g",
+              OC, gworst);
+        free(x), free(w), free(b), free(up), free(act), free(u), free(a);
+        gfree(gx), gfree(gw), gfree(gb), gfree(gup_), gfree(gact);
+    }
+}
+
 /* ---------------------------------------------------------------- embedding */
 
 static void test_cuda_embedding_matches_cpu_vocab_slice_positions_repeats(void) {
@@ -830,6 +870,7 @@ int main(void) {
     RUN_TEST(test_cuda_bf16_matmul_within_bf16_rounding_of_fp32);
     RUN_TEST(test_cuda_linear_fwd_bwd_match_cpu);
     RUN_TEST(test_cuda_bf16_linear_bias_matches_cpu);
+    RUN_TEST(test_cuda_linear_gelu_matches_cpu_fp32_and_bf16);
     RUN_TEST(test_cuda_embedding_matches_cpu_vocab_slice_positions_repeats);
     RUN_TEST(test_cuda_layernorm_and_rmsnorm_match_cpu);
     RUN_TEST(test_cuda_gelu_swiglu_match_cpu);

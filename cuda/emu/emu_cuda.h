@@ -214,7 +214,7 @@ inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperati
 
 /* cuBLASLt */
 typedef void *cublasLtHandle_t;
-struct EmuLtDesc { int ta, tb, epilogue; const float *bias; };
+struct EmuLtDesc { int ta, tb, epilogue; const float *bias; float *aux; int64_t aux_ld; };
 struct EmuLtLayout { int type; uint64_t rows, cols; int64_t ld; int batch; int64_t stride; };
 typedef EmuLtDesc *cublasLtMatmulDesc_t;
 typedef EmuLtLayout *cublasLtMatrixLayout_t;
@@ -222,8 +222,10 @@ typedef void *cublasLtMatmulPreference_t;
 struct cublasLtMatmulAlgo_t { int dummy; };
 struct cublasLtMatmulHeuristicResult_t { cublasLtMatmulAlgo_t algo; };
 typedef enum { CUBLASLT_MATMUL_DESC_TRANSA, CUBLASLT_MATMUL_DESC_TRANSB, CUBLASLT_MATMUL_DESC_EPILOGUE,
-               CUBLASLT_MATMUL_DESC_BIAS_POINTER } cublasLtMatmulDescAttributes_t;
-typedef enum { CUBLASLT_EPILOGUE_DEFAULT = 1, CUBLASLT_EPILOGUE_BIAS = 4 } cublasLtEpilogue_t;
+               CUBLASLT_MATMUL_DESC_BIAS_POINTER, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+               CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD } cublasLtMatmulDescAttributes_t;
+typedef enum { CUBLASLT_EPILOGUE_DEFAULT = 1, CUBLASLT_EPILOGUE_BIAS = 4, CUBLASLT_EPILOGUE_GELU = 32,
+               CUBLASLT_EPILOGUE_GELU_AUX = 32 | 128, CUBLASLT_EPILOGUE_GELU_AUX_BIAS = 32 | 128 | 4 } cublasLtEpilogue_t;
 typedef enum { CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET } cublasLtMatrixLayoutAttribute_t;
 typedef enum { CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
                CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
@@ -232,20 +234,28 @@ inline cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) { *h = (void *)1; retu
 inline cublasStatus_t cublasLtDestroy(cublasLtHandle_t) { return CUBLAS_STATUS_SUCCESS; }
 inline cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t c, cudaDataType s) {
     if (c != CUBLAS_COMPUTE_32F || s != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
-    *d = new EmuLtDesc{0, 0, CUBLASLT_EPILOGUE_DEFAULT, nullptr};
+    *d = new EmuLtDesc{0, 0, CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0};
     return CUBLAS_STATUS_SUCCESS;
 }
 inline cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) { delete d; return CUBLAS_STATUS_SUCCESS; }
 inline cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void *v, size_t n) {
-    if (a == CUBLASLT_MATMUL_DESC_BIAS_POINTER) {
+    if (a == CUBLASLT_MATMUL_DESC_BIAS_POINTER || a == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER) {
         if (n != sizeof(void *)) return CUBLAS_STATUS_NOT_SUPPORTED;
-        d->bias = *(const float *const *)v;
+        if (a == CUBLASLT_MATMUL_DESC_BIAS_POINTER) d->bias = *(const float *const *)v;
+        else d->aux = *(float *const *)v;
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    if (a == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD) {
+        if (n != 8) return CUBLAS_STATUS_NOT_SUPPORTED;
+        d->aux_ld = *(const int64_t *)v;
         return CUBLAS_STATUS_SUCCESS;
     }
     if (n != 4) return CUBLAS_STATUS_NOT_SUPPORTED; /* the enums are 32-bit */
     int x = *(const int32_t *)v;
     if (a == CUBLASLT_MATMUL_DESC_EPILOGUE) {
-        if (x != CUBLASLT_EPILOGUE_DEFAULT && x != CUBLASLT_EPILOGUE_BIAS) return CUBLAS_STATUS_NOT_SUPPORTED;
+        if (x != CUBLASLT_EPILOGUE_DEFAULT && x != CUBLASLT_EPILOGUE_BIAS && x != CUBLASLT_EPILOGUE_GELU_AUX &&
+            x != CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
+            return CUBLAS_STATUS_NOT_SUPPORTED;
         d->epilogue = x;
     } else if (a == CUBLASLT_MATMUL_DESC_TRANSA) d->ta = x; else d->tb = x;
     return CUBLAS_STATUS_SUCCESS;
@@ -390,12 +400,21 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, c
         fprintf(stderr, "emu lt: inconsistent layouts m=%lu ka=%lu kb=%lu n=%lu C %lux%lu\n", m, ka, kb, n, lc->rows, lc->cols);
         abort();
     }
-    if (d->epilogue == CUBLASLT_EPILOGUE_BIAS && (!d->bias || la->batch != 1)) { fprintf(stderr, "emu lt: bias epilogue without a bias or with batches\n"); abort(); }
+    int has_bias = d->epilogue & CUBLASLT_EPILOGUE_BIAS, has_gelu = d->epilogue & CUBLASLT_EPILOGUE_GELU;
+    if ((has_bias && !d->bias) || ((has_bias || has_gelu) && la->batch != 1)) { fprintf(stderr, "emu lt: bias epilogue without a bias or with batches\n"); abort(); }
+    /* like cuBLASLt: the aux buffer's leading dimension is a multiple of 8, at least D's rows */
+    if (has_gelu && (!d->aux || d->aux_ld % 8 || d->aux_ld < (int64_t)m)) { fprintf(stderr, "emu lt: bad GELU aux buffer (ld %ld)\n", (long)d->aux_ld); abort(); }
     emu_gemm_on(stream, [&] {
         emu_gemm(d->ta, d->tb, (int)m, (int)n, (int)ka, *(const float *)alpha, A, la->type == CUDA_R_16BF, (int)la->ld, la->stride, B, lb->type == CUDA_R_16BF, (int)lb->ld, lb->stride, *(const float *)beta, (float *)D, (int)lc->ld, lc->stride, la->batch);
-        if (d->epilogue == CUBLASLT_EPILOGUE_BIAS) /* one bias element per row of D */
-            for (uint64_t j = 0; j < n; j++)
-                for (uint64_t i = 0; i < m; i++) ((float *)D)[i + j * lc->ld] += d->bias[i];
+        for (uint64_t j = 0; j < n; j++)
+            for (uint64_t i = 0; i < m; i++) {
+                float &x = ((float *)D)[i + j * lc->ld];
+                if (has_bias) x += d->bias[i]; /* one bias element per row of D */
+                if (has_gelu) { /* the tanh approximation, pre-activation kept in aux */
+                    d->aux[i + j * d->aux_ld] = x;
+                    x = 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+                }
+            }
     });
     return CUBLAS_STATUS_SUCCESS;
 }
