@@ -91,6 +91,22 @@ if grep -q ops_cuda_create core/train.c; then
         fail=1
 fi
 
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [ "$ngpu" -ge 2 ] && grep -q ops_cuda_create core/train.c; then
+    stage "multi-GPU equivalence over NCCL ($ngpu GPUs): layouts on run.device=cuda vs one CPU process"
+    [ -f data/tiny/train_000.bin ] || ./ustrain data demo data/tiny >/dev/null
+    L=(--layout "dp=2 zero=1 run.device=cuda" --layout "tp=2 sp=true run.device=cuda"
+       --layout "pp=2 run.device=cuda" --layout "cp=2 run.device=cuda")
+    [ "$ngpu" -ge 4 ] && L+=(--layout "dp=2 tp=2 zero=3 run.device=cuda" --layout "tp=2 pp=2 run.device=cuda")
+    # fp32 on both sides: per-step losses and final weights within the harness's tolerances
+    timeout 120 python3 test/tools/equiv.py --steps 6 --config configs/tiny.yaml \
+        --set model.n_layer=2 --set train.seq_len=64 --set train.global_batch_size=8 \
+        --set train.micro_batch_size=2 --set data.val=null "${L[@]}" | tee /tmp/gpu-check-equiv.log
+    grep -q '^FAIL' /tmp/gpu-check-equiv.log && fail=1
+else
+    stage "multi-GPU equivalence: $ngpu GPU(s), needs 2 or more; skipped"
+fi
+
 stage "GPT-2 124M, T=1024, bf16 matmuls: build/bench_gpu"
 timeout 70 build/bench_gpu 8 1024 10 bf16 gpt2-124m 989
 rc=$?
