@@ -17,8 +17,9 @@ expect_exit() {
     pass "$name"
 }
 # equiv_configs NAME HEADS KV_HEADS: the demo data and the two tiny harness configs
-# $TMP/llama.yaml (grouped-query with KV_HEADS) and $TMP/gpt2.yaml (gpt2 has n_kv_head = n_head);
-# their checkpoints go under $TMP, so a checkout's runs/ (make demo) is never resumed from.
+# $TMP/llama.yaml (grouped-query with KV_HEADS) and $TMP/gpt2.yaml (gpt2 has n_kv_head = n_head).
+# They name no checkpoint directory: a direct `$UST train` of them sets checkpoint.dir under
+# $TMP (or checkpoint.resume=none), or it would resume from a checkout's runs/tiny/ckpt.
 equiv_configs() {
     $UST data demo $TMP/data >/dev/null
     cat >$TMP/llama.yaml <<EOT
@@ -27,7 +28,6 @@ model: {arch: llama, n_layer: 2, d_model: 64, n_head: $2, n_kv_head: $3, d_ff: 1
 train: {seq_len: 32, micro_batch_size: 1, global_batch_size: 4}
 optimizer: {lr: 3.0e-3, warmup_steps: 2}
 data:  {train: "$TMP/data/train_*.bin", val: null}
-checkpoint: {dir: "$TMP/ckpt-$1-llama"}
 EOT
     sed -e 's/arch: llama/arch: gpt2/' -e "s/n_kv_head: $3/n_kv_head: $2/" -e "s/$1-llama/$1-gpt2/" \
         $TMP/llama.yaml >$TMP/gpt2.yaml

@@ -41,7 +41,7 @@ $EQ --name _moe_fault --config $TMP/llama.yaml --expect-fail --env UST_FAULT_DP_
     --layout "dp=2 ep=2"
 
 # the metrics carry each MoE layer's load: 32 tokens x top-2 over 4 experts = 16 on average
-$UST train $TMP/llama.yaml --set train.steps=2 --set model.moe.capacity_factor=1.0 \
+$UST train $TMP/llama.yaml --set checkpoint.resume=none --set train.steps=2 --set model.moe.capacity_factor=1.0 \
     --set "logging.metrics_file=$TMP/moe.jsonl" --set checkpoint.every=0 >$TMP/moe.out 2>&1
 if python3 - "$TMP/moe.jsonl" <<'PY'; then
 import json, sys

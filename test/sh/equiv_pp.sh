@@ -34,7 +34,7 @@ $EQ --name _pp_fault --config $TMP/gpt2.yaml --expect-fail --env UST_FAULT_PP_SK
 vl() { # vl WORLD SETS...: the val losses of a 4-step run
     local w=$1; shift
     rm -rf $TMP/val
-    scripts/ustrun --nproc-per-node $w $UST train $TMP/llama.yaml --set "data.val=$TMP/data/val_*.bin" \
+    scripts/ustrun --nproc-per-node $w $UST train $TMP/llama.yaml --set checkpoint.resume=none --set "data.val=$TMP/data/val_*.bin" \
         --set data.val_every=2 --set data.val_steps=2 --set train.steps=4 --set checkpoint.every=0 \
         --set "logging.metrics_file=$TMP/val/m.jsonl" "$@" >/dev/null 2>&1
     grep -o '"val_loss":[0-9.]*' $TMP/val/m.jsonl | cut -d: -f2 | tr '\n' ' '
@@ -53,7 +53,7 @@ fi
 ppbytes() { # ppbytes NAME WORLD WANT SETS...
     local name=$1 w=$2 want=$3; shift 3
     rm -rf $TMP/pb
-    scripts/ustrun --nproc-per-node $w $UST train $TMP/llama.yaml --set train.steps=1 \
+    scripts/ustrun --nproc-per-node $w $UST train $TMP/llama.yaml --set checkpoint.resume=none --set train.steps=1 \
         --set checkpoint.every=0 --set "logging.metrics_file=$TMP/pb/m.jsonl" "$@" >/dev/null 2>&1
     local got=$(grep -o '"comm_bytes_pp":[0-9]*' $TMP/pb/m.jsonl | cut -d: -f2)
     [ "$got" = "$want" ] && pass $name || fail $name "rank 0 sent $got bytes, expected $want"
