@@ -64,6 +64,11 @@ timeout 90 build/test/test_cuda_ops
 rc=$?
 [ $rc -eq 0 ] || { echo "FAIL test_cuda_ops: exit $rc"; fail=1; }
 
+stage "the NCCL backend on this machine's GPUs (build/test/test_comm, NCCL cases only)"
+UST_TEST_ONLY_NCCL=1 timeout 90 build/test/test_comm | grep -E '^(FAIL|SKIP|#)'
+rc=${PIPESTATUS[0]}
+[ $rc -eq 0 ] || { echo "FAIL test_comm (NCCL): exit $rc"; fail=1; }
+
 stage "MoE layer on the GPU against the CPU (build/test/test_moe)"
 timeout 60 build/test/test_moe
 rc=$?

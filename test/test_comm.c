@@ -866,6 +866,10 @@ static void nccl_cases(void) {
 int main(void) {
     if (getenv("RANK")) return child_main();
     signal(SIGPIPE, SIG_IGN);
+    if (getenv("UST_TEST_ONLY_NCCL")) { /* the GPU checks: only the NCCL backend's cases */
+        nccl_cases();
+        return TEST_SUMMARY();
+    }
     RUN_TEST(test_world_size_1_single_process);
     static const char *small[] = {"UST_TEST_SLOT=4096", "UST_TEST_CHAN=1024", NULL};
     static const char *dflt[] = {NULL};
