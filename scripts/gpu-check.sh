@@ -4,8 +4,8 @@
 #   2. build/test/test_cuda_ops: every op of ops.h on the GPU against the CPU backend (both
 #      attention implementations), the bf16 matmul bound, 3 training steps of tiny gpt2/llama
 #      models on both backends, a bf16 tiny-model check,
-#   3. once run.device=cuda is wired into core/train.c: configs/tiny.yaml for 10 steps on the GPU
-#      (fp32) and on the CPU, per-step losses compared,
+#   3. test/sh/gpu_cuda.sh: configs/tiny.yaml for 10 steps on the GPU (fp32) and on the CPU,
+#      per-step losses compared; with 2+ GPUs the equivalence harness over NCCL,
 #   4. the GPT-2 124M benchmark at T=1024 with bf16 matmuls: tokens/s and MFU against 989 TFLOP/s
 #      (H100/H200 SXM dense bf16), through `ustrain bench train` when run.device=cuda is wired
 #      into it, and always through build/bench_gpu (model forward+backward+AdamW directly).
@@ -74,43 +74,9 @@ timeout 60 build/test/test_moe
 rc=$?
 [ $rc -eq 0 ] || { echo "FAIL test_moe: exit $rc"; fail=1; }
 
-if grep -q ops_cuda_create core/train.c; then
-    stage "ustrain train configs/tiny.yaml, 10 steps: run.device cuda (fp32) vs cpu"
-    [ -f data/tiny/train_000.bin ] || ./ustrain data demo data/tiny >/dev/null
-    for dev in cpu cuda; do
-        rm -rf /tmp/gpu-check-$dev
-        timeout 30 ./ustrain train configs/tiny.yaml --set run.device=$dev --set train.precision=fp32 \
-            --set train.steps=10 --set checkpoint.resume=none --set checkpoint.every=0 \
-            --set run.out_dir=/tmp/gpu-check-$dev --set checkpoint.dir=/tmp/gpu-check-$dev/ckpt \
-            --set logging.metrics_file=/tmp/gpu-check-$dev/m.jsonl >/tmp/gpu-check-$dev.log 2>&1 ||
-            { tail -3 /tmp/gpu-check-$dev.log; echo "FAIL tiny train on $dev"; fail=1; }
-    done
-    # per-step losses: fp32 on both, different summation orders; 1e-4 relative is ~100x the
-    # reassociation noise over 10 steps and far below what a wrong op would give
-    paste <(grep -o '"loss":[^,]*' /tmp/gpu-check-cpu/m.jsonl | cut -d: -f2) \
-          <(grep -o '"loss":[^,]*' /tmp/gpu-check-cuda/m.jsonl | cut -d: -f2) |
-        awk 'BEGIN { bad = 0; n = 0 }
-             { n++; d = $1 - $2; if (d < 0) d = -d; r = d / ($1 < 0 ? -$1 : $1);
-               printf "step %2d: cpu %.6f cuda %.6f rel %.2e\n", n, $1, $2, r; if (r > 1e-4) bad = 1 }
-             END { if (n != 10 || bad) { print "FAIL tiny losses differ (" n " steps compared)"; exit 1 } }' ||
-        fail=1
-fi
-
-ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-if [ "$ngpu" -ge 2 ] && grep -q ops_cuda_create core/train.c; then
-    stage "multi-GPU equivalence over NCCL ($ngpu GPUs): layouts on run.device=cuda vs one CPU process"
-    [ -f data/tiny/train_000.bin ] || ./ustrain data demo data/tiny >/dev/null
-    L=(--layout "dp=2 zero=1 run.device=cuda" --layout "tp=2 sp=true run.device=cuda"
-       --layout "pp=2 run.device=cuda" --layout "cp=2 run.device=cuda")
-    [ "$ngpu" -ge 4 ] && L+=(--layout "dp=2 tp=2 zero=3 run.device=cuda" --layout "tp=2 pp=2 run.device=cuda")
-    # fp32 on both sides: per-step losses and final weights within the harness's tolerances
-    timeout 120 python3 test/tools/equiv.py --steps 6 --config configs/tiny.yaml \
-        --set model.n_layer=2 --set train.seq_len=64 --set train.global_batch_size=8 \
-        --set train.micro_batch_size=2 --set data.val=null "${L[@]}" | tee /tmp/gpu-check-equiv.log
-    grep -q '^FAIL' /tmp/gpu-check-equiv.log && fail=1
-else
-    stage "multi-GPU equivalence: $ngpu GPU(s), needs 2 or more; skipped"
-fi
+stage "training on the GPU: tiny 10 steps fp32 vs the CPU, multi-GPU equivalence (test/sh/gpu_cuda.sh)"
+timeout 200 bash test/sh/gpu_cuda.sh | tee /tmp/gpu-check-cuda.log
+grep -q '^FAIL' /tmp/gpu-check-cuda.log && fail=1
 
 stage "GPT-2 124M, T=1024, bf16 matmuls: build/bench_gpu"
 timeout 70 build/bench_gpu 8 1024 10 bf16 gpt2-124m 989
