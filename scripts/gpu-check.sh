@@ -46,31 +46,49 @@ if [ "${1:-}" = "--emulate" ]; then
     exit $fail
 fi
 
+# --bundled: a bare GPU machine without the build dependencies runs what scripts/gpu-bundle.sh
+# prepared elsewhere (.gpubundle/, carried along) instead of building; CUDA's own libraries are
+# the machine's.
+BUILD=build UST=./ustrain
+if [ "${1:-}" = "--bundled" ]; then
+    [ -x .gpubundle/ustrain ] ||
+        { echo "FAIL no .gpubundle/: run scripts/gpu-bundle.sh where the build works, carry it"; exit 1; }
+    BUILD=.gpubundle UST=.gpubundle/ustrain
+    mkdir -p /tmp/gpubundle && tar -C /tmp/gpubundle -xzf .gpubundle/lib.tar.gz || exit 1
+    cudalib=$(find /usr/local /usr/lib /opt \( -name 'libcublasLt.so.13' -o -name 'libnccl.so.2' \
+        -o -name 'libcudart.so.13' \) 2>/dev/null | xargs -r -n1 dirname | sort -u | tr '\n' ':')
+    export LD_LIBRARY_PATH="/tmp/gpubundle/lib:$cudalib${LD_LIBRARY_PATH:-}"
+fi
+export UST
+
 stage "machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -4
 /usr/local/cuda/bin/nvcc --version 2>&1 | tail -1
 nproc
+ldd $UST | grep 'not found' && echo "FAIL $UST: libraries not found (LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-})"
 
-stage "build (make -j16)"
-if ! timeout 150 make -j16 >/tmp/gpu-check-build.log 2>&1; then
-    tail -30 /tmp/gpu-check-build.log
-    echo "FAIL build"
-    exit 1
+if [ "$BUILD" = build ]; then
+    stage "build (make -j16)"
+    if ! timeout 150 make -j16 >/tmp/gpu-check-build.log 2>&1; then
+        tail -30 /tmp/gpu-check-build.log
+        echo "FAIL build"
+        exit 1
+    fi
+    grep -c nvcc /tmp/gpu-check-build.log | sed 's/^/nvcc invocations: /'
 fi
-grep -c nvcc /tmp/gpu-check-build.log | sed 's/^/nvcc invocations: /'
 
-stage "GPU op tests (build/test/test_cuda_ops)"
-timeout 90 build/test/test_cuda_ops
+stage "GPU op tests ($BUILD/test/test_cuda_ops)"
+timeout 90 $BUILD/test/test_cuda_ops
 rc=$?
 [ $rc -eq 0 ] || { echo "FAIL test_cuda_ops: exit $rc"; fail=1; }
 
-stage "the NCCL backend on this machine's GPUs (build/test/test_comm, NCCL cases only)"
-UST_TEST_ONLY_NCCL=1 timeout 90 build/test/test_comm | grep -E '^(FAIL|SKIP|#)'
+stage "the NCCL backend on this machine's GPUs ($BUILD/test/test_comm, NCCL cases only)"
+UST_TEST_ONLY_NCCL=1 timeout 90 $BUILD/test/test_comm | grep -E '^(FAIL|SKIP|#)'
 rc=${PIPESTATUS[0]}
 [ $rc -eq 0 ] || { echo "FAIL test_comm (NCCL): exit $rc"; fail=1; }
 
-stage "MoE layer on the GPU against the CPU (build/test/test_moe)"
-timeout 60 build/test/test_moe
+stage "MoE layer on the GPU against the CPU ($BUILD/test/test_moe)"
+timeout 60 $BUILD/test/test_moe
 rc=$?
 [ $rc -eq 0 ] || { echo "FAIL test_moe: exit $rc"; fail=1; }
 
@@ -78,16 +96,16 @@ stage "training on the GPU: tiny 10 steps fp32 vs the CPU, multi-GPU equivalence
 timeout 200 bash test/sh/gpu_cuda.sh | tee /tmp/gpu-check-cuda.log
 grep -q '^FAIL' /tmp/gpu-check-cuda.log && fail=1
 
-stage "GPT-2 124M, T=1024, bf16 matmuls: build/bench_gpu"
-timeout 70 build/bench_gpu 8 1024 10 bf16 gpt2-124m 989
+stage "GPT-2 124M, T=1024, bf16 matmuls: $BUILD/bench_gpu"
+timeout 70 $BUILD/bench_gpu 8 1024 10 bf16 gpt2-124m 989
 rc=$?
 [ $rc -eq 0 ] || { echo "FAIL bench_gpu bf16: exit $rc"; fail=1; }
-timeout 40 build/bench_gpu 4 1024 3 fp32 gpt2-124m 989 || { echo "FAIL bench_gpu fp32"; fail=1; }
+timeout 40 $BUILD/bench_gpu 4 1024 3 fp32 gpt2-124m 989 || { echo "FAIL bench_gpu fp32"; fail=1; }
 
 if grep -q ops_cuda_create core/train.c cmd/ustrain.c 2>/dev/null; then
     stage "GPT-2 124M, T=1024, bf16: ustrain bench train (run.device=cuda)"
-    [ -f data/tiny/train_000.bin ] || ./ustrain data demo data/tiny >/dev/null
-    timeout 60 ./ustrain bench train configs/bench-gpt2-124m.yaml --steps 10 \
+    [ -f data/tiny/train_000.bin ] || $UST data demo data/tiny >/dev/null
+    timeout 60 $UST bench train configs/bench-gpt2-124m.yaml --steps 10 \
         --set run.device=cuda --set train.precision=bf16 --set train.seq_len=1024 \
         --set train.micro_batch_size=8 --set train.global_batch_size=8 \
         --set logging.peak_flops=989e12
