@@ -130,6 +130,16 @@ inline void emu_launch(dim3 g, dim3 b, size_t smem, cudaStream_t s, std::functio
 inline void emu_launch(dim3 g, dim3 b, size_t smem, std::function<void()> f) { emu_launch(g, b, smem, nullptr, f); }
 inline void emu_launch(dim3 g, dim3 b, std::function<void()> f) { emu_launch(g, b, 0, nullptr, f); }
 
+/* A kernel's pointer arguments must be device memory: host memory passed to a kernel is a bug
+ * the GPU reports only as an illegal address, if at all. Other arguments pass unchecked. */
+template <class T> inline void emu_check_arg(const char *, const char *, int, const T &) {}
+template <class T> inline void emu_check_arg(const char *k, const char *f, int i, T *p) { emu_check_kernel_pointer(k, f, i, (const void *)p); }
+template <class... A> inline int emu_check_args(const char *k, const char *host_fn, const A &...a) {
+    int i = 0;
+    (emu_check_arg(k, host_fn, i++, a), ...);
+    return 0;
+}
+
 /* runtime (emu_rt): the C++ conveniences the CUDA headers add */
 template <class T> inline cudaError_t cudaMalloc(T **p, size_t n) { return cudaMalloc((void **)p, n); }
 template <class T> inline cudaError_t cudaMallocHost(T **p, size_t n) { return cudaMallocHost((void **)p, n); }

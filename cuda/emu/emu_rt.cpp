@@ -139,6 +139,13 @@ char *dev_alias(const void *p, size_t n, const char *what) {
 }
 } // namespace
 
+extern "C" void emu_check_kernel_pointer(const char *kernel, const char *host_fn, int arg,
+                                         const void *p) {
+    if (p && !in_heap(p))
+        emu_die("kernel %s launched by %s: argument %d (%p) is host memory, not device memory",
+                kernel, host_fn, arg + 1, p);
+}
+
 extern "C" void emu_dev_open(void) {
     std::lock_guard<std::mutex> l(heap.mu);
     if (heap.open_depth++ == 0) heap_protect_locked(PROT_READ | PROT_WRITE);

@@ -70,6 +70,8 @@ void emu_dev_open(void);
 void emu_dev_close(void);
 void emu_stream_drain(cudaStream_t s);
 void emu_note_launch(void); /* a kernel or GEMM was issued (for EMU_STATS) */
+/* Dies naming the kernel and argument when p is neither null nor device memory. */
+void emu_check_kernel_pointer(const char *kernel, const char *host_fn, int arg, const void *p);
 
 /* ---- NCCL */
 typedef enum { ncclSuccess = 0, ncclUnhandledCudaError = 1, ncclSystemError = 2,

@@ -12,7 +12,7 @@
 #   - communication overlaps with computation where the design says (dp buckets during
 #     backward, ZeRO-3 prefetch, ring attention's K/V exchange, pipeline sends);
 #   - the emulator's own checks fire: host code reading device memory, a host buffer given to
-#     NCCL, a copy in the wrong direction, a write past an allocation.
+#     NCCL or to a kernel, a copy in the wrong direction, a write past an allocation.
 # The emulator checks logic: indices, barriers, stream and event order, which pointers live on
 # the device. Speed and hardware behaviour need a GPU (scripts/gpu-check.sh).
 . "$(dirname "$0")/../lib.sh"
@@ -124,6 +124,7 @@ cat >$TMP/misuse.c <<'EOF'
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 #include <stdio.h>
+#include "cuda/ops_cuda.h"
 int main(int argc, char **argv) {
     float *d, h[16] = {0};
     cudaMalloc((void **)&d, 64);
@@ -131,6 +132,12 @@ int main(int argc, char **argv) {
     case 'r': return (int)((volatile float *)d)[3];            /* host reads device memory */
     case 'c': cudaMemcpy(d, h, 16, cudaMemcpyDeviceToHost); break; /* wrong direction */
     case 'o': cudaMemset(d, 0, 128); break;                      /* past the allocation */
+    case 'k': {                                                  /* host memory to a kernel */
+        ust_err e;
+        ust_ops *o = ops_cuda_create(0, &e);
+        o->add(o, d, d, h, 4);
+        break;
+    }
     case 'n': {                                                  /* host buffer to NCCL */
         ncclUniqueId id;
         ncclComm_t c;
@@ -147,13 +154,16 @@ int main(int argc, char **argv) {
     return 0;
 }
 EOF
-if gcc -std=c11 -Icuda/emu/include $TMP/misuse.c $E/cuda/emu/emu_rt.o -lstdc++ -pthread \
-    -o $TMP/misuse 2>$TMP/cc.log; then
+OB=/usr/lib/x86_64-linux-gnu/openblas-openmp
+if gcc -std=c11 -D_GNU_SOURCE -DUST_CUDA -I. -Icore -Icuda/emu/include $TMP/misuse.c \
+    $E/libustrain.a -L$OB -Wl,-rpath,$OB -lopenblas -lyaml -lcjson -lpmix -lm -lrt -fopenmp \
+    -pthread -lstdc++ -o $TMP/misuse 2>$TMP/cc.log; then
     expect_exit emu_correct_use_runs 0 '^ok' -- $TMP/misuse x
     for m in "r|host_read_of_device_memory|host code touched device memory" \
         "c|copy_in_the_wrong_direction|the destination is device memory and the source host" \
         "o|write_past_an_allocation|run 64 bytes past their allocation" \
-        "n|host_buffer_given_to_nccl|ncclAllReduce send: 0x[0-9a-f]+ is not device memory"; do
+        "n|host_buffer_given_to_nccl|ncclAllReduce send: 0x[0-9a-f]+ is not device memory" \
+        "k|host_buffer_given_to_a_kernel|launched by cu_add: argument 3 .* is host memory"; do
         IFS='|' read -r mode what pat <<<"$m"
         out=$($TMP/misuse "$mode" 2>&1)
         rc=$?
