@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdint>
 #include <climits>
+#include <type_traits>
 #include "emu_rt.h"
 
 #define __global__
@@ -119,10 +120,21 @@ template <class T> static inline T max(T a, T b) { return a > b ? a : b; }
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 
 inline void emu_run(dim3 g, dim3 b, size_t smem, std::function<void()> f);
+/* The pointer arguments of the launch being issued on this thread (emu_check_args), checked
+ * against unfinished NCCL operations once the kernel's stream is drained. */
+struct EmuArg { const void *p; int writable, index; };
+inline thread_local std::vector<EmuArg> emu_args;
+inline thread_local const char *emu_args_kernel = "", *emu_args_fn = "";
+inline void emu_check_args_in_flight() {
+    for (const EmuArg &a : emu_args)
+        emu_check_in_flight(emu_args_kernel, emu_args_fn, a.index, a.p, a.writable);
+    emu_args.clear();
+}
 /* A kernel runs once its stream's earlier work is done, with device memory open to it. */
 inline void emu_launch(dim3 g, dim3 b, size_t smem, cudaStream_t s, std::function<void()> f) {
     emu_note_launch();
     emu_stream_drain(s);
+    emu_check_args_in_flight();
     emu_dev_open();
     emu_run(g, b, smem, f);
     emu_dev_close();
@@ -133,9 +145,14 @@ inline void emu_launch(dim3 g, dim3 b, std::function<void()> f) { emu_launch(g, 
 /* A kernel's pointer arguments must be device memory: host memory passed to a kernel is a bug
  * the GPU reports only as an illegal address, if at all. Other arguments pass unchecked. */
 template <class T> inline void emu_check_arg(const char *, const char *, int, const T &) {}
-template <class T> inline void emu_check_arg(const char *k, const char *f, int i, T *p) { emu_check_kernel_pointer(k, f, i, (const void *)p); }
+template <class T> inline void emu_check_arg(const char *k, const char *f, int i, T *p) {
+    emu_check_kernel_pointer(k, f, i, (const void *)p);
+    if (p) emu_args.push_back({(const void *)p, !std::is_const<T>::value, i}); /* const: read only */
+}
 template <class... A> inline int emu_check_args(const char *k, const char *host_fn, const A &...a) {
     int i = 0;
+    emu_args.clear();
+    emu_args_kernel = k, emu_args_fn = host_fn;
     (emu_check_arg(k, host_fn, i++, a), ...);
     return 0;
 }
@@ -182,9 +199,12 @@ inline void emu_gemm(int ta, int tb, int m, int n, int k, float alpha, const voi
               long long sA, const void *B, int bbf, int ldb, long long sB, float beta, float *C,
               int ldc, long long sC, int batch);
 /* A GEMM on stream s: like a kernel, after the stream's earlier work, with device memory open. */
-template <class F> inline void emu_gemm_on(cudaStream_t s, F f) {
+template <class F> inline void emu_gemm_on(cudaStream_t s, const void *A, const void *B, void *C, F f) {
     emu_note_launch();
     emu_stream_drain(s);
+    emu_check_in_flight("GEMM", "cuBLAS", 0, A, 0);
+    emu_check_in_flight("GEMM", "cuBLAS", 1, B, 0);
+    emu_check_in_flight("GEMM", "cuBLAS", 2, C, 1);
     emu_dev_open();
     f();
     emu_dev_close();
@@ -193,7 +213,7 @@ inline cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublas
                                   int n, int k, const float *al, const float *A, int lda,
                                   const float *B, int ldb, const float *be, float *C, int ldc) {
     emu_gemm_calls[0]++;
-    emu_gemm_on(h->stream, [&] { emu_gemm(ta, tb, m, n, k, *al, A, 0, lda, 0, B, 0, ldb, 0, *be, C, ldc, 0, 1); });
+    emu_gemm_on(h->stream, A, B, C, [&] { emu_gemm(ta, tb, m, n, k, *al, A, 0, lda, 0, B, 0, ldb, 0, *be, C, ldc, 0, 1); });
     return CUBLAS_STATUS_SUCCESS;
 }
 inline cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta,
@@ -203,7 +223,7 @@ inline cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperatio
                                                 const float *be, float *C, int ldc, long long sC,
                                                 int batch) {
     emu_gemm_calls[0]++;
-    emu_gemm_on(h->stream, [&] { emu_gemm(ta, tb, m, n, k, *al, A, 0, lda, sA, B, 0, ldb, sB, *be, C, ldc, sC, batch); });
+    emu_gemm_on(h->stream, A, B, C, [&] { emu_gemm(ta, tb, m, n, k, *al, A, 0, lda, sA, B, 0, ldb, sB, *be, C, ldc, sC, batch); });
     return CUBLAS_STATUS_SUCCESS;
 }
 inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta,
@@ -215,7 +235,7 @@ inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperati
                                                  long long sC, int batch, cublasComputeType_t,
                                                  cublasGemmAlgo_t) {
     emu_gemm_calls[1]++;
-    emu_gemm_on(h->stream, [&] {
+    emu_gemm_on(h->stream, A, B, C, [&] {
         emu_gemm(ta, tb, m, n, k, *(const float *)al, A, at == CUDA_R_16BF, lda, sA, B,
                  bt == CUDA_R_16BF, ldb, sB, *(const float *)be, (float *)C, ldc, sC, batch);
     });
@@ -414,7 +434,7 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, c
     if ((has_bias && !d->bias) || ((has_bias || has_gelu) && la->batch != 1)) { fprintf(stderr, "emu lt: bias epilogue without a bias or with batches\n"); abort(); }
     /* like cuBLASLt: the aux buffer's leading dimension is a multiple of 8, at least D's rows */
     if (has_gelu && (!d->aux || d->aux_ld % 8 || d->aux_ld < (int64_t)m)) { fprintf(stderr, "emu lt: bad GELU aux buffer (ld %ld)\n", (long)d->aux_ld); abort(); }
-    emu_gemm_on(stream, [&] {
+    emu_gemm_on(stream, A, B, D, [&] {
         emu_gemm(d->ta, d->tb, (int)m, (int)n, (int)ka, *(const float *)alpha, A, la->type == CUDA_R_16BF, (int)la->ld, la->stride, B, lb->type == CUDA_R_16BF, (int)lb->ld, lb->stride, *(const float *)beta, (float *)D, (int)lc->ld, lc->stride, la->batch);
         for (uint64_t j = 0; j < n; j++)
             for (uint64_t i = 0; i < m; i++) {

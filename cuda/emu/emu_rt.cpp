@@ -146,6 +146,65 @@ extern "C" void emu_check_kernel_pointer(const char *kernel, const char *host_fn
                 kernel, host_fn, arg + 1, p);
 }
 
+/* ---- unfinished NCCL operations: the device memory each reads and writes, from its enqueue to
+ * its completion. A kernel, GEMM or copy touching it meanwhile has no wait between them: on a
+ * GPU it would race with the communication. */
+namespace {
+struct Flight {
+    const char *lo, *hi; /* device addresses */
+    bool writes;
+    const char *op;
+};
+std::mutex flight_mu;
+std::map<uint64_t, std::vector<Flight>> flights;
+uint64_t flight_next = 1;
+
+/* The first unfinished operation's range that [lo, hi) overlaps, where one side writes. */
+const Flight *conflict_locked(const char *lo, const char *hi, bool writes) {
+    for (auto &kv : flights)
+        for (const Flight &f : kv.second)
+            if (lo < f.hi && f.lo < hi && (writes || f.writes)) return &f;
+    return nullptr;
+}
+
+void check_range(const char *what, const void *p, size_t n, bool writes) {
+    if (!n || !in_heap(p)) return;
+    std::lock_guard<std::mutex> l(flight_mu);
+    const char *lo = (const char *)p;
+    if (const Flight *f = conflict_locked(lo, lo + n, writes))
+        emu_die("%s %s %zu bytes at %p while an unfinished %s %s them (no wait between them)", what,
+                writes ? "writes" : "reads", n, p, f->op, f->writes ? "writes" : "reads");
+}
+
+uint64_t flight_add(const char *op, std::vector<Flight> ranges) {
+    std::lock_guard<std::mutex> l(flight_mu);
+    for (Flight &r : ranges) {
+        r.op = op;
+        if (const Flight *f = conflict_locked(r.lo, r.hi, r.writes))
+            emu_die("%s %s %p..%p while an unfinished %s %s them", op, r.writes ? "writes" : "reads",
+                    (const void *)r.lo, (const void *)r.hi, f->op, f->writes ? "writes" : "reads");
+    }
+    flights[flight_next] = std::move(ranges);
+    return flight_next++;
+}
+
+void flight_done(uint64_t id) {
+    std::lock_guard<std::mutex> l(flight_mu);
+    flights.erase(id);
+}
+} // namespace
+
+extern "C" void emu_check_in_flight(const char *kernel, const char *host_fn, int arg, const void *p,
+                                    int writable) {
+    if (!p || !in_heap(p)) return;
+    std::lock_guard<std::mutex> l(flight_mu);
+    const char *c = (const char *)p;
+    if (const Flight *f = conflict_locked(c, c + 1, writable))
+        emu_die("kernel %s launched by %s: argument %d (%p) is memory an unfinished %s %s (no wait "
+                "between them)",
+                kernel, host_fn, arg + 1, p, f->op, f->writes ? "writes" : "reads");
+}
+
 extern "C" void emu_dev_open(void) {
     std::lock_guard<std::mutex> l(heap.mu);
     if (heap.open_depth++ == 0) heap_protect_locked(PROT_READ | PROT_WRITE);
@@ -407,6 +466,8 @@ void copy_checked(void *dst, const void *src, size_t n, cudaMemcpyKind kind, con
                                                  : "DeviceToDevice",
                 dd ? "device" : "host", sd ? "device" : "host");
     if (!n) return;
+    check_range(what, src, n, false);
+    check_range(what, dst, n, true);
     char *d = dd ? dev_alias(dst, n, what) : (char *)dst;
     const char *s = sd ? dev_alias(src, n, what) : (const char *)src;
     memmove(d, s, n);
@@ -428,6 +489,7 @@ extern "C" cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemc
 
 extern "C" cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s) {
     emu_stream_drain(s);
+    check_range("cudaMemset", p, n, true);
     if (n) memset(dev_alias(p, n, "cudaMemset"), v, n);
     return cudaSuccess;
 }
@@ -612,20 +674,25 @@ void reduce_into(EmuNccl *c, char *out, size_t cnt, ncclDataType_t t, ncclRedOp_
     }
 }
 
-/* Queues operation `what` of `c` on stream s. */
-ncclResult_t submit(EmuNccl *c, cudaStream_t s, const char *what, std::function<bool()> op) {
+/* Queues operation `what` of `c` on stream s; it reads and writes `mem` until it completes. */
+ncclResult_t submit(EmuNccl *c, cudaStream_t s, const char *what, std::vector<Flight> mem,
+                    std::function<bool()> op) {
     if (!c) return ncclInvalidArgument;
     if (c->err.load() != ncclSuccess) return (ncclResult_t)c->err.load();
+    for (size_t i = 0; i < mem.size(); i++)
+        if (mem[i].lo == mem[i].hi) mem.erase(mem.begin() + (long)i--);
+    uint64_t flight = flight_add(what, std::move(mem));
     {
         EmuStream *st = S(s);
         std::lock_guard<std::mutex> l(st->mu);
         st->last_op = what;
     }
     c->pending++;
-    enqueue(s, [c, op] {
+    enqueue(s, [c, op, flight] {
         if (!c->aborted.load() && c->err.load() == ncclSuccess && !op() && !c->aborted.load() &&
             c->err.load() == ncclSuccess)
             c->err = ncclInternalError;
+        flight_done(flight);
         c->pending--;
     });
     return ncclSuccess;
@@ -716,7 +783,10 @@ extern "C" ncclResult_t ncclAllReduce(const void *send, void *recv, size_t count
     size_t es = dtype_size(t), bytes = count * es;
     const char *sa = dev_alias(send, bytes, "ncclAllReduce send");
     char *ra = dev_alias(recv, bytes, "ncclAllReduce recv");
-    return submit(c, s, "ncclAllReduce", [=] {
+    const char *sd = (const char *)send, *rd = (const char *)recv;
+    std::vector<Flight> mem = {{sd, sd + bytes, false, nullptr}, {rd, rd + bytes, true, nullptr}};
+    if (send == recv) mem.erase(mem.begin());
+    return submit(c, s, "ncclAllReduce", mem, [=] {
         size_t per = kSlot / es;
         for (size_t off = 0; off < count; off += per) {
             size_t k = count - off < per ? count - off : per;
@@ -734,7 +804,11 @@ extern "C" ncclResult_t ncclAllGather(const void *send, void *recv, size_t count
     size_t es = dtype_size(t);
     const char *sa = dev_alias(send, count * es, "ncclAllGather send");
     char *ra = dev_alias(recv, count * es * c->n, "ncclAllGather recv");
-    return submit(c, s, "ncclAllGather", [=] {
+    const char *sd = (const char *)send, *rd = (const char *)recv;
+    size_t sb = count * es, rb = count * es * c->n;
+    std::vector<Flight> mem = {{rd, rd + rb, true, nullptr}};
+    if (!(sd >= rd && sd + sb <= rd + rb)) mem.push_back({sd, sd + sb, false, nullptr});
+    return submit(c, s, "ncclAllGather", mem, [=] {
         size_t per = kSlot / es;
         for (size_t off = 0; off < count; off += per) {
             size_t k = count - off < per ? count - off : per;
@@ -754,7 +828,12 @@ extern "C" ncclResult_t ncclReduceScatter(const void *send, void *recv, size_t c
     size_t es = dtype_size(t);
     const char *sa = dev_alias(send, count * es * c->n, "ncclReduceScatter send");
     char *ra = dev_alias(recv, count * es, "ncclReduceScatter recv");
-    return submit(c, s, "ncclReduceScatter", [=] {
+    const char *sd = (const char *)send, *rd = (const char *)recv;
+    size_t sb = count * es * c->n, rb = count * es;
+    std::vector<Flight> mem = {{sd, sd + sb, false, nullptr}};
+    if (rd >= sd && rd + rb <= sd + sb) mem[0].writes = true; /* in place: the block is written */
+    else mem.push_back({rd, rd + rb, true, nullptr});
+    return submit(c, s, "ncclReduceScatter", mem, [=] {
         size_t per = kSlot / es / c->n;
         for (size_t off = 0; off < count; off += per) {
             size_t k = count - off < per ? count - off : per;
@@ -776,7 +855,9 @@ extern "C" ncclResult_t ncclBroadcast(const void *send, void *recv, size_t count
     if (root < 0 || root >= c->n) return ncclInvalidArgument;
     const char *sa = c->rank == root ? dev_alias(send, count * es, "ncclBroadcast send") : nullptr;
     char *ra = dev_alias(recv, count * es, "ncclBroadcast recv");
-    return submit(c, s, "ncclBroadcast", [=] {
+    const char *rd = (const char *)recv;
+    std::vector<Flight> mem = {{rd, rd + count * es, true, nullptr}};
+    return submit(c, s, "ncclBroadcast", mem, [=] {
         size_t per = kSlot / es;
         for (size_t off = 0; off < count; off += per) {
             size_t k = count - off < per ? count - off : per;
@@ -842,6 +923,16 @@ bool run_p2p(EmuNccl *c, std::vector<P2p> ops) {
 
 thread_local std::vector<P2p> pending_p2p;
 
+/* The device memory of a batch of sends (read) and receives (written). */
+std::vector<Flight> p2p_memory(const std::vector<P2p> &ops) {
+    std::vector<Flight> mem;
+    for (const P2p &o : ops) {
+        const char *lo = heap.base + (o.buf - heap.alias); /* o.buf is the alias address */
+        mem.push_back({lo, lo + o.bytes, !o.is_send, nullptr});
+    }
+    return mem;
+}
+
 ncclResult_t p2p(bool is_send, const void *buf, size_t count, ncclDataType_t t, int peer,
                  EmuNccl *c, cudaStream_t s) {
     if (!c || peer < 0 || peer >= c->n) return ncclInvalidArgument;
@@ -855,7 +946,8 @@ ncclResult_t p2p(bool is_send, const void *buf, size_t count, ncclDataType_t t, 
         return ncclSuccess;
     }
     std::vector<P2p> one{o};
-    return submit(c, s, is_send ? "ncclSend" : "ncclRecv", [c, one] { return run_p2p(c, one); });
+    return submit(c, s, is_send ? "ncclSend" : "ncclRecv", p2p_memory(one),
+                  [c, one] { return run_p2p(c, one); });
 }
 } // namespace
 
@@ -883,5 +975,6 @@ extern "C" ncclResult_t ncclGroupEnd(void) {
     ops.swap(pending_p2p);
     group_comm = nullptr, group_stream = nullptr;
     if (ops.empty()) return ncclSuccess;
-    return submit(c, s, "ncclSend/Recv group", [c, ops] { return run_p2p(c, ops); });
+    return submit(c, s, "ncclSend/Recv group", p2p_memory(ops),
+                  [c, ops] { return run_p2p(c, ops); });
 }

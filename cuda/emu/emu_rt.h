@@ -72,6 +72,10 @@ void emu_stream_drain(cudaStream_t s);
 void emu_note_launch(void); /* a kernel or GEMM was issued (for EMU_STATS) */
 /* Dies naming the kernel and argument when p is neither null nor device memory. */
 void emu_check_kernel_pointer(const char *kernel, const char *host_fn, int arg, const void *p);
+/* Dies when p is memory an unfinished NCCL operation writes, or (writable) reads: a kernel or
+ * copy that touches it needs a wait (comm_wait, an event) after the operation. */
+void emu_check_in_flight(const char *kernel, const char *host_fn, int arg, const void *p,
+                         int writable);
 
 /* ---- NCCL */
 typedef enum { ncclSuccess = 0, ncclUnhandledCudaError = 1, ncclSystemError = 2,

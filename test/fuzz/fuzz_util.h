@@ -1,8 +1,10 @@
 /* Helpers shared by the fuzz targets whose parsers read files: a private scratch directory
- * (on /dev/shm when there is one, so writing each input is cheap) made once per process. */
+ * (on /dev/shm when there is one, so writing each input is cheap) made once per process and
+ * removed with its files when the process exits. */
 #ifndef UST_FUZZ_UTIL_H
 #define UST_FUZZ_UTIL_H
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -10,14 +12,29 @@
 #include <string.h>
 #include <unistd.h>
 
+static char fuzz_dir_path[256];
+
+static inline void fuzz_dir_remove(void) {
+    DIR *d = opendir(fuzz_dir_path);
+    if (!d) return;
+    char path[512];
+    for (struct dirent *e; (e = readdir(d));)
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            snprintf(path, sizeof path, "%s/%s", fuzz_dir_path, e->d_name);
+            unlink(path);
+        }
+    closedir(d);
+    rmdir(fuzz_dir_path);
+}
+
 static inline const char *fuzz_dir(void) {
-    static char dir[256];
-    if (!dir[0]) {
-        snprintf(dir, sizeof dir, "%s/ust-fuzz-XXXXXX",
+    if (!fuzz_dir_path[0]) {
+        snprintf(fuzz_dir_path, sizeof fuzz_dir_path, "%s/ust-fuzz-XXXXXX",
                  access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp");
-        if (!mkdtemp(dir)) abort();
+        if (!mkdtemp(fuzz_dir_path)) abort();
+        atexit(fuzz_dir_remove);
     }
-    return dir;
+    return fuzz_dir_path;
 }
 
 /* Writes data to fuzz_dir()/name and returns the path (static buffer per slot). */

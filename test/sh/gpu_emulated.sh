@@ -12,7 +12,9 @@
 #   - communication overlaps with computation where the design says (dp buckets during
 #     backward, ZeRO-3 prefetch, ring attention's K/V exchange, pipeline sends);
 #   - the emulator's own checks fire: host code reading device memory, a host buffer given to
-#     NCCL or to a kernel, a copy in the wrong direction, a write past an allocation.
+#     NCCL or to a kernel, a copy in the wrong direction, a write past an allocation, a kernel or
+#     copy touching memory of an unfinished NCCL operation (a missing wait: every layout above
+#     ran under that check).
 # The emulator checks logic: indices, barriers, stream and event order, which pointers live on
 # the device. Speed and hardware behaviour need a GPU (scripts/gpu-check.sh).
 . "$(dirname "$0")/../lib.sh"
@@ -132,6 +134,20 @@ int main(int argc, char **argv) {
     case 'r': return (int)((volatile float *)d)[3];            /* host reads device memory */
     case 'c': cudaMemcpy(d, h, 16, cudaMemcpyDeviceToHost); break; /* wrong direction */
     case 'o': cudaMemset(d, 0, 128); break;                      /* past the allocation */
+    case 'w': case 'm': { /* touching memory an all-reduce still writes: its peer never comes */
+        ncclUniqueId id;
+        ncclComm_t c;
+        cudaStream_t s;
+        ust_err e;
+        ust_ops *o = ops_cuda_create(0, &e);
+        cudaStreamCreateWithFlags(&s, 0);
+        ncclGetUniqueId(&id);
+        ncclCommInitRank(&c, 2, id, 0);
+        ncclAllReduce(d, d, 4, ncclFloat32, ncclSum, c, s);
+        if (argv[1][0] == 'w') o->add(o, d, d, d, 4);
+        else cudaMemcpy(h, d, 16, cudaMemcpyDeviceToHost);
+        break;
+    }
     case 'k': {                                                  /* host memory to a kernel */
         ust_err e;
         ust_ops *o = ops_cuda_create(0, &e);
@@ -163,7 +179,9 @@ if gcc -std=c11 -D_GNU_SOURCE -DUST_CUDA -I. -Icore -Icuda/emu/include $TMP/misu
         "c|copy_in_the_wrong_direction|the destination is device memory and the source host" \
         "o|write_past_an_allocation|run 64 bytes past their allocation" \
         "n|host_buffer_given_to_nccl|ncclAllReduce send: 0x[0-9a-f]+ is not device memory" \
-        "k|host_buffer_given_to_a_kernel|launched by cu_add: argument 3 .* is host memory"; do
+        "k|host_buffer_given_to_a_kernel|launched by cu_add: argument 3 .* is host memory" \
+        "w|kernel_racing_an_unfinished_allreduce|launched by cu_add: argument 1 .* unfinished ncclAllReduce writes" \
+        "m|copy_racing_an_unfinished_allreduce|cudaMemcpy reads 16 bytes .* unfinished ncclAllReduce writes"; do
         IFS='|' read -r mode what pat <<<"$m"
         out=$($TMP/misuse "$mode" 2>&1)
         rc=$?
@@ -173,6 +191,8 @@ if gcc -std=c11 -D_GNU_SOURCE -DUST_CUDA -I. -Icore -Icuda/emu/include $TMP/misu
             fail "emu_catches_$what" "exit $rc: $(echo "$out" | head -2)"
         fi
     done
+    # the racing cases' communicators never saw their second rank, so never unlinked their segment
+    find /dev/shm -maxdepth 1 -name 'emu-nccl-*' -newer $TMP/misuse -delete 2>/dev/null
 else
     fail emu_misuse_build "$(head -3 $TMP/cc.log)"
 fi
