@@ -7,8 +7,9 @@
 #     run, bf16 close to it but not equal, checkpoints moved between GPU and CPU runs, no
 #     device allocation after the first step;
 #   - the equivalence harness with run.device=cuda over emulated NCCL (dp/ZeRO-1/2/3, tp+sp,
-#     pp 1f1b/interleaved/zb with tied embeddings, cp, ep, tp x pp x cp) against the
-#     single-process CPU run, and a rank's dropped gradients caught on that path too;
+#     pp 1f1b/interleaved/zb with tied embeddings, cp ring/all-gather, ep, tp x pp x cp,
+#     recomputation) against the single-process CPU run, and a rank's dropped gradients caught
+#     on that path too;
 #   - communication overlaps with computation where the design says (dp buckets during
 #     backward, ZeRO-3 prefetch, ring attention's K/V exchange, pipeline sends);
 #   - the emulator's own checks fire: host code reading device memory, a host buffer given to
@@ -55,7 +56,10 @@ EQ="python3 test/tools/equiv.py --ustrain $E/ustrain --steps 4"
 $EQ --name _emu_llama --config $TMP/llama.yaml --layout "run.device=cuda" \
     --layout "dp=2 zero=1 run.device=cuda" --layout "dp=2 zero=3 run.device=cuda" \
     --layout "tp=2 sp=true run.device=cuda" --layout "pp=2 run.device=cuda" \
-    --layout "cp=2 run.device=cuda" --layout "tp=2 pp=2 cp=2 run.device=cuda"
+    --layout "cp=2 run.device=cuda" --layout "tp=2 pp=2 cp=2 run.device=cuda" \
+    --layout "cp=2 parallel.cp_comm=allgather run.device=cuda" \
+    --layout "dp=2 zero=1 train.recompute=full run.device=cuda" \
+    --layout "pp=2 train.recompute=selective run.device=cuda"
 sed -i 's/n_layer: 2/n_layer: 4/' $TMP/gpt2.yaml
 $EQ --name _emu_gpt2 --config $TMP/gpt2.yaml --layout "pp=2 vpp=2 sched=interleaved run.device=cuda" \
     --layout "pp=2 sched=zb dp=2 zero=2 run.device=cuda"
