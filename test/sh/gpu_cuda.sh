@@ -6,17 +6,22 @@
 #     wrong op gives);
 #   - with 2 or more GPUs, the equivalence harness over NCCL: dp/ZeRO, tp+sp, pp and cp on
 #     run.device=cuda (and dp x tp ZeRO-3, tp x pp with 4) against one CPU process.
-# Without a GPU, or in a build without CUDA, it says so on a SKIP line. scripts/gpu-check.sh
-# runs it on a GPU machine.
+# Without a GPU, or in a build without CUDA, it says so on a SKIP line (and checks that a CUDA
+# config is refused there with exit 2). scripts/gpu-check.sh runs it on a GPU machine.
 . "$(dirname "$0")/../lib.sh"
 
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+$UST data demo $TMP/data >/dev/null
+sed -e "s#data/tiny/#$TMP/data/#g" -e "s#runs/tiny#$TMP/run#g" configs/tiny.yaml >$TMP/t.yaml
 if [ "$ngpu" -eq 0 ]; then
+    # the same binary trains CPU configs here (every other test); a CUDA config is a clear
+    # usage error at start-up, whether the build has CUDA (no device or driver) or not
+    expect_exit gpu_cuda_config_without_a_gpu_exits_2 2 \
+        'run.device = cuda: (no CUDA device available|this build has no CUDA backend)' -- \
+        $UST train $TMP/t.yaml --set run.device=cuda --set checkpoint.resume=none
     echo "SKIP gpu_cuda: no GPU here (nvidia-smi lists none); the CUDA code ran on the emulator only (gpu_emulated.sh)"
     exit 0
 fi
-$UST data demo $TMP/data >/dev/null
-sed -e "s#data/tiny/#$TMP/data/#g" -e "s#runs/tiny#$TMP/run#g" configs/tiny.yaml >$TMP/t.yaml
 for dev in cpu cuda; do
     $UST train $TMP/t.yaml --set run.device=$dev --set train.precision=fp32 --set train.steps=10 \
         --set checkpoint.resume=none --set checkpoint.every=0 --set run.out_dir=$TMP/$dev \
