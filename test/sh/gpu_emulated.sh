@@ -76,6 +76,10 @@ $EQ --name _emu_ckpt_cpu --config $TMP/llama.yaml --save-layout "dp=2" --resume-
 $EQ --name _emu_fault --config $TMP/llama.yaml --expect-fail --env UST_FAULT_DP_DROP_GRADS_RANK=1 \
     --layout "dp=2 zero=1 run.device=cuda"
 
+# a machine without a GPU (EMU_GPUS=0): a CUDA config is a usage error at start-up
+EMU_GPUS=0 expect_exit emu_no_device_is_a_clear_error 2 'run.device = cuda: no CUDA device available' -- \
+    $E/ustrain train $TMP/llama.yaml --set run.device=cuda --set checkpoint.resume=none
+
 # bf16 matmuls: close to the fp32 run, but not equal (the precision switch reaches the GEMMs)
 for p in fp32 bf16; do
     $E/ustrain train $TMP/llama.yaml --set run.device=cuda --set train.precision=$p \
