@@ -304,12 +304,14 @@ struct EmuEvent {
 
 /* ---- EMU_STATS: overlap of communication with computation, as the host issued it */
 namespace {
-std::atomic<uint64_t> g_launches{0};
+std::atomic<uint64_t> g_launches{0}, g_host_waits{0};
 struct OverlapStats {
     std::mutex mu;
     std::map<std::string, std::pair<long, long>> by_op; /* waited, overlapped */
     ~OverlapStats() {
         if (!getenv("EMU_STATS")) return;
+        fprintf(stderr, "emu-stats: host waits for a stream %llu\n",
+                (unsigned long long)g_host_waits.load());
         for (auto &kv : by_op)
             fprintf(stderr, "emu-stats: %s waited %ld overlapped %ld\n", kv.first.c_str(),
                     kv.second.first, kv.second.second);
@@ -398,6 +400,7 @@ extern "C" cudaError_t cudaStreamDestroy(cudaStream_t s) {
 }
 
 extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    g_host_waits++;
     emu_stream_drain(s);
     return cudaSuccess;
 }
