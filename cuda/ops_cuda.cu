@@ -219,18 +219,39 @@ static int64_t span_of(int batch, int64_t s, int rows, int cols, int64_t ld) {
 
 /* bf16: rounds both inputs (everything their strided layouts span) into scratch with the same
  * layouts. */
+/* n floats of src rounded to bf16 into scratch slot `slot`. */
+static __nv_bfloat16 *to_bf16(const ust_ops *o, int slot, const float *src, int64_t n) {
+    __nv_bfloat16 *dst = (__nv_bfloat16 *)cuda_scratch(o, slot, (size_t)n * 2);
+    k_to_bf16<<<grid_for(n, EW_THREADS), EW_THREADS, 0, STREAM(o)>>>(dst, src, n);
+    CK_LAUNCH();
+    return dst;
+}
+
 static void bf16_inputs(const ust_ops *o, const float *A, int64_t lda, int64_t sA, const float *B,
                         int64_t ldb, int64_t sB, int M, int N, int K, int tA, int tB, int batch,
                         __nv_bfloat16 **a16, __nv_bfloat16 **b16) {
+    *a16 = to_bf16(o, SCR_A, A, span_of(batch, sA, tA ? K : M, tA ? M : K, lda));
+    *b16 = to_bf16(o, SCR_B, B, span_of(batch, sB, tB ? N : K, tB ? K : N, ldb));
+}
+
+/* The GEMM of bf16 inputs already rounded (see gemm_epilogue): cuBLASLt, with the bias epilogue
+ * when asked, else cublasGemmStridedBatchedEx. Returns 1 when the bias was added. */
+static int gemm16(const ust_ops *o, float *C, int64_t ldc, int64_t sC, const __nv_bfloat16 *a16,
+                  int64_t lda, int64_t sA, const __nv_bfloat16 *b16, int64_t ldb, int64_t sB, int M,
+                  int N, int K, int tA, int tB, float alpha, float beta, int batch,
+                  const float *bias) {
     cuda_impl *im = CUDA_IMPL(o);
-    int64_t nA = span_of(batch, sA, tA ? K : M, tA ? M : K, lda);
-    int64_t nB = span_of(batch, sB, tB ? N : K, tB ? K : N, ldb);
-    *a16 = (__nv_bfloat16 *)cuda_scratch(o, SCR_A, (size_t)nA * 2);
-    *b16 = (__nv_bfloat16 *)cuda_scratch(o, SCR_B, (size_t)nB * 2);
-    k_to_bf16<<<grid_for(nA, EW_THREADS), EW_THREADS, 0, im->stream>>>(*a16, A, nA);
-    CK_LAUNCH();
-    k_to_bf16<<<grid_for(nB, EW_THREADS), EW_THREADS, 0, im->stream>>>(*b16, B, nB);
-    CK_LAUNCH();
+    cublasOperation_t opA = tA ? CUBLAS_OP_T : CUBLAS_OP_N, opB = tB ? CUBLAS_OP_T : CUBLAS_OP_N;
+    if (lt_gemm(o, C, ldc, sC, a16, lda, sA, b16, ldb, sB, M, N, K, tA, tB, alpha, beta, batch,
+                bias, NULL) == 0)
+        return bias != NULL;
+    if (bias && lt_gemm(o, C, ldc, sC, a16, lda, sA, b16, ldb, sB, M, N, K, tA, tB, alpha, beta,
+                        batch, NULL, NULL) == 0)
+        return 0; /* cuBLASLt runs the GEMM, only not with this epilogue */
+    CKB(cublasGemmStridedBatchedEx(im->blas, opB, opA, N, M, K, &alpha, b16, CUDA_R_16BF, (int)ldb,
+                                   sB, a16, CUDA_R_16BF, (int)lda, sA, &beta, C, CUDA_R_32F,
+                                   (int)ldc, sC, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return 0;
 }
 
 /* cuda_gemm, and with bias != NULL (batch 1, beta 0) C[i][j] += bias[j] fused into the bf16
@@ -265,16 +286,8 @@ static int gemm_epilogue(const ust_ops *o, float *C, int64_t ldc, int64_t sC, co
     }
     __nv_bfloat16 *a16, *b16;
     bf16_inputs(o, A, lda, sA, B, ldb, sB, M, N, K, tA, tB, batch, &a16, &b16);
-    if (lt_gemm(o, C, ldc, sC, a16, lda, sA, b16, ldb, sB, M, N, K, tA, tB, alpha, beta, batch,
-                bias, NULL) == 0)
-        return bias != NULL;
-    if (bias && lt_gemm(o, C, ldc, sC, a16, lda, sA, b16, ldb, sB, M, N, K, tA, tB, alpha, beta,
-                        batch, NULL, NULL) == 0)
-        return 0; /* cuBLASLt runs the GEMM, only not with this epilogue */
-    CKB(cublasGemmStridedBatchedEx(im->blas, opB, opA, N, M, K, &alpha, b16, CUDA_R_16BF, (int)ldb,
-                                   sB, a16, CUDA_R_16BF, (int)lda, sA, &beta, C, CUDA_R_32F,
-                                   (int)ldc, sC, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    return 0;
+    return gemm16(o, C, ldc, sC, a16, lda, sA, b16, ldb, sB, M, N, K, tA, tB, alpha, beta, batch,
+                  bias);
 }
 
 void cuda_gemm(const ust_ops *o, float *C, int64_t ldc, int64_t sC, const float *A, int64_t lda,
@@ -410,8 +423,18 @@ static void cu_linear_fwd(const ust_ops *o, float *out, const float *inp, const 
 static void cu_linear_bwd(const ust_ops *o, float *dinp, float *dw, float *dbias,
                           const float *dout, const float *inp, const float *w, int N, int C,
                           int OC, int acc_dinp) {
-    if (dinp) gemm(o, dinp, dout, w, N, C, OC, 0, 0, 1.0f, acc_dinp ? 1.0f : 0.0f, 1, 0, 0, 0);
-    if (dw) gemm(o, dw, dout, inp, OC, C, N, 1, 0, 1.0f, 1.0f, 1, 0, 0, 0);
+    if (CUDA_IMPL(o)->bf16 && dinp && dw && N > 0 && C > 0 && OC > 0) {
+        /* dout feeds both GEMMs: rounded to bf16 once (the largest input, e.g. the logits'
+         * gradient), then w and inp in turn */
+        __nv_bfloat16 *d16 = to_bf16(o, SCR_A, dout, (int64_t)N * OC);
+        gemm16(o, dinp, C, 0, d16, OC, 0, to_bf16(o, SCR_B, w, (int64_t)OC * C), C, 0, N, C, OC,
+               0, 0, 1.0f, acc_dinp ? 1.0f : 0.0f, 1, NULL);
+        gemm16(o, dw, C, 0, d16, OC, 0, to_bf16(o, SCR_B, inp, (int64_t)N * C), C, 0, OC, C, N, 1,
+               0, 1.0f, 1.0f, 1, NULL);
+    } else {
+        if (dinp) gemm(o, dinp, dout, w, N, C, OC, 0, 0, 1.0f, acc_dinp ? 1.0f : 0.0f, 1, 0, 0, 0);
+        if (dw) gemm(o, dw, dout, inp, OC, C, N, 1, 0, 1.0f, 1.0f, 1, 0, 0, 0);
+    }
     if (dbias) colred(o, MODE_BIAS, dbias, NULL, dout, NULL, NULL, NULL, N, OC);
 }
 

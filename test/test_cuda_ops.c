@@ -278,6 +278,49 @@ static void test_cuda_bf16_linear_bias_matches_cpu(void) {
     gfree(dx_), gfree(dw_), gfree(db_), gfree(dy_);
 }
 
+/* bf16 backward of a linear (dout rounded once for both GEMMs): dinp (overwritten and +=) and dw
+ * (+=) within the bound bf16 rounding of their inputs allows, against fp32 sums on the host. */
+static void test_cuda_bf16_linear_bwd_within_bf16_rounding(void) {
+    if (fake) return;
+    const int N = 33, C = 40, OC = 56;
+    float *x = hrand(N * C, 1), *w = hrand(OC * C, 1), *dout = hrand(N * OC, 1);
+    float *gx = gup(x, N * C), *gw = gup(w, OC * C), *gd = gup(dout, N * OC);
+    for (int acc = 0; acc < 2; acc++) {
+        float *dinp = hrand(N * C, 1), *dw = hrand(OC * C, 1);
+        float *gdinp = gup(dinp, N * C), *gdw = gup(dw, OC * C);
+        ops_cuda_set_bf16(GPU, 1);
+        GPU->linear_bwd(GPU, gdinp, gdw, NULL, gd, gx, gw, N, C, OC, acc);
+        ops_cuda_set_bf16(GPU, 0);
+        float *hi = gdown(gdinp, N * C), *hw = gdown(gdw, OC * C);
+        double worst = 0;
+        for (int i = 0; i < N; i++)
+            for (int c = 0; c < C; c++) {
+                double ref = acc ? dinp[i * C + c] : 0.0, mag = fabs(ref);
+                for (int k = 0; k < OC; k++) {
+                    ref += (double)dout[i * OC + k] * w[k * C + c];
+                    mag += fabs((double)dout[i * OC + k] * w[k * C + c]);
+                }
+                double e = fabs(hi[i * C + c] - ref) / (1.5 * mag / 256.0 + 1e-6);
+                worst = e > worst ? e : worst;
+            }
+        for (int k = 0; k < OC; k++)
+            for (int c = 0; c < C; c++) {
+                double ref = dw[k * C + c], mag = fabs(ref);
+                for (int i = 0; i < N; i++) {
+                    ref += (double)dout[i * OC + k] * x[i * C + c];
+                    mag += fabs((double)dout[i * OC + k] * x[i * C + c]);
+                }
+                double e = fabs(hw[k * C + c] - ref) / (1.5 * mag / 256.0 + 1e-6);
+                worst = e > worst ? e : worst;
+            }
+        CHECK(worst <= 1.0, "bf16 linear_bwd (acc %d): error %.3g of the bf16 bound", acc, worst);
+        free(dinp), free(dw), free(hi), free(hw);
+        gfree(gdinp), gfree(gdw);
+    }
+    free(x), free(w), free(dout);
+    gfree(gx), gfree(gw), gfree(gd);
+}
+
 /* gpt2's MLP up-projection + gelu: in fp32 like linear_fwd then gelu_fwd on the CPU; under bf16
  * (the cuBLASLt GELU epilogue when OC is a multiple of 8, the separate kernels otherwise) the
  * pre-activation within bf16 rounding of the CPU's and the activation gelu of it. */
@@ -871,6 +914,7 @@ int main(void) {
     RUN_TEST(test_cuda_linear_fwd_bwd_match_cpu);
     RUN_TEST(test_cuda_bf16_linear_bias_matches_cpu);
     RUN_TEST(test_cuda_linear_gelu_matches_cpu_fp32_and_bf16);
+    RUN_TEST(test_cuda_bf16_linear_bwd_within_bf16_rounding);
     RUN_TEST(test_cuda_embedding_matches_cpu_vocab_slice_positions_repeats);
     RUN_TEST(test_cuda_layernorm_and_rmsnorm_match_cpu);
     RUN_TEST(test_cuda_gelu_swiglu_match_cpu);
