@@ -354,7 +354,9 @@ static void test_cuda_linear_gelu_matches_cpu_fp32_and_bf16(void) {
                 gworst = ge > gworst ? ge : gworst;
             }
         CHECK(worst <= 1.0, "bf16 OC=%d: pre-activation error %.3g of the bf16 bound", OC, worst);
-        CHECK(gworst <= 1e-5, "bf16 OC=%d: activation differs from gelu(pre-activation) by %.3g",
+        /* 2e-3: cuBLASLt's GELU may approximate differently from the tanh form (they differ by
+         * < 1e-3); a wrong epilogue (no gelu, or pre-activations not kept) is off by ~0.1-1 */
+        CHECK(gworst <= 2e-3, "bf16 OC=%d: activation differs from gelu(pre-activation) by %.3g",
               OC, gworst);
         free(x), free(w), free(b), free(up), free(act), free(u), free(a);
         gfree(gx), gfree(gw), gfree(gb), gfree(gup_), gfree(gact);
