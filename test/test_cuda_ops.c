@@ -273,7 +273,8 @@ static void test_cuda_bf16_linear_bias_matches_cpu(void) {
             moved = d > moved ? d : moved;
         }
     CHECK(worst <= 1.0, "bf16 linear with bias: error %.3g of the bf16 bound", worst);
-    CHECK(moved <= 1e-5, "the bias moved the output by up to %.3g less or more than itself", moved);
+    /* 1e-4: the two GEMMs may reassociate differently; a missing bias is off by ~0.5 */
+    CHECK(moved <= 1e-4, "the bias moved the output by up to %.3g less or more than itself", moved);
     free(x), free(w), free(b), free(y), free(with), free(without);
     gfree(dx_), gfree(dw_), gfree(db_), gfree(dy_);
 }
