@@ -1,6 +1,6 @@
 /* ops_cuda: the CUDA backend of ops.h (kernels in cuda/, GEMMs through cuBLAS/cuBLASLt).
  * Contract: ops_cuda_create binds one GPU, makes one compute stream and enqueues every op on
- * it; to_host, sum, sumsq and sync wait for it. Storage is fp32 everywhere; with bf16 on, every
+ * it; to_host, sum, sumsq(_many) and sync wait for it. Storage is fp32 everywhere; with bf16 on, every
  * GEMM (matmul, matmul_batched, linear_fwd/bwd, and the GEMMs of the default attention path)
  * rounds its inputs to bf16 and accumulates in fp32 (cuBLASLt, CUBLAS_COMPUTE_32F); every other
  * op (softmax and log-sum-exp included) stays fp32.
