@@ -1,9 +1,9 @@
 /* ops_cuda: the CUDA backend of ops.h (kernels in cuda/, GEMMs through cuBLAS/cuBLASLt).
  * Contract: ops_cuda_create binds one GPU, makes one compute stream and enqueues every op on
- * it; to_host, sum, sumsq(_many) and sync wait for it. Storage is fp32 everywhere; with bf16 on, every
- * GEMM (matmul, matmul_batched, linear_fwd/bwd, and the GEMMs of the default attention path)
- * rounds its inputs to bf16 and accumulates in fp32 (cuBLASLt, CUBLAS_COMPUTE_32F); every other
- * op (softmax and log-sum-exp included) stays fp32.
+ * it; to_host, sum, sumsq(_many) and sync wait for it. Storage is fp32 everywhere; with bf16
+ * on, every GEMM (matmul, matmul_batched, linear_fwd/bwd, linear_gelu_fwd, and the GEMMs of the
+ * default attention path) rounds its inputs to bf16 and accumulates in fp32 (cuBLASLt,
+ * CUBLAS_COMPUTE_32F); every other op (softmax and log-sum-exp included) stays fp32.
  * Attention runs as cuBLAS GEMMs over chunks of materialized scores (default), or with
  * UST_CUDA_ATTENTION=flash as tiled flash-style kernels that keep nothing of size T x T;
  * UST_CUDA_ATTENTION_CHUNK=N fixes the queries per chunk of the GEMM path (both read at create).
