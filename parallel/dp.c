@@ -43,9 +43,12 @@ struct dp_state {
     int npending;
     int *bucket_lo; /* stage 0: 1 where a unit closes a bucket (its lowest) */
     float *scalar;  /* four floats for the scalar all-reduces */
-    ops_segment *seg; /* per parameter: the multi-tensor ops' segments (norm, optimizer) */
-    int *seg_param;   /* the parameter of each segment */
+    /* the multi-tensor ops' segments: every piece this rank holds, fixed at creation; the first
+     * nseg_norm (replicas left out) make the gradient norm, all nseg the optimizer step */
+    ops_segment *seg;
+    int *seg_param; /* the parameter of each segment */
     double *seg_sumsq;
+    int nseg, nseg_norm;
     uint64_t bytes_at_step_start;
 };
 
@@ -98,6 +101,29 @@ static int64_t piece(const dp_state *d, int i, int part, int64_t *a, int64_t *b)
 }
 
 /* ------------------------------------------------------------------ set-up */
+
+/* The pieces of every parameter this rank holds (whole or its partition) as segments of the
+ * parameter, gradient and moment buffers, non-replicas first (d->seg, d->nseg, d->nseg_norm). */
+static void make_segments(dp_state *d) {
+    const ust_config *c = d->cfg;
+    int part = d->stage >= 1;
+    for (int replicas = 0; replicas < 2; replicas++) {
+        for (int i = 0; i < model_num_params(d->m); i++) {
+            const model_param *q = model_param_at(d->m, i);
+            int u = model_param_unit(d->m, i);
+            int64_t a, b, t0 = piece(d, i, part, &a, &b);
+            if (b <= a || !!q->replica != replicas) continue;
+            d->seg[d->nseg] = (ops_segment){
+                .p = at(d, BUF_PARAMS, u, t0 + a) - buf_base(d, BUF_PARAMS),
+                .g = at(d, BUF_GRADS, u, t0 + a) - buf_base(d, BUF_GRADS),
+                .m = at(d, BUF_M, u, t0 + a) - buf_base(d, BUF_M), /* BUF_V: the same layout */
+                .n = b - a,
+                .wd = q->decay ? (float)c->optimizer.weight_decay : 0.0f};
+            d->seg_param[d->nseg++] = i;
+        }
+        if (!replicas) d->nseg_norm = d->nseg;
+    }
+}
 
 model_storage dp_model_storage(const ust_config *cfg, int dp_size) {
     int stage = cfg->optimizer.zero_stage;
@@ -192,6 +218,7 @@ int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_are
     d->seg_param = calloc(np ? np : 1, sizeof *d->seg_param);
     d->seg_sumsq = calloc(np ? np : 1, sizeof *d->seg_sumsq);
     UST_ASSERT(d->seg && d->seg_param && d->seg_sumsq, "out of memory");
+    make_segments(d);
     make_buckets(d);
     const char *fault = getenv("UST_FAULT_DP_DROP_GRADS_RANK");
     d->drop_grads = fault && atoi(fault) == d->rank && d->n > 1;
@@ -386,36 +413,15 @@ double dp_sum(dp_state *d, double x) {
     return x;
 }
 
-/* The pieces of every parameter this rank holds (whole or its partition), as segments of the
- * parameter, gradient and moment buffers for the multi-tensor ops; replicas left out when
- * skip_replicas. Returns their count (d->seg, d->seg_param). */
-static int held_segments(dp_state *d, int skip_replicas) {
-    const ust_config *c = d->cfg;
-    int part = d->stage >= 1, k = 0;
-    for (int i = 0; i < model_num_params(d->m); i++) {
-        const model_param *q = model_param_at(d->m, i);
-        int u = model_param_unit(d->m, i);
-        int64_t a, b, t0 = piece(d, i, part, &a, &b);
-        if (b <= a || (skip_replicas && q->replica)) continue;
-        d->seg[k] = (ops_segment){
-            .p = at(d, BUF_PARAMS, u, t0 + a) - buf_base(d, BUF_PARAMS),
-            .g = at(d, BUF_GRADS, u, t0 + a) - buf_base(d, BUF_GRADS),
-            .m = at(d, BUF_M, u, t0 + a) - buf_base(d, BUF_M), /* BUF_V: the same layout */
-            .n = b - a,
-            .wd = q->decay ? (float)c->optimizer.weight_decay : 0.0f};
-        d->seg_param[k++] = i;
-    }
-    return k;
-}
 
 /* Sum of squares over the whole model: the pieces each dp member holds are disjoint; tensors
  * split over the tensor-parallel group are summed over it too, replicated ones counted once;
  * the pipeline stages hold disjoint layers (a tied embedding's copy is not counted). */
 double dp_grad_norm(dp_state *d) {
     double split = 0, repl = 0, experts = 0;
-    int part = d->stage >= 1, k = held_segments(d, 1);
-    d->ops->sumsq_many(d->ops, buf_base(d, BUF_GRADS), d->seg, k, d->seg_sumsq);
-    for (int s = 0; s < k; s++) {
+    int part = d->stage >= 1;
+    d->ops->sumsq_many(d->ops, buf_base(d, BUF_GRADS), d->seg, d->nseg_norm, d->seg_sumsq);
+    for (int s = 0; s < d->nseg_norm; s++) {
         int i = d->seg_param[s], u = model_param_unit(d->m, i);
         double ss = d->seg_sumsq[s];
         *(model_unit_is_expert(d->m, u)       ? &experts
@@ -434,9 +440,8 @@ double dp_grad_norm(dp_state *d) {
 
 void dp_optimizer_step(dp_state *d, double lr, float grad_scale, int64_t step) {
     const ust_config *c = d->cfg;
-    int k = held_segments(d, 0);
     d->ops->adamw_many(d->ops, buf_base(d, BUF_PARAMS), buf_base(d, BUF_GRADS),
-                       buf_base(d, BUF_M), buf_base(d, BUF_V), d->seg, k, (float)lr,
+                       buf_base(d, BUF_M), buf_base(d, BUF_V), d->seg, d->nseg, (float)lr,
                        (float)c->optimizer.beta1, (float)c->optimizer.beta2,
                        (float)c->optimizer.eps, grad_scale, step + 1);
     if (d->stage == 1 || d->stage == 2) { /* everyone needs the whole updated weights */
