@@ -247,6 +247,21 @@ static void test_cuda_linear_fwd_bwd_match_cpu(void) {
     gfree(dx_), gfree(dw_), gfree(db_), gfree(dy_), gfree(gdout), gfree(gd2), gfree(gbb);
 }
 
+/* The largest error of got(N,OC) = x(N,C) @ w(OC,C)^T + b (b may be NULL) against the fp32 ref,
+ * as a fraction of the bound bf16 rounding of x and w allows (<= 1 passes). */
+static double bf16_linear_error(const float *got, const float *ref, const float *x, const float *w,
+                                const float *b, int N, int C, int OC) {
+    double worst = 0;
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < OC; j++) {
+            double mag = b ? fabs(b[j]) : 0.0;
+            for (int k = 0; k < C; k++) mag += fabs((double)x[i * C + k] * w[j * C + k]);
+            double e = fabs(got[i * OC + j] - ref[i * OC + j]) / (mag / 256.0 * 1.5 + 1e-6);
+            worst = e > worst ? e : worst;
+        }
+    return worst;
+}
+
 /* bf16: gpt2's biased linears take the bias in the cuBLASLt epilogue (or, where cuBLASLt has no
  * algorithm, in a separate kernel); either way within bf16 rounding of the fp32 CPU result, and
  * the bias really added (the result moves by it). */
@@ -262,13 +277,9 @@ static void test_cuda_bf16_linear_bias_matches_cpu(void) {
     GPU->linear_fwd(GPU, dy_, dx_, dw_, NULL, N, C, OC);
     float *without = gdown(dy_, N * OC);
     ops_cuda_set_bf16(GPU, 0);
-    double worst = 0, moved = 0;
+    double worst = bf16_linear_error(with, y, x, w, b, N, C, OC), moved = 0;
     for (int i = 0; i < N; i++)
         for (int j = 0; j < OC; j++) {
-            double mag = fabs(b[j]);
-            for (int k = 0; k < C; k++) mag += fabs((double)x[i * C + k] * w[j * C + k]);
-            double err = fabs(with[i * OC + j] - y[i * OC + j]) / (mag / 256.0 * 1.5 + 1e-6);
-            worst = err > worst ? err : worst;
             double d = fabs(with[i * OC + j] - without[i * OC + j] - b[j]);
             moved = d > moved ? d : moved;
         }
@@ -342,13 +353,9 @@ static void test_cuda_linear_gelu_matches_cpu_fp32_and_bf16(void) {
         GPU->linear_gelu_fwd(GPU, gup_, gact, gx, gw, gb, N, C, OC);
         ops_cuda_set_bf16(GPU, 0);
         float *u = gdown(gup_, N * OC), *a = gdown(gact, N * OC);
-        double worst = 0, gworst = 0;
+        double worst = bf16_linear_error(u, up, x, w, b, N, C, OC), gworst = 0;
         for (int i = 0; i < N; i++)
             for (int j = 0; j < OC; j++) {
-                double mag = fabs(b[j]);
-                for (int k = 0; k < C; k++) mag += fabs((double)x[i * C + k] * w[j * C + k]);
-                double e = fabs(u[i * OC + j] - up[i * OC + j]) / (mag / 256.0 * 1.5 + 1e-6);
-                worst = e > worst ? e : worst;
                 double z = u[i * OC + j];
                 double g = 0.5 * z * (1.0 + tanh(0.7978845608028654 * (z + 0.044715 * z * z * z)));
                 double ge = fabs(a[i * OC + j] - g);
