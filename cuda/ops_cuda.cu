@@ -906,11 +906,17 @@ typedef struct {
     int seg; /* the segment it belongs to */
 } seg_chunk;
 
-/* Splits the segments into chunks of at most SEG_CHUNK elements (one block each), uploads the
- * list, and returns its count; *dev the device list, *part room for one double per chunk, and
- * the host list in im->chunks_host. */
-static int upload_chunks(const ust_ops *o, const ops_segment *seg, int k, seg_chunk **dev,
-                         double **part) {
+/* The chunk list on the device and the host (same layout: the list, then one double per chunk
+ * for partial sums). */
+typedef struct {
+    int n;
+    seg_chunk *dev, *host;
+    double *dev_part, *host_part;
+} chunk_list;
+
+/* Splits the segments into chunks of at most SEG_CHUNK elements (one block each) and uploads the
+ * list (n = 0: nothing to do). */
+static chunk_list upload_chunks(const ust_ops *o, const ops_segment *seg, int k) {
     cuda_impl *im = CUDA_IMPL(o);
     int64_t nc = 0;
     for (int i = 0; i < k; i++) nc += (seg[i].n + SEG_CHUNK - 1) / SEG_CHUNK;
@@ -930,12 +936,13 @@ static int upload_chunks(const ust_ops *o, const ops_segment *seg, int k, seg_ch
             int64_t n = seg[i].n - a < SEG_CHUNK ? seg[i].n - a : SEG_CHUNK;
             h[c] = (seg_chunk){seg[i].p + a, seg[i].g + a, seg[i].m + a, n, seg[i].wd, i};
         }
-    if (!nc) return 0;
+    chunk_list cl = {(int)nc, NULL, h, NULL, (double *)((char *)h + list)};
+    if (!nc) return cl;
     char *d = (char *)cuda_scratch(o, SCR_M, host);
     CK(cudaMemcpyAsync(d, h, (size_t)nc * sizeof(seg_chunk), cudaMemcpyHostToDevice, im->stream));
-    *dev = (seg_chunk *)d;
-    *part = (double *)(d + list);
-    return (int)nc;
+    cl.dev = (seg_chunk *)d;
+    cl.dev_part = (double *)(d + list);
+    return cl;
 }
 
 __global__ void k_adamw_many(float *p, const float *grad, float *m, float *v, const seg_chunk *ch,
@@ -950,14 +957,12 @@ __global__ void k_adamw_many(float *p, const float *grad, float *m, float *v, co
 static void cu_adamw_many(const ust_ops *o, float *p, const float *grad, float *m, float *v,
                           const ops_segment *seg, int k, float lr, float b1, float b2, float eps,
                           float grad_scale, int64_t t) {
-    seg_chunk *ch;
-    double *part;
-    int nc = upload_chunks(o, seg, k, &ch, &part);
-    if (!nc) return;
+    chunk_list cl = upload_chunks(o, seg, k);
+    if (!cl.n) return;
     float bc1 = (float)(1.0 - pow((double)b1, (double)t));
     float bc2 = (float)(1.0 - pow((double)b2, (double)t));
-    k_adamw_many<<<nc, 256, 0, STREAM(o)>>>(p, grad, m, v, ch, lr, b1, b2, eps, grad_scale, bc1,
-                                            bc2);
+    k_adamw_many<<<cl.n, 256, 0, STREAM(o)>>>(p, grad, m, v, cl.dev, lr, b1, b2, eps, grad_scale,
+                                              bc1, bc2);
     CK_LAUNCH();
 }
 
@@ -978,19 +983,15 @@ __global__ void k_sumsq_many(double *part, const float *grad, const seg_chunk *c
 static void cu_sumsq_many(const ust_ops *o, const float *grad, const ops_segment *seg, int k,
                           double *out) {
     cuda_impl *im = CUDA_IMPL(o);
-    seg_chunk *ch;
-    double *part;
     for (int i = 0; i < k; i++) out[i] = 0.0;
-    int nc = upload_chunks(o, seg, k, &ch, &part);
-    if (!nc) return;
-    k_sumsq_many<<<nc, 256, 0, im->stream>>>(part, grad, ch);
+    chunk_list cl = upload_chunks(o, seg, k);
+    if (!cl.n) return;
+    k_sumsq_many<<<cl.n, 256, 0, im->stream>>>(cl.dev_part, grad, cl.dev);
     CK_LAUNCH();
-    const seg_chunk *h = (const seg_chunk *)im->chunks_host;
-    double *hp = (double *)((char *)im->chunks_host +
-                            ((size_t)nc * sizeof(seg_chunk) + 255) / 256 * 256);
-    CK(cudaMemcpyAsync(hp, part, (size_t)nc * sizeof(double), cudaMemcpyDeviceToHost, im->stream));
+    CK(cudaMemcpyAsync(cl.host_part, cl.dev_part, (size_t)cl.n * sizeof(double),
+                       cudaMemcpyDeviceToHost, im->stream));
     CK(cudaStreamSynchronize(im->stream));
-    for (int c = 0; c < nc; c++) out[h[c].seg] += hp[c];
+    for (int c = 0; c < cl.n; c++) out[cl.host[c].seg] += cl.host_part[c];
 }
 
 /* ---------------------------------------------------------------- elementwise, reductions */
