@@ -154,7 +154,10 @@ $(B)/cuda/emu/emu_rt.o: cuda/emu/emu_rt.cpp
 	$(EMU_CXX) -Wall -Wextra -Werror -c $< -o $@
 $(B)/libustrain.a: $(EMU_OBJ)
 LDLIBS    += -lstdc++
--include $(EMU_OBJ:.o=.d)
+all: $(B)/bench_gpu
+$(B)/bench_gpu: $(B)/cuda/bench_gpu.o $(B)/libustrain.a
+	$(CC) $(LDFLAGS) -o $@ $< $(B)/libustrain.a $(LDLIBS)
+-include $(EMU_OBJ:.o=.d) $(B)/cuda/bench_gpu.d
 endif
 
 # ---- NCCL communicator backend (parallel/comm_nccl.c) ------------------------------------------

@@ -2,8 +2,10 @@
  * Same contract as ops.h (and the CPU backend): q(B,Tq,H,D), k,v(B,Tk,Hkv,D), out(B,Tq,H,D),
  * lse(B,H,Tq); causal visibility by global positions k_pos[j] <= q_pos[i]; GQA; a query that
  * sees no key gets out = 0, lse = -inf; backward accumulates into dq, dk, dv.
- * Two implementations: the default runs the products as cuBLAS GEMMs over chunks of materialized
- * scores (bottom of this file); UST_CUDA_ATTENTION=flash selects the tiled kernels below.
+ * Three implementations, chosen at the bottom of this file (UST_CUDA_ATTENTION, ATT_*): under
+ * bf16 the tensor-core kernels of attention_tc.cu where they have the head dim; otherwise the
+ * products as cuBLAS GEMMs over chunks of materialized scores (below the flash kernels);
+ * UST_CUDA_ATTENTION=flash selects the tiled CUDA-core kernels that come first here.
  *
  * Flash tiling (correctness first, one straightforward scheme for every D <= 256):
  * - Key tiles of 32 keys live in shared memory (rows padded to D+1 floats so that lane j
@@ -368,19 +370,8 @@ __global__ void k_att_merge(float *out, float *lse, const float *out2, const flo
 
 /* ---------------------------------------------------------------- launchers */
 
-/* Dynamic shared memory above the default 48 KiB must be opted into per kernel. */
-template <typename K> static void smem_optin(const ust_ops *o, K kernel, size_t bytes) {
-    cuda_impl *im = CUDA_IMPL(o);
-    UST_ASSERT((int64_t)bytes <= im->smem_optin,
-               "attention needs %zu bytes of shared memory per block, device allows %d (D too large)",
-               bytes, im->smem_optin);
-    if (bytes > 48 * 1024)
-        CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-}
-
-/* Di = dout_i . out_i for every (b, h, i), in scratch slot C. */
-static const float *att_dot(const ust_ops *o, const float *dout, const float *out, int B, int Tq,
-                            int H, int D) {
+const float *cuda_attention_dot(const ust_ops *o, const float *dout, const float *out, int B,
+                                int Tq, int H, int D) {
     int64_t rows = (int64_t)B * Tq * H;
     float *Di = (float *)cuda_scratch(o, SCR_C, (size_t)(rows > 0 ? rows : 1) * sizeof(float));
     if (rows > 0) {
@@ -410,7 +401,7 @@ static void flash_attention_fwd(const ust_ops *o, float *out, float *lse, const 
     float scale = 1.0f / sqrtf((float)D);
     cudaStream_t s = STREAM(o);
 #define FWD(DPL)                                                                                   \
-    smem_optin(o, k_att_fwd<DPL>, smem);                                                           \
+    cuda_smem_optin(o, k_att_fwd<DPL>, smem);                                                           \
     k_att_fwd<DPL><<<(int)blocks, NW * 32, smem, s>>>(out, lse, q, k, v, Tq, Tk, H, Hkv, D, q_pos, \
                                                       k_pos, causal, scale, nqt);                  \
     break;
@@ -433,14 +424,14 @@ static void flash_attention_bwd(const ust_ops *o, float *dq, float *dk, float *d
     if (B <= 0 || Tq <= 0 || Tk <= 0 || H <= 0 || (!dq && !dk && !dv)) return;
     cudaStream_t s = STREAM(o);
     float scale = 1.0f / sqrtf((float)D);
-    const float *Di = att_dot(o, dout, out, B, Tq, H, D);
+    const float *Di = cuda_attention_dot(o, dout, out, B, Tq, H, D);
     if (dq) {
         int nqt = (Tq + QT - 1) / QT;
         int64_t blocks = (int64_t)B * H * nqt;
         UST_ASSERT(blocks < INT_MAX, "attention grid too large (%lld blocks)", (long long)blocks);
         size_t smem = (size_t)(2 * KB * (D + 1) + 2 * QT * D) * sizeof(float);
 #define DQ(DPL)                                                                                    \
-    smem_optin(o, k_att_dq<DPL>, smem);                                                            \
+    cuda_smem_optin(o, k_att_dq<DPL>, smem);                                                            \
     k_att_dq<DPL><<<(int)blocks, NW * 32, smem, s>>>(dq, dout, lse, Di, q, k, v, Tq, Tk, H, Hkv, D, \
                                                      q_pos, k_pos, causal, scale, nqt);            \
     break;
@@ -458,7 +449,7 @@ static void flash_attention_bwd(const ust_ops *o, float *dq, float *dk, float *d
         int64_t blocks = (int64_t)B * Hkv * nkb;
         UST_ASSERT(blocks < INT_MAX, "attention grid too large (%lld blocks)", (long long)blocks);
         size_t smem = (size_t)(4 * KB * (D + 1) + 2 * QTB * D) * sizeof(float);
-        smem_optin(o, k_att_dkdv, smem);
+        cuda_smem_optin(o, k_att_dkdv, smem);
         k_att_dkdv<<<(int)blocks, 32, smem, s>>>(dk, dv, dout, lse, Di, q, k, v, Tq, Tk, H, Hkv, D,
                                                  q_pos, k_pos, causal, scale, nkb);
         CK_LAUNCH();
@@ -570,7 +561,7 @@ static void gemm_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv
     const int G = H / Hkv, nb = G == 1 ? H : 1, qc = att_chunk(o, Tq, nb, Tk);
     const float scale = 1.0f / sqrtf((float)D);
     const int64_t qs = (int64_t)H * D, ks = (int64_t)Hkv * D;
-    const float *Di = att_dot(o, dout, out, B, Tq, H, D);
+    const float *Di = cuda_attention_dot(o, dout, out, B, Tq, H, D);
     size_t bytes = (size_t)nb * qc * Tk * sizeof(float);
     float *P = (float *)cuda_scratch(o, SCR_S, bytes), *dP = (float *)cuda_scratch(o, SCR_P, bytes);
     for (int b = 0; b < B; b++)
@@ -610,15 +601,30 @@ static void gemm_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv
         }
 }
 
+/* Which implementation runs: see ATT_* in cuda_internal.h. */
+static int attention_mode(const ust_ops *o, int D) {
+    const cuda_impl *im = CUDA_IMPL(o);
+    int tc = cuda_attention_tc_supported(D);
+    if (im->attn_mode == ATT_TC || (im->attn_mode == ATT_AUTO && im->bf16))
+        return tc ? ATT_TC : ATT_GEMM;
+    return im->attn_mode == ATT_FLASH ? ATT_FLASH : ATT_GEMM;
+}
+
 void cuda_attention_fwd(const ust_ops *o, float *out, float *lse, const float *q, const float *k,
                         const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
                         const int32_t *q_pos, const int32_t *k_pos, int causal) {
     check_shapes(H, Hkv, D);
     if (B <= 0 || Tq <= 0 || H <= 0) return;
-    if (CUDA_IMPL(o)->attn_flash)
+    switch (attention_mode(o, D)) {
+    case ATT_TC:
+        cuda_attention_tc_fwd(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal);
+        break;
+    case ATT_FLASH:
         flash_attention_fwd(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal);
-    else
+        break;
+    default:
         gemm_attention_fwd(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal);
+    }
 }
 
 void cuda_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv, const float *dout,
@@ -627,12 +633,21 @@ void cuda_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv, const
                         const int32_t *q_pos, const int32_t *k_pos, int causal) {
     check_shapes(H, Hkv, D);
     if (B <= 0 || Tq <= 0 || Tk <= 0 || H <= 0 || (!dq && !dk && !dv)) return;
-    if (CUDA_IMPL(o)->attn_flash)
+    switch (attention_mode(o, D)) {
+    case ATT_TC: {
+        const float *Di = cuda_attention_dot(o, dout, out, B, Tq, H, D);
+        cuda_attention_tc_bwd(o, dq, dk, dv, dout, lse, Di, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos,
+                              k_pos, causal);
+        break;
+    }
+    case ATT_FLASH:
         flash_attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos,
                             k_pos, causal);
-    else
+        break;
+    default:
         gemm_attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos,
                            k_pos, causal);
+    }
 }
 
 void cuda_attention_merge(const ust_ops *o, float *out, float *lse, const float *out2,

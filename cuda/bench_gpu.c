@@ -2,7 +2,10 @@
  * and prints tokens/s and MFU, without the data loader or the step loop of core/train.
  * Usage: bench_gpu [B] [T] [steps] [fp32|bf16] [gpt2-124m|llama-tiny] [peak_tflops]
  * (defaults 8 1024 10 bf16 gpt2-124m 989: dense bf16 of H100/H200 SXM). FLOPs per token are the
- * model's own count (6 N_matmul + 12 L d T). Prints "SKIP bench_gpu: <why>" without a GPU. */
+ * model's own count (6 N_matmul + 12 L d T). Prints "SKIP bench_gpu: <why>" without a GPU.
+ * bench_gpu attention [B] [T] [H] [D] [reps]: one causal attention forward + backward under bf16
+ * with each implementation (UST_CUDA_ATTENTION = tc, gemm, flash), ms and TFLOP/s (causal
+ * FLOPs: 4 B H T^2 D / 2 forward, 2.5x that backward with its recomputation not counted). */
 #include "config.h"
 #include "log.h"
 #include "cuda/ops_cuda.h"
@@ -16,7 +19,67 @@
 #include <string.h>
 #include <time.h>
 
+/* Times `reps` causal forward+backward passes of one attention implementation. */
+static int bench_attention_mode(const char *mode, int B, int T, int H, int D, int reps) {
+    setenv("UST_CUDA_ATTENTION", mode, 1);
+    ust_err e;
+    ust_ops *o = ops_cuda_create(0, &e);
+    unsetenv("UST_CUDA_ATTENTION");
+    if (!o) {
+        printf("SKIP bench_gpu attention: %s\n", e.msg);
+        return 0;
+    }
+    ops_cuda_set_bf16(o, 1);
+    size_t nq = (size_t)B * T * H * D, nl = (size_t)B * H * T;
+    float *buf[8];
+    for (int i = 0; i < 8; i++) buf[i] = o->alloc(o, nq * sizeof(float));
+    float *q = buf[0], *k = buf[1], *v = buf[2], *out = buf[3], *dout = buf[4], *dq = buf[5],
+          *dk = buf[6], *dv = buf[7];
+    float *lse = o->alloc(o, nl * sizeof(float)), *host = malloc(nq * sizeof(float));
+    uint64_t x = 88172645463325252ull;
+    for (int i = 0; i < 5; i++) { /* q, k, v, out (overwritten), dout: uniform [-1, 1) */
+        for (size_t j = 0; j < nq; j++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            host[j] = (float)((x >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+        }
+        o->to_device(o, buf[i], host, nq * sizeof(float));
+    }
+    double fwd_flops = 4.0 * B * H * (double)T * T * D / 2, t[2] = {0, 0};
+    for (int r = -1; r < reps; r++) { /* r = -1: warm-up (scratch, shared-memory opt-in) */
+        double t0 = log_now_s();
+        o->attention_fwd(o, out, lse, q, k, v, B, T, T, H, H, D, NULL, NULL, 1);
+        o->sync(o);
+        double t1 = log_now_s();
+        o->attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, T, T, H, H, D, NULL, NULL, 1);
+        o->sync(o);
+        if (r >= 0) t[0] += t1 - t0, t[1] += log_now_s() - t1;
+    }
+    printf("bench_gpu attention %-5s B=%d T=%d H=%d D=%d: forward %.3f ms (%.1f TFLOP/s), "
+           "backward %.3f ms (%.1f TFLOP/s)\n",
+           mode, B, T, H, D, t[0] / reps * 1e3, fwd_flops * reps / t[0] / 1e12, t[1] / reps * 1e3,
+           2.5 * fwd_flops * reps / t[1] / 1e12);
+    for (int i = 0; i < 8; i++) o->free(o, buf[i]);
+    o->free(o, lse);
+    free(host);
+    o->destroy(o);
+    return 0;
+}
+
+static int bench_attention(int argc, char **argv) {
+    int B = argc > 2 ? atoi(argv[2]) : 8, T = argc > 3 ? atoi(argv[3]) : 1024;
+    int H = argc > 4 ? atoi(argv[4]) : 12, D = argc > 5 ? atoi(argv[5]) : 64;
+    int reps = argc > 6 ? atoi(argv[6]) : 5;
+    if (B <= 0 || T <= 0 || H <= 0 || D <= 0 || reps <= 0) {
+        fprintf(stderr, "usage: bench_gpu attention [B] [T] [H] [D] [reps]\n");
+        return 2;
+    }
+    static const char *const modes[] = {"tc", "gemm", "flash"};
+    for (int i = 0; i < 3; i++) bench_attention_mode(modes[i], B, T, H, D, reps);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "attention") == 0) return bench_attention(argc, argv);
     int B = argc > 1 ? atoi(argv[1]) : 8, T = argc > 2 ? atoi(argv[2]) : 1024;
     int steps = argc > 3 ? atoi(argv[3]) : 10;
     int bf16 = argc > 4 ? strcmp(argv[4], "fp32") != 0 : 1;
@@ -96,8 +159,8 @@ int main(int argc, char **argv) {
     printf(
         "bench_gpu: device memory: arena %.2f GiB, backend scratch %.2f GiB, device used %.2f of "
         "%.2f GiB\n",
-        arena.total / 1073741824.0, dm.backend_bytes / 1073741824.0,
-        dm.device_used / 1073741824.0, dm.device_total / 1073741824.0);
+        arena.total / 1073741824.0, dm.backend_bytes / 1073741824.0, dm.device_used / 1073741824.0,
+        dm.device_total / 1073741824.0);
     double tps = (double)B * T * steps / dt, flops = model_flops_per_token(m) * tps;
     printf(
         "bench_gpu: %d steps in %.3f s: %.1f ms/step, %.0f tokens/s, %.1f TFLOP/s, MFU %.1f%% of "

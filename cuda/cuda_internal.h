@@ -29,7 +29,7 @@ typedef struct {
     size_t lt_ws_bytes;
     void *scratch[6];        /* grow-only device scratch, one slot per use (SCR_*) */
     size_t scratch_bytes[6];
-    int attn_flash;          /* attention by the tiled flash kernels instead of GEMMs */
+    int attn_mode;           /* ATT_*: which attention implementation (UST_CUDA_ATTENTION) */
     int attn_chunk;          /* > 0: queries per chunk of the GEMM attention (else by memory) */
     double *dev_partials;    /* RED_BLOCKS partial sums of sum/sumsq */
     double *host_partials;   /* pinned copy of them */
@@ -37,6 +37,11 @@ typedef struct {
     void *chunks_host;       /* multi-tensor ops: the chunk list and partial sums on the host */
     size_t chunks_host_bytes;
 } cuda_impl;
+
+/* Attention implementations: tensor-core flash kernels under bf16 where the head dim has one
+ * (auto), else GEMMs over materialized scores; each can be forced (tc falls back to GEMMs for
+ * head dims it has no kernel for). */
+enum { ATT_AUTO = 0, ATT_GEMM, ATT_FLASH, ATT_TC };
 
 /* bf16 copies of GEMM inputs (A, B); column-reduction partials and attention's D_i (C);
  * attention scores/probabilities (S) and their gradients (P); the multi-tensor ops' chunk list
@@ -111,6 +116,16 @@ __device__ __forceinline__ float block_max(float v, float *sh) {
     return warp_max(r);
 }
 
+/* Dynamic shared memory above the default 48 KiB must be opted into per kernel. */
+template <typename K> static void cuda_smem_optin(const ust_ops *o, K kernel, size_t bytes) {
+    cuda_impl *im = CUDA_IMPL(o);
+    UST_ASSERT((int64_t)bytes <= im->smem_optin,
+               "attention needs %zu bytes of shared memory per block, device allows %d (D too large)",
+               bytes, im->smem_optin);
+    if (bytes > 48 * 1024)
+        CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+}
+
 /* attention.cu */
 void cuda_attention_fwd(const ust_ops *o, float *out, float *lse, const float *q, const float *k,
                         const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
@@ -119,6 +134,20 @@ void cuda_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv, const
                         const float *out, const float *lse, const float *q, const float *k,
                         const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
                         const int32_t *q_pos, const int32_t *k_pos, int causal);
+/* Di[b,h,i] = dout_i . out_i for every row, in scratch slot C (the backward's correction). */
+const float *cuda_attention_dot(const ust_ops *o, const float *dout, const float *out, int B,
+                                int Tq, int H, int D);
+
+/* attention_tc.cu: the tensor-core kernels (bf16 products, fp32 softmax and accumulators) for
+ * the head dims cuda_attention_tc_supported accepts; the backward takes Di from above. */
+int cuda_attention_tc_supported(int D);
+void cuda_attention_tc_fwd(const ust_ops *o, float *out, float *lse, const float *q,
+                           const float *k, const float *v, int B, int Tq, int Tk, int H, int Hkv,
+                           int D, const int32_t *q_pos, const int32_t *k_pos, int causal);
+void cuda_attention_tc_bwd(const ust_ops *o, float *dq, float *dk, float *dv, const float *dout,
+                           const float *lse, const float *Di, const float *q, const float *k,
+                           const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
+                           const int32_t *q_pos, const int32_t *k_pos, int causal);
 void cuda_attention_merge(const ust_ops *o, float *out, float *lse, const float *out2,
                           const float *lse2, int B, int T, int H, int D);
 

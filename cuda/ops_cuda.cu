@@ -1283,12 +1283,15 @@ extern "C" ust_ops *ops_cuda_create(int device, ust_err *e) {
     if (!o || !im) ust_fatal(UST_EXIT_RUNTIME, "out of memory creating the CUDA backend");
     im->device = device;
     const char *att = getenv("UST_CUDA_ATTENTION"), *chunk = getenv("UST_CUDA_ATTENTION_CHUNK");
-    if (att && strcmp(att, "flash") != 0 && strcmp(att, "gemm") != 0) {
-        ust_errf(e, "UST_CUDA_ATTENTION=%s: expected flash or gemm", att);
+    static const char *const att_names[] = {"auto", "gemm", "flash", "tc"};
+    im->attn_mode = -1;
+    for (int i = 0; i < 4; i++)
+        if (!att || strcmp(att, att_names[i]) == 0) im->attn_mode = att ? i : ATT_AUTO;
+    if (im->attn_mode < 0) {
+        ust_errf(e, "UST_CUDA_ATTENTION=%s: expected auto, gemm, flash or tc", att);
         free(o), free(im);
         return NULL;
     }
-    im->attn_flash = att && strcmp(att, "flash") == 0;
     im->attn_chunk = chunk ? atoi(chunk) : 0;
     CK(cudaDeviceGetAttribute(&im->smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     CK(cudaDeviceGetAttribute(&im->num_sms, cudaDevAttrMultiProcessorCount, device));

@@ -6,10 +6,11 @@
 #      models on both backends, a bf16 tiny-model check,
 #   3. test/sh/gpu_cuda.sh: configs/tiny.yaml for 10 steps on the GPU (fp32) and on the CPU,
 #      per-step losses compared; with 2+ GPUs the equivalence harness over NCCL,
-#   4. the GPT-2 124M benchmark at T=1024 with bf16 matmuls: tokens/s and MFU against 989 TFLOP/s
-#      (H100/H200 SXM dense bf16), through `ustrain bench train` when run.device=cuda is wired
-#      into it, and always through build/bench_gpu (model forward+backward+AdamW directly).
-# Every stage has its own timeout (worst case under 8 min in all); the script goes on after a failure
+#   4. attention alone at GPT-2 shapes with each implementation (ms, TFLOP/s), then the GPT-2 124M
+#      benchmark at T=1024 with bf16 matmuls: tokens/s and MFU against 989 TFLOP/s (H100/H200
+#      SXM dense bf16), through build/bench_gpu (model forward+backward+AdamW directly; again with
+#      the GEMM attention for comparison) and through `ustrain bench train` with run.device=cuda.
+# Every stage has its own timeout (together 8 min, plus 150 s when it builds); it goes on after a failure
 # and exits non-zero at the end if anything failed. Output is meant to be pasted into the issue.
 #
 # scripts/gpu-check.sh --emulate is for machines WITHOUT a GPU: `make emu` builds the project
@@ -78,29 +79,35 @@ if [ "$BUILD" = build ]; then
 fi
 
 stage "GPU op tests ($BUILD/test/test_cuda_ops)"
-timeout 90 $BUILD/test/test_cuda_ops
+timeout 60 $BUILD/test/test_cuda_ops
 rc=$?
 [ $rc -eq 0 ] || { echo "FAIL test_cuda_ops: exit $rc"; fail=1; }
 
 stage "the NCCL backend on this machine's GPUs ($BUILD/test/test_comm, NCCL cases only)"
-UST_TEST_ONLY_NCCL=1 timeout 90 $BUILD/test/test_comm | grep -E '^(FAIL|SKIP|#)'
+UST_TEST_ONLY_NCCL=1 timeout 45 $BUILD/test/test_comm | grep -E '^(FAIL|SKIP|#)'
 rc=${PIPESTATUS[0]}
 [ $rc -eq 0 ] || { echo "FAIL test_comm (NCCL): exit $rc"; fail=1; }
 
 stage "MoE layer on the GPU against the CPU ($BUILD/test/test_moe)"
-timeout 60 $BUILD/test/test_moe
+timeout 30 $BUILD/test/test_moe
 rc=$?
 [ $rc -eq 0 ] || { echo "FAIL test_moe: exit $rc"; fail=1; }
 
 stage "training on the GPU: tiny 10 steps fp32 vs the CPU, multi-GPU equivalence (test/sh/gpu_cuda.sh)"
-timeout 200 bash test/sh/gpu_cuda.sh | tee /tmp/gpu-check-cuda.log
+timeout 120 bash test/sh/gpu_cuda.sh | tee /tmp/gpu-check-cuda.log
 grep -q '^FAIL' /tmp/gpu-check-cuda.log && fail=1
 
-stage "GPT-2 124M, T=1024, bf16 matmuls: $BUILD/bench_gpu"
-timeout 70 $BUILD/bench_gpu 8 1024 10 bf16 gpt2-124m 989
+stage "attention alone at GPT-2 124M shapes, bf16: tensor-core kernels vs GEMMs vs CUDA-core flash"
+timeout 30 $BUILD/bench_gpu attention 8 1024 12 64 5 || { echo "FAIL bench_gpu attention"; fail=1; }
+
+stage "GPT-2 124M, T=1024, bf16 matmuls: $BUILD/bench_gpu (default attention: tensor-core kernels)"
+timeout 60 $BUILD/bench_gpu 8 1024 10 bf16 gpt2-124m 989
 rc=$?
 [ $rc -eq 0 ] || { echo "FAIL bench_gpu bf16: exit $rc"; fail=1; }
-timeout 40 $BUILD/bench_gpu 4 1024 3 fp32 gpt2-124m 989 || { echo "FAIL bench_gpu fp32"; fail=1; }
+echo "-- the same with the GEMM attention, for comparison"
+UST_CUDA_ATTENTION=gemm timeout 40 $BUILD/bench_gpu 8 1024 5 bf16 gpt2-124m 989 ||
+    { echo "FAIL bench_gpu bf16 gemm attention"; fail=1; }
+timeout 35 $BUILD/bench_gpu 4 1024 3 fp32 gpt2-124m 989 || { echo "FAIL bench_gpu fp32"; fail=1; }
 
 if grep -q ops_cuda_create core/train.c cmd/ustrain.c 2>/dev/null; then
     stage "GPT-2 124M, T=1024, bf16: ustrain bench train (run.device=cuda)"

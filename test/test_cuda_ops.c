@@ -504,20 +504,50 @@ typedef struct {
     int B, Tq, Tk, H, Hkv, D, causal;
     int q0, k0; /* positions q0 + i and k0 + j; q0 < 0: none given (indices) */
     int zigzag; /* positions of the second half of q and k jump by 2 T (a zig-zag CP block) */
+    int late;   /* the first `late` keys get positions 1000 later (no query sees them) */
 } att_case;
 
-static int attention_case(const att_case *c) {
+/* Tolerances of one attention implementation; bf16: inputs are rounded to bf16 first for both
+ * backends, so what remains is the kernels' own rounding of P and dS (relative 2^-9 each). */
+typedef struct {
+    double out_a, out_r, lse_a, lse_r, grad_a, grad_r; /* absolute and relative */
+    int bf16;
+} att_tol;
+static const att_tol att_fp32 = {ATOL, 1e-3, ATOL, RTOL, 2 * ATOL, 1e-3, 0};
+static double att_worst_out; /* largest |gpu - cpu| of out over the cases run */
+
+static void round_bf16(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+        memcpy(&x[i], &u, 4);
+    }
+}
+
+static double max_abs_diff(const float *d, const float *ref, int64_t n) {
+    float *h = gdown(d, n);
+    double m = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (!isinf(ref[i])) m = fmax(m, fabs((double)h[i] - ref[i]));
+    free(h);
+    return m;
+}
+
+static int attention_case(const att_case *c, const att_tol *tol) {
     const int B = c->B, Tq = c->Tq, Tk = c->Tk, H = c->H, Hkv = c->Hkv, D = c->D;
     const int64_t nq = (int64_t)B * Tq * H * D, nk = (int64_t)B * Tk * Hkv * D,
                   nl = (int64_t)B * H * Tq;
     int32_t *qp = malloc(Tq * sizeof(int32_t)), *kp = malloc(Tk * sizeof(int32_t));
     for (int i = 0; i < Tq; i++) qp[i] = c->q0 + i + (c->zigzag && i >= Tq / 2 ? 2 * Tq : 0);
-    for (int j = 0; j < Tk; j++) kp[j] = c->k0 + j + (c->zigzag && j >= Tk / 2 ? 2 * Tk : 0);
+    for (int j = 0; j < Tk; j++)
+        kp[j] = c->k0 + j + (c->zigzag && j >= Tk / 2 ? 2 * Tk : 0) + (j < c->late ? 1000 : 0);
     const int32_t *cq = c->q0 >= 0 ? qp : NULL, *ck = c->q0 >= 0 ? kp : NULL;
     int32_t *gqp = c->q0 >= 0 ? gupi(qp, Tq) : NULL, *gkp = c->q0 >= 0 ? gupi(kp, Tk) : NULL;
     float *q = hrand(nq, 1.5f), *k = hrand(nk, 1.5f), *v = hrand(nk, 1), *out = hrand(nq, 1);
     float *lse = hrand(nl, 1), *dout = hrand(nq, 1);
     float *dq = hrand(nq, 1), *dk = hrand(nk, 1), *dv = hrand(nk, 1);
+    if (tol->bf16) round_bf16(q, nq), round_bf16(k, nk), round_bf16(v, nk), round_bf16(dout, nq);
     float *gq = gup(q, nq), *gk = gup(k, nk), *gv = gup(v, nk), *gout = gup(out, nq);
     float *glse = gup(lse, nl), *gdout = gup(dout, nq);
     float *gdq = gup(dq, nq), *gdk = gup(dk, nk), *gdv = gup(dv, nk);
@@ -526,26 +556,27 @@ static int attention_case(const att_case *c) {
     CPU->attention_fwd(CPU, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, cq, ck, c->causal);
     GPU->attention_fwd(GPU, gout, glse, gq, gk, gv, B, Tq, Tk, H, Hkv, D, gqp, gkp, c->causal);
     snprintf(what, sizeof what, "%s: out", c->name);
-    if (!gclose(what, gout, out, nq, ATOL, 1e-3)) goto done;
+    att_worst_out = fmax(att_worst_out, max_abs_diff(gout, out, nq));
+    if (!gclose(what, gout, out, nq, tol->out_a, tol->out_r)) goto done;
     snprintf(what, sizeof what, "%s: lse", c->name);
-    if (!gclose(what, glse, lse, nl, ATOL, RTOL)) goto done;
+    if (!gclose(what, glse, lse, nl, tol->lse_a, tol->lse_r)) goto done;
     CPU->attention_bwd(CPU, dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, cq, ck,
                        c->causal);
     GPU->attention_bwd(GPU, gdq, gdk, gdv, gdout, gout, glse, gq, gk, gv, B, Tq, Tk, H, Hkv, D, gqp,
                        gkp, c->causal);
     snprintf(what, sizeof what, "%s: dq (+=)", c->name);
-    if (!gclose(what, gdq, dq, nq, 2 * ATOL, 1e-3)) goto done;
+    if (!gclose(what, gdq, dq, nq, tol->grad_a, tol->grad_r)) goto done;
     snprintf(what, sizeof what, "%s: dk (+=)", c->name);
-    if (!gclose(what, gdk, dk, nk, 2 * ATOL, 1e-3)) goto done;
+    if (!gclose(what, gdk, dk, nk, tol->grad_a, tol->grad_r)) goto done;
     snprintf(what, sizeof what, "%s: dv (+=)", c->name);
-    if (!gclose(what, gdv, dv, nk, 2 * ATOL, 1e-3)) goto done;
+    if (!gclose(what, gdv, dv, nk, tol->grad_a, tol->grad_r)) goto done;
     /* only dk wanted */
     CPU->attention_bwd(CPU, NULL, dk, NULL, dout, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, cq, ck,
                        c->causal);
     GPU->attention_bwd(GPU, NULL, gdk, NULL, gdout, gout, glse, gq, gk, gv, B, Tq, Tk, H, Hkv, D,
                        gqp, gkp, c->causal);
     snprintf(what, sizeof what, "%s: dk alone", c->name);
-    if (!gclose(what, gdk, dk, nk, 2 * ATOL, 1e-3)) goto done;
+    if (!gclose(what, gdk, dk, nk, tol->grad_a, tol->grad_r)) goto done;
     ok = 1;
 done:
     free(qp), free(kp), free(q), free(k), free(v), free(out), free(lse), free(dout), free(dq);
@@ -558,19 +589,34 @@ done:
 }
 
 static const att_case att_cases[] = {
-    {"causal gqa D16", 2, 37, 37, 4, 2, 16, 1, -1, 0, 0},
-    {"causal D64 later queries", 1, 20, 45, 2, 1, 64, 1, 30, 0, 0},
-    {"cp block, rows that see nothing", 2, 18, 40, 2, 2, 32, 1, 0, 9, 0},
-    {"non-causal D40 Tk70", 1, 19, 70, 3, 3, 40, 0, -1, 0, 0},
-    {"causal D128", 1, 33, 33, 2, 2, 128, 1, -1, 0, 0},
-    {"causal gqa4 D200", 1, 17, 40, 4, 1, 200, 1, 20, 0, 0},
-    {"causal D8 T1", 1, 1, 1, 1, 1, 8, 1, -1, 0, 0},
-    {"causal gqa D64 T130 (many tiles)", 1, 130, 130, 4, 2, 64, 1, -1, 0, 0},
-    {"zig-zag positions, keys reordered", 2, 48, 48, 2, 1, 32, 1, 0, 0, 1},
+    {"causal gqa D16", 2, 37, 37, 4, 2, 16, 1, -1, 0, 0, 0},
+    {"causal D64 later queries", 1, 20, 45, 2, 1, 64, 1, 30, 0, 0, 0},
+    {"cp block, rows that see nothing", 2, 18, 40, 2, 2, 32, 1, 0, 9, 0, 0},
+    {"non-causal D40 Tk70", 1, 19, 70, 3, 3, 40, 0, -1, 0, 0, 0},
+    {"causal D128", 1, 33, 33, 2, 2, 128, 1, -1, 0, 0, 0},
+    {"causal gqa4 D200", 1, 17, 40, 4, 1, 200, 1, 20, 0, 0, 0},
+    {"causal D8 T1", 1, 1, 1, 1, 1, 8, 1, -1, 0, 0, 0},
+    {"causal gqa D64 T130 (many tiles)", 1, 130, 130, 4, 2, 64, 1, -1, 0, 0, 0},
+    {"zig-zag positions, keys reordered", 2, 48, 48, 2, 1, 32, 1, 0, 0, 1, 0},
+};
+#define N_ATT_CASES (sizeof att_cases / sizeof att_cases[0])
+
+/* Shapes the tensor-core kernels tile unevenly: several 64-query and 64-key tiles with ragged
+ * ends, a query block longer than the keys, GQA 4, and every head dim they have. */
+static const att_case att_tc_cases[] = {
+    {"tc causal D128 T150", 1, 150, 150, 2, 2, 128, 1, -1, 0, 0, 0},
+    {"tc non-causal D64 Tq70 Tk100", 2, 70, 100, 2, 1, 64, 0, -1, 0, 0, 0},
+    {"tc causal gqa4 D32 Tq100 Tk36", 1, 100, 36, 4, 1, 32, 1, 64, 0, 0, 0},
+    {"tc causal D16 zig-zag T96", 1, 96, 96, 1, 1, 16, 1, 0, 0, 1, 0},
+    /* the last query (position 64) sees keys 63 and 64 only, the first key of a 64-key tile:
+     * skipping a tile whose first key equals a block's or warp's last query loses half of it */
+    {"tc causal, last query on the first key of a tile", 1, 16, 100, 2, 1, 64, 1, 49, 0, 0, 63},
 };
 
-/* The GPU backend under test is swapped for another configuration of the same device. */
-static int attention_cases_with(const char *env, const char *value) {
+/* The GPU backend under test is swapped for another configuration of the same device, which
+ * runs `cases` (or att_cases) with tolerances tol. */
+static int attention_cases_with(const char *env, const char *value, const att_case *cases,
+                                size_t ncases, const att_tol *tol) {
     ust_ops *saved = GPU, *alt = NULL;
     ust_err e;
     setenv(env, value, 1);
@@ -582,8 +628,7 @@ static int attention_cases_with(const char *env, const char *value) {
     }
     GPU = alt;
     int ok = 1;
-    for (size_t i = 0; ok && i < sizeof att_cases / sizeof att_cases[0]; i++)
-        ok = attention_case(&att_cases[i]);
+    for (size_t i = 0; ok && i < ncases; i++) ok = attention_case(&cases[i], tol);
     GPU = saved;
     alt->destroy(alt);
     return ok;
@@ -591,17 +636,39 @@ static int attention_cases_with(const char *env, const char *value) {
 
 static void test_cuda_attention_flash_kernels_match_cpu(void) {
     if (fake) return;
-    CHECK(attention_cases_with("UST_CUDA_ATTENTION", "flash"), "flash: %s", msg);
+    CHECK(attention_cases_with("UST_CUDA_ATTENTION", "flash", att_cases, N_ATT_CASES, &att_fp32),
+          "flash: %s", msg);
 }
 
 static void test_cuda_attention_gemm_in_query_chunks_matches_cpu(void) {
     if (fake) return;
-    CHECK(attention_cases_with("UST_CUDA_ATTENTION_CHUNK", "7"), "chunks of 7 queries: %s", msg);
+    CHECK(attention_cases_with("UST_CUDA_ATTENTION_CHUNK", "7", att_cases, N_ATT_CASES, &att_fp32),
+          "chunks of 7 queries: %s", msg);
+}
+
+/* The tensor-core kernels (bf16 products) on every case, with bf16-rounded inputs so that the
+ * bound covers only their rounding of P and dS: 2^-9 relative per term, summed over up to 150
+ * keys with cancellation, stays under 1e-2; a wrong fragment layout or mask is off by O(1).
+ * Head dims without a kernel (8, 40, 200) fall back to the GEMM path. The outputs must also
+ * differ from fp32 by more than fp32 rounding: the bf16 kernels ran. */
+static void test_cuda_attention_tensor_core_kernels_match_cpu(void) {
+    if (fake) return;
+    static const att_tol tc = {1e-2, 1e-2, 1e-3, 1e-3, 2e-2, 2e-2, 1};
+    att_worst_out = 0;
+    CHECK(attention_cases_with("UST_CUDA_ATTENTION", "tc", att_cases, N_ATT_CASES, &tc), "tc: %s",
+          msg);
+    CHECK(attention_cases_with("UST_CUDA_ATTENTION", "tc", att_tc_cases,
+                               sizeof att_tc_cases / sizeof att_tc_cases[0], &tc),
+          "tc: %s", msg);
+    CHECK(att_worst_out > 1e-5, "tc: largest |out - cpu| %.3g: no bf16 rounding of P seen",
+          att_worst_out);
+    printf("  tensor-core attention: largest |out - cpu| %.3g (bound 1e-2 + 1e-2 |cpu|)\n",
+           att_worst_out);
 }
 
 static void test_cuda_attention_matches_cpu_causal_gqa_masks_and_head_dims(void) {
-    for (size_t i = 0; i < sizeof att_cases / sizeof att_cases[0]; i++)
-        CHECK(attention_case(&att_cases[i]), "%s", msg);
+    for (size_t i = 0; i < N_ATT_CASES; i++)
+        CHECK(attention_case(&att_cases[i], &att_fp32), "%s", msg);
 }
 
 static void test_cuda_attention_merge_matches_cpu(void) {
@@ -931,6 +998,7 @@ int main(void) {
     RUN_TEST(test_cuda_rope_matches_cpu_in_place_and_inverse);
     RUN_TEST(test_cuda_attention_matches_cpu_causal_gqa_masks_and_head_dims);
     RUN_TEST(test_cuda_attention_flash_kernels_match_cpu);
+    RUN_TEST(test_cuda_attention_tensor_core_kernels_match_cpu);
     RUN_TEST(test_cuda_attention_gemm_in_query_chunks_matches_cpu);
     RUN_TEST(test_cuda_attention_merge_matches_cpu);
     RUN_TEST(test_cuda_xent_matches_cpu_padding_ignored_targets_aliasing);

@@ -175,6 +175,12 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) {
     b.x = (uint16_t)(u >> 16);
     return b;
 }
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.x; }
+inline float __uint_as_float(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 inline float emu_bf2f(__nv_bfloat16 b) {
     uint32_t u = (uint32_t)b.x << 16;
     float f;

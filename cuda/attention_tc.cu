@@ -1,0 +1,571 @@
+/* attention_tc: flash attention on tensor cores, the default attention of bf16 runs for head
+ * dims 16, 32, 64 and 128. Same contract as ops.h: causal visibility by global positions, GQA,
+ * fully masked rows with out = 0 and lse = -inf, backward accumulating into dq, dk, dv.
+ *
+ * Every product is an mma.m16n8k16 with bf16 inputs and fp32 accumulation, the precision of the
+ * bf16 GEMM path: q, k, v, dout, the probabilities P and dS are rounded to bf16 where they enter
+ * a product; the softmax, lse, Di and all accumulators stay fp32. Nothing of size T x T exists.
+ * - Forward: a block = 4 warps x 16 queries of one (b, h); 64-key tiles of K and V^T in shared
+ *   memory; online softmax in base 2 on the accumulator fragments, whose layout is also the
+ *   A-operand layout of the next product, so P never leaves registers.
+ * - dq: the same geometry with 32-key tiles; P and dS are recomputed from lse.
+ * - dk/dv: a block = 4 warps x 16 keys of one (b, kv head), walking 32-query tiles of every
+ *   query head of its group.
+ * Each output element is written by one thread in a fixed order (no atomics): deterministic.
+ * Tiles that causality hides entirely are skipped by the block, and by a warp for its rows. */
+#include "cuda_internal.h"
+
+#include <cuda_bf16.h>
+#include <limits.h>
+#include <math.h>
+
+#define TC_THREADS 128 /* 4 warps */
+#define TC_BQ 64       /* forward and dq: queries per block (16 per warp) */
+#define TC_FK 64       /* forward: keys per tile */
+#define TC_DQK 32      /* dq: keys per tile */
+#define TC_BKV 64      /* dk/dv: keys per block (16 per warp) */
+#define TC_KVQ 32      /* dk/dv: queries per tile */
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+
+typedef uint32_t u32;
+
+/* ---------------------------------------------------------------- fragments */
+
+/* Two floats as a bf16 pair, the lower column in the low half (the mma operand packing). */
+__device__ __forceinline__ u32 pack2(float lo, float hi) {
+    return (u32)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
+           ((u32)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
+}
+
+__device__ __forceinline__ float bf_lo(u32 x) { return __uint_as_float(x << 16); }
+__device__ __forceinline__ float bf_hi(u32 x) { return __uint_as_float(x & 0xffff0000u); }
+
+/* d(16x8) += a(16x16) b(16x8), bf16 in, fp32 accumulate, in the PTX mma.m16n8k16 fragment layout.
+ * Lane 4g + t holds a = {A[g][2t,2t+1], A[g+8][2t,2t+1], A[g][2t+8,2t+9], A[g+8][2t+8,2t+9]},
+ * b = {B[2t,2t+1][g], B[2t+8,2t+9][g]} and d = {D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]}. */
+__device__ __forceinline__ void mma16816(float d[4], const u32 a[4], const u32 b[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    /* The same product gathered from the fragments by shuffles: for the CPU emulator and GPUs
+     * without bf16 mma. Row g of A lives in lanes 4g..4g+3, column n of B in lanes 4n..4n+3. */
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    for (int tp = 0; tp < 4; tp++) {
+        u32 ar[4], b0[2], b1[2];
+        for (int r = 0; r < 4; r++) ar[r] = __shfl_sync(0xffffffffu, a[r], 4 * g + tp);
+        for (int n = 0; n < 2; n++) {
+            b0[n] = __shfl_sync(0xffffffffu, b[0], 4 * (2 * t + n) + tp);
+            b1[n] = __shfl_sync(0xffffffffu, b[1], 4 * (2 * t + n) + tp);
+        }
+        for (int n = 0; n < 2;
+             n++) { /* k = 2tp, 2tp+1 from a0/a1, b0; 2tp+8, 2tp+9 from a2/a3, b1 */
+            d[n] += bf_lo(ar[0]) * bf_lo(b0[n]) + bf_hi(ar[0]) * bf_hi(b0[n]) +
+                    bf_lo(ar[2]) * bf_lo(b1[n]) + bf_hi(ar[2]) * bf_hi(b1[n]);
+            d[2 + n] += bf_lo(ar[1]) * bf_lo(b0[n]) + bf_hi(ar[1]) * bf_hi(b0[n]) +
+                        bf_lo(ar[3]) * bf_lo(b1[n]) + bf_hi(ar[3]) * bf_hi(b1[n]);
+        }
+    }
+#endif
+}
+
+/* The A fragment of k-step kk (columns 16kk..16kk+15) from the accumulators of n-tiles 2kk and
+ * 2kk+1 of a 16-row result: the accumulator layout is the operand layout. */
+__device__ __forceinline__ void acc_to_a(u32 a[4], const float c0[4], const float c1[4]) {
+    a[0] = pack2(c0[0], c0[1]);
+    a[1] = pack2(c0[2], c0[3]);
+    a[2] = pack2(c1[0], c1[1]);
+    a[3] = pack2(c1[2], c1[3]);
+}
+
+/* A shared-memory bf16 tile of `rows` rows, `stride` bf16 per row (16 bytes of padding past the
+ * data, so the 8 rows x 4 words of a fragment load hit 32 distinct banks), read as words. */
+__device__ __forceinline__ u32 word(const u32 *tile, int stride, int row, int col) {
+    return tile[row * (stride / 2) + col / 2];
+}
+
+/* The B fragment of k-step kk for n-tile nt from a tile whose row n holds column n of B along k
+ * (that is, B^T row-major): b = {T[8nt+g][16kk+2t..], T[8nt+g][16kk+8+2t..]}. */
+__device__ __forceinline__ void load_b(u32 b[2], const u32 *tile, int stride, int nt, int kk) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    b[0] = word(tile, stride, 8 * nt + g, 16 * kk + 2 * t);
+    b[1] = word(tile, stride, 8 * nt + g, 16 * kk + 8 + 2 * t);
+}
+
+/* The A fragment of k-step kk for rows r0..r0+15 of a row-major tile. */
+__device__ __forceinline__ void load_a(u32 a[4], const u32 *tile, int stride, int r0, int kk) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    a[0] = word(tile, stride, r0 + g, 16 * kk + 2 * t);
+    a[1] = word(tile, stride, r0 + g + 8, 16 * kk + 2 * t);
+    a[2] = word(tile, stride, r0 + g, 16 * kk + 8 + 2 * t);
+    a[3] = word(tile, stride, r0 + g + 8, 16 * kk + 8 + 2 * t);
+}
+
+/* The A fragment of k-step kk straight from two fp32 rows in global memory (NULL: zeros). */
+__device__ __forceinline__ void global_a(u32 a[4], const float *row0, const float *row1, int kk) {
+    const int c = 16 * kk + 2 * ((threadIdx.x & 31) & 3);
+    a[0] = row0 ? pack2(row0[c], row0[c + 1]) : 0u;
+    a[1] = row1 ? pack2(row1[c], row1[c + 1]) : 0u;
+    a[2] = row0 ? pack2(row0[c + 8], row0[c + 9]) : 0u;
+    a[3] = row1 ? pack2(row1[c + 8], row1[c + 9]) : 0u;
+}
+
+/* Rows [r0, r0 + n) of x (row r at x + r * rs, D floats) into a shared tile as bf16, row-major
+ * (rows past `valid` become zeros); the whole block takes part. */
+template <int D>
+__device__ __forceinline__ void fill_rows(u32 *tile, const float *x, int64_t rs, int r0, int n,
+                                          int valid) {
+    constexpr int S = D + 8;
+    for (int idx = threadIdx.x; idx < n * (D / 2); idx += blockDim.x) {
+        int r = idx / (D / 2), c = 2 * (idx % (D / 2));
+        const float *p = x + (int64_t)(r0 + r) * rs + c;
+        tile[r * (S / 2) + c / 2] = r0 + r < valid ? pack2(p[0], p[1]) : 0u;
+    }
+}
+
+/* The same rows transposed: tile row d holds column d of the n rows (n + 8 bf16 per row). */
+template <int D>
+__device__ __forceinline__ void fill_cols(u32 *tile, const float *x, int64_t rs, int r0, int n,
+                                          int valid) {
+    const int S = n + 8;
+    for (int idx = threadIdx.x; idx < (n / 2) * D; idx += blockDim.x) {
+        int rp = 2 * (idx / D), d = idx % D; /* consecutive threads read consecutive d */
+        const float *p = x + (int64_t)(r0 + rp) * rs + d;
+        float lo = r0 + rp < valid ? p[0] : 0.0f, hi = r0 + rp + 1 < valid ? p[rs] : 0.0f;
+        tile[d * (S / 2) + rp / 2] = pack2(lo, hi);
+    }
+}
+
+__device__ __forceinline__ int posof_tc(const int32_t *p, int i) { return p ? p[i] : i; }
+
+__device__ __forceinline__ int warp_min_int(int v) {
+    for (int off = 16; off > 0; off >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+}
+__device__ __forceinline__ int warp_max_int(int v) {
+    for (int off = 16; off > 0; off >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, off));
+    return v;
+}
+
+/* Smallest of n positions in shared memory (INT_MAX past the end), per warp, no barrier. */
+__device__ __forceinline__ int tile_min(const int *pos, int n) {
+    int v = INT_MAX;
+    for (int j = threadIdx.x & 31; j < n; j += 32) v = min(v, pos[j]);
+    return warp_min_int(v);
+}
+__device__ __forceinline__ int tile_max(const int *pos, int n) {
+    int v = INT_MIN;
+    for (int j = threadIdx.x & 31; j < n; j += 32) v = max(v, pos[j]);
+    return warp_max_int(v);
+}
+
+/* Max over the 4 lanes of a fragment row group (the lanes sharing g). */
+__device__ __forceinline__ float quad_max(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float quad_sum(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    return v + __shfl_xor_sync(0xffffffffu, v, 2);
+}
+
+/* ---------------------------------------------------------------- forward */
+
+template <int D>
+__global__ void __launch_bounds__(TC_THREADS)
+    k_tc_fwd(float *out, float *lse, const float *q, const float *k, const float *v, int Tq, int Tk,
+             int H, int Hkv, const int32_t *q_pos, const int32_t *k_pos, int causal, float scale2,
+             int nqt) {
+    constexpr int NK = D / 16, ND = D / 8, NT = TC_FK / 8, KS = D + 8, VS = TC_FK + 8;
+    __shared__ u32 ks[TC_FK * KS / 2]; /* K tile, row per key */
+    __shared__ u32 vt[D * VS / 2];     /* V tile transposed, row per dimension */
+    __shared__ int kpos[TC_FK], qpos[TC_BQ];
+    const int qt = nqt - 1 - (int)(blockIdx.x % nqt); /* the longest causal tiles first */
+    const int h = (int)(blockIdx.x / nqt % H), b = (int)(blockIdx.x / nqt / H);
+    const int hk = h / (H / Hkv), w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3, i0 = qt * TC_BQ, r0 = i0 + 16 * w + g, r1 = r0 + 8;
+    const int64_t qs = (int64_t)H * D, kvs = (int64_t)Hkv * D;
+    const float *qb = q + ((int64_t)b * Tq * H + h) * D;
+    const float *kb = k + ((int64_t)b * Tk * Hkv + hk) * D, *vb = v + (kb - k);
+
+    for (int i = threadIdx.x; i < TC_BQ; i += blockDim.x)
+        qpos[i] = i0 + i < Tq ? posof_tc(q_pos, i0 + i) : INT_MIN;
+    u32 qf[NK][4];
+    for (int kk = 0; kk < NK; kk++)
+        global_a(qf[kk], r0 < Tq ? qb + r0 * qs : NULL, r1 < Tq ? qb + r1 * qs : NULL, kk);
+    __syncthreads();
+    const int qp0 = qpos[16 * w + g], qp1 = qpos[16 * w + g + 8];
+    const int qmax_block = tile_max(qpos, TC_BQ), qmax_warp = warp_max_int(max(qp0, qp1));
+
+    float o[ND][4], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+    for (int dt = 0; dt < ND; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
+
+    for (int j0 = 0; j0 < Tk; j0 += TC_FK) {
+        __syncthreads(); /* the previous tile is consumed */
+        for (int j = threadIdx.x; j < TC_FK; j += blockDim.x)
+            kpos[j] = j0 + j < Tk ? posof_tc(k_pos, j0 + j) : INT_MAX;
+        __syncthreads();
+        const int kmin = tile_min(kpos, TC_FK);
+        if (causal && kmin > qmax_block) continue;
+        fill_rows<D>(ks, kb, kvs, j0, TC_FK, Tk);
+        fill_cols<D>(vt, vb, kvs, j0, TC_FK, Tk);
+        __syncthreads();
+        if (causal && kmin > qmax_warp) continue; /* this warp's queries see none of the tile */
+
+        float s[NT][4]; /* S = Q K^T for 16 queries x 64 keys */
+        for (int nt = 0; nt < NT; nt++) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+            for (int kk = 0; kk < NK; kk++) {
+                u32 bf[2];
+                load_b(bf, ks, KS, nt, kk);
+                mma16816(s[nt], qf[kk], bf);
+            }
+        }
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+        for (int nt = 0; nt < NT; nt++)
+            for (int e = 0; e < 4; e++) {
+                int j = 8 * nt + 2 * t + (e & 1), qp = e < 2 ? qp0 : qp1;
+                bool vis = j0 + j < Tk && (!causal || kpos[j] <= qp);
+                s[nt][e] = vis ? s[nt][e] * scale2 : -INFINITY;
+                if (e < 2)
+                    mx0 = fmaxf(mx0, s[nt][e]);
+                else
+                    mx1 = fmaxf(mx1, s[nt][e]);
+            }
+        const float n0 = fmaxf(m0, quad_max(mx0)), n1 = fmaxf(m1, quad_max(mx1));
+        const float base0 = n0 == -INFINITY ? 0.0f : n0, base1 = n1 == -INFINITY ? 0.0f : n1;
+        const float al0 = exp2f(m0 - base0), al1 = exp2f(m1 - base1);
+        m0 = n0, m1 = n1, l0 *= al0, l1 *= al1;
+        for (int nt = 0; nt < NT; nt++) {
+            s[nt][0] = exp2f(s[nt][0] - base0), s[nt][1] = exp2f(s[nt][1] - base0);
+            s[nt][2] = exp2f(s[nt][2] - base1), s[nt][3] = exp2f(s[nt][3] - base1);
+            l0 += s[nt][0] + s[nt][1], l1 += s[nt][2] + s[nt][3];
+        }
+        for (int dt = 0; dt < ND; dt++)
+            o[dt][0] *= al0, o[dt][1] *= al0, o[dt][2] *= al1, o[dt][3] *= al1;
+        for (int kk = 0; kk < TC_FK / 16; kk++) { /* O += P V */
+            u32 pa[4];
+            acc_to_a(pa, s[2 * kk], s[2 * kk + 1]);
+            for (int dt = 0; dt < ND; dt++) {
+                u32 bf[2];
+                load_b(bf, vt, VS, dt, kk);
+                mma16816(o[dt], pa, bf);
+            }
+        }
+    }
+    l0 = quad_sum(l0), l1 = quad_sum(l1);
+    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    float *ob = out + ((int64_t)b * Tq * H + h) * D;
+    for (int dt = 0; dt < ND; dt++) {
+        int c = 8 * dt + 2 * t;
+        if (r0 < Tq) ob[r0 * qs + c] = o[dt][0] * inv0, ob[r0 * qs + c + 1] = o[dt][1] * inv0;
+        if (r1 < Tq) ob[r1 * qs + c] = o[dt][2] * inv1, ob[r1 * qs + c + 1] = o[dt][3] * inv1;
+    }
+    float *lb = lse + ((int64_t)b * H + h) * Tq;
+    if (t == 0 && r0 < Tq) lb[r0] = l0 > 0.0f ? (m0 + log2f(l0)) * LN2 : -INFINITY;
+    if (t == 0 && r1 < Tq) lb[r1] = l1 > 0.0f ? (m1 + log2f(l1)) * LN2 : -INFINITY;
+}
+
+/* ---------------------------------------------------------------- backward: dq */
+
+/* P and dS of one 16 x 8 accumulator tile in place: p = exp2(s scale2 - lse2) where visible,
+ * ds = p (dp - Di). Row e < 2 uses the first row's values. */
+__device__ __forceinline__ void probs_and_ds(float s[4], float dp[4], bool vis[4],
+                                             const float l2[2], const float di[2], float scale2) {
+    for (int e = 0; e < 4; e++) {
+        int r = e >> 1;
+        float p = vis[e] && l2[r] != -INFINITY ? exp2f(s[e] * scale2 - l2[r]) : 0.0f;
+        s[e] = p;
+        dp[e] = p * (dp[e] - di[r]);
+    }
+}
+
+template <int D>
+__global__ void __launch_bounds__(TC_THREADS)
+    k_tc_dq(float *dq, const float *dout, const float *lse, const float *Di, const float *q,
+            const float *k, const float *v, int Tq, int Tk, int H, int Hkv, const int32_t *q_pos,
+            const int32_t *k_pos, int causal, float scale, int nqt) {
+    constexpr int NK = D / 16, ND = D / 8, NT = TC_DQK / 8, KS = D + 8, TS = TC_DQK + 8;
+    __shared__ u32 ks[TC_DQK * KS / 2]; /* K tile, row per key: S = Q K^T */
+    __shared__ u32 vs[TC_DQK * KS / 2]; /* V tile, row per key: dP = dO V^T */
+    __shared__ u32 kt[D * TS / 2];      /* K tile transposed: dQ += dS K */
+    __shared__ int kpos[TC_DQK], qpos[TC_BQ];
+    const int qt = nqt - 1 - (int)(blockIdx.x % nqt);
+    const int h = (int)(blockIdx.x / nqt % H), b = (int)(blockIdx.x / nqt / H);
+    const int hk = h / (H / Hkv), w = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3, i0 = qt * TC_BQ, r0 = i0 + 16 * w + g, r1 = r0 + 8;
+    const int64_t qs = (int64_t)H * D, kvs = (int64_t)Hkv * D;
+    const float scale2 = scale * LOG2E;
+    const float *qb = q + ((int64_t)b * Tq * H + h) * D, *ob = dout + (qb - q);
+    const float *kb = k + ((int64_t)b * Tk * Hkv + hk) * D, *vb = v + (kb - k);
+    const float *lb = lse + ((int64_t)b * H + h) * Tq, *db = Di + (lb - lse);
+
+    for (int i = threadIdx.x; i < TC_BQ; i += blockDim.x)
+        qpos[i] = i0 + i < Tq ? posof_tc(q_pos, i0 + i) : INT_MIN;
+    u32 qf[NK][4], of[NK][4];
+    for (int kk = 0; kk < NK; kk++) {
+        global_a(qf[kk], r0 < Tq ? qb + r0 * qs : NULL, r1 < Tq ? qb + r1 * qs : NULL, kk);
+        global_a(of[kk], r0 < Tq ? ob + r0 * qs : NULL, r1 < Tq ? ob + r1 * qs : NULL, kk);
+    }
+    const float l2[2] = {r0 < Tq ? lb[r0] * LOG2E : -INFINITY,
+                         r1 < Tq ? lb[r1] * LOG2E : -INFINITY};
+    const float di[2] = {r0 < Tq ? db[r0] : 0.0f, r1 < Tq ? db[r1] : 0.0f};
+    __syncthreads();
+    const int qp0 = qpos[16 * w + g], qp1 = qpos[16 * w + g + 8];
+    const int qmax_block = tile_max(qpos, TC_BQ), qmax_warp = warp_max_int(max(qp0, qp1));
+
+    float acc[ND][4];
+    for (int dt = 0; dt < ND; dt++) acc[dt][0] = acc[dt][1] = acc[dt][2] = acc[dt][3] = 0.0f;
+    for (int j0 = 0; j0 < Tk; j0 += TC_DQK) {
+        __syncthreads();
+        for (int j = threadIdx.x; j < TC_DQK; j += blockDim.x)
+            kpos[j] = j0 + j < Tk ? posof_tc(k_pos, j0 + j) : INT_MAX;
+        __syncthreads();
+        const int kmin = tile_min(kpos, TC_DQK);
+        if (causal && kmin > qmax_block) continue;
+        fill_rows<D>(ks, kb, kvs, j0, TC_DQK, Tk);
+        fill_rows<D>(vs, vb, kvs, j0, TC_DQK, Tk);
+        fill_cols<D>(kt, kb, kvs, j0, TC_DQK, Tk);
+        __syncthreads();
+        if (causal && kmin > qmax_warp) continue;
+
+        float s[NT][4], dp[NT][4];
+        for (int nt = 0; nt < NT; nt++) {
+            for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.0f;
+            for (int kk = 0; kk < NK; kk++) {
+                u32 bf[2];
+                load_b(bf, ks, KS, nt, kk);
+                mma16816(s[nt], qf[kk], bf);
+                load_b(bf, vs, KS, nt, kk);
+                mma16816(dp[nt], of[kk], bf);
+            }
+            bool vis[4];
+            for (int e = 0; e < 4; e++) {
+                int j = 8 * nt + 2 * t + (e & 1);
+                vis[e] = j0 + j < Tk && (!causal || kpos[j] <= (e < 2 ? qp0 : qp1));
+            }
+            probs_and_ds(s[nt], dp[nt], vis, l2, di, scale2);
+        }
+        for (int kk = 0; kk < TC_DQK / 16; kk++) { /* dQ += dS K */
+            u32 da[4];
+            acc_to_a(da, dp[2 * kk], dp[2 * kk + 1]);
+            for (int dt = 0; dt < ND; dt++) {
+                u32 bf[2];
+                load_b(bf, kt, TS, dt, kk);
+                mma16816(acc[dt], da, bf);
+            }
+        }
+    }
+    float *qo = dq + ((int64_t)b * Tq * H + h) * D;
+    for (int dt = 0; dt < ND; dt++) {
+        int c = 8 * dt + 2 * t;
+        if (r0 < Tq)
+            qo[r0 * qs + c] += scale * acc[dt][0], qo[r0 * qs + c + 1] += scale * acc[dt][1];
+        if (r1 < Tq)
+            qo[r1 * qs + c] += scale * acc[dt][2], qo[r1 * qs + c + 1] += scale * acc[dt][3];
+    }
+}
+
+/* ---------------------------------------------------------------- backward: dk, dv */
+
+template <int D>
+__global__ void __launch_bounds__(TC_THREADS)
+    k_tc_dkdv(float *dk, float *dv, const float *dout, const float *lse, const float *Di,
+              const float *q, const float *k, const float *v, int Tq, int Tk, int H, int Hkv,
+              const int32_t *q_pos, const int32_t *k_pos, int causal, float scale, int nkt) {
+    constexpr int NK = D / 16, ND = D / 8, NT = TC_KVQ / 8, RS = D + 8, TS = TC_KVQ + 8;
+    extern __shared__ float sm[];
+    u32 *ks = (u32 *)sm;             /* the block's K rows: A operand of S^T = K Q^T */
+    u32 *vs = ks + TC_BKV * RS / 2;  /* its V rows: A operand of dP^T = V dO^T */
+    u32 *qs_ = vs + TC_BKV * RS / 2; /* query tile rows: B of S^T */
+    u32 *os = qs_ + TC_KVQ * RS / 2; /* dout tile rows: B of dP^T */
+    u32 *qt_ = os + TC_KVQ * RS / 2; /* query tile transposed: B of dK += dS^T Q */
+    u32 *ot = qt_ + D * TS / 2;      /* dout tile transposed: B of dV += P^T dO */
+    __shared__ int kpos[TC_BKV], qpos[TC_KVQ];
+    __shared__ float l2s[TC_KVQ], dis[TC_KVQ];
+    const int kt = (int)(blockIdx.x % nkt), hk = (int)(blockIdx.x / nkt % Hkv);
+    const int b = (int)(blockIdx.x / nkt / Hkv), G = H / Hkv;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int j0 = kt * TC_BKV, c0 = j0 + 16 * w + g, c1 = c0 + 8; /* this thread's two keys */
+    const int64_t qst = (int64_t)H * D, kvs = (int64_t)Hkv * D;
+    const float scale2 = scale * LOG2E;
+    const float *kb = k + ((int64_t)b * Tk * Hkv + hk) * D, *vb = v + (kb - k);
+
+    for (int j = threadIdx.x; j < TC_BKV; j += blockDim.x)
+        kpos[j] = j0 + j < Tk ? posof_tc(k_pos, j0 + j) : INT_MAX;
+    fill_rows<D>(ks, kb, kvs, j0, TC_BKV, Tk);
+    fill_rows<D>(vs, vb, kvs, j0, TC_BKV, Tk);
+    __syncthreads();
+    const int kp0 = kpos[16 * w + g], kp1 = kpos[16 * w + g + 8];
+    const int kmin_block = tile_min(kpos, TC_BKV), kmin_warp = warp_min_int(min(kp0, kp1));
+
+    float adk[ND][4], adv[ND][4];
+    for (int dt = 0; dt < ND; dt++)
+        for (int e = 0; e < 4; e++) adk[dt][e] = adv[dt][e] = 0.0f;
+    for (int hq = hk * G; hq < (hk + 1) * G; hq++) {
+        const float *qb = q + ((int64_t)b * Tq * H + hq) * D, *ob = dout + (qb - q);
+        const float *lb = lse + ((int64_t)b * H + hq) * Tq, *db = Di + (lb - lse);
+        for (int i0 = 0; i0 < Tq; i0 += TC_KVQ) {
+            __syncthreads();
+            for (int i = threadIdx.x; i < TC_KVQ; i += blockDim.x) {
+                bool in = i0 + i < Tq;
+                qpos[i] = in ? posof_tc(q_pos, i0 + i) : INT_MIN;
+                l2s[i] = in ? lb[i0 + i] * LOG2E : -INFINITY;
+                dis[i] = in ? db[i0 + i] : 0.0f;
+            }
+            __syncthreads();
+            const int qmax = tile_max(qpos, TC_KVQ);
+            if (causal && qmax < kmin_block) continue;
+            fill_rows<D>(qs_, qb, qst, i0, TC_KVQ, Tq);
+            fill_rows<D>(os, ob, qst, i0, TC_KVQ, Tq);
+            fill_cols<D>(qt_, qb, qst, i0, TC_KVQ, Tq);
+            fill_cols<D>(ot, ob, qst, i0, TC_KVQ, Tq);
+            __syncthreads();
+            if (causal && qmax < kmin_warp) continue;
+
+            float s[NT][4], dp[NT][4]; /* S^T and dP^T: 16 keys x 32 queries */
+            for (int nt = 0; nt < NT; nt++)
+                for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.0f;
+            for (int kk = 0; kk < NK; kk++) {
+                u32 ka[4], va[4];
+                load_a(ka, ks, RS, 16 * w, kk);
+                load_a(va, vs, RS, 16 * w, kk);
+                for (int nt = 0; nt < NT; nt++) {
+                    u32 bf[2];
+                    load_b(bf, qs_, RS, nt, kk);
+                    mma16816(s[nt], ka, bf);
+                    load_b(bf, os, RS, nt, kk);
+                    mma16816(dp[nt], va, bf);
+                }
+            }
+            for (int nt = 0; nt < NT; nt++)
+                for (int e = 0; e < 4; e++) {
+                    int i = 8 * nt + 2 * t + (e & 1);
+                    bool vis = i0 + i < Tq && c0 + 8 * (e >> 1) < Tk &&
+                               (!causal || (e < 2 ? kp0 : kp1) <= qpos[i]);
+                    float p = vis && l2s[i] != -INFINITY ? exp2f(s[nt][e] * scale2 - l2s[i]) : 0.0f;
+                    s[nt][e] = p;
+                    dp[nt][e] = p * (dp[nt][e] - dis[i]);
+                }
+            for (int kk = 0; kk < TC_KVQ / 16; kk++) { /* dV += P^T dO, dK += dS^T Q */
+                u32 pa[4], da[4];
+                acc_to_a(pa, s[2 * kk], s[2 * kk + 1]);
+                acc_to_a(da, dp[2 * kk], dp[2 * kk + 1]);
+                for (int dt = 0; dt < ND; dt++) {
+                    u32 bf[2];
+                    load_b(bf, ot, TS, dt, kk);
+                    mma16816(adv[dt], pa, bf);
+                    load_b(bf, qt_, TS, dt, kk);
+                    mma16816(adk[dt], da, bf);
+                }
+            }
+        }
+    }
+    float *dkb = dk ? dk + ((int64_t)b * Tk * Hkv + hk) * D : NULL;
+    float *dvb = dv ? dv + ((int64_t)b * Tk * Hkv + hk) * D : NULL;
+    for (int dt = 0; dt < ND; dt++) {
+        int c = 8 * dt + 2 * t;
+        for (int e = 0; e < 4; e++) {
+            int key = e < 2 ? c0 : c1, col = c + (e & 1);
+            if (key >= Tk) continue;
+            if (dkb) dkb[key * kvs + col] += scale * adk[dt][e];
+            if (dvb) dvb[key * kvs + col] += adv[dt][e];
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- launchers */
+
+int cuda_attention_tc_supported(int D) { return D == 16 || D == 32 || D == 64 || D == 128; }
+
+static size_t dkdv_smem(int D) {
+    return (size_t)(2 * TC_BKV * (D + 8) + 2 * TC_KVQ * (D + 8) + 2 * D * (TC_KVQ + 8)) * 2;
+}
+
+template <int D>
+static void tc_fwd(const ust_ops *o, float *out, float *lse, const float *q, const float *k,
+                   const float *v, int B, int Tq, int Tk, int H, int Hkv, const int32_t *q_pos,
+                   const int32_t *k_pos, int causal) {
+    int nqt = (Tq + TC_BQ - 1) / TC_BQ;
+    int64_t blocks = (int64_t)B * H * nqt;
+    UST_ASSERT(blocks < INT_MAX, "attention grid too large (%lld blocks)", (long long)blocks);
+    float scale2 = LOG2E / sqrtf((float)D);
+    k_tc_fwd<D><<<(int)blocks, TC_THREADS, 0, STREAM(o)>>>(out, lse, q, k, v, Tq, Tk, H, Hkv, q_pos,
+                                                           k_pos, causal, scale2, nqt);
+    CK_LAUNCH();
+}
+
+template <int D>
+static void tc_bwd(const ust_ops *o, float *dq, float *dk, float *dv, const float *dout,
+                   const float *lse, const float *Di, const float *q, const float *k,
+                   const float *v, int B, int Tq, int Tk, int H, int Hkv, const int32_t *q_pos,
+                   const int32_t *k_pos, int causal) {
+    float scale = 1.0f / sqrtf((float)D);
+    if (dq) {
+        int nqt = (Tq + TC_BQ - 1) / TC_BQ;
+        int64_t blocks = (int64_t)B * H * nqt;
+        UST_ASSERT(blocks < INT_MAX, "attention grid too large (%lld blocks)", (long long)blocks);
+        k_tc_dq<D><<<(int)blocks, TC_THREADS, 0, STREAM(o)>>>(
+            dq, dout, lse, Di, q, k, v, Tq, Tk, H, Hkv, q_pos, k_pos, causal, scale, nqt);
+        CK_LAUNCH();
+    }
+    if (dk || dv) {
+        int nkt = (Tk + TC_BKV - 1) / TC_BKV;
+        int64_t blocks = (int64_t)B * Hkv * nkt;
+        UST_ASSERT(blocks < INT_MAX, "attention grid too large (%lld blocks)", (long long)blocks);
+        size_t smem = dkdv_smem(D);
+        cuda_smem_optin(o, k_tc_dkdv<D>, smem);
+        k_tc_dkdv<D><<<(int)blocks, TC_THREADS, smem, STREAM(o)>>>(
+            dk, dv, dout, lse, Di, q, k, v, Tq, Tk, H, Hkv, q_pos, k_pos, causal, scale, nkt);
+        CK_LAUNCH();
+    }
+}
+
+void cuda_attention_tc_fwd(const ust_ops *o, float *out, float *lse, const float *q, const float *k,
+                           const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
+                           const int32_t *q_pos, const int32_t *k_pos, int causal) {
+    switch (D) {
+    case 16:
+        tc_fwd<16>(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, q_pos, k_pos, causal);
+        break;
+    case 32:
+        tc_fwd<32>(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, q_pos, k_pos, causal);
+        break;
+    case 64:
+        tc_fwd<64>(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, q_pos, k_pos, causal);
+        break;
+    case 128:
+        tc_fwd<128>(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, q_pos, k_pos, causal);
+        break;
+    default:
+        ust_fatal(UST_EXIT_RUNTIME, "tensor-core attention has no kernel for D=%d", D);
+    }
+}
+
+void cuda_attention_tc_bwd(const ust_ops *o, float *dq, float *dk, float *dv, const float *dout,
+                           const float *lse, const float *Di, const float *q, const float *k,
+                           const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
+                           const int32_t *q_pos, const int32_t *k_pos, int causal) {
+#define TC_BWD(DD)                                                                                 \
+    tc_bwd<DD>(o, dq, dk, dv, dout, lse, Di, q, k, v, B, Tq, Tk, H, Hkv, q_pos, k_pos, causal)
+    switch (D) {
+    case 16:
+        TC_BWD(16);
+        break;
+    case 32:
+        TC_BWD(32);
+        break;
+    case 64:
+        TC_BWD(64);
+        break;
+    case 128:
+        TC_BWD(128);
+        break;
+    default:
+        ust_fatal(UST_EXIT_RUNTIME, "tensor-core attention has no kernel for D=%d", D);
+    }
+#undef TC_BWD
+}
