@@ -101,6 +101,19 @@ paste <(grep -o '"loss":[^,]*' $TMP/fp32/m.jsonl | cut -d: -f2) \
          END { if (n == 4 && worst > 0 && worst < 2e-2) print "PASS emu_bf16_close_to_fp32_not_equal";
                else printf "FAIL emu_bf16_close_to_fp32_not_equal: %d steps, worst relative %.3g\n", n, worst }'
 
+# bf16 with context parallelism: each rank's ring attention runs the tensor-core kernels on K/V
+# blocks with global positions (a block a query cannot see, a diagonal block) and merges them by
+# lse; the losses follow the one-GPU bf16 run within bf16 noise
+EMU_GPUS=2 scripts/ustrun --nproc-per-node 2 $E/ustrain train $TMP/llama.yaml --set run.device=cuda \
+    --set train.precision=bf16 --set parallel.cp=2 --set train.steps=4 --set run.out_dir=$TMP/bf16cp \
+    --set checkpoint.dir=$TMP/bf16cp/ckpt --set logging.metrics_file=$TMP/bf16cp/m.jsonl \
+    >$TMP/bf16cp.log 2>&1 || fail emu_train_bf16_cp2 "$(tail -2 $TMP/bf16cp.log)"
+paste <(grep -o '"loss":[^,]*' $TMP/bf16/m.jsonl | cut -d: -f2) \
+    <(grep -o '"loss":[^,]*' $TMP/bf16cp/m.jsonl | cut -d: -f2) |
+    awk 'BEGIN { n = 0; worst = 0 } { n++; d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > worst) worst = r }
+         END { if (n == 4 && worst < 2e-4) printf "PASS emu_bf16_cp2_ring_attention_follows_one_gpu (worst relative %.2g)\n", worst;
+               else printf "FAIL emu_bf16_cp2_ring_attention_follows_one_gpu: %d steps, worst relative %.3g\n", n, worst }'
+
 # memory: the arena and the backend's scratch are reported, and nothing is allocated on the
 # device once the first step has sized the scratch
 grep -qE '^device memory: arena .* backend scratch .* 0 device allocations after the first step' \
