@@ -12,6 +12,7 @@
 #include "mem.h"
 #include "model.h"
 #include "ops.h"
+#include "ops_prof.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -78,6 +79,18 @@ static int bench_attention(int argc, char **argv) {
     return 0;
 }
 
+/* One training step (forward, backward, AdamW at step t) on B x T tokens; returns the mean loss. */
+static double train_step(model *m, const ust_ops *o, const int32_t *in, const int32_t *tgt,
+                         float *mom, float *var, int B, int T, int t) {
+    int64_t ntok = 0, n = model_numel(m);
+    model_zero_grads(m);
+    double loss = model_forward(m, in, tgt, 1.0f / (B * T), &ntok) / (double)ntok;
+    model_backward(m);
+    o->adamw(o, model_params(m), model_grads(m), mom, var, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0f,
+             t);
+    return loss;
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "attention") == 0) return bench_attention(argc, argv);
     int B = argc > 1 ? atoi(argv[1]) : 8, T = argc > 2 ? atoi(argv[2]) : 1024;
@@ -116,17 +129,19 @@ int main(int argc, char **argv) {
         return 0;
     }
     ops_cuda_set_bf16(o, bf16);
+    /* the model runs through the op profiler, off while timing (one indirect call more per op) */
+    ust_ops *po = ops_prof_create(o);
     ust_arena arena;
-    mem_init(&arena, o);
+    mem_init(&arena, po);
     model *m = NULL;
-    if (model_create(&m, &c, o, &arena, &e)) {
+    if (model_create(&m, &c, po, &arena, &e)) {
         fprintf(stderr, "bench_gpu: model_create: %s\n", e.msg);
         return 2;
     }
     model_init_params(m, 1234);
     int64_t n = model_numel(m);
-    float *mom = o->alloc(o, (size_t)n * sizeof(float)),
-          *var = o->alloc(o, (size_t)n * sizeof(float));
+    float *mom = po->alloc(po, (size_t)n * sizeof(float)),
+          *var = po->alloc(po, (size_t)n * sizeof(float));
     int32_t *in = malloc((size_t)B * T * sizeof(int32_t)),
             *tgt = malloc((size_t)B * T * sizeof(int32_t));
     uint64_t x = 88172645463325252ull;
@@ -145,12 +160,7 @@ int main(int argc, char **argv) {
             o->sync(o);
             t0 = log_now_s();
         }
-        int64_t ntok = 0;
-        model_zero_grads(m);
-        loss = model_forward(m, in, tgt, 1.0f / (B * T), &ntok) / (double)ntok;
-        model_backward(m);
-        o->adamw(o, model_params(m), model_grads(m), mom, var, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f,
-                 1.0f, s + 1);
+        loss = train_step(m, po, in, tgt, mom, var, B, T, s + 1);
     }
     o->sync(o);
     double dt = log_now_s() - t0;
@@ -166,12 +176,20 @@ int main(int argc, char **argv) {
         "bench_gpu: %d steps in %.3f s: %.1f ms/step, %.0f tokens/s, %.1f TFLOP/s, MFU %.1f%% of "
         "%.0f TFLOP/s (last loss %.4f)\n",
         steps, dt, dt / steps * 1e3, tps, flops / 1e12, 100.0 * flops / peak, peak / 1e12, loss);
+    const int prof_steps = 2;
+    ops_prof_enable(po, 1);
+    for (int s = 0; s < prof_steps; s++)
+        train_step(m, po, in, tgt, mom, var, B, T, warm + steps + s + 1);
+    printf("bench_gpu: where a step's time goes (%d more steps, each op between two syncs):\n",
+           prof_steps);
+    ops_prof_print(po, stdout, prof_steps);
     free(in);
     free(tgt);
     o->free(o, mom);
     o->free(o, var);
     model_destroy(m);
     mem_release(&arena);
+    po->destroy(po);
     o->destroy(o);
     return 0;
 }

@@ -8,8 +8,9 @@
 #      per-step losses compared; with 2+ GPUs the equivalence harness over NCCL,
 #   4. attention alone at GPT-2 shapes with each implementation (ms, TFLOP/s), then the GPT-2 124M
 #      benchmark at T=1024 with bf16 matmuls: tokens/s and MFU against 989 TFLOP/s (H100/H200
-#      SXM dense bf16), through build/bench_gpu (model forward+backward+AdamW directly; again with
-#      the GEMM attention for comparison) and through `ustrain bench train` with run.device=cuda.
+#      SXM dense bf16), through build/bench_gpu (model forward+backward+AdamW directly, then a
+#      per-op breakdown of a step; again with the GEMM attention for comparison) and through
+#      `ustrain bench train` with run.device=cuda.
 # Every stage has its own timeout (together 8 min, plus 150 s when it builds); it goes on after a failure
 # and exits non-zero at the end if anything failed. Output is meant to be pasted into the issue.
 #

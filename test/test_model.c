@@ -8,6 +8,7 @@
 #include "mem.h"
 #include "model.h"
 #include "ops.h"
+#include "ops_prof.h"
 #include "rng.h"
 #include "test.h"
 
@@ -30,17 +31,20 @@ static void tiny_config(ust_config *c, ust_arch arch) {
 }
 
 typedef struct {
-    ust_ops *ops;
+    ust_ops *ops;   /* what the model calls */
+    ust_ops *inner; /* the CPU backend under the op profiler, or NULL */
     ust_arena arena;
     model *m;
     ust_config cfg;
 } fixture;
 
-static int fixture_make(fixture *f, ust_arch arch, ust_recompute rc) {
+/* A tiny model on the CPU backend, seen through the op profiler when `profiled`. */
+static int fixture_make_on(fixture *f, ust_arch arch, ust_recompute rc, int profiled) {
     ust_err e;
     tiny_config(&f->cfg, arch);
     f->cfg.train.recompute = rc;
-    f->ops = ops_cpu_create(1, 1);
+    f->inner = profiled ? ops_cpu_create(1, 1) : NULL;
+    f->ops = profiled ? ops_prof_create(f->inner) : ops_cpu_create(1, 1);
     mem_init(&f->arena, f->ops);
     if (model_create(&f->m, &f->cfg, f->ops, &f->arena, &e)) {
         fprintf(stderr, "model_create: %s\n", e.msg);
@@ -59,10 +63,15 @@ static int fixture_make(fixture *f, ust_arch arch, ust_recompute rc) {
     return 0;
 }
 
+static int fixture_make(fixture *f, ust_arch arch, ust_recompute rc) {
+    return fixture_make_on(f, arch, rc, 0);
+}
+
 static void fixture_free(fixture *f) {
     model_destroy(f->m);
     mem_release(&f->arena);
     f->ops->destroy(f->ops);
+    if (f->inner) f->inner->destroy(f->inner);
 }
 
 static void tokens(int32_t *in, int32_t *tgt, int V) {
@@ -318,6 +327,59 @@ static void test_full_recompute_gives_identical_gradients(void) {
     check_recompute(ARCH_LLAMA, RECOMPUTE_FULL);
 }
 
+/* ---------------------------------------------------------------- the op profiler */
+
+static int64_t prof_calls(const ust_ops *o, const char *op) {
+    ops_prof_entry e[64];
+    int n = ops_prof_entries(o, e, 64);
+    for (int i = 0; i < n; i++)
+        if (strcmp(e[i].op, op) == 0) return e[i].calls;
+    return 0;
+}
+
+/* The op profiler forwards every call unchanged (bit-identical loss and gradients through it),
+ * counts exactly the ops the model makes while enabled (per layer: one attention forward and
+ * backward, two norms, plus the final norm; gpt2's MLP up-projection fused with its GELU), and
+ * nothing while disabled. */
+static void check_profiler(ust_arch arch) {
+    fixture a, b;
+    CHECK(fixture_make(&a, arch, RECOMPUTE_NONE) == 0 &&
+              fixture_make_on(&b, arch, RECOMPUTE_NONE, 1) == 0,
+          "model_create failed");
+    int32_t in[TB * TT], tgt[TB * TT];
+    tokens(in, tgt, a.cfg.model.vocab_size);
+    ops_prof_enable(b.ops, 1);
+    double la = model_forward(a.m, in, tgt, 1.0f, NULL),
+           lb = model_forward(b.m, in, tgt, 1.0f, NULL);
+    model_backward(a.m);
+    model_backward(b.m);
+    int same = la == lb && memcmp(model_grads(a.m), model_grads(b.m), model_numel(a.m) * 4) == 0;
+    const int L = a.cfg.model.n_layer;
+    const char *norm = arch == ARCH_GPT2 ? "layernorm_fwd" : "rmsnorm_fwd";
+    int64_t att = prof_calls(b.ops, "attention_fwd"), attb = prof_calls(b.ops, "attention_bwd");
+    int64_t norms = prof_calls(b.ops, norm), fused = prof_calls(b.ops, "linear_gelu_fwd");
+    ops_prof_enable(b.ops, 0);
+    model_forward(b.m, in, tgt, 1.0f, NULL);
+    model_backward(b.m);
+    int64_t after = prof_calls(b.ops, "attention_fwd");
+    ops_prof_entry e[64];
+    int n = ops_prof_entries(b.ops, e, 64), sorted = 1;
+    for (int i = 1; i < n; i++) sorted &= e[i].seconds <= e[i - 1].seconds;
+    fixture_free(&a);
+    fixture_free(&b);
+    CHECK(same, "loss or gradients differ through the profiler (%.9g vs %.9g)", la, lb);
+    CHECK(att == L && attb == L && norms == 2 * L + 1, "counted %lld/%lld attention, %lld %s",
+          (long long)att, (long long)attb, (long long)norms, norm);
+    CHECK(fused == (arch == ARCH_GPT2 ? L : 0), "counted %lld linear_gelu_fwd", (long long)fused);
+    CHECK(after == att, "disabled, the profiler still counted (%lld)", (long long)after);
+    CHECK(n > 5 && sorted, "%d entries, sorted %d", n, sorted);
+}
+
+static void test_op_profiler_is_transparent_and_counts_the_model_ops(void) {
+    check_profiler(ARCH_GPT2);
+    check_profiler(ARCH_LLAMA);
+}
+
 static void test_init_is_keyed_by_seed_name_and_index(void) {
     fixture f;
     CHECK(fixture_make(&f, ARCH_LLAMA, RECOMPUTE_NONE) == 0, "model_create failed");
@@ -429,6 +491,7 @@ int main(void) {
     RUN_TEST(test_llama_gradients_match_finite_differences);
     RUN_TEST(test_selective_recompute_gives_identical_gradients);
     RUN_TEST(test_full_recompute_gives_identical_gradients);
+    RUN_TEST(test_op_profiler_is_transparent_and_counts_the_model_ops);
     RUN_TEST(test_init_is_keyed_by_seed_name_and_index);
     RUN_TEST(test_parameter_names_and_shapes_are_canonical);
     RUN_TEST(test_llmc_import_gives_the_reference_loss);

@@ -51,8 +51,9 @@ n=$(grep -c '^PASS comm_w4_nccl' $TMP/comm)
     fail emu_comm_nccl_world4_ran "exit $rc, $n world-4 NCCL cases passed: $(grep -m2 -E '^(FAIL|SKIP)' $TMP/comm)"
 
 # the GPU benchmark's two modes run (their figures mean nothing here): a model's steps end with
-# tokens/s and MFU; the attention benchmark times all three implementations
+# tokens/s and MFU, then the per-op breakdown; the attention benchmark times all three
 $E/bench_gpu 1 32 1 bf16 llama-tiny >$TMP/bench 2>&1 && grep -q 'tokens/s, .* MFU' $TMP/bench &&
+    grep -qE '^attention_bwd +4\.0 ' $TMP/bench && grep -q '^total ' $TMP/bench &&
     pass emu_bench_gpu_model_steps || fail emu_bench_gpu_model_steps "$(tail -3 $TMP/bench)"
 $E/bench_gpu attention 1 70 2 32 1 >$TMP/bench 2>&1 &&
     [ "$(grep -cE '^bench_gpu attention (tc|gemm|flash) .*backward' $TMP/bench)" = 3 ] &&

@@ -1,0 +1,363 @@
+/* ops_prof: see ops_prof.h. One wrapper per ops.h member: time it (when enabled) and forward. */
+#include "ops_prof.h"
+
+#include "error.h"
+#include "log.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Every timed member of ust_ops, in ops.h order. */
+#define PROF_OPS(X)                                                                                \
+    X(to_device)                                                                                   \
+    X(to_host)                                                                                     \
+    X(copy)                                                                                        \
+    X(zero)                                                                                        \
+    X(matmul)                                                                                      \
+    X(matmul_batched)                                                                              \
+    X(linear_fwd)                                                                                  \
+    X(linear_bwd)                                                                                  \
+    X(embedding_fwd)                                                                               \
+    X(embedding_bwd)                                                                               \
+    X(layernorm_fwd)                                                                               \
+    X(layernorm_bwd)                                                                               \
+    X(rmsnorm_fwd)                                                                                 \
+    X(rmsnorm_bwd)                                                                                 \
+    X(gelu_fwd)                                                                                    \
+    X(gelu_bwd)                                                                                    \
+    X(linear_gelu_fwd)                                                                             \
+    X(swiglu_fwd)                                                                                  \
+    X(swiglu_bwd)                                                                                  \
+    X(rope_fwd)                                                                                    \
+    X(rope_bwd)                                                                                    \
+    X(attention_fwd)                                                                               \
+    X(attention_bwd)                                                                               \
+    X(attention_merge)                                                                             \
+    X(xent_fwd_bwd)                                                                                \
+    X(xent_vp_local)                                                                               \
+    X(xent_vp_finish)                                                                              \
+    X(adamw)                                                                                       \
+    X(adamw_many)                                                                                  \
+    X(sumsq_many)                                                                                  \
+    X(add)                                                                                         \
+    X(axpy)                                                                                        \
+    X(scale)                                                                                       \
+    X(sumsq)                                                                                       \
+    X(sum)                                                                                         \
+    X(moe_router_fwd)                                                                              \
+    X(moe_router_bwd)                                                                              \
+    X(moe_gather)                                                                                  \
+    X(moe_combine)                                                                                 \
+    X(moe_gate_grad)
+
+enum {
+#define X(name) P_##name,
+    PROF_OPS(X)
+#undef X
+        P_COUNT
+};
+static const char *const prof_names[P_COUNT] = {
+#define X(name) #name,
+    PROF_OPS(X)
+#undef X
+};
+
+typedef struct {
+    const ust_ops *in;
+    int on;
+    int64_t calls[P_COUNT];
+    double seconds[P_COUNT];
+} prof;
+
+/* Runs `call` on the inner backend `in`; when enabled, between two syncs, its time added to op id.
+ */
+#define TIMED(id, call)                                                                            \
+    do {                                                                                           \
+        prof *p_ = (prof *)o->impl;                                                                \
+        const ust_ops *in = p_->in;                                                                \
+        if (!p_->on) {                                                                             \
+            call;                                                                                  \
+            break;                                                                                 \
+        }                                                                                          \
+        in->sync(in);                                                                              \
+        double t0_ = log_now_s();                                                                  \
+        call;                                                                                      \
+        in->sync(in);                                                                              \
+        p_->seconds[id] += log_now_s() - t0_;                                                      \
+        p_->calls[id]++;                                                                           \
+    } while (0)
+
+static const ust_ops *inner_of(const ust_ops *o) { return ((const prof *)o->impl)->in; }
+
+static void *pf_alloc(const ust_ops *o, size_t bytes) {
+    return inner_of(o)->alloc(inner_of(o), bytes);
+}
+static void pf_free(const ust_ops *o, void *p) { inner_of(o)->free(inner_of(o), p); }
+static void pf_sync(const ust_ops *o) { inner_of(o)->sync(inner_of(o)); }
+
+static void pf_to_device(const ust_ops *o, void *dst, const void *host_src, size_t bytes) {
+    TIMED(P_to_device, in->to_device(in, dst, host_src, bytes));
+}
+static void pf_to_host(const ust_ops *o, void *host_dst, const void *src, size_t bytes) {
+    TIMED(P_to_host, in->to_host(in, host_dst, src, bytes));
+}
+static void pf_copy(const ust_ops *o, void *dst, const void *src, size_t bytes) {
+    TIMED(P_copy, in->copy(in, dst, src, bytes));
+}
+static void pf_zero(const ust_ops *o, void *p, size_t bytes) {
+    TIMED(P_zero, in->zero(in, p, bytes));
+}
+static void pf_matmul(const ust_ops *o, float *C, const float *A, const float *B, int M, int N,
+                      int K, int tA, int tB, float alpha, float beta) {
+    TIMED(P_matmul, in->matmul(in, C, A, B, M, N, K, tA, tB, alpha, beta));
+}
+static void pf_matmul_batched(const ust_ops *o, float *C, const float *A, const float *B, int M,
+                              int N, int K, int tA, int tB, float alpha, float beta, int batch,
+                              int64_t strideA, int64_t strideB, int64_t strideC) {
+    TIMED(P_matmul_batched, in->matmul_batched(in, C, A, B, M, N, K, tA, tB, alpha, beta, batch,
+                                               strideA, strideB, strideC));
+}
+static void pf_linear_fwd(const ust_ops *o, float *out, const float *inp, const float *w,
+                          const float *bias, int N, int C, int OC) {
+    TIMED(P_linear_fwd, in->linear_fwd(in, out, inp, w, bias, N, C, OC));
+}
+static void pf_linear_bwd(const ust_ops *o, float *dinp, float *dw, float *dbias, const float *dout,
+                          const float *inp, const float *w, int N, int C, int OC, int acc_dinp) {
+    TIMED(P_linear_bwd, in->linear_bwd(in, dinp, dw, dbias, dout, inp, w, N, C, OC, acc_dinp));
+}
+static void pf_embedding_fwd(const ust_ops *o, float *out, const int32_t *tok, const int32_t *pos,
+                             const float *wte, const float *wpe, int B, int T, int C, int v_start,
+                             int v_end) {
+    TIMED(P_embedding_fwd, in->embedding_fwd(in, out, tok, pos, wte, wpe, B, T, C, v_start, v_end));
+}
+static void pf_embedding_bwd(const ust_ops *o, float *dwte, float *dwpe, const float *dout,
+                             const int32_t *tok, const int32_t *pos, int B, int T, int C,
+                             int v_start, int v_end) {
+    TIMED(P_embedding_bwd,
+          in->embedding_bwd(in, dwte, dwpe, dout, tok, pos, B, T, C, v_start, v_end));
+}
+static void pf_layernorm_fwd(const ust_ops *o, float *out, float *mean, float *rstd,
+                             const float *inp, const float *w, const float *b, int N, int C,
+                             float eps) {
+    TIMED(P_layernorm_fwd, in->layernorm_fwd(in, out, mean, rstd, inp, w, b, N, C, eps));
+}
+static void pf_layernorm_bwd(const ust_ops *o, float *dinp, float *dw, float *db, const float *dout,
+                             const float *inp, const float *w, const float *mean, const float *rstd,
+                             int N, int C) {
+    TIMED(P_layernorm_bwd, in->layernorm_bwd(in, dinp, dw, db, dout, inp, w, mean, rstd, N, C));
+}
+static void pf_rmsnorm_fwd(const ust_ops *o, float *out, float *rstd, const float *inp,
+                           const float *w, int N, int C, float eps) {
+    TIMED(P_rmsnorm_fwd, in->rmsnorm_fwd(in, out, rstd, inp, w, N, C, eps));
+}
+static void pf_rmsnorm_bwd(const ust_ops *o, float *dinp, float *dw, const float *dout,
+                           const float *inp, const float *w, const float *rstd, int N, int C) {
+    TIMED(P_rmsnorm_bwd, in->rmsnorm_bwd(in, dinp, dw, dout, inp, w, rstd, N, C));
+}
+static void pf_gelu_fwd(const ust_ops *o, float *out, const float *inp, int64_t n) {
+    TIMED(P_gelu_fwd, in->gelu_fwd(in, out, inp, n));
+}
+static void pf_gelu_bwd(const ust_ops *o, float *dinp, const float *inp, const float *dout,
+                        int64_t n) {
+    TIMED(P_gelu_bwd, in->gelu_bwd(in, dinp, inp, dout, n));
+}
+static void pf_linear_gelu_fwd(const ust_ops *o, float *up, float *act, const float *inp,
+                               const float *w, const float *bias, int N, int C, int OC) {
+    TIMED(P_linear_gelu_fwd, in->linear_gelu_fwd(in, up, act, inp, w, bias, N, C, OC));
+}
+static void pf_swiglu_fwd(const ust_ops *o, float *out, const float *gate, const float *up,
+                          int64_t n) {
+    TIMED(P_swiglu_fwd, in->swiglu_fwd(in, out, gate, up, n));
+}
+static void pf_swiglu_bwd(const ust_ops *o, float *dgate, float *dup, const float *dout,
+                          const float *gate, const float *up, int64_t n) {
+    TIMED(P_swiglu_bwd, in->swiglu_bwd(in, dgate, dup, dout, gate, up, n));
+}
+static void pf_rope_fwd(const ust_ops *o, float *out, const float *inp, const int32_t *pos, int B,
+                        int T, int H, int D, float theta) {
+    TIMED(P_rope_fwd, in->rope_fwd(in, out, inp, pos, B, T, H, D, theta));
+}
+static void pf_rope_bwd(const ust_ops *o, float *dinp, const float *dout, const int32_t *pos, int B,
+                        int T, int H, int D, float theta) {
+    TIMED(P_rope_bwd, in->rope_bwd(in, dinp, dout, pos, B, T, H, D, theta));
+}
+static void pf_attention_fwd(const ust_ops *o, float *out, float *lse, const float *q,
+                             const float *k, const float *v, int B, int Tq, int Tk, int H, int Hkv,
+                             int D, const int32_t *q_pos, const int32_t *k_pos, int causal) {
+    TIMED(P_attention_fwd,
+          in->attention_fwd(in, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal));
+}
+static void pf_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv, const float *dout,
+                             const float *out, const float *lse, const float *q, const float *k,
+                             const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
+                             const int32_t *q_pos, const int32_t *k_pos, int causal) {
+    TIMED(P_attention_bwd, in->attention_bwd(in, dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, H,
+                                             Hkv, D, q_pos, k_pos, causal));
+}
+static void pf_attention_merge(const ust_ops *o, float *out, float *lse, const float *out2,
+                               const float *lse2, int B, int T, int H, int D) {
+    TIMED(P_attention_merge, in->attention_merge(in, out, lse, out2, lse2, B, T, H, D));
+}
+static void pf_xent_fwd_bwd(const ust_ops *o, float *losses, float *dlogits, const float *logits,
+                            const int32_t *targets, int N, int V, int v_real, float dscale) {
+    TIMED(P_xent_fwd_bwd,
+          in->xent_fwd_bwd(in, losses, dlogits, logits, targets, N, V, v_real, dscale));
+}
+static void pf_xent_vp_local(const ust_ops *o, float *lse, float *tlogit, const float *logits,
+                             const int32_t *targets, int N, int V, int v_start, int v_real) {
+    TIMED(P_xent_vp_local,
+          in->xent_vp_local(in, lse, tlogit, logits, targets, N, V, v_start, v_real));
+}
+static void pf_xent_vp_finish(const ust_ops *o, float *losses, float *dlogits, const float *logits,
+                              const int32_t *targets, const float *lse, const float *tlogit, int N,
+                              int V, int v_start, int v_real, float dscale) {
+    TIMED(P_xent_vp_finish, in->xent_vp_finish(in, losses, dlogits, logits, targets, lse, tlogit, N,
+                                               V, v_start, v_real, dscale));
+}
+static void pf_adamw(const ust_ops *o, float *p, const float *grad, float *m, float *v, int64_t n,
+                     float lr, float b1, float b2, float eps, float wd, float grad_scale,
+                     int64_t t) {
+    TIMED(P_adamw, in->adamw(in, p, grad, m, v, n, lr, b1, b2, eps, wd, grad_scale, t));
+}
+static void pf_adamw_many(const ust_ops *o, float *p, const float *grad, float *m, float *v,
+                          const ops_segment *seg, int k, float lr, float b1, float b2, float eps,
+                          float grad_scale, int64_t t) {
+    TIMED(P_adamw_many, in->adamw_many(in, p, grad, m, v, seg, k, lr, b1, b2, eps, grad_scale, t));
+}
+static void pf_sumsq_many(const ust_ops *o, const float *grad, const ops_segment *seg, int k,
+                          double *out) {
+    TIMED(P_sumsq_many, in->sumsq_many(in, grad, seg, k, out));
+}
+static void pf_add(const ust_ops *o, float *out, const float *a, const float *b, int64_t n) {
+    TIMED(P_add, in->add(in, out, a, b, n));
+}
+static void pf_axpy(const ust_ops *o, float *y, float a, const float *x, int64_t n) {
+    TIMED(P_axpy, in->axpy(in, y, a, x, n));
+}
+static void pf_scale(const ust_ops *o, float *x, float s, int64_t n) {
+    TIMED(P_scale, in->scale(in, x, s, n));
+}
+static double pf_sumsq(const ust_ops *o, const float *x, int64_t n) {
+    double r;
+    TIMED(P_sumsq, r = in->sumsq(in, x, n));
+    return r;
+}
+static double pf_sum(const ust_ops *o, const float *x, int64_t n) {
+    double r;
+    TIMED(P_sum, r = in->sum(in, x, n));
+    return r;
+}
+static void pf_moe_router_fwd(const ust_ops *o, float *probs, float *lse, int32_t *topk,
+                              float *gate, float *psum, const float *logits, int N, int E, int k) {
+    TIMED(P_moe_router_fwd, in->moe_router_fwd(in, probs, lse, topk, gate, psum, logits, N, E, k));
+}
+static void pf_moe_router_bwd(const ust_ops *o, float *dlogits, const float *dgate,
+                              const float *probs, const float *lse, const int32_t *topk,
+                              const float *gate, const float *aux_dp, float zscale, int N, int E,
+                              int k) {
+    TIMED(P_moe_router_bwd,
+          in->moe_router_bwd(in, dlogits, dgate, probs, lse, topk, gate, aux_dp, zscale, N, E, k));
+}
+static void pf_moe_gather(const ust_ops *o, float *out, const float *inp, const int32_t *src,
+                          const float *scale, int M, int C, int div) {
+    TIMED(P_moe_gather, in->moe_gather(in, out, inp, src, scale, M, C, div));
+}
+static void pf_moe_combine(const ust_ops *o, float *out, const float *rows, const int32_t *pos,
+                           const float *gate, int N, int k, int C, int acc) {
+    TIMED(P_moe_combine, in->moe_combine(in, out, rows, pos, gate, N, k, C, acc));
+}
+static void pf_moe_gate_grad(const ust_ops *o, float *dgate, const float *dout, const float *rows,
+                             const int32_t *pos, int N, int k, int C) {
+    TIMED(P_moe_gate_grad, in->moe_gate_grad(in, dgate, dout, rows, pos, N, k, C));
+}
+
+static void pf_destroy(ust_ops *o) {
+    free(o->impl);
+    free(o);
+}
+
+ust_ops *ops_prof_create(const ust_ops *inner) {
+    ust_ops *w = calloc(1, sizeof *w);
+    prof *p = calloc(1, sizeof *p);
+    if (!w || !p) ust_fatal(UST_EXIT_RUNTIME, "out of memory creating the op profiler");
+    p->in = inner;
+    w->name = "prof"; /* not the inner name: backend-specific calls must get the inner backend */
+    w->impl = p;
+    w->alloc = pf_alloc;
+    w->free = pf_free;
+    w->sync = pf_sync;
+    w->destroy = pf_destroy;
+    w->to_device = pf_to_device;
+    w->to_host = pf_to_host;
+    w->copy = pf_copy;
+    w->zero = pf_zero;
+    w->matmul = pf_matmul;
+    w->matmul_batched = pf_matmul_batched;
+    w->linear_fwd = pf_linear_fwd;
+    w->linear_bwd = pf_linear_bwd;
+    w->embedding_fwd = pf_embedding_fwd;
+    w->embedding_bwd = pf_embedding_bwd;
+    w->layernorm_fwd = pf_layernorm_fwd;
+    w->layernorm_bwd = pf_layernorm_bwd;
+    w->rmsnorm_fwd = pf_rmsnorm_fwd;
+    w->rmsnorm_bwd = pf_rmsnorm_bwd;
+    w->gelu_fwd = pf_gelu_fwd;
+    w->gelu_bwd = pf_gelu_bwd;
+    w->linear_gelu_fwd = pf_linear_gelu_fwd;
+    w->swiglu_fwd = pf_swiglu_fwd;
+    w->swiglu_bwd = pf_swiglu_bwd;
+    w->rope_fwd = pf_rope_fwd;
+    w->rope_bwd = pf_rope_bwd;
+    w->attention_fwd = pf_attention_fwd;
+    w->attention_bwd = pf_attention_bwd;
+    w->attention_merge = pf_attention_merge;
+    w->xent_fwd_bwd = pf_xent_fwd_bwd;
+    w->xent_vp_local = pf_xent_vp_local;
+    w->xent_vp_finish = pf_xent_vp_finish;
+    w->adamw = pf_adamw;
+    w->adamw_many = pf_adamw_many;
+    w->sumsq_many = pf_sumsq_many;
+    w->add = pf_add;
+    w->axpy = pf_axpy;
+    w->scale = pf_scale;
+    w->sumsq = pf_sumsq;
+    w->sum = pf_sum;
+    w->moe_router_fwd = pf_moe_router_fwd;
+    w->moe_router_bwd = pf_moe_router_bwd;
+    w->moe_gather = pf_moe_gather;
+    w->moe_combine = pf_moe_combine;
+    w->moe_gate_grad = pf_moe_gate_grad;
+    return w;
+}
+
+void ops_prof_enable(ust_ops *o, int on) { ((prof *)o->impl)->on = on != 0; }
+
+static int by_time_desc(const void *a, const void *b) {
+    double x = ((const ops_prof_entry *)a)->seconds, y = ((const ops_prof_entry *)b)->seconds;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+int ops_prof_entries(const ust_ops *o, ops_prof_entry *out, int max) {
+    const prof *p = (const prof *)o->impl;
+    ops_prof_entry all[P_COUNT];
+    int n = 0;
+    for (int i = 0; i < P_COUNT; i++)
+        if (p->calls[i] > 0) all[n++] = (ops_prof_entry){prof_names[i], p->calls[i], p->seconds[i]};
+    qsort(all, (size_t)n, sizeof all[0], by_time_desc);
+    if (n > max) n = max;
+    memcpy(out, all, (size_t)n * sizeof all[0]);
+    return n;
+}
+
+void ops_prof_print(const ust_ops *o, FILE *f, int steps) {
+    ops_prof_entry e[P_COUNT];
+    int n = ops_prof_entries(o, e, P_COUNT);
+    double total = 0;
+    for (int i = 0; i < n; i++) total += e[i].seconds;
+    if (steps < 1) steps = 1;
+    fprintf(f, "%-16s %9s %12s %7s\n", "op", "calls/step", "ms/step", "share");
+    for (int i = 0; i < n; i++)
+        fprintf(f, "%-16s %9.1f %12.3f %6.1f%%\n", e[i].op, (double)e[i].calls / steps,
+                e[i].seconds / steps * 1e3, total > 0 ? 100.0 * e[i].seconds / total : 0.0);
+    fprintf(f, "%-16s %9s %12.3f\n", "total", "", total / steps * 1e3);
+}
