@@ -33,10 +33,7 @@ typedef uint32_t u32;
 /* ---------------------------------------------------------------- fragments */
 
 /* Two floats as a bf16 pair, the lower column in the low half (the mma operand packing). */
-__device__ __forceinline__ u32 pack2(float lo, float hi) {
-    return (u32)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
-           ((u32)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
-}
+__device__ __forceinline__ u32 pack2(float lo, float hi) { return pack_bf16x2(lo, hi); }
 
 __device__ __forceinline__ float bf_lo(u32 x) { return __uint_as_float(x << 16); }
 __device__ __forceinline__ float bf_hi(u32 x) { return __uint_as_float(x & 0xffff0000u); }

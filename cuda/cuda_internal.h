@@ -5,6 +5,7 @@
 
 #include <cublasLt.h>
 #include <cublas_v2.h>
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -80,6 +81,12 @@ void *cuda_scratch(const ust_ops *o, int slot, size_t bytes);
 void cuda_gemm(const ust_ops *o, float *C, int64_t ldc, int64_t sC, const float *A, int64_t lda,
                int64_t sA, const float *B, int64_t ldb, int64_t sB, int M, int N, int K, int tA,
                int tB, float alpha, float beta, int batch);
+
+/* Two floats rounded to bf16 (nearest even) in one word, lo in the low half: memory order. */
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |
+           ((uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(hi)) << 16);
+}
 
 /* ---- reductions (fixed trees: the result does not depend on scheduling) ---- */
 

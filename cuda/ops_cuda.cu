@@ -107,10 +107,17 @@ __global__ void k_axpy(float *y, float a, const float *x, int64_t n) {
         y[i] += a * x[i];
 }
 
+/* Four floats per load and four bf16 per store when both pointers allow it (arena buffers are
+ * 64-byte aligned; GEMM inputs at offsets may not be), the rest one by one. */
 __global__ void k_to_bf16(__nv_bfloat16 *dst, const float *src, int64_t n) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
-        dst[i] = __float2bfloat16_rn(src[i]);
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    const int64_t first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    const int64_t n4 = (uintptr_t)src % 16 == 0 && (uintptr_t)dst % 8 == 0 ? n / 4 : 0;
+    for (int64_t i = first; i < n4; i += stride) {
+        float4 v = ((const float4 *)src)[i];
+        ((uint2 *)dst)[i] = make_uint2(pack_bf16x2(v.x, v.y), pack_bf16x2(v.z, v.w));
+    }
+    for (int64_t i = 4 * n4 + first; i < n; i += stride) dst[i] = __float2bfloat16_rn(src[i]);
 }
 
 /* ---------------------------------------------------------------- matmul */

@@ -172,38 +172,51 @@ static void test_cuda_matmul_batched_matches_cpu_with_strides(void) {
  * the bf16 path ran (random fp32 inputs are not bf16-representable). */
 static void test_cuda_bf16_matmul_within_bf16_rounding_of_fp32(void) {
     if (fake) return;
-    const int M = 64, N = 48, K = 96, batch = 2;
+    /* the second shape has odd sizes and inputs one float past an aligned address: the rounding
+     * kernel's element-wise tail and misaligned path, besides its four-at-a-time one */
+    static const struct {
+        int M, N, K, batch, off;
+    } shapes[] = {{64, 48, 96, 2, 0}, {13, 7, 11, 3, 1}};
     ops_cuda_set_bf16(GPU, 1);
     double worst_seen = 0.0;
-    for (int tA = 0; tA < 2; tA++)
-        for (int tB = 0; tB < 2; tB++) {
-            int64_t sA = M * K, sB = K * N, sC = M * N;
-            float *A = hrand(sA * batch, 1), *B = hrand(sB * batch, 1), *C = hrand(sC * batch, 1);
-            float *dA = gup(A, sA * batch), *dB = gup(B, sB * batch), *dC = gup(C, sC * batch);
-            GPU->matmul_batched(GPU, dC, dA, dB, M, N, K, tA, tB, 1.0f, 0.0f, batch, sA, sB, sC);
-            float *g = gdown(dC, sC * batch);
-            for (int bt = 0; bt < batch; bt++)
-                for (int i = 0; i < M; i++)
-                    for (int j = 0; j < N; j++) {
-                        double ref = 0.0, mag = 0.0;
-                        for (int k = 0; k < K; k++) {
-                            double a = A[bt * sA + (tA ? (int64_t)k * M + i : (int64_t)i * K + k)];
-                            double b = B[bt * sB + (tB ? (int64_t)j * K + k : (int64_t)k * N + j)];
-                            ref += a * b;
-                            mag += fabs(a * b);
+    for (int sh = 0; sh < 2; sh++)
+        for (int tA = 0; tA < 2; tA++)
+            for (int tB = 0; tB < 2; tB++) {
+                const int M = shapes[sh].M, N = shapes[sh].N, K = shapes[sh].K;
+                const int batch = shapes[sh].batch, off = shapes[sh].off;
+                int64_t sA = M * K, sB = K * N, sC = M * N;
+                float *A = hrand(sA * batch + off, 1), *B = hrand(sB * batch + off, 1);
+                float *C = hrand(sC * batch, 1);
+                float *dA = gup(A, sA * batch + off), *dB = gup(B, sB * batch + off);
+                float *dC = gup(C, sC * batch);
+                GPU->matmul_batched(GPU, dC, dA + off, dB + off, M, N, K, tA, tB, 1.0f, 0.0f, batch,
+                                    sA, sB, sC);
+                float *g = gdown(dC, sC * batch);
+                for (int bt = 0; bt < batch; bt++)
+                    for (int i = 0; i < M; i++)
+                        for (int j = 0; j < N; j++) {
+                            double ref = 0.0, mag = 0.0;
+                            for (int k = 0; k < K; k++) {
+                                double a = A[off + bt * sA +
+                                             (tA ? (int64_t)k * M + i : (int64_t)i * K + k)];
+                                double b = B[off + bt * sB +
+                                             (tB ? (int64_t)j * K + k : (int64_t)k * N + j)];
+                                ref += a * b;
+                                mag += fabs(a * b);
+                            }
+                            double got = g[bt * sC + (int64_t)i * N + j], err = fabs(got - ref);
+                            if (err > worst_seen) worst_seen = err;
+                            if (!(err <= 1.5 * mag / 256.0 + 1e-6)) {
+                                ops_cuda_set_bf16(GPU, 0);
+                                CHECK(0,
+                                      "bf16 %dx%dx%d C[%d][%d][%d] (tA=%d tB=%d): %.6g vs %.6g, "
+                                      "bound %.3g",
+                                      M, N, K, bt, i, j, tA, tB, got, ref, 1.5 * mag / 256.0);
+                            }
                         }
-                        double err = fabs(g[bt * sC + (int64_t)i * N + j] - ref);
-                        if (err > worst_seen) worst_seen = err;
-                        if (!(err <= 1.5 * mag / 256.0 + 1e-6)) {
-                            ops_cuda_set_bf16(GPU, 0);
-                            CHECK(0, "bf16 C[%d][%d][%d] (tA=%d tB=%d): %.6g vs %.6g, bound %.3g",
-                                  bt, i, j, tA, tB, g[bt * sC + (int64_t)i * N + j], ref,
-                                  1.5 * mag / 256.0);
-                        }
-                    }
-            free(g), free(A), free(B), free(C);
-            gfree(dA), gfree(dB), gfree(dC);
-        }
+                free(g), free(A), free(B), free(C);
+                gfree(dA), gfree(dB), gfree(dC);
+            }
     ops_cuda_set_bf16(GPU, 0);
     CHECK(worst_seen > 1e-4, "largest bf16 error %.3g: the matmul did not round to bf16",
           worst_seen);
