@@ -159,6 +159,35 @@ __device__ __forceinline__ int tile_max(const int *pos, int n) {
     return warp_max_int(v);
 }
 
+/* Positions of keys [j0, j0 + n) into shared memory (INT_MAX past Tk), once the block is done
+ * with the previous tile; returns the smallest. The whole block calls it (two barriers). */
+__device__ __forceinline__ int key_tile_positions(int *kpos, const int32_t *k_pos, int j0, int n,
+                                                  int Tk) {
+    __syncthreads();
+    for (int j = threadIdx.x; j < n; j += blockDim.x)
+        kpos[j] = j0 + j < Tk ? posof_tc(k_pos, j0 + j) : INT_MAX;
+    __syncthreads();
+    return tile_min(kpos, n);
+}
+
+/* The positions of a forward/dq block's 64 queries (INT_MIN past Tq) in shared memory, this
+ * thread's two rows' and the largest of the block's and of this warp's, for causal skipping.
+ * The whole block calls it (one barrier). */
+struct query_rows {
+    int qp0, qp1, qmax_block, qmax_warp;
+};
+__device__ __forceinline__ query_rows query_block_positions(int *qpos, const int32_t *q_pos, int i0,
+                                                            int Tq) {
+    for (int i = threadIdx.x; i < TC_BQ; i += blockDim.x)
+        qpos[i] = i0 + i < Tq ? posof_tc(q_pos, i0 + i) : INT_MIN;
+    __syncthreads();
+    const int row = 16 * (threadIdx.x >> 5) + ((threadIdx.x & 31) >> 2);
+    query_rows r;
+    r.qp0 = qpos[row], r.qp1 = qpos[row + 8];
+    r.qmax_block = tile_max(qpos, TC_BQ), r.qmax_warp = warp_max_int(max(r.qp0, r.qp1));
+    return r;
+}
+
 /* Max over the 4 lanes of a fragment row group (the lanes sharing g). */
 __device__ __forceinline__ float quad_max(float v) {
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
@@ -188,24 +217,17 @@ __global__ void __launch_bounds__(TC_THREADS)
     const float *qb = q + ((int64_t)b * Tq * H + h) * D;
     const float *kb = k + ((int64_t)b * Tk * Hkv + hk) * D, *vb = v + (kb - k);
 
-    for (int i = threadIdx.x; i < TC_BQ; i += blockDim.x)
-        qpos[i] = i0 + i < Tq ? posof_tc(q_pos, i0 + i) : INT_MIN;
     u32 qf[NK][4];
     for (int kk = 0; kk < NK; kk++)
         global_a(qf[kk], r0 < Tq ? qb + r0 * qs : NULL, r1 < Tq ? qb + r1 * qs : NULL, kk);
-    __syncthreads();
-    const int qp0 = qpos[16 * w + g], qp1 = qpos[16 * w + g + 8];
-    const int qmax_block = tile_max(qpos, TC_BQ), qmax_warp = warp_max_int(max(qp0, qp1));
+    const query_rows qr = query_block_positions(qpos, q_pos, i0, Tq);
+    const int qp0 = qr.qp0, qp1 = qr.qp1, qmax_block = qr.qmax_block, qmax_warp = qr.qmax_warp;
 
     float o[ND][4], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
     for (int dt = 0; dt < ND; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
 
     for (int j0 = 0; j0 < Tk; j0 += TC_FK) {
-        __syncthreads(); /* the previous tile is consumed */
-        for (int j = threadIdx.x; j < TC_FK; j += blockDim.x)
-            kpos[j] = j0 + j < Tk ? posof_tc(k_pos, j0 + j) : INT_MAX;
-        __syncthreads();
-        const int kmin = tile_min(kpos, TC_FK);
+        const int kmin = key_tile_positions(kpos, k_pos, j0, TC_FK, Tk);
         if (causal && kmin > qmax_block) continue;
         fill_rows<D>(ks, kb, kvs, j0, TC_FK, Tk);
         fill_cols<D>(vt, vb, kvs, j0, TC_FK, Tk);
@@ -300,8 +322,6 @@ __global__ void __launch_bounds__(TC_THREADS)
     const float *kb = k + ((int64_t)b * Tk * Hkv + hk) * D, *vb = v + (kb - k);
     const float *lb = lse + ((int64_t)b * H + h) * Tq, *db = Di + (lb - lse);
 
-    for (int i = threadIdx.x; i < TC_BQ; i += blockDim.x)
-        qpos[i] = i0 + i < Tq ? posof_tc(q_pos, i0 + i) : INT_MIN;
     u32 qf[NK][4], of[NK][4];
     for (int kk = 0; kk < NK; kk++) {
         global_a(qf[kk], r0 < Tq ? qb + r0 * qs : NULL, r1 < Tq ? qb + r1 * qs : NULL, kk);
@@ -310,18 +330,13 @@ __global__ void __launch_bounds__(TC_THREADS)
     const float l2[2] = {r0 < Tq ? lb[r0] * LOG2E : -INFINITY,
                          r1 < Tq ? lb[r1] * LOG2E : -INFINITY};
     const float di[2] = {r0 < Tq ? db[r0] : 0.0f, r1 < Tq ? db[r1] : 0.0f};
-    __syncthreads();
-    const int qp0 = qpos[16 * w + g], qp1 = qpos[16 * w + g + 8];
-    const int qmax_block = tile_max(qpos, TC_BQ), qmax_warp = warp_max_int(max(qp0, qp1));
+    const query_rows qr = query_block_positions(qpos, q_pos, i0, Tq);
+    const int qp0 = qr.qp0, qp1 = qr.qp1, qmax_block = qr.qmax_block, qmax_warp = qr.qmax_warp;
 
     float acc[ND][4];
     for (int dt = 0; dt < ND; dt++) acc[dt][0] = acc[dt][1] = acc[dt][2] = acc[dt][3] = 0.0f;
     for (int j0 = 0; j0 < Tk; j0 += TC_DQK) {
-        __syncthreads();
-        for (int j = threadIdx.x; j < TC_DQK; j += blockDim.x)
-            kpos[j] = j0 + j < Tk ? posof_tc(k_pos, j0 + j) : INT_MAX;
-        __syncthreads();
-        const int kmin = tile_min(kpos, TC_DQK);
+        const int kmin = key_tile_positions(kpos, k_pos, j0, TC_DQK, Tk);
         if (causal && kmin > qmax_block) continue;
         fill_rows<D>(ks, kb, kvs, j0, TC_DQK, Tk);
         fill_rows<D>(vs, vb, kvs, j0, TC_DQK, Tk);
