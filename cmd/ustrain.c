@@ -32,7 +32,9 @@ static const char *USAGE =
     "            [--threads N] [--val-fraction F] [--shard-tokens N] FILE...\n"
     "                                            text / JSON lines -> llm.c shards (bytes, or the\n"
     "                                            byte-level BPE of a Hugging Face tokenizer.json)\n"
-    "  bench train CONFIG [--steps N] [--set ...] time training steps: ms/step, tok/s, MFU\n"
+    "  bench train CONFIG [--steps N] [--profile] [--set ...]\n"
+    "                                            time training steps: ms/step, tok/s, MFU;\n"
+    "                                            --profile adds time per op (ops.h)\n"
     "  plan CONFIG --world N [--gpu-mem 80GiB] [--gpus-per-node 8] [--global-batch 512|4M]\n"
     "       [--write OUT.yaml] ...              layouts that fit, ranked by estimated step time\n"
     "                                            (ustrain plan --help: every option)\n"
@@ -46,9 +48,10 @@ static int usage_error(const char *fmt, const char *arg) {
     return cmd_usage_error("ustrain", "(run `ustrain --help` for usage)", fmt, arg);
 }
 
-/* Loads CONFIG and applies every --set; other options are left for the caller (their
- * positions in argv are marked by returning them through `rest`). */
-static int load_config(ust_config *c, int argc, char **argv, int world, int *steps_opt) {
+/* Loads CONFIG and applies every --set (and --steps into *steps_opt); `flag` (may be NULL) is
+ * the one option without a value the command takes, left for the caller; any other is an error. */
+static int load_config(ust_config *c, int argc, char **argv, int world, int *steps_opt,
+                       const char *flag) {
     ust_err e;
     const char *path = NULL;
     cfg_defaults(c);
@@ -57,7 +60,7 @@ static int load_config(ust_config *c, int argc, char **argv, int world, int *ste
             strcmp(argv[i], "--steps") == 0) {
             if (i + 1 >= argc) return usage_error("%s needs a value", argv[i]);
             i++;
-        } else if (strcmp(argv[i], "--schedule") == 0) {
+        } else if (flag && strcmp(argv[i], flag) == 0) {
             continue;
         } else if (argv[i][0] == '-') {
             return usage_error("unknown option %s", argv[i]);
@@ -124,7 +127,8 @@ static int world_option(int argc, char **argv) {
 static int cmd_train(int argc, char **argv) {
     ust_config c;
     ust_err e;
-    int rc = load_config(&c, argc, argv, 0, NULL); /* the world size is known after bootstrap */
+    int rc =
+        load_config(&c, argc, argv, 0, NULL, NULL); /* the world size is known after bootstrap */
     if (rc) return rc;
     ust_runtime rt;
     if (train_runtime_init(&rt, &c, &e)) {
@@ -141,7 +145,7 @@ static int cmd_validate(int argc, char **argv) {
     ust_config c;
     int world = world_option(argc, argv);
     if (world < 0) return usage_error("--world must be positive, got %s", "a negative value");
-    int rc = load_config(&c, argc, argv, world, NULL);
+    int rc = load_config(&c, argc, argv, world, NULL, "--schedule");
     if (rc) return rc;
     printf("config %s: valid\n", c.source);
     printf("model: %s, %d layers, d_model %d, %d heads (%d kv), d_ff %d, vocab %d (padded %d)\n",
@@ -189,7 +193,7 @@ static int cmd_data(int argc, char **argv) {
 static int cmd_bench_train(int argc, char **argv) {
     ust_config c;
     int steps = 10;
-    int rc = load_config(&c, argc, argv, 1, &steps);
+    int rc = load_config(&c, argc, argv, 1, &steps, "--profile");
     if (rc) return rc;
     c.train.steps = steps + 2; /* two warm-up steps (first touch of every buffer), not timed */
     c.checkpoint.every = 0;
@@ -204,7 +208,9 @@ static int cmd_bench_train(int argc, char **argv) {
         ops->destroy(ops);
         c.logging.peak_flops = sgemm;
     }
-    train_opts o = {.quiet = 1, .untimed_steps = 2};
+    int profile = 0;
+    for (int i = 0; i < argc; i++) profile |= strcmp(argv[i], "--profile") == 0;
+    train_opts o = {.quiet = 1, .untimed_steps = 2, .profile = profile};
     train_result r;
     rc = train_run(&c, NULL, &o, &r);
     if (rc) return rc;

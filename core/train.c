@@ -20,6 +20,7 @@
 #include "mem.h"
 #include "model.h"
 #include "ops.h"
+#include "ops_prof.h"
 #include "optim.h"
 #include "cuda/ops_cuda.h"
 #include "cp.h"
@@ -35,8 +36,9 @@ static void on_stop_signal(int sig) { g_stop_signal = sig; }
 typedef struct {
     const ust_config *cfg;
     ust_runtime *rt;
-    int rank0; /* this rank prints, logs and writes state.json */
-    ust_ops *ops;
+    int rank0;        /* this rank prints, logs and writes state.json */
+    ust_ops *ops;     /* what everything computes with: the backend, or the op profiler on it */
+    ust_ops *backend; /* the CPU or CUDA backend itself (its own calls need it) */
     ust_arena arena;
     ust_tp tp;
     model *m;
@@ -325,7 +327,7 @@ static double validation_loss(trainer *t) {
 
 /* ------------------------------------------------------------------ the loop */
 
-static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, ust_err *e) {
+static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile, ust_err *e) {
     memset(t, 0, sizeof *t);
     t->cfg = cfg;
     t->rt = rt;
@@ -344,12 +346,13 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, ust_err *e)
     if (open_data(t, e)) return -1;
     if (cfg->checkpoint.every > 0 && fs_mkdir_p(cfg->checkpoint.dir, e)) return -1;
     if (cfg->run.device == DEV_CUDA) {
-        if (!(t->ops = ops_cuda_create(rt->boot.local_rank, e))) return -1;
-        ops_cuda_set_bf16(t->ops, cfg->train.precision == PREC_BF16);
-        comm_ctx_set_stream(rt->comm, ops_cuda_stream(t->ops));
+        if (!(t->backend = ops_cuda_create(rt->boot.local_rank, e))) return -1;
+        ops_cuda_set_bf16(t->backend, cfg->train.precision == PREC_BF16);
+        comm_ctx_set_stream(rt->comm, ops_cuda_stream(t->backend));
     } else {
-        t->ops = ops_cpu_create(cfg->train.threads, rt->boot.local_world);
+        t->backend = ops_cpu_create(cfg->train.threads, rt->boot.local_world);
     }
+    t->ops = profile ? ops_prof_create(t->backend) : t->backend;
     mem_init(&t->arena, t->ops);
     /* dense gradients are summed over the ranks that hold the same shard and saw different
      * tokens: the data-parallel replicas and the context-parallel parts of each sequence */
@@ -411,12 +414,13 @@ static void teardown(trainer *t) {
     pp_destroy(t->pp);
     dp_destroy(t->dp);
     model_destroy(t->m);
-    if (t->ops) {
+    if (t->backend) {
         mem_release(&t->arena);
         /* the communicators outlive the compute stream (the final barrier): stop ordering
          * their operations after a stream that is about to be destroyed */
         comm_ctx_set_stream(t->rt->comm, NULL);
-        t->ops->destroy(t->ops);
+        if (t->ops != t->backend) t->ops->destroy(t->ops);
+        t->backend->destroy(t->backend);
     }
     free(t->samples);
     free(t->inputs);
@@ -480,7 +484,7 @@ static void measure_step(trainer *t, const step_mark *m, double fpt, double peak
 static int64_t device_allocations(const trainer *t) {
     if (t->cfg->run.device != DEV_CUDA) return 0;
     ops_cuda_mem m;
-    ops_cuda_memory(t->ops, &m);
+    ops_cuda_memory(t->backend, &m);
     return m.allocations;
 }
 
@@ -493,7 +497,12 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
     int64_t first = t->step, timed = 0, allocs_after_first = -1;
     res->peak_flops = peak;
     res->flops_per_token = fpt;
+    int untimed = opts->untimed_steps > 0 ? opts->untimed_steps : 1;
+    int all_timed = c->train.steps - first <= untimed;
     while (t->step < c->train.steps) {
+        /* the op profiler (--profile) counts the timed steps only */
+        if (opts->profile && (t->step == first + untimed || (all_timed && t->step == first)))
+            ops_prof_enable(t->ops, 1);
         step_mark mark = mark_step(t);
         double loss = forward_backward(t);
         double norm = dp_grad_norm(t->dp);
@@ -534,8 +543,7 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
         t->sample_index += c->train.global_batch_size;
         t->last_loss = loss;
         if (t->step == first + 1) allocs_after_first = device_allocations(t);
-        int untimed = opts->untimed_steps > 0 ? opts->untimed_steps : 1;
-        if (t->step > first + untimed || c->train.steps - first <= untimed) sum_ms += s.ms, timed++;
+        if (t->step > first + untimed || all_timed) sum_ms += s.ms, timed++;
         s.eta_s = (log_now_s() - t_start) / (t->step - first) * (c->train.steps - t->step);
         int last = t->step == c->train.steps;
         if (t->val && (t->step % c->data.val_every == 0 || last)) s.val_loss = validation_loss(t);
@@ -565,6 +573,7 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
     res->final_loss = t->last_loss;
     if (allocs_after_first >= 0)
         res->device_allocs_after_first_step = device_allocations(t) - allocs_after_first;
+    res->timed_steps = timed;
     res->mean_step_ms = timed ? sum_ms / timed : 0;
     res->tokens_per_s = timed ? tokens / (res->mean_step_ms / 1e3) : 0;
     res->mfu = res->tokens_per_s * fpt / (peak * t->rt->world);
@@ -577,7 +586,7 @@ static int run_with(const ust_config *cfg, ust_runtime *rt, const train_opts *op
     ust_err e;
     /* Setup failures are usage errors found before training; ranks exit on their own (a rank
      * whose peers failed waits at most dist.timeout_s in its next collective). */
-    if (setup(&t, cfg, rt, &e)) {
+    if (setup(&t, cfg, rt, opts->profile, &e)) {
         fprintf(stderr, "ustrain: error: %s\n", e.msg);
         teardown(&t);
         return UST_EXIT_USAGE;
@@ -611,7 +620,7 @@ static int run_with(const ust_config *cfg, ust_runtime *rt, const train_opts *op
     res->peak_rss = mem_peak_rss_bytes();
     if (cfg->run.device == DEV_CUDA) {
         ops_cuda_mem m;
-        ops_cuda_memory(t.ops, &m);
+        ops_cuda_memory(t.backend, &m);
         res->device_backend_bytes = m.backend_bytes;
         res->device_used = m.device_used;
     }
@@ -630,6 +639,13 @@ static int run_with(const ust_config *cfg, ust_runtime *rt, const train_opts *op
                    log_bytes(b, 32, (double)res->device_used),
                    (long long)res->device_allocs_after_first_step);
         }
+    }
+    if (rc == 0 && t.rank0 && opts->profile && res->timed_steps > 0) {
+        printf("per-op time on rank 0, mean of the %lld timed steps (each op between two syncs "
+               "of the backend%s):\n",
+               (long long)res->timed_steps,
+               cfg->run.device == DEV_CUDA ? ", which the step times above include" : "");
+        ops_prof_print(t.ops, stdout, (int)res->timed_steps);
     }
     teardown(&t);
     return rc;

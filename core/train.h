@@ -31,12 +31,14 @@ typedef struct {
     int quiet;         /* no per-step lines (benchmark) */
     int write_config;  /* write the effective config under run.out_dir */
     int untimed_steps; /* first steps left out of the mean step time (default 1) */
+    int profile;       /* time every op of the timed steps (ops_prof.h); rank 0 prints a table */
 } train_opts;
 
 typedef struct {
     int64_t steps_done; /* steps run by this call */
     double final_loss;
-    double mean_step_ms; /* over the steps after the untimed ones */
+    int64_t timed_steps; /* the steps after the untimed ones */
+    double mean_step_ms; /* over those */
     double tokens_per_s, mfu, peak_flops, flops_per_token;
     double arena_bytes; /* measured arena total */
     double arena_by_cat[6];

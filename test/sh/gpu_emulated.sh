@@ -61,6 +61,15 @@ $E/bench_gpu attention 1 70 2 32 1 >$TMP/bench 2>&1 &&
 
 # ---- training with run.device=cuda
 equiv_configs emu 4 2
+# bench train --profile on the GPU path: the op profiler wraps the CUDA backend, whose own calls
+# (device memory, allocations) still reach it
+EMU_GPUS=1 $E/ustrain bench train configs/tiny.yaml --steps 1 --profile --set run.device=cuda \
+    --set train.precision=bf16 --set model.n_layer=1 --set train.seq_len=32 \
+    --set train.micro_batch_size=1 --set train.global_batch_size=1 \
+    --set "data.train=$TMP/data/train_*.bin" >$TMP/prof 2>&1 &&
+    grep -q 'which the step times above include' $TMP/prof && grep -qE '^attention_fwd +1\.0 ' $TMP/prof &&
+    pass emu_bench_train_profile_on_cuda || fail emu_bench_train_profile_on_cuda "$(tail -3 $TMP/prof)"
+
 EQ="python3 test/tools/equiv.py --ustrain $E/ustrain --steps 4"
 $EQ --name _emu_llama --config $TMP/llama.yaml --layout "run.device=cuda" \
     --layout "dp=2 zero=1 run.device=cuda" --layout "dp=2 zero=3 run.device=cuda" \

@@ -160,3 +160,16 @@ PY
     $UST validate "$f" --world "$world" >/dev/null 2>&1 && pass "bundled_config_valid_$(basename "$f" .yaml)" ||
         fail "bundled_config_valid_$(basename "$f" .yaml)" "$($UST validate "$f" --world "$world" 2>&1 | tail -1)"
 done
+
+# --- bench train --profile: time per op of the timed steps. The tiny config's 4 layers and 2
+# micro-batches per step make 8 attention forwards per step; the ops' total lies within the
+# step's time (each op is part of a step); only bench train takes the flag.
+C=$(cfg prof)
+$UST bench train "$C" --steps 2 --profile >$TMP/prof.out 2>&1
+rc=$?
+awk -v rc=$rc '/^attention_fwd / { att = $2 } /^total / { tot = $2 }
+     /^  step: / { step = $2 }
+     END { if (rc == 0 && att == "8.0" && tot > 0 && step > 0 && tot <= step)
+               print "PASS bench_train_profile_counts_ops_within_the_step";
+           else printf "FAIL bench_train_profile_counts_ops_within_the_step: exit %d, attention_fwd %s/step, ops %s ms of a %s ms step\n", rc, att, tot, step }' $TMP/prof.out
+expect_exit profile_is_a_bench_option 2 'unknown option --profile' -- $UST train "$C" --profile
