@@ -298,13 +298,41 @@ static void cpu_rmsnorm_bwd(const ust_ops *o, float *dinp, float *dw, const floa
 
 /* ---------------------------------------------------------------- activations */
 
+/* exp for x <= 88 (Cephes expf: 2^n times a degree-6 polynomial, ~1 ulp), written so that a
+ * loop over it vectorizes, each lane computing exactly what the scalar code does (so results do
+ * not depend on where a thread's chunk starts); x < -87 (including -inf, a masked key) gives
+ * exactly 0. */
+static inline float exp_vec(float x) {
+    int under = x < -87.0f;
+    x = under ? -87.0f : (x > 88.0f ? 88.0f : x);
+    /* round to nearest by adding 1.5 * 2^23 (floorf would not vectorize) */
+    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float y = p * r * r + r + 1.0f;
+    union {
+        int32_t i;
+        float f;
+    } s = {.i = ((int32_t)n + 127) << 23};
+    return under ? 0.0f : y * s.f;
+}
+
+/* tanh(u) = 1 - 2 / (e^(2u) + 1) through exp_vec: vectorizes where libm's tanhf (a call) does
+ * not. Absolute error ~1e-7, which is what GELU needs: it uses 1 + t and 1 - t^2. */
+static inline float tanh_vec(float u) { return 1.0f - 2.0f / (exp_vec(2.0f * u) + 1.0f); }
+
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 
 static void cpu_gelu_fwd(const ust_ops *o, float *out, const float *inp, int64_t n) {
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int64_t i = 0; i < n; i++) {
         float x = inp[i];
-        out[i] = 0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x)));
+        out[i] = 0.5f * x * (1.0f + tanh_vec(GELU_K * (x + 0.044715f * x * x * x)));
     }
 }
 
@@ -321,7 +349,7 @@ static void cpu_gelu_bwd(const ust_ops *o, float *dinp, const float *inp, const 
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int64_t i = 0; i < n; i++) {
         float x = inp[i];
-        float t = tanhf(GELU_K * (x + 0.044715f * x * x * x));
+        float t = tanh_vec(GELU_K * (x + 0.044715f * x * x * x));
         float sech2 = 1.0f - t * t;
         float g = 0.5f * (1.0f + t) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
         dinp[i] = g * dout[i];
@@ -333,7 +361,7 @@ static void cpu_swiglu_fwd(const ust_ops *o, float *out, const float *gate, cons
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int64_t i = 0; i < n; i++) {
         float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
+        out[i] = g / (1.0f + exp_vec(-g)) * up[i];
     }
 }
 
@@ -343,7 +371,7 @@ static void cpu_swiglu_bwd(const ust_ops *o, float *dgate, float *dup, const flo
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int64_t i = 0; i < n; i++) {
         float g = gate[i], u = up[i], dy = dout[i];
-        float sig = 1.0f / (1.0f + expf(-g));
+        float sig = 1.0f / (1.0f + exp_vec(-g));
         if (dgate) dgate[i] = dy * u * sig * (1.0f + g * (1.0f - sig));
         if (dup) dup[i] = dy * g * sig;
     }
@@ -400,28 +428,6 @@ static void cpu_rope_bwd(const ust_ops *o, float *dinp, const float *dout, const
  * (D, ATT_KB) once per tile so that scores, exp and the softmax sums vectorize over keys. */
 #define ATT_QT 64
 #define ATT_KB 64
-
-/* exp for x <= 88 (Cephes expf: 2^n times a degree-6 polynomial, ~1 ulp), written so that a
- * loop over keys vectorizes; x < -87 (including -inf, a masked key) gives exactly 0. */
-static inline float exp_vec(float x) {
-    int under = x < -87.0f;
-    x = under ? -87.0f : (x > 88.0f ? 88.0f : x);
-    /* round to nearest by adding 1.5 * 2^23 (floorf would not vectorize) */
-    float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    float y = p * r * r + r + 1.0f;
-    union {
-        int32_t i;
-        float f;
-    } s = {.i = ((int32_t)n + 127) << 23};
-    return under ? 0.0f : y * s.f;
-}
 
 static inline float dotf(const float *a, const float *b, int n) {
     float s = 0.0f;
