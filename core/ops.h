@@ -185,7 +185,8 @@ struct ust_ops {
  * OMP_NUM_THREADS when that is set). */
 ust_ops *ops_cpu_create(int threads, int local_ranks);
 
-/* Measured single-precision GEMM rate of this backend (FLOP/s), for MFU on CPU. */
+/* Measured single-precision GEMM rate of this backend (FLOP/s, the fastest of `reps` n^3
+ * products after a warm-up), for MFU on CPU. */
 double ops_measure_sgemm_flops(const ust_ops *o, int n, int reps);
 
 #endif
