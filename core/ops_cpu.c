@@ -754,19 +754,6 @@ static void cpu_attention_merge(const ust_ops *o, float *out, float *lse, const 
 /* loss = logsumexp(logits[:v_real]) - logits[target]; dlogits = (softmax - onehot) dscale on the
  * real columns, 0 on the padding. Everything read from a row is read before it is written, so
  * dlogits may alias logits. */
-/* sum_c e^(x[c] - shift) over n columns, in double and in column order (deterministic); the
- * exps go through a block buffer so that they vectorize apart from the ordered sum. */
-static double sum_exp(const float *x, int n, float shift) {
-    float e[256];
-    double sum = 0.0;
-    for (int c0 = 0; c0 < n; c0 += 256) {
-        int m = n - c0 < 256 ? n - c0 : 256;
-        for (int j = 0; j < m; j++) e[j] = exp_vec(x[c0 + j] - shift);
-        for (int j = 0; j < m; j++) sum += e[j];
-    }
-    return sum;
-}
-
 static void cpu_xent_fwd_bwd(const ust_ops *o, float *losses, float *dlogits, const float *logits,
                              const int32_t *targets, int N, int V, int v_real, float dscale) {
     UST_ASSERT(v_real > 0 && v_real <= V, "v_real=%d must be in 1..V=%d", v_real, V);
@@ -785,13 +772,14 @@ static void cpu_xent_fwd_bwd(const ust_ops *o, float *losses, float *dlogits, co
                    v_real, n);
         float mx = -INFINITY;
         for (int c = 0; c < v_real; c++) mx = x[c] > mx ? x[c] : mx;
-        double sum = sum_exp(x, v_real, mx);
+        double sum = 0.0;
+        for (int c = 0; c < v_real; c++) sum += expf(x[c] - mx);
         float lsum = (float)log(sum);
         if (losses) losses[n] = lsum + mx - x[tgt];
         if (!dx) continue;
         float inv = (float)(1.0 / sum);
         for (int c = 0; c < v_real; c++) {
-            float p = exp_vec(x[c] - mx) * inv;
+            float p = expf(x[c] - mx) * inv;
             dx[c] = (p - (c == tgt ? 1.0f : 0.0f)) * dscale;
         }
         for (int c = v_real; c < V; c++) dx[c] = 0.0f;
@@ -812,7 +800,8 @@ static void cpu_xent_vp_local(const ust_ops *o, float *lse, float *tlogit, const
         const float *x = logits + (int64_t)n * V;
         float mx = -INFINITY;
         for (int c = 0; c < real; c++) mx = x[c] > mx ? x[c] : mx;
-        double sum = sum_exp(x, real, mx);
+        double sum = 0.0;
+        for (int c = 0; c < real; c++) sum += expf(x[c] - mx);
         lse[n] = real ? mx + (float)log(sum) : -INFINITY;
         int local = targets[n] - v_start;
         tlogit[n] = targets[n] >= 0 && local >= 0 && local < real ? x[local] : 0.0f;
@@ -832,7 +821,7 @@ static void cpu_xent_vp_finish(const ust_ops *o, float *losses, float *dlogits, 
         float *dx = dlogits + (int64_t)n * V;
         int local = targets[n] - v_start;
         for (int c = 0; c < V; c++) {
-            float p = c < real && !ignored ? exp_vec(x[c] - lse[n]) : 0.0f;
+            float p = c < real && !ignored ? expf(x[c] - lse[n]) : 0.0f;
             dx[c] = ignored ? 0.0f : (p - (c == local ? 1.0f : 0.0f)) * dscale;
         }
     }

@@ -200,6 +200,8 @@ __device__ __forceinline__ float quad_sum(float v) {
 
 /* ---------------------------------------------------------------- forward */
 
+/* q(B,Tq,H,D), k,v(B,Tk,Hkv,D) -> out(B,Tq,H,D), lse(B,H,Tq). Grid: B x H x ceil(Tq/64) blocks,
+ * last query tile first; scale2 = log2(e) / sqrt(D). */
 template <int D>
 __global__ void __launch_bounds__(TC_THREADS)
     k_tc_fwd(float *out, float *lse, const float *q, const float *k, const float *v, int Tq, int Tk,
@@ -302,6 +304,8 @@ __device__ __forceinline__ void probs_and_ds(float s[4], float dp[4], bool vis[4
     }
 }
 
+/* dq(B,Tq,H,D) += scale sum_j dS_ij k_j, from dout(B,Tq,H,D), lse and Di (B,H,Tq). Grid as the
+ * forward's. */
 template <int D>
 __global__ void __launch_bounds__(TC_THREADS)
     k_tc_dq(float *dq, const float *dout, const float *lse, const float *Di, const float *q,
@@ -383,6 +387,8 @@ __global__ void __launch_bounds__(TC_THREADS)
 
 /* ---------------------------------------------------------------- backward: dk, dv */
 
+/* dk(B,Tk,Hkv,D) += scale sum_i dS_ij q_i and dv += sum_i P_ij dout_i over the queries of every
+ * head of the kv head's group (either may be NULL). Grid: B x Hkv x ceil(Tk/64) blocks. */
 template <int D>
 __global__ void __launch_bounds__(TC_THREADS)
     k_tc_dkdv(float *dk, float *dv, const float *dout, const float *lse, const float *Di,
