@@ -361,7 +361,7 @@ static void cpu_swiglu_fwd(const ust_ops *o, float *out, const float *gate, cons
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int64_t i = 0; i < n; i++) {
         float g = gate[i];
-        out[i] = g / (1.0f + exp_vec(-g)) * up[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
     }
 }
 
@@ -371,7 +371,7 @@ static void cpu_swiglu_bwd(const ust_ops *o, float *dgate, float *dup, const flo
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int64_t i = 0; i < n; i++) {
         float g = gate[i], u = up[i], dy = dout[i];
-        float sig = 1.0f / (1.0f + exp_vec(-g));
+        float sig = 1.0f / (1.0f + expf(-g));
         if (dgate) dgate[i] = dy * u * sig * (1.0f + g * (1.0f - sig));
         if (dup) dup[i] = dy * g * sig;
     }

@@ -94,6 +94,7 @@ def compare(ref, got):
     if set(rw) != set(gw):
         return f"tensor names differ: {sorted(set(rw) ^ set(gw))[:3]}"
     worst = (0.0, "")
+    used = (0.0, "")  # the largest share of its tolerance a tensor used
     loss_worst = max(abs(a - b) for a, b in zip(gl, rl))
     for name, b in rw.items():
         a = gw[name]
@@ -102,10 +103,13 @@ def compare(ref, got):
         rel = diff / (scale + 1e-30)
         if rel > worst[0]:
             worst = (rel, name)
+        if diff / (W_RTOL * scale + W_ATOL) > used[0]:
+            used = (diff / (W_RTOL * scale + W_ATOL), name)
         if not diff <= W_RTOL * scale + W_ATOL:
             return f"{name}: max|diff| {diff:.3g} vs scale {scale:.3g}"
     if os.environ.get("EQUIV_VERBOSE"):
-        print(f"# max loss diff {loss_worst:.3g}; worst tensor {worst[1]} rel {worst[0]:.3g}")
+        print(f"# max loss diff {loss_worst:.3g}; worst tensor {worst[1]} rel {worst[0]:.3g}; "
+              f"{100 * used[0]:.0f}% of the tolerance used ({used[1]})")
     return None
 
 
