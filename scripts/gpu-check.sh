@@ -57,9 +57,13 @@ if [ "${1:-}" = "--bundled" ]; then
         { echo "FAIL no .gpubundle/: run scripts/gpu-bundle.sh where the build works, carry it"; exit 1; }
     BUILD=.gpubundle UST=.gpubundle/ustrain
     mkdir -p /tmp/gpubundle && tar -C /tmp/gpubundle -xzf .gpubundle/lib.tar.gz || exit 1
+    # in search order, first seen first: the toolkit under /usr/local (matched to the driver)
+    # before copies in Python environments under /opt (where NCCL may be the only one)
     cudalib=$(find /usr/local /usr/lib /opt \( -name 'libcublasLt.so.13' -o -name 'libnccl.so.2' \
-        -o -name 'libcudart.so.13' \) 2>/dev/null | xargs -r -n1 dirname | sort -u | tr '\n' ':')
+        -o -name 'libcudart.so.13' \) 2>/dev/null | xargs -r -n1 dirname | awk '!seen[$0]++' |
+        tr '\n' ':')
     export LD_LIBRARY_PATH="/tmp/gpubundle/lib:$cudalib${LD_LIBRARY_PATH:-}"
+    echo "CUDA libraries from: ${cudalib:-none found}"
 fi
 export UST
 
