@@ -29,7 +29,6 @@
 #define QT (QPW * NW)   /* queries per block */
 #define QTB 16          /* queries per shared-memory load in the dk/dv kernel */
 
-__device__ __forceinline__ int posof(const int32_t *p, int i) { return p ? p[i] : i; }
 
 /* ---------------------------------------------------------------- forward */
 

@@ -32,9 +32,6 @@ typedef uint32_t u32;
 
 /* ---------------------------------------------------------------- fragments */
 
-/* Two floats as a bf16 pair, the lower column in the low half (the mma operand packing). */
-__device__ __forceinline__ u32 pack2(float lo, float hi) { return pack_bf16x2(lo, hi); }
-
 __device__ __forceinline__ float bf_lo(u32 x) { return __uint_as_float(x << 16); }
 __device__ __forceinline__ float bf_hi(u32 x) { return __uint_as_float(x & 0xffff0000u); }
 
@@ -72,10 +69,10 @@ __device__ __forceinline__ void mma16816(float d[4], const u32 a[4], const u32 b
 /* The A fragment of k-step kk (columns 16kk..16kk+15) from the accumulators of n-tiles 2kk and
  * 2kk+1 of a 16-row result: the accumulator layout is the operand layout. */
 __device__ __forceinline__ void acc_to_a(u32 a[4], const float c0[4], const float c1[4]) {
-    a[0] = pack2(c0[0], c0[1]);
-    a[1] = pack2(c0[2], c0[3]);
-    a[2] = pack2(c1[0], c1[1]);
-    a[3] = pack2(c1[2], c1[3]);
+    a[0] = pack_bf16x2(c0[0], c0[1]);
+    a[1] = pack_bf16x2(c0[2], c0[3]);
+    a[2] = pack_bf16x2(c1[0], c1[1]);
+    a[3] = pack_bf16x2(c1[2], c1[3]);
 }
 
 /* A shared-memory bf16 tile of `rows` rows, `stride` bf16 per row (16 bytes of padding past the
@@ -104,10 +101,10 @@ __device__ __forceinline__ void load_a(u32 a[4], const u32 *tile, int stride, in
 /* The A fragment of k-step kk straight from two fp32 rows in global memory (NULL: zeros). */
 __device__ __forceinline__ void global_a(u32 a[4], const float *row0, const float *row1, int kk) {
     const int c = 16 * kk + 2 * ((threadIdx.x & 31) & 3);
-    a[0] = row0 ? pack2(row0[c], row0[c + 1]) : 0u;
-    a[1] = row1 ? pack2(row1[c], row1[c + 1]) : 0u;
-    a[2] = row0 ? pack2(row0[c + 8], row0[c + 9]) : 0u;
-    a[3] = row1 ? pack2(row1[c + 8], row1[c + 9]) : 0u;
+    a[0] = row0 ? pack_bf16x2(row0[c], row0[c + 1]) : 0u;
+    a[1] = row1 ? pack_bf16x2(row1[c], row1[c + 1]) : 0u;
+    a[2] = row0 ? pack_bf16x2(row0[c + 8], row0[c + 9]) : 0u;
+    a[3] = row1 ? pack_bf16x2(row1[c + 8], row1[c + 9]) : 0u;
 }
 
 /* Rows [r0, r0 + n) of x (row r at x + r * rs, D floats) into a shared tile as bf16, row-major
@@ -119,7 +116,7 @@ __device__ __forceinline__ void fill_rows(u32 *tile, const float *x, int64_t rs,
     for (int idx = threadIdx.x; idx < n * (D / 2); idx += blockDim.x) {
         int r = idx / (D / 2), c = 2 * (idx % (D / 2));
         const float *p = x + (int64_t)(r0 + r) * rs + c;
-        tile[r * (S / 2) + c / 2] = r0 + r < valid ? pack2(p[0], p[1]) : 0u;
+        tile[r * (S / 2) + c / 2] = r0 + r < valid ? pack_bf16x2(p[0], p[1]) : 0u;
     }
 }
 
@@ -132,11 +129,9 @@ __device__ __forceinline__ void fill_cols(u32 *tile, const float *x, int64_t rs,
         int rp = 2 * (idx / D), d = idx % D; /* consecutive threads read consecutive d */
         const float *p = x + (int64_t)(r0 + rp) * rs + d;
         float lo = r0 + rp < valid ? p[0] : 0.0f, hi = r0 + rp + 1 < valid ? p[rs] : 0.0f;
-        tile[d * (S / 2) + rp / 2] = pack2(lo, hi);
+        tile[d * (S / 2) + rp / 2] = pack_bf16x2(lo, hi);
     }
 }
-
-__device__ __forceinline__ int posof_tc(const int32_t *p, int i) { return p ? p[i] : i; }
 
 __device__ __forceinline__ int warp_min_int(int v) {
     for (int off = 16; off > 0; off >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, off));
@@ -165,7 +160,7 @@ __device__ __forceinline__ int key_tile_positions(int *kpos, const int32_t *k_po
                                                   int Tk) {
     __syncthreads();
     for (int j = threadIdx.x; j < n; j += blockDim.x)
-        kpos[j] = j0 + j < Tk ? posof_tc(k_pos, j0 + j) : INT_MAX;
+        kpos[j] = j0 + j < Tk ? posof(k_pos, j0 + j) : INT_MAX;
     __syncthreads();
     return tile_min(kpos, n);
 }
@@ -179,7 +174,7 @@ struct query_rows {
 __device__ __forceinline__ query_rows query_block_positions(int *qpos, const int32_t *q_pos, int i0,
                                                             int Tq) {
     for (int i = threadIdx.x; i < TC_BQ; i += blockDim.x)
-        qpos[i] = i0 + i < Tq ? posof_tc(q_pos, i0 + i) : INT_MIN;
+        qpos[i] = i0 + i < Tq ? posof(q_pos, i0 + i) : INT_MIN;
     __syncthreads();
     const int row = 16 * (threadIdx.x >> 5) + ((threadIdx.x & 31) >> 2);
     query_rows r;
@@ -413,7 +408,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     const float *kb = k + ((int64_t)b * Tk * Hkv + hk) * D, *vb = v + (kb - k);
 
     for (int j = threadIdx.x; j < TC_BKV; j += blockDim.x)
-        kpos[j] = j0 + j < Tk ? posof_tc(k_pos, j0 + j) : INT_MAX;
+        kpos[j] = j0 + j < Tk ? posof(k_pos, j0 + j) : INT_MAX;
     fill_rows<D>(ks, kb, kvs, j0, TC_BKV, Tk);
     fill_rows<D>(vs, vb, kvs, j0, TC_BKV, Tk);
     __syncthreads();
@@ -430,7 +425,7 @@ __global__ void __launch_bounds__(TC_THREADS)
             __syncthreads();
             for (int i = threadIdx.x; i < TC_KVQ; i += blockDim.x) {
                 bool in = i0 + i < Tq;
-                qpos[i] = in ? posof_tc(q_pos, i0 + i) : INT_MIN;
+                qpos[i] = in ? posof(q_pos, i0 + i) : INT_MIN;
                 l2s[i] = in ? lb[i0 + i] * LOG2E : -INFINITY;
                 dis[i] = in ? db[i0 + i] : 0.0f;
             }

@@ -82,6 +82,9 @@ void cuda_gemm(const ust_ops *o, float *C, int64_t ldc, int64_t sC, const float 
                int64_t sA, const float *B, int64_t ldb, int64_t sB, int M, int N, int K, int tA,
                int tB, float alpha, float beta, int batch);
 
+/* Attention's token positions: p[i], or i when none are given. */
+__device__ __forceinline__ int posof(const int32_t *p, int i) { return p ? p[i] : i; }
+
 /* Two floats rounded to bf16 (nearest even) in one word, lo in the low half: memory order. */
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
     return (uint32_t)__bfloat16_as_ushort(__float2bfloat16_rn(lo)) |

@@ -1291,9 +1291,9 @@ extern "C" ust_ops *ops_cuda_create(int device, ust_err *e) {
     im->device = device;
     const char *att = getenv("UST_CUDA_ATTENTION"), *chunk = getenv("UST_CUDA_ATTENTION_CHUNK");
     static const char *const att_names[] = {"auto", "gemm", "flash", "tc"};
-    im->attn_mode = -1;
-    for (int i = 0; i < 4; i++)
-        if (!att || strcmp(att, att_names[i]) == 0) im->attn_mode = att ? i : ATT_AUTO;
+    im->attn_mode = att ? -1 : ATT_AUTO;
+    for (int i = 0; att && i < 4; i++)
+        if (strcmp(att, att_names[i]) == 0) im->attn_mode = i;
     if (im->attn_mode < 0) {
         ust_errf(e, "UST_CUDA_ATTENTION=%s: expected auto, gemm, flash or tc", att);
         free(o), free(im);
