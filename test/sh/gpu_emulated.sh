@@ -98,6 +98,11 @@ $EQ --name _emu_fault --config $TMP/llama.yaml --expect-fail --env UST_FAULT_DP_
 EMU_GPUS=0 expect_exit emu_no_device_is_a_clear_error 2 'run.device = cuda: no CUDA device available' -- \
     $E/ustrain train $TMP/llama.yaml --set run.device=cuda --set checkpoint.resume=none
 
+# an unknown attention implementation is a usage error naming what is allowed, before training
+EMU_GPUS=1 UST_CUDA_ATTENTION=fast expect_exit emu_bad_attention_choice_exits_2 2 \
+    'UST_CUDA_ATTENTION=fast: expected auto, gemm, flash or tc' -- \
+    $E/ustrain train $TMP/llama.yaml --set run.device=cuda --set checkpoint.resume=none
+
 # bf16 matmuls: close to the fp32 run, but not equal (the precision switch reaches the GEMMs)
 for p in fp32 bf16; do
     $E/ustrain train $TMP/llama.yaml --set run.device=cuda --set train.precision=$p \
