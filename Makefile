@@ -7,7 +7,7 @@ OPT     ?= -O3 -march=native
 # -fno-math-errno: nothing reads errno after a math call, and without it sqrtf's errno path
 # keeps loops such as AdamW's from vectorizing (bit-identical results: sqrt and division are
 # correctly rounded either way; ISO C mode keeps FMA contraction off).
-CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -Wno-format-truncation \
+CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -Wpointer-arith -Wno-format-truncation \
            -fno-math-errno -fopenmp -pthread \
            -I. -Icore -Iparallel -I/usr/include/x86_64-linux-gnu/openblas-openmp \
            $(shell pkg-config --cflags yaml-0.1 libcjson pmix 2>/dev/null) $(EXTRA_CFLAGS)

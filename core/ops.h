@@ -1,5 +1,9 @@
 /* ops: the compute interface every backend implements (CPU here, CUDA in cuda/).
- * All tensors are device pointers to fp32, row-major; token-major activations are (B,T,...).
+ * Tensors are device pointers, row-major; token-major activations are (B,T,...). Parameters,
+ * their gradients, optimizer state and statistics (norms' mean/rstd, lse, losses, router
+ * probabilities and gates) are fp32. Activations and their gradients, typed `act`, are in the
+ * backend's activation type: fp32, or bf16 (CUDA under train.precision bf16), act_size bytes
+ * each; index them only through act_at.
  * Ops are enqueued on the backend's stream; the CPU backend runs them synchronously.
  * Conventions: backward ops ACCUMULATE (+=) into parameter gradients (dw, db) and into
  * attention's dq/dk/dv (ring attention sums over blocks); they OVERWRITE other activation
@@ -12,6 +16,10 @@
 
 typedef struct ust_ops ust_ops;
 
+/* Activation storage: opaque on purpose (with -Wpointer-arith no arithmetic compiles on it),
+ * because its element size is the backend's act_size. */
+typedef void act;
+
 /* One tensor of a multi-tensor op: n floats at offset p of the parameters, g of the gradients
  * and m of both moments, with weight decay wd (sumsq_many reads g and n only). */
 typedef struct {
@@ -22,6 +30,7 @@ typedef struct {
 struct ust_ops {
     const char *name; /* "cpu" or "cuda" */
     void *impl;       /* backend-private state */
+    int act_size;     /* bytes per activation element: 4 (fp32) or 2 (bf16) */
 
     /* ---- memory ---- */
     void *(*alloc)(const ust_ops *o, size_t bytes); /* zeroed, 64-byte aligned; fatal on OOM */
@@ -44,52 +53,52 @@ struct ust_ops {
     /* ---- linear: out(N,OC) = inp(N,C) @ w(OC,C)^T + bias(OC) (bias may be NULL) ----
      * backward: dinp(N,C) = dout @ w (or += when acc_dinp), dw(OC,C) += dout^T @ inp,
      * dbias(OC) += column sums of dout. */
-    void (*linear_fwd)(const ust_ops *o, float *out, const float *inp, const float *w,
+    void (*linear_fwd)(const ust_ops *o, act *out, const act *inp, const float *w,
                        const float *bias, int N, int C, int OC);
-    void (*linear_bwd)(const ust_ops *o, float *dinp, float *dw, float *dbias, const float *dout,
-                       const float *inp, const float *w, int N, int C, int OC, int acc_dinp);
+    void (*linear_bwd)(const ust_ops *o, act *dinp, float *dw, float *dbias, const act *dout,
+                       const act *inp, const float *w, int N, int C, int OC, int acc_dinp);
 
     /* ---- embedding: out(B,T,C) = wte[tok - v_start] + wpe[pos[t]] ----
      * wte holds vocabulary rows [v_start, v_end); tokens outside contribute 0 (vocab-parallel).
      * wpe and pos may be NULL (no learned positions). pos has T entries shared by all b.
      * backward accumulates into dwte/dwpe. */
-    void (*embedding_fwd)(const ust_ops *o, float *out, const int32_t *tok, const int32_t *pos,
+    void (*embedding_fwd)(const ust_ops *o, act *out, const int32_t *tok, const int32_t *pos,
                           const float *wte, const float *wpe, int B, int T, int C, int v_start,
                           int v_end);
-    void (*embedding_bwd)(const ust_ops *o, float *dwte, float *dwpe, const float *dout,
+    void (*embedding_bwd)(const ust_ops *o, float *dwte, float *dwpe, const act *dout,
                           const int32_t *tok, const int32_t *pos, int B, int T, int C, int v_start,
                           int v_end);
 
     /* ---- norms over the last dim C of N rows; mean/rstd (N) saved for backward ---- */
-    void (*layernorm_fwd)(const ust_ops *o, float *out, float *mean, float *rstd, const float *inp,
+    void (*layernorm_fwd)(const ust_ops *o, act *out, float *mean, float *rstd, const act *inp,
                           const float *w, const float *b, int N, int C, float eps);
-    void (*layernorm_bwd)(const ust_ops *o, float *dinp, float *dw, float *db, const float *dout,
-                          const float *inp, const float *w, const float *mean, const float *rstd,
+    void (*layernorm_bwd)(const ust_ops *o, act *dinp, float *dw, float *db, const act *dout,
+                          const act *inp, const float *w, const float *mean, const float *rstd,
                           int N, int C);
-    void (*rmsnorm_fwd)(const ust_ops *o, float *out, float *rstd, const float *inp, const float *w,
+    void (*rmsnorm_fwd)(const ust_ops *o, act *out, float *rstd, const act *inp, const float *w,
                         int N, int C, float eps);
-    void (*rmsnorm_bwd)(const ust_ops *o, float *dinp, float *dw, const float *dout,
-                        const float *inp, const float *w, const float *rstd, int N, int C);
+    void (*rmsnorm_bwd)(const ust_ops *o, act *dinp, float *dw, const act *dout,
+                        const act *inp, const float *w, const float *rstd, int N, int C);
 
     /* ---- activations, elementwise over n ---- */
     /* GPT-2's tanh approximation: 0.5x(1+tanh(sqrt(2/pi)(x+0.044715x^3))) */
-    void (*gelu_fwd)(const ust_ops *o, float *out, const float *inp, int64_t n);
-    void (*gelu_bwd)(const ust_ops *o, float *dinp, const float *inp, const float *dout, int64_t n);
+    void (*gelu_fwd)(const ust_ops *o, act *out, const act *inp, int64_t n);
+    void (*gelu_bwd)(const ust_ops *o, act *dinp, const act *inp, const act *dout, int64_t n);
     /* up(N,OC) = linear_fwd(inp, w, bias), act = gelu_fwd(up): gpt2's MLP up-projection, which
      * the GPU fuses into the GEMM's epilogue under bf16 */
-    void (*linear_gelu_fwd)(const ust_ops *o, float *up, float *act, const float *inp,
+    void (*linear_gelu_fwd)(const ust_ops *o, act *up, act *out, const act *inp,
                             const float *w, const float *bias, int N, int C, int OC);
     /* out = silu(gate) * up */
-    void (*swiglu_fwd)(const ust_ops *o, float *out, const float *gate, const float *up, int64_t n);
-    void (*swiglu_bwd)(const ust_ops *o, float *dgate, float *dup, const float *dout,
-                       const float *gate, const float *up, int64_t n);
+    void (*swiglu_fwd)(const ust_ops *o, act *out, const act *gate, const act *up, int64_t n);
+    void (*swiglu_bwd)(const ust_ops *o, act *dgate, act *dup, const act *dout,
+                       const act *gate, const act *up, int64_t n);
 
     /* ---- RoPE on x(B,T,H,D), rotate-half convention (pairs i, i+D/2, as Hugging Face Llama),
      * angle pos[t] * theta^(-2i/D). out may equal inp. Backward applies the inverse rotation:
      * dinp = R^T dout (dinp may equal dout). ---- */
-    void (*rope_fwd)(const ust_ops *o, float *out, const float *inp, const int32_t *pos, int B,
+    void (*rope_fwd)(const ust_ops *o, act *out, const act *inp, const int32_t *pos, int B,
                      int T, int H, int D, float theta);
-    void (*rope_bwd)(const ust_ops *o, float *dinp, const float *dout, const int32_t *pos, int B,
+    void (*rope_bwd)(const ust_ops *o, act *dinp, const act *dout, const int32_t *pos, int B,
                      int T, int H, int D, float theta);
 
     /* ---- attention, flash-style (online softmax, nothing of size T*T kept) ----
@@ -99,22 +108,22 @@ struct ust_ops {
      * token positions, so context-parallel blocks mask correctly). A query that sees no key gets
      * out = 0 and lse = -INFINITY. Backward takes the final out/lse (after any merge) and
      * accumulates into dq, dk, dv. */
-    void (*attention_fwd)(const ust_ops *o, float *out, float *lse, const float *q, const float *k,
-                          const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
+    void (*attention_fwd)(const ust_ops *o, act *out, float *lse, const act *q, const act *k,
+                          const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
                           const int32_t *q_pos, const int32_t *k_pos, int causal);
-    void (*attention_bwd)(const ust_ops *o, float *dq, float *dk, float *dv, const float *dout,
-                          const float *out, const float *lse, const float *q, const float *k,
-                          const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
+    void (*attention_bwd)(const ust_ops *o, act *dq, act *dk, act *dv, const act *dout,
+                          const act *out, const float *lse, const act *q, const act *k,
+                          const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
                           const int32_t *q_pos, const int32_t *k_pos, int causal);
     /* Merges a partial result (out2, lse2) over other keys into (out, lse), in place. */
-    void (*attention_merge)(const ust_ops *o, float *out, float *lse, const float *out2,
+    void (*attention_merge)(const ust_ops *o, act *out, float *lse, const act *out2,
                             const float *lse2, int B, int T, int H, int D);
 
     /* ---- softmax cross-entropy, fused with its backward ----
      * logits(N,V); columns >= v_real are padding (probability 0, gradient 0). losses(N) gets
      * -log p[target]; a target < 0 is ignored (loss 0, gradient 0). When dlogits != NULL it gets
      * (softmax - onehot) * dscale; dlogits may equal logits. */
-    void (*xent_fwd_bwd)(const ust_ops *o, float *losses, float *dlogits, const float *logits,
+    void (*xent_fwd_bwd)(const ust_ops *o, float *losses, act *dlogits, const act *logits,
                          const int32_t *targets, int N, int V, int v_real, float dscale);
 
     /* ---- vocab-parallel cross-entropy: logits(N,V) hold vocabulary columns [v_start,
@@ -125,9 +134,9 @@ struct ust_ops {
      * tlogit summed), xent_vp_finish writes losses = lse - tlogit and, when dlogits != NULL,
      * (softmax - onehot) * dscale for the local columns (dlogits may equal logits). Targets < 0
      * are ignored (loss 0, gradient 0). ---- */
-    void (*xent_vp_local)(const ust_ops *o, float *lse, float *tlogit, const float *logits,
+    void (*xent_vp_local)(const ust_ops *o, float *lse, float *tlogit, const act *logits,
                           const int32_t *targets, int N, int V, int v_start, int v_real);
-    void (*xent_vp_finish)(const ust_ops *o, float *losses, float *dlogits, const float *logits,
+    void (*xent_vp_finish)(const ust_ops *o, float *losses, act *dlogits, const act *logits,
                            const int32_t *targets, const float *lse, const float *tlogit, int N,
                            int V, int v_start, int v_real, float dscale);
 
@@ -146,7 +155,7 @@ struct ust_ops {
                        double *out);
 
     /* ---- elementwise and reductions ---- */
-    void (*add)(const ust_ops *o, float *out, const float *a, const float *b, int64_t n);
+    void (*add)(const ust_ops *o, act *out, const act *a, const act *b, int64_t n);
     void (*axpy)(const ust_ops *o, float *y, float a, const float *x, int64_t n); /* y += a x */
     void (*scale)(const ust_ops *o, float *x, float s, int64_t n);
     double (*sumsq)(const ust_ops *o, const float *x, int64_t n); /* sum x^2, fp64, to host */
@@ -161,25 +170,32 @@ struct ust_ops {
      * topk(N,k) the k most probable experts (descending; ties to the lower index), gate(N,k) their
      * probabilities renormalized to sum 1; psum(E) = column sums of probs (may be NULL). */
     void (*moe_router_fwd)(const ust_ops *o, float *probs, float *lse, int32_t *topk, float *gate,
-                           float *psum, const float *logits, int N, int E, int k);
+                           float *psum, const act *logits, int N, int E, int k);
     /* dlogits(N,E) = softmax backward of dprobs, where dprobs = the gate renormalization's
      * backward of dgate(N,k) (NULL: 0) + aux_dp[e] for every token (NULL: 0), plus zscale * lse[n]
      * * probs (the gradient of zscale/2 * lse^2). Overwrites dlogits. */
-    void (*moe_router_bwd)(const ust_ops *o, float *dlogits, const float *dgate, const float *probs,
+    void (*moe_router_bwd)(const ust_ops *o, act *dlogits, const float *dgate, const float *probs,
                            const float *lse, const int32_t *topk, const float *gate,
                            const float *aux_dp, float zscale, int N, int E, int k);
     /* out(M,C): row i = inp[src[i] / div] * (scale ? scale[src[i]] : 1). Gathers token rows into
      * expert order (div = k, scale = gate for a gradient) or permutes rows (div = 1). */
-    void (*moe_gather)(const ust_ops *o, float *out, const float *inp, const int32_t *src,
+    void (*moe_gather)(const ust_ops *o, act *out, const act *inp, const int32_t *src,
                        const float *scale, int M, int C, int div);
     /* out(N,C) (+= when acc) row n = sum_j w * rows[pos[n*k+j]] over j with pos >= 0 (dropped
      * assignments have pos < 0), w = gate[n*k+j] or 1 when gate is NULL. Per token in j order. */
-    void (*moe_combine)(const ust_ops *o, float *out, const float *rows, const int32_t *pos,
+    void (*moe_combine)(const ust_ops *o, act *out, const act *rows, const int32_t *pos,
                         const float *gate, int N, int k, int C, int acc);
     /* dgate(N,k): dgate[a] = dout[a/k] . rows[pos[a]] (0 when pos[a] < 0). Overwrites. */
-    void (*moe_gate_grad)(const ust_ops *o, float *dgate, const float *dout, const float *rows,
+    void (*moe_gate_grad)(const ust_ops *o, float *dgate, const act *dout, const act *rows,
                           const int32_t *pos, int N, int k, int C);
 };
+
+/* Element i of activation tensor p (strchr-style: the result drops const). */
+static inline act *act_at(const ust_ops *o, const act *p, int64_t i) {
+    return (char *)p + i * o->act_size;
+}
+/* Bytes of n activation elements. */
+static inline size_t act_bytes(const ust_ops *o, int64_t n) { return (size_t)n * o->act_size; }
 
 /* CPU backend: OpenBLAS + OpenMP with `threads` threads (<= 0: cores / local ranks, capped by
  * OMP_NUM_THREADS when that is set). */

@@ -92,8 +92,10 @@ static void cpu_matmul_batched(const ust_ops *o, float *C, const float *A, const
 /* ---------------------------------------------------------------- linear */
 
 /* out(N,OC) = inp(N,C) @ w(OC,C)^T + bias(OC) */
-static void cpu_linear_fwd(const ust_ops *o, float *out, const float *inp, const float *w,
+static void cpu_linear_fwd(const ust_ops *o, act *out_, const act *inp_, const float *w,
                            const float *bias, int N, int C, int OC) {
+    float *out = out_;
+    const float *inp = inp_;
     sgemm(o, out, inp, w, N, OC, C, 0, 1, 1.0f, 0.0f);
     if (!bias) return;
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
@@ -121,9 +123,12 @@ static void column_sums(const ust_ops *o, float *out, const float *in, int N, in
 
 /* dinp(N,C) = dout(N,OC) @ w(OC,C) (+= when acc_dinp); dw(OC,C) += dout^T @ inp;
  * dbias(OC) += column sums of dout. */
-static void cpu_linear_bwd(const ust_ops *o, float *dinp, float *dw, float *dbias,
-                           const float *dout, const float *inp, const float *w, int N, int C,
+static void cpu_linear_bwd(const ust_ops *o, act *dinp_, float *dw, float *dbias,
+                           const act *dout_, const act *inp_, const float *w, int N, int C,
                            int OC, int acc_dinp) {
+    float *dinp = dinp_;
+    const float *dout = dout_;
+    const float *inp = inp_;
     if (dinp) sgemm(o, dinp, dout, w, N, C, OC, 0, 0, 1.0f, acc_dinp ? 1.0f : 0.0f);
     if (dw) sgemm(o, dw, dout, inp, OC, C, N, 1, 0, 1.0f, 1.0f);
     if (dbias) column_sums(o, dbias, dout, N, OC, 1);
@@ -132,9 +137,10 @@ static void cpu_linear_bwd(const ust_ops *o, float *dinp, float *dw, float *dbia
 /* ---------------------------------------------------------------- embedding */
 
 /* out(B,T,C) = wte[tok - v_start] (0 when tok is outside [v_start, v_end)) + wpe[pos[t]] */
-static void cpu_embedding_fwd(const ust_ops *o, float *out, const int32_t *tok, const int32_t *pos,
+static void cpu_embedding_fwd(const ust_ops *o, act *out_, const int32_t *tok, const int32_t *pos,
                               const float *wte, const float *wpe, int B, int T, int C, int v_start,
                               int v_end) {
+    float *out = out_;
     int64_t rows = (int64_t)B * T;
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int64_t r = 0; r < rows; r++) {
@@ -155,9 +161,10 @@ static void cpu_embedding_fwd(const ust_ops *o, float *out, const int32_t *tok, 
 
 /* dwte[tok - v_start] += dout, dwpe[pos[t]] += dout; tokens repeat, so each thread owns a chunk
  * of columns and walks every row in order. */
-static void cpu_embedding_bwd(const ust_ops *o, float *dwte, float *dwpe, const float *dout,
+static void cpu_embedding_bwd(const ust_ops *o, float *dwte, float *dwpe, const act *dout_,
                               const int32_t *tok, const int32_t *pos, int B, int T, int C,
                               int v_start, int v_end) {
+    const float *dout = dout_;
     int64_t rows = (int64_t)B * T;
     int nchunks = (C + COL_CHUNK - 1) / COL_CHUNK;
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
@@ -181,9 +188,11 @@ static void cpu_embedding_bwd(const ust_ops *o, float *dwte, float *dwpe, const 
 /* ---------------------------------------------------------------- norms */
 
 /* out = (x - mean) * rstd * w + b over rows of C; mean, rstd (N) saved for backward. */
-static void cpu_layernorm_fwd(const ust_ops *o, float *out, float *mean, float *rstd,
-                              const float *inp, const float *w, const float *b, int N, int C,
+static void cpu_layernorm_fwd(const ust_ops *o, act *out_, float *mean, float *rstd,
+                              const act *inp_, const float *w, const float *b, int N, int C,
                               float eps) {
+    float *out = out_;
+    const float *inp = inp_;
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int n = 0; n < N; n++) {
         const float *x = inp + (int64_t)n * C;
@@ -204,9 +213,12 @@ static void cpu_layernorm_fwd(const ust_ops *o, float *out, float *mean, float *
 
 /* With xn = (x - mean) rstd and g = w * dout (llm.c):
  * dinp = rstd (g - mean(g) - xn mean(g xn)); dw += dout xn; db += dout. */
-static void cpu_layernorm_bwd(const ust_ops *o, float *dinp, float *dw, float *db,
-                              const float *dout, const float *inp, const float *w,
+static void cpu_layernorm_bwd(const ust_ops *o, act *dinp_, float *dw, float *db,
+                              const act *dout_, const act *inp_, const float *w,
                               const float *mean, const float *rstd, int N, int C) {
+    float *dinp = dinp_;
+    const float *dout = dout_;
+    const float *inp = inp_;
     if (dinp) {
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
         for (int n = 0; n < N; n++) {
@@ -249,8 +261,10 @@ static void cpu_layernorm_bwd(const ust_ops *o, float *dinp, float *dw, float *d
 }
 
 /* out = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps). */
-static void cpu_rmsnorm_fwd(const ust_ops *o, float *out, float *rstd, const float *inp,
+static void cpu_rmsnorm_fwd(const ust_ops *o, act *out_, float *rstd, const act *inp_,
                             const float *w, int N, int C, float eps) {
+    float *out = out_;
+    const float *inp = inp_;
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int n = 0; n < N; n++) {
         const float *x = inp + (int64_t)n * C;
@@ -266,8 +280,11 @@ static void cpu_rmsnorm_fwd(const ust_ops *o, float *out, float *rstd, const flo
 
 /* d rstd / d x_k = -rstd^3 x_k / C, so with g = w * dout:
  * dinp = rstd (g - x rstd^2 mean(g x)); dw += dout x rstd. */
-static void cpu_rmsnorm_bwd(const ust_ops *o, float *dinp, float *dw, const float *dout,
-                            const float *inp, const float *w, const float *rstd, int N, int C) {
+static void cpu_rmsnorm_bwd(const ust_ops *o, act *dinp_, float *dw, const act *dout_,
+                            const act *inp_, const float *w, const float *rstd, int N, int C) {
+    float *dinp = dinp_;
+    const float *dout = dout_;
+    const float *inp = inp_;
     if (dinp) {
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
         for (int n = 0; n < N; n++) {
@@ -328,7 +345,9 @@ static inline float tanh_vec(float u) { return 1.0f - 2.0f / (exp_vec(2.0f * u) 
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 
-static void cpu_gelu_fwd(const ust_ops *o, float *out, const float *inp, int64_t n) {
+static void cpu_gelu_fwd(const ust_ops *o, act *out_, const act *inp_, int64_t n) {
+    float *out = out_;
+    const float *inp = inp_;
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int64_t i = 0; i < n; i++) {
         float x = inp[i];
@@ -336,16 +355,22 @@ static void cpu_gelu_fwd(const ust_ops *o, float *out, const float *inp, int64_t
     }
 }
 
-static void cpu_linear_gelu_fwd(const ust_ops *o, float *up, float *act, const float *inp,
+static void cpu_linear_gelu_fwd(const ust_ops *o, act *up_, act *out_, const act *inp_,
                                 const float *w, const float *bias, int N, int C, int OC) {
+    float *up = up_;
+    float *out = out_;
+    const float *inp = inp_;
     cpu_linear_fwd(o, up, inp, w, bias, N, C, OC);
-    cpu_gelu_fwd(o, act, up, (int64_t)N * OC);
+    cpu_gelu_fwd(o, out, up, (int64_t)N * OC);
 }
 
 /* d/dx of 0.5 x (1 + tanh(u)), u = k (x + a x^3): 0.5 (1 + tanh u) + 0.5 x sech^2(u) k (1 + 3a x^2)
  */
-static void cpu_gelu_bwd(const ust_ops *o, float *dinp, const float *inp, const float *dout,
+static void cpu_gelu_bwd(const ust_ops *o, act *dinp_, const act *inp_, const act *dout_,
                          int64_t n) {
+    float *dinp = dinp_;
+    const float *inp = inp_;
+    const float *dout = dout_;
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int64_t i = 0; i < n; i++) {
         float x = inp[i];
@@ -356,8 +381,11 @@ static void cpu_gelu_bwd(const ust_ops *o, float *dinp, const float *inp, const 
     }
 }
 
-static void cpu_swiglu_fwd(const ust_ops *o, float *out, const float *gate, const float *up,
+static void cpu_swiglu_fwd(const ust_ops *o, act *out_, const act *gate_, const act *up_,
                            int64_t n) {
+    float *out = out_;
+    const float *gate = gate_;
+    const float *up = up_;
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int64_t i = 0; i < n; i++) {
         float g = gate[i];
@@ -366,8 +394,13 @@ static void cpu_swiglu_fwd(const ust_ops *o, float *out, const float *gate, cons
 }
 
 /* silu'(g) = sig(g) (1 + g (1 - sig(g))) */
-static void cpu_swiglu_bwd(const ust_ops *o, float *dgate, float *dup, const float *dout,
-                           const float *gate, const float *up, int64_t n) {
+static void cpu_swiglu_bwd(const ust_ops *o, act *dgate_, act *dup_, const act *dout_,
+                           const act *gate_, const act *up_, int64_t n) {
+    float *dgate = dgate_;
+    float *dup = dup_;
+    const float *dout = dout_;
+    const float *gate = gate_;
+    const float *up = up_;
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int64_t i = 0; i < n; i++) {
         float g = gate[i], u = up[i], dy = dout[i];
@@ -411,13 +444,17 @@ static void rope_apply(const ust_ops *o, float *out, const float *inp, const int
     }
 }
 
-static void cpu_rope_fwd(const ust_ops *o, float *out, const float *inp, const int32_t *pos, int B,
+static void cpu_rope_fwd(const ust_ops *o, act *out_, const act *inp_, const int32_t *pos, int B,
                          int T, int H, int D, float theta) {
+    float *out = out_;
+    const float *inp = inp_;
     rope_apply(o, out, inp, pos, B, T, H, D, theta, 1.0);
 }
 
-static void cpu_rope_bwd(const ust_ops *o, float *dinp, const float *dout, const int32_t *pos,
+static void cpu_rope_bwd(const ust_ops *o, act *dinp_, const act *dout_, const int32_t *pos,
                          int B, int T, int H, int D, float theta) {
+    float *dinp = dinp_;
+    const float *dout = dout_;
     rope_apply(o, dinp, dout, pos, B, T, H, D, theta, -1.0);
 }
 
@@ -510,9 +547,13 @@ static float *att_scratch(const ust_ops *o, int D, size_t *per_thread) {
 /* For each (b, h, query i), an online softmax over key blocks: running max m, running sum l and
  * an unnormalized output accumulator, rescaled by exp(m_old - m_new) when the max grows.
  * out = acc / l, lse = m + log l. No Tq x Tk buffer exists. */
-static void cpu_attention_fwd(const ust_ops *o, float *out, float *lse, const float *q,
-                              const float *k, const float *v, int B, int Tq, int Tk, int H, int Hkv,
+static void cpu_attention_fwd(const ust_ops *o, act *out_, float *lse, const act *q_,
+                              const act *k_, const act *v_, int B, int Tq, int Tk, int H, int Hkv,
                               int D, const int32_t *q_pos, const int32_t *k_pos, int causal) {
+    float *out = out_;
+    const float *q = q_;
+    const float *k = k_;
+    const float *v = v_;
     UST_ASSERT(Hkv > 0 && H % Hkv == 0 && D > 0, "H=%d must be a multiple of Hkv=%d (D=%d)", H, Hkv,
                D);
     const int G = H / Hkv, nqt = (Tq + ATT_QT - 1) / ATT_QT;
@@ -594,10 +635,18 @@ static void cpu_attention_fwd(const ust_ops *o, float *out, float *lse, const fl
  * dk/dv over (b, kv head, key block) walking the queries of every head in the group. The scores
  * are recomputed in the second pass; that costs flops but needs neither atomics nor per-thread
  * copies of dk/dv, and the result does not depend on the thread count. */
-static void cpu_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv, const float *dout,
-                              const float *out, const float *lse, const float *q, const float *k,
-                              const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
+static void cpu_attention_bwd(const ust_ops *o, act *dq_, act *dk_, act *dv_, const act *dout_,
+                              const act *out_, const float *lse, const act *q_, const act *k_,
+                              const act *v_, int B, int Tq, int Tk, int H, int Hkv, int D,
                               const int32_t *q_pos, const int32_t *k_pos, int causal) {
+    float *dq = dq_;
+    float *dk = dk_;
+    float *dv = dv_;
+    const float *dout = dout_;
+    const float *out = out_;
+    const float *q = q_;
+    const float *k = k_;
+    const float *v = v_;
     UST_ASSERT(Hkv > 0 && H % Hkv == 0 && D > 0, "H=%d must be a multiple of Hkv=%d (D=%d)", H, Hkv,
                D);
     const int G = H / Hkv, nqt = (Tq + ATT_QT - 1) / ATT_QT, nkb = (Tk + ATT_KB - 1) / ATT_KB;
@@ -726,8 +775,10 @@ static void cpu_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv,
 
 /* Two softmaxes over disjoint key sets combine as lse = logaddexp(lse1, lse2),
  * out = exp(lse1 - lse) out1 + exp(lse2 - lse) out2. A side with lse = -inf saw no key. */
-static void cpu_attention_merge(const ust_ops *o, float *out, float *lse, const float *out2,
+static void cpu_attention_merge(const ust_ops *o, act *out_, float *lse, const act *out2_,
                                 const float *lse2, int B, int T, int H, int D) {
+    float *out = out_;
+    const float *out2 = out2_;
     int64_t rows = (int64_t)B * H * T;
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int64_t r = 0; r < rows; r++) { /* r indexes lse(B,H,T) */
@@ -754,8 +805,10 @@ static void cpu_attention_merge(const ust_ops *o, float *out, float *lse, const 
 /* loss = logsumexp(logits[:v_real]) - logits[target]; dlogits = (softmax - onehot) dscale on the
  * real columns, 0 on the padding. Everything read from a row is read before it is written, so
  * dlogits may alias logits. */
-static void cpu_xent_fwd_bwd(const ust_ops *o, float *losses, float *dlogits, const float *logits,
+static void cpu_xent_fwd_bwd(const ust_ops *o, float *losses, act *dlogits_, const act *logits_,
                              const int32_t *targets, int N, int V, int v_real, float dscale) {
+    float *dlogits = dlogits_;
+    const float *logits = logits_;
     UST_ASSERT(v_real > 0 && v_real <= V, "v_real=%d must be in 1..V=%d", v_real, V);
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int n = 0; n < N; n++) {
@@ -792,8 +845,9 @@ static int real_columns(int V, int v_start, int v_real) {
     return n < 0 ? 0 : n > V ? V : n;
 }
 
-static void cpu_xent_vp_local(const ust_ops *o, float *lse, float *tlogit, const float *logits,
+static void cpu_xent_vp_local(const ust_ops *o, float *lse, float *tlogit, const act *logits_,
                               const int32_t *targets, int N, int V, int v_start, int v_real) {
+    const float *logits = logits_;
     int real = real_columns(V, v_start, v_real);
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int n = 0; n < N; n++) {
@@ -808,9 +862,11 @@ static void cpu_xent_vp_local(const ust_ops *o, float *lse, float *tlogit, const
     }
 }
 
-static void cpu_xent_vp_finish(const ust_ops *o, float *losses, float *dlogits, const float *logits,
+static void cpu_xent_vp_finish(const ust_ops *o, float *losses, act *dlogits_, const act *logits_,
                                const int32_t *targets, const float *lse, const float *tlogit, int N,
                                int V, int v_start, int v_real, float dscale) {
+    float *dlogits = dlogits_;
+    const float *logits = logits_;
     int real = real_columns(V, v_start, v_real);
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int n = 0; n < N; n++) {
@@ -856,7 +912,10 @@ static void cpu_adamw_many(const ust_ops *o, float *p, const float *grad, float 
 
 /* ---------------------------------------------------------------- elementwise, reductions */
 
-static void cpu_add(const ust_ops *o, float *out, const float *a, const float *b, int64_t n) {
+static void cpu_add(const ust_ops *o, act *out_, const act *a_, const act *b_, int64_t n) {
+    float *out = out_;
+    const float *a = a_;
+    const float *b = b_;
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
@@ -911,7 +970,8 @@ static int chosen(const int32_t *sel, int j, int e) {
 }
 
 static void cpu_moe_router_fwd(const ust_ops *o, float *probs, float *lse, int32_t *topk,
-                               float *gate, float *psum, const float *logits, int N, int E, int k) {
+                               float *gate, float *psum, const act *logits_, int N, int E, int k) {
+    const float *logits = logits_;
     UST_ASSERT(k >= 1 && k <= E, "top-%d of %d experts", k, E);
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int n = 0; n < N; n++) {
@@ -940,10 +1000,11 @@ static void cpu_moe_router_fwd(const ust_ops *o, float *probs, float *lse, int32
 
 /* gate_j = p_{i_j} / S with S = sum_m p_{i_m}: dp_{i_j} += (dgate_j - sum_m dgate_m gate_m) / S.
  * Softmax: dlogit_e = p_e (dp_e - sum_f p_f dp_f); the z-loss adds zscale lse p_e. */
-static void cpu_moe_router_bwd(const ust_ops *o, float *dlogits, const float *dgate,
+static void cpu_moe_router_bwd(const ust_ops *o, act *dlogits_, const float *dgate,
                                const float *probs, const float *lse, const int32_t *topk,
                                const float *gate, const float *aux_dp, float zscale, int N, int E,
                                int k) {
+    float *dlogits = dlogits_;
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int n = 0; n < N; n++) {
         const float *p = probs + (int64_t)n * E;
@@ -963,8 +1024,10 @@ static void cpu_moe_router_bwd(const ust_ops *o, float *dlogits, const float *dg
     }
 }
 
-static void cpu_moe_gather(const ust_ops *o, float *out, const float *inp, const int32_t *src,
+static void cpu_moe_gather(const ust_ops *o, act *out_, const act *inp_, const int32_t *src,
                            const float *scale, int M, int C, int div) {
+    float *out = out_;
+    const float *inp = inp_;
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int i = 0; i < M; i++) {
         const float *x = inp + (int64_t)(src[i] / div) * C;
@@ -973,8 +1036,10 @@ static void cpu_moe_gather(const ust_ops *o, float *out, const float *inp, const
     }
 }
 
-static void cpu_moe_combine(const ust_ops *o, float *out, const float *rows, const int32_t *pos,
+static void cpu_moe_combine(const ust_ops *o, act *out_, const act *rows_, const int32_t *pos,
                             const float *gate, int N, int k, int C, int acc) {
+    float *out = out_;
+    const float *rows = rows_;
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int n = 0; n < N; n++) {
         float *y = out + (int64_t)n * C;
@@ -990,8 +1055,10 @@ static void cpu_moe_combine(const ust_ops *o, float *out, const float *rows, con
     }
 }
 
-static void cpu_moe_gate_grad(const ust_ops *o, float *dgate, const float *dout, const float *rows,
+static void cpu_moe_gate_grad(const ust_ops *o, float *dgate, const act *dout_, const act *rows_,
                               const int32_t *pos, int N, int k, int C) {
+    const float *dout = dout_;
+    const float *rows = rows_;
     int64_t A = (int64_t)N * k;
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int64_t a = 0; a < A; a++) {
@@ -1033,6 +1100,7 @@ ust_ops *ops_cpu_create(int threads, int local_ranks) {
 
     o->name = "cpu";
     o->impl = impl;
+    o->act_size = sizeof(float);
     o->alloc = cpu_alloc;
     o->free = cpu_free;
     o->to_device = cpu_copy;

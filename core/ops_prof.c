@@ -117,98 +117,98 @@ static void pf_matmul_batched(const ust_ops *o, float *C, const float *A, const 
     TIMED(P_matmul_batched, in->matmul_batched(in, C, A, B, M, N, K, tA, tB, alpha, beta, batch,
                                                strideA, strideB, strideC));
 }
-static void pf_linear_fwd(const ust_ops *o, float *out, const float *inp, const float *w,
+static void pf_linear_fwd(const ust_ops *o, act *out, const act *inp, const float *w,
                           const float *bias, int N, int C, int OC) {
     TIMED(P_linear_fwd, in->linear_fwd(in, out, inp, w, bias, N, C, OC));
 }
-static void pf_linear_bwd(const ust_ops *o, float *dinp, float *dw, float *dbias, const float *dout,
-                          const float *inp, const float *w, int N, int C, int OC, int acc_dinp) {
+static void pf_linear_bwd(const ust_ops *o, act *dinp, float *dw, float *dbias, const act *dout,
+                          const act *inp, const float *w, int N, int C, int OC, int acc_dinp) {
     TIMED(P_linear_bwd, in->linear_bwd(in, dinp, dw, dbias, dout, inp, w, N, C, OC, acc_dinp));
 }
-static void pf_embedding_fwd(const ust_ops *o, float *out, const int32_t *tok, const int32_t *pos,
+static void pf_embedding_fwd(const ust_ops *o, act *out, const int32_t *tok, const int32_t *pos,
                              const float *wte, const float *wpe, int B, int T, int C, int v_start,
                              int v_end) {
     TIMED(P_embedding_fwd, in->embedding_fwd(in, out, tok, pos, wte, wpe, B, T, C, v_start, v_end));
 }
-static void pf_embedding_bwd(const ust_ops *o, float *dwte, float *dwpe, const float *dout,
+static void pf_embedding_bwd(const ust_ops *o, float *dwte, float *dwpe, const act *dout,
                              const int32_t *tok, const int32_t *pos, int B, int T, int C,
                              int v_start, int v_end) {
     TIMED(P_embedding_bwd,
           in->embedding_bwd(in, dwte, dwpe, dout, tok, pos, B, T, C, v_start, v_end));
 }
-static void pf_layernorm_fwd(const ust_ops *o, float *out, float *mean, float *rstd,
-                             const float *inp, const float *w, const float *b, int N, int C,
+static void pf_layernorm_fwd(const ust_ops *o, act *out, float *mean, float *rstd,
+                             const act *inp, const float *w, const float *b, int N, int C,
                              float eps) {
     TIMED(P_layernorm_fwd, in->layernorm_fwd(in, out, mean, rstd, inp, w, b, N, C, eps));
 }
-static void pf_layernorm_bwd(const ust_ops *o, float *dinp, float *dw, float *db, const float *dout,
-                             const float *inp, const float *w, const float *mean, const float *rstd,
+static void pf_layernorm_bwd(const ust_ops *o, act *dinp, float *dw, float *db, const act *dout,
+                             const act *inp, const float *w, const float *mean, const float *rstd,
                              int N, int C) {
     TIMED(P_layernorm_bwd, in->layernorm_bwd(in, dinp, dw, db, dout, inp, w, mean, rstd, N, C));
 }
-static void pf_rmsnorm_fwd(const ust_ops *o, float *out, float *rstd, const float *inp,
+static void pf_rmsnorm_fwd(const ust_ops *o, act *out, float *rstd, const act *inp,
                            const float *w, int N, int C, float eps) {
     TIMED(P_rmsnorm_fwd, in->rmsnorm_fwd(in, out, rstd, inp, w, N, C, eps));
 }
-static void pf_rmsnorm_bwd(const ust_ops *o, float *dinp, float *dw, const float *dout,
-                           const float *inp, const float *w, const float *rstd, int N, int C) {
+static void pf_rmsnorm_bwd(const ust_ops *o, act *dinp, float *dw, const act *dout,
+                           const act *inp, const float *w, const float *rstd, int N, int C) {
     TIMED(P_rmsnorm_bwd, in->rmsnorm_bwd(in, dinp, dw, dout, inp, w, rstd, N, C));
 }
-static void pf_gelu_fwd(const ust_ops *o, float *out, const float *inp, int64_t n) {
+static void pf_gelu_fwd(const ust_ops *o, act *out, const act *inp, int64_t n) {
     TIMED(P_gelu_fwd, in->gelu_fwd(in, out, inp, n));
 }
-static void pf_gelu_bwd(const ust_ops *o, float *dinp, const float *inp, const float *dout,
+static void pf_gelu_bwd(const ust_ops *o, act *dinp, const act *inp, const act *dout,
                         int64_t n) {
     TIMED(P_gelu_bwd, in->gelu_bwd(in, dinp, inp, dout, n));
 }
-static void pf_linear_gelu_fwd(const ust_ops *o, float *up, float *act, const float *inp,
+static void pf_linear_gelu_fwd(const ust_ops *o, act *up, act *out, const act *inp,
                                const float *w, const float *bias, int N, int C, int OC) {
-    TIMED(P_linear_gelu_fwd, in->linear_gelu_fwd(in, up, act, inp, w, bias, N, C, OC));
+    TIMED(P_linear_gelu_fwd, in->linear_gelu_fwd(in, up, out, inp, w, bias, N, C, OC));
 }
-static void pf_swiglu_fwd(const ust_ops *o, float *out, const float *gate, const float *up,
+static void pf_swiglu_fwd(const ust_ops *o, act *out, const act *gate, const act *up,
                           int64_t n) {
     TIMED(P_swiglu_fwd, in->swiglu_fwd(in, out, gate, up, n));
 }
-static void pf_swiglu_bwd(const ust_ops *o, float *dgate, float *dup, const float *dout,
-                          const float *gate, const float *up, int64_t n) {
+static void pf_swiglu_bwd(const ust_ops *o, act *dgate, act *dup, const act *dout,
+                          const act *gate, const act *up, int64_t n) {
     TIMED(P_swiglu_bwd, in->swiglu_bwd(in, dgate, dup, dout, gate, up, n));
 }
-static void pf_rope_fwd(const ust_ops *o, float *out, const float *inp, const int32_t *pos, int B,
+static void pf_rope_fwd(const ust_ops *o, act *out, const act *inp, const int32_t *pos, int B,
                         int T, int H, int D, float theta) {
     TIMED(P_rope_fwd, in->rope_fwd(in, out, inp, pos, B, T, H, D, theta));
 }
-static void pf_rope_bwd(const ust_ops *o, float *dinp, const float *dout, const int32_t *pos, int B,
+static void pf_rope_bwd(const ust_ops *o, act *dinp, const act *dout, const int32_t *pos, int B,
                         int T, int H, int D, float theta) {
     TIMED(P_rope_bwd, in->rope_bwd(in, dinp, dout, pos, B, T, H, D, theta));
 }
-static void pf_attention_fwd(const ust_ops *o, float *out, float *lse, const float *q,
-                             const float *k, const float *v, int B, int Tq, int Tk, int H, int Hkv,
+static void pf_attention_fwd(const ust_ops *o, act *out, float *lse, const act *q,
+                             const act *k, const act *v, int B, int Tq, int Tk, int H, int Hkv,
                              int D, const int32_t *q_pos, const int32_t *k_pos, int causal) {
     TIMED(P_attention_fwd,
           in->attention_fwd(in, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal));
 }
-static void pf_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv, const float *dout,
-                             const float *out, const float *lse, const float *q, const float *k,
-                             const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
+static void pf_attention_bwd(const ust_ops *o, act *dq, act *dk, act *dv, const act *dout,
+                             const act *out, const float *lse, const act *q, const act *k,
+                             const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
                              const int32_t *q_pos, const int32_t *k_pos, int causal) {
     TIMED(P_attention_bwd, in->attention_bwd(in, dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, H,
                                              Hkv, D, q_pos, k_pos, causal));
 }
-static void pf_attention_merge(const ust_ops *o, float *out, float *lse, const float *out2,
+static void pf_attention_merge(const ust_ops *o, act *out, float *lse, const act *out2,
                                const float *lse2, int B, int T, int H, int D) {
     TIMED(P_attention_merge, in->attention_merge(in, out, lse, out2, lse2, B, T, H, D));
 }
-static void pf_xent_fwd_bwd(const ust_ops *o, float *losses, float *dlogits, const float *logits,
+static void pf_xent_fwd_bwd(const ust_ops *o, float *losses, act *dlogits, const act *logits,
                             const int32_t *targets, int N, int V, int v_real, float dscale) {
     TIMED(P_xent_fwd_bwd,
           in->xent_fwd_bwd(in, losses, dlogits, logits, targets, N, V, v_real, dscale));
 }
-static void pf_xent_vp_local(const ust_ops *o, float *lse, float *tlogit, const float *logits,
+static void pf_xent_vp_local(const ust_ops *o, float *lse, float *tlogit, const act *logits,
                              const int32_t *targets, int N, int V, int v_start, int v_real) {
     TIMED(P_xent_vp_local,
           in->xent_vp_local(in, lse, tlogit, logits, targets, N, V, v_start, v_real));
 }
-static void pf_xent_vp_finish(const ust_ops *o, float *losses, float *dlogits, const float *logits,
+static void pf_xent_vp_finish(const ust_ops *o, float *losses, act *dlogits, const act *logits,
                               const int32_t *targets, const float *lse, const float *tlogit, int N,
                               int V, int v_start, int v_real, float dscale) {
     TIMED(P_xent_vp_finish, in->xent_vp_finish(in, losses, dlogits, logits, targets, lse, tlogit, N,
@@ -228,7 +228,7 @@ static void pf_sumsq_many(const ust_ops *o, const float *grad, const ops_segment
                           double *out) {
     TIMED(P_sumsq_many, in->sumsq_many(in, grad, seg, k, out));
 }
-static void pf_add(const ust_ops *o, float *out, const float *a, const float *b, int64_t n) {
+static void pf_add(const ust_ops *o, act *out, const act *a, const act *b, int64_t n) {
     TIMED(P_add, in->add(in, out, a, b, n));
 }
 static void pf_axpy(const ust_ops *o, float *y, float a, const float *x, int64_t n) {
@@ -248,25 +248,25 @@ static double pf_sum(const ust_ops *o, const float *x, int64_t n) {
     return r;
 }
 static void pf_moe_router_fwd(const ust_ops *o, float *probs, float *lse, int32_t *topk,
-                              float *gate, float *psum, const float *logits, int N, int E, int k) {
+                              float *gate, float *psum, const act *logits, int N, int E, int k) {
     TIMED(P_moe_router_fwd, in->moe_router_fwd(in, probs, lse, topk, gate, psum, logits, N, E, k));
 }
-static void pf_moe_router_bwd(const ust_ops *o, float *dlogits, const float *dgate,
+static void pf_moe_router_bwd(const ust_ops *o, act *dlogits, const float *dgate,
                               const float *probs, const float *lse, const int32_t *topk,
                               const float *gate, const float *aux_dp, float zscale, int N, int E,
                               int k) {
     TIMED(P_moe_router_bwd,
           in->moe_router_bwd(in, dlogits, dgate, probs, lse, topk, gate, aux_dp, zscale, N, E, k));
 }
-static void pf_moe_gather(const ust_ops *o, float *out, const float *inp, const int32_t *src,
+static void pf_moe_gather(const ust_ops *o, act *out, const act *inp, const int32_t *src,
                           const float *scale, int M, int C, int div) {
     TIMED(P_moe_gather, in->moe_gather(in, out, inp, src, scale, M, C, div));
 }
-static void pf_moe_combine(const ust_ops *o, float *out, const float *rows, const int32_t *pos,
+static void pf_moe_combine(const ust_ops *o, act *out, const act *rows, const int32_t *pos,
                            const float *gate, int N, int k, int C, int acc) {
     TIMED(P_moe_combine, in->moe_combine(in, out, rows, pos, gate, N, k, C, acc));
 }
-static void pf_moe_gate_grad(const ust_ops *o, float *dgate, const float *dout, const float *rows,
+static void pf_moe_gate_grad(const ust_ops *o, float *dgate, const act *dout, const act *rows,
                              const int32_t *pos, int N, int k, int C) {
     TIMED(P_moe_gate_grad, in->moe_gate_grad(in, dgate, dout, rows, pos, N, k, C));
 }
@@ -283,6 +283,7 @@ ust_ops *ops_prof_create(const ust_ops *inner) {
     p->in = inner;
     w->name = "prof"; /* not the inner name: backend-specific calls must get the inner backend */
     w->impl = p;
+    w->act_size = inner->act_size;
     w->alloc = pf_alloc;
     w->free = pf_free;
     w->sync = pf_sync;

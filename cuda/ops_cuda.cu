@@ -416,8 +416,10 @@ __global__ void k_bias_add(float *out, const float *bias, int64_t N, int OC) {
 }
 
 /* out(N,OC) = inp(N,C) @ w(OC,C)^T + bias(OC): the bias in the GEMM's epilogue under bf16 */
-static void cu_linear_fwd(const ust_ops *o, float *out, const float *inp, const float *w,
+static void cu_linear_fwd(const ust_ops *o, act *out_, const act *inp_, const float *w,
                           const float *bias, int N, int C, int OC) {
+    float *out = (float *)out_;
+    const float *inp = (const float *)inp_;
     if (gemm_epilogue(o, out, OC, 0, inp, C, 0, w, C, 0, N, OC, C, 0, 1, 1.0f, 0.0f, 1, bias))
         return;
     if (!bias || N <= 0 || OC <= 0) return;
@@ -427,9 +429,12 @@ static void cu_linear_fwd(const ust_ops *o, float *out, const float *inp, const 
 }
 
 /* dinp(N,C) = dout @ w (+= when acc_dinp); dw(OC,C) += dout^T @ inp; dbias += column sums */
-static void cu_linear_bwd(const ust_ops *o, float *dinp, float *dw, float *dbias,
-                          const float *dout, const float *inp, const float *w, int N, int C,
+static void cu_linear_bwd(const ust_ops *o, act *dinp_, float *dw, float *dbias,
+                          const act *dout_, const act *inp_, const float *w, int N, int C,
                           int OC, int acc_dinp) {
+    float *dinp = (float *)dinp_;
+    const float *dout = (const float *)dout_;
+    const float *inp = (const float *)inp_;
     if (CUDA_IMPL(o)->bf16 && dinp && dw && N > 0 && C > 0 && OC > 0) {
         /* dout feeds both GEMMs: rounded to bf16 once (the largest input, e.g. the logits'
          * gradient), then w and inp in turn */
@@ -460,9 +465,10 @@ __global__ void k_embedding_fwd(float *out, const int32_t *tok, const int32_t *p
     }
 }
 
-static void cu_embedding_fwd(const ust_ops *o, float *out, const int32_t *tok, const int32_t *pos,
+static void cu_embedding_fwd(const ust_ops *o, act *out_, const int32_t *tok, const int32_t *pos,
                              const float *wte, const float *wpe, int B, int T, int C, int v_start,
                              int v_end) {
+    float *out = (float *)out_;
     int64_t n = (int64_t)B * T * C;
     if (n <= 0) return;
     k_embedding_fwd<<<grid_for(n, EW_THREADS), EW_THREADS, 0, STREAM(o)>>>(
@@ -516,9 +522,10 @@ __global__ void k_embedding_bwd(float *dst, const float *dout, const int32_t *to
     }
 }
 
-static void cu_embedding_bwd(const ust_ops *o, float *dwte, float *dwpe, const float *dout,
+static void cu_embedding_bwd(const ust_ops *o, float *dwte, float *dwpe, const act *dout_,
                              const int32_t *tok, const int32_t *pos, int B, int T, int C,
                              int v_start, int v_end) {
+    const float *dout = (const float *)dout_;
     int64_t rows = (int64_t)B * T;
     if (rows <= 0 || C <= 0) return;
     int grid = (C + 31) / 32;
@@ -581,17 +588,22 @@ __global__ void k_layernorm_bwd_dx(float *dinp, const float *dout, const float *
     }
 }
 
-static void cu_layernorm_fwd(const ust_ops *o, float *out, float *mean, float *rstd,
-                             const float *inp, const float *w, const float *b, int N, int C,
+static void cu_layernorm_fwd(const ust_ops *o, act *out_, float *mean, float *rstd,
+                             const act *inp_, const float *w, const float *b, int N, int C,
                              float eps) {
+    float *out = (float *)out_;
+    const float *inp = (const float *)inp_;
     if (N <= 0) return;
     k_layernorm_fwd<<<N, row_threads(C), 0, STREAM(o)>>>(out, mean, rstd, inp, w, b, C, eps);
     CK_LAUNCH();
 }
 
-static void cu_layernorm_bwd(const ust_ops *o, float *dinp, float *dw, float *db,
-                             const float *dout, const float *inp, const float *w,
+static void cu_layernorm_bwd(const ust_ops *o, act *dinp_, float *dw, float *db,
+                             const act *dout_, const act *inp_, const float *w,
                              const float *mean, const float *rstd, int N, int C) {
+    float *dinp = (float *)dinp_;
+    const float *dout = (const float *)dout_;
+    const float *inp = (const float *)inp_;
     if (N <= 0) return;
     if (dinp) {
         k_layernorm_bwd_dx<<<N, row_threads(C), 0, STREAM(o)>>>(dinp, dout, inp, w, mean, rstd, C);
@@ -628,15 +640,20 @@ __global__ void k_rmsnorm_bwd_dx(float *dinp, const float *dout, const float *in
     for (int c = threadIdx.x; c < C; c += blockDim.x) dx[c] = (w[c] * dy[c] - x[c] * kk) * r;
 }
 
-static void cu_rmsnorm_fwd(const ust_ops *o, float *out, float *rstd, const float *inp,
+static void cu_rmsnorm_fwd(const ust_ops *o, act *out_, float *rstd, const act *inp_,
                            const float *w, int N, int C, float eps) {
+    float *out = (float *)out_;
+    const float *inp = (const float *)inp_;
     if (N <= 0) return;
     k_rmsnorm_fwd<<<N, row_threads(C), 0, STREAM(o)>>>(out, rstd, inp, w, C, eps);
     CK_LAUNCH();
 }
 
-static void cu_rmsnorm_bwd(const ust_ops *o, float *dinp, float *dw, const float *dout,
-                           const float *inp, const float *w, const float *rstd, int N, int C) {
+static void cu_rmsnorm_bwd(const ust_ops *o, act *dinp_, float *dw, const act *dout_,
+                           const act *inp_, const float *w, const float *rstd, int N, int C) {
+    float *dinp = (float *)dinp_;
+    const float *dout = (const float *)dout_;
+    const float *inp = (const float *)inp_;
     if (N <= 0) return;
     if (dinp) {
         k_rmsnorm_bwd_dx<<<N, row_threads(C), 0, STREAM(o)>>>(dinp, dout, inp, w, rstd, C);
@@ -695,35 +712,51 @@ __global__ void k_swiglu_bwd(float *dgate, float *dup, const float *dout, const 
         }                                                                                          \
     } while (0)
 
-static void cu_gelu_fwd(const ust_ops *o, float *out, const float *inp, int64_t n) {
+static void cu_gelu_fwd(const ust_ops *o, act *out_, const act *inp_, int64_t n) {
+    float *out = (float *)out_;
+    const float *inp = (const float *)inp_;
     EW_LAUNCH(k_gelu_fwd, n, out, inp, n);
 }
-static void cu_gelu_bwd(const ust_ops *o, float *dinp, const float *inp, const float *dout,
+static void cu_gelu_bwd(const ust_ops *o, act *dinp_, const act *inp_, const act *dout_,
                         int64_t n) {
+    float *dinp = (float *)dinp_;
+    const float *inp = (const float *)inp_;
+    const float *dout = (const float *)dout_;
     EW_LAUNCH(k_gelu_bwd, n, dinp, inp, dout, n);
 }
 /* up(N,OC) = inp @ w^T + bias, act = gelu(up): under bf16 one cuBLASLt GEMM whose epilogue adds
  * the bias, keeps the pre-activation in up and writes gelu of it to act (its leading dimension
  * must be a multiple of 8); otherwise linear_fwd then gelu_fwd. */
-static void cu_linear_gelu_fwd(const ust_ops *o, float *up, float *act, const float *inp,
+static void cu_linear_gelu_fwd(const ust_ops *o, act *up_, act *out_, const act *inp_,
                                const float *w, const float *bias, int N, int C, int OC) {
+    float *up = (float *)up_;
+    float *out = (float *)out_;
+    const float *inp = (const float *)inp_;
     if (CUDA_IMPL(o)->bf16 && N > 0 && C > 0 && OC % 8 == 0) {
         __nv_bfloat16 *a16, *b16;
         bf16_inputs(o, inp, C, 0, w, C, 0, N, OC, C, 0, 1, 1, &a16, &b16);
-        if (lt_gemm(o, act, OC, 0, a16, C, 0, b16, C, 0, N, OC, C, 0, 1, 1.0f, 0.0f, 1, bias,
+        if (lt_gemm(o, out, OC, 0, a16, C, 0, b16, C, 0, N, OC, C, 0, 1, 1.0f, 0.0f, 1, bias,
                     up) == 0)
             return;
     }
     cu_linear_fwd(o, up, inp, w, bias, N, C, OC);
-    cu_gelu_fwd(o, act, up, (int64_t)N * OC);
+    cu_gelu_fwd(o, out, up, (int64_t)N * OC);
 }
 
-static void cu_swiglu_fwd(const ust_ops *o, float *out, const float *gate, const float *up,
+static void cu_swiglu_fwd(const ust_ops *o, act *out_, const act *gate_, const act *up_,
                           int64_t n) {
+    float *out = (float *)out_;
+    const float *gate = (const float *)gate_;
+    const float *up = (const float *)up_;
     EW_LAUNCH(k_swiglu_fwd, n, out, gate, up, n);
 }
-static void cu_swiglu_bwd(const ust_ops *o, float *dgate, float *dup, const float *dout,
-                          const float *gate, const float *up, int64_t n) {
+static void cu_swiglu_bwd(const ust_ops *o, act *dgate_, act *dup_, const act *dout_,
+                          const act *gate_, const act *up_, int64_t n) {
+    float *dgate = (float *)dgate_;
+    float *dup = (float *)dup_;
+    const float *dout = (const float *)dout_;
+    const float *gate = (const float *)gate_;
+    const float *up = (const float *)up_;
     if (!dgate && !dup) return;
     EW_LAUNCH(k_swiglu_bwd, n, dgate, dup, dout, gate, up, n);
 }
@@ -752,14 +785,18 @@ __global__ void k_rope(float *out, const float *inp, const int32_t *pos, int64_t
     }
 }
 
-static void cu_rope_fwd(const ust_ops *o, float *out, const float *inp, const int32_t *pos, int B,
+static void cu_rope_fwd(const ust_ops *o, act *out_, const act *inp_, const int32_t *pos, int B,
                         int T, int H, int D, float theta) {
+    float *out = (float *)out_;
+    const float *inp = (const float *)inp_;
     int64_t rows = (int64_t)B * T;
     EW_LAUNCH(k_rope, rows * (D / 2), out, inp, pos, rows, T, H, D, theta, 1.0);
 }
 
-static void cu_rope_bwd(const ust_ops *o, float *dinp, const float *dout, const int32_t *pos,
+static void cu_rope_bwd(const ust_ops *o, act *dinp_, const act *dout_, const int32_t *pos,
                         int B, int T, int H, int D, float theta) {
+    float *dinp = (float *)dinp_;
+    const float *dout = (const float *)dout_;
     int64_t rows = (int64_t)B * T;
     EW_LAUNCH(k_rope, rows * (D / 2), dinp, dout, pos, rows, T, H, D, theta, -1.0);
 }
@@ -799,8 +836,10 @@ __global__ void k_xent(float *losses, float *dlogits, const float *logits, const
     }
 }
 
-static void cu_xent_fwd_bwd(const ust_ops *o, float *losses, float *dlogits, const float *logits,
+static void cu_xent_fwd_bwd(const ust_ops *o, float *losses, act *dlogits_, const act *logits_,
                             const int32_t *targets, int N, int V, int v_real, float dscale) {
+    float *dlogits = (float *)dlogits_;
+    const float *logits = (const float *)logits_;
     UST_ASSERT(v_real > 0 && v_real <= V, "v_real=%d must be in 1..V=%d", v_real, V);
     if (N <= 0) return;
     k_xent<<<N, V >= 4096 ? 512 : 128, 0, STREAM(o)>>>(losses, dlogits, logits, targets, V, v_real,
@@ -853,18 +892,21 @@ static int vp_real_columns(int V, int v_start, int v_real) {
     return n < 0 ? 0 : n > V ? V : n;
 }
 
-static void cu_xent_vp_local(const ust_ops *o, float *lse, float *tlogit, const float *logits,
+static void cu_xent_vp_local(const ust_ops *o, float *lse, float *tlogit, const act *logits_,
                              const int32_t *targets, int N, int V, int v_start, int v_real) {
+    const float *logits = (const float *)logits_;
     if (N <= 0) return;
     k_xent_vp_local<<<N, V >= 4096 ? 512 : 128, 0, STREAM(o)>>>(
         lse, tlogit, logits, targets, V, v_start, vp_real_columns(V, v_start, v_real));
     CK_LAUNCH();
 }
 
-static void cu_xent_vp_finish(const ust_ops *o, float *losses, float *dlogits,
-                              const float *logits, const int32_t *targets, const float *lse,
+static void cu_xent_vp_finish(const ust_ops *o, float *losses, act *dlogits_,
+                              const act *logits_, const int32_t *targets, const float *lse,
                               const float *tlogit, int N, int V, int v_start, int v_real,
                               float dscale) {
+    float *dlogits = (float *)dlogits_;
+    const float *logits = (const float *)logits_;
     if (N <= 0) return;
     k_xent_vp_finish<<<N, V >= 4096 ? 512 : 128, 0, STREAM(o)>>>(
         losses, dlogits, logits, targets, lse, tlogit, V, v_start,
@@ -1003,7 +1045,10 @@ static void cu_sumsq_many(const ust_ops *o, const float *grad, const ops_segment
 
 /* ---------------------------------------------------------------- elementwise, reductions */
 
-static void cu_add(const ust_ops *o, float *out, const float *a, const float *b, int64_t n) {
+static void cu_add(const ust_ops *o, act *out_, const act *a_, const act *b_, int64_t n) {
+    float *out = (float *)out_;
+    const float *a = (const float *)a_;
+    const float *b = (const float *)b_;
     EW_LAUNCH(k_add, n, out, a, b, n);
 }
 static void cu_axpy(const ust_ops *o, float *y, float a, const float *x, int64_t n) {
@@ -1054,22 +1099,36 @@ static double cu_sum(const ust_ops *o, const float *x, int64_t n) { return reduc
 
 /* ---------------------------------------------------------------- attention (attention.cu) */
 
-static void cu_attention_fwd(const ust_ops *o, float *out, float *lse, const float *q,
-                             const float *k, const float *v, int B, int Tq, int Tk, int H, int Hkv,
+static void cu_attention_fwd(const ust_ops *o, act *out_, float *lse, const act *q_,
+                             const act *k_, const act *v_, int B, int Tq, int Tk, int H, int Hkv,
                              int D, const int32_t *q_pos, const int32_t *k_pos, int causal) {
+    float *out = (float *)out_;
+    const float *q = (const float *)q_;
+    const float *k = (const float *)k_;
+    const float *v = (const float *)v_;
     cuda_attention_fwd(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal);
 }
 
-static void cu_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv, const float *dout,
-                             const float *out, const float *lse, const float *q, const float *k,
-                             const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
+static void cu_attention_bwd(const ust_ops *o, act *dq_, act *dk_, act *dv_, const act *dout_,
+                             const act *out_, const float *lse, const act *q_, const act *k_,
+                             const act *v_, int B, int Tq, int Tk, int H, int Hkv, int D,
                              const int32_t *q_pos, const int32_t *k_pos, int causal) {
+    float *dq = (float *)dq_;
+    float *dk = (float *)dk_;
+    float *dv = (float *)dv_;
+    const float *dout = (const float *)dout_;
+    const float *out = (const float *)out_;
+    const float *q = (const float *)q_;
+    const float *k = (const float *)k_;
+    const float *v = (const float *)v_;
     cuda_attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos,
                        causal);
 }
 
-static void cu_attention_merge(const ust_ops *o, float *out, float *lse, const float *out2,
+static void cu_attention_merge(const ust_ops *o, act *out_, float *lse, const act *out2_,
                                const float *lse2, int B, int T, int H, int D) {
+    float *out = (float *)out_;
+    const float *out2 = (const float *)out2_;
     cuda_attention_merge(o, out, lse, out2, lse2, B, T, H, D);
 }
 
@@ -1115,7 +1174,8 @@ __global__ void k_moe_colsum(float *psum, const float *probs, int N, int E) {
 }
 
 static void cu_moe_router_fwd(const ust_ops *o, float *probs, float *lse, int32_t *topk,
-                              float *gate, float *psum, const float *logits, int N, int E, int k) {
+                              float *gate, float *psum, const act *logits_, int N, int E, int k) {
+    const float *logits = (const float *)logits_;
     if (N > 0) {
         k_moe_router_fwd<<<(N + 127) / 128, 128, 0, STREAM(o)>>>(probs, lse, topk, gate, logits, N,
                                                                  E, k);
@@ -1149,10 +1209,11 @@ __global__ void k_moe_router_bwd(float *dlogits, const float *dgate, const float
     for (int e = 0; e < E; e++) d[e] = p[e] * (d[e] - pd + z);
 }
 
-static void cu_moe_router_bwd(const ust_ops *o, float *dlogits, const float *dgate,
+static void cu_moe_router_bwd(const ust_ops *o, act *dlogits_, const float *dgate,
                               const float *probs, const float *lse, const int32_t *topk,
                               const float *gate, const float *aux_dp, float zscale, int N, int E,
                               int k) {
+    float *dlogits = (float *)dlogits_;
     if (N <= 0) return;
     k_moe_router_bwd<<<(N + 127) / 128, 128, 0, STREAM(o)>>>(dlogits, dgate, probs, lse, topk, gate,
                                                              aux_dp, zscale, N, E, k);
@@ -1170,8 +1231,10 @@ __global__ void k_moe_gather(float *out, const float *inp, const int32_t *src, c
     }
 }
 
-static void cu_moe_gather(const ust_ops *o, float *out, const float *inp, const int32_t *src,
+static void cu_moe_gather(const ust_ops *o, act *out_, const act *inp_, const int32_t *src,
                           const float *scale, int M, int C, int div) {
+    float *out = (float *)out_;
+    const float *inp = (const float *)inp_;
     EW_LAUNCH(k_moe_gather, (int64_t)M * C, out, inp, src, scale, M, C, div);
 }
 
@@ -1192,8 +1255,10 @@ __global__ void k_moe_combine(float *out, const float *rows, const int32_t *pos,
     }
 }
 
-static void cu_moe_combine(const ust_ops *o, float *out, const float *rows, const int32_t *pos,
+static void cu_moe_combine(const ust_ops *o, act *out_, const act *rows_, const int32_t *pos,
                            const float *gate, int N, int k, int C, int acc) {
+    float *out = (float *)out_;
+    const float *rows = (const float *)rows_;
     EW_LAUNCH(k_moe_combine, (int64_t)N * C, out, rows, pos, gate, N, k, C, acc);
 }
 
@@ -1213,8 +1278,10 @@ __global__ void k_moe_gate_grad(float *dgate, const float *dout, const float *ro
     if (lane == 0) dgate[a] = s;
 }
 
-static void cu_moe_gate_grad(const ust_ops *o, float *dgate, const float *dout, const float *rows,
+static void cu_moe_gate_grad(const ust_ops *o, float *dgate, const act *dout_, const act *rows_,
                              const int32_t *pos, int N, int k, int C) {
+    const float *dout = (const float *)dout_;
+    const float *rows = (const float *)rows_;
     int64_t A = (int64_t)N * k;
     if (A <= 0) return;
     k_moe_gate_grad<<<(int)((A + 7) / 8), 256, 0, STREAM(o)>>>(dgate, dout, rows, pos, A, k, C);
@@ -1314,6 +1381,7 @@ extern "C" ust_ops *ops_cuda_create(int device, ust_err *e) {
 
     o->name = "cuda";
     o->impl = im;
+    o->act_size = sizeof(float);
     o->alloc = cu_alloc;
     o->free = cu_free;
     o->to_device = cu_to_device;
