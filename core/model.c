@@ -20,31 +20,35 @@ typedef struct {
 } layer_w; /* weights of one layer; the same struct points into the gradients */
 
 typedef struct {
-    float *ln1, *ln1_mean, *ln1_rstd; /* (N,C), (N), (N) */
-    float *q, *k, *v;                 /* (N,H*D), (N,Hkv*D), (N,Hkv*D); after RoPE for llama */
-    float *att, *lse;                 /* (N,H*D), (B,H,T) */
-    float *res2;                      /* (N,C) residual after attention */
-    float *ln2, *ln2_mean, *ln2_rstd; /* (N,C), (N), (N) */
-    float *gate, *up, *act;           /* (N,F) each; gate only for llama */
+    act *ln1;                   /* (N,C) */
+    float *ln1_mean, *ln1_rstd; /* (N), (N) */
+    act *q, *k, *v;             /* (N,H*D), (N,Hkv*D), (N,Hkv*D); after RoPE for llama */
+    act *att;                   /* (N,H*D) */
+    float *lse;                 /* (B,H,T) */
+    act *res2;                  /* (N,C) residual after attention */
+    act *ln2;                   /* (N,C) */
+    float *ln2_mean, *ln2_rstd; /* (N), (N) */
+    act *gate, *up, *act;       /* (N,F) each; gate only for llama */
 } layer_acts;
 
 /* Zero-bubble schedules split a layer's backward into B (input gradients, now) and W (weight
  * gradients, later). B keeps the gradient each weight gradient needs at its linear's output. */
 typedef struct {
-    float *gmlp, *dup, *dgate, *dln2;  /* (N,C) down_proj out, (N,F) up/gate out, (Nl,C) norm 2 */
-    float *gatt, *dq, *dk, *dv, *dln1; /* (N,C) o_proj out, q/k/v out, (Nl,C) norm 1 */
+    act *gmlp, *dup, *dgate, *dln2;  /* (N,C) down_proj out, (N,F) up/gate out, (Nl,C) norm 2 */
+    act *gatt, *dq, *dk, *dv, *dln1; /* (N,C) o_proj out, q/k/v out, (Nl,C) norm 1 */
 } layer_wsave;
 
 /* What one micro-batch in flight through a chunk keeps between its forward and backward. */
 typedef struct {
-    float **xs;      /* layers+1 residual tensors (Nl,C): xs[i] is layer lo+i's input */
-    layer_acts *la;  /* one set per layer (NULL under full recompute: the shared scratch) */
-    layer_wsave *ws; /* zb only: one per layer */
-    moe_acts *ma;    /* MoE layers: one per layer of the chunk (dense layers leave it unset) */
-    float *lnf, *lnf_mean, *lnf_rstd, *logits; /* head chunk: (Nl,C) (Nl) (Nl) (N,Vl) */
-    float *dlnf;  /* head chunk under zb: the final norm's output gradient (Nl,C) */
-    int32_t *tok; /* embedding chunk: the token ids */
-    float *dy;    /* (Nl,C): d loss / d chunk output on entry to backward, d / d input after */
+    act **xs;          /* layers+1 residual tensors (Nl,C): xs[i] is layer lo+i's input */
+    layer_acts *la;    /* one set per layer (NULL under full recompute: the shared scratch) */
+    layer_wsave *ws;   /* zb only: one per layer */
+    moe_acts *ma;      /* MoE layers: one per layer of the chunk (dense layers leave it unset) */
+    act *lnf, *logits; /* head chunk: (Nl,C) (N,Vl) */
+    float *lnf_mean, *lnf_rstd; /* head chunk: (Nl) (Nl) */
+    act *dlnf;                  /* head chunk under zb: the final norm's output gradient (Nl,C) */
+    int32_t *tok;               /* embedding chunk: the token ids */
+    act *dy; /* (Nl,C): d loss / d chunk output on entry to backward, d / d input after */
 } act_slot;
 
 /* A contiguous run of layers: one pipeline stage (the whole model without pipelining). */
@@ -107,7 +111,7 @@ struct model {
     double moe_loss; /* weighted aux + z losses of the forwards since the last take */
     float moe_scale; /* each micro-batch's share of the step's MoE loss */
     float *losses;   /* (N) */
-    float *dtmp, *dln, *dq, *dk, *dv, *datt, *dgate, *dup, *dact;
+    act *dtmp, *dln, *dq, *dk, *dv, *datt, *dgate, *dup, *dact;
     float *dnorm; /* 2C: a norm's weight (and bias) gradient before the sp reduction */
     int32_t *tgt, *pos;
 };
@@ -313,24 +317,26 @@ static void list_all_tensors(model *m) {
 
 /* ------------------------------------------------------------------ activations */
 
-#define A(n) ((float *)mem_alloc(a, MEM_ACTS, (size_t)(n) * sizeof(float)))
+/* activations (the backend's act_size each) and fp32 statistics */
+#define A(n) ((act *)mem_alloc(a, MEM_ACTS, act_bytes(m->ops, n)))
+#define F32(n) ((float *)mem_alloc(a, MEM_ACTS, (size_t)(n) * sizeof(float)))
 
 /* mlp: the dense MLP's buffers too (a MoE layer keeps its own in moe_acts) */
-static void alloc_layer_acts(model *m, ust_arena *a, layer_acts *x, float *shared_act, int mlp) {
+static void alloc_layer_acts(model *m, ust_arena *a, layer_acts *x, act *shared_act, int mlp) {
     int64_t N = (int64_t)m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D, F = m->F;
     int64_t Nl = m->Nl;
     x->ln1 = A(Nl * C);
-    x->ln1_mean = A(Nl);
-    x->ln1_rstd = A(Nl);
+    x->ln1_mean = F32(Nl);
+    x->ln1_rstd = F32(Nl);
     x->q = A(N * HD);
     x->k = A(N * KV);
     x->v = A(N * KV);
     x->att = A(N * HD);
-    x->lse = A((int64_t)m->B * m->H * m->T);
+    x->lse = F32((int64_t)m->B * m->H * m->T);
     x->res2 = A(Nl * C);
     x->ln2 = A(Nl * C);
-    x->ln2_mean = A(Nl);
-    x->ln2_rstd = A(Nl);
+    x->ln2_mean = F32(Nl);
+    x->ln2_rstd = F32(Nl);
     if (!mlp) return;
     x->gate = m->llama ? A(N * F) : NULL;
     x->up = A(N * F);
@@ -352,7 +358,7 @@ static void alloc_wsave(model *m, ust_arena *a, layer_wsave *w) {
 
 /* none: every layer keeps its activations; selective: the MLP activation output is recomputed
  * in backward, so one shared buffer; full: only the layer inputs are kept, one scratch set. */
-static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *s, float *shared) {
+static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *s, act *shared) {
     int64_t N = (int64_t)m->B * m->T, C = m->C, Nl = m->Nl, nl = ch->hi - ch->lo;
     s->xs = calloc(nl + 1, sizeof *s->xs);
     for (int i = 0; i <= nl; i++) s->xs[i] = A(Nl * C);
@@ -372,8 +378,8 @@ static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *
     }
     if (ch->head) {
         s->lnf = A(Nl * C);
-        s->lnf_mean = A(Nl);
-        s->lnf_rstd = A(Nl);
+        s->lnf_mean = F32(Nl);
+        s->lnf_rstd = F32(Nl);
         s->logits = A(N * m->Vl);
         if (m->zb) s->dlnf = A(Nl * C);
     }
@@ -384,7 +390,7 @@ static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *
 static void alloc_activations(model *m, ust_arena *a) {
     int64_t N = (int64_t)m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D, F = m->F;
     int64_t wide = HD > F ? HD : F;
-    float *shared = m->recompute == RECOMPUTE_SELECTIVE ? A(N * F) : NULL;
+    act *shared = m->recompute == RECOMPUTE_SELECTIVE ? A(N * F) : NULL;
     if (m->recompute == RECOMPUTE_FULL) alloc_layer_acts(m, a, &m->scratch, shared, 1);
     if (m->recompute == RECOMPUTE_FULL && m->has_moe) moe_acts_init(&m->moe, &m->moe_scratch, a);
     for (int c = 0; c < m->nchunks; c++) {
@@ -392,10 +398,10 @@ static void alloc_activations(model *m, ust_arena *a) {
         ch->slots = calloc(ch->nslots, sizeof *ch->slots);
         for (int k = 0; k < ch->nslots; k++) alloc_slot(m, a, ch, &ch->slots[k], shared);
     }
-    m->losses = A(N);
+    m->losses = F32(N);
     m->dtmp = A((int64_t)m->Nl * C);
     m->dln = A(N * C);
-    if (tp_sp(m->tp) || m->zb) m->dnorm = A(2 * C);
+    if (tp_sp(m->tp) || m->zb) m->dnorm = F32(2 * C);
     m->dq = A(N * HD);
     m->dk = A(N * KV);
     m->dv = A(N * KV);
@@ -407,6 +413,7 @@ static void alloc_activations(model *m, ust_arena *a) {
     m->pos = (int32_t *)cp_positions_device(&m->cp); /* the global positions of our tokens */
 }
 #undef A
+#undef F32
 
 int model_create(model **out, const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
                  ust_err *e) {
@@ -650,7 +657,7 @@ void model_init_params(model *m, uint64_t seed) {
 /* ------------------------------------------------------------------ forward */
 
 /* Norms run on this rank's rows (all of them without sequence parallelism). */
-static void norm_forward(model *m, float *out, float *mean, float *rstd, const float *inp,
+static void norm_forward(model *m, act *out, float *mean, float *rstd, const act *inp,
                          const float *w, const float *b) {
     int N = m->Nl;
     if (m->llama)
@@ -659,8 +666,8 @@ static void norm_forward(model *m, float *out, float *mean, float *rstd, const f
         m->ops->layernorm_fwd(m->ops, out, mean, rstd, inp, w, b, N, m->C, 1e-5f);
 }
 
-static void norm_backward_rows(model *m, float *dinp, float *dw, float *db, const float *dout,
-                               const float *inp, const float *w, const float *mean,
+static void norm_backward_rows(model *m, act *dinp, float *dw, float *db, const act *dout,
+                               const act *inp, const float *w, const float *mean,
                                const float *rstd) {
     int N = m->Nl;
     if (m->llama)
@@ -671,8 +678,8 @@ static void norm_backward_rows(model *m, float *dinp, float *dw, float *db, cons
 
 /* Under sequence parallelism each rank saw only its rows, so the norm's weight (and bias)
  * gradient of this micro-batch is summed over the group before it is accumulated. */
-static void norm_backward(model *m, float *dinp, float *dw, float *db, const float *dout,
-                          const float *inp, const float *w, const float *mean, const float *rstd) {
+static void norm_backward(model *m, act *dinp, float *dw, float *db, const act *dout,
+                          const act *inp, const float *w, const float *mean, const float *rstd) {
     if (!tp_sp(m->tp)) {
         norm_backward_rows(m, dinp, dw, db, dout, inp, w, mean, rstd);
         return;
@@ -697,28 +704,27 @@ static void mlp_activation(model *m, layer_acts *a) {
 
 /* x_in, x_out: (B,T,C). Pre-norm block: res2 = x + attn(norm1(x)); out = res2 + mlp(norm2(res2)) */
 /* This rank's rows of a (N,C) tensor every tensor-parallel rank holds whole. */
-static float *local_rows(const model *m, float *p) {
-    return tp_sp(m->tp) ? p + (int64_t)m->tp->rank * m->Nl * m->C : p;
+static act *local_rows(const model *m, act *p) {
+    return tp_sp(m->tp) ? act_at(m->ops, p, (int64_t)m->tp->rank * m->Nl * m->C) : p;
 }
 
 /* The MoE MLP: y (N,C) from every token on every tensor-parallel rank; this rank's rows join
  * the residual. */
-static void moe_mlp_forward(model *m, int l, float *x_out, const layer_acts *a, moe_acts *ma,
+static void moe_mlp_forward(model *m, int l, act *x_out, const layer_acts *a, moe_acts *ma,
                             moe_stats *st) {
-    const float *ln2 = tp_gather(m->tp, a->ln2);
+    const act *ln2 = tp_gather(m->tp, a->ln2);
     moe_forward(&m->moe, ma, &m->mw[l], m->dln, ln2, st); /* dln: scratch, free in forward */
     int64_t NlC = (int64_t)m->Nl * m->C;
-    m->ops->copy(m->ops, x_out, local_rows(m, m->dln), (size_t)NlC * sizeof(float));
-    m->ops->axpy(m->ops, x_out, 1.0f, a->res2, NlC);
+    m->ops->add(m->ops, x_out, local_rows(m, m->dln), a->res2, NlC);
 }
 
-static void layer_forward(model *m, int l, const float *x_in, float *x_out, layer_acts *a,
-                          moe_acts *ma, moe_stats *st) {
+static void layer_forward(model *m, int l, const act *x_in, act *x_out, layer_acts *a, moe_acts *ma,
+                          moe_stats *st) {
     const ust_ops *o = m->ops;
     const layer_w *w = &m->lw[l];
     int N = m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D;
     norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x_in, w->ln1_w, w->ln1_b);
-    const float *ln1 = tp_gather(m->tp, a->ln1); /* (N, C): every token enters attention */
+    const act *ln1 = tp_gather(m->tp, a->ln1); /* (N, C): every token enters attention */
     o->linear_fwd(o, a->q, ln1, w->wq, w->bq, N, C, HD);
     o->linear_fwd(o, a->k, ln1, w->wk, w->bk, N, C, KV);
     o->linear_fwd(o, a->v, ln1, w->wv, w->bv, N, C, KV);
@@ -728,13 +734,13 @@ static void layer_forward(model *m, int l, const float *x_in, float *x_out, laye
     }
     cp_attention_fwd(&m->cp, a->att, a->lse, a->q, a->k, a->v, m->H);
     tp_row_linear_fwd(m->tp, a->res2, a->att, w->wo, w->bo, N, HD, C);
-    o->axpy(o, a->res2, 1.0f, x_in, (int64_t)m->Nl * C);
+    o->add(o, a->res2, a->res2, x_in, (int64_t)m->Nl * C);
     norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b);
     if (is_moe(m, l)) {
         moe_mlp_forward(m, l, x_out, a, ma, st);
         return;
     }
-    const float *ln2 = tp_gather(m->tp, a->ln2);
+    const act *ln2 = tp_gather(m->tp, a->ln2);
     if (m->llama) {
         o->linear_fwd(o, a->gate, ln2, w->wg, NULL, N, C, m->F);
         o->linear_fwd(o, a->up, ln2, w->wu, w->bu, N, C, m->F);
@@ -743,7 +749,7 @@ static void layer_forward(model *m, int l, const float *x_in, float *x_out, laye
         o->linear_gelu_fwd(o, a->up, a->act, ln2, w->wu, w->bu, N, C, m->F);
     }
     tp_row_linear_fwd(m->tp, x_out, a->act, w->wd, w->bd, N, m->F, C);
-    o->axpy(o, x_out, 1.0f, a->res2, (int64_t)m->Nl * C);
+    o->add(o, x_out, x_out, a->res2, (int64_t)m->Nl * C);
 }
 
 static layer_acts *acts_of(model *m, act_slot *s, int i) {
@@ -757,12 +763,12 @@ static moe_acts *moe_acts_of(model *m, act_slot *s, int i) {
 int model_num_chunks(const model *m) { return m->nchunks; }
 int model_chunk_slots(const model *m, int c) { return m->chunks[c].nslots; }
 int64_t model_boundary_numel(const model *m) { return (int64_t)m->Nl * m->C; }
-float *model_chunk_input(model *m, int c, int slot) { return m->chunks[c].slots[slot].xs[0]; }
-float *model_chunk_output(model *m, int c, int slot) {
+act *model_chunk_input(model *m, int c, int slot) { return m->chunks[c].slots[slot].xs[0]; }
+act *model_chunk_output(model *m, int c, int slot) {
     const model_chunk *ch = &m->chunks[c];
     return ch->slots[slot].xs[ch->hi - ch->lo];
 }
-float *model_chunk_grad(model *m, int c, int slot) { return m->chunks[c].slots[slot].dy; }
+act *model_chunk_grad(model *m, int c, int slot) { return m->chunks[c].slots[slot].dy; }
 
 double model_chunk_forward(model *m, int c, int slot, const int32_t *inputs, const int32_t *targets,
                            float dscale, int64_t *ntok) {
@@ -818,15 +824,15 @@ double model_forward(model *m, const int32_t *inputs, const int32_t *targets, fl
 
 /* A norm's input gradient only (B of a zero-bubble schedule): the weight gradient goes to the
  * scratch and is dropped; W computes it again from the saved output gradient. */
-static void norm_backward_input(model *m, float *dinp, const float *dout, const float *inp,
+static void norm_backward_input(model *m, act *dinp, const act *dout, const act *inp,
                                 const float *w, const float *mean, const float *rstd) {
     float *dw = m->dnorm, *db = m->llama ? NULL : m->dnorm + m->C;
     m->ops->zero(m->ops, m->dnorm, 2 * (size_t)m->C * sizeof(float));
     norm_backward_rows(m, dinp, dw, db, dout, inp, w, mean, rstd);
 }
 
-static void save(model *m, float *dst, const float *src, int64_t n) {
-    m->ops->copy(m->ops, dst, src, (size_t)n * sizeof(float));
+static void save(model *m, act *dst, const act *src, int64_t n) {
+    m->ops->copy(m->ops, dst, src, act_bytes(m->ops, n));
 }
 
 /* The backward passes below take ws: NULL for a whole backward; zb's B passes the layer's
@@ -835,17 +841,17 @@ static void save(model *m, float *dst, const float *src, int64_t n) {
 
 /* Dense MLP, out = res2 + act(ln2 @ wu^T [, ln2 @ wg^T]) @ wd^T + bd: from d out (dx, this
  * rank's rows) to d ln2; returns this rank's rows of it. */
-static float *mlp_backward(model *m, int l, const float *dx, layer_acts *a, const layer_w *g,
-                           layer_wsave *ws) {
+static act *mlp_backward(model *m, int l, const act *dx, layer_acts *a, const layer_w *g,
+                         layer_wsave *ws) {
     const ust_ops *o = m->ops;
     const layer_w *w = &m->lw[l];
     int N = m->B * m->T, C = m->C, F = m->F;
     int64_t NF = (int64_t)N * F;
     if (m->recompute == RECOMPUTE_SELECTIVE && !ws) mlp_activation(m, a);
-    const float *gdx = tp_gather_grad(m->tp, dx);
+    const act *gdx = tp_gather_grad(m->tp, dx);
     if (ws) save(m, ws->gmlp, gdx, (int64_t)N * C);
     o->linear_bwd(o, m->dact, g->wd, g->bd, gdx, a->act, w->wd, N, F, C, 0);
-    const float *ln2 = tp_gather(m->tp, a->ln2); /* sp: gathered again rather than kept */
+    const act *ln2 = tp_gather(m->tp, a->ln2); /* sp: gathered again rather than kept */
     if (m->llama) {
         o->swiglu_bwd(o, m->dgate, m->dup, m->dact, a->gate, a->up, NF);
         o->linear_bwd(o, m->dln, g->wu, NULL, m->dup, ln2, w->wu, N, C, F, 0);
@@ -861,39 +867,39 @@ static float *mlp_backward(model *m, int l, const float *dx, layer_acts *a, cons
 
 /* MoE MLP: every tensor-parallel rank ran it on all tokens, so the input gradient is whole and
  * the same on each; this rank keeps its own rows (no sum). */
-static float *moe_mlp_backward(model *m, int l, const float *dx, layer_acts *a, moe_acts *ma) {
-    const float *gdx = tp_gather_grad(m->tp, dx);
+static act *moe_mlp_backward(model *m, int l, const act *dx, layer_acts *a, moe_acts *ma) {
+    const act *gdx = tp_gather_grad(m->tp, dx);
     moe_backward(&m->moe, ma, &m->mw[l], &m->mg[l], m->dln, gdx, tp_gather(m->tp, a->ln2),
                  m->moe_scale, 0);
     return local_rows(m, m->dln);
 }
 
 /* dx += d loss / d (a norm's input), given its output gradient dout (this rank's rows). */
-static void norm_step_backward(model *m, float *dx, float *dout, const float *inp, const float *w,
+static void norm_step_backward(model *m, act *dx, act *dout, const act *inp, const float *w,
                                float *gw, float *gb, const float *mean, const float *rstd,
-                               float *keep) {
+                               act *keep) {
     if (keep) {
         save(m, keep, dout, (int64_t)m->Nl * m->C);
         norm_backward_input(m, m->dtmp, dout, inp, w, mean, rstd);
     } else {
         norm_backward(m, m->dtmp, gw, gb, dout, inp, w, mean, rstd);
     }
-    m->ops->axpy(m->ops, dx, 1.0f, m->dtmp, (int64_t)m->Nl * m->C);
+    m->ops->add(m->ops, dx, dx, m->dtmp, (int64_t)m->Nl * m->C);
 }
 
 /* Attention, res2 = x_in + attn(ln1) @ wo^T + bo: from d res2 (dx) to d ln1; returns this
  * rank's rows of it. */
-static float *attention_backward(model *m, int l, const float *dx, layer_acts *a, const layer_w *g,
-                                 layer_wsave *ws) {
+static act *attention_backward(model *m, int l, const act *dx, layer_acts *a, const layer_w *g,
+                               layer_wsave *ws) {
     const ust_ops *o = m->ops;
     const layer_w *w = &m->lw[l];
     int N = m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D;
-    const float *gdx = tp_gather_grad(m->tp, dx);
+    const act *gdx = tp_gather_grad(m->tp, dx);
     if (ws) save(m, ws->gatt, gdx, (int64_t)N * C);
     o->linear_bwd(o, m->datt, g->wo, g->bo, gdx, a->att, w->wo, N, HD, C, 0);
-    o->zero(o, m->dq, (size_t)N * HD * sizeof(float));
-    o->zero(o, m->dk, (size_t)N * KV * sizeof(float));
-    o->zero(o, m->dv, (size_t)N * KV * sizeof(float));
+    o->zero(o, m->dq, act_bytes(o, (int64_t)N * HD));
+    o->zero(o, m->dk, act_bytes(o, (int64_t)N * KV));
+    o->zero(o, m->dv, act_bytes(o, (int64_t)N * KV));
     cp_attention_bwd(&m->cp, m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, m->H);
     if (m->llama) {
         o->rope_bwd(o, m->dq, m->dq, m->pos, m->B, m->T, m->H, m->D, m->theta);
@@ -904,7 +910,7 @@ static float *attention_backward(model *m, int l, const float *dx, layer_acts *a
         save(m, ws->dk, m->dk, (int64_t)N * KV);
         save(m, ws->dv, m->dv, (int64_t)N * KV);
     }
-    const float *ln1 = tp_gather(m->tp, a->ln1);
+    const act *ln1 = tp_gather(m->tp, a->ln1);
     o->linear_bwd(o, m->dln, g->wq, g->bq, m->dq, ln1, w->wq, N, C, HD, 0);
     o->linear_bwd(o, m->dln, g->wk, g->bk, m->dk, ln1, w->wk, N, C, KV, 1);
     o->linear_bwd(o, m->dln, g->wv, g->bv, m->dv, ln1, w->wv, N, C, KV, 1);
@@ -912,13 +918,12 @@ static float *attention_backward(model *m, int l, const float *dx, layer_acts *a
 }
 
 /* dx: (B,T,C) holds d loss / d x_out on entry and d loss / d x_in on exit. */
-static void layer_backward(model *m, int l, const float *x_in, float *dx, layer_acts *a,
-                           moe_acts *ma, layer_wsave *ws) {
+static void layer_backward(model *m, int l, const act *x_in, act *dx, layer_acts *a, moe_acts *ma,
+                           layer_wsave *ws) {
     const layer_w *w = &m->lw[l];
     layer_w none = {0}, *g = ws ? &none : &m->lg[l];
     UST_ASSERT(!ws || !is_moe(m, l), "zero-bubble B/W split of a MoE layer");
-    float *dln =
-        is_moe(m, l) ? moe_mlp_backward(m, l, dx, a, ma) : mlp_backward(m, l, dx, a, g, ws);
+    act *dln = is_moe(m, l) ? moe_mlp_backward(m, l, dx, a, ma) : mlp_backward(m, l, dx, a, g, ws);
     norm_step_backward(m, dx, dln, a->res2, w->ln2_w, g->ln2_w, g->ln2_b, a->ln2_mean, a->ln2_rstd,
                        ws ? ws->dln2 : NULL); /* dx = d res2 */
     dln = attention_backward(m, l, dx, a, g, ws);
@@ -927,7 +932,7 @@ static void layer_backward(model *m, int l, const float *x_in, float *dx, layer_
 }
 
 /* zb's W of one layer: every weight gradient from the output gradients B kept. */
-static void layer_weight_grad(model *m, int l, const float *x_in, layer_acts *a,
+static void layer_weight_grad(model *m, int l, const act *x_in, layer_acts *a,
                               const layer_wsave *ws) {
     const ust_ops *o = m->ops;
     const layer_w *w = &m->lw[l];
@@ -935,13 +940,13 @@ static void layer_weight_grad(model *m, int l, const float *x_in, layer_acts *a,
     int N = m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D, F = m->F;
     if (m->recompute == RECOMPUTE_SELECTIVE) mlp_activation(m, a);
     o->linear_bwd(o, NULL, g->wd, g->bd, ws->gmlp, a->act, w->wd, N, F, C, 0);
-    const float *ln2 = tp_gather(m->tp, a->ln2);
+    const act *ln2 = tp_gather(m->tp, a->ln2);
     o->linear_bwd(o, NULL, g->wu, m->llama ? NULL : g->bu, ws->dup, ln2, w->wu, N, C, F, 0);
     if (m->llama) o->linear_bwd(o, NULL, g->wg, NULL, ws->dgate, ln2, w->wg, N, C, F, 0);
     norm_backward(m, m->dtmp, g->ln2_w, g->ln2_b, ws->dln2, a->res2, w->ln2_w, a->ln2_mean,
                   a->ln2_rstd);
     o->linear_bwd(o, NULL, g->wo, g->bo, ws->gatt, a->att, w->wo, N, HD, C, 0);
-    const float *ln1 = tp_gather(m->tp, a->ln1);
+    const act *ln1 = tp_gather(m->tp, a->ln1);
     o->linear_bwd(o, NULL, g->wq, g->bq, ws->dq, ln1, w->wq, N, C, HD, 0);
     o->linear_bwd(o, NULL, g->wk, g->bk, ws->dk, ln1, w->wk, N, C, KV, 0);
     o->linear_bwd(o, NULL, g->wv, g->bv, ws->dv, ln1, w->wv, N, C, KV, 0);
@@ -951,12 +956,12 @@ static void layer_weight_grad(model *m, int l, const float *x_in, layer_acts *a,
 
 /* The head's backward: logits hold d loss / d logits (written by the fused cross-entropy);
  * leaves d loss / d (final norm input) in dx. */
-static void head_backward(model *m, act_slot *s, const float *x_last, float *dx, int input_only) {
+static void head_backward(model *m, act_slot *s, const act *x_last, act *dx, int input_only) {
     const ust_ops *o = m->ops;
     int N = m->B * m->T;
     o->linear_bwd(o, m->dln, input_only ? NULL : m->g_lm, NULL, s->logits, tp_gather(m->tp, s->lnf),
                   m->lm, N, m->C, m->Vl, 0);
-    float *dln = tp_reduce_grad(m->tp, m->dln);
+    act *dln = tp_reduce_grad(m->tp, m->dln);
     if (input_only) {
         save(m, s->dlnf, dln, (int64_t)m->Nl * m->C);
         norm_backward_input(m, dx, dln, x_last, m->lnf_w, s->lnf_mean, s->lnf_rstd);
@@ -966,7 +971,7 @@ static void head_backward(model *m, act_slot *s, const float *x_last, float *dx,
     }
 }
 
-static void embedding_backward(model *m, act_slot *s, const float *dx) {
+static void embedding_backward(model *m, act_slot *s, const act *dx) {
     tp_embedding_bwd(m->tp, m->g_wte, m->llama ? NULL : m->g_wpe, dx, s->tok,
                      m->llama ? NULL : m->pos, m->B, m->T, m->C, m->Vp);
 }
@@ -978,7 +983,7 @@ void model_chunk_backward(model *m, int c, int slot, int input_only) {
     model_phase begin = input_only ? MODEL_BIN_BEGIN : MODEL_BWD_BEGIN;
     model_phase end = input_only ? MODEL_BIN_END : MODEL_BWD_END;
     int nl = ch->hi - ch->lo, u = ch->unit0 + ch->nunits - 1;
-    float *dx = s->dy; /* the chunk's output gradient, turned into its input gradient */
+    act *dx = s->dy; /* the chunk's output gradient, turned into its input gradient */
     if (ch->head) {
         hook(m, u, begin);
         head_backward(m, s, s->xs[nl], dx, input_only);

@@ -73,7 +73,7 @@ typedef struct {
      * layers each (0 for pp_size/vpp means 1: the whole model) */
     int pp_rank, pp_size, vpp;
     int slots[MODEL_MAX_CHUNKS]; /* micro-batches in flight per chunk (activation sets; 0 = 1) */
-    int zb; /* keep what deferred weight gradients need (zero-bubble schedules) */
+    int zb;                   /* keep what deferred weight gradients need (zero-bubble schedules) */
     struct ust_comm *ep_comm; /* expert parallelism: the group holding the other experts */
 } model_storage;
 
@@ -125,16 +125,16 @@ void model_backward(model *m);
 
 /* Pipeline stages. A rank holds model_num_chunks chunks (its stages), each with
  * model_chunk_slots activation sets: one per micro-batch in flight through it. The slot's
- * input tensor (Nl x C, model_boundary_numel floats) is where a stage's received activation
+ * input tensor (Nl x C, model_boundary_numel activations) is where a stage's received activation
  * goes, its output what it sends; model_chunk_grad is the slot's gradient buffer: the output
  * gradient before backward (received, or written by the head), the input gradient after.
  * The first chunk of stage 0 reads inputs, the last stage's reads targets (others pass NULL). */
 int model_num_chunks(const model *m);
 int model_chunk_slots(const model *m, int chunk);
 int64_t model_boundary_numel(const model *m);
-float *model_chunk_input(model *m, int chunk, int slot);
-float *model_chunk_output(model *m, int chunk, int slot);
-float *model_chunk_grad(model *m, int chunk, int slot);
+act *model_chunk_input(model *m, int chunk, int slot);
+act *model_chunk_output(model *m, int chunk, int slot);
+act *model_chunk_grad(model *m, int chunk, int slot);
 double model_chunk_forward(model *m, int chunk, int slot, const int32_t *inputs,
                            const int32_t *targets, float dscale, int64_t *ntok);
 /* input_only (zb's B, model made with storage.zb): input gradients only, keeping what

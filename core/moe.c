@@ -92,6 +92,7 @@ void moe_weights_free(moe_weights *w) {
 
 #define FL(n) ((float *)mem_alloc(arena, MEM_ACTS, (size_t)(n) * sizeof(float)))
 #define IN(n) ((int32_t *)mem_alloc(arena, MEM_ACTS, (size_t)(n) * sizeof(int32_t)))
+#define AC(n) ((act *)mem_alloc(arena, MEM_ACTS, act_bytes(ops, n)))
 
 static void *host_alloc(size_t bytes) {
     void *p = calloc(1, bytes ? bytes : 1);
@@ -200,18 +201,18 @@ void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *
     m->El = ep_local_experts(&m->ep, &m->e0);
     m->R = ep_max_recv(&m->ep);
     int ep1 = ep_size(&m->ep) == 1;
-    m->logits = FL(N * E);
-    m->dlogits = FL(N * E);
+    m->logits = AC(N * E);
+    m->dlogits = AC(N * E);
     m->dgate = FL(A);
-    m->tmp = FL(N * C);
-    m->xd = ep1 ? NULL : FL(A * C);
-    m->eout = ep1 ? NULL : FL(m->R * C);
-    m->d_home = FL(A * C);
-    m->d_local = ep1 ? NULL : FL(m->R * C);
-    m->dxe = FL(m->R * C);
-    m->dh1 = FL(m->R * m->Fe);
-    m->dh2 = FL(m->R * m->Fe);
-    m->dact = FL(m->R * m->Fe);
+    m->tmp = AC(N * C);
+    m->xd = ep1 ? NULL : AC(A * C);
+    m->eout = ep1 ? NULL : AC(m->R * C);
+    m->d_home = AC(A * C);
+    m->d_local = ep1 ? NULL : AC(m->R * C);
+    m->dxe = AC(m->R * C);
+    m->dh1 = AC(m->R * m->Fe);
+    m->dh2 = AC(m->R * m->Fe);
+    m->dact = AC(m->R * m->Fe);
     m->aux_dp = FL(E);
     m->stats = FL(2 * E + 3);
     m->stats_host = host_alloc((2 * E + 3) * sizeof(float));
@@ -258,6 +259,7 @@ int64_t moe_ctx_bytes(const ust_config *cfg, int N, int ep_size) {
 
 void moe_acts_init(moe_ctx *m, moe_acts *a, ust_arena *arena) {
     memset(a, 0, sizeof *a);
+    const ust_ops *ops = m->ops;
     int64_t N = m->N, A = N * m->k, C = m->C, Fe = m->Fe, R = m->R;
     a->probs = FL(N * m->E);
     a->lse = FL(N);
@@ -265,15 +267,15 @@ void moe_acts_init(moe_ctx *m, moe_acts *a, ust_arena *arena) {
     a->topk = IN(A);
     a->assign = IN(A);
     a->pos = IN(A);
-    a->xe = FL(R * C);
-    a->h1 = m->llama ? FL(R * Fe) : NULL;
-    a->h2 = FL(R * Fe);
-    a->act = FL(R * Fe);
-    a->eout = FL(A * C);
+    a->xe = AC(R * C);
+    a->h1 = m->llama ? AC(R * Fe) : NULL;
+    a->h2 = AC(R * Fe);
+    a->act = AC(R * Fe);
+    a->eout = AC(A * C);
     if (m->shared) {
-        a->s_h1 = m->llama ? FL(N * Fe) : NULL;
-        a->s_h2 = FL(N * Fe);
-        a->s_act = FL(N * Fe);
+        a->s_h1 = m->llama ? AC(N * Fe) : NULL;
+        a->s_h2 = AC(N * Fe);
+        a->s_act = AC(N * Fe);
     }
     ep_plan_init(&m->ep, &a->plan, arena);
     a->aux_dp_host = host_alloc(m->E * sizeof(float));
@@ -295,34 +297,35 @@ int64_t moe_acts_bytes(const ust_config *cfg, int N, int ep_size) {
 }
 #undef FL
 #undef IN
+#undef AC
 
 /* ------------------------------------------------------------------ experts */
 
 /* out(M,C) = expert(x(M,C)); h1, h2, act (M,Fe) saved. */
-static void expert_fwd(const moe_ctx *m, const moe_expert *w, float *out, const float *x, float *h1,
-                       float *h2, float *act, int M) {
+static void expert_fwd(const moe_ctx *m, const moe_expert *w, act *out, const act *x, act *h1,
+                       act *h2, act *y, int M) {
     const ust_ops *o = m->ops;
     int C = m->C, F = m->Fe;
     if (M == 0) return;
     if (m->llama) {
         o->linear_fwd(o, h1, x, w->gate, NULL, M, C, F);
         o->linear_fwd(o, h2, x, w->up, NULL, M, C, F);
-        o->swiglu_fwd(o, act, h1, h2, (int64_t)M * F);
+        o->swiglu_fwd(o, y, h1, h2, (int64_t)M * F);
     } else {
         o->linear_fwd(o, h2, x, w->up, w->up_b, M, C, F);
-        o->gelu_fwd(o, act, h2, (int64_t)M * F);
+        o->gelu_fwd(o, y, h2, (int64_t)M * F);
     }
-    o->linear_fwd(o, out, act, w->down, w->down_b, M, F, C);
+    o->linear_fwd(o, out, y, w->down, w->down_b, M, F, C);
 }
 
 /* dx(M,C) (= or += when acc) and g += from dout(M,C); uses the context's backward scratch. */
-static void expert_bwd(const moe_ctx *m, const moe_expert *w, moe_expert *g, float *dx,
-                       const float *dout, const float *x, const float *h1, const float *h2,
-                       const float *act, int M, int acc) {
+static void expert_bwd(const moe_ctx *m, const moe_expert *w, moe_expert *g, act *dx,
+                       const act *dout, const act *x, const act *h1, const act *h2, const act *y,
+                       int M, int acc) {
     const ust_ops *o = m->ops;
     int C = m->C, F = m->Fe;
     if (M == 0) return;
-    o->linear_bwd(o, m->dact, g->down, g->down_b, dout, act, w->down, M, F, C, 0);
+    o->linear_bwd(o, m->dact, g->down, g->down_b, dout, y, w->down, M, F, C, 0);
     if (m->llama) {
         o->swiglu_bwd(o, m->dh1, m->dh2, m->dact, h1, h2, (int64_t)M * F);
         o->linear_bwd(o, dx, g->up, NULL, m->dh2, x, w->up, M, C, F, acc);
@@ -334,23 +337,28 @@ static void expert_bwd(const moe_ctx *m, const moe_expert *w, moe_expert *g, flo
 }
 
 /* The local experts over their contiguous row groups of a. */
-static void local_experts_fwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, float *out) {
+static void local_experts_fwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, act *out) {
+    const ust_ops *o = m->ops;
     int64_t off = 0, C = m->C, F = m->Fe;
     for (int i = 0; i < m->El; i++) {
         int M = a->plan.local[i];
-        expert_fwd(m, &w->experts[i], out + off * C, a->xe + off * C,
-                   a->h1 ? a->h1 + off * F : NULL, a->h2 + off * F, a->act + off * F, M);
+        expert_fwd(m, &w->experts[i], act_at(o, out, off * C), act_at(o, a->xe, off * C),
+                   a->h1 ? act_at(o, a->h1, off * F) : NULL, act_at(o, a->h2, off * F),
+                   act_at(o, a->act, off * F), M);
         off += M;
     }
 }
 
 static void local_experts_bwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g,
-                              float *dx, const float *dout) {
+                              act *dx, const act *dout) {
+    const ust_ops *o = m->ops;
     int64_t off = 0, C = m->C, F = m->Fe;
     for (int i = 0; i < m->El; i++) {
         int M = a->plan.local[i];
-        expert_bwd(m, &w->experts[i], &g->experts[i], dx + off * C, dout + off * C, a->xe + off * C,
-                   a->h1 ? a->h1 + off * F : NULL, a->h2 + off * F, a->act + off * F, M, 0);
+        expert_bwd(m, &w->experts[i], &g->experts[i], act_at(o, dx, off * C),
+                   act_at(o, dout, off * C), act_at(o, a->xe, off * C),
+                   a->h1 ? act_at(o, a->h1, off * F) : NULL, act_at(o, a->h2, off * F),
+                   act_at(o, a->act, off * F), M, 0);
         off += M;
     }
 }
@@ -428,7 +436,7 @@ static void statistics(moe_ctx *m, moe_acts *a, moe_stats *st) {
 
 /* ------------------------------------------------------------------ forward / backward */
 
-void moe_forward(moe_ctx *m, moe_acts *a, const moe_weights *w, float *y, const float *x,
+void moe_forward(moe_ctx *m, moe_acts *a, const moe_weights *w, act *y, const act *x,
                  moe_stats *stats) {
     const ust_ops *o = m->ops;
     int N = m->N, E = m->E, k = m->k, C = m->C;
@@ -440,7 +448,7 @@ void moe_forward(moe_ctx *m, moe_acts *a, const moe_weights *w, float *y, const 
     statistics(m, a, stats ? stats : &local);
     ep_plan_make(&m->ep, &a->plan, m->cnt_host + E); /* kept counts */
     /* token copies in global expert order, to the experts' ranks; at ep = 1 they stay in xe */
-    float *xd = ep1 ? a->xe : m->xd, *eout = ep1 ? a->eout : m->eout;
+    act *xd = ep1 ? a->xe : m->xd, *eout = ep1 ? a->eout : m->eout;
     if (a->nkept) o->moe_gather(o, xd, x, a->assign, NULL, (int)a->nkept, C, k);
     if (!ep1) ep_dispatch(&m->ep, &a->plan, a->xe, xd);
     local_experts_fwd(m, a, w, eout);
@@ -448,23 +456,23 @@ void moe_forward(moe_ctx *m, moe_acts *a, const moe_weights *w, float *y, const 
     o->moe_combine(o, y, a->eout, a->pos, a->gate, N, k, C, 0);
     if (m->shared) {
         expert_fwd(m, &w->shared, m->tmp, x, a->s_h1, a->s_h2, a->s_act, N);
-        o->axpy(o, y, 1.0f, m->tmp, (int64_t)N * C);
+        o->add(o, y, y, m->tmp, (int64_t)N * C);
     }
 }
 
-void moe_backward(moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g, float *dx,
-                  const float *dy, const float *x, float loss_scale, int acc_dx) {
+void moe_backward(moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g, act *dx,
+                  const act *dy, const act *x, float loss_scale, int acc_dx) {
     const ust_ops *o = m->ops;
     int N = m->N, E = m->E, k = m->k, C = m->C;
     int ep1 = ep_size(&m->ep) == 1;
     /* y = sum_j gate_j eout_j: the gates' gradient, then each kept row's d eout = gate dy */
     o->moe_gate_grad(o, m->dgate, dy, a->eout, a->pos, N, k, C);
-    float *d_local = ep1 ? m->d_home : m->d_local;
+    act *d_local = ep1 ? m->d_home : m->d_local;
     if (a->nkept) o->moe_gather(o, m->d_home, dy, a->assign, a->gate, (int)a->nkept, C, k);
     if (!ep1) ep_dispatch(&m->ep, &a->plan, d_local, m->d_home);
     local_experts_bwd(m, a, w, g, m->dxe, d_local);
     /* the rows' input gradients home again, each token summing its copies */
-    float *dx_home = ep1 ? m->dxe : m->d_home;
+    act *dx_home = ep1 ? m->dxe : m->d_home;
     if (!ep1) ep_combine(&m->ep, &a->plan, dx_home, m->dxe);
     o->moe_combine(o, dx, dx_home, a->pos, NULL, N, k, C, acc_dx);
     if (m->shared)

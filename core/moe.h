@@ -129,10 +129,12 @@ typedef struct moe_ctx {
     int64_t R;  /* rows of the local-expert buffers */
     double aux_coef, z_coef, capacity_factor;
     /* scratch */
-    float *logits, *dlogits, *dgate, *tmp;       /* (N,E) (N,E) (N*k) (N,C) */
-    float *xd, *eout;                            /* (N*k,C) (R,C), ep > 1 only */
-    float *d_home, *d_local, *dxe;               /* (N*k,C) (R,C) (R,C) */
-    float *dh1, *dh2, *dact;                     /* (R,Fe) each */
+    act *logits, *dlogits;                       /* (N,E) (N,E) */
+    float *dgate;                                /* (N*k) */
+    act *tmp;                                    /* (N,C) */
+    act *xd, *eout;                              /* (N*k,C) (R,C), ep > 1 only */
+    act *d_home, *d_local, *dxe;                 /* (N*k,C) (R,C) (R,C) */
+    act *dh1, *dh2, *dact;                       /* (R,Fe) each */
     float *aux_dp, *stats;                       /* device E and 2E+3 */
     float *stats_host;                           /* host 2E+3 */
     int32_t *topk_host, *pos_host, *assign_host; /* host N*k each */
@@ -143,9 +145,9 @@ typedef struct moe_ctx {
 typedef struct {
     float *probs, *lse, *gate;    /* (N,E) (N) (N,k) */
     int32_t *topk, *assign, *pos; /* (N,k); assign: row -> assignment; pos: assignment -> row */
-    float *xe, *h1, *h2, *act;    /* local-expert rows (R,C) (R,Fe) x3; h1 = gate_proj (llama) */
-    float *eout;                  /* (N*k,C) expert outputs back home, in row order */
-    float *s_h1, *s_h2, *s_act;   /* shared expert (N,Fe) each */
+    act *xe, *h1, *h2, *act;      /* local-expert rows (R,C) (R,Fe) x3; h1 = gate_proj (llama) */
+    act *eout;                    /* (N*k,C) expert outputs back home, in row order */
+    act *s_h1, *s_h2, *s_act;     /* shared expert (N,Fe) each */
     ep_plan plan;
     int64_t nkept;      /* rows sent (kept assignments) */
     float *aux_dp_host; /* host E: d aux_coef*aux / d probs[:, e] */
@@ -166,13 +168,13 @@ int64_t moe_ctx_bytes(const ust_config *cfg, int N, int ep_size);
 int64_t moe_acts_bytes(const ust_config *cfg, int N, int ep_size);
 
 /* y(N,C) = the layer's output for x(N,C); saves what backward needs in a; fills stats. */
-void moe_forward(moe_ctx *m, moe_acts *a, const moe_weights *w, float *y, const float *x,
+void moe_forward(moe_ctx *m, moe_acts *a, const moe_weights *w, act *y, const act *x,
                  moe_stats *stats);
 /* dx(N,C) = d/dx (overwritten, or += when acc_dx) given dy(N,C); ACCUMULATES into g the
  * gradients of this rank's tensors. loss_scale multiplies the aux and z-loss gradients (e.g. the
  * same 1/tokens or 1/micro-batches factor the caller applies to its own loss). x must be the
  * forward's input. */
-void moe_backward(moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g, float *dx,
-                  const float *dy, const float *x, float loss_scale, int acc_dx);
+void moe_backward(moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g, act *dx,
+                  const act *dy, const act *x, float loss_scale, int acc_dx);
 
 #endif

@@ -150,6 +150,10 @@ void comm_wait(comm_req *r);
 void comm_wait_all(comm_req *r, int n); /* in array order */
 
 size_t comm_dtype_size(comm_dtype t);
+/* The dtype of the backend's activations (ops.h act_size): what tp, cp, pp and ep move. */
+static inline comm_dtype comm_act_dtype(const ust_ops *o) {
+    return o->act_size == 2 ? COMM_BF16 : COMM_FP32;
+}
 const char *comm_kind_name(comm_kind k);
 const comm_counters *comm_get_counters(const ust_comm *c);
 void comm_reset_counters(ust_comm *c);

@@ -60,7 +60,7 @@ void cp_init(ust_cp *cp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, i
     cp->pos = mem_alloc(arena, MEM_ACTS, npos);
     ops->to_device(ops, cp->pos, cp->pos_host, npos);
     if (cp->n == 1) return;
-    size_t blk = (size_t)B * cp->Tl * Hkv * D * sizeof(float);
+    size_t blk = act_bytes(ops, (int64_t)B * cp->Tl * Hkv * D);
     cp->acc_dk = mem_alloc(arena, MEM_ACTS, blk);
     cp->acc_dv = mem_alloc(arena, MEM_ACTS, blk);
     if (mode == CP_RING) {
@@ -72,7 +72,7 @@ void cp_init(ust_cp *cp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, i
         cp->all_dk = mem_alloc(arena, MEM_ACTS, blk * cp->n);
         cp->all_dv = mem_alloc(arena, MEM_ACTS, blk * cp->n);
     }
-    cp->part_out = mem_alloc(arena, MEM_ACTS, (size_t)B * cp->Tl * H * D * sizeof(float));
+    cp->part_out = mem_alloc(arena, MEM_ACTS, act_bytes(ops, (int64_t)B * cp->Tl * H * D));
     cp->part_lse = mem_alloc(arena, MEM_ACTS, (size_t)B * H * cp->Tl * sizeof(float));
 }
 
@@ -97,7 +97,7 @@ static void wait_timed(ust_cp *cp, comm_req *r) {
 /* Posts (the list lives in cp until the wait): send the `nbuf` buffers of send[] to the next rank,
  * receive as many into recv[] from the previous one (one batch, so two ranks exchanging with each
  * other cannot deadlock). */
-static comm_req pass_on(ust_cp *cp, float *const *send, float *const *recv, int nbuf) {
+static comm_req pass_on(ust_cp *cp, act *const *send, act *const *recv, int nbuf) {
     comm_p2p *ops = cp->p2p; /* must stay valid until the wait */
     size_t count = (size_t)cp->B * cp->Tl * cp->Hkv * cp->D;
     int next = (cp->rank + 1) % cp->n, prev = (cp->rank + cp->n - 1) % cp->n;
@@ -105,13 +105,14 @@ static comm_req pass_on(ust_cp *cp, float *const *send, float *const *recv, int 
         ops[2 * i] = (comm_p2p){.peer = next, .is_send = 1, .buf = send[i], .count = count};
         ops[2 * i + 1] = (comm_p2p){.peer = prev, .is_send = 0, .buf = recv[i], .count = count};
     }
-    return comm_sendrecv(cp->comm, ops, 2 * nbuf, COMM_FP32);
+    return comm_sendrecv(cp->comm, ops, 2 * nbuf, comm_act_dtype(cp->ops));
 }
 
-static void gather_blocks(ust_cp *cp, const float *k, const float *v) {
+static void gather_blocks(ust_cp *cp, const act *k, const act *v) {
     size_t count = (size_t)cp->B * cp->Tl * cp->Hkv * cp->D;
-    comm_req r[2] = {comm_allgather(cp->comm, k, cp->all_k, count, COMM_FP32),
-                     comm_allgather(cp->comm, v, cp->all_v, count, COMM_FP32)};
+    comm_dtype t = comm_act_dtype(cp->ops);
+    comm_req r[2] = {comm_allgather(cp->comm, k, cp->all_k, count, t),
+                     comm_allgather(cp->comm, v, cp->all_v, count, t)};
     double t0 = log_now_s();
     comm_wait_all(r, 2);
     cp->comm_s += log_now_s() - t0;
@@ -119,27 +120,32 @@ static void gather_blocks(ust_cp *cp, const float *k, const float *v) {
 
 static size_t blk(const ust_cp *cp) { return (size_t)cp->B * cp->Tl * cp->Hkv * cp->D; }
 
-void cp_attention_fwd(ust_cp *cp, float *out, float *lse, const float *q, const float *k,
-                      const float *v, int H) {
+/* Block r of an allgather-mode buffer (every rank's block, in rank order). */
+static act *block_of(const ust_cp *cp, act *all, int r) {
+    return act_at(cp->ops, all, (int64_t)r * blk(cp));
+}
+
+void cp_attention_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *k, const act *v,
+                      int H) {
     const ust_ops *o = cp->ops;
     int B = cp->B, Tl = cp->Tl, Hkv = cp->Hkv, D = cp->D, n = cp->n;
     const int32_t *qp = pos_dev(cp, cp->rank);
     if (n > 1 && cp->mode == CP_ALLGATHER) gather_blocks(cp, k, v);
-    const float *ck = k, *cv = v;
+    const act *ck = k, *cv = v;
     /* step s works on the block of rank - s; the local block comes first: it holds the diagonal,
      * so every query sees at least one key before any merge */
     for (int s = 0; s < n; s++) {
         int owner = (cp->rank - s + n) % n;
         comm_req r = {0};
-        float *nk = NULL, *nv = NULL;
+        act *nk = NULL, *nv = NULL;
         if (cp->mode == CP_RING && s + 1 < n) {
             /* send the block in hand on before computing with it, so the transfer overlaps */
-            float *send[2] = {(float *)ck, (float *)cv};
-            float *recv[2] = {cp->kv[(s + 1) % 2][0], cp->kv[(s + 1) % 2][1]};
+            act *send[2] = {(act *)ck, (act *)cv};
+            act *recv[2] = {cp->kv[(s + 1) % 2][0], cp->kv[(s + 1) % 2][1]};
             r = pass_on(cp, send, recv, 2);
             nk = recv[0], nv = recv[1];
         } else if (cp->mode == CP_ALLGATHER && s > 0) {
-            ck = cp->all_k + owner * blk(cp), cv = cp->all_v + owner * blk(cp);
+            ck = block_of(cp, cp->all_k, owner), cv = block_of(cp, cp->all_v, owner);
         }
         if (s == 0) {
             o->attention_fwd(o, out, lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp, qp, 1);
@@ -156,9 +162,8 @@ void cp_attention_fwd(ust_cp *cp, float *out, float *lse, const float *q, const 
     }
 }
 
-void cp_attention_bwd(ust_cp *cp, float *dq, float *dk, float *dv, const float *dout,
-                      const float *out, const float *lse, const float *q, const float *k,
-                      const float *v, int H) {
+void cp_attention_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, const act *out,
+                      const float *lse, const act *q, const act *k, const act *v, int H) {
     const ust_ops *o = cp->ops;
     int B = cp->B, Tl = cp->Tl, Hkv = cp->Hkv, D = cp->D, n = cp->n;
     const int32_t *qp = pos_dev(cp, cp->rank);
@@ -169,45 +174,46 @@ void cp_attention_bwd(ust_cp *cp, float *dq, float *dk, float *dv, const float *
     if (cp->mode == CP_ALLGATHER) {
         /* every block's gradient computed here, then summed at its owner */
         gather_blocks(cp, k, v);
-        o->zero(o, cp->all_dk, blk(cp) * n * sizeof(float));
-        o->zero(o, cp->all_dv, blk(cp) * n * sizeof(float));
+        o->zero(o, cp->all_dk, act_bytes(o, blk(cp) * n));
+        o->zero(o, cp->all_dv, act_bytes(o, blk(cp) * n));
         for (int r = 0; r < n; r++)
-            o->attention_bwd(o, dq, cp->all_dk + r * blk(cp), cp->all_dv + r * blk(cp), dout, out,
-                             lse, q, cp->all_k + r * blk(cp), cp->all_v + r * blk(cp), B, Tl, Tl, H,
-                             Hkv, D, qp, pos_dev(cp, r), 1);
+            o->attention_bwd(o, dq, block_of(cp, cp->all_dk, r), block_of(cp, cp->all_dv, r), dout,
+                             out, lse, q, block_of(cp, cp->all_k, r), block_of(cp, cp->all_v, r), B,
+                             Tl, Tl, H, Hkv, D, qp, pos_dev(cp, r), 1);
+        comm_dtype t = comm_act_dtype(o);
         comm_req r[2] = {
-            comm_reduce_scatter(cp->comm, cp->all_dk, cp->acc_dk, blk(cp), COMM_FP32, COMM_SUM),
-            comm_reduce_scatter(cp->comm, cp->all_dv, cp->acc_dv, blk(cp), COMM_FP32, COMM_SUM)};
+            comm_reduce_scatter(cp->comm, cp->all_dk, cp->acc_dk, blk(cp), t, COMM_SUM),
+            comm_reduce_scatter(cp->comm, cp->all_dv, cp->acc_dv, blk(cp), t, COMM_SUM)};
         double t0 = log_now_s();
         comm_wait_all(r, 2);
         cp->comm_s += log_now_s() - t0;
-        o->axpy(o, dk, 1.0f, cp->acc_dk, (int64_t)blk(cp));
-        o->axpy(o, dv, 1.0f, cp->acc_dv, (int64_t)blk(cp));
+        o->add(o, dk, dk, cp->acc_dk, (int64_t)blk(cp));
+        o->add(o, dv, dv, cp->acc_dv, (int64_t)blk(cp));
         return;
     }
     /* the ring: the block in hand (k, v and the gradients gathered for it so far) moves on after
      * each step; after n steps every block is back at its owner with its whole gradient */
-    o->zero(o, cp->acc_dk, blk(cp) * sizeof(float));
-    o->zero(o, cp->acc_dv, blk(cp) * sizeof(float));
-    const float *ck = k, *cv = v;
-    float *cdk = cp->acc_dk, *cdv = cp->acc_dv;
+    o->zero(o, cp->acc_dk, act_bytes(o, blk(cp)));
+    o->zero(o, cp->acc_dv, act_bytes(o, blk(cp)));
+    const act *ck = k, *cv = v;
+    act *cdk = cp->acc_dk, *cdv = cp->acc_dv;
     for (int s = 0; s < n; s++) {
         int owner = (cp->rank - s + n) % n;
-        float *const *buf = cp->kv[s % 2];
+        act *const *buf = cp->kv[s % 2];
         /* the block's keys and values move on while we compute; its gradients after */
         comm_req kv = {0};
         if (s + 1 < n) {
-            float *send[2] = {(float *)ck, (float *)cv};
+            act *send[2] = {(act *)ck, (act *)cv};
             kv = pass_on(cp, send, buf, 2);
         }
         o->attention_bwd(o, dq, cdk, cdv, dout, out, lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp,
                          pos_dev(cp, owner), 1);
         if (s + 1 < n) wait_timed(cp, &kv);
-        float *send[2] = {cdk, cdv};
+        act *send[2] = {cdk, cdv};
         comm_req g = pass_on(cp, send, buf + 2, 2);
         wait_timed(cp, &g);
         ck = buf[0], cv = buf[1], cdk = buf[2], cdv = buf[3];
     }
-    o->axpy(o, dk, 1.0f, cdk, (int64_t)blk(cp));
-    o->axpy(o, dv, 1.0f, cdv, (int64_t)blk(cp));
+    o->add(o, dk, dk, cdk, (int64_t)blk(cp));
+    o->add(o, dv, dv, cdv, (int64_t)blk(cp));
 }

@@ -22,13 +22,14 @@ typedef struct ust_cp {
     int n, rank, T, Tl, B, Hkv, D;
     ust_cp_layout layout;
     ust_cp_comm mode;
-    int32_t *pos_host;      /* n x Tl: the positions every rank holds */
-    int32_t *pos;           /* the same on the device */
-    float *kv[2][4];        /* ring buffers: k, v, dk, dv of one block, twice */
-    float *acc_dk, *acc_dv; /* this rank's own block's gradients on their way around */
-    float *part_out, *part_lse;
-    float *all_k, *all_v, *all_dk, *all_dv; /* allgather mode: every block */
-    comm_p2p p2p[8];                        /* the posted send/recv list of the block in flight */
+    int32_t *pos_host;    /* n x Tl: the positions every rank holds */
+    int32_t *pos;         /* the same on the device */
+    act *kv[2][4];        /* ring buffers: k, v, dk, dv of one block, twice */
+    act *acc_dk, *acc_dv; /* this rank's own block's gradients on their way around */
+    act *part_out;
+    float *part_lse;
+    act *all_k, *all_v, *all_dk, *all_dv; /* allgather mode: every block */
+    comm_p2p p2p[8];                      /* the posted send/recv list of the block in flight */
     double pairs;        /* (query, key) pairs attended so far (causal ones only) */
     double *block_pairs; /* per block owner: causal pairs of our queries with its keys */
     double comm_s;       /* wall time spent waiting for blocks */
@@ -47,11 +48,10 @@ void cp_layout_positions(ust_cp_layout layout, int T, int n, int r, int32_t *out
 
 /* Causal attention of this rank's queries over the whole sequence: q(B,Tl,H,D), k,v(B,Tl,Hkv,D)
  * are the local tokens' projections; out(B,Tl,H,D), lse(B,H,Tl) as ops.h's attention_fwd. */
-void cp_attention_fwd(ust_cp *cp, float *out, float *lse, const float *q, const float *k,
-                      const float *v, int H);
+void cp_attention_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *k, const act *v,
+                      int H);
 /* Accumulates into dq, dk, dv (the caller zeroes them) the gradients of the local tokens. */
-void cp_attention_bwd(ust_cp *cp, float *dq, float *dk, float *dv, const float *dout,
-                      const float *out, const float *lse, const float *q, const float *k,
-                      const float *v, int H);
+void cp_attention_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, const act *out,
+                      const float *lse, const act *q, const act *k, const act *v, int H);
 
 #endif

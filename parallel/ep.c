@@ -31,7 +31,7 @@ void ep_init(ust_ep *ep, const ust_ops *ops, ust_comm *comm, ust_arena *arena, i
     int n = ep->n;
     ep->cnt_send = mem_alloc(arena, MEM_COMM, (size_t)E * sizeof(float));
     ep->cnt_recv = mem_alloc(arena, MEM_COMM, (size_t)E * sizeof(float));
-    ep->stage = mem_alloc(arena, MEM_COMM, (size_t)ep->max_recv * C * sizeof(float));
+    ep->stage = mem_alloc(arena, MEM_COMM, act_bytes(ops, ep->max_recv * C));
     ep->cnt_host = malloc((size_t)E * sizeof(float));
     ep->scounts = malloc(4 * (size_t)n * sizeof(size_t));
     ep->idx_host = malloc(2 * (size_t)ep->max_recv * sizeof(int32_t));
@@ -156,30 +156,30 @@ static void count_rows(ust_ep *ep, const ep_plan *p) {
             }
 }
 
-void ep_dispatch(ust_ep *ep, const ep_plan *p, float *local_rows, const float *send_rows) {
+void ep_dispatch(ust_ep *ep, const ep_plan *p, act *local_rows, const act *send_rows) {
     const ust_ops *o = ep->ops;
     if (ep->n == 1) {
-        o->copy(o, local_rows, send_rows, (size_t)p->nsend * ep->C * sizeof(float));
+        o->copy(o, local_rows, send_rows, act_bytes(o, p->nsend * ep->C));
         return;
     }
     exchange_args(ep, p, 1);
     comm_req r = comm_alltoallv(ep->comm, send_rows, ep->scounts, ep->sdispls, ep->stage,
-                                ep->rcounts, ep->rdispls, COMM_FP32);
+                                ep->rcounts, ep->rdispls, comm_act_dtype(o));
     wait_timed(ep, &r);
     count_rows(ep, p);
     if (p->nrecv) o->moe_gather(o, local_rows, ep->stage, p->order, NULL, (int)p->nrecv, ep->C, 1);
 }
 
-void ep_combine(ust_ep *ep, const ep_plan *p, float *send_rows, const float *local_rows) {
+void ep_combine(ust_ep *ep, const ep_plan *p, act *send_rows, const act *local_rows) {
     const ust_ops *o = ep->ops;
     if (ep->n == 1) {
-        o->copy(o, send_rows, local_rows, (size_t)p->nsend * ep->C * sizeof(float));
+        o->copy(o, send_rows, local_rows, act_bytes(o, p->nsend * ep->C));
         return;
     }
     if (p->nrecv) o->moe_gather(o, ep->stage, local_rows, p->inv, NULL, (int)p->nrecv, ep->C, 1);
     exchange_args(ep, p, 0);
     comm_req r = comm_alltoallv(ep->comm, ep->stage, ep->scounts, ep->sdispls, send_rows,
-                                ep->rcounts, ep->rdispls, COMM_FP32);
+                                ep->rcounts, ep->rdispls, comm_act_dtype(o));
     wait_timed(ep, &r);
     count_rows(ep, p);
 }

@@ -24,7 +24,7 @@ typedef struct ust_ep {
     int64_t max_send, max_recv; /* rows; max_recv = n * max_send (dropless bound) */
     float *cnt_send, *cnt_recv; /* device, n*El: counts as floats (exact < 2^24) */
     float *cnt_host;            /* host, n*El */
-    float *stage;               /* device (max_recv, C): rows in source order */
+    act *stage;                 /* device (max_recv, C): rows in source order */
     size_t *scounts, *sdispls, *rcounts, *rdispls; /* host, n each: all-to-allv arguments */
     int32_t *idx_host;                             /* host (2 * max_recv): regrouping indices */
     double comm_s;                                 /* wall time waiting on the group (reports) */
@@ -42,7 +42,7 @@ typedef struct {
     int32_t *inv;         /* device (max_recv): staged row j is local row inv[j] (n > 1) */
 } ep_plan;
 
-/* comm may be NULL (all E experts local). E experts, rows of C floats, at most max_send rows
+/* comm may be NULL (all E experts local). E experts, rows of C activations, at most max_send rows
  * sent per dispatch (N*k for N tokens and top-k routing) and max_recv held for the local experts
  * (0: n * max_send, every rank's rows). Buffers come from the arena. */
 void ep_init(ust_ep *ep, const ust_ops *ops, ust_comm *comm, ust_arena *arena, int E, int C,
@@ -61,8 +61,8 @@ void ep_plan_make(ust_ep *ep, ep_plan *p, const int32_t *send);
 
 /* send_rows (p->nsend, C), grouped by global expert in increasing order -> local_rows
  * (p->nrecv, C), grouped by local expert. local_rows may equal send_rows only when n == 1. */
-void ep_dispatch(ust_ep *ep, const ep_plan *p, float *local_rows, const float *send_rows);
+void ep_dispatch(ust_ep *ep, const ep_plan *p, act *local_rows, const act *send_rows);
 /* The inverse: local_rows (p->nrecv, C) -> send_rows (p->nsend, C) in the original order. */
-void ep_combine(ust_ep *ep, const ep_plan *p, float *send_rows, const float *local_rows);
+void ep_combine(ust_ep *ep, const ep_plan *p, act *send_rows, const act *local_rows);
 
 #endif

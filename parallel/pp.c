@@ -137,7 +137,7 @@ static void wait_timed(pp_state *s, comm_req *r) {
 static void flush(pp_state *s, batch_state *b) {
     if (b->inflight) wait_timed(s, &b->req), b->inflight = 0;
     if (s->nbatch[b->cur] == 0) return;
-    b->req = comm_sendrecv(s->pipe, s->batch[b->cur], s->nbatch[b->cur], COMM_FP32);
+    b->req = comm_sendrecv(s->pipe, s->batch[b->cur], s->nbatch[b->cur], comm_act_dtype(s->ops));
     if (b->has_recv)
         wait_timed(s, &b->req);
     else
@@ -190,7 +190,7 @@ double pp_train_step(pp_state *s, const pp_callbacks *cb, float dscale) {
         if (!is_compute(a->op)) {
             comm_p2p t = transfer_of(s, a, s->slot[i]);
             s->batch[b.cur][s->nbatch[b.cur]++] = t;
-            if (t.is_send) s->sent_bytes += t.count * sizeof(float);
+            if (t.is_send) s->sent_bytes += act_bytes(s->ops, (int64_t)t.count);
             b.has_recv |= a->op == PPS_RECV_ACT || a->op == PPS_RECV_GRAD;
             continue;
         }
@@ -214,7 +214,7 @@ double pp_forward_only(pp_state *s, const pp_callbacks *cb, int nmb, int64_t *nt
             int stage = c * s->p + r;
             if (stage > 0) {
                 comm_p2p in = {(r - 1 + s->p) % s->p, 0, model_chunk_input(s->m, c, 0), count};
-                comm_req q = comm_sendrecv(s->pipe, &in, 1, COMM_FP32);
+                comm_req q = comm_sendrecv(s->pipe, &in, 1, comm_act_dtype(s->ops));
                 comm_wait(&q);
             }
             int64_t n = 0;
@@ -223,7 +223,7 @@ double pp_forward_only(pp_state *s, const pp_callbacks *cb, int nmb, int64_t *nt
             *ntok += n;
             if (stage < S - 1) {
                 comm_p2p out = {(r + 1) % s->p, 1, model_chunk_output(s->m, c, 0), count};
-                comm_req q = comm_sendrecv(s->pipe, &out, 1, COMM_FP32);
+                comm_req q = comm_sendrecv(s->pipe, &out, 1, comm_act_dtype(s->ops));
                 comm_wait(&q);
             }
         }

@@ -23,11 +23,12 @@ void tp_init(ust_tp *tp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, i
     tp->width = width;
     tp->comm_s = 0;
     tp->sp = sp && tp->n > 1;
-    tp->lse_all = tp->tlogit = tp->merge_out = tp->merge_out2 = NULL;
+    tp->lse_all = tp->tlogit = NULL;
+    tp->merge_out = tp->merge_out2 = NULL;
     tp->gath_a = tp->gath_d = tp->partial = tp->dlocal = NULL;
     if (tp->sp) {
         UST_ASSERT(max_rows % tp->n == 0, "%d rows do not split over %d ranks", max_rows, tp->n);
-        size_t full = (size_t)max_rows * width * sizeof(float);
+        size_t full = act_bytes(ops, (int64_t)max_rows * width);
         tp->gath_a = mem_alloc(arena, MEM_ACTS, full);
         tp->gath_d = mem_alloc(arena, MEM_ACTS, full);
         tp->partial = mem_alloc(arena, MEM_ACTS, full);
@@ -36,8 +37,8 @@ void tp_init(ust_tp *tp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, i
     if (tp->n > 1) {
         tp->lse_all = mem_alloc(arena, MEM_COMM, (size_t)tp->n * max_rows * sizeof(float));
         tp->tlogit = mem_alloc(arena, MEM_COMM, (size_t)max_rows * sizeof(float));
-        tp->merge_out = mem_alloc(arena, MEM_COMM, (size_t)max_rows * sizeof(float));
-        tp->merge_out2 = mem_alloc(arena, MEM_COMM, (size_t)max_rows * sizeof(float));
+        tp->merge_out = mem_alloc(arena, MEM_COMM, act_bytes(ops, max_rows));
+        tp->merge_out2 = mem_alloc(arena, MEM_COMM, act_bytes(ops, max_rows));
     }
 }
 
@@ -45,29 +46,30 @@ int tp_size(const ust_tp *tp) { return tp ? tp->n : 1; }
 int tp_sp(const ust_tp *tp) { return tp->sp; }
 int tp_rows(const ust_tp *tp, int N) { return tp->sp ? N / tp->n : N; }
 
-static const float *gather_rows(ust_tp *tp, const float *mine, float *full) {
+static const act *gather_rows(ust_tp *tp, const act *mine, act *full) {
     if (!tp->sp) return mine;
     size_t count = (size_t)tp->max_rows / tp->n * tp->width;
-    comm_req r = comm_allgather(tp->comm, mine, full, count, COMM_FP32);
+    comm_req r = comm_allgather(tp->comm, mine, full, count, comm_act_dtype(tp->ops));
     wait_timed(tp, &r, 1);
     return full;
 }
 
-const float *tp_gather(ust_tp *tp, const float *mine) { return gather_rows(tp, mine, tp->gath_a); }
-const float *tp_gather_grad(ust_tp *tp, const float *dmine) {
+const act *tp_gather(ust_tp *tp, const act *mine) { return gather_rows(tp, mine, tp->gath_a); }
+const act *tp_gather_grad(ust_tp *tp, const act *dmine) {
     return gather_rows(tp, dmine, tp->gath_d);
 }
 
 /* full(N, width) summed over the group, this rank's rows into mine */
-static void reduce_scatter_rows(ust_tp *tp, const float *full, float *mine) {
+static void reduce_scatter_rows(ust_tp *tp, const act *full, act *mine) {
     size_t count = (size_t)tp->max_rows / tp->n * tp->width;
-    comm_req r = comm_reduce_scatter(tp->comm, full, mine, count, COMM_FP32, COMM_SUM);
+    comm_req r =
+        comm_reduce_scatter(tp->comm, full, mine, count, comm_act_dtype(tp->ops), COMM_SUM);
     wait_timed(tp, &r, 1);
 }
 
-float *tp_reduce_grad(ust_tp *tp, float *dfull) {
+act *tp_reduce_grad(ust_tp *tp, act *dfull) {
     if (!tp->sp) {
-        tp_allreduce(tp, dfull, (int64_t)tp->max_rows * tp->width);
+        tp_allreduce_act(tp, dfull, (int64_t)tp->max_rows * tp->width);
         return dfull;
     }
     reduce_scatter_rows(tp, dfull, tp->dlocal);
@@ -87,38 +89,42 @@ void tp_vocab_range(const ust_tp *tp, int Vp, int *v_start, int *v_end) {
     *v_end = *v_start + len;
 }
 
-void tp_allreduce(ust_tp *tp, float *x, int64_t n) {
+static void allreduce(ust_tp *tp, void *x, int64_t n, comm_dtype t) {
     if (tp_size(tp) == 1) return;
-    comm_req r = comm_allreduce(tp->comm, x, x, (size_t)n, COMM_FP32, COMM_SUM);
+    comm_req r = comm_allreduce(tp->comm, x, x, (size_t)n, t, COMM_SUM);
     wait_timed(tp, &r, 1);
 }
+void tp_allreduce(ust_tp *tp, float *x, int64_t n) { allreduce(tp, x, n, COMM_FP32); }
+void tp_allreduce_act(ust_tp *tp, act *x, int64_t n) {
+    allreduce(tp, x, n, comm_act_dtype(tp->ops));
+}
 
-void tp_row_linear_fwd(ust_tp *tp, float *out, const float *inp, const float *w, const float *bias,
+void tp_row_linear_fwd(ust_tp *tp, act *out, const act *inp, const float *w, const float *bias,
                        int N, int C_local, int OC) {
-    float *sum = tp->sp ? tp->partial : out;
+    act *sum = tp->sp ? tp->partial : out;
     UST_ASSERT(!tp->sp || (OC == tp->width && N == tp->max_rows), "sp rows %d x %d", N, OC);
     tp->ops->linear_fwd(tp->ops, sum, inp, w, tp_is_first(tp) ? bias : NULL, N, C_local, OC);
     if (tp->sp)
         reduce_scatter_rows(tp, sum, out);
     else
-        tp_allreduce(tp, out, (int64_t)N * OC);
+        tp_allreduce_act(tp, out, (int64_t)N * OC);
 }
 
-void tp_embedding_fwd(ust_tp *tp, float *out, const int32_t *tok, const int32_t *pos,
+void tp_embedding_fwd(ust_tp *tp, act *out, const int32_t *tok, const int32_t *pos,
                       const float *wte, const float *wpe, int B, int T, int C, int Vp) {
     int v0, v1;
     tp_vocab_range(tp, Vp, &v0, &v1);
     /* rows outside this rank's slice contribute 0; positions are added once */
-    float *sum = tp->sp ? tp->partial : out;
+    act *sum = tp->sp ? tp->partial : out;
     tp->ops->embedding_fwd(tp->ops, sum, tok, pos, wte, tp_is_first(tp) ? wpe : NULL, B, T, C, v0,
                            v1);
     if (tp->sp)
         reduce_scatter_rows(tp, sum, out);
     else
-        tp_allreduce(tp, out, (int64_t)B * T * C);
+        tp_allreduce_act(tp, out, (int64_t)B * T * C);
 }
 
-void tp_embedding_bwd(ust_tp *tp, float *dwte, float *dwpe, const float *dout, const int32_t *tok,
+void tp_embedding_bwd(ust_tp *tp, float *dwte, float *dwpe, const act *dout, const int32_t *tok,
                       const int32_t *pos, int B, int T, int C, int Vp) {
     int v0, v1;
     tp_vocab_range(tp, Vp, &v0, &v1);
@@ -128,7 +134,7 @@ void tp_embedding_bwd(ust_tp *tp, float *dwte, float *dwpe, const float *dout, c
     tp->ops->embedding_bwd(tp->ops, dwte, dwpe, dout, tok, pos, B, T, C, v0, v1);
 }
 
-void tp_xent(ust_tp *tp, float *losses, float *logits, const int32_t *targets, int N, int Vp,
+void tp_xent(ust_tp *tp, float *losses, act *logits, const int32_t *targets, int N, int Vp,
              int v_real, float dscale) {
     const ust_ops *o = tp->ops;
     if (tp_size(tp) == 1) {

@@ -23,8 +23,9 @@ typedef struct ust_tp {
     const ust_ops *ops;
     ust_comm *comm;
     int n, rank, sp, width;
-    float *lse_all, *tlogit, *merge_out, *merge_out2; /* vocab-parallel loss scratch */
-    float *gath_a, *gath_d, *partial, *dlocal;        /* sequence-parallel scratch */
+    float *lse_all, *tlogit;                 /* vocab-parallel loss scratch */
+    act *merge_out, *merge_out2;             /* (its lse merge's unused outputs) */
+    act *gath_a, *gath_d, *partial, *dlocal; /* sequence-parallel scratch */
     int max_rows;
     double comm_s; /* wall time spent in this group's collectives (summed, for reports) */
 } ust_tp;
@@ -41,12 +42,12 @@ int tp_sp(const ust_tp *tp);
 /* Entering a column-parallel half: the whole (N, width) input from this rank's rows. Without sp
  * that is `mine` itself; with sp the rows are all-gathered into scratch (valid until the next
  * tp_gather). */
-const float *tp_gather(ust_tp *tp, const float *mine);
+const act *tp_gather(ust_tp *tp, const act *mine);
 /* The same for a gradient arriving at a row-parallel half's output (separate scratch). */
-const float *tp_gather_grad(ust_tp *tp, const float *dmine);
+const act *tp_gather_grad(ust_tp *tp, const act *dmine);
 /* Leaving a column-parallel half backward: dfull(N, width) holds this rank's partial input
  * gradient; returns the summed gradient of this rank's rows (dfull itself without sp). */
-float *tp_reduce_grad(ust_tp *tp, float *dfull);
+act *tp_reduce_grad(ust_tp *tp, act *dfull);
 int tp_size(const ust_tp *tp);
 /* The [start, start + len) part of a dimension of size `whole` this rank holds (whole % n == 0). */
 int tp_part(const ust_tp *tp, int whole, int *start);
@@ -55,25 +56,26 @@ void tp_vocab_range(const ust_tp *tp, int Vp, int *v_start, int *v_end);
 /* 1 when this rank adds the biases of row-parallel layers and writes tp-replicated tensors. */
 int tp_is_first(const ust_tp *tp);
 
-/* x(n) summed over the group, in place: the backward of a column-parallel input, and the
- * forward of a row-parallel output. */
+/* x(n) summed over the group, in place: fp32 (norm-weight gradients under sp), and
+ * activations: the backward of a column-parallel input, the forward of a row-parallel output. */
 void tp_allreduce(ust_tp *tp, float *x, int64_t n);
+void tp_allreduce_act(ust_tp *tp, act *x, int64_t n);
 
 /* out = inp(N,C_local) @ w(OC,C_local)^T summed over the group, + bias once; out holds this
  * rank's rows (all N without sp; OC must be the model width under sp). */
-void tp_row_linear_fwd(ust_tp *tp, float *out, const float *inp, const float *w, const float *bias,
+void tp_row_linear_fwd(ust_tp *tp, act *out, const act *inp, const float *w, const float *bias,
                        int N, int C_local, int OC);
 
 /* out = wte[tok] (this rank's vocabulary rows, summed over the group) + wpe[pos], for this
  * rank's token rows; backward takes the gradient of those rows. */
-void tp_embedding_fwd(ust_tp *tp, float *out, const int32_t *tok, const int32_t *pos,
+void tp_embedding_fwd(ust_tp *tp, act *out, const int32_t *tok, const int32_t *pos,
                       const float *wte, const float *wpe, int B, int T, int C, int Vp);
-void tp_embedding_bwd(ust_tp *tp, float *dwte, float *dwpe, const float *dout, const int32_t *tok,
+void tp_embedding_bwd(ust_tp *tp, float *dwte, float *dwpe, const act *dout, const int32_t *tok,
                       const int32_t *pos, int B, int T, int C, int Vp);
 
 /* Cross-entropy over logits(N, Vp/n) of this rank's vocabulary slice: losses(N) (the same on
  * every rank) and, when dscale > 0, dlogits in place of the logits. */
-void tp_xent(ust_tp *tp, float *losses, float *logits, const int32_t *targets, int N, int Vp,
+void tp_xent(ust_tp *tp, float *losses, act *logits, const int32_t *targets, int N, int Vp,
              int v_real, float dscale);
 
 #endif
