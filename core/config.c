@@ -1109,6 +1109,10 @@ int cfg_head_dim(const ust_config *c) {
 
 bool cfg_tied(const ust_config *c) { return c->model.arch == ARCH_GPT2 || c->model.tie_embeddings; }
 
+int cfg_act_size(const ust_config *c) {
+    return c->run.device == DEV_CUDA && c->train.precision == PREC_BF16 ? 2 : 4;
+}
+
 int cfg_pp_layers(const ust_config *c, int *per) {
     int n = 0;
     for (const char *q = c->parallel.pp_layers; *q && n < CFG_MAX_STAGES; n++) {

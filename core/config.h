@@ -114,6 +114,9 @@ int cfg_vocab_padded(const ust_config *c);
 int cfg_grad_accum(const ust_config *c); /* global / (micro * dp) */
 int cfg_head_dim(const ust_config *c);
 bool cfg_tied(const ust_config *c); /* gpt2, or llama with tie_embeddings */
+/* Bytes of one activation element (ops.h act_size): 2 (bf16) on cuda under train.precision
+ * bf16, else 4. */
+int cfg_act_size(const ust_config *c);
 
 #define CFG_MAX_STAGES 1024
 /* parallel.pp_layers as numbers; returns how many (0: an even split). */

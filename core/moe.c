@@ -234,15 +234,16 @@ void moe_free(moe_ctx *m) {
     ep_free(&m->ep);
 }
 
-/* Per-layer sizes in floats (int32 counts as one), shared by moe_acts_init and moe_acts_bytes. */
-static int64_t acts_floats(int llama, int shared, int64_t N, int64_t E, int64_t k, int64_t C,
-                           int64_t Fe, int64_t R, int ep1) {
+/* Per-layer bytes of what moe_acts_init carves, with activations of `a` bytes (fp32 and int32
+ * four). */
+static int64_t acts_bytes(int llama, int shared, int64_t N, int64_t E, int64_t k, int64_t C,
+                          int64_t Fe, int64_t R, int ep1, int a) {
     int64_t A = N * k;
-    int64_t n = N * E + N + A + 3 * A;             /* probs lse gate topk assign pos */
-    n += R * C + (llama ? 3 : 2) * R * Fe + A * C; /* xe h1 h2 act eout */
-    if (shared) n += (llama ? 3 : 2) * N * Fe;     /* s_h1 s_h2 s_act */
-    if (!ep1) n += 2 * R;                          /* plan order, inv */
-    return n;
+    int64_t four = N * E + N + A + 3 * A;                    /* probs lse gate topk assign pos */
+    int64_t acts = R * C + (llama ? 3 : 2) * R * Fe + A * C; /* xe h1 h2 act eout */
+    if (shared) acts += (llama ? 3 : 2) * N * Fe;            /* s_h1 s_h2 s_act */
+    if (!ep1) four += 2 * R;                                 /* plan order, inv */
+    return 4 * four + a * acts;
 }
 
 int64_t moe_ctx_bytes(const ust_config *cfg, int N, int ep_size) {
@@ -250,11 +251,13 @@ int64_t moe_ctx_bytes(const ust_config *cfg, int N, int ep_size) {
     int64_t A = (int64_t)N * c->top_k, C = cfg->model.d_model, E = c->num_experts;
     int64_t S, R, Fe = c->d_ff_expert, ep1 = ep_size == 1;
     moe_rows(cfg, N, ep_size, &S, &R);
-    int64_t n = 2 * N * E + A + N * C + (ep1 ? 0 : A * C + 2 * R * C) + A * C + R * C + 3 * R * Fe +
-                E + 2 * E + 3;    /* as moe_init carves them */
-    if (!ep1) n += 2 * E + R * C; /* ep_init's counts and staging rows */
-    if (cfg->parallel.cp > 1 && c->capacity_factor > 0) n += cfg->parallel.cp * A; /* choices */
-    return n * 4;
+    /* as moe_init carves them: logits dlogits tmp [xd eout d_local] d_home dxe dh1 dh2 dact;
+     * dgate aux_dp stats */
+    int64_t acts = 2 * N * E + N * C + (ep1 ? 0 : A * C + 2 * R * C) + A * C + R * C + 3 * R * Fe;
+    int64_t four = A + E + 2 * E + 3;
+    if (!ep1) four += 2 * E, acts += R * C; /* ep_init's counts and staging rows */
+    if (cfg->parallel.cp > 1 && c->capacity_factor > 0) four += cfg->parallel.cp * A; /* choices */
+    return 4 * four + cfg_act_size(cfg) * acts;
 }
 
 void moe_acts_init(moe_ctx *m, moe_acts *a, ust_arena *arena) {
@@ -291,9 +294,8 @@ int64_t moe_acts_bytes(const ust_config *cfg, int N, int ep_size) {
     const __typeof__(cfg->model.moe) *c = &cfg->model.moe;
     int64_t S, R;
     moe_rows(cfg, N, ep_size, &S, &R);
-    int64_t n = acts_floats(cfg->model.arch == ARCH_LLAMA, c->shared_expert, N, c->num_experts,
-                            c->top_k, cfg->model.d_model, c->d_ff_expert, R, ep_size == 1);
-    return n * 4;
+    return acts_bytes(cfg->model.arch == ARCH_LLAMA, c->shared_expert, N, c->num_experts, c->top_k,
+                      cfg->model.d_model, c->d_ff_expert, R, ep_size == 1, cfg_act_size(cfg));
 }
 #undef FL
 #undef IN

@@ -101,29 +101,31 @@ static unit_sizes units(const ust_config *c) {
     return u;
 }
 
-/* floats one layer keeps for backward for one micro-batch (mirrors the model's saved tensors) */
-static int64_t layer_act_floats(const shapes *s, int with_mlp_act) {
-    return 3 * s->Nl * s->C + 4 * s->Nl + 2 * s->N * s->HD + 2 * s->N * s->KV +
-           s->B * s->H * s->Tl + (s->llama ? 2 : 1) * s->N * s->F +
-           (with_mlp_act ? s->N * s->F : 0);
+/* Bytes one layer keeps for backward for one micro-batch (mirrors the model's saved tensors):
+ * activations of a bytes, norm statistics and lse fp32. */
+static int64_t layer_act_bytes(const shapes *s, int with_mlp_act, int a) {
+    int64_t acts = 3 * s->Nl * s->C + 2 * s->N * s->HD + 2 * s->N * s->KV +
+                   (s->llama ? 2 : 1) * s->N * s->F + (with_mlp_act ? s->N * s->F : 0);
+    return a * acts + 4 * (4 * s->Nl + s->B * s->H * s->Tl);
 }
 
-/* floats of the tensor- and context-parallel scratch buffers (MEM_ACTS and MEM_COMM) */
-static int64_t parallel_scratch(const ust_config *c, const shapes *s, int64_t *comm) {
-    int64_t acts = 0;
+/* Bytes of the tensor- and context-parallel scratch buffers: MEM_ACTS returned, MEM_COMM in
+ * *comm. */
+static int64_t parallel_scratch(const ust_config *c, const shapes *s, int a, int64_t *comm) {
+    int64_t acts = 0, four = 0;
     *comm = 0;
-    if (s->t > 1) *comm += (s->t + 3) * s->N; /* vocab-parallel loss */
-    if (c->parallel.sp && s->t > 1) acts += 3 * s->N * s->C + s->N * s->C / s->t + 2 * s->C;
+    if (s->t > 1) *comm += 4 * (s->t + 1) * s->N + a * 2 * s->N; /* vocab-parallel loss */
+    if (c->parallel.sp && s->t > 1) acts += 3 * s->N * s->C + s->N * s->C / s->t, four += 2 * s->C;
     if (s->cp > 1) {
         int64_t blk = s->B * s->Tl * s->Hkv * s->D;
         acts += 2 * blk + (c->parallel.cp_comm == CP_RING ? 8 * blk : 4 * s->cp * blk);
-        acts += s->B * s->Tl * s->H * s->D + s->B * s->H * s->Tl;
+        acts += s->B * s->Tl * s->H * s->D, four += s->B * s->H * s->Tl;
     }
-    return acts;
+    return a * acts + 4 * four;
 }
 
 /* What pipeline rank r holds: its chunks' units, the first of them, the largest other one, and
- * the activation floats of the micro-batches it keeps in flight (activation sets per chunk from
+ * the activation bytes of the micro-batches it keeps in flight (activation sets per chunk from
  * the schedule itself). Without a pipeline: the whole model, one set. */
 typedef struct {
     int64_t total, first, big, slot_acts;
@@ -132,7 +134,7 @@ typedef struct {
 
 static stage_plan plan_stage(const ust_config *c, const shapes *s, const unit_sizes *u, int r) {
     int p = c->parallel.pp, v = c->parallel.vpp, S = p * v;
-    int64_t N = s->N, Nl = s->Nl, C = s->C;
+    int64_t N = s->N, Nl = s->Nl, C = s->C, a = cfg_act_size(c);
     int zb = p > 1 && c->parallel.pp_schedule == PP_ZB;
     int slots[16] = {1};
     pps_schedule sched;
@@ -143,17 +145,17 @@ static stage_plan plan_stage(const ust_config *c, const shapes *s, const unit_si
         pps_free(&sched);
     }
     int64_t layer = c->train.recompute == RECOMPUTE_FULL        ? 0
-                    : c->train.recompute == RECOMPUTE_SELECTIVE ? layer_act_floats(s, 0)
-                                                                : layer_act_floats(s, 1);
-    int64_t wsave = 2 * N * C + (s->llama ? 2 : 1) * N * s->F + 2 * Nl * C + N * s->HD +
-                    2 * N * s->KV; /* zb: the output gradients W needs, per layer */
+                    : c->train.recompute == RECOMPUTE_SELECTIVE ? layer_act_bytes(s, 0, a)
+                                                                : layer_act_bytes(s, 1, a);
+    int64_t wsave = a * (2 * N * C + (s->llama ? 2 : 1) * N * s->F + 2 * Nl * C + N * s->HD +
+                         2 * N * s->KV); /* zb: the output gradients W needs, per layer */
     /* a MoE layer keeps its own MLP state instead of the dense MLP's */
     int64_t dense_mlp = c->train.recompute == RECOMPUTE_FULL
                             ? 0
-                            : (s->llama ? 2 : 1) * N * s->F +
-                                  (c->train.recompute == RECOMPUTE_SELECTIVE ? 0 : N * s->F);
+                            : a * ((s->llama ? 2 : 1) * N * s->F +
+                                   (c->train.recompute == RECOMPUTE_SELECTIVE ? 0 : N * s->F));
     int full = c->train.recompute == RECOMPUTE_FULL, moe = c->model.moe.num_experts > 0;
-    int64_t moe_acts = moe ? moe_acts_bytes(c, (int)N, c->parallel.ep) / 4 : 0;
+    int64_t moe_acts = moe ? moe_acts_bytes(c, (int)N, c->parallel.ep) : 0;
     int64_t moe_layer = layer - dense_mlp + (full ? 0 : moe_acts); /* full: one shared set */
     stage_plan st = {0};
     int nunits = 0;
@@ -180,9 +182,9 @@ static stage_plan plan_stage(const ust_config *c, const shapes *s, const unit_si
             if (k >= 0 && k < per) layers_acts += moe ? moe_layer : layer;
         }
         /* one set: residual stream, saved layers, gradient buffer, head or tokens */
-        int64_t set = (per + 1) * Nl * C + layers_acts + (zb ? per * wsave : 0) + Nl * C;
-        if (head) set += Nl * C + 2 * Nl + N * s->Vl + (zb ? Nl * C : 0);
-        if (embed) set += N; /* token ids (int32) */
+        int64_t set = a * (per + 1) * Nl * C + layers_acts + (zb ? per * wsave : 0) + a * Nl * C;
+        if (head) set += a * (Nl * C + N * s->Vl + (zb ? Nl * C : 0)) + 4 * 2 * Nl;
+        if (embed) set += 4 * N; /* token ids (int32) */
         st.slot_acts += slots[ch] * set;
     }
     return st;
@@ -206,25 +208,25 @@ static void plan_rank(const ust_config *c, int r, mem_plan *p) {
     p->params = zero >= 3 ? shard + emb + 2 * big : P;
     p->grads = zero >= 2 ? shard + emb + 2 * big : P;
     p->optim = zero >= 1 ? 2 * shard : 2 * P;
-    int64_t N = s.N, Nl = s.Nl, C = s.C;
+    int64_t N = s.N, Nl = s.Nl, C = s.C, a = cfg_act_size(c);
     int zb = c->parallel.pp > 1 && c->parallel.pp_schedule == PP_ZB;
-    int64_t acts = st.slot_acts;
-    if (c->train.recompute == RECOMPUTE_SELECTIVE) acts += N * s.F; /* the shared MLP output */
-    if (c->train.recompute == RECOMPUTE_FULL) acts += layer_act_floats(&s, 1); /* scratch set */
-    acts += N; /* per-token losses */
-    acts += Nl * C + N * C + N * s.HD + 2 * N * s.KV + N * (s.HD > s.F ? s.HD : s.F) +
-            (s.llama ? 3 : 2) * N * s.F; /* backward scratch */
-    acts += N + s.T;                     /* targets, positions (int32) */
-    if (c->model.moe.num_experts > 0) acts += moe_ctx_bytes(c, (int)N, c->parallel.ep) / 4;
+    int64_t acts = st.slot_acts;                                        /* bytes */
+    if (c->train.recompute == RECOMPUTE_SELECTIVE) acts += a * N * s.F; /* the shared MLP output */
+    if (c->train.recompute == RECOMPUTE_FULL) acts += layer_act_bytes(&s, 1, a); /* scratch set */
+    acts += 4 * N; /* per-token losses */
+    acts += a * (Nl * C + N * C + N * s.HD + 2 * N * s.KV + N * (s.HD > s.F ? s.HD : s.F) +
+                 (s.llama ? 3 : 2) * N * s.F); /* backward scratch */
+    acts += 4 * (N + s.T);                     /* targets, positions (int32) */
+    if (c->model.moe.num_experts > 0) acts += moe_ctx_bytes(c, (int)N, c->parallel.ep);
     if (c->model.moe.num_experts > 0 && c->train.recompute == RECOMPUTE_FULL)
-        acts += moe_acts_bytes(c, (int)N, c->parallel.ep) / 4; /* the shared MoE set */
+        acts += moe_acts_bytes(c, (int)N, c->parallel.ep); /* the shared MoE set */
     int64_t comm;
-    acts += parallel_scratch(c, &s, &comm);
-    if (zb && !(c->parallel.sp && s.t > 1)) acts += 2 * C; /* B's dropped norm gradient */
-    p->acts = (double)acts * 4.0;
+    acts += parallel_scratch(c, &s, (int)a, &comm);
+    if (zb && !(c->parallel.sp && s.t > 1)) acts += 4 * 2 * C; /* B's dropped norm gradient */
+    p->acts = (double)acts;
     int pp = c->parallel.pp;
     /* dp_sum's four floats, the stop flag, tp scratch, the pipeline's scalars */
-    p->comm = 16.0 + 4.0 + 4.0 * comm + (pp > 1 ? 20.0 * pp : 0);
+    p->comm = 16.0 + 4.0 + (double)comm + (pp > 1 ? 20.0 * pp : 0);
     p->total = p->params + p->grads + p->optim + p->acts + p->comm;
 }
 
