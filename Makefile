@@ -151,7 +151,12 @@ EMU_CXX   := $(CXX) -std=c++17 $(OPT) -g -MMD -MP
 $(B)/cuda/%.cpp: cuda/%.cu cuda/emu/cu2cpp.py
 	@mkdir -p $(dir $@)
 	python3 cuda/emu/cu2cpp.py $< $@
-$(B)/cuda/%.o: $(B)/cuda/%.cpp
+# cuda_internal.h has launches too (ACT_LAUNCH): its converted copy sits beside the .cpp files,
+# where their #include "cuda_internal.h" finds it first.
+$(B)/cuda/cuda_internal.h: cuda/cuda_internal.h cuda/emu/cu2cpp.py
+	@mkdir -p $(dir $@)
+	python3 cuda/emu/cu2cpp.py $< $@
+$(B)/cuda/%.o: $(B)/cuda/%.cpp $(B)/cuda/cuda_internal.h
 	$(EMU_CXX) -w -Icuda/emu/include -Icuda -I. -Icore -c $< -o $@
 $(B)/cuda/emu/emu_rt.o: cuda/emu/emu_rt.cpp
 	@mkdir -p $(dir $@)

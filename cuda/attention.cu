@@ -23,20 +23,19 @@
 #include <limits.h>
 #include <math.h>
 
-#define KB 32           /* keys per tile = warp size */
-#define QPW 4           /* queries per warp */
-#define NW 4            /* warps per block (forward, dq) */
-#define QT (QPW * NW)   /* queries per block */
-#define QTB 16          /* queries per shared-memory load in the dk/dv kernel */
-
+#define KB 32         /* keys per tile = warp size */
+#define QPW 4         /* queries per warp */
+#define NW 4          /* warps per block (forward, dq) */
+#define QT (QPW * NW) /* queries per block */
+#define QTB 16        /* queries per shared-memory load in the dk/dv kernel */
 
 /* ---------------------------------------------------------------- forward */
 
 template <int DPL> /* dimensions per lane: ceil(D / 32) rounded up to 1, 2, 4, 8 */
 __global__ void __launch_bounds__(NW * 32)
     k_att_fwd(float *out, float *lse, const float *q, const float *k, const float *v, int Tq,
-              int Tk, int H, int Hkv, int D, const int32_t *q_pos, const int32_t *k_pos,
-              int causal, float scale, int nqt) {
+              int Tk, int H, int Hkv, int D, const int32_t *q_pos, const int32_t *k_pos, int causal,
+              float scale, int nqt) {
     extern __shared__ float sm[];
     __shared__ int kpos_s[KB];
     const int DP = D + 1;
@@ -52,13 +51,13 @@ __global__ void __launch_bounds__(NW * 32)
     for (int t = 0; t < QT; t++)
         if (i0 + t < Tq) qmax = max(qmax, posof(q_pos, i0 + t));
     float acc[QPW][DPL], m[QPW], l[QPW];
-    #pragma unroll
+#pragma unroll
     for (int qq = 0; qq < QPW; qq++) {
         int i = i0 + w * QPW + qq;
         qp[qq] = i < Tq ? posof(q_pos, i) : INT_MIN;
         m[qq] = -INFINITY;
         l[qq] = 0.0f;
-        #pragma unroll
+#pragma unroll
         for (int e = 0; e < DPL; e++) acc[qq][e] = 0.0f;
     }
 
@@ -87,14 +86,14 @@ __global__ void __launch_bounds__(NW * 32)
 
         const int kin = j0 + lane < Tk, kp = kpos_s[lane];
         float s[QPW];
-        #pragma unroll
+#pragma unroll
         for (int qq = 0; qq < QPW; qq++) s[qq] = 0.0f;
         for (int d = 0; d < D; d++) {
             float kd = Ks[lane * DP + d];
-            #pragma unroll
+#pragma unroll
             for (int qq = 0; qq < QPW; qq++) s[qq] += Qs[(w * QPW + qq) * D + d] * kd;
         }
-        #pragma unroll
+#pragma unroll
         for (int qq = 0; qq < QPW; qq++) {
             if (i0 + w * QPW + qq >= Tq) continue; /* warp-uniform */
             int vis = kin && !(causal && kp > qp[qq]);
@@ -104,7 +103,7 @@ __global__ void __launch_bounds__(NW * 32)
             if (bm > m[qq]) {
                 float c = expf(m[qq] - bm); /* 0 on the first visible tile (acc = l = 0) */
                 l[qq] *= c;
-                #pragma unroll
+#pragma unroll
                 for (int e = 0; e < DPL; e++) acc[qq][e] *= c;
                 m[qq] = bm;
             }
@@ -112,7 +111,7 @@ __global__ void __launch_bounds__(NW * 32)
             l[qq] += p;
             for (int jj = 0; jj < KB; jj++) {
                 float pj = __shfl_sync(0xffffffffu, p, jj);
-                #pragma unroll
+#pragma unroll
                 for (int e = 0; e < DPL; e++) {
                     int d = lane + 32 * e;
                     if (d < D) acc[qq][e] += pj * Vs[jj * DP + d];
@@ -121,14 +120,14 @@ __global__ void __launch_bounds__(NW * 32)
         }
     }
 
-    #pragma unroll
+#pragma unroll
     for (int qq = 0; qq < QPW; qq++) {
         int i = i0 + w * QPW + qq;
         if (i >= Tq) continue;
         float L = warp_sum(l[qq]);
         float *oi = out + (((int64_t)b * Tq + i) * H + h) * D;
         float inv = L > 0.0f ? 1.0f / L : 0.0f;
-        #pragma unroll
+#pragma unroll
         for (int e = 0; e < DPL; e++) {
             int d = lane + 32 * e;
             if (d < D) oi[d] = acc[qq][e] * inv;
@@ -140,14 +139,15 @@ __global__ void __launch_bounds__(NW * 32)
 /* ---------------------------------------------------------------- backward */
 
 /* Di[b,h,i] = dout_i . out_i, one warp per (b, i, h) row. */
-__global__ void k_att_dot(float *Di, const float *dout, const float *out, int Tq, int H, int D,
+template <typename T>
+__global__ void k_att_dot(float *Di, const act *dout, const act *out, int Tq, int H, int D,
                           int64_t rows) {
     int lane = threadIdx.x & 31;
     int64_t nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
     for (int64_t r = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5; r < rows; r += nwarps) {
-        const float *a = dout + r * D, *c = out + r * D;
+        const T *a = (const T *)dout + r * D, *c = (const T *)out + r * D;
         float s = 0.0f;
-        for (int d = lane; d < D; d += 32) s += a[d] * c[d];
+        for (int d = lane; d < D; d += 32) s += ld_act(a, d) * ld_act(c, d);
         s = warp_sum(s);
         int h = (int)(r % H), i = (int)(r / H % Tq);
         int64_t b = r / H / Tq;
@@ -179,13 +179,13 @@ __global__ void __launch_bounds__(NW * 32)
     float L[QPW], Dv[QPW], acc[QPW][DPL];
     for (int t = 0; t < QT; t++)
         if (i0 + t < Tq) qmax = max(qmax, posof(q_pos, i0 + t));
-    #pragma unroll
+#pragma unroll
     for (int qq = 0; qq < QPW; qq++) {
         int i = i0 + w * QPW + qq;
         qp[qq] = i < Tq ? posof(q_pos, i) : INT_MIN;
         L[qq] = i < Tq ? lse[((int64_t)b * H + h) * Tq + i] : -INFINITY;
         Dv[qq] = i < Tq ? Di[((int64_t)b * H + h) * Tq + i] : 0.0f;
-        #pragma unroll
+#pragma unroll
         for (int e = 0; e < DPL; e++) acc[qq][e] = 0.0f;
     }
 
@@ -214,17 +214,17 @@ __global__ void __launch_bounds__(NW * 32)
 
         const int kin = j0 + lane < Tk, kp = kpos_s[lane];
         float s[QPW], dp[QPW];
-        #pragma unroll
+#pragma unroll
         for (int qq = 0; qq < QPW; qq++) s[qq] = dp[qq] = 0.0f;
         for (int d = 0; d < D; d++) {
             float kd = Ks[lane * DP + d], vd = Vs[lane * DP + d];
-            #pragma unroll
+#pragma unroll
             for (int qq = 0; qq < QPW; qq++) {
                 s[qq] += Qs[(w * QPW + qq) * D + d] * kd;
                 dp[qq] += Os[(w * QPW + qq) * D + d] * vd;
             }
         }
-        #pragma unroll
+#pragma unroll
         for (int qq = 0; qq < QPW; qq++) {
             if (L[qq] == -INFINITY) continue; /* padding query, or one that sees no key */
             int vis = kin && !(causal && kp > qp[qq]);
@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(NW * 32)
             float ds = p * (dp[qq] - Dv[qq]);
             for (int jj = 0; jj < KB; jj++) {
                 float dsj = __shfl_sync(0xffffffffu, ds, jj);
-                #pragma unroll
+#pragma unroll
                 for (int e = 0; e < DPL; e++) {
                     int d = lane + 32 * e;
                     if (d < D) acc[qq][e] += dsj * Ks[jj * DP + d];
@@ -241,12 +241,12 @@ __global__ void __launch_bounds__(NW * 32)
         }
     }
 
-    #pragma unroll
+#pragma unroll
     for (int qq = 0; qq < QPW; qq++) {
         int i = i0 + w * QPW + qq;
         if (i >= Tq) continue;
         float *dqi = dq + (((int64_t)b * Tq + i) * H + h) * D;
-        #pragma unroll
+#pragma unroll
         for (int e = 0; e < DPL; e++) {
             int d = lane + 32 * e;
             if (d < D) dqi[d] += acc[qq][e] * scale;
@@ -285,7 +285,8 @@ __global__ void __launch_bounds__(32)
         dVs[jj * DP + d] = 0.0f;
     }
     int kmin = kp;
-    for (int off = 16; off > 0; off >>= 1) kmin = min(kmin, __shfl_xor_sync(0xffffffffu, kmin, off));
+    for (int off = 16; off > 0; off >>= 1)
+        kmin = min(kmin, __shfl_xor_sync(0xffffffffu, kmin, off));
 
     for (int h = hk * G; h < (hk + 1) * G; h++) {
         for (int i0 = 0; i0 < Tq; i0 += QTB) {
@@ -342,8 +343,9 @@ __global__ void __launch_bounds__(32)
 
 /* One warp per (b, h, t) row of lse: lse = logaddexp(l1, l2), out = w1 out + w2 out2. Every lane
  * reads lse before lane 0 rewrites it. */
-__global__ void k_att_merge(float *out, float *lse, const float *out2, const float *lse2, int T,
-                            int H, int D, int64_t rows) {
+template <typename S>
+__global__ void k_att_merge(act *out, float *lse, const act *out2, const float *lse2, int T, int H,
+                            int D, int64_t rows) {
     int lane = threadIdx.x & 31;
     int64_t nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
     for (int64_t r = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5; r < rows; r += nwarps) {
@@ -352,8 +354,8 @@ __global__ void k_att_merge(float *out, float *lse, const float *out2, const flo
         float l1 = lse[r], l2 = lse2[r];
         __syncwarp();
         if (l2 == -INFINITY) continue; /* the other side saw no key: nothing changes */
-        float *o1 = out + ((b * T + t) * H + h) * D;
-        const float *o2 = out2 + ((b * T + t) * H + h) * D;
+        S *o1 = (S *)out + ((b * T + t) * H + h) * D;
+        const S *o2 = (const S *)out2 + ((b * T + t) * H + h) * D;
         if (l1 == -INFINITY) {
             for (int d = lane; d < D; d += 32) o1[d] = o2[d];
             if (lane == 0) lse[r] = l2;
@@ -362,19 +364,30 @@ __global__ void k_att_merge(float *out, float *lse, const float *out2, const flo
         float mx = fmaxf(l1, l2), mn = fminf(l1, l2);
         float l = mx + log1pf(expf(mn - mx));
         float w1 = expf(l1 - l), w2 = expf(l2 - l);
-        for (int d = lane; d < D; d += 32) o1[d] = w1 * o1[d] + w2 * o2[d];
+        for (int d = lane; d < D; d += 32) st_act(o1, d, w1 * ld_act(o1, d) + w2 * ld_act(o2, d));
         if (lane == 0) lse[r] = l;
     }
 }
 
 /* ---------------------------------------------------------------- launchers */
 
-const float *cuda_attention_dot(const ust_ops *o, const float *dout, const float *out, int B,
-                                int Tq, int H, int D) {
+const float *cuda_attention_dot(const ust_ops *o, const act *dout, const act *out, int B, int Tq,
+                                int H, int D) {
+    int64_t rows = (int64_t)B * Tq * H;
+    float *Di = (float *)cuda_scratch(o, SCR_C, (size_t)(rows > 0 ? rows : 1) * sizeof(float));
+    if (rows > 0)
+        ACT_LAUNCH(o, k_att_dot, grid_for(rows * 32, 256), 256, 0, Di, dout, out, Tq, H, D, rows);
+    return Di;
+}
+
+/* The same for the fp32 paths, whose dout and out are fp32 whatever the activations' type. */
+static const float *attention_dot_f32(const ust_ops *o, const float *dout, const float *out, int B,
+                                      int Tq, int H, int D) {
     int64_t rows = (int64_t)B * Tq * H;
     float *Di = (float *)cuda_scratch(o, SCR_C, (size_t)(rows > 0 ? rows : 1) * sizeof(float));
     if (rows > 0) {
-        k_att_dot<<<grid_for(rows * 32, 256), 256, 0, STREAM(o)>>>(Di, dout, out, Tq, H, D, rows);
+        k_att_dot<float>
+            <<<grid_for(rows * 32, 256), 256, 0, STREAM(o)>>>(Di, dout, out, Tq, H, D, rows);
         CK_LAUNCH();
     }
     return Di;
@@ -400,15 +413,19 @@ static void flash_attention_fwd(const ust_ops *o, float *out, float *lse, const 
     float scale = 1.0f / sqrtf((float)D);
     cudaStream_t s = STREAM(o);
 #define FWD(DPL)                                                                                   \
-    cuda_smem_optin(o, k_att_fwd<DPL>, smem);                                                           \
+    cuda_smem_optin(o, k_att_fwd<DPL>, smem);                                                      \
     k_att_fwd<DPL><<<(int)blocks, NW * 32, smem, s>>>(out, lse, q, k, v, Tq, Tk, H, Hkv, D, q_pos, \
                                                       k_pos, causal, scale, nqt);                  \
     break;
     switch (dims_per_lane(D)) {
-    case 1: FWD(1)
-    case 2: FWD(2)
-    case 4: FWD(4)
-    default: FWD(8)
+    case 1:
+        FWD(1)
+    case 2:
+        FWD(2)
+    case 4:
+        FWD(4)
+    default:
+        FWD(8)
     }
 #undef FWD
     CK_LAUNCH();
@@ -423,22 +440,26 @@ static void flash_attention_bwd(const ust_ops *o, float *dq, float *dk, float *d
     if (B <= 0 || Tq <= 0 || Tk <= 0 || H <= 0 || (!dq && !dk && !dv)) return;
     cudaStream_t s = STREAM(o);
     float scale = 1.0f / sqrtf((float)D);
-    const float *Di = cuda_attention_dot(o, dout, out, B, Tq, H, D);
+    const float *Di = attention_dot_f32(o, dout, out, B, Tq, H, D);
     if (dq) {
         int nqt = (Tq + QT - 1) / QT;
         int64_t blocks = (int64_t)B * H * nqt;
         UST_ASSERT(blocks < INT_MAX, "attention grid too large (%lld blocks)", (long long)blocks);
         size_t smem = (size_t)(2 * KB * (D + 1) + 2 * QT * D) * sizeof(float);
 #define DQ(DPL)                                                                                    \
-    cuda_smem_optin(o, k_att_dq<DPL>, smem);                                                            \
-    k_att_dq<DPL><<<(int)blocks, NW * 32, smem, s>>>(dq, dout, lse, Di, q, k, v, Tq, Tk, H, Hkv, D, \
-                                                     q_pos, k_pos, causal, scale, nqt);            \
+    cuda_smem_optin(o, k_att_dq<DPL>, smem);                                                       \
+    k_att_dq<DPL><<<(int)blocks, NW * 32, smem, s>>>(dq, dout, lse, Di, q, k, v, Tq, Tk, H, Hkv,   \
+                                                     D, q_pos, k_pos, causal, scale, nqt);         \
     break;
         switch (dims_per_lane(D)) {
-        case 1: DQ(1)
-        case 2: DQ(2)
-        case 4: DQ(4)
-        default: DQ(8)
+        case 1:
+            DQ(1)
+        case 2:
+            DQ(2)
+        case 4:
+            DQ(4)
+        default:
+            DQ(8)
         }
 #undef DQ
         CK_LAUNCH();
@@ -518,7 +539,8 @@ __global__ void k_att_ds(float *dP, const float *P, const float *Di, int Tq, int
 /* Queries per chunk so that one (heads x chunk x Tk) buffer stays within ATT_SCRATCH_BYTES. */
 static int att_chunk(const ust_ops *o, int Tq, int nb, int Tk) {
     int64_t per_row = (int64_t)nb * (Tk > 0 ? Tk : 1) * (int64_t)sizeof(float);
-    int64_t qc = CUDA_IMPL(o)->attn_chunk > 0 ? CUDA_IMPL(o)->attn_chunk : ATT_SCRATCH_BYTES / per_row;
+    int64_t qc =
+        CUDA_IMPL(o)->attn_chunk > 0 ? CUDA_IMPL(o)->attn_chunk : ATT_SCRATCH_BYTES / per_row;
     return (int)(qc < 1 ? 1 : qc > Tq ? Tq : qc);
 }
 
@@ -552,15 +574,14 @@ static void gemm_attention_fwd(const ust_ops *o, float *out, float *lse, const f
         }
 }
 
-static void gemm_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv,
-                               const float *dout, const float *out, const float *lse,
-                               const float *q, const float *k, const float *v, int B, int Tq,
-                               int Tk, int H, int Hkv, int D, const int32_t *q_pos,
-                               const int32_t *k_pos, int causal) {
+static void gemm_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv, const float *dout,
+                               const float *out, const float *lse, const float *q, const float *k,
+                               const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
+                               const int32_t *q_pos, const int32_t *k_pos, int causal) {
     const int G = H / Hkv, nb = G == 1 ? H : 1, qc = att_chunk(o, Tq, nb, Tk);
     const float scale = 1.0f / sqrtf((float)D);
     const int64_t qs = (int64_t)H * D, ks = (int64_t)Hkv * D;
-    const float *Di = cuda_attention_dot(o, dout, out, B, Tq, H, D);
+    const float *Di = attention_dot_f32(o, dout, out, B, Tq, H, D);
     size_t bytes = (size_t)nb * qc * Tk * sizeof(float);
     float *P = (float *)cuda_scratch(o, SCR_S, bytes), *dP = (float *)cuda_scratch(o, SCR_P, bytes);
     for (int b = 0; b < B; b++)
@@ -587,7 +608,7 @@ static void gemm_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv
                           0.0f, nb);
                 int64_t total = (int64_t)nb * sS;
                 k_att_ds<<<grid_for(total, 256), 256, 0, STREAM(o)>>>(dP, P, Di, Tq, Tk, H, b, h0,
-                                                                     i0, n, total);
+                                                                      i0, n, total);
                 CK_LAUNCH();
                 /* dQ(n,D) += scale dS K(Tk,D); dK(Tk,D) += scale dS^T Q(n,D) */
                 if (dq)
@@ -609,51 +630,135 @@ static int attention_mode(const ust_ops *o, int D) {
     return im->attn_mode == ATT_FLASH ? ATT_FLASH : ATT_GEMM;
 }
 
-void cuda_attention_fwd(const ust_ops *o, float *out, float *lse, const float *q, const float *k,
-                        const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
+/* The flash and GEMM paths on fp32 storage. */
+static void attention_fwd_f32(const ust_ops *o, int mode, float *out, float *lse, const float *q,
+                              const float *k, const float *v, int B, int Tq, int Tk, int H, int Hkv,
+                              int D, const int32_t *q_pos, const int32_t *k_pos, int causal) {
+    if (mode == ATT_FLASH)
+        flash_attention_fwd(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal);
+    else
+        gemm_attention_fwd(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal);
+}
+
+static void attention_bwd_f32(const ust_ops *o, int mode, float *dq, float *dk, float *dv,
+                              const float *dout, const float *out, const float *lse, const float *q,
+                              const float *k, const float *v, int B, int Tq, int Tk, int H, int Hkv,
+                              int D, const int32_t *q_pos, const int32_t *k_pos, int causal) {
+    if (mode == ATT_FLASH)
+        flash_attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos,
+                            k_pos, causal);
+    else
+        gemm_attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos,
+                           k_pos, causal);
+}
+
+/* ---------------------------------------------------------------- bf16 adapter */
+
+/* The flash and GEMM paths compute on fp32 storage; under bf16 activations their inputs are
+ * widened into fp32 scratch (slot W), the fp32 code runs there, and the outputs are rounded back.
+ * dq/dk/dv are widened too, so the backward's += accumulates onto their values (one rounding per
+ * call). The tensor-core kernels, the bf16 default, read and write bf16 directly. */
+
+__global__ void k_widen(float *dst, const bf16 *src, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = __bfloat162float(src[i]);
+}
+
+__global__ void k_narrow(bf16 *dst, const float *src, int64_t n) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+/* n bf16 of src widened into dst; returns dst, or NULL when src is NULL (an unwanted output). */
+static float *widen(const ust_ops *o, float *dst, const act *src, int64_t n) {
+    if (!src) return NULL;
+    if (n > 0) {
+        k_widen<<<grid_for(n, 256), 256, 0, STREAM(o)>>>(dst, (const bf16 *)src, n);
+        CK_LAUNCH();
+    }
+    return dst;
+}
+
+static void narrow(const ust_ops *o, act *dst, const float *src, int64_t n) {
+    if (!dst || n <= 0) return;
+    k_narrow<<<grid_for(n, 256), 256, 0, STREAM(o)>>>((bf16 *)dst, src, n);
+    CK_LAUNCH();
+}
+
+static void attention_fwd_widened(const ust_ops *o, int mode, act *out, float *lse, const act *q,
+                                  const act *k, const act *v, int B, int Tq, int Tk, int H, int Hkv,
+                                  int D, const int32_t *q_pos, const int32_t *k_pos, int causal) {
+    int64_t nq = (int64_t)B * Tq * H * D, nk = (int64_t)B * Tk * Hkv * D;
+    float *w = (float *)cuda_scratch(o, SCR_W, (size_t)(2 * nq + 2 * nk + 1) * sizeof(float));
+    float *q32 = widen(o, w, q, nq), *k32 = widen(o, w + nq, k, nk);
+    float *v32 = widen(o, w + nq + nk, v, nk), *o32 = w + nq + 2 * nk;
+    attention_fwd_f32(o, mode, o32, lse, q32, k32, v32, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal);
+    narrow(o, out, o32, nq);
+}
+
+static void attention_bwd_widened(const ust_ops *o, int mode, act *dq, act *dk, act *dv,
+                                  const act *dout, const act *out, const float *lse, const act *q,
+                                  const act *k, const act *v, int B, int Tq, int Tk, int H, int Hkv,
+                                  int D, const int32_t *q_pos, const int32_t *k_pos, int causal) {
+    int64_t nq = (int64_t)B * Tq * H * D, nk = (int64_t)B * Tk * Hkv * D;
+    float *w = (float *)cuda_scratch(o, SCR_W, (size_t)(4 * nq + 4 * nk + 1) * sizeof(float));
+    float *dout32 = widen(o, w, dout, nq), *out32 = widen(o, w + nq, out, nq);
+    float *q32 = widen(o, w + 2 * nq, q, nq), *dq32 = widen(o, w + 3 * nq, dq, nq);
+    float *kv = w + 4 * nq;
+    float *k32 = widen(o, kv, k, nk), *v32 = widen(o, kv + nk, v, nk);
+    float *dk32 = widen(o, kv + 2 * nk, dk, nk), *dv32 = widen(o, kv + 3 * nk, dv, nk);
+    attention_bwd_f32(o, mode, dq32, dk32, dv32, dout32, out32, lse, q32, k32, v32, B, Tq, Tk, H,
+                      Hkv, D, q_pos, k_pos, causal);
+    narrow(o, dq, dq32, nq);
+    narrow(o, dk, dk32, nk);
+    narrow(o, dv, dv32, nk);
+}
+
+/* ---------------------------------------------------------------- dispatch */
+
+void cuda_attention_fwd(const ust_ops *o, act *out, float *lse, const act *q, const act *k,
+                        const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
                         const int32_t *q_pos, const int32_t *k_pos, int causal) {
     check_shapes(H, Hkv, D);
     if (B <= 0 || Tq <= 0 || H <= 0) return;
-    switch (attention_mode(o, D)) {
-    case ATT_TC:
+    int mode = attention_mode(o, D);
+    if (mode == ATT_TC)
         cuda_attention_tc_fwd(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal);
-        break;
-    case ATT_FLASH:
-        flash_attention_fwd(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal);
-        break;
-    default:
-        gemm_attention_fwd(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal);
-    }
+    else if (o->act_size == 2)
+        attention_fwd_widened(o, mode, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos,
+                              causal);
+    else
+        attention_fwd_f32(o, mode, (float *)out, lse, (const float *)q, (const float *)k,
+                          (const float *)v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal);
 }
 
-void cuda_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv, const float *dout,
-                        const float *out, const float *lse, const float *q, const float *k,
-                        const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
-                        const int32_t *q_pos, const int32_t *k_pos, int causal) {
+void cuda_attention_bwd(const ust_ops *o, act *dq, act *dk, act *dv, const act *dout,
+                        const act *out, const float *lse, const act *q, const act *k, const act *v,
+                        int B, int Tq, int Tk, int H, int Hkv, int D, const int32_t *q_pos,
+                        const int32_t *k_pos, int causal) {
     check_shapes(H, Hkv, D);
     if (B <= 0 || Tq <= 0 || Tk <= 0 || H <= 0 || (!dq && !dk && !dv)) return;
-    switch (attention_mode(o, D)) {
-    case ATT_TC: {
+    int mode = attention_mode(o, D);
+    if (mode == ATT_TC) {
         const float *Di = cuda_attention_dot(o, dout, out, B, Tq, H, D);
         cuda_attention_tc_bwd(o, dq, dk, dv, dout, lse, Di, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos,
                               k_pos, causal);
-        break;
-    }
-    case ATT_FLASH:
-        flash_attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos,
-                            k_pos, causal);
-        break;
-    default:
-        gemm_attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos,
-                           k_pos, causal);
+    } else if (o->act_size == 2) {
+        attention_bwd_widened(o, mode, dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D,
+                              q_pos, k_pos, causal);
+    } else {
+        attention_bwd_f32(o, mode, (float *)dq, (float *)dk, (float *)dv, (const float *)dout,
+                          (const float *)out, lse, (const float *)q, (const float *)k,
+                          (const float *)v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal);
     }
 }
 
-void cuda_attention_merge(const ust_ops *o, float *out, float *lse, const float *out2,
+void cuda_attention_merge(const ust_ops *o, act *out, float *lse, const act *out2,
                           const float *lse2, int B, int T, int H, int D) {
     int64_t rows = (int64_t)B * H * T;
     if (rows <= 0) return;
-    k_att_merge<<<grid_for(rows * 32, 256), 256, 0, STREAM(o)>>>(out, lse, out2, lse2, T, H, D,
-                                                                 rows);
-    CK_LAUNCH();
+    ACT_LAUNCH(o, k_att_merge, grid_for(rows * 32, 256), 256, 0, out, lse, out2, lse2, T, H, D,
+               rows);
 }

@@ -98,39 +98,59 @@ __device__ __forceinline__ void load_a(u32 a[4], const u32 *tile, int stride, in
     a[3] = word(tile, stride, r0 + g + 8, 16 * kk + 8 + 2 * t);
 }
 
-/* The A fragment of k-step kk straight from two fp32 rows in global memory (NULL: zeros). */
-__device__ __forceinline__ void global_a(u32 a[4], const float *row0, const float *row1, int kk) {
-    const int c = 16 * kk + 2 * ((threadIdx.x & 31) & 3);
-    a[0] = row0 ? pack_bf16x2(row0[c], row0[c + 1]) : 0u;
-    a[1] = row1 ? pack_bf16x2(row1[c], row1[c + 1]) : 0u;
-    a[2] = row0 ? pack_bf16x2(row0[c + 8], row0[c + 9]) : 0u;
-    a[3] = row1 ? pack_bf16x2(row1[c + 8], row1[c + 9]) : 0u;
+/* The bf16 bits of an activation element: fp32 ones rounded (nearest even), bf16 ones as they
+ * are stored (no conversion). */
+__device__ __forceinline__ u32 bf16_bits(float x) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+__device__ __forceinline__ u32 bf16_bits(bf16 x) { return __bfloat16_as_ushort(x); }
+
+/* Two activation elements as one bf16x2 operand word, lo in the low half (memory order). */
+template <typename T> __device__ __forceinline__ u32 pair_bits(const T *p, int64_t hi_off) {
+    return bf16_bits(p[0]) | (bf16_bits(p[hi_off]) << 16);
 }
 
-/* Rows [r0, r0 + n) of x (row r at x + r * rs, D floats) into a shared tile as bf16, row-major
+/* The A fragment of k-step kk straight from two rows of q or dout in global memory (NULL:
+ * zeros). */
+template <typename T>
+__device__ __forceinline__ void global_a(u32 a[4], const T *row0, const T *row1, int kk) {
+    const int c = 16 * kk + 2 * ((threadIdx.x & 31) & 3);
+    a[0] = row0 ? pair_bits(row0 + c, 1) : 0u;
+    a[1] = row1 ? pair_bits(row1 + c, 1) : 0u;
+    a[2] = row0 ? pair_bits(row0 + c + 8, 1) : 0u;
+    a[3] = row1 ? pair_bits(row1 + c + 8, 1) : 0u;
+}
+
+/* Rows [r0, r0 + n) of x (row r at x + r * rs, D elements) into a shared tile as bf16, row-major
  * (rows past `valid` become zeros); the whole block takes part. */
-template <int D>
-__device__ __forceinline__ void fill_rows(u32 *tile, const float *x, int64_t rs, int r0, int n,
+template <int D, typename T>
+__device__ __forceinline__ void fill_rows(u32 *tile, const T *x, int64_t rs, int r0, int n,
                                           int valid) {
     constexpr int S = D + 8;
     for (int idx = threadIdx.x; idx < n * (D / 2); idx += blockDim.x) {
         int r = idx / (D / 2), c = 2 * (idx % (D / 2));
-        const float *p = x + (int64_t)(r0 + r) * rs + c;
-        tile[r * (S / 2) + c / 2] = r0 + r < valid ? pack_bf16x2(p[0], p[1]) : 0u;
+        const T *p = x + (int64_t)(r0 + r) * rs + c;
+        tile[r * (S / 2) + c / 2] = r0 + r < valid ? pair_bits(p, 1) : 0u;
     }
 }
 
 /* The same rows transposed: tile row d holds column d of the n rows (n + 8 bf16 per row). */
-template <int D>
-__device__ __forceinline__ void fill_cols(u32 *tile, const float *x, int64_t rs, int r0, int n,
+template <int D, typename T>
+__device__ __forceinline__ void fill_cols(u32 *tile, const T *x, int64_t rs, int r0, int n,
                                           int valid) {
     const int S = n + 8;
     for (int idx = threadIdx.x; idx < (n / 2) * D; idx += blockDim.x) {
         int rp = 2 * (idx / D), d = idx % D; /* consecutive threads read consecutive d */
-        const float *p = x + (int64_t)(r0 + rp) * rs + d;
-        float lo = r0 + rp < valid ? p[0] : 0.0f, hi = r0 + rp + 1 < valid ? p[rs] : 0.0f;
-        tile[d * (S / 2) + rp / 2] = pack_bf16x2(lo, hi);
+        const T *p = x + (int64_t)(r0 + rp) * rs + d;
+        u32 lo = r0 + rp < valid ? bf16_bits(p[0]) : 0u;
+        u32 hi = r0 + rp + 1 < valid ? bf16_bits(p[rs]) : 0u;
+        tile[d * (S / 2) + rp / 2] = lo | (hi << 16);
     }
+}
+
+/* x[i] += v on an activation (fp32 read-modify-write, rounded once when bf16). */
+template <typename T> __device__ __forceinline__ void add_act(T *x, int64_t i, float v) {
+    st_act(x, i, ld_act(x, i) + v);
 }
 
 __device__ __forceinline__ int warp_min_int(int v) {
@@ -197,11 +217,13 @@ __device__ __forceinline__ float quad_sum(float v) {
 
 /* q(B,Tq,H,D), k,v(B,Tk,Hkv,D) -> out(B,Tq,H,D), lse(B,H,Tq). Grid: B x H x ceil(Tq/64) blocks,
  * last query tile first; scale2 = log2(e) / sqrt(D). */
-template <int D>
+template <int D, typename T>
 __global__ void __launch_bounds__(TC_THREADS)
-    k_tc_fwd(float *out, float *lse, const float *q, const float *k, const float *v, int Tq, int Tk,
+    k_tc_fwd(act *out_, float *lse, const act *q_, const act *k_, const act *v_, int Tq, int Tk,
              int H, int Hkv, const int32_t *q_pos, const int32_t *k_pos, int causal, float scale2,
              int nqt) {
+    T *out = (T *)out_;
+    const T *q = (const T *)q_, *k = (const T *)k_, *v = (const T *)v_;
     constexpr int NK = D / 16, ND = D / 8, NT = TC_FK / 8, KS = D + 8, VS = TC_FK + 8;
     __shared__ u32 ks[TC_FK * KS / 2]; /* K tile, row per key */
     __shared__ u32 vt[D * VS / 2];     /* V tile transposed, row per dimension */
@@ -211,8 +233,8 @@ __global__ void __launch_bounds__(TC_THREADS)
     const int hk = h / (H / Hkv), w = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3, i0 = qt * TC_BQ, r0 = i0 + 16 * w + g, r1 = r0 + 8;
     const int64_t qs = (int64_t)H * D, kvs = (int64_t)Hkv * D;
-    const float *qb = q + ((int64_t)b * Tq * H + h) * D;
-    const float *kb = k + ((int64_t)b * Tk * Hkv + hk) * D, *vb = v + (kb - k);
+    const T *qb = q + ((int64_t)b * Tq * H + h) * D;
+    const T *kb = k + ((int64_t)b * Tk * Hkv + hk) * D, *vb = v + (kb - k);
 
     u32 qf[NK][4];
     for (int kk = 0; kk < NK; kk++)
@@ -226,8 +248,8 @@ __global__ void __launch_bounds__(TC_THREADS)
     for (int j0 = 0; j0 < Tk; j0 += TC_FK) {
         const int kmin = key_tile_positions(kpos, k_pos, j0, TC_FK, Tk);
         if (causal && kmin > qmax_block) continue;
-        fill_rows<D>(ks, kb, kvs, j0, TC_FK, Tk);
-        fill_cols<D>(vt, vb, kvs, j0, TC_FK, Tk);
+        fill_rows<D, T>(ks, kb, kvs, j0, TC_FK, Tk);
+        fill_cols<D, T>(vt, vb, kvs, j0, TC_FK, Tk);
         __syncthreads();
         if (causal && kmin > qmax_warp) continue; /* this warp's queries see none of the tile */
 
@@ -274,11 +296,13 @@ __global__ void __launch_bounds__(TC_THREADS)
     }
     l0 = quad_sum(l0), l1 = quad_sum(l1);
     const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
-    float *ob = out + ((int64_t)b * Tq * H + h) * D;
+    T *ob = out + ((int64_t)b * Tq * H + h) * D;
     for (int dt = 0; dt < ND; dt++) {
         int c = 8 * dt + 2 * t;
-        if (r0 < Tq) ob[r0 * qs + c] = o[dt][0] * inv0, ob[r0 * qs + c + 1] = o[dt][1] * inv0;
-        if (r1 < Tq) ob[r1 * qs + c] = o[dt][2] * inv1, ob[r1 * qs + c + 1] = o[dt][3] * inv1;
+        if (r0 < Tq)
+            st_act(ob, r0 * qs + c, o[dt][0] * inv0), st_act(ob, r0 * qs + c + 1, o[dt][1] * inv0);
+        if (r1 < Tq)
+            st_act(ob, r1 * qs + c, o[dt][2] * inv1), st_act(ob, r1 * qs + c + 1, o[dt][3] * inv1);
     }
     float *lb = lse + ((int64_t)b * H + h) * Tq;
     if (t == 0 && r0 < Tq) lb[r0] = l0 > 0.0f ? (m0 + log2f(l0)) * LN2 : -INFINITY;
@@ -301,11 +325,13 @@ __device__ __forceinline__ void probs_and_ds(float s[4], float dp[4], bool vis[4
 
 /* dq(B,Tq,H,D) += scale sum_j dS_ij k_j, from dout(B,Tq,H,D), lse and Di (B,H,Tq). Grid as the
  * forward's. */
-template <int D>
+template <int D, typename T>
 __global__ void __launch_bounds__(TC_THREADS)
-    k_tc_dq(float *dq, const float *dout, const float *lse, const float *Di, const float *q,
-            const float *k, const float *v, int Tq, int Tk, int H, int Hkv, const int32_t *q_pos,
+    k_tc_dq(act *dq_, const act *dout_, const float *lse, const float *Di, const act *q_,
+            const act *k_, const act *v_, int Tq, int Tk, int H, int Hkv, const int32_t *q_pos,
             const int32_t *k_pos, int causal, float scale, int nqt) {
+    T *dq = (T *)dq_;
+    const T *dout = (const T *)dout_, *q = (const T *)q_, *k = (const T *)k_, *v = (const T *)v_;
     constexpr int NK = D / 16, ND = D / 8, NT = TC_DQK / 8, KS = D + 8, TS = TC_DQK + 8;
     __shared__ u32 ks[TC_DQK * KS / 2]; /* K tile, row per key: S = Q K^T */
     __shared__ u32 vs[TC_DQK * KS / 2]; /* V tile, row per key: dP = dO V^T */
@@ -317,8 +343,8 @@ __global__ void __launch_bounds__(TC_THREADS)
     const int g = lane >> 2, t = lane & 3, i0 = qt * TC_BQ, r0 = i0 + 16 * w + g, r1 = r0 + 8;
     const int64_t qs = (int64_t)H * D, kvs = (int64_t)Hkv * D;
     const float scale2 = scale * LOG2E;
-    const float *qb = q + ((int64_t)b * Tq * H + h) * D, *ob = dout + (qb - q);
-    const float *kb = k + ((int64_t)b * Tk * Hkv + hk) * D, *vb = v + (kb - k);
+    const T *qb = q + ((int64_t)b * Tq * H + h) * D, *ob = dout + (qb - q);
+    const T *kb = k + ((int64_t)b * Tk * Hkv + hk) * D, *vb = v + (kb - k);
     const float *lb = lse + ((int64_t)b * H + h) * Tq, *db = Di + (lb - lse);
 
     u32 qf[NK][4], of[NK][4];
@@ -337,9 +363,9 @@ __global__ void __launch_bounds__(TC_THREADS)
     for (int j0 = 0; j0 < Tk; j0 += TC_DQK) {
         const int kmin = key_tile_positions(kpos, k_pos, j0, TC_DQK, Tk);
         if (causal && kmin > qmax_block) continue;
-        fill_rows<D>(ks, kb, kvs, j0, TC_DQK, Tk);
-        fill_rows<D>(vs, vb, kvs, j0, TC_DQK, Tk);
-        fill_cols<D>(kt, kb, kvs, j0, TC_DQK, Tk);
+        fill_rows<D, T>(ks, kb, kvs, j0, TC_DQK, Tk);
+        fill_rows<D, T>(vs, vb, kvs, j0, TC_DQK, Tk);
+        fill_cols<D, T>(kt, kb, kvs, j0, TC_DQK, Tk);
         __syncthreads();
         if (causal && kmin > qmax_warp) continue;
 
@@ -370,13 +396,15 @@ __global__ void __launch_bounds__(TC_THREADS)
             }
         }
     }
-    float *qo = dq + ((int64_t)b * Tq * H + h) * D;
+    T *qo = dq + ((int64_t)b * Tq * H + h) * D;
     for (int dt = 0; dt < ND; dt++) {
         int c = 8 * dt + 2 * t;
         if (r0 < Tq)
-            qo[r0 * qs + c] += scale * acc[dt][0], qo[r0 * qs + c + 1] += scale * acc[dt][1];
+            add_act(qo, r0 * qs + c, scale * acc[dt][0]),
+                add_act(qo, r0 * qs + c + 1, scale * acc[dt][1]);
         if (r1 < Tq)
-            qo[r1 * qs + c] += scale * acc[dt][2], qo[r1 * qs + c + 1] += scale * acc[dt][3];
+            add_act(qo, r1 * qs + c, scale * acc[dt][2]),
+                add_act(qo, r1 * qs + c + 1, scale * acc[dt][3]);
     }
 }
 
@@ -384,11 +412,13 @@ __global__ void __launch_bounds__(TC_THREADS)
 
 /* dk(B,Tk,Hkv,D) += scale sum_i dS_ij q_i and dv += sum_i P_ij dout_i over the queries of every
  * head of the kv head's group (either may be NULL). Grid: B x Hkv x ceil(Tk/64) blocks. */
-template <int D>
+template <int D, typename T>
 __global__ void __launch_bounds__(TC_THREADS)
-    k_tc_dkdv(float *dk, float *dv, const float *dout, const float *lse, const float *Di,
-              const float *q, const float *k, const float *v, int Tq, int Tk, int H, int Hkv,
+    k_tc_dkdv(act *dk_, act *dv_, const act *dout_, const float *lse, const float *Di,
+              const act *q_, const act *k_, const act *v_, int Tq, int Tk, int H, int Hkv,
               const int32_t *q_pos, const int32_t *k_pos, int causal, float scale, int nkt) {
+    T *dk = (T *)dk_, *dv = (T *)dv_;
+    const T *dout = (const T *)dout_, *q = (const T *)q_, *k = (const T *)k_, *v = (const T *)v_;
     constexpr int NK = D / 16, ND = D / 8, NT = TC_KVQ / 8, RS = D + 8, TS = TC_KVQ + 8;
     extern __shared__ float sm[];
     u32 *ks = (u32 *)sm;             /* the block's K rows: A operand of S^T = K Q^T */
@@ -405,12 +435,12 @@ __global__ void __launch_bounds__(TC_THREADS)
     const int j0 = kt * TC_BKV, c0 = j0 + 16 * w + g, c1 = c0 + 8; /* this thread's two keys */
     const int64_t qst = (int64_t)H * D, kvs = (int64_t)Hkv * D;
     const float scale2 = scale * LOG2E;
-    const float *kb = k + ((int64_t)b * Tk * Hkv + hk) * D, *vb = v + (kb - k);
+    const T *kb = k + ((int64_t)b * Tk * Hkv + hk) * D, *vb = v + (kb - k);
 
     for (int j = threadIdx.x; j < TC_BKV; j += blockDim.x)
         kpos[j] = j0 + j < Tk ? posof(k_pos, j0 + j) : INT_MAX;
-    fill_rows<D>(ks, kb, kvs, j0, TC_BKV, Tk);
-    fill_rows<D>(vs, vb, kvs, j0, TC_BKV, Tk);
+    fill_rows<D, T>(ks, kb, kvs, j0, TC_BKV, Tk);
+    fill_rows<D, T>(vs, vb, kvs, j0, TC_BKV, Tk);
     __syncthreads();
     const int kp0 = kpos[16 * w + g], kp1 = kpos[16 * w + g + 8];
     const int kmin_block = tile_min(kpos, TC_BKV), kmin_warp = warp_min_int(min(kp0, kp1));
@@ -419,7 +449,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     for (int dt = 0; dt < ND; dt++)
         for (int e = 0; e < 4; e++) adk[dt][e] = adv[dt][e] = 0.0f;
     for (int hq = hk * G; hq < (hk + 1) * G; hq++) {
-        const float *qb = q + ((int64_t)b * Tq * H + hq) * D, *ob = dout + (qb - q);
+        const T *qb = q + ((int64_t)b * Tq * H + hq) * D, *ob = dout + (qb - q);
         const float *lb = lse + ((int64_t)b * H + hq) * Tq, *db = Di + (lb - lse);
         for (int i0 = 0; i0 < Tq; i0 += TC_KVQ) {
             __syncthreads();
@@ -432,10 +462,10 @@ __global__ void __launch_bounds__(TC_THREADS)
             __syncthreads();
             const int qmax = tile_max(qpos, TC_KVQ);
             if (causal && qmax < kmin_block) continue;
-            fill_rows<D>(qs_, qb, qst, i0, TC_KVQ, Tq);
-            fill_rows<D>(os, ob, qst, i0, TC_KVQ, Tq);
-            fill_cols<D>(qt_, qb, qst, i0, TC_KVQ, Tq);
-            fill_cols<D>(ot, ob, qst, i0, TC_KVQ, Tq);
+            fill_rows<D, T>(qs_, qb, qst, i0, TC_KVQ, Tq);
+            fill_rows<D, T>(os, ob, qst, i0, TC_KVQ, Tq);
+            fill_cols<D, T>(qt_, qb, qst, i0, TC_KVQ, Tq);
+            fill_cols<D, T>(ot, ob, qst, i0, TC_KVQ, Tq);
             __syncthreads();
             if (causal && qmax < kmin_warp) continue;
 
@@ -477,15 +507,15 @@ __global__ void __launch_bounds__(TC_THREADS)
             }
         }
     }
-    float *dkb = dk ? dk + ((int64_t)b * Tk * Hkv + hk) * D : NULL;
-    float *dvb = dv ? dv + ((int64_t)b * Tk * Hkv + hk) * D : NULL;
+    T *dkb = dk ? dk + ((int64_t)b * Tk * Hkv + hk) * D : NULL;
+    T *dvb = dv ? dv + ((int64_t)b * Tk * Hkv + hk) * D : NULL;
     for (int dt = 0; dt < ND; dt++) {
         int c = 8 * dt + 2 * t;
         for (int e = 0; e < 4; e++) {
             int key = e < 2 ? c0 : c1, col = c + (e & 1);
             if (key >= Tk) continue;
-            if (dkb) dkb[key * kvs + col] += scale * adk[dt][e];
-            if (dvb) dvb[key * kvs + col] += adv[dt][e];
+            if (dkb) add_act(dkb, key * kvs + col, scale * adk[dt][e]);
+            if (dvb) add_act(dvb, key * kvs + col, adv[dt][e]);
         }
     }
 }
@@ -498,30 +528,29 @@ static size_t dkdv_smem(int D) {
     return (size_t)(2 * TC_BKV * (D + 8) + 2 * TC_KVQ * (D + 8) + 2 * D * (TC_KVQ + 8)) * 2;
 }
 
-template <int D>
-static void tc_fwd(const ust_ops *o, float *out, float *lse, const float *q, const float *k,
-                   const float *v, int B, int Tq, int Tk, int H, int Hkv, const int32_t *q_pos,
+template <int D, typename T>
+static void tc_fwd(const ust_ops *o, act *out, float *lse, const act *q, const act *k, const act *v,
+                   int B, int Tq, int Tk, int H, int Hkv, const int32_t *q_pos,
                    const int32_t *k_pos, int causal) {
     int nqt = (Tq + TC_BQ - 1) / TC_BQ;
     int64_t blocks = (int64_t)B * H * nqt;
     UST_ASSERT(blocks < INT_MAX, "attention grid too large (%lld blocks)", (long long)blocks);
     float scale2 = LOG2E / sqrtf((float)D);
-    k_tc_fwd<D><<<(int)blocks, TC_THREADS, 0, STREAM(o)>>>(out, lse, q, k, v, Tq, Tk, H, Hkv, q_pos,
-                                                           k_pos, causal, scale2, nqt);
+    k_tc_fwd<D, T><<<(int)blocks, TC_THREADS, 0, STREAM(o)>>>(out, lse, q, k, v, Tq, Tk, H, Hkv,
+                                                              q_pos, k_pos, causal, scale2, nqt);
     CK_LAUNCH();
 }
 
-template <int D>
-static void tc_bwd(const ust_ops *o, float *dq, float *dk, float *dv, const float *dout,
-                   const float *lse, const float *Di, const float *q, const float *k,
-                   const float *v, int B, int Tq, int Tk, int H, int Hkv, const int32_t *q_pos,
-                   const int32_t *k_pos, int causal) {
+template <int D, typename T>
+static void tc_bwd(const ust_ops *o, act *dq, act *dk, act *dv, const act *dout, const float *lse,
+                   const float *Di, const act *q, const act *k, const act *v, int B, int Tq, int Tk,
+                   int H, int Hkv, const int32_t *q_pos, const int32_t *k_pos, int causal) {
     float scale = 1.0f / sqrtf((float)D);
     if (dq) {
         int nqt = (Tq + TC_BQ - 1) / TC_BQ;
         int64_t blocks = (int64_t)B * H * nqt;
         UST_ASSERT(blocks < INT_MAX, "attention grid too large (%lld blocks)", (long long)blocks);
-        k_tc_dq<D><<<(int)blocks, TC_THREADS, 0, STREAM(o)>>>(
+        k_tc_dq<D, T><<<(int)blocks, TC_THREADS, 0, STREAM(o)>>>(
             dq, dout, lse, Di, q, k, v, Tq, Tk, H, Hkv, q_pos, k_pos, causal, scale, nqt);
         CK_LAUNCH();
     }
@@ -530,40 +559,66 @@ static void tc_bwd(const ust_ops *o, float *dq, float *dk, float *dv, const floa
         int64_t blocks = (int64_t)B * Hkv * nkt;
         UST_ASSERT(blocks < INT_MAX, "attention grid too large (%lld blocks)", (long long)blocks);
         size_t smem = dkdv_smem(D);
-        cuda_smem_optin(o, k_tc_dkdv<D>, smem);
-        k_tc_dkdv<D><<<(int)blocks, TC_THREADS, smem, STREAM(o)>>>(
+        cuda_smem_optin(o, k_tc_dkdv<D, T>, smem);
+        k_tc_dkdv<D, T><<<(int)blocks, TC_THREADS, smem, STREAM(o)>>>(
             dk, dv, dout, lse, Di, q, k, v, Tq, Tk, H, Hkv, q_pos, k_pos, causal, scale, nkt);
         CK_LAUNCH();
     }
 }
 
-void cuda_attention_tc_fwd(const ust_ops *o, float *out, float *lse, const float *q, const float *k,
-                           const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
+/* The kernels for head dim D and the backend's activation type. */
+template <int D>
+static void tc_fwd_d(const ust_ops *o, act *out, float *lse, const act *q, const act *k,
+                     const act *v, int B, int Tq, int Tk, int H, int Hkv, const int32_t *q_pos,
+                     const int32_t *k_pos, int causal) {
+    if (o->act_size == 2)
+        tc_fwd<D, bf16>(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, q_pos, k_pos, causal);
+    else
+        tc_fwd<D, float>(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, q_pos, k_pos, causal);
+}
+
+template <int D>
+static void tc_bwd_d(const ust_ops *o, act *dq, act *dk, act *dv, const act *dout, const float *lse,
+                     const float *Di, const act *q, const act *k, const act *v, int B, int Tq,
+                     int Tk, int H, int Hkv, const int32_t *q_pos, const int32_t *k_pos,
+                     int causal) {
+    if (o->act_size == 2)
+        tc_bwd<D, bf16>(o, dq, dk, dv, dout, lse, Di, q, k, v, B, Tq, Tk, H, Hkv, q_pos, k_pos,
+                        causal);
+    else
+        tc_bwd<D, float>(o, dq, dk, dv, dout, lse, Di, q, k, v, B, Tq, Tk, H, Hkv, q_pos, k_pos,
+                         causal);
+}
+
+void cuda_attention_tc_fwd(const ust_ops *o, act *out, float *lse, const act *q, const act *k,
+                           const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
                            const int32_t *q_pos, const int32_t *k_pos, int causal) {
+#define TC_FWD(DD) tc_fwd_d<DD>(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, q_pos, k_pos, causal)
     switch (D) {
     case 16:
-        tc_fwd<16>(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, q_pos, k_pos, causal);
+        TC_FWD(16);
         break;
     case 32:
-        tc_fwd<32>(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, q_pos, k_pos, causal);
+        TC_FWD(32);
         break;
     case 64:
-        tc_fwd<64>(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, q_pos, k_pos, causal);
+        TC_FWD(64);
         break;
     case 128:
-        tc_fwd<128>(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, q_pos, k_pos, causal);
+        TC_FWD(128);
         break;
     default:
         ust_fatal(UST_EXIT_RUNTIME, "tensor-core attention has no kernel for D=%d", D);
     }
+#undef TC_FWD
 }
 
-void cuda_attention_tc_bwd(const ust_ops *o, float *dq, float *dk, float *dv, const float *dout,
-                           const float *lse, const float *Di, const float *q, const float *k,
-                           const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
+void cuda_attention_tc_bwd(const ust_ops *o, act *dq, act *dk, act *dv, const act *dout,
+                           const float *lse, const float *Di, const act *q, const act *k,
+                           const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
                            const int32_t *q_pos, const int32_t *k_pos, int causal) {
 #define TC_BWD(DD)                                                                                 \
-    tc_bwd<DD>(o, dq, dk, dv, dout, lse, Di, q, k, v, B, Tq, Tk, H, Hkv, q_pos, k_pos, causal)
+    tc_bwd_d<DD>(o, dq, dk, dv, dout, lse, Di, q, k, v, B, Tq, Tk, H, Hkv, q_pos, k_pos, causal)
     switch (D) {
     case 16:
         TC_BWD(16);

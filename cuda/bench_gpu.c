@@ -21,6 +21,23 @@
 #include <time.h>
 
 /* Times `reps` causal forward+backward passes of one attention implementation. */
+/* n floats of host as activations at dst: as they are, or rounded to bf16 (nearest even) on the
+ * host when the backend stores bf16 (act_size 2). */
+static void upload_act(const ust_ops *o, act *dst, const float *host, size_t n) {
+    if (o->act_size == 4) {
+        o->to_device(o, dst, host, n * sizeof(float));
+        return;
+    }
+    uint16_t *h16 = malloc(n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &host[i], 4);
+        h16[i] = (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+    }
+    o->to_device(o, dst, h16, n * sizeof(uint16_t));
+    free(h16);
+}
+
 static int bench_attention_mode(const char *mode, int B, int T, int H, int D, int reps) {
     setenv("UST_CUDA_ATTENTION", mode, 1);
     ust_err e;
@@ -32,10 +49,10 @@ static int bench_attention_mode(const char *mode, int B, int T, int H, int D, in
     }
     ops_cuda_set_bf16(o, 1);
     size_t nq = (size_t)B * T * H * D, nl = (size_t)B * H * T;
-    float *buf[8];
-    for (int i = 0; i < 8; i++) buf[i] = o->alloc(o, nq * sizeof(float));
-    float *q = buf[0], *k = buf[1], *v = buf[2], *out = buf[3], *dout = buf[4], *dq = buf[5],
-          *dk = buf[6], *dv = buf[7];
+    act *buf[8];
+    for (int i = 0; i < 8; i++) buf[i] = o->alloc(o, act_bytes(o, (int64_t)nq));
+    act *q = buf[0], *k = buf[1], *v = buf[2], *out = buf[3], *dout = buf[4], *dq = buf[5],
+        *dk = buf[6], *dv = buf[7];
     float *lse = o->alloc(o, nl * sizeof(float)), *host = malloc(nq * sizeof(float));
     uint64_t x = 88172645463325252ull;
     for (int i = 0; i < 5; i++) { /* q, k, v, out (overwritten), dout: uniform [-1, 1) */
@@ -43,7 +60,7 @@ static int bench_attention_mode(const char *mode, int B, int T, int H, int D, in
             x ^= x << 13, x ^= x >> 7, x ^= x << 17;
             host[j] = (float)((x >> 11) * 0x1.0p-53 * 2.0 - 1.0);
         }
-        o->to_device(o, buf[i], host, nq * sizeof(float));
+        upload_act(o, buf[i], host, nq);
     }
     double fwd_flops = 4.0 * B * H * (double)T * T * D / 2, t[2] = {0, 0};
     for (int r = -1; r < reps; r++) { /* r = -1: warm-up (scratch, shared-memory opt-in) */

@@ -20,22 +20,22 @@ extern "C" {
 
 typedef struct {
     int device;
-    int bf16;                /* matmuls round inputs to bf16 (fp32 accumulate) */
-    int smem_optin;          /* max dynamic shared memory per block (bytes) */
+    int bf16;       /* bf16 activations (act_size 2); matmuls in bf16, fp32 accumulate */
+    int smem_optin; /* max dynamic shared memory per block (bytes) */
     int num_sms;
-    cudaStream_t stream;     /* every op is enqueued here */
+    cudaStream_t stream; /* every op is enqueued here */
     cublasHandle_t blas;
     cublasLtHandle_t lt;
-    void *lt_ws;             /* cuBLASLt workspace */
+    void *lt_ws; /* cuBLASLt workspace */
     size_t lt_ws_bytes;
-    void *scratch[6];        /* grow-only device scratch, one slot per use (SCR_*) */
-    size_t scratch_bytes[6];
-    int attn_mode;           /* ATT_*: which attention implementation (UST_CUDA_ATTENTION) */
-    int attn_chunk;          /* > 0: queries per chunk of the GEMM attention (else by memory) */
-    double *dev_partials;    /* RED_BLOCKS partial sums of sum/sumsq */
-    double *host_partials;   /* pinned copy of them */
-    int64_t allocations;     /* cudaMalloc calls of alloc and scratch growth (ops_cuda_memory) */
-    void *chunks_host;       /* multi-tensor ops: the chunk list and partial sums on the host */
+    void *scratch[7]; /* grow-only device scratch, one slot per use (SCR_*) */
+    size_t scratch_bytes[7];
+    int attn_mode;         /* ATT_*: which attention implementation (UST_CUDA_ATTENTION) */
+    int attn_chunk;        /* > 0: queries per chunk of the GEMM attention (else by memory) */
+    double *dev_partials;  /* RED_BLOCKS partial sums of sum/sumsq */
+    double *host_partials; /* pinned copy of them */
+    int64_t allocations;   /* cudaMalloc calls of alloc and scratch growth (ops_cuda_memory) */
+    void *chunks_host;     /* multi-tensor ops: the chunk list and partial sums on the host */
     size_t chunks_host_bytes;
 } cuda_impl;
 
@@ -46,8 +46,9 @@ enum { ATT_AUTO = 0, ATT_GEMM, ATT_FLASH, ATT_TC };
 
 /* bf16 copies of GEMM inputs (A, B); column-reduction partials and attention's D_i (C);
  * attention scores/probabilities (S) and their gradients (P); the multi-tensor ops' chunk list
- * and partial sums (M). */
-enum { SCR_A = 0, SCR_B = 1, SCR_C = 2, SCR_S = 3, SCR_P = 4, SCR_M = 5, SCR_N = 6 };
+ * and partial sums (M); fp32 copies of bf16 activations for the attention paths that compute in
+ * fp32 storage (W). */
+enum { SCR_A = 0, SCR_B = 1, SCR_C = 2, SCR_S = 3, SCR_P = 4, SCR_M = 5, SCR_W = 6, SCR_N = 7 };
 
 #define CUDA_IMPL(o) ((cuda_impl *)(o)->impl)
 #define STREAM(o) (CUDA_IMPL(o)->stream)
@@ -56,7 +57,7 @@ enum { SCR_A = 0, SCR_B = 1, SCR_C = 2, SCR_S = 3, SCR_P = 4, SCR_M = 5, SCR_N =
     do {                                                                                           \
         cudaError_t err_ = (call);                                                                 \
         if (err_ != cudaSuccess)                                                                   \
-            ust_fatal(UST_EXIT_RUNTIME, "CUDA error at %s:%d: %s: %s", __FILE__, __LINE__, #call,   \
+            ust_fatal(UST_EXIT_RUNTIME, "CUDA error at %s:%d: %s: %s", __FILE__, __LINE__, #call,  \
                       cudaGetErrorString(err_));                                                   \
     } while (0)
 
@@ -81,6 +82,28 @@ void *cuda_scratch(const ust_ops *o, int slot, size_t bytes);
 void cuda_gemm(const ust_ops *o, float *C, int64_t ldc, int64_t sC, const float *A, int64_t lda,
                int64_t sA, const float *B, int64_t ldb, int64_t sB, int M, int N, int K, int tA,
                int tB, float alpha, float beta, int batch);
+
+/* Activations (ops.h's act) are stored as float or __nv_bfloat16 (act_size 4 or 2); kernels
+ * that touch them are templates on the storage type T, read into fp32, compute in fp32 and round
+ * only when they store. */
+typedef __nv_bfloat16 bf16;
+__device__ __forceinline__ float ld_act(const float *p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float ld_act(const bf16 *p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ void st_act(float *p, int64_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void st_act(bf16 *p, int64_t i, float v) {
+    p[i] = __float2bfloat16_rn(v);
+}
+
+/* kernel<float> or kernel<bf16> by the backend's act_size, on its stream (the kernel takes its
+ * activation pointers as act * and casts them to T *). */
+#define ACT_LAUNCH(o, kernel, grid, block, smem, ...)                                              \
+    do {                                                                                           \
+        if ((o)->act_size == 2)                                                                    \
+            kernel<bf16><<<grid, block, smem, STREAM(o)>>>(__VA_ARGS__);                           \
+        else                                                                                       \
+            kernel<float><<<grid, block, smem, STREAM(o)>>>(__VA_ARGS__);                          \
+        CK_LAUNCH();                                                                               \
+    } while (0)
 
 /* Attention's token positions: p[i], or i when none are given. */
 __device__ __forceinline__ int posof(const int32_t *p, int i) { return p ? p[i] : i; }
@@ -129,36 +152,39 @@ __device__ __forceinline__ float block_max(float v, float *sh) {
 /* Dynamic shared memory above the default 48 KiB must be opted into per kernel. */
 template <typename K> static void cuda_smem_optin(const ust_ops *o, K kernel, size_t bytes) {
     cuda_impl *im = CUDA_IMPL(o);
-    UST_ASSERT((int64_t)bytes <= im->smem_optin,
-               "attention needs %zu bytes of shared memory per block, device allows %d (D too large)",
-               bytes, im->smem_optin);
+    UST_ASSERT(
+        (int64_t)bytes <= im->smem_optin,
+        "attention needs %zu bytes of shared memory per block, device allows %d (D too large)",
+        bytes, im->smem_optin);
     if (bytes > 48 * 1024)
         CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
-/* attention.cu */
-void cuda_attention_fwd(const ust_ops *o, float *out, float *lse, const float *q, const float *k,
-                        const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
+/* attention.cu: ops.h's attention on activations of the backend's type (act_size). */
+void cuda_attention_fwd(const ust_ops *o, act *out, float *lse, const act *q, const act *k,
+                        const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
                         const int32_t *q_pos, const int32_t *k_pos, int causal);
-void cuda_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv, const float *dout,
-                        const float *out, const float *lse, const float *q, const float *k,
-                        const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
-                        const int32_t *q_pos, const int32_t *k_pos, int causal);
-/* Di[b,h,i] = dout_i . out_i for every row, in scratch slot C (the backward's correction). */
-const float *cuda_attention_dot(const ust_ops *o, const float *dout, const float *out, int B,
-                                int Tq, int H, int D);
+void cuda_attention_bwd(const ust_ops *o, act *dq, act *dk, act *dv, const act *dout,
+                        const act *out, const float *lse, const act *q, const act *k, const act *v,
+                        int B, int Tq, int Tk, int H, int Hkv, int D, const int32_t *q_pos,
+                        const int32_t *k_pos, int causal);
+void cuda_attention_merge(const ust_ops *o, act *out, float *lse, const act *out2,
+                          const float *lse2, int B, int T, int H, int D);
+/* Di[b,h,i] = dout_i . out_i (fp32) for every row, in scratch slot C (the backward's
+ * correction); dout and out are activations. */
+const float *cuda_attention_dot(const ust_ops *o, const act *dout, const act *out, int B, int Tq,
+                                int H, int D);
 
 /* attention_tc.cu: the tensor-core kernels (bf16 products, fp32 softmax and accumulators) for
- * the head dims cuda_attention_tc_supported accepts; the backward takes Di from above. */
+ * the head dims cuda_attention_tc_supported accepts, reading and writing activations as stored;
+ * the backward takes Di from above. */
 int cuda_attention_tc_supported(int D);
-void cuda_attention_tc_fwd(const ust_ops *o, float *out, float *lse, const float *q,
-                           const float *k, const float *v, int B, int Tq, int Tk, int H, int Hkv,
-                           int D, const int32_t *q_pos, const int32_t *k_pos, int causal);
-void cuda_attention_tc_bwd(const ust_ops *o, float *dq, float *dk, float *dv, const float *dout,
-                           const float *lse, const float *Di, const float *q, const float *k,
-                           const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
+void cuda_attention_tc_fwd(const ust_ops *o, act *out, float *lse, const act *q, const act *k,
+                           const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
                            const int32_t *q_pos, const int32_t *k_pos, int causal);
-void cuda_attention_merge(const ust_ops *o, float *out, float *lse, const float *out2,
-                          const float *lse2, int B, int T, int H, int D);
+void cuda_attention_tc_bwd(const ust_ops *o, act *dq, act *dk, act *dv, const act *dout,
+                           const float *lse, const float *Di, const act *q, const act *k,
+                           const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
+                           const int32_t *q_pos, const int32_t *k_pos, int causal);
 
 #endif

@@ -27,6 +27,20 @@
     } while (0)
 
 #define EW_THREADS 256 /* elementwise kernels */
+
+/* An elementwise kernel over n items (nothing when n <= 0); ACT_: kernel<float or bf16> by the
+ * activations' storage type. */
+#define EW_LAUNCH(kernel, n, ...)                                                                  \
+    do {                                                                                           \
+        if ((n) > 0) {                                                                             \
+            kernel<<<grid_for((n), EW_THREADS), EW_THREADS, 0, STREAM(o)>>>(__VA_ARGS__);          \
+            CK_LAUNCH();                                                                           \
+        }                                                                                          \
+    } while (0)
+#define ACT_EW_LAUNCH(kernel, n, ...)                                                              \
+    do {                                                                                           \
+        if ((n) > 0) ACT_LAUNCH(o, kernel, grid_for((n), EW_THREADS), EW_THREADS, 0, __VA_ARGS__); \
+    } while (0)
 #define RED_BLOCKS 256 /* sum/sumsq: fixed number of partials, summed in order on the host */
 
 void *cuda_scratch(const ust_ops *o, int slot, size_t bytes) {
@@ -58,9 +72,10 @@ static void *cu_alloc(const ust_ops *o, size_t bytes) {
         size_t fr = 0, tot = 0;
         cudaGetLastError();
         cudaMemGetInfo(&fr, &tot);
-        ust_fatal(UST_EXIT_RUNTIME,
-                  "CUDA out of memory allocating %zu bytes on device %d (%zu of %zu bytes free): %s",
-                  bytes, CUDA_IMPL(o)->device, fr, tot, cudaGetErrorString(err));
+        ust_fatal(
+            UST_EXIT_RUNTIME,
+            "CUDA out of memory allocating %zu bytes on device %d (%zu of %zu bytes free): %s",
+            bytes, CUDA_IMPL(o)->device, fr, tot, cudaGetErrorString(err));
     }
     CK(cudaMemsetAsync(p, 0, n, STREAM(o)));
     return p;
@@ -95,10 +110,12 @@ static void cu_sync(const ust_ops *o) { CK(cudaStreamSynchronize(STREAM(o))); }
 
 /* ---------------------------------------------------------------- elementwise kernels */
 
-__global__ void k_add(float *out, const float *a, const float *b, int64_t n) {
+template <typename T> __global__ void k_add(act *out_, const act *a_, const act *b_, int64_t n) {
+    T *out = (T *)out_;
+    const T *a = (const T *)a_, *b = (const T *)b_;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
-        out[i] = a[i] + b[i];
+        st_act(out, i, ld_act(a, i) + ld_act(b, i));
 }
 
 __global__ void k_axpy(float *y, float a, const float *x, int64_t n) {
@@ -131,14 +148,17 @@ static uint32_t align_of(const void *p, int64_t stride_bytes) {
     return (uint32_t)(a & (~a + 1));
 }
 
-/* bf16 inputs, fp32 C, CUBLAS_COMPUTE_32F through cuBLASLt, with an optional epilogue: bias
- * (N floats, one per column of the row-major C) added, and with gelu_pre the result stored
- * there (ldc, the pre-activation) and gelu of it in C. Returns 0, or -1 when cuBLASLt has no
+static size_t type_bytes(cudaDataType t) { return t == CUDA_R_16BF ? 2 : 4; }
+
+/* bf16 inputs, C of type ct (fp32, or bf16 for activations: read widened when beta != 0, the
+ * result rounded once), CUBLAS_COMPUTE_32F through cuBLASLt, with an optional epilogue: bias
+ * (N fp32, one per column of the row-major C) added, and with gelu_pre the result stored there
+ * (ldc, type ct: the pre-activation) and gelu of it in C. Returns 0, or -1 when cuBLASLt has no
  * algorithm for the problem (nothing ran: the caller takes another path). */
-static int lt_gemm(const ust_ops *o, float *C, int64_t ldc, int64_t sC, const __nv_bfloat16 *A,
-                   int64_t lda, int64_t sA, const __nv_bfloat16 *B, int64_t ldb, int64_t sB, int M,
-                   int N, int K, int tA, int tB, float alpha, float beta, int batch,
-                   const float *bias, float *gelu_pre) {
+static int lt_gemm(const ust_ops *o, void *C, cudaDataType ct, int64_t ldc, int64_t sC,
+                   const bf16 *A, int64_t lda, int64_t sA, const bf16 *B, int64_t ldb, int64_t sB,
+                   int M, int N, int K, int tA, int tB, float alpha, float beta, int batch,
+                   const float *bias, void *gelu_pre) {
     cuda_impl *im = CUDA_IMPL(o);
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t lb = NULL, la = NULL, lc = NULL; /* lb describes B (cuBLAS's "A") */
@@ -147,7 +167,8 @@ static int lt_gemm(const ust_ops *o, float *C, int64_t ldc, int64_t sC, const __
     int rc = -1, nres = 0;
     cublasLtMatmulHeuristicResult_t res;
     uint64_t ws = im->lt_ws_bytes;
-    uint32_t alB = align_of(B, sB * 2), alA = align_of(A, sA * 2), alC = align_of(C, sC * 4);
+    uint32_t alB = align_of(B, sB * 2), alA = align_of(A, sA * 2);
+    uint32_t alC = align_of(C, sC * (int64_t)type_bytes(ct));
     int32_t bc = batch;
 #define LT(call)                                                                                   \
     if ((call) != CUBLAS_STATUS_SUCCESS) goto done
@@ -159,10 +180,15 @@ static int lt_gemm(const ust_ops *o, float *C, int64_t ldc, int64_t sC, const __
                                  : bias    ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
                                            : CUBLASLT_EPILOGUE_GELU_AUX;
         LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-        if (bias)
+        if (bias) {
+            /* the bias is an fp32 parameter; unset, cuBLASLt would read it as D's type */
+            int32_t bt = CUDA_R_32F;
+            LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
+                                              sizeof bt));
             LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                               sizeof bias));
-        if (gelu_pre) {
+        }
+        if (gelu_pre) { /* the aux buffer has D's type (the attribute's default) */
             int64_t ld = ldc;
             LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
                                               &gelu_pre, sizeof gelu_pre));
@@ -172,11 +198,14 @@ static int lt_gemm(const ust_ops *o, float *C, int64_t ldc, int64_t sC, const __
     }
     LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, tB ? K : N, tB ? N : K, ldb));
     LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, tA ? M : K, tA ? K : M, lda));
-    LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, N, M, ldc));
+    LT(cublasLtMatrixLayoutCreate(&lc, ct, N, M, ldc));
     if (batch > 1) {
-        LT(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
-        LT(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
-        LT(cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
+        LT(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc,
+                                            sizeof bc));
+        LT(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc,
+                                            sizeof bc));
+        LT(cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc,
+                                            sizeof bc));
         LT(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sB,
                                             sizeof sB));
         LT(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sA,
@@ -210,13 +239,27 @@ done:
     return rc;
 }
 
-__global__ void k_scale_rows(float *C, int64_t ldc, int M, int N, float beta) {
+/* C = beta C over an (M,N) block at leading dimension ldc: a GEMM with an empty sum (K = 0). */
+template <typename T> __global__ void k_scale_rows(act *C_, int64_t ldc, int M, int N, float beta) {
+    T *C = (T *)C_;
     int64_t n = (int64_t)M * N;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        float *c = C + i / N * ldc + i % N;
-        *c = beta == 0.0f ? 0.0f : *c * beta;
+        int64_t c = i / N * ldc + i % N;
+        st_act(C, c, beta == 0.0f ? 0.0f : ld_act(C, c) * beta);
     }
+}
+
+static void scale_rows(const ust_ops *o, void *C, cudaDataType ct, int64_t ldc, int M, int N,
+                       float beta) {
+    int64_t n = (int64_t)M * N;
+    if (ct == CUDA_R_16BF)
+        k_scale_rows<bf16>
+            <<<grid_for(n, EW_THREADS), EW_THREADS, 0, STREAM(o)>>>(C, ldc, M, N, beta);
+    else
+        k_scale_rows<float>
+            <<<grid_for(n, EW_THREADS), EW_THREADS, 0, STREAM(o)>>>(C, ldc, M, N, beta);
+    CK_LAUNCH();
 }
 
 /* Elements spanned by `batch` (rows x cols) matrices at leading dimension ld and batch stride s. */
@@ -224,64 +267,46 @@ static int64_t span_of(int batch, int64_t s, int rows, int cols, int64_t ld) {
     return (int64_t)(batch - 1) * s + (int64_t)(rows - 1) * ld + cols;
 }
 
-/* bf16: rounds both inputs (everything their strided layouts span) into scratch with the same
- * layouts. */
 /* n floats of src rounded to bf16 into scratch slot `slot`. */
-static __nv_bfloat16 *to_bf16(const ust_ops *o, int slot, const float *src, int64_t n) {
-    __nv_bfloat16 *dst = (__nv_bfloat16 *)cuda_scratch(o, slot, (size_t)n * 2);
+static bf16 *to_bf16(const ust_ops *o, int slot, const float *src, int64_t n) {
+    bf16 *dst = (bf16 *)cuda_scratch(o, slot, (size_t)n * 2);
     k_to_bf16<<<grid_for(n, EW_THREADS), EW_THREADS, 0, STREAM(o)>>>(dst, src, n);
     CK_LAUNCH();
     return dst;
 }
 
-static void bf16_inputs(const ust_ops *o, const float *A, int64_t lda, int64_t sA, const float *B,
-                        int64_t ldb, int64_t sB, int M, int N, int K, int tA, int tB, int batch,
-                        __nv_bfloat16 **a16, __nv_bfloat16 **b16) {
-    *a16 = to_bf16(o, SCR_A, A, span_of(batch, sA, tA ? K : M, tA ? M : K, lda));
-    *b16 = to_bf16(o, SCR_B, B, span_of(batch, sB, tB ? N : K, tB ? K : N, ldb));
-}
-
-/* The GEMM of bf16 inputs already rounded (see gemm_epilogue): cuBLASLt, with the bias epilogue
- * when asked, else cublasGemmStridedBatchedEx. Returns 1 when the bias was added. */
-static int gemm16(const ust_ops *o, float *C, int64_t ldc, int64_t sC, const __nv_bfloat16 *a16,
-                  int64_t lda, int64_t sA, const __nv_bfloat16 *b16, int64_t ldb, int64_t sB, int M,
-                  int N, int K, int tA, int tB, float alpha, float beta, int batch,
-                  const float *bias) {
+/* The GEMM of bf16 inputs with C of type ct: cuBLASLt, with the bias epilogue when asked, else
+ * cublasGemmStridedBatchedEx (bf16 C included). Returns 1 when the bias was added. */
+static int gemm16(const ust_ops *o, void *C, cudaDataType ct, int64_t ldc, int64_t sC,
+                  const bf16 *a16, int64_t lda, int64_t sA, const bf16 *b16, int64_t ldb,
+                  int64_t sB, int M, int N, int K, int tA, int tB, float alpha, float beta,
+                  int batch, const float *bias) {
     cuda_impl *im = CUDA_IMPL(o);
     cublasOperation_t opA = tA ? CUBLAS_OP_T : CUBLAS_OP_N, opB = tB ? CUBLAS_OP_T : CUBLAS_OP_N;
-    if (lt_gemm(o, C, ldc, sC, a16, lda, sA, b16, ldb, sB, M, N, K, tA, tB, alpha, beta, batch,
+    if (lt_gemm(o, C, ct, ldc, sC, a16, lda, sA, b16, ldb, sB, M, N, K, tA, tB, alpha, beta, batch,
                 bias, NULL) == 0)
         return bias != NULL;
-    if (bias && lt_gemm(o, C, ldc, sC, a16, lda, sA, b16, ldb, sB, M, N, K, tA, tB, alpha, beta,
+    if (bias && lt_gemm(o, C, ct, ldc, sC, a16, lda, sA, b16, ldb, sB, M, N, K, tA, tB, alpha, beta,
                         batch, NULL, NULL) == 0)
         return 0; /* cuBLASLt runs the GEMM, only not with this epilogue */
     CKB(cublasGemmStridedBatchedEx(im->blas, opB, opA, N, M, K, &alpha, b16, CUDA_R_16BF, (int)ldb,
-                                   sB, a16, CUDA_R_16BF, (int)lda, sA, &beta, C, CUDA_R_32F,
-                                   (int)ldc, sC, batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                   sB, a16, CUDA_R_16BF, (int)lda, sA, &beta, C, ct, (int)ldc, sC,
+                                   batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return 0;
 }
 
-/* cuda_gemm, and with bias != NULL (batch 1, beta 0) C[i][j] += bias[j] fused into the bf16
- * GEMM's epilogue when cuBLASLt runs it. Returns 1 when the bias was added, 0 when the caller
- * must add it. */
-static int gemm_epilogue(const ust_ops *o, float *C, int64_t ldc, int64_t sC, const float *A,
-                         int64_t lda, int64_t sA, const float *B, int64_t ldb, int64_t sB, int M,
-                         int N, int K, int tA, int tB, float alpha, float beta, int batch,
-                         const float *bias) {
+void cuda_gemm(const ust_ops *o, float *C, int64_t ldc, int64_t sC, const float *A, int64_t lda,
+               int64_t sA, const float *B, int64_t ldb, int64_t sB, int M, int N, int K, int tA,
+               int tB, float alpha, float beta, int batch) {
     cuda_impl *im = CUDA_IMPL(o);
-    UST_ASSERT(!bias || (batch == 1 && beta == 0.0f), "a GEMM bias epilogue needs batch 1, beta 0");
-    if (M <= 0 || N <= 0 || batch <= 0) return 0;
+    if (M <= 0 || N <= 0 || batch <= 0) return;
     cublasOperation_t opA = tA ? CUBLAS_OP_T : CUBLAS_OP_N, opB = tB ? CUBLAS_OP_T : CUBLAS_OP_N;
     if (K <= 0) { /* empty sum: C = beta C (BLAS rejects lda = 0) */
-        for (int i = 0; i < batch; i++) {
-            int64_t n = (int64_t)M * N;
-            k_scale_rows<<<grid_for(n, EW_THREADS), EW_THREADS, 0, im->stream>>>(C + i * sC, ldc, M,
-                                                                                N, beta);
-            CK_LAUNCH();
-        }
-        return 0;
+        for (int i = 0; i < batch; i++) scale_rows(o, C + i * sC, CUDA_R_32F, ldc, M, N, beta);
+        return;
     }
-    UST_ASSERT(lda < INT32_MAX && ldb < INT32_MAX && ldc < INT32_MAX, "leading dimension too large");
+    UST_ASSERT(lda < INT32_MAX && ldb < INT32_MAX && ldc < INT32_MAX,
+               "leading dimension too large");
     if (!im->bf16) {
         if (batch == 1)
             CKB(cublasSgemm(im->blas, opB, opA, N, M, K, &alpha, B, (int)ldb, A, (int)lda, &beta, C,
@@ -289,18 +314,13 @@ static int gemm_epilogue(const ust_ops *o, float *C, int64_t ldc, int64_t sC, co
         else
             CKB(cublasSgemmStridedBatched(im->blas, opB, opA, N, M, K, &alpha, B, (int)ldb, sB, A,
                                           (int)lda, sA, &beta, C, (int)ldc, sC, batch));
-        return 0;
+        return;
     }
-    __nv_bfloat16 *a16, *b16;
-    bf16_inputs(o, A, lda, sA, B, ldb, sB, M, N, K, tA, tB, batch, &a16, &b16);
-    return gemm16(o, C, ldc, sC, a16, lda, sA, b16, ldb, sB, M, N, K, tA, tB, alpha, beta, batch,
-                  bias);
-}
-
-void cuda_gemm(const ust_ops *o, float *C, int64_t ldc, int64_t sC, const float *A, int64_t lda,
-               int64_t sA, const float *B, int64_t ldb, int64_t sB, int M, int N, int K, int tA,
-               int tB, float alpha, float beta, int batch) {
-    gemm_epilogue(o, C, ldc, sC, A, lda, sA, B, ldb, sB, M, N, K, tA, tB, alpha, beta, batch, NULL);
+    /* bf16: both inputs (everything their strided layouts span) rounded into scratch */
+    bf16 *a16 = to_bf16(o, SCR_A, A, span_of(batch, sA, tA ? K : M, tA ? M : K, lda));
+    bf16 *b16 = to_bf16(o, SCR_B, B, span_of(batch, sB, tB ? N : K, tB ? K : N, ldb));
+    gemm16(o, C, CUDA_R_32F, ldc, sC, a16, lda, sA, b16, ldb, sB, M, N, K, tA, tB, alpha, beta,
+           batch, NULL);
 }
 
 /* C[M,N] = alpha op(A) op(B) + beta C for `batch` dense row-major problems at element strides. */
@@ -332,10 +352,10 @@ enum { MODE_BIAS = 0, MODE_LN = 1, MODE_RMS = 2 };
 #define CR_X 32
 #define CR_Y 8
 
-template <int MODE>
-__global__ void k_colred_partial(double *part, const float *dout, const float *inp,
-                                 const float *mean, const float *rstd, int N, int C,
-                                 int rows_per) {
+template <int MODE, typename T>
+__global__ void k_colred_partial(double *part, const act *dout_, const act *inp_, const float *mean,
+                                 const float *rstd, int N, int C, int rows_per) {
+    const T *dout = (const T *)dout_, *inp = (const T *)inp_;
     __shared__ double s0[CR_Y][CR_X], s1[CR_Y][CR_X];
     int c = blockIdx.x * CR_X + threadIdx.x;
     int r0 = blockIdx.y * rows_per, r1 = min(N, r0 + rows_per);
@@ -343,15 +363,15 @@ __global__ void k_colred_partial(double *part, const float *dout, const float *i
     if (c < C) {
         for (int n = r0 + threadIdx.y; n < r1; n += CR_Y) {
             int64_t off = (int64_t)n * C + c;
-            float dy = dout[off];
+            float dy = ld_act(dout, off);
             if (MODE == MODE_BIAS) {
                 a0 += dy;
             } else if (MODE == MODE_LN) {
-                float xn = (inp[off] - mean[n]) * rstd[n];
+                float xn = (ld_act(inp, off) - mean[n]) * rstd[n];
                 a0 += (double)dy * xn;
                 a1 += dy;
             } else {
-                a0 += (double)dy * (inp[off] * rstd[n]);
+                a0 += (double)dy * (ld_act(inp, off) * rstd[n]);
             }
         }
     }
@@ -381,10 +401,27 @@ __global__ void k_colred_final(float *dst0, float *dst1, const double *part, int
     if (dst1) dst1[c] += (float)t1;
 }
 
-/* dst0 (+ dst1 for MODE_LN) += column sums; R depends on N only, so results do not depend on
- * the device. */
-static void colred(const ust_ops *o, int mode, float *dst0, float *dst1, const float *dout,
-                   const float *inp, const float *mean, const float *rstd, int N, int C) {
+template <typename T>
+static void colred_partial(const ust_ops *o, int mode, dim3 grid, dim3 block, double *part,
+                           const act *dout, const act *inp, const float *mean, const float *rstd,
+                           int N, int C, int rows_per) {
+    cudaStream_t s = STREAM(o);
+    if (mode == MODE_BIAS)
+        k_colred_partial<MODE_BIAS, T>
+            <<<grid, block, 0, s>>>(part, dout, inp, mean, rstd, N, C, rows_per);
+    else if (mode == MODE_LN)
+        k_colred_partial<MODE_LN, T>
+            <<<grid, block, 0, s>>>(part, dout, inp, mean, rstd, N, C, rows_per);
+    else
+        k_colred_partial<MODE_RMS, T>
+            <<<grid, block, 0, s>>>(part, dout, inp, mean, rstd, N, C, rows_per);
+    CK_LAUNCH();
+}
+
+/* dst0 (+ dst1 for MODE_LN) += column sums (dout and inp are activations); R depends on N only,
+ * so results do not depend on the device. */
+static void colred(const ust_ops *o, int mode, float *dst0, float *dst1, const act *dout,
+                   const act *inp, const float *mean, const float *rstd, int N, int C) {
     if (N <= 0 || C <= 0 || (!dst0 && !dst1)) return;
     cudaStream_t s = STREAM(o);
     int rows_per = 128, R = (N + rows_per - 1) / rows_per;
@@ -395,85 +432,111 @@ static void colred(const ust_ops *o, int mode, float *dst0, float *dst1, const f
     }
     double *part = (double *)cuda_scratch(o, SCR_C, (size_t)R * 2 * C * sizeof(double));
     dim3 grid((C + CR_X - 1) / CR_X, R), block(CR_X, CR_Y);
-    if (mode == MODE_BIAS)
-        k_colred_partial<MODE_BIAS><<<grid, block, 0, s>>>(part, dout, inp, mean, rstd, N, C, rows_per);
-    else if (mode == MODE_LN)
-        k_colred_partial<MODE_LN><<<grid, block, 0, s>>>(part, dout, inp, mean, rstd, N, C, rows_per);
+    if (o->act_size == 2)
+        colred_partial<bf16>(o, mode, grid, block, part, dout, inp, mean, rstd, N, C, rows_per);
     else
-        k_colred_partial<MODE_RMS><<<grid, block, 0, s>>>(part, dout, inp, mean, rstd, N, C, rows_per);
-    CK_LAUNCH();
+        colred_partial<float>(o, mode, grid, block, part, dout, inp, mean, rstd, N, C, rows_per);
     k_colred_final<<<(C + 255) / 256, 256, 0, s>>>(dst0, dst1, part, R, C);
     CK_LAUNCH();
 }
 
 /* ---------------------------------------------------------------- linear */
 
-__global__ void k_bias_add(float *out, const float *bias, int64_t N, int OC) {
+template <typename T> __global__ void k_bias_add(act *out_, const float *bias, int64_t N, int OC) {
+    T *out = (T *)out_;
     int64_t n = N * OC;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
-        out[i] += bias[i % OC];
+        st_act(out, i, ld_act(out, i) + bias[i % OC]);
 }
 
-/* out(N,OC) = inp(N,C) @ w(OC,C)^T + bias(OC): the bias in the GEMM's epilogue under bf16 */
-static void cu_linear_fwd(const ust_ops *o, act *out_, const act *inp_, const float *w,
+/* C(M,N) (leading dimension ldc, type ct) = alpha op(A) op(B) + beta C (+ bias[j] when bias, then
+ * beta must be 0), batch 1, for the linears under bf16: A and B are bf16 activations, or weights
+ * rounded into scratch by the caller. */
+static void gemm_act16(const ust_ops *o, void *C, cudaDataType ct, int64_t ldc, const bf16 *A,
+                       int64_t lda, const bf16 *B, int64_t ldb, int M, int N, int K, int tA, int tB,
+                       float beta, const float *bias) {
+    if (M <= 0 || N <= 0) return;
+    int added = 0;
+    if (K <= 0)
+        scale_rows(o, C, ct, ldc, M, N, beta);
+    else
+        added =
+            gemm16(o, C, ct, ldc, 0, A, lda, 0, B, ldb, 0, M, N, K, tA, tB, 1.0f, beta, 1, bias);
+    if (bias && !added) { /* only activations (bf16 C) get a bias */
+        int64_t n = (int64_t)M * N;
+        k_bias_add<bf16><<<grid_for(n, EW_THREADS), EW_THREADS, 0, STREAM(o)>>>(C, bias, M, N);
+        CK_LAUNCH();
+    }
+}
+
+/* out(N,OC) = inp(N,C) @ w(OC,C)^T + bias(OC): under bf16 inp goes to the GEMM as it is stored,
+ * w is rounded, out is written as bf16 with the bias in the GEMM's epilogue. */
+static void cu_linear_fwd(const ust_ops *o, act *out, const act *inp, const float *w,
                           const float *bias, int N, int C, int OC) {
-    float *out = (float *)out_;
-    const float *inp = (const float *)inp_;
-    if (gemm_epilogue(o, out, OC, 0, inp, C, 0, w, C, 0, N, OC, C, 0, 1, 1.0f, 0.0f, 1, bias))
+    if (N <= 0 || OC <= 0) return;
+    if (o->act_size == 2) {
+        const bf16 *w16 = to_bf16(o, SCR_B, w, (int64_t)OC * C);
+        gemm_act16(o, out, CUDA_R_16BF, OC, (const bf16 *)inp, C, w16, C, N, OC, C, 0, 1, 0.0f,
+                   bias);
         return;
-    if (!bias || N <= 0 || OC <= 0) return;
+    }
+    cuda_gemm(o, (float *)out, OC, 0, (const float *)inp, C, 0, w, C, 0, N, OC, C, 0, 1, 1.0f, 0.0f,
+              1);
+    if (!bias) return;
     int64_t n = (int64_t)N * OC;
-    k_bias_add<<<grid_for(n, EW_THREADS), EW_THREADS, 0, STREAM(o)>>>(out, bias, N, OC);
+    k_bias_add<float><<<grid_for(n, EW_THREADS), EW_THREADS, 0, STREAM(o)>>>(out, bias, N, OC);
     CK_LAUNCH();
 }
 
-/* dinp(N,C) = dout @ w (+= when acc_dinp); dw(OC,C) += dout^T @ inp; dbias += column sums */
-static void cu_linear_bwd(const ust_ops *o, act *dinp_, float *dw, float *dbias,
-                          const act *dout_, const act *inp_, const float *w, int N, int C,
-                          int OC, int acc_dinp) {
-    float *dinp = (float *)dinp_;
-    const float *dout = (const float *)dout_;
-    const float *inp = (const float *)inp_;
-    if (CUDA_IMPL(o)->bf16 && dinp && dw && N > 0 && C > 0 && OC > 0) {
-        /* dout feeds both GEMMs: rounded to bf16 once (the largest input, e.g. the logits'
-         * gradient), then w and inp in turn */
-        __nv_bfloat16 *d16 = to_bf16(o, SCR_A, dout, (int64_t)N * OC);
-        gemm16(o, dinp, C, 0, d16, OC, 0, to_bf16(o, SCR_B, w, (int64_t)OC * C), C, 0, N, C, OC,
-               0, 0, 1.0f, acc_dinp ? 1.0f : 0.0f, 1, NULL);
-        gemm16(o, dw, C, 0, d16, OC, 0, to_bf16(o, SCR_B, inp, (int64_t)N * C), C, 0, OC, C, N, 1,
-               0, 1.0f, 1.0f, 1, NULL);
+/* dinp(N,C) = dout @ w (+= when acc_dinp); dw(OC,C) += dout^T @ inp; dbias += column sums. Under
+ * bf16 dout and inp go to the GEMMs as stored, dinp is a bf16 D (beta 1 on a bf16 C when
+ * accumulating) and dw stays an fp32 C/D. */
+static void cu_linear_bwd(const ust_ops *o, act *dinp, float *dw, float *dbias, const act *dout,
+                          const act *inp, const float *w, int N, int C, int OC, int acc_dinp) {
+    float beta = acc_dinp ? 1.0f : 0.0f;
+    if (o->act_size == 2) {
+        const bf16 *d16 = (const bf16 *)dout;
+        if (dinp && N > 0 && C > 0)
+            gemm_act16(o, dinp, CUDA_R_16BF, C, d16, OC, to_bf16(o, SCR_B, w, (int64_t)OC * C), C,
+                       N, C, OC, 0, 0, beta, NULL);
+        if (dw)
+            gemm_act16(o, dw, CUDA_R_32F, C, d16, OC, (const bf16 *)inp, C, OC, C, N, 1, 0, 1.0f,
+                       NULL);
     } else {
-        if (dinp) gemm(o, dinp, dout, w, N, C, OC, 0, 0, 1.0f, acc_dinp ? 1.0f : 0.0f, 1, 0, 0, 0);
-        if (dw) gemm(o, dw, dout, inp, OC, C, N, 1, 0, 1.0f, 1.0f, 1, 0, 0, 0);
+        const float *d32 = (const float *)dout;
+        if (dinp)
+            cuda_gemm(o, (float *)dinp, C, 0, d32, OC, 0, w, C, 0, N, C, OC, 0, 0, 1.0f, beta, 1);
+        if (dw)
+            cuda_gemm(o, dw, C, 0, d32, OC, 0, (const float *)inp, C, 0, OC, C, N, 1, 0, 1.0f, 1.0f,
+                      1);
     }
     if (dbias) colred(o, MODE_BIAS, dbias, NULL, dout, NULL, NULL, NULL, N, OC);
 }
 
 /* ---------------------------------------------------------------- embedding */
 
-__global__ void k_embedding_fwd(float *out, const int32_t *tok, const int32_t *pos,
-                                const float *wte, const float *wpe, int T, int C, int v_start,
-                                int v_end, int64_t n) {
+template <typename T>
+__global__ void k_embedding_fwd(act *out_, const int32_t *tok, const int32_t *pos, const float *wte,
+                                const float *wpe, int Tn, int C, int v_start, int v_end,
+                                int64_t n) {
+    T *out = (T *)out_;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         int64_t r = i / C;
-        int c = (int)(i % C), t = (int)(r % T), id = tok[r];
-        float x = (wte && id >= v_start && id < v_end) ? wte[(int64_t)(id - v_start) * C + c] : 0.0f;
+        int c = (int)(i % C), t = (int)(r % Tn), id = tok[r];
+        float x =
+            (wte && id >= v_start && id < v_end) ? wte[(int64_t)(id - v_start) * C + c] : 0.0f;
         if (wpe) x += wpe[(int64_t)(pos ? pos[t] : t) * C + c];
-        out[i] = x;
+        st_act(out, i, x);
     }
 }
 
-static void cu_embedding_fwd(const ust_ops *o, act *out_, const int32_t *tok, const int32_t *pos,
+static void cu_embedding_fwd(const ust_ops *o, act *out, const int32_t *tok, const int32_t *pos,
                              const float *wte, const float *wpe, int B, int T, int C, int v_start,
                              int v_end) {
-    float *out = (float *)out_;
     int64_t n = (int64_t)B * T * C;
-    if (n <= 0) return;
-    k_embedding_fwd<<<grid_for(n, EW_THREADS), EW_THREADS, 0, STREAM(o)>>>(
-        out, tok, pos, wte, wpe, T, C, v_start, v_end, n);
-    CK_LAUNCH();
+    ACT_EW_LAUNCH(k_embedding_fwd, n, out, tok, pos, wte, wpe, T, C, v_start, v_end, n);
 }
 
 /* Row index of source row r in the destination table, or -1 (skipped). */
@@ -492,17 +555,19 @@ __device__ __forceinline__ int emb_dst_row(int wpe_mode, const int32_t *tok, con
  * loaded at a time; when their destinations are distinct the eight read-modify-writes are
  * independent and overlap, otherwise they are done one by one (same result either way). */
 #define EMB_U 8
-__global__ void k_embedding_bwd(float *dst, const float *dout, const int32_t *tok,
-                                const int32_t *pos, int wpe_mode, int64_t rows, int T, int C,
+template <typename T>
+__global__ void k_embedding_bwd(float *dst, const act *dout_, const int32_t *tok,
+                                const int32_t *pos, int wpe_mode, int64_t rows, int Tn, int C,
                                 int v_start, int v_end) {
+    const T *dout = (const T *)dout_;
     int c = blockIdx.x * 32 + threadIdx.x;
     for (int64_t r0 = 0; r0 < rows; r0 += EMB_U) {
         int dr[EMB_U];
         float g[EMB_U];
         int nr = rows - r0 < EMB_U ? (int)(rows - r0) : EMB_U;
         for (int u = 0; u < EMB_U; u++) {
-            dr[u] = u < nr ? emb_dst_row(wpe_mode, tok, pos, r0 + u, T, v_start, v_end) : -1;
-            g[u] = (u < nr && c < C) ? dout[(r0 + u) * C + c] : 0.0f;
+            dr[u] = u < nr ? emb_dst_row(wpe_mode, tok, pos, r0 + u, Tn, v_start, v_end) : -1;
+            g[u] = (u < nr && c < C) ? ld_act(dout, (r0 + u) * C + c) : 0.0f;
         }
         if (c >= C) continue;
         int distinct = 1;
@@ -522,23 +587,18 @@ __global__ void k_embedding_bwd(float *dst, const float *dout, const int32_t *to
     }
 }
 
-static void cu_embedding_bwd(const ust_ops *o, float *dwte, float *dwpe, const act *dout_,
+static void cu_embedding_bwd(const ust_ops *o, float *dwte, float *dwpe, const act *dout,
                              const int32_t *tok, const int32_t *pos, int B, int T, int C,
                              int v_start, int v_end) {
-    const float *dout = (const float *)dout_;
     int64_t rows = (int64_t)B * T;
     if (rows <= 0 || C <= 0) return;
     int grid = (C + 31) / 32;
-    if (dwte) {
-        k_embedding_bwd<<<grid, 32, 0, STREAM(o)>>>(dwte, dout, tok, pos, 0, rows, T, C, v_start,
-                                                    v_end);
-        CK_LAUNCH();
-    }
-    if (dwpe) {
-        k_embedding_bwd<<<grid, 32, 0, STREAM(o)>>>(dwpe, dout, tok, pos, 1, rows, T, C, v_start,
-                                                    v_end);
-        CK_LAUNCH();
-    }
+    if (dwte)
+        ACT_LAUNCH(o, k_embedding_bwd, grid, 32, 0, dwte, dout, tok, pos, 0, rows, T, C, v_start,
+                   v_end);
+    if (dwpe)
+        ACT_LAUNCH(o, k_embedding_bwd, grid, 32, 0, dwpe, dout, tok, pos, 1, rows, T, C, v_start,
+                   v_end);
 }
 
 /* ---------------------------------------------------------------- norms */
@@ -546,20 +606,25 @@ static void cu_embedding_bwd(const ust_ops *o, float *dwte, float *dwpe, const a
 static int row_threads(int C) { return C >= 2048 ? 512 : C >= 512 ? 256 : 128; }
 
 /* One block per row. */
-__global__ void k_layernorm_fwd(float *out, float *mean, float *rstd, const float *inp,
+template <typename T>
+__global__ void k_layernorm_fwd(act *out_, float *mean, float *rstd, const act *inp_,
                                 const float *w, const float *b, int C, float eps) {
     __shared__ float sh[32];
     int64_t n = blockIdx.x;
-    const float *x = inp + n * C;
-    float *y = out + n * C;
+    const T *x = (const T *)inp_ + n * C;
+    T *y = (T *)out_ + n * C;
     float s = 0.0f;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) s += x[c];
+    for (int c = threadIdx.x; c < C; c += blockDim.x) s += ld_act(x, c);
     float m = block_sum(s, sh) / C;
     float v = 0.0f;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) v += (x[c] - m) * (x[c] - m);
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+        float d = ld_act(x, c) - m;
+        v += d * d;
+    }
     v = block_sum(v, sh);
     float r = rsqrtf(v / C + eps);
-    for (int c = threadIdx.x; c < C; c += blockDim.x) y[c] = (x[c] - m) * r * w[c] + (b ? b[c] : 0.0f);
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        st_act(y, c, (ld_act(x, c) - m) * r * w[c] + (b ? b[c] : 0.0f));
     if (threadIdx.x == 0) {
         if (mean) mean[n] = m;
         if (rstd) rstd[n] = r;
@@ -567,98 +632,84 @@ __global__ void k_layernorm_fwd(float *out, float *mean, float *rstd, const floa
 }
 
 /* dinp = rstd (g - mean(g) - xn mean(g xn)), g = w dout, xn = (x - mean) rstd */
-__global__ void k_layernorm_bwd_dx(float *dinp, const float *dout, const float *inp,
-                                   const float *w, const float *mean, const float *rstd, int C) {
+template <typename T>
+__global__ void k_layernorm_bwd_dx(act *dinp_, const act *dout_, const act *inp_, const float *w,
+                                   const float *mean, const float *rstd, int C) {
     __shared__ float sh[32];
     int64_t n = blockIdx.x;
-    const float *x = inp + n * C, *dy = dout + n * C;
-    float *dx = dinp + n * C;
+    const T *x = (const T *)inp_ + n * C, *dy = (const T *)dout_ + n * C;
+    T *dx = (T *)dinp_ + n * C;
     float m = mean[n], r = rstd[n], sg = 0.0f, sgx = 0.0f;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        float g = w[c] * dy[c];
+        float g = w[c] * ld_act(dy, c);
         sg += g;
-        sgx += g * ((x[c] - m) * r);
+        sgx += g * ((ld_act(x, c) - m) * r);
     }
     sg = block_sum(sg, sh);
     sgx = block_sum(sgx, sh);
     float mg = sg / C, mgx = sgx / C;
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
-        float xn = (x[c] - m) * r;
-        dx[c] = (w[c] * dy[c] - mg - xn * mgx) * r;
+        float xn = (ld_act(x, c) - m) * r;
+        st_act(dx, c, (w[c] * ld_act(dy, c) - mg - xn * mgx) * r);
     }
 }
 
-static void cu_layernorm_fwd(const ust_ops *o, act *out_, float *mean, float *rstd,
-                             const act *inp_, const float *w, const float *b, int N, int C,
-                             float eps) {
-    float *out = (float *)out_;
-    const float *inp = (const float *)inp_;
+static void cu_layernorm_fwd(const ust_ops *o, act *out, float *mean, float *rstd, const act *inp,
+                             const float *w, const float *b, int N, int C, float eps) {
     if (N <= 0) return;
-    k_layernorm_fwd<<<N, row_threads(C), 0, STREAM(o)>>>(out, mean, rstd, inp, w, b, C, eps);
-    CK_LAUNCH();
+    ACT_LAUNCH(o, k_layernorm_fwd, N, row_threads(C), 0, out, mean, rstd, inp, w, b, C, eps);
 }
 
-static void cu_layernorm_bwd(const ust_ops *o, act *dinp_, float *dw, float *db,
-                             const act *dout_, const act *inp_, const float *w,
-                             const float *mean, const float *rstd, int N, int C) {
-    float *dinp = (float *)dinp_;
-    const float *dout = (const float *)dout_;
-    const float *inp = (const float *)inp_;
+static void cu_layernorm_bwd(const ust_ops *o, act *dinp, float *dw, float *db, const act *dout,
+                             const act *inp, const float *w, const float *mean, const float *rstd,
+                             int N, int C) {
     if (N <= 0) return;
-    if (dinp) {
-        k_layernorm_bwd_dx<<<N, row_threads(C), 0, STREAM(o)>>>(dinp, dout, inp, w, mean, rstd, C);
-        CK_LAUNCH();
-    }
+    if (dinp)
+        ACT_LAUNCH(o, k_layernorm_bwd_dx, N, row_threads(C), 0, dinp, dout, inp, w, mean, rstd, C);
     colred(o, MODE_LN, dw, db, dout, inp, mean, rstd, N, C);
 }
 
-__global__ void k_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int C,
+template <typename T>
+__global__ void k_rmsnorm_fwd(act *out_, float *rstd, const act *inp_, const float *w, int C,
                               float eps) {
     __shared__ float sh[32];
     int64_t n = blockIdx.x;
-    const float *x = inp + n * C;
-    float *y = out + n * C;
+    const T *x = (const T *)inp_ + n * C;
+    T *y = (T *)out_ + n * C;
     float ss = 0.0f;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) ss += x[c] * x[c];
+    for (int c = threadIdx.x; c < C; c += blockDim.x) ss += ld_act(x, c) * ld_act(x, c);
     ss = block_sum(ss, sh);
     float r = rsqrtf(ss / C + eps);
-    for (int c = threadIdx.x; c < C; c += blockDim.x) y[c] = x[c] * r * w[c];
+    for (int c = threadIdx.x; c < C; c += blockDim.x) st_act(y, c, ld_act(x, c) * r * w[c]);
     if (threadIdx.x == 0 && rstd) rstd[n] = r;
 }
 
 /* dinp = rstd (g - x rstd^2 mean(g x)), g = w dout */
-__global__ void k_rmsnorm_bwd_dx(float *dinp, const float *dout, const float *inp, const float *w,
+template <typename T>
+__global__ void k_rmsnorm_bwd_dx(act *dinp_, const act *dout_, const act *inp_, const float *w,
                                  const float *rstd, int C) {
     __shared__ float sh[32];
     int64_t n = blockIdx.x;
-    const float *x = inp + n * C, *dy = dout + n * C;
-    float *dx = dinp + n * C;
+    const T *x = (const T *)inp_ + n * C, *dy = (const T *)dout_ + n * C;
+    T *dx = (T *)dinp_ + n * C;
     float r = rstd[n], sgx = 0.0f;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) sgx += w[c] * dy[c] * x[c];
+    for (int c = threadIdx.x; c < C; c += blockDim.x) sgx += w[c] * ld_act(dy, c) * ld_act(x, c);
     sgx = block_sum(sgx, sh);
     float kk = sgx / C * r * r;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) dx[c] = (w[c] * dy[c] - x[c] * kk) * r;
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        st_act(dx, c, (w[c] * ld_act(dy, c) - ld_act(x, c) * kk) * r);
 }
 
-static void cu_rmsnorm_fwd(const ust_ops *o, act *out_, float *rstd, const act *inp_,
-                           const float *w, int N, int C, float eps) {
-    float *out = (float *)out_;
-    const float *inp = (const float *)inp_;
+static void cu_rmsnorm_fwd(const ust_ops *o, act *out, float *rstd, const act *inp, const float *w,
+                           int N, int C, float eps) {
     if (N <= 0) return;
-    k_rmsnorm_fwd<<<N, row_threads(C), 0, STREAM(o)>>>(out, rstd, inp, w, C, eps);
-    CK_LAUNCH();
+    ACT_LAUNCH(o, k_rmsnorm_fwd, N, row_threads(C), 0, out, rstd, inp, w, C, eps);
 }
 
-static void cu_rmsnorm_bwd(const ust_ops *o, act *dinp_, float *dw, const act *dout_,
-                           const act *inp_, const float *w, const float *rstd, int N, int C) {
-    float *dinp = (float *)dinp_;
-    const float *dout = (const float *)dout_;
-    const float *inp = (const float *)inp_;
+static void cu_rmsnorm_bwd(const ust_ops *o, act *dinp, float *dw, const act *dout, const act *inp,
+                           const float *w, const float *rstd, int N, int C) {
     if (N <= 0) return;
-    if (dinp) {
-        k_rmsnorm_bwd_dx<<<N, row_threads(C), 0, STREAM(o)>>>(dinp, dout, inp, w, rstd, C);
-        CK_LAUNCH();
-    }
+    if (dinp) ACT_LAUNCH(o, k_rmsnorm_bwd_dx, N, row_threads(C), 0, dinp, dout, inp, w, rstd, C);
     colred(o, MODE_RMS, dw, NULL, dout, inp, NULL, rstd, N, C);
 }
 
@@ -666,139 +717,122 @@ static void cu_rmsnorm_bwd(const ust_ops *o, act *dinp_, float *dw, const act *d
 
 #define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
 
-__global__ void k_gelu_fwd(float *out, const float *inp, int64_t n) {
+template <typename T> __global__ void k_gelu_fwd(act *out_, const act *inp_, int64_t n) {
+    T *out = (T *)out_;
+    const T *inp = (const T *)inp_;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        float x = inp[i];
-        out[i] = 0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x)));
+        float x = ld_act(inp, i);
+        st_act(out, i, 0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x))));
     }
 }
 
-__global__ void k_gelu_bwd(float *dinp, const float *inp, const float *dout, int64_t n) {
+template <typename T>
+__global__ void k_gelu_bwd(act *dinp_, const act *inp_, const act *dout_, int64_t n) {
+    T *dinp = (T *)dinp_;
+    const T *inp = (const T *)inp_, *dout = (const T *)dout_;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        float x = inp[i];
+        float x = ld_act(inp, i);
         float t = tanhf(GELU_K * (x + 0.044715f * x * x * x));
         float sech2 = 1.0f - t * t;
         float g = 0.5f * (1.0f + t) + 0.5f * x * sech2 * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
-        dinp[i] = g * dout[i];
+        st_act(dinp, i, g * ld_act(dout, i));
     }
 }
 
-__global__ void k_swiglu_fwd(float *out, const float *gate, const float *up, int64_t n) {
+template <typename T>
+__global__ void k_swiglu_fwd(act *out_, const act *gate_, const act *up_, int64_t n) {
+    T *out = (T *)out_;
+    const T *gate = (const T *)gate_, *up = (const T *)up_;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
+        float g = ld_act(gate, i);
+        st_act(out, i, g / (1.0f + expf(-g)) * ld_act(up, i));
     }
 }
 
-__global__ void k_swiglu_bwd(float *dgate, float *dup, const float *dout, const float *gate,
-                             const float *up, int64_t n) {
+template <typename T>
+__global__ void k_swiglu_bwd(act *dgate_, act *dup_, const act *dout_, const act *gate_,
+                             const act *up_, int64_t n) {
+    T *dgate = (T *)dgate_, *dup = (T *)dup_;
+    const T *dout = (const T *)dout_, *gate = (const T *)gate_, *up = (const T *)up_;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        float g = gate[i], u = up[i], dy = dout[i];
+        float g = ld_act(gate, i), u = ld_act(up, i), dy = ld_act(dout, i);
         float sig = 1.0f / (1.0f + expf(-g));
-        if (dgate) dgate[i] = dy * u * sig * (1.0f + g * (1.0f - sig));
-        if (dup) dup[i] = dy * g * sig;
+        if (dgate) st_act(dgate, i, dy * u * sig * (1.0f + g * (1.0f - sig)));
+        if (dup) st_act(dup, i, dy * g * sig);
     }
 }
 
-#define EW_LAUNCH(kernel, n, ...)                                                                  \
-    do {                                                                                           \
-        if ((n) > 0) {                                                                             \
-            kernel<<<grid_for((n), EW_THREADS), EW_THREADS, 0, STREAM(o)>>>(__VA_ARGS__);          \
-            CK_LAUNCH();                                                                           \
-        }                                                                                          \
-    } while (0)
-
-static void cu_gelu_fwd(const ust_ops *o, act *out_, const act *inp_, int64_t n) {
-    float *out = (float *)out_;
-    const float *inp = (const float *)inp_;
-    EW_LAUNCH(k_gelu_fwd, n, out, inp, n);
+static void cu_gelu_fwd(const ust_ops *o, act *out, const act *inp, int64_t n) {
+    ACT_EW_LAUNCH(k_gelu_fwd, n, out, inp, n);
 }
-static void cu_gelu_bwd(const ust_ops *o, act *dinp_, const act *inp_, const act *dout_,
-                        int64_t n) {
-    float *dinp = (float *)dinp_;
-    const float *inp = (const float *)inp_;
-    const float *dout = (const float *)dout_;
-    EW_LAUNCH(k_gelu_bwd, n, dinp, inp, dout, n);
+static void cu_gelu_bwd(const ust_ops *o, act *dinp, const act *inp, const act *dout, int64_t n) {
+    ACT_EW_LAUNCH(k_gelu_bwd, n, dinp, inp, dout, n);
 }
 /* up(N,OC) = inp @ w^T + bias, act = gelu(up): under bf16 one cuBLASLt GEMM whose epilogue adds
- * the bias, keeps the pre-activation in up and writes gelu of it to act (its leading dimension
- * must be a multiple of 8); otherwise linear_fwd then gelu_fwd. */
-static void cu_linear_gelu_fwd(const ust_ops *o, act *up_, act *out_, const act *inp_,
-                               const float *w, const float *bias, int N, int C, int OC) {
-    float *up = (float *)up_;
-    float *out = (float *)out_;
-    const float *inp = (const float *)inp_;
-    if (CUDA_IMPL(o)->bf16 && N > 0 && C > 0 && OC % 8 == 0) {
-        __nv_bfloat16 *a16, *b16;
-        bf16_inputs(o, inp, C, 0, w, C, 0, N, OC, C, 0, 1, 1, &a16, &b16);
-        if (lt_gemm(o, out, OC, 0, a16, C, 0, b16, C, 0, N, OC, C, 0, 1, 1.0f, 0.0f, 1, bias,
-                    up) == 0)
+ * the bias, keeps the pre-activation in up (bf16, as D) and writes gelu of the fp32 result to out
+ * (its leading dimension must be a multiple of 8); otherwise linear_fwd then gelu_fwd. */
+static void cu_linear_gelu_fwd(const ust_ops *o, act *up, act *out, const act *inp, const float *w,
+                               const float *bias, int N, int C, int OC) {
+    if (o->act_size == 2 && N > 0 && C > 0 && OC % 8 == 0) {
+        const bf16 *w16 = to_bf16(o, SCR_B, w, (int64_t)OC * C);
+        if (lt_gemm(o, out, CUDA_R_16BF, OC, 0, (const bf16 *)inp, C, 0, w16, C, 0, N, OC, C, 0, 1,
+                    1.0f, 0.0f, 1, bias, up) == 0)
             return;
     }
     cu_linear_fwd(o, up, inp, w, bias, N, C, OC);
     cu_gelu_fwd(o, out, up, (int64_t)N * OC);
 }
 
-static void cu_swiglu_fwd(const ust_ops *o, act *out_, const act *gate_, const act *up_,
-                          int64_t n) {
-    float *out = (float *)out_;
-    const float *gate = (const float *)gate_;
-    const float *up = (const float *)up_;
-    EW_LAUNCH(k_swiglu_fwd, n, out, gate, up, n);
+static void cu_swiglu_fwd(const ust_ops *o, act *out, const act *gate, const act *up, int64_t n) {
+    ACT_EW_LAUNCH(k_swiglu_fwd, n, out, gate, up, n);
 }
-static void cu_swiglu_bwd(const ust_ops *o, act *dgate_, act *dup_, const act *dout_,
-                          const act *gate_, const act *up_, int64_t n) {
-    float *dgate = (float *)dgate_;
-    float *dup = (float *)dup_;
-    const float *dout = (const float *)dout_;
-    const float *gate = (const float *)gate_;
-    const float *up = (const float *)up_;
+static void cu_swiglu_bwd(const ust_ops *o, act *dgate, act *dup, const act *dout, const act *gate,
+                          const act *up, int64_t n) {
     if (!dgate && !dup) return;
-    EW_LAUNCH(k_swiglu_bwd, n, dgate, dup, dout, gate, up, n);
+    ACT_EW_LAUNCH(k_swiglu_bwd, n, dgate, dup, dout, gate, up, n);
 }
 
 /* ---------------------------------------------------------------- RoPE */
 
 /* One thread per (token r, pair i): the angle pos * theta^(-2i/D) in double (as the CPU
  * backend), then the rotation of pair (i, i + D/2) of every head. sign = -1 is the inverse. */
-__global__ void k_rope(float *out, const float *inp, const int32_t *pos, int64_t rows, int T,
-                       int H, int D, float theta, double sign) {
+template <typename T>
+__global__ void k_rope(act *out_, const act *inp_, const int32_t *pos, int64_t rows, int Tn, int H,
+                       int D, float theta, double sign) {
+    T *out = (T *)out_;
+    const T *inp = (const T *)inp_;
     int half = D / 2;
     int64_t n = rows * half;
     for (int64_t x = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; x < n;
          x += (int64_t)gridDim.x * blockDim.x) {
         int64_t r = x / half;
-        int i = (int)(x % half), t = (int)(r % T);
+        int i = (int)(x % half), t = (int)(r % Tn);
         double p = pos ? pos[t] : t;
         double a = p * pow((double)theta, -2.0 * i / D);
         float cs = (float)cos(a), sn = (float)(sign * sin(a));
         for (int h = 0; h < H; h++) {
             int64_t base = (r * H + h) * D;
-            float x1 = inp[base + i], x2 = inp[base + i + half];
-            out[base + i] = x1 * cs - x2 * sn;
-            out[base + i + half] = x2 * cs + x1 * sn;
+            float x1 = ld_act(inp, base + i), x2 = ld_act(inp, base + i + half);
+            st_act(out, base + i, x1 * cs - x2 * sn);
+            st_act(out, base + i + half, x2 * cs + x1 * sn);
         }
     }
 }
 
-static void cu_rope_fwd(const ust_ops *o, act *out_, const act *inp_, const int32_t *pos, int B,
+static void cu_rope_fwd(const ust_ops *o, act *out, const act *inp, const int32_t *pos, int B,
                         int T, int H, int D, float theta) {
-    float *out = (float *)out_;
-    const float *inp = (const float *)inp_;
     int64_t rows = (int64_t)B * T;
-    EW_LAUNCH(k_rope, rows * (D / 2), out, inp, pos, rows, T, H, D, theta, 1.0);
+    ACT_EW_LAUNCH(k_rope, rows * (D / 2), out, inp, pos, rows, T, H, D, theta, 1.0);
 }
 
-static void cu_rope_bwd(const ust_ops *o, act *dinp_, const act *dout_, const int32_t *pos,
-                        int B, int T, int H, int D, float theta) {
-    float *dinp = (float *)dinp_;
-    const float *dout = (const float *)dout_;
+static void cu_rope_bwd(const ust_ops *o, act *dinp, const act *dout, const int32_t *pos, int B,
+                        int T, int H, int D, float theta) {
     int64_t rows = (int64_t)B * T;
-    EW_LAUNCH(k_rope, rows * (D / 2), dinp, dout, pos, rows, T, H, D, theta, -1.0);
+    ACT_EW_LAUNCH(k_rope, rows * (D / 2), dinp, dout, pos, rows, T, H, D, theta, -1.0);
 }
 
 /* ---------------------------------------------------------------- cross-entropy */
@@ -806,72 +840,72 @@ static void cu_rope_bwd(const ust_ops *o, act *dinp_, const act *dout_, const in
 /* One block per row. Everything read from a row is read before the barrier inside the last
  * block_sum, and each element is then rewritten by the thread that reads it, so dlogits may
  * alias logits. A target outside [0, v_real) other than the ignore marker gives a NaN loss. */
-__global__ void k_xent(float *losses, float *dlogits, const float *logits, const int32_t *targets,
+template <typename T>
+__global__ void k_xent(float *losses, act *dlogits, const act *logits, const int32_t *targets,
                        int V, int v_real, float dscale) {
     __shared__ float sh[32];
     int64_t n = blockIdx.x;
-    const float *x = logits + n * V;
-    float *dx = dlogits ? dlogits + n * V : NULL;
+    const T *x = (const T *)logits + n * V;
+    T *dx = dlogits ? (T *)dlogits + n * V : NULL;
     int tgt = targets[n];
     if (tgt < 0) {
         if (losses && threadIdx.x == 0) losses[n] = 0.0f;
         if (dx)
-            for (int c = threadIdx.x; c < V; c += blockDim.x) dx[c] = 0.0f;
+            for (int c = threadIdx.x; c < V; c += blockDim.x) st_act(dx, c, 0.0f);
         return;
     }
     float mx = -INFINITY;
-    for (int c = threadIdx.x; c < v_real; c += blockDim.x) mx = fmaxf(mx, x[c]);
+    for (int c = threadIdx.x; c < v_real; c += blockDim.x) mx = fmaxf(mx, ld_act(x, c));
     mx = block_max(mx, sh);
-    float xt = tgt < v_real ? x[tgt] : NAN;
+    float xt = tgt < v_real ? ld_act(x, tgt) : NAN;
     float s = 0.0f;
-    for (int c = threadIdx.x; c < v_real; c += blockDim.x) s += expf(x[c] - mx);
+    for (int c = threadIdx.x; c < v_real; c += blockDim.x) s += expf(ld_act(x, c) - mx);
     s = block_sum(s, sh);
     if (losses && threadIdx.x == 0) losses[n] = logf(s) + mx - xt;
     if (!dx) return;
     float inv = 1.0f / s;
     for (int c = threadIdx.x; c < V; c += blockDim.x) {
         float d = 0.0f;
-        if (c < v_real) d = (expf(x[c] - mx) * inv - (c == tgt ? 1.0f : 0.0f)) * dscale;
-        dx[c] = d;
+        if (c < v_real) d = (expf(ld_act(x, c) - mx) * inv - (c == tgt ? 1.0f : 0.0f)) * dscale;
+        st_act(dx, c, d);
     }
 }
 
-static void cu_xent_fwd_bwd(const ust_ops *o, float *losses, act *dlogits_, const act *logits_,
+static void cu_xent_fwd_bwd(const ust_ops *o, float *losses, act *dlogits, const act *logits,
                             const int32_t *targets, int N, int V, int v_real, float dscale) {
-    float *dlogits = (float *)dlogits_;
-    const float *logits = (const float *)logits_;
     UST_ASSERT(v_real > 0 && v_real <= V, "v_real=%d must be in 1..V=%d", v_real, V);
     if (N <= 0) return;
-    k_xent<<<N, V >= 4096 ? 512 : 128, 0, STREAM(o)>>>(losses, dlogits, logits, targets, V, v_real,
-                                                       dscale);
-    CK_LAUNCH();
+    ACT_LAUNCH(o, k_xent, N, V >= 4096 ? 512 : 128, 0, losses, dlogits, logits, targets, V, v_real,
+               dscale);
 }
 
 /* Vocabulary-parallel cross-entropy: this shard holds global columns [v_start, v_start + V), the
  * first `real` of them real. Local pass: per row the log-sum-exp over the real local columns
  * (-inf when none) and the target's logit when the target is local (else 0). */
-__global__ void k_xent_vp_local(float *lse, float *tlogit, const float *logits,
+template <typename T>
+__global__ void k_xent_vp_local(float *lse, float *tlogit, const act *logits,
                                 const int32_t *targets, int V, int v_start, int real) {
     __shared__ float sh[32];
     int64_t n = blockIdx.x;
-    const float *x = logits + n * V;
+    const T *x = (const T *)logits + n * V;
     float mx = -INFINITY;
-    for (int c = threadIdx.x; c < real; c += blockDim.x) mx = fmaxf(mx, x[c]);
+    for (int c = threadIdx.x; c < real; c += blockDim.x) mx = fmaxf(mx, ld_act(x, c));
     mx = block_max(mx, sh);
     float s = 0.0f;
-    for (int c = threadIdx.x; c < real; c += blockDim.x) s += expf(x[c] - mx);
+    for (int c = threadIdx.x; c < real; c += blockDim.x) s += expf(ld_act(x, c) - mx);
     s = block_sum(s, sh);
     if (threadIdx.x == 0) {
         int t = targets[n], local = t - v_start;
         lse[n] = real > 0 ? mx + logf(s) : -INFINITY;
-        tlogit[n] = t >= 0 && local >= 0 && local < real ? x[local] : 0.0f;
+        tlogit[n] = t >= 0 && local >= 0 && local < real ? ld_act(x, local) : 0.0f;
     }
 }
 
 /* After the shards' lse were merged and tlogits summed: losses = lse - tlogit, and dlogits =
  * (softmax - onehot) dscale on the local columns (0 on padding and ignored rows). Each element
  * is read and rewritten by one thread, so dlogits may alias logits. */
-__global__ void k_xent_vp_finish(float *losses, float *dlogits, const float *logits,
+template <typename T>
+__global__ void k_xent_vp_finish(float *losses, act *dlogits, const act *logits,
                                  const int32_t *targets, const float *lse, const float *tlogit,
                                  int V, int v_start, int real, float dscale) {
     int64_t n = blockIdx.x;
@@ -879,11 +913,11 @@ __global__ void k_xent_vp_finish(float *losses, float *dlogits, const float *log
     float L = lse[n];
     if (losses && threadIdx.x == 0) losses[n] = ignored ? 0.0f : L - tlogit[n];
     if (!dlogits) return;
-    const float *x = logits + n * V;
-    float *dx = dlogits + n * V;
+    const T *x = (const T *)logits + n * V;
+    T *dx = (T *)dlogits + n * V;
     for (int c = threadIdx.x; c < V; c += blockDim.x) {
-        float p = c < real && !ignored ? expf(x[c] - L) : 0.0f;
-        dx[c] = ignored ? 0.0f : (p - (c == local ? 1.0f : 0.0f)) * dscale;
+        float p = c < real && !ignored ? expf(ld_act(x, c) - L) : 0.0f;
+        st_act(dx, c, ignored ? 0.0f : (p - (c == local ? 1.0f : 0.0f)) * dscale);
     }
 }
 
@@ -892,34 +926,27 @@ static int vp_real_columns(int V, int v_start, int v_real) {
     return n < 0 ? 0 : n > V ? V : n;
 }
 
-static void cu_xent_vp_local(const ust_ops *o, float *lse, float *tlogit, const act *logits_,
+static void cu_xent_vp_local(const ust_ops *o, float *lse, float *tlogit, const act *logits,
                              const int32_t *targets, int N, int V, int v_start, int v_real) {
-    const float *logits = (const float *)logits_;
     if (N <= 0) return;
-    k_xent_vp_local<<<N, V >= 4096 ? 512 : 128, 0, STREAM(o)>>>(
-        lse, tlogit, logits, targets, V, v_start, vp_real_columns(V, v_start, v_real));
-    CK_LAUNCH();
+    ACT_LAUNCH(o, k_xent_vp_local, N, V >= 4096 ? 512 : 128, 0, lse, tlogit, logits, targets, V,
+               v_start, vp_real_columns(V, v_start, v_real));
 }
 
-static void cu_xent_vp_finish(const ust_ops *o, float *losses, act *dlogits_,
-                              const act *logits_, const int32_t *targets, const float *lse,
-                              const float *tlogit, int N, int V, int v_start, int v_real,
-                              float dscale) {
-    float *dlogits = (float *)dlogits_;
-    const float *logits = (const float *)logits_;
+static void cu_xent_vp_finish(const ust_ops *o, float *losses, act *dlogits, const act *logits,
+                              const int32_t *targets, const float *lse, const float *tlogit, int N,
+                              int V, int v_start, int v_real, float dscale) {
     if (N <= 0) return;
-    k_xent_vp_finish<<<N, V >= 4096 ? 512 : 128, 0, STREAM(o)>>>(
-        losses, dlogits, logits, targets, lse, tlogit, V, v_start,
-        vp_real_columns(V, v_start, v_real), dscale);
-    CK_LAUNCH();
+    ACT_LAUNCH(o, k_xent_vp_finish, N, V >= 4096 ? 512 : 128, 0, losses, dlogits, logits, targets,
+               lse, tlogit, V, v_start, vp_real_columns(V, v_start, v_real), dscale);
 }
 
 /* ---------------------------------------------------------------- optimizer */
 
 /* One element of AdamW (the CPU backend's formula, operation for operation). */
 __device__ __forceinline__ void adamw_one(float *p, float grad, float *m, float *v, float lr,
-                                          float b1, float b2, float eps, float wd,
-                                          float grad_scale, float bc1, float bc2) {
+                                          float b1, float b2, float eps, float wd, float grad_scale,
+                                          float bc1, float bc2) {
     float g = grad * grad_scale;
     float mi = b1 * *m + (1.0f - b1) * g;
     float vi = b2 * *v + (1.0f - b2) * g * g;
@@ -1045,11 +1072,8 @@ static void cu_sumsq_many(const ust_ops *o, const float *grad, const ops_segment
 
 /* ---------------------------------------------------------------- elementwise, reductions */
 
-static void cu_add(const ust_ops *o, act *out_, const act *a_, const act *b_, int64_t n) {
-    float *out = (float *)out_;
-    const float *a = (const float *)a_;
-    const float *b = (const float *)b_;
-    EW_LAUNCH(k_add, n, out, a, b, n);
+static void cu_add(const ust_ops *o, act *out, const act *a, const act *b, int64_t n) {
+    ACT_EW_LAUNCH(k_add, n, out, a, b, n);
 }
 static void cu_axpy(const ust_ops *o, float *y, float a, const float *x, int64_t n) {
     EW_LAUNCH(k_axpy, n, y, a, x, n);
@@ -1097,56 +1121,22 @@ static double reduce(const ust_ops *o, const float *x, int64_t n, int square) {
 static double cu_sumsq(const ust_ops *o, const float *x, int64_t n) { return reduce(o, x, n, 1); }
 static double cu_sum(const ust_ops *o, const float *x, int64_t n) { return reduce(o, x, n, 0); }
 
-/* ---------------------------------------------------------------- attention (attention.cu) */
-
-static void cu_attention_fwd(const ust_ops *o, act *out_, float *lse, const act *q_,
-                             const act *k_, const act *v_, int B, int Tq, int Tk, int H, int Hkv,
-                             int D, const int32_t *q_pos, const int32_t *k_pos, int causal) {
-    float *out = (float *)out_;
-    const float *q = (const float *)q_;
-    const float *k = (const float *)k_;
-    const float *v = (const float *)v_;
-    cuda_attention_fwd(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal);
-}
-
-static void cu_attention_bwd(const ust_ops *o, act *dq_, act *dk_, act *dv_, const act *dout_,
-                             const act *out_, const float *lse, const act *q_, const act *k_,
-                             const act *v_, int B, int Tq, int Tk, int H, int Hkv, int D,
-                             const int32_t *q_pos, const int32_t *k_pos, int causal) {
-    float *dq = (float *)dq_;
-    float *dk = (float *)dk_;
-    float *dv = (float *)dv_;
-    const float *dout = (const float *)dout_;
-    const float *out = (const float *)out_;
-    const float *q = (const float *)q_;
-    const float *k = (const float *)k_;
-    const float *v = (const float *)v_;
-    cuda_attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos,
-                       causal);
-}
-
-static void cu_attention_merge(const ust_ops *o, act *out_, float *lse, const act *out2_,
-                               const float *lse2, int B, int T, int H, int D) {
-    float *out = (float *)out_;
-    const float *out2 = (const float *)out2_;
-    cuda_attention_merge(o, out, lse, out2, lse2, B, T, H, D);
-}
-
 /* ---------------------------------------------------------------- mixture of experts */
 
 /* One thread per token: softmax over E, then k argmax passes (strict >, so ties go to the lower
  * index, as on the CPU), gates renormalized over the chosen k. */
+template <typename T>
 __global__ void k_moe_router_fwd(float *probs, float *lse, int32_t *topk, float *gate,
-                                 const float *logits, int N, int E, int k) {
+                                 const act *logits, int N, int E, int k) {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n >= N) return;
-    const float *x = logits + (int64_t)n * E;
+    const T *x = (const T *)logits + (int64_t)n * E;
     float *p = probs + (int64_t)n * E;
     float mx = -INFINITY, sum = 0.0f;
-    for (int e = 0; e < E; e++) mx = fmaxf(mx, x[e]);
-    for (int e = 0; e < E; e++) sum += expf(x[e] - mx);
+    for (int e = 0; e < E; e++) mx = fmaxf(mx, ld_act(x, e));
+    for (int e = 0; e < E; e++) sum += expf(ld_act(x, e) - mx);
     float inv = 1.0f / sum;
-    for (int e = 0; e < E; e++) p[e] = expf(x[e] - mx) * inv;
+    for (int e = 0; e < E; e++) p[e] = expf(ld_act(x, e) - mx) * inv;
     if (lse) lse[n] = mx + logf(sum);
     int32_t *sel = topk + (int64_t)n * k;
     float s = 0.0f;
@@ -1174,118 +1164,124 @@ __global__ void k_moe_colsum(float *psum, const float *probs, int N, int E) {
 }
 
 static void cu_moe_router_fwd(const ust_ops *o, float *probs, float *lse, int32_t *topk,
-                              float *gate, float *psum, const act *logits_, int N, int E, int k) {
-    const float *logits = (const float *)logits_;
-    if (N > 0) {
-        k_moe_router_fwd<<<(N + 127) / 128, 128, 0, STREAM(o)>>>(probs, lse, topk, gate, logits, N,
-                                                                 E, k);
-        CK_LAUNCH();
-    }
+                              float *gate, float *psum, const act *logits, int N, int E, int k) {
+    if (N > 0)
+        ACT_LAUNCH(o, k_moe_router_fwd, (N + 127) / 128, 128, 0, probs, lse, topk, gate, logits, N,
+                   E, k);
     if (psum) {
         k_moe_colsum<<<E, 256, 0, STREAM(o)>>>(psum, probs, N, E);
         CK_LAUNCH();
     }
 }
 
-/* One thread per token; dlogits holds dprobs first (see ops.h). */
-__global__ void k_moe_router_bwd(float *dlogits, const float *dgate, const float *probs,
+/* dprobs[e] of one token (see ops.h): aux_dp[e] plus, when e was chosen as the token's j-th
+ * expert, the renormalization's backward (dg[j] - dot) / s. */
+__device__ __forceinline__ float router_dprob(int e, const float *aux_dp, const int32_t *sel,
+                                              const float *dg, int k, float dot, float s) {
+    float d = aux_dp ? aux_dp[e] : 0.0f;
+    if (dg)
+        for (int j = 0; j < k; j++)
+            if (sel[j] == e) d += (dg[j] - dot) / s;
+    return d;
+}
+
+/* One thread per token. dprobs is recomputed per expert rather than kept in dlogits, which may
+ * be bf16: only the final gradient is rounded. */
+template <typename T>
+__global__ void k_moe_router_bwd(act *dlogits, const float *dgate, const float *probs,
                                  const float *lse, const int32_t *topk, const float *gate,
                                  const float *aux_dp, float zscale, int N, int E, int k) {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n >= N) return;
     const float *p = probs + (int64_t)n * E;
-    float *d = dlogits + (int64_t)n * E;
-    for (int e = 0; e < E; e++) d[e] = aux_dp ? aux_dp[e] : 0.0f;
-    if (dgate) {
-        const int32_t *sel = topk + (int64_t)n * k;
-        const float *dg = dgate + (int64_t)n * k, *g = gate + (int64_t)n * k;
-        float s = 0.0f, dot = 0.0f;
+    T *d = (T *)dlogits + (int64_t)n * E;
+    const int32_t *sel = topk + (int64_t)n * k;
+    const float *dg = dgate ? dgate + (int64_t)n * k : NULL, *g = gate + (int64_t)n * k;
+    float s = 0.0f, dot = 0.0f;
+    if (dg)
         for (int j = 0; j < k; j++) s += p[sel[j]], dot += dg[j] * g[j];
-        for (int j = 0; j < k; j++) d[sel[j]] += (dg[j] - dot) / s;
-    }
     float pd = 0.0f;
-    for (int e = 0; e < E; e++) pd += p[e] * d[e];
+    for (int e = 0; e < E; e++) pd += p[e] * router_dprob(e, aux_dp, sel, dg, k, dot, s);
     float z = lse && zscale != 0.0f ? zscale * lse[n] : 0.0f;
-    for (int e = 0; e < E; e++) d[e] = p[e] * (d[e] - pd + z);
+    for (int e = 0; e < E; e++)
+        st_act(d, e, p[e] * (router_dprob(e, aux_dp, sel, dg, k, dot, s) - pd + z));
 }
 
-static void cu_moe_router_bwd(const ust_ops *o, act *dlogits_, const float *dgate,
+static void cu_moe_router_bwd(const ust_ops *o, act *dlogits, const float *dgate,
                               const float *probs, const float *lse, const int32_t *topk,
                               const float *gate, const float *aux_dp, float zscale, int N, int E,
                               int k) {
-    float *dlogits = (float *)dlogits_;
     if (N <= 0) return;
-    k_moe_router_bwd<<<(N + 127) / 128, 128, 0, STREAM(o)>>>(dlogits, dgate, probs, lse, topk, gate,
-                                                             aux_dp, zscale, N, E, k);
-    CK_LAUNCH();
+    ACT_LAUNCH(o, k_moe_router_bwd, (N + 127) / 128, 128, 0, dlogits, dgate, probs, lse, topk, gate,
+               aux_dp, zscale, N, E, k);
 }
 
-__global__ void k_moe_gather(float *out, const float *inp, const int32_t *src, const float *scale,
+template <typename T>
+__global__ void k_moe_gather(act *out_, const act *inp_, const int32_t *src, const float *scale,
                              int M, int C, int div) {
+    T *out = (T *)out_;
+    const T *inp = (const T *)inp_;
     int64_t n = (int64_t)M * C;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         int64_t r = i / C, c = i % C;
         int32_t a = src[r];
-        out[i] = (scale ? scale[a] : 1.0f) * inp[(int64_t)(a / div) * C + c];
+        st_act(out, i, (scale ? scale[a] : 1.0f) * ld_act(inp, (int64_t)(a / div) * C + c));
     }
 }
 
-static void cu_moe_gather(const ust_ops *o, act *out_, const act *inp_, const int32_t *src,
+static void cu_moe_gather(const ust_ops *o, act *out, const act *inp, const int32_t *src,
                           const float *scale, int M, int C, int div) {
-    float *out = (float *)out_;
-    const float *inp = (const float *)inp_;
-    EW_LAUNCH(k_moe_gather, (int64_t)M * C, out, inp, src, scale, M, C, div);
+    ACT_EW_LAUNCH(k_moe_gather, (int64_t)M * C, out, inp, src, scale, M, C, div);
 }
 
 /* One thread per output element, summing the token's k rows in j order (no atomics). */
-__global__ void k_moe_combine(float *out, const float *rows, const int32_t *pos, const float *gate,
+template <typename T>
+__global__ void k_moe_combine(act *out_, const act *rows_, const int32_t *pos, const float *gate,
                               int N, int k, int C, int acc) {
+    T *out = (T *)out_;
+    const T *rows = (const T *)rows_;
     int64_t n = (int64_t)N * C;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         int64_t t = i / C, c = i % C;
-        float y = acc ? out[i] : 0.0f;
+        float y = acc ? ld_act(out, i) : 0.0f;
         for (int j = 0; j < k; j++) {
             int64_t a = t * k + j;
             if (pos[a] < 0) continue;
-            y += (gate ? gate[a] : 1.0f) * rows[(int64_t)pos[a] * C + c];
+            y += (gate ? gate[a] : 1.0f) * ld_act(rows, (int64_t)pos[a] * C + c);
         }
-        out[i] = y;
+        st_act(out, i, y);
     }
 }
 
-static void cu_moe_combine(const ust_ops *o, act *out_, const act *rows_, const int32_t *pos,
+static void cu_moe_combine(const ust_ops *o, act *out, const act *rows, const int32_t *pos,
                            const float *gate, int N, int k, int C, int acc) {
-    float *out = (float *)out_;
-    const float *rows = (const float *)rows_;
-    EW_LAUNCH(k_moe_combine, (int64_t)N * C, out, rows, pos, gate, N, k, C, acc);
+    ACT_EW_LAUNCH(k_moe_combine, (int64_t)N * C, out, rows, pos, gate, N, k, C, acc);
 }
 
 /* One warp per assignment: a dot product of C, reduced by a fixed shuffle tree. */
-__global__ void k_moe_gate_grad(float *dgate, const float *dout, const float *rows,
-                                const int32_t *pos, int64_t A, int k, int C) {
+template <typename T>
+__global__ void k_moe_gate_grad(float *dgate, const act *dout, const act *rows, const int32_t *pos,
+                                int64_t A, int k, int C) {
     int64_t a = blockIdx.x * (int64_t)(blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x & 31;
     if (a >= A) return; /* whole warps leave together: A is warp-uniform */
     int32_t r = pos[a];
     float s = 0.0f;
     if (r >= 0) {
-        const float *g = dout + (a / k) * C, *x = rows + (int64_t)r * C;
-        for (int c = lane; c < C; c += 32) s += g[c] * x[c];
+        const T *g = (const T *)dout + (a / k) * C, *x = (const T *)rows + (int64_t)r * C;
+        for (int c = lane; c < C; c += 32) s += ld_act(g, c) * ld_act(x, c);
     }
     s = warp_sum(s);
     if (lane == 0) dgate[a] = s;
 }
 
-static void cu_moe_gate_grad(const ust_ops *o, float *dgate, const act *dout_, const act *rows_,
+static void cu_moe_gate_grad(const ust_ops *o, float *dgate, const act *dout, const act *rows,
                              const int32_t *pos, int N, int k, int C) {
-    const float *dout = (const float *)dout_;
-    const float *rows = (const float *)rows_;
     int64_t A = (int64_t)N * k;
     if (A <= 0) return;
-    k_moe_gate_grad<<<(int)((A + 7) / 8), 256, 0, STREAM(o)>>>(dgate, dout, rows, pos, A, k, C);
-    CK_LAUNCH();
+    ACT_LAUNCH(o, k_moe_gate_grad, (int)((A + 7) / 8), 256, 0, dgate, dout, rows, pos, A, k, C);
 }
 
 /* ---------------------------------------------------------------- lifetime */
@@ -1313,6 +1309,7 @@ extern "C" void ops_cuda_set_bf16(ust_ops *o, int on) {
     UST_ASSERT(o && strcmp(o->name, "cuda") == 0, "ops_cuda_set_bf16 on a %s backend",
                o ? o->name : "NULL");
     CUDA_IMPL(o)->bf16 = on != 0;
+    o->act_size = on ? 2 : 4; /* bf16 activations: every act of ops.h is __nv_bfloat16 */
 }
 
 extern "C" void *ops_cuda_stream(const ust_ops *o) { return (void *)CUDA_IMPL(o)->stream; }
@@ -1406,9 +1403,9 @@ extern "C" ust_ops *ops_cuda_create(int device, ust_err *e) {
     o->swiglu_bwd = cu_swiglu_bwd;
     o->rope_fwd = cu_rope_fwd;
     o->rope_bwd = cu_rope_bwd;
-    o->attention_fwd = cu_attention_fwd;
-    o->attention_bwd = cu_attention_bwd;
-    o->attention_merge = cu_attention_merge;
+    o->attention_fwd = cuda_attention_fwd;
+    o->attention_bwd = cuda_attention_bwd;
+    o->attention_merge = cuda_attention_merge;
     o->xent_fwd_bwd = cu_xent_fwd_bwd;
     o->xent_vp_local = cu_xent_vp_local;
     o->xent_vp_finish = cu_xent_vp_finish;

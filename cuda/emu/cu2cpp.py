@@ -8,7 +8,7 @@ import sys
 
 src = open(sys.argv[1]).read()
 src = src.replace('extern __shared__ float sm[];', 'float *sm = (float *)emu_dyn_smem;')
-launch = re.compile(r'(\w+(?:<\w+>)?)<<<(.*?)>>>\((.*?)\);', re.S)
+launch = re.compile(r'(\w+(?:<[\w, ]+>)?)\s*<<<(.*?)>>>\((.*?)\);', re.S)
 # every pointer argument must be device memory (or null): checked once, at the launch
 src = launch.sub(lambda m: '(emu_check_args("%s", __func__, %s), emu_launch(%s, [=] { %s(%s); }));'
                  % (m.group(1), m.group(3), m.group(2), m.group(1), m.group(3)), src)

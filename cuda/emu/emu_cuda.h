@@ -191,6 +191,7 @@ inline float emu_bf2f(__nv_bfloat16 b) {
     memcpy(&f, &u, 4);
     return f;
 }
+inline float __bfloat162float(__nv_bfloat16 b) { return emu_bf2f(b); }
 
 /* cuBLAS */
 struct EmuBlas { cudaStream_t stream; };
@@ -206,8 +207,8 @@ inline cublasStatus_t cublasDestroy(cublasHandle_t h) { delete h; return CUBLAS_
 inline cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) { h->stream = s; return CUBLAS_STATUS_SUCCESS; }
 inline cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return CUBLAS_STATUS_SUCCESS; }
 inline void emu_gemm(int ta, int tb, int m, int n, int k, float alpha, const void *A, int abf, int lda,
-              long long sA, const void *B, int bbf, int ldb, long long sB, float beta, float *C,
-              int ldc, long long sC, int batch);
+              long long sA, const void *B, int bbf, int ldb, long long sB, float beta, void *C,
+              int cbf, int ldc, long long sC, int batch);
 /* A GEMM on stream s: like a kernel, after the stream's earlier work, with device memory open. */
 template <class F> inline void emu_gemm_on(cudaStream_t s, const void *A, const void *B, void *C, F f) {
     emu_note_launch();
@@ -223,7 +224,7 @@ inline cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublas
                                   int n, int k, const float *al, const float *A, int lda,
                                   const float *B, int ldb, const float *be, float *C, int ldc) {
     emu_gemm_calls[0]++;
-    emu_gemm_on(h->stream, A, B, C, [&] { emu_gemm(ta, tb, m, n, k, *al, A, 0, lda, 0, B, 0, ldb, 0, *be, C, ldc, 0, 1); });
+    emu_gemm_on(h->stream, A, B, C, [&] { emu_gemm(ta, tb, m, n, k, *al, A, 0, lda, 0, B, 0, ldb, 0, *be, C, 0, ldc, 0, 1); });
     return CUBLAS_STATUS_SUCCESS;
 }
 inline cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta,
@@ -233,7 +234,7 @@ inline cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperatio
                                                 const float *be, float *C, int ldc, long long sC,
                                                 int batch) {
     emu_gemm_calls[0]++;
-    emu_gemm_on(h->stream, A, B, C, [&] { emu_gemm(ta, tb, m, n, k, *al, A, 0, lda, sA, B, 0, ldb, sB, *be, C, ldc, sC, batch); });
+    emu_gemm_on(h->stream, A, B, C, [&] { emu_gemm(ta, tb, m, n, k, *al, A, 0, lda, sA, B, 0, ldb, sB, *be, C, 0, ldc, sC, batch); });
     return CUBLAS_STATUS_SUCCESS;
 }
 inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta,
@@ -241,20 +242,21 @@ inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperati
                                                  const void *al, const void *A, cudaDataType at,
                                                  int lda, long long sA, const void *B,
                                                  cudaDataType bt, int ldb, long long sB,
-                                                 const void *be, void *C, cudaDataType, int ldc,
+                                                 const void *be, void *C, cudaDataType ct, int ldc,
                                                  long long sC, int batch, cublasComputeType_t,
                                                  cublasGemmAlgo_t) {
     emu_gemm_calls[1]++;
     emu_gemm_on(h->stream, A, B, C, [&] {
         emu_gemm(ta, tb, m, n, k, *(const float *)al, A, at == CUDA_R_16BF, lda, sA, B,
-                 bt == CUDA_R_16BF, ldb, sB, *(const float *)be, (float *)C, ldc, sC, batch);
+                 bt == CUDA_R_16BF, ldb, sB, *(const float *)be, C, ct == CUDA_R_16BF, ldc, sC, batch);
     });
     return CUBLAS_STATUS_SUCCESS;
 }
 
 /* cuBLASLt */
 typedef void *cublasLtHandle_t;
-struct EmuLtDesc { int ta, tb, epilogue; const float *bias; float *aux; int64_t aux_ld; };
+/* bias_type / aux_type -1: unset, which cuBLASLt reads as D's type */
+struct EmuLtDesc { int ta, tb, epilogue; const void *bias; void *aux; int64_t aux_ld; int bias_type, aux_type; };
 struct EmuLtLayout { int type; uint64_t rows, cols; int64_t ld; int batch; int64_t stride; };
 typedef EmuLtDesc *cublasLtMatmulDesc_t;
 typedef EmuLtLayout *cublasLtMatrixLayout_t;
@@ -263,7 +265,8 @@ struct cublasLtMatmulAlgo_t { int dummy; };
 struct cublasLtMatmulHeuristicResult_t { cublasLtMatmulAlgo_t algo; };
 typedef enum { CUBLASLT_MATMUL_DESC_TRANSA, CUBLASLT_MATMUL_DESC_TRANSB, CUBLASLT_MATMUL_DESC_EPILOGUE,
                CUBLASLT_MATMUL_DESC_BIAS_POINTER, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-               CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD } cublasLtMatmulDescAttributes_t;
+               CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+               CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE } cublasLtMatmulDescAttributes_t;
 typedef enum { CUBLASLT_EPILOGUE_DEFAULT = 1, CUBLASLT_EPILOGUE_BIAS = 4, CUBLASLT_EPILOGUE_GELU = 32,
                CUBLASLT_EPILOGUE_GELU_AUX = 32 | 128, CUBLASLT_EPILOGUE_GELU_AUX_BIAS = 32 | 128 | 4 } cublasLtEpilogue_t;
 typedef enum { CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET } cublasLtMatrixLayoutAttribute_t;
@@ -274,15 +277,15 @@ inline cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) { *h = (void *)1; retu
 inline cublasStatus_t cublasLtDestroy(cublasLtHandle_t) { return CUBLAS_STATUS_SUCCESS; }
 inline cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t c, cudaDataType s) {
     if (c != CUBLAS_COMPUTE_32F || s != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
-    *d = new EmuLtDesc{0, 0, CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0};
+    *d = new EmuLtDesc{0, 0, CUBLASLT_EPILOGUE_DEFAULT, nullptr, nullptr, 0, -1, -1};
     return CUBLAS_STATUS_SUCCESS;
 }
 inline cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) { delete d; return CUBLAS_STATUS_SUCCESS; }
 inline cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void *v, size_t n) {
     if (a == CUBLASLT_MATMUL_DESC_BIAS_POINTER || a == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER) {
         if (n != sizeof(void *)) return CUBLAS_STATUS_NOT_SUPPORTED;
-        if (a == CUBLASLT_MATMUL_DESC_BIAS_POINTER) d->bias = *(const float *const *)v;
-        else d->aux = *(float *const *)v;
+        if (a == CUBLASLT_MATMUL_DESC_BIAS_POINTER) d->bias = *(const void *const *)v;
+        else d->aux = *(void *const *)v;
         return CUBLAS_STATUS_SUCCESS;
     }
     if (a == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD) {
@@ -292,7 +295,10 @@ inline cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cub
     }
     if (n != 4) return CUBLAS_STATUS_NOT_SUPPORTED; /* the enums are 32-bit */
     int x = *(const int32_t *)v;
-    if (a == CUBLASLT_MATMUL_DESC_EPILOGUE) {
+    if (a == CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE || a == CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE) {
+        if (x != CUDA_R_32F && x != CUDA_R_16BF) return CUBLAS_STATUS_NOT_SUPPORTED;
+        (a == CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE ? d->bias_type : d->aux_type) = x;
+    } else if (a == CUBLASLT_MATMUL_DESC_EPILOGUE) {
         if (x != CUBLASLT_EPILOGUE_DEFAULT && x != CUBLASLT_EPILOGUE_BIAS && x != CUBLASLT_EPILOGUE_GELU_AUX &&
             x != CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
             return CUBLAS_STATUS_NOT_SUPPORTED;
@@ -414,9 +420,16 @@ inline float emu_ld_el(const void *p, int bf, long long i) {
     return bf ? emu_bf2f(((const __nv_bfloat16 *)p)[i]) : ((const float *)p)[i];
 }
 
+inline void emu_st_el(void *p, int bf, long long i, float v) {
+    if (bf) ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
+    else ((float *)p)[i] = v;
+}
+
+/* C (fp32, or bf16 when cbf: read widened, the result rounded once on store) = alpha A B + beta C,
+ * with the sum of products accumulated at (at least) fp32 precision. */
 inline void emu_gemm(int ta, int tb, int m, int n, int k, float alpha, const void *A, int abf, int lda,
-              long long sA, const void *B, int bbf, int ldb, long long sB, float beta, float *C,
-              int ldc, long long sC, int batch) {
+              long long sA, const void *B, int bbf, int ldb, long long sB, float beta, void *C,
+              int cbf, int ldc, long long sC, int batch) {
     if (lda < (ta ? k : m) || ldb < (tb ? n : k) || ldc < m) { fprintf(stderr, "emu gemm: bad ld\n"); abort(); }
     for (int bt = 0; bt < batch; bt++)
         for (int j = 0; j < n; j++)
@@ -427,8 +440,9 @@ inline void emu_gemm(int ta, int tb, int m, int n, int k, float alpha, const voi
                     float bb = emu_ld_el(B, bbf, bt * sB + (tb ? j + (long long)l * ldb : l + (long long)j * ldb));
                     s += (double)a * bb;
                 }
-                float *c = C + bt * sC + i + (long long)j * ldc;
-                *c = beta == 0.0f ? (float)(alpha * s) : (float)(alpha * s + beta * *c);
+                long long c = bt * sC + i + (long long)j * ldc;
+                float v = beta == 0.0f ? (float)(alpha * s) : (float)(alpha * s + beta * emu_ld_el(C, cbf, c));
+                emu_st_el(C, cbf, c, v);
             }
 }
 
@@ -444,16 +458,28 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, c
     if ((has_bias && !d->bias) || ((has_bias || has_gelu) && la->batch != 1)) { fprintf(stderr, "emu lt: bias epilogue without a bias or with batches\n"); abort(); }
     /* like cuBLASLt: the aux buffer's leading dimension is a multiple of 8, at least D's rows */
     if (has_gelu && (!d->aux || d->aux_ld % 8 || d->aux_ld < (int64_t)m)) { fprintf(stderr, "emu lt: bad GELU aux buffer (ld %ld)\n", (long)d->aux_ld); abort(); }
+    const int dbf = lc->type == CUDA_R_16BF;
+    const int bias_bf = (d->bias_type < 0 ? lc->type : d->bias_type) == CUDA_R_16BF;
+    const int aux_bf = (d->aux_type < 0 ? lc->type : d->aux_type) == CUDA_R_16BF;
     emu_gemm_on(stream, A, B, D, [&] {
-        emu_gemm(d->ta, d->tb, (int)m, (int)n, (int)ka, *(const float *)alpha, A, la->type == CUDA_R_16BF, (int)la->ld, la->stride, B, lb->type == CUDA_R_16BF, (int)lb->ld, lb->stride, *(const float *)beta, (float *)D, (int)lc->ld, lc->stride, la->batch);
+        if (!has_bias && !has_gelu) {
+            emu_gemm(d->ta, d->tb, (int)m, (int)n, (int)ka, *(const float *)alpha, A, la->type == CUDA_R_16BF, (int)la->ld, la->stride, B, lb->type == CUDA_R_16BF, (int)lb->ld, lb->stride, *(const float *)beta, D, dbf, (int)lc->ld, lc->stride, la->batch);
+            return;
+        }
+        /* epilogues (batch 1): the product in fp32, then bias and GELU, D rounded once */
+        std::vector<float> x((size_t)m * n);
+        for (uint64_t j = 0; j < n; j++)
+            for (uint64_t i = 0; i < m; i++) x[i + j * m] = emu_ld_el(D, dbf, i + j * lc->ld);
+        emu_gemm(d->ta, d->tb, (int)m, (int)n, (int)ka, *(const float *)alpha, A, la->type == CUDA_R_16BF, (int)la->ld, la->stride, B, lb->type == CUDA_R_16BF, (int)lb->ld, lb->stride, *(const float *)beta, x.data(), 0, (int)m, 0, 1);
         for (uint64_t j = 0; j < n; j++)
             for (uint64_t i = 0; i < m; i++) {
-                float &x = ((float *)D)[i + j * lc->ld];
-                if (has_bias) x += d->bias[i]; /* one bias element per row of D */
+                float v = x[i + j * m];
+                if (has_bias) v += emu_ld_el(d->bias, bias_bf, i); /* one bias element per row of D */
                 if (has_gelu) { /* the tanh approximation, pre-activation kept in aux */
-                    d->aux[i + j * d->aux_ld] = x;
-                    x = 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+                    emu_st_el(d->aux, aux_bf, i + j * d->aux_ld, v);
+                    v = 0.5f * v * (1.0f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
                 }
+                emu_st_el(D, dbf, i + j * lc->ld, v);
             }
     });
     return CUBLAS_STATUS_SUCCESS;
