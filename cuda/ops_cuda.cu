@@ -1,8 +1,9 @@
 /* ops_cuda: the CUDA backend of ops.h, everything but attention (attention.cu).
  * One compute stream per backend; every op is enqueued on it and returns at once, except the
- * ones that hand a value to the host (to_host, sum, sumsq, sync). fp32 storage everywhere;
- * matmuls go to cuBLAS (fp32, no TF32) or, with bf16 on, to cuBLASLt on bf16 copies of the
- * inputs with fp32 accumulation and fp32 output.
+ * ones that hand a value to the host (to_host, sum, sumsq, sync). Activations are fp32, or bf16
+ * with bf16 on (act_size 2; kernels are templates on the storage type). Matmuls go to cuBLAS
+ * (fp32, no TF32) or, with bf16 on, to cuBLASLt on bf16 inputs (activations as stored, fp32
+ * parameters rounded into scratch) with fp32 accumulation.
  * Determinism: no atomics. Reductions over rows (bias, norm-weight and embedding gradients,
  * sum/sumsq) use fixed chunkings and fixed reduction trees, so a run repeats bit for bit on the
  * same GPU. Results differ from the CPU backend only by summation order (and expf/tanhf ulps). */

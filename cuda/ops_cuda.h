@@ -1,9 +1,9 @@
 /* ops_cuda: the CUDA backend of ops.h (kernels in cuda/, GEMMs through cuBLAS/cuBLASLt).
  * Contract: ops_cuda_create binds one GPU, makes one compute stream and enqueues every op on
- * it; to_host, sum, sumsq(_many) and sync wait for it. Storage is fp32 everywhere; with bf16
- * on, every GEMM (matmul, matmul_batched, linear_fwd/bwd, linear_gelu_fwd, and the GEMMs of the
- * default attention path) rounds its inputs to bf16 and accumulates in fp32 (cuBLASLt,
- * CUBLAS_COMPUTE_32F); every other op (softmax and log-sum-exp included) stays fp32.
+ * it; to_host, sum, sumsq(_many) and sync wait for it. Parameters, gradients and statistics
+ * are fp32; activations are fp32, or bf16 with bf16 on (ops_cuda_set_bf16), when every GEMM
+ * takes bf16 inputs and accumulates in fp32 (cuBLASLt, CUBLAS_COMPUTE_32F) and every other op
+ * computes in fp32 and rounds only what it stores.
  * Attention runs as cuBLAS GEMMs over chunks of materialized scores (default), or with
  * UST_CUDA_ATTENTION=flash as tiled flash-style kernels that keep nothing of size T x T;
  * UST_CUDA_ATTENTION_CHUNK=N fixes the queries per chunk of the GEMM path (both read at create).
@@ -28,7 +28,10 @@ extern "C" {
 ust_ops *ops_cuda_create(int device, ust_err *e);
 /* The compute stream (a cudaStream_t) every op is enqueued on, e.g. for comm_ctx_set_stream. */
 void *ops_cuda_stream(const ust_ops *o);
-/* Matmuls in bf16 (inputs rounded to bf16, fp32 accumulation and output) when on != 0. */
+/* bf16 when on != 0: act_size becomes 2 and every activation (ops.h's act) is stored as bf16
+ * (fp32 math inside the ops, rounded when stored), GEMMs take bf16 inputs with fp32
+ * accumulation (fp32 parameters rounded into scratch; matmul/matmul_batched keep fp32 C). Off:
+ * act_size 4 and fp32 throughout. */
 void ops_cuda_set_bf16(ust_ops *o, int on);
 /* Device memory as the backend sees it: its own scratch and workspaces outside the arena
  * (bytes), the device allocations it has made so far (arena blocks and scratch growth: none
