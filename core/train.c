@@ -353,6 +353,8 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile
         t->backend = ops_cpu_create(cfg->train.threads, rt->boot.local_world);
     }
     t->ops = profile ? ops_prof_create(t->backend) : t->backend;
+    UST_ASSERT(t->ops->act_size == cfg_act_size(cfg), "backend activations of %d bytes, plan %d",
+               t->ops->act_size, cfg_act_size(cfg)); /* the memory plan counts on it */
     mem_init(&t->arena, t->ops);
     /* dense gradients are summed over the ranks that hold the same shard and saw different
      * tokens: the data-parallel replicas and the context-parallel parts of each sequence */

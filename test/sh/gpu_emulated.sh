@@ -129,6 +129,35 @@ paste <(grep -o '"loss":[^,]*' $TMP/bf16/m.jsonl | cut -d: -f2) \
          END { if (n == 4 && worst < 2e-4) printf "PASS emu_bf16_cp2_ring_attention_follows_one_gpu (worst relative %.2g)\n", worst;
                else printf "FAIL emu_bf16_cp2_ring_attention_follows_one_gpu: %d steps, worst relative %.3g\n", n, worst }'
 
+# bf16 activations: `validate`'s plan (activations at 2 bytes, statistics at 4) equals the arena
+# rank 0 allocates, byte for byte, in layouts that move activations (tp+sp, cp, pp zb, ep)
+sed -e 's/n_layer: [0-9]*/n_layer: 2/' $TMP/llama.yaml >$TMP/plan.yaml
+plan_bf16() { # NAME WORLD SETS...
+    local name=$1 world=$2; shift 2
+    local plan got sets="--set run.device=cuda --set train.precision=bf16 --set train.steps=1"
+    plan=$($E/ustrain validate $TMP/plan.yaml $sets "$@" --world $world |
+        sed -n 's/.*total.*(\([0-9]*\) bytes).*/\1/p')
+    scripts/ustrun --nproc-per-node $world $E/ustrain train $TMP/plan.yaml $sets "$@" \
+        --set run.out_dir=$TMP/$name --set checkpoint.dir=$TMP/$name/ckpt --set checkpoint.every=0 \
+        --set checkpoint.resume=none --set logging.metrics_file=$TMP/$name.jsonl >$TMP/$name.out 2>&1 ||
+        { fail $name "run failed: $(tail -2 $TMP/$name.out)"; return; }
+    got=$(grep -o '"peak_mem_bytes":[0-9]*' $TMP/$name.jsonl | cut -d: -f2)
+    [ -n "$plan" ] && [ "$got" = "$plan" ] && pass $name || fail $name "arena $got bytes, plan $plan"
+}
+plan_bf16 emu_bf16_memory_plan_one_gpu 1
+plan_bf16 emu_bf16_memory_plan_tp2_sp 2 --set parallel.tp=2 --set parallel.sp=true
+plan_bf16 emu_bf16_memory_plan_cp2 2 --set parallel.cp=2
+plan_bf16 emu_bf16_memory_plan_pp2_zb 2 --set parallel.pp=2 --set parallel.pp_schedule=zb
+plan_bf16 emu_bf16_memory_plan_moe_ep2 2 --set model.moe.num_experts=4 --set model.moe.d_ff_expert=64 \
+    --set parallel.dp=2 --set parallel.ep=2
+# and the activations take half the fp32 plan's bytes (statistics aside)
+a32=$($E/ustrain validate $TMP/plan.yaml --set run.device=cuda --world 1 | sed -n 's/^  activations *\([0-9.]*\) KiB.*/\1/p')
+a16=$($E/ustrain validate $TMP/plan.yaml --set run.device=cuda --set train.precision=bf16 --world 1 |
+    sed -n 's/^  activations *\([0-9.]*\) KiB.*/\1/p')
+awk -v a="$a32" -v b="$a16" 'BEGIN { r = b / a; if (a > 0 && r > 0.48 && r < 0.56)
+    printf "PASS emu_bf16_activations_half_of_fp32 (%s of %s KiB)\n", b, a;
+    else printf "FAIL emu_bf16_activations_half_of_fp32: %s KiB vs fp32 %s KiB\n", b, a }'
+
 # memory: the arena and the backend's scratch are reported, and nothing is allocated on the
 # device once the first step has sized the scratch
 grep -qE '^device memory: arena .* backend scratch .* 0 device allocations after the first step' \
