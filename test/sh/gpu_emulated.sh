@@ -94,6 +94,19 @@ $EQ --name _emu_ckpt_cpu --config $TMP/llama.yaml --save-layout "dp=2" --resume-
 $EQ --name _emu_fault --config $TMP/llama.yaml --expect-fail --env UST_FAULT_DP_DROP_GRADS_RANK=1 \
     --layout "dp=2 zero=1 run.device=cuda"
 
+# bf16 activations across ranks: every layout against the one-GPU bf16 run, within bf16 rounding
+# (equiv.py --tolerance bf16), and a rank's lost gradients still caught
+B16="run.device=cuda train.precision=bf16"
+$EQ --name _emu_bf16 --config $TMP/llama.yaml --ref "$B16" --tolerance bf16 \
+    --layout "dp=2 zero=3 $B16" --layout "tp=2 sp=true $B16" --layout "cp=2 $B16" \
+    --layout "tp=2 pp=2 cp=2 $B16" --layout "pp=2 train.recompute=full $B16"
+$EQ --name _emu_bf16_gpt2 --config $TMP/gpt2.yaml --ref "$B16" --tolerance bf16 \
+    --layout "pp=2 sched=zb dp=2 zero=2 $B16" --layout "tp=2 $B16"
+$EQ --name _emu_bf16_moe --config $TMP/moe.yaml --ref "$B16" --tolerance bf16 \
+    --layout "dp=2 ep=2 tp=2 sp=true zero=1 $B16"
+$EQ --name _emu_bf16_fault --config $TMP/llama.yaml --ref "$B16" --tolerance bf16 --expect-fail \
+    --env UST_FAULT_DP_DROP_GRADS_RANK=1 --layout "dp=2 zero=1 $B16"
+
 # a machine without a GPU (EMU_GPUS=0): a CUDA config is a usage error at start-up
 EMU_GPUS=0 expect_exit emu_no_device_is_a_clear_error 2 'run.device = cuda: no CUDA device available' -- \
     $E/ustrain train $TMP/llama.yaml --set run.device=cuda --set checkpoint.resume=none
