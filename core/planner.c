@@ -84,7 +84,8 @@ int planner_intra_node(int stride, int size, int gpus_per_node) {
 
 /* ---------------------------------------------------------------- the step estimate */
 
-/* Every buffer ustrain communicates is fp32 (activations too: bf16 is only the matmul inputs). */
+/* Gradients travel in fp32; activations (tp, cp, pp, ep) in the run's activation type
+ * (cfg_act_size: bf16 on cuda under train.precision bf16). */
 #define BYTES 4.0
 
 /* DP: gradients of `params` over n ranks as ustrain's dp does it per ZeRO stage, m micro-batches:
@@ -112,7 +113,7 @@ void planner_estimate(const ust_config *c, const planner_hw *hw, planner_cost *o
     int m = cfg_grad_accum(c), gpn = hw->gpus_per_node;
     int full = c->train.recompute == RECOMPUTE_FULL, sp = p->sp && tp > 1;
     double B = c->train.micro_batch_size, T = c->train.seq_len, C = c->model.d_model;
-    double L = c->model.n_layer, Tl = T / cp;
+    double L = c->model.n_layer, Tl = T / cp, A = cfg_act_size(c);
     planner_sizes s;
     planner_model_sizes(c, &s);
     double layers = L / pp, moe_on = (double)s.n_moe / pp, dense_on = layers - moe_on;
@@ -150,26 +151,26 @@ void planner_estimate(const ust_config *c, const planner_hw *hw, planner_cost *o
      * reduce-scatters instead and gathers both norms' outputs again in backward (10). A MoE
      * layer only has attention's (4; sp: 8, its input gathered for the MLP). Full recompute
      * repeats the forward's (4, 4; MoE 2, 3). Embedding and lm_head: 4. */
-    double unit = planner_allgather_s(BYTES * B * Tl * C, tp, bw[PLAN_TP]);
+    double unit = planner_allgather_s(A * B * Tl * C, tp, bw[PLAN_TP]);
     double u_dense = (sp ? 10 : 8) + full * 4, u_moe = (sp ? 8 : 4) + full * (sp ? 3 : 2);
     o->group[PLAN_TP] = m * (dense_on * u_dense + moe_on * u_moe + 4) * unit;
 
     /* CP ring: the local K/V block goes around the group (n-1 hops) forward, K/V and their
      * gradients (twice the bytes) backward, once more forward under full recompute; the
      * allgather variant moves the same bytes */
-    double kv = BYTES * B * Tl * 2.0 * (c->model.n_kv_head / tp) * cfg_head_dim(c);
+    double kv = A * B * Tl * 2.0 * (c->model.n_kv_head / tp) * cfg_head_dim(c);
     o->group[PLAN_CP] = cp > 1 ? m * layers * (3 + full) * (cp - 1) * kv / bw[PLAN_CP] : 0;
 
     /* PP: each micro-batch crosses every chunk boundary forward (activations) and backward
      * (their gradients); under sp the residual stream is split over tp */
-    double act = BYTES * B * Tl * C / (sp ? tp : 1);
+    double act = A * B * Tl * C / (sp ? tp : 1);
     o->group[PLAN_PP] = pp > 1 ? 2.0 * v * m * act / bw[PLAN_PP] : 0;
 
     /* EP: every token (all of them on every tp rank) goes to its top_k experts and back, forward
      * and backward: four all-to-alls per MoE layer, two more under full recompute */
     double rows = B * Tl * c->model.moe.top_k;
     o->group[PLAN_EP] =
-        m * moe_on * (4 + 2 * full) * planner_alltoall_s(BYTES * rows * C, ep, bw[PLAN_EP]);
+        m * moe_on * (4 + 2 * full) * planner_alltoall_s(A * rows * C, ep, bw[PLAN_EP]);
 
     for (int g = 0; g < PLAN_NGROUPS; g++) o->comm += o->group[g];
     o->total = o->compute + o->bubble + o->comm;
