@@ -168,7 +168,7 @@ int main(int argc, char **argv) {
         tgt[i] = (int32_t)((x >> 20) % (uint64_t)c.model.vocab_size);
     }
     printf("bench_gpu: %s B=%d T=%d %s, %lld parameters, %.3g FLOP/token, arena %.2f GiB\n", shape,
-           B, T, bf16 ? "bf16 matmuls" : "fp32", (long long)n, model_flops_per_token(m),
+           B, T, bf16 ? "bf16 (activations, matmuls)" : "fp32", (long long)n, model_flops_per_token(m),
            arena.total / 1073741824.0);
     double t0 = 0.0, loss = 0.0;
     int warm = 2;

@@ -7,7 +7,7 @@
 #   3. test/sh/gpu_cuda.sh: configs/tiny.yaml for 10 steps on the GPU (fp32) and on the CPU,
 #      per-step losses compared; with 2+ GPUs the equivalence harness over NCCL,
 #   4. attention alone at GPT-2 shapes with each implementation (ms, TFLOP/s), then the GPT-2 124M
-#      benchmark at T=1024 with bf16 matmuls: tokens/s and MFU against 989 TFLOP/s (H100/H200
+#      benchmark at T=1024 in bf16 (activations and matmuls): tokens/s and MFU against 989 TFLOP/s (H100/H200
 #      SXM dense bf16), through build/bench_gpu (model forward+backward+AdamW directly, then a
 #      per-op breakdown of a step; again with the GEMM attention for comparison) and through
 #      `ustrain bench train` with run.device=cuda.
@@ -105,7 +105,7 @@ grep -q '^FAIL' /tmp/gpu-check-cuda.log && fail=1
 stage "attention alone at GPT-2 124M shapes, bf16: tensor-core kernels vs GEMMs vs CUDA-core flash"
 timeout 30 $BUILD/bench_gpu attention 8 1024 12 64 5 || { echo "FAIL bench_gpu attention"; fail=1; }
 
-stage "GPT-2 124M, T=1024, bf16 matmuls: $BUILD/bench_gpu (default attention: tensor-core kernels)"
+stage "GPT-2 124M, T=1024, bf16: $BUILD/bench_gpu (default attention: tensor-core kernels)"
 timeout 60 $BUILD/bench_gpu 8 1024 10 bf16 gpt2-124m 989
 rc=$?
 [ $rc -eq 0 ] || { echo "FAIL bench_gpu bf16: exit $rc"; fail=1; }

@@ -4,8 +4,10 @@
 #   - configs/tiny.yaml for 10 steps on the GPU in fp32 against the CPU run: per-step losses
 #     within 1e-4 relative (~100x the reassociation noise of 10 fp32 steps, far below what a
 #     wrong op gives);
+#   - the same in bf16: close to the fp32 losses (2e-2 relative), not equal;
 #   - with 2 or more GPUs, the equivalence harness over NCCL: dp/ZeRO, tp+sp, pp and cp on
-#     run.device=cuda (and dp x tp ZeRO-3, tp x pp with 4) against one CPU process.
+#     run.device=cuda (and dp x tp ZeRO-3, tp x pp with 4) against one CPU process, and the same
+#     layouts in bf16 against the one-GPU bf16 run.
 # Without a GPU, or in a build without CUDA, it says so on a SKIP line (and checks that a CUDA
 # config is refused there with exit 2). scripts/gpu-check.sh runs it on a GPU machine.
 . "$(dirname "$0")/../lib.sh"
@@ -41,6 +43,16 @@ paste <(grep -o '"loss":[^,]*' $TMP/cpu/m.jsonl | cut -d: -f2) \
          END { if (n == 10 && !bad) printf "PASS gpu_tiny_10_steps_fp32_match_cpu (worst %.2e)\n", worst
                else printf "FAIL gpu_tiny_10_steps_fp32_match_cpu: %d steps, worst relative %.3g\n", n, worst }'
 grep -h '^device memory' $TMP/cuda.log
+# bf16 (activations and matmuls): close to the fp32 run, not equal
+$UST train $TMP/t.yaml --set run.device=cuda --set train.precision=bf16 --set train.steps=10 \
+    --set checkpoint.resume=none --set checkpoint.every=0 --set run.out_dir=$TMP/bf16 \
+    --set logging.metrics_file=$TMP/bf16/m.jsonl >$TMP/bf16.log 2>&1 ||
+    fail gpu_tiny_train_bf16 "$(tail -2 $TMP/bf16.log)"
+paste <(grep -o '"loss":[^,]*' $TMP/cuda/m.jsonl | cut -d: -f2) \
+    <(grep -o '"loss":[^,]*' $TMP/bf16/m.jsonl | cut -d: -f2) |
+    awk '{ n++; d = $1 - $2; if (d < 0) d = -d; r = d / $1; if (r > worst) worst = r }
+         END { if (n == 10 && worst > 0 && worst < 2e-2) printf "PASS gpu_tiny_10_steps_bf16_close_to_fp32 (worst %.2e)\n", worst
+               else printf "FAIL gpu_tiny_10_steps_bf16_close_to_fp32: %d steps, worst relative %.3g\n", n, worst }'
 
 if [ "$ngpu" -lt 2 ]; then
     echo "SKIP gpu_cuda multi-GPU equivalence: $ngpu GPU (NCCL needs a GPU per rank)"
@@ -52,4 +64,12 @@ L=(--layout "dp=2 zero=1 run.device=cuda" --layout "tp=2 sp=true run.device=cuda
 python3 test/tools/equiv.py --name _gpu --steps 6 --config $TMP/t.yaml --set model.n_layer=2 \
     --set train.seq_len=64 --set train.global_batch_size=8 --set train.micro_batch_size=2 \
     --set data.val=null --set train.precision=fp32 "${L[@]}"
+# bf16 layouts against the one-GPU bf16 run (equiv.py --tolerance bf16 assumes lr 3e-3, 4 steps)
+B16="run.device=cuda train.precision=bf16"
+L=(--layout "dp=2 zero=1 $B16" --layout "tp=2 sp=true $B16" --layout "pp=2 $B16" --layout "cp=2 $B16")
+[ "$ngpu" -ge 4 ] && L+=(--layout "tp=2 pp=2 $B16")
+python3 test/tools/equiv.py --name _gpu_bf16 --steps 4 --config $TMP/t.yaml --set model.n_layer=2 \
+    --set train.seq_len=64 --set train.global_batch_size=8 --set train.micro_batch_size=2 \
+    --set data.val=null --set optimizer.lr=3.0e-3 --set optimizer.warmup_steps=2 \
+    --ref "$B16" --tolerance bf16 "${L[@]}"
 exit 0

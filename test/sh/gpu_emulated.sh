@@ -116,7 +116,7 @@ EMU_GPUS=1 UST_CUDA_ATTENTION=fast expect_exit emu_bad_attention_choice_exits_2 
     'UST_CUDA_ATTENTION=fast: expected auto, gemm, flash or tc' -- \
     $E/ustrain train $TMP/llama.yaml --set run.device=cuda --set checkpoint.resume=none
 
-# bf16 matmuls: close to the fp32 run, but not equal (the precision switch reaches the GEMMs)
+# bf16: close to the fp32 run, but not equal (the precision switch reaches the kernels)
 for p in fp32 bf16; do
     $E/ustrain train $TMP/llama.yaml --set run.device=cuda --set train.precision=$p \
         --set train.steps=4 --set run.out_dir=$TMP/$p --set checkpoint.dir=$TMP/$p/ckpt \

@@ -58,15 +58,16 @@ cat >"$TMP/graceful.sh" <<'EOS'
 trap 'echo "got USR1"; exit 0' USR1
 trap 'echo "got TERM"; exit 0' TERM
 echo ready
-for _ in $(seq 300); do sleep 0.1; done  # bounded, should this test go wrong
+for _ in $(seq 1200); do sleep 0.1; done  # bounded, should this test go wrong
 EOS
 for sig in USR1 TERM INT; do
     # No `timeout` wrapper here: it would take the signal itself. A watchdog bounds the wait.
     scripts/ustrun --nproc-per-node 2 bash "$TMP/graceful.sh" >"$TMP/o" 2>&1 &
     pid=$!
-    for _ in $(seq 50); do [ "$(grep -c ready "$TMP/o" 2>/dev/null)" = 2 ] && break; sleep 0.1; done
+    # generous bounds: on a loaded machine the ranks may take seconds to start
+    for _ in $(seq 600); do [ "$(grep -c ready "$TMP/o" 2>/dev/null)" = 2 ] && break; sleep 0.1; done
     kill -"$sig" $pid
-    for _ in $(seq 100); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
+    for _ in $(seq 600); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
     kill -0 $pid 2>/dev/null && kill -KILL $pid
     wait $pid; rc=$?
     want_line=$sig; [ $sig = INT ] && want_line=""
