@@ -408,7 +408,7 @@ static void alloc_activations(model *m, ust_arena *a) {
     m->datt = A(N * wide);
     m->dgate = m->llama ? A(N * F) : NULL;
     m->dup = A(N * F);
-    m->dact = A(N * F);
+    m->dact = m->llama ? A(N * F) : NULL; /* gpt2's GELU backward is fused (linear_gelu_bwd) */
     m->tgt = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
     m->pos = (int32_t *)cp_positions_device(&m->cp); /* the global positions of our tokens */
 }
@@ -850,7 +850,10 @@ static act *mlp_backward(model *m, int l, const act *dx, layer_acts *a, const la
     if (m->recompute == RECOMPUTE_SELECTIVE && !ws) mlp_activation(m, a);
     const act *gdx = tp_gather_grad(m->tp, dx);
     if (ws) save(m, ws->gmlp, gdx, (int64_t)N * C);
-    o->linear_bwd(o, m->dact, g->wd, g->bd, gdx, a->act, w->wd, N, F, C, 0);
+    if (m->llama)
+        o->linear_bwd(o, m->dact, g->wd, g->bd, gdx, a->act, w->wd, N, F, C, 0);
+    else /* gelu's backward fused in: straight to d up */
+        o->linear_gelu_bwd(o, m->dup, g->wd, g->bd, gdx, a->act, a->up, w->wd, N, F, C);
     const act *ln2 = tp_gather(m->tp, a->ln2); /* sp: gathered again rather than kept */
     if (m->llama) {
         o->swiglu_bwd(o, m->dgate, m->dup, m->dact, a->gate, a->up, NF);
@@ -858,7 +861,6 @@ static act *mlp_backward(model *m, int l, const act *dx, layer_acts *a, const la
         o->linear_bwd(o, m->dln, g->wg, NULL, m->dgate, ln2, w->wg, N, C, F, 1);
         if (ws) save(m, ws->dgate, m->dgate, NF);
     } else {
-        o->gelu_bwd(o, m->dup, a->up, m->dact, NF);
         o->linear_bwd(o, m->dln, g->wu, g->bu, m->dup, ln2, w->wu, N, C, F, 0);
     }
     if (ws) save(m, ws->dup, m->dup, NF);

@@ -77,8 +77,8 @@ struct ust_ops {
                           int N, int C);
     void (*rmsnorm_fwd)(const ust_ops *o, act *out, float *rstd, const act *inp, const float *w,
                         int N, int C, float eps);
-    void (*rmsnorm_bwd)(const ust_ops *o, act *dinp, float *dw, const act *dout,
-                        const act *inp, const float *w, const float *rstd, int N, int C);
+    void (*rmsnorm_bwd)(const ust_ops *o, act *dinp, float *dw, const act *dout, const act *inp,
+                        const float *w, const float *rstd, int N, int C);
 
     /* ---- activations, elementwise over n ---- */
     /* GPT-2's tanh approximation: 0.5x(1+tanh(sqrt(2/pi)(x+0.044715x^3))) */
@@ -86,20 +86,26 @@ struct ust_ops {
     void (*gelu_bwd)(const ust_ops *o, act *dinp, const act *inp, const act *dout, int64_t n);
     /* up(N,OC) = linear_fwd(inp, w, bias), act = gelu_fwd(up): gpt2's MLP up-projection, which
      * the GPU fuses into the GEMM's epilogue under bf16 */
-    void (*linear_gelu_fwd)(const ust_ops *o, act *up, act *out, const act *inp,
-                            const float *w, const float *bias, int N, int C, int OC);
+    void (*linear_gelu_fwd)(const ust_ops *o, act *up, act *out, const act *inp, const float *w,
+                            const float *bias, int N, int C, int OC);
+    /* Its backward through the down-projection that follows: dup(N,OC) = gelu_bwd(up, dout @ w)
+     * (overwritten), dw(C,OC) += dout^T @ inp, dbias(C) += column sums of dout, for
+     * dout(N,C), inp = gelu(up) (N,OC), w(C,OC); the GPU fuses the GELU's backward into the
+     * GEMM's epilogue under bf16. */
+    void (*linear_gelu_bwd)(const ust_ops *o, act *dup, float *dw, float *dbias, const act *dout,
+                            const act *inp, const act *up, const float *w, int N, int OC, int C);
     /* out = silu(gate) * up */
     void (*swiglu_fwd)(const ust_ops *o, act *out, const act *gate, const act *up, int64_t n);
-    void (*swiglu_bwd)(const ust_ops *o, act *dgate, act *dup, const act *dout,
-                       const act *gate, const act *up, int64_t n);
+    void (*swiglu_bwd)(const ust_ops *o, act *dgate, act *dup, const act *dout, const act *gate,
+                       const act *up, int64_t n);
 
     /* ---- RoPE on x(B,T,H,D), rotate-half convention (pairs i, i+D/2, as Hugging Face Llama),
      * angle pos[t] * theta^(-2i/D). out may equal inp. Backward applies the inverse rotation:
      * dinp = R^T dout (dinp may equal dout). ---- */
-    void (*rope_fwd)(const ust_ops *o, act *out, const act *inp, const int32_t *pos, int B,
-                     int T, int H, int D, float theta);
-    void (*rope_bwd)(const ust_ops *o, act *dinp, const act *dout, const int32_t *pos, int B,
-                     int T, int H, int D, float theta);
+    void (*rope_fwd)(const ust_ops *o, act *out, const act *inp, const int32_t *pos, int B, int T,
+                     int H, int D, float theta);
+    void (*rope_bwd)(const ust_ops *o, act *dinp, const act *dout, const int32_t *pos, int B, int T,
+                     int H, int D, float theta);
 
     /* ---- attention, flash-style (online softmax, nothing of size T*T kept) ----
      * q(B,Tq,H,D), k,v(B,Tk,Hkv,D), out(B,Tq,H,D), lse(B,H,Tq) = log sum_j exp(s_ij);

@@ -123,9 +123,8 @@ static void column_sums(const ust_ops *o, float *out, const float *in, int N, in
 
 /* dinp(N,C) = dout(N,OC) @ w(OC,C) (+= when acc_dinp); dw(OC,C) += dout^T @ inp;
  * dbias(OC) += column sums of dout. */
-static void cpu_linear_bwd(const ust_ops *o, act *dinp_, float *dw, float *dbias,
-                           const act *dout_, const act *inp_, const float *w, int N, int C,
-                           int OC, int acc_dinp) {
+static void cpu_linear_bwd(const ust_ops *o, act *dinp_, float *dw, float *dbias, const act *dout_,
+                           const act *inp_, const float *w, int N, int C, int OC, int acc_dinp) {
     float *dinp = dinp_;
     const float *dout = dout_;
     const float *inp = inp_;
@@ -213,9 +212,9 @@ static void cpu_layernorm_fwd(const ust_ops *o, act *out_, float *mean, float *r
 
 /* With xn = (x - mean) rstd and g = w * dout (llm.c):
  * dinp = rstd (g - mean(g) - xn mean(g xn)); dw += dout xn; db += dout. */
-static void cpu_layernorm_bwd(const ust_ops *o, act *dinp_, float *dw, float *db,
-                              const act *dout_, const act *inp_, const float *w,
-                              const float *mean, const float *rstd, int N, int C) {
+static void cpu_layernorm_bwd(const ust_ops *o, act *dinp_, float *dw, float *db, const act *dout_,
+                              const act *inp_, const float *w, const float *mean, const float *rstd,
+                              int N, int C) {
     float *dinp = dinp_;
     const float *dout = dout_;
     const float *inp = inp_;
@@ -381,6 +380,14 @@ static void cpu_gelu_bwd(const ust_ops *o, act *dinp_, const act *inp_, const ac
     }
 }
 
+/* The down-projection's backward into dup, then the GELU's backward in place (elementwise). */
+static void cpu_linear_gelu_bwd(const ust_ops *o, act *dup, float *dw, float *dbias,
+                                const act *dout, const act *inp, const act *up, const float *w,
+                                int N, int OC, int C) {
+    cpu_linear_bwd(o, dup, dw, dbias, dout, inp, w, N, OC, C, 0);
+    cpu_gelu_bwd(o, dup, up, dup, (int64_t)N * OC);
+}
+
 static void cpu_swiglu_fwd(const ust_ops *o, act *out_, const act *gate_, const act *up_,
                            int64_t n) {
     float *out = out_;
@@ -451,8 +458,8 @@ static void cpu_rope_fwd(const ust_ops *o, act *out_, const act *inp_, const int
     rope_apply(o, out, inp, pos, B, T, H, D, theta, 1.0);
 }
 
-static void cpu_rope_bwd(const ust_ops *o, act *dinp_, const act *dout_, const int32_t *pos,
-                         int B, int T, int H, int D, float theta) {
+static void cpu_rope_bwd(const ust_ops *o, act *dinp_, const act *dout_, const int32_t *pos, int B,
+                         int T, int H, int D, float theta) {
     float *dinp = dinp_;
     const float *dout = dout_;
     rope_apply(o, dinp, dout, pos, B, T, H, D, theta, -1.0);
@@ -547,9 +554,9 @@ static float *att_scratch(const ust_ops *o, int D, size_t *per_thread) {
 /* For each (b, h, query i), an online softmax over key blocks: running max m, running sum l and
  * an unnormalized output accumulator, rescaled by exp(m_old - m_new) when the max grows.
  * out = acc / l, lse = m + log l. No Tq x Tk buffer exists. */
-static void cpu_attention_fwd(const ust_ops *o, act *out_, float *lse, const act *q_,
-                              const act *k_, const act *v_, int B, int Tq, int Tk, int H, int Hkv,
-                              int D, const int32_t *q_pos, const int32_t *k_pos, int causal) {
+static void cpu_attention_fwd(const ust_ops *o, act *out_, float *lse, const act *q_, const act *k_,
+                              const act *v_, int B, int Tq, int Tk, int H, int Hkv, int D,
+                              const int32_t *q_pos, const int32_t *k_pos, int causal) {
     float *out = out_;
     const float *q = q_;
     const float *k = k_;
@@ -1120,6 +1127,7 @@ ust_ops *ops_cpu_create(int threads, int local_ranks) {
     o->rmsnorm_bwd = cpu_rmsnorm_bwd;
     o->gelu_fwd = cpu_gelu_fwd;
     o->linear_gelu_fwd = cpu_linear_gelu_fwd;
+    o->linear_gelu_bwd = cpu_linear_gelu_bwd;
     o->gelu_bwd = cpu_gelu_bwd;
     o->swiglu_fwd = cpu_swiglu_fwd;
     o->swiglu_bwd = cpu_swiglu_bwd;

@@ -26,6 +26,7 @@
     X(gelu_fwd)                                                                                    \
     X(gelu_bwd)                                                                                    \
     X(linear_gelu_fwd)                                                                             \
+    X(linear_gelu_bwd)                                                                             \
     X(swiglu_fwd)                                                                                  \
     X(swiglu_bwd)                                                                                  \
     X(rope_fwd)                                                                                    \
@@ -136,9 +137,8 @@ static void pf_embedding_bwd(const ust_ops *o, float *dwte, float *dwpe, const a
     TIMED(P_embedding_bwd,
           in->embedding_bwd(in, dwte, dwpe, dout, tok, pos, B, T, C, v_start, v_end));
 }
-static void pf_layernorm_fwd(const ust_ops *o, act *out, float *mean, float *rstd,
-                             const act *inp, const float *w, const float *b, int N, int C,
-                             float eps) {
+static void pf_layernorm_fwd(const ust_ops *o, act *out, float *mean, float *rstd, const act *inp,
+                             const float *w, const float *b, int N, int C, float eps) {
     TIMED(P_layernorm_fwd, in->layernorm_fwd(in, out, mean, rstd, inp, w, b, N, C, eps));
 }
 static void pf_layernorm_bwd(const ust_ops *o, act *dinp, float *dw, float *db, const act *dout,
@@ -146,31 +146,34 @@ static void pf_layernorm_bwd(const ust_ops *o, act *dinp, float *dw, float *db, 
                              int N, int C) {
     TIMED(P_layernorm_bwd, in->layernorm_bwd(in, dinp, dw, db, dout, inp, w, mean, rstd, N, C));
 }
-static void pf_rmsnorm_fwd(const ust_ops *o, act *out, float *rstd, const act *inp,
-                           const float *w, int N, int C, float eps) {
+static void pf_rmsnorm_fwd(const ust_ops *o, act *out, float *rstd, const act *inp, const float *w,
+                           int N, int C, float eps) {
     TIMED(P_rmsnorm_fwd, in->rmsnorm_fwd(in, out, rstd, inp, w, N, C, eps));
 }
-static void pf_rmsnorm_bwd(const ust_ops *o, act *dinp, float *dw, const act *dout,
-                           const act *inp, const float *w, const float *rstd, int N, int C) {
+static void pf_rmsnorm_bwd(const ust_ops *o, act *dinp, float *dw, const act *dout, const act *inp,
+                           const float *w, const float *rstd, int N, int C) {
     TIMED(P_rmsnorm_bwd, in->rmsnorm_bwd(in, dinp, dw, dout, inp, w, rstd, N, C));
 }
 static void pf_gelu_fwd(const ust_ops *o, act *out, const act *inp, int64_t n) {
     TIMED(P_gelu_fwd, in->gelu_fwd(in, out, inp, n));
 }
-static void pf_gelu_bwd(const ust_ops *o, act *dinp, const act *inp, const act *dout,
-                        int64_t n) {
+static void pf_gelu_bwd(const ust_ops *o, act *dinp, const act *inp, const act *dout, int64_t n) {
     TIMED(P_gelu_bwd, in->gelu_bwd(in, dinp, inp, dout, n));
 }
-static void pf_linear_gelu_fwd(const ust_ops *o, act *up, act *out, const act *inp,
-                               const float *w, const float *bias, int N, int C, int OC) {
+static void pf_linear_gelu_fwd(const ust_ops *o, act *up, act *out, const act *inp, const float *w,
+                               const float *bias, int N, int C, int OC) {
     TIMED(P_linear_gelu_fwd, in->linear_gelu_fwd(in, up, out, inp, w, bias, N, C, OC));
 }
-static void pf_swiglu_fwd(const ust_ops *o, act *out, const act *gate, const act *up,
-                          int64_t n) {
+static void pf_linear_gelu_bwd(const ust_ops *o, act *dup, float *dw, float *dbias, const act *dout,
+                               const act *inp, const act *up, const float *w, int N, int OC,
+                               int C) {
+    TIMED(P_linear_gelu_bwd, in->linear_gelu_bwd(in, dup, dw, dbias, dout, inp, up, w, N, OC, C));
+}
+static void pf_swiglu_fwd(const ust_ops *o, act *out, const act *gate, const act *up, int64_t n) {
     TIMED(P_swiglu_fwd, in->swiglu_fwd(in, out, gate, up, n));
 }
-static void pf_swiglu_bwd(const ust_ops *o, act *dgate, act *dup, const act *dout,
-                          const act *gate, const act *up, int64_t n) {
+static void pf_swiglu_bwd(const ust_ops *o, act *dgate, act *dup, const act *dout, const act *gate,
+                          const act *up, int64_t n) {
     TIMED(P_swiglu_bwd, in->swiglu_bwd(in, dgate, dup, dout, gate, up, n));
 }
 static void pf_rope_fwd(const ust_ops *o, act *out, const act *inp, const int32_t *pos, int B,
@@ -181,9 +184,9 @@ static void pf_rope_bwd(const ust_ops *o, act *dinp, const act *dout, const int3
                         int T, int H, int D, float theta) {
     TIMED(P_rope_bwd, in->rope_bwd(in, dinp, dout, pos, B, T, H, D, theta));
 }
-static void pf_attention_fwd(const ust_ops *o, act *out, float *lse, const act *q,
-                             const act *k, const act *v, int B, int Tq, int Tk, int H, int Hkv,
-                             int D, const int32_t *q_pos, const int32_t *k_pos, int causal) {
+static void pf_attention_fwd(const ust_ops *o, act *out, float *lse, const act *q, const act *k,
+                             const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
+                             const int32_t *q_pos, const int32_t *k_pos, int causal) {
     TIMED(P_attention_fwd,
           in->attention_fwd(in, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal));
 }
@@ -305,6 +308,7 @@ ust_ops *ops_prof_create(const ust_ops *inner) {
     w->gelu_fwd = pf_gelu_fwd;
     w->gelu_bwd = pf_gelu_bwd;
     w->linear_gelu_fwd = pf_linear_gelu_fwd;
+    w->linear_gelu_bwd = pf_linear_gelu_bwd;
     w->swiglu_fwd = pf_swiglu_fwd;
     w->swiglu_bwd = pf_swiglu_bwd;
     w->rope_fwd = pf_rope_fwd;

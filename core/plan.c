@@ -215,7 +215,7 @@ static void plan_rank(const ust_config *c, int r, mem_plan *p) {
     if (c->train.recompute == RECOMPUTE_FULL) acts += layer_act_bytes(&s, 1, a); /* scratch set */
     acts += 4 * N; /* per-token losses */
     acts += a * (Nl * C + N * C + N * s.HD + 2 * N * s.KV + N * (s.HD > s.F ? s.HD : s.F) +
-                 (s.llama ? 3 : 2) * N * s.F); /* backward scratch */
+                 (s.llama ? 3 : 1) * N * s.F); /* backward scratch */
     acts += 4 * (N + s.T);                     /* targets, positions (int32) */
     if (c->model.moe.num_experts > 0) acts += moe_ctx_bytes(c, (int)N, c->parallel.ep);
     if (c->model.moe.num_experts > 0 && c->train.recompute == RECOMPUTE_FULL)

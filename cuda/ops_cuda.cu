@@ -154,12 +154,13 @@ static size_t type_bytes(cudaDataType t) { return t == CUDA_R_16BF ? 2 : 4; }
 /* bf16 inputs, C of type ct (fp32, or bf16 for activations: read widened when beta != 0, the
  * result rounded once), CUBLAS_COMPUTE_32F through cuBLASLt, with an optional epilogue: bias
  * (N fp32, one per column of the row-major C) added, and with gelu_pre the result stored there
- * (ldc, type ct: the pre-activation) and gelu of it in C. Returns 0, or -1 when cuBLASLt has no
- * algorithm for the problem (nothing ran: the caller takes another path). */
+ * (ldc, type ct: the pre-activation) and gelu of it in C; with dgelu instead (no bias) gelu_pre
+ * is read: C = the product times gelu'(gelu_pre), the GELU's backward. Returns 0, or -1 when
+ * cuBLASLt has no algorithm for the problem (nothing ran: the caller takes another path). */
 static int lt_gemm(const ust_ops *o, void *C, cudaDataType ct, int64_t ldc, int64_t sC,
                    const bf16 *A, int64_t lda, int64_t sA, const bf16 *B, int64_t ldb, int64_t sB,
                    int M, int N, int K, int tA, int tB, float alpha, float beta, int batch,
-                   const float *bias, void *gelu_pre) {
+                   const float *bias, void *gelu_pre, int dgelu) {
     cuda_impl *im = CUDA_IMPL(o);
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t lb = NULL, la = NULL, lc = NULL; /* lb describes B (cuBLAS's "A") */
@@ -178,6 +179,7 @@ static int lt_gemm(const ust_ops *o, void *C, cudaDataType ct, int64_t ldc, int6
     LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opA, sizeof opA));
     if (bias || gelu_pre) { /* cuBLASLt's D is C transposed: its rows are our columns */
         cublasLtEpilogue_t epi = !gelu_pre ? CUBLASLT_EPILOGUE_BIAS
+                                 : dgelu   ? CUBLASLT_EPILOGUE_DGELU
                                  : bias    ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
                                            : CUBLASLT_EPILOGUE_GELU_AUX;
         LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
@@ -285,10 +287,10 @@ static int gemm16(const ust_ops *o, void *C, cudaDataType ct, int64_t ldc, int64
     cuda_impl *im = CUDA_IMPL(o);
     cublasOperation_t opA = tA ? CUBLAS_OP_T : CUBLAS_OP_N, opB = tB ? CUBLAS_OP_T : CUBLAS_OP_N;
     if (lt_gemm(o, C, ct, ldc, sC, a16, lda, sA, b16, ldb, sB, M, N, K, tA, tB, alpha, beta, batch,
-                bias, NULL) == 0)
+                bias, NULL, 0) == 0)
         return bias != NULL;
     if (bias && lt_gemm(o, C, ct, ldc, sC, a16, lda, sA, b16, ldb, sB, M, N, K, tA, tB, alpha, beta,
-                        batch, NULL, NULL) == 0)
+                        batch, NULL, NULL, 0) == 0)
         return 0; /* cuBLASLt runs the GEMM, only not with this epilogue */
     CKB(cublasGemmStridedBatchedEx(im->blas, opB, opA, N, M, K, &alpha, b16, CUDA_R_16BF, (int)ldb,
                                    sB, a16, CUDA_R_16BF, (int)lda, sA, &beta, C, ct, (int)ldc, sC,
@@ -781,11 +783,30 @@ static void cu_linear_gelu_fwd(const ust_ops *o, act *up, act *out, const act *i
     if (o->act_size == 2 && N > 0 && C > 0 && OC % 8 == 0) {
         const bf16 *w16 = to_bf16(o, SCR_B, w, (int64_t)OC * C);
         if (lt_gemm(o, out, CUDA_R_16BF, OC, 0, (const bf16 *)inp, C, 0, w16, C, 0, N, OC, C, 0, 1,
-                    1.0f, 0.0f, 1, bias, up) == 0)
+                    1.0f, 0.0f, 1, bias, up, 0) == 0)
             return;
     }
     cu_linear_fwd(o, up, inp, w, bias, N, C, OC);
     cu_gelu_fwd(o, out, up, (int64_t)N * OC);
+}
+
+/* dup(N,OC) = gelu'(up) * (dout(N,C) @ w(C,OC)), dw += dout^T @ inp, dbias += column sums of
+ * dout: under bf16 the input-gradient GEMM's DGELU epilogue applies the GELU's backward on the
+ * fp32 product (up read as stored: the pre-activation linear_gelu_fwd kept), so the product
+ * never reaches memory; otherwise linear_bwd then gelu_bwd in place. */
+static void cu_linear_gelu_bwd(const ust_ops *o, act *dup, float *dw, float *dbias, const act *dout,
+                               const act *inp, const act *up, const float *w, int N, int OC,
+                               int C) {
+    if (o->act_size == 2 && N > 0 && C > 0 && OC % 8 == 0) {
+        const bf16 *w16 = to_bf16(o, SCR_B, w, (int64_t)C * OC);
+        if (lt_gemm(o, dup, CUDA_R_16BF, OC, 0, (const bf16 *)dout, C, 0, w16, OC, 0, N, OC, C, 0,
+                    0, 1.0f, 0.0f, 1, NULL, (void *)up, 1) == 0) {
+            cu_linear_bwd(o, NULL, dw, dbias, dout, inp, w, N, OC, C, 0);
+            return;
+        }
+    }
+    cu_linear_bwd(o, dup, dw, dbias, dout, inp, w, N, OC, C, 0);
+    cu_gelu_bwd(o, dup, up, dup, (int64_t)N * OC);
 }
 
 static void cu_swiglu_fwd(const ust_ops *o, act *out, const act *gate, const act *up, int64_t n) {
@@ -1399,6 +1420,7 @@ extern "C" ust_ops *ops_cuda_create(int device, ust_err *e) {
     o->rmsnorm_bwd = cu_rmsnorm_bwd;
     o->gelu_fwd = cu_gelu_fwd;
     o->linear_gelu_fwd = cu_linear_gelu_fwd;
+    o->linear_gelu_bwd = cu_linear_gelu_bwd;
     o->gelu_bwd = cu_gelu_bwd;
     o->swiglu_fwd = cu_swiglu_fwd;
     o->swiglu_bwd = cu_swiglu_bwd;

@@ -444,6 +444,71 @@ static void test_cuda_bf16_linear_bwd_within_bf16_rounding(void) {
 /* gpt2's MLP up-projection + gelu: in fp32 like linear_fwd then gelu_fwd on the CPU; under bf16
  * (the cuBLASLt GELU epilogue when OC is a multiple of 8, the separate kernels otherwise) the
  * pre-activation within bf16 rounding of the CPU's and the activation gelu of it. */
+/* d gelu(u) / du, the tanh form, in double (the reference of the fused GELU backward) */
+static double gelu_grad(double u) {
+    double k = 0.7978845608028654, t = tanh(k * (u + 0.044715 * u * u * u));
+    return 0.5 * (1.0 + t) + 0.5 * u * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * u * u);
+}
+
+/* gpt2's MLP backward through the down-projection and the GELU: fp32 against the CPU op; bf16
+ * (OC a multiple of 8: the DGELU epilogue; 44: linear_bwd then gelu_bwd) within bf16 rounding of
+ * gelu'(up) (dout @ w) on the same bf16 inputs, dw and dbias accumulated in fp32. */
+static void test_cuda_linear_gelu_bwd_matches_cpu_fp32_and_bf16(void) {
+    if (fake) return;
+    const int N = 31, C = 40;
+    for (int oc = 0; oc < 2; oc++) {
+        int OC = oc ? 44 : 48;
+        float *up = hrand(N * OC, 1), *act = hrand(N * OC, 1), *dout = hrand(N * C, 1);
+        float *w = hrand(C * OC, 1), *dup = hrand(N * OC, 1), *dw = hrand(C * OC, 1);
+        float *db = hrand(C, 1);
+        CPU->gelu_fwd(CPU, act, up, (int64_t)N * OC);
+        float *gu = gup(up, N * OC), *ga = gup(act, N * OC), *gd = gup(dout, N * C);
+        float *gw = gup(w, C * OC), *gdup = gup(dup, N * OC), *gdw = gup(dw, C * OC);
+        float *gdb = gup(db, C);
+        CPU->linear_gelu_bwd(CPU, dup, dw, db, dout, act, up, w, N, OC, C);
+        GPU->linear_gelu_bwd(GPU, gdup, gdw, gdb, gd, ga, gu, gw, N, OC, C);
+        CHECK_G("linear_gelu_bwd dup (fp32)", gdup, dup, N * OC, ATOL, RTOL);
+        CHECK_G("linear_gelu_bwd dw (fp32)", gdw, dw, C * OC, ATOL, RTOL);
+        CHECK_G("linear_gelu_bwd dbias (fp32)", gdb, db, C, ATOL, RTOL);
+        /* bf16: up, act and dout rounded on the host and uploaded as bf16; dup comes back bf16 */
+        ops_cuda_set_bf16(GPU, 1);
+        acts16 = 1;
+        float *gu16 = gup_act(up, N * OC), *ga16 = gup_act(act, N * OC);
+        float *gd16 = gup_act(dout, N * C), *gdup16 = gup_act(dup, N * OC);
+        float *dw0 = gdown(gdw, C * OC);
+        GPU->linear_gelu_bwd(GPU, gdup16, gdw, NULL, gd16, ga16, gu16, gw, N, OC, C);
+        float *hdup = gdown_act(gdup16, N * OC), *hdw = gdown(gdw, C * OC);
+        gfree(gu16), gfree(ga16), gfree(gd16), gfree(gdup16);
+        acts16 = 0;
+        ops_cuda_set_bf16(GPU, 0);
+        double worst = 0;
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < OC; j++) {
+                double ref = 0, mag = 0, g = gelu_grad(up[i * OC + j]);
+                for (int k = 0; k < C; k++) {
+                    ref += (double)dout[i * C + k] * w[k * OC + j];
+                    mag += fabs((double)dout[i * C + k] * w[k * OC + j]);
+                }
+                double e = fabs(hdup[i * OC + j] - g * ref) / (fabs(g) * bf16_gemm_bound(mag, ref));
+                worst = e > worst ? e : worst;
+            }
+        for (int k = 0; k < C; k++)
+            for (int j = 0; j < OC; j++) {
+                double ref = dw0[k * OC + j], mag = fabs(ref);
+                for (int i = 0; i < N; i++) {
+                    ref += (double)dout[i * C + k] * act[i * OC + j];
+                    mag += fabs((double)dout[i * C + k] * act[i * OC + j]);
+                }
+                double e = fabs(hdw[k * OC + j] - ref) / (1.5 * mag * BF16_U + 1e-6);
+                worst = e > worst ? e : worst;
+            }
+        CHECK(worst <= 1.0, "bf16 OC=%d: error %.3g of the bf16 bound", OC, worst);
+        free(up), free(act), free(dout), free(w), free(dup), free(dw), free(db), free(dw0);
+        free(hdup), free(hdw);
+        gfree(gu), gfree(ga), gfree(gd), gfree(gw), gfree(gdup), gfree(gdw), gfree(gdb);
+    }
+}
+
 static void test_cuda_linear_gelu_matches_cpu_fp32_and_bf16(void) {
     if (fake) return;
     const int N = 29, C = 64;
@@ -1219,6 +1284,7 @@ int main(void) {
     RUN_TEST(test_cuda_linear_fwd_bwd_match_cpu);
     RUN_TEST(test_cuda_bf16_linear_bias_matches_cpu);
     RUN_TEST(test_cuda_linear_gelu_matches_cpu_fp32_and_bf16);
+    RUN_TEST(test_cuda_linear_gelu_bwd_matches_cpu_fp32_and_bf16);
     RUN_TEST(test_cuda_bf16_linear_bwd_within_bf16_rounding);
     RUN_TEST(test_cuda_embedding_matches_cpu_vocab_slice_positions_repeats);
     RUN_TEST(test_cuda_layernorm_and_rmsnorm_match_cpu);

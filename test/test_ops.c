@@ -422,6 +422,27 @@ static void test_gelu_backward_matches_finite_differences(void) {
     fr(c.x), fr(c.y), fr(c.out), fr(c.R), fr(dinp);
 }
 
+/* gpt2's fused MLP backward is linear_bwd then gelu_bwd, bit for bit, accumulating dw and db. */
+static void test_linear_gelu_backward_is_linear_then_gelu_backward(void) {
+    const int N = 7, F = 12, C = 5;
+    float *up = randv(N * F, 2.0f), *act = fbuf(N * F), *dout = randv(N * C, 1.0f);
+    float *w = randv(C * F, 0.5f), *dw = randv(C * F, 1.0f), *db = randv(C, 1.0f);
+    float *dw2 = dupv(dw, C * F), *db2 = dupv(db, C), *dup = fbuf(N * F), *dact = fbuf(N * F);
+    float *dup2 = fbuf(N * F);
+    O->gelu_fwd(O, act, up, N * F);
+    O->linear_gelu_bwd(O, dup, dw, db, dout, act, up, w, N, F, C);
+    O->linear_bwd(O, dact, dw2, db2, dout, act, w, N, F, C, 0);
+    O->gelu_bwd(O, dup2, up, dact, N * F);
+    CHECK(!memcmp(dup, dup2, N * F * sizeof(float)) && !memcmp(dw, dw2, C * F * sizeof(float)) &&
+              !memcmp(db, db2, C * sizeof(float)),
+          "fused and unfused backward differ");
+    float nz = 0;
+    for (int i = 0; i < N * F; i++) nz += dup[i] != 0.0f && dup[i] != dact[i];
+    CHECK(nz > N * F / 2, "the GELU's backward was not applied (%g of %d elements moved)", nz,
+          N * F);
+    fr(up), fr(act), fr(dout), fr(w), fr(dw), fr(db), fr(dw2), fr(db2), fr(dup), fr(dact), fr(dup2);
+}
+
 static void test_swiglu_forward_matches_reference(void) {
     act_ctx c = act_make(1);
     act_loss(&c);
@@ -911,8 +932,9 @@ static void test_adamw_many_and_sumsq_many_equal_per_segment_calls(void) {
     double out[k];
     O->sumsq_many(O, g, seg, k, out);
     for (int i = 0; i < k; i++)
-        CHECK(out[i] == O->sumsq(O, g + seg[i].g, seg[i].n), "sumsq_many segment %d: %.17g vs %.17g",
-              i, out[i], O->sumsq(O, g + seg[i].g, seg[i].n));
+        CHECK(out[i] == O->sumsq(O, g + seg[i].g, seg[i].n),
+              "sumsq_many segment %d: %.17g vs %.17g", i, out[i],
+              O->sumsq(O, g + seg[i].g, seg[i].n));
     CHECK(out[2] == 0.0 && out[0] > 0.0, "empty segment %g, first %g", out[2], out[0]);
     fr(p), fr(g), fr(m), fr(v), fr(p2), fr(m2), fr(v2);
 }
@@ -999,6 +1021,7 @@ int main(void) {
     RUN_TEST(test_rmsnorm_backward_matches_finite_differences);
     RUN_TEST(test_gelu_forward_matches_tanh_approximation);
     RUN_TEST(test_gelu_backward_matches_finite_differences);
+    RUN_TEST(test_linear_gelu_backward_is_linear_then_gelu_backward);
     RUN_TEST(test_swiglu_forward_matches_reference);
     RUN_TEST(test_swiglu_backward_matches_finite_differences);
     RUN_TEST(test_rope_forward_rotates_half_pairs_by_position);

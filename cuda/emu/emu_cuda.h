@@ -268,7 +268,8 @@ typedef enum { CUBLASLT_MATMUL_DESC_TRANSA, CUBLASLT_MATMUL_DESC_TRANSB, CUBLASL
                CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
                CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE } cublasLtMatmulDescAttributes_t;
 typedef enum { CUBLASLT_EPILOGUE_DEFAULT = 1, CUBLASLT_EPILOGUE_BIAS = 4, CUBLASLT_EPILOGUE_GELU = 32,
-               CUBLASLT_EPILOGUE_GELU_AUX = 32 | 128, CUBLASLT_EPILOGUE_GELU_AUX_BIAS = 32 | 128 | 4 } cublasLtEpilogue_t;
+               CUBLASLT_EPILOGUE_GELU_AUX = 32 | 128, CUBLASLT_EPILOGUE_GELU_AUX_BIAS = 32 | 128 | 4,
+               CUBLASLT_EPILOGUE_DGELU = 64 | 128 } cublasLtEpilogue_t;
 typedef enum { CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET } cublasLtMatrixLayoutAttribute_t;
 typedef enum { CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
                CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
@@ -300,7 +301,7 @@ inline cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cub
         (a == CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE ? d->bias_type : d->aux_type) = x;
     } else if (a == CUBLASLT_MATMUL_DESC_EPILOGUE) {
         if (x != CUBLASLT_EPILOGUE_DEFAULT && x != CUBLASLT_EPILOGUE_BIAS && x != CUBLASLT_EPILOGUE_GELU_AUX &&
-            x != CUBLASLT_EPILOGUE_GELU_AUX_BIAS)
+            x != CUBLASLT_EPILOGUE_GELU_AUX_BIAS && x != CUBLASLT_EPILOGUE_DGELU)
             return CUBLAS_STATUS_NOT_SUPPORTED;
         d->epilogue = x;
     } else if (a == CUBLASLT_MATMUL_DESC_TRANSA) d->ta = x; else d->tb = x;
@@ -455,18 +456,20 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, c
         abort();
     }
     int has_bias = d->epilogue & CUBLASLT_EPILOGUE_BIAS, has_gelu = d->epilogue & CUBLASLT_EPILOGUE_GELU;
-    if ((has_bias && !d->bias) || ((has_bias || has_gelu) && la->batch != 1)) { fprintf(stderr, "emu lt: bias epilogue without a bias or with batches\n"); abort(); }
+    int has_dgelu = d->epilogue == CUBLASLT_EPILOGUE_DGELU;
+    if ((has_bias && !d->bias) || ((has_bias || has_gelu || has_dgelu) && la->batch != 1)) { fprintf(stderr, "emu lt: bias epilogue without a bias or with batches\n"); abort(); }
     /* like cuBLASLt: the aux buffer's leading dimension is a multiple of 8, at least D's rows */
-    if (has_gelu && (!d->aux || d->aux_ld % 8 || d->aux_ld < (int64_t)m)) { fprintf(stderr, "emu lt: bad GELU aux buffer (ld %ld)\n", (long)d->aux_ld); abort(); }
+    if ((has_gelu || has_dgelu) && (!d->aux || d->aux_ld % 8 || d->aux_ld < (int64_t)m)) { fprintf(stderr, "emu lt: bad GELU aux buffer (ld %ld)\n", (long)d->aux_ld); abort(); }
     const int dbf = lc->type == CUDA_R_16BF;
     const int bias_bf = (d->bias_type < 0 ? lc->type : d->bias_type) == CUDA_R_16BF;
     const int aux_bf = (d->aux_type < 0 ? lc->type : d->aux_type) == CUDA_R_16BF;
     emu_gemm_on(stream, A, B, D, [&] {
-        if (!has_bias && !has_gelu) {
+        if (!has_bias && !has_gelu && !has_dgelu) {
             emu_gemm(d->ta, d->tb, (int)m, (int)n, (int)ka, *(const float *)alpha, A, la->type == CUDA_R_16BF, (int)la->ld, la->stride, B, lb->type == CUDA_R_16BF, (int)lb->ld, lb->stride, *(const float *)beta, D, dbf, (int)lc->ld, lc->stride, la->batch);
             return;
         }
-        /* epilogues (batch 1): the product in fp32, then bias and GELU, D rounded once */
+        /* epilogues (batch 1): the product in fp32, then bias and GELU (or the GELU's gradient at
+         * the pre-activation in aux), D rounded once */
         std::vector<float> x((size_t)m * n);
         for (uint64_t j = 0; j < n; j++)
             for (uint64_t i = 0; i < m; i++) x[i + j * m] = emu_ld_el(D, dbf, i + j * lc->ld);
@@ -478,6 +481,11 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, c
                 if (has_gelu) { /* the tanh approximation, pre-activation kept in aux */
                     emu_st_el(d->aux, aux_bf, i + j * d->aux_ld, v);
                     v = 0.5f * v * (1.0f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)));
+                }
+                if (has_dgelu) {
+                    float u = emu_ld_el(d->aux, aux_bf, i + j * d->aux_ld);
+                    float t = tanhf(0.7978845608f * (u + 0.044715f * u * u * u));
+                    v *= 0.5f * (1.0f + t) + 0.5f * u * (1.0f - t * t) * 0.7978845608f * (1.0f + 3.0f * 0.044715f * u * u);
                 }
                 emu_st_el(D, dbf, i + j * lc->ld, v);
             }
