@@ -18,7 +18,8 @@
 # against the CPU emulator in cuda/emu (coroutine GPU threads, barriers, shuffles, reference
 # cuBLAS/cuBLASLt, streams and events, guarded device memory, NCCL over shared memory); it runs
 # test_cuda_ops with three thread orders and the cuBLASLt fallback, then test/sh/gpu_emulated.sh
-# (run.device=cuda training and the multi-rank layouts over emulated NCCL). It checks logic, not
+# (run.device=cuda training and the multi-rank layouts over emulated NCCL), then the real-GPU
+# script test/sh/gpu_cuda.sh on one emulated GPU. It checks logic, not
 # performance or hardware behaviour. Needs g++ and python3; builds under build-emu/.
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -44,6 +45,15 @@ if [ "${1:-}" = "--emulate" ]; then
     bash test/sh/gpu_emulated.sh | tee /tmp/gpu-check-emu.log | grep -E '^(FAIL|SKIP)'
     grep -q '^FAIL' /tmp/gpu-check-emu.log && fail=1
     echo "$(grep -c '^PASS' /tmp/gpu-check-emu.log) passed, $(grep -c '^FAIL' /tmp/gpu-check-emu.log) failed"
+    # the real-GPU test script's GPU branch, on one emulated GPU (nvidia-smi faked to list it)
+    stage "test/sh/gpu_cuda.sh on one emulated GPU"
+    fake=$(mktemp -d)
+    printf '#!/bin/sh\necho "GPU 0: emulated"\n' >$fake/nvidia-smi && chmod +x $fake/nvidia-smi
+    PATH=$fake:$PATH EMU_GPUS=1 UST=$E/ustrain bash test/sh/gpu_cuda.sh | tee /tmp/gpu-check-cuda.log
+    rm -rf $fake
+    grep -q '^FAIL' /tmp/gpu-check-cuda.log && fail=1
+    [ "$(grep -c '^PASS gpu_tiny_10_steps' /tmp/gpu-check-cuda.log)" = 2 ] ||
+        { echo "FAIL gpu_cuda.sh: its two one-GPU checks did not both pass"; fail=1; }
     stage "done (emulated): $([ $fail -eq 0 ] && echo ALL OK || echo SOME FAILED) in $((SECONDS - T0))s"
     exit $fail
 fi
