@@ -393,6 +393,24 @@ static void test_cuda_bf16_linear_bias_matches_cpu(void) {
  * dinp (a bf16 output, overwritten and +=) and dw (fp32, +=) within the bound bf16 rounding
  * allows against fp32 sums on the host over the same bf16 inputs; dbias (fp32 column sums of
  * the bf16 dout) as the CPU's. */
+/* The largest error of a weight gradient got(K,M) = before + dout(N,K)^T @ x(N,M) (bf16 inputs
+ * exact, fp32 accumulation and output) as a fraction of its bound (<= 1 passes). */
+static double bf16_wgrad_error(const float *got, const float *before, const float *dout,
+                               const float *x, int N, int K, int M) {
+    double worst = 0;
+    for (int k = 0; k < K; k++)
+        for (int c = 0; c < M; c++) {
+            double ref = before[k * M + c], mag = fabs(ref);
+            for (int i = 0; i < N; i++) {
+                ref += (double)dout[i * K + k] * x[i * M + c];
+                mag += fabs((double)dout[i * K + k] * x[i * M + c]);
+            }
+            double e = fabs(got[k * M + c] - ref) / (1.5 * mag * BF16_U + 1e-6);
+            worst = e > worst ? e : worst;
+        }
+    return worst;
+}
+
 static void test_cuda_bf16_linear_bwd_within_bf16_rounding(void) {
     if (fake) return;
     const int N = 33, C = 40, OC = 56;
@@ -419,16 +437,8 @@ static void test_cuda_bf16_linear_bwd_within_bf16_rounding(void) {
                 double e = fabs(hi[i * C + c] - ref) / bf16_gemm_bound(mag, ref);
                 worst = e > worst ? e : worst;
             }
-        for (int k = 0; k < OC; k++)
-            for (int c = 0; c < C; c++) {
-                double ref = dw[k * C + c], mag = fabs(ref);
-                for (int i = 0; i < N; i++) {
-                    ref += (double)dout[i * OC + k] * x[i * C + c];
-                    mag += fabs((double)dout[i * OC + k] * x[i * C + c]);
-                }
-                double e = fabs(hw[k * C + c] - ref) / (1.5 * mag * BF16_U + 1e-6); /* fp32 out */
-                worst = e > worst ? e : worst;
-            }
+        double ew = bf16_wgrad_error(hw, dw, dout, x, N, OC, C);
+        worst = ew > worst ? ew : worst;
         free(dinp), free(dw), free(db), free(hi), free(hw);
         gfree(gdinp), gfree(gdw), gfree(gdb);
         if (worst > 1.0 || !db_ok) break;
@@ -492,16 +502,8 @@ static void test_cuda_linear_gelu_bwd_matches_cpu_fp32_and_bf16(void) {
                 double e = fabs(hdup[i * OC + j] - g * ref) / (fabs(g) * bf16_gemm_bound(mag, ref));
                 worst = e > worst ? e : worst;
             }
-        for (int k = 0; k < C; k++)
-            for (int j = 0; j < OC; j++) {
-                double ref = dw0[k * OC + j], mag = fabs(ref);
-                for (int i = 0; i < N; i++) {
-                    ref += (double)dout[i * C + k] * act[i * OC + j];
-                    mag += fabs((double)dout[i * C + k] * act[i * OC + j]);
-                }
-                double e = fabs(hdw[k * OC + j] - ref) / (1.5 * mag * BF16_U + 1e-6);
-                worst = e > worst ? e : worst;
-            }
+        double ew = bf16_wgrad_error(hdw, dw0, dout, act, N, C, OC);
+        worst = ew > worst ? ew : worst;
         CHECK(worst <= 1.0, "bf16 OC=%d: error %.3g of the bf16 bound", OC, worst);
         free(up), free(act), free(dout), free(w), free(dup), free(dw), free(db), free(dw0);
         free(hdup), free(hdw);
