@@ -84,7 +84,7 @@ struct ust_ops {
     /* GPT-2's tanh approximation: 0.5x(1+tanh(sqrt(2/pi)(x+0.044715x^3))) */
     void (*gelu_fwd)(const ust_ops *o, act *out, const act *inp, int64_t n);
     void (*gelu_bwd)(const ust_ops *o, act *dinp, const act *inp, const act *dout, int64_t n);
-    /* up(N,OC) = linear_fwd(inp, w, bias), act = gelu_fwd(up): gpt2's MLP up-projection, which
+    /* up(N,OC) = linear_fwd(inp, w, bias), out = gelu_fwd(up): gpt2's MLP up-projection, which
      * the GPU fuses into the GEMM's epilogue under bf16 */
     void (*linear_gelu_fwd)(const ust_ops *o, act *up, act *out, const act *inp, const float *w,
                             const float *bias, int N, int C, int OC);

@@ -2,10 +2,11 @@
 # gpu-check: the prepared check for a session on a GPU machine, within a strict budget (< 8 min):
 #   1. build everything (nvcc for sm_80/sm_90 plus the C code),
 #   2. build/test/test_cuda_ops: every op of ops.h on the GPU against the CPU backend (both
-#      attention implementations), the bf16 matmul bound, 3 training steps of tiny gpt2/llama
+#      attention implementations), the bf16 matmul bound and every op with bf16 activations, 3 training steps of tiny gpt2/llama
 #      models on both backends, a bf16 tiny-model check,
 #   3. test/sh/gpu_cuda.sh: configs/tiny.yaml for 10 steps on the GPU (fp32) and on the CPU,
-#      per-step losses compared; with 2+ GPUs the equivalence harness over NCCL,
+#      per-step losses compared, and bf16 close to fp32; with 2+ GPUs the equivalence harness
+#      over NCCL in fp32 and bf16,
 #   4. attention alone at GPT-2 shapes with each implementation (ms, TFLOP/s), then the GPT-2 124M
 #      benchmark at T=1024 in bf16 (activations and matmuls): tokens/s and MFU against 989 TFLOP/s (H100/H200
 #      SXM dense bf16), through build/bench_gpu (model forward+backward+AdamW directly, then a
@@ -108,7 +109,7 @@ timeout 30 $BUILD/test/test_moe
 rc=$?
 [ $rc -eq 0 ] || { echo "FAIL test_moe: exit $rc"; fail=1; }
 
-stage "training on the GPU: tiny 10 steps fp32 vs the CPU, multi-GPU equivalence (test/sh/gpu_cuda.sh)"
+stage "training on the GPU: tiny 10 steps fp32 vs the CPU and bf16 vs fp32, multi-GPU equivalence (test/sh/gpu_cuda.sh)"
 timeout 120 bash test/sh/gpu_cuda.sh | tee /tmp/gpu-check-cuda.log
 grep -q '^FAIL' /tmp/gpu-check-cuda.log && fail=1
 
