@@ -2,8 +2,8 @@
 # gpu-check: the prepared check for a session on a GPU machine, within a strict budget (< 8 min):
 #   1. build everything (nvcc for sm_80/sm_90 plus the C code),
 #   2. build/test/test_cuda_ops: every op of ops.h on the GPU against the CPU backend (both
-#      attention implementations), the bf16 matmul bound and every op with bf16 activations, 3 training steps of tiny gpt2/llama
-#      models on both backends, a bf16 tiny-model check,
+#      attention implementations), the bf16 matmul bound and every op with bf16 activations,
+#      3 training steps of tiny gpt2/llama models on both backends, a bf16 tiny-model check,
 #   3. test/sh/gpu_cuda.sh: configs/tiny.yaml for 10 steps on the GPU (fp32) and on the CPU,
 #      per-step losses compared, and bf16 close to fp32; with 2+ GPUs the equivalence harness
 #      over NCCL in fp32 and bf16,
