@@ -6,6 +6,8 @@
 #   - run.device=cuda training in one process: fp32 per-step losses and weights against the CPU
 #     run, bf16 close to it but not equal, checkpoints moved between GPU and CPU runs, no
 #     device allocation after the first step;
+#   - bf16 activations: the memory plan equals the arena byte for byte, and the layouts (dp,
+#     tp+sp, cp, pp, ep, mixed) train the one-GPU bf16 run's model within bf16 rounding;
 #   - the equivalence harness with run.device=cuda over emulated NCCL (dp/ZeRO-1/2/3, tp+sp,
 #     pp 1f1b/interleaved/zb with tied embeddings, cp ring/all-gather, ep, tp x pp x cp,
 #     recomputation) against the single-process CPU run, and a rank's dropped gradients caught
