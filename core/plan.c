@@ -246,8 +246,9 @@ double plan_memory_peak(const ust_config *c) {
 
 void plan_print(const ust_config *c, const mem_plan *p, FILE *f) {
     char b[5][32];
-    fprintf(f, "memory plan per rank (fp32; ZeRO-%d over dp=%d; recompute %s):\n",
-            c->optimizer.zero_stage, c->parallel.dp,
+    fprintf(f, "memory plan per rank (%s; ZeRO-%d over dp=%d; recompute %s):\n",
+            cfg_act_size(c) == 2 ? "fp32, activations bf16" : "fp32", c->optimizer.zero_stage,
+            c->parallel.dp,
             c->train.recompute == RECOMPUTE_FULL        ? "full"
             : c->train.recompute == RECOMPUTE_SELECTIVE ? "selective"
                                                         : "none");

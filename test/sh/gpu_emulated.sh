@@ -165,6 +165,9 @@ plan_bf16 emu_bf16_memory_plan_cp2 2 --set parallel.cp=2
 plan_bf16 emu_bf16_memory_plan_pp2_zb 2 --set parallel.pp=2 --set parallel.pp_schedule=zb
 plan_bf16 emu_bf16_memory_plan_moe_ep2 2 --set model.moe.num_experts=4 --set model.moe.d_ff_expert=64 \
     --set parallel.dp=2 --set parallel.ep=2
+$E/ustrain validate $TMP/plan.yaml --set run.device=cuda --set train.precision=bf16 --world 1 |
+    grep -q '^memory plan per rank (fp32, activations bf16;' && pass emu_bf16_plan_says_bf16 ||
+    fail emu_bf16_plan_says_bf16 "validate's header does not name bf16 activations"
 # and the activations take half the fp32 plan's bytes (statistics aside)
 a32=$($E/ustrain validate $TMP/plan.yaml --set run.device=cuda --world 1 | sed -n 's/^  activations *\([0-9.]*\) KiB.*/\1/p')
 a16=$($E/ustrain validate $TMP/plan.yaml --set run.device=cuda --set train.precision=bf16 --world 1 |
