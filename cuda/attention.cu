@@ -625,7 +625,7 @@ static void gemm_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv
 static int attention_mode(const ust_ops *o, int D) {
     const cuda_impl *im = CUDA_IMPL(o);
     int tc = cuda_attention_tc_supported(D);
-    if (im->attn_mode == ATT_TC || (im->attn_mode == ATT_AUTO && im->bf16))
+    if (im->attn_mode == ATT_TC || (im->attn_mode == ATT_AUTO && o->act_size == 2))
         return tc ? ATT_TC : ATT_GEMM;
     return im->attn_mode == ATT_FLASH ? ATT_FLASH : ATT_GEMM;
 }

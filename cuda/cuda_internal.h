@@ -20,7 +20,6 @@ extern "C" {
 
 typedef struct {
     int device;
-    int bf16;       /* bf16 activations (act_size 2); matmuls in bf16, fp32 accumulate */
     int smem_optin; /* max dynamic shared memory per block (bytes) */
     int num_sms;
     cudaStream_t stream; /* every op is enqueued here */

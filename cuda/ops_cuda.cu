@@ -310,7 +310,7 @@ void cuda_gemm(const ust_ops *o, float *C, int64_t ldc, int64_t sC, const float 
     }
     UST_ASSERT(lda < INT32_MAX && ldb < INT32_MAX && ldc < INT32_MAX,
                "leading dimension too large");
-    if (!im->bf16) {
+    if (o->act_size != 2) { /* fp32 mode */
         if (batch == 1)
             CKB(cublasSgemm(im->blas, opB, opA, N, M, K, &alpha, B, (int)ldb, A, (int)lda, &beta, C,
                             (int)ldc));
@@ -1330,7 +1330,6 @@ static void cu_destroy(ust_ops *o) {
 extern "C" void ops_cuda_set_bf16(ust_ops *o, int on) {
     UST_ASSERT(o && strcmp(o->name, "cuda") == 0, "ops_cuda_set_bf16 on a %s backend",
                o ? o->name : "NULL");
-    CUDA_IMPL(o)->bf16 = on != 0;
     o->act_size = on ? 2 : 4; /* bf16 activations: every act of ops.h is __nv_bfloat16 */
 }
 
