@@ -665,12 +665,6 @@ __global__ void k_widen(float *dst, const bf16 *src, int64_t n) {
         dst[i] = __bfloat162float(src[i]);
 }
 
-__global__ void k_narrow(bf16 *dst, const float *src, int64_t n) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
-        dst[i] = __float2bfloat16_rn(src[i]);
-}
-
 /* n bf16 of src widened into dst; returns dst, or NULL when src is NULL (an unwanted output). */
 static float *widen(const ust_ops *o, float *dst, const act *src, int64_t n) {
     if (!src) return NULL;
@@ -682,9 +676,7 @@ static float *widen(const ust_ops *o, float *dst, const act *src, int64_t n) {
 }
 
 static void narrow(const ust_ops *o, act *dst, const float *src, int64_t n) {
-    if (!dst || n <= 0) return;
-    k_narrow<<<grid_for(n, 256), 256, 0, STREAM(o)>>>((bf16 *)dst, src, n);
-    CK_LAUNCH();
+    if (dst) cuda_round_bf16(o, (bf16 *)dst, src, n);
 }
 
 static void attention_fwd_widened(const ust_ops *o, int mode, act *out, float *lse, const act *q,

@@ -93,6 +93,9 @@ __device__ __forceinline__ void st_act(bf16 *p, int64_t i, float v) {
     p[i] = __float2bfloat16_rn(v);
 }
 
+/* dst = src rounded to bf16 (nearest even), n elements, on the backend's stream. */
+void cuda_round_bf16(const ust_ops *o, bf16 *dst, const float *src, int64_t n);
+
 /* kernel<float> or kernel<bf16> by the backend's act_size, on its stream (the kernel takes its
  * activation pointers as act * and casts them to T *). */
 #define ACT_LAUNCH(o, kernel, grid, block, smem, ...)                                              \

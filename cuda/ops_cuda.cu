@@ -270,11 +270,16 @@ static int64_t span_of(int batch, int64_t s, int rows, int cols, int64_t ld) {
     return (int64_t)(batch - 1) * s + (int64_t)(rows - 1) * ld + cols;
 }
 
+void cuda_round_bf16(const ust_ops *o, bf16 *dst, const float *src, int64_t n) {
+    if (n <= 0) return;
+    k_to_bf16<<<grid_for(n, EW_THREADS), EW_THREADS, 0, STREAM(o)>>>(dst, src, n);
+    CK_LAUNCH();
+}
+
 /* n floats of src rounded to bf16 into scratch slot `slot`. */
 static bf16 *to_bf16(const ust_ops *o, int slot, const float *src, int64_t n) {
     bf16 *dst = (bf16 *)cuda_scratch(o, slot, (size_t)n * 2);
-    k_to_bf16<<<grid_for(n, EW_THREADS), EW_THREADS, 0, STREAM(o)>>>(dst, src, n);
-    CK_LAUNCH();
+    cuda_round_bf16(o, dst, src, n);
     return dst;
 }
 
