@@ -32,3 +32,16 @@ EOT
     sed -e 's/arch: llama/arch: gpt2/' -e "s/n_kv_head: $3/n_kv_head: $2/" -e "s/$1-llama/$1-gpt2/" \
         $TMP/llama.yaml >$TMP/gpt2.yaml
 }
+
+# plan_matches_arena NAME CONFIG WORLD SETS...: `$UST validate`'s memory plan of rank 0 equals the
+# arena peak that training the same settings under scripts/ustrun (WORLD ranks) measures.
+plan_matches_arena() {
+    local name=$1 cfg=$2 world=$3; shift 3
+    local plan got
+    plan=$($UST validate $cfg "$@" --world $world | sed -n 's/.*total.*(\([0-9]*\) bytes).*/\1/p')
+    scripts/ustrun --nproc-per-node $world $UST train $cfg "$@" \
+        --set "logging.metrics_file=$TMP/$name.jsonl" >$TMP/$name.out 2>&1 ||
+        { fail $name "run failed: $(tail -2 $TMP/$name.out)"; return; }
+    got=$(grep -o '"peak_mem_bytes":[0-9]*' $TMP/$name.jsonl | tail -1 | cut -d: -f2)
+    [ -n "$plan" ] && [ "$got" = "$plan" ] && pass $name || fail $name "arena $got bytes, plan $plan"
+}

@@ -149,15 +149,9 @@ paste <(grep -o '"loss":[^,]*' $TMP/bf16/m.jsonl | cut -d: -f2) \
 sed -e 's/n_layer: [0-9]*/n_layer: 2/' $TMP/llama.yaml >$TMP/plan.yaml
 plan_bf16() { # NAME WORLD SETS...
     local name=$1 world=$2; shift 2
-    local plan got sets="--set run.device=cuda --set train.precision=bf16 --set train.steps=1"
-    plan=$($E/ustrain validate $TMP/plan.yaml $sets "$@" --world $world |
-        sed -n 's/.*total.*(\([0-9]*\) bytes).*/\1/p')
-    scripts/ustrun --nproc-per-node $world $E/ustrain train $TMP/plan.yaml $sets "$@" \
-        --set run.out_dir=$TMP/$name --set checkpoint.dir=$TMP/$name/ckpt --set checkpoint.every=0 \
-        --set checkpoint.resume=none --set logging.metrics_file=$TMP/$name.jsonl >$TMP/$name.out 2>&1 ||
-        { fail $name "run failed: $(tail -2 $TMP/$name.out)"; return; }
-    got=$(grep -o '"peak_mem_bytes":[0-9]*' $TMP/$name.jsonl | cut -d: -f2)
-    [ -n "$plan" ] && [ "$got" = "$plan" ] && pass $name || fail $name "arena $got bytes, plan $plan"
+    UST=$E/ustrain plan_matches_arena $name $TMP/plan.yaml $world --set run.device=cuda \
+        --set train.precision=bf16 --set train.steps=1 --set run.out_dir=$TMP/$name \
+        --set checkpoint.dir=$TMP/$name/ckpt --set checkpoint.every=0 --set checkpoint.resume=none "$@"
 }
 plan_bf16 emu_bf16_memory_plan_one_gpu 1
 plan_bf16 emu_bf16_memory_plan_tp2_sp 2 --set parallel.tp=2 --set parallel.sp=true

@@ -14,13 +14,8 @@ checkpoint: {every: 0, resume: none}
 EOT
 sed -e 's/arch: llama/arch: gpt2/' -e 's/n_kv_head: 4/n_kv_head: 8/' $TMP/c.yaml >$TMP/g.yaml
 check() { # check CONFIG NAME WORLD SETS...
-    local cfg=$1 name=$2 world=$3; shift 3
-    local plan got
-    plan=$($UST validate $cfg "$@" --world $world | sed -n 's/.*total.*(\([0-9]*\) bytes).*/\1/p')
-    scripts/ustrun --nproc-per-node $world $UST train $cfg "$@" --set "logging.metrics_file=$TMP/$name.jsonl" \
-        >$TMP/out 2>&1 || { fail $name "run failed: $(tail -2 $TMP/out)"; return; }
-    got=$(grep -o '"peak_mem_bytes":[0-9]*' $TMP/$name.jsonl | cut -d: -f2)
-    [ -n "$plan" ] && [ "$got" = "$plan" ] && pass $name || fail $name "arena $got bytes, plan $plan"
+    local cfg=$1 name=$2; shift 2
+    plan_matches_arena $name $cfg "$@"
 }
 check $TMP/c.yaml memory_plan_tp2 2 --set parallel.tp=2
 check $TMP/c.yaml memory_plan_tp2_sp 2 --set parallel.tp=2 --set parallel.sp=true
