@@ -202,19 +202,15 @@ static int lt_gemm(const ust_ops *o, void *C, cudaDataType ct, int64_t ldc, int6
     LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, tB ? K : N, tB ? N : K, ldb));
     LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, tA ? M : K, tA ? K : M, lda));
     LT(cublasLtMatrixLayoutCreate(&lc, ct, N, M, ldc));
-    if (batch > 1) {
-        LT(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc,
-                                            sizeof bc));
-        LT(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc,
-                                            sizeof bc));
-        LT(cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc,
-                                            sizeof bc));
-        LT(cublasLtMatrixLayoutSetAttribute(lb, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sB,
-                                            sizeof sB));
-        LT(cublasLtMatrixLayoutSetAttribute(la, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sA,
-                                            sizeof sA));
-        LT(cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &sC,
-                                            sizeof sC));
+    if (batch > 1) { /* the three layouts' batch count and stride */
+        cublasLtMatrixLayout_t lay[3] = {lb, la, lc};
+        int64_t stride[3] = {sB, sA, sC};
+        for (int i = 0; i < 3; i++) {
+            LT(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc,
+                                                sizeof bc));
+            LT(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                &stride[i], sizeof stride[i]));
+        }
     }
     LT(cublasLtMatmulPreferenceCreate(&pref));
     LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
