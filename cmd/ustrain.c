@@ -1,5 +1,6 @@
 /* ustrain: argument parsing and sub-commands; no training logic lives here.
  * Exit codes: 0 success, 1 runtime failure, 2 bad usage / config / input. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,6 +132,7 @@ static int cmd_train(int argc, char **argv) {
         load_config(&c, argc, argv, 0, NULL, NULL); /* the world size is known after bootstrap */
     if (rc) return rc;
     ust_runtime rt;
+    train_install_stop_handlers(); /* a stop asked for while joining the job still counts */
     if (train_runtime_init(&rt, &c, &e)) {
         fprintf(stderr, "ustrain: error: %s\n", e.msg);
         return UST_EXIT_USAGE;
@@ -197,6 +199,7 @@ static int cmd_bench_train(int argc, char **argv) {
     if (rc) return rc;
     c.train.steps = steps + 2; /* two warm-up steps (first touch of every buffer), not timed */
     c.checkpoint.every = 0;
+    c.checkpoint.dir[0] = 0; /* a benchmark neither locks, reads nor writes checkpoints */
     snprintf(c.checkpoint.resume, sizeof c.checkpoint.resume, "none");
     c.data.val_every = 0;
     /* on CPU the denominator is this machine's own sgemm rate, measured here; on GPU the
@@ -240,6 +243,9 @@ static int cmd_bench(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+    /* a file-size limit (ulimit -f) makes writes fail with EFBIG, reported like a full disk,
+     * instead of killing the process in the middle of a checkpoint */
+    signal(SIGXFSZ, SIG_IGN);
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
         strcmp(argv[1], "help") == 0) {
         fputs(USAGE, argc < 2 ? stderr : stdout);

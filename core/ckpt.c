@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -36,6 +37,8 @@
 #define MAX_SAFE_INT 9007199254740992.0 /* 2^53: every integer below is exact in a double */
 #define STATE_JSON "state.json"
 #define STATE_MAX (64 << 20)
+#define TMP_PREFIX ".tmp_step_"
+#define LOCK_FILE ".lock"
 
 ckpt_slice ckpt_whole(const ckpt_tensor *t) {
     int64_t rows = t->ndim == 2 ? t->shape[0] : 1;
@@ -93,10 +96,17 @@ static int fault_env(const char *name) {
     return s ? atoi(s) : 0;
 }
 
+/*   UST_FAULT_CKPT_WRITE_RANK=R   limits UST_FAULT_CKPT_WRITE_ERRNO to global rank R */
+static int write_fault(void) {
+    const char *only = getenv("UST_FAULT_CKPT_WRITE_RANK");
+    if (only && atoi(only) != (ust_error_rank() < 0 ? 0 : ust_error_rank())) return 0;
+    return fault_env("UST_FAULT_CKPT_WRITE_ERRNO");
+}
+
 static int pwrite_all(int fd, const void *buf, size_t n, int64_t off, const char *path,
                       ust_err *e) {
     const char *p = buf;
-    int fault = fault_env("UST_FAULT_CKPT_WRITE_ERRNO");
+    int fault = write_fault();
     while (n > 0) {
         ssize_t k = fault > 0 ? (errno = fault, -1) : pwrite(fd, p, n, (off_t)off);
         if (k < 0 && errno == EINTR) continue;
@@ -109,8 +119,9 @@ static int pwrite_all(int fd, const void *buf, size_t n, int64_t off, const char
 
 /* Writes a small file completely and fsyncs it (state.json, latest.tmp, failure markers). */
 static int write_small_file(const char *path, const char *text, ust_err *e) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return ust_errf(e, "checkpoint: cannot create %s: %s", path, strerror(errno));
+    ust_err inner;
+    int fd = fs_open_regular(path, O_WRONLY | O_CREAT | O_TRUNC, 0644, &inner);
+    if (fd < 0) return ust_errf(e, "checkpoint: %s", inner.msg);
     int rc = pwrite_all(fd, text, strlen(text), 0, path, e);
     if (rc == 0 && fsync(fd) != 0)
         rc = ust_errf(e, "checkpoint: cannot fsync %s: %s", path, strerror(errno));
@@ -184,16 +195,27 @@ struct ckpt_writer {
     char dir[PATH_MAX], tmp[PATH_MAX], final_dir[PATH_MAX];
     int64_t step;
     int rank;
-    ckpt_barrier_fn barrier;
-    void *barrier_arg;
+    ckpt_sync_fn sync;
+    void *sync_arg;
     wfile *files;
     int nfiles;
-    bool failed; /* an earlier call failed on this rank: commit refuses */
+    bool failed; /* an earlier call failed on this rank: later writes are skipped, commit fails */
+    ust_err first_error; /* the reason, which commit reports (rank 0 for every rank) */
     bool slept;  /* UST_FAULT_CKPT_SLEEP_MS was applied */
 };
 
-static void wbarrier(ckpt_writer *w) {
-    if (w->barrier) w->barrier(w->barrier_arg);
+/* Errors are sticky, like ferror: the first one is kept and later writes are skipped, so a
+ * rank whose disk failed still takes part in every collective of the save and in the commit's
+ * barriers, where its reason reaches rank 0 (instead of dying and leaving the others stuck). */
+static int writer_fail(ckpt_writer *w, const ust_err *e) {
+    if (!w->failed) w->first_error = *e;
+    w->failed = true;
+    return -1;
+}
+
+/* A barrier that also tells every rank whether any of them failed. */
+static bool wsync(ckpt_writer *w, bool failed) {
+    return w->sync ? w->sync(w->sync_arg, failed) != 0 : failed;
 }
 
 static void free_writer(ckpt_writer *w) {
@@ -205,8 +227,25 @@ static void free_writer(ckpt_writer *w) {
     free(w);
 }
 
-ckpt_writer *ckpt_begin(const char *dir, int64_t step, int rank, ckpt_barrier_fn barrier,
-                        void *barrier_arg, ust_err *e) {
+/* The temporary step directory's name: .tmp_step_<N>.<job>, the job tag kept to [A-Za-z0-9_-]
+ * so it is always one path component. */
+static int tmp_name(char *out, size_t n, const char *dir, int64_t step, const char *job,
+                    ust_err *e) {
+    char tag[72] = "";
+    for (size_t i = 0, k = 0; job && job[i] && k + 2 < sizeof tag; i++) {
+        char c = job[i];
+        if (!k) tag[k++] = '.';
+        tag[k++] = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                           c == '-' || c == '_'
+                       ? c
+                       : '_';
+        tag[k] = 0;
+    }
+    return pathf(out, n, e, "%s/" TMP_PREFIX "%lld%s", dir, (long long)step, tag);
+}
+
+ckpt_writer *ckpt_begin(const char *dir, int64_t step, int rank, const char *job,
+                        ckpt_sync_fn sync, void *sync_arg, ust_err *e) {
     if (step < 0) {
         ust_errf(e, "checkpoint: negative step %lld", (long long)step);
         return NULL;
@@ -218,10 +257,10 @@ ckpt_writer *ckpt_begin(const char *dir, int64_t step, int rank, ckpt_barrier_fn
     }
     w->step = step;
     w->rank = rank;
-    w->barrier = barrier;
-    w->barrier_arg = barrier_arg;
+    w->sync = sync;
+    w->sync_arg = sync_arg;
     int rc = pathf(w->dir, sizeof w->dir, e, "%s", dir);
-    if (!rc) rc = pathf(w->tmp, sizeof w->tmp, e, "%s/.tmp_step_%lld", dir, (long long)step);
+    if (!rc) rc = tmp_name(w->tmp, sizeof w->tmp, dir, step, job, e);
     if (!rc) rc = pathf(w->final_dir, sizeof w->final_dir, e, "%s/step_%lld", dir, (long long)step);
     if (!rc && rank == 0) {
         rc = fs_mkdir_p(dir, e);
@@ -230,8 +269,10 @@ ckpt_writer *ckpt_begin(const char *dir, int64_t step, int rank, ckpt_barrier_fn
         if (!rc && mkdir(w->tmp, 0755) != 0)
             rc = ust_errf(e, "checkpoint: cannot create directory %s: %s", w->tmp, strerror(errno));
     }
-    wbarrier(w); /* reached on every path, so a failure on rank 0 cannot hang the others */
+    /* reached on every path, so a failure on rank 0 cannot hang the others */
+    bool any = wsync(w, rc != 0);
     struct stat st;
+    if (!rc && any) rc = ust_errf(e, "checkpoint: rank 0 could not create %s", w->tmp);
     if (!rc && rank != 0 && (stat(w->tmp, &st) != 0 || !S_ISDIR(st.st_mode)))
         rc = ust_errf(e, "checkpoint: rank 0 did not create %s", w->tmp);
     if (rc) {
@@ -352,16 +393,13 @@ int ckpt_add_file(ckpt_writer *w, const char *file, const ckpt_tensor *tensors, 
                           (long long)total, strerror(errno));
     }
     free(hdr);
-    wbarrier(w);
+    bool any = wsync(w, rc != 0 && w->rank == 0);
+    if (!rc && w->rank != 0 && any) rc = ust_errf(e, "checkpoint: rank 0 could not create %s", f->path);
     if (!rc && w->rank != 0) {
         f->fd = open(f->path, O_WRONLY | O_CLOEXEC);
         if (f->fd < 0) rc = ust_errf(e, "checkpoint: cannot open %s: %s", f->path, strerror(errno));
     }
-    if (rc) {
-        w->failed = true;
-        return -1;
-    }
-    return w->nfiles - 1;
+    return rc ? writer_fail(w, e) : w->nfiles - 1;
 }
 
 typedef struct {
@@ -378,9 +416,13 @@ static int write_run(void *vc, int64_t file_elem, int64_t slice_elem, int64_t n,
 
 int ckpt_write_slice(ckpt_writer *w, int file, const char *name, const ckpt_slice *s,
                      const float *host_data, ust_err *e) {
+    if (w->failed) { /* sticky: the first error is what commit reports */
+        *e = w->first_error;
+        return -1;
+    }
     if (file < 0 || file >= w->nfiles) {
-        w->failed = true;
-        return ust_errf(e, "checkpoint: no file with index %d", file);
+        ust_errf(e, "checkpoint: no file with index %d", file);
+        return writer_fail(w, e);
     }
     const wfile *f = &w->files[file];
     const wtensor *t = NULL;
@@ -398,7 +440,7 @@ int ckpt_write_slice(ckpt_writer *w, int file, const char *name, const ckpt_slic
         write_ctx c = {f, t, host_data};
         rc = for_each_run(s, cols, write_run, &c, e);
     }
-    if (rc) w->failed = true;
+    if (rc) writer_fail(w, e);
     int sleep_ms = w->slept ? 0 : fault_env("UST_FAULT_CKPT_SLEEP_MS");
     if (sleep_ms > 0) {
         w->slept = true;
@@ -486,9 +528,50 @@ static int publish(ckpt_writer *w, int keep_last, ust_err *e) {
     return 0;
 }
 
+/* A failed rank leaves its reason in the temporary directory (best effort: the disk may be
+ * what failed); rank 0 quotes the first one it finds. */
+#define FAILED_PREFIX ".failed_rank_"
+
+static void leave_reason(const ckpt_writer *w, const char *msg) {
+    char p[PATH_MAX];
+    ust_err ignored;
+    if (!pathf(p, sizeof p, &ignored, "%s/" FAILED_PREFIX "%d", w->tmp, w->rank))
+        write_small_file(p, msg, &ignored);
+}
+
+static int quote_reason(const ckpt_writer *w, ust_err *e) {
+    DIR *d = opendir(w->tmp);
+    struct dirent *de;
+    char reason[1536] = "";
+    const char *who = NULL;
+    while (d && (de = readdir(d)) && !who) {
+        if (strncmp(de->d_name, FAILED_PREFIX, strlen(FAILED_PREFIX))) continue;
+        who = de->d_name + strlen(FAILED_PREFIX);
+        char p[PATH_MAX];
+        ust_err ignored;
+        FILE *f = pathf(p, sizeof p, &ignored, "%s/%s", w->tmp, de->d_name)
+                      ? NULL
+                      : fs_fopen_regular(p, "rb", &ignored);
+        if (f) {
+            size_t n = fread(reason, 1, sizeof reason - 1, f);
+            reason[n] = 0;
+            reason[strcspn(reason, "\n")] = 0;
+            fclose(f);
+        }
+        ust_errf(e, "rank %s failed to write its part: %s", who,
+                 reason[0] ? reason : "(see that rank's own message)");
+    }
+    if (d) closedir(d);
+    if (!who) ust_errf(e, "another rank failed to write its part (see its own message)");
+    return -1;
+}
+
 int ckpt_commit(ckpt_writer *w, const char *state_json, int keep_last, ust_err *e) {
-    int rc =
-        w->failed ? ust_errf(e, "checkpoint %s: an earlier write failed on this rank", w->tmp) : 0;
+    int rc = 0;
+    if (w->failed) {
+        *e = w->first_error;
+        rc = -1;
+    }
     char p[PATH_MAX];
     if (!rc && w->rank == 0) {
         rc = pathf(p, sizeof p, e, "%s/%s", w->tmp, STATE_JSON);
@@ -503,32 +586,18 @@ int ckpt_commit(ckpt_writer *w, const char *state_json, int keep_last, ust_err *
             rc = ust_errf(e, "checkpoint: cannot write %s: %s", f->path, strerror(errno));
         f->fd = -1;
     }
-    /* A failed rank says so in the temporary directory: rank 0 must not publish its holes. */
-    if (rc && w->rank != 0) {
-        ust_err ignored;
-        if (!pathf(p, sizeof p, &ignored, "%s/.failed_rank_%d", w->tmp, w->rank))
-            write_small_file(p, "failed\n", &ignored);
-    }
-    wbarrier(w);
+    if (rc && w->rank != 0) leave_reason(w, e->msg);
+    /* every rank learns whether any failed: rank 0 must never publish another rank's holes */
+    bool any = wsync(w, rc != 0);
     if (w->rank == 0) {
-        if (!rc) {
-            DIR *d = opendir(w->tmp);
-            struct dirent *de;
-            while (d && (de = readdir(d)) && !rc)
-                if (!strncmp(de->d_name, ".failed_rank_", 13))
-                    rc = ust_errf(e, "checkpoint %s: rank %s failed to write its part", w->tmp,
-                                  de->d_name + 13);
-            if (d) closedir(d);
-        }
+        if (!rc && any) rc = quote_reason(w, e);
         if (!rc) rc = publish(w, keep_last, e);
         if (rc) rm_rf(w->tmp);
     }
-    wbarrier(w);
-    if (!rc && w->rank != 0) {
-        struct stat st;
-        if (pathf(p, sizeof p, e, "%s/%s", w->final_dir, STATE_JSON) == 0 && stat(p, &st) != 0)
-            rc = ust_errf(e, "checkpoint %s: rank 0 did not finish the commit", w->final_dir);
-    }
+    bool published = !wsync(w, rc != 0 && w->rank == 0) && !any;
+    if (!rc && w->rank != 0 && !published)
+        rc = ust_errf(e, "checkpoint %s: rank 0 did not finish the commit (see its message)",
+                      w->final_dir);
     free_writer(w);
     return rc;
 }
@@ -544,6 +613,101 @@ void ckpt_abort(ckpt_writer *w) {
     free_writer(w);
 }
 
+/* `latest` must be a regular file when it exists: a directory, FIFO or device there would hang
+ * the resume or fail only at the next save, after training. 1: present, 0: absent, -1: bad. */
+static int check_latest(const char *dir, ust_err *e) {
+    char p[PATH_MAX];
+    struct stat st;
+    if (pathf(p, sizeof p, e, "%s/latest", dir)) return -1;
+    if (stat(p, &st) != 0) return errno == ENOENT ? 0 : ust_errf(e, "%s: %s", p, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return ust_errf(e,
+                        "checkpoint %s: latest is %s, not the file naming the newest checkpoint "
+                        "(remove it; the next save writes it)",
+                        dir, fs_kind(st.st_mode));
+    return 1;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The job's lock on the checkpoint directory. flock is released by the kernel when the holder
+ * dies, however it dies, so a crashed job never blocks the next one; the file itself stays and
+ * names the last holder. */
+
+static void describe_holder(char *out, size_t n) {
+    char host[256] = "?";
+    gethostname(host, sizeof host - 1);
+    time_t now = time(NULL);
+    struct tm tm;
+    char when[64] = "?";
+    if (localtime_r(&now, &tm)) strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S %z", &tm);
+    snprintf(out, n, "host %s, pid %ld, started %s\n", host, (long)getpid(), when);
+}
+
+/* Temporary step directories of earlier jobs: nobody else can be writing them while we hold
+ * the lock (.old_step_N is left alone: it may be the only copy of a step being replaced). */
+static void remove_stale_tmp(const char *dir) {
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        char p[PATH_MAX];
+        if (strncmp(de->d_name, TMP_PREFIX, strlen(TMP_PREFIX)) ||
+            snprintf(p, sizeof p, "%s/%s", dir, de->d_name) >= (int)sizeof p)
+            continue;
+        if (rm_rf(p) != 0)
+            fprintf(stderr, "ustrain: warning: checkpoint: cannot remove stale %s: %s\n", p,
+                    strerror(errno));
+    }
+    if (d) closedir(d);
+}
+
+int ckpt_lock_dir(const char *dir, ckpt_lock *l, ust_err *e) {
+    l->fd = -1;
+    char p[PATH_MAX];
+    ust_err inner;
+    if (fs_mkdir_p(dir, e) || pathf(p, sizeof p, e, "%s/" LOCK_FILE, dir)) return -1;
+    int fd = fs_open_regular(p, O_RDWR | O_CREAT, 0644, &inner);
+    if (fd < 0) return ust_errf(e, "checkpoint.dir %s: cannot lock: %s", dir, inner.msg);
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int err = errno;
+        char holder[512] = "";
+        ssize_t k = err == EWOULDBLOCK ? pread(fd, holder, sizeof holder - 1, 0) : -1;
+        holder[k > 0 ? k : 0] = 0;
+        holder[strcspn(holder, "\n")] = 0;
+        close(fd);
+        if (err == EWOULDBLOCK)
+            return ust_errf(e,
+                            "checkpoint.dir %s is in use by another job (%s; lock file %s): two "
+                            "jobs must not share a checkpoint directory",
+                            dir, holder[0] ? holder : "holder not yet recorded", p);
+        if (err != ENOLCK && err != EOPNOTSUPP && err != ENOSYS)
+            return ust_errf(e, "checkpoint.dir %s: cannot lock %s: %s", dir, p, strerror(err));
+        fprintf(stderr,
+                "ustrain: warning: checkpoint.dir %s: the file system does not support locks "
+                "(%s); nothing stops a second job from using the same directory\n",
+                dir, strerror(err));
+        fd = -1;
+    }
+    if (fd >= 0) {
+        char text[512];
+        describe_holder(text, sizeof text);
+        if (ftruncate(fd, 0) != 0 || pwrite(fd, text, strlen(text), 0) < 0)
+            fprintf(stderr, "ustrain: warning: cannot record the holder in %s: %s\n", p,
+                    strerror(errno));
+    }
+    l->fd = fd;
+    if (check_latest(dir, e) < 0) {
+        ckpt_unlock_dir(l);
+        return -1;
+    }
+    remove_stale_tmp(dir);
+    return 0;
+}
+
+void ckpt_unlock_dir(ckpt_lock *l) {
+    if (l->fd >= 0) close(l->fd); /* closing the last descriptor releases the flock */
+    l->fd = -1;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Finding the newest checkpoint */
 
@@ -556,9 +720,12 @@ static bool is_finished(const char *dir, const char *name) {
 
 int ckpt_find_latest(const char *dir, char *out, int out_size, ust_err *e) {
     char p[PATH_MAX];
-    if (pathf(p, sizeof p, e, "%s/latest", dir)) return -1;
+    int have = pathf(p, sizeof p, e, "%s/latest", dir) ? -1 : check_latest(dir, e);
+    if (have < 0) return -1;
     char name[64] = "";
-    FILE *f = fopen(p, "r");
+    ust_err inner;
+    FILE *f = have ? fs_fopen_regular(p, "rb", &inner) : NULL;
+    if (have && !f) return ust_errf(e, "checkpoint: %s", inner.msg);
     if (f) {
         if (!fgets(name, sizeof name, f)) name[0] = 0;
         fclose(f);
@@ -687,6 +854,46 @@ static int parse_entry(st_entry *en, const char *path, const cJSON *item, int64_
     return 0;
 }
 
+static int cmp_offset(const void *a, const void *b, void *file) {
+    const st_entry *x = &((const st_file *)file)->e[*(const int *)a];
+    const st_entry *y = &((const st_file *)file)->e[*(const int *)b];
+    if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
+    return x->end < y->end ? -1 : x->end > y->end;
+}
+
+/* As the safetensors format requires: the tensors, in offset order, tile the data section from
+ * its first byte to its last, without overlaps (aliased weights) or gaps (a shifted header). */
+static int check_layout(st_file *f, ust_err *e) {
+    int *order = malloc(sizeof(int) * (size_t)(f->n ? f->n : 1));
+    if (!order) return ust_errf(e, "%s: out of memory", f->path);
+    for (int i = 0; i < f->n; i++) order[i] = i;
+    qsort_r(order, (size_t)f->n, sizeof(int), cmp_offset, f);
+    int64_t at = 0;
+    int rc = 0;
+    for (int i = 0; i < f->n && !rc; i++) {
+        const st_entry *en = &f->e[order[i]];
+        if (en->begin < at)
+            rc = ust_errf(e,
+                          "%s: tensor '%.200s' data_offsets [%lld, %lld] overlap the tensor before "
+                          "it (which ends at %lld)",
+                          f->path, en->name, (long long)en->begin, (long long)en->end,
+                          (long long)at);
+        else if (en->begin > at)
+            rc = ust_errf(e,
+                          "%s: tensor '%.200s' starts at data byte %lld, leaving a gap after byte "
+                          "%lld (tensors must cover the data section without gaps)",
+                          f->path, en->name, (long long)en->begin, (long long)at);
+        at = en->end;
+    }
+    if (!rc && at != f->data_len)
+        rc = ust_errf(e,
+                      "%s: the tensors cover %lld of the %lld data bytes (a wrong header length, "
+                      "or bytes after the last tensor)",
+                      f->path, (long long)at, (long long)f->data_len);
+    free(order);
+    return rc;
+}
+
 static int st_parse(st_file *f, ust_err *e) {
     const unsigned char *base = f->map;
     if (f->size < 8)
@@ -736,7 +943,7 @@ static int st_parse(st_file *f, ust_err *e) {
         if (!strcmp(f->e[f->by_name[i]].name, f->e[f->by_name[i - 1]].name))
             return ust_errf(e, "%s: tensor '%.200s' appears twice", f->path,
                             f->e[f->by_name[i]].name);
-    return 0;
+    return check_layout(f, e);
 }
 
 st_file *st_open(const char *path, ust_err *e) {
@@ -746,16 +953,12 @@ st_file *st_open(const char *path, ust_err *e) {
         ust_errf(e, "%s: out of memory", path);
         return NULL;
     }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = fs_open_regular(path, O_RDONLY, 0, e);
     struct stat st;
-    int rc = 0;
-    if (fd < 0)
-        rc = ust_errf(e, "%s: cannot open: %s", path, strerror(errno));
-    else if (fstat(fd, &st) != 0)
+    int rc = fd < 0 ? -1 : 0;
+    if (!rc && fstat(fd, &st) != 0)
         rc = ust_errf(e, "%s: cannot stat: %s", path, strerror(errno));
-    else if (!S_ISREG(st.st_mode))
-        rc = ust_errf(e, "%s: not a regular file", path);
-    else if (st.st_size < 8)
+    else if (!rc && st.st_size < 8)
         rc = ust_errf(e, "%s: not a safetensors file (%lld bytes, no header length)", path,
                       (long long)st.st_size);
     if (!rc) {
@@ -764,6 +967,8 @@ st_file *st_open(const char *path, ust_err *e) {
         if (f->map == MAP_FAILED) {
             f->map = NULL;
             rc = ust_errf(e, "%s: cannot mmap: %s", path, strerror(errno));
+        } else {
+            fs_guard_mapping(f->map, f->size, path);
         }
     }
     if (fd >= 0) close(fd);
@@ -777,7 +982,10 @@ st_file *st_open(const char *path, ust_err *e) {
 
 void st_close(st_file *f) {
     if (!f) return;
-    if (f->map) munmap(f->map, f->size);
+    if (f->map) {
+        fs_unguard_mapping(f->map);
+        munmap(f->map, f->size);
+    }
     for (int i = 0; i < f->n; i++) free(f->e[i].name);
     free(f->e);
     free(f->by_name);
@@ -844,9 +1052,10 @@ ckpt_reader *ckpt_open(const char *step_dir, ust_err *e) {
     else if (!rc && !S_ISDIR(st.st_mode))
         rc = ust_errf(e, "checkpoint %s: not a directory", step_dir);
     FILE *f = NULL;
-    if (!rc && !(f = fopen(p, "rb")))
+    ust_err inner;
+    if (!rc && !(f = fs_fopen_regular(p, "rb", &inner)))
         rc = ust_errf(e, "checkpoint %s: cannot read %s (not a finished checkpoint?): %s", step_dir,
-                      STATE_JSON, strerror(errno));
+                      STATE_JSON, inner.msg);
     struct stat fst;
     if (!rc && (fstat(fileno(f), &fst) != 0 || fst.st_size > STATE_MAX))
         rc = ust_errf(e, "checkpoint %s: %s is unreadable or larger than %d bytes", step_dir,
@@ -875,24 +1084,50 @@ void ckpt_close(ckpt_reader *r) {
     free(r);
 }
 
+/* The step the directory's name says (step_<N>), or -1 for any other name. */
+static int64_t dir_step(const char *dir) {
+    size_t n = strlen(dir);
+    while (n > 1 && dir[n - 1] == '/') n--;
+    size_t k = n;
+    while (k > 0 && dir[k - 1] != '/') k--;
+    char base[64];
+    if (n - k >= sizeof base) return -1;
+    memcpy(base, dir + k, n - k);
+    base[n - k] = 0;
+    return parse_step_name(base);
+}
+
 int ckpt_parse_state(const char *json, const char *dir, ckpt_state *out, ust_err *e) {
     cJSON *j = cJSON_Parse(json ? json : "");
-    cJSON *step = cJSON_GetObjectItem(j, "step"), *si = cJSON_GetObjectItem(j, "sample_index");
-    /* integers within int64 (doubles hold them exactly up to 2^53) */
-    int ok = j && cJSON_IsNumber(step) && cJSON_IsNumber(si) && step->valuedouble >= 0 &&
-             si->valuedouble >= 0 && step->valuedouble <= 9007199254740992.0 &&
-             si->valuedouble <= 9007199254740992.0 &&
-             step->valuedouble == (double)(int64_t)step->valuedouble &&
-             si->valuedouble == (double)(int64_t)si->valuedouble;
-    if (!ok) {
-        cJSON_Delete(j);
-        return ust_errf(e, "%s/state.json: missing or invalid step / sample_index", dir);
-    }
-    out->step = (int64_t)step->valuedouble;
-    out->sample_index = (int64_t)si->valuedouble;
+    const cJSON *since = cJSON_GetObjectItem(j, "batch_since");
+    int64_t g = 0, s0 = 0, i0 = 0;
+    /* integers within 2^53 (doubles hold them exactly) */
+    int ok = j && json_uint(cJSON_GetObjectItem(j, "step"), &out->step) &&
+             json_uint(cJSON_GetObjectItem(j, "sample_index"), &out->sample_index);
+    int has_since = ok && since;
+    if (has_since)
+        ok = json_uint(cJSON_GetObjectItem(since, "global_batch_size"), &g) && g > 0 &&
+             json_uint(cJSON_GetObjectItem(since, "step"), &s0) &&
+             json_uint(cJSON_GetObjectItem(since, "sample_index"), &i0);
     cJSON *loss = cJSON_GetObjectItem(j, "loss");
     out->loss = cJSON_IsNumber(loss) ? loss->valuedouble : NAN;
     cJSON_Delete(j);
+    if (!ok) return ust_errf(e, "%s/state.json: missing or invalid step / sample_index", dir);
+    int64_t named = dir_step(dir);
+    if (named >= 0 && named != out->step)
+        return ust_errf(e, "%s/state.json: says step %lld, but the directory is step %lld", dir,
+                        (long long)out->step, (long long)named);
+    out->batch_since_step = s0;
+    out->batch_since_sample = i0;
+    out->batch_size = has_since ? g : 0;
+    if (has_since &&
+        (s0 > out->step || i0 > out->sample_index ||
+         (out->sample_index - i0) / g != out->step - s0 || (out->sample_index - i0) % g != 0))
+        return ust_errf(e,
+                        "%s/state.json: sample_index %lld is not what step %lld implies (%lld + "
+                        "(%lld - %lld) x global_batch_size %lld)",
+                        dir, (long long)out->sample_index, (long long)out->step, (long long)i0,
+                        (long long)out->step, (long long)s0, (long long)g);
     return 0;
 }
 

@@ -4,7 +4,8 @@
  * slice it holds (a box of the 2D view, then a flat range inside it: covers TP, PP, EP and ZeRO
  * shards). The step is written under a temporary name, fsync'd, renamed, and `latest` updated
  * atomically, so a crash mid-write never damages the previous checkpoint; keep_last prunes.
- * Readers check every tensor's name and shape and say which one does not match. */
+ * One job at a time: the job's rank 0 holds ckpt_lock_dir's lock. Readers check every tensor's
+ * name, shape and place in the file and say which one does not match. */
 #ifndef UST_CKPT_H
 #define UST_CKPT_H
 
@@ -30,19 +31,34 @@ typedef struct {
 
 ckpt_slice ckpt_whole(const ckpt_tensor *t);
 
-typedef struct ckpt_writer ckpt_writer;
-typedef void (*ckpt_barrier_fn)(void *arg);
+/* The job's exclusive lock on dir (rank 0 takes it once, before anything is read or written;
+ * the kernel drops it when the process ends). Creates dir, refuses a second job with exit-2
+ * material naming the holder (host, pid, start time), checks that `latest` is a regular file
+ * when present, and removes temporary step directories that dead jobs left. */
+typedef struct {
+    int fd;
+} ckpt_lock;
+int ckpt_lock_dir(const char *dir, ckpt_lock *l, ust_err *e);
+void ckpt_unlock_dir(ckpt_lock *l);
 
-/* Starts step `step` under dir (creates dir and a temporary step directory). All ranks call it;
- * barrier (may be NULL for one rank) synchronizes them where the protocol needs it. */
-ckpt_writer *ckpt_begin(const char *dir, int64_t step, int rank, ckpt_barrier_fn barrier,
-                        void *barrier_arg, ust_err *e);
+typedef struct ckpt_writer ckpt_writer;
+/* A barrier that also returns nonzero on every rank when `failed` was nonzero on any. */
+typedef int (*ckpt_sync_fn)(void *arg, int failed);
+
+/* Starts step `step` under dir (creates dir and the temporary step directory
+ * .tmp_step_<N>.<job>; job, the same on every rank, may be NULL). All ranks call it; sync (NULL
+ * for one rank) synchronizes them where the protocol needs it. Errors are sticky: after one,
+ * later calls do nothing and fail, and ckpt_commit reports the first (rank 0 quotes a failed
+ * rank's reason), so every rank always reaches the commit. */
+ckpt_writer *ckpt_begin(const char *dir, int64_t step, int rank, const char *job,
+                        ckpt_sync_fn sync, void *sync_arg, ust_err *e);
 /* Declares a file (e.g. "model.safetensors") with its tensors in order; returns its index. */
 int ckpt_add_file(ckpt_writer *w, const char *file, const ckpt_tensor *tensors, int n, ust_err *e);
 int ckpt_write_slice(ckpt_writer *w, int file, const char *name, const ckpt_slice *s,
                      const float *host_data, ust_err *e);
-/* Rank 0 writes state.json (may be NULL on others). Then fsync, barrier, rename to step_<N>,
- * update `latest`, prune to keep_last (0 = keep all). Frees w. */
+/* Rank 0 writes state.json (may be NULL on others). Then fsync, sync, rename to step_<N>,
+ * update `latest`, prune to keep_last (0 = keep all). A failure anywhere removes the temporary
+ * directory and publishes nothing. Frees w. */
 int ckpt_commit(ckpt_writer *w, const char *state_json, int keep_last, ust_err *e);
 void ckpt_abort(ckpt_writer *w); /* leaves the previous checkpoints untouched */
 
@@ -59,13 +75,17 @@ int ckpt_read_slice(ckpt_reader *r, const char *file, const ckpt_tensor *expect,
                     const ckpt_slice *s, float *host_out, ust_err *e);
 const char *ckpt_state_json(const ckpt_reader *r); /* contents of state.json */
 
-/* The run position state.json carries (written by the trainer with the layout and config). */
+/* The run position state.json carries (written by the trainer with the layout and config).
+ * batch_since: since which step (and sample) the global batch has been batch_size sequences,
+ * so sample_index = batch_since_sample + (step - batch_since_step) x batch_size. */
 typedef struct {
     int64_t step, sample_index; /* steps done, samples consumed */
-    double loss;                /* NaN when absent */
+    int64_t batch_since_step, batch_since_sample, batch_size; /* batch_size 0: not recorded */
+    double loss;                                              /* NaN when absent */
 } ckpt_state;
-/* Parses state.json text (dir names it in messages): step and sample_index must be present,
- * non-negative integers; -1 with a message otherwise. */
+/* Parses state.json text of step directory dir: step and sample_index must be non-negative
+ * integers, step must be the one dir's name (step_<N>) says, and sample_index what batch_since
+ * implies when it is recorded; -1 with a message naming the values otherwise. */
 int ckpt_parse_state(const char *json, const char *dir, ckpt_state *out, ust_err *e);
 
 /* Minimal safetensors access used by the readers above and by tests/tools. */

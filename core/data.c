@@ -31,6 +31,7 @@ typedef struct {
     int width;                /* bytes per token: 2 or 4 */
     int64_t ntok;
     int64_t start; /* index of its first token in the stream */
+    struct stat st; /* as opened: a later change (size, mtime, inode) stops the run */
 } shard;
 
 struct ust_dataset {
@@ -38,6 +39,7 @@ struct ust_dataset {
     shard *shards;
     int nshards;
     int64_t ntok;
+    int vocab_size; /* token ids are checked again where they are read (<= 0: not checked) */
 };
 
 static inline uint32_t shard_token(const shard *s, int64_t i) {
@@ -76,8 +78,9 @@ static int open_megatron_index(shard *s, const char *bin_path, size_t bin_size, 
         return ust_errf(e, "%s: a Megatron dataset is named PREFIX.bin (with PREFIX.idx beside it)",
                         bin_path);
     snprintf(idx, sizeof idx, "%.*s.idx", (int)(n - 4), bin_path);
-    FILE *f = fopen(idx, "rb");
-    if (!f) return ust_errf(e, "%s: cannot open its index %s: %s", bin_path, idx, strerror(errno));
+    ust_err inner;
+    FILE *f = fs_fopen_regular(idx, "rb", &inner);
+    if (!f) return ust_errf(e, "%s: cannot open its index: %s", bin_path, inner.msg);
     unsigned char h[MEGATRON_HEADER];
     int rc = -1;
     int32_t *sizes = NULL;
@@ -143,18 +146,15 @@ static int open_shard(shard *s, const char *path, ust_data_format fmt, int vocab
     memset(s, 0, sizeof *s);
     s->path = strdup(path);
     if (!s->path) return ust_errf(e, "%s: out of memory", path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ust_errf(e, "%s: cannot open: %s", path, strerror(errno));
+    int fd = fs_open_regular(path, O_RDONLY, 0, e);
+    if (fd < 0) return -1;
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int err = errno;
         close(fd);
         return ust_errf(e, "%s: cannot stat: %s", path, strerror(err));
     }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return ust_errf(e, "%s: not a regular file", path);
-    }
+    s->st = st;
     size_t size = (size_t)st.st_size;
     if (size > 0) {
         s->map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -165,6 +165,7 @@ static int open_shard(shard *s, const char *path, ust_data_format fmt, int vocab
             return ust_errf(e, "%s: cannot mmap: %s", path, strerror(err));
         }
         s->map_len = size;
+        fs_guard_mapping(s->map, size, path);
     }
     close(fd);
     const unsigned char *base = s->map;
@@ -242,6 +243,7 @@ int data_open(ust_dataset **out, const char *glob_pattern, ust_data_format fmt, 
         return ust_errf(e, "data: out of memory");
     }
     snprintf(d->pattern, sizeof d->pattern, "%s", glob_pattern);
+    d->vocab_size = vocab_size;
     d->shards = calloc(g.gl_pathc, sizeof(shard));
     if (!d->shards) {
         globfree(&g);
@@ -266,7 +268,10 @@ int data_open(ust_dataset **out, const char *glob_pattern, ust_data_format fmt, 
 void data_close(ust_dataset *d) {
     if (!d) return;
     for (int i = 0; i < d->nshards; i++) {
-        if (d->shards[i].map) munmap(d->shards[i].map, d->shards[i].map_len);
+        if (d->shards[i].map) {
+            fs_unguard_mapping(d->shards[i].map);
+            munmap(d->shards[i].map, d->shards[i].map_len);
+        }
         free(d->shards[i].path);
     }
     free(d->shards);
@@ -318,6 +323,34 @@ static int64_t shuffle_index(uint64_t seed, uint64_t epoch, int64_t S, int64_t x
     return (int64_t)y;
 }
 
+/* A shard that changed since it was opened (rewritten in place, truncated, replaced) would feed
+ * the run other tokens than a resume of it would see, or fault: the run stops, naming it. */
+static void check_unchanged(const shard *sh) {
+    struct stat now;
+    if (stat(sh->path, &now) != 0)
+        ust_fatal(UST_EXIT_RUNTIME, "data shard %s is gone while the run reads it: %s", sh->path,
+                  strerror(errno));
+    if (now.st_ino != sh->st.st_ino || now.st_dev != sh->st.st_dev ||
+        now.st_size != sh->st.st_size || now.st_mtim.tv_sec != sh->st.st_mtim.tv_sec ||
+        now.st_mtim.tv_nsec != sh->st.st_mtim.tv_nsec)
+        ust_fatal(UST_EXIT_RUNTIME,
+                  "data shard %s changed while the run reads it (size %lld -> %lld bytes, "
+                  "modified again at %lld): shards must not be rewritten during a run; "
+                  "checkpoints already written are intact",
+                  sh->path, (long long)sh->st.st_size, (long long)now.st_size,
+                  (long long)now.st_mtim.tv_sec);
+}
+
+static int32_t checked_token(const ust_dataset *d, const shard *sh, int64_t i) {
+    uint32_t v = shard_token(sh, i);
+    if (d->vocab_size > 0 && v >= (uint32_t)d->vocab_size)
+        ust_fatal(UST_EXIT_RUNTIME,
+                  "data shard %s: token %lld has id %u, outside the model's vocabulary "
+                  "(vocab_size %d): the shard changed while the run read it",
+                  sh->path, (long long)i, v, d->vocab_size);
+    return (int32_t)v;
+}
+
 /* Copies n tokens of the stream starting at pos, across shard boundaries. */
 static void copy_tokens(const ust_dataset *d, int64_t pos, int64_t n, int32_t *out) {
     int lo = 0, hi = d->nshards - 1; /* last shard with start <= pos */
@@ -331,7 +364,8 @@ static void copy_tokens(const ust_dataset *d, int64_t pos, int64_t n, int32_t *o
     for (int s = lo; n > 0 && s < d->nshards; s++) {
         const shard *sh = &d->shards[s];
         int64_t i = pos - sh->start;
-        for (; i < sh->ntok && n > 0; i++, n--, pos++) *out++ = (int32_t)shard_token(sh, i);
+        if (i < sh->ntok) check_unchanged(sh);
+        for (; i < sh->ntok && n > 0; i++, n--, pos++) *out++ = checked_token(d, sh, i);
     }
     UST_ASSERT(n == 0, "window ran past the stream end (%lld tokens short)", (long long)n);
 }

@@ -354,12 +354,13 @@ static int write_safetensors(const xtable *l, const st_file *src, const char *sr
         if (n > maxn) maxn = n;
     }
     float *buf = malloc(maxn * sizeof(float));
-    FILE *f = hdr && buf ? fopen(path, "wb") : NULL;
+    ust_err inner;
+    FILE *f = hdr && buf ? fs_fopen_regular(path, "wb", &inner) : NULL;
     int rc = 0;
     if (!hdr || !buf)
         rc = ust_errf(e, "export: out of memory");
     else if (!f)
-        rc = ust_errf(e, "export: cannot create %s: %s", path, strerror(errno));
+        rc = ust_errf(e, "export: %s", inner.msg);
     if (!rc) rc = write_all(f, hdr, hlen, path, e);
     for (int i = 0; i < l->n && !rc; i++) {
         const xtensor *x = &l->t[i];
@@ -464,9 +465,9 @@ static int write_config(const ust_config *c, const char *path, ust_err *e) {
     char *s = cJSON_Print(j);
     cJSON_Delete(j);
     if (!s) return ust_errf(e, "export: out of memory");
-    FILE *f = fopen(path, "wb");
-    int rc = f ? write_all(f, s, strlen(s), path, e)
-               : ust_errf(e, "export: cannot create %s: %s", path, strerror(errno));
+    ust_err inner;
+    FILE *f = fs_fopen_regular(path, "wb", &inner);
+    int rc = f ? write_all(f, s, strlen(s), path, e) : ust_errf(e, "export: %s", inner.msg);
     if (!rc) rc = write_all(f, "\n", 1, path, e);
     if (f) rc = close_synced(f, path, rc, e);
     free(s);

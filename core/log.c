@@ -21,8 +21,8 @@ int log_open(ust_log *l, const char *metrics_path, char *err, int errlen) {
             return -1;
         }
     }
-    if (!(l->metrics = fopen(metrics_path, "a"))) {
-        snprintf(err, errlen, "%s: cannot open metrics file: %s", metrics_path, strerror(errno));
+    if (!(l->metrics = fs_fopen_regular(metrics_path, "ab", &e))) {
+        snprintf(err, errlen, "metrics file %s", e.msg);
         return -1;
     }
     return 0;

@@ -2,6 +2,7 @@
  * Shapes: B = micro-batch, T = sequence, N = B*T tokens, C = d_model, H/Hkv = query/key-value
  * heads of size D, F = d_ff, Vp = padded vocabulary (V real). */
 #include "model.h"
+#include "fs.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -1143,8 +1144,9 @@ static int check_llmc_header(const model *m, const int32_t *h, const char *path,
 int model_load_llmc(model *m, const char *path, model_store_fn store, void *store_ctx, ust_err *e) {
     llmc_sink sink = {store, store_ctx};
     UST_ASSERT(store || m->p, "model_load_llmc without a store needs the parameter buffer");
-    FILE *f = fopen(path, "rb");
-    if (!f) return ust_errf(e, "%s: cannot open llm.c checkpoint", path);
+    ust_err inner;
+    FILE *f = fs_fopen_regular(path, "rb", &inner);
+    if (!f) return ust_errf(e, "llm.c checkpoint %s", inner.msg);
     int32_t h[256];
     int rc = -1;
     float *host = NULL;

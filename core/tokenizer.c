@@ -9,6 +9,7 @@
  * load time, so encoding never builds the mapped strings. The regexes are scanners that follow
  * the alternation order and backtracking of the patterns (see pretok_gpt2/pretok_llama3). */
 #include "tokenizer.h"
+#include "fs.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -228,11 +229,8 @@ const char *tok_describe(const tok_tokenizer *t) { return t->describe; }
  * Loading tokenizer.json */
 
 static char *read_file(const char *path, size_t *n, ust_err *e) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        ust_errf(e, "%s: cannot read: %s", path, strerror(errno));
-        return NULL;
-    }
+    FILE *f = fs_fopen_regular(path, "rb", e);
+    if (!f) return NULL;
     size_t cap = 1 << 20, len = 0;
     char *buf = malloc(cap + 1);
     for (size_t r; buf && (r = fread(buf + len, 1, cap - len, f)) > 0;) {

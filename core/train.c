@@ -33,6 +33,11 @@ static volatile sig_atomic_t g_stop_signal;
 
 static void on_stop_signal(int sig) { g_stop_signal = sig; }
 
+void train_install_stop_handlers(void) {
+    signal(SIGTERM, on_stop_signal);
+    signal(SIGUSR1, on_stop_signal);
+}
+
 typedef struct {
     const ust_config *cfg;
     ust_runtime *rt;
@@ -53,7 +58,9 @@ typedef struct {
     int Tl;                              /* tokens of each sequence on this rank (T / cp) */
     float *flag;                         /* one device float for any_rank */
     int64_t step, sample_index;          /* the run's position: steps done, samples consumed */
+    int64_t batch_since_step, batch_since_sample; /* where the current global batch size began */
     double last_loss;
+    ckpt_lock lock; /* rank 0: the job's lock on checkpoint.dir */
 } trainer;
 
 /* ------------------------------------------------------------------ the runtime */
@@ -109,10 +116,8 @@ static int any_rank(trainer *t, int flag) {
     return f > 0;
 }
 
-static void world_barrier(void *arg) {
-    comm_req r = comm_barrier(((ust_runtime *)arg)->topo.comm[TOPO_WORLD]);
-    comm_wait(&r);
-}
+/* The checkpoint writer's barrier: every rank learns whether any failed. */
+static int world_sync(void *arg, int failed) { return any_rank(arg, failed); }
 
 /* ------------------------------------------------------------------ set-up */
 
@@ -139,6 +144,10 @@ static char *state_json(trainer *t) {
     cJSON_AddNumberToObject(j, "sample_index", (double)t->sample_index);
     cJSON_AddNumberToObject(j, "seed", (double)c->run.seed);
     cJSON_AddNumberToObject(j, "loss", isfinite(t->last_loss) ? t->last_loss : 0);
+    cJSON *since = cJSON_AddObjectToObject(j, "batch_since");
+    cJSON_AddNumberToObject(since, "step", (double)t->batch_since_step);
+    cJSON_AddNumberToObject(since, "sample_index", (double)t->batch_since_sample);
+    cJSON_AddNumberToObject(since, "global_batch_size", c->train.global_batch_size);
     cJSON *lay = cJSON_AddObjectToObject(j, "layout");
     cJSON_AddNumberToObject(lay, "dp", c->parallel.dp);
     cJSON_AddNumberToObject(lay, "tp", c->parallel.tp);
@@ -161,24 +170,40 @@ static char *state_json(trainer *t) {
 
 static int save_checkpoint(trainer *t, ust_err *e) {
     const ust_config *c = t->cfg;
-    ckpt_writer *w = ckpt_begin(c->checkpoint.dir, t->step, t->rt->rank, world_barrier, t->rt, e);
+    ckpt_writer *w = ckpt_begin(c->checkpoint.dir, t->step, t->rt->rank, t->rt->boot.job_id,
+                                world_sync, t, e);
     if (!w) return -1;
-    if (dp_save(t->dp, w, e)) {
-        ckpt_abort(w);
-        return -1;
-    }
+    dp_save(t->dp, w, e); /* a failure is sticky in w: the commit reports it on every rank */
     char *state = t->rank0 ? state_json(t) : NULL;
     int rc = ckpt_commit(w, state, c->checkpoint.keep_last, e);
     free(state);
     return rc;
 }
 
+/* The position must be one this run can continue from: within train.steps, and the data
+ * position the steps imply (a checkpoint from before batch_since was recorded has had the
+ * run's global batch size all along). A new global batch size starts a new batch_since. */
 static int read_state(trainer *t, const char *json, const char *dir, ust_err *e) {
+    const ust_config *c = t->cfg;
     ckpt_state st;
     if (ckpt_parse_state(json, dir, &st, e)) return -1;
+    if (st.step > c->train.steps)
+        return ust_errf(e,
+                        "checkpoint %s is at step %lld, beyond train.steps = %lld (raise "
+                        "train.steps to go on, or set checkpoint.resume: none to start over)",
+                        dir, (long long)st.step, (long long)c->train.steps);
+    int64_t G = c->train.global_batch_size;
+    if (!st.batch_size && st.sample_index != st.step * G)
+        return ust_errf(e,
+                        "checkpoint %s: sample_index %lld is not step %lld x global_batch_size "
+                        "%lld",
+                        dir, (long long)st.sample_index, (long long)st.step, (long long)G);
     t->step = st.step;
     t->sample_index = st.sample_index;
     t->last_loss = st.loss;
+    bool same_batch = !st.batch_size || st.batch_size == G;
+    t->batch_since_step = same_batch ? st.batch_since_step : st.step;
+    t->batch_since_sample = same_batch ? st.batch_since_sample : st.sample_index;
     return 0;
 }
 
@@ -329,6 +354,7 @@ static double validation_loss(trainer *t) {
 
 static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile, ust_err *e) {
     memset(t, 0, sizeof *t);
+    t->lock.fd = -1;
     t->cfg = cfg;
     t->rt = rt;
     t->rank0 = rt->rank == 0;
@@ -343,8 +369,10 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile
                         "parallel.sp: the %d x %d tokens a rank holds of a micro-batch do not "
                         "split over parallel.tp = %d ranks",
                         cfg->train.micro_batch_size, cfg->train.seq_len / cp, cfg->parallel.tp);
+    /* first, before anything is read: one job at a time may own the checkpoints */
+    if (t->rank0 && cfg->checkpoint.dir[0] && ckpt_lock_dir(cfg->checkpoint.dir, &t->lock, e))
+        return -1;
     if (open_data(t, e)) return -1;
-    if (cfg->checkpoint.every > 0 && fs_mkdir_p(cfg->checkpoint.dir, e)) return -1;
     if (cfg->run.device == DEV_CUDA) {
         if (!(t->backend = ops_cuda_create(rt->boot.local_rank, e))) return -1;
         ops_cuda_set_bf16(t->backend, cfg->train.precision == PREC_BF16);
@@ -411,6 +439,7 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile
 
 static void teardown(trainer *t) {
     log_close(&t->log);
+    ckpt_unlock_dir(&t->lock);
     if (t->train) data_close(t->train);
     if (t->val) data_close(t->val);
     pp_destroy(t->pp);
@@ -438,8 +467,11 @@ static void write_effective_config(const ust_config *cfg) {
         return;
     }
     snprintf(path, sizeof path, "%s/config.yaml", cfg->run.out_dir);
-    FILE *f = fopen(path, "w");
-    if (!f) return;
+    FILE *f = fs_fopen_regular(path, "wb", &e);
+    if (!f) {
+        fprintf(stderr, "ustrain: warning: effective config %s\n", e.msg);
+        return;
+    }
     cfg_dump(cfg, f);
     fclose(f);
 }
@@ -501,6 +533,12 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
     res->flops_per_token = fpt;
     int untimed = opts->untimed_steps > 0 ? opts->untimed_steps : 1;
     int all_timed = c->train.steps - first <= untimed;
+    /* a stop asked for during start-up: nothing was trained, so nothing needs saving */
+    if (t->step < c->train.steps && any_rank(t, g_stop_signal != 0)) {
+        if (t->rank0)
+            printf("received signal before the first step: stopped, nothing to checkpoint\n");
+        return UST_EXIT_OK;
+    }
     while (t->step < c->train.steps) {
         /* the op profiler (--profile) counts the timed steps only */
         if (opts->profile && (t->step == first + untimed || (all_timed && t->step == first)))
@@ -556,7 +594,9 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
         }
         /* every rank stops after the same step: a signal to any of them counts */
         int stop = any_rank(t, g_stop_signal != 0);
-        if (c->checkpoint.every > 0 && (t->step % c->checkpoint.every == 0 || last || stop)) {
+        /* every: 0 turns off the periodic checkpoints only; a stop always writes one */
+        int periodic = c->checkpoint.every > 0 && (t->step % c->checkpoint.every == 0 || last);
+        if (c->checkpoint.dir[0] && (periodic || stop)) {
             if (save_checkpoint(t, &e)) {
                 fprintf(stderr, "ustrain: error: checkpoint at step %lld failed: %s\n",
                         (long long)t->step, e.msg);
@@ -567,7 +607,7 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
             if (t->rank0)
                 printf("received signal: stopped after step %lld%s (SIGTERM/SIGUSR1 to any "
                        "rank stops every rank after the same step)\n",
-                       (long long)t->step, c->checkpoint.every > 0 ? ", checkpoint written" : "");
+                       (long long)t->step, c->checkpoint.dir[0] ? ", checkpoint written" : "");
             break;
         }
     }
@@ -611,12 +651,11 @@ static int run_with(const ust_config *cfg, ust_runtime *rt, const train_opts *op
                cfg->train.seq_len, cfg_grad_accum(cfg), log_bytes(b1, 32, t.arena.total),
                log_bytes(b2, 32, plan.total));
     }
-    g_stop_signal = 0;
-    signal(SIGTERM, on_stop_signal);
-    signal(SIGUSR1, on_stop_signal);
+    train_install_stop_handlers(); /* `ustrain train` did already, before the bootstrap */
     int rc = loop(&t, opts, res);
     signal(SIGTERM, SIG_DFL);
     signal(SIGUSR1, SIG_DFL);
+    g_stop_signal = 0; /* a later run in this process starts afresh */
     res->arena_bytes = (double)t.arena.total;
     for (int i = 0; i < MEM_NCAT && i < 6; i++) res->arena_by_cat[i] = (double)t.arena.bytes[i];
     res->peak_rss = mem_peak_rss_bytes();

@@ -26,6 +26,11 @@ typedef struct {
  * of cfg's layout; a layout that does not fit the world size is a usage error (-1). */
 int train_runtime_init(ust_runtime *rt, const ust_config *cfg, ust_err *e);
 void train_runtime_finalize(ust_runtime *rt);
+/* SIGTERM/SIGUSR1 ask for a stop after the current step (with a checkpoint when
+ * checkpoint.dir is set; before the first step, none is needed and the run exits 0). Call it
+ * as early as possible: train_run installs the handlers too, and restores the defaults when it
+ * returns. */
+void train_install_stop_handlers(void);
 
 typedef struct {
     int quiet;         /* no per-step lines (benchmark) */

@@ -575,9 +575,10 @@ static int transfer(dp_state *d, dp_buf b, int file, ckpt_writer *w, ckpt_reader
 }
 
 int dp_save(dp_state *d, ckpt_writer *w, ust_err *e) {
+    /* both always: declaring a file is a step every rank takes together, failed or not */
     int fm = list_file(d, w, 0, e);
-    int fo = fm < 0 ? -1 : list_file(d, w, 1, e);
-    if (fo < 0) return -1;
+    int fo = list_file(d, w, 1, e);
+    if (fm < 0 || fo < 0) return -1;
     return transfer(d, BUF_PARAMS, fm, w, NULL, e) || transfer(d, BUF_M, fo, w, NULL, e) ||
                    transfer(d, BUF_V, fo, w, NULL, e)
                ? -1

@@ -9,7 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "ckpt.h"
@@ -72,7 +74,7 @@ static int write_slice(ckpt_writer *w, int file, int i, ckpt_slice s, float salt
 
 /* A whole checkpoint from one writer; salt makes each step's values different. */
 static int write_step(const char *dir, int64_t step, float salt, int keep_last, ust_err *e) {
-    ckpt_writer *w = ckpt_begin(dir, step, 0, NULL, NULL, e);
+    ckpt_writer *w = ckpt_begin(dir, step, 0, NULL, NULL, NULL, e);
     if (!w) return -1;
     int f = ckpt_add_file(w, "model.safetensors", T3, 3, e);
     if (f < 0) {
@@ -134,7 +136,7 @@ static void test_slices_from_many_writers_read_back_whole_and_by_slice(void) {
     char dir[512], sd[600];
     path_in(dir, sizeof dir, "slices");
     ust_err e;
-    ckpt_writer *w = ckpt_begin(dir, 3, 0, NULL, NULL, &e);
+    ckpt_writer *w = ckpt_begin(dir, 3, 0, NULL, NULL, NULL, &e);
     CHECK(w, "begin: %.900s", e.msg);
     int f = ckpt_add_file(w, "model.safetensors", T3, 3, &e);
     CHECK(f == 0, "add_file: %.900s", e.msg);
@@ -170,7 +172,7 @@ static void test_slice_outside_the_tensor_is_refused_and_fails_the_commit(void) 
     char dir[512];
     path_in(dir, sizeof dir, "badslice");
     ust_err e;
-    ckpt_writer *w = ckpt_begin(dir, 1, 0, NULL, NULL, &e);
+    ckpt_writer *w = ckpt_begin(dir, 1, 0, NULL, NULL, NULL, &e);
     CHECK(w, "begin: %.900s", e.msg);
     int f = ckpt_add_file(w, "model.safetensors", T3, 3, &e);
     CHECK(f == 0, "add_file: %.900s", e.msg);
@@ -180,11 +182,14 @@ static void test_slice_outside_the_tensor_is_refused_and_fails_the_commit(void) 
     int msg_ok = rc == -1 && strstr(e.msg, "outside tensor 'model.layers.0.A.weight'");
     ckpt_slice flat = {0, 2, 0, 5, 3, 11}; /* flat range longer than the 2 x 5 box */
     rc = ckpt_write_slice(w, f, T3[0].name, &flat, junk, &e);
-    msg_ok = msg_ok && rc == -1;
-    CHECK(!write_in_pieces(w, f, &e), "write: %.900s", e.msg);
+    msg_ok = msg_ok && rc == -1 && strstr(e.msg, "rows [5, +2)"); /* sticky: the first error */
+    /* later writes are skipped and report the first error too */
+    int later = write_in_pieces(w, f, &e) == -1 && strstr(e.msg, "rows [5, +2)");
     rc = ckpt_commit(w, "{}", 0, &e);
     CHECK(msg_ok, "bad slices accepted");
-    CHECK(rc == -1 && !exists(dir, "step_1") && !exists(dir, ".tmp_step_1"),
+    CHECK(later, "a write after a failed one was not refused: %.900s", e.msg);
+    CHECK(rc == -1 && strstr(e.msg, "rows [5, +2)") && !exists(dir, "step_1") &&
+              !exists(dir, ".tmp_step_1"),
           "a writer with a refused slice committed: %.900s", e.msg);
 }
 
@@ -291,7 +296,7 @@ static void test_abort_leaves_the_previous_checkpoint_intact(void) {
     path_in(dir, sizeof dir, "abort");
     ust_err e;
     CHECK(write_step(dir, 1, 1, 1, &e) == 0, "%.900s", e.msg);
-    ckpt_writer *w = ckpt_begin(dir, 2, 0, NULL, NULL, &e);
+    ckpt_writer *w = ckpt_begin(dir, 2, 0, NULL, NULL, NULL, &e);
     CHECK(w, "begin: %.900s", e.msg);
     int f = ckpt_add_file(w, "model.safetensors", T3, 3, &e);
     CHECK(f == 0, "%.900s", e.msg);
@@ -398,6 +403,24 @@ static void test_corrupt_headers_give_errors_not_crashes(void) {
          "{\"t\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
          "\"t\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
          8, "appears twice"},
+        /* the layout: tensors must tile the data section, as the format requires */
+        {0,
+         "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}",
+         16, "overlap"},
+        {0,
+         "{\"a\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}",
+         16, "overlap"},
+        {0,
+         "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[16,24]}}",
+         24, "gap"},
+        {0, "{\"t\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12, "gap"},
+        {0, good, 12, "cover 8 of the 12"},
+        /* the header length one byte short of a padded header: data shifted by one */
+        {strlen(good), "{\"t\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}} ", 8,
+         "cover 8 of the 9"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         write_st(p, cases[i].claimed ? cases[i].claimed : strlen(cases[i].hdr), cases[i].hdr,
@@ -453,7 +476,7 @@ static void test_unwritable_location_gives_clear_error_and_old_checkpoint_surviv
     path_in(file, sizeof file, "plainfile");
     write_bytes(file, "x", 1);
     snprintf(dir, sizeof dir, "%s/ckpt", file);
-    CHECK(!ckpt_begin(dir, 1, 0, NULL, NULL, &e), "begin under a file succeeded");
+    CHECK(!ckpt_begin(dir, 1, 0, NULL, NULL, NULL, &e), "begin under a file succeeded");
     CHECK(strstr(e.msg, file) && strstr(e.msg, "Not a directory"), "message: %.900s", e.msg);
     CHECK(ckpt_find_latest(dir, p, sizeof p, &e) == -1 && strstr(e.msg, "Not a directory"),
           "find_latest: %.900s", e.msg);
@@ -461,7 +484,7 @@ static void test_unwritable_location_gives_clear_error_and_old_checkpoint_surviv
     /* the temporary directory turns into something unwritable mid-checkpoint */
     path_in(dir, sizeof dir, "broken");
     CHECK(write_step(dir, 1, 1, 0, &e) == 0, "%.900s", e.msg);
-    ckpt_writer *w = ckpt_begin(dir, 2, 0, NULL, NULL, &e);
+    ckpt_writer *w = ckpt_begin(dir, 2, 0, NULL, NULL, NULL, &e);
     CHECK(w, "begin: %.900s", e.msg);
     snprintf(p, sizeof p, "%s/.tmp_step_2", dir);
     rmdir(p);
@@ -472,7 +495,7 @@ static void test_unwritable_location_gives_clear_error_and_old_checkpoint_surviv
     ckpt_abort(w);
     CHECK(msg_ok, "add_file: %.900s", e.msg);
     /* the temporary directory disappears before the commit */
-    w = ckpt_begin(dir, 2, 0, NULL, NULL, &e);
+    w = ckpt_begin(dir, 2, 0, NULL, NULL, NULL, &e);
     CHECK(w, "begin: %.900s", e.msg);
     f = ckpt_add_file(w, "model.safetensors", T3, 3, &e);
     CHECK(f == 0, "add_file: %.900s", e.msg);
@@ -489,22 +512,40 @@ static void test_unwritable_location_gives_clear_error_and_old_checkpoint_surviv
     CHECK(check_step(p, 1, why, sizeof why) == 0, "%.900s", why);
 }
 
+/* The writer's sync over the two threads: call k of each rank meets call k of the other, and
+ * both learn whether either failed in it. */
+typedef struct {
+    pthread_barrier_t b;
+    int any[64];
+} shared_sync;
+typedef struct {
+    shared_sync *s;
+    int calls;
+} rank_sync;
+
+static int sync_two(void *arg, int failed) {
+    rank_sync *r = arg;
+    int k = r->calls++;
+    if (failed) __atomic_store_n(&r->s->any[k], 1, __ATOMIC_SEQ_CST);
+    pthread_barrier_wait(&r->s->b);
+    return __atomic_load_n(&r->s->any[k], __ATOMIC_SEQ_CST);
+}
+
 /* Two ranks as two threads on one barrier: the protocol of ckpt.h end to end. */
 typedef struct {
-    pthread_barrier_t *b;
+    shared_sync *b;
     const char *dir;
     int rank, fail;
     int rc;
     char msg[1024];
 } rank_arg;
 
-static void barrier_wait(void *b) { pthread_barrier_wait(b); }
-
 static void *rank_main(void *va) {
     rank_arg *a = va;
     ust_err e;
     a->rc = -1;
-    ckpt_writer *w = ckpt_begin(a->dir, 7, a->rank, barrier_wait, a->b, &e);
+    rank_sync rs = {a->b, 0};
+    ckpt_writer *w = ckpt_begin(a->dir, 7, a->rank, "job-7", sync_two, &rs, &e);
     if (!w) {
         snprintf(a->msg, sizeof a->msg, "%.1000s", e.msg);
         return NULL;
@@ -533,15 +574,15 @@ static void *rank_main(void *va) {
 }
 
 static void run_two_ranks(const char *dir, int fail, rank_arg a[2]) {
-    pthread_barrier_t b;
-    pthread_barrier_init(&b, NULL, 2);
+    shared_sync b = {0};
+    pthread_barrier_init(&b.b, NULL, 2);
     pthread_t th[2];
     for (int r = 0; r < 2; r++) {
         a[r] = (rank_arg){.b = &b, .dir = dir, .rank = r, .fail = fail};
         pthread_create(&th[r], NULL, rank_main, &a[r]);
     }
     for (int r = 0; r < 2; r++) pthread_join(th[r], NULL);
-    pthread_barrier_destroy(&b);
+    pthread_barrier_destroy(&b.b);
 }
 
 static void test_two_ranks_write_their_shards_into_one_checkpoint(void) {
@@ -559,10 +600,14 @@ static void test_a_failed_rank_stops_the_commit(void) {
     path_in(dir, sizeof dir, "ranks_fail");
     rank_arg a[2];
     run_two_ranks(dir, 1, a);
-    CHECK(a[1].rc == -1 && strstr(a[1].msg, "earlier write failed"), "rank 1: %.900s", a[1].msg);
-    CHECK(a[0].rc == -1 && strstr(a[0].msg, "rank 1 failed"), "rank 0: %.900s", a[0].msg);
-    CHECK(!exists(dir, "step_7") && !exists(dir, ".tmp_step_7") && !exists(dir, "latest"),
-          "a checkpoint with a failed rank was published");
+    /* rank 1 reports its own first error; rank 0 quotes it */
+    CHECK(a[1].rc == -1 && strstr(a[1].msg, "'no.such.tensor' was not declared"), "rank 1: %.900s",
+          a[1].msg);
+    CHECK(a[0].rc == -1 && strstr(a[0].msg, "rank 1 failed to write its part") &&
+              strstr(a[0].msg, "'no.such.tensor' was not declared"),
+          "rank 0: %.900s", a[0].msg);
+    CHECK(!exists(dir, "step_7") && !exists(dir, ".tmp_step_7.job-7") && !exists(dir, "latest"),
+          "a checkpoint with a failed rank was published, or its temporary directory left");
 }
 
 static void test_state_json_position_is_parsed_and_bad_ones_refused(void) {
@@ -589,6 +634,125 @@ static void test_state_json_position_is_parsed_and_bad_ones_refused(void) {
               "state '%s' accepted (or unnamed error: %s)", bad[i], e.msg);
 }
 
+static void test_state_json_must_agree_with_its_directory_and_batch(void) {
+    ckpt_state st;
+    ust_err e;
+    const char *since = "{\"step\": 4, \"sample_index\": 28, \"batch_since\": {\"step\": 2, "
+                        "\"sample_index\": 12, \"global_batch_size\": 8}}";
+    CHECK(ckpt_parse_state(since, "ckpt/step_4", &st, &e) == 0 && st.batch_since_step == 2 &&
+              st.batch_since_sample == 12 && st.batch_size == 8,
+          "consistent state refused: %s", e.msg);
+    CHECK(ckpt_parse_state(since, "ckpt/step_4/", &st, &e) == 0, "trailing slash: %s", e.msg);
+    CHECK(ckpt_parse_state("{\"step\": 3, \"sample_index\": 24}", "ckpt/step_4", &st, &e) == -1 &&
+              strstr(e.msg, "says step 3, but the directory is step 4"),
+          "step 3 inside step_4: %s", e.msg);
+    CHECK(ckpt_parse_state("{\"step\": 3, \"sample_index\": 24}", "ckpt/mine", &st, &e) == 0,
+          "a directory of another name names no step: %s", e.msg);
+    const char *off = "{\"step\": 4, \"sample_index\": 29, \"batch_since\": {\"step\": 2, "
+                      "\"sample_index\": 12, \"global_batch_size\": 8}}";
+    CHECK(ckpt_parse_state(off, "ckpt/step_4", &st, &e) == -1 &&
+              strstr(e.msg, "sample_index 29 is not what step 4 implies"),
+          "inconsistent sample index: %s", e.msg);
+    const char *huge = "{\"step\": 9007199254740991, \"sample_index\": 0, \"batch_since\": "
+                       "{\"step\": 0, \"sample_index\": 0, \"global_batch_size\": 8}}";
+    CHECK(ckpt_parse_state(huge, "ckpt/step_9007199254740991", &st, &e) == -1, "2^53 - 1 steps");
+}
+
+/* mkfifo at dir/name */
+static void make_fifo(const char *dir, const char *name) {
+    char p[1024];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    unlink(p);
+    CHECK(mkfifo(p, 0644) == 0, "mkfifo %s", p);
+}
+
+static void test_fifos_and_directories_are_refused_not_waited_for(void) {
+    char dir[512], p[700], out[700];
+    path_in(dir, sizeof dir, "fifo");
+    ust_err e;
+    CHECK(write_step(dir, 1, 1, 0, &e) == 0, "%.900s", e.msg);
+    make_fifo(dir, "latest");
+    CHECK(ckpt_find_latest(dir, out, sizeof out, &e) == -1 && strstr(e.msg, "latest is a FIFO"),
+          "latest FIFO: %.900s", e.msg);
+    snprintf(p, sizeof p, "%s/latest", dir);
+    unlink(p);
+    mkdir(p, 0755);
+    CHECK(ckpt_find_latest(dir, out, sizeof out, &e) == -1 &&
+              strstr(e.msg, "latest is a directory"),
+          "latest directory: %.900s", e.msg);
+    rmdir(p);
+    snprintf(p, sizeof p, "%s/step_1", dir);
+    make_fifo(p, "state.json");
+    CHECK(!ckpt_open(p, &e) && strstr(e.msg, "not a regular file (a FIFO)"), "state.json: %.900s",
+          e.msg);
+    make_fifo(p, "model.safetensors");
+    snprintf(out, sizeof out, "%s/model.safetensors", p);
+    CHECK(!st_open(out, &e) && strstr(e.msg, "not a regular file (a FIFO)"),
+          "safetensors FIFO: %.900s", e.msg);
+}
+
+static void test_a_second_job_is_refused_until_the_first_ends(void) {
+    char dir[512];
+    path_in(dir, sizeof dir, "locked");
+    ust_err e;
+    ckpt_lock a, b;
+    CHECK(ckpt_lock_dir(dir, &a, &e) == 0, "first lock: %.900s", e.msg);
+    char pid[64];
+    snprintf(pid, sizeof pid, "pid %ld,", (long)getpid());
+    CHECK(ckpt_lock_dir(dir, &b, &e) == -1 && strstr(e.msg, "in use by another job") &&
+              strstr(e.msg, pid) && strstr(e.msg, "started "),
+          "second lock: %.900s", e.msg);
+    ckpt_unlock_dir(&a);
+    CHECK(ckpt_lock_dir(dir, &b, &e) == 0, "after unlock: %.900s", e.msg);
+    ckpt_unlock_dir(&b);
+    /* a holder that dies (SIGKILL: no clean-up) never blocks the next job */
+    int ready[2];
+    CHECK(pipe(ready) == 0, "pipe");
+    pid_t child = fork();
+    if (child == 0) {
+        ckpt_lock l;
+        char c = ckpt_lock_dir(dir, &l, &e) == 0 ? 'y' : 'n';
+        if (write(ready[1], &c, 1) != 1) _exit(1);
+        pause();
+        _exit(0);
+    }
+    char c = 0;
+    CHECK(read(ready[0], &c, 1) == 1 && c == 'y', "the child could not lock");
+    snprintf(pid, sizeof pid, "pid %ld,", (long)child);
+    CHECK(ckpt_lock_dir(dir, &b, &e) == -1 && strstr(e.msg, pid), "child's lock: %.900s", e.msg);
+    kill(child, SIGKILL);
+    waitpid(child, NULL, 0);
+    CHECK(ckpt_lock_dir(dir, &b, &e) == 0, "after the holder died: %.900s", e.msg);
+    ckpt_unlock_dir(&b);
+    close(ready[0]), close(ready[1]);
+}
+
+static void test_the_lock_checks_latest_and_clears_dead_jobs_temporaries(void) {
+    char dir[512], p[700];
+    path_in(dir, sizeof dir, "lockclean");
+    ust_err e;
+    ckpt_lock l;
+    CHECK(write_step(dir, 1, 1, 0, &e) == 0, "%.900s", e.msg);
+    snprintf(p, sizeof p, "%s/.tmp_step_3.deadjob", dir);
+    mkdir(p, 0755);
+    snprintf(p, sizeof p, "%s/.tmp_step_3.deadjob/model.safetensors", dir);
+    write_bytes(p, "x", 1);
+    CHECK(ckpt_lock_dir(dir, &l, &e) == 0, "lock: %.900s", e.msg);
+    ckpt_unlock_dir(&l);
+    CHECK(!exists(dir, ".tmp_step_3.deadjob") && exists(dir, "step_1"),
+          "a dead job's temporary directory survived (or step_1 went)");
+    snprintf(p, sizeof p, "%s/latest", dir);
+    unlink(p);
+    mkdir(p, 0755);
+    CHECK(ckpt_lock_dir(dir, &l, &e) == -1 && strstr(e.msg, "latest is a directory"),
+          "latest directory at start: %.900s", e.msg);
+    rmdir(p);
+    /* unique per job: two jobs' temporaries of one step never share a name */
+    ckpt_writer *w = ckpt_begin(dir, 5, 0, "slurm 17/3", NULL, NULL, &e);
+    CHECK(w && exists(dir, ".tmp_step_5.slurm_17_3"), "job-tagged temporary: %.900s", e.msg);
+    ckpt_abort(w);
+}
+
 int main(void) {
     umask(022);
     snprintf(g_tmp, sizeof g_tmp, "/tmp/ust_test_ckpt.XXXXXX");
@@ -606,6 +770,10 @@ int main(void) {
     RUN_TEST(test_two_ranks_write_their_shards_into_one_checkpoint);
     RUN_TEST(test_a_failed_rank_stops_the_commit);
     RUN_TEST(test_state_json_position_is_parsed_and_bad_ones_refused);
+    RUN_TEST(test_state_json_must_agree_with_its_directory_and_batch);
+    RUN_TEST(test_fifos_and_directories_are_refused_not_waited_for);
+    RUN_TEST(test_a_second_job_is_refused_until_the_first_ends);
+    RUN_TEST(test_the_lock_checks_latest_and_clears_dead_jobs_temporaries);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_tmp);
