@@ -215,7 +215,7 @@ static int writer_fail(ckpt_writer *w, const ust_err *e) {
 
 /* A barrier that also tells every rank whether any of them failed. */
 static bool wsync(ckpt_writer *w, bool failed) {
-    return w->sync ? w->sync(w->sync_arg, failed) != 0 : failed;
+    return w->sync ? w->sync(w->sync_arg, failed, NULL, 0) >= 0 : failed;
 }
 
 static void free_writer(ckpt_writer *w) {
@@ -528,44 +528,6 @@ static int publish(ckpt_writer *w, int keep_last, ust_err *e) {
     return 0;
 }
 
-/* A failed rank leaves its reason in the temporary directory (best effort: the disk may be
- * what failed); rank 0 quotes the first one it finds. */
-#define FAILED_PREFIX ".failed_rank_"
-
-static void leave_reason(const ckpt_writer *w, const char *msg) {
-    char p[PATH_MAX];
-    ust_err ignored;
-    if (!pathf(p, sizeof p, &ignored, "%s/" FAILED_PREFIX "%d", w->tmp, w->rank))
-        write_small_file(p, msg, &ignored);
-}
-
-static int quote_reason(const ckpt_writer *w, ust_err *e) {
-    DIR *d = opendir(w->tmp);
-    struct dirent *de;
-    char reason[1536] = "";
-    const char *who = NULL;
-    while (d && (de = readdir(d)) && !who) {
-        if (strncmp(de->d_name, FAILED_PREFIX, strlen(FAILED_PREFIX))) continue;
-        who = de->d_name + strlen(FAILED_PREFIX);
-        char p[PATH_MAX];
-        ust_err ignored;
-        FILE *f = pathf(p, sizeof p, &ignored, "%s/%s", w->tmp, de->d_name)
-                      ? NULL
-                      : fs_fopen_regular(p, "rb", &ignored);
-        if (f) {
-            size_t n = fread(reason, 1, sizeof reason - 1, f);
-            reason[n] = 0;
-            reason[strcspn(reason, "\n")] = 0;
-            fclose(f);
-        }
-        ust_errf(e, "rank %s failed to write its part: %s", who,
-                 reason[0] ? reason : "(see that rank's own message)");
-    }
-    if (d) closedir(d);
-    if (!who) ust_errf(e, "another rank failed to write its part (see its own message)");
-    return -1;
-}
-
 int ckpt_commit(ckpt_writer *w, const char *state_json, int keep_last, ust_err *e) {
     int rc = 0;
     if (w->failed) {
@@ -586,11 +548,16 @@ int ckpt_commit(ckpt_writer *w, const char *state_json, int keep_last, ust_err *
             rc = ust_errf(e, "checkpoint: cannot write %s: %s", f->path, strerror(errno));
         f->fd = -1;
     }
-    if (rc && w->rank != 0) leave_reason(w, e->msg);
-    /* every rank learns whether any failed: rank 0 must never publish another rank's holes */
-    bool any = wsync(w, rc != 0);
+    /* every rank learns whether any failed, and rank 0 the first failed rank's reason: it must
+     * never publish another rank's holes, and says why it did not */
+    char why[sizeof e->msg];
+    snprintf(why, sizeof why, "%s", rc ? e->msg : "");
+    int failed_rank = w->sync ? w->sync(w->sync_arg, rc != 0, why, sizeof why) : (rc ? 0 : -1);
+    bool any = failed_rank >= 0;
     if (w->rank == 0) {
-        if (!rc && any) rc = quote_reason(w, e);
+        if (!rc && any)
+            rc = ust_errf(e, "rank %d failed to write its part: %s", failed_rank,
+                          why[0] ? why : "(see its own message)");
         if (!rc) rc = publish(w, keep_last, e);
         if (rc) rm_rf(w->tmp);
     }
@@ -711,11 +678,18 @@ void ckpt_unlock_dir(ckpt_lock *l) {
 /* ---------------------------------------------------------------------------------------------
  * Finding the newest checkpoint */
 
-static bool is_finished(const char *dir, const char *name) {
+/* 1: dir/name is a finished step (its state.json is a regular file); 0: unfinished (no
+ * state.json); -1: its state.json is something else (a FIFO, a directory): refused, never
+ * silently skipped or waited for. */
+static int is_finished(const char *dir, const char *name, ust_err *e) {
     char p[PATH_MAX];
     struct stat st;
-    if (snprintf(p, sizeof p, "%s/%s/%s", dir, name, STATE_JSON) >= (int)sizeof p) return false;
-    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+    if (snprintf(p, sizeof p, "%s/%s/%s", dir, name, STATE_JSON) >= (int)sizeof p) return 0;
+    if (stat(p, &st) != 0) return 0;
+    if (!S_ISREG(st.st_mode))
+        return ust_errf(e, "checkpoint %s/%s: %s is %s, not a regular file", dir, name,
+                        STATE_JSON, fs_kind(st.st_mode));
+    return 1;
 }
 
 int ckpt_find_latest(const char *dir, char *out, int out_size, ust_err *e) {
@@ -730,7 +704,9 @@ int ckpt_find_latest(const char *dir, char *out, int out_size, ust_err *e) {
         if (!fgets(name, sizeof name, f)) name[0] = 0;
         fclose(f);
         name[strcspn(name, "\r\n")] = 0;
-        if (parse_step_name(name) < 0 || !is_finished(dir, name)) name[0] = 0;
+        int done = parse_step_name(name) < 0 ? 0 : is_finished(dir, name, e);
+        if (done < 0) return -1;
+        if (!done) name[0] = 0;
     }
     if (!name[0]) {
         /* no usable `latest` (missing, or it names a step that is gone): take the highest
@@ -742,11 +718,15 @@ int ckpt_find_latest(const char *dir, char *out, int out_size, ust_err *e) {
         }
         int64_t best = -1;
         struct dirent *de;
-        while ((de = readdir(d))) {
+        int bad = 0;
+        while (!bad && (de = readdir(d))) {
             int64_t s = parse_step_name(de->d_name);
-            if (s > best && is_finished(dir, de->d_name)) best = s;
+            int done = s > best ? is_finished(dir, de->d_name, e) : 0;
+            if (done < 0) bad = 1;
+            if (done > 0) best = s;
         }
         closedir(d);
+        if (bad) return -1;
         if (best < 0) return 0;
         snprintf(name, sizeof name, "step_%lld", (long long)best);
     }
@@ -1111,8 +1091,17 @@ int ckpt_parse_state(const char *json, const char *dir, ckpt_state *out, ust_err
              json_uint(cJSON_GetObjectItem(since, "sample_index"), &i0);
     cJSON *loss = cJSON_GetObjectItem(j, "loss");
     out->loss = cJSON_IsNumber(loss) ? loss->valuedouble : NAN;
+    char *seen_step = j ? cJSON_PrintUnformatted(cJSON_GetObjectItem(j, "step")) : NULL;
+    char *seen_si = j ? cJSON_PrintUnformatted(cJSON_GetObjectItem(j, "sample_index")) : NULL;
     cJSON_Delete(j);
-    if (!ok) return ust_errf(e, "%s/state.json: missing or invalid step / sample_index", dir);
+    if (!ok)
+        ust_errf(e,
+                 "%s/state.json: missing or invalid step / sample_index (step %.40s, sample_index "
+                 "%.40s; both must be integers in [0, 2^53))",
+                 dir, seen_step ? seen_step : "absent", seen_si ? seen_si : "absent");
+    free(seen_step);
+    free(seen_si);
+    if (!ok) return -1;
     int64_t named = dir_step(dir);
     if (named >= 0 && named != out->step)
         return ust_errf(e, "%s/state.json: says step %lld, but the directory is step %lld", dir,

@@ -9,6 +9,7 @@
 #ifndef UST_CKPT_H
 #define UST_CKPT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "error.h"
@@ -42,8 +43,9 @@ int ckpt_lock_dir(const char *dir, ckpt_lock *l, ust_err *e);
 void ckpt_unlock_dir(ckpt_lock *l);
 
 typedef struct ckpt_writer ckpt_writer;
-/* A barrier that also returns nonzero on every rank when `failed` was nonzero on any. */
-typedef int (*ckpt_sync_fn)(void *arg, int failed);
+/* A barrier that tells every rank whether any failed: returns the lowest failed rank (-1: none)
+ * and, when msg is given (cap bytes: this rank's reason on the way in), that rank's reason. */
+typedef int (*ckpt_sync_fn)(void *arg, int failed, char *msg, size_t cap);
 
 /* Starts step `step` under dir (creates dir and the temporary step directory
  * .tmp_step_<N>.<job>; job, the same on every rank, may be NULL). All ranks call it; sync (NULL

@@ -116,8 +116,41 @@ static int any_rank(trainer *t, int flag) {
     return f > 0;
 }
 
-/* The checkpoint writer's barrier: every rank learns whether any failed. */
-static int world_sync(void *arg, int failed) { return any_rank(arg, failed); }
+/* The lowest rank whose `failed` is set and, into msg, its message (this rank's on the way in).
+ * Only on the failure path: the buffer is the backend's, outside the arena the plan counts. */
+#define REASON_BYTES 1024
+static int first_failed_rank(trainer *t, int failed, char *msg, size_t cap) {
+    int n = t->rt->world;
+    size_t floats = REASON_BYTES / sizeof(float);
+    char *host = calloc((size_t)n + 1, REASON_BYTES);
+    float *dev = t->ops->alloc(t->ops, ((size_t)n + 1) * REASON_BYTES);
+    UST_ASSERT(host, "out of memory for %d reasons", n);
+    if (failed) snprintf(host, REASON_BYTES, "%s", msg ? msg : "");
+    host[0] = failed ? (host[0] ? host[0] : ' ') : 0; /* an empty string means "not failed" */
+    t->ops->to_device(t->ops, dev, host, REASON_BYTES);
+    comm_req r = comm_allgather(t->rt->topo.comm[TOPO_WORLD], dev, dev + floats, floats, COMM_FP32);
+    comm_wait(&r); /* raw bytes: a gather copies, it never computes on them */
+    t->ops->to_host(t->ops, host + REASON_BYTES, dev + floats, (size_t)n * REASON_BYTES);
+    int first = -1;
+    for (int i = 0; i < n && first < 0; i++)
+        if (host[(size_t)(i + 1) * REASON_BYTES]) first = i;
+    if (first >= 0 && msg && cap) {
+        char *m = host + (size_t)(first + 1) * REASON_BYTES;
+        m[REASON_BYTES - 1] = 0;
+        snprintf(msg, cap, "%s", m);
+    }
+    t->ops->free(t->ops, dev);
+    free(host);
+    return first;
+}
+
+/* The checkpoint writer's barrier (ckpt_sync_fn). */
+static int world_sync(void *arg, int failed, char *msg, size_t cap) {
+    trainer *t = arg;
+    if (!any_rank(t, failed)) return -1;
+    if (t->rt->world == 1) return 0;
+    return first_failed_rank(t, failed, msg, cap);
+}
 
 /* ------------------------------------------------------------------ set-up */
 
@@ -369,6 +402,13 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile
                         "parallel.sp: the %d x %d tokens a rank holds of a micro-batch do not "
                         "split over parallel.tp = %d ranks",
                         cfg->train.micro_batch_size, cfg->train.seq_len / cp, cfg->parallel.tp);
+    /* test fault: UST_FAULT_SETUP_SLEEP_MS holds start-up, for a signal to arrive during it */
+    const char *hold = getenv("UST_FAULT_SETUP_SLEEP_MS");
+    if (hold) {
+        struct timespec ts = {atoi(hold) / 1000, (long)(atoi(hold) % 1000) * 1000000L};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+        }
+    }
     /* first, before anything is read: one job at a time may own the checkpoints */
     if (t->rank0 && cfg->checkpoint.dir[0] && ckpt_lock_dir(cfg->checkpoint.dir, &t->lock, e))
         return -1;

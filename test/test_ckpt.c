@@ -513,22 +513,31 @@ static void test_unwritable_location_gives_clear_error_and_old_checkpoint_surviv
 }
 
 /* The writer's sync over the two threads: call k of each rank meets call k of the other, and
- * both learn whether either failed in it. */
+ * both learn the lowest failed rank and its reason. */
 typedef struct {
     pthread_barrier_t b;
-    int any[64];
+    int any[64][2];
+    char why[64][2][512];
 } shared_sync;
 typedef struct {
     shared_sync *s;
-    int calls;
+    int rank, calls;
 } rank_sync;
 
-static int sync_two(void *arg, int failed) {
+static int sync_two(void *arg, int failed, char *msg, size_t cap) {
     rank_sync *r = arg;
     int k = r->calls++;
-    if (failed) __atomic_store_n(&r->s->any[k], 1, __ATOMIC_SEQ_CST);
+    if (failed) {
+        snprintf(r->s->why[k][r->rank], 512, "%s", msg ? msg : "");
+        __atomic_store_n(&r->s->any[k][r->rank], 1, __ATOMIC_SEQ_CST);
+    }
     pthread_barrier_wait(&r->s->b);
-    return __atomic_load_n(&r->s->any[k], __ATOMIC_SEQ_CST);
+    for (int i = 0; i < 2; i++)
+        if (__atomic_load_n(&r->s->any[k][i], __ATOMIC_SEQ_CST)) {
+            if (msg && cap) snprintf(msg, cap, "%s", r->s->why[k][i]);
+            return i;
+        }
+    return -1;
 }
 
 /* Two ranks as two threads on one barrier: the protocol of ckpt.h end to end. */
@@ -544,7 +553,7 @@ static void *rank_main(void *va) {
     rank_arg *a = va;
     ust_err e;
     a->rc = -1;
-    rank_sync rs = {a->b, 0};
+    rank_sync rs = {a->b, a->rank, 0};
     ckpt_writer *w = ckpt_begin(a->dir, 7, a->rank, "job-7", sync_two, &rs, &e);
     if (!w) {
         snprintf(a->msg, sizeof a->msg, "%.1000s", e.msg);

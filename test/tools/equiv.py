@@ -11,8 +11,10 @@ dp*tp*pp*cp, and prints one PASS/FAIL line per layout. Layout words: dp, tp, pp,
 zero (optimizer.zero_stage), mb (train.micro_batch_size), or any key.path=value.
 Tolerances, from measured fp32 noise: per-step losses |a-b| <= 5e-6 + 5e-6|b| (measured: <= 5e-7
 over 10 steps of the tiny configs); every tensor of the final model.safetensors
-max|a-b| <= 5e-4 * max|b| + 1e-5 (measured: <= 6e-5 relative, from AdamW dividing reduction-order
-noise by tiny second moments; the absolute term covers gpt2's k_proj bias, whose gradient is zero
+max|a-b| <= 2e-3 * max|b| + 1e-5 (measured: <= 6e-5 relative with OpenBLAS's Haswell kernels, up
+to 1.04e-3 with its Cooperlake (AVX-512) kernels on an AMD EPYC: a single element of the residual
+stream's outlier dimension (column 12 of every tensor in the tiny llama), where AdamW divides
+reduction-order noise by tiny second moments; the absolute term covers gpt2's k_proj bias, whose gradient is zero
 in exact arithmetic (softmax ignores a shift shared by all keys), so its values are pure rounding
 noise of ~3e-6). A dropped micro-batch or a rank's missing gradients moves the step-2 loss by
 ~1e-2 (checked by --expect-fail runs in the suite)."""
@@ -29,7 +31,7 @@ ALIASES = {"dp": "parallel.dp", "tp": "parallel.tp", "pp": "parallel.pp", "cp": 
            "ep": "parallel.ep", "vpp": "parallel.vpp", "zero": "optimizer.zero_stage",
            "mb": "train.micro_batch_size", "sp": "parallel.sp", "sched": "parallel.pp_schedule"}
 LOSS_ATOL, LOSS_RTOL = 5e-6, 5e-6
-W_RTOL, W_ATOL = 5e-4, 1e-5
+W_RTOL, W_ATOL = 2e-3, 1e-5
 # --tolerance bf16 (a bf16 reference, e.g. --ref "run.device=cuda train.precision=bf16"): layouts
 # round activations at other points (tp/sp partial sums, cp's merged blocks), so their 4-step
 # losses differ by up to ~2e-4 (measured, tiny llama; fp32 against bf16: ~6e-4). A rank's lost

@@ -1,0 +1,220 @@
+#!/usr/bin/env bash
+# Hardening of checkpoints, shards and stops (issue 18): two jobs on one checkpoint directory,
+# safetensors whose offsets alias or shift, a state.json that lies, shards changed or cut while a
+# run reads them, a file-size limit, FIFOs and directories where files belong, a stop before the
+# first step and with checkpoint.every 0, and a rank whose disk fails. Every case checks the exit
+# code, that the message names the file (or rank), and that the existing checkpoint is intact.
+. "$(dirname "$0")/../lib.sh"
+
+$UST data demo $TMP/data >/dev/null
+sed -e "s#data/tiny/#$TMP/data/#g" -e "s#runs/tiny#$TMP/run#g" configs/tiny.yaml >$TMP/c.yaml
+SMALL="--set model.n_layer=2 --set model.d_model=64 --set model.d_ff=128 --set train.seq_len=32 --set train.global_batch_size=4 --set train.micro_batch_size=2"
+# run CKDIR STEPS [more args]: train to STEPS with a checkpoint every 2 steps
+run() {
+    local ck=$1 steps=$2; shift 2
+    $UST train $TMP/c.yaml $SMALL --set train.steps=$steps --set checkpoint.every=2 \
+        --set "checkpoint.dir=$ck" --set "logging.metrics_file=$ck.metrics.jsonl" "$@"
+}
+# args CKDIR STEPS: the same as `run`'s, for a run started in the background as $UST itself
+args() { echo "train $TMP/c.yaml $SMALL --set train.steps=$2 --set checkpoint.every=2 --set checkpoint.dir=$1 --set logging.metrics_file=$1.metrics.jsonl"; }
+sums() { (cd "$1" && cat latest && find step_* -type f | sort | xargs sha256sum); }
+# intact NAME CKDIR BEFORE: the checkpoints are byte for byte what they were, no temporaries
+intact() {
+    local after
+    after=$(sums "$2" 2>&1)
+    if [ "$after" = "$3" ] && ! ls -d "$2"/.tmp_step_* >/dev/null 2>&1; then pass "$1"
+    else fail "$1" "$(ls -a "$2" | tr '\n' ' ')"; fi
+}
+# wait_for FILE PATTERN: until FILE has a line matching PATTERN (at most 120 s)
+wait_for() {
+    for _ in $(seq 1200); do grep -q "$2" "$1" 2>/dev/null && return 0; sleep 0.1; done
+    return 1
+}
+# bounded CKDIR STEPS [more args]: `run` as $UST itself under a 60 s limit: a hang is a failure,
+# not a stuck suite
+bounded() { local ck=$1 steps=$2; shift 2; timeout -k 5 60 $UST $(args $ck $steps) "$@"; }
+
+# --- item 1: one job per checkpoint directory --------------------------------------------------
+ck=$TMP/two/ck
+UST_FAULT_CKPT_SLEEP_MS=3000 $UST $(args $ck 6) >$TMP/a.out 2>&1 &
+a=$!
+wait_for $ck.metrics.jsonl '"step":1' || fail second_job_refused "the first job did not start: $(tail -2 $TMP/a.out)"
+expect_exit second_job_on_a_checkpoint_dir_is_refused_naming_the_holder 2 \
+    "checkpoint.dir .*/two/ck is in use by another job \(host $(hostname), pid $a, started .*\)" -- \
+    run $ck 6 --set "logging.metrics_file=$TMP/b.jsonl"
+wait $a; rc=$?
+out=$(run $ck 6 2>&1); rc2=$?
+if [ $rc = 0 ] && [ $rc2 = 0 ] && echo "$out" | grep -q "resuming from .*step_6"; then
+    pass first_job_finishes_and_its_checkpoint_resumes
+else
+    fail first_job_finishes_and_its_checkpoint_resumes "first exit $rc, rerun exit $rc2: $(echo "$out" | tail -2)"
+fi
+# a holder killed with SIGKILL does not block the next job (the kernel drops the lock)
+ck=$TMP/killed/ck
+UST_FAULT_CKPT_SLEEP_MS=30000 $UST $(args $ck 4) >$TMP/k.out 2>&1 &
+k=$!
+wait_for $ck.metrics.jsonl '"step":1' && sleep 0.5
+kill -9 $k; wait $k 2>/dev/null
+expect_exit a_killed_holder_never_blocks_the_next_job 0 "done: 4 steps" -- run $ck 4
+# multi-rank: rank 0 holds the lock for the job
+ck=$TMP/mr/ck
+UST_FAULT_CKPT_SLEEP_MS=3000 scripts/ustrun --nproc-per-node 2 $UST train $TMP/c.yaml $SMALL --set parallel.dp=2 \
+    --set train.steps=4 --set checkpoint.every=2 --set "checkpoint.dir=$ck" --set "logging.metrics_file=$ck.metrics.jsonl" >$TMP/mr.out 2>&1 &
+m=$!
+wait_for $ck.metrics.jsonl '"step":1'
+expect_exit second_job_refused_while_a_multi_rank_job_holds_the_dir 2 "is in use by another job" -- \
+    run $ck 4 --set "logging.metrics_file=$TMP/mr2.jsonl"
+wait $m && pass multi_rank_holder_finishes || fail multi_rank_holder_finishes "$(tail -3 $TMP/mr.out)"
+
+# --- item 2: safetensors whose tensors alias, shift or leave gaps ------------------------------
+ck=$TMP/st/ck
+run $ck 2 >$TMP/o 2>&1 || fail safetensors_setup "$(tail -3 $TMP/o)"
+# corrupt MODE: rewrite step_2/model.safetensors (a copy of the original per case)
+cp $ck/step_2/model.safetensors $TMP/orig.safetensors
+corrupt() {
+    python3 - "$1" $TMP/orig.safetensors $ck/step_2/model.safetensors <<'EOF'
+import json, struct, sys
+mode, src, dst = sys.argv[1:]
+b = open(src, "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n]); data = b[8 + n:]
+names = [k for k in h if k != "__metadata__"]
+if mode == "alias":   # the second layer's q_proj aliases the first's
+    h["model.layers.1.self_attn.q_proj.weight"]["data_offsets"] = h["model.layers.0.self_attn.q_proj.weight"]["data_offsets"]
+if mode == "shift":   # every tensor one byte later, one junk byte in front
+    for k in names: h[k]["data_offsets"] = [o + 1 for o in h[k]["data_offsets"]]
+    data = b"\0" + data
+if mode in ("alias", "shift"):
+    hj = json.dumps(h).encode(); hj += b" " * (-len(hj) % 8)
+    out = struct.pack("<Q", len(hj)) + hj + data
+if mode == "short":   # the header length one byte short (the header ends in padding)
+    hj = b[8:8 + n]
+    if not hj.endswith(b" "): hj += b" " * 8
+    out = struct.pack("<Q", len(hj) - 1) + hj + data
+open(dst, "wb").write(out)
+EOF
+}
+for mode in alias shift short; do
+    corrupt $mode
+    before=$(sums $ck)
+    expect_exit safetensors_${mode}_offsets_exit_2_naming_file_and_tensor 2 \
+        "step_2/model.safetensors: (tensor '.*' (data_offsets|starts at)|the tensors cover)" -- run $ck 4
+    intact safetensors_${mode}_leaves_the_checkpoint_as_it_was $ck "$before"
+done
+cp $TMP/orig.safetensors $ck/step_2/model.safetensors
+
+# --- item 3: state.json must agree with its directory and the data position --------------------
+state=$ck/step_2/state.json
+cp $state $TMP/state.orig
+lie() { python3 -c "
+import json, sys; s = json.load(open('$TMP/state.orig')); s.update(json.loads(sys.argv[1])); json.dump(s, open('$state', 'w'))" "$1"; }
+lie '{"step": 9007199254740992}'
+expect_exit state_step_2_pow_53_exits_2 2 "state.json: missing or invalid step / sample_index \(step 9\.007.*2\^53" -- run $ck 4
+lie '{"step": 1, "sample_index": 4}'
+expect_exit state_step_inside_another_step_dir_exits_2 2 "says step 1, but the directory is step 2" -- run $ck 4
+lie '{"sample_index": 12345}'
+expect_exit state_sample_index_inconsistent_exits_2 2 "sample_index 12345 is not what step 2 implies" -- run $ck 4
+cp $TMP/state.orig $state
+expect_exit checkpoint_beyond_train_steps_exits_2 2 "is at step 2, beyond train.steps = 1" -- run $ck 1
+expect_exit restored_state_resumes 0 "resuming from .*step_2" -- run $ck 4
+
+# --- items 7 and 13: FIFOs, directories where files belong --------------------------------------
+ck=$TMP/fifo/ck
+run $ck 2 >$TMP/o 2>&1 || fail fifo_setup "$(tail -3 $TMP/o)"
+before=$(sums $ck)
+mv $ck/latest $TMP/latest.orig
+mkfifo $ck/latest
+expect_exit fifo_as_latest_exits_2 2 "latest is a FIFO" -- bounded $ck 4
+rm $ck/latest; mkdir $ck/latest
+out=$(bounded $ck 4 2>&1); rc=$?
+if [ $rc = 2 ] && echo "$out" | grep -q "latest is a directory" && ! echo "$out" | grep -q "step *1/"; then
+    pass latest_directory_exits_2_before_training
+else fail latest_directory_exits_2_before_training "exit $rc: $(echo "$out" | tail -2)"; fi
+rmdir $ck/latest; mv $TMP/latest.orig $ck/latest
+for f in state.json model.safetensors; do
+    mv $ck/step_2/$f $TMP/$f.orig; mkfifo $ck/step_2/$f
+    expect_exit fifo_as_${f}_exits_2 2 "$f(: not a regular file \(a FIFO\)| is a FIFO, not a regular file)" -- bounded $ck 4
+    rm $ck/step_2/$f; mv $TMP/$f.orig $ck/step_2/$f
+done
+intact fifos_leave_the_checkpoint_as_it_was $ck "$before"
+mkdir -p $TMP/fdata; cp $TMP/data/train_000.bin $TMP/fdata/; mkfifo $TMP/fdata/train_001.bin
+expect_exit fifo_as_data_shard_exits_2 2 "train_001.bin: not a regular file \(a FIFO\)" -- \
+    bounded $TMP/fifo2/ck 2 --set "data.train=$TMP/fdata/train_*.bin"
+mkfifo $TMP/cfg.fifo.yaml
+expect_exit fifo_as_metrics_file_exits_2 2 "metrics file .*: not a regular file \(a FIFO\)" -- \
+    bounded $TMP/fifo3/ck 2 --set "logging.metrics_file=$TMP/cfg.fifo.yaml"
+
+# --- item 5: a shard rewritten or cut while the run reads it -----------------------------------
+# (the run's shards are copies; steps long enough that it is still reading when they change)
+for how in rewrite truncate; do
+    d=$TMP/live_$how; mkdir -p $d; cp $TMP/data/train_*.bin $d/
+    ck=$TMP/live_$how/ck
+    $UST $(args $ck 400) --set "data.train=$d/train_*.bin" >$TMP/live.out 2>&1 &
+    p=$!
+    wait_for $ck.metrics.jsonl '"step":3'
+    for f in $d/train_*.bin; do
+        if [ $how = rewrite ]; then # the same size, out-of-vocabulary ids from byte 4096 on
+            python3 -c "
+import os, sys; f = open(sys.argv[1], 'r+b'); n = os.path.getsize(sys.argv[1]); f.seek(4096); f.write(b'\xff' * (n - 4096))" $f
+        else
+            truncate -s 2048 $f
+        fi
+    done
+    timeout 120 tail --pid=$p -f /dev/null || kill -9 $p; wait $p; rc=$?
+    if [ $rc = 1 ] && grep -qE "data shard .*/live_$how/train_00[0-9].bin (changed while the run reads it|.*outside the model's vocabulary)|live_$how/train_00[0-9].bin: the file shrank" $TMP/live.out; then
+        pass shard_${how}_during_the_run_exits_1_naming_the_shard
+    else
+        fail shard_${how}_during_the_run_exits_1_naming_the_shard "exit $rc: $(tail -2 $TMP/live.out)"
+    fi
+    # the run may have written a newer checkpoint before it read the change; every one is whole
+    if ! ls -d $ck/.tmp_step_* >/dev/null 2>&1 && $UST export $ck --to hf $TMP/exp_$how >/dev/null 2>&1; then
+        pass shard_${how}_leaves_the_last_checkpoint_whole
+    else
+        fail shard_${how}_leaves_the_last_checkpoint_whole "$(ls -a $ck)"
+    fi
+done
+
+# --- item 6: a file-size limit smaller than a checkpoint ----------------------------------------
+ck=$TMP/fsize/ck
+run $ck 2 >$TMP/o 2>&1 || fail fsize_setup "$(tail -3 $TMP/o)"
+before=$(sums $ck)
+big=$(stat -c %s $ck/step_2/optimizer.safetensors)
+out=$(bash -c "ulimit -f $((big / 1024 / 2)); exec $UST train $TMP/c.yaml $SMALL --set train.steps=4 --set checkpoint.every=2 --set checkpoint.dir=$ck --set logging.metrics_file=$TMP/fsize.jsonl" 2>&1); rc=$?
+if [ $rc = 1 ] && echo "$out" | grep -q "checkpoint at step 4 failed: .*File too large"; then
+    pass file_size_limit_gives_efbig_like_a_full_disk
+else fail file_size_limit_gives_efbig_like_a_full_disk "exit $rc: $(echo "$out" | tail -2)"; fi
+intact file_size_limit_keeps_the_old_checkpoint $ck "$before"
+
+# --- items 14 and 15: stops --------------------------------------------------------------------
+ck=$TMP/early/ck
+UST_FAULT_SETUP_SLEEP_MS=3000 $UST $(args $ck 4) >$TMP/early.out 2>&1 &
+p=$!
+sleep 1; kill -TERM $p; wait $p; rc=$?
+if [ $rc = 0 ] && grep -q "before the first step" $TMP/early.out && ! ls $ck/step_* >/dev/null 2>&1; then
+    pass stop_before_the_first_step_exits_0_without_a_checkpoint
+else fail stop_before_the_first_step_exits_0_without_a_checkpoint "exit $rc: $(tail -2 $TMP/early.out)"; fi
+ck=$TMP/every0/ck
+$UST train $TMP/c.yaml $SMALL --set train.steps=400 --set checkpoint.every=0 --set "checkpoint.dir=$ck" \
+    --set "logging.metrics_file=$ck.metrics.jsonl" >$TMP/e0.out 2>&1 &
+p=$!
+wait_for $ck.metrics.jsonl '"step":2'
+kill -TERM $p; wait $p; rc=$?
+s=$(cat $ck/latest 2>/dev/null)
+if [ $rc = 0 ] && [ -n "$s" ] && [ -f $ck/$s/state.json ] && grep -q "checkpoint written" $TMP/e0.out; then
+    pass sigterm_with_every_0_writes_a_checkpoint
+else fail sigterm_with_every_0_writes_a_checkpoint "exit $rc, latest '$s': $(tail -2 $TMP/e0.out)"; fi
+
+# --- item 21: a disk-write failure on rank 1 reaches rank 0's message ---------------------------
+ck=$TMP/r1/ck
+scripts/ustrun --nproc-per-node 2 $UST train $TMP/c.yaml $SMALL --set parallel.dp=2 --set optimizer.zero_stage=1 \
+    --set train.steps=2 --set checkpoint.every=2 --set "checkpoint.dir=$ck" --set "logging.metrics_file=$ck.m.jsonl" >$TMP/o 2>&1 ||
+    fail rank1_disk_setup "$(tail -3 $TMP/o)"
+before=$(sums $ck)
+out=$(UST_FAULT_CKPT_WRITE_ERRNO=28 UST_FAULT_CKPT_WRITE_RANK=1 scripts/ustrun --nproc-per-node 2 $UST train $TMP/c.yaml $SMALL \
+    --set parallel.dp=2 --set optimizer.zero_stage=1 --set train.steps=4 --set checkpoint.every=2 --set "checkpoint.dir=$ck" \
+    --set "logging.metrics_file=$ck.m2.jsonl" 2>&1); rc=$?
+if [ $rc = 1 ] && echo "$out" | grep -q "\[rank 0\].*checkpoint at step 4 failed: rank 1 failed to write its part: .*No space left on device" &&
+   ! echo "$out" | grep -q "member process has died"; then
+    pass rank1_disk_failure_reason_reaches_rank_0
+else fail rank1_disk_failure_reason_reaches_rank_0 "exit $rc: $(echo "$out" | grep -i error | head -3)"; fi
+intact rank1_disk_failure_removes_the_partial_step $ck "$before"
