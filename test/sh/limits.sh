@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Tight address-space limits (issue 18, item 9): under `ulimit -v` every start of ustrain ends
+# promptly, with exit 0, or exit 1 and a message naming what could not be mapped (OpenBLAS's
+# work buffer: the size and the limit), or the loader's own message for a shared library that
+# does not fit (exit 127); never a hang before main or in a step. (OpenBLAS retries a failed
+# mmap forever; core/blas_guard.c turns that into the exit.)
+. "$(dirname "$0")/../lib.sh"
+
+if ldd $UST 2>/dev/null | grep -q libasan; then
+    # AddressSanitizer reserves terabytes of shadow address space: no ulimit -v applies to it
+    echo "SKIP address_space_limits: $UST is an AddressSanitizer build"
+    exit 0
+fi
+# A CUDA build maps cuBLAS, cuBLASLt and NCCL (about 1 GiB of address space) before main: below
+# that the loader refuses them (exit 127), and in a narrow band cuBLASLt's own initializer
+# crashes (SIGSEGV, exit 139: NVIDIA's code, before ustrain runs). `make CUDA=0` builds have
+# neither.
+cuda_linked=0
+ldd $UST 2>/dev/null | grep -q libcublasLt && cuda_linked=1
+
+$UST data demo $TMP/data >/dev/null
+sed -e "s#data/tiny/#$TMP/data/#g" -e "s#runs/tiny#$TMP/run#g" configs/tiny.yaml >$TMP/c.yaml
+# limited KIB cmd...: cmd under ulimit -v KIB, at most 60 s; prints "rc<TAB>last line"
+limited() {
+    local kib=$1; shift
+    local out rc
+    out=$(timeout -k 5 60 bash -c "ulimit -v $kib; exec \"\$@\"" _ "$@" 2>&1); rc=$?
+    printf '%s\t%s\n' "$rc" "$(echo "$out" | grep -E 'error|ustrain [0-9]|done:' | tail -1)"
+}
+hung=""; odd=""; blas=0; fits=""
+for mib in $(seq 50 50 4000); do
+    r=$(limited $((mib * 1024)) $UST --version)
+    rc=${r%%$'\t'*}; msg=${r#*$'\t'}
+    case $rc in
+        0) fits=$mib; break ;;
+        124|137) hung="$hung $mib" ;;
+        1) echo "$msg" | grep -q "OpenBLAS could not map its [0-9]*-byte work buffer (the address-space limit, ulimit -v, is $((mib * 1024 / 1024)) MiB" && blas=$((blas + 1)) || odd="$odd $mib:$msg" ;;
+        127) echo "$msg" | grep -q "error while loading shared libraries" || odd="$odd $mib:$msg" ;;
+        139) [ $cuda_linked = 1 ] || odd="$odd $mib:SIGSEGV" ;;
+        *) odd="$odd $mib:rc$rc:$msg" ;;
+    esac
+done
+[ -z "$hung" ] && pass address_space_limit_never_hangs_at_start || fail address_space_limit_never_hangs_at_start "hung at MiB:$hung"
+[ -z "$odd" ] && pass address_space_limit_failures_say_what_did_not_fit || fail address_space_limit_failures_say_what_did_not_fit "$odd"
+[ $blas -gt 0 ] && [ -n "$fits" ] && pass openblas_buffer_that_does_not_fit_is_named_with_the_limit ||
+    fail openblas_buffer_that_does_not_fit_is_named_with_the_limit "OpenBLAS message seen $blas times; starts at ${fits:-never} MiB"
+# a training run just above the start-up need: it trains, or stops with a message; no hang
+if [ -n "$fits" ]; then
+    bad=""
+    for extra in 0 50 100 200 400; do
+        r=$(limited $(((fits + extra) * 1024)) $UST train $TMP/c.yaml --set train.steps=3 --set checkpoint.every=0 \
+            --set "checkpoint.dir=$TMP/ck$extra" --set "logging.metrics_file=$TMP/m$extra.jsonl")
+        rc=${r%%$'\t'*}; msg=${r#*$'\t'}
+        case $rc in
+            0) echo "$msg" | grep -q "done: 3 steps" || bad="$bad +$extra:$msg" ;;
+            1) echo "$msg" | grep -qE "out of memory|cannot (allocate|map)" || bad="$bad +$extra:$msg" ;;
+            *) bad="$bad +$extra:rc$rc:$msg" ;;
+        esac
+    done
+    [ -z "$bad" ] && pass training_under_a_tight_limit_trains_or_says_out_of_memory ||
+        fail training_under_a_tight_limit_trains_or_says_out_of_memory "$bad"
+fi
