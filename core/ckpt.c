@@ -1,15 +1,18 @@
 /* ckpt: safetensors checkpoints written in place by every rank, committed by one rename.
  *
- * Write protocol (every rank computes the same layout from the same tensor list):
- *   begin   rank 0: mkdir -p dir, fresh dir/.tmp_step_N                      | barrier
- *   add     rank 0: create the file, write the header, ftruncate to size     | barrier
+ * Write protocol (every rank computes the same layout from the same tensor list; "sync" is a
+ * barrier that tells every rank whether any failed, and rank 0 the first failed rank's reason):
+ *   lock    rank 0, once per job: flock dir/.lock (a second job is refused, naming the holder)
+ *   begin   rank 0: mkdir -p dir, fresh dir/.tmp_step_N.<job>                  | sync
+ *   add     rank 0: create the file, write the header, ftruncate to size       | sync
  *           others: open it for writing
- *   write   every rank pwrites its slices at their offsets
- *   commit  rank 0 writes state.json; every rank fsyncs (a rank that failed leaves a marker
- *           file) | barrier | rank 0: fsync, rename to step_N, update `latest` atomically,
- *           prune | barrier
- * Until the rename nothing outside .tmp_step_N has changed, so a crash or an I/O error at any
- * point leaves the previous checkpoints exactly as they were. */
+ *   write   every rank pwrites its slices at their offsets (errors are sticky: later writes
+ *           are skipped, so a failed rank still reaches every sync)
+ *   commit  rank 0 writes state.json; every rank fsyncs | sync | rank 0, when nobody failed:
+ *           fsync, rename to step_N, update `latest` atomically, prune; else remove the
+ *           temporary directory and report the failed rank's reason | sync
+ * Until the rename nothing outside .tmp_step_N.<job> has changed, so a crash or an I/O error at
+ * any point leaves the previous checkpoints exactly as they were. */
 #include "ckpt.h"
 #include "fs.h"
 

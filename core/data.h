@@ -6,7 +6,9 @@
  * epoch e is window perm_e(i) (a seeded permutation). The loader state is one number, the global
  * sample index, so resume and re-layout neither skip nor repeat data.
  * Opening validates headers, sizes and that every token id is < vocab_size (vocab_size <= 0
- * skips the id check). */
+ * skips the id check). Shards must not change during the run: reading a window re-checks its
+ * shard (inode, size, mtime) and every id it copies, and a change ends the run (exit 1, the shard
+ * named); a shard truncated under the mapping ends it the same way (fs_guard_mapping). */
 #ifndef UST_DATA_H
 #define UST_DATA_H
 
