@@ -111,38 +111,32 @@ for _ in range(600):  # bounded, should this test go wrong
     time.sleep(0.1)
 sys.exit(5)
 EOS
-for sig in TERM USR1; do
+# early_stop SIG OUT cmd...: starts cmd (a ustrun) with output to OUT, sends it SIG as soon as it
+# handles SIG itself (the ranks are being started then), waits for it (bounded); sets rc.
+early_stop() {
+    local sig=$1 out=$2 num pid; shift 2
     num=$(kill -l $sig)
-    scripts/ustrun --nproc-per-node 2 python3 "$TMP/late.py" >"$TMP/o" 2>&1 &
+    "$@" >"$out" 2>&1 &
     pid=$!
-    for _ in $(seq 600); do catches $pid $num && break; sleep 0.01; done  # ustrun's own handler
+    for _ in $(seq 600); do catches $pid $num && break; sleep 0.01; done
     kill -$sig $pid
-    for _ in $(seq 600); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
+    for _ in $(seq 1200); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
     kill -0 $pid 2>/dev/null && kill -KILL $pid
     wait $pid; rc=$?
-    if [ $rc = 0 ] && [ "$(grep -c "stopped cleanly by $num" "$TMP/o")" = 2 ]; then pass "ustrun_holds_an_early_sig${sig,,}_until_the_ranks_handle_it"
+}
+for sig in TERM USR1; do
+    early_stop $sig "$TMP/o" scripts/ustrun --nproc-per-node 2 python3 "$TMP/late.py"
+    if [ $rc = 0 ] && [ "$(grep -c "stopped cleanly by $(kill -l $sig)" "$TMP/o")" = 2 ]; then pass "ustrun_holds_an_early_sig${sig,,}_until_the_ranks_handle_it"
     else fail "ustrun_holds_an_early_sig${sig,,}_until_the_ranks_handle_it" "exit $rc: $(tr '\n' '|' <"$TMP/o")"; fi
 done
 # ... and a program that never handles it still ends (after --stop-hold), killed by it as usual.
-scripts/ustrun --nproc-per-node 2 sleep 30 >"$TMP/o" 2>&1 &
-pid=$!
-for _ in $(seq 600); do catches $pid 15 && break; sleep 0.01; done
-kill -TERM $pid
-for _ in $(seq 600); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
-kill -0 $pid 2>/dev/null && kill -KILL $pid
-wait $pid; rc=$?
+early_stop TERM "$TMP/o" scripts/ustrun --nproc-per-node 2 sleep 30
 [ $rc = 143 ] && pass ustrun_early_sigterm_still_ends_a_rank_without_handler || fail ustrun_early_sigterm_still_ends_a_rank_without_handler "exit $rc: $(cat "$TMP/o")"
 # The real trainer, stopped before its first step: exit 0, no checkpoint (needs ustrain train to
 # install its handler before the bootstrap and to exit 0 on a stop seen before the first step).
 $UST data demo "$TMP/data" >/dev/null
 sed -e "s#data/tiny/#$TMP/data/#g" -e "s#runs/tiny#$TMP/run#g" configs/tiny.yaml >"$TMP/c.yaml"
-scripts/ustrun --nproc-per-node 2 $UST train "$TMP/c.yaml" --set parallel.dp=2 --set train.steps=100000 >"$TMP/o" 2>&1 &
-pid=$!
-for _ in $(seq 600); do catches $pid 15 && break; sleep 0.01; done
-kill -TERM $pid
-for _ in $(seq 1200); do kill -0 $pid 2>/dev/null || break; sleep 0.1; done
-kill -0 $pid 2>/dev/null && kill -KILL $pid
-wait $pid; rc=$?
+early_stop TERM "$TMP/o" scripts/ustrun --nproc-per-node 2 $UST train "$TMP/c.yaml" --set parallel.dp=2 --set train.steps=100000
 if [ $rc = 0 ] && [ ! -e "$TMP/run/ckpt/latest" ]; then pass ustrun_train_stopped_before_its_first_step_exits_0_without_checkpoint
 else fail ustrun_train_stopped_before_its_first_step_exits_0_without_checkpoint "exit $rc, latest: $(cat "$TMP/run/ckpt/latest" 2>&1); $(tail -3 "$TMP/o" | tr '\n' '|')"; fi
 
