@@ -900,7 +900,7 @@ void shm_free(ust_comm *c) {
     /* Freed before every member attached: this member failed in comm_create_many. Members
      * waiting for it to attach would otherwise wait until dist.timeout_s, while it waits for
      * them to leave the bootstrap store before it can report why. */
-    if (s->base && !s->unlinked) {
+    if (s->base && !s->unlinked && s->hdr->magic == SHM_MAGIC) {
         atomic_store(&s->hdr->abandoned, 1);
         wake(&s->hdr->attached, &s->hdr->sleepers);
     }
