@@ -221,11 +221,21 @@ static int env_init(ust_boot *b, ust_err *e) {
                     "secret; elsewhere export the same UST_JOB_SECRET to every rank)\n",
                     im->where);
     }
-    im->client = store_client_connect(addr, (int)port, deadline, e);
-    if (!im->client) return -1;
-    if (store_client_hello_auth(im->client, b->rank, b->world, secret, b->job_id, sizeof b->job_id,
-                                deadline, e) < 0)
-        return -1;
+    /* Rank 0 may drop a connection before it read our HELLO (it evicts the oldest silent ones
+     * when strangers crowd the store): connect again until the deadline. */
+    for (double backoff = 0.05;; backoff = backoff < 0.4 ? 2 * backoff : 0.8) {
+        im->client = store_client_connect(addr, (int)port, deadline, e);
+        if (!im->client) return -1;
+        if (store_client_hello_auth(im->client, b->rank, b->world, secret, b->job_id,
+                                    sizeof b->job_id, deadline, e) == 0)
+            break;
+        int again = store_client_lost(im->client) && log_now_s() + backoff < deadline;
+        store_client_close(im->client, 0);
+        im->client = NULL;
+        if (!again) return -1;
+        struct timespec ts = {0, (long)(backoff * 1e9)};
+        nanosleep(&ts, NULL);
+    }
     if (!hlr) {
         char host[256];
         if (gethostname(host, sizeof host - 1) < 0) snprintf(host, sizeof host, "?");

@@ -97,6 +97,8 @@ int store_client_get(store_client *c, int rank, const char *key, void *val, size
                      double timeout_s, ust_err *e);
 int store_client_fence(store_client *c, uint32_t gen, double timeout_s, ust_err *e);
 void store_client_close(store_client *c, int say_bye);
+/* 1 once a request failed because the store closed or reset the connection. */
+int store_client_lost(const store_client *c);
 
 /* Values of the single-process path (and of the env path with WORLD_SIZE=1 and no store). */
 typedef struct local_kv {

@@ -10,7 +10,11 @@
  * so the mistake is reported on all sides.
  * With a job secret, a client is only heard once its HELLO carried the secret: one without it
  * (or one that sends no HELLO within HELLO_WAIT_S) is logged on stderr and dropped, so a stranger
- * can neither read the values nor poison the job. */
+ * can neither read the values nor poison the job.
+ * Connections that have not said HELLO yet are few and short-lived, so idle ones cannot crowd
+ * the ranks out: at most MAX_ANON of them (MAX_ANON_PER_HOST from one address); a new one beyond
+ * that evicts the oldest one that has sent nothing (a rank's HELLO follows its connect at once),
+ * and a rank that is dropped before its HELLO was read connects again (env_init). */
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -22,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -38,7 +43,11 @@ typedef struct entry {
 } entry;
 
 #define NBUCKET 4096
-#define HELLO_WAIT_S 10.0 /* an anonymous connection gets this long to say HELLO */
+#define HELLO_WAIT_S 3.0 /* an anonymous connection gets this long to say HELLO */
+#define MAX_ANON 64         /* connections without HELLO yet */
+#define MAX_ANON_PER_HOST 32
+#define ACCEPT_BATCH 64 /* connections accepted per wake-up of the loop */
+#define LOG_DROPS 10    /* dropped clients logged one by one; later ones are only counted */
 
 typedef struct {
     int fd;
@@ -46,6 +55,7 @@ typedef struct {
     int said_bye;
     double t_accept;
     char peer[64]; /* address:port, for the log */
+    char host[48]; /* address only, for the per-address limit */
     rbuf in;
     /* the one parked request of this connection, if any */
     int parked;
@@ -73,6 +83,7 @@ struct store_server {
     int stopping; /* rank 0 finalized: serve until every rank left or stop_deadline */
     double stop_deadline;
     int closing;  /* the thread is ending: parked requests get an error now */
+    long ndropped; /* clients refused so far (logged: the first LOG_DROPS) */
     uint8_t *out; /* reply scratch */
 };
 
@@ -128,6 +139,20 @@ static void poison(store_server *s, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(s->job_error, sizeof s->job_error, fmt, ap);
     va_end(ap);
+}
+
+/* One line on stderr per refused client, the first LOG_DROPS of them: a flood of strangers must
+ * not flood the log too (store_server_stop says how many there were in all). */
+static void log_drop(store_server *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void log_drop(store_server *s, const char *fmt, ...) {
+    if (++s->ndropped > LOG_DROPS) return;
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "ustrain: bootstrap store %s: dropping a client %s%s\n", s->where, line,
+            s->ndropped == LOG_DROPS ? " (further ones are only counted)" : "");
 }
 
 /* Describes the ranks that have not reached fence gen, at most 16 by name. */
@@ -225,10 +250,8 @@ static int handle(store_server *s, conn *c, const store_msg *m) {
         int rank = (int)m->a, world = (int)m->b;
         if (c->rank >= 0) return reply_text(s, c, ST_ERR, "HELLO sent twice"), -1;
         if (s->secret[0] && !store_secret_equal(s->secret, m->val, m->vallen)) {
-            fprintf(stderr,
-                    "ustrain: bootstrap store: dropping a client from %s (says rank %d): %s job "
-                    "secret\n",
-                    c->peer, rank, m->vallen ? "wrong" : "no");
+            log_drop(s, "from %s (says rank %d): %s job secret", c->peer, rank,
+                     m->vallen ? "wrong" : "no");
             return reply_text(s, c, ST_ERR,
                               "the job secret (UST_JOB_SECRET) is missing or differs from rank "
                               "0's: every rank must get the same UST_JOB_SECRET"),
@@ -312,16 +335,38 @@ static int count_present(store_server *s) {
 static void drop_silent(store_server *s, double now) {
     for (int i = s->nconn - 1; i >= 0; i--)
         if (s->conns[i].rank < 0 && now >= s->conns[i].t_accept + HELLO_WAIT_S) {
-            fprintf(stderr,
-                    "ustrain: bootstrap store: dropping a client from %s: no HELLO within "
-                    "%.0f s\n",
-                    s->conns[i].peer, HELLO_WAIT_S);
+            log_drop(s, "from %s: no HELLO within %.0f s", s->conns[i].peer, HELLO_WAIT_S);
             conn_close(s, i);
         }
 }
 
-/* "address:port" of a connected socket's peer. */
-static void peer_name(int fd, char *out, size_t cap) {
+/* Makes room for one more anonymous connection from host: when there are MAX_ANON of them (or
+ * MAX_ANON_PER_HOST from host), closes the oldest one of that set that has sent nothing; one
+ * with bytes waiting is likely a rank whose HELLO we have not read yet, and goes last. */
+static void evict_for(store_server *s, const char *host) {
+    int nanon = 0, nhost = 0;
+    for (int i = 0; i < s->nconn; i++)
+        if (s->conns[i].rank < 0) nanon++, nhost += !strcmp(s->conns[i].host, host);
+    int same = nhost >= MAX_ANON_PER_HOST;
+    if (!same && nanon < MAX_ANON) return;
+    int victim = -1, victim_quiet = 0;
+    for (int i = 0; i < s->nconn; i++) {
+        conn *c = &s->conns[i];
+        if (c->rank >= 0 || (same && strcmp(c->host, host))) continue;
+        int waiting = 0;
+        int quiet = c->in.len == 0 && (ioctl(c->fd, FIONREAD, &waiting) != 0 || waiting == 0);
+        if (victim < 0 || quiet > victim_quiet ||
+            (quiet == victim_quiet && c->t_accept < s->conns[victim].t_accept))
+            victim = i, victim_quiet = quiet;
+    }
+    if (victim < 0) return;
+    log_drop(s, "from %s: %d connections have not said HELLO yet%s; closing its oldest",
+             s->conns[victim].peer, same ? nhost : nanon, same ? " from this address" : "");
+    conn_close(s, victim);
+}
+
+/* "address:port" of a connected socket's peer, and the address alone. */
+static void peer_name(int fd, char *out, size_t cap, char *addr, size_t acap) {
     struct sockaddr_storage sa;
     socklen_t sl = sizeof sa;
     char host[NI_MAXHOST] = "?", port[NI_MAXSERV] = "?";
@@ -329,6 +374,30 @@ static void peer_name(int fd, char *out, size_t cap) {
         getnameinfo((struct sockaddr *)&sa, sl, host, sizeof host, port, sizeof port,
                     NI_NUMERICHOST | NI_NUMERICSERV);
     snprintf(out, cap, "%s:%s", host, port);
+    snprintf(addr, acap, "%s", host);
+}
+
+/* Accepts what is waiting (at most ACCEPT_BATCH). Returns -1 when out of memory. */
+static int accept_new(store_server *s) {
+    for (int k = 0; k < ACCEPT_BATCH; k++) {
+        int fd = accept4(s->lfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) return 0; /* EAGAIN: none left; anything else: that client is gone */
+        char peer[64], host[48];
+        peer_name(fd, peer, sizeof peer, host, sizeof host);
+        evict_for(s, host);
+        if (s->nconn == s->capconn) {
+            int nc_cap = s->capconn ? 2 * s->capconn : 16;
+            conn *nc = realloc(s->conns, (size_t)nc_cap * sizeof *nc);
+            if (!nc) return close(fd), -1;
+            s->conns = nc, s->capconn = nc_cap;
+        }
+        int one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        conn *c = &s->conns[s->nconn++];
+        *c = (conn){.fd = fd, .rank = -1, .t_accept = log_now_s()};
+        memcpy(c->peer, peer, sizeof peer), memcpy(c->host, host, sizeof host);
+    }
+    return 0;
 }
 
 static void *server_main(void *arg) {
@@ -378,7 +447,7 @@ static void *server_main(void *arg) {
                 int r = store_msg_parse(c->in.p, c->in.len, &m, &used, why, sizeof why);
                 if (r == 0) break;
                 if (r < 0) {
-                    fprintf(stderr, "ustrain: bootstrap store: dropping a connection: %s\n", why);
+                    log_drop(s, "from %s: %s", c->peer, why);
                     drop = 1;
                     break;
                 }
@@ -390,31 +459,15 @@ static void *server_main(void *arg) {
                 answer_parked(s);
             }
         }
-        if (pf[1].revents & POLLIN) {
-            int fd = accept(s->lfd, NULL, NULL);
-            if (fd >= 0) {
-                if (s->nconn >= s->world + 64) {
-                    close(fd); /* more connections than ranks: someone else is knocking */
-                } else {
-                    if (s->nconn == s->capconn) {
-                        s->capconn = s->capconn ? 2 * s->capconn : 16;
-                        conn *nc = realloc(s->conns, (size_t)s->capconn * sizeof *nc);
-                        if (!nc) break;
-                        s->conns = nc;
-                    }
-                    int one = 1;
-                    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-                    s->conns[s->nconn] = (conn){.fd = fd, .rank = -1, .t_accept = log_now_s()};
-                    peer_name(fd, s->conns[s->nconn].peer, sizeof s->conns[s->nconn].peer);
-                    s->nconn++;
-                }
-            }
-        }
+        if ((pf[1].revents & POLLIN) && accept_new(s) < 0) break;
         answer_parked(s); /* expired waits */
     }
     s->closing = 1;
     answer_parked(s);
     while (s->nconn) conn_close(s, s->nconn - 1);
+    if (s->ndropped > LOG_DROPS)
+        fprintf(stderr, "ustrain: bootstrap store %s: dropped %ld clients in all\n", s->where,
+                s->ndropped);
     free(pf);
     return NULL;
 }
@@ -465,7 +518,7 @@ store_server *store_server_start_auth(const char *host, int port, int world, con
         ust_errf(e, "MASTER_ADDR '%s' does not resolve: %s", host, gai_strerror(g));
         return server_free(s), NULL;
     }
-    s->lfd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);
+    s->lfd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     int one = 1;
     if (s->lfd >= 0) setsockopt(s->lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (s->lfd < 0 || bind(s->lfd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(s->lfd, 1024) < 0) {
@@ -497,6 +550,7 @@ store_server *store_server_start_auth(const char *host, int port, int world, con
     if (getsockname(s->lfd, (struct sockaddr *)&sa, &sl) == 0)
         s->port = ntohs(sa.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&sa)->sin6_port
                                                  : ((struct sockaddr_in *)&sa)->sin_port);
+    snprintf(s->where, sizeof s->where, "%s:%d", host, s->port);
     if (pipe2(s->wake, O_CLOEXEC) < 0)
         return server_free(s), ust_errf(e, "pipe: %s", strerror(errno)), NULL;
     /* The thread blocks every signal, so SIGTERM/SIGUSR1 (graceful stop) reach the main thread. */

@@ -157,8 +157,31 @@ struct store_client {
     rbuf in;
     size_t last_reply; /* bytes of the previous reply still in `in` (its value was handed out) */
     uint8_t *out;
+    int lost; /* the store closed or reset the connection */
     pthread_mutex_t mu;
 };
+
+static const char *op_name(uint8_t op) {
+    static const char *names[] = {"?", "HELLO", "PUT", "GET", "FENCE", "BYE"};
+    return op <= ST_BYE ? names[op] : "?";
+}
+
+/* The connection is gone: says what happened, naming the store and the request. A store that
+ * closes before answering HELLO has usually dropped us (too many strangers connected, or no
+ * HELLO in time: rank 0's log says which); later, it means rank 0 ended. */
+static int lost_connection(store_client *c, uint8_t op, int err, ust_err *e) {
+    c->lost = 1;
+    return ust_errf(e, "the key-value store at %s (served by rank 0) %s during a %s request%s",
+                    c->where,
+                    err ? (err == ECONNRESET ? "reset the connection" : strerror(err))
+                        : "closed the connection",
+                    op_name(op),
+                    op == ST_HELLO ? " (it dropped this client before hearing it; see rank 0's "
+                                     "log)"
+                                   : " (rank 0 ended or dropped this client; see its message)");
+}
+
+int store_client_lost(const store_client *c) { return c->lost; }
 
 static void sleep_s(double s) {
     if (s <= 0) return;
@@ -233,8 +256,7 @@ static int request(store_client *c, uint8_t op, uint32_t a, uint32_t b, const ch
     c->last_reply = 0;
     if (c->in.len) return ust_errf(e, "bootstrap store at %s sent an unexpected message", c->where);
     if (store_send_all(c->fd, c->out, n, log_now_s() + 30.0) < 0)
-        return ust_errf(e, "lost the connection to the key-value store at %s (rank 0 exited?): %s",
-                        c->where, strerror(errno));
+        return lost_connection(c, op, errno, e);
     for (;;) {
         size_t used;
         char why[256];
@@ -259,9 +281,7 @@ static int request(store_client *c, uint8_t op, uint32_t a, uint32_t b, const ch
         if (k <= 0) continue;
         ssize_t got = rbuf_fill(&c->in, c->fd);
         if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-            return ust_errf(e,
-                            "lost the connection to the key-value store at %s (rank 0 exited?)%s%s",
-                            c->where, got < 0 ? ": " : "", got < 0 ? strerror(errno) : "");
+            return lost_connection(c, op, got < 0 ? errno : 0, e);
     }
 }
 

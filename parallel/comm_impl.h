@@ -76,6 +76,11 @@ int shm_create_begin(ust_comm *c, const char *key, ust_err *e);
 int shm_create_end(ust_comm *c, const char *key, ust_err *e);
 void shm_run(ust_comm *c, const comm_desc *d);
 void shm_free(ust_comm *c);
+/* Liveness of a process on this node (what the shm backend checks of a peer that keeps it
+ * waiting): NULL while pid runs and, when start is not 0, is still the process that started at
+ * that time (shm_proc_start, clock ticks after boot); otherwise what became of it. */
+const char *shm_proc_gone(long pid, uint64_t start);
+uint64_t shm_proc_start(long pid);
 
 int nccl_ctx_init(comm_ctx *ctx, ust_err *e);
 void nccl_ctx_free(comm_ctx *ctx);

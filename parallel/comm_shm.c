@@ -16,7 +16,10 @@
  *
  * Waiting: a bounded spin (only when every local rank has a core), then futex sleep with the
  * deadline in slices; in each slice the peers not yet arrived are checked for liveness, so a
- * killed rank is reported within about a second instead of after the whole timeout. */
+ * killed rank is reported within about a second instead of after the whole timeout. Liveness is
+ * the state in /proc/<pid>/stat, not whether the pid exists: a killed rank whose launcher does not
+ * reap it stays a zombie (kill(pid, 0) still succeeds), and a pid can be reused by another process
+ * (told apart by the start time each member records when it attaches). */
 #include "comm_impl.h"
 #include "log.h"
 
@@ -50,6 +53,7 @@ typedef struct {
     _Atomic uint32_t doorbell;             /* bumped when a p2p ring of this member moves */
     _Atomic uint32_t sleepers;             /* this member sleeps on doorbell */
     int32_t pid;
+    uint64_t start; /* its start time (/proc/<pid>/stat field 22), 0 when unknown */
 } shm_member;
 
 typedef struct {
@@ -61,6 +65,7 @@ typedef struct {
     _Alignas(CL) uint32_t magic, n;
     uint64_t slot_bytes, chan_bytes;
     _Alignas(CL) _Atomic uint32_t attached;
+    _Atomic uint32_t abandoned; /* a member gave up before everyone attached (it failed) */
     _Alignas(CL) _Atomic uint32_t arrive; /* barrier arrivals, ever (mod 2^32) */
     _Alignas(CL) _Atomic uint32_t gen;    /* barriers completed (futex word) */
     _Atomic uint32_t sleepers;
@@ -133,6 +138,47 @@ static inline uint8_t *slot(const ust_comm *c, int area, int j) {
     return s->stage + ((size_t)area * (size_t)c->size + (size_t)j) * c->ctx->opts.shm_slot_bytes;
 }
 
+/* ---------------------------------------------------------------- liveness */
+
+/* State letter and start time (clock ticks after boot) of a process, from /proc/<pid>/stat.
+ * Returns 1 when read, 0 when no such process exists, -1 when it cannot be told (no /proc). */
+static int proc_stat(long pid, char *state, uint64_t *start) {
+    char p[64], buf[1024];
+    snprintf(p, sizeof p, "/proc/%ld/stat", pid);
+    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return errno == ENOENT || errno == ESRCH ? 0 : -1;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return n < 0 && errno == ESRCH ? 0 : -1;
+    buf[n] = 0;
+    /* "pid (comm) S f4 ... f22 ...": comm may hold spaces and ')', so parse after the last ')' */
+    const char *q = strrchr(buf, ')');
+    if (!q || q[1] != ' ' || !q[2]) return -1;
+    *state = q[2];
+    q += 3;
+    for (int field = 4; field < 22 && q; field++) q = strchr(q + 1, ' ');
+    *start = q ? strtoull(q, NULL, 10) : 0;
+    return 1;
+}
+
+uint64_t shm_proc_start(long pid) {
+    char st;
+    uint64_t start = 0;
+    return proc_stat(pid, &st, &start) == 1 ? start : 0;
+}
+
+const char *shm_proc_gone(long pid, uint64_t start) {
+    char st = '?';
+    uint64_t now_start = 0;
+    int r = proc_stat(pid, &st, &now_start);
+    if (r < 0) return kill((pid_t)pid, 0) != 0 && errno == ESRCH ? "has exited" : NULL;
+    if (r == 0) return "has exited";
+    if (st == 'Z' || st == 'X') return "was killed or exited and is not reaped yet (a zombie)";
+    if (start && now_start && now_start != start)
+        return "has exited; its pid now belongs to another process";
+    return NULL;
+}
+
 /* ---------------------------------------------------------------- waiting */
 
 static long futex(_Atomic uint32_t *w, int op, uint32_t val, const struct timespec *ts) {
@@ -193,13 +239,18 @@ static void shm_wait(ust_comm *c, comm_kind k, _Atomic uint32_t *w, _Atomic uint
         }
         atomic_fetch_sub(sleepers, 1);
         if (pred(c, arg)) return;
-        /* Only a whole quiet slice makes us look at the peers (kill(pid, 0) per member). */
+        /* Only a whole quiet slice makes us look at the peers (one /proc read per member). */
         if (!slept_out && log_now_s() < deadline) continue;
         int nw = who(c, arg, waiting);
         for (int i = 0; i < nw; i++) {
-            pid_t pid = s->mem[waiting[i]].pid;
-            if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH)
-                comm_fail_wait(c, k, waiting + i, 1, "a member process has died");
+            const shm_member *m = &s->mem[waiting[i]];
+            const char *how = m->pid > 0 ? shm_proc_gone(m->pid, m->start) : NULL;
+            if (how) {
+                char why[160];
+                snprintf(why, sizeof why, "a member process has died (pid %d %s)", (int)m->pid,
+                         how);
+                comm_fail_wait(c, k, waiting + i, 1, why);
+            }
         }
         if (log_now_s() >= deadline) {
             char why[96];
@@ -665,21 +716,6 @@ static long segment_pid(const char *name) {
     return strtol(p + 1, NULL, 10);
 }
 
-/* A process that no longer runs: gone, or a zombie nobody reaped yet (its launcher was killed
- * too, and the container's init may not reap). */
-static int pid_dead(long pid) {
-    if (kill((pid_t)pid, 0) != 0) return errno == ESRCH;
-    char p[64], buf[256];
-    snprintf(p, sizeof p, "/proc/%ld/stat", pid);
-    FILE *f = fopen(p, "r");
-    if (!f) return 0;
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    const char *paren = strrchr(buf, ')'); /* "pid (comm) S ...": comm may hold spaces */
-    return paren && paren[1] == ' ' && paren[2] == 'Z';
-}
-
 /* Removes this user's /dev/shm/ust-* segments whose creator no longer exists: what ranks killed
  * while setting up a communicator left behind (their launcher may be dead too). A live creator's
  * segment is kept, whoever it belongs to. */
@@ -692,7 +728,7 @@ static void sweep_stale_segments(void) {
         long pid = segment_pid(de->d_name);
         struct stat st;
         if (pid <= 0 || fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
-            st.st_uid != geteuid() || !pid_dead(pid))
+            st.st_uid != geteuid() || !shm_proc_gone(pid, 0))
             continue;
         char name[300];
         snprintf(name, sizeof name, "/%s", de->d_name);
@@ -764,6 +800,12 @@ int shm_create_begin(ust_comm *c, const char *key, ust_err *e) {
     /* Reserve the pages now: on a full /dev/shm (Docker's default is 64 MiB) this fails here
      * with a message, instead of a SIGBUS in the middle of a collective later. */
     int err = posix_fallocate(fd, 0, (off_t)s->len);
+    /* Test-only fault switch: the reservation fails with this errno (for every group, or only
+     * for UST_FAULT_SHM_RESERVE_GROUP), as on a /dev/shm that is full. */
+    const char *ferr = getenv("UST_FAULT_SHM_RESERVE_ERRNO"), *fgroup;
+    if (ferr && atoi(ferr) > 0 &&
+        (!(fgroup = getenv("UST_FAULT_SHM_RESERVE_GROUP")) || !strcmp(fgroup, c->name)))
+        err = atoi(ferr);
     if (err) {
         close(fd);
         return ust_errf(e,
@@ -782,7 +824,7 @@ int shm_create_begin(ust_comm *c, const char *key, ust_err *e) {
 static int attach_done(const ust_comm *c, const void *arg) {
     const shm_comm *s = c->impl;
     (void)arg;
-    return atomic_load(&s->hdr->attached) >= (uint32_t)c->size;
+    return atomic_load(&s->hdr->attached) >= (uint32_t)c->size || atomic_load(&s->hdr->abandoned);
 }
 
 static int attach_who(const ust_comm *c, const void *arg, int *waiting) {
@@ -799,19 +841,27 @@ int shm_create_end(ust_comm *c, const char *key, ust_err *e) {
     comm_ctx *ctx = c->ctx;
     if (c->size == 1) return 0;
     if (c->rank != 0) {
-        int got = boot_get(ctx->boot, c->granks[0], key, s->shm_name, sizeof s->shm_name, e);
-        if (got < 0) return -1;
+        ust_err ge;
+        int got = boot_get(ctx->boot, c->granks[0], key, s->shm_name, sizeof s->shm_name, &ge);
+        if (got < 0)
+            return ust_errf(e,
+                            "comm: group '%s': no shared-memory segment from rank %d (its "
+                            "creator, which may have failed: see its message): %s",
+                            c->name, c->granks[0], ge.msg);
         /* Test-only fault switch: hold the window in which the segment exists under its name
          * (test/sh/security.sh kills the job there to check the clean-up of what it leaves). */
         const char *hold = getenv("UST_FAULT_SHM_ATTACH_SLEEP_MS");
         if (hold && atoi(hold) > 0) usleep((useconds_t)atoi(hold) * 1000u);
         s->shm_name[sizeof s->shm_name - 1] = 0;
         int fd = shm_open(s->shm_name, O_RDWR, 0600);
+        /* The name was published, so it is gone only when its creator removed it on its way out
+         * (it failed: its own message says why), or when we are on another node. */
         if (fd < 0)
             return ust_errf(e,
                             "comm: opening shared memory %s of group '%s' (made by rank %d): "
-                            "%s (the job must run on one node)",
-                            s->shm_name, c->name, c->granks[0], strerror(errno));
+                            "%s (the segment's creator, rank %d, may have failed: see its "
+                            "message; otherwise the job must run on one node)",
+                            s->shm_name, c->name, c->granks[0], strerror(errno), c->granks[0]);
         struct stat sb;
         if (fstat(fd, &sb) != 0 || (size_t)sb.st_size != s->len) {
             close(fd);
@@ -825,11 +875,18 @@ int shm_create_end(ust_comm *c, const char *key, ust_err *e) {
             return ust_errf(e, "comm: shared memory %s of group '%s' is not ours", s->shm_name,
                             c->name);
     }
+    s->mem[c->rank].start = shm_proc_start(getpid());
+    atomic_thread_fence(memory_order_release); /* the start is there before the pid names us */
     s->mem[c->rank].pid = (int32_t)getpid();
     atomic_fetch_add(&s->hdr->attached, 1);
     wake(&s->hdr->attached, &s->hdr->sleepers);
     /* Everyone must have mapped the segment before its name goes away. */
     shm_wait(c, COMM_BARRIER, &s->hdr->attached, &s->hdr->sleepers, attach_done, attach_who, NULL);
+    if (atomic_load(&s->hdr->abandoned))
+        return ust_errf(e,
+                        "comm: creating group '%s': a member gave up on its shared memory before "
+                        "every member attached (it failed: see its message)",
+                        c->name);
     if (c->rank == 0) {
         shm_unlink(s->shm_name);
         pending_set(s->shm_name, 0);
@@ -840,6 +897,13 @@ int shm_create_end(ust_comm *c, const char *key, ust_err *e) {
 
 void shm_free(ust_comm *c) {
     shm_comm *s = c->impl;
+    /* Freed before every member attached: this member failed in comm_create_many. Members
+     * waiting for it to attach would otherwise wait until dist.timeout_s, while it waits for
+     * them to leave the bootstrap store before it can report why. */
+    if (s->base && !s->unlinked && s->hdr->magic == SHM_MAGIC) {
+        atomic_store(&s->hdr->abandoned, 1);
+        wake(&s->hdr->attached, &s->hdr->sleepers);
+    }
     if (s->base) munmap(s->base, s->len);
     if (!s->unlinked && c->rank == 0 && s->shm_name[0]) {
         shm_unlink(s->shm_name);

@@ -22,6 +22,7 @@ extern char **environ;
 
 #include "bootstrap.h"
 #include "comm.h"
+#include "comm_impl.h"
 #include "test.h"
 #include "topology.h"
 
@@ -863,6 +864,31 @@ static void nccl_cases(void) {
     fflush(stdout);
 }
 
+/* The shm backend's liveness check of a peer: running (with its start time) is alive; a zombie,
+ * a reaped process, and a pid whose start time differs (reused by another process) are not. */
+static void test_shm_liveness_sees_zombies_exits_and_reused_pids(void) {
+    uint64_t me = shm_proc_start(getpid());
+    CHECK(me != 0, "no start time for this process from /proc");
+    CHECK(!shm_proc_gone(getpid(), me), "this process counted as gone: %s",
+          shm_proc_gone(getpid(), me));
+    CHECK(!shm_proc_gone(getpid(), 0), "this process (start unknown) counted as gone");
+    const char *reused = shm_proc_gone(getpid(), me + 1);
+    CHECK(reused && strstr(reused, "another process"), "pid with another start time: %s",
+          reused ? reused : "alive");
+    pid_t child = fork();
+    if (child == 0) _exit(0);
+    CHECK(child > 0, "fork: %s", strerror(errno));
+    const char *z = NULL;
+    for (int i = 0; i < 2000 && !(z = shm_proc_gone(child, 0)); i++) { /* until it has exited */
+        struct timespec ts = {0, 5000000};
+        nanosleep(&ts, NULL);
+    }
+    int st;
+    const char *after = (waitpid(child, &st, 0), shm_proc_gone(child, 0));
+    CHECK(z && strstr(z, "zombie"), "unreaped child: %s", z ? z : "alive after 10 s");
+    CHECK(after && strstr(after, "exited"), "reaped child: %s", after ? after : "alive");
+}
+
 int main(void) {
     if (getenv("RANK")) return child_main();
     signal(SIGPIPE, SIG_IGN);
@@ -871,6 +897,7 @@ int main(void) {
         return TEST_SUMMARY();
     }
     RUN_TEST(test_world_size_1_single_process);
+    RUN_TEST(test_shm_liveness_sees_zombies_exits_and_reused_pids);
     static const char *small[] = {"UST_TEST_SLOT=4096", "UST_TEST_CHAN=1024", NULL};
     static const char *dflt[] = {NULL};
     run_world(2, "", small);

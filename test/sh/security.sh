@@ -76,6 +76,55 @@ n_silent=$(grep -c "dropping a client from 127.0.0.1:[0-9]*: no HELLO within" "$
 grep -q "silent client: got b''" "$TMP/silent" && pass silent_client_is_disconnected ||
     fail silent_client_is_disconnected "$(cat "$TMP/silent")"
 
+# A flood of strangers while the job starts (issue 18, item 18): 200 connections kept open (each
+# one dropped is opened again), every 10th sending garbage and every 10th a HELLO with a wrong
+# secret, from before rank 0 listens until the job has ended. Rank 3 joins 2 s late, in the
+# middle of it. Idle and anonymous connections must not crowd the ranks out: the job passes.
+cat >"$TMP/flood.py" <<'PY'
+import os, select, socket, struct, sys, time
+port, stop = int(sys.argv[1]), sys.argv[2]
+end = time.monotonic() + 90  # bounded, should the job hang
+hello = struct.pack("<IBBHIII", 0x31545355, 1, 0, 0, 3, 4, 5) + b"wrong"
+conns, opened, dropped, peak = [], 0, 0, 0
+while time.monotonic() < end and not os.path.exists(stop):
+    for _ in range(200 - len(conns)):
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=1)
+        except OSError:
+            break  # not listening yet, or the backlog is full: next round
+        if opened % 10 == 0:
+            s.sendall(b"GET / HTTP/1.0\r\n\r\n")
+        elif opened % 10 == 1:
+            s.sendall(struct.pack("<I", len(hello)) + hello)
+        conns.append(s)
+        opened += 1
+    peak = max(peak, len(conns))
+    readable = select.select(conns, [], [], 0.05)[0] if conns else []
+    for s in readable:
+        try:
+            gone = s.recv(4096) == b""
+        except OSError:
+            gone = True
+        if gone:
+            s.close(); conns.remove(s); dropped += 1
+    if not conns:
+        time.sleep(0.05)
+print("flood: opened %d, dropped by the store %d, at most %d open at once" % (opened, dropped, peak))
+PY
+port=$(free_port)
+python3 "$TMP/flood.py" $port "$TMP/flood.stop" >"$TMP/flood" 2>&1 &
+flood=$!
+timeout 120 scripts/ustrun --nproc-per-node 4 --master-port $port sh -c '[ "$RANK" = 3 ] && sleep 2; exec "$0" "$@"' \
+    "$TB" --ranks-check --timeout 60 >"$TMP/o" 2>&1
+rc=$?
+touch "$TMP/flood.stop"; wait $flood
+if [ $rc = 0 ] && [ "$(grep -c 'ranks-check ok' "$TMP/o")" = 4 ] && grep -q "at most 200 open" "$TMP/flood"; then
+    pass job_completes_under_a_flood_of_idle_and_bad_connections
+else fail job_completes_under_a_flood_of_idle_and_bad_connections "exit $rc; $(cat "$TMP/flood"); $(grep -v 'dropping a client' "$TMP/o" | tail -3 | tr '\n' '|')"; fi
+n_logged=$(grep -c "dropping a client" "$TMP/o")
+[ "$n_logged" -le 10 ] && grep -q "bootstrap store 127.0.0.1:$port: dropped [0-9]* clients in all" "$TMP/o" &&
+    pass store_logs_a_flood_in_a_few_lines || fail store_logs_a_flood_in_a_few_lines "$n_logged drop lines: $(grep 'dropped\|dropping' "$TMP/o" | tail -2)"
+
 # A real rank with the wrong secret is told what to fix.
 port=$(free_port)
 envrank 0 2 $port UST_JOB_SECRET=right timeout 20 "$TB" --ranks-check --timeout 3 >"$TMP/r0" 2>&1 &
