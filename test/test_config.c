@@ -623,23 +623,27 @@ static void test_validate_rechecks_ranges_of_values_set_in_code(void) {
 
 /* Real model shapes must stay valid under the size limits. */
 static void test_size_limits_admit_llama_405b_and_deepseek_v3(void) {
-    ust_config c;
-    ust_err e = {{0}};
-    const char *llama405b =
-        "model: {n_layer: 126, d_model: 16384, n_head: 128, n_kv_head: 8, d_ff: 53248,\n"
-        "        vocab_size: 128256, max_seq_len: 131072}\n"
-        "parallel: {tp: 8, pp: 14}\n"
-        "train: {seq_len: 8192, micro_batch_size: 1, global_batch_size: 2048}\n";
-    CHECK(load(&c, llama405b, &e) == 0, "%s", txt(e.msg));
-    CHECK(cfg_validate(&c, 0, &e) == 0, "llama-405B: %s", txt(e.msg));
-    const char *dsv3 =
-        "model: {n_layer: 61, d_model: 7168, n_head: 128, n_kv_head: 128, d_ff: 18432,\n"
-        "        vocab_size: 129280, max_seq_len: 163840,\n"
-        "        moe: {num_experts: 256, top_k: 8, d_ff_expert: 2048, shared_expert: true}}\n"
-        "parallel: {dp: 64, ep: 64, pp: 1}\n"
-        "train: {seq_len: 4096, micro_batch_size: 1, global_batch_size: 1024}\n";
-    CHECK(load(&c, dsv3, &e) == 0, "%s", txt(e.msg));
-    CHECK(cfg_validate(&c, 0, &e) == 0, "DeepSeek-V3: %s", txt(e.msg));
+    static const struct {
+        const char *name, *yaml;
+    } models[] = {
+        {"llama-405B",
+         "model: {n_layer: 126, d_model: 16384, n_head: 128, n_kv_head: 8, d_ff: 53248,\n"
+         "        vocab_size: 128256, max_seq_len: 131072}\n"
+         "parallel: {tp: 8, pp: 14}\n"
+         "train: {seq_len: 8192, micro_batch_size: 1, global_batch_size: 2048}\n"},
+        {"DeepSeek-V3",
+         "model: {n_layer: 61, d_model: 7168, n_head: 128, n_kv_head: 128, d_ff: 18432,\n"
+         "        vocab_size: 129280, max_seq_len: 163840,\n"
+         "        moe: {num_experts: 256, top_k: 8, d_ff_expert: 2048, shared_expert: true}}\n"
+         "parallel: {dp: 64, ep: 64, pp: 1}\n"
+         "train: {seq_len: 4096, micro_batch_size: 1, global_batch_size: 1024}\n"},
+    };
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+        ust_config c;
+        ust_err e = {{0}};
+        CHECK(load(&c, models[i].yaml, &e) == 0 && cfg_validate(&c, 0, &e) == 0, "%s: %s",
+              models[i].name, txt(e.msg));
+    }
 }
 
 /* Each size key has a range that keeps its products in 64 bits (n_layer = 2^31 - 1 crashed the
