@@ -1064,9 +1064,11 @@ static int cfg_validate_sizes(const ust_config *c, ust_err *e) {
 }
 
 /* More compute threads than cores only time-slice, and far more (train.threads: 100000) hang
- * inside OpenBLAS's thread setup: at most 4 per online CPU (hyperthreads and a busy machine
- * aside, more never helps), and at most CFG_MAX_THREADS. */
+ * inside OpenBLAS's thread setup: on the CPU backend (the only one that reads train.threads), at
+ * most 4 per online CPU of this machine (hyperthreads and a busy machine aside, more never
+ * helps); the table's range caps it at CFG_MAX_THREADS on any machine. */
 static int cfg_validate_threads(const ust_config *c, ust_err *e) {
+    if (c->run.device != DEV_CPU) return 0;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     long limit = cpus > 0 && 4 * cpus < CFG_MAX_THREADS ? 4 * cpus : CFG_MAX_THREADS;
     REQUIRE(c->train.threads <= limit,
