@@ -110,7 +110,7 @@ static int load_config(ust_config *c, int argc, char **argv, const config_args *
         if (strcmp(o, "--set") == 0 || world || steps) {
             if (i + 1 >= argc) return cmd_usage_error("ustrain", hint, "%s needs a value", o);
             i++;
-            if (world && cmd_int_opt(&who, o, argv[i], 1, 1 << 24, &v)) return UST_EXIT_USAGE;
+            if (world && cmd_int_opt(&who, o, argv[i], 1, CFG_MAX_WORLD, &v)) return UST_EXIT_USAGE;
             if (world) *a->world = (int)v;
             if (steps && cmd_int_opt(&who, o, argv[i], 1, 1000000, &v)) return UST_EXIT_USAGE;
             if (steps) *a->steps = (int)v;

@@ -1,6 +1,7 @@
 /* config: the run's YAML (libyaml) -> a typed, validated ust_config.
  * cfg_defaults, then cfg_load_file (unknown/duplicate keys, wrong types and bad values are
- * errors with file:line:col and a did-you-mean), then cfg_set for each --set key.path=value,
+ * errors with file:line:col and a did-you-mean; so are a text over CFG_MAX_BYTES and nesting
+ * deeper than CFG_MAX_DEPTH; an empty file is refused), then cfg_set for each --set key.path=value,
  * then cfg_validate against the world size. Every error returns -1 with the message in ust_err;
  * callers exit 2 before any heavy work. cfg_dump writes the effective config as YAML. */
 #ifndef UST_CONFIG_H
