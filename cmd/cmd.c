@@ -108,11 +108,10 @@ static double cmd_size_suffix(const char *u) {
     static const struct {
         const char *s;
         double m;
-    } t[] = {{"", 1},          {"B", 1},           {"K", 0x1p10},  {"k", 0x1p10},
-             {"KiB", 0x1p10},  {"KB", 1e3},        {"M", 0x1p20},  {"m", 0x1p20},
-             {"MiB", 0x1p20},  {"MB", 1e6},        {"G", 0x1p30},  {"g", 0x1p30},
-             {"GiB", 0x1p30},  {"GB", 1e9},        {"T", 0x1p40},  {"TiB", 0x1p40},
-             {"TB", 1e12}};
+    } t[] = {{"", 1},         {"B", 1},      {"K", 0x1p10},   {"k", 0x1p10},   {"KiB", 0x1p10},
+             {"KB", 1e3},     {"M", 0x1p20}, {"m", 0x1p20},   {"MiB", 0x1p20}, {"MB", 1e6},
+             {"G", 0x1p30},   {"g", 0x1p30}, {"GiB", 0x1p30}, {"GB", 1e9},     {"T", 0x1p40},
+             {"TiB", 0x1p40}, {"TB", 1e12}};
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
         if (strcmp(u, t[i].s) == 0) return t[i].m;
     return 0;

@@ -195,8 +195,8 @@ static int cmd_validate(int argc, char **argv) {
     ust_config c;
     int world = 0;
     if (cmd_wants_help(argc, argv)) return cmd_print_usage(VALIDATE_USAGE);
-    config_args a = {.name = "validate", .world = &world, .flag = "--schedule",
-                     .fits_machine = true};
+    config_args a = {
+        .name = "validate", .world = &world, .flag = "--schedule", .fits_machine = true};
     int rc = load_config(&c, argc, argv, &a);
     if (rc) return rc;
     printf("config %s: valid\n", c.source);
@@ -251,8 +251,11 @@ static int cmd_bench_train(int argc, char **argv) {
     ust_config c;
     int steps = 10;
     if (cmd_wants_help(argc, argv)) return cmd_print_usage(BENCH_TRAIN_USAGE);
-    config_args a = {.name = "bench train", .steps = &steps, .flag = "--profile",
-                     .known_world = 1, .fits_machine = true}; /* one process */
+    config_args a = {.name = "bench train",
+                     .steps = &steps,
+                     .flag = "--profile",
+                     .known_world = 1,
+                     .fits_machine = true}; /* one process */
     int rc = load_config(&c, argc, argv, &a);
     if (rc) return rc;
     c.train.steps = steps + 2; /* two warm-up steps (first touch of every buffer), not timed */

@@ -1033,8 +1033,8 @@ static int cfg_validate_sizes(const ust_config *c, ust_err *e) {
             c->train.micro_batch_size, c->train.seq_len, tokens, CFG_MAX_TOKENS);
     double ranks = (double)p->dp * p->tp * p->pp * p->cp;
     REQUIRE(ranks <= CFG_MAX_WORLD,
-            "parallel.dp x tp x pp x cp = %d x %d x %d x %d = %.0f ranks; at most %d", p->dp,
-            p->tp, p->pp, p->cp, ranks, CFG_MAX_WORLD);
+            "parallel.dp x tp x pp x cp = %d x %d x %d x %d = %.0f ranks; at most %d", p->dp, p->tp,
+            p->pp, p->cp, ranks, CFG_MAX_WORLD);
     double C = m->d_model, F = m->d_ff, V = cfg_vocab_padded(c), L = m->n_layer;
     double E = m->moe.num_experts, Fe = m->moe.d_ff_expert, k = m->moe.top_k;
     /* a layer: attention (at most 4 C x C, kv heads being at most the heads) and the MLP (3 C x
@@ -1048,8 +1048,8 @@ static int cfg_validate_sizes(const ust_config *c, ust_err *e) {
             m->moe.d_ff_expert, (double)CFG_MAX_PARAMS);
     /* fp32 bytes per token of one micro-batch: every layer's saved rows of width C, F and k x
      * (C + Fe), the logits; a pipeline holds up to every micro-batch of the step at once */
-    double per_token = 4 * (L * (32 * C + 16 * F + (E > 0 ? 16 * k * (C + Fe) + 4 * E : 0)) +
-                            16 * V);
+    double per_token =
+        4 * (L * (32 * C + 16 * F + (E > 0 ? 16 * k * (C + Fe) + 4 * E : 0)) + 16 * V);
     double in_flight =
         p->pp > 1 ? (double)c->train.global_batch_size / c->train.micro_batch_size : 1;
     double acts = tokens * per_token * in_flight;
@@ -1058,8 +1058,7 @@ static int cfg_validate_sizes(const ust_config *c, ust_err *e) {
             "train.micro_batch_size x seq_len, x %.0f micro-batches in flight, through "
             "model.n_layer %d layers of d_model %d, d_ff %d, and vocab %.0f); at most 2^56 = "
             "%.3g",
-            acts, tokens, in_flight, m->n_layer, m->d_model, m->d_ff, V,
-            (double)CFG_MAX_ACT_BYTES);
+            acts, tokens, in_flight, m->n_layer, m->d_model, m->d_ff, V, (double)CFG_MAX_ACT_BYTES);
     return 0;
 }
 

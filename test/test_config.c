@@ -652,8 +652,10 @@ static void test_every_size_key_has_an_upper_limit(void) {
     static const struct {
         const char *set, *why;
     } cases[] = {
-        {"model.n_layer=2147483647", "model.n_layer: 2147483647 is out of range (must be in 1..4096)"},
-        {"model.vocab_pad=2147483647", "model.vocab_pad: 2147483647 is out of range (must be in 1..65536)"},
+        {"model.n_layer=2147483647",
+         "model.n_layer: 2147483647 is out of range (must be in 1..4096)"},
+        {"model.vocab_pad=2147483647",
+         "model.vocab_pad: 2147483647 is out of range (must be in 1..65536)"},
         {"model.vocab_size=2147483647", "(must be in 1..16777216)"},
         {"model.d_model=2097152", "(must be in 1..1048576)"},
         {"model.d_ff=2147483647", "(must be in 1..4194304)"},
@@ -674,8 +676,8 @@ static void test_every_size_key_has_an_upper_limit(void) {
         ust_err e = {{0}};
         cfg_defaults(&c);
         CHECK(cfg_set(&c, cases[i].set, &e) == -1, "accepted --set %s", cases[i].set);
-        CHECK(strstr(e.msg, cases[i].why), "--set %s: want '%s' in: %s", cases[i].set,
-              cases[i].why, txt(e.msg));
+        CHECK(strstr(e.msg, cases[i].why), "--set %s: want '%s' in: %s", cases[i].set, cases[i].why,
+              txt(e.msg));
     }
 }
 
@@ -735,8 +737,7 @@ static void test_list_items_are_range_checked_where_they_stand(void) {
                      "t.yaml:5:7: ", "item 99999999999999999999 is out of range");
     CHECK_LOAD_FAILS("parallel: {pp: 2, pp_layers: [3, x]}\n", "t.yaml:1:34: ",
                      "parallel.pp_layers: expected a list of integers in 1..4096, got 'x'");
-    CHECK_LOAD_FAILS("parallel: {pp: 2, pp_layers: [3, [1]]}\n", "t.yaml:1:34: ",
-                     "got a list");
+    CHECK_LOAD_FAILS("parallel: {pp: 2, pp_layers: [3, [1]]}\n", "t.yaml:1:34: ", "got a list");
     CHECK_SET_FAILS("parallel.pp_layers=4294967297,1",
                     "parallel.pp_layers: item 4294967297 is out of range (must be in 1..4096)");
     CHECK_SET_FAILS("parallel.pp_layers=[3, 0]", "item 0 is out of range");
@@ -801,8 +802,7 @@ static void test_configs_over_16_mib_are_refused(void) {
     cfg_defaults(&c);
     int rc = cfg_load_file(&c, path, &e);
     unlink(path);
-    CHECK(rc == -1 && strstr(e.msg, ":262145:1: config is larger than 16 MiB"), "%s",
-          txt(e.msg));
+    CHECK(rc == -1 && strstr(e.msg, ":262145:1: config is larger than 16 MiB"), "%s", txt(e.msg));
 }
 
 /* ---------------------------------------------------------------- derived values, dump */
