@@ -26,21 +26,6 @@ typedef struct {
     float *hsend, *hrecv;
 } bufs;
 
-static int parse_bytes(const char *s, size_t *out) {
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || v < 0) return -1;
-    if (*end == 'K' || *end == 'k')
-        v *= 1024, end++;
-    else if (*end == 'M' || *end == 'm')
-        v *= 1024 * 1024, end++;
-    else if (*end == 'G' || *end == 'g')
-        v *= 1024.0 * 1024 * 1024, end++;
-    if (*end && strcmp(end, "iB") && strcmp(end, "B")) return -1;
-    *out = (size_t)v;
-    return 0;
-}
-
 /* Single-thread memcpy bandwidth (bytes/s, counting the bytes copied once), best of 5 copies of
  * 64 MiB: the yardstick for the shared-memory backend, which is bound by memory copies. */
 static double memcpy_bw(void) {
@@ -131,10 +116,43 @@ static long verify(ust_comm *w, comm_kind k, const float *out, size_t count, flo
     return -1;
 }
 
-static void usage(void) {
-    fprintf(stderr, "usage: ustrain bench comm [--min-bytes B] [--max-bytes B] [--iters N] "
-                    "[--backend shm|nccl] [--timeout S]\n  sizes take K/M/G suffixes; defaults "
-                    "4K..64M\n");
+static const char *COMM_USAGE =
+    "usage: ustrain bench comm [--min-bytes B] [--max-bytes B] [--iters N] [--backend shm|nccl]\n"
+    "                          [--timeout S]\n"
+    "  checks and times all-reduce, all-gather, reduce-scatter and all-to-all on the world of the\n"
+    "  launcher (scripts/ustrun, srun, mpirun), from --min-bytes to --max-bytes, doubling.\n"
+    "  B: bytes with an optional K/M/G/T (KiB..TiB) or KB..TB suffix, 4 to 64 GiB (defaults 4K\n"
+    "  and 64M); --iters 1..1000000 (default: by size); --timeout 0 < S <= 86400 s (default 300)\n";
+
+/* The comm bench's options into its settings; 0, or the usage error's exit code. */
+static int parse_args(int argc, char **argv, size_t *minb, size_t *maxb, int *iters,
+                      double *timeout, comm_backend *be) {
+    const cmd_who who = {"ustrain: bench comm", COMM_USAGE};
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        double d;
+        long long n;
+        int rc = 0;
+        if (strcmp(a, "--min-bytes") && strcmp(a, "--max-bytes") && strcmp(a, "--iters") &&
+            strcmp(a, "--timeout") && strcmp(a, "--backend"))
+            return cmd_usage_error(who.who, COMM_USAGE, "bad argument '%s'", a);
+        if (!v) return cmd_usage_error(who.who, COMM_USAGE, "%s needs a value", a);
+        i++;
+        if (!strcmp(a, "--min-bytes") || !strcmp(a, "--max-bytes")) {
+            if ((rc = cmd_size_opt(&who, a, v, 4, 0x1p36, &d)) == 0)
+                *(strcmp(a, "--min-bytes") ? maxb : minb) = (size_t)d;
+        } else if (!strcmp(a, "--iters")) {
+            if ((rc = cmd_int_opt(&who, a, v, 1, 1000000, &n)) == 0) *iters = (int)n;
+        } else if (!strcmp(a, "--timeout")) {
+            rc = cmd_num_opt(&who, a, v, 0, 86400, CMD_LO_OPEN, timeout);
+        } else if (strcmp(v, "shm") && strcmp(v, "nccl")) {
+            return cmd_usage_error(who.who, COMM_USAGE, "--backend %s: expected shm or nccl", v);
+        } else {
+            *be = strcmp(v, "nccl") ? COMM_BACKEND_SHM : COMM_BACKEND_NCCL;
+        }
+        if (rc) return rc;
+    }
+    return 0;
 }
 
 int cmd_bench_comm(int argc, char **argv) {
@@ -142,25 +160,9 @@ int cmd_bench_comm(int argc, char **argv) {
     int iters_opt = 0;
     double timeout = 300;
     comm_backend be = COMM_BACKEND_SHM;
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--min-bytes") && v && !parse_bytes(v, &minb))
-            i++;
-        else if (!strcmp(a, "--max-bytes") && v && !parse_bytes(v, &maxb))
-            i++;
-        else if (!strcmp(a, "--iters") && v && atoi(v) > 0)
-            iters_opt = atoi(v), i++;
-        else if (!strcmp(a, "--timeout") && v && atof(v) > 0)
-            timeout = atof(v), i++;
-        else if (!strcmp(a, "--backend") && v && (!strcmp(v, "shm") || !strcmp(v, "nccl")))
-            be = strcmp(v, "nccl") ? COMM_BACKEND_SHM : COMM_BACKEND_NCCL, i++;
-        else {
-            fprintf(stderr, "ustrain: error: bench comm: bad argument '%s'\n", a);
-            usage();
-            return UST_EXIT_USAGE;
-        }
-    }
-    if (minb < 4) minb = 4;
+    if (cmd_wants_help(argc, argv)) return cmd_print_usage(COMM_USAGE);
+    int rc = parse_args(argc, argv, &minb, &maxb, &iters_opt, &timeout, &be);
+    if (rc) return rc;
     if (maxb < minb) {
         fprintf(stderr, "ustrain: error: bench comm: --max-bytes %zu is below --min-bytes %zu\n",
                 maxb, minb);

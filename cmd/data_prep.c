@@ -1,5 +1,5 @@
 /* ustrain data prep: argument parsing for the prep pipeline (core/prep.h). */
-#include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,23 +13,18 @@
 static const char *PREP_USAGE =
     "usage: ustrain data prep --out DIR [--tokenizer tokenizer.json] [--jsonl-field NAME]\n"
     "                         [--eot ID|none] [--threads N] [--val-fraction F] [--shard-tokens N]\n"
-    "                         [--chunk-bytes N] FILE...";
+    "                         [--chunk-bytes N] FILE...\n"
+    "  --eot ID|none 0..2147483646 (default: the tokenizer's <|endoftext|>); --threads 1..256\n"
+    "  (default: one per CPU); --val-fraction below 1 (default 0.1; negative: no val shards);\n"
+    "  --shard-tokens 1..2147483647 (default 100M); --chunk-bytes 16..2^40 (default 1 MiB)\n";
 
 static int prep_error(const char *fmt, const char *a, const char *b) {
     return cmd_usage_error("ustrain", PREP_USAGE, fmt, a, b);
 }
 
-/* A whole number in [lo, hi], or -1 with *ok = 0. */
-static long long parse_int(const char *s, long long lo, long long hi, int *ok) {
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    *ok = errno == 0 && end != s && *end == 0 && v >= lo && v <= hi;
-    return v;
-}
-
 static int parse_option(prep_args *a, const char **tok_path, const char *opt, const char *val) {
-    int ok = 1;
+    const cmd_who who = {"ustrain", PREP_USAGE};
+    long long v;
     if (strcmp(opt, "--out") == 0) {
         a->out_dir = val;
     } else if (strcmp(opt, "--tokenizer") == 0) {
@@ -37,25 +32,25 @@ static int parse_option(prep_args *a, const char **tok_path, const char *opt, co
     } else if (strcmp(opt, "--jsonl-field") == 0) {
         a->jsonl_field = val;
     } else if (strcmp(opt, "--eot") == 0) {
-        a->eot =
-            strcmp(val, "none") == 0 ? PREP_EOT_NONE : (int)parse_int(val, 0, INT32_MAX - 1, &ok);
-        if (!ok) return prep_error("--eot %s: expected a token id >= 0 or 'none'%s", val, "");
+        if (strcmp(val, "none") == 0)
+            a->eot = PREP_EOT_NONE;
+        else if (cmd_int_opt(&who, opt, val, 0, INT32_MAX - 1, &v))
+            return UST_EXIT_USAGE;
+        else
+            a->eot = (int)v;
     } else if (strcmp(opt, "--threads") == 0) {
-        a->threads = (int)parse_int(val, 1, 256, &ok);
-        if (!ok) return prep_error("--threads %s: expected 1..256%s", val, "");
+        if (cmd_int_opt(&who, opt, val, 1, 256, &v)) return UST_EXIT_USAGE;
+        a->threads = (int)v;
     } else if (strcmp(opt, "--shard-tokens") == 0) {
-        a->shard_tokens = parse_int(val, 1, INT32_MAX, &ok);
-        if (!ok) return prep_error("--shard-tokens %s: expected 1..%s", val, "2147483647");
+        if (cmd_int_opt(&who, opt, val, 1, INT32_MAX, &v)) return UST_EXIT_USAGE;
+        a->shard_tokens = v;
     } else if (strcmp(opt, "--chunk-bytes") == 0) {
-        a->chunk_bytes = parse_int(val, 16, 1LL << 40, &ok);
-        if (!ok) return prep_error("--chunk-bytes %s: expected at least 16%s", val, "");
+        if (cmd_int_opt(&who, opt, val, 16, 1LL << 40, &v)) return UST_EXIT_USAGE;
+        a->chunk_bytes = v;
     } else if (strcmp(opt, "--val-fraction") == 0) {
-        char *end;
-        a->val_fraction = strtod(val, &end);
-        if (end == val || *end || a->val_fraction >= 1)
-            return prep_error("--val-fraction %s: expected a number below 1 (0 = default 0.1, "
-                              "negative = no val shards)%s",
-                              val, "");
+        /* 0 = the default 0.1; negative = no val shards */
+        if (cmd_num_opt(&who, opt, val, -INFINITY, 1, CMD_HI_OPEN, &a->val_fraction))
+            return UST_EXIT_USAGE;
     } else {
         return prep_error("unknown option %s for data prep%s", opt, "");
     }
@@ -79,6 +74,7 @@ static void report(const prep_args *a, const prep_result *r, const tok_tokenizer
 }
 
 int cmd_data_prep(int argc, char **argv) {
+    if (cmd_wants_help(argc, argv)) return cmd_print_usage(PREP_USAGE);
     prep_args a = {.eot = PREP_EOT_DEFAULT, .progress = isatty(2)};
     const char *tok_path = NULL;
     const char **inputs = calloc((size_t)argc + 1, sizeof *inputs);

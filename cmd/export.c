@@ -9,7 +9,7 @@
 
 static const char *EXPORT_USAGE =
     "usage: ustrain export CKPT --to hf OUT\n"
-    "  CKPT  a checkpoint step directory (e.g. runs/tiny/ckpt/step_000050), or a checkpoint\n"
+    "  CKPT  a checkpoint step directory (e.g. runs/tiny/ckpt/step_50), or a checkpoint\n"
     "        directory (its newest finished step is exported)\n"
     "  OUT   directory for model.safetensors + config.json (created when missing)\n";
 
@@ -19,11 +19,9 @@ static int export_usage(const char *what, const char *arg) {
 
 int cmd_export(int argc, char **argv) {
     const char *ckpt = NULL, *out = NULL, *to = NULL;
+    if (cmd_wants_help(argc, argv)) return cmd_print_usage(EXPORT_USAGE);
     for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            fputs(EXPORT_USAGE, stdout);
-            return 0;
-        } else if (!strcmp(argv[i], "--to")) {
+        if (!strcmp(argv[i], "--to")) {
             if (i + 1 >= argc) return export_usage("%s needs a value (hf)", argv[i]);
             to = argv[++i];
         } else if (argv[i][0] == '-' && argv[i][1]) {

@@ -2,6 +2,7 @@
  * estimated step time of core/planner, printed as the Playbook's three steps; --write puts the
  * best one into a ready config. */
 #include <ctype.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +25,8 @@ static const char *PLAN_USAGE =
     "        (powers of 1000) suffix; default 80GiB\n"
     "  --global-batch: sequences (512), or tokens with a K/M/G suffix (4M = 4*2^20) or 'tok'\n"
     "        (4194304tok); default the config's train.global_batch_size\n"
+    "  --world, --gpus-per-node, --top, --seq-len: whole numbers 1..16777216; --mfu in (0, 1];\n"
+    "        --peak-flops, --bw-intra, --bw-inter: numbers > 0 (450e9)\n"
     "  defaults: --gpus-per-node 8 --mfu 0.4 --peak-flops 989e12 --bw-intra 450e9 --bw-inter 50e9\n"
     "        --top 10; the config's parallel section is ignored\n";
 
@@ -31,77 +34,27 @@ static int bad(const char *fmt, const char *a, const char *b) {
     return cmd_usage_error("ustrain plan", "(run `ustrain plan --help` for usage)", fmt, a, b);
 }
 
-/* A whole positive number (no sign, no suffix). */
-static int parse_count(const char *s, long long *out) {
-    char *end;
-    if (!isdigit((unsigned char)s[0])) return -1;
-    long long v = strtoll(s, &end, 10);
-    if (*end || v <= 0) return -1;
-    *out = v;
-    return 0;
-}
-
-static int parse_positive(const char *s, double *out) {
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || *end || !(v > 0) || !isfinite(v)) return -1;
-    *out = v;
-    return 0;
-}
-
-/* Multiplier of a size suffix ("" -> 1); 0 if unknown. */
-static double size_suffix(const char *u) {
-    static const struct {
-        const char *s;
-        double m;
-    } t[] = {{"", 1},
-             {"B", 1},
-             {"K", 1024.0},
-             {"KiB", 1024.0},
-             {"KB", 1e3},
-             {"M", 1048576.0},
-             {"MiB", 1048576.0},
-             {"MB", 1e6},
-             {"G", 1073741824.0},
-             {"GiB", 1073741824.0},
-             {"GB", 1e9},
-             {"T", 1099511627776.0},
-             {"TiB", 1099511627776.0},
-             {"TB", 1e12}};
-    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
-        if (strcmp(u, t[i].s) == 0) return t[i].m;
-    return 0;
-}
-
-static int parse_size(const char *s, double *out) {
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || !(v > 0) || !isfinite(v)) return -1;
-    double m = size_suffix(end);
-    if (m == 0) return -1;
-    *out = v * m;
-    return 0;
-}
-
 /* "512" sequences; "4M", "4Mtok", "4194304tok" tokens (K/M/G binary). Returns 0 with either
- * *seqs or *tokens set. */
+ * *seqs (at most 2^30) or *tokens (at most 2^50) set. */
 static int parse_batch(const char *s, long long *seqs, long long *tokens) {
     char *end;
     if (!isdigit((unsigned char)s[0])) return -1;
+    errno = 0;
     long long v = strtoll(s, &end, 10);
-    if (v <= 0) return -1;
-    double m = 1;
+    if (v <= 0 || errno) return -1;
+    long long m = 1;
     int tok = 0;
     if (*end == 'K' || *end == 'M' || *end == 'G') {
-        m = *end == 'K' ? 1024.0 : *end == 'M' ? 1048576.0 : 1073741824.0;
+        m = 1LL << (*end == 'K' ? 10 : *end == 'M' ? 20 : 30);
         tok = 1, end++;
     }
     if (strcmp(end, "tok") == 0 || strcmp(end, "tokens") == 0)
         tok = 1;
     else if (*end)
         return -1;
+    if (v > (tok ? (1LL << 50) : (1LL << 30)) / m) return -1;
     *seqs = *tokens = 0;
-    *(tok ? tokens : seqs) = (long long)(v * m);
+    *(tok ? tokens : seqs) = v * m;
     return 0;
 }
 
@@ -114,6 +67,7 @@ typedef struct {
 
 /* Parses argv into o; --set assignments are applied later (they need the loaded config). */
 static int parse_args(int argc, char **argv, plan_opts *o) {
+    const cmd_who who = {"ustrain plan", "(run `ustrain plan --help` for usage)"};
     memset(o, 0, sizeof *o);
     planner_hw_defaults(&o->hw);
     o->top = 10;
@@ -144,31 +98,26 @@ static int parse_args(int argc, char **argv, plan_opts *o) {
         i++;
         if (strcmp(a, "--world") == 0 || strcmp(a, "--gpus-per-node") == 0 ||
             strcmp(a, "--top") == 0 || strcmp(a, "--seq-len") == 0) {
-            if (parse_count(v, &n) || n > 1 << 24)
-                return bad("%s %s: expected a whole number from 1 to 16777216", a, v);
+            if (cmd_int_opt(&who, a, v, 1, 1 << 24, &n)) return UST_EXIT_USAGE;
             *(strcmp(a, "--world") == 0           ? &o->world
               : strcmp(a, "--gpus-per-node") == 0 ? &o->hw.gpus_per_node
               : strcmp(a, "--top") == 0           ? &o->top
                                                   : &o->seq_len) = (int)n;
         } else if (strcmp(a, "--gpu-mem") == 0) {
-            if (parse_size(v, &o->hw.gpu_mem))
-                return bad("--gpu-mem %s: expected a size such as 80GiB, 141GB or 85899345920%s", v,
-                           "");
+            if (cmd_size_opt(&who, a, v, 1, 0x1p60, &o->hw.gpu_mem)) return UST_EXIT_USAGE;
         } else if (strcmp(a, "--global-batch") == 0) {
             if (parse_batch(v, &o->batch_seqs, &o->batch_tokens))
-                return bad(
-                    "--global-batch %s: expected sequences (512) or tokens (4M, 4194304tok)%s", v,
-                    "");
+                return bad("--global-batch %s: expected sequences (512, at most 2^30) or tokens "
+                           "(4M, 4194304tok, at most 2^50)%s",
+                           v, "");
         } else if (strcmp(a, "--mfu") == 0) {
-            if (parse_positive(v, &o->hw.mfu) || o->hw.mfu > 1)
-                return bad("--mfu %s: expected a fraction in (0, 1], e.g. 0.4%s", v, "");
+            if (cmd_num_opt(&who, a, v, 0, 1, CMD_LO_OPEN, &o->hw.mfu)) return UST_EXIT_USAGE;
         } else if (strcmp(a, "--peak-flops") == 0 || strcmp(a, "--bw-intra") == 0 ||
                    strcmp(a, "--bw-inter") == 0) {
             double *dst = strcmp(a, "--peak-flops") == 0 ? &o->hw.peak_flops
                           : strcmp(a, "--bw-intra") == 0 ? &o->hw.bw_intra
                                                          : &o->hw.bw_inter;
-            if (parse_positive(v, dst))
-                return bad("%s %s: expected a positive number such as 450e9", a, v);
+            if (cmd_num_opt(&who, a, v, 0, INFINITY, CMD_LO_OPEN, dst)) return UST_EXIT_USAGE;
         } else if (strcmp(a, "--write") == 0) {
             o->write = v;
         }
@@ -385,11 +334,7 @@ static int write_yaml(const ust_config *base, const planner_entry *e, int world,
 }
 
 int cmd_plan(int argc, char **argv) {
-    for (int i = 0; i < argc; i++)
-        if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            fputs(PLAN_USAGE, stdout);
-            return 0;
-        }
+    if (cmd_wants_help(argc, argv)) return cmd_print_usage(PLAN_USAGE);
     plan_opts o;
     ust_config base;
     int rc = parse_args(argc, argv, &o);

@@ -45,42 +45,96 @@ static const char *USAGE =
     "\n"
     "exit codes: 0 success, 1 runtime failure, 2 bad usage, config or input\n";
 
+static const char *TRAIN_USAGE =
+    "usage: ustrain train CONFIG [--set key.path=value ...]\n"
+    "  trains the model of CONFIG (a YAML file); resumes from the newest finished checkpoint in\n"
+    "  checkpoint.dir (checkpoint.resume: auto). --set overrides one key, checked like the YAML.\n"
+    "  Under a launcher (scripts/ustrun, srun, mpirun) every rank runs this same command.\n";
+
+static const char *VALIDATE_USAGE =
+    "usage: ustrain validate CONFIG [--world N] [--schedule] [--set key.path=value ...]\n"
+    "  checks the config without training: the model, the layout, the topology of N ranks\n"
+    "  (--world, 1..16777216; the layout's dp*tp*pp*cp must equal it) and the per-rank memory\n"
+    "  plan, which must fit this machine's memory on run.device: cpu.\n"
+    "  --schedule: also the pipeline schedule of every pipeline rank.\n";
+
+static const char *BENCH_TRAIN_USAGE =
+    "usage: ustrain bench train CONFIG [--steps N] [--profile] [--set key.path=value ...]\n"
+    "  times N training steps (default 10, 1..1000000) after two untimed warm-up steps:\n"
+    "  ms/step, tokens/s, MFU (on cpu against this machine's measured sgemm rate).\n"
+    "  --profile: time per op (calls, ms, share). Writes no checkpoint.\n";
+
+static const char *DATA_USAGE =
+    "usage: ustrain data demo DIR\n"
+    "       ustrain data prep --out DIR [options] FILE...   (ustrain data prep --help)\n";
+
+static const char *DEMO_USAGE =
+    "usage: ustrain data demo DIR\n"
+    "  writes the bundled demo dataset (generated text, byte tokens; no download) to DIR:\n"
+    "  DIR/train_*.bin and DIR/val_*.bin, the shards configs/tiny.yaml reads from data/tiny.\n";
+
+static const char *BENCH_USAGE =
+    "usage: ustrain bench train CONFIG [--steps N] [--profile] [--set ...]\n"
+    "       ustrain bench comm [--min-bytes B] [--max-bytes B] [--iters N] [--backend shm|nccl]\n"
+    "                          [--timeout S]\n"
+    "  (ustrain bench train --help, ustrain bench comm --help)\n";
+
 static int usage_error(const char *fmt, const char *arg) {
     return cmd_usage_error("ustrain", "(run `ustrain --help` for usage)", fmt, arg);
 }
 
-/* Loads CONFIG and applies every --set (and --steps into *steps_opt); `flag` (may be NULL) is
- * the one option without a value the command takes, left for the caller; any other is an error. */
-static int load_config(ust_config *c, int argc, char **argv, int world, int *steps_opt,
-                       const char *flag) {
+/* What one config-reading sub-command accepts besides CONFIG and --set. */
+typedef struct {
+    const char *name;  /* "validate": its errors point at `ustrain validate --help` */
+    int *world;        /* --world N taken (validate), else NULL */
+    int *steps;        /* --steps N taken (bench train), else NULL */
+    const char *flag;  /* the one option without a value the command takes, or NULL */
+    int known_world;   /* the world size without --world (0: unknown) */
+    bool fits_machine; /* refuse a plan this machine's memory cannot hold (plan_check_fits) */
+} config_args;
+
+/* Loads CONFIG and applies every --set; --world and --steps (where the command takes them) are
+ * parsed strictly into *a->world / *a->steps; any other option is an error. */
+static int load_config(ust_config *c, int argc, char **argv, const config_args *a) {
     ust_err e;
     const char *path = NULL;
+    char hint[96];
+    snprintf(hint, sizeof hint, "(run `ustrain %s --help` for usage)", a->name);
+    cmd_who who = {"ustrain", hint};
+    long long v;
     cfg_defaults(c);
+    if (a->world) *a->world = 0;
     for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "--set") == 0 || strcmp(argv[i], "--world") == 0 ||
-            strcmp(argv[i], "--steps") == 0) {
-            if (i + 1 >= argc) return usage_error("%s needs a value", argv[i]);
+        const char *o = argv[i];
+        bool world = a->world && strcmp(o, "--world") == 0;
+        bool steps = a->steps && strcmp(o, "--steps") == 0;
+        if (strcmp(o, "--set") == 0 || world || steps) {
+            if (i + 1 >= argc) return cmd_usage_error("ustrain", hint, "%s needs a value", o);
             i++;
-        } else if (flag && strcmp(argv[i], flag) == 0) {
+            if (world && cmd_int_opt(&who, o, argv[i], 1, CFG_MAX_WORLD, &v)) return UST_EXIT_USAGE;
+            if (world) *a->world = (int)v;
+            if (steps && cmd_int_opt(&who, o, argv[i], 1, 1000000, &v)) return UST_EXIT_USAGE;
+            if (steps) *a->steps = (int)v;
+        } else if (a->flag && strcmp(o, a->flag) == 0) {
             continue;
-        } else if (argv[i][0] == '-') {
-            return usage_error("unknown option %s", argv[i]);
+        } else if (o[0] == '-') {
+            return cmd_usage_error("ustrain", hint, "unknown option %s for %s", o, a->name);
         } else if (!path) {
-            path = argv[i];
+            path = o;
         } else {
-            return usage_error("unexpected argument %s", argv[i]);
+            return cmd_usage_error("ustrain", hint, "unexpected argument %s", o);
         }
     }
-    if (!path) return usage_error("%s", "missing CONFIG (a YAML file)");
+    if (!path) return cmd_usage_error("ustrain", hint, "missing CONFIG (a YAML file)");
     if (cfg_load_file(c, path, &e)) goto bad;
     for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--set") == 0 && cfg_set(c, argv[i + 1], &e)) goto bad;
-        if (strcmp(argv[i], "--steps") == 0 && steps_opt) *steps_opt = atoi(argv[i + 1]);
-        if (strcmp(argv[i], "--set") == 0 || strcmp(argv[i], "--world") == 0 ||
-            strcmp(argv[i], "--steps") == 0)
+        if (strcmp(argv[i], "--set") == 0 || (a->world && strcmp(argv[i], "--world") == 0) ||
+            (a->steps && strcmp(argv[i], "--steps") == 0))
             i++;
     }
-    if (cfg_validate(c, world, &e)) goto bad;
+    if (cfg_validate(c, a->world && *a->world ? *a->world : a->known_world, &e)) goto bad;
+    if (a->fits_machine && plan_check_fits(c, &e)) goto bad;
     return 0;
 bad:
     fprintf(stderr, "ustrain: error: %s\n", e.msg);
@@ -119,17 +173,13 @@ static int print_schedule(const ust_config *c) {
     return 0;
 }
 
-static int world_option(int argc, char **argv) {
-    for (int i = 0; i + 1 < argc; i++)
-        if (strcmp(argv[i], "--world") == 0) return atoi(argv[i + 1]);
-    return 0;
-}
-
 static int cmd_train(int argc, char **argv) {
     ust_config c;
     ust_err e;
-    int rc =
-        load_config(&c, argc, argv, 0, NULL, NULL); /* the world size is known after bootstrap */
+    if (cmd_wants_help(argc, argv)) return cmd_print_usage(TRAIN_USAGE);
+    /* the world size is known after bootstrap */
+    config_args a = {.name = "train", .fits_machine = true};
+    int rc = load_config(&c, argc, argv, &a);
     if (rc) return rc;
     ust_runtime rt;
     train_install_stop_handlers(); /* a stop asked for while joining the job still counts */
@@ -145,9 +195,11 @@ static int cmd_train(int argc, char **argv) {
 
 static int cmd_validate(int argc, char **argv) {
     ust_config c;
-    int world = world_option(argc, argv);
-    if (world < 0) return usage_error("--world must be positive, got %s", "a negative value");
-    int rc = load_config(&c, argc, argv, world, NULL, "--schedule");
+    int world = 0;
+    if (cmd_wants_help(argc, argv)) return cmd_print_usage(VALIDATE_USAGE);
+    config_args a = {
+        .name = "validate", .world = &world, .flag = "--schedule", .fits_machine = true};
+    int rc = load_config(&c, argc, argv, &a);
     if (rc) return rc;
     printf("config %s: valid\n", c.source);
     printf("model: %s, %d layers, d_model %d, %d heads (%d kv), d_ff %d, vocab %d (padded %d)\n",
@@ -179,7 +231,11 @@ static int cmd_validate(int argc, char **argv) {
 static int cmd_data(int argc, char **argv) {
     ust_err e;
     if (argc >= 1 && strcmp(argv[0], "demo") == 0) {
-        if (argc != 2) return usage_error("%s", "usage: ustrain data demo DIR");
+        if (cmd_wants_help(argc - 1, argv + 1)) return cmd_print_usage(DEMO_USAGE);
+        if (argc != 2 || argv[1][0] == '-')
+            return cmd_usage_error("ustrain", DEMO_USAGE, "%s",
+                                   argc != 2 ? "data demo takes one DIR"
+                                             : "data demo takes no options");
         if (data_write_demo(argv[1], &e)) {
             fprintf(stderr, "ustrain: error: %s\n", e.msg);
             return UST_EXIT_RUNTIME;
@@ -188,14 +244,21 @@ static int cmd_data(int argc, char **argv) {
         return 0;
     }
     if (argc >= 1 && strcmp(argv[0], "prep") == 0) return cmd_data_prep(argc - 1, argv + 1);
-    return usage_error("%s", "usage: ustrain data demo DIR | ustrain data prep ...");
+    if (cmd_wants_help(argc, argv)) return cmd_print_usage(DATA_USAGE);
+    return cmd_usage_error("ustrain", DATA_USAGE, "%s", "data needs demo or prep");
 }
 
 /* Times training steps of CONFIG and reports them against the machine's own sgemm rate. */
 static int cmd_bench_train(int argc, char **argv) {
     ust_config c;
     int steps = 10;
-    int rc = load_config(&c, argc, argv, 1, &steps, "--profile");
+    if (cmd_wants_help(argc, argv)) return cmd_print_usage(BENCH_TRAIN_USAGE);
+    config_args a = {.name = "bench train",
+                     .steps = &steps,
+                     .flag = "--profile",
+                     .known_world = 1,
+                     .fits_machine = true}; /* one process */
+    int rc = load_config(&c, argc, argv, &a);
     if (rc) return rc;
     c.train.steps = steps + 2; /* two warm-up steps (first touch of every buffer), not timed */
     c.checkpoint.every = 0;
@@ -239,7 +302,8 @@ static int cmd_bench_train(int argc, char **argv) {
 static int cmd_bench(int argc, char **argv) {
     if (argc >= 1 && strcmp(argv[0], "train") == 0) return cmd_bench_train(argc - 1, argv + 1);
     if (argc >= 1 && strcmp(argv[0], "comm") == 0) return cmd_bench_comm(argc - 1, argv + 1);
-    return usage_error("%s", "usage: ustrain bench train CONFIG | ustrain bench comm");
+    if (cmd_wants_help(argc, argv)) return cmd_print_usage(BENCH_USAGE);
+    return cmd_usage_error("ustrain", BENCH_USAGE, "%s", "bench needs train or comm");
 }
 
 int main(int argc, char **argv) {

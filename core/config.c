@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <yaml.h>
 
 /* ---------------------------------------------------------------- the key table */
@@ -70,9 +71,9 @@ _Static_assert(sizeof(ust_arch) == sizeof(int) && sizeof(ust_device) == sizeof(i
     { p, K_STR, AT(f), d, 0, 0, 0, names }
 #define ENUM(p, f, d, names)                                                                       \
     { p, K_ENUM, AT(f), d, 0, 0, 0, names }
-/* a list of positive integers ([4, 4, 2, 2], or "4,4,2,2" with --set), kept as "4,4,2,2" */
-#define LIST(p, f)                                                                                 \
-    { p, K_LIST, AT(f), "null", 1, INT_MAX, NULLABLE, NULL }
+/* a list of integers in 1..hi ([4, 4, 2, 2], or "4,4,2,2" with --set), kept as "4,4,2,2" */
+#define LIST(p, f, hi)                                                                             \
+    { p, K_LIST, AT(f), "null", 1, hi, NULLABLE, NULL }
 
 /* Keys of one section must be contiguous and a subsection must follow its parent's keys:
  * cfg_dump opens a section each time the prefix changes. */
@@ -83,50 +84,50 @@ static const cfg_key cfg_keys[] = {
     STR("run.out_dir", run.out_dir, "runs/tiny", 0),
 
     ENUM("model.arch", model.arch, "llama", ARCHS),
-    INT("model.n_layer", model.n_layer, "4", 1),
-    INT("model.d_model", model.d_model, "128", 1),
-    INT("model.n_head", model.n_head, "4", 1),
-    INT("model.n_kv_head", model.n_kv_head, "2", 1),
-    INT("model.d_ff", model.d_ff, "384", 1),
-    INT("model.vocab_size", model.vocab_size, "512", 1),
-    INT("model.vocab_pad", model.vocab_pad, "128", 1),
-    INT("model.max_seq_len", model.max_seq_len, "256", 1),
+    INTR("model.n_layer", model.n_layer, "4", 1, 4096),
+    INTR("model.d_model", model.d_model, "128", 1, 1 << 20),
+    INTR("model.n_head", model.n_head, "4", 1, 1 << 16),
+    INTR("model.n_kv_head", model.n_kv_head, "2", 1, 1 << 16),
+    INTR("model.d_ff", model.d_ff, "384", 1, 1 << 22),
+    INTR("model.vocab_size", model.vocab_size, "512", 1, 1 << 24),
+    INTR("model.vocab_pad", model.vocab_pad, "128", 1, 1 << 16),
+    INTR("model.max_seq_len", model.max_seq_len, "256", 1, 1 << 24),
     DBL("model.rope_theta", model.rope_theta, "10000", 0, INFINITY, LO_OPEN),
     DBL("model.norm_eps", model.norm_eps, "1e-5", 0, INFINITY, LO_OPEN),
     BOOL("model.tie_embeddings", model.tie_embeddings, "false"),
     STR("model.init_from", model.init_from, "null", NULLABLE),
-    INT("model.moe.num_experts", model.moe.num_experts, "0", 0),
-    INT("model.moe.top_k", model.moe.top_k, "2", 1),
-    INT("model.moe.d_ff_expert", model.moe.d_ff_expert, "128", 1),
-    INT("model.moe.every", model.moe.every, "1", 1),
+    INTR("model.moe.num_experts", model.moe.num_experts, "0", 0, 4096),
+    INTR("model.moe.top_k", model.moe.top_k, "2", 1, 4096),
+    INTR("model.moe.d_ff_expert", model.moe.d_ff_expert, "128", 1, 1 << 22),
+    INTR("model.moe.every", model.moe.every, "1", 1, 4096),
     BOOL("model.moe.shared_expert", model.moe.shared_expert, "false"),
     DBL("model.moe.aux_loss_coef", model.moe.aux_loss_coef, "0.01", 0, INFINITY, 0),
     DBL("model.moe.z_loss_coef", model.moe.z_loss_coef, "0", 0, INFINITY, 0),
-    DBL("model.moe.capacity_factor", model.moe.capacity_factor, "0", 0, INFINITY, 0),
+    DBL("model.moe.capacity_factor", model.moe.capacity_factor, "0", 0, 4096, 0),
 
-    INT("parallel.dp", parallel.dp, "1", 1),
-    INT("parallel.tp", parallel.tp, "1", 1),
-    INT("parallel.pp", parallel.pp, "1", 1),
-    INT("parallel.cp", parallel.cp, "1", 1),
-    INT("parallel.ep", parallel.ep, "1", 1),
+    INTR("parallel.dp", parallel.dp, "1", 1, CFG_MAX_WORLD),
+    INTR("parallel.tp", parallel.tp, "1", 1, CFG_MAX_WORLD),
+    INTR("parallel.pp", parallel.pp, "1", 1, 4096),
+    INTR("parallel.cp", parallel.cp, "1", 1, CFG_MAX_WORLD),
+    INTR("parallel.ep", parallel.ep, "1", 1, 4096),
     BOOL("parallel.sp", parallel.sp, "false"),
     INT("parallel.vpp", parallel.vpp, "1", 1),
     ENUM("parallel.pp_schedule", parallel.pp_schedule, "1f1b", PP_SCHEDULES),
     BOOL("parallel.pp_breadth_first", parallel.pp_breadth_first, "false"),
-    LIST("parallel.pp_layers", parallel.pp_layers),
+    LIST("parallel.pp_layers", parallel.pp_layers, 4096), /* each at most model.n_layer */
     ENUM("parallel.cp_layout", parallel.cp_layout, "zigzag", CP_LAYOUTS),
     ENUM("parallel.cp_comm", parallel.cp_comm, "ring", CP_COMMS),
-    DBL("parallel.dp_bucket_mb", parallel.dp_bucket_mb, "25", 0, INFINITY, LO_OPEN),
+    DBL("parallel.dp_bucket_mb", parallel.dp_bucket_mb, "25", 0, 1 << 20, LO_OPEN),
 
     I64("train.steps", train.steps, "50", 0),
-    INT("train.seq_len", train.seq_len, "128", 1),
-    INT("train.micro_batch_size", train.micro_batch_size, "4", 1),
-    INT("train.global_batch_size", train.global_batch_size, "8", 1),
+    INTR("train.seq_len", train.seq_len, "128", 1, 1 << 24),
+    INTR("train.micro_batch_size", train.micro_batch_size, "4", 1, 1 << 24),
+    INTR("train.global_batch_size", train.global_batch_size, "8", 1, 1 << 30),
     ENUM("train.precision", train.precision, "fp32", PRECISIONS),
     ENUM("train.recompute", train.recompute, "none", RECOMPUTES),
     DBL("train.grad_clip", train.grad_clip, "1.0", -INFINITY, INFINITY, 0),
     ENUM("train.on_nan", train.on_nan, "stop", ON_NANS),
-    INT("train.threads", train.threads, "0", 0),
+    INTR("train.threads", train.threads, "0", 0, CFG_MAX_THREADS),
 
     ONEOF("optimizer.name", optimizer.name, "adamw", OPTIMIZERS),
     INTR("optimizer.zero_stage", optimizer.zero_stage, "0", 0, 3),
@@ -156,7 +157,7 @@ static const cfg_key cfg_keys[] = {
     STR("logging.metrics_file", logging.metrics_file, "runs/tiny/metrics.jsonl", 0),
     DBL("logging.peak_flops", logging.peak_flops, "0", 0, INFINITY, 0),
 
-    DBL("dist.timeout_s", dist.timeout_s, "300", 0, INFINITY, LO_OPEN),
+    DBL("dist.timeout_s", dist.timeout_s, "300", 0, 1e6, LO_OPEN),
 };
 
 #define N_KEYS (sizeof cfg_keys / sizeof cfg_keys[0])
@@ -195,7 +196,7 @@ static bool cfg_has_hi(const cfg_key *k) {
 /* What the allowed range is, phrased for the side that v violates. */
 static void cfg_range_text(const cfg_key *k, double v, char *buf, size_t n) {
     if (cfg_has_hi(k) && k->kind != K_DBL)
-        snprintf(buf, n, "must be in %g..%g", k->lo, k->hi);
+        snprintf(buf, n, "must be in %.0f..%.0f", k->lo, k->hi);
     else if (cfg_has_hi(k))
         snprintf(buf, n, "must be in %s%g, %g%s", k->flags & LO_OPEN ? "(" : "[", k->lo, k->hi,
                  k->flags & HI_OPEN ? ")" : "]");
@@ -334,10 +335,25 @@ static int cfg_put_enum(void *dst, const cfg_key *k, const char *s, bool plain, 
     return 0;
 }
 
-/* "4, 4,2 ,2" or "[4,4,2,2]" -> "4,4,2,2"; every item a positive integer. */
+/* One list item (n chars at p) in k's range, else the reason in why. Parsed whole and in 64 bits:
+ * atoi would read 4294967297 as 1. */
+static int cfg_list_item(const cfg_key *k, const char *p, size_t n, char *why, size_t wn) {
+    char item[32];
+    if (n == 0 || n >= sizeof item || strspn(p, "0123456789") < n) return -1;
+    snprintf(item, sizeof item, "%.*s", (int)n, p);
+    errno = 0;
+    long long v = strtoll(item, NULL, 10);
+    if (errno || v < k->lo || v > k->hi)
+        return snprintf(why, wn, "item %s is out of range (must be in %.0f..%.0f)", item, k->lo,
+                        k->hi),
+               -2;
+    return 0;
+}
+
+/* "4, 4,2 ,2" or "[4,4,2,2]" -> "4,4,2,2"; every item an integer in k's range. */
 static int cfg_put_list(void *dst, const cfg_key *k, const char *s, bool plain, char *why,
                         size_t n) {
-    char out[256] = "", item[32];
+    char out[256] = "";
     if (cfg_is_null(s, plain) || !*s) {
         memset(dst, 0, k->size);
         return 0;
@@ -350,16 +366,13 @@ static int cfg_put_list(void *dst, const cfg_key *k, const char *s, bool plain, 
         size_t a = i, b = j;
         while (a < b && p[a] == ' ') a++;
         while (b > a && p[b - 1] == ' ') b--;
-        if (b - a == 0 || b - a >= sizeof item || strspn(p + a, "0123456789") < b - a ||
-            atoi(p + a) < 1) {
-            snprintf(why, n, "expected a list of positive integers, got '%s'", s);
-            return -1;
-        }
-        snprintf(item, sizeof item, "%.*s", (int)(b - a), p + a);
-        if (strlen(out) + strlen(item) + 2 > sizeof out || strlen(out) + strlen(item) + 2 > k->size)
+        int rc = cfg_list_item(k, p + a, b - a, why, n);
+        if (rc == -1) snprintf(why, n, "expected a list of positive integers, got '%s'", s);
+        if (rc) return -1;
+        if (strlen(out) + (b - a) + 2 > sizeof out || strlen(out) + (b - a) + 2 > k->size)
             return snprintf(why, n, "list is too long: '%s'", s), -1;
         if (*out) strcat(out, ",");
-        strcat(out, item);
+        strncat(out, p + a, b - a);
         i = j + 1;
     }
     memset(dst, 0, k->size);
@@ -532,9 +545,45 @@ static int cfg_syntax_error(const cfg_ctx *x, const yaml_parser_t *p, const char
                        ctx);
 }
 
+/* libyaml's document loader scans all of the text before it returns, and its scanner checks every
+ * open flow level at each token, so "[[[[..." 100,000 deep took 43 s to reject. A pass over the
+ * events first stops at the first list or mapping deeper than CFG_MAX_DEPTH: the scanner looks
+ * only a bounded way ahead of the event it hands out (a possible simple key goes stale after
+ * 1024 characters), so this costs about as much as the first few kilobytes whatever follows. */
+static int cfg_check_depth(const cfg_ctx *x, const char *text) {
+    yaml_parser_t p;
+    if (!yaml_parser_initialize(&p)) return ust_errf(x->e, "%s: out of memory", x->where);
+    yaml_parser_set_input_string(&p, (const unsigned char *)text, strlen(text));
+    int depth = 0, rc = 0;
+    for (bool end = false; !end && rc == 0;) {
+        yaml_event_t ev;
+        if (!yaml_parser_parse(&p, &ev)) {
+            rc = cfg_syntax_error(x, &p, text);
+            break;
+        }
+        if (ev.type == YAML_SEQUENCE_START_EVENT || ev.type == YAML_MAPPING_START_EVENT) {
+            if (++depth > CFG_MAX_DEPTH)
+                rc = cfg_fail_at(x, ev.start_mark,
+                                 "lists and mappings nested deeper than %d levels (the limit; a "
+                                 "config needs 3)",
+                                 CFG_MAX_DEPTH);
+        } else if (ev.type == YAML_SEQUENCE_END_EVENT || ev.type == YAML_MAPPING_END_EVENT) {
+            depth--;
+        }
+        end = ev.type == YAML_STREAM_END_EVENT;
+        yaml_event_delete(&ev);
+    }
+    yaml_parser_delete(&p);
+    return rc;
+}
+
 /* Parses text as exactly one YAML document into d; the caller deletes d when this returns 0. */
 static int cfg_load_document(const cfg_ctx *x, const char *text, yaml_document_t *d) {
     yaml_parser_t p;
+    if (strlen(text) > CFG_MAX_BYTES)
+        return cfg_fail_at(x, cfg_mark_at(text, CFG_MAX_BYTES),
+                           "config is larger than %d MiB (the limit)", CFG_MAX_BYTES >> 20);
+    if (cfg_check_depth(x, text)) return -1;
     if (!yaml_parser_initialize(&p)) return ust_errf(x->e, "%s: out of memory", x->where);
     yaml_parser_set_input_string(&p, (const unsigned char *)text, strlen(text));
     int rc = 0;
@@ -573,18 +622,27 @@ static bool cfg_node_is_null(const yaml_node_t *n) {
                        n->data.scalar.style == YAML_PLAIN_SCALAR_STYLE);
 }
 
-/* A YAML list of scalars for a K_LIST key, as the "a,b,c" text cfg_put_list reads. */
+/* A YAML list of scalars for a K_LIST key, as the "a,b,c" text cfg_put_list reads; each item is
+ * checked where it stands, so its error has its own line:col. */
 static int cfg_load_list(const cfg_ctx *x, const cfg_key *k, const yaml_node_t *v) {
     char text[512] = "", why[1024];
     for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top;
          it++) {
         yaml_node_t *item = yaml_document_get_node(x->doc, *it);
-        if (item->type != YAML_SCALAR_NODE || item->data.scalar.length > 32 ||
-            strlen(text) + item->data.scalar.length + 2 > sizeof text)
-            return cfg_fail_at(x, item->start_mark, "%s: expected a list of positive integers",
-                               k->path);
+        const char *s = item->type == YAML_SCALAR_NODE ? (const char *)item->data.scalar.value : "";
+        int rc = item->type != YAML_SCALAR_NODE || item->data.scalar.length > 32 ||
+                         strlen(text) + item->data.scalar.length + 2 > sizeof text
+                     ? -1
+                     : cfg_list_item(k, s, item->data.scalar.length, why, sizeof why);
+        if (rc == -2) return cfg_fail_at(x, item->start_mark, "%s: %s", k->path, why);
+        if (rc)
+            return cfg_fail_at(x, item->start_mark,
+                               "%s: expected a list of integers in %.0f..%.0f, got %s%s%s", k->path,
+                               k->lo, k->hi, item->type == YAML_SCALAR_NODE ? "'" : "",
+                               item->type == YAML_SCALAR_NODE ? s : cfg_node_kind(item),
+                               item->type == YAML_SCALAR_NODE ? "'" : "");
         if (*text) strcat(text, ",");
-        strcat(text, (const char *)item->data.scalar.value);
+        strcat(text, s);
     }
     if (cfg_put(x->c, k, *text ? text : "null", true, why, sizeof why))
         return cfg_fail_at(x, v->start_mark, "%s: %s", k->path, why);
@@ -667,7 +725,14 @@ static int cfg_load_mapping(const cfg_ctx *x, const yaml_node_t *map, const char
 
 static int cfg_load_root(const cfg_ctx *x) {
     yaml_node_t *root = yaml_document_get_root_node(x->doc);
-    if (!root || cfg_node_is_null(root)) return 0; /* empty file: defaults */
+    /* an empty file is more likely a truncated copy or the wrong path than a wish for every
+     * default; `{}` says the latter */
+    if (!root || cfg_node_is_null(root))
+        return ust_errf(x->e,
+                        "%s: config file is empty (no sections: only whitespace, comments or a "
+                        "null document); write the keys that differ from the defaults, or {} "
+                        "for all defaults",
+                        x->where);
     if (root->type != YAML_MAPPING_NODE)
         return cfg_fail_at(
             x, root->start_mark,
@@ -701,7 +766,9 @@ int cfg_load_file(ust_config *c, const char *path, ust_err *e) {
     if (!f) return ust_errf(e, "%s: cannot open config: %s", path, strerror(errno));
     size_t cap = 4096, n = 0;
     char *buf = malloc(cap);
-    for (size_t got; buf && (got = fread(buf + n, 1, cap - n - 1, f)) > 0;) {
+    /* at most one byte past the limit: cfg_load_document reports where the limit falls, and
+     * /dev/zero or a mistaken multi-gigabyte path is not read to the end */
+    for (size_t got; buf && n <= CFG_MAX_BYTES && (got = fread(buf + n, 1, cap - n - 1, f)) > 0;) {
         n += got;
         if (cap - n - 1 == 0) {
             char *grown = realloc(buf, cap * 2);
@@ -951,6 +1018,65 @@ static int cfg_validate_train(const ust_config *c, ust_err *e) {
     return 0;
 }
 
+/* Sizes derived from several keys, computed in double so the products cannot wrap: the memory
+ * plan, the parameter table and the step loop compute them in 64 bits (token counts in 32), and
+ * these bounds keep every such product exact. The estimates are generous upper bounds (no
+ * parallel split, more saved rows per token than any layer keeps), so a layout the plan counts
+ * exactly is never refused here for want of precision. */
+static int cfg_validate_sizes(const ust_config *c, ust_err *e) {
+    const __typeof__(c->model) *m = &c->model;
+    const __typeof__(c->parallel) *p = &c->parallel;
+    double tokens = (double)c->train.micro_batch_size * c->train.seq_len;
+    REQUIRE(tokens <= CFG_MAX_TOKENS,
+            "train.micro_batch_size x train.seq_len = %d x %d = %.0f tokens per micro-batch; at "
+            "most %d",
+            c->train.micro_batch_size, c->train.seq_len, tokens, CFG_MAX_TOKENS);
+    double ranks = (double)p->dp * p->tp * p->pp * p->cp;
+    REQUIRE(ranks <= CFG_MAX_WORLD,
+            "parallel.dp x tp x pp x cp = %d x %d x %d x %d = %.0f ranks; at most %d", p->dp, p->tp,
+            p->pp, p->cp, ranks, CFG_MAX_WORLD);
+    double C = m->d_model, F = m->d_ff, V = cfg_vocab_padded(c), L = m->n_layer;
+    double E = m->moe.num_experts, Fe = m->moe.d_ff_expert, k = m->moe.top_k;
+    /* a layer: attention (at most 4 C x C, kv heads being at most the heads) and the MLP (3 C x
+     * F); with experts, each of them and a shared one (3 C x Fe) and the router */
+    double layer = 4 * C * C + 3 * C * F + (E > 0 ? (E + 1) * 3 * C * Fe + E * C : 0);
+    double params = L * layer + 2 * V * C + (double)m->max_seq_len * C;
+    REQUIRE(params <= (double)CFG_MAX_PARAMS,
+            "the model would have about %.3g parameters (model.n_layer %d, d_model %d, d_ff %d, "
+            "vocab_size %d, moe.num_experts %d x d_ff_expert %d); at most 2^42 = %.3g",
+            params, m->n_layer, m->d_model, m->d_ff, m->vocab_size, m->moe.num_experts,
+            m->moe.d_ff_expert, (double)CFG_MAX_PARAMS);
+    /* fp32 bytes per token of one micro-batch: every layer's saved rows of width C, F and k x
+     * (C + Fe), the logits; a pipeline holds up to every micro-batch of the step at once */
+    double per_token =
+        4 * (L * (32 * C + 16 * F + (E > 0 ? 16 * k * (C + Fe) + 4 * E : 0)) + 16 * V);
+    double in_flight =
+        p->pp > 1 ? (double)c->train.global_batch_size / c->train.micro_batch_size : 1;
+    double acts = tokens * per_token * in_flight;
+    REQUIRE(acts <= (double)CFG_MAX_ACT_BYTES,
+            "activations would take about %.3g bytes (%.0f tokens per micro-batch = "
+            "train.micro_batch_size x seq_len, x %.0f micro-batches in flight, through "
+            "model.n_layer %d layers of d_model %d, d_ff %d, and vocab %.0f); at most 2^56 = "
+            "%.3g",
+            acts, tokens, in_flight, m->n_layer, m->d_model, m->d_ff, V, (double)CFG_MAX_ACT_BYTES);
+    return 0;
+}
+
+/* More compute threads than cores only time-slice, and far more (train.threads: 100000) hang
+ * inside OpenBLAS's thread setup: on the CPU backend (the only one that reads train.threads), at
+ * most 4 per online CPU of this machine (hyperthreads and a busy machine aside, more never
+ * helps); the table's range caps it at CFG_MAX_THREADS on any machine. */
+static int cfg_validate_threads(const ust_config *c, ust_err *e) {
+    if (c->run.device != DEV_CPU) return 0;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    long limit = cpus > 0 && 4 * cpus < CFG_MAX_THREADS ? 4 * cpus : CFG_MAX_THREADS;
+    REQUIRE(c->train.threads <= limit,
+            "train.threads (%d) must be at most %ld (4 x the %ld online CPUs, at most %d; 0 = one "
+            "per core)",
+            c->train.threads, limit, cpus, CFG_MAX_THREADS);
+    return 0;
+}
+
 static int cfg_validate_world(const ust_config *c, int world, ust_err *e) {
     const __typeof__(c->parallel) *p = &c->parallel;
     long long product = (long long)p->dp * p->tp * p->pp * p->cp;
@@ -968,8 +1094,8 @@ int cfg_validate(const ust_config *c, int world, ust_err *e) {
         if (cfg_check_value(c, &cfg_keys[i], why, sizeof why))
             return cfg_vfail(c, e, "%s: %s", cfg_keys[i].path, why);
     }
-    if (cfg_validate_model(c, e) || cfg_validate_parallel(c, e) || cfg_validate_train(c, e) ||
-        cfg_validate_world(c, world, e))
+    if (cfg_validate_model(c, e) || cfg_validate_sizes(c, e) || cfg_validate_parallel(c, e) ||
+        cfg_validate_train(c, e) || cfg_validate_threads(c, e) || cfg_validate_world(c, world, e))
         return -1;
     return 0;
 }
@@ -1094,8 +1220,8 @@ void cfg_dump(const ust_config *c, FILE *f) {
 /* ---------------------------------------------------------------- derived values */
 
 int cfg_vocab_padded(const ust_config *c) {
-    int v = c->model.vocab_size, pad = c->model.vocab_pad;
-    return pad > 0 ? (v + pad - 1) / pad * pad : v;
+    int64_t v = c->model.vocab_size, pad = c->model.vocab_pad; /* in range: < 2^24 + 2^16 */
+    return (int)(pad > 0 ? (v + pad - 1) / pad * pad : v);
 }
 
 int cfg_grad_accum(const ust_config *c) {

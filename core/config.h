@@ -1,6 +1,7 @@
 /* config: the run's YAML (libyaml) -> a typed, validated ust_config.
  * cfg_defaults, then cfg_load_file (unknown/duplicate keys, wrong types and bad values are
- * errors with file:line:col and a did-you-mean), then cfg_set for each --set key.path=value,
+ * errors with file:line:col and a did-you-mean; so are a text over CFG_MAX_BYTES and nesting
+ * deeper than CFG_MAX_DEPTH; an empty file is refused), then cfg_set for each --set key.path=value,
  * then cfg_validate against the world size. Every error returns -1 with the message in ust_err;
  * callers exit 2 before any heavy work. cfg_dump writes the effective config as YAML. */
 #ifndef UST_CONFIG_H
@@ -13,6 +14,18 @@
 #include "error.h"
 
 #define UST_PATH_MAX 512
+
+/* Limits that keep every derived size representable (64-bit byte counts, 32-bit token and row
+ * counts) while leaving room for the largest real models (llama-405B: 126 layers, d_model
+ * 16384, d_ff 53248, vocab 128256; DeepSeek-V3: 256 experts of d_ff 2048, 671B parameters).
+ * Per-key ranges are in config.c's table; these are the ones other modules need too. */
+#define CFG_MAX_BYTES (16 << 20)      /* a config file */
+#define CFG_MAX_DEPTH 64              /* lists and mappings inside each other */
+#define CFG_MAX_WORLD (1 << 24)       /* ranks: dp * tp * pp * cp, and each of them */
+#define CFG_MAX_THREADS 1024          /* train.threads; also at most 4 x online CPUs */
+#define CFG_MAX_TOKENS (1 << 24)      /* train.micro_batch_size * seq_len */
+#define CFG_MAX_PARAMS (1LL << 42)    /* about 4.4e12 */
+#define CFG_MAX_ACT_BYTES (1LL << 56) /* activations of the micro-batches a rank holds */
 
 typedef enum { ARCH_GPT2, ARCH_LLAMA } ust_arch;
 typedef enum { DEV_CPU, DEV_CUDA } ust_device;

@@ -1,6 +1,7 @@
 #include "plan.h"
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "moe.h"
@@ -242,6 +243,39 @@ double plan_memory_peak(const ust_config *c) {
         if (q.total > peak) peak = q.total;
     }
     return peak;
+}
+
+int plan_check_fits(const ust_config *c, ust_err *e) {
+    char need[32], one[32], have[32];
+    const __typeof__(c->parallel) *l = &c->parallel;
+    if (c->run.device == DEV_CUDA) {
+        double peak = plan_memory_peak(c);
+        if (peak <= PLAN_MAX_DEVICE_BYTES) return 0;
+        return ust_errf(e,
+                        "%s: the memory plan needs %s (%.0f bytes) on the busiest rank; no GPU has "
+                        "more than %s: shard the model (parallel.tp, pp, cp, ep; "
+                        "optimizer.zero_stage) or shrink it, the batch or train.seq_len",
+                        c->source, log_bytes(need, 32, peak), peak,
+                        log_bytes(have, 32, PLAN_MAX_DEVICE_BYTES));
+    }
+    /* ranks differ only by pipeline stage: each stage's plan is held by dp * tp * cp ranks */
+    double total = 0, peak = 0, per_stage = (double)l->dp * l->tp * l->cp;
+    for (int r = 0; r < l->pp; r++) {
+        mem_plan q;
+        plan_rank(c, r, &q);
+        total += q.total * per_stage;
+        if (q.total > peak) peak = q.total;
+    }
+    double ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    if (ram <= 0 || total <= ram) return 0;
+    long long ranks = (long long)per_stage * l->pp;
+    return ust_errf(e,
+                    "%s: the memory plan needs %s (%.0f bytes) for the %lld rank%s of this layout "
+                    "on run.device cpu (up to %s each), but this machine has %s of physical "
+                    "memory: shrink the model, the batch or train.seq_len, or shard it "
+                    "(optimizer.zero_stage, train.recompute)",
+                    c->source, log_bytes(need, 32, total), total, ranks, ranks == 1 ? "" : "s",
+                    log_bytes(one, 32, peak), log_bytes(have, 32, ram));
 }
 
 void plan_print(const ust_config *c, const mem_plan *p, FILE *f) {

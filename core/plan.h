@@ -21,4 +21,12 @@ void plan_memory_rank(const ust_config *c, int pp_rank, mem_plan *p);
 double plan_memory_peak(const ust_config *c);
 void plan_print(const ust_config *c, const mem_plan *p, FILE *f);
 
+/* Refuses (-1, the figure and the limit in e) a layout whose memory cannot exist where it is to
+ * run. run.device cpu: every rank of the layout is on this node (the CPU backend is shared
+ * memory), so the plans of all dp * tp * pp * cp ranks together must fit its physical RAM.
+ * cuda: no device is at hand to ask, so one rank's plan must fit PLAN_MAX_DEVICE_BYTES, more
+ * than any accelerator has (the backend reports a real shortfall when it allocates). */
+#define PLAN_MAX_DEVICE_BYTES (1024.0 * 1024 * 1024 * 1024) /* 1 TiB */
+int plan_check_fits(const ust_config *c, ust_err *e);
+
 #endif

@@ -211,16 +211,18 @@ static void test_design_yaml_loads_to_the_defaults(void) {
     CHECK(memcmp(&c, &d, sizeof c) == 0, "DESIGN.md's YAML differs from cfg_defaults");
 }
 
-static void test_empty_and_comment_only_files_give_defaults(void) {
-    const char *docs[] = {"", "# nothing\n", "---\n", "~\n"};
-    for (size_t i = 0; i < sizeof docs / sizeof docs[0]; i++) {
-        ust_config c, d;
-        ust_err e;
-        CHECK(load(&c, docs[i], &e) == 0, "'%s': %s", txt(docs[i]), txt(e.msg));
-        cfg_defaults(&d);
-        strcpy(d.source, "t.yaml");
-        CHECK(memcmp(&c, &d, sizeof c) == 0, "'%s' changed a value", txt(docs[i]));
-    }
+/* An empty file is more likely a truncated copy or a wrong path than a wish for all defaults:
+ * it is refused; {} asks for the defaults explicitly. */
+static void test_empty_configs_are_refused_and_braces_give_defaults(void) {
+    const char *docs[] = {"", "# nothing\n", "---\n", "~\n", "  \n\n# only comments\n\n", "null\n"};
+    for (size_t i = 0; i < sizeof docs / sizeof docs[0]; i++)
+        CHECK_LOAD_FAILS(docs[i], "t.yaml: config file is empty", "or {} for all defaults");
+    ust_config c, d;
+    ust_err e;
+    CHECK(load(&c, "{}\n", &e) == 0, "{}: %s", txt(e.msg));
+    cfg_defaults(&d);
+    strcpy(d.source, "t.yaml");
+    CHECK(memcmp(&c, &d, sizeof c) == 0, "{} changed a value");
 }
 
 static void test_block_style_sets_every_kind_of_value(void) {
@@ -409,7 +411,9 @@ static void test_wrong_types_are_errors(void) {
 
 static void test_out_of_range_values_are_errors(void) {
     CHECK_LOAD_FAILS("model: {n_layer: -1}\n",
-                     "t.yaml:1:18: ", "model.n_layer: -1 is out of range (must be >= 1)");
+                     "t.yaml:1:18: ", "model.n_layer: -1 is out of range (must be in 1..4096)");
+    CHECK_LOAD_FAILS("checkpoint: {every: -1}\n",
+                     "t.yaml:1:21: ", "checkpoint.every: -1 is out of range (must be >= 0)");
     CHECK_LOAD_FAILS("model: {d_model: 0}\n", "t.yaml:1:18: ", "model.d_model: 0 is out of range");
     CHECK_LOAD_FAILS("optimizer: {lr: 0}\n",
                      "t.yaml:1:17: ", "optimizer.lr: 0 is out of range (must be > 0)");
@@ -420,7 +424,9 @@ static void test_out_of_range_values_are_errors(void) {
                      "t.yaml:1:25: ", "optimizer.zero_stage: 4 is out of range (must be in 0..3)");
     CHECK_LOAD_FAILS("train: {steps: -1}\n", "t.yaml:1:16: ", "train.steps: -1 is out of range");
     CHECK_LOAD_FAILS("train: {seq_len: 99999999999}\n", "t.yaml:1:18: ",
-                     "train.seq_len: 99999999999 is out of range (must fit in a 32-bit integer)");
+                     "train.seq_len: 99999999999 is out of range (must be in 1..16777216)");
+    CHECK_LOAD_FAILS("data: {val_every: 99999999999}\n", "t.yaml:1:19: ",
+                     "data.val_every: 99999999999 is out of range (must fit in a 32-bit integer)");
     CHECK_LOAD_FAILS("train: {steps: 99999999999999999999}\n",
                      "t.yaml:1:16: ", "(must fit in a 64-bit integer)");
     CHECK_LOAD_FAILS(
@@ -477,7 +483,7 @@ static void test_set_applies_values_parsed_as_yaml_scalars(void) {
 
 static void test_set_errors_name_the_argument(void) {
     CHECK_SET_FAILS("model.n_layer=abc", "model.n_layer: expected an integer, got 'abc'");
-    CHECK_SET_FAILS("model.n_layer=0", "model.n_layer: 0 is out of range (must be >= 1)");
+    CHECK_SET_FAILS("model.n_layer=0", "model.n_layer: 0 is out of range (must be in 1..4096)");
     CHECK_SET_FAILS("train.micro_batch=4",
                     "unknown key 'train.micro_batch' (did you mean 'micro_batch_size'?)");
     CHECK_SET_FAILS("modle.n_layer=4", "unknown section 'modle' (did you mean 'model'?)");
@@ -602,7 +608,7 @@ static void test_validate_rechecks_ranges_of_values_set_in_code(void) {
     strcpy(c.source, "cfg.yaml");
     c.model.d_ff = 0;
     CHECK(cfg_validate(&c, 1, &e) == -1, "d_ff 0 accepted");
-    CHECK(!strcmp(e.msg, "cfg.yaml: model.d_ff: 0 is out of range (must be >= 1)"), "%s",
+    CHECK(!strcmp(e.msg, "cfg.yaml: model.d_ff: 0 is out of range (must be in 1..4194304)"), "%s",
           txt(e.msg));
     cfg_defaults(&c);
     c.optimizer.beta1 = 1.0;
@@ -611,6 +617,192 @@ static void test_validate_rechecks_ranges_of_values_set_in_code(void) {
     cfg_defaults(&c);
     c.train.precision = (ust_precision)7;
     CHECK(cfg_validate(&c, 1, &e) == -1 && strstr(e.msg, "train.precision"), "%s", txt(e.msg));
+}
+
+/* ---------------------------------------------------------------- limits (hardening) */
+
+/* Real model shapes must stay valid under the size limits. */
+static void test_size_limits_admit_llama_405b_and_deepseek_v3(void) {
+    static const struct {
+        const char *name, *yaml;
+    } models[] = {
+        {"llama-405B",
+         "model: {n_layer: 126, d_model: 16384, n_head: 128, n_kv_head: 8, d_ff: 53248,\n"
+         "        vocab_size: 128256, max_seq_len: 131072}\n"
+         "parallel: {tp: 8, pp: 14}\n"
+         "train: {seq_len: 8192, micro_batch_size: 1, global_batch_size: 2048}\n"},
+        {"DeepSeek-V3",
+         "model: {n_layer: 61, d_model: 7168, n_head: 128, n_kv_head: 128, d_ff: 18432,\n"
+         "        vocab_size: 129280, max_seq_len: 163840,\n"
+         "        moe: {num_experts: 256, top_k: 8, d_ff_expert: 2048, shared_expert: true}}\n"
+         "parallel: {dp: 64, ep: 64, pp: 1}\n"
+         "train: {seq_len: 4096, micro_batch_size: 1, global_batch_size: 1024}\n"},
+    };
+    for (size_t i = 0; i < sizeof models / sizeof models[0]; i++) {
+        ust_config c;
+        ust_err e = {{0}};
+        CHECK(load(&c, models[i].yaml, &e) == 0 && cfg_validate(&c, 0, &e) == 0, "%s: %s",
+              models[i].name, txt(e.msg));
+    }
+}
+
+/* Each size key has a range that keeps its products in 64 bits (n_layer = 2^31 - 1 crashed the
+ * parameter table; vocab_pad = 2^31 - 1 overflowed the padded vocabulary). */
+static void test_every_size_key_has_an_upper_limit(void) {
+    static const struct {
+        const char *set, *why;
+    } cases[] = {
+        {"model.n_layer=2147483647",
+         "model.n_layer: 2147483647 is out of range (must be in 1..4096)"},
+        {"model.vocab_pad=2147483647",
+         "model.vocab_pad: 2147483647 is out of range (must be in 1..65536)"},
+        {"model.vocab_size=2147483647", "(must be in 1..16777216)"},
+        {"model.d_model=2097152", "(must be in 1..1048576)"},
+        {"model.d_ff=2147483647", "(must be in 1..4194304)"},
+        {"model.n_head=2147483647", "(must be in 1..65536)"},
+        {"model.max_seq_len=2147483647", "(must be in 1..16777216)"},
+        {"model.moe.num_experts=100000", "(must be in 0..4096)"},
+        {"model.moe.d_ff_expert=2147483647", "(must be in 1..4194304)"},
+        {"train.seq_len=2147483647", "(must be in 1..16777216)"},
+        {"train.micro_batch_size=2147483647", "(must be in 1..16777216)"},
+        {"train.global_batch_size=2147483647", "(must be in 1..1073741824)"},
+        {"parallel.dp=2147483647", "(must be in 1..16777216)"},
+        {"parallel.pp=100000", "(must be in 1..4096)"},
+        {"train.threads=100000", "train.threads: 100000 is out of range (must be in 0..1024)"},
+        {"parallel.dp_bucket_mb=1e300", "(must be in (0, 1.04858e+06])"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ust_config c;
+        ust_err e = {{0}};
+        cfg_defaults(&c);
+        CHECK(cfg_set(&c, cases[i].set, &e) == -1, "accepted --set %s", cases[i].set);
+        CHECK(strstr(e.msg, cases[i].why), "--set %s: want '%s' in: %s", cases[i].set, cases[i].why,
+              txt(e.msg));
+    }
+}
+
+/* Products of several keys are checked in 64 bits, naming the keys. */
+static void test_derived_sizes_are_checked_naming_the_keys(void) {
+    static const struct {
+        const char *yaml, *why;
+    } cases[] = {
+        {"model: {max_seq_len: 16777216}\n"
+         "train: {seq_len: 16777216, micro_batch_size: 2, global_batch_size: 2}\n",
+         "train.micro_batch_size x train.seq_len = 2 x 16777216 = 33554432 tokens per "
+         "micro-batch; at most 16777216"},
+        {"model: {n_layer: 4096, d_model: 1048576, n_head: 4}\n",
+         "the model would have about 1.8e+16 parameters (model.n_layer 4096, d_model 1048576"},
+        {"model: {n_layer: 64, d_model: 8192, n_head: 64, n_kv_head: 8, d_ff: 32768,\n"
+         "        max_seq_len: 16777216}\n"
+         "parallel: {pp: 64}\n"
+         "train: {seq_len: 16777216, micro_batch_size: 1, global_batch_size: 1048576}\n",
+         "activations would take about 3.54e+21 bytes (16777216 tokens per micro-batch = "
+         "train.micro_batch_size x seq_len, x 1048576 micro-batches in flight, through "
+         "model.n_layer 64 layers"},
+        {"model: {n_head: 8, n_kv_head: 8}\nparallel: {dp: 4096, cp: 8192}\n",
+         "parallel.dp x tp x pp x cp = 4096 x 1 x 1 x 8192 = 33554432 ranks; at most 16777216"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ust_config c;
+        ust_err e = {{0}};
+        CHECK(load(&c, cases[i].yaml, &e) == 0, "case %zu: %s", i, txt(e.msg));
+        CHECK(cfg_validate(&c, 0, &e) == -1, "case %zu accepted", i);
+        CHECK(strstr(e.msg, cases[i].why), "case %zu: want '%s' in: %s", i, cases[i].why,
+              txt(e.msg));
+    }
+}
+
+/* train.threads: 100000 hung inside OpenBLAS; at most 4 per online CPU. */
+static void test_threads_are_limited_by_the_online_cpus(void) {
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN), limit = 4 * cpus < 1024 ? 4 * cpus : 1024;
+    ust_config c;
+    ust_err e = {{0}};
+    cfg_defaults(&c);
+    c.train.threads = (int)limit;
+    CHECK(cfg_validate(&c, 0, &e) == 0, "%ld threads: %s", limit, txt(e.msg));
+    if (limit == 1024) return; /* the fixed maximum is the table's range (previous test) */
+    c.train.threads = (int)limit + 1;
+    CHECK(cfg_validate(&c, 0, &e) == -1, "%ld threads accepted", limit + 1);
+    char want[128];
+    snprintf(want, sizeof want, "train.threads (%ld) must be at most %ld (4 x the %ld online CPUs",
+             limit + 1, limit, cpus);
+    CHECK(strstr(e.msg, want), "want '%s' in: %s", want, txt(e.msg));
+}
+
+/* parallel.pp_layers: [4294967297, 1] was read as [1, 1] (atoi). */
+static void test_list_items_are_range_checked_where_they_stand(void) {
+    CHECK_LOAD_FAILS("parallel: {pp: 2, pp_layers: [4294967297, 1]}\n", "t.yaml:1:31: ",
+                     "parallel.pp_layers: item 4294967297 is out of range (must be in 1..4096)");
+    CHECK_LOAD_FAILS("parallel:\n  pp: 2\n  pp_layers:\n    - 3\n    - 99999999999999999999\n",
+                     "t.yaml:5:7: ", "item 99999999999999999999 is out of range");
+    CHECK_LOAD_FAILS("parallel: {pp: 2, pp_layers: [3, x]}\n", "t.yaml:1:34: ",
+                     "parallel.pp_layers: expected a list of integers in 1..4096, got 'x'");
+    CHECK_LOAD_FAILS("parallel: {pp: 2, pp_layers: [3, [1]]}\n", "t.yaml:1:34: ", "got a list");
+    CHECK_SET_FAILS("parallel.pp_layers=4294967297,1",
+                    "parallel.pp_layers: item 4294967297 is out of range (must be in 1..4096)");
+    CHECK_SET_FAILS("parallel.pp_layers=[3, 0]", "item 0 is out of range");
+}
+
+/* A YAML text whose n-deep nesting is made of open + close around the innermost value. */
+static char *nested(const char *head, const char *open, const char *inner, const char *close,
+                    int n) {
+    size_t len = strlen(head) + n * (strlen(open) + strlen(close)) + strlen(inner) + 2;
+    char *s = malloc(len), *p = s;
+    p += sprintf(p, "%s", head);
+    for (int i = 0; i < n; i++) p += sprintf(p, "%s", open);
+    p += sprintf(p, "%s", inner);
+    for (int i = 0; i < n; i++) p += sprintf(p, "%s", close);
+    sprintf(p, "\n");
+    return s;
+}
+
+/* 100,000 levels of "[" took libyaml 24 s (and "{a: " 50 s) to reject; the depth limit (64)
+ * stops at the 65th level with its position. */
+static void test_deep_nesting_is_refused_at_the_65th_level(void) {
+    const char *why = "lists and mappings nested deeper than 64 levels (the limit";
+    char *flow_seq = nested("train: ", "[", "1", "]", 100000);
+    char *flow_map = nested("train: ", "{a: ", "1", "}", 100000);
+    char *block_seq = nested("", "- ", "1", "", 100000);
+    /* 70 levels of indented block mappings: k0:\n  k1:\n    k2: ... */
+    char block_map[70 * 80] = "", *p = block_map;
+    for (int i = 0; i < 70; i++) p += sprintf(p, "%*sk%d:\n", i, "", i);
+    sprintf(p, "%*sx: 1\n", 70, "");
+    /* level 1 is train's mapping, so the 65th opens at the 64th "[" */
+    CHECK_LOAD_FAILS(flow_seq, "t.yaml:1:71: ", why);
+    CHECK_LOAD_FAILS(flow_map, "t.yaml:1:260: ", why);
+    CHECK_LOAD_FAILS(block_seq, "t.yaml:1:129: ", why);
+    CHECK_LOAD_FAILS(block_map, "t.yaml:65:65: ", why);
+    /* the same limit for --set values */
+    ust_config c;
+    ust_err e = {{0}};
+    cfg_defaults(&c);
+    char *set = nested("parallel.pp_layers=", "[", "1", "]", 1000);
+    CHECK(cfg_set(&c, set, &e) == -1 && strstr(e.msg, why), "%.80s", txt(e.msg));
+    free(flow_seq), free(flow_map), free(block_seq), free(set);
+    /* 64 levels are fine as far as nesting goes (the key is what is wrong) */
+    char *ok = nested("", "- ", "1", "", 64);
+    CHECK_LOAD_FAILS(ok, "t.yaml:1:1: ", "the top level must be a mapping");
+    free(ok);
+}
+
+/* A config over 16 MiB is refused with the position where the limit falls. */
+static void test_configs_over_16_mib_are_refused(void) {
+    size_t n = (16u << 20) + 100;
+    char *big = malloc(n + 1);
+    for (size_t i = 0; i < n; i++) big[i] = i % 64 == 63 ? '\n' : '#';
+    big[n] = 0;
+    /* byte 16 MiB is the first of line 262145 */
+    CHECK_LOAD_FAILS(big, "t.yaml:262145:1: ", "config is larger than 16 MiB (the limit)");
+    char path[] = "/tmp/ustrain-big-XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0 && write(fd, big, n) == (ssize_t)n && close(fd) == 0, "cannot write %s", path);
+    free(big);
+    ust_config c;
+    ust_err e = {{0}};
+    cfg_defaults(&c);
+    int rc = cfg_load_file(&c, path, &e);
+    unlink(path);
+    CHECK(rc == -1 && strstr(e.msg, ":262145:1: config is larger than 16 MiB"), "%s", txt(e.msg));
 }
 
 /* ---------------------------------------------------------------- derived values, dump */
@@ -681,7 +873,7 @@ static void test_dump_round_trips_to_an_identical_struct(void) {
 int main(void) {
     RUN_TEST(test_defaults_are_design_section_1);
     RUN_TEST(test_design_yaml_loads_to_the_defaults);
-    RUN_TEST(test_empty_and_comment_only_files_give_defaults);
+    RUN_TEST(test_empty_configs_are_refused_and_braces_give_defaults);
     RUN_TEST(test_block_style_sets_every_kind_of_value);
     RUN_TEST(test_flow_style_equals_block_style);
     RUN_TEST(test_null_empties_nullable_strings_only);
@@ -698,6 +890,13 @@ int main(void) {
     RUN_TEST(test_validate_rejects_layouts_that_do_not_divide);
     RUN_TEST(test_validate_accepts_a_5d_layout_and_skips_world_when_unknown);
     RUN_TEST(test_validate_rechecks_ranges_of_values_set_in_code);
+    RUN_TEST(test_size_limits_admit_llama_405b_and_deepseek_v3);
+    RUN_TEST(test_every_size_key_has_an_upper_limit);
+    RUN_TEST(test_derived_sizes_are_checked_naming_the_keys);
+    RUN_TEST(test_threads_are_limited_by_the_online_cpus);
+    RUN_TEST(test_list_items_are_range_checked_where_they_stand);
+    RUN_TEST(test_deep_nesting_is_refused_at_the_65th_level);
+    RUN_TEST(test_configs_over_16_mib_are_refused);
     RUN_TEST(test_derived_values);
     RUN_TEST(test_dump_round_trips_to_an_identical_struct);
     return TEST_SUMMARY();

@@ -24,6 +24,10 @@ def config():
     put("config", "set.yaml", "#set model.moe.top_k=1\nmodel: {n_layer: 2, moe: {num_experts: 4}}\n")
     put("config", "flow.yaml", "train:\n  steps: 3\n  seq_len: 16\nparallel: {dp: 2, sp: true}\n")
     put("config", "anchors.yaml", "a: &x {n_layer: 2}\nmodel: *x\n")
+    # the hardening limits: nesting just past the depth limit, list items past 32 bits, empty
+    put("config", "deep.yaml", "train: " + "[" * 70 + "]" * 70 + "\n")
+    put("config", "pp_layers_wrap.yaml", "parallel: {pp: 2, pp_layers: [4294967297, 3]}\n")
+    put("config", "empty_set.yaml", "#set model.n_layer=2147483647\n~\n")
 
 
 def data():
