@@ -4,6 +4,7 @@
  * key is one line there. Errors name the position (file:line:col, or the --set argument), the
  * full key path, the offending value and what is allowed. */
 #include "config.h"
+#include "fs.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -762,8 +763,9 @@ int cfg_load_string(ust_config *c, const char *yaml, const char *name, ust_err *
 }
 
 int cfg_load_file(ust_config *c, const char *path, ust_err *e) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return ust_errf(e, "%s: cannot open config: %s", path, strerror(errno));
+    ust_err inner;
+    FILE *f = fs_fopen_stream(path, &inner);
+    if (!f) return ust_errf(e, "config %s", inner.msg);
     size_t cap = 4096, n = 0;
     char *buf = malloc(cap);
     /* at most one byte past the limit: cfg_load_document reports where the limit falls, and

@@ -65,6 +65,24 @@ int fs_open_regular(const char *path, int flags, int mode, ust_err *e) {
     return fd;
 }
 
+FILE *fs_fopen_stream(const char *path, ust_err *e) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) {
+        ust_errf(e, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    FILE *f = NULL;
+    if (fstat(fd, &st) != 0)
+        ust_errf(e, "%s: cannot stat: %s", path, strerror(errno));
+    else if (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode))
+        ust_errf(e, "%s: not a regular file or pipe (%s)", path, fs_kind(st.st_mode));
+    else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0 || !(f = fdopen(fd, "rb")))
+        ust_errf(e, "%s: cannot open: %s", path, strerror(errno));
+    if (!f) close(fd);
+    return f;
+}
+
 FILE *fs_fopen_regular(const char *path, const char *how, ust_err *e) {
     int flags = how[0] == 'r' ? O_RDONLY
                 : how[0] == 'a' ? O_WRONLY | O_CREAT | O_APPEND

@@ -18,6 +18,11 @@ int fs_mkdir_p(const char *dir, ust_err *e);
  * FIFO)" for anything else). */
 int fs_open_regular(const char *path, int flags, int mode, ust_err *e);
 
+/* fopen(3) for reading a file that may also be a pipe (a config given as <(...)): opening does
+ * not wait for a FIFO's writer, and a FIFO that nobody writes reads as empty; directories and
+ * devices other than pipes are refused. */
+FILE *fs_fopen_stream(const char *path, ust_err *e);
+
 /* fopen(3) of a regular file for reading ("rb"), writing ("wb", truncates) or appending ("ab"). */
 FILE *fs_fopen_regular(const char *path, const char *how, ust_err *e);
 

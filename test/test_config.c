@@ -4,6 +4,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -334,8 +335,17 @@ static void test_load_file_reads_and_names_the_file(void) {
     CHECK(ok, "want '%s', got rc %d: %s", txt(want), rc, txt(e.msg));
     CHECK(rc2 == 0 && c.train.steps == 77 && !strcmp(c.source, path), "%s", txt(e.msg));
     CHECK(cfg_load_file(&c, "/nonexistent/x.yaml", &e) == -1 &&
-              starts_with(e.msg, "/nonexistent/x.yaml: cannot open config"),
+              starts_with(e.msg, "config /nonexistent/x.yaml: cannot open: No such file"),
           "missing file: %s", txt(e.msg));
+    /* a FIFO nobody writes reads as empty (no wait for a writer); a directory is refused */
+    char fifo[300];
+    snprintf(fifo, sizeof fifo, "%s.fifo", path);
+    CHECK(mkfifo(fifo, 0600) == 0, "mkfifo");
+    rc = cfg_load_file(&c, fifo, &e);
+    unlink(fifo);
+    CHECK(rc == -1 && strstr(e.msg, "config file is empty"), "FIFO config: %s", txt(e.msg));
+    CHECK(cfg_load_file(&c, "/tmp", &e) == -1 && strstr(e.msg, "not a regular file or pipe"),
+          "directory config: %s", txt(e.msg));
 }
 
 /* ---------------------------------------------------------------- load errors */
