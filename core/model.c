@@ -427,12 +427,12 @@ int model_create(model **out, const ust_config *cfg, const ust_ops *ops, ust_are
  * agree over tp; the aux-loss statistics are summed over the cp shards. */
 static void init_moe(model *m, ust_arena *arena, const model_storage *st) {
     m->has_moe = 1;
-    m->ep_size = st->ep_comm ? comm_size(st->ep_comm) : 1;
-    m->ep_rank = st->ep_comm ? comm_rank(st->ep_comm) : 0;
+    m->ep_size = ep_group_size(st->ep_comm);
+    m->ep_rank = ep_group_rank(st->ep_comm);
     moe_groups g = {.ep_comm = st->ep_comm,
                     .stats_comm = {st->cp_comm, NULL},
                     .cap_comm = st->cp_comm,
-                    .cap_pos = m->cp.pos_host,
+                    .cap_pos = cp_positions_of(&m->cp, 0),
                     .cap_T = m->cfg->train.seq_len,
                     .cap_Tl = m->T};
     moe_init(&m->moe, m->cfg, m->ops, arena, m->B * m->T, &g);
@@ -555,8 +555,7 @@ void model_destroy(model *m) {
         moe_free(&m->moe);
     }
     free(m->mw), free(m->mg), free(m->mstats), free(m->unit_expert);
-    free(m->cp.pos_host);
-    free(m->cp.block_pairs);
+    cp_free(&m->cp);
     free(m);
 }
 
@@ -703,11 +702,6 @@ static void mlp_activation(model *m, layer_acts *a) {
         m->ops->gelu_fwd(m->ops, a->act, a->up, n);
 }
 
-/* x_in, x_out: (B,T,C). Pre-norm block: res2 = x + attn(norm1(x)); out = res2 + mlp(norm2(res2)) */
-/* This rank's rows of a (N,C) tensor every tensor-parallel rank holds whole. */
-static act *local_rows(const model *m, act *p) {
-    return tp_sp(m->tp) ? act_at(m->ops, p, (int64_t)m->tp->rank * m->Nl * m->C) : p;
-}
 
 /* The MoE MLP: y (N,C) from every token on every tensor-parallel rank; this rank's rows join
  * the residual. */
@@ -716,9 +710,10 @@ static void moe_mlp_forward(model *m, int l, act *x_out, const layer_acts *a, mo
     const act *ln2 = tp_gather(m->tp, a->ln2);
     moe_forward(&m->moe, ma, &m->mw[l], m->dln, ln2, st); /* dln: scratch, free in forward */
     int64_t NlC = (int64_t)m->Nl * m->C;
-    m->ops->add(m->ops, x_out, local_rows(m, m->dln), a->res2, NlC);
+    m->ops->add(m->ops, x_out, tp_local_rows(m->tp, m->dln), a->res2, NlC);
 }
 
+/* x_in, x_out: (B,T,C). Pre-norm block: res2 = x + attn(norm1(x)); out = res2 + mlp(norm2(res2)) */
 static void layer_forward(model *m, int l, const act *x_in, act *x_out, layer_acts *a, moe_acts *ma,
                           moe_stats *st) {
     const ust_ops *o = m->ops;
@@ -795,7 +790,7 @@ double model_chunk_forward(model *m, int c, int slot, const int32_t *inputs, con
         if (moe) {
             hook(m, u + 1, MODEL_FWD_END);
             m->mstats[l] = st;
-            if (dscale > 0 && m->cp.rank == 0) m->moe_loss += st.loss * m->moe_scale;
+            if (dscale > 0 && cp_is_first(&m->cp)) m->moe_loss += st.loss * m->moe_scale;
         }
         hook(m, u, MODEL_FWD_END);
         u += 1 + moe;
@@ -874,7 +869,7 @@ static act *moe_mlp_backward(model *m, int l, const act *dx, layer_acts *a, moe_
     const act *gdx = tp_gather_grad(m->tp, dx);
     moe_backward(&m->moe, ma, &m->mw[l], &m->mg[l], m->dln, gdx, tp_gather(m->tp, a->ln2),
                  m->moe_scale, 0);
-    return local_rows(m, m->dln);
+    return tp_local_rows(m->tp, m->dln);
 }
 
 /* dx += d loss / d (a norm's input), given its output gradient dout (this rank's rows). */

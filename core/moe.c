@@ -130,7 +130,7 @@ static int cmp_key(const void *a, const void *b) {
 }
 
 static void init_capacity_order(moe_ctx *m, const moe_groups *g, ust_arena *arena) {
-    int n = comm_size(g->cap_comm), N = m->N;
+    int n = ep_group_size(g->cap_comm), N = m->N;
     cap_token *t = host_alloc((size_t)n * N * sizeof *t);
     for (int r = 0; r < n; r++)
         for (int i = 0; i < N; i++) {
@@ -152,12 +152,11 @@ static void init_capacity_order(moe_ctx *m, const moe_groups *g, ust_arena *aren
  * its index among this rank's kept assignments to the expert. */
 static void route_capacity_cp(moe_ctx *m, const moe_acts *a, int32_t *pos, int32_t *kept) {
     const ust_ops *o = m->ops;
-    int n = comm_size(m->cap_comm), me = comm_rank(m->cap_comm), k = m->k;
+    int n = ep_group_size(m->cap_comm), me = ep_group_rank(m->cap_comm), k = m->k;
     int64_t A = (int64_t)m->N * k, cap = moe_capacity(m->capacity_factor, A * n, m->E);
     for (int64_t i = 0; i < A; i++) m->cap_topk_host[me * A + i] = (float)m->topk_host[i];
     o->to_device(o, m->cap_topk + me * A, m->cap_topk_host + me * A, A * sizeof(float));
-    comm_req r = comm_allgather(m->cap_comm, m->cap_topk + me * A, m->cap_topk, A, COMM_FP32);
-    comm_wait(&r);
+    ep_shards_allgather(m->cap_comm, m->cap_topk + me * A, m->cap_topk, A);
     o->to_host(o, m->cap_topk_host, m->cap_topk, (size_t)n * A * sizeof(float));
     memset(m->cap_count, 0, m->E * sizeof(int32_t));
     for (int64_t t = 0; t < (int64_t)n * m->N; t++) {
@@ -191,11 +190,11 @@ void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *
     m->z_coef = c->z_loss_coef;
     m->capacity_factor = c->capacity_factor;
     if (groups) memcpy(m->stats_comm, groups->stats_comm, sizeof m->stats_comm);
-    if (groups && groups->cap_comm && comm_size(groups->cap_comm) > 1 && c->capacity_factor > 0)
+    if (groups && groups->cap_comm && ep_group_size(groups->cap_comm) > 1 && c->capacity_factor > 0)
         init_capacity_order(m, groups, arena);
     int64_t A = (int64_t)N * m->k, C = m->C, E = m->E;
     int64_t max_send, max_recv;
-    moe_rows(cfg, N, groups && groups->ep_comm ? comm_size(groups->ep_comm) : 1, &max_send,
+    moe_rows(cfg, N, ep_group_size(groups ? groups->ep_comm : NULL), &max_send,
              &max_recv);
     ep_init(&m->ep, ops, groups ? groups->ep_comm : NULL, arena, m->E, m->C, max_send, max_recv);
     m->El = ep_local_experts(&m->ep, &m->e0);
@@ -413,11 +412,7 @@ static void statistics(moe_ctx *m, moe_acts *a, moe_stats *st) {
     o->to_device(o, m->stats, h, E * sizeof(float));
     o->to_device(o, m->stats + 2 * E, h + 2 * E, 3 * sizeof(float));
     for (int i = 0; i < 2; i++)
-        if (m->stats_comm[i]) {
-            comm_req r = comm_allreduce(m->stats_comm[i], m->stats, m->stats, 2 * E + 3, COMM_FP32,
-                                        COMM_SUM);
-            comm_wait(&r);
-        }
+        ep_shards_sum(m->stats_comm[i], m->stats, 2 * E + 3);
     o->to_host(o, h, m->stats, (2 * E + 3) * sizeof(float));
     double T = h[2 * E + 1], aux = 0, mx = 0;
     for (int e = 0; e < E; e++) {

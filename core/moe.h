@@ -43,9 +43,8 @@
 
 #include <stdint.h>
 
-#include "comm.h"
 #include "config.h"
-#include "ep.h"
+#include "ep.h" /* the expert-parallel group and its collectives (ust_comm) */
 #include "mem.h"
 #include "ops.h"
 

@@ -77,6 +77,14 @@ void cp_init(ust_cp *cp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, i
 }
 
 int cp_local_len(const ust_cp *cp) { return cp->Tl; }
+int cp_is_first(const ust_cp *cp) { return cp->rank == 0; }
+
+void cp_free(ust_cp *cp) {
+    free(cp->pos_host);
+    free(cp->block_pairs);
+    cp->pos_host = NULL;
+    cp->block_pairs = NULL;
+}
 const int32_t *cp_positions_of(const ust_cp *cp, int r) {
     return cp->pos_host + (size_t)r * cp->Tl;
 }

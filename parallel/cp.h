@@ -39,7 +39,10 @@ typedef struct ust_cp {
  * shapes of this rank (heads after tensor parallelism). */
 void cp_init(ust_cp *cp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, int T, int B, int H,
              int Hkv, int D, ust_cp_layout layout, ust_cp_comm mode);
+void cp_free(ust_cp *cp); /* host memory; the arena owns the rest */
 int cp_local_len(const ust_cp *cp);
+/* 1 on the group's first rank (the one that counts a value every member shares). */
+int cp_is_first(const ust_cp *cp);
 /* Positions of rank r's tokens in the sequence (host, Tl entries, increasing). */
 const int32_t *cp_positions_of(const ust_cp *cp, int r);
 const int32_t *cp_positions_device(const ust_cp *cp); /* this rank's, on the device */

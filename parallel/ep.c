@@ -49,6 +49,19 @@ void ep_free(ust_ep *ep) {
 }
 
 int ep_size(const ust_ep *ep) { return ep ? ep->n : 1; }
+int ep_group_size(const ust_comm *ep_comm) { return ep_comm ? comm_size(ep_comm) : 1; }
+int ep_group_rank(const ust_comm *ep_comm) { return ep_comm ? comm_rank(ep_comm) : 0; }
+
+void ep_shards_sum(ust_comm *shards, float *x, int64_t n) {
+    if (!shards) return;
+    comm_req r = comm_allreduce(shards, x, x, (size_t)n, COMM_FP32, COMM_SUM);
+    comm_wait(&r);
+}
+
+void ep_shards_allgather(ust_comm *shards, const float *mine, float *all, int64_t n) {
+    comm_req r = comm_allgather(shards, mine, all, (size_t)n, COMM_FP32);
+    comm_wait(&r);
+}
 int64_t ep_max_recv(const ust_ep *ep) { return ep->max_recv; }
 
 int ep_local_experts(const ust_ep *ep, int *first) {

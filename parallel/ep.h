@@ -54,6 +54,17 @@ int ep_local_experts(const ust_ep *ep, int *first);
 /* Largest number of rows a rank may hold for its local experts (all tokens of every rank). */
 int64_t ep_max_recv(const ust_ep *ep);
 
+/* A group's size and this rank's place in it (NULL: a group of one), for the callers that lay
+ * out their tensors by expert-parallel rank before ep_init. */
+int ep_group_size(const ust_comm *ep_comm);
+int ep_group_rank(const ust_comm *ep_comm);
+
+/* The MoE layer's collectives over the ranks its micro-batch's tokens are split over ("shards":
+ * the cp group; NULL: this rank alone), fp32 on the device: x(n) summed over them in place, and
+ * every shard's n floats gathered into all (shard order; mine is this rank's part of all). */
+void ep_shards_sum(ust_comm *shards, float *x, int64_t n);
+void ep_shards_allgather(ust_comm *shards, const float *mine, float *all, int64_t n);
+
 void ep_plan_init(ust_ep *ep, ep_plan *p, ust_arena *arena); /* host arrays malloc'd */
 void ep_plan_free(ep_plan *p);                               /* the host arrays */
 /* Collective over the group: send[e] = rows for global expert e (E entries). Fills p. */

@@ -54,6 +54,11 @@ static const act *gather_rows(ust_tp *tp, const act *mine, act *full) {
     return full;
 }
 
+act *tp_local_rows(const ust_tp *tp, act *whole) {
+    if (!tp->sp) return whole;
+    return act_at(tp->ops, whole, (int64_t)tp->rank * (tp->max_rows / tp->n) * tp->width);
+}
+
 const act *tp_gather(ust_tp *tp, const act *mine) { return gather_rows(tp, mine, tp->gath_a); }
 const act *tp_gather_grad(ust_tp *tp, const act *dmine) {
     return gather_rows(tp, dmine, tp->gath_d);

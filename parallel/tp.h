@@ -45,6 +45,9 @@ int tp_sp(const ust_tp *tp);
 const act *tp_gather(ust_tp *tp, const act *mine);
 /* The same for a gradient arriving at a row-parallel half's output (separate scratch). */
 const act *tp_gather_grad(ust_tp *tp, const act *dmine);
+/* This rank's rows of a whole (N, width) tensor every member holds (the tensor itself without
+ * sp): where a replicated result joins the sequence-parallel residual stream. */
+act *tp_local_rows(const ust_tp *tp, act *whole);
 /* Leaving a column-parallel half backward: dfull(N, width) holds this rank's partial input
  * gradient; returns the summed gradient of this rank's rows (dfull itself without sp). */
 act *tp_reduce_grad(ust_tp *tp, act *dfull);
