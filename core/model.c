@@ -1,8 +1,10 @@
-/* model.c: the transformer's math, one explicit forward/backward pair per block, llm.c style.
+/* model.c: the transformer's math, one explicit forward/backward pair per block, llm.c style,
+ * and the activations they keep (the parameter table is params.c's).
  * Shapes: B = micro-batch, T = sequence, N = B*T tokens, C = d_model, H/Hkv = query/key-value
  * heads of size D, F = d_ff, Vp = padded vocabulary (V real). */
 #include "model.h"
-#include "fs.h"
+#include "model_internal.h"
+#include "params.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -12,309 +14,7 @@
 #include "error.h"
 #include "cp.h"
 #include "moe.h"
-#include "rng.h"
 #include "tp.h"
-
-typedef struct {
-    float *ln1_w, *ln1_b, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo;
-    float *ln2_w, *ln2_b, *wg, *wu, *bu, *wd, *bd;
-} layer_w; /* weights of one layer; the same struct points into the gradients */
-
-typedef struct {
-    act *ln1;                   /* (N,C) */
-    float *ln1_mean, *ln1_rstd; /* (N), (N) */
-    act *q, *k, *v;             /* (N,H*D), (N,Hkv*D), (N,Hkv*D); after RoPE for llama */
-    act *att;                   /* (N,H*D) */
-    float *lse;                 /* (B,H,T) */
-    act *res2;                  /* (N,C) residual after attention */
-    act *ln2;                   /* (N,C) */
-    float *ln2_mean, *ln2_rstd; /* (N), (N) */
-    act *gate, *up, *act;       /* (N,F) each; gate only for llama */
-} layer_acts;
-
-/* Zero-bubble schedules split a layer's backward into B (input gradients, now) and W (weight
- * gradients, later). B keeps the gradient each weight gradient needs at its linear's output. */
-typedef struct {
-    act *gmlp, *dup, *dgate, *dln2;  /* (N,C) down_proj out, (N,F) up/gate out, (Nl,C) norm 2 */
-    act *gatt, *dq, *dk, *dv, *dln1; /* (N,C) o_proj out, q/k/v out, (Nl,C) norm 1 */
-} layer_wsave;
-
-/* What one micro-batch in flight through a chunk keeps between its forward and backward. */
-typedef struct {
-    act **xs;          /* layers+1 residual tensors (Nl,C): xs[i] is layer lo+i's input */
-    layer_acts *la;    /* one set per layer (NULL under full recompute: the shared scratch) */
-    layer_wsave *ws;   /* zb only: one per layer */
-    moe_acts *ma;      /* MoE layers: one per layer of the chunk (dense layers leave it unset) */
-    act *lnf, *logits; /* head chunk: (Nl,C) (N,Vl) */
-    float *lnf_mean, *lnf_rstd; /* head chunk: (Nl) (Nl) */
-    act *dlnf;                  /* head chunk under zb: the final norm's output gradient (Nl,C) */
-    int32_t *tok;               /* embedding chunk: the token ids */
-    act *dy; /* (Nl,C): d loss / d chunk output on entry to backward, d / d input after */
-} act_slot;
-
-/* A contiguous run of layers: one pipeline stage (the whole model without pipelining). */
-typedef struct {
-    int stage, lo, hi; /* global stage; layers [lo, hi) */
-    int embed, head;   /* holds the embeddings / the final norm, lm_head and loss */
-    int unit0, nunits; /* its units in the rank's unit numbering */
-    int nslots;
-    act_slot *slots;
-} model_chunk;
-
-typedef struct {
-    float **p, **g; /* where to store the resolved parameter and gradient pointers */
-} param_target;
-
-struct model {
-    const ust_config *cfg;
-    const ust_ops *ops;
-    ust_tp *tp, own_tp; /* tensor parallelism (own_tp: a group of one) */
-    ust_cp cp;          /* context parallelism (a group of one without it) */
-    /* H, Hkv, F and Vl are this rank's shares under tensor parallelism; Hg, Hkvg, Fg, Vp whole */
-    int llama, L, C, H, Hkv, D, F, V, Vp, Vl, maxT, B, T, tied;
-    int Nl; /* token rows held outside the tensor-parallel halves (B*T, or B*T/tp under sp) */
-    int Hg, Hkvg, Fg;
-    float eps, theta;
-    ust_recompute recompute;
-    int zb;         /* keep what deferred weight gradients (model_chunk_weight_grad) need */
-    int tied_local; /* tied embeddings with the embedding and the head on this rank */
-    int tied_copy;  /* tied embeddings, head here, embedding on another stage: a synced copy */
-
-    model_chunk *chunks;
-    int nchunks;
-
-    model_param *params;
-    param_target *targets;
-    int *param_unit;
-    int nparams, cap;
-    int64_t numel, unit_pad;
-    int nunits, cur_unit;
-    int64_t *unit_off, *unit_len;
-    int *unit_expert; /* per unit: holds expert weights (reduced over expert-dp x cp) */
-    float *p, *g;     /* whole flat buffers, or NULL when a sharding layer owns the storage */
-    model_hooks hooks;
-    ckpt_tensor *all; /* every tensor of the whole model (all stages), checkpoint order */
-    int nall;
-
-    layer_w *lw, *lg; /* indexed by global layer; only this rank's layers are set */
-    float *wte, *wpe, *lnf_w, *lnf_b, *lm;
-    float *g_wte, *g_wpe, *g_lnf_w, *g_lnf_b, *g_lm;
-
-    layer_acts scratch; /* full recompute: the one set every layer rebuilds into */
-
-    /* mixture of experts: the MLP of layers moe_layer_is_moe */
-    moe_ctx moe;
-    moe_acts moe_scratch; /* full recompute: the one set every MoE layer rebuilds into */
-    moe_weights *mw, *mg; /* per global layer (MoE layers only) */
-    moe_stats *mstats;    /* per global layer: the last forward's load and losses */
-    int has_moe, ep_rank, ep_size, listing;
-    int in_experts;  /* building the table: the current unit holds experts */
-    double moe_loss; /* weighted aux + z losses of the forwards since the last take */
-    float moe_scale; /* each micro-batch's share of the step's MoE loss */
-    float *losses;   /* (N) */
-    act *dtmp, *dln, *dq, *dk, *dv, *datt, *dgate, *dup, *dact;
-    float *dnorm; /* 2C: a norm's weight (and bias) gradient before the sp reduction */
-    int32_t *tgt, *pos;
-};
-
-/* ------------------------------------------------------------------ parameter table */
-
-/* How a tensor is split over the tensor-parallel group: whole, by rows (column-parallel
- * output features, vocabulary rows), or by columns (row-parallel input features; a 1-D bias of
- * a column-parallel layer is a row vector split by columns). */
-enum { SPLIT_NONE, SPLIT_ROWS, SPLIT_COLS };
-
-static void add_param(model *m, const char *name, int64_t rows, int64_t cols, int split, int decay,
-                      float std, float value, float **p, float **g) {
-    if (m->nparams == m->cap) {
-        m->cap = m->cap ? 2 * m->cap : 64;
-        m->params = realloc(m->params, m->cap * sizeof *m->params);
-        m->targets = realloc(m->targets, m->cap * sizeof *m->targets);
-        m->param_unit = realloc(m->param_unit, m->cap * sizeof *m->param_unit);
-        UST_ASSERT(m->params && m->targets && m->param_unit, "out of host memory for %d params",
-                   m->cap);
-    }
-    model_param *q = &m->params[m->nparams];
-    memset(q, 0, sizeof *q);
-    snprintf(q->name, sizeof q->name, "%s", name);
-    snprintf(q->whole.name, sizeof q->whole.name, "%s", name);
-    q->whole.ndim = rows > 1 || decay ? 2 : 1;
-    q->whole.shape[0] = q->whole.ndim == 2 ? rows : rows * cols;
-    q->whole.shape[1] = q->whole.ndim == 2 ? cols : 0;
-    q->slice = ckpt_whole(&q->whole);
-    int start;
-    if (split == SPLIT_ROWS) {
-        q->slice.nrows = tp_part(m->tp, (int)rows, &start);
-        q->slice.row0 = start;
-    } else if (split == SPLIT_COLS) {
-        q->slice.ncols = tp_part(m->tp, (int)cols, &start);
-        q->slice.col0 = start;
-    }
-    q->tp_split = split != SPLIT_NONE;
-    q->numel = q->slice.nrows * q->slice.ncols;
-    q->slice.flat0 = 0;
-    q->slice.flat1 = q->numel;
-    q->offset = m->numel;
-    q->decay = decay;
-    q->init_std = std;
-    q->init_value = value;
-    m->targets[m->nparams] = (param_target){p, g};
-    m->param_unit[m->nparams] = m->cur_unit;
-    m->numel += (q->numel + 15) & ~(int64_t)15; /* 64-byte aligned tensors */
-    m->nparams++;
-}
-
-static void end_unit(model *m, int64_t min_len);
-
-static int is_moe(const model *m, int l) { return m->has_moe && moe_layer_is_moe(m->cfg, l); }
-
-/* MoE tensors stay whole (never tensor-split); the experts open a unit of their own, which is
- * reduced over expert-dp x cp instead of dp x cp. */
-static void add_moe_param(void *ctx, const moe_param *q) {
-    model *m = ctx;
-    if (q->expert >= 0 && !m->in_experts) {
-        end_unit(m, 0);
-        m->unit_expert[m->cur_unit] = 1;
-        m->in_experts = 1;
-    }
-    add_param(m, q->name, q->rows, q->cols, SPLIT_NONE, q->decay, q->init_std, q->init_value, q->p,
-              q->g);
-}
-
-static void add_moe_params(model *m, int l) {
-    m->in_experts = 0;
-    if (m->listing) /* the whole model's list: every expert */
-        moe_enum_params(m->cfg, l, 1, 0, NULL, NULL, add_moe_param, m);
-    else
-        moe_enum_params(m->cfg, l, m->ep_size, m->ep_rank, &m->mw[l], &m->mg[l], add_moe_param, m);
-    m->in_experts = 0;
-}
-
-static void add_layer_params(model *m, int l) {
-    char n[CKPT_NAME_MAX];
-    layer_w *w = &m->lw[l], *g = &m->lg[l];
-    int C = m->C, HD = m->Hg * m->D, KV = m->Hkvg * m->D, F = m->Fg, gpt2 = !m->llama;
-    float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * m->L); /* GPT-2's scaled residual init */
-    const int N0 = SPLIT_NONE, R = SPLIT_ROWS, CO = SPLIT_COLS;
-    /* one line per tensor: the layer's parameter table */
-    // clang-format off
-#define P(suffix, rows, cols, split, decay, sd, val, field)                                       \
-    snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                                       \
-    add_param(m, n, rows, cols, split, decay, sd, val, &w->field, &g->field)
-    P("input_layernorm.weight", 1, C, N0, 0, 0, 1, ln1_w);
-    if (gpt2) { P("input_layernorm.bias", 1, C, N0, 0, 0, 0, ln1_b); }
-    P("self_attn.q_proj.weight", HD, C, R, 1, std, 0, wq);
-    if (gpt2) { P("self_attn.q_proj.bias", 1, HD, CO, 0, 0, 0, bq); }
-    P("self_attn.k_proj.weight", KV, C, R, 1, std, 0, wk);
-    if (gpt2) { P("self_attn.k_proj.bias", 1, KV, CO, 0, 0, 0, bk); }
-    P("self_attn.v_proj.weight", KV, C, R, 1, std, 0, wv);
-    if (gpt2) { P("self_attn.v_proj.bias", 1, KV, CO, 0, 0, 0, bv); }
-    P("self_attn.o_proj.weight", C, HD, CO, 1, proj_std, 0, wo);
-    if (gpt2) { P("self_attn.o_proj.bias", 1, C, N0, 0, 0, 0, bo); }
-    P("post_attention_layernorm.weight", 1, C, N0, 0, 0, 1, ln2_w);
-    if (gpt2) { P("post_attention_layernorm.bias", 1, C, N0, 0, 0, 0, ln2_b); }
-    if (is_moe(m, l)) { add_moe_params(m, l); return; }
-    if (!gpt2) { P("mlp.gate_proj.weight", F, C, R, 1, std, 0, wg); }
-    P("mlp.up_proj.weight", F, C, R, 1, std, 0, wu);
-    if (gpt2) { P("mlp.up_proj.bias", 1, F, CO, 0, 0, 0, bu); }
-    P("mlp.down_proj.weight", C, F, CO, 1, proj_std, 0, wd);
-    if (gpt2) { P("mlp.down_proj.bias", 1, C, N0, 0, 0, 0, bd); }
-#undef P
-    // clang-format on
-}
-
-/* Closes the current unit: pads the flat buffer to a multiple of unit_pad, and to at least
- * min_len floats. */
-static void end_unit(model *m, int64_t min_len) {
-    int u = m->cur_unit++;
-    m->numel = (m->numel + m->unit_pad - 1) / m->unit_pad * m->unit_pad;
-    if (m->numel - m->unit_off[u] < min_len) m->numel = m->unit_off[u] + min_len;
-    m->unit_len[u] = m->numel - m->unit_off[u];
-    if (m->cur_unit < m->nunits) m->unit_off[m->cur_unit] = m->numel;
-}
-
-static int64_t align16(int64_t n) { return (n + 15) & ~(int64_t)15; }
-
-/* Tied embeddings over a pipeline: the first stage's embedding unit and the last stage's head
- * unit (which starts with the copy) get one common length, so a ZeRO partition of the table
- * covers the same elements on both ends and the copy's gradient syncs shard by shard. */
-static int64_t tied_unit_len(const model *m) {
-    int64_t table = align16((int64_t)m->Vl * m->C);
-    int64_t embed = table + (m->llama ? 0 : align16((int64_t)m->maxT * m->C));
-    int64_t head = table + align16(m->C) * (m->llama ? 1 : 2);
-    int64_t len = embed > head ? embed : head;
-    return (len + m->unit_pad - 1) / m->unit_pad * m->unit_pad;
-}
-
-static void add_embed_unit(model *m) {
-    int C = m->C;
-    add_param(m, "model.embed_tokens.weight", m->Vp, C, SPLIT_ROWS, 1, 0.02f, 0, &m->wte,
-              &m->g_wte);
-    if (!m->llama)
-        add_param(m, "model.embed_positions.weight", m->maxT, C, SPLIT_NONE, 1, 0.02f, 0, &m->wpe,
-                  &m->g_wpe);
-    end_unit(m, m->tied && m->cfg->parallel.pp > 1 ? tied_unit_len(m) : 0);
-}
-
-static void add_head_unit(model *m) {
-    int C = m->C;
-    if (m->tied_copy) { /* the copy, under the embedding's own name: initialized, saved and
-                           loaded as that tensor (only the first stage writes it) */
-        add_param(m, "model.embed_tokens.weight", m->Vp, C, SPLIT_ROWS, 1, 0.02f, 0, &m->lm,
-                  &m->g_lm);
-        m->params[m->nparams - 1].replica = 1;
-    }
-    add_param(m, "model.norm.weight", 1, C, SPLIT_NONE, 0, 0, 1, &m->lnf_w, &m->g_lnf_w);
-    if (!m->llama)
-        add_param(m, "model.norm.bias", 1, C, SPLIT_NONE, 0, 0, 0, &m->lnf_b, &m->g_lnf_b);
-    if (!m->tied)
-        add_param(m, "lm_head.weight", m->Vp, C, SPLIT_ROWS, 1, 0.02f, 0, &m->lm, &m->g_lm);
-    end_unit(m, m->tied_copy ? tied_unit_len(m) : 0);
-}
-
-static void build_param_table(model *m) {
-    m->nunits = 0;
-    for (int c = 0; c < m->nchunks; c++) {
-        model_chunk *ch = &m->chunks[c];
-        ch->unit0 = m->nunits;
-        ch->nunits = ch->embed + (ch->hi - ch->lo) + ch->head;
-        for (int l = ch->lo; l < ch->hi; l++) ch->nunits += is_moe(m, l); /* + its experts */
-        m->nunits += ch->nunits;
-    }
-    m->unit_off = calloc(m->nunits, sizeof *m->unit_off);
-    m->unit_len = calloc(m->nunits, sizeof *m->unit_len);
-    m->unit_expert = calloc(m->nunits, sizeof *m->unit_expert);
-    for (int c = 0; c < m->nchunks; c++) {
-        const model_chunk *ch = &m->chunks[c];
-        if (ch->embed) add_embed_unit(m);
-        for (int l = ch->lo; l < ch->hi; l++) {
-            add_layer_params(m, l);
-            end_unit(m, 0);
-        }
-        if (ch->head) add_head_unit(m);
-    }
-}
-
-/* The whole model's tensors in checkpoint order (every rank lists all of them, whatever it
- * holds): the parameter table of a one-chunk model, of which only the names and shapes count. */
-static void list_all_tensors(model *m) {
-    model t = *m;
-    t.listing = 1;
-    t.params = NULL, t.targets = NULL, t.param_unit = NULL;
-    t.nparams = t.cap = 0, t.numel = 0, t.cur_unit = 0;
-    t.tied_copy = 0;
-    model_chunk whole = {.stage = 0, .lo = 0, .hi = m->L, .embed = 1, .head = 1};
-    t.chunks = &whole, t.nchunks = 1;
-    t.lw = calloc(m->L, sizeof *t.lw);
-    t.lg = calloc(m->L, sizeof *t.lg);
-    build_param_table(&t);
-    m->nall = t.nparams;
-    m->all = calloc(t.nparams, sizeof *m->all);
-    for (int i = 0; i < t.nparams; i++) m->all[i] = t.params[i].whole;
-    free(t.params), free(t.targets), free(t.param_unit), free(t.unit_off), free(t.unit_len);
-    free(t.unit_expert);
-    free(t.lw), free(t.lg);
-}
 
 /* ------------------------------------------------------------------ activations */
 
@@ -515,8 +215,7 @@ int model_create_with(model **out, const ust_config *cfg, const ust_ops *ops, us
     if (cfg->model.moe.num_experts > 0) init_moe(m, arena, st);
     m->lw = calloc(m->L, sizeof *m->lw);
     m->lg = calloc(m->L, sizeof *m->lg);
-    build_param_table(m);
-    list_all_tensors(m);
+    params_build(m);
     if (st->alloc_params) m->p = mem_alloc(arena, MEM_PARAMS, m->numel * sizeof(float));
     if (st->alloc_grads) m->g = mem_alloc(arena, MEM_GRADS, m->numel * sizeof(float));
     for (int u = 0; u < m->nunits; u++) {
@@ -559,14 +258,7 @@ void model_destroy(model *m) {
     free(m);
 }
 
-int model_num_params(const model *m) { return m->nparams; }
-int model_num_units(const model *m) { return m->nunits; }
-int model_param_unit(const model *m, int i) { return m->param_unit[i]; }
 
-void model_unit_range(const model *m, int unit, int64_t *offset, int64_t *len) {
-    *offset = m->unit_off[unit];
-    *len = m->unit_len[unit];
-}
 
 void model_set_hooks(model *m, const model_hooks *h) {
     if (h)
@@ -575,84 +267,13 @@ void model_set_hooks(model *m, const model_hooks *h) {
         memset(&m->hooks, 0, sizeof m->hooks);
 }
 
-static void set_unit_pointers(model *m, int unit, float *base, int grads) {
-    for (int i = 0; i < m->nparams; i++)
-        if (m->param_unit[i] == unit) {
-            float **dst = grads ? m->targets[i].g : m->targets[i].p;
-            *dst = base + (m->params[i].offset - m->unit_off[unit]);
-        }
-    if (m->tied_local && unit == 0) { /* lm_head is the token embedding */
-        if (grads)
-            m->g_lm = m->g_wte;
-        else
-            m->lm = m->wte;
-    }
-}
 
-void model_set_unit_params(model *m, int unit, float *base) { set_unit_pointers(m, unit, base, 0); }
-void model_set_unit_grads(model *m, int unit, float *base) { set_unit_pointers(m, unit, base, 1); }
 
 static void hook(model *m, int unit, model_phase phase) {
     if (m->hooks.unit) m->hooks.unit(m->hooks.ctx, unit, phase);
 }
-model_param *model_param_at(model *m, int i) { return &m->params[i]; }
-float *model_params(model *m) { return m->p; }
-float *model_grads(model *m) { return m->g; }
-int64_t model_numel(const model *m) { return m->numel; }
 
-int model_find_param(const model *m, const char *name) {
-    for (int i = 0; i < m->nparams; i++)
-        if (strcmp(m->params[i].name, name) == 0) return i;
-    return -1;
-}
 
-double model_flops_per_token(const model *m) {
-    double matmul = 0; /* weights used in a matmul: every 2-D tensor but the lookup tables */
-    for (int i = 0; i < m->nall; i++) { /* whole tensors: the model's FLOPs, not this rank's */
-        const ckpt_tensor *q = &m->all[i];
-        if (q->ndim == 2 && strcmp(q->name, "model.embed_positions.weight") != 0 &&
-            (strcmp(q->name, "model.embed_tokens.weight") != 0 || m->tied))
-            matmul += (double)q->shape[0] * (double)q->shape[1];
-    }
-    return 6.0 * matmul + 12.0 * m->L * (double)(m->Hg * m->D) * m->cp.T; /* whole sequence */
-}
-
-/* ------------------------------------------------------------------ initialization */
-
-/* Global element index of local element i of a slice (row-major over the whole tensor). */
-static int64_t global_index(const model_param *q, int64_t i) {
-    const ckpt_slice *s = &q->slice;
-    int64_t cols = q->whole.ndim == 2 ? q->whole.shape[1] : q->whole.shape[0];
-    int64_t box = s->flat0 + i;
-    return (s->row0 + box / s->ncols) * cols + s->col0 + box % s->ncols;
-}
-
-void model_init_range(const model *m, int i, int64_t flat0, int64_t flat1, uint64_t seed,
-                      float *host) {
-    const model_param *q = &m->params[i];
-    uint64_t stream = rng_hash_str(q->name);
-    for (int64_t j = flat0; j < flat1; j++)
-        host[j - flat0] = q->init_std > 0
-                              ? q->init_std * rng_normal(seed, stream, global_index(q, j))
-                              : q->init_value;
-}
-
-void model_init_params(model *m, uint64_t seed) {
-    UST_ASSERT(m->p, "model_init_params needs the whole parameter buffer");
-    float *host = NULL;
-    int64_t cap = 0;
-    for (int i = 0; i < m->nparams; i++) {
-        const model_param *q = &m->params[i];
-        if (q->numel > cap) {
-            cap = q->numel;
-            host = realloc(host, cap * sizeof(float));
-            UST_ASSERT(host, "out of host memory (%lld floats)", (long long)cap);
-        }
-        model_init_range(m, i, 0, q->numel, seed, host);
-        m->ops->to_device(m->ops, m->p + q->offset, host, q->numel * sizeof(float));
-    }
-    free(host);
-}
 
 /* ------------------------------------------------------------------ forward */
 
@@ -1038,12 +659,7 @@ void model_chunk_weight_grad(model *m, int c, int slot) {
 
 void model_backward(model *m) { model_chunk_backward(m, 0, 0, 0); }
 
-const ckpt_tensor *model_all_tensors(const model *m, int *n) {
-    *n = m->nall;
-    return m->all;
-}
 
-int model_tied_local(const model *m) { return m->tied_local; }
 
 double model_ep_wait_s(const model *m) { return m->has_moe ? m->moe.ep.comm_s : 0; }
 
@@ -1067,131 +683,10 @@ int model_moe_stats(const model *m, int *layers, double *load_max, double *load_
     return n;
 }
 
-int model_unit_is_expert(const model *m, int unit) {
-    return m->unit_expert && m->unit_expert[unit];
-}
 
 double model_cp_wait_s(const model *m) { return m->cp.comm_s; }
 
 void model_zero_grads(model *m) {
     UST_ASSERT(m->g, "model_zero_grads needs the whole gradient buffer");
     m->ops->zero(m->ops, m->g, m->numel * sizeof(float));
-}
-
-/* ------------------------------------------------------------------ llm.c import */
-
-/* Reads the next `count` floats of f into the parameter `name`. */
-typedef struct {
-    model_store_fn store;
-    void *ctx;
-} llmc_sink;
-
-static int read_into(model *m, FILE *f, const char *path, const char *name, int64_t count,
-                     float *host, const llmc_sink *sink, ust_err *e) {
-    int i = model_find_param(m, name);
-    if (i < 0) { /* another pipeline stage's tensor */
-        if (fseeko(f, (off_t)count * (off_t)sizeof(float), SEEK_CUR) != 0)
-            return ust_errf(e, "%s: truncated llm.c checkpoint while skipping %s", path, name);
-        return 0;
-    }
-    const model_param *q = &m->params[i];
-    int64_t whole = q->whole.ndim == 2 ? q->whole.shape[0] * q->whole.shape[1] : q->whole.shape[0];
-    UST_ASSERT(whole == count, "%s: %lld vs %lld", name, (long long)whole, (long long)count);
-    if ((int64_t)fread(host, sizeof(float), count, f) != count)
-        return ust_errf(e, "%s: truncated llm.c checkpoint while reading %s", path, name);
-    /* keep this rank's box of the whole tensor, in place (rows only move towards the front) */
-    int64_t cols = q->whole.ndim == 2 ? q->whole.shape[1] : q->whole.shape[0];
-    for (int64_t r = 0; r < q->slice.nrows; r++)
-        memmove(host + r * q->slice.ncols, host + (q->slice.row0 + r) * cols + q->slice.col0,
-                q->slice.ncols * sizeof(float));
-    if (sink->store)
-        sink->store(sink->ctx, i, host);
-    else
-        m->ops->to_device(m->ops, m->p + q->offset, host, q->numel * sizeof(float));
-    return 0;
-}
-
-static int check_llmc_header(const model *m, const int32_t *h, const char *path, ust_err *e) {
-    if (h[0] != 20240326)
-        return ust_errf(e, "%s: not an llm.c GPT-2 checkpoint (magic %d, expected 20240326)", path,
-                        h[0]);
-    if (h[1] != 3)
-        return ust_errf(e, "%s: llm.c checkpoint version %d (only version 3, fp32, is read)", path,
-                        h[1]);
-    if (m->llama)
-        return ust_errf(e, "%s: llm.c checkpoints are GPT-2 models; set model.arch: gpt2", path);
-    const char *names[] = {"max_seq_len", "vocab_size", "n_layer", "n_head", "d_model"};
-    int want[] = {m->maxT, m->V, m->L, m->Hg, m->C};
-    for (int i = 0; i < 5; i++)
-        if (h[2 + i] != want[i])
-            return ust_errf(e, "%s: checkpoint has model.%s = %d but the config says %d", path,
-                            names[i], h[2 + i], want[i]);
-    if (h[7] != m->Vp)
-        return ust_errf(e,
-                        "%s: checkpoint pads the vocabulary to %d, the config to %d (set "
-                        "model.vocab_pad so they agree)",
-                        path, h[7], m->Vp);
-    if (m->Hg != m->Hkvg || m->Fg != 4 * m->C)
-        return ust_errf(e, "%s: llm.c GPT-2 needs n_kv_head = n_head and d_ff = 4*d_model", path);
-    return 0;
-}
-
-int model_load_llmc(model *m, const char *path, model_store_fn store, void *store_ctx, ust_err *e) {
-    llmc_sink sink = {store, store_ctx};
-    UST_ASSERT(store || m->p, "model_load_llmc without a store needs the parameter buffer");
-    ust_err inner;
-    FILE *f = fs_fopen_regular(path, "rb", &inner);
-    if (!f) return ust_errf(e, "llm.c checkpoint %s", inner.msg);
-    int32_t h[256];
-    int rc = -1;
-    float *host = NULL;
-    if (fread(h, sizeof h, 1, f) != 1) {
-        ust_errf(e, "%s: truncated llm.c checkpoint header", path);
-        goto done;
-    }
-    if (check_llmc_header(m, h, path, e)) goto done;
-    int64_t C = m->C, L = m->L, Vp = m->Vp, biggest = Vp * C > 4 * C * C ? Vp * C : 4 * C * C;
-    host = malloc((biggest > m->maxT * C ? biggest : m->maxT * C) * sizeof(float));
-    if (read_into(m, f, path, "model.embed_tokens.weight", Vp * C, host, &sink, e) ||
-        read_into(m, f, path, "model.embed_positions.weight", m->maxT * C, host, &sink, e))
-        goto done;
-    /* llm.c stacks each kind of tensor over layers: [L, ...]; qkv rows are q, then k, then v */
-    static const struct {
-        const char *suffix[3];
-        int parts;
-    } kinds[] = {
-        {{"input_layernorm.weight"}, 1},
-        {{"input_layernorm.bias"}, 1},
-        {{"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"}, 3},
-        {{"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"}, 3},
-        {{"self_attn.o_proj.weight"}, 1},
-        {{"self_attn.o_proj.bias"}, 1},
-        {{"post_attention_layernorm.weight"}, 1},
-        {{"post_attention_layernorm.bias"}, 1},
-        {{"mlp.up_proj.weight"}, 1},
-        {{"mlp.up_proj.bias"}, 1},
-        {{"mlp.down_proj.weight"}, 1},
-        {{"mlp.down_proj.bias"}, 1},
-    };
-    for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++)
-        for (int64_t l = 0; l < L; l++)
-            for (int p = 0; p < kinds[k].parts; p++) {
-                char name[CKPT_NAME_MAX];
-                snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)l,
-                         kinds[k].suffix[p]);
-                const ckpt_tensor *w = NULL;
-                for (int k = 0; k < m->nall && !w; k++)
-                    if (strcmp(m->all[k].name, name) == 0) w = &m->all[k];
-                UST_ASSERT(w, "no parameter %s", name);
-                int64_t n = w->ndim == 2 ? w->shape[0] * w->shape[1] : w->shape[0];
-                if (read_into(m, f, path, name, n, host, &sink, e)) goto done;
-            }
-    if (read_into(m, f, path, "model.norm.weight", C, host, &sink, e) ||
-        read_into(m, f, path, "model.norm.bias", C, host, &sink, e))
-        goto done;
-    rc = 0;
-done:
-    free(host);
-    fclose(f);
-    return rc;
 }

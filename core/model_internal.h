@@ -1,0 +1,118 @@
+/* model_internal: the model's state, shared by the two files that implement model.h: model.c
+ * (activations and the blocks' forward/backward) and params.c (the parameter table, units,
+ * initialization and importers). Nothing else includes it. */
+#ifndef UST_MODEL_INTERNAL_H
+#define UST_MODEL_INTERNAL_H
+
+#include "cp.h"
+#include "model.h"
+#include "moe.h"
+#include "tp.h"
+
+typedef struct {
+    float *ln1_w, *ln1_b, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo;
+    float *ln2_w, *ln2_b, *wg, *wu, *bu, *wd, *bd;
+} layer_w; /* weights of one layer; the same struct points into the gradients */
+
+typedef struct {
+    act *ln1;                   /* (N,C) */
+    float *ln1_mean, *ln1_rstd; /* (N), (N) */
+    act *q, *k, *v;             /* (N,H*D), (N,Hkv*D), (N,Hkv*D); after RoPE for llama */
+    act *att;                   /* (N,H*D) */
+    float *lse;                 /* (B,H,T) */
+    act *res2;                  /* (N,C) residual after attention */
+    act *ln2;                   /* (N,C) */
+    float *ln2_mean, *ln2_rstd; /* (N), (N) */
+    act *gate, *up, *act;       /* (N,F) each; gate only for llama */
+} layer_acts;
+
+/* Zero-bubble schedules split a layer's backward into B (input gradients, now) and W (weight
+ * gradients, later). B keeps the gradient each weight gradient needs at its linear's output. */
+typedef struct {
+    act *gmlp, *dup, *dgate, *dln2;  /* (N,C) down_proj out, (N,F) up/gate out, (Nl,C) norm 2 */
+    act *gatt, *dq, *dk, *dv, *dln1; /* (N,C) o_proj out, q/k/v out, (Nl,C) norm 1 */
+} layer_wsave;
+
+/* What one micro-batch in flight through a chunk keeps between its forward and backward. */
+typedef struct {
+    act **xs;          /* layers+1 residual tensors (Nl,C): xs[i] is layer lo+i's input */
+    layer_acts *la;    /* one set per layer (NULL under full recompute: the shared scratch) */
+    layer_wsave *ws;   /* zb only: one per layer */
+    moe_acts *ma;      /* MoE layers: one per layer of the chunk (dense layers leave it unset) */
+    act *lnf, *logits; /* head chunk: (Nl,C) (N,Vl) */
+    float *lnf_mean, *lnf_rstd; /* head chunk: (Nl) (Nl) */
+    act *dlnf;                  /* head chunk under zb: the final norm's output gradient (Nl,C) */
+    int32_t *tok;               /* embedding chunk: the token ids */
+    act *dy; /* (Nl,C): d loss / d chunk output on entry to backward, d / d input after */
+} act_slot;
+
+/* A contiguous run of layers: one pipeline stage (the whole model without pipelining). */
+typedef struct {
+    int stage, lo, hi; /* global stage; layers [lo, hi) */
+    int embed, head;   /* holds the embeddings / the final norm, lm_head and loss */
+    int unit0, nunits; /* its units in the rank's unit numbering */
+    int nslots;
+    act_slot *slots;
+} model_chunk;
+
+typedef struct {
+    float **p, **g; /* where to store the resolved parameter and gradient pointers */
+} param_target;
+
+struct model {
+    const ust_config *cfg;
+    const ust_ops *ops;
+    ust_tp *tp, own_tp; /* tensor parallelism (own_tp: a group of one) */
+    ust_cp cp;          /* context parallelism (a group of one without it) */
+    /* H, Hkv, F and Vl are this rank's shares under tensor parallelism; Hg, Hkvg, Fg, Vp whole */
+    int llama, L, C, H, Hkv, D, F, V, Vp, Vl, maxT, B, T, tied;
+    int Nl; /* token rows held outside the tensor-parallel halves (B*T, or B*T/tp under sp) */
+    int Hg, Hkvg, Fg;
+    float eps, theta;
+    ust_recompute recompute;
+    int zb;         /* keep what deferred weight gradients (model_chunk_weight_grad) need */
+    int tied_local; /* tied embeddings with the embedding and the head on this rank */
+    int tied_copy;  /* tied embeddings, head here, embedding on another stage: a synced copy */
+
+    model_chunk *chunks;
+    int nchunks;
+
+    model_param *params;
+    param_target *targets;
+    int *param_unit;
+    int nparams, cap;
+    int64_t numel, unit_pad;
+    int nunits, cur_unit;
+    int64_t *unit_off, *unit_len;
+    int *unit_expert; /* per unit: holds expert weights (reduced over expert-dp x cp) */
+    float *p, *g;     /* whole flat buffers, or NULL when a sharding layer owns the storage */
+    model_hooks hooks;
+    ckpt_tensor *all; /* every tensor of the whole model (all stages), checkpoint order */
+    int nall;
+
+    layer_w *lw, *lg; /* indexed by global layer; only this rank's layers are set */
+    float *wte, *wpe, *lnf_w, *lnf_b, *lm;
+    float *g_wte, *g_wpe, *g_lnf_w, *g_lnf_b, *g_lm;
+
+    layer_acts scratch; /* full recompute: the one set every layer rebuilds into */
+
+    /* mixture of experts: the MLP of layers moe_layer_is_moe */
+    moe_ctx moe;
+    moe_acts moe_scratch; /* full recompute: the one set every MoE layer rebuilds into */
+    moe_weights *mw, *mg; /* per global layer (MoE layers only) */
+    moe_stats *mstats;    /* per global layer: the last forward's load and losses */
+    int has_moe, ep_rank, ep_size, listing;
+    int in_experts;  /* building the table: the current unit holds experts */
+    double moe_loss; /* weighted aux + z losses of the forwards since the last take */
+    float moe_scale; /* each micro-batch's share of the step's MoE loss */
+    float *losses;   /* (N) */
+    act *dtmp, *dln, *dq, *dk, *dv, *datt, *dgate, *dup, *dact;
+    float *dnorm; /* 2C: a norm's weight (and bias) gradient before the sp reduction */
+    int32_t *tgt, *pos;
+};
+
+static inline int is_moe(const model *m, int l) {
+    return m->has_moe && moe_layer_is_moe(m->cfg, l);
+}
+
+#endif
