@@ -10,8 +10,8 @@
  * backend, and the profiler would not wrap it. Members after the first op are all function
  * pointers of one size, so counting them checks the list against the struct. */
 #define UST_OPS_ONE(op) +1
-_Static_assert(sizeof(ust_ops) ==
-                   offsetof(ust_ops, alloc) + (0 UST_OPS_LIST(UST_OPS_ONE)) * sizeof(void (*)(void)),
+_Static_assert(sizeof(ust_ops) == offsetof(ust_ops, alloc) +
+                                      (0 UST_OPS_LIST(UST_OPS_ONE)) * sizeof(void (*)(void)),
                "UST_OPS_LIST (ops.h) must name every function member of ust_ops");
 #undef UST_OPS_ONE
 

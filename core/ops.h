@@ -216,16 +216,19 @@ struct ust_ops {
  * list (`#define FILL(op) o->op = cpu_##op;`) and the profiler wraps every op through it, so an
  * op is added here, in the struct, and in each backend's functions, and a backend that lacks one
  * fails to compile. The struct stays written out because its comments are the ops' contract;
- * core/ops.c checks at compile time that the list names as many members as the struct has. */
+ * core/ops.c checks at compile time that the list names as many members as the struct has.
+ * (clang-format is off for it: it would stair-step the list.) */
+/* clang-format off */
 #define UST_OPS_LIST(X)                                                                            \
     X(alloc) X(free) X(to_device) X(to_host) X(copy) X(zero) X(sync) X(stream) X(memory)           \
     X(matmul) X(matmul_batched) X(linear_fwd) X(linear_bwd) X(embedding_fwd) X(embedding_bwd)      \
     X(layernorm_fwd) X(layernorm_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd) X(gelu_fwd) X(gelu_bwd)        \
     X(linear_gelu_fwd) X(linear_gelu_bwd) X(swiglu_fwd) X(swiglu_bwd) X(rope_fwd) X(rope_bwd)      \
     X(attention_fwd) X(attention_bwd) X(attention_merge) X(xent_fwd_bwd) X(xent_vp_local)          \
-    X(xent_vp_finish) X(adamw) X(adamw_many) X(sumsq_many) X(add) X(axpy) X(scale) X(sumsq)       \
+    X(xent_vp_finish) X(adamw) X(adamw_many) X(sumsq_many) X(add) X(axpy) X(scale) X(sumsq)        \
     X(sum) X(destroy) X(moe_router_fwd) X(moe_router_bwd) X(moe_gather) X(moe_combine)             \
     X(moe_gate_grad)
+/* clang-format on */
 
 /* Element i of activation tensor p (strchr-style: the result drops const). */
 static inline act *act_at(const ust_ops *o, const act *p, int64_t i) {

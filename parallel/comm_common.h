@@ -1,7 +1,7 @@
 /* comm_common: what comm.c and both backends (comm_shm.c, comm_nccl.c) share, in a file below
  * all three, so that comm.c calls the backends and no backend calls back into comm.c. It defines
  * comm.h's element sizes, operation names and bf16 rounding, and here the fatal report of a wait
- * that failed. No state. Only the comm files and the comm tests include it (through comm_impl.h). */
+ * that failed. No state. Only the comm files and the comm tests include it (via comm_impl.h). */
 #ifndef UST_COMM_COMMON_H
 #define UST_COMM_COMMON_H
 
