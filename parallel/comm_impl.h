@@ -80,6 +80,9 @@ struct comm_backend_ops {
     void (*wait_until)(ust_comm *c, uint64_t seq);
     void (*free)(ust_comm *c);
 };
+/* Its members in order, for each backend's fill (`#define FILL(op) .op = shm_##op,`). */
+#define COMM_BACKEND_LIST(X)                                                                       \
+    X(ctx_init) X(ctx_free) X(create_begin) X(create_end) X(launch) X(wait_until) X(free)
 
 extern const comm_backend_ops comm_shm_backend; /* comm_shm.c */
 #ifdef UST_NCCL

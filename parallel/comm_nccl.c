@@ -266,15 +266,9 @@ static void nccl_free(ust_comm *c) {
     c->impl = NULL;
 }
 
-const comm_backend_ops comm_nccl_backend = {
-    .ctx_init = nccl_ctx_init,
-    .ctx_free = nccl_ctx_free,
-    .create_begin = nccl_create_begin,
-    .create_end = nccl_create_end,
-    .launch = nccl_launch,
-    .wait_until = nccl_wait_until,
-    .free = nccl_free,
-};
+#define FILL(op) .op = nccl_##op,
+const comm_backend_ops comm_nccl_backend = {COMM_BACKEND_LIST(FILL)};
+#undef FILL
 
 #else
 /* Without NCCL this file is empty: comm.c finds no NCCL vtable and refuses the backend. */

@@ -917,12 +917,7 @@ static void shm_free(ust_comm *c) {
     c->impl = NULL;
 }
 
-const comm_backend_ops comm_shm_backend = {
-    .ctx_init = shm_ctx_init,
-    .ctx_free = shm_ctx_free,
-    .create_begin = shm_create_begin,
-    .create_end = shm_create_end,
-    .launch = NULL, /* runs at wait time (shm_wait_until) */
-    .wait_until = shm_wait_until,
-    .free = shm_free,
-};
+#define shm_launch NULL /* nothing moves at post time: shm_wait_until runs the queue */
+#define FILL(op) .op = shm_##op,
+const comm_backend_ops comm_shm_backend = {COMM_BACKEND_LIST(FILL)};
+#undef FILL
