@@ -14,6 +14,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "config.h"
+#include "error.h"
+
 typedef struct ust_ops ust_ops;
 
 /* Activation storage: opaque on purpose (with -Wpointer-arith no arithmetic compiles on it),
@@ -26,6 +29,15 @@ typedef struct {
     int64_t p, g, m, n;
     float wd;
 } ops_segment;
+
+/* Device memory as a backend sees it (all 0 on the CPU): its own scratch and workspaces outside
+ * the arena (bytes), the device allocations it has made so far (arena blocks and scratch growth:
+ * none should happen once the first step has sized the scratch), and the device's used and total
+ * memory as the driver reports them (all processes). */
+typedef struct {
+    size_t backend_bytes, device_used, device_total;
+    int64_t allocations;
+} ops_mem;
 
 struct ust_ops {
     const char *name; /* "cpu" or "cuda" */
@@ -40,6 +52,10 @@ struct ust_ops {
     void (*copy)(const ust_ops *o, void *dst, const void *src, size_t bytes);
     void (*zero)(const ust_ops *o, void *p, size_t bytes);
     void (*sync)(const ust_ops *o);
+    /* The stream every op is enqueued on (a cudaStream_t; NULL on the CPU), for
+     * comm_ctx_set_stream. */
+    void *(*stream)(const ust_ops *o);
+    void (*memory)(const ust_ops *o, ops_mem *m);
 
     /* ---- matmul ----
      * C[M,N] = alpha * op(A)[M,K] @ op(B)[K,N] + beta * C, row-major; op(X) = X^T when tX. */
@@ -196,12 +212,36 @@ struct ust_ops {
                           const int32_t *pos, int N, int k, int C);
 };
 
+/* Every function member of ust_ops, in struct order: each backend fills its vtable from this
+ * list (`#define FILL(op) o->op = cpu_##op;`) and the profiler wraps every op through it, so an
+ * op is added here, in the struct, and in each backend's functions, and a backend that lacks one
+ * fails to compile. The struct stays written out because its comments are the ops' contract;
+ * core/ops.c checks at compile time that the list names as many members as the struct has.
+ * (clang-format is off for it: it would stair-step the list.) */
+/* clang-format off */
+#define UST_OPS_LIST(X)                                                                            \
+    X(alloc) X(free) X(to_device) X(to_host) X(copy) X(zero) X(sync) X(stream) X(memory)           \
+    X(matmul) X(matmul_batched) X(linear_fwd) X(linear_bwd) X(embedding_fwd) X(embedding_bwd)      \
+    X(layernorm_fwd) X(layernorm_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd) X(gelu_fwd) X(gelu_bwd)        \
+    X(linear_gelu_fwd) X(linear_gelu_bwd) X(swiglu_fwd) X(swiglu_bwd) X(rope_fwd) X(rope_bwd)      \
+    X(attention_fwd) X(attention_bwd) X(attention_merge) X(xent_fwd_bwd) X(xent_vp_local)          \
+    X(xent_vp_finish) X(adamw) X(adamw_many) X(sumsq_many) X(add) X(axpy) X(scale) X(sumsq)        \
+    X(sum) X(destroy) X(moe_router_fwd) X(moe_router_bwd) X(moe_gather) X(moe_combine)             \
+    X(moe_gate_grad)
+/* clang-format on */
+
 /* Element i of activation tensor p (strchr-style: the result drops const). */
 static inline act *act_at(const ust_ops *o, const act *p, int64_t i) {
     return (char *)p + i * o->act_size;
 }
 /* Bytes of n activation elements. */
 static inline size_t act_bytes(const ust_ops *o, int64_t n) { return (size_t)n * o->act_size; }
+
+/* The backend a run asks for: CPU (train.threads threads shared by local_world ranks of the
+ * node, see ops_cpu_create), or for run.device cuda the CUDA backend on GPU local_rank %
+ * (visible devices) with bf16 activations under train.precision bf16. NULL with a message in e
+ * when the GPU backend is unavailable (no device or driver, or a build without CUDA). */
+ust_ops *ops_create(const ust_config *cfg, int local_rank, int local_world, ust_err *e);
 
 /* CPU backend: OpenBLAS + OpenMP with `threads` threads (<= 0: cores / local ranks, capped by
  * OMP_NUM_THREADS when that is set). */

@@ -1082,6 +1082,20 @@ static void cpu_moe_gate_grad(const ust_ops *o, float *dgate, const act *dout_, 
 
 /* ---------------------------------------------------------------- lifetime */
 
+/* Host memory is the device memory: both copies are plain copies. */
+#define cpu_to_device cpu_copy
+#define cpu_to_host cpu_copy
+
+/* Synchronous: there is no stream to order after, and nothing outside the arena to report. */
+static void *cpu_stream(const ust_ops *o) {
+    (void)o;
+    return NULL;
+}
+static void cpu_memory(const ust_ops *o, ops_mem *m) {
+    (void)o;
+    *m = (ops_mem){0};
+}
+
 static void cpu_destroy(ust_ops *o) {
     if (!o) return;
     free(o->impl);
@@ -1108,51 +1122,9 @@ ust_ops *ops_cpu_create(int threads, int local_ranks) {
     o->name = "cpu";
     o->impl = impl;
     o->act_size = sizeof(float);
-    o->alloc = cpu_alloc;
-    o->free = cpu_free;
-    o->to_device = cpu_copy;
-    o->to_host = cpu_copy;
-    o->copy = cpu_copy;
-    o->zero = cpu_zero;
-    o->sync = cpu_sync;
-    o->matmul = cpu_matmul;
-    o->matmul_batched = cpu_matmul_batched;
-    o->linear_fwd = cpu_linear_fwd;
-    o->linear_bwd = cpu_linear_bwd;
-    o->embedding_fwd = cpu_embedding_fwd;
-    o->embedding_bwd = cpu_embedding_bwd;
-    o->layernorm_fwd = cpu_layernorm_fwd;
-    o->layernorm_bwd = cpu_layernorm_bwd;
-    o->rmsnorm_fwd = cpu_rmsnorm_fwd;
-    o->rmsnorm_bwd = cpu_rmsnorm_bwd;
-    o->gelu_fwd = cpu_gelu_fwd;
-    o->linear_gelu_fwd = cpu_linear_gelu_fwd;
-    o->linear_gelu_bwd = cpu_linear_gelu_bwd;
-    o->gelu_bwd = cpu_gelu_bwd;
-    o->swiglu_fwd = cpu_swiglu_fwd;
-    o->swiglu_bwd = cpu_swiglu_bwd;
-    o->rope_fwd = cpu_rope_fwd;
-    o->rope_bwd = cpu_rope_bwd;
-    o->attention_fwd = cpu_attention_fwd;
-    o->attention_bwd = cpu_attention_bwd;
-    o->attention_merge = cpu_attention_merge;
-    o->xent_fwd_bwd = cpu_xent_fwd_bwd;
-    o->xent_vp_local = cpu_xent_vp_local;
-    o->xent_vp_finish = cpu_xent_vp_finish;
-    o->adamw = cpu_adamw;
-    o->adamw_many = cpu_adamw_many;
-    o->sumsq_many = cpu_sumsq_many;
-    o->add = cpu_add;
-    o->axpy = cpu_axpy;
-    o->scale = cpu_scale;
-    o->sumsq = cpu_sumsq;
-    o->sum = cpu_sum;
-    o->destroy = cpu_destroy;
-    o->moe_router_fwd = cpu_moe_router_fwd;
-    o->moe_router_bwd = cpu_moe_router_bwd;
-    o->moe_gather = cpu_moe_gather;
-    o->moe_combine = cpu_moe_combine;
-    o->moe_gate_grad = cpu_moe_gate_grad;
+#define FILL(op) o->op = cpu_##op;
+    UST_OPS_LIST(FILL)
+#undef FILL
     return o;
 }
 

@@ -7,59 +7,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Every timed member of ust_ops, in ops.h order. */
-#define PROF_OPS(X)                                                                                \
-    X(to_device)                                                                                   \
-    X(to_host)                                                                                     \
-    X(copy)                                                                                        \
-    X(zero)                                                                                        \
-    X(matmul)                                                                                      \
-    X(matmul_batched)                                                                              \
-    X(linear_fwd)                                                                                  \
-    X(linear_bwd)                                                                                  \
-    X(embedding_fwd)                                                                               \
-    X(embedding_bwd)                                                                               \
-    X(layernorm_fwd)                                                                               \
-    X(layernorm_bwd)                                                                               \
-    X(rmsnorm_fwd)                                                                                 \
-    X(rmsnorm_bwd)                                                                                 \
-    X(gelu_fwd)                                                                                    \
-    X(gelu_bwd)                                                                                    \
-    X(linear_gelu_fwd)                                                                             \
-    X(linear_gelu_bwd)                                                                             \
-    X(swiglu_fwd)                                                                                  \
-    X(swiglu_bwd)                                                                                  \
-    X(rope_fwd)                                                                                    \
-    X(rope_bwd)                                                                                    \
-    X(attention_fwd)                                                                               \
-    X(attention_bwd)                                                                               \
-    X(attention_merge)                                                                             \
-    X(xent_fwd_bwd)                                                                                \
-    X(xent_vp_local)                                                                               \
-    X(xent_vp_finish)                                                                              \
-    X(adamw)                                                                                       \
-    X(adamw_many)                                                                                  \
-    X(sumsq_many)                                                                                  \
-    X(add)                                                                                         \
-    X(axpy)                                                                                        \
-    X(scale)                                                                                       \
-    X(sumsq)                                                                                       \
-    X(sum)                                                                                         \
-    X(moe_router_fwd)                                                                              \
-    X(moe_router_bwd)                                                                              \
-    X(moe_gather)                                                                                  \
-    X(moe_combine)                                                                                 \
-    X(moe_gate_grad)
-
+/* One counter per ops.h member (alloc, free, sync, stream, memory and destroy are forwarded
+ * untimed, so theirs stay 0 and never show). */
 enum {
 #define X(name) P_##name,
-    PROF_OPS(X)
+    UST_OPS_LIST(X)
 #undef X
         P_COUNT
 };
 static const char *const prof_names[P_COUNT] = {
 #define X(name) #name,
-    PROF_OPS(X)
+    UST_OPS_LIST(X)
 #undef X
 };
 
@@ -95,6 +53,8 @@ static void *pf_alloc(const ust_ops *o, size_t bytes) {
 }
 static void pf_free(const ust_ops *o, void *p) { inner_of(o)->free(inner_of(o), p); }
 static void pf_sync(const ust_ops *o) { inner_of(o)->sync(inner_of(o)); }
+static void *pf_stream(const ust_ops *o) { return inner_of(o)->stream(inner_of(o)); }
+static void pf_memory(const ust_ops *o, ops_mem *m) { inner_of(o)->memory(inner_of(o), m); }
 
 static void pf_to_device(const ust_ops *o, void *dst, const void *host_src, size_t bytes) {
     TIMED(P_to_device, in->to_device(in, dst, host_src, bytes));
@@ -287,51 +247,9 @@ ust_ops *ops_prof_create(const ust_ops *inner) {
     w->name = "prof"; /* not the inner name: backend-specific calls must get the inner backend */
     w->impl = p;
     w->act_size = inner->act_size;
-    w->alloc = pf_alloc;
-    w->free = pf_free;
-    w->sync = pf_sync;
-    w->destroy = pf_destroy;
-    w->to_device = pf_to_device;
-    w->to_host = pf_to_host;
-    w->copy = pf_copy;
-    w->zero = pf_zero;
-    w->matmul = pf_matmul;
-    w->matmul_batched = pf_matmul_batched;
-    w->linear_fwd = pf_linear_fwd;
-    w->linear_bwd = pf_linear_bwd;
-    w->embedding_fwd = pf_embedding_fwd;
-    w->embedding_bwd = pf_embedding_bwd;
-    w->layernorm_fwd = pf_layernorm_fwd;
-    w->layernorm_bwd = pf_layernorm_bwd;
-    w->rmsnorm_fwd = pf_rmsnorm_fwd;
-    w->rmsnorm_bwd = pf_rmsnorm_bwd;
-    w->gelu_fwd = pf_gelu_fwd;
-    w->gelu_bwd = pf_gelu_bwd;
-    w->linear_gelu_fwd = pf_linear_gelu_fwd;
-    w->linear_gelu_bwd = pf_linear_gelu_bwd;
-    w->swiglu_fwd = pf_swiglu_fwd;
-    w->swiglu_bwd = pf_swiglu_bwd;
-    w->rope_fwd = pf_rope_fwd;
-    w->rope_bwd = pf_rope_bwd;
-    w->attention_fwd = pf_attention_fwd;
-    w->attention_bwd = pf_attention_bwd;
-    w->attention_merge = pf_attention_merge;
-    w->xent_fwd_bwd = pf_xent_fwd_bwd;
-    w->xent_vp_local = pf_xent_vp_local;
-    w->xent_vp_finish = pf_xent_vp_finish;
-    w->adamw = pf_adamw;
-    w->adamw_many = pf_adamw_many;
-    w->sumsq_many = pf_sumsq_many;
-    w->add = pf_add;
-    w->axpy = pf_axpy;
-    w->scale = pf_scale;
-    w->sumsq = pf_sumsq;
-    w->sum = pf_sum;
-    w->moe_router_fwd = pf_moe_router_fwd;
-    w->moe_router_bwd = pf_moe_router_bwd;
-    w->moe_gather = pf_moe_gather;
-    w->moe_combine = pf_moe_combine;
-    w->moe_gate_grad = pf_moe_gate_grad;
+#define FILL(op) w->op = pf_##op;
+    UST_OPS_LIST(FILL)
+#undef FILL
     return w;
 }
 

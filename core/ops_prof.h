@@ -3,7 +3,8 @@
  * Contract: results are exactly the inner backend's (same calls, same arguments, same order).
  * While enabled, every timed op is bracketed by the inner backend's sync, so per-op times are
  * wall-clock and exact for a GPU's asynchronous queue too, but the step runs slower than
- * unwrapped; disabled, it only adds an indirect call. alloc, free and sync are never timed.
+ * unwrapped; disabled, it only adds an indirect call. alloc, free, sync and the stream and memory
+ * queries are never timed.
  * Destroying the wrapper leaves the inner backend alone. */
 #ifndef UST_OPS_PROF_H
 #define UST_OPS_PROF_H

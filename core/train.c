@@ -22,7 +22,6 @@
 #include "ops.h"
 #include "ops_prof.h"
 #include "optim.h"
-#include "cuda/ops_cuda.h"
 #include "cp.h"
 #include "plan.h"
 #include "pp.h"
@@ -413,13 +412,8 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile
     if (t->rank0 && cfg->checkpoint.dir[0] && ckpt_lock_dir(cfg->checkpoint.dir, &t->lock, e))
         return -1;
     if (open_data(t, e)) return -1;
-    if (cfg->run.device == DEV_CUDA) {
-        if (!(t->backend = ops_cuda_create(rt->boot.local_rank, e))) return -1;
-        ops_cuda_set_bf16(t->backend, cfg->train.precision == PREC_BF16);
-        comm_ctx_set_stream(rt->comm, ops_cuda_stream(t->backend));
-    } else {
-        t->backend = ops_cpu_create(cfg->train.threads, rt->boot.local_world);
-    }
+    if (!(t->backend = ops_create(cfg, rt->boot.local_rank, rt->boot.local_world, e))) return -1;
+    comm_ctx_set_stream(rt->comm, t->backend->stream(t->backend)); /* NULL on the CPU */
     t->ops = profile ? ops_prof_create(t->backend) : t->backend;
     UST_ASSERT(t->ops->act_size == cfg_act_size(cfg), "backend activations of %d bytes, plan %d",
                t->ops->act_size, cfg_act_size(cfg)); /* the memory plan counts on it */
@@ -557,8 +551,8 @@ static void measure_step(trainer *t, const step_mark *m, double fpt, double peak
  * none after its first step, which sizes the backend's scratch. */
 static int64_t device_allocations(const trainer *t) {
     if (t->cfg->run.device != DEV_CUDA) return 0;
-    ops_cuda_mem m;
-    ops_cuda_memory(t->backend, &m);
+    ops_mem m;
+    t->backend->memory(t->backend, &m);
     return m.allocations;
 }
 
@@ -700,8 +694,8 @@ static int run_with(const ust_config *cfg, ust_runtime *rt, const train_opts *op
     for (int i = 0; i < MEM_NCAT && i < 6; i++) res->arena_by_cat[i] = (double)t.arena.bytes[i];
     res->peak_rss = mem_peak_rss_bytes();
     if (cfg->run.device == DEV_CUDA) {
-        ops_cuda_mem m;
-        ops_cuda_memory(t.backend, &m);
+        ops_mem m;
+        t.backend->memory(t.backend, &m);
         res->device_backend_bytes = m.backend_bytes;
         res->device_used = m.device_used;
     }

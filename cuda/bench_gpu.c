@@ -181,8 +181,8 @@ int main(int argc, char **argv) {
     }
     o->sync(o);
     double dt = log_now_s() - t0;
-    ops_cuda_mem dm;
-    ops_cuda_memory(o, &dm);
+    ops_mem dm;
+    o->memory(o, &dm);
     printf(
         "bench_gpu: device memory: arena %.2f GiB, backend scratch %.2f GiB, device used %.2f of "
         "%.2f GiB\n",

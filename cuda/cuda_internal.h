@@ -33,7 +33,7 @@ typedef struct {
     int attn_chunk;        /* > 0: queries per chunk of the GEMM attention (else by memory) */
     double *dev_partials;  /* RED_BLOCKS partial sums of sum/sumsq */
     double *host_partials; /* pinned copy of them */
-    int64_t allocations;   /* cudaMalloc calls of alloc and scratch growth (ops_cuda_memory) */
+    int64_t allocations;   /* cudaMalloc calls of alloc and scratch growth (ops.h memory) */
     void *chunks_host;     /* multi-tensor ops: the chunk list and partial sums on the host */
     size_t chunks_host_bytes;
 } cuda_impl;

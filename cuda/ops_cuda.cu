@@ -1334,9 +1334,9 @@ extern "C" void ops_cuda_set_bf16(ust_ops *o, int on) {
     o->act_size = on ? 2 : 4; /* bf16 activations: every act of ops.h is __nv_bfloat16 */
 }
 
-extern "C" void *ops_cuda_stream(const ust_ops *o) { return (void *)CUDA_IMPL(o)->stream; }
+static void *cu_stream(const ust_ops *o) { return (void *)CUDA_IMPL(o)->stream; }
 
-extern "C" void ops_cuda_memory(const ust_ops *o, ops_cuda_mem *m) {
+static void cu_memory(const ust_ops *o, ops_mem *m) {
     const cuda_impl *im = CUDA_IMPL(o);
     size_t own = im->lt_ws_bytes + RED_BLOCKS * sizeof(double), fr = 0, tot = 0;
     for (int i = 0; i < SCR_N; i++) own += im->scratch_bytes[i];
@@ -1401,50 +1401,12 @@ extern "C" ust_ops *ops_cuda_create(int device, ust_err *e) {
     o->name = "cuda";
     o->impl = im;
     o->act_size = sizeof(float);
-    o->alloc = cu_alloc;
-    o->free = cu_free;
-    o->to_device = cu_to_device;
-    o->to_host = cu_to_host;
-    o->copy = cu_copy;
-    o->zero = cu_zero;
-    o->sync = cu_sync;
-    o->matmul = cu_matmul;
-    o->matmul_batched = cu_matmul_batched;
-    o->linear_fwd = cu_linear_fwd;
-    o->linear_bwd = cu_linear_bwd;
-    o->embedding_fwd = cu_embedding_fwd;
-    o->embedding_bwd = cu_embedding_bwd;
-    o->layernorm_fwd = cu_layernorm_fwd;
-    o->layernorm_bwd = cu_layernorm_bwd;
-    o->rmsnorm_fwd = cu_rmsnorm_fwd;
-    o->rmsnorm_bwd = cu_rmsnorm_bwd;
-    o->gelu_fwd = cu_gelu_fwd;
-    o->linear_gelu_fwd = cu_linear_gelu_fwd;
-    o->linear_gelu_bwd = cu_linear_gelu_bwd;
-    o->gelu_bwd = cu_gelu_bwd;
-    o->swiglu_fwd = cu_swiglu_fwd;
-    o->swiglu_bwd = cu_swiglu_bwd;
-    o->rope_fwd = cu_rope_fwd;
-    o->rope_bwd = cu_rope_bwd;
-    o->attention_fwd = cuda_attention_fwd;
-    o->attention_bwd = cuda_attention_bwd;
-    o->attention_merge = cuda_attention_merge;
-    o->xent_fwd_bwd = cu_xent_fwd_bwd;
-    o->xent_vp_local = cu_xent_vp_local;
-    o->xent_vp_finish = cu_xent_vp_finish;
-    o->adamw = cu_adamw;
-    o->adamw_many = cu_adamw_many;
-    o->sumsq_many = cu_sumsq_many;
-    o->add = cu_add;
-    o->axpy = cu_axpy;
-    o->scale = cu_scale;
-    o->sumsq = cu_sumsq;
-    o->sum = cu_sum;
-    o->destroy = cu_destroy;
-    o->moe_router_fwd = cu_moe_router_fwd;
-    o->moe_router_bwd = cu_moe_router_bwd;
-    o->moe_gather = cu_moe_gather;
-    o->moe_combine = cu_moe_combine;
-    o->moe_gate_grad = cu_moe_gate_grad;
+/* attention lives in attention.cu, under its file's prefix */
+#define cu_attention_fwd cuda_attention_fwd
+#define cu_attention_bwd cuda_attention_bwd
+#define cu_attention_merge cuda_attention_merge
+#define FILL(op) o->op = cu_##op;
+    UST_OPS_LIST(FILL)
+#undef FILL
     return o;
 }

@@ -8,8 +8,10 @@
  * UST_CUDA_ATTENTION=flash as tiled flash-style kernels that keep nothing of size T x T;
  * UST_CUDA_ATTENTION_CHUNK=N fixes the queries per chunk of the GEMM path (both read at create).
  * A build without CUDA (make CUDA=0, or no nvcc) gets inline stubs: create fails with a message,
- * so callers need no #ifdef. Nothing here touches CUDA until ops_cuda_create is called, so a
- * CUDA build still runs CPU configs on a machine without a GPU or driver. */
+ * so callers need no #ifdef. The compute stream and the device memory report are the ops.h
+ * members stream and memory. Above cuda/, only ops_create (core/ops.c) and the tests call this.
+ * Nothing here touches CUDA until ops_cuda_create is called, so a CUDA build still runs CPU
+ * configs on a machine without a GPU or driver. */
 #ifndef UST_OPS_CUDA_H
 #define UST_OPS_CUDA_H
 
@@ -26,22 +28,11 @@ extern "C" {
  * its GPU the same way), fp32 matmuls. NULL with a message in e when no device or driver is
  * available. */
 ust_ops *ops_cuda_create(int device, ust_err *e);
-/* The compute stream (a cudaStream_t) every op is enqueued on, e.g. for comm_ctx_set_stream. */
-void *ops_cuda_stream(const ust_ops *o);
 /* bf16 when on != 0: act_size becomes 2 and every activation (ops.h's act) is stored as bf16
  * (fp32 math inside the ops, rounded when stored), GEMMs take bf16 inputs with fp32
  * accumulation (fp32 parameters rounded into scratch; matmul/matmul_batched keep fp32 C). Off:
  * act_size 4 and fp32 throughout. */
 void ops_cuda_set_bf16(ust_ops *o, int on);
-/* Device memory as the backend sees it: its own scratch and workspaces outside the arena
- * (bytes), the device allocations it has made so far (arena blocks and scratch growth: none
- * should happen once the first step has sized the scratch), and the device's used and total
- * memory as cudaMemGetInfo reports them (all processes). */
-typedef struct {
-    size_t backend_bytes, device_used, device_total;
-    int64_t allocations;
-} ops_cuda_mem;
-void ops_cuda_memory(const ust_ops *o, ops_cuda_mem *m);
 
 #else
 
@@ -51,24 +42,10 @@ static inline ust_ops *ops_cuda_create(int device, ust_err *e) {
                 "without nvcc); rebuild with nvcc available, or use run.device: cpu");
     return (ust_ops *)0;
 }
-static inline void *ops_cuda_stream(const ust_ops *o) {
-    (void)o;
-    return (void *)0;
-}
 static inline void ops_cuda_set_bf16(ust_ops *o, int on) {
     (void)o;
     (void)on;
 }
-typedef struct {
-    size_t backend_bytes, device_used, device_total;
-    int64_t allocations;
-} ops_cuda_mem;
-static inline void ops_cuda_memory(const ust_ops *o, ops_cuda_mem *m) {
-    (void)o;
-    m->backend_bytes = m->device_used = m->device_total = 0;
-    m->allocations = 0;
-}
-
 #endif
 
 #ifdef __cplusplus

@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -61,17 +60,6 @@ static int key_ok(const char *key, ust_err *e) {
                         "non-ASCII bytes",
                         key ? key : "(null)", BOOT_MAX_KEY);
     return 0;
-}
-
-void boot_random_id(char *out, size_t cap, const char *prefix) {
-    uint64_t r = 0;
-    if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        r = (uint64_t)ts.tv_nsec * 0x9E3779B97F4A7C15ull ^ (uint64_t)ts.tv_sec ^
-            (uint64_t)getpid() << 32;
-    }
-    snprintf(out, cap, "%s-%016llx", prefix, (unsigned long long)r);
 }
 
 /* ---------------------------------------------------------------- local key-value */

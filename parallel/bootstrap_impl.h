@@ -1,6 +1,7 @@
 /* bootstrap internals: shared by bootstrap.c (detection, single process, environment parsing),
  * bootstrap_store.c (the TCP key-value store's wire format and client), bootstrap_server.c (its
- * server, a thread of rank 0) and bootstrap_pmix.c.
+ * server, a thread of rank 0), bootstrap_pmix.c and bootstrap_common.c (what bootstrap.c and the
+ * PMIx path both use; bootstrap.c calls the PMIx path, never the other way round).
  * Only those files and test/test_bootstrap.c include this header.
  *
  * Store wire format, one frame per message, every integer little-endian:
@@ -119,7 +120,7 @@ struct boot_impl {
     struct boot_pmix *pmix;
 };
 
-/* "<prefix>-<16 random hex digits>". */
+/* "<prefix>-<16 random hex digits>" (bootstrap_common.c). */
 void boot_random_id(char *out, size_t cap, const char *prefix);
 
 /* Socket helpers shared by the store's client and server. A growable receive buffer: */

@@ -1,5 +1,6 @@
 /* comm: the backend-independent half. Checks arguments, counts traffic, keeps each
- * communicator's queue of posted operations and hands them to the backend. The shm backend runs
+ * communicator's queue of posted operations and hands them to the backend, whose vtable
+ * (comm_impl.h) comm_ctx_init picks once. The shm backend runs
  * the queue when an operation is waited on; NCCL launches each operation as it is posted and the
  * queue only remembers what is outstanding. */
 #include "comm_impl.h"
@@ -13,53 +14,15 @@
 
 const char *comm_backend_name(comm_backend b) { return b == COMM_BACKEND_NCCL ? "nccl" : "shm"; }
 
-int comm_backend_available(comm_backend b) {
+/* The backend's vtable, or NULL when it is not compiled in. */
+static const comm_backend_ops *backend_ops(comm_backend b) {
 #ifdef UST_NCCL
-    (void)b;
-    return 1;
-#else
-    return b == COMM_BACKEND_SHM;
+    if (b == COMM_BACKEND_NCCL) return &comm_nccl_backend;
 #endif
+    return b == COMM_BACKEND_SHM ? &comm_shm_backend : NULL;
 }
 
-size_t comm_dtype_size(comm_dtype t) { return t == COMM_BF16 ? 2 : 4; }
-
-const char *comm_kind_name(comm_kind k) {
-    static const char *names[COMM_NKINDS] = {"all_reduce", "all_gather", "reduce_scatter",
-                                             "broadcast",  "all_to_all", "send_recv",
-                                             "barrier"};
-    return (unsigned)k < COMM_NKINDS ? names[k] : "?";
-}
-
-float comm_bf16_to_f32(uint16_t h) {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-uint16_t comm_f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1); /* round to nearest even */
-    return (uint16_t)(u >> 16);
-}
-
-_Noreturn void comm_fail_wait(const ust_comm *c, comm_kind k, const int *waiting, int nwaiting,
-                              const char *why) {
-    char peers[1024];
-    size_t used = 0;
-    peers[0] = 0;
-    for (int i = 0; i < nwaiting && used + 16 < sizeof peers; i++)
-        used += (size_t)snprintf(peers + used, sizeof peers - used, "%s%d", i ? ", " : "",
-                                 c->granks[waiting[i]]);
-    ust_fatal(UST_EXIT_RUNTIME,
-              "comm: %s on group '%s' (member %d of %d, global rank %d): %s; waiting on global "
-              "rank%s %s",
-              comm_kind_name(k), c->name, c->rank, c->size, c->granks[c->rank], why,
-              nwaiting == 1 ? "" : "s", nwaiting ? peers : "(none)");
-}
+int comm_backend_available(comm_backend b) { return backend_ops(b) != NULL; }
 
 int comm_ctx_init(comm_ctx **out, ust_boot *boot, const comm_opts *opts, ust_err *e) {
     *out = NULL;
@@ -69,6 +32,7 @@ int comm_ctx_init(comm_ctx **out, ust_boot *boot, const comm_opts *opts, ust_err
     comm_ctx *ctx = calloc(1, sizeof *ctx);
     UST_ASSERT(ctx, "out of memory");
     ctx->backend = opts->backend;
+    ctx->be = backend_ops(opts->backend);
     ctx->boot = boot;
     ctx->opts = *opts;
     if (ctx->opts.timeout_s <= 0) ctx->opts.timeout_s = 300;
@@ -77,8 +41,7 @@ int comm_ctx_init(comm_ctx **out, ust_boot *boot, const comm_opts *opts, ust_err
     /* Sizes stay multiples of 64 so every slot and ring starts on its own cache line. */
     ctx->opts.shm_slot_bytes = (ctx->opts.shm_slot_bytes + 63) / 64 * 64;
     ctx->opts.shm_chan_bytes = (ctx->opts.shm_chan_bytes + 63) / 64 * 64;
-    int rc = ctx->backend == COMM_BACKEND_SHM ? shm_ctx_init(ctx, e) : nccl_ctx_init(ctx, e);
-    if (rc) {
+    if (ctx->be->ctx_init(ctx, e)) {
         free(ctx);
         return -1;
     }
@@ -92,7 +55,7 @@ void comm_ctx_set_stream(comm_ctx *ctx, void *stream) { ctx->stream = stream; }
 void comm_free(ust_comm *c) {
     if (!c) return;
     comm_ctx *ctx = c->ctx;
-    if (c->impl) (ctx->backend == COMM_BACKEND_SHM ? shm_free : nccl_free)(c);
+    if (c->impl) ctx->be->free(c);
     for (int i = 0; i < ctx->nall; i++)
         if (ctx->all[i] == c) ctx->all[i] = ctx->all[--ctx->nall];
     free(c->granks);
@@ -104,10 +67,7 @@ void comm_ctx_free(comm_ctx *ctx) {
     if (!ctx) return;
     while (ctx->nall) comm_free(ctx->all[ctx->nall - 1]);
     free(ctx->all);
-    if (ctx->backend == COMM_BACKEND_SHM)
-        shm_ctx_free(ctx);
-    else
-        nccl_ctx_free(ctx);
+    ctx->be->ctx_free(ctx);
     free(ctx);
 }
 
@@ -177,8 +137,7 @@ int comm_create_many(comm_ctx *ctx, int ng, const comm_group_spec *gs, ust_comm 
         ctx->all[ctx->nall++] = c;
         out[i] = c;
         group_key(ctx, g, key, sizeof key);
-        rc = ctx->backend == COMM_BACKEND_SHM ? shm_create_begin(c, key, e)
-                                              : nccl_create_begin(c, key, e);
+        rc = ctx->be->create_begin(c, key, e);
     }
     /* Every rank reaches the fence, even after an error, so the others fail on their own
      * terms instead of waiting for this one until the bootstrap timeout. */
@@ -186,8 +145,7 @@ int comm_create_many(comm_ctx *ctx, int ng, const comm_group_spec *gs, ust_comm 
     if (boot_fence(b, &fe) && !rc) rc = ust_errf(e, "comm: creating groups: %s", fe.msg);
     for (int i = 0; i < ng && !rc; i++) {
         group_key(ctx, &gs[i], key, sizeof key);
-        rc = ctx->backend == COMM_BACKEND_SHM ? shm_create_end(out[i], key, e)
-                                              : nccl_create_end(out[i], key, e);
+        rc = ctx->be->create_end(out[i], key, e);
     }
     ctx->ncalls++;
     if (rc)
@@ -249,7 +207,7 @@ static comm_req post(ust_comm *c, comm_desc d) {
     }
     d.seq = ++c->posted;
     c->queue[d.seq % (uint64_t)c->qcap] = d;
-    if (c->ctx->backend == COMM_BACKEND_NCCL) nccl_launch(c, &c->queue[d.seq % (uint64_t)c->qcap]);
+    if (c->ctx->be->launch) c->ctx->be->launch(c, &c->queue[d.seq % (uint64_t)c->qcap]);
     return (comm_req){c, d.seq};
 }
 
@@ -331,39 +289,11 @@ void comm_wait(comm_req *r) {
     if (!c || r->seq <= c->done) return;
     UST_ASSERT(r->seq <= c->posted, "waiting on seq %llu of '%s', only %llu posted",
                (unsigned long long)r->seq, c->name, (unsigned long long)c->posted);
-    if (c->ctx->backend == COMM_BACKEND_NCCL) {
-        nccl_wait_until(c, r->seq);
-        c->done = r->seq;
-    } else {
-        while (c->done < r->seq) {
-            shm_run(c, &c->queue[(c->done + 1) % (uint64_t)c->qcap]);
-            c->done++;
-        }
-    }
+    c->ctx->be->wait_until(c, r->seq);
+    c->done = r->seq;
     r->comm = NULL;
 }
 
 void comm_wait_all(comm_req *r, int n) {
     for (int i = 0; i < n; i++) comm_wait(&r[i]);
 }
-
-#ifndef UST_NCCL
-/* Without CUDA the NCCL entry points exist only so the dispatch links; comm_ctx_init refuses
- * the backend before any of them can run. */
-int nccl_ctx_init(comm_ctx *ctx, ust_err *e) {
-    (void)ctx;
-    return ust_errf(e, "comm: NCCL backend not compiled in");
-}
-void nccl_ctx_free(comm_ctx *ctx) { (void)ctx; }
-int nccl_create_begin(ust_comm *c, const char *key, ust_err *e) {
-    (void)c, (void)key;
-    return ust_errf(e, "comm: NCCL backend not compiled in");
-}
-int nccl_create_end(ust_comm *c, const char *key, ust_err *e) {
-    (void)c, (void)key;
-    return ust_errf(e, "comm: NCCL backend not compiled in");
-}
-void nccl_launch(ust_comm *c, const comm_desc *d) { (void)c, (void)d; }
-void nccl_wait_until(ust_comm *c, uint64_t seq) { (void)c, (void)seq; }
-void nccl_free(ust_comm *c) { (void)c; }
-#endif

@@ -1,10 +1,11 @@
 /* comm internals: shared by comm.c (argument checks, counters, the queue of posted operations,
- * dispatch) and the backends comm_shm.c and comm_nccl.c. Only those files and the comm tests
- * include this header. */
+ * dispatch through the backend's vtable), comm_common.c and the backends comm_shm.c and
+ * comm_nccl.c. Only those files and the comm tests include this header. */
 #ifndef UST_COMM_IMPL_H
 #define UST_COMM_IMPL_H
 
 #include "comm.h"
+#include "comm_common.h"
 
 /* One posted operation, as the caller described it (pointers are the caller's). For all-to-all
  * with equal counts the count arrays are NULL and `count` is the per-member count. */
@@ -35,8 +36,11 @@ struct ust_comm {
     void *impl; /* backend state */
 };
 
+typedef struct comm_backend_ops comm_backend_ops;
+
 struct comm_ctx {
     comm_backend backend;
+    const comm_backend_ops *be; /* chosen once, by comm_ctx_init */
     ust_boot *boot;
     comm_opts opts; /* defaults filled in */
     int ncalls;     /* comm_create_many calls so far (part of every bootstrap key) */
@@ -61,33 +65,34 @@ static inline size_t desc_rdispl(const comm_desc *d, int j) {
     return d->rdispls ? d->rdispls[j] : (size_t)j * d->count;
 }
 
-/* Exits with UST_EXIT_RUNTIME naming the operation, group, this rank and the members (comm-local
- * indices, printed as global ranks) it was waiting on; `why` says what happened. */
-_Noreturn void comm_fail_wait(const ust_comm *c, comm_kind k, const int *waiting, int nwaiting,
-                              const char *why);
-
-/* Backends. create_begin runs before the bootstrap fence of comm_create_many (the group's first
+/* A backend: comm.c calls these and nothing else of it. ctx_init checks that the backend can run
+ * here; create_begin runs before the bootstrap fence of comm_create_many (the group's first
  * member creates the shared resource and publishes its name under key), create_end after it
- * (the others attach). run executes the queued operation d (shm) or launches it (NCCL: called at
- * post time); wait_until completes everything up to seq (NCCL; shm runs the queue itself). */
-int shm_ctx_init(comm_ctx *ctx, ust_err *e);
-void shm_ctx_free(comm_ctx *ctx);
-int shm_create_begin(ust_comm *c, const char *key, ust_err *e);
-int shm_create_end(ust_comm *c, const char *key, ust_err *e);
-void shm_run(ust_comm *c, const comm_desc *d);
-void shm_free(ust_comm *c);
+ * (the others attach). launch, when not NULL, starts operation d as it is posted (NCCL);
+ * wait_until completes every queued operation up to seq (shm runs them there, in order,
+ * advancing c->done); free releases a communicator's c->impl. */
+struct comm_backend_ops {
+    int (*ctx_init)(comm_ctx *ctx, ust_err *e);
+    void (*ctx_free)(comm_ctx *ctx);
+    int (*create_begin)(ust_comm *c, const char *key, ust_err *e);
+    int (*create_end)(ust_comm *c, const char *key, ust_err *e);
+    void (*launch)(ust_comm *c, const comm_desc *d);
+    void (*wait_until)(ust_comm *c, uint64_t seq);
+    void (*free)(ust_comm *c);
+};
+/* Its members in order, for each backend's fill (`#define FILL(op) .op = shm_##op,`). */
+#define COMM_BACKEND_LIST(X)                                                                       \
+    X(ctx_init) X(ctx_free) X(create_begin) X(create_end) X(launch) X(wait_until) X(free)
+
+extern const comm_backend_ops comm_shm_backend; /* comm_shm.c */
+#ifdef UST_NCCL
+extern const comm_backend_ops comm_nccl_backend; /* comm_nccl.c, only with -DUST_NCCL */
+#endif
+
 /* Liveness of a process on this node (what the shm backend checks of a peer that keeps it
  * waiting): NULL while pid runs and, when start is not 0, is still the process that started at
  * that time (shm_proc_start, clock ticks after boot); otherwise what became of it. */
 const char *shm_proc_gone(long pid, uint64_t start);
 uint64_t shm_proc_start(long pid);
-
-int nccl_ctx_init(comm_ctx *ctx, ust_err *e);
-void nccl_ctx_free(comm_ctx *ctx);
-int nccl_create_begin(ust_comm *c, const char *key, ust_err *e);
-int nccl_create_end(ust_comm *c, const char *key, ust_err *e);
-void nccl_launch(ust_comm *c, const comm_desc *d);
-void nccl_wait_until(ust_comm *c, uint64_t seq);
-void nccl_free(ust_comm *c);
 
 #endif

@@ -50,9 +50,7 @@ static void settle(ust_comm *c, comm_kind k, ncclResult_t r, const char *what) {
     while (r == ncclInProgress) {
         if (log_now_s() > deadline) {
             ncclCommAbort(s->comm);
-            int w[1024], n = 0;
-            for (int j = 0; j < c->size && n < 1024; j++)
-                if (j != c->rank) w[n++] = j;
+            int w[1024], n = comm_other_members(c, w, 1024);
             comm_fail_wait(c, k, w, n, "NCCL call did not complete before dist.timeout_s");
         }
         sleep_us(nap);
@@ -64,7 +62,7 @@ static void settle(ust_comm *c, comm_kind k, ncclResult_t r, const char *what) {
                   ncclGetErrorString(r));
 }
 
-int nccl_ctx_init(comm_ctx *ctx, ust_err *e) {
+static int nccl_ctx_init(comm_ctx *ctx, ust_err *e) {
     int n = 0;
     cudaError_t r = cudaGetDeviceCount(&n);
     if (r != cudaSuccess || n == 0)
@@ -77,9 +75,9 @@ int nccl_ctx_init(comm_ctx *ctx, ust_err *e) {
     return 0;
 }
 
-void nccl_ctx_free(comm_ctx *ctx) { (void)ctx; }
+static void nccl_ctx_free(comm_ctx *ctx) { (void)ctx; }
 
-int nccl_create_begin(ust_comm *c, const char *key, ust_err *e) {
+static int nccl_create_begin(ust_comm *c, const char *key, ust_err *e) {
     nccl_comm *s = calloc(1, sizeof *s);
     UST_ASSERT(s, "out of memory");
     c->impl = s;
@@ -91,7 +89,7 @@ int nccl_create_begin(ust_comm *c, const char *key, ust_err *e) {
     return boot_put(c->ctx->boot, key, &s->id, sizeof s->id, e);
 }
 
-int nccl_create_end(ust_comm *c, const char *key, ust_err *e) {
+static int nccl_create_end(ust_comm *c, const char *key, ust_err *e) {
     nccl_comm *s = c->impl;
     if (c->rank != 0) {
         int got = boot_get(c->ctx->boot, c->granks[0], key, &s->id, sizeof s->id, e);
@@ -144,7 +142,7 @@ static void give_event(nccl_comm *s, cudaEvent_t ev) {
 /* The compute stream the operations must follow (comm_ctx_set_stream; NULL: legacy default). */
 static cudaStream_t compute_stream(const ust_comm *c) { return (cudaStream_t)c->ctx->stream; }
 
-void nccl_launch(ust_comm *c, const comm_desc *d) {
+static void nccl_launch(ust_comm *c, const comm_desc *d) {
     nccl_comm *s = c->impl;
     size_t es = comm_dtype_size(d->t);
     ncclDataType_t dt = dtype(d->t);
@@ -217,7 +215,7 @@ void nccl_launch(ust_comm *c, const comm_desc *d) {
     s->ev_of[d->seq % (uint64_t)s->evcap] = ev;
 }
 
-void nccl_wait_until(ust_comm *c, uint64_t seq) {
+static void nccl_wait_until(ust_comm *c, uint64_t seq) {
     nccl_comm *s = c->impl;
     double deadline = log_now_s() + c->ctx->opts.timeout_s;
     for (uint64_t q = c->done + 1; q <= seq; q++) {
@@ -240,13 +238,8 @@ void nccl_wait_until(ust_comm *c, uint64_t seq) {
             }
             if (log_now_s() > deadline) {
                 ncclCommAbort(s->comm);
-                int w[1024], n = 0;
-                for (int j = 0; j < c->size && n < 1024; j++)
-                    if (j != c->rank) w[n++] = j;
-                char why[96];
-                snprintf(why, sizeof why, "timed out after %g s (dist.timeout_s)",
-                         c->ctx->opts.timeout_s);
-                comm_fail_wait(c, d->kind, w, n, why);
+                int w[1024], n = comm_other_members(c, w, 1024);
+                comm_fail_timeout(c, d->kind, w, n);
             }
             sleep_us(nap);
             nap = nap < 500 ? nap * 2 : nap;
@@ -255,7 +248,7 @@ void nccl_wait_until(ust_comm *c, uint64_t seq) {
     }
 }
 
-void nccl_free(ust_comm *c) {
+static void nccl_free(ust_comm *c) {
     nccl_comm *s = c->impl;
     if (s->comm) {
         ready(c, COMM_BARRIER);
@@ -273,7 +266,11 @@ void nccl_free(ust_comm *c) {
     c->impl = NULL;
 }
 
+#define FILL(op) .op = nccl_##op,
+const comm_backend_ops comm_nccl_backend = {COMM_BACKEND_LIST(FILL)};
+#undef FILL
+
 #else
-/* Without NCCL this file is empty; comm.c carries the stubs that refuse the backend. */
+/* Without NCCL this file is empty: comm.c finds no NCCL vtable and refuses the backend. */
 typedef int comm_nccl_not_built;
 #endif

@@ -252,12 +252,7 @@ static void shm_wait(ust_comm *c, comm_kind k, _Atomic uint32_t *w, _Atomic uint
                 comm_fail_wait(c, k, waiting + i, 1, why);
             }
         }
-        if (log_now_s() >= deadline) {
-            char why[96];
-            snprintf(why, sizeof why, "timed out after %g s (dist.timeout_s)",
-                     c->ctx->opts.timeout_s);
-            comm_fail_wait(c, k, waiting, nw, why);
-        }
+        if (log_now_s() >= deadline) comm_fail_timeout(c, k, waiting, nw);
     }
 }
 
@@ -663,7 +658,7 @@ static void run_sendrecv(ust_comm *c, const comm_desc *d) {
     if (st != small) free(st);
 }
 
-void shm_run(ust_comm *c, const comm_desc *d) {
+static void shm_run(ust_comm *c, const comm_desc *d) {
     size_t es = comm_dtype_size(d->t);
     if (c->size == 1) { /* nothing to exchange: the result is the input */
         size_t n = d->kind == COMM_ALLTOALL ? desc_scount(d, 0) : d->count;
@@ -704,6 +699,15 @@ void shm_run(ust_comm *c, const comm_desc *d) {
     }
 }
 
+/* Runs the queued operations up to seq in posting order: shm moves data only while a member
+ * waits, which is what lets a rank post several operations and wait later. */
+static void shm_wait_until(ust_comm *c, uint64_t seq) {
+    while (c->done < seq) {
+        shm_run(c, &c->queue[(c->done + 1) % (uint64_t)c->qcap]);
+        c->done++;
+    }
+}
+
 /* ---------------------------------------------------------------- set-up */
 
 /* The creator pid in a segment name made by shm_create_begin ("...-p<pid>-<hex>"), or 0. */
@@ -741,7 +745,7 @@ static void sweep_stale_segments(void) {
     closedir(d);
 }
 
-int shm_ctx_init(comm_ctx *ctx, ust_err *e) {
+static int shm_ctx_init(comm_ctx *ctx, ust_err *e) {
     if (ctx->boot->nnodes > 1)
         return ust_errf(e,
                         "comm: the shared-memory backend works on one node, but the job spans "
@@ -757,7 +761,7 @@ int shm_ctx_init(comm_ctx *ctx, ust_err *e) {
     return 0;
 }
 
-void shm_ctx_free(comm_ctx *ctx) { (void)ctx; }
+static void shm_ctx_free(comm_ctx *ctx) { (void)ctx; }
 
 static int map_segment(ust_comm *c, int fd, ust_err *e) {
     shm_comm *s = c->impl;
@@ -772,7 +776,7 @@ static int map_segment(ust_comm *c, int fd, ust_err *e) {
     return 0;
 }
 
-int shm_create_begin(ust_comm *c, const char *key, ust_err *e) {
+static int shm_create_begin(ust_comm *c, const char *key, ust_err *e) {
     comm_ctx *ctx = c->ctx;
     shm_comm *s = calloc(1, sizeof *s);
     UST_ASSERT(s, "out of memory");
@@ -836,7 +840,7 @@ static int attach_who(const ust_comm *c, const void *arg, int *waiting) {
     return n;
 }
 
-int shm_create_end(ust_comm *c, const char *key, ust_err *e) {
+static int shm_create_end(ust_comm *c, const char *key, ust_err *e) {
     shm_comm *s = c->impl;
     comm_ctx *ctx = c->ctx;
     if (c->size == 1) return 0;
@@ -895,7 +899,7 @@ int shm_create_end(ust_comm *c, const char *key, ust_err *e) {
     return 0;
 }
 
-void shm_free(ust_comm *c) {
+static void shm_free(ust_comm *c) {
     shm_comm *s = c->impl;
     /* Freed before every member attached: this member failed in comm_create_many. Members
      * waiting for it to attach would otherwise wait until dist.timeout_s, while it waits for
@@ -912,3 +916,8 @@ void shm_free(ust_comm *c) {
     free(s);
     c->impl = NULL;
 }
+
+#define shm_launch NULL /* nothing moves at post time: shm_wait_until runs the queue */
+#define FILL(op) .op = shm_##op,
+const comm_backend_ops comm_shm_backend = {COMM_BACKEND_LIST(FILL)};
+#undef FILL

@@ -125,7 +125,7 @@ UST_CUDA_ATTENTION=gemm timeout 40 $BUILD/bench_gpu 8 1024 5 bf16 gpt2-124m 989 
     { echo "FAIL bench_gpu bf16 gemm attention"; fail=1; }
 timeout 35 $BUILD/bench_gpu 4 1024 3 fp32 gpt2-124m 989 || { echo "FAIL bench_gpu fp32"; fail=1; }
 
-if grep -q ops_cuda_create core/train.c cmd/ustrain.c 2>/dev/null; then
+if grep -q "ops_create\|ops_cuda_create" core/train.c cmd/ustrain.c 2>/dev/null; then
     stage "GPT-2 124M, T=1024, bf16: ustrain bench train (run.device=cuda)"
     [ -f data/tiny/train_000.bin ] || $UST data demo data/tiny >/dev/null
     timeout 60 $UST bench train configs/bench-gpt2-124m.yaml --steps 10 \

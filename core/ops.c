@@ -1,0 +1,24 @@
+/* ops: the backend factory (see ops.h). The one place above cuda/ that names the CUDA backend:
+ * everything else gets a ust_ops and never asks which one it is. */
+#include "ops.h"
+
+#include "cuda/ops_cuda.h"
+
+#include <stddef.h>
+
+/* The list must name every function member: a member left out of it would stay NULL in every
+ * backend, and the profiler would not wrap it. Members after the first op are all function
+ * pointers of one size, so counting them checks the list against the struct. */
+#define UST_OPS_ONE(op) +1
+_Static_assert(sizeof(ust_ops) == offsetof(ust_ops, alloc) +
+                                      (0 UST_OPS_LIST(UST_OPS_ONE)) * sizeof(void (*)(void)),
+               "UST_OPS_LIST (ops.h) must name every function member of ust_ops");
+#undef UST_OPS_ONE
+
+ust_ops *ops_create(const ust_config *cfg, int local_rank, int local_world, ust_err *e) {
+    if (cfg->run.device != DEV_CUDA) return ops_cpu_create(cfg->train.threads, local_world);
+    /* without CUDA compiled in, ops_cuda_create is the stub that explains how to get it */
+    ust_ops *o = ops_cuda_create(local_rank, e);
+    if (o) ops_cuda_set_bf16(o, cfg->train.precision == PREC_BF16);
+    return o;
+}

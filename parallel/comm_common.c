@@ -1,0 +1,57 @@
+/* comm_common: see comm_common.h. */
+#include "comm_impl.h"
+
+#include <stdio.h>
+#include <string.h>
+
+size_t comm_dtype_size(comm_dtype t) { return t == COMM_BF16 ? 2 : 4; }
+
+const char *comm_kind_name(comm_kind k) {
+    static const char *names[COMM_NKINDS] = {"all_reduce", "all_gather", "reduce_scatter",
+                                             "broadcast",  "all_to_all", "send_recv",
+                                             "barrier"};
+    return (unsigned)k < COMM_NKINDS ? names[k] : "?";
+}
+
+float comm_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t comm_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1); /* round to nearest even */
+    return (uint16_t)(u >> 16);
+}
+
+_Noreturn void comm_fail_wait(const ust_comm *c, comm_kind k, const int *waiting, int nwaiting,
+                              const char *why) {
+    char peers[1024];
+    size_t used = 0;
+    peers[0] = 0;
+    for (int i = 0; i < nwaiting && used + 16 < sizeof peers; i++)
+        used += (size_t)snprintf(peers + used, sizeof peers - used, "%s%d", i ? ", " : "",
+                                 c->granks[waiting[i]]);
+    ust_fatal(UST_EXIT_RUNTIME,
+              "comm: %s on group '%s' (member %d of %d, global rank %d): %s; waiting on global "
+              "rank%s %s",
+              comm_kind_name(k), c->name, c->rank, c->size, c->granks[c->rank], why,
+              nwaiting == 1 ? "" : "s", nwaiting ? peers : "(none)");
+}
+
+_Noreturn void comm_fail_timeout(const ust_comm *c, comm_kind k, const int *waiting, int nwaiting) {
+    char why[96];
+    snprintf(why, sizeof why, "timed out after %g s (dist.timeout_s)", c->ctx->opts.timeout_s);
+    comm_fail_wait(c, k, waiting, nwaiting, why);
+}
+
+int comm_other_members(const ust_comm *c, int *waiting, int cap) {
+    int n = 0;
+    for (int j = 0; j < c->size && n < cap; j++)
+        if (j != c->rank) waiting[n++] = j;
+    return n;
+}

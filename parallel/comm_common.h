@@ -1,0 +1,20 @@
+/* comm_common: what comm.c and both backends (comm_shm.c, comm_nccl.c) share, in a file below
+ * all three, so that comm.c calls the backends and no backend calls back into comm.c. It defines
+ * comm.h's element sizes, operation names and bf16 rounding, and here the fatal report of a wait
+ * that failed. No state. Only the comm files and the comm tests include it (via comm_impl.h). */
+#ifndef UST_COMM_COMMON_H
+#define UST_COMM_COMMON_H
+
+#include "comm.h"
+
+/* Exits with UST_EXIT_RUNTIME naming the operation, group, this rank and the members (comm-local
+ * indices, printed as global ranks) it was waiting on; `why` says what happened. */
+_Noreturn void comm_fail_wait(const ust_comm *c, comm_kind k, const int *waiting, int nwaiting,
+                              const char *why);
+/* comm_fail_wait for a wait that ran past dist.timeout_s. */
+_Noreturn void comm_fail_timeout(const ust_comm *c, comm_kind k, const int *waiting, int nwaiting);
+/* Fills waiting[] (capacity cap) with every member but this rank: whom a collective that cannot
+ * tell its stragglers apart (NCCL) waits on. Returns how many. */
+int comm_other_members(const ust_comm *c, int *waiting, int cap);
+
+#endif
