@@ -661,7 +661,6 @@ void model_backward(model *m) { model_chunk_backward(m, 0, 0, 0); }
 
 
 
-double model_ep_wait_s(const model *m) { return m->has_moe ? m->moe.ep.comm_s : 0; }
 
 double model_take_moe_loss(model *m) {
     double x = m->moe_loss;
@@ -684,7 +683,6 @@ int model_moe_stats(const model *m, int *layers, double *load_max, double *load_
 }
 
 
-double model_cp_wait_s(const model *m) { return m->cp.comm_s; }
 
 void model_zero_grads(model *m) {
     UST_ASSERT(m->g, "model_zero_grads needs the whole gradient buffer");

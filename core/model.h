@@ -114,8 +114,6 @@ typedef void (*model_store_fn)(void *ctx, int param, const float *host);
 int model_load_llmc(model *m, const char *path, model_store_fn store, void *store_ctx, ust_err *e);
 
 void model_zero_grads(model *m);
-/* Seconds this rank has spent waiting for context-parallel key/value blocks (0 without cp). */
-double model_cp_wait_s(const model *m);
 /* inputs, targets: host arrays of B*T tokens, this rank's (targets < 0 are ignored). Returns the
  * sum of the per-token losses; *ntok gets the number of counted targets. dscale > 0 prepares
  * backward with d(loss_sum)/d(logits) scaled by dscale (e.g. 1 / tokens in the global batch). */
@@ -150,8 +148,6 @@ int model_tied_local(const model *m);
  * step's micro-batches of the whole batch) of the training forwards since the last call; summed
  * over the dp x cp group and the pipeline it is the step's share of the loss. */
 double model_take_moe_loss(model *m);
-/* Seconds this rank has spent in the MoE layers' dispatch/combine all-to-alls (0 without). */
-double model_ep_wait_s(const model *m);
 /* This rank's MoE layers and their last forward's load: most tokens routed to one expert, the
  * mean, the dropped fraction. Returns how many (at most max). */
 int model_moe_stats(const model *m, int *layers, double *load_max, double *load_mean,

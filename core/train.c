@@ -520,15 +520,22 @@ static double peak_flops(trainer *t) {
     return ops_measure_sgemm_flops(t->ops, 1024, 4); /* ~40 ms; smaller sizes under-report */
 }
 
-/* Where the counters stood when a step began, so its report shows what the step alone did. */
+/* Where every group's counters stood when a step began, so its report shows what the step
+ * alone did. */
 typedef struct {
-    double t0, tp_s, cp_s, ep_s;
-    uint64_t tp_bytes;
+    double t0;
+    double wait_s[TOPO_NKINDS];
+    uint64_t bytes[TOPO_NKINDS];
 } step_mark;
 
 static step_mark mark_step(trainer *t) {
-    return (step_mark){log_now_s(), t->tp.comm_s, model_cp_wait_s(t->m), model_ep_wait_s(t->m),
-                       bytes_sent(t->rt->topo.comm[TOPO_TP])};
+    step_mark m = {.t0 = log_now_s()};
+    for (int k = 0; k < TOPO_NKINDS; k++) {
+        const ust_comm *c = t->rt->topo.comm[k];
+        m.wait_s[k] = c ? comm_get_counters(c)->wait_s : 0;
+        m.bytes[k] = c ? bytes_sent(t->rt->topo.comm[k]) : 0;
+    }
+    return m;
 }
 
 /* The figures of the step just done (s already holds step, loss, lr, norm and time). */
@@ -537,10 +544,11 @@ static void measure_step(trainer *t, const step_mark *m, double fpt, double peak
     s->tokens_per_s = tokens / (s->ms / 1e3);
     s->mfu = fpt * s->tokens_per_s / (peak * t->rt->world); /* peak is one rank's */
     s->peak_mem_bytes = t->arena.peak;
-    s->comm_bytes_tp = bytes_sent(t->rt->topo.comm[TOPO_TP]) - m->tp_bytes;
-    s->tp_comm_ms = 1e3 * (t->tp.comm_s - m->tp_s);
-    s->cp_wait_ms = 1e3 * (model_cp_wait_s(t->m) - m->cp_s);
-    s->ep_comm_ms = 1e3 * (model_ep_wait_s(t->m) - m->ep_s);
+    step_mark now = mark_step(t);
+    s->comm_bytes_tp = now.bytes[TOPO_TP] - m->bytes[TOPO_TP];
+    s->tp_comm_ms = 1e3 * (now.wait_s[TOPO_TP] - m->wait_s[TOPO_TP]);
+    s->cp_wait_ms = 1e3 * (now.wait_s[TOPO_CP] - m->wait_s[TOPO_CP]);
+    s->ep_comm_ms = 1e3 * (now.wait_s[TOPO_EP] - m->wait_s[TOPO_EP]);
     s->mem_params = t->arena.bytes[MEM_PARAMS];
     s->mem_grads = t->arena.bytes[MEM_GRADS];
     s->mem_optim = t->arena.bytes[MEM_OPTIM];

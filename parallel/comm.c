@@ -289,7 +289,9 @@ void comm_wait(comm_req *r) {
     if (!c || r->seq <= c->done) return;
     UST_ASSERT(r->seq <= c->posted, "waiting on seq %llu of '%s', only %llu posted",
                (unsigned long long)r->seq, c->name, (unsigned long long)c->posted);
+    double t0 = log_now_s();
     c->ctx->be->wait_until(c, r->seq);
+    c->cnt.wait_s += log_now_s() - t0;
     c->done = r->seq;
     r->comm = NULL;
 }

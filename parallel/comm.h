@@ -67,6 +67,8 @@ typedef struct {
 typedef struct {
     uint64_t bytes[COMM_NKINDS]; /* bytes this rank sent, see the table above */
     uint64_t calls[COMM_NKINDS];
+    double wait_s; /* wall seconds this rank spent in comm_wait on the group's operations: the
+                      one place communication time is counted (per group, for the reports) */
 } comm_counters;
 
 typedef struct {

@@ -96,12 +96,6 @@ static void count(ust_cp *cp, int owner, int H) {
     cp->pairs += (double)cp->B * H * cp->block_pairs[owner];
 }
 
-static void wait_timed(ust_cp *cp, comm_req *r) {
-    double t0 = log_now_s();
-    comm_wait(r);
-    cp->comm_s += log_now_s() - t0;
-}
-
 /* Posts (the list lives in cp until the wait): send the `nbuf` buffers of send[] to the next rank,
  * receive as many into recv[] from the previous one (one batch, so two ranks exchanging with each
  * other cannot deadlock). */
@@ -121,9 +115,7 @@ static void gather_blocks(ust_cp *cp, const act *k, const act *v) {
     comm_dtype t = comm_act_dtype(cp->ops);
     comm_req r[2] = {comm_allgather(cp->comm, k, cp->all_k, count, t),
                      comm_allgather(cp->comm, v, cp->all_v, count, t)};
-    double t0 = log_now_s();
     comm_wait_all(r, 2);
-    cp->comm_s += log_now_s() - t0;
 }
 
 static size_t blk(const ust_cp *cp) { return (size_t)cp->B * cp->Tl * cp->Hkv * cp->D; }
@@ -164,7 +156,7 @@ void cp_attention_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act 
         }
         count(cp, owner, H);
         if (nk) {
-            wait_timed(cp, &r);
+            comm_wait(&r);
             ck = nk, cv = nv;
         }
     }
@@ -192,9 +184,7 @@ void cp_attention_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, co
         comm_req r[2] = {
             comm_reduce_scatter(cp->comm, cp->all_dk, cp->acc_dk, blk(cp), t, COMM_SUM),
             comm_reduce_scatter(cp->comm, cp->all_dv, cp->acc_dv, blk(cp), t, COMM_SUM)};
-        double t0 = log_now_s();
         comm_wait_all(r, 2);
-        cp->comm_s += log_now_s() - t0;
         o->add(o, dk, dk, cp->acc_dk, (int64_t)blk(cp));
         o->add(o, dv, dv, cp->acc_dv, (int64_t)blk(cp));
         return;
@@ -216,10 +206,10 @@ void cp_attention_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, co
         }
         o->attention_bwd(o, dq, cdk, cdv, dout, out, lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp,
                          pos_dev(cp, owner), 1);
-        if (s + 1 < n) wait_timed(cp, &kv);
+        if (s + 1 < n) comm_wait(&kv);
         act *send[2] = {cdk, cdv};
         comm_req g = pass_on(cp, send, buf + 2, 2);
-        wait_timed(cp, &g);
+        comm_wait(&g);
         ck = buf[0], cv = buf[1], cdk = buf[2], cdv = buf[3];
     }
     o->add(o, dk, dk, cdk, (int64_t)blk(cp));

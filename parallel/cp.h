@@ -32,7 +32,6 @@ typedef struct ust_cp {
     comm_p2p p2p[8];                      /* the posted send/recv list of the block in flight */
     double pairs;        /* (query, key) pairs attended so far (causal ones only) */
     double *block_pairs; /* per block owner: causal pairs of our queries with its keys */
-    double comm_s;       /* wall time spent waiting for blocks */
 } ust_cp;
 
 /* comm may be NULL (no context parallelism). T: the whole sequence; B, H, Hkv, D: the attention

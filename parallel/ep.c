@@ -8,12 +8,6 @@
 
 #include "error.h"
 
-static void wait_timed(ust_ep *ep, comm_req *r) {
-    double t0 = log_now_s();
-    comm_wait(r);
-    ep->comm_s += log_now_s() - t0;
-}
-
 void ep_init(ust_ep *ep, const ust_ops *ops, ust_comm *comm, ust_arena *arena, int E, int C,
              int64_t max_send, int64_t max_recv) {
     memset(ep, 0, sizeof *ep);
@@ -129,7 +123,7 @@ void ep_plan_make(ust_ep *ep, ep_plan *p, const int32_t *send) {
     for (int e = 0; e < E; e++) ep->cnt_host[e] = (float)send[e];
     o->to_device(o, ep->cnt_send, ep->cnt_host, (size_t)E * sizeof(float));
     comm_req r = comm_alltoall(ep->comm, ep->cnt_send, ep->cnt_recv, El, COMM_FP32);
-    wait_timed(ep, &r);
+    comm_wait(&r);
     o->to_host(o, ep->cnt_host, ep->cnt_recv, (size_t)E * sizeof(float));
     p->nrecv = 0;
     memset(p->local, 0, (size_t)El * sizeof(int32_t));
@@ -178,7 +172,7 @@ void ep_dispatch(ust_ep *ep, const ep_plan *p, act *local_rows, const act *send_
     exchange_args(ep, p, 1);
     comm_req r = comm_alltoallv(ep->comm, send_rows, ep->scounts, ep->sdispls, ep->stage,
                                 ep->rcounts, ep->rdispls, comm_act_dtype(o));
-    wait_timed(ep, &r);
+    comm_wait(&r);
     count_rows(ep, p);
     if (p->nrecv) o->moe_gather(o, local_rows, ep->stage, p->order, NULL, (int)p->nrecv, ep->C, 1);
 }
@@ -193,6 +187,6 @@ void ep_combine(ust_ep *ep, const ep_plan *p, act *send_rows, const act *local_r
     exchange_args(ep, p, 0);
     comm_req r = comm_alltoallv(ep->comm, ep->stage, ep->scounts, ep->sdispls, send_rows,
                                 ep->rcounts, ep->rdispls, comm_act_dtype(o));
-    wait_timed(ep, &r);
+    comm_wait(&r);
     count_rows(ep, p);
 }

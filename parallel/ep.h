@@ -27,7 +27,6 @@ typedef struct ust_ep {
     act *stage;                 /* device (max_recv, C): rows in source order */
     size_t *scounts, *sdispls, *rcounts, *rdispls; /* host, n each: all-to-allv arguments */
     int32_t *idx_host;                             /* host (2 * max_recv): regrouping indices */
-    double comm_s;                                 /* wall time waiting on the group (reports) */
     int64_t rows_sent, rows_received;              /* token rows moved to / from other ranks */
 } ust_ep;
 

@@ -126,20 +126,14 @@ typedef struct {
     int has_recv; /* the batch being built receives something */
 } batch_state;
 
-static void wait_timed(pp_state *s, comm_req *r) {
-    double t0 = log_now_s();
-    comm_wait(r);
-    s->idle_s += log_now_s() - t0;
-}
-
 /* Posts the batch being built (after finishing the one in flight); waits for it when it
  * receives something, so the next computation finds its inputs. */
 static void flush(pp_state *s, batch_state *b) {
-    if (b->inflight) wait_timed(s, &b->req), b->inflight = 0;
+    if (b->inflight) comm_wait(&b->req), b->inflight = 0;
     if (s->nbatch[b->cur] == 0) return;
     b->req = comm_sendrecv(s->pipe, s->batch[b->cur], s->nbatch[b->cur], comm_act_dtype(s->ops));
     if (b->has_recv)
-        wait_timed(s, &b->req);
+        comm_wait(&b->req);
     else
         b->inflight = 1;
     b->cur ^= 1;
@@ -182,6 +176,8 @@ double pp_train_step(pp_state *s, const pp_callbacks *cb, float dscale) {
     s->nbatch[0] = s->nbatch[1] = 0;
     s->busy_s = s->idle_s = 0;
     s->sent_bytes = 0;
+    /* idle: the step's waits on the pipeline group, which only its transfers use until the end */
+    double waited = comm_get_counters(s->pipe)->wait_s;
     memset(s->op_s, 0, sizeof s->op_s);
     memset(s->op_n, 0, sizeof s->op_n);
     double loss = 0;
@@ -198,7 +194,8 @@ double pp_train_step(pp_state *s, const pp_callbacks *cb, float dscale) {
         loss += compute(s, cb, a, s->slot[i], dscale);
     }
     flush(s, &b);
-    if (b.inflight) wait_timed(s, &b.req);
+    if (b.inflight) comm_wait(&b.req);
+    s->idle_s = comm_get_counters(s->pipe)->wait_s - waited;
     return loss;
 }
 

@@ -7,12 +7,6 @@
 #include "error.h"
 
 /* Waits for r, charging the time to the group's communication total. */
-static void wait_timed(ust_tp *tp, comm_req *r, int n) {
-    double t0 = log_now_s();
-    comm_wait_all(r, n);
-    tp->comm_s += log_now_s() - t0;
-}
-
 void tp_init(ust_tp *tp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, int max_rows,
              int width, int sp) {
     tp->ops = ops;
@@ -21,7 +15,6 @@ void tp_init(ust_tp *tp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, i
     tp->rank = comm ? comm_rank(comm) : 0;
     tp->max_rows = max_rows;
     tp->width = width;
-    tp->comm_s = 0;
     tp->sp = sp && tp->n > 1;
     tp->lse_all = tp->tlogit = NULL;
     tp->merge_out = tp->merge_out2 = NULL;
@@ -50,7 +43,7 @@ static const act *gather_rows(ust_tp *tp, const act *mine, act *full) {
     if (!tp->sp) return mine;
     size_t count = (size_t)tp->max_rows / tp->n * tp->width;
     comm_req r = comm_allgather(tp->comm, mine, full, count, comm_act_dtype(tp->ops));
-    wait_timed(tp, &r, 1);
+    comm_wait(&r);
     return full;
 }
 
@@ -69,7 +62,7 @@ static void reduce_scatter_rows(ust_tp *tp, const act *full, act *mine) {
     size_t count = (size_t)tp->max_rows / tp->n * tp->width;
     comm_req r =
         comm_reduce_scatter(tp->comm, full, mine, count, comm_act_dtype(tp->ops), COMM_SUM);
-    wait_timed(tp, &r, 1);
+    comm_wait(&r);
 }
 
 act *tp_reduce_grad(ust_tp *tp, act *dfull) {
@@ -97,7 +90,7 @@ void tp_vocab_range(const ust_tp *tp, int Vp, int *v_start, int *v_end) {
 static void allreduce(ust_tp *tp, void *x, int64_t n, comm_dtype t) {
     if (tp_size(tp) == 1) return;
     comm_req r = comm_allreduce(tp->comm, x, x, (size_t)n, t, COMM_SUM);
-    wait_timed(tp, &r, 1);
+    comm_wait(&r);
 }
 void tp_allreduce(ust_tp *tp, float *x, int64_t n) { allreduce(tp, x, n, COMM_FP32); }
 void tp_allreduce_act(ust_tp *tp, act *x, int64_t n) {
@@ -155,7 +148,7 @@ void tp_xent(ust_tp *tp, float *losses, act *logits, const int32_t *targets, int
     o->xent_vp_local(o, mine, tp->tlogit, logits, targets, N, V, v0, v_real);
     comm_req r[2] = {comm_allgather(tp->comm, mine, tp->lse_all, N, COMM_FP32),
                      comm_allreduce(tp->comm, tp->tlogit, tp->tlogit, N, COMM_FP32, COMM_SUM)};
-    wait_timed(tp, r, 2);
+    comm_wait_all(r, 2);
     /* log-sum-exp of the shards, merged in rank order so every rank gets the same bits */
     float *lse = tp->lse_all;
     for (int s = 1; s < tp->n; s++)

@@ -27,7 +27,6 @@ typedef struct ust_tp {
     act *merge_out, *merge_out2;             /* (its lse merge's unused outputs) */
     act *gath_a, *gath_d, *partial, *dlocal; /* sequence-parallel scratch */
     int max_rows;
-    double comm_s; /* wall time spent in this group's collectives (summed, for reports) */
 } ust_tp;
 
 /* comm may be NULL (no tensor parallelism). max_rows: tokens per micro-batch; width: the
