@@ -472,6 +472,30 @@ static void case_byte_counters(env *E) {
     report(E, "byte_counters_equal_analytic_values", bad, why);
 }
 
+/* Communication time is counted where the rank waits: ranks that reach a barrier 0.3 s before
+ * the last one count at least that long in the group's wait_s (a lower bound: a loaded machine
+ * only adds to it), and reset clears it. */
+static void case_wait_seconds_counted_per_group(env *E) {
+    ust_comm *c = E->world;
+    int n = comm_size(c), me = comm_rank(c);
+    comm_reset_counters(c);
+    double before = comm_get_counters(c)->wait_s;
+    if (me == n - 1) {
+        struct timespec ts = {0, 300 * 1000000L};
+        while (nanosleep(&ts, &ts) != 0) {
+        }
+    }
+    comm_req r = comm_barrier(c);
+    comm_wait(&r);
+    double waited = comm_get_counters(c)->wait_s - before;
+    char why[256] = "";
+    int bad = before != 0 || (n > 1 && me != n - 1 && waited < 0.25);
+    if (bad)
+        snprintf(why, sizeof why, "rank %d counted %.3f s (before %.3f) waiting for a 0.3 s late rank",
+                 me, waited, before);
+    report(E, "wait_seconds_counted_per_group", bad, why);
+}
+
 /* Several operations posted on one communicator complete in order when only the last is
  * waited on. */
 static void case_wait_last_completes_earlier(env *E) {
@@ -539,6 +563,7 @@ static int child_main(void) {
     case_world_collectives(&E);
     if (!g_dev) case_byte_counters(&E); /* uses host buffers; counting is backend-independent */
     case_wait_last_completes_earlier(&E);
+    case_wait_seconds_counted_per_group(&E);
     static const int grids[][5] = {/* dp tp pp cp ep, by world size */
                                    [1] = {1, 1, 1, 1, 1},
                                    [2] = {1, 2, 1, 1, 1},
