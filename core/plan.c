@@ -226,8 +226,8 @@ static void plan_rank(const ust_config *c, int r, mem_plan *p) {
     if (zb && !(c->parallel.sp && s.t > 1)) acts += 4 * 2 * C; /* B's dropped norm gradient */
     p->acts = (double)acts;
     int pp = c->parallel.pp;
-    /* dp_sum's four floats, the stop flag, tp scratch, the pipeline's scalars */
-    p->comm = 16.0 + 4.0 + (double)comm + (pp > 1 ? 20.0 * pp : 0);
+    /* dp_sum's four floats, the stop flag, tp scratch, the pipeline executor's scalars */
+    p->comm = 16.0 + 4.0 + (double)comm + 20.0 * pp;
     p->total = p->params + p->grads + p->optim + p->acts + p->comm;
 }
 

@@ -328,7 +328,10 @@ static void sync_tied_grads(trainer *t) {
     pp_sync_tied(t->pp, g, n);
 }
 
-static double forward_backward_pipeline(trainer *t) {
+/* Forward and backward over this rank's micro-batches of the step, through the pipeline
+ * executor (the only path; one stage is gradient accumulation); returns the global-batch mean
+ * loss. This rank's block of the global batch starts at sample_index + dp_rank * G/dp. */
+static double forward_backward(trainer *t) {
     const ust_config *c = t->cfg;
     int64_t G = c->train.global_batch_size, T = c->train.seq_len;
     pp_callbacks cb = {t, load_train, pp_before_grads};
@@ -341,44 +344,14 @@ static double forward_backward_pipeline(trainer *t) {
     return dp_sum(t->dp, pp_sum(t->pp, loss_sum)) / (double)(G * T) + moe;
 }
 
-/* Forward and backward over this rank's micro-batches of the step; returns the global-batch
- * mean loss. This rank's block of the global batch starts at sample_index + dp_rank * G/dp. */
-static double forward_backward(trainer *t) {
-    if (t->pp) return forward_backward_pipeline(t);
-    const ust_config *c = t->cfg;
-    int T = c->train.seq_len, accum = cfg_grad_accum(c);
-    int64_t G = c->train.global_batch_size;
-    float dscale = 1.0f / (float)(G * T); /* mean over every target token of the global batch */
-    double loss_sum = 0;
-    dp_begin_step(t->dp);
-    for (int mb = 0; mb < accum; mb++) {
-        load_train(t, mb, t->inputs, t->targets);
-        dp_begin_microbatch(t->dp, mb == accum - 1);
-        loss_sum += model_forward(t->m, t->inputs, t->targets, dscale, NULL);
-        model_backward(t->m);
-    }
-    dp_finish_grads(t->dp);
-    double moe = model_take_moe_loss(t->m); /* 0 without MoE layers */
-    return dp_sum(t->dp, loss_sum) / (double)(G * T) + (t->has_moe ? dp_sum(t->dp, moe) : 0);
-}
-
+/* Only the last stage counts; the pipeline sum brings it to every stage. Every dp rank
+ * evaluates the same windows, each cp rank its own tokens of them: summing both over the group
+ * counts every token the same number of times. */
 static double validation_loss(trainer *t) {
-    const ust_config *c = t->cfg;
-    double sum = 0;
-    int64_t count = 0, ntok;
-    if (t->pp) { /* only the last stage counts; the pipeline sum brings it to every stage */
-        pp_callbacks cb = {t, load_val, pp_before_grads};
-        sum = pp_sum(t->pp, pp_forward_only(t->pp, &cb, c->data.val_steps, &count));
-        count = (int64_t)pp_sum(t->pp, (double)count);
-        return dp_sum(t->dp, sum) / dp_sum(t->dp, (double)count);
-    }
-    for (int i = 0; i < c->data.val_steps; i++) {
-        load_val(t, i, t->inputs, t->targets);
-        sum += model_forward(t->m, t->inputs, t->targets, 0, &ntok);
-        count += ntok;
-    }
-    /* every dp rank evaluates the same windows, each cp rank its own tokens of them: summing
-     * both over the group counts every token the same number of times */
+    pp_callbacks cb = {t, load_val, pp_before_grads};
+    int64_t count = 0;
+    double sum = pp_sum(t->pp, pp_forward_only(t->pp, &cb, t->cfg->data.val_steps, &count));
+    count = (int64_t)pp_sum(t->pp, (double)count);
     return dp_sum(t->dp, sum) / dp_sum(t->dp, (double)count);
 }
 
@@ -433,9 +406,11 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile
     st.tp = &t->tp;
     st.cp_comm = cp_comm;
     st.ep_comm = cfg->parallel.ep > 1 ? rt->topo.comm[TOPO_EP] : NULL;
+    /* the pipeline executor runs every step; with one stage its schedule is plain gradient
+     * accumulation (no transfers) */
     pps_schedule sched = {0};
+    if (pp_plan(cfg, rt->topo.me.pp, &sched, st.slots, e)) return -1;
     if (cfg->parallel.pp > 1) {
-        if (pp_plan(cfg, rt->topo.me.pp, &sched, st.slots, e)) return -1;
         st.pp_rank = rt->topo.me.pp;
         st.pp_size = cfg->parallel.pp;
         st.vpp = cfg->parallel.vpp;
@@ -457,11 +432,12 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile
         pps_free(&sched);
         return -1;
     }
-    if (cfg->parallel.pp > 1) {
-        t->tied_param = cfg_tied(cfg) ? model_find_param(t->m, "model.embed_tokens.weight") : -1;
-        t->pp = pp_create(cfg, t->ops, &t->arena, t->m, rt->topo.comm[TOPO_PP],
-                          rt->topo.comm[TOPO_EMB], &sched);
-    }
+    /* tied embeddings over a pipeline: the first stage's table and the last stage's copy */
+    t->tied_param = cfg->parallel.pp > 1 && cfg_tied(cfg)
+                        ? model_find_param(t->m, "model.embed_tokens.weight")
+                        : -1;
+    t->pp = pp_create(cfg, t->ops, &t->arena, t->m, rt->topo.comm[TOPO_PP],
+                      rt->topo.comm[TOPO_EMB], &sched);
     t->flag = mem_alloc(&t->arena, MEM_COMM, sizeof(float));
     mem_freeze(&t->arena);
     int B = cfg->train.micro_batch_size, T = cfg->train.seq_len;
@@ -613,7 +589,7 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
         measure_step(t, &mark, fpt, peak, &s);
         s.moe_n = model_moe_stats(t->m, s.moe_layer, s.moe_load_max, s.moe_load_mean, s.moe_dropped,
                                   LOG_MAX_MOE);
-        if (t->pp) {
+        if (c->parallel.pp > 1) {
             pp_stats ps = pp_last_step_stats(t->pp);
             s.pp_bubble = ps.bubble;
             s.pp_bubble_analytic = ps.analytic;

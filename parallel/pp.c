@@ -36,8 +36,11 @@ struct pp_state {
 int pp_plan(const ust_config *cfg, int pp_rank, pps_schedule *sched, int slots[MODEL_MAX_CHUNKS],
             ust_err *e) {
     int flags = cfg->parallel.pp_breadth_first ? PPS_BREADTH_FIRST : 0;
-    if (pps_build(sched, cfg->parallel.pp_schedule, cfg->parallel.pp, cfg->parallel.vpp,
-                  cfg_grad_accum(cfg), pp_rank, flags, e))
+    /* one stage: plain gradient accumulation, each micro-batch's forward then its whole
+     * backward (one activation set), whatever pp_schedule says */
+    ust_pp_schedule kind = cfg->parallel.pp > 1 ? cfg->parallel.pp_schedule : PP_1F1B;
+    if (pps_build(sched, kind, cfg->parallel.pp, cfg->parallel.vpp, cfg_grad_accum(cfg), pp_rank,
+                  flags, e))
         return -1;
     pps_slots(sched, NULL, slots);
     return 0;
