@@ -52,7 +52,7 @@ typedef struct {
     int tied_param; /* pipeline with tied embeddings: this rank's table or copy (-1: none) */
     ust_dataset *train, *val;
     ust_log log;
-    int32_t *samples, *inputs, *targets; /* host: B x (T+1), B x Tl, B x Tl */
+    int32_t *samples;                    /* host: B x (T+1), one micro-batch's windows */
     int32_t *positions;                  /* host: the Tl positions this rank's tokens have */
     int Tl;                              /* tokens of each sequence on this rank (T / cp) */
     float *flag;                         /* one device float for any_rank */
@@ -357,13 +357,8 @@ static double validation_loss(trainer *t) {
 
 /* ------------------------------------------------------------------ the loop */
 
-static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile, ust_err *e) {
-    memset(t, 0, sizeof *t);
-    t->lock.fd = -1;
-    t->cfg = cfg;
-    t->rt = rt;
-    t->rank0 = rt->rank == 0;
-    t->last_loss = NAN;
+/* What no single config key can check: the backend's precision and the sequence-parallel rows. */
+static int check_runnable(const ust_config *cfg, ust_err *e) {
     if (cfg->run.device == DEV_CPU && cfg->train.precision == PREC_BF16)
         return ust_errf(e, "train.precision = bf16: the CPU backend computes in fp32 only; use "
                            "fp32, or run.device: cuda");
@@ -374,59 +369,78 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile
                         "parallel.sp: the %d x %d tokens a rank holds of a micro-batch do not "
                         "split over parallel.tp = %d ranks",
                         cfg->train.micro_batch_size, cfg->train.seq_len / cp, cfg->parallel.tp);
-    /* test fault: UST_FAULT_SETUP_SLEEP_MS holds start-up, for a signal to arrive during it */
+    return 0;
+}
+
+/* Test fault: UST_FAULT_SETUP_SLEEP_MS holds start-up, for a signal to arrive during it. */
+static void fault_setup_hold(void) {
     const char *hold = getenv("UST_FAULT_SETUP_SLEEP_MS");
-    if (hold) {
-        struct timespec ts = {atoi(hold) / 1000, (long)(atoi(hold) % 1000) * 1000000L};
-        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-        }
+    if (!hold) return;
+    struct timespec ts = {atoi(hold) / 1000, (long)(atoi(hold) % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
     }
-    /* first, before anything is read: one job at a time may own the checkpoints */
-    if (t->rank0 && cfg->checkpoint.dir[0] && ckpt_lock_dir(cfg->checkpoint.dir, &t->lock, e))
-        return -1;
-    if (open_data(t, e)) return -1;
+}
+
+/* The compute backend (or the op profiler on it) and the arena everything is carved from. */
+static int open_backend(trainer *t, int profile, ust_err *e) {
+    const ust_config *cfg = t->cfg;
+    ust_runtime *rt = t->rt;
     if (!(t->backend = ops_create(cfg, rt->boot.local_rank, rt->boot.local_world, e))) return -1;
     comm_ctx_set_stream(rt->comm, t->backend->stream(t->backend)); /* NULL on the CPU */
     t->ops = profile ? ops_prof_create(t->backend) : t->backend;
     UST_ASSERT(t->ops->act_size == cfg_act_size(cfg), "backend activations of %d bytes, plan %d",
                t->ops->act_size, cfg_act_size(cfg)); /* the memory plan counts on it */
     mem_init(&t->arena, t->ops);
+    return 0;
+}
+
+/* Where the model's tensors live on this rank: tensor parallelism, the ZeRO unit padding, the
+ * context- and expert-parallel groups and this rank's pipeline stages with their activation
+ * sets (asked of the pipeline's schedule, which the executor then runs). */
+static int plan_storage(trainer *t, model_storage *st, pps_schedule *sched, ust_err *e) {
+    const ust_config *cfg = t->cfg;
+    const ust_topology *topo = &t->rt->topo;
+    int cp = cfg->parallel.cp;
+    t->Tl = cfg->train.seq_len / cp;
+    t->positions = malloc(t->Tl * sizeof(int32_t));
+    cp_layout_positions(cfg->parallel.cp_layout, cfg->train.seq_len, cp,
+                        comm_rank(topo->comm[TOPO_CP]), t->positions);
+    tp_init(&t->tp, t->ops, topo->comm[TOPO_TP], &t->arena, cfg->train.micro_batch_size * t->Tl,
+            cfg->model.d_model, cfg->parallel.sp);
     /* dense gradients are summed over the ranks that hold the same shard and saw different
      * tokens: the data-parallel replicas and the context-parallel parts of each sequence */
-    ust_comm *dp_comm = rt->topo.comm[TOPO_DPCP], *tp_comm = rt->topo.comm[TOPO_TP];
-    ust_comm *cp_comm = rt->topo.comm[TOPO_CP];
-    t->Tl = cfg->train.seq_len / cp;
-    t->has_moe = cfg->model.moe.num_experts > 0;
-    t->positions = malloc(t->Tl * sizeof(int32_t));
-    cp_layout_positions(cfg->parallel.cp_layout, cfg->train.seq_len, cp, comm_rank(cp_comm),
-                        t->positions);
-    tp_init(&t->tp, t->ops, tp_comm, &t->arena, cfg->train.micro_batch_size * t->Tl,
-            cfg->model.d_model, cfg->parallel.sp);
-    model_storage st = dp_model_storage(cfg, comm_size(dp_comm));
-    st.tp = &t->tp;
-    st.cp_comm = cp_comm;
-    st.ep_comm = cfg->parallel.ep > 1 ? rt->topo.comm[TOPO_EP] : NULL;
-    /* the pipeline executor runs every step; with one stage its schedule is plain gradient
-     * accumulation (no transfers) */
+    *st = dp_model_storage(cfg, comm_size(topo->comm[TOPO_DPCP]));
+    st->tp = &t->tp;
+    st->cp_comm = topo->comm[TOPO_CP];
+    st->ep_comm = cfg->parallel.ep > 1 ? topo->comm[TOPO_EP] : NULL;
+    /* one stage's schedule is plain gradient accumulation (no transfers) */
+    if (pp_plan(cfg, topo->me.pp, sched, st->slots, e)) return -1;
+    if (cfg->parallel.pp == 1) return 0;
+    st->pp_rank = topo->me.pp;
+    st->pp_size = cfg->parallel.pp;
+    st->vpp = cfg->parallel.vpp;
+    st->zb = cfg->parallel.pp_schedule == PP_ZB;
+    if (cfg->optimizer.zero_stage == 3 && t->rank0)
+        fprintf(stderr,
+                "ustrain: warning: optimizer.zero_stage = 3 with parallel.pp = %d gathers every "
+                "layer's weights again for each micro-batch's forward and backward; ZeRO-1 or 2 "
+                "is the usual choice with pipelines\n",
+                cfg->parallel.pp);
+    return 0;
+}
+
+/* The model, its data-parallel optimizer state and the pipeline executor over them. */
+static int build_model(trainer *t, ust_err *e) {
+    const ust_config *cfg = t->cfg;
+    const ust_topology *topo = &t->rt->topo;
+    model_storage st;
     pps_schedule sched = {0};
-    if (pp_plan(cfg, rt->topo.me.pp, &sched, st.slots, e)) return -1;
-    if (cfg->parallel.pp > 1) {
-        st.pp_rank = rt->topo.me.pp;
-        st.pp_size = cfg->parallel.pp;
-        st.vpp = cfg->parallel.vpp;
-        st.zb = cfg->parallel.pp_schedule == PP_ZB;
-        if (cfg->optimizer.zero_stage == 3 && t->rank0)
-            fprintf(stderr,
-                    "ustrain: warning: optimizer.zero_stage = 3 with parallel.pp = %d "
-                    "gathers every layer's weights again for each micro-batch's forward "
-                    "and backward; ZeRO-1 or 2 is the usual choice with pipelines\n",
-                    cfg->parallel.pp);
-    }
-    dp_groups groups = {.dense = dp_comm,
-                        .expert = rt->topo.comm[TOPO_EDPCP],
-                        .ep = rt->topo.comm[TOPO_EP],
-                        .mp = tp_comm,
-                        .pipe = cfg->parallel.pp > 1 ? rt->topo.comm[TOPO_PP] : NULL};
+    if (plan_storage(t, &st, &sched, e)) return -1;
+    dp_groups groups = {.dense = topo->comm[TOPO_DPCP],
+                        .expert = topo->comm[TOPO_EDPCP],
+                        .ep = topo->comm[TOPO_EP],
+                        .mp = topo->comm[TOPO_TP],
+                        .pipe = cfg->parallel.pp > 1 ? topo->comm[TOPO_PP] : NULL};
     if (model_create_with(&t->m, cfg, t->ops, &t->arena, &st, e) ||
         dp_create(&t->dp, cfg, t->ops, &t->arena, t->m, &groups, e)) {
         pps_free(&sched);
@@ -436,14 +450,29 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile
     t->tied_param = cfg->parallel.pp > 1 && cfg_tied(cfg)
                         ? model_find_param(t->m, "model.embed_tokens.weight")
                         : -1;
-    t->pp = pp_create(cfg, t->ops, &t->arena, t->m, rt->topo.comm[TOPO_PP],
-                      rt->topo.comm[TOPO_EMB], &sched);
+    t->pp = pp_create(cfg, t->ops, &t->arena, t->m, topo->comm[TOPO_PP], topo->comm[TOPO_EMB],
+                      &sched);
+    return 0;
+}
+
+static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile, ust_err *e) {
+    memset(t, 0, sizeof *t);
+    t->lock.fd = -1;
+    t->cfg = cfg;
+    t->rt = rt;
+    t->rank0 = rt->rank == 0;
+    t->last_loss = NAN;
+    t->has_moe = cfg->model.moe.num_experts > 0;
+    if (check_runnable(cfg, e)) return -1;
+    fault_setup_hold();
+    /* first, before anything is read: one job at a time may own the checkpoints */
+    if (t->rank0 && cfg->checkpoint.dir[0] && ckpt_lock_dir(cfg->checkpoint.dir, &t->lock, e))
+        return -1;
+    if (open_data(t, e) || open_backend(t, profile, e) || build_model(t, e)) return -1;
     t->flag = mem_alloc(&t->arena, MEM_COMM, sizeof(float));
     mem_freeze(&t->arena);
-    int B = cfg->train.micro_batch_size, T = cfg->train.seq_len;
-    t->samples = malloc((size_t)B * (T + 1) * sizeof(int32_t));
-    t->inputs = malloc((size_t)B * t->Tl * sizeof(int32_t));
-    t->targets = malloc((size_t)B * t->Tl * sizeof(int32_t));
+    t->samples = malloc((size_t)cfg->train.micro_batch_size * (cfg->train.seq_len + 1) *
+                        sizeof(int32_t));
     return initialize(t, e);
 }
 
@@ -464,8 +493,6 @@ static void teardown(trainer *t) {
         t->backend->destroy(t->backend);
     }
     free(t->samples);
-    free(t->inputs);
-    free(t->targets);
     free(t->positions);
 }
 
@@ -540,9 +567,78 @@ static int64_t device_allocations(const trainer *t) {
     return m.allocations;
 }
 
+/* The report of the step just done (before t->step moves on). */
+static log_step report_step(trainer *t, const step_mark *mark, double loss, double norm,
+                            double lr, int finite, double fpt, double peak) {
+    const ust_config *c = t->cfg;
+    log_step s = {.step = t->step + 1,
+                  .steps = c->train.steps,
+                  .loss = loss,
+                  .lr = lr,
+                  .grad_norm = norm,
+                  .ms = 1e3 * (log_now_s() - mark->t0),
+                  .val_loss = NAN,
+                  .pp_bubble = NAN,
+                  .skipped = !finite,
+                  .comm_bytes_dp = dp_bytes_sent(t->dp)}; /* before validation's gathers */
+    measure_step(t, mark, fpt, peak, &s);
+    s.moe_n = model_moe_stats(t->m, s.moe_layer, s.moe_load_max, s.moe_load_mean, s.moe_dropped,
+                              LOG_MAX_MOE);
+    if (c->parallel.pp > 1) {
+        pp_stats ps = pp_last_step_stats(t->pp);
+        s.pp_bubble = ps.bubble;
+        s.pp_bubble_analytic = ps.analytic;
+        s.comm_bytes_pp = ps.sent_bytes;
+        s.pp_bubble_sim = ps.simulated;
+        s.pp_op_ms[0] = ps.f_ms, s.pp_op_ms[1] = ps.b_ms, s.pp_op_ms[2] = ps.w_ms;
+    }
+    return s;
+}
+
+/* After a step: a periodic checkpoint, or the one a stop asks for (every rank stops after the
+ * same step: a signal to any of them counts). 1: stop now; -1: the checkpoint failed. */
+static int checkpoint_or_stop(trainer *t) {
+    const ust_config *c = t->cfg;
+    int last = t->step == c->train.steps;
+    int stop = any_rank(t, g_stop_signal != 0);
+    /* every: 0 turns off the periodic checkpoints only; a stop always writes one */
+    int periodic = c->checkpoint.every > 0 && (t->step % c->checkpoint.every == 0 || last);
+    ust_err e;
+    if (c->checkpoint.dir[0] && (periodic || stop) && save_checkpoint(t, &e)) {
+        fprintf(stderr, "ustrain: error: checkpoint at step %lld failed: %s\n", (long long)t->step,
+                e.msg);
+        return -1;
+    }
+    if (stop && t->rank0)
+        printf("received signal: stopped after step %lld%s (SIGTERM/SIGUSR1 to any rank stops "
+               "every rank after the same step)\n",
+               (long long)t->step, c->checkpoint.dir[0] ? ", checkpoint written" : "");
+    return stop;
+}
+
+/* One step: forward and backward, the norm, the update (unless skipped or stopped). Returns 0,
+ * or UST_EXIT_RUNTIME for a non-finite loss under on_nan: stop. */
+static int train_step(trainer *t, double *loss, double *norm, double *lr, int *finite) {
+    const ust_config *c = t->cfg;
+    *loss = forward_backward(t);
+    *norm = dp_grad_norm(t->dp);
+    *lr = optim_lr(c, t->step);
+    *finite = isfinite(*loss) && isfinite(*norm);
+    if (!*finite && c->train.on_nan == ONNAN_STOP) {
+        if (t->rank0)
+            fprintf(stderr,
+                    "ustrain: error: non-finite %s at step %lld (loss %g, grad norm %g); stopping "
+                    "(train.on_nan: stop)\n",
+                    isfinite(*loss) ? "gradient norm" : "loss", (long long)t->step + 1, *loss,
+                    *norm);
+        return UST_EXIT_RUNTIME;
+    }
+    if (*finite) dp_optimizer_step(t->dp, *lr, optim_clip_scale(c, *norm), t->step);
+    return 0;
+}
+
 static int loop(trainer *t, const train_opts *opts, train_result *res) {
     const ust_config *c = t->cfg;
-    ust_err e;
     double tokens = (double)c->train.global_batch_size * c->train.seq_len;
     double fpt = model_flops_per_token(t->m), peak = peak_flops(t), sum_ms = 0,
            t_start = log_now_s();
@@ -562,41 +658,10 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
         if (opts->profile && (t->step == first + untimed || (all_timed && t->step == first)))
             ops_prof_enable(t->ops, 1);
         step_mark mark = mark_step(t);
-        double loss = forward_backward(t);
-        double norm = dp_grad_norm(t->dp);
-        double lr = optim_lr(c, t->step);
-        int finite = isfinite(loss) && isfinite(norm);
-        if (!finite && c->train.on_nan == ONNAN_STOP) {
-            if (t->rank0)
-                fprintf(stderr,
-                        "ustrain: error: non-finite %s at step %lld (loss %g, grad norm %g); "
-                        "stopping (train.on_nan: stop)\n",
-                        isfinite(loss) ? "gradient norm" : "loss", (long long)t->step + 1, loss,
-                        norm);
-            return UST_EXIT_RUNTIME;
-        }
-        if (finite) dp_optimizer_step(t->dp, lr, optim_clip_scale(c, norm), t->step);
-        log_step s = {.step = t->step + 1,
-                      .steps = c->train.steps,
-                      .loss = loss,
-                      .lr = lr,
-                      .grad_norm = norm,
-                      .ms = 1e3 * (log_now_s() - mark.t0),
-                      .val_loss = NAN,
-                      .pp_bubble = NAN,
-                      .skipped = !finite,
-                      .comm_bytes_dp = dp_bytes_sent(t->dp)}; /* before validation's gathers */
-        measure_step(t, &mark, fpt, peak, &s);
-        s.moe_n = model_moe_stats(t->m, s.moe_layer, s.moe_load_max, s.moe_load_mean, s.moe_dropped,
-                                  LOG_MAX_MOE);
-        if (c->parallel.pp > 1) {
-            pp_stats ps = pp_last_step_stats(t->pp);
-            s.pp_bubble = ps.bubble;
-            s.pp_bubble_analytic = ps.analytic;
-            s.comm_bytes_pp = ps.sent_bytes;
-            s.pp_bubble_sim = ps.simulated;
-            s.pp_op_ms[0] = ps.f_ms, s.pp_op_ms[1] = ps.b_ms, s.pp_op_ms[2] = ps.w_ms;
-        }
+        double loss, norm, lr;
+        int finite;
+        if (train_step(t, &loss, &norm, &lr, &finite)) return UST_EXIT_RUNTIME;
+        log_step s = report_step(t, &mark, loss, norm, lr, finite, fpt, peak);
         t->step++;
         t->sample_index += c->train.global_batch_size;
         t->last_loss = loss;
@@ -610,24 +675,9 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
             log_step_line(&s);
             log_step_json(&t->log, &s);
         }
-        /* every rank stops after the same step: a signal to any of them counts */
-        int stop = any_rank(t, g_stop_signal != 0);
-        /* every: 0 turns off the periodic checkpoints only; a stop always writes one */
-        int periodic = c->checkpoint.every > 0 && (t->step % c->checkpoint.every == 0 || last);
-        if (c->checkpoint.dir[0] && (periodic || stop)) {
-            if (save_checkpoint(t, &e)) {
-                fprintf(stderr, "ustrain: error: checkpoint at step %lld failed: %s\n",
-                        (long long)t->step, e.msg);
-                return UST_EXIT_RUNTIME;
-            }
-        }
-        if (stop) {
-            if (t->rank0)
-                printf("received signal: stopped after step %lld%s (SIGTERM/SIGUSR1 to any "
-                       "rank stops every rank after the same step)\n",
-                       (long long)t->step, c->checkpoint.dir[0] ? ", checkpoint written" : "");
-            break;
-        }
+        int after = checkpoint_or_stop(t);
+        if (after < 0) return UST_EXIT_RUNTIME;
+        if (after) break;
     }
     res->steps_done = t->step - first;
     res->final_loss = t->last_loss;
