@@ -1,0 +1,140 @@
+/* acts.c: what the model keeps between a forward and its backward: each layer's saved
+ * activations (as train.recompute allows), zero-bubble's saved output gradients, and the
+ * activation sets of every chunk (one per micro-batch in flight through it, as many as the
+ * pipeline's schedule asked for), plus the backward's scratch. Shapes as in model.c. */
+#include "acts.h"
+#include "model_internal.h"
+
+#include <stdlib.h>
+
+/* ------------------------------------------------------------------ activations */
+
+/* activations (the backend's act_size each) and fp32 statistics */
+#define A(n) ((act *)mem_alloc(a, MEM_ACTS, act_bytes(m->ops, n)))
+#define F32(n) ((float *)mem_alloc(a, MEM_ACTS, (size_t)(n) * sizeof(float)))
+
+/* mlp: the dense MLP's buffers too (a MoE layer keeps its own in moe_acts) */
+static void alloc_layer_acts(model *m, ust_arena *a, layer_acts *x, act *shared_act, int mlp) {
+    int64_t N = (int64_t)m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D, F = m->F;
+    int64_t Nl = m->Nl;
+    x->ln1 = A(Nl * C);
+    x->ln1_mean = F32(Nl);
+    x->ln1_rstd = F32(Nl);
+    x->q = A(N * HD);
+    x->k = A(N * KV);
+    x->v = A(N * KV);
+    x->att = A(N * HD);
+    x->lse = F32((int64_t)m->B * m->H * m->T);
+    x->res2 = A(Nl * C);
+    x->ln2 = A(Nl * C);
+    x->ln2_mean = F32(Nl);
+    x->ln2_rstd = F32(Nl);
+    if (!mlp) return;
+    x->gate = m->llama ? A(N * F) : NULL;
+    x->up = A(N * F);
+    x->act = shared_act ? shared_act : A(N * F);
+}
+
+static void alloc_wsave(model *m, ust_arena *a, layer_wsave *w) {
+    int64_t N = (int64_t)m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D, F = m->F;
+    w->gmlp = A(N * C);
+    w->dup = A(N * F);
+    w->dgate = m->llama ? A(N * F) : NULL;
+    w->dln2 = A((int64_t)m->Nl * C);
+    w->gatt = A(N * C);
+    w->dq = A(N * HD);
+    w->dk = A(N * KV);
+    w->dv = A(N * KV);
+    w->dln1 = A((int64_t)m->Nl * C);
+}
+
+/* none: every layer keeps its activations; selective: the MLP activation output is recomputed
+ * in backward, so one shared buffer; full: only the layer inputs are kept, one scratch set. */
+static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *s, act *shared) {
+    int64_t N = (int64_t)m->B * m->T, C = m->C, Nl = m->Nl, nl = ch->hi - ch->lo;
+    s->xs = calloc(nl + 1, sizeof *s->xs);
+    for (int i = 0; i <= nl; i++) s->xs[i] = A(Nl * C);
+    if (m->recompute != RECOMPUTE_FULL) {
+        s->la = calloc(nl, sizeof *s->la);
+        for (int i = 0; i < nl; i++)
+            alloc_layer_acts(m, a, &s->la[i], shared, !is_moe(m, ch->lo + i));
+    }
+    if (m->has_moe && m->recompute != RECOMPUTE_FULL) { /* full: the shared m->moe_scratch */
+        s->ma = calloc(nl, sizeof *s->ma);
+        for (int i = 0; i < nl; i++)
+            if (is_moe(m, ch->lo + i)) moe_acts_init(&m->moe, &s->ma[i], a);
+    }
+    if (m->zb) {
+        s->ws = calloc(nl, sizeof *s->ws);
+        for (int i = 0; i < nl; i++) alloc_wsave(m, a, &s->ws[i]);
+    }
+    if (ch->head) {
+        s->lnf = A(Nl * C);
+        s->lnf_mean = F32(Nl);
+        s->lnf_rstd = F32(Nl);
+        s->logits = A(N * m->Vl);
+        if (m->zb) s->dlnf = A(Nl * C);
+    }
+    if (ch->embed) s->tok = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
+    s->dy = A(Nl * C);
+}
+
+void acts_alloc(model *m, ust_arena *a) {
+    int64_t N = (int64_t)m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D, F = m->F;
+    int64_t wide = HD > F ? HD : F;
+    act *shared = m->recompute == RECOMPUTE_SELECTIVE ? A(N * F) : NULL;
+    if (m->recompute == RECOMPUTE_FULL) alloc_layer_acts(m, a, &m->scratch, shared, 1);
+    if (m->recompute == RECOMPUTE_FULL && m->has_moe) moe_acts_init(&m->moe, &m->moe_scratch, a);
+    for (int c = 0; c < m->nchunks; c++) {
+        model_chunk *ch = &m->chunks[c];
+        ch->slots = calloc(ch->nslots, sizeof *ch->slots);
+        for (int k = 0; k < ch->nslots; k++) alloc_slot(m, a, ch, &ch->slots[k], shared);
+    }
+    m->losses = F32(N);
+    m->dtmp = A((int64_t)m->Nl * C);
+    m->dln = A(N * C);
+    if (tp_sp(m->tp) || m->zb) m->dnorm = F32(2 * C);
+    m->dq = A(N * HD);
+    m->dk = A(N * KV);
+    m->dv = A(N * KV);
+    m->datt = A(N * wide);
+    m->dgate = m->llama ? A(N * F) : NULL;
+    m->dup = A(N * F);
+    m->dact = m->llama ? A(N * F) : NULL; /* gpt2's GELU backward is fused (linear_gelu_bwd) */
+    m->tgt = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
+    m->pos = (int32_t *)cp_positions_device(&m->cp); /* the global positions of our tokens */
+}
+#undef A
+#undef F32
+
+void acts_free(model *m) {
+    for (int c = 0; c < m->nchunks; c++) {
+        for (int k = 0; k < m->chunks[c].nslots; k++) {
+            act_slot *s = &m->chunks[c].slots[k];
+            for (int i = 0; s->ma && i < m->chunks[c].hi - m->chunks[c].lo; i++)
+                if (is_moe(m, m->chunks[c].lo + i)) moe_acts_free(&s->ma[i]);
+            free(s->xs), free(s->la), free(s->ws), free(s->ma);
+        }
+        free(m->chunks[c].slots);
+    }
+    free(m->chunks);
+}
+
+layer_acts *acts_of(model *m, act_slot *s, int i) {
+    return m->recompute == RECOMPUTE_FULL ? &m->scratch : &s->la[i];
+}
+
+moe_acts *moe_acts_of(model *m, act_slot *s, int i) {
+    return m->recompute == RECOMPUTE_FULL ? &m->moe_scratch : &s->ma[i];
+}
+
+int model_num_chunks(const model *m) { return m->nchunks; }
+int model_chunk_slots(const model *m, int c) { return m->chunks[c].nslots; }
+int64_t model_boundary_numel(const model *m) { return (int64_t)m->Nl * m->C; }
+act *model_chunk_input(model *m, int c, int slot) { return m->chunks[c].slots[slot].xs[0]; }
+act *model_chunk_output(model *m, int c, int slot) {
+    const model_chunk *ch = &m->chunks[c];
+    return ch->slots[slot].xs[ch->hi - ch->lo];
+}
+act *model_chunk_grad(model *m, int c, int slot) { return m->chunks[c].slots[slot].dy; }
+

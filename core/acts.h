@@ -1,0 +1,16 @@
+/* acts: the model's activations (core/acts.c), the part of model.h that carves what each layer
+ * keeps between forward and backward and the chunks' activation sets out of the arena, and
+ * points a forward or backward at the set of a (chunk, slot). model.c's blocks read them. */
+#ifndef UST_ACTS_H
+#define UST_ACTS_H
+
+#include "model_internal.h"
+
+/* Every chunk's activation sets and the backward scratch, from the arena (MEM_ACTS). */
+void acts_alloc(model *m, ust_arena *a);
+void acts_free(model *m); /* the host arrays; the arena owns the rest */
+/* The saved activations of layer i of a set (the shared scratch under full recompute). */
+layer_acts *acts_of(model *m, act_slot *s, int i);
+moe_acts *moe_acts_of(model *m, act_slot *s, int i);
+
+#endif
