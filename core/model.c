@@ -234,9 +234,9 @@ static void layer_forward(model *m, int l, const act *x_in, act *x_out, layer_ac
     int N = m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D;
     norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x_in, w->ln1_w, w->ln1_b);
     const act *ln1 = tp_gather(m->tp, a->ln1); /* (N, C): every token enters attention */
-    o->linear_fwd(o, a->q, ln1, w->wq, w->bq, N, C, HD);
-    o->linear_fwd(o, a->k, ln1, w->wk, w->bk, N, C, KV);
-    o->linear_fwd(o, a->v, ln1, w->wv, w->bv, N, C, KV);
+    tp_column_linear_fwd(m->tp, a->q, ln1, w->wq, w->bq, N, C, HD); /* this rank's heads */
+    tp_column_linear_fwd(m->tp, a->k, ln1, w->wk, w->bk, N, C, KV);
+    tp_column_linear_fwd(m->tp, a->v, ln1, w->wv, w->bv, N, C, KV);
     if (m->llama) {
         o->rope_fwd(o, a->q, a->q, m->pos, m->B, m->T, m->H, m->D, m->theta);
         o->rope_fwd(o, a->k, a->k, m->pos, m->B, m->T, m->Hkv, m->D, m->theta);
@@ -251,11 +251,11 @@ static void layer_forward(model *m, int l, const act *x_in, act *x_out, layer_ac
     }
     const act *ln2 = tp_gather(m->tp, a->ln2);
     if (m->llama) {
-        o->linear_fwd(o, a->gate, ln2, w->wg, NULL, N, C, m->F);
-        o->linear_fwd(o, a->up, ln2, w->wu, w->bu, N, C, m->F);
+        tp_column_linear_fwd(m->tp, a->gate, ln2, w->wg, NULL, N, C, m->F);
+        tp_column_linear_fwd(m->tp, a->up, ln2, w->wu, w->bu, N, C, m->F);
         mlp_activation(m, a);
     } else {
-        o->linear_gelu_fwd(o, a->up, a->act, ln2, w->wu, w->bu, N, C, m->F);
+        tp_column_linear_gelu_fwd(m->tp, a->up, a->act, ln2, w->wu, w->bu, N, C, m->F);
     }
     tp_row_linear_fwd(m->tp, x_out, a->act, w->wd, w->bd, N, m->F, C);
     o->add(o, x_out, x_out, a->res2, (int64_t)m->Nl * C);
@@ -297,7 +297,7 @@ double model_chunk_forward(model *m, int c, int slot, const int32_t *inputs, con
     if (ntok) *ntok = counted;
     hook(m, u, MODEL_FWD_BEGIN);
     norm_forward(m, s->lnf, s->lnf_mean, s->lnf_rstd, s->xs[ch->hi - ch->lo], m->lnf_w, m->lnf_b);
-    o->linear_fwd(o, s->logits, tp_gather(m->tp, s->lnf), m->lm, NULL, N, m->C, m->Vl);
+    tp_column_linear_fwd(m->tp, s->logits, tp_gather(m->tp, s->lnf), m->lm, NULL, N, m->C, m->Vl);
     /* per-token losses, and dlogits (in place over logits) when training */
     tp_xent(m->tp, m->losses, s->logits, m->tgt, N, m->Vp, m->V, dscale);
     hook(m, u, MODEL_FWD_END);
@@ -342,17 +342,17 @@ static act *mlp_backward(model *m, int l, const act *dx, layer_acts *a, const la
     const act *gdx = tp_gather_grad(m->tp, dx);
     if (ws) save(m, ws->gmlp, gdx, (int64_t)N * C);
     if (m->llama)
-        o->linear_bwd(o, m->dact, g->wd, g->bd, gdx, a->act, w->wd, N, F, C, 0);
+        tp_row_linear_bwd(m->tp, m->dact, g->wd, g->bd, gdx, a->act, w->wd, N, F, C);
     else /* gelu's backward fused in: straight to d up */
-        o->linear_gelu_bwd(o, m->dup, g->wd, g->bd, gdx, a->act, a->up, w->wd, N, F, C);
+        tp_row_linear_gelu_bwd(m->tp, m->dup, g->wd, g->bd, gdx, a->act, a->up, w->wd, N, F, C);
     const act *ln2 = tp_gather(m->tp, a->ln2); /* sp: gathered again rather than kept */
     if (m->llama) {
         o->swiglu_bwd(o, m->dgate, m->dup, m->dact, a->gate, a->up, NF);
-        o->linear_bwd(o, m->dln, g->wu, NULL, m->dup, ln2, w->wu, N, C, F, 0);
-        o->linear_bwd(o, m->dln, g->wg, NULL, m->dgate, ln2, w->wg, N, C, F, 1);
+        tp_column_linear_bwd(m->tp, m->dln, g->wu, NULL, m->dup, ln2, w->wu, N, C, F, 0);
+        tp_column_linear_bwd(m->tp, m->dln, g->wg, NULL, m->dgate, ln2, w->wg, N, C, F, 1);
         if (ws) save(m, ws->dgate, m->dgate, NF);
     } else {
-        o->linear_bwd(o, m->dln, g->wu, g->bu, m->dup, ln2, w->wu, N, C, F, 0);
+        tp_column_linear_bwd(m->tp, m->dln, g->wu, g->bu, m->dup, ln2, w->wu, N, C, F, 0);
     }
     if (ws) save(m, ws->dup, m->dup, NF);
     return tp_reduce_grad(m->tp, m->dln); /* the MLP's input is shared by the group: summed */
@@ -389,7 +389,7 @@ static act *attention_backward(model *m, int l, const act *dx, layer_acts *a, co
     int N = m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D;
     const act *gdx = tp_gather_grad(m->tp, dx);
     if (ws) save(m, ws->gatt, gdx, (int64_t)N * C);
-    o->linear_bwd(o, m->datt, g->wo, g->bo, gdx, a->att, w->wo, N, HD, C, 0);
+    tp_row_linear_bwd(m->tp, m->datt, g->wo, g->bo, gdx, a->att, w->wo, N, HD, C);
     o->zero(o, m->dq, act_bytes(o, (int64_t)N * HD));
     o->zero(o, m->dk, act_bytes(o, (int64_t)N * KV));
     o->zero(o, m->dv, act_bytes(o, (int64_t)N * KV));
@@ -404,9 +404,9 @@ static act *attention_backward(model *m, int l, const act *dx, layer_acts *a, co
         save(m, ws->dv, m->dv, (int64_t)N * KV);
     }
     const act *ln1 = tp_gather(m->tp, a->ln1);
-    o->linear_bwd(o, m->dln, g->wq, g->bq, m->dq, ln1, w->wq, N, C, HD, 0);
-    o->linear_bwd(o, m->dln, g->wk, g->bk, m->dk, ln1, w->wk, N, C, KV, 1);
-    o->linear_bwd(o, m->dln, g->wv, g->bv, m->dv, ln1, w->wv, N, C, KV, 1);
+    tp_column_linear_bwd(m->tp, m->dln, g->wq, g->bq, m->dq, ln1, w->wq, N, C, HD, 0);
+    tp_column_linear_bwd(m->tp, m->dln, g->wk, g->bk, m->dk, ln1, w->wk, N, C, KV, 1);
+    tp_column_linear_bwd(m->tp, m->dln, g->wv, g->bv, m->dv, ln1, w->wv, N, C, KV, 1);
     return tp_reduce_grad(m->tp, m->dln); /* so is attention's */
 }
 
@@ -427,22 +427,21 @@ static void layer_backward(model *m, int l, const act *x_in, act *dx, layer_acts
 /* zb's W of one layer: every weight gradient from the output gradients B kept. */
 static void layer_weight_grad(model *m, int l, const act *x_in, layer_acts *a,
                               const layer_wsave *ws) {
-    const ust_ops *o = m->ops;
     const layer_w *w = &m->lw[l];
     layer_w *g = &m->lg[l];
     int N = m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D, F = m->F;
     if (m->recompute == RECOMPUTE_SELECTIVE) mlp_activation(m, a);
-    o->linear_bwd(o, NULL, g->wd, g->bd, ws->gmlp, a->act, w->wd, N, F, C, 0);
+    tp_row_linear_bwd(m->tp, NULL, g->wd, g->bd, ws->gmlp, a->act, w->wd, N, F, C);
     const act *ln2 = tp_gather(m->tp, a->ln2);
-    o->linear_bwd(o, NULL, g->wu, m->llama ? NULL : g->bu, ws->dup, ln2, w->wu, N, C, F, 0);
-    if (m->llama) o->linear_bwd(o, NULL, g->wg, NULL, ws->dgate, ln2, w->wg, N, C, F, 0);
+    tp_column_linear_bwd(m->tp, NULL, g->wu, m->llama ? NULL : g->bu, ws->dup, ln2, w->wu, N, C, F, 0);
+    if (m->llama) tp_column_linear_bwd(m->tp, NULL, g->wg, NULL, ws->dgate, ln2, w->wg, N, C, F, 0);
     norm_backward(m, m->dtmp, g->ln2_w, g->ln2_b, ws->dln2, a->res2, w->ln2_w, a->ln2_mean,
                   a->ln2_rstd);
-    o->linear_bwd(o, NULL, g->wo, g->bo, ws->gatt, a->att, w->wo, N, HD, C, 0);
+    tp_row_linear_bwd(m->tp, NULL, g->wo, g->bo, ws->gatt, a->att, w->wo, N, HD, C);
     const act *ln1 = tp_gather(m->tp, a->ln1);
-    o->linear_bwd(o, NULL, g->wq, g->bq, ws->dq, ln1, w->wq, N, C, HD, 0);
-    o->linear_bwd(o, NULL, g->wk, g->bk, ws->dk, ln1, w->wk, N, C, KV, 0);
-    o->linear_bwd(o, NULL, g->wv, g->bv, ws->dv, ln1, w->wv, N, C, KV, 0);
+    tp_column_linear_bwd(m->tp, NULL, g->wq, g->bq, ws->dq, ln1, w->wq, N, C, HD, 0);
+    tp_column_linear_bwd(m->tp, NULL, g->wk, g->bk, ws->dk, ln1, w->wk, N, C, KV, 0);
+    tp_column_linear_bwd(m->tp, NULL, g->wv, g->bv, ws->dv, ln1, w->wv, N, C, KV, 0);
     norm_backward(m, m->dtmp, g->ln1_w, g->ln1_b, ws->dln1, x_in, w->ln1_w, a->ln1_mean,
                   a->ln1_rstd);
 }
@@ -450,10 +449,9 @@ static void layer_weight_grad(model *m, int l, const act *x_in, layer_acts *a,
 /* The head's backward: logits hold d loss / d logits (written by the fused cross-entropy);
  * leaves d loss / d (final norm input) in dx. */
 static void head_backward(model *m, act_slot *s, const act *x_last, act *dx, int input_only) {
-    const ust_ops *o = m->ops;
     int N = m->B * m->T;
-    o->linear_bwd(o, m->dln, input_only ? NULL : m->g_lm, NULL, s->logits, tp_gather(m->tp, s->lnf),
-                  m->lm, N, m->C, m->Vl, 0);
+    tp_column_linear_bwd(m->tp, m->dln, input_only ? NULL : m->g_lm, NULL, s->logits,
+                         tp_gather(m->tp, s->lnf), m->lm, N, m->C, m->Vl, 0);
     act *dln = tp_reduce_grad(m->tp, m->dln);
     if (input_only) {
         save(m, s->dlnf, dln, (int64_t)m->Nl * m->C);
@@ -509,11 +507,10 @@ void model_chunk_weight_grad(model *m, int c, int slot) {
     act_slot *s = &ch->slots[slot];
     UST_ASSERT(m->zb, "weight-gradient pass needs a model made with zb");
     int nl = ch->hi - ch->lo, u = ch->unit0 + ch->nunits - 1;
-    const ust_ops *o = m->ops;
     if (ch->head) {
         hook(m, u, MODEL_BWD_BEGIN);
-        o->linear_bwd(o, NULL, m->g_lm, NULL, s->logits, tp_gather(m->tp, s->lnf), m->lm,
-                      m->B * m->T, m->C, m->Vl, 0);
+        tp_column_linear_bwd(m->tp, NULL, m->g_lm, NULL, s->logits, tp_gather(m->tp, s->lnf), m->lm,
+                             m->B * m->T, m->C, m->Vl, 0);
         norm_backward(m, m->dtmp, m->g_lnf_w, m->g_lnf_b, s->dlnf, s->xs[nl], m->lnf_w, s->lnf_mean,
                       s->lnf_rstd);
         hook(m, u--, MODEL_BWD_END);

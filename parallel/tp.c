@@ -157,3 +157,31 @@ void tp_xent(ust_tp *tp, float *losses, act *logits, const int32_t *targets, int
     o->xent_vp_finish(o, losses, dscale > 0 ? logits : NULL, logits, targets, lse, tp->tlogit, N, V,
                       v0, v_real, dscale);
 }
+
+/* ------------------------------------------------------------------ the two halves' linears */
+
+void tp_column_linear_fwd(ust_tp *tp, act *out, const act *x, const float *w, const float *b,
+                          int N, int C, int OCl) {
+    tp->ops->linear_fwd(tp->ops, out, x, w, b, N, C, OCl);
+}
+
+void tp_column_linear_gelu_fwd(ust_tp *tp, act *out, act *act_out, const act *x, const float *w,
+                               const float *b, int N, int C, int OCl) {
+    tp->ops->linear_gelu_fwd(tp->ops, out, act_out, x, w, b, N, C, OCl);
+}
+
+void tp_column_linear_bwd(ust_tp *tp, act *dx, float *dw, float *db, const act *dout, const act *x,
+                          const float *w, int N, int C, int OCl, int accumulate) {
+    tp->ops->linear_bwd(tp->ops, dx, dw, db, dout, x, w, N, C, OCl, accumulate);
+}
+
+void tp_row_linear_bwd(ust_tp *tp, act *dx, float *dw, float *db, const act *dout, const act *inp,
+                       const float *w, int N, int C_local, int OC) {
+    tp->ops->linear_bwd(tp->ops, dx, dw, db, dout, inp, w, N, C_local, OC, 0);
+}
+
+void tp_row_linear_gelu_bwd(ust_tp *tp, act *dpre, float *dw, float *db, const act *dout,
+                            const act *act_in, const act *pre, const float *w, int N, int C_local,
+                            int OC) {
+    tp->ops->linear_gelu_bwd(tp->ops, dpre, dw, db, dout, act_in, pre, w, N, C_local, OC);
+}

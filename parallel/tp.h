@@ -63,10 +63,36 @@ int tp_is_first(const ust_tp *tp);
 void tp_allreduce(ust_tp *tp, float *x, int64_t n);
 void tp_allreduce_act(ust_tp *tp, act *x, int64_t n);
 
-/* out = inp(N,C_local) @ w(OC,C_local)^T summed over the group, + bias once; out holds this
- * rank's rows (all N without sp; OC must be the model width under sp). */
+/* The two halves of a block (Megatron's ColumnParallelLinear and RowParallelLinear). A half
+ * opens with column-parallel linears on its whole input x (tp_gather) and closes with one
+ * row-parallel linear whose output is summed over the group:
+ *   attention: q, k, v column-parallel (heads split), o row-parallel;
+ *   MLP:       gate and up column-parallel (hidden units split), down row-parallel;
+ *   head:      lm_head column-parallel over the vocabulary (tp_xent finishes the loss).
+ * Column: w holds this rank's OCl = OC/n output rows (b their bias); out(N, OCl) = x @ w^T + b,
+ * with no communication. Backward: dx(N, C) = [dx +] dout @ w is this rank's part of the input
+ * gradient (tp_reduce_grad sums the half's parts once, on leaving it); dw, db accumulate this
+ * rank's rows (NULL: zero-bubble's B, input gradient only; dx NULL: its W, weights only).
+ * The _gelu forms fuse gpt2's GELU into the linear (act = gelu(out) forward; the row-parallel
+ * backward writes d(pre-activation) instead of d act). */
+void tp_column_linear_fwd(ust_tp *tp, act *out, const act *x, const float *w, const float *b,
+                          int N, int C, int OCl);
+void tp_column_linear_gelu_fwd(ust_tp *tp, act *out, act *act_out, const act *x, const float *w,
+                               const float *b, int N, int C, int OCl);
+void tp_column_linear_bwd(ust_tp *tp, act *dx, float *dw, float *db, const act *dout, const act *x,
+                          const float *w, int N, int C, int OCl, int accumulate);
+/* Row: out = inp(N,C_local) @ w(OC,C_local)^T summed over the group, + bias once; out holds
+ * this rank's rows (all N without sp; OC must be the model width under sp). */
 void tp_row_linear_fwd(ust_tp *tp, act *out, const act *inp, const float *w, const float *bias,
                        int N, int C_local, int OC);
+/* Row backward: dout(N, OC) whole (tp_gather_grad); dx(N, C_local) this rank's input columns,
+ * dw its weight columns; db the whole bias's gradient, the same on every member (the bias was
+ * added once, but every member sees the whole output gradient). */
+void tp_row_linear_bwd(ust_tp *tp, act *dx, float *dw, float *db, const act *dout, const act *inp,
+                       const float *w, int N, int C_local, int OC);
+void tp_row_linear_gelu_bwd(ust_tp *tp, act *dpre, float *dw, float *db, const act *dout,
+                            const act *act_in, const act *pre, const float *w, int N, int C_local,
+                            int OC);
 
 /* out = wte[tok] (this rank's vocabulary rows, summed over the group) + wpe[pos], for this
  * rank's token rows; backward takes the gradient of those rows. */
