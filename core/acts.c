@@ -102,7 +102,7 @@ void acts_alloc(model *m, ust_arena *a) {
     m->dup = A(N * F);
     m->dact = m->llama ? A(N * F) : NULL; /* gpt2's GELU backward is fused (linear_gelu_bwd) */
     m->tgt = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
-    m->pos = (int32_t *)cp_positions_device(&m->cp); /* the global positions of our tokens */
+    m->pos = (int32_t *)cp_positions_device(m->cp); /* the global positions of our tokens */
 }
 #undef A
 #undef F32

@@ -31,9 +31,9 @@ static void init_moe(model *m, ust_arena *arena, const model_storage *st) {
     m->ep_size = ep_group_size(st->ep_comm);
     m->ep_rank = ep_group_rank(st->ep_comm);
     moe_groups g = {.ep_comm = st->ep_comm,
-                    .stats_comm = {st->cp_comm, NULL},
-                    .cap_comm = st->cp_comm,
-                    .cap_pos = cp_positions_of(&m->cp, 0),
+                    .stats_comm = {m->cp->comm, NULL},
+                    .cap_comm = m->cp->comm,
+                    .cap_pos = cp_positions_of(m->cp, 0),
                     .cap_T = m->cfg->train.seq_len,
                     .cap_Tl = m->T};
     moe_init(&m->moe, m->cfg, m->ops, arena, m->B * m->T, &g);
@@ -107,9 +107,13 @@ int model_create_with(model **out, const ust_config *cfg, const ust_ops *ops, us
     m->Hkv = tp_part(m->tp, m->Hkvg, &start);
     m->F = tp_part(m->tp, m->Fg, &start);
     m->Vl = tp_part(m->tp, m->Vp, &start);
-    cp_init(&m->cp, ops, st->cp_comm, arena, m->T, m->B, m->H, m->Hkv, m->D,
-            cfg->parallel.cp_layout, cfg->parallel.cp_comm);
-    m->T = cp_local_len(&m->cp);
+    m->cp = st->cp;
+    if (!m->cp) {
+        cp_init(&m->own_cp, ops, NULL, arena, m->T, m->B, m->H, m->Hkv, m->D,
+                cfg->parallel.cp_layout, cfg->parallel.cp_comm);
+        m->cp = &m->own_cp;
+    }
+    m->T = cp_local_len(m->cp);
     m->Nl = tp_rows(m->tp, m->B * m->T);
     m->unit_pad = st->unit_pad;
     plan_chunks(m, st);
@@ -146,7 +150,7 @@ void model_destroy(model *m) {
         moe_free(&m->moe);
     }
     free(m->mw), free(m->mg), free(m->mstats), free(m->unit_expert);
-    cp_free(&m->cp);
+    if (m->cp == &m->own_cp) cp_free(&m->own_cp);
     free(m);
 }
 
@@ -241,7 +245,7 @@ static void layer_forward(model *m, int l, const act *x_in, act *x_out, layer_ac
         o->rope_fwd(o, a->q, a->q, m->pos, m->B, m->T, m->H, m->D, m->theta);
         o->rope_fwd(o, a->k, a->k, m->pos, m->B, m->T, m->Hkv, m->D, m->theta);
     }
-    cp_attention_fwd(&m->cp, a->att, a->lse, a->q, a->k, a->v, m->H);
+    cp_attention_fwd(m->cp, a->att, a->lse, a->q, a->k, a->v, m->H);
     tp_row_linear_fwd(m->tp, a->res2, a->att, w->wo, w->bo, N, HD, C);
     o->add(o, a->res2, a->res2, x_in, (int64_t)m->Nl * C);
     norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b);
@@ -285,7 +289,7 @@ double model_chunk_forward(model *m, int c, int slot, const int32_t *inputs, con
         if (moe) {
             hook(m, u + 1, MODEL_FWD_END);
             m->mstats[l] = st;
-            if (dscale > 0 && cp_is_first(&m->cp)) m->moe_loss += st.loss * m->moe_scale;
+            if (dscale > 0 && cp_is_first(m->cp)) m->moe_loss += st.loss * m->moe_scale;
         }
         hook(m, u, MODEL_FWD_END);
         u += 1 + moe;
@@ -393,7 +397,7 @@ static act *attention_backward(model *m, int l, const act *dx, layer_acts *a, co
     o->zero(o, m->dq, act_bytes(o, (int64_t)N * HD));
     o->zero(o, m->dk, act_bytes(o, (int64_t)N * KV));
     o->zero(o, m->dv, act_bytes(o, (int64_t)N * KV));
-    cp_attention_bwd(&m->cp, m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, m->H);
+    cp_attention_bwd(m->cp, m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, m->H);
     if (m->llama) {
         o->rope_bwd(o, m->dq, m->dq, m->pos, m->B, m->T, m->H, m->D, m->theta);
         o->rope_bwd(o, m->dk, m->dk, m->pos, m->B, m->T, m->Hkv, m->D, m->theta);

@@ -64,8 +64,8 @@ struct ust_comm;
 
 typedef struct {
     struct ust_tp *tp; /* tensor parallelism (NULL: none) */
-    struct ust_comm
-        *cp_comm;     /* context parallelism: the group a sequence is split over (NULL: none) */
+    struct ust_cp *cp; /* context parallelism over the group a sequence is split over (NULL:
+                          none; the model makes a group of one) */
     int64_t unit_pad; /* pad every unit to a multiple of this many floats (>= 16) */
     int alloc_params; /* carve the whole flat parameter buffer from the arena */
     int alloc_grads;  /* the same for gradients */

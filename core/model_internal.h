@@ -63,7 +63,7 @@ struct model {
     const ust_config *cfg;
     const ust_ops *ops;
     ust_tp *tp, own_tp; /* tensor parallelism (own_tp: a group of one) */
-    ust_cp cp;          /* context parallelism (a group of one without it) */
+    ust_cp *cp, own_cp; /* context parallelism (own_cp: a group of one) */
     /* H, Hkv, F and Vl are this rank's shares under tensor parallelism; Hg, Hkvg, Fg, Vp whole */
     int llama, L, C, H, Hkv, D, F, V, Vp, Vl, maxT, B, T, tied;
     int Nl; /* token rows held outside the tensor-parallel halves (B*T, or B*T/tp under sp) */

@@ -266,7 +266,7 @@ double model_flops_per_token(const model *m) {
             (strcmp(q->name, "model.embed_tokens.weight") != 0 || m->tied))
             matmul += (double)q->shape[0] * (double)q->shape[1];
     }
-    return 6.0 * matmul + 12.0 * m->L * (double)(m->Hg * m->D) * m->cp.T; /* whole sequence */
+    return 6.0 * matmul + 12.0 * m->L * (double)(m->Hg * m->D) * m->cp->T; /* whole sequence */
 }
 
 const ckpt_tensor *model_all_tensors(const model *m, int *n) {

@@ -45,6 +45,7 @@ typedef struct {
     ust_ops *backend; /* the CPU or CUDA backend itself (its own calls need it) */
     ust_arena arena;
     ust_tp tp;
+    ust_cp cp;
     model *m;
     dp_state *dp;
     pp_state *pp;   /* pipeline executor (NULL without pipeline parallelism) */
@@ -405,13 +406,19 @@ static int plan_storage(trainer *t, model_storage *st, pps_schedule *sched, ust_
     t->positions = malloc(t->Tl * sizeof(int32_t));
     cp_layout_positions(cfg->parallel.cp_layout, cfg->train.seq_len, cp,
                         comm_rank(topo->comm[TOPO_CP]), t->positions);
+    /* the contexts of the dimensions that split a layer, each over the group it owns */
     tp_init(&t->tp, t->ops, topo->comm[TOPO_TP], &t->arena, cfg->train.micro_batch_size * t->Tl,
             cfg->model.d_model, cfg->parallel.sp);
+    int start, H = tp_part(&t->tp, cfg->model.n_head, &start); /* attention after the tp split */
+    int Hkv = tp_part(&t->tp, cfg->model.n_kv_head, &start);
+    cp_init(&t->cp, t->ops, topo->comm[TOPO_CP], &t->arena, cfg->train.seq_len,
+            cfg->train.micro_batch_size, H, Hkv, cfg_head_dim(cfg), cfg->parallel.cp_layout,
+            cfg->parallel.cp_comm);
     /* dense gradients are summed over the ranks that hold the same shard and saw different
      * tokens: the data-parallel replicas and the context-parallel parts of each sequence */
     *st = dp_model_storage(cfg, comm_size(topo->comm[TOPO_DPCP]));
     st->tp = &t->tp;
-    st->cp_comm = topo->comm[TOPO_CP];
+    st->cp = &t->cp;
     st->ep_comm = cfg->parallel.ep > 1 ? topo->comm[TOPO_EP] : NULL;
     /* one stage's schedule is plain gradient accumulation (no transfers) */
     if (pp_plan(cfg, topo->me.pp, sched, st->slots, e)) return -1;
@@ -484,6 +491,7 @@ static void teardown(trainer *t) {
     pp_destroy(t->pp);
     dp_destroy(t->dp);
     model_destroy(t->m);
+    cp_free(&t->cp);
     if (t->backend) {
         mem_release(&t->arena);
         /* the communicators outlive the compute stream (the final barrier): stop ordering
