@@ -28,9 +28,9 @@ int model_create(model **out, const ust_config *cfg, const ust_ops *ops, ust_are
  * agree over tp; the aux-loss statistics are summed over the cp shards. */
 static void init_moe(model *m, ust_arena *arena, const model_storage *st) {
     m->has_moe = 1;
-    m->ep_size = ep_group_size(st->ep_comm);
-    m->ep_rank = ep_group_rank(st->ep_comm);
-    moe_groups g = {.ep_comm = st->ep_comm,
+    m->ep_size = ep_size(st->ep);
+    m->ep_rank = ep_rank(st->ep);
+    moe_groups g = {.ep = st->ep,
                     .stats_comm = {m->cp->comm, NULL},
                     .cap_comm = m->cp->comm,
                     .cap_pos = cp_positions_of(m->cp, 0),

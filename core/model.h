@@ -60,7 +60,8 @@ struct ust_tp;
 
 #define MODEL_MAX_CHUNKS 16 /* parallel.vpp's limit */
 
-struct ust_comm;
+struct ust_cp;
+struct ust_ep;
 
 typedef struct {
     struct ust_tp *tp; /* tensor parallelism (NULL: none) */
@@ -74,7 +75,8 @@ typedef struct {
     int pp_rank, pp_size, vpp;
     int slots[MODEL_MAX_CHUNKS]; /* micro-batches in flight per chunk (activation sets; 0 = 1) */
     int zb;                   /* keep what deferred weight gradients need (zero-bubble schedules) */
-    struct ust_comm *ep_comm; /* expert parallelism: the group holding the other experts */
+    struct ust_ep *ep; /* expert parallelism: the dispatch context over the group holding the
+                          other experts (NULL: none; MoE layers then make a group of one) */
 } model_storage;
 
 int model_create(model **out, const ust_config *cfg, const ust_ops *ops, ust_arena *arena,

@@ -107,7 +107,7 @@ static int64_t moe_capacity(double factor, int64_t assignments, int64_t E) {
     return (int64_t)ceil(factor * assignments / E - 1e-9);
 }
 
-static void moe_rows(const ust_config *cfg, int64_t N, int ep, int64_t *send, int64_t *recv) {
+void moe_dispatch_rows(const ust_config *cfg, int64_t N, int ep, int64_t *send, int64_t *recv) {
     const __typeof__(cfg->model.moe) *c = &cfg->model.moe;
     int64_t A = N * c->top_k, E = c->num_experts, s = A, r = A;
     if (c->capacity_factor > 0) { /* the whole micro-batch's capacity (cp shards together) */
@@ -130,7 +130,7 @@ static int cmp_key(const void *a, const void *b) {
 }
 
 static void init_capacity_order(moe_ctx *m, const moe_groups *g, ust_arena *arena) {
-    int n = ep_group_size(g->cap_comm), N = m->N;
+    int n = ep_shards_size(g->cap_comm), N = m->N;
     cap_token *t = host_alloc((size_t)n * N * sizeof *t);
     for (int r = 0; r < n; r++)
         for (int i = 0; i < N; i++) {
@@ -152,7 +152,7 @@ static void init_capacity_order(moe_ctx *m, const moe_groups *g, ust_arena *aren
  * its index among this rank's kept assignments to the expert. */
 static void route_capacity_cp(moe_ctx *m, const moe_acts *a, int32_t *pos, int32_t *kept) {
     const ust_ops *o = m->ops;
-    int n = ep_group_size(m->cap_comm), me = ep_group_rank(m->cap_comm), k = m->k;
+    int n = ep_shards_size(m->cap_comm), me = ep_shards_rank(m->cap_comm), k = m->k;
     int64_t A = (int64_t)m->N * k, cap = moe_capacity(m->capacity_factor, A * n, m->E);
     for (int64_t i = 0; i < A; i++) m->cap_topk_host[me * A + i] = (float)m->topk_host[i];
     o->to_device(o, m->cap_topk + me * A, m->cap_topk_host + me * A, A * sizeof(float));
@@ -190,16 +190,19 @@ void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *
     m->z_coef = c->z_loss_coef;
     m->capacity_factor = c->capacity_factor;
     if (groups) memcpy(m->stats_comm, groups->stats_comm, sizeof m->stats_comm);
-    if (groups && groups->cap_comm && ep_group_size(groups->cap_comm) > 1 && c->capacity_factor > 0)
+    if (groups && groups->cap_comm && ep_shards_size(groups->cap_comm) > 1 && c->capacity_factor > 0)
         init_capacity_order(m, groups, arena);
     int64_t A = (int64_t)N * m->k, C = m->C, E = m->E;
-    int64_t max_send, max_recv;
-    moe_rows(cfg, N, ep_group_size(groups ? groups->ep_comm : NULL), &max_send,
-             &max_recv);
-    ep_init(&m->ep, ops, groups ? groups->ep_comm : NULL, arena, m->E, m->C, max_send, max_recv);
-    m->El = ep_local_experts(&m->ep, &m->e0);
-    m->R = ep_max_recv(&m->ep);
-    int ep1 = ep_size(&m->ep) == 1;
+    m->ep = groups ? groups->ep : NULL;
+    if (!m->ep) {
+        int64_t max_send, max_recv;
+        moe_dispatch_rows(cfg, N, 1, &max_send, &max_recv);
+        ep_init(&m->own_ep, ops, NULL, arena, m->E, m->C, max_send, max_recv);
+        m->ep = &m->own_ep;
+    }
+    m->El = ep_local_experts(m->ep, &m->e0);
+    m->R = ep_max_recv(m->ep);
+    int ep1 = ep_size(m->ep) == 1;
     m->logits = AC(N * E);
     m->dlogits = AC(N * E);
     m->dgate = FL(A);
@@ -230,7 +233,7 @@ void moe_free(moe_ctx *m) {
     free(m->pos_host);
     free(m->assign_host);
     free(m->cnt_host);
-    ep_free(&m->ep);
+    if (m->ep == &m->own_ep) ep_free(&m->own_ep);
 }
 
 /* Per-layer bytes of what moe_acts_init carves, with activations of `a` bytes (fp32 and int32
@@ -249,7 +252,7 @@ int64_t moe_ctx_bytes(const ust_config *cfg, int N, int ep_size) {
     const __typeof__(cfg->model.moe) *c = &cfg->model.moe;
     int64_t A = (int64_t)N * c->top_k, C = cfg->model.d_model, E = c->num_experts;
     int64_t S, R, Fe = c->d_ff_expert, ep1 = ep_size == 1;
-    moe_rows(cfg, N, ep_size, &S, &R);
+    moe_dispatch_rows(cfg, N, ep_size, &S, &R);
     /* as moe_init carves them: logits dlogits tmp [xd eout d_local] d_home dxe dh1 dh2 dact;
      * dgate aux_dp stats */
     int64_t acts = 2 * N * E + N * C + (ep1 ? 0 : A * C + 2 * R * C) + A * C + R * C + 3 * R * Fe;
@@ -279,7 +282,7 @@ void moe_acts_init(moe_ctx *m, moe_acts *a, ust_arena *arena) {
         a->s_h2 = AC(N * Fe);
         a->s_act = AC(N * Fe);
     }
-    ep_plan_init(&m->ep, &a->plan, arena);
+    ep_plan_init(m->ep, &a->plan, arena);
     a->aux_dp_host = host_alloc(m->E * sizeof(float));
 }
 
@@ -292,7 +295,7 @@ void moe_acts_free(moe_acts *a) {
 int64_t moe_acts_bytes(const ust_config *cfg, int N, int ep_size) {
     const __typeof__(cfg->model.moe) *c = &cfg->model.moe;
     int64_t S, R;
-    moe_rows(cfg, N, ep_size, &S, &R);
+    moe_dispatch_rows(cfg, N, ep_size, &S, &R);
     return acts_bytes(cfg->model.arch == ARCH_LLAMA, c->shared_expert, N, c->num_experts, c->top_k,
                       cfg->model.d_model, c->d_ff_expert, R, ep_size == 1, cfg_act_size(cfg));
 }
@@ -437,19 +440,19 @@ void moe_forward(moe_ctx *m, moe_acts *a, const moe_weights *w, act *y, const ac
                  moe_stats *stats) {
     const ust_ops *o = m->ops;
     int N = m->N, E = m->E, k = m->k, C = m->C;
-    int ep1 = ep_size(&m->ep) == 1;
+    int ep1 = ep_size(m->ep) == 1;
     o->linear_fwd(o, m->logits, x, w->router, NULL, N, C, E);
     o->moe_router_fwd(o, a->probs, a->lse, a->topk, a->gate, m->stats + E, m->logits, N, E, k);
     route(m, a);
     moe_stats local;
     statistics(m, a, stats ? stats : &local);
-    ep_plan_make(&m->ep, &a->plan, m->cnt_host + E); /* kept counts */
+    ep_plan_make(m->ep, &a->plan, m->cnt_host + E); /* kept counts */
     /* token copies in global expert order, to the experts' ranks; at ep = 1 they stay in xe */
     act *xd = ep1 ? a->xe : m->xd, *eout = ep1 ? a->eout : m->eout;
     if (a->nkept) o->moe_gather(o, xd, x, a->assign, NULL, (int)a->nkept, C, k);
-    if (!ep1) ep_dispatch(&m->ep, &a->plan, a->xe, xd);
+    if (!ep1) ep_dispatch(m->ep, &a->plan, a->xe, xd);
     local_experts_fwd(m, a, w, eout);
-    if (!ep1) ep_combine(&m->ep, &a->plan, a->eout, eout);
+    if (!ep1) ep_combine(m->ep, &a->plan, a->eout, eout);
     o->moe_combine(o, y, a->eout, a->pos, a->gate, N, k, C, 0);
     if (m->shared) {
         expert_fwd(m, &w->shared, m->tmp, x, a->s_h1, a->s_h2, a->s_act, N);
@@ -461,16 +464,16 @@ void moe_backward(moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g,
                   const act *dy, const act *x, float loss_scale, int acc_dx) {
     const ust_ops *o = m->ops;
     int N = m->N, E = m->E, k = m->k, C = m->C;
-    int ep1 = ep_size(&m->ep) == 1;
+    int ep1 = ep_size(m->ep) == 1;
     /* y = sum_j gate_j eout_j: the gates' gradient, then each kept row's d eout = gate dy */
     o->moe_gate_grad(o, m->dgate, dy, a->eout, a->pos, N, k, C);
     act *d_local = ep1 ? m->d_home : m->d_local;
     if (a->nkept) o->moe_gather(o, m->d_home, dy, a->assign, a->gate, (int)a->nkept, C, k);
-    if (!ep1) ep_dispatch(&m->ep, &a->plan, d_local, m->d_home);
+    if (!ep1) ep_dispatch(m->ep, &a->plan, d_local, m->d_home);
     local_experts_bwd(m, a, w, g, m->dxe, d_local);
     /* the rows' input gradients home again, each token summing its copies */
     act *dx_home = ep1 ? m->dxe : m->d_home;
-    if (!ep1) ep_combine(&m->ep, &a->plan, dx_home, m->dxe);
+    if (!ep1) ep_combine(m->ep, &a->plan, dx_home, m->dxe);
     o->moe_combine(o, dx, dx_home, a->pos, NULL, N, k, C, acc_dx);
     if (m->shared)
         expert_bwd(m, &w->shared, &g->shared, dx, dy, x, a->s_h1, a->s_h2, a->s_act, N, 1);

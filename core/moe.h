@@ -91,8 +91,13 @@ int moe_layer_is_moe(const ust_config *cfg, int l);
 void moe_enum_params(const ust_config *cfg, int l, int ep_size, int ep_rank, moe_weights *w,
                      moe_weights *g, moe_param_fn fn, void *ctx);
 
+/* Rows an expert-parallel context must move for MoE layers of N tokens per rank over ep ranks:
+ * at most *send per dispatch, *recv held for the local experts (for ep_init). */
+void moe_dispatch_rows(const ust_config *cfg, int64_t N, int ep, int64_t *send, int64_t *recv);
+
 typedef struct {
-    ust_comm *ep_comm;       /* expert-parallel group (NULL: every expert on this rank) */
+    ust_ep *ep; /* the expert-parallel context, ep_init'ed with moe_dispatch_rows' sizes (NULL:
+                 * every expert on this rank; moe_init makes a group of one) */
     ust_comm *stats_comm[2]; /* groups the micro-batch's tokens are split over (cp, sp; NULL:
                               * none): the aux-loss statistics are summed over each */
     /* Capacity over a sequence split by context parallelism: the group (NULL: none) and where
@@ -116,7 +121,7 @@ typedef struct {
 /* Context shared by the MoE layers of a model (dimensions, dispatch, backward scratch). */
 typedef struct moe_ctx {
     const ust_ops *ops;
-    ust_ep ep;
+    ust_ep *ep, own_ep; /* the dispatch context (own_ep: a group of one) */
     ust_comm *stats_comm[2];
     ust_comm *cap_comm;   /* capacity decided over this group's tokens (cp; NULL: local) */
     int32_t *cap_order;   /* host: every member's token (member*N + i) in sequence order */

@@ -23,6 +23,8 @@
 #include "ops_prof.h"
 #include "optim.h"
 #include "cp.h"
+#include "ep.h"
+#include "moe.h"
 #include "plan.h"
 #include "pp.h"
 #include "tp.h"
@@ -46,6 +48,7 @@ typedef struct {
     ust_arena arena;
     ust_tp tp;
     ust_cp cp;
+    ust_ep ep; /* with MoE layers */
     model *m;
     dp_state *dp;
     pp_state *pp;   /* pipeline executor (NULL without pipeline parallelism) */
@@ -419,7 +422,14 @@ static int plan_storage(trainer *t, model_storage *st, pps_schedule *sched, ust_
     *st = dp_model_storage(cfg, comm_size(topo->comm[TOPO_DPCP]));
     st->tp = &t->tp;
     st->cp = &t->cp;
-    st->ep_comm = cfg->parallel.ep > 1 ? topo->comm[TOPO_EP] : NULL;
+    if (t->has_moe) { /* the MoE layers' dispatch context, sized for their tokens */
+        int64_t send, recv;
+        moe_dispatch_rows(cfg, (int64_t)cfg->train.micro_batch_size * t->Tl, cfg->parallel.ep,
+                          &send, &recv);
+        ep_init(&t->ep, t->ops, cfg->parallel.ep > 1 ? topo->comm[TOPO_EP] : NULL, &t->arena,
+                cfg->model.moe.num_experts, cfg->model.d_model, send, recv);
+        st->ep = &t->ep;
+    }
     /* one stage's schedule is plain gradient accumulation (no transfers) */
     if (pp_plan(cfg, topo->me.pp, sched, st->slots, e)) return -1;
     if (cfg->parallel.pp == 1) return 0;
@@ -492,6 +502,7 @@ static void teardown(trainer *t) {
     dp_destroy(t->dp);
     model_destroy(t->m);
     cp_free(&t->cp);
+    if (t->has_moe) ep_free(&t->ep);
     if (t->backend) {
         mem_release(&t->arena);
         /* the communicators outlive the compute stream (the final barrier): stop ordering

@@ -43,8 +43,9 @@ void ep_free(ust_ep *ep) {
 }
 
 int ep_size(const ust_ep *ep) { return ep ? ep->n : 1; }
-int ep_group_size(const ust_comm *ep_comm) { return ep_comm ? comm_size(ep_comm) : 1; }
-int ep_group_rank(const ust_comm *ep_comm) { return ep_comm ? comm_rank(ep_comm) : 0; }
+int ep_rank(const ust_ep *ep) { return ep ? ep->rank : 0; }
+int ep_shards_size(const ust_comm *shards) { return shards ? comm_size(shards) : 1; }
+int ep_shards_rank(const ust_comm *shards) { return shards ? comm_rank(shards) : 0; }
 
 void ep_shards_sum(ust_comm *shards, float *x, int64_t n) {
     if (!shards) return;

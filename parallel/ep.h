@@ -53,10 +53,11 @@ int ep_local_experts(const ust_ep *ep, int *first);
 /* Largest number of rows a rank may hold for its local experts (all tokens of every rank). */
 int64_t ep_max_recv(const ust_ep *ep);
 
-/* A group's size and this rank's place in it (NULL: a group of one), for the callers that lay
- * out their tensors by expert-parallel rank before ep_init. */
-int ep_group_size(const ust_comm *ep_comm);
-int ep_group_rank(const ust_comm *ep_comm);
+/* This rank's place in the group (ep may be NULL: a group of one). */
+int ep_rank(const ust_ep *ep);
+/* The shards' size and this rank's place among them (NULL: this rank alone). */
+int ep_shards_size(const ust_comm *shards);
+int ep_shards_rank(const ust_comm *shards);
 
 /* The MoE layer's collectives over the ranks its micro-batch's tokens are split over ("shards":
  * the cp group; NULL: this rank alone), fp32 on the device: x(n) summed over them in place, and

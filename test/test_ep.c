@@ -110,8 +110,7 @@ static void layer_make(layer *L, const ust_config *cfg, const ust_ops *o, ust_ar
     moe_weights_init(&L->g, &L->m);
     L->pl.arena = arena;
     L->pl.share = share;
-    int n = groups && groups->ep_comm ? comm_size(groups->ep_comm) : 1;
-    int r = groups && groups->ep_comm ? comm_rank(groups->ep_comm) : 0;
+    int n = ep_size(groups ? groups->ep : NULL), r = ep_rank(groups ? groups->ep : NULL);
     moe_enum_params(cfg, 0, n, r, &L->w, &L->g, collect, &L->pl);
     moe_acts_init(&L->m, &L->a, arena);
     L->y = mem_alloc(arena, MEM_ACTS, (size_t)N * C * 4);
@@ -179,7 +178,7 @@ static double compare(layer *ep, layer *ref, ust_comm *world, int N, int64_t *ro
         else if (!expert)
             worst = INFINITY; /* router and shared expert are on every rank */
     }
-    *rows_moved = ep->m.ep.rows_sent;
+    *rows_moved = ep->m.ep->rows_sent;
     return worst;
 }
 
@@ -204,7 +203,12 @@ static int run_case(const ep_case *c, ust_comm *world, const ust_ops *o, int ran
     ust_arena arena;
     mem_init(&arena, o);
     layer ref, ep;
-    moe_groups g = {.ep_comm = world};
+    /* the expert-parallel context over the world, as the trainer makes it */
+    ust_ep ctx;
+    int64_t send, recv;
+    moe_dispatch_rows(&cfg, NTOK, comm_size(world), &send, &recv);
+    ep_init(&ctx, o, world, &arena, E, C, send, recv);
+    moe_groups g = {.ep = &ctx};
     layer_make(&ref, &cfg, o, &arena, NTOK, NULL, NULL);
     fill_weights(&ref.pl, c);
     layer_make(&ep, &cfg, o, &arena, NTOK, &g, &ref.pl);
@@ -230,6 +234,7 @@ static int run_case(const ep_case *c, ust_comm *world, const ust_ops *o, int ran
                bad ? "FAIL" : "PASS", n, c->name, w, idle);
     layer_free(&ref);
     layer_free(&ep);
+    ep_free(&ctx);
     mem_release(&arena);
     return bad;
 }
