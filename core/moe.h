@@ -1,43 +1,13 @@
-/* moe: a mixture-of-experts layer that stands in for a layer's MLP. Forward/backward pairs on the
- * ops.h interface, llm.c style; expert parallelism through parallel/ep (no rank computed here).
- *   y(N,C) = sum_{j<k} gate_j * expert_{e_j}(x) [+ shared_expert(x)]    (caller adds y to the
+/* moe: a mixture-of-experts layer that stands in for a layer's MLP, forward/backward pairs on
+ * the ops.h interface, llm.c style; expert parallelism through parallel/ep (no rank computed here).
+ *   y(N,C) = sum_{j<k} gate_j * expert_{e_j}(x) [+ shared_expert(x)]   (the caller adds y to the
  *   residual stream; x is the normed input, kept by the caller for backward)
- * Router: logits = x @ Wr^T (Wr [E,C]), softmax in fp32, top-k experts per token (ties to the
- * lower index), gates = their probabilities renormalized over the k. Experts: llama SwiGLU
- * (gate_proj, up_proj [Fe,C], down_proj [C,Fe]) or gpt2 GELU (up_proj [Fe,C] + bias, down_proj
- * [C,Fe] + bias), Fe = model.moe.d_ff_expert; the optional shared expert has the same shape and
- * sees every token with weight 1.
- * Losses (Switch Transformer / ST-MoE), over the micro-batch's tokens T (summed over the
- * stats groups, e.g. the cp and sp shards, before use; DESIGN.md section 4):
- *   aux = E * sum_e f_e P_e,  f_e = (assignments routed to e) / (T*k) (before capacity drops),
- *                             P_e = mean router probability of e over the tokens;
- *   z   = mean over tokens of logsumexp(logits)^2.
- * moe_forward returns both unscaled (stats->aux_loss, z_loss) and their weighted sum
- * aux_loss_coef*aux + z_loss_coef*z (stats->loss) for the caller to add to its loss;
- * moe_backward adds loss_scale * d(that sum) to the router, flowing through P_e (f_e is a count).
- * Capacity: dropless when model.moe.capacity_factor == 0. Otherwise each expert keeps at most
- * ceil(capacity_factor * N * k / E) of the assignments this rank routes (N = its tokens), in token
- * order (then choice order); a dropped assignment contributes nothing (its gate is not
- * renormalized away), so a token dropped by all its experts gets y = 0 (+ shared expert) and only
- * the caller's residual passes through. With ep > 1 drops are decided before dispatch, per rank.
- * Expert parallelism: rank r of the ep group holds experts [r*E/ep, (r+1)*E/ep); tokens go to
- * them and back with ep_dispatch/ep_combine. Expert weight gradients are plain accumulations
- * over the tokens that reached the expert from every ep rank; the caller reduces them over
- * expert-dp x cp (and the router and shared expert over dp x cp) like any other gradient.
- * Memory: moe_acts_init carves one layer's saved activations from the arena (MEM_ACTS) with
- * sizes fixed by the config: the local-expert buffers hold the dropless worst case, N*k rows at
- * ep = 1 and ep*N*k rows at ep > 1 (every rank's tokens all routed to this rank's experts).
- *
- * How the model uses it (per MoE layer l, moe_layer_is_moe):
- *   setup:    moe_init(&ctx, cfg, ops, arena, N, &groups)        once, shared by the layers
- *             moe_weights_init(&w[l], &ctx), moe_weights_init(&g[l], &ctx)
- *             moe_enum_params(cfg, l, ep, ep_rank, &w[l], &g[l], add_param_cb, model)
- *             moe_acts_init(&ctx, &acts[l], arena)
- *   forward:  moe_forward(&ctx, &acts[l], &w[l], y, ln2, &stats[l]); loss += stats[l].loss
- *   backward: moe_backward(&ctx, &acts[l], &w[l], &g[l], dln2, dy, ln2, loss_scale, acc)
- * The stats groups' members must call moe_forward together (one all-reduce of 2E+3 floats per
- * group), and so must the ep group's (moe_forward and moe_backward each run two all-to-all(v)s
- * plus one all-to-all of counts in forward). */
+ * Router: x @ Wr^T (Wr [E,C]), softmax in fp32, top-k (ties to the lower index), gates = their
+ * probabilities renormalized over the k. Experts: llama SwiGLU or gpt2 GELU of width
+ * model.moe.d_ff_expert; the optional shared expert sees every token with weight 1. The losses,
+ * capacity, expert parallelism and memory are described where they are declared below; the
+ * model's use of it (per MoE layer) is moe_init once, then moe_weights_init/moe_enum_params/
+ * moe_acts_init per layer, moe_forward and moe_backward per micro-batch. */
 #ifndef UST_MOE_H
 #define UST_MOE_H
 
@@ -108,7 +78,15 @@ typedef struct {
     int cap_T, cap_Tl;
 } moe_groups;
 
-/* Load statistics and losses of one forward (over the stats groups' tokens). */
+/* Load statistics and losses of one forward (over the stats groups' tokens).
+ * Losses (Switch Transformer / ST-MoE), over the micro-batch's tokens T (summed over the
+ * stats groups, e.g. the cp and sp shards, before use; DESIGN.md section 4):
+ *   aux = E * sum_e f_e P_e,  f_e = (assignments routed to e) / (T*k) (before capacity drops),
+ *                             P_e = mean router probability of e over the tokens;
+ *   z   = mean over tokens of logsumexp(logits)^2.
+ * moe_forward returns both unscaled (aux_loss, z_loss) and their weighted sum
+ * aux_loss_coef*aux + z_loss_coef*z (loss) for the caller to add to its loss; moe_backward adds
+ * loss_scale * d(that sum) to the router, flowing through P_e (f_e is a count). */
 typedef struct {
     double aux_loss, z_loss; /* unscaled */
     double loss;             /* aux_loss_coef * aux_loss + z_loss_coef * z_loss */
@@ -158,12 +136,27 @@ typedef struct {
     float zscale;       /* 2 z_coef / tokens */
 } moe_acts;
 
-/* N: tokens per micro-batch on this rank. Needs model.moe.num_experts > 0 (validated config). */
+/* N: tokens per micro-batch on this rank. Needs model.moe.num_experts > 0 (validated config).
+ * Expert parallelism: rank r of the ep group holds experts [r*E/ep, (r+1)*E/ep); tokens go to
+ * them and back with ep_dispatch/ep_combine. Expert weight gradients are plain accumulations
+ * over the tokens that reached the expert from every ep rank; the caller reduces them over
+ * expert-dp x cp (and the router and shared expert over dp x cp) like any other gradient.
+ * Capacity: dropless when model.moe.capacity_factor == 0. Otherwise each expert keeps at most
+ * ceil(capacity_factor * N * k / E) of the assignments this rank routes, in token order (then
+ * choice order); a dropped assignment contributes nothing (its gate is not renormalized away),
+ * so a token dropped by all its experts gets y = 0 (+ shared expert) and only the caller's
+ * residual passes through. With ep > 1 drops are decided before dispatch, per rank.
+ * The stats groups' members must call moe_forward together (one all-reduce of 2E+3 floats per
+ * group), and so must the ep group's (moe_forward and moe_backward each run two all-to-all(v)s
+ * plus one all-to-all of counts in forward). */
 void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *arena, int N,
               const moe_groups *groups);
 void moe_free(moe_ctx *m); /* host memory; the arena owns the rest */
 void moe_weights_init(moe_weights *w, const moe_ctx *m);
 void moe_weights_free(moe_weights *w);
+/* One layer's saved activations from the arena (MEM_ACTS), sizes fixed by the config: the
+ * local-expert buffers hold the dropless worst case, N*k rows at ep = 1 and ep*N*k rows at
+ * ep > 1 (every rank's tokens all routed to this rank's experts). */
 void moe_acts_init(moe_ctx *m, moe_acts *a, ust_arena *arena);
 void moe_acts_free(moe_acts *a); /* host memory */
 /* Bytes moe_init (with its ep_init) takes from the arena (for the memory plan). */
