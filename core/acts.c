@@ -32,7 +32,16 @@ static void alloc_layer_acts(model *m, ust_arena *a, layer_acts *x, act *shared_
     if (!mlp) return;
     x->gate = m->llama ? A(N * F) : NULL;
     x->up = A(N * F);
-    x->act = shared_act ? shared_act : A(N * F);
+    x->act = m->recompute == RECOMPUTE_SELECTIVE ? shared_act : A(N * F);
+}
+
+/* A MoE layer's saved routing and expert activations. A counting arena (the memory plan's
+ * model has no MoE context) counts what moe_acts_init carves, sized beside it. */
+static void alloc_moe_acts(model *m, ust_arena *a, moe_acts *ma) {
+    if (mem_counting(a))
+        mem_alloc(a, MEM_ACTS, moe_acts_bytes(m->cfg, m->B * m->T, m->ep_size));
+    else
+        moe_acts_init(&m->moe, ma, a);
 }
 
 static void alloc_wsave(model *m, ust_arena *a, layer_wsave *w) {
@@ -62,7 +71,7 @@ static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *
     if (m->has_moe && m->recompute != RECOMPUTE_FULL) { /* full: the shared m->moe_scratch */
         s->ma = calloc(nl, sizeof *s->ma);
         for (int i = 0; i < nl; i++)
-            if (is_moe(m, ch->lo + i)) moe_acts_init(&m->moe, &s->ma[i], a);
+            if (is_moe(m, ch->lo + i)) alloc_moe_acts(m, a, &s->ma[i]);
     }
     if (m->zb) {
         s->ws = calloc(nl, sizeof *s->ws);
@@ -84,7 +93,7 @@ void acts_alloc(model *m, ust_arena *a) {
     int64_t wide = HD > F ? HD : F;
     act *shared = m->recompute == RECOMPUTE_SELECTIVE ? A(N * F) : NULL;
     if (m->recompute == RECOMPUTE_FULL) alloc_layer_acts(m, a, &m->scratch, shared, 1);
-    if (m->recompute == RECOMPUTE_FULL && m->has_moe) moe_acts_init(&m->moe, &m->moe_scratch, a);
+    if (m->recompute == RECOMPUTE_FULL && m->has_moe) alloc_moe_acts(m, a, &m->moe_scratch);
     for (int c = 0; c < m->nchunks; c++) {
         model_chunk *ch = &m->chunks[c];
         ch->slots = calloc(ch->nslots, sizeof *ch->slots);
@@ -102,7 +111,8 @@ void acts_alloc(model *m, ust_arena *a) {
     m->dup = A(N * F);
     m->dact = m->llama ? A(N * F) : NULL; /* gpt2's GELU backward is fused (linear_gelu_bwd) */
     m->tgt = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
-    m->pos = (int32_t *)cp_positions_device(m->cp); /* the global positions of our tokens */
+    /* the global positions of our tokens (cp_init's buffer) */
+    m->pos = mem_counting(a) ? NULL : (int32_t *)cp_positions_device(m->cp);
 }
 #undef A
 #undef F32

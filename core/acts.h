@@ -6,7 +6,8 @@
 
 #include "model_internal.h"
 
-/* Every chunk's activation sets and the backward scratch, from the arena (MEM_ACTS). */
+/* Every chunk's activation sets and the backward scratch, from the arena (MEM_ACTS). Against
+ * a counting arena (mem_init_counting) it counts them: the memory plan's activations. */
 void acts_alloc(model *m, ust_arena *a);
 void acts_free(model *m); /* the host arrays; the arena owns the rest */
 /* The saved activations of layer i of a set (the shared scratch under full recompute). */

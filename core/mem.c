@@ -11,20 +11,25 @@ void mem_init(ust_arena *a, const ust_ops *ops) {
     a->ops = ops;
 }
 
+void mem_init_counting(ust_arena *a) { mem_init(a, NULL); }
+
+int mem_counting(const ust_arena *a) { return a->ops == NULL; }
+
 void *mem_alloc(ust_arena *a, mem_cat cat, size_t bytes) {
     UST_ASSERT(!a->frozen, "allocation of %zu bytes after setup (category %s)", bytes,
                mem_cat_name(cat));
+    if (bytes == 0) bytes = 64;
+    a->bytes[cat] += bytes;
+    a->total += bytes;
+    if (a->total > a->peak) a->peak = a->total;
+    if (mem_counting(a)) return NULL;
     if (a->nblocks == a->cap) {
         a->cap = a->cap ? 2 * a->cap : 256;
         a->blocks = realloc(a->blocks, (size_t)a->cap * sizeof *a->blocks);
         UST_ASSERT(a->blocks, "out of host memory for %d arena blocks", a->cap);
     }
-    if (bytes == 0) bytes = 64;
     void *p = a->ops->alloc(a->ops, bytes);
     a->blocks[a->nblocks++] = p;
-    a->bytes[cat] += bytes;
-    a->total += bytes;
-    if (a->total > a->peak) a->peak = a->total;
     return p;
 }
 

@@ -21,6 +21,11 @@ typedef struct {
 } ust_arena;
 
 void mem_init(ust_arena *a, const ust_ops *ops);
+/* An arena that only counts: mem_alloc adds the bytes to its categories exactly as a real one
+ * would and returns NULL, with no backend behind it. The memory plan runs the allocators
+ * against one, so the plan is the allocation's own arithmetic. */
+void mem_init_counting(ust_arena *a);
+int mem_counting(const ust_arena *a);
 void *mem_alloc(ust_arena *a, mem_cat cat, size_t bytes); /* zeroed; fatal when frozen */
 void mem_freeze(ust_arena *a);
 void mem_release(ust_arena *a); /* frees everything */

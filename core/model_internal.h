@@ -102,6 +102,7 @@ struct model {
     moe_weights *mw, *mg; /* per global layer (MoE layers only) */
     moe_stats *mstats;    /* per global layer: the last forward's load and losses */
     int has_moe, ep_rank, ep_size, listing;
+    int sizing;      /* the memory plan's model (params_shape): shapes only, no names */
     int in_experts;  /* building the table: the current unit holds experts */
     double moe_loss; /* weighted aux + z losses of the forwards since the last take */
     float moe_scale; /* each micro-batch's share of the step's MoE loss */

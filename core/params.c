@@ -1,6 +1,7 @@
 /* params.c: the model's parameter table, units, initialization and the llm.c importer (the
  * parameter half of model.h; params.h). Shapes as in model.c. */
 #include "params.h"
+#include "acts.h"
 #include "model_internal.h"
 
 #include <math.h>
@@ -31,8 +32,10 @@ static void add_param(model *m, const char *name, int64_t rows, int64_t cols, in
     }
     model_param *q = &m->params[m->nparams];
     memset(q, 0, sizeof *q);
-    snprintf(q->name, sizeof q->name, "%s", name);
-    snprintf(q->whole.name, sizeof q->whole.name, "%s", name);
+    if (!m->sizing) { /* the plan's thousands of layouts need the shapes only */
+        snprintf(q->name, sizeof q->name, "%s", name);
+        snprintf(q->whole.name, sizeof q->whole.name, "%s", name);
+    }
     q->whole.ndim = rows > 1 || decay ? 2 : 1;
     q->whole.shape[0] = q->whole.ndim == 2 ? rows : rows * cols;
     q->whole.shape[1] = q->whole.ndim == 2 ? cols : 0;
@@ -80,12 +83,13 @@ static void add_moe_params(model *m, int l) {
     if (m->listing) /* the whole model's list: every expert */
         moe_enum_params(m->cfg, l, 1, 0, NULL, NULL, add_moe_param, m);
     else
-        moe_enum_params(m->cfg, l, m->ep_size, m->ep_rank, &m->mw[l], &m->mg[l], add_moe_param, m);
+        moe_enum_params(m->cfg, l, m->ep_size, m->ep_rank, m->mw ? &m->mw[l] : NULL,
+                        m->mg ? &m->mg[l] : NULL, add_moe_param, m);
     m->in_experts = 0;
 }
 
 static void add_layer_params(model *m, int l) {
-    char n[CKPT_NAME_MAX];
+    char n[CKPT_NAME_MAX] = "";
     layer_w *w = &m->lw[l], *g = &m->lg[l];
     int C = m->C, HD = m->Hg * m->D, KV = m->Hkvg * m->D, F = m->Fg, gpt2 = !m->llama;
     float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * m->L); /* GPT-2's scaled residual init */
@@ -93,7 +97,7 @@ static void add_layer_params(model *m, int l) {
     /* one line per tensor: the layer's parameter table */
     // clang-format off
 #define P(suffix, rows, cols, split, decay, sd, val, field)                                       \
-    snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                                       \
+    if (!m->sizing) snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                      \
     add_param(m, n, rows, cols, split, decay, sd, val, &w->field, &g->field)
     P("input_layernorm.weight", 1, C, N0, 0, 0, 1, ln1_w);
     if (gpt2) { P("input_layernorm.bias", 1, C, N0, 0, 0, 0, ln1_b); }
@@ -435,3 +439,72 @@ done:
     return rc;
 }
 
+/* ------------------------------------------------------------------ the plan's model */
+
+model *params_shape(const ust_config *cfg, const ust_ops *sizes, const params_layout *ly) {
+    model *m = calloc(1, sizeof *m);
+    UST_ASSERT(m, "out of host memory");
+    m->cfg = cfg, m->ops = sizes, m->sizing = 1;
+    /* the shapes model_create_with gives tensor-parallel rank 0 of the group */
+    m->llama = cfg->model.arch == ARCH_LLAMA;
+    m->L = cfg->model.n_layer, m->C = cfg->model.d_model, m->D = cfg_head_dim(cfg);
+    m->Hg = cfg->model.n_head, m->Hkvg = cfg->model.n_kv_head, m->Fg = cfg->model.d_ff;
+    m->V = cfg->model.vocab_size, m->Vp = cfg_vocab_padded(cfg), m->maxT = cfg->model.max_seq_len;
+    m->B = cfg->train.micro_batch_size, m->tied = cfg_tied(cfg);
+    m->recompute = cfg->train.recompute, m->zb = ly->zb;
+    int T = cfg->train.seq_len, start;
+    m->own_tp = tp_shape(sizes, ly->tp, m->B * (T / ly->cp), m->C, ly->sp);
+    m->tp = &m->own_tp;
+    m->H = tp_part(m->tp, m->Hg, &start);
+    m->Hkv = tp_part(m->tp, m->Hkvg, &start);
+    m->F = tp_part(m->tp, m->Fg, &start);
+    m->Vl = tp_part(m->tp, m->Vp, &start);
+    m->own_cp = cp_shape(sizes, ly->cp, T, m->B, m->Hkv, m->D, cfg->parallel.cp_comm);
+    m->cp = &m->own_cp;
+    m->T = cp_local_len(m->cp);
+    m->Nl = tp_rows(m->tp, m->B * m->T);
+    m->unit_pad = ly->unit_pad;
+    /* the chunks model_create_with plans: stage c*p + r for c < v */
+    int p = cfg->parallel.pp, v = cfg->parallel.vpp, S = p * v, embed = 0, head = 0;
+    m->nchunks = v;
+    m->chunks = calloc(v, sizeof *m->chunks);
+    for (int c = 0; c < v; c++) {
+        model_chunk *ch = &m->chunks[c];
+        ch->stage = c * p + ly->pp_rank;
+        ch->lo = 0, ch->hi = m->L;
+        if (S > 1) cfg_stage_layers(cfg, ch->stage, &ch->lo, &ch->hi);
+        ch->embed = ch->stage == 0, ch->head = ch->stage == S - 1;
+        ch->nslots = ly->slots[c] > 0 ? ly->slots[c] : 1;
+        embed |= ch->embed, head |= ch->head;
+    }
+    m->tied_local = m->tied && embed && head;
+    m->tied_copy = m->tied && head && !embed;
+    if (cfg->model.moe.num_experts > 0) m->has_moe = 1, m->ep_size = ly->ep, m->ep_rank = 0;
+    m->lw = calloc(m->L, sizeof *m->lw);
+    m->lg = calloc(m->L, sizeof *m->lg);
+    if (ly->whole)
+        params_build(m);
+    else
+        build_param_table(m);
+    return m;
+}
+
+void params_shape_free(model *m) {
+    if (!m) return;
+    if (m->chunks[0].slots)
+        acts_free(m);
+    else
+        free(m->chunks);
+    free(m->params), free(m->targets), free(m->param_unit);
+    free(m->unit_off), free(m->unit_len), free(m->unit_expert), free(m->all);
+    free(m->lw), free(m->lg);
+    free(m);
+}
+
+void params_count_buffers(model *m, const model_storage *st, ust_arena *count) {
+    if (st->alloc_params) mem_alloc(count, MEM_PARAMS, m->numel * sizeof(float));
+    if (st->alloc_grads) mem_alloc(count, MEM_GRADS, m->numel * sizeof(float));
+    cp_alloc_buffers(m->cp, count, m->H);
+    if (m->has_moe) mem_alloc(count, MEM_ACTS, moe_ctx_bytes(m->cfg, m->B * m->T, m->ep_size));
+    tp_alloc_scratch(m->tp, count);
+}

@@ -12,4 +12,26 @@
  * every tensor of the whole model in checkpoint order. */
 void params_build(model *m);
 
+/* The rank the memory plan asks about: tensor-parallel rank 0 of a group of tp (sp: sequence
+ * parallelism), context-parallel group cp, expert group ep, pipeline rank pp_rank whose chunks
+ * keep slots[c] activation sets (zb: zero-bubble's saved gradients too), units padded to
+ * unit_pad floats (dp_model_storage's). */
+typedef struct {
+    int tp, sp, cp, ep, pp_rank, zb;
+    const int *slots;
+    int64_t unit_pad;
+    int whole; /* list the whole model's tensors too (model_all_tensors) */
+} params_layout;
+/* That rank's model as model_create_with shapes it (chunks and parameter table), without a
+ * backend or a single buffer: sizes only gives act_size. The plan reads its units
+ * (model_unit_range, model_unit_is_expert), model_all_tensors, and runs acts_alloc on it
+ * against a counting arena. params_shape_free releases it (and acts_alloc's host arrays). */
+model *params_shape(const ust_config *cfg, const ust_ops *sizes, const params_layout *ly);
+void params_shape_free(model *m);
+/* What else that rank's construction carves beside the activation sets, into a counting
+ * arena: the whole parameter and gradient buffers st asks for (model_create_with), cp_init's
+ * buffers, moe_init's context (moe_ctx_bytes) and the tensor-parallel scratch tp_init carves
+ * for the model's group. */
+void params_count_buffers(model *m, const model_storage *st, ust_arena *count);
+
 #endif

@@ -1,7 +1,8 @@
-/* plan: the per-rank memory plan `ustrain validate` prints, from closed-form formulas of the
- * config alone (the Playbook's accounting: parameters, gradients, AdamW state with ZeRO
- * sharding, activations of one micro-batch under the chosen recomputation). A run prints its
- * measured arena figures beside these, so the two can be compared. */
+/* plan: the per-rank memory plan `ustrain validate` prints and the planner searches with,
+ * from the config alone (the Playbook's accounting: parameters, gradients, AdamW state with
+ * ZeRO sharding, activations under the chosen recomputation, communication scratch). It is no
+ * formula of its own: the run's allocators size a model shaped like the rank's against a
+ * counting arena, so a run's measured arena figures equal it byte for byte. */
 #ifndef UST_PLAN_H
 #define UST_PLAN_H
 

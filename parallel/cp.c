@@ -56,14 +56,19 @@ void cp_init(ust_cp *cp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, i
     for (int r = 0; r < cp->n; r++)
         cp->block_pairs[r] =
             visible_pairs(cp_positions_of(cp, cp->rank), cp_positions_of(cp, r), cp->Tl);
-    size_t npos = (size_t)cp->n * cp->Tl * sizeof(int32_t);
-    cp->pos = mem_alloc(arena, MEM_ACTS, npos);
-    ops->to_device(ops, cp->pos, cp->pos_host, npos);
+    cp_alloc_buffers(cp, arena, H);
+    ops->to_device(ops, cp->pos, cp->pos_host, (size_t)cp->n * cp->Tl * sizeof(int32_t));
+}
+
+void cp_alloc_buffers(ust_cp *cp, ust_arena *arena, int H) {
+    const ust_ops *ops = cp->ops;
+    int B = cp->B, Hkv = cp->Hkv, D = cp->D;
+    cp->pos = mem_alloc(arena, MEM_ACTS, (size_t)cp->n * cp->Tl * sizeof(int32_t));
     if (cp->n == 1) return;
     size_t blk = act_bytes(ops, (int64_t)B * cp->Tl * Hkv * D);
     cp->acc_dk = mem_alloc(arena, MEM_ACTS, blk);
     cp->acc_dv = mem_alloc(arena, MEM_ACTS, blk);
-    if (mode == CP_RING) {
+    if (cp->mode == CP_RING) {
         for (int s = 0; s < 2; s++)
             for (int k = 0; k < 4; k++) cp->kv[s][k] = mem_alloc(arena, MEM_ACTS, blk);
     } else {
@@ -74,6 +79,12 @@ void cp_init(ust_cp *cp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, i
     }
     cp->part_out = mem_alloc(arena, MEM_ACTS, act_bytes(ops, (int64_t)B * cp->Tl * H * D));
     cp->part_lse = mem_alloc(arena, MEM_ACTS, (size_t)B * H * cp->Tl * sizeof(float));
+}
+
+ust_cp cp_shape(const ust_ops *ops, int n, int T, int B, int Hkv, int D, ust_cp_comm mode) {
+    ust_cp cp = {.ops = ops, .n = n, .T = T, .Tl = T / n, .B = B, .Hkv = Hkv, .D = D,
+                 .mode = mode};
+    return cp;
 }
 
 int cp_local_len(const ust_cp *cp) { return cp->Tl; }

@@ -38,6 +38,13 @@ typedef struct ust_cp {
  * shapes of this rank (heads after tensor parallelism). */
 void cp_init(ust_cp *cp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, int T, int B, int H,
              int Hkv, int D, ust_cp_layout layout, ust_cp_comm mode);
+/* The device buffers cp_init carves (MEM_ACTS): the positions and, for n > 1, the K/V blocks
+ * in flight and the partial outputs. cp_init's own allocation, which the memory plan runs
+ * against a counting arena. */
+void cp_alloc_buffers(ust_cp *cp, ust_arena *arena, int H);
+/* Rank 0 of a group of n without communicator or buffers: what the memory plan shapes a model
+ * with (cp_local_len answers as in the real group) and sizes the buffers of. */
+ust_cp cp_shape(const ust_ops *ops, int n, int T, int B, int Hkv, int D, ust_cp_comm mode);
 void cp_free(ust_cp *cp); /* host memory; the arena owns the rest */
 int cp_local_len(const ust_cp *cp);
 /* 1 on the group's first rank (the one that counts a value every member shares). */

@@ -147,6 +147,63 @@ static void make_buckets(dp_state *d) {
     }
 }
 
+/* Each unit's shard over its group of un[u] ranks (chunk, soff) and their total; the largest
+ * unit but the first (the working buffers' size). */
+static void shard_units(dp_state *d) {
+    for (int u = 0; u < d->nunits; u++) {
+        UST_ASSERT(d->ulen[u] % d->un[u] == 0, "unit %d length %lld not divisible by %d", u,
+                   (long long)d->ulen[u], d->un[u]);
+        d->chunk[u] = d->ulen[u] / d->un[u];
+        d->soff[u] = d->shard_numel;
+        d->shard_numel += d->chunk[u];
+        if (u > 0 && d->ulen[u] > d->max_unit) d->max_unit = d->ulen[u];
+    }
+}
+
+/* ZeRO (Playbook): stage 1 shards the optimizer state, 2 the gradients too, 3 the weights
+ * too; 2 and 3 add working buffers for two units' gradients (one filling while the other
+ * reduces) and 3 two gathered units (one in use, the next prefetched); the first unit has a
+ * working buffer of its own. */
+static void alloc_state(dp_state *d, ust_arena *a) {
+    int64_t moments = d->stage >= 1 ? d->shard_numel : d->numel;
+    d->mom_m = mem_alloc(a, MEM_OPTIM, moments * sizeof(float));
+    d->mom_v = mem_alloc(a, MEM_OPTIM, moments * sizeof(float));
+    if (d->stage >= 2) {
+        d->g_shard = mem_alloc(a, MEM_GRADS, d->shard_numel * sizeof(float));
+        d->work_emb = mem_alloc(a, MEM_GRADS, d->ulen[0] * sizeof(float));
+        for (int k = 0; k < 2; k++)
+            d->work[k] = mem_alloc(a, MEM_GRADS, d->max_unit * sizeof(float));
+        for (int k = 0; k < 3; k++) d->rs[k].unit = -1;
+    }
+    if (d->stage >= 3) {
+        d->p_shard = mem_alloc(a, MEM_PARAMS, d->shard_numel * sizeof(float));
+        d->gath_emb = mem_alloc(a, MEM_PARAMS, d->ulen[0] * sizeof(float));
+        for (int s = 0; s < 2; s++) {
+            d->gath[s] = mem_alloc(a, MEM_PARAMS, d->max_unit * sizeof(float));
+            d->gath_unit[s] = -1;
+        }
+    }
+    d->scalar = mem_alloc(a, MEM_COMM, 4 * sizeof(float));
+}
+
+void dp_count(ust_arena *count, const ust_config *cfg, const model *m, int n, int expert_n) {
+    dp_state d = {.cfg = cfg, .stage = cfg->optimizer.zero_stage, .nunits = model_num_units(m)};
+    d.ulen = calloc(d.nunits, sizeof(int64_t));
+    d.chunk = calloc(d.nunits, sizeof(int64_t));
+    d.soff = calloc(d.nunits, sizeof(int64_t));
+    d.un = calloc(d.nunits, sizeof *d.un);
+    UST_ASSERT(d.ulen && d.chunk && d.soff && d.un, "out of host memory");
+    for (int u = 0; u < d.nunits; u++) {
+        int64_t off;
+        model_unit_range(m, u, &off, &d.ulen[u]);
+        d.un[u] = model_unit_is_expert(m, u) ? expert_n : n;
+    }
+    shard_units(&d);
+    d.numel = model_numel(m);
+    alloc_state(&d, count);
+    free(d.ulen), free(d.chunk), free(d.soff), free(d.un);
+}
+
 static void on_unit(void *ctx, int u, model_phase ph);
 
 int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_arena *a, model *m,
@@ -183,35 +240,12 @@ int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_are
         d->ucomm[u] = expert ? gr->expert : comm;
         d->urank[u] = comm_rank(d->ucomm[u]);
         d->un[u] = comm_size(d->ucomm[u]);
-        UST_ASSERT(d->ulen[u] % d->un[u] == 0, "unit %d length %lld not divisible by %d", u,
-                   (long long)d->ulen[u], d->un[u]);
-        d->chunk[u] = d->ulen[u] / d->un[u];
-        d->soff[u] = d->shard_numel;
-        d->shard_numel += d->chunk[u];
-        if (u > 0 && d->ulen[u] > d->max_unit) d->max_unit = d->ulen[u];
     }
+    shard_units(d);
     d->numel = model_numel(m);
     d->p_whole = model_params(m);
     d->g_whole = model_grads(m);
-    int64_t moments = d->stage >= 1 ? d->shard_numel : d->numel;
-    d->mom_m = mem_alloc(a, MEM_OPTIM, moments * sizeof(float));
-    d->mom_v = mem_alloc(a, MEM_OPTIM, moments * sizeof(float));
-    if (d->stage >= 2) {
-        d->g_shard = mem_alloc(a, MEM_GRADS, d->shard_numel * sizeof(float));
-        d->work_emb = mem_alloc(a, MEM_GRADS, d->ulen[0] * sizeof(float));
-        for (int k = 0; k < 2; k++)
-            d->work[k] = mem_alloc(a, MEM_GRADS, d->max_unit * sizeof(float));
-        for (int k = 0; k < 3; k++) d->rs[k].unit = -1;
-    }
-    if (d->stage >= 3) {
-        d->p_shard = mem_alloc(a, MEM_PARAMS, d->shard_numel * sizeof(float));
-        d->gath_emb = mem_alloc(a, MEM_PARAMS, d->ulen[0] * sizeof(float));
-        for (int s = 0; s < 2; s++) {
-            d->gath[s] = mem_alloc(a, MEM_PARAMS, d->max_unit * sizeof(float));
-            d->gath_unit[s] = -1;
-        }
-    }
-    d->scalar = mem_alloc(a, MEM_COMM, 4 * sizeof(float));
+    alloc_state(d, a);
     d->pending = calloc(d->nunits, sizeof *d->pending);
     int np = model_num_params(m);
     d->seg = calloc(np ? np : 1, sizeof *d->seg);

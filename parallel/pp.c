@@ -80,10 +80,28 @@ pp_state *pp_create(const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
     size_t tokens = (size_t)cfg->train.micro_batch_size * (cfg->train.seq_len / cfg->parallel.cp);
     s->inputs = malloc(tokens * sizeof(int32_t));
     s->targets = malloc(tokens * sizeof(int32_t));
-    s->scalar = mem_alloc(arena, MEM_COMM, (size_t)NSTAT * s->p * sizeof(float));
+    s->scalar = pp_alloc_scalars(arena, s->p);
     for (int k = 0; k < 2; k++) s->batch[k] = calloc((size_t)s->sched->n + 1, sizeof(comm_p2p));
     s->stats_host = malloc((size_t)NSTAT * s->p * sizeof(float));
     return s;
+}
+
+int pp_activation_sets(const ust_config *cfg, int pp_rank, int slots[MODEL_MAX_CHUNKS], int *zb,
+                       ust_err *e) {
+    *zb = 0;
+    if (cfg->parallel.pp == 1) { /* gradient accumulation: each F is followed by its B */
+        slots[0] = 1;
+        return 0;
+    }
+    pps_schedule sched;
+    if (pp_plan(cfg, pp_rank, &sched, slots, e)) return -1;
+    *zb = sched.kind == PP_ZB;
+    pps_free(&sched);
+    return 0;
+}
+
+float *pp_alloc_scalars(ust_arena *arena, int p) {
+    return mem_alloc(arena, MEM_COMM, (size_t)NSTAT * p * sizeof(float));
 }
 
 void pp_destroy(pp_state *s) {

@@ -37,7 +37,14 @@ typedef struct {
 int pp_plan(const ust_config *cfg, int pp_rank, pps_schedule *sched, int slots[MODEL_MAX_CHUNKS],
             ust_err *e);
 
+/* pp_plan's activation sets per chunk without keeping the schedule (one stage: one set, the
+ * schedule is not built), and whether it is zero-bubble (the chunks keep W's gradients). */
+int pp_activation_sets(const ust_config *cfg, int pp_rank, int slots[MODEL_MAX_CHUNKS], int *zb,
+                       ust_err *e);
 typedef struct pp_state pp_state;
+/* The figures every rank of a pipeline of p shares after a step (MEM_COMM): pp_create's own
+ * allocation, which the memory plan runs against a counting arena. */
+float *pp_alloc_scalars(ust_arena *arena, int p);
 
 /* Consumes sched (pp_plan's; freed here: the executor keeps every rank's schedule). pipe: the
  * pipeline group (member i = stage rank i); emb: the tied embedding group (first and last stage;

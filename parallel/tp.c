@@ -16,12 +16,18 @@ void tp_init(ust_tp *tp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, i
     tp->max_rows = max_rows;
     tp->width = width;
     tp->sp = sp && tp->n > 1;
+    tp_alloc_scratch(tp, arena);
+}
+
+void tp_alloc_scratch(ust_tp *tp, ust_arena *arena) {
+    const ust_ops *ops = tp->ops;
+    int max_rows = tp->max_rows;
     tp->lse_all = tp->tlogit = NULL;
     tp->merge_out = tp->merge_out2 = NULL;
     tp->gath_a = tp->gath_d = tp->partial = tp->dlocal = NULL;
     if (tp->sp) {
         UST_ASSERT(max_rows % tp->n == 0, "%d rows do not split over %d ranks", max_rows, tp->n);
-        size_t full = act_bytes(ops, (int64_t)max_rows * width);
+        size_t full = act_bytes(ops, (int64_t)max_rows * tp->width);
         tp->gath_a = mem_alloc(arena, MEM_ACTS, full);
         tp->gath_d = mem_alloc(arena, MEM_ACTS, full);
         tp->partial = mem_alloc(arena, MEM_ACTS, full);
@@ -33,6 +39,12 @@ void tp_init(ust_tp *tp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, i
         tp->merge_out = mem_alloc(arena, MEM_COMM, act_bytes(ops, max_rows));
         tp->merge_out2 = mem_alloc(arena, MEM_COMM, act_bytes(ops, max_rows));
     }
+}
+
+ust_tp tp_shape(const ust_ops *ops, int n, int max_rows, int width, int sp) {
+    ust_tp tp = {.ops = ops, .n = n, .rank = 0, .sp = sp && n > 1, .width = width,
+                 .max_rows = max_rows};
+    return tp;
 }
 
 int tp_size(const ust_tp *tp) { return tp ? tp->n : 1; }

@@ -34,6 +34,12 @@ typedef struct ust_tp {
  * parallelism on (max_rows must then divide by the group size). */
 void tp_init(ust_tp *tp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, int max_rows,
              int width, int sp);
+/* The scratch tp_init carves (MEM_ACTS under sp, the loss's MEM_COMM over n > 1), for a group
+ * of tp->n: tp_init's own allocation, which the memory plan runs against a counting arena. */
+void tp_alloc_scratch(ust_tp *tp, ust_arena *arena);
+/* Rank 0 of a group of n without communicator or buffers: what the memory plan shapes a
+ * model with (tp_part, tp_rows, tp_sp answer as in the real group) and sizes the scratch of. */
+ust_tp tp_shape(const ust_ops *ops, int n, int max_rows, int width, int sp);
 /* Rows of a micro-batch of N tokens held here outside the parallel halves (N/n under sp). */
 int tp_rows(const ust_tp *tp, int N);
 int tp_sp(const ust_tp *tp);
