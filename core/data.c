@@ -587,105 +587,117 @@ static int dg_noun_phrase(demo_gen *g, const char *det) {
     return pl;
 }
 
-static void dg_sentence(demo_gen *g) {
+/* the small cat sees a red ball. */
+static void dg_transitive(demo_gen *g) {
     char buf[32];
-    switch (dg_pick(g, 9)) {
-    case 0:
-    case 1: { /* the small cat sees a red ball. */
-        int pl = dg_noun_phrase(g, "the");
-        const char *v = VERBS[dg_pick(g, NELEM(VERBS))];
-        if (pl)
-            dg_word(g, v);
-        else {
-            third_person(buf, sizeof buf, v);
-            dg_word(g, buf);
-        }
-        dg_noun_phrase(g, dg_pick(g, 2) ? "a" : "the");
-        if (dg_pick(g, 3) == 0) dg_word(g, TIMES[dg_pick(g, NELEM(TIMES))]);
-        dg_end(g, ".");
-        break;
-    }
-    case 2: { /* the dogs are happy. */
-        int pl = dg_noun_phrase(g, "the");
-        dg_word(g, pl ? "are" : "is");
-        dg_word(g, ADJS[dg_pick(g, NELEM(ADJS))]);
-        dg_end(g, ".");
-        break;
-    }
-    case 3: { /* the old fox sleeps near the tree. */
-        int pl = dg_noun_phrase(g, "the");
-        const char *v = IVERBS[dg_pick(g, NELEM(IVERBS))];
-        if (pl) {
-            snprintf(buf, sizeof buf, "%.*s", (int)strlen(v) - 1, v);
-            dg_word(g, buf);
-        } else {
-            dg_word(g, v);
-        }
-        dg_word(g, PREPS[dg_pick(g, NELEM(PREPS))]);
-        dg_noun_phrase(g, "the");
-        dg_end(g, ".");
-        break;
-    }
-    case 4: { /* one, two, three, four, five. */
-        int a = dg_pick(g, 12), len = 3 + dg_pick(g, 6);
-        if (a + len > NELEM(NUMS)) len = NELEM(NUMS) - a;
-        for (int i = 0; i < len; i++) {
-            dg_word(g, NUMS[a + i]);
-            if (i + 1 < len) dg_str(g, ",");
-        }
-        dg_end(g, ".");
-        break;
-    }
-    case 5: {                                           /* two plus three is five. */
-        int a = dg_pick(g, 11), b = dg_pick(g, 11 - a); /* a + b <= 10 */
-        dg_word(g, NUMS[a]);
-        dg_word(g, "plus");
-        dg_word(g, NUMS[b]);
-        dg_word(g, "is");
-        dg_word(g, NUMS[a + b]);
-        dg_end(g, ".");
-        break;
-    }
-    case 6: { /* Anna has three red apples. */
-        dg_word(g, NAMES[dg_pick(g, NELEM(NAMES))]);
-        dg_word(g, "has");
-        int k = 2 + dg_pick(g, 9);
-        dg_word(g, NUMS[k]);
-        if (dg_pick(g, 2)) dg_word(g, ADJS[dg_pick(g, NELEM(ADJS))]);
-        plural(buf, sizeof buf, NOUNS[dg_pick(g, NELEM(NOUNS))]);
+    int pl = dg_noun_phrase(g, "the");
+    const char *v = VERBS[dg_pick(g, NELEM(VERBS))];
+    if (pl)
+        dg_word(g, v);
+    else {
+        third_person(buf, sizeof buf, v);
         dg_word(g, buf);
-        dg_end(g, ".");
-        break;
     }
-    case 7: { /* Ben gives the cup to Mia near the garden. */
-        int a = dg_pick(g, NELEM(NAMES)), b = (a + 1 + dg_pick(g, NELEM(NAMES) - 1)) % NELEM(NAMES);
-        dg_word(g, NAMES[a]);
-        dg_word(g, "gives");
-        dg_noun_phrase(g, "the");
-        dg_word(g, "to");
-        dg_word(g, NAMES[b]);
-        dg_word(g, "near");
-        dg_word(g, PLACES[dg_pick(g, NELEM(PLACES))]);
-        dg_end(g, ".");
-        break;
+    dg_noun_phrase(g, dg_pick(g, 2) ? "a" : "the");
+    if (dg_pick(g, 3) == 0) dg_word(g, TIMES[dg_pick(g, NELEM(TIMES))]);
+    dg_end(g, ".");
+}
+
+/* the dogs are happy. */
+static void dg_copula(demo_gen *g) {
+    int pl = dg_noun_phrase(g, "the");
+    dg_word(g, pl ? "are" : "is");
+    dg_word(g, ADJS[dg_pick(g, NELEM(ADJS))]);
+    dg_end(g, ".");
+}
+
+/* the old fox sleeps near the tree. */
+static void dg_intransitive(demo_gen *g) {
+    char buf[32];
+    int pl = dg_noun_phrase(g, "the");
+    const char *v = IVERBS[dg_pick(g, NELEM(IVERBS))];
+    if (pl) {
+        snprintf(buf, sizeof buf, "%.*s", (int)strlen(v) - 1, v);
+        dg_word(g, buf);
+    } else {
+        dg_word(g, v);
     }
-    default: { /* where is the cat? the cat is in the house. */
-        const char *n = NOUNS[dg_pick(g, NELEM(NOUNS))];
-        const char *p = PLACES[dg_pick(g, NELEM(PLACES))];
-        dg_word(g, "where");
-        dg_word(g, "is");
-        dg_word(g, "the");
-        dg_word(g, n);
-        dg_end(g, "?");
-        dg_word(g, "the");
-        dg_word(g, n);
-        dg_word(g, "is");
-        dg_word(g, "in");
-        dg_word(g, p);
-        dg_end(g, ".");
-        break;
+    dg_word(g, PREPS[dg_pick(g, NELEM(PREPS))]);
+    dg_noun_phrase(g, "the");
+    dg_end(g, ".");
+}
+
+/* one, two, three, four, five. */
+static void dg_counting(demo_gen *g) {
+    int a = dg_pick(g, 12), len = 3 + dg_pick(g, 6);
+    if (a + len > NELEM(NUMS)) len = NELEM(NUMS) - a;
+    for (int i = 0; i < len; i++) {
+        dg_word(g, NUMS[a + i]);
+        if (i + 1 < len) dg_str(g, ",");
     }
-    }
+    dg_end(g, ".");
+}
+
+/* two plus three is five. */
+static void dg_sum(demo_gen *g) {
+    int a = dg_pick(g, 11), b = dg_pick(g, 11 - a); /* a + b <= 10 */
+    dg_word(g, NUMS[a]);
+    dg_word(g, "plus");
+    dg_word(g, NUMS[b]);
+    dg_word(g, "is");
+    dg_word(g, NUMS[a + b]);
+    dg_end(g, ".");
+}
+
+/* Anna has three red apples. */
+static void dg_has(demo_gen *g) {
+    char buf[32];
+    dg_word(g, NAMES[dg_pick(g, NELEM(NAMES))]);
+    dg_word(g, "has");
+    int k = 2 + dg_pick(g, 9);
+    dg_word(g, NUMS[k]);
+    if (dg_pick(g, 2)) dg_word(g, ADJS[dg_pick(g, NELEM(ADJS))]);
+    plural(buf, sizeof buf, NOUNS[dg_pick(g, NELEM(NOUNS))]);
+    dg_word(g, buf);
+    dg_end(g, ".");
+}
+
+/* Ben gives the cup to Mia near the garden. */
+static void dg_gives(demo_gen *g) {
+    int a = dg_pick(g, NELEM(NAMES)), b = (a + 1 + dg_pick(g, NELEM(NAMES) - 1)) % NELEM(NAMES);
+    dg_word(g, NAMES[a]);
+    dg_word(g, "gives");
+    dg_noun_phrase(g, "the");
+    dg_word(g, "to");
+    dg_word(g, NAMES[b]);
+    dg_word(g, "near");
+    dg_word(g, PLACES[dg_pick(g, NELEM(PLACES))]);
+    dg_end(g, ".");
+}
+
+/* where is the cat? the cat is in the house. */
+static void dg_where_is(demo_gen *g) {
+    const char *n = NOUNS[dg_pick(g, NELEM(NOUNS))];
+    const char *p = PLACES[dg_pick(g, NELEM(PLACES))];
+    dg_word(g, "where");
+    dg_word(g, "is");
+    dg_word(g, "the");
+    dg_word(g, n);
+    dg_end(g, "?");
+    dg_word(g, "the");
+    dg_word(g, n);
+    dg_word(g, "is");
+    dg_word(g, "in");
+    dg_word(g, p);
+    dg_end(g, ".");
+}
+
+/* One sentence of a kind picked at random; the transitive kind twice as often as the others. */
+static void dg_sentence(demo_gen *g) {
+    static void (*const kinds[9])(demo_gen *) = {dg_transitive,   dg_transitive, dg_copula,
+                                                 dg_intransitive, dg_counting,   dg_sum,
+                                                 dg_has,          dg_gives,      dg_where_is};
+    kinds[dg_pick(g, 9)](g);
 }
 
 /* Paragraphs of 3..8 sentences, each followed by the end-of-text token, until >= ntok tokens. */

@@ -148,41 +148,104 @@ static int job_id_from_env(char *out, size_t cap, ust_err *e) {
     return 0;
 }
 
-static int env_init(ust_boot *b, ust_err *e) {
-    boot_impl *im = b->impl;
-    long rank = 0, world = 0, lr = 0, lw = 0, port = 0, gr = 0, gw = 0;
-    int hr = boot_env_int("RANK", 0, INT_MAX - 1, &rank, e);
-    int hw = hr < 0 ? -1 : boot_env_int("WORLD_SIZE", 1, INT_MAX, &world, e);
+/* The torchrun-style variables (each with whether it was set), checked against each other. */
+typedef struct {
+    long rank, world, lr, lw, gr, gw;
+    int hlr, hlw, hgr, hgw; /* LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_/NODE_RANK, GROUP_WORLD_SIZE */
+} env_vars;
+
+static int env_read(env_vars *v, ust_err *e) {
+    *v = (env_vars){0};
+    int hr = boot_env_int("RANK", 0, INT_MAX - 1, &v->rank, e);
+    int hw = hr < 0 ? -1 : boot_env_int("WORLD_SIZE", 1, INT_MAX, &v->world, e);
     if (hr < 0 || hw < 0) return -1;
     if (!hr || !hw)
         return ust_errf(e,
                         "torchrun-style launch needs both RANK and WORLD_SIZE in the "
                         "environment, but %s is not set",
                         hr ? "WORLD_SIZE" : "RANK");
-    if (rank >= world) return ust_errf(e, "RANK=%ld is not below WORLD_SIZE=%ld", rank, world);
-    int hlr = boot_env_int("LOCAL_RANK", 0, INT_MAX - 1, &lr, e);
-    int hlw = hlr < 0 ? -1 : boot_env_int("LOCAL_WORLD_SIZE", 1, world, &lw, e);
-    if (hlr < 0 || hlw < 0) return -1;
-    if (hlr != hlw)
+    if (v->rank >= v->world)
+        return ust_errf(e, "RANK=%ld is not below WORLD_SIZE=%ld", v->rank, v->world);
+    v->hlr = boot_env_int("LOCAL_RANK", 0, INT_MAX - 1, &v->lr, e);
+    v->hlw = v->hlr < 0 ? -1 : boot_env_int("LOCAL_WORLD_SIZE", 1, v->world, &v->lw, e);
+    if (v->hlr < 0 || v->hlw < 0) return -1;
+    if (v->hlr != v->hlw)
         return ust_errf(e, "LOCAL_RANK and LOCAL_WORLD_SIZE go together, but only %s is set",
-                        hlr ? "LOCAL_RANK" : "LOCAL_WORLD_SIZE");
-    if (hlr && lr >= lw)
-        return ust_errf(e, "LOCAL_RANK=%ld is not below LOCAL_WORLD_SIZE=%ld", lr, lw);
-    int hgr = boot_env_int("GROUP_RANK", 0, INT_MAX - 1, &gr, e);
-    if (hgr == 0) hgr = boot_env_int("NODE_RANK", 0, INT_MAX - 1, &gr, e);
-    int hgw = hgr < 0 ? -1 : boot_env_int("GROUP_WORLD_SIZE", 1, world, &gw, e);
-    if (hgr < 0 || hgw < 0) return -1;
-    if (hgr && hgw && gr >= gw)
-        return ust_errf(e, "GROUP_RANK=%ld is not below GROUP_WORLD_SIZE=%ld", gr, gw);
+                        v->hlr ? "LOCAL_RANK" : "LOCAL_WORLD_SIZE");
+    if (v->hlr && v->lr >= v->lw)
+        return ust_errf(e, "LOCAL_RANK=%ld is not below LOCAL_WORLD_SIZE=%ld", v->lr, v->lw);
+    v->hgr = boot_env_int("GROUP_RANK", 0, INT_MAX - 1, &v->gr, e);
+    if (v->hgr == 0) v->hgr = boot_env_int("NODE_RANK", 0, INT_MAX - 1, &v->gr, e);
+    v->hgw = v->hgr < 0 ? -1 : boot_env_int("GROUP_WORLD_SIZE", 1, v->world, &v->gw, e);
+    if (v->hgr < 0 || v->hgw < 0) return -1;
+    if (v->hgr && v->hgw && v->gr >= v->gw)
+        return ust_errf(e, "GROUP_RANK=%ld is not below GROUP_WORLD_SIZE=%ld", v->gr, v->gw);
+    return 0;
+}
 
+/* Rank 0 serves the key-value store at addr:port. */
+static int env_serve(ust_boot *b, const char *addr, long port, const char *secret, ust_err *e) {
+    boot_impl *im = b->impl;
+    char id[64];
+    if (job_id_from_env(id, sizeof id, e) < 0) return -1;
+    im->server = store_server_start_auth(addr, (int)port, b->world, id, secret, e);
+    if (!im->server) return -1;
+    if (!secret)
+        fprintf(stderr,
+                "ustrain: warning: UST_JOB_SECRET is not set: the bootstrap key-value store "
+                "on %s accepts any process that can connect to it (scripts/ustrun sets a "
+                "secret; elsewhere export the same UST_JOB_SECRET to every rank)\n",
+                im->where);
+    return 0;
+}
+
+/* Connects and says HELLO (which gives us the job id). Rank 0 may drop a connection before it
+ * read our HELLO (it evicts the oldest silent ones when strangers crowd the store): connect
+ * again until the deadline. */
+static int env_connect(ust_boot *b, const char *addr, long port, const char *secret,
+                       double deadline, ust_err *e) {
+    boot_impl *im = b->impl;
+    for (double backoff = 0.05;; backoff = backoff < 0.4 ? 2 * backoff : 0.8) {
+        im->client = store_client_connect(addr, (int)port, deadline, e);
+        if (!im->client) return -1;
+        if (store_client_hello_auth(im->client, b->rank, b->world, secret, b->job_id,
+                                    sizeof b->job_id, deadline, e) == 0)
+            return 0;
+        int again = store_client_lost(im->client) && log_now_s() + backoff < deadline;
+        store_client_close(im->client, 0);
+        im->client = NULL;
+        if (!again) return -1;
+        struct timespec ts = {0, (long)(backoff * 1e9)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* Local rank/size and node: from LOCAL_RANK and friends when set, else from the hostnames every
+ * rank published before the fence. */
+static int env_place(ust_boot *b, const env_vars *v, ust_err *e) {
+    if (!v->hlr) return derive_local_from_hosts(b, e);
+    b->local_rank = (int)v->lr, b->local_world = (int)v->lw;
+    b->nnodes = v->hgw ? (int)v->gw : (int)((v->world + v->lw - 1) / v->lw);
+    b->node_id = v->hgr ? (int)v->gr : (int)(v->rank / v->lw);
+    if (b->node_id >= b->nnodes)
+        return ust_errf(e, "node %d (GROUP_RANK) is not below the number of nodes %d", b->node_id,
+                        b->nnodes);
+    return 0;
+}
+
+static int env_init(ust_boot *b, ust_err *e) {
+    boot_impl *im = b->impl;
+    env_vars v;
+    long port = 0;
+    if (env_read(&v, e)) return -1;
     b->kind = BOOT_ENV;
-    b->rank = (int)rank, b->world = (int)world;
-    if (world > 1) ust_error_set_rank(b->rank); /* so that even a failed join says who failed */
+    b->rank = (int)v.rank, b->world = (int)v.world;
+    if (v.world > 1) ust_error_set_rank(b->rank); /* so that even a failed join says who failed */
     const char *addr = getenv("MASTER_ADDR");
     if (addr && !*addr) addr = NULL;
     int hp = boot_env_int("MASTER_PORT", 1, 65535, &port, e);
     if (hp < 0) return -1;
-    if (world == 1 && !addr && !hp) { /* nobody to meet: keep values locally */
+    if (v.world == 1 && !addr && !hp) { /* nobody to meet: keep values locally */
         boot_random_id(b->job_id, sizeof b->job_id, "env");
         b->local_rank = 0, b->local_world = 1, b->node_id = 0, b->nnodes = 1;
         return 0;
@@ -191,40 +254,15 @@ static int env_init(ust_boot *b, ust_err *e) {
         return ust_errf(e,
                         "torchrun-style launch with WORLD_SIZE=%ld needs MASTER_ADDR and "
                         "MASTER_PORT (where rank 0 serves the key-value store), but %s is not set",
-                        world, !addr ? "MASTER_ADDR" : "MASTER_PORT");
+                        v.world, !addr ? "MASTER_ADDR" : "MASTER_PORT");
     snprintf(im->where, sizeof im->where, "%s:%ld", addr, port);
 
     double deadline = log_now_s() + b->timeout_s;
     const char *secret = getenv("UST_JOB_SECRET");
     if (secret && !*secret) secret = NULL;
-    if (rank == 0) {
-        char id[64];
-        if (job_id_from_env(id, sizeof id, e) < 0) return -1;
-        im->server = store_server_start_auth(addr, (int)port, (int)world, id, secret, e);
-        if (!im->server) return -1;
-        if (!secret)
-            fprintf(stderr,
-                    "ustrain: warning: UST_JOB_SECRET is not set: the bootstrap key-value store "
-                    "on %s accepts any process that can connect to it (scripts/ustrun sets a "
-                    "secret; elsewhere export the same UST_JOB_SECRET to every rank)\n",
-                    im->where);
-    }
-    /* Rank 0 may drop a connection before it read our HELLO (it evicts the oldest silent ones
-     * when strangers crowd the store): connect again until the deadline. */
-    for (double backoff = 0.05;; backoff = backoff < 0.4 ? 2 * backoff : 0.8) {
-        im->client = store_client_connect(addr, (int)port, deadline, e);
-        if (!im->client) return -1;
-        if (store_client_hello_auth(im->client, b->rank, b->world, secret, b->job_id,
-                                    sizeof b->job_id, deadline, e) == 0)
-            break;
-        int again = store_client_lost(im->client) && log_now_s() + backoff < deadline;
-        store_client_close(im->client, 0);
-        im->client = NULL;
-        if (!again) return -1;
-        struct timespec ts = {0, (long)(backoff * 1e9)};
-        nanosleep(&ts, NULL);
-    }
-    if (!hlr) {
+    if (v.rank == 0 && env_serve(b, addr, port, secret, e)) return -1;
+    if (env_connect(b, addr, port, secret, deadline, e)) return -1;
+    if (!v.hlr) {
         char host[256];
         if (gethostname(host, sizeof host - 1) < 0) snprintf(host, sizeof host, "?");
         host[sizeof host - 1] = 0;
@@ -236,14 +274,7 @@ static int env_init(ust_boot *b, ust_err *e) {
     if (store_client_fence(im->client, im->fence_gen++, left > 0.1 ? left : 0.1, &fe) < 0)
         return ust_errf(e, "waiting for all %d ranks to join at %s: %s", b->world, im->where,
                         fe.msg);
-    if (!hlr) return derive_local_from_hosts(b, e);
-    b->local_rank = (int)lr, b->local_world = (int)lw;
-    b->nnodes = hgw ? (int)gw : (int)((world + lw - 1) / lw);
-    b->node_id = hgr ? (int)gr : (int)(rank / lw);
-    if (b->node_id >= b->nnodes)
-        return ust_errf(e, "node %d (GROUP_RANK) is not below the number of nodes %d", b->node_id,
-                        b->nnodes);
-    return 0;
+    return env_place(b, &v, e);
 }
 
 /* ---------------------------------------------------------------- detection */

@@ -4,16 +4,7 @@
  * PMIx path both use; bootstrap.c calls the PMIx path, never the other way round).
  * Only those files and test/test_bootstrap.c include this header.
  *
- * Store wire format, one frame per message, every integer little-endian:
- *   u32 len            bytes that follow (exactly STORE_HDR + keylen + vallen)
- *   u32 magic          STORE_MAGIC
- *   u8  op             store_op
- *   u8  flags          0
- *   u16 keylen         <= STORE_MAX_KEY, printable ASCII without spaces
- *   u32 a, b           op arguments (rank, world, fence generation, wait in ms)
- *   u32 vallen         <= STORE_MAX_VAL
- *   key, value
- * Every request gets exactly one reply; a frame that breaks any rule closes the connection. */
+ * The store's wire format is stated at STORE_MAGIC. */
 #ifndef UST_BOOTSTRAP_IMPL_H
 #define UST_BOOTSTRAP_IMPL_H
 
@@ -23,6 +14,16 @@
 
 #include "bootstrap.h"
 
+/* Store wire format, one frame per message, every integer little-endian:
+ *   u32 len            bytes that follow (exactly STORE_HDR + keylen + vallen)
+ *   u32 magic          STORE_MAGIC
+ *   u8  op             store_op
+ *   u8  flags          0
+ *   u16 keylen         <= STORE_MAX_KEY, printable ASCII without spaces
+ *   u32 a, b           op arguments (rank, world, fence generation, wait in ms)
+ *   u32 vallen         <= STORE_MAX_VAL
+ *   key, value
+ * Every request gets exactly one reply; a frame that breaks any rule closes the connection. */
 #define STORE_MAGIC 0x31545355u /* "UST1" */
 #define STORE_HDR 20u
 #define STORE_MAX_KEY 255u

@@ -44,7 +44,7 @@ typedef struct entry {
 
 #define NBUCKET 4096
 #define HELLO_WAIT_S 3.0 /* an anonymous connection gets this long to say HELLO */
-#define MAX_ANON 64         /* connections without HELLO yet */
+#define MAX_ANON 64      /* connections without HELLO yet */
 #define MAX_ANON_PER_HOST 32
 #define ACCEPT_BATCH 64 /* connections accepted per wake-up of the loop */
 #define LOG_DROPS 10    /* dropped clients logged one by one; later ones are only counted */
@@ -82,9 +82,9 @@ struct store_server {
     char job_error[1024];
     int stopping; /* rank 0 finalized: serve until every rank left or stop_deadline */
     double stop_deadline;
-    int closing;  /* the thread is ending: parked requests get an error now */
+    int closing;   /* the thread is ending: parked requests get an error now */
     long ndropped; /* clients refused so far (logged: the first LOG_DROPS) */
-    uint8_t *out; /* reply scratch */
+    uint8_t *out;  /* reply scratch */
 };
 
 static uint32_t key_hash(int rank, const char *key) {
@@ -242,40 +242,44 @@ static void conn_close(store_server *s, int i) {
     s->conns[i] = s->conns[--s->nconn];
 }
 
+/* HELLO: the connection says which rank it is (with the job secret). A bad rank or world
+ * size poisons the job: every rank hears why. Returns -1 when the connection must close. */
+static int handle_hello(store_server *s, conn *c, const store_msg *m) {
+    int rank = (int)m->a, world = (int)m->b;
+    if (c->rank >= 0) return reply_text(s, c, ST_ERR, "HELLO sent twice"), -1;
+    if (s->secret[0] && !store_secret_equal(s->secret, m->val, m->vallen)) {
+        log_drop(s, "from %s (says rank %d): %s job secret", c->peer, rank,
+                 m->vallen ? "wrong" : "no");
+        return reply_text(s, c, ST_ERR,
+                          "the job secret (UST_JOB_SECRET) is missing or differs from rank "
+                          "0's: every rank must get the same UST_JOB_SECRET"),
+               -1;
+    }
+    if (world != s->world)
+        poison(s,
+               "rank %d joined with WORLD_SIZE=%d but rank 0 has WORLD_SIZE=%d; every rank "
+               "must be started with the same WORLD_SIZE",
+               rank, world, s->world);
+    else if (rank < 0 || rank >= s->world)
+        poison(s, "a process joined as rank %d, outside [0, %d)", rank, s->world);
+    else if (s->joined[rank])
+        poison(s, "rank %d joined twice: two processes have RANK=%d", rank, rank);
+    if (s->job_error[0]) {
+        reply_text(s, c, ST_ERR, s->job_error);
+        answer_parked(s);
+        return 0;
+    }
+    c->rank = rank;
+    s->joined[rank] = s->present[rank] = 1;
+    reply_text(s, c, ST_OK, s->job_id);
+    return 0;
+}
+
 /* Handles one request; returns -1 when the connection must be closed. */
 static int handle(store_server *s, conn *c, const store_msg *m) {
     char msg[1536];
     if (c->parked) return -1; /* one request at a time: a second one is a protocol error */
-    if (m->op == ST_HELLO) {
-        int rank = (int)m->a, world = (int)m->b;
-        if (c->rank >= 0) return reply_text(s, c, ST_ERR, "HELLO sent twice"), -1;
-        if (s->secret[0] && !store_secret_equal(s->secret, m->val, m->vallen)) {
-            log_drop(s, "from %s (says rank %d): %s job secret", c->peer, rank,
-                     m->vallen ? "wrong" : "no");
-            return reply_text(s, c, ST_ERR,
-                              "the job secret (UST_JOB_SECRET) is missing or differs from rank "
-                              "0's: every rank must get the same UST_JOB_SECRET"),
-                   -1;
-        }
-        if (world != s->world)
-            poison(s,
-                   "rank %d joined with WORLD_SIZE=%d but rank 0 has WORLD_SIZE=%d; every rank "
-                   "must be started with the same WORLD_SIZE",
-                   rank, world, s->world);
-        else if (rank < 0 || rank >= s->world)
-            poison(s, "a process joined as rank %d, outside [0, %d)", rank, s->world);
-        else if (s->joined[rank])
-            poison(s, "rank %d joined twice: two processes have RANK=%d", rank, rank);
-        if (s->job_error[0]) {
-            reply_text(s, c, ST_ERR, s->job_error);
-            answer_parked(s);
-            return 0;
-        }
-        c->rank = rank;
-        s->joined[rank] = s->present[rank] = 1;
-        reply_text(s, c, ST_OK, s->job_id);
-        return 0;
-    }
+    if (m->op == ST_HELLO) return handle_hello(s, c, m);
     if (c->rank < 0) return reply_text(s, c, ST_ERR, "request before HELLO"), -1;
     if (m->op == ST_BYE) {
         c->said_bye = 1;

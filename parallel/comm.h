@@ -4,31 +4,7 @@
  * the whole job), and any number of them can be in use together. Every operation is asynchronous:
  * it returns a comm_req and comm_wait completes it. A wait that passes the deadline prints the
  * operation, group, this rank and the peers it waited on, then exits with UST_EXIT_RUNTIME.
- *
- * Ordering rules (the same as for blocking MPI/NCCL collectives):
- *  - On one communicator, every member posts the same collectives in the same order; operations
- *    on one communicator complete in the order they were posted.
- *  - Across communicators, ranks must wait in a consistent order. The shared-memory backend
- *    runs the posted operations of a communicator when one of them is waited on (so posting
- *    several and waiting later is fine, and a wait completes everything posted before it on
- *    that communicator); NCCL runs them on its stream as they are posted.
- *  - Buffers, count arrays and p2p lists passed to an operation must stay valid and unchanged
- *    until its wait returns. Buffers are device pointers (host memory for the shm backend).
- *  - A communicator is used by one thread at a time.
- *
- * Counters: per communicator and operation kind, the calls made and the bytes this rank SENT
- * under the bandwidth-optimal algorithm (the nccl-tests "bus" convention), so a higher layer can
- * check its traffic against the analytic formula. For n members and B = bytes of one rank's
- * full buffer:
- *   all-reduce     2(n-1)/n * B         (ring: reduce-scatter + all-gather)
- *   all-gather     (n-1) * sendbytes    (B = n * sendbytes is the output)
- *   reduce-scatter (n-1) * recvbytes    (B = n * recvbytes is the input)
- *   broadcast      B on the root, 0 elsewhere
- *   all-to-all(v)  sum of the bytes sent to the other members (the part kept locally is free)
- *   send/recv      sum of the bytes of the sends (sends to oneself are free)
- *   barrier        0
- * Both backends count the same numbers, whatever algorithm moves the data. A communicator of
- * one member counts calls but no bytes. */
+ * Ordering rules: at comm_req; what the traffic counters count: at comm_counters. */
 #ifndef UST_COMM_H
 #define UST_COMM_H
 
@@ -57,13 +33,37 @@ typedef enum {
 typedef struct comm_ctx comm_ctx;
 typedef struct ust_comm ust_comm;
 
-/* A posted operation. Plain value, no allocation; wait on it exactly once (waiting on a request
+/* Ordering rules (the same as for blocking MPI/NCCL collectives):
+ *  - On one communicator, every member posts the same collectives in the same order; operations
+ *    on one communicator complete in the order they were posted.
+ *  - Across communicators, ranks must wait in a consistent order. The shared-memory backend
+ *    runs the posted operations of a communicator when one of them is waited on (so posting
+ *    several and waiting later is fine, and a wait completes everything posted before it on
+ *    that communicator); NCCL runs them on its stream as they are posted.
+ *  - Buffers, count arrays and p2p lists passed to an operation must stay valid and unchanged
+ *    until its wait returns. Buffers are device pointers (host memory for the shm backend).
+ *  - A communicator is used by one thread at a time.
+ *
+ * A posted operation. Plain value, no allocation; wait on it exactly once (waiting on a request
  * that already completed, or on a zero request, returns at once). */
 typedef struct {
     ust_comm *comm;
     uint64_t seq;
 } comm_req;
 
+/* Counters: per communicator and operation kind, the calls made and the bytes this rank SENT
+ * under the bandwidth-optimal algorithm (the nccl-tests "bus" convention), so a higher layer can
+ * check its traffic against the analytic formula. For n members and B = bytes of one rank's
+ * full buffer:
+ *   all-reduce     2(n-1)/n * B         (ring: reduce-scatter + all-gather)
+ *   all-gather     (n-1) * sendbytes    (B = n * sendbytes is the output)
+ *   reduce-scatter (n-1) * recvbytes    (B = n * recvbytes is the input)
+ *   broadcast      B on the root, 0 elsewhere
+ *   all-to-all(v)  sum of the bytes sent to the other members (the part kept locally is free)
+ *   send/recv      sum of the bytes of the sends (sends to oneself are free)
+ *   barrier        0
+ * Both backends count the same numbers, whatever algorithm moves the data. A communicator of
+ * one member counts calls but no bytes. */
 typedef struct {
     uint64_t bytes[COMM_NKINDS]; /* bytes this rank sent, see the table above */
     uint64_t calls[COMM_NKINDS];

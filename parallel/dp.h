@@ -3,15 +3,7 @@
  * context-parallel parts of each sequence).
  * dp owns this rank's trainable state (fp32 master weights, gradients, AdamW moments) and lends
  * it to the model through unit pointers and hooks; every unit is split into n equal shards.
- *   stage 0: everything whole; gradients all-reduced in buckets of ~dp_bucket_mb, each posted
- *            when its last unit's backward of the step's last micro-batch ends.
- *   stage 1: moments sharded; each unit's gradients reduce-scattered at that point, each rank
- *            updates its shard of the weights, then every unit is all-gathered.
- *   stage 2: as 1, and only the gradient shard is kept: a unit's gradients go to a working
- *            buffer and are reduce-scattered into the shard after every micro-batch.
- *   stage 3: weights sharded too: a unit is all-gathered before its forward and again before its
- *            backward, the next unit's gather posted ahead; unit 0 (embeddings) stays gathered
- *            for the step because a tied lm_head needs it at the other end of the model.
+ * The ZeRO stages are described at dp_model_storage.
  * Gradients are summed: the loss scale already divides by the global batch's token count. */
 #ifndef UST_DP_H
 #define UST_DP_H
@@ -27,7 +19,18 @@
 
 typedef struct dp_state dp_state;
 
-/* How the model must allocate itself for this stage and group size. */
+/* The ZeRO stages:
+ *   stage 0: everything whole; gradients all-reduced in buckets of ~dp_bucket_mb, each posted
+ *            when its last unit's backward of the step's last micro-batch ends.
+ *   stage 1: moments sharded; each unit's gradients reduce-scattered at that point, each rank
+ *            updates its shard of the weights, then every unit is all-gathered.
+ *   stage 2: as 1, and only the gradient shard is kept: a unit's gradients go to a working
+ *            buffer and are reduce-scattered into the shard after every micro-batch.
+ *   stage 3: weights sharded too: a unit is all-gathered before its forward and again before its
+ *            backward, the next unit's gather posted ahead; unit 0 (embeddings) stays gathered
+ *            for the step because a tied lm_head needs it at the other end of the model.
+ *
+ * How the model must allocate itself for this stage and group size. */
 model_storage dp_model_storage(const ust_config *cfg, int dp_size);
 /* What dp_create carves for model m (optimizer moments, ZeRO shards and working buffers, its
  * scalars) over a group of n ranks, its expert units over expert_n: dp_create's own

@@ -1,15 +1,7 @@
 /* pp: the pipeline executor. It walks this rank's action list from pp_schedule (forward,
  * backward and weight-gradient computations of (micro-batch, chunk), and the point-to-point
- * transfers around them) and runs it on the model's chunks:
- *   - activation slots: each (micro-batch, chunk) gets one of the chunk's activation sets from
- *     its first action (a receive or its forward) to the end of its backward (of W for zb);
- *     pp_slot_plan computes the assignment before the model exists, so the model allocates
- *     exactly as many sets as the schedule keeps in flight;
- *   - transfers: the comm actions between two computations go out as one batched send/recv;
- *     a batch with a receive is waited on before the next computation, a batch of sends only
- *     stays in flight until the next batch is posted (pp_schedule.h states why this cannot
- *     deadlock);
- *   - accounting: time in computations (busy) and waiting for transfers (idle) per step.
+ * transfers around them) and runs it on the model's chunks (its activation slots, batched
+ * transfers and busy/idle accounting are described at pp_plan).
  * The model keeps its gradient hooks (data parallelism); the caller says, through
  * before_grads, which micro-batch's gradients a backward pass is about to add. */
 #ifndef UST_PP_H
@@ -32,7 +24,18 @@ typedef struct {
     void (*before_grads)(void *ctx, int mb, int last);
 } pp_callbacks;
 
-/* This rank's schedule for cfg (pipeline coordinate pp_rank, parallel.pp_schedule over
+/* How the executor runs the list (pp.c):
+ *   - activation slots: each (micro-batch, chunk) gets one of the chunk's activation sets from
+ *     its first action (a receive or its forward) to the end of its backward (of W for zb);
+ *     pp_slot_plan computes the assignment before the model exists, so the model allocates
+ *     exactly as many sets as the schedule keeps in flight;
+ *   - transfers: the comm actions between two computations go out as one batched send/recv;
+ *     a batch with a receive is waited on before the next computation, a batch of sends only
+ *     stays in flight until the next batch is posted (pp_schedule.h states why this cannot
+ *     deadlock);
+ *   - accounting: time in computations (busy) and waiting for transfers (idle) per step.
+ *
+ * This rank's schedule for cfg (pipeline coordinate pp_rank, parallel.pp_schedule over
  * cfg_grad_accum micro-batches) and the activation sets each of its chunks needs. */
 int pp_plan(const ust_config *cfg, int pp_rank, pps_schedule *sched, int slots[MODEL_MAX_CHUNKS],
             ust_err *e);

@@ -5,19 +5,7 @@
  * (pps_simulate), and the executor walks them. Chunk c of rank r is global stage s = c*p + r
  * (Megatron's interleaved assignment): stage s+1 lives on rank (r+1)%p, stage s-1 on (r-1+p)%p.
  *
- * Communication rule (what the executor must do): the comm actions standing between two compute
- * actions form ONE batch, posted together (one batched send/recv). A batch holding a receive is
- * waited on before the next compute; a batch of sends only may stay in flight while the rank
- * computes on, and is waited on before the next batch is posted (or at the end of the step). The
- * builder puts the receives of a step (one compute, or interleaved's steady F+B pair) right
- * before it and its sends right after it, so the send of one result travels in the same batch as
- * the receive for the next compute (Megatron's send_forward_recv_backward): two neighbours that
- * send to each other meet in one batch. Breadth-first interleaved posts the receives that come
- * round the ring (rank p-1 -> 0) m-p computes early, since its sender is that far behind.
- * pps_simulate runs exactly this rule and reports any deadlock. Transfers on one ordered rank
- * pair are matched in posting order (as NCCL and the shm backend do), so pps_check_pairs
- * requires the k-th send from a to b to be the k-th receive on b from a.
- * With p == 1 every neighbour stage is local: there are no comm actions. */
+ * The communication rule the executor follows and pps_simulate runs is stated at pps_costs. */
 #ifndef UST_PP_SCHEDULE_H
 #define UST_PP_SCHEDULE_H
 
@@ -79,7 +67,21 @@ int pps_check(const pps_schedule *s, ust_err *e);
  * SEND_GRAD(mb, s) <-> RECV_GRAD(mb, s-1)), with no send or receive left over. */
 int pps_check_pairs(const pps_schedule *all, int p, ust_err *e);
 
-/* Unit-cost timeline. Comm is free: a batch completes when every partner has posted its side, and
+/* Communication rule (what the executor must do): the comm actions standing between two compute
+ * actions form ONE batch, posted together (one batched send/recv). A batch holding a receive is
+ * waited on before the next compute; a batch of sends only may stay in flight while the rank
+ * computes on, and is waited on before the next batch is posted (or at the end of the step). The
+ * builder puts the receives of a step (one compute, or interleaved's steady F+B pair) right
+ * before it and its sends right after it, so the send of one result travels in the same batch as
+ * the receive for the next compute (Megatron's send_forward_recv_backward): two neighbours that
+ * send to each other meet in one batch. Breadth-first interleaved posts the receives that come
+ * round the ring (rank p-1 -> 0) m-p computes early, since its sender is that far behind.
+ * pps_simulate runs exactly this rule and reports any deadlock. Transfers on one ordered rank
+ * pair are matched in posting order (as NCCL and the shm backend do), so pps_check_pairs
+ * requires the k-th send from a to b to be the k-th receive on b from a.
+ * With p == 1 every neighbour stage is local: there are no comm actions.
+ *
+ * Unit-cost timeline. Comm is free: a batch completes when every partner has posted its side, and
  * a received tensor is there at the later of the two posts. */
 typedef struct {
     double f, b, w; /* b: the whole backward for non-zb kinds, the input-gradient part for zb */

@@ -1,19 +1,7 @@
 /* topology: the 5D rank grid and every process group derived from it; the one place that
  * computes ranks. world = dp*tp*pp*cp, rank order fastest-varying first tp, cp, dp, pp:
  *     rank = tp_i + tp*(cp_i + cp*(dp_i + dp*pp_i))
- * ep divides dp: the dp coordinate splits as dp_i = edp_i*ep + ep_i, so an expert-parallel group
- * is ep consecutive dp coordinates (close ranks) and the expert-data-parallel replicas of an
- * expert shard are the dp coordinates with the same ep_i.
- * Groups of a rank (members in increasing global rank, which is the comm-local order):
- *   TP     same cp, dp, pp                       (tp members)
- *   CP     same tp, dp, pp                       (cp)
- *   DP     same tp, cp, pp                       (dp)
- *   PP     same tp, cp, dp                       (pp; stage order)
- *   DPCP   same tp, pp             dense-gradient reduction (dp*cp; local index dp_i*cp + cp_i)
- *   EP     same tp, cp, pp, edp_i  expert parallel (ep; local index ep_i)
- *   EDPCP  same tp, pp, ep_i       expert-gradient reduction (dp/ep*cp; index edp_i*cp + cp_i)
- *   EMB    same tp, cp, dp, pp_i in {0, pp-1}   tied embeddings (2 members; 1 when pp == 1)
- *   WORLD  every rank
+ * ep splits dp; the groups of a rank are listed at topo_kind.
  * The pure part (coordinates, member lists, printing) needs no communicator; topo_connect
  * creates every group of this rank through comm, once, at start-up. */
 #ifndef UST_TOPOLOGY_H
@@ -25,6 +13,19 @@
 #include "config.h"
 #include "error.h"
 
+/* ep divides dp: the dp coordinate splits as dp_i = edp_i*ep + ep_i, so an expert-parallel group
+ * is ep consecutive dp coordinates (close ranks) and the expert-data-parallel replicas of an
+ * expert shard are the dp coordinates with the same ep_i.
+ * Groups of a rank (members in increasing global rank, which is the comm-local order):
+ *   TP     same cp, dp, pp                       (tp members)
+ *   CP     same tp, dp, pp                       (cp)
+ *   DP     same tp, cp, pp                       (dp)
+ *   PP     same tp, cp, dp                       (pp; stage order)
+ *   DPCP   same tp, pp             dense-gradient reduction (dp*cp; local index dp_i*cp + cp_i)
+ *   EP     same tp, cp, pp, edp_i  expert parallel (ep; local index ep_i)
+ *   EDPCP  same tp, pp, ep_i       expert-gradient reduction (dp/ep*cp; index edp_i*cp + cp_i)
+ *   EMB    same tp, cp, dp, pp_i in {0, pp-1}   tied embeddings (2 members; 1 when pp == 1)
+ *   WORLD  every rank */
 typedef enum {
     TOPO_TP,
     TOPO_CP,
