@@ -49,28 +49,6 @@ static void init_moe(model *m, ust_arena *arena, const model_storage *st) {
     m->moe_scale = 1.0f / (float)(cfg_grad_accum(m->cfg) * m->cfg->parallel.dp);
 }
 
-/* This rank's chunks: stage c*p + r for c < v, each n_layer / (p*v) layers or as
- * parallel.pp_layers says. */
-static void plan_chunks(model *m, const model_storage *st) {
-    int p = st->pp_size > 0 ? st->pp_size : 1, v = st->vpp > 0 ? st->vpp : 1;
-    int S = p * v;
-    m->nchunks = v;
-    m->chunks = calloc(v, sizeof *m->chunks);
-    for (int c = 0; c < v; c++) {
-        model_chunk *ch = &m->chunks[c];
-        ch->stage = c * p + st->pp_rank;
-        ch->lo = 0, ch->hi = m->L;
-        if (S > 1) cfg_stage_layers(m->cfg, ch->stage, &ch->lo, &ch->hi);
-        ch->embed = ch->stage == 0;
-        ch->head = ch->stage == S - 1;
-        ch->nslots = st->slots[c] > 0 ? st->slots[c] : 1;
-    }
-    int embed = 0, head = 0;
-    for (int c = 0; c < v; c++) embed |= m->chunks[c].embed, head |= m->chunks[c].head;
-    m->tied_local = m->tied && embed && head;
-    m->tied_copy = m->tied && head && !embed;
-}
-
 int model_create_with(model **out, const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
                       const model_storage *st, ust_err *e) {
     UST_ASSERT(st->unit_pad >= 16 && st->unit_pad % 16 == 0, "unit_pad %lld",
@@ -84,39 +62,17 @@ int model_create_with(model **out, const ust_config *cfg, const ust_ops *ops, us
         tp_init(&m->own_tp, ops, NULL, arena, 0, 0, 0);
         m->tp = &m->own_tp;
     }
-    m->llama = cfg->model.arch == ARCH_LLAMA;
-    m->L = cfg->model.n_layer;
-    m->C = cfg->model.d_model;
-    m->H = cfg->model.n_head;
-    m->Hkv = cfg->model.n_kv_head;
-    m->D = cfg_head_dim(cfg);
-    m->F = cfg->model.d_ff;
-    m->V = cfg->model.vocab_size;
-    m->Vp = cfg_vocab_padded(cfg);
-    m->maxT = cfg->model.max_seq_len;
-    m->B = cfg->train.micro_batch_size;
-    m->T = cfg->train.seq_len;
-    m->tied = cfg_tied(cfg);
-    m->eps = (float)cfg->model.norm_eps;
-    m->theta = (float)cfg->model.rope_theta;
-    m->recompute = cfg->train.recompute;
     m->zb = st->zb;
-    m->Hg = m->H, m->Hkvg = m->Hkv, m->Fg = m->F;
-    int start;
-    m->H = tp_part(m->tp, m->Hg, &start); /* this rank's heads and hidden units */
-    m->Hkv = tp_part(m->tp, m->Hkvg, &start);
-    m->F = tp_part(m->tp, m->Fg, &start);
-    m->Vl = tp_part(m->tp, m->Vp, &start);
+    params_dims(m, cfg);
     m->cp = st->cp;
     if (!m->cp) {
         cp_init(&m->own_cp, ops, NULL, arena, m->T, m->B, m->H, m->Hkv, m->D,
                 cfg->parallel.cp_layout, cfg->parallel.cp_comm);
         m->cp = &m->own_cp;
     }
-    m->T = cp_local_len(m->cp);
-    m->Nl = tp_rows(m->tp, m->B * m->T);
+    params_local_rows(m);
     m->unit_pad = st->unit_pad;
-    plan_chunks(m, st);
+    params_chunks(m, st->pp_rank, st->pp_size, st->vpp, st->slots);
     if (cfg->model.moe.num_experts > 0) init_moe(m, arena, st);
     m->lw = calloc(m->L, sizeof *m->lw);
     m->lg = calloc(m->L, sizeof *m->lg);

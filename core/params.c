@@ -441,44 +441,60 @@ done:
 
 /* ------------------------------------------------------------------ the plan's model */
 
-model *params_shape(const ust_config *cfg, const ust_ops *sizes, const params_layout *ly) {
-    model *m = calloc(1, sizeof *m);
-    UST_ASSERT(m, "out of host memory");
-    m->cfg = cfg, m->ops = sizes, m->sizing = 1;
-    /* the shapes model_create_with gives tensor-parallel rank 0 of the group */
+void params_dims(model *m, const ust_config *cfg) {
     m->llama = cfg->model.arch == ARCH_LLAMA;
     m->L = cfg->model.n_layer, m->C = cfg->model.d_model, m->D = cfg_head_dim(cfg);
     m->Hg = cfg->model.n_head, m->Hkvg = cfg->model.n_kv_head, m->Fg = cfg->model.d_ff;
     m->V = cfg->model.vocab_size, m->Vp = cfg_vocab_padded(cfg), m->maxT = cfg->model.max_seq_len;
-    m->B = cfg->train.micro_batch_size, m->tied = cfg_tied(cfg);
-    m->recompute = cfg->train.recompute, m->zb = ly->zb;
-    int T = cfg->train.seq_len, start;
-    m->own_tp = tp_shape(sizes, ly->tp, m->B * (T / ly->cp), m->C, ly->sp);
-    m->tp = &m->own_tp;
-    m->H = tp_part(m->tp, m->Hg, &start);
+    m->B = cfg->train.micro_batch_size, m->T = cfg->train.seq_len, m->tied = cfg_tied(cfg);
+    m->eps = (float)cfg->model.norm_eps, m->theta = (float)cfg->model.rope_theta;
+    m->recompute = cfg->train.recompute;
+    int start;
+    m->H = tp_part(m->tp, m->Hg, &start); /* this rank's heads and hidden units */
     m->Hkv = tp_part(m->tp, m->Hkvg, &start);
     m->F = tp_part(m->tp, m->Fg, &start);
     m->Vl = tp_part(m->tp, m->Vp, &start);
-    m->own_cp = cp_shape(sizes, ly->cp, T, m->B, m->Hkv, m->D, cfg->parallel.cp_comm);
-    m->cp = &m->own_cp;
+}
+
+void params_local_rows(model *m) {
     m->T = cp_local_len(m->cp);
     m->Nl = tp_rows(m->tp, m->B * m->T);
-    m->unit_pad = ly->unit_pad;
-    /* the chunks model_create_with plans: stage c*p + r for c < v */
-    int p = cfg->parallel.pp, v = cfg->parallel.vpp, S = p * v, embed = 0, head = 0;
+}
+
+void params_chunks(model *m, int pp_rank, int pp_size, int vpp, const int *slots) {
+    int p = pp_size > 0 ? pp_size : 1, v = vpp > 0 ? vpp : 1, S = p * v, embed = 0, head = 0;
     m->nchunks = v;
     m->chunks = calloc(v, sizeof *m->chunks);
+    UST_ASSERT(m->chunks, "out of host memory for %d chunks", v);
     for (int c = 0; c < v; c++) {
         model_chunk *ch = &m->chunks[c];
-        ch->stage = c * p + ly->pp_rank;
+        ch->stage = c * p + pp_rank;
         ch->lo = 0, ch->hi = m->L;
-        if (S > 1) cfg_stage_layers(cfg, ch->stage, &ch->lo, &ch->hi);
-        ch->embed = ch->stage == 0, ch->head = ch->stage == S - 1;
-        ch->nslots = ly->slots[c] > 0 ? ly->slots[c] : 1;
+        if (S > 1) cfg_stage_layers(m->cfg, ch->stage, &ch->lo, &ch->hi);
+        ch->embed = ch->stage == 0;
+        ch->head = ch->stage == S - 1;
+        ch->nslots = slots[c] > 0 ? slots[c] : 1;
         embed |= ch->embed, head |= ch->head;
     }
     m->tied_local = m->tied && embed && head;
     m->tied_copy = m->tied && head && !embed;
+}
+
+model *params_shape(const ust_config *cfg, const ust_ops *sizes, const params_layout *ly) {
+    model *m = calloc(1, sizeof *m);
+    UST_ASSERT(m, "out of host memory");
+    m->cfg = cfg, m->ops = sizes, m->sizing = 1;
+    /* the shapes model_create_with gives rank 0 of the tensor- and context-parallel groups */
+    m->zb = ly->zb;
+    int T = cfg->train.seq_len, B = cfg->train.micro_batch_size;
+    m->own_tp = tp_shape(sizes, ly->tp, B * (T / ly->cp), cfg->model.d_model, ly->sp);
+    m->tp = &m->own_tp;
+    params_dims(m, cfg);
+    m->own_cp = cp_shape(sizes, ly->cp, T, m->B, m->Hkv, m->D, cfg->parallel.cp_comm);
+    m->cp = &m->own_cp;
+    params_local_rows(m);
+    m->unit_pad = ly->unit_pad;
+    params_chunks(m, ly->pp_rank, cfg->parallel.pp, cfg->parallel.vpp, ly->slots);
     if (cfg->model.moe.num_experts > 0) m->has_moe = 1, m->ep_size = ly->ep, m->ep_rank = 0;
     m->lw = calloc(m->L, sizeof *m->lw);
     m->lg = calloc(m->L, sizeof *m->lg);

@@ -27,6 +27,13 @@ typedef struct {
  * (model_unit_range, model_unit_is_expert), model_all_tensors, and runs acts_alloc on it
  * against a counting arena. params_shape_free releases it (and acts_alloc's host arrays). */
 model *params_shape(const ust_config *cfg, const ust_ops *sizes, const params_layout *ly);
+/* The steps model_create_with and params_shape share: the dimensions from the config and this
+ * rank's shares of them under tensor parallelism (m->tp set), the local token rows (m->cp
+ * set), and this rank's chunks: stage c*pp_size + pp_rank for c < vpp, n_layer/(pp*vpp) layers
+ * each or as parallel.pp_layers says, with slots[c] activation sets. */
+void params_dims(model *m, const ust_config *cfg);
+void params_local_rows(model *m);
+void params_chunks(model *m, int pp_rank, int pp_size, int vpp, const int *slots);
 void params_shape_free(model *m);
 /* What else that rank's construction carves beside the activation sets, into a counting
  * arena: the whole parameter and gradient buffers st asks for (model_create_with), cp_init's
