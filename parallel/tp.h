@@ -4,12 +4,9 @@
  * halves of a block stay whole on every rank: a column-parallel input is used as is (its gradient
  * is all-reduced in backward), a row-parallel output is all-reduced in forward (its gradient is
  * used as is). Biases of row-parallel layers are added once (on tp rank 0). The cross-entropy is
- * vocab-parallel: each rank only ever holds logits of its own vocabulary slice.
- * Sequence parallelism (sp): outside the two halves the token rows are split over the group
- * (norms, residual adds and their activations on N/n rows); entering a column-parallel half
- * all-gathers the rows, leaving a row-parallel half reduce-scatters them, and norm-weight
- * gradients are summed over the group. Same traffic as the all-reduces it replaces.
- * With n == 1 every call is the plain single-rank op. */
+ * vocab-parallel: each rank only ever holds logits of its own vocabulary slice. Sequence
+ * parallelism (sp) splits the token rows outside the halves (see tp_gather). With n == 1 every
+ * call is the plain single-rank op. */
 #ifndef UST_TP_H
 #define UST_TP_H
 
@@ -44,7 +41,11 @@ ust_tp tp_shape(const ust_ops *ops, int n, int max_rows, int width, int sp);
 int tp_rows(const ust_tp *tp, int N);
 int tp_sp(const ust_tp *tp);
 
-/* Entering a column-parallel half: the whole (N, width) input from this rank's rows. Without sp
+/* Sequence parallelism (sp): outside the two halves the token rows are split over the group
+ * (norms, residual adds and their activations on N/n rows); entering a column-parallel half
+ * all-gathers the rows, leaving a row-parallel half reduce-scatters them, and norm-weight
+ * gradients are summed over the group. Same traffic as the all-reduces it replaces.
+ * Entering a column-parallel half: the whole (N, width) input from this rank's rows. Without sp
  * that is `mine` itself; with sp the rows are all-gathered into scratch (valid until the next
  * tp_gather). */
 const act *tp_gather(ust_tp *tp, const act *mine);
