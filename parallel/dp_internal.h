@@ -1,0 +1,102 @@
+/* dp_internal: the data-parallel state, shared by the two files that implement dp.h: dp.c
+ * (sharding, gathering, gradient reduction, the optimizer step) and dp_io.c (initialization,
+ * import and checkpoints of the sharded buffers). Nothing else includes it. */
+#ifndef UST_DP_INTERNAL_H
+#define UST_DP_INTERNAL_H
+
+#include "dp.h"
+#include "error.h"
+
+typedef enum { BUF_PARAMS, BUF_GRADS, BUF_M, BUF_V } dp_buf;
+
+struct dp_state {
+    const ust_config *cfg;
+    const ust_ops *ops;
+    model *m;
+    ust_comm *comm, *mp; /* the dp group; the group holding the other shards of this replica */
+    ust_comm *pipe;      /* the pipeline group: the other stages of this replica (NULL: none) */
+    ust_comm *ep;        /* the expert-parallel group: the other experts of a MoE layer */
+    ust_comm **ucomm;    /* per unit: the group it is reduced and sharded over */
+    int *urank, *un;     /* per unit: this rank's index in it, and its size */
+    int *pinned;         /* per unit: between its BEGIN and END hooks (in use) */
+    int n, rank, stage, nunits, head, tied, last_mb, drop_grads, has_experts;
+    int64_t *uoff, *ulen, *chunk, *soff; /* per unit: offset, length, chunk, offset in shard */
+    int64_t numel, shard_numel, max_unit;
+    float *p_whole, *g_whole, *p_shard, *g_shard, *mom_m, *mom_v;
+    /* stage 2-3: units' gradients, two working buffers in turn (embeddings apart), so one
+     * unit's reduce-scatter can run while the next unit's backward fills the other; a buffer's
+     * reduction is finished (and added into the shard) before it is reused */
+    float *work[2], *work_emb;
+    struct {
+        comm_req req;
+        int unit; /* -1: nothing in flight */
+        float *buf;
+    } rs[3];                   /* in flight from work[0], work[1], work_emb */
+    int wslot;                 /* the working buffer the next unit gets */
+    int *uwork;                /* per unit: the working buffer it was given at its BEGIN */
+    float *gath[2], *gath_emb; /* stage 3: gathered units */
+    int gath_unit[2], emb_valid;
+    comm_req gath_req[2];
+    comm_req *pending; /* stage 0-1: reductions posted this step */
+    int npending;
+    int *bucket_lo; /* stage 0: 1 where a unit closes a bucket (its lowest) */
+    float *scalar;  /* four floats for the scalar all-reduces */
+    /* the multi-tensor ops' segments: every piece this rank holds, fixed at creation; the first
+     * nseg_norm (replicas left out) make the gradient norm, all nseg the optimizer step */
+    ops_segment *seg;
+    int *seg_param; /* the parameter of each segment */
+    double *seg_sumsq;
+    int nseg, nseg_norm;
+    uint64_t bytes_at_step_start;
+};
+
+static inline int whole(const dp_state *d, dp_buf b) {
+    switch (b) {
+    case BUF_PARAMS:
+        return d->stage < 3;
+    case BUF_GRADS:
+        return d->stage < 2;
+    default:
+        return d->stage < 1;
+    }
+}
+
+/* The buffer b lives in: whole or this rank's shard. */
+static inline float *buf_base(const dp_state *d, dp_buf b) {
+    return b == BUF_PARAMS  ? (whole(d, b) ? d->p_whole : d->p_shard)
+           : b == BUF_GRADS ? (whole(d, b) ? d->g_whole : d->g_shard)
+           : b == BUF_M     ? d->mom_m
+                            : d->mom_v;
+}
+
+/* Pointer to unit coordinate x of unit u in buffer b (x must be held by this rank). */
+static inline float *at(const dp_state *d, dp_buf b, int u, int64_t x) {
+    float *base = buf_base(d, b);
+    if (whole(d, b)) return base + d->uoff[u] + x;
+    int64_t lo = d->urank[u] * d->chunk[u];
+    UST_ASSERT(x >= lo && x <= lo + d->chunk[u],
+               "unit %d element %lld is not in this rank's "
+               "partition [%lld, %lld)",
+               u, (long long)x, (long long)lo, (long long)(lo + d->chunk[u]));
+    return base + d->soff[u] + (x - lo);
+}
+
+/* The part [*a, *b) of parameter i (flat, within the tensor) that lies in this rank's partition
+ * (part = 1) or the whole tensor (part = 0); returns the tensor's offset inside its unit. */
+static inline int64_t piece(const dp_state *d, int i, int part, int64_t *a, int64_t *b) {
+    const model_param *q = model_param_at(d->m, i);
+    int u = model_param_unit(d->m, i);
+    int64_t t0 = q->offset - d->uoff[u];
+    *a = 0;
+    *b = q->numel;
+    if (part) {
+        int64_t lo = d->urank[u] * d->chunk[u] - t0, hi = lo + d->chunk[u];
+        *a = lo > 0 ? lo : 0;
+        *b = hi < q->numel ? hi : q->numel;
+        if (*b < *a) *b = *a;
+    }
+    return t0;
+}
+
+
+#endif

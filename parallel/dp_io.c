@@ -1,0 +1,132 @@
+/* dp_io.c: the sharded buffers' initialization, the llm.c import and the checkpoint transfer
+ * (each rank writes its partition, reads what it holds; dp.h). */
+#include "dp.h"
+#include "dp_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ init, import, checkpoints */
+
+/* Fills what this rank holds of parameter i from a host function of the flat range. */
+typedef void (*fill_fn)(dp_state *d, int i, int64_t a, int64_t b, float *host, void *arg);
+
+static void fill_params(dp_state *d, fill_fn fill, void *arg) {
+    float *host = NULL;
+    int64_t cap = 0;
+    for (int i = 0; i < model_num_params(d->m); i++) {
+        int64_t a, b, t0 = piece(d, i, !whole(d, BUF_PARAMS), &a, &b);
+        if (b <= a) continue;
+        if (b - a > cap) host = realloc(host, (cap = b - a) * sizeof(float));
+        UST_ASSERT(host, "out of host memory");
+        fill(d, i, a, b, host, arg);
+        d->ops->to_device(d->ops, at(d, BUF_PARAMS, model_param_unit(d->m, i), t0 + a), host,
+                          (b - a) * sizeof(float));
+    }
+    free(host);
+}
+
+static void fill_init(dp_state *d, int i, int64_t a, int64_t b, float *host, void *arg) {
+    model_init_range(d->m, i, a, b, *(uint64_t *)arg, host);
+}
+
+void dp_init_params(dp_state *d, uint64_t seed) { fill_params(d, fill_init, &seed); }
+
+typedef struct {
+    dp_state *d;
+} llmc_ctx;
+
+static void store_llmc(void *ctx, int i, const float *whole_tensor) {
+    dp_state *d = ((llmc_ctx *)ctx)->d;
+    int64_t a, b, t0 = piece(d, i, !whole(d, BUF_PARAMS), &a, &b);
+    if (b > a)
+        d->ops->to_device(d->ops, at(d, BUF_PARAMS, model_param_unit(d->m, i), t0 + a),
+                          whole_tensor + a, (b - a) * sizeof(float));
+}
+
+int dp_load_llmc(dp_state *d, const char *path, ust_err *e) {
+    llmc_ctx ctx = {d};
+    return model_load_llmc(d->m, path, store_llmc, &ctx, e);
+}
+
+static const char *moment_suffix(dp_buf b) { return b == BUF_M ? "exp_avg" : "exp_avg_sq"; }
+
+static ckpt_tensor tensor_of(const model_param *q, dp_buf b) {
+    ckpt_tensor t = q->whole;
+    if (b == BUF_M || b == BUF_V)
+        snprintf(t.name, sizeof t.name, "%s.%s", q->name, moment_suffix(b));
+    return t;
+}
+
+/* Every rank declares the whole model's tensors (other stages' too): the file layout is the
+ * same everywhere, and each rank fills in what it holds. */
+static int list_file(dp_state *d, ckpt_writer *w, int optimizer, ust_err *e) {
+    int np;
+    const ckpt_tensor *all = model_all_tensors(d->m, &np);
+    int n = optimizer ? 2 * np : np;
+    ckpt_tensor *ts = calloc(n, sizeof *ts);
+    for (int i = 0; i < np; i++) {
+        model_param q = {.whole = all[i]};
+        snprintf(q.name, sizeof q.name, "%s", all[i].name);
+        if (optimizer) {
+            ts[2 * i] = tensor_of(&q, BUF_M);
+            ts[2 * i + 1] = tensor_of(&q, BUF_V);
+        } else {
+            ts[i] = tensor_of(&q, BUF_PARAMS);
+        }
+    }
+    int file =
+        ckpt_add_file(w, optimizer ? "optimizer.safetensors" : "model.safetensors", ts, n, e);
+    free(ts);
+    return file;
+}
+
+/* Writes (or reads) this rank's pieces of buffer b: its partition when saving (every element is
+ * written by exactly one member), everything it holds when loading. */
+static int transfer(dp_state *d, dp_buf b, int file, ckpt_writer *w, ckpt_reader *r, ust_err *e) {
+    float *host = NULL;
+    int64_t cap = 0;
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < model_num_params(d->m); i++) {
+        const model_param *q = model_param_at(d->m, i);
+        int64_t a, bb, t0 = piece(d, i, w ? 1 : !whole(d, b), &a, &bb);
+        if (bb <= a) continue;
+        if (w && !q->tp_split && d->mp && comm_rank(d->mp) != 0) continue; /* written once */
+        if (w && q->replica) continue; /* the owner's stage writes it */
+        if (bb - a > cap) host = realloc(host, (cap = bb - a) * sizeof(float));
+        float *dev = at(d, b, model_param_unit(d->m, i), t0 + a);
+        ckpt_tensor t = tensor_of(q, b);
+        ckpt_slice s = q->slice;
+        s.flat0 = q->slice.flat0 + a;
+        s.flat1 = q->slice.flat0 + bb;
+        if (w) {
+            d->ops->to_host(d->ops, host, dev, (bb - a) * sizeof(float));
+            rc = ckpt_write_slice(w, file, t.name, &s, host, e);
+        } else {
+            const char *fname = b == BUF_PARAMS ? "model.safetensors" : "optimizer.safetensors";
+            rc = ckpt_read_slice(r, fname, &t, &s, host, e);
+            if (rc == 0) d->ops->to_device(d->ops, dev, host, (bb - a) * sizeof(float));
+        }
+    }
+    free(host);
+    return rc;
+}
+
+int dp_save(dp_state *d, ckpt_writer *w, ust_err *e) {
+    /* both always: declaring a file is a step every rank takes together, failed or not */
+    int fm = list_file(d, w, 0, e);
+    int fo = list_file(d, w, 1, e);
+    if (fm < 0 || fo < 0) return -1;
+    return transfer(d, BUF_PARAMS, fm, w, NULL, e) || transfer(d, BUF_M, fo, w, NULL, e) ||
+                   transfer(d, BUF_V, fo, w, NULL, e)
+               ? -1
+               : 0;
+}
+
+int dp_load(dp_state *d, ckpt_reader *r, ust_err *e) {
+    return transfer(d, BUF_PARAMS, 0, NULL, r, e) || transfer(d, BUF_M, 0, NULL, r, e) ||
+                   transfer(d, BUF_V, 0, NULL, r, e)
+               ? -1
+               : 0;
+}
