@@ -76,6 +76,10 @@ static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *
     if (m->zb) {
         s->ws = calloc(nl, sizeof *s->ws);
         for (int i = 0; i < nl; i++) alloc_wsave(m, a, &s->ws[i]);
+        /* per layer: two unit marks, an activation, two gathers, seven linears, two norms;
+         * the head: marks, a gather, a linear, a norm; the embeddings: marks and a job */
+        s->wg.cap = 16 * nl + 16;
+        s->wg.jobs = calloc((size_t)s->wg.cap, sizeof *s->wg.jobs);
     }
     if (ch->head) {
         s->lnf = A(Nl * C);
@@ -123,7 +127,7 @@ void acts_free(model *m) {
             act_slot *s = &m->chunks[c].slots[k];
             for (int i = 0; s->ma && i < m->chunks[c].hi - m->chunks[c].lo; i++)
                 if (is_moe(m, m->chunks[c].lo + i)) moe_acts_free(&s->ma[i]);
-            free(s->xs), free(s->la), free(s->ws), free(s->ma);
+            free(s->xs), free(s->la), free(s->ws), free(s->ma), free(s->wg.jobs);
         }
         free(m->chunks[c].slots);
     }

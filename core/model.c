@@ -286,35 +286,76 @@ static void save(model *m, act *dst, const act *src, int64_t n) {
     m->ops->copy(m->ops, dst, src, act_bytes(m->ops, n));
 }
 
-/* The backward passes below take ws: NULL for a whole backward; zb's B passes the layer's
- * layer_wsave, and then no weight gradient is computed: each linear's output gradient is kept
- * in ws for W instead. g: where weight gradients go (a dummy set under B). */
+/* The backward passes below take df: a whole backward computes every weight gradient as it
+ * goes (df.list NULL); zero-bubble's B computes input gradients only and leaves each weight
+ * gradient as a job on df.list, saving the output gradient it needs in df.keep (the layer's
+ * layer_wsave), for W to run later. */
+typedef struct {
+    wg_list *list;
+    layer_wsave *keep;
+} deferral;
+
+/* The gradient buffer to pass to a fused backward call: none when it is deferred. */
+static float *now(const deferral *df, float *g) { return df->list ? NULL : g; }
+
+/* Under B: appends job j, first saving its output gradient (n activations) into keep. */
+static void later(model *m, const deferral *df, wg_job j, act *keep, int64_t n) {
+    if (!df->list) return;
+    if (keep) {
+        save(m, keep, j.dout, n);
+        j.dout = keep;
+    }
+    wg_list *l = df->list;
+    UST_ASSERT(l->n < l->cap, "more than %d deferred weight gradients", l->cap);
+    l->jobs[l->n++] = j;
+}
+
+static void later_unit(model *m, const deferral *df, wg_kind k, int unit) {
+    later(m, df, (wg_job){.kind = k, .unit = unit}, NULL, 0);
+}
 
 /* Dense MLP, out = res2 + act(ln2 @ wu^T [, ln2 @ wg^T]) @ wd^T + bd: from d out (dx, this
  * rank's rows) to d ln2; returns this rank's rows of it. */
-static act *mlp_backward(model *m, int l, const act *dx, layer_acts *a, const layer_w *g,
-                         layer_wsave *ws) {
+static act *mlp_backward(model *m, int l, const act *dx, layer_acts *a, const deferral *df) {
     const ust_ops *o = m->ops;
     const layer_w *w = &m->lw[l];
+    layer_w *g = &m->lg[l];
     int N = m->B * m->T, C = m->C, F = m->F;
     int64_t NF = (int64_t)N * F;
-    if (m->recompute == RECOMPUTE_SELECTIVE && !ws) mlp_activation(m, a);
-    const act *gdx = tp_gather_grad(m->tp, dx);
-    if (ws) save(m, ws->gmlp, gdx, (int64_t)N * C);
-    if (m->llama)
-        tp_row_linear_bwd(m->tp, m->dact, g->wd, g->bd, gdx, a->act, w->wd, N, F, C);
-    else /* gelu's backward fused in: straight to d up */
-        tp_row_linear_gelu_bwd(m->tp, m->dup, g->wd, g->bd, gdx, a->act, a->up, w->wd, N, F, C);
-    const act *ln2 = tp_gather(m->tp, a->ln2); /* sp: gathered again rather than kept */
-    if (m->llama) {
-        o->swiglu_bwd(o, m->dgate, m->dup, m->dact, a->gate, a->up, NF);
-        tp_column_linear_bwd(m->tp, m->dln, g->wu, NULL, m->dup, ln2, w->wu, N, C, F, 0);
-        tp_column_linear_bwd(m->tp, m->dln, g->wg, NULL, m->dgate, ln2, w->wg, N, C, F, 1);
-        if (ws) save(m, ws->dgate, m->dgate, NF);
-    } else {
-        tp_column_linear_bwd(m->tp, m->dln, g->wu, g->bu, m->dup, ln2, w->wu, N, C, F, 0);
+    if (m->recompute == RECOMPUTE_SELECTIVE) { /* the down projection's input, for its dw */
+        if (df->list)
+            later(m, df, (wg_job){.kind = WG_ACT, .acts = a}, NULL, 0);
+        else
+            mlp_activation(m, a);
     }
-    if (ws) save(m, ws->dup, m->dup, NF);
+    const act *gdx = tp_gather_grad(m->tp, dx);
+    if (m->llama)
+        tp_row_linear_bwd(m->tp, m->dact, now(df, g->wd), now(df, g->bd), gdx, a->act, w->wd, N,
+                          F, C);
+    else /* gelu's backward fused in: straight to d up */
+        tp_row_linear_gelu_bwd(m->tp, m->dup, now(df, g->wd), now(df, g->bd), gdx, a->act, a->up,
+                               w->wd, N, F, C);
+    later(m, df,
+          (wg_job){.kind = WG_LINEAR, .dw = g->wd, .db = g->bd, .dout = gdx, .x = a->act,
+                   .w = w->wd, .N = N, .C = F, .OC = C},
+          df->keep ? df->keep->gmlp : NULL, (int64_t)N * C);
+    const act *ln2 = tp_gather(m->tp, a->ln2); /* sp: gathered again rather than kept */
+    later(m, df, (wg_job){.kind = WG_GATHER, .x = a->ln2}, NULL, 0);
+    if (m->llama) o->swiglu_bwd(o, m->dgate, m->dup, m->dact, a->gate, a->up, NF);
+    tp_column_linear_bwd(m->tp, m->dln, now(df, g->wu), now(df, g->bu), m->dup, ln2, w->wu, N, C,
+                         F, 0);
+    later(m, df,
+          (wg_job){.kind = WG_LINEAR, .gathered = 1, .dw = g->wu, .db = g->bu, .dout = m->dup,
+                   .w = w->wu, .N = N, .C = C, .OC = F},
+          df->keep ? df->keep->dup : NULL, NF);
+    if (m->llama) {
+        tp_column_linear_bwd(m->tp, m->dln, now(df, g->wg), NULL, m->dgate, ln2, w->wg, N, C, F,
+                             1);
+        later(m, df,
+              (wg_job){.kind = WG_LINEAR, .gathered = 1, .dw = g->wg, .dout = m->dgate,
+                       .w = w->wg, .N = N, .C = C, .OC = F},
+              df->keep ? df->keep->dgate : NULL, NF);
+    }
     return tp_reduce_grad(m->tp, m->dln); /* the MLP's input is shared by the group: summed */
 }
 
@@ -327,29 +368,37 @@ static act *moe_mlp_backward(model *m, int l, const act *dx, layer_acts *a, moe_
     return tp_local_rows(m->tp, m->dln);
 }
 
-/* dx += d loss / d (a norm's input), given its output gradient dout (this rank's rows). */
-static void norm_step_backward(model *m, act *dx, act *dout, const act *inp, const float *w,
-                               float *gw, float *gb, const float *mean, const float *rstd,
-                               act *keep) {
-    if (keep) {
-        save(m, keep, dout, (int64_t)m->Nl * m->C);
+/* dx += d loss / d (a norm's input), given its output gradient dout (this rank's rows); the
+ * weight (and bias) gradient now, or under B a job reading dout saved in keep. */
+static void norm_step_backward(model *m, const deferral *df, act *dx, act *dout, const act *inp,
+                               const float *w, float *gw, float *gb, const float *mean,
+                               const float *rstd, act *keep) {
+    if (df->list)
         norm_backward_input(m, m->dtmp, dout, inp, w, mean, rstd);
-    } else {
+    else
         norm_backward(m, m->dtmp, gw, gb, dout, inp, w, mean, rstd);
-    }
+    later(m, df,
+          (wg_job){.kind = WG_NORM, .dw = gw, .db = gb, .dout = dout, .x = inp, .w = w,
+                   .mean = mean, .rstd = rstd},
+          keep, (int64_t)m->Nl * m->C);
     m->ops->add(m->ops, dx, dx, m->dtmp, (int64_t)m->Nl * m->C);
 }
 
 /* Attention, res2 = x_in + attn(ln1) @ wo^T + bo: from d res2 (dx) to d ln1; returns this
  * rank's rows of it. */
-static act *attention_backward(model *m, int l, const act *dx, layer_acts *a, const layer_w *g,
-                               layer_wsave *ws) {
+static act *attention_backward(model *m, int l, const act *dx, layer_acts *a, const deferral *df) {
     const ust_ops *o = m->ops;
     const layer_w *w = &m->lw[l];
+    layer_w *g = &m->lg[l];
+    const layer_wsave *k = df->keep;
     int N = m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D;
     const act *gdx = tp_gather_grad(m->tp, dx);
-    if (ws) save(m, ws->gatt, gdx, (int64_t)N * C);
-    tp_row_linear_bwd(m->tp, m->datt, g->wo, g->bo, gdx, a->att, w->wo, N, HD, C);
+    tp_row_linear_bwd(m->tp, m->datt, now(df, g->wo), now(df, g->bo), gdx, a->att, w->wo, N, HD,
+                      C);
+    later(m, df,
+          (wg_job){.kind = WG_LINEAR, .dw = g->wo, .db = g->bo, .dout = gdx, .x = a->att,
+                   .w = w->wo, .N = N, .C = HD, .OC = C},
+          k ? k->gatt : NULL, (int64_t)N * C);
     o->zero(o, m->dq, act_bytes(o, (int64_t)N * HD));
     o->zero(o, m->dk, act_bytes(o, (int64_t)N * KV));
     o->zero(o, m->dv, act_bytes(o, (int64_t)N * KV));
@@ -358,72 +407,67 @@ static act *attention_backward(model *m, int l, const act *dx, layer_acts *a, co
         o->rope_bwd(o, m->dq, m->dq, m->pos, m->B, m->T, m->H, m->D, m->theta);
         o->rope_bwd(o, m->dk, m->dk, m->pos, m->B, m->T, m->Hkv, m->D, m->theta);
     }
-    if (ws) {
-        save(m, ws->dq, m->dq, (int64_t)N * HD);
-        save(m, ws->dk, m->dk, (int64_t)N * KV);
-        save(m, ws->dv, m->dv, (int64_t)N * KV);
-    }
     const act *ln1 = tp_gather(m->tp, a->ln1);
-    tp_column_linear_bwd(m->tp, m->dln, g->wq, g->bq, m->dq, ln1, w->wq, N, C, HD, 0);
-    tp_column_linear_bwd(m->tp, m->dln, g->wk, g->bk, m->dk, ln1, w->wk, N, C, KV, 1);
-    tp_column_linear_bwd(m->tp, m->dln, g->wv, g->bv, m->dv, ln1, w->wv, N, C, KV, 1);
+    later(m, df, (wg_job){.kind = WG_GATHER, .x = a->ln1}, NULL, 0);
+    const struct {
+        float *dw, *db;
+        act *dout, *keep;
+        const float *w;
+        int OC;
+    } qkv[3] = {{g->wq, g->bq, m->dq, k ? k->dq : NULL, w->wq, HD},
+                {g->wk, g->bk, m->dk, k ? k->dk : NULL, w->wk, KV},
+                {g->wv, g->bv, m->dv, k ? k->dv : NULL, w->wv, KV}};
+    for (int i = 0; i < 3; i++) {
+        tp_column_linear_bwd(m->tp, m->dln, now(df, qkv[i].dw), now(df, qkv[i].db), qkv[i].dout,
+                             ln1, qkv[i].w, N, C, qkv[i].OC, i > 0);
+        later(m, df,
+              (wg_job){.kind = WG_LINEAR, .gathered = 1, .dw = qkv[i].dw, .db = qkv[i].db,
+                       .dout = qkv[i].dout, .w = qkv[i].w, .N = N, .C = C, .OC = qkv[i].OC},
+              qkv[i].keep, (int64_t)N * qkv[i].OC);
+    }
     return tp_reduce_grad(m->tp, m->dln); /* so is attention's */
 }
 
 /* dx: (B,T,C) holds d loss / d x_out on entry and d loss / d x_in on exit. */
 static void layer_backward(model *m, int l, const act *x_in, act *dx, layer_acts *a, moe_acts *ma,
-                           layer_wsave *ws) {
-    const layer_w *w = &m->lw[l];
-    layer_w none = {0}, *g = ws ? &none : &m->lg[l];
-    UST_ASSERT(!ws || !is_moe(m, l), "zero-bubble B/W split of a MoE layer");
-    act *dln = is_moe(m, l) ? moe_mlp_backward(m, l, dx, a, ma) : mlp_backward(m, l, dx, a, g, ws);
-    norm_step_backward(m, dx, dln, a->res2, w->ln2_w, g->ln2_w, g->ln2_b, a->ln2_mean, a->ln2_rstd,
-                       ws ? ws->dln2 : NULL); /* dx = d res2 */
-    dln = attention_backward(m, l, dx, a, g, ws);
-    norm_step_backward(m, dx, dln, x_in, w->ln1_w, g->ln1_w, g->ln1_b, a->ln1_mean, a->ln1_rstd,
-                       ws ? ws->dln1 : NULL); /* dx = d x_in */
-}
-
-/* zb's W of one layer: every weight gradient from the output gradients B kept. */
-static void layer_weight_grad(model *m, int l, const act *x_in, layer_acts *a,
-                              const layer_wsave *ws) {
+                           const deferral *df) {
     const layer_w *w = &m->lw[l];
     layer_w *g = &m->lg[l];
-    int N = m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D, F = m->F;
-    if (m->recompute == RECOMPUTE_SELECTIVE) mlp_activation(m, a);
-    tp_row_linear_bwd(m->tp, NULL, g->wd, g->bd, ws->gmlp, a->act, w->wd, N, F, C);
-    const act *ln2 = tp_gather(m->tp, a->ln2);
-    tp_column_linear_bwd(m->tp, NULL, g->wu, m->llama ? NULL : g->bu, ws->dup, ln2, w->wu, N, C, F, 0);
-    if (m->llama) tp_column_linear_bwd(m->tp, NULL, g->wg, NULL, ws->dgate, ln2, w->wg, N, C, F, 0);
-    norm_backward(m, m->dtmp, g->ln2_w, g->ln2_b, ws->dln2, a->res2, w->ln2_w, a->ln2_mean,
-                  a->ln2_rstd);
-    tp_row_linear_bwd(m->tp, NULL, g->wo, g->bo, ws->gatt, a->att, w->wo, N, HD, C);
-    const act *ln1 = tp_gather(m->tp, a->ln1);
-    tp_column_linear_bwd(m->tp, NULL, g->wq, g->bq, ws->dq, ln1, w->wq, N, C, HD, 0);
-    tp_column_linear_bwd(m->tp, NULL, g->wk, g->bk, ws->dk, ln1, w->wk, N, C, KV, 0);
-    tp_column_linear_bwd(m->tp, NULL, g->wv, g->bv, ws->dv, ln1, w->wv, N, C, KV, 0);
-    norm_backward(m, m->dtmp, g->ln1_w, g->ln1_b, ws->dln1, x_in, w->ln1_w, a->ln1_mean,
-                  a->ln1_rstd);
+    const layer_wsave *k = df->keep;
+    UST_ASSERT(!df->list || !is_moe(m, l), "zero-bubble B/W split of a MoE layer");
+    act *dln = is_moe(m, l) ? moe_mlp_backward(m, l, dx, a, ma) : mlp_backward(m, l, dx, a, df);
+    norm_step_backward(m, df, dx, dln, a->res2, w->ln2_w, g->ln2_w, g->ln2_b, a->ln2_mean,
+                       a->ln2_rstd, k ? k->dln2 : NULL); /* dx = d res2 */
+    dln = attention_backward(m, l, dx, a, df);
+    norm_step_backward(m, df, dx, dln, x_in, w->ln1_w, g->ln1_w, g->ln1_b, a->ln1_mean,
+                       a->ln1_rstd, k ? k->dln1 : NULL); /* dx = d x_in */
 }
 
 /* The head's backward: logits hold d loss / d logits (written by the fused cross-entropy);
- * leaves d loss / d (final norm input) in dx. */
-static void head_backward(model *m, act_slot *s, const act *x_last, act *dx, int input_only) {
+ * leaves d loss / d (final norm input) in dx. Under B the logits stay until W reads them. */
+static void head_backward(model *m, act_slot *s, const act *x_last, act *dx, const deferral *df) {
     int N = m->B * m->T;
-    tp_column_linear_bwd(m->tp, m->dln, input_only ? NULL : m->g_lm, NULL, s->logits,
+    tp_column_linear_bwd(m->tp, m->dln, now(df, m->g_lm), NULL, s->logits,
                          tp_gather(m->tp, s->lnf), m->lm, N, m->C, m->Vl, 0);
+    later(m, df, (wg_job){.kind = WG_GATHER, .x = s->lnf}, NULL, 0);
+    later(m, df,
+          (wg_job){.kind = WG_LINEAR, .gathered = 1, .dw = m->g_lm, .dout = s->logits,
+                   .w = m->lm, .N = N, .C = m->C, .OC = m->Vl},
+          NULL, 0);
     act *dln = tp_reduce_grad(m->tp, m->dln);
-    if (input_only) {
-        save(m, s->dlnf, dln, (int64_t)m->Nl * m->C);
+    if (df->list)
         norm_backward_input(m, dx, dln, x_last, m->lnf_w, s->lnf_mean, s->lnf_rstd);
-    } else {
+    else
         norm_backward(m, dx, m->g_lnf_w, m->g_lnf_b, dln, x_last, m->lnf_w, s->lnf_mean,
                       s->lnf_rstd);
-    }
+    later(m, df,
+          (wg_job){.kind = WG_NORM, .dw = m->g_lnf_w, .db = m->g_lnf_b, .dout = dln, .x = x_last,
+                   .w = m->lnf_w, .mean = s->lnf_mean, .rstd = s->lnf_rstd},
+          s->dlnf, (int64_t)m->Nl * m->C);
 }
 
-static void embedding_backward(model *m, act_slot *s, const act *dx) {
-    tp_embedding_bwd(m->tp, m->g_wte, m->llama ? NULL : m->g_wpe, dx, s->tok,
+static void embedding_backward(model *m, const int32_t *tok, const act *dx) {
+    tp_embedding_bwd(m->tp, m->g_wte, m->llama ? NULL : m->g_wpe, dx, tok,
                      m->llama ? NULL : m->pos, m->B, m->T, m->C, m->Vp);
 }
 
@@ -435,9 +479,13 @@ void model_chunk_backward(model *m, int c, int slot, int input_only) {
     model_phase end = input_only ? MODEL_BIN_END : MODEL_BWD_END;
     int nl = ch->hi - ch->lo, u = ch->unit0 + ch->nunits - 1;
     act *dx = s->dy; /* the chunk's output gradient, turned into its input gradient */
+    deferral df = {input_only ? &s->wg : NULL, NULL};
+    if (input_only) s->wg.n = 0;
     if (ch->head) {
         hook(m, u, begin);
-        head_backward(m, s, s->xs[nl], dx, input_only);
+        later_unit(m, &df, WG_UNIT_BEGIN, u);
+        head_backward(m, s, s->xs[nl], dx, &df);
+        later_unit(m, &df, WG_UNIT_END, u);
         hook(m, u--, end);
     }
     for (int l = ch->hi - 1; l >= ch->lo; l--) {
@@ -450,41 +498,46 @@ void model_chunk_backward(model *m, int c, int slot, int input_only) {
             moe_stats again;
             layer_forward(m, l, s->xs[i], s->xs[i + 1], &m->scratch, ma, &again);
         }
-        layer_backward(m, l, s->xs[i], dx, acts_of(m, s, i), ma, input_only ? &s->ws[i] : NULL);
+        df.keep = input_only ? &s->ws[i] : NULL;
+        later_unit(m, &df, WG_UNIT_BEGIN, ua);
+        layer_backward(m, l, s->xs[i], dx, acts_of(m, s, i), ma, &df);
+        later_unit(m, &df, WG_UNIT_END, ua);
         if (moe) hook(m, u, end);
         hook(m, ua, end);
         u = ua - 1;
     }
     if (ch->embed) {
         hook(m, u, begin);
-        if (!input_only) embedding_backward(m, s, dx);
+        if (!input_only) embedding_backward(m, s->tok, dx);
+        later_unit(m, &df, WG_UNIT_BEGIN, u);
+        later(m, &df, (wg_job){.kind = WG_EMBED, .dout = dx}, NULL, 0);
+        later_unit(m, &df, WG_UNIT_END, u);
         hook(m, u, end);
     }
 }
 
+/* zb's W: the weight gradients B left, in the order it left them, each unit between its hooks
+ * (the data-parallel layer reduces a unit's gradients at its end). */
 void model_chunk_weight_grad(model *m, int c, int slot) {
-    model_chunk *ch = &m->chunks[c];
-    act_slot *s = &ch->slots[slot];
+    act_slot *s = &m->chunks[c].slots[slot];
     UST_ASSERT(m->zb, "weight-gradient pass needs a model made with zb");
-    int nl = ch->hi - ch->lo, u = ch->unit0 + ch->nunits - 1;
-    if (ch->head) {
-        hook(m, u, MODEL_BWD_BEGIN);
-        tp_column_linear_bwd(m->tp, NULL, m->g_lm, NULL, s->logits, tp_gather(m->tp, s->lnf), m->lm,
-                             m->B * m->T, m->C, m->Vl, 0);
-        norm_backward(m, m->dtmp, m->g_lnf_w, m->g_lnf_b, s->dlnf, s->xs[nl], m->lnf_w, s->lnf_mean,
-                      s->lnf_rstd);
-        hook(m, u--, MODEL_BWD_END);
-    }
-    for (int l = ch->hi - 1; l >= ch->lo; l--) {
-        int i = l - ch->lo;
-        hook(m, u, MODEL_BWD_BEGIN);
-        layer_weight_grad(m, l, s->xs[i], acts_of(m, s, i), &s->ws[i]);
-        hook(m, u--, MODEL_BWD_END);
-    }
-    if (ch->embed) {
-        hook(m, u, MODEL_BWD_BEGIN);
-        embedding_backward(m, s, s->dy); /* B left d loss / d embedding output there */
-        hook(m, u, MODEL_BWD_END);
+    const act *gathered = NULL;
+    for (int k = 0; k < s->wg.n; k++) {
+        const wg_job *j = &s->wg.jobs[k];
+        switch (j->kind) {
+        case WG_UNIT_BEGIN: hook(m, j->unit, MODEL_BWD_BEGIN); break;
+        case WG_UNIT_END: hook(m, j->unit, MODEL_BWD_END); break;
+        case WG_ACT: mlp_activation(m, j->acts); break;
+        case WG_GATHER: gathered = tp_gather(m->tp, j->x); break;
+        case WG_LINEAR:
+            tp_column_linear_bwd(m->tp, NULL, j->dw, j->db, j->dout, j->gathered ? gathered : j->x,
+                                 j->w, j->N, j->C, j->OC, 0);
+            break;
+        case WG_NORM:
+            norm_backward(m, m->dtmp, j->dw, j->db, j->dout, j->x, j->w, j->mean, j->rstd);
+            break;
+        case WG_EMBED: embedding_backward(m, s->tok, j->dout); break;
+        }
     }
 }
 

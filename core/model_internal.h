@@ -14,7 +14,7 @@ typedef struct {
     float *ln2_w, *ln2_b, *wg, *wu, *bu, *wd, *bd;
 } layer_w; /* weights of one layer; the same struct points into the gradients */
 
-typedef struct {
+typedef struct layer_acts_s {
     act *ln1;                   /* (N,C) */
     float *ln1_mean, *ln1_rstd; /* (N), (N) */
     act *q, *k, *v;             /* (N,H*D), (N,Hkv*D), (N,Hkv*D); after RoPE for llama */
@@ -33,11 +33,41 @@ typedef struct {
     act *gatt, *dq, *dk, *dv, *dln1; /* (N,C) o_proj out, q/k/v out, (Nl,C) norm 1 */
 } layer_wsave;
 
+/* Zero-bubble's deferred weight gradients: B records, in backward order, what W must do later,
+ * and W (model_chunk_weight_grad) runs the list. A linear's job reads its output gradient as B
+ * saved it and its input (the half's input gathered again, WG_GATHER, under sp); a norm's reads
+ * its saved output gradient and statistics; unit marks bracket each unit's jobs for the hooks. */
+typedef enum {
+    WG_UNIT_BEGIN, /* hook(unit, BWD_BEGIN) */
+    WG_UNIT_END,   /* hook(unit, BWD_END) */
+    WG_ACT,        /* selective recompute: rebuild a layer's MLP activation first */
+    WG_GATHER,     /* gather x (a half's input, this rank's rows) for the linears after it */
+    WG_LINEAR,     /* dw (+ db) += dout^T @ x, x the last gathered input (gathered) or x itself */
+    WG_NORM,       /* a norm's weight (and bias) gradient */
+    WG_EMBED       /* the embeddings' gradients from the chunk's input gradient */
+} wg_kind;
+
+typedef struct {
+    wg_kind kind;
+    int unit, gathered;                /* UNIT marks; LINEAR: x is the last WG_GATHER's */
+    float *dw, *db;                    /* where the gradients accumulate */
+    const act *dout, *x;               /* the saved output gradient; the input */
+    const float *w, *mean, *rstd;      /* NORM: its weight and statistics */
+    int N, C, OC;                      /* LINEAR: dout (N, OC), x (N, C) */
+    struct layer_acts_s *acts;         /* ACT: the layer whose activation is rebuilt */
+} wg_job;
+
+typedef struct {
+    wg_job *jobs;
+    int n, cap;
+} wg_list;
+
 /* What one micro-batch in flight through a chunk keeps between its forward and backward. */
 typedef struct {
     act **xs;          /* layers+1 residual tensors (Nl,C): xs[i] is layer lo+i's input */
     layer_acts *la;    /* one set per layer (NULL under full recompute: the shared scratch) */
     layer_wsave *ws;   /* zb only: one per layer */
+    wg_list wg;        /* zb only: the weight gradients B left for W */
     moe_acts *ma;      /* MoE layers: one per layer of the chunk (dense layers leave it unset) */
     act *lnf, *logits; /* head chunk: (Nl,C) (N,Vl) */
     float *lnf_mean, *lnf_rstd; /* head chunk: (Nl) (Nl) */
