@@ -72,7 +72,7 @@ int model_create_with(model **out, const ust_config *cfg, const ust_ops *ops, us
     }
     params_local_rows(m);
     m->unit_pad = st->unit_pad;
-    params_chunks(m, st->pp_rank, st->pp_size, st->vpp, st->slots);
+    params_chunks(m, st->chunks, st->nchunks);
     if (cfg->model.moe.num_experts > 0) init_moe(m, arena, st);
     m->lw = calloc(m->L, sizeof *m->lw);
     m->lg = calloc(m->L, sizeof *m->lg);

@@ -60,6 +60,13 @@ struct ust_tp;
 
 #define MODEL_MAX_CHUNKS 16 /* parallel.vpp's limit */
 
+/* One pipeline stage a rank holds (a chunk): its global stage index, its layers [lo, hi),
+ * whether it holds the embeddings (the first stage) or the final norm, head and loss (the last),
+ * and how many micro-batches may be in flight through it (its activation sets). */
+typedef struct {
+    int stage, lo, hi, embed, head, slots;
+} model_stage;
+
 struct ust_cp;
 struct ust_ep;
 
@@ -70,10 +77,10 @@ typedef struct {
     int64_t unit_pad; /* pad every unit to a multiple of this many floats (>= 16) */
     int alloc_params; /* carve the whole flat parameter buffer from the arena */
     int alloc_grads;  /* the same for gradients */
-    /* pipeline: this rank holds stages c*pp_size + pp_rank for chunks c < vpp, n_layer/(pp*vpp)
-     * layers each (0 for pp_size/vpp means 1: the whole model) */
-    int pp_rank, pp_size, vpp;
-    int slots[MODEL_MAX_CHUNKS]; /* micro-batches in flight per chunk (activation sets; 0 = 1) */
+    /* pipeline: the stages this rank holds, as the pipeline decides them (pp_stages); none:
+     * the whole model, one activation set */
+    int nchunks;
+    model_stage chunks[MODEL_MAX_CHUNKS];
     int zb;                   /* keep what deferred weight gradients need (zero-bubble schedules) */
     struct ust_ep *ep; /* expert parallelism: the dispatch context over the group holding the
                           other experts (NULL: none; MoE layers then make a group of one) */

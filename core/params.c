@@ -461,19 +461,20 @@ void params_local_rows(model *m) {
     m->Nl = tp_rows(m->tp, m->B * m->T);
 }
 
-void params_chunks(model *m, int pp_rank, int pp_size, int vpp, const int *slots) {
-    int p = pp_size > 0 ? pp_size : 1, v = vpp > 0 ? vpp : 1, S = p * v, embed = 0, head = 0;
+void params_chunks(model *m, const model_stage *stages, int n) {
+    static const model_stage whole = {.stage = 0, .lo = 0, .hi = -1, .embed = 1, .head = 1};
+    int v = n > 0 ? n : 1, embed = 0, head = 0;
     m->nchunks = v;
     m->chunks = calloc(v, sizeof *m->chunks);
     UST_ASSERT(m->chunks, "out of host memory for %d chunks", v);
     for (int c = 0; c < v; c++) {
+        const model_stage *st = n > 0 ? &stages[c] : &whole;
         model_chunk *ch = &m->chunks[c];
-        ch->stage = c * p + pp_rank;
-        ch->lo = 0, ch->hi = m->L;
-        if (S > 1) cfg_stage_layers(m->cfg, ch->stage, &ch->lo, &ch->hi);
-        ch->embed = ch->stage == 0;
-        ch->head = ch->stage == S - 1;
-        ch->nslots = slots[c] > 0 ? slots[c] : 1;
+        ch->stage = st->stage;
+        ch->lo = st->lo, ch->hi = st->hi < 0 ? m->L : st->hi;
+        ch->embed = st->embed;
+        ch->head = st->head;
+        ch->nslots = st->slots > 0 ? st->slots : 1;
         embed |= ch->embed, head |= ch->head;
     }
     m->tied_local = m->tied && embed && head;
@@ -494,7 +495,7 @@ model *params_shape(const ust_config *cfg, const ust_ops *sizes, const params_la
     m->cp = &m->own_cp;
     params_local_rows(m);
     m->unit_pad = ly->unit_pad;
-    params_chunks(m, ly->pp_rank, cfg->parallel.pp, cfg->parallel.vpp, ly->slots);
+    params_chunks(m, ly->chunks, ly->nchunks);
     if (cfg->model.moe.num_experts > 0) m->has_moe = 1, m->ep_size = ly->ep, m->ep_rank = 0;
     m->lw = calloc(m->L, sizeof *m->lw);
     m->lg = calloc(m->L, sizeof *m->lg);

@@ -13,12 +13,13 @@
 void params_build(model *m);
 
 /* The rank the memory plan asks about: tensor-parallel rank 0 of a group of tp (sp: sequence
- * parallelism), context-parallel group cp, expert group ep, pipeline rank pp_rank whose chunks
- * keep slots[c] activation sets (zb: zero-bubble's saved gradients too), units padded to
- * unit_pad floats (dp_model_storage's). */
+ * parallelism), context-parallel group cp, expert group ep, holding the pipeline's chunks
+ * (pp_stages'; zb: zero-bubble's saved gradients too), units padded to unit_pad floats
+ * (dp_model_storage's). */
 typedef struct {
-    int tp, sp, cp, ep, pp_rank, zb;
-    const int *slots;
+    int tp, sp, cp, ep, zb;
+    const model_stage *chunks;
+    int nchunks;
     int64_t unit_pad;
     int whole; /* list the whole model's tensors too (model_all_tensors) */
 } params_layout;
@@ -29,11 +30,10 @@ typedef struct {
 model *params_shape(const ust_config *cfg, const ust_ops *sizes, const params_layout *ly);
 /* The steps model_create_with and params_shape share: the dimensions from the config and this
  * rank's shares of them under tensor parallelism (m->tp set), the local token rows (m->cp
- * set), and this rank's chunks: stage c*pp_size + pp_rank for c < vpp, n_layer/(pp*vpp) layers
- * each or as parallel.pp_layers says, with slots[c] activation sets. */
+ * set), and this rank's chunks as the pipeline gave them (n = 0: the whole model). */
 void params_dims(model *m, const ust_config *cfg);
 void params_local_rows(model *m);
-void params_chunks(model *m, int pp_rank, int pp_size, int vpp, const int *slots);
+void params_chunks(model *m, const model_stage *stages, int n);
 void params_shape_free(model *m);
 /* What else that rank's construction carves beside the activation sets, into a counting
  * arena: the whole parameter and gradient buffers st asks for (model_create_with), cp_init's

@@ -21,8 +21,10 @@ static void plan_rank(const ust_config *c, int r, int whole, mem_plan *p) {
     /* dense units shard over dp x cp, the experts over expert-dp x cp */
     int dense = l->dp * l->cp, experts = l->dp / l->ep * l->cp;
     model_storage st = dp_model_storage(c, dense);
-    params_layout ly = {.tp = l->tp, .sp = l->sp, .cp = l->cp, .ep = l->ep, .pp_rank = r,
-                        .zb = zb, .slots = slots, .unit_pad = st.unit_pad, .whole = whole};
+    pp_stages(c, r, slots, &st);
+    params_layout ly = {.tp = l->tp, .sp = l->sp, .cp = l->cp, .ep = l->ep, .zb = zb,
+                        .chunks = st.chunks, .nchunks = st.nchunks, .unit_pad = st.unit_pad,
+                        .whole = whole};
     model *m = params_shape(c, &sizes, &ly);
     ust_arena count;
     mem_init_counting(&count);

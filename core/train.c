@@ -431,11 +431,10 @@ static int plan_storage(trainer *t, model_storage *st, pps_schedule *sched, ust_
         st->ep = &t->ep;
     }
     /* one stage's schedule is plain gradient accumulation (no transfers) */
-    if (pp_plan(cfg, topo->me.pp, sched, st->slots, e)) return -1;
+    int slots[MODEL_MAX_CHUNKS] = {0};
+    if (pp_plan(cfg, topo->me.pp, sched, slots, e)) return -1;
+    pp_stages(cfg, topo->me.pp, slots, st); /* the pipeline decides the stages this rank holds */
     if (cfg->parallel.pp == 1) return 0;
-    st->pp_rank = topo->me.pp;
-    st->pp_size = cfg->parallel.pp;
-    st->vpp = cfg->parallel.vpp;
     st->zb = cfg->parallel.pp_schedule == PP_ZB;
     if (cfg->optimizer.zero_stage == 3 && t->rank0)
         fprintf(stderr,

@@ -86,6 +86,21 @@ pp_state *pp_create(const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
     return s;
 }
 
+void pp_stages(const ust_config *cfg, int pp_rank, const int slots[MODEL_MAX_CHUNKS],
+               model_storage *st) {
+    int p = cfg->parallel.pp, v = cfg->parallel.vpp, S = p * v;
+    st->nchunks = v;
+    for (int c = 0; c < v; c++) {
+        model_stage *ch = &st->chunks[c];
+        ch->stage = c * p + pp_rank;
+        ch->lo = 0, ch->hi = cfg->model.n_layer;
+        if (S > 1) cfg_stage_layers(cfg, ch->stage, &ch->lo, &ch->hi);
+        ch->embed = ch->stage == 0;
+        ch->head = ch->stage == S - 1;
+        ch->slots = slots[c];
+    }
+}
+
 int pp_activation_sets(const ust_config *cfg, int pp_rank, int slots[MODEL_MAX_CHUNKS], int *zb,
                        ust_err *e) {
     *zb = 0;

@@ -40,6 +40,12 @@ typedef struct {
 int pp_plan(const ust_config *cfg, int pp_rank, pps_schedule *sched, int slots[MODEL_MAX_CHUNKS],
             ust_err *e);
 
+/* This rank's chunks into st (model_storage.chunks): stage c*p + pp_rank for c < vpp, each
+ * n_layer/(p*vpp) layers or as parallel.pp_layers says, the embeddings with the first stage and
+ * the head with the last, slots[c] activation sets (pp_plan's or pp_activation_sets'). */
+void pp_stages(const ust_config *cfg, int pp_rank, const int slots[MODEL_MAX_CHUNKS],
+               model_storage *st);
+
 /* pp_plan's activation sets per chunk without keeping the schedule (one stage: one set, the
  * schedule is not built), and whether it is zero-bubble (the chunks keep W's gradients). */
 int pp_activation_sets(const ust_config *cfg, int pp_rank, int slots[MODEL_MAX_CHUNKS], int *zb,
