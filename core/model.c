@@ -336,8 +336,8 @@ static act *mlp_backward(model *m, int l, const act *dx, layer_acts *a, const de
         tp_row_linear_gelu_bwd(m->tp, m->dup, now(df, g->wd), now(df, g->bd), gdx, a->act, a->up,
                                w->wd, N, F, C);
     later(m, df,
-          (wg_job){.kind = WG_LINEAR, .dw = g->wd, .db = g->bd, .dout = gdx, .x = a->act,
-                   .w = w->wd, .N = N, .C = F, .OC = C},
+          (wg_job){.kind = WG_LINEAR, .dw = &g->wd, .db = &g->bd, .dout = gdx, .x = a->act,
+                   .w = &w->wd, .N = N, .C = F, .OC = C},
           df->keep ? df->keep->gmlp : NULL, (int64_t)N * C);
     const act *ln2 = tp_gather(m->tp, a->ln2); /* sp: gathered again rather than kept */
     later(m, df, (wg_job){.kind = WG_GATHER, .x = a->ln2}, NULL, 0);
@@ -345,15 +345,15 @@ static act *mlp_backward(model *m, int l, const act *dx, layer_acts *a, const de
     tp_column_linear_bwd(m->tp, m->dln, now(df, g->wu), now(df, g->bu), m->dup, ln2, w->wu, N, C,
                          F, 0);
     later(m, df,
-          (wg_job){.kind = WG_LINEAR, .gathered = 1, .dw = g->wu, .db = g->bu, .dout = m->dup,
-                   .w = w->wu, .N = N, .C = C, .OC = F},
+          (wg_job){.kind = WG_LINEAR, .gathered = 1, .dw = &g->wu, .db = &g->bu, .dout = m->dup,
+                   .w = &w->wu, .N = N, .C = C, .OC = F},
           df->keep ? df->keep->dup : NULL, NF);
     if (m->llama) {
         tp_column_linear_bwd(m->tp, m->dln, now(df, g->wg), NULL, m->dgate, ln2, w->wg, N, C, F,
                              1);
         later(m, df,
-              (wg_job){.kind = WG_LINEAR, .gathered = 1, .dw = g->wg, .dout = m->dgate,
-                       .w = w->wg, .N = N, .C = C, .OC = F},
+              (wg_job){.kind = WG_LINEAR, .gathered = 1, .dw = &g->wg, .dout = m->dgate,
+                       .w = &w->wg, .N = N, .C = C, .OC = F},
               df->keep ? df->keep->dgate : NULL, NF);
     }
     return tp_reduce_grad(m->tp, m->dln); /* the MLP's input is shared by the group: summed */
@@ -371,12 +371,12 @@ static act *moe_mlp_backward(model *m, int l, const act *dx, layer_acts *a, moe_
 /* dx += d loss / d (a norm's input), given its output gradient dout (this rank's rows); the
  * weight (and bias) gradient now, or under B a job reading dout saved in keep. */
 static void norm_step_backward(model *m, const deferral *df, act *dx, act *dout, const act *inp,
-                               const float *w, float *gw, float *gb, const float *mean,
+                               float *const *w, float **gw, float **gb, const float *mean,
                                const float *rstd, act *keep) {
     if (df->list)
-        norm_backward_input(m, m->dtmp, dout, inp, w, mean, rstd);
+        norm_backward_input(m, m->dtmp, dout, inp, *w, mean, rstd);
     else
-        norm_backward(m, m->dtmp, gw, gb, dout, inp, w, mean, rstd);
+        norm_backward(m, m->dtmp, *gw, *gb, dout, inp, *w, mean, rstd);
     later(m, df,
           (wg_job){.kind = WG_NORM, .dw = gw, .db = gb, .dout = dout, .x = inp, .w = w,
                    .mean = mean, .rstd = rstd},
@@ -396,8 +396,8 @@ static act *attention_backward(model *m, int l, const act *dx, layer_acts *a, co
     tp_row_linear_bwd(m->tp, m->datt, now(df, g->wo), now(df, g->bo), gdx, a->att, w->wo, N, HD,
                       C);
     later(m, df,
-          (wg_job){.kind = WG_LINEAR, .dw = g->wo, .db = g->bo, .dout = gdx, .x = a->att,
-                   .w = w->wo, .N = N, .C = HD, .OC = C},
+          (wg_job){.kind = WG_LINEAR, .dw = &g->wo, .db = &g->bo, .dout = gdx, .x = a->att,
+                   .w = &w->wo, .N = N, .C = HD, .OC = C},
           k ? k->gatt : NULL, (int64_t)N * C);
     o->zero(o, m->dq, act_bytes(o, (int64_t)N * HD));
     o->zero(o, m->dk, act_bytes(o, (int64_t)N * KV));
@@ -410,16 +410,16 @@ static act *attention_backward(model *m, int l, const act *dx, layer_acts *a, co
     const act *ln1 = tp_gather(m->tp, a->ln1);
     later(m, df, (wg_job){.kind = WG_GATHER, .x = a->ln1}, NULL, 0);
     const struct {
-        float *dw, *db;
+        float **dw, **db;
         act *dout, *keep;
-        const float *w;
+        float *const *w;
         int OC;
-    } qkv[3] = {{g->wq, g->bq, m->dq, k ? k->dq : NULL, w->wq, HD},
-                {g->wk, g->bk, m->dk, k ? k->dk : NULL, w->wk, KV},
-                {g->wv, g->bv, m->dv, k ? k->dv : NULL, w->wv, KV}};
+    } qkv[3] = {{&g->wq, &g->bq, m->dq, k ? k->dq : NULL, &w->wq, HD},
+                {&g->wk, &g->bk, m->dk, k ? k->dk : NULL, &w->wk, KV},
+                {&g->wv, &g->bv, m->dv, k ? k->dv : NULL, &w->wv, KV}};
     for (int i = 0; i < 3; i++) {
-        tp_column_linear_bwd(m->tp, m->dln, now(df, qkv[i].dw), now(df, qkv[i].db), qkv[i].dout,
-                             ln1, qkv[i].w, N, C, qkv[i].OC, i > 0);
+        tp_column_linear_bwd(m->tp, m->dln, now(df, *qkv[i].dw), now(df, *qkv[i].db),
+                             qkv[i].dout, ln1, *qkv[i].w, N, C, qkv[i].OC, i > 0);
         later(m, df,
               (wg_job){.kind = WG_LINEAR, .gathered = 1, .dw = qkv[i].dw, .db = qkv[i].db,
                        .dout = qkv[i].dout, .w = qkv[i].w, .N = N, .C = C, .OC = qkv[i].OC},
@@ -436,10 +436,10 @@ static void layer_backward(model *m, int l, const act *x_in, act *dx, layer_acts
     const layer_wsave *k = df->keep;
     UST_ASSERT(!df->list || !is_moe(m, l), "zero-bubble B/W split of a MoE layer");
     act *dln = is_moe(m, l) ? moe_mlp_backward(m, l, dx, a, ma) : mlp_backward(m, l, dx, a, df);
-    norm_step_backward(m, df, dx, dln, a->res2, w->ln2_w, g->ln2_w, g->ln2_b, a->ln2_mean,
+    norm_step_backward(m, df, dx, dln, a->res2, &w->ln2_w, &g->ln2_w, &g->ln2_b, a->ln2_mean,
                        a->ln2_rstd, k ? k->dln2 : NULL); /* dx = d res2 */
     dln = attention_backward(m, l, dx, a, df);
-    norm_step_backward(m, df, dx, dln, x_in, w->ln1_w, g->ln1_w, g->ln1_b, a->ln1_mean,
+    norm_step_backward(m, df, dx, dln, x_in, &w->ln1_w, &g->ln1_w, &g->ln1_b, a->ln1_mean,
                        a->ln1_rstd, k ? k->dln1 : NULL); /* dx = d x_in */
 }
 
@@ -451,8 +451,8 @@ static void head_backward(model *m, act_slot *s, const act *x_last, act *dx, con
                          tp_gather(m->tp, s->lnf), m->lm, N, m->C, m->Vl, 0);
     later(m, df, (wg_job){.kind = WG_GATHER, .x = s->lnf}, NULL, 0);
     later(m, df,
-          (wg_job){.kind = WG_LINEAR, .gathered = 1, .dw = m->g_lm, .dout = s->logits,
-                   .w = m->lm, .N = N, .C = m->C, .OC = m->Vl},
+          (wg_job){.kind = WG_LINEAR, .gathered = 1, .dw = &m->g_lm, .dout = s->logits,
+                   .w = &m->lm, .N = N, .C = m->C, .OC = m->Vl},
           NULL, 0);
     act *dln = tp_reduce_grad(m->tp, m->dln);
     if (df->list)
@@ -461,8 +461,8 @@ static void head_backward(model *m, act_slot *s, const act *x_last, act *dx, con
         norm_backward(m, dx, m->g_lnf_w, m->g_lnf_b, dln, x_last, m->lnf_w, s->lnf_mean,
                       s->lnf_rstd);
     later(m, df,
-          (wg_job){.kind = WG_NORM, .dw = m->g_lnf_w, .db = m->g_lnf_b, .dout = dln, .x = x_last,
-                   .w = m->lnf_w, .mean = s->lnf_mean, .rstd = s->lnf_rstd},
+          (wg_job){.kind = WG_NORM, .dw = &m->g_lnf_w, .db = &m->g_lnf_b, .dout = dln, .x = x_last,
+                   .w = &m->lnf_w, .mean = s->lnf_mean, .rstd = s->lnf_rstd},
           s->dlnf, (int64_t)m->Nl * m->C);
 }
 
@@ -530,11 +530,12 @@ void model_chunk_weight_grad(model *m, int c, int slot) {
         case WG_ACT: mlp_activation(m, j->acts); break;
         case WG_GATHER: gathered = tp_gather(m->tp, j->x); break;
         case WG_LINEAR:
-            tp_column_linear_bwd(m->tp, NULL, j->dw, j->db, j->dout, j->gathered ? gathered : j->x,
-                                 j->w, j->N, j->C, j->OC, 0);
+            tp_column_linear_bwd(m->tp, NULL, *j->dw, j->db ? *j->db : NULL, j->dout,
+                                 j->gathered ? gathered : j->x, *j->w, j->N, j->C, j->OC, 0);
             break;
         case WG_NORM:
-            norm_backward(m, m->dtmp, j->dw, j->db, j->dout, j->x, j->w, j->mean, j->rstd);
+            norm_backward(m, m->dtmp, *j->dw, j->db ? *j->db : NULL, j->dout, j->x, *j->w, j->mean,
+                          j->rstd);
             break;
         case WG_EMBED: embedding_backward(m, s->tok, j->dout); break;
         }

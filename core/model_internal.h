@@ -50,9 +50,12 @@ typedef enum {
 typedef struct {
     wg_kind kind;
     int unit, gathered;                /* UNIT marks; LINEAR: x is the last WG_GATHER's */
-    float *dw, *db;                    /* where the gradients accumulate */
+    /* where the gradients go and the weights: the model's pointers to them, read when the job
+     * runs, after the unit's hooks have placed them (ZeRO-2/3 working buffers) */
+    float **dw, **db;
+    float *const *w;
     const act *dout, *x;               /* the saved output gradient; the input */
-    const float *w, *mean, *rstd;      /* NORM: its weight and statistics */
+    const float *mean, *rstd;          /* NORM: its statistics */
     int N, C, OC;                      /* LINEAR: dout (N, OC), x (N, C) */
     struct layer_acts_s *acts;         /* ACT: the layer whose activation is rebuilt */
 } wg_job;
