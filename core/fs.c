@@ -41,21 +41,23 @@ const char *fs_kind(unsigned mode) {
     }
 }
 
-int fs_open_regular(const char *path, int flags, int mode, ust_err *e) {
-    /* O_NONBLOCK: opening a FIFO would otherwise wait for its other end forever */
+/* open(2) without waiting on a FIFO (O_NONBLOCK, cleared once open), of a regular file or, with
+ * pipe_ok, a pipe; what is allowed is named in the message otherwise. */
+static int open_checked(const char *path, int flags, int mode, int pipe_ok, ust_err *e) {
     int fd = open(path, flags | O_NONBLOCK | O_CLOEXEC | O_NOCTTY, mode);
+    const char *want = pipe_ok ? "a regular file or pipe" : "a regular file";
     if (fd < 0) {
         if (errno == ENXIO) /* a FIFO opened for writing with no reader */
-            return ust_errf(e, "%s: not a regular file (a FIFO)", path);
-        if (errno == EISDIR) return ust_errf(e, "%s: not a regular file (a directory)", path);
+            return ust_errf(e, "%s: not %s (a FIFO)", path, want);
+        if (errno == EISDIR) return ust_errf(e, "%s: not %s (a directory)", path, want);
         return ust_errf(e, "%s: cannot open: %s", path, strerror(errno));
     }
     struct stat st;
     int rc = 0;
     if (fstat(fd, &st) != 0)
         rc = ust_errf(e, "%s: cannot stat: %s", path, strerror(errno));
-    else if (!S_ISREG(st.st_mode))
-        rc = ust_errf(e, "%s: not a regular file (%s)", path, fs_kind(st.st_mode));
+    else if (!S_ISREG(st.st_mode) && !(pipe_ok && S_ISFIFO(st.st_mode)))
+        rc = ust_errf(e, "%s: not %s (%s)", path, want, fs_kind(st.st_mode));
     else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0)
         rc = ust_errf(e, "%s: cannot open: %s", path, strerror(errno));
     if (rc) {
@@ -65,21 +67,17 @@ int fs_open_regular(const char *path, int flags, int mode, ust_err *e) {
     return fd;
 }
 
+int fs_open_regular(const char *path, int flags, int mode, ust_err *e) {
+    return open_checked(path, flags, mode, 0, e);
+}
+
 FILE *fs_fopen_stream(const char *path, ust_err *e) {
-    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
-    if (fd < 0) {
+    int fd = open_checked(path, O_RDONLY, 0, 1, e);
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "rb");
+    if (fd >= 0 && !f) {
         ust_errf(e, "%s: cannot open: %s", path, strerror(errno));
-        return NULL;
+        close(fd);
     }
-    struct stat st;
-    FILE *f = NULL;
-    if (fstat(fd, &st) != 0)
-        ust_errf(e, "%s: cannot stat: %s", path, strerror(errno));
-    else if (!S_ISREG(st.st_mode) && !S_ISFIFO(st.st_mode))
-        ust_errf(e, "%s: not a regular file or pipe (%s)", path, fs_kind(st.st_mode));
-    else if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0 || !(f = fdopen(fd, "rb")))
-        ust_errf(e, "%s: cannot open: %s", path, strerror(errno));
-    if (!f) close(fd);
     return f;
 }
 

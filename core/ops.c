@@ -17,7 +17,7 @@ _Static_assert(sizeof(ust_ops) == offsetof(ust_ops, alloc) +
 
 ust_ops *ops_create(const ust_config *cfg, int local_rank, int local_world, ust_err *e) {
     if (cfg->run.device != DEV_CUDA) return ops_cpu_create(cfg->train.threads, local_world);
-    /* without CUDA compiled in, ops_cuda_create is the stub that explains how to get it */
+    /* without CUDA compiled in, ops_cuda_create fails with a message saying how to build it */
     ust_ops *o = ops_cuda_create(local_rank, e);
     if (o) ops_cuda_set_bf16(o, cfg->train.precision == PREC_BF16);
     return o;
