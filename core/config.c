@@ -35,6 +35,7 @@ typedef struct {
 
 static const char *const DEVICES[] = {"cpu", "cuda", NULL};
 static const char *const ARCHS[] = {"gpt2", "llama", NULL};
+static const char *const ROPE_SCALINGS[] = {"none", "llama3", NULL};
 static const char *const PP_SCHEDULES[] = {"afab", "1f1b", "interleaved", "zb", NULL};
 static const char *const CP_LAYOUTS[] = {"zigzag", "contiguous", NULL};
 static const char *const CP_COMMS[] = {"ring", "allgather", NULL};
@@ -96,6 +97,7 @@ static const cfg_key cfg_keys[] = {
     DBL("model.rope_theta", model.rope_theta, "10000", 0, INFINITY, LO_OPEN),
     DBL("model.norm_eps", model.norm_eps, "1e-5", 0, INFINITY, LO_OPEN),
     BOOL("model.tie_embeddings", model.tie_embeddings, "false"),
+    BOOL("model.qkv_bias", model.qkv_bias, "false"),
     STR("model.init_from", model.init_from, "null", NULLABLE),
     INTR("model.moe.num_experts", model.moe.num_experts, "0", 0, 4096),
     INTR("model.moe.top_k", model.moe.top_k, "2", 1, 4096),
@@ -105,6 +107,14 @@ static const cfg_key cfg_keys[] = {
     DBL("model.moe.aux_loss_coef", model.moe.aux_loss_coef, "0.01", 0, INFINITY, 0),
     DBL("model.moe.z_loss_coef", model.moe.z_loss_coef, "0", 0, INFINITY, 0),
     DBL("model.moe.capacity_factor", model.moe.capacity_factor, "0", 0, 4096, 0),
+    ENUM("model.rope_scaling.type", model.rope_scaling.type, "none", ROPE_SCALINGS),
+    DBL("model.rope_scaling.factor", model.rope_scaling.factor, "8", 1, 1e6, 0),
+    DBL("model.rope_scaling.low_freq_factor", model.rope_scaling.low_freq_factor, "1", 0, 1e6,
+        LO_OPEN),
+    DBL("model.rope_scaling.high_freq_factor", model.rope_scaling.high_freq_factor, "4", 0, 1e6,
+        LO_OPEN),
+    INTR("model.rope_scaling.original_max_position_embeddings",
+         model.rope_scaling.original_max_position_embeddings, "8192", 1, 1 << 24),
 
     INTR("parallel.dp", parallel.dp, "1", 1, CFG_MAX_WORLD),
     INTR("parallel.tp", parallel.tp, "1", 1, CFG_MAX_WORLD),
@@ -934,6 +944,12 @@ static int cfg_validate_model(const ust_config *c, ust_err *e) {
     REQUIRE(c->train.seq_len <= m->max_seq_len,
             "train.seq_len (%d) must be <= model.max_seq_len (%d)", c->train.seq_len,
             m->max_seq_len);
+    REQUIRE(m->rope_scaling.type == ROPE_NONE || m->arch == ARCH_LLAMA,
+            "model.rope_scaling applies to llama's RoPE; gpt2 has learned positions");
+    REQUIRE(m->rope_scaling.type == ROPE_NONE ||
+                m->rope_scaling.high_freq_factor > m->rope_scaling.low_freq_factor,
+            "model.rope_scaling.high_freq_factor (%g) must be > low_freq_factor (%g)",
+            m->rope_scaling.high_freq_factor, m->rope_scaling.low_freq_factor);
     const __typeof__(m->moe) *moe = &m->moe;
     REQUIRE(moe->num_experts == 0 || moe->top_k <= moe->num_experts,
             "model.moe.top_k (%d) must be <= model.moe.num_experts (%d)", moe->top_k,

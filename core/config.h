@@ -28,6 +28,7 @@
 #define CFG_MAX_ACT_BYTES (1LL << 56) /* activations of the micro-batches a rank holds */
 
 typedef enum { ARCH_GPT2, ARCH_LLAMA } ust_arch;
+typedef enum { ROPE_NONE, ROPE_LLAMA3 } ust_rope_scaling;
 typedef enum { DEV_CPU, DEV_CUDA } ust_device;
 typedef enum { PREC_FP32, PREC_BF16 } ust_precision;
 typedef enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL } ust_recompute;
@@ -54,12 +55,18 @@ typedef struct {
         double rope_theta;
         double norm_eps;              /* RMSNorm/LayerNorm epsilon (default 1e-5) */
         bool tie_embeddings;          /* gpt2 always ties; llama may */
+        bool qkv_bias;                /* llama with q/k/v biases (Qwen2); gpt2 always has them */
         char init_from[UST_PATH_MAX]; /* "" = random init; else an llm.c gpt2 .bin */
         struct {
             int num_experts, top_k, d_ff_expert, every;
             bool shared_expert;
             double aux_loss_coef, z_loss_coef, capacity_factor;
         } moe;
+        struct { /* Llama 3.1's rope_scaling (ops.h ust_rope) */
+            ust_rope_scaling type;
+            double factor, low_freq_factor, high_freq_factor;
+            int original_max_position_embeddings;
+        } rope_scaling;
     } model;
     struct {
         int dp, tp, pp, cp, ep;

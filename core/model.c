@@ -198,8 +198,8 @@ static void layer_forward(model *m, int l, const act *x_in, act *x_out, layer_ac
     tp_column_linear_fwd(m->tp, a->k, ln1, w->wk, w->bk, N, C, KV);
     tp_column_linear_fwd(m->tp, a->v, ln1, w->wv, w->bv, N, C, KV);
     if (m->llama) {
-        o->rope_fwd(o, a->q, a->q, m->pos, m->B, m->T, m->H, m->D, m->theta);
-        o->rope_fwd(o, a->k, a->k, m->pos, m->B, m->T, m->Hkv, m->D, m->theta);
+        o->rope_fwd(o, a->q, a->q, m->pos, m->B, m->T, m->H, m->D, &m->rope);
+        o->rope_fwd(o, a->k, a->k, m->pos, m->B, m->T, m->Hkv, m->D, &m->rope);
     }
     cp_attention_fwd(m->cp, a->att, a->lse, a->q, a->k, a->v, m->H);
     tp_row_linear_fwd(m->tp, a->res2, a->att, w->wo, w->bo, N, HD, C);
@@ -404,8 +404,8 @@ static act *attention_backward(model *m, int l, const act *dx, layer_acts *a, co
     o->zero(o, m->dv, act_bytes(o, (int64_t)N * KV));
     cp_attention_bwd(m->cp, m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, m->H);
     if (m->llama) {
-        o->rope_bwd(o, m->dq, m->dq, m->pos, m->B, m->T, m->H, m->D, m->theta);
-        o->rope_bwd(o, m->dk, m->dk, m->pos, m->B, m->T, m->Hkv, m->D, m->theta);
+        o->rope_bwd(o, m->dq, m->dq, m->pos, m->B, m->T, m->H, m->D, &m->rope);
+        o->rope_bwd(o, m->dk, m->dk, m->pos, m->B, m->T, m->Hkv, m->D, &m->rope);
     }
     const act *ln1 = tp_gather(m->tp, a->ln1);
     later(m, df, (wg_job){.kind = WG_GATHER, .x = a->ln1}, NULL, 0);

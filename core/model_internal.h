@@ -101,7 +101,9 @@ struct model {
     int llama, L, C, H, Hkv, D, F, V, Vp, Vl, maxT, B, T, tied;
     int Nl; /* token rows held outside the tensor-parallel halves (B*T, or B*T/tp under sp) */
     int Hg, Hkvg, Fg;
-    float eps, theta;
+    float eps;
+    ust_rope rope;
+    int qkv_bias; /* q/k/v projections have biases (gpt2; llama with model.qkv_bias) */
     ust_recompute recompute;
     int zb;         /* keep what deferred weight gradients (model_chunk_weight_grad) need */
     int tied_local; /* tied embeddings with the embedding and the head on this rank */

@@ -11,6 +11,7 @@
 #ifndef UST_OPS_H
 #define UST_OPS_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -18,6 +19,33 @@
 #include "error.h"
 
 typedef struct ust_ops ust_ops;
+
+#ifdef __CUDACC__
+#define UST_HOST_DEVICE __host__ __device__
+#else
+#define UST_HOST_DEVICE
+#endif
+
+/* RoPE's frequencies: theta^(-2i/D) for pair i of a head of D, and, when factor > 0, Llama 3.1's
+ * "llama3" rope_scaling on top (transformers' _compute_llama3_parameters): wavelengths longer
+ * than original_max_pos / low_freq_factor are slowed by factor, shorter than original_max_pos /
+ * high_freq_factor kept, and those between blended smoothly. Computed in double. */
+typedef struct {
+    double theta;
+    double factor; /* 0: no scaling */
+    double low_freq_factor, high_freq_factor, original_max_pos;
+} ust_rope;
+
+static inline UST_HOST_DEVICE double ust_rope_inv_freq(const ust_rope *r, int i, int D) {
+    double f = pow(r->theta, -2.0 * i / D);
+    if (r->factor <= 0) return f;
+    double wavelen = 2.0 * 3.14159265358979323846 / f;
+    if (wavelen < r->original_max_pos / r->high_freq_factor) return f;
+    if (wavelen > r->original_max_pos / r->low_freq_factor) return f / r->factor;
+    double s = (r->original_max_pos / wavelen - r->low_freq_factor) /
+               (r->high_freq_factor - r->low_freq_factor);
+    return (1.0 - s) * f / r->factor + s * f;
+}
 
 /* Activation storage: opaque on purpose (with -Wpointer-arith no arithmetic compiles on it),
  * because its element size is the backend's act_size. */
@@ -116,12 +144,12 @@ struct ust_ops {
                        const act *up, int64_t n);
 
     /* ---- RoPE on x(B,T,H,D), rotate-half convention (pairs i, i+D/2, as Hugging Face Llama),
-     * angle pos[t] * theta^(-2i/D). out may equal inp. Backward applies the inverse rotation:
-     * dinp = R^T dout (dinp may equal dout). ---- */
+     * angle pos[t] * ust_rope_inv_freq(rope, i, D). out may equal inp. Backward applies the
+     * inverse rotation: dinp = R^T dout (dinp may equal dout). ---- */
     void (*rope_fwd)(const ust_ops *o, act *out, const act *inp, const int32_t *pos, int B, int T,
-                     int H, int D, float theta);
+                     int H, int D, const ust_rope *rope);
     void (*rope_bwd)(const ust_ops *o, act *dinp, const act *dout, const int32_t *pos, int B, int T,
-                     int H, int D, float theta);
+                     int H, int D, const ust_rope *rope);
 
     /* ---- attention, flash-style (online softmax, nothing of size T*T kept) ----
      * q(B,Tq,H,D), k,v(B,Tk,Hkv,D), out(B,Tq,H,D), lse(B,H,Tq) = log sum_j exp(s_ij);

@@ -421,21 +421,23 @@ static void cpu_swiglu_bwd(const ust_ops *o, act *dgate_, act *dup_, const act *
 
 #define ROPE_DMAX 1024
 
-/* Rotates pairs (x_i, x_{i+D/2}) by angle pos * theta^(-2i/D) (sign = +1) or by its inverse
+/* Rotates pairs (x_i, x_{i+D/2}) by angle pos * inv_freq(i) (sign = +1) or by its inverse
  * (sign = -1). Angles are computed in double once per token and reused over heads. */
 static void rope_apply(const ust_ops *o, float *out, const float *inp, const int32_t *pos, int B,
-                       int T, int H, int D, float theta, double sign) {
+                       int T, int H, int D, const ust_rope *rope, double sign) {
     UST_ASSERT(D % 2 == 0 && D <= ROPE_DMAX, "rope needs an even head dim <= %d, got D=%d",
                ROPE_DMAX, D);
     int half = D / 2;
     int64_t rows = (int64_t)B * T;
+    double inv_freq[ROPE_DMAX / 2];
+    for (int i = 0; i < half; i++) inv_freq[i] = ust_rope_inv_freq(rope, i, D);
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int64_t r = 0; r < rows; r++) {
         float cs[ROPE_DMAX / 2], sn[ROPE_DMAX / 2];
         int t = (int)(r % T);
         double p = pos ? pos[t] : t;
         for (int i = 0; i < half; i++) {
-            double a = p * pow((double)theta, -2.0 * i / D);
+            double a = p * inv_freq[i];
             cs[i] = (float)cos(a);
             sn[i] = (float)(sign * sin(a));
         }
@@ -452,17 +454,17 @@ static void rope_apply(const ust_ops *o, float *out, const float *inp, const int
 }
 
 static void cpu_rope_fwd(const ust_ops *o, act *out_, const act *inp_, const int32_t *pos, int B,
-                         int T, int H, int D, float theta) {
+                         int T, int H, int D, const ust_rope *rope) {
     float *out = out_;
     const float *inp = inp_;
-    rope_apply(o, out, inp, pos, B, T, H, D, theta, 1.0);
+    rope_apply(o, out, inp, pos, B, T, H, D, rope, 1.0);
 }
 
 static void cpu_rope_bwd(const ust_ops *o, act *dinp_, const act *dout_, const int32_t *pos, int B,
-                         int T, int H, int D, float theta) {
+                         int T, int H, int D, const ust_rope *rope) {
     float *dinp = dinp_;
     const float *dout = dout_;
-    rope_apply(o, dinp, dout, pos, B, T, H, D, theta, -1.0);
+    rope_apply(o, dinp, dout, pos, B, T, H, D, rope, -1.0);
 }
 
 /* ---------------------------------------------------------------- attention */

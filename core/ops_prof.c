@@ -137,12 +137,12 @@ static void pf_swiglu_bwd(const ust_ops *o, act *dgate, act *dup, const act *dou
     TIMED(P_swiglu_bwd, in->swiglu_bwd(in, dgate, dup, dout, gate, up, n));
 }
 static void pf_rope_fwd(const ust_ops *o, act *out, const act *inp, const int32_t *pos, int B,
-                        int T, int H, int D, float theta) {
-    TIMED(P_rope_fwd, in->rope_fwd(in, out, inp, pos, B, T, H, D, theta));
+                        int T, int H, int D, const ust_rope *rope) {
+    TIMED(P_rope_fwd, in->rope_fwd(in, out, inp, pos, B, T, H, D, rope));
 }
 static void pf_rope_bwd(const ust_ops *o, act *dinp, const act *dout, const int32_t *pos, int B,
-                        int T, int H, int D, float theta) {
-    TIMED(P_rope_bwd, in->rope_bwd(in, dinp, dout, pos, B, T, H, D, theta));
+                        int T, int H, int D, const ust_rope *rope) {
+    TIMED(P_rope_bwd, in->rope_bwd(in, dinp, dout, pos, B, T, H, D, rope));
 }
 static void pf_attention_fwd(const ust_ops *o, act *out, float *lse, const act *q, const act *k,
                              const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,

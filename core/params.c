@@ -102,11 +102,11 @@ static void add_layer_params(model *m, int l) {
     P("input_layernorm.weight", 1, C, N0, 0, 0, 1, ln1_w);
     if (gpt2) { P("input_layernorm.bias", 1, C, N0, 0, 0, 0, ln1_b); }
     P("self_attn.q_proj.weight", HD, C, R, 1, std, 0, wq);
-    if (gpt2) { P("self_attn.q_proj.bias", 1, HD, CO, 0, 0, 0, bq); }
+    if (m->qkv_bias) { P("self_attn.q_proj.bias", 1, HD, CO, 0, 0, 0, bq); }
     P("self_attn.k_proj.weight", KV, C, R, 1, std, 0, wk);
-    if (gpt2) { P("self_attn.k_proj.bias", 1, KV, CO, 0, 0, 0, bk); }
+    if (m->qkv_bias) { P("self_attn.k_proj.bias", 1, KV, CO, 0, 0, 0, bk); }
     P("self_attn.v_proj.weight", KV, C, R, 1, std, 0, wv);
-    if (gpt2) { P("self_attn.v_proj.bias", 1, KV, CO, 0, 0, 0, bv); }
+    if (m->qkv_bias) { P("self_attn.v_proj.bias", 1, KV, CO, 0, 0, 0, bv); }
     P("self_attn.o_proj.weight", C, HD, CO, 1, proj_std, 0, wo);
     if (gpt2) { P("self_attn.o_proj.bias", 1, C, N0, 0, 0, 0, bo); }
     P("post_attention_layernorm.weight", 1, C, N0, 0, 0, 1, ln2_w);
@@ -447,7 +447,16 @@ void params_dims(model *m, const ust_config *cfg) {
     m->Hg = cfg->model.n_head, m->Hkvg = cfg->model.n_kv_head, m->Fg = cfg->model.d_ff;
     m->V = cfg->model.vocab_size, m->Vp = cfg_vocab_padded(cfg), m->maxT = cfg->model.max_seq_len;
     m->B = cfg->train.micro_batch_size, m->T = cfg->train.seq_len, m->tied = cfg_tied(cfg);
-    m->eps = (float)cfg->model.norm_eps, m->theta = (float)cfg->model.rope_theta;
+    m->eps = (float)cfg->model.norm_eps;
+    m->rope = (ust_rope){.theta = cfg->model.rope_theta};
+    if (cfg->model.rope_scaling.type == ROPE_LLAMA3) {
+        const __typeof__(cfg->model.rope_scaling) *rs = &cfg->model.rope_scaling;
+        m->rope.factor = rs->factor;
+        m->rope.low_freq_factor = rs->low_freq_factor;
+        m->rope.high_freq_factor = rs->high_freq_factor;
+        m->rope.original_max_pos = rs->original_max_position_embeddings;
+    }
+    m->qkv_bias = !m->llama || cfg->model.qkv_bias;
     m->recompute = cfg->train.recompute;
     int start;
     m->H = tp_part(m->tp, m->Hg, &start); /* this rank's heads and hidden units */

@@ -821,11 +821,11 @@ static void cu_swiglu_bwd(const ust_ops *o, act *dgate, act *dup, const act *dou
 
 /* ---------------------------------------------------------------- RoPE */
 
-/* One thread per (token r, pair i): the angle pos * theta^(-2i/D) in double (as the CPU
+/* One thread per (token r, pair i): the angle pos * inv_freq(i) in double (as the CPU
  * backend), then the rotation of pair (i, i + D/2) of every head. sign = -1 is the inverse. */
 template <typename T>
 __global__ void k_rope(act *out_, const act *inp_, const int32_t *pos, int64_t rows, int Tn, int H,
-                       int D, float theta, double sign) {
+                       int D, ust_rope rope, double sign) {
     T *out = (T *)out_;
     const T *inp = (const T *)inp_;
     int half = D / 2;
@@ -835,7 +835,7 @@ __global__ void k_rope(act *out_, const act *inp_, const int32_t *pos, int64_t r
         int64_t r = x / half;
         int i = (int)(x % half), t = (int)(r % Tn);
         double p = pos ? pos[t] : t;
-        double a = p * pow((double)theta, -2.0 * i / D);
+        double a = p * ust_rope_inv_freq(&rope, i, D);
         float cs = (float)cos(a), sn = (float)(sign * sin(a));
         for (int h = 0; h < H; h++) {
             int64_t base = (r * H + h) * D;
@@ -847,15 +847,15 @@ __global__ void k_rope(act *out_, const act *inp_, const int32_t *pos, int64_t r
 }
 
 static void cu_rope_fwd(const ust_ops *o, act *out, const act *inp, const int32_t *pos, int B,
-                        int T, int H, int D, float theta) {
+                        int T, int H, int D, const ust_rope *rope) {
     int64_t rows = (int64_t)B * T;
-    ACT_EW_LAUNCH(k_rope, rows * (D / 2), out, inp, pos, rows, T, H, D, theta, 1.0);
+    ACT_EW_LAUNCH(k_rope, rows * (D / 2), out, inp, pos, rows, T, H, D, *rope, 1.0);
 }
 
 static void cu_rope_bwd(const ust_ops *o, act *dinp, const act *dout, const int32_t *pos, int B,
-                        int T, int H, int D, float theta) {
+                        int T, int H, int D, const ust_rope *rope) {
     int64_t rows = (int64_t)B * T;
-    ACT_EW_LAUNCH(k_rope, rows * (D / 2), dinp, dout, pos, rows, T, H, D, theta, -1.0);
+    ACT_EW_LAUNCH(k_rope, rows * (D / 2), dinp, dout, pos, rows, T, H, D, *rope, -1.0);
 }
 
 /* ---------------------------------------------------------------- cross-entropy */

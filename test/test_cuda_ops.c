@@ -669,14 +669,14 @@ static void test_cuda_rope_matches_cpu_in_place_and_inverse(void) {
     float *x = hrand(n, 1), *out = hrand(n, 1);
     float *gx = gup_act(x, n), *gout = gup_act(out, n);
     int32_t *gpos = gupi(pos, T);
-    CPU->rope_fwd(CPU, out, x, pos, B, T, H, D, 10000.0f);
-    GPU->rope_fwd(GPU, gout, gx, gpos, B, T, H, D, 10000.0f);
+    CPU->rope_fwd(CPU, out, x, pos, B, T, H, D, &(ust_rope){.theta = 10000});
+    GPU->rope_fwd(GPU, gout, gx, gpos, B, T, H, D, &(ust_rope){.theta = 10000});
     CHECK_A("rope", gout, out, n, EW, EW);
-    CPU->rope_fwd(CPU, x, x, NULL, B, T, H, D, 500000.0f); /* in place, default positions */
-    GPU->rope_fwd(GPU, gx, gx, NULL, B, T, H, D, 500000.0f);
+    CPU->rope_fwd(CPU, x, x, NULL, B, T, H, D, &(ust_rope){.theta = 500000, .factor = 8, .low_freq_factor = 1, .high_freq_factor = 4, .original_max_pos = 64}); /* in place, default positions */
+    GPU->rope_fwd(GPU, gx, gx, NULL, B, T, H, D, &(ust_rope){.theta = 500000, .factor = 8, .low_freq_factor = 1, .high_freq_factor = 4, .original_max_pos = 64});
     CHECK_A("rope in place", gx, x, n, EW, EW);
-    CPU->rope_bwd(CPU, out, out, pos, B, T, H, D, 10000.0f);
-    GPU->rope_bwd(GPU, gout, gout, gpos, B, T, H, D, 10000.0f);
+    CPU->rope_bwd(CPU, out, out, pos, B, T, H, D, &(ust_rope){.theta = 10000});
+    GPU->rope_bwd(GPU, gout, gout, gpos, B, T, H, D, &(ust_rope){.theta = 10000});
     CHECK_A("rope backward", gout, out, n, EW, EW);
     free(x), free(out);
     gfree(gx), gfree(gout), gfree(gpos);

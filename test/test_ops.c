@@ -468,6 +468,7 @@ static void test_swiglu_backward_matches_finite_differences(void) {
 enum { RB = 2, RT = 5, RH = 3, RD = 8, RN = RB * RT * RH * RD };
 static const int32_t r_pos[RT] = {0, 5, 100, 7, 2000};
 #define R_THETA 10000.0f
+static const ust_rope R_ROPE = {.theta = R_THETA};
 
 typedef struct {
     float *x, *out, *R;
@@ -475,7 +476,7 @@ typedef struct {
 
 static double rope_loss(void *p) {
     rope_ctx *c = p;
-    O->rope_fwd(O, c->out, c->x, r_pos, RB, RT, RH, RD, R_THETA);
+    O->rope_fwd(O, c->out, c->x, r_pos, RB, RT, RH, RD, &R_ROPE);
     return dot_r(c->out, c->R, RN);
 }
 
@@ -484,7 +485,7 @@ static double rope_loss(void *p) {
 static void test_rope_forward_rotates_half_pairs_by_position(void) {
     float *x = randv(RN, 1), *out = fbuf(RN);
     double ref[RN];
-    O->rope_fwd(O, out, x, r_pos, RB, RT, RH, RD, R_THETA);
+    O->rope_fwd(O, out, x, r_pos, RB, RT, RH, RD, &R_ROPE);
     for (int b = 0; b < RB; b++)
         for (int t = 0; t < RT; t++)
             for (int h = 0; h < RH; h++)
@@ -502,14 +503,49 @@ static void test_rope_forward_rotates_half_pairs_by_position(void) {
 static void test_rope_backward_matches_finite_differences_and_inverts_forward(void) {
     rope_ctx c = {randv(RN, 1), fbuf(RN), randv(RN, 1)};
     float *dinp = fbuf(RN);
-    O->rope_bwd(O, dinp, c.R, r_pos, RB, RT, RH, RD, R_THETA);
+    O->rope_bwd(O, dinp, c.R, r_pos, RB, RT, RH, RD, &R_ROPE);
     CHECK(fd_ok("dinp", c.x, dinp, RN, rope_loss, &c, 1e-2f, FD_ATOL, FD_RTOL), "%s", msg);
     /* rotation is orthogonal, so bwd(fwd(x)) = x; both in place */
     float *y = dupv(c.x, RN);
-    O->rope_fwd(O, y, y, r_pos, RB, RT, RH, RD, R_THETA);
-    O->rope_bwd(O, y, y, r_pos, RB, RT, RH, RD, R_THETA);
+    O->rope_fwd(O, y, y, r_pos, RB, RT, RH, RD, &R_ROPE);
+    O->rope_bwd(O, y, y, r_pos, RB, RT, RH, RD, &R_ROPE);
     CHECK(close_f("bwd(fwd(x))", y, c.x, RN, 1e-6, 1e-6), "%s", msg);
     fr(c.x), fr(c.out), fr(c.R), fr(dinp), fr(y);
+}
+
+/* Llama 3.1's rope_scaling, written as transformers' _compute_llama3_parameters does it (the
+ * three bands by torch.where on the wavelength), against ust_rope_inv_freq, for Llama 3.1 8B's
+ * values (head dim 128, theta 500000, factor 8, low 1, high 4, original 8192): all three bands
+ * occur, and the op rotates by the scaled angles. */
+static void test_rope_llama3_scaling_matches_transformers_formula(void) {
+    const ust_rope r = {.theta = 500000, .factor = 8, .low_freq_factor = 1,
+                        .high_freq_factor = 4, .original_max_pos = 8192};
+    enum { D = 128 };
+    int bands[3] = {0, 0, 0};
+    for (int i = 0; i < D / 2; i++) {
+        double inv = 1.0 / pow(500000.0, 2.0 * i / D), wavelen = 2 * M_PI / inv;
+        double low_wavelen = 8192 / 1.0, high_wavelen = 8192 / 4.0;
+        double scaled = wavelen > low_wavelen ? inv / 8 : inv;
+        double smooth = (8192 / wavelen - 1) / (4 - 1);
+        double smoothed = (1 - smooth) * scaled / 8 + smooth * scaled;
+        int medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+        double want = medium ? smoothed : scaled;
+        bands[wavelen < high_wavelen ? 0 : medium ? 1 : 2]++;
+        double got = ust_rope_inv_freq(&r, i, D);
+        CHECK(fabs(got - want) <= 1e-12 * want, "inv_freq[%d] = %.17g, transformers' %.17g", i,
+              got, want);
+    }
+    CHECK(bands[0] && bands[1] && bands[2], "bands %d/%d/%d: not all three exercised", bands[0],
+          bands[1], bands[2]);
+    /* the op uses them: position 3000 of head dim 128, pair 40 (a medium-band frequency) */
+    enum { N = D };
+    float *x = randv(N, 1), *out = fbuf(N);
+    const int32_t pos[1] = {3000};
+    O->rope_fwd(O, out, x, pos, 1, 1, 1, D, &r);
+    double a = 3000 * ust_rope_inv_freq(&r, 40, D), plain = 3000 * pow(500000.0, -80.0 / D);
+    CHECK(fabs(out[40] - (x[40] * cos(a) - x[40 + D / 2] * sin(a))) < 1e-5, "pair 40 of rope");
+    CHECK(fabs(cos(a) - cos(plain)) > 1e-2, "the test's pair is not affected by the scaling");
+    fr(x), fr(out);
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -1026,6 +1062,7 @@ int main(void) {
     RUN_TEST(test_swiglu_backward_matches_finite_differences);
     RUN_TEST(test_rope_forward_rotates_half_pairs_by_position);
     RUN_TEST(test_rope_backward_matches_finite_differences_and_inverts_forward);
+    RUN_TEST(test_rope_llama3_scaling_matches_transformers_formula);
     RUN_TEST(test_attention_forward_matches_reference_causal_noncausal_gqa_cp);
     RUN_TEST(test_attention_backward_matches_finite_differences_noncausal_gqa);
     RUN_TEST(test_attention_backward_matches_finite_differences_causal_cp_masked_row);

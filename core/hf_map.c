@@ -1,0 +1,311 @@
+/* hf_map: the mapping between ustrain checkpoints and transformers models (hf_map.h).
+ *
+ * The work is a table: one row per tensor of the exported file, saying which checkpoint tensors
+ * it is made of (with the shapes the config implies) and how (copy, cut the padded vocabulary,
+ * transpose, fuse q/k/v). The table is built from the config, every source is checked against
+ * the checkpoint, and only then is anything written.
+ *
+ * llama: ustrain already stores tensors under LlamaForCausalLM's names, [out, in] like
+ * nn.Linear. RoPE needs no re-ordering of q_proj/k_proj rows: ustrain rotates the pairs
+ * (x_i, x_{i+D/2}) of each head (core/ops_cpu.c rope_apply), which is transformers' rotate_half
+ * convention; the permutation of Meta->HF conversions is only for weights trained with
+ * interleaved pairs (x_{2i}, x_{2i+1}). Grouped-query heads map the same way too: query head h
+ * reads key/value head h / (n_head / n_kv_head) in both (repeat_kv).
+ *
+ * llama with MoE layers in every layer (no shared expert) -> MixtralForCausalLM: the router is
+ * block_sparse_moe.gate, expert e's gate_proj / down_proj / up_proj are its w1 / w2 / w3 (the
+ * Hub's per-expert names, which transformers and vLLM read). Mixtral routes as ustrain does:
+ * softmax over all experts, top-k, the k weights renormalized to sum to one.
+ *
+ * gpt2: GPT2LMHeadModel keeps GPT-2's Conv1D weights, [in, out] (the transpose of ours), and one
+ * fused c_attn whose output features are q | k | v. GPT-2 has no grouped-query attention, so a
+ * ustrain gpt2 with n_kv_head < n_head is exported with each key/value head repeated for the
+ * query heads that read it, which computes the same attention. */
+#include "hf_map.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int64_t numel(int ndim, const int64_t *shape) {
+    return ndim == 2 ? shape[0] * shape[1] : shape[0];
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The tables */
+
+static hf_tensor *xadd(hf_table *l, hf_xform op, const char *name, int ndim, int64_t rows,
+                       int64_t cols) {
+    hf_tensor *x = &l->t[l->n++];
+    memset(x, 0, sizeof *x);
+    snprintf(x->name, sizeof x->name, "%s", name);
+    x->op = op;
+    x->ndim = ndim;
+    x->shape[0] = rows;
+    x->shape[1] = ndim == 2 ? cols : 0;
+    return x;
+}
+
+static void xsrc(hf_tensor *x, const char *name, int ndim, int64_t rows, int64_t cols) {
+    ckpt_tensor *s = &x->src[x->nsrc++];
+    snprintf(s->name, sizeof s->name, "%s", name);
+    s->ndim = ndim;
+    s->shape[0] = rows;
+    s->shape[1] = ndim == 2 ? cols : 0;
+}
+
+/* One checkpoint tensor src of rows x cols -> dst: the same shape, or transposed for HF_T. */
+static void xsame(hf_table *l, hf_xform op, const char *dst, const char *src, int ndim,
+                  int64_t rows, int64_t cols) {
+    hf_tensor *x = xadd(l, op, dst, ndim, ndim == 2 && op == HF_T ? cols : rows,
+                        ndim == 2 && op == HF_T ? rows : cols);
+    xsrc(x, src, ndim, rows, cols);
+}
+
+/* A MoE layer under Mixtral's names. */
+static void mixtral_layer(hf_table *l, int i) {
+    const ust_config *c = l->c;
+    int64_t C = c->model.d_model, E = c->model.moe.num_experts, Fe = c->model.moe.d_ff_expert;
+    char dst[CKPT_NAME_MAX], src[CKPT_NAME_MAX];
+    snprintf(dst, sizeof dst, "model.layers.%d.block_sparse_moe.gate.weight", i);
+    snprintf(src, sizeof src, "model.layers.%d.mlp.router.weight", i);
+    xsame(l, HF_COPY, dst, src, 2, E, C);
+    static const struct {
+        const char *w, *ours;
+        int down;
+    } map[] = {{"w1", "gate_proj", 0}, {"w2", "down_proj", 1}, {"w3", "up_proj", 0}};
+    for (int64_t e = 0; e < E; e++)
+        for (int k = 0; k < 3; k++) {
+            snprintf(dst, sizeof dst, "model.layers.%d.block_sparse_moe.experts.%lld.%s.weight", i,
+                     (long long)e, map[k].w);
+            snprintf(src, sizeof src, "model.layers.%d.mlp.experts.%lld.%s.weight", i, (long long)e,
+                     map[k].ours);
+            xsame(l, HF_COPY, dst, src, 2, map[k].down ? C : Fe, map[k].down ? Fe : C);
+        }
+}
+
+static void llama_table(hf_table *l) {
+    const ust_config *c = l->c;
+    int64_t C = c->model.d_model, V = c->model.vocab_size, Vp = cfg_vocab_padded(c);
+    int64_t F = c->model.d_ff, D = cfg_head_dim(c);
+    int64_t HD = c->model.n_head * D, KV = c->model.n_kv_head * D;
+    hf_tensor *x = xadd(l, HF_ROWS, "model.embed_tokens.weight", 2, V, C);
+    xsrc(x, "model.embed_tokens.weight", 2, Vp, C);
+    for (int i = 0; i < c->model.n_layer; i++) {
+        char n[CKPT_NAME_MAX];
+        /* the same name and shape on both sides */
+#define SAME(suffix, ndim, rows, cols)                                                             \
+    snprintf(n, sizeof n, "model.layers.%d.%s", i, suffix);                                        \
+    xsame(l, HF_COPY, n, n, ndim, rows, cols)
+        SAME("input_layernorm.weight", 1, C, 0);
+        SAME("self_attn.q_proj.weight", 2, HD, C);
+        SAME("self_attn.k_proj.weight", 2, KV, C);
+        SAME("self_attn.v_proj.weight", 2, KV, C);
+        SAME("self_attn.o_proj.weight", 2, C, HD);
+        SAME("post_attention_layernorm.weight", 1, C, 0);
+        if (c->model.moe.num_experts > 0) {
+            mixtral_layer(l, i);
+            continue;
+        }
+        SAME("mlp.gate_proj.weight", 2, F, C);
+        SAME("mlp.up_proj.weight", 2, F, C);
+        SAME("mlp.down_proj.weight", 2, C, F);
+#undef SAME
+    }
+    xsame(l, HF_COPY, "model.norm.weight", "model.norm.weight", 1, C, 0);
+    if (!cfg_tied(c)) { /* tied: transformers takes lm_head from embed_tokens */
+        x = xadd(l, HF_ROWS, "lm_head.weight", 2, V, C);
+        xsrc(x, "lm_head.weight", 2, Vp, C);
+    }
+}
+
+static void gpt2_table(hf_table *l) {
+    const ust_config *c = l->c;
+    int64_t C = c->model.d_model, V = c->model.vocab_size, Vp = cfg_vocab_padded(c);
+    int64_t F = c->model.d_ff, D = cfg_head_dim(c), T = c->model.max_seq_len;
+    int64_t HD = c->model.n_head * D, KV = c->model.n_kv_head * D;
+    hf_tensor *x = xadd(l, HF_ROWS, "transformer.wte.weight", 2, V, C);
+    xsrc(x, "model.embed_tokens.weight", 2, Vp, C);
+    xsame(l, HF_COPY, "transformer.wpe.weight", "model.embed_positions.weight", 2, T, C);
+    for (int i = 0; i < c->model.n_layer; i++) {
+        char h[64], s[64], dn[CKPT_NAME_MAX], sn[3][CKPT_NAME_MAX];
+        snprintf(h, sizeof h, "transformer.h.%d.", i);
+        snprintf(s, sizeof s, "model.layers.%d.", i);
+#define SAME(op, hf, ours, ndim, r, cl)                                                            \
+    snprintf(dn, sizeof dn, "%s%s", h, hf);                                                        \
+    snprintf(sn[0], sizeof sn[0], "%s%s", s, ours);                                                \
+    xsame(l, op, dn, sn[0], ndim, r, cl)
+        SAME(HF_COPY, "ln_1.weight", "input_layernorm.weight", 1, C, 0);
+        SAME(HF_COPY, "ln_1.bias", "input_layernorm.bias", 1, C, 0);
+        for (int w = 0; w < 2; w++) { /* c_attn.weight [C, 3 HD], c_attn.bias [3 HD] */
+            snprintf(dn, sizeof dn, "%sattn.c_attn.%s", h, w ? "bias" : "weight");
+            x = w ? xadd(l, HF_QKV, dn, 1, 3 * HD, 0) : xadd(l, HF_QKV, dn, 2, C, 3 * HD);
+            const char *qkv[] = {"q", "k", "v"};
+            for (int j = 0; j < 3; j++) {
+                snprintf(sn[j], sizeof sn[j], "%sself_attn.%s_proj.%s", s, qkv[j],
+                         w ? "bias" : "weight");
+                xsrc(x, sn[j], w ? 1 : 2, j ? KV : HD, w ? 0 : C);
+            }
+        }
+        SAME(HF_T, "attn.c_proj.weight", "self_attn.o_proj.weight", 2, C, HD);
+        SAME(HF_COPY, "attn.c_proj.bias", "self_attn.o_proj.bias", 1, C, 0);
+        SAME(HF_COPY, "ln_2.weight", "post_attention_layernorm.weight", 1, C, 0);
+        SAME(HF_COPY, "ln_2.bias", "post_attention_layernorm.bias", 1, C, 0);
+        SAME(HF_T, "mlp.c_fc.weight", "mlp.up_proj.weight", 2, F, C);
+        SAME(HF_COPY, "mlp.c_fc.bias", "mlp.up_proj.bias", 1, F, 0);
+        SAME(HF_T, "mlp.c_proj.weight", "mlp.down_proj.weight", 2, C, F);
+        SAME(HF_COPY, "mlp.c_proj.bias", "mlp.down_proj.bias", 1, C, 0);
+#undef SAME
+    }
+    xsame(l, HF_COPY, "transformer.ln_f.weight", "model.norm.weight", 1, C, 0);
+    xsame(l, HF_COPY, "transformer.ln_f.bias", "model.norm.bias", 1, C, 0);
+    /* no lm_head.weight: GPT2LMHeadModel ties it to transformer.wte, as GPT-2's own files do */
+}
+
+int hf_table_build(hf_table *l, const ust_config *c, ust_err *e) {
+    const __typeof__(c->model.moe) *moe = &c->model.moe;
+    if (moe->num_experts > 0 &&
+        (c->model.arch != ARCH_LLAMA || moe->every != 1 || moe->shared_expert))
+        return ust_errf(e,
+                        "model.moe: the Hugging Face layout for mixture of experts is Mixtral's, "
+                        "a llama with experts in every layer and no shared expert (this model: "
+                        "arch %s, moe.every = %d, moe.shared_expert = %s)",
+                        c->model.arch == ARCH_LLAMA ? "llama" : "gpt2", moe->every,
+                        moe->shared_expert ? "true" : "false");
+    l->c = c;
+    l->n = 0;
+    l->t = calloc((size_t)c->model.n_layer * (16 + 3 * moe->num_experts + 1) + 8, sizeof *l->t);
+    if (!l->t) return ust_errf(e, "export: out of memory");
+    if (c->model.arch == ARCH_LLAMA)
+        llama_table(l);
+    else
+        gpt2_table(l);
+    return 0;
+}
+
+/* Row r of the stacked q | k | v (each n_head heads of D rows) as a (source, row) pair: k and v
+ * heads repeat, query head h reading key/value head h / (n_head / n_kv_head). */
+void hf_qkv_row(const ust_config *c, int64_t r, int *which, int64_t *row) {
+    int64_t D = cfg_head_dim(c), HD = c->model.n_head * D;
+    int G = c->model.n_head / c->model.n_kv_head;
+    *which = (int)(r / HD);
+    int64_t rr = r % HD;
+    *row = *which == 0 ? rr : (rr / D / G) * D + rr % D;
+}
+
+void hf_make(const ust_config *c, const hf_tensor *x, const float *src[3], float *out) {
+    switch (x->op) {
+    case HF_COPY:
+    case HF_ROWS: /* row-major: the first rows are one contiguous prefix */
+        memcpy(out, src[0], (size_t)numel(x->ndim, x->shape) * sizeof(float));
+        break;
+    case HF_T: {
+        int64_t rows = x->src[0].shape[0], cols = x->src[0].shape[1];
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t j = 0; j < cols; j++) out[j * rows + i] = src[0][i * cols + j];
+        break;
+    }
+    case HF_QKV: {
+        int64_t R = x->ndim == 2 ? x->shape[1] : x->shape[0]; /* 3 * n_head * D */
+        int64_t cols = x->ndim == 2 ? x->shape[0] : 1;        /* C, or 1 for the bias */
+        for (int64_t r = 0; r < R; r++) {
+            int w;
+            int64_t sr;
+            hf_qkv_row(c, r, &w, &sr);
+            for (int64_t j = 0; j < cols; j++) out[j * R + r] = src[w][sr * cols + j];
+        }
+        break;
+    }
+    }
+}
+
+static void special_tokens(cJSON *j, int bos, int eos) {
+    const char *keys[] = {"bos_token_id", "eos_token_id"};
+    int ids[] = {bos, eos};
+    for (int i = 0; i < 2; i++)
+        if (ids[i] >= 0)
+            cJSON_AddNumberToObject(j, keys[i], ids[i]);
+        else
+            cJSON_AddNullToObject(j, keys[i]);
+}
+
+static cJSON *llama_config(const ust_config *c, int bos, int eos) {
+    const __typeof__(c->model) *m = &c->model;
+    int moe = m->moe.num_experts > 0;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddItemToObject(
+        j, "architectures",
+        cJSON_CreateStringArray((const char *[]){moe ? "MixtralForCausalLM" : "LlamaForCausalLM"},
+                                1));
+    cJSON_AddStringToObject(j, "model_type", moe ? "mixtral" : "llama");
+    cJSON_AddNumberToObject(j, "vocab_size", m->vocab_size);
+    cJSON_AddNumberToObject(j, "hidden_size", m->d_model);
+    cJSON_AddNumberToObject(j, "intermediate_size", moe ? m->moe.d_ff_expert : m->d_ff);
+    if (moe) {
+        cJSON_AddNumberToObject(j, "num_local_experts", m->moe.num_experts);
+        cJSON_AddNumberToObject(j, "num_experts_per_tok", m->moe.top_k);
+        cJSON_AddNumberToObject(j, "router_aux_loss_coef", m->moe.aux_loss_coef);
+        cJSON_AddBoolToObject(j, "output_router_logits", 0);
+        cJSON_AddNullToObject(j, "sliding_window");
+    }
+    cJSON_AddNumberToObject(j, "num_hidden_layers", m->n_layer);
+    cJSON_AddNumberToObject(j, "num_attention_heads", m->n_head);
+    cJSON_AddNumberToObject(j, "num_key_value_heads", m->n_kv_head);
+    cJSON_AddNumberToObject(j, "head_dim", cfg_head_dim(c));
+    cJSON_AddStringToObject(j, "hidden_act", "silu");
+    cJSON_AddNumberToObject(j, "max_position_embeddings", m->max_seq_len);
+    cJSON_AddNumberToObject(j, "rms_norm_eps", m->norm_eps);
+    cJSON_AddNumberToObject(j, "rope_theta", m->rope_theta);
+    cJSON_AddNullToObject(j, "rope_scaling");
+    cJSON_AddBoolToObject(j, "attention_bias", 0);
+    cJSON_AddNumberToObject(j, "attention_dropout", 0.0);
+    cJSON_AddBoolToObject(j, "mlp_bias", 0);
+    cJSON_AddNumberToObject(j, "pretraining_tp", 1);
+    cJSON_AddBoolToObject(j, "tie_word_embeddings", cfg_tied(c));
+    special_tokens(j, bos, eos);
+    cJSON_AddNumberToObject(j, "initializer_range", 0.02);
+    cJSON_AddBoolToObject(j, "use_cache", 1);
+    cJSON_AddStringToObject(j, "torch_dtype", "float32");
+    return j;
+}
+
+static cJSON *gpt2_config(const ust_config *c, int bos, int eos) {
+    const __typeof__(c->model) *m = &c->model;
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddItemToObject(j, "architectures",
+                          cJSON_CreateStringArray((const char *[]){"GPT2LMHeadModel"}, 1));
+    cJSON_AddStringToObject(j, "model_type", "gpt2");
+    cJSON_AddNumberToObject(j, "vocab_size", m->vocab_size);
+    cJSON_AddNumberToObject(j, "n_positions", m->max_seq_len);
+    cJSON_AddNumberToObject(j, "n_ctx", m->max_seq_len);
+    cJSON_AddNumberToObject(j, "n_embd", m->d_model);
+    cJSON_AddNumberToObject(j, "n_layer", m->n_layer);
+    cJSON_AddNumberToObject(j, "n_head", m->n_head);
+    cJSON_AddNumberToObject(j, "n_inner", m->d_ff);
+    /* GPT-2's tanh approximation, which ustrain's gpt2 computes */
+    cJSON_AddStringToObject(j, "activation_function", "gelu_new");
+    cJSON_AddNumberToObject(j, "layer_norm_epsilon", m->norm_eps);
+    /* ustrain trains without dropout */
+    cJSON_AddNumberToObject(j, "resid_pdrop", 0.0);
+    cJSON_AddNumberToObject(j, "embd_pdrop", 0.0);
+    cJSON_AddNumberToObject(j, "attn_pdrop", 0.0);
+    cJSON_AddNumberToObject(j, "initializer_range", 0.02);
+    cJSON_AddBoolToObject(j, "scale_attn_weights", 1);
+    cJSON_AddBoolToObject(j, "scale_attn_by_inverse_layer_idx", 0);
+    cJSON_AddBoolToObject(j, "reorder_and_upcast_attn", 0);
+    cJSON_AddBoolToObject(j, "tie_word_embeddings", 1);
+    special_tokens(j, bos, eos);
+    cJSON_AddBoolToObject(j, "use_cache", 1);
+    cJSON_AddStringToObject(j, "torch_dtype", "float32");
+    return j;
+}
+
+cJSON *hf_config_json(const ust_config *c, int bos, int eos) {
+    return c->model.arch == ARCH_LLAMA ? llama_config(c, bos, eos) : gpt2_config(c, bos, eos);
+}
+
+void hf_table_free(hf_table *l) {
+    free(l->t);
+    l->t = NULL;
+    l->n = 0;
+}

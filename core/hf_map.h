@@ -1,0 +1,50 @@
+/* hf_map: ustrain's tensors <-> the Hugging Face transformers layout, in one table.
+ * hf_table_build lists, for a model config, every tensor of the transformers checkpoint
+ * (LlamaForCausalLM, MixtralForCausalLM, GPT2LMHeadModel) with the ustrain tensors it is made of
+ * and how (copy, cut the padded vocabulary, transpose, fuse q/k/v); export reads the table one
+ * way (hf_make), import the other. hf_config_json writes the matching config.json. */
+#ifndef UST_HF_MAP_H
+#define UST_HF_MAP_H
+
+#include "ckpt.h"
+#include "config.h"
+#include "error.h"
+
+#include <cjson/cJSON.h>
+#include <stdint.h>
+
+typedef enum {
+    HF_COPY, /* the same values */
+    HF_ROWS, /* the first shape[0] rows: the vocabulary without ustrain's padding rows */
+    HF_T,    /* transposed: [out, in] -> Conv1D's [in, out] */
+    HF_QKV,  /* q | k | v stacked along the output features, k and v repeated up to n_head heads;
+               transposed when 2-D (c_attn.weight), concatenated when 1-D (c_attn.bias) */
+} hf_xform;
+
+typedef struct {
+    char name[CKPT_NAME_MAX]; /* the exported name */
+    int ndim;
+    int64_t shape[2];
+    hf_xform op;
+    int nsrc;
+    ckpt_tensor src[3]; /* checkpoint names and the shapes the config implies */
+} hf_tensor;
+
+typedef struct {
+    const ust_config *c;
+    hf_tensor *t;
+    int n;
+} hf_table;
+
+/* The table of config c (l->t allocated; hf_table_free releases it). -1 with a message when the
+ * model has no transformers counterpart. */
+int hf_table_build(hf_table *l, const ust_config *c, ust_err *e);
+void hf_table_free(hf_table *l);
+/* Exported tensor x from its sources' whole fp32 data (src[j] for x->src[j]) into out. */
+void hf_make(const ust_config *c, const hf_tensor *x, const float *src[3], float *out);
+/* Row r of GPT-2's fused q | k | v as (which source, row in it). */
+void hf_qkv_row(const ust_config *c, int64_t r, int *which, int64_t *row);
+/* config.json for c; bos / eos < 0 write null. */
+cJSON *hf_config_json(const ust_config *c, int bos, int eos);
+
+#endif
