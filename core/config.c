@@ -166,6 +166,7 @@ static const cfg_key cfg_keys[] = {
 
     INT("logging.every", logging.every, "1", 1),
     STR("logging.metrics_file", logging.metrics_file, "runs/tiny/metrics.jsonl", 0),
+    STR("logging.tensorboard_dir", logging.tensorboard_dir, "null", NULLABLE),
     DBL("logging.peak_flops", logging.peak_flops, "0", 0, INFINITY, 0),
 
     DBL("dist.timeout_s", dist.timeout_s, "300", 0, 1e6, LO_OPEN),

@@ -111,6 +111,7 @@ typedef struct {
     struct {
         int every;
         char metrics_file[UST_PATH_MAX];
+        char tensorboard_dir[UST_PATH_MAX]; /* "" = none */
         double peak_flops; /* 0 = measured sgemm (cpu) / table (gpu) */
     } logging;
     struct {

@@ -56,11 +56,11 @@ typedef struct {
     int tied_param; /* pipeline with tied embeddings: this rank's table or copy (-1: none) */
     ust_dataset *train, *val;
     ust_log log;
-    int32_t *samples;                    /* host: B x (T+1), one micro-batch's windows */
-    int32_t *positions;                  /* host: the Tl positions this rank's tokens have */
-    int Tl;                              /* tokens of each sequence on this rank (T / cp) */
-    float *flag;                         /* one device float for any_rank */
-    int64_t step, sample_index;          /* the run's position: steps done, samples consumed */
+    int32_t *samples;           /* host: B x (T+1), one micro-batch's windows */
+    int32_t *positions;         /* host: the Tl positions this rank's tokens have */
+    int Tl;                     /* tokens of each sequence on this rank (T / cp) */
+    float *flag;                /* one device float for any_rank */
+    int64_t step, sample_index; /* the run's position: steps done, samples consumed */
     int64_t batch_since_step, batch_since_sample; /* where the current global batch size began */
     double last_loss;
     ckpt_lock lock; /* rank 0: the job's lock on checkpoint.dir */
@@ -206,8 +206,8 @@ static char *state_json(trainer *t) {
 
 static int save_checkpoint(trainer *t, ust_err *e) {
     const ust_config *c = t->cfg;
-    ckpt_writer *w = ckpt_begin(c->checkpoint.dir, t->step, t->rt->rank, t->rt->boot.job_id,
-                                world_sync, t, e);
+    ckpt_writer *w =
+        ckpt_begin(c->checkpoint.dir, t->step, t->rt->rank, t->rt->boot.job_id, world_sync, t, e);
     if (!w) return -1;
     dp_save(t->dp, w, e); /* a failure is sticky in w: the commit reports it on every rank */
     char *state = t->rank0 ? state_json(t) : NULL;
@@ -466,8 +466,8 @@ static int build_model(trainer *t, ust_err *e) {
     t->tied_param = cfg->parallel.pp > 1 && cfg_tied(cfg)
                         ? model_find_param(t->m, "model.embed_tokens.weight")
                         : -1;
-    t->pp = pp_create(cfg, t->ops, &t->arena, t->m, topo->comm[TOPO_PP], topo->comm[TOPO_EMB],
-                      &sched);
+    t->pp =
+        pp_create(cfg, t->ops, &t->arena, t->m, topo->comm[TOPO_PP], topo->comm[TOPO_EMB], &sched);
     return 0;
 }
 
@@ -487,8 +487,8 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile
     if (open_data(t, e) || open_backend(t, profile, e) || build_model(t, e)) return -1;
     t->flag = mem_alloc(&t->arena, MEM_COMM, sizeof(float));
     mem_freeze(&t->arena);
-    t->samples = malloc((size_t)cfg->train.micro_batch_size * (cfg->train.seq_len + 1) *
-                        sizeof(int32_t));
+    t->samples =
+        malloc((size_t)cfg->train.micro_batch_size * (cfg->train.seq_len + 1) * sizeof(int32_t));
     return initialize(t, e);
 }
 
@@ -586,8 +586,8 @@ static int64_t device_allocations(const trainer *t) {
 }
 
 /* The report of the step just done (before t->step moves on). */
-static log_step report_step(trainer *t, const step_mark *mark, double loss, double norm,
-                            double lr, int finite, double fpt, double peak) {
+static log_step report_step(trainer *t, const step_mark *mark, double loss, double norm, double lr,
+                            int finite, double fpt, double peak) {
     const ust_config *c = t->cfg;
     log_step s = {.step = t->step + 1,
                   .steps = c->train.steps,
@@ -686,6 +686,9 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
         if (t->step == first + 1) allocs_after_first = device_allocations(t);
         if (t->step > first + untimed || all_timed) sum_ms += s.ms, timed++;
         s.eta_s = (log_now_s() - t_start) / (t->step - first) * (c->train.steps - t->step);
+        s.elapsed_s = log_now_s() - t_start;
+        s.samples_seen = t->sample_index;
+        s.tokens_seen = t->sample_index * c->train.seq_len;
         int last = t->step == c->train.steps;
         if (t->val && (t->step % c->data.val_every == 0 || last)) s.val_loss = validation_loss(t);
         if (t->rank0 && !opts->quiet &&
@@ -720,7 +723,9 @@ static int run_with(const ust_config *cfg, ust_runtime *rt, const train_opts *op
         return UST_EXIT_USAGE;
     }
     char err[1024];
-    if (t.rank0 && !opts->quiet && log_open(&t.log, cfg->logging.metrics_file, err, sizeof err)) {
+    if (t.rank0 && !opts->quiet &&
+        log_open(&t.log, cfg->logging.metrics_file, cfg->logging.tensorboard_dir, t.step, err,
+                 sizeof err)) {
         fprintf(stderr, "ustrain: error: %s\n", err);
         teardown(&t);
         return UST_EXIT_USAGE;

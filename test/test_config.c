@@ -121,6 +121,7 @@ static const char *ALL_CHANGED_YAML = "run:\n"
                                       "logging:\n"
                                       "  every: 10\n"
                                       "  metrics_file: m.jsonl\n"
+                                      "  tensorboard_dir: tb\n"
                                       "  peak_flops: 989e12\n"
                                       "dist:\n"
                                       "  timeout_s: 30.5\n";
