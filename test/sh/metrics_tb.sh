@@ -3,7 +3,7 @@
 # by hand with CRC32C checks and by the tensorboard package, every JSONL figure there at its
 # step), the JSONL carries time, elapsed_s, samples_seen and tokens_seen, and a run resumed from
 # an earlier checkpoint leaves no step twice in either (the killed run's later lines are dropped,
-# TensorBoard is told to drop them with a SessionLog START).
+# TensorBoard is told to drop them with a SessionLog START); MFU never exceeds 100%.
 . "$(dirname "$0")/../lib.sh"
 
 python3 -c 'import tensorboard' 2>/dev/null || pip install -q tensorboard >$TMP/pip.log 2>&1
@@ -53,6 +53,17 @@ acc = ea.EventAccumulator(sys.argv[1]); acc.Reload()
 tags = acc.Tags()["scalars"]
 ok = "moe/layer0/load_max" in tags and "moe/layer1/dropped" in tags
 print("PASS tb_moe_load_per_layer" if ok else f"FAIL tb_moe_load_per_layer: tags {tags}")
+EOT
+# MFU never above 100%: a peak measured low (a busy machine, simulated) is raised to the rate a
+# step reached
+UST_FAULT_PEAK_SCALE=0.001 $UST train $TMP/tb.yaml --set train.steps=2 --set checkpoint.dir=$TMP/mfu/ckpt \
+    --set logging.metrics_file=$TMP/mfu/m.jsonl >$TMP/d.log 2>&1 || fail mfu_run "$(tail -2 $TMP/d.log)"
+python3 - $TMP/mfu/m.jsonl $TMP/d.log <<'EOT'
+import json, sys
+mfu = [json.loads(l)["mfu"] for l in open(sys.argv[1])]
+raised = "above the sgemm peak measured at start-up" in open(sys.argv[2]).read()
+ok = raised and len(mfu) == 2 and all(0 < m <= 1 for m in mfu)
+print("PASS mfu_never_above_100_percent" if ok else f"FAIL mfu_never_above_100_percent: mfu {mfu}, raised {raised}")
 EOT
 expect_exit tb_dir_is_a_file_exits_2 2 "tensorboard_dir" -- \
     $UST train $TMP/tb.yaml --set checkpoint.dir=$TMP/x/ckpt --set logging.tensorboard_dir=$TMP/tb.yaml
