@@ -41,7 +41,7 @@ MODULES = {
     "parallel/pp": 4, "parallel/dp_internal": 4, "parallel/dp_io": 4, "parallel/pp_schedule": 4, "parallel/pp_schedule_check": 4,
     "parallel/dp": 4,
     "core/train": 5, "core/plan": 5,
-    "core/planner": 6, "core/prep": 6, "core/tokenizer": 6, "core/tok_unicode": 6,
+    "core/planner": 6, "core/prep": 6, "core/prep_input": 6, "core/tokenizer": 6, "core/tok_unicode": 6,
     "core/export": 6, "cuda/bench_gpu": 6,
 }
 # function prefixes -> the module they belong to
