@@ -341,12 +341,24 @@ static void json_moe(FILE *f, const log_step *s) {
     fputc(']', f);
 }
 
+static void json_data(FILE *f, const log_step *s) {
+    fprintf(f, ",\"data_samples\":[");
+    for (int d = 0; d < s->data_n; d++)
+        fprintf(f, "%s%lld", d ? "," : "", (long long)s->data_samples[d]);
+    fputc(']', f);
+}
+
 static void tb_step(FILE *f, const log_step *s, const log_scalar *x, int n) {
     pbuf ev, summary;
     summary.n = 0;
     summary.overflow = 0;
     for (int i = 0; i < n; i++)
         if (isfinite(x[i].v)) tb_value(&summary, x[i].key, x[i].v);
+    for (int d = 0; d < s->data_n; d++) {
+        char tag[48];
+        snprintf(tag, sizeof tag, "data/dataset%d/samples", d);
+        tb_value(&summary, tag, (double)s->data_samples[d]);
+    }
     for (int i = 0; i < s->moe_n; i++) {
         const char *what[3] = {"load_max", "load_mean", "dropped"};
         double v[3] = {s->moe_load_max[i], s->moe_load_mean[i], s->moe_dropped[i]};
@@ -372,6 +384,7 @@ void log_step_json(ust_log *l, const log_step *s) {
         json_scalar(l->metrics, &x[i]);
         if (!strcmp(x[i].key, "ep_comm_ms") && s->moe_n > 0) json_moe(l->metrics, s);
     }
+    if (s->data_n > 0) json_data(l->metrics, s);
     if (s->skipped) fprintf(l->metrics, ",\"skipped\":true");
     fprintf(l->metrics, "}\n");
     fflush(l->metrics);

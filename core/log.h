@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #define LOG_MAX_MOE 64
+#define LOG_MAX_DATA 64 /* CFG_MAX_BLEND */
 
 typedef struct {
     int64_t step, steps;
@@ -32,9 +33,11 @@ typedef struct {
     int moe_n;
     int moe_layer[LOG_MAX_MOE];
     double moe_load_max[LOG_MAX_MOE], moe_load_mean[LOG_MAX_MOE], moe_dropped[LOG_MAX_MOE];
-    int skipped;                       /* step skipped by on_nan: skip */
-    double elapsed_s;                  /* since this process began training */
-    int64_t samples_seen, tokens_seen; /* by the run, after this step */
+    int skipped;                        /* step skipped by on_nan: skip */
+    double elapsed_s;                   /* since this process began training */
+    int64_t samples_seen, tokens_seen;  /* by the run, after this step */
+    int data_n;                         /* a blend's datasets (0: one dataset) */
+    int64_t data_samples[LOG_MAX_DATA]; /* samples each has given, after this step */
 } log_step;
 
 typedef struct {

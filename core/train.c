@@ -54,7 +54,10 @@ typedef struct {
     pp_state *pp;   /* pipeline executor (NULL without pipeline parallelism) */
     int has_moe;    /* the model has mixture-of-experts layers */
     int tied_param; /* pipeline with tied embeddings: this rank's table or copy (-1: none) */
-    ust_dataset *train, *val;
+    data_blend *train, *val;    /* a lone glob is a blend of one */
+    data_blend_pos pos;         /* where the training blend stands (at the step's start) */
+    int *which, *val_which;     /* the step's global batch (the validation samples): dataset */
+    int64_t *index, *val_index; /* ... and its sample */
     ust_log log;
     int32_t *samples;           /* host: B x (T+1), one micro-batch's windows */
     int32_t *positions;         /* host: the Tl positions this rank's tokens have */
@@ -157,17 +160,46 @@ static int world_sync(void *arg, int failed, char *msg, size_t cap) {
 
 /* ------------------------------------------------------------------ set-up */
 
+static int open_blend(data_blend **b, const ust_config *c, int val, ust_err *e) {
+    cfg_dataset sets[CFG_MAX_BLEND];
+    int n = cfg_data_sets(c, val, sets);
+    return data_blend_open(b, sets, n, c->data.format, c->model.vocab_size, c->train.seq_len, e);
+}
+
+/* The datasets, and the assignment of the validation samples (the same every time: val_steps
+ * micro-batches from the blend's start). */
 static int open_data(trainer *t, ust_err *e) {
     const ust_config *c = t->cfg;
-    if (data_open(&t->train, c->data.train, c->data.format, c->model.vocab_size, e) ||
-        data_check_seq_len(t->train, c->train.seq_len, e))
-        return -1;
+    int64_t G = c->train.global_batch_size,
+            V = (int64_t)c->data.val_steps * c->train.micro_batch_size;
+    t->which = malloc((size_t)G * sizeof *t->which);
+    t->index = malloc((size_t)G * sizeof *t->index);
+    UST_ASSERT(t->which && t->index, "out of memory");
+    if (open_blend(&t->train, c, 0, e)) return -1;
     if (c->data.val[0] && c->data.val_every > 0 && c->data.val_steps > 0) {
-        if (data_open(&t->val, c->data.val, c->data.format, c->model.vocab_size, e) ||
-            data_check_seq_len(t->val, c->train.seq_len, e))
-            return -1;
+        if (open_blend(&t->val, c, 1, e)) return -1;
+        t->val_which = malloc((size_t)V * sizeof *t->val_which);
+        t->val_index = malloc((size_t)V * sizeof *t->val_index);
+        UST_ASSERT(t->val_which && t->val_index, "out of memory");
+        data_blend_pos start = {0};
+        data_blend_assign(t->val, &start, 0, V, t->val_which, t->val_index);
     }
     return 0;
+}
+
+/* The step's global batch: which dataset and sample each of its G samples is (every rank
+ * computes all of them and reads its share); a dataset entering a new epoch is logged. */
+static void assign_step(trainer *t) {
+    const ust_config *c = t->cfg;
+    int64_t G = c->train.global_batch_size;
+    data_blend_assign(t->train, &t->pos, t->sample_index, G, t->which, t->index);
+    for (int64_t k = 0; k < G && t->rank0; k++) {
+        int64_t S = data_blend_epoch_samples(t->train, t->which[k], c->train.seq_len);
+        if (t->index[k] > 0 && t->index[k] % S == 0)
+            printf("data: dataset %d (%s) starts epoch %lld at step %lld\n", t->which[k],
+                   data_blend_set(t->train, t->which[k])->path, (long long)(t->index[k] / S + 1),
+                   (long long)t->step + 1);
+    }
 }
 
 /* ------------------------------------------------------------------ checkpoints */
@@ -184,6 +216,7 @@ static char *state_json(trainer *t) {
     cJSON_AddNumberToObject(since, "step", (double)t->batch_since_step);
     cJSON_AddNumberToObject(since, "sample_index", (double)t->batch_since_sample);
     cJSON_AddNumberToObject(since, "global_batch_size", c->train.global_batch_size);
+    data_blend_save(t->train, &t->pos, j);
     cJSON *lay = cJSON_AddObjectToObject(j, "layout");
     cJSON_AddNumberToObject(lay, "dp", c->parallel.dp);
     cJSON_AddNumberToObject(lay, "tp", c->parallel.tp);
@@ -234,6 +267,14 @@ static int read_state(trainer *t, const char *json, const char *dir, ust_err *e)
                         "checkpoint %s: sample_index %lld is not step %lld x global_batch_size "
                         "%lld",
                         dir, (long long)st.sample_index, (long long)st.step, (long long)G);
+    cJSON *state = cJSON_Parse(json); /* ckpt_parse_state has checked it parses */
+    char note[1536];
+    ust_err why;
+    int rc = data_blend_restore(t->train, state, st.sample_index, c->data.allow_reweight, &t->pos,
+                                note, sizeof note, &why);
+    cJSON_Delete(state);
+    if (rc) return ust_errf(e, "checkpoint %s: %s", dir, why.msg);
+    if (note[0] && t->rank0) printf("%s\n", note);
     t->step = st.step;
     t->sample_index = st.sample_index;
     t->last_loss = st.loss;
@@ -304,8 +345,11 @@ static int64_t first_sample(trainer *t, int mb) {
 static void load_train(void *ctx, int mb, int32_t *inputs, int32_t *targets) {
     trainer *t = ctx;
     const ust_config *c = t->cfg;
-    data_get_samples(t->train, first_sample(t, mb), c->train.micro_batch_size, c->train.seq_len,
-                     c->data.shuffle, c->run.seed, t->samples);
+    int64_t g = first_sample(t, mb) - t->sample_index; /* in the step's global batch */
+    for (int b = 0; b < c->train.micro_batch_size; b++)
+        data_blend_get(t->train, t->which[g + b], t->index[g + b], c->train.seq_len,
+                       c->data.shuffle, c->run.seed,
+                       t->samples + (int64_t)b * (c->train.seq_len + 1));
     split_windows(t, inputs, targets);
 }
 
@@ -313,7 +357,11 @@ static void load_val(void *ctx, int mb, int32_t *inputs, int32_t *targets) {
     trainer *t = ctx;
     const ust_config *c = t->cfg;
     int B = c->train.micro_batch_size;
-    data_get_samples(t->val, (int64_t)mb * B, B, c->train.seq_len, 0, c->run.seed, t->samples);
+    for (int b = 0; b < B; b++) {
+        int64_t k = (int64_t)mb * B + b;
+        data_blend_get(t->val, t->val_which[k], t->val_index[k], c->train.seq_len, 0, c->run.seed,
+                       t->samples + (int64_t)b * (c->train.seq_len + 1));
+    }
     split_windows(t, inputs, targets);
 }
 
@@ -495,8 +543,9 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile
 static void teardown(trainer *t) {
     log_close(&t->log);
     ckpt_unlock_dir(&t->lock);
-    if (t->train) data_close(t->train);
-    if (t->val) data_close(t->val);
+    data_blend_close(t->train);
+    data_blend_close(t->val);
+    free(t->which), free(t->index), free(t->val_which), free(t->val_index);
     pp_destroy(t->pp);
     dp_destroy(t->dp);
     model_destroy(t->m);
@@ -695,6 +744,7 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
         step_mark mark = mark_step(t);
         double loss, norm, lr;
         int finite;
+        assign_step(t);
         if (train_step(t, &loss, &norm, &lr, &finite)) return UST_EXIT_RUNTIME;
         log_step s = report_step(t, &mark, loss, norm, lr, finite, fpt, peak);
         double raised = raise_measured_peak(t, peak, fpt, &s);
@@ -706,6 +756,8 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
         if (t->step > first + untimed || all_timed) sum_ms += s.ms, timed++;
         s.eta_s = (log_now_s() - t_start) / (t->step - first) * (c->train.steps - t->step);
         s.elapsed_s = log_now_s() - t_start;
+        s.data_n = data_blend_count(t->train) > 1 ? data_blend_count(t->train) : 0;
+        for (int d = 0; d < s.data_n; d++) s.data_samples[d] = t->pos.consumed[d];
         s.samples_seen = t->sample_index;
         s.tokens_seen = t->sample_index * c->train.seq_len;
         int last = t->step == c->train.steps;

@@ -36,7 +36,7 @@ MODULES = {
     "parallel/comm_nccl": 1,
     "parallel/comm_common": 1, "parallel/topology": 1,
     "parallel/tp": 2, "parallel/cp": 2, "parallel/ep": 2,
-    "core/model": 3, "core/model_internal": 3, "core/acts": 3, "core/params": 3, "core/moe": 3, "core/ckpt": 3, "core/data": 3,
+    "core/model": 3, "core/model_internal": 3, "core/acts": 3, "core/params": 3, "core/moe": 3, "core/ckpt": 3, "core/data": 3, "core/data_blend": 3,
     "core/hf_map": 3,
     "parallel/pp": 4, "parallel/dp_internal": 4, "parallel/dp_io": 4, "parallel/pp_schedule": 4, "parallel/pp_schedule_check": 4,
     "parallel/dp": 4,
