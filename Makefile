@@ -70,6 +70,7 @@ bench: deps
 	$(MAKE) ustrain
 	@[ -f data/tiny/train_000.bin ] || ./ustrain data demo data/tiny
 	./ustrain bench train configs/bench-gpt2-124m.yaml
+	./ustrain bench attention
 	scripts/bench-dp.sh
 	scripts/bench-tp.sh
 	scripts/bench-cp.sh

@@ -38,6 +38,9 @@ int cmd_size_opt(const cmd_who *w, const char *opt, const char *s, double lo, do
 /* ustrain bench comm [--min-bytes B] [--max-bytes B]: verify and time every collective. */
 int cmd_bench_comm(int argc, char **argv);
 
+/* ustrain bench attention: attention with and without document masking on a long sequence. */
+int cmd_bench_attention(int argc, char **argv);
+
 /* ustrain export CKPT --to hf OUT: a checkpoint in the Hugging Face transformers layout. */
 int cmd_export(int argc, char **argv);
 

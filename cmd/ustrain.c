@@ -36,6 +36,8 @@ static const char *USAGE =
     "  bench train CONFIG [--steps N] [--profile] [--set ...]\n"
     "                                            time training steps: ms/step, tok/s, MFU;\n"
     "                                            --profile adds time per op (ops.h)\n"
+    "  bench attention [--seq-len T] [--doc-len L] attention with and without document\n"
+    "                                            masking (data.doc_mask) on a long sequence\n"
     "  plan CONFIG --world N [--gpu-mem 80GiB] [--gpus-per-node 8] [--global-batch 512|4M]\n"
     "       [--write OUT.yaml] ...              layouts that fit, ranked by estimated step time\n"
     "                                            (ustrain plan --help: every option)\n"
@@ -76,6 +78,7 @@ static const char *DEMO_USAGE =
 static const char *BENCH_USAGE =
     "usage: ustrain bench train CONFIG [--steps N] [--profile] [--set ...]\n"
     "       ustrain bench comm [--min-bytes B] [--max-bytes B] [--iters N] [--backend shm|nccl]\n"
+    "       ustrain bench attention [--seq-len T] [--doc-len L] [--iters N] ...\n"
     "                          [--timeout S]\n"
     "  (ustrain bench train --help, ustrain bench comm --help)\n";
 
@@ -302,8 +305,10 @@ static int cmd_bench_train(int argc, char **argv) {
 static int cmd_bench(int argc, char **argv) {
     if (argc >= 1 && strcmp(argv[0], "train") == 0) return cmd_bench_train(argc - 1, argv + 1);
     if (argc >= 1 && strcmp(argv[0], "comm") == 0) return cmd_bench_comm(argc - 1, argv + 1);
+    if (argc >= 1 && strcmp(argv[0], "attention") == 0)
+        return cmd_bench_attention(argc - 1, argv + 1);
     if (cmd_wants_help(argc, argv)) return cmd_print_usage(BENCH_USAGE);
-    return cmd_usage_error("ustrain", BENCH_USAGE, "%s", "bench needs train or comm");
+    return cmd_usage_error("ustrain", BENCH_USAGE, "%s", "bench needs train, comm or attention");
 }
 
 int main(int argc, char **argv) {

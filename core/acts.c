@@ -89,6 +89,8 @@ static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *
         if (m->zb) s->dlnf = A(Nl * C);
     }
     if (ch->embed) s->tok = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
+    if (m->doc_mask || m->reset_pos) s->doc = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
+    if (m->reset_pos) s->rpos = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
     s->dy = A(Nl * C);
 }
 
@@ -115,8 +117,18 @@ void acts_alloc(model *m, ust_arena *a) {
     m->dup = A(N * F);
     m->dact = m->llama ? A(N * F) : NULL; /* gpt2's GELU backward is fused (linear_gelu_bwd) */
     m->tgt = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
-    /* the global positions of our tokens (cp_init's buffer) */
+    /* the global positions of our tokens (cp_init's buffer), and as every token's own (B,Tl)
+     * for RoPE and learned positions (data.reset_positions: each slot's own) */
     m->pos = mem_counting(a) ? NULL : (int32_t *)cp_positions_device(m->cp);
+    m->pos_rows = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
+    m->rows = m->pos_rows;
+    if (!mem_counting(a)) {
+        int32_t *host = malloc((size_t)N * sizeof(int32_t));
+        const int32_t *mine = cp_positions_of(m->cp, m->cp->rank);
+        for (int64_t i = 0; i < N; i++) host[i] = mine[i % m->T];
+        m->ops->to_device(m->ops, m->pos_rows, host, (size_t)N * sizeof(int32_t));
+        free(host);
+    }
 }
 #undef A
 #undef F32

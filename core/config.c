@@ -162,6 +162,9 @@ static const cfg_key cfg_keys[] = {
     INT("data.val_every", data.val_every, "25", 0),
     INT("data.val_steps", data.val_steps, "4", 1),
     BOOL("data.allow_reweight", data.allow_reweight, "false"),
+    BOOL("data.doc_mask", data.doc_mask, "false"),
+    BOOL("data.reset_positions", data.reset_positions, "false"),
+    INTR("data.eot_id", data.eot_id, "-1", -1, (1 << 24) - 1),
 
     STR("checkpoint.dir", checkpoint.dir, "runs/tiny/ckpt", 0),
     INT("checkpoint.every", checkpoint.every, "25", 0),

@@ -104,7 +104,10 @@ typedef struct {
         /* a glob, or a blend: a list of {path, weight, format} kept as canonical flow YAML
          * (read it with cfg_data_sets); val may be "" */
         char train[CFG_DATA_MAX], val[CFG_DATA_MAX];
-        bool allow_reweight; /* a resumed blend may change its weights (from the resume on) */
+        bool allow_reweight;  /* a resumed blend may change its weights (from the resume on) */
+        bool doc_mask;        /* attention stays inside documents (ended by eot_id) */
+        bool reset_positions; /* positions restart at each document */
+        int eot_id;           /* the end-of-text id; -1: the shards' meta.json */
         bool shuffle;
         int val_every, val_steps;
     } data;

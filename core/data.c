@@ -17,6 +17,8 @@
 
 #include "rng.h"
 
+#include <cjson/cJSON.h>
+
 #define LLMC_MAGIC_U16 20240520
 #define LLMC_MAGIC_U32 20240801
 #define LLMC_HEADER_INTS 256
@@ -733,5 +735,43 @@ int data_write_demo(const char *dir, ust_err *e) {
     if (rc == 0) rc = data_write_llmc_shard(path, va.tok, va.n, e);
     free(tr.tok);
     free(va.tok);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * meta.json */
+
+/* An integer field in [-1, 2^31): absent or null is -1. */
+static int meta_int(const cJSON *j, const char *key, int *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    *out = -1;
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > INT32_MAX ||
+        v->valuedouble != (double)(int64_t)v->valuedouble)
+        return -1;
+    *out = (int)v->valuedouble;
+    return 0;
+}
+
+int data_meta_read(const char *glob_pattern, data_meta *out, ust_err *e) {
+    const char *slash = strrchr(glob_pattern, '/');
+    int dir_len = slash ? (int)(slash - glob_pattern) : 1;
+    snprintf(out->path, sizeof out->path, "%.*s/meta.json", dir_len, slash ? glob_pattern : ".");
+    out->vocab_size = out->eot_id = -1;
+    if (access(out->path, F_OK) != 0 && errno == ENOENT) return 0;
+    ust_err inner;
+    FILE *f = fs_fopen_regular(out->path, "rb", &inner);
+    if (!f) return ust_errf(e, "%s", inner.msg);
+    char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    int big = !feof(f);
+    fclose(f);
+    buf[n] = 0;
+    cJSON *j = big ? NULL : cJSON_Parse(buf);
+    int rc = j && cJSON_IsObject(j) && !meta_int(j, "vocab_size", &out->vocab_size) &&
+                     !meta_int(j, "eot_id", &out->eot_id)
+                 ? 1
+                 : ust_errf(e, "%s: not a data prep meta.json (vocab_size, eot_id)", out->path);
+    cJSON_Delete(j);
     return rc;
 }

@@ -79,6 +79,16 @@ int data_blend_restore(const data_blend *b, const struct cJSON *state, int64_t i
                        bool allow_reweight, data_blend_pos *pos, char *note, size_t cap,
                        ust_err *e);
 
+/* meta.json beside a dataset's shards (the directory of its glob), as `ustrain data prep` writes
+ * it: the vocabulary size and end-of-text id its tokens were made with (-1 where not given).
+ * Returns 1 when found, 0 when there is none, -1 (message naming the file) when it is
+ * malformed. */
+typedef struct {
+    int vocab_size, eot_id;
+    char path[UST_PATH_MAX + 16];
+} data_meta;
+int data_meta_read(const char *glob_pattern, data_meta *out, ust_err *e);
+
 /* Writes the bundled demo dataset (generated text, byte-level tokens, llm.c uint16 shards:
  * DIR/train_000.bin, DIR/train_001.bin, DIR/val_000.bin). Deterministic. */
 int data_write_demo(const char *dir, ust_err *e);

@@ -36,6 +36,8 @@ typedef struct {
     int skipped;                        /* step skipped by on_nan: skip */
     double elapsed_s;                   /* since this process began training */
     int64_t samples_seen, tokens_seen;  /* by the run, after this step */
+    int cp_docs;                        /* context parallelism with document masking: */
+    int64_t cp_blocks_skipped;          /* key/value blocks no query could see, not computed */
     int data_n;                         /* a blend's datasets (0: one dataset) */
     int64_t data_samples[LOG_MAX_DATA]; /* samples each has given, after this step */
 } log_step;

@@ -198,10 +198,10 @@ static void layer_forward(model *m, int l, const act *x_in, act *x_out, layer_ac
     tp_column_linear_fwd(m->tp, a->k, ln1, w->wk, w->bk, N, C, KV);
     tp_column_linear_fwd(m->tp, a->v, ln1, w->wv, w->bv, N, C, KV);
     if (m->llama) {
-        o->rope_fwd(o, a->q, a->q, m->pos, m->B, m->T, m->H, m->D, &m->rope);
-        o->rope_fwd(o, a->k, a->k, m->pos, m->B, m->T, m->Hkv, m->D, &m->rope);
+        o->rope_fwd(o, a->q, a->q, m->rows, m->B, m->T, m->H, m->D, &m->rope);
+        o->rope_fwd(o, a->k, a->k, m->rows, m->B, m->T, m->Hkv, m->D, &m->rope);
     }
-    cp_attention_fwd(m->cp, a->att, a->lse, a->q, a->k, a->v, m->H);
+    cp_attention_fwd(m->cp, a->att, a->lse, a->q, a->k, a->v, m->H, m->doc_mask ? &m->docs : NULL);
     tp_row_linear_fwd(m->tp, a->res2, a->att, w->wo, w->bo, N, HD, C);
     o->add(o, a->res2, a->res2, x_in, (int64_t)m->Nl * C);
     norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b);
@@ -221,6 +221,35 @@ static void layer_forward(model *m, int l, const act *x_in, act *x_out, layer_ac
     o->add(o, x_out, x_out, a->res2, (int64_t)m->Nl * C);
 }
 
+void model_set_docs(model *m, const int32_t *doc_start) { m->doc_next = doc_start; }
+
+/* The micro-batch of slot s is the one computed now. */
+static void use_docs(model *m, const act_slot *s) {
+    m->docs = (cp_docs){s->doc, s->doc_min};
+    m->rows = m->reset_pos ? s->rpos : m->pos_rows;
+}
+
+/* The slot keeps its micro-batch's documents (and, data.reset_positions, the positions inside
+ * them) for the backward and a recompute. */
+static void take_docs(model *m, act_slot *s) {
+    if (!m->doc_mask && !m->reset_pos) return;
+    int N = m->B * m->T;
+    UST_ASSERT(m->doc_next, "data.doc_mask: no documents given for the micro-batch");
+    m->ops->to_device(m->ops, s->doc, m->doc_next, N * sizeof(int32_t));
+    s->doc_min = m->doc_next[0];
+    for (int i = 1; i < N; i++)
+        s->doc_min = m->doc_next[i] < s->doc_min ? m->doc_next[i] : s->doc_min;
+    if (m->reset_pos) {
+        int32_t *host = malloc((size_t)N * sizeof(int32_t));
+        const int32_t *mine = cp_positions_of(m->cp, m->cp->rank);
+        for (int i = 0; i < N; i++) host[i] = mine[i % m->T] - m->doc_next[i];
+        m->ops->to_device(m->ops, s->rpos, host, (size_t)N * sizeof(int32_t));
+        free(host);
+    }
+    m->doc_next = NULL;
+    use_docs(m, s);
+}
+
 double model_chunk_forward(model *m, int c, int slot, const int32_t *inputs, const int32_t *targets,
                            float dscale, int64_t *ntok) {
     const ust_ops *o = m->ops;
@@ -228,10 +257,11 @@ double model_chunk_forward(model *m, int c, int slot, const int32_t *inputs, con
     act_slot *s = &ch->slots[slot];
     int N = m->B * m->T, u = ch->unit0;
     if (ntok) *ntok = 0;
+    take_docs(m, s);
     if (ch->embed) {
         o->to_device(o, s->tok, inputs, N * sizeof(int32_t));
         hook(m, u, MODEL_FWD_BEGIN);
-        tp_embedding_fwd(m->tp, s->xs[0], s->tok, m->llama ? NULL : m->pos, m->wte, m->wpe, m->B,
+        tp_embedding_fwd(m->tp, s->xs[0], s->tok, m->llama ? NULL : m->rows, m->wte, m->wpe, m->B,
                          m->T, m->C, m->Vp);
         hook(m, u++, MODEL_FWD_END);
     }
@@ -402,10 +432,11 @@ static act *attention_backward(model *m, int l, const act *dx, layer_acts *a, co
     o->zero(o, m->dq, act_bytes(o, (int64_t)N * HD));
     o->zero(o, m->dk, act_bytes(o, (int64_t)N * KV));
     o->zero(o, m->dv, act_bytes(o, (int64_t)N * KV));
-    cp_attention_bwd(m->cp, m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, m->H);
+    cp_attention_bwd(m->cp, m->dq, m->dk, m->dv, m->datt, a->att, a->lse, a->q, a->k, a->v, m->H,
+                     m->doc_mask ? &m->docs : NULL);
     if (m->llama) {
-        o->rope_bwd(o, m->dq, m->dq, m->pos, m->B, m->T, m->H, m->D, &m->rope);
-        o->rope_bwd(o, m->dk, m->dk, m->pos, m->B, m->T, m->Hkv, m->D, &m->rope);
+        o->rope_bwd(o, m->dq, m->dq, m->rows, m->B, m->T, m->H, m->D, &m->rope);
+        o->rope_bwd(o, m->dk, m->dk, m->rows, m->B, m->T, m->Hkv, m->D, &m->rope);
     }
     const act *ln1 = tp_gather(m->tp, a->ln1);
     later(m, df, (wg_job){.kind = WG_GATHER, .x = a->ln1}, NULL, 0);
@@ -468,7 +499,7 @@ static void head_backward(model *m, act_slot *s, const act *x_last, act *dx, con
 
 static void embedding_backward(model *m, const int32_t *tok, const act *dx) {
     tp_embedding_bwd(m->tp, m->g_wte, m->llama ? NULL : m->g_wpe, dx, tok,
-                     m->llama ? NULL : m->pos, m->B, m->T, m->C, m->Vp);
+                     m->llama ? NULL : m->rows, m->B, m->T, m->C, m->Vp);
 }
 
 void model_chunk_backward(model *m, int c, int slot, int input_only) {
@@ -481,6 +512,7 @@ void model_chunk_backward(model *m, int c, int slot, int input_only) {
     act *dx = s->dy; /* the chunk's output gradient, turned into its input gradient */
     deferral df = {input_only ? &s->wg : NULL, NULL};
     if (input_only) s->wg.n = 0;
+    if (m->doc_mask || m->reset_pos) use_docs(m, s);
     if (ch->head) {
         hook(m, u, begin);
         later_unit(m, &df, WG_UNIT_BEGIN, u);

@@ -144,6 +144,9 @@ act *model_chunk_output(model *m, int chunk, int slot);
 act *model_chunk_grad(model *m, int chunk, int slot);
 double model_chunk_forward(model *m, int chunk, int slot, const int32_t *inputs,
                            const int32_t *targets, float dscale, int64_t *ntok);
+/* data.doc_mask: where each of this rank's B x Tl tokens' documents begins (host, global
+ * positions; ops.h q_start), for the next chunk forward, which keeps them for its backward. */
+void model_set_docs(model *m, const int32_t *doc_start);
 /* input_only (zb's B, model made with storage.zb): input gradients only, keeping what
  * model_chunk_weight_grad (W) needs to add the weight gradients later. */
 void model_chunk_backward(model *m, int chunk, int slot, int input_only);

@@ -76,6 +76,9 @@ typedef struct {
     float *lnf_mean, *lnf_rstd; /* head chunk: (Nl) (Nl) */
     act *dlnf;                  /* head chunk under zb: the final norm's output gradient (Nl,C) */
     int32_t *tok;               /* embedding chunk: the token ids */
+    int32_t *doc;               /* data.doc_mask: where each token's document begins (B,Tl) */
+    int32_t doc_min;            /* ... the smallest of them */
+    int32_t *rpos;              /* data.reset_positions: positions inside the documents (B,Tl) */
     act *dy; /* (Nl,C): d loss / d chunk output on entry to backward, d / d input after */
 } act_slot;
 
@@ -103,7 +106,12 @@ struct model {
     int Hg, Hkvg, Fg;
     float eps;
     ust_rope rope;
-    int qkv_bias; /* q/k/v projections have biases (gpt2; llama with model.qkv_bias) */
+    int qkv_bias;            /* q/k/v projections have biases (gpt2; llama with model.qkv_bias) */
+    int doc_mask;            /* data.doc_mask: attention inside documents */
+    int reset_pos;           /* data.reset_positions: positions restart at each document */
+    int32_t *pos_rows, *rows; /* (B,Tl) every token's position; rows: the micro-batch's */
+    const int32_t *doc_next; /* host: the documents of the next chunk forward (model_set_docs) */
+    cp_docs docs;            /* the documents of the micro-batch being computed */
     ust_recompute recompute;
     int zb;         /* keep what deferred weight gradients (model_chunk_weight_grad) need */
     int tied_local; /* tied embeddings with the embedding and the head on this rank */

@@ -104,7 +104,8 @@ struct ust_ops {
 
     /* ---- embedding: out(B,T,C) = wte[tok - v_start] + wpe[pos[t]] ----
      * wte holds vocabulary rows [v_start, v_end); tokens outside contribute 0 (vocab-parallel).
-     * wpe and pos may be NULL (no learned positions). pos has T entries shared by all b.
+     * wpe and pos may be NULL (no learned positions; positions t). pos(B,T): each token's own,
+     * so a sequence may restart them at each document.
      * backward accumulates into dwte/dwpe. */
     void (*embedding_fwd)(const ust_ops *o, act *out, const int32_t *tok, const int32_t *pos,
                           const float *wte, const float *wpe, int B, int T, int C, int v_start,
@@ -144,7 +145,7 @@ struct ust_ops {
                        const act *up, int64_t n);
 
     /* ---- RoPE on x(B,T,H,D), rotate-half convention (pairs i, i+D/2, as Hugging Face Llama),
-     * angle pos[t] * ust_rope_inv_freq(rope, i, D). out may equal inp. Backward applies the
+     * angle pos[b, t] * ust_rope_inv_freq(rope, i, D) (pos(B,T); NULL: positions t). out may equal inp. Backward applies the
      * inverse rotation: dinp = R^T dout (dinp may equal dout). ---- */
     void (*rope_fwd)(const ust_ops *o, act *out, const act *inp, const int32_t *pos, int B, int T,
                      int H, int D, const ust_rope *rope);
@@ -155,16 +156,21 @@ struct ust_ops {
      * q(B,Tq,H,D), k,v(B,Tk,Hkv,D), out(B,Tq,H,D), lse(B,H,Tq) = log sum_j exp(s_ij);
      * s_ij = q_i.k_j / sqrt(D); query head h uses kv head h / (H/Hkv) (GQA).
      * When causal, key j is visible to query i iff k_pos[j] <= q_pos[i] (positions are global
-     * token positions, so context-parallel blocks mask correctly). A query that sees no key gets
-     * out = 0 and lse = -INFINITY. Backward takes the final out/lse (after any merge) and
-     * accumulates into dq, dk, dv. */
+     * token positions, so context-parallel blocks mask correctly). q_start(B,Tq), when not NULL,
+     * masks documents: key j is visible to query i of sequence b only if also k_pos[j] >=
+     * q_start[b, i], the position where i's document begins (documents are contiguous, so this is
+     * "the same document"); a key block no query of a tile can see is skipped. A query that sees
+     * no key gets out = 0 and lse = -INFINITY. Backward takes the final out/lse (after any merge)
+     * and accumulates into dq, dk, dv. */
     void (*attention_fwd)(const ust_ops *o, act *out, float *lse, const act *q, const act *k,
                           const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
-                          const int32_t *q_pos, const int32_t *k_pos, int causal);
+                          const int32_t *q_pos, const int32_t *k_pos, int causal,
+                          const int32_t *q_start);
     void (*attention_bwd)(const ust_ops *o, act *dq, act *dk, act *dv, const act *dout,
                           const act *out, const float *lse, const act *q, const act *k,
                           const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
-                          const int32_t *q_pos, const int32_t *k_pos, int causal);
+                          const int32_t *q_pos, const int32_t *k_pos, int causal,
+                          const int32_t *q_start);
     /* Merges a partial result (out2, lse2) over other keys into (out, lse), in place. */
     void (*attention_merge)(const ust_ops *o, act *out, float *lse, const act *out2,
                             const float *lse2, int B, int T, int H, int D);

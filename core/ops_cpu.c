@@ -10,6 +10,7 @@
 #include "error.h"
 
 #include <cblas.h>
+#include <limits.h>
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -152,13 +153,13 @@ static void cpu_embedding_fwd(const ust_ops *o, act *out_, const int32_t *tok, c
             for (int c = 0; c < C; c++) o_row[c] = 0.0f;
         }
         if (wpe) {
-            const float *p = wpe + (int64_t)(pos ? pos[t] : t) * C;
+            const float *p = wpe + (int64_t)(pos ? pos[r] : t) * C;
             for (int c = 0; c < C; c++) o_row[c] += p[c];
         }
     }
 }
 
-/* dwte[tok - v_start] += dout, dwpe[pos[t]] += dout; tokens repeat, so each thread owns a chunk
+/* dwte[tok - v_start] += dout, dwpe[pos[r]] += dout; tokens repeat, so each thread owns a chunk
  * of columns and walks every row in order. */
 static void cpu_embedding_bwd(const ust_ops *o, float *dwte, float *dwpe, const act *dout_,
                               const int32_t *tok, const int32_t *pos, int B, int T, int C,
@@ -177,7 +178,7 @@ static void cpu_embedding_bwd(const ust_ops *o, float *dwte, float *dwpe, const 
                 for (int c = 0; c < nc; c++) d[c] += g[c];
             }
             if (dwpe) {
-                float *d = dwpe + (int64_t)(pos ? pos[t] : t) * C + c0;
+                float *d = dwpe + (int64_t)(pos ? pos[r] : t) * C + c0;
                 for (int c = 0; c < nc; c++) d[c] += g[c];
             }
         }
@@ -435,7 +436,7 @@ static void rope_apply(const ust_ops *o, float *out, const float *inp, const int
     for (int64_t r = 0; r < rows; r++) {
         float cs[ROPE_DMAX / 2], sn[ROPE_DMAX / 2];
         int t = (int)(r % T);
-        double p = pos ? pos[t] : t;
+        double p = pos ? pos[r] : t;
         for (int i = 0; i < half; i++) {
             double a = p * inv_freq[i];
             cs[i] = (float)cos(a);
@@ -497,11 +498,12 @@ static void transpose_block(float *xt, const float *rows, int64_t stride, int nj
 /* Accumulator chunks of this many floats stay in one vector register across a loop over keys. */
 #define ATT_VW 16
 
-/* s[jj] = scale * q . k_{j0+jj}, or -inf where the key is padding or masked. Forward and
+/* s[jj] = scale * q . k_{j0+jj}, or -inf where the key is padding or masked: after the query
+ * (qp, causal) or before its document's start (qs; INT_MIN without documents). Forward and
  * backward both use this, so they see bitwise the same scores. */
 static inline void block_scores(float *restrict s, const float *restrict q,
                                 const float *restrict kt, int j0, int nj, int D, float scale,
-                                int causal, const int32_t *k_pos, int qp) {
+                                int causal, const int32_t *k_pos, int qp, int qs) {
     for (int c0 = 0; c0 < ATT_KB; c0 += ATT_VW) {
         float a[ATT_VW] = {0};
         for (int d = 0; d < D; d++) {
@@ -513,7 +515,8 @@ static inline void block_scores(float *restrict s, const float *restrict q,
         for (int x = 0; x < ATT_VW; x++) s[c0 + x] = a[x];
     }
     for (int jj = 0; jj < ATT_KB; jj++) {
-        int vis = jj < nj && !(causal && posof(k_pos, j0 + jj) > qp);
+        int kp = posof(k_pos, j0 + jj);
+        int vis = jj < nj && !(causal && kp > qp) && kp >= qs;
         s[jj] = vis ? s[jj] * scale : -INFINITY;
     }
 }
@@ -544,6 +547,18 @@ static int block_min_pos(const int32_t *k_pos, int j0, int nj) {
     return mn;
 }
 
+/* Largest key position in [j0, j0 + nj): a query whose document starts after it sees nothing. */
+static int block_max_pos(const int32_t *k_pos, int j0, int nj) {
+    int mx = posof(k_pos, j0);
+    for (int jj = 1; jj < nj; jj++) mx = posof(k_pos, j0 + jj) > mx ? posof(k_pos, j0 + jj) : mx;
+    return mx;
+}
+
+/* Where query i of sequence b's document starts (INT_MIN: no document masking). */
+static inline int doc_start(const int32_t *q_start, int b, int Tq, int i) {
+    return q_start ? q_start[(int64_t)b * Tq + i] : INT_MIN;
+}
+
 /* One scratch area per thread, sized for the larger of the forward and backward tiles. */
 static float *att_scratch(const ust_ops *o, int D, size_t *per_thread) {
     *per_thread = (size_t)4 * ATT_KB * D + (size_t)ATT_QT * D + 4 * ATT_KB + 4 * ATT_QT;
@@ -558,7 +573,8 @@ static float *att_scratch(const ust_ops *o, int D, size_t *per_thread) {
  * out = acc / l, lse = m + log l. No Tq x Tk buffer exists. */
 static void cpu_attention_fwd(const ust_ops *o, act *out_, float *lse, const act *q_, const act *k_,
                               const act *v_, int B, int Tq, int Tk, int H, int Hkv, int D,
-                              const int32_t *q_pos, const int32_t *k_pos, int causal) {
+                              const int32_t *q_pos, const int32_t *k_pos, int causal,
+                              const int32_t *q_start) {
     float *out = out_;
     const float *q = q_;
     const float *k = k_;
@@ -581,22 +597,26 @@ static void cpu_attention_fwd(const ust_ops *o, act *out_, float *lse, const act
             int i0 = it * ATT_QT, ni = Tq - i0 < ATT_QT ? Tq - i0 : ATT_QT, hk = h / G;
             const float *kb = k + (int64_t)b * Tk * kstride + (int64_t)hk * D;
             const float *vb = v + (int64_t)b * Tk * kstride + (int64_t)hk * D;
-            int qpmax = posof(q_pos, i0);
+            int qpmax = posof(q_pos, i0), qsmin = doc_start(q_start, b, Tq, i0);
             for (int t = 0; t < ni; t++) {
                 m[t] = -INFINITY, l[t] = 0.0f;
                 for (int d = 0; d < D; d++) acc[t * D + d] = 0.0f;
                 qpmax = posof(q_pos, i0 + t) > qpmax ? posof(q_pos, i0 + t) : qpmax;
+                int qs = doc_start(q_start, b, Tq, i0 + t);
+                qsmin = qs < qsmin ? qs : qsmin;
             }
             for (int j0 = 0; j0 < Tk; j0 += ATT_KB) {
                 int nj = Tk - j0 < ATT_KB ? Tk - j0 : ATT_KB;
                 int kpmin = causal ? block_min_pos(k_pos, j0, nj) : 0;
+                int kpmax = q_start ? block_max_pos(k_pos, j0, nj) : INT_MAX;
                 if (causal && kpmin > qpmax) continue; /* the whole tile is before this block */
+                if (kpmax < qsmin) continue;           /* every query's document starts after it */
                 transpose_block(kt, kb + j0 * kstride, kstride, nj, D);
                 for (int t = 0; t < ni; t++) {
-                    int qp = posof(q_pos, i0 + t);
-                    if (causal && kpmin > qp) continue;
+                    int qp = posof(q_pos, i0 + t), qs = doc_start(q_start, b, Tq, i0 + t);
+                    if ((causal && kpmin > qp) || kpmax < qs) continue;
                     const float *qi = q + ((int64_t)b * Tq + i0 + t) * qstride + (int64_t)h * D;
-                    block_scores(s, qi, kt, j0, nj, D, scale, causal, k_pos, qp);
+                    block_scores(s, qi, kt, j0, nj, D, scale, causal, k_pos, qp, qs);
                     float bm = -INFINITY;
 #pragma omp simd reduction(max : bm)
                     for (int jj = 0; jj < ATT_KB; jj++) bm = s[jj] > bm ? s[jj] : bm;
@@ -647,7 +667,8 @@ static void cpu_attention_fwd(const ust_ops *o, act *out_, float *lse, const act
 static void cpu_attention_bwd(const ust_ops *o, act *dq_, act *dk_, act *dv_, const act *dout_,
                               const act *out_, const float *lse, const act *q_, const act *k_,
                               const act *v_, int B, int Tq, int Tk, int H, int Hkv, int D,
-                              const int32_t *q_pos, const int32_t *k_pos, int causal) {
+                              const int32_t *q_pos, const int32_t *k_pos, int causal,
+                              const int32_t *q_start) {
     float *dq = dq_;
     float *dk = dk_;
     float *dv = dv_;
@@ -677,26 +698,29 @@ static void cpu_attention_bwd(const ust_ops *o, act *dq_, act *dk_, act *dv_, co
                 const float *kb = k + (int64_t)b * Tk * kstride + (int64_t)hk * D;
                 const float *vb = v + (int64_t)b * Tk * kstride + (int64_t)hk * D;
                 const float *lrow = lse + ((int64_t)b * H + h) * Tq + i0;
-                int qpmax = posof(q_pos, i0);
+                int qpmax = posof(q_pos, i0), qsmin = doc_start(q_start, b, Tq, i0);
                 for (int t = 0; t < ni; t++) {
                     int64_t off = ((int64_t)b * Tq + i0 + t) * qstride + (int64_t)h * D;
                     Dv[t] = dotf(dout + off, out + off, D);
                     for (int d = 0; d < D; d++) acc[t * D + d] = 0.0f;
                     qpmax = posof(q_pos, i0 + t) > qpmax ? posof(q_pos, i0 + t) : qpmax;
+                    int qs = doc_start(q_start, b, Tq, i0 + t);
+                    qsmin = qs < qsmin ? qs : qsmin;
                 }
                 for (int j0 = 0; j0 < Tk; j0 += ATT_KB) {
                     int nj = Tk - j0 < ATT_KB ? Tk - j0 : ATT_KB;
                     int kpmin = causal ? block_min_pos(k_pos, j0, nj) : 0;
-                    if (causal && kpmin > qpmax) continue;
+                    int kpmax = q_start ? block_max_pos(k_pos, j0, nj) : INT_MAX;
+                    if ((causal && kpmin > qpmax) || kpmax < qsmin) continue;
                     transpose_block(kt, kb + j0 * kstride, kstride, nj, D);
                     transpose_block(vt, vb + j0 * kstride, kstride, nj, D);
                     for (int t = 0; t < ni; t++) {
-                        int qp = posof(q_pos, i0 + t);
+                        int qp = posof(q_pos, i0 + t), qs = doc_start(q_start, b, Tq, i0 + t);
                         float L = lrow[t], Di = Dv[t];
-                        if (L == -INFINITY || (causal && kpmin > qp)) continue;
+                        if (L == -INFINITY || (causal && kpmin > qp) || kpmax < qs) continue;
                         int64_t off = ((int64_t)b * Tq + i0 + t) * qstride + (int64_t)h * D;
                         const float *doi = dout + off;
-                        block_scores(s, q + off, kt, j0, nj, D, scale, causal, k_pos, qp);
+                        block_scores(s, q + off, kt, j0, nj, D, scale, causal, k_pos, qp, qs);
                         float dp[ATT_KB] = {0};
                         for (int d = 0; d < D; d++) {
                             float g = doi[d];
@@ -732,18 +756,19 @@ static void cpu_attention_bwd(const ust_ops *o, act *dq_, act *dk_, act *dv_, co
                 const float *kb = k + ((int64_t)b * Tk + j0) * kstride + (int64_t)hk * D;
                 const float *vb = v + ((int64_t)b * Tk + j0) * kstride + (int64_t)hk * D;
                 int kpmin = causal ? block_min_pos(k_pos, j0, nj) : 0;
+                int kpmax = q_start ? block_max_pos(k_pos, j0, nj) : INT_MAX;
                 transpose_block(kt, kb, kstride, nj, D);
                 transpose_block(vt, vb, kstride, nj, D);
                 for (int64_t x = 0; x < (int64_t)ATT_KB * D; x++) dkt[x] = dvt[x] = 0.0f;
                 for (int h = hk * G; h < (hk + 1) * G; h++) {
                     for (int i = 0; i < Tq; i++) {
-                        int qp = posof(q_pos, i);
+                        int qp = posof(q_pos, i), qs = doc_start(q_start, b, Tq, i);
                         float L = lse[((int64_t)b * H + h) * Tq + i];
-                        if (L == -INFINITY || (causal && kpmin > qp)) continue;
+                        if (L == -INFINITY || (causal && kpmin > qp) || kpmax < qs) continue;
                         int64_t off = ((int64_t)b * Tq + i) * qstride + (int64_t)h * D;
                         const float *qi = q + off, *doi = dout + off;
                         float Di = dotf(doi, out + off, D);
-                        block_scores(s, qi, kt, j0, nj, D, scale, causal, k_pos, qp);
+                        block_scores(s, qi, kt, j0, nj, D, scale, causal, k_pos, qp, qs);
                         float dp[ATT_KB] = {0}, p[ATT_KB];
                         for (int d = 0; d < D; d++) {
                             float g = doi[d];

@@ -146,16 +146,18 @@ static void pf_rope_bwd(const ust_ops *o, act *dinp, const act *dout, const int3
 }
 static void pf_attention_fwd(const ust_ops *o, act *out, float *lse, const act *q, const act *k,
                              const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
-                             const int32_t *q_pos, const int32_t *k_pos, int causal) {
-    TIMED(P_attention_fwd,
-          in->attention_fwd(in, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal));
+                             const int32_t *q_pos, const int32_t *k_pos, int causal,
+                             const int32_t *q_start) {
+    TIMED(P_attention_fwd, in->attention_fwd(in, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos,
+                                             k_pos, causal, q_start));
 }
 static void pf_attention_bwd(const ust_ops *o, act *dq, act *dk, act *dv, const act *dout,
                              const act *out, const float *lse, const act *q, const act *k,
                              const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
-                             const int32_t *q_pos, const int32_t *k_pos, int causal) {
+                             const int32_t *q_pos, const int32_t *k_pos, int causal,
+                             const int32_t *q_start) {
     TIMED(P_attention_bwd, in->attention_bwd(in, dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, H,
-                                             Hkv, D, q_pos, k_pos, causal));
+                                             Hkv, D, q_pos, k_pos, causal, q_start));
 }
 static void pf_attention_merge(const ust_ops *o, act *out, float *lse, const act *out2,
                                const float *lse2, int B, int T, int H, int D) {

@@ -457,6 +457,8 @@ void params_dims(model *m, const ust_config *cfg) {
         m->rope.original_max_pos = rs->original_max_position_embeddings;
     }
     m->qkv_bias = !m->llama || cfg->model.qkv_bias;
+    m->doc_mask = cfg->data.doc_mask;
+    m->reset_pos = cfg->data.reset_positions;
     m->recompute = cfg->train.recompute;
     int start;
     m->H = tp_part(m->tp, m->Hg, &start); /* this rank's heads and hidden units */

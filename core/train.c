@@ -54,10 +54,12 @@ typedef struct {
     pp_state *pp;   /* pipeline executor (NULL without pipeline parallelism) */
     int has_moe;    /* the model has mixture-of-experts layers */
     int tied_param; /* pipeline with tied embeddings: this rank's table or copy (-1: none) */
-    data_blend *train, *val;    /* a lone glob is a blend of one */
-    data_blend_pos pos;         /* where the training blend stands (at the step's start) */
-    int *which, *val_which;     /* the step's global batch (the validation samples): dataset */
-    int64_t *index, *val_index; /* ... and its sample */
+    data_blend *train, *val;     /* a lone glob is a blend of one */
+    data_blend_pos pos;          /* where the training blend stands (at the step's start) */
+    int32_t *docs, *doc_scratch; /* data.doc_mask: B x Tl document starts, T of one window */
+    int eot;                     /* the end-of-text id documents end with */
+    int *which, *val_which;      /* the step's global batch (the validation samples): dataset */
+    int64_t *index, *val_index;  /* ... and its sample */
     ust_log log;
     int32_t *samples;           /* host: B x (T+1), one micro-batch's windows */
     int32_t *positions;         /* host: the Tl positions this rank's tokens have */
@@ -122,6 +124,18 @@ static int any_rank(trainer *t, int flag) {
     return f > 0;
 }
 
+/* The sum of v over group k (exact below 2^24: counts), through the one device float. */
+static double group_sum(trainer *t, int k, double v) {
+    const ust_comm *g = t->rt->topo.comm[k];
+    if (!g || comm_size(g) == 1) return v;
+    float f = (float)v;
+    t->ops->to_device(t->ops, t->flag, &f, sizeof f);
+    comm_req r = comm_allreduce((ust_comm *)g, t->flag, t->flag, 1, COMM_FP32, COMM_SUM);
+    comm_wait(&r);
+    t->ops->to_host(t->ops, &f, t->flag, sizeof f);
+    return f;
+}
+
 /* The lowest rank whose `failed` is set and, into msg, its message (this rank's on the way in).
  * Only on the failure path: the buffer is the backend's, outside the arena the plan counts. */
 #define REASON_BYTES 1024
@@ -166,6 +180,37 @@ static int open_blend(data_blend **b, const ust_config *c, int val, ust_err *e) 
     return data_blend_open(b, sets, n, c->data.format, c->model.vocab_size, c->train.seq_len, e);
 }
 
+/* meta.json beside every training dataset (data prep's): its vocabulary must fit the model, and
+ * data.doc_mask takes its end-of-text id unless data.eot_id gives one (they must agree). */
+static int check_meta(trainer *t, ust_err *e) {
+    const ust_config *c = t->cfg;
+    int docs = c->data.doc_mask || c->data.reset_positions;
+    t->eot = c->data.eot_id;
+    for (int d = 0; d < data_blend_count(t->train); d++) {
+        data_meta meta;
+        int found = data_meta_read(data_blend_set(t->train, d)->path, &meta, e);
+        if (found < 0) return -1;
+        if (!found) continue;
+        if (meta.vocab_size > c->model.vocab_size)
+            return ust_errf(e,
+                            "%s: the shards' tokens come from a vocabulary of %d, above "
+                            "model.vocab_size = %d",
+                            meta.path, meta.vocab_size, c->model.vocab_size);
+        if (docs && meta.eot_id >= 0 && t->eot >= 0 && meta.eot_id != t->eot)
+            return ust_errf(e, "%s: end of text is %d, but %s %d", meta.path, meta.eot_id,
+                            c->data.eot_id >= 0 ? "data.eot_id is" : "another dataset's is",
+                            t->eot);
+        if (t->eot < 0) t->eot = meta.eot_id;
+    }
+    if (docs && t->eot < 0)
+        return ust_errf(e,
+                        "data.%s needs the end-of-text id that ends each document: set "
+                        "data.eot_id, or prepare the shards with `ustrain data prep` (its "
+                        "meta.json has it)",
+                        c->data.doc_mask ? "doc_mask" : "reset_positions");
+    return 0;
+}
+
 /* The datasets, and the assignment of the validation samples (the same every time: val_steps
  * micro-batches from the blend's start). */
 static int open_data(trainer *t, ust_err *e) {
@@ -175,7 +220,7 @@ static int open_data(trainer *t, ust_err *e) {
     t->which = malloc((size_t)G * sizeof *t->which);
     t->index = malloc((size_t)G * sizeof *t->index);
     UST_ASSERT(t->which && t->index, "out of memory");
-    if (open_blend(&t->train, c, 0, e)) return -1;
+    if (open_blend(&t->train, c, 0, e) || check_meta(t, e)) return -1;
     if (c->data.val[0] && c->data.val_every > 0 && c->data.val_steps > 0) {
         if (open_blend(&t->val, c, 1, e)) return -1;
         t->val_which = malloc((size_t)V * sizeof *t->val_which);
@@ -319,6 +364,22 @@ static int initialize(trainer *t, ust_err *e) {
 
 /* ------------------------------------------------------------------ one step */
 
+/* data.doc_mask: where the document of each of this rank's tokens begins. A document ends with
+ * its end-of-text token (which predicts the next document's first), so input t starts a new one
+ * when input t-1 is end of text; the positions are the sequence's, whatever rank holds them. */
+static void find_docs(trainer *t) {
+    int B = t->cfg->train.micro_batch_size, T = t->cfg->train.seq_len, Tl = t->Tl;
+    for (int b = 0; b < B; b++) {
+        const int32_t *w = t->samples + (int64_t)b * (T + 1);
+        for (int p = 0, start = 0; p < T; p++) {
+            t->doc_scratch[p] = start;
+            if (w[p] == t->eot) start = p + 1;
+        }
+        for (int j = 0; j < Tl; j++) t->docs[b * Tl + j] = t->doc_scratch[t->positions[j]];
+    }
+    model_set_docs(t->m, t->docs);
+}
+
 /* Takes this rank's tokens of B windows of T+1 tokens (all of them, or its context-parallel
  * chunks) as inputs, and the token after each as its target. */
 static void split_windows(trainer *t, int32_t *inputs, int32_t *targets) {
@@ -329,6 +390,7 @@ static void split_windows(trainer *t, int32_t *inputs, int32_t *targets) {
             inputs[b * Tl + j] = w[0];
             targets[b * Tl + j] = w[1];
         }
+    if (t->docs) find_docs(t);
 }
 
 /* The first sample of micro-batch mb of this step on this rank: its data-parallel block of the
@@ -457,6 +519,11 @@ static int plan_storage(trainer *t, model_storage *st, pps_schedule *sched, ust_
     t->positions = malloc(t->Tl * sizeof(int32_t));
     cp_layout_positions(cfg->parallel.cp_layout, cfg->train.seq_len, cp,
                         comm_rank(topo->comm[TOPO_CP]), t->positions);
+    if (cfg->data.doc_mask || cfg->data.reset_positions) {
+        t->docs = malloc((size_t)cfg->train.micro_batch_size * t->Tl * sizeof(int32_t));
+        t->doc_scratch = malloc((size_t)cfg->train.seq_len * sizeof(int32_t));
+        UST_ASSERT(t->docs && t->doc_scratch, "out of memory");
+    }
     /* the contexts of the dimensions that split a layer, each over the group it owns */
     tp_init(&t->tp, t->ops, topo->comm[TOPO_TP], &t->arena, cfg->train.micro_batch_size * t->Tl,
             cfg->model.d_model, cfg->parallel.sp);
@@ -546,6 +613,7 @@ static void teardown(trainer *t) {
     data_blend_close(t->train);
     data_blend_close(t->val);
     free(t->which), free(t->index), free(t->val_which), free(t->val_index);
+    free(t->docs), free(t->doc_scratch);
     pp_destroy(t->pp);
     dp_destroy(t->dp);
     model_destroy(t->m);
@@ -666,6 +734,9 @@ static log_step report_step(trainer *t, const step_mark *mark, double loss, doub
                   .skipped = !finite,
                   .comm_bytes_dp = dp_bytes_sent(t->dp)}; /* before validation's gathers */
     measure_step(t, mark, fpt, peak, &s);
+    s.cp_docs = c->parallel.cp > 1 && c->data.doc_mask;
+    if (s.cp_docs) /* the context-parallel group's, since the run began */
+        s.cp_blocks_skipped = (int64_t)group_sum(t, TOPO_CP, (double)t->cp.skipped);
     s.moe_n = model_moe_stats(t->m, s.moe_layer, s.moe_load_max, s.moe_load_mean, s.moe_dropped,
                               LOG_MAX_MOE);
     if (c->parallel.pp > 1) {

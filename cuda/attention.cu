@@ -1,6 +1,7 @@
 /* attention: flash-style attention forward/backward and the merge of partial results, on the GPU.
  * Same contract as ops.h (and the CPU backend): q(B,Tq,H,D), k,v(B,Tk,Hkv,D), out(B,Tq,H,D),
- * lse(B,H,Tq); causal visibility by global positions k_pos[j] <= q_pos[i]; GQA; a query that
+ * lse(B,H,Tq); causal visibility by global positions k_pos[j] <= q_pos[i], documents by
+ * k_pos[j] >= q_start[b, i] (tiles are skipped for causality only); GQA; a query that
  * sees no key gets out = 0, lse = -inf; backward accumulates into dq, dk, dv.
  * Three implementations, chosen at the bottom of this file (UST_CUDA_ATTENTION, ATT_*): under
  * bf16 the tensor-core kernels of attention_tc.cu where they have the head dim; otherwise the
@@ -35,7 +36,7 @@ template <int DPL> /* dimensions per lane: ceil(D / 32) rounded up to 1, 2, 4, 8
 __global__ void __launch_bounds__(NW * 32)
     k_att_fwd(float *out, float *lse, const float *q, const float *k, const float *v, int Tq,
               int Tk, int H, int Hkv, int D, const int32_t *q_pos, const int32_t *k_pos, int causal,
-              float scale, int nqt) {
+              const int32_t *q_start, float scale, int nqt) {
     extern __shared__ float sm[];
     __shared__ int kpos_s[KB];
     const int DP = D + 1;
@@ -47,7 +48,7 @@ __global__ void __launch_bounds__(NW * 32)
         int t = x / D, d = x % D;
         Qs[x] = i0 + t < Tq ? q[(((int64_t)b * Tq + i0 + t) * H + h) * D + d] : 0.0f;
     }
-    int qmax = INT_MIN, qp[QPW];
+    int qmax = INT_MIN, qp[QPW], qs[QPW];
     for (int t = 0; t < QT; t++)
         if (i0 + t < Tq) qmax = max(qmax, posof(q_pos, i0 + t));
     float acc[QPW][DPL], m[QPW], l[QPW];
@@ -55,6 +56,7 @@ __global__ void __launch_bounds__(NW * 32)
     for (int qq = 0; qq < QPW; qq++) {
         int i = i0 + w * QPW + qq;
         qp[qq] = i < Tq ? posof(q_pos, i) : INT_MIN;
+        qs[qq] = doc_start(q_start, b, Tq, i);
         m[qq] = -INFINITY;
         l[qq] = 0.0f;
 #pragma unroll
@@ -96,7 +98,7 @@ __global__ void __launch_bounds__(NW * 32)
 #pragma unroll
         for (int qq = 0; qq < QPW; qq++) {
             if (i0 + w * QPW + qq >= Tq) continue; /* warp-uniform */
-            int vis = kin && !(causal && kp > qp[qq]);
+            int vis = kin && !(causal && kp > qp[qq]) && kp >= qs[qq];
             float sc = vis ? s[qq] * scale : -INFINITY;
             float bm = warp_max(sc);
             if (bm == -INFINITY) continue; /* nothing visible in this tile */
@@ -161,7 +163,8 @@ template <int DPL>
 __global__ void __launch_bounds__(NW * 32)
     k_att_dq(float *dq, const float *dout, const float *lse, const float *Di, const float *q,
              const float *k, const float *v, int Tq, int Tk, int H, int Hkv, int D,
-             const int32_t *q_pos, const int32_t *k_pos, int causal, float scale, int nqt) {
+             const int32_t *q_pos, const int32_t *k_pos, int causal, const int32_t *q_start,
+             float scale, int nqt) {
     extern __shared__ float sm[];
     __shared__ int kpos_s[KB];
     const int DP = D + 1;
@@ -175,7 +178,7 @@ __global__ void __launch_bounds__(NW * 32)
         Qs[x] = i0 + t < Tq ? q[off] : 0.0f;
         Os[x] = i0 + t < Tq ? dout[off] : 0.0f;
     }
-    int qmax = INT_MIN, qp[QPW];
+    int qmax = INT_MIN, qp[QPW], qs[QPW];
     float L[QPW], Dv[QPW], acc[QPW][DPL];
     for (int t = 0; t < QT; t++)
         if (i0 + t < Tq) qmax = max(qmax, posof(q_pos, i0 + t));
@@ -183,6 +186,7 @@ __global__ void __launch_bounds__(NW * 32)
     for (int qq = 0; qq < QPW; qq++) {
         int i = i0 + w * QPW + qq;
         qp[qq] = i < Tq ? posof(q_pos, i) : INT_MIN;
+        qs[qq] = doc_start(q_start, b, Tq, i);
         L[qq] = i < Tq ? lse[((int64_t)b * H + h) * Tq + i] : -INFINITY;
         Dv[qq] = i < Tq ? Di[((int64_t)b * H + h) * Tq + i] : 0.0f;
 #pragma unroll
@@ -227,7 +231,7 @@ __global__ void __launch_bounds__(NW * 32)
 #pragma unroll
         for (int qq = 0; qq < QPW; qq++) {
             if (L[qq] == -INFINITY) continue; /* padding query, or one that sees no key */
-            int vis = kin && !(causal && kp > qp[qq]);
+            int vis = kin && !(causal && kp > qp[qq]) && kp >= qs[qq];
             float p = vis ? expf(s[qq] * scale - L[qq]) : 0.0f;
             float ds = p * (dp[qq] - Dv[qq]);
             for (int jj = 0; jj < KB; jj++) {
@@ -259,11 +263,11 @@ __global__ void __launch_bounds__(NW * 32)
 __global__ void __launch_bounds__(32)
     k_att_dkdv(float *dk, float *dv, const float *dout, const float *lse, const float *Di,
                const float *q, const float *k, const float *v, int Tq, int Tk, int H, int Hkv,
-               int D, const int32_t *q_pos, const int32_t *k_pos, int causal, float scale,
-               int nkb) {
+               int D, const int32_t *q_pos, const int32_t *k_pos, int causal,
+               const int32_t *q_start, float scale, int nkb) {
     extern __shared__ float sm[];
     __shared__ float Ls[QTB], Ds[QTB];
-    __shared__ int qps[QTB];
+    __shared__ int qps[QTB], qss[QTB];
     const int DP = D + 1;
     float *Ks = sm, *Vs = Ks + KB * DP, *dKs = Vs + KB * DP, *dVs = dKs + KB * DP;
     float *Qs = dVs + KB * DP, *Os = Qs + QTB * D;
@@ -307,6 +311,7 @@ __global__ void __launch_bounds__(32)
                 Ls[lane] = i < Tq ? lse[((int64_t)b * H + h) * Tq + i] : -INFINITY;
                 Ds[lane] = i < Tq ? Di[((int64_t)b * H + h) * Tq + i] : 0.0f;
                 qps[lane] = qpl;
+                qss[lane] = doc_start(q_start, b, Tq, i);
             }
             __syncwarp();
             for (int t = 0; t < QTB; t++) {
@@ -319,7 +324,7 @@ __global__ void __launch_bounds__(32)
                     s += qt[d] * Ks[lane * DP + d];
                     dp += ot[d] * Vs[lane * DP + d];
                 }
-                int vis = kin && !(causal && kp > qp);
+                int vis = kin && !(causal && kp > qp) && kp >= qss[t];
                 float p = vis ? expf(s * scale - Lt) : 0.0f;
                 float ds = p * (dp - Ds[t]);
                 for (int d = 0; d < D; d++) {
@@ -403,7 +408,7 @@ static void check_shapes(int H, int Hkv, int D) {
 static void flash_attention_fwd(const ust_ops *o, float *out, float *lse, const float *q,
                                 const float *k, const float *v, int B, int Tq, int Tk, int H,
                                 int Hkv, int D, const int32_t *q_pos, const int32_t *k_pos,
-                                int causal) {
+                                int causal, const int32_t *q_start) {
     check_shapes(H, Hkv, D);
     if (B <= 0 || Tq <= 0 || H <= 0) return;
     int nqt = (Tq + QT - 1) / QT;
@@ -415,7 +420,7 @@ static void flash_attention_fwd(const ust_ops *o, float *out, float *lse, const 
 #define FWD(DPL)                                                                                   \
     cuda_smem_optin(o, k_att_fwd<DPL>, smem);                                                      \
     k_att_fwd<DPL><<<(int)blocks, NW * 32, smem, s>>>(out, lse, q, k, v, Tq, Tk, H, Hkv, D, q_pos, \
-                                                      k_pos, causal, scale, nqt);                  \
+                                                      k_pos, causal, q_start, scale, nqt);         \
     break;
     switch (dims_per_lane(D)) {
     case 1:
@@ -435,7 +440,7 @@ static void flash_attention_bwd(const ust_ops *o, float *dq, float *dk, float *d
                                 const float *dout, const float *out, const float *lse,
                                 const float *q, const float *k, const float *v, int B, int Tq,
                                 int Tk, int H, int Hkv, int D, const int32_t *q_pos,
-                                const int32_t *k_pos, int causal) {
+                                const int32_t *k_pos, int causal, const int32_t *q_start) {
     check_shapes(H, Hkv, D);
     if (B <= 0 || Tq <= 0 || Tk <= 0 || H <= 0 || (!dq && !dk && !dv)) return;
     cudaStream_t s = STREAM(o);
@@ -448,8 +453,8 @@ static void flash_attention_bwd(const ust_ops *o, float *dq, float *dk, float *d
         size_t smem = (size_t)(2 * KB * (D + 1) + 2 * QT * D) * sizeof(float);
 #define DQ(DPL)                                                                                    \
     cuda_smem_optin(o, k_att_dq<DPL>, smem);                                                       \
-    k_att_dq<DPL><<<(int)blocks, NW * 32, smem, s>>>(dq, dout, lse, Di, q, k, v, Tq, Tk, H, Hkv,   \
-                                                     D, q_pos, k_pos, causal, scale, nqt);         \
+    k_att_dq<DPL><<<(int)blocks, NW * 32, smem, s>>>(                                              \
+        dq, dout, lse, Di, q, k, v, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal, q_start, scale, nqt); \
     break;
         switch (dims_per_lane(D)) {
         case 1:
@@ -471,7 +476,7 @@ static void flash_attention_bwd(const ust_ops *o, float *dq, float *dk, float *d
         size_t smem = (size_t)(4 * KB * (D + 1) + 2 * QTB * D) * sizeof(float);
         cuda_smem_optin(o, k_att_dkdv, smem);
         k_att_dkdv<<<(int)blocks, 32, smem, s>>>(dk, dv, dout, lse, Di, q, k, v, Tq, Tk, H, Hkv, D,
-                                                 q_pos, k_pos, causal, scale, nkb);
+                                                 q_pos, k_pos, causal, q_start, scale, nkb);
         CK_LAUNCH();
     }
 }
@@ -494,16 +499,18 @@ static void flash_attention_bwd(const ust_ops *o, float *dq, float *dk, float *d
  * p = exp(s - lse). Masked keys (and every key of a row that sees none) get p = 0. */
 template <int FWD>
 __global__ void k_att_probs(float *S, float *lse, const int32_t *q_pos, const int32_t *k_pos,
-                            int causal, int Tq, int Tk, int H, int b, int h0, int i0, int n) {
+                            int causal, const int32_t *q_start, int Tq, int Tk, int H, int b,
+                            int h0, int i0, int n) {
     __shared__ float sh[32];
     int r = blockIdx.x, h = h0 + r / n, i = i0 + r % n;
     float *s = S + (int64_t)r * Tk;
     float *L = lse + ((int64_t)b * H + h) * Tq + i;
-    int qp = posof(q_pos, i);
+    int qp = posof(q_pos, i), qs = doc_start(q_start, b, Tq, i);
+#define HIDDEN(j) ((causal && posof(k_pos, j) > qp) || posof(k_pos, j) < qs)
     if (FWD) {
         float mx = -INFINITY;
         for (int j = threadIdx.x; j < Tk; j += blockDim.x)
-            if (!(causal && posof(k_pos, j) > qp)) mx = fmaxf(mx, s[j]);
+            if (!HIDDEN(j)) mx = fmaxf(mx, s[j]);
         mx = block_max(mx, sh);
         if (mx == -INFINITY) { /* the query sees no key */
             for (int j = threadIdx.x; j < Tk; j += blockDim.x) s[j] = 0.0f;
@@ -512,17 +519,18 @@ __global__ void k_att_probs(float *S, float *lse, const int32_t *q_pos, const in
         }
         float sum = 0.0f;
         for (int j = threadIdx.x; j < Tk; j += blockDim.x)
-            if (!(causal && posof(k_pos, j) > qp)) sum += expf(s[j] - mx);
+            if (!HIDDEN(j)) sum += expf(s[j] - mx);
         sum = block_sum(sum, sh);
         float inv = 1.0f / sum;
         for (int j = threadIdx.x; j < Tk; j += blockDim.x)
-            s[j] = (causal && posof(k_pos, j) > qp) ? 0.0f : expf(s[j] - mx) * inv;
+            s[j] = HIDDEN(j) ? 0.0f : expf(s[j] - mx) * inv;
         if (threadIdx.x == 0) *L = mx + logf(sum);
     } else {
         float l = *L;
         for (int j = threadIdx.x; j < Tk; j += blockDim.x)
-            s[j] = (l == -INFINITY || (causal && posof(k_pos, j) > qp)) ? 0.0f : expf(s[j] - l);
+            s[j] = (l == -INFINITY || HIDDEN(j)) ? 0.0f : expf(s[j] - l);
     }
+#undef HIDDEN
 }
 
 /* dS = P (dP - Di) in place over dP; row r as in k_att_probs. */
@@ -547,7 +555,7 @@ static int att_chunk(const ust_ops *o, int Tq, int nb, int Tk) {
 static void gemm_attention_fwd(const ust_ops *o, float *out, float *lse, const float *q,
                                const float *k, const float *v, int B, int Tq, int Tk, int H,
                                int Hkv, int D, const int32_t *q_pos, const int32_t *k_pos,
-                               int causal) {
+                               int causal, const int32_t *q_start) {
     const int G = H / Hkv, nb = G == 1 ? H : 1, qc = att_chunk(o, Tq, nb, Tk);
     const float scale = 1.0f / sqrtf((float)D);
     const int64_t qs = (int64_t)H * D, ks = (int64_t)Hkv * D;
@@ -564,8 +572,8 @@ static void gemm_attention_fwd(const ust_ops *o, float *out, float *lse, const f
                 /* S(n,Tk) = scale Q(n,D) K(Tk,D)^T, per head */
                 cuda_gemm(o, S, Tk, (int64_t)n * Tk, qb, qs, D, kb, ks, D, n, Tk, D, 0, 1, scale,
                           0.0f, nb);
-                k_att_probs<1><<<nb * n, 128, 0, STREAM(o)>>>(S, lse, q_pos, k_pos, causal, Tq, Tk,
-                                                              H, b, h0, i0, n);
+                k_att_probs<1><<<nb * n, 128, 0, STREAM(o)>>>(S, lse, q_pos, k_pos, causal, q_start,
+                                                              Tq, Tk, H, b, h0, i0, n);
                 CK_LAUNCH();
                 /* O(n,D) = P(n,Tk) V(Tk,D) */
                 cuda_gemm(o, ob, qs, D, S, Tk, (int64_t)n * Tk, vb, ks, D, n, D, Tk, 0, 0, 1.0f,
@@ -577,7 +585,8 @@ static void gemm_attention_fwd(const ust_ops *o, float *out, float *lse, const f
 static void gemm_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv, const float *dout,
                                const float *out, const float *lse, const float *q, const float *k,
                                const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
-                               const int32_t *q_pos, const int32_t *k_pos, int causal) {
+                               const int32_t *q_pos, const int32_t *k_pos, int causal,
+                               const int32_t *q_start) {
     const int G = H / Hkv, nb = G == 1 ? H : 1, qc = att_chunk(o, Tq, nb, Tk);
     const float scale = 1.0f / sqrtf((float)D);
     const int64_t qs = (int64_t)H * D, ks = (int64_t)Hkv * D;
@@ -596,7 +605,7 @@ static void gemm_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv
                 cuda_gemm(o, P, Tk, sS, q + qoff, qs, D, k + koff, ks, D, n, Tk, D, 0, 1, scale,
                           0.0f, nb);
                 k_att_probs<0><<<nb * n, 128, 0, STREAM(o)>>>(P, (float *)lse, q_pos, k_pos, causal,
-                                                              Tq, Tk, H, b, h0, i0, n);
+                                                              q_start, Tq, Tk, H, b, h0, i0, n);
                 CK_LAUNCH();
                 /* dV(Tk,D) += P^T dO(n,D) */
                 if (dv)
@@ -633,23 +642,27 @@ static int attention_mode(const ust_ops *o, int D) {
 /* The flash and GEMM paths on fp32 storage. */
 static void attention_fwd_f32(const ust_ops *o, int mode, float *out, float *lse, const float *q,
                               const float *k, const float *v, int B, int Tq, int Tk, int H, int Hkv,
-                              int D, const int32_t *q_pos, const int32_t *k_pos, int causal) {
+                              int D, const int32_t *q_pos, const int32_t *k_pos, int causal,
+                              const int32_t *q_start) {
     if (mode == ATT_FLASH)
-        flash_attention_fwd(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal);
+        flash_attention_fwd(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal,
+                            q_start);
     else
-        gemm_attention_fwd(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal);
+        gemm_attention_fwd(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal,
+                           q_start);
 }
 
 static void attention_bwd_f32(const ust_ops *o, int mode, float *dq, float *dk, float *dv,
                               const float *dout, const float *out, const float *lse, const float *q,
                               const float *k, const float *v, int B, int Tq, int Tk, int H, int Hkv,
-                              int D, const int32_t *q_pos, const int32_t *k_pos, int causal) {
+                              int D, const int32_t *q_pos, const int32_t *k_pos, int causal,
+                              const int32_t *q_start) {
     if (mode == ATT_FLASH)
         flash_attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos,
-                            k_pos, causal);
+                            k_pos, causal, q_start);
     else
         gemm_attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos,
-                           k_pos, causal);
+                           k_pos, causal, q_start);
 }
 
 /* ---------------------------------------------------------------- bf16 adapter */
@@ -681,19 +694,22 @@ static void narrow(const ust_ops *o, act *dst, const float *src, int64_t n) {
 
 static void attention_fwd_widened(const ust_ops *o, int mode, act *out, float *lse, const act *q,
                                   const act *k, const act *v, int B, int Tq, int Tk, int H, int Hkv,
-                                  int D, const int32_t *q_pos, const int32_t *k_pos, int causal) {
+                                  int D, const int32_t *q_pos, const int32_t *k_pos, int causal,
+                                  const int32_t *q_start) {
     int64_t nq = (int64_t)B * Tq * H * D, nk = (int64_t)B * Tk * Hkv * D;
     float *w = (float *)cuda_scratch(o, SCR_W, (size_t)(2 * nq + 2 * nk + 1) * sizeof(float));
     float *q32 = widen(o, w, q, nq), *k32 = widen(o, w + nq, k, nk);
     float *v32 = widen(o, w + nq + nk, v, nk), *o32 = w + nq + 2 * nk;
-    attention_fwd_f32(o, mode, o32, lse, q32, k32, v32, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal);
+    attention_fwd_f32(o, mode, o32, lse, q32, k32, v32, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal,
+                      q_start);
     narrow(o, out, o32, nq);
 }
 
 static void attention_bwd_widened(const ust_ops *o, int mode, act *dq, act *dk, act *dv,
                                   const act *dout, const act *out, const float *lse, const act *q,
                                   const act *k, const act *v, int B, int Tq, int Tk, int H, int Hkv,
-                                  int D, const int32_t *q_pos, const int32_t *k_pos, int causal) {
+                                  int D, const int32_t *q_pos, const int32_t *k_pos, int causal,
+                                  const int32_t *q_start) {
     int64_t nq = (int64_t)B * Tq * H * D, nk = (int64_t)B * Tk * Hkv * D;
     float *w = (float *)cuda_scratch(o, SCR_W, (size_t)(4 * nq + 4 * nk + 1) * sizeof(float));
     float *dout32 = widen(o, w, dout, nq), *out32 = widen(o, w + nq, out, nq);
@@ -702,7 +718,7 @@ static void attention_bwd_widened(const ust_ops *o, int mode, act *dq, act *dk, 
     float *k32 = widen(o, kv, k, nk), *v32 = widen(o, kv + nk, v, nk);
     float *dk32 = widen(o, kv + 2 * nk, dk, nk), *dv32 = widen(o, kv + 3 * nk, dv, nk);
     attention_bwd_f32(o, mode, dq32, dk32, dv32, dout32, out32, lse, q32, k32, v32, B, Tq, Tk, H,
-                      Hkv, D, q_pos, k_pos, causal);
+                      Hkv, D, q_pos, k_pos, causal, q_start);
     narrow(o, dq, dq32, nq);
     narrow(o, dk, dk32, nk);
     narrow(o, dv, dv32, nk);
@@ -712,38 +728,40 @@ static void attention_bwd_widened(const ust_ops *o, int mode, act *dq, act *dk, 
 
 void cuda_attention_fwd(const ust_ops *o, act *out, float *lse, const act *q, const act *k,
                         const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
-                        const int32_t *q_pos, const int32_t *k_pos, int causal) {
+                        const int32_t *q_pos, const int32_t *k_pos, int causal,
+                        const int32_t *q_start) {
     check_shapes(H, Hkv, D);
     if (B <= 0 || Tq <= 0 || H <= 0) return;
     int mode = attention_mode(o, D);
     if (mode == ATT_TC)
-        cuda_attention_tc_fwd(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal);
+        cuda_attention_tc_fwd(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal,
+                              q_start);
     else if (o->act_size == 2)
         attention_fwd_widened(o, mode, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos,
-                              causal);
+                              causal, q_start);
     else
         attention_fwd_f32(o, mode, (float *)out, lse, (const float *)q, (const float *)k,
-                          (const float *)v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal);
+                          (const float *)v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal, q_start);
 }
 
 void cuda_attention_bwd(const ust_ops *o, act *dq, act *dk, act *dv, const act *dout,
                         const act *out, const float *lse, const act *q, const act *k, const act *v,
                         int B, int Tq, int Tk, int H, int Hkv, int D, const int32_t *q_pos,
-                        const int32_t *k_pos, int causal) {
+                        const int32_t *k_pos, int causal, const int32_t *q_start) {
     check_shapes(H, Hkv, D);
     if (B <= 0 || Tq <= 0 || Tk <= 0 || H <= 0 || (!dq && !dk && !dv)) return;
     int mode = attention_mode(o, D);
     if (mode == ATT_TC) {
         const float *Di = cuda_attention_dot(o, dout, out, B, Tq, H, D);
         cuda_attention_tc_bwd(o, dq, dk, dv, dout, lse, Di, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos,
-                              k_pos, causal);
+                              k_pos, causal, q_start);
     } else if (o->act_size == 2) {
         attention_bwd_widened(o, mode, dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D,
-                              q_pos, k_pos, causal);
+                              q_pos, k_pos, causal, q_start);
     } else {
         attention_bwd_f32(o, mode, (float *)dq, (float *)dk, (float *)dv, (const float *)dout,
                           (const float *)out, lse, (const float *)q, (const float *)k,
-                          (const float *)v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal);
+                          (const float *)v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal, q_start);
     }
 }
 

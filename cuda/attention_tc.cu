@@ -190,9 +190,10 @@ __device__ __forceinline__ int key_tile_positions(int *kpos, const int32_t *k_po
  * The whole block calls it (one barrier). */
 struct query_rows {
     int qp0, qp1, qmax_block, qmax_warp;
+    int qs0, qs1; /* where the two rows' documents begin (INT_MIN: no document mask) */
 };
 __device__ __forceinline__ query_rows query_block_positions(int *qpos, const int32_t *q_pos, int i0,
-                                                            int Tq) {
+                                                            int Tq, const int32_t *q_start, int b) {
     for (int i = threadIdx.x; i < TC_BQ; i += blockDim.x)
         qpos[i] = i0 + i < Tq ? posof(q_pos, i0 + i) : INT_MIN;
     __syncthreads();
@@ -200,6 +201,7 @@ __device__ __forceinline__ query_rows query_block_positions(int *qpos, const int
     query_rows r;
     r.qp0 = qpos[row], r.qp1 = qpos[row + 8];
     r.qmax_block = tile_max(qpos, TC_BQ), r.qmax_warp = warp_max_int(max(r.qp0, r.qp1));
+    r.qs0 = doc_start(q_start, b, Tq, i0 + row), r.qs1 = doc_start(q_start, b, Tq, i0 + row + 8);
     return r;
 }
 
@@ -220,8 +222,8 @@ __device__ __forceinline__ float quad_sum(float v) {
 template <int D, typename T>
 __global__ void __launch_bounds__(TC_THREADS)
     k_tc_fwd(act *out_, float *lse, const act *q_, const act *k_, const act *v_, int Tq, int Tk,
-             int H, int Hkv, const int32_t *q_pos, const int32_t *k_pos, int causal, float scale2,
-             int nqt) {
+             int H, int Hkv, const int32_t *q_pos, const int32_t *k_pos, int causal,
+             const int32_t *q_start, float scale2, int nqt) {
     T *out = (T *)out_;
     const T *q = (const T *)q_, *k = (const T *)k_, *v = (const T *)v_;
     constexpr int NK = D / 16, ND = D / 8, NT = TC_FK / 8, KS = D + 8, VS = TC_FK + 8;
@@ -239,7 +241,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     u32 qf[NK][4];
     for (int kk = 0; kk < NK; kk++)
         global_a(qf[kk], r0 < Tq ? qb + r0 * qs : NULL, r1 < Tq ? qb + r1 * qs : NULL, kk);
-    const query_rows qr = query_block_positions(qpos, q_pos, i0, Tq);
+    const query_rows qr = query_block_positions(qpos, q_pos, i0, Tq, q_start, b);
     const int qp0 = qr.qp0, qp1 = qr.qp1, qmax_block = qr.qmax_block, qmax_warp = qr.qmax_warp;
 
     float o[ND][4], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
@@ -266,7 +268,8 @@ __global__ void __launch_bounds__(TC_THREADS)
         for (int nt = 0; nt < NT; nt++)
             for (int e = 0; e < 4; e++) {
                 int j = 8 * nt + 2 * t + (e & 1), qp = e < 2 ? qp0 : qp1;
-                bool vis = j0 + j < Tk && (!causal || kpos[j] <= qp);
+                bool vis = j0 + j < Tk && (!causal || kpos[j] <= qp) &&
+                           kpos[j] >= (e < 2 ? qr.qs0 : qr.qs1);
                 s[nt][e] = vis ? s[nt][e] * scale2 : -INFINITY;
                 if (e < 2)
                     mx0 = fmaxf(mx0, s[nt][e]);
@@ -329,7 +332,7 @@ template <int D, typename T>
 __global__ void __launch_bounds__(TC_THREADS)
     k_tc_dq(act *dq_, const act *dout_, const float *lse, const float *Di, const act *q_,
             const act *k_, const act *v_, int Tq, int Tk, int H, int Hkv, const int32_t *q_pos,
-            const int32_t *k_pos, int causal, float scale, int nqt) {
+            const int32_t *k_pos, int causal, const int32_t *q_start, float scale, int nqt) {
     T *dq = (T *)dq_;
     const T *dout = (const T *)dout_, *q = (const T *)q_, *k = (const T *)k_, *v = (const T *)v_;
     constexpr int NK = D / 16, ND = D / 8, NT = TC_DQK / 8, KS = D + 8, TS = TC_DQK + 8;
@@ -355,7 +358,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     const float l2[2] = {r0 < Tq ? lb[r0] * LOG2E : -INFINITY,
                          r1 < Tq ? lb[r1] * LOG2E : -INFINITY};
     const float di[2] = {r0 < Tq ? db[r0] : 0.0f, r1 < Tq ? db[r1] : 0.0f};
-    const query_rows qr = query_block_positions(qpos, q_pos, i0, Tq);
+    const query_rows qr = query_block_positions(qpos, q_pos, i0, Tq, q_start, b);
     const int qp0 = qr.qp0, qp1 = qr.qp1, qmax_block = qr.qmax_block, qmax_warp = qr.qmax_warp;
 
     float acc[ND][4];
@@ -382,7 +385,8 @@ __global__ void __launch_bounds__(TC_THREADS)
             bool vis[4];
             for (int e = 0; e < 4; e++) {
                 int j = 8 * nt + 2 * t + (e & 1);
-                vis[e] = j0 + j < Tk && (!causal || kpos[j] <= (e < 2 ? qp0 : qp1));
+                vis[e] = j0 + j < Tk && (!causal || kpos[j] <= (e < 2 ? qp0 : qp1)) &&
+                         kpos[j] >= (e < 2 ? qr.qs0 : qr.qs1);
             }
             probs_and_ds(s[nt], dp[nt], vis, l2, di, scale2);
         }
@@ -416,7 +420,8 @@ template <int D, typename T>
 __global__ void __launch_bounds__(TC_THREADS)
     k_tc_dkdv(act *dk_, act *dv_, const act *dout_, const float *lse, const float *Di,
               const act *q_, const act *k_, const act *v_, int Tq, int Tk, int H, int Hkv,
-              const int32_t *q_pos, const int32_t *k_pos, int causal, float scale, int nkt) {
+              const int32_t *q_pos, const int32_t *k_pos, int causal, const int32_t *q_start,
+              float scale, int nkt) {
     T *dk = (T *)dk_, *dv = (T *)dv_;
     const T *dout = (const T *)dout_, *q = (const T *)q_, *k = (const T *)k_, *v = (const T *)v_;
     constexpr int NK = D / 16, ND = D / 8, NT = TC_KVQ / 8, RS = D + 8, TS = TC_KVQ + 8;
@@ -427,7 +432,7 @@ __global__ void __launch_bounds__(TC_THREADS)
     u32 *os = qs_ + TC_KVQ * RS / 2; /* dout tile rows: B of dP^T */
     u32 *qt_ = os + TC_KVQ * RS / 2; /* query tile transposed: B of dK += dS^T Q */
     u32 *ot = qt_ + D * TS / 2;      /* dout tile transposed: B of dV += P^T dO */
-    __shared__ int kpos[TC_BKV], qpos[TC_KVQ];
+    __shared__ int kpos[TC_BKV], qpos[TC_KVQ], qsp[TC_KVQ];
     __shared__ float l2s[TC_KVQ], dis[TC_KVQ];
     const int kt = (int)(blockIdx.x % nkt), hk = (int)(blockIdx.x / nkt % Hkv);
     const int b = (int)(blockIdx.x / nkt / Hkv), G = H / Hkv;
@@ -456,6 +461,7 @@ __global__ void __launch_bounds__(TC_THREADS)
             for (int i = threadIdx.x; i < TC_KVQ; i += blockDim.x) {
                 bool in = i0 + i < Tq;
                 qpos[i] = in ? posof(q_pos, i0 + i) : INT_MIN;
+                qsp[i] = doc_start(q_start, b, Tq, i0 + i);
                 l2s[i] = in ? lb[i0 + i] * LOG2E : -INFINITY;
                 dis[i] = in ? db[i0 + i] : 0.0f;
             }
@@ -488,7 +494,8 @@ __global__ void __launch_bounds__(TC_THREADS)
                 for (int e = 0; e < 4; e++) {
                     int i = 8 * nt + 2 * t + (e & 1);
                     bool vis = i0 + i < Tq && c0 + 8 * (e >> 1) < Tk &&
-                               (!causal || (e < 2 ? kp0 : kp1) <= qpos[i]);
+                               (!causal || (e < 2 ? kp0 : kp1) <= qpos[i]) &&
+                               (e < 2 ? kp0 : kp1) >= qsp[i];
                     float p = vis && l2s[i] != -INFINITY ? exp2f(s[nt][e] * scale2 - l2s[i]) : 0.0f;
                     s[nt][e] = p;
                     dp[nt][e] = p * (dp[nt][e] - dis[i]);
@@ -531,27 +538,28 @@ static size_t dkdv_smem(int D) {
 template <int D, typename T>
 static void tc_fwd(const ust_ops *o, act *out, float *lse, const act *q, const act *k, const act *v,
                    int B, int Tq, int Tk, int H, int Hkv, const int32_t *q_pos,
-                   const int32_t *k_pos, int causal) {
+                   const int32_t *k_pos, int causal, const int32_t *q_start) {
     int nqt = (Tq + TC_BQ - 1) / TC_BQ;
     int64_t blocks = (int64_t)B * H * nqt;
     UST_ASSERT(blocks < INT_MAX, "attention grid too large (%lld blocks)", (long long)blocks);
     float scale2 = LOG2E / sqrtf((float)D);
-    k_tc_fwd<D, T><<<(int)blocks, TC_THREADS, 0, STREAM(o)>>>(out, lse, q, k, v, Tq, Tk, H, Hkv,
-                                                              q_pos, k_pos, causal, scale2, nqt);
+    k_tc_fwd<D, T><<<(int)blocks, TC_THREADS, 0, STREAM(o)>>>(
+        out, lse, q, k, v, Tq, Tk, H, Hkv, q_pos, k_pos, causal, q_start, scale2, nqt);
     CK_LAUNCH();
 }
 
 template <int D, typename T>
 static void tc_bwd(const ust_ops *o, act *dq, act *dk, act *dv, const act *dout, const float *lse,
                    const float *Di, const act *q, const act *k, const act *v, int B, int Tq, int Tk,
-                   int H, int Hkv, const int32_t *q_pos, const int32_t *k_pos, int causal) {
+                   int H, int Hkv, const int32_t *q_pos, const int32_t *k_pos, int causal,
+                   const int32_t *q_start) {
     float scale = 1.0f / sqrtf((float)D);
     if (dq) {
         int nqt = (Tq + TC_BQ - 1) / TC_BQ;
         int64_t blocks = (int64_t)B * H * nqt;
         UST_ASSERT(blocks < INT_MAX, "attention grid too large (%lld blocks)", (long long)blocks);
         k_tc_dq<D, T><<<(int)blocks, TC_THREADS, 0, STREAM(o)>>>(
-            dq, dout, lse, Di, q, k, v, Tq, Tk, H, Hkv, q_pos, k_pos, causal, scale, nqt);
+            dq, dout, lse, Di, q, k, v, Tq, Tk, H, Hkv, q_pos, k_pos, causal, q_start, scale, nqt);
         CK_LAUNCH();
     }
     if (dk || dv) {
@@ -561,7 +569,8 @@ static void tc_bwd(const ust_ops *o, act *dq, act *dk, act *dv, const act *dout,
         size_t smem = dkdv_smem(D);
         cuda_smem_optin(o, k_tc_dkdv<D, T>, smem);
         k_tc_dkdv<D, T><<<(int)blocks, TC_THREADS, smem, STREAM(o)>>>(
-            dk, dv, dout, lse, Di, q, k, v, Tq, Tk, H, Hkv, q_pos, k_pos, causal, scale, nkt);
+            dk, dv, dout, lse, Di, q, k, v, Tq, Tk, H, Hkv, q_pos, k_pos, causal, q_start, scale,
+            nkt);
         CK_LAUNCH();
     }
 }
@@ -570,30 +579,32 @@ static void tc_bwd(const ust_ops *o, act *dq, act *dk, act *dv, const act *dout,
 template <int D>
 static void tc_fwd_d(const ust_ops *o, act *out, float *lse, const act *q, const act *k,
                      const act *v, int B, int Tq, int Tk, int H, int Hkv, const int32_t *q_pos,
-                     const int32_t *k_pos, int causal) {
+                     const int32_t *k_pos, int causal, const int32_t *q_start) {
     if (o->act_size == 2)
-        tc_fwd<D, bf16>(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, q_pos, k_pos, causal);
+        tc_fwd<D, bf16>(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, q_pos, k_pos, causal, q_start);
     else
-        tc_fwd<D, float>(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, q_pos, k_pos, causal);
+        tc_fwd<D, float>(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, q_pos, k_pos, causal, q_start);
 }
 
 template <int D>
 static void tc_bwd_d(const ust_ops *o, act *dq, act *dk, act *dv, const act *dout, const float *lse,
                      const float *Di, const act *q, const act *k, const act *v, int B, int Tq,
-                     int Tk, int H, int Hkv, const int32_t *q_pos, const int32_t *k_pos,
-                     int causal) {
+                     int Tk, int H, int Hkv, const int32_t *q_pos, const int32_t *k_pos, int causal,
+                     const int32_t *q_start) {
     if (o->act_size == 2)
         tc_bwd<D, bf16>(o, dq, dk, dv, dout, lse, Di, q, k, v, B, Tq, Tk, H, Hkv, q_pos, k_pos,
-                        causal);
+                        causal, q_start);
     else
         tc_bwd<D, float>(o, dq, dk, dv, dout, lse, Di, q, k, v, B, Tq, Tk, H, Hkv, q_pos, k_pos,
-                         causal);
+                         causal, q_start);
 }
 
 void cuda_attention_tc_fwd(const ust_ops *o, act *out, float *lse, const act *q, const act *k,
                            const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
-                           const int32_t *q_pos, const int32_t *k_pos, int causal) {
-#define TC_FWD(DD) tc_fwd_d<DD>(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, q_pos, k_pos, causal)
+                           const int32_t *q_pos, const int32_t *k_pos, int causal,
+                           const int32_t *q_start) {
+#define TC_FWD(DD)                                                                                 \
+    tc_fwd_d<DD>(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, q_pos, k_pos, causal, q_start)
     switch (D) {
     case 16:
         TC_FWD(16);
@@ -616,9 +627,11 @@ void cuda_attention_tc_fwd(const ust_ops *o, act *out, float *lse, const act *q,
 void cuda_attention_tc_bwd(const ust_ops *o, act *dq, act *dk, act *dv, const act *dout,
                            const float *lse, const float *Di, const act *q, const act *k,
                            const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
-                           const int32_t *q_pos, const int32_t *k_pos, int causal) {
+                           const int32_t *q_pos, const int32_t *k_pos, int causal,
+                           const int32_t *q_start) {
 #define TC_BWD(DD)                                                                                 \
-    tc_bwd_d<DD>(o, dq, dk, dv, dout, lse, Di, q, k, v, B, Tq, Tk, H, Hkv, q_pos, k_pos, causal)
+    tc_bwd_d<DD>(o, dq, dk, dv, dout, lse, Di, q, k, v, B, Tq, Tk, H, Hkv, q_pos, k_pos, causal,   \
+                 q_start)
     switch (D) {
     case 16:
         TC_BWD(16);

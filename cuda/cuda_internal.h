@@ -109,6 +109,10 @@ void cuda_round_bf16(const ust_ops *o, bf16 *dst, const float *src, int64_t n);
 
 /* Attention's token positions: p[i], or i when none are given. */
 __device__ __forceinline__ int posof(const int32_t *p, int i) { return p ? p[i] : i; }
+/* Where query i of sequence b's document begins (ops.h q_start); INT_MIN: no document mask. */
+__device__ __forceinline__ int doc_start(const int32_t *q_start, int b, int Tq, int i) {
+    return q_start && i < Tq ? q_start[(int64_t)b * Tq + i] : INT_MIN;
+}
 
 /* Two floats rounded to bf16 (nearest even) in one word, lo in the low half: memory order. */
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
@@ -165,11 +169,12 @@ template <typename K> static void cuda_smem_optin(const ust_ops *o, K kernel, si
 /* attention.cu: ops.h's attention on activations of the backend's type (act_size). */
 void cuda_attention_fwd(const ust_ops *o, act *out, float *lse, const act *q, const act *k,
                         const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
-                        const int32_t *q_pos, const int32_t *k_pos, int causal);
+                        const int32_t *q_pos, const int32_t *k_pos, int causal,
+                        const int32_t *q_start);
 void cuda_attention_bwd(const ust_ops *o, act *dq, act *dk, act *dv, const act *dout,
                         const act *out, const float *lse, const act *q, const act *k, const act *v,
                         int B, int Tq, int Tk, int H, int Hkv, int D, const int32_t *q_pos,
-                        const int32_t *k_pos, int causal);
+                        const int32_t *k_pos, int causal, const int32_t *q_start);
 void cuda_attention_merge(const ust_ops *o, act *out, float *lse, const act *out2,
                           const float *lse2, int B, int T, int H, int D);
 /* Di[b,h,i] = dout_i . out_i (fp32) for every row, in scratch slot C (the backward's
@@ -183,10 +188,12 @@ const float *cuda_attention_dot(const ust_ops *o, const act *dout, const act *ou
 int cuda_attention_tc_supported(int D);
 void cuda_attention_tc_fwd(const ust_ops *o, act *out, float *lse, const act *q, const act *k,
                            const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
-                           const int32_t *q_pos, const int32_t *k_pos, int causal);
+                           const int32_t *q_pos, const int32_t *k_pos, int causal,
+                           const int32_t *q_start);
 void cuda_attention_tc_bwd(const ust_ops *o, act *dq, act *dk, act *dv, const act *dout,
                            const float *lse, const float *Di, const act *q, const act *k,
                            const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
-                           const int32_t *q_pos, const int32_t *k_pos, int causal);
+                           const int32_t *q_pos, const int32_t *k_pos, int causal,
+                           const int32_t *q_start);
 
 #endif

@@ -531,7 +531,7 @@ __global__ void k_embedding_fwd(act *out_, const int32_t *tok, const int32_t *po
         int c = (int)(i % C), t = (int)(r % Tn), id = tok[r];
         float x =
             (wte && id >= v_start && id < v_end) ? wte[(int64_t)(id - v_start) * C + c] : 0.0f;
-        if (wpe) x += wpe[(int64_t)(pos ? pos[t] : t) * C + c];
+        if (wpe) x += wpe[(int64_t)(pos ? pos[r] : t) * C + c];
         st_act(out, i, x);
     }
 }
@@ -548,7 +548,7 @@ __device__ __forceinline__ int emb_dst_row(int wpe_mode, const int32_t *tok, con
                                            int64_t r, int T, int v_start, int v_end) {
     if (wpe_mode) {
         int t = (int)(r % T);
-        return pos ? pos[t] : t;
+        return pos ? pos[r] : t;
     }
     int id = tok[r];
     return (id >= v_start && id < v_end) ? id - v_start : -1;
@@ -834,7 +834,7 @@ __global__ void k_rope(act *out_, const act *inp_, const int32_t *pos, int64_t r
          x += (int64_t)gridDim.x * blockDim.x) {
         int64_t r = x / half;
         int i = (int)(x % half), t = (int)(r % Tn);
-        double p = pos ? pos[t] : t;
+        double p = pos ? pos[r] : t;
         double a = p * ust_rope_inv_freq(&rope, i, D);
         float cs = (float)cos(a), sn = (float)(sign * sin(a));
         for (int h = 0; h < H; h++) {

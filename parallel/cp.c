@@ -53,9 +53,12 @@ void cp_init(ust_cp *cp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, i
     for (int r = 0; r < cp->n; r++)
         cp_layout_positions(layout, T, cp->n, r, cp->pos_host + (size_t)r * cp->Tl);
     cp->block_pairs = malloc(cp->n * sizeof(double));
-    for (int r = 0; r < cp->n; r++)
+    cp->block_max = malloc(cp->n * sizeof(int32_t));
+    for (int r = 0; r < cp->n; r++) {
         cp->block_pairs[r] =
             visible_pairs(cp_positions_of(cp, cp->rank), cp_positions_of(cp, r), cp->Tl);
+        cp->block_max[r] = cp_positions_of(cp, r)[cp->Tl - 1]; /* positions increase */
+    }
     cp_alloc_buffers(cp, arena, H);
     ops->to_device(ops, cp->pos, cp->pos_host, (size_t)cp->n * cp->Tl * sizeof(int32_t));
 }
@@ -93,8 +96,10 @@ int cp_is_first(const ust_cp *cp) { return cp->rank == 0; }
 void cp_free(ust_cp *cp) {
     free(cp->pos_host);
     free(cp->block_pairs);
+    free(cp->block_max);
     cp->pos_host = NULL;
     cp->block_pairs = NULL;
+    cp->block_max = NULL;
 }
 const int32_t *cp_positions_of(const ust_cp *cp, int r) {
     return cp->pos_host + (size_t)r * cp->Tl;
@@ -105,6 +110,16 @@ static const int32_t *pos_dev(const ust_cp *cp, int r) { return cp->pos + (size_
 
 static void count(ust_cp *cp, int owner, int H) {
     cp->pairs += (double)cp->B * H * cp->block_pairs[owner];
+}
+
+static const int32_t *starts(const cp_docs *docs) { return docs ? docs->start : NULL; }
+
+/* Under document masking, no query here can see the block of `owner` (counted). The local
+ * block never is: every query sees itself. */
+static int hidden(ust_cp *cp, int owner, const cp_docs *docs) {
+    if (!docs || owner == cp->rank || cp->block_max[owner] >= docs->min_start) return 0;
+    cp->skipped++;
+    return 1;
 }
 
 /* Posts (the list lives in cp until the wait): send the `nbuf` buffers of send[] to the next rank,
@@ -137,7 +152,7 @@ static act *block_of(const ust_cp *cp, act *all, int r) {
 }
 
 void cp_attention_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *k, const act *v,
-                      int H) {
+                      int H, const cp_docs *docs) {
     const ust_ops *o = cp->ops;
     int B = cp->B, Tl = cp->Tl, Hkv = cp->Hkv, D = cp->D, n = cp->n;
     const int32_t *qp = pos_dev(cp, cp->rank);
@@ -159,13 +174,14 @@ void cp_attention_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act 
             ck = block_of(cp, cp->all_k, owner), cv = block_of(cp, cp->all_v, owner);
         }
         if (s == 0) {
-            o->attention_fwd(o, out, lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp, qp, 1);
-        } else {
+            o->attention_fwd(o, out, lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp, qp, 1, starts(docs));
+            count(cp, owner, H);
+        } else if (!hidden(cp, owner, docs)) {
             o->attention_fwd(o, cp->part_out, cp->part_lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp,
-                             pos_dev(cp, owner), 1);
+                             pos_dev(cp, owner), 1, starts(docs));
             o->attention_merge(o, out, lse, cp->part_out, cp->part_lse, B, Tl, H, D);
+            count(cp, owner, H);
         }
-        count(cp, owner, H);
         if (nk) {
             comm_wait(&r);
             ck = nk, cv = nv;
@@ -174,12 +190,14 @@ void cp_attention_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act 
 }
 
 void cp_attention_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, const act *out,
-                      const float *lse, const act *q, const act *k, const act *v, int H) {
+                      const float *lse, const act *q, const act *k, const act *v, int H,
+                      const cp_docs *docs) {
     const ust_ops *o = cp->ops;
     int B = cp->B, Tl = cp->Tl, Hkv = cp->Hkv, D = cp->D, n = cp->n;
     const int32_t *qp = pos_dev(cp, cp->rank);
     if (n == 1) {
-        o->attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, Tl, Tl, H, Hkv, D, qp, qp, 1);
+        o->attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, Tl, Tl, H, Hkv, D, qp, qp, 1,
+                         starts(docs));
         return;
     }
     if (cp->mode == CP_ALLGATHER) {
@@ -188,9 +206,11 @@ void cp_attention_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, co
         o->zero(o, cp->all_dk, act_bytes(o, blk(cp) * n));
         o->zero(o, cp->all_dv, act_bytes(o, blk(cp) * n));
         for (int r = 0; r < n; r++)
-            o->attention_bwd(o, dq, block_of(cp, cp->all_dk, r), block_of(cp, cp->all_dv, r), dout,
-                             out, lse, q, block_of(cp, cp->all_k, r), block_of(cp, cp->all_v, r), B,
-                             Tl, Tl, H, Hkv, D, qp, pos_dev(cp, r), 1);
+            if (!hidden(cp, r, docs))
+                o->attention_bwd(o, dq, block_of(cp, cp->all_dk, r), block_of(cp, cp->all_dv, r),
+                                 dout, out, lse, q, block_of(cp, cp->all_k, r),
+                                 block_of(cp, cp->all_v, r), B, Tl, Tl, H, Hkv, D, qp,
+                                 pos_dev(cp, r), 1, starts(docs));
         comm_dtype t = comm_act_dtype(o);
         comm_req r[2] = {
             comm_reduce_scatter(cp->comm, cp->all_dk, cp->acc_dk, blk(cp), t, COMM_SUM),
@@ -215,8 +235,9 @@ void cp_attention_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, co
             act *send[2] = {(act *)ck, (act *)cv};
             kv = pass_on(cp, send, buf, 2);
         }
-        o->attention_bwd(o, dq, cdk, cdv, dout, out, lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp,
-                         pos_dev(cp, owner), 1);
+        if (!hidden(cp, owner, docs))
+            o->attention_bwd(o, dq, cdk, cdv, dout, out, lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp,
+                             pos_dev(cp, owner), 1, starts(docs));
         if (s + 1 < n) comm_wait(&kv);
         act *send[2] = {cdk, cdv};
         comm_req g = pass_on(cp, send, buf + 2, 2);

@@ -32,7 +32,17 @@ typedef struct ust_cp {
     comm_p2p p2p[8];                      /* the posted send/recv list of the block in flight */
     double pairs;        /* (query, key) pairs attended so far (causal ones only) */
     double *block_pairs; /* per block owner: causal pairs of our queries with its keys */
+    int32_t *block_max;  /* per block owner: its largest position */
+    int64_t skipped;     /* blocks no query could see under document masking, not computed */
 } ust_cp;
+
+/* A micro-batch's documents (ops.h q_start): where each local query's document begins, on the
+ * device (B x Tl), and the smallest of them: a key/value block whose positions all come before
+ * it is skipped (it still travels the ring). */
+typedef struct {
+    const int32_t *start;
+    int32_t min_start;
+} cp_docs;
 
 /* comm may be NULL (no context parallelism). T: the whole sequence; B, H, Hkv, D: the attention
  * shapes of this rank (heads after tensor parallelism). */
@@ -56,11 +66,13 @@ const int32_t *cp_positions_device(const ust_cp *cp); /* this rank's, on the dev
 void cp_layout_positions(ust_cp_layout layout, int T, int n, int r, int32_t *out);
 
 /* Causal attention of this rank's queries over the whole sequence: q(B,Tl,H,D), k,v(B,Tl,Hkv,D)
- * are the local tokens' projections; out(B,Tl,H,D), lse(B,H,Tl) as ops.h's attention_fwd. */
+ * are the local tokens' projections; out(B,Tl,H,D), lse(B,H,Tl) as ops.h's attention_fwd;
+ * docs (NULL: none) masks documents. */
 void cp_attention_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *k, const act *v,
-                      int H);
+                      int H, const cp_docs *docs);
 /* Accumulates into dq, dk, dv (the caller zeroes them) the gradients of the local tokens. */
 void cp_attention_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, const act *out,
-                      const float *lse, const act *q, const act *k, const act *v, int H);
+                      const float *lse, const act *q, const act *k, const act *v, int H,
+                      const cp_docs *docs);
 
 #endif

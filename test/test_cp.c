@@ -69,8 +69,8 @@ static int ring_check(const char *layout_name, const char *mode_name) {
           *dk = calloc(nk, 4), *dv = calloc(nk, 4);
     int32_t pos[T];
     for (int t = 0; t < T; t++) pos[t] = t;
-    o->attention_fwd(o, out, lse, q, k, v, B, T, T, H, HKV, D, pos, pos, 1);
-    o->attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, T, T, H, HKV, D, pos, pos, 1);
+    o->attention_fwd(o, out, lse, q, k, v, B, T, T, H, HKV, D, pos, pos, 1, NULL);
+    o->attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, T, T, H, HKV, D, pos, pos, 1, NULL);
     int64_t lq = (int64_t)B * Tl * H * D, lk = (int64_t)B * Tl * HKV * D;
     float *q_l = malloc(lq * 4), *k_l = malloc(lk * 4), *v_l = malloc(lk * 4),
           *dout_l = malloc(lq * 4);
@@ -83,8 +83,8 @@ static int ring_check(const char *layout_name, const char *mode_name) {
         }
     float *out_l = calloc(lq, 4), *lse_l = calloc(B * H * Tl, 4), *dq_l = calloc(lq, 4),
           *dk_l = calloc(lk, 4), *dv_l = calloc(lk, 4);
-    cp_attention_fwd(&cp, out_l, lse_l, q_l, k_l, v_l, H);
-    cp_attention_bwd(&cp, dq_l, dk_l, dv_l, dout_l, out_l, lse_l, q_l, k_l, v_l, H);
+    cp_attention_fwd(&cp, out_l, lse_l, q_l, k_l, v_l, H, NULL);
+    cp_attention_bwd(&cp, dq_l, dk_l, dv_l, dout_l, out_l, lse_l, q_l, k_l, v_l, H, NULL);
     /* fp32, sums over up to 32 keys regrouped by blocks: agreement to ~1e-6 */
     double worst[4] = {0};
     for (int b = 0; b < B; b++)

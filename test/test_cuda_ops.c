@@ -559,13 +559,13 @@ static void test_cuda_linear_gelu_matches_cpu_fp32_and_bf16(void) {
 
 static void test_cuda_embedding_matches_cpu_vocab_slice_positions_repeats(void) {
     const int B = 3, T = 11, C = 40, V = 30, vs = 5, ve = 25, P = T + 3;
-    int32_t tok[B * T], pos[T];
+    int32_t tok[B * T], pos[B * T];
     for (int i = 0; i < B * T; i++) tok[i] = irand(i % 4 == 0 ? 8 : V); /* many repeats */
-    for (int t = 0; t < T; t++) pos[t] = t + 3;
+    for (int r = 0; r < B * T; r++) pos[r] = (r * 7 + 3) % T; /* per token, repeated */
     float *wte = hrand((ve - vs) * C, 1), *wpe = hrand(P * C, 1), *out = hrand(B * T * C, 1);
     float *gwte = gup(wte, (ve - vs) * C), *gwpe = gup(wpe, P * C);
     float *gout = gup_act(out, B * T * C);
-    int32_t *gtok = gupi(tok, B * T), *gpos = gupi(pos, T);
+    int32_t *gtok = gupi(tok, B * T), *gpos = gupi(pos, B * T);
     for (int with_pos = 0; with_pos < 2; with_pos++) {
         CPU->embedding_fwd(CPU, out, tok, with_pos ? pos : NULL, wte, with_pos ? wpe : NULL, B, T,
                            C, vs, ve);
@@ -665,10 +665,10 @@ static void test_cuda_gelu_swiglu_match_cpu(void) {
 static void test_cuda_rope_matches_cpu_in_place_and_inverse(void) {
     enum { B = 2, T = 5, H = 3, D = 16 };
     const int64_t n = (int64_t)B * T * H * D;
-    int32_t pos[T] = {2, 5, 7, 11, 1000};
+    int32_t pos[B * T] = {2, 5, 7, 11, 1000, 0, 1, 2, 0, 3}; /* (B, T) */
     float *x = hrand(n, 1), *out = hrand(n, 1);
     float *gx = gup_act(x, n), *gout = gup_act(out, n);
-    int32_t *gpos = gupi(pos, T);
+    int32_t *gpos = gupi(pos, B * T);
     CPU->rope_fwd(CPU, out, x, pos, B, T, H, D, &(ust_rope){.theta = 10000});
     GPU->rope_fwd(GPU, gout, gx, gpos, B, T, H, D, &(ust_rope){.theta = 10000});
     CHECK_A("rope", gout, out, n, EW, EW);
@@ -690,6 +690,7 @@ typedef struct {
     int q0, k0; /* positions q0 + i and k0 + j; q0 < 0: none given (indices) */
     int zigzag; /* positions of the second half of q and k jump by 2 T (a zig-zag CP block) */
     int late;   /* the first `late` keys get positions 1000 later (no query sees them) */
+    int docs;   /* > 0: documents (ops.h q_start) begin every `docs` positions, shifted by 3b */
 } att_case;
 
 /* Tolerances of one attention implementation; bf16: inputs are rounded to bf16 first for both
@@ -719,6 +720,16 @@ static int attention_case(const att_case *c, const att_tol *tol) {
     for (int j = 0; j < Tk; j++)
         kp[j] = c->k0 + j + (c->zigzag && j >= Tk / 2 ? 2 * Tk : 0) + (j < c->late ? 1000 : 0);
     const int32_t *cq = c->q0 >= 0 ? qp : NULL, *ck = c->q0 >= 0 ? kp : NULL;
+    int32_t *qs = NULL, *gqs = NULL;
+    if (c->docs > 0) {
+        qs = malloc((size_t)B * Tq * sizeof(int32_t));
+        for (int b = 0; b < B; b++)
+            for (int i = 0; i < Tq; i++) {
+                int p = (cq ? cq[i] : i) + 3 * b;
+                qs[b * Tq + i] = p - p % c->docs - 3 * b;
+            }
+        gqs = gupi(qs, B * Tq);
+    }
     int32_t *gqp = c->q0 >= 0 ? gupi(qp, Tq) : NULL, *gkp = c->q0 >= 0 ? gupi(kp, Tk) : NULL;
     float *q = hrand(nq, 1.5f), *k = hrand(nk, 1.5f), *v = hrand(nk, 1), *out = hrand(nq, 1);
     float *lse = hrand(nl, 1), *dout = hrand(nq, 1);
@@ -729,17 +740,18 @@ static int attention_case(const att_case *c, const att_tol *tol) {
     float *gdq = gup_act(dq, nq), *gdk = gup_act(dk, nk), *gdv = gup_act(dv, nk);
     int ok = 0;
     char what[128];
-    CPU->attention_fwd(CPU, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, cq, ck, c->causal);
-    GPU->attention_fwd(GPU, gout, glse, gq, gk, gv, B, Tq, Tk, H, Hkv, D, gqp, gkp, c->causal);
+    CPU->attention_fwd(CPU, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, cq, ck, c->causal, qs);
+    GPU->attention_fwd(GPU, gout, glse, gq, gk, gv, B, Tq, Tk, H, Hkv, D, gqp, gkp, c->causal,
+                       gqs);
     snprintf(what, sizeof what, "%s: out", c->name);
     att_worst_out = fmax(att_worst_out, max_abs_diff(gout, out, nq));
     if (!gclose_act(what, gout, out, nq, tol->out_a, tol->out_r)) goto done;
     snprintf(what, sizeof what, "%s: lse", c->name);
     if (!gclose(what, glse, lse, nl, tol->lse_a, tol->lse_r)) goto done;
     CPU->attention_bwd(CPU, dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, cq, ck,
-                       c->causal);
+                       c->causal, qs);
     GPU->attention_bwd(GPU, gdq, gdk, gdv, gdout, gout, glse, gq, gk, gv, B, Tq, Tk, H, Hkv, D, gqp,
-                       gkp, c->causal);
+                       gkp, c->causal, gqs);
     snprintf(what, sizeof what, "%s: dq (+=)", c->name);
     if (!gclose_act(what, gdq, dq, nq, tol->grad_a, tol->grad_r)) goto done;
     snprintf(what, sizeof what, "%s: dk (+=)", c->name);
@@ -748,9 +760,9 @@ static int attention_case(const att_case *c, const att_tol *tol) {
     if (!gclose_act(what, gdv, dv, nk, tol->grad_a, tol->grad_r)) goto done;
     /* only dk wanted */
     CPU->attention_bwd(CPU, NULL, dk, NULL, dout, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, cq, ck,
-                       c->causal);
+                       c->causal, qs);
     GPU->attention_bwd(GPU, NULL, gdk, NULL, gdout, gout, glse, gq, gk, gv, B, Tq, Tk, H, Hkv, D,
-                       gqp, gkp, c->causal);
+                       gqp, gkp, c->causal, gqs);
     snprintf(what, sizeof what, "%s: dk alone", c->name);
     if (!gclose_act(what, gdk, dk, nk, tol->grad_a, tol->grad_r)) goto done;
     ok = 1;
@@ -759,34 +771,39 @@ done:
     free(dk), free(dv);
     if (gqp) gfree(gqp);
     if (gkp) gfree(gkp);
+    if (gqs) gfree(gqs);
+    free(qs);
     gfree(gq), gfree(gk), gfree(gv), gfree(gout), gfree(glse), gfree(gdout), gfree(gdq), gfree(gdk);
     gfree(gdv);
     return ok;
 }
 
 static const att_case att_cases[] = {
-    {"causal gqa D16", 2, 37, 37, 4, 2, 16, 1, -1, 0, 0, 0},
-    {"causal D64 later queries", 1, 20, 45, 2, 1, 64, 1, 30, 0, 0, 0},
-    {"cp block, rows that see nothing", 2, 18, 40, 2, 2, 32, 1, 0, 9, 0, 0},
-    {"non-causal D40 Tk70", 1, 19, 70, 3, 3, 40, 0, -1, 0, 0, 0},
-    {"causal D128", 1, 33, 33, 2, 2, 128, 1, -1, 0, 0, 0},
-    {"causal gqa4 D200", 1, 17, 40, 4, 1, 200, 1, 20, 0, 0, 0},
-    {"causal D8 T1", 1, 1, 1, 1, 1, 8, 1, -1, 0, 0, 0},
-    {"causal gqa D64 T130 (many tiles)", 1, 130, 130, 4, 2, 64, 1, -1, 0, 0, 0},
-    {"zig-zag positions, keys reordered", 2, 48, 48, 2, 1, 32, 1, 0, 0, 1, 0},
+    {"causal gqa D16", 2, 37, 37, 4, 2, 16, 1, -1, 0, 0, 0, 0},
+    {"causal D64 later queries", 1, 20, 45, 2, 1, 64, 1, 30, 0, 0, 0, 0},
+    {"cp block, rows that see nothing", 2, 18, 40, 2, 2, 32, 1, 0, 9, 0, 0, 0},
+    {"non-causal D40 Tk70", 1, 19, 70, 3, 3, 40, 0, -1, 0, 0, 0, 0},
+    {"causal D128", 1, 33, 33, 2, 2, 128, 1, -1, 0, 0, 0, 0},
+    {"causal gqa4 D200", 1, 17, 40, 4, 1, 200, 1, 20, 0, 0, 0, 0},
+    {"causal D8 T1", 1, 1, 1, 1, 1, 8, 1, -1, 0, 0, 0, 0},
+    {"causal gqa D64 T130 (many tiles)", 1, 130, 130, 4, 2, 64, 1, -1, 0, 0, 0, 0},
+    {"zig-zag positions, keys reordered", 2, 48, 48, 2, 1, 32, 1, 0, 0, 1, 0, 0},
+    {"documents gqa D16 T70", 2, 70, 70, 4, 2, 16, 1, -1, 0, 0, 0, 11},
+    {"documents over zig-zag positions", 2, 48, 48, 2, 1, 32, 1, 0, 0, 1, 0, 20},
 };
 #define N_ATT_CASES (sizeof att_cases / sizeof att_cases[0])
 
 /* Shapes the tensor-core kernels tile unevenly: several 64-query and 64-key tiles with ragged
  * ends, a query block longer than the keys, GQA 4, and every head dim they have. */
 static const att_case att_tc_cases[] = {
-    {"tc causal D128 T150", 1, 150, 150, 2, 2, 128, 1, -1, 0, 0, 0},
-    {"tc non-causal D64 Tq70 Tk100", 2, 70, 100, 2, 1, 64, 0, -1, 0, 0, 0},
-    {"tc causal gqa4 D32 Tq100 Tk36", 1, 100, 36, 4, 1, 32, 1, 64, 0, 0, 0},
-    {"tc causal D16 zig-zag T96", 1, 96, 96, 1, 1, 16, 1, 0, 0, 1, 0},
+    {"tc causal D128 T150", 1, 150, 150, 2, 2, 128, 1, -1, 0, 0, 0, 0},
+    {"tc non-causal D64 Tq70 Tk100", 2, 70, 100, 2, 1, 64, 0, -1, 0, 0, 0, 0},
+    {"tc causal gqa4 D32 Tq100 Tk36", 1, 100, 36, 4, 1, 32, 1, 64, 0, 0, 0, 0},
+    {"tc causal D16 zig-zag T96", 1, 96, 96, 1, 1, 16, 1, 0, 0, 1, 0, 0},
     /* the last query (position 64) sees keys 63 and 64 only, the first key of a 64-key tile:
      * skipping a tile whose first key equals a block's or warp's last query loses half of it */
-    {"tc causal, last query on the first key of a tile", 1, 16, 100, 2, 1, 64, 1, 49, 0, 0, 63},
+    {"tc causal, last query on the first key of a tile", 1, 16, 100, 2, 1, 64, 1, 49, 0, 0, 63, 0},
+    {"tc documents D64 T150", 2, 150, 150, 2, 1, 64, 1, -1, 0, 0, 0, 37},
 };
 
 /* The GPU backend under test is swapped for another configuration of the same device, which

@@ -36,6 +36,7 @@ typedef struct {
     ust_arena arena;
     model *m;
     ust_config cfg;
+    int want_docs; /* 1: data.doc_mask; 2: and data.reset_positions */
 } fixture;
 
 /* A tiny model on the CPU backend, seen through the op profiler when `profiled`. */
@@ -43,6 +44,8 @@ static int fixture_make_on(fixture *f, ust_arch arch, ust_recompute rc, int prof
     ust_err e;
     tiny_config(&f->cfg, arch);
     f->cfg.train.recompute = rc;
+    f->cfg.data.doc_mask = f->want_docs > 0;
+    f->cfg.data.reset_positions = f->want_docs > 1;
     f->inner = profiled ? ops_cpu_create(1, 1) : NULL;
     f->ops = profiled ? ops_prof_create(f->inner) : ops_cpu_create(1, 1);
     mem_init(&f->arena, f->ops);
@@ -64,7 +67,14 @@ static int fixture_make_on(fixture *f, ust_arch arch, ust_recompute rc, int prof
 }
 
 static int fixture_make(fixture *f, ust_arch arch, ust_recompute rc) {
+    f->want_docs = 0;
     return fixture_make_on(f, arch, rc, 0);
+}
+
+/* With data.doc_mask (and reset_positions when asked). */
+static int fixture_make_docs(fixture *f, ust_arch arch, int reset) {
+    f->want_docs = 1 + reset;
+    return fixture_make_on(f, arch, RECOMPUTE_NONE, 0);
 }
 
 static void fixture_free(fixture *f) {
@@ -126,8 +136,11 @@ static void ref_rope(double *x, int t, int H, int D, double theta) {
         }
 }
 
-/* Mean loss of one sequence batch, computed position by position in double. */
-static double ref_loss(fixture *f, const int32_t *in, const int32_t *tgt) {
+/* Mean loss of one sequence batch, computed position by position in double; docs (B x T, NULL:
+ * one document per sequence) gives where each token's document begins: attention stays inside
+ * it and, with data.reset_positions, positions count from its start. */
+static double ref_loss_docs(fixture *f, const int32_t *in, const int32_t *tgt,
+                            const int32_t *docs) {
     const ust_config *c = &f->cfg;
     int C = c->model.d_model, H = c->model.n_head, Hkv = c->model.n_kv_head, D = C / H;
     int F = c->model.d_ff, L = c->model.n_layer, V = c->model.vocab_size;
@@ -141,9 +154,14 @@ static double ref_loss(fixture *f, const int32_t *in, const int32_t *tgt) {
     for (int b = 0; b < TB; b++) {
         const float *wte = P(f, "model.embed_tokens.weight", 0);
         const float *wpe = P(f, "model.embed_positions.weight", 0);
+        int start[TT], pos[TT];
+        for (int t = 0; t < TT; t++) {
+            start[t] = docs ? docs[b * TT + t] : 0;
+            pos[t] = c->data.reset_positions ? t - start[t] : t;
+        }
         for (int t = 0; t < TT; t++)
             for (int i = 0; i < C; i++)
-                x[t * C + i] = wte[in[b * TT + t] * C + i] + (llama ? 0 : wpe[t * C + i]);
+                x[t * C + i] = wte[in[b * TT + t] * C + i] + (llama ? 0 : wpe[pos[t] * C + i]);
         for (int l = 0; l < L; l++) {
             for (int t = 0; t < TT; t++) {
                 ref_norm(c, h, x + t * C, P(f, "model.layers.%d.input_layernorm.weight", l),
@@ -155,25 +173,26 @@ static double ref_loss(fixture *f, const int32_t *in, const int32_t *tgt) {
                 ref_linear(v + t * Hkv * D, h, P(f, "model.layers.%d.self_attn.v_proj.weight", l),
                            P(f, "model.layers.%d.self_attn.v_proj.bias", l), Hkv * D, C);
                 if (llama) {
-                    ref_rope(q + t * H * D, t, H, D, c->model.rope_theta);
-                    ref_rope(k + t * Hkv * D, t, Hkv, D, c->model.rope_theta);
+                    ref_rope(q + t * H * D, pos[t], H, D, c->model.rope_theta);
+                    ref_rope(k + t * Hkv * D, pos[t], Hkv, D, c->model.rope_theta);
                 }
             }
             for (int t = 0; t < TT; t++)
                 for (int hh = 0; hh < H; hh++) {
                     int kh = hh / (H / Hkv);
                     double s[TT], mx = -1e300, sum = 0;
-                    for (int j = 0; j <= t; j++) {
+                    for (int j = 0; j < start[t]; j++) s[j] = -INFINITY; /* another document */
+                    for (int j = start[t]; j <= t; j++) {
                         s[j] = 0;
                         for (int d = 0; d < D; d++)
                             s[j] += q[t * H * D + hh * D + d] * k[j * Hkv * D + kh * D + d];
                         s[j] /= sqrt((double)D);
                         if (s[j] > mx) mx = s[j];
                     }
-                    for (int j = 0; j <= t; j++) sum += exp(s[j] - mx);
+                    for (int j = start[t]; j <= t; j++) sum += exp(s[j] - mx);
                     for (int d = 0; d < D; d++) {
                         double o = 0;
-                        for (int j = 0; j <= t; j++)
+                        for (int j = start[t]; j <= t; j++)
                             o += exp(s[j] - mx) / sum * v[j * Hkv * D + kh * D + d];
                         atts[t * H * D + hh * D + d] = o;
                     }
@@ -217,6 +236,10 @@ static double ref_loss(fixture *f, const int32_t *in, const int32_t *tgt) {
     }
     free(x), free(h), free(q), free(k), free(v), free(att), free(tmp), free(g), free(u), free(atts);
     return total / count;
+}
+
+static double ref_loss(fixture *f, const int32_t *in, const int32_t *tgt) {
+    return ref_loss_docs(f, in, tgt, NULL);
 }
 
 /* ------------------------------------------------------------------ tests */
@@ -295,6 +318,74 @@ static void check_gradients(ust_arch arch) {
 static void test_gpt2_gradients_match_finite_differences(void) { check_gradients(ARCH_GPT2); }
 static void test_llama_gradients_match_finite_differences(void) { check_gradients(ARCH_LLAMA); }
 
+/* ------------------------------------------------------------------ documents */
+
+/* Sequence 0 packs documents [0,3) and [3,8), sequence 1 [0,5) and [5,8). */
+static const int32_t DOCS[TB * TT] = {0, 0, 0, 3, 3, 3, 3, 3, 0, 0, 0, 0, 0, 5, 5, 5};
+
+/* The loss sum and gradients of one forward/backward (targets < 0 ignored). */
+static double loss_and_grads(fixture *f, const int32_t *in, const int32_t *tgt, const int32_t *docs,
+                             float *grads) {
+    model_zero_grads(f->m);
+    model_set_docs(f->m, docs);
+    double s = model_forward(f->m, in, tgt, 1.0f, NULL);
+    model_backward(f->m);
+    memcpy(grads, model_grads(f->m), model_numel(f->m) * sizeof(float));
+    return s;
+}
+
+/* data.doc_mask: the packed batch's loss equals the fp64 reference that keeps attention inside
+ * each document, and its loss and gradients equal the sums over each document run alone (at the
+ * start of a sequence of its own, the rest of it ignored). llama's RoPE is relative, so its
+ * documents agree without resetting positions; gpt2's learned positions need
+ * data.reset_positions. Without the mask the packed loss differs (the test can fail). */
+static void check_documents(ust_arch arch, int reset) {
+    fixture f;
+    CHECK(fixture_make_docs(&f, arch, reset) == 0, "model_create failed");
+    int32_t in[TB * TT], tgt[TB * TT];
+    tokens(in, tgt, f.cfg.model.vocab_size);
+    tgt[3] = 7; /* every target counts */
+    int64_t n = model_numel(f.m);
+    float *packed = malloc(n * 4), *alone = calloc(n, 4), *g = malloc(n * 4);
+    double lp = loss_and_grads(&f, in, tgt, DOCS, packed);
+    double want = ref_loss_docs(&f, in, tgt, DOCS) * TB * TT;
+    CHECK_CLOSE(lp, want, 1e-5, 1e-5, "packed loss vs the fp64 reference with documents");
+    double la = 0;
+    for (int b = 0; b < TB; b++)
+        for (int d0 = 0; d0 < TT;) {
+            int d1 = d0;
+            while (d1 < TT && DOCS[b * TT + d1] == d0) d1++;
+            int32_t in1[TB * TT], tgt1[TB * TT], one[TB * TT] = {0};
+            for (int i = 0; i < TB * TT; i++) in1[i] = (int32_t)(i % 5), tgt1[i] = -1;
+            for (int t = d0; t < d1; t++)
+                in1[t - d0] = in[b * TT + t], tgt1[t - d0] = tgt[b * TT + t];
+            la += loss_and_grads(&f, in1, tgt1, one, g);
+            for (int64_t i = 0; i < n; i++) alone[i] += g[i];
+            d0 = d1;
+        }
+    CHECK_CLOSE(lp, la, 1e-5, 1e-5, "packed loss vs the documents alone");
+    double worst = 0, scale = 0;
+    for (int64_t i = 0; i < n; i++) {
+        worst = fmax(worst, fabs((double)packed[i] - alone[i]));
+        scale = fmax(scale, fabs((double)alone[i]));
+    }
+    CHECK(worst <= 1e-5 * scale + 1e-6, "gradients: max |packed - sum alone| %g (scale %g)", worst,
+          scale);
+    int32_t none[TB * TT] = {0};
+    double lnone = loss_and_grads(&f, in, tgt, none, g);
+    CHECK(fabs(lnone - lp) > 1e-3, "one document per sequence gives the packed loss %g", lp);
+    free(packed), free(alone), free(g);
+    fixture_free(&f);
+}
+
+static void test_llama_packed_documents_equal_each_alone(void) {
+    check_documents(ARCH_LLAMA, 0);
+    check_documents(ARCH_LLAMA, 1);
+}
+static void test_gpt2_packed_documents_with_reset_positions_equal_each_alone(void) {
+    check_documents(ARCH_GPT2, 1);
+}
+
 /* Recomputation reruns the same deterministic ops, so gradients are bit-identical. */
 static void check_recompute(ust_arch arch, ust_recompute mode) {
     fixture a, b;
@@ -344,7 +435,7 @@ static int64_t prof_calls(const ust_ops *o, const char *op) {
 static void check_profiler(ust_arch arch) {
     fixture a, b;
     CHECK(fixture_make(&a, arch, RECOMPUTE_NONE) == 0 &&
-              fixture_make_on(&b, arch, RECOMPUTE_NONE, 1) == 0,
+              (b.want_docs = 0, fixture_make_on(&b, arch, RECOMPUTE_NONE, 1)) == 0,
           "model_create failed");
     int32_t in[TB * TT], tgt[TB * TT];
     tokens(in, tgt, a.cfg.model.vocab_size);
@@ -487,6 +578,8 @@ static void test_llmc_import_rejects_a_mismatched_shape(void) {
 int main(void) {
     RUN_TEST(test_gpt2_forward_matches_fp64_reference);
     RUN_TEST(test_llama_forward_matches_fp64_reference);
+    RUN_TEST(test_llama_packed_documents_equal_each_alone);
+    RUN_TEST(test_gpt2_packed_documents_with_reset_positions_equal_each_alone);
     RUN_TEST(test_gpt2_gradients_match_finite_differences);
     RUN_TEST(test_llama_gradients_match_finite_differences);
     RUN_TEST(test_selective_recompute_gives_identical_gradients);

@@ -14,6 +14,7 @@
 #include "ops.h"
 #include "test.h"
 
+#include <limits.h>
 #include <stdint.h>
 
 #define FD_ATOL 5e-4
@@ -245,7 +246,7 @@ static void test_linear_backward_matches_finite_differences_and_accumulates(void
 
 enum { EB = 2, ET = 3, EC = 5, EVS = 3, EVE = 8, EP = 4 };
 static const int32_t e_tok[EB * ET] = {3, 7, 1, 5, 3, 9}; /* 1 and 9 are outside [3, 8) */
-static const int32_t e_pos[ET] = {2, 0, 2};               /* repeated position */
+static const int32_t e_pos[EB * ET] = {2, 0, 2, 1, 3, 0}; /* per token; repeated */
 
 typedef struct {
     float *wte, *wpe, *out, *R;
@@ -267,7 +268,7 @@ static void test_embedding_forward_takes_its_vocab_slice_and_adds_positions(void
             for (int c = 0; c < EC; c++) {
                 int id = e_tok[r];
                 double v = (id >= EVS && id < EVE) ? wte[(id - EVS) * EC + c] : 0.0;
-                if (with_pos) v += wpe[e_pos[r % ET] * EC + c];
+                if (with_pos) v += wpe[e_pos[r] * EC + c];
                 ref[r * EC + c] = v;
             }
         CHECK(close_d("out", out, ref, EB * ET * EC, 1e-6, 1e-6), "with_pos=%d: %s", with_pos, msg);
@@ -466,7 +467,7 @@ static void test_swiglu_backward_matches_finite_differences(void) {
 /* ---------------------------------------------------------------- RoPE */
 
 enum { RB = 2, RT = 5, RH = 3, RD = 8, RN = RB * RT * RH * RD };
-static const int32_t r_pos[RT] = {0, 5, 100, 7, 2000};
+static const int32_t r_pos[RB * RT] = {0, 5, 100, 7, 2000, 3, 0, 1, 2, 999}; /* (RB, RT) */
 #define R_THETA 10000.0f
 static const ust_rope R_ROPE = {.theta = R_THETA};
 
@@ -491,7 +492,7 @@ static void test_rope_forward_rotates_half_pairs_by_position(void) {
             for (int h = 0; h < RH; h++)
                 for (int i = 0; i < RD / 2; i++) {
                     int base = ((b * RT + t) * RH + h) * RD;
-                    double a = r_pos[t] * pow(R_THETA, -2.0 * i / RD);
+                    double a = r_pos[b * RT + t] * pow(R_THETA, -2.0 * i / RD);
                     double x1 = x[base + i], x2 = x[base + i + RD / 2];
                     ref[base + i] = x1 * cos(a) - x2 * sin(a);
                     ref[base + i + RD / 2] = x2 * cos(a) + x1 * sin(a);
@@ -518,8 +519,11 @@ static void test_rope_backward_matches_finite_differences_and_inverts_forward(vo
  * values (head dim 128, theta 500000, factor 8, low 1, high 4, original 8192): all three bands
  * occur, and the op rotates by the scaled angles. */
 static void test_rope_llama3_scaling_matches_transformers_formula(void) {
-    const ust_rope r = {.theta = 500000, .factor = 8, .low_freq_factor = 1,
-                        .high_freq_factor = 4, .original_max_pos = 8192};
+    const ust_rope r = {.theta = 500000,
+                        .factor = 8,
+                        .low_freq_factor = 1,
+                        .high_freq_factor = 4,
+                        .original_max_pos = 8192};
     enum { D = 128 };
     int bands[3] = {0, 0, 0};
     for (int i = 0; i < D / 2; i++) {
@@ -532,8 +536,8 @@ static void test_rope_llama3_scaling_matches_transformers_formula(void) {
         double want = medium ? smoothed : scaled;
         bands[wavelen < high_wavelen ? 0 : medium ? 1 : 2]++;
         double got = ust_rope_inv_freq(&r, i, D);
-        CHECK(fabs(got - want) <= 1e-12 * want, "inv_freq[%d] = %.17g, transformers' %.17g", i,
-              got, want);
+        CHECK(fabs(got - want) <= 1e-12 * want, "inv_freq[%d] = %.17g, transformers' %.17g", i, got,
+              want);
     }
     CHECK(bands[0] && bands[1] && bands[2], "bands %d/%d/%d: not all three exercised", bands[0],
           bands[1], bands[2]);
@@ -554,11 +558,12 @@ typedef struct {
     int B, Tq, Tk, H, Hkv, D, causal;
     const int32_t *qp, *kp;
     float *q, *k, *v, *out, *lse, *R;
+    const int32_t *qs; /* (B, Tq) document starts, or NULL */
 } att_ctx;
 
 static att_ctx att_make(int B, int Tq, int Tk, int H, int Hkv, int D, int causal, const int32_t *qp,
                         const int32_t *kp, float qscale) {
-    att_ctx c = {B, Tq, Tk, H, Hkv, D, causal, qp, kp, NULL, NULL, NULL, NULL, NULL, NULL};
+    att_ctx c = {B, Tq, Tk, H, Hkv, D, causal, qp, kp, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
     c.q = randv((int64_t)B * Tq * H * D, qscale);
     c.k = randv((int64_t)B * Tk * Hkv * D, 1.5f);
     c.v = randv((int64_t)B * Tk * Hkv * D, 1);
@@ -575,12 +580,12 @@ static int64_t nk(const att_ctx *c) { return (int64_t)c->B * c->Tk * c->Hkv * c-
 
 static void att_fwd(const ust_ops *o, att_ctx *c) {
     o->attention_fwd(o, c->out, c->lse, c->q, c->k, c->v, c->B, c->Tq, c->Tk, c->H, c->Hkv, c->D,
-                     c->qp, c->kp, c->causal);
+                     c->qp, c->kp, c->causal, c->qs);
 }
 
 static void att_bwd(const ust_ops *o, att_ctx *c, float *dq, float *dk, float *dv) {
     o->attention_bwd(o, dq, dk, dv, c->R, c->out, c->lse, c->q, c->k, c->v, c->B, c->Tq, c->Tk,
-                     c->H, c->Hkv, c->D, c->qp, c->kp, c->causal);
+                     c->H, c->Hkv, c->D, c->qp, c->kp, c->causal, c->qs);
 }
 
 static double att_loss(void *p) {
@@ -604,6 +609,7 @@ static void ref_attention(double *out, double *lse, const att_ctx *c) {
                     int kp = c->kp ? c->kp[j] : j;
                     s[j] = -INFINITY;
                     if (c->causal && kp > qp) continue;
+                    if (c->qs && kp < c->qs[b * c->Tq + i]) continue; /* another document */
                     const float *kj = c->k + (((int64_t)b * c->Tk + j) * c->Hkv + h / G) * c->D;
                     double d = 0;
                     for (int x = 0; x < c->D; x++) d += (double)qi[x] * kj[x];
@@ -693,8 +699,12 @@ static int att_bwd_fd_ok(att_ctx *c) {
              fd_ok("dv", c->v, gv, nk(c), att_loss, c, 1e-2f, FD_ATOL, FD_RTOL);
     for (int64_t i = 0; ok && i < nq(c); i++) {
         int t = (int)(i / ((int64_t)c->H * c->D) % c->Tq);
-        int qp = c->qp ? c->qp[t] : t, sees = !c->causal;
-        for (int j = 0; j < c->Tk; j++) sees |= (c->kp ? c->kp[j] : j) <= qp;
+        int b = (int)(i / ((int64_t)c->Tq * c->H * c->D));
+        int qp = c->qp ? c->qp[t] : t, qs = c->qs ? c->qs[b * c->Tq + t] : INT_MIN, sees = 0;
+        for (int j = 0; j < c->Tk; j++) {
+            int kp = c->kp ? c->kp[j] : j;
+            sees |= (!c->causal || kp <= qp) && kp >= qs;
+        }
         if (!sees && dq[i] != dq0[i]) {
             snprintf(msg, sizeof msg, "dq[%lld] of a query that sees no key changed", (long long)i);
             ok = 0;
@@ -723,6 +733,76 @@ static void test_attention_backward_matches_finite_differences_many_key_blocks(v
     c.qp = qp, c.kp = kp;
     CHECK(att_bwd_fd_ok(&c), "%s", msg);
     att_free(&c);
+}
+
+/* Document masking: q_start keeps each query's attention inside its document. Against the
+ * reference (two sequences with different documents, 150 tokens: several key blocks, blocks that
+ * are skipped, GQA), against each document run alone as a sequence of its own, and backward
+ * against finite differences; with the CP-like positions a document may begin where the keys
+ * have a gap. */
+static int32_t *doc_starts(int B, int T, const int *cuts, int ncuts) {
+    int32_t *qs = malloc((size_t)B * T * sizeof(int32_t));
+    for (int b = 0; b < B; b++)
+        for (int t = 0, start = 0; t < T; t++) {
+            for (int c = 0; c < ncuts; c++)
+                if (cuts[c] == t + 1000 * b) start = t;
+            qs[b * T + t] = start;
+        }
+    return qs;
+}
+
+static void test_attention_with_documents_matches_reference_and_each_document_alone(void) {
+    const int cuts[] = {37, 70, 71, 140, 1100}; /* sequence 0: 4 documents; 1: 2 */
+    int32_t *qs = doc_starts(2, 150, cuts, 5);
+    att_ctx c = att_make(2, 150, 150, 4, 2, 8, 1, NULL, NULL, 2);
+    c.qs = qs;
+    CHECK(att_fwd_ok(&c), "documents: %s", msg);
+    /* each document alone: its queries and keys only */
+    int ok = 1;
+    for (int b = 0; b < 2 && ok; b++)
+        for (int d0 = 0; d0 < 150 && ok;) {
+            int d1 = d0;
+            while (d1 < 150 && qs[b * 150 + d1] == d0) d1++;
+            att_ctx one = att_make(1, d1 - d0, d1 - d0, 4, 2, 8, 1, NULL, NULL, 1);
+            for (int t = d0; t < d1; t++) {
+                memcpy(one.q + (int64_t)(t - d0) * 4 * 8, c.q + ((int64_t)b * 150 + t) * 4 * 8,
+                       4 * 8 * sizeof(float));
+                memcpy(one.k + (int64_t)(t - d0) * 2 * 8, c.k + ((int64_t)b * 150 + t) * 2 * 8,
+                       2 * 8 * sizeof(float));
+                memcpy(one.v + (int64_t)(t - d0) * 2 * 8, c.v + ((int64_t)b * 150 + t) * 2 * 8,
+                       2 * 8 * sizeof(float));
+            }
+            att_fwd(O, &one);
+            for (int t = d0; t < d1 && ok; t++)
+                for (int x = 0; x < 4 * 8 && ok; x++) {
+                    float a = one.out[(int64_t)(t - d0) * 32 + x],
+                          p = c.out[((int64_t)b * 150 + t) * 32 + x];
+                    if (fabsf(a - p) > 1e-6f + 1e-5f * fabsf(a)) {
+                        snprintf(msg, sizeof msg, "sequence %d token %d: packed %g, alone %g", b, t,
+                                 p, a);
+                        ok = 0;
+                    }
+                }
+            att_free(&one);
+            d0 = d1;
+        }
+    CHECK(ok, "%s", msg);
+    att_free(&c);
+    free(qs);
+    const int small_cuts[] = {4, 7, 1003};
+    int32_t *qs2 = doc_starts(2, 9, small_cuts, 3);
+    att_ctx f = att_make(2, 9, 9, 2, 1, 4, 1, NULL, NULL, 1);
+    f.qs = qs2;
+    CHECK(att_bwd_fd_ok(&f), "documents backward: %s", msg);
+    att_free(&f);
+    /* CP-like: queries at 4, 5, 14, 15, 1 whose documents begin at 3, 5, 13, 13, 0 */
+    int32_t qs3[2 * 5] = {3, 5, 13, 13, 0, 3, 5, 13, 13, 0};
+    att_ctx g = att_make(2, 5, 7, 4, 2, 4, 1, cp_qpos, cp_kpos, 1);
+    g.qs = qs3;
+    CHECK(att_fwd_ok(&g), "documents over CP positions: %s", msg);
+    CHECK(att_bwd_fd_ok(&g), "documents over CP positions, backward: %s", msg);
+    att_free(&g);
+    free(qs2);
 }
 
 /* Keys of `full` at indices idx[0..n) as a context of their own (same queries). */
@@ -1067,6 +1147,7 @@ int main(void) {
     RUN_TEST(test_attention_backward_matches_finite_differences_noncausal_gqa);
     RUN_TEST(test_attention_backward_matches_finite_differences_causal_cp_masked_row);
     RUN_TEST(test_attention_backward_matches_finite_differences_many_key_blocks);
+    RUN_TEST(test_attention_with_documents_matches_reference_and_each_document_alone);
     RUN_TEST(test_attention_merge_of_two_key_sets_equals_attention_over_all_keys);
     RUN_TEST(test_attention_backward_over_two_key_sets_with_merged_lse_equals_full_backward);
     RUN_TEST(test_xent_forward_excludes_padding_and_ignores_negative_targets);
