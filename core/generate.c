@@ -104,7 +104,10 @@ size_t gen_utf8_ready(const unsigned char *s, size_t n) {
     for (size_t back = 1; back <= 4 && back <= n; back++) {
         unsigned char c = s[n - back];
         if ((c & 0xC0) == 0x80) continue; /* a continuation byte: look further back */
-        int len = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 && c < 0xE0 ? 2 : 1;
+        int len = c >= 0xC2 && c <= 0xDF   ? 2
+                  : c >= 0xE0 && c <= 0xEF ? 3
+                  : c >= 0xF0 && c <= 0xF4 ? 4
+                                           : 1;
         return (size_t)len > back ? n - back : n;
     }
     return n;
