@@ -86,6 +86,25 @@ printf '%s' "$PROMPT" >$TMP/prompt.txt
 s3=$($UST generate $TMP/llama/ckpt --prompt-file $TMP/prompt.txt --tokenizer bytes --temperature 0 --max-new-tokens 8 2>/dev/null | od -An -tx1)
 [ "$s3" = "$s2" ] && pass generate_prompt_file_equals_prompt || fail generate_prompt_file_equals_prompt "$s3 vs $s2"
 
+# the checkpoint's tokenizer record ("tokenizer": {"path", "eot_id"}) stands in for --tokenizer,
+# and generation stops at its end-of-text id: with the greedy first token as eot, nothing comes
+first=$(python3 -c 'import sys, numpy as np; print(int(np.fromfile(sys.argv[1], dtype=np.float32).reshape(-1, 300)[0].argmax()))' $TMP/llama.logits)
+record() { # record DIR EOT: a copy of llama's step_6 whose state.json names the byte tokenizer
+    rm -rf $1 && cp -r $TMP/llama/ckpt/step_6 $1 && python3 - $1/state.json $2 <<'EOF2'
+import json, sys
+s = json.load(open(sys.argv[1]))
+s["tokenizer"] = {"path": "bytes", "sha256": "", "eot_id": int(sys.argv[2])}
+json.dump(s, open(sys.argv[1], "w"))
+EOF2
+}
+record $TMP/rec 256
+r1=$($UST generate $TMP/rec --prompt "$PROMPT" --temperature 0 --max-new-tokens 8 2>/dev/null | od -An -tx1)
+[ -n "$r1" ] && [ "$r1" = "$s2" ] && pass generate_uses_the_checkpoints_tokenizer_record || fail generate_uses_the_checkpoints_tokenizer_record "$r1 vs $s2"
+record $TMP/rec-eot $first
+$UST generate $TMP/rec-eot --prompt "$PROMPT" --temperature 0 --max-new-tokens 8 >$TMP/eot.out 2>$TMP/eot.err
+grep -q "21 prompt tokens, 0 new tokens" $TMP/eot.err && [ "$(cat $TMP/eot.out)" = "" ] &&
+    pass generate_stops_at_end_of_text || fail generate_stops_at_end_of_text "$(cat $TMP/eot.err)"
+
 # --- transformers: the exported model's greedy generate picks the same tokens
 if python3 -c 'import torch, transformers' 2>/dev/null; then
     for t in llama gpt2; do
