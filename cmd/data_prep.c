@@ -13,10 +13,14 @@
 static const char *PREP_USAGE =
     "usage: ustrain data prep --out DIR [--tokenizer tokenizer.json] [--jsonl-field NAME]\n"
     "                         [--eot ID|none] [--threads N] [--val-fraction F] [--shard-tokens N]\n"
-    "                         [--chunk-bytes N] FILE...\n"
+    "                         [--chunk-bytes N] [--binary-ok] FILE...|-\n"
+    "  FILE: text (one document), JSON lines (one document per line, by the .jsonl name or a\n"
+    "  first line that is a JSON object; field \"text\" or --jsonl-field), either gzip or zstd\n"
+    "  compressed; - reads standard input (e.g. scripts/parquet-text.py data.parquet | ... -);\n"
+    "  binary input is refused unless --binary-ok\n"
     "  --eot ID|none 0..2147483646 (default: the tokenizer's <|endoftext|>); --threads 1..256\n"
-    "  (default: one per CPU); --val-fraction below 1 (default 0.1; negative: no val shards);\n"
-    "  --shard-tokens 1..2147483647 (default 100M); --chunk-bytes 16..2^40 (default 1 MiB)\n";
+    "  (default: one per CPU); --val-fraction below 1 (default 0.1; 0 or negative: no val\n"
+    "  shards); --shard-tokens 1..2147483647 (default 100M); --chunk-bytes 16..2^40 (1 MiB)\n";
 
 static int prep_error(const char *fmt, const char *a, const char *b) {
     return cmd_usage_error("ustrain", PREP_USAGE, fmt, a, b);
@@ -48,7 +52,7 @@ static int parse_option(prep_args *a, const char **tok_path, const char *opt, co
         if (cmd_int_opt(&who, opt, val, 16, 1LL << 40, &v)) return UST_EXIT_USAGE;
         a->chunk_bytes = v;
     } else if (strcmp(opt, "--val-fraction") == 0) {
-        /* 0 = the default 0.1; negative = no val shards */
+        /* 0 (or negative) = no val shards */
         if (cmd_num_opt(&who, opt, val, -INFINITY, 1, CMD_HI_OPEN, &a->val_fraction))
             return UST_EXIT_USAGE;
     } else {
@@ -62,9 +66,10 @@ static void report(const prep_args *a, const prep_result *r, const tok_tokenizer
     if (r->eot >= 0) snprintf(eot, sizeof eot, "%d", r->eot);
     int64_t n = r->ntrain + r->nval;
     printf("data prep: %lld documents, %.1f MB -> %lld tokens in %.2f s (%.3fM tokens/s, %d "
-           "threads)\n",
+           "thread%s)\n",
            (long long)r->ndocs, (double)r->nbytes / 1e6, (long long)n, r->seconds,
-           r->seconds > 0 ? (double)n / r->seconds / 1e6 : 0.0, r->threads);
+           r->seconds > 0 ? (double)n / r->seconds / 1e6 : 0.0, r->threads,
+           r->threads == 1 ? "" : "s");
     printf("  tokenizer: %s; vocab %d (uint%d tokens), end of text %s\n",
            t ? tok_describe(t) : "bytes", r->vocab_size, 8 * r->width, eot);
     printf("  train: %lld tokens in %d shards (%s/train_*.bin); val: %lld tokens in %d shards "
@@ -75,13 +80,15 @@ static void report(const prep_args *a, const prep_result *r, const tok_tokenizer
 
 int cmd_data_prep(int argc, char **argv) {
     if (cmd_wants_help(argc, argv)) return cmd_print_usage(PREP_USAGE);
-    prep_args a = {.eot = PREP_EOT_DEFAULT, .progress = isatty(2)};
+    prep_args a = {.eot = PREP_EOT_DEFAULT, .progress = isatty(2), .val_fraction = 0.1};
     const char *tok_path = NULL;
     const char **inputs = calloc((size_t)argc + 1, sizeof *inputs);
     int rc = 0;
     for (int i = 0; rc == 0 && i < argc; i++) {
-        if (argv[i][0] != '-')
+        if (argv[i][0] != '-' || strcmp(argv[i], "-") == 0) /* "-": standard input */
             inputs[a.ninputs++] = argv[i];
+        else if (strcmp(argv[i], "--binary-ok") == 0)
+            a.binary_ok = true;
         else if (i + 1 >= argc)
             rc = prep_error("%s needs a value%s", argv[i], "");
         else

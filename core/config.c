@@ -19,7 +19,8 @@
 
 /* ---------------------------------------------------------------- the key table */
 
-typedef enum { K_INT, K_I64, K_U64, K_DBL, K_BOOL, K_STR, K_ENUM, K_LIST } cfg_kind;
+/* K_DATA: data.train / data.val, a string (a glob) or a list of datasets (cfg_load_blend) */
+typedef enum { K_INT, K_I64, K_U64, K_DBL, K_BOOL, K_STR, K_ENUM, K_LIST, K_DATA } cfg_kind;
 
 enum { LO_OPEN = 1, HI_OPEN = 2, NULLABLE = 4 };
 
@@ -71,6 +72,8 @@ _Static_assert(sizeof(ust_arch) == sizeof(int) && sizeof(ust_device) == sizeof(i
     { p, K_STR, AT(f), d, 0, 0, fl, NULL }
 #define ONEOF(p, f, d, names)                                                                      \
     { p, K_STR, AT(f), d, 0, 0, 0, names }
+#define DATASETS(p, f, d, fl)                                                                      \
+    { p, K_DATA, AT(f), d, 0, 0, fl, NULL }
 #define ENUM(p, f, d, names)                                                                       \
     { p, K_ENUM, AT(f), d, 0, 0, 0, names }
 /* a list of integers in 1..hi ([4, 4, 2, 2], or "4,4,2,2" with --set), kept as "4,4,2,2" */
@@ -153,11 +156,12 @@ static const cfg_key cfg_keys[] = {
     DBL("optimizer.weight_decay", optimizer.weight_decay, "0.1", 0, INFINITY, 0),
 
     ENUM("data.format", data.format, "llmc", DATA_FORMATS),
-    STR("data.train", data.train, "data/tiny/train_*.bin", 0),
-    STR("data.val", data.val, "data/tiny/val_*.bin", NULLABLE),
+    DATASETS("data.train", data.train, "data/tiny/train_*.bin", 0),
+    DATASETS("data.val", data.val, "data/tiny/val_*.bin", NULLABLE),
     BOOL("data.shuffle", data.shuffle, "false"),
     INT("data.val_every", data.val_every, "25", 0),
     INT("data.val_steps", data.val_steps, "4", 1),
+    BOOL("data.allow_reweight", data.allow_reweight, "false"),
 
     STR("checkpoint.dir", checkpoint.dir, "runs/tiny/ckpt", 0),
     INT("checkpoint.every", checkpoint.every, "25", 0),
@@ -166,6 +170,7 @@ static const cfg_key cfg_keys[] = {
 
     INT("logging.every", logging.every, "1", 1),
     STR("logging.metrics_file", logging.metrics_file, "runs/tiny/metrics.jsonl", 0),
+    STR("logging.tensorboard_dir", logging.tensorboard_dir, "null", NULLABLE),
     DBL("logging.peak_flops", logging.peak_flops, "0", 0, INFINITY, 0),
 
     DBL("dist.timeout_s", dist.timeout_s, "300", 0, 1e6, LO_OPEN),
@@ -391,12 +396,20 @@ static int cfg_put_list(void *dst, const cfg_key *k, const char *s, bool plain, 
     return 0;
 }
 
+/* A list of datasets is kept in data.train / data.val as canonical flow YAML starting so. */
+#define BLEND_PREFIX "[{path: "
+
+static bool cfg_is_blend_text(const char *s) {
+    return strncmp(s, BLEND_PREFIX, strlen(BLEND_PREFIX)) == 0;
+}
+
 /* Parses the scalar s (plain: unquoted in the YAML) into k's field of c. On error writes the
  * reason, without position or key, into why. */
 static int cfg_put(ust_config *c, const cfg_key *k, const char *s, bool plain, char *why,
                    size_t n) {
     void *dst = (char *)c + k->off;
-    if (k->kind != K_STR && k->kind != K_ENUM && k->kind != K_LIST && cfg_is_null(s, plain)) {
+    if (k->kind != K_STR && k->kind != K_DATA && k->kind != K_ENUM && k->kind != K_LIST &&
+        cfg_is_null(s, plain)) {
         snprintf(why, n, "needs a value, got null");
         return -1;
     }
@@ -410,6 +423,11 @@ static int cfg_put(ust_config *c, const cfg_key *k, const char *s, bool plain, c
     case K_BOOL:
         return cfg_put_bool(dst, s, plain, why, n);
     case K_STR:
+        return cfg_put_string(dst, k, s, plain, why, n);
+    case K_DATA:
+        if (cfg_is_blend_text(s)) /* that text is the form a list is kept in */
+            return snprintf(why, n, "a list of datasets is written as a YAML list, not a string"),
+                   -1;
         return cfg_put_string(dst, k, s, plain, why, n);
     case K_ENUM:
         return cfg_put_enum(dst, k, s, plain, why, n);
@@ -660,8 +678,113 @@ static int cfg_load_list(const cfg_ctx *x, const cfg_key *k, const yaml_node_t *
     return 0;
 }
 
+/* ---------------------------------------------------------------- dataset blends
+ * data.train: [{path: "web/train_NNN.bin glob", weight: 0.7}, {path: ..., weight: 0.3, format:
+ * megatron}]. Each entry is checked where it stands; the list is kept as canonical flow YAML
+ * (BLEND_PREFIX...), which cfg_dump writes as it is and loading turns back into the same text. */
+
+static const char *cfg_scalar(const yaml_node_t *n) {
+    return n->type == YAML_SCALAR_NODE ? (const char *)n->data.scalar.value : NULL;
+}
+
+static int cfg_blend_field(const cfg_ctx *x, const cfg_key *k, int i, const char *name,
+                           const yaml_node_t *v, cfg_dataset *d) {
+    const char *s = cfg_scalar(v);
+    if (!s)
+        return cfg_fail_at(x, v->start_mark, "%s[%d].%s: expected a single value, got %s", k->path,
+                           i, name, cfg_node_kind(v));
+    if (!strcmp(name, "path")) {
+        if (!*s || strlen(s) >= sizeof d->path || strcspn(s, "\"\\\n\r\t") != strlen(s))
+            return cfg_fail_at(x, v->start_mark,
+                               "%s[%d].path: expected a glob of at most %zu bytes without quotes, "
+                               "backslashes or control characters, got '%.64s'",
+                               k->path, i, sizeof d->path - 1, s);
+        snprintf(d->path, sizeof d->path, "%s", s);
+    } else if (!strcmp(name, "weight")) {
+        char *end;
+        errno = 0;
+        d->weight = strtod(s, &end);
+        if (end == s || *end || errno || !isfinite(d->weight) || d->weight <= 0)
+            return cfg_fail_at(x, v->start_mark,
+                               "%s[%d].weight: expected a positive number, got '%s'", k->path, i,
+                               s);
+    } else {
+        d->format = cfg_name_index(DATA_FORMATS, s);
+        if (d->format < 0) {
+            char allowed[128];
+            cfg_list_names(DATA_FORMATS, allowed, sizeof allowed);
+            return cfg_fail_at(x, v->start_mark, "%s[%d].format: unknown value '%s' (allowed: %s)",
+                               k->path, i, s, allowed);
+        }
+    }
+    return 0;
+}
+
+/* Entry i of a blend list: a mapping with path and weight, and format optionally. */
+static int cfg_blend_entry(const cfg_ctx *x, const cfg_key *k, int i, const yaml_node_t *m,
+                           cfg_dataset *d) {
+    *d = (cfg_dataset){.format = -1};
+    if (m->type != YAML_MAPPING_NODE)
+        return cfg_fail_at(x, m->start_mark,
+                           "%s[%d]: expected a mapping {path: GLOB, weight: W}, got %s", k->path, i,
+                           cfg_node_kind(m));
+    int seen = 0; /* bits: path, weight, format */
+    static const char *const FIELDS[] = {"path", "weight", "format", NULL};
+    for (yaml_node_pair_t *pr = m->data.mapping.pairs.start; pr < m->data.mapping.pairs.top; pr++) {
+        yaml_node_t *kn = yaml_document_get_node(x->doc, pr->key);
+        const char *name = cfg_scalar(kn);
+        int f = name ? cfg_name_index(FIELDS, name) : -1;
+        if (f < 0)
+            return cfg_fail_at(x, kn->start_mark,
+                               "%s[%d]: unknown key '%s' (allowed: path, weight, format)", k->path,
+                               i, name ? name : "(not a name)");
+        if (seen & (1 << f))
+            return cfg_fail_at(x, kn->start_mark, "%s[%d]: duplicate key '%s'", k->path, i, name);
+        seen |= 1 << f;
+        if (cfg_blend_field(x, k, i, name, yaml_document_get_node(x->doc, pr->value), d)) return -1;
+    }
+    if ((seen & 3) != 3)
+        return cfg_fail_at(x, m->start_mark, "%s[%d]: needs %s", k->path, i,
+                           seen & 1 ? "a weight" : "a path (a glob of shards)");
+    return 0;
+}
+
+/* The canonical text of a blend: flow YAML, weights with every digit. */
+static int cfg_blend_text(const cfg_dataset *d, int n, char *out, size_t cap) {
+    size_t len = 0;
+    for (int i = 0; i < n; i++) {
+        int w =
+            snprintf(out + len, len < cap ? cap - len : 0, "%s{path: \"%s\", weight: %.17g%s%s}",
+                     i ? ", " : "[", d[i].path, d[i].weight, d[i].format >= 0 ? ", format: " : "",
+                     d[i].format >= 0 ? DATA_FORMATS[d[i].format] : "");
+        len += (size_t)w;
+    }
+    int w = snprintf(out + len, len < cap ? cap - len : 0, "]");
+    return len + (size_t)w < cap ? 0 : -1;
+}
+
+static int cfg_load_blend(const cfg_ctx *x, const cfg_key *k, const yaml_node_t *v) {
+    cfg_dataset d[CFG_MAX_BLEND];
+    int n = 0;
+    for (yaml_node_item_t *it = v->data.sequence.items.start; it < v->data.sequence.items.top;
+         it++, n++) {
+        if (n == CFG_MAX_BLEND)
+            return cfg_fail_at(x, v->start_mark, "%s: at most %d datasets in a blend", k->path,
+                               CFG_MAX_BLEND);
+        if (cfg_blend_entry(x, k, n, yaml_document_get_node(x->doc, *it), &d[n])) return -1;
+    }
+    if (n == 0)
+        return cfg_fail_at(x, v->start_mark, "%s: an empty list names no datasets", k->path);
+    char *dst = (char *)x->c + k->off;
+    if (cfg_blend_text(d, n, dst, k->size))
+        return cfg_fail_at(x, v->start_mark, "%s: the list is too long (at most %zu bytes)",
+                           k->path, k->size - 1);
+    return 0;
+}
+
 static int cfg_load_leaf(const cfg_ctx *x, const cfg_key *k, const yaml_node_t *v) {
     if (k->kind == K_LIST && v->type == YAML_SEQUENCE_NODE) return cfg_load_list(x, k, v);
+    if (k->kind == K_DATA && v->type == YAML_SEQUENCE_NODE) return cfg_load_blend(x, k, v);
     if (v->type != YAML_SCALAR_NODE)
         return cfg_fail_at(x, v->start_mark, "%s: expected a single value, got %s", k->path,
                            cfg_node_kind(v));
@@ -861,6 +984,46 @@ int cfg_set(ust_config *c, const char *assignment, ust_err *e) {
     return rc;
 }
 
+/* ---------------------------------------------------------------- the datasets */
+
+/* A blend's canonical text back into its datasets; -1 (reason in why) when it is not one. */
+static int cfg_parse_sets(const char *text, cfg_dataset *out, char *why, size_t n) {
+    ust_config scratch;
+    yaml_document_t doc;
+    ust_err e;
+    cfg_ctx x = {.c = &scratch, .doc = &doc, .where = "data", .is_set = true, .e = &e};
+    if (cfg_load_document(&x, text, &doc)) return snprintf(why, n, "%s", e.msg), -1;
+    yaml_node_t *v = yaml_document_get_root_node(&doc);
+    int count = 0, rc = v && v->type == YAML_SEQUENCE_NODE ? 0 : -1;
+    const cfg_key k = {.path = "data"};
+    for (yaml_node_item_t *it = rc ? NULL : v->data.sequence.items.start;
+         it && it < v->data.sequence.items.top && rc == 0; it++, count++)
+        rc = count < CFG_MAX_BLEND
+                 ? cfg_blend_entry(&x, &k, count, yaml_document_get_node(&doc, *it), &out[count])
+                 : -1;
+    yaml_document_delete(&doc);
+    if (rc) return snprintf(why, n, "not a list of datasets: %.200s", text), -1;
+    return count;
+}
+
+int cfg_data_sets(const ust_config *c, int val, cfg_dataset *out) {
+    const char *text = val ? c->data.val : c->data.train;
+    if (!text[0]) return 0;
+    if (!cfg_is_blend_text(text)) {
+        out[0] = (cfg_dataset){.weight = 1, .format = -1};
+        snprintf(out[0].path, sizeof out[0].path, "%s", text);
+        return 1;
+    }
+    char why[512];
+    int n = cfg_parse_sets(text, out, why, sizeof why);
+    UST_ASSERT(n > 0, "data.%s: %s", val ? "val" : "train", why);
+    return n;
+}
+
+int cfg_data_is_blend(const ust_config *c, int val) {
+    return cfg_is_blend_text(val ? c->data.val : c->data.train);
+}
+
 /* ---------------------------------------------------------------- validation */
 
 static double cfg_number(const ust_config *c, const cfg_key *k) {
@@ -887,6 +1050,12 @@ static double cfg_number(const ust_config *c, const cfg_key *k) {
 static int cfg_check_value(const ust_config *c, const cfg_key *k, char *why, size_t n) {
     const char *p = (const char *)c + k->off;
     char shown[64];
+    if (k->kind == K_DATA) {
+        if (!memchr(p, 0, k->size)) return snprintf(why, n, "string is not terminated"), -1;
+        cfg_dataset d[CFG_MAX_BLEND];
+        if (cfg_is_blend_text(p) && cfg_parse_sets(p, d, why, n) < 0) return -1;
+        return 0;
+    }
     if (k->kind == K_STR) {
         if (!memchr(p, 0, k->size)) return snprintf(why, n, "string is not terminated"), -1;
         if (k->names && cfg_name_index(k->names, p) < 0) {
@@ -1177,8 +1346,11 @@ static void cfg_dump_value(FILE *f, const ust_config *c, const cfg_key *k) {
         memcpy(&i, p, sizeof i), fputs(k->names[i], f);
         break;
     case K_STR:
+    case K_DATA:
         if (!p[0] && (k->flags & NULLABLE))
             fputs("null", f);
+        else if (k->kind == K_DATA && cfg_is_blend_text(p))
+            fputs(p, f); /* canonical flow YAML already */
         else
             cfg_dump_string(f, p);
         break;

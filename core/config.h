@@ -14,6 +14,8 @@
 #include "error.h"
 
 #define UST_PATH_MAX 512
+#define CFG_DATA_MAX 8192 /* data.train / data.val: a glob or a blend of datasets */
+#define CFG_MAX_BLEND 64  /* datasets in a blend */
 
 /* Limits that keep every derived size representable (64-bit byte counts, 32-bit token and row
  * counts) while leaving room for the largest real models (llama-405B: 126 layers, d_model
@@ -99,7 +101,10 @@ typedef struct {
     } optimizer;
     struct {
         ust_data_format format;
-        char train[UST_PATH_MAX], val[UST_PATH_MAX]; /* globs; val may be "" */
+        /* a glob, or a blend: a list of {path, weight, format} kept as canonical flow YAML
+         * (read it with cfg_data_sets); val may be "" */
+        char train[CFG_DATA_MAX], val[CFG_DATA_MAX];
+        bool allow_reweight; /* a resumed blend may change its weights (from the resume on) */
         bool shuffle;
         int val_every, val_steps;
     } data;
@@ -111,13 +116,27 @@ typedef struct {
     struct {
         int every;
         char metrics_file[UST_PATH_MAX];
-        double peak_flops; /* 0 = measured sgemm (cpu) / table (gpu) */
+        char tensorboard_dir[UST_PATH_MAX]; /* "" = none */
+        double peak_flops;                  /* 0 = measured sgemm (cpu) / table (gpu) */
     } logging;
     struct {
         double timeout_s;
     } dist;
     char source[UST_PATH_MAX]; /* the YAML file it came from */
 } ust_config;
+
+/* One dataset of data.train or data.val: its glob, its weight (> 0; 1 for a lone glob) and its
+ * format (-1: data.format). */
+typedef struct {
+    char path[UST_PATH_MAX];
+    double weight;
+    int format;
+} cfg_dataset;
+/* The datasets of data.train (val = 0) or data.val (val = 1) into out[CFG_MAX_BLEND]; returns
+ * how many (0: data.val is null). A lone glob is one dataset of weight 1. */
+int cfg_data_sets(const ust_config *c, int val, cfg_dataset *out);
+/* 1 when data.train (or data.val) lists datasets, 0 for a lone glob. */
+int cfg_data_is_blend(const ust_config *c, int val);
 
 void cfg_defaults(ust_config *c);
 int cfg_load_file(ust_config *c, const char *path, ust_err *e);

@@ -13,6 +13,7 @@
 #define UST_DATA_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "config.h"
@@ -34,6 +35,49 @@ int data_check_seq_len(const ust_dataset *d, int T, ust_err *e);
  * Indices past one epoch wrap into the next epoch (reshuffled with the epoch number). */
 void data_get_samples(const ust_dataset *d, int64_t first, int n, int T, bool shuffle,
                       uint64_t seed, int32_t *out);
+
+/* ---- weighted blends (Megatron's BlendedDataset semantics) ----
+ * Global sample i of the run comes from dataset argmax_d (w_d (j + 1) - n_d), the first on ties,
+ * where w are the weights normalized to sum 1, j = i - base_sample the samples since the current
+ * weights began and n_d the samples dataset d gave since then: after N samples every dataset has
+ * given w_d N within one sample. Dataset d's k-th sample is its window k (data_get_samples: a new
+ * epoch, reshuffled with the dataset's own seed, when it runs out). The position is one count per
+ * dataset, so resume and re-layout continue exactly; every rank assigns the whole global batch
+ * itself and reads its share. A lone glob is a blend of one: sample i is its window i. */
+typedef struct data_blend data_blend;
+typedef struct {
+    int64_t consumed[CFG_MAX_BLEND]; /* samples each dataset has given */
+    int64_t base_sample;             /* the run's sample index where the current weights began */
+    int64_t base_consumed[CFG_MAX_BLEND]; /* consumed at that point */
+} data_blend_pos;
+
+/* Opens every dataset (format -1: fmt), each checked to hold a window of T+1 tokens; a dataset
+ * that fails is named with its index and glob. */
+int data_blend_open(data_blend **out, const cfg_dataset *sets, int n, ust_data_format fmt,
+                    int vocab_size, int T, ust_err *e);
+void data_blend_close(data_blend *b);
+int data_blend_count(const data_blend *b);
+const cfg_dataset *data_blend_set(const data_blend *b, int d);
+int64_t data_blend_epoch_samples(const data_blend *b, int d, int T); /* windows per epoch */
+/* Global samples [i, i + n) -> which[k] (dataset) and index[k] (its sample), advancing pos (i is
+ * where pos stands: base_sample plus the samples given since). */
+void data_blend_assign(const data_blend *b, data_blend_pos *pos, int64_t i, int64_t n, int *which,
+                       int64_t *index);
+/* Sample `index` of dataset d: T+1 tokens into out. Dataset 0 shuffles with seed itself (so a
+ * lone glob reads what data_get_samples reads), dataset d with a seed of its own. */
+void data_blend_get(const data_blend *b, int d, int64_t index, int T, bool shuffle, uint64_t seed,
+                    int32_t *out);
+
+/* The position in a checkpoint's state (state.json): "data": {"datasets": [{path, weight,
+ * consumed, base_consumed}], "base_sample"}. Restoring at sample index i accepts the same blend
+ * (and a state from before blends when the run has one dataset); another blend is refused unless
+ * allow_reweight, which keeps each kept dataset's count and starts the new weights at i (note
+ * says so; "" otherwise). */
+struct cJSON;
+void data_blend_save(const data_blend *b, const data_blend_pos *pos, struct cJSON *state);
+int data_blend_restore(const data_blend *b, const struct cJSON *state, int64_t i,
+                       bool allow_reweight, data_blend_pos *pos, char *note, size_t cap,
+                       ust_err *e);
 
 /* Writes the bundled demo dataset (generated text, byte-level tokens, llm.c uint16 shards:
  * DIR/train_000.bin, DIR/train_001.bin, DIR/val_000.bin). Deterministic. */

@@ -4,12 +4,191 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 #include <time.h>
+#include <unistd.h>
 
-int log_open(ust_log *l, const char *metrics_path, char *err, int errlen) {
-    l->metrics = NULL;
-    if (!metrics_path || !metrics_path[0]) return 0;
+/* ------------------------------------------------------------------ TensorBoard event files
+ * A file is a sequence of records: uint64 length, uint32 masked CRC32C of the length's bytes,
+ * the data, uint32 masked CRC32C of the data (TFRecord). Each record is one Event protobuf:
+ * wall_time (field 1, double), step (2, int64), then file_version (3, "brain.Event:2"), a
+ * summary (5: repeated value (1): tag (1, string), simple_value (2, float)) or a session_log
+ * (7: status (1) START = 1, after which TensorBoard drops what earlier files logged for later
+ * steps). Encoded by hand: the handful of fields needs no protobuf library. */
+
+/* CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), bit by bit: records are ~1 KB a step. */
+static uint32_t crc32c(const uint8_t *p, size_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; i++) {
+        c ^= p[i];
+        for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
+    }
+    return ~c;
+}
+
+static uint32_t masked_crc(const uint8_t *p, size_t n) {
+    uint32_t c = crc32c(p, n);
+    return ((c >> 15) | (c << 17)) + 0xA282EAD8u;
+}
+
+typedef struct {
+    uint8_t buf[16384];
+    size_t n;
+    int overflow;
+} pbuf;
+
+static void pb_bytes(pbuf *b, const void *p, size_t n) {
+    if (b->n + n > sizeof b->buf) {
+        b->overflow = 1;
+        return;
+    }
+    memcpy(b->buf + b->n, p, n);
+    b->n += n;
+}
+
+static void pb_varint(pbuf *b, uint64_t v) {
+    uint8_t t[10];
+    size_t n = 0;
+    do {
+        t[n++] = (uint8_t)((v & 0x7F) | (v > 0x7F ? 0x80 : 0));
+        v >>= 7;
+    } while (v);
+    pb_bytes(b, t, n);
+}
+
+/* field number f with wire type w: 0 varint, 1 64-bit, 2 length-delimited, 5 32-bit */
+static void pb_key(pbuf *b, int f, int w) { pb_varint(b, (uint64_t)f << 3 | (uint64_t)w); }
+
+static void pb_len(pbuf *b, int f, const void *p, size_t n) {
+    pb_key(b, f, 2);
+    pb_varint(b, n);
+    pb_bytes(b, p, n);
+}
+
+/* little-endian fixed-width fields (x86-64 and aarch64 Linux are little-endian) */
+static void pb_double(pbuf *b, int f, double v) {
+    pb_key(b, f, 1);
+    pb_bytes(b, &v, 8);
+}
+
+static void pb_float(pbuf *b, int f, float v) {
+    pb_key(b, f, 5);
+    pb_bytes(b, &v, 4);
+}
+
+static double unix_now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* An Event's header: wall_time and step. */
+static void tb_event_head(pbuf *ev, int64_t step) {
+    ev->n = 0;
+    ev->overflow = 0;
+    pb_double(ev, 1, unix_now_s());
+    pb_key(ev, 2, 0);
+    pb_varint(ev, (uint64_t)step);
+}
+
+static void tb_write(FILE *f, const pbuf *ev) {
+    if (!f || ev->overflow) return;
+    uint64_t len = ev->n;
+    uint32_t lcrc = masked_crc((const uint8_t *)&len, 8), dcrc = masked_crc(ev->buf, ev->n);
+    fwrite(&len, 8, 1, f);
+    fwrite(&lcrc, 4, 1, f);
+    fwrite(ev->buf, 1, ev->n, f);
+    fwrite(&dcrc, 4, 1, f);
+    fflush(f);
+}
+
+/* summary.value { tag, simple_value } */
+static void tb_value(pbuf *summary, const char *tag, double v) {
+    pbuf val = {.n = 0};
+    pb_len(&val, 1, tag, strlen(tag));
+    pb_float(&val, 2, (float)v);
+    if (val.overflow) summary->overflow = 1;
+    pb_len(summary, 1, val.buf, val.n);
+}
+
+static int tb_open(ust_log *l, const char *dir, int64_t resume_step, char *err, int errlen) {
+    ust_err e;
+    if (fs_mkdir_p(dir, &e)) {
+        snprintf(err, errlen, "logging.tensorboard_dir %s: %s", dir, e.msg);
+        return -1;
+    }
+    char host[256] = "localhost", path[4400];
+    gethostname(host, sizeof host - 1);
+    snprintf(path, sizeof path, "%s/events.out.tfevents.%lld.%s.%d", dir, (long long)unix_now_s(),
+             host, (int)getpid());
+    if (!(l->tb = fs_fopen_regular(path, "ab", &e))) {
+        snprintf(err, errlen, "logging.tensorboard_dir: %s", e.msg);
+        return -1;
+    }
+    pbuf ev;
+    tb_event_head(&ev, 0);
+    pb_len(&ev, 3, "brain.Event:2", 13);
+    tb_write(l->tb, &ev);
+    if (resume_step > 0) { /* steps after resume_step, which earlier files hold, are superseded */
+        tb_event_head(&ev, resume_step + 1);
+        uint8_t start[2] = {0x08, 0x01}; /* status = START */
+        pb_len(&ev, 7, start, 2);
+        tb_write(l->tb, &ev);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ the metrics file */
+
+/* The step a metrics line is for, or -1 for a line that is not one (a partial last line). */
+static int64_t line_step(const char *line, ssize_t n) {
+    long long step;
+    if (n < 2 || line[n - 1] != '\n' || sscanf(line, "{\"step\":%lld", &step) != 1) return -1;
+    return step;
+}
+
+/* Rewrites path without the lines of steps after `after` (and partial lines), when it has any:
+ * a run that resumes from step `after` logs those steps again. */
+static int drop_lines_after(const char *path, int64_t after, char *err, int errlen) {
+    ust_err e;
+    FILE *in = fs_fopen_regular(path, "rb", &e);
+    if (!in) return errno == ENOENT ? 0 : (snprintf(err, errlen, "metrics file %s", e.msg), -1);
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    FILE *out = fs_fopen_regular(tmp, "wb", &e);
+    if (!out) {
+        fclose(in);
+        snprintf(err, errlen, "metrics file %s", e.msg);
+        return -1;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    int64_t dropped = 0;
+    while ((n = getline(&line, &cap, in)) > 0) {
+        int64_t st = line_step(line, n);
+        if (st >= 0 && st <= after)
+            fwrite(line, 1, (size_t)n, out);
+        else
+            dropped++;
+    }
+    free(line);
+    fclose(in);
+    int rc = fflush(out) != 0 || fsync(fileno(out)) != 0;
+    rc |= fclose(out) != 0;
+    if (!rc && dropped && rename(tmp, path) != 0) rc = 1;
+    if (rc) snprintf(err, errlen, "metrics file %s: cannot rewrite: %s", path, strerror(errno));
+    if (rc || !dropped) unlink(tmp);
+    if (!rc && dropped)
+        printf("metrics: dropped %lld line(s) of %s after step %lld, which this run logs again\n",
+               (long long)dropped, path, (long long)after);
+    return rc ? -1 : 0;
+}
+
+static int open_metrics(ust_log *l, const char *metrics_path, int64_t resume_step, char *err,
+                        int errlen) {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", metrics_path);
     char *slash = strrchr(dir, '/');
@@ -21,6 +200,7 @@ int log_open(ust_log *l, const char *metrics_path, char *err, int errlen) {
             return -1;
         }
     }
+    if (resume_step > 0 && drop_lines_after(metrics_path, resume_step, err, errlen)) return -1;
     if (!(l->metrics = fs_fopen_regular(metrics_path, "ab", &e))) {
         snprintf(err, errlen, "metrics file %s", e.msg);
         return -1;
@@ -28,9 +208,24 @@ int log_open(ust_log *l, const char *metrics_path, char *err, int errlen) {
     return 0;
 }
 
+int log_open(ust_log *l, const char *metrics_path, const char *tb_dir, int64_t resume_step,
+             char *err, int errlen) {
+    l->metrics = NULL;
+    l->tb = NULL;
+    if (metrics_path && metrics_path[0] && open_metrics(l, metrics_path, resume_step, err, errlen))
+        return -1;
+    if (tb_dir && tb_dir[0] && tb_open(l, tb_dir, resume_step, err, errlen)) {
+        log_close(l);
+        return -1;
+    }
+    return 0;
+}
+
 void log_close(ust_log *l) {
     if (l->metrics) fclose(l->metrics);
+    if (l->tb) fclose(l->tb);
     l->metrics = NULL;
+    l->tb = NULL;
 }
 
 double log_now_s(void) {
@@ -65,52 +260,131 @@ void log_step_line(const log_step *s) {
     fflush(stdout);
 }
 
-/* JSON has no NaN/Infinity: non-finite numbers are written as null. */
-static void json_num(FILE *f, const char *key, double v) {
-    if (isfinite(v))
-        fprintf(f, ",\"%s\":%.9g", key, v);
+/* One figure of a step: its key (the JSONL's, TensorBoard's tag), its value, and whether it is
+ * a count (written exactly as an integer). */
+typedef struct {
+    const char *key;
+    double v;
+    uint64_t u;
+    int count;
+} log_scalar;
+
+#define LOG_MAX_SCALARS 40
+
+static int add_scalar(log_scalar *out, int n, const char *key, double v) {
+    out[n] = (log_scalar){key, v, 0, 0};
+    return n + 1;
+}
+
+static int add_count(log_scalar *out, int n, const char *key, uint64_t u) {
+    out[n] = (log_scalar){key, (double)u, u, 1};
+    return n + 1;
+}
+
+/* The figures of step s, in the JSONL's order (step itself and the MoE table apart). */
+static int log_scalars(const log_step *s, double unix_time, log_scalar *o) {
+    int n = 0;
+    n = add_scalar(o, n, "loss", s->loss);
+    n = add_scalar(o, n, "lr", s->lr);
+    n = add_scalar(o, n, "grad_norm", s->grad_norm);
+    n = add_scalar(o, n, "tokens_per_s", s->tokens_per_s);
+    n = add_scalar(o, n, "mfu", s->mfu);
+    n = add_count(o, n, "peak_mem_bytes", s->peak_mem_bytes);
+    n = add_count(o, n, "comm_bytes_dp", s->comm_bytes_dp);
+    n = add_count(o, n, "comm_bytes_tp", s->comm_bytes_tp);
+    n = add_count(o, n, "mem_params", s->mem_params);
+    n = add_count(o, n, "mem_grads", s->mem_grads);
+    n = add_count(o, n, "mem_optim", s->mem_optim);
+    n = add_count(o, n, "mem_acts", s->mem_acts);
+    n = add_scalar(o, n, "step_ms", s->ms);
+    n = add_scalar(o, n, "tp_comm_ms", s->tp_comm_ms);
+    n = add_scalar(o, n, "cp_wait_ms", s->cp_wait_ms);
+    n = add_scalar(o, n, "ep_comm_ms", s->ep_comm_ms);
+    if (!isnan(s->pp_bubble)) {
+        n = add_scalar(o, n, "pp_bubble", s->pp_bubble);
+        n = add_scalar(o, n, "pp_bubble_analytic", s->pp_bubble_analytic);
+        n = add_count(o, n, "comm_bytes_pp", s->comm_bytes_pp);
+        n = add_scalar(o, n, "pp_bubble_sim", s->pp_bubble_sim);
+        n = add_scalar(o, n, "pp_f_ms", s->pp_op_ms[0]);
+        n = add_scalar(o, n, "pp_b_ms", s->pp_op_ms[1]);
+        n = add_scalar(o, n, "pp_w_ms", s->pp_op_ms[2]);
+    }
+    if (!isnan(s->val_loss)) n = add_scalar(o, n, "val_loss", s->val_loss);
+    n = add_scalar(o, n, "time", unix_time);
+    n = add_scalar(o, n, "elapsed_s", s->elapsed_s);
+    n = add_count(o, n, "samples_seen", (uint64_t)s->samples_seen);
+    n = add_count(o, n, "tokens_seen", (uint64_t)s->tokens_seen);
+    return n;
+}
+
+/* JSON has no NaN/Infinity: non-finite numbers are written as null. "time" keeps its
+ * milliseconds (%.9g would round it to seconds). */
+static void json_scalar(FILE *f, const log_scalar *x) {
+    if (x->count)
+        fprintf(f, ",\"%s\":%llu", x->key, (unsigned long long)x->u);
+    else if (!isfinite(x->v))
+        fprintf(f, ",\"%s\":null", x->key);
     else
-        fprintf(f, ",\"%s\":null", key);
+        fprintf(f, strcmp(x->key, "time") ? ",\"%s\":%.9g" : ",\"%s\":%.3f", x->key, x->v);
+}
+
+static void json_moe(FILE *f, const log_step *s) {
+    fprintf(f, ",\"moe\":[");
+    for (int i = 0; i < s->moe_n; i++) {
+        log_scalar x[3] = {{"load_max", s->moe_load_max[i], 0, 0},
+                           {"load_mean", s->moe_load_mean[i], 0, 0},
+                           {"dropped", s->moe_dropped[i], 0, 0}};
+        fprintf(f, "%s{\"layer\":%d", i ? "," : "", s->moe_layer[i]);
+        for (int k = 0; k < 3; k++) json_scalar(f, &x[k]);
+        fputc('}', f);
+    }
+    fputc(']', f);
+}
+
+static void json_data(FILE *f, const log_step *s) {
+    fprintf(f, ",\"data_samples\":[");
+    for (int d = 0; d < s->data_n; d++)
+        fprintf(f, "%s%lld", d ? "," : "", (long long)s->data_samples[d]);
+    fputc(']', f);
+}
+
+static void tb_step(FILE *f, const log_step *s, const log_scalar *x, int n) {
+    pbuf ev, summary;
+    summary.n = 0;
+    summary.overflow = 0;
+    for (int i = 0; i < n; i++)
+        if (isfinite(x[i].v)) tb_value(&summary, x[i].key, x[i].v);
+    for (int d = 0; d < s->data_n; d++) {
+        char tag[48];
+        snprintf(tag, sizeof tag, "data/dataset%d/samples", d);
+        tb_value(&summary, tag, (double)s->data_samples[d]);
+    }
+    for (int i = 0; i < s->moe_n; i++) {
+        const char *what[3] = {"load_max", "load_mean", "dropped"};
+        double v[3] = {s->moe_load_max[i], s->moe_load_mean[i], s->moe_dropped[i]};
+        for (int k = 0; k < 3; k++) {
+            char tag[64];
+            snprintf(tag, sizeof tag, "moe/layer%d/%s", s->moe_layer[i], what[k]);
+            if (isfinite(v[k])) tb_value(&summary, tag, v[k]);
+        }
+    }
+    tb_event_head(&ev, s->step);
+    if (summary.overflow) ev.overflow = 1;
+    pb_len(&ev, 5, summary.buf, summary.n);
+    tb_write(f, &ev);
 }
 
 void log_step_json(ust_log *l, const log_step *s) {
+    log_scalar x[LOG_MAX_SCALARS];
+    int n = log_scalars(s, unix_now_s(), x);
+    if (l->tb) tb_step(l->tb, s, x, n);
     if (!l->metrics) return;
     fprintf(l->metrics, "{\"step\":%lld", (long long)s->step);
-    json_num(l->metrics, "loss", s->loss);
-    json_num(l->metrics, "lr", s->lr);
-    json_num(l->metrics, "grad_norm", s->grad_norm);
-    json_num(l->metrics, "tokens_per_s", s->tokens_per_s);
-    json_num(l->metrics, "mfu", s->mfu);
-    fprintf(l->metrics, ",\"peak_mem_bytes\":%zu", s->peak_mem_bytes);
-    fprintf(l->metrics, ",\"comm_bytes_dp\":%llu,\"comm_bytes_tp\":%llu",
-            (unsigned long long)s->comm_bytes_dp, (unsigned long long)s->comm_bytes_tp);
-    fprintf(l->metrics, ",\"mem_params\":%zu,\"mem_grads\":%zu,\"mem_optim\":%zu,\"mem_acts\":%zu",
-            s->mem_params, s->mem_grads, s->mem_optim, s->mem_acts);
-    json_num(l->metrics, "step_ms", s->ms);
-    json_num(l->metrics, "tp_comm_ms", s->tp_comm_ms);
-    json_num(l->metrics, "cp_wait_ms", s->cp_wait_ms);
-    json_num(l->metrics, "ep_comm_ms", s->ep_comm_ms);
-    if (!isnan(s->pp_bubble)) {
-        json_num(l->metrics, "pp_bubble", s->pp_bubble);
-        json_num(l->metrics, "pp_bubble_analytic", s->pp_bubble_analytic);
-        fprintf(l->metrics, ",\"comm_bytes_pp\":%llu", (unsigned long long)s->comm_bytes_pp);
-        json_num(l->metrics, "pp_bubble_sim", s->pp_bubble_sim);
-        json_num(l->metrics, "pp_f_ms", s->pp_op_ms[0]);
-        json_num(l->metrics, "pp_b_ms", s->pp_op_ms[1]);
-        json_num(l->metrics, "pp_w_ms", s->pp_op_ms[2]);
+    for (int i = 0; i < n; i++) {
+        json_scalar(l->metrics, &x[i]);
+        if (!strcmp(x[i].key, "ep_comm_ms") && s->moe_n > 0) json_moe(l->metrics, s);
     }
-    if (s->moe_n > 0) {
-        fprintf(l->metrics, ",\"moe\":[");
-        for (int i = 0; i < s->moe_n; i++) {
-            fprintf(l->metrics, "%s{\"layer\":%d", i ? "," : "", s->moe_layer[i]);
-            json_num(l->metrics, "load_max", s->moe_load_max[i]);
-            json_num(l->metrics, "load_mean", s->moe_load_mean[i]);
-            json_num(l->metrics, "dropped", s->moe_dropped[i]);
-            fputc('}', l->metrics);
-        }
-        fputc(']', l->metrics);
-    }
-    if (!isnan(s->val_loss)) json_num(l->metrics, "val_loss", s->val_loss);
+    if (s->data_n > 0) json_data(l->metrics, s);
     if (s->skipped) fprintf(l->metrics, ",\"skipped\":true");
     fprintf(l->metrics, "}\n");
     fflush(l->metrics);

@@ -1,5 +1,9 @@
 /* log: what a run reports. Rank 0 prints one line per logged step and appends the same figures
- * as one JSON object per line to logging.metrics_file (keys fixed by DESIGN.md section 10). */
+ * as one JSON object per line to logging.metrics_file (keys fixed by DESIGN.md section 10) and,
+ * with logging.tensorboard_dir, as scalar summaries to a TensorBoard event file there (the
+ * tfevents record format: length, masked CRC32C, an Event protobuf, masked CRC32C). Both get the
+ * same figures from one list (log_scalars). A resumed run drops the metrics lines after the
+ * step it resumes from, and tells TensorBoard to do the same (a SessionLog START event). */
 #ifndef UST_LOG_H
 #define UST_LOG_H
 
@@ -7,6 +11,7 @@
 #include <stdio.h>
 
 #define LOG_MAX_MOE 64
+#define LOG_MAX_DATA 64 /* CFG_MAX_BLEND */
 
 typedef struct {
     int64_t step, steps;
@@ -28,15 +33,24 @@ typedef struct {
     int moe_n;
     int moe_layer[LOG_MAX_MOE];
     double moe_load_max[LOG_MAX_MOE], moe_load_mean[LOG_MAX_MOE], moe_dropped[LOG_MAX_MOE];
-    int skipped; /* step skipped by on_nan: skip */
+    int skipped;                        /* step skipped by on_nan: skip */
+    double elapsed_s;                   /* since this process began training */
+    int64_t samples_seen, tokens_seen;  /* by the run, after this step */
+    int data_n;                         /* a blend's datasets (0: one dataset) */
+    int64_t data_samples[LOG_MAX_DATA]; /* samples each has given, after this step */
 } log_step;
 
 typedef struct {
     FILE *metrics; /* NULL on ranks other than 0 or without a metrics file */
+    FILE *tb;      /* NULL without logging.tensorboard_dir */
 } ust_log;
 
-/* Opens (appending) the metrics file, creating its directory. Returns -1 on failure. */
-int log_open(ust_log *l, const char *metrics_path, char *err, int errlen);
+/* Opens (appending) the metrics file, creating its directory, and, when tb_dir is not empty, a
+ * new event file in tb_dir. resume_step > 0: the run continues after that step, so metrics
+ * lines of later steps (a run killed after its last checkpoint wrote them) are dropped first.
+ * Returns -1 on failure with the reason in err. */
+int log_open(ust_log *l, const char *metrics_path, const char *tb_dir, int64_t resume_step,
+             char *err, int errlen);
 void log_close(ust_log *l);
 void log_step_line(const log_step *s); /* the console line */
 void log_step_json(ust_log *l, const log_step *s);

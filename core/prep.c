@@ -19,6 +19,7 @@
 
 #include "data.h"
 #include "fs.h"
+#include "prep_input.h"
 
 enum { BYTE_EOT = 256, MAX_THREADS = 256 };
 
@@ -33,7 +34,8 @@ typedef struct {
 typedef struct {
     const prep_args *a;
     int file;
-    FILE *f;
+    prep_input *in; /* the current input, decompressed */
+    FILE *f;        /* its text */
     bool jsonl;
     const char *field;
     int64_t line;
@@ -91,21 +93,33 @@ static void add_document(batch *b, const prep_args *a, const char *s, size_t n) 
 static int open_next(reader *r, ust_err *e) {
     const prep_args *a = r->a;
     const char *path = a->inputs[r->file];
-    r->f = fopen(path, "rb");
-    if (!r->f) return ust_errf(e, "%s: cannot read: %s", path, strerror(errno));
-    r->jsonl = a->jsonl_field || ends_with(path, ".jsonl");
+    if (prep_input_open(&r->in, path, a->binary_ok, e)) return -1;
+    r->f = prep_input_file(r->in);
+    r->jsonl = a->jsonl_field || ends_with(path, ".jsonl") || prep_input_is_jsonl(r->in);
     r->field = a->jsonl_field ? a->jsonl_field : "text";
     r->line = 0;
     r->carry_n = 0;
     return 0;
 }
 
-static void close_current(reader *r) {
-    struct stat st;
-    if (fstat(fileno(r->f), &st) == 0) r->bytes_done += st.st_size;
-    fclose(r->f);
+/* A read error of the current input: its decoder's reason (damaged or cut-short gzip/zstd). */
+static int read_failed(reader *r, ust_err *e) {
+    ust_err why;
+    if (prep_input_close(r->in, &why)) {
+        r->in = NULL, r->f = NULL;
+        return ust_errf(e, "%s", why.msg);
+    }
+    r->in = NULL, r->f = NULL;
+    return ust_errf(e, "%s: read error", r->a->inputs[r->file]);
+}
+
+static int close_current(reader *r, ust_err *e) {
+    r->bytes_done += prep_input_raw_bytes(r->in);
+    int rc = prep_input_close(r->in, e);
+    r->in = NULL;
     r->f = NULL;
     r->file++;
+    return rc;
 }
 
 /* Plain text: reads about a chunk more and hands out everything up to the last safe cut; the
@@ -119,7 +133,7 @@ static int read_plain(reader *r, batch *b, ust_err *e) {
     }
     size_t got = fread(r->carry + r->carry_n, 1, chunk, r->f);
     r->carry_n += got;
-    if (ferror(r->f)) return ust_errf(e, "%s: read error", r->a->inputs[r->file]);
+    if (ferror(r->f)) return read_failed(r, e);
     if (got < chunk && feof(r->f)) {
         batch_add(b, dup_bytes(r->carry, r->carry_n), r->carry_n, true);
         r->carry_n = 0;
@@ -139,7 +153,7 @@ static int read_jsonl(reader *r, batch *b, ust_err *e) {
     const char *path = r->a->inputs[r->file];
     ssize_t n = getline(&r->line_buf, &r->line_cap, r->f);
     if (n < 0) {
-        if (ferror(r->f)) return ust_errf(e, "%s: read error", path);
+        if (ferror(r->f)) return read_failed(r, e);
         return 1;
     }
     r->line++;
@@ -167,7 +181,7 @@ static int fill_batch(reader *r, batch *b, size_t want, ust_err *e) {
         }
         int rc = r->jsonl ? read_jsonl(r, b, e) : read_plain(r, b, e);
         if (rc < 0) return -1;
-        if (rc == 1) close_current(r);
+        if (rc == 1 && close_current(r, e)) return -1;
         if (r->jsonl && b->n > 4096) break; /* many short documents: keep batches small */
     }
     return r->file == r->a->ninputs && !r->f;
@@ -302,22 +316,37 @@ static int split_sizes(int64_t total, double frac, int64_t per_shard, int64_t *n
 /* ---------------------------------------------------------------------------------------------
  * Progress */
 
-static void progress(const reader *r, int64_t ntok, double t0, bool done) {
+/* Bytes of the input files (compressed as they are), or -1 when standard input is among them. */
+static int64_t input_bytes(const prep_args *a) {
     int64_t total = 0;
-    for (int i = 0; i < r->a->ninputs; i++) {
+    for (int i = 0; i < a->ninputs; i++) {
         struct stat st;
-        if (stat(r->a->inputs[i], &st) == 0) total += st.st_size;
+        if (strcmp(a->inputs[i], "-") == 0) return -1;
+        if (stat(a->inputs[i], &st) == 0) total += st.st_size;
     }
-    int64_t at = r->bytes_done + (r->f ? (int64_t)ftello(r->f) : 0);
-    if (at > total) at = total;
-    double frac = total > 0 ? (double)at / (double)total : 1, dt = log_now_s() - t0;
-    char bar[31];
-    int k = (int)(30 * frac);
-    for (int i = 0; i < 30; i++) bar[i] = i < k ? '#' : '.';
-    bar[30] = 0;
-    fprintf(stderr, "\rdata prep [%s] %3.0f%%  %.1f/%.1f MB  %lld tokens  %.2fM tokens/s%s", bar,
-            100 * frac, (double)at / 1e6, (double)total / 1e6, (long long)ntok,
-            dt > 0 ? (double)ntok / dt / 1e6 : 0.0, done ? "\n" : "");
+    return total;
+}
+
+static void progress(const reader *r, int64_t ntok, double t0, bool done) {
+    int64_t total = input_bytes(r->a);
+    int64_t at = r->bytes_done + (r->in ? prep_input_raw_bytes(r->in) : 0);
+    if (total >= 0 && at > total) at = total;
+    double dt = log_now_s() - t0, rate = dt > 0 ? (double)at / dt : 0;
+    char where[96];
+    if (total >= 0) {
+        double frac = total > 0 ? (double)at / (double)total : 1;
+        char bar[31];
+        int k = (int)(30 * frac);
+        for (int i = 0; i < 30; i++) bar[i] = i < k ? '#' : '.';
+        bar[30] = 0;
+        int eta = rate > 0 ? (int)((double)(total - at) / rate + 0.5) : 0;
+        snprintf(where, sizeof where, "[%s] %3.0f%%  %.1f/%.1f MB  ETA %dm%02ds", bar, 100 * frac,
+                 (double)at / 1e6, (double)total / 1e6, eta / 60, eta % 60);
+    } else {
+        snprintf(where, sizeof where, "%.1f MB", (double)at / 1e6);
+    }
+    fprintf(stderr, "\rdata prep %s  %.1f MB/s  %lld tokens  %.2fM tokens/s%s", where, rate / 1e6,
+            (long long)ntok, dt > 0 ? (double)ntok / dt / 1e6 : 0.0, done ? "\n" : "");
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -326,8 +355,13 @@ static void progress(const reader *r, int64_t ntok, double t0, bool done) {
 static int check_inputs(const prep_args *a, int64_t *bytes, ust_err *e) {
     if (a->ninputs < 1) return ust_errf(e, "data prep: no input files");
     *bytes = 0;
+    int stdin_uses = 0;
     for (int i = 0; i < a->ninputs; i++) {
         struct stat st;
+        if (strcmp(a->inputs[i], "-") == 0) { /* standard input: a pipe, of unknown size */
+            if (++stdin_uses > 1) return ust_errf(e, "data prep: \"-\" (standard input) twice");
+            continue;
+        }
         if (stat(a->inputs[i], &st) != 0)
             return ust_errf(e, "%s: cannot read: %s", a->inputs[i], strerror(errno));
         if (!S_ISREG(st.st_mode)) return ust_errf(e, "%s: not a regular file", a->inputs[i]);
@@ -371,7 +405,10 @@ static int tokenize_all(const prep_args *a, const tok_tokenizer *tok, int nthrea
             last = log_now_s();
         }
     }
-    if (rd.f) fclose(rd.f);
+    if (rd.in) {
+        ust_err ignored; /* the error that stopped the loop is already in e */
+        prep_input_close(rd.in, rc ? &ignored : e);
+    }
     for (int t = 0; t < nthreads; t++) tok_work_free(works[t]);
     free(b.items);
     free(rd.carry);
@@ -388,8 +425,7 @@ int prep_run(const prep_args *a, prep_result *res, ust_err *e) {
     prep_result dummy;
     if (!res) res = &dummy;
     memset(res, 0, sizeof *res);
-    double t0 = log_now_s(), frac = a->val_fraction == 0 ? 0.1 : a->val_fraction;
-    if (frac < 0) frac = 0;
+    double t0 = log_now_s(), frac = a->val_fraction > 0 ? a->val_fraction : 0;
     if (frac >= 1) return ust_errf(e, "data prep: val_fraction must be below 1 (got %g)", frac);
     int64_t per_shard = a->shard_tokens > 0 ? a->shard_tokens : 100000000;
     if (per_shard > INT32_MAX) per_shard = INT32_MAX;

@@ -1,10 +1,12 @@
 /* prep: text -> tokens -> llm.c shards, the `ustrain data prep` pipeline.
  * Inputs are plain text (a file is one document) or JSON lines (a line is one document, its text
- * in a string field). Each document is followed by the end-of-text token. Threads tokenize a
- * batch of documents (long ones cut where tok_safe_cut allows) and the batch is written in input
- * order, so the output is the same for any thread count. The last val_fraction of the token
- * stream goes to val shards (a whole shard when there is enough data), the rest to train; tokens
- * are uint16 when the vocabulary fits, else uint32. */
+ * in a string field), each possibly gzip or zstd compressed, or "-" for standard input
+ * (core/prep_input.h: kinds are recognised by content, binary input refused). Each document is
+ * followed by the end-of-text token. Threads tokenize a batch of documents (long ones cut where
+ * tok_safe_cut allows) and the batch is written in input order, so the output is the same for any
+ * thread count. The last val_fraction of the token stream goes to val shards (a whole shard when
+ * there is enough data), the rest to train; tokens are uint16 when the vocabulary fits, else
+ * uint32. */
 #ifndef UST_PREP_H
 #define UST_PREP_H
 
@@ -20,15 +22,17 @@ typedef struct {
     const char **inputs;
     int ninputs;
     const char *out_dir;
-    double val_fraction;      /* 0 = default 0.1; negative = no val shards */
+    double val_fraction;      /* the last fraction of tokens for val shards; <= 0: none */
     int64_t shard_tokens;     /* tokens per shard, default 100M */
     const tok_tokenizer *tok; /* NULL: bytes */
     int eot;                  /* PREP_EOT_DEFAULT: the tokenizer's; PREP_EOT_NONE; or an id */
     const char *jsonl_field;  /* set: every input is JSON lines with this field; NULL: files
-                                 ending in .jsonl are, with field "text", the rest plain text */
+                                 ending in .jsonl or whose first line is a JSON object are,
+                                 with field "text", the rest plain text */
     int threads;              /* <= 0: one per online CPU */
     int64_t chunk_bytes;      /* longer documents are cut for threading; default 1 MiB */
     bool progress;            /* progress bar on stderr */
+    bool binary_ok;           /* tokenize input with NUL bytes too (else refused) */
 } prep_args;
 
 typedef struct {

@@ -54,13 +54,16 @@ typedef struct {
     pp_state *pp;   /* pipeline executor (NULL without pipeline parallelism) */
     int has_moe;    /* the model has mixture-of-experts layers */
     int tied_param; /* pipeline with tied embeddings: this rank's table or copy (-1: none) */
-    ust_dataset *train, *val;
+    data_blend *train, *val;    /* a lone glob is a blend of one */
+    data_blend_pos pos;         /* where the training blend stands (at the step's start) */
+    int *which, *val_which;     /* the step's global batch (the validation samples): dataset */
+    int64_t *index, *val_index; /* ... and its sample */
     ust_log log;
-    int32_t *samples;                    /* host: B x (T+1), one micro-batch's windows */
-    int32_t *positions;                  /* host: the Tl positions this rank's tokens have */
-    int Tl;                              /* tokens of each sequence on this rank (T / cp) */
-    float *flag;                         /* one device float for any_rank */
-    int64_t step, sample_index;          /* the run's position: steps done, samples consumed */
+    int32_t *samples;           /* host: B x (T+1), one micro-batch's windows */
+    int32_t *positions;         /* host: the Tl positions this rank's tokens have */
+    int Tl;                     /* tokens of each sequence on this rank (T / cp) */
+    float *flag;                /* one device float for any_rank */
+    int64_t step, sample_index; /* the run's position: steps done, samples consumed */
     int64_t batch_since_step, batch_since_sample; /* where the current global batch size began */
     double last_loss;
     ckpt_lock lock; /* rank 0: the job's lock on checkpoint.dir */
@@ -157,17 +160,46 @@ static int world_sync(void *arg, int failed, char *msg, size_t cap) {
 
 /* ------------------------------------------------------------------ set-up */
 
+static int open_blend(data_blend **b, const ust_config *c, int val, ust_err *e) {
+    cfg_dataset sets[CFG_MAX_BLEND];
+    int n = cfg_data_sets(c, val, sets);
+    return data_blend_open(b, sets, n, c->data.format, c->model.vocab_size, c->train.seq_len, e);
+}
+
+/* The datasets, and the assignment of the validation samples (the same every time: val_steps
+ * micro-batches from the blend's start). */
 static int open_data(trainer *t, ust_err *e) {
     const ust_config *c = t->cfg;
-    if (data_open(&t->train, c->data.train, c->data.format, c->model.vocab_size, e) ||
-        data_check_seq_len(t->train, c->train.seq_len, e))
-        return -1;
+    int64_t G = c->train.global_batch_size,
+            V = (int64_t)c->data.val_steps * c->train.micro_batch_size;
+    t->which = malloc((size_t)G * sizeof *t->which);
+    t->index = malloc((size_t)G * sizeof *t->index);
+    UST_ASSERT(t->which && t->index, "out of memory");
+    if (open_blend(&t->train, c, 0, e)) return -1;
     if (c->data.val[0] && c->data.val_every > 0 && c->data.val_steps > 0) {
-        if (data_open(&t->val, c->data.val, c->data.format, c->model.vocab_size, e) ||
-            data_check_seq_len(t->val, c->train.seq_len, e))
-            return -1;
+        if (open_blend(&t->val, c, 1, e)) return -1;
+        t->val_which = malloc((size_t)V * sizeof *t->val_which);
+        t->val_index = malloc((size_t)V * sizeof *t->val_index);
+        UST_ASSERT(t->val_which && t->val_index, "out of memory");
+        data_blend_pos start = {0};
+        data_blend_assign(t->val, &start, 0, V, t->val_which, t->val_index);
     }
     return 0;
+}
+
+/* The step's global batch: which dataset and sample each of its G samples is (every rank
+ * computes all of them and reads its share); a dataset entering a new epoch is logged. */
+static void assign_step(trainer *t) {
+    const ust_config *c = t->cfg;
+    int64_t G = c->train.global_batch_size;
+    data_blend_assign(t->train, &t->pos, t->sample_index, G, t->which, t->index);
+    for (int64_t k = 0; k < G && t->rank0; k++) {
+        int64_t S = data_blend_epoch_samples(t->train, t->which[k], c->train.seq_len);
+        if (t->index[k] > 0 && t->index[k] % S == 0)
+            printf("data: dataset %d (%s) starts epoch %lld at step %lld\n", t->which[k],
+                   data_blend_set(t->train, t->which[k])->path, (long long)(t->index[k] / S + 1),
+                   (long long)t->step + 1);
+    }
 }
 
 /* ------------------------------------------------------------------ checkpoints */
@@ -184,6 +216,7 @@ static char *state_json(trainer *t) {
     cJSON_AddNumberToObject(since, "step", (double)t->batch_since_step);
     cJSON_AddNumberToObject(since, "sample_index", (double)t->batch_since_sample);
     cJSON_AddNumberToObject(since, "global_batch_size", c->train.global_batch_size);
+    data_blend_save(t->train, &t->pos, j);
     cJSON *lay = cJSON_AddObjectToObject(j, "layout");
     cJSON_AddNumberToObject(lay, "dp", c->parallel.dp);
     cJSON_AddNumberToObject(lay, "tp", c->parallel.tp);
@@ -206,8 +239,8 @@ static char *state_json(trainer *t) {
 
 static int save_checkpoint(trainer *t, ust_err *e) {
     const ust_config *c = t->cfg;
-    ckpt_writer *w = ckpt_begin(c->checkpoint.dir, t->step, t->rt->rank, t->rt->boot.job_id,
-                                world_sync, t, e);
+    ckpt_writer *w =
+        ckpt_begin(c->checkpoint.dir, t->step, t->rt->rank, t->rt->boot.job_id, world_sync, t, e);
     if (!w) return -1;
     dp_save(t->dp, w, e); /* a failure is sticky in w: the commit reports it on every rank */
     char *state = t->rank0 ? state_json(t) : NULL;
@@ -234,6 +267,14 @@ static int read_state(trainer *t, const char *json, const char *dir, ust_err *e)
                         "checkpoint %s: sample_index %lld is not step %lld x global_batch_size "
                         "%lld",
                         dir, (long long)st.sample_index, (long long)st.step, (long long)G);
+    cJSON *state = cJSON_Parse(json); /* ckpt_parse_state has checked it parses */
+    char note[1536];
+    ust_err why;
+    int rc = data_blend_restore(t->train, state, st.sample_index, c->data.allow_reweight, &t->pos,
+                                note, sizeof note, &why);
+    cJSON_Delete(state);
+    if (rc) return ust_errf(e, "checkpoint %s: %s", dir, why.msg);
+    if (note[0] && t->rank0) printf("%s\n", note);
     t->step = st.step;
     t->sample_index = st.sample_index;
     t->last_loss = st.loss;
@@ -304,8 +345,11 @@ static int64_t first_sample(trainer *t, int mb) {
 static void load_train(void *ctx, int mb, int32_t *inputs, int32_t *targets) {
     trainer *t = ctx;
     const ust_config *c = t->cfg;
-    data_get_samples(t->train, first_sample(t, mb), c->train.micro_batch_size, c->train.seq_len,
-                     c->data.shuffle, c->run.seed, t->samples);
+    int64_t g = first_sample(t, mb) - t->sample_index; /* in the step's global batch */
+    for (int b = 0; b < c->train.micro_batch_size; b++)
+        data_blend_get(t->train, t->which[g + b], t->index[g + b], c->train.seq_len,
+                       c->data.shuffle, c->run.seed,
+                       t->samples + (int64_t)b * (c->train.seq_len + 1));
     split_windows(t, inputs, targets);
 }
 
@@ -313,7 +357,11 @@ static void load_val(void *ctx, int mb, int32_t *inputs, int32_t *targets) {
     trainer *t = ctx;
     const ust_config *c = t->cfg;
     int B = c->train.micro_batch_size;
-    data_get_samples(t->val, (int64_t)mb * B, B, c->train.seq_len, 0, c->run.seed, t->samples);
+    for (int b = 0; b < B; b++) {
+        int64_t k = (int64_t)mb * B + b;
+        data_blend_get(t->val, t->val_which[k], t->val_index[k], c->train.seq_len, 0, c->run.seed,
+                       t->samples + (int64_t)b * (c->train.seq_len + 1));
+    }
     split_windows(t, inputs, targets);
 }
 
@@ -466,8 +514,8 @@ static int build_model(trainer *t, ust_err *e) {
     t->tied_param = cfg->parallel.pp > 1 && cfg_tied(cfg)
                         ? model_find_param(t->m, "model.embed_tokens.weight")
                         : -1;
-    t->pp = pp_create(cfg, t->ops, &t->arena, t->m, topo->comm[TOPO_PP], topo->comm[TOPO_EMB],
-                      &sched);
+    t->pp =
+        pp_create(cfg, t->ops, &t->arena, t->m, topo->comm[TOPO_PP], topo->comm[TOPO_EMB], &sched);
     return 0;
 }
 
@@ -487,16 +535,17 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile
     if (open_data(t, e) || open_backend(t, profile, e) || build_model(t, e)) return -1;
     t->flag = mem_alloc(&t->arena, MEM_COMM, sizeof(float));
     mem_freeze(&t->arena);
-    t->samples = malloc((size_t)cfg->train.micro_batch_size * (cfg->train.seq_len + 1) *
-                        sizeof(int32_t));
+    t->samples =
+        malloc((size_t)cfg->train.micro_batch_size * (cfg->train.seq_len + 1) * sizeof(int32_t));
     return initialize(t, e);
 }
 
 static void teardown(trainer *t) {
     log_close(&t->log);
     ckpt_unlock_dir(&t->lock);
-    if (t->train) data_close(t->train);
-    if (t->val) data_close(t->val);
+    data_blend_close(t->train);
+    data_blend_close(t->val);
+    free(t->which), free(t->index), free(t->val_which), free(t->val_index);
     pp_destroy(t->pp);
     dp_destroy(t->dp);
     model_destroy(t->m);
@@ -538,7 +587,24 @@ static void write_effective_config(const ust_config *cfg) {
 static double peak_flops(trainer *t) {
     if (t->cfg->logging.peak_flops > 0) return t->cfg->logging.peak_flops;
     if (t->cfg->run.device == DEV_CUDA) return GPU_PEAK_FLOPS;
-    return ops_measure_sgemm_flops(t->ops, 1024, 4); /* ~40 ms; smaller sizes under-report */
+    double measured = ops_measure_sgemm_flops(t->ops, 1024, 8); /* ~80 ms; smaller under-report */
+    /* Test fault: UST_FAULT_PEAK_SCALE=F scales the measurement, as a busy machine would. */
+    const char *scale = getenv("UST_FAULT_PEAK_SCALE");
+    return scale ? measured * atof(scale) : measured;
+}
+
+/* A CPU peak measured while the machine was busy can be below what a step then achieves. The
+ * rate a step reached is a rate this rank can reach, so it becomes the denominator from then
+ * on: MFU never exceeds 100%. A configured peak (logging.peak_flops) and the GPU table stay. */
+static double raise_measured_peak(trainer *t, double peak, double fpt, const log_step *s) {
+    double achieved = fpt * s->tokens_per_s / t->rt->world; /* one rank's share */
+    if (t->cfg->logging.peak_flops > 0 || t->cfg->run.device == DEV_CUDA || achieved <= peak)
+        return peak;
+    if (t->rank0)
+        printf("mfu: step %lld ran at %.3g FLOP/s per rank, above the sgemm peak measured at "
+               "start-up (%.3g, on a busy machine): that rate is the peak from now on\n",
+               (long long)s->step, achieved, peak);
+    return achieved;
 }
 
 /* Where every group's counters stood when a step began, so its report shows what the step
@@ -586,8 +652,8 @@ static int64_t device_allocations(const trainer *t) {
 }
 
 /* The report of the step just done (before t->step moves on). */
-static log_step report_step(trainer *t, const step_mark *mark, double loss, double norm,
-                            double lr, int finite, double fpt, double peak) {
+static log_step report_step(trainer *t, const step_mark *mark, double loss, double norm, double lr,
+                            int finite, double fpt, double peak) {
     const ust_config *c = t->cfg;
     log_step s = {.step = t->step + 1,
                   .steps = c->train.steps,
@@ -678,14 +744,22 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
         step_mark mark = mark_step(t);
         double loss, norm, lr;
         int finite;
+        assign_step(t);
         if (train_step(t, &loss, &norm, &lr, &finite)) return UST_EXIT_RUNTIME;
         log_step s = report_step(t, &mark, loss, norm, lr, finite, fpt, peak);
+        double raised = raise_measured_peak(t, peak, fpt, &s);
+        if (raised > peak) s.mfu *= peak / raised, peak = raised;
         t->step++;
         t->sample_index += c->train.global_batch_size;
         t->last_loss = loss;
         if (t->step == first + 1) allocs_after_first = device_allocations(t);
         if (t->step > first + untimed || all_timed) sum_ms += s.ms, timed++;
         s.eta_s = (log_now_s() - t_start) / (t->step - first) * (c->train.steps - t->step);
+        s.elapsed_s = log_now_s() - t_start;
+        s.data_n = data_blend_count(t->train) > 1 ? data_blend_count(t->train) : 0;
+        for (int d = 0; d < s.data_n; d++) s.data_samples[d] = t->pos.consumed[d];
+        s.samples_seen = t->sample_index;
+        s.tokens_seen = t->sample_index * c->train.seq_len;
         int last = t->step == c->train.steps;
         if (t->val && (t->step % c->data.val_every == 0 || last)) s.val_loss = validation_loss(t);
         if (t->rank0 && !opts->quiet &&
@@ -704,6 +778,7 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
     res->timed_steps = timed;
     res->mean_step_ms = timed ? sum_ms / timed : 0;
     res->tokens_per_s = timed ? tokens / (res->mean_step_ms / 1e3) : 0;
+    res->peak_flops = peak;
     res->mfu = res->tokens_per_s * fpt / (peak * t->rt->world);
     return UST_EXIT_OK;
 }
@@ -720,7 +795,9 @@ static int run_with(const ust_config *cfg, ust_runtime *rt, const train_opts *op
         return UST_EXIT_USAGE;
     }
     char err[1024];
-    if (t.rank0 && !opts->quiet && log_open(&t.log, cfg->logging.metrics_file, err, sizeof err)) {
+    if (t.rank0 && !opts->quiet &&
+        log_open(&t.log, cfg->logging.metrics_file, cfg->logging.tensorboard_dir, t.step, err,
+                 sizeof err)) {
         fprintf(stderr, "ustrain: error: %s\n", err);
         teardown(&t);
         return UST_EXIT_USAGE;

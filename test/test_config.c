@@ -113,6 +113,7 @@ static const char *ALL_CHANGED_YAML = "run:\n"
                                       "  shuffle: true\n"
                                       "  val_every: 0\n"
                                       "  val_steps: 9\n"
+                                      "  allow_reweight: true\n"
                                       "checkpoint:\n"
                                       "  dir: /ckpt\n"
                                       "  every: 1000\n"
@@ -121,6 +122,7 @@ static const char *ALL_CHANGED_YAML = "run:\n"
                                       "logging:\n"
                                       "  every: 10\n"
                                       "  metrics_file: m.jsonl\n"
+                                      "  tensorboard_dir: tb\n"
                                       "  peak_flops: 989e12\n"
                                       "dist:\n"
                                       "  timeout_s: 30.5\n";
@@ -415,7 +417,7 @@ static void test_wrong_types_are_errors(void) {
     CHECK_LOAD_FAILS("train:\n  steps:\n    a: 1\n",
                      "t.yaml:3:5: ", "train.steps: expected a single value, got a mapping");
     CHECK_LOAD_FAILS("data: {train: [a, b]}\n",
-                     "t.yaml:1:15: ", "data.train: expected a single value, got a list");
+                     "t.yaml:1:16: ", "data.train[0]: expected a mapping {path: GLOB, weight: W}");
     CHECK_LOAD_FAILS("model: 5\n", "t.yaml:1:8: ",
                      "'model' is a section and needs a mapping of keys, got a single value");
     CHECK_LOAD_FAILS("model: {moe: [1]}\n", "t.yaml:1:14: ",
@@ -887,6 +889,50 @@ static void test_dump_round_trips_to_an_identical_struct(void) {
           keys - 1);
 }
 
+/* data.train as a blend: entries checked where they stand, kept as canonical text that dumps and
+ * loads back to itself, read back by cfg_data_sets; --set takes the same list. */
+static void test_blend_lists_load_check_and_round_trip(void) {
+    ust_config c, back;
+    ust_err e;
+    CHECK(load(&c,
+               "data:\n  train:\n    - {path: \"web/*.bin\", weight: 0.7}\n"
+               "    - path: code/*.bin\n      weight: 3e-1\n      format: megatron\n",
+               &e) == 0,
+          "%s", txt(e.msg));
+    cfg_dataset d[CFG_MAX_BLEND];
+    int n = cfg_data_sets(&c, 0, d);
+    CHECK(n == 2 && !strcmp(d[0].path, "web/*.bin") && d[0].weight == 0.7 && d[0].format == -1 &&
+              !strcmp(d[1].path, "code/*.bin") && d[1].weight == 0.3 &&
+              d[1].format == DATA_MEGATRON,
+          "datasets: %d, %s %g %d, %s %g %d", n, d[0].path, d[0].weight, d[0].format, d[1].path,
+          d[1].weight, d[1].format);
+    CHECK(cfg_data_is_blend(&c, 0) && !cfg_data_is_blend(&c, 1), "blend flags");
+    static char text[16384];
+    CHECK(dump_roundtrip(&c, &back, text, sizeof text, &e) == 0, "%s", txt(e.msg));
+    CHECK(memcmp(&c, &back, sizeof c) == 0, "blend does not round-trip:\n%s", txt(text));
+    n = cfg_data_sets(&c, 1, d); /* the default val: one glob of weight 1 */
+    CHECK(n == 1 && d[0].weight == 1 && !strcmp(d[0].path, "data/tiny/val_*.bin"), "lone glob");
+    CHECK(cfg_set(&c, "data.val=[{path: v/*.bin, weight: 2}]", &e) == 0, "%s", txt(e.msg));
+    CHECK(cfg_data_sets(&c, 1, d) == 1 && d[0].weight == 2 && !strcmp(d[0].path, "v/*.bin"),
+          "--set blend");
+    CHECK_LOAD_FAILS("data:\n  train:\n    - {path: a, weight: -1}\n",
+                     "t.yaml:3:25: ", "data.train[0].weight: expected a positive number, got '-1'");
+    CHECK_LOAD_FAILS("data:\n  train:\n    - {path: a, weight: 1}\n    - {path: b, weight: 0}\n",
+                     "t.yaml:4:25: ", "data.train[1].weight: expected a positive number, got '0'");
+    CHECK_LOAD_FAILS("data: {train: [{weight: 1}]}\n",
+                     "t.yaml:1:16: ", "data.train[0]: needs a path");
+    CHECK_LOAD_FAILS("data: {train: [{path: a}]}\n",
+                     "t.yaml:1:16: ", "data.train[0]: needs a weight");
+    CHECK_LOAD_FAILS("data: {train: [{path: a, weight: 1, wieght: 2}]}\n", "t.yaml:1:37: ",
+                     "data.train[0]: unknown key 'wieght' (allowed: path, weight, format)");
+    CHECK_LOAD_FAILS("data: {train: [{path: a, weight: 1, format: hdf5}]}\n",
+                     "t.yaml:1:45: ", "data.train[0].format: unknown value 'hdf5'");
+    CHECK_LOAD_FAILS("data: {train: []}\n",
+                     "t.yaml:1:15: ", "data.train: an empty list names no datasets");
+    CHECK_LOAD_FAILS("data: {train: \"[{path: x\"}\n", "t.yaml:1:15: ",
+                     "data.train: a list of datasets is written as a YAML list, not a string");
+}
+
 int main(void) {
     RUN_TEST(test_defaults_are_design_section_1);
     RUN_TEST(test_design_yaml_loads_to_the_defaults);
@@ -916,5 +962,6 @@ int main(void) {
     RUN_TEST(test_configs_over_16_mib_are_refused);
     RUN_TEST(test_derived_values);
     RUN_TEST(test_dump_round_trips_to_an_identical_struct);
+    RUN_TEST(test_blend_lists_load_check_and_round_trip);
     return TEST_SUMMARY();
 }

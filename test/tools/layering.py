@@ -36,12 +36,12 @@ MODULES = {
     "parallel/comm_nccl": 1,
     "parallel/comm_common": 1, "parallel/topology": 1,
     "parallel/tp": 2, "parallel/cp": 2, "parallel/ep": 2,
-    "core/model": 3, "core/model_internal": 3, "core/acts": 3, "core/params": 3, "core/moe": 3, "core/ckpt": 3, "core/data": 3,
+    "core/model": 3, "core/model_internal": 3, "core/acts": 3, "core/params": 3, "core/moe": 3, "core/ckpt": 3, "core/data": 3, "core/data_blend": 3,
     "core/hf_map": 3, "core/infer": 3,
     "parallel/pp": 4, "parallel/dp_internal": 4, "parallel/dp_io": 4, "parallel/pp_schedule": 4, "parallel/pp_schedule_check": 4,
     "parallel/dp": 4,
     "core/train": 5, "core/plan": 5,
-    "core/planner": 6, "core/prep": 6, "core/tokenizer": 6, "core/tok_unicode": 6,
+    "core/planner": 6, "core/prep": 6, "core/prep_input": 6, "core/tokenizer": 6, "core/tok_unicode": 6,
     "core/export": 6, "core/generate": 6, "cuda/bench_gpu": 6,
 }
 # function prefixes -> the module they belong to

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# `ustrain data prep` inputs: gzip and zstd (recognised by content, concatenated members too) give
+# the tokens of their plain text; damaged or cut-short streams and binary input exit 2 naming the
+# file (binary is tokenized with --binary-ok); JSON lines are recognised by content (.json from
+# HF's to_json); standard input ("-") reads a pipe, and scripts/parquet-text.py streams Parquet
+# into it (where pyarrow can be installed); --val-fraction 0 writes no val shards.
+. "$(dirname "$0")/../lib.sh"
+
+P="$UST data prep --threads 1"
+python3 - $TMP <<'EOT'
+import json, random, sys
+d = sys.argv[1]
+random.seed(5)
+text = "".join(random.choice("abcdefgh ijklmnop\n\u00e9\u4e2d") for _ in range(200000))
+open(f"{d}/big.txt", "w").write(text)
+with open(f"{d}/docs.json", "w") as f:   # JSON lines under a .json name
+    for i in range(300):
+        f.write(json.dumps({"text": f"document {i}: " + text[i * 50:(i + 1) * 50]}) + "\n")
+with open(f"{d}/docs.jsonl", "w") as f:
+    for i in range(300):
+        f.write(json.dumps({"text": f"document {i}: " + text[i * 50:(i + 1) * 50]}) + "\n")
+open(f"{d}/bin.dat", "wb").write(bytes(range(256)) * 50)
+EOT
+gzip -k $TMP/big.txt && zstd -q -k $TMP/big.txt && zstd -q -k $TMP/docs.json
+cat $TMP/big.txt $TMP/big.txt >$TMP/big2.txt && cat $TMP/big.txt.gz $TMP/big.txt.gz >$TMP/big2.txt.gz
+# same_tokens TAG REF_INPUT INPUT...: both give byte-identical shards
+same_tokens() {
+    local tag=$1 ref=$2; shift 2
+    rm -rf $TMP/a $TMP/b
+    if $P --out $TMP/a $ref >$TMP/a.log 2>&1 && $P --out $TMP/b "$@" >$TMP/b.log 2>&1 &&
+        cmp -s $TMP/a/train_000.bin $TMP/b/train_000.bin && cmp -s $TMP/a/val_000.bin $TMP/b/val_000.bin; then
+        pass $tag
+    else
+        fail $tag "$(tail -1 $TMP/a.log) / $(tail -1 $TMP/b.log)"
+    fi
+}
+same_tokens prep_gzip_equals_plain $TMP/big.txt $TMP/big.txt.gz
+same_tokens prep_zstd_equals_plain $TMP/big.txt $TMP/big.txt.zst
+same_tokens prep_gzip_members_concatenated $TMP/big2.txt $TMP/big2.txt.gz
+same_tokens prep_json_lines_by_content $TMP/docs.jsonl $TMP/docs.json
+same_tokens prep_compressed_json_lines $TMP/docs.jsonl $TMP/docs.json.zst
+same_tokens prep_stdin_pipe $TMP/big.txt - <$TMP/big.txt
+$P --out $TMP/c $TMP/docs.json | grep -q "^data prep: 300 documents" && pass prep_json_file_is_300_documents ||
+    fail prep_json_file_is_300_documents "$($P --out $TMP/c2 $TMP/docs.json | head -1)"
+
+head -c 40000 $TMP/big.txt.gz >$TMP/cut.gz
+head -c 40000 $TMP/big.txt.zst >$TMP/cut.zst
+expect_exit prep_cut_gzip_exits_2 2 "cut.gz: the gzip stream is cut short" -- $P --out $TMP/x $TMP/cut.gz
+expect_exit prep_cut_zstd_exits_2 2 "cut.zst: the zstd stream is cut short" -- $P --out $TMP/x $TMP/cut.zst
+python3 -c "
+import sys; b = bytearray(open('$TMP/big.txt.gz', 'rb').read()); b[5000] ^= 0xff
+open('$TMP/bad.gz', 'wb').write(b)"
+expect_exit prep_damaged_gzip_exits_2 2 "bad.gz: " -- $P --out $TMP/x $TMP/bad.gz
+expect_exit prep_binary_refused 2 "bin.dat: binary input \(a NUL byte at offset 0.*--binary-ok" -- \
+    $P --out $TMP/x $TMP/bin.dat
+[ ! -e $TMP/x/train_000.bin ] && pass prep_refused_input_writes_no_shards || fail prep_refused_input_writes_no_shards "$(ls $TMP/x)"
+expect_exit prep_binary_ok_tokenizes_it 0 "^data prep: 1 documents, 0.0 MB -> 12801 tokens" -- \
+    $P --out $TMP/y --binary-ok $TMP/bin.dat
+expect_exit prep_stdin_twice_exits_2 2 'standard input\) twice' -- $P --out $TMP/x - -
+expect_exit prep_val_fraction_0_no_val 0 "val: 0 tokens in 0 shards" -- $P --out $TMP/z --val-fraction 0 $TMP/big.txt
+expect_exit prep_one_thread_grammar 0 "1 thread\)" -- $P --out $TMP/z2 $TMP/big.txt
+
+# Parquet through pyarrow (optional): rows stream into data prep's standard input
+python3 -c 'import pyarrow' 2>/dev/null || pip install -q pyarrow >/dev/null 2>&1
+if python3 -c 'import pyarrow' 2>/dev/null; then
+    python3 - $TMP <<'EOT'
+import json, sys
+import pyarrow as pa, pyarrow.parquet as pq
+d = sys.argv[1]
+texts = [json.loads(l)["text"] for l in open(f"{d}/docs.jsonl")]
+pq.write_table(pa.table({"id": list(range(len(texts))), "text": texts}), f"{d}/docs.parquet", row_group_size=64)
+EOT
+    python3 scripts/parquet-text.py $TMP/docs.parquet >$TMP/pq.jsonl
+    same_tokens prep_parquet_through_stdin $TMP/docs.jsonl - <$TMP/pq.jsonl
+    expect_exit parquet_missing_column 1 "no column 'body'" -- python3 scripts/parquet-text.py --column body $TMP/docs.parquet
+else
+    echo "SKIP prep_parquet_through_stdin: pyarrow could not be installed"
+fi
+exit 0
