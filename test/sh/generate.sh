@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # `ustrain generate`: tiny llama (grouped-query), gpt2 (learned positions, a prompt longer than one
-# prefill chunk), a llama with experts and a shared expert in every layer, and a Qwen2-like llama
-# (q/k/v biases, llama3 rope scaling, tied embeddings) are trained for a few steps; greedy
-# generation with the KV cache must give, at every step, the logits an independent numpy forward
-# of the whole sequence without a cache computes (test/tools/generate_check.py), and where torch
-# and transformers are installed, the exported model's generate(do_sample=False) must pick the
-# same tokens (else a visible SKIP). Sampling is a pure function of the seed; max_seq_len stops
-# generation with a note; bad input exits 2 before the weights are read.
+# prefill chunk), a llama with experts and a shared expert in every layer, a Mixtral-shaped one
+# and a Qwen2-like llama (q/k/v biases, llama3 rope scaling, tied embeddings) are trained for a
+# few steps; greedy generation with the KV cache must give, at every step, the logits an
+# independent numpy forward of the whole sequence without a cache computes
+# (test/tools/generate_check.py), and where torch and transformers are installed, the exported
+# model's (llama, gpt2, Mixtral, Qwen2-like) generate(do_sample=False) must pick the same tokens
+# (else a visible SKIP). Sampling is a pure function of the seed; max_seq_len stops generation
+# with a note; bad input exits 2 before the weights are read.
 . "$(dirname "$0")/../lib.sh"
 
 CHECK="python3 test/tools/generate_check.py"
@@ -37,10 +38,11 @@ LONG=$(python3 -c 'print(("the quick brown fox jumps over the lazy dog. " * 4)[:
 train llama 's/x/x/'
 train gpt2 's/arch: llama/arch: gpt2/; s/max_seq_len: 64/max_seq_len: 192/'
 train moe 's/max_seq_len: 64}/max_seq_len: 64, moe: {num_experts: 4, top_k: 2, d_ff_expert: 48, shared_expert: true}}/'
+train mixtral 's/max_seq_len: 64}/max_seq_len: 64, moe: {num_experts: 4, top_k: 2, d_ff_expert: 48}}/'
 train qwen 's/max_seq_len: 64}/max_seq_len: 64, qkv_bias: true, tie_embeddings: true, rope_theta: 500000, rope_scaling: {type: llama3, factor: 8, low_freq_factor: 1, high_freq_factor: 4, original_max_position_embeddings: 16}}/'
 
 # greedy with the cache against the numpy forward without one, every step
-for t in llama gpt2 moe qwen; do
+for t in llama gpt2 moe mixtral qwen; do
     p="$PROMPT"
     [ $t = gpt2 ] && p="$LONG" # 150 tokens: two prefill chunks of 128 and 22
     if ! $UST generate $TMP/$t/ckpt --prompt "$p" --tokenizer bytes --temperature 0 --max-new-tokens 16 \
@@ -107,7 +109,7 @@ grep -q "21 prompt tokens, 0 new tokens" $TMP/eot.err && [ "$(cat $TMP/eot.out)"
 
 # --- transformers: the exported model's greedy generate picks the same tokens
 if python3 -c 'import torch, transformers' 2>/dev/null; then
-    for t in llama gpt2; do
+    for t in llama gpt2 mixtral qwen; do
         p="$PROMPT"
         [ $t = gpt2 ] && p="$LONG"
         $UST export $TMP/$t/ckpt --to hf $TMP/$t-hf >/dev/null 2>&1 || { fail generate_${t}_matches_transformers "export failed"; continue; }
