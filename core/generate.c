@@ -144,10 +144,66 @@ static void stream_end(text_stream *t) {
 
 /* ------------------------------------------------------------------ weight sources */
 
+/* Where a model comes from: its config, the weight source infer_create reads, the tokenizer it
+ * names ("" none) with its end-of-text id (-1: the tokenizer's), and how to close it. A format
+ * is an open function filling one; a Hugging Face directory (core/hf_import) is one more. */
+typedef struct {
+    ust_config cfg;
+    infer_read_fn read;
+    void *ctx;
+    void (*close)(void *ctx);
+    char where[PATH_MAX]; /* for messages: the step directory */
+    char tokenizer[PATH_MAX];
+    int eot;
+} gen_source;
+
 /* A ustrain checkpoint step: model.safetensors, whole fp32 tensors under canonical names. */
 static int read_ckpt(void *ctx, const ckpt_tensor *t, float *host, ust_err *e) {
     ckpt_slice s = ckpt_whole(t);
     return ckpt_read_slice(ctx, "model.safetensors", t, &s, host, e);
+}
+
+static void close_ckpt(void *ctx) { ckpt_close(ctx); }
+
+/* state.json's "tokenizer" record ({"path": tokenizer.json or "bytes", "eot_id": N}), if any. */
+static void tokenizer_record(gen_source *src, const char *state_json) {
+    cJSON *j = cJSON_Parse(state_json);
+    const cJSON *rec = cJSON_GetObjectItemCaseSensitive(j, "tokenizer");
+    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(rec, "path");
+    const cJSON *re = cJSON_GetObjectItemCaseSensitive(rec, "eot_id");
+    if (cJSON_IsString(rp)) snprintf(src->tokenizer, sizeof src->tokenizer, "%s", rp->valuestring);
+    if (cJSON_IsNumber(re)) src->eot = (int)re->valuedouble;
+    cJSON_Delete(j);
+}
+
+/* path: a step directory, or a checkpoint directory (its newest finished step). */
+static int open_ckpt_source(const char *path, gen_source *src, ust_err *e) {
+    if (ckpt_resolve_step(path, "generate", src->where, sizeof src->where, e) ||
+        ckpt_load_config(src->where, "generate", &src->cfg, e))
+        return -1;
+    ckpt_reader *r = ckpt_open(src->where, e);
+    if (!r) return -1;
+    src->read = read_ckpt, src->ctx = r, src->close = close_ckpt;
+    tokenizer_record(src, ckpt_state_json(r));
+    return 0;
+}
+
+/* A Hugging Face model directory (config.json, no state.json): the importer reads those. */
+static int is_hf_dir(const char *path) {
+    char p[PATH_MAX + 32], q[PATH_MAX + 32];
+    snprintf(p, sizeof p, "%s/config.json", path);
+    snprintf(q, sizeof q, "%s/state.json", path);
+    return access(p, F_OK) == 0 && access(q, F_OK) != 0;
+}
+
+static int open_source(const char *path, gen_source *src, ust_err *e) {
+    src->eot = -1;
+    if (is_hf_dir(path))
+        return ust_errf(e,
+                        "generate: %s is a Hugging Face model directory; this build reads ustrain "
+                        "checkpoints only (the importer, core/hf_import, is not part of it)",
+                        path);
+    return open_ckpt_source(path, src, e);
 }
 
 /* Random weights for the benchmark: N(0, 0.02) matrices, norms' weights 1, biases 0. */
@@ -164,31 +220,23 @@ static int read_random(void *ctx, const ckpt_tensor *t, float *host, ust_err *e)
 
 /* ------------------------------------------------------------------ the tokenizer */
 
-/* --tokenizer, else the checkpoint's state.json "tokenizer" record ({"path": tokenizer.json or
- * "bytes", "eot_id": N}); *eot gets the end-of-text id (the record's, else the tokenizer's). */
-static int pick_tokenizer(const char *opt, const char *state_json, const char *step,
-                          tok_tokenizer **t, int *eot, ust_err *e) {
-    const char *path = opt;
-    cJSON *j = cJSON_Parse(state_json);
-    const cJSON *rec = cJSON_GetObjectItemCaseSensitive(j, "tokenizer");
-    const cJSON *rp = cJSON_GetObjectItemCaseSensitive(rec, "path");
-    const cJSON *re = cJSON_GetObjectItemCaseSensitive(rec, "eot_id");
-    if (!path && cJSON_IsString(rp)) path = rp->valuestring;
-    int rc = 0;
-    *eot = -1;
+/* --tokenizer, else the one the source names; *eot gets the end-of-text id (the source's record
+ * unless --tokenizer overrides it, else the tokenizer's own). */
+static int pick_tokenizer(const char *opt, const gen_source *src, tok_tokenizer **t, int *eot,
+                          ust_err *e) {
+    const char *path = opt ? opt : src->tokenizer[0] ? src->tokenizer : NULL;
     if (!path)
-        rc = ust_errf(e,
-                      "generate: %s does not record its tokenizer (state.json has no "
-                      "\"tokenizer\"): pass --tokenizer tokenizer.json, or --tokenizer bytes for "
-                      "byte-level data (ustrain data demo, data prep without --tokenizer)",
-                      step);
-    else if (!strcmp(path, "bytes"))
+        return ust_errf(e,
+                        "generate: %s does not record its tokenizer (state.json has no "
+                        "\"tokenizer\"): pass --tokenizer tokenizer.json, or --tokenizer bytes "
+                        "for byte-level data (ustrain data demo, data prep without --tokenizer)",
+                        src->where);
+    if (!strcmp(path, "bytes"))
         *t = tok_bytes();
     else if (tok_load(t, path, e))
-        rc = -1;
-    if (!rc) *eot = !opt && cJSON_IsNumber(re) ? (int)re->valuedouble : tok_eot(*t);
-    cJSON_Delete(j);
-    return rc;
+        return -1;
+    *eot = !opt && src->eot >= 0 ? src->eot : tok_eot(*t);
+    return 0;
 }
 
 /* The prompt's ids, refused when empty, longer than max_seq_len or outside the vocabulary. */
@@ -273,53 +321,35 @@ static void print_stats(const gen_stats *st, int S) {
         fprintf(stderr, "generate: stopped at the model's max_seq_len (%d positions)\n", S);
 }
 
-/* A Hugging Face model directory (config.json beside safetensors): the importer reads those. */
-static int is_hf_dir(const char *path) {
-    char p[PATH_MAX + 32], q[PATH_MAX + 32];
-    snprintf(p, sizeof p, "%s/config.json", path);
-    snprintf(q, sizeof q, "%s/state.json", path);
-    return access(p, F_OK) == 0 && access(q, F_OK) != 0;
-}
-
 typedef struct {
-    ust_config cfg;
-    ckpt_reader *r;
+    gen_source src;
     tok_tokenizer *tok;
     tok_ids ids;
     int eot;
-    char step[PATH_MAX];
 } gen_input;
 
 /* Everything that can be wrong with the input, checked before any weight is read. */
-static int check_input(const char *ckpt, const gen_options *opt, gen_input *in, ust_err *e) {
-    if (is_hf_dir(ckpt))
-        return ust_errf(e,
-                        "generate: %s is a Hugging Face model directory; this build reads ustrain "
-                        "checkpoints only (the importer, core/hf_import, is not part of it)",
-                        ckpt);
-    if (ckpt_resolve_step(ckpt, "generate", in->step, sizeof in->step, e) ||
-        ckpt_load_config(in->step, "generate", &in->cfg, e))
+static int check_input(const char *path, const gen_options *opt, gen_input *in, ust_err *e) {
+    if (open_source(path, &in->src, e) ||
+        pick_tokenizer(opt->tokenizer, &in->src, &in->tok, &in->eot, e))
         return -1;
-    if (!(in->r = ckpt_open(in->step, e))) return -1;
-    if (pick_tokenizer(opt->tokenizer, ckpt_state_json(in->r), in->step, &in->tok, &in->eot, e))
-        return -1;
-    return encode_prompt(in->tok, opt, &in->cfg, &in->ids, e);
+    return encode_prompt(in->tok, opt, &in->src.cfg, &in->ids, e);
 }
 
 static void free_input(gen_input *in) {
-    ckpt_close(in->r);
+    if (in->src.close) in->src.close(in->src.ctx);
     tok_free(in->tok);
     free(in->ids.ids);
 }
 
 static int generate(gen_input *in, const gen_options *opt, ust_err *e) {
-    ust_config *c = &in->cfg;
+    ust_config *c = &in->src.cfg;
     c->run.device = opt->device;
     c->train.precision = PREC_FP32; /* fp32 activations: the weights are fp32 anyway */
     ust_ops *ops = ops_create(c, 0, 1, e);
     if (!ops) return UST_EXIT_USAGE;
     infer_model *m = NULL;
-    if (infer_create(&m, c, ops, GEN_CHUNK, read_ckpt, in->r, e)) {
+    if (infer_create(&m, c, ops, GEN_CHUNK, in->src.read, in->src.ctx, e)) {
         ops->destroy(ops);
         return UST_EXIT_USAGE;
     }
