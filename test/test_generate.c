@@ -4,6 +4,8 @@
 #include "test.h"
 
 #include "generate.h"
+#include "infer.h"
+#include "rng.h"
 
 #include <math.h>
 
@@ -138,6 +140,83 @@ static void test_utf8_ready_holds_only_incomplete_characters(void) {
     }
 }
 
+/* ---- the KV cache (core/infer) on random weights ---- */
+
+static int read_random(void *ctx, const ckpt_tensor *t, float *host, ust_err *e) {
+    (void)ctx, (void)e;
+    int64_t n = t->ndim == 2 ? t->shape[0] * t->shape[1] : t->shape[0];
+    for (int64_t i = 0; i < n; i++)
+        host[i] = t->ndim == 2 ? 0.1f * rng_normal(5, rng_hash_str(t->name), (uint64_t)i) : 1.0f;
+    return 0;
+}
+
+static const char *TINY_MOE =
+    "model: {arch: llama, n_layer: 2, d_model: 32, n_head: 4, n_kv_head: 2, "
+    "d_ff: 48, vocab_size: 70, max_seq_len: 32, moe: {num_experts: 4, "
+    "top_k: 2, d_ff_expert: 24, every: 2}}\ntrain: {seq_len: 16}\n";
+
+/* The last logits after 11 tokens: prefilled at once, in chunks of 4 (a chunk model), or one at
+ * a time, all attend over the same cache: equal within fp32 reassociation of the matmuls (GEMM
+ * vs GEMV rows), 1e-5 of the logits' scale. After infer_reset the cache is empty again: the same
+ * tokens give the same bits. */
+static void test_cache_gives_the_same_logits_whatever_the_chunks(void) {
+    ust_config c;
+    ust_err e;
+    cfg_defaults(&c);
+    CHECK(cfg_load_string(&c, TINY_MOE, "t.yaml", &e) == 0 && cfg_validate(&c, 0, &e) == 0, "%s",
+          e.msg);
+    ust_ops *o = ops_cpu_create(1, 1);
+    infer_model *whole = NULL, *chunked = NULL;
+    CHECK(infer_create(&whole, &c, o, 16, read_random, NULL, &e) == 0, "%s", e.msg);
+    CHECK(infer_create(&chunked, &c, o, 4, read_random, NULL, &e) == 0, "%s", e.msg);
+    int32_t tok[11] = {1, 5, 9, 33, 2, 69, 0, 7, 7, 40, 12};
+    float a[70], b[70], d[70], again[70];
+    infer_forward(whole, tok, 11, a);
+    for (int i = 0; i < 11; i += 4) infer_forward(chunked, tok + i, i + 4 <= 11 ? 4 : 11 - i, b);
+    infer_reset(whole);
+    for (int i = 0; i < 11; i++) infer_forward(whole, tok + i, 1, d);
+    CHECK(infer_len(whole) == 11 && infer_len(chunked) == 11, "cache lengths %d %d",
+          infer_len(whole), infer_len(chunked));
+    infer_reset(whole);
+    infer_forward(whole, tok, 11, again);
+    double scale = 0;
+    for (int v = 0; v < 70; v++) scale = fmax(scale, fabs(a[v]));
+    for (int v = 0; v < 70; v++) {
+        CHECK(fabs(a[v] - b[v]) <= 1e-5 * scale, "logit %d: whole %g, chunks of 4 %g", v, a[v],
+              b[v]);
+        CHECK(fabs(a[v] - d[v]) <= 1e-5 * scale, "logit %d: whole %g, one by one %g", v, a[v],
+              d[v]);
+        CHECK(a[v] == again[v], "logit %d after reset: %g then %g", v, a[v], again[v]);
+    }
+    infer_destroy(whole);
+    infer_destroy(chunked);
+    o->destroy(o);
+}
+
+/* The bytes a decoding step reads, counted by hand for TINY_MOE: one embedding row, the real 70
+ * rows of the head, every dense tensor, and of the MoE layer (layer 0; every: 2) the router and
+ * 2 of the 4 experts. */
+static void test_weight_bytes_per_token_count_only_what_a_step_reads(void) {
+    ust_config c;
+    ust_err e;
+    cfg_defaults(&c);
+    CHECK(cfg_load_string(&c, TINY_MOE, "t.yaml", &e) == 0 && cfg_validate(&c, 0, &e) == 0, "%s",
+          e.msg);
+    ust_ops *o = ops_cpu_create(1, 1);
+    infer_model *m = NULL;
+    CHECK(infer_create(&m, &c, o, 8, read_random, NULL, &e) == 0, "%s", e.msg);
+    int64_t C = 32, KV = 16, F = 48, Fe = 24, attn = C + 2 * C * C + 2 * KV * C + C;
+    int64_t dense = attn + 3 * F * C, moe = attn + 4 * C + 2 * 3 * Fe * C;
+    int64_t want = 4 * (C + dense + moe + C + 70 * C);
+    CHECK(infer_weight_bytes_per_token(m) == want, "%lld bytes, expected %lld",
+          (long long)infer_weight_bytes_per_token(m), (long long)want);
+    int64_t all = 128 * C + dense + (attn + 4 * C + 4 * 3 * Fe * C) + C + 128 * C;
+    CHECK(infer_param_count(m) == all, "%lld parameters, expected %lld",
+          (long long)infer_param_count(m), (long long)all);
+    infer_destroy(m);
+    o->destroy(o);
+}
+
 int main(void) {
     RUN_TEST(test_greedy_takes_the_first_of_equal_maxima);
     RUN_TEST(test_draws_follow_the_probabilities);
@@ -146,5 +225,7 @@ int main(void) {
     RUN_TEST(test_temperature_scales_the_logits);
     RUN_TEST(test_seed_fixes_the_draws);
     RUN_TEST(test_utf8_ready_holds_only_incomplete_characters);
+    RUN_TEST(test_cache_gives_the_same_logits_whatever_the_chunks);
+    RUN_TEST(test_weight_bytes_per_token_count_only_what_a_step_reads);
     return TEST_SUMMARY();
 }
