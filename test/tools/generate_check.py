@@ -23,12 +23,48 @@ def load_dump(path, V):
     return d.reshape(-1, V)
 
 
+def scalar(v):
+    v = v.strip()
+    if v.startswith('"'):
+        return json.loads(v)
+    if v in ("true", "false"):
+        return v == "true"
+    if v == "null":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(v)
+        except ValueError:
+            pass
+    return v
+
+
+def parse_config(text):
+    """The effective config as cfg_dump writes it: nested "key: value" lines, two spaces per
+    level (no PyYAML needed, which CI may lack)."""
+    root, stack = {}, [(-1, None)]
+    stack[0] = (-1, root)
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        depth = len(line) - len(line.lstrip(" "))
+        key, _, value = line.strip().partition(":")
+        while stack[-1][0] >= depth:
+            stack.pop()
+        parent = stack[-1][1]
+        if value.strip() == "":
+            parent[key] = {}
+            stack.append((depth, parent[key]))
+        else:
+            parent[key] = scalar(value)
+    return root
+
+
 def load_model(step):
-    import yaml
     from safetensors.numpy import load_file
 
     state = json.load(open(f"{step}/state.json"))
-    cfg = yaml.safe_load(state["config"])
+    cfg = parse_config(state["config"])
     w = {k: v.astype(np.float64) for k, v in load_file(f"{step}/model.safetensors").items()}
     return cfg, w
 
