@@ -201,19 +201,22 @@ static double lin_loss(void *p) {
     return dot_r(c->out, c->R, (int64_t)c->N * c->OC);
 }
 
+/* N = 1 too: the CPU backend computes one row (a decoding step) as a GEMV, not a GEMM. */
 static void test_linear_forward_matches_reference_with_and_without_bias(void) {
     int N = 6, C = 5, OC = 7;
     float *inp = randv(N * C, 1), *w = randv(OC * C, 1), *bias = randv(OC, 1), *out = fbuf(N * OC);
     double ref[6 * 7];
-    for (int with_bias = 0; with_bias < 2; with_bias++) {
-        O->linear_fwd(O, out, inp, w, with_bias ? bias : NULL, N, C, OC);
+    for (int with_bias = 0; with_bias < 4; with_bias++) {
+        N = with_bias < 2 ? 6 : 1;
+        O->linear_fwd(O, out, inp, w, with_bias % 2 ? bias : NULL, N, C, OC);
         for (int n = 0; n < N; n++)
             for (int o = 0; o < OC; o++) {
-                double s = with_bias ? bias[o] : 0.0;
+                double s = with_bias % 2 ? bias[o] : 0.0;
                 for (int c = 0; c < C; c++) s += (double)inp[n * C + c] * w[o * C + c];
                 ref[n * OC + o] = s;
             }
-        CHECK(close_d("out", out, ref, N * OC, 1e-5, 1e-5), "bias=%d: %s", with_bias, msg);
+        CHECK(close_d("out", out, ref, N * OC, 1e-5, 1e-5), "N=%d bias=%d: %s", N, with_bias % 2,
+              msg);
     }
     fr(inp), fr(w), fr(bias), fr(out);
 }
@@ -518,8 +521,11 @@ static void test_rope_backward_matches_finite_differences_and_inverts_forward(vo
  * values (head dim 128, theta 500000, factor 8, low 1, high 4, original 8192): all three bands
  * occur, and the op rotates by the scaled angles. */
 static void test_rope_llama3_scaling_matches_transformers_formula(void) {
-    const ust_rope r = {.theta = 500000, .factor = 8, .low_freq_factor = 1,
-                        .high_freq_factor = 4, .original_max_pos = 8192};
+    const ust_rope r = {.theta = 500000,
+                        .factor = 8,
+                        .low_freq_factor = 1,
+                        .high_freq_factor = 4,
+                        .original_max_pos = 8192};
     enum { D = 128 };
     int bands[3] = {0, 0, 0};
     for (int i = 0; i < D / 2; i++) {
@@ -532,8 +538,8 @@ static void test_rope_llama3_scaling_matches_transformers_formula(void) {
         double want = medium ? smoothed : scaled;
         bands[wavelen < high_wavelen ? 0 : medium ? 1 : 2]++;
         double got = ust_rope_inv_freq(&r, i, D);
-        CHECK(fabs(got - want) <= 1e-12 * want, "inv_freq[%d] = %.17g, transformers' %.17g", i,
-              got, want);
+        CHECK(fabs(got - want) <= 1e-12 * want, "inv_freq[%d] = %.17g, transformers' %.17g", i, got,
+              want);
     }
     CHECK(bands[0] && bands[1] && bands[2], "bands %d/%d/%d: not all three exercised", bands[0],
           bands[1], bands[2]);
