@@ -44,6 +44,11 @@ int cmd_bench_attention(int argc, char **argv);
 /* ustrain export CKPT --to hf OUT: a checkpoint in the Hugging Face transformers layout. */
 int cmd_export(int argc, char **argv);
 
+/* ustrain generate CKPT (--prompt TEXT | --prompt-file F) ...: text from a trained checkpoint;
+ * ustrain bench generate CONFIG: decode tokens/s against the memory-bandwidth bound. */
+int cmd_generate(int argc, char **argv);
+int cmd_bench_generate(int argc, char **argv);
+
 /* ustrain data prep --out DIR [--tokenizer tokenizer.json] ... FILE...: text -> llm.c shards. */
 int cmd_data_prep(int argc, char **argv);
 

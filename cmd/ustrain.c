@@ -43,6 +43,10 @@ static const char *USAGE =
     "                                            (ustrain plan --help: every option)\n"
     "  export CKPT --to hf OUT                   checkpoint -> Hugging Face model.safetensors +\n"
     "                                            config.json (LlamaForCausalLM / GPT2LMHeadModel)\n"
+    "  generate CKPT (--prompt TEXT | --prompt-file F) [--max-new-tokens N] [--temperature T]\n"
+    "           [--top-k K] [--top-p P] [--seed S] [--device cpu|cuda] [--tokenizer PATH|bytes]\n"
+    "                                            text from a checkpoint (KV cache, streamed)\n"
+    "  bench generate CONFIG [--new-tokens N]    decode tokens/s vs the memory-bandwidth bound\n"
     "  --help, --version\n"
     "\n"
     "exit codes: 0 success, 1 runtime failure, 2 bad usage, config or input\n";
@@ -80,7 +84,8 @@ static const char *BENCH_USAGE =
     "       ustrain bench comm [--min-bytes B] [--max-bytes B] [--iters N] [--backend shm|nccl]\n"
     "       ustrain bench attention [--seq-len T] [--doc-len L] [--iters N] ...\n"
     "                          [--timeout S]\n"
-    "  (ustrain bench train --help, ustrain bench comm --help)\n";
+    "       ustrain bench generate CONFIG [--prompt-tokens N] [--new-tokens N] [--set ...]\n"
+    "  (ustrain bench train --help, ustrain bench comm --help, ustrain bench generate --help)\n";
 
 static int usage_error(const char *fmt, const char *arg) {
     return cmd_usage_error("ustrain", "(run `ustrain --help` for usage)", fmt, arg);
@@ -307,8 +312,11 @@ static int cmd_bench(int argc, char **argv) {
     if (argc >= 1 && strcmp(argv[0], "comm") == 0) return cmd_bench_comm(argc - 1, argv + 1);
     if (argc >= 1 && strcmp(argv[0], "attention") == 0)
         return cmd_bench_attention(argc - 1, argv + 1);
+    if (argc >= 1 && strcmp(argv[0], "generate") == 0)
+        return cmd_bench_generate(argc - 1, argv + 1);
     if (cmd_wants_help(argc, argv)) return cmd_print_usage(BENCH_USAGE);
-    return cmd_usage_error("ustrain", BENCH_USAGE, "%s", "bench needs train, comm or attention");
+    return cmd_usage_error("ustrain", BENCH_USAGE, "%s",
+                           "bench needs train, comm, attention or generate");
 }
 
 int main(int argc, char **argv) {
@@ -329,6 +337,7 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "data") == 0) return cmd_data(argc - 2, argv + 2);
     if (strcmp(argv[1], "bench") == 0) return cmd_bench(argc - 2, argv + 2);
     if (strcmp(argv[1], "export") == 0) return cmd_export(argc - 2, argv + 2);
+    if (strcmp(argv[1], "generate") == 0) return cmd_generate(argc - 2, argv + 2);
     if (strcmp(argv[1], "plan") == 0) return cmd_plan(argc - 2, argv + 2);
     return usage_error("unknown command '%s'", argv[1]);
 }

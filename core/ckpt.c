@@ -204,7 +204,7 @@ struct ckpt_writer {
     int nfiles;
     bool failed; /* an earlier call failed on this rank: later writes are skipped, commit fails */
     ust_err first_error; /* the reason, which commit reports (rank 0 for every rank) */
-    bool slept;  /* UST_FAULT_CKPT_SLEEP_MS was applied */
+    bool slept;          /* UST_FAULT_CKPT_SLEEP_MS was applied */
 };
 
 /* Errors are sticky, like ferror: the first one is kept and later writes are skipped, so a
@@ -247,8 +247,8 @@ static int tmp_name(char *out, size_t n, const char *dir, int64_t step, const ch
     return pathf(out, n, e, "%s/" TMP_PREFIX "%lld%s", dir, (long long)step, tag);
 }
 
-ckpt_writer *ckpt_begin(const char *dir, int64_t step, int rank, const char *job,
-                        ckpt_sync_fn sync, void *sync_arg, ust_err *e) {
+ckpt_writer *ckpt_begin(const char *dir, int64_t step, int rank, const char *job, ckpt_sync_fn sync,
+                        void *sync_arg, ust_err *e) {
     if (step < 0) {
         ust_errf(e, "checkpoint: negative step %lld", (long long)step);
         return NULL;
@@ -397,7 +397,8 @@ int ckpt_add_file(ckpt_writer *w, const char *file, const ckpt_tensor *tensors, 
     }
     free(hdr);
     bool any = wsync(w, rc != 0 && w->rank == 0);
-    if (!rc && w->rank != 0 && any) rc = ust_errf(e, "checkpoint: rank 0 could not create %s", f->path);
+    if (!rc && w->rank != 0 && any)
+        rc = ust_errf(e, "checkpoint: rank 0 could not create %s", f->path);
     if (!rc && w->rank != 0) {
         f->fd = open(f->path, O_WRONLY | O_CLOEXEC);
         if (f->fd < 0) rc = ust_errf(e, "checkpoint: cannot open %s: %s", f->path, strerror(errno));
@@ -690,8 +691,8 @@ static int is_finished(const char *dir, const char *name, ust_err *e) {
     if (snprintf(p, sizeof p, "%s/%s/%s", dir, name, STATE_JSON) >= (int)sizeof p) return 0;
     if (stat(p, &st) != 0) return 0;
     if (!S_ISREG(st.st_mode))
-        return ust_errf(e, "checkpoint %s/%s: %s is %s, not a regular file", dir, name,
-                        STATE_JSON, fs_kind(st.st_mode));
+        return ust_errf(e, "checkpoint %s/%s: %s is %s, not a regular file", dir, name, STATE_JSON,
+                        fs_kind(st.st_mode));
     return 1;
 }
 
@@ -1191,4 +1192,51 @@ int ckpt_read_slice(ckpt_reader *r, const char *file, const ckpt_tensor *expect,
     if (check_slice(s, rows, cols, expect->name, e)) return -1;
     read_ctx c = {f->data + en->begin, host_out};
     return for_each_run(s, cols, read_run, &c, e);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * What the tools (export, generate) read of a finished checkpoint */
+
+int ckpt_resolve_step(const char *path, const char *who, char *out, int n, ust_err *e) {
+    char p[PATH_MAX];
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return ust_errf(e, "%s: checkpoint %s: %s", who, path, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return ust_errf(e,
+                        "%s: %s is not a checkpoint directory (expected a step directory "
+                        "holding state.json and model.safetensors)",
+                        who, path);
+    snprintf(p, sizeof p, "%s/state.json", path);
+    if (access(p, F_OK) == 0) {
+        snprintf(out, (size_t)n, "%s", path);
+        return 0;
+    }
+    int found = ckpt_find_latest(path, out, n, e);
+    if (found < 0) return -1;
+    if (!found)
+        return ust_errf(e,
+                        "%s: %s is not a checkpoint: no state.json there, and no finished "
+                        "step_N inside it",
+                        who, path);
+    return 0;
+}
+
+int ckpt_load_config(const char *step, const char *who, ust_config *c, ust_err *e) {
+    ckpt_reader *r = ckpt_open(step, e);
+    if (!r) return -1;
+    cJSON *j = cJSON_Parse(ckpt_state_json(r));
+    ckpt_close(r);
+    const cJSON *y = cJSON_GetObjectItemCaseSensitive(j, "config");
+    char where[PATH_MAX + 32];
+    snprintf(where, sizeof where, "%s/state.json (config)", step);
+    int rc = 0;
+    if (!cJSON_IsString(y))
+        rc = ust_errf(e, "%s: %s/state.json is not a ustrain checkpoint state (no \"config\" text)",
+                      who, step);
+    cfg_defaults(c);
+    if (!rc) rc = cfg_load_string(c, y->valuestring, where, e);
+    if (!rc) rc = cfg_validate(c, 0, e);
+    cJSON_Delete(j);
+    return rc;
 }

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "config.h"
 #include "error.h"
 
 #define CKPT_NAME_MAX 128
@@ -52,8 +53,8 @@ typedef int (*ckpt_sync_fn)(void *arg, int failed, char *msg, size_t cap);
  * for one rank) synchronizes them where the protocol needs it. Errors are sticky: after one,
  * later calls do nothing and fail, and ckpt_commit reports the first (rank 0 quotes a failed
  * rank's reason), so every rank always reaches the commit. */
-ckpt_writer *ckpt_begin(const char *dir, int64_t step, int rank, const char *job,
-                        ckpt_sync_fn sync, void *sync_arg, ust_err *e);
+ckpt_writer *ckpt_begin(const char *dir, int64_t step, int rank, const char *job, ckpt_sync_fn sync,
+                        void *sync_arg, ust_err *e);
 /* Declares a file (e.g. "model.safetensors") with its tensors in order; returns its index. */
 int ckpt_add_file(ckpt_writer *w, const char *file, const ckpt_tensor *tensors, int n, ust_err *e);
 int ckpt_write_slice(ckpt_writer *w, int file, const char *name, const ckpt_slice *s,
@@ -81,7 +82,7 @@ const char *ckpt_state_json(const ckpt_reader *r); /* contents of state.json */
  * batch_since: since which step (and sample) the global batch has been batch_size sequences,
  * so sample_index = batch_since_sample + (step - batch_since_step) x batch_size. */
 typedef struct {
-    int64_t step, sample_index; /* steps done, samples consumed */
+    int64_t step, sample_index;                               /* steps done, samples consumed */
     int64_t batch_since_step, batch_since_sample, batch_size; /* batch_size 0: not recorded */
     double loss;                                              /* NaN when absent */
 } ckpt_state;
@@ -89,6 +90,14 @@ typedef struct {
  * integers, step must be the one dir's name (step_<N>) says, and sample_index what batch_since
  * implies when it is recorded; -1 with a message naming the values otherwise. */
 int ckpt_parse_state(const char *json, const char *dir, ckpt_state *out, ust_err *e);
+
+/* What the tools read of a finished checkpoint; `who` (e.g. "export") starts the messages.
+ * ckpt_resolve_step: path as given when it is a step directory (it holds state.json), else the
+ * newest finished step of the checkpoint directory path; -1 when it is neither.
+ * ckpt_load_config: the effective config the step was trained with (state.json's "config", YAML
+ * text), loaded over the defaults and validated (world size unchecked). */
+int ckpt_resolve_step(const char *path, const char *who, char *out, int n, ust_err *e);
+int ckpt_load_config(const char *step, const char *who, ust_config *c, ust_err *e);
 
 /* Minimal safetensors access used by the readers above and by tests/tools. */
 typedef struct st_file st_file;

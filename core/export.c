@@ -169,54 +169,6 @@ static int write_config(const ust_config *c, const char *path, ust_err *e) {
 /* ---------------------------------------------------------------------------------------------
  * The checkpoint side */
 
-/* A step directory as given, or the newest finished step of a checkpoint directory. */
-static int resolve_step(const char *ckpt, char *out, int n, ust_err *e) {
-    char p[PATH_MAX];
-    struct stat st;
-    if (stat(ckpt, &st) != 0)
-        return ust_errf(e, "export: checkpoint %s: %s", ckpt, strerror(errno));
-    if (!S_ISDIR(st.st_mode))
-        return ust_errf(e,
-                        "export: %s is not a checkpoint directory (expected a step directory "
-                        "holding state.json and model.safetensors)",
-                        ckpt);
-    snprintf(p, sizeof p, "%s/state.json", ckpt);
-    if (access(p, F_OK) == 0) {
-        snprintf(out, (size_t)n, "%s", ckpt);
-        return 0;
-    }
-    int found = ckpt_find_latest(ckpt, out, n, e);
-    if (found < 0) return -1;
-    if (!found)
-        return ust_errf(e,
-                        "export: %s is not a checkpoint: no state.json there, and no finished "
-                        "step_N inside it",
-                        ckpt);
-    return 0;
-}
-
-/* The effective config the checkpoint was trained with (state.json's "config", YAML text). */
-static int load_config(ust_config *c, const char *step, ust_err *e) {
-    ckpt_reader *r = ckpt_open(step, e);
-    if (!r) return -1;
-    cJSON *j = cJSON_Parse(ckpt_state_json(r));
-    ckpt_close(r);
-    const cJSON *y = cJSON_GetObjectItemCaseSensitive(j, "config");
-    char where[PATH_MAX];
-    snprintf(where, sizeof where, "%s/state.json (config)", step);
-    int rc = 0;
-    if (!cJSON_IsString(y))
-        rc = ust_errf(e,
-                      "export: %s/state.json is not a ustrain checkpoint state (no \"config\" "
-                      "text)",
-                      step);
-    cfg_defaults(c);
-    if (!rc) rc = cfg_load_string(c, y->valuestring, where, e);
-    if (!rc) rc = cfg_validate(c, 0, e);
-    cJSON_Delete(j);
-    return rc;
-}
-
 /* Refuses an OUT that exists but is not a directory before anything is written. */
 static int prepare_out(const char *out, ust_err *e) {
     struct stat st;
@@ -229,7 +181,9 @@ int export_hf(const char *ckpt, const char *out_dir, ust_err *e) {
     char step[PATH_MAX], src[PATH_MAX + 32], tmp_st[PATH_MAX + 64], tmp_cfg[PATH_MAX + 64],
         fin_st[PATH_MAX + 64], fin_cfg[PATH_MAX + 64];
     ust_config c;
-    if (resolve_step(ckpt, step, sizeof step, e) || load_config(&c, step, e)) return UST_EXIT_USAGE;
+    if (ckpt_resolve_step(ckpt, "export", step, sizeof step, e) ||
+        ckpt_load_config(step, "export", &c, e))
+        return UST_EXIT_USAGE;
     hf_table l = {0};
     if (hf_table_build(&l, &c, e)) return UST_EXIT_USAGE;
     snprintf(src, sizeof src, "%s/model.safetensors", step);

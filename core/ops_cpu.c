@@ -97,7 +97,13 @@ static void cpu_linear_fwd(const ust_ops *o, act *out_, const act *inp_, const f
                            const float *bias, int N, int C, int OC) {
     float *out = out_;
     const float *inp = inp_;
-    sgemm(o, out, inp, w, N, OC, C, 0, 1, 1.0f, 0.0f);
+    if (N == 1 && C > 0) { /* one token (decoding): OpenBLAS's GEMM would pack all of w first,
+                              reading it twice and writing it once; GEMV streams it once */
+        blas_threads(o);
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, OC, C, 1.0f, w, C, inp, 1, 0.0f, out, 1);
+    } else {
+        sgemm(o, out, inp, w, N, OC, C, 0, 1, 1.0f, 0.0f);
+    }
     if (!bias) return;
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int n = 0; n < N; n++) {

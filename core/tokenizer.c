@@ -175,6 +175,10 @@ struct tok_tokenizer {
      * byte, longest first, as [first[b], first[b+1]) in by_first */
     int first[2][257];
     int *by_first[2];
+    /* decoding: id -> its bytes (dec NULL for raw bytes, whose id is the byte) */
+    char **dec;
+    size_t *dec_len;
+    unsigned char byte_tab[256]; /* raw bytes: byte_tab[b] = b */
 };
 
 typedef struct {
@@ -204,6 +208,7 @@ tok_tokenizer *tok_bytes(void) {
     UST_ASSERT(t, "out of memory");
     t->vocab_size = 257;
     t->eot = 256;
+    for (int b = 0; b < 256; b++) t->byte_tab[b] = (unsigned char)b;
     t->cuttable = true;
     snprintf(t->describe, sizeof t->describe, "bytes");
     return t;
@@ -218,10 +223,24 @@ void tok_free(tok_tokenizer *t) {
     free(t->added);
     free(t->by_first[0]);
     free(t->by_first[1]);
+    for (int i = 0; t->dec && i < t->vocab_size; i++) free(t->dec[i]);
+    free(t->dec);
+    free(t->dec_len);
     free(t);
 }
 
 int tok_vocab_size(const tok_tokenizer *t) { return t->vocab_size; }
+
+int tok_decode(const tok_tokenizer *t, int32_t id, const char **s, size_t *len) {
+    if (id < 0 || id >= t->vocab_size) return -1;
+    if (!t->bpe) { /* the byte itself; end of text has no bytes */
+        *s = (const char *)&t->byte_tab[id < 256 ? id : 0], *len = id < 256;
+        return 0;
+    }
+    if (!t->dec[id]) return -1;
+    *s = t->dec[id], *len = t->dec_len[id];
+    return 0;
+}
 int tok_eot(const tok_tokenizer *t) { return t->eot; }
 const char *tok_describe(const tok_tokenizer *t) { return t->describe; }
 
@@ -533,6 +552,44 @@ static int load_added(tok_tokenizer *t, const cJSON *list, const cJSON *vocab, c
     return rc;
 }
 
+static void set_dec(tok_tokenizer *t, int32_t id, const void *bytes, size_t n) {
+    free(t->dec[id]);
+    t->dec[id] = malloc(n + 1);
+    UST_ASSERT(t->dec[id], "out of memory");
+    memcpy(t->dec[id], bytes, n);
+    t->dec[id][n] = 0;
+    t->dec_len[id] = n;
+}
+
+/* id -> bytes, as `tokenizers` decodes one id (skip_special_tokens=False): an added token is its
+ * content; a vocabulary entry goes through ByteLevel's unicode -> byte mapping (an entry outside
+ * that alphabet, which no byte-level encoding produces, is kept as written). */
+static void build_decoder(tok_tokenizer *t, const cJSON *vocab, const int16_t inv[512]) {
+    t->dec = calloc((size_t)t->vocab_size, sizeof *t->dec);
+    t->dec_len = calloc((size_t)t->vocab_size, sizeof *t->dec_len);
+    UST_ASSERT(t->dec && t->dec_len, "out of memory (%d tokens)", t->vocab_size);
+    size_t cap = 1024;
+    unsigned char *buf = malloc(cap);
+    UST_ASSERT(buf, "out of memory");
+    const cJSON *x;
+    cJSON_ArrayForEach(x, vocab) {
+        size_t len = strlen(x->string), n;
+        if (len > cap) {
+            free(buf);
+            buf = malloc(cap = len);
+            UST_ASSERT(buf, "out of memory");
+        }
+        int32_t id = (int32_t)x->valuedouble;
+        if (unmap_bytes(x->string, inv, buf, &n) == 0)
+            set_dec(t, id, buf, n);
+        else
+            set_dec(t, id, x->string, len);
+    }
+    free(buf);
+    for (int i = 0; i < t->nadded; i++)
+        set_dec(t, t->added[i].id, t->added[i].content, t->added[i].len);
+}
+
 static int load_json(tok_tokenizer *t, const cJSON *root, const char *path, ust_err *e) {
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
     if (!cJSON_IsObject(model)) return ust_errf(e, "%s: no \"model\" object", path);
@@ -576,8 +633,11 @@ static int load_json(tok_tokenizer *t, const cJSON *root, const char *path, ust_
             return ust_errf(e, "%s: unk_token '%s' is not in the vocabulary", path,
                             unk->valuestring);
     }
-    return load_added(t, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"),
-                      cJSON_GetObjectItemCaseSensitive(model, "vocab"), path, e);
+    if (load_added(t, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"),
+                   cJSON_GetObjectItemCaseSensitive(model, "vocab"), path, e))
+        return -1;
+    build_decoder(t, cJSON_GetObjectItemCaseSensitive(model, "vocab"), inv);
+    return 0;
 }
 
 int tok_load(tok_tokenizer **out, const char *path, ust_err *e) {

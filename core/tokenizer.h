@@ -36,6 +36,13 @@ void tok_work_free(tok_work *w);
 void tok_ids_push(tok_ids *v, int32_t id);
 void tok_encode(const tok_tokenizer *t, tok_work *w, const char *text, size_t len, tok_ids *out);
 
+/* The bytes of token id (*s, *len; valid while t lives), as `tokenizers` decodes one id with
+ * skip_special_tokens=False: added tokens are their content, other entries go through ByteLevel's
+ * unicode -> byte mapping; for raw bytes id b < 256 is byte b and end of text is empty. A token's
+ * bytes may be part of a UTF-8 character (the rest comes with the next tokens). -1 when the
+ * tokenizer has no token id. */
+int tok_decode(const tok_tokenizer *t, int32_t id, const char **s, size_t *len);
+
 /* The largest p in (0, len) at which encode(text[0,p)) followed by encode(text[p,len)) equals
  * encode(text) whatever follows len; 0 when there is none (or the tokenizer cannot be cut, e.g.
  * with add_prefix_space). Lets one long document be tokenized by several threads. */

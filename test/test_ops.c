@@ -202,19 +202,22 @@ static double lin_loss(void *p) {
     return dot_r(c->out, c->R, (int64_t)c->N * c->OC);
 }
 
+/* N = 1 too: the CPU backend computes one row (a decoding step) as a GEMV, not a GEMM. */
 static void test_linear_forward_matches_reference_with_and_without_bias(void) {
     int N = 6, C = 5, OC = 7;
     float *inp = randv(N * C, 1), *w = randv(OC * C, 1), *bias = randv(OC, 1), *out = fbuf(N * OC);
     double ref[6 * 7];
-    for (int with_bias = 0; with_bias < 2; with_bias++) {
-        O->linear_fwd(O, out, inp, w, with_bias ? bias : NULL, N, C, OC);
+    for (int with_bias = 0; with_bias < 4; with_bias++) {
+        N = with_bias < 2 ? 6 : 1;
+        O->linear_fwd(O, out, inp, w, with_bias % 2 ? bias : NULL, N, C, OC);
         for (int n = 0; n < N; n++)
             for (int o = 0; o < OC; o++) {
-                double s = with_bias ? bias[o] : 0.0;
+                double s = with_bias % 2 ? bias[o] : 0.0;
                 for (int c = 0; c < C; c++) s += (double)inp[n * C + c] * w[o * C + c];
                 ref[n * OC + o] = s;
             }
-        CHECK(close_d("out", out, ref, N * OC, 1e-5, 1e-5), "bias=%d: %s", with_bias, msg);
+        CHECK(close_d("out", out, ref, N * OC, 1e-5, 1e-5), "N=%d bias=%d: %s", N, with_bias % 2,
+              msg);
     }
     fr(inp), fr(w), fr(bias), fr(out);
 }

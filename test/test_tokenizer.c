@@ -334,6 +334,92 @@ static void test_prep_output_independent_of_threads_and_cuts(void) {
     tok_free(t);
 }
 
+/* Concatenated tok_decode of ids: the bytes a tokenizer gives back. */
+static size_t decode_all(const tok_tokenizer *t, const tok_ids *ids, char *out, size_t cap) {
+    size_t n = 0;
+    for (int64_t i = 0; i < ids->n; i++) {
+        const char *s;
+        size_t len;
+        if (tok_decode(t, ids->ids[i], &s, &len) != 0 || n + len > cap) return (size_t)-1;
+        memcpy(out + n, s, len);
+        n += len;
+    }
+    return n;
+}
+
+static int round_trips(const tok_tokenizer *t, const char *text, size_t len) {
+    tok_work *w = tok_work_new(t);
+    tok_ids ids = {0};
+    tok_encode(t, w, text, len, &ids);
+    char back[4096];
+    size_t n = decode_all(t, &ids, back, sizeof back);
+    free(ids.ids);
+    tok_work_free(w);
+    return n == len && memcmp(back, text, len) == 0;
+}
+
+/* Raw bytes: id b is byte b, end of text (256) decodes to nothing, 257 is no token. */
+static void test_bytes_decode_is_the_identity(void) {
+    tok_tokenizer *t = tok_bytes();
+    char all[256];
+    for (int b = 0; b < 256; b++) all[b] = (char)b;
+    CHECK(round_trips(t, all, sizeof all), "bytes 0..255 do not round-trip");
+    const char *s;
+    size_t len;
+    CHECK(tok_decode(t, 256, &s, &len) == 0 && len == 0, "end of text decodes to %zu bytes", len);
+    CHECK(tok_decode(t, 257, &s, &len) == -1 && tok_decode(t, -1, &s, &len) == -1,
+          "ids outside the vocabulary decode");
+    tok_free(t);
+}
+
+/* The toy tokenizer: merged tokens, the ByteLevel space (U+0120) and added tokens decode back to
+ * the text they came from; an id with no token is refused. */
+static void test_toy_decode_inverts_encode(void) {
+    ust_err e;
+    tok_tokenizer *t = load_toy("false", "false", &e);
+    CHECK(t, "load: %s", e.msg);
+    const char *text[] = {"abc", "cab ab", "a b<|endoftext|>bc", "ab<x>>c", "<x>"};
+    for (size_t i = 0; i < sizeof text / sizeof text[0]; i++)
+        CHECK(round_trips(t, text[i], strlen(text[i])), "'%s' does not round-trip", text[i]);
+    const char *s;
+    size_t len;
+    CHECK(tok_decode(t, 3, &s, &len) == 0 && len == 1 && s[0] == ' ', "U+0120 is not a space");
+    CHECK(tok_decode(t, 9, &s, &len) == 0 && len == 13 && !memcmp(s, "<|endoftext|>", 13),
+          "the end-of-text token does not decode to its content");
+    CHECK(tok_decode(t, 15, &s, &len) == -1, "id 15 (past the vocabulary) decodes");
+    tok_free(t);
+}
+
+/* A byte-level BPE over every byte (GPT-2's bytes_to_unicode written out here, independently of
+ * tokenizer.c) with a few merges: any bytes, multi-byte UTF-8 and invalid sequences included,
+ * round-trip. */
+static void test_full_byte_level_decode_inverts_encode(void) {
+    static char json[65536];
+    int off = snprintf(json, sizeof json,
+                       "{\"normalizer\": null, \"pre_tokenizer\": {\"type\": \"ByteLevel\", "
+                       "\"add_prefix_space\": false, \"use_regex\": true}, \"added_tokens\": [], "
+                       "\"model\": {\"type\": \"BPE\", \"vocab\": {");
+    int extra = 0;
+    for (int b = 0; b < 256; b++) {
+        int printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+        unsigned cp = printable ? (unsigned)b : 256u + (unsigned)extra++;
+        off += snprintf(json + off, sizeof json - off, "\"\\u%04x\": %d, ", cp, b);
+    }
+    off += snprintf(json + off, sizeof json - off,
+                    "\"th\": 256, \"\\u0120th\": 257, \"\\u00c3\\u00a9\": 258}, \"merges\": "
+                    "[\"t h\", \"\\u0120 th\", \"\\u00c3 \\u00a9\"]}}");
+    char path[512];
+    write_file(path, sizeof path, "full.json", json, (size_t)off);
+    tok_tokenizer *t = NULL;
+    ust_err e;
+    CHECK(tok_load(&t, path, &e) == 0, "load: %s", e.msg);
+    const char *text[] = {"the thin thread", "caf\xc3\xa9 \xe2\x82\xac 100 \xf0\x9f\x98\x80",
+                          "\xff\xfe broken \xc3 utf-8 \x80", "\n\t  spaces  \r\n"};
+    for (size_t i = 0; i < sizeof text / sizeof text[0]; i++)
+        CHECK(round_trips(t, text[i], strlen(text[i])), "case %zu does not round-trip", i);
+    tok_free(t);
+}
+
 int main(void) {
     snprintf(g_tmp, sizeof g_tmp, "/tmp/ust_test_tokenizer.XXXXXX");
     if (!mkdtemp(g_tmp)) return 1;
@@ -347,6 +433,9 @@ int main(void) {
     RUN_TEST(test_safe_cuts_never_change_the_encoding);
     RUN_TEST(test_unsupported_files_are_refused_with_the_reason);
     RUN_TEST(test_prep_output_independent_of_threads_and_cuts);
+    RUN_TEST(test_bytes_decode_is_the_identity);
+    RUN_TEST(test_toy_decode_inverts_encode);
+    RUN_TEST(test_full_byte_level_decode_inverts_encode);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf %s", g_tmp);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_tmp);

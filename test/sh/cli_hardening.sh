@@ -140,6 +140,8 @@ help bench_train '^usage: ustrain bench train CONFIG' bench train
 help bench_comm '^usage: ustrain bench comm' bench comm
 help export '^usage: ustrain export CKPT --to hf OUT' export
 help plan '^usage: ustrain plan CONFIG --world N' plan
+help generate '^usage: ustrain generate CKPT' generate
+help bench_generate '^usage: ustrain bench generate CONFIG' bench generate
 expect_exit help_after_other_arguments 0 '^usage: ustrain train CONFIG' -- $UST train $C --set train.steps=1 --help
 expect_exit help_after_a_bad_value 0 '^usage: ustrain validate' -- $UST validate $C --world abc -h
 expect_exit help_of_prep_after_options 0 '^usage: ustrain data prep' -- $UST data prep --out $TMP/x --help

@@ -281,4 +281,38 @@ if gcc -std=c11 -D_GNU_SOURCE -DUST_CUDA -I. -Icore -Icuda/emu/include $TMP/misu
 else
     fail emu_misuse_build "$(head -3 $TMP/cc.log)"
 fi
+
+# --- generate with --device cuda on the emulated GPU: the same greedy tokens and, within fp32
+# reassociation, the same logits as the CPU backend, for llama, gpt2 (two prefill chunks of the
+# KV cache) and a llama with experts and a shared expert (the router's top-k on the device)
+$UST data demo $TMP/gdata >/dev/null
+for g in llama gpt2 moe; do
+    case $g in
+    llama) model="arch: llama, n_kv_head: 2, max_seq_len: 64" ;;
+    gpt2) model="arch: gpt2, n_kv_head: 4, max_seq_len: 192" ;;
+    moe) model="arch: llama, n_kv_head: 2, max_seq_len: 64, moe: {num_experts: 4, top_k: 2, d_ff_expert: 48, shared_expert: true}" ;;
+    esac
+    cat >$TMP/gen-$g.yaml <<EOT
+run:   {name: gen-$g, seed: 7}
+model: {n_layer: 2, d_model: 64, n_head: 4, d_ff: 96, vocab_size: 300, $model}
+train: {steps: 4, seq_len: 32, micro_batch_size: 2, global_batch_size: 4}
+data:  {train: "$TMP/gdata/train_*.bin", val: null}
+checkpoint: {dir: $TMP/gen-$g/ckpt, every: 4}
+logging: {metrics_file: $TMP/gen-$g/metrics.jsonl}
+EOT
+    prompt="Once upon a time, there was"
+    [ $g = gpt2 ] && prompt=$(python3 -c 'print(("the quick brown fox jumps over the lazy dog. " * 4)[:150])')
+    ok=1
+    $UST train $TMP/gen-$g.yaml >$TMP/gen-$g.log 2>&1 || { fail emu_generate_${g}_matches_cpu "training failed"; continue; }
+    for d in cpu cuda; do
+        EMU_GPUS=1 $E/ustrain generate $TMP/gen-$g/ckpt --prompt "$prompt" --tokenizer bytes --temperature 0 \
+            --max-new-tokens 12 --device $d --dump-logits $TMP/gen-$g-$d.bin >$TMP/gen-$g-$d.out 2>$TMP/gen-$g-$d.err || ok=0
+    done
+    [ $ok = 1 ] && cmp -s $TMP/gen-$g-cpu.out $TMP/gen-$g-cuda.out &&
+        python3 -c 'import sys, numpy as np
+a, b = (np.fromfile(f, dtype=np.float32) for f in sys.argv[1:])
+sys.exit(0 if a.size == b.size == 12 * 300 and np.abs(a - b).max() <= 1e-4 * (1 + np.abs(a).max()) else 1)' \
+            $TMP/gen-$g-cpu.bin $TMP/gen-$g-cuda.bin &&
+        pass emu_generate_${g}_matches_cpu || fail emu_generate_${g}_matches_cpu "$(tail -1 $TMP/gen-$g-cuda.err)"
+done
 exit 0

@@ -8,12 +8,12 @@ includes or calls into a layer above its own. Layers, bottom to top:
                 cuda/ that names it
   1 comm        bootstrap*, comm*, topology: the rank grid, the groups, the collectives
   2 tp/cp/ep    the three dimensions that split a layer, each owning its group
-  3 model       model, moe, ckpt, data, hf_map: the transformer's math, its tensors and files; it asks
+  3 model       model, moe, ckpt, data, hf_map, infer: the transformer's math, its tensors and files; it asks
                 tp/cp/ep for every collective, so it neither includes nor calls layer 1
   4 pp/dp       pipeline and data parallelism: schedules, stages, ZeRO, the optimizer step
   5 train       the trainer, which builds the runtime and runs the steps, and plan, the memory
                 plan of what it builds
-  6 tools/cmd   cmd/*, planner, prep, tokenizer, export, cuda/bench_gpu.c
+  6 tools/cmd   cmd/*, planner, prep, tokenizer, export, generate, cuda/bench_gpu.c
 
 A call is an identifier with a module's prefix followed by "(" (comments and strings removed,
 member accesses such as q->tp_split and the file's own static functions ignored; cuda/ is
@@ -37,12 +37,12 @@ MODULES = {
     "parallel/comm_common": 1, "parallel/topology": 1,
     "parallel/tp": 2, "parallel/cp": 2, "parallel/ep": 2,
     "core/model": 3, "core/model_internal": 3, "core/acts": 3, "core/params": 3, "core/moe": 3, "core/ckpt": 3, "core/data": 3, "core/data_blend": 3,
-    "core/hf_map": 3,
+    "core/hf_map": 3, "core/infer": 3,
     "parallel/pp": 4, "parallel/dp_internal": 4, "parallel/dp_io": 4, "parallel/pp_schedule": 4, "parallel/pp_schedule_check": 4,
     "parallel/dp": 4,
     "core/train": 5, "core/plan": 5,
     "core/planner": 6, "core/prep": 6, "core/prep_input": 6, "core/tokenizer": 6, "core/tok_unicode": 6,
-    "core/export": 6, "cuda/bench_gpu": 6,
+    "core/export": 6, "core/generate": 6, "cuda/bench_gpu": 6,
 }
 # function prefixes -> the module they belong to
 PREFIXES = {
@@ -54,7 +54,7 @@ PREFIXES = {
     "st": "core/ckpt", "data": "core/data", "pp": "parallel/pp", "pps": "parallel/pp_schedule",
     "dp": "parallel/dp", "train": "core/train", "plan": "core/plan", "planner": "core/planner",
     "prep": "core/prep", "tok": "core/tokenizer", "export": "core/export", "ops_cuda": "cuda",
-    "hf": "core/hf_map",
+    "hf": "core/hf_map", "infer": "core/infer", "gen": "core/generate",
 }
 CALL = re.compile(r"(?<![\w.>])(" + "|".join(sorted(PREFIXES, key=len, reverse=True)) +
                   r")_\w+\s*\(")

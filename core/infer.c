@@ -1,0 +1,441 @@
+/* infer.c: forward-only transformer with a KV cache (infer.h), the same math as core/model.c and
+ * core/moe.c on one sequence. Shapes: n new tokens (n <= chunk), C = d_model, H/Hkv heads of D,
+ * F = d_ff, Fe = d_ff_expert, E experts, k = top_k, V real vocabulary, Vp padded, S = max_seq_len.
+ */
+#include "infer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "error.h"
+#include "moe.h"
+
+/* One layer's weights (device) and its cache. A dense MLP is held as one moe_expert (gate, up,
+ * up_b, down, down_b), so dense MLPs and experts share one forward. */
+typedef struct {
+    float *ln1_w, *ln1_b, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo, *ln2_w, *ln2_b;
+    moe_expert mlp;  /* dense layers */
+    moe_weights moe; /* MoE layers: router [E, C], experts[E], shared */
+    int is_moe;
+    act *kc, *vc; /* (S, Hkv, D) each: position t's keys (after RoPE) and values */
+} infer_layer;
+
+struct infer_model {
+    const ust_config *cfg;
+    const ust_ops *ops;
+    int llama, L, C, H, Hkv, D, F, V, Vp, S, chunk, len;
+    int E, k, Fe, shared;
+    float eps;
+    ust_rope rope;
+    float *wte, *wpe, *lnf_w, *lnf_b, *lm; /* lm == wte when tied */
+    infer_layer *lw;
+    float **owned; /* every device tensor, for destroy */
+    int nowned;
+    int64_t nparams, bytes_per_token;
+    /* activations for `chunk` tokens */
+    act *x, *ln, *q, *att, *tmp, *tmp2; /* (n,C) (n,C) (n,H*D) (n,H*D) (n,C) (n,C) */
+    act *h1, *h2, *h;                   /* (n, max(F, Fe)) each: gate, up, activation */
+    act *logits;                        /* (V) */
+    float *mean, *rstd, *lse;           /* (n) (n) (H, n) */
+    int32_t *tok, *pos;                 /* device (chunk), (S): pos[t] = t */
+    /* MoE routing: router logits, probabilities, choices, gates; expert-ordered rows */
+    act *rlogits, *xe, *eout;                        /* (n,E) (n*k,C) (n*k,C) */
+    float *probs, *gate;                             /* (n,E) (n,k) */
+    int32_t *topk, *rowpos, *assign;                 /* device (n*k) each */
+    int32_t *topk_h, *rowpos_h, *assign_h, *count_h; /* host (n*k) x3, (E) */
+};
+
+/* ------------------------------------------------------------------ the tensor list */
+
+/* Called for each tensor in checkpoint order; dst is where its device pointer goes (NULL when
+ * only listing), expert its global expert index (-1: not an expert's). */
+typedef void (*tensor_fn)(void *ctx, const ckpt_tensor *t, float **dst, int expert);
+
+static ckpt_tensor tensor_of(const char *name, int64_t rows, int64_t cols, int decay) {
+    ckpt_tensor t = {0};
+    snprintf(t.name, sizeof t.name, "%s", name);
+    /* as params.c's add_param: matrices 2-D, vectors (norms, biases) 1-D */
+    t.ndim = rows > 1 || decay ? 2 : 1;
+    t.shape[0] = t.ndim == 2 ? rows : rows * cols;
+    t.shape[1] = t.ndim == 2 ? cols : 0;
+    return t;
+}
+
+typedef struct {
+    tensor_fn fn;
+    void *ctx;
+} moe_sink;
+
+static void moe_tensor(void *ctx, const moe_param *q) {
+    const moe_sink *s = ctx;
+    ckpt_tensor t = tensor_of(q->name, q->rows, q->cols, q->decay);
+    s->fn(s->ctx, &t, q->p, q->expert);
+}
+
+/* One tensor at the layer's prefix; dst NULL when listing. */
+static void emit(tensor_fn fn, void *ctx, int l, const char *suffix, int64_t rows, int64_t cols,
+                 int decay, float **dst) {
+    char n[CKPT_NAME_MAX];
+    snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);
+    ckpt_tensor t = tensor_of(n, rows, cols, decay);
+    fn(ctx, &t, dst, -1);
+}
+
+/* Layer l's tensors in params.c's order (add_layer_params). w NULL: listing only. */
+static void enum_layer(const ust_config *cfg, int l, infer_layer *w, tensor_fn fn, void *ctx) {
+    int64_t C = cfg->model.d_model, D = cfg_head_dim(cfg), HD = cfg->model.n_head * D,
+            KV = cfg->model.n_kv_head * D, F = cfg->model.d_ff;
+    int gpt2 = cfg->model.arch == ARCH_GPT2, qkvb = gpt2 || cfg->model.qkv_bias;
+#define E_(suffix, rows, cols, decay, field)                                                       \
+    emit(fn, ctx, l, suffix, rows, cols, decay, w ? &w->field : NULL)
+    E_("input_layernorm.weight", 1, C, 0, ln1_w);
+    if (gpt2) E_("input_layernorm.bias", 1, C, 0, ln1_b);
+    E_("self_attn.q_proj.weight", HD, C, 1, wq);
+    if (qkvb) E_("self_attn.q_proj.bias", 1, HD, 0, bq);
+    E_("self_attn.k_proj.weight", KV, C, 1, wk);
+    if (qkvb) E_("self_attn.k_proj.bias", 1, KV, 0, bk);
+    E_("self_attn.v_proj.weight", KV, C, 1, wv);
+    if (qkvb) E_("self_attn.v_proj.bias", 1, KV, 0, bv);
+    E_("self_attn.o_proj.weight", C, HD, 1, wo);
+    if (gpt2) E_("self_attn.o_proj.bias", 1, C, 0, bo);
+    E_("post_attention_layernorm.weight", 1, C, 0, ln2_w);
+    if (gpt2) E_("post_attention_layernorm.bias", 1, C, 0, ln2_b);
+    if (moe_layer_is_moe(cfg, l)) {
+        moe_sink s = {fn, ctx};
+        moe_enum_params(cfg, l, 1, 0, w ? &w->moe : NULL, NULL, moe_tensor, &s);
+        return;
+    }
+    if (!gpt2) E_("mlp.gate_proj.weight", F, C, 1, mlp.gate);
+    E_("mlp.up_proj.weight", F, C, 1, mlp.up);
+    if (gpt2) E_("mlp.up_proj.bias", 1, F, 0, mlp.up_b);
+    E_("mlp.down_proj.weight", C, F, 1, mlp.down);
+    if (gpt2) E_("mlp.down_proj.bias", 1, C, 0, mlp.down_b);
+#undef E_
+}
+
+/* The whole model in checkpoint order (params.c's build_param_table of one chunk). m NULL:
+ * listing only. */
+static void enum_tensors(const ust_config *cfg, infer_model *m, tensor_fn fn, void *ctx) {
+    int64_t C = cfg->model.d_model, Vp = cfg_vocab_padded(cfg);
+    ckpt_tensor t = tensor_of("model.embed_tokens.weight", Vp, C, 1);
+    fn(ctx, &t, m ? &m->wte : NULL, -1);
+    if (cfg->model.arch == ARCH_GPT2) {
+        t = tensor_of("model.embed_positions.weight", cfg->model.max_seq_len, C, 1);
+        fn(ctx, &t, m ? &m->wpe : NULL, -1);
+    }
+    for (int l = 0; l < cfg->model.n_layer; l++) enum_layer(cfg, l, m ? &m->lw[l] : NULL, fn, ctx);
+    t = tensor_of("model.norm.weight", 1, C, 0);
+    fn(ctx, &t, m ? &m->lnf_w : NULL, -1);
+    if (cfg->model.arch == ARCH_GPT2) {
+        t = tensor_of("model.norm.bias", 1, C, 0);
+        fn(ctx, &t, m ? &m->lnf_b : NULL, -1);
+    }
+    if (!cfg_tied(cfg)) {
+        t = tensor_of("lm_head.weight", Vp, C, 1);
+        fn(ctx, &t, m ? &m->lm : NULL, -1);
+    }
+}
+
+typedef struct {
+    ckpt_tensor *t;
+    int n, cap;
+} tensor_list;
+
+static void list_tensor(void *ctx, const ckpt_tensor *t, float **dst, int expert) {
+    tensor_list *l = ctx;
+    (void)dst, (void)expert;
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 64;
+        l->t = realloc(l->t, (size_t)l->cap * sizeof *l->t);
+        UST_ASSERT(l->t, "out of host memory (%d tensors)", l->cap);
+    }
+    l->t[l->n++] = *t;
+}
+
+ckpt_tensor *infer_tensors(const ust_config *cfg, int *n) {
+    tensor_list l = {0};
+    enum_tensors(cfg, NULL, list_tensor, &l);
+    *n = l.n;
+    return l.t;
+}
+
+/* ------------------------------------------------------------------ loading */
+
+static int64_t numel(const ckpt_tensor *t) {
+    return t->ndim == 2 ? t->shape[0] * t->shape[1] : t->shape[0];
+}
+
+typedef struct {
+    infer_model *m;
+    infer_read_fn read;
+    void *read_ctx;
+    float *host;
+    int64_t host_cap;
+    int failed;
+    ust_err *e;
+} loader;
+
+/* Bytes of t a decoding step reads: one row of the lookup tables (all V real rows of a tied
+ * table, which is the head too), V real rows of the head, top_k of E experts. */
+static double token_bytes(const infer_model *m, const ckpt_tensor *t, int expert) {
+    double b = 4.0 * (double)numel(t);
+    if (!strcmp(t->name, "model.embed_tokens.weight"))
+        return 4.0 * m->C * (cfg_tied(m->cfg) ? m->V + 1 : 1);
+    if (!strcmp(t->name, "model.embed_positions.weight")) return 4.0 * m->C;
+    if (!strcmp(t->name, "lm_head.weight")) return 4.0 * m->C * m->V;
+    return expert >= 0 ? b * m->k / m->E : b;
+}
+
+static void load_tensor(void *ctx, const ckpt_tensor *t, float **dst, int expert) {
+    loader *ld = ctx;
+    infer_model *m = ld->m;
+    if (ld->failed) return;
+    int64_t n = numel(t);
+    if (n > ld->host_cap) {
+        free(ld->host);
+        ld->host_cap = n;
+        ld->host = malloc((size_t)n * sizeof(float));
+        UST_ASSERT(ld->host, "out of host memory (%lld floats for %s)", (long long)n, t->name);
+    }
+    if (ld->read(ld->read_ctx, t, ld->host, ld->e)) {
+        ld->failed = 1;
+        return;
+    }
+    const ust_ops *o = m->ops;
+    *dst = o->alloc(o, (size_t)n * sizeof(float));
+    o->to_device(o, *dst, ld->host, (size_t)n * sizeof(float));
+    m->owned[m->nowned++] = *dst;
+    m->nparams += n;
+    m->bytes_per_token += (int64_t)token_bytes(m, t, expert);
+}
+
+/* ------------------------------------------------------------------ setup */
+
+static void dims(infer_model *m, const ust_config *cfg) {
+    m->llama = cfg->model.arch == ARCH_LLAMA;
+    m->L = cfg->model.n_layer, m->C = cfg->model.d_model, m->D = cfg_head_dim(cfg);
+    m->H = cfg->model.n_head, m->Hkv = cfg->model.n_kv_head, m->F = cfg->model.d_ff;
+    m->V = cfg->model.vocab_size, m->Vp = cfg_vocab_padded(cfg), m->S = cfg->model.max_seq_len;
+    m->eps = m->llama ? (float)cfg->model.norm_eps : 1e-5f; /* as model.c's norm_forward */
+    m->rope = (ust_rope){.theta = cfg->model.rope_theta};
+    if (cfg->model.rope_scaling.type == ROPE_LLAMA3) {
+        m->rope.factor = cfg->model.rope_scaling.factor;
+        m->rope.low_freq_factor = cfg->model.rope_scaling.low_freq_factor;
+        m->rope.high_freq_factor = cfg->model.rope_scaling.high_freq_factor;
+        m->rope.original_max_pos = cfg->model.rope_scaling.original_max_position_embeddings;
+    }
+    m->E = cfg->model.moe.num_experts, m->k = cfg->model.moe.top_k;
+    m->Fe = cfg->model.moe.d_ff_expert, m->shared = cfg->model.moe.shared_expert;
+}
+
+static void alloc_acts(infer_model *m) {
+    const ust_ops *o = m->ops;
+    int64_t n = m->chunk, C = m->C, HD = (int64_t)m->H * m->D;
+    int64_t F = m->E > 0 && m->Fe > m->F ? m->Fe : m->F;
+#define A_(count) o->alloc(o, act_bytes(o, (count)))
+#define I_(count) o->alloc(o, (size_t)(count) * sizeof(int32_t))
+    m->x = A_(n * C), m->ln = A_(n * C), m->tmp = A_(n * C), m->tmp2 = A_(n * C);
+    m->q = A_(n * HD), m->att = A_(n * HD);
+    m->h1 = A_(n * F), m->h2 = A_(n * F), m->h = A_(n * F);
+    m->logits = A_(m->V);
+    m->mean = o->alloc(o, n * sizeof(float)), m->rstd = o->alloc(o, n * sizeof(float));
+    m->lse = o->alloc(o, n * m->H * sizeof(float));
+    m->tok = I_(n), m->pos = I_(m->S);
+    int32_t *pos = malloc((size_t)m->S * sizeof(int32_t));
+    UST_ASSERT(pos, "out of host memory");
+    for (int t = 0; t < m->S; t++) pos[t] = t;
+    o->to_device(o, m->pos, pos, (size_t)m->S * sizeof(int32_t));
+    free(pos);
+    int64_t KV = (int64_t)m->S * m->Hkv * m->D;
+    for (int l = 0; l < m->L; l++) m->lw[l].kc = A_(KV), m->lw[l].vc = A_(KV);
+    if (m->E > 0) {
+        int64_t A = n * m->k;
+        m->rlogits = A_(n * m->E), m->xe = A_(A * C), m->eout = A_(A * C);
+        m->probs = o->alloc(o, n * m->E * sizeof(float));
+        m->gate = o->alloc(o, A * sizeof(float));
+        m->topk = I_(A), m->rowpos = I_(A), m->assign = I_(A);
+        m->topk_h = calloc(A, 4), m->rowpos_h = calloc(A, 4), m->assign_h = calloc(A, 4);
+        m->count_h = calloc(m->E, 4);
+        UST_ASSERT(m->topk_h && m->rowpos_h && m->assign_h && m->count_h, "out of host memory");
+    }
+#undef A_
+#undef I_
+}
+
+int infer_create(infer_model **out, const ust_config *cfg, const ust_ops *ops, int chunk,
+                 infer_read_fn read, void *read_ctx, ust_err *e) {
+    UST_ASSERT(ops->act_size == 4, "generation runs fp32 activations (act_size %d)", ops->act_size);
+    UST_ASSERT(chunk >= 1, "chunk %d", chunk);
+    infer_model *m = calloc(1, sizeof *m);
+    UST_ASSERT(m, "out of host memory");
+    m->cfg = cfg, m->ops = ops;
+    dims(m, cfg);
+    m->chunk = chunk < m->S ? chunk : m->S;
+    m->lw = calloc(m->L, sizeof *m->lw);
+    UST_ASSERT(m->lw, "out of host memory");
+    for (int l = 0; l < m->L; l++)
+        if (moe_layer_is_moe(cfg, l)) {
+            infer_layer *w = &m->lw[l];
+            w->is_moe = 1;
+            w->moe.nexperts = m->E, w->moe.first_expert = 0;
+            w->moe.experts = calloc(m->E, sizeof *w->moe.experts);
+            UST_ASSERT(w->moe.experts, "out of host memory");
+        }
+    int nt;
+    free(infer_tensors(cfg, &nt));
+    m->owned = calloc(nt, sizeof *m->owned);
+    UST_ASSERT(m->owned, "out of host memory");
+    loader ld = {.m = m, .read = read, .read_ctx = read_ctx, .e = e};
+    enum_tensors(cfg, m, load_tensor, &ld);
+    free(ld.host);
+    if (ld.failed) {
+        infer_destroy(m);
+        return -1;
+    }
+    if (cfg_tied(cfg)) m->lm = m->wte;
+    alloc_acts(m);
+    *out = m;
+    return 0;
+}
+
+void infer_destroy(infer_model *m) {
+    if (!m) return;
+    const ust_ops *o = m->ops;
+    for (int i = 0; i < m->nowned; i++) o->free(o, m->owned[i]);
+    void *dev[] = {m->x,  m->ln,     m->tmp,   m->tmp2, m->q,    m->att,    m->h1,    m->h2,
+                   m->h,  m->logits, m->mean,  m->rstd, m->lse,  m->tok,    m->pos,   m->rlogits,
+                   m->xe, m->eout,   m->probs, m->gate, m->topk, m->rowpos, m->assign};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        if (dev[i]) o->free(o, dev[i]);
+    for (int l = 0; l < m->L; l++) {
+        if (m->lw[l].kc) o->free(o, m->lw[l].kc), o->free(o, m->lw[l].vc);
+        free(m->lw[l].moe.experts);
+    }
+    free(m->topk_h), free(m->rowpos_h), free(m->assign_h), free(m->count_h);
+    free(m->lw), free(m->owned);
+    free(m);
+}
+
+int infer_len(const infer_model *m) { return m->len; }
+void infer_reset(infer_model *m) { m->len = 0; }
+int64_t infer_weight_bytes_per_token(const infer_model *m) { return m->bytes_per_token; }
+int64_t infer_param_count(const infer_model *m) { return m->nparams; }
+
+/* ------------------------------------------------------------------ forward */
+
+/* out(n,C) = norm(inp(n,C)): LayerNorm (gpt2) or RMSNorm (llama) */
+static void norm(infer_model *m, act *out, const act *inp, const float *w, const float *b, int n) {
+    const ust_ops *o = m->ops;
+    if (m->llama)
+        o->rmsnorm_fwd(o, out, m->rstd, inp, w, n, m->C, m->eps);
+    else
+        o->layernorm_fwd(o, out, m->mean, m->rstd, inp, w, b, n, m->C, m->eps);
+}
+
+/* out(M,C) = MLP(x(M,C)) of width F: down(swiglu(gate x, up x)) for llama, down(gelu(up x + b))
+ * + b for gpt2 (a dense layer's MLP or one expert). */
+static void mlp(infer_model *m, const moe_expert *w, act *out, const act *x, int M, int F) {
+    const ust_ops *o = m->ops;
+    int C = m->C;
+    if (M == 0) return;
+    if (m->llama) {
+        o->linear_fwd(o, m->h1, x, w->gate, NULL, M, C, F);
+        o->linear_fwd(o, m->h2, x, w->up, w->up_b, M, C, F);
+        o->swiglu_fwd(o, m->h, m->h1, m->h2, (int64_t)M * F);
+    } else {
+        o->linear_gelu_fwd(o, m->h2, m->h, x, w->up, w->up_b, M, C, F);
+    }
+    o->linear_fwd(o, out, m->h, w->down, w->down_b, M, F, C);
+}
+
+/* Host: the choices of n tokens grouped by expert, as moe.c's route() without capacity:
+ * assignment a = token*k + j goes to row rowpos[a]; rows of expert e are [off[e], off[e]+cnt). */
+static void route(infer_model *m, int n, int *off) {
+    const ust_ops *o = m->ops;
+    int A = n * m->k;
+    o->to_host(o, m->topk_h, m->topk, (size_t)A * sizeof(int32_t));
+    memset(m->count_h, 0, (size_t)m->E * sizeof(int32_t));
+    for (int a = 0; a < A; a++) {
+        UST_ASSERT(m->topk_h[a] >= 0 && m->topk_h[a] < m->E, "router chose expert %d of %d",
+                   m->topk_h[a], m->E);
+        m->rowpos_h[a] = m->count_h[m->topk_h[a]]++;
+    }
+    off[0] = 0;
+    for (int e = 0; e < m->E; e++) off[e + 1] = off[e] + m->count_h[e];
+    for (int a = 0; a < A; a++) {
+        m->rowpos_h[a] += off[m->topk_h[a]];
+        m->assign_h[m->rowpos_h[a]] = a;
+    }
+    o->to_device(o, m->rowpos, m->rowpos_h, (size_t)A * sizeof(int32_t));
+    o->to_device(o, m->assign, m->assign_h, (size_t)A * sizeof(int32_t));
+}
+
+/* tmp(n,C) = sum_j gate_j expert_{e_j}(ln) [+ shared(ln)]: only the chosen experts run, each on
+ * its rows, so a decoding step reads k of the E experts' weights. */
+static void moe_mlp(infer_model *m, const infer_layer *w, int n) {
+    const ust_ops *o = m->ops;
+    int C = m->C, E = m->E, k = m->k, off[E + 1];
+    o->linear_fwd(o, m->rlogits, m->ln, w->moe.router, NULL, n, C, E);
+    o->moe_router_fwd(o, m->probs, NULL, m->topk, m->gate, NULL, m->rlogits, n, E, k);
+    route(m, n, off);
+    o->moe_gather(o, m->xe, m->ln, m->assign, NULL, n * k, C, k);
+    for (int e = 0; e < E; e++)
+        mlp(m, &w->moe.experts[e], act_at(o, m->eout, (int64_t)off[e] * C),
+            act_at(o, m->xe, (int64_t)off[e] * C), off[e + 1] - off[e], m->Fe);
+    o->moe_combine(o, m->tmp, m->eout, m->rowpos, m->gate, n, k, C, 0);
+    if (m->shared) {
+        mlp(m, &w->moe.shared, m->tmp2, m->ln, n, m->Fe);
+        o->add(o, m->tmp, m->tmp, m->tmp2, (int64_t)n * C);
+    }
+}
+
+/* x(n,C) += attn(norm1(x)): q from the new tokens, their k/v appended to the cache at rows
+ * [len, len+n), attention over all len+n cached positions (causal by position). */
+static void attention(infer_model *m, const infer_layer *w, int n) {
+    const ust_ops *o = m->ops;
+    int C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D;
+    const int32_t *pos = m->pos + m->len;
+    act *k = act_at(o, w->kc, (int64_t)m->len * KV), *v = act_at(o, w->vc, (int64_t)m->len * KV);
+    norm(m, m->ln, m->x, w->ln1_w, w->ln1_b, n);
+    o->linear_fwd(o, m->q, m->ln, w->wq, w->bq, n, C, HD);
+    o->linear_fwd(o, k, m->ln, w->wk, w->bk, n, C, KV);
+    o->linear_fwd(o, v, m->ln, w->wv, w->bv, n, C, KV);
+    if (m->llama) {
+        o->rope_fwd(o, m->q, m->q, pos, 1, n, m->H, m->D, &m->rope);
+        o->rope_fwd(o, k, k, pos, 1, n, m->Hkv, m->D, &m->rope);
+    }
+    o->attention_fwd(o, m->att, m->lse, m->q, w->kc, w->vc, 1, n, m->len + n, m->H, m->Hkv, m->D,
+                     pos, m->pos, 1, NULL);
+    o->linear_fwd(o, m->tmp, m->att, w->wo, w->bo, n, HD, C);
+    o->add(o, m->x, m->x, m->tmp, (int64_t)n * C);
+}
+
+/* x(n,C) += mlp(norm2(x)) */
+static void feed_forward(infer_model *m, const infer_layer *w, int n) {
+    norm(m, m->ln, m->x, w->ln2_w, w->ln2_b, n);
+    if (w->is_moe)
+        moe_mlp(m, w, n);
+    else
+        mlp(m, &w->mlp, m->tmp, m->ln, n, m->F);
+    m->ops->add(m->ops, m->x, m->x, m->tmp, (int64_t)n * m->C);
+}
+
+void infer_forward(infer_model *m, const int32_t *tok, int n, float *logits) {
+    const ust_ops *o = m->ops;
+    UST_ASSERT(n >= 1 && n <= m->chunk && m->len + n <= m->S,
+               "forward of %d tokens at %d (chunk %d, S %d)", n, m->len, m->chunk, m->S);
+    o->to_device(o, m->tok, tok, (size_t)n * sizeof(int32_t));
+    o->embedding_fwd(o, m->x, m->tok, m->llama ? NULL : m->pos + m->len, m->wte, m->wpe, 1, n, m->C,
+                     0, m->Vp);
+    for (int l = 0; l < m->L; l++) {
+        attention(m, &m->lw[l], n);
+        feed_forward(m, &m->lw[l], n);
+    }
+    /* only the last token's logits are wanted: norm and head on that row, real vocabulary */
+    act *last = act_at(o, m->x, (int64_t)(n - 1) * m->C);
+    norm(m, m->ln, last, m->lnf_w, m->lnf_b, 1);
+    o->linear_fwd(o, m->logits, m->ln, m->lm, NULL, 1, m->C, m->V);
+    o->to_host(o, logits, m->logits, (size_t)m->V * sizeof(float));
+    m->len += n;
+}

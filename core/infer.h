@@ -1,0 +1,50 @@
+/* infer: the trained transformer run forward for generation, with a KV cache, on the ops.h
+ * interface (so run.device cuda runs the same code on the GPU backend). One sequence (B = 1).
+ * Contract: infer_create reads every tensor of the model the config describes, whole and under
+ * its canonical name (DESIGN.md section 7), through a weight source (a function that fills a
+ * host buffer: a ustrain checkpoint, a Hugging Face directory, random weights for a benchmark),
+ * then infer_forward appends n tokens at positions [len, len + n) to the cache and returns the
+ * logits of the last one over the real vocabulary (model.vocab_size; the padded rows are never
+ * computed). The math is core/model.c's: gpt2 (LayerNorm eps 1e-5, learned positions, GELU tanh,
+ * biases) or llama (RMSNorm, RoPE rotate-half with ust_rope incl. llama3 scaling, GQA, SwiGLU,
+ * optional q/k/v biases), MoE layers as core/moe.c (softmax router, top-k, gates renormalized,
+ * shared expert), always dropless: capacity_factor is a training device and is ignored here.
+ * Every weight is read once per forward, which is what bounds decoding (memory bandwidth). */
+#ifndef UST_INFER_H
+#define UST_INFER_H
+
+#include <stdint.h>
+
+#include "ckpt.h"
+#include "config.h"
+#include "ops.h"
+
+/* Fills host (t's whole shape, row-major fp32) with tensor t; -1 with a message naming it when
+ * the source lacks it or holds another shape. */
+typedef int (*infer_read_fn)(void *ctx, const ckpt_tensor *t, float *host, ust_err *e);
+
+typedef struct infer_model infer_model;
+
+/* The model of cfg (validated) on ops, with a KV cache of model.max_seq_len positions and
+ * activations for up to `chunk` tokens per forward (prefill runs in chunks of that many). */
+int infer_create(infer_model **out, const ust_config *cfg, const ust_ops *ops, int chunk,
+                 infer_read_fn read, void *read_ctx, ust_err *e);
+void infer_destroy(infer_model *m);
+
+/* tok: n host token ids (each < model.vocab_size, checked by the caller), 1 <= n <= chunk and
+ * len + n <= max_seq_len. Runs them through every layer, attending over the cache, and writes
+ * the last token's logits (vocab_size floats) to host logits. */
+void infer_forward(infer_model *m, const int32_t *tok, int n, float *logits);
+int infer_len(const infer_model *m); /* positions in the cache */
+void infer_reset(infer_model *m);    /* empties the cache */
+
+/* Bytes of weights one decoding step reads (n = 1 token): every tensor but the embedding tables'
+ * unused rows, and of each MoE layer the router, the shared expert and top_k experts. */
+int64_t infer_weight_bytes_per_token(const infer_model *m);
+int64_t infer_param_count(const infer_model *m); /* every element read from the source */
+
+/* The tensors of cfg's model in checkpoint order (whole shapes), as a weight source must supply
+ * them; *n gets the count. The caller frees the array. */
+ckpt_tensor *infer_tensors(const ust_config *cfg, int *n);
+
+#endif
