@@ -5,8 +5,10 @@ Run it through scripts/plot, which makes sure matplotlib is there.
 
   plot_metrics.py [-o OUTDIR] metrics.jsonl...
 
-Writes OUTDIR/{loss, lr, grad_norm, tokens_per_s, mfu, memory, overview}.png (a panel is left out
-when no run has that metric) and prints one line per file with the runs and points it holds.
+Writes OUTDIR/{loss, lr, grad_norm, tokens_per_s, mfu, memory, data, moe, overview}.png (a panel
+is left out when no run has that metric: data is a blend's samples per dataset, data_samples;
+moe is each MoE layer's load imbalance, its busiest expert's tokens over the mean) and prints one
+line per file with the runs and points it holds.
 A resumed run appends to its metrics file and may log a step again: the last line for a step
 wins. Bad input (a missing, empty or non-JSON-lines file) exits 2 with the reason."""
 import argparse
@@ -23,7 +25,43 @@ PANELS = [
     ("tokens_per_s", "throughput", "tokens / s", [("tokens_per_s", "")], 1.0),
     ("mfu", "model FLOPs utilization", "MFU (%)", [("mfu", "")], 100.0),
     ("memory", "peak memory", "MiB", [("peak_mem_bytes", "")], 1.0 / (1 << 20)),
+    ("data", "samples per dataset (blend)", "samples", "data_samples", 1.0),
+    ("moe", "MoE load imbalance", "busiest expert / mean", "moe", 1.0),
 ]
+
+
+def indexed(rows, key):
+    """[(suffix, xs, ys)] of a per-step list: data_samples (one line per dataset) or moe (one
+    line per layer: load_max / load_mean)."""
+    lines = {}
+    for s, r in sorted(rows.items()):
+        v = r.get(key)
+        if not isinstance(v, list):
+            continue
+        for i, item in enumerate(v):
+            if key == "moe":
+                if not isinstance(item, dict):
+                    continue
+                mx, mean = item.get("load_max"), item.get("load_mean")
+                if not all(isinstance(a, (int, float)) for a in (mx, mean)) or not mean:
+                    continue
+                name, y = f"layer {item.get('layer', i)}", mx / mean
+            elif isinstance(item, (int, float)) and not isinstance(item, bool):
+                name, y = f"dataset {i}", float(item)
+            else:
+                continue
+            if math.isfinite(y):
+                lines.setdefault(name, ([], []))
+                lines[name][0].append(s)
+                lines[name][1].append(y)
+    return [(name, xs, ys) for name, (xs, ys) in lines.items()]
+
+
+def panel_lines(rows, keys, scale):
+    """[(kind, xs, ys)] of one run in a panel."""
+    if isinstance(keys, str):
+        return indexed(rows, keys)
+    return [(kind, *series(rows, key, scale)) for key, kind in keys]
 
 
 def die(msg):
@@ -72,14 +110,17 @@ def series(rows, key, scale):
 def draw(ax, panel, runs, colors):
     stem, title, ylabel, keys, scale = panel
     counts = []
+    dashes = ["-", "--", ":", "-."]
     for (name, rows), color in zip(runs, colors):
         n = 0
-        for key, kind in keys:
-            x, y = series(rows, key, scale)
+        lines = panel_lines(rows, keys, scale)
+        for i, (kind, x, y) in enumerate(lines):
             if not x:
                 continue
-            label = f"{name} {kind}".strip() if len(keys) > 1 else name
+            label = f"{name} {kind}".strip() if len(lines) > 1 else name
             style = dict(linestyle="--", marker="o", markersize=3) if kind == "val" else {}
+            if isinstance(keys, str):
+                style = dict(linestyle=dashes[i % len(dashes)])
             ax.plot(x, y, color=color, linewidth=1.2, label=label, **style)
             n += len(x)
         if n:
@@ -113,7 +154,8 @@ def main():
     import matplotlib.pyplot as plt
 
     colors = [plt.get_cmap("tab10")(i % 10) for i in range(len(runs))]
-    present = [p for p in PANELS if any(series(rows, k, 1)[0] for _, rows in runs for k, _ in p[3])]
+    present = [p for p in PANELS
+               if any(xs for _, rows in runs for _, xs, _ in panel_lines(rows, p[3], 1))]
     for panel in present:
         fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
         counts = draw(ax, panel, runs, colors)

@@ -105,6 +105,24 @@ scripts/plot -o $TMP/plots2 $TMP/x/run/metrics.jsonl $TMP/y/run/metrics.jsonl 2>
     grep -q "lr.png: 2 run(s): x/run (20 points), y/run (20 points)" &&
     pass plot_labels_distinguish_same_named_runs || fail plot_labels_distinguish_same_named_runs "labels not x/run, y/run"
 
+# --- a blend's samples per dataset and the MoE load, from a real blended MoE run
+mkdir -p $TMP/b2
+python3 -c "
+import struct, random
+random.seed(2)
+t = [random.randrange(0, 300) for _ in range(5000)]
+open('$TMP/b2/train_000.bin', 'wb').write(struct.pack('<256i', 20240520, 1, len(t), *[0] * 253) + struct.pack(f'<{len(t)}H', *t))"
+sed -e "s#train: \"$TMP/data/train_\*.bin\"#train: [{path: \"$TMP/data/train_*.bin\", weight: 1}, {path: \"$TMP/b2/train_*.bin\", weight: 3}]#" \
+    -e 's/max_seq_len: 32}/max_seq_len: 32, moe: {num_experts: 4, top_k: 2, d_ff_expert: 16}}/' \
+    -e "s#runA#runC#g" $TMP/a.yaml >$TMP/c.yaml
+$UST train $TMP/c.yaml >$TMP/c.log 2>&1 || fail plot_blend_moe_training "$(tail -2 $TMP/c.log)"
+out=$(scripts/plot -o $TMP/plots3 $TMP/runC/metrics.jsonl 2>&1)
+echo "$out" | grep -q "data.png: 1 run(s): runC (12 points)" && echo "$out" | grep -q "moe.png: 1 run(s): runC (6 points)" &&
+    pass plot_blend_samples_and_moe_load || fail plot_blend_samples_and_moe_load "$out"
+out=$(scripts/plot -o $TMP/plots4 $TMP/runA/metrics.jsonl 2>&1)
+! echo "$out" | grep -q "data.png\|moe.png" && pass plot_leaves_out_panels_without_data ||
+    fail plot_leaves_out_panels_without_data "$out"
+
 # --- bad input: exit 2 with the reason
 expect_exit plot_missing_file_exits_2 2 "nonexistent.jsonl: no such file" -- scripts/plot -o $TMP/p3 $TMP/nonexistent.jsonl
 : >$TMP/empty.jsonl
