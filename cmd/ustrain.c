@@ -209,6 +209,12 @@ static int cmd_validate(int argc, char **argv) {
         .name = "validate", .world = &world, .flag = "--schedule", .fits_machine = true};
     int rc = load_config(&c, argc, argv, &a);
     if (rc) return rc;
+    ust_err e;
+    int eot;
+    if (data_check_meta(&c, &eot, &e)) { /* the shards' meta.json, no token read */
+        fprintf(stderr, "ustrain: error: %s\n", e.msg);
+        return UST_EXIT_USAGE;
+    }
     printf("config %s: valid\n", c.source);
     printf("model: %s, %d layers, d_model %d, %d heads (%d kv), d_ff %d, vocab %d (padded %d)\n",
            c.model.arch == ARCH_GPT2 ? "gpt2" : "llama", c.model.n_layer, c.model.d_model,
@@ -221,7 +227,6 @@ static int cmd_validate(int argc, char **argv) {
            c.train.micro_batch_size, cfg_grad_accum(&c), c.parallel.dp);
     if (world > 0) {
         topo_grid g;
-        ust_err e;
         if (topo_grid_from_config(&g, &c, world, &e)) {
             fprintf(stderr, "ustrain: error: %s\n", e.msg);
             return UST_EXIT_USAGE;

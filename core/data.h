@@ -88,6 +88,10 @@ typedef struct {
     char path[UST_PATH_MAX + 16];
 } data_meta;
 int data_meta_read(const char *glob_pattern, data_meta *out, ust_err *e);
+/* Every dataset's meta.json (train and val) against the config, without reading a token: the
+ * shards' vocabulary must fit model.vocab_size; *eot gets the end-of-text id (data.eot_id, else
+ * the shards'; they must agree), which data.doc_mask and reset_positions need. */
+int data_check_meta(const ust_config *c, int *eot, ust_err *e);
 
 /* Writes the bundled demo dataset (generated text, byte-level tokens, llm.c uint16 shards:
  * DIR/train_000.bin, DIR/train_001.bin, DIR/val_000.bin). Deterministic. */

@@ -196,3 +196,37 @@ int data_blend_restore(const data_blend *b, const cJSON *state, int64_t i, bool 
              change, (long long)i);
     return 0;
 }
+
+/* ------------------------------------------------------------------ meta.json against the run */
+
+int data_check_meta(const ust_config *c, int *eot, ust_err *e) {
+    int docs = c->data.doc_mask || c->data.reset_positions;
+    *eot = c->data.eot_id;
+    for (int val = 0; val < 2; val++) {
+        cfg_dataset sets[CFG_MAX_BLEND];
+        int n = cfg_data_sets(c, val, sets);
+        for (int d = 0; d < n; d++) {
+            data_meta meta;
+            int found = data_meta_read(sets[d].path, &meta, e);
+            if (found < 0) return -1;
+            if (!found) continue;
+            if (meta.vocab_size > c->model.vocab_size)
+                return ust_errf(e,
+                                "%s: the shards' tokens come from a vocabulary of %d, above "
+                                "model.vocab_size = %d",
+                                meta.path, meta.vocab_size, c->model.vocab_size);
+            if (docs && meta.eot_id >= 0 && *eot >= 0 && meta.eot_id != *eot)
+                return ust_errf(e, "%s: end of text is %d, but %s %d", meta.path, meta.eot_id,
+                                c->data.eot_id >= 0 ? "data.eot_id is" : "another dataset's is",
+                                *eot);
+            if (*eot < 0) *eot = meta.eot_id;
+        }
+    }
+    if (docs && *eot < 0)
+        return ust_errf(e,
+                        "data.%s needs the end-of-text id that ends each document: set "
+                        "data.eot_id, or prepare the shards with `ustrain data prep` (its "
+                        "meta.json has it)",
+                        c->data.doc_mask ? "doc_mask" : "reset_positions");
+    return 0;
+}

@@ -180,36 +180,8 @@ static int open_blend(data_blend **b, const ust_config *c, int val, ust_err *e) 
     return data_blend_open(b, sets, n, c->data.format, c->model.vocab_size, c->train.seq_len, e);
 }
 
-/* meta.json beside every training dataset (data prep's): its vocabulary must fit the model, and
- * data.doc_mask takes its end-of-text id unless data.eot_id gives one (they must agree). */
-static int check_meta(trainer *t, ust_err *e) {
-    const ust_config *c = t->cfg;
-    int docs = c->data.doc_mask || c->data.reset_positions;
-    t->eot = c->data.eot_id;
-    for (int d = 0; d < data_blend_count(t->train); d++) {
-        data_meta meta;
-        int found = data_meta_read(data_blend_set(t->train, d)->path, &meta, e);
-        if (found < 0) return -1;
-        if (!found) continue;
-        if (meta.vocab_size > c->model.vocab_size)
-            return ust_errf(e,
-                            "%s: the shards' tokens come from a vocabulary of %d, above "
-                            "model.vocab_size = %d",
-                            meta.path, meta.vocab_size, c->model.vocab_size);
-        if (docs && meta.eot_id >= 0 && t->eot >= 0 && meta.eot_id != t->eot)
-            return ust_errf(e, "%s: end of text is %d, but %s %d", meta.path, meta.eot_id,
-                            c->data.eot_id >= 0 ? "data.eot_id is" : "another dataset's is",
-                            t->eot);
-        if (t->eot < 0) t->eot = meta.eot_id;
-    }
-    if (docs && t->eot < 0)
-        return ust_errf(e,
-                        "data.%s needs the end-of-text id that ends each document: set "
-                        "data.eot_id, or prepare the shards with `ustrain data prep` (its "
-                        "meta.json has it)",
-                        c->data.doc_mask ? "doc_mask" : "reset_positions");
-    return 0;
-}
+/* The shards' meta.json against the model, and the end-of-text id documents end with. */
+static int check_meta(trainer *t, ust_err *e) { return data_check_meta(t->cfg, &t->eot, e); }
 
 /* The datasets, and the assignment of the validation samples (the same every time: val_steps
  * micro-batches from the blend's start). */
