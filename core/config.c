@@ -142,6 +142,8 @@ static const cfg_key cfg_keys[] = {
     DBL("train.grad_clip", train.grad_clip, "1.0", -INFINITY, INFINITY, 0),
     ENUM("train.on_nan", train.on_nan, "stop", ON_NANS),
     INTR("train.threads", train.threads, "0", 0, CFG_MAX_THREADS),
+    DBL("train.exit_after_min", train.exit_after_min, "0", 0, 1e9, 0),
+    I64("train.stop_at_step", train.stop_at_step, "0", 0),
 
     ONEOF("optimizer.name", optimizer.name, "adamw", OPTIMIZERS),
     INTR("optimizer.zero_stage", optimizer.zero_stage, "0", 0, 3),

@@ -89,6 +89,8 @@ typedef struct {
         double grad_clip; /* <= 0: no clipping */
         ust_on_nan on_nan;
         int threads; /* compute threads per rank, 0 = cores / local ranks */
+        double exit_after_min; /* > 0: checkpoint and exit 0 after this long (from start) */
+        int64_t stop_at_step;  /* > 0: checkpoint and exit 0 after this step */
     } train;
     struct {
         char name[16]; /* "adamw" */

@@ -68,7 +68,8 @@ typedef struct {
     int64_t step, sample_index; /* the run's position: steps done, samples consumed */
     int64_t batch_since_step, batch_since_sample; /* where the current global batch size began */
     double last_loss;
-    ckpt_lock lock; /* rank 0: the job's lock on checkpoint.dir */
+    double started_s; /* when this process began training (train.exit_after_min counts from it) */
+    ckpt_lock lock;   /* rank 0: the job's lock on checkpoint.dir */
 } trainer;
 
 /* ------------------------------------------------------------------ the runtime */
@@ -565,6 +566,7 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile
     t->rt = rt;
     t->rank0 = rt->rank == 0;
     t->last_loss = NAN;
+    t->started_s = log_now_s();
     t->has_moe = cfg->model.moe.num_experts > 0;
     if (check_runnable(cfg, e)) return -1;
     fault_setup_hold();
@@ -724,10 +726,33 @@ static log_step report_step(trainer *t, const step_mark *mark, double loss, doub
 
 /* After a step: a periodic checkpoint, or the one a stop asks for (every rank stops after the
  * same step: a signal to any of them counts). 1: stop now; -1: the checkpoint failed. */
+/* Why this rank wants to stop after the step, most urgent first: 3 a signal, 2
+ * train.exit_after_min (measured from the start of this process's training), 1
+ * train.stop_at_step; 0 when it does not. */
+static int stop_reason(const trainer *t) {
+    const ust_config *c = t->cfg;
+    if (g_stop_signal) return 3;
+    if (c->train.exit_after_min > 0 && log_now_s() - t->started_s >= 60 * c->train.exit_after_min)
+        return 2;
+    return c->train.stop_at_step > 0 && t->step >= c->train.stop_at_step;
+}
+
+/* The reason every rank agrees on: none unless some rank has one (all then stop after the same
+ * step); a signal anywhere, else this rank's own, else another rank's time limit. */
+static int stop_reason_any(trainer *t) {
+    int why = stop_reason(t);
+    if (!any_rank(t, why > 0)) return 0;
+    if (any_rank(t, why == 3)) return 3; /* only on the way out: a second collective */
+    return why > 0 ? why : 2;
+}
+
 static int checkpoint_or_stop(trainer *t) {
     const ust_config *c = t->cfg;
     int last = t->step == c->train.steps;
-    int stop = any_rank(t, g_stop_signal != 0);
+    static const char *const WHY[] = {"", "train.stop_at_step reached",
+                                      "time limit (train.exit_after_min) reached",
+                                      "received signal"};
+    int why = stop_reason_any(t), stop = why > 0;
     /* every: 0 turns off the periodic checkpoints only; a stop always writes one */
     int periodic = c->checkpoint.every > 0 && (t->step % c->checkpoint.every == 0 || last);
     ust_err e;
@@ -737,9 +762,9 @@ static int checkpoint_or_stop(trainer *t) {
         return -1;
     }
     if (stop && t->rank0)
-        printf("received signal: stopped after step %lld%s (SIGTERM/SIGUSR1 to any rank stops "
-               "every rank after the same step)\n",
-               (long long)t->step, c->checkpoint.dir[0] ? ", checkpoint written" : "");
+        printf("%s: stopped after step %lld%s (a signal (SIGTERM/SIGUSR1) or time limit on any "
+               "rank stops every rank after the same step)\n",
+               WHY[why], (long long)t->step, c->checkpoint.dir[0] ? ", checkpoint written" : "");
     return stop;
 }
 
