@@ -43,6 +43,7 @@ static const char *const CP_COMMS[] = {"ring", "allgather", NULL};
 static const char *const PRECISIONS[] = {"fp32", "bf16", NULL};
 static const char *const RECOMPUTES[] = {"none", "selective", "full", NULL};
 static const char *const ON_NANS[] = {"stop", "skip", NULL};
+static const char *const ON_SPIKES[] = {"none", "skip", "rewind", NULL};
 static const char *const OPTIMIZERS[] = {"adamw", NULL};
 static const char *const LR_SCHEDULES[] = {"cosine", "linear", "constant", "wsd", NULL};
 static const char *const DATA_FORMATS[] = {"llmc", "nanogpt", "megatron", NULL};
@@ -50,7 +51,8 @@ static const char *const DATA_FORMATS[] = {"llmc", "nanogpt", "megatron", NULL};
 /* Enum fields are stored through an int. */
 _Static_assert(sizeof(ust_arch) == sizeof(int) && sizeof(ust_device) == sizeof(int) &&
                    sizeof(ust_precision) == sizeof(int) && sizeof(ust_recompute) == sizeof(int) &&
-                   sizeof(ust_on_nan) == sizeof(int) && sizeof(ust_lr_schedule) == sizeof(int) &&
+                   sizeof(ust_on_nan) == sizeof(int) && sizeof(ust_on_spike) == sizeof(int) &&
+                   sizeof(ust_lr_schedule) == sizeof(int) &&
                    sizeof(ust_pp_schedule) == sizeof(int) && sizeof(ust_cp_layout) == sizeof(int) &&
                    sizeof(ust_cp_comm) == sizeof(int) && sizeof(ust_data_format) == sizeof(int),
                "config enums must be int-sized");
@@ -141,6 +143,9 @@ static const cfg_key cfg_keys[] = {
     ENUM("train.recompute", train.recompute, "none", RECOMPUTES),
     DBL("train.grad_clip", train.grad_clip, "1.0", -INFINITY, INFINITY, 0),
     ENUM("train.on_nan", train.on_nan, "stop", ON_NANS),
+    ENUM("train.on_spike", train.on_spike, "none", ON_SPIKES),
+    DBL("train.spike_zscore", train.spike_zscore, "6", 0, 1e6, LO_OPEN),
+    INTR("train.spike_window", train.spike_window, "32", 2, 1 << 20),
     INTR("train.threads", train.threads, "0", 0, CFG_MAX_THREADS),
     DBL("train.exit_after_min", train.exit_after_min, "0", 0, 1e9, 0),
     I64("train.stop_at_step", train.stop_at_step, "0", 0),

@@ -35,6 +35,7 @@ typedef enum { DEV_CPU, DEV_CUDA } ust_device;
 typedef enum { PREC_FP32, PREC_BF16 } ust_precision;
 typedef enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL } ust_recompute;
 typedef enum { ONNAN_STOP, ONNAN_SKIP } ust_on_nan;
+typedef enum { SPIKE_NONE, SPIKE_SKIP, SPIKE_REWIND } ust_on_spike;
 typedef enum { SCHED_COSINE, SCHED_LINEAR, SCHED_CONSTANT, SCHED_WSD } ust_lr_schedule;
 typedef enum { PP_AFAB, PP_1F1B, PP_INTERLEAVED, PP_ZB } ust_pp_schedule;
 typedef enum { CP_ZIGZAG, CP_CONTIGUOUS } ust_cp_layout;
@@ -88,6 +89,9 @@ typedef struct {
         ust_recompute recompute;
         double grad_clip; /* <= 0: no clipping */
         ust_on_nan on_nan;
+        ust_on_spike on_spike; /* a loss or grad-norm spike: nothing, skip the update, rewind */
+        double spike_zscore;   /* a spike: z-score above this over the last spike_window steps */
+        int spike_window;
         int threads; /* compute threads per rank, 0 = cores / local ranks */
         double exit_after_min; /* > 0: checkpoint and exit 0 after this long (from start) */
         int64_t stop_at_step;  /* > 0: checkpoint and exit 0 after this step */

@@ -387,6 +387,7 @@ void log_step_json(ust_log *l, const log_step *s) {
     }
     if (s->data_n > 0) json_data(l->metrics, s);
     if (s->skipped) fprintf(l->metrics, ",\"skipped\":true");
+    if (s->spike) fprintf(l->metrics, ",\"spike\":\"%s\"", s->spike == 1 ? "skipped" : "rewound");
     fprintf(l->metrics, "}\n");
     fflush(l->metrics);
 }

@@ -33,8 +33,9 @@ typedef struct {
     int moe_n;
     int moe_layer[LOG_MAX_MOE];
     double moe_load_max[LOG_MAX_MOE], moe_load_mean[LOG_MAX_MOE], moe_dropped[LOG_MAX_MOE];
-    int skipped;                        /* step skipped by on_nan: skip */
-    double elapsed_s;                   /* since this process began training */
+    int skipped;      /* step skipped by on_nan: skip */
+    int spike;        /* train.on_spike found one: 1 the update skipped, 2 rewound */
+    double elapsed_s; /* since this process began training */
     int64_t samples_seen, tokens_seen;  /* by the run, after this step */
     int cp_docs;                        /* context parallelism with document masking: */
     int64_t cp_blocks_skipped;          /* key/value blocks no query could see, not computed */

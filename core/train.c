@@ -21,6 +21,7 @@
 #include "model.h"
 #include "ops.h"
 #include "ops_prof.h"
+#include "spike.h"
 #include "optim.h"
 #include "cp.h"
 #include "ep.h"
@@ -69,7 +70,9 @@ typedef struct {
     int64_t batch_since_step, batch_since_sample; /* where the current global batch size began */
     double last_loss;
     double started_s; /* when this process began training (train.exit_after_min counts from it) */
-    ckpt_lock lock;   /* rank 0: the job's lock on checkpoint.dir */
+    spike_window loss_w, norm_w; /* train.on_spike: the recent steps' losses and norms */
+    int64_t fault_spike_step;    /* UST_FAULT_SPIKE_STEP (tests): the step poisoned, or 0 */
+    ckpt_lock lock;              /* rank 0: the job's lock on checkpoint.dir */
 } trainer;
 
 /* ------------------------------------------------------------------ the runtime */
@@ -381,11 +384,17 @@ static void load_train(void *ctx, int mb, int32_t *inputs, int32_t *targets) {
     trainer *t = ctx;
     const ust_config *c = t->cfg;
     int64_t g = first_sample(t, mb) - t->sample_index; /* in the step's global batch */
+    int poison = t->fault_spike_step > 0 && g == 0 &&
+                 t->sample_index == (t->fault_spike_step - 1) * c->train.global_batch_size;
     for (int b = 0; b < c->train.micro_batch_size; b++)
         data_blend_get(t->train, t->which[g + b], t->index[g + b], c->train.seq_len,
                        c->data.shuffle, c->run.seed,
                        t->samples + (int64_t)b * (c->train.seq_len + 1));
     split_windows(t, inputs, targets);
+    /* test fault UST_FAULT_SPIKE_STEP=N: the first micro-batch of step N's data (samples from
+     * (N-1) x global_batch_size: a rewind moves past them) learns garbage targets */
+    for (int k = 0; poison && k < c->train.micro_batch_size * t->Tl; k++)
+        targets[k] = (int32_t)((targets[k] * 7919LL + 13) % c->model.vocab_size);
 }
 
 static void load_val(void *ctx, int mb, int32_t *inputs, int32_t *targets) {
@@ -567,6 +576,12 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile
     t->rank0 = rt->rank == 0;
     t->last_loss = NAN;
     t->started_s = log_now_s();
+    const char *fault = getenv("UST_FAULT_SPIKE_STEP");
+    t->fault_spike_step = fault ? atoll(fault) : 0;
+    if (cfg->train.on_spike != SPIKE_NONE) {
+        spike_init(&t->loss_w, cfg->train.spike_window);
+        spike_init(&t->norm_w, cfg->train.spike_window);
+    }
     t->has_moe = cfg->model.moe.num_experts > 0;
     if (check_runnable(cfg, e)) return -1;
     fault_setup_hold();
@@ -588,6 +603,7 @@ static void teardown(trainer *t) {
     data_blend_close(t->val);
     free(t->which), free(t->index), free(t->val_which), free(t->val_index);
     free(t->docs), free(t->doc_scratch);
+    spike_free(&t->loss_w), spike_free(&t->norm_w);
     pp_destroy(t->pp);
     dp_destroy(t->dp);
     model_destroy(t->m);
@@ -768,14 +784,64 @@ static int checkpoint_or_stop(trainer *t) {
     return stop;
 }
 
+/* train.on_spike: is this step's loss or gradient norm a spike against the recent steps? Both are
+ * global, so every rank decides the same. A step that is not one joins the windows. */
+static int is_spike(trainer *t, double loss, double norm) {
+    const ust_config *c = t->cfg;
+    if (c->train.on_spike == SPIKE_NONE) return 0;
+    double zl = spike_z(&t->loss_w, loss), zn = spike_z(&t->norm_w, norm);
+    if (zl > c->train.spike_zscore || zn > c->train.spike_zscore) {
+        if (t->rank0)
+            printf("spike at step %lld: loss %.4f (z %.1f), grad norm %.3f (z %.1f) over the last "
+                   "%d steps, samples [%lld, %lld)\n",
+                   (long long)t->step + 1, loss, zl, norm, zn, c->train.spike_window,
+                   (long long)t->sample_index,
+                   (long long)(t->sample_index + c->train.global_batch_size));
+        return 1;
+    }
+    spike_push(&t->loss_w, loss);
+    spike_push(&t->norm_w, norm);
+    return 0;
+}
+
+/* train.on_spike: rewind: the newest checkpoint's weights and moments, its step, and the data
+ * from after the spike on (batch_since marks where the run's data position jumped). Without a
+ * checkpoint yet, the spike's update is only skipped. */
+static int rewind_to_checkpoint(trainer *t, ust_err *e) {
+    const ust_config *c = t->cfg;
+    char dir[UST_PATH_MAX + 64];
+    int found = c->checkpoint.dir[0] ? ckpt_find_latest(c->checkpoint.dir, dir, sizeof dir, e) : 0;
+    if (found < 0) return -1;
+    if (!found) {
+        if (t->rank0) printf("spike: no checkpoint to rewind to yet; the update is skipped\n");
+        return 0;
+    }
+    ckpt_reader *r = ckpt_open(dir, e);
+    ckpt_state st;
+    int rc = r ? ckpt_parse_state(ckpt_state_json(r), dir, &st, e) : -1;
+    if (rc == 0) rc = dp_load(t->dp, r, e);
+    if (r) ckpt_close(r);
+    if (rc) return -1;
+    if (t->rank0)
+        printf("spike: rewound to %s (step %lld); the data goes on from sample %lld\n", dir,
+               (long long)st.step, (long long)t->sample_index);
+    t->step = st.step;
+    t->batch_since_step = st.step;
+    t->batch_since_sample = t->sample_index;
+    return 0;
+}
+
 /* One step: forward and backward, the norm, the update (unless skipped or stopped). Returns 0,
- * or UST_EXIT_RUNTIME for a non-finite loss under on_nan: stop. */
-static int train_step(trainer *t, double *loss, double *norm, double *lr, int *finite) {
+ * or UST_EXIT_RUNTIME for a non-finite loss under on_nan: stop. *spiked: train.on_spike found a
+ * spike, whose update was not made. */
+static int train_step(trainer *t, double *loss, double *norm, double *lr, int *finite,
+                      int *spiked) {
     const ust_config *c = t->cfg;
     *loss = forward_backward(t);
     *norm = dp_grad_norm(t->dp);
     *lr = optim_lr(c, t->step);
     *finite = isfinite(*loss) && isfinite(*norm);
+    *spiked = *finite && is_spike(t, *loss, *norm);
     if (!*finite && c->train.on_nan == ONNAN_STOP) {
         if (t->rank0)
             fprintf(stderr,
@@ -785,7 +851,7 @@ static int train_step(trainer *t, double *loss, double *norm, double *lr, int *f
                     *norm);
         return UST_EXIT_RUNTIME;
     }
-    if (*finite) dp_optimizer_step(t->dp, *lr, optim_clip_scale(c, *norm), t->step);
+    if (*finite && !*spiked) dp_optimizer_step(t->dp, *lr, optim_clip_scale(c, *norm), t->step);
     return 0;
 }
 
@@ -811,10 +877,11 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
             ops_prof_enable(t->ops, 1);
         step_mark mark = mark_step(t);
         double loss, norm, lr;
-        int finite;
+        int finite, spiked;
         assign_step(t);
-        if (train_step(t, &loss, &norm, &lr, &finite)) return UST_EXIT_RUNTIME;
+        if (train_step(t, &loss, &norm, &lr, &finite, &spiked)) return UST_EXIT_RUNTIME;
         log_step s = report_step(t, &mark, loss, norm, lr, finite, fpt, peak);
+        s.spike = spiked ? (int)c->train.on_spike : 0;
         double raised = raise_measured_peak(t, peak, fpt, &s);
         if (raised > peak) s.mfu *= peak / raised, peak = raised;
         t->step++;
@@ -834,6 +901,11 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
             (t->step % c->logging.every == 0 || last || !isnan(s.val_loss))) {
             log_step_line(&s);
             log_step_json(&t->log, &s);
+        }
+        ust_err e;
+        if (spiked && c->train.on_spike == SPIKE_REWIND && rewind_to_checkpoint(t, &e)) {
+            fprintf(stderr, "ustrain: error: spike: cannot rewind: %s\n", e.msg);
+            return UST_EXIT_RUNTIME;
         }
         int after = checkpoint_or_stop(t);
         if (after < 0) return UST_EXIT_RUNTIME;
