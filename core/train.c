@@ -831,12 +831,22 @@ static int rewind_to_checkpoint(trainer *t, ust_err *e) {
     return 0;
 }
 
+/* Test fault UST_FAULT_HANG_STEP=N (with UST_FAULT_HANG_RANK=R, default 1): global rank R loops
+ * in compute at step N, forever, as a rank stuck in a kernel would; its peers must name it. */
+static void fault_hang(const trainer *t) {
+    const char *step = getenv("UST_FAULT_HANG_STEP"), *rank = getenv("UST_FAULT_HANG_RANK");
+    if (!step || atoll(step) != t->step + 1 || t->rt->rank != (rank ? atoi(rank) : 1)) return;
+    for (volatile uint64_t spin = 0;; spin++) {
+    }
+}
+
 /* One step: forward and backward, the norm, the update (unless skipped or stopped). Returns 0,
  * or UST_EXIT_RUNTIME for a non-finite loss under on_nan: stop. *spiked: train.on_spike found a
  * spike, whose update was not made. */
 static int train_step(trainer *t, double *loss, double *norm, double *lr, int *finite,
                       int *spiked) {
     const ust_config *c = t->cfg;
+    fault_hang(t);
     *loss = forward_backward(t);
     *norm = dp_grad_norm(t->dp);
     *lr = optim_lr(c, t->step);

@@ -44,8 +44,22 @@ _Noreturn void comm_fail_wait(const ust_comm *c, comm_kind k, const int *waiting
 }
 
 _Noreturn void comm_fail_timeout(const ust_comm *c, comm_kind k, const int *waiting, int nwaiting) {
-    char why[96];
-    snprintf(why, sizeof why, "timed out after %g s (dist.timeout_s)", c->ctx->opts.timeout_s);
+    comm_fail_timeout_at(c, k, waiting, nwaiting, NULL);
+}
+
+/* "hang:" lines have one shape on every rank and backend, for scripts/ustrun to gather: the
+ * group, this rank's operation (sequence number, kind) and its last completed one, and, where
+ * the backend can see them, where the members it waits on are. */
+_Noreturn void comm_fail_timeout_at(const ust_comm *c, comm_kind k, const int *waiting,
+                                    int nwaiting, const char *behind) {
+    char why[1536];
+    snprintf(why, sizeof why,
+             "timed out after %g s (dist.timeout_s) in op #%llu, the last completed #%llu%s%s",
+             c->ctx->opts.timeout_s, (unsigned long long)c->done + 1, (unsigned long long)c->done,
+             behind && *behind ? "; behind: " : "", behind ? behind : "");
+    fprintf(stderr, "hang: group '%s' global rank %d waits in op #%llu (%s)%s%s\n", c->name,
+            c->granks[c->rank], (unsigned long long)c->done + 1, comm_kind_name(k),
+            behind && *behind ? "; behind: " : "", behind ? behind : "");
     comm_fail_wait(c, k, waiting, nwaiting, why);
 }
 

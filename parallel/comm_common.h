@@ -13,6 +13,10 @@ _Noreturn void comm_fail_wait(const ust_comm *c, comm_kind k, const int *waiting
                               const char *why);
 /* comm_fail_wait for a wait that ran past dist.timeout_s. */
 _Noreturn void comm_fail_timeout(const ust_comm *c, comm_kind k, const int *waiting, int nwaiting);
+/* comm_fail_timeout naming where the members waited on are (behind: text, or NULL); also writes
+ * one "hang: group 'G' global rank R waits in op #N (kind); behind: ..." line to stderr. */
+_Noreturn void comm_fail_timeout_at(const ust_comm *c, comm_kind k, const int *waiting,
+                                    int nwaiting, const char *behind);
 /* Fills waiting[] (capacity cap) with every member but this rank: whom a collective that cannot
  * tell its stragglers apart (NCCL) waits on. Returns how many. */
 int comm_other_members(const ust_comm *c, int *waiting, int cap);

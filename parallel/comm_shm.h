@@ -27,6 +27,11 @@ typedef struct {
     _Atomic uint32_t sleepers;             /* this member sleeps on doorbell */
     int32_t pid;
     uint64_t start; /* its start time (/proc/<pid>/stat field 22), 0 when unknown */
+    /* where this member is, for a timeout to name who is behind: the operation it runs (its
+     * sequence number on the communicator and kind) and the last one it completed; at == done
+     * means it is between operations (computing, or stopped) */
+    _Atomic uint64_t at_seq, done_seq;
+    _Atomic uint32_t at_kind;
 } shm_member;
 
 typedef struct {

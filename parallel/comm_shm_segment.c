@@ -135,6 +135,32 @@ static inline void cpu_relax(void) {
 #endif
 }
 
+/* The timeout, naming where each member we wait on is: in an earlier operation of the group
+ * (its sequence number and kind), or between operations since one (computing, or stopped: a
+ * SIGSTOP, a loop in compute). Ours is done + 1. */
+_Noreturn static void fail_behind(const ust_comm *c, comm_kind k, const int *waiting, int nw) {
+    const shm_comm *s = c->impl;
+    char where[1024];
+    size_t used = 0;
+    where[0] = 0;
+    for (int i = 0; i < nw && used + 96 < sizeof where; i++) {
+        const shm_member *m = &s->mem[waiting[i]];
+        uint64_t at = atomic_load(&m->at_seq), done = atomic_load(&m->done_seq);
+        if (at > done)
+            used += (size_t)snprintf(where + used, sizeof where - used,
+                                     "%sglobal rank %d in op #%llu (%s)", i ? "; " : "",
+                                     c->granks[waiting[i]], (unsigned long long)at,
+                                     comm_kind_name((comm_kind)atomic_load(&m->at_kind)));
+        else
+            used +=
+                (size_t)snprintf(where + used, sizeof where - used,
+                                 "%sglobal rank %d between ops since #%llu (computing, or "
+                                 "stopped)",
+                                 i ? "; " : "", c->granks[waiting[i]], (unsigned long long)done);
+    }
+    comm_fail_timeout_at(c, k, waiting, nw, where);
+}
+
 void shm_wait(ust_comm *c, comm_kind k, _Atomic uint32_t *w, _Atomic uint32_t *sleepers,
               wait_pred pred, wait_who who, const void *arg) {
     if (pred(c, arg)) return;
@@ -186,7 +212,7 @@ void shm_wait(ust_comm *c, comm_kind k, _Atomic uint32_t *w, _Atomic uint32_t *s
                 comm_fail_wait(c, k, waiting + i, 1, why);
             }
         }
-        if (log_now_s() >= deadline) comm_fail_timeout(c, k, waiting, nw);
+        if (log_now_s() >= deadline) fail_behind(c, k, waiting, nw);
     }
 }
 
