@@ -98,6 +98,7 @@ typedef struct {
     int *steps;        /* --steps N taken (bench train), else NULL */
     const char *flag;  /* the one option without a value the command takes, or NULL */
     int known_world;   /* the world size without --world (0: unknown) */
+    bool world_is_hint; /* known_world resolves parallel.dp: auto only (train checks it later) */
     bool fits_machine; /* refuse a plan this machine's memory cannot hold (plan_check_fits) */
 } config_args;
 
@@ -141,7 +142,9 @@ static int load_config(ust_config *c, int argc, char **argv, const config_args *
             (a->steps && strcmp(argv[i], "--steps") == 0))
             i++;
     }
-    if (cfg_validate(c, a->world && *a->world ? *a->world : a->known_world, &e)) goto bad;
+    int world = a->world && *a->world ? *a->world : a->known_world;
+    if (cfg_resolve_auto(c, world, &e) || cfg_validate(c, a->world_is_hint ? 0 : world, &e))
+        goto bad;
     if (a->fits_machine && plan_check_fits(c, &e)) goto bad;
     return 0;
 bad:
@@ -181,12 +184,28 @@ static int print_schedule(const ust_config *c) {
     return 0;
 }
 
+/* The world size the launcher announces before the bootstrap (torchrun-style WORLD_SIZE,
+ * mpirun, srun), 1 without a launcher: what parallel.dp: auto is resolved against; the bootstrap
+ * then checks the world it finds equals the layout. */
+static int launcher_world(void) {
+    const char *vars[] = {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_NTASKS"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        char *end;
+        long n = v ? strtol(v, &end, 10) : 0;
+        if (v && *v && !*end && n >= 1 && n <= CFG_MAX_WORLD) return (int)n;
+    }
+    return 1;
+}
+
 static int cmd_train(int argc, char **argv) {
     ust_config c;
     ust_err e;
     if (cmd_wants_help(argc, argv)) return cmd_print_usage(TRAIN_USAGE);
-    /* the world size is known after bootstrap */
+    /* the world size is checked after bootstrap; parallel.dp: auto takes the launcher's */
     config_args a = {.name = "train", .fits_machine = true};
+    a.known_world = launcher_world();
+    a.world_is_hint = true;
     int rc = load_config(&c, argc, argv, &a);
     if (rc) return rc;
     ust_runtime rt;

@@ -22,7 +22,7 @@
 /* K_DATA: data.train / data.val, a string (a glob) or a list of datasets (cfg_load_blend) */
 typedef enum { K_INT, K_I64, K_U64, K_DBL, K_BOOL, K_STR, K_ENUM, K_LIST, K_DATA } cfg_kind;
 
-enum { LO_OPEN = 1, HI_OPEN = 2, NULLABLE = 4 };
+enum { LO_OPEN = 1, HI_OPEN = 2, NULLABLE = 4, AUTO = 8 }; /* AUTO: "auto" is stored as 0 */
 
 typedef struct {
     const char *path; /* "model.moe.top_k" */
@@ -121,7 +121,7 @@ static const cfg_key cfg_keys[] = {
     INTR("model.rope_scaling.original_max_position_embeddings",
          model.rope_scaling.original_max_position_embeddings, "8192", 1, 1 << 24),
 
-    INTR("parallel.dp", parallel.dp, "1", 1, CFG_MAX_WORLD),
+    {"parallel.dp", K_INT, AT(parallel.dp), "1", 1, CFG_MAX_WORLD, AUTO, NULL},
     INTR("parallel.tp", parallel.tp, "1", 1, CFG_MAX_WORLD),
     INTR("parallel.pp", parallel.pp, "1", 1, 4096),
     INTR("parallel.cp", parallel.cp, "1", 1, CFG_MAX_WORLD),
@@ -267,6 +267,11 @@ static int cfg_quoted_error(const char *what, const char *s, char *why, size_t n
 static int cfg_put_int(void *dst, const cfg_key *k, const char *s, bool plain, char *why,
                        size_t n) {
     const char *what = k->kind == K_U64 ? "a non-negative integer" : "an integer";
+    if ((k->flags & AUTO) && plain && !strcmp(s, "auto")) { /* resolved by cfg_resolve_auto */
+        int zero = 0;
+        memcpy(dst, &zero, sizeof zero);
+        return 0;
+    }
     if (!plain) return cfg_quoted_error(what, s, why, n);
     size_t sign = (s[0] == '-' || s[0] == '+');
     if (!s[sign] || strspn(s + sign, "0123456789") != strlen(s + sign) ||
@@ -1089,6 +1094,7 @@ static int cfg_check_value(const ust_config *c, const cfg_key *k, char *why, siz
     }
     if (k->kind == K_BOOL || k->kind == K_U64) return 0;
     double v = cfg_number(c, k);
+    if (v == 0 && (k->flags & AUTO)) return 0; /* "auto": cfg_validate_world needs the world */
     snprintf(shown, sizeof shown, "%.17g", v);
     if (!isfinite(v)) return snprintf(why, n, "%s is not a finite number", shown), -1;
     return cfg_in_range(k, v) ? 0 : cfg_range_error(k, shown, v, why, n);
@@ -1285,7 +1291,31 @@ static int cfg_validate_world(const ust_config *c, int world, ust_err *e) {
 
 #undef REQUIRE
 
+int cfg_resolve_auto(ust_config *c, int world, ust_err *e) {
+    if (c->parallel.dp != 0 || world <= 0) return 0;
+    int64_t rest = (int64_t)c->parallel.tp * c->parallel.pp * c->parallel.cp;
+    if (world % rest)
+        return cfg_vfail(c, e,
+                         "parallel.dp: auto: the world of %d ranks is not a multiple of tp x pp "
+                         "x cp = %lld",
+                         world, (long long)rest);
+    int dp = (int)(world / rest), mb = c->train.micro_batch_size;
+    int64_t G = c->train.global_batch_size;
+    if (G % ((int64_t)mb * dp))
+        return cfg_vfail(c, e,
+                         "parallel.dp: auto gives dp = %d on %d ranks, which does not divide "
+                         "the %lld micro-batches of %d in train.global_batch_size = %lld (the "
+                         "global batch stays fixed across restarts: use a world where it does)",
+                         dp, world, (long long)(G / mb), mb, (long long)G);
+    c->parallel.dp = dp;
+    return 0;
+}
+
 int cfg_validate(const ust_config *c, int world, ust_err *e) {
+    if (c->parallel.dp == 0)
+        return cfg_vfail(c, e,
+                         "parallel.dp: auto needs the world size (the launcher's when training; "
+                         "--world N for validate and plan)");
     for (size_t i = 0; i < N_KEYS; i++) {
         char why[1024];
         if (cfg_check_value(c, &cfg_keys[i], why, sizeof why))
@@ -1338,7 +1368,11 @@ static void cfg_dump_value(FILE *f, const ust_config *c, const cfg_key *k) {
     bool b;
     switch (k->kind) {
     case K_INT:
-        memcpy(&i, p, sizeof i), fprintf(f, "%d", i);
+        memcpy(&i, p, sizeof i);
+        if (i == 0 && (k->flags & AUTO))
+            fputs("auto", f);
+        else
+            fprintf(f, "%d", i);
         break;
     case K_I64:
         memcpy(&l, p, sizeof l), fprintf(f, "%" PRId64, l);

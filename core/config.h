@@ -155,6 +155,9 @@ int cfg_set(ust_config *c, const char *assignment, ust_err *e);
 /* Ranges and divisibility (heads by tp, layers by pp*vpp, seq by 2*cp, experts by ep,
  * world == dp*tp*pp*cp, batch sizes). world <= 0 skips the world check. */
 int cfg_validate(const ust_config *c, int world, ust_err *e);
+/* parallel.dp: auto (kept as 0) -> world / (tp x pp x cp), which must divide the global batch
+ * in micro-batches; nothing without a world (world <= 0: cfg_validate then refuses auto). */
+int cfg_resolve_auto(ust_config *c, int world, ust_err *e);
 void cfg_dump(const ust_config *c, FILE *f);
 
 /* Derived values every module agrees on. */

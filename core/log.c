@@ -310,6 +310,7 @@ static int log_scalars(const log_step *s, double unix_time, log_scalar *o) {
         n = add_scalar(o, n, "pp_w_ms", s->pp_op_ms[2]);
     }
     if (s->cp_docs) n = add_count(o, n, "cp_blocks_skipped", (uint64_t)s->cp_blocks_skipped);
+    if (s->restarts) n = add_count(o, n, "restarts", (uint64_t)s->restarts);
     if (!isnan(s->val_loss)) n = add_scalar(o, n, "val_loss", s->val_loss);
     n = add_scalar(o, n, "time", unix_time);
     n = add_scalar(o, n, "elapsed_s", s->elapsed_s);

@@ -35,6 +35,7 @@ typedef struct {
     double moe_load_max[LOG_MAX_MOE], moe_load_mean[LOG_MAX_MOE], moe_dropped[LOG_MAX_MOE];
     int skipped;      /* step skipped by on_nan: skip */
     int spike;        /* train.on_spike found one: 1 the update skipped, 2 rewound */
+    int restarts;     /* scripts/ustrun --max-restarts: starts of the job before this one */
     double elapsed_s; /* since this process began training */
     int64_t samples_seen, tokens_seen;  /* by the run, after this step */
     int cp_docs;                        /* context parallelism with document masking: */

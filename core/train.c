@@ -72,6 +72,7 @@ typedef struct {
     double started_s; /* when this process began training (train.exit_after_min counts from it) */
     spike_window loss_w, norm_w; /* train.on_spike: the recent steps' losses and norms */
     int64_t fault_spike_step;    /* UST_FAULT_SPIKE_STEP (tests): the step poisoned, or 0 */
+    int restarts;                /* UST_RESTART_COUNT (scripts/ustrun --max-restarts) */
     ckpt_lock lock;              /* rank 0: the job's lock on checkpoint.dir */
 } trainer;
 
@@ -576,8 +577,11 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile
     t->rank0 = rt->rank == 0;
     t->last_loss = NAN;
     t->started_s = log_now_s();
-    const char *fault = getenv("UST_FAULT_SPIKE_STEP");
+    const char *fault = getenv("UST_FAULT_SPIKE_STEP"), *restart = getenv("UST_RESTART_COUNT");
     t->fault_spike_step = fault ? atoll(fault) : 0;
+    t->restarts = restart ? atoi(restart) : 0;
+    if (t->restarts > 0 && t->rank0)
+        printf("restart %d of this job (scripts/ustrun --max-restarts)\n", t->restarts);
     if (cfg->train.on_spike != SPIKE_NONE) {
         spike_init(&t->loss_w, cfg->train.spike_window);
         spike_init(&t->norm_w, cfg->train.spike_window);
@@ -840,6 +844,15 @@ static void fault_hang(const trainer *t) {
     }
 }
 
+/* Test fault UST_FAULT_DIE_STEP=N (UST_FAULT_DIE_RANK=R, default 1): global rank R dies
+ * (SIGKILL) at step N, on a job's first start only (UST_RESTART_COUNT unset or 0). */
+static void fault_die(const trainer *t) {
+    const char *step = getenv("UST_FAULT_DIE_STEP"), *rank = getenv("UST_FAULT_DIE_RANK");
+    if (step && atoll(step) == t->step + 1 && t->rt->rank == (rank ? atoi(rank) : 1) &&
+        t->restarts == 0)
+        raise(SIGKILL);
+}
+
 /* One step: forward and backward, the norm, the update (unless skipped or stopped). Returns 0,
  * or UST_EXIT_RUNTIME for a non-finite loss under on_nan: stop. *spiked: train.on_spike found a
  * spike, whose update was not made. */
@@ -847,6 +860,7 @@ static int train_step(trainer *t, double *loss, double *norm, double *lr, int *f
                       int *spiked) {
     const ust_config *c = t->cfg;
     fault_hang(t);
+    fault_die(t);
     *loss = forward_backward(t);
     *norm = dp_grad_norm(t->dp);
     *lr = optim_lr(c, t->step);
@@ -892,6 +906,7 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
         if (train_step(t, &loss, &norm, &lr, &finite, &spiked)) return UST_EXIT_RUNTIME;
         log_step s = report_step(t, &mark, loss, norm, lr, finite, fpt, peak);
         s.spike = spiked ? (int)c->train.on_spike : 0;
+        s.restarts = t->restarts;
         double raised = raise_measured_peak(t, peak, fpt, &s);
         if (raised > peak) s.mfu *= peak / raised, peak = raised;
         t->step++;

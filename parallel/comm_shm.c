@@ -464,13 +464,16 @@ static void shm_run(ust_comm *c, const comm_desc *d) {
 /* Runs the queued operations up to seq in posting order: shm moves data only while a member
  * waits, which is what lets a rank post several operations and wait later. */
 void shm_wait_until(ust_comm *c, uint64_t seq) {
-    shm_member *me = &((shm_comm *)c->impl)->mem[c->rank];
+    const shm_comm *s = c->impl; /* a group of one has no segment */
+    shm_member *me = s && s->mem ? &s->mem[c->rank] : NULL;
     while (c->done < seq) {
         const comm_desc *d = &c->queue[(c->done + 1) % (uint64_t)c->qcap];
-        atomic_store_explicit(&me->at_kind, (uint32_t)d->kind, memory_order_relaxed);
-        atomic_store_explicit(&me->at_seq, c->done + 1, memory_order_release);
+        if (me) {
+            atomic_store_explicit(&me->at_kind, (uint32_t)d->kind, memory_order_relaxed);
+            atomic_store_explicit(&me->at_seq, c->done + 1, memory_order_release);
+        }
         shm_run(c, d);
         c->done++;
-        atomic_store_explicit(&me->done_seq, c->done, memory_order_release);
+        if (me) atomic_store_explicit(&me->done_seq, c->done, memory_order_release);
     }
 }

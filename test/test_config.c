@@ -941,6 +941,28 @@ static void test_blend_lists_load_check_and_round_trip(void) {
                      "data.train: a list of datasets is written as a YAML list, not a string");
 }
 
+/* parallel.dp: auto is kept as 0, dumps as auto, and resolves against a world. */
+static void test_dp_auto_resolves_against_the_world(void) {
+    ust_config c, back;
+    ust_err e;
+    CHECK(load(&c, "parallel: {dp: auto, tp: 2}\ntrain: {micro_batch_size: 1, global_batch_size: 8}\n",
+               &e) == 0 && c.parallel.dp == 0,
+          "%s", txt(e.msg));
+    static char text[16384];
+    CHECK(dump_roundtrip(&c, &back, text, sizeof text, &e) == 0 && back.parallel.dp == 0 &&
+              strstr(text, "  dp: auto\n"),
+          "dump: %s", txt(text));
+    CHECK(cfg_validate(&c, 0, &e) == -1 && strstr(e.msg, "parallel.dp: auto needs the world size"),
+          "%s", txt(e.msg));
+    CHECK(cfg_resolve_auto(&c, 8, &e) == 0 && c.parallel.dp == 4 && cfg_validate(&c, 8, &e) == 0,
+          "world 8, tp 2: dp %d, %s", c.parallel.dp, txt(e.msg));
+    c.parallel.dp = 0;
+    CHECK(cfg_resolve_auto(&c, 7, &e) == -1 && strstr(e.msg, "not a multiple of tp x pp x cp = 2"),
+          "%s", txt(e.msg));
+    CHECK(cfg_resolve_auto(&c, 6, &e) == -1 && strstr(e.msg, "gives dp = 3 on 6 ranks"), "%s",
+          txt(e.msg));
+}
+
 int main(void) {
     RUN_TEST(test_defaults_are_design_section_1);
     RUN_TEST(test_design_yaml_loads_to_the_defaults);
@@ -971,5 +993,6 @@ int main(void) {
     RUN_TEST(test_derived_values);
     RUN_TEST(test_dump_round_trips_to_an_identical_struct);
     RUN_TEST(test_blend_lists_load_check_and_round_trip);
+    RUN_TEST(test_dp_auto_resolves_against_the_world);
     return TEST_SUMMARY();
 }
