@@ -52,8 +52,8 @@ typedef int (*ckpt_sync_fn)(void *arg, int failed, char *msg, size_t cap);
  * for one rank) synchronizes them where the protocol needs it. Errors are sticky: after one,
  * later calls do nothing and fail, and ckpt_commit reports the first (rank 0 quotes a failed
  * rank's reason), so every rank always reaches the commit. */
-ckpt_writer *ckpt_begin(const char *dir, int64_t step, int rank, const char *job,
-                        ckpt_sync_fn sync, void *sync_arg, ust_err *e);
+ckpt_writer *ckpt_begin(const char *dir, int64_t step, int rank, const char *job, ckpt_sync_fn sync,
+                        void *sync_arg, ust_err *e);
 /* Declares a file (e.g. "model.safetensors") with its tensors in order; returns its index. */
 int ckpt_add_file(ckpt_writer *w, const char *file, const ckpt_tensor *tensors, int n, ust_err *e);
 int ckpt_write_slice(ckpt_writer *w, int file, const char *name, const ckpt_slice *s,
@@ -81,7 +81,7 @@ const char *ckpt_state_json(const ckpt_reader *r); /* contents of state.json */
  * batch_since: since which step (and sample) the global batch has been batch_size sequences,
  * so sample_index = batch_since_sample + (step - batch_since_step) x batch_size. */
 typedef struct {
-    int64_t step, sample_index; /* steps done, samples consumed */
+    int64_t step, sample_index;                               /* steps done, samples consumed */
     int64_t batch_since_step, batch_since_sample, batch_size; /* batch_size 0: not recorded */
     double loss;                                              /* NaN when absent */
 } ckpt_state;
@@ -98,5 +98,15 @@ int st_count(const st_file *f);
 const char *st_name(const st_file *f, int i);
 /* Returns pointer to fp32 data of tensor name (mmap'd), shape out; NULL if missing. */
 const float *st_tensor(const st_file *f, const char *name, int *ndim, int64_t shape[4]);
+/* Any dtype: the tensor's bytes in the mapping (any alignment), its dtype ("F32", "BF16", ...),
+ * element size and shape (at most 4 dims); -1 if missing or of more dims. */
+typedef struct {
+    const unsigned char *data;
+    const char *dtype;
+    int esize, ndim;
+    int64_t shape[4];
+} st_view;
+int st_raw(const st_file *f, const char *name, st_view *v);
+const char *st_path(const st_file *f);
 
 #endif

@@ -16,6 +16,7 @@
 #include "dp.h"
 #include "error.h"
 #include "fs.h"
+#include "hf_import.h"
 #include "log.h"
 #include "mem.h"
 #include "model.h"
@@ -43,6 +44,7 @@ typedef struct {
     const ust_config *cfg;
     ust_runtime *rt;
     int rank0;        /* this rank prints, logs and writes state.json */
+    int fresh;        /* started from an import or the init, not a checkpoint */
     ust_ops *ops;     /* what everything computes with: the backend, or the op profiler on it */
     ust_ops *backend; /* the CPU or CUDA backend itself (its own calls need it) */
     ust_arena arena;
@@ -56,11 +58,11 @@ typedef struct {
     int tied_param; /* pipeline with tied embeddings: this rank's table or copy (-1: none) */
     ust_dataset *train, *val;
     ust_log log;
-    int32_t *samples;                    /* host: B x (T+1), one micro-batch's windows */
-    int32_t *positions;                  /* host: the Tl positions this rank's tokens have */
-    int Tl;                              /* tokens of each sequence on this rank (T / cp) */
-    float *flag;                         /* one device float for any_rank */
-    int64_t step, sample_index;          /* the run's position: steps done, samples consumed */
+    int32_t *samples;           /* host: B x (T+1), one micro-batch's windows */
+    int32_t *positions;         /* host: the Tl positions this rank's tokens have */
+    int Tl;                     /* tokens of each sequence on this rank (T / cp) */
+    float *flag;                /* one device float for any_rank */
+    int64_t step, sample_index; /* the run's position: steps done, samples consumed */
     int64_t batch_since_step, batch_since_sample; /* where the current global batch size began */
     double last_loss;
     ckpt_lock lock; /* rank 0: the job's lock on checkpoint.dir */
@@ -206,8 +208,8 @@ static char *state_json(trainer *t) {
 
 static int save_checkpoint(trainer *t, ust_err *e) {
     const ust_config *c = t->cfg;
-    ckpt_writer *w = ckpt_begin(c->checkpoint.dir, t->step, t->rt->rank, t->rt->boot.job_id,
-                                world_sync, t, e);
+    ckpt_writer *w =
+        ckpt_begin(c->checkpoint.dir, t->step, t->rt->rank, t->rt->boot.job_id, world_sync, t, e);
     if (!w) return -1;
     dp_save(t->dp, w, e); /* a failure is sticky in w: the commit reports it on every rank */
     char *state = t->rank0 ? state_json(t) : NULL;
@@ -252,7 +254,26 @@ static int load_checkpoint(trainer *t, const char *dir, ust_err *e) {
     return rc;
 }
 
-/* Finds what to start from: a checkpoint (resume), an llm.c file, or a fresh init. */
+static int read_hf(void *h, const ckpt_tensor *t, const ckpt_slice *s, float *host, ust_err *e) {
+    return hf_read_slice(h, t, s, host, e);
+}
+
+/* Every rank reads only its own slices; the figures show it (about 1/tp or 1/pp of the bytes). */
+static int load_hf(trainer *t, const char *dir, ust_err *e) {
+    hf_model *h = hf_open(dir, e);
+    if (!h) return -1;
+    int rc = dp_load_slices(t->dp, read_hf, h, e);
+    if (rc == 0) {
+        printf("rank %d: imported %s, read %lld of its %lld tensor bytes\n", t->rt->rank, dir,
+               (long long)hf_bytes_read(h), (long long)hf_tensor_bytes(h));
+        fflush(stdout);
+    }
+    hf_close(h);
+    return rc;
+}
+
+/* Finds what to start from: a checkpoint (resume), a Hugging Face directory or an llm.c file,
+ * or a fresh init. */
 static int initialize(trainer *t, ust_err *e) {
     const ust_config *c = t->cfg;
     char dir[UST_PATH_MAX + 64] = "";
@@ -271,6 +292,8 @@ static int initialize(trainer *t, ust_err *e) {
                    (long long)t->sample_index);
         return 0;
     }
+    t->fresh = 1;
+    if (hf_is_model_dir(c->model.init_from)) return load_hf(t, c->model.init_from, e);
     if (c->model.init_from[0]) return dp_load_llmc(t->dp, c->model.init_from, e);
     dp_init_params(t->dp, c->run.seed);
     return 0;
@@ -466,8 +489,8 @@ static int build_model(trainer *t, ust_err *e) {
     t->tied_param = cfg->parallel.pp > 1 && cfg_tied(cfg)
                         ? model_find_param(t->m, "model.embed_tokens.weight")
                         : -1;
-    t->pp = pp_create(cfg, t->ops, &t->arena, t->m, topo->comm[TOPO_PP], topo->comm[TOPO_EMB],
-                      &sched);
+    t->pp =
+        pp_create(cfg, t->ops, &t->arena, t->m, topo->comm[TOPO_PP], topo->comm[TOPO_EMB], &sched);
     return 0;
 }
 
@@ -487,8 +510,8 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile
     if (open_data(t, e) || open_backend(t, profile, e) || build_model(t, e)) return -1;
     t->flag = mem_alloc(&t->arena, MEM_COMM, sizeof(float));
     mem_freeze(&t->arena);
-    t->samples = malloc((size_t)cfg->train.micro_batch_size * (cfg->train.seq_len + 1) *
-                        sizeof(int32_t));
+    t->samples =
+        malloc((size_t)cfg->train.micro_batch_size * (cfg->train.seq_len + 1) * sizeof(int32_t));
     return initialize(t, e);
 }
 
@@ -586,8 +609,8 @@ static int64_t device_allocations(const trainer *t) {
 }
 
 /* The report of the step just done (before t->step moves on). */
-static log_step report_step(trainer *t, const step_mark *mark, double loss, double norm,
-                            double lr, int finite, double fpt, double peak) {
+static log_step report_step(trainer *t, const step_mark *mark, double loss, double norm, double lr,
+                            int finite, double fpt, double peak) {
     const ust_config *c = t->cfg;
     log_step s = {.step = t->step + 1,
                   .steps = c->train.steps,
@@ -655,6 +678,22 @@ static int train_step(trainer *t, double *loss, double *norm, double *lr, int *f
     return 0;
 }
 
+/* train.steps: 0 on a fresh start measures the starting weights (an import, or the init) on the
+ * validation set and writes them as checkpoint step 0: an import converted, ready to export. */
+static int step_zero(trainer *t) {
+    const ust_config *c = t->cfg;
+    if (t->val) {
+        double vl = validation_loss(t);
+        if (t->rank0) printf("step 0: val_loss %.7f (the starting weights)\n", vl);
+    }
+    ust_err e;
+    if (c->checkpoint.dir[0] && save_checkpoint(t, &e)) {
+        fprintf(stderr, "ustrain: error: checkpoint at step 0 failed: %s\n", e.msg);
+        return -1;
+    }
+    return 0;
+}
+
 static int loop(trainer *t, const train_opts *opts, train_result *res) {
     const ust_config *c = t->cfg;
     double tokens = (double)c->train.global_batch_size * c->train.seq_len;
@@ -671,6 +710,7 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
             printf("received signal before the first step: stopped, nothing to checkpoint\n");
         return UST_EXIT_OK;
     }
+    if (c->train.steps == 0 && t->fresh && step_zero(t)) return UST_EXIT_RUNTIME;
     while (t->step < c->train.steps) {
         /* the op profiler (--profile) counts the timed steps only */
         if (opts->profile && (t->step == first + untimed || (all_timed && t->step == first)))

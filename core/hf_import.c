@@ -1,0 +1,803 @@
+/* hf_import: Hugging Face model directories as starting weights (hf_import.h).
+ *
+ * Nothing here knows a tensor name: config.json becomes a ustrain model config, hf_map builds the
+ * table of the transformers tensors that config implies, and the files must hold exactly those.
+ * Reading is the table backwards: ustrain tensor t is source j of one table row, and each element
+ * of t's box is found in the row's file tensor by the row's transform (copy; vocabulary rows past
+ * vocab_size read as zero; Conv1D's [in, out] transposed back; GPT-2's c_attn column j*HD + r).
+ * Every file is mmap'd (ckpt's st_open validates its header and guards the mapping against
+ * SIGBUS), so a rank touches only the pages of its own slices. Safetensors data is little-endian,
+ * as is every host ustrain runs on. */
+#include "hf_import.h"
+#include "fs.h"
+#include "hf_map.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define HF_MAX_SHARDS 4096
+#define HF_MAX_JSON (64 << 20) /* config.json or the index: far above any real one */
+
+typedef struct {
+    const char *name; /* ustrain tensor (a table row's source) */
+    int row, src;
+} hf_src_ref;
+
+struct hf_model {
+    char dir[PATH_MAX];
+    char arch[64];  /* architectures[0] of config.json */
+    ust_config cfg; /* defaults with config.json's model section */
+    hf_table table;
+    st_file **shards;
+    int nshards;
+    int *shard_of;    /* per table row */
+    hf_src_ref *refs; /* every row's sources, sorted by name */
+    int nrefs;
+    int64_t bytes_read, tensor_bytes;
+};
+
+/* ------------------------------------------------------------------ files */
+
+static int is_regular(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+int hf_is_model_dir(const char *path) {
+    struct stat st;
+    char p[PATH_MAX];
+    if (!path || !path[0] || stat(path, &st) != 0 || !S_ISDIR(st.st_mode)) return 0;
+    if (snprintf(p, sizeof p, "%s/config.json", path) >= (int)sizeof p) return 0;
+    return is_regular(p);
+}
+
+/* The JSON document at dir/name, or NULL with a message naming the file. */
+static cJSON *read_json(const char *dir, const char *name, ust_err *e) {
+    char p[PATH_MAX];
+    if (snprintf(p, sizeof p, "%s/%s", dir, name) >= (int)sizeof p) {
+        ust_errf(e, "%s/%s: path too long", dir, name);
+        return NULL;
+    }
+    ust_err inner;
+    FILE *f = fs_fopen_regular(p, "rb", &inner);
+    if (!f) {
+        ust_errf(e, "Hugging Face model %s", inner.msg);
+        return NULL;
+    }
+    char *buf = malloc(HF_MAX_JSON + 1);
+    size_t n = buf ? fread(buf, 1, HF_MAX_JSON + 1, f) : 0;
+    int bad = !buf || ferror(f) || n > HF_MAX_JSON;
+    fclose(f);
+    cJSON *j = bad ? NULL : cJSON_ParseWithLength(buf, n);
+    free(buf);
+    if (bad)
+        ust_errf(e, "%s: unreadable or larger than %d bytes", p, HF_MAX_JSON);
+    else if (!cJSON_IsObject(j))
+        ust_errf(e, "%s: not a JSON object", p);
+    if (!bad && !cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        j = NULL;
+    }
+    return j;
+}
+
+/* ------------------------------------------------------------------ config.json */
+
+typedef struct {
+    const char *path; /* dir/config.json, for messages */
+    const cJSON *j;
+    ust_err *e;
+} jctx;
+
+static const cJSON *jget(const jctx *x, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(x->j, key);
+    return cJSON_IsNull(v) ? NULL : v;
+}
+
+/* An integer key in [lo, INT_MAX]; absent or null: def, or an error when def < 0. */
+static int jint(const jctx *x, const char *key, int def, int lo, int *out) {
+    const cJSON *v = jget(x, key);
+    if (!v && def >= 0) {
+        *out = def;
+        return 0;
+    }
+    if (!v) return ust_errf(x->e, "%s: '%s' is missing", x->path, key);
+    double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!(d >= lo && d <= INT_MAX) || d != floor(d)) {
+        char *s = cJSON_PrintUnformatted(v);
+        ust_errf(x->e, "%s: '%s' = %.60s is not an integer in [%d, %d]", x->path, key, s ? s : "?",
+                 lo, INT_MAX);
+        free(s);
+        return -1;
+    }
+    *out = (int)d;
+    return 0;
+}
+
+static int jdbl(const jctx *x, const char *key, double def, double *out) {
+    const cJSON *v = jget(x, key);
+    if (!v) {
+        *out = def;
+        return 0;
+    }
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+        return ust_errf(x->e, "%s: '%s' is not a finite number", x->path, key);
+    *out = v->valuedouble;
+    return 0;
+}
+
+static int jbool(const jctx *x, const char *key, bool def, bool *out) {
+    const cJSON *v = jget(x, key);
+    if (!v) {
+        *out = def;
+        return 0;
+    }
+    if (!cJSON_IsBool(v)) return ust_errf(x->e, "%s: '%s' is not true or false", x->path, key);
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+/* A string key; absent or null: def. */
+static int jstr(const jctx *x, const char *key, const char *def, const char **out) {
+    const cJSON *v = jget(x, key);
+    if (!v) {
+        *out = def;
+        return 0;
+    }
+    if (!cJSON_IsString(v)) return ust_errf(x->e, "%s: '%s' is not a string", x->path, key);
+    *out = v->valuestring;
+    return 0;
+}
+
+/* What ustrain cannot compute exactly as transformers does is refused, not approximated. */
+static int refuse_true(const jctx *x, const char *key, const char *why) {
+    bool b = false;
+    if (jbool(x, key, false, &b)) return -1;
+    if (b) return ust_errf(x->e, "%s: '%s': true is not supported (%s)", x->path, key, why);
+    return 0;
+}
+
+/* rope_scaling: null (or rope_type "default") or Llama 3.1's llama3. */
+static int parse_rope_scaling(const jctx *x, ust_config *c) {
+    const cJSON *r = jget(x, "rope_scaling");
+    if (!r) return 0;
+    if (!cJSON_IsObject(r)) return ust_errf(x->e, "%s: 'rope_scaling' is not an object", x->path);
+    jctx y = {x->path, r, x->e};
+    const char *type = NULL;
+    if (jstr(&y, "rope_type", NULL, &type)) return -1;
+    if (!type && jstr(&y, "type", "default", &type)) return -1;
+    if (!strcmp(type, "default")) return 0;
+    if (strcmp(type, "llama3"))
+        return ust_errf(x->e,
+                        "%s: rope_scaling type '%.60s' is not supported (ustrain's RoPE has no "
+                        "scaling or Llama 3.1's 'llama3')",
+                        x->path, type);
+    __typeof__(c->model.rope_scaling) *s = &c->model.rope_scaling;
+    s->type = ROPE_LLAMA3;
+    return jdbl(&y, "factor", 8, &s->factor) ||
+                   jdbl(&y, "low_freq_factor", 1, &s->low_freq_factor) ||
+                   jdbl(&y, "high_freq_factor", 4, &s->high_freq_factor) ||
+                   jint(&y, "original_max_position_embeddings", 8192, 1,
+                        &s->original_max_position_embeddings)
+               ? -1
+               : 0;
+}
+
+/* The keys LlamaForCausalLM, Qwen2ForCausalLM and MixtralForCausalLM share. */
+static int parse_llama_common(const jctx *x, ust_config *c, double theta, double eps) {
+    __typeof__(c->model) *m = &c->model;
+    m->arch = ARCH_LLAMA;
+    int head_dim = 0;
+    const char *act = "";
+    if (jint(x, "hidden_size", -1, 1, &m->d_model) ||
+        jint(x, "intermediate_size", -1, 1, &m->d_ff) ||
+        jint(x, "num_hidden_layers", -1, 1, &m->n_layer) ||
+        jint(x, "num_attention_heads", -1, 1, &m->n_head) ||
+        jint(x, "num_key_value_heads", m->n_head, 1, &m->n_kv_head) ||
+        jint(x, "vocab_size", -1, 1, &m->vocab_size) ||
+        jint(x, "max_position_embeddings", -1, 1, &m->max_seq_len) ||
+        jdbl(x, "rope_theta", theta, &m->rope_theta) ||
+        jdbl(x, "rms_norm_eps", eps, &m->norm_eps) ||
+        jbool(x, "tie_word_embeddings", false, &m->tie_embeddings) ||
+        jstr(x, "hidden_act", "silu", &act) || parse_rope_scaling(x, c))
+        return -1;
+    if (strcmp(act, "silu"))
+        return ust_errf(x->e, "%s: hidden_act '%.60s' is not supported (ustrain's llama uses silu)",
+                        x->path, act);
+    int want = m->d_model / m->n_head;
+    if (jint(x, "head_dim", want, 1, &head_dim)) return -1;
+    if (head_dim != want || m->d_model % m->n_head)
+        return ust_errf(x->e,
+                        "%s: head_dim %d is not hidden_size / num_attention_heads = %d / %d "
+                        "(ustrain needs head_dim * heads = hidden_size)",
+                        x->path, head_dim, m->d_model, m->n_head);
+    return 0;
+}
+
+static int parse_llama(const jctx *x, ust_config *c) {
+    if (parse_llama_common(x, c, 10000, 1e-6)) return -1;
+    return refuse_true(x, "attention_bias", "LlamaForCausalLM with attention biases on q/k/v/o") ||
+                   refuse_true(x, "mlp_bias", "LlamaForCausalLM with MLP biases")
+               ? -1
+               : 0;
+}
+
+static int parse_qwen2(const jctx *x, ust_config *c) {
+    if (parse_llama_common(x, c, 10000, 1e-6)) return -1;
+    c->model.qkv_bias = true;
+    return refuse_true(x, "use_sliding_window", "ustrain's attention is full causal attention");
+}
+
+static int parse_mixtral(const jctx *x, ust_config *c) {
+    __typeof__(c->model.moe) *moe = &c->model.moe;
+    if (parse_llama_common(x, c, 1e6, 1e-5)) return -1;
+    const cJSON *w = jget(x, "sliding_window");
+    if (w) {
+        char *s = cJSON_PrintUnformatted(w);
+        ust_errf(x->e,
+                 "%s: sliding_window = %.60s is not supported (ustrain's attention is full "
+                 "causal attention; it must be null)",
+                 x->path, s ? s : "?");
+        free(s);
+        return -1;
+    }
+    moe->d_ff_expert = c->model.d_ff;
+    moe->every = 1; /* every Mixtral layer is a mixture of experts, none shared */
+    moe->shared_expert = false;
+    return jint(x, "num_local_experts", -1, 1, &moe->num_experts) ||
+                   jint(x, "num_experts_per_tok", -1, 1, &moe->top_k)
+               ? -1
+               : 0;
+}
+
+static int parse_gpt2(const jctx *x, ust_config *c) {
+    __typeof__(c->model) *m = &c->model;
+    m->arch = ARCH_GPT2;
+    const char *act = "";
+    bool scaled = true, tied = true;
+    if (jint(x, "n_embd", -1, 1, &m->d_model) || jint(x, "n_layer", -1, 1, &m->n_layer) ||
+        jint(x, "n_head", -1, 1, &m->n_head) || jint(x, "vocab_size", -1, 1, &m->vocab_size) ||
+        jint(x, "n_positions", -1, 1, &m->max_seq_len) ||
+        jdbl(x, "layer_norm_epsilon", 1e-5, &m->norm_eps) ||
+        jstr(x, "activation_function", "gelu_new", &act) ||
+        jbool(x, "scale_attn_weights", true, &scaled) ||
+        jbool(x, "tie_word_embeddings", true, &tied) ||
+        refuse_true(x, "scale_attn_by_inverse_layer_idx", "ustrain scales by 1/sqrt(head_dim)"))
+        return -1;
+    if (m->d_model > INT_MAX / 4) return ust_errf(x->e, "%s: n_embd is too large", x->path);
+    if (jint(x, "n_inner", 4 * m->d_model, 1, &m->d_ff)) return -1;
+    m->n_kv_head = m->n_head; /* GPT-2 has no grouped-query attention */
+    m->tie_embeddings = true;
+    if (strcmp(act, "gelu_new"))
+        return ust_errf(x->e,
+                        "%s: activation_function '%.60s' is not supported (ustrain's gpt2 computes "
+                        "gelu_new, the tanh approximation)",
+                        x->path, act);
+    if (!scaled || !tied)
+        return ust_errf(x->e, "%s: %s: false is not supported (GPT-2 as ustrain computes it)",
+                        x->path, !scaled ? "scale_attn_weights" : "tie_word_embeddings");
+    return 0;
+}
+
+static const struct {
+    const char *arch, *model_type;
+    int (*parse)(const jctx *x, ust_config *c);
+} ARCHS[] = {
+    {"LlamaForCausalLM", "llama", parse_llama},
+    {"Qwen2ForCausalLM", "qwen2", parse_qwen2},
+    {"MixtralForCausalLM", "mixtral", parse_mixtral},
+    {"GPT2LMHeadModel", "gpt2", parse_gpt2},
+};
+
+/* The architecture: architectures[0], or else model_type. */
+static int parse_config(hf_model *h, const cJSON *j, const char *path, ust_err *e) {
+    jctx x = {path, j, e};
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "architectures");
+    const char *name = cJSON_IsArray(a) && cJSON_IsString(cJSON_GetArrayItem(a, 0))
+                           ? cJSON_GetArrayItem(a, 0)->valuestring
+                           : NULL;
+    const char *type = NULL;
+    if (!name && jstr(&x, "model_type", NULL, &type)) return -1;
+    for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++)
+        if ((name && !strcmp(name, ARCHS[i].arch)) ||
+            (type && !strcmp(type, ARCHS[i].model_type))) {
+            snprintf(h->arch, sizeof h->arch, "%s", ARCHS[i].arch);
+            return ARCHS[i].parse(&x, &h->cfg);
+        }
+    return ust_errf(e,
+                    "%s: architecture '%.80s' is not supported (ustrain imports LlamaForCausalLM, "
+                    "Qwen2ForCausalLM, MixtralForCausalLM and GPT2LMHeadModel)",
+                    path,
+                    name   ? name
+                    : type ? type
+                           : "(no architectures or model_type)");
+}
+
+/* config.json -> h->cfg: the defaults with the model section, checked by cfg_validate as a
+ * run config would be (ranges, heads by kv heads, ...). */
+static int load_config(hf_model *h, ust_err *e) {
+    cJSON *j = read_json(h->dir, "config.json", e);
+    if (!j) return -1;
+    char path[PATH_MAX + 16];
+    snprintf(path, sizeof path, "%s/config.json", h->dir);
+    cfg_defaults(&h->cfg);
+    int rc = parse_config(h, j, path, e);
+    cJSON_Delete(j);
+    if (rc) return -1;
+    h->cfg.train.seq_len = 1; /* the model's own checks only */
+    snprintf(h->cfg.source, sizeof h->cfg.source, "%.*s", (int)sizeof h->cfg.source - 1, path);
+    return cfg_validate(&h->cfg, 0, e);
+}
+
+/* ------------------------------------------------------------------ the safetensors files */
+
+static int add_shard(hf_model *h, const char *file, ust_err *e) {
+    for (int i = 0; i < h->nshards; i++)
+        if (!strcmp(strrchr(st_path(h->shards[i]), '/') + 1, file)) return i;
+    if (h->nshards == HF_MAX_SHARDS)
+        return ust_errf(e, "%s: more than %d shards", h->dir, HF_MAX_SHARDS), -1;
+    char p[PATH_MAX];
+    if (snprintf(p, sizeof p, "%s/%s", h->dir, file) >= (int)sizeof p)
+        return ust_errf(e, "%s/%s: path too long", h->dir, file), -1;
+    ust_err inner;
+    st_file *f = st_open(p, &inner);
+    if (!f) return ust_errf(e, "Hugging Face model %s: %s", h->dir, inner.msg), -1;
+    h->shards[h->nshards] = f;
+    return h->nshards++;
+}
+
+/* A shard named by the index: a plain file name inside the directory. */
+static int check_shard_name(const hf_model *h, const char *tensor, const cJSON *v, ust_err *e) {
+    if (!cJSON_IsString(v) || !v->valuestring[0] || strchr(v->valuestring, '/') ||
+        !strcmp(v->valuestring, "..") || strlen(v->valuestring) > 255)
+        return ust_errf(e,
+                        "%s/model.safetensors.index.json: tensor '%.200s' names shard %.80s, which "
+                        "is not a file name in the model directory",
+                        h->dir, tensor, cJSON_IsString(v) ? v->valuestring : "(not a string)");
+    return 0;
+}
+
+/* Opens every shard the index names (shard_of is then filled by open_files). */
+static int open_index(hf_model *h, cJSON **map, ust_err *e) {
+    cJSON *j = read_json(h->dir, "model.safetensors.index.json", e);
+    if (!j) return -1;
+    cJSON *wm = cJSON_DetachItemFromObjectCaseSensitive(j, "weight_map");
+    cJSON_Delete(j);
+    if (!cJSON_IsObject(wm)) {
+        cJSON_Delete(wm);
+        return ust_errf(e, "%s/model.safetensors.index.json: no 'weight_map' object", h->dir);
+    }
+    *map = wm;
+    const cJSON *v;
+    cJSON_ArrayForEach(v, wm) {
+        if (check_shard_name(h, v->string, v, e)) return -1;
+        char p[PATH_MAX];
+        snprintf(p, sizeof p, "%s/%s", h->dir, v->valuestring);
+        if (!is_regular(p))
+            return ust_errf(e,
+                            "%s/model.safetensors.index.json names shard '%.200s' (for tensor "
+                            "'%.200s'), but %s is missing or not a regular file",
+                            h->dir, v->valuestring, v->string, p);
+        if (add_shard(h, v->valuestring, e) < 0) return -1;
+    }
+    return 0;
+}
+
+static void format_shape(char *out, size_t n, int ndim, const int64_t *shape) {
+    size_t k = (size_t)snprintf(out, n, "[");
+    for (int d = 0; d < ndim && k < n; d++)
+        k += (size_t)snprintf(out + k, n - k, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (k < n) snprintf(out + k, n - k, "]");
+}
+
+/* Table row r: in the shard the index names (or the single file), in a dtype ustrain reads,
+ * with the shape config.json implies. */
+static int find_row(hf_model *h, int r, const cJSON *map, ust_err *e) {
+    const hf_tensor *x = &h->table.t[r];
+    const cJSON *v = map ? cJSON_GetObjectItemCaseSensitive(map, x->name) : NULL;
+    if (map && !v)
+        return ust_errf(e,
+                        "%s/model.safetensors.index.json: tensor '%s' (which %s needs) is missing",
+                        h->dir, x->name, h->arch);
+    int s = map ? add_shard(h, v->valuestring, e) : 0;
+    if (s < 0) return -1;
+    st_view w;
+    const char *file = st_path(h->shards[s]);
+    if (st_raw(h->shards[s], x->name, &w))
+        return ust_errf(e, "%s: tensor '%s' (which %s needs) is missing", file, x->name, h->arch);
+    if (strcmp(w.dtype, "F32") && strcmp(w.dtype, "BF16") && strcmp(w.dtype, "F16"))
+        return ust_errf(e, "%s: tensor '%s' has dtype %s (ustrain imports F32, BF16 and F16)", file,
+                        x->name, w.dtype);
+    bool same = w.ndim == x->ndim;
+    for (int d = 0; same && d < x->ndim; d++) same = w.shape[d] == x->shape[d];
+    if (!same) {
+        char have[128], want[128];
+        format_shape(have, sizeof have, w.ndim, w.shape);
+        format_shape(want, sizeof want, x->ndim, x->shape);
+        return ust_errf(e, "%s: tensor '%s' has shape %s but %s/config.json implies %s", file,
+                        x->name, have, h->dir, want);
+    }
+    h->shard_of[r] = s;
+    h->tensor_bytes += (w.ndim == 2 ? w.shape[0] * w.shape[1] : w.shape[0]) * w.esize;
+    return 0;
+}
+
+/* Buffers some transformers versions saved beside the weights; they hold no parameters. */
+static bool is_buffer(const char *name) {
+    size_t n = strlen(name);
+    static const char *const tails[] = {".attn.bias", ".attn.masked_bias", "rotary_emb.inv_freq"};
+    for (size_t i = 0; i < sizeof tails / sizeof tails[0]; i++) {
+        size_t k = strlen(tails[i]);
+        if (n >= k && !strcmp(name + n - k, tails[i])) return true;
+    }
+    return false;
+}
+
+static int cmp_row_name(const void *a, const void *b, void *ctx) {
+    const hf_table *t = ctx;
+    return strcmp(t->t[*(const int *)a].name, t->t[*(const int *)b].name);
+}
+
+/* Every tensor of the files is one the table uses: a tensor the config does not account for
+ * (an lm_head beside tie_word_embeddings, a bias the architecture lacks) means the config and the
+ * weights disagree. */
+static int check_no_extra(hf_model *h, ust_err *e) {
+    int n = h->table.n, *order = malloc(sizeof(int) * (size_t)(n ? n : 1));
+    if (!order) return ust_errf(e, "%s: out of memory", h->dir);
+    for (int i = 0; i < n; i++) order[i] = i;
+    qsort_r(order, (size_t)n, sizeof(int), cmp_row_name, &h->table);
+    int rc = 0;
+    for (int s = 0; s < h->nshards && !rc; s++)
+        for (int i = 0; i < st_count(h->shards[s]) && !rc; i++) {
+            const char *name = st_name(h->shards[s], i);
+            int lo = 0, hi = n - 1, found = 0;
+            while (lo <= hi && !found) {
+                int mid = (lo + hi) / 2, c = strcmp(name, h->table.t[order[mid]].name);
+                found = !c;
+                if (c < 0) hi = mid - 1;
+                if (c > 0) lo = mid + 1;
+            }
+            if (!found && !is_buffer(name))
+                rc = ust_errf(e,
+                              "%s: tensor '%.200s' is not part of a %s with this config.json "
+                              "(check tie_word_embeddings and the biases it implies)",
+                              st_path(h->shards[s]), name, h->arch);
+        }
+    free(order);
+    return rc;
+}
+
+static int cmp_ref(const void *a, const void *b) {
+    return strcmp(((const hf_src_ref *)a)->name, ((const hf_src_ref *)b)->name);
+}
+
+/* ustrain name -> (row, source), for hf_read_slice. */
+static int index_sources(hf_model *h, ust_err *e) {
+    h->refs = calloc((size_t)h->table.n * 3 + 1, sizeof *h->refs);
+    if (!h->refs) return ust_errf(e, "%s: out of memory", h->dir);
+    for (int r = 0; r < h->table.n; r++)
+        for (int j = 0; j < h->table.t[r].nsrc; j++)
+            h->refs[h->nrefs++] = (hf_src_ref){h->table.t[r].src[j].name, r, j};
+    qsort(h->refs, (size_t)h->nrefs, sizeof *h->refs, cmp_ref);
+    return 0;
+}
+
+static int open_files(hf_model *h, ust_err *e) {
+    char p[PATH_MAX];
+    cJSON *map = NULL;
+    int rc = 0;
+    h->shards = calloc(HF_MAX_SHARDS, sizeof *h->shards);
+    h->shard_of = calloc((size_t)h->table.n + 1, sizeof *h->shard_of);
+    if (!h->shards || !h->shard_of) return ust_errf(e, "%s: out of memory", h->dir);
+    snprintf(p, sizeof p, "%s/model.safetensors", h->dir);
+    if (is_regular(p)) {
+        rc = add_shard(h, "model.safetensors", e) < 0;
+    } else {
+        snprintf(p, sizeof p, "%s/model.safetensors.index.json", h->dir);
+        if (!is_regular(p))
+            rc = ust_errf(e,
+                          "%s: no model.safetensors or model.safetensors.index.json (ustrain reads "
+                          "the safetensors format)",
+                          h->dir);
+        else
+            rc = open_index(h, &map, e);
+    }
+    for (int r = 0; r < h->table.n && !rc; r++) rc = find_row(h, r, map, e);
+    cJSON_Delete(map);
+    if (!rc) rc = check_no_extra(h, e);
+    if (!rc) rc = index_sources(h, e);
+    return rc ? -1 : 0;
+}
+
+hf_model *hf_open(const char *dir, ust_err *e) {
+    if (!hf_is_model_dir(dir)) {
+        ust_errf(e, "model.init_from %s: not a Hugging Face model directory (no %s/config.json)",
+                 dir, dir);
+        return NULL;
+    }
+    hf_model *h = calloc(1, sizeof *h);
+    if (!h) {
+        ust_errf(e, "%s: out of memory", dir);
+        return NULL;
+    }
+    int rc = snprintf(h->dir, sizeof h->dir, "%s", dir) >= (int)sizeof h->dir
+                 ? ust_errf(e, "%s: path too long", dir)
+                 : 0;
+    if (!rc) rc = load_config(h, e);
+    if (!rc && hf_table_build(&h->table, &h->cfg, e)) rc = -1;
+    if (!rc) rc = open_files(h, e);
+    if (rc) {
+        hf_close(h);
+        return NULL;
+    }
+    return h;
+}
+
+void hf_close(hf_model *h) {
+    if (!h) return;
+    for (int i = 0; i < h->nshards; i++) st_close(h->shards[i]);
+    free(h->shards);
+    free(h->shard_of);
+    free(h->refs);
+    hf_table_free(&h->table);
+    free(h);
+}
+
+int64_t hf_bytes_read(const hf_model *h) { return h->bytes_read; }
+int64_t hf_tensor_bytes(const hf_model *h) { return h->tensor_bytes; }
+
+/* ------------------------------------------------------------------ the run's config */
+
+typedef enum { V_INT, V_DBL, V_BOOL, V_ARCH, V_ROPE } hf_vkind;
+
+typedef struct {
+    const char *key; /* ustrain's */
+    const char *hf;  /* what config.json calls it, for messages */
+    hf_vkind kind;
+    size_t off;
+} hf_key;
+
+#define K(key, hf, kind, field)                                                                    \
+    { key, hf, kind, offsetof(ust_config, field) }
+static const hf_key SHAPE_KEYS[] = {
+    K("model.arch", "architectures", V_ARCH, model.arch),
+    K("model.n_layer", "num_hidden_layers / n_layer", V_INT, model.n_layer),
+    K("model.d_model", "hidden_size / n_embd", V_INT, model.d_model),
+    K("model.n_head", "num_attention_heads / n_head", V_INT, model.n_head),
+    K("model.n_kv_head", "num_key_value_heads", V_INT, model.n_kv_head),
+    K("model.vocab_size", "vocab_size", V_INT, model.vocab_size),
+    K("model.max_seq_len", "max_position_embeddings / n_positions", V_INT, model.max_seq_len),
+    K("model.rope_theta", "rope_theta", V_DBL, model.rope_theta),
+    K("model.norm_eps", "rms_norm_eps / layer_norm_epsilon", V_DBL, model.norm_eps),
+    K("model.tie_embeddings", "tie_word_embeddings", V_BOOL, model.tie_embeddings),
+    K("model.qkv_bias", "architectures (Qwen2: q/k/v biases)", V_BOOL, model.qkv_bias),
+    K("model.rope_scaling.type", "rope_scaling.rope_type", V_ROPE, model.rope_scaling.type),
+    K("model.moe.num_experts", "num_local_experts", V_INT, model.moe.num_experts),
+};
+static const hf_key DENSE_KEYS[] = {
+    K("model.d_ff", "intermediate_size / n_inner", V_INT, model.d_ff),
+};
+static const hf_key MOE_KEYS[] = {
+    K("model.moe.top_k", "num_experts_per_tok", V_INT, model.moe.top_k),
+    K("model.moe.d_ff_expert", "intermediate_size", V_INT, model.moe.d_ff_expert),
+    K("model.moe.every", "(every Mixtral layer)", V_INT, model.moe.every),
+    K("model.moe.shared_expert", "(Mixtral has none)", V_BOOL, model.moe.shared_expert),
+};
+static const hf_key ROPE_KEYS[] = {
+    K("model.rope_scaling.factor", "rope_scaling.factor", V_DBL, model.rope_scaling.factor),
+    K("model.rope_scaling.low_freq_factor", "rope_scaling.low_freq_factor", V_DBL,
+      model.rope_scaling.low_freq_factor),
+    K("model.rope_scaling.high_freq_factor", "rope_scaling.high_freq_factor", V_DBL,
+      model.rope_scaling.high_freq_factor),
+    K("model.rope_scaling.original_max_position_embeddings",
+      "rope_scaling.original_max_position_embeddings", V_INT,
+      model.rope_scaling.original_max_position_embeddings),
+};
+#undef K
+
+static size_t vsize(hf_vkind k) {
+    return k == V_DBL ? sizeof(double) : k == V_BOOL ? sizeof(bool) : sizeof(int);
+}
+
+static void vtext(const hf_key *k, const void *p, char *out, size_t n) {
+    int i;
+    double d;
+    bool b;
+    switch (k->kind) {
+    case V_DBL:
+        memcpy(&d, p, sizeof d), snprintf(out, n, "%.17g", d);
+        break;
+    case V_BOOL:
+        memcpy(&b, p, sizeof b), snprintf(out, n, "%s", b ? "true" : "false");
+        break;
+    default:
+        memcpy(&i, p, sizeof i);
+        if (k->kind == V_ARCH)
+            snprintf(out, n, "%s", i == ARCH_GPT2 ? "gpt2" : i == ARCH_LLAMA ? "llama" : "auto");
+        else if (k->kind == V_ROPE)
+            snprintf(out, n, "%s", i == ROPE_LLAMA3 ? "llama3" : "none");
+        else
+            snprintf(out, n, "%d", i);
+    }
+}
+
+static int apply_keys(const hf_model *h, const hf_key *keys, size_t n, ust_config *c, ust_err *e) {
+    for (size_t i = 0; i < n; i++) {
+        const hf_key *k = &keys[i];
+        const char *from = (const char *)&h->cfg + k->off;
+        char *to = (char *)c + k->off;
+        int auto_arch = k->kind == V_ARCH && c->model.arch == ARCH_AUTO;
+        if (cfg_was_set(c, k->key) && !auto_arch && memcmp(from, to, vsize(k->kind))) {
+            char have[64], want[64];
+            vtext(k, to, have, sizeof have);
+            vtext(k, from, want, sizeof want);
+            return ust_errf(e, "%s: the config sets %s but %s/config.json (%s) says %s", k->key,
+                            have, h->dir, k->hf, want);
+        }
+        memcpy(to, from, vsize(k->kind));
+    }
+    return 0;
+}
+
+int hf_apply_config(const hf_model *h, ust_config *c, ust_err *e) {
+    ust_config tmp = *c; /* a failure leaves c as it was */
+    const __typeof__(h->cfg.model) *m = &h->cfg.model;
+#define APPLY(keys) apply_keys(h, keys, sizeof keys / sizeof keys[0], &tmp, e)
+    if (APPLY(SHAPE_KEYS) || (m->moe.num_experts > 0 ? APPLY(MOE_KEYS) : APPLY(DENSE_KEYS)) ||
+        (m->rope_scaling.type == ROPE_LLAMA3 && APPLY(ROPE_KEYS)))
+        return -1;
+#undef APPLY
+    *c = tmp;
+    return 0;
+}
+
+int hf_resolve_config(ust_config *c, ust_err *e) {
+    struct stat st; /* any directory is meant as one (hf_open says what it lacks) */
+    if (!c->model.init_from[0] || stat(c->model.init_from, &st) != 0 || !S_ISDIR(st.st_mode))
+        return 0;
+    hf_model *h = hf_open(c->model.init_from, e);
+    if (!h) return -1;
+    int rc = hf_apply_config(h, c, e);
+    hf_close(h);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ reading */
+
+static float bf16_to_f32(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* IEEE half -> float, exact (every half is a float), subnormals and NaN included. */
+static float f16_to_f32(uint16_t x) {
+    uint32_t sign = (uint32_t)(x >> 15) << 31, exp = (x >> 10) & 31, man = x & 1023u, u;
+    if (exp == 31) {
+        u = sign | 0x7f800000u | (man << 13);
+    } else if (exp) {
+        u = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (!man) {
+        u = sign;
+    } else { /* subnormal: man * 2^-24 */
+        float f = ldexpf((float)man, -24);
+        memcpy(&u, &f, sizeof u);
+        u |= sign;
+    }
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* n elements from p (of the view's dtype) into out as fp32. */
+static void widen(const st_view *v, const unsigned char *p, int64_t n, float *out) {
+    if (v->esize == 4) {
+        memcpy(out, p, (size_t)n * 4);
+        return;
+    }
+    int bf = !strcmp(v->dtype, "BF16");
+    for (int64_t i = 0; i < n; i++) {
+        uint16_t b;
+        memcpy(&b, p + 2 * i, 2);
+        out[i] = bf ? bf16_to_f32(b) : f16_to_f32(b);
+    }
+}
+
+/* Where ustrain's element (r, col) of source j of row x lies in the file tensor (element index):
+ * the inverse of hf_make; -1 for a padded vocabulary row, which reads as zero. */
+static int64_t file_index(const hf_model *h, const hf_tensor *x, int j, int64_t r, int64_t col) {
+    const ust_config *c = &h->cfg;
+    switch (x->op) {
+    case HF_COPY:
+        return x->ndim == 2 ? r * x->shape[1] + col : col;
+    case HF_ROWS:
+        return r < x->shape[0] ? r * x->shape[1] + col : -1;
+    case HF_T: /* the file is [cols, rows] of ours */
+        return col * x->shape[1] + r;
+    case HF_QKV: {
+        /* the first query head that reads key/value head r / D (hf_qkv_row's inverse) */
+        int64_t D = cfg_head_dim(c), HD = c->model.n_head * D;
+        int64_t G = c->model.n_head / c->model.n_kv_head;
+        int64_t sr = x->ndim == 2 ? r : col;
+        int64_t fr = j * HD + (j ? (sr / D) * G * D + sr % D : sr);
+        return x->ndim == 2 ? col * x->shape[1] + fr : fr;
+    }
+    }
+    return -1;
+}
+
+/* The requested tensor must be exactly the source the table expects (the vocabulary may be
+ * padded to more rows than the file has). */
+static int check_request(const hf_model *h, const hf_tensor *x, const ckpt_tensor *src,
+                         const ckpt_tensor *t, ust_err *e) {
+    bool ok = t->ndim == src->ndim && t->shape[t->ndim - 1] == src->shape[src->ndim - 1];
+    if (ok && x->op == HF_ROWS) ok = t->shape[0] >= x->shape[0];
+    if (ok && x->op != HF_ROWS) ok = t->shape[0] == src->shape[0];
+    if (!ok) {
+        char have[128], want[128];
+        format_shape(have, sizeof have, t->ndim, t->shape);
+        format_shape(want, sizeof want, src->ndim, src->shape);
+        return ust_errf(e, "%s: the model's tensor '%s' is %s but %s/config.json implies %s",
+                        h->dir, t->name, have, h->dir, want);
+    }
+    return 0;
+}
+
+static int check_box(const ckpt_tensor *t, const ckpt_slice *s, int64_t rows, int64_t cols,
+                     ust_err *e) {
+    if (s->row0 < 0 || s->nrows < 0 || s->col0 < 0 || s->ncols < 0 || s->row0 > rows ||
+        s->nrows > rows - s->row0 || s->col0 > cols || s->ncols > cols - s->col0 || s->flat0 < 0 ||
+        s->flat0 > s->flat1 || s->flat1 > s->nrows * s->ncols)
+        return ust_errf(e, "hf_read_slice: slice outside tensor '%s' of %lld x %lld", t->name,
+                        (long long)rows, (long long)cols);
+    return 0;
+}
+
+/* Elements [k, k + n) of the box, all in one box row: contiguous in the file for copies (one
+ * widen), element by element for the transposes. */
+static void read_run(hf_model *h, const hf_tensor *x, int j, const st_view *v, const ckpt_slice *s,
+                     int64_t k, int64_t n, float *out) {
+    int64_t r = s->row0 + k / s->ncols, col = s->col0 + k % s->ncols;
+    if (x->op == HF_COPY || x->op == HF_ROWS) {
+        int64_t at = file_index(h, x, j, r, col);
+        if (at < 0) {
+            memset(out, 0, (size_t)n * sizeof(float));
+            return;
+        }
+        widen(v, v->data + at * v->esize, n, out);
+        h->bytes_read += n * v->esize;
+        return;
+    }
+    for (int64_t i = 0; i < n; i++)
+        widen(v, v->data + file_index(h, x, j, r, col + i) * v->esize, 1, out + i);
+    h->bytes_read += n * v->esize;
+}
+
+int hf_read_slice(hf_model *h, const ckpt_tensor *t, const ckpt_slice *s, float *out, ust_err *e) {
+    hf_src_ref key = {t->name, 0, 0};
+    const hf_src_ref *ref = bsearch(&key, h->refs, (size_t)h->nrefs, sizeof key, cmp_ref);
+    if (!ref)
+        return ust_errf(e, "%s: the model's tensor '%s' has no counterpart in this %s", h->dir,
+                        t->name, h->arch);
+    const hf_tensor *x = &h->table.t[ref->row];
+    if (check_request(h, x, &x->src[ref->src], t, e)) return -1;
+    int64_t rows = t->ndim == 2 ? t->shape[0] : 1, cols = t->ndim == 2 ? t->shape[1] : t->shape[0];
+    if (check_box(t, s, rows, cols, e)) return -1;
+    st_view v;
+    int rc = st_raw(h->shards[h->shard_of[ref->row]], x->name, &v);
+    UST_ASSERT(rc == 0, "tensor %s vanished from its shard", x->name);
+    for (int64_t k = s->flat0; k < s->flat1;) {
+        int64_t n = s->ncols - k % s->ncols;
+        if (n > s->flat1 - k) n = s->flat1 - k;
+        read_run(h, x, ref->src, &v, s, k, n, out + (k - s->flat0));
+        k += n;
+    }
+    return 0;
+}
