@@ -163,21 +163,27 @@ static int refuse_true(const jctx *x, const char *key, const char *why) {
     return 0;
 }
 
-/* rope_scaling: null (or rope_type "default") or Llama 3.1's llama3. */
-static int parse_rope_scaling(const jctx *x, ust_config *c) {
-    const cJSON *r = jget(x, "rope_scaling");
-    if (!r) return 0;
-    if (!cJSON_IsObject(r)) return ust_errf(x->e, "%s: 'rope_scaling' is not an object", x->path);
+/* RoPE: transformers 4 writes rope_theta and rope_scaling (null, or {rope_type/type, ...});
+ * transformers 5 one rope_parameters {rope_type, rope_theta, ...}. ustrain computes no scaling
+ * ("default") or Llama 3.1's "llama3". */
+static int parse_rope(const jctx *x, ust_config *c, double theta) {
+    const cJSON *r = jget(x, "rope_parameters");
+    const char *key = r ? "rope_parameters" : "rope_scaling";
+    if (!r) r = jget(x, "rope_scaling");
+    if (r && !cJSON_IsObject(r)) return ust_errf(x->e, "%s: '%s' is not an object", x->path, key);
     jctx y = {x->path, r, x->e};
-    const char *type = NULL;
-    if (jstr(&y, "rope_type", NULL, &type)) return -1;
-    if (!type && jstr(&y, "type", "default", &type)) return -1;
+    const char *type = "default";
+    if (r && jstr(&y, "rope_type", NULL, &type)) return -1;
+    if (r && !type && jstr(&y, "type", "default", &type)) return -1;
+    if (jdbl(x, "rope_theta", theta, &theta) || (r && jdbl(&y, "rope_theta", theta, &theta)))
+        return -1;
+    c->model.rope_theta = theta;
     if (!strcmp(type, "default")) return 0;
     if (strcmp(type, "llama3"))
         return ust_errf(x->e,
-                        "%s: rope_scaling type '%.60s' is not supported (ustrain's RoPE has no "
-                        "scaling or Llama 3.1's 'llama3')",
-                        x->path, type);
+                        "%s: %s rope_type '%.60s' is not supported (ustrain's RoPE has no "
+                        "scaling ('default') or Llama 3.1's 'llama3')",
+                        x->path, key, type);
     __typeof__(c->model.rope_scaling) *s = &c->model.rope_scaling;
     s->type = ROPE_LLAMA3;
     return jdbl(&y, "factor", 8, &s->factor) ||
@@ -202,10 +208,9 @@ static int parse_llama_common(const jctx *x, ust_config *c, double theta, double
         jint(x, "num_key_value_heads", m->n_head, 1, &m->n_kv_head) ||
         jint(x, "vocab_size", -1, 1, &m->vocab_size) ||
         jint(x, "max_position_embeddings", -1, 1, &m->max_seq_len) ||
-        jdbl(x, "rope_theta", theta, &m->rope_theta) ||
         jdbl(x, "rms_norm_eps", eps, &m->norm_eps) ||
         jbool(x, "tie_word_embeddings", false, &m->tie_embeddings) ||
-        jstr(x, "hidden_act", "silu", &act) || parse_rope_scaling(x, c))
+        jstr(x, "hidden_act", "silu", &act) || parse_rope(x, c, theta))
         return -1;
     if (strcmp(act, "silu"))
         return ust_errf(x->e, "%s: hidden_act '%.60s' is not supported (ustrain's llama uses silu)",
@@ -231,7 +236,21 @@ static int parse_llama(const jctx *x, ust_config *c) {
 static int parse_qwen2(const jctx *x, ust_config *c) {
     if (parse_llama_common(x, c, 10000, 1e-6)) return -1;
     c->model.qkv_bias = true;
-    return refuse_true(x, "use_sliding_window", "ustrain's attention is full causal attention");
+    if (refuse_true(x, "use_sliding_window", "ustrain's attention is full causal attention"))
+        return -1;
+    const cJSON *types = jget(x, "layer_types"), *t; /* transformers 5: one per layer */
+    if (types && !cJSON_IsArray(types))
+        return ust_errf(x->e, "%s: 'layer_types' is not a list", x->path);
+    int i = 0;
+    cJSON_ArrayForEach(t, types) {
+        if (!cJSON_IsString(t) || strcmp(t->valuestring, "full_attention"))
+            return ust_errf(x->e,
+                            "%s: layer_types[%d] is %.60s; only 'full_attention' is supported "
+                            "(ustrain has no sliding-window attention)",
+                            x->path, i, cJSON_IsString(t) ? t->valuestring : "not a string");
+        i++;
+    }
+    return 0;
 }
 
 static int parse_mixtral(const jctx *x, ust_config *c) {

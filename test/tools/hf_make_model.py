@@ -11,6 +11,10 @@ and compares an imported-then-exported directory with the original.
       data), so BF16 needs no torch: its values are float32 random numbers cut to their top 16
       bits. --set patches config.json (the bad-input cases), --bad-shape writes one tensor with
       an extra row, --bad-dtype gives one tensor another dtype label.
+  hf_make_model.py transformers KIND OUT
+      transformers itself builds KIND (LlamaForCausalLM(LlamaConfig(...)), ...) with the same small
+      shapes, every weight redrawn (biases and norms too, so none is trivially zero or one), and
+      save_pretrained writes OUT (needs torch and transformers).
   hf_make_model.py compare TAG ORIG_DIR EXPORTED_DIR
       Every tensor of ORIG_DIR is in EXPORTED_DIR (ustrain's fp32 export) with the same shape
       and bit-identical values after widening (BF16/F16 -> F32), and nothing else is; prints
@@ -199,7 +203,43 @@ def compare(tag, orig, exported):
           f"FAIL {tag}_every_tensor_bit_identical: {len(bad)} differ, e.g. {bad[:3]}")
 
 
+def make_with_transformers(kind, out, seed=1):
+    import torch
+    import transformers as tf
+    d = DIMS
+    torch.manual_seed(seed)
+    common = dict(hidden_size=d["C"], num_hidden_layers=d["L"], num_attention_heads=d["H"],
+                  num_key_value_heads=d["KV"], vocab_size=d["V"], max_position_embeddings=d["T"],
+                  rms_norm_eps=1e-5, tie_word_embeddings=kind == "llama_tied")
+    if kind == "gpt2":
+        cfg = tf.GPT2Config(n_embd=d["C"], n_layer=d["L"], n_head=d["H"], vocab_size=d["V"],
+                            n_positions=d["T"], resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+        model = tf.GPT2LMHeadModel(cfg)
+    elif kind == "qwen2":
+        model = tf.Qwen2ForCausalLM(tf.Qwen2Config(intermediate_size=d["F"], **common))
+    elif kind == "mixtral":
+        model = tf.MixtralForCausalLM(tf.MixtralConfig(
+            intermediate_size=d["FE"], num_local_experts=d["E"], num_experts_per_tok=d["K"],
+            **common))
+    else:
+        rope = ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                 "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+                if kind == "llama3" else None)
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(intermediate_size=d["F"], rope_scaling=rope,
+                                                   rope_theta=500000.0 if rope else 10000.0,
+                                                   **common))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            norm = "norm" in name or "ln_" in name
+            p.copy_(1 + 0.1 * torch.randn_like(p) if norm and name.endswith("weight")
+                    else 0.05 * torch.randn_like(p))
+    model.save_pretrained(out, safe_serialization=True)
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "transformers":
+        make_with_transformers(sys.argv[2], sys.argv[3])
+        sys.exit(0)
     if sys.argv[1] == "compare":
         compare(*sys.argv[2:5])
         sys.exit(0)
