@@ -408,13 +408,6 @@ static int open_index(hf_model *h, cJSON **map, ust_err *e) {
     return 0;
 }
 
-static void format_shape(char *out, size_t n, int ndim, const int64_t *shape) {
-    size_t k = (size_t)snprintf(out, n, "[");
-    for (int d = 0; d < ndim && k < n; d++)
-        k += (size_t)snprintf(out + k, n - k, "%s%lld", d ? ", " : "", (long long)shape[d]);
-    if (k < n) snprintf(out + k, n - k, "]");
-}
-
 /* Table row r: in the shard the index names (or the single file), in a dtype ustrain reads,
  * with the shape config.json implies. */
 static int find_row(hf_model *h, int r, const cJSON *map, ust_err *e) {
@@ -437,8 +430,8 @@ static int find_row(hf_model *h, int r, const cJSON *map, ust_err *e) {
     for (int d = 0; same && d < x->ndim; d++) same = w.shape[d] == x->shape[d];
     if (!same) {
         char have[128], want[128];
-        format_shape(have, sizeof have, w.ndim, w.shape);
-        format_shape(want, sizeof want, x->ndim, x->shape);
+        ckpt_format_shape(have, sizeof have, w.ndim, w.shape);
+        ckpt_format_shape(want, sizeof want, x->ndim, x->shape);
         return ust_errf(e, "%s: tensor '%s' has shape %s but %s/config.json implies %s", file,
                         x->name, have, h->dir, want);
     }
@@ -730,26 +723,17 @@ static void widen(const st_view *v, const unsigned char *p, int64_t n, float *ou
 }
 
 /* Where ustrain's element (r, col) of source j of row x lies in the file tensor (element index):
- * the inverse of hf_make; -1 for a padded vocabulary row, which reads as zero. */
+ * the inverse of hf_make for the transposing rows (copies are read as runs by read_run). */
 static int64_t file_index(const hf_model *h, const hf_tensor *x, int j, int64_t r, int64_t col) {
     const ust_config *c = &h->cfg;
-    switch (x->op) {
-    case HF_COPY:
-        return x->ndim == 2 ? r * x->shape[1] + col : col;
-    case HF_ROWS:
-        return r < x->shape[0] ? r * x->shape[1] + col : -1;
-    case HF_T: /* the file is [cols, rows] of ours */
-        return col * x->shape[1] + r;
-    case HF_QKV: {
-        /* the first query head that reads key/value head r / D (hf_qkv_row's inverse) */
-        int64_t D = cfg_head_dim(c), HD = c->model.n_head * D;
-        int64_t G = c->model.n_head / c->model.n_kv_head;
-        int64_t sr = x->ndim == 2 ? r : col;
-        int64_t fr = j * HD + (j ? (sr / D) * G * D + sr % D : sr);
-        return x->ndim == 2 ? col * x->shape[1] + fr : fr;
-    }
-    }
-    return -1;
+    if (x->op == HF_T) return col * x->shape[1] + r; /* the file is [cols, rows] of ours */
+    UST_ASSERT(x->op == HF_QKV, "file_index of a copy (%s)", x->name);
+    /* the first query head that reads key/value head r / D (hf_qkv_row's inverse) */
+    int64_t D = cfg_head_dim(c), HD = c->model.n_head * D;
+    int64_t G = c->model.n_head / c->model.n_kv_head;
+    int64_t sr = x->ndim == 2 ? r : col;
+    int64_t fr = j * HD + (j ? (sr / D) * G * D + sr % D : sr);
+    return x->ndim == 2 ? col * x->shape[1] + fr : fr;
 }
 
 /* The requested tensor must be exactly the source the table expects (the vocabulary may be
@@ -761,42 +745,45 @@ static int check_request(const hf_model *h, const hf_tensor *x, const ckpt_tenso
     if (ok && x->op != HF_ROWS) ok = t->shape[0] == src->shape[0];
     if (!ok) {
         char have[128], want[128];
-        format_shape(have, sizeof have, t->ndim, t->shape);
-        format_shape(want, sizeof want, src->ndim, src->shape);
+        ckpt_format_shape(have, sizeof have, t->ndim, t->shape);
+        ckpt_format_shape(want, sizeof want, src->ndim, src->shape);
         return ust_errf(e, "%s: the model's tensor '%s' is %s but %s/config.json implies %s",
                         h->dir, t->name, have, h->dir, want);
     }
     return 0;
 }
 
-static int check_box(const ckpt_tensor *t, const ckpt_slice *s, int64_t rows, int64_t cols,
-                     ust_err *e) {
-    if (s->row0 < 0 || s->nrows < 0 || s->col0 < 0 || s->ncols < 0 || s->row0 > rows ||
-        s->nrows > rows - s->row0 || s->col0 > cols || s->ncols > cols - s->col0 || s->flat0 < 0 ||
-        s->flat0 > s->flat1 || s->flat1 > s->nrows * s->ncols)
-        return ust_errf(e, "hf_read_slice: slice outside tensor '%s' of %lld x %lld", t->name,
-                        (long long)rows, (long long)cols);
-    return 0;
-}
+typedef struct {
+    hf_model *h;
+    const hf_tensor *x;
+    int src;
+    int64_t cols; /* of the ustrain tensor */
+    st_view v;
+    float *out;
+} read_ctx;
 
-/* Elements [k, k + n) of the box, all in one box row: contiguous in the file for copies (one
- * widen), element by element for the transposes. */
-static void read_run(hf_model *h, const hf_tensor *x, int j, const st_view *v, const ckpt_slice *s,
-                     int64_t k, int64_t n, float *out) {
-    int64_t r = s->row0 + k / s->ncols, col = s->col0 + k % s->ncols;
-    if (x->op == HF_COPY || x->op == HF_ROWS) {
-        int64_t at = file_index(h, x, j, r, col);
-        if (at < 0) {
-            memset(out, 0, (size_t)n * sizeof(float));
-            return;
-        }
-        widen(v, v->data + at * v->esize, n, out);
-        h->bytes_read += n * v->esize;
-        return;
+/* n elements of ustrain's tensor from element elem on (row-major), into out + at: copies are
+ * contiguous in the file too (one widen; the padded vocabulary rows past the file's read as
+ * zeros), transposes go element by element. */
+static int read_run(void *vc, int64_t elem, int64_t at, int64_t n, ust_err *e) {
+    (void)e;
+    read_ctx *c = vc;
+    const st_view *v = &c->v;
+    float *out = c->out + at;
+    if (c->x->op == HF_COPY || c->x->op == HF_ROWS) {
+        int64_t in_file = c->x->ndim == 2 ? c->x->shape[0] * c->x->shape[1] : c->x->shape[0];
+        int64_t k = elem >= in_file ? 0 : in_file - elem < n ? in_file - elem : n;
+        widen(v, v->data + elem * v->esize, k, out);
+        memset(out + k, 0, (size_t)(n - k) * sizeof(float)); /* the padded vocabulary rows */
+        c->h->bytes_read += k * v->esize;
+        return 0;
     }
-    for (int64_t i = 0; i < n; i++)
-        widen(v, v->data + file_index(h, x, j, r, col + i) * v->esize, 1, out + i);
-    h->bytes_read += n * v->esize;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t f = file_index(c->h, c->x, c->src, (elem + i) / c->cols, (elem + i) % c->cols);
+        widen(v, v->data + f * v->esize, 1, out + i);
+    }
+    c->h->bytes_read += n * v->esize;
+    return 0;
 }
 
 int hf_read_slice(hf_model *h, const ckpt_tensor *t, const ckpt_slice *s, float *out, ust_err *e) {
@@ -808,15 +795,9 @@ int hf_read_slice(hf_model *h, const ckpt_tensor *t, const ckpt_slice *s, float 
     const hf_tensor *x = &h->table.t[ref->row];
     if (check_request(h, x, &x->src[ref->src], t, e)) return -1;
     int64_t rows = t->ndim == 2 ? t->shape[0] : 1, cols = t->ndim == 2 ? t->shape[1] : t->shape[0];
-    if (check_box(t, s, rows, cols, e)) return -1;
-    st_view v;
-    int rc = st_raw(h->shards[h->shard_of[ref->row]], x->name, &v);
+    if (ckpt_check_slice(s, rows, cols, t->name, e)) return -1;
+    read_ctx c = {h, x, ref->src, cols, {0}, out};
+    int rc = st_raw(h->shards[h->shard_of[ref->row]], x->name, &c.v);
     UST_ASSERT(rc == 0, "tensor %s vanished from its shard", x->name);
-    for (int64_t k = s->flat0; k < s->flat1;) {
-        int64_t n = s->ncols - k % s->ncols;
-        if (n > s->flat1 - k) n = s->flat1 - k;
-        read_run(h, x, ref->src, &v, s, k, n, out + (k - s->flat0));
-        k += n;
-    }
-    return 0;
+    return ckpt_for_each_run(s, cols, read_run, &c, e);
 }
