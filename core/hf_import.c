@@ -500,26 +500,42 @@ static int index_sources(hf_model *h, ust_err *e) {
     return 0;
 }
 
-static int open_files(hf_model *h, ust_err *e) {
+/* The single file, or every shard the index names (map: its weight_map, NULL for one file). */
+static int open_shards(hf_model *h, cJSON **map, ust_err *e) {
     char p[PATH_MAX];
-    cJSON *map = NULL;
-    int rc = 0;
     h->shards = calloc(HF_MAX_SHARDS, sizeof *h->shards);
-    h->shard_of = calloc((size_t)h->table.n + 1, sizeof *h->shard_of);
-    if (!h->shards || !h->shard_of) return ust_errf(e, "%s: out of memory", h->dir);
+    if (!h->shards) return ust_errf(e, "%s: out of memory", h->dir);
     snprintf(p, sizeof p, "%s/model.safetensors", h->dir);
-    if (is_regular(p)) {
-        rc = add_shard(h, "model.safetensors", e) < 0;
-    } else {
-        snprintf(p, sizeof p, "%s/model.safetensors.index.json", h->dir);
-        if (!is_regular(p))
-            rc = ust_errf(e,
-                          "%s: no model.safetensors or model.safetensors.index.json (ustrain reads "
-                          "the safetensors format)",
-                          h->dir);
-        else
-            rc = open_index(h, &map, e);
-    }
+    if (is_regular(p)) return add_shard(h, "model.safetensors", e) < 0 ? -1 : 0;
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", h->dir);
+    if (!is_regular(p))
+        return ust_errf(e,
+                        "%s: no model.safetensors or model.safetensors.index.json (ustrain reads "
+                        "the safetensors format)",
+                        h->dir);
+    return open_index(h, map, e);
+}
+
+/* The files hold at least the tensors config.json implies: checked before the table is made,
+ * so a config.json with thousands of layers and experts costs nothing unless the files back it. */
+static int check_count(const hf_model *h, ust_err *e) {
+    int64_t have = 0, want = hf_table_count(&h->cfg);
+    for (int i = 0; i < h->nshards; i++) have += st_count(h->shards[i]);
+    if (want > have)
+        return ust_errf(e,
+                        "%s/config.json implies %lld tensors (a %s of %d layers), but the "
+                        "safetensors files hold %lld",
+                        h->dir, (long long)want, h->arch, h->cfg.model.n_layer, (long long)have);
+    return 0;
+}
+
+static int open_files(hf_model *h, ust_err *e) {
+    cJSON *map = NULL;
+    int rc = open_shards(h, &map, e);
+    if (!rc) rc = check_count(h, e);
+    if (!rc) rc = hf_table_build(&h->table, &h->cfg, e);
+    if (!rc && !(h->shard_of = calloc((size_t)h->table.n + 1, sizeof *h->shard_of)))
+        rc = ust_errf(e, "%s: out of memory", h->dir);
     for (int r = 0; r < h->table.n && !rc; r++) rc = find_row(h, r, map, e);
     cJSON_Delete(map);
     if (!rc) rc = check_no_extra(h, e);
@@ -542,7 +558,6 @@ hf_model *hf_open(const char *dir, ust_err *e) {
                  ? ust_errf(e, "%s: path too long", dir)
                  : 0;
     if (!rc) rc = load_config(h, e);
-    if (!rc && hf_table_build(&h->table, &h->cfg, e)) rc = -1;
     if (!rc) rc = open_files(h, e);
     if (rc) {
         hf_close(h);

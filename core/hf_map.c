@@ -182,13 +182,24 @@ int hf_table_build(hf_table *l, const ust_config *c, ust_err *e) {
                            "of experts with model.qkv_bias: true has no Hugging Face layout");
     l->c = c;
     l->n = 0;
-    l->t = calloc((size_t)c->model.n_layer * (19 + 3 * moe->num_experts + 1) + 8, sizeof *l->t);
-    if (!l->t) return ust_errf(e, "export: out of memory");
+    int64_t n = hf_table_count(c);
+    l->t = calloc((size_t)n, sizeof *l->t);
+    if (!l->t) return ust_errf(e, "hf_map: out of memory for %lld tensors", (long long)n);
     if (c->model.arch == ARCH_LLAMA)
         llama_table(l);
     else
         gpt2_table(l);
+    UST_ASSERT(l->n == n, "hf_map: the table has %d rows, hf_table_count says %lld", l->n,
+               (long long)n);
     return 0;
+}
+
+int64_t hf_table_count(const ust_config *c) {
+    const __typeof__(c->model) *m = &c->model;
+    if (m->arch != ARCH_LLAMA) return 4 + 12 * (int64_t)m->n_layer; /* wte, wpe, ln_f.{w,b} */
+    int64_t moe = m->moe.num_experts > 0 ? 1 + 3 * (int64_t)m->moe.num_experts : 3;
+    int64_t layer = 6 + (m->qkv_bias ? 3 : 0) + moe;
+    return 2 + (cfg_tied(c) ? 0 : 1) + layer * m->n_layer; /* embed, norm, lm_head */
 }
 
 /* Row r of the stacked q | k | v (each n_head heads of D rows) as a (source, row) pair: k and v

@@ -139,6 +139,8 @@ $MAKE make llama $TMP/b-hd --set 'head_dim=32'
 bad hf_head_dim_mismatch_exits_2 "head_dim 32 is not hidden_size / num_attention_heads = 64 / 4" $TMP/b-hd
 $MAKE make gpt2 $TMP/b-gelu --set 'activation_function="gelu"'
 bad hf_gpt2_activation_exits_2 "activation_function 'gelu' is not supported" $TMP/b-gelu
+$MAKE make mixtral $TMP/b-count --set 'num_hidden_layers=4000' --set 'num_local_experts=4000'
+bad hf_config_implying_more_tensors_than_files_exits_2 "b-count/config.json implies 48028003 tensors \(a MixtralForCausalLM of 4000 layers\), but the safetensors files hold 41" $TMP/b-count
 $MAKE make llama $TMP/b-shard --shards 3
 rm $TMP/b-shard/model-00002-of-00003.safetensors
 bad hf_missing_shard_exits_2 "names shard 'model-00002-of-00003.safetensors' \(for tensor '[^']+'\), but .* is missing" $TMP/b-shard
@@ -178,6 +180,12 @@ if python3 -c 'import torch, transformers' 2>/dev/null; then
         [ -z "$vl" ] && { fail ${k}_hf_import_transformers_loss "no val_loss"; continue; }
         # fp32 on both sides over the same 128 targets: measured |diff| <= 3e-7 (5e-8 relative)
         python3 test/tools/hf_export_check.py transformers ${k}_hf_import $TMP/tf-$k \
+            $TMP/data/val_000.bin 4 32 "$vl" 1e-5 2>&1 | grep -E '^(PASS|FAIL|  )'
+        # and the way back: transformers loads ustrain's export of the import (Qwen2ForCausalLM for
+        # the biases, rope_scaling for llama3) and computes the same loss
+        $UST export $TMP/tf-$k-ck/step_0 --to hf $TMP/tf-$k-out >/dev/null 2>&1 ||
+            { fail ${k}_hf_reexport "export failed"; continue; }
+        python3 test/tools/hf_export_check.py transformers ${k}_hf_reexport $TMP/tf-$k-out \
             $TMP/data/val_000.bin 4 32 "$vl" 1e-5 2>&1 | grep -E '^(PASS|FAIL|  )'
     done
 else
