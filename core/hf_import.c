@@ -70,9 +70,11 @@ static cJSON *read_json(const char *dir, const char *name, ust_err *e) {
         ust_errf(e, "Hugging Face model %s", inner.msg);
         return NULL;
     }
-    char *buf = malloc(HF_MAX_JSON + 1);
-    size_t n = buf ? fread(buf, 1, HF_MAX_JSON + 1, f) : 0;
-    int bad = !buf || ferror(f) || n > HF_MAX_JSON;
+    struct stat st;
+    int64_t size = fstat(fileno(f), &st) == 0 ? (int64_t)st.st_size : -1;
+    char *buf = size >= 0 && size <= HF_MAX_JSON ? malloc((size_t)size + 1) : NULL;
+    size_t n = buf ? fread(buf, 1, (size_t)size + 1, f) : 0;
+    int bad = !buf || ferror(f) || (int64_t)n != size; /* a file that grew while read too */
     fclose(f);
     cJSON *j = bad ? NULL : cJSON_ParseWithLength(buf, n);
     free(buf);
