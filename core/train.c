@@ -264,8 +264,9 @@ static int load_hf(trainer *t, const char *dir, ust_err *e) {
     if (!h) return -1;
     int rc = dp_load_slices(t->dp, read_hf, h, e);
     if (rc == 0) {
-        printf("rank %d: imported %s, read %lld of its %lld tensor bytes\n", t->rt->rank, dir,
-               (long long)hf_bytes_read(h), (long long)hf_tensor_bytes(h));
+        int64_t got = hf_bytes_read(h), all = hf_tensor_bytes(h);
+        printf("rank %d: imported %s: read %lld of the files' %lld tensor bytes (%.1f%%)\n",
+               t->rt->rank, dir, (long long)got, (long long)all, all ? 100.0 * got / all : 0.0);
         fflush(stdout);
     }
     hf_close(h);

@@ -70,8 +70,10 @@ for tag, keys in [("qwen2_f32_sharded", ["architectures", "model_type", "num_key
 EOF
 
 # --- validate and plan resolve model.arch: auto the same way
-expect_exit hf_validate_resolves_arch_auto 0 "llama|parameters" -- \
-    $UST validate $TMP/run.yaml --set model.init_from=$TMP/mixtral_bf16_sharded --set parallel.ep=1
+expect_exit hf_validate_resolves_arch_auto 0 "model: llama, 2 layers, d_model 64, 4 heads \(2 kv\).*vocab 300" -- \
+    $UST validate $TMP/run.yaml --set model.init_from=$TMP/mixtral_bf16_sharded
+expect_exit hf_plan_resolves_arch_auto 0 "model: gpt2, .* 2 layers, d_model 64" -- \
+    $UST plan $TMP/run.yaml --world 2 --set model.init_from=$TMP/gpt2_f32
 expect_exit hf_validate_auto_without_init_from_exits_2 2 "model.arch: auto takes the architecture from a Hugging Face model directory" -- \
     $UST validate $TMP/run.yaml
 
@@ -99,7 +101,7 @@ bytes_share() { # NAME LAYOUT_SETS...: every rank's figure within [0.4, 0.65] of
 import re, sys
 name, log = sys.argv[1], open(sys.argv[2]).read()
 got = [(int(a), int(b), int(c)) for a, b, c in
-       re.findall(r"rank (\d+): imported \S+, read (\d+) of its (\d+) tensor bytes", log)]
+       re.findall(r"rank (\d+): imported \S+: read (\d+) of the files' (\d+) tensor bytes", log)]
 ok = len(got) == 2 and all(0.4 * t <= b <= 0.65 * t for _, b, t in got)
 figs = ", ".join(f"rank {r} {b}/{t} = {b / t:.3f}" for r, b, t in sorted(got))
 print(f"PASS {name}: {figs}" if ok else f"FAIL {name}: {figs or 'no figures logged'}")
