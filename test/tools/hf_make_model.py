@@ -9,7 +9,7 @@ and compares an imported-then-exported directory with the original.
       OUT/model-0000i-of-0000N.safetensors + model.safetensors.index.json. The safetensors files
       are written by hand (8-byte little-endian header length, JSON header padded to 8 bytes,
       data), so BF16 needs no torch: its values are float32 random numbers cut to their top 16
-      bits. --set patches config.json (the bad-input cases), --bad-shape writes one tensor with
+      bits. The vocabulary table starts with signed zero, F16 subnormals and F16's extremes. --set patches config.json (the bad-input cases), --bad-shape writes one tensor with
       an extra row, --bad-dtype gives one tensor another dtype label.
   hf_make_model.py transformers KIND OUT
       transformers itself builds KIND (LlamaForCausalLM(LlamaConfig(...)), ...) with the same small
@@ -149,6 +149,11 @@ def make(kind, out, dtype="f32", shards=1, seed=1, sets=(), bad_shape=None, bad_
         norm = "norm" in name or "ln_" in name
         vals = (1 + 0.1 * rng.standard_normal(shape) if norm and name.endswith("weight")
                 else 0.05 * rng.standard_normal(shape)).astype(np.float32)
+        if name in ("model.embed_tokens.weight", "transformer.wte.weight"):
+            # the edges of the narrow formats: signed zero, subnormals, the smallest normal and
+            # the largest finite F16 (BF16 keeps them too: its range is float32's)
+            vals.flat[:6] = [0.0, -0.0, 5.960464477539063e-08, -2.9802322387695312e-06,
+                             6.103515625e-05, 65504.0]
         dt, raw = encode(vals, dtype)
         if bad_dtype and bad_dtype.split("=")[0] == name:
             dt = bad_dtype.split("=")[1]
