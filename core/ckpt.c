@@ -203,7 +203,7 @@ struct ckpt_writer {
     int nfiles;
     bool failed; /* an earlier call failed on this rank: later writes are skipped, commit fails */
     ust_err first_error; /* the reason, which commit reports (rank 0 for every rank) */
-    bool slept;          /* UST_FAULT_CKPT_SLEEP_MS was applied */
+    bool slept;  /* UST_FAULT_CKPT_SLEEP_MS was applied */
 };
 
 /* Errors are sticky, like ferror: the first one is kept and later writes are skipped, so a
@@ -246,8 +246,8 @@ static int tmp_name(char *out, size_t n, const char *dir, int64_t step, const ch
     return pathf(out, n, e, "%s/" TMP_PREFIX "%lld%s", dir, (long long)step, tag);
 }
 
-ckpt_writer *ckpt_begin(const char *dir, int64_t step, int rank, const char *job, ckpt_sync_fn sync,
-                        void *sync_arg, ust_err *e) {
+ckpt_writer *ckpt_begin(const char *dir, int64_t step, int rank, const char *job,
+                        ckpt_sync_fn sync, void *sync_arg, ust_err *e) {
     if (step < 0) {
         ust_errf(e, "checkpoint: negative step %lld", (long long)step);
         return NULL;
@@ -396,8 +396,7 @@ int ckpt_add_file(ckpt_writer *w, const char *file, const ckpt_tensor *tensors, 
     }
     free(hdr);
     bool any = wsync(w, rc != 0 && w->rank == 0);
-    if (!rc && w->rank != 0 && any)
-        rc = ust_errf(e, "checkpoint: rank 0 could not create %s", f->path);
+    if (!rc && w->rank != 0 && any) rc = ust_errf(e, "checkpoint: rank 0 could not create %s", f->path);
     if (!rc && w->rank != 0) {
         f->fd = open(f->path, O_WRONLY | O_CLOEXEC);
         if (f->fd < 0) rc = ust_errf(e, "checkpoint: cannot open %s: %s", f->path, strerror(errno));
@@ -690,8 +689,8 @@ static int is_finished(const char *dir, const char *name, ust_err *e) {
     if (snprintf(p, sizeof p, "%s/%s/%s", dir, name, STATE_JSON) >= (int)sizeof p) return 0;
     if (stat(p, &st) != 0) return 0;
     if (!S_ISREG(st.st_mode))
-        return ust_errf(e, "checkpoint %s/%s: %s is %s, not a regular file", dir, name, STATE_JSON,
-                        fs_kind(st.st_mode));
+        return ust_errf(e, "checkpoint %s/%s: %s is %s, not a regular file", dir, name,
+                        STATE_JSON, fs_kind(st.st_mode));
     return 1;
 }
 

@@ -58,11 +58,11 @@ typedef struct {
     int tied_param; /* pipeline with tied embeddings: this rank's table or copy (-1: none) */
     ust_dataset *train, *val;
     ust_log log;
-    int32_t *samples;           /* host: B x (T+1), one micro-batch's windows */
-    int32_t *positions;         /* host: the Tl positions this rank's tokens have */
-    int Tl;                     /* tokens of each sequence on this rank (T / cp) */
-    float *flag;                /* one device float for any_rank */
-    int64_t step, sample_index; /* the run's position: steps done, samples consumed */
+    int32_t *samples;                    /* host: B x (T+1), one micro-batch's windows */
+    int32_t *positions;                  /* host: the Tl positions this rank's tokens have */
+    int Tl;                              /* tokens of each sequence on this rank (T / cp) */
+    float *flag;                         /* one device float for any_rank */
+    int64_t step, sample_index;          /* the run's position: steps done, samples consumed */
     int64_t batch_since_step, batch_since_sample; /* where the current global batch size began */
     double last_loss;
     ckpt_lock lock; /* rank 0: the job's lock on checkpoint.dir */
@@ -208,8 +208,8 @@ static char *state_json(trainer *t) {
 
 static int save_checkpoint(trainer *t, ust_err *e) {
     const ust_config *c = t->cfg;
-    ckpt_writer *w =
-        ckpt_begin(c->checkpoint.dir, t->step, t->rt->rank, t->rt->boot.job_id, world_sync, t, e);
+    ckpt_writer *w = ckpt_begin(c->checkpoint.dir, t->step, t->rt->rank, t->rt->boot.job_id,
+                                world_sync, t, e);
     if (!w) return -1;
     dp_save(t->dp, w, e); /* a failure is sticky in w: the commit reports it on every rank */
     char *state = t->rank0 ? state_json(t) : NULL;
@@ -490,8 +490,8 @@ static int build_model(trainer *t, ust_err *e) {
     t->tied_param = cfg->parallel.pp > 1 && cfg_tied(cfg)
                         ? model_find_param(t->m, "model.embed_tokens.weight")
                         : -1;
-    t->pp =
-        pp_create(cfg, t->ops, &t->arena, t->m, topo->comm[TOPO_PP], topo->comm[TOPO_EMB], &sched);
+    t->pp = pp_create(cfg, t->ops, &t->arena, t->m, topo->comm[TOPO_PP], topo->comm[TOPO_EMB],
+                      &sched);
     return 0;
 }
 
