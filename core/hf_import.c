@@ -37,6 +37,7 @@ struct hf_model {
     st_file **shards;
     int nshards;
     int *shard_of;    /* per table row */
+    int *name_off;    /* per table row: 0, or the base prefix's length when the file lacks it */
     hf_src_ref *refs; /* every row's sources, sorted by name */
     int nrefs;
     int64_t bytes_read, tensor_bytes;
@@ -153,11 +154,34 @@ static int open_index(hf_model *h, cJSON **map, ust_err *e) {
     return 0;
 }
 
+/* transformers saves a CausalLM's tensors under its base model's prefix, but loads files saved
+ * without it too (openai-community/gpt2's own model.safetensors has "h.0.attn.c_attn.weight"). */
+static const char *base_prefix(const hf_model *h) {
+    return h->cfg.model.arch == ARCH_GPT2 ? "transformer." : "model.";
+}
+
+static bool in_files(const hf_model *h, const char *name, const cJSON *map) {
+    st_view w;
+    return map ? cJSON_GetObjectItemCaseSensitive(map, name) != NULL
+               : st_raw(h->shards[0], name, &w) == 0;
+}
+
+/* The name row x has in the files: its own, or without the base prefix when only that is there. */
+static const char *name_in_files(const hf_model *h, const hf_tensor *x, const cJSON *map) {
+    size_t k = strlen(base_prefix(h));
+    if (!in_files(h, x->name, map) && !strncmp(x->name, base_prefix(h), k) &&
+        in_files(h, x->name + k, map))
+        return x->name + k;
+    return x->name;
+}
+
 /* Table row r: in the shard the index names (or the single file), in a dtype ustrain reads,
  * with the shape config.json implies. */
 static int find_row(hf_model *h, int r, const cJSON *map, ust_err *e) {
     const hf_tensor *x = &h->table.t[r];
-    const cJSON *v = map ? cJSON_GetObjectItemCaseSensitive(map, x->name) : NULL;
+    const char *name = name_in_files(h, x, map);
+    h->name_off[r] = (int)(name - x->name);
+    const cJSON *v = map ? cJSON_GetObjectItemCaseSensitive(map, name) : NULL;
     if (map && !v)
         return ust_errf(e,
                         "%s/model.safetensors.index.json: tensor '%s' (which %s needs) is missing",
@@ -166,7 +190,7 @@ static int find_row(hf_model *h, int r, const cJSON *map, ust_err *e) {
     if (s < 0) return -1;
     st_view w;
     const char *file = st_path(h->shards[s]);
-    if (st_raw(h->shards[s], x->name, &w))
+    if (st_raw(h->shards[s], name, &w))
         return ust_errf(e, "%s: tensor '%s' (which %s needs) is missing", file, x->name, h->arch);
     if (strcmp(w.dtype, "F32") && strcmp(w.dtype, "BF16") && strcmp(w.dtype, "F16"))
         return ust_errf(e, "%s: tensor '%s' has dtype %s (ustrain imports F32, BF16 and F16)", file,
@@ -201,6 +225,17 @@ static int cmp_row_name(const void *a, const void *b, void *ctx) {
     return strcmp(t->t[*(const int *)a].name, t->t[*(const int *)b].name);
 }
 
+static bool in_table(const hf_model *h, const int *order, const char *name) {
+    int lo = 0, hi = h->table.n - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2, c = strcmp(name, h->table.t[order[mid]].name);
+        if (!c) return true;
+        if (c < 0) hi = mid - 1;
+        if (c > 0) lo = mid + 1;
+    }
+    return false;
+}
+
 /* Every tensor of the files is one the table uses: a tensor the config does not account for
  * (an lm_head beside tie_word_embeddings, a bias the architecture lacks) means the config and the
  * weights disagree. */
@@ -213,14 +248,9 @@ static int check_no_extra(hf_model *h, ust_err *e) {
     for (int s = 0; s < h->nshards && !rc; s++)
         for (int i = 0; i < st_count(h->shards[s]) && !rc; i++) {
             const char *name = st_name(h->shards[s], i);
-            int lo = 0, hi = n - 1, found = 0;
-            while (lo <= hi && !found) {
-                int mid = (lo + hi) / 2, c = strcmp(name, h->table.t[order[mid]].name);
-                found = !c;
-                if (c < 0) hi = mid - 1;
-                if (c > 0) lo = mid + 1;
-            }
-            if (!found && !is_buffer(name))
+            char full[CKPT_NAME_MAX + 16];
+            snprintf(full, sizeof full, "%s%.*s", base_prefix(h), CKPT_NAME_MAX, name);
+            if (!in_table(h, order, name) && !in_table(h, order, full) && !is_buffer(name))
                 rc = ust_errf(e,
                               "%s: tensor '%.200s' is not part of a %s with this config.json "
                               "(check tie_word_embeddings and the biases it implies)",
@@ -279,7 +309,8 @@ static int open_files(hf_model *h, ust_err *e) {
     int rc = open_shards(h, &map, e);
     if (!rc) rc = check_count(h, e);
     if (!rc) rc = hf_table_build(&h->table, &h->cfg, e);
-    if (!rc && !(h->shard_of = calloc((size_t)h->table.n + 1, sizeof *h->shard_of)))
+    if (!rc && (!(h->shard_of = calloc((size_t)h->table.n + 1, sizeof *h->shard_of)) ||
+                !(h->name_off = calloc((size_t)h->table.n + 1, sizeof *h->name_off))))
         rc = ust_errf(e, "%s: out of memory", h->dir);
     for (int r = 0; r < h->table.n && !rc; r++) rc = find_row(h, r, map, e);
     cJSON_Delete(map);
@@ -316,6 +347,7 @@ void hf_close(hf_model *h) {
     for (int i = 0; i < h->nshards; i++) st_close(h->shards[i]);
     free(h->shards);
     free(h->shard_of);
+    free(h->name_off);
     free(h->refs);
     hf_table_free(&h->table);
     free(h);
@@ -456,7 +488,7 @@ int hf_read_slice(hf_model *h, const ckpt_tensor *t, const ckpt_slice *s, float 
     int64_t rows = t->ndim == 2 ? t->shape[0] : 1, cols = t->ndim == 2 ? t->shape[1] : t->shape[0];
     if (ckpt_check_slice(s, rows, cols, t->name, e)) return -1;
     read_ctx c = {h, x, ref->src, cols, {0}, out};
-    int rc = st_raw(h->shards[h->shard_of[ref->row]], x->name, &c.v);
+    int rc = st_raw(h->shards[h->shard_of[ref->row]], x->name + h->name_off[ref->row], &c.v);
     UST_ASSERT(rc == 0, "tensor %s vanished from its shard", x->name);
     return ckpt_for_each_run(s, cols, read_run, &c, e);
 }

@@ -53,6 +53,8 @@ roundtrip qwen2_f32_sharded qwen2 --shards 2
 roundtrip mixtral_bf16_sharded mixtral --dtype bf16 --shards 3
 roundtrip gpt2_f32 gpt2
 roundtrip gpt2_bf16_sharded gpt2 --dtype bf16 --shards 2
+# as the Hub's GPT-2 files are: no "transformer." prefix, the attention mask buffers beside
+roundtrip gpt2_hub_names gpt2 --hub-names 1
 
 # config.json travels: the export of an import says what the original said
 python3 - $TMP <<'EOF'

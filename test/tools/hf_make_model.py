@@ -9,8 +9,9 @@ and compares an imported-then-exported directory with the original.
       OUT/model-0000i-of-0000N.safetensors + model.safetensors.index.json. The safetensors files
       are written by hand (8-byte little-endian header length, JSON header padded to 8 bytes,
       data), so BF16 needs no torch: its values are float32 random numbers cut to their top 16
-      bits. The vocabulary table starts with signed zero, F16 subnormals and F16's extremes. --set patches config.json (the bad-input cases), --bad-shape writes one tensor with
-      an extra row, --bad-dtype gives one tensor another dtype label.
+      bits. The vocabulary table starts with signed zero, F16 subnormals and its smallest normal. --set patches config.json (the bad-input cases), --bad-shape writes one tensor with
+      an extra row, --bad-dtype gives one tensor another dtype label, --hub-names 1 writes GPT-2
+      as the Hub's own files are (no "transformer." prefix, attn.bias / attn.masked_bias buffers).
   hf_make_model.py transformers KIND OUT
       transformers itself builds KIND (LlamaForCausalLM(LlamaConfig(...)), ...) with the same small
       shapes, every weight redrawn (biases and norms too, so none is trivially zero or one), and
@@ -135,7 +136,8 @@ def write_safetensors(path, items):
             f.write(item[3])
 
 
-def make(kind, out, dtype="f32", shards=1, seed=1, sets=(), bad_shape=None, bad_dtype=None):
+def make(kind, out, dtype="f32", shards=1, seed=1, sets=(), bad_shape=None, bad_dtype=None,
+         hub_names=False):
     rng = np.random.default_rng(seed)
     cfg = gpt2_config() if kind == "gpt2" else llama_config(kind)
     names = gpt2_tensors() if kind == "gpt2" else llama_tensors(kind)
@@ -150,14 +152,21 @@ def make(kind, out, dtype="f32", shards=1, seed=1, sets=(), bad_shape=None, bad_
         vals = (1 + 0.1 * rng.standard_normal(shape) if norm and name.endswith("weight")
                 else 0.05 * rng.standard_normal(shape)).astype(np.float32)
         if name in ("model.embed_tokens.weight", "transformer.wte.weight"):
-            # the edges of the narrow formats: signed zero, subnormals, the smallest normal and
-            # the largest finite F16 (BF16 keeps them too: its range is float32's)
+            # the edges of the narrow formats that keep the loss sane: signed zero, F16's
+            # subnormals (smallest, and one with several mantissa bits) and its smallest normal
             vals.flat[:6] = [0.0, -0.0, 5.960464477539063e-08, -2.9802322387695312e-06,
-                             6.103515625e-05, 65504.0]
+                             -4.172325134277344e-07, 6.103515625e-05]
         dt, raw = encode(vals, dtype)
         if bad_dtype and bad_dtype.split("=")[0] == name:
             dt = bad_dtype.split("=")[1]
         items.append((name, dt, shape, raw))
+    if hub_names:  # as the Hub's GPT-2 files: no "transformer." and the attention buffers
+        items = [(it[0].replace("transformer.", "", 1),) + it[1:] for it in items]
+        T = DIMS["T"]
+        mask = np.tril(np.ones((T, T), np.float32)).reshape(1, 1, T, T)
+        for i in range(DIMS["L"]):
+            items.append((f"h.{i}.attn.bias", "F32", (1, 1, T, T), mask.tobytes()))
+            items.append((f"h.{i}.attn.masked_bias", "F32", (), np.float32(-1e4).tobytes()))
     os.makedirs(out, exist_ok=True)
     json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=2)
     if shards <= 1:
@@ -199,6 +208,9 @@ def read_dir(d):
 
 def compare(tag, orig, exported):
     a, b = read_dir(orig), read_dir(exported)
+    # Hub-style GPT-2 names (no "transformer.", attention buffers) stand for the exported ones
+    a = {(n if n in b or "transformer." + n not in b else "transformer." + n): v
+         for n, v in a.items() if not n.endswith((".attn.bias", ".attn.masked_bias"))}
     print(f"PASS {tag}_same_tensor_names" if set(a) == set(b) else
           f"FAIL {tag}_same_tensor_names: only in original {sorted(set(a) - set(b))[:3]}, "
           f"only in export {sorted(set(b) - set(a))[:3]}")
@@ -258,4 +270,4 @@ if __name__ == "__main__":
             opts[args[i][2:].replace("-", "_")] = args[i + 1]
         i += 2
     make(kind, out, opts.get("dtype", "f32"), int(opts.get("shards", 1)), int(opts.get("seed", 1)),
-         sets, opts.get("bad_shape"), opts.get("bad_dtype"))
+         sets, opts.get("bad_shape"), opts.get("bad_dtype"), opts.get("hub_names") == "1")
