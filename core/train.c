@@ -680,7 +680,8 @@ static int train_step(trainer *t, double *loss, double *norm, double *lr, int *f
 }
 
 /* train.steps: 0 on a fresh start measures the starting weights (an import, or the init) on the
- * validation set and writes them as checkpoint step 0: an import converted, ready to export. */
+ * validation set and writes them as checkpoint step 0 (unless checkpoint.every is 0): an import
+ * converted, ready to export. */
 static int step_zero(trainer *t) {
     const ust_config *c = t->cfg;
     if (t->val) {
@@ -688,7 +689,7 @@ static int step_zero(trainer *t) {
         if (t->rank0) printf("step 0: val_loss %.7f (the starting weights)\n", vl);
     }
     ust_err e;
-    if (c->checkpoint.dir[0] && save_checkpoint(t, &e)) {
+    if (c->checkpoint.dir[0] && c->checkpoint.every > 0 && save_checkpoint(t, &e)) {
         fprintf(stderr, "ustrain: error: checkpoint at step 0 failed: %s\n", e.msg);
         return -1;
     }
