@@ -97,7 +97,8 @@ bytes_share() { # NAME LAYOUT_SETS...: every rank's figure within [0.4, 0.65] of
     local name=$1
     shift
     scripts/ustrun --nproc-per-node 2 $UST train $TMP/run.yaml --set model.init_from=$TMP/llama_f32 \
-        --set checkpoint.dir=$TMP/$name-ck --set data.val=null "$@" >$TMP/$name.log 2>&1 ||
+        --set checkpoint.dir=$TMP/$name-ck --set checkpoint.every=0 --set data.val=null "$@" \
+        >$TMP/$name.log 2>&1 ||
         { fail $name "run failed: $(tail -2 $TMP/$name.log)"; return; }
     python3 - $name $TMP/$name.log <<'EOF'
 import re, sys
