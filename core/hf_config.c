@@ -238,6 +238,8 @@ static const struct {
     {"GPT2LMHeadModel", "gpt2", parse_gpt2},
 };
 
+/* The architecture is architectures[0], or else model_type; the result is checked by cfg_validate
+ * as a run's config would be (ranges, heads by kv heads, ...). */
 int hf_config_parse(const cJSON *j, const char *path, ust_config *c, char *arch, size_t cap,
                     ust_err *e) {
     jctx x = {path, j, e};
@@ -265,9 +267,6 @@ int hf_config_parse(const cJSON *j, const char *path, ust_config *c, char *arch,
                     : type ? type
                            : "(no architectures or model_type)");
 }
-
-/* config.json -> h->cfg: the defaults with the model section, checked by cfg_validate as a
- * run config would be (ranges, heads by kv heads, ...). */
 
 /* ------------------------------------------------------------------ the run's config */
 
