@@ -198,9 +198,10 @@ fuzz:
 	@UST_EXTRA_PKGS="clang libclang-rt-dev" scripts/install-deps.sh
 	test/fuzz/run.sh build-fuzz $(FUZZ_SECONDS)
 
-# The Hugging Face export test with transformers itself (installs torch + transformers from PyPI,
+# The Hugging Face export and import tests with transformers itself (installs torch + transformers from PyPI,
 # a multi-gigabyte download, when missing; `make test` runs the same comparison only when they
 # are already installed).
 .PHONY: test-hf
 test-hf: ustrain
 	UST_INSTALL_TRANSFORMERS=1 OMP_NUM_THREADS=1 bash test/sh/export_hf.sh
+	UST_INSTALL_TRANSFORMERS=1 OMP_NUM_THREADS=1 bash test/sh/hf_import.sh

@@ -11,6 +11,7 @@
 #include "cmd.h"
 #include "config.h"
 #include "error.h"
+#include "hf_import.h"
 #include "log.h"
 #include "plan.h"
 #include "planner.h"
@@ -136,6 +137,7 @@ static int load_base(int argc, char **argv, const plan_opts *o, ust_config *c) {
     if (cfg_load_file(c, o->config, &e)) goto fail;
     for (int i = 0; i + 1 < argc; i++)
         if (strcmp(argv[i], "--set") == 0 && cfg_set(c, argv[++i], &e)) goto fail;
+    if (hf_resolve_config(c, &e)) goto fail;
     if (o->seq_len) c->train.seq_len = o->seq_len;
     if (o->batch_tokens) {
         if (o->batch_tokens % c->train.seq_len) {

@@ -9,6 +9,7 @@
 #include "config.h"
 #include "data.h"
 #include "error.h"
+#include "hf_import.h"
 #include "log.h"
 #include "mem.h"
 #include "ops.h"
@@ -142,6 +143,8 @@ static int load_config(ust_config *c, int argc, char **argv, const config_args *
             (a->steps && strcmp(argv[i], "--steps") == 0))
             i++;
     }
+    /* a Hugging Face model.init_from decides the model's shape (and model.arch: auto) */
+    if (hf_resolve_config(c, &e)) goto bad;
     int world = a->world && *a->world ? *a->world : a->known_world;
     if (cfg_resolve_auto(c, world, &e) || cfg_validate(c, a->world_is_hint ? 0 : world, &e))
         goto bad;

@@ -147,8 +147,8 @@ static int64_t parse_step_name(const char *name) {
 }
 
 /* Slices are boxes of the 2-D view cut to a flat range; both sides check them the same way. */
-static int check_slice(const ckpt_slice *s, int64_t rows, int64_t cols, const char *name,
-                       ust_err *e) {
+int ckpt_check_slice(const ckpt_slice *s, int64_t rows, int64_t cols, const char *name,
+                     ust_err *e) {
     if (s->row0 < 0 || s->nrows < 0 || s->col0 < 0 || s->ncols < 0 || s->row0 > rows ||
         s->nrows > rows - s->row0 || s->col0 > cols || s->ncols > cols - s->col0 || s->flat0 < 0 ||
         s->flat0 > s->flat1 || s->flat1 > s->nrows * s->ncols)
@@ -163,8 +163,7 @@ static int check_slice(const ckpt_slice *s, int64_t rows, int64_t cols, const ch
 
 /* Calls fn(file_element_index, slice_element_index, count) for each contiguous run of the
  * slice inside the tensor: one run per box row, or a single run when the box spans whole rows. */
-typedef int (*run_fn)(void *ctx, int64_t file_elem, int64_t slice_elem, int64_t n, ust_err *e);
-static int for_each_run(const ckpt_slice *s, int64_t cols, run_fn fn, void *ctx, ust_err *e) {
+int ckpt_for_each_run(const ckpt_slice *s, int64_t cols, ckpt_run_fn fn, void *ctx, ust_err *e) {
     if (s->flat1 == s->flat0) return 0;
     if (s->col0 == 0 && s->ncols == cols)
         return fn(ctx, s->row0 * cols + s->flat0, 0, s->flat1 - s->flat0, e);
@@ -438,11 +437,11 @@ int ckpt_write_slice(ckpt_writer *w, int file, const char *name, const ckpt_slic
     if (t) {
         rows = t->t.ndim == 2 ? t->t.shape[0] : 1;
         cols = t->t.ndim == 2 ? t->t.shape[1] : t->t.shape[0];
-        rc = check_slice(s, rows, cols, name, e);
+        rc = ckpt_check_slice(s, rows, cols, name, e);
     }
     if (!rc) {
         write_ctx c = {f, t, host_data};
-        rc = for_each_run(s, cols, write_run, &c, e);
+        rc = ckpt_for_each_run(s, cols, write_run, &c, e);
     }
     if (rc) writer_fail(w, e);
     int sleep_ms = w->slept ? 0 : fault_env("UST_FAULT_CKPT_SLEEP_MS");
@@ -1006,6 +1005,19 @@ const float *st_tensor(const st_file *f, const char *name, int *ndim, int64_t sh
     return (const float *)p;
 }
 
+int st_raw(const st_file *f, const char *name, st_view *v) {
+    const st_entry *en = st_find(f, name);
+    if (!en || en->ndim > 4) return -1;
+    v->data = f->data + en->begin;
+    v->dtype = en->dtype;
+    v->esize = dtype_size(en->dtype);
+    v->ndim = en->ndim;
+    for (int d = 0; d < en->ndim; d++) v->shape[d] = en->shape[d];
+    return 0;
+}
+
+const char *st_path(const st_file *f) { return f->path; }
+
 /* ---------------------------------------------------------------------------------------------
  * Checkpoint reader */
 
@@ -1148,7 +1160,7 @@ static st_file *reader_file(ckpt_reader *r, const char *file, ust_err *e) {
     return f;
 }
 
-static void format_shape(char *out, size_t n, int ndim, const int64_t *shape) {
+void ckpt_format_shape(char *out, size_t n, int ndim, const int64_t *shape) {
     size_t k = (size_t)snprintf(out, n, "[");
     for (int d = 0; d < ndim && k < n; d++)
         k += (size_t)snprintf(out + k, n - k, "%s%lld", d ? ", " : "", (long long)shape[d]);
@@ -1179,8 +1191,8 @@ int ckpt_read_slice(ckpt_reader *r, const char *file, const ckpt_tensor *expect,
     for (int d = 0; same && d < en->ndim; d++) same = en->shape[d] == expect->shape[d];
     if (!same) {
         char have[256], want[256];
-        format_shape(have, sizeof have, en->ndim, en->shape);
-        format_shape(want, sizeof want, expect->ndim, expect->shape);
+        ckpt_format_shape(have, sizeof have, en->ndim, en->shape);
+        ckpt_format_shape(want, sizeof want, expect->ndim, expect->shape);
         return ust_errf(e, "checkpoint %s: tensor '%s' has shape %s but the model expects %s",
                         r->dir, expect->name, have, want);
     }
@@ -1189,9 +1201,9 @@ int ckpt_read_slice(ckpt_reader *r, const char *file, const ckpt_tensor *expect,
                         expect->name, file, en->dtype);
     int64_t rows = expect->ndim == 2 ? expect->shape[0] : 1;
     int64_t cols = expect->ndim == 2 ? expect->shape[1] : expect->shape[0];
-    if (check_slice(s, rows, cols, expect->name, e)) return -1;
+    if (ckpt_check_slice(s, rows, cols, expect->name, e)) return -1;
     read_ctx c = {f->data + en->begin, host_out};
-    return for_each_run(s, cols, read_run, &c, e);
+    return ckpt_for_each_run(s, cols, read_run, &c, e);
 }
 
 /* ---------------------------------------------------------------------------------------------

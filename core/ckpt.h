@@ -32,6 +32,15 @@ typedef struct {
 } ckpt_slice;
 
 ckpt_slice ckpt_whole(const ckpt_tensor *t);
+/* -1 with a message naming tensor name when s is not a box of its rows x cols 2-D view (every
+ * bound checked in 64 bits). */
+int ckpt_check_slice(const ckpt_slice *s, int64_t rows, int64_t cols, const char *name, ust_err *e);
+/* Calls fn(element index in the whole tensor, index in the slice, count) for each contiguous run
+ * of slice s of a tensor of cols columns: one per box row, or one when the box spans whole rows. */
+typedef int (*ckpt_run_fn)(void *ctx, int64_t elem, int64_t slice_elem, int64_t n, ust_err *e);
+int ckpt_for_each_run(const ckpt_slice *s, int64_t cols, ckpt_run_fn fn, void *ctx, ust_err *e);
+/* "[a, b]" for messages. */
+void ckpt_format_shape(char *out, size_t n, int ndim, const int64_t *shape);
 
 /* The job's exclusive lock on dir (rank 0 takes it once, before anything is read or written;
  * the kernel drops it when the process ends). Creates dir, refuses a second job with exit-2
@@ -107,5 +116,15 @@ int st_count(const st_file *f);
 const char *st_name(const st_file *f, int i);
 /* Returns pointer to fp32 data of tensor name (mmap'd), shape out; NULL if missing. */
 const float *st_tensor(const st_file *f, const char *name, int *ndim, int64_t shape[4]);
+/* Any dtype: the tensor's bytes in the mapping (any alignment), its dtype ("F32", "BF16", ...),
+ * element size and shape (at most 4 dims); -1 if missing or of more dims. */
+typedef struct {
+    const unsigned char *data;
+    const char *dtype;
+    int esize, ndim;
+    int64_t shape[4];
+} st_view;
+int st_raw(const st_file *f, const char *name, st_view *v);
+const char *st_path(const st_file *f);
 
 #endif

@@ -35,7 +35,7 @@ typedef struct {
 } cfg_key;
 
 static const char *const DEVICES[] = {"cpu", "cuda", NULL};
-static const char *const ARCHS[] = {"gpt2", "llama", NULL};
+static const char *const ARCHS[] = {"gpt2", "llama", "auto", NULL};
 static const char *const ROPE_SCALINGS[] = {"none", "llama3", NULL};
 static const char *const PP_SCHEDULES[] = {"afab", "1f1b", "interleaved", "zb", NULL};
 static const char *const CP_LAYOUTS[] = {"zigzag", "contiguous", NULL};
@@ -187,6 +187,22 @@ static const cfg_key cfg_keys[] = {
 };
 
 #define N_KEYS (sizeof cfg_keys / sizeof cfg_keys[0])
+_Static_assert(N_KEYS <= 64 * sizeof(((ust_config *)0)->set_bits) / sizeof(uint64_t),
+               "ust_config.set_bits needs a bit per key");
+
+static void cfg_mark_set(ust_config *c, const cfg_key *k) {
+    size_t i = (size_t)(k - cfg_keys);
+    c->set_bits[i / 64] |= (uint64_t)1 << (i % 64);
+}
+
+bool cfg_was_set(const ust_config *c, const char *path) {
+    const cfg_key *k = NULL;
+    for (size_t i = 0; i < N_KEYS && !k; i++)
+        if (strcmp(cfg_keys[i].path, path) == 0) k = &cfg_keys[i];
+    UST_ASSERT(k, "cfg_was_set: no key %s", path);
+    size_t i = (size_t)(k - cfg_keys);
+    return (c->set_bits[i / 64] >> (i % 64)) & 1;
+}
 
 static const cfg_key *cfg_find_key(const char *path) {
     for (size_t i = 0; i < N_KEYS; i++)
@@ -690,6 +706,7 @@ static int cfg_load_list(const cfg_ctx *x, const cfg_key *k, const yaml_node_t *
     }
     if (cfg_put(x->c, k, *text ? text : "null", true, why, sizeof why))
         return cfg_fail_at(x, v->start_mark, "%s: %s", k->path, why);
+    cfg_mark_set(x->c, k);
     return 0;
 }
 
@@ -809,6 +826,7 @@ static int cfg_load_leaf(const cfg_ctx *x, const cfg_key *k, const yaml_node_t *
     char why[1024];
     if (cfg_put(x->c, k, s, v->data.scalar.style == YAML_PLAIN_SCALAR_STYLE, why, sizeof why))
         return cfg_fail_at(x, v->start_mark, "%s: %s", k->path, why);
+    cfg_mark_set(x->c, k);
     return 0;
 }
 
@@ -993,6 +1011,7 @@ int cfg_set(ust_config *c, const char *assignment, ust_err *e) {
         char why[1024];
         rc = cfg_put(&tmp, k, "", true, why, sizeof why);
         if (rc) ust_errf(e, "%s: %s: %s", where, k->path, why);
+        if (!rc) cfg_mark_set(&tmp, k);
     }
     yaml_document_delete(&doc);
     if (rc == 0) *c = tmp;
@@ -1119,6 +1138,11 @@ static int cfg_vfail(const ust_config *c, ust_err *e, const char *fmt, ...) {
 
 static int cfg_validate_model(const ust_config *c, ust_err *e) {
     const __typeof__(c->model) *m = &c->model;
+    REQUIRE(m->arch != ARCH_AUTO,
+            "model.arch: auto takes the architecture from a Hugging Face model directory in "
+            "model.init_from (a directory holding config.json), but model.init_from is %s%s%s",
+            m->init_from[0] ? "'" : "", m->init_from[0] ? m->init_from : "null",
+            m->init_from[0] ? "'" : "");
     REQUIRE(m->d_model % m->n_head == 0,
             "model.d_model (%d) must be divisible by model.n_head (%d)", m->d_model, m->n_head);
     REQUIRE(m->n_head % m->n_kv_head == 0,

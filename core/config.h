@@ -29,7 +29,9 @@
 #define CFG_MAX_PARAMS (1LL << 42)    /* about 4.4e12 */
 #define CFG_MAX_ACT_BYTES (1LL << 56) /* activations of the micro-batches a rank holds */
 
-typedef enum { ARCH_GPT2, ARCH_LLAMA } ust_arch;
+/* ARCH_AUTO: the architecture of a Hugging Face model.init_from (hf_import resolves it before
+ * cfg_validate, which refuses it unresolved) */
+typedef enum { ARCH_GPT2, ARCH_LLAMA, ARCH_AUTO } ust_arch;
 typedef enum { ROPE_NONE, ROPE_LLAMA3 } ust_rope_scaling;
 typedef enum { DEV_CPU, DEV_CUDA } ust_device;
 typedef enum { PREC_FP32, PREC_BF16 } ust_precision;
@@ -59,7 +61,7 @@ typedef struct {
         double norm_eps;              /* RMSNorm/LayerNorm epsilon (default 1e-5) */
         bool tie_embeddings;          /* gpt2 always ties; llama may */
         bool qkv_bias;                /* llama with q/k/v biases (Qwen2); gpt2 always has them */
-        char init_from[UST_PATH_MAX]; /* "" = random init; else an llm.c gpt2 .bin */
+        char init_from[UST_PATH_MAX]; /* "" = random init; an llm.c gpt2 .bin or an HF dir */
         struct {
             int num_experts, top_k, d_ff_expert, every;
             bool shared_expert;
@@ -132,6 +134,7 @@ typedef struct {
         double timeout_s;
     } dist;
     char source[UST_PATH_MAX]; /* the YAML file it came from */
+    uint64_t set_bits[4];      /* keys given by the YAML or --set (cfg_was_set), by table index */
 } ust_config;
 
 /* One dataset of data.train or data.val: its glob, its weight (> 0; 1 for a lone glob) and its
@@ -152,6 +155,9 @@ int cfg_load_file(ust_config *c, const char *path, ust_err *e);
 int cfg_load_string(ust_config *c, const char *yaml, const char *name, ust_err *e);
 /* "section.key=value" (also "model.moe.top_k=2"); value parsed as YAML scalar. */
 int cfg_set(ust_config *c, const char *assignment, ust_err *e);
+/* Whether key path (e.g. "model.n_layer") was given by the YAML or a --set, rather than left at
+ * its default: values imported from elsewhere (hf_apply_config) must agree with those. */
+bool cfg_was_set(const ust_config *c, const char *path);
 /* Ranges and divisibility (heads by tp, layers by pp*vpp, seq by 2*cp, experts by ep,
  * world == dp*tp*pp*cp, batch sizes). world <= 0 skips the world check. */
 int cfg_validate(const ust_config *c, int world, ust_err *e);

@@ -101,6 +101,11 @@ static void llama_table(hf_table *l) {
         SAME("self_attn.q_proj.weight", 2, HD, C);
         SAME("self_attn.k_proj.weight", 2, KV, C);
         SAME("self_attn.v_proj.weight", 2, KV, C);
+        if (c->model.qkv_bias) { /* Qwen2ForCausalLM */
+            SAME("self_attn.q_proj.bias", 1, HD, 0);
+            SAME("self_attn.k_proj.bias", 1, KV, 0);
+            SAME("self_attn.v_proj.bias", 1, KV, 0);
+        }
         SAME("self_attn.o_proj.weight", 2, C, HD);
         SAME("post_attention_layernorm.weight", 1, C, 0);
         if (c->model.moe.num_experts > 0) {
@@ -172,15 +177,29 @@ int hf_table_build(hf_table *l, const ust_config *c, ust_err *e) {
                         "arch %s, moe.every = %d, moe.shared_expert = %s)",
                         c->model.arch == ARCH_LLAMA ? "llama" : "gpt2", moe->every,
                         moe->shared_expert ? "true" : "false");
+    if (moe->num_experts > 0 && c->model.qkv_bias)
+        return ust_errf(e, "model.qkv_bias: Mixtral's attention has no q/k/v biases, so a mixture "
+                           "of experts with model.qkv_bias: true has no Hugging Face layout");
     l->c = c;
     l->n = 0;
-    l->t = calloc((size_t)c->model.n_layer * (16 + 3 * moe->num_experts + 1) + 8, sizeof *l->t);
-    if (!l->t) return ust_errf(e, "export: out of memory");
+    int64_t n = hf_table_count(c);
+    l->t = calloc((size_t)n, sizeof *l->t);
+    if (!l->t) return ust_errf(e, "hf_map: out of memory for %lld tensors", (long long)n);
     if (c->model.arch == ARCH_LLAMA)
         llama_table(l);
     else
         gpt2_table(l);
+    UST_ASSERT(l->n == n, "hf_map: the table has %d rows, hf_table_count says %lld", l->n,
+               (long long)n);
     return 0;
+}
+
+int64_t hf_table_count(const ust_config *c) {
+    const __typeof__(c->model) *m = &c->model;
+    if (m->arch != ARCH_LLAMA) return 4 + 12 * (int64_t)m->n_layer; /* wte, wpe, ln_f.{w,b} */
+    int64_t moe = m->moe.num_experts > 0 ? 1 + 3 * (int64_t)m->moe.num_experts : 3;
+    int64_t layer = 6 + (m->qkv_bias ? 3 : 0) + moe;
+    return 2 + (cfg_tied(c) ? 0 : 1) + layer * m->n_layer; /* embed, norm, lm_head */
 }
 
 /* Row r of the stacked q | k | v (each n_head heads of D rows) as a (source, row) pair: k and v
@@ -229,15 +248,29 @@ static void special_tokens(cJSON *j, int bos, int eos) {
             cJSON_AddNullToObject(j, keys[i]);
 }
 
+/* Llama 3.1's rope_scaling as transformers writes it, or null. */
+static void rope_scaling_json(cJSON *j, const ust_config *c) {
+    const __typeof__(c->model.rope_scaling) *r = &c->model.rope_scaling;
+    if (r->type == ROPE_NONE) {
+        cJSON_AddNullToObject(j, "rope_scaling");
+        return;
+    }
+    cJSON *o = cJSON_AddObjectToObject(j, "rope_scaling");
+    cJSON_AddStringToObject(o, "rope_type", "llama3");
+    cJSON_AddNumberToObject(o, "factor", r->factor);
+    cJSON_AddNumberToObject(o, "low_freq_factor", r->low_freq_factor);
+    cJSON_AddNumberToObject(o, "high_freq_factor", r->high_freq_factor);
+    cJSON_AddNumberToObject(o, "original_max_position_embeddings",
+                            r->original_max_position_embeddings);
+}
+
 static cJSON *llama_config(const ust_config *c, int bos, int eos) {
     const __typeof__(c->model) *m = &c->model;
-    int moe = m->moe.num_experts > 0;
+    int moe = m->moe.num_experts > 0, qwen2 = !moe && m->qkv_bias;
+    const char *arch = moe ? "MixtralForCausalLM" : qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
     cJSON *j = cJSON_CreateObject();
-    cJSON_AddItemToObject(
-        j, "architectures",
-        cJSON_CreateStringArray((const char *[]){moe ? "MixtralForCausalLM" : "LlamaForCausalLM"},
-                                1));
-    cJSON_AddStringToObject(j, "model_type", moe ? "mixtral" : "llama");
+    cJSON_AddItemToObject(j, "architectures", cJSON_CreateStringArray(&arch, 1));
+    cJSON_AddStringToObject(j, "model_type", moe ? "mixtral" : qwen2 ? "qwen2" : "llama");
     cJSON_AddNumberToObject(j, "vocab_size", m->vocab_size);
     cJSON_AddNumberToObject(j, "hidden_size", m->d_model);
     cJSON_AddNumberToObject(j, "intermediate_size", moe ? m->moe.d_ff_expert : m->d_ff);
@@ -246,7 +279,11 @@ static cJSON *llama_config(const ust_config *c, int bos, int eos) {
         cJSON_AddNumberToObject(j, "num_experts_per_tok", m->moe.top_k);
         cJSON_AddNumberToObject(j, "router_aux_loss_coef", m->moe.aux_loss_coef);
         cJSON_AddBoolToObject(j, "output_router_logits", 0);
-        cJSON_AddNullToObject(j, "sliding_window");
+    }
+    if (moe || qwen2) cJSON_AddNullToObject(j, "sliding_window");
+    if (qwen2) { /* its q/k/v biases are implied by the architecture; no window */
+        cJSON_AddBoolToObject(j, "use_sliding_window", 0);
+        cJSON_AddNumberToObject(j, "max_window_layers", m->n_layer);
     }
     cJSON_AddNumberToObject(j, "num_hidden_layers", m->n_layer);
     cJSON_AddNumberToObject(j, "num_attention_heads", m->n_head);
@@ -256,11 +293,13 @@ static cJSON *llama_config(const ust_config *c, int bos, int eos) {
     cJSON_AddNumberToObject(j, "max_position_embeddings", m->max_seq_len);
     cJSON_AddNumberToObject(j, "rms_norm_eps", m->norm_eps);
     cJSON_AddNumberToObject(j, "rope_theta", m->rope_theta);
-    cJSON_AddNullToObject(j, "rope_scaling");
-    cJSON_AddBoolToObject(j, "attention_bias", 0);
+    rope_scaling_json(j, c);
     cJSON_AddNumberToObject(j, "attention_dropout", 0.0);
-    cJSON_AddBoolToObject(j, "mlp_bias", 0);
-    cJSON_AddNumberToObject(j, "pretraining_tp", 1);
+    if (!qwen2) {
+        cJSON_AddBoolToObject(j, "attention_bias", 0);
+        cJSON_AddBoolToObject(j, "mlp_bias", 0);
+        cJSON_AddNumberToObject(j, "pretraining_tp", 1);
+    }
     cJSON_AddBoolToObject(j, "tie_word_embeddings", cfg_tied(c));
     special_tokens(j, bos, eos);
     cJSON_AddNumberToObject(j, "initializer_range", 0.02);

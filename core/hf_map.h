@@ -1,6 +1,7 @@
 /* hf_map: ustrain's tensors <-> the Hugging Face transformers layout, in one table.
  * hf_table_build lists, for a model config, every tensor of the transformers checkpoint
- * (LlamaForCausalLM, MixtralForCausalLM, GPT2LMHeadModel) with the ustrain tensors it is made of
+ * (LlamaForCausalLM, Qwen2ForCausalLM (llama + q/k/v biases), MixtralForCausalLM,
+ * GPT2LMHeadModel) with the ustrain tensors it is made of
  * and how (copy, cut the padded vocabulary, transpose, fuse q/k/v); export reads the table one
  * way (hf_make), import the other. hf_config_json writes the matching config.json. */
 #ifndef UST_HF_MAP_H
@@ -40,6 +41,8 @@ typedef struct {
  * model has no transformers counterpart. */
 int hf_table_build(hf_table *l, const ust_config *c, ust_err *e);
 void hf_table_free(hf_table *l);
+/* How many tensors the table of c has (what a reader may check its files against first). */
+int64_t hf_table_count(const ust_config *c);
 /* Exported tensor x from its sources' whole fp32 data (src[j] for x->src[j]) into out. */
 void hf_make(const ust_config *c, const hf_tensor *x, const float *src[3], float *out);
 /* Row r of GPT-2's fused q | k | v as (which source, row in it). */

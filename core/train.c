@@ -16,6 +16,7 @@
 #include "dp.h"
 #include "error.h"
 #include "fs.h"
+#include "hf_import.h"
 #include "log.h"
 #include "mem.h"
 #include "model.h"
@@ -44,6 +45,7 @@ typedef struct {
     const ust_config *cfg;
     ust_runtime *rt;
     int rank0;        /* this rank prints, logs and writes state.json */
+    int fresh;        /* started from an import or the init, not a checkpoint */
     ust_ops *ops;     /* what everything computes with: the backend, or the op profiler on it */
     ust_ops *backend; /* the CPU or CUDA backend itself (its own calls need it) */
     ust_arena arena;
@@ -315,7 +317,27 @@ static int load_checkpoint(trainer *t, const char *dir, ust_err *e) {
     return rc;
 }
 
-/* Finds what to start from: a checkpoint (resume), an llm.c file, or a fresh init. */
+static int read_hf(void *h, const ckpt_tensor *t, const ckpt_slice *s, float *host, ust_err *e) {
+    return hf_read_slice(h, t, s, host, e);
+}
+
+/* Every rank reads only its own slices; the figures show it (about 1/tp or 1/pp of the bytes). */
+static int load_hf(trainer *t, const char *dir, ust_err *e) {
+    hf_model *h = hf_open(dir, e);
+    if (!h) return -1;
+    int rc = dp_load_slices(t->dp, read_hf, h, e);
+    if (rc == 0) {
+        int64_t got = hf_bytes_read(h), all = hf_tensor_bytes(h);
+        printf("rank %d: imported %s: read %lld of the files' %lld tensor bytes (%.1f%%)\n",
+               t->rt->rank, dir, (long long)got, (long long)all, all ? 100.0 * got / all : 0.0);
+        fflush(stdout);
+    }
+    hf_close(h);
+    return rc;
+}
+
+/* Finds what to start from: a checkpoint (resume), a Hugging Face directory or an llm.c file,
+ * or a fresh init. */
 static int initialize(trainer *t, ust_err *e) {
     const ust_config *c = t->cfg;
     char dir[UST_PATH_MAX + 64] = "";
@@ -334,6 +356,8 @@ static int initialize(trainer *t, ust_err *e) {
                    (long long)t->sample_index);
         return 0;
     }
+    t->fresh = 1;
+    if (hf_is_model_dir(c->model.init_from)) return load_hf(t, c->model.init_from, e);
     if (c->model.init_from[0]) return dp_load_llmc(t->dp, c->model.init_from, e);
     dp_init_params(t->dp, c->run.seed);
     return 0;
@@ -879,6 +903,23 @@ static int train_step(trainer *t, double *loss, double *norm, double *lr, int *f
     return 0;
 }
 
+/* train.steps: 0 on a fresh start measures the starting weights (an import, or the init) on the
+ * validation set and writes them as checkpoint step 0 (unless checkpoint.every is 0): an import
+ * converted, ready to export. */
+static int step_zero(trainer *t) {
+    const ust_config *c = t->cfg;
+    if (t->val) {
+        double vl = validation_loss(t);
+        if (t->rank0) printf("step 0: val_loss %.7f (the starting weights)\n", vl);
+    }
+    ust_err e;
+    if (c->checkpoint.dir[0] && c->checkpoint.every > 0 && save_checkpoint(t, &e)) {
+        fprintf(stderr, "ustrain: error: checkpoint at step 0 failed: %s\n", e.msg);
+        return -1;
+    }
+    return 0;
+}
+
 static int loop(trainer *t, const train_opts *opts, train_result *res) {
     const ust_config *c = t->cfg;
     double tokens = (double)c->train.global_batch_size * c->train.seq_len;
@@ -895,6 +936,7 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
             printf("received signal before the first step: stopped, nothing to checkpoint\n");
         return UST_EXIT_OK;
     }
+    if (c->train.steps == 0 && t->fresh && step_zero(t)) return UST_EXIT_RUNTIME;
     while (t->step < c->train.steps) {
         /* the op profiler (--profile) counts the timed steps only */
         if (opts->profile && (t->step == first + untimed || (all_timed && t->step == first)))

@@ -53,6 +53,12 @@ void dp_destroy(dp_state *d);
 
 void dp_init_params(dp_state *d, uint64_t seed);
 int dp_load_llmc(dp_state *d, const char *path, ust_err *e);
+/* Starting weights from a reader of slices (hf_read_slice): asks for exactly what this rank
+ * holds of each parameter (its tensor-parallel box, cut to its ZeRO-3 partition), so no rank
+ * reads another's part. */
+typedef int (*dp_read_fn)(void *ctx, const ckpt_tensor *t, const ckpt_slice *s, float *host,
+                          ust_err *e);
+int dp_load_slices(dp_state *d, dp_read_fn read, void *ctx, ust_err *e);
 
 void dp_begin_step(dp_state *d);                 /* zero the gradients */
 void dp_begin_microbatch(dp_state *d, int last); /* last: reduce as units finish */

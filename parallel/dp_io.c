@@ -50,6 +50,28 @@ int dp_load_llmc(dp_state *d, const char *path, ust_err *e) {
     return model_load_llmc(d->m, path, store_llmc, &ctx, e);
 }
 
+int dp_load_slices(dp_state *d, dp_read_fn read, void *ctx, ust_err *e) {
+    float *host = NULL;
+    int64_t cap = 0;
+    int rc = 0;
+    for (int i = 0; rc == 0 && i < model_num_params(d->m); i++) {
+        const model_param *q = model_param_at(d->m, i);
+        int64_t a, b, t0 = piece(d, i, !whole(d, BUF_PARAMS), &a, &b);
+        if (b <= a) continue;
+        if (b - a > cap) host = realloc(host, (cap = b - a) * sizeof(float));
+        UST_ASSERT(host, "out of host memory");
+        ckpt_slice s = q->slice;
+        s.flat0 = q->slice.flat0 + a;
+        s.flat1 = q->slice.flat0 + b;
+        rc = read(ctx, &q->whole, &s, host, e);
+        if (rc == 0)
+            d->ops->to_device(d->ops, at(d, BUF_PARAMS, model_param_unit(d->m, i), t0 + a), host,
+                              (b - a) * sizeof(float));
+    }
+    free(host);
+    return rc;
+}
+
 static const char *moment_suffix(dp_buf b) { return b == BUF_M ? "exp_avg" : "exp_avg_sq"; }
 
 static ckpt_tensor tensor_of(const model_param *q, dp_buf b) {

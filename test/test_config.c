@@ -171,6 +171,14 @@ static int load(ust_config *c, const char *yaml, ust_err *e) {
 
 /* ---------------------------------------------------------------- defaults and parsing */
 
+/* The same values; which keys were given (cfg_was_set) is not a value. */
+static bool same_values(const ust_config *a, const ust_config *b) {
+    ust_config x = *a, y = *b;
+    memset(x.set_bits, 0, sizeof x.set_bits);
+    memset(y.set_bits, 0, sizeof y.set_bits);
+    return memcmp(&x, &y, sizeof x) == 0;
+}
+
 static void test_defaults_are_design_section_1(void) {
     ust_config c;
     cfg_defaults(&c);
@@ -226,7 +234,7 @@ static void test_design_yaml_loads_to_the_defaults(void) {
     CHECK(!strcmp(c.source, "t.yaml"), "source is '%s'", c.source);
     cfg_defaults(&d);
     strcpy(d.source, "t.yaml");
-    CHECK(memcmp(&c, &d, sizeof c) == 0, "DESIGN.md's YAML differs from cfg_defaults");
+    CHECK(same_values(&c, &d), "DESIGN.md's YAML differs from cfg_defaults");
 }
 
 /* An empty file is more likely a truncated copy or a wrong path than a wish for all defaults:
@@ -472,8 +480,8 @@ static void test_out_of_range_values_are_errors(void) {
 static void test_bad_enum_values_list_the_allowed_ones(void) {
     CHECK_LOAD_FAILS("train: {precision: fp16}\n", "t.yaml:1:20: ",
                      "train.precision: unknown value 'fp16' (allowed: fp32, bf16)");
-    CHECK_LOAD_FAILS("model:\n  arch: gpt3\n",
-                     "t.yaml:2:9: ", "model.arch: unknown value 'gpt3' (allowed: gpt2, llama)");
+    CHECK_LOAD_FAILS("model:\n  arch: gpt3\n", "t.yaml:2:9: ",
+                     "model.arch: unknown value 'gpt3' (allowed: gpt2, llama, auto)");
     CHECK_LOAD_FAILS("parallel: {pp_schedule: gpipe}\n",
                      "t.yaml:1:25: ", "(allowed: afab, 1f1b, interleaved, zb)");
     CHECK_LOAD_FAILS("optimizer: {name: sgd}\n",
@@ -877,7 +885,7 @@ static void test_dump_round_trips_to_an_identical_struct(void) {
     cfg_defaults(&d);
     static char dtext[16384];
     CHECK(dump_roundtrip(&d, &back, dtext, sizeof dtext, &e) == 0, "defaults: %s", txt(e.msg));
-    CHECK(memcmp(&d, &back, sizeof d) == 0, "defaults do not round-trip:\n%s", txt(dtext));
+    CHECK(same_values(&d, &back), "defaults do not round-trip:\n%s", txt(dtext));
     CHECK(dump_roundtrip(&c, &back, text, sizeof text, &e) == 0, "%s\n%s", txt(e.msg), txt(text));
     CHECK(memcmp(&c, &back, sizeof c) == 0, "dump does not round-trip:\n%s", txt(text));
     int keys = 0, changed = 0;
@@ -917,7 +925,7 @@ static void test_blend_lists_load_check_and_round_trip(void) {
     CHECK(cfg_data_is_blend(&c, 0) && !cfg_data_is_blend(&c, 1), "blend flags");
     static char text[16384];
     CHECK(dump_roundtrip(&c, &back, text, sizeof text, &e) == 0, "%s", txt(e.msg));
-    CHECK(memcmp(&c, &back, sizeof c) == 0, "blend does not round-trip:\n%s", txt(text));
+    CHECK(same_values(&c, &back), "blend does not round-trip:\n%s", txt(text));
     n = cfg_data_sets(&c, 1, d); /* the default val: one glob of weight 1 */
     CHECK(n == 1 && d[0].weight == 1 && !strcmp(d[0].path, "data/tiny/val_*.bin"), "lone glob");
     CHECK(cfg_set(&c, "data.val=[{path: v/*.bin, weight: 2}]", &e) == 0, "%s", txt(e.msg));
@@ -963,6 +971,44 @@ static void test_dp_auto_resolves_against_the_world(void) {
           txt(e.msg));
 }
 
+/* Imported values (a Hugging Face config.json) may fill the keys the user left alone, and must
+ * agree with the ones given: the config knows which were given, by the YAML or --set. */
+static void test_was_set_marks_the_keys_the_yaml_and_set_give(void) {
+    ust_config c;
+    ust_err e;
+    CHECK(load(&c, "model: {n_layer: 4, moe: {top_k: 2}}\nparallel: {pp_layers: [2, 2]}\n", &e) ==
+              0,
+          "%s", txt(e.msg));
+    /* n_layer: 4 is the default value, yet given */
+    CHECK(cfg_was_set(&c, "model.n_layer") && cfg_was_set(&c, "model.moe.top_k") &&
+              cfg_was_set(&c, "parallel.pp_layers"),
+          "keys in the YAML are marked");
+    CHECK(!cfg_was_set(&c, "model.d_model") && !cfg_was_set(&c, "model.arch"),
+          "keys left at their defaults are not");
+    CHECK(cfg_set(&c, "model.d_model=64", &e) == 0 && cfg_set(&c, "model.init_from=", &e) == 0,
+          "%s", txt(e.msg));
+    CHECK(cfg_was_set(&c, "model.d_model") && cfg_was_set(&c, "model.init_from"),
+          "--set marks, also an empty value");
+    ust_config d = c;
+    CHECK(cfg_set(&c, "model.n_head=zero", &e) == -1 && !cfg_was_set(&c, "model.n_head") &&
+              memcmp(&c, &d, sizeof c) == 0,
+          "a failed --set marks nothing");
+    cfg_defaults(&c);
+    CHECK(!cfg_was_set(&c, "model.n_layer"), "cfg_defaults clears the marks");
+}
+
+static void test_validate_refuses_arch_auto_that_nothing_resolved(void) {
+    ust_config c;
+    ust_err e;
+    CHECK(load(&c, "model: {arch: auto}\n", &e) == 0 && c.model.arch == ARCH_AUTO, "%s",
+          txt(e.msg));
+    CHECK(cfg_validate(&c, 1, &e) == -1 &&
+              strstr(e.msg, "model.arch: auto takes the architecture from a Hugging Face model "
+                            "directory in model.init_from") &&
+              strstr(e.msg, "but model.init_from is null"),
+          "got: %s", txt(e.msg));
+}
+
 int main(void) {
     RUN_TEST(test_defaults_are_design_section_1);
     RUN_TEST(test_design_yaml_loads_to_the_defaults);
@@ -994,5 +1040,7 @@ int main(void) {
     RUN_TEST(test_dump_round_trips_to_an_identical_struct);
     RUN_TEST(test_blend_lists_load_check_and_round_trip);
     RUN_TEST(test_dp_auto_resolves_against_the_world);
+    RUN_TEST(test_was_set_marks_the_keys_the_yaml_and_set_give);
+    RUN_TEST(test_validate_refuses_arch_auto_that_nothing_resolved);
     return TEST_SUMMARY();
 }

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets test/fuzz/fuzz_*.c with clang (ASan + UBSan) into OUT (default
-# build-fuzz): OUT/fuzz_config, fuzz_data, fuzz_ckpt, fuzz_store, fuzz_tokenizer. The modules are compiled with
+# build-fuzz): OUT/fuzz_config, fuzz_data, fuzz_ckpt, fuzz_store, fuzz_tokenizer, fuzz_hf. The modules are compiled with
 # -fsanitize=fuzzer-no-link, so libFuzzer sees their branches.
 # Needs Debian's clang and libclang-rt-dev (scripts/install-deps.sh with
 # UST_EXTRA_PKGS="clang libclang-rt-dev" installs them).

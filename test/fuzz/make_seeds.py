@@ -80,5 +80,22 @@ def store():
         frame(18, val=b"rank 1 missing") + frame(19, val=b"bad"))
 
 
+def hf():
+    """config.json + model.safetensors of micro models (hf_make_model.py's writers at 1 layer,
+    d_model 4), framed as fuzz_hf reads them: the config's length (4 bytes) first."""
+    import sys, tempfile
+    sys.path.insert(0, os.path.join(HERE, "..", "tools"))
+    import hf_make_model as mm
+    mm.DIMS.update(L=1, C=4, H=2, KV=1, F=4, V=8, T=4, E=2, K=1, FE=4)
+    for kind, dtype in [("llama", "f32"), ("llama_tied", "f16"), ("llama3", "f32"),
+                        ("qwen2", "bf16"), ("mixtral", "bf16"), ("gpt2", "bf16")]:
+        with tempfile.TemporaryDirectory() as d:
+            mm.make(kind, d, dtype)
+            cfg = json.dumps(json.load(open(os.path.join(d, "config.json"))),
+                             separators=(",", ":")).encode()
+            st = open(os.path.join(d, "model.safetensors"), "rb").read()
+            put("hf", f"{kind}_{dtype}", struct.pack("<I", len(cfg)) + cfg + st)
+
+
 if __name__ == "__main__":
-    config(), data(), ckpt(), store()
+    config(), data(), ckpt(), store(), hf()

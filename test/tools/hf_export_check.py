@@ -13,7 +13,7 @@ the C code. Prints PASS/FAIL lines (test/lib.sh style), exits 0 either way unles
       the checkpoint's under the documented mapping (vocabulary cut to vocab_size rows; GPT-2
       Conv1D weights transposed; c_attn = q | k | v with key/value heads repeated for the query
       heads that read them) and that config.json carries the model's hyperparameters.
-  hf_export_check.py transformers TAG OUT_DIR VAL_SHARD NWIN T EXPECTED_LOSS
+  hf_export_check.py transformers TAG OUT_DIR VAL_SHARD NWIN T EXPECTED_LOSS [REL_TOL]
       Loads OUT_DIR with transformers.AutoModelForCausalLM (no missing or unexpected keys) and
       compares its mean cross-entropy over the first NWIN windows of T+1 tokens of the llm.c
       shard with ustrain's val_loss at the same weights. Tolerance 1e-4: both compute in fp32 on
@@ -216,7 +216,7 @@ def check_layout(tag, step, out, model_json):
     result(not diff, f"{tag}_config_json_matches", f"(got, want): {diff}")
 
 
-def check_transformers(tag, out, shard, nwin, T, expected):
+def check_transformers(tag, out, shard, nwin, T, expected, rel_tol=None):
     import torch
     import transformers
     model, info = transformers.AutoModelForCausalLM.from_pretrained(
@@ -233,7 +233,8 @@ def check_transformers(tag, out, shard, nwin, T, expected):
         logits = model(x[:, :-1]).logits
     loss = float(torch.nn.functional.cross_entropy(
         logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1)))
-    result(abs(loss - expected) <= 1e-4, f"{tag}_transformers_loss_matches_ustrain",
+    tol = 1e-4 if rel_tol is None else rel_tol * abs(expected)
+    result(abs(loss - expected) <= tol, f"{tag}_transformers_loss_matches_ustrain",
            f"transformers {loss:.7f} vs ustrain val_loss {expected:.7f}")
     print(f"  {tag}: {type(model).__name__} loss {loss:.7f}, ustrain {expected:.7f}, "
           f"|diff| {abs(loss - expected):.2e}")
@@ -244,4 +245,5 @@ if __name__ == "__main__":
         check_layout(*sys.argv[2:6])
     else:
         a = sys.argv[2:]
-        check_transformers(a[0], a[1], a[2], int(a[3]), int(a[4]), float(a[5]))
+        check_transformers(a[0], a[1], a[2], int(a[3]), int(a[4]), float(a[5]),
+                           float(a[6]) if len(a) > 6 else None)

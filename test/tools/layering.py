@@ -8,7 +8,7 @@ includes or calls into a layer above its own. Layers, bottom to top:
                 cuda/ that names it
   1 comm        bootstrap*, comm*, topology: the rank grid, the groups, the collectives
   2 tp/cp/ep    the three dimensions that split a layer, each owning its group
-  3 model       model, moe, ckpt, data, hf_map, infer: the transformer's math, its tensors and files; it asks
+  3 model       model, moe, ckpt, data, hf_map, hf_config, hf_import, infer: the transformer's math, its tensors and files; it asks
                 tp/cp/ep for every collective, so it neither includes nor calls layer 1
   4 pp/dp       pipeline and data parallelism: schedules, stages, ZeRO, the optimizer step
   5 train       the trainer, which builds the runtime and runs the steps, and plan, the memory
@@ -37,7 +37,7 @@ MODULES = {
     "parallel/comm_common": 1, "parallel/topology": 1,
     "parallel/tp": 2, "parallel/cp": 2, "parallel/ep": 2,
     "core/model": 3, "core/model_internal": 3, "core/acts": 3, "core/params": 3, "core/moe": 3, "core/ckpt": 3, "core/data": 3, "core/data_blend": 3,
-    "core/hf_map": 3, "core/infer": 3,
+    "core/hf_map": 3, "core/hf_config": 3, "core/hf_import": 3, "core/infer": 3,
     "parallel/pp": 4, "parallel/dp_internal": 4, "parallel/dp_io": 4, "parallel/pp_schedule": 4, "parallel/pp_schedule_check": 4,
     "parallel/dp": 4,
     "core/train": 5, "core/plan": 5,

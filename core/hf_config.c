@@ -1,0 +1,375 @@
+/* hf_config: config.json <-> ustrain's model section (hf_config.h).
+ * Keys absent from config.json take transformers' defaults for the architecture (rope_theta
+ * 10000, or Mixtral's 1e6; rms_norm_eps 1e-6, Mixtral's 1e-5; num_key_value_heads = heads; ...);
+ * the shape keys must be there. Both transformers 4's rope_theta + rope_scaling and transformers
+ * 5's rope_parameters are read. */
+#include "hf_config.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const char *path; /* dir/config.json, for messages */
+    const cJSON *j;
+    ust_err *e;
+} jctx;
+
+static const cJSON *jget(const jctx *x, const char *key) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(x->j, key);
+    return cJSON_IsNull(v) ? NULL : v;
+}
+
+/* An integer key in [lo, INT_MAX]; absent or null: def, or an error when def < 0. */
+static int jint(const jctx *x, const char *key, int def, int lo, int *out) {
+    const cJSON *v = jget(x, key);
+    if (!v && def >= 0) {
+        *out = def;
+        return 0;
+    }
+    if (!v) return ust_errf(x->e, "%s: '%s' is missing", x->path, key);
+    double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!(d >= lo && d <= INT_MAX) || d != floor(d)) {
+        char *s = cJSON_PrintUnformatted(v);
+        ust_errf(x->e, "%s: '%s' = %.60s is not an integer in [%d, %d]", x->path, key, s ? s : "?",
+                 lo, INT_MAX);
+        free(s);
+        return -1;
+    }
+    *out = (int)d;
+    return 0;
+}
+
+static int jdbl(const jctx *x, const char *key, double def, double *out) {
+    const cJSON *v = jget(x, key);
+    if (!v) {
+        *out = def;
+        return 0;
+    }
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+        return ust_errf(x->e, "%s: '%s' is not a finite number", x->path, key);
+    *out = v->valuedouble;
+    return 0;
+}
+
+static int jbool(const jctx *x, const char *key, bool def, bool *out) {
+    const cJSON *v = jget(x, key);
+    if (!v) {
+        *out = def;
+        return 0;
+    }
+    if (!cJSON_IsBool(v)) return ust_errf(x->e, "%s: '%s' is not true or false", x->path, key);
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+/* A string key; absent or null: def. */
+static int jstr(const jctx *x, const char *key, const char *def, const char **out) {
+    const cJSON *v = jget(x, key);
+    if (!v) {
+        *out = def;
+        return 0;
+    }
+    if (!cJSON_IsString(v)) return ust_errf(x->e, "%s: '%s' is not a string", x->path, key);
+    *out = v->valuestring;
+    return 0;
+}
+
+/* What ustrain cannot compute exactly as transformers does is refused, not approximated. */
+static int refuse_true(const jctx *x, const char *key, const char *why) {
+    bool b = false;
+    if (jbool(x, key, false, &b)) return -1;
+    if (b) return ust_errf(x->e, "%s: '%s': true is not supported (%s)", x->path, key, why);
+    return 0;
+}
+
+/* RoPE: transformers 4 writes rope_theta and rope_scaling (null, or {rope_type/type, ...});
+ * transformers 5 one rope_parameters {rope_type, rope_theta, ...}. ustrain computes no scaling
+ * ("default") or Llama 3.1's "llama3". */
+static int parse_rope(const jctx *x, ust_config *c, double theta) {
+    const cJSON *r = jget(x, "rope_parameters");
+    const char *key = r ? "rope_parameters" : "rope_scaling";
+    if (!r) r = jget(x, "rope_scaling");
+    if (r && !cJSON_IsObject(r)) return ust_errf(x->e, "%s: '%s' is not an object", x->path, key);
+    jctx y = {x->path, r, x->e};
+    const char *type = "default";
+    if (r && jstr(&y, "rope_type", NULL, &type)) return -1;
+    if (r && !type && jstr(&y, "type", "default", &type)) return -1;
+    if (jdbl(x, "rope_theta", theta, &theta) || (r && jdbl(&y, "rope_theta", theta, &theta)))
+        return -1;
+    c->model.rope_theta = theta;
+    if (!strcmp(type, "default")) return 0;
+    if (strcmp(type, "llama3"))
+        return ust_errf(x->e,
+                        "%s: %s rope_type '%.60s' is not supported (ustrain's RoPE has no "
+                        "scaling ('default') or Llama 3.1's 'llama3')",
+                        x->path, key, type);
+    __typeof__(c->model.rope_scaling) *s = &c->model.rope_scaling;
+    s->type = ROPE_LLAMA3;
+    return jdbl(&y, "factor", 8, &s->factor) ||
+                   jdbl(&y, "low_freq_factor", 1, &s->low_freq_factor) ||
+                   jdbl(&y, "high_freq_factor", 4, &s->high_freq_factor) ||
+                   jint(&y, "original_max_position_embeddings", 8192, 1,
+                        &s->original_max_position_embeddings)
+               ? -1
+               : 0;
+}
+
+/* The keys LlamaForCausalLM, Qwen2ForCausalLM and MixtralForCausalLM share. */
+static int parse_llama_common(const jctx *x, ust_config *c, double theta, double eps) {
+    __typeof__(c->model) *m = &c->model;
+    m->arch = ARCH_LLAMA;
+    int head_dim = 0;
+    const char *act = "";
+    if (jint(x, "hidden_size", -1, 1, &m->d_model) ||
+        jint(x, "intermediate_size", -1, 1, &m->d_ff) ||
+        jint(x, "num_hidden_layers", -1, 1, &m->n_layer) ||
+        jint(x, "num_attention_heads", -1, 1, &m->n_head) ||
+        jint(x, "num_key_value_heads", m->n_head, 1, &m->n_kv_head) ||
+        jint(x, "vocab_size", -1, 1, &m->vocab_size) ||
+        jint(x, "max_position_embeddings", -1, 1, &m->max_seq_len) ||
+        jdbl(x, "rms_norm_eps", eps, &m->norm_eps) ||
+        jbool(x, "tie_word_embeddings", false, &m->tie_embeddings) ||
+        jstr(x, "hidden_act", "silu", &act) || parse_rope(x, c, theta))
+        return -1;
+    if (strcmp(act, "silu"))
+        return ust_errf(x->e, "%s: hidden_act '%.60s' is not supported (ustrain's llama uses silu)",
+                        x->path, act);
+    int want = m->d_model / m->n_head;
+    if (jint(x, "head_dim", want, 1, &head_dim)) return -1;
+    if (head_dim != want || m->d_model % m->n_head)
+        return ust_errf(x->e,
+                        "%s: head_dim %d is not hidden_size / num_attention_heads = %d / %d "
+                        "(ustrain needs head_dim * heads = hidden_size)",
+                        x->path, head_dim, m->d_model, m->n_head);
+    return 0;
+}
+
+static int parse_llama(const jctx *x, ust_config *c) {
+    if (parse_llama_common(x, c, 10000, 1e-6)) return -1;
+    return refuse_true(x, "attention_bias", "LlamaForCausalLM with attention biases on q/k/v/o") ||
+                   refuse_true(x, "mlp_bias", "LlamaForCausalLM with MLP biases")
+               ? -1
+               : 0;
+}
+
+static int parse_qwen2(const jctx *x, ust_config *c) {
+    if (parse_llama_common(x, c, 10000, 1e-6)) return -1;
+    c->model.qkv_bias = true;
+    if (refuse_true(x, "use_sliding_window", "ustrain's attention is full causal attention"))
+        return -1;
+    const cJSON *types = jget(x, "layer_types"), *t; /* transformers 5: one per layer */
+    if (types && !cJSON_IsArray(types))
+        return ust_errf(x->e, "%s: 'layer_types' is not a list", x->path);
+    int i = 0;
+    cJSON_ArrayForEach(t, types) {
+        if (!cJSON_IsString(t) || strcmp(t->valuestring, "full_attention"))
+            return ust_errf(x->e,
+                            "%s: layer_types[%d] is %.60s; only 'full_attention' is supported "
+                            "(ustrain has no sliding-window attention)",
+                            x->path, i, cJSON_IsString(t) ? t->valuestring : "not a string");
+        i++;
+    }
+    return 0;
+}
+
+static int parse_mixtral(const jctx *x, ust_config *c) {
+    __typeof__(c->model.moe) *moe = &c->model.moe;
+    if (parse_llama_common(x, c, 1e6, 1e-5)) return -1;
+    const cJSON *w = jget(x, "sliding_window");
+    if (w) {
+        char *s = cJSON_PrintUnformatted(w);
+        ust_errf(x->e,
+                 "%s: sliding_window = %.60s is not supported (ustrain's attention is full "
+                 "causal attention; it must be null)",
+                 x->path, s ? s : "?");
+        free(s);
+        return -1;
+    }
+    moe->d_ff_expert = c->model.d_ff;
+    moe->every = 1; /* every Mixtral layer is a mixture of experts, none shared */
+    moe->shared_expert = false;
+    return jint(x, "num_local_experts", -1, 1, &moe->num_experts) ||
+                   jint(x, "num_experts_per_tok", -1, 1, &moe->top_k)
+               ? -1
+               : 0;
+}
+
+static int parse_gpt2(const jctx *x, ust_config *c) {
+    __typeof__(c->model) *m = &c->model;
+    m->arch = ARCH_GPT2;
+    const char *act = "";
+    bool scaled = true, tied = true;
+    if (jint(x, "n_embd", -1, 1, &m->d_model) || jint(x, "n_layer", -1, 1, &m->n_layer) ||
+        jint(x, "n_head", -1, 1, &m->n_head) || jint(x, "vocab_size", -1, 1, &m->vocab_size) ||
+        jint(x, "n_positions", -1, 1, &m->max_seq_len) ||
+        jdbl(x, "layer_norm_epsilon", 1e-5, &m->norm_eps) ||
+        jstr(x, "activation_function", "gelu_new", &act) ||
+        jbool(x, "scale_attn_weights", true, &scaled) ||
+        jbool(x, "tie_word_embeddings", true, &tied) ||
+        refuse_true(x, "scale_attn_by_inverse_layer_idx", "ustrain scales by 1/sqrt(head_dim)"))
+        return -1;
+    if (m->d_model > INT_MAX / 4) return ust_errf(x->e, "%s: n_embd is too large", x->path);
+    if (jint(x, "n_inner", 4 * m->d_model, 1, &m->d_ff)) return -1;
+    m->n_kv_head = m->n_head; /* GPT-2 has no grouped-query attention */
+    m->tie_embeddings = true;
+    if (strcmp(act, "gelu_new"))
+        return ust_errf(x->e,
+                        "%s: activation_function '%.60s' is not supported (ustrain's gpt2 computes "
+                        "gelu_new, the tanh approximation)",
+                        x->path, act);
+    if (!scaled || !tied)
+        return ust_errf(x->e, "%s: %s: false is not supported (GPT-2 as ustrain computes it)",
+                        x->path, !scaled ? "scale_attn_weights" : "tie_word_embeddings");
+    return 0;
+}
+
+static const struct {
+    const char *arch, *model_type;
+    int (*parse)(const jctx *x, ust_config *c);
+} ARCHS[] = {
+    {"LlamaForCausalLM", "llama", parse_llama},
+    {"Qwen2ForCausalLM", "qwen2", parse_qwen2},
+    {"MixtralForCausalLM", "mixtral", parse_mixtral},
+    {"GPT2LMHeadModel", "gpt2", parse_gpt2},
+};
+
+/* The architecture is architectures[0], or else model_type; the result is checked by cfg_validate
+ * as a run's config would be (ranges, heads by kv heads, ...). */
+int hf_config_parse(const cJSON *j, const char *path, ust_config *c, char *arch, size_t cap,
+                    ust_err *e) {
+    jctx x = {path, j, e};
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "architectures");
+    const char *name = cJSON_IsArray(a) && cJSON_IsString(cJSON_GetArrayItem(a, 0))
+                           ? cJSON_GetArrayItem(a, 0)->valuestring
+                           : NULL;
+    const char *type = NULL;
+    if (!name && jstr(&x, "model_type", NULL, &type)) return -1;
+    for (size_t i = 0; i < sizeof ARCHS / sizeof ARCHS[0]; i++)
+        if ((name && !strcmp(name, ARCHS[i].arch)) ||
+            (type && !strcmp(type, ARCHS[i].model_type))) {
+            snprintf(arch, cap, "%s", ARCHS[i].arch);
+            cfg_defaults(c);
+            if (ARCHS[i].parse(&x, c)) return -1;
+            c->train.seq_len = 1; /* the model's own checks only */
+            snprintf(c->source, sizeof c->source, "%.*s", (int)sizeof c->source - 1, path);
+            return cfg_validate(c, 0, e);
+        }
+    return ust_errf(e,
+                    "%s: architecture '%.80s' is not supported (ustrain imports LlamaForCausalLM, "
+                    "Qwen2ForCausalLM, MixtralForCausalLM and GPT2LMHeadModel)",
+                    path,
+                    name   ? name
+                    : type ? type
+                           : "(no architectures or model_type)");
+}
+
+/* ------------------------------------------------------------------ the run's config */
+
+typedef enum { V_INT, V_DBL, V_BOOL, V_ARCH, V_ROPE } hf_vkind;
+
+typedef struct {
+    const char *key; /* ustrain's */
+    const char *hf;  /* what config.json calls it, for messages */
+    hf_vkind kind;
+    size_t off;
+} hf_key;
+
+#define K(key, hf, kind, field)                                                                    \
+    { key, hf, kind, offsetof(ust_config, field) }
+static const hf_key SHAPE_KEYS[] = {
+    K("model.arch", "architectures", V_ARCH, model.arch),
+    K("model.n_layer", "num_hidden_layers / n_layer", V_INT, model.n_layer),
+    K("model.d_model", "hidden_size / n_embd", V_INT, model.d_model),
+    K("model.n_head", "num_attention_heads / n_head", V_INT, model.n_head),
+    K("model.n_kv_head", "num_key_value_heads", V_INT, model.n_kv_head),
+    K("model.vocab_size", "vocab_size", V_INT, model.vocab_size),
+    K("model.max_seq_len", "max_position_embeddings / n_positions", V_INT, model.max_seq_len),
+    K("model.rope_theta", "rope_theta", V_DBL, model.rope_theta),
+    K("model.norm_eps", "rms_norm_eps / layer_norm_epsilon", V_DBL, model.norm_eps),
+    K("model.tie_embeddings", "tie_word_embeddings", V_BOOL, model.tie_embeddings),
+    K("model.qkv_bias", "architectures (Qwen2: q/k/v biases)", V_BOOL, model.qkv_bias),
+    K("model.rope_scaling.type", "rope_scaling.rope_type", V_ROPE, model.rope_scaling.type),
+    K("model.moe.num_experts", "num_local_experts", V_INT, model.moe.num_experts),
+};
+static const hf_key DENSE_KEYS[] = {
+    K("model.d_ff", "intermediate_size / n_inner", V_INT, model.d_ff),
+};
+static const hf_key MOE_KEYS[] = {
+    K("model.moe.top_k", "num_experts_per_tok", V_INT, model.moe.top_k),
+    K("model.moe.d_ff_expert", "intermediate_size", V_INT, model.moe.d_ff_expert),
+    K("model.moe.every", "(every Mixtral layer)", V_INT, model.moe.every),
+    K("model.moe.shared_expert", "(Mixtral has none)", V_BOOL, model.moe.shared_expert),
+};
+static const hf_key ROPE_KEYS[] = {
+    K("model.rope_scaling.factor", "rope_scaling.factor", V_DBL, model.rope_scaling.factor),
+    K("model.rope_scaling.low_freq_factor", "rope_scaling.low_freq_factor", V_DBL,
+      model.rope_scaling.low_freq_factor),
+    K("model.rope_scaling.high_freq_factor", "rope_scaling.high_freq_factor", V_DBL,
+      model.rope_scaling.high_freq_factor),
+    K("model.rope_scaling.original_max_position_embeddings",
+      "rope_scaling.original_max_position_embeddings", V_INT,
+      model.rope_scaling.original_max_position_embeddings),
+};
+#undef K
+
+static size_t vsize(hf_vkind k) {
+    return k == V_DBL ? sizeof(double) : k == V_BOOL ? sizeof(bool) : sizeof(int);
+}
+
+static void vtext(const hf_key *k, const void *p, char *out, size_t n) {
+    int i;
+    double d;
+    bool b;
+    switch (k->kind) {
+    case V_DBL:
+        memcpy(&d, p, sizeof d), snprintf(out, n, "%.17g", d);
+        break;
+    case V_BOOL:
+        memcpy(&b, p, sizeof b), snprintf(out, n, "%s", b ? "true" : "false");
+        break;
+    default:
+        memcpy(&i, p, sizeof i);
+        if (k->kind == V_ARCH)
+            snprintf(out, n, "%s", i == ARCH_GPT2 ? "gpt2" : i == ARCH_LLAMA ? "llama" : "auto");
+        else if (k->kind == V_ROPE)
+            snprintf(out, n, "%s", i == ROPE_LLAMA3 ? "llama3" : "none");
+        else
+            snprintf(out, n, "%d", i);
+    }
+}
+
+static int apply_keys(const ust_config *hf, const char *dir, const hf_key *keys, size_t n,
+                      ust_config *c, ust_err *e) {
+    for (size_t i = 0; i < n; i++) {
+        const hf_key *k = &keys[i];
+        const char *from = (const char *)hf + k->off;
+        char *to = (char *)c + k->off;
+        int auto_arch = k->kind == V_ARCH && c->model.arch == ARCH_AUTO;
+        if (cfg_was_set(c, k->key) && !auto_arch && memcmp(from, to, vsize(k->kind))) {
+            char have[64], want[64];
+            vtext(k, to, have, sizeof have);
+            vtext(k, from, want, sizeof want);
+            return ust_errf(e, "%s: the config sets %s but %s/config.json (%s) says %s", k->key,
+                            have, dir, k->hf, want);
+        }
+        memcpy(to, from, vsize(k->kind));
+    }
+    return 0;
+}
+
+int hf_config_apply(const ust_config *hf, const char *dir, ust_config *c, ust_err *e) {
+    ust_config tmp = *c; /* a failure leaves c as it was */
+    const __typeof__(hf->model) *m = &hf->model;
+#define APPLY(keys) apply_keys(hf, dir, keys, sizeof keys / sizeof keys[0], &tmp, e)
+    if (APPLY(SHAPE_KEYS) || (m->moe.num_experts > 0 ? APPLY(MOE_KEYS) : APPLY(DENSE_KEYS)) ||
+        (m->rope_scaling.type == ROPE_LLAMA3 && APPLY(ROPE_KEYS)))
+        return -1;
+#undef APPLY
+    *c = tmp;
+    return 0;
+}

@@ -1,0 +1,199 @@
+#!/usr/bin/env bash
+# model.init_from: a Hugging Face model directory. test/tools/hf_make_model.py writes tiny
+# directories with numpy (Llama untied/tied, Llama 3.1 rope_scaling, Qwen2 biases, Mixtral, GPT-2;
+# F32, BF16, F16; one file or an index with 2-3 shards); ustrain imports each (train.steps: 0
+# writes checkpoint step 0) and exports it again, and every tensor must come back bit-identical.
+# Imports under tp, pp, cp, ep and dp ZeRO-3 train the one-process losses (equivalence harness),
+# each rank reads about its share of the bytes, bad directories exit 2 naming the file, tensor
+# or value and write nothing, and where torch and transformers are importable, models that
+# transformers itself built give transformers' loss within 1e-5 relative (else a visible SKIP).
+. "$(dirname "$0")/../lib.sh"
+
+MAKE="python3 test/tools/hf_make_model.py"
+python3 -c 'import numpy' 2>/dev/null || pip install -q numpy >/dev/null 2>&1
+if ! python3 -c 'import numpy' 2>/dev/null; then
+    fail hf_import_python_deps "numpy could not be installed with pip"
+    exit 0
+fi
+
+$UST data demo $TMP/data >/dev/null
+# the model's shape is left to config.json (model.arch: auto); 2 val steps x micro-batch 2 = the
+# first 4 windows of 32 (+1) tokens of val_000.bin
+cat >$TMP/run.yaml <<EOT
+run:   {name: hf-import, seed: 7}
+model: {arch: auto, init_from: null}
+train: {steps: 0, seq_len: 32, micro_batch_size: 2, global_batch_size: 4}
+optimizer: {lr: 3.0e-3, warmup_steps: 2}
+data:  {train: "$TMP/data/train_*.bin", val: "$TMP/data/val_*.bin", val_steps: 2}
+checkpoint: {dir: $TMP/ckpt}
+logging: {metrics_file: $TMP/metrics.jsonl}
+EOT
+
+# roundtrip TAG KIND MAKE_OPTS...: import, export, compare
+roundtrip() {
+    local tag=$1 kind=$2
+    shift 2
+    $MAKE make $kind $TMP/$tag "$@"
+    if ! $UST train $TMP/run.yaml --set model.init_from=$TMP/$tag \
+        --set checkpoint.dir=$TMP/$tag-ck >$TMP/$tag.log 2>&1; then
+        fail ${tag}_imports "$(tail -2 $TMP/$tag.log)"
+        return
+    fi
+    grep -q "step 0: val_loss" $TMP/$tag.log && pass ${tag}_imports ||
+        fail ${tag}_imports "no step-0 val_loss: $(tail -2 $TMP/$tag.log)"
+    $UST export $TMP/$tag-ck/step_0 --to hf $TMP/$tag-out >/dev/null 2>&1 ||
+        { fail ${tag}_exports "export failed"; return; }
+    $MAKE compare $tag $TMP/$tag $TMP/$tag-out
+}
+roundtrip llama_f32 llama
+roundtrip llama_bf16_sharded llama --dtype bf16 --shards 3
+roundtrip llama_tied_f16 llama_tied --dtype f16 --shards 2
+roundtrip llama3_rope_bf16 llama3 --dtype bf16
+roundtrip qwen2_f32_sharded qwen2 --shards 2
+roundtrip mixtral_bf16_sharded mixtral --dtype bf16 --shards 3
+roundtrip gpt2_f32 gpt2
+roundtrip gpt2_bf16_sharded gpt2 --dtype bf16 --shards 2
+# as the Hub's GPT-2 files are: no "transformer." prefix, the attention mask buffers beside
+roundtrip gpt2_hub_names gpt2 --hub-names 1
+
+# config.json travels: the export of an import says what the original said
+python3 - $TMP <<'EOF'
+import json, sys
+t = sys.argv[1]
+for tag, keys in [("qwen2_f32_sharded", ["architectures", "model_type", "num_key_value_heads"]),
+                  ("llama3_rope_bf16", ["rope_scaling", "rope_theta", "tie_word_embeddings"]),
+                  ("llama_tied_f16", ["tie_word_embeddings", "vocab_size"]),
+                  ("mixtral_bf16_sharded", ["num_local_experts", "num_experts_per_tok"])]:
+    a = json.load(open(f"{t}/{tag}/config.json"))
+    b = json.load(open(f"{t}/{tag}-out/config.json"))
+    bad = [k for k in keys if a.get(k) != b.get(k)]
+    print(f"PASS {tag}_config_round_trips" if not bad else
+          f"FAIL {tag}_config_round_trips: {[(k, a.get(k), b.get(k)) for k in bad]}")
+EOF
+
+# --- validate and plan resolve model.arch: auto the same way
+expect_exit hf_validate_resolves_arch_auto 0 "model: llama, 2 layers, d_model 64, 4 heads \(2 kv\).*vocab 300" -- \
+    $UST validate $TMP/run.yaml --set model.init_from=$TMP/mixtral_bf16_sharded
+expect_exit hf_plan_resolves_arch_auto 0 "model: gpt2, .* 2 layers, d_model 64" -- \
+    $UST plan $TMP/run.yaml --world 2 --set model.init_from=$TMP/gpt2_f32
+expect_exit hf_validate_auto_without_init_from_exits_2 2 "model.arch: auto takes the architecture from a Hugging Face model directory" -- \
+    $UST validate $TMP/run.yaml
+
+# --- every layout trains the one-process losses from the same import
+EQ="python3 test/tools/equiv.py --steps 4 --config $TMP/eq.yaml"
+sed -e 's/steps: 0/steps: 4/' -e 's/micro_batch_size: 2/micro_batch_size: 1/' \
+    -e 's#val: "[^"]*"#val: null#' $TMP/run.yaml >$TMP/eq.yaml
+$EQ --name _hf_llama --set model.init_from=$TMP/llama_bf16_sharded --layout "tp=2" --layout "pp=2" \
+    --layout "cp=2" --layout "dp=2 zero=3" --layout "tp=2 sp=true dp=2 zero=1"
+$EQ --name _hf_mixtral --set model.init_from=$TMP/mixtral_bf16_sharded --layout "dp=2 ep=2" \
+    --layout "dp=2 ep=2 zero=3"
+$EQ --name _hf_gpt2_tied --set model.init_from=$TMP/gpt2_f32 --layout "pp=2" --layout "tp=2"
+$EQ --name _hf_llama_tied --set model.init_from=$TMP/llama_tied_f16 --layout "pp=2"
+
+# --- bytes read: each of 2 tensor-parallel (or pipeline) ranks reads about half the tensor bytes
+# (the replicated norms are read by both; under pp the stages split the layers and the two
+# vocabulary tables, untied llama)
+bytes_share() { # NAME LAYOUT_SETS...: every rank's figure within [0.4, 0.65] of the total
+    local name=$1
+    shift
+    scripts/ustrun --nproc-per-node 2 $UST train $TMP/run.yaml --set model.init_from=$TMP/llama_f32 \
+        --set checkpoint.dir=$TMP/$name-ck --set checkpoint.every=0 --set data.val=null "$@" \
+        >$TMP/$name.log 2>&1 ||
+        { fail $name "run failed: $(tail -2 $TMP/$name.log)"; return; }
+    python3 - $name $TMP/$name.log <<'EOF'
+import re, sys
+name, log = sys.argv[1], open(sys.argv[2]).read()
+got = [(int(a), int(b), int(c)) for a, b, c in
+       re.findall(r"rank (\d+): imported \S+: read (\d+) of the files' (\d+) tensor bytes", log)]
+ok = len(got) == 2 and all(0.4 * t <= b <= 0.65 * t for _, b, t in got)
+figs = ", ".join(f"rank {r} {b}/{t} = {b / t:.3f}" for r, b, t in sorted(got))
+print(f"PASS {name}: {figs}" if ok else f"FAIL {name}: {figs or 'no figures logged'}")
+EOF
+}
+bytes_share hf_tp2_each_rank_reads_about_half --set parallel.tp=2
+bytes_share hf_pp2_each_rank_reads_about_half --set parallel.pp=2
+bytes_share hf_dp2_zero3_each_rank_reads_about_half --set parallel.dp=2 --set optimizer.zero_stage=3
+
+# --- bad input: exit 2 naming the file / tensor / value, and the existing checkpoint untouched
+$UST train $TMP/run.yaml --set model.init_from=$TMP/llama_f32 --set checkpoint.dir=$TMP/keep >/dev/null 2>&1
+sum_before=$(find $TMP/keep -type f | sort | xargs md5sum | md5sum)
+# bad NAME PATTERN DIR [--set ...]: training from DIR exits 2 matching PATTERN
+bad() {
+    local name=$1 pat=$2 dir=$3
+    shift 3
+    expect_exit $name 2 "$pat" -- $UST train $TMP/run.yaml --set model.init_from=$dir \
+        --set checkpoint.dir=$TMP/keep --set checkpoint.resume=none "$@"
+}
+mkdir -p $TMP/not-hf
+bad hf_dir_without_config_exits_2 "not a Hugging Face model directory \(no $TMP/not-hf/config.json\)" $TMP/not-hf
+$MAKE make llama $TMP/b-arch --set 'architectures=["MistralForCausalLM"]'
+bad hf_unsupported_architecture_exits_2 "architecture 'MistralForCausalLM' is not supported" $TMP/b-arch
+$MAKE make llama $TMP/b-rope --set 'rope_scaling={"rope_type": "yarn", "factor": 4.0}'
+bad hf_unsupported_rope_type_exits_2 "b-rope/config.json: rope_scaling rope_type 'yarn' is not supported" $TMP/b-rope
+$MAKE make llama $TMP/b-rope5 --set 'rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0}'
+bad hf_unsupported_rope_parameters_exits_2 "rope_parameters rope_type 'dynamic' is not supported" $TMP/b-rope5
+$MAKE make mixtral $TMP/b-window --set 'sliding_window=4096'
+bad hf_mixtral_sliding_window_exits_2 "b-window/config.json: sliding_window = 4096 is not supported" $TMP/b-window
+$MAKE make qwen2 $TMP/b-qwin --set 'use_sliding_window=true'
+bad hf_qwen2_sliding_window_exits_2 "'use_sliding_window': true is not supported" $TMP/b-qwin
+$MAKE make llama $TMP/b-bias --set 'attention_bias=true'
+bad hf_llama_attention_bias_exits_2 "'attention_bias': true is not supported" $TMP/b-bias
+$MAKE make llama $TMP/b-act --set 'hidden_act="gelu"'
+bad hf_llama_hidden_act_exits_2 "hidden_act 'gelu' is not supported" $TMP/b-act
+$MAKE make llama $TMP/b-hd --set 'head_dim=32'
+bad hf_head_dim_mismatch_exits_2 "head_dim 32 is not hidden_size / num_attention_heads = 64 / 4" $TMP/b-hd
+$MAKE make gpt2 $TMP/b-gelu --set 'activation_function="gelu"'
+bad hf_gpt2_activation_exits_2 "activation_function 'gelu' is not supported" $TMP/b-gelu
+$MAKE make mixtral $TMP/b-count --set 'num_hidden_layers=4000' --set 'num_local_experts=4000'
+bad hf_config_implying_more_tensors_than_files_exits_2 "b-count/config.json implies 48028003 tensors \(a MixtralForCausalLM of 4000 layers\), but the safetensors files hold 41" $TMP/b-count
+$MAKE make llama $TMP/b-shard --shards 3
+rm $TMP/b-shard/model-00002-of-00003.safetensors
+bad hf_missing_shard_exits_2 "names shard 'model-00002-of-00003.safetensors' \(for tensor '[^']+'\), but .* is missing" $TMP/b-shard
+$MAKE make llama $TMP/b-shape --bad-shape model.layers.1.mlp.up_proj.weight
+bad hf_tensor_wrong_shape_exits_2 "tensor 'model.layers.1.mlp.up_proj.weight' has shape \[97, 64\] but .*config.json implies \[96, 64\]" $TMP/b-shape
+$MAKE make llama $TMP/b-dtype --bad-dtype model.norm.weight=F99
+bad hf_unknown_dtype_exits_2 "tensor 'model.norm.weight' has unknown dtype 'F99'" $TMP/b-dtype
+$MAKE make llama $TMP/b-i32 --bad-dtype model.norm.weight=I32
+bad hf_unsupported_dtype_exits_2 "tensor 'model.norm.weight' has dtype I32 \(ustrain imports F32, BF16 and F16\)" $TMP/b-i32
+$MAKE make llama $TMP/b-trunc
+truncate -s 5000 $TMP/b-trunc/model.safetensors
+bad hf_truncated_file_exits_2 "b-trunc/model.safetensors: tensor '[^']+' data_offsets .* run past the end of the file" $TMP/b-trunc
+$MAKE make llama $TMP/b-extra --set 'tie_word_embeddings=true'
+bad hf_tensor_config_does_not_explain_exits_2 "tensor 'lm_head.weight' is not part of a LlamaForCausalLM with this config.json" $TMP/b-extra
+bad hf_explicit_key_disagrees_exits_2 "model.n_layer: the config sets 3 but $TMP/llama_f32/config.json \(num_hidden_layers / n_layer\) says 2" \
+    $TMP/llama_f32 --set model.n_layer=3
+bad hf_explicit_arch_disagrees_exits_2 "model.arch: the config sets llama but .*config.json \(architectures\) says gpt2" \
+    $TMP/gpt2_f32 --set model.arch=llama
+expect_exit hf_agreeing_explicit_keys_accepted 0 "step 0: val_loss" -- $UST train $TMP/run.yaml \
+    --set model.init_from=$TMP/llama_f32 --set model.arch=llama --set model.n_layer=2 \
+    --set model.n_kv_head=2 --set checkpoint.dir=$TMP/agree
+[ "$(find $TMP/keep -type f | sort | xargs md5sum | md5sum)" = "$sum_before" ] &&
+    [ "$(ls $TMP/keep | tr '\n' ' ')" = "latest step_0 " ] &&
+    pass hf_bad_input_leaves_checkpoint_untouched || fail hf_bad_input_leaves_checkpoint_untouched "$(ls -A $TMP/keep)"
+
+# --- transformers itself: its own tiny models, its loss on the same windows
+if [ -n "${UST_INSTALL_TRANSFORMERS:-}" ] && ! python3 -c 'import torch, transformers' 2>/dev/null; then
+    echo "installing torch and transformers from PyPI for the transformers comparison..."
+    timeout 1200 pip install -q torch transformers safetensors >$TMP/pip.log 2>&1
+fi
+if python3 -c 'import torch, transformers' 2>/dev/null; then
+    for k in llama llama_tied llama3 qwen2 mixtral gpt2; do
+        $MAKE transformers $k $TMP/tf-$k >$TMP/tf-$k.make.log 2>&1 ||
+            { fail ${k}_hf_transformers_builds "$(tail -1 $TMP/tf-$k.make.log)"; continue; }
+        vl=$($UST train $TMP/run.yaml --set model.init_from=$TMP/tf-$k --set checkpoint.dir=$TMP/tf-$k-ck \
+            2>&1 | sed -n 's/^step 0: val_loss \([0-9.]*\).*/\1/p')
+        [ -z "$vl" ] && { fail ${k}_hf_import_transformers_loss "no val_loss"; continue; }
+        # fp32 on both sides over the same 128 targets: measured |diff| <= 3e-7 (5e-8 relative)
+        python3 test/tools/hf_export_check.py transformers ${k}_hf_import $TMP/tf-$k \
+            $TMP/data/val_000.bin 4 32 "$vl" 1e-5 2>&1 | grep -E '^(PASS|FAIL|  )'
+        # and the way back: transformers loads ustrain's export of the import (Qwen2ForCausalLM for
+        # the biases, rope_scaling for llama3) and computes the same loss
+        $UST export $TMP/tf-$k-ck/step_0 --to hf $TMP/tf-$k-out >/dev/null 2>&1 ||
+            { fail ${k}_hf_reexport "export failed"; continue; }
+        python3 test/tools/hf_export_check.py transformers ${k}_hf_reexport $TMP/tf-$k-out \
+            $TMP/data/val_000.bin 4 32 "$vl" 1e-5 2>&1 | grep -E '^(PASS|FAIL|  )'
+    done
+else
+    echo "SKIP hf_import_transformers_comparison: torch/transformers are not installed (make test-hf installs them)"
+fi
+exit 0
