@@ -2,6 +2,8 @@
  * decode loop with streaming output, sampling, and the decode benchmark. */
 #include "generate.h"
 
+#include "hf_import.h"
+
 #include <cjson/cJSON.h>
 #include <limits.h>
 #include <math.h>
@@ -188,22 +190,44 @@ static int open_ckpt_source(const char *path, gen_source *src, ust_err *e) {
     return 0;
 }
 
-/* A Hugging Face model directory (config.json, no state.json): the importer reads those. */
+/* A Hugging Face model directory (config.json, no state.json): the importer's mapping read
+ * whole tensor by whole tensor; its tokenizer.json when there is one. */
 static int is_hf_dir(const char *path) {
-    char p[PATH_MAX + 32], q[PATH_MAX + 32];
-    snprintf(p, sizeof p, "%s/config.json", path);
+    char q[PATH_MAX + 32];
     snprintf(q, sizeof q, "%s/state.json", path);
-    return access(p, F_OK) == 0 && access(q, F_OK) != 0;
+    return hf_is_model_dir(path) && access(q, F_OK) != 0;
+}
+
+static int read_hf(void *ctx, const ckpt_tensor *t, float *host, ust_err *e) {
+    ckpt_slice s = ckpt_whole(t);
+    return hf_read_slice(ctx, t, &s, host, e);
+}
+
+static void close_hf(void *ctx) { hf_close(ctx); }
+
+static int open_hf_source(const char *path, gen_source *src, ust_err *e) {
+    hf_model *h = hf_open(path, e);
+    if (!h) return -1;
+    snprintf(src->where, sizeof src->where, "%s", path);
+    cfg_defaults(&src->cfg);
+    int rc = hf_apply_config(h, &src->cfg, e);
+    ust_config *c = &src->cfg;
+    if (c->train.seq_len > c->model.max_seq_len) c->train.seq_len = c->model.max_seq_len;
+    if (!rc) rc = cfg_validate(c, 0, e);
+    if (rc) {
+        hf_close(h);
+        return -1;
+    }
+    src->read = read_hf, src->ctx = h, src->close = close_hf;
+    char tok[PATH_MAX + 32];
+    snprintf(tok, sizeof tok, "%s/tokenizer.json", path);
+    if (access(tok, R_OK) == 0) snprintf(src->tokenizer, sizeof src->tokenizer, "%s", tok);
+    return 0;
 }
 
 static int open_source(const char *path, gen_source *src, ust_err *e) {
     src->eot = -1;
-    if (is_hf_dir(path))
-        return ust_errf(e,
-                        "generate: %s is a Hugging Face model directory; this build reads ustrain "
-                        "checkpoints only (the importer, core/hf_import, is not part of it)",
-                        path);
-    return open_ckpt_source(path, src, e);
+    return is_hf_dir(path) ? open_hf_source(path, src, e) : open_ckpt_source(path, src, e);
 }
 
 /* Random weights for the benchmark: N(0, 0.02) matrices, norms' weights 1, biases 0. */

@@ -521,7 +521,7 @@ static inline void block_scores(float *restrict s, const float *restrict q,
         for (int x = 0; x < ATT_VW; x++) s[c0 + x] = a[x];
     }
     for (int jj = 0; jj < ATT_KB; jj++) {
-        int kp = posof(k_pos, j0 + jj);
+        int kp = jj < nj ? posof(k_pos, j0 + jj) : 0; /* padding: no position to read */
         int vis = jj < nj && !(causal && kp > qp) && kp >= qs;
         s[jj] = vis ? s[jj] * scale : -INFINITY;
     }

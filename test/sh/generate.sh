@@ -163,6 +163,13 @@ expect_exit generate_unknown_option_exits_2 2 "unknown option --beams for genera
 # a checkpoint whose config names a tensor its file lacks: refused, naming the tensor
 rm -rf $TMP/moe2 && cp -r $CK/step_6 $TMP/moe2 && sed -i 's/num_experts: 0/num_experts: 4/' $TMP/moe2/state.json
 expect_exit generate_missing_tensor_exits_2 2 "model.layers.0.mlp.router.weight" -- $UST generate $TMP/moe2 --prompt hi --tokenizer bytes
+# a Hugging Face directory (the export of the llama and of the Mixtral-shaped checkpoints): the
+# same greedy tokens as the checkpoint itself; a directory that is not a model exits 2
+for t in llama mixtral; do
+    $UST export $TMP/$t/ckpt --to hf $TMP/$t-hf >/dev/null 2>&1
+    $UST generate $TMP/$t-hf --prompt "$PROMPT" --tokenizer bytes --temperature 0 --max-new-tokens 16 >$TMP/$t-hf.out 2>$TMP/$t-hf.err &&
+        cmp -s $TMP/$t.out $TMP/$t-hf.out && pass generate_${t}_hf_directory_equals_its_checkpoint ||
+        fail generate_${t}_hf_directory_equals_its_checkpoint "$(tail -2 $TMP/$t-hf.err)"
+done
 mkdir -p $TMP/hfdir && echo '{}' >$TMP/hfdir/config.json
-expect_exit generate_hf_directory_is_refused_with_reason_exits_2 2 "Hugging Face model directory" -- \
-    $UST generate $TMP/hfdir --prompt hi --tokenizer bytes
+expect_exit generate_bad_hf_directory_exits_2 2 "hfdir" -- $UST generate $TMP/hfdir --prompt hi --tokenizer bytes
