@@ -104,6 +104,7 @@ int cmd_data_prep(int argc, char **argv) {
         rc = UST_EXIT_USAGE;
     }
     a.tok = t;
+    a.tok_path = tok_path;
     prep_result r;
     if (rc == 0 && prep_run(&a, &r, &e)) {
         fprintf(stderr, "ustrain: error: %s\n", e.msg);

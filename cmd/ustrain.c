@@ -14,6 +14,7 @@
 #include "ops.h"
 #include "plan.h"
 #include "pp_schedule.h"
+#include "prep.h"
 #include "topology.h"
 #include "train.h"
 
@@ -77,7 +78,8 @@ static const char *DATA_USAGE =
 static const char *DEMO_USAGE =
     "usage: ustrain data demo DIR\n"
     "  writes the bundled demo dataset (generated text, byte tokens; no download) to DIR:\n"
-    "  DIR/train_*.bin and DIR/val_*.bin, the shards configs/tiny.yaml reads from data/tiny.\n";
+    "  DIR/train_*.bin and DIR/val_*.bin, the shards configs/tiny.yaml reads from data/tiny, and\n"
+    "  DIR/meta.json (\"tokenizer\": \"bytes\": ids 0..255 are the bytes, 256 ends a text).\n";
 
 static const char *BENCH_USAGE =
     "usage: ustrain bench train CONFIG [--steps N] [--profile] [--set ...]\n"
@@ -249,7 +251,9 @@ static int cmd_data(int argc, char **argv) {
             return cmd_usage_error("ustrain", DEMO_USAGE, "%s",
                                    argc != 2 ? "data demo takes one DIR"
                                              : "data demo takes no options");
-        if (data_write_demo(argv[1], &e)) {
+        /* the demo text is byte tokens with end of text 256, as data prep without a tokenizer
+         * writes them: its meta.json says so */
+        if (data_write_demo(argv[1], &e) || prep_write_meta(argv[1], NULL, 256, 257, 2, &e)) {
             fprintf(stderr, "ustrain: error: %s\n", e.msg);
             return UST_EXIT_RUNTIME;
         }

@@ -29,7 +29,7 @@ LAYER_NAMES = ["basics", "comm", "tp/cp/ep", "model", "pp/dp", "train", "tools/c
 MODULES = {
     "core/error": 0, "core/fs": 0, "core/log": 0, "core/mem": 0, "core/rng": 0,
     "core/config": 0, "core/optim": 0, "core/ops": 0, "core/ops_cpu": 0, "core/ops_prof": 0,
-    "core/blas_guard": 0,
+    "core/blas_guard": 0, "core/sha256": 0,
     "parallel/bootstrap": 1, "parallel/bootstrap_impl": 1, "parallel/bootstrap_pmix": 1,
     "parallel/bootstrap_server": 1, "parallel/bootstrap_common": 1, "parallel/bootstrap_store": 1, "parallel/comm": 1,
     "parallel/comm_impl": 1, "parallel/comm_shm": 1, "parallel/comm_shm_segment": 1,
@@ -54,7 +54,7 @@ PREFIXES = {
     "st": "core/ckpt", "data": "core/data", "pp": "parallel/pp", "pps": "parallel/pp_schedule",
     "dp": "parallel/dp", "train": "core/train", "plan": "core/plan", "planner": "core/planner",
     "prep": "core/prep", "tok": "core/tokenizer", "export": "core/export", "ops_cuda": "cuda",
-    "hf": "core/hf_map", "infer": "core/infer", "gen": "core/generate",
+    "hf": "core/hf_map", "infer": "core/infer", "gen": "core/generate", "sha256": "core/sha256",
 }
 CALL = re.compile(r"(?<![\w.>])(" + "|".join(sorted(PREFIXES, key=len, reverse=True)) +
                   r")_\w+\s*\(")
