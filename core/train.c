@@ -3,6 +3,7 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <glob.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -221,6 +222,39 @@ static void assign_step(trainer *t) {
 
 /* ------------------------------------------------------------------ checkpoints */
 
+/* The tokenizer the training data was made with, for export to ship beside the model: from the
+ * meta.json data prep writes beside the shards (that of data.train's first shard), as
+ * {"path", "sha256", "eot_id"}; NULL when there is none, or it names no tokenizer. */
+static cJSON *data_tokenizer(const ust_config *c) {
+    glob_t g;
+    char path[UST_PATH_MAX + 32];
+    if (glob(c->data.train, 0, NULL, &g) != 0) return NULL;
+    const char *first = g.gl_pathv[0], *slash = strrchr(first, '/');
+    snprintf(path, sizeof path, "%.*s/meta.json", slash ? (int)(slash - first) : 1,
+             slash ? first : ".");
+    globfree(&g);
+    FILE *f = fopen(path, "rb");
+    char buf[1 << 16];
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f) fclose(f);
+    buf[n] = 0;
+    cJSON *meta = cJSON_Parse(buf), *out = NULL;
+    const cJSON *tok = cJSON_GetObjectItemCaseSensitive(meta, "tokenizer"),
+                *sha = cJSON_GetObjectItemCaseSensitive(meta, "tokenizer_sha256"),
+                *eot = cJSON_GetObjectItemCaseSensitive(meta, "eot_id");
+    if (cJSON_IsString(tok)) {
+        out = cJSON_CreateObject();
+        cJSON_AddStringToObject(out, "path", tok->valuestring);
+        if (cJSON_IsString(sha)) cJSON_AddStringToObject(out, "sha256", sha->valuestring);
+        if (cJSON_IsNumber(eot))
+            cJSON_AddNumberToObject(out, "eot_id", eot->valuedouble);
+        else
+            cJSON_AddNullToObject(out, "eot_id");
+    }
+    cJSON_Delete(meta);
+    return out;
+}
+
 static char *state_json(trainer *t) {
     const ust_config *c = t->cfg;
     cJSON *j = cJSON_CreateObject();
@@ -249,6 +283,8 @@ static char *state_json(trainer *t) {
     fclose(f);
     cJSON_AddStringToObject(j, "config", yaml);
     free(yaml);
+    cJSON *tok = data_tokenizer(c);
+    if (tok) cJSON_AddItemToObject(j, "tokenizer", tok);
     char *s = cJSON_Print(j);
     cJSON_Delete(j);
     return s;
