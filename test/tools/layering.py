@@ -42,7 +42,7 @@ MODULES = {
     "parallel/dp": 4,
     "core/train": 5, "core/plan": 5,
     "core/planner": 6, "core/prep": 6, "core/prep_input": 6, "core/tokenizer": 6, "core/tok_unicode": 6,
-    "core/export": 6, "core/generate": 6, "cuda/bench_gpu": 6,
+    "core/export": 6, "core/hf_tok": 6, "core/generate": 6, "cuda/bench_gpu": 6,
 }
 # function prefixes -> the module they belong to
 PREFIXES = {
@@ -55,6 +55,7 @@ PREFIXES = {
     "dp": "parallel/dp", "train": "core/train", "plan": "core/plan", "planner": "core/planner",
     "prep": "core/prep", "tok": "core/tokenizer", "export": "core/export", "ops_cuda": "cuda",
     "hf": "core/hf_map", "infer": "core/infer", "gen": "core/generate", "sha256": "core/sha256",
+    "hftok": "core/hf_tok",
 }
 CALL = re.compile(r"(?<![\w.>])(" + "|".join(sorted(PREFIXES, key=len, reverse=True)) +
                   r")_\w+\s*\(")
