@@ -42,12 +42,15 @@ static const char *USAGE =
     "  plan CONFIG --world N [--gpu-mem 80GiB] [--gpus-per-node 8] [--global-batch 512|4M]\n"
     "       [--write OUT.yaml] ...              layouts that fit, ranked by estimated step time\n"
     "                                            (ustrain plan --help: every option)\n"
-    "  export CKPT --to hf OUT                   checkpoint -> Hugging Face model.safetensors +\n"
-    "                                            config.json (LlamaForCausalLM / GPT2LMHeadModel)\n"
     "  generate CKPT (--prompt TEXT | --prompt-file F) [--max-new-tokens N] [--temperature T]\n"
     "           [--top-k K] [--top-p P] [--seed S] [--device cpu|cuda] [--tokenizer PATH|bytes]\n"
     "                                            text from a checkpoint (KV cache, streamed)\n"
     "  bench generate CONFIG [--new-tokens N]    decode tokens/s vs the memory-bandwidth bound\n"
+    "  export CKPT --to hf OUT [--dtype fp32|bf16|fp16] [--max-shard-size 5GB] [--no-tokenizer]\n"
+    "                                            checkpoint -> Hugging Face weights, config.json\n"
+    "                                            and tokenizer files (Llama / Mixtral / GPT-2)\n"
+    "  eval CKPT_OR_HF_DIR --data GLOB [--steps N] [--seq-len T] [--micro-batch-size B]\n"
+    "       [--set ...]                         mean loss and perplexity over GLOB's tokens\n"
     "  --help, --version\n"
     "\n"
     "exit codes: 0 success, 1 runtime failure, 2 bad usage, config or input\n";
@@ -347,6 +350,7 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "bench") == 0) return cmd_bench(argc - 2, argv + 2);
     if (strcmp(argv[1], "export") == 0) return cmd_export(argc - 2, argv + 2);
     if (strcmp(argv[1], "generate") == 0) return cmd_generate(argc - 2, argv + 2);
+    if (strcmp(argv[1], "eval") == 0) return cmd_eval(argc - 2, argv + 2);
     if (strcmp(argv[1], "plan") == 0) return cmd_plan(argc - 2, argv + 2);
     return usage_error("unknown command '%s'", argv[1]);
 }

@@ -949,3 +949,16 @@ int train_run(const ust_config *cfg, ust_runtime *rt, const train_opts *opts, tr
     train_runtime_finalize(&own);
     return rc;
 }
+
+/* Evaluation: the run set up as for training (the checkpoint resumed, or model.init_from), then
+ * one validation pass over data.val, nothing trained or written. */
+int train_eval(const ust_config *cfg, ust_runtime *rt, double *loss) {
+    trainer t;
+    ust_err e;
+    int rc = setup(&t, cfg, rt, 0, &e);
+    if (rc == 0 && !t.val) rc = ust_errf(&e, "eval: no data.val to evaluate (val_steps 0?)");
+    if (rc) fprintf(stderr, "ustrain: error: %s\n", e.msg);
+    if (rc == 0) *loss = validation_loss(&t);
+    teardown(&t);
+    return rc ? UST_EXIT_USAGE : 0;
+}
