@@ -119,12 +119,12 @@ static const char *torch_dtype(export_dtype d) {
     return d == EXPORT_F32 ? "float32" : d == EXPORT_BF16 ? "bfloat16" : "float16";
 }
 
-/* In place: the first n floats of buf become n values of d (buf is then d's bytes). */
-static void convert(float *buf, int64_t n, export_dtype d) {
-    uint16_t *h = (uint16_t *)buf;
-    if (d == EXPORT_F32) return;
-    for (int64_t i = 0; i < n; i++) /* h[i] overlaps only buf[i / 2], already read */
-        h[i] = d == EXPORT_BF16 ? export_bf16(buf[i]) : export_f16(buf[i]);
+/* The n values of x as d's bytes: x itself for fp32, else converted into half. */
+static const void *convert(const float *x, int64_t n, export_dtype d, uint16_t *half) {
+    if (d == EXPORT_F32) return x;
+    for (int64_t i = 0; i < n; i++)
+        half[i] = d == EXPORT_BF16 ? export_bf16(x[i]) : export_f16(x[i]);
+    return half;
 }
 
 /* fp16 holds finite values up to 65504: a larger one would become infinity, so it is refused
@@ -224,7 +224,8 @@ static int close_synced(FILE *f, const char *path, int rc, ust_err *e) {
 }
 
 static int write_shard(const hf_table *l, const shard *sh, export_dtype d, const st_file *src,
-                       const char *src_path, float *buf, const char *path, ust_err *e) {
+                       const char *src_path, float *buf, uint16_t *half, const char *path,
+                       ust_err *e) {
     size_t hlen = 0;
     char *hdr = st_header(l, sh, d, &hlen);
     ust_err inner;
@@ -238,8 +239,7 @@ static int write_shard(const hf_table *l, const shard *sh, export_dtype d, const
     for (int i = sh->first; i < sh->first + sh->n && !rc; i++) {
         int64_t n = numel(l->t[i].ndim, l->t[i].shape);
         make_tensor(l, i, src, src_path, buf);
-        convert(buf, n, d);
-        rc = write_all(f, buf, (size_t)n * dtype_size(d), path, e);
+        rc = write_all(f, convert(buf, n, d, half), (size_t)n * dtype_size(d), path, e);
     }
     if (f) rc = close_synced(f, path, rc, e);
     free(hdr);
@@ -415,7 +415,8 @@ typedef struct {
     char src[PATH_MAX + 32];
     shard *sh;
     int ns;
-    float *buf; /* the largest tensor, fp32 */
+    float *buf;     /* the largest tensor, fp32 */
+    uint16_t *half; /* and as bf16 / fp16 */
 } job;
 
 /* Everything that can be wrong with the input, found before OUT is touched. */
@@ -434,8 +435,10 @@ static int check_input(job *j, const char *ckpt, const char *out_dir, ust_err *e
         if (n > maxn) maxn = n;
     }
     j->buf = malloc(maxn * sizeof(float));
+    j->half = j->o->dtype == EXPORT_F32 ? NULL : malloc(maxn * sizeof(uint16_t));
     j->sh = malloc((size_t)(j->l.n + 1) * sizeof *j->sh);
-    if (!j->buf || !j->sh) return ust_errf(e, "export: out of memory");
+    if (!j->buf || !j->sh || (j->o->dtype != EXPORT_F32 && !j->half))
+        return ust_errf(e, "export: out of memory");
     if (j->o->dtype == EXPORT_F16 && check_f16_range(&j->l, j->f, j->src, j->buf, e)) return -1;
     int64_t max = j->o->max_shard_bytes > 0 ? j->o->max_shard_bytes : EXPORT_DEFAULT_SHARD;
     j->ns = plan_shards(&j->l, j->o->dtype, max, j->sh);
@@ -447,7 +450,8 @@ static int write_outputs(job *j, out_set *os, export_result *r, ust_err *e) {
     for (int k = 0; k < j->ns && !rc; k++) {
         char name[64];
         shard_name(name, sizeof name, k, j->ns);
-        rc = write_shard(&j->l, &j->sh[k], j->o->dtype, j->f, j->src, j->buf, out_add(os, name), e);
+        rc = write_shard(&j->l, &j->sh[k], j->o->dtype, j->f, j->src, j->buf, j->half,
+                         out_add(os, name), e);
         r->total_bytes += j->sh[k].bytes;
     }
     if (!rc && j->ns > 1)
@@ -487,6 +491,7 @@ int export_hf(const char *ckpt, const char *out_dir, const export_opts *o, expor
     if (!rc) remove_stale_weights(&os);
     free(os.f);
     free(j.buf);
+    free(j.half);
     free(j.sh);
     st_close(j.f);
     hf_table_free(&j.l);
