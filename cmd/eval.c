@@ -157,8 +157,11 @@ static int apply_overrides(ust_config *c, int argc, char **argv, const eval_args
                         c->model.max_seq_len);
     if (a->seq_len) c->train.seq_len = (int)a->seq_len;
     if (a->mb) c->train.micro_batch_size = (int)a->mb;
-    /* one optimizer step's worth of batch: only its consistency with the layout matters here */
-    c->train.global_batch_size = c->train.micro_batch_size * c->parallel.dp;
+    /* the training step's batch only has to fit the layout: the fewest micro-batches per step
+     * (the interleaved schedule needs a multiple of pp), so the pipeline holds the fewest */
+    int accum =
+        c->parallel.pp > 1 && c->parallel.pp_schedule == PP_INTERLEAVED ? c->parallel.pp : 1;
+    c->train.global_batch_size = c->train.micro_batch_size * c->parallel.dp * accum;
     c->data.val_every = 1;
     return 0;
 }
