@@ -150,8 +150,11 @@ static int apply_overrides(ust_config *c, int argc, char **argv, const eval_args
     if (strlen(a->data) >= sizeof c->data.val)
         return ust_errf(e, "eval: --data %s: longer than %zu characters", a->data,
                         sizeof c->data.val - 1);
+    /* the run must open a training set too: GLOB, and the resume must accept it in place of the
+     * checkpoint's blend (nothing is trained from it) */
     snprintf(c->data.train, sizeof c->data.train, "%s", a->data);
     snprintf(c->data.val, sizeof c->data.val, "%s", a->data);
+    c->data.allow_reweight = true;
     if (a->seq_len && a->seq_len > c->model.max_seq_len)
         return ust_errf(e, "eval: --seq-len %lld is beyond the model's max_seq_len %d", a->seq_len,
                         c->model.max_seq_len);

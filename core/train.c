@@ -223,12 +223,14 @@ static void assign_step(trainer *t) {
 /* ------------------------------------------------------------------ checkpoints */
 
 /* The tokenizer the training data was made with, for export to ship beside the model: from the
- * meta.json data prep writes beside the shards (that of data.train's first shard), as
- * {"path", "sha256", "eot_id"}; NULL when there is none, or it names no tokenizer. */
+ * meta.json data prep writes beside the shards (that of data.train's first shard; of a blend,
+ * its first dataset's), as {"path", "sha256", "eot_id"}; NULL when there is none, or it names no
+ * tokenizer. */
 static cJSON *data_tokenizer(const ust_config *c) {
     glob_t g;
     char path[UST_PATH_MAX + 32];
-    if (glob(c->data.train, 0, NULL, &g) != 0) return NULL;
+    cfg_dataset sets[CFG_MAX_BLEND];
+    if (cfg_data_sets(c, 0, sets) < 1 || glob(sets[0].path, 0, NULL, &g) != 0) return NULL;
     const char *first = g.gl_pathv[0], *slash = strrchr(first, '/');
     snprintf(path, sizeof path, "%.*s/meta.json", slash ? (int)(slash - first) : 1,
              slash ? first : ".");
