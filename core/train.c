@@ -3,7 +3,6 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <glob.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -223,18 +222,16 @@ static void assign_step(trainer *t) {
 /* ------------------------------------------------------------------ checkpoints */
 
 /* The tokenizer the training data was made with, for export to ship beside the model: from the
- * meta.json data prep writes beside the shards (that of data.train's first shard; of a blend,
- * its first dataset's), as {"path", "sha256", "eot_id"}; NULL when there is none, or it names no
- * tokenizer. */
+ * meta.json data prep writes beside the shards (in the directory of data.train's glob, as
+ * data_meta_read finds it; of a blend, its first dataset's), as {"path", "sha256", "eot_id"};
+ * NULL when there is none, or it names no tokenizer. */
 static cJSON *data_tokenizer(const ust_config *c) {
-    glob_t g;
-    char path[UST_PATH_MAX + 32];
     cfg_dataset sets[CFG_MAX_BLEND];
-    if (cfg_data_sets(c, 0, sets) < 1 || glob(sets[0].path, 0, NULL, &g) != 0) return NULL;
-    const char *first = g.gl_pathv[0], *slash = strrchr(first, '/');
-    snprintf(path, sizeof path, "%.*s/meta.json", slash ? (int)(slash - first) : 1,
-             slash ? first : ".");
-    globfree(&g);
+    if (cfg_data_sets(c, 0, sets) < 1) return NULL;
+    const char *slash = strrchr(sets[0].path, '/');
+    char path[UST_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%.*s/meta.json", slash ? (int)(slash - sets[0].path) : 1,
+             slash ? sets[0].path : ".");
     FILE *f = fopen(path, "rb");
     char buf[1 << 16];
     size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
