@@ -102,6 +102,21 @@ static bool is_file(const char *dir, const char *name) {
     return access(p, F_OK) == 0;
 }
 
+/* A transformers model directory on the default config: the Hugging Face import reads its
+ * config.json and weights through model.init_from (model.arch: auto takes its architecture). */
+static int hf_model_config(ust_config *c, const char *dir, ust_err *e) {
+    char set[PATH_MAX + 32];
+    snprintf(set, sizeof set, "model.init_from=%s", dir);
+    ust_err why;
+    if (cfg_set(c, "model.arch=auto", &why) || cfg_set(c, set, &why) ||
+        cfg_set(c, "checkpoint.resume=none", &why))
+        return ust_errf(e,
+                        "eval: %s is a Hugging Face model directory, read through "
+                        "model.init_from with model.arch: auto: %s",
+                        dir, why.msg);
+    return 0;
+}
+
 /* c: the config to evaluate with, before the overrides. */
 static int model_config(ust_config *c, const char *model, ust_err *e) {
     struct stat st;
@@ -114,17 +129,7 @@ static int model_config(ust_config *c, const char *model, ust_err *e) {
     if (is_file(model, "state.json")) {
         snprintf(step, sizeof step, "%s", model);
     } else if (is_file(model, "config.json")) {
-        /* a transformers model: the import reads its config.json and weights */
-        char set[PATH_MAX + 32];
-        snprintf(set, sizeof set, "model.init_from=%s", model);
-        ust_err why;
-        if (cfg_set(c, "model.arch=auto", &why) || cfg_set(c, set, &why) ||
-            cfg_set(c, "checkpoint.resume=none", &why))
-            return ust_errf(e,
-                            "eval: %s is a Hugging Face model directory, read through "
-                            "model.init_from with model.arch: auto: %s",
-                            model, why.msg);
-        return 0;
+        return hf_model_config(c, model, e);
     } else {
         int found = ckpt_find_latest(model, step, sizeof step, e);
         if (found < 0) return -1;
