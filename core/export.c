@@ -345,52 +345,14 @@ static void remove_stale_weights(const out_set *o) {
 /* ---------------------------------------------------------------------------------------------
  * The checkpoint side */
 
-/* A step directory as given, or the newest finished step of a checkpoint directory. */
-static int resolve_step(const char *ckpt, char *out, int n, ust_err *e) {
-    char p[PATH_MAX];
-    struct stat st;
-    if (stat(ckpt, &st) != 0)
-        return ust_errf(e, "export: checkpoint %s: %s", ckpt, strerror(errno));
-    if (!S_ISDIR(st.st_mode))
-        return ust_errf(e,
-                        "export: %s is not a checkpoint directory (expected a step directory "
-                        "holding state.json and model.safetensors)",
-                        ckpt);
-    snprintf(p, sizeof p, "%s/state.json", ckpt);
-    if (access(p, F_OK) == 0) {
-        snprintf(out, (size_t)n, "%s", ckpt);
-        return 0;
-    }
-    int found = ckpt_find_latest(ckpt, out, n, e);
-    if (found < 0) return -1;
-    if (!found)
-        return ust_errf(e,
-                        "export: %s is not a checkpoint: no state.json there, and no finished "
-                        "step_N inside it",
-                        ckpt);
-    return 0;
-}
-
-/* The effective config the checkpoint was trained with (state.json's "config", YAML text) and
- * the tokenizer it records. */
+/* The effective config (ckpt_load_config) and the tokenizer state.json records. */
 static int load_state(ust_config *c, hftok_info *t, const char *step, bool no_tok, ust_err *e) {
+    if (ckpt_load_config(step, "export", c, e)) return -1;
     ckpt_reader *r = ckpt_open(step, e);
     if (!r) return -1;
     cJSON *j = cJSON_Parse(ckpt_state_json(r));
     ckpt_close(r);
-    const cJSON *y = cJSON_GetObjectItemCaseSensitive(j, "config");
-    char where[PATH_MAX];
-    snprintf(where, sizeof where, "%s/state.json (config)", step);
-    int rc = 0;
-    if (!cJSON_IsString(y))
-        rc = ust_errf(e,
-                      "export: %s/state.json is not a ustrain checkpoint state (no \"config\" "
-                      "text)",
-                      step);
-    cfg_defaults(c);
-    if (!rc) rc = cfg_load_string(c, y->valuestring, where, e);
-    if (!rc) rc = cfg_validate(c, 0, e);
-    if (!rc) rc = hftok_from_state(t, j, step, c->model.vocab_size, no_tok, e);
+    int rc = hftok_from_state(t, j, step, c->model.vocab_size, no_tok, e);
     cJSON_Delete(j);
     return rc;
 }
@@ -422,7 +384,7 @@ typedef struct {
 /* Everything that can be wrong with the input, found before OUT is touched. */
 static int check_input(job *j, const char *ckpt, const char *out_dir, ust_err *e) {
     char step[PATH_MAX];
-    if (resolve_step(ckpt, step, sizeof step, e) ||
+    if (ckpt_resolve_step(ckpt, "export", step, sizeof step, e) ||
         load_state(&j->c, &j->tok, step, j->o->no_tokenizer, e) || hf_table_build(&j->l, &j->c, e))
         return -1;
     snprintf(j->src, sizeof j->src, "%s/model.safetensors", step);
