@@ -12,7 +12,7 @@ CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -Wpointer-arit
            -I. -Icore -Iparallel -I/usr/include/x86_64-linux-gnu/openblas-openmp \
            $(shell pkg-config --cflags yaml-0.1 libcjson pmix 2>/dev/null) $(EXTRA_CFLAGS)
 OBLAS   := /usr/lib/x86_64-linux-gnu/openblas-openmp
-LDLIBS  := -L$(OBLAS) -Wl,-rpath,$(OBLAS) -lopenblas -lyaml -lcjson -lpmix -lzstd -lz -lm -lrt -fopenmp -pthread
+LDLIBS  := -L$(OBLAS) -Wl,-rpath,$(OBLAS) -lopenblas -lyaml -lcjson -lpmix -lzstd -lz -lcrypto -lm -lrt -fopenmp -pthread
 LDFLAGS ?= $(EXTRA_LDFLAGS)
 
 LIB_SRC := $(sort $(wildcard core/*.c parallel/*.c))

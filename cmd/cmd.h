@@ -48,6 +48,9 @@ int cmd_export(int argc, char **argv);
  * ustrain bench generate CONFIG: decode tokens/s against the memory-bandwidth bound. */
 int cmd_generate(int argc, char **argv);
 int cmd_bench_generate(int argc, char **argv);
+/* ustrain eval CKPT_OR_HF_DIR --data GLOB ...: mean loss and perplexity (core/train's validation).
+ */
+int cmd_eval(int argc, char **argv);
 
 /* ustrain data prep --out DIR [--tokenizer tokenizer.json] ... FILE...: text -> llm.c shards. */
 int cmd_data_prep(int argc, char **argv);

@@ -76,6 +76,8 @@ static void report(const prep_args *a, const prep_result *r, const tok_tokenizer
            "(%s/val_*.bin)\n",
            (long long)r->ntrain, r->ntrain_shards, a->out_dir, (long long)r->nval, r->nval_shards,
            a->out_dir);
+    printf("  meta: %s/meta.json (the tokenizer, for training to record and export to ship)\n",
+           a->out_dir);
 }
 
 int cmd_data_prep(int argc, char **argv) {
@@ -104,6 +106,7 @@ int cmd_data_prep(int argc, char **argv) {
         rc = UST_EXIT_USAGE;
     }
     a.tok = t;
+    a.tok_path = tok_path;
     prep_result r;
     if (rc == 0 && prep_run(&a, &r, &e)) {
         fprintf(stderr, "ustrain: error: %s\n", e.msg);

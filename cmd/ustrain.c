@@ -15,6 +15,7 @@
 #include "ops.h"
 #include "plan.h"
 #include "pp_schedule.h"
+#include "prep.h"
 #include "topology.h"
 #include "train.h"
 
@@ -42,12 +43,15 @@ static const char *USAGE =
     "  plan CONFIG --world N [--gpu-mem 80GiB] [--gpus-per-node 8] [--global-batch 512|4M]\n"
     "       [--write OUT.yaml] ...              layouts that fit, ranked by estimated step time\n"
     "                                            (ustrain plan --help: every option)\n"
-    "  export CKPT --to hf OUT                   checkpoint -> Hugging Face model.safetensors +\n"
-    "                                            config.json (LlamaForCausalLM / GPT2LMHeadModel)\n"
     "  generate CKPT (--prompt TEXT | --prompt-file F) [--max-new-tokens N] [--temperature T]\n"
     "           [--top-k K] [--top-p P] [--seed S] [--device cpu|cuda] [--tokenizer PATH|bytes]\n"
     "                                            text from a checkpoint (KV cache, streamed)\n"
     "  bench generate CONFIG [--new-tokens N]    decode tokens/s vs the memory-bandwidth bound\n"
+    "  export CKPT --to hf OUT [--dtype fp32|bf16|fp16] [--max-shard-size 5GB] [--no-tokenizer]\n"
+    "                                            checkpoint -> Hugging Face weights, config.json\n"
+    "                                            and tokenizer files (Llama / Mixtral / GPT-2)\n"
+    "  eval CKPT_OR_HF_DIR --data GLOB [--steps N] [--seq-len T] [--micro-batch-size B]\n"
+    "       [--set ...]                         mean loss and perplexity over GLOB's tokens\n"
     "  --help, --version\n"
     "\n"
     "exit codes: 0 success, 1 runtime failure, 2 bad usage, config or input\n";
@@ -78,7 +82,8 @@ static const char *DATA_USAGE =
 static const char *DEMO_USAGE =
     "usage: ustrain data demo DIR\n"
     "  writes the bundled demo dataset (generated text, byte tokens; no download) to DIR:\n"
-    "  DIR/train_*.bin and DIR/val_*.bin, the shards configs/tiny.yaml reads from data/tiny.\n";
+    "  DIR/train_*.bin and DIR/val_*.bin, the shards configs/tiny.yaml reads from data/tiny, and\n"
+    "  DIR/meta.json (\"tokenizer\": \"bytes\": ids 0..255 are the bytes, 256 ends a text).\n";
 
 static const char *BENCH_USAGE =
     "usage: ustrain bench train CONFIG [--steps N] [--profile] [--set ...]\n"
@@ -271,7 +276,9 @@ static int cmd_data(int argc, char **argv) {
             return cmd_usage_error("ustrain", DEMO_USAGE, "%s",
                                    argc != 2 ? "data demo takes one DIR"
                                              : "data demo takes no options");
-        if (data_write_demo(argv[1], &e)) {
+        /* the demo text is byte tokens with end of text 256, as data prep without a tokenizer
+         * writes them: its meta.json says so */
+        if (data_write_demo(argv[1], &e) || prep_write_meta(argv[1], NULL, 256, 257, 2, &e)) {
             fprintf(stderr, "ustrain: error: %s\n", e.msg);
             return UST_EXIT_RUNTIME;
         }
@@ -365,6 +372,7 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "bench") == 0) return cmd_bench(argc - 2, argv + 2);
     if (strcmp(argv[1], "export") == 0) return cmd_export(argc - 2, argv + 2);
     if (strcmp(argv[1], "generate") == 0) return cmd_generate(argc - 2, argv + 2);
+    if (strcmp(argv[1], "eval") == 0) return cmd_eval(argc - 2, argv + 2);
     if (strcmp(argv[1], "plan") == 0) return cmd_plan(argc - 2, argv + 2);
     return usage_error("unknown command '%s'", argv[1]);
 }

@@ -6,6 +6,7 @@
 #include "log.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -20,6 +21,7 @@
 #include "data.h"
 #include "fs.h"
 #include "prep_input.h"
+#include "sha256.h"
 
 enum { BYTE_EOT = 256, MAX_THREADS = 256 };
 
@@ -460,8 +462,64 @@ int prep_run(const prep_args *a, prep_result *res, ust_err *e) {
     res->vocab_size = vocab;
     res->width = s->width;
     res->eot = eot;
+    if (rc == 0)
+        rc = prep_write_meta(a->out_dir, a->tok ? a->tok_path : NULL, eot, vocab, s->width, e);
     res->seconds = log_now_s() - t0;
     free(s);
     tok_free(own);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * meta.json */
+
+static cJSON *meta_json(const char *tok_path, int eot, int vocab, int width, ust_err *e) {
+    cJSON *j = cJSON_CreateObject();
+    if (tok_path) {
+        char abs[PATH_MAX], hex[SHA256_HEX_LEN + 1];
+        if (!realpath(tok_path, abs)) {
+            ust_errf(e, "%s: %s", tok_path, strerror(errno));
+            cJSON_Delete(j);
+            return NULL;
+        }
+        if (sha256_file(abs, hex, e)) {
+            cJSON_Delete(j);
+            return NULL;
+        }
+        cJSON_AddStringToObject(j, "tokenizer", abs);
+        cJSON_AddStringToObject(j, "tokenizer_sha256", hex);
+    } else {
+        cJSON_AddStringToObject(j, "tokenizer", "bytes");
+    }
+    if (eot >= 0)
+        cJSON_AddNumberToObject(j, "eot_id", eot);
+    else
+        cJSON_AddNullToObject(j, "eot_id");
+    cJSON_AddNumberToObject(j, "vocab_size", vocab);
+    cJSON_AddNumberToObject(j, "token_bytes", width);
+    cJSON_AddStringToObject(j, "format", "llmc");
+    return j;
+}
+
+int prep_write_meta(const char *dir, const char *tok_path, int eot, int vocab, int width,
+                    ust_err *e) {
+    cJSON *j = meta_json(tok_path, eot, vocab, width, e);
+    if (!j) return -1;
+    char *text = cJSON_Print(j);
+    cJSON_Delete(j);
+    UST_ASSERT(text, "out of memory");
+    char tmp[UST_PATH_MAX + 64], path[UST_PATH_MAX + 64];
+    snprintf(tmp, sizeof tmp, "%s/.meta.json.tmp.%d", dir, (int)getpid());
+    snprintf(path, sizeof path, "%s/meta.json", dir);
+    ust_err inner;
+    FILE *f = fs_fopen_regular(tmp, "wb", &inner);
+    int rc = f ? 0 : ust_errf(e, "%s", inner.msg);
+    if (f && (fputs(text, f) < 0 || fputc('\n', f) < 0)) rc = -1;
+    if (f && fclose(f) != 0) rc = -1;
+    if (f && rc) ust_errf(e, "%s: write failed: %s", tmp, strerror(errno));
+    if (rc == 0 && rename(tmp, path) != 0)
+        rc = ust_errf(e, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));
+    if (rc) unlink(tmp);
+    free(text);
     return rc;
 }

@@ -6,7 +6,8 @@
  * tok_safe_cut allows) and the batch is written in input order, so the output is the same for any
  * thread count. The last val_fraction of the token stream goes to val shards (a whole shard when
  * there is enough data), the rest to train; tokens are uint16 when the vocabulary fits, else
- * uint32. */
+ * uint32. Beside the shards, meta.json says how they were made (prep_write_meta), so that
+ * training and export can name the tokenizer. */
 #ifndef UST_PREP_H
 #define UST_PREP_H
 
@@ -25,6 +26,7 @@ typedef struct {
     double val_fraction;      /* the last fraction of tokens for val shards; <= 0: none */
     int64_t shard_tokens;     /* tokens per shard, default 100M */
     const tok_tokenizer *tok; /* NULL: bytes */
+    const char *tok_path;     /* the tokenizer.json tok was loaded from (for meta.json) */
     int eot;                  /* PREP_EOT_DEFAULT: the tokenizer's; PREP_EOT_NONE; or an id */
     const char *jsonl_field;  /* set: every input is JSON lines with this field; NULL: files
                                  ending in .jsonl or whose first line is a JSON object are,
@@ -42,5 +44,12 @@ typedef struct {
 } prep_result;
 
 int prep_run(const prep_args *a, prep_result *r, ust_err *e);
+
+/* DIR/meta.json: {"tokenizer": the absolute path of tok_path, or "bytes" when tok_path is NULL
+ * (ids 0..255 are the bytes), "tokenizer_sha256": its hex digest (absent for bytes), "eot_id": eot
+ * (null when < 0), "vocab_size", "token_bytes": width, "format": "llmc"}. Written under a
+ * temporary name and renamed, so a reader sees the old file or the new one. */
+int prep_write_meta(const char *dir, const char *tok_path, int eot, int vocab, int width,
+                    ust_err *e);
 
 #endif

@@ -228,6 +228,39 @@ static void assign_step(trainer *t) {
 
 /* ------------------------------------------------------------------ checkpoints */
 
+/* The tokenizer the training data was made with, for export to ship beside the model: from the
+ * meta.json data prep writes beside the shards (in the directory of data.train's glob, as
+ * data_meta_read finds it; of a blend, its first dataset's), as {"path", "sha256", "eot_id"};
+ * NULL when there is none, or it names no tokenizer. */
+static cJSON *data_tokenizer(const ust_config *c) {
+    cfg_dataset sets[CFG_MAX_BLEND];
+    if (cfg_data_sets(c, 0, sets) < 1) return NULL;
+    const char *slash = strrchr(sets[0].path, '/');
+    char path[UST_PATH_MAX + 32];
+    snprintf(path, sizeof path, "%.*s/meta.json", slash ? (int)(slash - sets[0].path) : 1,
+             slash ? sets[0].path : ".");
+    FILE *f = fopen(path, "rb");
+    char buf[1 << 16];
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f) fclose(f);
+    buf[n] = 0;
+    cJSON *meta = cJSON_Parse(buf), *out = NULL;
+    const cJSON *tok = cJSON_GetObjectItemCaseSensitive(meta, "tokenizer"),
+                *sha = cJSON_GetObjectItemCaseSensitive(meta, "tokenizer_sha256"),
+                *eot = cJSON_GetObjectItemCaseSensitive(meta, "eot_id");
+    if (cJSON_IsString(tok)) {
+        out = cJSON_CreateObject();
+        cJSON_AddStringToObject(out, "path", tok->valuestring);
+        if (cJSON_IsString(sha)) cJSON_AddStringToObject(out, "sha256", sha->valuestring);
+        if (cJSON_IsNumber(eot))
+            cJSON_AddNumberToObject(out, "eot_id", eot->valuedouble);
+        else
+            cJSON_AddNullToObject(out, "eot_id");
+    }
+    cJSON_Delete(meta);
+    return out;
+}
+
 static char *state_json(trainer *t) {
     const ust_config *c = t->cfg;
     cJSON *j = cJSON_CreateObject();
@@ -256,6 +289,8 @@ static char *state_json(trainer *t) {
     fclose(f);
     cJSON_AddStringToObject(j, "config", yaml);
     free(yaml);
+    cJSON *tok = data_tokenizer(c);
+    if (tok) cJSON_AddItemToObject(j, "tokenizer", tok);
     char *s = cJSON_Print(j);
     cJSON_Delete(j);
     return s;
@@ -1076,4 +1111,17 @@ int train_run(const ust_config *cfg, ust_runtime *rt, const train_opts *opts, tr
     int rc = run_with(cfg, &own, opts, res);
     train_runtime_finalize(&own);
     return rc;
+}
+
+/* Evaluation: the run set up as for training (the checkpoint resumed, or model.init_from), then
+ * one validation pass over data.val, nothing trained or written. */
+int train_eval(const ust_config *cfg, ust_runtime *rt, double *loss) {
+    trainer t;
+    ust_err e;
+    int rc = setup(&t, cfg, rt, 0, &e);
+    if (rc == 0 && !t.val) rc = ust_errf(&e, "eval: no data.val to evaluate (val_steps 0?)");
+    if (rc) fprintf(stderr, "ustrain: error: %s\n", e.msg);
+    if (rc == 0) *loss = validation_loss(&t);
+    teardown(&t);
+    return rc ? UST_EXIT_USAGE : 0;
 }

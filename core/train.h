@@ -57,4 +57,10 @@ typedef struct {
 /* rt may be NULL: a single-process runtime is made (and finalized) for the call. */
 int train_run(const ust_config *cfg, ust_runtime *rt, const train_opts *opts, train_result *res);
 
+/* The mean loss of cfg's model over data.val's first data.val_steps micro-batches, computed as
+ * the training loop's validation is (every layout the same numbers), after the same start-up:
+ * resume from checkpoint.resume, or model.init_from. Trains and writes nothing (clear
+ * checkpoint.dir so that no lock is taken). 0, or UST_EXIT_USAGE after printing the error. */
+int train_eval(const ust_config *cfg, ust_runtime *rt, double *loss);
+
 #endif

@@ -53,9 +53,15 @@ skipped=$(grep -o '"cp_blocks_skipped":[0-9]*' $TMP/cps/m.jsonl | tail -1 | cut 
 [ -n "$skipped" ] && [ "$skipped" -gt 0 ] && pass doc_mask_cp_skips_hidden_blocks ||
     fail doc_mask_cp_skips_hidden_blocks "cp_blocks_skipped '$skipped': $(tail -2 $TMP/cps.log 2>/dev/null)"
 
+# data prep's meta.json gives the end-of-text id; shards without one and no data.eot_id: exit 2
+expect_exit doc_mask_takes_the_eot_id_from_meta_json 0 "done: 1 steps" -- \
+    $UST train $TMP/llama.yaml --set data.eot_id=-1 --set train.steps=1 --set checkpoint.dir=$TMP/m/ckpt \
+    --set logging.metrics_file=$TMP/m/m.jsonl
+mkdir -p $TMP/nometa && cp $TMP/data/*.bin $TMP/nometa/
+NOMETA=(--set "data.train=$TMP/nometa/train_*.bin" --set "data.val=$TMP/nometa/val_*.bin")
 expect_exit doc_mask_needs_an_eot_id 2 "data.doc_mask needs the end-of-text id" -- \
-    $UST train $TMP/llama.yaml --set data.eot_id=-1 --set checkpoint.dir=$TMP/x/ckpt
+    $UST train $TMP/llama.yaml "${NOMETA[@]}" --set data.eot_id=-1 --set checkpoint.dir=$TMP/x/ckpt
 expect_exit reset_positions_needs_an_eot_id 2 "data.reset_positions needs the end-of-text id" -- \
-    $UST train $TMP/llama.yaml --set data.eot_id=-1 --set data.doc_mask=false --set data.reset_positions=true --set checkpoint.dir=$TMP/x/ckpt
+    $UST train $TMP/llama.yaml "${NOMETA[@]}" --set data.eot_id=-1 --set data.doc_mask=false --set data.reset_positions=true --set checkpoint.dir=$TMP/x/ckpt
 expect_exit doc_mask_eot_id_range 2 "data.eot_id" -- $UST validate $TMP/llama.yaml --set data.eot_id=99999999
 exit 0

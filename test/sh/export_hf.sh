@@ -52,9 +52,10 @@ train_export llama_tied llama true
 train_export gpt2 gpt2 true
 train_export mixtral llama false moe
 
-# OUT holds exactly the two files: no temporaries left behind
-[ "$(ls -A $TMP/llama-hf | tr '\n' ' ')" = "config.json model.safetensors " ] &&
-    pass export_leaves_only_the_two_files || fail export_leaves_only_the_two_files "$(ls -A $TMP/llama-hf)"
+# OUT holds exactly its files (the demo data's meta.json says byte tokens: the tokenizer files
+# too, test/sh/export_complete.sh checks them): no temporaries left behind
+[ "$(ls -A $TMP/llama-hf | tr '\n' ' ')" = "config.json generation_config.json model.safetensors tokenizer.json tokenizer_config.json " ] &&
+    pass export_leaves_only_its_files || fail export_leaves_only_its_files "$(ls -A $TMP/llama-hf)"
 # a checkpoint directory stands for its newest step
 $UST export $TMP/llama/ckpt --to hf $TMP/llama-hf2 >/dev/null 2>&1
 cmp -s $TMP/llama-hf/model.safetensors $TMP/llama-hf2/model.safetensors &&
@@ -109,7 +110,7 @@ expect_exit export_truncated_safetensors_exits_2 2 "model.safetensors" -- $UST e
 # a failed export over an earlier good one leaves it as it was
 sum_before=$(md5sum $TMP/llama-hf/* | md5sum)
 $UST export $TMP/shape --to hf $TMP/llama-hf >/dev/null 2>&1
-[ "$(md5sum $TMP/llama-hf/* | md5sum)" = "$sum_before" ] && [ "$(ls -A $TMP/llama-hf | wc -l)" = 2 ] &&
+[ "$(md5sum $TMP/llama-hf/* | md5sum)" = "$sum_before" ] && [ "$(ls -A $TMP/llama-hf | wc -l)" = 5 ] &&
     pass export_failure_leaves_existing_output_untouched || fail export_failure_leaves_existing_output_untouched "OUT changed"
 : >$TMP/a-file
 expect_exit export_out_is_a_file_exits_2 2 "exists and is not a directory" -- \

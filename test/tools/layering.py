@@ -29,7 +29,7 @@ LAYER_NAMES = ["basics", "comm", "tp/cp/ep", "model", "pp/dp", "train", "tools/c
 MODULES = {
     "core/error": 0, "core/fs": 0, "core/log": 0, "core/mem": 0, "core/rng": 0,
     "core/config": 0, "core/optim": 0, "core/ops": 0, "core/ops_cpu": 0, "core/ops_prof": 0,
-    "core/blas_guard": 0, "core/spike": 0,
+    "core/blas_guard": 0, "core/spike": 0, "core/sha256": 0,
     "parallel/bootstrap": 1, "parallel/bootstrap_impl": 1, "parallel/bootstrap_pmix": 1,
     "parallel/bootstrap_server": 1, "parallel/bootstrap_common": 1, "parallel/bootstrap_store": 1, "parallel/comm": 1,
     "parallel/comm_impl": 1, "parallel/comm_shm": 1, "parallel/comm_shm_segment": 1,
@@ -42,7 +42,7 @@ MODULES = {
     "parallel/dp": 4,
     "core/train": 5, "core/plan": 5,
     "core/planner": 6, "core/prep": 6, "core/prep_input": 6, "core/tokenizer": 6, "core/tok_unicode": 6,
-    "core/export": 6, "core/generate": 6, "cuda/bench_gpu": 6,
+    "core/export": 6, "core/hf_tok": 6, "core/generate": 6, "cuda/bench_gpu": 6,
 }
 # function prefixes -> the module they belong to
 PREFIXES = {
@@ -55,6 +55,7 @@ PREFIXES = {
     "dp": "parallel/dp", "train": "core/train", "plan": "core/plan", "planner": "core/planner",
     "prep": "core/prep", "tok": "core/tokenizer", "export": "core/export", "ops_cuda": "cuda",
     "hf": "core/hf_map", "spike": "core/spike", "infer": "core/infer", "gen": "core/generate",
+    "sha256": "core/sha256", "hftok": "core/hf_tok",
 }
 CALL = re.compile(r"(?<![\w.>])(" + "|".join(sorted(PREFIXES, key=len, reverse=True)) +
                   r")_\w+\s*\(")

@@ -1,0 +1,226 @@
+/* ustrain eval CKPT_OR_HF_DIR --data GLOB [--steps N] [--seq-len T] [--micro-batch-size B]
+ * [--set key=value ...]: the mean loss and perplexity of a model over the windows of GLOB.
+ *
+ * The run is the checkpoint's own config (state.json) with the overrides, evaluated by the
+ * trainer's validation pass (train_eval), so any layout under any launcher gives the numbers one
+ * process gives. A Hugging Face model directory goes through model.init_from with model.arch:
+ * auto on the default config, which the Hugging Face import (core/hf_import) provides. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ckpt.h"
+#include "cmd.h"
+#include "config.h"
+#include "data.h"
+#include "error.h"
+#include "train.h"
+
+static const char *EVAL_USAGE =
+    "usage: ustrain eval CKPT_OR_HF_DIR --data GLOB [--steps N] [--seq-len T]\n"
+    "                    [--micro-batch-size B] [--set key.path=value ...]\n"
+    "  mean loss and perplexity of the model over the windows of T+1 tokens of GLOB (shards in\n"
+    "  data.format, the checkpoint's); prints `eval: loss X ppl Y tokens Z`.\n"
+    "  CKPT_OR_HF_DIR  a checkpoint step directory or checkpoint directory (its newest step;\n"
+    "                  the run's config comes from its state.json), or a Hugging Face model\n"
+    "                  directory (model.init_from, model.arch: auto: needs the HF import)\n"
+    "  --steps N       micro-batches to evaluate, 1..1000000 (default: every whole micro-batch\n"
+    "                  of GLOB; more than GLOB holds is an error)\n"
+    "  --seq-len T     tokens per window (default: the run's train.seq_len; <= max_seq_len)\n"
+    "  --micro-batch-size B  windows per micro-batch (default: the run's)\n"
+    "  --set           any config key, e.g. --set parallel.tp=2 under scripts/ustrun: every\n"
+    "                  layout gives the numbers of one process\n";
+
+typedef struct {
+    const char *model, *data;
+    long long steps, seq_len, mb; /* 0: not given */
+} eval_args;
+
+static int eval_usage(const char *fmt, const char *arg) {
+    return cmd_usage_error("ustrain", EVAL_USAGE, fmt, arg);
+}
+
+static int parse_args(int argc, char **argv, eval_args *a) {
+    const cmd_who who = {"ustrain", EVAL_USAGE};
+    for (int i = 0; i < argc; i++) {
+        const char *o = argv[i];
+        if (o[0] != '-') {
+            if (a->model) return eval_usage("unexpected argument %s", o);
+            a->model = o;
+            continue;
+        }
+        if (strcmp(o, "--data") && strcmp(o, "--steps") && strcmp(o, "--seq-len") &&
+            strcmp(o, "--micro-batch-size") && strcmp(o, "--set"))
+            return eval_usage("unknown option %s for eval", o);
+        if (i + 1 >= argc) return eval_usage("%s needs a value", o);
+        const char *v = argv[++i];
+        int rc = 0;
+        if (!strcmp(o, "--data"))
+            a->data = v;
+        else if (!strcmp(o, "--steps"))
+            rc = cmd_int_opt(&who, o, v, 1, 1000000, &a->steps);
+        else if (!strcmp(o, "--seq-len"))
+            rc = cmd_int_opt(&who, o, v, 1, 16777216, &a->seq_len);
+        else if (!strcmp(o, "--micro-batch-size"))
+            rc = cmd_int_opt(&who, o, v, 1, 1 << 20, &a->mb);
+        if (rc) return rc;
+    }
+    if (!a->model) return eval_usage("%s", "missing CKPT_OR_HF_DIR");
+    if (!a->data) return eval_usage("%s", "missing --data GLOB");
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The model: a checkpoint's config, or a Hugging Face directory through model.init_from */
+
+/* The run's config from state.json, and its step (the resume must not exceed train.steps). */
+static int checkpoint_config(ust_config *c, const char *step, long long *at, ust_err *e) {
+    ckpt_reader *r = ckpt_open(step, e);
+    if (!r) return -1;
+    cJSON *j = cJSON_Parse(ckpt_state_json(r));
+    ckpt_close(r);
+    const cJSON *y = cJSON_GetObjectItemCaseSensitive(j, "config"),
+                *s = cJSON_GetObjectItemCaseSensitive(j, "step");
+    char where[PATH_MAX + 32];
+    snprintf(where, sizeof where, "%s/state.json (config)", step);
+    int rc = cJSON_IsString(y) && cJSON_IsNumber(s)
+                 ? cfg_load_string(c, y->valuestring, where, e)
+                 : ust_errf(e, "eval: %s/state.json is not a ustrain checkpoint state", step);
+    if (!rc) *at = (long long)s->valuedouble;
+    cJSON_Delete(j);
+    return rc;
+}
+
+static bool is_file(const char *dir, const char *name) {
+    char p[PATH_MAX + 64];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return access(p, F_OK) == 0;
+}
+
+/* A transformers model directory on the default config: the Hugging Face import reads its
+ * config.json and weights through model.init_from (model.arch: auto takes its architecture). */
+static int hf_model_config(ust_config *c, const char *dir, ust_err *e) {
+    char set[PATH_MAX + 32];
+    snprintf(set, sizeof set, "model.init_from=%s", dir);
+    ust_err why;
+    if (cfg_set(c, "model.arch=auto", &why) || cfg_set(c, set, &why) ||
+        cfg_set(c, "checkpoint.resume=none", &why))
+        return ust_errf(e,
+                        "eval: %s is a Hugging Face model directory, read through "
+                        "model.init_from with model.arch: auto: %s",
+                        dir, why.msg);
+    return 0;
+}
+
+/* c: the config to evaluate with, before the overrides. */
+static int model_config(ust_config *c, const char *model, ust_err *e) {
+    struct stat st;
+    char step[PATH_MAX] = "";
+    long long at = 0;
+    cfg_defaults(c);
+    if (stat(model, &st) != 0) return ust_errf(e, "eval: %s: %s", model, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return ust_errf(e, "eval: %s is not a checkpoint or Hugging Face model directory", model);
+    if (is_file(model, "state.json")) {
+        snprintf(step, sizeof step, "%s", model);
+    } else if (is_file(model, "config.json")) {
+        return hf_model_config(c, model, e);
+    } else {
+        int found = ckpt_find_latest(model, step, sizeof step, e);
+        if (found < 0) return -1;
+        if (!found)
+            return ust_errf(e,
+                            "eval: %s is neither a checkpoint (no state.json, no finished step_N) "
+                            "nor a Hugging Face model directory (no config.json)",
+                            model);
+    }
+    if (checkpoint_config(c, step, &at, e)) return -1;
+    /* the model only: resumed from this step, read-only (no lock, nothing written) */
+    snprintf(c->checkpoint.resume, sizeof c->checkpoint.resume, "%s", step);
+    if (c->train.steps < at) c->train.steps = at;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The overrides and the data */
+
+static int apply_overrides(ust_config *c, int argc, char **argv, const eval_args *a, ust_err *e) {
+    for (int i = 0; i < argc; i++)
+        if (!strcmp(argv[i], "--set") && cfg_set(c, argv[++i], e)) return -1;
+    if (strlen(a->data) >= sizeof c->data.val)
+        return ust_errf(e, "eval: --data %s: longer than %zu characters", a->data,
+                        sizeof c->data.val - 1);
+    /* the run must open a training set too: GLOB, and the resume must accept it in place of the
+     * checkpoint's blend (nothing is trained from it) */
+    snprintf(c->data.train, sizeof c->data.train, "%s", a->data);
+    snprintf(c->data.val, sizeof c->data.val, "%s", a->data);
+    c->data.allow_reweight = true;
+    if (a->seq_len && a->seq_len > c->model.max_seq_len)
+        return ust_errf(e, "eval: --seq-len %lld is beyond the model's max_seq_len %d", a->seq_len,
+                        c->model.max_seq_len);
+    if (a->seq_len) c->train.seq_len = (int)a->seq_len;
+    if (a->mb) c->train.micro_batch_size = (int)a->mb;
+    /* the training step's batch only has to fit the layout: the fewest micro-batches per step
+     * (the interleaved schedule needs a multiple of pp), so the pipeline holds the fewest */
+    int accum =
+        c->parallel.pp > 1 && c->parallel.pp_schedule == PP_INTERLEAVED ? c->parallel.pp : 1;
+    c->train.global_batch_size = c->train.micro_batch_size * c->parallel.dp * accum;
+    c->data.val_every = 1;
+    return 0;
+}
+
+/* The micro-batches to evaluate: --steps, or every whole one GLOB holds (and no more, since more
+ * would count windows twice). */
+static int eval_steps(const ust_config *c, const eval_args *a, int *steps, ust_err *e) {
+    ust_dataset *d;
+    int T = c->train.seq_len, B = c->train.micro_batch_size;
+    if (data_open(&d, a->data, c->data.format, c->model.vocab_size, e)) return -1;
+    int64_t windows = data_num_samples(d, T), have = windows / B;
+    data_close(d);
+    if (have < 1)
+        return ust_errf(e,
+                        "eval: --data %s holds %lld windows of %d+1 tokens, fewer than one "
+                        "micro-batch of %d",
+                        a->data, (long long)windows, T, B);
+    if (a->steps > have)
+        return ust_errf(e,
+                        "eval: --steps %lld: --data %s holds %lld micro-batches of %d windows of "
+                        "%d+1 tokens",
+                        a->steps, a->data, (long long)have, B, T);
+    *steps = a->steps ? (int)a->steps : (int)(have < 1000000 ? have : 1000000);
+    return 0;
+}
+
+int cmd_eval(int argc, char **argv) {
+    if (cmd_wants_help(argc, argv)) return cmd_print_usage(EVAL_USAGE);
+    eval_args a = {0};
+    int rc = parse_args(argc, argv, &a);
+    if (rc) return rc;
+    ust_config c;
+    ust_err e;
+    int steps = 0;
+    if (model_config(&c, a.model, &e) || apply_overrides(&c, argc, argv, &a, &e) ||
+        cfg_validate(&c, 0, &e) || eval_steps(&c, &a, &steps, &e)) {
+        fprintf(stderr, "ustrain: error: %s\n", e.msg);
+        return UST_EXIT_USAGE;
+    }
+    c.data.val_steps = steps;
+    c.checkpoint.dir[0] = 0; /* read-only: no lock on the run's checkpoint directory */
+    ust_runtime rt;
+    if (train_runtime_init(&rt, &c, &e)) {
+        fprintf(stderr, "ustrain: error: %s\n", e.msg);
+        return UST_EXIT_USAGE;
+    }
+    double loss = NAN;
+    rc = train_eval(&c, &rt, &loss);
+    if (rc == 0 && rt.rank == 0)
+        printf("eval: loss %.6f ppl %.4f tokens %lld\n", loss, exp(loss),
+               (long long)steps * c.train.micro_batch_size * c.train.seq_len);
+    if (rc == 0) train_runtime_finalize(&rt);
+    return rc;
+}
