@@ -4,7 +4,7 @@
  * The run is the checkpoint's own config (state.json) with the overrides, evaluated by the
  * trainer's validation pass (train_eval), so any layout under any launcher gives the numbers one
  * process gives. A Hugging Face model directory goes through model.init_from with model.arch:
- * auto on the default config, which the Hugging Face import (core/hf_import) provides. */
+ * auto on the default config (core/hf_import reads its config.json and its weights). */
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <limits.h>
@@ -16,6 +16,7 @@
 
 #include "ckpt.h"
 #include "cmd.h"
+#include "hf_import.h"
 #include "config.h"
 #include "data.h"
 #include "error.h"
@@ -28,7 +29,7 @@ static const char *EVAL_USAGE =
     "  data.format, the checkpoint's); prints `eval: loss X ppl Y tokens Z`.\n"
     "  CKPT_OR_HF_DIR  a checkpoint step directory or checkpoint directory (its newest step;\n"
     "                  the run's config comes from its state.json), or a Hugging Face model\n"
-    "                  directory (model.init_from, model.arch: auto: needs the HF import)\n"
+    "                  directory (read through model.init_from with model.arch: auto)\n"
     "  --steps N       micro-batches to evaluate, 1..1000000 (default: every whole micro-batch\n"
     "                  of GLOB; more than GLOB holds is an error)\n"
     "  --seq-len T     tokens per window (default: the run's train.seq_len; <= max_seq_len)\n"
@@ -114,6 +115,9 @@ static int hf_model_config(ust_config *c, const char *dir, ust_err *e) {
                         "eval: %s is a Hugging Face model directory, read through "
                         "model.init_from with model.arch: auto: %s",
                         dir, why.msg);
+    if (hf_resolve_config(c, e)) return -1; /* the shape from its config.json */
+    /* the default sequence (128) may be longer than a small model's positions */
+    if (c->train.seq_len > c->model.max_seq_len) c->train.seq_len = c->model.max_seq_len;
     return 0;
 }
 

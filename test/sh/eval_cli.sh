@@ -80,6 +80,16 @@ expect_exit eval_unknown_option_exits_2 2 "unknown option --bogus for eval" -- $
 expect_exit eval_bad_set_exits_2 2 "parallel.tp" -- $UST eval $CK --data "$VAL" --set parallel.tp=3
 expect_exit eval_layout_without_the_ranks_exits_2 2 "the world has 1 ranks" -- \
     $UST eval $CK --data "$VAL" --set parallel.tp=2
+# a Hugging Face directory (the checkpoint's export): the same loss, the weights read through the
+# importer, under one process and tp=2
+$UST export $CK --to hf $TMP/hfdir >/dev/null 2>&1
+a=$($UST eval $CK --data "$VAL" --steps 2 2>&1 | loss_of)
+b=$($UST eval $TMP/hfdir --data "$VAL" --steps 2 --seq-len 32 --micro-batch-size 2 2>&1 | loss_of)
+c=$(scripts/ustrun --nproc-per-node 2 $UST eval $TMP/hfdir --data "$VAL" --steps 2 --seq-len 32 --micro-batch-size 2 \
+    --set parallel.tp=2 2>&1 | loss_of)
+python3 -c "import sys; a, b, c = map(float, sys.argv[1:]); sys.exit(not (abs(a - b) <= 2e-6 and abs(a - c) <= 2e-6))" \
+    "$a" "$b" "$c" 2>/dev/null && pass eval_hf_directory_equals_its_checkpoint ||
+    fail eval_hf_directory_equals_its_checkpoint "checkpoint '$a', hf '$b', hf tp=2 '$c'"
 expect_exit eval_help_exits_0 0 "usage: ustrain eval CKPT_OR_HF_DIR --data GLOB" -- $UST eval --help
 expect_exit ustrain_help_lists_eval 0 "eval CKPT_OR_HF_DIR --data GLOB" -- $UST --help
 
