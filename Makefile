@@ -205,3 +205,6 @@ fuzz:
 test-hf: ustrain
 	UST_INSTALL_TRANSFORMERS=1 OMP_NUM_THREADS=1 bash test/sh/export_hf.sh
 	UST_INSTALL_TRANSFORMERS=1 OMP_NUM_THREADS=1 bash test/sh/hf_import.sh
+	UST_INSTALL_TRANSFORMERS=1 OMP_NUM_THREADS=1 bash test/sh/export_complete.sh
+	UST_INSTALL_TRANSFORMERS=1 OMP_NUM_THREADS=1 bash test/sh/generate.sh
+	UST_INSTALL_TRANSFORMERS=1 OMP_NUM_THREADS=1 bash test/sh/eval_cli.sh
