@@ -109,21 +109,12 @@ static int parse(gen_args *a, int argc, char **argv) {
     return 0;
 }
 
-/* The prompt file's bytes (malloc'd), or NULL with the message printed. */
+/* The prompt file's bytes (malloc'd; at most 64 MiB, far beyond any max_seq_len of text), or
+ * NULL with the message printed. */
 static char *read_prompt_file(const char *path, size_t *n) {
     ust_err e;
-    FILE *f = fs_fopen_regular(path, "rb", &e);
-    if (!f) {
-        fprintf(stderr, "ustrain: error: --prompt-file %s\n", e.msg);
-        return NULL;
-    }
-    size_t cap = 4096, len = 0, got;
-    char *buf = malloc(cap);
-    while (buf && (got = fread(buf + len, 1, cap - len, f)) > 0)
-        if ((len += got) == cap) buf = realloc(buf, cap *= 2);
-    fclose(f);
-    UST_ASSERT(buf, "out of memory reading %s", path);
-    *n = len;
+    char *buf = fs_read_file(path, 64u << 20, n, &e);
+    if (!buf) fprintf(stderr, "ustrain: error: --prompt-file %s\n", e.msg);
     return buf;
 }
 

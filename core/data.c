@@ -759,15 +759,10 @@ int data_meta_read(const char *glob_pattern, data_meta *out, ust_err *e) {
     snprintf(out->path, sizeof out->path, "%.*s/meta.json", dir_len, slash ? glob_pattern : ".");
     out->vocab_size = out->eot_id = -1;
     if (access(out->path, F_OK) != 0 && errno == ENOENT) return 0;
-    ust_err inner;
-    FILE *f = fs_fopen_regular(out->path, "rb", &inner);
-    if (!f) return ust_errf(e, "%s", inner.msg);
-    char buf[1 << 16];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    int big = !feof(f);
-    fclose(f);
-    buf[n] = 0;
-    cJSON *j = big ? NULL : cJSON_Parse(buf);
+    char *buf = fs_read_file(out->path, 1 << 20, NULL, e); /* data prep writes ~300 bytes */
+    if (!buf) return -1;
+    cJSON *j = cJSON_Parse(buf);
+    free(buf);
     int rc = j && cJSON_IsObject(j) && !meta_int(j, "vocab_size", &out->vocab_size) &&
                      !meta_int(j, "eot_id", &out->eot_id)
                  ? 1

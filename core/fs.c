@@ -208,3 +208,35 @@ void fs_unguard_mapping(const void *addr) {
         }
     pthread_mutex_unlock(&g_guard_lock);
 }
+
+char *fs_read_file(const char *path, size_t max, size_t *len, ust_err *e) {
+    ust_err inner;
+    FILE *f = fs_fopen_regular(path, "rb", &inner);
+    if (!f) {
+        ust_errf(e, "%s", inner.msg);
+        return NULL;
+    }
+    size_t cap = 4096, n = 0, got;
+    char *buf = malloc(cap + 1);
+    while (buf && n <= max && (got = fread(buf + n, 1, cap - n, f)) > 0) {
+        n += got;
+        if (n == cap && n <= max) {
+            char *grown = realloc(buf, (cap *= 2) + 1);
+            if (!grown) free(buf);
+            buf = grown;
+        }
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (!buf || bad || n > max) {
+        free(buf);
+        if (n > max)
+            ust_errf(e, "%s: larger than %zu bytes, more than such a file should hold", path, max);
+        else
+            ust_errf(e, "%s: cannot read: %s", path, bad ? strerror(errno) : "out of memory");
+        return NULL;
+    }
+    buf[n] = 0;
+    if (len) *len = n;
+    return buf;
+}

@@ -25,6 +25,10 @@ FILE *fs_fopen_stream(const char *path, ust_err *e);
 
 /* fopen(3) of a regular file for reading ("rb"), writing ("wb", truncates) or appending ("ab"). */
 FILE *fs_fopen_regular(const char *path, const char *how, ust_err *e);
+/* The whole of regular file path, NUL-terminated (malloc'd; *len gets its length when len is not
+ * NULL); NULL with a message naming the file when it cannot be read or is larger than max
+ * bytes (a hostile or mistaken file costs at most that much memory). */
+char *fs_read_file(const char *path, size_t max, size_t *len, ust_err *e);
 
 /* Memory-mapped input files (data shards, checkpoint tensors) are guarded: when one shrinks
  * while it is mapped (truncated by someone else), the SIGBUS of the next read ends the process

@@ -105,29 +105,8 @@ cJSON *hftok_bytes_tokenizer(int vocab_size) {
 /* ---------------------------------------------------------------------------------------------
  * Reading the checkpoint's record */
 
-static char *read_file(const char *path, ust_err *e) {
-    ust_err inner;
-    FILE *f = fs_fopen_regular(path, "rb", &inner);
-    if (!f) {
-        ust_errf(e, "%s", inner.msg);
-        return NULL;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap + 1);
-    for (size_t got; buf && (got = fread(buf + n, 1, cap - n, f)) > 0;) {
-        n += got;
-        if (n == cap) buf = realloc(buf, (cap *= 2) + 1);
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (!buf || bad) {
-        free(buf);
-        ust_errf(e, "%s: cannot read: %s", path, bad ? strerror(errno) : "out of memory");
-        return NULL;
-    }
-    buf[n] = 0;
-    return buf;
-}
+/* A tokenizer.json: Llama 3's is 9 MB, 256 MiB is far beyond any real one. */
+static char *read_file(const char *path, ust_err *e) { return fs_read_file(path, 256u << 20, NULL, e); }
 
 /* The string of token id in a tokenizer.json: an added token's content, else the vocabulary's
  * entry ("" when neither has it). */
