@@ -278,7 +278,7 @@ static int cmd_data(int argc, char **argv) {
                                              : "data demo takes no options");
         /* the demo text is byte tokens with end of text 256, as data prep without a tokenizer
          * writes them: its meta.json says so */
-        if (data_write_demo(argv[1], &e) || prep_write_meta(argv[1], NULL, 256, 257, 2, &e)) {
+        if (data_write_demo(argv[1], &e) || prep_write_meta(argv[1], NULL, 256, 257, 2, NULL, &e)) {
             fprintf(stderr, "ustrain: error: %s\n", e.msg);
             return UST_EXIT_RUNTIME;
         }

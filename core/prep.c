@@ -463,7 +463,7 @@ int prep_run(const prep_args *a, prep_result *res, ust_err *e) {
     res->width = s->width;
     res->eot = eot;
     if (rc == 0)
-        rc = prep_write_meta(a->out_dir, a->tok ? a->tok_path : NULL, eot, vocab, s->width, e);
+        rc = prep_write_meta(a->out_dir, a->tok ? a->tok_path : NULL, eot, vocab, s->width, res, e);
     res->seconds = log_now_s() - t0;
     free(s);
     tok_free(own);
@@ -473,7 +473,8 @@ int prep_run(const prep_args *a, prep_result *res, ust_err *e) {
 /* ---------------------------------------------------------------------------------------------
  * meta.json */
 
-static cJSON *meta_json(const char *tok_path, int eot, int vocab, int width, ust_err *e) {
+static cJSON *meta_json(const char *tok_path, int eot, int vocab, int width,
+                        const prep_result *counts, ust_err *e) {
     cJSON *j = cJSON_CreateObject();
     if (tok_path) {
         char abs[PATH_MAX], hex[SHA256_HEX_LEN + 1];
@@ -498,12 +499,17 @@ static cJSON *meta_json(const char *tok_path, int eot, int vocab, int width, ust
     cJSON_AddNumberToObject(j, "vocab_size", vocab);
     cJSON_AddNumberToObject(j, "token_bytes", width);
     cJSON_AddStringToObject(j, "format", "llmc");
+    if (counts) { /* what the shards hold, without reading them */
+        cJSON_AddNumberToObject(j, "train_tokens", (double)counts->ntrain);
+        cJSON_AddNumberToObject(j, "val_tokens", (double)counts->nval);
+        cJSON_AddNumberToObject(j, "documents", (double)counts->ndocs);
+    }
     return j;
 }
 
 int prep_write_meta(const char *dir, const char *tok_path, int eot, int vocab, int width,
-                    ust_err *e) {
-    cJSON *j = meta_json(tok_path, eot, vocab, width, e);
+                    const prep_result *counts, ust_err *e) {
+    cJSON *j = meta_json(tok_path, eot, vocab, width, counts, e);
     if (!j) return -1;
     char *text = cJSON_Print(j);
     cJSON_Delete(j);

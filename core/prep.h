@@ -47,9 +47,10 @@ int prep_run(const prep_args *a, prep_result *r, ust_err *e);
 
 /* DIR/meta.json: {"tokenizer": the absolute path of tok_path, or "bytes" when tok_path is NULL
  * (ids 0..255 are the bytes), "tokenizer_sha256": its hex digest (absent for bytes), "eot_id": eot
- * (null when < 0), "vocab_size", "token_bytes": width, "format": "llmc"}. Written under a
- * temporary name and renamed, so a reader sees the old file or the new one. */
+ * (null when < 0), "vocab_size", "token_bytes": width, "format": "llmc", and with counts
+ * "train_tokens", "val_tokens", "documents"}. Written under a temporary name and renamed, so a
+ * reader sees the old file or the new one. */
 int prep_write_meta(const char *dir, const char *tok_path, int eot, int vocab, int width,
-                    ust_err *e);
+                    const prep_result *counts, ust_err *e);
 
 #endif

@@ -68,15 +68,25 @@ $UST data demo $TMP/demo >/dev/null
 $UST data prep --tokenizer $TMP/bpe/tokenizer.json --out $TMP/bpe-data --val-fraction 0.1 --threads 1 \
     $TMP/corpus.txt >$TMP/prep.log 2>&1 || fail data_prep_bpe_runs "$(tail -2 $TMP/prep.log)"
 want=$(python3 -c "import hashlib,json,os,sys; p=os.path.realpath(sys.argv[1]); print(json.dumps({'tokenizer': p, 'tokenizer_sha256': hashlib.sha256(open(p,'rb').read()).hexdigest(), 'eot_id': $BPE_EOT, 'vocab_size': $BPE_V, 'token_bytes': 2, 'format': 'llmc'}))" $TMP/bpe/tokenizer.json)
-[ "$(jget $TMP/bpe-data/meta.json j)" = "$want" ] &&
+NOCOUNT='{k: v for k, v in j.items() if k not in ("train_tokens", "val_tokens", "documents")}'
+[ "$(jget $TMP/bpe-data/meta.json "$NOCOUNT")" = "$want" ] &&
     pass data_prep_meta_json_names_the_tokenizer_and_its_sha256 ||
-    fail data_prep_meta_json_names_the_tokenizer_and_its_sha256 "$(jget $TMP/bpe-data/meta.json j) != $want"
+    fail data_prep_meta_json_names_the_tokenizer_and_its_sha256 "$(jget $TMP/bpe-data/meta.json "$NOCOUNT") != $want"
+# its token counts are the shards' (llm.c header word 2), and the documents the corpus's
+python3 - $TMP/bpe-data <<'EOT'
+import glob, json, struct, sys
+d = sys.argv[1]
+m = json.load(open(f"{d}/meta.json"))
+count = lambda pat: sum(struct.unpack("<3i", open(p, "rb").read(12))[2] for p in glob.glob(f"{d}/{pat}"))
+ok = m["train_tokens"] == count("train_*.bin") and m["val_tokens"] == count("val_*.bin") and m["documents"] == 1
+print("PASS data_prep_meta_json_counts_the_tokens" if ok else f"FAIL data_prep_meta_json_counts_the_tokens: {m}")
+EOT
 U=$(realpath $UST)
 (cd $TMP/bpe && $U data prep --tokenizer tokenizer.json --out ../bpe-rel --threads 1 ../corpus.txt >/dev/null 2>&1)
 [ "$(jget $TMP/bpe-rel/meta.json 'j["tokenizer"]')" = "\"$(realpath $TMP/bpe/tokenizer.json)\"" ] &&
     pass data_prep_meta_json_path_is_absolute || fail data_prep_meta_json_path_is_absolute "$(cat $TMP/bpe-rel/meta.json)"
 $UST data prep --out $TMP/byte-data --val-fraction 0.1 --threads 1 $TMP/corpus.txt >/dev/null 2>&1
-[ "$(jget $TMP/byte-data/meta.json j)" = '{"tokenizer": "bytes", "eot_id": 256, "vocab_size": 257, "token_bytes": 2, "format": "llmc"}' ] &&
+[ "$(jget $TMP/byte-data/meta.json "$NOCOUNT")" = '{"tokenizer": "bytes", "eot_id": 256, "vocab_size": 257, "token_bytes": 2, "format": "llmc"}' ] &&
     pass data_prep_meta_json_bytes_has_no_sha256 || fail data_prep_meta_json_bytes_has_no_sha256 "$(cat $TMP/byte-data/meta.json)"
 $UST data prep --out $TMP/noeot --eot none --threads 1 $TMP/corpus.txt >/dev/null 2>&1
 [ "$(jget $TMP/noeot/meta.json 'j["eot_id"]')" = null ] && [ -z "$(ls -A $TMP/noeot | grep tmp)" ] &&
