@@ -60,6 +60,16 @@ expect_exit prep_stdin_twice_exits_2 2 'standard input\) twice' -- $P --out $TMP
 expect_exit prep_val_fraction_0_no_val 0 "val: 0 tokens in 0 shards" -- $P --out $TMP/z --val-fraction 0 $TMP/big.txt
 expect_exit prep_one_thread_grammar 0 "1 thread\)" -- $P --out $TMP/z2 $TMP/big.txt
 
+# validate checks the shards' meta.json against the model without reading a token
+$P --out $TMP/v $TMP/big.txt >/dev/null 2>&1
+expect_exit validate_refuses_a_vocabulary_above_the_model 2 "$TMP/v/meta.json: the shards' tokens come from a vocabulary of 257, above model.vocab_size = 200" -- \
+    $UST validate configs/tiny.yaml --set "data.train=$TMP/v/train_*.bin" --set model.vocab_size=200
+expect_exit validate_accepts_a_vocabulary_that_fits 0 "valid" -- \
+    $UST validate configs/tiny.yaml --set "data.train=$TMP/v/train_*.bin" --set "data.val=$TMP/v/val_*.bin" --set model.vocab_size=300
+echo '{"vocab_size": "many"}' >$TMP/v/meta.json
+expect_exit validate_refuses_a_malformed_meta_json 2 "$TMP/v/meta.json: not a data prep meta.json" -- \
+    $UST validate configs/tiny.yaml --set "data.train=$TMP/v/train_*.bin" --set model.vocab_size=300
+
 # Parquet through pyarrow (optional): rows stream into data prep's standard input
 python3 -c 'import pyarrow' 2>/dev/null || pip install -q pyarrow >/dev/null 2>&1
 if python3 -c 'import pyarrow' 2>/dev/null; then
