@@ -51,9 +51,13 @@ out=$(scripts/ustrun --nproc-per-node 8 $UST train $TMP/stop.yaml $L --set train
 echo "$out" | grep -q "resuming from .*step_$step" && [ "$(cat $TMP/run/ckpt/latest)" = "step_$((step + 1))" ] &&
     pass resume_after_stop_of_a_4d_job || fail resume_after_stop_of_a_4d_job "$(echo "$out" | tail -3)"
 # every bundled config, the real-size layouts included, is valid for its own world size
+# (hf-tiny.yaml imports a Hugging Face directory: the one the README's example makes)
+python3 test/tools/hf_make_model.py make llama $TMP/hf-model >/dev/null 2>&1
 for f in configs/*.yaml; do
-    w=$($UST validate $f 2>&1 | sed -n 's/.*(world \([0-9]*\)).*/\1/p' | head -1)
-    if $UST validate $f --world "$w" >$TMP/v.out 2>&1; then pass "config_$(basename $f .yaml)_validates_at_world_$w"
+    S=()
+    [ "$(basename $f)" = hf-tiny.yaml ] && S=(--set model.init_from=$TMP/hf-model)
+    w=$($UST validate $f "${S[@]}" 2>&1 | sed -n 's/.*(world \([0-9]*\)).*/\1/p' | head -1)
+    if $UST validate $f "${S[@]}" --world "$w" >$TMP/v.out 2>&1; then pass "config_$(basename $f .yaml)_validates_at_world_$w"
     else fail "config_$(basename $f .yaml)_validates" "$(tail -2 $TMP/v.out)"; fi
 done
 exit 0
