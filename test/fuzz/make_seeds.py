@@ -97,5 +97,29 @@ def hf():
             put("hf", f"{kind}_{dtype}", struct.pack("<I", len(cfg)) + cfg + st)
 
 
+def prep():
+    """Byte 0: 0/2 an input file (2: binary allowed), 1 a meta.json; then the file."""
+    import gzip
+    text = b"hello world\nthe cat sat on the mat\n" * 20
+    put("prep", "text", b"\x00" + text)
+    put("prep", "jsonl", b"\x00" + b'{"text": "a"}\n{"text": "b"}\n')
+    put("prep", "gzip", b"\x00" + gzip.compress(text))
+    put("prep", "gzip_members", b"\x00" + gzip.compress(text) + gzip.compress(b"more\n"))
+    put("prep", "gzip_cut", b"\x00" + gzip.compress(text)[:30])
+    # a zstd frame of the text (the magic, then the frame as libzstd writes it)
+    try:
+        import zstandard
+        put("prep", "zstd", b"\x00" + zstandard.ZstdCompressor().compress(text))
+    except ImportError:
+        import subprocess
+        z = subprocess.run(["zstd", "-q", "-c"], input=text, capture_output=True).stdout
+        if z:
+            put("prep", "zstd", b"\x00" + z)
+    put("prep", "binary", b"\x02" + bytes(range(256)))
+    put("prep", "meta", b"\x01" + json.dumps({"tokenizer": "bytes", "eot_id": 256, "vocab_size": 257,
+                                                "token_bytes": 2, "format": "llmc"}).encode())
+    put("prep", "meta_bad", b"\x01" + b'{"vocab_size": -5, "eot_id": 1e40}')
+
+
 if __name__ == "__main__":
-    config(), data(), ckpt(), store(), hf()
+    config(), data(), ckpt(), store(), hf(), prep()

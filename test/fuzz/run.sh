@@ -9,7 +9,7 @@ cd "$(dirname "$0")/../.." || exit 1
 OUT=${1:-build-fuzz}
 SECONDS_EACH=${2:-60}
 TARGETS=${*:3}
-TARGETS=${TARGETS:-config data ckpt store tokenizer hf}
+TARGETS=${TARGETS:-config data ckpt store tokenizer hf prep}
 if ! out=$(test/fuzz/build.sh "$OUT" 2>&1); then
     echo "FAIL fuzz_build: $(echo "$out" | tail -5)"
     exit 1

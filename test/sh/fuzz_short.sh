@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A short fuzz run of every parser that reads hostile input (issue 10, item 6): the YAML config,
-# token shard headers, checkpoint readers, the bootstrap store's frames, tokenizer.json and Hugging Face model directories, each replaying its
+# token shard headers, checkpoint readers, the bootstrap store's frames, tokenizer.json, Hugging Face
+# model directories and data prep's inputs (gzip, zstd, binary, JSON lines) and meta.json, each replaying its
 # committed corpus (seeds + regression inputs) and then fuzzed for FUZZ_SECONDS (default 5) with
 # libFuzzer + ASan + UBSan, built with clang in build-fuzz/. `make fuzz` is the long run.
 . "$(dirname "$0")/../lib.sh"
