@@ -21,12 +21,13 @@ wait $launcher
 kill -CONT $victim 2>/dev/null
 # the stop lands between ops (computing) or inside one (the collective rank 0 now waits in)
 WHERE="(between ops since #[0-9]+ \(computing, or stopped\)|in op #[0-9]+ \([a-z_]+\))"
-grep -qE "hang: group 'dp_cp' global rank 0 waits in op #[0-9]+ \(all_reduce\); behind: global rank 1 $WHERE" $TMP/stop.out &&
+# (rank 0 may be waiting in the data-parallel group's or the world's all-reduce)
+grep -qE "hang: group '[a-z_]+' global rank 0 waits in op #[0-9]+ \([a-z_]+\); behind: global rank 1 $WHERE" $TMP/stop.out &&
     pass hang_stopped_rank_named_by_its_peer || fail hang_stopped_rank_named_by_its_peer "$(grep -E 'hang|timed out' $TMP/stop.out | head -3)"
 grep -q "timed out after 3 s (dist.timeout_s) in op #[0-9]*, the last completed #[0-9]*" $TMP/stop.out &&
     pass hang_message_has_the_op_and_the_last_completed || fail hang_message_has_the_op_and_the_last_completed "$(grep 'timed out' $TMP/stop.out | head -2)"
 WHERE1="(between ops since #[0-9]+|in op #[0-9]+ \([a-z_]+\))"
-grep -qE "^ustrun: hang in group 'dp_cp': behind: global rank 1 $WHERE1; waiting: global rank 0 in op #[0-9]+ \(all_reduce\)" $TMP/stop.out &&
+grep -qE "^ustrun: hang in group '[a-z_]+': behind: global rank 1 $WHERE1; waiting: global rank 0 in op #[0-9]+ \([a-z_]+\)" $TMP/stop.out &&
     pass ustrun_gathers_the_hang_into_one_line || fail ustrun_gathers_the_hang_into_one_line "$(grep '^ustrun' $TMP/stop.out)"
 
 # a rank looping in compute at step 3 of a tp=2 x dp=2 job: its tensor-parallel partner and its
