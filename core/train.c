@@ -119,18 +119,6 @@ static uint64_t bytes_sent(ust_comm *c) {
     return total;
 }
 
-/* 1 when flag is set on any rank of the job. */
-static int any_rank(trainer *t, int flag) {
-    if (t->rt->world == 1) return flag;
-    float f = (float)flag;
-    t->ops->to_device(t->ops, t->flag, &f, sizeof f);
-    comm_req r =
-        comm_allreduce(t->rt->topo.comm[TOPO_WORLD], t->flag, t->flag, 1, COMM_FP32, COMM_SUM);
-    comm_wait(&r);
-    t->ops->to_host(t->ops, &f, t->flag, sizeof f);
-    return f > 0;
-}
-
 /* The sum of v over group k (exact below 2^24: counts), through the one device float. */
 static double group_sum(trainer *t, int k, double v) {
     const ust_comm *g = t->rt->topo.comm[k];
@@ -141,6 +129,12 @@ static double group_sum(trainer *t, int k, double v) {
     comm_wait(&r);
     t->ops->to_host(t->ops, &f, t->flag, sizeof f);
     return f;
+}
+
+/* 1 when flag is set on any rank of the job. */
+static int any_rank(trainer *t, int flag) {
+    if (t->rt->world == 1) return flag;
+    return group_sum(t, TOPO_WORLD, flag) > 0;
 }
 
 /* The lowest rank whose `failed` is set and, into msg, its message (this rank's on the way in).
