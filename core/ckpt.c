@@ -14,12 +14,15 @@
  * Until the rename nothing outside .tmp_step_N.<job> has changed, so a crash or an I/O error at
  * any point leaves the previous checkpoints exactly as they were. */
 #include "ckpt.h"
+#include "ckpt_manifest.h"
 #include "fs.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <inttypes.h>
@@ -190,8 +193,22 @@ typedef struct {
     char path[PATH_MAX];
     int fd;
     int n;
+    int64_t size; /* header and data */
     wtensor *t;
 } wfile;
+
+/* checkpoint.async: a rank's slices are copied here at the save; the writer thread writes them */
+typedef struct {
+    int file;
+    int64_t off, len, at; /* file offset and length; where the bytes are in the buffer */
+} staged_run;
+
+struct ckpt_stage {
+    unsigned char *buf;
+    int64_t cap, used;
+    staged_run *runs;
+    int64_t nruns, capruns;
+};
 
 struct ckpt_writer {
     char dir[PATH_MAX], tmp[PATH_MAX], final_dir[PATH_MAX];
@@ -204,6 +221,17 @@ struct ckpt_writer {
     bool failed; /* an earlier call failed on this rank: later writes are skipped, commit fails */
     ust_err first_error; /* the reason, which commit reports (rank 0 for every rank) */
     bool slept;          /* UST_FAULT_CKPT_SLEEP_MS was applied */
+    char job[72];
+    ckman_log log; /* the CRC of every range this rank wrote, for the manifest */
+    /* checkpoint.async */
+    ckpt_stage *stage; /* NULL: synchronous */
+    pthread_t thread;
+    bool thread_started;
+    atomic_int thread_done;
+    int thread_rc;
+    ust_err thread_err;
+    char *state_json; /* rank 0: what the thread writes as state.json */
+    int keep_last;
 };
 
 /* Errors are sticky, like ferror: the first one is kept and later writes are skipped, so a
@@ -221,6 +249,9 @@ static bool wsync(ckpt_writer *w, bool failed) {
 }
 
 static void free_writer(ckpt_writer *w) {
+    if (w->thread_started) pthread_join(w->thread, NULL);
+    ckman_free(&w->log);
+    free(w->state_json);
     for (int i = 0; i < w->nfiles; i++) {
         if (w->files[i].fd >= 0) close(w->files[i].fd);
         free(w->files[i].t);
@@ -261,6 +292,7 @@ ckpt_writer *ckpt_begin(const char *dir, int64_t step, int rank, const char *job
     w->rank = rank;
     w->sync = sync;
     w->sync_arg = sync_arg;
+    snprintf(w->job, sizeof w->job, "%s", job ? job : "");
     int rc = pathf(w->dir, sizeof w->dir, e, "%s", dir);
     if (!rc) rc = tmp_name(w->tmp, sizeof w->tmp, dir, step, job, e);
     if (!rc) rc = pathf(w->final_dir, sizeof w->final_dir, e, "%s/step_%lld", dir, (long long)step);
@@ -385,11 +417,13 @@ int ckpt_add_file(ckpt_writer *w, const char *file, const ckpt_tensor *tensors, 
             total += 4 * t->shape[0] * (t->ndim == 2 ? t->shape[1] : 1);
         }
     }
+    if (!rc) f->size = total;
     if (!rc && w->rank == 0) {
         f->fd = open(f->path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         if (f->fd < 0)
             rc = ust_errf(e, "checkpoint: cannot create %s: %s", f->path, strerror(errno));
         if (!rc) rc = pwrite_all(f->fd, hdr, (size_t)hlen, 0, f->path, e);
+        if (!rc) ckman_add(&w->log, w->nfiles - 1, 0, hdr, hlen);
         if (!rc && ftruncate(f->fd, (off_t)total) != 0)
             rc = ust_errf(e, "checkpoint: cannot size %s to %lld bytes: %s", f->path,
                           (long long)total, strerror(errno));
@@ -406,15 +440,53 @@ int ckpt_add_file(ckpt_writer *w, const char *file, const ckpt_tensor *tensors, 
 }
 
 typedef struct {
-    const wfile *f;
+    ckpt_writer *w;
+    int file;
     const wtensor *t;
     const float *src;
 } write_ctx;
 
+/* checkpoint.async: keeps the run in the stage (which the caller sized for everything this rank
+ * writes: a save that needs more is refused, never a reallocation behind the plan's back). */
+static int stage_run(ckpt_stage *s, int file, int64_t off, const void *src, int64_t len,
+                     ust_err *e) {
+    if (s->used > s->cap - len)
+        return ust_errf(e, "checkpoint: the async staging buffer (%lld bytes) is too small",
+                        (long long)s->cap);
+    if (s->nruns == s->capruns) {
+        int64_t cap = s->capruns ? 2 * s->capruns : 1024;
+        staged_run *nr = realloc(s->runs, (size_t)cap * sizeof *nr);
+        if (!nr) return ust_errf(e, "checkpoint: out of memory staging the checkpoint");
+        s->runs = nr, s->capruns = cap;
+    }
+    memcpy(s->buf + s->used, src, (size_t)len);
+    staged_run *last = s->nruns ? &s->runs[s->nruns - 1] : NULL;
+    if (last && last->file == file && last->off + last->len == off) /* one pwrite for both */
+        last->len += len;
+    else
+        s->runs[s->nruns++] = (staged_run){.file = file, .off = off, .len = len, .at = s->used};
+    s->used += len;
+    return 0;
+}
+
 static int write_run(void *vc, int64_t file_elem, int64_t slice_elem, int64_t n, ust_err *e) {
     write_ctx *c = vc;
-    return pwrite_all(c->f->fd, c->src + slice_elem, (size_t)n * 4, c->t->begin + 4 * file_elem,
-                      c->f->path, e);
+    const wfile *f = &c->w->files[c->file];
+    int64_t off = c->t->begin + 4 * file_elem;
+    if (c->w->stage) return stage_run(c->w->stage, c->file, off, c->src + slice_elem, 4 * n, e);
+    if (pwrite_all(f->fd, c->src + slice_elem, (size_t)n * 4, off, f->path, e)) return -1;
+    ckman_add(&c->w->log, c->file, off, c->src + slice_elem, 4 * n);
+    return 0;
+}
+
+/* UST_FAULT_CKPT_SLEEP_MS, once per checkpoint, after the rank's first slice is written */
+static void fault_sleep(ckpt_writer *w) {
+    int sleep_ms = w->slept ? 0 : fault_env("UST_FAULT_CKPT_SLEEP_MS");
+    if (sleep_ms <= 0) return;
+    w->slept = true;
+    struct timespec ts = {sleep_ms / 1000, (long)(sleep_ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
 }
 
 int ckpt_write_slice(ckpt_writer *w, int file, const char *name, const ckpt_slice *s,
@@ -440,17 +512,11 @@ int ckpt_write_slice(ckpt_writer *w, int file, const char *name, const ckpt_slic
         rc = ckpt_check_slice(s, rows, cols, name, e);
     }
     if (!rc) {
-        write_ctx c = {f, t, host_data};
+        write_ctx c = {w, file, t, host_data};
         rc = ckpt_for_each_run(s, cols, write_run, &c, e);
     }
     if (rc) writer_fail(w, e);
-    int sleep_ms = w->slept ? 0 : fault_env("UST_FAULT_CKPT_SLEEP_MS");
-    if (sleep_ms > 0) {
-        w->slept = true;
-        struct timespec ts = {sleep_ms / 1000, (long)(sleep_ms % 1000) * 1000000L};
-        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-        }
-    }
+    if (!w->stage) fault_sleep(w); /* async: the writer thread sleeps instead */
     return rc;
 }
 
@@ -531,7 +597,9 @@ static int publish(ckpt_writer *w, int keep_last, ust_err *e) {
     return 0;
 }
 
-int ckpt_commit(ckpt_writer *w, const char *state_json, int keep_last, ust_err *e) {
+/* Every rank once its data is written: rank 0 writes state.json, each rank leaves the CRCs of
+ * what it wrote (.crc.<rank>) and fsyncs and closes its files. */
+static int finish_local(ckpt_writer *w, const char *state_json, ust_err *e) {
     int rc = 0;
     if (w->failed) {
         *e = w->first_error;
@@ -542,6 +610,7 @@ int ckpt_commit(ckpt_writer *w, const char *state_json, int keep_last, ust_err *
         rc = pathf(p, sizeof p, e, "%s/%s", w->tmp, STATE_JSON);
         if (!rc) rc = write_small_file(p, state_json ? state_json : "{}\n", e);
     }
+    if (!rc) rc = ckman_save_log(&w->log, w->tmp, w->rank, e);
     for (int i = 0; i < w->nfiles; i++) {
         wfile *f = &w->files[i];
         if (f->fd < 0) continue;
@@ -551,6 +620,22 @@ int ckpt_commit(ckpt_writer *w, const char *state_json, int keep_last, ust_err *
             rc = ust_errf(e, "checkpoint: cannot write %s: %s", f->path, strerror(errno));
         f->fd = -1;
     }
+    return rc;
+}
+
+/* Rank 0: manifest.json from every rank's CRCs (which must tile the files exactly). */
+static int write_manifest(const ckpt_writer *w, const char *state_json, ust_err *e) {
+    ckman_files f = {.n = w->nfiles};
+    if (w->nfiles > CKMAN_MAX_FILES)
+        return ust_errf(e, "checkpoint: %d files, at most %d", w->nfiles, CKMAN_MAX_FILES);
+    for (int i = 0; i < w->nfiles; i++) f.name[i] = w->files[i].name, f.size[i] = w->files[i].size;
+    return ckman_write(w->tmp, &f, w->job, w->step, state_json, e);
+}
+
+/* Every rank together, after finish_local (rc: its result): the manifest and the publication,
+ * or nothing published when any rank failed. Frees w. */
+static int finish_global(ckpt_writer *w, int rc, const char *state_json, int keep_last,
+                         ust_err *e) {
     /* every rank learns whether any failed, and rank 0 the first failed rank's reason: it must
      * never publish another rank's holes, and says why it did not */
     char why[sizeof e->msg];
@@ -561,6 +646,7 @@ int ckpt_commit(ckpt_writer *w, const char *state_json, int keep_last, ust_err *
         if (!rc && any)
             rc = ust_errf(e, "rank %d failed to write its part: %s", failed_rank,
                           why[0] ? why : "(see its own message)");
+        if (!rc) rc = write_manifest(w, state_json, e);
         if (!rc) rc = publish(w, keep_last, e);
         if (rc) rm_rf(w->tmp);
     }
@@ -570,6 +656,105 @@ int ckpt_commit(ckpt_writer *w, const char *state_json, int keep_last, ust_err *
                       w->final_dir);
     free_writer(w);
     return rc;
+}
+
+int ckpt_commit(ckpt_writer *w, const char *state_json, int keep_last, ust_err *e) {
+    if (w->stage) return ckpt_commit_async(w, state_json, keep_last, e) || ckpt_poll(w, 1, e);
+    int rc = finish_local(w, state_json, e);
+    return finish_global(w, rc, state_json, keep_last, e);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * checkpoint.async */
+
+ckpt_stage *ckpt_stage_create(int64_t bytes, ust_err *e) {
+    ckpt_stage *s = calloc(1, sizeof *s);
+    if (bytes < 0 || bytes > ((int64_t)1 << 46)) {
+        free(s);
+        ust_errf(e, "checkpoint: async staging buffer of %lld bytes", (long long)bytes);
+        return NULL;
+    }
+    if (s) s->buf = malloc((size_t)(bytes > 0 ? bytes : 1));
+    if (!s || !s->buf) {
+        free(s);
+        ust_errf(e, "checkpoint: no host memory for the async staging buffer (%lld bytes)",
+                 (long long)bytes);
+        return NULL;
+    }
+    memset(s->buf, 0, (size_t)(bytes > 0 ? bytes : 1)); /* resident now, not at the first save */
+    s->cap = bytes;
+    return s;
+}
+
+void ckpt_stage_free(ckpt_stage *s) {
+    if (!s) return;
+    free(s->buf);
+    free(s->runs);
+    free(s);
+}
+
+int64_t ckpt_stage_bytes(const ckpt_stage *s) { return s ? s->cap : 0; }
+
+void ckpt_set_stage(ckpt_writer *w, ckpt_stage *s) {
+    w->stage = s;
+    if (s) s->used = 0, s->nruns = 0;
+}
+
+/* The background writer: the staged runs to their files (with their CRCs), then finish_local. */
+static void *writer_thread(void *arg) {
+    ckpt_writer *w = arg;
+    const ckpt_stage *s = w->stage;
+    ust_err e = w->first_error;
+    int rc = w->failed ? -1 : 0;
+    for (int64_t i = 0; !rc && i < s->nruns; i++) {
+        const staged_run *r = &s->runs[i];
+        const wfile *f = &w->files[r->file];
+        rc = pwrite_all(f->fd, s->buf + r->at, (size_t)r->len, r->off, f->path, &e);
+        if (!rc) ckman_add(&w->log, r->file, r->off, s->buf + r->at, r->len);
+        if (!rc) fault_sleep(w);
+    }
+    if (rc) writer_fail(w, &e);
+    rc = finish_local(w, w->state_json, &e);
+    w->thread_err = e;
+    w->thread_rc = rc;
+    atomic_store(&w->thread_done, 1);
+    return NULL;
+}
+
+int ckpt_commit_async(ckpt_writer *w, const char *state_json, int keep_last, ust_err *e) {
+    (void)e;
+    w->keep_last = keep_last;
+    if (state_json && !(w->state_json = strdup(state_json))) {
+        ust_err oom;
+        ust_errf(&oom, "checkpoint: out of memory");
+        writer_fail(w, &oom);
+    }
+    if (!w->stage) { /* nothing staged: the writes were made already */
+        w->thread_rc = finish_local(w, w->state_json, &w->thread_err);
+        atomic_store(&w->thread_done, 1);
+        return 0;
+    }
+    if (pthread_create(&w->thread, NULL, writer_thread, w) == 0)
+        w->thread_started = true;
+    else
+        writer_thread(w); /* no thread to be had: write now */
+    return 0;
+}
+
+int ckpt_poll(ckpt_writer *w, int block, ust_err *e) {
+    if (block && w->thread_started) {
+        pthread_join(w->thread, NULL);
+        w->thread_started = false;
+    }
+    int done = atomic_load(&w->thread_done);
+    bool waiting = w->sync ? w->sync(w->sync_arg, !done, NULL, 0) >= 0 : !done;
+    if (waiting) return 1;
+    if (w->thread_started) {
+        pthread_join(w->thread, NULL);
+        w->thread_started = false;
+    }
+    if (w->thread_rc) *e = w->thread_err;
+    return finish_global(w, w->thread_rc, w->state_json, w->keep_last, e) ? -1 : 0;
 }
 
 void ckpt_abort(ckpt_writer *w) {
@@ -681,17 +866,80 @@ void ckpt_unlock_dir(ckpt_lock *l) {
 /* ---------------------------------------------------------------------------------------------
  * Finding the newest checkpoint */
 
-/* 1: dir/name is a finished step (its state.json is a regular file); 0: unfinished (no
- * state.json); -1: its state.json is something else (a FIFO, a directory): refused, never
- * silently skipped or waited for. */
+/* 1: dir/name is a finished step (its state.json is a regular file and its manifest valid); 0:
+ * unfinished (no state.json, or no valid manifest: a directory older ustrains wrote, one left by
+ * hand, a damaged one: skipped with a warning); -1: its state.json is something else (a FIFO, a
+ * directory): refused, never silently skipped or waited for. */
 static int is_finished(const char *dir, const char *name, ust_err *e) {
-    char p[PATH_MAX];
+    char p[PATH_MAX], step_dir[PATH_MAX];
     struct stat st;
     if (snprintf(p, sizeof p, "%s/%s/%s", dir, name, STATE_JSON) >= (int)sizeof p) return 0;
     if (stat(p, &st) != 0) return 0;
     if (!S_ISREG(st.st_mode))
         return ust_errf(e, "checkpoint %s/%s: %s is %s, not a regular file", dir, name, STATE_JSON,
                         fs_kind(st.st_mode));
+    snprintf(step_dir, sizeof step_dir, "%s/%s", dir, name);
+    ust_err why;
+    int valid = ckman_valid(step_dir, parse_step_name(name), &why);
+    if (valid == 0)
+        fprintf(stderr,
+                "ustrain: warning: checkpoint %s has no %s (not sealed: written by an older "
+                "ustrain, or not by ustrain); it is not resumed from\n",
+                step_dir, CKMAN_FILE);
+    if (valid < 0)
+        fprintf(stderr, "ustrain: warning: %s; it is not resumed from\n", why.msg);
+    return valid > 0;
+}
+
+/* The highest finished step_N below `below`, other than step `skip` (looked into already);
+ * .tmp_step_N and .old_step_N never count. */
+static int newest_below(const char *dir, int64_t below, int64_t skip, char *name, size_t n,
+                        ust_err *e) {
+    DIR *d = opendir(dir);
+    if (!d) {
+        if (errno == ENOENT) return 0;
+        return ust_errf(e, "checkpoint: cannot read directory %s: %s", dir, strerror(errno));
+    }
+    int64_t *steps = NULL;
+    int ns = 0, cap = 0, rc = 0;
+    struct dirent *de;
+    while (rc == 0 && (de = readdir(d))) {
+        int64_t s = parse_step_name(de->d_name);
+        if (s < 0 || s >= below || s == skip) continue;
+        if (ns == cap) {
+            int64_t *nn = realloc(steps, sizeof(int64_t) * (size_t)(cap = cap ? 2 * cap : 16));
+            if (!nn) rc = ust_errf(e, "checkpoint: out of memory");
+            else steps = nn;
+        }
+        if (rc == 0) steps[ns++] = s;
+    }
+    closedir(d);
+    int64_t best = -1;
+    while (rc == 0 && ns > 0) { /* newest first: only those are looked into */
+        int k = 0;
+        for (int i = 1; i < ns; i++)
+            if (steps[i] > steps[k]) k = i;
+        char nm[64];
+        snprintf(nm, sizeof nm, "step_%lld", (long long)steps[k]);
+        int done = is_finished(dir, nm, e);
+        if (done < 0) rc = -1;
+        if (done > 0) {
+            best = steps[k];
+            break;
+        }
+        steps[k] = steps[--ns];
+    }
+    free(steps);
+    if (rc) return -1;
+    if (best < 0) return 0;
+    snprintf(name, n, "step_%lld", (long long)best);
+    return 1;
+}
+
+static int step_path(char *out, int out_size, const char *dir, const char *name, ust_err *e) {
+    int k = snprintf(out, (size_t)out_size, "%s/%s", dir, name);
+    if (k < 0 || k >= out_size)
+        return ust_errf(e, "checkpoint: path %s/%s does not fit %d bytes", dir, name, out_size);
     return 1;
 }
 
@@ -700,6 +948,7 @@ int ckpt_find_latest(const char *dir, char *out, int out_size, ust_err *e) {
     int have = pathf(p, sizeof p, e, "%s/latest", dir) ? -1 : check_latest(dir, e);
     if (have < 0) return -1;
     char name[64] = "";
+    int64_t named = -1;
     ust_err inner;
     FILE *f = have ? fs_fopen_regular(p, "rb", &inner) : NULL;
     if (have && !f) return ust_errf(e, "checkpoint: %s", inner.msg);
@@ -707,36 +956,35 @@ int ckpt_find_latest(const char *dir, char *out, int out_size, ust_err *e) {
         if (!fgets(name, sizeof name, f)) name[0] = 0;
         fclose(f);
         name[strcspn(name, "\r\n")] = 0;
-        int done = parse_step_name(name) < 0 ? 0 : is_finished(dir, name, e);
+        named = parse_step_name(name);
+        int done = named < 0 ? 0 : is_finished(dir, name, e);
         if (done < 0) return -1;
         if (!done) name[0] = 0;
     }
+    /* no usable `latest` (missing, or it names a step that is gone): the highest finished one */
     if (!name[0]) {
-        /* no usable `latest` (missing, or it names a step that is gone): take the highest
-         * finished step_N; .tmp_step_N and .old_step_N never count */
-        DIR *d = opendir(dir);
-        if (!d) {
-            if (errno == ENOENT) return 0;
-            return ust_errf(e, "checkpoint: cannot read directory %s: %s", dir, strerror(errno));
-        }
-        int64_t best = -1;
-        struct dirent *de;
-        int bad = 0;
-        while (!bad && (de = readdir(d))) {
-            int64_t s = parse_step_name(de->d_name);
-            int done = s > best ? is_finished(dir, de->d_name, e) : 0;
-            if (done < 0) bad = 1;
-            if (done > 0) best = s;
-        }
-        closedir(d);
-        if (bad) return -1;
-        if (best < 0) return 0;
-        snprintf(name, sizeof name, "step_%lld", (long long)best);
+        int found = newest_below(dir, INT64_MAX, named, name, sizeof name, e);
+        if (found <= 0) return found;
     }
-    int k = snprintf(out, (size_t)out_size, "%s/%s", dir, name);
-    if (k < 0 || k >= out_size)
-        return ust_errf(e, "checkpoint: path %s/%s does not fit %d bytes", dir, name, out_size);
-    return 1;
+    return step_path(out, out_size, dir, name, e);
+}
+
+int ckpt_find_latest_before(const char *dir, int64_t below, char *out, int out_size, ust_err *e) {
+    char name[64];
+    int found = newest_below(dir, below, -1, name, sizeof name, e);
+    return found <= 0 ? found : step_path(out, out_size, dir, name, e);
+}
+
+int ckpt_verify(const char *step_dir, int rank, int world, ckpt_sync_fn sync, void *sync_arg,
+                ust_err *e) {
+    int rc = ckman_verify(step_dir, rank, world > 0 ? world : 1, e);
+    if (!sync) return rc;
+    char why[sizeof e->msg];
+    snprintf(why, sizeof why, "%s", rc ? e->msg : "");
+    int failed = sync(sync_arg, rc != 0, why, sizeof why);
+    if (failed < 0) return 0;
+    ust_errf(e, "%s", why[0] ? why : "checkpoint verification failed on another rank");
+    return -1;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1081,7 +1329,7 @@ void ckpt_close(ckpt_reader *r) {
 }
 
 /* The step the directory's name says (step_<N>), or -1 for any other name. */
-static int64_t dir_step(const char *dir) {
+int64_t ckpt_dir_step(const char *dir) {
     size_t n = strlen(dir);
     while (n > 1 && dir[n - 1] == '/') n--;
     size_t k = n;
@@ -1118,7 +1366,7 @@ int ckpt_parse_state(const char *json, const char *dir, ckpt_state *out, ust_err
     free(seen_step);
     free(seen_si);
     if (!ok) return -1;
-    int64_t named = dir_step(dir);
+    int64_t named = ckpt_dir_step(dir);
     if (named >= 0 && named != out->step)
         return ust_errf(e, "%s/state.json: says step %lld, but the directory is step %lld", dir,
                         (long long)out->step, (long long)named);

@@ -2,8 +2,12 @@
  * <dir>/step_<N>/{model.safetensors, optimizer.safetensors, state.json}. Every rank computes the
  * same file layout from the same tensor list; rank 0 writes the headers, every rank pwrites the
  * slice it holds (a box of the 2D view, then a flat range inside it: covers TP, PP, EP and ZeRO
- * shards). The step is written under a temporary name, fsync'd, renamed, and `latest` updated
- * atomically, so a crash mid-write never damages the previous checkpoint; keep_last prunes.
+ * shards). The step is written under a temporary name, fsync'd, sealed by a manifest.json of
+ * every file's size and block CRCs (ckpt_manifest.h), renamed, and `latest` updated atomically,
+ * so a crash mid-write never damages the previous checkpoint; keep_last prunes. Only a step with
+ * a valid manifest counts as finished, and ckpt_verify checks its bytes against it.
+ * checkpoint.async: the slices are copied into a staging buffer at the save and a background
+ * thread writes them; ckpt_poll, called by every rank at the same points, completes the commit.
  * One job at a time: the job's rank 0 holds ckpt_lock_dir's lock. Readers check every tensor's
  * name, shape and place in the file and say which one does not match. */
 #ifndef UST_CKPT_H
@@ -74,11 +78,37 @@ int ckpt_write_slice(ckpt_writer *w, int file, const char *name, const ckpt_slic
 int ckpt_commit(ckpt_writer *w, const char *state_json, int keep_last, ust_err *e);
 void ckpt_abort(ckpt_writer *w); /* leaves the previous checkpoints untouched */
 
+/* checkpoint.async. A stage is the host buffer a rank's slices are copied into (sized once, by
+ * the caller, for everything the rank writes; a save that needs more fails). With a stage set
+ * (before the first ckpt_add_file), ckpt_write_slice copies, and ckpt_commit_async starts the
+ * writer thread (the writes, the CRCs, state.json on rank 0, fsync) and returns at once: the
+ * caller goes on training and must not touch the stage until the save completes. ckpt_poll is
+ * collective (every rank at the same points): block 0 returns 1 while any rank's thread runs;
+ * otherwise (and always with block 1, after waiting) it finishes the commit as ckpt_commit does
+ * (the manifest, the rename, `latest`, pruning), frees w and returns 0 or -1. ckpt_commit on a
+ * staged writer is commit_async + a blocking poll. */
+typedef struct ckpt_stage ckpt_stage;
+ckpt_stage *ckpt_stage_create(int64_t bytes, ust_err *e);
+void ckpt_stage_free(ckpt_stage *s);
+int64_t ckpt_stage_bytes(const ckpt_stage *s);
+void ckpt_set_stage(ckpt_writer *w, ckpt_stage *s);
+int ckpt_commit_async(ckpt_writer *w, const char *state_json, int keep_last, ust_err *e);
+int ckpt_poll(ckpt_writer *w, int block, ust_err *e);
+
 typedef struct ckpt_reader ckpt_reader;
 
-/* Finds the newest finished checkpoint in dir: writes its step directory into out and returns
- * 1; returns 0 when there is none; -1 on error. */
+/* Finds the newest finished checkpoint in dir (a step_N with state.json and a valid manifest):
+ * writes its step directory into out and returns 1; returns 0 when there is none; -1 on error.
+ * _before: the newest finished one below step `below` (the fallback after a failed verify). */
 int ckpt_find_latest(const char *dir, char *out, int out_size, ust_err *e);
+/* The step a directory's name says (step_<N>), or -1 for any other name. */
+int64_t ckpt_dir_step(const char *dir);
+int ckpt_find_latest_before(const char *dir, int64_t below, char *out, int out_size, ust_err *e);
+/* Collective over the job's ranks (sync as for the writer; NULL for one rank): each verifies
+ * its share of step_dir's blocks against the manifest. 0, or -1 on every rank with the first
+ * failed rank's reason (naming the file, the bytes and the tensors). */
+int ckpt_verify(const char *step_dir, int rank, int world, ckpt_sync_fn sync, void *sync_arg,
+                ust_err *e);
 ckpt_reader *ckpt_open(const char *step_dir, ust_err *e);
 void ckpt_close(ckpt_reader *r);
 /* Reads the slice of tensor `name` in file (e.g. "model.safetensors"); fails with a message

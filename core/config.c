@@ -177,6 +177,7 @@ static const cfg_key cfg_keys[] = {
     INT("checkpoint.every", checkpoint.every, "25", 0),
     INT("checkpoint.keep_last", checkpoint.keep_last, "2", 0),
     STR("checkpoint.resume", checkpoint.resume, "auto", 0),
+    BOOL("checkpoint.async", checkpoint.async, "false"),
 
     INT("logging.every", logging.every, "1", 1),
     STR("logging.metrics_file", logging.metrics_file, "runs/tiny/metrics.jsonl", 0),
@@ -1241,7 +1242,8 @@ static int cfg_validate_train(const ust_config *c, ust_err *e) {
             "optimizer.min_lr (%g) must be <= optimizer.lr (%g)", c->optimizer.min_lr,
             c->optimizer.lr);
     REQUIRE(c->data.train[0], "data.train is empty: it must name the training shards (a glob)");
-    REQUIRE(c->checkpoint.dir[0], "checkpoint.dir is empty");
+    REQUIRE(c->checkpoint.dir[0], "checkpoint.dir is empty%s",
+            c->checkpoint.async ? " (checkpoint.async writes checkpoints there)" : "");
     return 0;
 }
 

@@ -123,6 +123,7 @@ typedef struct {
         char dir[UST_PATH_MAX];
         int every, keep_last;
         char resume[UST_PATH_MAX]; /* "auto", "none", or a step directory */
+        bool async; /* slices staged in host memory, written by a background thread */
     } checkpoint;
     struct {
         int every;

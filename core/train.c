@@ -76,6 +76,9 @@ typedef struct {
     int64_t fault_spike_step;    /* UST_FAULT_SPIKE_STEP (tests): the step poisoned, or 0 */
     int restarts;                /* UST_RESTART_COUNT (scripts/ustrun --max-restarts) */
     ckpt_lock lock;              /* rank 0: the job's lock on checkpoint.dir */
+    ckpt_stage *stage;           /* checkpoint.async: the host buffer the slices are copied to */
+    ckpt_writer *pending;        /* checkpoint.async: the save still being written */
+    int64_t pending_step, pending_started; /* its step, and the step it was started after */
 } trainer;
 
 /* ------------------------------------------------------------------ the runtime */
@@ -169,7 +172,7 @@ static int first_failed_rank(trainer *t, int failed, char *msg, size_t cap) {
 static int world_sync(void *arg, int failed, char *msg, size_t cap) {
     trainer *t = arg;
     if (!any_rank(t, failed)) return -1;
-    if (t->rt->world == 1) return 0;
+    if (t->rt->world == 1 || !msg) return 0; /* without msg: whether any, not which */
     return first_failed_rank(t, failed, msg, cap);
 }
 
@@ -290,16 +293,63 @@ static char *state_json(trainer *t) {
     return s;
 }
 
+/* checkpoint.async: completes the save in flight (block: waits for every rank's writer; else only
+ * when all are done, which every rank learns at the same step boundary). */
+static int finish_pending(trainer *t, int block, ust_err *e) {
+    if (!t->pending) return 0;
+    int rc = ckpt_poll(t->pending, block, e);
+    if (rc == 1) return 0;
+    t->pending = NULL;
+    if (rc == 0 && t->rank0)
+        printf("checkpoint step_%lld committed (written in the background during %lld step%s)\n",
+               (long long)t->pending_step, (long long)(t->step - t->pending_started),
+               t->step - t->pending_started == 1 ? "" : "s");
+    return rc;
+}
+
+/* Writes step t->step: synchronously, or (checkpoint.async) staged and handed to the writer
+ * thread, after the previous async save has completed. */
 static int save_checkpoint(trainer *t, ust_err *e) {
     const ust_config *c = t->cfg;
+    if (finish_pending(t, 1, e)) return -1;
     ckpt_writer *w =
         ckpt_begin(c->checkpoint.dir, t->step, t->rt->rank, t->rt->boot.job_id, world_sync, t, e);
     if (!w) return -1;
+    if (t->stage) ckpt_set_stage(w, t->stage);
     dp_save(t->dp, w, e); /* a failure is sticky in w: the commit reports it on every rank */
     char *state = t->rank0 ? state_json(t) : NULL;
-    int rc = ckpt_commit(w, state, c->checkpoint.keep_last, e);
+    int rc = t->stage ? ckpt_commit_async(w, state, c->checkpoint.keep_last, e)
+                      : ckpt_commit(w, state, c->checkpoint.keep_last, e);
+    if (t->stage && rc == 0) t->pending = w, t->pending_step = t->pending_started = t->step;
     free(state);
     return rc;
+}
+
+/* The checkpoint to continue from, verified by every rank against its manifest (each its share
+ * of the blocks): the one `named` (checkpoint.resume), which must verify, or the newest in
+ * checkpoint.dir, falling back to older complete ones with a warning while one does not. 1 and
+ * its directory in dir, 0 when there is none, -1 with the reason. */
+static int verified_checkpoint(trainer *t, const char *named, char *dir, size_t n, ust_err *e) {
+    const char *root = t->cfg->checkpoint.dir;
+    int found = named ? 1 : ckpt_find_latest(root, dir, (int)n, e);
+    if (named) snprintf(dir, n, "%s", named);
+    while (found == 1) {
+        if (ckpt_verify(dir, t->rt->rank, t->rt->world, world_sync, t, e) == 0) return 1;
+        if (named) return -1; /* asked for by name: nothing else is tried */
+        if (t->rank0)
+            fprintf(stderr,
+                    "ustrain: warning: %s; falling back to the previous complete checkpoint\n",
+                    e->msg);
+        char bad[sizeof e->msg];
+        snprintf(bad, sizeof bad, "%s", dir);
+        found = ckpt_find_latest_before(root, ckpt_dir_step(dir), dir, (int)n, e);
+        if (found == 0)
+            return ust_errf(e,
+                            "checkpoint %s failed verification and no earlier complete checkpoint "
+                            "is in %s (set checkpoint.resume: none to start over)",
+                            bad, root);
+    }
+    return found;
 }
 
 /* The position must be one this run can continue from: within train.steps, and the data
@@ -371,12 +421,10 @@ static int initialize(trainer *t, ust_err *e) {
     const ust_config *c = t->cfg;
     char dir[UST_PATH_MAX + 64] = "";
     int found = 0;
-    if (strcmp(c->checkpoint.resume, "auto") == 0) {
-        found = ckpt_find_latest(c->checkpoint.dir, dir, sizeof dir, e);
+    if (strcmp(c->checkpoint.resume, "none") != 0) {
+        int named = strcmp(c->checkpoint.resume, "auto") != 0;
+        found = verified_checkpoint(t, named ? c->checkpoint.resume : NULL, dir, sizeof dir, e);
         if (found < 0) return -1;
-    } else if (strcmp(c->checkpoint.resume, "none") != 0) {
-        snprintf(dir, sizeof dir, "%s", c->checkpoint.resume);
-        found = 1;
     }
     if (found) {
         if (load_checkpoint(t, dir, e)) return -1;
@@ -648,6 +696,8 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile
     if (open_data(t, e) || open_backend(t, profile, e) || build_model(t, e)) return -1;
     t->flag = mem_alloc(&t->arena, MEM_COMM, sizeof(float));
     mem_freeze(&t->arena);
+    if (cfg->checkpoint.async && !(t->stage = ckpt_stage_create(dp_save_bytes(t->dp), e)))
+        return -1;
     t->samples =
         malloc((size_t)cfg->train.micro_batch_size * (cfg->train.seq_len + 1) * sizeof(int32_t));
     return initialize(t, e);
@@ -655,6 +705,8 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile
 
 static void teardown(trainer *t) {
     log_close(&t->log);
+    ckpt_abort(t->pending); /* a run ending on an error: its save in flight is not published */
+    ckpt_stage_free(t->stage);
     ckpt_unlock_dir(&t->lock);
     data_blend_close(t->train);
     data_blend_close(t->val);
@@ -867,7 +919,8 @@ static int is_spike(trainer *t, double loss, double norm) {
 static int rewind_to_checkpoint(trainer *t, ust_err *e) {
     const ust_config *c = t->cfg;
     char dir[UST_PATH_MAX + 64];
-    int found = c->checkpoint.dir[0] ? ckpt_find_latest(c->checkpoint.dir, dir, sizeof dir, e) : 0;
+    if (finish_pending(t, 1, e)) return -1;
+    int found = c->checkpoint.dir[0] ? verified_checkpoint(t, NULL, dir, sizeof dir, e) : 0;
     if (found < 0) return -1;
     if (!found) {
         if (t->rank0) printf("spike: no checkpoint to rewind to yet; the update is skipped\n");
@@ -1003,9 +1056,20 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
             fprintf(stderr, "ustrain: error: spike: cannot rewind: %s\n", e.msg);
             return UST_EXIT_RUNTIME;
         }
+        if (finish_pending(t, 0, &e)) {
+            fprintf(stderr, "ustrain: error: checkpoint at step %lld failed: %s\n",
+                    (long long)t->pending_step, e.msg);
+            return UST_EXIT_RUNTIME;
+        }
         int after = checkpoint_or_stop(t);
         if (after < 0) return UST_EXIT_RUNTIME;
         if (after) break;
+    }
+    ust_err e;
+    if (finish_pending(t, 1, &e)) { /* the last save completes before the run ends */
+        fprintf(stderr, "ustrain: error: checkpoint at step %lld failed: %s\n",
+                (long long)t->pending_step, e.msg);
+        return UST_EXIT_RUNTIME;
     }
     res->steps_done = t->step - first;
     res->final_loss = t->last_loss;

@@ -70,6 +70,9 @@ double dp_sum(dp_state *d, double x); /* all-reduce of one number over the group
 /* Checkpoints: the model's tensors and both moments ("<name>.exp_avg", "<name>.exp_avg_sq"). */
 int dp_save(dp_state *d, ckpt_writer *w, ust_err *e);
 int dp_load(dp_state *d, ckpt_reader *r, ust_err *e);
+/* The bytes dp_save writes from this rank (its partition of the parameters and both moments):
+ * the size of checkpoint.async's staging buffer. */
+int64_t dp_save_bytes(const dp_state *d);
 
 /* The gradient the optimizer will read for parameter i on this rank (its ZeRO partition of the
  * tensor, or the whole tensor without sharding) and its length; NULL when it holds none. Valid

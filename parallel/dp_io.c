@@ -104,6 +104,12 @@ static int list_file(dp_state *d, ckpt_writer *w, int optimizer, ust_err *e) {
     return file;
 }
 
+/* Whether this rank writes parameter i's partition (transfer's rule when saving). */
+static int writes(const dp_state *d, const model_param *q) {
+    if (!q->tp_split && d->mp && comm_rank(d->mp) != 0) return 0; /* written once */
+    return !q->replica;                                           /* the owner's stage writes it */
+}
+
 /* Writes (or reads) this rank's pieces of buffer b: its partition when saving (every element is
  * written by exactly one member), everything it holds when loading. */
 static int transfer(dp_state *d, dp_buf b, int file, ckpt_writer *w, ckpt_reader *r, ust_err *e) {
@@ -114,8 +120,7 @@ static int transfer(dp_state *d, dp_buf b, int file, ckpt_writer *w, ckpt_reader
         const model_param *q = model_param_at(d->m, i);
         int64_t a, bb, t0 = piece(d, i, w ? 1 : !whole(d, b), &a, &bb);
         if (bb <= a) continue;
-        if (w && !q->tp_split && d->mp && comm_rank(d->mp) != 0) continue; /* written once */
-        if (w && q->replica) continue; /* the owner's stage writes it */
+        if (w && !writes(d, q)) continue;
         if (bb - a > cap) host = realloc(host, (cap = bb - a) * sizeof(float));
         float *dev = at(d, b, model_param_unit(d->m, i), t0 + a);
         ckpt_tensor t = tensor_of(q, b);
@@ -133,6 +138,16 @@ static int transfer(dp_state *d, dp_buf b, int file, ckpt_writer *w, ckpt_reader
     }
     free(host);
     return rc;
+}
+
+int64_t dp_save_bytes(const dp_state *d) {
+    int64_t n = 0;
+    for (int i = 0; i < model_num_params(d->m); i++) {
+        int64_t a, b;
+        piece(d, i, 1, &a, &b);
+        if (b > a && writes(d, model_param_at(d->m, i))) n += b - a;
+    }
+    return 3 * n * (int64_t)sizeof(float); /* the parameters, m and v */
 }
 
 int dp_save(dp_state *d, ckpt_writer *w, ust_err *e) {

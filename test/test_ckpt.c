@@ -762,6 +762,144 @@ static void test_the_lock_checks_latest_and_clears_dead_jobs_temporaries(void) {
     ckpt_abort(w);
 }
 
+
+/* ---- manifests (issue 23): sealed steps, verification, async writes ---- */
+
+static void flip_byte(const char *path, long off) {
+    FILE *f = fopen(path, "r+b");
+    fseek(f, off, SEEK_SET);
+    int c = fgetc(f);
+    fseek(f, off, SEEK_SET);
+    fputc(c ^ 0x10, f);
+    fclose(f);
+}
+
+static long file_size(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 ? (long)st.st_size : -1;
+}
+
+static void test_the_manifest_seals_every_file_and_a_flipped_byte_is_found(void) {
+    char dir[512], sd[600], p[700];
+    path_in(dir, sizeof dir, "seal");
+    ust_err e;
+    CHECK(write_step(dir, 5, 5, 0, &e) == 0, "%.900s", e.msg);
+    snprintf(sd, sizeof sd, "%s/step_5", dir);
+    CHECK(exists(sd, "manifest.json"), "no manifest.json");
+    CHECK(ckpt_verify(sd, 0, 1, NULL, NULL, &e) == 0, "a fresh step fails: %.900s", e.msg);
+    /* the last float of lm_head (the file's last 4 bytes) */
+    snprintf(p, sizeof p, "%s/model.safetensors", sd);
+    flip_byte(p, file_size(p) - 2);
+    CHECK(ckpt_verify(sd, 0, 1, NULL, NULL, &e) == -1 && strstr(e.msg, "model.safetensors") &&
+              strstr(e.msg, "'lm_head.weight'"),
+          "flipped byte: %.900s", e.msg);
+    /* two ranks split the blocks: model.safetensors is block 0 (rank 0), state.json block 1 */
+    CHECK(ckpt_verify(sd, 1, 2, NULL, NULL, &e) == 0, "rank 1 verified another's block");
+    CHECK(ckpt_verify(sd, 0, 2, NULL, NULL, &e) == -1, "rank 0 missed the flipped byte");
+    flip_byte(p, file_size(p) - 2);
+    CHECK(ckpt_verify(sd, 0, 1, NULL, NULL, &e) == 0, "restored: %.900s", e.msg);
+    /* a file cut short, and state.json edited */
+    snprintf(p, sizeof p, "%s/state.json", sd);
+    write_bytes(p, "{\"step\": 5} ", 12);
+    CHECK(ckpt_verify(sd, 0, 1, NULL, NULL, &e) == -1 && strstr(e.msg, "state.json"),
+          "edited state.json: %.900s", e.msg);
+}
+
+static void test_a_step_without_a_valid_manifest_is_never_resumed_from(void) {
+    char dir[512], out[600], p[700], want[700];
+    path_in(dir, sizeof dir, "unsealed");
+    ust_err e;
+    CHECK(write_step(dir, 4, 4, 0, &e) == 0 && write_step(dir, 6, 6, 0, &e) == 0, "%.900s", e.msg);
+    snprintf(want, sizeof want, "%s/step_4", dir);
+    snprintf(p, sizeof p, "%s/step_6/manifest.json", dir);
+    char keep[8192];
+    read_text(p, keep, sizeof keep);
+    unlink(p);
+    CHECK(ckpt_find_latest(dir, out, sizeof out, &e) == 1 && !strcmp(out, want),
+          "no manifest: got %s", out);
+    write_bytes(p, "{\"format\": \"ustrain-manifest-1\", \"step\": 6", 41); /* cut */
+    CHECK(ckpt_find_latest(dir, out, sizeof out, &e) == 1 && !strcmp(out, want),
+          "damaged manifest: got %s", out);
+    write_bytes(p, keep, strlen(keep));
+    snprintf(want, sizeof want, "%s/step_6", dir);
+    CHECK(ckpt_find_latest(dir, out, sizeof out, &e) == 1 && !strcmp(out, want), "got %s", out);
+    snprintf(want, sizeof want, "%s/step_4", dir);
+    CHECK(ckpt_find_latest_before(dir, 6, out, sizeof out, &e) == 1 && !strcmp(out, want),
+          "before 6: %s", out);
+    CHECK(ckpt_find_latest_before(dir, 4, out, sizeof out, &e) == 0, "before 4: %s", out);
+}
+
+static void test_bytes_no_rank_wrote_fail_the_commit(void) {
+    char dir[512];
+    path_in(dir, sizeof dir, "gap");
+    ust_err e;
+    ckpt_writer *w = ckpt_begin(dir, 3, 0, NULL, NULL, NULL, &e);
+    int f = ckpt_add_file(w, "model.safetensors", T3, 3, &e);
+    CHECK(f == 0, "%.900s", e.msg);
+    for (int i = 0; i < 2; i++) write_slice(w, f, i, ckpt_whole(&T3[i]), 0, &e);
+    write_slice(w, f, 2, (ckpt_slice){0, 1, 0, 3, 0, 3}, 0, &e); /* C's rows 1..3 by nobody */
+    CHECK(ckpt_commit(w, "{\"step\": 3}", 0, &e) == -1 && strstr(e.msg, "written by no rank"),
+          "a hole was sealed: %.900s", e.msg);
+    CHECK(!exists(dir, "step_3") && !exists(dir, "latest"), "a step with a hole was published");
+}
+
+static ckpt_writer *staged_writer(const char *dir, ckpt_stage *stage, ust_err *e) {
+    ckpt_writer *w = ckpt_begin(dir, 3, 0, "job", NULL, NULL, e);
+    if (!w) return NULL;
+    ckpt_set_stage(w, stage);
+    int f = ckpt_add_file(w, "model.safetensors", T3, 3, e);
+    if (f < 0 || write_in_pieces(w, f, e)) {
+        ckpt_abort(w);
+        return NULL;
+    }
+    return w;
+}
+
+static bool same_file(const char *a, const char *b) {
+    char cmd[1600];
+    snprintf(cmd, sizeof cmd, "cmp -s '%s' '%s'", a, b);
+    return system(cmd) == 0;
+}
+
+static void test_async_writes_what_sync_writes_after_returning_at_once(void) {
+    char sdir[512], adir[512], a[700], b[700], why[1024];
+    path_in(sdir, sizeof sdir, "sync");
+    path_in(adir, sizeof adir, "async");
+    ust_err e;
+    ckpt_writer *w = ckpt_begin(sdir, 3, 0, "job", NULL, NULL, &e);
+    int f = ckpt_add_file(w, "model.safetensors", T3, 3, &e);
+    CHECK(f == 0 && !write_in_pieces(w, f, &e), "%.900s", e.msg);
+    CHECK(ckpt_commit(w, "{\"step\": 3}", 0, &e) == 0, "sync: %.900s", e.msg);
+
+    ckpt_stage *stage = ckpt_stage_create((6 * 5 + 7 + 4 * 3) * 4, &e);
+    CHECK(stage, "%.900s", e.msg);
+    setenv("UST_FAULT_CKPT_SLEEP_MS", "400", 1); /* the writer thread holds on after a run */
+    w = staged_writer(adir, stage, &e);
+    CHECK(w && ckpt_commit_async(w, "{\"step\": 3}", 0, &e) == 0, "async: %.900s", e.msg);
+    CHECK(ckpt_poll(w, 0, &e) == 1 && !exists(adir, "step_3"),
+          "the save did not return before its writes (or published early)");
+    CHECK(ckpt_poll(w, 1, &e) == 0, "async commit: %.900s", e.msg);
+    unsetenv("UST_FAULT_CKPT_SLEEP_MS");
+    snprintf(a, sizeof a, "%s/step_3/model.safetensors", sdir);
+    snprintf(b, sizeof b, "%s/step_3/model.safetensors", adir);
+    CHECK(same_file(a, b), "async and sync files differ");
+    snprintf(a, sizeof a, "%s/step_3/manifest.json", sdir);
+    snprintf(b, sizeof b, "%s/step_3/manifest.json", adir);
+    CHECK(same_file(a, b), "async and sync manifests differ");
+    snprintf(b, sizeof b, "%s/step_3", adir);
+    CHECK(check_step(b, 0, why, sizeof why) == 0 && ckpt_verify(b, 0, 1, NULL, NULL, &e) == 0,
+          "%.900s %.900s", why, e.msg);
+    /* a stage too small for what the rank writes fails the save and publishes nothing */
+    ckpt_stage *small = ckpt_stage_create(64, &e);
+    path_in(adir, sizeof adir, "async_small");
+    w = staged_writer(adir, small, &e);
+    CHECK(!w && strstr(e.msg, "staging buffer (64 bytes) is too small"), "small stage: %.900s",
+          e.msg);
+    CHECK(!exists(adir, "step_3") && !exists(adir, ".tmp_step_3.job"), "a partial save remains");
+    ckpt_stage_free(small);
+    ckpt_stage_free(stage);
+}
+
 int main(void) {
     umask(022);
     snprintf(g_tmp, sizeof g_tmp, "/tmp/ust_test_ckpt.XXXXXX");
@@ -783,6 +921,10 @@ int main(void) {
     RUN_TEST(test_fifos_and_directories_are_refused_not_waited_for);
     RUN_TEST(test_a_second_job_is_refused_until_the_first_ends);
     RUN_TEST(test_the_lock_checks_latest_and_clears_dead_jobs_temporaries);
+    RUN_TEST(test_the_manifest_seals_every_file_and_a_flipped_byte_is_found);
+    RUN_TEST(test_a_step_without_a_valid_manifest_is_never_resumed_from);
+    RUN_TEST(test_bytes_no_rank_wrote_fail_the_commit);
+    RUN_TEST(test_async_writes_what_sync_writes_after_returning_at_once);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_tmp);

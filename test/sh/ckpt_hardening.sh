@@ -93,6 +93,7 @@ if mode == "short":   # the header length one byte short (the header ends in pad
     out = struct.pack("<Q", len(hj) - 1) + hj + data
 open(dst, "wb").write(out)
 EOF
+    python3 test/tools/reseal.py $ck/step_2 # past the manifest: the reader's own checks
 }
 for mode in alias shift short; do
     corrupt $mode
@@ -102,12 +103,14 @@ for mode in alias shift short; do
     intact safetensors_${mode}_leaves_the_checkpoint_as_it_was $ck "$before"
 done
 cp $TMP/orig.safetensors $ck/step_2/model.safetensors
+python3 test/tools/reseal.py $ck/step_2
 
 # --- item 3: state.json must agree with its directory and the data position --------------------
 state=$ck/step_2/state.json
 cp $state $TMP/state.orig
 lie() { python3 -c "
-import json, sys; s = json.load(open('$TMP/state.orig')); s.update(json.loads(sys.argv[1])); json.dump(s, open('$state', 'w'))" "$1"; }
+import json, sys; s = json.load(open('$TMP/state.orig')); s.update(json.loads(sys.argv[1])); json.dump(s, open('$state', 'w'))" "$1"
+    python3 test/tools/reseal.py $ck/step_2; }
 lie '{"step": 9007199254740992}'
 expect_exit state_step_2_pow_53_exits_2 2 "state.json: missing or invalid step / sample_index \(step 9\.007.*2\^53" -- run $ck 4
 lie '{"step": 1, "sample_index": 4}'
@@ -115,6 +118,7 @@ expect_exit state_step_inside_another_step_dir_exits_2 2 "says step 1, but the d
 lie '{"sample_index": 12345}'
 expect_exit state_sample_index_inconsistent_exits_2 2 "sample_index 12345 is not what step 2 implies" -- run $ck 4
 cp $TMP/state.orig $state
+python3 test/tools/reseal.py $ck/step_2
 expect_exit checkpoint_beyond_train_steps_exits_2 2 "is at step 2, beyond train.steps = 1" -- run $ck 1
 expect_exit restored_state_resumes 0 "resuming from .*step_2" -- run $ck 4
 
