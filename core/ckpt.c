@@ -199,7 +199,7 @@ typedef struct {
 
 /* checkpoint.async: a rank's slices are copied here at the save; the writer thread writes them */
 typedef struct {
-    int file;
+    int file, tensor;
     int64_t off, len, at; /* file offset and length; where the bytes are in the buffer */
 } staged_run;
 
@@ -423,7 +423,7 @@ int ckpt_add_file(ckpt_writer *w, const char *file, const ckpt_tensor *tensors, 
         if (f->fd < 0)
             rc = ust_errf(e, "checkpoint: cannot create %s: %s", f->path, strerror(errno));
         if (!rc) rc = pwrite_all(f->fd, hdr, (size_t)hlen, 0, f->path, e);
-        if (!rc) ckman_add(&w->log, w->nfiles - 1, 0, hdr, hlen);
+        if (!rc) ckman_add(&w->log, w->nfiles - 1, -1, 0, hdr, hlen);
         if (!rc && ftruncate(f->fd, (off_t)total) != 0)
             rc = ust_errf(e, "checkpoint: cannot size %s to %lld bytes: %s", f->path,
                           (long long)total, strerror(errno));
@@ -448,8 +448,8 @@ typedef struct {
 
 /* checkpoint.async: keeps the run in the stage (which the caller sized for everything this rank
  * writes: a save that needs more is refused, never a reallocation behind the plan's back). */
-static int stage_run(ckpt_stage *s, int file, int64_t off, const void *src, int64_t len,
-                     ust_err *e) {
+static int stage_run(ckpt_stage *s, int file, int tensor, int64_t off, const void *src,
+                     int64_t len, ust_err *e) {
     if (s->used > s->cap - len)
         return ust_errf(e, "checkpoint: the async staging buffer (%lld bytes) is too small",
                         (long long)s->cap);
@@ -459,12 +459,13 @@ static int stage_run(ckpt_stage *s, int file, int64_t off, const void *src, int6
         if (!nr) return ust_errf(e, "checkpoint: out of memory staging the checkpoint");
         s->runs = nr, s->capruns = cap;
     }
-    memcpy(s->buf + s->used, src, (size_t)len);
+    if (src) memcpy(s->buf + s->used, src, (size_t)len); /* NULL: the caller fills it (reserve) */
     staged_run *last = s->nruns ? &s->runs[s->nruns - 1] : NULL;
-    if (last && last->file == file && last->off + last->len == off) /* one pwrite for both */
-        last->len += len;
+    if (last && last->file == file && last->tensor == tensor && last->off + last->len == off)
+        last->len += len; /* one pwrite for both */
     else
-        s->runs[s->nruns++] = (staged_run){.file = file, .off = off, .len = len, .at = s->used};
+        s->runs[s->nruns++] =
+            (staged_run){.file = file, .tensor = tensor, .off = off, .len = len, .at = s->used};
     s->used += len;
     return 0;
 }
@@ -473,9 +474,12 @@ static int write_run(void *vc, int64_t file_elem, int64_t slice_elem, int64_t n,
     write_ctx *c = vc;
     const wfile *f = &c->w->files[c->file];
     int64_t off = c->t->begin + 4 * file_elem;
-    if (c->w->stage) return stage_run(c->w->stage, c->file, off, c->src + slice_elem, 4 * n, e);
+    int tensor = (int)(c->t - f->t);
+    if (c->w->stage)
+        return stage_run(c->w->stage, c->file, tensor, off, c->src ? c->src + slice_elem : NULL,
+                         4 * n, e);
     if (pwrite_all(f->fd, c->src + slice_elem, (size_t)n * 4, off, f->path, e)) return -1;
-    ckman_add(&c->w->log, c->file, off, c->src + slice_elem, 4 * n);
+    ckman_add(&c->w->log, c->file, tensor, off, c->src + slice_elem, 4 * n);
     return 0;
 }
 
@@ -489,8 +493,10 @@ static void fault_sleep(ckpt_writer *w) {
     }
 }
 
-int ckpt_write_slice(ckpt_writer *w, int file, const char *name, const ckpt_slice *s,
-                     const float *host_data, ust_err *e) {
+/* Slice s of tensor `name` in file, checked; its runs go to write_run with src (NULL: staged
+ * space the caller fills). */
+static int put_slice(ckpt_writer *w, int file, const char *name, const ckpt_slice *s,
+                     const float *src, ust_err *e) {
     if (w->failed) { /* sticky: the first error is what commit reports */
         *e = w->first_error;
         return -1;
@@ -511,13 +517,31 @@ int ckpt_write_slice(ckpt_writer *w, int file, const char *name, const ckpt_slic
         cols = t->t.ndim == 2 ? t->t.shape[1] : t->t.shape[0];
         rc = ckpt_check_slice(s, rows, cols, name, e);
     }
+    if (!rc && w->stage && w->stage->used > w->stage->cap - 4 * (s->flat1 - s->flat0))
+        rc = ust_errf(e, "checkpoint: the async staging buffer (%lld bytes) is too small",
+                      (long long)w->stage->cap);
     if (!rc) {
-        write_ctx c = {w, file, t, host_data};
+        write_ctx c = {w, file, t, src};
         rc = ckpt_for_each_run(s, cols, write_run, &c, e);
     }
     if (rc) writer_fail(w, e);
     if (!w->stage) fault_sleep(w); /* async: the writer thread sleeps instead */
     return rc;
+}
+
+int ckpt_write_slice(ckpt_writer *w, int file, const char *name, const ckpt_slice *s,
+                     const float *host_data, ust_err *e) {
+    return put_slice(w, file, name, s, host_data, e);
+}
+
+int ckpt_stage_reserve(ckpt_writer *w, int file, const char *name, const ckpt_slice *s,
+                       float **out, ust_err *e) {
+    *out = NULL;
+    if (!w->stage) return 0;
+    unsigned char *at = w->stage->buf + w->stage->used; /* the runs follow in slice order */
+    if (put_slice(w, file, name, s, NULL, e)) return -1;
+    *out = (float *)at;
+    return 0;
 }
 
 /* Keeps the newest keep_last checkpoints, counting the one just written; older step_N go.
@@ -628,7 +652,11 @@ static int write_manifest(const ckpt_writer *w, const char *state_json, ust_err 
     ckman_files f = {.n = w->nfiles};
     if (w->nfiles > CKMAN_MAX_FILES)
         return ust_errf(e, "checkpoint: %d files, at most %d", w->nfiles, CKMAN_MAX_FILES);
-    for (int i = 0; i < w->nfiles; i++) f.name[i] = w->files[i].name, f.size[i] = w->files[i].size;
+    for (int i = 0; i < w->nfiles; i++) {
+        f.name[i] = w->files[i].name;
+        f.size[i] = w->files[i].size;
+        f.ntensors[i] = w->files[i].n;
+    }
     return ckman_write(w->tmp, &f, w->job, w->step, state_json, e);
 }
 
@@ -710,7 +738,7 @@ static void *writer_thread(void *arg) {
         const staged_run *r = &s->runs[i];
         const wfile *f = &w->files[r->file];
         rc = pwrite_all(f->fd, s->buf + r->at, (size_t)r->len, r->off, f->path, &e);
-        if (!rc) ckman_add(&w->log, r->file, r->off, s->buf + r->at, r->len);
+        if (!rc) ckman_add(&w->log, r->file, r->tensor, r->off, s->buf + r->at, r->len);
         if (!rc) fault_sleep(w);
     }
     if (rc) writer_fail(w, &e);

@@ -92,6 +92,10 @@ ckpt_stage *ckpt_stage_create(int64_t bytes, ust_err *e);
 void ckpt_stage_free(ckpt_stage *s);
 int64_t ckpt_stage_bytes(const ckpt_stage *s);
 void ckpt_set_stage(ckpt_writer *w, ckpt_stage *s);
+/* The stage's space for slice s (one copy instead of two): *out gets where its elements go, in
+ * slice order, for the caller to fill before the commit; NULL (and 0) without a stage. */
+int ckpt_stage_reserve(ckpt_writer *w, int file, const char *name, const ckpt_slice *s,
+                       float **out, ust_err *e);
 int ckpt_commit_async(ckpt_writer *w, const char *state_json, int keep_last, ust_err *e);
 int ckpt_poll(ckpt_writer *w, int block, ust_err *e);
 

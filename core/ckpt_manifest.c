@@ -19,14 +19,15 @@
 /* ---------------------------------------------------------------------------------------------
  * The per-rank log of written ranges */
 
-void ckman_add(ckman_log *l, int file, int64_t off, const void *data, int64_t len) {
+void ckman_add(ckman_log *l, int file, int tensor, int64_t off, const void *data, int64_t len) {
     const unsigned char *p = data;
     while (len > 0 && !l->failed) {
         int64_t room = CKMAN_BLOCK - off % CKMAN_BLOCK, n = len < room ? len : room;
         uint32_t c = (uint32_t)crc32_z(0, p, (z_size_t)n);
         ckman_piece *last = l->n ? &l->p[l->n - 1] : NULL;
         /* it continues the last piece, and off is no block start: the same block */
-        if (last && last->file == file && last->off + last->len == off && off % CKMAN_BLOCK) {
+        if (last && last->file == file && last->tensor == tensor && last->off + last->len == off &&
+            off % CKMAN_BLOCK) {
             last->crc = (uint32_t)crc32_combine(last->crc, c, (z_off_t)n);
             last->len += n;
         } else {
@@ -39,7 +40,8 @@ void ckman_add(ckman_log *l, int file, int64_t off, const void *data, int64_t le
                 }
                 l->p = np, l->cap = cap;
             }
-            l->p[l->n++] = (ckman_piece){.file = file, .crc = c, .off = off, .len = n};
+            l->p[l->n++] =
+                (ckman_piece){.file = file, .tensor = tensor, .crc = c, .off = off, .len = n};
         }
         p += n, off += n, len -= n;
     }
@@ -106,7 +108,7 @@ static int read_log(ckman_log *all, const char *tmpdir, int rank, const ckman_fi
         ckman_piece q;
         memcpy(&q, b + 16 + i * (int64_t)sizeof q, sizeof q);
         if (q.file < 0 || q.file >= f->n || q.off < 0 || q.len <= 0 ||
-            q.off > f->size[q.file] - q.len)
+            q.off > f->size[q.file] - q.len || q.tensor < -1 || q.tensor >= f->ntensors[q.file])
             rc = ust_errf(e, "checkpoint: %s: a range outside the files", p);
         if (!rc && all->n == all->cap) {
             int64_t cap = all->cap ? 2 * all->cap : 1024;
@@ -127,18 +129,28 @@ static int cmp_piece(const void *a, const void *b) {
     return x->off < y->off ? -1 : x->off > y->off;
 }
 
-/* The block CRCs of file k from the sorted pieces [*i, ...) of it: every byte covered once. */
+/* The block CRCs of file k from the sorted pieces [*i, ...) of it (every byte covered once),
+ * and into *tensors the CRC of its header and of each tensor, in file order. */
 static cJSON *file_crcs(const ckman_log *all, int64_t *i, int k, const ckman_files *f,
-                        ust_err *e) {
+                        cJSON **tensors, ust_err *e) {
     cJSON *arr = cJSON_CreateArray();
     int64_t pos = 0, block = -1;
-    uint32_t crc = 0;
+    uint32_t crc = 0, *tc = calloc((size_t)f->ntensors[k] + 1, sizeof *tc);
+    char *seen = calloc((size_t)f->ntensors[k] + 1, 1);
+    *tensors = cJSON_CreateArray();
     for (; *i < all->n && all->p[*i].file == k; (*i)++) {
         const ckman_piece *q = &all->p[*i];
+        int t = q->tensor + 1;
+        if (tc && seen) {
+            tc[t] = seen[t] ? (uint32_t)crc32_combine(tc[t], q->crc, (z_off_t)q->len) : q->crc;
+            seen[t] = 1;
+        }
         if (q->off != pos) {
             ust_errf(e, "checkpoint %s: bytes [%lld, %lld) were %s", f->name[k], (long long)pos,
                      (long long)q->off, q->off > pos ? "written by no rank" : "written twice");
-            cJSON_Delete(arr);
+            cJSON_Delete(arr), cJSON_Delete(*tensors);
+            free(tc), free(seen);
+            *tensors = NULL;
             return NULL;
         }
         if (q->off / CKMAN_BLOCK != block) {
@@ -150,20 +162,25 @@ static cJSON *file_crcs(const ckman_log *all, int64_t *i, int k, const ckman_fil
         pos += q->len;
     }
     if (block >= 0) cJSON_AddItemToArray(arr, cJSON_CreateNumber(crc));
+    for (int t = 0; tc && seen && t <= f->ntensors[k]; t++)
+        cJSON_AddItemToArray(*tensors, cJSON_CreateNumber(tc[t]));
+    free(tc), free(seen);
     if (pos != f->size[k]) {
         ust_errf(e, "checkpoint %s: bytes [%lld, %lld) were written by no rank", f->name[k],
                  (long long)pos, (long long)f->size[k]);
-        cJSON_Delete(arr);
+        cJSON_Delete(arr), cJSON_Delete(*tensors);
+        *tensors = NULL;
         return NULL;
     }
     return arr;
 }
 
-static cJSON *file_entry(const char *name, int64_t size, cJSON *crcs) {
+static cJSON *file_entry(const char *name, int64_t size, cJSON *crcs, cJSON *tensors) {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "name", name);
     cJSON_AddNumberToObject(o, "size", (double)size);
     cJSON_AddItemToObject(o, "crc32", crcs);
+    if (tensors) cJSON_AddItemToObject(o, "tensor_crc32", tensors); /* header, then each tensor */
     return o;
 }
 
@@ -184,7 +201,7 @@ static cJSON *small_file_entry(const char *dir, const char *name, ust_err *e) {
         cJSON_AddItemToArray(arr, cJSON_CreateNumber((uint32_t)crc32_z(0, (unsigned char *)b + off, n)));
     }
     free(b);
-    return file_entry(name, (int64_t)len, arr);
+    return file_entry(name, (int64_t)len, arr, NULL);
 }
 
 static int write_synced(const char *path, const char *text, ust_err *e) {
@@ -244,9 +261,13 @@ int ckman_write(const char *tmpdir, const ckman_files *f, const char *job, int64
     cJSON_AddItemToObject(root, "files", files);
     int64_t i = 0;
     for (int k = 0; !rc && k < f->n; k++) {
-        cJSON *crcs = file_crcs(&all, &i, k, f, e);
-        if (!crcs) rc = -1;
-        else cJSON_AddItemToArray(files, file_entry(f->name[k], f->size[k], crcs));
+        cJSON *tensors = NULL, *crcs = file_crcs(&all, &i, k, f, &tensors, e);
+        if (!crcs) {
+            cJSON_Delete(tensors);
+            rc = -1;
+        } else {
+            cJSON_AddItemToArray(files, file_entry(f->name[k], f->size[k], crcs, tensors));
+        }
     }
     cJSON *state = rc ? NULL : small_file_entry(tmpdir, "state.json", e);
     if (!rc && !state) rc = -1;
@@ -338,40 +359,78 @@ int ckman_valid(const char *step_dir, int64_t step, ust_err *e) {
     return rc ? -1 : 1;
 }
 
-/* What of a safetensors file the bytes [a, b) hold, for the message: " (the header and tensors
- * 'x', 'y' and 3 more)"; "" when the header itself cannot be read. */
-static void tensors_in(const char *path, int64_t a, int64_t b, char *out, size_t cap) {
+typedef struct {
+    const char *name;
+    int64_t begin, end; /* absolute offsets in the file */
+} span;
+
+static int cmp_span(const void *a, const void *b) {
+    const span *x = a, *y = b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+static uint32_t crc_range(int fd, int64_t off, int64_t n, int *ok) {
+    unsigned char buf[1 << 16];
+    uint32_t c = 0;
+    while (n > 0 && *ok) {
+        ssize_t r = pread(fd, buf, (size_t)(n < (int64_t)sizeof buf ? n : (int64_t)sizeof buf), off);
+        if (r <= 0) *ok = 0;
+        else c = (uint32_t)crc32_z(c, buf, (z_size_t)r), off += r, n -= r;
+    }
+    return c;
+}
+
+/* What is damaged in the bytes [a, b) of safetensors file path, for the message: the header
+ * and the tensors whose own CRC (tensor_crc32: header first, then the tensors in file order)
+ * no longer matches, as " (tensor 'x')" or " (the header and tensors 'x', 'y' and 3 more)";
+ * "" when the header cannot be read or the manifest has no tensor CRCs. */
+static void damaged_in(const char *path, int fd, int64_t a, int64_t b, const cJSON *tcrc, char *out,
+                       size_t cap) {
     out[0] = 0;
-    FILE *f = fopen(path, "rb");
     uint64_t n = 0;
     char *h = NULL;
-    if (f && fread(&n, 8, 1, f) == 1 && n <= 100000000 && (h = malloc(n + 1)) &&
-        fread(h, 1, n, f) == n) {
-        h[n] = 0;
-        cJSON *j = cJSON_Parse(h), *o;
+    if (pread(fd, &n, 8, 0) != 8 || n > 100000000 || !(h = malloc(n + 1)) ||
+        pread(fd, h, n, 8) != (ssize_t)n) {
+        free(h);
+        return;
+    }
+    h[n] = 0;
+    cJSON *j = cJSON_Parse(h), *o;
+    int nt = 0, count = 0, header = 0, ok = 1;
+    span *sp = calloc((size_t)cJSON_GetArraySize(j) + 1, sizeof *sp);
+    cJSON_ArrayForEach(o, j) {
+        const cJSON *offs = cJSON_GetObjectItemCaseSensitive(o, "data_offsets");
+        if (!sp || !cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2) continue;
+        sp[nt++] = (span){o->string, 8 + (int64_t)n + (int64_t)cJSON_GetArrayItem(offs, 0)->valuedouble,
+                          8 + (int64_t)n + (int64_t)cJSON_GetArrayItem(offs, 1)->valuedouble};
+    }
+    if (sp && cJSON_IsArray(tcrc) && cJSON_GetArraySize(tcrc) == nt + 1) {
+        qsort(sp, (size_t)nt, sizeof *sp, cmp_span);
         char names[256] = "";
-        int count = 0, header = a < 8 + (int64_t)n;
         size_t k = 0;
-        cJSON_ArrayForEach(o, j) {
-            const cJSON *offs = cJSON_GetObjectItemCaseSensitive(o, "data_offsets");
-            if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2) continue;
-            int64_t s = 8 + (int64_t)n + (int64_t)cJSON_GetArrayItem(offs, 0)->valuedouble,
-                    t = 8 + (int64_t)n + (int64_t)cJSON_GetArrayItem(offs, 1)->valuedouble;
-            if (s >= b || t <= a) continue;
+        if (a < 8 + (int64_t)n)
+            header = crc_range(fd, 0, 8 + (int64_t)n, &ok) !=
+                     (uint32_t)cJSON_GetArrayItem(tcrc, 0)->valuedouble;
+        for (int t = 0; t < nt && ok; t++) {
+            if (sp[t].begin >= b || sp[t].end <= a || sp[t].end < sp[t].begin) continue;
+            if (crc_range(fd, sp[t].begin, sp[t].end - sp[t].begin, &ok) ==
+                (uint32_t)cJSON_GetArrayItem(tcrc, t + 1)->valuedouble)
+                continue;
             if (++count <= 3 && k < sizeof names)
                 k += (size_t)snprintf(names + k, sizeof names - k, "%s'%s'", count > 1 ? ", " : "",
-                                      o->string);
+                                      sp[t].name);
         }
         char more[32] = "";
         if (count > 3) snprintf(more, sizeof more, " and %d more", count - 3);
-        if (header || count)
+        if (ok && (header || count))
             snprintf(out, cap, " (%s%s%s%s%s)", header ? "the header" : "",
                      header && count ? " and " : "", count ? (count > 1 ? "tensors " : "tensor ") : "",
                      names, more);
-        cJSON_Delete(j);
     }
+    (void)path;
+    free(sp);
+    cJSON_Delete(j);
     free(h);
-    if (f) fclose(f);
 }
 
 static int verify_file(const char *step_dir, const cJSON *o, int64_t *block, int rank, int world,
@@ -403,7 +462,8 @@ static int verify_file(const char *step_dir, const cJSON *o, int64_t *block, int
         uint32_t want = (uint32_t)cJSON_GetArrayItem(crcs, (int)k)->valuedouble;
         if (!rc && (uint32_t)crc32_z(0, buf, (z_size_t)n) != want) {
             char what[512];
-            tensors_in(p, off, off + n, what, sizeof what);
+            damaged_in(p, fd, off, off + n, cJSON_GetObjectItemCaseSensitive(o, "tensor_crc32"),
+                       what, sizeof what);
             rc = ust_errf(e, "checkpoint %s: %s does not match its manifest: bytes [%lld, %lld)%s "
                              "have another checksum (damaged after it was written)",
                           step_dir, name, (long long)off, (long long)(off + n), what);

@@ -1,9 +1,9 @@
 /* ckpt_manifest: what makes a checkpoint verifiable (used by ckpt.c; tests read the format).
  * Every rank records the CRC-32 (zlib's) of each byte range it writes, cut at CKMAN_BLOCK
  * boundaries, and leaves them in the temporary step directory as .crc.<rank>; before the rename,
- * rank 0 combines them into one CRC per block of each file, checks that the ranks' ranges tile
- * every file exactly, and writes manifest.json (every file's size and block CRCs, the job, step
- * and layout), fsync'd. A step directory without a valid manifest is never resumed from. On
+ * rank 0 combines them into one CRC per block of each file (and one per tensor, which only
+ * names what a damaged block holds), checks that the ranks' ranges tile every file exactly, and
+ * writes manifest.json (every file's size and CRCs, the job, step and layout), fsync'd. A step directory without a valid manifest is never resumed from. On
  * resume every rank verifies the blocks b with b % world == rank (layout-independent: any job
  * can verify any checkpoint), so the work is spread over the ranks. */
 #ifndef UST_CKPT_MANIFEST_H
@@ -18,10 +18,11 @@
 #define CKMAN_BLOCK ((int64_t)4 << 20) /* bytes per checksum block */
 #define CKMAN_MAX_FILES 8
 
-/* One written byte range of a file (never across a block boundary), and its CRC. */
+/* One written byte range of a file (never across a block boundary, inside one tensor or the
+ * header: tensor -1), and its CRC. */
 typedef struct {
-    int32_t file;
-    uint32_t crc;
+    int32_t file, tensor;
+    uint32_t crc, pad;
     int64_t off, len;
 } ckman_piece;
 
@@ -31,9 +32,9 @@ typedef struct {
     int failed; /* out of memory: the commit fails (never a manifest with holes) */
 } ckman_log;
 
-/* Records that data[0..len) was written at off of file `file` (pieces that continue the last
- * one inside its block are merged into it). */
-void ckman_add(ckman_log *l, int file, int64_t off, const void *data, int64_t len);
+/* Records that data[0..len) of tensor `tensor` (-1: the header) was written at off of file
+ * `file` (pieces that continue the last one inside its block and tensor are merged into it). */
+void ckman_add(ckman_log *l, int file, int tensor, int64_t off, const void *data, int64_t len);
 void ckman_free(ckman_log *l);
 /* Writes the log as tmpdir/.crc.<rank>. */
 int ckman_save_log(const ckman_log *l, const char *tmpdir, int rank, ust_err *e);
@@ -43,6 +44,7 @@ typedef struct {
     int n;
     const char *name[CKMAN_MAX_FILES];
     int64_t size[CKMAN_MAX_FILES];
+    int ntensors[CKMAN_MAX_FILES];
 } ckman_files;
 
 /* Rank 0, after every rank's data is on disk: reads the ranks' logs from tmpdir (every .crc.<r>

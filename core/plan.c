@@ -30,7 +30,9 @@ static void plan_rank(const ust_config *c, int r, int whole, mem_plan *p) {
     mem_init_counting(&count);
     params_count_buffers(m, &st, &count);
     acts_alloc(m, &count);
-    dp_count(&count, c, m, dense, experts);
+    int64_t save = 0;
+    dp_count(&count, c, m, dense, experts, &save);
+    p->ckpt_staging = c->checkpoint.async ? (double)save : 0;
     pp_alloc_scalars(&count, l->pp);
     mem_alloc(&count, MEM_COMM, sizeof(float)); /* the trainer's stop flag */
     int n = 0;
@@ -111,6 +113,10 @@ void plan_print(const ust_config *c, const mem_plan *p, FILE *f) {
     fprintf(f, "  activations %12s  (one micro-batch of %d x %d tokens)\n",
             log_bytes(b[3], 32, p->acts), c->train.micro_batch_size, c->train.seq_len);
     fprintf(f, "  total       %12s  (%.0f bytes)\n", log_bytes(b[4], 32, p->total), p->total);
+    if (c->checkpoint.async)
+        fprintf(f, "  + host: checkpoint staging %s (%.0f bytes; checkpoint.async: the slices this "
+                   "rank writes)\n",
+                log_bytes(b[4], 32, p->ckpt_staging), p->ckpt_staging);
     if (c->parallel.pp > 1) {
         fprintf(f, "by pipeline rank (stages r, r+pp, ...; micro-batches in flight per %s):\n",
                 c->parallel.pp_schedule == PP_AFAB ? "afab: all of them" : "the schedule");

@@ -14,6 +14,7 @@
 typedef struct {
     int64_t n_params;                               /* whole model */
     double params, grads, optim, acts, comm, total; /* bytes per rank */
+    double ckpt_staging; /* host bytes, beside the total: checkpoint.async's staging buffer */
 } mem_plan;
 
 void plan_memory(const ust_config *c, mem_plan *p); /* pipeline rank 0 (every rank without pp) */

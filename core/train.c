@@ -1113,6 +1113,9 @@ static int run_with(const ust_config *cfg, ust_runtime *rt, const train_opts *op
                (long long)plan.n_params, (long long)cfg->train.steps, cfg->train.global_batch_size,
                cfg->train.seq_len, cfg_grad_accum(cfg), log_bytes(b1, 32, t.arena.total),
                log_bytes(b2, 32, plan.total));
+        if (t.stage)
+            printf("checkpoint.async: staging buffer %lld bytes of host memory (plan %.0f)\n",
+                   (long long)ckpt_stage_bytes(t.stage), plan.ckpt_staging);
     }
     train_install_stop_handlers(); /* `ustrain train` did already, before the bootstrap */
     int rc = loop(&t, opts, res);

@@ -96,22 +96,26 @@ static void alloc_state(dp_state *d, ust_arena *a) {
     d->scalar = mem_alloc(a, MEM_COMM, 4 * sizeof(float));
 }
 
-void dp_count(ust_arena *count, const ust_config *cfg, const model *m, int n, int expert_n) {
+void dp_count(ust_arena *count, const ust_config *cfg, const model *m, int n, int expert_n,
+              int64_t *save_bytes) {
     dp_state d = {.cfg = cfg, .stage = cfg->optimizer.zero_stage, .nunits = model_num_units(m)};
+    d.m = (model *)m; /* read only: the parameter table, for dp_save_bytes */
     d.ulen = calloc(d.nunits, sizeof(int64_t));
+    d.uoff = calloc(d.nunits, sizeof(int64_t));
     d.chunk = calloc(d.nunits, sizeof(int64_t));
     d.soff = calloc(d.nunits, sizeof(int64_t));
     d.un = calloc(d.nunits, sizeof *d.un);
-    UST_ASSERT(d.ulen && d.chunk && d.soff && d.un, "out of host memory");
+    d.urank = calloc(d.nunits, sizeof *d.urank); /* rank 0 of every group */
+    UST_ASSERT(d.ulen && d.uoff && d.chunk && d.soff && d.un && d.urank, "out of host memory");
     for (int u = 0; u < d.nunits; u++) {
-        int64_t off;
-        model_unit_range(m, u, &off, &d.ulen[u]);
+        model_unit_range(m, u, &d.uoff[u], &d.ulen[u]);
         d.un[u] = model_unit_is_expert(m, u) ? expert_n : n;
     }
     shard_units(&d);
     d.numel = model_numel(m);
     alloc_state(&d, count);
-    free(d.ulen), free(d.chunk), free(d.soff), free(d.un);
+    if (save_bytes) *save_bytes = dp_save_bytes(&d);
+    free(d.ulen), free(d.uoff), free(d.chunk), free(d.soff), free(d.un), free(d.urank);
 }
 
 static void on_unit(void *ctx, int u, model_phase ph);

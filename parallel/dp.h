@@ -35,7 +35,8 @@ model_storage dp_model_storage(const ust_config *cfg, int dp_size);
 /* What dp_create carves for model m (optimizer moments, ZeRO shards and working buffers, its
  * scalars) over a group of n ranks, its expert units over expert_n: dp_create's own
  * allocation, which the memory plan runs against a counting arena. */
-void dp_count(ust_arena *count, const ust_config *cfg, const model *m, int n, int expert_n);
+void dp_count(ust_arena *count, const ust_config *cfg, const model *m, int n, int expert_n,
+              int64_t *save_bytes /* what dp_save would write from rank 0 (may be NULL) */);
 /* The groups a rank's gradients involve. */
 typedef struct {
     ust_comm *dense;  /* dense gradients are reduced (and ZeRO-sharded) over it: the replicas

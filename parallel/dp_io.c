@@ -127,9 +127,11 @@ static int transfer(dp_state *d, dp_buf b, int file, ckpt_writer *w, ckpt_reader
         ckpt_slice s = q->slice;
         s.flat0 = q->slice.flat0 + a;
         s.flat1 = q->slice.flat0 + bb;
-        if (w) {
-            d->ops->to_host(d->ops, host, dev, (bb - a) * sizeof(float));
-            rc = ckpt_write_slice(w, file, t.name, &s, host, e);
+        if (w) { /* checkpoint.async: straight into the stage */
+            float *staged = NULL;
+            rc = ckpt_stage_reserve(w, file, t.name, &s, &staged, e);
+            if (rc == 0) d->ops->to_host(d->ops, staged ? staged : host, dev, (bb - a) * sizeof(float));
+            if (rc == 0 && !staged) rc = ckpt_write_slice(w, file, t.name, &s, host, e);
         } else {
             const char *fname = b == BUF_PARAMS ? "model.safetensors" : "optimizer.safetensors";
             rc = ckpt_read_slice(r, fname, &t, &s, host, e);
