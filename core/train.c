@@ -79,6 +79,8 @@ typedef struct {
     ckpt_stage *stage;           /* checkpoint.async: the host buffer the slices are copied to */
     ckpt_writer *pending;        /* checkpoint.async: the save still being written */
     int64_t pending_step, pending_started; /* its step, and the step it was started after */
+    double ckpt_wait_s;                    /* the step loop's time in saves (and async waits) */
+    int ckpt_saves;
 } trainer;
 
 /* ------------------------------------------------------------------ the runtime */
@@ -297,7 +299,9 @@ static char *state_json(trainer *t) {
  * when all are done, which every rank learns at the same step boundary). */
 static int finish_pending(trainer *t, int block, ust_err *e) {
     if (!t->pending) return 0;
+    double t0 = log_now_s();
     int rc = ckpt_poll(t->pending, block, e);
+    t->ckpt_wait_s += log_now_s() - t0;
     if (rc == 1) return 0;
     t->pending = NULL;
     if (rc == 0 && t->rank0)
@@ -312,6 +316,7 @@ static int finish_pending(trainer *t, int block, ust_err *e) {
 static int save_checkpoint(trainer *t, ust_err *e) {
     const ust_config *c = t->cfg;
     if (finish_pending(t, 1, e)) return -1;
+    double t0 = log_now_s();
     ckpt_writer *w =
         ckpt_begin(c->checkpoint.dir, t->step, t->rt->rank, t->rt->boot.job_id, world_sync, t, e);
     if (!w) return -1;
@@ -322,6 +327,8 @@ static int save_checkpoint(trainer *t, ust_err *e) {
                       : ckpt_commit(w, state, c->checkpoint.keep_last, e);
     if (t->stage && rc == 0) t->pending = w, t->pending_step = t->pending_started = t->step;
     free(state);
+    t->ckpt_wait_s += log_now_s() - t0;
+    t->ckpt_saves++;
     return rc;
 }
 
@@ -1072,6 +1079,10 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
         return UST_EXIT_RUNTIME;
     }
     res->steps_done = t->step - first;
+    if (t->rank0 && !opts->quiet && t->ckpt_saves)
+        printf("checkpoints: %d saved (%s); the step loop waited %.1f ms per save\n", t->ckpt_saves,
+               t->stage ? "async: staged, written in the background" : "synchronous",
+               1e3 * t->ckpt_wait_s / t->ckpt_saves);
     res->final_loss = t->last_loss;
     if (allocs_after_first >= 0)
         res->device_allocs_after_first_step = device_allocations(t) - allocs_after_first;
