@@ -82,3 +82,17 @@ fi
 
 bench_comm_check srun 2 -- timeout 120 srun --mpi=pmix -n 2 "$UST" bench comm $BENCH_ARGS
 bench_comm_check srun 8 -- timeout 180 srun --mpi=pmix -n 8 "$UST" bench comm $BENCH_ARGS
+
+# The sbatch example's restart loop (run as a plain script: srun makes its own allocation here).
+# Rank 1 dies at step 5 of the first start; the loop runs srun again, which resumes from step 4
+# and ends with the uninterrupted run's model, byte for byte.
+SM="--set model.n_layer=2 --set model.d_model=64 --set model.d_ff=128 --set train.seq_len=32 --set train.global_batch_size=4 --set train.micro_batch_size=2 --set train.steps=8 --set checkpoint.every=2 --set data.val_every=0"
+timeout 120 srun --mpi=pmix -n 2 "$UST" train $TMP/s.yaml $SM --set parallel.dp=2 --set checkpoint.dir=$TMP/loopref \
+    --set logging.metrics_file=$TMP/loopref.jsonl >$TMP/lr.out 2>&1 || fail sbatch_loop_reference "$(tail -2 $TMP/lr.out)"
+out=$(UST=$UST UST_SRUN_ARGS="-n 2" UST_RESTART_BACKOFF=1 UST_FAULT_DIE_STEP=5 UST_FAULT_DIE_RANK=1 \
+    timeout 240 bash scripts/slurm/ustrain.sbatch $TMP/s.yaml $SM --set checkpoint.dir=$TMP/loop \
+    --set logging.metrics_file=$TMP/loop.jsonl 2>&1); rc=$?
+if [ $rc = 0 ] && echo "$out" | grep -q "restart 1 of 3" && echo "$out" | grep -q "resuming from .*loop/step_4" &&
+   cmp -s $TMP/loopref/step_8/model.safetensors $TMP/loop/step_8/model.safetensors; then
+    pass sbatch_restart_loop_resumes_a_killed_job_to_the_same_model
+else fail sbatch_restart_loop_resumes_a_killed_job_to_the_same_model "exit $rc: $(echo "$out" | grep -E 'restart|resum|error' | head -4)"; fi
