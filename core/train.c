@@ -79,7 +79,7 @@ typedef struct {
     ckpt_stage *stage;           /* checkpoint.async: the host buffer the slices are copied to */
     ckpt_writer *pending;        /* checkpoint.async: the save still being written */
     int64_t pending_step, pending_started; /* its step, and the step it was started after */
-    double ckpt_wait_s;                    /* the step loop's time in saves (and async waits) */
+    double ckpt_save_s, ckpt_wait_s; /* the step loop's time in saves, and waiting for async ones */
     int ckpt_saves;
 } trainer;
 
@@ -327,7 +327,7 @@ static int save_checkpoint(trainer *t, ust_err *e) {
                       : ckpt_commit(w, state, c->checkpoint.keep_last, e);
     if (t->stage && rc == 0) t->pending = w, t->pending_step = t->pending_started = t->step;
     free(state);
-    t->ckpt_wait_s += log_now_s() - t0;
+    t->ckpt_save_s += log_now_s() - t0;
     t->ckpt_saves++;
     return rc;
 }
@@ -1073,16 +1073,21 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
         if (after) break;
     }
     ust_err e;
+    double waited = t->ckpt_wait_s, t_end = log_now_s();
     if (finish_pending(t, 1, &e)) { /* the last save completes before the run ends */
         fprintf(stderr, "ustrain: error: checkpoint at step %lld failed: %s\n",
                 (long long)t->pending_step, e.msg);
         return UST_EXIT_RUNTIME;
     }
     res->steps_done = t->step - first;
-    if (t->rank0 && !opts->quiet && t->ckpt_saves)
-        printf("checkpoints: %d saved (%s); the step loop waited %.1f ms per save\n", t->ckpt_saves,
-               t->stage ? "async: staged, written in the background" : "synchronous",
-               1e3 * t->ckpt_wait_s / t->ckpt_saves);
+    if (t->rank0 && !opts->quiet && t->ckpt_saves && t->stage)
+        printf("checkpoints: %d saved (async); per save the step loop spent %.1f ms staging and "
+               "%.1f ms waiting for the previous write; %.1f ms after the last step for the last\n",
+               t->ckpt_saves, 1e3 * t->ckpt_save_s / t->ckpt_saves, 1e3 * waited / t->ckpt_saves,
+               1e3 * (log_now_s() - t_end));
+    else if (t->rank0 && !opts->quiet && t->ckpt_saves)
+        printf("checkpoints: %d saved (synchronous); per save the step loop spent %.1f ms writing\n",
+               t->ckpt_saves, 1e3 * t->ckpt_save_s / t->ckpt_saves);
     res->final_loss = t->last_loss;
     if (allocs_after_first >= 0)
         res->device_allocs_after_first_step = device_allocations(t) - allocs_after_first;
