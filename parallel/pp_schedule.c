@@ -8,12 +8,17 @@
 
 static int imin(int a, int b) { return a < b ? a : b; }
 
-static int is_comm(pps_op op) { return op >= PPS_SEND_ACT; }
+static int is_comm(pps_op op) { return op >= PPS_SEND_ACT && op <= PPS_RECV_GRAD; }
 
 enum { STEP_JOIN = -2 }; /* marks a compute that shares the previous one's comm step */
 
 static void push(pps_action *a, int *n, pps_op op, int mb, int chunk) {
     a[(*n)++] = (pps_action){.op = op, .mb = mb, .chunk = chunk, .stage = -1, .peer = -1};
+}
+
+static void push_split(pps_action *a, int *n, pps_op op, int mb, int chunk, int split) {
+    push(a, n, op, mb, chunk);
+    a[*n - 1].split = split;
 }
 
 static void push_join(pps_action *a, int *n, pps_op op, int mb, int chunk) {
@@ -53,11 +58,11 @@ static void order_zb(pps_action *a, int *n, int p, int m, int r) {
     for (int i = 0; i < w; i++) push(a, n, PPS_F, i, 0);
     for (int i = 0; i < m - w; i++) {
         push(a, n, PPS_F, w + i, 0);
-        push(a, n, PPS_B, i, 0);
+        push_split(a, n, PPS_B, i, 0, 1);
         if (i >= r) push(a, n, PPS_W, next_w++, 0);
     }
     for (int i = m - w; i < m; i++) {
-        push(a, n, PPS_B, i, 0);
+        push_split(a, n, PPS_B, i, 0, 1);
         if (next_w <= i) push(a, n, PPS_W, next_w++, 0);
     }
     while (next_w < m) push(a, n, PPS_W, next_w++, 0);
@@ -116,25 +121,176 @@ static void order_interleaved(pps_action *a, int *n, int p, int v, int m, int r,
     }
 }
 
+/* DualPipeV (DeepSeek's "cut-in-half" DualPipe, Sea AI Lab's writeup): p ranks hold 2p stages in
+ * a V, chunk 0 = stage r on the way down, chunk 1 = stage 2p-1-r on the way up, one copy of the
+ * parameters. Every chunk runs its F's, and its B's, in micro-batch order; a split B leaves its W
+ * to a queue the W's drain first in, first out. Rank r's eight phases (m >= 2p):
+ *   1. 2(p-r-1) x F0             fill the way down
+ *   2. r+1 x (F0 F1)             the first micro-batches turn at rank p-1 and come up
+ *   3. p-r-1 x (B1' W F1)        the first backwards start; B1' split, its W right after
+ *   4. m-2p+r+1 x (F0&B1 F1&B0)  steady state: a forward and a whole backward of different
+ *                                micro-batches and chunks paired in one step, so their transfers
+ *                                go out together and overlap the next pair's compute
+ *   5. p-r-1 x (B1 F1&B0)        the last forwards
+ *   6. r+1 x (B1 B0)             drain; the second half of them split (zero bubble)
+ *   7. p-r-1 x (W B0')           the queued W's fill the wait for the last B0's
+ *   8. r+1 x W
+ * The bubble is DeepSeek's (PP/2-1)(F&B+B-3W) for PP = 2p stages (pps_analytic_bubble); each
+X
+ * PPS_NO_SPLIT every B is whole and the W's go. */
+typedef struct {
+    pps_action *a;
+    int *n, next_f[2], next_b[2], *wq, wq_lo, wq_hi, split_ok;
+} vbuild;
+
+static void v_f(vbuild *b, int c, int join) {
+    (join ? push_join : push)(b->a, b->n, PPS_F, b->next_f[c]++, c);
+}
+
+static void v_b(vbuild *b, int c, int split, int join) {
+    split &= b->split_ok;
+    int mb = b->next_b[c]++;
+    push_split(b->a, b->n, PPS_B, mb, c, split);
+    if (join) b->a[*b->n - 1].peer = STEP_JOIN;
+    if (split) b->wq[b->wq_hi++] = mb * 2 + c;
+}
+
+static void v_w(vbuild *b) {
+    if (b->wq_lo == b->wq_hi) return; /* nothing queued (PPS_NO_SPLIT) */
+    int k = b->wq[b->wq_lo++];
+    push(b->a, b->n, PPS_W, k / 2, k % 2);
+}
+
+static int order_dualpipev(pps_action *a, int *n, int p, int m, int r, int split_ok) {
+    vbuild b = {.a = a, .n = n, .split_ok = split_ok};
+    b.wq = malloc(sizeof *b.wq * 2 * m);
+    if (!b.wq) return -1;
+    int down = p - r - 1, up = r + 1;
+    for (int i = 0; i < 2 * down; i++) v_f(&b, 0, 0);
+    for (int i = 0; i < up; i++) v_f(&b, 0, 0), v_f(&b, 1, 0);
+    for (int i = 0; i < down; i++) v_b(&b, 1, 1, 0), v_w(&b), v_f(&b, 1, 0);
+    for (int i = 0; i < m - 2 * p + r + 1; i++) {
+        v_f(&b, 0, 0), v_b(&b, 1, 0, 1);
+        v_f(&b, 1, 0), v_b(&b, 0, 0, 1);
+    }
+    for (int i = 0; i < down; i++) v_b(&b, 1, 0, 0), v_f(&b, 1, 0), v_b(&b, 0, 0, 1);
+    /* drain: from the middle on the B's are split, half of the 2(r+1) (the W's of phases 7
+     * and 8 are theirs) */
+    int split = 0;
+    for (int i = 0; i < up; i++) {
+        if (i == up / 2 && r % 2 == 1) split = 1;
+        v_b(&b, 1, split, 0);
+        if (i == up / 2 && r % 2 == 0) split = 1;
+        v_b(&b, 0, split, 0);
+    }
+    for (int i = 0; i < down; i++) v_w(&b), v_b(&b, 0, 1, 0);
+    while (b.wq_lo < b.wq_hi) v_w(&b);
+    free(b.wq);
+    return 0;
+}
+
 /* ---- transfers ----------------------------------------------------------------------------- */
 
-/* One transfer of compute x (stage already set), or nothing: RECV_* before x, SEND_* after. */
-static int comm_of(pps_action x, int before, int p, int v, int r, pps_action *out) {
-    int last = p * v - 1, prev = (r - 1 + p) % p, next = (r + 1) % p;
+int pps_stage(ust_pp_schedule kind, int p, int c, int r) {
+    if (kind == PP_DUALPIPEV) return c == 0 ? r : 2 * p - 1 - r;
+    return c * p + r;
+}
+
+int pps_stage_rank(ust_pp_schedule kind, int p, int stage) {
+    if (kind == PP_DUALPIPEV) return stage < p ? stage : 2 * p - 1 - stage;
+    return stage % p;
+}
+
+static int stage_chunk(ust_pp_schedule kind, int p, int stage) {
+    if (kind == PP_DUALPIPEV) return stage < p ? 0 : 1;
+    return stage / p;
+}
+
+/* One transfer of compute x (stage already set), or nothing: RECV_* before x, SEND_* after, to
+ * the rank of the neighbouring stage when that is another rank. */
+static int comm_of(pps_action x, int before, ust_pp_schedule kind, int p, int v, int r,
+                   pps_action *out) {
+    int last = p * v - 1;
+    int prev = x.stage > 0 ? pps_stage_rank(kind, p, x.stage - 1) : r;
+    int next = x.stage < last ? pps_stage_rank(kind, p, x.stage + 1) : r;
     pps_action c = x;
+    c.split = 0;
     if (p == 1 || x.op == PPS_W) return 0;
-    if (x.op == PPS_F && before && x.stage > 0)
+    if (x.op == PPS_F && before && prev != r)
         c.op = PPS_RECV_ACT, c.peer = prev;
-    else if (x.op == PPS_F && !before && x.stage < last)
+    else if (x.op == PPS_F && !before && next != r)
         c.op = PPS_SEND_ACT, c.peer = next;
-    else if (x.op == PPS_B && before && x.stage < last)
+    else if (x.op == PPS_B && before && next != r)
         c.op = PPS_RECV_GRAD, c.peer = next;
-    else if (x.op == PPS_B && !before && x.stage > 0)
+    else if (x.op == PPS_B && !before && prev != r)
         c.op = PPS_SEND_GRAD, c.peer = prev;
     else
         return 0;
     *out = c;
     return 1;
+}
+
+/* The local hand-over right after compute x when its neighbouring stage is on this rank too
+ * (dualpipev's turn at rank p-1): the copy belongs to the consumer (its mb, chunk and stage). */
+static int local_of(pps_action x, ust_pp_schedule kind, int p, int v, int r, pps_action *out) {
+    int last = p * v - 1, to;
+    if (p == 1) return 0; /* one stage: the chunks are not pipelined (pps_check's p == 1 rules) */
+    if (x.op == PPS_F && x.stage < last && pps_stage_rank(kind, p, x.stage + 1) == r)
+        to = x.stage + 1;
+    else if (x.op == PPS_B && x.stage > 0 && pps_stage_rank(kind, p, x.stage - 1) == r)
+        to = x.stage - 1;
+    else
+        return 0;
+    *out = (pps_action){.op = x.op == PPS_F ? PPS_LOCAL_ACT : PPS_LOCAL_GRAD,
+                        .mb = x.mb,
+                        .chunk = stage_chunk(kind, p, to),
+                        .stage = to,
+                        .peer = -1};
+    return 1;
+}
+
+/* dualpipev: the ranks on either side of r both send it activations and gradients, and a
+ * neighbour's sends to r come in an order r does not consume them in (rank 0 sends the
+ * activation of a forward before the gradient of a backward that rank 1 needs first). Transfers
+ * on a rank pair match in posting order, so r posts its receives from each peer in that peer's
+ * send order: the k-th one in the batch before the first compute that needs any of the k-th,
+ * (k+1)-th, .. received tensor (a suffix minimum over the consumers); key gets each compute's
+ * place in its sender's order (so a batch lists them in that order) and post_at the compute
+ * whose batch posts its receive. The simulator shows this runs without a deadlock. */
+static int v_post_order(const pps_action *comp, int nc, int p, int m, int r, int *post_at,
+                        int *key) {
+    int cap = 3 * m * 2, rc = 0;
+    pps_action *theirs = malloc(sizeof *theirs * cap);
+    int *idx = malloc(sizeof *idx * (nc + 1));
+    if (!theirs || !idx) rc = -1;
+    for (int side = -1; side <= 1 && !rc; side += 2) {
+        int a = r + side, na = 0, k = 0, nq = 0;
+        if (a < 0 || a >= p) continue;
+        if (order_dualpipev(theirs, &na, p, m, a, 1)) {
+            rc = -1;
+            break;
+        }
+        /* the tensors a sends to r, in order; each is matched to the compute of r consuming it */
+        for (int x = 0; x < na; x++) {
+            pps_action t = theirs[x], c;
+            t.stage = pps_stage(PP_DUALPIPEV, p, t.chunk, a);
+            if (!comm_of(t, 0, PP_DUALPIPEV, p, 2, a, &c) || c.peer != r) continue;
+            int want_op = c.op == PPS_SEND_ACT ? PPS_F : PPS_B;
+            int want_stage = c.stage + (c.op == PPS_SEND_ACT ? 1 : -1);
+            for (int q = 0; q < nc; q++)
+                if ((int)comp[q].op == want_op && comp[q].mb == c.mb &&
+                    comp[q].stage == want_stage) {
+                    key[q] = k++;
+                    idx[nq++] = q;
+                }
+        }
+        for (int t = nq - 1, lo = nc; t >= 0; t--) { /* suffix minimum of the consumers */
+            if (idx[t] < lo) lo = idx[t];
+            post_at[idx[t]] = lo;
+        }
+    }
+    free(theirs), free(idx);
+    return rc;
 }
 
 /* The computes are cut into steps (a compute pushed with STEP_JOIN belongs to the previous
@@ -145,37 +301,60 @@ static int comm_of(pps_action x, int before, int p, int v, int r, pps_action *ou
  * (Megatron's send_forward_recv_backward); interleaved runs its steady F and B as one step
  * (Megatron's send_forward_backward_recv_forward_backward), because with p = 2 both ranks send
  * to each other in both directions. */
-static int with_comm(pps_action *comp, int nc, int p, int v, int m, int r, int breadth,
-                     pps_action *out) {
+static int with_comm(pps_action *comp, int nc, ust_pp_schedule kind, int p, int v, int m, int r,
+                     int breadth, pps_action *out) {
     /* Breadth-first: the first chunk of micro-batch k comes back round the ring (rank p-1 ->
      * rank 0) while rank 0 still has m-p forwards of the earlier chunk to run (in backward,
      * rank 0 -> rank p-1 alike). A receive posted only right before its consumer would leave
      * rank p-1 blocked in its send; post it m-p computes earlier instead, in the batch rank 0
      * runs while rank p-1 sends it. Everywhere else early = 0. */
     int early = breadth && m > p ? m - p : 0;
-    int *post_at = malloc(sizeof *post_at * (nc + 1));
-    if (!post_at) return -1;
+    int *post_at = malloc(sizeof *post_at * (nc + 1)), *key = malloc(sizeof *key * (nc + 1));
+    int *batch = malloc(sizeof *batch * (nc + 1));
+    if (!post_at || !key || !batch) {
+        free(post_at), free(key), free(batch);
+        return -1;
+    }
     for (int i = 0; i < nc; i++) {
-        comp[i].stage = comp[i].chunk * p + r;
+        comp[i].stage = pps_stage(kind, p, comp[i].chunk, r);
         int wrap = (r == 0 && comp[i].op == PPS_F && comp[i].chunk > 0) ||
                    (r == p - 1 && comp[i].op == PPS_B && comp[i].chunk < v - 1);
         post_at[i] = wrap ? i - early : i;
+        key[i] = i;
+    }
+    if (kind == PP_DUALPIPEV) {
+        if (v_post_order(comp, nc, p, m, r, post_at, key)) {
+            free(post_at), free(key), free(batch);
+            return -1;
+        }
+        early = nc; /* any later receive may be posted in this batch */
     }
     int n = 0;
     for (int i = 0, j; i < nc; i = j) {
         for (j = i + 1; j < nc && comp[j].peer == STEP_JOIN; j++) {
         }
+        int nb = 0; /* this step's receives in posting order: by key (compute order but for
+                       dualpipev, where it is the order the peer sends them in) */
         for (int q = i; q < nc && q < j + early; q++)
-            if (post_at[q] >= i && post_at[q] < j) n += comm_of(comp[q], 1, p, v, r, &out[n]);
-        for (int k = i; k < j; k++) out[n] = comp[k], out[n++].peer = -1;
-        for (int k = i; k < j; k++) n += comm_of(comp[k], 0, p, v, r, &out[n]);
+            if (post_at[q] >= i && post_at[q] < j) {
+                int t = nb++;
+                for (; t > 0 && key[batch[t - 1]] > key[q]; t--) batch[t] = batch[t - 1];
+                batch[t] = q;
+            }
+        for (int t = 0; t < nb; t++) n += comm_of(comp[batch[t]], 1, kind, p, v, r, &out[n]);
+        for (int k = i; k < j; k++) {
+            out[n] = comp[k], out[n++].peer = -1;
+            n += local_of(comp[k], kind, p, v, r, &out[n]);
+        }
+        for (int k = i; k < j; k++) n += comm_of(comp[k], 0, kind, p, v, r, &out[n]);
     }
-    free(post_at);
+    free(post_at), free(key), free(batch);
     return n;
 }
 
 const char *pps_op_name(pps_op op) {
-    static const char *names[] = {"F", "B", "W", "SEND_ACT", "RECV_ACT", "SEND_GRAD", "RECV_GRAD"};
+    static const char *names[] = {"F",         "B",         "W",         "SEND_ACT", "RECV_ACT",
+                                  "SEND_GRAD", "RECV_GRAD", "LOCAL_ACT", "LOCAL_GRAD"};
     return (unsigned)op < sizeof names / sizeof *names ? names[op] : "?";
 }
 
@@ -189,22 +368,60 @@ const char *pps_kind_name(ust_pp_schedule kind) {
         return "interleaved";
     case PP_ZB:
         return "zb";
+    case PP_DUALPIPEV:
+        return "dualpipev";
     }
     return "?";
+}
+
+int pps_splits(const pps_schedule *s) {
+    for (int i = 0; i < s->n; i++)
+        if (s->a[i].op == PPS_W) return 1;
+    return 0;
+}
+
+double pps_analytic_bubble(ust_pp_schedule kind, int p, int v, int m, pps_costs c,
+                           const char **formula) {
+    const char *f;
+    double x;
+    switch (kind) {
+    case PP_ZB:
+        f = "ZB-H1 (p-1)(F+B-2W)/(m(F+B))";
+        x = (p - 1) * (c.f + c.b - c.w) / (m * (c.f + c.b + c.w));
+        break;
+    case PP_DUALPIPEV:
+        f = "DualPipeV (PP/2-1)(F&B+B-3W)/(2m(F+B)), PP = 2p";
+        x = (p - 1) * (c.f + 2 * c.b - c.w) / (2.0 * m * (c.f + c.b + c.w));
+        break;
+    default:
+        f = "(p-1)/(v*m)";
+        x = (double)(p - 1) / ((double)v * m);
+        break;
+    }
+    if (formula) *formula = f;
+    return x;
 }
 
 int pps_build(pps_schedule *s, ust_pp_schedule kind, int p, int v, int m, int rank, int flags,
               ust_err *e) {
     memset(s, 0, sizeof *s);
     const char *name = pps_kind_name(kind);
-    if (kind < PP_AFAB || kind > PP_ZB) return ust_errf(e, "pp schedule: unknown kind %d", kind);
+    if (kind < PP_AFAB || kind > PP_DUALPIPEV)
+        return ust_errf(e, "pp schedule: unknown kind %d", kind);
     if (p < 1 || v < 1 || m < 1)
         return ust_errf(e, "pp schedule %s: pp (%d), vpp (%d) and micro-batches (%d) must be >= 1",
                         name, p, v, m);
     if (rank < 0 || rank >= p)
         return ust_errf(e, "pp schedule %s: rank %d outside 0..%d", name, rank, p - 1);
-    if (kind != PP_INTERLEAVED && v != 1)
+    if (kind == PP_DUALPIPEV && (p < 2 || v != 2 || m < 2 * p))
+        return ust_errf(e,
+                        "pp schedule dualpipev: needs pp >= 2 (got %d), vpp = 2 (got %d) and at "
+                        "least 2 * pp micro-batches (got %d)",
+                        p, v, m);
+    if (kind != PP_INTERLEAVED && kind != PP_DUALPIPEV && v != 1)
         return ust_errf(e, "pp schedule %s: vpp = %d needs pp_schedule: interleaved", name, v);
+    if ((flags & PPS_NO_SPLIT) && kind != PP_DUALPIPEV)
+        return ust_errf(e, "pp schedule %s: the no-split flag applies to dualpipev only", name);
     if (kind == PP_INTERLEAVED && m % p != 0)
         return ust_errf(e,
                         "pp schedule interleaved: micro-batches (%d) must be a multiple of pp "
@@ -215,7 +432,7 @@ int pps_build(pps_schedule *s, ust_pp_schedule kind, int p, int v, int m, int ra
 
     int nc = 0, cap = 3 * m * v; /* F, B and W of every (mb, chunk) at most */
     pps_action *comp = malloc(sizeof *comp * cap);
-    pps_action *all = malloc(sizeof *all * 3 * cap);
+    pps_action *all = malloc(sizeof *all * 4 * cap); /* + 2 transfers or a copy for F and B */
     if (!comp || !all) {
         free(comp), free(all);
         return ust_errf(e, "pp schedule: out of memory for %d actions", 3 * cap);
@@ -233,9 +450,12 @@ int pps_build(pps_schedule *s, ust_pp_schedule kind, int p, int v, int m, int ra
     case PP_INTERLEAVED:
         order_interleaved(comp, &nc, p, v, m, rank, flags & PPS_BREADTH_FIRST);
         break;
+    case PP_DUALPIPEV:
+        if (order_dualpipev(comp, &nc, p, m, rank, !(flags & PPS_NO_SPLIT))) nc = -1;
+        break;
     }
     *s = (pps_schedule){.kind = kind, .p = p, .v = v, .m = m, .rank = rank, .flags = flags};
-    s->n = with_comm(comp, nc, p, v, m, rank, flags & PPS_BREADTH_FIRST, all);
+    s->n = nc < 0 ? -1 : with_comm(comp, nc, kind, p, v, m, rank, flags & PPS_BREADTH_FIRST, all);
     s->a = all;
     free(comp);
     if (s->n < 0) {
@@ -266,14 +486,15 @@ void pps_free_all(pps_schedule *all, int p) {
 }
 
 void pps_print(FILE *f, const pps_schedule *s) {
-    fprintf(f, "# pp schedule %s%s: pp=%d vpp=%d micro-batches=%d rank=%d, %d actions\n",
-            pps_kind_name(s->kind), s->flags & PPS_BREADTH_FIRST ? " (breadth-first)" : "", s->p,
-            s->v, s->m, s->rank, s->n);
+    fprintf(f, "# pp schedule %s%s%s: pp=%d vpp=%d micro-batches=%d rank=%d, %d actions\n",
+            pps_kind_name(s->kind), s->flags & PPS_BREADTH_FIRST ? " (breadth-first)" : "",
+            s->flags & PPS_NO_SPLIT ? " (no W split)" : "", s->p, s->v, s->m, s->rank, s->n);
     for (int i = 0; i < s->n; i++) {
         const pps_action *a = &s->a[i];
         if (!is_comm(a->op))
-            fprintf(f, "%4d %s mb=%d chunk=%d stage=%d\n", i, pps_op_name(a->op), a->mb, a->chunk,
-                    a->stage);
+            fprintf(f, "%4d %s mb=%d chunk=%d stage=%d%s\n", i, pps_op_name(a->op), a->mb,
+                    a->chunk, a->stage,
+                    a->op == PPS_B && a->split && s->kind != PP_ZB ? " split" : "");
         else
             fprintf(f, "%4d %s mb=%d stage=%d %s=%d\n", i, pps_op_name(a->op), a->mb, a->stage,
                     a->op == PPS_SEND_ACT || a->op == PPS_SEND_GRAD ? "to" : "from", a->peer);
@@ -283,7 +504,8 @@ void pps_print(FILE *f, const pps_schedule *s) {
 /* ------------------------------------------------------------------ activation sets */
 
 static int frees_slot(const pps_schedule *s, const pps_action *a) {
-    return a->op == (s->kind == PP_ZB ? PPS_W : PPS_B);
+    (void)s;
+    return a->op == PPS_W || (a->op == PPS_B && !a->split);
 }
 
 void pps_slots(const pps_schedule *s, int *slot_of, int *slots) {
