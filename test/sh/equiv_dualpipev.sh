@@ -20,3 +20,40 @@ $EQ --name _dpv_llama --config $TMP/llama.yaml \
     --layout "pp=2 $DPV train.recompute=full" --layout "pp=2 $DPV parallel.pp_layers=3,1,1,3"
 $EQ --name _dpv_gpt2 --config $TMP/gpt2.yaml \
     --layout "pp=2 $DPV" --layout "pp=2 $DPV dp=2 zero=1"
+$EQ --name _dpv_pp4dp --config $TMP/llama.yaml --set train.global_batch_size=16 \
+    --layout "pp=4 $DPV dp=2 zero=1" --layout "pp=4 $DPV tp=2 sp=true"
+# MoE layers: their backward is whole (no W), expert-parallel over dp
+sed -e 's/max_seq_len: 64}/max_seq_len: 64, moe: {num_experts: 4, top_k: 2, d_ff_expert: 64, every: 2, aux_loss_coef: 0.01}}/' \
+    $TMP/llama.yaml >$TMP/moe.yaml
+$EQ --name _dpv_moe --config $TMP/moe.yaml --layout "pp=2 $DPV dp=2 ep=2"
+
+# checkpoints are layout independent: dualpipev -> 1f1b / one process, and 1f1b -> dualpipev
+$EQ --name _dpv_resume --config $TMP/llama.yaml --save-layout "pp=2 $DPV" --resume-at 2 \
+    --layout "pp=2" --layout "pp=1"
+$EQ --name _dpv_resume --config $TMP/gpt2.yaml --save-layout "pp=2" --resume-at 2 \
+    --layout "pp=4 $DPV" --layout "pp=2 $DPV dp=2 zero=1"
+
+# validate --schedule: the schedule runs to the end in the simulator, 2p+1 activation sets
+out=$($UST validate $TMP/llama.yaml --set parallel.pp=4 --set parallel.vpp=2 \
+    --set parallel.pp_schedule=dualpipev --schedule 2>&1)
+echo "$out" | grep -q "LOCAL_ACT mb=0 chunk=1 stage=4" && echo "$out" | grep -q "B mb=7 chunk=0 stage=0 split" &&
+    echo "$out" | grep -q "peak activation sets per rank: 9 9 9 9" &&
+    echo "$out" | grep -q "schedule dualpipev: p=4 v=2 m=8; simulated bubble" &&
+    pass dpv_validate_prints_the_schedule || fail dpv_validate_prints_the_schedule "$(echo "$out" | tail -3)"
+
+# the memory plan counts dualpipev's activation sets and rank 0's two ends: it equals the arena
+plan_matches_arena dpv_plan_equals_arena $TMP/llama.yaml 2 --set parallel.pp=2 --set parallel.vpp=2 \
+    --set parallel.pp_schedule=dualpipev --set train.steps=1 --set checkpoint.every=0 --set checkpoint.resume=none
+plan_matches_arena dpv_moe_plan_equals_arena $TMP/moe.yaml 2 --set parallel.pp=2 --set parallel.vpp=2 \
+    --set parallel.pp_schedule=dualpipev --set train.steps=1 --set checkpoint.every=0 --set checkpoint.resume=none
+
+L="$TMP/llama.yaml --set parallel.pp_schedule=dualpipev"
+expect_exit dpv_needs_vpp_2 2 "dualpipev needs parallel.vpp: 2 \(got 1\)" -- \
+    $UST validate $L --set parallel.pp=2 --world 2
+expect_exit dpv_needs_pp 2 "dualpipev needs parallel.pp > 1" -- $UST validate $L --set parallel.vpp=2
+expect_exit dpv_needs_2p_microbatches 2 "dualpipev needs at least 2 \* parallel.pp \(8\) micro-batches" -- \
+    $UST validate $L --set parallel.pp=4 --set parallel.vpp=2 --set train.global_batch_size=4 --world 4
+expect_exit dpv_tied_refuses_zero2 2 "dualpipev with tied embeddings needs optimizer.zero_stage <= 1" -- \
+    $UST validate $TMP/gpt2.yaml --set parallel.pp_schedule=dualpipev --set parallel.pp=2 \
+    --set parallel.vpp=2 --set parallel.dp=2 --set optimizer.zero_stage=2 --set train.global_batch_size=16 --world 4
+exit 0
