@@ -132,6 +132,12 @@ double pps_analytic_bubble(ust_pp_schedule kind, int p, int v, int m, pps_costs 
  * each stuck rank's action), never a hang. */
 int pps_simulate(const pps_schedule *all, int p, pps_costs c, pps_sim *out, ust_err *e);
 
+/* The schedule's own bubble, without the executor's comm rule: every compute starts as soon as
+ * its rank is free and its inputs are computed (transfers free and fully asynchronous, as the
+ * published analyses assume). *bubble: max over ranks of idle/busy. Runs pps_check_pairs; -1 with
+ * a message when the compute orders wait on each other in a cycle. */
+int pps_dataflow(const pps_schedule *all, int p, pps_costs c, double *bubble, ust_err *e);
+
 /* Activation sets: each (micro-batch, chunk) holds one of its chunk's sets from its first
  * action (a receive, a local copy or its forward) to the end of its backward (of its W when
  * split); the lowest

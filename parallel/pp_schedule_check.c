@@ -399,3 +399,41 @@ int pps_simulate(const pps_schedule *all, int p, pps_costs cost, pps_sim *out, u
     return rc;
 }
 #undef FIN
+
+int pps_dataflow(const pps_schedule *all, int p, pps_costs c, double *bubble, ust_err *e) {
+    *bubble = 0;
+    if (p < 1 || p > PPS_MAX_P)
+        return ust_errf(e, "pp dataflow: pp = %d outside 1..%d", p, PPS_MAX_P);
+    if (pps_check_pairs(all, p, e)) return -1;
+    sim x = {.all = all, .p = p, .m = all[0].m, .S = p * all[0].v, .cost = c};
+    pps_sim out = {0};
+    x.out = &out;
+    x.fin = malloc(sizeof *x.fin * 3 * x.m * x.S);
+    if (!x.fin) return ust_errf(e, "pp dataflow: out of memory");
+    for (int i = 0; i < 3 * x.m * x.S; i++) x.fin[i] = -1;
+    int moved = 1, left = 1;
+    while (moved && left) { /* each rank's computes in its order, skipping the transfers */
+        moved = 0, left = 0;
+        for (int r = 0; r < p; r++) {
+            while (x.pc[r] < all[r].n) {
+                const pps_action *a = &all[r].a[x.pc[r]];
+                if (is_comm(a->op) || is_local(a->op)) {
+                    x.pc[r]++;
+                    continue;
+                }
+                if (!sim_compute(&x, r, a)) break;
+                moved = 1;
+            }
+            left |= x.pc[r] < all[r].n;
+        }
+    }
+    int rc = left ? ust_errf(e, "pp schedule %s: compute orders wait on each other in a cycle",
+                             pps_kind_name(all[0].kind))
+                  : 0;
+    if (!rc) {
+        sim_report(&x);
+        *bubble = out.bubble;
+    }
+    free(x.fin);
+    return rc;
+}
