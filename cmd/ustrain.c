@@ -199,13 +199,17 @@ static int print_schedule(const ust_config *c) {
         free(all);
         return UST_EXIT_USAGE;
     }
+    double dataflow = -1;
+    if (pps_dataflow(all, p, cost, &dataflow, &e) != 0) dataflow = -1;
     printf("peak activation sets per rank:");
     for (int r = 0; r < p; r++) printf(" %d", sim.peak_alive[r]);
     printf("\n");
+    /* simulated: under the executor's comm rule (pp_schedule.h); dataflow: the compute orders
+     * alone, transfers free and asynchronous (what the published bubbles assume) */
     printf("schedule %s: p=%d v=%d m=%d; simulated bubble %.4f (analytic %s = %.4f; "
-           "time units F=1, %s)\n",
+           "time units F=1, %s); dataflow bubble %.4f\n",
            pps_kind_name(kind), p, v, m, sim.bubble, formula, analytic,
-           split ? "B=1, W=1" : "B=2");
+           split ? "B=1, W=1" : "B=2", dataflow);
     pps_free_all(all, p);
     free(all);
     return 0;
