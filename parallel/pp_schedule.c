@@ -301,6 +301,12 @@ static int v_post_order(const pps_action *comp, int nc, int p, int m, int r, int
  * (Megatron's send_forward_recv_backward); interleaved runs its steady F and B as one step
  * (Megatron's send_forward_backward_recv_forward_backward), because with p = 2 both ranks send
  * to each other in both directions. */
+static int emit(const pps_action *comp, int nc, ust_pp_schedule kind, int p, int v, int r,
+                const int *post_at, const int *key, int early, int *batch, int *gap_at,
+                pps_action *out);
+
+static int v_build_all(pps_schedule *all, int p, int m, int flags, ust_err *e);
+
 static int with_comm(pps_action *comp, int nc, ust_pp_schedule kind, int p, int v, int m, int r,
                      int breadth, pps_action *out) {
     /* Breadth-first: the first chunk of micro-batch k comes back round the ring (rank p-1 ->
@@ -322,13 +328,18 @@ static int with_comm(pps_action *comp, int nc, ust_pp_schedule kind, int p, int 
         post_at[i] = wrap ? i - early : i;
         key[i] = i;
     }
-    if (kind == PP_DUALPIPEV) {
-        if (v_post_order(comp, nc, p, m, r, post_at, key)) {
-            free(post_at), free(key), free(batch);
-            return -1;
-        }
-        early = nc; /* any later receive may be posted in this batch */
-    }
+    int n = emit(comp, nc, kind, p, v, r, post_at, key, early, batch, NULL, out);
+    free(post_at), free(key), free(batch);
+    return n;
+}
+
+/* Writes the actions of rank r's computes: each step's receives (those whose post_at lies in
+ * the step, looking up to early computes ahead, in key order), its computes with their local
+ * copies, its sends. batch: scratch of nc; gap_at (may be NULL) gets for each compute the index
+ * where the batch before its step starts (the previous step's sends). */
+static int emit(const pps_action *comp, int nc, ust_pp_schedule kind, int p, int v, int r,
+                const int *post_at, const int *key, int early, int *batch, int *gap_at,
+                pps_action *out) {
     int n = 0;
     for (int i = 0, j; i < nc; i = j) {
         for (j = i + 1; j < nc && comp[j].peer == STEP_JOIN; j++) {
@@ -346,10 +357,110 @@ static int with_comm(pps_action *comp, int nc, ust_pp_schedule kind, int p, int 
             out[n] = comp[k], out[n++].peer = -1;
             n += local_of(comp[k], kind, p, v, r, &out[n]);
         }
+        for (int k = j; gap_at && k < nc && (k == j || comp[k].peer == STEP_JOIN); k++)
+            gap_at[k] = n;
         for (int k = i; k < j; k++) n += comm_of(comp[k], 0, kind, p, v, r, &out[n]);
     }
-    free(post_at), free(key), free(batch);
     return n;
+}
+
+/* dualpipev's receives, placed by simulation. v_post_order's placement (each receive as late as
+ * the sender's order allows) makes a sender wait in its batch until the receiver gets round to
+ * posting: under the executor's rule (a batch completes as a whole) that costs the V most of
+ * its advantage. So, with unit costs F = B = W = 1 and every rank's schedule built: simulate,
+ * and move each receive to the first batch of its rank that starts once its sender has posted
+ * the send (no later than its consumer; then the suffix minimum keeps the sender's order);
+ * repeat while the makespan shrinks (at most 16 rounds; a placement that deadlocks or is no
+ * shorter is not taken). Deterministic: every rank computes the same placement. */
+static int v_build_all(pps_schedule *all, int p, int m, int flags, ust_err *e) {
+    const pps_costs unit = {1, 1, 1};
+    int cap = 3 * m * 2, rc = 0;
+    pps_action *comp[PPS_MAX_P] = {0};
+    int nc[PPS_MAX_P] = {0}, *post[PPS_MAX_P] = {0}, *next[PPS_MAX_P] = {0};
+    int *key[PPS_MAX_P] = {0}, *gap[PPS_MAX_P] = {0}, *scratch = malloc(sizeof(int) * (cap + 1));
+    double *reach[PPS_MAX_P] = {0};
+    pps_schedule cand[PPS_MAX_P];
+    memset(cand, 0, sizeof cand);
+    if (p > PPS_MAX_P || !scratch) rc = -1;
+    for (int r = 0; r < p && !rc; r++) {
+        comp[r] = malloc(sizeof **comp * cap);
+        post[r] = malloc(sizeof(int) * (cap + 1)), next[r] = malloc(sizeof(int) * (cap + 1));
+        key[r] = malloc(sizeof(int) * (cap + 1)), gap[r] = calloc(cap + 1, sizeof(int));
+        reach[r] = malloc(sizeof(double) * 4 * cap);
+        all[r] = (pps_schedule){.kind = PP_DUALPIPEV, .p = p, .v = 2, .m = m, .rank = r,
+                                .flags = flags, .a = malloc(sizeof(pps_action) * 4 * cap)};
+        cand[r] = all[r];
+        cand[r].a = malloc(sizeof(pps_action) * 4 * cap);
+        if (!comp[r] || !post[r] || !next[r] || !key[r] || !gap[r] || !reach[r] || !all[r].a ||
+            !cand[r].a || order_dualpipev(comp[r], &nc[r], p, m, r, !(flags & PPS_NO_SPLIT))) {
+            rc = -1;
+            break;
+        }
+        for (int i = 0; i < nc[r]; i++) {
+            comp[r][i].stage = pps_stage(PP_DUALPIPEV, p, comp[r][i].chunk, r);
+            post[r][i] = key[r][i] = i;
+        }
+        if (v_post_order(comp[r], nc[r], p, m, r, post[r], key[r])) rc = -1;
+        if (!rc) all[r].n = emit(comp[r], nc[r], PP_DUALPIPEV, p, 2, r, post[r], key[r], nc[r],
+                                 scratch, gap[r], all[r].a);
+    }
+    pps_sim sim;
+    ust_err ignore;
+    if (!rc && pps_simulate_reach(all, p, unit, &sim, reach, &ignore)) rc = -1;
+    double best = sim.makespan;
+    for (int round = 0; round < 16 && !rc; round++) {
+        for (int r = 0; r < p; r++) {
+            memcpy(next[r], post[r], sizeof(int) * nc[r]);
+            for (int side = -1; side <= 1; side += 2) {
+                int a = r + side, nq = 0;
+                if (a < 0 || a >= p) continue;
+                /* the k-th send of a to r, its post time, and r's compute receiving it */
+                for (int i = 0, k = 0; i < all[a].n; i++) {
+                    const pps_action *x = &all[a].a[i];
+                    if ((x->op != PPS_SEND_ACT && x->op != PPS_SEND_GRAD) || x->peer != r) continue;
+                    for (int q = 0; q < nc[r]; q++) {
+                        pps_action c;
+                        if (key[r][q] != k || !comm_of(comp[r][q], 1, PP_DUALPIPEV, p, 2, r, &c) ||
+                            c.peer != a)
+                            continue;
+                        int d = q;
+                        for (int st = 0; st <= q; st++)
+                            if (comp[r][st].peer != STEP_JOIN &&
+                                reach[r][gap[r][st]] >= reach[a][i] - 1e-9) {
+                                d = st;
+                                break;
+                            }
+                        next[r][q] = d;
+                        scratch[nq++] = q;
+                    }
+                    k++;
+                }
+                for (int t = nq - 1, lo = 1 << 30; t >= 0; t--) { /* keep the sender's order */
+                    if (next[r][scratch[t]] < lo) lo = next[r][scratch[t]];
+                    next[r][scratch[t]] = lo;
+                }
+            }
+        }
+        for (int r = 0; r < p; r++)
+            cand[r].n = emit(comp[r], nc[r], PP_DUALPIPEV, p, 2, r, next[r], key[r], nc[r],
+                             scratch, NULL, cand[r].a);
+        pps_sim cs;
+        if (pps_simulate(cand, p, unit, &cs, &ignore) || cs.makespan >= best - 1e-9) break;
+        best = cs.makespan;
+        for (int r = 0; r < p; r++) {
+            memcpy(post[r], next[r], sizeof(int) * nc[r]);
+            all[r].n = emit(comp[r], nc[r], PP_DUALPIPEV, p, 2, r, post[r], key[r], nc[r], scratch,
+                            gap[r], all[r].a);
+        }
+        if (pps_simulate_reach(all, p, unit, &sim, reach, &ignore)) rc = -1;
+    }
+    for (int r = 0; r < p; r++) {
+        free(comp[r]), free(post[r]), free(next[r]), free(key[r]), free(gap[r]), free(reach[r]);
+        free(cand[r].a);
+    }
+    free(scratch);
+    if (rc) pps_free_all(all, p);
+    return rc ? ust_errf(e, "pp schedule dualpipev: out of memory or no runnable placement") : 0;
 }
 
 const char *pps_op_name(pps_op op) {
@@ -429,6 +540,18 @@ int pps_build(pps_schedule *s, ust_pp_schedule kind, int p, int v, int m, int ra
                         m, p, (m + p - 1) / p * p);
     if ((flags & PPS_BREADTH_FIRST) && kind != PP_INTERLEAVED)
         return ust_errf(e, "pp schedule %s: breadth-first applies to interleaved only", name);
+    if (kind == PP_DUALPIPEV) { /* its receives are placed with every rank's schedule at hand */
+        pps_schedule *every = calloc(p, sizeof *every);
+        if (!every || v_build_all(every, p, m, flags, e)) {
+            free(every);
+            return ust_errf(e, "pp schedule dualpipev: out of memory");
+        }
+        *s = every[rank];
+        every[rank].a = NULL;
+        pps_free_all(every, p);
+        free(every);
+        return 0;
+    }
 
     int nc = 0, cap = 3 * m * v; /* F, B and W of every (mb, chunk) at most */
     pps_action *comp = malloc(sizeof *comp * cap);

@@ -131,6 +131,11 @@ double pps_analytic_bubble(ust_pp_schedule kind, int p, int v, int m, pps_costs 
  * B(mb,s+1); W after B). A state where no rank can move is reported as a deadlock (-1, with
  * each stuck rank's action), never a hang. */
 int pps_simulate(const pps_schedule *all, int p, pps_costs c, pps_sim *out, ust_err *e);
+/* pps_simulate that also gives reach[r][i] (caller's arrays of all[r].n): when rank r got to
+ * action i (its batch's post time for a transfer, when it was free to start a compute); the
+ * dualpipev builder places receives by them. */
+int pps_simulate_reach(const pps_schedule *all, int p, pps_costs c, pps_sim *out,
+                       double *const *reach, ust_err *e);
 
 /* The schedule's own bubble, without the executor's comm rule: every compute starts as soon as
  * its rank is free and its inputs are computed (transfers free and fully asynchronous, as the

@@ -232,6 +232,7 @@ typedef struct {
     int pc[PPS_MAX_P], in_batch[PPS_MAX_P], alive[PPS_MAX_P];
     int pend_lo[PPS_MAX_P], pend_hi[PPS_MAX_P]; /* a posted send-only batch not yet waited on */
     double clock[PPS_MAX_P];
+    double *const *reach; /* NULL, or reach[r][i]: when rank r got to action i */
 } sim;
 
 #define FIN(x, op, mb, st) (x)->fin[((op) * (x)->m + (mb)) * (x)->S + (st)]
@@ -263,6 +264,7 @@ static void sim_free(sim *x) {
 /* Runs rank r's compute action a once its inputs are finished; returns 0 while it waits. */
 static int sim_compute(sim *x, int r, const pps_action *a) {
     double dep[2] = {0, 0};
+    if (x->reach && x->reach[r][x->pc[r]] < 0) x->reach[r][x->pc[r]] = x->clock[r];
     int st = a->stage;
     if (a->op == PPS_F) dep[0] = st > 0 ? FIN(x, PPS_F, a->mb, st - 1) : 0;
     if (a->op == PPS_B) {
@@ -297,6 +299,7 @@ static int sim_post(sim *x, int r, int end) {
     double post = x->pend_lo[r] >= 0 ? dmax(x->clock[r], t0) : x->clock[r];
     x->pend_lo[r] = -1;
     for (int i = x->pc[r]; i < end; i++) x->posted[r][i] = post;
+    for (int i = x->pc[r]; x->reach && i < end; i++) x->reach[r][i] = post;
     int sends_only = 1;
     for (int i = x->pc[r]; i < end; i++)
         sends_only &= s->a[i].op == PPS_SEND_ACT || s->a[i].op == PPS_SEND_GRAD;
@@ -380,12 +383,20 @@ static void sim_report(const sim *x) {
 }
 
 int pps_simulate(const pps_schedule *all, int p, pps_costs cost, pps_sim *out, ust_err *e) {
+    return pps_simulate_reach(all, p, cost, out, NULL, e);
+}
+
+int pps_simulate_reach(const pps_schedule *all, int p, pps_costs cost, pps_sim *out,
+                       double *const *reach, ust_err *e) {
     memset(out, 0, sizeof *out);
     if (p < 1 || p > PPS_MAX_P)
         return ust_errf(e, "pp simulate: pp = %d outside 1..%d", p, PPS_MAX_P);
     if (pps_check_pairs(all, p, e)) return -1;
     sim x;
     int rc = sim_init(&x, all, p, cost, out, e);
+    x.reach = reach;
+    for (int r = 0; reach && r < p; r++)
+        for (int i = 0; i < all[r].n; i++) reach[r][i] = -1;
     /* Round-robin until every rank is done; a round where no rank moves is a deadlock. */
     for (int done = 0; !rc && !done;) {
         int moved = 0;
