@@ -285,8 +285,7 @@ double pp_forward_only(pp_state *s, const pp_callbacks *cb, int nmb, int64_t *nt
             int next = stage < S - 1 ? pps_stage_rank(kind, s->p, stage + 1) : -1;
             if (prev == r) { /* dualpipev's turn: the previous chunk on this rank */
                 s->ops->copy(s->ops, model_chunk_input(s->m, c, 0),
-                             model_chunk_output(s->m, c - 1, 0),
-                             (size_t)act_bytes(s->ops, count));
+                             model_chunk_output(s->m, c - 1, 0), (size_t)act_bytes(s->ops, count));
             } else if (prev >= 0) {
                 comm_p2p in = {prev, 0, model_chunk_input(s->m, c, 0), count};
                 comm_req q = comm_sendrecv(s->pipe, &in, 1, comm_act_dtype(s->ops));

@@ -387,8 +387,13 @@ static int v_build_all(pps_schedule *all, int p, int m, int flags, ust_err *e) {
         post[r] = malloc(sizeof(int) * (cap + 1)), next[r] = malloc(sizeof(int) * (cap + 1));
         key[r] = malloc(sizeof(int) * (cap + 1)), gap[r] = calloc(cap + 1, sizeof(int));
         reach[r] = malloc(sizeof(double) * 4 * cap);
-        all[r] = (pps_schedule){.kind = PP_DUALPIPEV, .p = p, .v = 2, .m = m, .rank = r,
-                                .flags = flags, .a = malloc(sizeof(pps_action) * 4 * cap)};
+        all[r] = (pps_schedule){.kind = PP_DUALPIPEV,
+                                .p = p,
+                                .v = 2,
+                                .m = m,
+                                .rank = r,
+                                .flags = flags,
+                                .a = malloc(sizeof(pps_action) * 4 * cap)};
         cand[r] = all[r];
         cand[r].a = malloc(sizeof(pps_action) * 4 * cap);
         if (!comp[r] || !post[r] || !next[r] || !key[r] || !gap[r] || !reach[r] || !all[r].a ||
@@ -401,8 +406,9 @@ static int v_build_all(pps_schedule *all, int p, int m, int flags, ust_err *e) {
             post[r][i] = key[r][i] = i;
         }
         if (v_post_order(comp[r], nc[r], p, m, r, post[r], key[r])) rc = -1;
-        if (!rc) all[r].n = emit(comp[r], nc[r], PP_DUALPIPEV, p, 2, r, post[r], key[r], nc[r],
-                                 scratch, gap[r], all[r].a);
+        if (!rc)
+            all[r].n = emit(comp[r], nc[r], PP_DUALPIPEV, p, 2, r, post[r], key[r], nc[r], scratch,
+                            gap[r], all[r].a);
     }
     pps_sim sim;
     ust_err ignore;
@@ -442,8 +448,8 @@ static int v_build_all(pps_schedule *all, int p, int m, int flags, ust_err *e) {
             }
         }
         for (int r = 0; r < p; r++)
-            cand[r].n = emit(comp[r], nc[r], PP_DUALPIPEV, p, 2, r, next[r], key[r], nc[r],
-                             scratch, NULL, cand[r].a);
+            cand[r].n = emit(comp[r], nc[r], PP_DUALPIPEV, p, 2, r, next[r], key[r], nc[r], scratch,
+                             NULL, cand[r].a);
         pps_sim cs;
         if (pps_simulate(cand, p, unit, &cs, &ignore) || cs.makespan >= best - 1e-9) break;
         best = cs.makespan;
@@ -464,7 +470,7 @@ static int v_build_all(pps_schedule *all, int p, int m, int flags, ust_err *e) {
 }
 
 const char *pps_op_name(pps_op op) {
-    static const char *names[] = {"F",         "B",         "W",         "SEND_ACT", "RECV_ACT",
+    static const char *names[] = {"F",         "B",         "W",         "SEND_ACT",  "RECV_ACT",
                                   "SEND_GRAD", "RECV_GRAD", "LOCAL_ACT", "LOCAL_GRAD"};
     return (unsigned)op < sizeof names / sizeof *names ? names[op] : "?";
 }
@@ -615,9 +621,8 @@ void pps_print(FILE *f, const pps_schedule *s) {
     for (int i = 0; i < s->n; i++) {
         const pps_action *a = &s->a[i];
         if (!is_comm(a->op))
-            fprintf(f, "%4d %s mb=%d chunk=%d stage=%d%s\n", i, pps_op_name(a->op), a->mb,
-                    a->chunk, a->stage,
-                    a->op == PPS_B && a->split && s->kind != PP_ZB ? " split" : "");
+            fprintf(f, "%4d %s mb=%d chunk=%d stage=%d%s\n", i, pps_op_name(a->op), a->mb, a->chunk,
+                    a->stage, a->op == PPS_B && a->split && s->kind != PP_ZB ? " split" : "");
         else
             fprintf(f, "%4d %s mb=%d stage=%d %s=%d\n", i, pps_op_name(a->op), a->mb, a->stage,
                     a->op == PPS_SEND_ACT || a->op == PPS_SEND_GRAD ? "to" : "from", a->peer);

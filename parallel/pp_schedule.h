@@ -20,14 +20,14 @@
 #define PPS_MAX_P 64 /* ranks pps_simulate accepts */
 
 typedef enum {
-    PPS_F,         /* forward of (mb, chunk) */
-    PPS_B,         /* backward; for zb only the input gradient (the weight gradient is W) */
-    PPS_W,         /* zb: weight gradient of (mb, chunk), after its B; frees the activations */
-    PPS_SEND_ACT,  /* output activation of (mb, stage) to the rank of stage+1 */
-    PPS_RECV_ACT,  /* input activation of (mb, stage) from the rank of stage-1 */
-    PPS_SEND_GRAD, /* input gradient of (mb, stage) to the rank of stage-1 */
-    PPS_RECV_GRAD, /* output gradient of (mb, stage) from the rank of stage+1 */
-    PPS_LOCAL_ACT, /* dualpipev: input of (mb, stage) copied from stage-1 on this rank */
+    PPS_F,          /* forward of (mb, chunk) */
+    PPS_B,          /* backward; for zb only the input gradient (the weight gradient is W) */
+    PPS_W,          /* zb: weight gradient of (mb, chunk), after its B; frees the activations */
+    PPS_SEND_ACT,   /* output activation of (mb, stage) to the rank of stage+1 */
+    PPS_RECV_ACT,   /* input activation of (mb, stage) from the rank of stage-1 */
+    PPS_SEND_GRAD,  /* input gradient of (mb, stage) to the rank of stage-1 */
+    PPS_RECV_GRAD,  /* output gradient of (mb, stage) from the rank of stage+1 */
+    PPS_LOCAL_ACT,  /* dualpipev: input of (mb, stage) copied from stage-1 on this rank */
     PPS_LOCAL_GRAD, /* dualpipev: output gradient of (mb, stage) copied from stage+1 here */
 } pps_op;
 

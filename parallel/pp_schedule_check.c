@@ -113,10 +113,10 @@ static int check_complete(const pps_schedule *s, const int *at, int nmc, ust_err
     for (int k = 0; k < nmc; k++) {
         int mb = k / v, c = k % v, st = pps_stage(s->kind, p, c, r);
         int split = at[7 * nmc + k];
-        const char *miss = at[PPS_F * nmc + k] < 0                   ? "F"
-                           : at[PPS_B * nmc + k] < 0                 ? "B"
-                           : (at[PPS_W * nmc + k] >= 0) != split     ? "W"
-                                                                     : NULL;
+        const char *miss = at[PPS_F * nmc + k] < 0               ? "F"
+                           : at[PPS_B * nmc + k] < 0             ? "B"
+                           : (at[PPS_W * nmc + k] >= 0) != split ? "W"
+                                                                 : NULL;
         int need_prev = p > 1 && st > 0, need_next = p > 1 && st < last;
         int send_prev = need_prev && pps_stage_rank(s->kind, p, st - 1) != r;
         int send_next = need_next && pps_stage_rank(s->kind, p, st + 1) != r;

@@ -282,8 +282,7 @@ static void test_dualpipev_checker_catches_a_missing_copy_and_a_misordered_recei
     CHECK(pps_build_all(all, PP_DUALPIPEV, 2, 2, 4, 0, &e) == 0, "%s", e.msg);
     int a = -1, g = -1;
     for (int i = 0; i + 1 < all[1].n && a < 0; i++)
-        if (all[1].a[i].op == PPS_RECV_ACT && all[1].a[i + 1].op == PPS_RECV_GRAD)
-            a = i, g = i + 1;
+        if (all[1].a[i].op == PPS_RECV_ACT && all[1].a[i + 1].op == PPS_RECV_GRAD) a = i, g = i + 1;
     CHECK(a >= 0, "layout changed: no activation and gradient received in one batch");
     pps_action t = all[1].a[a];
     all[1].a[a] = all[1].a[g], all[1].a[g] = t;
