@@ -95,6 +95,9 @@ int pps_check_pairs(const pps_schedule *all, int p, ust_err *e);
  * the receive for the next compute (Megatron's send_forward_recv_backward): two neighbours that
  * send to each other meet in one batch. Breadth-first interleaved posts the receives that come
  * round the ring (rank p-1 -> 0) m-p computes early, since its sender is that far behind.
+ * dualpipev posts each receive in the batch of its rank that starts once the sender has posted
+ * the send (found by simulating every rank with unit costs), in the sender's order, and never
+ * after its consumer; its copies at the turn are LOCAL actions run on the compute stream.
  * pps_simulate runs exactly this rule and reports any deadlock. Transfers on one ordered rank
  * pair are matched in posting order (as NCCL and the shm backend do), so pps_check_pairs
  * requires the k-th send from a to b to be the k-th receive on b from a.

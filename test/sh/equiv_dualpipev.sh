@@ -15,7 +15,7 @@ DPV="vpp=2 sched=dualpipev"
 EQ="python3 test/tools/equiv.py --steps 4"
 
 $EQ --name _dpv_llama --config $TMP/llama.yaml \
-    --layout "pp=2 $DPV" --layout "pp=4 $DPV" --layout "pp=2 $DPV dp=2 zero=2" \
+    --layout "pp=2 $DPV" --layout "pp=4 $DPV" --layout "pp=2 $DPV dp=2 zero=2" --layout "pp=2 $DPV dp=2 zero=3" \
     --layout "pp=2 $DPV tp=2 sp=true" --layout "pp=2 $DPV cp=2" \
     --layout "pp=2 $DPV train.recompute=full" --layout "pp=2 $DPV parallel.pp_layers=3,1,1,3"
 $EQ --name _dpv_gpt2 --config $TMP/gpt2.yaml \
@@ -32,6 +32,24 @@ $EQ --name _dpv_resume --config $TMP/llama.yaml --save-layout "pp=2 $DPV" --resu
     --layout "pp=2" --layout "pp=1"
 $EQ --name _dpv_resume --config $TMP/gpt2.yaml --save-layout "pp=2" --resume-at 2 \
     --layout "pp=4 $DPV" --layout "pp=2 $DPV dp=2 zero=1"
+
+# validation runs through the V too (forward only, chunk 0 then chunk 1 on each rank, the turn
+# copied locally): the same val loss as one process
+vl() { # vl WORLD SETS...: the val losses of a 4-step run
+    local w=$1; shift
+    rm -rf $TMP/val
+    scripts/ustrun --nproc-per-node $w $UST train $TMP/llama.yaml --set checkpoint.resume=none --set "data.val=$TMP/data/val_*.bin" \
+        --set data.val_every=2 --set data.val_steps=2 --set train.steps=4 --set checkpoint.every=0 \
+        --set "logging.metrics_file=$TMP/val/m.jsonl" "$@" >/dev/null 2>&1
+    grep -o '"val_loss":[0-9.]*' $TMP/val/m.jsonl | cut -d: -f2 | tr '\n' ' '
+}
+ref=$(vl 1)
+got=$(vl 2 --set parallel.pp=2 --set parallel.vpp=2 --set parallel.pp_schedule=dualpipev)
+if python3 -c "import sys; a, b = sys.argv[1].split(), sys.argv[2].split(); sys.exit(not (len(a) == 2 and len(b) == 2 and all(abs(float(x) - float(y)) <= 1e-5 * abs(float(x)) for x, y in zip(a, b))))" "$ref" "$got"; then
+    pass dpv_validation_loss_equals_one_process
+else
+    fail dpv_validation_loss_equals_one_process "one process: '$ref', dualpipev pp=2: '$got'"
+fi
 
 # validate --schedule: the schedule runs to the end in the simulator, 2p+1 activation sets
 out=$($UST validate $TMP/llama.yaml --set parallel.pp=4 --set parallel.vpp=2 \
