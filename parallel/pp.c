@@ -31,6 +31,8 @@ struct pp_state {
     pps_schedule *all;   /* every rank's schedule, for the simulation with measured costs */
     float *stats_host;   /* host: every rank's NSTAT figures (pp_last_step_stats) */
     int fault_skip_tied; /* test fault: UST_FAULT_PP_SKIP_TIED_SYNC=1 leaves the copies apart */
+    int fault_skip_turn; /* test fault: UST_FAULT_PP_SKIP_TURN_GRAD=1: dualpipev's turn loses
+                            the gradient it hands from chunk 1 to chunk 0 */
 };
 
 /* ------------------------------------------------------------------ planning */
@@ -80,6 +82,8 @@ pp_state *pp_create(const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
     pps_free(sched);
     const char *fault = getenv("UST_FAULT_PP_SKIP_TIED_SYNC");
     s->fault_skip_tied = fault && atoi(fault) == 1;
+    fault = getenv("UST_FAULT_PP_SKIP_TURN_GRAD");
+    s->fault_skip_turn = fault && atoi(fault) == 1;
     int slots[MODEL_MAX_CHUNKS];
     s->slot = malloc((size_t)s->sched->n * sizeof *s->slot);
     s->cur = calloc((size_t)s->nmb * s->v, sizeof *s->cur);
@@ -198,6 +202,7 @@ static void local_copy(pp_state *s, const pps_action *a, int slot) {
     for (int c = 0; c < s->v; c++)
         if (pps_stage(s->sched->kind, s->p, c, s->sched->rank) == from) pc = c;
     int ps = s->cur[a->mb * s->v + pc];
+    if (a->op == PPS_LOCAL_GRAD && s->fault_skip_turn) return;
     size_t bytes = (size_t)act_bytes(s->ops, model_boundary_numel(s->m));
     if (a->op == PPS_LOCAL_ACT)
         s->ops->copy(s->ops, model_chunk_input(s->m, a->chunk, slot),
