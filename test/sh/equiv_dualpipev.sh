@@ -16,7 +16,7 @@ EQ="python3 test/tools/equiv.py --steps 4"
 
 $EQ --name _dpv_llama --config $TMP/llama.yaml \
     --layout "pp=2 $DPV" --layout "pp=4 $DPV" --layout "pp=2 $DPV dp=2 zero=2" --layout "pp=2 $DPV dp=2 zero=3" \
-    --layout "pp=2 $DPV tp=2 sp=true" --layout "pp=2 $DPV cp=2" \
+    --layout "pp=2 $DPV tp=2 sp=true" --layout "pp=2 $DPV cp=2" --layout "pp=4 $DPV cp=2" \
     --layout "pp=2 $DPV train.recompute=full" --layout "pp=2 $DPV parallel.pp_layers=3,1,1,3"
 $EQ --name _dpv_gpt2 --config $TMP/gpt2.yaml \
     --layout "pp=2 $DPV" --layout "pp=2 $DPV dp=2 zero=1"
@@ -26,6 +26,8 @@ $EQ --name _dpv_pp4dp --config $TMP/llama.yaml --set train.global_batch_size=16 
 sed -e 's/max_seq_len: 64}/max_seq_len: 64, moe: {num_experts: 4, top_k: 2, d_ff_expert: 64, every: 2, aux_loss_coef: 0.01}}/' \
     $TMP/llama.yaml >$TMP/moe.yaml
 $EQ --name _dpv_moe --config $TMP/moe.yaml --layout "pp=2 $DPV dp=2 ep=2"
+$EQ --name _dpv_moe_pp4 --config $TMP/moe.yaml --set train.global_batch_size=16 \
+    --layout "pp=4 $DPV dp=2 ep=2"
 
 # checkpoints are layout independent: dualpipev -> 1f1b / one process, and 1f1b -> dualpipev
 $EQ --name _dpv_resume --config $TMP/llama.yaml --save-layout "pp=2 $DPV" --resume-at 2 \
