@@ -519,9 +519,8 @@ double pps_analytic_bubble(ust_pp_schedule kind, int p, int v, int m, pps_costs 
     return x;
 }
 
-int pps_build(pps_schedule *s, ust_pp_schedule kind, int p, int v, int m, int rank, int flags,
-              ust_err *e) {
-    memset(s, 0, sizeof *s);
+/* pps_build's argument errors. */
+static int check_args(ust_pp_schedule kind, int p, int v, int m, int rank, int flags, ust_err *e) {
     const char *name = pps_kind_name(kind);
     if (kind < PP_AFAB || kind > PP_DUALPIPEV)
         return ust_errf(e, "pp schedule: unknown kind %d", kind);
@@ -535,6 +534,8 @@ int pps_build(pps_schedule *s, ust_pp_schedule kind, int p, int v, int m, int ra
                         "pp schedule dualpipev: needs pp >= 2 (got %d), vpp = 2 (got %d) and at "
                         "least 2 * pp micro-batches (got %d)",
                         p, v, m);
+    if (kind == PP_DUALPIPEV && p > PPS_MAX_P) /* its builder simulates every rank */
+        return ust_errf(e, "pp schedule dualpipev: pp = %d beyond %d", p, PPS_MAX_P);
     if (kind != PP_INTERLEAVED && kind != PP_DUALPIPEV && v != 1)
         return ust_errf(e, "pp schedule %s: vpp = %d needs pp_schedule: interleaved", name, v);
     if ((flags & PPS_NO_SPLIT) && kind != PP_DUALPIPEV)
@@ -546,11 +547,18 @@ int pps_build(pps_schedule *s, ust_pp_schedule kind, int p, int v, int m, int ra
                         m, p, (m + p - 1) / p * p);
     if ((flags & PPS_BREADTH_FIRST) && kind != PP_INTERLEAVED)
         return ust_errf(e, "pp schedule %s: breadth-first applies to interleaved only", name);
+    return 0;
+}
+
+int pps_build(pps_schedule *s, ust_pp_schedule kind, int p, int v, int m, int rank, int flags,
+              ust_err *e) {
+    memset(s, 0, sizeof *s);
+    if (check_args(kind, p, v, m, rank, flags, e)) return -1;
     if (kind == PP_DUALPIPEV) { /* its receives are placed with every rank's schedule at hand */
         pps_schedule *every = calloc(p, sizeof *every);
         if (!every || v_build_all(every, p, m, flags, e)) {
             free(every);
-            return ust_errf(e, "pp schedule dualpipev: out of memory");
+            return -1;
         }
         *s = every[rank];
         every[rank].a = NULL;
@@ -596,6 +604,10 @@ int pps_build(pps_schedule *s, ust_pp_schedule kind, int p, int v, int m, int ra
 
 int pps_build_all(pps_schedule *all, ust_pp_schedule kind, int p, int v, int m, int flags,
                   ust_err *e) {
+    if (kind == PP_DUALPIPEV) { /* one placement for every rank at once */
+        for (int r = 0; r < p; r++) memset(&all[r], 0, sizeof all[r]);
+        return check_args(kind, p, v, m, 0, flags, e) || v_build_all(all, p, m, flags, e) ? -1 : 0;
+    }
     for (int r = 0; r < p; r++)
         if (pps_build(&all[r], kind, p, v, m, r, flags, e)) {
             pps_free_all(all, r);
