@@ -14,6 +14,7 @@
 #include "mem.h"
 #include "ops.h"
 #include "plan.h"
+#include "pp.h"
 #include "pp_schedule.h"
 #include "prep.h"
 #include "topology.h"
@@ -171,22 +172,44 @@ static int print_schedule(const ust_config *c) {
         return UST_EXIT_USAGE;
     }
     pps_schedule *all = calloc(p, sizeof *all);
-    int flags = c->parallel.pp_breadth_first ? PPS_BREADTH_FIRST : 0;
-    if (pps_build_all(all, c->parallel.pp_schedule, p, v, m, flags, &e) ||
-        pps_check_pairs(all, p, &e)) {
+    pps_schedule me;
+    int slots[MODEL_MAX_CHUNKS];
+    if (pp_plan(c, 0, &me, slots, &e)) { /* the flags the executor would run with */
+        fprintf(stderr, "ustrain: error: %s: %s\n", c->source, e.msg);
+        free(all);
+        return UST_EXIT_USAGE;
+    }
+    int flags = me.flags;
+    ust_pp_schedule kind = me.kind;
+    pps_free(&me);
+    if (pps_build_all(all, kind, p, v, m, flags, &e) || pps_check_pairs(all, p, &e)) {
         free(all);
         fprintf(stderr, "ustrain: error: %s: %s\n", c->source, e.msg);
         return UST_EXIT_USAGE;
     }
     for (int r = 0; r < p; r++) pps_print(stdout, &all[r]);
-    pps_costs cost = c->parallel.pp_schedule == PP_ZB ? (pps_costs){1, 1, 1} : (pps_costs){1, 2, 0};
+    int split = pps_splits(&all[0]);
+    pps_costs cost = split ? (pps_costs){1, 1, 1} : (pps_costs){1, 2, 0};
     pps_sim sim;
-    if (pps_simulate(all, p, cost, &sim, &e) == 0)
-        printf("schedule %s: p=%d v=%d m=%d; simulated bubble %.4f (analytic (p-1)/(v*m) = %.4f; "
-               "time units F=1, %s)\n",
-               pps_kind_name(c->parallel.pp_schedule), p, v, m, sim.bubble,
-               (double)(p - 1) / ((double)v * m),
-               c->parallel.pp_schedule == PP_ZB ? "B=1, W=1" : "B=2");
+    const char *formula;
+    double analytic = pps_analytic_bubble(kind, p, v, m, cost, &formula);
+    if (pps_simulate(all, p, cost, &sim, &e) != 0) { /* a deadlock: the schedule is wrong */
+        fprintf(stderr, "ustrain: error: %s: %s\n", c->source, e.msg);
+        pps_free_all(all, p);
+        free(all);
+        return UST_EXIT_USAGE;
+    }
+    double dataflow = -1;
+    if (pps_dataflow(all, p, cost, &dataflow, &e) != 0) dataflow = -1;
+    printf("peak activation sets per rank:");
+    for (int r = 0; r < p; r++) printf(" %d", sim.peak_alive[r]);
+    printf("\n");
+    /* simulated: under the executor's comm rule (pp_schedule.h); dataflow: the compute orders
+     * alone, transfers free and asynchronous (what the published bubbles assume) */
+    printf("schedule %s: p=%d v=%d m=%d; simulated bubble %.4f (analytic %s = %.4f; "
+           "time units F=1, %s); dataflow bubble %.4f\n",
+           pps_kind_name(kind), p, v, m, sim.bubble, formula, analytic,
+           split ? "B=1, W=1" : "B=2", dataflow);
     pps_free_all(all, p);
     free(all);
     return 0;

@@ -37,7 +37,7 @@ typedef struct {
 static const char *const DEVICES[] = {"cpu", "cuda", NULL};
 static const char *const ARCHS[] = {"gpt2", "llama", "auto", NULL};
 static const char *const ROPE_SCALINGS[] = {"none", "llama3", NULL};
-static const char *const PP_SCHEDULES[] = {"afab", "1f1b", "interleaved", "zb", NULL};
+static const char *const PP_SCHEDULES[] = {"afab", "1f1b", "interleaved", "zb", "dualpipev", NULL};
 static const char *const CP_LAYOUTS[] = {"zigzag", "contiguous", NULL};
 static const char *const CP_COMMS[] = {"ring", "allgather", NULL};
 static const char *const PRECISIONS[] = {"fp32", "bf16", NULL};
@@ -1198,9 +1198,17 @@ static int cfg_validate_parallel(const ust_config *c, ust_err *e) {
             "model.n_layer (%d) must be divisible by parallel.pp * parallel.vpp (%d * %d = %lld), "
             "or parallel.pp_layers must list each stage's layers",
             m->n_layer, p->pp, p->vpp, stages);
-    REQUIRE(p->vpp == 1 || p->pp_schedule == PP_INTERLEAVED,
+    REQUIRE(p->vpp == 1 || p->pp_schedule == PP_INTERLEAVED || p->pp_schedule == PP_DUALPIPEV,
             "parallel.vpp (%d) > 1 needs parallel.pp_schedule: interleaved (got %s)", p->vpp,
             PP_SCHEDULES[p->pp_schedule]);
+    /* dualpipev: rank r holds stages r and 2p-1-r, so the stages (and pp_layers' entries) are
+     * pp * 2; vpp says so explicitly rather than changing meaning behind the user's back */
+    REQUIRE(p->pp_schedule != PP_DUALPIPEV || p->pp > 1,
+            "parallel.pp_schedule: dualpipev needs parallel.pp > 1 (got %d)", p->pp);
+    REQUIRE(p->pp_schedule != PP_DUALPIPEV || p->vpp == 2,
+            "parallel.pp_schedule: dualpipev needs parallel.vpp: 2 (got %d): each rank holds two "
+            "stages of the V, r and 2*pp-1-r",
+            p->vpp);
     REQUIRE(p->vpp == 1 || p->pp > 1,
             "parallel.vpp (%d) > 1 needs parallel.pp > 1: virtual stages interleave over pipeline "
             "ranks",
@@ -1217,6 +1225,18 @@ static int cfg_validate_parallel(const ust_config *c, ust_err *e) {
             "train.global_batch_size %d / (micro_batch_size %d x dp %d)) to be a multiple of "
             "parallel.pp (%d)",
             mbs, c->train.global_batch_size, c->train.micro_batch_size, p->dp, p->pp);
+    REQUIRE(p->pp_schedule != PP_DUALPIPEV || mbs >= 2LL * p->pp,
+            "parallel.pp_schedule: dualpipev needs at least 2 * parallel.pp (%d) micro-batches per "
+            "step (got %lld = train.global_batch_size %d / (micro_batch_size %d x dp %d))",
+            2 * p->pp, mbs, c->train.global_batch_size, c->train.micro_batch_size, p->dp);
+    /* rank 0 holds the embedding and the head; ZeRO-2/3 reduce unit 0's gradient (which the
+     * tied head adds to) after each micro-batch's embedding backward, but dualpipev runs the
+     * head's backward of later micro-batches in between */
+    REQUIRE(p->pp_schedule != PP_DUALPIPEV || !cfg_tied(c) || c->optimizer.zero_stage <= 1,
+            "parallel.pp_schedule: dualpipev with tied embeddings needs optimizer.zero_stage <= 1 "
+            "(got %d): rank 0 runs the head's backward of later micro-batches between a "
+            "micro-batch's head and embedding backward",
+            c->optimizer.zero_stage);
     REQUIRE(p->pp == 1 || p->pp_schedule != PP_ZB || c->train.recompute != RECOMPUTE_FULL,
             "parallel.pp_schedule: zb defers weight gradients, which full recomputation cannot "
             "keep; use train.recompute: none or selective%s",

@@ -39,7 +39,7 @@ typedef enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL } ust_recompu
 typedef enum { ONNAN_STOP, ONNAN_SKIP } ust_on_nan;
 typedef enum { SPIKE_NONE, SPIKE_SKIP, SPIKE_REWIND } ust_on_spike;
 typedef enum { SCHED_COSINE, SCHED_LINEAR, SCHED_CONSTANT, SCHED_WSD } ust_lr_schedule;
-typedef enum { PP_AFAB, PP_1F1B, PP_INTERLEAVED, PP_ZB } ust_pp_schedule;
+typedef enum { PP_AFAB, PP_1F1B, PP_INTERLEAVED, PP_ZB, PP_DUALPIPEV } ust_pp_schedule;
 typedef enum { CP_ZIGZAG, CP_CONTIGUOUS } ust_cp_layout;
 typedef enum { CP_RING, CP_ALLGATHER } ust_cp_comm;
 typedef enum { DATA_LLMC, DATA_NANOGPT, DATA_MEGATRON } ust_data_format;

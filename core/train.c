@@ -641,7 +641,7 @@ static int plan_storage(trainer *t, model_storage *st, pps_schedule *sched, ust_
     if (pp_plan(cfg, topo->me.pp, sched, slots, e)) return -1;
     pp_stages(cfg, topo->me.pp, slots, st); /* the pipeline decides the stages this rank holds */
     if (cfg->parallel.pp == 1) return 0;
-    st->zb = cfg->parallel.pp_schedule == PP_ZB;
+    st->zb = pps_splits(sched); /* zb, dualpipev: W's keep their deferred weight gradients */
     if (cfg->optimizer.zero_stage == 3 && t->rank0)
         fprintf(stderr,
                 "ustrain: warning: optimizer.zero_stage = 3 with parallel.pp = %d gathers every "
@@ -668,8 +668,9 @@ static int build_model(trainer *t, ust_err *e) {
         pps_free(&sched);
         return -1;
     }
-    /* tied embeddings over a pipeline: the first stage's table and the last stage's copy */
-    t->tied_param = cfg->parallel.pp > 1 && cfg_tied(cfg)
+    /* tied embeddings over a pipeline: the first stage's table and the last stage's copy (none
+     * where one rank holds both ends, dualpipev's rank 0: one tensor serves both) */
+    t->tied_param = cfg->parallel.pp > 1 && cfg_tied(cfg) && !model_tied_local(t->m)
                         ? model_find_param(t->m, "model.embed_tokens.weight")
                         : -1;
     t->pp =

@@ -9,6 +9,7 @@
 #include "error.h"
 
 enum { NSTAT = 5 }; /* figures each rank shares after a step: busy, idle, mean F, B, W times */
+enum { OP_F, OP_B, OP_W, OP_WHOLE_B, NOPS }; /* op_s / op_n: B split, B whole counted apart */
 
 struct pp_state {
     const ust_config *cfg;
@@ -17,28 +18,40 @@ struct pp_state {
     ust_comm *pipe, *emb;
     const pps_schedule *sched; /* this rank's: all[rank] */
     int *slot;                 /* per action: the activation set of its (micro-batch, chunk) */
-    int p, v, nmb, zb;
+    int *cur;                  /* (mb * v + chunk) -> its set, as the step walks the actions */
+    int p, v, nmb;
     int32_t *inputs, *targets; /* host, one micro-batch */
     float *scalar;             /* device: pp_sum's all-reduce, pp_last_step_stats' gather */
     comm_p2p *batch[2];        /* two batches: one in flight, one being built */
     int nbatch[2];
     double busy_s, idle_s;
     uint64_t sent_bytes; /* last step: activations and gradients this rank sent */
-    double op_s[3];      /* last step: time in F, B, W */
-    int op_n[3];
+    double op_s[NOPS];   /* last step: time in F, split B, W, whole B */
+    int op_n[NOPS];
     pps_schedule *all;   /* every rank's schedule, for the simulation with measured costs */
     float *stats_host;   /* host: every rank's NSTAT figures (pp_last_step_stats) */
     int fault_skip_tied; /* test fault: UST_FAULT_PP_SKIP_TIED_SYNC=1 leaves the copies apart */
+    int fault_skip_turn; /* test fault: UST_FAULT_PP_SKIP_TURN_GRAD=1: dualpipev's turn loses
+                            the gradient it hands from chunk 1 to chunk 0 */
 };
 
 /* ------------------------------------------------------------------ planning */
+
+ust_pp_schedule pp_kind(const ust_config *cfg) {
+    return cfg->parallel.pp > 1 ? cfg->parallel.pp_schedule : PP_1F1B;
+}
 
 int pp_plan(const ust_config *cfg, int pp_rank, pps_schedule *sched, int slots[MODEL_MAX_CHUNKS],
             ust_err *e) {
     int flags = cfg->parallel.pp_breadth_first ? PPS_BREADTH_FIRST : 0;
     /* one stage: plain gradient accumulation, each micro-batch's forward then its whole
      * backward (one activation set), whatever pp_schedule says */
-    ust_pp_schedule kind = cfg->parallel.pp > 1 ? cfg->parallel.pp_schedule : PP_1F1B;
+    ust_pp_schedule kind = pp_kind(cfg);
+    /* dualpipev splits B and W only where the model can defer weight gradients (not in MoE
+     * layers, not under full recomputation: zb's own limits); otherwise its B's are whole */
+    if (kind == PP_DUALPIPEV &&
+        (cfg->model.moe.num_experts > 0 || cfg->train.recompute == RECOMPUTE_FULL))
+        flags |= PPS_NO_SPLIT;
     if (pps_build(sched, kind, cfg->parallel.pp, cfg->parallel.vpp, cfg_grad_accum(cfg), pp_rank,
                   flags, e))
         return -1;
@@ -67,11 +80,13 @@ pp_state *pp_create(const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
                "%s", e.msg);
     s->sched = &s->all[sched->rank];
     pps_free(sched);
-    s->zb = s->sched->kind == PP_ZB;
     const char *fault = getenv("UST_FAULT_PP_SKIP_TIED_SYNC");
     s->fault_skip_tied = fault && atoi(fault) == 1;
+    fault = getenv("UST_FAULT_PP_SKIP_TURN_GRAD");
+    s->fault_skip_turn = fault && atoi(fault) == 1;
     int slots[MODEL_MAX_CHUNKS];
     s->slot = malloc((size_t)s->sched->n * sizeof *s->slot);
+    s->cur = calloc((size_t)s->nmb * s->v, sizeof *s->cur);
     pps_slots(s->sched, s->slot, slots);
     for (int c = 0; c < s->v; c++)
         UST_ASSERT(slots[c] <= model_chunk_slots(m, c),
@@ -92,7 +107,7 @@ void pp_stages(const ust_config *cfg, int pp_rank, const int slots[MODEL_MAX_CHU
     st->nchunks = v;
     for (int c = 0; c < v; c++) {
         model_stage *ch = &st->chunks[c];
-        ch->stage = c * p + pp_rank;
+        ch->stage = pps_stage(pp_kind(cfg), p, c, pp_rank);
         ch->lo = 0, ch->hi = cfg->model.n_layer;
         if (S > 1) cfg_stage_layers(cfg, ch->stage, &ch->lo, &ch->hi);
         ch->embed = ch->stage == 0;
@@ -110,7 +125,7 @@ int pp_activation_sets(const ust_config *cfg, int pp_rank, int slots[MODEL_MAX_C
     }
     pps_schedule sched;
     if (pp_plan(cfg, pp_rank, &sched, slots, e)) return -1;
-    *zb = sched.kind == PP_ZB;
+    *zb = pps_splits(&sched);
     pps_free(&sched);
     return 0;
 }
@@ -124,6 +139,7 @@ void pp_destroy(pp_state *s) {
     pps_free_all(s->all, s->p);
     free(s->all);
     free(s->slot);
+    free(s->cur);
     free(s->inputs);
     free(s->targets);
     free(s->batch[0]);
@@ -179,6 +195,23 @@ static void flush(pp_state *s, batch_state *b) {
 
 /* ------------------------------------------------------------------ computations */
 
+/* dualpipev's turn at rank p-1: the neighbouring stage is this rank's other chunk, whose
+ * (mb, chunk) set the step recorded (it is held: the copy follows its producer at once). */
+static void local_copy(pp_state *s, const pps_action *a, int slot) {
+    int from = a->stage + (a->op == PPS_LOCAL_ACT ? -1 : 1), pc = 0;
+    for (int c = 0; c < s->v; c++)
+        if (pps_stage(s->sched->kind, s->p, c, s->sched->rank) == from) pc = c;
+    int ps = s->cur[a->mb * s->v + pc];
+    if (a->op == PPS_LOCAL_GRAD && s->fault_skip_turn) return;
+    size_t bytes = (size_t)act_bytes(s->ops, model_boundary_numel(s->m));
+    if (a->op == PPS_LOCAL_ACT)
+        s->ops->copy(s->ops, model_chunk_input(s->m, a->chunk, slot),
+                     model_chunk_output(s->m, pc, ps), bytes);
+    else
+        s->ops->copy(s->ops, model_chunk_grad(s->m, a->chunk, slot), model_chunk_grad(s->m, pc, ps),
+                     bytes);
+}
+
 static double compute(pp_state *s, const pp_callbacks *cb, const pps_action *a, int slot,
                       float dscale) {
     double loss = 0, t0 = log_now_s();
@@ -188,9 +221,9 @@ static double compute(pp_state *s, const pp_callbacks *cb, const pps_action *a, 
         cb->load(cb->ctx, a->mb, s->inputs, s->targets); /* the model reads what it needs */
         loss = model_chunk_forward(s->m, a->chunk, slot, s->inputs, s->targets, dscale, NULL);
         break;
-    case PPS_B:
-        if (!s->zb) cb->before_grads(cb->ctx, a->mb, last);
-        model_chunk_backward(s->m, a->chunk, slot, s->zb);
+    case PPS_B: /* a split B leaves the weight gradients (and their hooks) to its W */
+        if (!a->split) cb->before_grads(cb->ctx, a->mb, last);
+        model_chunk_backward(s->m, a->chunk, slot, a->split);
         break;
     default: /* PPS_W */
         cb->before_grads(cb->ctx, a->mb, last);
@@ -198,7 +231,7 @@ static double compute(pp_state *s, const pp_callbacks *cb, const pps_action *a, 
         break;
     }
     double dt = log_now_s() - t0;
-    int k = a->op == PPS_F ? 0 : a->op == PPS_B ? 1 : 2;
+    int k = a->op == PPS_F ? OP_F : a->op == PPS_W ? OP_W : a->split ? OP_B : OP_WHOLE_B;
     s->busy_s += dt;
     s->op_s[k] += dt;
     s->op_n[k]++;
@@ -206,6 +239,8 @@ static double compute(pp_state *s, const pp_callbacks *cb, const pps_action *a, 
 }
 
 static int is_compute(pps_op op) { return op == PPS_F || op == PPS_B || op == PPS_W; }
+
+static int is_local(pps_op op) { return op == PPS_LOCAL_ACT || op == PPS_LOCAL_GRAD; }
 
 double pp_train_step(pp_state *s, const pp_callbacks *cb, float dscale) {
     batch_state b = {0};
@@ -219,6 +254,11 @@ double pp_train_step(pp_state *s, const pp_callbacks *cb, float dscale) {
     double loss = 0;
     for (int i = 0; i < s->sched->n; i++) {
         const pps_action *a = &s->sched->a[i];
+        s->cur[a->mb * s->v + a->chunk] = s->slot[i];
+        if (is_local(a->op)) { /* on the compute stream, after its producer */
+            local_copy(s, a, s->slot[i]);
+            continue;
+        }
         if (!is_compute(a->op)) {
             comm_p2p t = transfer_of(s, a, s->slot[i]);
             s->batch[b.cur][s->nbatch[b.cur]++] = t;
@@ -240,13 +280,19 @@ double pp_train_step(pp_state *s, const pp_callbacks *cb, float dscale) {
 double pp_forward_only(pp_state *s, const pp_callbacks *cb, int nmb, int64_t *ntok) {
     int r = comm_rank(s->pipe), count = (int)model_boundary_numel(s->m);
     int S = s->p * s->v;
+    ust_pp_schedule kind = s->sched->kind;
     double loss = 0;
     *ntok = 0;
     for (int mb = 0; mb < nmb; mb++)
         for (int c = 0; c < s->v; c++) {
-            int stage = c * s->p + r;
-            if (stage > 0) {
-                comm_p2p in = {(r - 1 + s->p) % s->p, 0, model_chunk_input(s->m, c, 0), count};
+            int stage = pps_stage(kind, s->p, c, r);
+            int prev = stage > 0 ? pps_stage_rank(kind, s->p, stage - 1) : -1;
+            int next = stage < S - 1 ? pps_stage_rank(kind, s->p, stage + 1) : -1;
+            if (prev == r) { /* dualpipev's turn: the previous chunk on this rank */
+                s->ops->copy(s->ops, model_chunk_input(s->m, c, 0),
+                             model_chunk_output(s->m, c - 1, 0), (size_t)act_bytes(s->ops, count));
+            } else if (prev >= 0) {
+                comm_p2p in = {prev, 0, model_chunk_input(s->m, c, 0), count};
                 comm_req q = comm_sendrecv(s->pipe, &in, 1, comm_act_dtype(s->ops));
                 comm_wait(&q);
             }
@@ -254,8 +300,8 @@ double pp_forward_only(pp_state *s, const pp_callbacks *cb, int nmb, int64_t *nt
             cb->load(cb->ctx, mb, s->inputs, s->targets);
             loss += model_chunk_forward(s->m, c, 0, s->inputs, s->targets, 0, &n);
             *ntok += n;
-            if (stage < S - 1) {
-                comm_p2p out = {(r + 1) % s->p, 1, model_chunk_output(s->m, c, 0), count};
+            if (next >= 0 && next != r) {
+                comm_p2p out = {next, 1, model_chunk_output(s->m, c, 0), count};
                 comm_req q = comm_sendrecv(s->pipe, &out, 1, comm_act_dtype(s->ops));
                 comm_wait(&q);
             }
@@ -278,9 +324,12 @@ void pp_sync_tied(pp_state *s, float *g, int64_t n) {
 
 pp_stats pp_last_step_stats(pp_state *s) {
     pp_stats st = {.busy_s = s->busy_s, .idle_s = s->idle_s, .sent_bytes = s->sent_bytes};
-    st.analytic = (double)(s->p - 1) / ((double)s->v * s->nmb);
     float mine[NSTAT] = {(float)s->busy_s, (float)s->idle_s}, *all = s->stats_host;
-    for (int k = 0; k < 3; k++) mine[2 + k] = s->op_n[k] ? (float)(s->op_s[k] / s->op_n[k]) : 0;
+    /* B: the split ones' time when there are any (b of pps_costs; a whole one costs b + w),
+     * else the whole ones' */
+    int kb = s->op_n[OP_B] ? OP_B : OP_WHOLE_B, ks[3] = {OP_F, kb, OP_W};
+    for (int k = 0; k < 3; k++)
+        mine[2 + k] = s->op_n[ks[k]] ? (float)(s->op_s[ks[k]] / s->op_n[ks[k]]) : 0;
     float *at = s->scalar + NSTAT * comm_rank(s->pipe); /* in place: member i's part at 5i */
     s->ops->to_device(s->ops, at, mine, sizeof mine);
     comm_req r = comm_allgather(s->pipe, at, s->scalar, NSTAT, COMM_FP32);
@@ -297,6 +346,7 @@ pp_stats pp_last_step_stats(pp_state *s) {
     pps_sim sim;
     ust_err e;
     st.simulated = cost.f > 0 && pps_simulate(s->all, s->p, cost, &sim, &e) == 0 ? sim.bubble : -1;
+    st.analytic = pps_analytic_bubble(s->sched->kind, s->p, s->v, s->nmb, cost, NULL);
     st.f_ms = 1e3 * cost.f, st.b_ms = 1e3 * cost.b, st.w_ms = 1e3 * cost.w;
     return st;
 }

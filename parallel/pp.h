@@ -39,15 +39,20 @@ typedef struct {
  * cfg_grad_accum micro-batches) and the activation sets each of its chunks needs. */
 int pp_plan(const ust_config *cfg, int pp_rank, pps_schedule *sched, int slots[MODEL_MAX_CHUNKS],
             ust_err *e);
+/* The schedule a rank runs: parallel.pp_schedule, or with one stage 1f1b (plain gradient
+ * accumulation). */
+ust_pp_schedule pp_kind(const ust_config *cfg);
 
-/* This rank's chunks into st (model_storage.chunks): stage c*p + pp_rank for c < vpp, each
+/* This rank's chunks into st (model_storage.chunks): stage c*p + pp_rank for c < vpp (dualpipev:
+ * pp_rank and 2p-1-pp_rank, pps_stage), each
  * n_layer/(p*vpp) layers or as parallel.pp_layers says, the embeddings with the first stage and
  * the head with the last, slots[c] activation sets (pp_plan's or pp_activation_sets'). */
 void pp_stages(const ust_config *cfg, int pp_rank, const int slots[MODEL_MAX_CHUNKS],
                model_storage *st);
 
 /* pp_plan's activation sets per chunk without keeping the schedule (one stage: one set, the
- * schedule is not built), and whether it is zero-bubble (the chunks keep W's gradients). */
+ * schedule is not built), and whether it splits B and W (zb, dualpipev: the chunks keep W's
+ * gradients). */
 int pp_activation_sets(const ust_config *cfg, int pp_rank, int slots[MODEL_MAX_CHUNKS], int *zb,
                        ust_err *e);
 typedef struct pp_state pp_state;
@@ -77,7 +82,7 @@ typedef struct {
     double busy_s, idle_s;   /* this rank, last step: computing; waiting for transfers */
     uint64_t sent_bytes;     /* this rank, last step: activations and gradients sent */
     double bubble;           /* max over the pipeline of idle / busy */
-    double analytic;         /* (p - 1) / (v * m) */
+    double analytic;         /* the published bubble for these F, B, W (pps_analytic_bubble) */
     double simulated;        /* the schedule's timeline with the measured mean F, B, W times */
     double f_ms, b_ms, w_ms; /* those times (averaged over the stages) */
 } pp_stats;

@@ -8,12 +8,17 @@
 
 static int imin(int a, int b) { return a < b ? a : b; }
 
-static int is_comm(pps_op op) { return op >= PPS_SEND_ACT; }
+static int is_comm(pps_op op) { return op >= PPS_SEND_ACT && op <= PPS_RECV_GRAD; }
 
 enum { STEP_JOIN = -2 }; /* marks a compute that shares the previous one's comm step */
 
 static void push(pps_action *a, int *n, pps_op op, int mb, int chunk) {
     a[(*n)++] = (pps_action){.op = op, .mb = mb, .chunk = chunk, .stage = -1, .peer = -1};
+}
+
+static void push_split(pps_action *a, int *n, pps_op op, int mb, int chunk, int split) {
+    push(a, n, op, mb, chunk);
+    a[*n - 1].split = split;
 }
 
 static void push_join(pps_action *a, int *n, pps_op op, int mb, int chunk) {
@@ -53,11 +58,11 @@ static void order_zb(pps_action *a, int *n, int p, int m, int r) {
     for (int i = 0; i < w; i++) push(a, n, PPS_F, i, 0);
     for (int i = 0; i < m - w; i++) {
         push(a, n, PPS_F, w + i, 0);
-        push(a, n, PPS_B, i, 0);
+        push_split(a, n, PPS_B, i, 0, 1);
         if (i >= r) push(a, n, PPS_W, next_w++, 0);
     }
     for (int i = m - w; i < m; i++) {
-        push(a, n, PPS_B, i, 0);
+        push_split(a, n, PPS_B, i, 0, 1);
         if (next_w <= i) push(a, n, PPS_W, next_w++, 0);
     }
     while (next_w < m) push(a, n, PPS_W, next_w++, 0);
@@ -116,25 +121,176 @@ static void order_interleaved(pps_action *a, int *n, int p, int v, int m, int r,
     }
 }
 
+/* DualPipeV (DeepSeek's "cut-in-half" DualPipe, Sea AI Lab's writeup): p ranks hold 2p stages in
+ * a V, chunk 0 = stage r on the way down, chunk 1 = stage 2p-1-r on the way up, one copy of the
+ * parameters. Every chunk runs its F's, and its B's, in micro-batch order; a split B leaves its W
+ * to a queue the W's drain first in, first out. Rank r's eight phases (m >= 2p):
+ *   1. 2(p-r-1) x F0             fill the way down
+ *   2. r+1 x (F0 F1)             the first micro-batches turn at rank p-1 and come up
+ *   3. p-r-1 x (B1' W F1)        the first backwards start; B1' split, its W right after
+ *   4. m-2p+r+1 x (F0&B1 F1&B0)  steady state: a forward and a whole backward of different
+ *                                micro-batches and chunks paired in one step, so their transfers
+ *                                go out together and overlap the next pair's compute
+ *   5. p-r-1 x (B1 F1&B0)        the last forwards
+ *   6. r+1 x (B1 B0)             drain; the second half of them split (zero bubble)
+ *   7. p-r-1 x (W B0')           the queued W's fill the wait for the last B0's
+ *   8. r+1 x W
+ * The bubble is DeepSeek's (PP/2-1)(F&B+B-3W) for PP = 2p stages (pps_analytic_bubble); each
+X
+ * PPS_NO_SPLIT every B is whole and the W's go. */
+typedef struct {
+    pps_action *a;
+    int *n, next_f[2], next_b[2], *wq, wq_lo, wq_hi, split_ok;
+} vbuild;
+
+static void v_f(vbuild *b, int c, int join) {
+    (join ? push_join : push)(b->a, b->n, PPS_F, b->next_f[c]++, c);
+}
+
+static void v_b(vbuild *b, int c, int split, int join) {
+    split &= b->split_ok;
+    int mb = b->next_b[c]++;
+    push_split(b->a, b->n, PPS_B, mb, c, split);
+    if (join) b->a[*b->n - 1].peer = STEP_JOIN;
+    if (split) b->wq[b->wq_hi++] = mb * 2 + c;
+}
+
+static void v_w(vbuild *b) {
+    if (b->wq_lo == b->wq_hi) return; /* nothing queued (PPS_NO_SPLIT) */
+    int k = b->wq[b->wq_lo++];
+    push(b->a, b->n, PPS_W, k / 2, k % 2);
+}
+
+static int order_dualpipev(pps_action *a, int *n, int p, int m, int r, int split_ok) {
+    vbuild b = {.a = a, .n = n, .split_ok = split_ok};
+    b.wq = malloc(sizeof *b.wq * 2 * m);
+    if (!b.wq) return -1;
+    int down = p - r - 1, up = r + 1;
+    for (int i = 0; i < 2 * down; i++) v_f(&b, 0, 0);
+    for (int i = 0; i < up; i++) v_f(&b, 0, 0), v_f(&b, 1, 0);
+    for (int i = 0; i < down; i++) v_b(&b, 1, 1, 0), v_w(&b), v_f(&b, 1, 0);
+    for (int i = 0; i < m - 2 * p + r + 1; i++) {
+        v_f(&b, 0, 0), v_b(&b, 1, 0, 1);
+        v_f(&b, 1, 0), v_b(&b, 0, 0, 1);
+    }
+    for (int i = 0; i < down; i++) v_b(&b, 1, 0, 0), v_f(&b, 1, 0), v_b(&b, 0, 0, 1);
+    /* drain: from the middle on the B's are split, half of the 2(r+1) (the W's of phases 7
+     * and 8 are theirs) */
+    int split = 0;
+    for (int i = 0; i < up; i++) {
+        if (i == up / 2 && r % 2 == 1) split = 1;
+        v_b(&b, 1, split, 0);
+        if (i == up / 2 && r % 2 == 0) split = 1;
+        v_b(&b, 0, split, 0);
+    }
+    for (int i = 0; i < down; i++) v_w(&b), v_b(&b, 0, 1, 0);
+    while (b.wq_lo < b.wq_hi) v_w(&b);
+    free(b.wq);
+    return 0;
+}
+
 /* ---- transfers ----------------------------------------------------------------------------- */
 
-/* One transfer of compute x (stage already set), or nothing: RECV_* before x, SEND_* after. */
-static int comm_of(pps_action x, int before, int p, int v, int r, pps_action *out) {
-    int last = p * v - 1, prev = (r - 1 + p) % p, next = (r + 1) % p;
+int pps_stage(ust_pp_schedule kind, int p, int c, int r) {
+    if (kind == PP_DUALPIPEV) return c == 0 ? r : 2 * p - 1 - r;
+    return c * p + r;
+}
+
+int pps_stage_rank(ust_pp_schedule kind, int p, int stage) {
+    if (kind == PP_DUALPIPEV) return stage < p ? stage : 2 * p - 1 - stage;
+    return stage % p;
+}
+
+static int stage_chunk(ust_pp_schedule kind, int p, int stage) {
+    if (kind == PP_DUALPIPEV) return stage < p ? 0 : 1;
+    return stage / p;
+}
+
+/* One transfer of compute x (stage already set), or nothing: RECV_* before x, SEND_* after, to
+ * the rank of the neighbouring stage when that is another rank. */
+static int comm_of(pps_action x, int before, ust_pp_schedule kind, int p, int v, int r,
+                   pps_action *out) {
+    int last = p * v - 1;
+    int prev = x.stage > 0 ? pps_stage_rank(kind, p, x.stage - 1) : r;
+    int next = x.stage < last ? pps_stage_rank(kind, p, x.stage + 1) : r;
     pps_action c = x;
+    c.split = 0;
     if (p == 1 || x.op == PPS_W) return 0;
-    if (x.op == PPS_F && before && x.stage > 0)
+    if (x.op == PPS_F && before && prev != r)
         c.op = PPS_RECV_ACT, c.peer = prev;
-    else if (x.op == PPS_F && !before && x.stage < last)
+    else if (x.op == PPS_F && !before && next != r)
         c.op = PPS_SEND_ACT, c.peer = next;
-    else if (x.op == PPS_B && before && x.stage < last)
+    else if (x.op == PPS_B && before && next != r)
         c.op = PPS_RECV_GRAD, c.peer = next;
-    else if (x.op == PPS_B && !before && x.stage > 0)
+    else if (x.op == PPS_B && !before && prev != r)
         c.op = PPS_SEND_GRAD, c.peer = prev;
     else
         return 0;
     *out = c;
     return 1;
+}
+
+/* The local hand-over right after compute x when its neighbouring stage is on this rank too
+ * (dualpipev's turn at rank p-1): the copy belongs to the consumer (its mb, chunk and stage). */
+static int local_of(pps_action x, ust_pp_schedule kind, int p, int v, int r, pps_action *out) {
+    int last = p * v - 1, to;
+    if (p == 1) return 0; /* one stage: the chunks are not pipelined (pps_check's p == 1 rules) */
+    if (x.op == PPS_F && x.stage < last && pps_stage_rank(kind, p, x.stage + 1) == r)
+        to = x.stage + 1;
+    else if (x.op == PPS_B && x.stage > 0 && pps_stage_rank(kind, p, x.stage - 1) == r)
+        to = x.stage - 1;
+    else
+        return 0;
+    *out = (pps_action){.op = x.op == PPS_F ? PPS_LOCAL_ACT : PPS_LOCAL_GRAD,
+                        .mb = x.mb,
+                        .chunk = stage_chunk(kind, p, to),
+                        .stage = to,
+                        .peer = -1};
+    return 1;
+}
+
+/* dualpipev: the ranks on either side of r both send it activations and gradients, and a
+ * neighbour's sends to r come in an order r does not consume them in (rank 0 sends the
+ * activation of a forward before the gradient of a backward that rank 1 needs first). Transfers
+ * on a rank pair match in posting order, so r posts its receives from each peer in that peer's
+ * send order: the k-th one in the batch before the first compute that needs any of the k-th,
+ * (k+1)-th, .. received tensor (a suffix minimum over the consumers); key gets each compute's
+ * place in its sender's order (so a batch lists them in that order) and post_at the compute
+ * whose batch posts its receive. The simulator shows this runs without a deadlock. */
+static int v_post_order(const pps_action *comp, int nc, int p, int m, int r, int *post_at,
+                        int *key) {
+    int cap = 3 * m * 2, rc = 0;
+    pps_action *theirs = malloc(sizeof *theirs * cap);
+    int *idx = malloc(sizeof *idx * (nc + 1));
+    if (!theirs || !idx) rc = -1;
+    for (int side = -1; side <= 1 && !rc; side += 2) {
+        int a = r + side, na = 0, k = 0, nq = 0;
+        if (a < 0 || a >= p) continue;
+        if (order_dualpipev(theirs, &na, p, m, a, 1)) {
+            rc = -1;
+            break;
+        }
+        /* the tensors a sends to r, in order; each is matched to the compute of r consuming it */
+        for (int x = 0; x < na; x++) {
+            pps_action t = theirs[x], c;
+            t.stage = pps_stage(PP_DUALPIPEV, p, t.chunk, a);
+            if (!comm_of(t, 0, PP_DUALPIPEV, p, 2, a, &c) || c.peer != r) continue;
+            int want_op = c.op == PPS_SEND_ACT ? PPS_F : PPS_B;
+            int want_stage = c.stage + (c.op == PPS_SEND_ACT ? 1 : -1);
+            for (int q = 0; q < nc; q++)
+                if ((int)comp[q].op == want_op && comp[q].mb == c.mb &&
+                    comp[q].stage == want_stage) {
+                    key[q] = k++;
+                    idx[nq++] = q;
+                }
+        }
+        for (int t = nq - 1, lo = nc; t >= 0; t--) { /* suffix minimum of the consumers */
+            if (idx[t] < lo) lo = idx[t];
+            post_at[idx[t]] = lo;
+        }
+    }
+    free(theirs), free(idx);
+    return rc;
 }
 
 /* The computes are cut into steps (a compute pushed with STEP_JOIN belongs to the previous
@@ -145,37 +301,177 @@ static int comm_of(pps_action x, int before, int p, int v, int r, pps_action *ou
  * (Megatron's send_forward_recv_backward); interleaved runs its steady F and B as one step
  * (Megatron's send_forward_backward_recv_forward_backward), because with p = 2 both ranks send
  * to each other in both directions. */
-static int with_comm(pps_action *comp, int nc, int p, int v, int m, int r, int breadth,
-                     pps_action *out) {
+static int emit(const pps_action *comp, int nc, ust_pp_schedule kind, int p, int v, int r,
+                const int *post_at, const int *key, int early, int *batch, int *gap_at,
+                pps_action *out);
+
+static int v_build_all(pps_schedule *all, int p, int m, int flags, ust_err *e);
+
+static int with_comm(pps_action *comp, int nc, ust_pp_schedule kind, int p, int v, int m, int r,
+                     int breadth, pps_action *out) {
     /* Breadth-first: the first chunk of micro-batch k comes back round the ring (rank p-1 ->
      * rank 0) while rank 0 still has m-p forwards of the earlier chunk to run (in backward,
      * rank 0 -> rank p-1 alike). A receive posted only right before its consumer would leave
      * rank p-1 blocked in its send; post it m-p computes earlier instead, in the batch rank 0
      * runs while rank p-1 sends it. Everywhere else early = 0. */
     int early = breadth && m > p ? m - p : 0;
-    int *post_at = malloc(sizeof *post_at * (nc + 1));
-    if (!post_at) return -1;
+    int *post_at = malloc(sizeof *post_at * (nc + 1)), *key = malloc(sizeof *key * (nc + 1));
+    int *batch = malloc(sizeof *batch * (nc + 1));
+    if (!post_at || !key || !batch) {
+        free(post_at), free(key), free(batch);
+        return -1;
+    }
     for (int i = 0; i < nc; i++) {
-        comp[i].stage = comp[i].chunk * p + r;
+        comp[i].stage = pps_stage(kind, p, comp[i].chunk, r);
         int wrap = (r == 0 && comp[i].op == PPS_F && comp[i].chunk > 0) ||
                    (r == p - 1 && comp[i].op == PPS_B && comp[i].chunk < v - 1);
         post_at[i] = wrap ? i - early : i;
+        key[i] = i;
     }
+    int n = emit(comp, nc, kind, p, v, r, post_at, key, early, batch, NULL, out);
+    free(post_at), free(key), free(batch);
+    return n;
+}
+
+/* Writes the actions of rank r's computes: each step's receives (those whose post_at lies in
+ * the step, looking up to early computes ahead, in key order), its computes with their local
+ * copies, its sends. batch: scratch of nc; gap_at (may be NULL) gets for each compute the index
+ * where the batch before its step starts (the previous step's sends). */
+static int emit(const pps_action *comp, int nc, ust_pp_schedule kind, int p, int v, int r,
+                const int *post_at, const int *key, int early, int *batch, int *gap_at,
+                pps_action *out) {
     int n = 0;
     for (int i = 0, j; i < nc; i = j) {
         for (j = i + 1; j < nc && comp[j].peer == STEP_JOIN; j++) {
         }
+        int nb = 0; /* this step's receives in posting order: by key (compute order but for
+                       dualpipev, where it is the order the peer sends them in) */
         for (int q = i; q < nc && q < j + early; q++)
-            if (post_at[q] >= i && post_at[q] < j) n += comm_of(comp[q], 1, p, v, r, &out[n]);
-        for (int k = i; k < j; k++) out[n] = comp[k], out[n++].peer = -1;
-        for (int k = i; k < j; k++) n += comm_of(comp[k], 0, p, v, r, &out[n]);
+            if (post_at[q] >= i && post_at[q] < j) {
+                int t = nb++;
+                for (; t > 0 && key[batch[t - 1]] > key[q]; t--) batch[t] = batch[t - 1];
+                batch[t] = q;
+            }
+        for (int t = 0; t < nb; t++) n += comm_of(comp[batch[t]], 1, kind, p, v, r, &out[n]);
+        for (int k = i; k < j; k++) {
+            out[n] = comp[k], out[n++].peer = -1;
+            n += local_of(comp[k], kind, p, v, r, &out[n]);
+        }
+        for (int k = j; gap_at && k < nc && (k == j || comp[k].peer == STEP_JOIN); k++)
+            gap_at[k] = n;
+        for (int k = i; k < j; k++) n += comm_of(comp[k], 0, kind, p, v, r, &out[n]);
     }
-    free(post_at);
     return n;
 }
 
+/* dualpipev's receives, placed by simulation. v_post_order's placement (each receive as late as
+ * the sender's order allows) makes a sender wait in its batch until the receiver gets round to
+ * posting: under the executor's rule (a batch completes as a whole) that costs the V most of
+ * its advantage. So, with unit costs F = B = W = 1 and every rank's schedule built: simulate,
+ * and move each receive to the first batch of its rank that starts once its sender has posted
+ * the send (no later than its consumer; then the suffix minimum keeps the sender's order);
+ * repeat while the makespan shrinks (at most 16 rounds; a placement that deadlocks or is no
+ * shorter is not taken). Deterministic: every rank computes the same placement. */
+static int v_build_all(pps_schedule *all, int p, int m, int flags, ust_err *e) {
+    const pps_costs unit = {1, 1, 1};
+    int cap = 3 * m * 2, rc = 0;
+    pps_action *comp[PPS_MAX_P] = {0};
+    int nc[PPS_MAX_P] = {0}, *post[PPS_MAX_P] = {0}, *next[PPS_MAX_P] = {0};
+    int *key[PPS_MAX_P] = {0}, *gap[PPS_MAX_P] = {0}, *scratch = malloc(sizeof(int) * (cap + 1));
+    double *reach[PPS_MAX_P] = {0};
+    pps_schedule cand[PPS_MAX_P];
+    memset(cand, 0, sizeof cand);
+    if (p > PPS_MAX_P || !scratch) rc = -1;
+    for (int r = 0; r < p && !rc; r++) {
+        comp[r] = malloc(sizeof **comp * cap);
+        post[r] = malloc(sizeof(int) * (cap + 1)), next[r] = malloc(sizeof(int) * (cap + 1));
+        key[r] = malloc(sizeof(int) * (cap + 1)), gap[r] = calloc(cap + 1, sizeof(int));
+        reach[r] = malloc(sizeof(double) * 4 * cap);
+        all[r] = (pps_schedule){.kind = PP_DUALPIPEV,
+                                .p = p,
+                                .v = 2,
+                                .m = m,
+                                .rank = r,
+                                .flags = flags,
+                                .a = malloc(sizeof(pps_action) * 4 * cap)};
+        cand[r] = all[r];
+        cand[r].a = malloc(sizeof(pps_action) * 4 * cap);
+        if (!comp[r] || !post[r] || !next[r] || !key[r] || !gap[r] || !reach[r] || !all[r].a ||
+            !cand[r].a || order_dualpipev(comp[r], &nc[r], p, m, r, !(flags & PPS_NO_SPLIT))) {
+            rc = -1;
+            break;
+        }
+        for (int i = 0; i < nc[r]; i++) {
+            comp[r][i].stage = pps_stage(PP_DUALPIPEV, p, comp[r][i].chunk, r);
+            post[r][i] = key[r][i] = i;
+        }
+        if (v_post_order(comp[r], nc[r], p, m, r, post[r], key[r])) rc = -1;
+        if (!rc)
+            all[r].n = emit(comp[r], nc[r], PP_DUALPIPEV, p, 2, r, post[r], key[r], nc[r], scratch,
+                            gap[r], all[r].a);
+    }
+    pps_sim sim;
+    ust_err ignore;
+    if (!rc && pps_simulate_reach(all, p, unit, &sim, reach, &ignore)) rc = -1;
+    double best = sim.makespan;
+    for (int round = 0; round < 16 && !rc; round++) {
+        for (int r = 0; r < p; r++) {
+            memcpy(next[r], post[r], sizeof(int) * nc[r]);
+            for (int side = -1; side <= 1; side += 2) {
+                int a = r + side, nq = 0;
+                if (a < 0 || a >= p) continue;
+                /* the k-th send of a to r, its post time, and r's compute receiving it */
+                for (int i = 0, k = 0; i < all[a].n; i++) {
+                    const pps_action *x = &all[a].a[i];
+                    if ((x->op != PPS_SEND_ACT && x->op != PPS_SEND_GRAD) || x->peer != r) continue;
+                    for (int q = 0; q < nc[r]; q++) {
+                        pps_action c;
+                        if (key[r][q] != k || !comm_of(comp[r][q], 1, PP_DUALPIPEV, p, 2, r, &c) ||
+                            c.peer != a)
+                            continue;
+                        int d = q;
+                        for (int st = 0; st <= q; st++)
+                            if (comp[r][st].peer != STEP_JOIN &&
+                                reach[r][gap[r][st]] >= reach[a][i] - 1e-9) {
+                                d = st;
+                                break;
+                            }
+                        next[r][q] = d;
+                        scratch[nq++] = q;
+                    }
+                    k++;
+                }
+                for (int t = nq - 1, lo = 1 << 30; t >= 0; t--) { /* keep the sender's order */
+                    if (next[r][scratch[t]] < lo) lo = next[r][scratch[t]];
+                    next[r][scratch[t]] = lo;
+                }
+            }
+        }
+        for (int r = 0; r < p; r++)
+            cand[r].n = emit(comp[r], nc[r], PP_DUALPIPEV, p, 2, r, next[r], key[r], nc[r], scratch,
+                             NULL, cand[r].a);
+        pps_sim cs;
+        if (pps_simulate(cand, p, unit, &cs, &ignore) || cs.makespan >= best - 1e-9) break;
+        best = cs.makespan;
+        for (int r = 0; r < p; r++) {
+            memcpy(post[r], next[r], sizeof(int) * nc[r]);
+            all[r].n = emit(comp[r], nc[r], PP_DUALPIPEV, p, 2, r, post[r], key[r], nc[r], scratch,
+                            gap[r], all[r].a);
+        }
+        if (pps_simulate_reach(all, p, unit, &sim, reach, &ignore)) rc = -1;
+    }
+    for (int r = 0; r < p; r++) {
+        free(comp[r]), free(post[r]), free(next[r]), free(key[r]), free(gap[r]), free(reach[r]);
+        free(cand[r].a);
+    }
+    free(scratch);
+    if (rc) pps_free_all(all, p);
+    return rc ? ust_errf(e, "pp schedule dualpipev: out of memory or no runnable placement") : 0;
+}
+
 const char *pps_op_name(pps_op op) {
-    static const char *names[] = {"F", "B", "W", "SEND_ACT", "RECV_ACT", "SEND_GRAD", "RECV_GRAD"};
+    static const char *names[] = {"F",         "B",         "W",         "SEND_ACT",  "RECV_ACT",
+                                  "SEND_GRAD", "RECV_GRAD", "LOCAL_ACT", "LOCAL_GRAD"};
     return (unsigned)op < sizeof names / sizeof *names ? names[op] : "?";
 }
 
@@ -189,22 +485,61 @@ const char *pps_kind_name(ust_pp_schedule kind) {
         return "interleaved";
     case PP_ZB:
         return "zb";
+    case PP_DUALPIPEV:
+        return "dualpipev";
     }
     return "?";
 }
 
-int pps_build(pps_schedule *s, ust_pp_schedule kind, int p, int v, int m, int rank, int flags,
-              ust_err *e) {
-    memset(s, 0, sizeof *s);
+int pps_splits(const pps_schedule *s) {
+    for (int i = 0; i < s->n; i++)
+        if (s->a[i].op == PPS_W) return 1;
+    return 0;
+}
+
+double pps_analytic_bubble(ust_pp_schedule kind, int p, int v, int m, pps_costs c,
+                           const char **formula) {
+    const char *f;
+    double x;
+    switch (kind) {
+    case PP_ZB:
+        f = "ZB-H1 (p-1)(F+B-2W)/(m(F+B))";
+        x = (p - 1) * (c.f + c.b - c.w) / (m * (c.f + c.b + c.w));
+        break;
+    case PP_DUALPIPEV:
+        f = "DualPipeV (PP/2-1)(F&B+B-3W)/(2m(F+B)), PP = 2p";
+        x = (p - 1) * (c.f + 2 * c.b - c.w) / (2.0 * m * (c.f + c.b + c.w));
+        break;
+    default:
+        f = "(p-1)/(v*m)";
+        x = (double)(p - 1) / ((double)v * m);
+        break;
+    }
+    if (formula) *formula = f;
+    return x;
+}
+
+/* pps_build's argument errors. */
+static int check_args(ust_pp_schedule kind, int p, int v, int m, int rank, int flags, ust_err *e) {
     const char *name = pps_kind_name(kind);
-    if (kind < PP_AFAB || kind > PP_ZB) return ust_errf(e, "pp schedule: unknown kind %d", kind);
+    if (kind < PP_AFAB || kind > PP_DUALPIPEV)
+        return ust_errf(e, "pp schedule: unknown kind %d", kind);
     if (p < 1 || v < 1 || m < 1)
         return ust_errf(e, "pp schedule %s: pp (%d), vpp (%d) and micro-batches (%d) must be >= 1",
                         name, p, v, m);
     if (rank < 0 || rank >= p)
         return ust_errf(e, "pp schedule %s: rank %d outside 0..%d", name, rank, p - 1);
-    if (kind != PP_INTERLEAVED && v != 1)
+    if (kind == PP_DUALPIPEV && (p < 2 || v != 2 || m < 2 * p))
+        return ust_errf(e,
+                        "pp schedule dualpipev: needs pp >= 2 (got %d), vpp = 2 (got %d) and at "
+                        "least 2 * pp micro-batches (got %d)",
+                        p, v, m);
+    if (kind == PP_DUALPIPEV && p > PPS_MAX_P) /* its builder simulates every rank */
+        return ust_errf(e, "pp schedule dualpipev: pp = %d beyond %d", p, PPS_MAX_P);
+    if (kind != PP_INTERLEAVED && kind != PP_DUALPIPEV && v != 1)
         return ust_errf(e, "pp schedule %s: vpp = %d needs pp_schedule: interleaved", name, v);
+    if ((flags & PPS_NO_SPLIT) && kind != PP_DUALPIPEV)
+        return ust_errf(e, "pp schedule %s: the no-split flag applies to dualpipev only", name);
     if (kind == PP_INTERLEAVED && m % p != 0)
         return ust_errf(e,
                         "pp schedule interleaved: micro-batches (%d) must be a multiple of pp "
@@ -212,10 +547,29 @@ int pps_build(pps_schedule *s, ust_pp_schedule kind, int p, int v, int m, int ra
                         m, p, (m + p - 1) / p * p);
     if ((flags & PPS_BREADTH_FIRST) && kind != PP_INTERLEAVED)
         return ust_errf(e, "pp schedule %s: breadth-first applies to interleaved only", name);
+    return 0;
+}
+
+int pps_build(pps_schedule *s, ust_pp_schedule kind, int p, int v, int m, int rank, int flags,
+              ust_err *e) {
+    memset(s, 0, sizeof *s);
+    if (check_args(kind, p, v, m, rank, flags, e)) return -1;
+    if (kind == PP_DUALPIPEV) { /* its receives are placed with every rank's schedule at hand */
+        pps_schedule *every = calloc(p, sizeof *every);
+        if (!every || v_build_all(every, p, m, flags, e)) {
+            free(every);
+            return -1;
+        }
+        *s = every[rank];
+        every[rank].a = NULL;
+        pps_free_all(every, p);
+        free(every);
+        return 0;
+    }
 
     int nc = 0, cap = 3 * m * v; /* F, B and W of every (mb, chunk) at most */
     pps_action *comp = malloc(sizeof *comp * cap);
-    pps_action *all = malloc(sizeof *all * 3 * cap);
+    pps_action *all = malloc(sizeof *all * 4 * cap); /* + 2 transfers or a copy for F and B */
     if (!comp || !all) {
         free(comp), free(all);
         return ust_errf(e, "pp schedule: out of memory for %d actions", 3 * cap);
@@ -233,9 +587,12 @@ int pps_build(pps_schedule *s, ust_pp_schedule kind, int p, int v, int m, int ra
     case PP_INTERLEAVED:
         order_interleaved(comp, &nc, p, v, m, rank, flags & PPS_BREADTH_FIRST);
         break;
+    case PP_DUALPIPEV:
+        if (order_dualpipev(comp, &nc, p, m, rank, !(flags & PPS_NO_SPLIT))) nc = -1;
+        break;
     }
     *s = (pps_schedule){.kind = kind, .p = p, .v = v, .m = m, .rank = rank, .flags = flags};
-    s->n = with_comm(comp, nc, p, v, m, rank, flags & PPS_BREADTH_FIRST, all);
+    s->n = nc < 0 ? -1 : with_comm(comp, nc, kind, p, v, m, rank, flags & PPS_BREADTH_FIRST, all);
     s->a = all;
     free(comp);
     if (s->n < 0) {
@@ -247,6 +604,10 @@ int pps_build(pps_schedule *s, ust_pp_schedule kind, int p, int v, int m, int ra
 
 int pps_build_all(pps_schedule *all, ust_pp_schedule kind, int p, int v, int m, int flags,
                   ust_err *e) {
+    if (kind == PP_DUALPIPEV) { /* one placement for every rank at once */
+        for (int r = 0; r < p; r++) memset(&all[r], 0, sizeof all[r]);
+        return check_args(kind, p, v, m, 0, flags, e) || v_build_all(all, p, m, flags, e) ? -1 : 0;
+    }
     for (int r = 0; r < p; r++)
         if (pps_build(&all[r], kind, p, v, m, r, flags, e)) {
             pps_free_all(all, r);
@@ -266,14 +627,14 @@ void pps_free_all(pps_schedule *all, int p) {
 }
 
 void pps_print(FILE *f, const pps_schedule *s) {
-    fprintf(f, "# pp schedule %s%s: pp=%d vpp=%d micro-batches=%d rank=%d, %d actions\n",
-            pps_kind_name(s->kind), s->flags & PPS_BREADTH_FIRST ? " (breadth-first)" : "", s->p,
-            s->v, s->m, s->rank, s->n);
+    fprintf(f, "# pp schedule %s%s%s: pp=%d vpp=%d micro-batches=%d rank=%d, %d actions\n",
+            pps_kind_name(s->kind), s->flags & PPS_BREADTH_FIRST ? " (breadth-first)" : "",
+            s->flags & PPS_NO_SPLIT ? " (no W split)" : "", s->p, s->v, s->m, s->rank, s->n);
     for (int i = 0; i < s->n; i++) {
         const pps_action *a = &s->a[i];
         if (!is_comm(a->op))
-            fprintf(f, "%4d %s mb=%d chunk=%d stage=%d\n", i, pps_op_name(a->op), a->mb, a->chunk,
-                    a->stage);
+            fprintf(f, "%4d %s mb=%d chunk=%d stage=%d%s\n", i, pps_op_name(a->op), a->mb, a->chunk,
+                    a->stage, a->op == PPS_B && a->split && s->kind != PP_ZB ? " split" : "");
         else
             fprintf(f, "%4d %s mb=%d stage=%d %s=%d\n", i, pps_op_name(a->op), a->mb, a->stage,
                     a->op == PPS_SEND_ACT || a->op == PPS_SEND_GRAD ? "to" : "from", a->peer);
@@ -283,7 +644,8 @@ void pps_print(FILE *f, const pps_schedule *s) {
 /* ------------------------------------------------------------------ activation sets */
 
 static int frees_slot(const pps_schedule *s, const pps_action *a) {
-    return a->op == (s->kind == PP_ZB ? PPS_W : PPS_B);
+    (void)s;
+    return a->op == PPS_W || (a->op == PPS_B && !a->split);
 }
 
 void pps_slots(const pps_schedule *s, int *slot_of, int *slots) {

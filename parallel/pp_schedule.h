@@ -4,6 +4,9 @@
  * the lists can be printed, checked (pps_check, pps_check_pairs) and simulated with unit costs
  * (pps_simulate), and the executor walks them. Chunk c of rank r is global stage s = c*p + r
  * (Megatron's interleaved assignment): stage s+1 lives on rank (r+1)%p, stage s-1 on (r-1+p)%p.
+ * dualpipev (v = 2) places them in a V instead: chunk 0 of rank r is stage r, chunk 1 stage
+ * 2p-1-r, so micro-batches run down the ranks and back up, rank p-1 hands stage p-1 to stage p
+ * locally and rank 0 holds both the first and the last stage (pps_stage, pps_stage_rank).
  *
  * The communication rule the executor follows and pps_simulate runs is stated at pps_costs. */
 #ifndef UST_PP_SCHEDULE_H
@@ -17,23 +20,31 @@
 #define PPS_MAX_P 64 /* ranks pps_simulate accepts */
 
 typedef enum {
-    PPS_F,         /* forward of (mb, chunk) */
-    PPS_B,         /* backward; for zb only the input gradient (the weight gradient is W) */
-    PPS_W,         /* zb: weight gradient of (mb, chunk), after its B; frees the activations */
-    PPS_SEND_ACT,  /* output activation of (mb, stage) to the rank of stage+1 */
-    PPS_RECV_ACT,  /* input activation of (mb, stage) from the rank of stage-1 */
-    PPS_SEND_GRAD, /* input gradient of (mb, stage) to the rank of stage-1 */
-    PPS_RECV_GRAD, /* output gradient of (mb, stage) from the rank of stage+1 */
+    PPS_F,          /* forward of (mb, chunk) */
+    PPS_B,          /* backward; for zb only the input gradient (the weight gradient is W) */
+    PPS_W,          /* zb: weight gradient of (mb, chunk), after its B; frees the activations */
+    PPS_SEND_ACT,   /* output activation of (mb, stage) to the rank of stage+1 */
+    PPS_RECV_ACT,   /* input activation of (mb, stage) from the rank of stage-1 */
+    PPS_SEND_GRAD,  /* input gradient of (mb, stage) to the rank of stage-1 */
+    PPS_RECV_GRAD,  /* output gradient of (mb, stage) from the rank of stage+1 */
+    PPS_LOCAL_ACT,  /* dualpipev: input of (mb, stage) copied from stage-1 on this rank */
+    PPS_LOCAL_GRAD, /* dualpipev: output gradient of (mb, stage) copied from stage+1 here */
 } pps_op;
 
-/* mb, chunk and stage name the LOCAL computation the action belongs to (for a receive, the one
- * that consumes it; for a send, the one that produced it). peer: the other rank, -1 for compute. */
+/* mb, chunk and stage name the LOCAL computation the action belongs to (for a receive or a
+ * local copy, the one that consumes it; for a send, the one that produced it). peer: the other
+ * rank, -1 for compute and local copies. split (B only): the weight gradient is left to a W of
+ * its own (every B of zb, dualpipev's zero-bubble B's); otherwise B is the whole backward. */
 typedef struct {
     pps_op op;
-    int mb, chunk, stage, peer;
+    int mb, chunk, stage, peer, split;
 } pps_action;
 
-enum { PPS_BREADTH_FIRST = 1 }; /* pps_build flag, interleaved only (default depth-first) */
+enum {
+    PPS_BREADTH_FIRST = 1, /* pps_build flag, interleaved only (default depth-first) */
+    PPS_NO_SPLIT = 2,      /* dualpipev: every B is the whole backward, no W (MoE layers and full
+                              recomputation keep no deferred weight gradients) */
+};
 
 typedef struct {
     ust_pp_schedule kind;
@@ -43,13 +54,19 @@ typedef struct {
 } pps_schedule;
 
 /* Builds rank's schedule. Errors (-1 with a message): p, v or m < 1, rank out of range, v > 1
- * with a non-interleaved kind, interleaved with m % p != 0. */
+ * with a non-interleaved kind, interleaved with m % p != 0, dualpipev with p < 2, v != 2 or
+ * m < 2p. */
 int pps_build(pps_schedule *s, ust_pp_schedule kind, int p, int v, int m, int rank, int flags,
               ust_err *e);
 /* Builds all p ranks' schedules into all[0..p-1] (freed again on error). */
 int pps_build_all(pps_schedule *all, ust_pp_schedule kind, int p, int v, int m, int flags,
                   ust_err *e);
 void pps_free(pps_schedule *s);
+/* Global stage of chunk c on rank r, and the rank holding a stage. */
+int pps_stage(ust_pp_schedule kind, int p, int c, int r);
+int pps_stage_rank(ust_pp_schedule kind, int p, int stage);
+/* Whether the schedule has W actions (the model must keep deferred weight gradients). */
+int pps_splits(const pps_schedule *s);
 void pps_free_all(pps_schedule *all, int p);
 
 const char *pps_op_name(pps_op op);
@@ -57,10 +74,12 @@ const char *pps_kind_name(ust_pp_schedule kind);
 /* One line per action: "<index> F mb=3 chunk=1 stage=5" / "<index> SEND_ACT mb=3 stage=5 to=2". */
 void pps_print(FILE *f, const pps_schedule *s);
 
-/* One rank: every (mb, chunk) has exactly one F and one B (and one W for zb, none otherwise), in
- * dependency order (B after F, W after B; with p == 1, F(c) after F(c-1) and B(c) after B(c+1));
- * every compute that needs a remote input has exactly one matching receive before it (and after
- * the previous compute), every remote output exactly one send after it; no other comm actions. */
+/* One rank: every (mb, chunk) has exactly one F and one B (and one W exactly when its B is
+ * split; split B's only in zb, where all are, and dualpipev), in dependency order (B after F, W
+ * after B; with p == 1, F(c) after F(c-1) and B(c) after B(c+1)); every compute that needs a
+ * remote input has exactly one matching receive before it (and after the previous compute), every
+ * remote output exactly one send after it; an input from a stage on this rank (dualpipev's turn)
+ * exactly one local copy after its producer and before its consumer; no other comm actions. */
 int pps_check(const pps_schedule *s, ust_err *e);
 /* All ranks: pps_check on each, then on every ordered pair (a, b) the k-th send from a to b and
  * the k-th receive on b from a carry the same tensor (SEND_ACT(mb, s) <-> RECV_ACT(mb, s+1),
@@ -76,6 +95,9 @@ int pps_check_pairs(const pps_schedule *all, int p, ust_err *e);
  * the receive for the next compute (Megatron's send_forward_recv_backward): two neighbours that
  * send to each other meet in one batch. Breadth-first interleaved posts the receives that come
  * round the ring (rank p-1 -> 0) m-p computes early, since its sender is that far behind.
+ * dualpipev posts each receive in the batch of its rank that starts once the sender has posted
+ * the send (found by simulating every rank with unit costs), in the sender's order, and never
+ * after its consumer; its copies at the turn are LOCAL actions run on the compute stream.
  * pps_simulate runs exactly this rule and reports any deadlock. Transfers on one ordered rank
  * pair are matched in posting order (as NCCL and the shm backend do), so pps_check_pairs
  * requires the k-th send from a to b to be the k-th receive on b from a.
@@ -84,7 +106,8 @@ int pps_check_pairs(const pps_schedule *all, int p, ust_err *e);
  * Unit-cost timeline. Comm is free: a batch completes when every partner has posted its side, and
  * a received tensor is there at the later of the two posts. */
 typedef struct {
-    double f, b, w; /* b: the whole backward for non-zb kinds, the input-gradient part for zb */
+    double f, b, w; /* b: the whole backward for kinds without W (w unused), the input-gradient
+                       part for zb and dualpipev (a B that is not split then costs b + w) */
 } pps_costs;
 
 typedef struct {
@@ -93,18 +116,39 @@ typedef struct {
     double bubble;          /* max over ranks of idle/busy (Playbook: bubble time / ideal time) */
     double idle_frac;       /* max over ranks of idle/makespan */
     int peak_alive[PPS_MAX_P]; /* most (mb, chunk) activations held at once per rank: alive from
-                                  the start of F to the end of B, or of W when the schedule has W
+                                  the start of F to the end of B, or of W when the B is split
                                   (W still reads the layer inputs) */
 } pps_sim;
+
+/* The published bubble of the kind in the Playbook's sense (idle time over compute time, per
+ * rank, comm free) for the per-chunk costs c, and its source in *formula (may be NULL):
+ * afab/1f1b (p-1)/m, interleaved (p-1)/(v*m) (Narayanan et al.); zb: ZB-H1's (p-1)(F+B-2W) over
+ * m(F+B) with DeepSeek-V3's B (the whole backward, here b + w); dualpipev: DeepSeek's
+ * (PP/2-1)(F&B+B-3W) for PP = 2p stages on p ranks, with F&B = F + B (the overlapped pair costs
+ * its sum when nothing but comm overlaps), over the 2m(F+B) each rank computes. */
+double pps_analytic_bubble(ust_pp_schedule kind, int p, int v, int m, pps_costs c,
+                           const char **formula);
 
 /* Runs pps_check_pairs, then executes all p schedules under the comm rule above with start times
  * as early as dependencies allow (F(mb,s) after F(mb,s-1); B(mb,s) after F(mb,s) and
  * B(mb,s+1); W after B). A state where no rank can move is reported as a deadlock (-1, with
  * each stuck rank's action), never a hang. */
 int pps_simulate(const pps_schedule *all, int p, pps_costs c, pps_sim *out, ust_err *e);
+/* pps_simulate that also gives reach[r][i] (caller's arrays of all[r].n): when rank r got to
+ * action i (its batch's post time for a transfer, when it was free to start a compute); the
+ * dualpipev builder places receives by them. */
+int pps_simulate_reach(const pps_schedule *all, int p, pps_costs c, pps_sim *out,
+                       double *const *reach, ust_err *e);
+
+/* The schedule's own bubble, without the executor's comm rule: every compute starts as soon as
+ * its rank is free and its inputs are computed (transfers free and fully asynchronous, as the
+ * published analyses assume). *bubble: max over ranks of idle/busy. Runs pps_check_pairs; -1 with
+ * a message when the compute orders wait on each other in a cycle. */
+int pps_dataflow(const pps_schedule *all, int p, pps_costs c, double *bubble, ust_err *e);
 
 /* Activation sets: each (micro-batch, chunk) holds one of its chunk's sets from its first
- * action (a receive or its forward) to the end of its backward (of its W for zb); the lowest
+ * action (a receive, a local copy or its forward) to the end of its backward (of its W when
+ * split); the lowest
  * free set is taken. slot_of (may be NULL; s->n entries) gets each action's set, slots (s->v
  * entries) the number of sets each chunk needs: its peak of micro-batches in flight. */
 void pps_slots(const pps_schedule *s, int *slot_of, int *slots);

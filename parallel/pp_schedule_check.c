@@ -9,7 +9,9 @@
 
 static double dmax(double a, double b) { return a > b ? a : b; }
 
-static int is_comm(pps_op op) { return op >= PPS_SEND_ACT; }
+static int is_comm(pps_op op) { return op >= PPS_SEND_ACT && op <= PPS_RECV_GRAD; }
+
+static int is_local(pps_op op) { return op == PPS_LOCAL_ACT || op == PPS_LOCAL_GRAD; }
 
 /* ---- checks -------------------------------------------------------------------------------- */
 
@@ -21,15 +23,18 @@ static int act_err(ust_err *e, const pps_schedule *s, int i, const char *what) {
 }
 
 /* pps_check's record: at[op*nmc + mb*v + chunk] is the index of F, B, W (-1 until seen), then
- * (op 3..6) the counts of RECV_ACT, SEND_ACT, RECV_GRAD, SEND_GRAD that refer to (mb, chunk). */
+ * (op 3..6) the counts of RECV_ACT, SEND_ACT, RECV_GRAD, SEND_GRAD that refer to (mb, chunk)
+ * (a local copy counts as the receive of its consumer), then (7) whether its B is split. */
 
 /* What every action must satisfy: a known op, (mb, chunk) in range, the stage of its chunk. */
 static int check_fields(const pps_schedule *s, int i, ust_err *e) {
     const pps_action *a = &s->a[i];
-    if ((unsigned)a->op > PPS_RECV_GRAD) return act_err(e, s, i, "unknown op");
+    if ((unsigned)a->op > PPS_LOCAL_GRAD) return act_err(e, s, i, "unknown op");
     if (a->mb < 0 || a->mb >= s->m || a->chunk < 0 || a->chunk >= s->v)
         return act_err(e, s, i, "micro-batch or chunk out of range");
-    if (a->stage != a->chunk * s->p + s->rank) return act_err(e, s, i, "stage != chunk*p + rank");
+    if (a->stage != pps_stage(s->kind, s->p, a->chunk, s->rank))
+        return act_err(e, s, i, "stage is not the one this rank holds as that chunk");
+    if (a->split && a->op != PPS_B) return act_err(e, s, i, "only a B is split");
     return 0;
 }
 
@@ -38,12 +43,18 @@ static int check_fields(const pps_schedule *s, int i, ust_err *e) {
 static int check_compute(const pps_schedule *s, int i, int *at, int nmc, ust_err *e) {
     const pps_action *a = &s->a[i];
     int p = s->p, v = s->v, k = a->mb * v + a->chunk, rc = 0;
-    if (a->op == PPS_W && s->kind != PP_ZB) return act_err(e, s, i, "W outside a zb schedule");
+    int may_split = s->kind == PP_ZB || s->kind == PP_DUALPIPEV;
+    if (a->op == PPS_B && (s->kind == PP_ZB ? !a->split : a->split && !may_split))
+        return act_err(e, s, i, a->split ? "split B outside zb and dualpipev" : "zb B not split");
+    if (a->op == PPS_W && !may_split) return act_err(e, s, i, "W outside zb and dualpipev");
     if (at[a->op * nmc + k] >= 0) return act_err(e, s, i, "runs twice");
     at[a->op * nmc + k] = i;
-    /* inputs: B needs its F (and the gradient of stage+1), W its B, F the previous stage */
+    if (a->op == PPS_B) at[7 * nmc + k] = a->split;
+    /* inputs: B needs its F (and the gradient of stage+1), W its split B, F the previous stage */
     if (a->op == PPS_B && at[PPS_F * nmc + k] < 0) rc = act_err(e, s, i, "B before its F");
     if (a->op == PPS_W && at[PPS_B * nmc + k] < 0) rc = act_err(e, s, i, "W before its B");
+    if (a->op == PPS_W && at[PPS_B * nmc + k] >= 0 && !at[7 * nmc + k])
+        rc = act_err(e, s, i, "W of a B that was the whole backward");
     if (p == 1 && a->op == PPS_F && a->chunk > 0 && at[PPS_F * nmc + k - 1] < 0)
         rc = act_err(e, s, i, "F before the F of the previous chunk");
     if (p == 1 && a->op == PPS_B && a->chunk < v - 1 && at[PPS_B * nmc + k + 1] < 0)
@@ -61,10 +72,11 @@ static int check_transfer(const pps_schedule *s, int i, int *at, int nmc, ust_er
     int act = a->op == PPS_SEND_ACT || a->op == PPS_RECV_ACT;
     /* activations flow to stage+1, gradients to stage-1 */
     int to_next = act == send;
-    if (a->peer != (to_next ? (r + 1) % p : (r - 1 + p) % p))
-        return act_err(e, s, i, "peer is not the neighbouring stage's rank");
     if (to_next ? a->stage == p * s->v - 1 : a->stage == 0)
         return act_err(e, s, i, "no neighbouring stage in that direction");
+    int peer = pps_stage_rank(s->kind, p, a->stage + (to_next ? 1 : -1));
+    if (peer == r) return act_err(e, s, i, "transfer to a stage this rank holds itself");
+    if (a->peer != peer) return act_err(e, s, i, "peer is not the neighbouring stage's rank");
     int producer = at[(act ? PPS_F : PPS_B) * nmc + k];
     if (send && producer < 0) rc = act_err(e, s, i, "send before the compute producing it");
     if (!send && producer >= 0) rc = act_err(e, s, i, "receive after the compute using it");
@@ -73,20 +85,45 @@ static int check_transfer(const pps_schedule *s, int i, int *at, int nmc, ust_er
     return rc;
 }
 
-/* Every (mb, chunk) got its F, B (and W for zb) and exactly the transfers its stage needs. */
+/* A local copy (dualpipev's turn) hands (mb, its chunk) the output of the previous stage
+ * (LOCAL_ACT) or the input gradient of the next one (LOCAL_GRAD), both on this rank: after the
+ * producer, before the consumer, once. */
+static int check_local(const pps_schedule *s, int i, int *at, int nmc, ust_err *e) {
+    const pps_action *a = &s->a[i];
+    int p = s->p, v = s->v, r = s->rank, act = a->op == PPS_LOCAL_ACT;
+    int from = a->stage + (act ? -1 : 1);
+    if (p == 1 || from < 0 || from >= p * v || pps_stage_rank(s->kind, p, from) != r)
+        return act_err(e, s, i, "local copy from a stage this rank does not hold");
+    int pc = -1; /* the producing chunk */
+    for (int c = 0; c < v; c++)
+        if (pps_stage(s->kind, p, c, r) == from) pc = c;
+    int k = a->mb * v + a->chunk, kp = a->mb * v + pc;
+    if (at[(act ? PPS_F : PPS_B) * nmc + kp] < 0)
+        return act_err(e, s, i, "local copy before the compute producing it");
+    if (at[(act ? PPS_F : PPS_B) * nmc + k] >= 0)
+        return act_err(e, s, i, "local copy after the compute using it");
+    if (++at[(act ? 3 : 5) * nmc + k] > 1) return act_err(e, s, i, "duplicate transfer");
+    return 0;
+}
+
+/* Every (mb, chunk) got its F, B (and W when split) and exactly the transfers its stage needs:
+ * a receive (or a local copy) of each input, a send of each output to another rank. */
 static int check_complete(const pps_schedule *s, const int *at, int nmc, ust_err *e) {
-    int p = s->p, v = s->v, r = s->rank, last = p * v - 1, zb = s->kind == PP_ZB;
+    int p = s->p, v = s->v, r = s->rank, last = p * v - 1;
     for (int k = 0; k < nmc; k++) {
-        int mb = k / v, c = k % v, st = c * p + r;
-        const char *miss = at[PPS_F * nmc + k] < 0         ? "F"
-                           : at[PPS_B * nmc + k] < 0       ? "B"
-                           : zb && at[PPS_W * nmc + k] < 0 ? "W"
-                                                           : NULL;
+        int mb = k / v, c = k % v, st = pps_stage(s->kind, p, c, r);
+        int split = at[7 * nmc + k];
+        const char *miss = at[PPS_F * nmc + k] < 0               ? "F"
+                           : at[PPS_B * nmc + k] < 0             ? "B"
+                           : (at[PPS_W * nmc + k] >= 0) != split ? "W"
+                                                                 : NULL;
         int need_prev = p > 1 && st > 0, need_next = p > 1 && st < last;
+        int send_prev = need_prev && pps_stage_rank(s->kind, p, st - 1) != r;
+        int send_next = need_next && pps_stage_rank(s->kind, p, st + 1) != r;
         if (!miss && at[3 * nmc + k] != need_prev) miss = "RECV_ACT";
-        if (!miss && at[4 * nmc + k] != need_next) miss = "SEND_ACT";
+        if (!miss && at[4 * nmc + k] != send_next) miss = "SEND_ACT";
         if (!miss && at[5 * nmc + k] != need_next) miss = "RECV_GRAD";
-        if (!miss && at[6 * nmc + k] != need_prev) miss = "SEND_GRAD";
+        if (!miss && at[6 * nmc + k] != send_prev) miss = "SEND_GRAD";
         if (miss)
             return ust_errf(e, "pp schedule %s rank %d: mb=%d chunk=%d has no %s (or an extra one)",
                             pps_kind_name(s->kind), r, mb, c, miss);
@@ -96,15 +133,16 @@ static int check_complete(const pps_schedule *s, const int *at, int nmc, ust_err
 
 int pps_check(const pps_schedule *s, ust_err *e) {
     int nmc = s->m * s->v;
-    int *at = malloc(sizeof *at * 7 * nmc);
+    int *at = malloc(sizeof *at * 8 * nmc);
     if (!at) return ust_errf(e, "pp check: out of memory");
     for (int i = 0; i < 3 * nmc; i++) at[i] = -1;
-    memset(at + 3 * nmc, 0, sizeof *at * 4 * nmc);
+    memset(at + 3 * nmc, 0, sizeof *at * 5 * nmc);
     int rc = 0;
     for (int i = 0; i < s->n && !rc; i++) {
         if ((rc = check_fields(s, i, e))) break;
-        rc = is_comm(s->a[i].op) ? check_transfer(s, i, at, nmc, e)
-                                 : check_compute(s, i, at, nmc, e);
+        rc = is_comm(s->a[i].op)    ? check_transfer(s, i, at, nmc, e)
+             : is_local(s->a[i].op) ? check_local(s, i, at, nmc, e)
+                                    : check_compute(s, i, at, nmc, e);
     }
     if (!rc) rc = check_complete(s, at, nmc, e);
     free(at);
@@ -185,7 +223,7 @@ static int batch_done(const pps_schedule *all, int r, int lo, int hi, int *const
  * (finish times of the computes, post times of the transfers, the matching of the transfers). */
 typedef struct {
     const pps_schedule *all;
-    int p, m, S, zb;
+    int p, m, S;
     pps_costs cost;
     pps_sim *out;
     double *fin; /* fin[(op*m + mb)*S + stage]: finish time of that compute, -1 until it ran */
@@ -194,6 +232,7 @@ typedef struct {
     int pc[PPS_MAX_P], in_batch[PPS_MAX_P], alive[PPS_MAX_P];
     int pend_lo[PPS_MAX_P], pend_hi[PPS_MAX_P]; /* a posted send-only batch not yet waited on */
     double clock[PPS_MAX_P];
+    double *const *reach; /* NULL, or reach[r][i]: when rank r got to action i */
 } sim;
 
 #define FIN(x, op, mb, st) (x)->fin[((op) * (x)->m + (mb)) * (x)->S + (st)]
@@ -201,7 +240,6 @@ typedef struct {
 static int sim_init(sim *x, const pps_schedule *all, int p, pps_costs cost, pps_sim *out,
                     ust_err *e) {
     *x = (sim){.all = all, .p = p, .m = all[0].m, .S = p * all[0].v, .cost = cost, .out = out};
-    x->zb = all[0].kind == PP_ZB;
     x->fin = malloc(sizeof *x->fin * 3 * x->m * x->S);
     for (int r = 0; r < PPS_MAX_P; r++) x->pend_lo[r] = x->pend_hi[r] = -1;
     int rc = x->fin ? 0 : ust_errf(e, "pp simulate: out of memory");
@@ -226,6 +264,7 @@ static void sim_free(sim *x) {
 /* Runs rank r's compute action a once its inputs are finished; returns 0 while it waits. */
 static int sim_compute(sim *x, int r, const pps_action *a) {
     double dep[2] = {0, 0};
+    if (x->reach && x->reach[r][x->pc[r]] < 0) x->reach[r][x->pc[r]] = x->clock[r];
     int st = a->stage;
     if (a->op == PPS_F) dep[0] = st > 0 ? FIN(x, PPS_F, a->mb, st - 1) : 0;
     if (a->op == PPS_B) {
@@ -234,13 +273,16 @@ static int sim_compute(sim *x, int r, const pps_action *a) {
     }
     if (a->op == PPS_W) dep[0] = FIN(x, PPS_B, a->mb, st);
     if (dep[0] < 0 || dep[1] < 0) return 0;
-    double c = a->op == PPS_F ? x->cost.f : a->op == PPS_B ? x->cost.b : x->cost.w;
+    double c = a->op == PPS_F   ? x->cost.f
+               : a->op == PPS_W ? x->cost.w
+               : a->split       ? x->cost.b
+                                : x->cost.b + x->cost.w; /* a whole backward */
     x->clock[r] = dmax(x->clock[r], dmax(dep[0], dep[1])) + c;
     FIN(x, a->op, a->mb, st) = x->clock[r];
     x->out->busy[r] += c;
     if (a->op == PPS_F && ++x->alive[r] > x->out->peak_alive[r])
         x->out->peak_alive[r] = x->alive[r];
-    if (a->op == (x->zb ? PPS_W : PPS_B)) x->alive[r]--;
+    if (a->op == PPS_W || (a->op == PPS_B && !a->split)) x->alive[r]--;
     x->pc[r]++;
     return 1;
 }
@@ -257,6 +299,7 @@ static int sim_post(sim *x, int r, int end) {
     double post = x->pend_lo[r] >= 0 ? dmax(x->clock[r], t0) : x->clock[r];
     x->pend_lo[r] = -1;
     for (int i = x->pc[r]; i < end; i++) x->posted[r][i] = post;
+    for (int i = x->pc[r]; x->reach && i < end; i++) x->reach[r][i] = post;
     int sends_only = 1;
     for (int i = x->pc[r]; i < end; i++)
         sends_only &= s->a[i].op == PPS_SEND_ACT || s->a[i].op == PPS_SEND_GRAD;
@@ -293,7 +336,10 @@ static int sim_rank(sim *x, int r, int *moved) {
     const pps_schedule *s = &x->all[r];
     while (x->pc[r] < s->n) {
         const pps_action *a = &s->a[x->pc[r]];
-        if (!is_comm(a->op)) {
+        if (is_local(a->op)) { /* a copy on the rank: its producer ran, the stage order holds */
+            x->pc[r]++;
+            *moved = 1;
+        } else if (!is_comm(a->op)) {
             if (!sim_compute(x, r, a)) break;
             *moved = 1;
         } else if (!sim_comm(x, r, moved)) {
@@ -337,12 +383,20 @@ static void sim_report(const sim *x) {
 }
 
 int pps_simulate(const pps_schedule *all, int p, pps_costs cost, pps_sim *out, ust_err *e) {
+    return pps_simulate_reach(all, p, cost, out, NULL, e);
+}
+
+int pps_simulate_reach(const pps_schedule *all, int p, pps_costs cost, pps_sim *out,
+                       double *const *reach, ust_err *e) {
     memset(out, 0, sizeof *out);
     if (p < 1 || p > PPS_MAX_P)
         return ust_errf(e, "pp simulate: pp = %d outside 1..%d", p, PPS_MAX_P);
     if (pps_check_pairs(all, p, e)) return -1;
     sim x;
     int rc = sim_init(&x, all, p, cost, out, e);
+    x.reach = reach;
+    for (int r = 0; reach && r < p; r++)
+        for (int i = 0; i < all[r].n; i++) reach[r][i] = -1;
     /* Round-robin until every rank is done; a round where no rank moves is a deadlock. */
     for (int done = 0; !rc && !done;) {
         int moved = 0;
@@ -356,3 +410,41 @@ int pps_simulate(const pps_schedule *all, int p, pps_costs cost, pps_sim *out, u
     return rc;
 }
 #undef FIN
+
+int pps_dataflow(const pps_schedule *all, int p, pps_costs c, double *bubble, ust_err *e) {
+    *bubble = 0;
+    if (p < 1 || p > PPS_MAX_P)
+        return ust_errf(e, "pp dataflow: pp = %d outside 1..%d", p, PPS_MAX_P);
+    if (pps_check_pairs(all, p, e)) return -1;
+    sim x = {.all = all, .p = p, .m = all[0].m, .S = p * all[0].v, .cost = c};
+    pps_sim out = {0};
+    x.out = &out;
+    x.fin = malloc(sizeof *x.fin * 3 * x.m * x.S);
+    if (!x.fin) return ust_errf(e, "pp dataflow: out of memory");
+    for (int i = 0; i < 3 * x.m * x.S; i++) x.fin[i] = -1;
+    int moved = 1, left = 1;
+    while (moved && left) { /* each rank's computes in its order, skipping the transfers */
+        moved = 0, left = 0;
+        for (int r = 0; r < p; r++) {
+            while (x.pc[r] < all[r].n) {
+                const pps_action *a = &all[r].a[x.pc[r]];
+                if (is_comm(a->op) || is_local(a->op)) {
+                    x.pc[r]++;
+                    continue;
+                }
+                if (!sim_compute(&x, r, a)) break;
+                moved = 1;
+            }
+            left |= x.pc[r] < all[r].n;
+        }
+    }
+    int rc = left ? ust_errf(e, "pp schedule %s: compute orders wait on each other in a cycle",
+                             pps_kind_name(all[0].kind))
+                  : 0;
+    if (!rc) {
+        sim_report(&x);
+        *bubble = out.bubble;
+    }
+    free(x.fin);
+    return rc;
+}

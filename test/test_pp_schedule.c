@@ -172,6 +172,134 @@ static void test_zb_bubble_is_a_third_of_1f1b(void) {
         }
 }
 
+/* ---- dualpipev ----------------------------------------------------------------------------- */
+
+static const int DPS[] = {2, 3, 4};
+static int find(const pps_schedule *s, pps_op op, int mb);
+static void drop(pps_schedule *s, int i);
+
+/* p ranks hold the 2p stages in a V: chunk 0 of rank r is stage r, chunk 1 stage 2p-1-r; every
+ * rank runs its m micro-batches through both chunks (6m units: F, B and W of two chunks), rank
+ * p-1 hands each micro-batch from one chunk to the other locally (m copies each way) and nobody
+ * else copies; the run ends without a deadlock; every rank holds DeepSeek's PP+1 = 2p+1 chunk
+ * activation sets at its peak (and allocates at most 2p+2, pps_slots). With PPS_NO_SPLIT (MoE, full
+ * recomputation) every B is whole: no W, the same work. */
+static void test_dualpipev_runs_the_v_to_the_end_with_2p_plus_1_sets(void) {
+    pps_schedule all[4];
+    int cases = 0;
+    for (int pi = 0; pi < N(DPS); pi++)
+        for (int extra = 0; extra <= 9; extra += 3)
+            for (int ns = 0; ns <= 1; ns++) {
+                int p = DPS[pi], m = 2 * p + extra, flags = ns ? PPS_NO_SPLIT : 0;
+                ust_err e = {{0}};
+                CHECK(pps_build_all(all, PP_DUALPIPEV, p, 2, m, flags, &e) == 0, "p=%d m=%d: %s", p,
+                      m, e.msg);
+                pps_sim sim;
+                int rc = pps_simulate(all, p, COST_ZB, &sim, &e);
+                CHECK(rc == 0, "p=%d m=%d no-split=%d: %s", p, m, ns, e.msg);
+                for (int r = 0; r < p && rc == 0; r++) {
+                    const pps_schedule *s = &all[r];
+                    int local = 0, w = 0, slots[2];
+                    for (int i = 0; i < s->n; i++) {
+                        local += s->a[i].op == PPS_LOCAL_ACT || s->a[i].op == PPS_LOCAL_GRAD;
+                        w += s->a[i].op == PPS_W;
+                        if (s->a[i].op == PPS_F)
+                            CHECK(s->a[i].stage == (s->a[i].chunk ? 2 * p - 1 - r : r),
+                                  "p=%d rank %d: chunk %d is stage %d", p, r, s->a[i].chunk,
+                                  s->a[i].stage);
+                    }
+                    CHECK(local == (r == p - 1 ? 2 * m : 0), "p=%d rank %d: %d local copies", p, r,
+                          local);
+                    CHECK(ns ? w == 0 : w > 0, "p=%d rank %d no-split=%d: %d W", p, r, ns, w);
+                    CHECK(sim.busy[r] == 6.0 * m, "p=%d m=%d rank %d busy %g", p, m, r,
+                          sim.busy[r]);
+                    CHECK(sim.peak_alive[r] == 2 * p + 1, "p=%d m=%d rank %d peak %d", p, m, r,
+                          sim.peak_alive[r]);
+                    pps_slots(s, NULL, slots);
+                    /* one more set than alive: a placed receive takes its set when posted */
+                    int sets = slots[0] + slots[1];
+                    CHECK(sets >= 2 * p + 1 && sets <= 2 * p + 2 && slots[0] <= 2 * p,
+                          "p=%d rank %d: sets %d + %d", p, r, slots[0], slots[1]);
+                }
+                pps_free_all(all, p);
+                cases++;
+            }
+    CHECK(cases == 24, "%d cases", cases);
+}
+
+/* The schedules' own bubbles (pps_dataflow: comm free and asynchronous) against the published
+ * analytic values at F = B = W: 1f1b (p-1)/m and ZB-H1 (p-1)(F+B-2W) / (m(F+B)) = (p-1)/(3m)
+ * exactly; dualpipev's V idles (p-1) chunk units of its 6m, (p-1)/(6m): at most DeepSeek's
+ * (PP/2-1)(F&B+B-3W) with PP = 2p and F&B = F+B (2(p-1) units), and half of zb's on the same
+ * model (a V chunk is half a zb stage). Under the executor's rule (batches complete as a
+ * whole) with the receives placed by simulation: the published value at p = 2, within 40% of it
+ * at p = 3, 4 (measured: 0.167 against 0.125 at p=4 m=8), below 1f1b's (p-1)/m everywhere. */
+static void test_dualpipev_dataflow_bubble_against_the_published_ones(void) {
+    pps_schedule all[4];
+    for (int pi = 0; pi < N(DPS); pi++)
+        for (int m = 2 * DPS[pi]; m <= 16; m *= 2) {
+            int p = DPS[pi];
+            double dv, zb, f1b;
+            ust_err e = {{0}};
+            CHECK(pps_build_all(all, PP_DUALPIPEV, p, 2, m, 0, &e) == 0, "%s", e.msg);
+            CHECK(pps_dataflow(all, p, COST_ZB, &dv, &e) == 0, "%s", e.msg);
+            pps_sim rule; /* under the executor's comm rule, with the receives it places */
+            CHECK(pps_simulate(all, p, COST_ZB, &rule, &e) == 0, "%s", e.msg);
+            pps_free_all(all, p);
+            double published = pps_analytic_bubble(PP_DUALPIPEV, p, 2, m, COST_ZB, NULL);
+            CHECK(rule.bubble < (p - 1.0) / m, "p=%d m=%d: rule bubble %g not below 1f1b's", p, m,
+                  rule.bubble);
+            CHECK(rule.bubble <= 1.4 * published, "p=%d m=%d: rule bubble %g, published %g", p, m,
+                  rule.bubble, published);
+            if (p == 2) CHECK_CLOSE(rule.bubble, published, 1e-12, 0, "p=2 rule bubble");
+            CHECK(pps_build_all(all, PP_ZB, p, 1, m, 0, &e) == 0, "%s", e.msg);
+            CHECK(pps_dataflow(all, p, COST_ZB, &zb, &e) == 0, "%s", e.msg);
+            pps_free_all(all, p);
+            CHECK(pps_build_all(all, PP_1F1B, p, 1, m, 0, &e) == 0, "%s", e.msg);
+            CHECK(pps_dataflow(all, p, COST, &f1b, &e) == 0, "%s", e.msg);
+            pps_free_all(all, p);
+            CHECK_CLOSE(f1b, pps_analytic_bubble(PP_1F1B, p, 1, m, COST, NULL), 1e-12, 0, "1f1b");
+            CHECK_CLOSE(zb, pps_analytic_bubble(PP_ZB, p, 1, m, COST_ZB, NULL), 1e-12, 0, "zb");
+            CHECK(fabs(dv - (p - 1.0) / (6 * m)) < 1e-12, "dualpipev p=%d m=%d: %g", p, m, dv);
+            CHECK(dv <= pps_analytic_bubble(PP_DUALPIPEV, p, 2, m, COST_ZB, NULL) + 1e-12,
+                  "p=%d m=%d: %g above the published bound", p, m, dv);
+            CHECK(fabs(2 * dv - zb) < 1e-12, "half of zb, p=%d m=%d: %g vs %g", p, m, dv, zb);
+        }
+}
+
+/* The hand-over at the turn is checked like a transfer: a dropped LOCAL_GRAD leaves stage p-1
+ * without its gradient; the receives in consumption order (not the sender's) are caught. */
+static void test_dualpipev_checker_catches_a_missing_copy_and_a_misordered_receive(void) {
+    pps_schedule all[2];
+    ust_err e = {{0}};
+    CHECK(pps_build_all(all, PP_DUALPIPEV, 2, 2, 4, 0, &e) == 0, "%s", e.msg);
+    int i = find(&all[1], PPS_LOCAL_GRAD, 2);
+    CHECK(i >= 0, "layout changed");
+    drop(&all[1], i);
+    int rc = pps_check(&all[1], &e);
+    CHECK(rc == -1 && strstr(e.msg, "mb=2 chunk=0 has no RECV_GRAD"), "rc %d: %s", rc, e.msg);
+    pps_free_all(all, 2);
+    /* rank 1 gets activations and gradients from rank 0 and posts them in rank 0's send order,
+     * which is not the order it consumes them in: swap two adjacent ones of a batch */
+    CHECK(pps_build_all(all, PP_DUALPIPEV, 2, 2, 4, 0, &e) == 0, "%s", e.msg);
+    int a = -1, g = -1;
+    for (int i = 0; i + 1 < all[1].n && a < 0; i++)
+        if (all[1].a[i].op == PPS_RECV_ACT && all[1].a[i + 1].op == PPS_RECV_GRAD) a = i, g = i + 1;
+    CHECK(a >= 0, "layout changed: no activation and gradient received in one batch");
+    pps_action t = all[1].a[a];
+    all[1].a[a] = all[1].a[g], all[1].a[g] = t;
+    CHECK(pps_check(&all[1], &e) == 0, "still well-formed on its own: %s", e.msg);
+    rc = pps_check_pairs(all, 2, &e);
+    CHECK(rc == -1 && strstr(e.msg, "posting order"), "rc %d: %s", rc, e.msg);
+    pps_free_all(all, 2);
+    CHECK(pps_build(&all[0], PP_DUALPIPEV, 2, 2, 3, 0, 0, &e) == -1 &&
+              strstr(e.msg, "at least 2 * pp"),
+          "m < 2p: %s", e.msg);
+    CHECK(pps_build(&all[0], PP_DUALPIPEV, 2, 1, 4, 0, 0, &e) == -1 && strstr(e.msg, "vpp = 2"),
+          "v: %s", e.msg);
+    CHECK(pps_build(&all[0], PP_1F1B, 2, 1, 4, 0, PPS_NO_SPLIT, &e) == -1, "no-split flag");
+}
+
 /* ---- the checkers can fail ---------------------------------------------------------------- */
 
 static int find(const pps_schedule *s, pps_op op, int mb) {
@@ -302,6 +430,9 @@ int main(void) {
     RUN_TEST(test_interleaved_bubble_is_p_minus_1_over_v_m);
     RUN_TEST(test_interleaved_peak_activations);
     RUN_TEST(test_zb_bubble_is_a_third_of_1f1b);
+    RUN_TEST(test_dualpipev_runs_the_v_to_the_end_with_2p_plus_1_sets);
+    RUN_TEST(test_dualpipev_dataflow_bubble_against_the_published_ones);
+    RUN_TEST(test_dualpipev_checker_catches_a_missing_copy_and_a_misordered_receive);
     RUN_TEST(test_a_dropped_backward_is_rejected);
     RUN_TEST(test_a_swapped_send_and_receive_is_rejected);
     RUN_TEST(test_transfers_out_of_order_between_ranks_are_rejected);
