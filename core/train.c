@@ -565,9 +565,9 @@ static int plan_storage(trainer *t, model_storage *st, pps_schedule *sched, ust_
             cfg->model.d_model, cfg->parallel.sp);
     int start, H = tp_part(&t->tp, cfg->model.n_head, &start); /* attention after the tp split */
     int Hkv = tp_part(&t->tp, cfg->model.n_kv_head, &start);
-    cp_init(&t->cp, t->ops, topo->comm[TOPO_CP], &t->arena, cfg->train.seq_len,
-            cfg->train.micro_batch_size, H, Hkv, cfg_head_dim(cfg), cfg->parallel.cp_layout,
-            cfg->parallel.cp_comm);
+    cp_init(&t->cp, t->ops, topo->comm[TOPO_CP], topo->comm[TOPO_CPA], topo->comm[TOPO_CPR],
+            &t->arena, cfg->train.seq_len, cfg->train.micro_batch_size, H, Hkv, cfg_head_dim(cfg),
+            cfg->parallel.cp_layout, cfg->parallel.cp_comm, cfg_cp_a2a(cfg));
     /* dense gradients are summed over the ranks that hold the same shard and saw different
      * tokens: the data-parallel replicas and the context-parallel parts of each sequence */
     *st = dp_model_storage(cfg, comm_size(topo->comm[TOPO_DPCP]));
