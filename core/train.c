@@ -749,7 +749,11 @@ static void measure_step(trainer *t, const step_mark *m, double fpt, double peak
     step_mark now = mark_step(t);
     s->comm_bytes_tp = now.bytes[TOPO_TP] - m->bytes[TOPO_TP];
     s->tp_comm_ms = 1e3 * (now.wait_s[TOPO_TP] - m->wait_s[TOPO_TP]);
-    s->cp_wait_ms = 1e3 * (now.wait_s[TOPO_CP] - m->wait_s[TOPO_CP]);
+    /* the context-parallel group and, under a2a+ring, its Ulysses and ring sub-groups */
+    static const topo_kind cp_groups[] = {TOPO_CP, TOPO_CPA, TOPO_CPR};
+    s->cp_wait_ms = 0;
+    for (int i = 0; i < 3; i++)
+        s->cp_wait_ms += 1e3 * (now.wait_s[cp_groups[i]] - m->wait_s[cp_groups[i]]);
     s->ep_comm_ms = 1e3 * (now.wait_s[TOPO_EP] - m->wait_s[TOPO_EP]);
     s->mem_params = t->arena.bytes[MEM_PARAMS];
     s->mem_grads = t->arena.bytes[MEM_GRADS];

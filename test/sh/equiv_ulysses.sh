@@ -42,6 +42,17 @@ grep -q doc_mask $TMP/docs.yaml || fail ulysses_doc_config "sed did not set data
 $EQ --name _ulysses_docs --config $TMP/docs.yaml --layout "cp=2 $A2A" \
     --layout "cp=4 $A2A parallel.cp_layout=contiguous" --layout "cp=4 $HYB"
 
+# the memory plan (`ustrain validate`) equals the arena: the head-split buffers, the staging of
+# the all-to-alls, the ring's blocks of the hybrid, the gathered document starts
+for l in "2 cp2 $A2A" "4 cp4_kv_replicated $A2A" "4 cp4_hybrid_docs $HYB"; do
+    set -- $l
+    w=$1 name=$2; shift 2
+    cfg=$TMP/llama.yaml; [ $name = cp4_hybrid_docs ] && cfg=$TMP/docs.yaml
+    sets=(--set parallel.cp=$w --set checkpoint.resume=none --set checkpoint.every=0 --set train.steps=1)
+    for kv in "$@"; do sets+=(--set $kv); done
+    plan_matches_arena memory_plan_ulysses_$name $cfg $w "${sets[@]}"
+done
+
 # refused with the reason, exit 2, before training
 expect_exit ulysses_heads_not_divisible_exits_2 2 "not divisible by 8" -- \
     $UST validate $TMP/llama.yaml --set parallel.cp=8 --set $A2A --world 8
