@@ -752,8 +752,11 @@ static void measure_step(trainer *t, const step_mark *m, double fpt, double peak
     /* the context-parallel group and, under a2a+ring, its Ulysses and ring sub-groups */
     static const topo_kind cp_groups[] = {TOPO_CP, TOPO_CPA, TOPO_CPR};
     s->cp_wait_ms = 0;
-    for (int i = 0; i < 3; i++)
+    s->comm_bytes_cp = 0;
+    for (int i = 0; i < 3; i++) {
         s->cp_wait_ms += 1e3 * (now.wait_s[cp_groups[i]] - m->wait_s[cp_groups[i]]);
+        s->comm_bytes_cp += now.bytes[cp_groups[i]] - m->bytes[cp_groups[i]];
+    }
     s->ep_comm_ms = 1e3 * (now.wait_s[TOPO_EP] - m->wait_s[TOPO_EP]);
     s->mem_params = t->arena.bytes[MEM_PARAMS];
     s->mem_grads = t->arena.bytes[MEM_GRADS];

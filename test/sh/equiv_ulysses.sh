@@ -42,6 +42,41 @@ grep -q doc_mask $TMP/docs.yaml || fail ulysses_doc_config "sed did not set data
 $EQ --name _ulysses_docs --config $TMP/docs.yaml --layout "cp=2 $A2A" \
     --layout "cp=4 $A2A parallel.cp_layout=contiguous" --layout "cp=4 $HYB"
 
+# traffic: every step's comm_bytes_cp (what this rank sent in its cp groups, the comm counters)
+# equals the formula, per layer and micro-batch: Ulysses over a ranks sends (a-1) parts of
+# B*Tl*D*4 bytes per head, 2 Hq + 2 Hk forward and 4 Hq + 4 Hk backward (Hq = H/a query heads,
+# Hk = Hkv/a key/value heads, or 1 replicated); the hybrid's ring over r = cp/a blocks of
+# blk = B*a*Tl*Hk*D*4 bytes moves k, v r-1 hops forward and backward and their gradients r hops
+traffic() { # traffic NAME CP TP A SETS...
+    local name=$1 cp=$2 tp=$3 a=$4; shift 4
+    scripts/ustrun --nproc-per-node $((cp * tp)) $UST train $TMP/llama.yaml --set parallel.cp=$cp \
+        --set parallel.tp=$tp "$@" --set train.steps=2 --set checkpoint.resume=none \
+        --set checkpoint.every=0 --set logging.metrics_file=$TMP/$name.jsonl >$TMP/$name.out 2>&1 ||
+        { fail $name "run failed: $(tail -2 $TMP/$name.out)"; return; }
+    python3 - $TMP/$name.jsonl $cp $tp $a <<'PY' && pass $name || fail $name "$(cat $TMP/why)"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+cp, tp, a = map(int, sys.argv[2:5])
+L, m, B, T, H, Hkv, D = 2, 4, 1, 32, 4 // tp, 2 // tp, 16  # the harness llama, 4 micro-batches
+Tl, Hq = T // cp, H // a
+Hk = Hkv // a if Hkv % a == 0 else 1
+r = cp // a
+per = (a - 1) * B * Tl * D * 4 * (6 * Hq + 6 * Hk)
+blk = B * a * Tl * Hk * D * 4
+if r > 1:
+    per += 2 * blk * (2 * (r - 1) + r)
+want = L * m * per
+got = [row.get("comm_bytes_cp") for row in rows]
+if got != [want] * 2:
+    open(sys.argv[1].rsplit("/", 1)[0] + "/why", "w").write(f"comm_bytes_cp {got}, formula {want}")
+    sys.exit(1)
+PY
+}
+traffic ulysses_cp2_traffic_equals_formula 2 1 2 --set $A2A
+traffic ulysses_cp4_kv_replicated_traffic_equals_formula 4 1 4 --set $A2A
+traffic ulysses_cp2_tp2_traffic_equals_formula 2 2 2 --set $A2A
+traffic ulysses_hybrid_2x2_traffic_equals_formula 4 1 2 --set parallel.cp_comm=a2a+ring --set parallel.cp_a2a=2
+
 # the memory plan (`ustrain validate`) equals the arena: the head-split buffers, the staging of
 # the all-to-alls, the ring's blocks of the hybrid, the gathered document starts
 for l in "2 cp2 $A2A" "4 cp4_kv_replicated $A2A" "4 cp4_hybrid_docs $HYB"; do
