@@ -169,8 +169,8 @@ void planner_estimate(const ust_config *c, const planner_hw *hw, planner_cost *o
     double Hq = H / a, Hk = a == 1 ? Hkv : ((int)Hkv % a == 0 ? Hkv / a : 1);
     double kv = A * B * Tl * a * 2.0 * Hk * D; /* one ring block */
     double u = (a - 1) * A * B * Tl * D, ulysses = u * (6 * Hq + 6 * Hk + full * (2 * Hq + 2 * Hk));
-    o->group[PLAN_CP] = cp > 1 ? m * layers * ((3 + full) * (ring - 1) * kv + ulysses) / bw[PLAN_CP]
-                               : 0;
+    o->group[PLAN_CP] =
+        cp > 1 ? m * layers * ((3 + full) * (ring - 1) * kv + ulysses) / bw[PLAN_CP] : 0;
 
     /* PP: each micro-batch crosses every chunk boundary forward (activations) and backward
      * (their gradients); under sp the residual stream is split over tp */

@@ -54,7 +54,7 @@ static double visible_pairs(const int32_t *qp, const int32_t *kp, int Tq, int Tk
 static void head_split(ust_cp *cp, int H) {
     int a = cp->a, Hkv = cp->Hkv;
     cp->H = H;
-    cp->Hq = H, cp->Hk = Hkv, cp->kv0 = 0;
+    cp->Hq = H, cp->Hk = Hkv;
     if (a > 1) {
         UST_ASSERT(H % a == 0 && (Hkv % a == 0 || a % Hkv == 0),
                    "Ulysses over %d ranks: %d query and %d key/value heads", a, H, Hkv);
@@ -86,7 +86,8 @@ static void ring_blocks(ust_cp *cp) {
         const int32_t *kp = cp->bpos_host + (size_t)g * cp->Tb;
         cp->block_pairs[g] = visible_pairs(mine, kp, cp->Tb, cp->Tb);
         cp->block_max[g] = kp[0];
-        for (int j = 1; j < cp->Tb; j++) cp->block_max[g] = kp[j] > cp->block_max[g] ? kp[j] : cp->block_max[g];
+        for (int j = 1; j < cp->Tb; j++)
+            cp->block_max[g] = kp[j] > cp->block_max[g] ? kp[j] : cp->block_max[g];
     }
 }
 
@@ -111,7 +112,8 @@ void cp_init(ust_cp *cp, const ust_ops *ops, ust_comm *comm, ust_comm *a2a, ust_
     if (cp->n > 1 && mode == CP_A2A) {
         cp->a = cp->n, cp->a2a = comm, cp->ring = NULL;
     } else if (cp->n > 1 && mode == CP_A2A_RING) {
-        UST_ASSERT(a2a && ring && comm_size(a2a) == cp_a2a && comm_size(a2a) * comm_size(ring) == cp->n &&
+        UST_ASSERT(a2a && ring && comm_size(a2a) == cp_a2a &&
+                       comm_size(a2a) * comm_size(ring) == cp->n &&
                        comm_rank(a2a) == cp->rank % cp_a2a && comm_rank(ring) == cp->rank / cp_a2a,
                    "a2a+ring: sub-groups of %d and %d ranks for cp %d, Ulysses degree %d",
                    a2a ? comm_size(a2a) : 0, ring ? comm_size(ring) : 0, cp->n, cp_a2a);
@@ -137,7 +139,8 @@ void cp_alloc_buffers(ust_cp *cp, ust_arena *arena, int H) {
     if (cp->a > 1) {
         size_t qb = act_bytes(ops, (int64_t)B * cp->Tb * cp->Hq * D);
         size_t kb = act_bytes(ops, (int64_t)B * cp->Tb * cp->Hk * D);
-        act **q[4] = {&cp->uq, &cp->uo, &cp->udq, &cp->udo}, **k[4] = {&cp->uk, &cp->uv, &cp->udk, &cp->udv};
+        act **q[4] = {&cp->uq, &cp->uo, &cp->udq, &cp->udo},
+            **k[4] = {&cp->uk, &cp->uv, &cp->udk, &cp->udv};
         for (int i = 0; i < 4; i++) *q[i] = mem_alloc(arena, MEM_ACTS, qb);
         for (int i = 0; i < 4; i++) *k[i] = mem_alloc(arena, MEM_ACTS, kb);
         size_t stage = qb > kb ? qb : kb;
@@ -162,8 +165,10 @@ void cp_alloc_buffers(ust_cp *cp, ust_arena *arena, int H) {
 }
 
 ust_cp cp_shape(const ust_ops *ops, int n, int a, int T, int B, int Hkv, int D, ust_cp_comm mode) {
+    /* clang-format off */
     ust_cp cp = {.ops = ops, .n = n, .T = T, .Tl = T / n, .B = B, .Hkv = Hkv, .D = D,
                  .mode = mode, .a = n > 1 && a > 1 ? a : 1};
+    /* clang-format on */
     cp.rn = n / cp.a, cp.Tb = cp.a * cp.Tl;
     cp.Hkvr = cp.a > 1 ? (Hkv % cp.a == 0 ? Hkv / cp.a : 1) : Hkv;
     return cp;
@@ -359,8 +364,8 @@ static void to_heads(ust_cp *cp, act *u, const act *x, int heads, int h, int kv)
     int64_t part = (int64_t)B * Tl * h * D; /* what one member gets */
     for (int j = 0; j < a; j++)
         o->copy2d(o, act_at(o, cp->sbuf, j * part), ab(cp, (int64_t)h * D),
-                  act_at(o, x, (int64_t)(kv ? kv_first(cp, j) : j * h) * D), ab(cp, (int64_t)heads * D),
-                  ab(cp, (int64_t)h * D), (size_t)B * Tl);
+                  act_at(o, x, (int64_t)(kv ? kv_first(cp, j) : j * h) * D),
+                  ab(cp, (int64_t)heads * D), ab(cp, (int64_t)h * D), (size_t)B * Tl);
     a2a_run(cp, (size_t)part);
     /* rbuf holds member j's (B, Tl, h, D) at j*part: to (B, Tb, h, D) */
     for (int j = 0; j < a; j++)
@@ -423,7 +428,8 @@ void cp_attention_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, co
     to_heads(cp, cp->uv, v, cp->Hkv, cp->Hk, 1);
     to_heads(cp, cp->uo, out, H, cp->Hq, 0);
     to_heads(cp, cp->udo, dout, H, cp->Hq, 0);
-    int64_t nq = (int64_t)cp->B * cp->Tb * cp->Hq * cp->D, nk = (int64_t)cp->B * cp->Tb * cp->Hk * cp->D;
+    int64_t nq = (int64_t)cp->B * cp->Tb * cp->Hq * cp->D,
+            nk = (int64_t)cp->B * cp->Tb * cp->Hk * cp->D;
     o->zero(o, cp->udq, ab(cp, nq));
     o->zero(o, cp->udk, ab(cp, nk));
     o->zero(o, cp->udv, ab(cp, nk));

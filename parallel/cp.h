@@ -36,9 +36,9 @@ typedef struct ust_cp {
     int32_t *pos_host; /* n x Tl: the positions every rank holds */
     int32_t *pos;      /* the same on the device */
     /* Ulysses over `a` ranks (1: none): after the all-to-all this rank holds Hq query and Hk
-     * key/value heads (kv heads kv0 .. kv0+Hk-1) of Tb = a * Tl tokens */
+     * key/value heads of Tb = a * Tl tokens */
     ust_comm *a2a;
-    int a, Hq, Hk, kv0;
+    int a, Hq, Hk;
     act *uq, *uk, *uv, *uo, *udq, *udk, *udv, *udo; /* head-split tensors (B, Tb, heads, D) */
     act *sbuf, *rbuf;                               /* all-to-all staging */
     int32_t *ustart_host;                           /* gathered document starts, for their min */
@@ -46,8 +46,8 @@ typedef struct ust_cp {
      * under ring/allgather, the ring sub-group under a2a+ring, none (rn 1) under a2a */
     ust_comm *ring;
     int rn, rr, Tb, Hkvr;
-    int32_t *bpos_host; /* rn x Tb: each block's positions (host) */
-    int32_t *bpos;      /* the same on the device */
+    int32_t *bpos_host;   /* rn x Tb: each block's positions (host) */
+    int32_t *bpos;        /* the same on the device */
     act *kv[2][4];        /* ring buffers: k, v, dk, dv of one block, twice */
     act *acc_dk, *acc_dv; /* this rank's own block's gradients on their way around */
     act *part_out;

@@ -25,8 +25,8 @@ int topo_grid_init(topo_grid *g, int dp, int tp, int pp, int cp, int ep, int wor
                         "topology: dp*tp*pp*cp = %d*%d*%d*%d = %ld, but the world has %d "
                         "ranks",
                         dp, tp, pp, cp, prod, world);
-    *g = (topo_grid){.dp = dp, .tp = tp, .pp = pp, .cp = cp, .ep = ep, .cpa = 1,
-                     .world = (int)prod};
+    *g =
+        (topo_grid){.dp = dp, .tp = tp, .pp = pp, .cp = cp, .ep = ep, .cpa = 1, .world = (int)prod};
     return 0;
 }
 
@@ -64,9 +64,8 @@ int topo_rank_of(const topo_grid *g, int tp, int cp, int dp, int pp) {
 }
 
 const char *topo_kind_name(topo_kind k) {
-    static const char *names[TOPO_NKINDS] = {"tp",     "cp",        "dp",    "pp",
-                                             "dp_cp",  "ep",        "edp_cp", "embedding",
-                                             "world",  "cp_a2a",    "cp_ring"};
+    static const char *names[TOPO_NKINDS] = {
+        "tp", "cp", "dp", "pp", "dp_cp", "ep", "edp_cp", "embedding", "world", "cp_a2a", "cp_ring"};
     return (unsigned)k < TOPO_NKINDS ? names[k] : "?";
 }
 

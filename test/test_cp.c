@@ -77,7 +77,8 @@ static int ring_check(const char *layout_name, const char *mode_name, int docs) 
         for (int i = me % 2; i < world; i += 2) ring[nr++] = i;
         comm_group_spec g[2] = {{"cp_a2a", a2a, 2}, {"cp_ring", ring, nr}};
         ust_err e;
-        if (comm_create_many(w.ctx, 2, g, sub, &e)) return printf("FAIL sub-groups: %s\n", e.msg), 1;
+        if (comm_create_many(w.ctx, 2, g, sub, &e))
+            return printf("FAIL sub-groups: %s\n", e.msg), 1;
     }
     ust_ops *o = ops_cpu_create(1, 1);
     ust_arena arena;

@@ -114,12 +114,11 @@ static int check_grid(int dp, int tp, int pp, int cp, int ep, int cpa, char *why
 }
 
 static void test_every_group_matches_independent_formula_on_several_grids(void) {
-    static const int grids[][5] = {/* dp tp pp cp ep */
-                                   {1, 1, 1, 1, 1}, {2, 1, 1, 1, 1}, {1, 2, 1, 1, 1},
-                                   {1, 1, 2, 1, 1}, {1, 1, 1, 2, 1}, {2, 2, 2, 1, 1},
-                                   {4, 2, 2, 2, 2}, {4, 1, 3, 1, 4}, {6, 2, 1, 1, 3},
-                                   {2, 2, 2, 2, 2}, {3, 1, 4, 2, 1}, {8, 1, 1, 1, 2},
-                                   {1, 2, 1, 4, 1}, {2, 1, 2, 6, 1}};
+    static const int grids[][5] = {
+        /* dp tp pp cp ep */
+        {1, 1, 1, 1, 1}, {2, 1, 1, 1, 1}, {1, 2, 1, 1, 1}, {1, 1, 2, 1, 1}, {1, 1, 1, 2, 1},
+        {2, 2, 2, 1, 1}, {4, 2, 2, 2, 2}, {4, 1, 3, 1, 4}, {6, 2, 1, 1, 3}, {2, 2, 2, 2, 2},
+        {3, 1, 4, 2, 1}, {8, 1, 1, 1, 2}, {1, 2, 1, 4, 1}, {2, 1, 2, 6, 1}};
     char why[512];
     for (size_t i = 0; i < sizeof grids / sizeof grids[0]; i++) {
         const int *q = grids[i];
