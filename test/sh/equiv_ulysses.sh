@@ -2,8 +2,9 @@
 # Ulysses (parallel.cp_comm: a2a) and hierarchical (a2a+ring, parallel.cp_a2a) context
 # parallelism in the equivalence harness: cp 2 and 4 and the 2x2 hybrid, zigzag and contiguous,
 # grouped-query attention with key/value heads replicated (cp 4 over 2 kv heads), alone and with
-# tp (and sp), pp, dp/ZeRO, ep, full recompute, document masking; resume across cp modes; heads
-# that do not split refused before training.
+# tp (and sp), pp, dp/ZeRO, ep (a2a and the hybrid each), full recompute, document masking;
+# resume across cp modes; the cp traffic of every step against the formula; plan equals arena;
+# heads that do not split refused before training.
 . "$(dirname "$0")/../lib.sh"
 
 equiv_configs equiv-ulysses 4 2
@@ -15,7 +16,8 @@ $EQ --name _ulysses_llama --config $TMP/llama.yaml --layout "cp=2 $A2A" --layout
     --layout "cp=2 $A2A parallel.cp_layout=contiguous" --layout "cp=4 $HYB" \
     --layout "cp=4 $HYB parallel.cp_layout=contiguous" --layout "cp=2 tp=2 sp=true $A2A" \
     --layout "cp=2 dp=2 zero=3 $A2A" --layout "cp=2 pp=2 $A2A" --layout "cp=2 dp=2 zero=1 tp=2 $A2A" \
-    --layout "cp=4 $HYB pp=2 sched=afab"
+    --layout "cp=4 $HYB pp=2 sched=afab" --layout "cp=4 $HYB tp=2 sp=true" \
+    --layout "cp=4 $HYB dp=2 zero=3"
 $EQ --name _ulysses_gpt2 --config $TMP/gpt2.yaml --layout "cp=4 $A2A train.recompute=full" \
     --layout "cp=2 tp=2 dp=2 zero=2 $A2A"
 $EQ --name _ulysses --config $TMP/llama.yaml --save-layout "cp=2 $A2A" --resume-at 3 \
@@ -24,7 +26,8 @@ $EQ --name _ulysses --config $TMP/llama.yaml --save-layout "cp=2 $A2A" --resume-
 # MoE layers beside Ulysses attention: expert parallelism over dp
 sed -e 's/max_seq_len: 64}/max_seq_len: 64, moe: {num_experts: 4, top_k: 2, d_ff_expert: 32}}/' \
     $TMP/llama.yaml >$TMP/moe.yaml
-$EQ --name _ulysses_moe --config $TMP/moe.yaml --layout "cp=2 dp=2 ep=2 $A2A"
+$EQ --name _ulysses_moe --config $TMP/moe.yaml --layout "cp=2 dp=2 ep=2 $A2A" \
+    --layout "cp=4 dp=2 ep=2 $HYB"
 
 # document masking: Ulysses gathers the documents' starts with the tokens
 python3 - $TMP <<'EOT'
