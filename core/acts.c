@@ -90,6 +90,8 @@ static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *
     }
     if (ch->embed) s->tok = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
     if (m->doc_mask || m->reset_pos) s->doc = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
+    if (m->doc_mask && cp_ulysses(m->cp) > 1) /* the documents of every token attended */
+        s->udoc = mem_alloc(a, MEM_ACTS, N * cp_ulysses(m->cp) * sizeof(int32_t));
     if (m->reset_pos) s->rpos = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
     s->dy = A(Nl * C);
 }

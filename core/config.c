@@ -39,7 +39,7 @@ static const char *const ARCHS[] = {"gpt2", "llama", "auto", NULL};
 static const char *const ROPE_SCALINGS[] = {"none", "llama3", NULL};
 static const char *const PP_SCHEDULES[] = {"afab", "1f1b", "interleaved", "zb", "dualpipev", NULL};
 static const char *const CP_LAYOUTS[] = {"zigzag", "contiguous", NULL};
-static const char *const CP_COMMS[] = {"ring", "allgather", NULL};
+static const char *const CP_COMMS[] = {"ring", "allgather", "a2a", "a2a+ring", NULL};
 static const char *const PRECISIONS[] = {"fp32", "bf16", NULL};
 static const char *const RECOMPUTES[] = {"none", "selective", "full", NULL};
 static const char *const ON_NANS[] = {"stop", "skip", NULL};
@@ -133,6 +133,7 @@ static const cfg_key cfg_keys[] = {
     LIST("parallel.pp_layers", parallel.pp_layers, 4096), /* each at most model.n_layer */
     ENUM("parallel.cp_layout", parallel.cp_layout, "zigzag", CP_LAYOUTS),
     ENUM("parallel.cp_comm", parallel.cp_comm, "ring", CP_COMMS),
+    INTR("parallel.cp_a2a", parallel.cp_a2a, "0", 0, CFG_MAX_WORLD),
     DBL("parallel.dp_bucket_mb", parallel.dp_bucket_mb, "25", 0, 1 << 20, LO_OPEN),
 
     I64("train.steps", train.steps, "50", 0),
@@ -1245,6 +1246,27 @@ static int cfg_validate_parallel(const ust_config *c, ust_err *e) {
             "train.seq_len (%d) must be divisible by 2 * parallel.cp (2 * %d = %lld): each rank "
             "holds two chunks of the sequence",
             c->train.seq_len, p->cp, 2LL * p->cp);
+    REQUIRE(p->cp_comm == CP_A2A_RING || p->cp_a2a == 0,
+            "parallel.cp_a2a (%d) is the Ulysses degree of parallel.cp_comm: a2a+ring (got %s)",
+            p->cp_a2a, CP_COMMS[p->cp_comm]);
+    REQUIRE(p->cp_comm != CP_A2A_RING ||
+                (p->cp_a2a > 1 && p->cp_a2a < p->cp && p->cp % p->cp_a2a == 0),
+            "parallel.cp_comm: a2a+ring needs parallel.cp_a2a (%d) between 2 and parallel.cp / 2 "
+            "and dividing parallel.cp (%d): Ulysses over cp_a2a ranks, the ring across cp / cp_a2a "
+            "groups",
+            p->cp_a2a, p->cp);
+    if (p->cp > 1 && (p->cp_comm == CP_A2A || p->cp_comm == CP_A2A_RING)) {
+        int a = cfg_cp_a2a(c), h = m->n_head / p->tp, kv = m->n_kv_head / p->tp;
+        REQUIRE(h % a == 0,
+                "parallel.cp_comm: %s splits the attention heads over %d ranks, but this rank's "
+                "heads (model.n_head %d / parallel.tp %d = %d) are not divisible by %d",
+                CP_COMMS[p->cp_comm], a, m->n_head, p->tp, h, a);
+        REQUIRE(kv % a == 0 || a % kv == 0,
+                "parallel.cp_comm: %s needs this rank's key/value heads (model.n_kv_head %d / "
+                "parallel.tp %d = %d) to divide by %d or to divide %d (then each is replicated "
+                "over %d / %d ranks)",
+                CP_COMMS[p->cp_comm], m->n_kv_head, p->tp, kv, a, a, a, kv);
+    }
     REQUIRE(p->dp % p->ep == 0,
             "parallel.dp (%d) must be divisible by parallel.ep (%d): expert-parallel groups are "
             "carved out of the data-parallel ranks",
@@ -1507,6 +1529,17 @@ int cfg_vocab_padded(const ust_config *c) {
 int cfg_grad_accum(const ust_config *c) {
     long long per_step = (long long)c->train.micro_batch_size * c->parallel.dp;
     return per_step > 0 ? (int)(c->train.global_batch_size / per_step) : 0;
+}
+
+int cfg_cp_a2a(const ust_config *c) {
+    switch (c->parallel.cp_comm) {
+    case CP_A2A:
+        return c->parallel.cp;
+    case CP_A2A_RING:
+        return c->parallel.cp_a2a;
+    default:
+        return 1;
+    }
 }
 
 int cfg_head_dim(const ust_config *c) {

@@ -41,7 +41,10 @@ typedef enum { SPIKE_NONE, SPIKE_SKIP, SPIKE_REWIND } ust_on_spike;
 typedef enum { SCHED_COSINE, SCHED_LINEAR, SCHED_CONSTANT, SCHED_WSD } ust_lr_schedule;
 typedef enum { PP_AFAB, PP_1F1B, PP_INTERLEAVED, PP_ZB, PP_DUALPIPEV } ust_pp_schedule;
 typedef enum { CP_ZIGZAG, CP_CONTIGUOUS } ust_cp_layout;
-typedef enum { CP_RING, CP_ALLGATHER } ust_cp_comm;
+/* ring / allgather: key-value blocks travel (cp.h); a2a: DeepSpeed-Ulysses, an all-to-all from
+ * sequence-split to head-split and back; a2a+ring: Ulysses over groups of parallel.cp_a2a ranks,
+ * the ring across them (hierarchical). */
+typedef enum { CP_RING, CP_ALLGATHER, CP_A2A, CP_A2A_RING } ust_cp_comm;
 typedef enum { DATA_LLMC, DATA_NANOGPT, DATA_MEGATRON } ust_data_format;
 
 typedef struct {
@@ -82,6 +85,7 @@ typedef struct {
         char pp_layers[256];   /* "" or "4,4,3,1": layers of each stage (pp * vpp entries) */
         ust_cp_layout cp_layout;
         ust_cp_comm cp_comm;
+        int cp_a2a; /* a2a+ring: the Ulysses degree inside (divides cp); 0: unset */
         double dp_bucket_mb;
     } parallel;
     struct {
@@ -171,6 +175,9 @@ void cfg_dump(const ust_config *c, FILE *f);
 int cfg_vocab_padded(const ust_config *c);
 int cfg_grad_accum(const ust_config *c); /* global / (micro * dp) */
 int cfg_head_dim(const ust_config *c);
+/* The Ulysses (all-to-all) degree of the context-parallel group: cp under a2a, parallel.cp_a2a
+ * under a2a+ring, 1 under ring and allgather. */
+int cfg_cp_a2a(const ust_config *c);
 bool cfg_tied(const ust_config *c); /* gpt2, or llama with tie_embeddings */
 /* Bytes of one activation element (ops.h act_size): 2 (bf16) on cuda under train.precision
  * bf16, else 4. */

@@ -66,8 +66,8 @@ int model_create_with(model **out, const ust_config *cfg, const ust_ops *ops, us
     params_dims(m, cfg);
     m->cp = st->cp;
     if (!m->cp) {
-        cp_init(&m->own_cp, ops, NULL, arena, m->T, m->B, m->H, m->Hkv, m->D,
-                cfg->parallel.cp_layout, cfg->parallel.cp_comm);
+        cp_init(&m->own_cp, ops, NULL, NULL, NULL, arena, m->T, m->B, m->H, m->Hkv, m->D,
+                cfg->parallel.cp_layout, cfg->parallel.cp_comm, 1);
         m->cp = &m->own_cp;
     }
     params_local_rows(m);
@@ -225,7 +225,7 @@ void model_set_docs(model *m, const int32_t *doc_start) { m->doc_next = doc_star
 
 /* The micro-batch of slot s is the one computed now. */
 static void use_docs(model *m, const act_slot *s) {
-    m->docs = (cp_docs){s->doc, s->doc_min};
+    m->docs = s->udoc ? (cp_docs){s->udoc, s->udoc_min} : (cp_docs){s->doc, s->doc_min};
     m->rows = m->reset_pos ? s->rpos : m->pos_rows;
 }
 
@@ -246,6 +246,7 @@ static void take_docs(model *m, act_slot *s) {
         m->ops->to_device(m->ops, s->rpos, host, (size_t)N * sizeof(int32_t));
         free(host);
     }
+    if (s->udoc) s->udoc_min = cp_gather_docs(m->cp, s->udoc, s->doc);
     m->doc_next = NULL;
     use_docs(m, s);
 }

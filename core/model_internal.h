@@ -78,6 +78,8 @@ typedef struct {
     int32_t *tok;               /* embedding chunk: the token ids */
     int32_t *doc;               /* data.doc_mask: where each token's document begins (B,Tl) */
     int32_t doc_min;            /* ... the smallest of them */
+    int32_t *udoc;              /* ... under Ulysses cp: those of the tokens attended (B, Tb) */
+    int32_t udoc_min;           /* ... the smallest of them */
     int32_t *rpos;              /* data.reset_positions: positions inside the documents (B,Tl) */
     act *dy; /* (Nl,C): d loss / d chunk output on entry to backward, d / d input after */
 } act_slot;

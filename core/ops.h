@@ -78,6 +78,10 @@ struct ust_ops {
     void (*to_device)(const ust_ops *o, void *dst, const void *host_src, size_t bytes);
     void (*to_host)(const ust_ops *o, void *host_dst, const void *src, size_t bytes);
     void (*copy)(const ust_ops *o, void *dst, const void *src, size_t bytes);
+    /* `rows` rows of `width` bytes each from src (rows `spitch` bytes apart) to dst (`dpitch`
+     * apart), as cudaMemcpy2D: the head-slice gathers of Ulysses context parallelism. */
+    void (*copy2d)(const ust_ops *o, void *dst, size_t dpitch, const void *src, size_t spitch,
+                   size_t width, size_t rows);
     void (*zero)(const ust_ops *o, void *p, size_t bytes);
     void (*sync)(const ust_ops *o);
     /* The stream every op is enqueued on (a cudaStream_t; NULL on the CPU), for
@@ -254,7 +258,8 @@ struct ust_ops {
  * (clang-format is off for it: it would stair-step the list.) */
 /* clang-format off */
 #define UST_OPS_LIST(X)                                                                            \
-    X(alloc) X(free) X(to_device) X(to_host) X(copy) X(zero) X(sync) X(stream) X(memory)           \
+    X(alloc) X(free) X(to_device) X(to_host) X(copy) X(copy2d) X(zero) X(sync) X(stream)           \
+    X(memory)                                                                                      \
     X(matmul) X(matmul_batched) X(linear_fwd) X(linear_bwd) X(embedding_fwd) X(embedding_bwd)      \
     X(layernorm_fwd) X(layernorm_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd) X(gelu_fwd) X(gelu_bwd)        \
     X(linear_gelu_fwd) X(linear_gelu_bwd) X(swiglu_fwd) X(swiglu_bwd) X(rope_fwd) X(rope_bwd)      \

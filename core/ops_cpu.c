@@ -56,6 +56,13 @@ static void cpu_copy(const ust_ops *o, void *dst, const void *src, size_t bytes)
     if (bytes && dst != src) memcpy(dst, src, bytes);
 }
 
+static void cpu_copy2d(const ust_ops *o, void *dst, size_t dpitch, const void *src, size_t spitch,
+                       size_t width, size_t rows) {
+    (void)o;
+    for (size_t r = 0; r < rows; r++)
+        memcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+}
+
 static void cpu_zero(const ust_ops *o, void *p, size_t bytes) {
     (void)o;
     if (bytes) memset(p, 0, bytes);

@@ -65,6 +65,10 @@ static void pf_to_host(const ust_ops *o, void *host_dst, const void *src, size_t
 static void pf_copy(const ust_ops *o, void *dst, const void *src, size_t bytes) {
     TIMED(P_copy, in->copy(in, dst, src, bytes));
 }
+static void pf_copy2d(const ust_ops *o, void *dst, size_t dpitch, const void *src, size_t spitch,
+                      size_t width, size_t rows) {
+    TIMED(P_copy2d, in->copy2d(in, dst, dpitch, src, spitch, width, rows));
+}
 static void pf_zero(const ust_ops *o, void *p, size_t bytes) {
     TIMED(P_zero, in->zero(in, p, bytes));
 }

@@ -502,7 +502,8 @@ model *params_shape(const ust_config *cfg, const ust_ops *sizes, const params_la
     m->own_tp = tp_shape(sizes, ly->tp, B * (T / ly->cp), cfg->model.d_model, ly->sp);
     m->tp = &m->own_tp;
     params_dims(m, cfg);
-    m->own_cp = cp_shape(sizes, ly->cp, T, m->B, m->Hkv, m->D, cfg->parallel.cp_comm);
+    m->own_cp = cp_shape(sizes, ly->cp, ly->cp > 1 ? cfg_cp_a2a(cfg) : 1, T, m->B, m->Hkv, m->D,
+                         cfg->parallel.cp_comm);
     m->cp = &m->own_cp;
     params_local_rows(m);
     m->unit_pad = ly->unit_pad;

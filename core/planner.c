@@ -155,11 +155,25 @@ void planner_estimate(const ust_config *c, const planner_hw *hw, planner_cost *o
     double u_dense = (sp ? 10 : 8) + full * 4, u_moe = (sp ? 8 : 4) + full * (sp ? 3 : 2);
     o->group[PLAN_TP] = m * (dense_on * u_dense + moe_on * u_moe + 4) * unit;
 
-    /* CP ring: the local K/V block goes around the group (n-1 hops) forward, K/V and their
-     * gradients (twice the bytes) backward, once more forward under full recompute; the
-     * allgather variant moves the same bytes */
-    double kv = A * B * Tl * 2.0 * (c->model.n_kv_head / tp) * cfg_head_dim(c);
-    o->group[PLAN_CP] = cp > 1 ? m * layers * (3 + full) * (cp - 1) * kv / bw[PLAN_CP] : 0;
+    /* CP ring: the local K/V block goes around the group (n-1 hops) forward and again in
+     * backward, where their gradients travel with them and one hop more, home (n hops); once
+     * more forward under full recompute. The allgather variant gathers K/V forward and backward
+     * and reduce-scatters their gradients: 3 (n-1) blocks (4 under full recompute). Ulysses over a
+     * ranks (a2a: a = cp; a2a+ring: parallel.cp_a2a, the ring then runs over cp/a blocks of a*Tl
+     * tokens of H/a heads): per layer each rank sends (a-1) parts of B*Tl*D per head: forward q, k,
+     * v there and out back (2 Hq + 2 Hk heads), backward q, k, v, out, d out there and dq, dk, dv
+     * back (4 Hq + 4 Hk), with Hq = H/a, Hk = Hkv/a (1 when a key/value head is replicated); cp.h
+     * cp_a2a_layer_bytes, which the traffic test checks against the counters. Both stages at
+     * the cp group's bandwidth. */
+    int a = cp > 1 ? cfg_cp_a2a(c) : 1, ring = cp / a;
+    double D = cfg_head_dim(c), H = c->model.n_head / tp, Hkv = c->model.n_kv_head / tp;
+    double Hq = H / a, Hk = a == 1 ? Hkv : ((int)Hkv % a == 0 ? Hkv / a : 1);
+    double kv = A * B * Tl * a * 2.0 * Hk * D; /* one ring block */
+    double hops = ring == 1                    ? 0
+                  : p->cp_comm == CP_ALLGATHER ? (3 + full) * (ring - 1.0)
+                                               : (2 + full) * (ring - 1.0) + ring;
+    double u = (a - 1) * A * B * Tl * D, ulysses = u * (6 * Hq + 6 * Hk + full * (2 * Hq + 2 * Hk));
+    o->group[PLAN_CP] = cp > 1 ? m * layers * (hops * kv + ulysses) / bw[PLAN_CP] : 0;
 
     /* PP: each micro-batch crosses every chunk boundary forward (activations) and backward
      * (their gradients); under sp the residual stream is split over tp */

@@ -620,9 +620,9 @@ static int plan_storage(trainer *t, model_storage *st, pps_schedule *sched, ust_
             cfg->model.d_model, cfg->parallel.sp);
     int start, H = tp_part(&t->tp, cfg->model.n_head, &start); /* attention after the tp split */
     int Hkv = tp_part(&t->tp, cfg->model.n_kv_head, &start);
-    cp_init(&t->cp, t->ops, topo->comm[TOPO_CP], &t->arena, cfg->train.seq_len,
-            cfg->train.micro_batch_size, H, Hkv, cfg_head_dim(cfg), cfg->parallel.cp_layout,
-            cfg->parallel.cp_comm);
+    cp_init(&t->cp, t->ops, topo->comm[TOPO_CP], topo->comm[TOPO_CPA], topo->comm[TOPO_CPR],
+            &t->arena, cfg->train.seq_len, cfg->train.micro_batch_size, H, Hkv, cfg_head_dim(cfg),
+            cfg->parallel.cp_layout, cfg->parallel.cp_comm, cfg_cp_a2a(cfg));
     /* dense gradients are summed over the ranks that hold the same shard and saw different
      * tokens: the data-parallel replicas and the context-parallel parts of each sequence */
     *st = dp_model_storage(cfg, comm_size(topo->comm[TOPO_DPCP]));
@@ -809,7 +809,14 @@ static void measure_step(trainer *t, const step_mark *m, double fpt, double peak
     step_mark now = mark_step(t);
     s->comm_bytes_tp = now.bytes[TOPO_TP] - m->bytes[TOPO_TP];
     s->tp_comm_ms = 1e3 * (now.wait_s[TOPO_TP] - m->wait_s[TOPO_TP]);
-    s->cp_wait_ms = 1e3 * (now.wait_s[TOPO_CP] - m->wait_s[TOPO_CP]);
+    /* the context-parallel group and, under a2a+ring, its Ulysses and ring sub-groups */
+    static const topo_kind cp_groups[] = {TOPO_CP, TOPO_CPA, TOPO_CPR};
+    s->cp_wait_ms = 0;
+    s->comm_bytes_cp = 0;
+    for (int i = 0; i < 3; i++) {
+        s->cp_wait_ms += 1e3 * (now.wait_s[cp_groups[i]] - m->wait_s[cp_groups[i]]);
+        s->comm_bytes_cp += now.bytes[cp_groups[i]] - m->bytes[cp_groups[i]];
+    }
     s->ep_comm_ms = 1e3 * (now.wait_s[TOPO_EP] - m->wait_s[TOPO_EP]);
     s->mem_params = t->arena.bytes[MEM_PARAMS];
     s->mem_grads = t->arena.bytes[MEM_GRADS];

@@ -103,6 +103,13 @@ static void cu_copy(const ust_ops *o, void *dst, const void *src, size_t bytes) 
         CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, STREAM(o)));
 }
 
+static void cu_copy2d(const ust_ops *o, void *dst, size_t dpitch, const void *src, size_t spitch,
+                      size_t width, size_t rows) {
+    if (width && rows)
+        CK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice,
+                             STREAM(o)));
+}
+
 static void cu_zero(const ust_ops *o, void *p, size_t bytes) {
     if (bytes) CK(cudaMemsetAsync(p, 0, bytes, STREAM(o)));
 }

@@ -5,6 +5,17 @@
  * blocks travel around the group, partial results merged through their log-sum-exp; in backward
  * the key/value gradients travel with their blocks and arrive home. The allgather variant
  * gathers every block first instead. Everything else runs per token on the local tokens.
+ * Ulysses (a2a, DeepSpeed-Ulysses): before attention an all-to-all turns the sequence split into
+ * a head split (rank j gets every token of query heads [j H/n, (j+1) H/n) and of their key/value
+ * heads; with fewer key/value heads than ranks each is replicated to the ranks whose query heads
+ * use it, Megatron's way, and their gradients summed back), attention runs over the whole
+ * sequence (positions and document starts gathered with it, in member order: the kernel masks by
+ * position, so no reordering is needed), and an all-to-all brings the output back; backward
+ * scatters q, k, v, out and d out again (nothing head-split is kept between forward and
+ * backward: the layer's activations stay those of the ring) and brings dq, dk, dv back.
+ * a2a+ring (Megatron's hierarchical cp): Ulysses inside groups of a consecutive cp ranks (the
+ * topology's cp_a2a group), then ring attention across the n / a groups (cp_ring: the ranks with
+ * the same heads), each group's gathered tokens one block.
  * With n == 1 every call is the plain single-rank attention. */
 #ifndef UST_CP_H
 #define UST_CP_H
@@ -18,12 +29,25 @@
 
 typedef struct ust_cp {
     const ust_ops *ops;
-    ust_comm *comm;
-    int n, rank, T, Tl, B, Hkv, D;
+    ust_comm *comm; /* the whole group (n ranks, this one `rank`) */
+    int n, rank, T, Tl, B, H, Hkv, D;
     ust_cp_layout layout;
     ust_cp_comm mode;
-    int32_t *pos_host;    /* n x Tl: the positions every rank holds */
-    int32_t *pos;         /* the same on the device */
+    int32_t *pos_host; /* n x Tl: the positions every rank holds */
+    int32_t *pos;      /* the same on the device */
+    /* Ulysses over `a` ranks (1: none): after the all-to-all this rank holds Hq query and Hk
+     * key/value heads of Tb = a * Tl tokens */
+    ust_comm *a2a;
+    int a, Hq, Hk;
+    act *uq, *uk, *uv, *uo, *udq, *udk, *udv, *udo; /* head-split tensors (B, Tb, heads, D) */
+    act *sbuf, *rbuf;                               /* all-to-all staging */
+    int32_t *ustart_host;                           /* gathered document starts, for their min */
+    /* the ring over `rn` blocks of Tb tokens (this rank's block is number rr): the whole group
+     * under ring/allgather, the ring sub-group under a2a+ring, none (rn 1) under a2a */
+    ust_comm *ring;
+    int rn, rr, Tb, Hkvr;
+    int32_t *bpos_host;   /* rn x Tb: each block's positions (host) */
+    int32_t *bpos;        /* the same on the device */
     act *kv[2][4];        /* ring buffers: k, v, dk, dv of one block, twice */
     act *acc_dk, *acc_dv; /* this rank's own block's gradients on their way around */
     act *part_out;
@@ -32,29 +56,42 @@ typedef struct ust_cp {
     comm_p2p p2p[8];                      /* the posted send/recv list of the block in flight */
     double pairs;        /* (query, key) pairs attended so far (causal ones only) */
     double *block_pairs; /* per block owner: causal pairs of our queries with its keys */
+    double a2a_bytes;    /* Ulysses: the bytes this rank's all-to-alls sent (cp_a2a_bytes) */
     int32_t *block_max;  /* per block owner: its largest position */
     int64_t skipped;     /* blocks no query could see under document masking, not computed */
 } ust_cp;
 
 /* A micro-batch's documents (ops.h q_start): where each local query's document begins, on the
- * device (B x Tl), and the smallest of them: a key/value block whose positions all come before
- * it is skipped (it still travels the ring). */
+ * device (B x Tl; under Ulysses the gathered B x Tb of cp_gather_docs), and the smallest of them:
+ * a key/value block whose positions all come before it is skipped (it still travels the ring). */
 typedef struct {
     const int32_t *start;
     int32_t min_start;
 } cp_docs;
 
 /* comm may be NULL (no context parallelism). T: the whole sequence; B, H, Hkv, D: the attention
- * shapes of this rank (heads after tensor parallelism). */
-void cp_init(ust_cp *cp, const ust_ops *ops, ust_comm *comm, ust_arena *arena, int T, int B, int H,
-             int Hkv, int D, ust_cp_layout layout, ust_cp_comm mode);
+ * shapes of this rank (heads after tensor parallelism). a2a, ring: under a2a+ring the
+ * topology's cp_a2a and cp_ring sub-groups of comm (ignored otherwise; may be NULL). Heads that
+ * the Ulysses degree does not divide are fatal (the config refused them first). */
+void cp_init(ust_cp *cp, const ust_ops *ops, ust_comm *comm, ust_comm *a2a, ust_comm *ring,
+             ust_arena *arena, int T, int B, int H, int Hkv, int D, ust_cp_layout layout,
+             ust_cp_comm mode, int cp_a2a);
 /* The device buffers cp_init carves (MEM_ACTS): the positions and, for n > 1, the K/V blocks
  * in flight and the partial outputs. cp_init's own allocation, which the memory plan runs
  * against a counting arena. */
 void cp_alloc_buffers(ust_cp *cp, ust_arena *arena, int H);
 /* Rank 0 of a group of n without communicator or buffers: what the memory plan shapes a model
- * with (cp_local_len answers as in the real group) and sizes the buffers of. */
-ust_cp cp_shape(const ust_ops *ops, int n, int T, int B, int Hkv, int D, ust_cp_comm mode);
+ * with (cp_local_len answers as in the real group) and sizes the buffers of; a: the Ulysses
+ * degree (config.h cfg_cp_a2a). */
+ust_cp cp_shape(const ust_ops *ops, int n, int a, int T, int B, int Hkv, int D, ust_cp_comm mode);
+/* The Ulysses degree (1: none): > 1 means the documents must be gathered (cp_gather_docs). */
+int cp_ulysses(const ust_cp *cp);
+/* Under Ulysses: the document starts of the tokens this rank attends, full(B, Tb) on the
+ * device, from every a2a member's local(B, Tl); returns their smallest. */
+int32_t cp_gather_docs(ust_cp *cp, int32_t *full, const int32_t *local);
+/* The bytes one layer's attention sends over all-to-all (forward, backward) on one rank: the
+ * formula the traffic test checks the counters against. es: bytes per activation element. */
+double cp_a2a_layer_bytes(int a, int B, int Tl, int H, int Hkv, int D, int es, int backward);
 void cp_free(ust_cp *cp); /* host memory; the arena owns the rest */
 int cp_local_len(const ust_cp *cp);
 /* 1 on the group's first rank (the one that counts a value every member shares). */

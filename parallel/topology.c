@@ -25,13 +25,24 @@ int topo_grid_init(topo_grid *g, int dp, int tp, int pp, int cp, int ep, int wor
                         "topology: dp*tp*pp*cp = %d*%d*%d*%d = %ld, but the world has %d "
                         "ranks",
                         dp, tp, pp, cp, prod, world);
-    *g = (topo_grid){.dp = dp, .tp = tp, .pp = pp, .cp = cp, .ep = ep, .world = (int)prod};
+    *g =
+        (topo_grid){.dp = dp, .tp = tp, .pp = pp, .cp = cp, .ep = ep, .cpa = 1, .world = (int)prod};
+    return 0;
+}
+
+int topo_grid_set_cpa(topo_grid *g, int cpa, ust_err *e) {
+    if (cpa < 1 || g->cp % cpa)
+        return ust_errf(e, "topology: the Ulysses degree %d must divide parallel.cp=%d", cpa,
+                        g->cp);
+    g->cpa = cpa;
     return 0;
 }
 
 int topo_grid_from_config(topo_grid *g, const ust_config *c, int world, ust_err *e) {
-    return topo_grid_init(g, c->parallel.dp, c->parallel.tp, c->parallel.pp, c->parallel.cp,
-                          c->parallel.ep, world, e);
+    if (topo_grid_init(g, c->parallel.dp, c->parallel.tp, c->parallel.pp, c->parallel.cp,
+                       c->parallel.ep, world, e))
+        return -1;
+    return topo_grid_set_cpa(g, c->parallel.cp_comm == CP_A2A_RING ? c->parallel.cp_a2a : 1, e);
 }
 
 topo_coord topo_coords(const topo_grid *g, int rank) {
@@ -53,8 +64,8 @@ int topo_rank_of(const topo_grid *g, int tp, int cp, int dp, int pp) {
 }
 
 const char *topo_kind_name(topo_kind k) {
-    static const char *names[TOPO_NKINDS] = {"tp", "cp",     "dp",        "pp",   "dp_cp",
-                                             "ep", "edp_cp", "embedding", "world"};
+    static const char *names[TOPO_NKINDS] = {
+        "tp", "cp", "dp", "pp", "dp_cp", "ep", "edp_cp", "embedding", "world", "cp_a2a", "cp_ring"};
     return (unsigned)k < TOPO_NKINDS ? names[k] : "?";
 }
 
@@ -94,6 +105,12 @@ int topo_group(const topo_grid *g, topo_kind k, int rank, int *ranks, int *index
             break;
         case TOPO_WORLD:
             keep = 1;
+            break;
+        case TOPO_CPA:
+            keep = same_tp && same_dp && same_pp && o.cp / g->cpa == me.cp / g->cpa;
+            break;
+        case TOPO_CPR:
+            keep = same_tp && same_dp && same_pp && o.cp % g->cpa == me.cp % g->cpa;
             break;
         default:
             UST_ASSERT(0, "group kind %d", (int)k);
@@ -151,6 +168,12 @@ void topo_print(const topo_grid *g, FILE *f) {
                 break;
             case TOPO_EMB:
                 lowest = o.pp == 0 || o.pp < g->pp - 1;
+                break;
+            case TOPO_CPA:
+                lowest = o.cp % g->cpa == 0;
+                break;
+            case TOPO_CPR:
+                lowest = o.cp < g->cpa;
                 break;
             default:
                 lowest = r == 0;

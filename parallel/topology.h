@@ -25,6 +25,8 @@
  *   EP     same tp, cp, pp, edp_i  expert parallel (ep; local index ep_i)
  *   EDPCP  same tp, pp, ep_i       expert-gradient reduction (dp/ep*cp; index edp_i*cp + cp_i)
  *   EMB    same tp, cp, dp, pp_i in {0, pp-1}   tied embeddings (2 members; 1 when pp == 1)
+ *   CPA    the CP group's Ulysses sub-group: same cp_i / cpa (cpa consecutive cp coordinates)
+ *   CPR    the CP group's ring sub-group: same cp_i % cpa (cp / cpa members)
  *   WORLD  every rank */
 typedef enum {
     TOPO_TP,
@@ -36,11 +38,14 @@ typedef enum {
     TOPO_EDPCP,
     TOPO_EMB,
     TOPO_WORLD,
+    TOPO_CPA,
+    TOPO_CPR,
     TOPO_NKINDS
 } topo_kind;
 
 typedef struct {
     int dp, tp, pp, cp, ep;
+    int cpa; /* the Ulysses degree inside cp (hierarchical context parallelism; 1: none) */
     int world;
 } topo_grid;
 
@@ -60,7 +65,10 @@ typedef struct {
 /* Checks the sizes (each >= 1, ep divides dp, product == world when world > 0; world <= 0 takes
  * the product). Returns -1 with a message otherwise. */
 int topo_grid_init(topo_grid *g, int dp, int tp, int pp, int cp, int ep, int world, ust_err *e);
+/* From the config; cpa is parallel.cp_a2a under cp_comm a2a+ring, else 1. */
 int topo_grid_from_config(topo_grid *g, const ust_config *c, int world, ust_err *e);
+/* Sets g->cpa (must divide g->cp; -1 with a message otherwise). */
+int topo_grid_set_cpa(topo_grid *g, int cpa, ust_err *e);
 
 topo_coord topo_coords(const topo_grid *g, int rank);
 int topo_rank_of(const topo_grid *g, int tp, int cp, int dp, int pp);

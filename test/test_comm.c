@@ -409,8 +409,9 @@ static void case_topology_groups_interleaved(env *E, const int grid[5]) {
     for (int round = 0; round < 2; round++)
         for (int k = 0; k < TOPO_NKINDS; k++) {
             static const comm_kind kinds[TOPO_NKINDS] = {
-                COMM_ALLREDUCE, COMM_ALLGATHER, COMM_ALLREDUCE, COMM_SENDRECV, COMM_REDUCE_SCATTER,
-                COMM_ALLTOALL,  COMM_ALLREDUCE, COMM_BROADCAST, COMM_ALLGATHER};
+                COMM_ALLREDUCE,      COMM_ALLGATHER, COMM_ALLREDUCE, COMM_SENDRECV,
+                COMM_REDUCE_SCATTER, COMM_ALLTOALL,  COMM_ALLREDUCE, COMM_BROADCAST,
+                COMM_ALLGATHER,      COMM_ALLTOALL,  COMM_SENDRECV};
             comm_kind kk = round ? kinds[(k + 3) % TOPO_NKINDS] : kinds[k];
             J[nj] = (job){.kind = kk,
                           .c = T.comm[k],

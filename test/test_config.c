@@ -23,7 +23,7 @@ static const char *DESIGN_YAML =
     "false,\n"
     "                   aux_loss_coef: 0.01, z_loss_coef: 0.0, capacity_factor: 0}}\n"
     "parallel:   {dp: 1, tp: 1, pp: 1, cp: 1, ep: 1, sp: false, vpp: 1, pp_schedule: 1f1b,\n"
-    "             cp_layout: zigzag, cp_comm: ring, dp_bucket_mb: 25}\n"
+    "             cp_layout: zigzag, cp_comm: ring, cp_a2a: 0, dp_bucket_mb: 25}\n"
     "train:      {steps: 50, seq_len: 128, micro_batch_size: 4, global_batch_size: 8,\n"
     "             precision: fp32, recompute: none, grad_clip: 1.0, on_nan: stop}\n"
     "optimizer:  {name: adamw, zero_stage: 0, lr: 3.0e-3, min_lr: 3.0e-4, warmup_steps: 5,\n"
@@ -83,6 +83,7 @@ static const char *ALL_CHANGED_YAML = "run:\n"
                                       "  pp_layers: [4, 2, 3, 3]\n"
                                       "  cp_layout: contiguous\n"
                                       "  cp_comm: allgather\n"
+                                      "  cp_a2a: 2\n"
                                       "  dp_bucket_mb: 0.1\n"
                                       "train:\n"
                                       "  steps: 123456789012\n"
@@ -199,7 +200,8 @@ static void test_defaults_are_design_section_1(void) {
     CHECK(c.parallel.dp == 1 && c.parallel.tp == 1 && c.parallel.pp == 1 && c.parallel.cp == 1 &&
               c.parallel.ep == 1 && !c.parallel.sp && c.parallel.vpp == 1 &&
               c.parallel.pp_schedule == PP_1F1B && c.parallel.cp_layout == CP_ZIGZAG &&
-              c.parallel.cp_comm == CP_RING && c.parallel.dp_bucket_mb == 25,
+              c.parallel.cp_comm == CP_RING && c.parallel.cp_a2a == 0 &&
+              c.parallel.dp_bucket_mb == 25,
           "parallel section");
     CHECK(c.train.steps == 50 && c.train.seq_len == 128 && c.train.micro_batch_size == 4 &&
               c.train.global_batch_size == 8 && c.train.precision == PREC_FP32 &&

@@ -4,7 +4,9 @@
  * does, for 2 and 4 ranks): every rank computes ring (or all-gather) attention forward and
  * backward for its tokens and compares them with single-rank attention over the whole sequence;
  * the (query, key) pairs each rank's attention counted must be equal within 1% under zigzag and
- * unequal under contiguous. */
+ * unequal under contiguous. MODE a2a (Ulysses) and a2a+ring (Ulysses over pairs, the ring across)
+ * also check their all-to-all bytes against the formula; a fifth argument `docs` masks
+ * documents (Ulysses gathers their starts). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -47,17 +49,42 @@ static int64_t at(int b, int t, int h, int heads, int Tn) {
     return (((int64_t)b * Tn + t) * heads + h) * D;
 }
 
-static int ring_check(const char *layout_name, const char *mode_name) {
+/* Where each position's document begins under --docs: documents of 5 tokens, then 3, 7, ...
+ * (boundaries that cut every rank's chunks). */
+static int32_t doc_start_of(int b, int t) {
+    int start = 0, len = 5 + b;
+    while (start + len <= t) start += len, len = len == 5 + b ? 3 : len == 3 ? 7 : 5 + b;
+    return start;
+}
+
+static ust_cp_comm mode_of(const char *name) {
+    static const char *const names[] = {"ring", "allgather", "a2a", "a2a+ring"};
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(name, names[i])) return (ust_cp_comm)i;
+    fprintf(stderr, "test_cp: mode %s?\n", name);
+    exit(2);
+}
+
+static int ring_check(const char *layout_name, const char *mode_name, int docs) {
     test_world w;
     if (test_world_join(&w, "cp")) return 1;
-    ust_comm *comm = w.comm;
+    ust_comm *comm = w.comm, *sub[2] = {NULL, NULL};
     ust_cp_layout layout = strcmp(layout_name, "zigzag") ? CP_CONTIGUOUS : CP_ZIGZAG;
-    ust_cp_comm mode = strcmp(mode_name, "ring") ? CP_ALLGATHER : CP_RING;
+    ust_cp_comm mode = mode_of(mode_name);
+    int world = comm_size(comm), me = comm_rank(comm), ua = mode == CP_A2A_RING ? 2 : 1;
+    if (mode == CP_A2A_RING) { /* Ulysses over pairs of ranks, the ring across the pairs */
+        int a2a[2] = {me - me % 2, me - me % 2 + 1}, ring[8], nr = 0;
+        for (int i = me % 2; i < world; i += 2) ring[nr++] = i;
+        comm_group_spec g[2] = {{"cp_a2a", a2a, 2}, {"cp_ring", ring, nr}};
+        ust_err e;
+        if (comm_create_many(w.ctx, 2, g, sub, &e))
+            return printf("FAIL sub-groups: %s\n", e.msg), 1;
+    }
     ust_ops *o = ops_cpu_create(1, 1);
     ust_arena arena;
     mem_init(&arena, o);
     ust_cp cp;
-    cp_init(&cp, o, comm, &arena, T, B, H, HKV, D, layout, mode);
+    cp_init(&cp, o, comm, sub[0], sub[1], &arena, T, B, H, HKV, D, layout, mode, ua);
     int n = cp.n, Tl = cp.Tl, r = cp.rank;
     const int32_t *mine = cp_positions_of(&cp, r);
     /* the whole sequence's q, k, v, dout: the reference, and this rank's rows of them */
@@ -67,10 +94,20 @@ static int ring_check(const char *layout_name, const char *mode_name) {
     for (int64_t i = 0; i < nk; i++) k[i] = val(2, i), v[i] = val(3, i);
     float *out = calloc(nq, 4), *lse = calloc(B * H * T, 4), *dq = calloc(nq, 4),
           *dk = calloc(nk, 4), *dv = calloc(nk, 4);
-    int32_t pos[T];
+    int32_t pos[T], start[B * T], start_l[B * T];
     for (int t = 0; t < T; t++) pos[t] = t;
-    o->attention_fwd(o, out, lse, q, k, v, B, T, T, H, HKV, D, pos, pos, 1, NULL);
-    o->attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, T, T, H, HKV, D, pos, pos, 1, NULL);
+    for (int b = 0; b < B; b++)
+        for (int t = 0; t < T; t++) start[b * T + t] = doc_start_of(b, t);
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < Tl; j++) start_l[b * Tl + j] = start[b * T + mine[j]];
+    const int32_t *qs = docs ? start : NULL;
+    o->attention_fwd(o, out, lse, q, k, v, B, T, T, H, HKV, D, pos, pos, 1, qs);
+    o->attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, T, T, H, HKV, D, pos, pos, 1, qs);
+    /* the documents as the model gives them: local, gathered under Ulysses */
+    int32_t *ustart = malloc(sizeof(int32_t) * B * T), min_l = start_l[0];
+    for (int i = 1; i < B * Tl; i++) min_l = start_l[i] < min_l ? start_l[i] : min_l;
+    cp_docs dl = {start_l, min_l};
+    if (docs && cp_ulysses(&cp) > 1) dl = (cp_docs){ustart, cp_gather_docs(&cp, ustart, start_l)};
     int64_t lq = (int64_t)B * Tl * H * D, lk = (int64_t)B * Tl * HKV * D;
     float *q_l = malloc(lq * 4), *k_l = malloc(lk * 4), *v_l = malloc(lk * 4),
           *dout_l = malloc(lq * 4);
@@ -83,8 +120,11 @@ static int ring_check(const char *layout_name, const char *mode_name) {
         }
     float *out_l = calloc(lq, 4), *lse_l = calloc(B * H * Tl, 4), *dq_l = calloc(lq, 4),
           *dk_l = calloc(lk, 4), *dv_l = calloc(lk, 4);
-    cp_attention_fwd(&cp, out_l, lse_l, q_l, k_l, v_l, H, NULL);
-    cp_attention_bwd(&cp, dq_l, dk_l, dv_l, dout_l, out_l, lse_l, q_l, k_l, v_l, H, NULL);
+    ust_comm *a2a = mode == CP_A2A ? comm : sub[0];
+    if (a2a) comm_reset_counters(a2a);
+    cp_attention_fwd(&cp, out_l, lse_l, q_l, k_l, v_l, H, docs ? &dl : NULL);
+    cp_attention_bwd(&cp, dq_l, dk_l, dv_l, dout_l, out_l, lse_l, q_l, k_l, v_l, H,
+                     docs ? &dl : NULL);
     /* fp32, sums over up to 32 keys regrouped by blocks: agreement to ~1e-6 */
     double worst[4] = {0};
     for (int b = 0; b < B; b++)
@@ -100,17 +140,31 @@ static int ring_check(const char *layout_name, const char *mode_name) {
                 worst[3] = fmax(worst[3], fabs(dv_l[a] - dv[g]));
             }
         }
-    const char *what[4] = {"out", "dq", "dk", "dv"};
+    const char *what[4] = {"out", "dq", "dk", "dv"}, *dn = docs ? "_docs" : "";
     int bad = 0;
     for (int i = 0; i < 4; i++)
         if (!(worst[i] <= 2e-5)) {
-            printf("FAIL cp%d_%s_%s_%s_matches_full_attention: max |diff| %.3g (rank %d)\n", n,
-                   layout_name, mode_name, what[i], worst[i], r);
+            printf("FAIL cp%d_%s_%s%s_%s_matches_full_attention: max |diff| %.3g (rank %d)\n", n,
+                   layout_name, mode_name, dn, what[i], worst[i], r);
             bad = 1;
         }
     if (!bad && r == 0)
-        printf("PASS cp%d_%s_%s_forward_and_backward_match_full_attention\n", n, layout_name,
-               mode_name);
+        printf("PASS cp%d_%s_%s%s_forward_and_backward_match_full_attention\n", n, layout_name,
+               mode_name, dn);
+    if (a2a) {
+        /* Ulysses traffic, per rank: a members, Hq = H/a query heads, Hk = HKV/a key/value heads
+         * (1, replicated, when HKV < a); (a-1) parts of B*Tl*D floats per head sent:
+         * forward q, k, v there and out back (2 Hq + 2 Hk), backward q, k, v, out, d out there
+         * and dq, dk, dv back (4 Hq + 4 Hk) */
+        int a = comm_size(a2a), Hq = H / a, Hk = HKV % a == 0 ? HKV / a : 1;
+        double want = (double)(a - 1) * B * Tl * D * 4 * (6 * Hq + 6 * Hk);
+        double got = (double)comm_get_counters(a2a)->bytes[COMM_ALLTOALL];
+        int ok = got == want;
+        if (r == 0 || !ok)
+            printf("%s cp%d_%s_%s%s_alltoall_bytes_equal_formula: %.0f counted, %.0f formula\n",
+                   ok ? "PASS" : "FAIL", n, layout_name, mode_name, dn, got, want);
+        bad |= !ok;
+    }
     /* load balance: every rank's counted (query, key) pairs, gathered */
     float *pairs = o->alloc(o, n * sizeof(float)), mine_pairs = (float)cp.pairs;
     comm_req req = comm_allgather(comm, &mine_pairs, pairs, 1, COMM_FP32);
@@ -118,19 +172,22 @@ static int ring_check(const char *layout_name, const char *mode_name) {
     float lo = pairs[0], hi = pairs[0];
     for (int i = 1; i < n; i++) lo = fminf(lo, pairs[i]), hi = fmaxf(hi, pairs[i]);
     int balanced = hi <= lo * 1.01f;
-    if (r == 0) {
-        int want = layout == CP_ZIGZAG;
+    if (r == 0 && !docs) { /* (blocks no query can see are skipped, not counted) */
+        /* Ulysses alone: every rank attends all the tokens of its heads, balanced in any layout */
+        int want = layout == CP_ZIGZAG || mode == CP_A2A;
         printf("%s cp%d_%s_attention_pairs_%s: per rank min %.0f max %.0f\n",
                balanced == want ? "PASS" : "FAIL", n, layout_name,
                want ? "equal_within_1pct" : "unequal", lo, hi);
         bad |= balanced != want;
     }
+    free(ustart);
     test_world_leave(&w);
     return bad;
 }
 
 int main(int argc, char **argv) {
-    if (argc == 4 && !strcmp(argv[1], "--ring-check")) return ring_check(argv[2], argv[3]);
+    if ((argc == 4 || argc == 5) && !strcmp(argv[1], "--ring-check"))
+        return ring_check(argv[2], argv[3], argc == 5 && !strcmp(argv[4], "docs"));
     RUN_TEST(test_zigzag_gives_rank_r_chunks_r_and_2n_minus_1_minus_r);
     RUN_TEST(test_every_position_is_held_exactly_once);
     return TEST_SUMMARY();

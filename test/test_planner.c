@@ -169,8 +169,11 @@ static void test_tp_volume_per_layer() {
     CHECK(k.group[PLAN_DP] == 0 && k.group[PLAN_PP] == 0, "no other group");
 }
 
-/* CP ring: the local K/V block (B, T/cp, 2 * kv heads * head dim) makes n-1 hops forward, K/V +
- * their gradients n-1 hops backward: 3 (n-1) blocks per layer per micro-batch */
+/* CP ring: the local K/V block (B, T/cp, 2 * kv heads * head dim) makes n-1 hops forward, n-1
+ * backward and its gradients n hops (home): 3n - 2 blocks per layer per micro-batch (what the
+ * comm counters measure); the all-gather variant 3 (n-1). Ulysses over a ranks: (a-1) parts of
+ * B*Tl*D per head, 6 Hq + 6 Hk heads (q, k, v there, out back forward; q, k, v, out, d out there,
+ * dq, dk, dv back backward); the 2x2 hybrid adds the ring over 2 blocks of a*Tl tokens. */
 static void test_cp_ring_kv_passes() {
     ust_config base, c;
     tiny(&base);
@@ -179,7 +182,24 @@ static void test_cp_ring_kv_passes() {
     CHECK(!layout(&c, &base, LAYOUT(.cp = 2), 2), "cp2");
     planner_estimate(&c, &hw, &k);
     double kv = 4.0 * 1 * 64 * 2 * 2 * 32;
-    CHECK_CLOSE(k.group[PLAN_CP], 2 * 4 * 3 * kv / 1e9, 0, RT, "cp 2, 2 micro-batches");
+    CHECK_CLOSE(k.group[PLAN_CP], 2 * 4 * 4 * kv / 1e9, 0, RT, "cp 2, 2 micro-batches");
+    base.parallel.cp_comm = CP_ALLGATHER;
+    CHECK(!layout(&c, &base, LAYOUT(.cp = 2), 2), "cp2 allgather");
+    planner_estimate(&c, &hw, &k);
+    CHECK_CLOSE(k.group[PLAN_CP], 2 * 4 * 3 * kv / 1e9, 0, RT, "cp 2 allgather");
+    base.parallel.cp_comm = CP_A2A; /* 4 heads, 2 kv heads: Hq 2, Hk 1 */
+    CHECK(!layout(&c, &base, LAYOUT(.cp = 2), 2), "cp2 a2a");
+    planner_estimate(&c, &hw, &k);
+    double u = 1 * 4.0 * 1 * 64 * 32;
+    CHECK_CLOSE(k.group[PLAN_CP], 2 * 4 * 18 * u / 1e9, 0, RT, "cp 2 a2a");
+    base.parallel.cp_comm = CP_A2A_RING, base.parallel.cp_a2a = 2;
+    CHECK(!layout(&c, &base, LAYOUT(.cp = 4), 2), "cp4 a2a+ring");
+    planner_estimate(&c, &hw, &k);
+    double u4 = 1 * 4.0 * 1 * 32 * 32, blk = 4.0 * 1 * 32 * 2 * 2 * 1 * 32;
+    CHECK_CLOSE(k.group[PLAN_CP], 2 * 4 * (18 * u4 + (2 + 2) * blk) / 1e9, 0, RT, "cp 4 a2a+ring");
+    base.parallel.cp_comm = CP_RING, base.parallel.cp_a2a = 0;
+    CHECK(!layout(&c, &base, LAYOUT(.cp = 2), 2), "cp2 again");
+    planner_estimate(&c, &hw, &k);
     CHECK_CLOSE(k.group[PLAN_DP], 2.0 / 2 * 4 * 918656 / 1e9, 0, RT,
                 "cp ranks reduce gradients too");
 }

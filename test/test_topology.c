@@ -54,6 +54,12 @@ static int expected_group(const topo_grid *g, topo_kind k, int r, int *out) {
     case TOPO_WORLD:
         for (int i = 0; i < g->world; i++) out[n++] = i;
         break;
+    case TOPO_CPA: /* cpa consecutive cp coordinates */
+        for (int i = 0; i < g->cpa; i++) out[n++] = R(g, t, c - c % g->cpa + i, d, p);
+        break;
+    case TOPO_CPR: /* every cpa-th */
+        for (int i = c % g->cpa; i < g->cp; i += g->cpa) out[n++] = R(g, t, i, d, p);
+        break;
     default:
         break;
     }
@@ -62,10 +68,11 @@ static int expected_group(const topo_grid *g, topo_kind k, int r, int *out) {
 }
 
 /* Returns 0 or fills why. */
-static int check_grid(int dp, int tp, int pp, int cp, int ep, char *why, size_t cap) {
+static int check_grid(int dp, int tp, int pp, int cp, int ep, int cpa, char *why, size_t cap) {
     topo_grid g;
     ust_err e;
-    if (topo_grid_init(&g, dp, tp, pp, cp, ep, dp * tp * pp * cp, &e))
+    if (topo_grid_init(&g, dp, tp, pp, cp, ep, dp * tp * pp * cp, &e) ||
+        topo_grid_set_cpa(&g, cpa, &e))
         return snprintf(why, cap, "valid grid refused: %.400s", e.msg), -1;
     int W = g.world, *a = malloc(sizeof(int) * W), *b = malloc(sizeof(int) * W),
         *m = malloc(sizeof(int) * W);
@@ -107,15 +114,20 @@ static int check_grid(int dp, int tp, int pp, int cp, int ep, char *why, size_t 
 }
 
 static void test_every_group_matches_independent_formula_on_several_grids(void) {
-    static const int grids[][5] = {/* dp tp pp cp ep */
-                                   {1, 1, 1, 1, 1}, {2, 1, 1, 1, 1}, {1, 2, 1, 1, 1},
-                                   {1, 1, 2, 1, 1}, {1, 1, 1, 2, 1}, {2, 2, 2, 1, 1},
-                                   {4, 2, 2, 2, 2}, {4, 1, 3, 1, 4}, {6, 2, 1, 1, 3},
-                                   {2, 2, 2, 2, 2}, {3, 1, 4, 2, 1}, {8, 1, 1, 1, 2}};
+    static const int grids[][5] = {
+        /* dp tp pp cp ep */
+        {1, 1, 1, 1, 1}, {2, 1, 1, 1, 1}, {1, 2, 1, 1, 1}, {1, 1, 2, 1, 1}, {1, 1, 1, 2, 1},
+        {2, 2, 2, 1, 1}, {4, 2, 2, 2, 2}, {4, 1, 3, 1, 4}, {6, 2, 1, 1, 3}, {2, 2, 2, 2, 2},
+        {3, 1, 4, 2, 1}, {8, 1, 1, 1, 2}, {1, 2, 1, 4, 1}, {2, 1, 2, 6, 1}};
     char why[512];
     for (size_t i = 0; i < sizeof grids / sizeof grids[0]; i++) {
         const int *q = grids[i];
-        CHECK(check_grid(q[0], q[1], q[2], q[3], q[4], why, sizeof why) == 0, "%s", why);
+        CHECK(check_grid(q[0], q[1], q[2], q[3], q[4], 1, why, sizeof why) == 0, "%s", why);
+        /* hierarchical cp: the Ulysses and ring sub-groups */
+        for (int cpa = 2; cpa < q[3]; cpa++)
+            if (q[3] % cpa == 0)
+                CHECK(check_grid(q[0], q[1], q[2], q[3], q[4], cpa, why, sizeof why) == 0, "%s",
+                      why);
     }
 }
 

@@ -484,6 +484,17 @@ extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cud
     return cudaSuccess;
 }
 
+extern "C" cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
+                                         size_t width, size_t height, cudaMemcpyKind kind,
+                                         cudaStream_t s) {
+    emu_stream_drain(s);
+    if (width > dpitch || width > spitch) emu_die("cudaMemcpy2DAsync: width above a pitch");
+    for (size_t r = 0; r < height; r++)
+        copy_checked((char *)dst + r * dpitch, (const char *)src + r * spitch, width, kind,
+                     "cudaMemcpy2DAsync");
+    return cudaSuccess;
+}
+
 extern "C" cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
     emu_stream_drain(nullptr);
     copy_checked(dst, src, n, kind, "cudaMemcpy");

@@ -9,7 +9,7 @@
 #   - bf16 activations: the memory plan equals the arena byte for byte, and the layouts (dp,
 #     tp+sp, cp, pp, ep, mixed) train the one-GPU bf16 run's model within bf16 rounding;
 #   - the equivalence harness with run.device=cuda over emulated NCCL (dp/ZeRO-1/2/3, tp+sp,
-#     pp 1f1b/interleaved/zb with tied embeddings, cp ring/all-gather, ep, tp x pp x cp,
+#     pp 1f1b/interleaved/zb with tied embeddings, cp ring/all-gather/a2a, ep, tp x pp x cp,
 #     recomputation) against the single-process CPU run, and a rank's dropped gradients caught
 #     on that path too;
 #   - communication overlaps with computation where the design says (dp buckets during
@@ -78,6 +78,7 @@ $EQ --name _emu_llama --config $TMP/llama.yaml --layout "run.device=cuda" \
     --layout "tp=2 sp=true run.device=cuda" --layout "pp=2 run.device=cuda" \
     --layout "cp=2 run.device=cuda" --layout "tp=2 pp=2 cp=2 run.device=cuda" \
     --layout "cp=2 parallel.cp_comm=allgather run.device=cuda" \
+    --layout "cp=2 parallel.cp_comm=a2a run.device=cuda" \
     --layout "dp=2 zero=1 train.recompute=full run.device=cuda" \
     --layout "pp=2 train.recompute=selective run.device=cuda"
 sed -i 's/n_layer: 2/n_layer: 4/' $TMP/gpt2.yaml
@@ -101,7 +102,8 @@ $EQ --name _emu_fault --config $TMP/llama.yaml --expect-fail --env UST_FAULT_DP_
 B16="run.device=cuda train.precision=bf16"
 $EQ --name _emu_bf16 --config $TMP/llama.yaml --ref "$B16" --tolerance bf16 \
     --layout "dp=2 zero=3 $B16" --layout "tp=2 sp=true $B16" --layout "cp=2 $B16" \
-    --layout "tp=2 pp=2 cp=2 $B16" --layout "pp=2 train.recompute=full $B16"
+    --layout "tp=2 pp=2 cp=2 $B16" --layout "pp=2 train.recompute=full $B16" \
+    --layout "cp=2 parallel.cp_comm=a2a $B16"
 $EQ --name _emu_bf16_gpt2 --config $TMP/gpt2.yaml --ref "$B16" --tolerance bf16 \
     --layout "pp=2 sched=zb dp=2 zero=2 $B16" --layout "tp=2 $B16"
 $EQ --name _emu_bf16_moe --config $TMP/moe.yaml --ref "$B16" --tolerance bf16 \
