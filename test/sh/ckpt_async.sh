@@ -79,12 +79,14 @@ DP2="--set parallel.dp=2 --set optimizer.zero_stage=1"
 scripts/ustrun --nproc-per-node 2 $UST train $TMP/c.yaml $SMALL $DP2 --set train.steps=12 --set checkpoint.every=12 \
     --set checkpoint.dir=$TMP/ref12dp/ck --set logging.metrics_file=$TMP/ref12dp.jsonl >$TMP/o 2>&1 || fail ref12dp "$(tail -3 $TMP/o)"
 ck=$TMP/killdp/ck
-UST_FAULT_CKPT_SLEEP_MS=800 setsid scripts/ustrun --nproc-per-node 2 $UST train $TMP/c.yaml $SMALL --set parallel.dp=2 \
+UST_FAULT_CKPT_SLEEP_MS=800 scripts/ustrun --nproc-per-node 2 $UST train $TMP/c.yaml $SMALL --set parallel.dp=2 \
     --set optimizer.zero_stage=1 --set train.steps=12 --set checkpoint.every=1 --set checkpoint.async=true \
     --set checkpoint.dir=$ck --set logging.metrics_file=$ck.m.jsonl >$TMP/kdp.out 2>&1 &
 p=$!
 for _ in $(seq 300); do [ -e $ck/latest ] && break; sleep 0.1; done
-sleep 0.4; kill -9 -- -$p 2>/dev/null; wait $p 2>/dev/null
+sleep 0.4; pkill -9 -f "checkpoint.dir=$ck " # the launcher and both ranks (each in its own session)
+wait $p 2>/dev/null
+for _ in $(seq 100); do pgrep -f "checkpoint.dir=$ck " >/dev/null || break; sleep 0.1; done
 out=$(scripts/ustrun --nproc-per-node 2 $UST train $TMP/c.yaml $SMALL --set parallel.dp=2 --set optimizer.zero_stage=1 \
     --set train.steps=12 --set checkpoint.every=1 --set checkpoint.dir=$ck --set logging.metrics_file=$ck.m.jsonl 2>&1)
 if same_step $TMP/ref12dp/ck/step_12 $ck/step_12 && echo "$out" | grep -q "resuming from"; then
