@@ -36,7 +36,7 @@ MODULES = {
     "parallel/comm_nccl": 1,
     "parallel/comm_common": 1, "parallel/topology": 1,
     "parallel/tp": 2, "parallel/cp": 2, "parallel/ep": 2,
-    "core/model": 3, "core/model_internal": 3, "core/acts": 3, "core/params": 3, "core/moe": 3, "core/ckpt": 3, "core/data": 3, "core/data_blend": 3,
+    "core/model": 3, "core/model_internal": 3, "core/acts": 3, "core/params": 3, "core/moe": 3, "core/ckpt": 3, "core/ckpt_manifest": 3, "core/data": 3, "core/data_blend": 3,
     "core/hf_map": 3, "core/hf_config": 3, "core/hf_import": 3, "core/infer": 3,
     "parallel/pp": 4, "parallel/dp_internal": 4, "parallel/dp_io": 4, "parallel/pp_schedule": 4, "parallel/pp_schedule_check": 4,
     "parallel/dp": 4,
@@ -55,7 +55,7 @@ PREFIXES = {
     "dp": "parallel/dp", "train": "core/train", "plan": "core/plan", "planner": "core/planner",
     "prep": "core/prep", "tok": "core/tokenizer", "export": "core/export", "ops_cuda": "cuda",
     "hf": "core/hf_map", "spike": "core/spike", "infer": "core/infer", "gen": "core/generate",
-    "sha256": "core/sha256", "hftok": "core/hf_tok",
+    "sha256": "core/sha256", "hftok": "core/hf_tok", "ckman": "core/ckpt_manifest",
 }
 CALL = re.compile(r"(?<![\w.>])(" + "|".join(sorted(PREFIXES, key=len, reverse=True)) +
                   r")_\w+\s*\(")
