@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# A CPU job across nodes, on the namespace bed (test/sh/multinode_lib.sh): two namespaces, each a
+# node running `scripts/ustrun --nnodes 2 --node-rank i --master-addr <node 0>` with 2 ranks.
+# Groups inside a node use shared memory, groups across nodes gloo over the veth pair.
+#  - every collective and send/recv case of test_comm (world across nodes: gloo; the topology's
+#    groups mixed) and `ustrain bench comm` (every result checked) across the two nodes;
+#  - dp across nodes with tp inside, and pp across nodes, train the single-process model
+#    (test/tools/equiv.py with the bed as its launcher);
+#  - a node that dies (every process of its namespace killed) ends the job on the other node
+#    within dist.timeout_s, naming the lost node and its address.
+# Skipped with a SKIP line where network namespaces cannot be made (not root, no iproute2).
+. "$(dirname "$0")/../lib.sh"
+. "$(dirname "$0")/multinode_lib.sh"
+
+why=$(mn_skip_reason)
+if [ -n "$why" ]; then
+    echo "SKIP multinode: $why"
+    exit 0
+fi
+mn_up 2 || { fail multinode_bed "could not make 2 network namespaces"; exit 1; }
+BUILD=${BUILD:-build}
+
+# every case of the comm tests, 4 ranks on 2 nodes
+mn_run 2 $BUILD/test/test_comm >$TMP/comm.out 2>&1
+rc=$?
+nok=$(grep -c '\] ok ' $TMP/comm.out)
+if [ $rc = 0 ] && [ "$nok" -ge 400 ] && ! grep -q '\] bad ' $TMP/comm.out; then
+    pass multinode_comm_every_collective_across_2_nodes
+else
+    fail multinode_comm_every_collective_across_2_nodes "rc=$rc, $nok ok: $(grep -m3 'bad \|error' $TMP/comm.out)"
+fi
+
+mn_run 2 $UST bench comm --min-bytes 4K --max-bytes 256K --iters 2 --timeout 60 >$TMP/bench.out 2>&1
+rc=$?
+if [ $rc = 0 ] && grep -q "4 ranks, backend gloo" $TMP/bench.out &&
+    grep -q "bench comm: all results correct" $TMP/bench.out; then
+    pass multinode_bench_comm_across_2_nodes_all_results_correct
+else
+    fail multinode_bench_comm_across_2_nodes_all_results_correct "rc=$rc: $(grep -v '_' $TMP/bench.out | tail -3)"
+fi
+
+# the equivalence harness over the bed
+equiv_configs multinode 4 2
+python3 test/tools/equiv.py --steps 3 --name _multinode --config $TMP/llama.yaml --ustrun $TMP/mnrun \
+    --layout "dp=2 tp=2 zero=1" --layout "pp=2 tp=2" --layout "pp=2 dp=2"
+
+# a node dies: node 0's ranks end within dist.timeout_s and name node 1
+cat >$TMP/die.yaml <<EOT
+$(cat $TMP/llama.yaml)
+checkpoint: {dir: $TMP/die/ckpt, every: 0}
+logging: {metrics_file: $TMP/die/metrics.jsonl}
+dist: {timeout_s: 20}
+EOT
+sed -i 's/^train: {/train: {steps: 100000, /' $TMP/die.yaml
+mn_start 2 $UST train $TMP/die.yaml --set parallel.dp=4
+for _ in $(seq 600); do [ "$(cat $TMP/die/metrics.jsonl 2>/dev/null | wc -l)" -ge 2 ] && break; sleep 0.1; done
+t0=$SECONDS
+mn_kill_node 1
+{ wait ${MN_PIDS[0]}; } 2>/dev/null
+rc=$?
+dt=$((SECONDS - t0))
+{ wait ${MN_PIDS[1]}; } 2>/dev/null
+[ -n "${VERBOSE:-}" ] && grep error $TMP/node0.out
+if [ $rc != 0 ] && [ $dt -lt 20 ] && grep -q "node 1 (10.231.0.2)" $TMP/node0.out; then
+    pass multinode_dead_node_named_within_the_timeout
+else
+    fail multinode_dead_node_named_within_the_timeout "rc=$rc after ${dt}s: $(grep -m2 'error' $TMP/node0.out)"
+fi
+exit 0
