@@ -83,6 +83,7 @@ typedef struct {
         ust_cp_layout cp_layout;
         ust_cp_comm cp_comm;
         double dp_bucket_mb;
+        bool tp_across_nodes; /* tp/cp groups may span nodes without a warning */
     } parallel;
     struct {
         int64_t steps;

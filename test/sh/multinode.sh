@@ -6,6 +6,7 @@
 #    groups mixed) and `ustrain bench comm` (every result checked) across the two nodes;
 #  - dp across nodes with tp inside, and pp across nodes, train the single-process model
 #    (test/tools/equiv.py with the bed as its launcher);
+#  - tp over both nodes trains, with a warning that says why it is slow (silenced by the config);
 #  - a node that dies (every process of its namespace killed) ends the job on the other node
 #    within dist.timeout_s, naming the lost node and its address.
 # Skipped with a SKIP line where network namespaces cannot be made (not root, no iproute2).
@@ -43,6 +44,20 @@ fi
 equiv_configs multinode 4 2
 python3 test/tools/equiv.py --steps 3 --name _multinode --config $TMP/llama.yaml --ustrun $TMP/mnrun \
     --layout "dp=2 tp=2 zero=1" --layout "pp=2 tp=2" --layout "pp=2 dp=2"
+
+# tp across nodes works but is warned about, with the reason; the config can silence it
+W1="--set train.steps=1 --set checkpoint.resume=none --set checkpoint.dir=$TMP/w/ckpt --set parallel.tp=4"
+mn_run 2 $UST train $TMP/gpt2.yaml $W1 >$TMP/warn.out 2>&1
+rc=$?
+mn_run 2 $UST train $TMP/gpt2.yaml $W1 --set parallel.tp_across_nodes=true >$TMP/quiet.out 2>&1
+rc2=$?
+if [ $rc = 0 ] && [ $rc2 = 0 ] &&
+    grep -q "warning: the tp group of global ranks 0, 1, 2, 3 spans nodes 0 and 1: tensor parallelism" $TMP/warn.out &&
+    [ "$(grep -c 'spans nodes' $TMP/warn.out)" = 1 ] && ! grep -q "spans nodes" $TMP/quiet.out; then
+    pass multinode_tp_across_nodes_is_warned_with_the_reason
+else
+    fail multinode_tp_across_nodes_is_warned_with_the_reason "rc=$rc/$rc2: $(grep -m2 'warning\|error' $TMP/warn.out)"
+fi
 
 # a node dies: node 0's ranks end within dist.timeout_s and name node 1
 cat >$TMP/die.yaml <<EOT
