@@ -44,16 +44,21 @@ mn_up() {
         MN_ADDR[$i]=10.231.0.$((i + 1))
     done
     MN_N=$n
-    # the launcher the equivalence harness calls as `ustrun --nproc-per-node W cmd...`
-    cat >$TMP/mnrun <<EOT
+    mn_launcher $n $TMP/mnrun
+}
+
+# mn_launcher K FILE: writes FILE, a launcher the equivalence harness calls as
+# `ustrun --nproc-per-node W cmd...`: W/K ranks on each of nodes 0..K-1.
+mn_launcher() {
+    cat >$2 <<EOT
 #!/usr/bin/env bash
-# ustrun over the $n namespaces: W ranks, W/$n per node.
+# ustrun over $1 of the namespaces: W ranks, W/$1 per node.
 w=\$2; shift 2
 . "$PWD/test/sh/multinode_lib.sh"
-MN_PREFIX=$MN_PREFIX MN_N=$n MN_ADDR=(${MN_ADDR[*]}) TMP=$TMP
-mn_run \$((w / $n)) "\$@"
+MN_PREFIX=$MN_PREFIX MN_N=$1 MN_ADDR=(${MN_ADDR[*]}) TMP=$TMP
+mn_run \$((w / $1)) "\$@"
 EOT
-    chmod +x $TMP/mnrun
+    chmod +x $2
 }
 
 # mn_start NPROC cmd...: starts scripts/ustrun on every node (NPROC ranks each, node 0 serving the
