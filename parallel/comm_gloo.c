@@ -80,18 +80,20 @@ static int gloo_ctx_init(comm_ctx *ctx, ust_err *e) {
     const char *iface = getenv("UST_GLOO_IFACE"), *addr = getenv("UST_GLOO_ADDR"),
                *master = getenv("MASTER_ADDR");
     char err[512];
-    if (iface && *iface) {
-        if (iface_addr(iface, g->host, sizeof g->host))
-            return free(g), ust_errf(e, "comm/gloo: UST_GLOO_IFACE=%s: no such interface with an "
-                                        "address on this node", iface);
+    if (iface && !*iface) iface = NULL;
+    if (iface) {
+        if (iface_addr(iface, g->host, sizeof g->host)) {
+            free(g);
+            return ust_errf(e,
+                            "comm/gloo: UST_GLOO_IFACE=%s: no interface of that name with an "
+                            "address on this node",
+                            iface);
+        }
     } else if (addr && *addr) {
         snprintf(g->host, sizeof g->host, "%s", addr);
-        iface = NULL;
-    } else if (master && *master && !local_addr_towards(master, g->host, sizeof g->host)) {
-        iface = NULL;
-    } else {
-        iface = NULL;
-        if (gethostname(g->host, sizeof g->host - 1)) snprintf(g->host, sizeof g->host, "localhost");
+    } else if (!master || !*master || local_addr_towards(master, g->host, sizeof g->host)) {
+        if (gethostname(g->host, sizeof g->host - 1))
+            snprintf(g->host, sizeof g->host, "localhost");
     }
     g->dev = ugloo_dev_create(g->host, iface, err, sizeof err);
     if (!g->dev) {

@@ -34,8 +34,8 @@ namespace {
 
 // gloo's Store over the bootstrap: set() publishes "<prefix>.<key>" under this rank, get() and
 // wait() read it from the rank that owns the key. gloo's full-mesh rendezvous names each
-// member's addresses "<i>" (newer gloo: "rank_<i>"), so member i's global rank owns them; the bootstrap's own
-// authentication (the job secret) covers every exchange.
+// member's addresses "<i>" (newer gloo: "rank_<i>"), so member i's global rank owns them; the
+// bootstrap's own authentication (the job secret) covers every exchange.
 class BootStore : public gloo::rendezvous::Store {
   public:
     BootStore(ust_boot *b, std::string prefix, std::vector<int> granks)
@@ -150,8 +150,8 @@ int ugloo_allreduce_f32(ugloo *g, float *buf, size_t n, char *err, size_t cap) {
     try {
         gloo::AllreduceOptions o(g->ctx);
         o.setOutput(buf, n); // no input: in place
-        o.setReduceFunction(static_cast<void (*)(void *, const void *, const void *, size_t)>(
-            &gloo::sum<float>));
+        o.setReduceFunction(
+            static_cast<void (*)(void *, const void *, const void *, size_t)>(&gloo::sum<float>));
         o.setTimeout(g->timeout);
         gloo::allreduce(o);
         return 0;

@@ -27,8 +27,8 @@ void ugloo_dev_free(ugloo_dev *d);
 
 /* Connects the full mesh of a group: member `rank` of `size`, whose members are the global ranks
  * granks[]. Every gloo key goes to the bootstrap store as "<prefix>.<gloo key>", published under
- * this rank; gloo's "<i>" (or "rank_<i>") keys are read from member i's global rank. Collective over the
- * group's members. */
+ * this rank; gloo's "<i>" (or "rank_<i>") keys are read from member i's global rank. Collective
+ * over the group's members. */
 ugloo *ugloo_connect(ugloo_dev *d, ust_boot *b, const char *prefix, const int *granks, int rank,
                      int size, double timeout_s, char *err, size_t cap);
 void ugloo_free(ugloo *g);
