@@ -136,6 +136,11 @@ ugloo *ugloo_connect(ugloo_dev *d, ust_boot *b, const char *prefix, const int *g
         ctx->setTimeout(g->timeout);
         BootStore store(b, prefix, std::vector<int>(granks, granks + size));
         ctx->connectFullMesh(store, d->dev);
+        // Nobody leaves before every member's mesh is up: a member that dies right after its own
+        // connect would otherwise fail a slower peer's connect instead of its first operation.
+        gloo::BarrierOptions o(ctx);
+        o.setTimeout(g->timeout);
+        gloo::barrier(o);
         g->ctx = ctx;
         return g.release();
     } catch (const std::exception &x) {

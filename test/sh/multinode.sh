@@ -9,9 +9,18 @@
 #  - tp over both nodes trains, with a warning that says why it is slow (silenced by the config);
 #  - a node that dies (every process of its namespace killed) ends the job on the other node
 #    within dist.timeout_s, naming the lost node and its address.
-# Skipped with a SKIP line where network namespaces cannot be made (not root, no iproute2).
+# Skipped with a SKIP line where network namespaces cannot be made (not root, no iproute2). First,
+# without namespaces: gloo's rendezvous through the PMIx store (mpirun, UST_COMM_GLOO=all).
 . "$(dirname "$0")/../lib.sh"
 . "$(dirname "$0")/multinode_lib.sh"
+
+# gloo's rendezvous through the PMIx store too (mpirun on this host; needs no namespaces)
+if command -v mpirun >/dev/null && grep -q "comm/gloo" "$UST"; then
+    out=$(UST_COMM_GLOO=all timeout 120 mpirun --allow-run-as-root --oversubscribe -np 2 -x UST_COMM_GLOO \
+        $UST bench comm --min-bytes 4K --max-bytes 16K --iters 2 --timeout 60 2>&1)
+    echo "$out" | grep -q "2 ranks, backend gloo, bootstrap pmix" && echo "$out" | grep -q "all results correct" &&
+        pass gloo_over_the_pmix_store_under_mpirun || fail gloo_over_the_pmix_store_under_mpirun "$(echo "$out" | tail -3)"
+fi
 
 why=$(mn_skip_reason)
 if [ -n "$why" ]; then
