@@ -37,6 +37,8 @@ typedef struct {
     char (*hosts)[GLOO_HOST]; /* every member's listening address */
     float *scratch;           /* fp32 staging of reductions (bf16, reduce-scatter) */
     size_t scap;              /* floats */
+    ugloo_xfer *xfer;         /* the transfers of an all-to-all or send/recv batch */
+    int xcap;
 } gloo_comm;
 
 /* The local address of a socket "connected" (UDP: no packet is sent) to host: the interface
@@ -181,6 +183,16 @@ static float *scratch(gloo_comm *s, size_t n) {
     return s->scratch;
 }
 
+static ugloo_xfer *xfers(gloo_comm *s, int n) {
+    if (s->xcap < n) {
+        free(s->xfer);
+        s->xfer = malloc(sizeof *s->xfer * (size_t)n);
+        UST_ASSERT(s->xfer, "out of memory (%d transfers)", n);
+        s->xcap = n;
+    }
+    return s->xfer;
+}
+
 static void to_f32(float *out, const void *in, size_t n, comm_dtype t) {
     if (t == COMM_FP32) {
         if (out != in) memmove(out, in, n * 4);
@@ -235,15 +247,13 @@ static void run(ust_comm *c, const comm_desc *d) {
         rc = ugloo_broadcast(s->g, d->recv, n * es, d->root, err, sizeof err);
         break;
     case COMM_ALLTOALL: {
-        ugloo_xfer x[2 * 1024];
+        ugloo_xfer *x = xfers(s, 2 * c->size);
         int nx = 0;
-        UST_ASSERT(c->size <= 1024, "all-to-all over %d members", c->size);
         for (int j = 0; j < c->size; j++) {
             const uint8_t *src = (const uint8_t *)d->send + desc_sdispl(d, j) * es;
             uint8_t *dst = (uint8_t *)d->recv + desc_rdispl(d, j) * es;
-            if (j == c->rank) {
-                memcpy(dst, (const uint8_t *)d->send + desc_sdispl(d, c->rank) * es,
-                       desc_scount(d, j) * es);
+            if (j == c->rank) { /* the part kept locally */
+                memcpy(dst, src, desc_scount(d, j) * es);
                 continue;
             }
             if (desc_scount(d, j))
@@ -255,8 +265,7 @@ static void run(ust_comm *c, const comm_desc *d) {
     }
     case COMM_SENDRECV: {
         /* Sends to oneself pair with receives from oneself in posting order: a copy. */
-        ugloo_xfer *x = malloc(sizeof *x * (size_t)(d->np2p ? d->np2p : 1));
-        UST_ASSERT(x, "out of memory");
+        ugloo_xfer *x = xfers(s, d->np2p ? d->np2p : 1);
         int nx = 0, self_recv = 0;
         for (int i = 0; i < d->np2p; i++) {
             const comm_p2p *p = &d->p2p[i];
@@ -274,7 +283,6 @@ static void run(ust_comm *c, const comm_desc *d) {
             self_recv++;
         }
         rc = ugloo_batch(s->g, x, nx, 0, err, sizeof err);
-        free(x);
         break;
     }
     case COMM_BARRIER:
@@ -298,6 +306,7 @@ static void gloo_free(ust_comm *c) {
     if (s->g) ugloo_free(s->g);
     free(s->hosts);
     free(s->scratch);
+    free(s->xfer);
     free(s);
     c->impl = NULL;
 }
