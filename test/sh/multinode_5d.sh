@@ -2,7 +2,9 @@
 # Five dimensions over nodes, on the namespace bed (test/sh/multinode_lib.sh) with four
 # namespaces: the tiny MoE llama of test/sh/equiv_5d.sh under dp x tp x pp x ep and tp x cp x pp
 # on 2 nodes x 4 ranks trains the single-process model; a checkpoint saved on 2 nodes x 4 ranks
-# resumes on 4 nodes x 2 ranks (same losses and weights as the uninterrupted single process).
+# resumes on 4 nodes x 2 ranks, also re-laid out as dp=4 x ep=4 x tp=2 under ZeRO-3 (its
+# parameter gathers and gradient reduce-scatters across all four nodes): same losses and weights as
+# the uninterrupted single process.
 # Skipped with a SKIP line where network namespaces cannot be made.
 . "$(dirname "$0")/../lib.sh"
 . "$(dirname "$0")/multinode_lib.sh"
@@ -29,5 +31,6 @@ $EQ --name _multinode_2x4 --ustrun $TMP/mnrun2 \
     --layout "dp=2 tp=2 pp=2 ep=2 sp=true zero=1" --layout "tp=2 cp=2 pp=2"
 # saved on 2 nodes x 4, resumed on 4 nodes x 2 (dp and pp now across nodes too)
 $EQ --name _multinode_2x4_to_4x2 --save-ustrun $TMP/mnrun2 --ustrun $TMP/mnrun \
-    --save-layout "dp=2 tp=2 pp=2 ep=2 zero=1" --resume-at 2 --layout "dp=2 tp=2 pp=2 ep=2 zero=2"
+    --save-layout "dp=2 tp=2 pp=2 ep=2 zero=1" --resume-at 2 --layout "dp=2 tp=2 pp=2 ep=2 zero=2" \
+    --layout "dp=4 ep=4 tp=2 zero=3"
 exit 0
