@@ -28,11 +28,16 @@ mn_skip_reason() {
     ip netns del "$MN_PREFIX-probe"
 }
 
-# mn_up N: nodes 0..N-1 as namespaces $MN_PREFIX-<i>, node i at 10.231.0.<i+1>.
+# mn_up N: nodes 0..N-1 as namespaces $MN_PREFIX-<i>, node i at 10.231.0.<i+1>. Namespaces an
+# earlier bed left behind (its shell was killed: the pid in the name is gone) are removed first.
 mn_up() {
     local n=$1 hub=$MN_PREFIX-hub i ns
     trap 'mn_down; rm -rf "$TMP"' EXIT
     trap 'exit 1' INT TERM
+    for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^ustmn[0-9]+-'); do
+        i=${ns#ustmn}
+        kill -0 ${i%%-*} 2>/dev/null || ip netns del $ns 2>/dev/null
+    done
     ip netns add $hub && ip -n $hub link add br0 type bridge && ip -n $hub link set br0 up || return 1
     for i in $(seq 0 $((n - 1))); do
         ns=$MN_PREFIX-$i
