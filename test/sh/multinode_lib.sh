@@ -25,7 +25,11 @@ mn_skip_reason() {
     command -v ip >/dev/null || { echo "no ip command (iproute2)"; return; }
     grep -q "comm/gloo" "$UST" 2>/dev/null || { echo "$UST is built without gloo"; return; }
     ip netns add "$MN_PREFIX-probe" 2>/dev/null || { echo "ip netns add is refused here"; return; }
+    local ok=1
+    ip netns exec "$MN_PREFIX-probe" true 2>/dev/null || ok=0
+    ip -n "$MN_PREFIX-probe" link add v0 type veth peer name v1 2>/dev/null || ok=0
     ip netns del "$MN_PREFIX-probe"
+    [ $ok = 1 ] || echo "ip netns exec or veth pairs are refused here"
 }
 
 # mn_up N: nodes 0..N-1 as namespaces $MN_PREFIX-<i>, node i at 10.231.0.<i+1>. Namespaces an
