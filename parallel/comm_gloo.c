@@ -143,8 +143,8 @@ static int gloo_create_end(ust_comm *c, const char *key, ust_err *e) {
 }
 
 /* The failure of an operation: names the node of every member whose address gloo's message
- * mentions (a peer that closed the connection), else every other member; a timeout keeps the
- * "hang:" line of the other backends. */
+ * mentions (a peer that closed the connection), else every other member; a timeout is reported
+ * as on the other backends (the "hang:" line, dist.timeout_s). */
 _Noreturn static void fail(ust_comm *c, comm_kind k, const char *err) {
     gloo_comm *s = c->impl;
     int w[1024], n = 0;
@@ -169,7 +169,8 @@ _Noreturn static void fail(ust_comm *c, comm_kind k, const char *err) {
                                      i ? "," : "; lost the connection to", node, s->hosts[w[i]]);
     }
     if (!n) n = comm_other_members(c, w, 1024);
-    if (strstr(err, "imed out") || strstr(err, "imeout")) comm_fail_timeout_at(c, k, w, n, why);
+    /* gloo cannot tell which member kept it waiting: the hang line names every member */
+    if (strstr(err, "imed out") || strstr(err, "imeout")) comm_fail_timeout(c, k, w, n);
     comm_fail_wait(c, k, w, n, why);
 }
 
