@@ -22,6 +22,18 @@ if command -v mpirun >/dev/null && grep -q "comm/gloo" "$UST"; then
         pass gloo_over_the_pmix_store_under_mpirun || fail gloo_over_the_pmix_store_under_mpirun "$(echo "$out" | tail -3)"
 fi
 
+# the CPU memory check counts only the ranks the launcher puts on this machine: a layout whose
+# 4096 ranks could never share one machine's RAM (2.4 GiB each) validates at 2 ranks per node
+$UST data demo $TMP/data >/dev/null
+sed -e "s#data/tiny/#$TMP/data/#g" configs/tiny.yaml >$TMP/big.yaml
+V="$UST validate $TMP/big.yaml --set model.d_model=1024 --set model.n_head=8 --set model.n_kv_head=8 --set model.d_ff=4096
+   --set model.n_layer=8 --set parallel.dp=4096 --set train.global_batch_size=16384 --world 4096"
+out1=$($V 2>&1); rc1=$?
+out2=$(LOCAL_WORLD_SIZE=2 $V 2>&1); rc2=$?
+[ $rc1 = 2 ] && echo "$out1" | grep -q "for the 4096 ranks of this layout" && [ $rc2 = 0 ] &&
+    pass cpu_memory_check_counts_the_ranks_of_this_node ||
+    fail cpu_memory_check_counts_the_ranks_of_this_node "rc $rc1/$rc2: $(echo "$out1" | tail -1) / $(echo "$out2" | tail -1)"
+
 why=$(mn_skip_reason)
 if [ -n "$why" ]; then
     echo "SKIP multinode: $why"
