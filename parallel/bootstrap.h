@@ -19,7 +19,7 @@ typedef struct {
     int rank, world;
     int local_rank, local_world;
     int node_id, nnodes;
-    int *node_of; /* node of every rank (world entries) when nnodes > 1, else NULL (all 0) */
+    int *node_of;    /* node of every rank (world entries) when nnodes > 1, else NULL (all 0) */
     char job_id[64]; /* unique per job, the same on every rank (names shm segments) */
     double timeout_s;
     boot_impl *impl;

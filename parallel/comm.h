@@ -1,10 +1,11 @@
 /* comm: collectives and point-to-point transfers on a communicator made from any rank list.
  * A comm_ctx holds the backend (shared memory for CPU ranks on one node, with gloo over TCP for
- * CPU groups across nodes; NCCL for GPUs) and the deadline dist.timeout_s; comm_create_many makes several communicators at once (collective over
- * the whole job), and any number of them can be in use together. Every operation is asynchronous:
- * it returns a comm_req and comm_wait completes it. A wait that passes the deadline prints the
- * operation, group, this rank and the peers it waited on, then exits with UST_EXIT_RUNTIME.
- * Ordering rules: at comm_req; what the traffic counters count: at comm_counters. */
+ * CPU groups across nodes; NCCL for GPUs) and the deadline dist.timeout_s; comm_create_many makes
+ * several communicators at once (collective over the whole job), and any number of them can be in
+ * use together. Every operation is asynchronous: it returns a comm_req and comm_wait completes it.
+ * A wait that passes the deadline prints the operation, group, this rank and the peers it waited
+ * on, then exits with UST_EXIT_RUNTIME. Ordering rules: at comm_req; what the traffic counters
+ * count: at comm_counters. */
 #ifndef UST_COMM_H
 #define UST_COMM_H
 

@@ -208,8 +208,8 @@ int topo_warn_across_nodes(const topo_grid *g, const ust_boot *b, FILE *f) {
         char list[256];
         size_t used = 0;
         for (int j = 0; j < n && used + 16 < sizeof list; j++)
-            used += (size_t)snprintf(list + used, sizeof list - used, "%s%d", j ? ", " : "",
-                                     ranks[j]);
+            used +=
+                (size_t)snprintf(list + used, sizeof list - used, "%s%d", j ? ", " : "", ranks[j]);
         if (used + 16 >= sizeof list) snprintf(list + used, sizeof list - used, ", ...");
         fprintf(f,
                 "ustrain: warning: the %s group of global ranks %s spans nodes %d and %d: %s, "

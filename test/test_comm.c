@@ -773,7 +773,10 @@ static void fault_case(const char *mode, const char *want, const char *backend) 
     char *o = slurp(path);
     char name[80];
     snprintf(name, sizeof name, "comm_w3%s_rank_that_%s_mid_allreduce_ends_the_others",
-             !backend ? "" : strstr(backend, "GLOO") ? "_gloo" : "_nccl", mode);
+             !backend                  ? ""
+             : strstr(backend, "GLOO") ? "_gloo"
+                                       : "_nccl",
+             mode);
     if (res.rc[0] != 1 || res.rc[1] != 1 || !strstr(o, want) || !strstr(o, "all_reduce") ||
         !strstr(o, "'world'") || !strstr(o, backend ? "ranks 1, 2" : "rank 2") || res.secs > 15) {
         printf("FAIL %s: exit codes %d %d %d after %.1f s; rank 0 said: %.400s\n", name, res.rc[0],
