@@ -14,6 +14,16 @@ CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -Wpointer-arit
 OBLAS   := /usr/lib/x86_64-linux-gnu/openblas-openmp
 LDLIBS  := -L$(OBLAS) -Wl,-rpath,$(OBLAS) -lopenblas -lyaml -lcjson -lpmix -lzstd -lz -lcrypto -lm -lrt -fopenmp -pthread
 LDFLAGS ?= $(EXTRA_LDFLAGS)
+# gloo (Debian's libgloo-dev), for CPU groups across nodes: with gloo/context.h found and GLOO != 0,
+# parallel/gloo_store.cc (the only C++ in parallel/: gloo's Store over the bootstrap, the TCP
+# device and the collectives behind plain C functions) is compiled with $(CXX) into the library,
+# C code gets -DUST_GLOO (parallel/comm_gloo.c) and the binary links -lgloo -lstdc++.
+GLOO_H  := $(wildcard /usr/include/gloo/context.h)
+GLOO    ?= $(if $(GLOO_H),1,0)
+ifeq ($(GLOO),1)
+CFLAGS  += -DUST_GLOO
+LDLIBS  += -lgloo -lstdc++
+endif
 
 LIB_SRC := $(sort $(wildcard core/*.c parallel/*.c))
 CMD_SRC := $(sort $(wildcard cmd/*.c))
@@ -40,6 +50,15 @@ $(B)/%.o: %.c
 $(B)/libustrain.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
+
+ifeq ($(GLOO),1)
+GLOO_OBJ := $(B)/parallel/gloo_store.o
+$(GLOO_OBJ): parallel/gloo_store.cc
+	@mkdir -p $(dir $@)
+	$(CXX) -std=c++17 $(OPT) -g -Wall -Wextra -Werror -pthread -I. -Icore -Iparallel -MMD -MP -c $< -o $@
+$(B)/libustrain.a: $(GLOO_OBJ)
+-include $(GLOO_OBJ:.o=.d)
+endif
 
 $(BIN): $(CMD_OBJ) $(B)/libustrain.a
 	$(CC) $(LDFLAGS) -o $@ $(CMD_OBJ) $(B)/libustrain.a $(LDLIBS)
@@ -131,9 +150,9 @@ endif
 # build directory rebuild them (and so the archive) instead of linking stale ones. The C flags
 # are part of it too: a changed flag rebuilds what it compiles.
 CUDA_STAMP      := $(B)/cuda-config.stamp
-CUDA_STAMP_TEXT := CUDA=$(CUDA) NCCL=$(NCCL) EMU=$(EMU) CFLAGS=$(CFLAGS)
+CUDA_STAMP_TEXT := CUDA=$(CUDA) NCCL=$(NCCL) EMU=$(EMU) GLOO=$(GLOO) CFLAGS=$(CFLAGS)
 $(shell mkdir -p $(B) && [ "$$(cat $(CUDA_STAMP) 2>/dev/null)" = "$(CUDA_STAMP_TEXT)" ] || echo "$(CUDA_STAMP_TEXT)" > $(CUDA_STAMP))
-$(LIB_OBJ) $(CMD_OBJ) $(TESTS:%=%.o): $(CUDA_STAMP)
+$(LIB_OBJ) $(CMD_OBJ) $(TESTS:%=%.o) $(GLOO_OBJ): $(CUDA_STAMP)
 # ---- end of the CUDA backend block -------------------------------------------------------------
 
 # ---- the emulator build (make emu) -------------------------------------------------------------

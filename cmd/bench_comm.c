@@ -331,7 +331,7 @@ int cmd_bench_comm(int argc, char **argv) {
     if (bn.me == 0) {
         printf("bench comm: %d ranks, backend %s, bootstrap %s, %zu..%zu bytes; memcpy "
                "(1 thread) %.2f GB/s\n",
-               bn.W, comm_backend_name(bn.be), boot_kind_name(boot.kind), minb, maxb, bn.mbw / 1e9);
+               bn.W, comm_group_backend(bn.w), boot_kind_name(boot.kind), minb, maxb, bn.mbw / 1e9);
         printf("%-15s %12s %12s %6s %10s %10s %10s %9s\n", "op", "bytes", "count", "iters",
                "time_us", "algbw_GB/s", "busbw_GB/s", "bus/mcpy");
     }

@@ -130,6 +130,7 @@ static const cfg_key cfg_keys[] = {
     INT("parallel.vpp", parallel.vpp, "1", 1),
     ENUM("parallel.pp_schedule", parallel.pp_schedule, "1f1b", PP_SCHEDULES),
     BOOL("parallel.pp_breadth_first", parallel.pp_breadth_first, "false"),
+    BOOL("parallel.tp_across_nodes", parallel.tp_across_nodes, "false"),
     LIST("parallel.pp_layers", parallel.pp_layers, 4096), /* each at most model.n_layer */
     ENUM("parallel.cp_layout", parallel.cp_layout, "zigzag", CP_LAYOUTS),
     ENUM("parallel.cp_comm", parallel.cp_comm, "ring", CP_COMMS),

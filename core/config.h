@@ -82,6 +82,7 @@ typedef struct {
         int vpp;
         ust_pp_schedule pp_schedule;
         bool pp_breadth_first; /* interleaved: all micro-batches through a chunk before the next */
+        bool tp_across_nodes;  /* tp/cp groups may span nodes without a warning */
         char pp_layers[256];   /* "" or "4,4,3,1": layers of each stage (pp * vpp entries) */
         ust_cp_layout cp_layout;
         ust_cp_comm cp_comm;

@@ -1,5 +1,6 @@
 #include "plan.h"
 
+#include <stdlib.h>
 #include <unistd.h>
 
 #include "acts.h"
@@ -86,9 +87,18 @@ int plan_check_fits(const ust_config *c, ust_err *e) {
         total += q.total * per_stage;
         if (q.total > peak) peak = q.total;
     }
+    long long ranks = (long long)per_stage * l->pp;
+    /* A job over several nodes (the launcher says how many ranks run here): this machine holds
+     * only its own ranks, counted at the busiest stage's plan. */
+    const char *lw = getenv("LOCAL_WORLD_SIZE");
+    if (!lw || !*lw) lw = getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+    long long local = lw ? atoll(lw) : 0;
+    if (local >= 1 && local < ranks && (double)local * peak < total) {
+        total = (double)local * peak;
+        ranks = local;
+    }
     double ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
     if (ram <= 0 || total <= ram) return 0;
-    long long ranks = (long long)per_stage * l->pp;
     return ust_errf(e,
                     "%s: the memory plan needs %s (%.0f bytes) for the %lld rank%s of this layout "
                     "on run.device cpu (up to %s each), but this machine has %s of physical "

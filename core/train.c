@@ -104,6 +104,8 @@ int train_runtime_init(ust_runtime *rt, const ust_config *cfg, ust_err *e) {
         rt->comm = NULL;
         return -1;
     }
+    if (rt->rank == 0 && rt->boot.nnodes > 1 && !cfg->parallel.tp_across_nodes)
+        topo_warn_across_nodes(&g, &rt->boot, stderr);
     return 0;
 }
 

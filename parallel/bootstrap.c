@@ -293,6 +293,8 @@ static int launcher_says_many(char *what, size_t cap) {
     return 0;
 }
 
+static int share_nodes(ust_boot *b, ust_err *e);
+
 static void impl_free(ust_boot *b) {
     boot_impl *im = b->impl;
     if (!im) return;
@@ -346,7 +348,35 @@ int boot_init(ust_boot *b, double timeout_s, ust_err *e) {
         return -1;
     }
     ust_error_set_rank(b->world > 1 ? b->rank : -1);
+    if (b->nnodes > 1 && share_nodes(b, e)) {
+        boot_finalize(b);
+        return -1;
+    }
     return 0;
+}
+
+/* Multi-node jobs: every rank learns the node of every other (the topology places groups by it,
+ * comm gives the groups across nodes to gloo). One put, one fence, world gets per rank. */
+static int share_nodes(ust_boot *b, ust_err *e) {
+    b->node_of = malloc(sizeof(int) * (size_t)b->world);
+    if (!b->node_of) return ust_errf(e, "out of memory");
+    int32_t mine = b->node_id;
+    if (boot_put(b, "ust.node", &mine, sizeof mine, e) < 0 || boot_fence(b, e) < 0) return -1;
+    for (int r = 0; r < b->world; r++) {
+        int32_t v;
+        int n = boot_get(b, r, "ust.node", &v, sizeof v, e);
+        if (n < 0) return -1;
+        if (n != (int)sizeof v || v < 0 || v >= b->nnodes)
+            return ust_errf(e, "bootstrap: rank %d says it is on node %d of %d", r, (int)v,
+                            b->nnodes);
+        b->node_of[r] = v;
+    }
+    return 0;
+}
+
+int boot_node_of(const ust_boot *b, int rank) {
+    UST_ASSERT(rank >= 0 && rank < b->world, "rank %d of %d", rank, b->world);
+    return b->node_of ? b->node_of[rank] : 0;
 }
 
 int boot_put(ust_boot *b, const char *key, const void *val, size_t len, ust_err *e) {
@@ -380,6 +410,8 @@ int boot_get(ust_boot *b, int rank, const char *key, void *val, size_t cap, ust_
 
 void boot_finalize(ust_boot *b) {
     boot_impl *im = b->impl;
+    free(b->node_of);
+    b->node_of = NULL;
     if (!im) return;
     if (b->kind == BOOT_PMIX) boot_pmix_finalize(b);
     store_client_close(im->client, 1);

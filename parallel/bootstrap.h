@@ -19,6 +19,7 @@ typedef struct {
     int rank, world;
     int local_rank, local_world;
     int node_id, nnodes;
+    int *node_of;    /* node of every rank (world entries) when nnodes > 1, else NULL (all 0) */
     char job_id[64]; /* unique per job, the same on every rank (names shm segments) */
     double timeout_s;
     boot_impl *impl;
@@ -33,6 +34,9 @@ int boot_put(ust_boot *b, const char *key, const void *val, size_t len, ust_err 
 int boot_fence(ust_boot *b, ust_err *e);
 /* Gets the value `rank` put under key; waits (bounded) until present. Returns length or -1. */
 int boot_get(ust_boot *b, int rank, const char *key, void *val, size_t cap, ust_err *e);
+/* The node of `rank` (0..nnodes-1): from the "ust.node" value every rank of a multi-node job
+ * publishes during boot_init. */
+int boot_node_of(const ust_boot *b, int rank);
 void boot_finalize(ust_boot *b);
 const char *boot_kind_name(boot_kind k);
 

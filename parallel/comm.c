@@ -1,6 +1,7 @@
 /* comm: the backend-independent half. Checks arguments, counts traffic, keeps each
  * communicator's queue of posted operations and hands them to the backend, whose vtable
- * (comm_impl.h) comm_ctx_init picks once. The shm backend runs
+ * (comm_impl.h) comm_ctx_init picks once, and comm_create_many per group where a CPU job spans
+ * nodes (shm inside a node, gloo across). The shm and gloo backends run
  * the queue when an operation is waited on; NCCL launches each operation as it is posted and the
  * queue only remembers what is outstanding. */
 #include "comm_impl.h"
@@ -24,6 +25,14 @@ static const comm_backend_ops *backend_ops(comm_backend b) {
 
 int comm_backend_available(comm_backend b) { return backend_ops(b) != NULL; }
 
+int comm_gloo_available(void) {
+#ifdef UST_GLOO
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 int comm_ctx_init(comm_ctx **out, ust_boot *boot, const comm_opts *opts, ust_err *e) {
     *out = NULL;
     if (!comm_backend_available(opts->backend))
@@ -45,8 +54,56 @@ int comm_ctx_init(comm_ctx **out, ust_boot *boot, const comm_opts *opts, ust_err
         free(ctx);
         return -1;
     }
+    /* A CPU job over several nodes: groups inside a node keep shared memory, the others use
+     * gloo over TCP (comm_create_many chooses per group). */
+    const char *all = getenv("UST_COMM_GLOO");
+    int gloo_all = all && !strcmp(all, "all");
+    if (ctx->backend == COMM_BACKEND_SHM && (boot->nnodes > 1 || gloo_all)) {
+#ifdef UST_GLOO
+        if (comm_gloo_backend.ctx_init(ctx, e)) {
+            ctx->be->ctx_free(ctx);
+            free(ctx);
+            return -1;
+        }
+        ctx->gloo_all = gloo_all;
+#else
+        ctx->be->ctx_free(ctx);
+        free(ctx);
+        if (gloo_all)
+            return ust_errf(e, "comm: UST_COMM_GLOO=all, but this build has no gloo (install "
+                               "libgloo-dev and rebuild)");
+        return ust_errf(e,
+                        "comm: the shared-memory backend works on one node, but the job spans "
+                        "%d nodes and this build has no gloo for the groups across nodes "
+                        "(install libgloo-dev and rebuild, use run.device: cuda with NCCL, or "
+                        "launch on one node)",
+                        boot->nnodes);
+#endif
+    }
     *out = ctx;
     return 0;
+}
+
+/* The backend of a new group: gloo for a CPU group whose members are on several nodes. */
+static const comm_backend_ops *group_backend(const comm_ctx *ctx, const comm_group_spec *g) {
+#ifdef UST_GLOO
+    if (ctx->gloo && g->n > 1) {
+        if (ctx->gloo_all) return &comm_gloo_backend;
+        for (int j = 1; j < g->n; j++)
+            if (boot_node_of(ctx->boot, g->ranks[j]) != boot_node_of(ctx->boot, g->ranks[0]))
+                return &comm_gloo_backend;
+    }
+#else
+    (void)g;
+#endif
+    return ctx->be;
+}
+
+const char *comm_group_backend(const ust_comm *c) {
+#ifdef UST_GLOO
+    if (c->be == &comm_gloo_backend) return "gloo";
+#endif
+    return comm_backend_name(c->ctx->backend);
 }
 
 comm_backend comm_ctx_backend(const comm_ctx *ctx) { return ctx->backend; }
@@ -55,7 +112,7 @@ void comm_ctx_set_stream(comm_ctx *ctx, void *stream) { ctx->stream = stream; }
 void comm_free(ust_comm *c) {
     if (!c) return;
     comm_ctx *ctx = c->ctx;
-    if (c->impl) ctx->be->free(c);
+    if (c->impl) c->be->free(c);
     for (int i = 0; i < ctx->nall; i++)
         if (ctx->all[i] == c) ctx->all[i] = ctx->all[--ctx->nall];
     free(c->granks);
@@ -67,6 +124,9 @@ void comm_ctx_free(comm_ctx *ctx) {
     if (!ctx) return;
     while (ctx->nall) comm_free(ctx->all[ctx->nall - 1]);
     free(ctx->all);
+#ifdef UST_GLOO
+    if (ctx->gloo) comm_gloo_backend.ctx_free(ctx);
+#endif
     ctx->be->ctx_free(ctx);
     free(ctx);
 }
@@ -121,6 +181,7 @@ int comm_create_many(comm_ctx *ctx, int ng, const comm_group_spec *gs, ust_comm 
         ust_comm *c = calloc(1, sizeof *c);
         UST_ASSERT(c, "out of memory");
         c->ctx = ctx;
+        c->be = group_backend(ctx, g);
         snprintf(c->name, sizeof c->name, "%s", g->name);
         c->rank = me;
         c->size = g->n;
@@ -137,7 +198,7 @@ int comm_create_many(comm_ctx *ctx, int ng, const comm_group_spec *gs, ust_comm 
         ctx->all[ctx->nall++] = c;
         out[i] = c;
         group_key(ctx, g, key, sizeof key);
-        rc = ctx->be->create_begin(c, key, e);
+        rc = c->be->create_begin(c, key, e);
     }
     /* Every rank reaches the fence, even after an error, so the others fail on their own
      * terms instead of waiting for this one until the bootstrap timeout. */
@@ -145,7 +206,7 @@ int comm_create_many(comm_ctx *ctx, int ng, const comm_group_spec *gs, ust_comm 
     if (boot_fence(b, &fe) && !rc) rc = ust_errf(e, "comm: creating groups: %s", fe.msg);
     for (int i = 0; i < ng && !rc; i++) {
         group_key(ctx, &gs[i], key, sizeof key);
-        rc = ctx->be->create_end(out[i], key, e);
+        rc = out[i]->be->create_end(out[i], key, e);
     }
     ctx->ncalls++;
     if (rc)
@@ -207,7 +268,7 @@ static comm_req post(ust_comm *c, comm_desc d) {
     }
     d.seq = ++c->posted;
     c->queue[d.seq % (uint64_t)c->qcap] = d;
-    if (c->ctx->be->launch) c->ctx->be->launch(c, &c->queue[d.seq % (uint64_t)c->qcap]);
+    if (c->be->launch) c->be->launch(c, &c->queue[d.seq % (uint64_t)c->qcap]);
     return (comm_req){c, d.seq};
 }
 
@@ -290,7 +351,7 @@ void comm_wait(comm_req *r) {
     UST_ASSERT(r->seq <= c->posted, "waiting on seq %llu of '%s', only %llu posted",
                (unsigned long long)r->seq, c->name, (unsigned long long)c->posted);
     double t0 = log_now_s();
-    c->ctx->be->wait_until(c, r->seq);
+    c->be->wait_until(c, r->seq);
     c->cnt.wait_s += log_now_s() - t0;
     c->done = r->seq;
     r->comm = NULL;

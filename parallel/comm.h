@@ -1,10 +1,11 @@
 /* comm: collectives and point-to-point transfers on a communicator made from any rank list.
- * A comm_ctx holds the backend (shared memory for CPU ranks on one node, NCCL for GPUs) and the
- * deadline dist.timeout_s; comm_create_many makes several communicators at once (collective over
- * the whole job), and any number of them can be in use together. Every operation is asynchronous:
- * it returns a comm_req and comm_wait completes it. A wait that passes the deadline prints the
- * operation, group, this rank and the peers it waited on, then exits with UST_EXIT_RUNTIME.
- * Ordering rules: at comm_req; what the traffic counters count: at comm_counters. */
+ * A comm_ctx holds the backend (shared memory for CPU ranks on one node, with gloo over TCP for
+ * CPU groups across nodes; NCCL for GPUs) and the deadline dist.timeout_s; comm_create_many makes
+ * several communicators at once (collective over the whole job), and any number of them can be in
+ * use together. Every operation is asynchronous: it returns a comm_req and comm_wait completes it.
+ * A wait that passes the deadline prints the operation, group, this rank and the peers it waited
+ * on, then exits with UST_EXIT_RUNTIME. Ordering rules: at comm_req; what the traffic counters
+ * count: at comm_counters. */
 #ifndef UST_COMM_H
 #define UST_COMM_H
 
@@ -94,8 +95,10 @@ typedef struct {
     int n;
 } comm_group_spec;
 
-/* Sets up the backend for this rank. Shm: refuses a job spanning several nodes. NCCL: selects
- * GPU local_rank % devices. Returns -1 with a message on user-fixable problems. */
+/* Sets up the backend for this rank. Shm on a job spanning several nodes: groups inside a node
+ * keep shared memory, groups across nodes use gloo over TCP (refused when built without gloo);
+ * UST_COMM_GLOO=all in the environment gives gloo every CPU group of several members (tests).
+ * NCCL: selects GPU local_rank % devices. Returns -1 with a message on user-fixable problems. */
 int comm_ctx_init(comm_ctx **ctx, ust_boot *boot, const comm_opts *opts, ust_err *e);
 void comm_ctx_free(comm_ctx *ctx); /* frees every communicator made from it */
 /* NCCL: each operation first waits (on the GPU) for the work already enqueued on this compute
@@ -104,6 +107,7 @@ void comm_ctx_set_stream(comm_ctx *ctx, void *stream);
 comm_backend comm_ctx_backend(const comm_ctx *ctx);
 const char *comm_backend_name(comm_backend b);
 int comm_backend_available(comm_backend b); /* NCCL compiled in (does not probe for a GPU) */
+int comm_gloo_available(void);              /* gloo compiled in (CPU groups across nodes) */
 
 /* Collective over the WHOLE job: every rank calls it the same number of times, each time with
  * the groups it belongs to (possibly none; the list may differ between ranks, but a group's
@@ -117,6 +121,7 @@ int comm_rank(const ust_comm *c); /* comm-local rank of this process */
 int comm_size(const ust_comm *c);
 int comm_global_rank(const ust_comm *c, int local); /* member `local` as a global rank */
 const char *comm_name(const ust_comm *c);
+const char *comm_group_backend(const ust_comm *c); /* "shm", "gloo" or "nccl" */
 
 /* Counts are in elements of dtype. In-place is allowed where noted. */
 /* recv = op over members of send (count elements each); send == recv allowed. */

@@ -23,6 +23,8 @@ typedef struct {
     uint64_t seq;
 } comm_desc;
 
+typedef struct comm_backend_ops comm_backend_ops;
+
 struct ust_comm {
     comm_ctx *ctx;
     char name[32];
@@ -33,10 +35,10 @@ struct ust_comm {
     uint64_t done;    /* every seq <= done has completed */
     comm_desc *queue; /* posted, not yet completed: seqs done+1 .. posted, ring of qcap */
     int qcap;
-    void *impl; /* backend state */
+    const comm_backend_ops *be; /* this group's backend: the ctx's, or gloo for a CPU group that
+                                   spans nodes (comm_create_many) */
+    void *impl;                 /* backend state */
 };
-
-typedef struct comm_backend_ops comm_backend_ops;
 
 struct comm_ctx {
     comm_backend backend;
@@ -49,6 +51,8 @@ struct comm_ctx {
     ust_comm **all;
     int nall, capall;
     void *impl;
+    void *gloo;   /* gloo's per-process state (comm_gloo.c), when a group may span nodes */
+    int gloo_all; /* UST_COMM_GLOO=all: every CPU group of several members uses gloo */
 };
 
 /* Access to a desc's per-member counts and displacements (all-to-all with equal counts). */
@@ -87,6 +91,9 @@ struct comm_backend_ops {
 extern const comm_backend_ops comm_shm_backend; /* comm_shm.c */
 #ifdef UST_NCCL
 extern const comm_backend_ops comm_nccl_backend; /* comm_nccl.c, only with -DUST_NCCL */
+#endif
+#ifdef UST_GLOO
+extern const comm_backend_ops comm_gloo_backend; /* comm_gloo.c, only with -DUST_GLOO */
 #endif
 
 /* Liveness of a process on this node (what the shm backend checks of a peer that keeps it

@@ -3,6 +3,7 @@
  * the free axes in rank order. */
 #include "topology.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -195,6 +196,55 @@ void topo_print(const topo_grid *g, FILE *f) {
     }
     free(ranks);
     free(first);
+}
+
+int topo_group_across_nodes(const topo_grid *g, topo_kind k, const ust_boot *b, int *na, int *nb) {
+    UST_ASSERT(k == TOPO_TP || k == TOPO_CP, "node check of group kind %d", (int)k);
+    /* Compare every rank's node with its group's lowest member's (the member with coordinate 0
+     * on the group's axis): O(world), no member lists. */
+    for (int r = 0; r < g->world; r++) {
+        topo_coord c = topo_coords(g, r);
+        int low = k == TOPO_TP ? topo_rank_of(g, 0, c.cp, c.dp, c.pp)
+                               : topo_rank_of(g, c.tp, 0, c.dp, c.pp);
+        if (boot_node_of(b, r) != boot_node_of(b, low)) {
+            *na = boot_node_of(b, low), *nb = boot_node_of(b, r);
+            return low;
+        }
+    }
+    return -1;
+}
+
+int topo_warn_across_nodes(const topo_grid *g, const ust_boot *b, FILE *f) {
+    static const char *why[] = {
+        "tensor parallelism all-reduces (or gathers and scatters) activations twice per layer in "
+        "the forward and again in the backward",
+        "context parallelism passes every attention layer's K/V blocks around its ring, forward "
+        "and backward"};
+    int warned = 0;
+    for (int i = 0; i < 2; i++) {
+        topo_kind k = i ? TOPO_CP : TOPO_TP;
+        int na, nb, low = topo_group_across_nodes(g, k, b, &na, &nb);
+        if (low < 0) continue;
+        int *ranks = malloc(sizeof(int) * (size_t)g->world), n;
+        UST_ASSERT(ranks, "out of memory");
+        n = topo_group(g, k, low, ranks, NULL);
+        char list[256];
+        size_t used = 0;
+        for (int j = 0; j < n && used + 16 < sizeof list; j++)
+            used +=
+                (size_t)snprintf(list + used, sizeof list - used, "%s%d", j ? ", " : "", ranks[j]);
+        if (used + 16 >= sizeof list) snprintf(list + used, sizeof list - used, ", ...");
+        fprintf(f,
+                "ustrain: warning: the %s group of global ranks %s spans nodes %d and %d: %s, "
+                "so across nodes every layer waits on the network; with %d ranks per node keep "
+                "parallel.%s <= %d (tp is placed first, then cp), or set "
+                "parallel.tp_across_nodes: true to silence this\n",
+                topo_kind_name(k), list, na, nb, why[i], b->local_world,
+                i ? "tp * parallel.cp" : "tp", b->local_world);
+        free(ranks);
+        warned++;
+    }
+    return warned;
 }
 
 int topo_connect(ust_topology *t, const topo_grid *g, comm_ctx *ctx, int rank, ust_err *e) {

@@ -79,6 +79,17 @@ int topo_group(const topo_grid *g, topo_kind k, int rank, int *ranks, int *index
 /* Prints the grid: for every kind, each distinct group's global ranks. */
 void topo_print(const topo_grid *g, FILE *f);
 
+/* Node-aware placement. Ranks are numbered node after node (every launcher does), so with tp
+ * fastest-varying a tp group stays inside a node when tp (and tp*cp for cp) divides the ranks per
+ * node; dp and pp then run across nodes. The lowest member of the first group of kind k whose
+ * members are on more than one node (nodes from the bootstrap), with two of those nodes in
+ * *na, *nb; -1 when every such group is inside one node. */
+int topo_group_across_nodes(const topo_grid *g, topo_kind k, const ust_boot *b, int *na, int *nb);
+/* Warns on f for tp and cp groups that span nodes (their collectives run on every layer, so
+ * across nodes they are latency-bound on the network), naming a group, its nodes and the ranks
+ * per node. Returns how many kinds it warned about. */
+int topo_warn_across_nodes(const topo_grid *g, const ust_boot *b, FILE *f);
+
 /* Collective over the job: creates every group of `rank` (one comm_create_many call). */
 int topo_connect(ust_topology *t, const topo_grid *g, comm_ctx *ctx, int rank, ust_err *e);
 /* Frees the communicators; call it before comm_ctx_free (which frees any that are left). */

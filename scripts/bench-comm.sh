@@ -2,7 +2,10 @@
 # make bench-comm: `ustrain bench comm` at 2, 4 and 8 ranks under scripts/ustrun, and OpenMPI's
 # MPI_Allreduce measured in the same run (test/tools/mpi_allreduce_bench.c, built here with mpicc),
 # then the all-reduce time of both side by side with the ratio ustrain/OpenMPI (< 1: ustrain
-# faster). Usage: scripts/bench-comm.sh [UST_BINARY] [BUILD_DIR]; MIN_BYTES/MAX_BYTES/RANKS override.
+# faster). Then gloo across nodes: 2 network namespaces on this machine (the test bed of
+# test/sh/multinode_lib.sh; needs root), 1 and 2 ranks per node, with the all-reduce bus bandwidth
+# of gloo (2 nodes x 1 rank, over the veth pair) beside shm's at 2 ranks.
+# Usage: scripts/bench-comm.sh [UST_BINARY] [BUILD_DIR]; MIN_BYTES/MAX_BYTES/RANKS override.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 UST=${1:-./ustrain}
@@ -19,11 +22,13 @@ else
     echo "bench-comm: mpicc/mpirun not found: no OpenMPI comparison"
 fi
 rc=0
+declare -A SHM_OUT
 for n in $RANKS; do
     echo "==== $n ranks: ustrain bench comm"
     out=$(scripts/ustrun --nproc-per-node "$n" --no-prefix "$UST" bench comm --min-bytes "$MIN" --max-bytes "$MAX" 2>&1)
     r=$?
     echo "$out"
+    SHM_OUT[$n]=$out
     [ $r -ne 0 ] && { echo "bench-comm: ustrain bench comm failed at $n ranks (exit $r)"; rc=1; continue; }
     [ -z "$MPI_BENCH" ] && continue
     mpi=$(mpirun --allow-run-as-root --oversubscribe -np "$n" "$MPI_BENCH" "$MIN" "$MAX" 2>&1) || {
@@ -36,4 +41,32 @@ for n in $RANKS; do
                          printf "%12d %12.1f %12.1f %8.2f%s\n", $1, $2, $3, r, (r > 1.5 ? "  SLOWER than 1.5x" : "")}
                        END {printf "worst ratio ustrain/OpenMPI: %.2f\n", worst}'
 done
+
+# gloo across two namespaces ("nodes"), created and removed here
+TMP=$(mktemp -d /tmp/ustrain-bench-comm.XXXXXX)
+pass() { :; }
+fail() { echo "bench-comm: $1: $2"; }
+. test/sh/multinode_lib.sh
+why=$(mn_skip_reason)
+if [ -n "$why" ]; then
+    echo "bench-comm: no gloo figures: $why"
+    rm -rf "$TMP"
+    exit $rc
+fi
+mn_up 2 || { echo "bench-comm: could not make 2 network namespaces"; exit 1; }
+for per in 1 2; do
+    echo "==== $((2 * per)) ranks on 2 nodes (network namespaces, $per per node): ustrain bench comm (gloo)"
+    out=$(mn_run $per "$UST" bench comm --min-bytes "$MIN" --max-bytes "$MAX" 2>&1 | grep '^\[node 0\] \[rank 0\]' |
+          sed 's/^\[node 0\] \[rank 0\] //')
+    echo "$out"
+    echo "$out" | grep -q "all results correct" || { echo "bench-comm: the gloo run failed"; rc=1; }
+    [ $per = 1 ] && GLOO2=$out
+done
+if [ -n "${SHM_OUT[2]:-}" ] && [ -n "${GLOO2:-}" ]; then
+    echo "==== 2 ranks: all-reduce bus bandwidth, shm (one node) vs gloo (2 nodes over veth)"
+    printf '%12s %12s %12s\n' bytes shm_GB/s gloo_GB/s
+    join <(echo "${SHM_OUT[2]}" | awk '$1=="all_reduce"{print $2, $7}' | sort -k1,1) \
+         <(echo "$GLOO2" | awk '$1=="all_reduce"{print $2, $7}' | sort -k1,1) |
+        sort -n | awk '{printf "%12d %12.3f %12.3f\n", $1, $2, $3}'
+fi
 exit $rc

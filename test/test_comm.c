@@ -761,8 +761,9 @@ static void run_world(int W, const char *tag, const char *const *extra) {
 
 /* A rank that dies (or never arrives) mid-collective: the others exit non-zero within the
  * timeout (3 s here) with a message naming the operation, group and the missing rank. */
-/* backend: NULL for shm, or an extra environment entry (UST_TEST_BACKEND=nccl). NCCL cannot tell
- * which peer is missing, so rank 0 names every member it waited for. */
+/* backend: NULL for shm, or an extra environment entry (UST_TEST_BACKEND=nccl, UST_COMM_GLOO=all).
+ * NCCL cannot tell which peer is missing, and gloo on one host sees every peer at one address,
+ * so rank 0 names every member it waited for. */
 static void fault_case(const char *mode, const char *want, const char *backend) {
     const char *extra[] = {mode[0] == 'd' ? "UST_TEST_MODE=die" : "UST_TEST_MODE=stall", backend,
                            NULL};
@@ -773,7 +774,10 @@ static void fault_case(const char *mode, const char *want, const char *backend) 
     char *o = slurp(path);
     char name[80];
     snprintf(name, sizeof name, "comm_w3%s_rank_that_%s_mid_allreduce_ends_the_others",
-             backend ? "_nccl" : "", mode);
+             !backend                  ? ""
+             : strstr(backend, "GLOO") ? "_gloo"
+                                       : "_nccl",
+             mode);
     if (res.rc[0] != 1 || res.rc[1] != 1 || !strstr(o, want) || !strstr(o, "all_reduce") ||
         !strstr(o, "'world'") || !strstr(o, backend ? "ranks 1, 2" : "rank 2") || res.secs > 15) {
         printf("FAIL %s: exit codes %d %d %d after %.1f s; rank 0 said: %.400s\n", name, res.rc[0],
@@ -788,9 +792,27 @@ static void fault_case(const char *mode, const char *want, const char *backend) 
     cleanup_dir(&res, 3);
 }
 
-/* Two ranks that the bootstrap places on two nodes (one local rank each): the shm backend
- * refuses with a message instead of failing later. */
+/* Gloo, on this host: two ranks that the bootstrap places on two nodes (one local rank each), so
+ * comm gives their groups to gloo, and four ranks on one node with UST_COMM_GLOO=all; every case
+ * of the shm backend, then a rank that dies or stalls. test/sh/multinode*.sh runs gloo across
+ * network namespaces. */
+static void gloo_cases(void) {
+    if (!comm_gloo_available()) {
+        printf("SKIP gloo: not compiled in (no gloo/context.h at build time)\n");
+        return;
+    }
+    static const char *two_nodes[] = {"LOCAL_RANK=0", "LOCAL_WORLD_SIZE=1", NULL};
+    static const char *all[] = {"UST_COMM_GLOO=all", NULL};
+    run_world(2, "_gloo_2_nodes", two_nodes);
+    run_world(4, "_gloo", all);
+    fault_case("dies", "gloo", "UST_COMM_GLOO=all");
+    fault_case("stalls", "timed out", "UST_COMM_GLOO=all");
+}
+
+/* Two ranks that the bootstrap places on two nodes (one local rank each): without gloo, the shm
+ * backend refuses with a message instead of failing later. */
 static void multinode_case(void) {
+    if (comm_gloo_available()) return; /* gloo_cases runs them */
     static const char *extra[] = {"LOCAL_RANK=0", "LOCAL_WORLD_SIZE=1", NULL};
     spawn_result res;
     spawn(2, extra, 20, &res);
@@ -918,6 +940,10 @@ static void test_shm_liveness_sees_zombies_exits_and_reused_pids(void) {
 int main(void) {
     if (getenv("RANK")) return child_main();
     signal(SIGPIPE, SIG_IGN);
+    if (getenv("UST_TEST_ONLY_GLOO")) { /* only the gloo backend's cases */
+        gloo_cases();
+        return TEST_SUMMARY();
+    }
     if (getenv("UST_TEST_ONLY_NCCL")) { /* the GPU checks: only the NCCL backend's cases */
         nccl_cases();
         return TEST_SUMMARY();
@@ -934,6 +960,7 @@ int main(void) {
     fault_case("dies", "has died", NULL);
     fault_case("stalls", "timed out", NULL);
     multinode_case();
+    gloo_cases();
     nccl_cases();
     return TEST_SUMMARY();
 }

@@ -3,6 +3,7 @@
  * (every member of my group has the same group), hand-checked groups of the dp=4 ep=2 tp=2 cp=2
  * pp=2 grid, the printer, and invalid grids. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "test.h"
 #include "topology.h"
@@ -239,7 +240,43 @@ static void test_printer_lists_each_rank_once_per_kind(void) {
     }
 }
 
+/* Node-aware placement on 2 nodes of 4 ranks (node = rank / 4): tp=4 and tp=2 x cp=2 stay inside
+ * a node (dp and pp go across), tp=8 and tp=2 x cp=4 do not, and the warning names the group and
+ * both nodes; a node map that interleaves ranks (node = rank % 2) puts even tp=2 across nodes. */
+static void test_tp_and_cp_groups_across_nodes_are_found_and_named(void) {
+    int blocked[8], striped[8];
+    for (int r = 0; r < 8; r++) blocked[r] = r / 4, striped[r] = r % 2;
+    ust_boot b = {.rank = 0, .world = 8, .local_world = 4, .nnodes = 2, .node_of = blocked};
+    topo_grid g;
+    int na = -1, nb = -1;
+    CHECK(topo_grid_init(&g, 2, 4, 1, 1, 1, 8, NULL) == 0, "dp2 tp4");
+    CHECK(topo_group_across_nodes(&g, TOPO_TP, &b, &na, &nb) == -1, "tp=4 inside a node");
+    CHECK(topo_grid_init(&g, 1, 2, 2, 2, 1, 8, NULL) == 0, "tp2 cp2 pp2");
+    CHECK(topo_group_across_nodes(&g, TOPO_TP, &b, &na, &nb) == -1, "tp=2 inside a node");
+    CHECK(topo_group_across_nodes(&g, TOPO_CP, &b, &na, &nb) == -1, "cp=2 over tp=2 inside");
+    CHECK(topo_grid_init(&g, 1, 8, 1, 1, 1, 8, NULL) == 0, "tp8");
+    CHECK(topo_group_across_nodes(&g, TOPO_TP, &b, &na, &nb) == 0 && na == 0 && nb == 1,
+          "tp=8 across nodes 0 and 1: got %d %d", na, nb);
+    CHECK(topo_grid_init(&g, 1, 2, 1, 4, 1, 8, NULL) == 0, "tp2 cp4");
+    CHECK(topo_group_across_nodes(&g, TOPO_TP, &b, &na, &nb) == -1, "tp=2 of tp2 cp4 inside");
+    CHECK(topo_group_across_nodes(&g, TOPO_CP, &b, &na, &nb) == 0, "cp=4 over tp=2 across");
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    CHECK(topo_warn_across_nodes(&g, &b, f) == 1, "one warning (cp)");
+    fclose(f);
+    CHECK(strstr(buf, "the cp group of global ranks 0, 2, 4, 6") && strstr(buf, "nodes 0 and 1") &&
+              strstr(buf, "K/V") && strstr(buf, "parallel.tp_across_nodes"),
+          "warning: %s", buf);
+    free(buf);
+    b.node_of = striped;
+    CHECK(topo_grid_init(&g, 4, 2, 1, 1, 1, 8, NULL) == 0, "dp4 tp2");
+    CHECK(topo_group_across_nodes(&g, TOPO_TP, &b, &na, &nb) == 0 && na == 0 && nb == 1,
+          "tp=2 on interleaved nodes");
+}
+
 int main(void) {
+    RUN_TEST(test_tp_and_cp_groups_across_nodes_are_found_and_named);
     RUN_TEST(test_printer_lists_each_rank_once_per_kind);
     RUN_TEST(test_every_group_matches_independent_formula_on_several_grids);
     RUN_TEST(test_groups_of_dp4_ep2_tp2_cp2_pp2_by_hand);

@@ -72,7 +72,7 @@ def layout_sets(layout):
     return sets, world
 
 
-def run(args, sets, world, out, env_extra, every=None, resume="none"):
+def run(args, sets, world, out, env_extra, every=None, resume="none", launcher=None):
     os.makedirs(out, exist_ok=True)
     cmd = [args.ustrain, "train", args.config]
     base = [f"train.steps={args.steps}", f"checkpoint.dir={out}/ckpt",
@@ -83,7 +83,7 @@ def run(args, sets, world, out, env_extra, every=None, resume="none"):
     for s in base + args.set + sets:
         cmd += ["--set", s]
     if world > 1:
-        cmd = [args.ustrun, "--nproc-per-node", str(world)] + cmd
+        cmd = [launcher or args.ustrun, "--nproc-per-node", str(world)] + cmd
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     env.update(env_extra)
     p = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -140,6 +140,9 @@ def main():
                    help="train this layout to --resume-at first; every --layout then resumes "
                         "from that checkpoint")
     p.add_argument("--resume-at", type=int, default=0)
+    p.add_argument("--save-ustrun", default=None,
+                   help="the launcher of the --save-layout run (default: --ustrun), e.g. one "
+                        "over another number of nodes than the resumed layouts'")
     p.add_argument("--ref", default="",
                    help="the reference's layout words (default: one process as configured)")
     p.add_argument("--tolerance", choices=sorted(TOL), default="fp32")
@@ -154,7 +157,8 @@ def main():
             return 1
         if ref is not None and args.save_layout:
             sets, world = layout_sets(args.save_layout)
-            saved, log = run(args, sets, world, f"{tmp}/save", env_extra, every=args.resume_at)
+            saved, log = run(args, sets, world, f"{tmp}/save", env_extra, every=args.resume_at,
+                             launcher=args.save_ustrun)
             if saved is None:
                 print(f"FAIL equiv{args.name}_save[{args.save_layout}]: {log}")
                 return 1

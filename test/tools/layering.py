@@ -6,7 +6,8 @@ includes or calls into a layer above its own. Layers, bottom to top:
                 ops_prof, blas_guard); cuda/ implements ops.h and is reached only through it:
                 ops.c (ops_create, the factory that picks the backend) is the one file outside
                 cuda/ that names it
-  1 comm        bootstrap*, comm*, topology: the rank grid, the groups, the collectives
+  1 comm        bootstrap*, comm*, gloo_store, topology: the rank grid, the groups, the
+                collectives
   2 tp/cp/ep    the three dimensions that split a layer, each owning its group
   3 model       model, moe, ckpt, data, hf_map, hf_config, hf_import, infer: the transformer's math, its tensors and files; it asks
                 tp/cp/ep for every collective, so it neither includes nor calls layer 1
@@ -33,7 +34,7 @@ MODULES = {
     "parallel/bootstrap": 1, "parallel/bootstrap_impl": 1, "parallel/bootstrap_pmix": 1,
     "parallel/bootstrap_server": 1, "parallel/bootstrap_common": 1, "parallel/bootstrap_store": 1, "parallel/comm": 1,
     "parallel/comm_impl": 1, "parallel/comm_shm": 1, "parallel/comm_shm_segment": 1,
-    "parallel/comm_nccl": 1,
+    "parallel/comm_nccl": 1, "parallel/comm_gloo": 1, "parallel/gloo_store": 1,
     "parallel/comm_common": 1, "parallel/topology": 1,
     "parallel/tp": 2, "parallel/cp": 2, "parallel/ep": 2,
     "core/model": 3, "core/model_internal": 3, "core/acts": 3, "core/params": 3, "core/moe": 3, "core/ckpt": 3, "core/ckpt_manifest": 3, "core/data": 3, "core/data_blend": 3,
