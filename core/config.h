@@ -66,6 +66,10 @@ typedef struct {
             int num_experts, top_k, d_ff_expert, every;
             bool shared_expert;
             double aux_loss_coef, z_loss_coef, capacity_factor;
+            /* aux-loss-free balancing (DeepSeek-V3): a per-expert routing bias for the top-k
+             * choice only, moved each step by rate * sign(mean load - load) from the step's
+             * global counts (0: off, no bias tensor) */
+            double bias_update_rate;
         } moe;
         struct { /* Llama 3.1's rope_scaling (ops.h ust_rope) */
             ust_rope_scaling type;

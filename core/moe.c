@@ -65,6 +65,10 @@ void moe_enum_params(const ust_config *cfg, int l, int ep_size, int ep_rank, moe
     snprintf(n, sizeof n, "model.layers.%d.mlp.router.weight", l);
     emit(fn, ctx, n, E, cfg->model.d_model, 1, 0.02f, -1, w ? &w->router : NULL,
          g ? &g->router : NULL);
+    if (cfg->model.moe.bias_update_rate > 0) {
+        snprintf(n, sizeof n, "model.layers.%d.mlp.router.expert_bias", l);
+        emit(fn, ctx, n, 1, E, 0, 0.0f, -1, w ? &w->bias : NULL, g ? &g->bias : NULL);
+    }
     if (cfg->model.moe.shared_expert) {
         snprintf(n, sizeof n, "model.layers.%d.mlp.shared_expert", l);
         emit_expert(cfg, n, -1, w ? &w->shared : NULL, g ? &g->shared : NULL, fn, ctx);
@@ -109,9 +113,9 @@ static int64_t moe_capacity(double factor, int64_t assignments, int64_t E) {
 
 void moe_dispatch_rows(const ust_config *cfg, int64_t N, int ep, int64_t *send, int64_t *recv) {
     const __typeof__(cfg->model.moe) *c = &cfg->model.moe;
-    int64_t A = N * c->top_k, E = c->num_experts, s = A, r = A;
-    if (c->capacity_factor > 0) { /* the whole micro-batch's capacity (cp shards together) */
-        int64_t cap = moe_capacity(c->capacity_factor, A * cfg->parallel.cp, E);
+    int64_t A = moe_rank_tokens(cfg, N) * c->top_k, E = c->num_experts, s = A, r = A;
+    if (c->capacity_factor > 0) { /* the whole micro-batch's capacity (cp, tp parts together) */
+        int64_t cap = moe_capacity(c->capacity_factor, N * c->top_k * cfg->parallel.cp, E);
         s = A < E * cap ? A : E * cap;
         r = A < E / ep * cap ? A : E / ep * cap;
     }
@@ -130,7 +134,7 @@ static int cmp_key(const void *a, const void *b) {
 }
 
 static void init_capacity_order(moe_ctx *m, const moe_groups *g, ust_arena *arena) {
-    int n = ep_shards_size(g->cap_comm), N = m->N;
+    int n = ep_shards_size(g->cap_comm), N = m->Nmb;
     cap_token *t = host_alloc((size_t)n * N * sizeof *t);
     for (int r = 0; r < n; r++)
         for (int i = 0; i < N; i++) {
@@ -144,30 +148,110 @@ static void init_capacity_order(moe_ctx *m, const moe_groups *g, ust_arena *aren
     m->cap_comm = g->cap_comm;
     m->cap_topk = mem_alloc(arena, MEM_COMM, (size_t)n * N * m->k * sizeof(float));
     m->cap_topk_host = host_alloc((size_t)n * N * m->k * sizeof(float));
-    m->cap_count = host_alloc((size_t)m->E * sizeof(int32_t));
 }
 
-/* Capacity over the cp group: every member's choices, walked in the micro-batch's token order
- * (then choice order) as one rank would; pos[i] = -1 for this rank's dropped assignments, else
- * its index among this rank's kept assignments to the expert. */
-static void route_capacity_cp(moe_ctx *m, const moe_acts *a, int32_t *pos, int32_t *kept) {
+/* Capacity over the cp group: every member's choices of its micro-batch part (all: Nmb*k),
+ * walked in the micro-batch's token order (then choice order) as one rank would; keep[a] for
+ * this member's assignments a. */
+static void capacity_cp(moe_ctx *m, const int32_t *all, int32_t *keep) {
     const ust_ops *o = m->ops;
-    int n = ep_shards_size(m->cap_comm), me = ep_shards_rank(m->cap_comm), k = m->k;
-    int64_t A = (int64_t)m->N * k, cap = moe_capacity(m->capacity_factor, A * n, m->E);
-    for (int64_t i = 0; i < A; i++) m->cap_topk_host[me * A + i] = (float)m->topk_host[i];
+    int n = ep_shards_size(m->cap_comm), me = ep_shards_rank(m->cap_comm), k = m->k, N = m->Nmb;
+    int64_t A = (int64_t)N * k, cap = moe_capacity(m->capacity_factor, A * n, m->E);
+    for (int64_t i = 0; i < A; i++) m->cap_topk_host[me * A + i] = (float)all[i];
     o->to_device(o, m->cap_topk + me * A, m->cap_topk_host + me * A, A * sizeof(float));
     ep_shards_allgather(m->cap_comm, m->cap_topk + me * A, m->cap_topk, A);
     o->to_host(o, m->cap_topk_host, m->cap_topk, (size_t)n * A * sizeof(float));
     memset(m->cap_count, 0, m->E * sizeof(int32_t));
-    for (int64_t t = 0; t < (int64_t)n * m->N; t++) {
-        int tok = m->cap_order[t], owner = tok / m->N, i = tok % m->N;
+    for (int64_t t = 0; t < (int64_t)n * N; t++) {
+        int tok = m->cap_order[t], owner = tok / N, i = tok % N;
         for (int j = 0; j < k; j++) {
             int e = (int)m->cap_topk_host[(int64_t)owner * A + (int64_t)i * k + j];
-            int keep = m->cap_count[e]++ < cap;
-            if (owner == me) pos[(int64_t)i * k + j] = keep ? kept[e]++ : -1;
+            int kept = m->cap_count[e]++ < cap;
+            if (owner == me) keep[(int64_t)i * k + j] = kept;
         }
     }
-    (void)a;
+}
+
+/* Which of this rank's assignments the capacity keeps (keep, this rank's N*k): decided over the
+ * whole micro-batch, its tp parts gathered first and its cp parts in capacity_cp, in the
+ * micro-batch's token order whatever the split. */
+static void capacity_keep(moe_ctx *m, int32_t *keep) {
+    const ust_ops *o = m->ops;
+    int k = m->k, E = m->E;
+    int64_t A = (int64_t)m->N * k, Amb = (int64_t)m->Nmb * k;
+    const int32_t *all = m->topk_host;
+    int32_t *keep_all = keep;
+    if (m->tpn > 1) { /* every tp part's choices, in row order */
+        float *mine = m->tp_topk + m->tpr * A, *hm = (float *)m->keep_host;
+        for (int64_t i = 0; i < A; i++) hm[i] = (float)m->topk_host[i];
+        o->to_device(o, mine, hm, A * sizeof(float));
+        ep_shards_allgather(m->tp_comm, mine, m->tp_topk, A);
+        o->to_host(o, m->keep_host, m->tp_topk, Amb * sizeof(float));
+        hm = (float *)m->keep_host;
+        for (int64_t i = 0; i < Amb; i++) m->tp_topk_host[i] = (int32_t)hm[i];
+        all = m->tp_topk_host;
+        keep_all = m->keep_host;
+    }
+    if (m->cap_comm) {
+        capacity_cp(m, all, keep_all);
+    } else {
+        int64_t cap = moe_capacity(m->capacity_factor, Amb, E);
+        memset(m->cap_count, 0, E * sizeof(int32_t));
+        for (int64_t i = 0; i < Amb; i++) keep_all[i] = m->cap_count[all[i]]++ < cap;
+    }
+    if (m->tpn > 1) memmove(keep, keep_all + m->tpr * A, A * sizeof(int32_t)); /* my part */
+}
+
+static int64_t pad16(int64_t n) { return (n + 15) & ~(int64_t)15; }
+
+/* One expert's tensors (or gradients) in moe_enum_params' order: pointers and sizes. */
+static int expert_tensors(int llama, int64_t C, int64_t F, moe_expert *w, float ***p, int64_t *n) {
+    int c = 0;
+    if (llama) p[c] = &w->gate, n[c++] = F * C;
+    p[c] = &w->up, n[c++] = F * C;
+    if (!llama) p[c] = &w->up_b, n[c++] = F;
+    p[c] = &w->down, n[c++] = C * F;
+    if (!llama) p[c] = &w->down_b, n[c++] = C;
+    return c;
+}
+
+/* A layer's tensors on this rank (router, shared expert, local experts); p and n hold
+ * 1 + 4*(El+1) entries. */
+static int layer_tensors(const moe_ctx *m, moe_weights *w, float ***p, int64_t *n) {
+    int c = 0;
+    p[c] = &w->router, n[c++] = (int64_t)m->E * m->C;
+    if (m->shared) c += expert_tensors(m->llama, m->C, m->Fe, &w->shared, p + c, n + c);
+    for (int i = 0; i < m->El; i++)
+        c += expert_tensors(m->llama, m->C, m->Fe, &w->experts[i], p + c, n + c);
+    return c;
+}
+
+/* Floats of one layer's gradient scratch under the tp split (each tensor 64-byte aligned). */
+static int64_t grad_scratch_floats(const ust_config *cfg, int ep) {
+    const __typeof__(cfg->model.moe) *c = &cfg->model.moe;
+    int64_t C = cfg->model.d_model, F = c->d_ff_expert, llama = cfg->model.arch == ARCH_LLAMA;
+    int64_t ex = pad16(F * C) * (llama ? 3 : 2) + (llama ? 0 : pad16(F) + pad16(C));
+    return pad16((int64_t)c->num_experts * C) + (c->shared_expert ? ex : 0) +
+           (int64_t)(c->num_experts / ep) * ex;
+}
+
+static void init_grad_scratch(moe_ctx *m, ust_arena *arena, int64_t floats) {
+    moe_weights_init(&m->gs, m);
+    m->gnumel = floats;
+    m->gbuf = mem_alloc(arena, MEM_ACTS, (size_t)floats * sizeof(float));
+    int cap = 1 + 4 * (m->El + 1);
+    float **p[cap];
+    int64_t n[cap], off = 0;
+    int c = layer_tensors(m, &m->gs, p, n);
+    for (int i = 0; i < c; i++) *p[i] = m->gbuf + off, off += pad16(n[i]);
+    UST_ASSERT(off == floats, "gradient scratch %lld floats, sized %lld", (long long)off,
+               (long long)floats);
+}
+
+int64_t moe_rank_tokens(const ust_config *cfg, int64_t N) {
+    int tp = cfg->parallel.tp > 0 ? cfg->parallel.tp : 1;
+    UST_ASSERT(N % tp == 0, "%lld tokens do not split over tp = %d", (long long)N, tp);
+    return N / tp;
 }
 
 void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *arena, int N,
@@ -185,18 +269,33 @@ void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *
     m->k = c->top_k;
     m->C = cfg->model.d_model;
     m->Fe = c->d_ff_expert;
-    m->N = N;
+    m->Nmb = N;
+    m->N = (int)moe_rank_tokens(cfg, N);
+    m->tpn = cfg->parallel.tp > 0 ? cfg->parallel.tp : 1;
+    m->tp_comm = groups ? groups->tp_comm : NULL;
+    UST_ASSERT(ep_shards_size(m->tp_comm) == m->tpn, "MoE tokens split over tp = %d, group of %d",
+               m->tpn, ep_shards_size(m->tp_comm));
+    m->tpr = ep_shards_rank(m->tp_comm);
     m->aux_coef = c->aux_loss_coef;
     m->z_coef = c->z_loss_coef;
     m->capacity_factor = c->capacity_factor;
     if (groups) memcpy(m->stats_comm, groups->stats_comm, sizeof m->stats_comm);
     if (groups && groups->cap_comm && ep_shards_size(groups->cap_comm) > 1 && c->capacity_factor > 0)
         init_capacity_order(m, groups, arena);
-    int64_t A = (int64_t)N * m->k, C = m->C, E = m->E;
+    m->cap_count = host_alloc((size_t)m->E * sizeof(int32_t));
+    int64_t A = (int64_t)m->N * m->k, C = m->C, E = m->E;
+    N = m->N; /* from here on: the tokens this rank routes */
+    if (m->tpn > 1 && c->capacity_factor > 0) {
+        m->tp_topk = mem_alloc(arena, MEM_COMM, (size_t)m->Nmb * m->k * sizeof(float));
+        m->tp_topk_host = host_alloc((size_t)m->Nmb * m->k * sizeof(int32_t));
+        m->keep_host = host_alloc((size_t)m->Nmb * m->k * sizeof(int32_t));
+    } else {
+        m->keep_host = host_alloc(A * sizeof(int32_t));
+    }
     m->ep = groups ? groups->ep : NULL;
     if (!m->ep) {
         int64_t max_send, max_recv;
-        moe_dispatch_rows(cfg, N, 1, &max_send, &max_recv);
+        moe_dispatch_rows(cfg, m->Nmb, 1, &max_send, &max_recv);
         ep_init(&m->own_ep, ops, NULL, arena, m->E, m->C, max_send, max_recv);
         m->ep = &m->own_ep;
     }
@@ -218,10 +317,15 @@ void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *
     m->aux_dp = FL(E);
     m->stats = FL(2 * E + 3);
     m->stats_host = host_alloc((2 * E + 3) * sizeof(float));
+    m->nlayers = cfg->model.n_layer;
+    m->bias_rate = c->bias_update_rate;
+    m->loads = FL((int64_t)m->nlayers * E);
+    m->loads_host = host_alloc((size_t)m->nlayers * E * sizeof(float));
     m->topk_host = host_alloc(A * sizeof(int32_t));
     m->pos_host = host_alloc(A * sizeof(int32_t));
     m->assign_host = host_alloc(A * sizeof(int32_t));
     m->cnt_host = host_alloc(2 * E * sizeof(int32_t));
+    if (m->tpn > 1) init_grad_scratch(m, arena, grad_scratch_floats(cfg, ep_size(m->ep)));
 }
 
 void moe_free(moe_ctx *m) {
@@ -229,10 +333,14 @@ void moe_free(moe_ctx *m) {
     free(m->cap_topk_host);
     free(m->cap_count);
     free(m->stats_host);
+    free(m->loads_host);
     free(m->topk_host);
     free(m->pos_host);
     free(m->assign_host);
     free(m->cnt_host);
+    free(m->tp_topk_host);
+    free(m->keep_host);
+    moe_weights_free(&m->gs);
     if (m->ep == &m->own_ep) ep_free(&m->own_ep);
 }
 
@@ -250,15 +358,19 @@ static int64_t acts_bytes(int llama, int shared, int64_t N, int64_t E, int64_t k
 
 int64_t moe_ctx_bytes(const ust_config *cfg, int N, int ep_size) {
     const __typeof__(cfg->model.moe) *c = &cfg->model.moe;
+    int64_t Nmb = N, tp = cfg->parallel.tp > 0 ? cfg->parallel.tp : 1;
+    N = (int)moe_rank_tokens(cfg, N);
     int64_t A = (int64_t)N * c->top_k, C = cfg->model.d_model, E = c->num_experts;
     int64_t S, R, Fe = c->d_ff_expert, ep1 = ep_size == 1;
-    moe_dispatch_rows(cfg, N, ep_size, &S, &R);
+    moe_dispatch_rows(cfg, Nmb, ep_size, &S, &R);
     /* as moe_init carves them: logits dlogits tmp [xd eout d_local] d_home dxe dh1 dh2 dact;
      * dgate aux_dp stats */
     int64_t acts = 2 * N * E + N * C + (ep1 ? 0 : A * C + 2 * R * C) + A * C + R * C + 3 * R * Fe;
-    int64_t four = A + E + 2 * E + 3;
+    int64_t four = A + E + 2 * E + 3 + (int64_t)cfg->model.n_layer * E; /* ... loads */
     if (!ep1) four += 2 * E, acts += R * C; /* ep_init's counts and staging rows */
-    if (cfg->parallel.cp > 1 && c->capacity_factor > 0) four += cfg->parallel.cp * A; /* choices */
+    if (cfg->parallel.cp > 1 && c->capacity_factor > 0) four += cfg->parallel.cp * Nmb * c->top_k;
+    if (tp > 1 && c->capacity_factor > 0) four += Nmb * c->top_k; /* the tp parts' choices */
+    if (tp > 1) four += grad_scratch_floats(cfg, ep_size);    /* gradients before the tp sum */
     return 4 * four + cfg_act_size(cfg) * acts;
 }
 
@@ -296,6 +408,7 @@ int64_t moe_acts_bytes(const ust_config *cfg, int N, int ep_size) {
     const __typeof__(cfg->model.moe) *c = &cfg->model.moe;
     int64_t S, R;
     moe_dispatch_rows(cfg, N, ep_size, &S, &R);
+    N = (int)moe_rank_tokens(cfg, N);
     return acts_bytes(cfg->model.arch == ARCH_LLAMA, c->shared_expert, N, c->num_experts, c->top_k,
                       cfg->model.d_model, c->d_ff_expert, R, ep_size == 1, cfg_act_size(cfg));
 }
@@ -378,16 +491,21 @@ static void route(moe_ctx *m, moe_acts *a) {
     int64_t A = (int64_t)m->N * m->k;
     int32_t *routed = m->cnt_host, *kept = m->cnt_host + E, *pos = m->pos_host;
     o->to_host(o, m->topk_host, a->topk, A * sizeof(int32_t));
-    int64_t cap = INT_MAX;
-    if (m->capacity_factor > 0) cap = (int64_t)ceil(m->capacity_factor * A / E - 1e-9);
     memset(m->cnt_host, 0, 2 * E * sizeof(int32_t));
     for (int64_t i = 0; i < A; i++) {
         int e = m->topk_host[i];
         UST_ASSERT(e >= 0 && e < E, "router chose expert %d of %d", e, E);
         routed[e]++;
-        if (!m->cap_comm) pos[i] = kept[e] < cap ? kept[e]++ : -1; /* index within the expert */
     }
-    if (m->cap_comm) route_capacity_cp(m, a, pos, kept);
+    int32_t *keep = m->keep_host;
+    if (m->capacity_factor > 0)
+        capacity_keep(m, keep);
+    else
+        for (int64_t i = 0; i < A; i++) keep[i] = 1;
+    for (int64_t i = 0; i < A; i++) { /* index within the expert, or -1 when dropped */
+        int e = m->topk_host[i];
+        pos[i] = keep[i] ? kept[e]++ : -1;
+    }
     int64_t off[E + 1];
     off[0] = 0;
     for (int e = 0; e < E; e++) off[e + 1] = off[e] + kept[e];
@@ -432,6 +550,32 @@ static void statistics(moe_ctx *m, moe_acts *a, moe_stats *st) {
     st->load_mean = T * k / E;
     st->dropped_frac = h[2 * E + 2] / (T * k);
     st->tokens = (int64_t)T;
+    st->routed = h;
+}
+
+void moe_step_loads(moe_ctx *m, ust_comm *group, double *loads) {
+    const ust_ops *o = m->ops;
+    int64_t n = (int64_t)m->nlayers * m->E;
+    for (int64_t i = 0; i < n; i++) m->loads_host[i] = (float)loads[i];
+    o->to_device(o, m->loads, m->loads_host, n * sizeof(float));
+    ep_shards_sum(group, m->loads, n);
+    o->to_host(o, m->loads_host, m->loads, n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) loads[i] = m->loads_host[i];
+}
+
+void moe_update_bias(moe_ctx *m, float *bias, const double *load) {
+    const ust_ops *o = m->ops;
+    int E = m->E;
+    float *b = m->stats_host; /* 2E+3 floats of host scratch, free between forwards */
+    double mean = 0;
+    for (int e = 0; e < E; e++) mean += load[e];
+    mean /= E;
+    o->to_host(o, b, bias, E * sizeof(float));
+    for (int e = 0; e < E; e++) {
+        double d = mean - load[e];
+        b[e] += (float)(m->bias_rate * ((d > 0) - (d < 0)));
+    }
+    o->to_device(o, bias, b, E * sizeof(float));
 }
 
 /* ------------------------------------------------------------------ forward / backward */
@@ -442,7 +586,8 @@ void moe_forward(moe_ctx *m, moe_acts *a, const moe_weights *w, act *y, const ac
     int N = m->N, E = m->E, k = m->k, C = m->C;
     int ep1 = ep_size(m->ep) == 1;
     o->linear_fwd(o, m->logits, x, w->router, NULL, N, C, E);
-    o->moe_router_fwd(o, a->probs, a->lse, a->topk, a->gate, m->stats + E, m->logits, N, E, k);
+    o->moe_router_fwd(o, a->probs, a->lse, a->topk, a->gate, m->stats + E, m->logits, w->bias,
+                      N, E, k);
     route(m, a);
     moe_stats local;
     statistics(m, a, stats ? stats : &local);
@@ -460,11 +605,38 @@ void moe_forward(moe_ctx *m, moe_acts *a, const moe_weights *w, act *y, const ac
     }
 }
 
-void moe_backward(moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g, act *dx,
+/* Under the tp split: the layer's gradients of this micro-batch (in gbuf) summed over tp and
+ * accumulated into g. */
+static void tp_reduce_grads(moe_ctx *m, moe_weights *g) {
+    const ust_ops *o = m->ops;
+    int cap = 1 + 4 * (m->El + 1);
+    float **ps[cap], **pg[cap];
+    int64_t n[cap];
+    int c = layer_tensors(m, &m->gs, ps, n);
+    UST_ASSERT(layer_tensors(m, g, pg, n) == c, "gradient tensors");
+    ep_shards_sum(m->tp_comm, m->gbuf, m->gnumel);
+    for (int i = 0; i < c; i++) o->axpy(o, *pg[i], 1.0f, *ps[i], n[i]);
+}
+
+void moe_tp_gather_rows(moe_ctx *m, act *whole) {
+    if (m->tpn == 1) return;
+    const ust_ops *o = m->ops;
+    size_t count = (size_t)m->N * m->C;
+    comm_req r = comm_allgather(m->tp_comm, act_at(o, whole, (int64_t)m->tpr * count), whole,
+                                count, comm_act_dtype(o));
+    comm_wait(&r);
+}
+
+void moe_backward(moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g_out, act *dx,
                   const act *dy, const act *x, float loss_scale, int acc_dx) {
     const ust_ops *o = m->ops;
     int N = m->N, E = m->E, k = m->k, C = m->C;
     int ep1 = ep_size(m->ep) == 1;
+    moe_weights *g = g_out;
+    if (m->tpn > 1) { /* this rank's tokens' part first, then the sum over tp */
+        o->zero(o, m->gbuf, (size_t)m->gnumel * sizeof(float));
+        g = &m->gs;
+    }
     /* y = sum_j gate_j eout_j: the gates' gradient, then each kept row's d eout = gate dy */
     o->moe_gate_grad(o, m->dgate, dy, a->eout, a->pos, N, k, C);
     act *d_local = ep1 ? m->d_home : m->d_local;
@@ -487,4 +659,5 @@ void moe_backward(moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g,
     o->moe_router_bwd(o, m->dlogits, m->dgate, a->probs, a->lse, a->topk, a->gate, aux,
                       a->zscale * loss_scale, N, E, k);
     o->linear_bwd(o, dx, g->router, NULL, m->dlogits, x, w->router, N, C, E, 1);
+    if (m->tpn > 1) tp_reduce_grads(m, g_out);
 }

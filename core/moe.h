@@ -28,6 +28,7 @@ typedef struct {
  * first_expert + i. Filled through moe_enum_params' p/g targets. */
 typedef struct {
     float *router; /* [E, C] */
+    float *bias;   /* [E]: the balancing bias (model.moe.bias_update_rate > 0; else NULL) */
     moe_expert *experts;
     int nexperts, first_expert;
     moe_expert shared; /* all NULL without a shared expert */
@@ -49,9 +50,12 @@ typedef void (*moe_param_fn)(void *ctx, const moe_param *p);
  * moe_layer_freq: every = 1 makes every layer MoE, every = 2 layers 0, 2, 4, ...). */
 int moe_layer_is_moe(const ust_config *cfg, int l);
 
-/* Enumerates layer l's tensors held by ep rank ep_rank of ep_size, in a fixed order: router,
- * shared expert, then the local experts by increasing global index. Names:
+/* Enumerates layer l's tensors held by ep rank ep_rank of ep_size, in a fixed order: router
+ * (and its balancing bias), shared expert, then the local experts by increasing global index.
+ * Names:
  *   model.layers.l.mlp.router.weight                          [E, C]
+ *   model.layers.l.mlp.router.expert_bias                     [E] (bias_update_rate > 0: not
+ *       trained by the optimizer, its gradient stays 0; moved by moe_update_bias) 
  *   model.layers.l.mlp.experts.e.{gate_proj,up_proj}.weight   [Fe, C]   (+ up_proj.bias [Fe], gpt2)
  *   model.layers.l.mlp.experts.e.down_proj.weight             [C, Fe]   (+ down_proj.bias [C],
  * gpt2) model.layers.l.mlp.shared_expert.{gate_proj,up_proj,down_proj}.weight (+ biases, gpt2)
@@ -61,11 +65,20 @@ int moe_layer_is_moe(const ust_config *cfg, int l);
 void moe_enum_params(const ust_config *cfg, int l, int ep_size, int ep_rank, moe_weights *w,
                      moe_weights *g, moe_param_fn fn, void *ctx);
 
-/* Rows an expert-parallel context must move for MoE layers of N tokens per rank over ep ranks:
+/* Tokens a rank routes of the N of its micro-batch (N / parallel.tp). */
+int64_t moe_rank_tokens(const ust_config *cfg, int64_t N);
+/* Rows an expert-parallel context must move for MoE layers of N tokens per rank (before the tp
+ * split) over ep ranks:
  * at most *send per dispatch, *recv held for the local experts (for ep_init). */
 void moe_dispatch_rows(const ust_config *cfg, int64_t N, int ep, int64_t *send, int64_t *recv);
 
 typedef struct {
+    /* The tensor-parallel group (NULL: none). The tp ranks split the micro-batch's tokens: rank
+     * r routes and computes rows [r*N/tp, (r+1)*N/tp) only (its sequence-parallel rows under sp),
+     * dispatching them over its own ep group, so no expert work is repeated across tp. The
+     * router, shared expert and local experts are replicated over tp and each rank saw other
+     * tokens, so their gradients of every micro-batch are summed over tp (DESIGN section 3). */
+    ust_comm *tp_comm;
     ust_ep *ep; /* the expert-parallel context, ep_init'ed with moe_dispatch_rows' sizes (NULL:
                  * every expert on this rank; moe_init makes a group of one) */
     ust_comm *stats_comm[2]; /* groups the micro-batch's tokens are split over (cp, sp; NULL:
@@ -94,6 +107,8 @@ typedef struct {
     double load_mean;        /* tokens * k / E */
     double dropped_frac;     /* dropped assignments / (tokens * k) */
     int64_t tokens;
+    const float *routed; /* host E: assignments routed to each expert (before drops), summed over
+                          * the stats groups; valid until the next moe_forward */
 } moe_stats;
 
 /* Context shared by the MoE layers of a model (dimensions, dispatch, backward scratch). */
@@ -102,6 +117,13 @@ typedef struct moe_ctx {
     ust_ep *ep, own_ep; /* the dispatch context (own_ep: a group of one) */
     ust_comm *stats_comm[2];
     ust_comm *cap_comm;   /* capacity decided over this group's tokens (cp; NULL: local) */
+    ust_comm *tp_comm;    /* tokens split over it (NULL: none); tpn members, this one tpr */
+    int tpn, tpr, Nmb;    /* Nmb = tpn * N: the micro-batch's tokens on this cp rank */
+    float *tp_topk;       /* device (Nmb*k): the tp group's choices, gathered (capacity) */
+    int32_t *tp_topk_host, *keep_host; /* host Nmb*k each (capacity over the tp split) */
+    float *gbuf;          /* device gnumel: one layer's gradients under the tp split */
+    int64_t gnumel;
+    moe_weights gs;       /* views of gbuf */
     int32_t *cap_order;   /* host: every member's token (member*N + i) in sequence order */
     float *cap_topk;      /* device (n*N*k): every member's choices, gathered */
     float *cap_topk_host; /* host copy */
@@ -119,6 +141,9 @@ typedef struct moe_ctx {
     act *dh1, *dh2, *dact;                       /* (R,Fe) each */
     float *aux_dp, *stats;                       /* device E and 2E+3 */
     float *stats_host;                           /* host 2E+3 */
+    float *loads, *loads_host;                   /* device, host n_layer*E (moe_step_loads) */
+    int nlayers;
+    double bias_rate;
     int32_t *topk_host, *pos_host, *assign_host; /* host N*k each */
     int32_t *cnt_host;                           /* host 2E: routed, kept */
 } moe_ctx;
@@ -136,7 +161,8 @@ typedef struct {
     float zscale;       /* 2 z_coef / tokens */
 } moe_acts;
 
-/* N: tokens per micro-batch on this rank. Needs model.moe.num_experts > 0 (validated config).
+/* N: tokens per micro-batch on this rank before the tensor-parallel split (B*T/cp; the layer
+ * routes N/tp of them; N must divide by parallel.tp, which the config checks). Needs model.moe.num_experts > 0 (validated config).
  * Expert parallelism: rank r of the ep group holds experts [r*E/ep, (r+1)*E/ep); tokens go to
  * them and back with ep_dispatch/ep_combine. Expert weight gradients are plain accumulations
  * over the tokens that reached the expert from every ep rank; the caller reduces them over
@@ -173,5 +199,18 @@ void moe_forward(moe_ctx *m, moe_acts *a, const moe_weights *w, act *y, const ac
  * forward's input. */
 void moe_backward(moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g, act *dx,
                   const act *dy, const act *x, float loss_scale, int acc_dx);
+/* Aux-loss-free balancing over a step (DeepSeek-V3). The caller adds up each MoE layer's
+ * moe_stats.routed over its micro-batches (one member of the stats groups counts each
+ * micro-batch) into loads (host, n_layer*E, layer l at l*E); moe_step_loads sums them in place
+ * over group (the ranks whose micro-batches differ: dp x cp; NULL: none): the step's global
+ * counts, the same on every rank and in every layout (exact below 2^24 per expert). */
+void moe_step_loads(moe_ctx *m, ust_comm *group, double *loads);
+/* bias(E, device) += model.moe.bias_update_rate * sign(mean load - load_e), from one layer's
+ * global step loads: identical on every rank that holds the layer. */
+void moe_update_bias(moe_ctx *m, float *bias, const double *load);
+
+/* Under the tp split without sp: whole(Nmb, C) on every tp rank from each rank's rows
+ * [tpr*N, (tpr+1)*N), in place (nothing at tp = 1). */
+void moe_tp_gather_rows(moe_ctx *m, act *whole);
 
 #endif

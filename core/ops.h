@@ -223,10 +223,13 @@ struct ust_ops {
      * Routing: a token n picks k experts; assignment a = n*k + j is its j-th choice. Rows of the
      * expert buffers are assignments grouped by expert. Index arrays are device int32. */
     /* Per token over E experts: probs = softmax(logits) in fp32, lse = log-sum-exp (may be NULL),
-     * topk(N,k) the k most probable experts (descending; ties to the lower index), gate(N,k) their
-     * probabilities renormalized to sum 1; psum(E) = column sums of probs (may be NULL). */
+     * topk(N,k) the k experts of highest probs + bias (bias(E): the aux-loss-free balancing
+     * bias, selection only; NULL: 0) (descending; ties to the lower index), gate(N,k) their
+     * probabilities (without bias) renormalized to sum 1; psum(E) = column sums of probs (may be
+     * NULL). */
     void (*moe_router_fwd)(const ust_ops *o, float *probs, float *lse, int32_t *topk, float *gate,
-                           float *psum, const act *logits, int N, int E, int k);
+                           float *psum, const act *logits, const float *bias, int N, int E,
+                           int k);
     /* dlogits(N,E) = softmax backward of dprobs, where dprobs = the gate renormalization's
      * backward of dgate(N,k) (NULL: 0) + aux_dp[e] for every token (NULL: 0), plus zscale * lse[n]
      * * probs (the gradient of zscale/2 * lse^2). Overwrites dlogits. */

@@ -1010,7 +1010,8 @@ static int chosen(const int32_t *sel, int j, int e) {
 }
 
 static void cpu_moe_router_fwd(const ust_ops *o, float *probs, float *lse, int32_t *topk,
-                               float *gate, float *psum, const act *logits_, int N, int E, int k) {
+                               float *gate, float *psum, const act *logits_, const float *bias,
+                               int N, int E, int k) {
     const float *logits = logits_;
     UST_ASSERT(k >= 1 && k <= E, "top-%d of %d experts", k, E);
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
@@ -1029,7 +1030,10 @@ static void cpu_moe_router_fwd(const ust_ops *o, float *probs, float *lse, int32
         for (int j = 0; j < k; j++) { /* k passes: strict > keeps the lower index on ties */
             int best = -1;
             for (int e = 0; e < E; e++)
-                if (!chosen(sel, j, e) && (best < 0 || p[e] > p[best])) best = e;
+                if (!chosen(sel, j, e) &&
+                    (best < 0 || p[e] + (bias ? bias[e] : 0.0f) >
+                                     p[best] + (bias ? bias[best] : 0.0f)))
+                    best = e;
             sel[j] = best;
             s += p[best];
         }

@@ -213,8 +213,10 @@ static double pf_sum(const ust_ops *o, const float *x, int64_t n) {
     return r;
 }
 static void pf_moe_router_fwd(const ust_ops *o, float *probs, float *lse, int32_t *topk,
-                              float *gate, float *psum, const act *logits, int N, int E, int k) {
-    TIMED(P_moe_router_fwd, in->moe_router_fwd(in, probs, lse, topk, gate, psum, logits, N, E, k));
+                              float *gate, float *psum, const act *logits, const float *bias,
+                              int N, int E, int k) {
+    TIMED(P_moe_router_fwd,
+          in->moe_router_fwd(in, probs, lse, topk, gate, psum, logits, bias, N, E, k));
 }
 static void pf_moe_router_bwd(const ust_ops *o, act *dlogits, const float *dgate,
                               const float *probs, const float *lse, const int32_t *topk,

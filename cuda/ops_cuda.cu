@@ -1150,7 +1150,7 @@ static double cu_sum(const ust_ops *o, const float *x, int64_t n) { return reduc
  * index, as on the CPU), gates renormalized over the chosen k. */
 template <typename T>
 __global__ void k_moe_router_fwd(float *probs, float *lse, int32_t *topk, float *gate,
-                                 const act *logits, int N, int E, int k) {
+                                 const act *logits, const float *bias, int N, int E, int k) {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n >= N) return;
     const T *x = (const T *)logits + (int64_t)n * E;
@@ -1168,7 +1168,9 @@ __global__ void k_moe_router_fwd(float *probs, float *lse, int32_t *topk, float 
         for (int e = 0; e < E; e++) {
             int used = 0;
             for (int m = 0; m < j; m++) used |= sel[m] == e;
-            if (!used && (best < 0 || p[e] > p[best])) best = e;
+            if (!used && (best < 0 || p[e] + (bias ? bias[e] : 0.0f) >
+                                          p[best] + (bias ? bias[best] : 0.0f)))
+                best = e;
         }
         sel[j] = best;
         s += p[best];
@@ -1187,10 +1189,11 @@ __global__ void k_moe_colsum(float *psum, const float *probs, int N, int E) {
 }
 
 static void cu_moe_router_fwd(const ust_ops *o, float *probs, float *lse, int32_t *topk,
-                              float *gate, float *psum, const act *logits, int N, int E, int k) {
+                              float *gate, float *psum, const act *logits, const float *bias,
+                              int N, int E, int k) {
     if (N > 0)
-        ACT_LAUNCH(o, k_moe_router_fwd, (N + 127) / 128, 128, 0, probs, lse, topk, gate, logits, N,
-                   E, k);
+        ACT_LAUNCH(o, k_moe_router_fwd, (N + 127) / 128, 128, 0, probs, lse, topk, gate, logits,
+                   bias, N, E, k);
     if (psum) {
         k_moe_colsum<<<E, 256, 0, STREAM(o)>>>(psum, probs, N, E);
         CK_LAUNCH();

@@ -1048,8 +1048,10 @@ static void test_cuda_moe_ops_match_cpu(void) {
     float *glogits = gup_act(logits, N * E), *gprobs = gup(probs, N * E), *glse = gup(lse, N);
     float *ggate = gup(gate, A), *gpsum = gup(psum, E);
     int32_t *gtk = gupi(topk, A);
-    CPU->moe_router_fwd(CPU, probs, lse, topk, gate, psum, logits, N, E, k);
-    GPU->moe_router_fwd(GPU, gprobs, glse, gtk, ggate, gpsum, glogits, N, E, k);
+    float *bias = hrand(E, 0.3f), *gbias = gup(bias, E); /* the balancing bias moves choices */
+    CPU->moe_router_fwd(CPU, probs, lse, topk, gate, psum, logits, bias, N, E, k);
+    GPU->moe_router_fwd(GPU, gprobs, glse, gtk, ggate, gpsum, glogits, gbias, N, E, k);
+    free(bias), gfree(gbias);
     CHECK_G("router probs", gprobs, probs, N * E, EW, EW);
     CHECK_G("router lse", glse, lse, N, EW, EW);
     CHECK_G("router gate", ggate, gate, A, EW, EW);
