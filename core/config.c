@@ -113,6 +113,7 @@ static const cfg_key cfg_keys[] = {
     DBL("model.moe.z_loss_coef", model.moe.z_loss_coef, "0", 0, INFINITY, 0),
     DBL("model.moe.capacity_factor", model.moe.capacity_factor, "0", 0, 4096, 0),
     DBL("model.moe.bias_update_rate", model.moe.bias_update_rate, "0", 0, 1e6, 0),
+    BOOL("model.moe.grouped_gemm", model.moe.grouped_gemm, "true"),
     ENUM("model.rope_scaling.type", model.rope_scaling.type, "none", ROPE_SCALINGS),
     DBL("model.rope_scaling.factor", model.rope_scaling.factor, "8", 1, 1e6, 0),
     DBL("model.rope_scaling.low_freq_factor", model.rope_scaling.low_freq_factor, "1", 0, 1e6,

@@ -70,6 +70,8 @@ typedef struct {
              * choice only, moved each step by rate * sign(mean load - load) from the step's
              * global counts (0: off, no bias tensor) */
             double bias_update_rate;
+            bool grouped_gemm; /* the local experts' projections as one grouped GEMM each
+                                * (default); false: one linear per expert (for comparison) */
         } moe;
         struct { /* Llama 3.1's rope_scaling (ops.h ust_rope) */
             ust_rope_scaling type;

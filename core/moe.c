@@ -269,6 +269,7 @@ void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *
     m->k = c->top_k;
     m->C = cfg->model.d_model;
     m->Fe = c->d_ff_expert;
+    m->grouped = c->grouped_gemm;
     m->Nmb = N;
     m->N = (int)moe_rank_tokens(cfg, N);
     m->tpn = cfg->parallel.tp > 0 ? cfg->parallel.tp : 1;
@@ -325,6 +326,7 @@ void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *
     m->pos_host = host_alloc(A * sizeof(int32_t));
     m->assign_host = host_alloc(A * sizeof(int32_t));
     m->cnt_host = host_alloc(2 * E * sizeof(int32_t));
+    m->wp = host_alloc(2 * (size_t)m->El * sizeof *m->wp);
     if (m->tpn > 1) init_grad_scratch(m, arena, grad_scratch_floats(cfg, ep_size(m->ep)));
 }
 
@@ -340,6 +342,7 @@ void moe_free(moe_ctx *m) {
     free(m->cnt_host);
     free(m->tp_topk_host);
     free(m->keep_host);
+    free(m->wp);
     moe_weights_free(&m->gs);
     if (m->ep == &m->own_ep) ep_free(&m->own_ep);
 }
@@ -453,8 +456,8 @@ static void expert_bwd(const moe_ctx *m, const moe_expert *w, moe_expert *g, act
     }
 }
 
-/* The local experts over their contiguous row groups of a. */
-static void local_experts_fwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, act *out) {
+/* The local experts one linear each (model.moe.grouped_gemm: false; the comparison path). */
+static void per_expert_fwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, act *out) {
     const ust_ops *o = m->ops;
     int64_t off = 0, C = m->C, F = m->Fe;
     for (int i = 0; i < m->El; i++) {
@@ -466,8 +469,8 @@ static void local_experts_fwd(const moe_ctx *m, moe_acts *a, const moe_weights *
     }
 }
 
-static void local_experts_bwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g,
-                              act *dx, const act *dout) {
+static void per_expert_bwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g,
+                           act *dx, const act *dout) {
     const ust_ops *o = m->ops;
     int64_t off = 0, C = m->C, F = m->Fe;
     for (int i = 0; i < m->El; i++) {
@@ -479,6 +482,87 @@ static void local_experts_bwd(const moe_ctx *m, moe_acts *a, const moe_weights *
         off += M;
     }
 }
+
+/* The local experts' tensor `field` (and `bias`, when given) as pointer arrays in m->wp. */
+#define EXPERT_PTRS(m, w, field, bias)                                                              \
+    do {                                                                                           \
+        for (int i_ = 0; i_ < (m)->El; i_++) {                                                     \
+            (m)->wp[i_] = (w)->experts[i_].field;                                                  \
+            (m)->wp[(m)->El + i_] = (w)->experts[i_].bias;                                         \
+        }                                                                                          \
+    } while (0)
+#define GRAD_PTRS(m, g, field, bias)                                                               \
+    do {                                                                                           \
+        for (int i_ = 0; i_ < (m)->El; i_++) {                                                     \
+            gp[i_] = (g)->experts[i_].field;                                                       \
+            gp[(m)->El + i_] = (g)->experts[i_].bias;                                              \
+        }                                                                                          \
+    } while (0)
+
+/* The local experts over their contiguous row groups of a: each projection one grouped GEMM over
+ * every local expert, each activation one elementwise op over all their rows. */
+static void local_experts_fwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, act *out) {
+    if (!m->grouped) {
+        per_expert_fwd(m, a, w, out);
+        return;
+    }
+    const ust_ops *o = m->ops;
+    int El = m->El, C = m->C, F = m->Fe;
+    const int32_t *M = a->plan.local;
+    int64_t rows = a->plan.nrecv, n = rows * F;
+    const float *const *wp = m->wp, *const *bp = m->wp + El;
+    if (rows == 0) return;
+    if (m->llama) {
+        EXPERT_PTRS(m, w, gate, up_b);
+        o->grouped_linear_fwd(o, a->h1, a->xe, wp, NULL, M, El, C, F);
+        EXPERT_PTRS(m, w, up, up_b);
+        o->grouped_linear_fwd(o, a->h2, a->xe, wp, NULL, M, El, C, F);
+        o->swiglu_fwd(o, a->act, a->h1, a->h2, n);
+        EXPERT_PTRS(m, w, down, down_b);
+        o->grouped_linear_fwd(o, out, a->act, wp, NULL, M, El, F, C);
+    } else {
+        EXPERT_PTRS(m, w, up, up_b);
+        o->grouped_linear_fwd(o, a->h2, a->xe, wp, bp, M, El, C, F);
+        o->gelu_fwd(o, a->act, a->h2, n);
+        EXPERT_PTRS(m, w, down, down_b);
+        o->grouped_linear_fwd(o, out, a->act, wp, bp, M, El, F, C);
+    }
+}
+
+static void local_experts_bwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g,
+                              act *dx, const act *dout) {
+    if (!m->grouped) {
+        per_expert_bwd(m, a, w, g, dx, dout);
+        return;
+    }
+    const ust_ops *o = m->ops;
+    int El = m->El, C = m->C, F = m->Fe, llama = m->llama;
+    const int32_t *M = a->plan.local;
+    int64_t rows = a->plan.nrecv, n = rows * F;
+    const float *const *wp = m->wp;
+    float *gp[2 * El];
+    if (rows == 0) return;
+    EXPERT_PTRS(m, w, down, down_b);
+    GRAD_PTRS(m, g, down, down_b);
+    o->grouped_linear_bwd(o, m->dact, gp, llama ? NULL : gp + El, dout, a->act, wp, M, El, F, C,
+                          0);
+    if (llama) {
+        o->swiglu_bwd(o, m->dh1, m->dh2, m->dact, a->h1, a->h2, n);
+        EXPERT_PTRS(m, w, up, up_b);
+        GRAD_PTRS(m, g, up, up_b);
+        o->grouped_linear_bwd(o, dx, gp, NULL, m->dh2, a->xe, wp, M, El, C, F, 0);
+        EXPERT_PTRS(m, w, gate, up_b);
+        GRAD_PTRS(m, g, gate, up_b);
+        o->grouped_linear_bwd(o, dx, gp, NULL, m->dh1, a->xe, wp, M, El, C, F, 1);
+    } else {
+        o->gelu_bwd(o, m->dh2, a->h2, m->dact, n);
+        EXPERT_PTRS(m, w, up, up_b);
+        GRAD_PTRS(m, g, up, up_b);
+        o->grouped_linear_bwd(o, dx, gp, gp + El, m->dh2, a->xe, wp, M, El, C, F, 0);
+    }
+}
+#undef EXPERT_PTRS
+#undef GRAD_PTRS
 
 /* ------------------------------------------------------------------ routing */
 

@@ -129,6 +129,8 @@ typedef struct moe_ctx {
     float *cap_topk_host; /* host copy */
     int32_t *cap_count;   /* host E */
     int llama, shared, E, k, C, Fe, N;
+    int grouped;      /* model.moe.grouped_gemm: one grouped GEMM per projection */
+    const float **wp; /* host 2*El: the grouped GEMMs' weight and bias pointer arrays */
     int El, e0; /* local experts: [e0, e0 + El) */
     int64_t R;  /* rows of the local-expert buffers */
     double aux_coef, z_coef, capacity_factor;
