@@ -114,6 +114,7 @@ static const cfg_key cfg_keys[] = {
     DBL("model.moe.capacity_factor", model.moe.capacity_factor, "0", 0, 4096, 0),
     DBL("model.moe.bias_update_rate", model.moe.bias_update_rate, "0", 0, 1e6, 0),
     BOOL("model.moe.grouped_gemm", model.moe.grouped_gemm, "true"),
+    DBL("model.moe.seq_aux_loss_coef", model.moe.seq_aux_loss_coef, "0", 0, INFINITY, 0),
     ENUM("model.rope_scaling.type", model.rope_scaling.type, "none", ROPE_SCALINGS),
     DBL("model.rope_scaling.factor", model.rope_scaling.factor, "8", 1, 1e6, 0),
     DBL("model.rope_scaling.low_freq_factor", model.rope_scaling.low_freq_factor, "1", 0, 1e6,

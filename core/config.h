@@ -70,6 +70,9 @@ typedef struct {
              * choice only, moved each step by rate * sign(mean load - load) from the step's
              * global counts (0: off, no bias tensor) */
             double bias_update_rate;
+            /* DeepSeek-V3's complementary sequence-wise balance loss: coef * mean over the
+             * micro-batch's sequences of E * sum_e f_e P_e within the sequence (0: off) */
+            double seq_aux_loss_coef;
             bool grouped_gemm; /* the local experts' projections as one grouped GEMM each
                                 * (default); false: one linear per expert (for comparison) */
         } moe;

@@ -626,7 +626,7 @@ int model_moe_rank_rows(const model *m, int i, double *rows, int max) {
                     for (int e = r * El; e < (r + 1) * El; e++) s += m->moe_gload[(int64_t)l * E + e];
                     rows[r] = s / holders;
                 }
-                return ep;
+                return ep < max ? ep : max;
             }
     return 0;
 }

@@ -171,7 +171,8 @@ int model_moe_stats(const model *m, int *layers, double *load_max, double *load_
 struct ust_comm;
 void model_moe_end_step(model *m, struct ust_comm *group, int update_bias);
 /* For the i-th layer model_moe_stats lists: the rows each ep rank's experts computed in the last
- * step, per rank holding them (global counts / (dp/ep * cp * tp)); returns the ep size. */
+ * step, per rank holding them (global counts / (dp/ep * cp * tp)); returns how many (the ep size,
+ * at most max). */
 int model_moe_rank_rows(const model *m, int i, double *rows, int max);
 /* The unit holds a MoE layer's experts: its gradients are reduced over expert-dp x cp. */
 int model_unit_is_expert(const model *m, int unit);

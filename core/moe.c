@@ -254,6 +254,26 @@ int64_t moe_rank_tokens(const ust_config *cfg, int64_t N) {
     return N / tp;
 }
 
+/* The statistics vector: [routed E | prob sums E | sum lse^2 | tokens | dropped], then per
+ * sequence (B of them, with the sequence-wise loss) [counts B*E | tokens B | prob sums B*E]. */
+static int64_t stats_floats(int64_t E, int64_t B) { return 2 * E + 3 + B * (2 * E + 1); }
+
+/* The sequences this rank's rows meet (rows [tpr*N, (tpr+1)*N) of the B*Tl on its cp rank). */
+static void init_segments(moe_ctx *m, int B) {
+    UST_ASSERT(B > 0 && m->Nmb % B == 0, "%d rows are not %d sequences", m->Nmb, B);
+    m->seqB = B;
+    m->seqTl = m->Nmb / B;
+    m->seg = host_alloc(3 * (size_t)B * sizeof(int32_t));
+    int64_t r0 = (int64_t)m->tpr * m->N;
+    for (int i = 0; i < m->N;) {
+        int b = (int)((r0 + i) / m->seqTl), end = (int)((int64_t)(b + 1) * m->seqTl - r0);
+        if (end > m->N) end = m->N;
+        m->seg[3 * m->nseg] = i, m->seg[3 * m->nseg + 1] = end - i, m->seg[3 * m->nseg + 2] = b;
+        m->nseg++;
+        i = end;
+    }
+}
+
 void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *arena, int N,
               const moe_groups *groups) {
     memset(m, 0, sizeof *m);
@@ -316,10 +336,15 @@ void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *
     m->dh2 = AC(m->R * m->Fe);
     m->dact = AC(m->R * m->Fe);
     m->aux_dp = FL(E);
-    m->stats = FL(2 * E + 3);
-    m->stats_host = host_alloc((2 * E + 3) * sizeof(float));
+    m->seq_coef = c->seq_aux_loss_coef;
+    if (m->seq_coef > 0) init_segments(m, cfg->train.micro_batch_size);
+    m->seq_dp = m->seqB ? FL((int64_t)m->seqB * E) : NULL;
+    m->stats = FL(stats_floats(E, m->seqB));
+    m->stats_host = host_alloc(stats_floats(E, m->seqB) * sizeof(float));
     m->nlayers = cfg->model.n_layer;
     m->bias_rate = c->bias_update_rate;
+    m->fault_local_loads = getenv("UST_FAULT_MOE_LOCAL_LOADS") != NULL;
+    m->fault_skip_tp_sum = getenv("UST_FAULT_MOE_SKIP_TP_GRAD_SUM") != NULL;
     m->loads = FL((int64_t)m->nlayers * E);
     m->loads_host = host_alloc((size_t)m->nlayers * E * sizeof(float));
     m->topk_host = host_alloc(A * sizeof(int32_t));
@@ -335,6 +360,7 @@ void moe_free(moe_ctx *m) {
     free(m->cap_topk_host);
     free(m->cap_count);
     free(m->stats_host);
+    free(m->seg);
     free(m->loads_host);
     free(m->topk_host);
     free(m->pos_host);
@@ -369,7 +395,9 @@ int64_t moe_ctx_bytes(const ust_config *cfg, int N, int ep_size) {
     /* as moe_init carves them: logits dlogits tmp [xd eout d_local] d_home dxe dh1 dh2 dact;
      * dgate aux_dp stats */
     int64_t acts = 2 * N * E + N * C + (ep1 ? 0 : A * C + 2 * R * C) + A * C + R * C + 3 * R * Fe;
-    int64_t four = A + E + 2 * E + 3 + (int64_t)cfg->model.n_layer * E; /* ... loads */
+    int64_t B = c->seq_aux_loss_coef > 0 ? cfg->train.micro_batch_size : 0;
+    int64_t four = A + E + stats_floats(E, B) + (int64_t)cfg->model.n_layer * E; /* ... loads */
+    four += B * E; /* seq_dp: at most one segment per sequence */
     if (!ep1) four += 2 * E, acts += R * C; /* ep_init's counts and staging rows */
     if (cfg->parallel.cp > 1 && c->capacity_factor > 0) four += cfg->parallel.cp * Nmb * c->top_k;
     if (tp > 1 && c->capacity_factor > 0) four += Nmb * c->top_k; /* the tp parts' choices */
@@ -398,7 +426,7 @@ void moe_acts_init(moe_ctx *m, moe_acts *a, ust_arena *arena) {
         a->s_act = AC(N * Fe);
     }
     ep_plan_init(m->ep, &a->plan, arena);
-    a->aux_dp_host = host_alloc(m->E * sizeof(float));
+    a->aux_dp_host = host_alloc((size_t)m->E * (m->nseg > 1 ? m->nseg : 1) * sizeof(float));
 }
 
 void moe_acts_free(moe_acts *a) {
@@ -614,11 +642,22 @@ static void statistics(moe_ctx *m, moe_acts *a, moe_stats *st) {
     h[2 * E] = (float)o->sumsq(o, a->lse, m->N);
     h[2 * E + 1] = (float)m->N;
     h[2 * E + 2] = (float)((int64_t)m->N * k - a->nkept);
+    int64_t B = m->seqB, nst = stats_floats(E, B);
+    float *hc = h + 2 * E + 3, *ht = hc + B * E, *hp = ht + B; /* per sequence */
+    if (B) {
+        memset(hc, 0, (size_t)B * (E + 1) * sizeof(float));
+        for (int s = 0; s < m->nseg; s++) {
+            int64_t r = m->seg[3 * s], n = m->seg[3 * s + 1], b = m->seg[3 * s + 2];
+            for (int64_t i = r * k; i < (r + n) * k; i++) hc[b * E + m->topk_host[i]] += 1;
+            ht[b] = (float)n;
+        }
+        o->to_device(o, m->stats + 2 * E + 3, hc, (size_t)B * (E + 1) * sizeof(float));
+    }
     o->to_device(o, m->stats, h, E * sizeof(float));
     o->to_device(o, m->stats + 2 * E, h + 2 * E, 3 * sizeof(float));
     for (int i = 0; i < 2; i++)
-        ep_shards_sum(m->stats_comm[i], m->stats, 2 * E + 3);
-    o->to_host(o, h, m->stats, (2 * E + 3) * sizeof(float));
+        ep_shards_sum(m->stats_comm[i], m->stats, nst);
+    o->to_host(o, h, m->stats, nst * sizeof(float));
     double T = h[2 * E + 1], aux = 0, mx = 0;
     for (int e = 0; e < E; e++) {
         double f = h[e] / (T * k), P = h[E + e] / T;
@@ -629,7 +668,22 @@ static void statistics(moe_ctx *m, moe_acts *a, moe_stats *st) {
     a->zscale = (float)(2.0 * m->z_coef / T);
     st->aux_loss = E * aux;
     st->z_loss = h[2 * E] / T;
-    st->loss = m->aux_coef * st->aux_loss + m->z_coef * st->z_loss;
+    st->seq_aux_loss = 0;
+    for (int64_t b = 0; b < B; b++) { /* each sequence's f and P over its own tokens */
+        double Tb = ht[b], s = 0;
+        for (int e = 0; e < E && Tb > 0; e++) s += hc[b * E + e] / (Tb * k) * (hp[b * E + e] / Tb);
+        st->seq_aux_loss += E * s / B;
+    }
+    float whole[E]; /* the micro-batch's factors, then each segment's: + d seq_coef*seq / d p */
+    memcpy(whole, a->aux_dp_host, E * sizeof(float));
+    for (int s = 0; s < m->nseg && B; s++) {
+        int64_t b = m->seg[3 * s + 2];
+        double Tb = ht[b];
+        for (int e = 0; e < E; e++)
+            a->aux_dp_host[s * E + e] =
+                whole[e] + (float)(m->seq_coef * E * (hc[b * E + e] / (Tb * k)) / (B * Tb));
+    }
+    st->loss = m->aux_coef * st->aux_loss + m->z_coef * st->z_loss + m->seq_coef * st->seq_aux_loss;
     st->load_max = mx;
     st->load_mean = T * k / E;
     st->dropped_frac = h[2 * E + 2] / (T * k);
@@ -642,7 +696,7 @@ void moe_step_loads(moe_ctx *m, ust_comm *group, double *loads) {
     int64_t n = (int64_t)m->nlayers * m->E;
     for (int64_t i = 0; i < n; i++) m->loads_host[i] = (float)loads[i];
     o->to_device(o, m->loads, m->loads_host, n * sizeof(float));
-    ep_shards_sum(group, m->loads, n);
+    ep_shards_sum(m->fault_local_loads ? NULL : group, m->loads, n);
     o->to_host(o, m->loads_host, m->loads, n * sizeof(float));
     for (int64_t i = 0; i < n; i++) loads[i] = m->loads_host[i];
 }
@@ -670,8 +724,21 @@ void moe_forward(moe_ctx *m, moe_acts *a, const moe_weights *w, act *y, const ac
     int N = m->N, E = m->E, k = m->k, C = m->C;
     int ep1 = ep_size(m->ep) == 1;
     o->linear_fwd(o, m->logits, x, w->router, NULL, N, C, E);
-    o->moe_router_fwd(o, a->probs, a->lse, a->topk, a->gate, m->stats + E, m->logits, w->bias,
-                      N, E, k);
+    if (!m->seqB) {
+        o->moe_router_fwd(o, a->probs, a->lse, a->topk, a->gate, m->stats + E, m->logits, w->bias,
+                          N, E, k);
+    } else { /* per sequence segment: its prob sums into its slot, then the total */
+        float *seq_psum = m->stats + 2 * E + 3 + (int64_t)m->seqB * (E + 1);
+        o->zero(o, seq_psum, (size_t)m->seqB * E * sizeof(float));
+        o->zero(o, m->stats + E, E * sizeof(float));
+        for (int s = 0; s < m->nseg; s++) {
+            int64_t r = m->seg[3 * s], n = m->seg[3 * s + 1];
+            float *ps = seq_psum + (int64_t)m->seg[3 * s + 2] * E;
+            o->moe_router_fwd(o, a->probs + r * E, a->lse + r, a->topk + r * k, a->gate + r * k,
+                              ps, act_at(o, m->logits, r * E), w->bias, (int)n, E, k);
+            o->axpy(o, m->stats + E, 1.0f, ps, E);
+        }
+    }
     route(m, a);
     moe_stats local;
     statistics(m, a, stats ? stats : &local);
@@ -698,7 +765,7 @@ static void tp_reduce_grads(moe_ctx *m, moe_weights *g) {
     int64_t n[cap];
     int c = layer_tensors(m, &m->gs, ps, n);
     UST_ASSERT(layer_tensors(m, g, pg, n) == c, "gradient tensors");
-    ep_shards_sum(m->tp_comm, m->gbuf, m->gnumel);
+    if (!m->fault_skip_tp_sum) ep_shards_sum(m->tp_comm, m->gbuf, m->gnumel);
     for (int i = 0; i < c; i++) o->axpy(o, *pg[i], 1.0f, *ps[i], n[i]);
 }
 
@@ -735,13 +802,25 @@ void moe_backward(moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g_
         expert_bwd(m, &w->shared, &g->shared, dx, dy, x, a->s_h1, a->s_h2, a->s_act, N, 1);
     /* router: gates, aux loss (through P_e) and z-loss, then logits = x Wr^T */
     float *aux = NULL;
-    if (m->aux_coef != 0.0) {
-        for (int e = 0; e < E; e++) m->stats_host[e] = a->aux_dp_host[e] * loss_scale;
-        o->to_device(o, m->aux_dp, m->stats_host, E * sizeof(float));
-        aux = m->aux_dp;
+    if (m->seqB) { /* per sequence segment, with its own aux factors */
+        int64_t n = (int64_t)m->nseg * E;
+        for (int64_t i = 0; i < n; i++) m->stats_host[i] = a->aux_dp_host[i] * loss_scale;
+        o->to_device(o, m->seq_dp, m->stats_host, n * sizeof(float));
+        for (int s = 0; s < m->nseg; s++) {
+            int64_t r = m->seg[3 * s], rows = m->seg[3 * s + 1];
+            o->moe_router_bwd(o, act_at(o, m->dlogits, r * E), m->dgate + r * k, a->probs + r * E,
+                              a->lse + r, a->topk + r * k, a->gate + r * k, m->seq_dp + s * E,
+                              a->zscale * loss_scale, (int)rows, E, k);
+        }
+    } else {
+        if (m->aux_coef != 0.0) {
+            for (int e = 0; e < E; e++) m->stats_host[e] = a->aux_dp_host[e] * loss_scale;
+            o->to_device(o, m->aux_dp, m->stats_host, E * sizeof(float));
+            aux = m->aux_dp;
+        }
+        o->moe_router_bwd(o, m->dlogits, m->dgate, a->probs, a->lse, a->topk, a->gate, aux,
+                          a->zscale * loss_scale, N, E, k);
     }
-    o->moe_router_bwd(o, m->dlogits, m->dgate, a->probs, a->lse, a->topk, a->gate, aux,
-                      a->zscale * loss_scale, N, E, k);
     o->linear_bwd(o, dx, g->router, NULL, m->dlogits, x, w->router, N, C, E, 1);
     if (m->tpn > 1) tp_reduce_grads(m, g_out);
 }

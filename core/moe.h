@@ -92,6 +92,9 @@ typedef struct {
 } moe_groups;
 
 /* Load statistics and losses of one forward (over the stats groups' tokens).
+ * Sequence-wise (DeepSeek-V3, model.moe.seq_aux_loss_coef): the same sum within each sequence
+ * b of the micro-batch, seq = 1/B sum_b E sum_e f_{b,e} P_{b,e}, its statistics over the
+ * sequence's tokens wherever they are (summed over the stats groups like the others).
  * Losses (Switch Transformer / ST-MoE), over the micro-batch's tokens T (summed over the
  * stats groups, e.g. the cp and sp shards, before use; DESIGN.md section 4):
  *   aux = E * sum_e f_e P_e,  f_e = (assignments routed to e) / (T*k) (before capacity drops),
@@ -102,7 +105,8 @@ typedef struct {
  * loss_scale * d(that sum) to the router, flowing through P_e (f_e is a count). */
 typedef struct {
     double aux_loss, z_loss; /* unscaled */
-    double loss;             /* aux_loss_coef * aux_loss + z_loss_coef * z_loss */
+    double seq_aux_loss;     /* unscaled; 0 without model.moe.seq_aux_loss_coef */
+    double loss; /* aux_loss_coef * aux_loss + z_loss_coef * z_loss + seq_aux_loss_coef * seq */
     double load_max;         /* most assignments routed to one expert */
     double load_mean;        /* tokens * k / E */
     double dropped_frac;     /* dropped assignments / (tokens * k) */
@@ -146,6 +150,16 @@ typedef struct moe_ctx {
     float *loads, *loads_host;                   /* device, host n_layer*E (moe_step_loads) */
     int nlayers;
     double bias_rate;
+    /* test faults: UST_FAULT_MOE_LOCAL_LOADS (balance on this rank's counts, not the global
+     * ones), UST_FAULT_MOE_SKIP_TP_GRAD_SUM (keep the tp parts' gradients unsummed) */
+    int fault_local_loads, fault_skip_tp_sum;
+    /* The sequence-wise loss: B sequences of Tl rows in the micro-batch (Nmb = B*Tl rows on
+     * this cp rank); this rank's rows meet nseg of them, segment s being rows [seg[3s],
+     * seg[3s] + seg[3s+1]) of its N, of sequence seg[3s+2]. */
+    double seq_coef;
+    int seqB, seqTl, nseg;
+    int32_t *seg;
+    float *seq_dp; /* device B*E: each segment's aux gradient factors */
     int32_t *topk_host, *pos_host, *assign_host; /* host N*k each */
     int32_t *cnt_host;                           /* host 2E: routed, kept */
 } moe_ctx;

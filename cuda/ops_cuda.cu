@@ -1319,12 +1319,13 @@ static void cu_moe_gate_grad(const ust_ops *o, float *dgate, const act *dout, co
 static void gemm_grouped32(const ust_ops *o, int G, float *const *C, const float *const *A,
                            const float *const *B, const int *M, const int *N, const int *K, int tA,
                            int tB, float beta) {
+    if (G <= 0) return;
     cuda_impl *im = CUDA_IMPL(o);
-    cublasOperation_t ta[G > 0 ? G : 1], tb[G > 0 ? G : 1];
-    int m[G > 0 ? G : 1], n[G > 0 ? G : 1], k[G > 0 ? G : 1], lda[G > 0 ? G : 1],
-        ldb[G > 0 ? G : 1], ldc[G > 0 ? G : 1], size[G > 0 ? G : 1];
-    float alpha[G > 0 ? G : 1], betas[G > 0 ? G : 1];
-    const void *ptr[3 * (G > 0 ? G : 1)];
+    cublasOperation_t ta[G], tb[G];
+    int m[G], n[G], k[G], lda[G],
+        ldb[G], ldc[G], size[G];
+    float alpha[G], betas[G];
+    const void *ptr[3 * (G)];
     int c = 0;
     for (int g = 0; g < G; g++) {
         if (M[g] <= 0 || N[g] <= 0) continue;
@@ -1357,15 +1358,16 @@ static void cu_grouped_linear_fwd(const ust_ops *o, act *out, const act *inp,
                                   const float *const *w, const float *const *b, const int32_t *M,
                                   int G, int C, int OC) {
     int64_t off = 0;
+    if (G <= 0) return;
     if (o->act_size == 2) {
         for (int g = 0; g < G; off += M[g++])
             cu_linear_fwd(o, act_at(o, out, off * OC), act_at(o, inp, off * C), w[g],
                           b ? b[g] : NULL, M[g], C, OC);
         return;
     }
-    float *Cp[G > 0 ? G : 1];
-    const float *Ap[G > 0 ? G : 1];
-    int Ns[G > 0 ? G : 1], Ks[G > 0 ? G : 1];
+    float *Cp[G];
+    const float *Ap[G];
+    int Ns[G], Ks[G];
     for (int g = 0; g < G; off += M[g++]) {
         Cp[g] = (float *)out + off * OC, Ap[g] = (const float *)inp + off * C;
         Ns[g] = OC, Ks[g] = C;
@@ -1388,6 +1390,7 @@ static void cu_grouped_linear_bwd(const ust_ops *o, act *dinp, float *const *dw,
                                   const act *dout, const act *inp, const float *const *w,
                                   const int32_t *M, int G, int C, int OC, int acc_dinp) {
     int64_t off = 0;
+    if (G <= 0) return;
     if (o->act_size == 2) {
         for (int g = 0; g < G; off += M[g++])
             if (M[g] > 0)
@@ -1396,9 +1399,9 @@ static void cu_grouped_linear_bwd(const ust_ops *o, act *dinp, float *const *dw,
                               OC, acc_dinp);
         return;
     }
-    float *Cp[G > 0 ? G : 1];
-    const float *Ap[G > 0 ? G : 1], *Bp[G > 0 ? G : 1];
-    int Ms[G > 0 ? G : 1], Ns[G > 0 ? G : 1], Ks[G > 0 ? G : 1];
+    float *Cp[G];
+    const float *Ap[G], *Bp[G];
+    int Ms[G], Ns[G], Ks[G];
     if (dinp) {
         for (int g = 0; g < G; off += M[g++]) {
             Cp[g] = (float *)dinp + off * C, Ap[g] = (const float *)dout + off * OC;

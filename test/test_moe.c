@@ -147,6 +147,9 @@ static double ref_loss(const ref_ctx *r, const float *x, const float *dy, double
     const __typeof__(r->cfg->model.moe) *mc = &r->cfg->model.moe;
     int N = r->N, C = r->cfg->model.d_model, E = mc->num_experts, k = mc->top_k;
     double cnt[64] = {0}, psum[64] = {0}, zsum = 0, L = 0;
+    double scnt[8][64] = {{0}}, spsum[8][64] = {{0}}; /* per sequence (seq_aux_loss_coef) */
+    int B = mc->seq_aux_loss_coef > 0 ? r->cfg->train.micro_batch_size : 1, Tl = N / B;
+    const float *bias = r->w->bias;
     int kept[64] = {0};
     int64_t cap = mc->capacity_factor > 0 ? (int64_t)ceil(mc->capacity_factor * N * k / E - 1e-9)
                                           : (int64_t)1 << 40;
@@ -159,7 +162,8 @@ static double ref_loss(const ref_ctx *r, const float *x, const float *dy, double
             mx = fmax(mx, lg[e]);
         }
         for (int e = 0; e < E; e++) s += exp(lg[e] - mx);
-        for (int e = 0; e < E; e++) p[e] = exp(lg[e] - mx) / s, psum[e] += p[e];
+        for (int e = 0; e < E; e++)
+            p[e] = exp(lg[e] - mx) / s, psum[e] += p[e], spsum[n / Tl][e] += p[e];
         zsum += pow(mx + log(s), 2);
         int sel[64];
         double S = 0;
@@ -168,13 +172,15 @@ static double ref_loss(const ref_ctx *r, const float *x, const float *dy, double
             for (int e = 0; e < E; e++) {
                 int used = 0;
                 for (int m = 0; m < j; m++) used |= sel[m] == e;
-                if (!used && (best < 0 || p[e] > p[best])) best = e;
+                if (!used && (best < 0 || p[e] + (bias ? bias[e] : 0) >
+                                              p[best] + (bias ? bias[best] : 0)))
+                    best = e;
             }
             sel[j] = best, S += p[best];
         }
         for (int j = 0; j < k; j++) {
             int e = sel[j];
-            cnt[e]++;
+            cnt[e]++, scnt[n / Tl][e]++;
             if (kept[e]++ >= cap) continue; /* dropped: contributes nothing */
             ref_expert(r, &r->w->experts[e], xn, p[e] / S, y);
         }
@@ -187,7 +193,11 @@ static double ref_loss(const ref_ctx *r, const float *x, const float *dy, double
     double aux = 0;
     for (int e = 0; e < E; e++) aux += cnt[e] / ((double)N * k) * psum[e] / N;
     aux *= E;
-    return L + loss_scale * (mc->aux_loss_coef * aux + mc->z_loss_coef * zsum / N);
+    double seq = 0;
+    for (int b = 0; b < B && mc->seq_aux_loss_coef > 0; b++)
+        for (int e = 0; e < E; e++) seq += E * scnt[b][e] / ((double)Tl * k) * spsum[b][e] / Tl / B;
+    return L + loss_scale * (mc->aux_loss_coef * aux + mc->z_loss_coef * zsum / N +
+                             mc->seq_aux_loss_coef * seq);
 }
 
 /* ---------------------------------------------------------------- gradient check */
@@ -274,6 +284,43 @@ static void test_moe_gpt2_top2_shared_gradients_match_finite_differences(void) {
 static void test_moe_llama_top3_gradients_match_finite_differences(void) {
     gradient_case(ARCH_LLAMA, 3, 0, 0, "llama top-3");
 }
+static void hand_fixture_cfg(fixture *f, int k, double capacity, double aux_coef, double seq);
+
+/* the sequence-wise balance loss: 12 tokens as 3 sequences of 4 (its statistics per sequence),
+ * alone and with the aux loss, and with a balancing bias moving the choices */
+static void test_moe_seq_aux_gradients_match_finite_differences(void) {
+    for (int v = 0; v < 3 && !t_failed_flag; v++) {
+        fixture f;
+        moe_config(&f.cfg, v == 1 ? ARCH_GPT2 : ARCH_LLAMA, 4, 2, 8, 6, v == 1);
+        f.cfg.train.micro_batch_size = 3;
+        f.cfg.model.moe.seq_aux_loss_coef = 0.4;
+        f.cfg.model.moe.aux_loss_coef = v == 0 ? 0 : 0.3;
+        f.cfg.model.moe.bias_update_rate = v == 2 ? 0.01 : 0;
+        fixture_make(&f, 12);
+        fill_random(&f, 31 + v);
+        char why[512];
+        int bad = check_gradients(&f, v == 0 ? "seq aux" : v == 1 ? "seq + aux gpt2" : "seq + bias",
+                                  why, sizeof why);
+        fixture_free(&f);
+        CHECK(!bad, "%s", why);
+    }
+}
+
+/* Sequence-wise loss on the hand fixture as 2 sequences of 2 tokens (top-1 picks 0, 1 | 0, 0):
+ * sequence 0: f = (1/2, 1/2), P = (.5, .5): 2 (1/4 + 1/4) = 1; sequence 1: f = (1, 0),
+ * P = ((.8807971 + .5)/2, .) : 2 * .6903985 = 1.3807971; seq = (1 + 1.3807971) / 2. */
+static void test_moe_seq_aux_loss_matches_hand_computed_value(void) {
+    fixture f;
+    f.cfg.train.micro_batch_size = 2;
+    hand_fixture_cfg(&f, 1, 0, 0.1, 0.5);
+    moe_stats st;
+    moe_forward(&f.m, &f.a, &f.w, f.y, f.x, &st);
+    fixture_free(&f);
+    CHECK_CLOSE(st.seq_aux_loss, (1 + 1.3807971) / 2, 1e-6, 0, "sequence-wise aux loss");
+    CHECK_CLOSE(st.loss, 0.1 * 1.0951992694944706 + 0.01 * 2.113397074470959 +
+                             0.5 * (1 + 1.3807971) / 2, 1e-6, 0, "loss");
+}
+
 /* capacity 0.5: each expert keeps ceil(0.5*12*2/4) = 3 of ~6 assignments, so many drops */
 static void test_moe_capacity_drops_gradients_match_finite_differences(void) {
     gradient_case(ARCH_GPT2, 2, 0, 0.5, "gpt2 top-2 capacity 0.5");
@@ -286,8 +333,11 @@ static void test_moe_capacity_drops_gradients_match_finite_differences(void) {
 /* N = 4 tokens, C = 2, E = 2 gpt2 experts with Fe = 2: router = identity, so logits = x;
  * up = down = identity, up bias 0, down bias (10, 0) for expert 0 and (0, 20) for expert 1, so
  * expert e(x) = gelu(x) + b_e elementwise. x = (1,0), (0,1), (2,0), (0,0). */
-static void hand_fixture(fixture *f, int k, double capacity, double aux_coef) {
+static void hand_fixture_cfg(fixture *f, int k, double capacity, double aux_coef, double seq) {
+    int B = f->cfg.train.micro_batch_size;
     moe_config(&f->cfg, ARCH_GPT2, 2, k, 2, 2, 0);
+    f->cfg.train.micro_batch_size = B;
+    f->cfg.model.moe.seq_aux_loss_coef = seq;
     f->cfg.model.moe.aux_loss_coef = aux_coef;
     f->cfg.model.moe.z_loss_coef = 0.01;
     f->cfg.model.moe.capacity_factor = capacity;
@@ -302,6 +352,11 @@ static void hand_fixture(fixture *f, int k, double capacity, double aux_coef) {
     f->w.experts[1].down_b[1] = 20;
     float xs[8] = {1, 0, 0, 1, 2, 0, 0, 0};
     memcpy(f->x, xs, sizeof xs);
+}
+
+static void hand_fixture(fixture *f, int k, double capacity, double aux_coef) {
+    f->cfg.train.micro_batch_size = 4;
+    hand_fixture_cfg(f, k, capacity, aux_coef, 0);
 }
 
 #define GELU1 0.8411919906082768
@@ -644,6 +699,8 @@ static void test_moe_balancing_bias_moves_choices_not_gates(void) {
 
 int main(void) {
     RUN_TEST(test_moe_grouped_gemm_matches_per_expert_linears);
+    RUN_TEST(test_moe_seq_aux_gradients_match_finite_differences);
+    RUN_TEST(test_moe_seq_aux_loss_matches_hand_computed_value);
     RUN_TEST(test_moe_balancing_bias_moves_choices_not_gates);
     RUN_TEST(test_moe_llama_top2_gradients_match_finite_differences);
     RUN_TEST(test_moe_llama_top1_shared_gradients_match_finite_differences);
