@@ -1378,8 +1378,10 @@ static void cu_grouped_linear_fwd(const ust_ops *o, act *out, const act *inp,
     for (int g = 0; g < G; off += M[g++]) {
         int64_t n = (int64_t)M[g] * OC;
         if (!b[g] || n == 0) continue;
-        k_bias_add<float><<<grid_for(n, EW_THREADS), EW_THREADS, 0, STREAM(o)>>>(Cp[g], b[g], M[g],
-                                                                                OC);
+        act *rows = Cp[g]; /* (plain locals: the emulator's launch captures its arguments) */
+        const float *bias = b[g];
+        int64_t Mg = M[g];
+        k_bias_add<float><<<grid_for(n, EW_THREADS), EW_THREADS, 0, STREAM(o)>>>(rows, bias, Mg, OC);
         CK_LAUNCH();
     }
 }

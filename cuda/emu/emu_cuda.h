@@ -263,7 +263,8 @@ inline cublasStatus_t cublasGemmGroupedBatchedEx(
     cublasComputeType_t c) {
     if (c != CUBLAS_COMPUTE_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
     emu_gemm_calls[3]++;
-    emu_gemm_on(h->stream, A, B, C, [&] {
+    /* the pointer arrays are what the call reads from device memory directly */
+    emu_gemm_on(h->stream, (const void *)A, (const void *)B, (void *)C, [&] {
         int idx = 0;
         for (int g = 0; g < groups; g++)
             for (int s = 0; s < size[g]; s++, idx++)
