@@ -1217,8 +1217,8 @@ static int cfg_validate_parallel(const ust_config *c, ust_err *e) {
             "parallel.pp_schedule: zb does not split a MoE layer's backward into B and W; use "
             "1f1b or interleaved with model.moe.num_experts = %d",
             m->moe.num_experts);
-    long long moe_tokens = (long long)c->train.micro_batch_size * c->train.seq_len /
-                           (p->cp > 0 ? p->cp : 1);
+    long long moe_tokens =
+        (long long)c->train.micro_batch_size * c->train.seq_len / (p->cp > 0 ? p->cp : 1);
     REQUIRE(m->moe.num_experts == 0 || moe_tokens % p->tp == 0,
             "the MoE layers split each micro-batch's tokens over parallel.tp: "
             "train.micro_batch_size * train.seq_len / parallel.cp (%lld) must be divisible by "

@@ -182,7 +182,6 @@ static void mlp_activation(model *m, layer_acts *a) {
         m->ops->gelu_fwd(m->ops, a->act, a->up, n);
 }
 
-
 /* Where this tensor-parallel rank's MoE tokens start in a (B*T, C) tensor every tp rank holds
  * whole (without sp; under sp the rank's own rows are its tokens: 0). */
 static int64_t moe_tp_offset(const model *m) {
@@ -599,9 +598,6 @@ void model_chunk_weight_grad(model *m, int c, int slot) {
 
 void model_backward(model *m) { model_chunk_backward(m, 0, 0, 0); }
 
-
-
-
 void model_moe_end_step(model *m, struct ust_comm *group, int update_bias) {
     if (!m->has_moe) return;
     int E = m->moe.E;
@@ -623,7 +619,8 @@ int model_moe_rank_rows(const model *m, int i, double *rows, int max) {
             if (is_moe(m, l) && n++ == i) {
                 for (int r = 0; r < ep && r < max; r++) {
                     double s = 0;
-                    for (int e = r * El; e < (r + 1) * El; e++) s += m->moe_gload[(int64_t)l * E + e];
+                    for (int e = r * El; e < (r + 1) * El; e++)
+                        s += m->moe_gload[(int64_t)l * E + e];
                     rows[r] = s / holders;
                 }
                 return ep < max ? ep : max;

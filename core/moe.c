@@ -397,11 +397,11 @@ int64_t moe_ctx_bytes(const ust_config *cfg, int N, int ep_size) {
     int64_t acts = 2 * N * E + N * C + (ep1 ? 0 : A * C + 2 * R * C) + A * C + R * C + 3 * R * Fe;
     int64_t B = c->seq_aux_loss_coef > 0 ? cfg->train.micro_batch_size : 0;
     int64_t four = A + E + stats_floats(E, B) + (int64_t)cfg->model.n_layer * E; /* ... loads */
-    four += B * E; /* seq_dp: at most one segment per sequence */
+    four += B * E;                          /* seq_dp: at most one segment per sequence */
     if (!ep1) four += 2 * E, acts += R * C; /* ep_init's counts and staging rows */
     if (cfg->parallel.cp > 1 && c->capacity_factor > 0) four += cfg->parallel.cp * Nmb * c->top_k;
     if (tp > 1 && c->capacity_factor > 0) four += Nmb * c->top_k; /* the tp parts' choices */
-    if (tp > 1) four += grad_scratch_floats(cfg, ep_size);    /* gradients before the tp sum */
+    if (tp > 1) four += grad_scratch_floats(cfg, ep_size);        /* gradients before the tp sum */
     return 4 * four + cfg_act_size(cfg) * acts;
 }
 
@@ -512,7 +512,7 @@ static void per_expert_bwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, 
 }
 
 /* The local experts' tensor `field` (and `bias`, when given) as pointer arrays in m->wp. */
-#define EXPERT_PTRS(m, w, field, bias)                                                              \
+#define EXPERT_PTRS(m, w, field, bias)                                                             \
     do {                                                                                           \
         for (int i_ = 0; i_ < (m)->El; i_++) {                                                     \
             (m)->wp[i_] = (w)->experts[i_].field;                                                  \
@@ -572,8 +572,7 @@ static void local_experts_bwd(const moe_ctx *m, moe_acts *a, const moe_weights *
     if (rows == 0) return;
     EXPERT_PTRS(m, w, down, down_b);
     GRAD_PTRS(m, g, down, down_b);
-    o->grouped_linear_bwd(o, m->dact, gp, llama ? NULL : gp + El, dout, a->act, wp, M, El, F, C,
-                          0);
+    o->grouped_linear_bwd(o, m->dact, gp, llama ? NULL : gp + El, dout, a->act, wp, M, El, F, C, 0);
     if (llama) {
         o->swiglu_bwd(o, m->dh1, m->dh2, m->dact, a->h1, a->h2, n);
         EXPERT_PTRS(m, w, up, up_b);
@@ -655,8 +654,7 @@ static void statistics(moe_ctx *m, moe_acts *a, moe_stats *st) {
     }
     o->to_device(o, m->stats, h, E * sizeof(float));
     o->to_device(o, m->stats + 2 * E, h + 2 * E, 3 * sizeof(float));
-    for (int i = 0; i < 2; i++)
-        ep_shards_sum(m->stats_comm[i], m->stats, nst);
+    for (int i = 0; i < 2; i++) ep_shards_sum(m->stats_comm[i], m->stats, nst);
     o->to_host(o, h, m->stats, nst * sizeof(float));
     double T = h[2 * E + 1], aux = 0, mx = 0;
     for (int e = 0; e < E; e++) {
@@ -734,8 +732,8 @@ void moe_forward(moe_ctx *m, moe_acts *a, const moe_weights *w, act *y, const ac
         for (int s = 0; s < m->nseg; s++) {
             int64_t r = m->seg[3 * s], n = m->seg[3 * s + 1];
             float *ps = seq_psum + (int64_t)m->seg[3 * s + 2] * E;
-            o->moe_router_fwd(o, a->probs + r * E, a->lse + r, a->topk + r * k, a->gate + r * k,
-                              ps, act_at(o, m->logits, r * E), w->bias, (int)n, E, k);
+            o->moe_router_fwd(o, a->probs + r * E, a->lse + r, a->topk + r * k, a->gate + r * k, ps,
+                              act_at(o, m->logits, r * E), w->bias, (int)n, E, k);
             o->axpy(o, m->stats + E, 1.0f, ps, E);
         }
     }
@@ -773,8 +771,8 @@ void moe_tp_gather_rows(moe_ctx *m, act *whole) {
     if (m->tpn == 1) return;
     const ust_ops *o = m->ops;
     size_t count = (size_t)m->N * m->C;
-    comm_req r = comm_allgather(m->tp_comm, act_at(o, whole, (int64_t)m->tpr * count), whole,
-                                count, comm_act_dtype(o));
+    comm_req r = comm_allgather(m->tp_comm, act_at(o, whole, (int64_t)m->tpr * count), whole, count,
+                                comm_act_dtype(o));
     comm_wait(&r);
 }
 

@@ -55,7 +55,7 @@ int moe_layer_is_moe(const ust_config *cfg, int l);
  * Names:
  *   model.layers.l.mlp.router.weight                          [E, C]
  *   model.layers.l.mlp.router.expert_bias                     [E] (bias_update_rate > 0: not
- *       trained by the optimizer, its gradient stays 0; moved by moe_update_bias) 
+ *       trained by the optimizer, its gradient stays 0; moved by moe_update_bias)
  *   model.layers.l.mlp.experts.e.{gate_proj,up_proj}.weight   [Fe, C]   (+ up_proj.bias [Fe], gpt2)
  *   model.layers.l.mlp.experts.e.down_proj.weight             [C, Fe]   (+ down_proj.bias [C],
  * gpt2) model.layers.l.mlp.shared_expert.{gate_proj,up_proj,down_proj}.weight (+ biases, gpt2)
@@ -125,7 +125,7 @@ typedef struct moe_ctx {
     int tpn, tpr, Nmb;    /* Nmb = tpn * N: the micro-batch's tokens on this cp rank */
     float *tp_topk;       /* device (Nmb*k): the tp group's choices, gathered (capacity) */
     int32_t *tp_topk_host, *keep_host; /* host Nmb*k each (capacity over the tp split) */
-    float *gbuf;          /* device gnumel: one layer's gradients under the tp split */
+    float *gbuf;                       /* device gnumel: one layer's gradients under the tp split */
     int64_t gnumel;
     moe_weights gs;       /* views of gbuf */
     int32_t *cap_order;   /* host: every member's token (member*N + i) in sequence order */
@@ -178,19 +178,23 @@ typedef struct {
 } moe_acts;
 
 /* N: tokens per micro-batch on this rank before the tensor-parallel split (B*T/cp; the layer
- * routes N/tp of them; N must divide by parallel.tp, which the config checks). Needs model.moe.num_experts > 0 (validated config).
+ * routes N/tp of them, see moe_groups.tp_comm; N must divide by parallel.tp, which the config
+ * checks). Needs model.moe.num_experts > 0 (validated config).
  * Expert parallelism: rank r of the ep group holds experts [r*E/ep, (r+1)*E/ep); tokens go to
  * them and back with ep_dispatch/ep_combine. Expert weight gradients are plain accumulations
- * over the tokens that reached the expert from every ep rank; the caller reduces them over
- * expert-dp x cp (and the router and shared expert over dp x cp) like any other gradient.
+ * over the tokens that reached the expert from every ep rank (under the tp split summed over tp
+ * here); the caller reduces them over expert-dp x cp (and the router and shared expert over
+ * dp x cp) like any other gradient.
  * Capacity: dropless when model.moe.capacity_factor == 0. Otherwise each expert keeps at most
- * ceil(capacity_factor * N * k / E) of the assignments this rank routes, in token order (then
- * choice order); a dropped assignment contributes nothing (its gate is not renormalized away),
- * so a token dropped by all its experts gets y = 0 (+ shared expert) and only the caller's
- * residual passes through. With ep > 1 drops are decided before dispatch, per rank.
- * The stats groups' members must call moe_forward together (one all-reduce of 2E+3 floats per
- * group), and so must the ep group's (moe_forward and moe_backward each run two all-to-all(v)s
- * plus one all-to-all of counts in forward). */
+ * ceil(capacity_factor * tokens * k / E) of the micro-batch's assignments (its tp parts and cp
+ * shards together), in the micro-batch's token order (then choice order); a dropped assignment
+ * contributes nothing (its gate is not renormalized away), so a token dropped by all its
+ * experts gets y = 0 (+ shared expert) and only the caller's residual passes through. Drops are
+ * decided before dispatch, per micro-batch, so ep does not move them.
+ * The stats groups' members must call moe_forward together (one all-reduce of the statistics
+ * per group), and so must the ep group's (moe_forward and moe_backward each run two
+ * all-to-all(v)s plus one all-to-all of counts in forward) and, under the tp split, the tp
+ * group's (the capacity's gather, the rows' all-gathers without sp, the gradient all-reduce). */
 void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *arena, int N,
               const moe_groups *groups);
 void moe_free(moe_ctx *m); /* host memory; the arena owns the rest */

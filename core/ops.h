@@ -228,8 +228,7 @@ struct ust_ops {
      * probabilities (without bias) renormalized to sum 1; psum(E) = column sums of probs (may be
      * NULL). */
     void (*moe_router_fwd)(const ust_ops *o, float *probs, float *lse, int32_t *topk, float *gate,
-                           float *psum, const act *logits, const float *bias, int N, int E,
-                           int k);
+                           float *psum, const act *logits, const float *bias, int N, int E, int k);
     /* dlogits(N,E) = softmax backward of dprobs, where dprobs = the gate renormalization's
      * backward of dgate(N,k) (NULL: 0) + aux_dp[e] for every token (NULL: 0), plus zscale * lse[n]
      * * probs (the gradient of zscale/2 * lse^2). Overwrites dlogits. */

@@ -192,10 +192,9 @@ static void cpu_grouped_linear_fwd(const ust_ops *o, act *out_, const act *inp_,
     }
 }
 
-static void cpu_grouped_linear_bwd(const ust_ops *o, act *dinp_, float *const *dw,
-                                   float *const *db, const act *dout_, const act *inp_,
-                                   const float *const *w, const int32_t *M, int G, int C, int OC,
-                                   int acc_dinp) {
+static void cpu_grouped_linear_bwd(const ust_ops *o, act *dinp_, float *const *dw, float *const *db,
+                                   const act *dout_, const act *inp_, const float *const *w,
+                                   const int32_t *M, int G, int C, int OC, int acc_dinp) {
     float *dinp = dinp_;
     const float *dout = dout_, *inp = inp_;
     int64_t off[G + 1];
@@ -1115,9 +1114,8 @@ static void cpu_moe_router_fwd(const ust_ops *o, float *probs, float *lse, int32
         for (int j = 0; j < k; j++) { /* k passes: strict > keeps the lower index on ties */
             int best = -1;
             for (int e = 0; e < E; e++)
-                if (!chosen(sel, j, e) &&
-                    (best < 0 || p[e] + (bias ? bias[e] : 0.0f) >
-                                     p[best] + (bias ? bias[best] : 0.0f)))
+                if (!chosen(sel, j, e) && (best < 0 || p[e] + (bias ? bias[e] : 0.0f) >
+                                                           p[best] + (bias ? bias[best] : 0.0f)))
                     best = e;
             sel[j] = best;
             s += p[best];

@@ -213,8 +213,8 @@ static double pf_sum(const ust_ops *o, const float *x, int64_t n) {
     return r;
 }
 static void pf_moe_router_fwd(const ust_ops *o, float *probs, float *lse, int32_t *topk,
-                              float *gate, float *psum, const act *logits, const float *bias,
-                              int N, int E, int k) {
+                              float *gate, float *psum, const act *logits, const float *bias, int N,
+                              int E, int k) {
     TIMED(P_moe_router_fwd,
           in->moe_router_fwd(in, probs, lse, topk, gate, psum, logits, bias, N, E, k));
 }
@@ -237,9 +237,8 @@ static void pf_moe_gate_grad(const ust_ops *o, float *dgate, const act *dout, co
                              const int32_t *pos, int N, int k, int C) {
     TIMED(P_moe_gate_grad, in->moe_gate_grad(in, dgate, dout, rows, pos, N, k, C));
 }
-static void pf_grouped_linear_fwd(const ust_ops *o, act *out, const act *inp,
-                                  const float *const *w, const float *const *b, const int32_t *M,
-                                  int G, int C, int OC) {
+static void pf_grouped_linear_fwd(const ust_ops *o, act *out, const act *inp, const float *const *w,
+                                  const float *const *b, const int32_t *M, int G, int C, int OC) {
     TIMED(P_grouped_linear_fwd, in->grouped_linear_fwd(in, out, inp, w, b, M, G, C, OC));
 }
 static void pf_grouped_linear_bwd(const ust_ops *o, act *dinp, float *const *dw, float *const *db,

@@ -155,8 +155,9 @@ void planner_estimate(const ust_config *c, const planner_hw *hw, planner_cost *o
      * Embedding and lm_head: 4. */
     double unit = planner_allgather_s(A * B * Tl * C, tp, bw[PLAN_TP]);
     double u_dense = (sp ? 10 : 8) + full * 4, u_moe = (sp ? 5 : 6) + full * (sp ? 2 : 3);
-    double moe_grads = (c->model.moe.num_experts / ep + (c->model.moe.shared_expert ? 1 : 0)) *
-                           s.expert + c->model.moe.num_experts * C;
+    double moe_grads =
+        (c->model.moe.num_experts / ep + (c->model.moe.shared_expert ? 1 : 0)) * s.expert +
+        c->model.moe.num_experts * C;
     double moe_reduce = tp > 1 ? 2 * planner_allgather_s(4 * moe_grads, tp, bw[PLAN_TP]) : 0;
     o->group[PLAN_TP] =
         m * ((dense_on * u_dense + moe_on * u_moe + 4) * unit + moe_on * moe_reduce);

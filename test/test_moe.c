@@ -172,8 +172,8 @@ static double ref_loss(const ref_ctx *r, const float *x, const float *dy, double
             for (int e = 0; e < E; e++) {
                 int used = 0;
                 for (int m = 0; m < j; m++) used |= sel[m] == e;
-                if (!used && (best < 0 || p[e] + (bias ? bias[e] : 0) >
-                                              p[best] + (bias ? bias[best] : 0)))
+                if (!used &&
+                    (best < 0 || p[e] + (bias ? bias[e] : 0) > p[best] + (bias ? bias[best] : 0)))
                     best = e;
             }
             sel[j] = best, S += p[best];
@@ -299,7 +299,10 @@ static void test_moe_seq_aux_gradients_match_finite_differences(void) {
         fixture_make(&f, 12);
         fill_random(&f, 31 + v);
         char why[512];
-        int bad = check_gradients(&f, v == 0 ? "seq aux" : v == 1 ? "seq + aux gpt2" : "seq + bias",
+        int bad = check_gradients(&f,
+                                  v == 0   ? "seq aux"
+                                  : v == 1 ? "seq + aux gpt2"
+                                           : "seq + bias",
                                   why, sizeof why);
         fixture_free(&f);
         CHECK(!bad, "%s", why);
@@ -317,8 +320,9 @@ static void test_moe_seq_aux_loss_matches_hand_computed_value(void) {
     moe_forward(&f.m, &f.a, &f.w, f.y, f.x, &st);
     fixture_free(&f);
     CHECK_CLOSE(st.seq_aux_loss, (1 + 1.3807971) / 2, 1e-6, 0, "sequence-wise aux loss");
-    CHECK_CLOSE(st.loss, 0.1 * 1.0951992694944706 + 0.01 * 2.113397074470959 +
-                             0.5 * (1 + 1.3807971) / 2, 1e-6, 0, "loss");
+    CHECK_CLOSE(st.loss,
+                0.1 * 1.0951992694944706 + 0.01 * 2.113397074470959 + 0.5 * (1 + 1.3807971) / 2,
+                1e-6, 0, "loss");
 }
 
 /* capacity 0.5: each expert keeps ceil(0.5*12*2/4) = 3 of ~6 assignments, so many drops */
@@ -688,8 +692,8 @@ static void test_moe_balancing_bias_moves_choices_not_gates(void) {
     CHECK_CLOSE(st.aux_loss, 2 * (1 - 0.5951993), 1e-6, 0, "aux loss from unbiased probs");
     double load[2] = {0, 4};
     moe_update_bias(&f.m, f.w.bias, load);
-    CHECK(f.w.bias[0] == 0.5f && f.w.bias[1] == 0.5f, "bias after the update (%g, %g)",
-          f.w.bias[0], f.w.bias[1]);
+    CHECK(f.w.bias[0] == 0.5f && f.w.bias[1] == 0.5f, "bias after the update (%g, %g)", f.w.bias[0],
+          f.w.bias[1]);
     double even[2] = {2, 2}; /* at the mean: no move */
     moe_update_bias(&f.m, f.w.bias, even);
     CHECK(f.w.bias[0] == 0.5f && f.w.bias[1] == 0.5f, "bias moved at an even load (%g, %g)",
