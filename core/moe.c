@@ -770,10 +770,8 @@ static void tp_reduce_grads(moe_ctx *m, moe_weights *g) {
 void moe_tp_gather_rows(moe_ctx *m, act *whole) {
     if (m->tpn == 1) return;
     const ust_ops *o = m->ops;
-    size_t count = (size_t)m->N * m->C;
-    comm_req r = comm_allgather(m->tp_comm, act_at(o, whole, (int64_t)m->tpr * count), whole, count,
-                                comm_act_dtype(o));
-    comm_wait(&r);
+    int64_t count = (int64_t)m->N * m->C;
+    ep_shards_allgather_act(m->tp_comm, o, act_at(o, whole, m->tpr * count), whole, count);
 }
 
 void moe_backward(moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g_out, act *dx,
