@@ -112,6 +112,9 @@ static const cfg_key cfg_keys[] = {
     DBL("model.moe.aux_loss_coef", model.moe.aux_loss_coef, "0.01", 0, INFINITY, 0),
     DBL("model.moe.z_loss_coef", model.moe.z_loss_coef, "0", 0, INFINITY, 0),
     DBL("model.moe.capacity_factor", model.moe.capacity_factor, "0", 0, 4096, 0),
+    DBL("model.moe.bias_update_rate", model.moe.bias_update_rate, "0", 0, 1e6, 0),
+    BOOL("model.moe.grouped_gemm", model.moe.grouped_gemm, "true"),
+    DBL("model.moe.seq_aux_loss_coef", model.moe.seq_aux_loss_coef, "0", 0, INFINITY, 0),
     ENUM("model.rope_scaling.type", model.rope_scaling.type, "none", ROPE_SCALINGS),
     DBL("model.rope_scaling.factor", model.rope_scaling.factor, "8", 1, 1e6, 0),
     DBL("model.rope_scaling.low_freq_factor", model.rope_scaling.low_freq_factor, "1", 0, 1e6,
@@ -1169,6 +1172,11 @@ static int cfg_validate_model(const ust_config *c, ust_err *e) {
     REQUIRE(moe->num_experts == 0 || moe->num_experts % c->parallel.ep == 0,
             "model.moe.num_experts (%d) must be divisible by parallel.ep (%d)", moe->num_experts,
             c->parallel.ep);
+    REQUIRE(moe->bias_update_rate == 0 || c->optimizer.zero_stage < 3,
+            "model.moe.bias_update_rate (%g) updates the routing bias in place after the "
+            "optimizer step, which needs whole weights on every rank: use optimizer.zero_stage "
+            "0, 1 or 2 (got 3)",
+            moe->bias_update_rate);
     REQUIRE(moe->num_experts > 0 || c->parallel.ep == 1,
             "parallel.ep (%d) needs experts, but model.moe.num_experts is 0", c->parallel.ep);
     return 0;
@@ -1220,6 +1228,13 @@ static int cfg_validate_parallel(const ust_config *c, ust_err *e) {
             "parallel.pp_schedule: zb does not split a MoE layer's backward into B and W; use "
             "1f1b or interleaved with model.moe.num_experts = %d",
             m->moe.num_experts);
+    long long moe_tokens =
+        (long long)c->train.micro_batch_size * c->train.seq_len / (p->cp > 0 ? p->cp : 1);
+    REQUIRE(m->moe.num_experts == 0 || moe_tokens % p->tp == 0,
+            "the MoE layers split each micro-batch's tokens over parallel.tp: "
+            "train.micro_batch_size * train.seq_len / parallel.cp (%lld) must be divisible by "
+            "parallel.tp (%d)",
+            moe_tokens, p->tp);
     long long per_dp = (long long)c->train.micro_batch_size * p->dp;
     long long mbs = per_dp > 0 ? c->train.global_batch_size / per_dp : 0;
     REQUIRE(p->pp == 1 || p->pp_schedule != PP_INTERLEAVED || mbs % p->pp == 0,

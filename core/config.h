@@ -69,6 +69,15 @@ typedef struct {
             int num_experts, top_k, d_ff_expert, every;
             bool shared_expert;
             double aux_loss_coef, z_loss_coef, capacity_factor;
+            /* aux-loss-free balancing (DeepSeek-V3): a per-expert routing bias for the top-k
+             * choice only, moved each step by rate * sign(mean load - load) from the step's
+             * global counts (0: off, no bias tensor) */
+            double bias_update_rate;
+            /* DeepSeek-V3's complementary sequence-wise balance loss: coef * mean over the
+             * micro-batch's sequences of E * sum_e f_e P_e within the sequence (0: off) */
+            double seq_aux_loss_coef;
+            bool grouped_gemm; /* the local experts' projections as one grouped GEMM each
+                                * (default); false: one linear per expert (for comparison) */
         } moe;
         struct { /* Llama 3.1's rope_scaling (ops.h ust_rope) */
             ust_rope_scaling type;

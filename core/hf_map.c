@@ -177,6 +177,10 @@ int hf_table_build(hf_table *l, const ust_config *c, ust_err *e) {
                         "arch %s, moe.every = %d, moe.shared_expert = %s)",
                         c->model.arch == ARCH_LLAMA ? "llama" : "gpt2", moe->every,
                         moe->shared_expert ? "true" : "false");
+    if (moe->num_experts > 0 && moe->bias_update_rate > 0)
+        return ust_errf(e, "model.moe.bias_update_rate: Mixtral's router has no balancing bias, so "
+                           "a model trained with one (router.expert_bias) has no Hugging Face "
+                           "layout that routes as it does");
     if (moe->num_experts > 0 && c->model.qkv_bias)
         return ust_errf(e, "model.qkv_bias: Mixtral's attention has no q/k/v biases, so a mixture "
                            "of experts with model.qkv_bias: true has no Hugging Face layout");

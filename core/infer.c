@@ -377,7 +377,8 @@ static void moe_mlp(infer_model *m, const infer_layer *w, int n) {
     const ust_ops *o = m->ops;
     int C = m->C, E = m->E, k = m->k, off[E + 1];
     o->linear_fwd(o, m->rlogits, m->ln, w->moe.router, NULL, n, C, E);
-    o->moe_router_fwd(o, m->probs, NULL, m->topk, m->gate, NULL, m->rlogits, n, E, k);
+    o->moe_router_fwd(o, m->probs, NULL, m->topk, m->gate, NULL, m->rlogits, w->moe.bias, n, E,
+                      k);
     route(m, n, off);
     o->moe_gather(o, m->xe, m->ln, m->assign, NULL, n * k, C, k);
     for (int e = 0; e < E; e++)

@@ -339,7 +339,10 @@ static void json_moe(FILE *f, const log_step *s) {
                            {"dropped", s->moe_dropped[i], 0, 0}};
         fprintf(f, "%s{\"layer\":%d", i ? "," : "", s->moe_layer[i]);
         for (int k = 0; k < 3; k++) json_scalar(f, &x[k]);
-        fputc('}', f);
+        fprintf(f, ",\"rank_rows\":[");
+        for (int r = 0; r < s->moe_ep; r++)
+            fprintf(f, "%s%.9g", r ? "," : "", s->moe_rank_rows[i][r]);
+        fputs("]}", f);
     }
     fputc(']', f);
 }

@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #define LOG_MAX_MOE 64
+#define LOG_MAX_EP 64
 #define LOG_MAX_DATA 64 /* CFG_MAX_BLEND */
 
 typedef struct {
@@ -34,6 +35,10 @@ typedef struct {
     int moe_n;
     int moe_layer[LOG_MAX_MOE];
     double moe_load_max[LOG_MAX_MOE], moe_load_mean[LOG_MAX_MOE], moe_dropped[LOG_MAX_MOE];
+    /* ... and, per ep rank, the rows its experts computed in the step (global counts per rank
+     * holding them: model_moe_rank_rows); moe_ep entries each */
+    int moe_ep;
+    double moe_rank_rows[LOG_MAX_MOE][LOG_MAX_EP];
     int skipped;      /* step skipped by on_nan: skip */
     int spike;        /* train.on_spike found one: 1 the update skipped, 2 rewound */
     int restarts;     /* scripts/ustrun --max-restarts: starts of the job before this one */

@@ -23,15 +23,17 @@ int model_create(model **out, const ust_config *cfg, const ust_ops *ops, ust_are
     return model_create_with(out, cfg, ops, arena, &st, e);
 }
 
-/* The MoE layers' shared context and weight tables. Every tensor-parallel rank runs the MoE
- * layers on all tokens of the micro-batch (gathered under sp), so their results and gradients
- * agree over tp; the aux-loss statistics are summed over the cp shards. */
+/* The MoE layers' shared context and weight tables. The tensor-parallel ranks split the
+ * micro-batch's tokens (each routes and computes its 1/tp: its own rows under sp, a slice of the
+ * replicated rows without), so no expert work is repeated over tp; the aux-loss statistics are
+ * summed over the cp shards and the tp parts. */
 static void init_moe(model *m, ust_arena *arena, const model_storage *st) {
     m->has_moe = 1;
     m->ep_size = ep_size(st->ep);
     m->ep_rank = ep_rank(st->ep);
-    moe_groups g = {.ep = st->ep,
-                    .stats_comm = {m->cp->comm, NULL},
+    moe_groups g = {.tp_comm = tp_size(m->tp) > 1 ? m->tp->comm : NULL,
+                    .ep = st->ep,
+                    .stats_comm = {m->cp->comm, tp_size(m->tp) > 1 ? m->tp->comm : NULL},
                     .cap_comm = m->cp->comm,
                     .cap_pos = cp_positions_of(m->cp, 0),
                     .cap_T = m->cfg->train.seq_len,
@@ -40,6 +42,10 @@ static void init_moe(model *m, ust_arena *arena, const model_storage *st) {
     m->mw = calloc(m->L, sizeof *m->mw);
     m->mg = calloc(m->L, sizeof *m->mg);
     m->mstats = calloc(m->L, sizeof *m->mstats);
+    m->moe_load = calloc((size_t)m->L * m->moe.E, sizeof *m->moe_load);
+    m->moe_gload = calloc((size_t)m->L * m->moe.E, sizeof *m->moe_gload);
+    UST_ASSERT(m->mw && m->mg && m->mstats && m->moe_load && m->moe_gload,
+               "out of host memory (MoE tables)");
     for (int l = 0; l < m->L; l++)
         if (is_moe(m, l))
             moe_weights_init(&m->mw[l], &m->moe), moe_weights_init(&m->mg[l], &m->moe);
@@ -106,6 +112,7 @@ void model_destroy(model *m) {
         moe_free(&m->moe);
     }
     free(m->mw), free(m->mg), free(m->mstats), free(m->unit_expert);
+    free(m->moe_load), free(m->moe_gload);
     if (m->cp == &m->own_cp) cp_free(&m->own_cp);
     free(m);
 }
@@ -175,15 +182,23 @@ static void mlp_activation(model *m, layer_acts *a) {
         m->ops->gelu_fwd(m->ops, a->act, a->up, n);
 }
 
+/* Where this tensor-parallel rank's MoE tokens start in a (B*T, C) tensor every tp rank holds
+ * whole (without sp; under sp the rank's own rows are its tokens: 0). */
+static int64_t moe_tp_offset(const model *m) {
+    if (tp_sp(m->tp) || tp_size(m->tp) == 1) return 0;
+    return (int64_t)m->tp->rank * (m->B * m->T / tp_size(m->tp)) * m->C;
+}
 
-/* The MoE MLP: y (N,C) from every token on every tensor-parallel rank; this rank's rows join
- * the residual. */
+/* The MoE MLP on this tensor-parallel rank's share of the tokens (its rows under sp); without
+ * sp the shares are all-gathered so every rank's residual gets the whole y. */
 static void moe_mlp_forward(model *m, int l, act *x_out, const layer_acts *a, moe_acts *ma,
                             moe_stats *st) {
-    const act *ln2 = tp_gather(m->tp, a->ln2);
-    moe_forward(&m->moe, ma, &m->mw[l], m->dln, ln2, st); /* dln: scratch, free in forward */
-    int64_t NlC = (int64_t)m->Nl * m->C;
-    m->ops->add(m->ops, x_out, tp_local_rows(m->tp, m->dln), a->res2, NlC);
+    const ust_ops *o = m->ops;
+    int64_t off = moe_tp_offset(m);
+    /* dln: scratch, free in forward */
+    moe_forward(&m->moe, ma, &m->mw[l], act_at(o, m->dln, off), act_at(o, a->ln2, off), st);
+    if (!tp_sp(m->tp)) moe_tp_gather_rows(&m->moe, m->dln);
+    o->add(o, x_out, m->dln, a->res2, (int64_t)m->Nl * m->C);
 }
 
 /* x_in, x_out: (B,T,C). Pre-norm block: res2 = x + attn(norm1(x)); out = res2 + mlp(norm2(res2)) */
@@ -277,6 +292,11 @@ double model_chunk_forward(model *m, int c, int slot, const int32_t *inputs, con
             hook(m, u + 1, MODEL_FWD_END);
             m->mstats[l] = st;
             if (dscale > 0 && cp_is_first(m->cp)) m->moe_loss += st.loss * m->moe_scale;
+            /* the micro-batch's counts (summed over cp and tp): one of its cp ranks counts them
+             * for the dp x cp sum (each tp rank is in its own such group) */
+            if (dscale > 0 && cp_is_first(m->cp))
+                for (int e = 0; e < m->moe.E; e++)
+                    m->moe_load[(int64_t)l * m->moe.E + e] += st.routed[e];
         }
         hook(m, u, MODEL_FWD_END);
         u += 1 + moe;
@@ -390,13 +410,15 @@ static act *mlp_backward(model *m, int l, const act *dx, layer_acts *a, const de
     return tp_reduce_grad(m->tp, m->dln); /* the MLP's input is shared by the group: summed */
 }
 
-/* MoE MLP: every tensor-parallel rank ran it on all tokens, so the input gradient is whole and
- * the same on each; this rank keeps its own rows (no sum). */
+/* MoE MLP: each tensor-parallel rank backs up its own tokens (its rows under sp); without sp
+ * the input gradient's shares are all-gathered, whole and the same on every rank. */
 static act *moe_mlp_backward(model *m, int l, const act *dx, layer_acts *a, moe_acts *ma) {
-    const act *gdx = tp_gather_grad(m->tp, dx);
-    moe_backward(&m->moe, ma, &m->mw[l], &m->mg[l], m->dln, gdx, tp_gather(m->tp, a->ln2),
-                 m->moe_scale, 0);
-    return tp_local_rows(m->tp, m->dln);
+    const ust_ops *o = m->ops;
+    int64_t off = moe_tp_offset(m);
+    moe_backward(&m->moe, ma, &m->mw[l], &m->mg[l], act_at(o, m->dln, off), act_at(o, dx, off),
+                 act_at(o, a->ln2, off), m->moe_scale, 0);
+    if (!tp_sp(m->tp)) moe_tp_gather_rows(&m->moe, m->dln);
+    return m->dln;
 }
 
 /* dx += d loss / d (a norm's input), given its output gradient dout (this rank's rows); the
@@ -577,8 +599,35 @@ void model_chunk_weight_grad(model *m, int c, int slot) {
 
 void model_backward(model *m) { model_chunk_backward(m, 0, 0, 0); }
 
+void model_moe_end_step(model *m, struct ust_comm *group, int update_bias) {
+    if (!m->has_moe) return;
+    int E = m->moe.E;
+    moe_step_loads(&m->moe, group, m->moe_load);
+    for (int c = 0; c < m->nchunks; c++)
+        for (int l = m->chunks[c].lo; l < m->chunks[c].hi; l++)
+            if (is_moe(m, l) && update_bias && m->mw[l].bias)
+                moe_update_bias(&m->moe, m->mw[l].bias, m->moe_load + (int64_t)l * E);
+    memcpy(m->moe_gload, m->moe_load, (size_t)m->L * E * sizeof *m->moe_load);
+    memset(m->moe_load, 0, (size_t)m->L * E * sizeof *m->moe_load);
+}
 
-
+int model_moe_rank_rows(const model *m, int i, double *rows, int max) {
+    int n = 0, E = m->moe.E, ep = m->ep_size, El = E / ep;
+    const __typeof__(m->cfg->parallel) *p = &m->cfg->parallel;
+    double holders = (double)p->dp / ep * p->cp * p->tp;
+    for (int c = 0; c < m->nchunks; c++)
+        for (int l = m->chunks[c].lo; l < m->chunks[c].hi; l++)
+            if (is_moe(m, l) && n++ == i) {
+                for (int r = 0; r < ep && r < max; r++) {
+                    double s = 0;
+                    for (int e = r * El; e < (r + 1) * El; e++)
+                        s += m->moe_gload[(int64_t)l * E + e];
+                    rows[r] = s / holders;
+                }
+                return ep < max ? ep : max;
+            }
+    return 0;
+}
 
 double model_take_moe_loss(model *m) {
     double x = m->moe_loss;

@@ -164,6 +164,16 @@ double model_take_moe_loss(model *m);
  * mean, the dropped fraction. Returns how many (at most max). */
 int model_moe_stats(const model *m, int *layers, double *load_max, double *load_mean,
                     double *dropped, int max);
+/* End of a training step for the MoE layers: this rank's routed counts of the step summed over
+ * group (the dp x cp ranks, whose micro-batches differ) into the step's global loads, and, when
+ * update_bias (the step was applied) and model.moe.bias_update_rate > 0, each layer's balancing
+ * bias moved by them (moe_update_bias). Every rank of the group calls it once per step. */
+struct ust_comm;
+void model_moe_end_step(model *m, struct ust_comm *group, int update_bias);
+/* For the i-th layer model_moe_stats lists: the rows each ep rank's experts computed in the last
+ * step, per rank holding them (global counts / (dp/ep * cp * tp)); returns how many (the ep size,
+ * at most max). */
+int model_moe_rank_rows(const model *m, int i, double *rows, int max);
 /* The unit holds a MoE layer's experts: its gradients are reduced over expert-dp x cp. */
 int model_unit_is_expert(const model *m, int unit);
 

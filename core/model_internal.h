@@ -146,6 +146,9 @@ struct model {
     moe_acts moe_scratch; /* full recompute: the one set every MoE layer rebuilds into */
     moe_weights *mw, *mg; /* per global layer (MoE layers only) */
     moe_stats *mstats;    /* per global layer: the last forward's load and losses */
+    double *moe_load;     /* per global layer, E each: the step's routed counts (this rank's
+                           * micro-batches, then global after model_moe_end_step) */
+    double *moe_gload;    /* the last finished step's global counts */
     int has_moe, ep_rank, ep_size, listing;
     int sizing;      /* the memory plan's model (params_shape): shapes only, no names */
     int in_experts;  /* building the table: the current unit holds experts */

@@ -65,6 +65,10 @@ void moe_enum_params(const ust_config *cfg, int l, int ep_size, int ep_rank, moe
     snprintf(n, sizeof n, "model.layers.%d.mlp.router.weight", l);
     emit(fn, ctx, n, E, cfg->model.d_model, 1, 0.02f, -1, w ? &w->router : NULL,
          g ? &g->router : NULL);
+    if (cfg->model.moe.bias_update_rate > 0) {
+        snprintf(n, sizeof n, "model.layers.%d.mlp.router.expert_bias", l);
+        emit(fn, ctx, n, 1, E, 0, 0.0f, -1, w ? &w->bias : NULL, g ? &g->bias : NULL);
+    }
     if (cfg->model.moe.shared_expert) {
         snprintf(n, sizeof n, "model.layers.%d.mlp.shared_expert", l);
         emit_expert(cfg, n, -1, w ? &w->shared : NULL, g ? &g->shared : NULL, fn, ctx);
@@ -109,9 +113,9 @@ static int64_t moe_capacity(double factor, int64_t assignments, int64_t E) {
 
 void moe_dispatch_rows(const ust_config *cfg, int64_t N, int ep, int64_t *send, int64_t *recv) {
     const __typeof__(cfg->model.moe) *c = &cfg->model.moe;
-    int64_t A = N * c->top_k, E = c->num_experts, s = A, r = A;
-    if (c->capacity_factor > 0) { /* the whole micro-batch's capacity (cp shards together) */
-        int64_t cap = moe_capacity(c->capacity_factor, A * cfg->parallel.cp, E);
+    int64_t A = moe_rank_tokens(cfg, N) * c->top_k, E = c->num_experts, s = A, r = A;
+    if (c->capacity_factor > 0) { /* the whole micro-batch's capacity (cp, tp parts together) */
+        int64_t cap = moe_capacity(c->capacity_factor, N * c->top_k * cfg->parallel.cp, E);
         s = A < E * cap ? A : E * cap;
         r = A < E / ep * cap ? A : E / ep * cap;
     }
@@ -130,7 +134,7 @@ static int cmp_key(const void *a, const void *b) {
 }
 
 static void init_capacity_order(moe_ctx *m, const moe_groups *g, ust_arena *arena) {
-    int n = ep_shards_size(g->cap_comm), N = m->N;
+    int n = ep_shards_size(g->cap_comm), N = m->Nmb;
     cap_token *t = host_alloc((size_t)n * N * sizeof *t);
     for (int r = 0; r < n; r++)
         for (int i = 0; i < N; i++) {
@@ -144,30 +148,130 @@ static void init_capacity_order(moe_ctx *m, const moe_groups *g, ust_arena *aren
     m->cap_comm = g->cap_comm;
     m->cap_topk = mem_alloc(arena, MEM_COMM, (size_t)n * N * m->k * sizeof(float));
     m->cap_topk_host = host_alloc((size_t)n * N * m->k * sizeof(float));
-    m->cap_count = host_alloc((size_t)m->E * sizeof(int32_t));
 }
 
-/* Capacity over the cp group: every member's choices, walked in the micro-batch's token order
- * (then choice order) as one rank would; pos[i] = -1 for this rank's dropped assignments, else
- * its index among this rank's kept assignments to the expert. */
-static void route_capacity_cp(moe_ctx *m, const moe_acts *a, int32_t *pos, int32_t *kept) {
+/* Capacity over the cp group: every member's choices of its micro-batch part (all: Nmb*k),
+ * walked in the micro-batch's token order (then choice order) as one rank would; keep[a] for
+ * this member's assignments a. */
+static void capacity_cp(moe_ctx *m, const int32_t *all, int32_t *keep) {
     const ust_ops *o = m->ops;
-    int n = ep_shards_size(m->cap_comm), me = ep_shards_rank(m->cap_comm), k = m->k;
-    int64_t A = (int64_t)m->N * k, cap = moe_capacity(m->capacity_factor, A * n, m->E);
-    for (int64_t i = 0; i < A; i++) m->cap_topk_host[me * A + i] = (float)m->topk_host[i];
+    int n = ep_shards_size(m->cap_comm), me = ep_shards_rank(m->cap_comm), k = m->k, N = m->Nmb;
+    int64_t A = (int64_t)N * k, cap = moe_capacity(m->capacity_factor, A * n, m->E);
+    for (int64_t i = 0; i < A; i++) m->cap_topk_host[me * A + i] = (float)all[i];
     o->to_device(o, m->cap_topk + me * A, m->cap_topk_host + me * A, A * sizeof(float));
     ep_shards_allgather(m->cap_comm, m->cap_topk + me * A, m->cap_topk, A);
     o->to_host(o, m->cap_topk_host, m->cap_topk, (size_t)n * A * sizeof(float));
     memset(m->cap_count, 0, m->E * sizeof(int32_t));
-    for (int64_t t = 0; t < (int64_t)n * m->N; t++) {
-        int tok = m->cap_order[t], owner = tok / m->N, i = tok % m->N;
+    for (int64_t t = 0; t < (int64_t)n * N; t++) {
+        int tok = m->cap_order[t], owner = tok / N, i = tok % N;
         for (int j = 0; j < k; j++) {
             int e = (int)m->cap_topk_host[(int64_t)owner * A + (int64_t)i * k + j];
-            int keep = m->cap_count[e]++ < cap;
-            if (owner == me) pos[(int64_t)i * k + j] = keep ? kept[e]++ : -1;
+            int kept = m->cap_count[e]++ < cap;
+            if (owner == me) keep[(int64_t)i * k + j] = kept;
         }
     }
-    (void)a;
+}
+
+/* Which of this rank's assignments the capacity keeps (keep, this rank's N*k): decided over the
+ * whole micro-batch, its tp parts gathered first and its cp parts in capacity_cp, in the
+ * micro-batch's token order whatever the split. */
+static void capacity_keep(moe_ctx *m, int32_t *keep) {
+    const ust_ops *o = m->ops;
+    int k = m->k, E = m->E;
+    int64_t A = (int64_t)m->N * k, Amb = (int64_t)m->Nmb * k;
+    const int32_t *all = m->topk_host;
+    int32_t *keep_all = keep;
+    if (m->tpn > 1) { /* every tp part's choices, in row order */
+        float *mine = m->tp_topk + m->tpr * A, *hm = (float *)m->keep_host;
+        for (int64_t i = 0; i < A; i++) hm[i] = (float)m->topk_host[i];
+        o->to_device(o, mine, hm, A * sizeof(float));
+        ep_shards_allgather(m->tp_comm, mine, m->tp_topk, A);
+        o->to_host(o, m->keep_host, m->tp_topk, Amb * sizeof(float));
+        hm = (float *)m->keep_host;
+        for (int64_t i = 0; i < Amb; i++) m->tp_topk_host[i] = (int32_t)hm[i];
+        all = m->tp_topk_host;
+        keep_all = m->keep_host;
+    }
+    if (m->cap_comm) {
+        capacity_cp(m, all, keep_all);
+    } else {
+        int64_t cap = moe_capacity(m->capacity_factor, Amb, E);
+        memset(m->cap_count, 0, E * sizeof(int32_t));
+        for (int64_t i = 0; i < Amb; i++) keep_all[i] = m->cap_count[all[i]]++ < cap;
+    }
+    if (m->tpn > 1) memmove(keep, keep_all + m->tpr * A, A * sizeof(int32_t)); /* my part */
+}
+
+static int64_t pad16(int64_t n) { return (n + 15) & ~(int64_t)15; }
+
+/* One expert's tensors (or gradients) in moe_enum_params' order: pointers and sizes. */
+static int expert_tensors(int llama, int64_t C, int64_t F, moe_expert *w, float ***p, int64_t *n) {
+    int c = 0;
+    if (llama) p[c] = &w->gate, n[c++] = F * C;
+    p[c] = &w->up, n[c++] = F * C;
+    if (!llama) p[c] = &w->up_b, n[c++] = F;
+    p[c] = &w->down, n[c++] = C * F;
+    if (!llama) p[c] = &w->down_b, n[c++] = C;
+    return c;
+}
+
+/* A layer's tensors on this rank (router, shared expert, local experts); p and n hold
+ * 1 + 4*(El+1) entries. */
+static int layer_tensors(const moe_ctx *m, moe_weights *w, float ***p, int64_t *n) {
+    int c = 0;
+    p[c] = &w->router, n[c++] = (int64_t)m->E * m->C;
+    if (m->shared) c += expert_tensors(m->llama, m->C, m->Fe, &w->shared, p + c, n + c);
+    for (int i = 0; i < m->El; i++)
+        c += expert_tensors(m->llama, m->C, m->Fe, &w->experts[i], p + c, n + c);
+    return c;
+}
+
+/* Floats of one layer's gradient scratch under the tp split (each tensor 64-byte aligned). */
+static int64_t grad_scratch_floats(const ust_config *cfg, int ep) {
+    const __typeof__(cfg->model.moe) *c = &cfg->model.moe;
+    int64_t C = cfg->model.d_model, F = c->d_ff_expert, llama = cfg->model.arch == ARCH_LLAMA;
+    int64_t ex = pad16(F * C) * (llama ? 3 : 2) + (llama ? 0 : pad16(F) + pad16(C));
+    return pad16((int64_t)c->num_experts * C) + (c->shared_expert ? ex : 0) +
+           (int64_t)(c->num_experts / ep) * ex;
+}
+
+static void init_grad_scratch(moe_ctx *m, ust_arena *arena, int64_t floats) {
+    moe_weights_init(&m->gs, m);
+    m->gnumel = floats;
+    m->gbuf = mem_alloc(arena, MEM_ACTS, (size_t)floats * sizeof(float));
+    int cap = 1 + 4 * (m->El + 1);
+    float **p[cap];
+    int64_t n[cap], off = 0;
+    int c = layer_tensors(m, &m->gs, p, n);
+    for (int i = 0; i < c; i++) *p[i] = m->gbuf + off, off += pad16(n[i]);
+    UST_ASSERT(off == floats, "gradient scratch %lld floats, sized %lld", (long long)off,
+               (long long)floats);
+}
+
+int64_t moe_rank_tokens(const ust_config *cfg, int64_t N) {
+    int tp = cfg->parallel.tp > 0 ? cfg->parallel.tp : 1;
+    UST_ASSERT(N % tp == 0, "%lld tokens do not split over tp = %d", (long long)N, tp);
+    return N / tp;
+}
+
+/* The statistics vector: [routed E | prob sums E | sum lse^2 | tokens | dropped], then per
+ * sequence (B of them, with the sequence-wise loss) [counts B*E | tokens B | prob sums B*E]. */
+static int64_t stats_floats(int64_t E, int64_t B) { return 2 * E + 3 + B * (2 * E + 1); }
+
+/* The sequences this rank's rows meet (rows [tpr*N, (tpr+1)*N) of the B*Tl on its cp rank). */
+static void init_segments(moe_ctx *m, int B) {
+    UST_ASSERT(B > 0 && m->Nmb % B == 0, "%d rows are not %d sequences", m->Nmb, B);
+    m->seqB = B;
+    m->seqTl = m->Nmb / B;
+    m->seg = host_alloc(3 * (size_t)B * sizeof(int32_t));
+    int64_t r0 = (int64_t)m->tpr * m->N;
+    for (int i = 0; i < m->N;) {
+        int b = (int)((r0 + i) / m->seqTl), end = (int)((int64_t)(b + 1) * m->seqTl - r0);
+        if (end > m->N) end = m->N;
+        m->seg[3 * m->nseg] = i, m->seg[3 * m->nseg + 1] = end - i, m->seg[3 * m->nseg + 2] = b;
+        m->nseg++;
+        i = end;
+    }
 }
 
 void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *arena, int N,
@@ -185,18 +289,34 @@ void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *
     m->k = c->top_k;
     m->C = cfg->model.d_model;
     m->Fe = c->d_ff_expert;
-    m->N = N;
+    m->grouped = c->grouped_gemm;
+    m->Nmb = N;
+    m->N = (int)moe_rank_tokens(cfg, N);
+    m->tpn = cfg->parallel.tp > 0 ? cfg->parallel.tp : 1;
+    m->tp_comm = groups ? groups->tp_comm : NULL;
+    UST_ASSERT(ep_shards_size(m->tp_comm) == m->tpn, "MoE tokens split over tp = %d, group of %d",
+               m->tpn, ep_shards_size(m->tp_comm));
+    m->tpr = ep_shards_rank(m->tp_comm);
     m->aux_coef = c->aux_loss_coef;
     m->z_coef = c->z_loss_coef;
     m->capacity_factor = c->capacity_factor;
     if (groups) memcpy(m->stats_comm, groups->stats_comm, sizeof m->stats_comm);
     if (groups && groups->cap_comm && ep_shards_size(groups->cap_comm) > 1 && c->capacity_factor > 0)
         init_capacity_order(m, groups, arena);
-    int64_t A = (int64_t)N * m->k, C = m->C, E = m->E;
+    m->cap_count = host_alloc((size_t)m->E * sizeof(int32_t));
+    int64_t A = (int64_t)m->N * m->k, C = m->C, E = m->E;
+    N = m->N; /* from here on: the tokens this rank routes */
+    if (m->tpn > 1 && c->capacity_factor > 0) {
+        m->tp_topk = mem_alloc(arena, MEM_COMM, (size_t)m->Nmb * m->k * sizeof(float));
+        m->tp_topk_host = host_alloc((size_t)m->Nmb * m->k * sizeof(int32_t));
+        m->keep_host = host_alloc((size_t)m->Nmb * m->k * sizeof(int32_t));
+    } else {
+        m->keep_host = host_alloc(A * sizeof(int32_t));
+    }
     m->ep = groups ? groups->ep : NULL;
     if (!m->ep) {
         int64_t max_send, max_recv;
-        moe_dispatch_rows(cfg, N, 1, &max_send, &max_recv);
+        moe_dispatch_rows(cfg, m->Nmb, 1, &max_send, &max_recv);
         ep_init(&m->own_ep, ops, NULL, arena, m->E, m->C, max_send, max_recv);
         m->ep = &m->own_ep;
     }
@@ -216,12 +336,23 @@ void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *
     m->dh2 = AC(m->R * m->Fe);
     m->dact = AC(m->R * m->Fe);
     m->aux_dp = FL(E);
-    m->stats = FL(2 * E + 3);
-    m->stats_host = host_alloc((2 * E + 3) * sizeof(float));
+    m->seq_coef = c->seq_aux_loss_coef;
+    if (m->seq_coef > 0) init_segments(m, cfg->train.micro_batch_size);
+    m->seq_dp = m->seqB ? FL((int64_t)m->seqB * E) : NULL;
+    m->stats = FL(stats_floats(E, m->seqB));
+    m->stats_host = host_alloc(stats_floats(E, m->seqB) * sizeof(float));
+    m->nlayers = cfg->model.n_layer;
+    m->bias_rate = c->bias_update_rate;
+    m->fault_local_loads = getenv("UST_FAULT_MOE_LOCAL_LOADS") != NULL;
+    m->fault_skip_tp_sum = getenv("UST_FAULT_MOE_SKIP_TP_GRAD_SUM") != NULL;
+    m->loads = FL((int64_t)m->nlayers * E);
+    m->loads_host = host_alloc((size_t)m->nlayers * E * sizeof(float));
     m->topk_host = host_alloc(A * sizeof(int32_t));
     m->pos_host = host_alloc(A * sizeof(int32_t));
     m->assign_host = host_alloc(A * sizeof(int32_t));
     m->cnt_host = host_alloc(2 * E * sizeof(int32_t));
+    m->wp = host_alloc(2 * (size_t)m->El * sizeof *m->wp);
+    if (m->tpn > 1) init_grad_scratch(m, arena, grad_scratch_floats(cfg, ep_size(m->ep)));
 }
 
 void moe_free(moe_ctx *m) {
@@ -229,10 +360,16 @@ void moe_free(moe_ctx *m) {
     free(m->cap_topk_host);
     free(m->cap_count);
     free(m->stats_host);
+    free(m->seg);
+    free(m->loads_host);
     free(m->topk_host);
     free(m->pos_host);
     free(m->assign_host);
     free(m->cnt_host);
+    free(m->tp_topk_host);
+    free(m->keep_host);
+    free(m->wp);
+    moe_weights_free(&m->gs);
     if (m->ep == &m->own_ep) ep_free(&m->own_ep);
 }
 
@@ -250,15 +387,21 @@ static int64_t acts_bytes(int llama, int shared, int64_t N, int64_t E, int64_t k
 
 int64_t moe_ctx_bytes(const ust_config *cfg, int N, int ep_size) {
     const __typeof__(cfg->model.moe) *c = &cfg->model.moe;
+    int64_t Nmb = N, tp = cfg->parallel.tp > 0 ? cfg->parallel.tp : 1;
+    N = (int)moe_rank_tokens(cfg, N);
     int64_t A = (int64_t)N * c->top_k, C = cfg->model.d_model, E = c->num_experts;
     int64_t S, R, Fe = c->d_ff_expert, ep1 = ep_size == 1;
-    moe_dispatch_rows(cfg, N, ep_size, &S, &R);
+    moe_dispatch_rows(cfg, Nmb, ep_size, &S, &R);
     /* as moe_init carves them: logits dlogits tmp [xd eout d_local] d_home dxe dh1 dh2 dact;
      * dgate aux_dp stats */
     int64_t acts = 2 * N * E + N * C + (ep1 ? 0 : A * C + 2 * R * C) + A * C + R * C + 3 * R * Fe;
-    int64_t four = A + E + 2 * E + 3;
+    int64_t B = c->seq_aux_loss_coef > 0 ? cfg->train.micro_batch_size : 0;
+    int64_t four = A + E + stats_floats(E, B) + (int64_t)cfg->model.n_layer * E; /* ... loads */
+    four += B * E;                          /* seq_dp: at most one segment per sequence */
     if (!ep1) four += 2 * E, acts += R * C; /* ep_init's counts and staging rows */
-    if (cfg->parallel.cp > 1 && c->capacity_factor > 0) four += cfg->parallel.cp * A; /* choices */
+    if (cfg->parallel.cp > 1 && c->capacity_factor > 0) four += cfg->parallel.cp * Nmb * c->top_k;
+    if (tp > 1 && c->capacity_factor > 0) four += Nmb * c->top_k; /* the tp parts' choices */
+    if (tp > 1) four += grad_scratch_floats(cfg, ep_size);        /* gradients before the tp sum */
     return 4 * four + cfg_act_size(cfg) * acts;
 }
 
@@ -283,7 +426,7 @@ void moe_acts_init(moe_ctx *m, moe_acts *a, ust_arena *arena) {
         a->s_act = AC(N * Fe);
     }
     ep_plan_init(m->ep, &a->plan, arena);
-    a->aux_dp_host = host_alloc(m->E * sizeof(float));
+    a->aux_dp_host = host_alloc((size_t)m->E * (m->nseg > 1 ? m->nseg : 1) * sizeof(float));
 }
 
 void moe_acts_free(moe_acts *a) {
@@ -296,6 +439,7 @@ int64_t moe_acts_bytes(const ust_config *cfg, int N, int ep_size) {
     const __typeof__(cfg->model.moe) *c = &cfg->model.moe;
     int64_t S, R;
     moe_dispatch_rows(cfg, N, ep_size, &S, &R);
+    N = (int)moe_rank_tokens(cfg, N);
     return acts_bytes(cfg->model.arch == ARCH_LLAMA, c->shared_expert, N, c->num_experts, c->top_k,
                       cfg->model.d_model, c->d_ff_expert, R, ep_size == 1, cfg_act_size(cfg));
 }
@@ -340,8 +484,8 @@ static void expert_bwd(const moe_ctx *m, const moe_expert *w, moe_expert *g, act
     }
 }
 
-/* The local experts over their contiguous row groups of a. */
-static void local_experts_fwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, act *out) {
+/* The local experts one linear each (model.moe.grouped_gemm: false; the comparison path). */
+static void per_expert_fwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, act *out) {
     const ust_ops *o = m->ops;
     int64_t off = 0, C = m->C, F = m->Fe;
     for (int i = 0; i < m->El; i++) {
@@ -353,8 +497,8 @@ static void local_experts_fwd(const moe_ctx *m, moe_acts *a, const moe_weights *
     }
 }
 
-static void local_experts_bwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g,
-                              act *dx, const act *dout) {
+static void per_expert_bwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g,
+                           act *dx, const act *dout) {
     const ust_ops *o = m->ops;
     int64_t off = 0, C = m->C, F = m->Fe;
     for (int i = 0; i < m->El; i++) {
@@ -367,6 +511,86 @@ static void local_experts_bwd(const moe_ctx *m, moe_acts *a, const moe_weights *
     }
 }
 
+/* The local experts' tensor `field` (and `bias`, when given) as pointer arrays in m->wp. */
+#define EXPERT_PTRS(m, w, field, bias)                                                             \
+    do {                                                                                           \
+        for (int i_ = 0; i_ < (m)->El; i_++) {                                                     \
+            (m)->wp[i_] = (w)->experts[i_].field;                                                  \
+            (m)->wp[(m)->El + i_] = (w)->experts[i_].bias;                                         \
+        }                                                                                          \
+    } while (0)
+#define GRAD_PTRS(m, g, field, bias)                                                               \
+    do {                                                                                           \
+        for (int i_ = 0; i_ < (m)->El; i_++) {                                                     \
+            gp[i_] = (g)->experts[i_].field;                                                       \
+            gp[(m)->El + i_] = (g)->experts[i_].bias;                                              \
+        }                                                                                          \
+    } while (0)
+
+/* The local experts over their contiguous row groups of a: each projection one grouped GEMM over
+ * every local expert, each activation one elementwise op over all their rows. */
+static void local_experts_fwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, act *out) {
+    if (!m->grouped) {
+        per_expert_fwd(m, a, w, out);
+        return;
+    }
+    const ust_ops *o = m->ops;
+    int El = m->El, C = m->C, F = m->Fe;
+    const int32_t *M = a->plan.local;
+    int64_t rows = a->plan.nrecv, n = rows * F;
+    const float *const *wp = m->wp, *const *bp = m->wp + El;
+    if (rows == 0) return;
+    if (m->llama) {
+        EXPERT_PTRS(m, w, gate, up_b);
+        o->grouped_linear_fwd(o, a->h1, a->xe, wp, NULL, M, El, C, F);
+        EXPERT_PTRS(m, w, up, up_b);
+        o->grouped_linear_fwd(o, a->h2, a->xe, wp, NULL, M, El, C, F);
+        o->swiglu_fwd(o, a->act, a->h1, a->h2, n);
+        EXPERT_PTRS(m, w, down, down_b);
+        o->grouped_linear_fwd(o, out, a->act, wp, NULL, M, El, F, C);
+    } else {
+        EXPERT_PTRS(m, w, up, up_b);
+        o->grouped_linear_fwd(o, a->h2, a->xe, wp, bp, M, El, C, F);
+        o->gelu_fwd(o, a->act, a->h2, n);
+        EXPERT_PTRS(m, w, down, down_b);
+        o->grouped_linear_fwd(o, out, a->act, wp, bp, M, El, F, C);
+    }
+}
+
+static void local_experts_bwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g,
+                              act *dx, const act *dout) {
+    if (!m->grouped) {
+        per_expert_bwd(m, a, w, g, dx, dout);
+        return;
+    }
+    const ust_ops *o = m->ops;
+    int El = m->El, C = m->C, F = m->Fe, llama = m->llama;
+    const int32_t *M = a->plan.local;
+    int64_t rows = a->plan.nrecv, n = rows * F;
+    const float *const *wp = m->wp;
+    float *gp[2 * El];
+    if (rows == 0) return;
+    EXPERT_PTRS(m, w, down, down_b);
+    GRAD_PTRS(m, g, down, down_b);
+    o->grouped_linear_bwd(o, m->dact, gp, llama ? NULL : gp + El, dout, a->act, wp, M, El, F, C, 0);
+    if (llama) {
+        o->swiglu_bwd(o, m->dh1, m->dh2, m->dact, a->h1, a->h2, n);
+        EXPERT_PTRS(m, w, up, up_b);
+        GRAD_PTRS(m, g, up, up_b);
+        o->grouped_linear_bwd(o, dx, gp, NULL, m->dh2, a->xe, wp, M, El, C, F, 0);
+        EXPERT_PTRS(m, w, gate, up_b);
+        GRAD_PTRS(m, g, gate, up_b);
+        o->grouped_linear_bwd(o, dx, gp, NULL, m->dh1, a->xe, wp, M, El, C, F, 1);
+    } else {
+        o->gelu_bwd(o, m->dh2, a->h2, m->dact, n);
+        EXPERT_PTRS(m, w, up, up_b);
+        GRAD_PTRS(m, g, up, up_b);
+        o->grouped_linear_bwd(o, dx, gp, gp + El, m->dh2, a->xe, wp, M, El, C, F, 0);
+    }
+}
+#undef EXPERT_PTRS
+#undef GRAD_PTRS
+
 /* ------------------------------------------------------------------ routing */
 
 /* Host: from topk, the assignments each expert keeps (capacity, in token order), their rows
@@ -378,16 +602,21 @@ static void route(moe_ctx *m, moe_acts *a) {
     int64_t A = (int64_t)m->N * m->k;
     int32_t *routed = m->cnt_host, *kept = m->cnt_host + E, *pos = m->pos_host;
     o->to_host(o, m->topk_host, a->topk, A * sizeof(int32_t));
-    int64_t cap = INT_MAX;
-    if (m->capacity_factor > 0) cap = (int64_t)ceil(m->capacity_factor * A / E - 1e-9);
     memset(m->cnt_host, 0, 2 * E * sizeof(int32_t));
     for (int64_t i = 0; i < A; i++) {
         int e = m->topk_host[i];
         UST_ASSERT(e >= 0 && e < E, "router chose expert %d of %d", e, E);
         routed[e]++;
-        if (!m->cap_comm) pos[i] = kept[e] < cap ? kept[e]++ : -1; /* index within the expert */
     }
-    if (m->cap_comm) route_capacity_cp(m, a, pos, kept);
+    int32_t *keep = m->keep_host;
+    if (m->capacity_factor > 0)
+        capacity_keep(m, keep);
+    else
+        for (int64_t i = 0; i < A; i++) keep[i] = 1;
+    for (int64_t i = 0; i < A; i++) { /* index within the expert, or -1 when dropped */
+        int e = m->topk_host[i];
+        pos[i] = keep[i] ? kept[e]++ : -1;
+    }
     int64_t off[E + 1];
     off[0] = 0;
     for (int e = 0; e < E; e++) off[e + 1] = off[e] + kept[e];
@@ -412,11 +641,21 @@ static void statistics(moe_ctx *m, moe_acts *a, moe_stats *st) {
     h[2 * E] = (float)o->sumsq(o, a->lse, m->N);
     h[2 * E + 1] = (float)m->N;
     h[2 * E + 2] = (float)((int64_t)m->N * k - a->nkept);
+    int64_t B = m->seqB, nst = stats_floats(E, B);
+    float *hc = h + 2 * E + 3, *ht = hc + B * E, *hp = ht + B; /* per sequence */
+    if (B) {
+        memset(hc, 0, (size_t)B * (E + 1) * sizeof(float));
+        for (int s = 0; s < m->nseg; s++) {
+            int64_t r = m->seg[3 * s], n = m->seg[3 * s + 1], b = m->seg[3 * s + 2];
+            for (int64_t i = r * k; i < (r + n) * k; i++) hc[b * E + m->topk_host[i]] += 1;
+            ht[b] = (float)n;
+        }
+        o->to_device(o, m->stats + 2 * E + 3, hc, (size_t)B * (E + 1) * sizeof(float));
+    }
     o->to_device(o, m->stats, h, E * sizeof(float));
     o->to_device(o, m->stats + 2 * E, h + 2 * E, 3 * sizeof(float));
-    for (int i = 0; i < 2; i++)
-        ep_shards_sum(m->stats_comm[i], m->stats, 2 * E + 3);
-    o->to_host(o, h, m->stats, (2 * E + 3) * sizeof(float));
+    for (int i = 0; i < 2; i++) ep_shards_sum(m->stats_comm[i], m->stats, nst);
+    o->to_host(o, h, m->stats, nst * sizeof(float));
     double T = h[2 * E + 1], aux = 0, mx = 0;
     for (int e = 0; e < E; e++) {
         double f = h[e] / (T * k), P = h[E + e] / T;
@@ -427,11 +666,52 @@ static void statistics(moe_ctx *m, moe_acts *a, moe_stats *st) {
     a->zscale = (float)(2.0 * m->z_coef / T);
     st->aux_loss = E * aux;
     st->z_loss = h[2 * E] / T;
-    st->loss = m->aux_coef * st->aux_loss + m->z_coef * st->z_loss;
+    st->seq_aux_loss = 0;
+    for (int64_t b = 0; b < B; b++) { /* each sequence's f and P over its own tokens */
+        double Tb = ht[b], s = 0;
+        for (int e = 0; e < E && Tb > 0; e++) s += hc[b * E + e] / (Tb * k) * (hp[b * E + e] / Tb);
+        st->seq_aux_loss += E * s / B;
+    }
+    float whole[E]; /* the micro-batch's factors, then each segment's: + d seq_coef*seq / d p */
+    memcpy(whole, a->aux_dp_host, E * sizeof(float));
+    for (int s = 0; s < m->nseg && B; s++) {
+        int64_t b = m->seg[3 * s + 2];
+        double Tb = ht[b];
+        for (int e = 0; e < E; e++)
+            a->aux_dp_host[s * E + e] =
+                whole[e] + (float)(m->seq_coef * E * (hc[b * E + e] / (Tb * k)) / (B * Tb));
+    }
+    st->loss = m->aux_coef * st->aux_loss + m->z_coef * st->z_loss + m->seq_coef * st->seq_aux_loss;
     st->load_max = mx;
     st->load_mean = T * k / E;
     st->dropped_frac = h[2 * E + 2] / (T * k);
     st->tokens = (int64_t)T;
+    st->routed = h;
+}
+
+void moe_step_loads(moe_ctx *m, ust_comm *group, double *loads) {
+    const ust_ops *o = m->ops;
+    int64_t n = (int64_t)m->nlayers * m->E;
+    for (int64_t i = 0; i < n; i++) m->loads_host[i] = (float)loads[i];
+    o->to_device(o, m->loads, m->loads_host, n * sizeof(float));
+    ep_shards_sum(m->fault_local_loads ? NULL : group, m->loads, n);
+    o->to_host(o, m->loads_host, m->loads, n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) loads[i] = m->loads_host[i];
+}
+
+void moe_update_bias(moe_ctx *m, float *bias, const double *load) {
+    const ust_ops *o = m->ops;
+    int E = m->E;
+    float *b = m->stats_host; /* 2E+3 floats of host scratch, free between forwards */
+    double mean = 0;
+    for (int e = 0; e < E; e++) mean += load[e];
+    mean /= E;
+    o->to_host(o, b, bias, E * sizeof(float));
+    for (int e = 0; e < E; e++) {
+        double d = mean - load[e];
+        b[e] += (float)(m->bias_rate * ((d > 0) - (d < 0)));
+    }
+    o->to_device(o, bias, b, E * sizeof(float));
 }
 
 /* ------------------------------------------------------------------ forward / backward */
@@ -442,7 +722,21 @@ void moe_forward(moe_ctx *m, moe_acts *a, const moe_weights *w, act *y, const ac
     int N = m->N, E = m->E, k = m->k, C = m->C;
     int ep1 = ep_size(m->ep) == 1;
     o->linear_fwd(o, m->logits, x, w->router, NULL, N, C, E);
-    o->moe_router_fwd(o, a->probs, a->lse, a->topk, a->gate, m->stats + E, m->logits, N, E, k);
+    if (!m->seqB) {
+        o->moe_router_fwd(o, a->probs, a->lse, a->topk, a->gate, m->stats + E, m->logits, w->bias,
+                          N, E, k);
+    } else { /* per sequence segment: its prob sums into its slot, then the total */
+        float *seq_psum = m->stats + 2 * E + 3 + (int64_t)m->seqB * (E + 1);
+        o->zero(o, seq_psum, (size_t)m->seqB * E * sizeof(float));
+        o->zero(o, m->stats + E, E * sizeof(float));
+        for (int s = 0; s < m->nseg; s++) {
+            int64_t r = m->seg[3 * s], n = m->seg[3 * s + 1];
+            float *ps = seq_psum + (int64_t)m->seg[3 * s + 2] * E;
+            o->moe_router_fwd(o, a->probs + r * E, a->lse + r, a->topk + r * k, a->gate + r * k, ps,
+                              act_at(o, m->logits, r * E), w->bias, (int)n, E, k);
+            o->axpy(o, m->stats + E, 1.0f, ps, E);
+        }
+    }
     route(m, a);
     moe_stats local;
     statistics(m, a, stats ? stats : &local);
@@ -460,11 +754,36 @@ void moe_forward(moe_ctx *m, moe_acts *a, const moe_weights *w, act *y, const ac
     }
 }
 
-void moe_backward(moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g, act *dx,
+/* Under the tp split: the layer's gradients of this micro-batch (in gbuf) summed over tp and
+ * accumulated into g. */
+static void tp_reduce_grads(moe_ctx *m, moe_weights *g) {
+    const ust_ops *o = m->ops;
+    int cap = 1 + 4 * (m->El + 1);
+    float **ps[cap], **pg[cap];
+    int64_t n[cap];
+    int c = layer_tensors(m, &m->gs, ps, n);
+    UST_ASSERT(layer_tensors(m, g, pg, n) == c, "gradient tensors");
+    if (!m->fault_skip_tp_sum) ep_shards_sum(m->tp_comm, m->gbuf, m->gnumel);
+    for (int i = 0; i < c; i++) o->axpy(o, *pg[i], 1.0f, *ps[i], n[i]);
+}
+
+void moe_tp_gather_rows(moe_ctx *m, act *whole) {
+    if (m->tpn == 1) return;
+    const ust_ops *o = m->ops;
+    int64_t count = (int64_t)m->N * m->C;
+    ep_shards_allgather_act(m->tp_comm, o, act_at(o, whole, m->tpr * count), whole, count);
+}
+
+void moe_backward(moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g_out, act *dx,
                   const act *dy, const act *x, float loss_scale, int acc_dx) {
     const ust_ops *o = m->ops;
     int N = m->N, E = m->E, k = m->k, C = m->C;
     int ep1 = ep_size(m->ep) == 1;
+    moe_weights *g = g_out;
+    if (m->tpn > 1) { /* this rank's tokens' part first, then the sum over tp */
+        o->zero(o, m->gbuf, (size_t)m->gnumel * sizeof(float));
+        g = &m->gs;
+    }
     /* y = sum_j gate_j eout_j: the gates' gradient, then each kept row's d eout = gate dy */
     o->moe_gate_grad(o, m->dgate, dy, a->eout, a->pos, N, k, C);
     act *d_local = ep1 ? m->d_home : m->d_local;
@@ -479,12 +798,25 @@ void moe_backward(moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g,
         expert_bwd(m, &w->shared, &g->shared, dx, dy, x, a->s_h1, a->s_h2, a->s_act, N, 1);
     /* router: gates, aux loss (through P_e) and z-loss, then logits = x Wr^T */
     float *aux = NULL;
-    if (m->aux_coef != 0.0) {
-        for (int e = 0; e < E; e++) m->stats_host[e] = a->aux_dp_host[e] * loss_scale;
-        o->to_device(o, m->aux_dp, m->stats_host, E * sizeof(float));
-        aux = m->aux_dp;
+    if (m->seqB) { /* per sequence segment, with its own aux factors */
+        int64_t n = (int64_t)m->nseg * E;
+        for (int64_t i = 0; i < n; i++) m->stats_host[i] = a->aux_dp_host[i] * loss_scale;
+        o->to_device(o, m->seq_dp, m->stats_host, n * sizeof(float));
+        for (int s = 0; s < m->nseg; s++) {
+            int64_t r = m->seg[3 * s], rows = m->seg[3 * s + 1];
+            o->moe_router_bwd(o, act_at(o, m->dlogits, r * E), m->dgate + r * k, a->probs + r * E,
+                              a->lse + r, a->topk + r * k, a->gate + r * k, m->seq_dp + s * E,
+                              a->zscale * loss_scale, (int)rows, E, k);
+        }
+    } else {
+        if (m->aux_coef != 0.0) {
+            for (int e = 0; e < E; e++) m->stats_host[e] = a->aux_dp_host[e] * loss_scale;
+            o->to_device(o, m->aux_dp, m->stats_host, E * sizeof(float));
+            aux = m->aux_dp;
+        }
+        o->moe_router_bwd(o, m->dlogits, m->dgate, a->probs, a->lse, a->topk, a->gate, aux,
+                          a->zscale * loss_scale, N, E, k);
     }
-    o->moe_router_bwd(o, m->dlogits, m->dgate, a->probs, a->lse, a->topk, a->gate, aux,
-                      a->zscale * loss_scale, N, E, k);
     o->linear_bwd(o, dx, g->router, NULL, m->dlogits, x, w->router, N, C, E, 1);
+    if (m->tpn > 1) tp_reduce_grads(m, g_out);
 }

@@ -28,6 +28,7 @@ typedef struct {
  * first_expert + i. Filled through moe_enum_params' p/g targets. */
 typedef struct {
     float *router; /* [E, C] */
+    float *bias;   /* [E]: the balancing bias (model.moe.bias_update_rate > 0; else NULL) */
     moe_expert *experts;
     int nexperts, first_expert;
     moe_expert shared; /* all NULL without a shared expert */
@@ -49,9 +50,12 @@ typedef void (*moe_param_fn)(void *ctx, const moe_param *p);
  * moe_layer_freq: every = 1 makes every layer MoE, every = 2 layers 0, 2, 4, ...). */
 int moe_layer_is_moe(const ust_config *cfg, int l);
 
-/* Enumerates layer l's tensors held by ep rank ep_rank of ep_size, in a fixed order: router,
- * shared expert, then the local experts by increasing global index. Names:
+/* Enumerates layer l's tensors held by ep rank ep_rank of ep_size, in a fixed order: router
+ * (and its balancing bias), shared expert, then the local experts by increasing global index.
+ * Names:
  *   model.layers.l.mlp.router.weight                          [E, C]
+ *   model.layers.l.mlp.router.expert_bias                     [E] (bias_update_rate > 0: not
+ *       trained by the optimizer, its gradient stays 0; moved by moe_update_bias)
  *   model.layers.l.mlp.experts.e.{gate_proj,up_proj}.weight   [Fe, C]   (+ up_proj.bias [Fe], gpt2)
  *   model.layers.l.mlp.experts.e.down_proj.weight             [C, Fe]   (+ down_proj.bias [C],
  * gpt2) model.layers.l.mlp.shared_expert.{gate_proj,up_proj,down_proj}.weight (+ biases, gpt2)
@@ -61,11 +65,20 @@ int moe_layer_is_moe(const ust_config *cfg, int l);
 void moe_enum_params(const ust_config *cfg, int l, int ep_size, int ep_rank, moe_weights *w,
                      moe_weights *g, moe_param_fn fn, void *ctx);
 
-/* Rows an expert-parallel context must move for MoE layers of N tokens per rank over ep ranks:
+/* Tokens a rank routes of the N of its micro-batch (N / parallel.tp). */
+int64_t moe_rank_tokens(const ust_config *cfg, int64_t N);
+/* Rows an expert-parallel context must move for MoE layers of N tokens per rank (before the tp
+ * split) over ep ranks:
  * at most *send per dispatch, *recv held for the local experts (for ep_init). */
 void moe_dispatch_rows(const ust_config *cfg, int64_t N, int ep, int64_t *send, int64_t *recv);
 
 typedef struct {
+    /* The tensor-parallel group (NULL: none). The tp ranks split the micro-batch's tokens: rank
+     * r routes and computes rows [r*N/tp, (r+1)*N/tp) only (its sequence-parallel rows under sp),
+     * dispatching them over its own ep group, so no expert work is repeated across tp. The
+     * router, shared expert and local experts are replicated over tp and each rank saw other
+     * tokens, so their gradients of every micro-batch are summed over tp (DESIGN section 3). */
+    ust_comm *tp_comm;
     ust_ep *ep; /* the expert-parallel context, ep_init'ed with moe_dispatch_rows' sizes (NULL:
                  * every expert on this rank; moe_init makes a group of one) */
     ust_comm *stats_comm[2]; /* groups the micro-batch's tokens are split over (cp, sp; NULL:
@@ -79,6 +92,9 @@ typedef struct {
 } moe_groups;
 
 /* Load statistics and losses of one forward (over the stats groups' tokens).
+ * Sequence-wise (DeepSeek-V3, model.moe.seq_aux_loss_coef): the same sum within each sequence
+ * b of the micro-batch, seq = 1/B sum_b E sum_e f_{b,e} P_{b,e}, its statistics over the
+ * sequence's tokens wherever they are (summed over the stats groups like the others).
  * Losses (Switch Transformer / ST-MoE), over the micro-batch's tokens T (summed over the
  * stats groups, e.g. the cp and sp shards, before use; DESIGN.md section 4):
  *   aux = E * sum_e f_e P_e,  f_e = (assignments routed to e) / (T*k) (before capacity drops),
@@ -89,11 +105,14 @@ typedef struct {
  * loss_scale * d(that sum) to the router, flowing through P_e (f_e is a count). */
 typedef struct {
     double aux_loss, z_loss; /* unscaled */
-    double loss;             /* aux_loss_coef * aux_loss + z_loss_coef * z_loss */
+    double seq_aux_loss;     /* unscaled; 0 without model.moe.seq_aux_loss_coef */
+    double loss; /* aux_loss_coef * aux_loss + z_loss_coef * z_loss + seq_aux_loss_coef * seq */
     double load_max;         /* most assignments routed to one expert */
     double load_mean;        /* tokens * k / E */
     double dropped_frac;     /* dropped assignments / (tokens * k) */
     int64_t tokens;
+    const float *routed; /* host E: assignments routed to each expert (before drops), summed over
+                          * the stats groups; valid until the next moe_forward */
 } moe_stats;
 
 /* Context shared by the MoE layers of a model (dimensions, dispatch, backward scratch). */
@@ -102,11 +121,20 @@ typedef struct moe_ctx {
     ust_ep *ep, own_ep; /* the dispatch context (own_ep: a group of one) */
     ust_comm *stats_comm[2];
     ust_comm *cap_comm;   /* capacity decided over this group's tokens (cp; NULL: local) */
+    ust_comm *tp_comm;    /* tokens split over it (NULL: none); tpn members, this one tpr */
+    int tpn, tpr, Nmb;    /* Nmb = tpn * N: the micro-batch's tokens on this cp rank */
+    float *tp_topk;       /* device (Nmb*k): the tp group's choices, gathered (capacity) */
+    int32_t *tp_topk_host, *keep_host; /* host Nmb*k each (capacity over the tp split) */
+    float *gbuf;                       /* device gnumel: one layer's gradients under the tp split */
+    int64_t gnumel;
+    moe_weights gs;       /* views of gbuf */
     int32_t *cap_order;   /* host: every member's token (member*N + i) in sequence order */
     float *cap_topk;      /* device (n*N*k): every member's choices, gathered */
     float *cap_topk_host; /* host copy */
     int32_t *cap_count;   /* host E */
     int llama, shared, E, k, C, Fe, N;
+    int grouped;      /* model.moe.grouped_gemm: one grouped GEMM per projection */
+    const float **wp; /* host 2*El: the grouped GEMMs' weight and bias pointer arrays */
     int El, e0; /* local experts: [e0, e0 + El) */
     int64_t R;  /* rows of the local-expert buffers */
     double aux_coef, z_coef, capacity_factor;
@@ -119,6 +147,19 @@ typedef struct moe_ctx {
     act *dh1, *dh2, *dact;                       /* (R,Fe) each */
     float *aux_dp, *stats;                       /* device E and 2E+3 */
     float *stats_host;                           /* host 2E+3 */
+    float *loads, *loads_host;                   /* device, host n_layer*E (moe_step_loads) */
+    int nlayers;
+    double bias_rate;
+    /* test faults: UST_FAULT_MOE_LOCAL_LOADS (balance on this rank's counts, not the global
+     * ones), UST_FAULT_MOE_SKIP_TP_GRAD_SUM (keep the tp parts' gradients unsummed) */
+    int fault_local_loads, fault_skip_tp_sum;
+    /* The sequence-wise loss: B sequences of Tl rows in the micro-batch (Nmb = B*Tl rows on
+     * this cp rank); this rank's rows meet nseg of them, segment s being rows [seg[3s],
+     * seg[3s] + seg[3s+1]) of its N, of sequence seg[3s+2]. */
+    double seq_coef;
+    int seqB, seqTl, nseg;
+    int32_t *seg;
+    float *seq_dp; /* device B*E: each segment's aux gradient factors */
     int32_t *topk_host, *pos_host, *assign_host; /* host N*k each */
     int32_t *cnt_host;                           /* host 2E: routed, kept */
 } moe_ctx;
@@ -136,19 +177,24 @@ typedef struct {
     float zscale;       /* 2 z_coef / tokens */
 } moe_acts;
 
-/* N: tokens per micro-batch on this rank. Needs model.moe.num_experts > 0 (validated config).
+/* N: tokens per micro-batch on this rank before the tensor-parallel split (B*T/cp; the layer
+ * routes N/tp of them, see moe_groups.tp_comm; N must divide by parallel.tp, which the config
+ * checks). Needs model.moe.num_experts > 0 (validated config).
  * Expert parallelism: rank r of the ep group holds experts [r*E/ep, (r+1)*E/ep); tokens go to
  * them and back with ep_dispatch/ep_combine. Expert weight gradients are plain accumulations
- * over the tokens that reached the expert from every ep rank; the caller reduces them over
- * expert-dp x cp (and the router and shared expert over dp x cp) like any other gradient.
+ * over the tokens that reached the expert from every ep rank (under the tp split summed over tp
+ * here); the caller reduces them over expert-dp x cp (and the router and shared expert over
+ * dp x cp) like any other gradient.
  * Capacity: dropless when model.moe.capacity_factor == 0. Otherwise each expert keeps at most
- * ceil(capacity_factor * N * k / E) of the assignments this rank routes, in token order (then
- * choice order); a dropped assignment contributes nothing (its gate is not renormalized away),
- * so a token dropped by all its experts gets y = 0 (+ shared expert) and only the caller's
- * residual passes through. With ep > 1 drops are decided before dispatch, per rank.
- * The stats groups' members must call moe_forward together (one all-reduce of 2E+3 floats per
- * group), and so must the ep group's (moe_forward and moe_backward each run two all-to-all(v)s
- * plus one all-to-all of counts in forward). */
+ * ceil(capacity_factor * tokens * k / E) of the micro-batch's assignments (its tp parts and cp
+ * shards together), in the micro-batch's token order (then choice order); a dropped assignment
+ * contributes nothing (its gate is not renormalized away), so a token dropped by all its
+ * experts gets y = 0 (+ shared expert) and only the caller's residual passes through. Drops are
+ * decided before dispatch, per micro-batch, so ep does not move them.
+ * The stats groups' members must call moe_forward together (one all-reduce of the statistics
+ * per group), and so must the ep group's (moe_forward and moe_backward each run two
+ * all-to-all(v)s plus one all-to-all of counts in forward) and, under the tp split, the tp
+ * group's (the capacity's gather, the rows' all-gathers without sp, the gradient all-reduce). */
 void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *arena, int N,
               const moe_groups *groups);
 void moe_free(moe_ctx *m); /* host memory; the arena owns the rest */
@@ -173,5 +219,18 @@ void moe_forward(moe_ctx *m, moe_acts *a, const moe_weights *w, act *y, const ac
  * forward's input. */
 void moe_backward(moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g, act *dx,
                   const act *dy, const act *x, float loss_scale, int acc_dx);
+/* Aux-loss-free balancing over a step (DeepSeek-V3). The caller adds up each MoE layer's
+ * moe_stats.routed over its micro-batches (one member of the stats groups counts each
+ * micro-batch) into loads (host, n_layer*E, layer l at l*E); moe_step_loads sums them in place
+ * over group (the ranks whose micro-batches differ: dp x cp; NULL: none): the step's global
+ * counts, the same on every rank and in every layout (exact below 2^24 per expert). */
+void moe_step_loads(moe_ctx *m, ust_comm *group, double *loads);
+/* bias(E, device) += model.moe.bias_update_rate * sign(mean load - load_e), from one layer's
+ * global step loads: identical on every rank that holds the layer. */
+void moe_update_bias(moe_ctx *m, float *bias, const double *load);
+
+/* Under the tp split without sp: whole(Nmb, C) on every tp rank from each rank's rows
+ * [tpr*N, (tpr+1)*N), in place (nothing at tp = 1). */
+void moe_tp_gather_rows(moe_ctx *m, act *whole);
 
 #endif

@@ -227,10 +227,12 @@ struct ust_ops {
      * Routing: a token n picks k experts; assignment a = n*k + j is its j-th choice. Rows of the
      * expert buffers are assignments grouped by expert. Index arrays are device int32. */
     /* Per token over E experts: probs = softmax(logits) in fp32, lse = log-sum-exp (may be NULL),
-     * topk(N,k) the k most probable experts (descending; ties to the lower index), gate(N,k) their
-     * probabilities renormalized to sum 1; psum(E) = column sums of probs (may be NULL). */
+     * topk(N,k) the k experts of highest probs + bias (bias(E): the aux-loss-free balancing
+     * bias, selection only; NULL: 0) (descending; ties to the lower index), gate(N,k) their
+     * probabilities (without bias) renormalized to sum 1; psum(E) = column sums of probs (may be
+     * NULL). */
     void (*moe_router_fwd)(const ust_ops *o, float *probs, float *lse, int32_t *topk, float *gate,
-                           float *psum, const act *logits, int N, int E, int k);
+                           float *psum, const act *logits, const float *bias, int N, int E, int k);
     /* dlogits(N,E) = softmax backward of dprobs, where dprobs = the gate renormalization's
      * backward of dgate(N,k) (NULL: 0) + aux_dp[e] for every token (NULL: 0), plus zscale * lse[n]
      * * probs (the gradient of zscale/2 * lse^2). Overwrites dlogits. */
@@ -248,6 +250,19 @@ struct ust_ops {
     /* dgate(N,k): dgate[a] = dout[a/k] . rows[pos[a]] (0 when pos[a] < 0). Overwrites. */
     void (*moe_gate_grad)(const ust_ops *o, float *dgate, const act *dout, const act *rows,
                           const int32_t *pos, int N, int k, int C);
+    /* Grouped linear (the local experts' projections): G problems on consecutive row blocks,
+     * group g on rows [r_g, r_g + M[g]) of inp and out (r_g the sum of the earlier M; M host
+     * int32, entries may be 0) with its own weights w[g] (OC,C) and bias b[g] (b NULL: none):
+     * out_g(M_g,OC) = inp_g @ w[g]^T + b[g]. w and b are host arrays of G device pointers. One
+     * grouped GEMM per call: the CPU runs one parallel pass over the groups (each one BLAS call),
+     * CUDA one cublasGemmGroupedBatchedEx (fp32; bf16 runs the groups' GEMMs in turn). */
+    void (*grouped_linear_fwd)(const ust_ops *o, act *out, const act *inp, const float *const *w,
+                               const float *const *b, const int32_t *M, int G, int C, int OC);
+    /* Its backward per group: dinp_g = dout_g @ w[g] (+= when acc_dinp; dinp NULL: skipped),
+     * dw[g] += dout_g^T @ inp_g, db[g] += column sums of dout_g (db NULL: none). */
+    void (*grouped_linear_bwd)(const ust_ops *o, act *dinp, float *const *dw, float *const *db,
+                               const act *dout, const act *inp, const float *const *w,
+                               const int32_t *M, int G, int C, int OC, int acc_dinp);
 };
 
 /* Every function member of ust_ops, in struct order: each backend fills its vtable from this
@@ -266,7 +281,7 @@ struct ust_ops {
     X(attention_fwd) X(attention_bwd) X(attention_merge) X(xent_fwd_bwd) X(xent_vp_local)          \
     X(xent_vp_finish) X(adamw) X(adamw_many) X(sumsq_many) X(add) X(axpy) X(scale) X(sumsq)        \
     X(sum) X(destroy) X(moe_router_fwd) X(moe_router_bwd) X(moe_gather) X(moe_combine)             \
-    X(moe_gate_grad)
+    X(moe_gate_grad) X(grouped_linear_fwd) X(grouped_linear_bwd)
 /* clang-format on */
 
 /* Element i of activation tensor p (strchr-style: the result drops const). */

@@ -147,6 +147,90 @@ static void cpu_linear_bwd(const ust_ops *o, act *dinp_, float *dw, float *dbias
     if (dbias) column_sums(o, dbias, dout, N, OC, 1);
 }
 
+/* ---------------------------------------------------------------- grouped linear */
+
+/* One pass over the groups: with at least as many non-empty groups as threads, the threads
+ * share the groups (dynamic: the groups' sizes differ), each group one single-threaded BLAS call
+ * and its bias rows; with fewer, the groups in turn, each on every thread. Each group's result
+ * depends only on its own rows and weights (never on the other groups or the thread count's
+ * split of the groups). */
+static int grouped_parallel(const ust_ops *o, const int32_t *M, int G) {
+    int n = nthreads(o), busy = 0;
+    for (int g = 0; g < G; g++) busy += M[g] > 0;
+    if (n <= 1 || busy < n) return 0;
+    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+    return 1;
+}
+
+static void gemm1(float *C, const float *A, const float *B, int M, int N, int K, int tA, int tB,
+                  float beta) {
+    if (M <= 0 || N <= 0) return;
+    if (K <= 0) {
+        for (int64_t i = 0; i < (int64_t)M * N; i++) C[i] = beta == 0.0f ? 0.0f : beta * C[i];
+        return;
+    }
+    cblas_sgemm(CblasRowMajor, tA ? CblasTrans : CblasNoTrans, tB ? CblasTrans : CblasNoTrans, M, N,
+                K, 1.0f, A, tA ? M : K, B, tB ? K : N, beta, C, N);
+}
+
+static void cpu_grouped_linear_fwd(const ust_ops *o, act *out_, const act *inp_,
+                                   const float *const *w, const float *const *b, const int32_t *M,
+                                   int G, int C, int OC) {
+    float *out = out_;
+    const float *inp = inp_;
+    int64_t off[G + 1];
+    off[0] = 0;
+    for (int g = 0; g < G; g++) off[g + 1] = off[g] + M[g];
+    if (!grouped_parallel(o, M, G)) {
+        for (int g = 0; g < G; g++)
+            if (M[g] > 0)
+                cpu_linear_fwd(o, out + off[g] * OC, inp + off[g] * C, w[g], b ? b[g] : NULL, M[g],
+                               C, OC);
+        return;
+    }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads(o))
+    for (int g = 0; g < G; g++) {
+        if (M[g] <= 0) continue;
+        float *y = out + off[g] * OC;
+        gemm1(y, inp + off[g] * C, w[g], M[g], OC, C, 0, 1, 0.0f);
+        if (b && b[g])
+            for (int64_t n = 0; n < M[g]; n++)
+                for (int c = 0; c < OC; c++) y[n * OC + c] += b[g][c];
+    }
+}
+
+static void cpu_grouped_linear_bwd(const ust_ops *o, act *dinp_, float *const *dw, float *const *db,
+                                   const act *dout_, const act *inp_, const float *const *w,
+                                   const int32_t *M, int G, int C, int OC, int acc_dinp) {
+    float *dinp = dinp_;
+    const float *dout = dout_, *inp = inp_;
+    int64_t off[G + 1];
+    off[0] = 0;
+    for (int g = 0; g < G; g++) off[g + 1] = off[g] + M[g];
+    if (!grouped_parallel(o, M, G)) {
+        for (int g = 0; g < G; g++)
+            if (M[g] > 0)
+                cpu_linear_bwd(o, dinp ? (act *)(dinp + off[g] * C) : NULL, dw[g],
+                               db ? db[g] : NULL, dout + off[g] * OC, inp + off[g] * C, w[g], M[g],
+                               C, OC, acc_dinp);
+        return;
+    }
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads(o))
+    for (int g = 0; g < G; g++) {
+        if (M[g] <= 0) continue;
+        const float *d = dout + off[g] * OC, *x = inp + off[g] * C;
+        if (dinp) gemm1(dinp + off[g] * C, d, w[g], M[g], C, OC, 0, 0, acc_dinp ? 1.0f : 0.0f);
+        gemm1(dw[g], d, x, OC, C, M[g], 1, 0, 1.0f);
+        if (db && db[g]) { /* column sums in fp64, rows in order (as column_sums) */
+            for (int c = 0; c < OC; c++) {
+                double sum = 0.0;
+                for (int64_t n = 0; n < M[g]; n++) sum += d[n * OC + c];
+                db[g][c] += (float)sum;
+            }
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- embedding */
 
 /* out(B,T,C) = wte[tok - v_start] (0 when tok is outside [v_start, v_end)) + wpe[pos[t]] */
@@ -1017,7 +1101,8 @@ static int chosen(const int32_t *sel, int j, int e) {
 }
 
 static void cpu_moe_router_fwd(const ust_ops *o, float *probs, float *lse, int32_t *topk,
-                               float *gate, float *psum, const act *logits_, int N, int E, int k) {
+                               float *gate, float *psum, const act *logits_, const float *bias,
+                               int N, int E, int k) {
     const float *logits = logits_;
     UST_ASSERT(k >= 1 && k <= E, "top-%d of %d experts", k, E);
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
@@ -1036,7 +1121,9 @@ static void cpu_moe_router_fwd(const ust_ops *o, float *probs, float *lse, int32
         for (int j = 0; j < k; j++) { /* k passes: strict > keeps the lower index on ties */
             int best = -1;
             for (int e = 0; e < E; e++)
-                if (!chosen(sel, j, e) && (best < 0 || p[e] > p[best])) best = e;
+                if (!chosen(sel, j, e) && (best < 0 || p[e] + (bias ? bias[e] : 0.0f) >
+                                                           p[best] + (bias ? bias[best] : 0.0f)))
+                    best = e;
             sel[j] = best;
             s += p[best];
         }

@@ -217,8 +217,10 @@ static double pf_sum(const ust_ops *o, const float *x, int64_t n) {
     return r;
 }
 static void pf_moe_router_fwd(const ust_ops *o, float *probs, float *lse, int32_t *topk,
-                              float *gate, float *psum, const act *logits, int N, int E, int k) {
-    TIMED(P_moe_router_fwd, in->moe_router_fwd(in, probs, lse, topk, gate, psum, logits, N, E, k));
+                              float *gate, float *psum, const act *logits, const float *bias, int N,
+                              int E, int k) {
+    TIMED(P_moe_router_fwd,
+          in->moe_router_fwd(in, probs, lse, topk, gate, psum, logits, bias, N, E, k));
 }
 static void pf_moe_router_bwd(const ust_ops *o, act *dlogits, const float *dgate,
                               const float *probs, const float *lse, const int32_t *topk,
@@ -238,6 +240,16 @@ static void pf_moe_combine(const ust_ops *o, act *out, const act *rows, const in
 static void pf_moe_gate_grad(const ust_ops *o, float *dgate, const act *dout, const act *rows,
                              const int32_t *pos, int N, int k, int C) {
     TIMED(P_moe_gate_grad, in->moe_gate_grad(in, dgate, dout, rows, pos, N, k, C));
+}
+static void pf_grouped_linear_fwd(const ust_ops *o, act *out, const act *inp, const float *const *w,
+                                  const float *const *b, const int32_t *M, int G, int C, int OC) {
+    TIMED(P_grouped_linear_fwd, in->grouped_linear_fwd(in, out, inp, w, b, M, G, C, OC));
+}
+static void pf_grouped_linear_bwd(const ust_ops *o, act *dinp, float *const *dw, float *const *db,
+                                  const act *dout, const act *inp, const float *const *w,
+                                  const int32_t *M, int G, int C, int OC, int acc_dinp) {
+    TIMED(P_grouped_linear_bwd,
+          in->grouped_linear_bwd(in, dinp, dw, db, dout, inp, w, M, G, C, OC, acc_dinp));
 }
 
 static void pf_destroy(ust_ops *o) {

@@ -119,13 +119,13 @@ void planner_estimate(const ust_config *c, const planner_hw *hw, planner_cost *o
     double layers = L / pp, moe_on = (double)s.n_moe / pp, dense_on = layers - moe_on;
     memset(o, 0, sizeof *o);
 
-    /* compute: the dense part is split over tp, the MoE MLPs run on every tp rank; every token
-     * of the step goes through once (dp x cp split the tokens, pp the layers); full recompute
-     * runs the forward (a third of the work) twice */
+    /* compute: the dense part is split over tp, the MoE MLPs' tokens too (each tp rank routes
+     * its 1/tp of them); every token of the step goes through once (dp x cp split the tokens, pp
+     * the layers); full recompute runs the forward (a third of the work) twice */
     double f_dense = 6 * s.mm_dense + 12 * L * C * T, f_moe = 6 * s.mm_moe;
     if (full) f_dense += 2 * s.mm_dense + 4 * L * C * T, f_moe += 2 * s.mm_moe;
     double tokens = (double)c->train.global_batch_size * T;
-    double flops = tokens / ((double)dp * cp) * (f_dense / ((double)tp * pp) + f_moe / pp);
+    double flops = tokens / ((double)dp * cp) * (f_dense + f_moe) / ((double)tp * pp);
     o->compute = flops / (hw->mfu * hw->peak_flops);
     o->bubble = pp > 1 ? (double)(pp - 1) / ((double)v * m) * o->compute : 0;
 
@@ -149,11 +149,18 @@ void planner_estimate(const ust_config *c, const planner_hw *hw, planner_cost *o
     /* TP, per micro-batch, in units of one all-gather of the rows a = (B, T/cp, C): a dense layer
      * all-reduces twice forward and twice backward (8 units); with sp it all-gathers and
      * reduce-scatters instead and gathers both norms' outputs again in backward (10). A MoE
-     * layer only has attention's (4; sp: 8, its input gathered for the MLP). Full recompute
-     * repeats the forward's (4, 4; MoE 2, 3). Embedding and lm_head: 4. */
+     * layer has attention's (4; sp: 5) and, without sp, the all-gathers of its tp parts' output
+     * and input gradient (2); each micro-batch then all-reduces the layer's gradients over tp
+     * (its tokens were split). Full recompute repeats the forward's (4, 4; MoE 3, 2).
+     * Embedding and lm_head: 4. */
     double unit = planner_allgather_s(A * B * Tl * C, tp, bw[PLAN_TP]);
-    double u_dense = (sp ? 10 : 8) + full * 4, u_moe = (sp ? 8 : 4) + full * (sp ? 3 : 2);
-    o->group[PLAN_TP] = m * (dense_on * u_dense + moe_on * u_moe + 4) * unit;
+    double u_dense = (sp ? 10 : 8) + full * 4, u_moe = (sp ? 5 : 6) + full * (sp ? 2 : 3);
+    double moe_grads =
+        (c->model.moe.num_experts / ep + (c->model.moe.shared_expert ? 1 : 0)) * s.expert +
+        c->model.moe.num_experts * C;
+    double moe_reduce = tp > 1 ? 2 * planner_allgather_s(4 * moe_grads, tp, bw[PLAN_TP]) : 0;
+    o->group[PLAN_TP] =
+        m * ((dense_on * u_dense + moe_on * u_moe + 4) * unit + moe_on * moe_reduce);
 
     /* CP ring: the local K/V block goes around the group (n-1 hops) forward and again in
      * backward, where their gradients travel with them and one hop more, home (n hops); once
@@ -180,9 +187,9 @@ void planner_estimate(const ust_config *c, const planner_hw *hw, planner_cost *o
     double act = A * B * Tl * C / (sp ? tp : 1);
     o->group[PLAN_PP] = pp > 1 ? 2.0 * v * m * act / bw[PLAN_PP] : 0;
 
-    /* EP: every token (all of them on every tp rank) goes to its top_k experts and back, forward
-     * and backward: four all-to-alls per MoE layer, two more under full recompute */
-    double rows = B * Tl * c->model.moe.top_k;
+    /* EP: every token (each on one tp rank) goes to its top_k experts and back, forward and
+     * backward: four all-to-alls per MoE layer, two more under full recompute */
+    double rows = B * Tl * c->model.moe.top_k / tp;
     o->group[PLAN_EP] =
         m * moe_on * (4 + 2 * full) * planner_alltoall_s(A * rows * C, ep, bw[PLAN_EP]);
 

@@ -855,6 +855,8 @@ static log_step report_step(trainer *t, const step_mark *mark, double loss, doub
         s.cp_blocks_skipped = (int64_t)group_sum(t, TOPO_CP, (double)t->cp.skipped);
     s.moe_n = model_moe_stats(t->m, s.moe_layer, s.moe_load_max, s.moe_load_mean, s.moe_dropped,
                               LOG_MAX_MOE);
+    for (int i = 0; i < s.moe_n; i++)
+        s.moe_ep = model_moe_rank_rows(t->m, i, s.moe_rank_rows[i], LOG_MAX_EP);
     if (c->parallel.pp > 1) {
         pp_stats ps = pp_last_step_stats(t->pp);
         s.pp_bubble = ps.bubble;
@@ -999,6 +1001,7 @@ static int train_step(trainer *t, double *loss, double *norm, double *lr, int *f
         return UST_EXIT_RUNTIME;
     }
     if (*finite && !*spiked) dp_optimizer_step(t->dp, *lr, optim_clip_scale(c, *norm), t->step);
+    if (t->has_moe) model_moe_end_step(t->m, t->rt->topo.comm[TOPO_DPCP], *finite && !*spiked);
     return 0;
 }
 

@@ -27,8 +27,8 @@ typedef struct {
     cublasLtHandle_t lt;
     void *lt_ws; /* cuBLASLt workspace */
     size_t lt_ws_bytes;
-    void *scratch[7]; /* grow-only device scratch, one slot per use (SCR_*) */
-    size_t scratch_bytes[7];
+    void *scratch[8]; /* grow-only device scratch, one slot per use (SCR_*) */
+    size_t scratch_bytes[8];
     int attn_mode;         /* ATT_*: which attention implementation (UST_CUDA_ATTENTION) */
     int attn_chunk;        /* > 0: queries per chunk of the GEMM attention (else by memory) */
     double *dev_partials;  /* RED_BLOCKS partial sums of sum/sumsq */
@@ -46,8 +46,18 @@ enum { ATT_AUTO = 0, ATT_GEMM, ATT_FLASH, ATT_TC };
 /* bf16 copies of GEMM inputs (A, B); column-reduction partials and attention's D_i (C);
  * attention scores/probabilities (S) and their gradients (P); the multi-tensor ops' chunk list
  * and partial sums (M); fp32 copies of bf16 activations for the attention paths that compute in
- * fp32 storage (W). */
-enum { SCR_A = 0, SCR_B = 1, SCR_C = 2, SCR_S = 3, SCR_P = 4, SCR_M = 5, SCR_W = 6, SCR_N = 7 };
+ * fp32 storage (W); the grouped GEMM's pointer arrays (G). */
+enum {
+    SCR_A = 0,
+    SCR_B = 1,
+    SCR_C = 2,
+    SCR_S = 3,
+    SCR_P = 4,
+    SCR_M = 5,
+    SCR_W = 6,
+    SCR_G = 7,
+    SCR_N = 8
+};
 
 #define CUDA_IMPL(o) ((cuda_impl *)(o)->impl)
 #define STREAM(o) (CUDA_IMPL(o)->stream)

@@ -1157,7 +1157,7 @@ static double cu_sum(const ust_ops *o, const float *x, int64_t n) { return reduc
  * index, as on the CPU), gates renormalized over the chosen k. */
 template <typename T>
 __global__ void k_moe_router_fwd(float *probs, float *lse, int32_t *topk, float *gate,
-                                 const act *logits, int N, int E, int k) {
+                                 const act *logits, const float *bias, int N, int E, int k) {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n >= N) return;
     const T *x = (const T *)logits + (int64_t)n * E;
@@ -1175,7 +1175,9 @@ __global__ void k_moe_router_fwd(float *probs, float *lse, int32_t *topk, float 
         for (int e = 0; e < E; e++) {
             int used = 0;
             for (int m = 0; m < j; m++) used |= sel[m] == e;
-            if (!used && (best < 0 || p[e] > p[best])) best = e;
+            if (!used && (best < 0 || p[e] + (bias ? bias[e] : 0.0f) >
+                                          p[best] + (bias ? bias[best] : 0.0f)))
+                best = e;
         }
         sel[j] = best;
         s += p[best];
@@ -1194,10 +1196,11 @@ __global__ void k_moe_colsum(float *psum, const float *probs, int N, int E) {
 }
 
 static void cu_moe_router_fwd(const ust_ops *o, float *probs, float *lse, int32_t *topk,
-                              float *gate, float *psum, const act *logits, int N, int E, int k) {
+                              float *gate, float *psum, const act *logits, const float *bias,
+                              int N, int E, int k) {
     if (N > 0)
-        ACT_LAUNCH(o, k_moe_router_fwd, (N + 127) / 128, 128, 0, probs, lse, topk, gate, logits, N,
-                   E, k);
+        ACT_LAUNCH(o, k_moe_router_fwd, (N + 127) / 128, 128, 0, probs, lse, topk, gate, logits,
+                   bias, N, E, k);
     if (psum) {
         k_moe_colsum<<<E, 256, 0, STREAM(o)>>>(psum, probs, N, E);
         CK_LAUNCH();
@@ -1312,6 +1315,121 @@ static void cu_moe_gate_grad(const ust_ops *o, float *dgate, const act *dout, co
     int64_t A = (int64_t)N * k;
     if (A <= 0) return;
     ACT_LAUNCH(o, k_moe_gate_grad, (int)((A + 7) / 8), 256, 0, dgate, dout, rows, pos, A, k, C);
+}
+
+/* ---------------------------------------------------------------- grouped linear (MoE experts) */
+
+/* For each group g with rows: row-major C_g(M_g, N_g) = op(A_g) op(B_g) + beta C_g over K_g, as
+ * one cublasGemmGroupedBatchedEx (fp32; one problem per group). The pointer arrays go to the
+ * device through SCR_G (a pageable copy: the host arrays are free again on return, and the
+ * stream orders the copy after the previous grouped GEMM that read the slot). */
+static void gemm_grouped32(const ust_ops *o, int G, float *const *C, const float *const *A,
+                           const float *const *B, const int *M, const int *N, const int *K, int tA,
+                           int tB, float beta) {
+    if (G <= 0) return;
+    cuda_impl *im = CUDA_IMPL(o);
+    cublasOperation_t ta[G], tb[G];
+    int m[G], n[G], k[G], lda[G],
+        ldb[G], ldc[G], size[G];
+    float alpha[G], betas[G];
+    const void *ptr[3 * (G)];
+    int c = 0;
+    for (int g = 0; g < G; g++) {
+        if (M[g] <= 0 || N[g] <= 0) continue;
+        if (K[g] <= 0) { /* empty sum */
+            if (beta != 1.0f) scale_rows(o, C[g], CUDA_R_32F, N[g], M[g], N[g], beta);
+            continue;
+        }
+        /* row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T */
+        ta[c] = tB ? CUBLAS_OP_T : CUBLAS_OP_N, tb[c] = tA ? CUBLAS_OP_T : CUBLAS_OP_N;
+        m[c] = N[g], n[c] = M[g], k[c] = K[g];
+        lda[c] = tB ? K[g] : N[g], ldb[c] = tA ? M[g] : K[g], ldc[c] = N[g];
+        alpha[c] = 1.0f, betas[c] = beta, size[c] = 1;
+        ptr[c] = B[g], ptr[G + c] = A[g], ptr[2 * G + c] = C[g];
+        c++;
+    }
+    if (c == 0) return;
+    const void *packed[3 * c];
+    for (int i = 0; i < c; i++)
+        packed[i] = ptr[i], packed[c + i] = ptr[G + i], packed[2 * c + i] = ptr[2 * G + i];
+    void **d = (void **)cuda_scratch(o, SCR_G, sizeof packed);
+    CK(cudaMemcpyAsync(d, packed, sizeof packed, cudaMemcpyHostToDevice, im->stream));
+    CKB(cublasGemmGroupedBatchedEx(im->blas, ta, tb, m, n, k, alpha, (const void *const *)d,
+                                   CUDA_R_32F, lda, (const void *const *)(d + c), CUDA_R_32F, ldb,
+                                   betas, d + 2 * c, CUDA_R_32F, ldc, c, size, CUBLAS_COMPUTE_32F));
+}
+
+/* out_g = inp_g @ w[g]^T + b[g] (ops.h): fp32 one grouped GEMM (then each group's bias); bf16 the
+ * groups' linears in turn (cuBLAS has no grouped GEMM from bf16 inputs to an fp32 gradient). */
+static void cu_grouped_linear_fwd(const ust_ops *o, act *out, const act *inp,
+                                  const float *const *w, const float *const *b, const int32_t *M,
+                                  int G, int C, int OC) {
+    int64_t off = 0;
+    if (G <= 0) return;
+    if (o->act_size == 2) {
+        for (int g = 0; g < G; off += M[g++])
+            cu_linear_fwd(o, act_at(o, out, off * OC), act_at(o, inp, off * C), w[g],
+                          b ? b[g] : NULL, M[g], C, OC);
+        return;
+    }
+    float *Cp[G];
+    const float *Ap[G];
+    int Ns[G], Ks[G];
+    for (int g = 0; g < G; off += M[g++]) {
+        Cp[g] = (float *)out + off * OC, Ap[g] = (const float *)inp + off * C;
+        Ns[g] = OC, Ks[g] = C;
+    }
+    gemm_grouped32(o, G, Cp, Ap, w, M, Ns, Ks, 0, 1, 0.0f);
+    if (!b) return;
+    off = 0;
+    for (int g = 0; g < G; off += M[g++]) {
+        int64_t n = (int64_t)M[g] * OC;
+        if (!b[g] || n == 0) continue;
+        act *rows = Cp[g]; /* (plain locals: the emulator's launch captures its arguments) */
+        const float *bias = b[g];
+        int64_t Mg = M[g];
+        k_bias_add<float><<<grid_for(n, EW_THREADS), EW_THREADS, 0, STREAM(o)>>>(rows, bias, Mg, OC);
+        CK_LAUNCH();
+    }
+}
+
+/* dinp_g = dout_g @ w[g] (one grouped GEMM), dw[g] += dout_g^T inp_g (another), db[g] += column
+ * sums; bf16 as the forward. */
+static void cu_grouped_linear_bwd(const ust_ops *o, act *dinp, float *const *dw, float *const *db,
+                                  const act *dout, const act *inp, const float *const *w,
+                                  const int32_t *M, int G, int C, int OC, int acc_dinp) {
+    int64_t off = 0;
+    if (G <= 0) return;
+    if (o->act_size == 2) {
+        for (int g = 0; g < G; off += M[g++])
+            if (M[g] > 0)
+                cu_linear_bwd(o, dinp ? act_at(o, dinp, off * C) : NULL, dw[g], db ? db[g] : NULL,
+                              act_at(o, dout, off * OC), act_at(o, inp, off * C), w[g], M[g], C,
+                              OC, acc_dinp);
+        return;
+    }
+    float *Cp[G];
+    const float *Ap[G], *Bp[G];
+    int Ms[G], Ns[G], Ks[G];
+    if (dinp) {
+        for (int g = 0; g < G; off += M[g++]) {
+            Cp[g] = (float *)dinp + off * C, Ap[g] = (const float *)dout + off * OC;
+            Ns[g] = C, Ks[g] = OC;
+        }
+        gemm_grouped32(o, G, Cp, Ap, w, M, Ns, Ks, 0, 0, acc_dinp ? 1.0f : 0.0f);
+    }
+    off = 0;
+    for (int g = 0; g < G; off += M[g++]) {
+        Ap[g] = (const float *)dout + off * OC, Bp[g] = (const float *)inp + off * C;
+        Ms[g] = M[g] > 0 ? OC : 0, Ns[g] = C, Ks[g] = M[g];
+    }
+    gemm_grouped32(o, G, dw, Ap, Bp, Ms, Ns, Ks, 1, 0, 1.0f);
+    if (!db) return;
+    off = 0;
+    for (int g = 0; g < G; off += M[g++])
+        if (db[g] && M[g] > 0)
+            colred(o, MODE_BIAS, db[g], NULL, act_at(o, dout, off * OC), NULL, NULL, NULL, M[g],
+                   OC);
 }
 
 /* ---------------------------------------------------------------- lifetime */

@@ -57,6 +57,12 @@ void ep_shards_allgather(ust_comm *shards, const float *mine, float *all, int64_
     comm_req r = comm_allgather(shards, mine, all, (size_t)n, COMM_FP32);
     comm_wait(&r);
 }
+void ep_shards_allgather_act(ust_comm *shards, const ust_ops *o, const act *mine, act *all,
+                             int64_t n) {
+    comm_req r = comm_allgather(shards, mine, all, (size_t)n, comm_act_dtype(o));
+    comm_wait(&r);
+}
+
 int64_t ep_max_recv(const ust_ep *ep) { return ep->max_recv; }
 
 int ep_local_experts(const ust_ep *ep, int *first) {

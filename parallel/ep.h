@@ -64,6 +64,10 @@ int ep_shards_rank(const ust_comm *shards);
  * every shard's n floats gathered into all (shard order; mine is this rank's part of all). */
 void ep_shards_sum(ust_comm *shards, float *x, int64_t n);
 void ep_shards_allgather(ust_comm *shards, const float *mine, float *all, int64_t n);
+/* The same gather for n activations each (the backend's activation type; mine may be this
+ * rank's part of all). */
+void ep_shards_allgather_act(ust_comm *shards, const ust_ops *o, const act *mine, act *all,
+                             int64_t n);
 
 void ep_plan_init(ust_ep *ep, ep_plan *p, ust_arena *arena); /* host arrays malloc'd */
 void ep_plan_free(ep_plan *p);                               /* the host arrays */

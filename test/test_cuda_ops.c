@@ -331,6 +331,50 @@ static void test_cuda_linear_fwd_bwd_match_cpu(void) {
     gfree(dx_), gfree(dw_), gfree(db_), gfree(dy_), gfree(gdout), gfree(gd2), gfree(gbb);
 }
 
+/* The grouped linear (the MoE experts' projections, one cublasGemmGroupedBatchedEx on the GPU)
+ * against the CPU's: 5 groups of 3, 0, 7, 1, 4 rows with their own weights, with and without
+ * biases, the backward overwriting and accumulating dinp, dw and db accumulating. */
+static void test_cuda_grouped_linear_matches_cpu(void) {
+    enum { G = 5, C = 24, OC = 20 };
+    const int32_t M[G] = {3, 0, 7, 1, 4};
+    const int R = 15;
+    float *x = hrand(R * C, 1), *w = hrand(G * OC * C, 1), *b = hrand(G * OC, 1);
+    float *y = hrand(R * OC, 1), *dout = hrand(R * OC, 1);
+    float *gx = gup(x, R * C), *gw = gup(w, G * OC * C), *gb = gup(b, G * OC), *gy = gup(y, R * OC);
+    float *gdout = gup(dout, R * OC);
+    const float *cw[G], *cb[G], *dw_[G], *db_[G];
+    for (int g = 0; g < G; g++) {
+        cw[g] = w + g * OC * C, cb[g] = b + g * OC;
+        dw_[g] = gw + g * OC * C, db_[g] = gb + g * OC;
+    }
+    for (int bias = 0; bias < 2; bias++) {
+        CPU->grouped_linear_fwd(CPU, y, x, cw, bias ? cb : NULL, M, G, C, OC);
+        GPU->grouped_linear_fwd(GPU, gy, gx, dw_, bias ? db_ : NULL, M, G, C, OC);
+        CHECK_G("grouped linear out", gy, y, R * OC, ATOL, RTOL);
+    }
+    for (int acc = 0; acc < 2; acc++) {
+        float *dinp = hrand(R * C, 1), *dw = hrand(G * OC * C, 1), *dbias = hrand(G * OC, 1);
+        float *gdinp = gup(dinp, R * C), *gdw = gup(dw, G * OC * C), *gdb = gup(dbias, G * OC);
+        float *cdw[G], *cdb[G], *gdwp[G], *gdbp[G];
+        for (int g = 0; g < G; g++) {
+            cdw[g] = dw + g * OC * C, cdb[g] = dbias + g * OC;
+            gdwp[g] = gdw + g * OC * C, gdbp[g] = gdb + g * OC;
+        }
+        CPU->grouped_linear_bwd(CPU, dinp, cdw, cdb, dout, x, cw, M, G, C, OC, acc);
+        GPU->grouped_linear_bwd(GPU, gdinp, gdwp, gdbp, gdout, gx, dw_, M, G, C, OC, acc);
+        CHECK_G("grouped linear dinp", gdinp, dinp, R * C, ATOL, RTOL);
+        CHECK_G("grouped linear dw (+=)", gdw, dw, G * OC * C, ATOL, RTOL);
+        CHECK_G("grouped linear dbias (+=)", gdb, dbias, G * OC, ATOL, RTOL);
+        CPU->grouped_linear_bwd(CPU, NULL, cdw, NULL, dout, x, cw, M, G, C, OC, acc);
+        GPU->grouped_linear_bwd(GPU, NULL, gdwp, NULL, gdout, gx, dw_, M, G, C, OC, acc);
+        CHECK_G("grouped linear dw, NULL dinp/dbias", gdw, dw, G * OC * C, ATOL, RTOL);
+        free(dinp), free(dw), free(dbias);
+        gfree(gdinp), gfree(gdw), gfree(gdb);
+    }
+    free(x), free(w), free(b), free(y), free(dout);
+    gfree(gx), gfree(gw), gfree(gb), gfree(gy), gfree(gdout);
+}
+
 /* The bound of a bf16 GEMM result against the fp32 sum ref of terms whose magnitudes sum to
  * mag: the weights rounded to bf16 (2^-8 relative per term; 1.5x that, as bf16 inputs on both
  * sides of the old path needed) plus the result's own rounding to bf16 (2^-8 |ref|). */
@@ -1048,8 +1092,10 @@ static void test_cuda_moe_ops_match_cpu(void) {
     float *glogits = gup_act(logits, N * E), *gprobs = gup(probs, N * E), *glse = gup(lse, N);
     float *ggate = gup(gate, A), *gpsum = gup(psum, E);
     int32_t *gtk = gupi(topk, A);
-    CPU->moe_router_fwd(CPU, probs, lse, topk, gate, psum, logits, N, E, k);
-    GPU->moe_router_fwd(GPU, gprobs, glse, gtk, ggate, gpsum, glogits, N, E, k);
+    float *bias = hrand(E, 0.3f), *gbias = gup(bias, E); /* the balancing bias moves choices */
+    CPU->moe_router_fwd(CPU, probs, lse, topk, gate, psum, logits, bias, N, E, k);
+    GPU->moe_router_fwd(GPU, gprobs, glse, gtk, ggate, gpsum, glogits, gbias, N, E, k);
+    free(bias), gfree(gbias);
     CHECK_G("router probs", gprobs, probs, N * E, EW, EW);
     CHECK_G("router lse", glse, lse, N, EW, EW);
     CHECK_G("router gate", ggate, gate, A, EW, EW);
@@ -1301,6 +1347,7 @@ int main(void) {
     RUN_TEST(test_cuda_matmul_batched_matches_cpu_with_strides);
     RUN_TEST(test_cuda_bf16_matmul_within_bf16_rounding_of_fp32);
     RUN_TEST(test_cuda_linear_fwd_bwd_match_cpu);
+    RUN_TEST(test_cuda_grouped_linear_matches_cpu);
     RUN_TEST(test_cuda_bf16_linear_bias_matches_cpu);
     RUN_TEST(test_cuda_linear_gelu_matches_cpu_fp32_and_bf16);
     RUN_TEST(test_cuda_linear_gelu_bwd_matches_cpu_fp32_and_bf16);

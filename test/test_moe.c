@@ -147,6 +147,9 @@ static double ref_loss(const ref_ctx *r, const float *x, const float *dy, double
     const __typeof__(r->cfg->model.moe) *mc = &r->cfg->model.moe;
     int N = r->N, C = r->cfg->model.d_model, E = mc->num_experts, k = mc->top_k;
     double cnt[64] = {0}, psum[64] = {0}, zsum = 0, L = 0;
+    double scnt[8][64] = {{0}}, spsum[8][64] = {{0}}; /* per sequence (seq_aux_loss_coef) */
+    int B = mc->seq_aux_loss_coef > 0 ? r->cfg->train.micro_batch_size : 1, Tl = N / B;
+    const float *bias = r->w->bias;
     int kept[64] = {0};
     int64_t cap = mc->capacity_factor > 0 ? (int64_t)ceil(mc->capacity_factor * N * k / E - 1e-9)
                                           : (int64_t)1 << 40;
@@ -159,7 +162,8 @@ static double ref_loss(const ref_ctx *r, const float *x, const float *dy, double
             mx = fmax(mx, lg[e]);
         }
         for (int e = 0; e < E; e++) s += exp(lg[e] - mx);
-        for (int e = 0; e < E; e++) p[e] = exp(lg[e] - mx) / s, psum[e] += p[e];
+        for (int e = 0; e < E; e++)
+            p[e] = exp(lg[e] - mx) / s, psum[e] += p[e], spsum[n / Tl][e] += p[e];
         zsum += pow(mx + log(s), 2);
         int sel[64];
         double S = 0;
@@ -168,13 +172,15 @@ static double ref_loss(const ref_ctx *r, const float *x, const float *dy, double
             for (int e = 0; e < E; e++) {
                 int used = 0;
                 for (int m = 0; m < j; m++) used |= sel[m] == e;
-                if (!used && (best < 0 || p[e] > p[best])) best = e;
+                if (!used &&
+                    (best < 0 || p[e] + (bias ? bias[e] : 0) > p[best] + (bias ? bias[best] : 0)))
+                    best = e;
             }
             sel[j] = best, S += p[best];
         }
         for (int j = 0; j < k; j++) {
             int e = sel[j];
-            cnt[e]++;
+            cnt[e]++, scnt[n / Tl][e]++;
             if (kept[e]++ >= cap) continue; /* dropped: contributes nothing */
             ref_expert(r, &r->w->experts[e], xn, p[e] / S, y);
         }
@@ -187,7 +193,11 @@ static double ref_loss(const ref_ctx *r, const float *x, const float *dy, double
     double aux = 0;
     for (int e = 0; e < E; e++) aux += cnt[e] / ((double)N * k) * psum[e] / N;
     aux *= E;
-    return L + loss_scale * (mc->aux_loss_coef * aux + mc->z_loss_coef * zsum / N);
+    double seq = 0;
+    for (int b = 0; b < B && mc->seq_aux_loss_coef > 0; b++)
+        for (int e = 0; e < E; e++) seq += E * scnt[b][e] / ((double)Tl * k) * spsum[b][e] / Tl / B;
+    return L + loss_scale * (mc->aux_loss_coef * aux + mc->z_loss_coef * zsum / N +
+                             mc->seq_aux_loss_coef * seq);
 }
 
 /* ---------------------------------------------------------------- gradient check */
@@ -274,6 +284,47 @@ static void test_moe_gpt2_top2_shared_gradients_match_finite_differences(void) {
 static void test_moe_llama_top3_gradients_match_finite_differences(void) {
     gradient_case(ARCH_LLAMA, 3, 0, 0, "llama top-3");
 }
+static void hand_fixture_cfg(fixture *f, int k, double capacity, double aux_coef, double seq);
+
+/* the sequence-wise balance loss: 12 tokens as 3 sequences of 4 (its statistics per sequence),
+ * alone and with the aux loss, and with a balancing bias moving the choices */
+static void test_moe_seq_aux_gradients_match_finite_differences(void) {
+    for (int v = 0; v < 3 && !t_failed_flag; v++) {
+        fixture f;
+        moe_config(&f.cfg, v == 1 ? ARCH_GPT2 : ARCH_LLAMA, 4, 2, 8, 6, v == 1);
+        f.cfg.train.micro_batch_size = 3;
+        f.cfg.model.moe.seq_aux_loss_coef = 0.4;
+        f.cfg.model.moe.aux_loss_coef = v == 0 ? 0 : 0.3;
+        f.cfg.model.moe.bias_update_rate = v == 2 ? 0.01 : 0;
+        fixture_make(&f, 12);
+        fill_random(&f, 31 + v);
+        char why[512];
+        int bad = check_gradients(&f,
+                                  v == 0   ? "seq aux"
+                                  : v == 1 ? "seq + aux gpt2"
+                                           : "seq + bias",
+                                  why, sizeof why);
+        fixture_free(&f);
+        CHECK(!bad, "%s", why);
+    }
+}
+
+/* Sequence-wise loss on the hand fixture as 2 sequences of 2 tokens (top-1 picks 0, 1 | 0, 0):
+ * sequence 0: f = (1/2, 1/2), P = (.5, .5): 2 (1/4 + 1/4) = 1; sequence 1: f = (1, 0),
+ * P = ((.8807971 + .5)/2, .) : 2 * .6903985 = 1.3807971; seq = (1 + 1.3807971) / 2. */
+static void test_moe_seq_aux_loss_matches_hand_computed_value(void) {
+    fixture f;
+    f.cfg.train.micro_batch_size = 2;
+    hand_fixture_cfg(&f, 1, 0, 0.1, 0.5);
+    moe_stats st;
+    moe_forward(&f.m, &f.a, &f.w, f.y, f.x, &st);
+    fixture_free(&f);
+    CHECK_CLOSE(st.seq_aux_loss, (1 + 1.3807971) / 2, 1e-6, 0, "sequence-wise aux loss");
+    CHECK_CLOSE(st.loss,
+                0.1 * 1.0951992694944706 + 0.01 * 2.113397074470959 + 0.5 * (1 + 1.3807971) / 2,
+                1e-6, 0, "loss");
+}
+
 /* capacity 0.5: each expert keeps ceil(0.5*12*2/4) = 3 of ~6 assignments, so many drops */
 static void test_moe_capacity_drops_gradients_match_finite_differences(void) {
     gradient_case(ARCH_GPT2, 2, 0, 0.5, "gpt2 top-2 capacity 0.5");
@@ -286,8 +337,11 @@ static void test_moe_capacity_drops_gradients_match_finite_differences(void) {
 /* N = 4 tokens, C = 2, E = 2 gpt2 experts with Fe = 2: router = identity, so logits = x;
  * up = down = identity, up bias 0, down bias (10, 0) for expert 0 and (0, 20) for expert 1, so
  * expert e(x) = gelu(x) + b_e elementwise. x = (1,0), (0,1), (2,0), (0,0). */
-static void hand_fixture(fixture *f, int k, double capacity, double aux_coef) {
+static void hand_fixture_cfg(fixture *f, int k, double capacity, double aux_coef, double seq) {
+    int B = f->cfg.train.micro_batch_size;
     moe_config(&f->cfg, ARCH_GPT2, 2, k, 2, 2, 0);
+    f->cfg.train.micro_batch_size = B;
+    f->cfg.model.moe.seq_aux_loss_coef = seq;
     f->cfg.model.moe.aux_loss_coef = aux_coef;
     f->cfg.model.moe.z_loss_coef = 0.01;
     f->cfg.model.moe.capacity_factor = capacity;
@@ -302,6 +356,11 @@ static void hand_fixture(fixture *f, int k, double capacity, double aux_coef) {
     f->w.experts[1].down_b[1] = 20;
     float xs[8] = {1, 0, 0, 1, 2, 0, 0, 0};
     memcpy(f->x, xs, sizeof xs);
+}
+
+static void hand_fixture(fixture *f, int k, double capacity, double aux_coef) {
+    f->cfg.train.micro_batch_size = 4;
+    hand_fixture_cfg(f, k, capacity, aux_coef, 0);
 }
 
 #define GELU1 0.8411919906082768
@@ -549,7 +608,104 @@ static void test_moe_layer_on_cuda_matches_cpu(void) {
     CHECK(worst <= 1e-4, "GPU vs CPU: worst relative difference %.3g in %s", worst, what);
 }
 
+/* ---------------------------------------------------------------- grouped GEMM, balancing */
+
+static double max_abs_diff(const float *a, const float *b, int64_t n) {
+    double d = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double x = fabs((double)a[i] - b[i]);
+        if (x > d || x != x) d = x;
+    }
+    return d;
+}
+
+/* The grouped expert GEMMs (one per projection over all local experts) against one linear per
+ * expert, same weights and tokens: outputs, input gradients and every weight gradient, llama and
+ * gpt2 (biases), 8 experts over 10 tokens top-1 so some get no row, and with capacity drops. */
+static void grouped_case(ust_arch arch, int k, double capacity, const char *what) {
+    fixture f[2];
+    for (int v = 0; v < 2; v++) {
+        moe_config(&f[v].cfg, arch, 8, k, 8, 6, 0);
+        f[v].cfg.model.moe.capacity_factor = capacity;
+        f[v].cfg.model.moe.grouped_gemm = v == 0;
+        fixture_make_on(&f[v], 10, ops_cpu_create(v == 0 ? 2 : 1, 1)); /* 2: the parallel pass */
+        fill_random(&f[v], 23);
+        moe_stats st;
+        for (int i = 0; i < f[v].pl.n; i++) memset(f[v].pl.t[i].g, 0, f[v].pl.t[i].n * 4);
+        moe_forward(&f[v].m, &f[v].a, &f[v].w, f[v].y, f[v].x, &st);
+        moe_backward(&f[v].m, &f[v].a, &f[v].w, &f[v].g, f[v].dx, f[v].dy, f[v].x, 1.0f, 0);
+    }
+    int64_t NC = 10 * 8, empty = 0;
+    for (int e = 0; e < 8; e++) empty += f[0].a.plan.local[e] == 0;
+    double worst = fmax(max_abs_diff(f[0].y, f[1].y, NC), max_abs_diff(f[0].dx, f[1].dx, NC));
+    const char *where = "y/dx";
+    for (int i = 0; i < f[0].pl.n; i++) {
+        double d = max_abs_diff(f[0].pl.t[i].g, f[1].pl.t[i].g, f[0].pl.t[i].n);
+        if (d > worst) worst = d, where = f[0].pl.t[i].name;
+    }
+    char name[128];
+    snprintf(name, sizeof name, "%s", where);
+    fixture_free(&f[0]);
+    fixture_free(&f[1]);
+    CHECK(worst <= 1e-5, "%s: grouped vs per-expert differ by %.3g in %s", what, worst, name);
+    CHECK(k > 1 || empty > 0, "%s: no expert without rows (the case is meant to have one)", what);
+}
+
+static void test_moe_grouped_gemm_matches_per_expert_linears(void) {
+    grouped_case(ARCH_LLAMA, 1, 0, "llama top-1");
+    grouped_case(ARCH_GPT2, 1, 0, "gpt2 top-1");
+    grouped_case(ARCH_LLAMA, 2, 0.5, "llama top-2 capacity 0.5");
+    grouped_case(ARCH_GPT2, 2, 0.5, "gpt2 top-2 capacity 0.5");
+}
+
+/* Aux-loss-free balancing: the bias moves the choice, never the gate or the aux statistics.
+ * Hand fixture (top-1): logits = x, probs as in the aux test; bias (0, 1) makes every token
+ * pick expert 1 (token 2: .881 < .119 + 1), with gate 1 (top-1 renormalized), so y = expert
+ * 1 = gelu(x) + (0, 20). P_e stays the unbiased mean: aux = 2 (0 * .595 + 1 * .405). Then the
+ * update with loads (0, 4), mean 2: bias += 0.5 * sign(2 - load) = (0.5, 0.5). */
+static void test_moe_balancing_bias_moves_choices_not_gates(void) {
+    fixture f;
+    moe_config(&f.cfg, ARCH_GPT2, 2, 1, 2, 2, 0);
+    f.cfg.model.moe.bias_update_rate = 0.5;
+    f.cfg.model.moe.aux_loss_coef = 0.1;
+    fixture_make(&f, 4);
+    for (int i = 0; i < f.pl.n; i++) memset(f.pl.t[i].p, 0, f.pl.t[i].n * 4);
+    CHECK(f.w.bias != NULL, "no balancing bias tensor with bias_update_rate > 0");
+    if (!f.w.bias) return;
+    f.w.router[0] = f.w.router[3] = 1;
+    for (int e = 0; e < 2; e++) {
+        moe_expert *x = &f.w.experts[e];
+        x->up[0] = x->up[3] = x->down[0] = x->down[3] = 1;
+    }
+    f.w.experts[0].down_b[0] = 10;
+    f.w.experts[1].down_b[1] = 20;
+    float xs[8] = {1, 0, 0, 1, 2, 0, 0, 0};
+    memcpy(f.x, xs, sizeof xs);
+    f.w.bias[1] = 1.0f;
+    moe_stats st;
+    moe_forward(&f.m, &f.a, &f.w, f.y, f.x, &st);
+    CHECK(st.routed[0] == 0 && st.routed[1] == 4, "routed (%g, %g), want (0, 4)", st.routed[0],
+          st.routed[1]);
+    double want[8] = {GELU1, 20, 0, GELU1 + 20, GELU2, 20, 0, 20};
+    for (int i = 0; i < 8; i++)
+        CHECK(fabs(f.y[i] - want[i]) <= 1e-5, "y[%d] = %.7g, want %.7g", i, f.y[i], want[i]);
+    CHECK_CLOSE(st.aux_loss, 2 * (1 - 0.5951993), 1e-6, 0, "aux loss from unbiased probs");
+    double load[2] = {0, 4};
+    moe_update_bias(&f.m, f.w.bias, load);
+    CHECK(f.w.bias[0] == 0.5f && f.w.bias[1] == 0.5f, "bias after the update (%g, %g)", f.w.bias[0],
+          f.w.bias[1]);
+    double even[2] = {2, 2}; /* at the mean: no move */
+    moe_update_bias(&f.m, f.w.bias, even);
+    CHECK(f.w.bias[0] == 0.5f && f.w.bias[1] == 0.5f, "bias moved at an even load (%g, %g)",
+          f.w.bias[0], f.w.bias[1]);
+    fixture_free(&f);
+}
+
 int main(void) {
+    RUN_TEST(test_moe_grouped_gemm_matches_per_expert_linears);
+    RUN_TEST(test_moe_seq_aux_gradients_match_finite_differences);
+    RUN_TEST(test_moe_seq_aux_loss_matches_hand_computed_value);
+    RUN_TEST(test_moe_balancing_bias_moves_choices_not_gates);
     RUN_TEST(test_moe_llama_top2_gradients_match_finite_differences);
     RUN_TEST(test_moe_llama_top1_shared_gradients_match_finite_differences);
     RUN_TEST(test_moe_llama_top2_shared_gradients_match_finite_differences);

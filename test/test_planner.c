@@ -126,6 +126,21 @@ static void test_compute_and_pipeline_bubble() {
                 "compute, full recompute");
 }
 
+/* MoE under tp: the tp ranks split the MoE layers' tokens, so a rank's whole compute (dense and
+ * experts) is the tp=1 rank's / tp */
+static void test_moe_compute_splits_over_tp() {
+    ust_config base, c;
+    moe(&base);
+    planner_hw hw = hw_of(1e9, 1e9, 8);
+    planner_cost k1, k2;
+    CHECK(!layout(&c, &base, LAYOUT(.micro_batch = 1), 8), "MoE tp1");
+    planner_estimate(&c, &hw, &k1);
+    CHECK_CLOSE(k1.compute, 8 * 128 * planner_flops_per_token(&c) / 0.5e12, 0, RT, "MoE tp1");
+    CHECK(!layout(&c, &base, LAYOUT(.tp = 2, .micro_batch = 1), 8), "MoE tp2");
+    planner_estimate(&c, &hw, &k2);
+    CHECK_CLOSE(k2.compute, k1.compute / 2, 0, RT, "MoE FLOPs per rank halve at tp 2");
+}
+
 /* dp-only: one all-reduce of the fp32 gradients, 2(n-1)/n * 4 * params / bw, intra-node when the
  * group fits a node; ZeRO-2 reduce-scatters every micro-batch, ZeRO-3 also gathers twice */
 static void test_dp_only_gradient_all_reduce() {
@@ -340,6 +355,7 @@ int main(void) {
     RUN_TEST(test_parameter_count_equals_the_memory_plans);
     RUN_TEST(test_flops_per_token_by_hand);
     RUN_TEST(test_compute_and_pipeline_bubble);
+    RUN_TEST(test_moe_compute_splits_over_tp);
     RUN_TEST(test_dp_only_gradient_all_reduce);
     RUN_TEST(test_tp_volume_per_layer);
     RUN_TEST(test_cp_ring_kv_passes);

@@ -81,7 +81,7 @@ inline void emu_prepare(EmuThread &t) {
 inline uint64_t emu_slots[32][32];
 inline char *emu_dyn_smem;
 inline size_t emu_smem_limit = 48 * 1024;
-inline int emu_gemm_calls[3]; /* sgemm, gemmEx, cublasLt */
+inline int emu_gemm_calls[4]; /* sgemm, gemmEx, cublasLt, grouped */
 inline int emu_lt_fail = getenv("EMU_LT_FAIL") != nullptr;
 inline std::function<void()> *emu_fn;
 inline std::vector<EmuThread> emu_threads;
@@ -249,6 +249,28 @@ inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperati
     emu_gemm_on(h->stream, A, B, C, [&] {
         emu_gemm(ta, tb, m, n, k, *(const float *)al, A, at == CUDA_R_16BF, lda, sA, B,
                  bt == CUDA_R_16BF, ldb, sB, *(const float *)be, C, ct == CUDA_R_16BF, ldc, sC, batch);
+    });
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* Grouped GEMM: group g's size[g] problems in turn (pointer arrays A, B, C live on the device;
+ * alpha, beta and the shapes on the host, one per group). */
+inline cublasStatus_t cublasGemmGroupedBatchedEx(
+    cublasHandle_t h, const cublasOperation_t ta[], const cublasOperation_t tb[], const int m[],
+    const int n[], const int k[], const void *al, const void *const A[], cudaDataType at,
+    const int lda[], const void *const B[], cudaDataType bt, const int ldb[], const void *be,
+    void *const C[], cudaDataType ct, const int ldc[], int groups, const int size[],
+    cublasComputeType_t c) {
+    if (c != CUBLAS_COMPUTE_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+    emu_gemm_calls[3]++;
+    /* the pointer arrays are what the call reads from device memory directly */
+    emu_gemm_on(h->stream, (const void *)A, (const void *)B, (void *)C, [&] {
+        int idx = 0;
+        for (int g = 0; g < groups; g++)
+            for (int s = 0; s < size[g]; s++, idx++)
+                emu_gemm(ta[g], tb[g], m[g], n[g], k[g], ((const float *)al)[g], A[idx],
+                         at == CUDA_R_16BF, lda[g], 0, B[idx], bt == CUDA_R_16BF, ldb[g], 0,
+                         ((const float *)be)[g], C[idx], ct == CUDA_R_16BF, ldc[g], 0, 1);
     });
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -495,8 +517,8 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, c
 
 struct EmuReport { /* EMU_REPORT=1: which GEMM paths ran (the cuBLASLt fallback check reads it) */
     ~EmuReport() {
-        if (getenv("EMU_REPORT")) fprintf(stderr, "emu: sgemm calls %d, gemmEx calls %d, cublasLt calls %d\n", emu_gemm_calls[0],
-                emu_gemm_calls[1], emu_gemm_calls[2]);
+        if (getenv("EMU_REPORT")) fprintf(stderr, "emu: sgemm calls %d, gemmEx calls %d, cublasLt calls %d, grouped calls %d\n", emu_gemm_calls[0],
+                emu_gemm_calls[1], emu_gemm_calls[2], emu_gemm_calls[3]);
     }
 };
 inline EmuReport emu_report;

@@ -42,3 +42,6 @@ check $TMP/c.yaml memory_plan_moe_every2_pp2_tp2_sp_zero3 8 $M --set model.n_lay
 check $TMP/c.yaml memory_plan_moe_recompute_full_cp2 4 $M --set parallel.cp=2 --set parallel.dp=2 --set parallel.ep=2 --set train.recompute=full
 check $TMP/c.yaml memory_plan_moe_capacity_ep2_dp2 2 $M --set parallel.dp=2 --set parallel.ep=2 --set model.moe.capacity_factor=1.25
 check $TMP/c.yaml memory_plan_moe_capacity_cp2 2 $M --set parallel.cp=2 --set model.moe.capacity_factor=1.0
+# the tp ranks' token split (its gradient scratch, the tp parts' choices for the capacity), the
+# balancing bias and the per-sequence statistics of the sequence-wise loss
+check $TMP/c.yaml memory_plan_moe_tp2_capacity_bias_seq 2 $M --set parallel.tp=2 --set model.moe.capacity_factor=1.0 --set model.moe.bias_update_rate=0.01 --set model.moe.seq_aux_loss_coef=0.01 --set train.micro_batch_size=2
