@@ -207,6 +207,7 @@ typedef struct {
 
 struct ckpt_stage {
     unsigned char *buf;
+    bool owned; /* ckpt_stage_create's buffer (freed with the stage), not a wrapped one */
     int64_t cap, used;
     staged_run *runs;
     int64_t nruns, capruns;
@@ -698,27 +699,35 @@ int ckpt_commit(ckpt_writer *w, const char *state_json, int keep_last, ust_err *
  * checkpoint.async */
 
 ckpt_stage *ckpt_stage_create(int64_t bytes, ust_err *e) {
-    ckpt_stage *s = calloc(1, sizeof *s);
     if (bytes < 0 || bytes > ((int64_t)1 << 46)) {
-        free(s);
         ust_errf(e, "checkpoint: async staging buffer of %lld bytes", (long long)bytes);
         return NULL;
     }
-    if (s) s->buf = malloc((size_t)(bytes > 0 ? bytes : 1));
-    if (!s || !s->buf) {
-        free(s);
+    void *buf = calloc(1, (size_t)(bytes > 0 ? bytes : 1));
+    ckpt_stage *s = buf ? ckpt_stage_wrap(buf, bytes, e) : NULL;
+    if (!buf)
         ust_errf(e, "checkpoint: no host memory for the async staging buffer (%lld bytes)",
                  (long long)bytes);
+    if (s) s->owned = true;
+    else free(buf);
+    return s;
+}
+
+ckpt_stage *ckpt_stage_wrap(void *buf, int64_t bytes, ust_err *e) {
+    ckpt_stage *s = calloc(1, sizeof *s);
+    if (!s) {
+        ust_errf(e, "checkpoint: out of memory");
         return NULL;
     }
-    memset(s->buf, 0, (size_t)(bytes > 0 ? bytes : 1)); /* resident now, not at the first save */
+    memset(buf, 0, (size_t)(bytes > 0 ? bytes : 1)); /* resident now, not at the first save */
+    s->buf = buf;
     s->cap = bytes;
     return s;
 }
 
 void ckpt_stage_free(ckpt_stage *s) {
     if (!s) return;
-    free(s->buf);
+    if (s->owned) free(s->buf);
     free(s->runs);
     free(s);
 }

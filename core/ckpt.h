@@ -89,6 +89,9 @@ void ckpt_abort(ckpt_writer *w); /* leaves the previous checkpoints untouched */
  * staged writer is commit_async + a blocking poll. */
 typedef struct ckpt_stage ckpt_stage;
 ckpt_stage *ckpt_stage_create(int64_t bytes, ust_err *e);
+/* A stage over the caller's buffer of bytes (e.g. page-locked memory); the caller frees it after
+ * ckpt_stage_free. */
+ckpt_stage *ckpt_stage_wrap(void *buf, int64_t bytes, ust_err *e);
 void ckpt_stage_free(ckpt_stage *s);
 int64_t ckpt_stage_bytes(const ckpt_stage *s);
 void ckpt_set_stage(ckpt_writer *w, ckpt_stage *s);

@@ -75,6 +75,10 @@ struct ust_ops {
     /* ---- memory ---- */
     void *(*alloc)(const ust_ops *o, size_t bytes); /* zeroed, 64-byte aligned; fatal on OOM */
     void (*free)(const ust_ops *o, void *p);
+    /* Host memory the device copies into fastest (page-locked on CUDA), zeroed; NULL when none
+     * can be had (the caller may fall back to malloc). Freed with host_free. */
+    void *(*host_alloc)(const ust_ops *o, size_t bytes);
+    void (*host_free)(const ust_ops *o, void *p);
     void (*to_device)(const ust_ops *o, void *dst, const void *host_src, size_t bytes);
     void (*to_host)(const ust_ops *o, void *host_dst, const void *src, size_t bytes);
     void (*copy)(const ust_ops *o, void *dst, const void *src, size_t bytes);
@@ -273,7 +277,7 @@ struct ust_ops {
  * (clang-format is off for it: it would stair-step the list.) */
 /* clang-format off */
 #define UST_OPS_LIST(X)                                                                            \
-    X(alloc) X(free) X(to_device) X(to_host) X(copy) X(copy2d) X(zero) X(sync) X(stream)           \
+    X(alloc) X(free) X(host_alloc) X(host_free) X(to_device) X(to_host) X(copy) X(copy2d) X(zero) X(sync) X(stream)           \
     X(memory)                                                                                      \
     X(matmul) X(matmul_batched) X(linear_fwd) X(linear_bwd) X(embedding_fwd) X(embedding_bwd)      \
     X(layernorm_fwd) X(layernorm_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd) X(gelu_fwd) X(gelu_bwd)        \

@@ -51,6 +51,17 @@ static void cpu_free(const ust_ops *o, void *p) {
     free(p);
 }
 
+/* Host memory is all the CPU backend has: plain calloc (a failure is the caller's to report). */
+static void *cpu_host_alloc(const ust_ops *o, size_t bytes) {
+    (void)o;
+    return calloc(1, bytes ? bytes : 1);
+}
+
+static void cpu_host_free(const ust_ops *o, void *p) {
+    (void)o;
+    free(p);
+}
+
 static void cpu_copy(const ust_ops *o, void *dst, const void *src, size_t bytes) {
     (void)o;
     if (bytes && dst != src) memcpy(dst, src, bytes);

@@ -52,6 +52,10 @@ static void *pf_alloc(const ust_ops *o, size_t bytes) {
     return inner_of(o)->alloc(inner_of(o), bytes);
 }
 static void pf_free(const ust_ops *o, void *p) { inner_of(o)->free(inner_of(o), p); }
+static void *pf_host_alloc(const ust_ops *o, size_t bytes) {
+    return inner_of(o)->host_alloc(inner_of(o), bytes);
+}
+static void pf_host_free(const ust_ops *o, void *p) { inner_of(o)->host_free(inner_of(o), p); }
 static void pf_sync(const ust_ops *o) { inner_of(o)->sync(inner_of(o)); }
 static void *pf_stream(const ust_ops *o) { return inner_of(o)->stream(inner_of(o)); }
 static void pf_memory(const ust_ops *o, ops_mem *m) { inner_of(o)->memory(inner_of(o), m); }

@@ -77,6 +77,7 @@ typedef struct {
     int restarts;                /* UST_RESTART_COUNT (scripts/ustrun --max-restarts) */
     ckpt_lock lock;              /* rank 0: the job's lock on checkpoint.dir */
     ckpt_stage *stage;           /* checkpoint.async: the host buffer the slices are copied to */
+    void *stage_buf;             /* its memory when the backend gave it (page-locked on CUDA) */
     ckpt_writer *pending;        /* checkpoint.async: the save still being written */
     int64_t pending_step, pending_started; /* its step, and the step it was started after */
     double ckpt_save_s, ckpt_wait_s; /* the step loop's time in saves, and waiting for async ones */
@@ -680,6 +681,15 @@ static int build_model(trainer *t, ust_err *e) {
     return 0;
 }
 
+/* checkpoint.async: the staging buffer, sized for what this rank writes, from the backend's host
+ * memory (page-locked on CUDA) or, when it has none to give, ordinary memory. */
+static int open_stage(trainer *t, ust_err *e) {
+    int64_t bytes = dp_save_bytes(t->dp);
+    t->stage_buf = t->backend->host_alloc(t->backend, (size_t)bytes);
+    t->stage = t->stage_buf ? ckpt_stage_wrap(t->stage_buf, bytes, e) : ckpt_stage_create(bytes, e);
+    return t->stage ? 0 : -1;
+}
+
 static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile, ust_err *e) {
     memset(t, 0, sizeof *t);
     t->lock.fd = -1;
@@ -706,8 +716,7 @@ static int setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile
     if (open_data(t, e) || open_backend(t, profile, e) || build_model(t, e)) return -1;
     t->flag = mem_alloc(&t->arena, MEM_COMM, sizeof(float));
     mem_freeze(&t->arena);
-    if (cfg->checkpoint.async && !(t->stage = ckpt_stage_create(dp_save_bytes(t->dp), e)))
-        return -1;
+    if (cfg->checkpoint.async && open_stage(t, e)) return -1;
     t->samples =
         malloc((size_t)cfg->train.micro_batch_size * (cfg->train.seq_len + 1) * sizeof(int32_t));
     return initialize(t, e);
@@ -717,6 +726,7 @@ static void teardown(trainer *t) {
     log_close(&t->log);
     ckpt_abort(t->pending); /* a run ending on an error: its save in flight is not published */
     ckpt_stage_free(t->stage);
+    if (t->stage_buf) t->backend->host_free(t->backend, t->stage_buf);
     ckpt_unlock_dir(&t->lock);
     data_blend_close(t->train);
     data_blend_close(t->val);

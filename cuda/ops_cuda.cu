@@ -88,6 +88,24 @@ static void cu_free(const ust_ops *o, void *p) {
     CK(cudaFree(p));
 }
 
+/* Page-locked host memory: device-to-host copies into it run at the link's full speed. */
+static void *cu_host_alloc(const ust_ops *o, size_t bytes) {
+    (void)o;
+    void *p = NULL;
+    if (cudaMallocHost(&p, bytes ? bytes : 1) != cudaSuccess) {
+        cudaGetLastError(); /* not sticky: the caller falls back to pageable memory */
+        return NULL;
+    }
+    memset(p, 0, bytes ? bytes : 1);
+    return p;
+}
+
+static void cu_host_free(const ust_ops *o, void *p) {
+    if (!p) return;
+    CK(cudaStreamSynchronize(STREAM(o))); /* a copy queued into it may still run */
+    CK(cudaFreeHost(p));
+}
+
 /* From pageable host memory the copy has read host_src when the call returns. */
 static void cu_to_device(const ust_ops *o, void *dst, const void *host_src, size_t bytes) {
     if (bytes) CK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, STREAM(o)));
