@@ -83,6 +83,7 @@ typedef struct {
         ust_cp_layout cp_layout;
         ust_cp_comm cp_comm;
         double dp_bucket_mb;
+        int zero3_vocab_chunk_rows; /* ZeRO-3: rows of a vocabulary chunk (0: a layer's worth) */
     } parallel;
     struct {
         int64_t steps;
