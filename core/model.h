@@ -51,7 +51,10 @@ typedef enum {
 /* Called at unit boundaries: FWD_BEGIN before a unit's forward, BWD_BEGIN before its backward
  * (and before a full-recompute rerun of its forward), *_END after. A unit's gradients are final
  * for this micro-batch at its BWD_END; with tied embeddings unit 0's gradients also receive the
- * head's contribution, so they are final only at unit 0's BWD_END. */
+ * head's contribution, so they are final only at unit 0's BWD_END. With vocabulary chunks
+ * (model_storage.vocab_chunk_rows) a tied head brackets its use of each table chunk with that
+ * chunk's own hooks instead: such a unit gets two FWD and two BWD pairs per micro-batch, and the
+ * gradients written between each BWD pair are a contribution of their own (summed). */
 typedef struct {
     void *ctx;
     void (*unit)(void *ctx, int unit, model_phase phase);
