@@ -82,8 +82,8 @@ typedef struct {
         char pp_layers[256];   /* "" or "4,4,3,1": layers of each stage (pp * vpp entries) */
         ust_cp_layout cp_layout;
         ust_cp_comm cp_comm;
-        double dp_bucket_mb;
         int zero3_vocab_chunk_rows; /* ZeRO-3: rows of a vocabulary chunk (0: a layer's worth) */
+        double dp_bucket_mb;
     } parallel;
     struct {
         int64_t steps;
