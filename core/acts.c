@@ -78,7 +78,7 @@ static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *
         for (int i = 0; i < nl; i++) alloc_wsave(m, a, &s->ws[i]);
         /* per layer: two unit marks, an activation, two gathers, seven linears, two norms;
          * the head: marks, a gather, a linear, a norm; the embeddings: marks and a job */
-        s->wg.cap = 16 * nl + 16;
+        s->wg.cap = 16 * nl + 16 + 4 * (2 * m->nvc + 1); /* + vocabulary chunks' marks, jobs */
         s->wg.jobs = calloc((size_t)s->wg.cap, sizeof *s->wg.jobs);
     }
     if (ch->head) {
@@ -110,6 +110,13 @@ void acts_alloc(model *m, ust_arena *a) {
     m->losses = F32(N);
     m->dtmp = A((int64_t)m->Nl * C);
     m->dln = A(N * C);
+    int head = 0;
+    for (int c = 0; c < m->nchunks; c++) head |= m->chunks[c].head;
+    if (m->nvc > 1 && head) { /* the cross-entropy over the head's column blocks */
+        m->vc_lse = F32(4 * N);
+        m->vc_merge = A(N);
+        m->vc_merge2 = A(N);
+    }
     if (tp_sp(m->tp) || m->zb) m->dnorm = F32(2 * C);
     m->dq = A(N * HD);
     m->dk = A(N * KV);

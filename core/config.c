@@ -139,6 +139,7 @@ static const cfg_key cfg_keys[] = {
     ENUM("parallel.cp_comm", parallel.cp_comm, "ring", CP_COMMS),
     INTR("parallel.cp_a2a", parallel.cp_a2a, "0", 0, CFG_MAX_WORLD),
     DBL("parallel.dp_bucket_mb", parallel.dp_bucket_mb, "25", 0, 1 << 20, LO_OPEN),
+    INTR("parallel.zero3_vocab_chunk_rows", parallel.zero3_vocab_chunk_rows, "0", 0, 1 << 30),
 
     I64("train.steps", train.steps, "50", 0),
     INTR("train.seq_len", train.seq_len, "128", 1, 1 << 24),

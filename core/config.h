@@ -96,6 +96,7 @@ typedef struct {
         ust_cp_layout cp_layout;
         ust_cp_comm cp_comm;
         int cp_a2a; /* a2a+ring: the Ulysses degree inside (divides cp); 0: unset */
+        int zero3_vocab_chunk_rows; /* ZeRO-3: rows of a vocabulary chunk (0: a layer's worth) */
         double dp_bucket_mb;
     } parallel;
     struct {

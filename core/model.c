@@ -79,6 +79,7 @@ int model_create_with(model **out, const ust_config *cfg, const ust_ops *ops, us
     params_local_rows(m);
     m->unit_pad = st->unit_pad;
     params_chunks(m, st->chunks, st->nchunks);
+    params_vocab_chunks(m, st->vocab_chunk_rows);
     if (cfg->model.moe.num_experts > 0) init_moe(m, arena, st);
     m->lw = calloc(m->L, sizeof *m->lw);
     m->lg = calloc(m->L, sizeof *m->lg);
@@ -113,6 +114,7 @@ void model_destroy(model *m) {
     }
     free(m->mw), free(m->mg), free(m->mstats), free(m->unit_expert);
     free(m->moe_load), free(m->moe_gload);
+    params_vocab_chunks_free(m);
     if (m->cp == &m->own_cp) cp_free(&m->own_cp);
     free(m);
 }
@@ -266,6 +268,63 @@ static void take_docs(model *m, act_slot *s) {
     use_docs(m, s);
 }
 
+/* ------------------------------------------------------------------ vocabulary chunks */
+
+/* Rows [*r0, return) of this rank's vocabulary slice make chunk k. */
+static int vc_range(const model *m, int k, int *r0) {
+    *r0 = k * m->vc_rows;
+    return *r0 + m->vc_rows < m->Vl ? *r0 + m->vc_rows : m->Vl;
+}
+
+/* Column block k of the logits (N, chunk k's rows), dense at N * r0. */
+static act *vc_block(const model *m, act *logits, int k) {
+    int r0;
+    vc_range(m, k, &r0);
+    return act_at(m->ops, logits, (int64_t)m->B * m->T * r0);
+}
+
+/* The embedding over its units u (positions, gpt2) and the table's chunks; returns the unit
+ * after them. Each chunk adds the tokens in its rows (m->dln, free in forward, is the lookup's
+ * scratch); every token is in exactly one chunk. */
+static int embedding_forward_chunks(model *m, act_slot *s, int u) {
+    int wpe = !m->llama;
+    if (wpe) hook(m, u, MODEL_FWD_BEGIN);
+    act *sum = tp_embedding_begin(m->tp, s->xs[0], s->tok, wpe ? m->rows : NULL,
+                                  wpe ? m->wpe : NULL, m->B, m->T, m->C);
+    if (wpe) hook(m, u++, MODEL_FWD_END);
+    for (int k = 0; k < m->nvc; k++, u++) {
+        int r0, r1 = vc_range(m, k, &r0);
+        hook(m, u, MODEL_FWD_BEGIN);
+        tp_embedding_add(m->tp, sum, m->dln, s->tok, m->wte_c[k], r0, r1, m->B, m->T, m->C, m->Vp);
+        hook(m, u, MODEL_FWD_END);
+    }
+    tp_embedding_end(m->tp, sum, s->xs[0], m->B, m->T, m->C);
+    return u;
+}
+
+/* The head's logits block by block, each chunk's unit around its own (the tied table's units
+ * when the embedding is here too), then the loss over the blocks: the logits stay whole (one
+ * (N, Vl) buffer, block-major), only the weights are chunked, and the softmax's log-sum-exp is
+ * merged over the blocks (tp_xent_blocks). One chunk is the unchunked head exactly. */
+static void head_forward_chunks(model *m, act_slot *s, float dscale) {
+    int N = m->B * m->T, r0s[MODEL_MAX_VOCAB_CHUNKS + 1];
+    UST_ASSERT(m->nvc <= MODEL_MAX_VOCAB_CHUNKS, "%d vocabulary chunks", m->nvc);
+    const act *x = tp_gather(m->tp, s->lnf);
+    for (int k = 0; k < m->nvc; k++) {
+        int r1 = vc_range(m, k, &r0s[k]);
+        r0s[k + 1] = r1;
+        hook(m, m->lm_u0 + k, MODEL_FWD_BEGIN);
+        tp_column_linear_fwd(m->tp, vc_block(m, s->logits, k), x, m->lm_c[k], NULL, N, m->C,
+                             r1 - r0s[k]);
+        hook(m, m->lm_u0 + k, MODEL_FWD_END);
+    }
+    if (m->nvc == 1)
+        tp_xent(m->tp, m->losses, s->logits, m->tgt, N, m->Vp, m->V, dscale);
+    else
+        tp_xent_blocks(m->tp, m->losses, s->logits, r0s, m->nvc, m->tgt, N, m->Vp, m->V, dscale,
+                       m->vc_lse, m->vc_merge, m->vc_merge2);
+}
+
 double model_chunk_forward(model *m, int c, int slot, const int32_t *inputs, const int32_t *targets,
                            float dscale, int64_t *ntok) {
     const ust_ops *o = m->ops;
@@ -276,10 +335,14 @@ double model_chunk_forward(model *m, int c, int slot, const int32_t *inputs, con
     take_docs(m, s);
     if (ch->embed) {
         o->to_device(o, s->tok, inputs, N * sizeof(int32_t));
-        hook(m, u, MODEL_FWD_BEGIN);
-        tp_embedding_fwd(m->tp, s->xs[0], s->tok, m->llama ? NULL : m->rows, m->wte, m->wpe, m->B,
-                         m->T, m->C, m->Vp);
-        hook(m, u++, MODEL_FWD_END);
+        if (m->nvc)
+            u = embedding_forward_chunks(m, s, u);
+        else {
+            hook(m, u, MODEL_FWD_BEGIN);
+            tp_embedding_fwd(m->tp, s->xs[0], s->tok, m->llama ? NULL : m->rows, m->wte, m->wpe,
+                             m->B, m->T, m->C, m->Vp);
+            hook(m, u++, MODEL_FWD_END);
+        }
     }
     for (int l = ch->lo; l < ch->hi; l++) {
         int i = l - ch->lo, moe = is_moe(m, l); /* a MoE layer: units u and u+1 (experts) */
@@ -308,6 +371,11 @@ double model_chunk_forward(model *m, int c, int slot, const int32_t *inputs, con
     if (ntok) *ntok = counted;
     hook(m, u, MODEL_FWD_BEGIN);
     norm_forward(m, s->lnf, s->lnf_mean, s->lnf_rstd, s->xs[ch->hi - ch->lo], m->lnf_w, m->lnf_b);
+    if (m->nvc) {
+        hook(m, u, MODEL_FWD_END);
+        head_forward_chunks(m, s, dscale);
+        return o->sum(o, m->losses, N);
+    }
     tp_column_linear_fwd(m->tp, s->logits, tp_gather(m->tp, s->lnf), m->lm, NULL, N, m->C, m->Vl);
     /* per-token losses, and dlogits (in place over logits) when training */
     tp_xent(m->tp, m->losses, s->logits, m->tgt, N, m->Vp, m->V, dscale);
@@ -499,6 +567,9 @@ static void layer_backward(model *m, int l, const act *x_in, act *dx, layer_acts
 
 /* The head's backward: logits hold d loss / d logits (written by the fused cross-entropy);
  * leaves d loss / d (final norm input) in dx. Under B the logits stay until W reads them. */
+static void head_norm_backward(model *m, act_slot *s, const act *x_last, act *dx,
+                               const deferral *df);
+
 static void head_backward(model *m, act_slot *s, const act *x_last, act *dx, const deferral *df) {
     int N = m->B * m->T;
     tp_column_linear_bwd(m->tp, m->dln, now(df, m->g_lm), NULL, s->logits,
@@ -508,6 +579,35 @@ static void head_backward(model *m, act_slot *s, const act *x_last, act *dx, con
           (wg_job){.kind = WG_LINEAR, .gathered = 1, .dw = &m->g_lm, .dout = s->logits,
                    .w = &m->lm, .N = N, .C = m->C, .OC = m->Vl},
           NULL, 0);
+    head_norm_backward(m, s, x_last, dx, df);
+}
+
+/* The head's chunks, last first, each between its unit's hooks (and marks for W): d lnf
+ * (m->dln, summed over the blocks) and each chunk's weight gradient. */
+static void head_backward_chunks(model *m, act_slot *s, const deferral *df, model_phase begin,
+                                 model_phase end) {
+    int N = m->B * m->T;
+    const act *x = tp_gather(m->tp, s->lnf);
+    later(m, df, (wg_job){.kind = WG_GATHER, .x = s->lnf}, NULL, 0);
+    for (int k = m->nvc - 1; k >= 0; k--) {
+        int r0, r1 = vc_range(m, k, &r0), u = m->lm_u0 + k;
+        act *blk = vc_block(m, s->logits, k);
+        hook(m, u, begin);
+        later_unit(m, df, WG_UNIT_BEGIN, u);
+        tp_column_linear_bwd(m->tp, m->dln, now(df, m->g_lm_c[k]), NULL, blk, x, m->lm_c[k], N,
+                             m->C, r1 - r0, k < m->nvc - 1);
+        later(m, df,
+              (wg_job){.kind = WG_LINEAR, .gathered = 1, .dw = &m->g_lm_c[k], .dout = blk,
+                       .w = &m->lm_c[k], .N = N, .C = m->C, .OC = r1 - r0},
+              NULL, 0);
+        later_unit(m, df, WG_UNIT_END, u);
+        hook(m, u, end);
+    }
+}
+
+/* The final norm's backward: from d lnf (m->dln) to d x_last in dx. */
+static void head_norm_backward(model *m, act_slot *s, const act *x_last, act *dx,
+                               const deferral *df) {
     act *dln = tp_reduce_grad(m->tp, m->dln);
     if (df->list)
         norm_backward_input(m, dx, dln, x_last, m->lnf_w, s->lnf_mean, s->lnf_rstd);
@@ -520,9 +620,21 @@ static void head_backward(model *m, act_slot *s, const act *x_last, act *dx, con
           s->dlnf, (int64_t)m->Nl * m->C);
 }
 
-static void embedding_backward(model *m, const int32_t *tok, const act *dx) {
-    tp_embedding_bwd(m->tp, m->g_wte, m->llama ? NULL : m->g_wpe, dx, tok,
-                     m->llama ? NULL : m->rows, m->B, m->T, m->C, m->Vp);
+/* vc: the vocabulary chunk whose rows get their gradient (-1: the learned positions); ignored
+ * without chunks (all of them). Per chunk, each row's sum runs over the same tokens in the same
+ * order as the whole table's: the same bits. */
+static void embedding_backward(model *m, const int32_t *tok, const act *dx, int vc) {
+    if (!m->nvc) {
+        tp_embedding_bwd(m->tp, m->g_wte, m->llama ? NULL : m->g_wpe, dx, tok,
+                         m->llama ? NULL : m->rows, m->B, m->T, m->C, m->Vp);
+        return;
+    }
+    const act *dout = tp_gather_grad(m->tp, dx);
+    int v0, v1, r0 = 0, r1 = 0;
+    tp_vocab_range(m->tp, m->Vp, &v0, &v1);
+    if (vc >= 0) r1 = vc_range(m, vc, &r0);
+    m->ops->embedding_bwd(m->ops, vc >= 0 ? m->g_wte_c[vc] : NULL, vc < 0 ? m->g_wpe : NULL, dout,
+                          tok, vc < 0 ? m->rows : NULL, m->B, m->T, m->C, v0 + r0, v0 + r1);
 }
 
 void model_chunk_backward(model *m, int c, int slot, int input_only) {
@@ -536,7 +648,15 @@ void model_chunk_backward(model *m, int c, int slot, int input_only) {
     deferral df = {input_only ? &s->wg : NULL, NULL};
     if (input_only) s->wg.n = 0;
     if (m->doc_mask || m->reset_pos) use_docs(m, s);
-    if (ch->head) {
+    if (ch->head && m->nvc) { /* chunks, then the final norm's unit */
+        head_backward_chunks(m, s, &df, begin, end);
+        if (!m->tied_local) u -= m->nvc;
+        hook(m, u, begin);
+        later_unit(m, &df, WG_UNIT_BEGIN, u);
+        head_norm_backward(m, s, s->xs[nl], dx, &df);
+        later_unit(m, &df, WG_UNIT_END, u);
+        hook(m, u--, end);
+    } else if (ch->head) {
         hook(m, u, begin);
         later_unit(m, &df, WG_UNIT_BEGIN, u);
         head_backward(m, s, s->xs[nl], dx, &df);
@@ -561,11 +681,13 @@ void model_chunk_backward(model *m, int c, int slot, int input_only) {
         hook(m, ua, end);
         u = ua - 1;
     }
-    if (ch->embed) {
+    /* the embedding: its one unit, or the table's chunks last first and then the positions */
+    for (int vc = m->nvc ? m->nvc - 1 : 0; ch->embed && vc >= (m->nvc && !m->llama ? -1 : 0);
+         vc--, u--) {
         hook(m, u, begin);
-        if (!input_only) embedding_backward(m, s->tok, dx);
+        if (!input_only) embedding_backward(m, s->tok, dx, vc);
         later_unit(m, &df, WG_UNIT_BEGIN, u);
-        later(m, &df, (wg_job){.kind = WG_EMBED, .dout = dx}, NULL, 0);
+        later(m, &df, (wg_job){.kind = WG_EMBED, .dout = dx, .vc = vc}, NULL, 0);
         later_unit(m, &df, WG_UNIT_END, u);
         hook(m, u, end);
     }
@@ -592,7 +714,7 @@ void model_chunk_weight_grad(model *m, int c, int slot) {
             norm_backward(m, m->dtmp, *j->dw, j->db ? *j->db : NULL, j->dout, j->x, *j->w, j->mean,
                           j->rstd);
             break;
-        case WG_EMBED: embedding_backward(m, s->tok, j->dout); break;
+        case WG_EMBED: embedding_backward(m, s->tok, j->dout, j->vc); break;
         }
     }
 }

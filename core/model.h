@@ -35,7 +35,8 @@ typedef struct {
 typedef struct model model;
 
 /* Units: the blocks a sharding layer gathers and reduces as a whole. Unit 0 holds the
- * embeddings, units 1..n_layer the layers, the last unit the final norm and lm_head. Each
+ * embeddings, units 1..n_layer the layers, the last unit the final norm and lm_head (with
+ * model_storage.vocab_chunk_rows the embeddings and the head are several units each). Each
  * unit is a contiguous range of the flat parameter buffer, padded to a multiple of unit_pad
  * floats so it splits evenly into shards. */
 typedef enum {
@@ -50,7 +51,10 @@ typedef enum {
 /* Called at unit boundaries: FWD_BEGIN before a unit's forward, BWD_BEGIN before its backward
  * (and before a full-recompute rerun of its forward), *_END after. A unit's gradients are final
  * for this micro-batch at its BWD_END; with tied embeddings unit 0's gradients also receive the
- * head's contribution, so they are final only at unit 0's BWD_END. */
+ * head's contribution, so they are final only at unit 0's BWD_END. With vocabulary chunks
+ * (model_storage.vocab_chunk_rows) a tied head brackets its use of each table chunk with that
+ * chunk's own hooks instead: such a unit gets two FWD and two BWD pairs per micro-batch, and the
+ * gradients written between each BWD pair are a contribution of their own (summed). */
 typedef struct {
     void *ctx;
     void (*unit)(void *ctx, int unit, model_phase phase);
@@ -59,6 +63,7 @@ typedef struct {
 struct ust_tp;
 
 #define MODEL_MAX_CHUNKS 16 /* parallel.vpp's limit */
+#define MODEL_MAX_VOCAB_CHUNKS 4096 /* model_storage.vocab_chunk_rows: at most this many */
 
 /* One pipeline stage a rank holds (a chunk): its global stage index, its layers [lo, hi),
  * whether it holds the embeddings (the first stage) or the final norm, head and loss (the last),
@@ -84,6 +89,12 @@ typedef struct {
     int zb;                   /* keep what deferred weight gradients need (zero-bubble schedules) */
     struct ust_ep *ep; /* expert parallelism: the dispatch context over the group holding the
                           other experts (NULL: none; MoE layers then make a group of one) */
+    /* > 0: the vocabulary matrices (token table, lm_head or the tied copy) are split into units
+     * of this many of this rank's rows each (the last may be shorter), the learned positions and
+     * the final norm into units of their own, so a sharding layer never holds a whole table
+     * (ZeRO-3). The embedding then runs chunk by chunk and the head computes its logits in
+     * column blocks, one per chunk, with the softmax's log-sum-exp merged over the blocks. */
+    int vocab_chunk_rows;
 } model_storage;
 
 int model_create(model **out, const ust_config *cfg, const ust_ops *ops, ust_arena *arena,

@@ -57,6 +57,7 @@ typedef struct {
     const act *dout, *x;               /* the saved output gradient; the input */
     const float *mean, *rstd;          /* NORM: its statistics */
     int N, C, OC;                      /* LINEAR: dout (N, OC), x (N, C) */
+    int vc;                            /* EMBED: vocabulary chunk (-1: the positions; nvc = 0: all) */
     struct layer_acts_s *acts;         /* ACT: the layer whose activation is rebuilt */
 } wg_job;
 
@@ -138,6 +139,17 @@ struct model {
     layer_w *lw, *lg; /* indexed by global layer; only this rank's layers are set */
     float *wte, *wpe, *lnf_w, *lnf_b, *lm;
     float *g_wte, *g_wpe, *g_lnf_w, *g_lnf_b, *g_lm;
+    /* vocabulary chunks (model_storage.vocab_chunk_rows > 0, ZeRO-3): the token table and the
+     * head's matrix (lm_head, or the tied copy) are nvc parameters of vc_rows local rows each
+     * (the last may be shorter), row slices of the tensor under its own name, one unit each;
+     * the learned positions and the final norm get units of their own. wte/lm stay NULL. */
+    int vc_rows, nvc;
+    int wte_u0, lm_u0;                 /* units of chunk 0 (-1: not on this rank) */
+    float **wte_c, **g_wte_c;          /* per chunk: weights and gradients */
+    float **lm_c, **g_lm_c;            /* the same arrays as wte_c under tied_local */
+    float *vc_lse;                     /* (4N): the chunked cross-entropy's statistics */
+    act *vc_merge, *vc_merge2;         /* (N) each: the lse merge's unused outputs */
+    int sub_row0, sub_nrows;           /* building: add_param keeps these rows of its slice */
 
     layer_acts scratch; /* full recompute: the one set every layer rebuilds into */
 

@@ -48,6 +48,10 @@ static void add_param(model *m, const char *name, int64_t rows, int64_t cols, in
         q->slice.ncols = tp_part(m->tp, (int)cols, &start);
         q->slice.col0 = start;
     }
+    if (m->sub_nrows > 0) { /* a vocabulary chunk: rows of this rank's slice */
+        q->slice.row0 += m->sub_row0;
+        q->slice.nrows = m->sub_nrows;
+    }
     q->tp_split = split != SPLIT_NONE;
     q->numel = q->slice.nrows * q->slice.ncols;
     q->slice.flat0 = 0;
@@ -144,8 +148,32 @@ static int64_t tied_unit_len(const model *m) {
     return (len + m->unit_pad - 1) / m->unit_pad * m->unit_pad;
 }
 
+/* The vocabulary chunks of a table (params[..].name `name`): one parameter and one unit each,
+ * rows [k * vc_rows, ...) of this rank's slice; w[k], g[k] get their pointers. */
+static void add_vocab_chunks(model *m, const char *name, float **w, float **g, int replica) {
+    for (int k = 0; k < m->nvc; k++) {
+        int r0 = k * m->vc_rows;
+        m->sub_row0 = r0;
+        m->sub_nrows = m->Vl - r0 < m->vc_rows ? m->Vl - r0 : m->vc_rows;
+        add_param(m, name, m->Vp, m->C, SPLIT_ROWS, 1, 0.02f, 0, &w[k], &g[k]);
+        m->params[m->nparams - 1].replica = replica;
+        m->sub_row0 = m->sub_nrows = 0;
+        end_unit(m, 0);
+    }
+}
+
 static void add_embed_unit(model *m) {
     int C = m->C;
+    if (m->nvc) { /* positions (gpt2), then the table's chunks */
+        if (!m->llama) {
+            add_param(m, "model.embed_positions.weight", m->maxT, C, SPLIT_NONE, 1, 0.02f, 0,
+                      &m->wpe, &m->g_wpe);
+            end_unit(m, 0);
+        }
+        m->wte_u0 = m->cur_unit;
+        add_vocab_chunks(m, "model.embed_tokens.weight", m->wte_c, m->g_wte_c, 0);
+        return;
+    }
     add_param(m, "model.embed_tokens.weight", m->Vp, C, SPLIT_ROWS, 1, 0.02f, 0, &m->wte,
               &m->g_wte);
     if (!m->llama)
@@ -156,6 +184,20 @@ static void add_embed_unit(model *m) {
 
 static void add_head_unit(model *m) {
     int C = m->C;
+    if (m->nvc) { /* the final norm, then the head's chunks (tied here: the table's) */
+        add_param(m, "model.norm.weight", 1, C, SPLIT_NONE, 0, 0, 1, &m->lnf_w, &m->g_lnf_w);
+        if (!m->llama)
+            add_param(m, "model.norm.bias", 1, C, SPLIT_NONE, 0, 0, 0, &m->lnf_b, &m->g_lnf_b);
+        end_unit(m, 0);
+        if (m->tied_local) {
+            m->lm_u0 = m->wte_u0;
+            return;
+        }
+        m->lm_u0 = m->cur_unit;
+        add_vocab_chunks(m, m->tied_copy ? "model.embed_tokens.weight" : "lm_head.weight",
+                         m->lm_c, m->g_lm_c, m->tied_copy);
+        return;
+    }
     if (m->tied_copy) { /* the copy, under the embedding's own name: initialized, saved and
                            loaded as that tensor (only the first stage writes it) */
         add_param(m, "model.embed_tokens.weight", m->Vp, C, SPLIT_ROWS, 1, 0.02f, 0, &m->lm,
@@ -175,7 +217,9 @@ static void build_param_table(model *m) {
     for (int c = 0; c < m->nchunks; c++) {
         model_chunk *ch = &m->chunks[c];
         ch->unit0 = m->nunits;
-        ch->nunits = ch->embed + (ch->hi - ch->lo) + ch->head;
+        ch->nunits = (ch->hi - ch->lo) + (m->nvc ? 0 : ch->embed + ch->head);
+        if (m->nvc && ch->embed) ch->nunits += m->nvc + !m->llama; /* positions, chunks */
+        if (m->nvc && ch->head) ch->nunits += 1 + (m->tied_local ? 0 : m->nvc);
         for (int l = ch->lo; l < ch->hi; l++) ch->nunits += is_moe(m, l); /* + its experts */
         m->nunits += ch->nunits;
     }
@@ -201,6 +245,7 @@ static void list_all_tensors(model *m) {
     t.params = NULL, t.targets = NULL, t.param_unit = NULL;
     t.nparams = t.cap = 0, t.numel = 0, t.cur_unit = 0;
     t.tied_copy = 0;
+    t.nvc = 0; /* whole tensors */
     model_chunk whole = {.stage = 0, .lo = 0, .hi = m->L, .embed = 1, .head = 1};
     t.chunks = &whole, t.nchunks = 1;
     t.lw = calloc(m->L, sizeof *t.lw);
@@ -236,7 +281,7 @@ static void set_unit_pointers(model *m, int unit, float *base, int grads) {
             float **dst = grads ? m->targets[i].g : m->targets[i].p;
             *dst = base + (m->params[i].offset - m->unit_off[unit]);
         }
-    if (m->tied_local && unit == 0) { /* lm_head is the token embedding */
+    if (m->tied_local && unit == 0 && !m->nvc) { /* lm_head is the token embedding */
         if (grads)
             m->g_lm = m->g_wte;
         else
@@ -342,15 +387,21 @@ static int read_into(model *m, FILE *f, const char *path, const char *name, int6
     UST_ASSERT(whole == count, "%s: %lld vs %lld", name, (long long)whole, (long long)count);
     if ((int64_t)fread(host, sizeof(float), count, f) != count)
         return ust_errf(e, "%s: truncated llm.c checkpoint while reading %s", path, name);
-    /* keep this rank's box of the whole tensor, in place (rows only move towards the front) */
+    /* every parameter of that name (vocabulary chunks: several, in row order) keeps its box of
+     * the whole tensor, in place: rows only move towards the front, and a box's rows lie past
+     * the rows the boxes before it wrote */
     int64_t cols = q->whole.ndim == 2 ? q->whole.shape[1] : q->whole.shape[0];
-    for (int64_t r = 0; r < q->slice.nrows; r++)
-        memmove(host + r * q->slice.ncols, host + (q->slice.row0 + r) * cols + q->slice.col0,
-                q->slice.ncols * sizeof(float));
-    if (sink->store)
-        sink->store(sink->ctx, i, host);
-    else
-        m->ops->to_device(m->ops, m->p + q->offset, host, q->numel * sizeof(float));
+    for (; i < m->nparams; i++) {
+        q = &m->params[i];
+        if (strcmp(q->name, name) != 0) continue;
+        for (int64_t r = 0; r < q->slice.nrows; r++)
+            memmove(host + r * q->slice.ncols, host + (q->slice.row0 + r) * cols + q->slice.col0,
+                    q->slice.ncols * sizeof(float));
+        if (sink->store)
+            sink->store(sink->ctx, i, host);
+        else
+            m->ops->to_device(m->ops, m->p + q->offset, host, q->numel * sizeof(float));
+    }
     return 0;
 }
 
@@ -467,6 +518,24 @@ void params_dims(model *m, const ust_config *cfg) {
     m->Vl = tp_part(m->tp, m->Vp, &start);
 }
 
+void params_vocab_chunks(model *m, int rows) {
+    m->wte_u0 = m->lm_u0 = -1;
+    m->vc_rows = rows > 0 ? (rows < m->Vl ? rows : m->Vl) : 0;
+    m->nvc = m->vc_rows ? (m->Vl + m->vc_rows - 1) / m->vc_rows : 0;
+    if (!m->nvc) return;
+    m->wte_c = calloc(2 * (size_t)m->nvc, sizeof *m->wte_c);
+    m->lm_c = m->tied_local ? m->wte_c : calloc(2 * (size_t)m->nvc, sizeof *m->lm_c);
+    UST_ASSERT(m->wte_c && m->lm_c, "out of host memory");
+    m->g_wte_c = m->wte_c + m->nvc;
+    m->g_lm_c = m->lm_c + m->nvc;
+}
+
+void params_vocab_chunks_free(model *m) {
+    if (m->lm_c != m->wte_c) free(m->lm_c);
+    free(m->wte_c);
+    m->wte_c = m->g_wte_c = m->lm_c = m->g_lm_c = NULL;
+}
+
 void params_local_rows(model *m) {
     m->T = cp_local_len(m->cp);
     m->Nl = tp_rows(m->tp, m->B * m->T);
@@ -508,6 +577,7 @@ model *params_shape(const ust_config *cfg, const ust_ops *sizes, const params_la
     params_local_rows(m);
     m->unit_pad = ly->unit_pad;
     params_chunks(m, ly->chunks, ly->nchunks);
+    params_vocab_chunks(m, ly->vocab_chunk_rows);
     if (cfg->model.moe.num_experts > 0) m->has_moe = 1, m->ep_size = ly->ep, m->ep_rank = 0;
     m->lw = calloc(m->L, sizeof *m->lw);
     m->lg = calloc(m->L, sizeof *m->lg);
@@ -527,6 +597,7 @@ void params_shape_free(model *m) {
     free(m->params), free(m->targets), free(m->param_unit);
     free(m->unit_off), free(m->unit_len), free(m->unit_expert), free(m->all);
     free(m->lw), free(m->lg);
+    params_vocab_chunks_free(m);
     free(m);
 }
 

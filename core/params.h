@@ -21,6 +21,7 @@ typedef struct {
     const model_stage *chunks;
     int nchunks;
     int64_t unit_pad;
+    int vocab_chunk_rows; /* model_storage's */
     int whole; /* list the whole model's tensors too (model_all_tensors) */
 } params_layout;
 /* That rank's model as model_create_with shapes it (chunks and parameter table), without a
@@ -33,6 +34,10 @@ model *params_shape(const ust_config *cfg, const ust_ops *sizes, const params_la
  * set), and this rank's chunks as the pipeline gave them (n = 0: the whole model). */
 void params_dims(model *m, const ust_config *cfg);
 void params_local_rows(model *m);
+/* model_storage.vocab_chunk_rows (after params_chunks: the chunks decide tied_local): the
+ * chunk count and the per-chunk pointer arrays (tied here: the head's are the table's). */
+void params_vocab_chunks(model *m, int rows);
+void params_vocab_chunks_free(model *m);
 void params_chunks(model *m, const model_stage *stages, int n);
 void params_shape_free(model *m);
 /* What else that rank's construction carves beside the activation sets, into a counting

@@ -25,7 +25,7 @@ static void plan_rank(const ust_config *c, int r, int whole, mem_plan *p) {
     pp_stages(c, r, slots, &st);
     params_layout ly = {.tp = l->tp, .sp = l->sp, .cp = l->cp, .ep = l->ep, .zb = zb,
                         .chunks = st.chunks, .nchunks = st.nchunks, .unit_pad = st.unit_pad,
-                        .whole = whole};
+                        .vocab_chunk_rows = st.vocab_chunk_rows, .whole = whole};
     model *m = params_shape(c, &sizes, &ly);
     ust_arena count;
     mem_init_counting(&count);

@@ -531,9 +531,13 @@ static void pp_before_grads(void *ctx, int mb, int last) {
  * the two units are laid out alike, so the pieces match). */
 static void sync_tied_grads(trainer *t) {
     if (t->tied_param < 0) return;
-    int64_t n;
-    float *g = dp_grad_piece(t->dp, t->tied_param, &n);
-    pp_sync_tied(t->pp, g, n);
+    /* ZeRO-3's vocabulary chunks: one parameter per chunk, in the same order on both ends */
+    for (int i = t->tied_param; i < model_num_params(t->m); i++) {
+        if (strcmp(model_param_at(t->m, i)->name, "model.embed_tokens.weight") != 0) continue;
+        int64_t n;
+        float *g = dp_grad_piece(t->dp, i, &n);
+        pp_sync_tied(t->pp, g, n);
+    }
 }
 
 /* Forward and backward over this rank's micro-batches of the step, through the pipeline

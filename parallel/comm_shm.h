@@ -18,6 +18,9 @@
 #define SHM_SPIN_MIN_S 2e-6 /* bounds of the adaptive spin before a futex sleep */
 #define SHM_SPIN_MAX_S 50e-6
 #endif
+#ifndef SHM_YIELD_MAX_S
+#define SHM_YIELD_MAX_S 200e-6 /* bound of the sched_yield poll of oversubscribed ranks */
+#endif
 
 /* Segment: a header of futex words, per-member lines, n*n point-to-point rings, and two staging
  * areas of n slots each (comm_shm.c says how collectives use them). */
@@ -61,6 +64,7 @@ typedef struct {
     uint32_t barriers; /* barriers this member has passed */
     int area;          /* staging area of the next round */
     double spin_s;     /* current spin budget (see shm_wait) */
+    double yield_s;    /* current yield-poll budget of oversubscribed ranks (shm_wait) */
     uint32_t nwaits;   /* waits so far (every 64th probes with the full budget) */
     char shm_name[128];
     int unlinked;

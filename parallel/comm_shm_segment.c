@@ -22,6 +22,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -171,8 +172,9 @@ void shm_wait(ust_comm *c, comm_kind k, _Atomic uint32_t *w, _Atomic uint32_t *s
      * fails too), so every 64th wait spins the full budget: once both ranks are running, one
      * success puts them back in step. */
     shm_comm *s = c->impl;
+    int full = !(++s->nwaits & 63);
     if (c->ctx->spin) {
-        double until = log_now_s() + ((++s->nwaits & 63) ? s->spin_s : SHM_SPIN_MAX_S);
+        double until = log_now_s() + (full ? SHM_SPIN_MAX_S : s->spin_s);
         for (int i = 1;; i++) {
             cpu_relax();
             if (pred(c, arg)) {
@@ -182,6 +184,25 @@ void shm_wait(ust_comm *c, comm_kind k, _Atomic uint32_t *w, _Atomic uint32_t *s
             if (!(i & 31) && log_now_s() > until) break;
         }
         s->spin_s = s->spin_s / 2 > SHM_SPIN_MIN_S ? s->spin_s / 2 : SHM_SPIN_MIN_S;
+    }
+    {
+        /* Then (first, with more local ranks than cores) poll with sched_yield: the peer we
+         * wait for may need this very core (our own ranks oversubscribing it, or another job's
+         * processes descheduling the peer), and it runs at once if it is runnable here. The
+         * budget adapts the same way (success doubles it, failure halves it, down to about a
+         * single yield), then we sleep: a rank whose peers are all descheduled or computing
+         * never keeps a core busy for more than SHM_SPIN_MAX_S + SHM_YIELD_MAX_S per wait, so
+         * 8 ranks on 2 cores keep progressing. */
+        double until = log_now_s() + (full ? SHM_YIELD_MAX_S : s->yield_s);
+        for (;;) {
+            sched_yield();
+            if (pred(c, arg)) {
+                s->yield_s = s->yield_s * 2 < SHM_YIELD_MAX_S ? s->yield_s * 2 : SHM_YIELD_MAX_S;
+                return;
+            }
+            if (log_now_s() > until) break;
+        }
+        s->yield_s = s->yield_s / 2 > SHM_SPIN_MIN_S ? s->yield_s / 2 : SHM_SPIN_MIN_S;
     }
     double deadline = log_now_s() + c->ctx->opts.timeout_s;
     int waiting[SHM_MAX_WAITING];
@@ -288,6 +309,7 @@ static int shm_create_begin(ust_comm *c, const char *key, ust_err *e) {
     UST_ASSERT(s, "out of memory");
     c->impl = s;
     s->spin_s = SHM_SPIN_MAX_S / 4;
+    s->yield_s = SHM_YIELD_MAX_S / 4;
     s->len = seg_bytes(c->size, ctx->opts.shm_slot_bytes, ctx->opts.shm_chan_bytes);
     if (c->size == 1 || c->rank != 0) return 0;
     /* The job id comes from the launcher; keep only characters a shm name may hold. */

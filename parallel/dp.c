@@ -35,10 +35,29 @@ static void make_segments(dp_state *d) {
     }
 }
 
+/* ZeRO-3's vocabulary chunk: parallel.zero3_vocab_chunk_rows, or as many of a rank's rows as
+ * a dense layer holds floats (q, k, v, o and the MLP's matrices, in rows of d_model), evened
+ * out over the chunks, so no chunk's working buffers exceed a layer's. */
+static int vocab_chunk_rows(const ust_config *cfg) {
+    const __typeof__(cfg->model) *md = &cfg->model;
+    int tp = cfg->parallel.tp, Vl = cfg_vocab_padded(cfg) / tp, hd = cfg_head_dim(cfg);
+    int64_t rows = cfg->parallel.zero3_vocab_chunk_rows;
+    if (rows <= 0) {
+        int64_t mats = md->arch == ARCH_LLAMA ? 3 : 2;
+        rows = (2 * (int64_t)md->n_head * hd + 2 * (int64_t)md->n_kv_head * hd +
+                mats * md->d_ff) / tp;
+        rows = rows < 1 ? 1 : rows;
+    }
+    int64_t k = (Vl + rows - 1) / rows;
+    if (k > MODEL_MAX_VOCAB_CHUNKS) k = MODEL_MAX_VOCAB_CHUNKS;
+    return (int)((Vl + k - 1) / k);
+}
+
 model_storage dp_model_storage(const ust_config *cfg, int dp_size) {
     int stage = cfg->optimizer.zero_stage;
     model_storage st = {
         .unit_pad = 16 * (int64_t)dp_size, .alloc_params = stage < 3, .alloc_grads = stage < 2};
+    if (stage == 3) st.vocab_chunk_rows = vocab_chunk_rows(cfg);
     return st;
 }
 
@@ -58,7 +77,7 @@ static void make_buckets(dp_state *d) {
 }
 
 /* Each unit's shard over its group of un[u] ranks (chunk, soff) and their total; the largest
- * unit but the first (the working buffers' size). */
+ * unit (the working buffers' size), but the first under ZeRO-2 (it has its own). */
 static void shard_units(dp_state *d) {
     for (int u = 0; u < d->nunits; u++) {
         UST_ASSERT(d->ulen[u] % d->un[u] == 0, "unit %d length %lld not divisible by %d", u,
@@ -66,28 +85,30 @@ static void shard_units(dp_state *d) {
         d->chunk[u] = d->ulen[u] / d->un[u];
         d->soff[u] = d->shard_numel;
         d->shard_numel += d->chunk[u];
-        if (u > 0 && d->ulen[u] > d->max_unit) d->max_unit = d->ulen[u];
+        if ((u > 0 || d->stage == 3) && d->ulen[u] > d->max_unit) d->max_unit = d->ulen[u];
     }
 }
 
 /* ZeRO (Playbook): stage 1 shards the optimizer state, 2 the gradients too, 3 the weights
- * too; 2 and 3 add working buffers for two units' gradients (one filling while the other
- * reduces) and 3 two gathered units (one in use, the next prefetched); the first unit has a
- * working buffer of its own. */
+ * too; 2 and 3 add a working buffer for a unit's gradients (two with MoE layers, whose dense
+ * and expert units are in backward together) and 3 two gathered units (one in use, the next
+ * prefetched). Under 2 the first unit (embeddings, which a tied head writes at the other end of
+ * the model) has a working buffer of its own; under 3 the model splits the vocabulary tables
+ * into units no larger than a layer (dp_model_storage), so every unit shares the buffers. */
 static void alloc_state(dp_state *d, ust_arena *a) {
     int64_t moments = d->stage >= 1 ? d->shard_numel : d->numel;
     d->mom_m = mem_alloc(a, MEM_OPTIM, moments * sizeof(float));
     d->mom_v = mem_alloc(a, MEM_OPTIM, moments * sizeof(float));
+    d->nwork = d->has_experts ? 2 : 1;
     if (d->stage >= 2) {
         d->g_shard = mem_alloc(a, MEM_GRADS, d->shard_numel * sizeof(float));
-        d->work_emb = mem_alloc(a, MEM_GRADS, d->ulen[0] * sizeof(float));
-        for (int k = 0; k < 2; k++)
+        if (d->stage == 2) d->work_emb = mem_alloc(a, MEM_GRADS, d->ulen[0] * sizeof(float));
+        for (int k = 0; k < d->nwork; k++)
             d->work[k] = mem_alloc(a, MEM_GRADS, d->max_unit * sizeof(float));
         for (int k = 0; k < 3; k++) d->rs[k].unit = -1;
     }
     if (d->stage >= 3) {
         d->p_shard = mem_alloc(a, MEM_PARAMS, d->shard_numel * sizeof(float));
-        d->gath_emb = mem_alloc(a, MEM_PARAMS, d->ulen[0] * sizeof(float));
         for (int s = 0; s < 2; s++) {
             d->gath[s] = mem_alloc(a, MEM_PARAMS, d->max_unit * sizeof(float));
             d->gath_unit[s] = -1;
@@ -110,6 +131,7 @@ void dp_count(ust_arena *count, const ust_config *cfg, const model *m, int n, in
     for (int u = 0; u < d.nunits; u++) {
         model_unit_range(m, u, &d.uoff[u], &d.ulen[u]);
         d.un[u] = model_unit_is_expert(m, u) ? expert_n : n;
+        d.has_experts |= model_unit_is_expert(m, u);
     }
     shard_units(&d);
     d.numel = model_numel(m);
@@ -199,23 +221,15 @@ void dp_destroy(dp_state *d) {
 /* ------------------------------------------------------------------ stage 3: gathering */
 
 static void gather_post(dp_state *d, int slot, int u) {
-    float *dst = u == 0 ? d->gath_emb : d->gath[slot];
-    comm_req r = comm_allgather(d->ucomm[u], at(d, BUF_PARAMS, u, d->urank[u] * d->chunk[u]), dst,
-                                d->chunk[u], COMM_FP32);
-    if (u == 0)
-        comm_wait(&r);
-    else
-        d->gath_req[slot] = r, d->gath_unit[slot] = u;
+    d->gath_req[slot] = comm_allgather(d->ucomm[u], at(d, BUF_PARAMS, u, d->urank[u] * d->chunk[u]),
+                                       d->gath[slot], d->chunk[u], COMM_FP32);
+    d->gath_unit[slot] = u;
 }
 
-/* Makes unit u's weights available and posts the gather of `next` ahead (-1: none). */
+/* Makes unit u's weights available and posts the gather of `next` ahead (-1: none). A unit
+ * may be needed again later in the step (a tied head uses the table's chunks): it is gathered
+ * again then. */
 static void params_ready(dp_state *d, int u, int next) {
-    if (u == 0) {
-        if (!d->emb_valid) gather_post(d, 0, 0);
-        d->emb_valid = 1;
-        model_set_unit_params(d->m, 0, d->gath_emb);
-        return;
-    }
     int slot = d->gath_unit[0] == u ? 0 : d->gath_unit[1] == u ? 1 : -1;
     if (slot < 0) {
         /* never the slot of a unit in use (a MoE layer's dense and expert units are used
@@ -228,7 +242,8 @@ static void params_ready(dp_state *d, int u, int next) {
     comm_wait(&d->gath_req[slot]);
     model_set_unit_params(d->m, u, d->gath[slot]);
     int other = d->gath_unit[1 - slot];
-    if (next > 0 && next < d->nunits && other != next && !(other >= 0 && d->pinned[other])) {
+    if (next >= 0 && next < d->nunits && next != u && other != next &&
+        !(other >= 0 && d->pinned[other])) {
         comm_wait(&d->gath_req[1 - slot]);
         gather_post(d, 1 - slot, next);
     }
@@ -239,7 +254,6 @@ static void invalidate_gathered(dp_state *d) {
         comm_wait(&d->gath_req[s]);
         d->gath_unit[s] = -1;
     }
-    d->emb_valid = 0;
 }
 
 /* ------------------------------------------------------------------ gradient reduction */
@@ -255,23 +269,26 @@ static void finish_rs(dp_state *d, int k) {
     d->rs[k].unit = -1;
 }
 
+/* Under ZeRO-2 unit 0 has a working buffer of its own (alloc_state). */
+static int emb_apart(const dp_state *d, int u) { return u == 0 && d->stage == 2; }
+
 static float *unit_grads(dp_state *d, int u) {
     if (d->stage < 2) return d->g_whole + d->uoff[u];
-    return u == 0 ? d->work_emb : d->work[d->uwork[u]];
+    return emb_apart(d, u) ? d->work_emb : d->work[d->uwork[u]];
 }
 
 static void grads_begin(dp_state *d, int u) {
     if (d->stage < 2) return;
-    /* unit 0's buffer must already collect the tied lm_head's gradient during the head's
-     * backward, so it is zeroed there; other units get the next working buffer */
-    if (u == d->head || (u == 0 && !d->tied)) {
+    /* ZeRO-2: unit 0's buffer must already collect the tied lm_head's gradient during the
+     * head's backward, so it is zeroed there; other units get the next working buffer */
+    if (d->stage == 2 && (u == d->head || (u == 0 && !d->tied))) {
         finish_rs(d, 2);
         d->ops->zero(d->ops, d->work_emb, d->ulen[0] * sizeof(float));
         model_set_unit_grads(d->m, 0, d->work_emb);
     }
-    if (u != 0) { /* the buffers alternate; a unit keeps its own until its END */
+    if (!emb_apart(d, u)) { /* the buffers take turns; a unit keeps its own until its END */
         int k = d->wslot;
-        d->wslot ^= 1;
+        d->wslot = (d->wslot + 1) % d->nwork;
         finish_rs(d, k);
         d->uwork[u] = k;
         d->ops->zero(d->ops, d->work[k], d->ulen[u] * sizeof(float));
@@ -286,7 +303,7 @@ static void grads_end(dp_state *d, int u) {
     if (d->stage >= 2) {
         /* every micro-batch: reduce-scatter in place into this rank's part of the working
          * buffer; finish_rs adds it into the shard when the buffer is needed again */
-        int k = u == 0 ? 2 : d->uwork[u];
+        int k = emb_apart(d, u) ? 2 : d->uwork[u];
         d->rs[k].req = comm_reduce_scatter(d->ucomm[u], g, g + d->urank[u] * d->chunk[u],
                                            d->chunk[u], COMM_FP32, COMM_SUM);
         d->rs[k].unit = u;

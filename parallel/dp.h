@@ -27,8 +27,13 @@ typedef struct dp_state dp_state;
  *   stage 2: as 1, and only the gradient shard is kept: a unit's gradients go to a working
  *            buffer and are reduce-scattered into the shard after every micro-batch.
  *   stage 3: weights sharded too: a unit is all-gathered before its forward and again before its
- *            backward, the next unit's gather posted ahead; unit 0 (embeddings) stays gathered
- *            for the step because a tied lm_head needs it at the other end of the model.
+ *            backward, the next unit's gather posted ahead. The model splits the vocabulary
+ *            tables (token embedding, lm_head or the tied copy) into row chunks of their own
+ *            units, no larger than a layer (parallel.zero3_vocab_chunk_rows), so the embedding
+ *            and the head gather and reduce one chunk at a time and a tied head gathers the
+ *            table's chunks again at its end of the model: no unit is ever held whole beside
+ *            the shards, and the working buffers are two gathered units and one (MoE: two)
+ *            units' gradients.
  *
  * How the model must allocate itself for this stage and group size. */
 model_storage dp_model_storage(const ust_config *cfg, int dp_size);

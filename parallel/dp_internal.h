@@ -23,10 +23,11 @@ struct dp_state {
     int64_t *uoff, *ulen, *chunk, *soff; /* per unit: offset, length, chunk, offset in shard */
     int64_t numel, shard_numel, max_unit;
     float *p_whole, *g_whole, *p_shard, *g_shard, *mom_m, *mom_v;
-    /* stage 2-3: units' gradients, two working buffers in turn (embeddings apart), so one
-     * unit's reduce-scatter can run while the next unit's backward fills the other; a buffer's
-     * reduction is finished (and added into the shard) before it is reused */
+    /* stage 2-3: units' gradients, nwork working buffers in turn (one; two with MoE layers,
+     * whose dense and expert units are in backward together; ZeRO-2's embeddings apart); a
+     * buffer's reduction is finished (and added into the shard) before it is reused */
     float *work[2], *work_emb;
+    int nwork;
     struct {
         comm_req req;
         int unit; /* -1: nothing in flight */
@@ -34,8 +35,8 @@ struct dp_state {
     } rs[3];                   /* in flight from work[0], work[1], work_emb */
     int wslot;                 /* the working buffer the next unit gets */
     int *uwork;                /* per unit: the working buffer it was given at its BEGIN */
-    float *gath[2], *gath_emb; /* stage 3: gathered units */
-    int gath_unit[2], emb_valid;
+    float *gath[2]; /* stage 3: gathered units */
+    int gath_unit[2];
     comm_req gath_req[2];
     comm_req *pending; /* stage 0-1: reductions posted this step */
     int npending;

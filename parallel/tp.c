@@ -144,6 +144,67 @@ void tp_embedding_bwd(ust_tp *tp, float *dwte, float *dwpe, const act *dout, con
     tp->ops->embedding_bwd(tp->ops, dwte, dwpe, dout, tok, pos, B, T, C, v0, v1);
 }
 
+act *tp_embedding_begin(ust_tp *tp, act *out, const int32_t *tok, const int32_t *pos,
+                        const float *wpe, int B, int T, int C) {
+    act *sum = tp->sp ? tp->partial : out;
+    tp->ops->embedding_fwd(tp->ops, sum, tok, pos, NULL, tp_is_first(tp) ? wpe : NULL, B, T, C, 0,
+                           0);
+    return sum;
+}
+
+void tp_embedding_add(ust_tp *tp, act *sum, act *tmp, const int32_t *tok, const float *wte_rows,
+                      int r0, int r1, int B, int T, int C, int Vp) {
+    int v0, v1;
+    tp_vocab_range(tp, Vp, &v0, &v1);
+    tp->ops->embedding_fwd(tp->ops, tmp, tok, NULL, wte_rows, NULL, B, T, C, v0 + r0, v0 + r1);
+    tp->ops->add(tp->ops, sum, sum, tmp, (int64_t)B * T * C);
+}
+
+void tp_embedding_end(ust_tp *tp, act *sum, act *out, int B, int T, int C) {
+    if (tp->sp)
+        reduce_scatter_rows(tp, sum, out);
+    else
+        tp_allreduce_act(tp, out, (int64_t)B * T * C);
+}
+
+void tp_xent_blocks(ust_tp *tp, float *losses, act *logits, const int *r0, int nblk,
+                    const int32_t *targets, int N, int Vp, int v_real, float dscale,
+                    float *scratch, act *m1, act *m2) {
+    const ust_ops *o = tp->ops;
+    UST_ASSERT(o->xent_vp_local && o->xent_vp_finish,
+               "the %s backend has no vocab-parallel cross-entropy", o->name);
+    int v0, n = tp_size(tp);
+    tp_part(tp, Vp, &v0);
+    float *lse = scratch, *tl = scratch + N, *lse_k = scratch + 2 * N, *tl_k = scratch + 3 * N;
+    for (int k = 0; k < nblk; k++) {
+        const act *blk = act_at(o, logits, (int64_t)N * r0[k]);
+        o->xent_vp_local(o, k ? lse_k : lse, k ? tl_k : tl, blk, targets, N, r0[k + 1] - r0[k],
+                         v0 + r0[k], v_real);
+        if (!k) continue;
+        o->attention_merge(o, m1, lse, m2, lse_k, 1, N, 1, 1);
+        o->axpy(o, tl, 1.0f, tl_k, N); /* at most one block holds a row's target */
+    }
+    if (n > 1) {
+        UST_ASSERT(N <= tp->max_rows, "%d rows > %d", N, tp->max_rows);
+        float *mine = tp->lse_all + (int64_t)tp->rank * N;
+        o->copy(o, mine, lse, (size_t)N * sizeof(float));
+        o->copy(o, tp->tlogit, tl, (size_t)N * sizeof(float));
+        comm_req r[2] = {comm_allgather(tp->comm, mine, tp->lse_all, N, COMM_FP32),
+                         comm_allreduce(tp->comm, tp->tlogit, tp->tlogit, N, COMM_FP32, COMM_SUM)};
+        comm_wait_all(r, 2);
+        lse = tp->lse_all;
+        for (int s = 1; s < n; s++)
+            o->attention_merge(o, tp->merge_out, lse, tp->merge_out2, tp->lse_all + (int64_t)s * N,
+                               1, N, 1, 1);
+        tl = tp->tlogit;
+    }
+    for (int k = 0; k < nblk; k++) {
+        act *blk = act_at(o, logits, (int64_t)N * r0[k]);
+        o->xent_vp_finish(o, losses, dscale > 0 ? blk : NULL, blk, targets, lse, tl, N,
+                          r0[k + 1] - r0[k], v0 + r0[k], v_real, dscale);
+    }
+}
+
 void tp_xent(ust_tp *tp, float *losses, act *logits, const int32_t *targets, int N, int Vp,
              int v_real, float dscale) {
     const ust_ops *o = tp->ops;

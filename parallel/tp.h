@@ -108,9 +108,28 @@ void tp_embedding_fwd(ust_tp *tp, act *out, const int32_t *tok, const int32_t *p
 void tp_embedding_bwd(ust_tp *tp, float *dwte, float *dwpe, const act *dout, const int32_t *tok,
                       const int32_t *pos, int B, int T, int C, int Vp);
 
+/* The same lookup over a table held in row chunks (ZeRO-3's vocabulary chunks), in three
+ * steps: begin returns the sum (out, or the sequence-parallel partial) holding the positions;
+ * add looks up the tokens of rows [r0, r1) of this rank's slice (wte_rows: those rows) through
+ * tmp (B*T*C activations) into it; end reduces the sum over the group into out. Every token
+ * falls in one chunk, so the result is tp_embedding_fwd's, bit for bit. */
+act *tp_embedding_begin(ust_tp *tp, act *out, const int32_t *tok, const int32_t *pos,
+                        const float *wpe, int B, int T, int C);
+void tp_embedding_add(ust_tp *tp, act *sum, act *tmp, const int32_t *tok, const float *wte_rows,
+                      int r0, int r1, int B, int T, int C, int Vp);
+void tp_embedding_end(ust_tp *tp, act *sum, act *out, int B, int T, int C);
+
 /* Cross-entropy over logits(N, Vp/n) of this rank's vocabulary slice: losses(N) (the same on
  * every rank) and, when dscale > 0, dlogits in place of the logits. */
 void tp_xent(ust_tp *tp, float *losses, act *logits, const int32_t *targets, int N, int Vp,
              int v_real, float dscale);
+/* The same over this rank's slice held as nblk column blocks: block k holds columns
+ * [r0[k], r0[k+1]) of the slice as a dense (N, r0[k+1] - r0[k]) array at logits + N * r0[k].
+ * Each block's log-sum-exp is merged in block order, then over the group in rank order (an
+ * online softmax: exact up to the merge's rounding). scratch: 4N floats; m1, m2: N activations
+ * each (the merge's unused outputs). */
+void tp_xent_blocks(ust_tp *tp, float *losses, act *logits, const int *r0, int nblk,
+                    const int32_t *targets, int N, int Vp, int v_real, float dscale,
+                    float *scratch, act *m1, act *m2);
 
 #endif

@@ -2,10 +2,12 @@
 # make bench-comm: `ustrain bench comm` at 2, 4 and 8 ranks under scripts/ustrun, and OpenMPI's
 # MPI_Allreduce measured in the same run (test/tools/mpi_allreduce_bench.c, built here with mpicc),
 # then the all-reduce time of both side by side with the ratio ustrain/OpenMPI (< 1: ustrain
-# faster). Then gloo across nodes: 2 network namespaces on this machine (the test bed of
+# faster; target: <= 1 for small messages at 2-8 ranks, issue 22) and the worst ratio overall
+# and up to 64 KiB. Then gloo across nodes: 2 network namespaces on this machine (the test bed of
 # test/sh/multinode_lib.sh; needs root), 1 and 2 ranks per node, with the all-reduce bus bandwidth
 # of gloo (2 nodes x 1 rank, over the veth pair) beside shm's at 2 ranks.
-# Usage: scripts/bench-comm.sh [UST_BINARY] [BUILD_DIR]; MIN_BYTES/MAX_BYTES/RANKS override.
+# Usage: scripts/bench-comm.sh [UST_BINARY] [BUILD_DIR]; MIN_BYTES/MAX_BYTES/RANKS/REPEAT (rounds,
+# default 3) override.
 set -u
 cd "$(dirname "$0")/.." || exit 1
 UST=${1:-./ustrain}
@@ -13,6 +15,7 @@ B=${2:-build}
 MIN=${MIN_BYTES:-4096}
 MAX=${MAX_BYTES:-67108864}
 RANKS=${RANKS:-"2 4 8"}
+REPEAT=${REPEAT:-3}
 export OMP_NUM_THREADS=1
 mkdir -p "$B"
 MPI_BENCH=
@@ -24,22 +27,30 @@ fi
 rc=0
 declare -A SHM_OUT
 for n in $RANKS; do
-    echo "==== $n ranks: ustrain bench comm"
-    out=$(scripts/ustrun --nproc-per-node "$n" --no-prefix "$UST" bench comm --min-bytes "$MIN" --max-bytes "$MAX" 2>&1)
-    r=$?
-    echo "$out"
-    SHM_OUT[$n]=$out
-    [ $r -ne 0 ] && { echo "bench-comm: ustrain bench comm failed at $n ranks (exit $r)"; rc=1; continue; }
+    # REPEAT rounds, each ustrain's bench then OpenMPI's back to back; per size the best (lowest)
+    # time of each over the rounds, so one rank descheduled by another job during a 100-iteration
+    # measurement does not decide a size (a shared machine; the full tables are the first round's)
+    ust_all= mpi_all=
+    for round in $(seq "$REPEAT"); do
+        out=$(scripts/ustrun --nproc-per-node "$n" --no-prefix "$UST" bench comm --min-bytes "$MIN" --max-bytes "$MAX" 2>&1)
+        r=$?
+        if [ "$round" = 1 ]; then echo "==== $n ranks: ustrain bench comm"; echo "$out"; SHM_OUT[$n]=$out; fi
+        [ $r -ne 0 ] && { echo "bench-comm: ustrain bench comm failed at $n ranks (exit $r)"; rc=1; continue 2; }
+        ust_all+=$(echo "$out" | awk '$1=="all_reduce"{print $2, $5}')$'\n'
+        [ -z "$MPI_BENCH" ] && continue
+        mpi=$(mpirun --allow-run-as-root --oversubscribe -np "$n" "$MPI_BENCH" "$MIN" "$MAX" 2>&1) || {
+            echo "bench-comm: the OpenMPI run failed: $mpi"; continue 2; }
+        mpi_all+=$(echo "$mpi" | awk '$1=="mpi_allreduce"{print $2, $3}')$'\n'
+    done
     [ -z "$MPI_BENCH" ] && continue
-    mpi=$(mpirun --allow-run-as-root --oversubscribe -np "$n" "$MPI_BENCH" "$MIN" "$MAX" 2>&1) || {
-        echo "bench-comm: the OpenMPI run failed: $mpi"; continue; }
-    echo "==== $n ranks: all-reduce, ustrain shm vs OpenMPI MPI_Allreduce (same machine, same run)"
+    echo "==== $n ranks: all-reduce, ustrain shm vs OpenMPI MPI_Allreduce (same machine, same run; best of $REPEAT rounds)"
     printf '%12s %12s %12s %8s\n' bytes ust_us mpi_us ratio
-    join <(echo "$out" | awk '$1=="all_reduce"{print $2, $5}' | sort -k1,1) \
-         <(echo "$mpi" | awk '$1=="mpi_allreduce"{print $2, $3}' | sort -k1,1) |
+    best() { awk 'NF == 2 {if (!($1 in b) || $2 < b[$1]) b[$1] = $2} END {for (k in b) print k, b[k]}' | sort -k1,1; }
+    join <(echo "$ust_all" | best) <(echo "$mpi_all" | best) |
         sort -n | awk '{r = $3 > 0 ? $2 / $3 : 0; worst = r > worst ? r : worst;
-                         printf "%12d %12.1f %12.1f %8.2f%s\n", $1, $2, $3, r, (r > 1.5 ? "  SLOWER than 1.5x" : "")}
-                       END {printf "worst ratio ustrain/OpenMPI: %.2f\n", worst}'
+                         if ($1 <= 65536) small = r > small ? r : small;
+                         printf "%12d %12.1f %12.1f %8.2f%s\n", $1, $2, $3, r, (r > 1 ? "  slower than OpenMPI" : "")}
+                       END {printf "worst ratio ustrain/OpenMPI: %.2f (small messages, <= 64 KiB: %.2f)\n", worst, small}'
 done
 
 # gloo across two namespaces ("nodes"), created and removed here

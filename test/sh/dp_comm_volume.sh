@@ -4,8 +4,10 @@
 # accumulation, scalars = the loss and gradient-norm all-reduces of 2 floats):
 #   stage 0, 1:  2(n-1)/n P            (all-reduce; or reduce-scatter + all-gather)
 #   stage 2:     (A+1)(n-1)/n P        (reduce-scatter every micro-batch + all-gather)
-#   stage 3:     (n-1)/n (A P + 2P - U0 - Uhead - Ulast)   (A=1 here: the backward re-gathers
-#                every unit but the embeddings, the head and the last layer, still resident)
+#   stage 3:     (n-1)/n (A P + 2P - U1 - U2)   (A=1 here: the forward gathers every unit, the
+#                backward every unit but the last two, still resident; the padded flat buffer
+#                of ZeRO-3 has the vocabulary tables in row chunks of their own units, as
+#                many rows as a layer's matrices hold, evened out: dp_model_storage)
 # plus the loss's all-reduce (2 floats) and, for stages >= 1, the gradient norm's (4 floats).
 . "$(dirname "$0")/../lib.sh"
 
@@ -35,6 +37,12 @@ r16 = lambda x: (x + 15) // 16 * 16
 pad = lambda x: (x + 16 * n - 1) // (16 * n) * (16 * n)
 layer = [C, D * H * C, D * KV * C, D * KV * C, C * H * D, C, F * C, F * C, C * F]
 units = [pad(r16(Vp * C))] + [pad(sum(r16(x) for x in layer))] * L + [pad(r16(C) + r16(Vp * C))]
+if z == 3:  # the table and lm_head in k chunks of `rows` rows, the final norm on its own
+    rows = 2 * H * D + 2 * KV * D + 3 * F
+    k = (Vp + rows - 1) // rows
+    rows = (Vp + k - 1) // k
+    chunks = [pad(r16(min(rows, Vp - i * rows) * C)) for i in range(k)]
+    units = chunks + [pad(sum(r16(x) for x in layer))] * L + [pad(r16(C))] + chunks
 P = 4 * sum(units)
 f = (n - 1) / n
 scal = 2 * f * 8   # the loss: one 2-float all-reduce
@@ -42,7 +50,7 @@ norm = 2 * f * 16  # stages >= 1: the gradient norm's two sums in one 4-float al
 want = {0: 2 * f * P + scal,
         1: 2 * f * P + scal + norm,
         2: (A + 1) * f * P + scal + norm,
-        3: f * (A * P + 2 * P - 4 * (units[0] + units[-1] + units[-2])) + scal + norm}[z]
+        3: f * (A * P + 2 * P - 4 * (units[-1] + units[-2])) + scal + norm}[z]
 got = [json.loads(l)["comm_bytes_dp"] for l in open(path)]
 ok = all(abs(g - want) <= 1 for g in got)
 print(f"# n={n} zero={z} A={A}: sent {got} bytes per step, analytic {want:.0f} ({want / P:.3f} P)")
