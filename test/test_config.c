@@ -133,6 +133,7 @@ static const char *ALL_CHANGED_YAML = "run:\n"
                                       "  every: 1000\n"
                                       "  keep_last: 0\n"
                                       "  resume: none\n"
+                                      "  async: true\n"
                                       "logging:\n"
                                       "  every: 10\n"
                                       "  metrics_file: m.jsonl\n"
@@ -490,7 +491,7 @@ static void test_bad_enum_values_list_the_allowed_ones(void) {
     CHECK_LOAD_FAILS("model:\n  arch: gpt3\n", "t.yaml:2:9: ",
                      "model.arch: unknown value 'gpt3' (allowed: gpt2, llama, auto)");
     CHECK_LOAD_FAILS("parallel: {pp_schedule: gpipe}\n",
-                     "t.yaml:1:25: ", "(allowed: afab, 1f1b, interleaved, zb)");
+                     "t.yaml:1:25: ", "(allowed: afab, 1f1b, interleaved, zb, dualpipev)");
     CHECK_LOAD_FAILS("optimizer: {name: sgd}\n",
                      "t.yaml:1:19: ", "optimizer.name: unknown value 'sgd' (allowed: adamw)");
     CHECK_LOAD_FAILS("data: {format: bin}\n",
