@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "plan.h"
+#include "pp_schedule.h"
 
 const char *const planner_group_names[PLAN_NGROUPS] = {"dp", "tp", "cp", "pp", "ep"};
 
@@ -127,7 +128,10 @@ void planner_estimate(const ust_config *c, const planner_hw *hw, planner_cost *o
     double tokens = (double)c->train.global_batch_size * T;
     double flops = tokens / ((double)dp * cp) * (f_dense + f_moe) / ((double)tp * pp);
     o->compute = flops / (hw->mfu * hw->peak_flops);
-    o->bubble = pp > 1 ? (double)(pp - 1) / ((double)v * m) * o->compute : 0;
+    /* the schedule's published bubble (pp_schedule.h), with the planner's F : B : W = 1 : 1 : 1
+     * (a whole backward costs two forwards) */
+    pps_costs fbw = {.f = 1, .b = 1, .w = 1};
+    o->bubble = pp > 1 ? pps_analytic_bubble(p->pp_schedule, pp, v, m, fbw, NULL) * o->compute : 0;
 
     /* which bandwidth each group gets: rank order tp, cp, dp, pp (fastest first) */
     o->intra[PLAN_TP] = planner_intra_node(1, tp, gpn);

@@ -115,6 +115,15 @@ static void test_compute_and_pipeline_bubble() {
     CHECK(!layout(&c, &base, LAYOUT(.pp = 2, .vpp = 2, .micro_batch = 1), 8), "pp2 vpp2");
     planner_estimate(&c, &hw, &k);
     CHECK_CLOSE(k.bubble, compute / 16, 0, RT, "bubble (2-1)/(2*8)");
+    /* the schedule's own published bubble, F = B = W: dualpipev (p-1)(F+2B-W)/(2m(F+B+W)) at
+     * vpp 2, zb (p-1)(F+B-W)/(m(F+B+W)) */
+    c.parallel.pp_schedule = PP_DUALPIPEV;
+    planner_estimate(&c, &hw, &k);
+    CHECK_CLOSE(k.bubble, compute * 2.0 / (2 * 8 * 3), 0, RT, "dualpipev bubble 1*2/(2*8*3)");
+    CHECK(!layout(&c, &base, LAYOUT(.pp = 2, .micro_batch = 1), 8), "pp2");
+    c.parallel.pp_schedule = PP_ZB;
+    planner_estimate(&c, &hw, &k);
+    CHECK_CLOSE(k.bubble, compute / (8 * 3), 0, RT, "zb bubble 1*1/(8*3)");
     CHECK(!layout(&c, &base, LAYOUT(.dp = 4, .micro_batch = 2), 8), "dp4");
     planner_estimate(&c, &hw, &k);
     CHECK_CLOSE(k.compute, 8 * 128 * 5898240.0 / 4 / 0.5e12, 0, RT, "compute, dp 4");
