@@ -160,6 +160,12 @@ static void cpu_linear_bwd(const ust_ops *o, act *dinp_, float *dw, float *dbias
 
 /* ---------------------------------------------------------------- grouped linear */
 
+/* off[g]: the first row of group g in the packed rows (off[G]: all of them). */
+static void group_offsets(const int32_t *M, int G, int64_t *off) {
+    off[0] = 0;
+    for (int g = 0; g < G; g++) off[g + 1] = off[g] + M[g];
+}
+
 /* One pass over the groups: with at least as many non-empty groups as threads, the threads
  * share the groups (dynamic: the groups' sizes differ), each group one single-threaded BLAS call
  * and its bias rows; with fewer, the groups in turn, each on every thread. Each group's result
@@ -190,8 +196,7 @@ static void cpu_grouped_linear_fwd(const ust_ops *o, act *out_, const act *inp_,
     float *out = out_;
     const float *inp = inp_;
     int64_t off[G + 1];
-    off[0] = 0;
-    for (int g = 0; g < G; g++) off[g + 1] = off[g] + M[g];
+    group_offsets(M, G, off);
     if (!grouped_parallel(o, M, G)) {
         for (int g = 0; g < G; g++)
             if (M[g] > 0)
@@ -216,8 +221,7 @@ static void cpu_grouped_linear_bwd(const ust_ops *o, act *dinp_, float *const *d
     float *dinp = dinp_;
     const float *dout = dout_, *inp = inp_;
     int64_t off[G + 1];
-    off[0] = 0;
-    for (int g = 0; g < G; g++) off[g + 1] = off[g] + M[g];
+    group_offsets(M, G, off);
     if (!grouped_parallel(o, M, G)) {
         for (int g = 0; g < G; g++)
             if (M[g] > 0)
