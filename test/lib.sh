@@ -45,3 +45,14 @@ plan_matches_arena() {
     got=$(grep -o '"peak_mem_bytes":[0-9]*' $TMP/$name.jsonl | tail -1 | cut -d: -f2)
     [ -n "$plan" ] && [ "$got" = "$plan" ] && pass $name || fail $name "arena $got bytes, plan $plan"
 }
+
+# val_losses CONFIG WORLD SETS...: the validation losses (every 2 steps, 2 micro-batches of
+# $TMP/data's val shards) of a 4-step run of CONFIG on WORLD ranks, space-separated
+val_losses() {
+    local cfg=$1 w=$2; shift 2
+    rm -rf $TMP/val
+    scripts/ustrun --nproc-per-node $w $UST train $cfg --set checkpoint.resume=none --set "data.val=$TMP/data/val_*.bin" \
+        --set data.val_every=2 --set data.val_steps=2 --set train.steps=4 --set checkpoint.every=0 \
+        --set "logging.metrics_file=$TMP/val/m.jsonl" "$@" >/dev/null 2>&1
+    grep -o '"val_loss":[0-9.]*' $TMP/val/m.jsonl | cut -d: -f2 | tr '\n' ' '
+}

@@ -41,16 +41,8 @@ $EQ --name _dpv_fault --config $TMP/llama.yaml --expect-fail --env UST_FAULT_PP_
 
 # validation runs through the V too (forward only, chunk 0 then chunk 1 on each rank, the turn
 # copied locally): the same val loss as one process
-vl() { # vl WORLD SETS...: the val losses of a 4-step run
-    local w=$1; shift
-    rm -rf $TMP/val
-    scripts/ustrun --nproc-per-node $w $UST train $TMP/llama.yaml --set checkpoint.resume=none --set "data.val=$TMP/data/val_*.bin" \
-        --set data.val_every=2 --set data.val_steps=2 --set train.steps=4 --set checkpoint.every=0 \
-        --set "logging.metrics_file=$TMP/val/m.jsonl" "$@" >/dev/null 2>&1
-    grep -o '"val_loss":[0-9.]*' $TMP/val/m.jsonl | cut -d: -f2 | tr '\n' ' '
-}
-ref=$(vl 1)
-got=$(vl 2 --set parallel.pp=2 --set parallel.vpp=2 --set parallel.pp_schedule=dualpipev)
+ref=$(val_losses $TMP/llama.yaml 1)
+got=$(val_losses $TMP/llama.yaml 2 --set parallel.pp=2 --set parallel.vpp=2 --set parallel.pp_schedule=dualpipev)
 if python3 -c "import sys; a, b = sys.argv[1].split(), sys.argv[2].split(); sys.exit(not (len(a) == 2 and len(b) == 2 and all(abs(float(x) - float(y)) <= 1e-5 * abs(float(x)) for x, y in zip(a, b))))" "$ref" "$got"; then
     pass dpv_validation_loss_equals_one_process
 else

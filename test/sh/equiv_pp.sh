@@ -31,16 +31,8 @@ $EQ --name _pp_fault --config $TMP/gpt2.yaml --expect-fail --env UST_FAULT_PP_SK
     --layout "pp=2"
 
 # validation runs through the pipeline too (forward only, every chunk in order): same val loss
-vl() { # vl WORLD SETS...: the val losses of a 4-step run
-    local w=$1; shift
-    rm -rf $TMP/val
-    scripts/ustrun --nproc-per-node $w $UST train $TMP/llama.yaml --set checkpoint.resume=none --set "data.val=$TMP/data/val_*.bin" \
-        --set data.val_every=2 --set data.val_steps=2 --set train.steps=4 --set checkpoint.every=0 \
-        --set "logging.metrics_file=$TMP/val/m.jsonl" "$@" >/dev/null 2>&1
-    grep -o '"val_loss":[0-9.]*' $TMP/val/m.jsonl | cut -d: -f2 | tr '\n' ' '
-}
-ref=$(vl 1)
-got=$(vl 4 --set parallel.pp=2 --set parallel.vpp=2 --set parallel.pp_schedule=interleaved --set parallel.dp=2)
+ref=$(val_losses $TMP/llama.yaml 1)
+got=$(val_losses $TMP/llama.yaml 4 --set parallel.pp=2 --set parallel.vpp=2 --set parallel.pp_schedule=interleaved --set parallel.dp=2)
 if python3 -c "import sys; a, b = sys.argv[1].split(), sys.argv[2].split(); sys.exit(not (len(a) == 2 and len(b) == 2 and all(abs(float(x) - float(y)) <= 1e-5 * abs(float(x)) for x, y in zip(a, b))))" "$ref" "$got"; then
     pass pp_validation_loss_equals_one_process
 else
