@@ -33,8 +33,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -742,9 +740,6 @@ void ckpt_set_stage(ckpt_writer *w, ckpt_stage *s) {
 /* The background writer: the staged runs to their files (with their CRCs), then finish_local. */
 static void *writer_thread(void *arg) {
     ckpt_writer *w = arg;
-    /* the lowest CPU priority (Linux's nice is per thread): training keeps its cores, the writes
-     * and checksums take what is idle, and the next save waits if they are not done by then */
-    (void)setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), 19); /* best effort */
     const ckpt_stage *s = w->stage;
     ust_err e = w->first_error;
     int rc = w->failed ? -1 : 0;

@@ -8,7 +8,7 @@
 # (the machine may be shared; comparing two runs' wall times would measure that instead).
 # Target (issue 23): the step time lost to an async save <= 10% of a synchronous save's.
 . "$(dirname "$0")/bench-lib.sh"
-STEPS=${STEPS:-8} EVERY=${EVERY:-3}
+STEPS=${STEPS:-13} EVERY=${EVERY:-6}
 run() { # run NAME [--set ...]: trains, leaving $TMP/NAME.out and $TMP/NAME.jsonl
     "$UST" train configs/bench-gpt2-124m.yaml --set train.steps=$STEPS --set checkpoint.dir=$TMP/$1 \
         --set "logging.metrics_file=$TMP/$1.jsonl" "${@:2}" >"$TMP/$1.out" 2>&1 ||
