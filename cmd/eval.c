@@ -170,10 +170,13 @@ static int apply_overrides(ust_config *c, int argc, char **argv, const eval_args
     if (a->seq_len) c->train.seq_len = (int)a->seq_len;
     if (a->mb) c->train.micro_batch_size = (int)a->mb;
     /* the training step's batch only has to fit the layout: the fewest micro-batches per step
-     * (interleaved needs a multiple of pp, dualpipev 2 * pp), so the pipeline holds the fewest */
+     * (interleaved needs a multiple of pp, dualpipev and dualpipe 2 * pp), so the pipeline holds
+     * the fewest */
     int accum = c->parallel.pp == 1                           ? 1
                 : c->parallel.pp_schedule == PP_INTERLEAVED ? c->parallel.pp
-                : c->parallel.pp_schedule == PP_DUALPIPEV   ? 2 * c->parallel.pp
+                : c->parallel.pp_schedule == PP_DUALPIPEV ||
+                        c->parallel.pp_schedule == PP_DUALPIPE
+                    ? 2 * c->parallel.pp
                                                             : 1;
     c->train.global_batch_size = c->train.micro_batch_size * c->parallel.dp * accum;
     c->data.val_every = 1;

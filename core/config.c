@@ -37,7 +37,7 @@ typedef struct {
 static const char *const DEVICES[] = {"cpu", "cuda", NULL};
 static const char *const ARCHS[] = {"gpt2", "llama", "auto", NULL};
 static const char *const ROPE_SCALINGS[] = {"none", "llama3", NULL};
-static const char *const PP_SCHEDULES[] = {"afab", "1f1b", "interleaved", "zb", "dualpipev", NULL};
+static const char *const PP_SCHEDULES[] = {"afab", "1f1b", "interleaved", "zb", "dualpipev", "dualpipe", NULL};
 static const char *const CP_LAYOUTS[] = {"zigzag", "contiguous", NULL};
 static const char *const CP_COMMS[] = {"ring", "allgather", "a2a", "a2a+ring", NULL};
 static const char *const PRECISIONS[] = {"fp32", "bf16", NULL};
@@ -1194,22 +1194,29 @@ static int cfg_validate_parallel(const ust_config *c, ust_err *e) {
             "the padded vocab (%d: model.vocab_size %d rounded up to a multiple of model.vocab_pad "
             "%d) must be divisible by parallel.tp (%d)",
             cfg_vocab_padded(c), m->vocab_size, m->vocab_pad, p->tp);
-    long long stages = (long long)p->pp * p->vpp;
+    long long stages = cfg_pp_stages(c);
     if (p->pp_layers[0]) {
         int per[CFG_MAX_STAGES], n = cfg_pp_layers(c, per), sum = 0;
         for (int i = 0; i < n; i++) sum += per[i];
         REQUIRE(n == stages,
-                "parallel.pp_layers has %d entries; it needs one per stage: parallel.pp * "
-                "parallel.vpp = %lld",
-                n, stages);
+                "parallel.pp_layers has %d entries; it needs one per stage: %s = %lld", n,
+                p->pp_schedule == PP_DUALPIPE ? "parallel.pp (dualpipe)"
+                                              : "parallel.pp * parallel.vpp",
+                stages);
         REQUIRE(sum == m->n_layer, "parallel.pp_layers adds up to %d layers; model.n_layer is %d",
                 sum, m->n_layer);
     }
-    REQUIRE(p->pp_layers[0] || m->n_layer % stages == 0,
+    REQUIRE(p->pp_layers[0] || p->pp_schedule != PP_DUALPIPE || m->n_layer % p->pp == 0,
+            "model.n_layer (%d) must be divisible by parallel.pp (%d): dualpipe splits the model "
+            "into pp stages (each rank holds two of them), or parallel.pp_layers must list each "
+            "stage's layers",
+            m->n_layer, p->pp);
+    REQUIRE(p->pp_layers[0] || p->pp_schedule == PP_DUALPIPE || m->n_layer % stages == 0,
             "model.n_layer (%d) must be divisible by parallel.pp * parallel.vpp (%d * %d = %lld), "
             "or parallel.pp_layers must list each stage's layers",
             m->n_layer, p->pp, p->vpp, stages);
-    REQUIRE(p->vpp == 1 || p->pp_schedule == PP_INTERLEAVED || p->pp_schedule == PP_DUALPIPEV,
+    REQUIRE(p->vpp == 1 || p->pp_schedule == PP_INTERLEAVED || p->pp_schedule == PP_DUALPIPEV ||
+                p->pp_schedule == PP_DUALPIPE,
             "parallel.vpp (%d) > 1 needs parallel.pp_schedule: interleaved (got %s)", p->vpp,
             PP_SCHEDULES[p->pp_schedule]);
     /* dualpipev: rank r holds stages r and 2p-1-r, so the stages (and pp_layers' entries) are
@@ -1219,6 +1226,16 @@ static int cfg_validate_parallel(const ust_config *c, ust_err *e) {
     REQUIRE(p->pp_schedule != PP_DUALPIPEV || p->vpp == 2,
             "parallel.pp_schedule: dualpipev needs parallel.vpp: 2 (got %d): each rank holds two "
             "stages of the V, r and 2*pp-1-r",
+            p->vpp);
+    /* dualpipe: rank r holds stage r for the micro-batches entering at rank 0 and stage pp-1-r
+     * for those entering at rank pp-1: two chunks again, vpp 2, and the ranks pair up */
+    REQUIRE(p->pp_schedule != PP_DUALPIPE || (p->pp >= 2 && p->pp % 2 == 0),
+            "parallel.pp_schedule: dualpipe needs an even parallel.pp >= 2 (got %d): rank r and "
+            "rank pp-1-r hold the same two stages, for the two directions",
+            p->pp);
+    REQUIRE(p->pp_schedule != PP_DUALPIPE || p->vpp == 2,
+            "parallel.pp_schedule: dualpipe needs parallel.vpp: 2 (got %d): each rank holds two "
+            "stages, r for one direction and pp-1-r for the other",
             p->vpp);
     REQUIRE(p->vpp == 1 || p->pp > 1,
             "parallel.vpp (%d) > 1 needs parallel.pp > 1: virtual stages interleave over pipeline "
@@ -1247,14 +1264,20 @@ static int cfg_validate_parallel(const ust_config *c, ust_err *e) {
             "parallel.pp_schedule: dualpipev needs at least 2 * parallel.pp (%d) micro-batches per "
             "step (got %lld = train.global_batch_size %d / (micro_batch_size %d x dp %d))",
             2 * p->pp, mbs, c->train.global_batch_size, c->train.micro_batch_size, p->dp);
+    REQUIRE(p->pp_schedule != PP_DUALPIPE || (mbs >= 2LL * p->pp && mbs % 2 == 0),
+            "parallel.pp_schedule: dualpipe needs an even number of at least 2 * parallel.pp (%d) "
+            "micro-batches per step, half entering from each end (got %lld = "
+            "train.global_batch_size %d / (micro_batch_size %d x dp %d))",
+            2 * p->pp, mbs, c->train.global_batch_size, c->train.micro_batch_size, p->dp);
     /* rank 0 holds the embedding and the head; ZeRO-2/3 reduce unit 0's gradient (which the
      * tied head adds to) after each micro-batch's embedding backward, but dualpipev runs the
      * head's backward of later micro-batches in between */
-    REQUIRE(p->pp_schedule != PP_DUALPIPEV || !cfg_tied(c) || c->optimizer.zero_stage <= 1,
-            "parallel.pp_schedule: dualpipev with tied embeddings needs optimizer.zero_stage <= 1 "
+    REQUIRE((p->pp_schedule != PP_DUALPIPEV && p->pp_schedule != PP_DUALPIPE) || !cfg_tied(c) ||
+                c->optimizer.zero_stage <= 1,
+            "parallel.pp_schedule: %s with tied embeddings needs optimizer.zero_stage <= 1 "
             "(got %d): rank 0 runs the head's backward of later micro-batches between a "
             "micro-batch's head and embedding backward",
-            c->optimizer.zero_stage);
+            PP_SCHEDULES[p->pp_schedule], c->optimizer.zero_stage);
     REQUIRE(p->pp == 1 || p->pp_schedule != PP_ZB || c->train.recompute != RECOMPUTE_FULL,
             "parallel.pp_schedule: zb defers weight gradients, which full recomputation cannot "
             "keep; use train.recompute: none or selective%s",
@@ -1583,8 +1606,14 @@ int cfg_pp_layers(const ust_config *c, int *per) {
     return n;
 }
 
+int cfg_pp_stages(const ust_config *c) {
+    return c->parallel.pp_schedule == PP_DUALPIPE && c->parallel.pp > 1
+               ? c->parallel.pp
+               : c->parallel.pp * c->parallel.vpp;
+}
+
 void cfg_stage_layers(const ust_config *c, int stage, int *lo, int *hi) {
-    int S = c->parallel.pp * c->parallel.vpp, per[CFG_MAX_STAGES];
+    int S = cfg_pp_stages(c), per[CFG_MAX_STAGES];
     if (!c->parallel.pp_layers[0]) {
         *lo = stage * (c->model.n_layer / S);
         *hi = *lo + c->model.n_layer / S;

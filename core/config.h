@@ -39,7 +39,7 @@ typedef enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL } ust_recompu
 typedef enum { ONNAN_STOP, ONNAN_SKIP } ust_on_nan;
 typedef enum { SPIKE_NONE, SPIKE_SKIP, SPIKE_REWIND } ust_on_spike;
 typedef enum { SCHED_COSINE, SCHED_LINEAR, SCHED_CONSTANT, SCHED_WSD } ust_lr_schedule;
-typedef enum { PP_AFAB, PP_1F1B, PP_INTERLEAVED, PP_ZB, PP_DUALPIPEV } ust_pp_schedule;
+typedef enum { PP_AFAB, PP_1F1B, PP_INTERLEAVED, PP_ZB, PP_DUALPIPEV, PP_DUALPIPE } ust_pp_schedule;
 typedef enum { CP_ZIGZAG, CP_CONTIGUOUS } ust_cp_layout;
 /* ring / allgather: key-value blocks travel (cp.h); a2a: DeepSpeed-Ulysses, an all-to-all from
  * sequence-split to head-split and back; a2a+ring: Ulysses over groups of parallel.cp_a2a ranks,
@@ -198,6 +198,9 @@ int cfg_act_size(const ust_config *c);
 /* parallel.pp_layers as numbers; returns how many (0: an even split). */
 int cfg_pp_layers(const ust_config *c, int *per);
 /* Global stage s (of pp * vpp) holds layers [lo, hi): parallel.pp_layers, or an even split. */
+/* The model's pipeline stages: pp * vpp, but pp under dualpipe (each stage is held twice, by
+ * ranks s and pp-1-s, so the two chunks of a rank are two of the pp stages). */
+int cfg_pp_stages(const ust_config *c);
 void cfg_stage_layers(const ust_config *c, int stage, int *lo, int *hi);
 
 #endif

@@ -135,8 +135,7 @@ static void order_interleaved(pps_action *a, int *n, int p, int v, int m, int r,
  *   6. r+1 x (B1 B0)             drain; the second half of them split (zero bubble)
  *   7. p-r-1 x (W B0')           the queued W's fill the wait for the last B0's
  *   8. r+1 x W
- * The bubble is DeepSeek's (PP/2-1)(F&B+B-3W) for PP = 2p stages (pps_analytic_bubble); each
-X
+ * The bubble is DeepSeek's (PP/2-1)(F&B+B-3W) for PP = 2p stages (pps_analytic_bubble); with
  * PPS_NO_SPLIT every B is whole and the W's go. */
 typedef struct {
     pps_action *a;
@@ -161,10 +160,13 @@ static void v_w(vbuild *b) {
     push(b->a, b->n, PPS_W, k / 2, k % 2);
 }
 
-static int order_dualpipev(pps_action *a, int *n, int p, int m, int r, int split_ok) {
+/* The eight phases for p ranks, m micro-batches per chunk, rank r; chunk c's micro-batches are
+ * mb0[c], mb0[c]+1, .. */
+static int order_v(pps_action *a, int *n, int p, int m, int r, int split_ok, const int mb0[2]) {
     vbuild b = {.a = a, .n = n, .split_ok = split_ok};
     b.wq = malloc(sizeof *b.wq * 2 * m);
     if (!b.wq) return -1;
+    for (int c = 0; c < 2; c++) b.next_f[c] = b.next_b[c] = mb0[c];
     int down = p - r - 1, up = r + 1;
     for (int i = 0; i < 2 * down; i++) v_f(&b, 0, 0);
     for (int i = 0; i < up; i++) v_f(&b, 0, 0), v_f(&b, 1, 0);
@@ -189,20 +191,72 @@ static int order_dualpipev(pps_action *a, int *n, int p, int m, int r, int split
     return 0;
 }
 
+/* DualPipe (DeepSeek-V3, sec. 3.2.1): p ranks (even), p stages, every rank holds two of them:
+ * stage r for the m/2 micro-batches entering at rank 0 (direction 0: 0 .. m/2-1) and stage
+ * p-1-r for the m/2 entering at rank p-1 (direction 1: m/2 .. m-1), so the parameters exist
+ * twice and the mirror ranks r and p-1-r hold the same two stages. Chunk 0 is the rank's stage
+ * nearer the input, h = min(r, p-1-r), chunk 1 the other (p-1-h): on the first half chunk 0 runs
+ * direction 0, on the second half direction 1. Rank r's list is DeepSeek's with half_rank h:
+ * the eight phases above for p/2 ranks and m/2 micro-batches per direction at rank h, each rank
+ * and its mirror running the same list in opposite directions. The bubble is DeepSeek's
+ * (PP/2-1)(F&B+B-3W) with PP = p (pps_analytic_bubble): none at p = 2. */
+static int order_dualpipe(pps_action *a, int *n, int p, int m, int r, int split_ok) {
+    int second = r >= p / 2, h = second ? p - 1 - r : r;
+    int mb0[2] = {second ? m / 2 : 0, second ? 0 : m / 2};
+    return order_v(a, n, p / 2, m / 2, h, split_ok, mb0);
+}
+
+static int order_dualpipev(pps_action *a, int *n, int p, int m, int r, int split_ok) {
+    static const int from_zero[2] = {0, 0};
+    return order_v(a, n, p, m, r, split_ok, from_zero);
+}
+
+static int two_way(ust_pp_schedule kind) { return kind == PP_DUALPIPEV || kind == PP_DUALPIPE; }
+
+/* The compute order of either kind whose receives are placed by simulation. */
+static int order_two_way(ust_pp_schedule kind, pps_action *a, int *n, int p, int m, int r,
+                         int split_ok) {
+    return kind == PP_DUALPIPE ? order_dualpipe(a, n, p, m, r, split_ok)
+                               : order_dualpipev(a, n, p, m, r, split_ok);
+}
+
 /* ---- transfers ----------------------------------------------------------------------------- */
 
 int pps_stage(ust_pp_schedule kind, int p, int c, int r) {
     if (kind == PP_DUALPIPEV) return c == 0 ? r : 2 * p - 1 - r;
+    if (kind == PP_DUALPIPE) return (c == 0) == (r < p / 2) ? r : 2 * p - 1 - r;
     return c * p + r;
 }
 
 int pps_stage_rank(ust_pp_schedule kind, int p, int stage) {
-    if (kind == PP_DUALPIPEV) return stage < p ? stage : 2 * p - 1 - stage;
+    if (two_way(kind)) return stage < p ? stage : 2 * p - 1 - stage;
     return stage % p;
+}
+
+int pps_model_stage(ust_pp_schedule kind, int p, int stage) {
+    return kind == PP_DUALPIPE ? stage % p : stage;
+}
+
+int pps_stage_first(ust_pp_schedule kind, int p, int stage) {
+    return kind == PP_DUALPIPE ? stage / p * p : 0;
+}
+
+int pps_stage_last(ust_pp_schedule kind, int p, int v, int stage) {
+    return kind == PP_DUALPIPE ? stage / p * p + p - 1 : p * v - 1;
+}
+
+int pps_chunk_runs(ust_pp_schedule kind, int p, int m, int mb, int c, int r) {
+    if (kind != PP_DUALPIPE) return 1;
+    return (mb >= m / 2) == (pps_stage(kind, p, c, r) >= p);
+}
+
+int pps_chunk_last_mb(ust_pp_schedule kind, int p, int m, int c, int r) {
+    return pps_chunk_runs(kind, p, m, m - 1, c, r) ? m - 1 : m / 2 - 1;
 }
 
 static int stage_chunk(ust_pp_schedule kind, int p, int stage) {
     if (kind == PP_DUALPIPEV) return stage < p ? 0 : 1;
+    if (kind == PP_DUALPIPE) return stage % p < p / 2 ? 0 : 1;
     return stage / p;
 }
 
@@ -210,8 +264,8 @@ static int stage_chunk(ust_pp_schedule kind, int p, int stage) {
  * the rank of the neighbouring stage when that is another rank. */
 static int comm_of(pps_action x, int before, ust_pp_schedule kind, int p, int v, int r,
                    pps_action *out) {
-    int last = p * v - 1;
-    int prev = x.stage > 0 ? pps_stage_rank(kind, p, x.stage - 1) : r;
+    int first = pps_stage_first(kind, p, x.stage), last = pps_stage_last(kind, p, v, x.stage);
+    int prev = x.stage > first ? pps_stage_rank(kind, p, x.stage - 1) : r;
     int next = x.stage < last ? pps_stage_rank(kind, p, x.stage + 1) : r;
     pps_action c = x;
     c.split = 0;
@@ -233,11 +287,11 @@ static int comm_of(pps_action x, int before, ust_pp_schedule kind, int p, int v,
 /* The local hand-over right after compute x when its neighbouring stage is on this rank too
  * (dualpipev's turn at rank p-1): the copy belongs to the consumer (its mb, chunk and stage). */
 static int local_of(pps_action x, ust_pp_schedule kind, int p, int v, int r, pps_action *out) {
-    int last = p * v - 1, to;
+    int first = pps_stage_first(kind, p, x.stage), last = pps_stage_last(kind, p, v, x.stage), to;
     if (p == 1) return 0; /* one stage: the chunks are not pipelined (pps_check's p == 1 rules) */
     if (x.op == PPS_F && x.stage < last && pps_stage_rank(kind, p, x.stage + 1) == r)
         to = x.stage + 1;
-    else if (x.op == PPS_B && x.stage > 0 && pps_stage_rank(kind, p, x.stage - 1) == r)
+    else if (x.op == PPS_B && x.stage > first && pps_stage_rank(kind, p, x.stage - 1) == r)
         to = x.stage - 1;
     else
         return 0;
@@ -257,8 +311,8 @@ static int local_of(pps_action x, ust_pp_schedule kind, int p, int v, int r, pps
  * (k+1)-th, .. received tensor (a suffix minimum over the consumers); key gets each compute's
  * place in its sender's order (so a batch lists them in that order) and post_at the compute
  * whose batch posts its receive. The simulator shows this runs without a deadlock. */
-static int v_post_order(const pps_action *comp, int nc, int p, int m, int r, int *post_at,
-                        int *key) {
+static int v_post_order(ust_pp_schedule kind, const pps_action *comp, int nc, int p, int m, int r,
+                        int *post_at, int *key) {
     int cap = 3 * m * 2, rc = 0;
     pps_action *theirs = malloc(sizeof *theirs * cap);
     int *idx = malloc(sizeof *idx * (nc + 1));
@@ -266,15 +320,15 @@ static int v_post_order(const pps_action *comp, int nc, int p, int m, int r, int
     for (int side = -1; side <= 1 && !rc; side += 2) {
         int a = r + side, na = 0, k = 0, nq = 0;
         if (a < 0 || a >= p) continue;
-        if (order_dualpipev(theirs, &na, p, m, a, 1)) {
+        if (order_two_way(kind, theirs, &na, p, m, a, 1)) {
             rc = -1;
             break;
         }
         /* the tensors a sends to r, in order; each is matched to the compute of r consuming it */
         for (int x = 0; x < na; x++) {
             pps_action t = theirs[x], c;
-            t.stage = pps_stage(PP_DUALPIPEV, p, t.chunk, a);
-            if (!comm_of(t, 0, PP_DUALPIPEV, p, 2, a, &c) || c.peer != r) continue;
+            t.stage = pps_stage(kind, p, t.chunk, a);
+            if (!comm_of(t, 0, kind, p, 2, a, &c) || c.peer != r) continue;
             int want_op = c.op == PPS_SEND_ACT ? PPS_F : PPS_B;
             int want_stage = c.stage + (c.op == PPS_SEND_ACT ? 1 : -1);
             for (int q = 0; q < nc; q++)
@@ -305,7 +359,8 @@ static int emit(const pps_action *comp, int nc, ust_pp_schedule kind, int p, int
                 const int *post_at, const int *key, int early, int *batch, int *gap_at,
                 pps_action *out);
 
-static int v_build_all(pps_schedule *all, int p, int m, int flags, ust_err *e);
+static int v_build_all(pps_schedule *all, ust_pp_schedule kind, int p, int m, int flags,
+                       ust_err *e);
 
 static int with_comm(pps_action *comp, int nc, ust_pp_schedule kind, int p, int v, int m, int r,
                      int breadth, pps_action *out) {
@@ -372,7 +427,8 @@ static int emit(const pps_action *comp, int nc, ust_pp_schedule kind, int p, int
  * the send (no later than its consumer; then the suffix minimum keeps the sender's order);
  * repeat while the makespan shrinks (at most 16 rounds; a placement that deadlocks or is no
  * shorter is not taken). Deterministic: every rank computes the same placement. */
-static int v_build_all(pps_schedule *all, int p, int m, int flags, ust_err *e) {
+static int v_build_all(pps_schedule *all, ust_pp_schedule kind, int p, int m, int flags,
+                       ust_err *e) {
     const pps_costs unit = {1, 1, 1};
     int cap = 3 * m * 2, rc = 0;
     pps_action *comp[PPS_MAX_P] = {0};
@@ -387,7 +443,7 @@ static int v_build_all(pps_schedule *all, int p, int m, int flags, ust_err *e) {
         post[r] = malloc(sizeof(int) * (cap + 1)), next[r] = malloc(sizeof(int) * (cap + 1));
         key[r] = malloc(sizeof(int) * (cap + 1)), gap[r] = calloc(cap + 1, sizeof(int));
         reach[r] = malloc(sizeof(double) * 4 * cap);
-        all[r] = (pps_schedule){.kind = PP_DUALPIPEV,
+        all[r] = (pps_schedule){.kind = kind,
                                 .p = p,
                                 .v = 2,
                                 .m = m,
@@ -397,17 +453,18 @@ static int v_build_all(pps_schedule *all, int p, int m, int flags, ust_err *e) {
         cand[r] = all[r];
         cand[r].a = malloc(sizeof(pps_action) * 4 * cap);
         if (!comp[r] || !post[r] || !next[r] || !key[r] || !gap[r] || !reach[r] || !all[r].a ||
-            !cand[r].a || order_dualpipev(comp[r], &nc[r], p, m, r, !(flags & PPS_NO_SPLIT))) {
+            !cand[r].a ||
+            order_two_way(kind, comp[r], &nc[r], p, m, r, !(flags & PPS_NO_SPLIT))) {
             rc = -1;
             break;
         }
         for (int i = 0; i < nc[r]; i++) {
-            comp[r][i].stage = pps_stage(PP_DUALPIPEV, p, comp[r][i].chunk, r);
+            comp[r][i].stage = pps_stage(kind, p, comp[r][i].chunk, r);
             post[r][i] = key[r][i] = i;
         }
-        if (v_post_order(comp[r], nc[r], p, m, r, post[r], key[r])) rc = -1;
+        if (v_post_order(kind, comp[r], nc[r], p, m, r, post[r], key[r])) rc = -1;
         if (!rc)
-            all[r].n = emit(comp[r], nc[r], PP_DUALPIPEV, p, 2, r, post[r], key[r], nc[r], scratch,
+            all[r].n = emit(comp[r], nc[r], kind, p, 2, r, post[r], key[r], nc[r], scratch,
                             gap[r], all[r].a);
     }
     pps_sim sim;
@@ -426,7 +483,7 @@ static int v_build_all(pps_schedule *all, int p, int m, int flags, ust_err *e) {
                     if ((x->op != PPS_SEND_ACT && x->op != PPS_SEND_GRAD) || x->peer != r) continue;
                     for (int q = 0; q < nc[r]; q++) {
                         pps_action c;
-                        if (key[r][q] != k || !comm_of(comp[r][q], 1, PP_DUALPIPEV, p, 2, r, &c) ||
+                        if (key[r][q] != k || !comm_of(comp[r][q], 1, kind, p, 2, r, &c) ||
                             c.peer != a)
                             continue;
                         int d = q;
@@ -448,14 +505,14 @@ static int v_build_all(pps_schedule *all, int p, int m, int flags, ust_err *e) {
             }
         }
         for (int r = 0; r < p; r++)
-            cand[r].n = emit(comp[r], nc[r], PP_DUALPIPEV, p, 2, r, next[r], key[r], nc[r], scratch,
+            cand[r].n = emit(comp[r], nc[r], kind, p, 2, r, next[r], key[r], nc[r], scratch,
                              NULL, cand[r].a);
         pps_sim cs;
         if (pps_simulate(cand, p, unit, &cs, &ignore) || cs.makespan >= best - 1e-9) break;
         best = cs.makespan;
         for (int r = 0; r < p; r++) {
             memcpy(post[r], next[r], sizeof(int) * nc[r]);
-            all[r].n = emit(comp[r], nc[r], PP_DUALPIPEV, p, 2, r, post[r], key[r], nc[r], scratch,
+            all[r].n = emit(comp[r], nc[r], kind, p, 2, r, post[r], key[r], nc[r], scratch,
                             gap[r], all[r].a);
         }
         if (pps_simulate_reach(all, p, unit, &sim, reach, &ignore)) rc = -1;
@@ -466,7 +523,9 @@ static int v_build_all(pps_schedule *all, int p, int m, int flags, ust_err *e) {
     }
     free(scratch);
     if (rc) pps_free_all(all, p);
-    return rc ? ust_errf(e, "pp schedule dualpipev: out of memory or no runnable placement") : 0;
+    return rc ? ust_errf(e, "pp schedule %s: out of memory or no runnable placement",
+                         pps_kind_name(kind))
+              : 0;
 }
 
 const char *pps_op_name(pps_op op) {
@@ -487,6 +546,8 @@ const char *pps_kind_name(ust_pp_schedule kind) {
         return "zb";
     case PP_DUALPIPEV:
         return "dualpipev";
+    case PP_DUALPIPE:
+        return "dualpipe";
     }
     return "?";
 }
@@ -510,6 +571,10 @@ double pps_analytic_bubble(ust_pp_schedule kind, int p, int v, int m, pps_costs 
         f = "DualPipeV (PP/2-1)(F&B+B-3W)/(2m(F+B)), PP = 2p";
         x = (p - 1) * (c.f + 2 * c.b - c.w) / (2.0 * m * (c.f + c.b + c.w));
         break;
+    case PP_DUALPIPE:
+        f = "DualPipe (PP/2-1)(F&B+B-3W)/(m(F+B)), PP = p";
+        x = (p / 2 - 1) * (c.f + 2 * c.b - c.w) / ((double)m * (c.f + c.b + c.w));
+        break;
     default:
         f = "(p-1)/(v*m)";
         x = (double)(p - 1) / ((double)v * m);
@@ -522,7 +587,7 @@ double pps_analytic_bubble(ust_pp_schedule kind, int p, int v, int m, pps_costs 
 /* pps_build's argument errors. */
 static int check_args(ust_pp_schedule kind, int p, int v, int m, int rank, int flags, ust_err *e) {
     const char *name = pps_kind_name(kind);
-    if (kind < PP_AFAB || kind > PP_DUALPIPEV)
+    if (kind < PP_AFAB || kind > PP_DUALPIPE)
         return ust_errf(e, "pp schedule: unknown kind %d", kind);
     if (p < 1 || v < 1 || m < 1)
         return ust_errf(e, "pp schedule %s: pp (%d), vpp (%d) and micro-batches (%d) must be >= 1",
@@ -534,12 +599,18 @@ static int check_args(ust_pp_schedule kind, int p, int v, int m, int rank, int f
                         "pp schedule dualpipev: needs pp >= 2 (got %d), vpp = 2 (got %d) and at "
                         "least 2 * pp micro-batches (got %d)",
                         p, v, m);
-    if (kind == PP_DUALPIPEV && p > PPS_MAX_P) /* its builder simulates every rank */
-        return ust_errf(e, "pp schedule dualpipev: pp = %d beyond %d", p, PPS_MAX_P);
-    if (kind != PP_INTERLEAVED && kind != PP_DUALPIPEV && v != 1)
+    if (kind == PP_DUALPIPE && (p < 2 || p % 2 || v != 2 || m < 2 * p || m % 2))
+        return ust_errf(e,
+                        "pp schedule dualpipe: needs an even pp >= 2 (got %d), vpp = 2 (got %d) "
+                        "and an even number of at least 2 * pp micro-batches (got %d)",
+                        p, v, m);
+    if (two_way(kind) && p > PPS_MAX_P) /* its builder simulates every rank */
+        return ust_errf(e, "pp schedule %s: pp = %d beyond %d", name, p, PPS_MAX_P);
+    if (kind != PP_INTERLEAVED && !two_way(kind) && v != 1)
         return ust_errf(e, "pp schedule %s: vpp = %d needs pp_schedule: interleaved", name, v);
-    if ((flags & PPS_NO_SPLIT) && kind != PP_DUALPIPEV)
-        return ust_errf(e, "pp schedule %s: the no-split flag applies to dualpipev only", name);
+    if ((flags & PPS_NO_SPLIT) && !two_way(kind))
+        return ust_errf(e, "pp schedule %s: the no-split flag applies to dualpipev and dualpipe only",
+                        name);
     if (kind == PP_INTERLEAVED && m % p != 0)
         return ust_errf(e,
                         "pp schedule interleaved: micro-batches (%d) must be a multiple of pp "
@@ -554,9 +625,9 @@ int pps_build(pps_schedule *s, ust_pp_schedule kind, int p, int v, int m, int ra
               ust_err *e) {
     memset(s, 0, sizeof *s);
     if (check_args(kind, p, v, m, rank, flags, e)) return -1;
-    if (kind == PP_DUALPIPEV) { /* its receives are placed with every rank's schedule at hand */
+    if (two_way(kind)) { /* its receives are placed with every rank's schedule at hand */
         pps_schedule *every = calloc(p, sizeof *every);
-        if (!every || v_build_all(every, p, m, flags, e)) {
+        if (!every || v_build_all(every, kind, p, m, flags, e)) {
             free(every);
             return -1;
         }
@@ -587,8 +658,7 @@ int pps_build(pps_schedule *s, ust_pp_schedule kind, int p, int v, int m, int ra
     case PP_INTERLEAVED:
         order_interleaved(comp, &nc, p, v, m, rank, flags & PPS_BREADTH_FIRST);
         break;
-    case PP_DUALPIPEV:
-        if (order_dualpipev(comp, &nc, p, m, rank, !(flags & PPS_NO_SPLIT))) nc = -1;
+    default: /* dualpipev, dualpipe: built above */
         break;
     }
     *s = (pps_schedule){.kind = kind, .p = p, .v = v, .m = m, .rank = rank, .flags = flags};
@@ -604,9 +674,11 @@ int pps_build(pps_schedule *s, ust_pp_schedule kind, int p, int v, int m, int ra
 
 int pps_build_all(pps_schedule *all, ust_pp_schedule kind, int p, int v, int m, int flags,
                   ust_err *e) {
-    if (kind == PP_DUALPIPEV) { /* one placement for every rank at once */
+    if (two_way(kind)) { /* one placement for every rank at once */
         for (int r = 0; r < p; r++) memset(&all[r], 0, sizeof all[r]);
-        return check_args(kind, p, v, m, 0, flags, e) || v_build_all(all, p, m, flags, e) ? -1 : 0;
+        return check_args(kind, p, v, m, 0, flags, e) || v_build_all(all, kind, p, m, flags, e)
+                   ? -1
+                   : 0;
     }
     for (int r = 0; r < p; r++)
         if (pps_build(&all[r], kind, p, v, m, r, flags, e)) {

@@ -7,6 +7,8 @@
  * dualpipev (v = 2) places them in a V instead: chunk 0 of rank r is stage r, chunk 1 stage
  * 2p-1-r, so micro-batches run down the ranks and back up, rank p-1 hands stage p-1 to stage p
  * locally and rank 0 holds both the first and the last stage (pps_stage, pps_stage_rank).
+ * dualpipe (v = 2, p even) keeps that numbering for two pipelines in opposite directions, each
+ * of p stages: see pps_model_stage and the builder's comment in pp_schedule.c.
  *
  * The communication rule the executor follows and pps_simulate runs is stated at pps_costs. */
 #ifndef UST_PP_SCHEDULE_H
@@ -42,7 +44,7 @@ typedef struct {
 
 enum {
     PPS_BREADTH_FIRST = 1, /* pps_build flag, interleaved only (default depth-first) */
-    PPS_NO_SPLIT = 2,      /* dualpipev: every B is the whole backward, no W (MoE layers and full
+    PPS_NO_SPLIT = 2,      /* dualpipev, dualpipe: every B is the whole backward, no W (MoE layers and full
                               recomputation keep no deferred weight gradients) */
 };
 
@@ -55,7 +57,7 @@ typedef struct {
 
 /* Builds rank's schedule. Errors (-1 with a message): p, v or m < 1, rank out of range, v > 1
  * with a non-interleaved kind, interleaved with m % p != 0, dualpipev with p < 2, v != 2 or
- * m < 2p. */
+ * m < 2p, dualpipe with p odd, v != 2, m odd or m < 2p. */
 int pps_build(pps_schedule *s, ust_pp_schedule kind, int p, int v, int m, int rank, int flags,
               ust_err *e);
 /* Builds all p ranks' schedules into all[0..p-1] (freed again on error). */
@@ -65,6 +67,19 @@ void pps_free(pps_schedule *s);
 /* Global stage of chunk c on rank r, and the rank holding a stage. */
 int pps_stage(ust_pp_schedule kind, int p, int c, int r);
 int pps_stage_rank(ust_pp_schedule kind, int p, int stage);
+/* dualpipe numbers its stages as dualpipev does, 0 .. 2p-1 in a V (rank r holds r and 2p-1-r),
+ * but a micro-batch runs only one arm: those of direction 0 (mb < m/2) stages 0 .. p-1, those of
+ * direction 1 stages p .. 2p-1, and stage p+s is model stage s again (held by rank p-1-s).
+ * pps_model_stage: the model's stage (its layers) of a schedule stage (dualpipe: stage % p,
+ * else the stage); pps_stage_first / _last: the first and last stage of the micro-batches that
+ * pass through stage (dualpipe: its arm; else 0 and p*v-1); pps_chunk_runs: whether chunk c of
+ * rank r computes micro-batch mb (dualpipe: the chunk's direction is mb's; else always);
+ * pps_chunk_last_mb: the step's last micro-batch chunk c of rank r computes. */
+int pps_model_stage(ust_pp_schedule kind, int p, int stage);
+int pps_stage_first(ust_pp_schedule kind, int p, int stage);
+int pps_stage_last(ust_pp_schedule kind, int p, int v, int stage);
+int pps_chunk_runs(ust_pp_schedule kind, int p, int m, int mb, int c, int r);
+int pps_chunk_last_mb(ust_pp_schedule kind, int p, int m, int c, int r);
 /* Whether the schedule has W actions (the model must keep deferred weight gradients). */
 int pps_splits(const pps_schedule *s);
 void pps_free_all(pps_schedule *all, int p);

@@ -34,6 +34,8 @@ static int check_fields(const pps_schedule *s, int i, ust_err *e) {
         return act_err(e, s, i, "micro-batch or chunk out of range");
     if (a->stage != pps_stage(s->kind, s->p, a->chunk, s->rank))
         return act_err(e, s, i, "stage is not the one this rank holds as that chunk");
+    if (!pps_chunk_runs(s->kind, s->p, s->m, a->mb, a->chunk, s->rank))
+        return act_err(e, s, i, "the micro-batch runs in the other direction (dualpipe)");
     if (a->split && a->op != PPS_B) return act_err(e, s, i, "only a B is split");
     return 0;
 }
@@ -43,10 +45,10 @@ static int check_fields(const pps_schedule *s, int i, ust_err *e) {
 static int check_compute(const pps_schedule *s, int i, int *at, int nmc, ust_err *e) {
     const pps_action *a = &s->a[i];
     int p = s->p, v = s->v, k = a->mb * v + a->chunk, rc = 0;
-    int may_split = s->kind == PP_ZB || s->kind == PP_DUALPIPEV;
+    int may_split = s->kind == PP_ZB || s->kind == PP_DUALPIPEV || s->kind == PP_DUALPIPE;
     if (a->op == PPS_B && (s->kind == PP_ZB ? !a->split : a->split && !may_split))
-        return act_err(e, s, i, a->split ? "split B outside zb and dualpipev" : "zb B not split");
-    if (a->op == PPS_W && !may_split) return act_err(e, s, i, "W outside zb and dualpipev");
+        return act_err(e, s, i, a->split ? "split B outside zb and the dualpipes" : "zb B not split");
+    if (a->op == PPS_W && !may_split) return act_err(e, s, i, "W outside zb and the dualpipes");
     if (at[a->op * nmc + k] >= 0) return act_err(e, s, i, "runs twice");
     at[a->op * nmc + k] = i;
     if (a->op == PPS_B) at[7 * nmc + k] = a->split;
@@ -72,7 +74,8 @@ static int check_transfer(const pps_schedule *s, int i, int *at, int nmc, ust_er
     int act = a->op == PPS_SEND_ACT || a->op == PPS_RECV_ACT;
     /* activations flow to stage+1, gradients to stage-1 */
     int to_next = act == send;
-    if (to_next ? a->stage == p * s->v - 1 : a->stage == 0)
+    if (to_next ? a->stage == pps_stage_last(s->kind, p, s->v, a->stage)
+                : a->stage == pps_stage_first(s->kind, p, a->stage))
         return act_err(e, s, i, "no neighbouring stage in that direction");
     int peer = pps_stage_rank(s->kind, p, a->stage + (to_next ? 1 : -1));
     if (peer == r) return act_err(e, s, i, "transfer to a stage this rank holds itself");
@@ -92,7 +95,8 @@ static int check_local(const pps_schedule *s, int i, int *at, int nmc, ust_err *
     const pps_action *a = &s->a[i];
     int p = s->p, v = s->v, r = s->rank, act = a->op == PPS_LOCAL_ACT;
     int from = a->stage + (act ? -1 : 1);
-    if (p == 1 || from < 0 || from >= p * v || pps_stage_rank(s->kind, p, from) != r)
+    if (p == 1 || from < pps_stage_first(s->kind, p, a->stage) ||
+        from > pps_stage_last(s->kind, p, v, a->stage) || pps_stage_rank(s->kind, p, from) != r)
         return act_err(e, s, i, "local copy from a stage this rank does not hold");
     int pc = -1; /* the producing chunk */
     for (int c = 0; c < v; c++)
@@ -109,15 +113,17 @@ static int check_local(const pps_schedule *s, int i, int *at, int nmc, ust_err *
 /* Every (mb, chunk) got its F, B (and W when split) and exactly the transfers its stage needs:
  * a receive (or a local copy) of each input, a send of each output to another rank. */
 static int check_complete(const pps_schedule *s, const int *at, int nmc, ust_err *e) {
-    int p = s->p, v = s->v, r = s->rank, last = p * v - 1;
+    int p = s->p, v = s->v, r = s->rank;
     for (int k = 0; k < nmc; k++) {
         int mb = k / v, c = k % v, st = pps_stage(s->kind, p, c, r);
+        int first = pps_stage_first(s->kind, p, st), last = pps_stage_last(s->kind, p, v, st);
         int split = at[7 * nmc + k];
+        if (!pps_chunk_runs(s->kind, p, s->m, mb, c, r)) continue; /* the other direction's */
         const char *miss = at[PPS_F * nmc + k] < 0               ? "F"
                            : at[PPS_B * nmc + k] < 0             ? "B"
                            : (at[PPS_W * nmc + k] >= 0) != split ? "W"
                                                                  : NULL;
-        int need_prev = p > 1 && st > 0, need_next = p > 1 && st < last;
+        int need_prev = p > 1 && st > first, need_next = p > 1 && st < last;
         int send_prev = need_prev && pps_stage_rank(s->kind, p, st - 1) != r;
         int send_next = need_next && pps_stage_rank(s->kind, p, st + 1) != r;
         if (!miss && at[3 * nmc + k] != need_prev) miss = "RECV_ACT";
@@ -265,11 +271,11 @@ static void sim_free(sim *x) {
 static int sim_compute(sim *x, int r, const pps_action *a) {
     double dep[2] = {0, 0};
     if (x->reach && x->reach[r][x->pc[r]] < 0) x->reach[r][x->pc[r]] = x->clock[r];
-    int st = a->stage;
-    if (a->op == PPS_F) dep[0] = st > 0 ? FIN(x, PPS_F, a->mb, st - 1) : 0;
+    int st = a->stage, kind = x->all[0].kind, v = x->all[0].v;
+    if (a->op == PPS_F) dep[0] = st > pps_stage_first(kind, x->p, st) ? FIN(x, PPS_F, a->mb, st - 1) : 0;
     if (a->op == PPS_B) {
         dep[0] = FIN(x, PPS_F, a->mb, st);
-        dep[1] = st < x->S - 1 ? FIN(x, PPS_B, a->mb, st + 1) : 0;
+        dep[1] = st < pps_stage_last(kind, x->p, v, st) ? FIN(x, PPS_B, a->mb, st + 1) : 0;
     }
     if (a->op == PPS_W) dep[0] = FIN(x, PPS_B, a->mb, st);
     if (dep[0] < 0 || dep[1] < 0) return 0;
