@@ -721,10 +721,12 @@ void model_chunk_weight_grad(model *m, int c, int slot) {
 
 void model_backward(model *m) { model_chunk_backward(m, 0, 0, 0); }
 
-void model_moe_end_step(model *m, struct ust_comm *group, int update_bias) {
+void model_moe_end_step(model *m, struct ust_comm *group, struct ust_comm *mirror,
+                        int update_bias) {
     if (!m->has_moe) return;
     int E = m->moe.E;
     moe_step_loads(&m->moe, group, m->moe_load);
+    if (mirror && comm_size(mirror) > 1) moe_step_loads(&m->moe, mirror, m->moe_load);
     for (int c = 0; c < m->nchunks; c++)
         for (int l = m->chunks[c].lo; l < m->chunks[c].hi; l++)
             if (is_moe(m, l) && update_bias && m->mw[l].bias)

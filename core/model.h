@@ -70,6 +70,8 @@ struct ust_tp;
  * and how many micro-batches may be in flight through it (its activation sets). */
 typedef struct {
     int stage, lo, hi, embed, head, slots;
+    int copy; /* every tensor of the chunk is a replica (model_param.replica): dualpipe's mirror
+                 ranks hold the stages of the first half again */
 } model_stage;
 
 struct ust_cp;
@@ -178,9 +180,12 @@ int model_moe_stats(const model *m, int *layers, double *load_max, double *load_
 /* End of a training step for the MoE layers: this rank's routed counts of the step summed over
  * group (the dp x cp ranks, whose micro-batches differ) into the step's global loads, and, when
  * update_bias (the step was applied) and model.moe.bias_update_rate > 0, each layer's balancing
- * bias moved by them (moe_update_bias). Every rank of the group calls it once per step. */
+ * bias moved by them (moe_update_bias). mirror (NULL or size 1: none): dualpipe's rank holding
+ * the same layers for the other direction's micro-batches, summed in too. Every rank of the
+ * groups calls it once per step. */
 struct ust_comm;
-void model_moe_end_step(model *m, struct ust_comm *group, int update_bias);
+void model_moe_end_step(model *m, struct ust_comm *group, struct ust_comm *mirror,
+                        int update_bias);
 /* For the i-th layer model_moe_stats lists: the rows each ep rank's experts computed in the last
  * step, per rank holding them (global counts / (dp/ep * cp * tp)); returns how many (the ep size,
  * at most max). */

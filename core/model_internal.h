@@ -89,6 +89,7 @@ typedef struct {
 typedef struct {
     int stage, lo, hi; /* global stage; layers [lo, hi) */
     int embed, head;   /* holds the embeddings / the final norm, lm_head and loss */
+    int copy;          /* a synced copy of a stage another rank owns (model_stage.copy) */
     int unit0, nunits; /* its units in the rank's unit numbering */
     int nslots;
     act_slot *slots;
@@ -150,6 +151,7 @@ struct model {
     float *vc_lse;                     /* (4N): the chunked cross-entropy's statistics */
     act *vc_merge, *vc_merge2;         /* (N) each: the lse merge's unused outputs */
     int sub_row0, sub_nrows;           /* building: add_param keeps these rows of its slice */
+    int copy_chunk;                    /* building: the chunk's tensors are replicas (dualpipe) */
 
     layer_acts scratch; /* full recompute: the one set every layer rebuilds into */
 

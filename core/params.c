@@ -58,6 +58,7 @@ static void add_param(model *m, const char *name, int64_t rows, int64_t cols, in
     q->slice.flat1 = q->numel;
     q->offset = m->numel;
     q->decay = decay;
+    q->replica = m->copy_chunk;
     q->init_std = std;
     q->init_value = value;
     m->targets[m->nparams] = (param_target){p, g};
@@ -156,7 +157,7 @@ static void add_vocab_chunks(model *m, const char *name, float **w, float **g, i
         m->sub_row0 = r0;
         m->sub_nrows = m->Vl - r0 < m->vc_rows ? m->Vl - r0 : m->vc_rows;
         add_param(m, name, m->Vp, m->C, SPLIT_ROWS, 1, 0.02f, 0, &w[k], &g[k]);
-        m->params[m->nparams - 1].replica = replica;
+        m->params[m->nparams - 1].replica |= replica;
         m->sub_row0 = m->sub_nrows = 0;
         end_unit(m, 0);
     }
@@ -228,6 +229,7 @@ static void build_param_table(model *m) {
     m->unit_expert = calloc(m->nunits, sizeof *m->unit_expert);
     for (int c = 0; c < m->nchunks; c++) {
         const model_chunk *ch = &m->chunks[c];
+        m->copy_chunk = ch->copy;
         if (ch->embed) add_embed_unit(m);
         for (int l = ch->lo; l < ch->hi; l++) {
             add_layer_params(m, l);
@@ -235,6 +237,7 @@ static void build_param_table(model *m) {
         }
         if (ch->head) add_head_unit(m);
     }
+    m->copy_chunk = 0;
 }
 
 /* The whole model's tensors in checkpoint order (every rank lists all of them, whatever it
@@ -554,6 +557,7 @@ void params_chunks(model *m, const model_stage *stages, int n) {
         ch->lo = st->lo, ch->hi = st->hi < 0 ? m->L : st->hi;
         ch->embed = st->embed;
         ch->head = st->head;
+        ch->copy = st->copy;
         ch->nslots = st->slots > 0 ? st->slots : 1;
         embed |= ch->embed, head |= ch->head;
     }

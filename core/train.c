@@ -669,7 +669,8 @@ static int build_model(trainer *t, ust_err *e) {
                         .expert = topo->comm[TOPO_EDPCP],
                         .ep = topo->comm[TOPO_EP],
                         .mp = topo->comm[TOPO_TP],
-                        .pipe = cfg->parallel.pp > 1 ? topo->comm[TOPO_PP] : NULL};
+                        .pipe = cfg->parallel.pp > 1 ? topo->comm[TOPO_PP] : NULL,
+                        .mirror = topo->comm[TOPO_MIRROR]};
     if (model_create_with(&t->m, cfg, t->ops, &t->arena, &st, e) ||
         dp_create(&t->dp, cfg, t->ops, &t->arena, t->m, &groups, e)) {
         pps_free(&sched);
@@ -1015,7 +1016,9 @@ static int train_step(trainer *t, double *loss, double *norm, double *lr, int *f
         return UST_EXIT_RUNTIME;
     }
     if (*finite && !*spiked) dp_optimizer_step(t->dp, *lr, optim_clip_scale(c, *norm), t->step);
-    if (t->has_moe) model_moe_end_step(t->m, t->rt->topo.comm[TOPO_DPCP], *finite && !*spiked);
+    if (t->has_moe)
+        model_moe_end_step(t->m, t->rt->topo.comm[TOPO_DPCP], t->rt->topo.comm[TOPO_MIRROR],
+                           *finite && !*spiked);
     return 0;
 }
 

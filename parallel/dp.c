@@ -159,6 +159,7 @@ int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_are
     d->head = d->nunits - 1;
     d->tied = model_tied_local(m); /* unit 0 also collects the head's gradient */
     d->pipe = gr->pipe;
+    d->mirror = gr->mirror && comm_size(gr->mirror) > 1 ? gr->mirror : NULL;
     d->ep = gr->ep && comm_size(gr->ep) > 1 ? gr->ep : NULL;
     d->uoff = calloc(d->nunits, sizeof(int64_t));
     d->ulen = calloc(d->nunits, sizeof(int64_t));
@@ -192,6 +193,9 @@ int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_are
     make_buckets(d);
     const char *fault = getenv("UST_FAULT_DP_DROP_GRADS_RANK");
     d->drop_grads = fault && atoi(fault) == d->rank && d->n > 1;
+    /* test fault UST_FAULT_DP_SKIP_MIRROR=1: dualpipe's copies step on their own gradients */
+    fault = getenv("UST_FAULT_DP_SKIP_MIRROR");
+    if (fault && atoi(fault) == 1) d->mirror = NULL;
     model_hooks h = {d, on_unit};
     model_set_hooks(m, &h);
     *out = d;
@@ -361,11 +365,31 @@ void dp_begin_step(dp_state *d) {
 
 void dp_begin_microbatch(dp_state *d, int last) { d->last_mb = last; }
 
+/* dualpipe: the mirror rank's copies saw the other direction's micro-batches; both ranks hold
+ * the same units in the same layout and partitions, so the pieces the optimizer reads (the whole
+ * buffer, ZeRO-1's partition of each unit, the ZeRO-2/3 shard) are summed as they lie. */
+static void sum_with_mirror(dp_state *d) {
+    int n = 0;
+    if (d->stage == 1)
+        for (int u = 0; u < d->nunits; u++) {
+            float *mine = d->g_whole + d->uoff[u] + d->urank[u] * d->chunk[u];
+            d->pending[n++] =
+                comm_allreduce(d->mirror, mine, mine, (size_t)d->chunk[u], COMM_FP32, COMM_SUM);
+        }
+    else {
+        float *g = d->stage == 0 ? d->g_whole : d->g_shard;
+        size_t count = (size_t)(d->stage == 0 ? d->numel : d->shard_numel);
+        d->pending[n++] = comm_allreduce(d->mirror, g, g, count, COMM_FP32, COMM_SUM);
+    }
+    comm_wait_all(d->pending, n);
+}
+
 void dp_finish_grads(dp_state *d) {
     comm_wait_all(d->pending, d->npending);
     d->npending = 0;
     if (d->stage >= 2)
         for (int k = 0; k < 3; k++) finish_rs(d, k);
+    if (d->mirror) sum_with_mirror(d);
 }
 
 /* Sums n (<= 2) doubles over group c in one all-reduce (d->scalar holds four floats). */

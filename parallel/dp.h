@@ -51,6 +51,9 @@ typedef struct {
     ust_comm *mp;     /* the other tensor-parallel shards of this replica (NULL: none): the
                          norm sums over it, and only its member 0 writes replicated tensors */
     ust_comm *pipe;   /* the other pipeline stages (NULL: none): the norm sums over it */
+    ust_comm *mirror; /* the ranks holding copies of this rank's stages, laid out alike (dualpipe's
+                         pipeline ranks r and pp-1-r; NULL or size 1: none): every gradient is
+                         summed over it once reduced, so the copies take the same step */
 } dp_groups;
 
 int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_arena *arena, model *m,
@@ -68,7 +71,7 @@ int dp_load_slices(dp_state *d, dp_read_fn read, void *ctx, ust_err *e);
 
 void dp_begin_step(dp_state *d);                 /* zero the gradients */
 void dp_begin_microbatch(dp_state *d, int last); /* last: reduce as units finish */
-void dp_finish_grads(dp_state *d);               /* wait for every reduction */
+void dp_finish_grads(dp_state *d); /* wait for every reduction, then sum with the mirror's */
 double dp_grad_norm(dp_state *d);                /* global L2 norm (same on every rank) */
 void dp_optimizer_step(dp_state *d, double lr, float grad_scale, int64_t step);
 double dp_sum(dp_state *d, double x); /* all-reduce of one number over the group */

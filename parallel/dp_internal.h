@@ -15,6 +15,7 @@ struct dp_state {
     model *m;
     ust_comm *comm, *mp; /* the dp group; the group holding the other shards of this replica */
     ust_comm *pipe;      /* the pipeline group: the other stages of this replica (NULL: none) */
+    ust_comm *mirror;    /* dp_groups.mirror (NULL: none) */
     ust_comm *ep;        /* the expert-parallel group: the other experts of a MoE layer */
     ust_comm **ucomm;    /* per unit: the group it is reduced and sharded over */
     int *urank, *un;     /* per unit: this rank's index in it, and its size */

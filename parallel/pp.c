@@ -49,7 +49,7 @@ int pp_plan(const ust_config *cfg, int pp_rank, pps_schedule *sched, int slots[M
     ust_pp_schedule kind = pp_kind(cfg);
     /* dualpipev splits B and W only where the model can defer weight gradients (not in MoE
      * layers, not under full recomputation: zb's own limits); otherwise its B's are whole */
-    if (kind == PP_DUALPIPEV &&
+    if ((kind == PP_DUALPIPEV || kind == PP_DUALPIPE) &&
         (cfg->model.moe.num_experts > 0 || cfg->train.recompute == RECOMPUTE_FULL))
         flags |= PPS_NO_SPLIT;
     if (pps_build(sched, kind, cfg->parallel.pp, cfg->parallel.vpp, cfg_grad_accum(cfg), pp_rank,
@@ -103,16 +103,21 @@ pp_state *pp_create(const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
 
 void pp_stages(const ust_config *cfg, int pp_rank, const int slots[MODEL_MAX_CHUNKS],
                model_storage *st) {
-    int p = cfg->parallel.pp, v = cfg->parallel.vpp, S = p * v;
+    int p = cfg->parallel.pp, v = cfg->parallel.vpp, S = cfg_pp_stages(cfg);
+    ust_pp_schedule kind = pp_kind(cfg);
     st->nchunks = v;
     for (int c = 0; c < v; c++) {
         model_stage *ch = &st->chunks[c];
-        ch->stage = pps_stage(pp_kind(cfg), p, c, pp_rank);
+        ch->stage = pps_model_stage(kind, p, pps_stage(kind, p, c, pp_rank));
         ch->lo = 0, ch->hi = cfg->model.n_layer;
         if (S > 1) cfg_stage_layers(cfg, ch->stage, &ch->lo, &ch->hi);
         ch->embed = ch->stage == 0;
         ch->head = ch->stage == S - 1;
         ch->slots = slots[c];
+        /* dualpipe: the first half of the ranks own every stage once (chunk 0 the stage nearer
+         * the input, chunk 1 its mirror's); the second half holds the same stages in the same
+         * chunks again, summing its gradients with them (pp_sync_copies) */
+        ch->copy = kind == PP_DUALPIPE && pp_rank >= p / 2;
     }
 }
 
@@ -215,7 +220,9 @@ static void local_copy(pp_state *s, const pps_action *a, int slot) {
 static double compute(pp_state *s, const pp_callbacks *cb, const pps_action *a, int slot,
                       float dscale) {
     double loss = 0, t0 = log_now_s();
-    int last = a->mb == s->nmb - 1;
+    /* the last micro-batch through this chunk (dualpipe: its direction's) completes its units'
+       gradients */
+    int last = a->mb == pps_chunk_last_mb(s->sched->kind, s->p, s->nmb, a->chunk, s->sched->rank);
     switch (a->op) {
     case PPS_F:
         cb->load(cb->ctx, a->mb, s->inputs, s->targets); /* the model reads what it needs */
@@ -276,18 +283,20 @@ double pp_train_step(pp_state *s, const pp_callbacks *cb, float dscale) {
 }
 
 /* Validation: each micro-batch goes through the stages in order, one at a time (a chain:
- * nothing to overlap), in every chunk's first activation set. */
+ * nothing to overlap), in every chunk's first activation set. dualpipe's micro-batches all take
+ * direction 0 (the chunks holding stages 0 .. p-1, one per rank). */
 double pp_forward_only(pp_state *s, const pp_callbacks *cb, int nmb, int64_t *ntok) {
     int r = comm_rank(s->pipe), count = (int)model_boundary_numel(s->m);
-    int S = s->p * s->v;
     ust_pp_schedule kind = s->sched->kind;
     double loss = 0;
     *ntok = 0;
     for (int mb = 0; mb < nmb; mb++)
         for (int c = 0; c < s->v; c++) {
             int stage = pps_stage(kind, s->p, c, r);
+            if (pps_stage_first(kind, s->p, stage) != 0) continue; /* dualpipe's direction 1 */
+            int last = pps_stage_last(kind, s->p, s->v, stage);
             int prev = stage > 0 ? pps_stage_rank(kind, s->p, stage - 1) : -1;
-            int next = stage < S - 1 ? pps_stage_rank(kind, s->p, stage + 1) : -1;
+            int next = stage < last ? pps_stage_rank(kind, s->p, stage + 1) : -1;
             if (prev == r) { /* dualpipev's turn: the previous chunk on this rank */
                 s->ops->copy(s->ops, model_chunk_input(s->m, c, 0),
                              model_chunk_output(s->m, c - 1, 0), (size_t)act_bytes(s->ops, count));

@@ -43,6 +43,7 @@ int topo_grid_from_config(topo_grid *g, const ust_config *c, int world, ust_err 
     if (topo_grid_init(g, c->parallel.dp, c->parallel.tp, c->parallel.pp, c->parallel.cp,
                        c->parallel.ep, world, e))
         return -1;
+    g->mirror = c->parallel.pp_schedule == PP_DUALPIPE && c->parallel.pp > 1;
     return topo_grid_set_cpa(g, c->parallel.cp_comm == CP_A2A_RING ? c->parallel.cp_a2a : 1, e);
 }
 
@@ -66,7 +67,8 @@ int topo_rank_of(const topo_grid *g, int tp, int cp, int dp, int pp) {
 
 const char *topo_kind_name(topo_kind k) {
     static const char *names[TOPO_NKINDS] = {
-        "tp", "cp", "dp", "pp", "dp_cp", "ep", "edp_cp", "embedding", "world", "cp_a2a", "cp_ring"};
+        "tp",    "cp",      "dp",      "pp",     "dp_cp",    "ep",
+        "edp_cp", "embedding", "world", "cp_a2a", "cp_ring", "pp_mirror"};
     return (unsigned)k < TOPO_NKINDS ? names[k] : "?";
 }
 
@@ -112,6 +114,10 @@ int topo_group(const topo_grid *g, topo_kind k, int rank, int *ranks, int *index
             break;
         case TOPO_CPR:
             keep = same_tp && same_dp && same_pp && o.cp % g->cpa == me.cp % g->cpa;
+            break;
+        case TOPO_MIRROR:
+            keep = same_tp && same_cp && same_dp &&
+                   (same_pp || (g->mirror && o.pp == g->pp - 1 - me.pp));
             break;
         default:
             UST_ASSERT(0, "group kind %d", (int)k);
@@ -175,6 +181,9 @@ void topo_print(const topo_grid *g, FILE *f) {
                 break;
             case TOPO_CPR:
                 lowest = o.cp < g->cpa;
+                break;
+            case TOPO_MIRROR:
+                lowest = !g->mirror || o.pp <= g->pp - 1 - o.pp;
                 break;
             default:
                 lowest = r == 0;

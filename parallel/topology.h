@@ -27,6 +27,8 @@
  *   EMB    same tp, cp, dp, pp_i in {0, pp-1}   tied embeddings (2 members; 1 when pp == 1)
  *   CPA    the CP group's Ulysses sub-group: same cp_i / cpa (cpa consecutive cp coordinates)
  *   CPR    the CP group's ring sub-group: same cp_i % cpa (cp / cpa members)
+ *   MIRROR same tp, cp, dp, pp_i in {i, pp-1-i} when the grid is mirrored (dualpipe: the two
+ *          ranks holding the same stages, whose gradients are summed); else the rank alone
  *   WORLD  every rank */
 typedef enum {
     TOPO_TP,
@@ -40,12 +42,14 @@ typedef enum {
     TOPO_WORLD,
     TOPO_CPA,
     TOPO_CPR,
+    TOPO_MIRROR,
     TOPO_NKINDS
 } topo_kind;
 
 typedef struct {
     int dp, tp, pp, cp, ep;
-    int cpa; /* the Ulysses degree inside cp (hierarchical context parallelism; 1: none) */
+    int cpa;    /* the Ulysses degree inside cp (hierarchical context parallelism; 1: none) */
+    int mirror; /* pipeline ranks i and pp-1-i form MIRROR groups (pp_schedule: dualpipe) */
     int world;
 } topo_grid;
 
@@ -65,7 +69,8 @@ typedef struct {
 /* Checks the sizes (each >= 1, ep divides dp, product == world when world > 0; world <= 0 takes
  * the product). Returns -1 with a message otherwise. */
 int topo_grid_init(topo_grid *g, int dp, int tp, int pp, int cp, int ep, int world, ust_err *e);
-/* From the config; cpa is parallel.cp_a2a under cp_comm a2a+ring, else 1. */
+/* From the config; cpa is parallel.cp_a2a under cp_comm a2a+ring, else 1; mirror under
+ * pp_schedule dualpipe with pp > 1. */
 int topo_grid_from_config(topo_grid *g, const ust_config *c, int world, ust_err *e);
 /* Sets g->cpa (must divide g->cp; -1 with a message otherwise). */
 int topo_grid_set_cpa(topo_grid *g, int cpa, ust_err *e);

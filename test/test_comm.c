@@ -411,7 +411,7 @@ static void case_topology_groups_interleaved(env *E, const int grid[5]) {
             static const comm_kind kinds[TOPO_NKINDS] = {
                 COMM_ALLREDUCE,      COMM_ALLGATHER, COMM_ALLREDUCE, COMM_SENDRECV,
                 COMM_REDUCE_SCATTER, COMM_ALLTOALL,  COMM_ALLREDUCE, COMM_BROADCAST,
-                COMM_ALLGATHER,      COMM_ALLTOALL,  COMM_SENDRECV};
+                COMM_ALLGATHER,      COMM_ALLTOALL,  COMM_SENDRECV,  COMM_ALLREDUCE};
             comm_kind kk = round ? kinds[(k + 3) % TOPO_NKINDS] : kinds[k];
             J[nj] = (job){.kind = kk,
                           .c = T.comm[k],

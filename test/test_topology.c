@@ -61,6 +61,10 @@ static int expected_group(const topo_grid *g, topo_kind k, int r, int *out) {
     case TOPO_CPR: /* every cpa-th */
         for (int i = c % g->cpa; i < g->cp; i += g->cpa) out[n++] = R(g, t, i, d, p);
         break;
+    case TOPO_MIRROR: /* pipeline rank p and its mirror pp-1-p (once when they coincide) */
+        out[n++] = r;
+        if (g->mirror && g->pp - 1 - p != p) out[n++] = R(g, t, c, d, g->pp - 1 - p);
+        break;
     default:
         break;
     }
@@ -69,12 +73,14 @@ static int expected_group(const topo_grid *g, topo_kind k, int r, int *out) {
 }
 
 /* Returns 0 or fills why. */
-static int check_grid(int dp, int tp, int pp, int cp, int ep, int cpa, char *why, size_t cap) {
+static int check_grid(int dp, int tp, int pp, int cp, int ep, int cpa, int mirror, char *why,
+                      size_t cap) {
     topo_grid g;
     ust_err e;
     if (topo_grid_init(&g, dp, tp, pp, cp, ep, dp * tp * pp * cp, &e) ||
         topo_grid_set_cpa(&g, cpa, &e))
         return snprintf(why, cap, "valid grid refused: %.400s", e.msg), -1;
+    g.mirror = mirror;
     int W = g.world, *a = malloc(sizeof(int) * W), *b = malloc(sizeof(int) * W),
         *m = malloc(sizeof(int) * W);
     int rc = 0;
@@ -123,11 +129,14 @@ static void test_every_group_matches_independent_formula_on_several_grids(void) 
     char why[512];
     for (size_t i = 0; i < sizeof grids / sizeof grids[0]; i++) {
         const int *q = grids[i];
-        CHECK(check_grid(q[0], q[1], q[2], q[3], q[4], 1, why, sizeof why) == 0, "%s", why);
+        CHECK(check_grid(q[0], q[1], q[2], q[3], q[4], 1, 0, why, sizeof why) == 0, "%s", why);
+        /* dualpipe's mirror pairs (odd pp too: the middle rank is its own mirror) */
+        if (q[2] > 1)
+            CHECK(check_grid(q[0], q[1], q[2], q[3], q[4], 1, 1, why, sizeof why) == 0, "%s", why);
         /* hierarchical cp: the Ulysses and ring sub-groups */
         for (int cpa = 2; cpa < q[3]; cpa++)
             if (q[3] % cpa == 0)
-                CHECK(check_grid(q[0], q[1], q[2], q[3], q[4], cpa, why, sizeof why) == 0, "%s",
+                CHECK(check_grid(q[0], q[1], q[2], q[3], q[4], cpa, 0, why, sizeof why) == 0, "%s",
                       why);
     }
 }
@@ -211,11 +220,12 @@ static void test_printer_lists_every_group(void) {
 static void test_printer_lists_each_rank_once_per_kind(void) {
     static const int grids[][5] = {
         {4, 2, 2, 2, 2}, {4, 1, 3, 1, 4}, {6, 2, 1, 1, 3}, {1, 1, 4, 1, 1}};
-    for (size_t gi = 0; gi < sizeof grids / sizeof *grids; gi++) {
-        const int *q = grids[gi];
+    for (size_t gi = 0; gi < 2 * sizeof grids / sizeof *grids; gi++) {
+        const int *q = grids[gi / 2]; /* each grid plain and mirrored (dualpipe) */
         topo_grid g;
         ust_err e;
         CHECK(topo_grid_init(&g, q[0], q[1], q[2], q[3], q[4], 0, &e) == 0, "%.900s", e.msg);
+        g.mirror = gi % 2;
         char *buf = NULL;
         size_t len = 0;
         FILE *f = open_memstream(&buf, &len);
