@@ -300,6 +300,117 @@ static void test_dualpipev_checker_catches_a_missing_copy_and_a_misordered_recei
     CHECK(pps_build(&all[0], PP_1F1B, 2, 1, 4, 0, PPS_NO_SPLIT, &e) == -1, "no-split flag");
 }
 
+/* ---- dualpipe ------------------------------------------------------------------------------ */
+
+static const int BPS[] = {2, 4, 6, 8};
+
+/* Two pipelines in opposite directions over the same ranks: every rank runs m/2 micro-batches
+ * of each direction (3m units), chunk c's F's all of one direction (stage < p: mb < m/2), no
+ * local copies (a micro-batch never turns); rank r's compute list is its mirror p-1-r's with
+ * the directions swapped (mb <-> mb + m/2, the same chunk: the stage nearer the input); the run
+ * ends without a deadlock and every rank holds DeepSeek's PP+1 = p+1 activation sets at its peak.
+ * With PPS_NO_SPLIT every B is whole. */
+static void test_dualpipe_runs_both_directions_mirrored_with_p_plus_1_sets(void) {
+    pps_schedule all[8];
+    int cases = 0;
+    for (int pi = 0; pi < N(BPS); pi++)
+        for (int extra = 0; extra <= 6; extra += 2)
+            for (int ns = 0; ns <= 1; ns++) {
+                int p = BPS[pi], m = 2 * p + extra, flags = ns ? PPS_NO_SPLIT : 0;
+                ust_err e = {{0}};
+                CHECK(pps_build_all(all, PP_DUALPIPE, p, 2, m, flags, &e) == 0, "p=%d m=%d: %s", p,
+                      m, e.msg);
+                pps_sim sim;
+                int rc = pps_simulate(all, p, COST_ZB, &sim, &e);
+                CHECK(rc == 0, "p=%d m=%d no-split=%d: %s", p, m, ns, e.msg);
+                for (int r = 0; r < p && rc == 0; r++) {
+                    const pps_schedule *s = &all[r], *t = &all[p - 1 - r];
+                    int local = 0, w = 0, j = 0;
+                    for (int i = 0; i < s->n; i++) {
+                        const pps_action *a = &s->a[i];
+                        local += a->op == PPS_LOCAL_ACT || a->op == PPS_LOCAL_GRAD;
+                        w += a->op == PPS_W;
+                        if (a->op == PPS_F)
+                            CHECK((a->stage < p) == (a->mb < m / 2) &&
+                                      a->stage == pps_stage(PP_DUALPIPE, p, a->chunk, r),
+                                  "p=%d rank %d: F mb=%d chunk %d stage %d", p, r, a->mb, a->chunk,
+                                  a->stage);
+                        if (a->op != PPS_F && a->op != PPS_B && a->op != PPS_W) continue;
+                        while (j < t->n && t->a[j].op != PPS_F && t->a[j].op != PPS_B &&
+                               t->a[j].op != PPS_W)
+                            j++;
+                        CHECK(j < t->n && t->a[j].op == a->op && t->a[j].chunk == a->chunk &&
+                                  t->a[j].mb == (a->mb + m / 2) % m && t->a[j].split == a->split,
+                              "p=%d m=%d: rank %d compute %d is not its mirror's", p, m, r, i);
+                        j++;
+                    }
+                    CHECK(local == 0, "p=%d rank %d: %d local copies", p, r, local);
+                    CHECK(ns ? w == 0 : w > 0, "p=%d rank %d no-split=%d: %d W", p, r, ns, w);
+                    CHECK(sim.busy[r] == 3.0 * m, "p=%d m=%d rank %d busy %g", p, m, r,
+                          sim.busy[r]);
+                    CHECK(sim.peak_alive[r] == p + 1, "p=%d m=%d rank %d peak %d", p, m, r,
+                          sim.peak_alive[r]);
+                }
+                pps_free_all(all, p);
+                cases++;
+            }
+    CHECK(cases == 32, "%d cases", cases);
+}
+
+/* DeepSeek's (PP/2-1)(F&B+B-3W) with PP = p over the m(F+B) a rank computes: none at p = 2. The
+ * executor's rule with the receives placed by simulation reaches it at p = 2 and 4, stays within
+ * 40% of it at 6 and 8 (measured: 0.167 against 0.125 at p=8 m=16), below 1f1b's (p-1)/m
+ * everywhere; the schedule's own dataflow bubble is at most the published one. */
+static void test_dualpipe_bubble_against_deepseeks(void) {
+    pps_schedule all[8];
+    for (int pi = 0; pi < N(BPS); pi++)
+        for (int m = 2 * BPS[pi]; m <= 32; m *= 2) {
+            int p = BPS[pi];
+            double flow;
+            ust_err e = {{0}};
+            CHECK(pps_build_all(all, PP_DUALPIPE, p, 2, m, 0, &e) == 0, "%s", e.msg);
+            CHECK(pps_dataflow(all, p, COST_ZB, &flow, &e) == 0, "%s", e.msg);
+            pps_sim rule;
+            CHECK(pps_simulate(all, p, COST_ZB, &rule, &e) == 0, "%s", e.msg);
+            pps_free_all(all, p);
+            double published = pps_analytic_bubble(PP_DUALPIPE, p, 2, m, COST_ZB, NULL);
+            CHECK(fabs(published - (p / 2 - 1) * 2.0 / (3.0 * m)) < 1e-12, "formula p=%d: %g", p,
+                  published);
+            CHECK(rule.bubble < (p - 1.0) / m, "p=%d m=%d: rule bubble %g not below 1f1b's", p, m,
+                  rule.bubble);
+            if (p <= 4)
+                CHECK(fabs(rule.bubble - published) < 1e-12, "p=%d m=%d rule bubble %g vs %g", p, m,
+                      rule.bubble, published);
+            CHECK(rule.bubble <= 1.4 * published + 1e-12, "p=%d m=%d: rule bubble %g, published %g",
+                  p, m, rule.bubble, published);
+            CHECK(flow <= published + 1e-12, "p=%d m=%d: dataflow %g above %g", p, m, flow,
+                  published);
+        }
+}
+
+/* A micro-batch run by the chunk of the other direction is caught; the builder refuses what
+ * DualPipe cannot run: odd p (no mirror for the middle rank), odd m (two equal halves), m < 2p,
+ * v != 2. */
+static void test_dualpipe_checker_and_arguments(void) {
+    pps_schedule all[2], s;
+    ust_err e = {{0}};
+    CHECK(pps_build_all(all, PP_DUALPIPE, 2, 2, 4, 0, &e) == 0, "%s", e.msg);
+    int i = find(&all[0], PPS_F, 0);
+    CHECK(i >= 0 && all[0].a[i].chunk == 0, "layout changed");
+    all[0].a[i].mb = 2; /* direction 1's first micro-batch through chunk 0 (direction 0) */
+    int rc = pps_check(&all[0], &e);
+    CHECK(rc == -1 && strstr(e.msg, "other direction"), "rc %d: %s", rc, e.msg);
+    pps_free_all(all, 2);
+    CHECK(pps_build(&s, PP_DUALPIPE, 3, 2, 6, 0, 0, &e) == -1 && strstr(e.msg, "even pp"), "p: %s",
+          e.msg);
+    CHECK(pps_build(&s, PP_DUALPIPE, 2, 2, 5, 0, 0, &e) == -1 && strstr(e.msg, "even number"),
+          "odd m: %s", e.msg);
+    CHECK(pps_build(&s, PP_DUALPIPE, 4, 2, 6, 0, 0, &e) == -1, "m < 2p: %s", e.msg);
+    CHECK(pps_build(&s, PP_DUALPIPE, 2, 1, 4, 0, 0, &e) == -1 && strstr(e.msg, "vpp = 2"), "v: %s",
+          e.msg);
+    CHECK(pps_build(&s, PP_DUALPIPE, 2, 2, 4, 0, PPS_BREADTH_FIRST, &e) == -1, "flag");
+}
+
 /* ---- the checkers can fail ---------------------------------------------------------------- */
 
 static int find(const pps_schedule *s, pps_op op, int mb) {
@@ -433,6 +544,9 @@ int main(void) {
     RUN_TEST(test_dualpipev_runs_the_v_to_the_end_with_2p_plus_1_sets);
     RUN_TEST(test_dualpipev_dataflow_bubble_against_the_published_ones);
     RUN_TEST(test_dualpipev_checker_catches_a_missing_copy_and_a_misordered_receive);
+    RUN_TEST(test_dualpipe_runs_both_directions_mirrored_with_p_plus_1_sets);
+    RUN_TEST(test_dualpipe_bubble_against_deepseeks);
+    RUN_TEST(test_dualpipe_checker_and_arguments);
     RUN_TEST(test_a_dropped_backward_is_rejected);
     RUN_TEST(test_a_swapped_send_and_receive_is_rejected);
     RUN_TEST(test_transfers_out_of_order_between_ranks_are_rejected);

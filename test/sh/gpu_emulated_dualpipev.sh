@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# DualPipeV on the CUDA backend over emulated NCCL (cuda/emu, `make emu`, which
+# DualPipeV and DualPipe on the CUDA backend over emulated NCCL (cuda/emu, `make emu`, which
 # test/sh/gpu_emulated.sh builds first): the turn's local copies are device-to-device copies on
 # the compute stream, rank 0's tied embedding serves both ends; per-step losses and weights equal
 # the one-process CPU run.
@@ -19,4 +19,7 @@ sed -i 's/n_layer: 2/n_layer: 4/' $TMP/llama.yaml $TMP/gpt2.yaml
 EQ="python3 test/tools/equiv.py --ustrain build-emu/ustrain --steps 3"
 $EQ --name _emu_dpv_llama --config $TMP/llama.yaml --layout "pp=2 vpp=2 sched=dualpipev run.device=cuda"
 $EQ --name _emu_dpv_gpt2 --config $TMP/gpt2.yaml --layout "pp=2 vpp=2 sched=dualpipev run.device=cuda"
+# dualpipe: the mirror pair's gradient sum is an NCCL all-reduce of the whole gradient buffer
+$EQ --name _emu_dp_llama --config $TMP/llama.yaml --layout "pp=2 vpp=2 sched=dualpipe run.device=cuda"
+$EQ --name _emu_dp_gpt2 --config $TMP/gpt2.yaml --layout "pp=2 vpp=2 sched=dualpipe run.device=cuda"
 exit 0
