@@ -172,12 +172,11 @@ static int apply_overrides(ust_config *c, int argc, char **argv, const eval_args
     /* the training step's batch only has to fit the layout: the fewest micro-batches per step
      * (interleaved needs a multiple of pp, dualpipev and dualpipe 2 * pp), so the pipeline holds
      * the fewest */
-    int accum = c->parallel.pp == 1                           ? 1
+    int accum = c->parallel.pp == 1                         ? 1
                 : c->parallel.pp_schedule == PP_INTERLEAVED ? c->parallel.pp
-                : c->parallel.pp_schedule == PP_DUALPIPEV ||
-                        c->parallel.pp_schedule == PP_DUALPIPE
+                : c->parallel.pp_schedule == PP_DUALPIPEV || c->parallel.pp_schedule == PP_DUALPIPE
                     ? 2 * c->parallel.pp
-                                                            : 1;
+                    : 1;
     c->train.global_batch_size = c->train.micro_batch_size * c->parallel.dp * accum;
     c->data.val_every = 1;
     return 0;

@@ -37,7 +37,8 @@ typedef struct {
 static const char *const DEVICES[] = {"cpu", "cuda", NULL};
 static const char *const ARCHS[] = {"gpt2", "llama", "auto", NULL};
 static const char *const ROPE_SCALINGS[] = {"none", "llama3", NULL};
-static const char *const PP_SCHEDULES[] = {"afab", "1f1b", "interleaved", "zb", "dualpipev", "dualpipe", NULL};
+static const char *const PP_SCHEDULES[] = {"afab",      "1f1b",     "interleaved", "zb",
+                                           "dualpipev", "dualpipe", NULL};
 static const char *const CP_LAYOUTS[] = {"zigzag", "contiguous", NULL};
 static const char *const CP_COMMS[] = {"ring", "allgather", "a2a", "a2a+ring", NULL};
 static const char *const PRECISIONS[] = {"fp32", "bf16", NULL};
@@ -1198,11 +1199,10 @@ static int cfg_validate_parallel(const ust_config *c, ust_err *e) {
     if (p->pp_layers[0]) {
         int per[CFG_MAX_STAGES], n = cfg_pp_layers(c, per), sum = 0;
         for (int i = 0; i < n; i++) sum += per[i];
-        REQUIRE(n == stages,
-                "parallel.pp_layers has %d entries; it needs one per stage: %s = %lld", n,
-                p->pp_schedule == PP_DUALPIPE ? "parallel.pp (dualpipe)"
-                                              : "parallel.pp * parallel.vpp",
-                stages);
+        REQUIRE(
+            n == stages, "parallel.pp_layers has %d entries; it needs one per stage: %s = %lld", n,
+            p->pp_schedule == PP_DUALPIPE ? "parallel.pp (dualpipe)" : "parallel.pp * parallel.vpp",
+            stages);
         REQUIRE(sum == m->n_layer, "parallel.pp_layers adds up to %d layers; model.n_layer is %d",
                 sum, m->n_layer);
     }

@@ -184,8 +184,7 @@ int model_moe_stats(const model *m, int *layers, double *load_max, double *load_
  * the same layers for the other direction's micro-batches, summed in too. Every rank of the
  * groups calls it once per step. */
 struct ust_comm;
-void model_moe_end_step(model *m, struct ust_comm *group, struct ust_comm *mirror,
-                        int update_bias);
+void model_moe_end_step(model *m, struct ust_comm *group, struct ust_comm *mirror, int update_bias);
 /* For the i-th layer model_moe_stats lists: the rows each ep rank's experts computed in the last
  * step, per rank holding them (global counts / (dp/ep * cp * tp)); returns how many (the ep size,
  * at most max). */

@@ -453,8 +453,7 @@ static int v_build_all(pps_schedule *all, ust_pp_schedule kind, int p, int m, in
         cand[r] = all[r];
         cand[r].a = malloc(sizeof(pps_action) * 4 * cap);
         if (!comp[r] || !post[r] || !next[r] || !key[r] || !gap[r] || !reach[r] || !all[r].a ||
-            !cand[r].a ||
-            order_two_way(kind, comp[r], &nc[r], p, m, r, !(flags & PPS_NO_SPLIT))) {
+            !cand[r].a || order_two_way(kind, comp[r], &nc[r], p, m, r, !(flags & PPS_NO_SPLIT))) {
             rc = -1;
             break;
         }
@@ -464,8 +463,8 @@ static int v_build_all(pps_schedule *all, ust_pp_schedule kind, int p, int m, in
         }
         if (v_post_order(kind, comp[r], nc[r], p, m, r, post[r], key[r])) rc = -1;
         if (!rc)
-            all[r].n = emit(comp[r], nc[r], kind, p, 2, r, post[r], key[r], nc[r], scratch,
-                            gap[r], all[r].a);
+            all[r].n = emit(comp[r], nc[r], kind, p, 2, r, post[r], key[r], nc[r], scratch, gap[r],
+                            all[r].a);
     }
     pps_sim sim;
     ust_err ignore;
@@ -505,15 +504,15 @@ static int v_build_all(pps_schedule *all, ust_pp_schedule kind, int p, int m, in
             }
         }
         for (int r = 0; r < p; r++)
-            cand[r].n = emit(comp[r], nc[r], kind, p, 2, r, next[r], key[r], nc[r], scratch,
-                             NULL, cand[r].a);
+            cand[r].n = emit(comp[r], nc[r], kind, p, 2, r, next[r], key[r], nc[r], scratch, NULL,
+                             cand[r].a);
         pps_sim cs;
         if (pps_simulate(cand, p, unit, &cs, &ignore) || cs.makespan >= best - 1e-9) break;
         best = cs.makespan;
         for (int r = 0; r < p; r++) {
             memcpy(post[r], next[r], sizeof(int) * nc[r]);
-            all[r].n = emit(comp[r], nc[r], kind, p, 2, r, post[r], key[r], nc[r], scratch,
-                            gap[r], all[r].a);
+            all[r].n = emit(comp[r], nc[r], kind, p, 2, r, post[r], key[r], nc[r], scratch, gap[r],
+                            all[r].a);
         }
         if (pps_simulate_reach(all, p, unit, &sim, reach, &ignore)) rc = -1;
     }
@@ -609,8 +608,8 @@ static int check_args(ust_pp_schedule kind, int p, int v, int m, int rank, int f
     if (kind != PP_INTERLEAVED && !two_way(kind) && v != 1)
         return ust_errf(e, "pp schedule %s: vpp = %d needs pp_schedule: interleaved", name, v);
     if ((flags & PPS_NO_SPLIT) && !two_way(kind))
-        return ust_errf(e, "pp schedule %s: the no-split flag applies to dualpipev and dualpipe only",
-                        name);
+        return ust_errf(
+            e, "pp schedule %s: the no-split flag applies to dualpipev and dualpipe only", name);
     if (kind == PP_INTERLEAVED && m % p != 0)
         return ust_errf(e,
                         "pp schedule interleaved: micro-batches (%d) must be a multiple of pp "
@@ -676,9 +675,8 @@ int pps_build_all(pps_schedule *all, ust_pp_schedule kind, int p, int v, int m, 
                   ust_err *e) {
     if (two_way(kind)) { /* one placement for every rank at once */
         for (int r = 0; r < p; r++) memset(&all[r], 0, sizeof all[r]);
-        return check_args(kind, p, v, m, 0, flags, e) || v_build_all(all, kind, p, m, flags, e)
-                   ? -1
-                   : 0;
+        return check_args(kind, p, v, m, 0, flags, e) || v_build_all(all, kind, p, m, flags, e) ? -1
+                                                                                                : 0;
     }
     for (int r = 0; r < p; r++)
         if (pps_build(&all[r], kind, p, v, m, r, flags, e)) {

@@ -44,8 +44,8 @@ typedef struct {
 
 enum {
     PPS_BREADTH_FIRST = 1, /* pps_build flag, interleaved only (default depth-first) */
-    PPS_NO_SPLIT = 2,      /* dualpipev, dualpipe: every B is the whole backward, no W (MoE layers and full
-                              recomputation keep no deferred weight gradients) */
+    PPS_NO_SPLIT = 2, /* dualpipev, dualpipe: every B is the whole backward, no W (MoE layers and
+                         full recomputation keep no deferred weight gradients) */
 };
 
 typedef struct {

@@ -47,7 +47,8 @@ static int check_compute(const pps_schedule *s, int i, int *at, int nmc, ust_err
     int p = s->p, v = s->v, k = a->mb * v + a->chunk, rc = 0;
     int may_split = s->kind == PP_ZB || s->kind == PP_DUALPIPEV || s->kind == PP_DUALPIPE;
     if (a->op == PPS_B && (s->kind == PP_ZB ? !a->split : a->split && !may_split))
-        return act_err(e, s, i, a->split ? "split B outside zb and the dualpipes" : "zb B not split");
+        return act_err(e, s, i,
+                       a->split ? "split B outside zb and the dualpipes" : "zb B not split");
     if (a->op == PPS_W && !may_split) return act_err(e, s, i, "W outside zb and the dualpipes");
     if (at[a->op * nmc + k] >= 0) return act_err(e, s, i, "runs twice");
     at[a->op * nmc + k] = i;
@@ -272,7 +273,8 @@ static int sim_compute(sim *x, int r, const pps_action *a) {
     double dep[2] = {0, 0};
     if (x->reach && x->reach[r][x->pc[r]] < 0) x->reach[r][x->pc[r]] = x->clock[r];
     int st = a->stage, kind = x->all[0].kind, v = x->all[0].v;
-    if (a->op == PPS_F) dep[0] = st > pps_stage_first(kind, x->p, st) ? FIN(x, PPS_F, a->mb, st - 1) : 0;
+    if (a->op == PPS_F)
+        dep[0] = st > pps_stage_first(kind, x->p, st) ? FIN(x, PPS_F, a->mb, st - 1) : 0;
     if (a->op == PPS_B) {
         dep[0] = FIN(x, PPS_F, a->mb, st);
         dep[1] = st < pps_stage_last(kind, x->p, v, st) ? FIN(x, PPS_B, a->mb, st + 1) : 0;

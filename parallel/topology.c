@@ -66,9 +66,9 @@ int topo_rank_of(const topo_grid *g, int tp, int cp, int dp, int pp) {
 }
 
 const char *topo_kind_name(topo_kind k) {
-    static const char *names[TOPO_NKINDS] = {
-        "tp",    "cp",      "dp",      "pp",     "dp_cp",    "ep",
-        "edp_cp", "embedding", "world", "cp_a2a", "cp_ring", "pp_mirror"};
+    static const char *names[TOPO_NKINDS] = {"tp",    "cp",     "dp",      "pp",
+                                             "dp_cp", "ep",     "edp_cp",  "embedding",
+                                             "world", "cp_a2a", "cp_ring", "pp_mirror"};
     return (unsigned)k < TOPO_NKINDS ? names[k] : "?";
 }
 

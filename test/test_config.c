@@ -490,8 +490,8 @@ static void test_bad_enum_values_list_the_allowed_ones(void) {
                      "train.precision: unknown value 'fp16' (allowed: fp32, bf16)");
     CHECK_LOAD_FAILS("model:\n  arch: gpt3\n", "t.yaml:2:9: ",
                      "model.arch: unknown value 'gpt3' (allowed: gpt2, llama, auto)");
-    CHECK_LOAD_FAILS("parallel: {pp_schedule: gpipe}\n",
-                     "t.yaml:1:25: ", "(allowed: afab, 1f1b, interleaved, zb, dualpipev, dualpipe)");
+    CHECK_LOAD_FAILS("parallel: {pp_schedule: gpipe}\n", "t.yaml:1:25: ",
+                     "(allowed: afab, 1f1b, interleaved, zb, dualpipev, dualpipe)");
     CHECK_LOAD_FAILS("optimizer: {name: sgd}\n",
                      "t.yaml:1:19: ", "optimizer.name: unknown value 'sgd' (allowed: adamw)");
     CHECK_LOAD_FAILS("data: {format: bin}\n",
