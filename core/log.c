@@ -310,6 +310,7 @@ static int log_scalars(const log_step *s, double unix_time, log_scalar *o) {
         n = add_scalar(o, n, "pp_w_ms", s->pp_op_ms[2]);
     }
     if (s->comm_bytes_cp) n = add_count(o, n, "comm_bytes_cp", s->comm_bytes_cp);
+    if (s->comm_bytes_mirror) n = add_count(o, n, "comm_bytes_mirror", s->comm_bytes_mirror);
     if (s->cp_docs) n = add_count(o, n, "cp_blocks_skipped", (uint64_t)s->cp_blocks_skipped);
     if (s->restarts) n = add_count(o, n, "restarts", (uint64_t)s->restarts);
     if (!isnan(s->val_loss)) n = add_scalar(o, n, "val_loss", s->val_loss);

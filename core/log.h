@@ -22,6 +22,7 @@ typedef struct {
     uint64_t comm_bytes_tp; /* ... and in its tensor-parallel group */
     uint64_t comm_bytes_pp; /* ... and to its pipeline neighbours (activations, gradients) */
     uint64_t comm_bytes_cp; /* ... and in its context-parallel group(s) (0: none, not logged) */
+    uint64_t comm_bytes_mirror; /* ... and to dualpipe's mirror rank (0: none, not logged) */
     double tp_comm_ms;      /* time this step spent waiting for tensor-parallel collectives */
     double cp_wait_ms;      /* ... and for context-parallel key/value blocks */
     double ep_comm_ms;      /* ... and in MoE dispatch/combine all-to-alls */

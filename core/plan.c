@@ -128,7 +128,11 @@ void plan_print(const ust_config *c, const mem_plan *p, FILE *f) {
                    "rank writes)\n",
                 log_bytes(b[4], 32, p->ckpt_staging), p->ckpt_staging);
     if (c->parallel.pp > 1) {
-        fprintf(f, "by pipeline rank (stages r, r+pp, ...; micro-batches in flight per %s):\n",
+        const char *held = c->parallel.pp_schedule == PP_DUALPIPEV ? "stages r and 2pp-1-r"
+                           : c->parallel.pp_schedule == PP_DUALPIPE
+                               ? "stages r and pp-1-r, each held twice"
+                               : "stages r, r+pp, ...";
+        fprintf(f, "by pipeline rank (%s; micro-batches in flight per %s):\n", held,
                 c->parallel.pp_schedule == PP_AFAB ? "afab: all of them" : "the schedule");
         for (int r = 0; r < c->parallel.pp; r++) {
             mem_plan q;

@@ -835,6 +835,7 @@ static void measure_step(trainer *t, const step_mark *m, double fpt, double peak
         s->comm_bytes_cp += now.bytes[cp_groups[i]] - m->bytes[cp_groups[i]];
     }
     s->ep_comm_ms = 1e3 * (now.wait_s[TOPO_EP] - m->wait_s[TOPO_EP]);
+    s->comm_bytes_mirror = now.bytes[TOPO_MIRROR] - m->bytes[TOPO_MIRROR];
     s->mem_params = t->arena.bytes[MEM_PARAMS];
     s->mem_grads = t->arena.bytes[MEM_GRADS];
     s->mem_optim = t->arena.bytes[MEM_OPTIM];

@@ -64,6 +64,34 @@ echo "$out" | grep -q "^   0 F mb=4 chunk=0 stage=4" && echo "$out" | grep -q "^
     echo "$out" | grep -q "schedule dualpipe: p=4 v=2 m=8; simulated bubble 0.0833 (analytic DualPipe .* = 0.0833" &&
     pass dp_validate_prints_the_schedule || fail dp_validate_prints_the_schedule "$(echo "$out" | tail -3)"
 
+# traffic per step against the formulas: rank 0 sends one boundary tensor (B x T x d_model fp32)
+# per micro-batch to rank 1 (direction 0's activations, direction 1's gradients: 1f1b's m), and
+# sums its gradients with its mirror's in one all-reduce over 2 ranks (bus bytes = the buffer:
+# the whole gradient buffer, mem_grads, under ZeRO-0; its partition of every unit, half, under
+# ZeRO-1 at dp=2)
+dpbytes() { # dpbytes NAME WORLD HALVES SETS...
+    local name=$1 w=$2 halves=$3; shift 3
+    rm -rf $TMP/pb
+    scripts/ustrun --nproc-per-node $w $UST train $TMP/llama.yaml --set checkpoint.resume=none --set train.steps=2 \
+        --set checkpoint.every=0 --set "logging.metrics_file=$TMP/pb/m.jsonl" --set parallel.vpp=2 \
+        --set parallel.pp_schedule=dualpipe "$@" >$TMP/pb.out 2>&1
+    python3 - $TMP/pb/m.jsonl $halves "$@" <<'PY' && pass $name || fail $name "$(cat $TMP/pb.why 2>/dev/null || tail -2 $TMP/pb.out)"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"step"' in l]
+halves, sets = int(sys.argv[2]), " ".join(sys.argv[3:])
+m = 8 // (2 if "parallel.dp=2" in sets else 1)  # micro-batches per step on a dp rank
+want_pp = m * 32 * 64 * 4
+bad = [(r.get("comm_bytes_pp"), r.get("comm_bytes_mirror"), r["mem_grads"]) for r in rows
+       if r.get("comm_bytes_pp") != want_pp or r.get("comm_bytes_mirror", 0) * halves != r["mem_grads"]]
+if bad or len(rows) != 2:
+    open(sys.argv[1].rsplit("/", 2)[0] + "/pb.why", "w").write(
+        f"(pp bytes, mirror bytes, mem_grads) {bad}, want pp {want_pp}, mirror mem_grads/{halves}")
+    sys.exit(1)
+PY
+}
+dpbytes dp_bytes_pp2 2 1 --set parallel.pp=2
+dpbytes dp_bytes_pp2_dp2_zero1 4 2 --set parallel.pp=2 --set parallel.dp=2 --set optimizer.zero_stage=1
+
 # the memory plan counts both copies and the activation sets: it equals the arena
 plan_matches_arena dp_plan_equals_arena $TMP/llama.yaml 2 --set parallel.pp=2 --set parallel.vpp=2 \
     --set parallel.pp_schedule=dualpipe --set train.steps=1 --set checkpoint.every=0 --set checkpoint.resume=none
