@@ -726,7 +726,7 @@ void model_moe_end_step(model *m, struct ust_comm *group, struct ust_comm *mirro
     if (!m->has_moe) return;
     int E = m->moe.E;
     moe_step_loads(&m->moe, group, m->moe_load);
-    if (mirror && comm_size(mirror) > 1) moe_step_loads(&m->moe, mirror, m->moe_load);
+    if (mirror) moe_step_loads(&m->moe, mirror, m->moe_load);
     for (int c = 0; c < m->nchunks; c++)
         for (int l = m->chunks[c].lo; l < m->chunks[c].hi; l++)
             if (is_moe(m, l) && update_bias && m->mw[l].bias)

@@ -180,7 +180,7 @@ int model_moe_stats(const model *m, int *layers, double *load_max, double *load_
 /* End of a training step for the MoE layers: this rank's routed counts of the step summed over
  * group (the dp x cp ranks, whose micro-batches differ) into the step's global loads, and, when
  * update_bias (the step was applied) and model.moe.bias_update_rate > 0, each layer's balancing
- * bias moved by them (moe_update_bias). mirror (NULL or size 1: none): dualpipe's rank holding
+ * bias moved by them (moe_update_bias). mirror (NULL: none): dualpipe's rank holding
  * the same layers for the other direction's micro-batches, summed in too. Every rank of the
  * groups calls it once per step. */
 struct ust_comm;

@@ -1017,8 +1017,9 @@ static int train_step(trainer *t, double *loss, double *norm, double *lr, int *f
         return UST_EXIT_RUNTIME;
     }
     if (*finite && !*spiked) dp_optimizer_step(t->dp, *lr, optim_clip_scale(c, *norm), t->step);
-    if (t->has_moe)
-        model_moe_end_step(t->m, t->rt->topo.comm[TOPO_DPCP], t->rt->topo.comm[TOPO_MIRROR],
+    if (t->has_moe) /* dualpipe: the mirror's copies of these layers routed the other half */
+        model_moe_end_step(t->m, t->rt->topo.comm[TOPO_DPCP],
+                           t->rt->topo.grid.mirror ? t->rt->topo.comm[TOPO_MIRROR] : NULL,
                            *finite && !*spiked);
     return 0;
 }
