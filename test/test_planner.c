@@ -497,6 +497,22 @@ static void test_planner_never_proposes_a_schedule_validate_refuses() {
     }
 }
 
+/* Two layouts that differ only in the schedule (interleaved, dualpipev and dualpipe all run at
+ * vpp 2) never tie, even at equal estimates, so qsort's result does not depend on the order the
+ * search enumerated them in; per mesh only the better one is listed (the schedule is a variant of
+ * the mesh, like the ZeRO stage). */
+static void test_compare_and_mesh_dedup_with_schedules() {
+    planner_entry a = {.l = LAYOUT(.pp = 2, .vpp = 2, .schedule = PP_INTERLEAVED)};
+    a.cost.total = 1, a.cost.mem_peak = 1;
+    planner_entry b = a, list[2];
+    b.l.schedule = PP_DUALPIPEV;
+    int ab = planner_compare(&a, &b), ba = planner_compare(&b, &a);
+    CHECK(ab != 0 && sign(ab) == -sign(ba), "compare %d, %d", ab, ba);
+    list[0] = ab < 0 ? a : b, list[1] = ab < 0 ? b : a;
+    CHECK(planner_best_per_mesh(list, 2) == 1 && list[0].l.schedule == (ab < 0 ? a : b).l.schedule,
+          "one entry per mesh, the first");
+}
+
 static void test_no_layout_of_a_prime_world() {
     ust_config c;
     tiny(&c);
@@ -528,6 +544,7 @@ int main(void) {
     RUN_TEST(test_dualpipe_estimate_includes_the_mirror_all_reduce);
     RUN_TEST(test_deep_pipeline_prefers_a_zero_bubble_schedule);
     RUN_TEST(test_planner_never_proposes_a_schedule_validate_refuses);
+    RUN_TEST(test_compare_and_mesh_dedup_with_schedules);
     RUN_TEST(test_no_layout_of_a_prime_world);
     return TEST_SUMMARY();
 }
