@@ -3,7 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model.h"
 #include "plan.h"
+#include "pp.h"
 #include "pp_schedule.h"
 
 const char *const planner_group_names[PLAN_NGROUPS] = {"dp", "tp", "cp", "pp", "ep"};
@@ -108,7 +110,48 @@ static double dp_time(double params, int n, double bw, int zero, int m) {
     }
 }
 
+/* One pipeline rank's activation sets (pp_activation_sets), kept while a mesh is swept: they
+ * depend on the schedule, pp, vpp, the micro-batch count and whether recompute is full, not on
+ * sp or the ZeRO stage, and building them (dualpipe(v) simulates every rank) is most of what the
+ * memory plan costs. */
+typedef struct {
+    int built, zb, slots[MODEL_MAX_CHUNKS];
+} rank_sets;
+
+/* mem and mem_peak: plan_memory and plan_memory_peak, from sets[0..pp) when given (built on
+ * first use) */
+static void memory(const ust_config *c, rank_sets *sets, planner_cost *o) {
+    mem_plan mp;
+    if (!sets) {
+        plan_memory(c, &mp);
+        o->mem = mp.total;
+        o->mem_peak = plan_memory_peak(c);
+        return;
+    }
+    o->mem_peak = 0;
+    for (int r = 0; r < c->parallel.pp; r++) {
+        rank_sets *s = &sets[r];
+        if (!s->built) {
+            ust_err e;
+            if (pp_activation_sets(c, r, s->slots, &s->zb, &e)) s->slots[0] = 1; /* as plan.c */
+            s->built = 1;
+        }
+        if (r == 0) {
+            plan_memory_rank_sets(c, 0, 1, s->slots, s->zb, &mp);
+            o->mem = mp.total;
+        }
+        plan_memory_rank_sets(c, r, 0, s->slots, s->zb, &mp);
+        if (mp.total > o->mem_peak) o->mem_peak = mp.total;
+    }
+}
+
+static void estimate(const ust_config *c, const planner_hw *hw, planner_cost *o, rank_sets *sets);
+
 void planner_estimate(const ust_config *c, const planner_hw *hw, planner_cost *o) {
+    estimate(c, hw, o, NULL);
+}
+
+static void estimate(const ust_config *c, const planner_hw *hw, planner_cost *o, rank_sets *sets) {
     const __typeof__(c->parallel) *p = &c->parallel;
     int dp = p->dp, tp = p->tp, pp = p->pp, v = p->vpp, cp = p->cp, ep = p->ep;
     int m = cfg_grad_accum(c), gpn = hw->gpus_per_node;
@@ -214,10 +257,7 @@ void planner_estimate(const ust_config *c, const planner_hw *hw, planner_cost *o
     for (int g = 0; g < PLAN_NGROUPS; g++) o->comm += o->group[g];
     o->total = o->compute + o->bubble + o->comm;
     o->tokens_per_s = tokens / o->total;
-    mem_plan mp;
-    plan_memory(c, &mp);
-    o->mem = mp.total;
-    o->mem_peak = plan_memory_peak(c);
+    memory(c, sets, o);
 }
 
 /* ---------------------------------------------------------------- the search */
@@ -258,7 +298,7 @@ typedef struct {
     double smallest;
 } search;
 
-static void consider(search *s, const planner_layout *l) {
+static void consider(search *s, const planner_layout *l, rank_sets *sets) {
     ust_config c;
     ust_err err;
     planner_apply(s->base, l, &c);
@@ -269,7 +309,7 @@ static void consider(search *s, const planner_layout *l) {
         return;
     }
     planner_entry e = {.l = *l};
-    planner_estimate(&c, s->hw, &e.cost);
+    estimate(&c, s->hw, &e.cost, sets);
     if (s->smallest == 0 || e.cost.mem_peak < s->smallest)
         s->smallest = e.cost.mem_peak, s->st->smallest = e;
     if (e.cost.mem_peak > s->hw->gpu_mem) {
@@ -289,17 +329,21 @@ static void sweep_mesh(search *s, planner_layout l) {
     int G = s->base->train.global_batch_size, mbs[64];
     if (G % l.dp) { /* cfg_validate says why */
         l.micro_batch = 1, l.zero = 0, l.sp = 0, l.recompute = RECOMPUTE_NONE;
-        consider(s, &l);
+        consider(s, &l, NULL);
         return;
     }
     int nm = divisors(G / l.dp, mbs, 64);
+    /* per micro-batch size and full recompute or not: each pipeline rank's activation sets */
+    rank_sets *sets = calloc((size_t)nm * 2 * l.pp, sizeof *sets);
+    if (!sets) abort();
     for (int sp = 0; sp <= (l.tp > 1); sp++)
         for (int z = 0; z <= 3; z++)
             for (int r = RECOMPUTE_NONE; r <= RECOMPUTE_FULL; r++)
                 for (int i = 0; i < nm; i++) {
                     l.sp = sp, l.zero = z, l.recompute = (ust_recompute)r, l.micro_batch = mbs[i];
-                    consider(s, &l);
+                    consider(s, &l, &sets[((size_t)i * 2 + (r == RECOMPUTE_FULL)) * l.pp]);
                 }
+    free(sets);
 }
 
 /* The schedules tried at pp > 1 and the vpp each runs at (0: every vpp 2..16 the layers divide
