@@ -128,14 +128,22 @@ static void memory(const ust_config *c, rank_sets *sets, planner_cost *o) {
         o->mem_peak = plan_memory_peak(c);
         return;
     }
-    o->mem_peak = 0;
-    for (int r = 0; r < c->parallel.pp; r++) {
-        rank_sets *s = &sets[r];
-        if (!s->built) {
-            ust_err e;
-            if (pp_activation_sets(c, r, s->slots, &s->zb, &e)) s->slots[0] = 1; /* as plan.c */
-            s->built = 1;
+    int pp = c->parallel.pp;
+    if (!sets[0].built) { /* every rank's at once: dualpipe(v) simulates them all anyway */
+        int(*slots)[MODEL_MAX_CHUNKS] = calloc(pp, sizeof *slots), *zb = calloc(pp, sizeof *zb);
+        ust_err e;
+        if (!slots || !zb) abort();
+        int bad = pp_activation_sets_all(c, slots, zb, &e);
+        for (int r = 0; r < pp; r++) {
+            memcpy(sets[r].slots, slots[r], sizeof sets[r].slots);
+            sets[r].zb = bad ? 0 : zb[r], sets[r].built = 1;
+            if (bad) sets[r].slots[0] = 1; /* as plan.c: validation reports it */
         }
+        free(slots), free(zb);
+    }
+    o->mem_peak = 0;
+    for (int r = 0; r < pp; r++) {
+        const rank_sets *s = &sets[r];
         if (r == 0) {
             plan_memory_rank_sets(c, 0, 1, s->slots, s->zb, &mp);
             o->mem = mp.total;
