@@ -240,15 +240,14 @@ static void print_table(const ust_config *c, const planner_entry *e, long n, int
         const planner_layout *l = &e[i].l;
         const planner_cost *k = &e[i].cost;
         char m[32], t[4][32];
-        printf(
-            "%3ld %4d %3d %3d %3d %-11s %3d %3d %2s %4d %4d %4d %-9s %11s %11s %11s %11s %10s "
-            "%12.0f\n",
-            i + 1, l->dp, l->tp, l->pp, l->vpp, pps_kind_name(l->schedule), l->cp, l->ep,
-            l->sp ? "y" : "n", l->zero,
-            l->micro_batch, c->train.global_batch_size / (l->dp * l->micro_batch),
-            recompute_name(l->recompute), fmt_time(t[0], 32, k->total),
-            fmt_time(t[1], 32, k->compute), fmt_time(t[2], 32, k->comm),
-            fmt_time(t[3], 32, k->bubble), log_bytes(m, sizeof m, k->mem_peak), k->tokens_per_s);
+        printf("%3ld %4d %3d %3d %3d %-11s %3d %3d %2s %4d %4d %4d %-9s %11s %11s %11s %11s %10s "
+               "%12.0f\n",
+               i + 1, l->dp, l->tp, l->pp, l->vpp, pps_kind_name(l->schedule), l->cp, l->ep,
+               l->sp ? "y" : "n", l->zero, l->micro_batch,
+               c->train.global_batch_size / (l->dp * l->micro_batch), recompute_name(l->recompute),
+               fmt_time(t[0], 32, k->total), fmt_time(t[1], 32, k->compute),
+               fmt_time(t[2], 32, k->comm), fmt_time(t[3], 32, k->bubble),
+               log_bytes(m, sizeof m, k->mem_peak), k->tokens_per_s);
     }
 }
 
@@ -305,8 +304,8 @@ static int own_layout(const ust_config *base, const plan_opts *o, const planner_
     long r = 0;
     while (r < n && planner_compare(&e[r], &me) < 0) r++;
     int fits = me.cost.mem_peak <= o->hw.gpu_mem;
-    snprintf(buf, len, "%s: step %s, %s per rank; %s", line, fmt_time(t, sizeof t, me.cost.total), log_bytes(m, sizeof m, me.cost.mem_peak),
-             fits ? "" : "does not fit --gpu-mem");
+    snprintf(buf, len, "%s: step %s, %s per rank; %s", line, fmt_time(t, sizeof t, me.cost.total),
+             log_bytes(m, sizeof m, me.cost.mem_peak), fits ? "" : "does not fit --gpu-mem");
     if (fits) {
         size_t k = strlen(buf);
         snprintf(buf + k, len - k, "would rank %ld of the %ld fitting layouts", r + 1, n);

@@ -364,7 +364,8 @@ static void sweep_mesh(search *s, planner_layout l) {
 static const struct {
     ust_pp_schedule kind;
     int vpp;
-} SCHEDULES[] = {{PP_1F1B, 1}, {PP_INTERLEAVED, 0}, {PP_ZB, 1}, {PP_DUALPIPEV, 2}, {PP_DUALPIPE, 2}};
+} SCHEDULES[] = {
+    {PP_1F1B, 1}, {PP_INTERLEAVED, 0}, {PP_ZB, 1}, {PP_DUALPIPEV, 2}, {PP_DUALPIPE, 2}};
 
 /* Every schedule and vpp of one (dp, tp, pp, cp, ep) mesh whose stages divide the layers. */
 static void sweep_schedules(search *s, planner_layout l) {

@@ -140,8 +140,8 @@ int pp_activation_sets_all(const ust_config *cfg, int (*slots)[MODEL_MAX_CHUNKS]
     if (p == 1) return pp_activation_sets(cfg, 0, slots[0], zb, e);
     pps_schedule *all = calloc(p, sizeof *all);
     if (!all) return ust_errf(e, "pp schedule: out of memory");
-    if (pps_build_all(all, pp_kind(cfg), p, cfg->parallel.vpp, cfg_grad_accum(cfg),
-                      plan_flags(cfg), e)) {
+    if (pps_build_all(all, pp_kind(cfg), p, cfg->parallel.vpp, cfg_grad_accum(cfg), plan_flags(cfg),
+                      e)) {
         free(all);
         return -1;
     }

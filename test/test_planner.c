@@ -47,9 +47,15 @@ static int layout(ust_config *out, const ust_config *base, planner_layout l, int
  * override-init is meant) */
 #pragma GCC diagnostic ignored "-Woverride-init"
 #define LAYOUT(...)                                                                                \
-    ((planner_layout){                                                                             \
-        .dp = 1, .tp = 1, .pp = 1, .vpp = 1, .cp = 1, .ep = 1, .micro_batch = 1,                   \
-        .schedule = PP_1F1B, __VA_ARGS__})
+    ((planner_layout){.dp = 1,                                                                     \
+                      .tp = 1,                                                                     \
+                      .pp = 1,                                                                     \
+                      .vpp = 1,                                                                    \
+                      .cp = 1,                                                                     \
+                      .ep = 1,                                                                     \
+                      .micro_batch = 1,                                                            \
+                      .schedule = PP_1F1B,                                                         \
+                      __VA_ARGS__})
 
 static void test_ring_formulas() {
     CHECK_CLOSE(planner_allreduce_s(1e9, 8, 1e9), 2.0 * 7 / 8, 0, RT, "all-reduce 2(n-1)/n");
@@ -115,8 +121,7 @@ static void test_compute_and_pipeline_bubble() {
     double compute = 8 * 128 * 5898240.0 / 2 / 0.5e12;
     CHECK_CLOSE(k.compute, compute, 0, RT, "compute, pp 2");
     CHECK_CLOSE(k.bubble, compute / 8, 0, RT, "bubble (2-1)/8");
-    CHECK(!layout(&c, &base, LAYOUT(.pp = 2, .vpp = 2, .schedule = PP_INTERLEAVED), 8),
-          "pp2 vpp2");
+    CHECK(!layout(&c, &base, LAYOUT(.pp = 2, .vpp = 2, .schedule = PP_INTERLEAVED), 8), "pp2 vpp2");
     planner_estimate(&c, &hw, &k);
     CHECK_CLOSE(k.bubble, compute / 16, 0, RT, "bubble (2-1)/(2*8)");
     /* the schedule's own published bubble, F = B = W: dualpipev (p-1)(F+2B-W)/(2m(F+B+W)) at
