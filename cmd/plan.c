@@ -156,7 +156,7 @@ static int load_base(int argc, char **argv, const plan_opts *o, ust_config *c) {
         c->train.global_batch_size = (int)o->batch_seqs;
     }
     ust_config one = *c;
-    planner_layout l = {1, 1, 1, 1, 1, 1, 0, 1, false, RECOMPUTE_NONE};
+    planner_layout l = {1, 1, 1, 1, 1, 1, 0, 1, false, RECOMPUTE_NONE, PP_1F1B};
     planner_apply(c, &l, &one);
     one.train.global_batch_size = 1;
     if (cfg_validate(&one, 1, &e)) goto fail;
@@ -194,10 +194,10 @@ static const char *recompute_name(ust_recompute r) {
 
 static void layout_line(const planner_layout *l, int world, char *buf, size_t n) {
     snprintf(buf, n,
-             "dp=%d tp=%d pp=%d vpp=%d cp=%d ep=%d sp=%s zero=%d micro_batch=%d "
+             "dp=%d tp=%d pp=%d vpp=%d pp_schedule=%s cp=%d ep=%d sp=%s zero=%d micro_batch=%d "
              "recompute=%s (world %d)",
-             l->dp, l->tp, l->pp, l->vpp, l->cp, l->ep, l->sp ? "on" : "off", l->zero,
-             l->micro_batch, recompute_name(l->recompute), world);
+             l->dp, l->tp, l->pp, l->vpp, pps_kind_name(l->schedule), l->cp, l->ep,
+             l->sp ? "on" : "off", l->zero, l->micro_batch, recompute_name(l->recompute), world);
 }
 
 static void print_steps(const ust_config *c, const plan_opts *o, const planner_stats *st,
@@ -234,19 +234,20 @@ static void print_steps(const ust_config *c, const plan_opts *o, const planner_s
 }
 
 static void print_table(const ust_config *c, const planner_entry *e, long n, int top) {
-    printf("\n  #   dp  tp  pp vpp  cp  ep sp zero  mbs   ga recompute        step     compute"
-           "        comm      bubble   mem/rank        tok/s\n");
+    printf("\n  #   dp  tp  pp vpp schedule     cp  ep sp zero  mbs   ga recompute        step"
+           "     compute        comm      bubble   mem/rank        tok/s\n");
     for (long i = 0; i < n && i < top; i++) {
         const planner_layout *l = &e[i].l;
         const planner_cost *k = &e[i].cost;
         char m[32], t[4][32];
-        printf(
-            "%3ld %4d %3d %3d %3d %3d %3d %2s %4d %4d %4d %-9s %11s %11s %11s %11s %10s %12.0f\n",
-            i + 1, l->dp, l->tp, l->pp, l->vpp, l->cp, l->ep, l->sp ? "y" : "n", l->zero,
-            l->micro_batch, c->train.global_batch_size / (l->dp * l->micro_batch),
-            recompute_name(l->recompute), fmt_time(t[0], 32, k->total),
-            fmt_time(t[1], 32, k->compute), fmt_time(t[2], 32, k->comm),
-            fmt_time(t[3], 32, k->bubble), log_bytes(m, sizeof m, k->mem_peak), k->tokens_per_s);
+        printf("%3ld %4d %3d %3d %3d %-11s %3d %3d %2s %4d %4d %4d %-9s %11s %11s %11s %11s %10s "
+               "%12.0f\n",
+               i + 1, l->dp, l->tp, l->pp, l->vpp, pps_kind_name(l->schedule), l->cp, l->ep,
+               l->sp ? "y" : "n", l->zero, l->micro_batch,
+               c->train.global_batch_size / (l->dp * l->micro_batch), recompute_name(l->recompute),
+               fmt_time(t[0], 32, k->total), fmt_time(t[1], 32, k->compute),
+               fmt_time(t[2], 32, k->comm), fmt_time(t[3], 32, k->bubble),
+               log_bytes(m, sizeof m, k->mem_peak), k->tokens_per_s);
     }
 }
 
@@ -293,17 +294,18 @@ static int own_layout(const ust_config *base, const plan_opts *o, const planner_
     ust_err err;
     if (cfg_validate(base, o->world, &err)) return -1;
     const __typeof__(base->parallel) *p = &base->parallel;
+    /* at pp 1 the executor runs 1f1b whatever pp_schedule says (pp_kind) */
     planner_entry me = {.l = {p->dp, p->tp, p->pp, p->vpp, p->cp, p->ep, base->optimizer.zero_stage,
-                              base->train.micro_batch_size, p->sp, base->train.recompute}};
+                              base->train.micro_batch_size, p->sp, base->train.recompute,
+                              p->pp > 1 ? p->pp_schedule : PP_1F1B}};
     planner_estimate(base, &o->hw, &me.cost);
     char line[256], t[32], m[32];
     layout_line(&me.l, o->world, line, sizeof line);
     long r = 0;
     while (r < n && planner_compare(&e[r], &me) < 0) r++;
     int fits = me.cost.mem_peak <= o->hw.gpu_mem;
-    snprintf(buf, len, "%s (%s): step %s, %s per rank; %s", line, pps_kind_name(p->pp_schedule),
-             fmt_time(t, sizeof t, me.cost.total), log_bytes(m, sizeof m, me.cost.mem_peak),
-             fits ? "" : "does not fit --gpu-mem");
+    snprintf(buf, len, "%s: step %s, %s per rank; %s", line, fmt_time(t, sizeof t, me.cost.total),
+             log_bytes(m, sizeof m, me.cost.mem_peak), fits ? "" : "does not fit --gpu-mem");
     if (fits) {
         size_t k = strlen(buf);
         snprintf(buf + k, len - k, "would rank %ld of the %ld fitting layouts", r + 1, n);
@@ -369,7 +371,7 @@ int cmd_plan(int argc, char **argv) {
     for (long i = 1; i < n; i++)
         if (e[i].l.tp * e[i].l.pp * e[i].l.cp < small.l.tp * small.l.pp * small.l.cp) small = e[i];
     print_steps(&base, &o, &st, &small);
-    char own[256];
+    char own[512];
     int own_rank = own_layout(&base, &o, e, n, own, sizeof own);
     long shown = o.all ? n : planner_best_per_mesh(e, n);
     print_table(&base, e, shown, o.top);

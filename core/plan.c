@@ -1,6 +1,7 @@
 #include "plan.h"
 
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "acts.h"
@@ -13,12 +14,12 @@
  * and expert-parallel groups, built as the run builds it (the model's chunks and parameter
  * table, the activation sets pp_plan gives each chunk) and sized by the allocators themselves
  * against a counting arena, so every figure is the arena's own. */
-static void plan_rank(const ust_config *c, int r, int whole, mem_plan *p) {
+void plan_memory_rank_sets(const ust_config *c, int r, int whole, const int *sets, int zb,
+                           mem_plan *p) {
     const __typeof__(c->parallel) *l = &c->parallel;
     ust_ops sizes = {.act_size = cfg_act_size(c)}; /* no backend: element sizes only */
-    int slots[MODEL_MAX_CHUNKS] = {0}, zb = 0;
-    ust_err e;
-    if (pp_activation_sets(c, r, slots, &zb, &e)) slots[0] = 1; /* validation reports it */
+    int slots[MODEL_MAX_CHUNKS];
+    memcpy(slots, sets, sizeof slots);
     /* dense units shard over dp x cp, the experts over expert-dp x cp */
     int dense = l->dp * l->cp, experts = l->dp / l->ep * l->cp;
     model_storage st = dp_model_storage(c, dense);
@@ -48,6 +49,13 @@ static void plan_rank(const ust_config *c, int r, int whole, mem_plan *p) {
     p->acts = (double)count.bytes[MEM_ACTS];
     p->comm = (double)count.bytes[MEM_COMM];
     p->total = p->params + p->grads + p->optim + p->acts + p->comm;
+}
+
+static void plan_rank(const ust_config *c, int r, int whole, mem_plan *p) {
+    int slots[MODEL_MAX_CHUNKS] = {0}, zb = 0;
+    ust_err e;
+    if (pp_activation_sets(c, r, slots, &zb, &e)) slots[0] = 1; /* validation reports it */
+    plan_memory_rank_sets(c, r, whole, slots, zb, p);
 }
 
 void plan_memory(const ust_config *c, mem_plan *p) { plan_rank(c, 0, 1, p); }

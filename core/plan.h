@@ -21,6 +21,12 @@ void plan_memory(const ust_config *c, mem_plan *p); /* pipeline rank 0 (every ra
 void plan_memory_rank(const ust_config *c, int pp_rank, mem_plan *p);
 /* The largest total over the pipeline ranks: what must fit a device. */
 double plan_memory_peak(const ust_config *c);
+/* plan_memory_rank (whole 1: n_params too) or one rank of plan_memory_peak (whole 0) with the
+ * activation sets given, MODEL_MAX_CHUNKS of them: pp_activation_sets' result for c and pp_rank.
+ * Lets a caller that plans many configs sharing one schedule (the planner: every ZeRO stage and
+ * sp of a mesh, schedule and micro-batch) build that schedule once. */
+void plan_memory_rank_sets(const ust_config *c, int pp_rank, int whole, const int *slots, int zb,
+                           mem_plan *p);
 void plan_print(const ust_config *c, const mem_plan *p, FILE *f);
 
 /* Refuses (-1, the figure and the limit in e) a layout whose memory cannot exist where it is to

@@ -3,7 +3,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model.h"
 #include "plan.h"
+#include "pp.h"
 #include "pp_schedule.h"
 
 const char *const planner_group_names[PLAN_NGROUPS] = {"dp", "tp", "cp", "pp", "ep"};
@@ -22,7 +24,7 @@ void planner_apply(const ust_config *base, const planner_layout *l, ust_config *
     out->parallel.dp = l->dp, out->parallel.tp = l->tp, out->parallel.pp = l->pp;
     out->parallel.vpp = l->vpp, out->parallel.cp = l->cp, out->parallel.ep = l->ep;
     out->parallel.sp = l->sp;
-    out->parallel.pp_schedule = l->vpp > 1 ? PP_INTERLEAVED : PP_1F1B;
+    out->parallel.pp_schedule = l->schedule;
     out->parallel.pp_layers[0] = 0;
     out->train.micro_batch_size = l->micro_batch;
     out->train.recompute = l->recompute;
@@ -108,7 +110,56 @@ static double dp_time(double params, int n, double bw, int zero, int m) {
     }
 }
 
+/* One pipeline rank's activation sets (pp_activation_sets), kept while a mesh is swept: they
+ * depend on the schedule, pp, vpp, the micro-batch count and whether recompute is full, not on
+ * sp or the ZeRO stage, and building them (dualpipe(v) simulates every rank) is most of what the
+ * memory plan costs. */
+typedef struct {
+    int built, zb, slots[MODEL_MAX_CHUNKS];
+} rank_sets;
+
+/* mem and mem_peak: plan_memory and plan_memory_peak, from sets[0..pp) when given (built on
+ * first use) */
+static void memory(const ust_config *c, rank_sets *sets, planner_cost *o) {
+    mem_plan mp;
+    if (!sets) {
+        plan_memory(c, &mp);
+        o->mem = mp.total;
+        o->mem_peak = plan_memory_peak(c);
+        return;
+    }
+    int pp = c->parallel.pp;
+    if (!sets[0].built) { /* every rank's at once: dualpipe(v) simulates them all anyway */
+        int(*slots)[MODEL_MAX_CHUNKS] = calloc(pp, sizeof *slots), *zb = calloc(pp, sizeof *zb);
+        ust_err e;
+        if (!slots || !zb) abort();
+        int bad = pp_activation_sets_all(c, slots, zb, &e);
+        for (int r = 0; r < pp; r++) {
+            memcpy(sets[r].slots, slots[r], sizeof sets[r].slots);
+            sets[r].zb = bad ? 0 : zb[r], sets[r].built = 1;
+            if (bad) sets[r].slots[0] = 1; /* as plan.c: validation reports it */
+        }
+        free(slots), free(zb);
+    }
+    o->mem_peak = 0;
+    for (int r = 0; r < pp; r++) {
+        const rank_sets *s = &sets[r];
+        if (r == 0) {
+            plan_memory_rank_sets(c, 0, 1, s->slots, s->zb, &mp);
+            o->mem = mp.total;
+        }
+        plan_memory_rank_sets(c, r, 0, s->slots, s->zb, &mp);
+        if (mp.total > o->mem_peak) o->mem_peak = mp.total;
+    }
+}
+
+static void estimate(const ust_config *c, const planner_hw *hw, planner_cost *o, rank_sets *sets);
+
 void planner_estimate(const ust_config *c, const planner_hw *hw, planner_cost *o) {
+    estimate(c, hw, o, NULL);
+}
+
+static void estimate(const ust_config *c, const planner_hw *hw, planner_cost *o, rank_sets *sets) {
     const __typeof__(c->parallel) *p = &c->parallel;
     int dp = p->dp, tp = p->tp, pp = p->pp, v = p->vpp, cp = p->cp, ep = p->ep;
     int m = cfg_grad_accum(c), gpn = hw->gpus_per_node;
@@ -118,6 +169,14 @@ void planner_estimate(const ust_config *c, const planner_hw *hw, planner_cost *o
     planner_sizes s;
     planner_model_sizes(c, &s);
     double layers = L / pp, moe_on = (double)s.n_moe / pp, dense_on = layers - moe_on;
+    /* dualpipe: rank r holds stage r for the micro-batches entering at rank 0 and stage pp-1-r
+     * for those entering at pp-1, i.e. two copies of a 1f1b rank's layers (the pair r, pp-1-r
+     * holds the same two); each micro-batch still visits every rank once, so compute and p2p
+     * are a 1f1b rank's. dualpipev's two chunks are the V's stages r and 2pp-1-r, so rank 0 holds
+     * both the embedding and the head, as both ends of dualpipe do. */
+    ust_pp_schedule kind = pp > 1 ? p->pp_schedule : PP_1F1B;
+    int dual = kind == PP_DUALPIPE, both_ends = dual || kind == PP_DUALPIPEV;
+    double copies = dual ? 2 : 1;
     memset(o, 0, sizeof *o);
 
     /* compute: the dense part is split over tp, the MoE MLPs' tokens too (each tp rank routes
@@ -131,7 +190,7 @@ void planner_estimate(const ust_config *c, const planner_hw *hw, planner_cost *o
     /* the schedule's published bubble (pp_schedule.h), with the planner's F : B : W = 1 : 1 : 1
      * (a whole backward costs two forwards) */
     pps_costs fbw = {.f = 1, .b = 1, .w = 1};
-    o->bubble = pp > 1 ? pps_analytic_bubble(p->pp_schedule, pp, v, m, fbw, NULL) * o->compute : 0;
+    o->bubble = pp > 1 ? pps_analytic_bubble(kind, pp, v, m, fbw, NULL) * o->compute : 0;
 
     /* which bandwidth each group gets: rank order tp, cp, dp, pp (fastest first) */
     o->intra[PLAN_TP] = planner_intra_node(1, tp, gpn);
@@ -142,10 +201,12 @@ void planner_estimate(const ust_config *c, const planner_hw *hw, planner_cost *o
     double bw[PLAN_NGROUPS];
     for (int g = 0; g < PLAN_NGROUPS; g++) bw[g] = o->intra[g] ? hw->bw_intra : hw->bw_inter;
 
-    /* DP: this rank's parameters (the heavier end stage under a pipeline) */
-    double end = pp > 1 ? (s.emb > s.head ? s.emb : s.head) : s.emb + s.head;
-    double dense = (layers * s.attn + dense_on * s.mlp + end) / tp + moe_on * s.moe_dense;
-    double experts = moe_on * ((double)c->model.moe.num_experts / ep) * s.expert;
+    /* DP: this rank's parameters (the heavier end stage under a pipeline; both copies under
+     * dualpipe, whose gradient buffer holds them) */
+    double end = pp > 1 && !both_ends ? (s.emb > s.head ? s.emb : s.head) : s.emb + s.head;
+    double dense =
+        (copies * (layers * s.attn + dense_on * s.mlp) + end) / tp + copies * moe_on * s.moe_dense;
+    double experts = copies * moe_on * ((double)c->model.moe.num_experts / ep) * s.expert;
     int zero = c->optimizer.zero_stage;
     o->group[PLAN_DP] = dp_time(dense, dp * cp, bw[PLAN_DP], zero, m) +
                         dp_time(experts, dp / ep * cp, bw[PLAN_DP], zero, m);
@@ -187,9 +248,13 @@ void planner_estimate(const ust_config *c, const planner_hw *hw, planner_cost *o
     o->group[PLAN_CP] = cp > 1 ? m * layers * (hops * kv + ulysses) / bw[PLAN_CP] : 0;
 
     /* PP: each micro-batch crosses every chunk boundary forward (activations) and backward
-     * (their gradients); under sp the residual stream is split over tp */
+     * (their gradients), v chunks per rank but dualpipe's one (a micro-batch uses one of the
+     * rank's two copies); under sp the residual stream is split over tp. dualpipe then sums the
+     * two copies' gradients over the mirror pair r, pp-1-r after every step: one all-reduce of
+     * this rank's fp32 gradients (both copies) over 2 ranks, inside the pp group. */
     double act = A * B * Tl * C / (sp ? tp : 1);
-    o->group[PLAN_PP] = pp > 1 ? 2.0 * v * m * act / bw[PLAN_PP] : 0;
+    o->group[PLAN_PP] = pp > 1 ? 2.0 * (dual ? 1 : v) * m * act / bw[PLAN_PP] : 0;
+    if (dual) o->group[PLAN_PP] += planner_allreduce_s(BYTES * (dense + experts), 2, bw[PLAN_PP]);
 
     /* EP: every token (each on one tp rank) goes to its top_k experts and back, forward and
      * backward: four all-to-alls per MoE layer, two more under full recompute */
@@ -200,10 +265,7 @@ void planner_estimate(const ust_config *c, const planner_hw *hw, planner_cost *o
     for (int g = 0; g < PLAN_NGROUPS; g++) o->comm += o->group[g];
     o->total = o->compute + o->bubble + o->comm;
     o->tokens_per_s = tokens / o->total;
-    mem_plan mp;
-    plan_memory(c, &mp);
-    o->mem = mp.total;
-    o->mem_peak = plan_memory_peak(c);
+    memory(c, sets, o);
 }
 
 /* ---------------------------------------------------------------- the search */
@@ -218,9 +280,10 @@ int planner_compare(const void *pa, const void *pb) {
     if ((r = cmp3((float)a->cost.total, (float)b->cost.total))) return r;
     if ((r = cmp3(b->l.micro_batch, a->l.micro_batch))) return r;
     if ((r = cmp3(a->cost.mem_peak, b->cost.mem_peak))) return r;
-    int x[] = {a->l.dp, a->l.tp, a->l.pp, a->l.vpp, a->l.cp, a->l.ep, a->l.zero};
-    int y[] = {b->l.dp, b->l.tp, b->l.pp, b->l.vpp, b->l.cp, b->l.ep, b->l.zero};
-    for (int i = 0; i < 7; i++)
+    /* the schedule too: interleaved, dualpipev and dualpipe share a mesh at vpp 2 and may tie */
+    int x[] = {a->l.dp, a->l.tp, a->l.pp, a->l.vpp, a->l.cp, a->l.ep, a->l.zero, a->l.schedule};
+    int y[] = {b->l.dp, b->l.tp, b->l.pp, b->l.vpp, b->l.cp, b->l.ep, b->l.zero, b->l.schedule};
+    for (int i = 0; i < 8; i++)
         if ((r = cmp3(x[i], y[i]))) return r;
     if ((r = cmp3(a->l.sp, b->l.sp))) return r;
     return cmp3(a->l.recompute, b->l.recompute);
@@ -243,7 +306,7 @@ typedef struct {
     double smallest;
 } search;
 
-static void consider(search *s, const planner_layout *l) {
+static void consider(search *s, const planner_layout *l, rank_sets *sets) {
     ust_config c;
     ust_err err;
     planner_apply(s->base, l, &c);
@@ -254,7 +317,7 @@ static void consider(search *s, const planner_layout *l) {
         return;
     }
     planner_entry e = {.l = *l};
-    planner_estimate(&c, s->hw, &e.cost);
+    estimate(&c, s->hw, &e.cost, sets);
     if (s->smallest == 0 || e.cost.mem_peak < s->smallest)
         s->smallest = e.cost.mem_peak, s->st->smallest = e;
     if (e.cost.mem_peak > s->hw->gpu_mem) {
@@ -274,17 +337,55 @@ static void sweep_mesh(search *s, planner_layout l) {
     int G = s->base->train.global_batch_size, mbs[64];
     if (G % l.dp) { /* cfg_validate says why */
         l.micro_batch = 1, l.zero = 0, l.sp = 0, l.recompute = RECOMPUTE_NONE;
-        consider(s, &l);
+        consider(s, &l, NULL);
         return;
     }
     int nm = divisors(G / l.dp, mbs, 64);
+    /* per micro-batch size and full recompute or not: each pipeline rank's activation sets */
+    rank_sets *sets = calloc((size_t)nm * 2 * l.pp, sizeof *sets);
+    if (!sets) abort();
     for (int sp = 0; sp <= (l.tp > 1); sp++)
         for (int z = 0; z <= 3; z++)
             for (int r = RECOMPUTE_NONE; r <= RECOMPUTE_FULL; r++)
                 for (int i = 0; i < nm; i++) {
                     l.sp = sp, l.zero = z, l.recompute = (ust_recompute)r, l.micro_batch = mbs[i];
-                    consider(s, &l);
+                    consider(s, &l, &sets[((size_t)i * 2 + (r == RECOMPUTE_FULL)) * l.pp]);
                 }
+    free(sets);
+}
+
+/* The schedules tried at pp > 1 and the vpp each runs at (0: every vpp 2..16 the layers divide
+ * into). afab is left out: 1f1b has its bubble while holding at most pp micro-batches' activations
+ * instead of all m, so afab never ranks above it. The rest trade bubble for memory or
+ * communication in ways only the estimate and the memory plan can weigh: zb defers weight
+ * gradients into the bubble, dualpipev folds the pipeline into a V (2 chunks), dualpipe runs it
+ * from both ends at the price of two copies of the parameters and a mirror all-reduce. What a
+ * schedule cannot run (MoE under zb, too few micro-batches, ...) cfg_validate refuses. */
+static const struct {
+    ust_pp_schedule kind;
+    int vpp;
+} SCHEDULES[] = {
+    {PP_1F1B, 1}, {PP_INTERLEAVED, 0}, {PP_ZB, 1}, {PP_DUALPIPEV, 2}, {PP_DUALPIPE, 2}};
+
+/* Every schedule and vpp of one (dp, tp, pp, cp, ep) mesh whose stages divide the layers. */
+static void sweep_schedules(search *s, planner_layout l) {
+    int L = s->base->model.n_layer;
+    if (l.pp == 1) { /* one stage: the schedule is irrelevant, try it once */
+        l.vpp = 1, l.schedule = PP_1F1B;
+        sweep_mesh(s, l);
+        return;
+    }
+    for (size_t k = 0; k < sizeof SCHEDULES / sizeof *SCHEDULES; k++) {
+        ust_pp_schedule kind = SCHEDULES[k].kind;
+        if (kind == PP_DUALPIPE && l.pp % 2) continue; /* its ranks pair up, r with pp-1-r */
+        int lo = SCHEDULES[k].vpp ? SCHEDULES[k].vpp : 2, hi = SCHEDULES[k].vpp ? lo : 16;
+        for (int v = lo; v <= hi; v++) {
+            /* dualpipe's pp stages each appear twice, one copy per direction */
+            if (L % (kind == PP_DUALPIPE ? l.pp : l.pp * v)) continue;
+            l.vpp = v, l.schedule = kind;
+            sweep_mesh(s, l);
+        }
+    }
 }
 
 long planner_search(const ust_config *base, int world, const planner_hw *hw, planner_entry **out,
@@ -298,14 +399,10 @@ long planner_search(const ust_config *base, int world, const planner_hw *hw, pla
                 int tp = d[a], cp = d[b], pp = d[q];
                 if (world % ((long)tp * cp * pp)) continue;
                 int dp = world / (tp * cp * pp);
-                for (int v = 1; v <= (pp > 1 ? 16 : 1); v++) {
-                    if (base->model.n_layer % (pp * v)) continue;
-                    for (int ep = 1; ep <= dp; ep++) {
-                        if (dp % ep || (ep > 1 && (E == 0 || E % ep))) continue;
-                        planner_layout l = {
-                            .dp = dp, .tp = tp, .pp = pp, .vpp = v, .cp = cp, .ep = ep};
-                        sweep_mesh(&s, l);
-                    }
+                for (int ep = 1; ep <= dp; ep++) {
+                    if (dp % ep || (ep > 1 && (E == 0 || E % ep))) continue;
+                    planner_layout l = {.dp = dp, .tp = tp, .pp = pp, .cp = cp, .ep = ep};
+                    sweep_schedules(&s, l);
                 }
             }
     if (s.n) qsort(s.e, s.n, sizeof *s.e, planner_compare); /* qsort(NULL, 0) is undefined */
@@ -314,6 +411,9 @@ long planner_search(const ust_config *base, int world, const planner_hw *hw, pla
     return s.n;
 }
 
+/* The schedule is not part of the mesh: like the ZeRO stage, micro-batch and recompute it changes
+ * neither the rank grid nor the process groups, only how the pipeline ranks order their work, so
+ * it is a variant of the mesh and the best one wins (--all lists the others). */
 long planner_best_per_mesh(planner_entry *e, long n) {
     long k = 0;
     for (long i = 0; i < n; i++) {

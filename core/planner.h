@@ -1,6 +1,7 @@
 /* planner: the layout search behind `ustrain plan` (the Ultra-Scale Playbook's three steps: fit
  * one model instance in memory, reach the global batch, maximize throughput). It enumerates every
- * layout (dp, tp, pp, vpp, cp, ep, sp, ZeRO stage, micro-batch, recompute) of a world size that
+ * layout (dp, tp, pp, vpp, pipeline schedule, cp, ep, sp, ZeRO stage, micro-batch, recompute) of a
+ * world size that
  * cfg_validate accepts, keeps those whose memory plan (plan_memory, the number `validate` prints)
  * fits the GPU, and ranks them by a step time estimated from closed-form costs: compute at a
  * given MFU, ring-collective times of every group over intra- or inter-node bandwidth, and the
@@ -24,15 +25,17 @@ typedef struct {
 
 void planner_hw_defaults(planner_hw *h);
 
-/* One candidate layout; planner_apply writes it into a config. */
+/* One candidate layout; planner_apply writes it into a config. schedule is parallel.pp_schedule
+ * (1f1b at pp 1, where a single stage makes it irrelevant). */
 typedef struct {
     int dp, tp, pp, vpp, cp, ep, zero, micro_batch;
     bool sp;
     ust_recompute recompute;
+    ust_pp_schedule schedule;
 } planner_layout;
 
-/* out = base with the layout's parallel.*, train.micro_batch_size, train.recompute and
- * optimizer.zero_stage (pp_schedule 1f1b, interleaved when vpp > 1; pp_layers an even split). */
+/* out = base with the layout's parallel.* (pp_schedule included; pp_layers an even split),
+ * train.micro_batch_size, train.recompute and optimizer.zero_stage. */
 void planner_apply(const ust_config *base, const planner_layout *l, ust_config *out);
 
 /* Parameter counts of the whole model (no padding but the vocabulary's), by kind. */
@@ -74,7 +77,7 @@ extern const char *const planner_group_names[PLAN_NGROUPS];
 /* The estimate of one layout (a config that passed cfg_validate). Seconds per step. */
 typedef struct {
     double compute; /* this rank's FLOPs / (mfu * peak) */
-    double bubble;  /* (p-1)/(v*m) * compute */
+    double bubble;  /* the schedule's analytic bubble fraction * compute */
     double comm;    /* sum of group[] (no overlap with compute assumed) */
     double group[PLAN_NGROUPS];
     int intra[PLAN_NGROUPS]; /* the group's bandwidth: 1 intra-node, 0 inter-node */
@@ -100,7 +103,8 @@ typedef struct {
     char first_error[512];  /* cfg_validate's message for the first refused layout */
 } planner_stats;
 
-/* Orders by step time, then larger micro-batch, then less memory, then the layout itself. */
+/* Orders by step time, then larger micro-batch, then less memory, then the layout itself
+ * (schedule included): a strict weak order that never leaves two distinct layouts tied. */
 int planner_compare(const void *a, const void *b);
 
 /* Every fitting layout of `world` ranks for base's model, seq_len and global batch, sorted by
@@ -108,8 +112,8 @@ int planner_compare(const void *a, const void *b);
 long planner_search(const ust_config *base, int world, const planner_hw *hw, planner_entry **out,
                     planner_stats *st);
 
-/* Keeps the first (best) entry of each mesh (dp, tp, pp, vpp, cp, ep) in order; returns the new
- * count. */
+/* Keeps the first (best) entry of each mesh (dp, tp, pp, vpp, cp, ep) in order, whatever its
+ * schedule; returns the new count. */
 long planner_best_per_mesh(planner_entry *e, long n);
 
 #endif

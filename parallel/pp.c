@@ -41,19 +41,24 @@ ust_pp_schedule pp_kind(const ust_config *cfg) {
     return cfg->parallel.pp > 1 ? cfg->parallel.pp_schedule : PP_1F1B;
 }
 
-int pp_plan(const ust_config *cfg, int pp_rank, pps_schedule *sched, int slots[MODEL_MAX_CHUNKS],
-            ust_err *e) {
+/* pps_build's flags for the config's schedule */
+static int plan_flags(const ust_config *cfg) {
     int flags = cfg->parallel.pp_breadth_first ? PPS_BREADTH_FIRST : 0;
-    /* one stage: plain gradient accumulation, each micro-batch's forward then its whole
-     * backward (one activation set), whatever pp_schedule says */
-    ust_pp_schedule kind = pp_kind(cfg);
-    /* dualpipev splits B and W only where the model can defer weight gradients (not in MoE
-     * layers, not under full recomputation: zb's own limits); otherwise its B's are whole */
-    if ((kind == PP_DUALPIPEV || kind == PP_DUALPIPE) &&
+    /* dualpipev and dualpipe split B and W only where the model can defer weight gradients (not
+     * in MoE layers, not under full recomputation: zb's own limits); otherwise their B's are
+     * whole */
+    if ((pp_kind(cfg) == PP_DUALPIPEV || pp_kind(cfg) == PP_DUALPIPE) &&
         (cfg->model.moe.num_experts > 0 || cfg->train.recompute == RECOMPUTE_FULL))
         flags |= PPS_NO_SPLIT;
-    if (pps_build(sched, kind, cfg->parallel.pp, cfg->parallel.vpp, cfg_grad_accum(cfg), pp_rank,
-                  flags, e))
+    return flags;
+}
+
+int pp_plan(const ust_config *cfg, int pp_rank, pps_schedule *sched, int slots[MODEL_MAX_CHUNKS],
+            ust_err *e) {
+    /* one stage: plain gradient accumulation, each micro-batch's forward then its whole
+     * backward (one activation set), whatever pp_schedule says */
+    if (pps_build(sched, pp_kind(cfg), cfg->parallel.pp, cfg->parallel.vpp, cfg_grad_accum(cfg),
+                  pp_rank, plan_flags(cfg), e))
         return -1;
     pps_slots(sched, NULL, slots);
     return 0;
@@ -132,6 +137,26 @@ int pp_activation_sets(const ust_config *cfg, int pp_rank, int slots[MODEL_MAX_C
     if (pp_plan(cfg, pp_rank, &sched, slots, e)) return -1;
     *zb = pps_splits(&sched);
     pps_free(&sched);
+    return 0;
+}
+
+int pp_activation_sets_all(const ust_config *cfg, int (*slots)[MODEL_MAX_CHUNKS], int *zb,
+                           ust_err *e) {
+    int p = cfg->parallel.pp;
+    if (p == 1) return pp_activation_sets(cfg, 0, slots[0], zb, e);
+    pps_schedule *all = calloc(p, sizeof *all);
+    if (!all) return ust_errf(e, "pp schedule: out of memory");
+    if (pps_build_all(all, pp_kind(cfg), p, cfg->parallel.vpp, cfg_grad_accum(cfg), plan_flags(cfg),
+                      e)) {
+        free(all);
+        return -1;
+    }
+    for (int r = 0; r < p; r++) {
+        pps_slots(&all[r], NULL, slots[r]);
+        zb[r] = pps_splits(&all[r]);
+    }
+    pps_free_all(all, p);
+    free(all);
     return 0;
 }
 

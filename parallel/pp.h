@@ -55,6 +55,10 @@ void pp_stages(const ust_config *cfg, int pp_rank, const int slots[MODEL_MAX_CHU
  * gradients). */
 int pp_activation_sets(const ust_config *cfg, int pp_rank, int slots[MODEL_MAX_CHUNKS], int *zb,
                        ust_err *e);
+/* pp_activation_sets of every pipeline rank at once, slots[r] and zb[r] (r < parallel.pp): the
+ * two-way schedules place all ranks' receives in one simulation, which per rank is repeated. */
+int pp_activation_sets_all(const ust_config *cfg, int (*slots)[MODEL_MAX_CHUNKS], int *zb,
+                           ust_err *e);
 typedef struct pp_state pp_state;
 /* The figures every rank of a pipeline of p shares after a step (MEM_COMM): pp_create's own
  * allocation, which the memory plan runs against a counting arena. */

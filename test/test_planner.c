@@ -8,6 +8,7 @@
 #include "config.h"
 #include "plan.h"
 #include "planner.h"
+#include "pp_schedule.h"
 #include "test.h"
 
 /* relative tolerance: the planner sums the same terms in another order */
@@ -42,11 +43,19 @@ static int layout(ust_config *out, const ust_config *base, planner_layout l, int
     return 0;
 }
 
-/* LAYOUT(.tp = 2): a layout of ones with the named fields overridden (so override-init is meant) */
+/* LAYOUT(.tp = 2): a layout of ones (schedule 1f1b) with the named fields overridden (so
+ * override-init is meant) */
 #pragma GCC diagnostic ignored "-Woverride-init"
 #define LAYOUT(...)                                                                                \
-    ((planner_layout){                                                                             \
-        .dp = 1, .tp = 1, .pp = 1, .vpp = 1, .cp = 1, .ep = 1, .micro_batch = 1, __VA_ARGS__})
+    ((planner_layout){.dp = 1,                                                                     \
+                      .tp = 1,                                                                     \
+                      .pp = 1,                                                                     \
+                      .vpp = 1,                                                                    \
+                      .cp = 1,                                                                     \
+                      .ep = 1,                                                                     \
+                      .micro_batch = 1,                                                            \
+                      .schedule = PP_1F1B,                                                         \
+                      __VA_ARGS__})
 
 static void test_ring_formulas() {
     CHECK_CLOSE(planner_allreduce_s(1e9, 8, 1e9), 2.0 * 7 / 8, 0, RT, "all-reduce 2(n-1)/n");
@@ -112,7 +121,7 @@ static void test_compute_and_pipeline_bubble() {
     double compute = 8 * 128 * 5898240.0 / 2 / 0.5e12;
     CHECK_CLOSE(k.compute, compute, 0, RT, "compute, pp 2");
     CHECK_CLOSE(k.bubble, compute / 8, 0, RT, "bubble (2-1)/8");
-    CHECK(!layout(&c, &base, LAYOUT(.pp = 2, .vpp = 2, .micro_batch = 1), 8), "pp2 vpp2");
+    CHECK(!layout(&c, &base, LAYOUT(.pp = 2, .vpp = 2, .schedule = PP_INTERLEAVED), 8), "pp2 vpp2");
     planner_estimate(&c, &hw, &k);
     CHECK_CLOSE(k.bubble, compute / 16, 0, RT, "bubble (2-1)/(2*8)");
     /* the schedule's own published bubble, F = B = W: dualpipev (p-1)(F+2B-W)/(2m(F+B+W)) at
@@ -238,7 +247,8 @@ static void test_pp_p2p_activations() {
     CHECK(!layout(&c, &base, LAYOUT(.pp = 2), 8), "pp2");
     planner_estimate(&c, &hw, &k);
     CHECK_CLOSE(k.group[PLAN_PP], 2.0 * 8 * 4 * 128 * 128 / 1e9, 0, RT, "pp 2 in a node of 2");
-    CHECK(!layout(&c, &base, LAYOUT(.pp = 2, .dp = 2, .vpp = 2), 16), "dp2 pp2 vpp2");
+    CHECK(!layout(&c, &base, LAYOUT(.pp = 2, .dp = 2, .vpp = 2, .schedule = PP_INTERLEAVED), 16),
+          "dp2 pp2 vpp2");
     planner_estimate(&c, &hw, &k);
     CHECK(!k.intra[PLAN_PP] && k.intra[PLAN_DP], "dp inside the node, pp across");
     CHECK_CLOSE(k.group[PLAN_PP], 2.0 * 2 * 8 * 4 * 128 * 128 / 1e8, 0, RT, "vpp 2 across nodes");
@@ -266,9 +276,31 @@ static int sorted(const planner_entry *e, long n) {
     return 1;
 }
 
+static int sign(int x) { return (x > 0) - (x < 0); }
+
+/* e sorted by planner_compare is consistent with a strict weak order that ties no two distinct
+ * layouts: every earlier entry compares below every later one (so sorting is deterministic,
+ * whatever order the search enumerated in), comparisons are antisymmetric, and only an entry
+ * ties with itself. O(n^2): the searches here give a few thousand entries. */
+static int strict_total_order(const planner_entry *e, long n) {
+    for (long i = 0; i < n; i++) {
+        if (planner_compare(&e[i], &e[i]) != 0) return 0;
+        for (long j = i + 1; j < n; j++) {
+            int ij = planner_compare(&e[i], &e[j]), ji = planner_compare(&e[j], &e[i]);
+            if (ij >= 0 || sign(ji) != -sign(ij)) {
+                printf("# entries %ld, %ld: compare %d, %d\n", i, j, ij, ji);
+                return 0;
+            }
+        }
+    }
+    return 1;
+}
+
 /* Infinite bandwidth: every layout without a pipeline or full recompute takes exactly the ideal
  * compute time, and the tie goes to the largest micro-batch (dp 1 over 4 ranks: tp2 x cp2 or
- * cp4, all 8 sequences at once). */
+ * cp4, all 8 sequences at once). So does dualpipe at pp 2, whose published bubble
+ * (pp/2-1)(F&B+B-3W) vanishes there, but it needs at least 4 micro-batches: 2 sequences each at
+ * most, and the larger micro-batch wins the tie. Every other pipeline pays a bubble. */
 static void test_ranking_without_communication_cost() {
     ust_config c;
     tiny(&c);
@@ -278,13 +310,24 @@ static void test_ranking_without_communication_cost() {
     long n = planner_search(&c, 4, &hw, &e, &st);
     CHECK(n > 0 && n == st.fitting && st.over_mem == 0, "%ld fitting", n);
     CHECK(sorted(e, n), "sorted by planner_compare");
+    CHECK(strict_total_order(e, n), "a strict order over all %ld entries, schedules included", n);
     planner_layout b = e[0].l;
     CHECK_CLOSE(e[0].cost.total, 8 * 128 * 5898240.0 / 4 / 0.5e12, 0, 1e-9, "ideal compute");
     CHECK(b.pp == 1 && b.recompute != RECOMPUTE_FULL && b.dp == 1 && b.micro_batch == 8,
           "best dp %d pp %d micro-batch %d recompute %d", b.dp, b.pp, b.micro_batch, b.recompute);
-    for (long i = 0; i < n; i++)
-        if (e[i].l.pp > 1 || e[i].l.recompute == RECOMPUTE_FULL)
+    long dualpipe2 = 0;
+    for (long i = 0; i < n; i++) {
+        const planner_layout *l = &e[i].l;
+        if (l->pp == 2 && l->schedule == PP_DUALPIPE && l->recompute != RECOMPUTE_FULL) {
+            CHECK(e[i].cost.bubble == 0 && l->micro_batch <= 2, "dualpipe pp 2: bubble %g, mbs %d",
+                  e[i].cost.bubble, l->micro_batch);
+            CHECK_CLOSE(e[i].cost.total, e[0].cost.total, 0, 1e-9, "dualpipe pp 2: ideal compute");
+            dualpipe2++;
+        } else if (l->pp > 1 || l->recompute == RECOMPUTE_FULL) {
             CHECK(e[i].cost.total > e[0].cost.total, "a bubble or a recompute costs time");
+        }
+    }
+    CHECK(dualpipe2 > 0, "the search tries dualpipe at pp 2");
     free(e);
 }
 
@@ -345,6 +388,139 @@ static void test_memory_filter_and_best_per_mesh() {
     free(e);
 }
 
+/* dualpipe's two copies of its stages' parameters are summed over the mirror pair (ranks r and
+ * pp-1-r) after every step: one fp32 all-reduce over 2 ranks at the pp group's bandwidth, on top
+ * of the p2p a 1f1b rank sends (each micro-batch still visits each rank once). At pp 2 a rank's
+ * two stages are the whole model: P = 918656 parameters. The DP reduction covers both copies. */
+static void test_dualpipe_estimate_includes_the_mirror_all_reduce() {
+    ust_config base, c;
+    tiny(&base);
+    planner_hw hw = hw_of(1e9, 1e8, 8);
+    planner_cost k1, k2;
+    double P = 918656, p2p = 2.0 * 8 * 4 * 128 * 128 / 1e9; /* 8 micro-batches, one chunk */
+    CHECK(!layout(&c, &base, LAYOUT(.pp = 2), 8), "pp2 1f1b");
+    planner_estimate(&c, &hw, &k1);
+    CHECK(!layout(&c, &base, LAYOUT(.pp = 2, .vpp = 2, .schedule = PP_DUALPIPE), 8),
+          "pp2 dualpipe");
+    planner_estimate(&c, &hw, &k2);
+    CHECK_CLOSE(k1.group[PLAN_PP], p2p, 0, RT, "1f1b: p2p only");
+    CHECK_CLOSE(k2.group[PLAN_PP], p2p + planner_allreduce_s(4 * P, 2, 1e9), 0, RT,
+                "dualpipe: p2p + the mirror all-reduce of both copies");
+    CHECK(k1.compute == k2.compute, "same compute");
+    CHECK_CLOSE(k2.comm - k1.comm, 4 * P / 1e9, 0, 1e-9, "the difference is the all-reduce");
+    CHECK(!layout(&c, &base, LAYOUT(.dp = 2, .pp = 2, .vpp = 2, .schedule = PP_DUALPIPE), 16),
+          "dp2 pp2 dualpipe");
+    planner_estimate(&c, &hw, &k2);
+    CHECK(k2.intra[PLAN_DP] && k2.intra[PLAN_PP], "a node of 8 holds both");
+    CHECK_CLOSE(k2.group[PLAN_DP], planner_allreduce_s(4 * P, 2, 1e9), 0, RT, "dp: both copies");
+}
+
+/* A pipeline of 4 stages over 8 layers, 64 micro-batches: with free communication the best pp 4
+ * layout is dualpipe, whose published bubble 2/(3m) is the smallest (zb and dualpipev 3/(3m),
+ * interleaved at vpp 2 1.5/m, 1f1b 3/m); when the pipeline's link is slow, dualpipe's mirror
+ * all-reduce (both copies of half the model) and dualpipev's doubled p2p outweigh that, and zb
+ * wins. In both cases a zero-bubble schedule beats the best 1f1b layout. */
+static void best_pp4(const ust_config *c, const planner_hw *hw, planner_entry *best,
+                     planner_entry *best_1f1b) {
+    planner_entry *e;
+    planner_stats st;
+    long n = planner_search(c, 4, hw, &e, &st);
+    CHECK(n > 0 && sorted(e, n), "%ld fitting", n);
+    long b = -1, b1 = -1;
+    for (long i = n - 1; i >= 0; i--)
+        if (e[i].l.pp == 4) {
+            b = i;
+            if (e[i].l.schedule == PP_1F1B) b1 = i;
+        }
+    CHECK(b >= 0 && b1 >= 0, "pp 4 layouts: best %ld, best 1f1b %ld", b, b1);
+    if (b >= 0) *best = e[b];
+    if (b1 >= 0) *best_1f1b = e[b1];
+    free(e);
+}
+
+static void test_deep_pipeline_prefers_a_zero_bubble_schedule() {
+    ust_config c;
+    tiny(&c);
+    c.model.n_layer = 8, c.train.global_batch_size = 64;
+    planner_entry b, b1;
+    planner_hw fast = hw_of(1e30, 1e30, 8);
+    best_pp4(&c, &fast, &b, &b1);
+    CHECK(b.l.schedule == PP_DUALPIPE && b.l.micro_batch == 1,
+          "free links: best pp 4 schedule %s, micro-batch %d", pps_kind_name(b.l.schedule),
+          b.l.micro_batch);
+    CHECK_CLOSE(b.cost.bubble / b.cost.compute, 2.0 / (3 * 64), 0, RT, "dualpipe bubble 2/(3m)");
+    CHECK(b.cost.total < b1.cost.total, "dualpipe %g s < 1f1b %g s", b.cost.total, b1.cost.total);
+    /* one GPU per node: the pipeline crosses a slow network, every other group is empty */
+    planner_hw slow = hw_of(1e30, 1e9, 1);
+    best_pp4(&c, &slow, &b, &b1);
+    CHECK(b.l.schedule == PP_ZB, "slow link: best pp 4 schedule %s", pps_kind_name(b.l.schedule));
+    CHECK(b.cost.total < b1.cost.total, "zb %g s < 1f1b %g s", b.cost.total, b1.cost.total);
+    CHECK(b.cost.comm == b1.cost.comm && b.cost.bubble < b1.cost.bubble,
+          "zb: the same p2p, a smaller bubble");
+}
+
+/* Every proposed layout is one cfg_validate accepts, under the schedules' own restrictions: a
+ * tied gpt2 MoE model (no zb: MoE; the dual pipes: no ZeRO-2/3 with tied embeddings) and a
+ * global batch small enough that the micro-batch minimums bite. pp 1 proposes 1f1b only. A dense
+ * untied model gets every searched schedule. */
+static void test_planner_never_proposes_a_schedule_validate_refuses() {
+    ust_config m, d;
+    moe(&m);
+    m.model.arch = ARCH_GPT2, m.model.n_kv_head = 4, m.train.global_batch_size = 8;
+    tiny(&d);
+    d.train.global_batch_size = 16;
+    const ust_config *cases[] = {&m, &d};
+    planner_hw hw = hw_of(450e9, 50e9, 8);
+    for (int t = 0; t < 2; t++) {
+        const ust_config *c = cases[t];
+        planner_entry *e;
+        planner_stats st;
+        long n = planner_search(c, 8, &hw, &e, &st), seen[PP_DUALPIPE + 1] = {0};
+        CHECK(n > 0 && st.invalid > 0, "case %d: %ld fitting, %ld refused", t, n, st.invalid);
+        CHECK(strict_total_order(e, n), "case %d: a strict order over %ld entries", t, n);
+        for (long i = 0; i < n; i++) {
+            const planner_layout *l = &e[i].l;
+            ust_config x;
+            ust_err err;
+            planner_apply(c, l, &x);
+            CHECK(!cfg_validate(&x, 8, &err), "case %d entry %ld (%s): %s", t, i,
+                  pps_kind_name(l->schedule), err.msg);
+            CHECK(x.parallel.pp_schedule == l->schedule, "planner_apply writes the schedule");
+            /* the search builds each schedule's activation sets once per mesh and micro-batch */
+            CHECK(e[i].cost.mem_peak == plan_memory_peak(&x), "entry %ld: peak %.0f vs plan %.0f",
+                  i, e[i].cost.mem_peak, plan_memory_peak(&x));
+            CHECK(l->pp > 1 || (l->schedule == PP_1F1B && l->vpp == 1), "pp 1: 1f1b, got %s",
+                  pps_kind_name(l->schedule));
+            if (l->pp > 1) seen[l->schedule]++;
+        }
+        if (t == 0)
+            CHECK(!seen[PP_ZB] && seen[PP_DUALPIPEV] + seen[PP_DUALPIPE] > 0,
+                  "MoE: no zb (%ld), the dual pipes %ld + %ld", seen[PP_ZB], seen[PP_DUALPIPEV],
+                  seen[PP_DUALPIPE]);
+        else
+            for (int k = PP_1F1B; k <= PP_DUALPIPE; k++)
+                CHECK(seen[k] > 0, "dense: %s proposed %ld times", pps_kind_name(k), seen[k]);
+        CHECK(!seen[PP_AFAB], "afab is never searched");
+        free(e);
+    }
+}
+
+/* Two layouts that differ only in the schedule (interleaved, dualpipev and dualpipe all run at
+ * vpp 2) never tie, even at equal estimates, so qsort's result does not depend on the order the
+ * search enumerated them in; per mesh only the better one is listed (the schedule is a variant of
+ * the mesh, like the ZeRO stage). */
+static void test_compare_and_mesh_dedup_with_schedules() {
+    planner_entry a = {.l = LAYOUT(.pp = 2, .vpp = 2, .schedule = PP_INTERLEAVED)};
+    a.cost.total = 1, a.cost.mem_peak = 1;
+    planner_entry b = a, list[2];
+    b.l.schedule = PP_DUALPIPEV;
+    int ab = planner_compare(&a, &b), ba = planner_compare(&b, &a);
+    CHECK(ab != 0 && sign(ab) == -sign(ba), "compare %d, %d", ab, ba);
+    list[0] = ab < 0 ? a : b, list[1] = ab < 0 ? b : a;
+    CHECK(planner_best_per_mesh(list, 2) == 1 && list[0].l.schedule == (ab < 0 ? a : b).l.schedule,
+          "one entry per mesh, the first");
+}
+
 static void test_no_layout_of_a_prime_world() {
     ust_config c;
     tiny(&c);
@@ -373,6 +549,10 @@ int main(void) {
     RUN_TEST(test_ranking_without_communication_cost);
     RUN_TEST(test_ranking_puts_the_pipeline_across_slow_nodes);
     RUN_TEST(test_memory_filter_and_best_per_mesh);
+    RUN_TEST(test_dualpipe_estimate_includes_the_mirror_all_reduce);
+    RUN_TEST(test_deep_pipeline_prefers_a_zero_bubble_schedule);
+    RUN_TEST(test_planner_never_proposes_a_schedule_validate_refuses);
+    RUN_TEST(test_compare_and_mesh_dedup_with_schedules);
     RUN_TEST(test_no_layout_of_a_prime_world);
     return TEST_SUMMARY();
 }

@@ -29,6 +29,10 @@ plan_and_run() {
     scripts/ustrun --nproc-per-node $world $UST train $TMP/$name.yaml \
         --set logging.metrics_file=$TMP/$name.jsonl >$TMP/$name.out 2>&1 ||
         { fail $name "training the planned layout failed: $(tail -2 $TMP/$name.out)"; return; }
+    # the written config runs the schedule its header names
+    local sched=$(sed -n 's/^# written.* pp_schedule=\([a-z0-9]*\) .*/\1/p' $TMP/$name.yaml)
+    grep -Eq "^ *pp_schedule: \"?$sched\"?$" $TMP/$name.yaml ||
+        { fail $name "header says pp_schedule=$sched: $(grep pp_schedule $TMP/$name.yaml)"; return; }
     got=$(grep -o '"peak_mem_bytes":[0-9]*' $TMP/$name.jsonl | tail -1 | cut -d: -f2)
     [ "$got" = "$planned" ] || { fail $name "measured arena peak $got bytes, plan $planned"; return; }
     pass "$name ($(grep '^# written' $TMP/$name.yaml | sed 's/.*plan: //'))"
@@ -49,6 +53,13 @@ if echo "$out" | grep -q '^step 1, fit one model instance' && echo "$out" | grep
     pass plan_cli_table_ranked_by_step_time
 else
     fail plan_cli_table_ranked_by_step_time "rows $rows: $(echo "$out" | head -12)"
+fi
+# the schedule column: every row names a schedule the search tries, 1f1b whenever pp is 1
+if echo "$out" | grep -q '^  #   dp  tp  pp vpp schedule ' &&
+    echo "$out" | grep -E '^ +[0-9]+ +[0-9]+ ' | awk '$6 !~ /^(1f1b|interleaved|zb|dualpipev|dualpipe)$/ || ($4 == 1 && $6 != "1f1b") {bad=1} END {exit bad}'; then
+    pass plan_cli_table_names_each_schedule
+else
+    fail plan_cli_table_names_each_schedule "$(echo "$out" | grep -A3 '^  #')"
 fi
 # memory column: parse "x.y MiB" / "KiB" and compare with 2 MiB
 if echo "$out" | grep -E '^ +[0-9]+ +[0-9]+ ' | awk '{v=$(NF-2); u=$(NF-1); m=(u=="MiB")?v*1048576:(u=="KiB")?v*1024:v; if (m > 2*1048576) bad=1} END {exit bad}'; then
