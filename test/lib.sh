@@ -56,3 +56,17 @@ val_losses() {
         --set "logging.metrics_file=$TMP/val/m.jsonl" "$@" >/dev/null 2>&1
     grep -o '"val_loss":[0-9.]*' $TMP/val/m.jsonl | cut -d: -f2 | tr '\n' ' '
 }
+
+# val_losses_equal NAME CONFIG WORLD SETS...: the layout's validation losses (val_losses) equal
+# one process's within 1e-5 relative, both runs reporting their two
+val_losses_equal() {
+    local name=$1 cfg=$2 w=$3; shift 3
+    local ref got
+    ref=$(val_losses $cfg 1)
+    got=$(val_losses $cfg $w "$@")
+    if python3 -c "import sys; a, b = sys.argv[1].split(), sys.argv[2].split(); sys.exit(not (len(a) == 2 and len(b) == 2 and all(abs(float(x) - float(y)) <= 1e-5 * abs(float(x)) for x, y in zip(a, b))))" "$ref" "$got"; then
+        pass $name
+    else
+        fail $name "one process: '$ref', $*: '$got'"
+    fi
+}

@@ -41,13 +41,7 @@ $EQ --name _dpv_fault --config $TMP/llama.yaml --expect-fail --env UST_FAULT_PP_
 
 # validation runs through the V too (forward only, chunk 0 then chunk 1 on each rank, the turn
 # copied locally): the same val loss as one process
-ref=$(val_losses $TMP/llama.yaml 1)
-got=$(val_losses $TMP/llama.yaml 2 --set parallel.pp=2 --set parallel.vpp=2 --set parallel.pp_schedule=dualpipev)
-if python3 -c "import sys; a, b = sys.argv[1].split(), sys.argv[2].split(); sys.exit(not (len(a) == 2 and len(b) == 2 and all(abs(float(x) - float(y)) <= 1e-5 * abs(float(x)) for x, y in zip(a, b))))" "$ref" "$got"; then
-    pass dpv_validation_loss_equals_one_process
-else
-    fail dpv_validation_loss_equals_one_process "one process: '$ref', dualpipev pp=2: '$got'"
-fi
+val_losses_equal dpv_validation_loss_equals_one_process $TMP/llama.yaml 2 --set parallel.pp=2 --set parallel.vpp=2 --set parallel.pp_schedule=dualpipev
 
 # validate --schedule: the schedule runs to the end in the simulator, 2p+1 activation sets
 out=$($UST validate $TMP/llama.yaml --set parallel.pp=4 --set parallel.vpp=2 \
