@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "bootstrap_impl.h"
 #include "log.h"
@@ -180,23 +181,48 @@ int boot_pmix_fence(ust_boot *b, ust_err *e) {
     return 0;
 }
 
+/* One PMIx_Get of (who, k), waiting up to tmo seconds; refresh: fetch the owner's data again
+ * rather than answer from what this process has cached of it. */
+static pmix_status_t pmix_get_once(const pmix_proc_t *who, const char *k, int tmo, bool refresh,
+                                   pmix_value_t **v) {
+    pmix_info_t info[2];
+    PMIX_INFO_CONSTRUCT(&info[0]);
+    PMIX_INFO_CONSTRUCT(&info[1]);
+    PMIX_INFO_LOAD(&info[0], PMIX_TIMEOUT, &tmo, PMIX_INT);
+    PMIX_INFO_LOAD(&info[1], PMIX_GET_REFRESH_CACHE, &refresh, PMIX_BOOL);
+    *v = NULL;
+    pmix_status_t rc = PMIx_Get(who, k, info, 2, v);
+    PMIX_INFO_DESTRUCT(&info[0]);
+    PMIX_INFO_DESTRUCT(&info[1]);
+    return rc;
+}
+
 int boot_pmix_get(ust_boot *b, int rank, const char *key, void *val, size_t cap, ust_err *e) {
     struct boot_pmix *p = b->impl->pmix;
     char k[PMIX_MAX_KEYLEN + 1];
     pmix_key(k, sizeof k, key);
     pmix_proc_t who;
     PMIX_LOAD_PROCID(&who, p->me.nspace, (pmix_rank_t)rank);
-    pmix_info_t info;
     int tmo = (int)ceil(b->timeout_s);
-    PMIX_INFO_CONSTRUCT(&info);
-    PMIX_INFO_LOAD(&info, PMIX_TIMEOUT, &tmo, PMIX_INT);
     pmix_value_t *v = NULL;
-    pmix_status_t rc = PMIx_Get(&who, k, &info, 1, &v);
-    PMIX_INFO_DESTRUCT(&info);
+    pmix_status_t rc = pmix_get_once(&who, k, tmo, false, &v);
+    /* PMIx waits for a key only until its owner has committed anything: a key the owner puts
+     * after an earlier commit (gloo's rendezvous, one key per peer) is NOT-FOUND until it
+     * lands. The contract (bootstrap.h) is to wait for it: poll, asking the owner again each
+     * time, sleeping 1 ms growing to 50 ms, until the bootstrap timeout. */
+    double t0 = log_now_s();
+    for (long nap = 1000000; rc == PMIX_ERR_NOT_FOUND && log_now_s() - t0 < b->timeout_s;) {
+        if (v) PMIX_VALUE_RELEASE(v);
+        struct timespec ts = {0, nap};
+        nanosleep(&ts, NULL);
+        nap = nap < 50000000 ? nap * 2 : nap;
+        rc = pmix_get_once(&who, k, tmo, true, &v);
+    }
     if (rc != PMIX_SUCCESS || !v) {
         if (v) PMIX_VALUE_RELEASE(v);
         return ust_errf(e, "bootstrap get of key '%s' from rank %d (PMIx) failed%s: %s", key, rank,
-                        rc == PMIX_ERR_TIMEOUT ? " after the timeout" : "", PMIx_Error_string(rc));
+                        rc == PMIX_ERR_TIMEOUT || rc == PMIX_ERR_NOT_FOUND ? " after the timeout" : "",
+                        PMIx_Error_string(rc));
     }
     int r;
     if (v->type != PMIX_BYTE_OBJECT)
