@@ -64,13 +64,34 @@ void plan_memory_rank(const ust_config *c, int pp_rank, mem_plan *p) {
     plan_rank(c, pp_rank, 1, p);
 }
 
-double plan_memory_peak(const ust_config *c) {
+void plan_activation_sets(const ust_config *c, int (*slots)[MODEL_MAX_CHUNKS], int *zb) {
+    ust_err e;
+    int pp = c->parallel.pp;
+    if (pp_activation_sets_all(c, slots, zb, &e) == 0) return;
+    for (int r = 0; r < pp; r++) { /* as plan_rank */
+        memset(slots[r], 0, sizeof slots[r]);
+        slots[r][0] = 1, zb[r] = 0;
+    }
+}
+
+double plan_memory_peak_sets(const ust_config *c, const int (*slots)[MODEL_MAX_CHUNKS],
+                             const int *zb) {
     double peak = 0;
     for (int r = 0; r < c->parallel.pp; r++) {
         mem_plan q;
-        plan_rank(c, r, 0, &q);
+        plan_memory_rank_sets(c, r, 0, slots[r], zb[r], &q);
         if (q.total > peak) peak = q.total;
     }
+    return peak;
+}
+
+double plan_memory_peak(const ust_config *c) {
+    int pp = c->parallel.pp, (*slots)[MODEL_MAX_CHUNKS] = calloc(pp, sizeof *slots);
+    int *zb = calloc(pp, sizeof *zb);
+    UST_ASSERT(slots && zb, "out of memory for %d pipeline ranks' plans", pp);
+    plan_activation_sets(c, slots, zb);
+    double peak = plan_memory_peak_sets(c, (const int(*)[MODEL_MAX_CHUNKS])slots, zb);
+    free(slots), free(zb);
     return peak;
 }
 

@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 #include "config.h"
+#include "model.h"
 
 typedef struct {
     int64_t n_params;                               /* whole model */
@@ -27,6 +28,13 @@ double plan_memory_peak(const ust_config *c);
  * sp of a mesh, schedule and micro-batch) build that schedule once. */
 void plan_memory_rank_sets(const ust_config *c, int pp_rank, int whole, const int *slots, int zb,
                            mem_plan *p);
+/* Every pipeline rank's activation sets, slots[r] and zb[r] for r < parallel.pp, from one
+ * schedule build (pp_activation_sets_all: the two-way schedules simulate all ranks at once); a
+ * schedule that does not build gets one set per rank (validation reports why). */
+void plan_activation_sets(const ust_config *c, int (*slots)[MODEL_MAX_CHUNKS], int *zb);
+/* plan_memory_peak with those sets. */
+double plan_memory_peak_sets(const ust_config *c, const int (*slots)[MODEL_MAX_CHUNKS],
+                             const int *zb);
 void plan_print(const ust_config *c, const mem_plan *p, FILE *f);
 
 /* Refuses (-1, the figure and the limit in e) a layout whose memory cannot exist where it is to

@@ -5,7 +5,6 @@
 
 #include "model.h"
 #include "plan.h"
-#include "pp.h"
 #include "pp_schedule.h"
 
 const char *const planner_group_names[PLAN_NGROUPS] = {"dp", "tp", "cp", "pp", "ep"};
@@ -110,16 +109,17 @@ static double dp_time(double params, int n, double bw, int zero, int m) {
     }
 }
 
-/* One pipeline rank's activation sets (pp_activation_sets), kept while a mesh is swept: they
- * depend on the schedule, pp, vpp, the micro-batch count and whether recompute is full, not on
- * sp or the ZeRO stage, and building them (dualpipe(v) simulates every rank) is most of what the
- * memory plan costs. */
+/* Every pipeline rank's activation sets for one micro-batch size and recompute setting
+ * (plan_activation_sets), kept while a mesh is swept: they depend on the schedule, pp, vpp, the
+ * micro-batch count and whether recompute is full, not on sp or the ZeRO stage, and building
+ * them (dualpipe(v) simulates every rank) is most of what the memory plan costs. */
 typedef struct {
-    int built, zb, slots[MODEL_MAX_CHUNKS];
+    int built;
+    int (*slots)[MODEL_MAX_CHUNKS], *zb; /* pp of each */
 } rank_sets;
 
-/* mem and mem_peak: plan_memory and plan_memory_peak, from sets[0..pp) when given (built on
- * first use) */
+/* mem and mem_peak: plan_memory and plan_memory_peak, from sets when given (built on first
+ * use) */
 static void memory(const ust_config *c, rank_sets *sets, planner_cost *o) {
     mem_plan mp;
     if (!sets) {
@@ -128,29 +128,16 @@ static void memory(const ust_config *c, rank_sets *sets, planner_cost *o) {
         o->mem_peak = plan_memory_peak(c);
         return;
     }
-    int pp = c->parallel.pp;
-    if (!sets[0].built) { /* every rank's at once: dualpipe(v) simulates them all anyway */
-        int(*slots)[MODEL_MAX_CHUNKS] = calloc(pp, sizeof *slots), *zb = calloc(pp, sizeof *zb);
-        ust_err e;
-        if (!slots || !zb) abort();
-        int bad = pp_activation_sets_all(c, slots, zb, &e);
-        for (int r = 0; r < pp; r++) {
-            memcpy(sets[r].slots, slots[r], sizeof sets[r].slots);
-            sets[r].zb = bad ? 0 : zb[r], sets[r].built = 1;
-            if (bad) sets[r].slots[0] = 1; /* as plan.c: validation reports it */
-        }
-        free(slots), free(zb);
+    if (!sets->built) {
+        int pp = c->parallel.pp;
+        sets->slots = calloc(pp, sizeof *sets->slots), sets->zb = calloc(pp, sizeof *sets->zb);
+        if (!sets->slots || !sets->zb) abort();
+        plan_activation_sets(c, sets->slots, sets->zb);
+        sets->built = 1;
     }
-    o->mem_peak = 0;
-    for (int r = 0; r < pp; r++) {
-        const rank_sets *s = &sets[r];
-        if (r == 0) {
-            plan_memory_rank_sets(c, 0, 1, s->slots, s->zb, &mp);
-            o->mem = mp.total;
-        }
-        plan_memory_rank_sets(c, r, 0, s->slots, s->zb, &mp);
-        if (mp.total > o->mem_peak) o->mem_peak = mp.total;
-    }
+    plan_memory_rank_sets(c, 0, 1, sets->slots[0], sets->zb[0], &mp);
+    o->mem = mp.total;
+    o->mem_peak = plan_memory_peak_sets(c, (const int(*)[MODEL_MAX_CHUNKS])sets->slots, sets->zb);
 }
 
 static void estimate(const ust_config *c, const planner_hw *hw, planner_cost *o, rank_sets *sets);
@@ -341,16 +328,17 @@ static void sweep_mesh(search *s, planner_layout l) {
         return;
     }
     int nm = divisors(G / l.dp, mbs, 64);
-    /* per micro-batch size and full recompute or not: each pipeline rank's activation sets */
-    rank_sets *sets = calloc((size_t)nm * 2 * l.pp, sizeof *sets);
+    /* per micro-batch size and full recompute or not: the pipeline ranks' activation sets */
+    rank_sets *sets = calloc((size_t)nm * 2, sizeof *sets);
     if (!sets) abort();
     for (int sp = 0; sp <= (l.tp > 1); sp++)
         for (int z = 0; z <= 3; z++)
             for (int r = RECOMPUTE_NONE; r <= RECOMPUTE_FULL; r++)
                 for (int i = 0; i < nm; i++) {
                     l.sp = sp, l.zero = z, l.recompute = (ust_recompute)r, l.micro_batch = mbs[i];
-                    consider(s, &l, &sets[((size_t)i * 2 + (r == RECOMPUTE_FULL)) * l.pp]);
+                    consider(s, &l, &sets[(size_t)i * 2 + (r == RECOMPUTE_FULL)]);
                 }
+    for (int k = 0; k < 2 * nm; k++) free(sets[k].slots), free(sets[k].zb);
     free(sets);
 }
 
