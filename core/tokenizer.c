@@ -404,6 +404,10 @@ static int check_model(const cJSON *model, const char *path, ust_err *e) {
     return 0;
 }
 
+/* The largest token id accepted: the decoder's tables are indexed by id (largest id + 1
+ * entries), so one absurd id must not allocate gigabytes; real vocabularies stay far below. */
+#define TOK_MAX_ID (1 << 24)
+
 static int load_vocab(tok_tokenizer *t, const cJSON *vocab, const int16_t inv[512],
                       const char *path, ust_err *e) {
     if (!cJSON_IsObject(vocab)) return ust_errf(e, "%s: model.vocab is not an object", path);
@@ -412,8 +416,9 @@ static int load_vocab(tok_tokenizer *t, const cJSON *vocab, const int16_t inv[51
     unsigned char buf[1024];
     const cJSON *x;
     cJSON_ArrayForEach(x, vocab) {
-        if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > INT32_MAX - 1)
-            return ust_errf(e, "%s: vocab entry '%.100s' has no valid id", path, x->string);
+        if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble >= TOK_MAX_ID)
+            return ust_errf(e, "%s: vocab entry '%.100s' has no valid id (0 .. %d)", path,
+                            x->string, TOK_MAX_ID - 1);
         int32_t id = (int32_t)x->valuedouble;
         if (id >= t->vocab_size) t->vocab_size = id + 1;
         size_t n;
