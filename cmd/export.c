@@ -94,7 +94,7 @@ int cmd_export(int argc, char **argv) {
     if (r.nshards > 1) snprintf(weights, sizeof weights, "%d shards + index", r.nshards);
     printf("exported %s to %s (%s, %s, %.1f MB of weights; config.json%s%s; Hugging Face "
            "transformers layout)\n",
-           ckpt, out, weights,
+           r.step, out, weights,
            o.dtype == EXPORT_F32    ? "fp32"
            : o.dtype == EXPORT_BF16 ? "bf16"
                                     : "fp16",

@@ -4,11 +4,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
+#include "ckpt.h"
 #include "cmd.h"
 #include "config.h"
 #include "data.h"
 #include "error.h"
+#include "fs.h"
 #include "hf_import.h"
 #include "log.h"
 #include "mem.h"
@@ -301,6 +304,16 @@ static int cmd_data(int argc, char **argv) {
                                              : "data demo takes no options");
         /* the demo text is byte tokens with end of text 256, as data prep without a tokenizer
          * writes them: its meta.json says so */
+        struct stat st;
+        if (stat(argv[1], &st) == 0 && !S_ISDIR(st.st_mode)) {
+            fprintf(stderr, "ustrain: error: data demo: %s exists and is not a directory (%s)\n",
+                    argv[1], fs_kind(st.st_mode));
+            return UST_EXIT_USAGE;
+        }
+        if (ckpt_refuse_in_step(argv[1], "data demo:", &e)) {
+            fprintf(stderr, "ustrain: error: %s\n", e.msg);
+            return UST_EXIT_USAGE;
+        }
         if (data_write_demo(argv[1], &e) || prep_write_meta(argv[1], NULL, 256, 257, 2, NULL, &e)) {
             fprintf(stderr, "ustrain: error: %s\n", e.msg);
             return UST_EXIT_RUNTIME;

@@ -817,6 +817,45 @@ static int check_latest(const char *dir, ust_err *e) {
     return 1;
 }
 
+static bool has_entry(const char *dir, const char *name) {
+    char p[PATH_MAX + 32];
+    return snprintf(p, sizeof p, "%s/%s", dir, name) < (int)sizeof p && access(p, F_OK) == 0;
+}
+
+/* The nearest existing directory of path (path itself when it exists), resolved into real;
+ * *is_path: whether that is path. 0, or -1 when not even "." resolves. */
+static int nearest_existing(const char *path, char *real, bool *is_path) {
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s", path);
+    *is_path = true;
+    while (!realpath(p, real)) {
+        char *slash = strrchr(p, '/');
+        if (!slash) snprintf(p, sizeof p, ".");
+        else if (slash == p) snprintf(p, sizeof p, "/");
+        else *slash = 0;
+        *is_path = false;
+        if ((!strcmp(p, ".") || !strcmp(p, "/")) && !realpath(p, real)) return -1;
+        if (!strcmp(p, ".") || !strcmp(p, "/")) break;
+    }
+    return 0;
+}
+
+int ckpt_refuse_in_step(const char *path, const char *what, ust_err *e) {
+    char real[PATH_MAX];
+    bool at_path;
+    if (nearest_existing(path, real, &at_path)) return 0;
+    for (;; at_path = false) {
+        if (ckpt_dir_step(real) >= 0 && (has_entry(real, "state.json") || has_entry(real, CKMAN_FILE)))
+            return ust_errf(e,
+                            "%s %s is %s ustrain checkpoint step %s: writing there would damage "
+                            "the checkpoint (or be pruned with it); use a directory of its own",
+                            what, path, at_path ? "the" : "inside the", real);
+        char *slash = strrchr(real, '/');
+        if (!slash || slash == real) return 0;
+        *slash = 0;
+    }
+}
+
 /* ---------------------------------------------------------------------------------------------
  * The job's lock on the checkpoint directory. flock is released by the kernel when the holder
  * dies, however it dies, so a crashed job never blocks the next one; the file itself stays and
@@ -853,7 +892,9 @@ int ckpt_lock_dir(const char *dir, ckpt_lock *l, ust_err *e) {
     l->fd = -1;
     char p[PATH_MAX];
     ust_err inner;
-    if (fs_mkdir_p(dir, e) || pathf(p, sizeof p, e, "%s/" LOCK_FILE, dir)) return -1;
+    if (ckpt_refuse_in_step(dir, "checkpoint.dir", e) || fs_mkdir_p(dir, e) ||
+        pathf(p, sizeof p, e, "%s/" LOCK_FILE, dir))
+        return -1;
     int fd = fs_open_regular(p, O_RDWR | O_CREAT, 0644, &inner);
     if (fd < 0) return ust_errf(e, "checkpoint.dir %s: cannot lock: %s", dir, inner.msg);
     if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
@@ -1502,9 +1543,11 @@ int ckpt_resolve_step(const char *path, const char *who, char *out, int n, ust_e
                         "holding state.json and model.safetensors)",
                         who, path);
     snprintf(p, sizeof p, "%s/state.json", path);
-    if (access(p, F_OK) == 0) {
+    if (access(p, F_OK) == 0) { /* a step named by the user: it verifies, or nothing is read */
         snprintf(out, (size_t)n, "%s", path);
-        return 0;
+        ust_err why;
+        if (ckpt_verify(out, 0, 1, NULL, NULL, &why) == 0) return 0;
+        return ust_errf(e, "%s: %s", who, why.msg);
     }
     int found = ckpt_find_latest(path, out, n, e);
     if (found < 0) return -1;
@@ -1513,6 +1556,19 @@ int ckpt_resolve_step(const char *path, const char *who, char *out, int n, ust_e
                         "%s: %s is not a checkpoint: no state.json there, and no finished "
                         "step_N inside it",
                         who, path);
+    /* the newest that verifies, as a resume takes it */
+    ust_err why;
+    while (found == 1 && ckpt_verify(out, 0, 1, NULL, NULL, &why) != 0) {
+        fprintf(stderr, "ustrain: warning: %s: %s; reading the previous complete checkpoint\n",
+                who, why.msg);
+        char bad[PATH_MAX];
+        snprintf(bad, sizeof bad, "%s", out);
+        found = ckpt_find_latest_before(path, ckpt_dir_step(bad), out, n, e);
+        if (found < 0) return -1;
+        if (!found)
+            return ust_errf(e, "%s: checkpoint %s failed verification and no earlier complete "
+                               "checkpoint is in %s", who, bad, path);
+    }
     return 0;
 }
 

@@ -54,6 +54,11 @@ typedef struct {
     int fd;
 } ckpt_lock;
 int ckpt_lock_dir(const char *dir, ckpt_lock *l, ust_err *e);
+/* -1 with a message starting with `what` when path (existing or to be made) is a checkpoint's
+ * step directory or lies inside one (a step_<N> holding state.json or manifest.json, found
+ * through the resolved path and its parents): a step's files are sealed by its manifest and
+ * pruning removes the whole directory, so nothing else is ever written there. */
+int ckpt_refuse_in_step(const char *path, const char *what, ust_err *e);
 void ckpt_unlock_dir(ckpt_lock *l);
 
 typedef struct ckpt_writer ckpt_writer;
@@ -139,7 +144,9 @@ int ckpt_parse_state(const char *json, const char *dir, ckpt_state *out, ust_err
 
 /* What the tools read of a finished checkpoint; `who` (e.g. "export") starts the messages.
  * ckpt_resolve_step: path as given when it is a step directory (it holds state.json), else the
- * newest finished step of the checkpoint directory path; -1 when it is neither.
+ * newest finished step of the checkpoint directory path; either verified against its manifest
+ * (ckpt_verify, one process): a named step must verify, a directory falls back to older steps
+ * with a warning. -1 when it is neither, or nothing verifies.
  * ckpt_load_config: the effective config the step was trained with (state.json's "config", YAML
  * text), loaded over the defaults and validated (world size unchecked). */
 int ckpt_resolve_step(const char *path, const char *who, char *out, int n, ust_err *e);

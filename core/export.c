@@ -13,12 +13,14 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <glob.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -357,12 +359,38 @@ static int load_state(ust_config *c, hftok_info *t, const char *step, bool no_to
     return rc;
 }
 
-/* Refuses an OUT that exists but is not a directory before anything is written. */
-static int prepare_out(const char *out, ust_err *e) {
+/* The checkpoint directory itself is not an output either (a step's files are never written
+ * there, but HF files beside `latest` would be mistaken for one). */
+static int refuse_checkpoint_root(const char *out, ust_err *e) {
+    char p[PATH_MAX + 16], q[PATH_MAX + 16];
+    snprintf(p, sizeof p, "%s/latest", out);
+    snprintf(q, sizeof q, "%s/.lock", out);
+    if (access(p, F_OK) == 0 || access(q, F_OK) == 0)
+        return ust_errf(e,
+                        "export: output %s is a ustrain checkpoint directory (it holds `latest` "
+                        "or .lock): the Hugging Face files go into a directory of their own",
+                        out);
+    return 0;
+}
+
+/* Refuses an OUT that exists but is not a directory, or is part of a checkpoint, before
+ * anything is written; makes it and takes its lock (flock on the directory, released however
+ * the process ends), so two exports never mix their files in one OUT. */
+static int prepare_out(const char *out, int *lock_fd, ust_err *e) {
     struct stat st;
     if (stat(out, &st) == 0 && !S_ISDIR(st.st_mode))
         return ust_errf(e, "export: output %s exists and is not a directory", out);
-    return fs_mkdir_p(out, e);
+    if (ckpt_refuse_in_step(out, "export: output", e) || refuse_checkpoint_root(out, e) ||
+        fs_mkdir_p(out, e))
+        return -1;
+    int fd = open(out, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return ust_errf(e, "export: output %s: %s", out, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
+        close(fd);
+        return ust_errf(e, "export: output %s is being written by another export", out);
+    }
+    *lock_fd = fd; /* a file system without locks: the export goes on unguarded */
+    return 0;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -370,6 +398,7 @@ static int prepare_out(const char *out, ust_err *e) {
 
 typedef struct {
     const export_opts *o;
+    export_result *r;
     ust_config c;
     hftok_info tok;
     hf_table l;
@@ -379,12 +408,13 @@ typedef struct {
     int ns;
     float *buf;     /* the largest tensor, fp32 */
     uint16_t *half; /* and as bf16 / fp16 */
+    int out_lock;   /* OUT's flock, held to the end */
 } job;
 
 /* Everything that can be wrong with the input, found before OUT is touched. */
 static int check_input(job *j, const char *ckpt, const char *out_dir, ust_err *e) {
-    char step[PATH_MAX];
-    if (ckpt_resolve_step(ckpt, "export", step, sizeof step, e) ||
+    char *step = j->r->step;
+    if (ckpt_resolve_step(ckpt, "export", step, sizeof j->r->step, e) ||
         load_state(&j->c, &j->tok, step, j->o->no_tokenizer, e) || hf_table_build(&j->l, &j->c, e))
         return -1;
     snprintf(j->src, sizeof j->src, "%s/model.safetensors", step);
@@ -404,7 +434,7 @@ static int check_input(job *j, const char *ckpt, const char *out_dir, ust_err *e
     if (j->o->dtype == EXPORT_F16 && check_f16_range(&j->l, j->f, j->src, j->buf, e)) return -1;
     int64_t max = j->o->max_shard_bytes > 0 ? j->o->max_shard_bytes : EXPORT_DEFAULT_SHARD;
     j->ns = plan_shards(&j->l, j->o->dtype, max, j->sh);
-    return prepare_out(out_dir, e);
+    return prepare_out(out_dir, &j->out_lock, e);
 }
 
 static int write_outputs(job *j, out_set *os, export_result *r, ust_err *e) {
@@ -437,9 +467,9 @@ int export_hf(const char *ckpt, const char *out_dir, const export_opts *o, expor
               ust_err *e) {
     export_opts defaults = {0};
     export_result dummy;
-    job j = {.o = o ? o : &defaults};
     if (!r) r = &dummy;
     memset(r, 0, sizeof *r);
+    job j = {.o = o ? o : &defaults, .r = r, .out_lock = -1};
     int rc = check_input(&j, ckpt, out_dir, e) ? UST_EXIT_USAGE : 0;
     out_set os = {out_dir, NULL, 0};
     if (!rc && !(os.f = calloc((size_t)j.ns + 6, sizeof *os.f))) {
@@ -457,5 +487,6 @@ int export_hf(const char *ckpt, const char *out_dir, const export_opts *o, expor
     free(j.sh);
     st_close(j.f);
     hf_table_free(&j.l);
+    if (j.out_lock >= 0) close(j.out_lock);
     return rc;
 }

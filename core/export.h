@@ -29,12 +29,15 @@ typedef struct {
     int64_t total_bytes; /* of the tensors' data (the index's metadata.total_size) */
     bool tokenizer;      /* tokenizer.json and tokenizer_config.json were written */
     bool generation;     /* generation_config.json was written */
+    char step[4096];     /* the step directory exported (CKPT, or its newest that verifies) */
 } export_result;
 
 /* Returns 0; UST_EXIT_USAGE when the input is not an exportable checkpoint (not a checkpoint,
  * an unsupported model, a tensor missing or of the wrong shape, a value fp16 cannot hold, a
  * recorded tokenizer missing or changed); UST_EXIT_RUNTIME when writing OUT fails. e gets the
- * message. `ckpt` is a step directory or a checkpoint directory (its newest finished step). */
+ * message. `ckpt` is a step directory or a checkpoint directory (its newest finished step);
+ * either is verified against its manifest first (ckpt_resolve_step). OUT must not be or lie in
+ * a checkpoint; it is locked while it is written, so a second export into it is refused. */
 int export_hf(const char *ckpt, const char *out_dir, const export_opts *o, export_result *r,
               ust_err *e);
 

@@ -18,6 +18,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "ckpt.h"
 #include "data.h"
 #include "fs.h"
 #include "prep_input.h"
@@ -443,6 +444,7 @@ int prep_run(const prep_args *a, prep_result *res, ust_err *e) {
     UST_ASSERT(s, "out of memory");
     s->width = vocab <= 65536 ? 2 : 4;
     snprintf(s->path, sizeof s->path, "%s/.prep_tokens.tmp", a->out_dir);
+    if (rc == 0) rc = ckpt_refuse_in_step(a->out_dir, "data prep: --out", e);
     if (rc == 0) rc = fs_mkdir_p(a->out_dir, e);
     if (rc == 0 && !(s->f = fopen(s->path, "w+b")))
         rc = ust_errf(e, "%s: cannot create: %s", s->path, strerror(errno));

@@ -222,3 +222,51 @@ if [ $rc = 1 ] && echo "$out" | grep -q "\[rank 0\].*checkpoint at step 4 failed
     pass rank1_disk_failure_reason_reaches_rank_0
 else fail rank1_disk_failure_reason_reaches_rank_0 "exit $rc: $(echo "$out" | grep -i error | head -3)"; fi
 intact rank1_disk_failure_removes_the_partial_step $ck "$before"
+
+# --- the tools: export and generate read only a checkpoint that verifies, and nothing writes
+# into a checkpoint's step (export's OUT, checkpoint.dir, data prep/demo) ----------------------
+ck=$TMP/tools/ck
+run $ck 4 >$TMP/o 2>&1 || fail tools_setup "$(tail -3 $TMP/o)"
+$UST export $ck/step_2 --to hf $TMP/tools/hf2 >/dev/null 2>&1 || fail tools_setup "export of step_2 failed"
+cp $ck/step_4/model.safetensors $TMP/tools/m4
+python3 - $ck/step_4/model.safetensors <<'PYEOF'
+import sys
+p = sys.argv[1]; b = bytearray(open(p, "rb").read()); b[-100] ^= 0x40; open(p, "wb").write(b)
+PYEOF
+before=$(sums $ck)
+expect_exit export_of_a_damaged_step_exits_2 2 "export: checkpoint .*step_4: model.safetensors does not match its manifest" -- \
+    $UST export $ck/step_4 --to hf $TMP/tools/hf-bad
+[ ! -e $TMP/tools/hf-bad ] && pass export_of_a_damaged_step_writes_nothing || fail export_of_a_damaged_step_writes_nothing "$(ls $TMP/tools/hf-bad)"
+out=$($UST export $ck --to hf $TMP/tools/hf 2>&1); rc=$?
+if [ $rc = 0 ] && echo "$out" | grep -q "warning: export: checkpoint .*step_4: .*does not match its manifest.*; reading the previous" &&
+   echo "$out" | grep -q "exported .*step_2 to" && cmp -s $TMP/tools/hf/model.safetensors $TMP/tools/hf2/model.safetensors; then
+    pass export_of_a_checkpoint_dir_falls_back_to_the_newest_step_that_verifies
+else fail export_of_a_checkpoint_dir_falls_back_to_the_newest_step_that_verifies "exit $rc: $(echo "$out" | tail -2)"; fi
+expect_exit generate_from_a_damaged_step_exits_2 2 "generate: checkpoint .*step_4: model.safetensors does not match its manifest" -- \
+    $UST generate $ck/step_4 --prompt hi --max-new-tokens 2
+expect_exit generate_from_a_checkpoint_dir_falls_back 0 "reading the previous complete checkpoint" -- \
+    $UST generate $ck --prompt hi --max-new-tokens 2
+# export's OUT: the step, a directory inside it (through ..), the checkpoint directory itself
+expect_exit export_into_the_step_it_reads_exits_2 2 "output .*step_2 is the ustrain checkpoint step" -- \
+    $UST export $ck/step_2 --to hf $ck/step_2
+expect_exit export_inside_a_step_exits_2 2 "output .* is inside the ustrain checkpoint step .*step_4" -- \
+    $UST export $ck/step_2 --to hf $ck/step_4/../step_4/hf/x
+expect_exit export_into_the_checkpoint_dir_exits_2 2 "output .*ck is a ustrain checkpoint directory" -- \
+    $UST export $ck/step_2 --to hf $ck
+expect_exit train_with_checkpoint_dir_inside_a_step_exits_2 2 "checkpoint.dir .*step_2/ck2 is inside the ustrain checkpoint step" -- \
+    run $ck/step_2/ck2 2
+echo text >$TMP/tools/t.txt
+expect_exit data_prep_into_a_step_exits_2 2 "data prep: --out .* is the ustrain checkpoint step" -- \
+    $UST data prep --out $ck/step_2 $TMP/tools/t.txt
+expect_exit data_demo_inside_a_step_exits_2 2 "data demo: .* is inside the ustrain checkpoint step" -- \
+    $UST data demo $ck/step_2/data
+intact tools_never_write_into_a_checkpoint $ck "$before"
+# two exports into one OUT: the second is refused while the first holds OUT's lock
+mkdir -p $TMP/tools/busy
+flock $TMP/tools/busy sleep 5 &
+f=$!
+sleep 0.5
+expect_exit a_second_export_into_a_locked_out_exits_2 2 "output .*busy is being written by another export" -- \
+    $UST export $ck/step_2 --to hf $TMP/tools/busy
+wait $f
+expect_exit export_after_the_lock_is_released 0 "exported .*step_2 to .*busy" -- $UST export $ck/step_2 --to hf $TMP/tools/busy

@@ -174,6 +174,7 @@ b = json.loads(raw[8:8 + n])["model.norm.weight"]["data_offsets"][0] + 8 + n + 4
 raw[b:b + 4] = struct.pack("<f", 70000.0)
 open(p, "wb").write(raw)
 EOF
+python3 test/tools/reseal.py $TMP/big/step_4
 expect_exit export_fp16_overflow_exits_2_naming_the_tensor 2 "tensor 'transformer.ln_f.weight' holds 70000 \(element 3\), beyond float16's range" -- \
     $UST export $TMP/big/step_4 --to hf $TMP/bad-out --dtype fp16
 expect_exit export_bf16_holds_large_values 0 "bf16" -- $UST export $TMP/big/step_4 --to hf $TMP/big-hf --dtype bf16

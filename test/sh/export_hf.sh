@@ -90,9 +90,11 @@ expect_exit export_missing_dir_exits_2 2 "nonexistent.*No such file" -- $UST exp
 expect_exit export_file_as_checkpoint_exits_2 2 "not a checkpoint directory" -- \
     $UST export $TMP/template.yaml --to hf $TMP/bad-out
 
-# copy_ckpt NAME SED: a copy of llama's step_6 whose state.json config is edited by SED
+# copy_ckpt NAME SED: a copy of llama's step_6 whose state.json config is edited by SED (and
+# resealed: what export checks behind the manifest is the subject)
 copy_ckpt() {
-    rm -rf $TMP/$1 && cp -r $TMP/llama/ckpt/step_6 $TMP/$1 && sed -i "$2" $TMP/$1/state.json
+    rm -rf $TMP/$1 && cp -r $TMP/llama/ckpt/step_6 $TMP/$1 && sed -i "$2" $TMP/$1/state.json &&
+        python3 test/tools/reseal.py $TMP/$1
 }
 copy_ckpt moe 's/num_experts: 0/num_experts: 4/; s/shared_expert: false/shared_expert: true/'
 expect_exit export_moe_with_shared_expert_exits_2 2 "the Hugging Face layout for mixture of experts is Mixtral's.*moe.shared_expert = true" -- \

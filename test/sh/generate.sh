@@ -99,6 +99,7 @@ s = json.load(open(sys.argv[1]))
 s["tokenizer"] = {"path": "bytes", "sha256": "", "eot_id": int(sys.argv[2])}
 json.dump(s, open(sys.argv[1], "w"))
 EOF2
+    python3 test/tools/reseal.py $1
 }
 record $TMP/rec 256
 r1=$($UST generate $TMP/rec --prompt "$PROMPT" --temperature 0 --max-new-tokens 8 2>/dev/null | od -An -tx1)
@@ -138,6 +139,7 @@ s = json.load(open(sys.argv[1]))
 s.pop("tokenizer", None)
 json.dump(s, open(sys.argv[1], "w"))
 EOF2
+python3 test/tools/reseal.py $TMP/norec
 expect_exit generate_without_tokenizer_exits_2 2 "does not record its tokenizer.*--tokenizer" -- $UST generate $TMP/norec --prompt hi
 # a byte-level BPE tokenizer whose ids start at 100: every byte above 199 (as in Cyrillic) is outside the
 # model's 300-token vocabulary
@@ -169,7 +171,8 @@ expect_exit generate_no_prompt_exits_2 2 "exactly one of --prompt and --prompt-f
 expect_exit generate_missing_prompt_file_exits_2 2 "--prompt-file .*nope" -- $UST generate $CK --prompt-file $TMP/nope --tokenizer bytes
 expect_exit generate_unknown_option_exits_2 2 "unknown option --beams for generate" -- $UST generate $CK --prompt hi --beams 4
 # a checkpoint whose config names a tensor its file lacks: refused, naming the tensor
-rm -rf $TMP/moe2 && cp -r $CK/step_6 $TMP/moe2 && sed -i 's/num_experts: 0/num_experts: 4/' $TMP/moe2/state.json
+rm -rf $TMP/moe2 && cp -r $CK/step_6 $TMP/moe2 && sed -i 's/num_experts: 0/num_experts: 4/' $TMP/moe2/state.json &&
+    python3 test/tools/reseal.py $TMP/moe2
 expect_exit generate_missing_tensor_exits_2 2 "model.layers.0.mlp.router.weight" -- $UST generate $TMP/moe2 --prompt hi --tokenizer bytes
 # a Hugging Face directory (the export of the llama and of the Mixtral-shaped checkpoints): the
 # same greedy tokens as the checkpoint itself; a directory that is not a model exits 2
