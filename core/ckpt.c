@@ -830,9 +830,12 @@ static int nearest_existing(const char *path, char *real, bool *is_path) {
     *is_path = true;
     while (!realpath(p, real)) {
         char *slash = strrchr(p, '/');
-        if (!slash) snprintf(p, sizeof p, ".");
-        else if (slash == p) snprintf(p, sizeof p, "/");
-        else *slash = 0;
+        if (!slash)
+            snprintf(p, sizeof p, ".");
+        else if (slash == p)
+            snprintf(p, sizeof p, "/");
+        else
+            *slash = 0;
         *is_path = false;
         if ((!strcmp(p, ".") || !strcmp(p, "/")) && !realpath(p, real)) return -1;
         if (!strcmp(p, ".") || !strcmp(p, "/")) break;
@@ -845,7 +848,8 @@ int ckpt_refuse_in_step(const char *path, const char *what, ust_err *e) {
     bool at_path;
     if (nearest_existing(path, real, &at_path)) return 0;
     for (;; at_path = false) {
-        if (ckpt_dir_step(real) >= 0 && (has_entry(real, "state.json") || has_entry(real, CKMAN_FILE)))
+        if (ckpt_dir_step(real) >= 0 &&
+            (has_entry(real, "state.json") || has_entry(real, CKMAN_FILE)))
             return ust_errf(e,
                             "%s %s is %s ustrain checkpoint step %s: writing there would damage "
                             "the checkpoint (or be pruned with it); use a directory of its own",
@@ -1559,15 +1563,17 @@ int ckpt_resolve_step(const char *path, const char *who, char *out, int n, ust_e
     /* the newest that verifies, as a resume takes it */
     ust_err why;
     while (found == 1 && ckpt_verify(out, 0, 1, NULL, NULL, &why) != 0) {
-        fprintf(stderr, "ustrain: warning: %s: %s; reading the previous complete checkpoint\n",
-                who, why.msg);
+        fprintf(stderr, "ustrain: warning: %s: %s; reading the previous complete checkpoint\n", who,
+                why.msg);
         char bad[PATH_MAX];
         snprintf(bad, sizeof bad, "%s", out);
         found = ckpt_find_latest_before(path, ckpt_dir_step(bad), out, n, e);
         if (found < 0) return -1;
         if (!found)
-            return ust_errf(e, "%s: checkpoint %s failed verification and no earlier complete "
-                               "checkpoint is in %s", who, bad, path);
+            return ust_errf(e,
+                            "%s: checkpoint %s failed verification and no earlier complete "
+                            "checkpoint is in %s",
+                            who, bad, path);
     }
     return 0;
 }
