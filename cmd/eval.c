@@ -142,6 +142,8 @@ static int model_config(ust_config *c, const char *model, ust_err *e) {
                             "eval: %s is neither a checkpoint (no state.json, no finished step_N) "
                             "nor a Hugging Face model directory (no config.json)",
                             model);
+        /* the newest step that verifies (the run verifies the one named again, on every rank) */
+        if (ckpt_resolve_step(model, "eval", step, sizeof step, e)) return -1;
     }
     if (checkpoint_config(c, step, &at, e)) return -1;
     /* the model only: resumed from this step, read-only (no lock, nothing written) */
