@@ -108,10 +108,7 @@ int cmd_data_prep(int argc, char **argv) {
     a.tok = t;
     a.tok_path = tok_path;
     prep_result r;
-    if (rc == 0 && prep_run(&a, &r, &e)) {
-        fprintf(stderr, "ustrain: error: %s\n", e.msg);
-        rc = UST_EXIT_USAGE;
-    }
+    if (rc == 0 && (rc = prep_run(&a, &r, &e))) fprintf(stderr, "ustrain: error: %s\n", e.msg);
     if (rc == 0) report(&a, &r, t);
     tok_free(t);
     free(inputs);

@@ -13,14 +13,12 @@
 
 #include <cjson/cJSON.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <glob.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -383,14 +381,7 @@ static int prepare_out(const char *out, int *lock_fd, ust_err *e) {
     if (ckpt_refuse_in_step(out, "export: output", e) || refuse_checkpoint_root(out, e) ||
         fs_mkdir_p(out, e))
         return -1;
-    int fd = open(out, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0) return ust_errf(e, "export: output %s: %s", out, strerror(errno));
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK) {
-        close(fd);
-        return ust_errf(e, "export: output %s is being written by another export", out);
-    }
-    *lock_fd = fd; /* a file system without locks: the export goes on unguarded */
-    return 0;
+    return fs_lock_dir(out, "export: output", lock_fd, e);
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -69,6 +70,19 @@ static int open_checked(const char *path, int flags, int mode, int pipe_ok, ust_
 
 int fs_open_regular(const char *path, int flags, int mode, ust_err *e) {
     return open_checked(path, flags, mode, 0, e);
+}
+
+int fs_lock_dir(const char *dir, const char *who, int *fd, ust_err *e) {
+    *fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (*fd < 0) return ust_errf(e, "%s %s: %s", who, dir, strerror(errno));
+    if (flock(*fd, LOCK_EX | LOCK_NB) == 0) return 0;
+    int err = errno;
+    close(*fd);
+    *fd = -1;
+    if (err == EWOULDBLOCK)
+        return ust_errf(e, "%s %s is being written by another process (ustrain holds a lock on "
+                           "it while it writes)", who, dir);
+    return 0; /* a file system without locks: unguarded */
 }
 
 FILE *fs_fopen_stream(const char *path, ust_err *e) {

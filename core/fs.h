@@ -18,6 +18,12 @@ int fs_mkdir_p(const char *dir, ust_err *e);
  * FIFO)" for anything else). */
 int fs_open_regular(const char *path, int flags, int mode, ust_err *e);
 
+/* An exclusive, non-blocking flock on directory dir, held while *fd stays open (the kernel drops
+ * it however the process ends): the guard of one writer per output directory. -1 with "WHO DIR is
+ * being written by another process" when another holds it; 0 with *fd = -1 when the file system
+ * has no locks. */
+int fs_lock_dir(const char *dir, const char *who, int *fd, ust_err *e);
+
 /* fopen(3) for reading a file that may also be a pipe (a config given as <(...)): opening does
  * not wait for a FIFO's writer, and a FIFO that nobody writes reads as empty; directories and
  * devices other than pipes are refused. */

@@ -6,6 +6,7 @@
 #include "log.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -234,11 +235,14 @@ typedef struct {
     int64_t n;
     unsigned char buf[1 << 16];
     size_t fill;
+    bool write_failed; /* the failure is the output's (a full disk), not the input's */
 } stream;
 
 static int stream_flush(stream *s, ust_err *e) {
-    if (s->fill && fwrite(s->buf, 1, s->fill, s->f) != s->fill)
+    if (s->fill && fwrite(s->buf, 1, s->fill, s->f) != s->fill) {
+        s->write_failed = true;
         return ust_errf(e, "%s: write failed: %s", s->path, strerror(errno));
+    }
     s->fill = 0;
     return 0;
 }
@@ -269,43 +273,91 @@ static int write_batch(stream *s, batch *b, int eot, int vocab, ust_err *e) {
     return 0;
 }
 
-/* Writes tokens [first, first+n) of the stream as SPLIT_000.bin, ... of per_shard tokens. */
+/* Shard k of a split: its name, and the temporary it is written under until every shard of both
+ * splits is complete (then all are renamed, so a failure or a kill leaves the directory's earlier
+ * shards as they were, and a symlink or FIFO planted at a shard's name is replaced, never
+ * followed). */
+static void shard_path(char *out, size_t n, const char *dir, const char *split, int k, int tmp) {
+    if (tmp)
+        snprintf(out, n, "%s/.%s_%03d.bin.tmp.%d", dir, split, k, (int)getpid());
+    else
+        snprintf(out, n, "%s/%s_%03d.bin", dir, split, k);
+}
+
+/* A new regular file for writing: whatever was at path (a stale temporary) is removed first and
+ * O_EXCL makes sure nothing is followed. */
+static FILE *create_new(const char *path, ust_err *e) {
+    unlink(path);
+    int fd = fs_open_regular(path, O_RDWR | O_CREAT | O_EXCL, 0666, e);
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "w+b");
+    if (fd >= 0 && !f) {
+        ust_errf(e, "%s: cannot open: %s", path, strerror(errno));
+        close(fd);
+    }
+    return f;
+}
+
+/* Writes tokens [first, first+n) of the stream as the temporaries of SPLIT_000.bin, ... of
+ * per_shard tokens; *nshards counts those begun (for out_discard). */
 static int write_split(stream *s, const char *dir, const char *split, int64_t first, int64_t n,
                        int64_t per_shard, int *nshards, ust_err *e) {
     _Static_assert(sizeof(((stream *)0)->buf) % 4 == 0, "whole tokens per copy");
     if (fseeko(s->f, (off_t)(first * s->width), SEEK_SET) != 0)
         return ust_errf(e, "%s: seek failed: %s", s->path, strerror(errno));
     *nshards = 0;
-    for (int64_t done = 0; done < n; (*nshards)++) {
+    for (int64_t done = 0; done < n;) {
         int64_t m = n - done < per_shard ? n - done : per_shard;
-        char path[UST_PATH_MAX + 64];
-        snprintf(path, sizeof path, "%s/%s_%03d.bin", dir, split, *nshards);
+        char path[UST_PATH_MAX + 64], tmp[UST_PATH_MAX + 64];
+        shard_path(path, sizeof path, dir, split, *nshards, 0);
+        shard_path(tmp, sizeof tmp, dir, split, *nshards, 1);
         int32_t hdr[256];
         if (data_llmc_header(hdr, s->width, m, path, e)) return -1;
-        FILE *out = fopen(path, "wb");
-        if (!out) return ust_errf(e, "%s: cannot create: %s", path, strerror(errno));
+        FILE *out = create_new(tmp, e);
+        if (!out) return -1;
+        (*nshards)++;
         int rc = fwrite(hdr, sizeof hdr, 1, out) == 1 ? 0 : -1;
         for (int64_t left = m * s->width; rc == 0 && left > 0;) {
             size_t k = left < (int64_t)sizeof s->buf ? (size_t)left : sizeof s->buf;
             rc = fread(s->buf, 1, k, s->f) == k && fwrite(s->buf, 1, k, out) == k ? 0 : -1;
             left -= (int64_t)k;
         }
+        if (fflush(out) != 0 || fsync(fileno(out)) != 0) rc = -1;
         if (fclose(out) != 0) rc = -1;
-        if (rc) return ust_errf(e, "%s: write failed: %s", path, strerror(errno));
+        if (rc) return ust_errf(e, "%s: write failed: %s", tmp, strerror(errno));
         done += m;
     }
-    /* shards of an earlier, longer run in the same directory would join this one's glob */
-    for (int k = *nshards;; k++) {
-        char path[UST_PATH_MAX + 64];
-        snprintf(path, sizeof path, "%s/%s_%03d.bin", dir, split, k);
+    return 0;
+}
+
+/* Publishes a split's nshards temporaries under their names, then removes the shards of an
+ * earlier, longer run in the same directory (they would join this one's glob). */
+static int publish_split(const char *dir, const char *split, int nshards, ust_err *e) {
+    char path[UST_PATH_MAX + 64], tmp[UST_PATH_MAX + 64];
+    for (int k = 0; k < nshards; k++) {
+        shard_path(path, sizeof path, dir, split, k, 0);
+        shard_path(tmp, sizeof tmp, dir, split, k, 1);
+        if (rename(tmp, path) != 0)
+            return ust_errf(e, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));
+    }
+    for (int k = nshards;; k++) {
+        shard_path(path, sizeof path, dir, split, k, 0);
         if (unlink(path) != 0) break;
     }
     return 0;
 }
 
+static void discard_split(const char *dir, const char *split, int nshards) {
+    char tmp[UST_PATH_MAX + 64];
+    for (int k = 0; k < nshards; k++) {
+        shard_path(tmp, sizeof tmp, dir, split, k, 1);
+        unlink(tmp);
+    }
+}
+
 /* The last frac of the stream goes to val (at least one token when frac > 0 so the val glob
  * matches), and with enough data (val still at most a quarter) a whole shard, as in llm.c's data
  * sets, so val loss is not measured on a sliver; train keeps at least one input/target pair. */
+enum { PREP_MAX_SHARDS = 100000 }; /* shard names have 3+ digits; a directory of more is a mistake */
 static int split_sizes(int64_t total, double frac, int64_t per_shard, int64_t *nval, ust_err *e) {
     *nval = (int64_t)(frac * (double)total + 0.5);
     if (frac > 0 && *nval < 1) *nval = 1;
@@ -313,6 +365,12 @@ static int split_sizes(int64_t total, double frac, int64_t per_shard, int64_t *n
     if (total - *nval < 2)
         return ust_errf(e, "data prep: %lld tokens are too few to split into train and val",
                         (long long)total);
+    int64_t files = (total - *nval + per_shard - 1) / per_shard + (*nval + per_shard - 1) / per_shard;
+    if (files > PREP_MAX_SHARDS)
+        return ust_errf(e,
+                        "data prep: --shard-tokens %lld cuts %lld tokens into %lld files, more "
+                        "than %d (give a larger --shard-tokens)",
+                        (long long)per_shard, (long long)total, (long long)files, PREP_MAX_SHARDS);
     return 0;
 }
 
@@ -429,10 +487,13 @@ int prep_run(const prep_args *a, prep_result *res, ust_err *e) {
     if (!res) res = &dummy;
     memset(res, 0, sizeof *res);
     double t0 = log_now_s(), frac = a->val_fraction > 0 ? a->val_fraction : 0;
-    if (frac >= 1) return ust_errf(e, "data prep: val_fraction must be below 1 (got %g)", frac);
+    if (frac >= 1) {
+        ust_errf(e, "data prep: val_fraction must be below 1 (got %g)", frac);
+        return UST_EXIT_USAGE;
+    }
     int64_t per_shard = a->shard_tokens > 0 ? a->shard_tokens : 100000000;
     if (per_shard > INT32_MAX) per_shard = INT32_MAX;
-    if (check_inputs(a, &res->nbytes, e)) return -1;
+    if (check_inputs(a, &res->nbytes, e)) return UST_EXIT_USAGE;
     tok_tokenizer *own = a->tok ? NULL : tok_bytes();
     const tok_tokenizer *tok = a->tok ? a->tok : own;
     prep_args args = *a;
@@ -443,22 +504,30 @@ int prep_run(const prep_args *a, prep_result *res, ust_err *e) {
     stream *s = calloc(1, sizeof *s);
     UST_ASSERT(s, "out of memory");
     s->width = vocab <= 65536 ? 2 : 4;
-    snprintf(s->path, sizeof s->path, "%s/.prep_tokens.tmp", a->out_dir);
+    snprintf(s->path, sizeof s->path, "%s/.prep_tokens.tmp.%d", a->out_dir, (int)getpid());
+    int lock = -1;
     if (rc == 0) rc = ckpt_refuse_in_step(a->out_dir, "data prep: --out", e);
     if (rc == 0) rc = fs_mkdir_p(a->out_dir, e);
-    if (rc == 0 && !(s->f = fopen(s->path, "w+b")))
-        rc = ust_errf(e, "%s: cannot create: %s", s->path, strerror(errno));
+    if (rc == 0) rc = fs_lock_dir(a->out_dir, "data prep: --out", &lock, e);
+    if (rc == 0 && !(s->f = create_new(s->path, e))) rc = -1;
     res->threads = threads_to_use(a);
     if (rc == 0) rc = tokenize_all(&args, tok, res->threads, s, eot, vocab, res, e);
     if (rc == 0) rc = stream_flush(s, e);
     int64_t nval = 0;
     if (rc == 0) rc = split_sizes(s->n, frac, per_shard, &nval, e);
-    if (rc == 0)
+    bool runtime = s->write_failed; /* from here every failure is the output's */
+    if (rc == 0) {
+        runtime = true;
         rc = write_split(s, a->out_dir, "train", 0, s->n - nval, per_shard, &res->ntrain_shards, e);
+    }
     if (rc == 0)
         rc = write_split(s, a->out_dir, "val", s->n - nval, nval, per_shard, &res->nval_shards, e);
     if (s->f) fclose(s->f);
-    unlink(s->path);
+    if (s->f) unlink(s->path);
+    if (rc == 0) rc = publish_split(a->out_dir, "train", res->ntrain_shards, e);
+    if (rc == 0) rc = publish_split(a->out_dir, "val", res->nval_shards, e);
+    discard_split(a->out_dir, "train", res->ntrain_shards); /* what is left of a failure */
+    discard_split(a->out_dir, "val", res->nval_shards);
     res->ntrain = s->n - nval;
     res->nval = nval;
     res->vocab_size = vocab;
@@ -467,9 +536,10 @@ int prep_run(const prep_args *a, prep_result *res, ust_err *e) {
     if (rc == 0)
         rc = prep_write_meta(a->out_dir, a->tok ? a->tok_path : NULL, eot, vocab, s->width, res, e);
     res->seconds = log_now_s() - t0;
+    if (lock >= 0) close(lock);
     free(s);
     tok_free(own);
-    return rc;
+    return rc == 0 ? 0 : runtime ? UST_EXIT_RUNTIME : UST_EXIT_USAGE;
 }
 
 /* ---------------------------------------------------------------------------------------------

@@ -43,6 +43,10 @@ typedef struct {
     double seconds;
 } prep_result;
 
+/* 0; UST_EXIT_USAGE when the input or the arguments are bad (or another process is writing
+ * out_dir, which is locked while prep writes); UST_EXIT_RUNTIME when writing fails (a full disk).
+ * The shards are written under temporary names and renamed once all are complete, so a failure
+ * leaves out_dir's earlier shards as they were. */
 int prep_run(const prep_args *a, prep_result *r, ust_err *e);
 
 /* DIR/meta.json: {"tokenizer": the absolute path of tok_path, or "bytes" when tok_path is NULL

@@ -270,7 +270,7 @@ mkdir -p $TMP/tools/busy
 flock $TMP/tools/busy sleep 5 &
 f=$!
 sleep 0.5
-expect_exit a_second_export_into_a_locked_out_exits_2 2 "output .*busy is being written by another export" -- \
+expect_exit a_second_export_into_a_locked_out_exits_2 2 "output .*busy is being written by another process" -- \
     $UST export $ck/step_2 --to hf $TMP/tools/busy
 wait $f
 expect_exit export_after_the_lock_is_released 0 "exported .*step_2 to .*busy" -- $UST export $ck/step_2 --to hf $TMP/tools/busy

@@ -70,6 +70,34 @@ echo '{"vocab_size": "many"}' >$TMP/v/meta.json
 expect_exit validate_refuses_a_malformed_meta_json 2 "$TMP/v/meta.json: not a data prep meta.json" -- \
     $UST validate configs/tiny.yaml --set "data.train=$TMP/v/train_*.bin" --set model.vocab_size=300
 
+# The output directory: shards are written under temporary names and renamed, so a FIFO or a
+# symlink planted at a shard's name is replaced (never opened, never followed), a failed run
+# leaves the earlier shards as they were, and a second prep into a directory being written is
+# refused.
+rm -rf $TMP/o && $P --out $TMP/o $TMP/docs.jsonl >/dev/null 2>&1
+sha256sum $TMP/o/*.bin >$TMP/o.sums
+rm -rf $TMP/plant && mkdir -p $TMP/plant && mkfifo $TMP/plant/train_000.bin &&
+    echo precious >$TMP/victim && ln -s $TMP/victim $TMP/plant/val_000.bin
+out=$(timeout -k 5 60 $P --out $TMP/plant $TMP/docs.jsonl 2>&1); rc=$?
+if [ $rc = 0 ] && [ -f $TMP/plant/train_000.bin ] && [ ! -L $TMP/plant/val_000.bin ] &&
+   [ "$(cat $TMP/victim)" = precious ] && cmp -s $TMP/plant/train_000.bin $TMP/o/train_000.bin; then
+    pass prep_replaces_a_planted_fifo_and_symlink
+else fail prep_replaces_a_planted_fifo_and_symlink "exit $rc: $(echo "$out" | tail -1); victim: $(cat $TMP/victim | head -c 40)"; fi
+out=$( (ulimit -f 200; $P --out $TMP/o $TMP/big2.txt) 2>&1); rc=$?
+if [ $rc = 1 ] && echo "$out" | grep -q "write failed: File too large" && sha256sum -c --quiet $TMP/o.sums &&
+   [ -z "$(ls -A $TMP/o | grep -v -e '^meta.json$' -e '^train_000.bin$' -e '^val_000.bin$')" ]; then
+    pass prep_failing_to_write_exits_1_and_keeps_the_earlier_shards
+else fail prep_failing_to_write_exits_1_and_keeps_the_earlier_shards "exit $rc: $(echo "$out" | tail -1); $(ls -A $TMP/o | tr '\n' ' ')"; fi
+flock $TMP/o sleep 5 &
+f=$!
+sleep 0.5
+expect_exit prep_into_a_directory_being_written_exits_2 2 "--out .*/o is being written by another process" -- \
+    $P --out $TMP/o $TMP/big.txt
+wait $f
+sha256sum -c --quiet $TMP/o.sums && pass prep_refused_leaves_the_shards || fail prep_refused_leaves_the_shards "changed"
+expect_exit prep_refuses_a_hundred_thousand_shards 2 "--shard-tokens 1 cuts .* into .* files, more than 100000" -- \
+    $P --out $TMP/o --shard-tokens 1 $TMP/big.txt
+
 # Parquet through pyarrow (optional): rows stream into data prep's standard input
 python3 -c 'import pyarrow' 2>/dev/null || pip install -q pyarrow >/dev/null 2>&1
 if python3 -c 'import pyarrow' 2>/dev/null; then
