@@ -80,8 +80,10 @@ int fs_lock_dir(const char *dir, const char *who, int *fd, ust_err *e) {
     close(*fd);
     *fd = -1;
     if (err == EWOULDBLOCK)
-        return ust_errf(e, "%s %s is being written by another process (ustrain holds a lock on "
-                           "it while it writes)", who, dir);
+        return ust_errf(e,
+                        "%s %s is being written by another process (ustrain holds a lock on "
+                        "it while it writes)",
+                        who, dir);
     return 0; /* a file system without locks: unguarded */
 }
 

@@ -357,7 +357,9 @@ static void discard_split(const char *dir, const char *split, int nshards) {
 /* The last frac of the stream goes to val (at least one token when frac > 0 so the val glob
  * matches), and with enough data (val still at most a quarter) a whole shard, as in llm.c's data
  * sets, so val loss is not measured on a sliver; train keeps at least one input/target pair. */
-enum { PREP_MAX_SHARDS = 100000 }; /* shard names have 3+ digits; a directory of more is a mistake */
+enum {
+    PREP_MAX_SHARDS = 100000
+}; /* shard names have 3+ digits; a directory of more is a mistake */
 static int split_sizes(int64_t total, double frac, int64_t per_shard, int64_t *nval, ust_err *e) {
     *nval = (int64_t)(frac * (double)total + 0.5);
     if (frac > 0 && *nval < 1) *nval = 1;
@@ -365,7 +367,8 @@ static int split_sizes(int64_t total, double frac, int64_t per_shard, int64_t *n
     if (total - *nval < 2)
         return ust_errf(e, "data prep: %lld tokens are too few to split into train and val",
                         (long long)total);
-    int64_t files = (total - *nval + per_shard - 1) / per_shard + (*nval + per_shard - 1) / per_shard;
+    int64_t files =
+        (total - *nval + per_shard - 1) / per_shard + (*nval + per_shard - 1) / per_shard;
     if (files > PREP_MAX_SHARDS)
         return ust_errf(e,
                         "data prep: --shard-tokens %lld cuts %lld tokens into %lld files, more "
