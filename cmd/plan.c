@@ -7,10 +7,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "cmd.h"
 #include "config.h"
 #include "error.h"
+#include "fs.h"
 #include "hf_import.h"
 #include "log.h"
 #include "plan.h"
@@ -33,6 +36,21 @@ static const char *PLAN_USAGE =
 
 static int bad(const char *fmt, const char *a, const char *b) {
     return cmd_usage_error("ustrain plan", "(run `ustrain plan --help` for usage)", fmt, a, b);
+}
+
+/* --write's file, checked before the search: a regular file or a new one in an existing,
+ * writable directory (a FIFO there would hang the end of a long search). */
+static int check_write_target(const char *path) {
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+        return bad("--write %s: %s, not a regular file", path, fs_kind(st.st_mode));
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) + (slash == path) : 1,
+             slash ? path : ".");
+    if (access(dir, W_OK) != 0)
+        return bad("--write %s: its directory cannot be written (%s)", path, strerror(errno));
+    return 0;
 }
 
 /* "512" sequences; "4M", "4Mtok", "4194304tok" tokens (K/M/G binary). Returns 0 with either
@@ -125,7 +143,7 @@ static int parse_args(int argc, char **argv, plan_opts *o) {
     }
     if (!o->config) return bad("missing CONFIG (a YAML file)%s%s", "", "");
     if (!o->world) return bad("missing --world N (the number of GPUs)%s%s", "", "");
-    return 0;
+    return o->write ? check_write_target(o->write) : 0;
 }
 
 /* Loads the config, applies --set, --seq-len and --global-batch, and checks the model alone
@@ -316,9 +334,10 @@ static int own_layout(const ust_config *base, const plan_opts *o, const planner_
 static int write_yaml(const ust_config *base, const planner_entry *e, int world, const char *path) {
     ust_config c;
     planner_apply(base, &e->l, &c);
-    FILE *f = fopen(path, "w");
+    ust_err why;
+    FILE *f = fs_fopen_regular(path, "wb", &why);
     if (!f) {
-        fprintf(stderr, "ustrain plan: error: cannot write %s\n", path);
+        fprintf(stderr, "ustrain plan: error: cannot write %s\n", why.msg);
         return UST_EXIT_RUNTIME;
     }
     char line[256];

@@ -427,8 +427,18 @@ int data_write_llmc_shard(const char *path, const int32_t *tokens, int64_t n, us
     int width = maxv < 65536 ? 2 : 4;
     int32_t hdr[LLMC_HEADER_INTS];
     if (llmc_header(hdr, width, n, path, e) != 0) return -1;
-    FILE *f = fopen(path, "wb");
-    if (!f) return ust_errf(e, "%s: cannot create: %s", path, strerror(errno));
+    /* written under a temporary name and renamed: a FIFO or symlink at path is replaced, never
+     * opened or followed, and a reader of the old shard keeps its file */
+    char tmp[UST_PATH_MAX + 32];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid()) >= (int)sizeof tmp)
+        return ust_errf(e, "%s: path too long", path);
+    unlink(tmp);
+    int fd = fs_open_regular(tmp, O_WRONLY | O_CREAT | O_EXCL, 0666, e);
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "wb");
+    if (!f) {
+        if (fd >= 0) close(fd);
+        return fd < 0 ? -1 : ust_errf(e, "%s: cannot create: %s", tmp, strerror(errno));
+    }
     int rc = write_all(f, hdr, LLMC_HEADER_BYTES, path, e);
     enum { CHUNK = 8192 };
     uint16_t buf16[CHUNK];
@@ -442,7 +452,9 @@ int data_write_llmc_shard(const char *path, const int32_t *tokens, int64_t n, us
         }
     }
     if (close_file(f, path, e) != 0) rc = -1;
-    if (rc != 0) unlink(path);
+    if (rc == 0 && rename(tmp, path) != 0)
+        rc = ust_errf(e, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));
+    if (rc != 0) unlink(tmp);
     return rc;
 }
 

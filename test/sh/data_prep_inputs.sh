@@ -97,6 +97,11 @@ wait $f
 sha256sum -c --quiet $TMP/o.sums && pass prep_refused_leaves_the_shards || fail prep_refused_leaves_the_shards "changed"
 expect_exit prep_refuses_a_hundred_thousand_shards 2 "--shard-tokens 1 cuts .* into .* files, more than 100000" -- \
     $P --out $TMP/o --shard-tokens 1 $TMP/big.txt
+rm -rf $TMP/demo && mkdir -p $TMP/demo && mkfifo $TMP/demo/train_000.bin && ln -s $TMP/victim $TMP/demo/val_000.bin
+out=$(timeout -k 5 60 $UST data demo $TMP/demo 2>&1); rc=$?
+if [ $rc = 0 ] && [ -f $TMP/demo/train_000.bin ] && [ ! -L $TMP/demo/val_000.bin ] && [ "$(cat $TMP/victim)" = precious ]; then
+    pass data_demo_replaces_a_planted_fifo_and_symlink
+else fail data_demo_replaces_a_planted_fifo_and_symlink "exit $rc: $(echo "$out" | tail -1)"; fi
 
 # Parquet through pyarrow (optional): rows stream into data prep's standard input
 python3 -c 'import pyarrow' 2>/dev/null || pip install -q pyarrow >/dev/null 2>&1

@@ -112,3 +112,7 @@ expect_exit plan_cli_missing_value 2 '--top needs a value' -- $P --world 4 --top
 expect_exit plan_cli_seq_len_over_max 2 'train.seq_len \(128\) must be <= model.max_seq_len \(64\)' -- $P --world 4 --seq-len 128
 expect_exit plan_cli_missing_config 2 'nope.yaml' -- $UST plan $TMP/nope.yaml --world 4
 expect_exit plan_cli_bad_set 2 'model.n_layr' -- $P --world 4 --set model.n_layr=3
+# --write's file is checked before the search: a FIFO would hang its end, a missing directory lose it
+mkfifo $TMP/plan.fifo
+expect_exit plan_cli_write_to_a_fifo 2 '--write .*plan.fifo: a FIFO, not a regular file' -- timeout -k 5 60 $P --world 4 --write $TMP/plan.fifo
+expect_exit plan_cli_write_into_a_missing_directory 2 '--write .*/nodir/x.yaml: its directory cannot be written' -- $P --world 4 --write $TMP/nodir/x.yaml
