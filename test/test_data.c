@@ -423,7 +423,7 @@ static void test_prep_bytes_splits_train_and_val_with_end_of_text(void) {
     CHECK(data_open(&d, pat, DATA_LLMC, 257, &e) == -1, "val shards written with val_fraction < 0");
     const char *missing[] = {"/nonexistent/file.txt"};
     prep_args bad = {.inputs = missing, .ninputs = 1, .out_dir = out};
-    CHECK(prep_bytes(&bad, &e) == -1 && strstr(e.msg, "/nonexistent/file.txt"),
+    CHECK(prep_bytes(&bad, &e) == UST_EXIT_USAGE && strstr(e.msg, "/nonexistent/file.txt"),
           "missing input: %.900s", e.msg);
 }
 
