@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "ckpt.h"
 #include "cmd.h"
 #include "config.h"
 #include "error.h"
@@ -42,6 +43,8 @@ static int bad(const char *fmt, const char *a, const char *b) {
  * writable directory (a FIFO there would hang the end of a long search). */
 static int check_write_target(const char *path) {
     struct stat st;
+    ust_err why;
+    if (ckpt_refuse_output(path, "--write", &why)) return bad("%s%s", why.msg, "");
     if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
         return bad("--write %s: %s, not a regular file", path, fs_kind(st.st_mode));
     char dir[4096];

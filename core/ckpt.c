@@ -860,6 +860,21 @@ int ckpt_refuse_in_step(const char *path, const char *what, ust_err *e) {
     }
 }
 
+int ckpt_refuse_output(const char *file, const char *what, ust_err *e) {
+    if (ckpt_refuse_in_step(file, what, e)) return -1;
+    char dir[PATH_MAX];
+    const char *slash = strrchr(file, '/'), *base = slash ? slash + 1 : file;
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - file) + (slash == file) : 1,
+             slash ? file : ".");
+    if ((!strcmp(base, "latest") || !strcmp(base, LOCK_FILE)) &&
+        (has_entry(dir, "latest") || has_entry(dir, LOCK_FILE)))
+        return ust_errf(e,
+                        "%s %s is a ustrain checkpoint directory's %s: writing it would damage "
+                        "the checkpoints; use a file of its own",
+                        what, file, base);
+    return 0;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * The job's lock on the checkpoint directory. flock is released by the kernel when the holder
  * dies, however it dies, so a crashed job never blocks the next one; the file itself stays and

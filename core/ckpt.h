@@ -59,6 +59,9 @@ int ckpt_lock_dir(const char *dir, ckpt_lock *l, ust_err *e);
  * through the resolved path and its parents): a step's files are sealed by its manifest and
  * pruning removes the whole directory, so nothing else is ever written there. */
 int ckpt_refuse_in_step(const char *path, const char *what, ust_err *e);
+/* The same for a file to be written (metrics, logits, a plan): not inside a step, and not a
+ * checkpoint directory's `latest` or .lock. */
+int ckpt_refuse_output(const char *file, const char *what, ust_err *e);
 void ckpt_unlock_dir(ckpt_lock *l);
 
 typedef struct ckpt_writer ckpt_writer;

@@ -401,6 +401,8 @@ static int generate(gen_input *in, const gen_options *opt, ust_err *e) {
 int gen_run(const char *ckpt, const gen_options *opt, ust_err *e) {
     gen_input in;
     memset(&in, 0, sizeof in);
+    if (opt->dump_logits && ckpt_refuse_output(opt->dump_logits, "generate: --dump-logits", e))
+        return UST_EXIT_USAGE;
     int rc = check_input(ckpt, opt, &in, e) ? UST_EXIT_USAGE : generate(&in, opt, e);
     free_input(&in);
     return rc;

@@ -569,8 +569,27 @@ static double validation_loss(trainer *t) {
 
 /* ------------------------------------------------------------------ the loop */
 
+/* Where the run writes (run.out_dir, the metrics file, TensorBoard's directory) must be its own:
+ * never a file, never inside a checkpoint's step (ckpt_refuse_in_step). Checked on every rank
+ * before anything is read or written. */
+static int check_outputs(const ust_config *cfg, ust_err *e) {
+    struct stat st;
+    if (stat(cfg->run.out_dir, &st) == 0 && !S_ISDIR(st.st_mode))
+        return ust_errf(e, "run.out_dir %s is %s, not a directory", cfg->run.out_dir,
+                        fs_kind(st.st_mode));
+    if (ckpt_refuse_in_step(cfg->run.out_dir, "run.out_dir", e)) return -1;
+    if (cfg->logging.metrics_file[0] &&
+        ckpt_refuse_output(cfg->logging.metrics_file, "logging.metrics_file", e))
+        return -1;
+    if (cfg->logging.tensorboard_dir[0] &&
+        ckpt_refuse_in_step(cfg->logging.tensorboard_dir, "logging.tensorboard_dir", e))
+        return -1;
+    return 0;
+}
+
 /* What no single config key can check: the backend's precision and the sequence-parallel rows. */
 static int check_runnable(const ust_config *cfg, ust_err *e) {
+    if (check_outputs(cfg, e)) return -1;
     if (cfg->run.device == DEV_CPU && cfg->train.precision == PREC_BF16)
         return ust_errf(e, "train.precision = bf16: the CPU backend computes in fp32 only; use "
                            "fp32, or run.device: cuda");

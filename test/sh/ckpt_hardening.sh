@@ -258,12 +258,31 @@ expect_exit export_inside_a_step_exits_2 2 "output .* is inside the ustrain chec
 expect_exit export_into_the_checkpoint_dir_exits_2 2 "output .*ck is a ustrain checkpoint directory" -- \
     $UST export $ck/step_2 --to hf $ck
 expect_exit train_with_checkpoint_dir_inside_a_step_exits_2 2 "checkpoint.dir .*step_2/ck2 is inside the ustrain checkpoint step" -- \
-    run $ck/step_2/ck2 2
+    run $ck/step_2/ck2 2 --set logging.metrics_file=$TMP/tools/ck2.jsonl
 echo text >$TMP/tools/t.txt
 expect_exit data_prep_into_a_step_exits_2 2 "data prep: --out .* is the ustrain checkpoint step" -- \
     $UST data prep --out $ck/step_2 $TMP/tools/t.txt
 expect_exit data_demo_inside_a_step_exits_2 2 "data demo: .* is inside the ustrain checkpoint step" -- \
     $UST data demo $ck/step_2/data
+# every other file a command writes: generate's logits, plan's config, the run's metrics,
+# TensorBoard and out_dir (and a run.out_dir that is a file is refused, not warned about)
+expect_exit generate_dump_logits_into_a_step_exits_2 2 "--dump-logits .*step_2/model.safetensors is inside the ustrain checkpoint step" -- \
+    $UST generate $ck/step_2 --prompt hi --max-new-tokens 2 --dump-logits $ck/step_2/model.safetensors
+expect_exit plan_write_into_a_step_exits_2 2 "--write .*step_2/state.json is inside the ustrain checkpoint step" -- \
+    $UST plan $TMP/c.yaml --world 2 --write $ck/step_2/state.json
+expect_exit plan_write_over_latest_exits_2 2 "--write .*/latest is a ustrain checkpoint directory's latest" -- \
+    $UST plan $TMP/c.yaml --world 2 --write $ck/latest
+expect_exit metrics_file_in_a_step_exits_2 2 "logging.metrics_file .*step_4/model.safetensors is inside the ustrain checkpoint step" -- \
+    run $TMP/tools/other 2 --set logging.metrics_file=$ck/step_4/model.safetensors
+expect_exit metrics_file_over_latest_exits_2 2 "logging.metrics_file .*/latest is a ustrain checkpoint directory's latest" -- \
+    run $TMP/tools/other 2 --set logging.metrics_file=$ck/latest
+expect_exit tensorboard_dir_in_a_step_exits_2 2 "logging.tensorboard_dir .* is inside the ustrain checkpoint step" -- \
+    run $TMP/tools/other 2 --set logging.tensorboard_dir=$ck/step_2/tb
+expect_exit out_dir_in_a_step_exits_2 2 "run.out_dir .* is inside the ustrain checkpoint step" -- \
+    run $TMP/tools/other 2 --set run.out_dir=$ck/step_2/out
+touch $TMP/tools/afile
+expect_exit out_dir_that_is_a_file_exits_2 2 "run.out_dir .*afile is a regular file, not a directory" -- \
+    run $TMP/tools/other 2 --set run.out_dir=$TMP/tools/afile
 intact tools_never_write_into_a_checkpoint $ck "$before"
 # two exports into one OUT: the second is refused while the first holds OUT's lock
 mkdir -p $TMP/tools/busy
