@@ -1521,6 +1521,34 @@ static int read_run(void *vc, int64_t file_elem, int64_t slice_elem, int64_t n, 
     return 0;
 }
 
+int ckpt_check_unused(ckpt_reader *r, const char *file, const ckpt_tensor *want, int n,
+                      ust_err *e) {
+    st_file *f = reader_file(r, file, e);
+    if (!f) return -1;
+    char *used = calloc((size_t)f->n + 1, 1);
+    UST_ASSERT(used, "out of host memory");
+    for (int i = 0; i < n; i++) {
+        const st_entry *en = st_find(f, want[i].name);
+        if (en) used[en - f->e] = 1;
+    }
+    int extra = 0;
+    char names[512] = "";
+    for (int i = 0; i < f->n; i++) {
+        if (used[i]) continue;
+        size_t k = strlen(names);
+        if (extra++ < 3)
+            snprintf(names + k, sizeof names - k, "%s'%s'", k ? ", " : "", f->e[i].name);
+    }
+    free(used);
+    if (!extra) return 0;
+    return ust_errf(e,
+                    "checkpoint %s: %s holds %d tensor%s the configured model does not have "
+                    "(%s%s): the model.* keys differ from those it was trained with (its "
+                    "state.json has them); resume with them, or start over with "
+                    "checkpoint.resume: none",
+                    r->dir, file, extra, extra == 1 ? "" : "s", names, extra > 3 ? ", ..." : "");
+}
+
 int ckpt_read_slice(ckpt_reader *r, const char *file, const ckpt_tensor *expect,
                     const ckpt_slice *s, float *host_out, ust_err *e) {
     st_file *f = reader_file(r, file, e);

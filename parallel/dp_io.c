@@ -81,13 +81,14 @@ static ckpt_tensor tensor_of(const model_param *q, dp_buf b) {
     return t;
 }
 
-/* Every rank declares the whole model's tensors (other stages' too): the file layout is the
- * same everywhere, and each rank fills in what it holds. */
-static int list_file(dp_state *d, ckpt_writer *w, int optimizer, ust_err *e) {
+/* The whole model's tensors (other stages' too) in one of the two files, in checkpoint order;
+ * *n gets their count (malloc'd). */
+static ckpt_tensor *file_tensors(dp_state *d, int optimizer, int *n) {
     int np;
     const ckpt_tensor *all = model_all_tensors(d->m, &np);
-    int n = optimizer ? 2 * np : np;
-    ckpt_tensor *ts = calloc(n, sizeof *ts);
+    *n = optimizer ? 2 * np : np;
+    ckpt_tensor *ts = calloc(*n, sizeof *ts);
+    UST_ASSERT(ts, "out of host memory");
     for (int i = 0; i < np; i++) {
         model_param q = {.whole = all[i]};
         snprintf(q.name, sizeof q.name, "%s", all[i].name);
@@ -98,6 +99,14 @@ static int list_file(dp_state *d, ckpt_writer *w, int optimizer, ust_err *e) {
             ts[i] = tensor_of(&q, BUF_PARAMS);
         }
     }
+    return ts;
+}
+
+/* Every rank declares the whole model's tensors: the file layout is the same everywhere, and
+ * each rank fills in what it holds. */
+static int list_file(dp_state *d, ckpt_writer *w, int optimizer, ust_err *e) {
+    int n;
+    ckpt_tensor *ts = file_tensors(d, optimizer, &n);
     int file =
         ckpt_add_file(w, optimizer ? "optimizer.safetensors" : "model.safetensors", ts, n, e);
     free(ts);
@@ -163,8 +172,22 @@ int dp_save(dp_state *d, ckpt_writer *w, ust_err *e) {
                : 0;
 }
 
+/* Both files hold only this model's tensors (a missing one fails its read). */
+static int check_unused(dp_state *d, ckpt_reader *r, ust_err *e) {
+    int rc = 0;
+    for (int optimizer = 0; optimizer < 2 && rc == 0; optimizer++) {
+        int n;
+        ckpt_tensor *ts = file_tensors(d, optimizer, &n);
+        rc = ckpt_check_unused(r, optimizer ? "optimizer.safetensors" : "model.safetensors", ts,
+                               n, e);
+        free(ts);
+    }
+    return rc;
+}
+
 int dp_load(dp_state *d, ckpt_reader *r, ust_err *e) {
-    return transfer(d, BUF_PARAMS, 0, NULL, r, e) || transfer(d, BUF_M, 0, NULL, r, e) ||
+    return check_unused(d, r, e) || transfer(d, BUF_PARAMS, 0, NULL, r, e) ||
+                   transfer(d, BUF_M, 0, NULL, r, e) ||
                    transfer(d, BUF_V, 0, NULL, r, e)
                ? -1
                : 0;
