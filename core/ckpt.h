@@ -134,8 +134,7 @@ const char *ckpt_state_json(const ckpt_reader *r); /* contents of state.json */
 /* -1 naming them when file holds tensors not among want[0..n) (a checkpoint of a larger or
  * otherwise different model than the one configured: reading only what the model has would go
  * on silently as another model). */
-int ckpt_check_unused(ckpt_reader *r, const char *file, const ckpt_tensor *want, int n,
-                      ust_err *e);
+int ckpt_check_unused(ckpt_reader *r, const char *file, const ckpt_tensor *want, int n, ust_err *e);
 
 /* The run position state.json carries (written by the trainer with the layout and config).
  * batch_since: since which step (and sample) the global batch has been batch_size sequences,

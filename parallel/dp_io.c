@@ -178,8 +178,8 @@ static int check_unused(dp_state *d, ckpt_reader *r, ust_err *e) {
     for (int optimizer = 0; optimizer < 2 && rc == 0; optimizer++) {
         int n;
         ckpt_tensor *ts = file_tensors(d, optimizer, &n);
-        rc = ckpt_check_unused(r, optimizer ? "optimizer.safetensors" : "model.safetensors", ts,
-                               n, e);
+        rc = ckpt_check_unused(r, optimizer ? "optimizer.safetensors" : "model.safetensors", ts, n,
+                               e);
         free(ts);
     }
     return rc;
@@ -187,8 +187,7 @@ static int check_unused(dp_state *d, ckpt_reader *r, ust_err *e) {
 
 int dp_load(dp_state *d, ckpt_reader *r, ust_err *e) {
     return check_unused(d, r, e) || transfer(d, BUF_PARAMS, 0, NULL, r, e) ||
-                   transfer(d, BUF_M, 0, NULL, r, e) ||
-                   transfer(d, BUF_V, 0, NULL, r, e)
+                   transfer(d, BUF_M, 0, NULL, r, e) || transfer(d, BUF_V, 0, NULL, r, e)
                ? -1
                : 0;
 }
