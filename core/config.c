@@ -1324,6 +1324,9 @@ static int cfg_validate_train(const ust_config *c, ust_err *e) {
             "optimizer.min_lr (%g) must be <= optimizer.lr (%g)", c->optimizer.min_lr,
             c->optimizer.lr);
     REQUIRE(c->data.train[0], "data.train is empty: it must name the training shards (a glob)");
+    REQUIRE(c->data.eot_id < c->model.vocab_size,
+            "data.eot_id (%d) must be a token of the vocabulary, below model.vocab_size (%d)",
+            c->data.eot_id, c->model.vocab_size);
     REQUIRE(c->checkpoint.dir[0], "checkpoint.dir is empty%s",
             c->checkpoint.async ? " (checkpoint.async writes checkpoints there)" : "");
     return 0;

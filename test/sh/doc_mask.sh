@@ -64,4 +64,11 @@ expect_exit doc_mask_needs_an_eot_id 2 "data.doc_mask needs the end-of-text id" 
 expect_exit reset_positions_needs_an_eot_id 2 "data.reset_positions needs the end-of-text id" -- \
     $UST train $TMP/llama.yaml "${NOMETA[@]}" --set data.eot_id=-1 --set data.doc_mask=false --set data.reset_positions=true --set checkpoint.dir=$TMP/x/ckpt
 expect_exit doc_mask_eot_id_range 2 "data.eot_id" -- $UST validate $TMP/llama.yaml --set data.eot_id=99999999
+# an end of text outside the vocabulary would never be seen: masking nothing, silently
+expect_exit eot_id_beyond_the_vocabulary_exits_2 2 "data.eot_id \(300\) must be a token of the vocabulary, below model.vocab_size \(300\)" -- \
+    $UST validate $TMP/llama.yaml --set data.eot_id=300
+mkdir -p $TMP/badmeta && cp $TMP/data/*.bin $TMP/badmeta/ &&
+    python3 -c "import json,sys; m=json.load(open(sys.argv[1])); m['eot_id']=600; json.dump(m, open(sys.argv[2],'w'))" $TMP/data/meta.json $TMP/badmeta/meta.json
+expect_exit meta_eot_id_beyond_the_vocabulary_exits_2 2 "badmeta/meta.json: end of text is 600, not a token of model.vocab_size = 300" -- \
+    $UST train $TMP/llama.yaml --set data.eot_id=-1 --set "data.train=$TMP/badmeta/train_*.bin" --set checkpoint.dir=$TMP/x/ckpt
 exit 0
