@@ -191,7 +191,7 @@ static const cfg_key cfg_keys[] = {
     STR("logging.tensorboard_dir", logging.tensorboard_dir, "null", NULLABLE),
     DBL("logging.peak_flops", logging.peak_flops, "0", 0, INFINITY, 0),
 
-    DBL("dist.timeout_s", dist.timeout_s, "300", 0, 1e6, LO_OPEN),
+    DBL("dist.timeout_s", dist.timeout_s, "300", 1, 1e6, 0), /* below a second: every wait fails */
 };
 
 #define N_KEYS (sizeof cfg_keys / sizeof cfg_keys[0])

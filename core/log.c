@@ -251,9 +251,11 @@ void log_step_line(const log_step *s) {
                       s->pp_bubble_sim, s->pp_bubble_analytic);
     if (s->ep_comm_ms > 0 && n < sizeof extra)
         snprintf(extra + n, sizeof extra - n, " | a2a %.0f ms", s->ep_comm_ms);
-    int eta = (int)(s->eta_s + 0.5);
+    /* in 64 bits, and capped: train.steps may be far beyond what the run will reach */
+    double eta_s = isfinite(s->eta_s) && s->eta_s > 0 ? s->eta_s : 0;
+    long long eta = eta_s < 1e12 ? (long long)(eta_s + 0.5) : 999999999999LL;
     printf("step %5lld/%lld | loss %.4f%s | lr %.3e | norm %.3f | %.0f tok/s | mfu %.1f%% | "
-           "%.0f ms | mem %s%s | eta %dh%02dm%02ds%s\n",
+           "%.0f ms | mem %s%s | eta %lldh%02lldm%02llds%s\n",
            (long long)s->step, (long long)s->steps, s->loss, val, s->lr, s->grad_norm,
            s->tokens_per_s, 100 * s->mfu, s->ms, log_bytes(mem, sizeof mem, s->peak_mem_bytes),
            extra, eta / 3600, eta / 60 % 60, eta % 60, s->skipped ? " | SKIPPED (non-finite)" : "");

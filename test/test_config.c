@@ -478,6 +478,8 @@ static void test_out_of_range_values_are_errors(void) {
     CHECK_LOAD_FAILS("run: {seed: -3}\n", "t.yaml:1:13: ", "expected a non-negative integer");
     CHECK_LOAD_FAILS("parallel: {tp: 0}\n", "t.yaml:1:16: ", "parallel.tp: 0 is out of range");
     CHECK_LOAD_FAILS("dist: {timeout_s: 0}\n", "t.yaml:1:19: ", "dist.timeout_s: 0 is out");
+    CHECK_LOAD_FAILS("dist: {timeout_s: 1e-300}\n",
+                     "t.yaml:1:19: ", "dist.timeout_s: 1e-300 is out");
     CHECK_LOAD_FAILS(
         "run: {name: "
         "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
