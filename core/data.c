@@ -6,6 +6,7 @@
 #include "fs.h"
 
 #include <errno.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <glob.h>
 #include <stdio.h>
@@ -225,6 +226,29 @@ static int open_shard(shard *s, const char *path, ust_data_format fmt, int vocab
     return 0;
 }
 
+/* A glob that matched nothing may not have been able to look: glob skips a directory it cannot
+ * open (too many open files, no permission). The directory before the first wildcard is tried,
+ * so that the message says why instead of "no files match". */
+static int explain_no_match(const char *pattern, ust_err *e) {
+    char dir[UST_PATH_MAX];
+    size_t wild = strcspn(pattern, "*?[");
+    snprintf(dir, sizeof dir, "%.*s", (int)wild, pattern);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        slash == dir ? (void)(dir[1] = 0) : (void)(*slash = 0);
+    else
+        snprintf(dir, sizeof dir, ".");
+    DIR *d = opendir(dir);
+    if (d) {
+        closedir(d);
+        return ust_errf(e, "data: no files match '%s'", pattern);
+    }
+    if (errno == ENOENT || errno == ENOTDIR)
+        return ust_errf(e, "data: no files match '%s' (%s: %s)", pattern, dir, strerror(errno));
+    return ust_errf(e, "data: cannot look for '%s': directory %s: %s", pattern, dir,
+                    strerror(errno));
+}
+
 int data_open(ust_dataset **out, const char *glob_pattern, ust_data_format fmt, int vocab_size,
               ust_err *e) {
     *out = NULL;
@@ -233,7 +257,7 @@ int data_open(ust_dataset **out, const char *glob_pattern, ust_data_format fmt, 
     int rc = glob(glob_pattern, 0, NULL, &g);
     if (rc == GLOB_NOMATCH || (rc == 0 && g.gl_pathc == 0)) {
         if (rc == 0) globfree(&g);
-        return ust_errf(e, "data: no files match '%s'", glob_pattern);
+        return explain_no_match(glob_pattern, e);
     }
     if (rc != 0) return ust_errf(e, "data: cannot expand '%s' (glob error %d)", glob_pattern, rc);
     /* strcmp, not the locale's collation: the order must be the same on every machine. */

@@ -60,3 +60,11 @@ if [ -n "$fits" ]; then
     [ -z "$bad" ] && pass training_under_a_tight_limit_trains_or_says_out_of_memory ||
         fail training_under_a_tight_limit_trains_or_says_out_of_memory "$bad"
 fi
+
+# Too few file descriptors to read the data directory: the message says so (a glob that cannot
+# open a directory matches nothing, which read as "no files match")
+out=$( (ulimit -n 4; $UST train $TMP/c.yaml --set train.steps=1 --set checkpoint.resume=none \
+    --set "checkpoint.dir=$TMP/ckn" >$TMP/n.out 2>&1); cat $TMP/n.out)
+# (where it runs out depends on the descriptors the shell passes down: the reason must be named)
+echo "$out" | grep -q "Too many open files" && ! echo "$out" | grep -q "no files match" &&
+    pass too_few_file_descriptors_are_named || fail too_few_file_descriptors_are_named "$(echo "$out" | tail -2)"
