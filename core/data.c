@@ -120,7 +120,12 @@ static int open_megatron_index(shard *s, const char *bin_path, size_t bin_size, 
     }
     int64_t next = 0;
     for (uint64_t i = 0; i < count; i++) {
-        if (sizes[i] < 0 || ptrs[i] != next) {
+        if (sizes[i] < 0) {
+            ust_errf(e, "%s: sequence %llu has a negative size (%d tokens)", idx,
+                     (unsigned long long)i, (int)sizes[i]);
+            goto done;
+        }
+        if (ptrs[i] != next) {
             ust_errf(e,
                      "%s: sequence %llu starts at byte %lld, expected %lld (only contiguous "
                      "indexes are read)",

@@ -286,6 +286,11 @@ static void test_megatron_bad_index_is_rejected_with_a_reason(void) {
     write_raw("megbad/x.bin", a, 10); /* the index describes 12 bytes */
     CHECK(data_open(&d, pat, DATA_MEGATRON, 512, &e) == -1 && strstr(e.msg, "12 bytes"),
           "short .bin: %.900s", e.msg);
+    int32_t neg[2] = {4, -2}; /* contiguous pointers, so only the size is wrong */
+    write_megatron("megbad/x", a, 2, neg, 2);
+    CHECK(data_open(&d, pat, DATA_MEGATRON, 512, &e) == -1 &&
+              strstr(e.msg, "sequence 1 has a negative size (-2 tokens)"),
+          "negative size: %.900s", e.msg);
     write_raw("megbad/x.idx", "MMIDIDX", 7);
     CHECK(data_open(&d, pat, DATA_MEGATRON, 512, &e) == -1 && strstr(e.msg, "magic"),
           "bad magic: %.900s", e.msg);
