@@ -1174,11 +1174,6 @@ static int cfg_validate_model(const ust_config *c, ust_err *e) {
     REQUIRE(moe->num_experts == 0 || moe->num_experts % c->parallel.ep == 0,
             "model.moe.num_experts (%d) must be divisible by parallel.ep (%d)", moe->num_experts,
             c->parallel.ep);
-    REQUIRE(moe->bias_update_rate == 0 || c->optimizer.zero_stage < 3,
-            "model.moe.bias_update_rate (%g) updates the routing bias in place after the "
-            "optimizer step, which needs whole weights on every rank: use optimizer.zero_stage "
-            "0, 1 or 2 (got 3)",
-            moe->bias_update_rate);
     REQUIRE(moe->num_experts > 0 || c->parallel.ep == 1,
             "parallel.ep (%d) needs experts, but model.moe.num_experts is 0", c->parallel.ep);
     return 0;

@@ -721,16 +721,40 @@ void model_chunk_weight_grad(model *m, int c, int slot) {
 
 void model_backward(model *m) { model_chunk_backward(m, 0, 0, 0); }
 
-void model_moe_end_step(model *m, struct ust_comm *group, struct ust_comm *mirror,
-                        int update_bias) {
+/* The parameter-table index of layer l's routing bias (-1: none). */
+static int bias_param(model *m, int l) {
+    char n[CKPT_NAME_MAX];
+    snprintf(n, sizeof n, "model.layers.%d.mlp.router.expert_bias", l);
+    for (int i = 0; i < model_num_params(m); i++)
+        if (!strcmp(model_param_at(m, i)->name, n)) return i;
+    return -1;
+}
+
+/* Layer l's bias moved by its step loads: in place in whole storage, else through add. */
+static void move_bias(model *m, int l, const double *load, model_param_add_fn add, void *ctx) {
+    if (m->p) {
+        moe_update_bias(&m->moe, m->mw[l].bias, load);
+        return;
+    }
+    int i = bias_param(m, l);
+    UST_ASSERT(i >= 0 && add, "layer %d: a routing bias without whole storage or a sharding layer",
+               l);
+    float *delta = m->moe.stats_host; /* E floats of host scratch, free between forwards */
+    moe_bias_delta(&m->moe, load, delta);
+    add(ctx, i, delta);
+}
+
+void model_moe_end_step(model *m, struct ust_comm *group, struct ust_comm *mirror, int update_bias,
+                        model_param_add_fn add, void *ctx) {
     if (!m->has_moe) return;
     int E = m->moe.E;
+    int has_bias = m->cfg->model.moe.bias_update_rate > 0;
     moe_step_loads(&m->moe, group, m->moe_load);
     if (mirror) moe_step_loads(&m->moe, mirror, m->moe_load);
     for (int c = 0; c < m->nchunks; c++)
         for (int l = m->chunks[c].lo; l < m->chunks[c].hi; l++)
-            if (is_moe(m, l) && update_bias && m->mw[l].bias)
-                moe_update_bias(&m->moe, m->mw[l].bias, m->moe_load + (int64_t)l * E);
+            if (is_moe(m, l) && update_bias && has_bias)
+                move_bias(m, l, m->moe_load + (int64_t)l * E, add, ctx);
     memcpy(m->moe_gload, m->moe_load, (size_t)m->L * E * sizeof *m->moe_load);
     memset(m->moe_load, 0, (size_t)m->L * E * sizeof *m->moe_load);
 }

@@ -182,9 +182,13 @@ int model_moe_stats(const model *m, int *layers, double *load_max, double *load_
  * update_bias (the step was applied) and model.moe.bias_update_rate > 0, each layer's balancing
  * bias moved by them (moe_update_bias). mirror (NULL: none): dualpipe's rank holding
  * the same layers for the other direction's micro-batches, summed in too. Every rank of the
- * groups calls it once per step. */
+ * groups calls it once per step. Without whole parameters (ZeRO-3: the sharding layer holds
+ * them) the bias is not updated in place: add(ctx, i, delta) gets parameter i's increment (its
+ * whole E floats) for the sharding layer to add to what it holds. */
 struct ust_comm;
-void model_moe_end_step(model *m, struct ust_comm *group, struct ust_comm *mirror, int update_bias);
+typedef void (*model_param_add_fn)(void *ctx, int param, const float *delta);
+void model_moe_end_step(model *m, struct ust_comm *group, struct ust_comm *mirror, int update_bias,
+                        model_param_add_fn add, void *ctx);
 /* For the i-th layer model_moe_stats lists: the rows each ep rank's experts computed in the last
  * step, per rank holding them (global counts / (dp/ep * cp * tp)); returns how many (the ep size,
  * at most max). */

@@ -699,18 +699,24 @@ void moe_step_loads(moe_ctx *m, ust_comm *group, double *loads) {
     for (int64_t i = 0; i < n; i++) loads[i] = m->loads_host[i];
 }
 
-void moe_update_bias(moe_ctx *m, float *bias, const double *load) {
-    const ust_ops *o = m->ops;
+void moe_bias_delta(const moe_ctx *m, const double *load, float *delta) {
     int E = m->E;
-    float *b = m->stats_host; /* 2E+3 floats of host scratch, free between forwards */
     double mean = 0;
     for (int e = 0; e < E; e++) mean += load[e];
     mean /= E;
-    o->to_host(o, b, bias, E * sizeof(float));
     for (int e = 0; e < E; e++) {
         double d = mean - load[e];
-        b[e] += (float)(m->bias_rate * ((d > 0) - (d < 0)));
+        delta[e] = (float)(m->bias_rate * ((d > 0) - (d < 0)));
     }
+}
+
+void moe_update_bias(moe_ctx *m, float *bias, const double *load) {
+    const ust_ops *o = m->ops;
+    int E = m->E;
+    float *b = m->stats_host, *delta = b + E; /* 2E+3 floats of host scratch, free here */
+    moe_bias_delta(m, load, delta);
+    o->to_host(o, b, bias, E * sizeof(float));
+    for (int e = 0; e < E; e++) b[e] += delta[e];
     o->to_device(o, bias, b, E * sizeof(float));
 }
 

@@ -226,8 +226,10 @@ void moe_backward(moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g,
  * counts, the same on every rank and in every layout (exact below 2^24 per expert). */
 void moe_step_loads(moe_ctx *m, ust_comm *group, double *loads);
 /* bias(E, device) += model.moe.bias_update_rate * sign(mean load - load_e), from one layer's
- * global step loads: identical on every rank that holds the layer. */
+ * global step loads: identical on every rank that holds the layer. moe_bias_delta: that
+ * increment alone (E floats, host), for a bias a sharding layer holds (ZeRO-3). */
 void moe_update_bias(moe_ctx *m, float *bias, const double *load);
+void moe_bias_delta(const moe_ctx *m, const double *load, float *delta);
 
 /* Under the tp split without sp: whole(Nmb, C) on every tp rank from each rank's rows
  * [tpr*N, (tpr+1)*N), in place (nothing at tp = 1). */

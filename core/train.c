@@ -1039,7 +1039,7 @@ static int train_step(trainer *t, double *loss, double *norm, double *lr, int *f
     if (t->has_moe) /* dualpipe: the mirror's copies of these layers routed the other half */
         model_moe_end_step(t->m, t->rt->topo.comm[TOPO_DPCP],
                            t->rt->topo.grid.mirror ? t->rt->topo.comm[TOPO_MIRROR] : NULL,
-                           *finite && !*spiked);
+                           *finite && !*spiked, dp_add_to_param, t->dp);
     return 0;
 }
 

@@ -62,6 +62,10 @@ void dp_destroy(dp_state *d);
 
 void dp_init_params(dp_state *d, uint64_t seed);
 int dp_load_llmc(dp_state *d, const char *path, ust_err *e);
+/* Adds delta (the whole tensor's numel floats, host) to parameter i's master weights as this
+ * rank holds them (its ZeRO-3 shard, or the whole tensor): an update outside the optimizer,
+ * the same on every rank (the MoE routing bias). A model_param_add_fn with ctx = d. */
+void dp_add_to_param(void *d, int i, const float *delta);
 /* Starting weights from a reader of slices (hf_read_slice): asks for exactly what this rank
  * holds of each parameter (its tensor-parallel box, cut to its ZeRO-3 partition), so no rank
  * reads another's part. */
