@@ -193,7 +193,14 @@ intact file_size_limit_keeps_the_old_checkpoint $ck "$before"
 ck=$TMP/early/ck
 UST_FAULT_SETUP_SLEEP_MS=3000 $UST $(args $ck 4) >$TMP/early.out 2>&1 &
 p=$!
-sleep 1; kill -TERM $p; wait $p; rc=$?
+# the signal goes once the process catches SIGTERM (bit 15 of SigCgt), not after a fixed sleep: a
+# loaded machine can take longer than that to get there
+for _ in $(seq 600); do
+    m=$(awk '/^SigCgt:/ {print $2}' /proc/$p/status 2>/dev/null)
+    [ -n "$m" ] && (((0x$m >> 14) & 1)) && break
+    sleep 0.1
+done
+kill -TERM $p; wait $p; rc=$?
 if [ $rc = 0 ] && grep -q "before the first step" $TMP/early.out && ! ls $ck/step_* >/dev/null 2>&1; then
     pass stop_before_the_first_step_exits_0_without_a_checkpoint
 else fail stop_before_the_first_step_exits_0_without_a_checkpoint "exit $rc: $(tail -2 $TMP/early.out)"; fi
