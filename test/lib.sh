@@ -70,3 +70,11 @@ val_losses_equal() {
         fail $name "one process: '$ref', $*: '$got'"
     fi
 }
+# hold_lock DIR: another process holds the flock on DIR (as a running export or data prep does)
+# from when this returns until release_lock; waits until it really holds it, not a fixed time
+hold_lock() {
+    flock -o "$1" sleep 600 &
+    LOCK_PID=$!
+    for _ in $(seq 1200); do flock -n "$1" true 2>/dev/null || return 0; sleep 0.05; done
+}
+release_lock() { pkill -P $LOCK_PID sleep; wait $LOCK_PID 2>/dev/null; }

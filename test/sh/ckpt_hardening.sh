@@ -293,12 +293,10 @@ expect_exit out_dir_that_is_a_file_exits_2 2 "run.out_dir .*afile is a regular f
 intact tools_never_write_into_a_checkpoint $ck "$before"
 # two exports into one OUT: the second is refused while the first holds OUT's lock
 mkdir -p $TMP/tools/busy
-flock $TMP/tools/busy sleep 5 &
-f=$!
-sleep 0.5
+hold_lock $TMP/tools/busy
 expect_exit a_second_export_into_a_locked_out_exits_2 2 "output .*busy is being written by another process" -- \
     $UST export $ck/step_2 --to hf $TMP/tools/busy
-wait $f
+release_lock
 expect_exit export_after_the_lock_is_released 0 "exported .*step_2 to .*busy" -- $UST export $ck/step_2 --to hf $TMP/tools/busy
 
 # --- a resume (or eval) of a checkpoint from another model: tensors the configured model does

@@ -88,12 +88,10 @@ if [ $rc = 1 ] && echo "$out" | grep -q "write failed: File too large" && sha256
    [ -z "$(ls -A $TMP/o | grep -v -e '^meta.json$' -e '^train_000.bin$' -e '^val_000.bin$')" ]; then
     pass prep_failing_to_write_exits_1_and_keeps_the_earlier_shards
 else fail prep_failing_to_write_exits_1_and_keeps_the_earlier_shards "exit $rc: $(echo "$out" | tail -1); $(ls -A $TMP/o | tr '\n' ' ')"; fi
-flock $TMP/o sleep 5 &
-f=$!
-sleep 0.5
+hold_lock $TMP/o
 expect_exit prep_into_a_directory_being_written_exits_2 2 "--out .*/o is being written by another process" -- \
     $P --out $TMP/o $TMP/big.txt
-wait $f
+release_lock
 sha256sum -c --quiet $TMP/o.sums && pass prep_refused_leaves_the_shards || fail prep_refused_leaves_the_shards "changed"
 expect_exit prep_refuses_a_hundred_thousand_shards 2 "--shard-tokens 1 cuts .* into .* files, more than 100000" -- \
     $P --out $TMP/o --shard-tokens 1 $TMP/big.txt
