@@ -150,6 +150,18 @@ else fail ustrun_ends_when_terminated_by_timeout "exit $rc after ${dt}s"; fi
 
 expect_exit ustrun_missing_program_is_exit_127 127 "cannot start" -- scripts/ustrun --nproc-per-node 2 ./no-such-program
 expect_exit ustrun_bad_node_rank_is_a_usage_error 2 "node-rank" -- scripts/ustrun --nnodes 2 --node-rank 2 true
+expect_exit ustrun_absurd_rank_count_is_a_usage_error 2 "--nproc-per-node 100000 is not in \[1, 1024\]" -- \
+    scripts/ustrun --nproc-per-node 100000 true
+# a stop while the ranks are still being started, then a SIGKILL: starting ends at the stop, and
+# the kill takes every rank with it (each runs in a session of its own, so nothing else would
+# end them)
+tag="ustrun-orphan-check-$$"
+timeout -k 1 0.5 scripts/ustrun --nproc-per-node 1000 bash -c "exec -a $tag sleep 300" >/dev/null 2>&1
+sleep 2
+left=$(pgrep -c -f "^$tag" || true)
+pkill -f "^$tag" 2>/dev/null
+[ "$left" = 0 ] && pass ustrun_stopped_while_starting_leaves_no_rank ||
+    fail ustrun_stopped_while_starting_leaves_no_rank "$left ranks left running"
 
 bench_comm_check ustrun 2 -- timeout 120 scripts/ustrun --nproc-per-node 2 "$UST" bench comm $BENCH_ARGS
 bench_comm_check ustrun 8 -- timeout 180 scripts/ustrun --nproc-per-node 8 "$UST" bench comm $BENCH_ARGS
