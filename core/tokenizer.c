@@ -520,8 +520,9 @@ static int load_added(tok_tokenizer *t, const cJSON *list, const cJSON *vocab, c
     int n = cJSON_GetArraySize(list);
     t->added = calloc((size_t)n + 1, sizeof *t->added);
     UST_ASSERT(t->added, "out of memory");
-    strmap verbatim;
+    strmap verbatim, seen; /* the vocabulary; the added contents so far, with their ids */
     strmap_init(&verbatim, (size_t)cJSON_GetArraySize(vocab));
+    strmap_init(&seen, (size_t)n);
     const cJSON *x;
     cJSON_ArrayForEach(x, vocab)
         strmap_put(&verbatim, x->string, strlen(x->string), (int32_t)x->valuedouble);
@@ -538,8 +539,11 @@ static int load_added(tok_tokenizer *t, const cJSON *list, const cJSON *vocab, c
         a->content = strdup(c->valuestring);
         a->len = strlen(a->content);
         a->id = added_id(&verbatim, a->content, &next_id);
-        for (int i = 0; i + 1 < t->nadded; i++)
-            if (strcmp(t->added[i].content, a->content) == 0) a->id = t->added[i].id;
+        int32_t again = strmap_get(&seen, a->content, a->len); /* a repeat keeps the first's id */
+        if (again >= 0)
+            a->id = again;
+        else
+            strmap_put(&seen, a->content, a->len, a->id);
         a->single_word = json_bool(x, "single_word", false);
         a->lstrip = json_bool(x, "lstrip", false);
         a->rstrip = json_bool(x, "rstrip", false);
@@ -553,6 +557,8 @@ static int load_added(tok_tokenizer *t, const cJSON *list, const cJSON *vocab, c
     }
     free(verbatim.slot);
     free(verbatim.pool);
+    free(seen.slot);
+    free(seen.pool);
     index_added(t);
     return rc;
 }

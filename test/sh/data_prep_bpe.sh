@@ -86,6 +86,25 @@ $UST data prep --tokenizer $TMP/gpt2.json --out $TMP/pb2 $FILES 2>$TMP/pb2.err >
 grep -q 'data prep \[##############################\] 100%' $TMP/pb.out && ! [ -s $TMP/pb2.err ] &&
     pass data_prep_progress_bar_only_on_a_tty || fail data_prep_progress_bar_only_on_a_tty "$(tail -c 300 $TMP/pb.out)"
 
+# --- many added tokens, one of them listed twice: the repeat keeps the first's id (as tokenizers
+# loads it) and 20000 of them load at once (a scan over the earlier ones per token was quadratic)
+python3 - $TMP/gpt2.json $TMP/many.json $TMP/many.txt <<'PYEOF2'
+import json, sys
+j = json.load(open(sys.argv[1]))
+n = len(j["model"]["vocab"]) + len(j["added_tokens"])
+for i in range(20000):
+    j["added_tokens"].append({"id": n + i, "content": f"<|t{i}|>", "special": True, "single_word": False,
+                              "lstrip": False, "rstrip": False, "normalized": False})
+j["added_tokens"].append(dict(j["added_tokens"][-7], id=n + 20000))  # <|t19993|> again
+json.dump(j, open(sys.argv[2], "w"))
+open(sys.argv[3], "w").write("a <|t0|> b <|t19993|>c<|t19999|> <|t7|><|t7|>\n")
+PYEOF2
+eot=$(eot_of $TMP/gpt2.json)
+out=$($UST data prep --tokenizer $TMP/many.json --out $TMP/many $TMP/many.txt 2>&1) &&
+    out=$($REF check $TMP/many.json $eot $TMP/many $TMP/many.txt 2>&1) &&
+    pass data_prep_many_added_tokens_and_a_repeat_match_tokenizers ||
+    fail data_prep_many_added_tokens_and_a_repeat_match_tokenizers "$(echo "$out" | tail -3)"
+
 # --- bad input exits 2 with the reason
 python3 -c "
 import json, sys
