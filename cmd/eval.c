@@ -232,5 +232,12 @@ int cmd_eval(int argc, char **argv) {
         printf("eval: loss %.6f ppl %.4f tokens %lld\n", loss, exp(loss),
                (long long)steps * c.train.micro_batch_size * c.train.seq_len);
     if (rc == 0) train_runtime_finalize(&rt);
+    if (rc == 0 && !isfinite(loss)) { /* as training stops on one (every rank has the loss) */
+        fprintf(stderr,
+                "ustrain: error: eval: the loss is not finite (%g): the model's weights "
+                "hold NaN or infinity, or overflow on this data\n",
+                loss);
+        rc = UST_EXIT_RUNTIME;
+    }
     return rc;
 }

@@ -313,6 +313,16 @@ static int decode(infer_model *m, const tok_tokenizer *t, int eot, const gen_opt
             rc = ust_errf(e, "generate: cannot write %s", opt->dump_logits);
             break;
         }
+        int bad = -1;
+        for (int v = 0; v < V && bad < 0; v++)
+            if (!isfinite(logits[v])) bad = v;
+        if (bad >= 0) { /* no distribution to sample: stop, rather than print token 0 forever */
+            rc = ust_errf(e,
+                          "generate: the logits of token %d are not finite (logit %d is %g): the "
+                          "model's weights hold NaN or infinity",
+                          i, bad, logits[bad]);
+            break;
+        }
         int32_t id = gen_sample(&opt->sampling, logits, V, i, scratch);
         if (id == eot) break;
         const char *s;

@@ -315,3 +315,18 @@ expect_exit eval_with_fewer_layers_exits_2 2 "holds 9 tensors the configured mod
     $UST eval $ck --data "$TMP/data/val_*.bin" --steps 1 --set model.n_layer=1
 intact other_models_leave_the_checkpoint_as_it_was $ck "$before"
 expect_exit the_same_model_still_resumes 0 "resuming from .*step_2" -- run $ck 4
+
+# --- NaN weights (sealed as they are): eval and generate exit 1 naming it, as training does
+ck=$TMP/nan/ck
+run $ck 2 >$TMP/o 2>&1 || fail nan_setup "$(tail -3 $TMP/o)"
+python3 - $ck/step_2/model.safetensors <<'PYEOF'
+import struct, sys
+p = sys.argv[1]; b = bytearray(open(p, "rb").read()); n = struct.unpack("<Q", b[:8])[0]
+b[8 + n:] = b"\x00\x00\xc0\x7f" * ((len(b) - 8 - n) // 4)
+open(p, "wb").write(b)
+PYEOF
+python3 test/tools/reseal.py $ck/step_2
+expect_exit eval_of_nan_weights_exits_1 1 "eval: the loss is not finite" -- \
+    $UST eval $ck --data "$TMP/data/val_*.bin" --steps 1
+expect_exit generate_from_nan_weights_exits_1 1 "generate: the logits of token 0 are not finite" -- \
+    $UST generate $ck --prompt hi --max-new-tokens 4 --temperature 0
