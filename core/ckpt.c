@@ -1242,6 +1242,11 @@ static int st_parse(st_file *f, ust_err *e) {
                 rc = ust_errf(e, "%s: safetensors header has trailing bytes", f->path);
     if (!rc && !cJSON_IsObject(root))
         rc = ust_errf(e, "%s: safetensors header is not a JSON object", f->path);
+    /* cJSON's strings end at a NUL: a name or dtype holding "\u0000" would be read as its
+     * prefix ("F32\u0000junk" as F32) */
+    if (!rc && memmem(js, (size_t)hlen, "\\u0000", 6))
+        rc = ust_errf(e, "%s: safetensors header holds a NUL character (\\u0000) in a string",
+                      f->path);
     int n = 0;
     const cJSON *it;
     if (!rc) cJSON_ArrayForEach(it, root) n += !!strcmp(it->string, "__metadata__");

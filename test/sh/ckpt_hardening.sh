@@ -84,7 +84,9 @@ if mode == "alias":   # the second layer's q_proj aliases the first's
 if mode == "shift":   # every tensor one byte later, one junk byte in front
     for k in names: h[k]["data_offsets"] = [o + 1 for o in h[k]["data_offsets"]]
     data = b"\0" + data
-if mode in ("alias", "shift"):
+if mode == "nul":     # a dtype with a NUL inside: read up to the NUL it would be F32
+    h[names[0]]["dtype"] = "F32\u0000junk"
+if mode in ("alias", "shift", "nul"):
     hj = json.dumps(h).encode(); hj += b" " * (-len(hj) % 8)
     out = struct.pack("<Q", len(hj)) + hj + data
 if mode == "short":   # the header length one byte short (the header ends in padding)
@@ -102,6 +104,10 @@ for mode in alias shift short; do
         "step_2/model.safetensors: (tensor '.*' (data_offsets|starts at)|the tensors cover)" -- run $ck 4
     intact safetensors_${mode}_leaves_the_checkpoint_as_it_was $ck "$before"
 done
+corrupt nul
+before=$(sums $ck)
+expect_exit safetensors_nul_in_a_dtype_exits_2 2 "step_2/model.safetensors: safetensors header holds a NUL character" -- run $ck 4
+intact safetensors_nul_leaves_the_checkpoint_as_it_was $ck "$before"
 cp $TMP/orig.safetensors $ck/step_2/model.safetensors
 python3 test/tools/reseal.py $ck/step_2
 
