@@ -215,10 +215,10 @@ int data_check_meta(const ust_config *c, int *eot, ust_err *e) {
                                 "%s: the shards' tokens come from a vocabulary of %d, above "
                                 "model.vocab_size = %d",
                                 meta.path, meta.vocab_size, c->model.vocab_size);
-            if (docs && meta.eot_id >= c->model.vocab_size)
+            if (meta.eot_id >= c->model.vocab_size) /* and the checkpoint would record it */
                 return ust_errf(e,
                                 "%s: end of text is %d, not a token of model.vocab_size = %d "
-                                "(data.doc_mask and data.reset_positions would never see it)",
+                                "(no token of the shards can end a document)",
                                 meta.path, meta.eot_id, c->model.vocab_size);
             if (docs && meta.eot_id >= 0 && *eot >= 0 && meta.eot_id != *eot)
                 return ust_errf(e, "%s: end of text is %d, but %s %d", meta.path, meta.eot_id,

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -169,7 +170,15 @@ int hftok_from_state(hftok_info *t, const cJSON *state, const char *step, int vo
     t->bytes = strcmp(path->valuestring, "bytes") == 0;
     snprintf(t->path, sizeof t->path, "%s", path->valuestring);
     if (cJSON_IsString(sha)) snprintf(t->sha256, sizeof t->sha256, "%s", sha->valuestring);
-    if (cJSON_IsNumber(eot)) t->eot = eot->valueint;
+    if (cJSON_IsNumber(eot)) {
+        double v = eot->valuedouble; /* valueint saturates: 2^40 would read as INT_MAX */
+        if (v != floor(v) || v < -1 || v >= vocab_size)
+            return ust_errf(e,
+                            "export: %s/state.json: the tokenizer's eot_id %g is not a token of "
+                            "the model's vocabulary (0..%d)",
+                            step, v, vocab_size - 1);
+        t->eot = (int)v;
+    }
     if (t->bytes) {
         if (t->eot == BYTE_EOT && vocab_size > BYTE_EOT)
             snprintf(t->eot_token, sizeof t->eot_token, "<|endoftext|>");

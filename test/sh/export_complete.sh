@@ -175,6 +175,12 @@ raw[b:b + 4] = struct.pack("<f", 70000.0)
 open(p, "wb").write(raw)
 EOF
 python3 test/tools/reseal.py $TMP/big/step_4
+# a recorded end of text outside the vocabulary would become config.json's eos_token_id
+rm -rf $TMP/eot/step_4 && mkdir -p $TMP/eot && cp -r $TMP/bytes/ckpt/step_4 $TMP/eot/step_4 &&
+    python3 -c "import json,sys; s=json.load(open(sys.argv[1])); s['tokenizer']['eot_id']=2**40; json.dump(s, open(sys.argv[1],'w'))" $TMP/eot/step_4/state.json &&
+    python3 test/tools/reseal.py $TMP/eot/step_4
+expect_exit export_eot_id_outside_the_vocabulary_exits_2 2 "the tokenizer's eot_id 1.09951e\+12 is not a token of the model's vocabulary" -- \
+    $UST export $TMP/eot/step_4 --to hf $TMP/bad-out
 expect_exit export_fp16_overflow_exits_2_naming_the_tensor 2 "tensor 'transformer.ln_f.weight' holds 70000 \(element 3\), beyond float16's range" -- \
     $UST export $TMP/big/step_4 --to hf $TMP/bad-out --dtype fp16
 expect_exit export_bf16_holds_large_values 0 "bf16" -- $UST export $TMP/big/step_4 --to hf $TMP/big-hf --dtype bf16
