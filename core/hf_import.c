@@ -58,6 +58,26 @@ int hf_is_model_dir(const char *path) {
     return is_regular(p);
 }
 
+/* The first key that appears twice in object j, or NULL: Python's json (and so transformers)
+ * keeps the last value where cJSON finds the first, so a repeat is refused. */
+static int cmp_name(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static const char *repeated_key(const cJSON *j) {
+    int n = cJSON_GetArraySize(j), k = 0;
+    const char **names = malloc((size_t)(n + 1) * sizeof *names);
+    UST_ASSERT(names, "out of host memory");
+    for (const cJSON *a = j->child; a; a = a->next)
+        if (a->string) names[k++] = a->string;
+    qsort(names, (size_t)k, sizeof *names, cmp_name); /* sorted: a repeat is a neighbour */
+    const char *twice = NULL;
+    for (int i = 1; i < k && !twice; i++)
+        if (!strcmp(names[i - 1], names[i])) twice = names[i];
+    free(names);
+    return twice;
+}
+
 /* The JSON document at dir/name, or NULL with a message naming the file. */
 static cJSON *read_json(const char *dir, const char *name, ust_err *e) {
     char p[PATH_MAX];
@@ -83,7 +103,12 @@ static cJSON *read_json(const char *dir, const char *name, ust_err *e) {
         ust_errf(e, "%s: unreadable or larger than %d bytes", p, HF_MAX_JSON);
     else if (!cJSON_IsObject(j))
         ust_errf(e, "%s: not a JSON object", p);
-    if (!bad && !cJSON_IsObject(j)) {
+    else if (repeated_key(j))
+        ust_errf(e,
+                 "%s: key '%s' appears twice (transformers reads the last, ustrain would read "
+                 "the first)",
+                 p, repeated_key(j));
+    if (!bad && (!cJSON_IsObject(j) || repeated_key(j))) {
         cJSON_Delete(j);
         j = NULL;
     }

@@ -126,6 +126,9 @@ bad() {
 }
 mkdir -p $TMP/not-hf
 bad hf_dir_without_config_exits_2 "not a Hugging Face model directory \(no $TMP/not-hf/config.json\)" $TMP/not-hf
+rm -rf $TMP/b-dup && cp -r $TMP/llama_f32 $TMP/b-dup &&
+    python3 -c "import sys; p=sys.argv[1]; s=open(p).read().rstrip(); open(p,'w').write(s[:-1] + ', \"hidden_size\": 128}')" $TMP/b-dup/config.json
+bad hf_config_key_twice_exits_2 "b-dup/config.json: key 'hidden_size' appears twice" $TMP/b-dup
 $MAKE make llama $TMP/b-arch --set 'architectures=["MistralForCausalLM"]'
 bad hf_unsupported_architecture_exits_2 "architecture 'MistralForCausalLM' is not supported" $TMP/b-arch
 $MAKE make llama $TMP/b-rope --set 'rope_scaling={"rope_type": "yarn", "factor": 4.0}'
