@@ -70,6 +70,7 @@ typedef struct {
     float *flag;                /* one device float for any_rank */
     int64_t step, sample_index; /* the run's position: steps done, samples consumed */
     int64_t batch_since_step, batch_since_sample; /* where the current global batch size began */
+    int resumed_seq_len; /* the resumed checkpoint's train.seq_len (0: none, or not known) */
     double last_loss;
     double started_s; /* when this process began training (train.exit_after_min counts from it) */
     spike_window loss_w, norm_w; /* train.on_spike: the recent steps' losses and norms */
@@ -391,6 +392,8 @@ static int read_state(trainer *t, const char *json, const char *dir, ust_err *e)
     t->step = st.step;
     t->sample_index = st.sample_index;
     t->last_loss = st.loss;
+    ust_config was; /* what the position was counted in (0: not known) */
+    t->resumed_seq_len = ckpt_load_config(dir, "resume", &was, &why) == 0 ? was.train.seq_len : 0;
     bool same_batch = !st.batch_size || st.batch_size == G;
     t->batch_since_step = same_batch ? st.batch_since_step : st.step;
     t->batch_since_sample = same_batch ? st.batch_since_sample : st.sample_index;
@@ -1150,13 +1153,26 @@ static int loop(trainer *t, const train_opts *opts, train_result *res) {
     return UST_EXIT_OK;
 }
 
+/* Training on from a checkpoint: its data position counts sequences of the train.seq_len it was
+ * trained with, so another one would re-read (or skip) tokens; eval reads val only and may. */
+static int check_seq_len(const trainer *t, ust_err *e) {
+    int was = t->resumed_seq_len, now = t->cfg->train.seq_len;
+    if (!was || was == now) return 0;
+    return ust_errf(e,
+                    "train.seq_len = %d, but the checkpoint was trained with %d: its data position "
+                    "(%lld sequences) counts sequences of %d tokens, so training on would read "
+                    "tokens again or skip them; keep train.seq_len: %d (or start over with "
+                    "checkpoint.resume: none)",
+                    now, was, (long long)t->sample_index, was, was);
+}
+
 static int run_with(const ust_config *cfg, ust_runtime *rt, const train_opts *opts,
                     train_result *res) {
     trainer t;
     ust_err e;
     /* Setup failures are usage errors found before training; ranks exit on their own (a rank
      * whose peers failed waits at most dist.timeout_s in its next collective). */
-    if (setup(&t, cfg, rt, opts->profile, &e)) {
+    if (setup(&t, cfg, rt, opts->profile, &e) || check_seq_len(&t, &e)) {
         fprintf(stderr, "ustrain: error: %s\n", e.msg);
         teardown(&t);
         return UST_EXIT_USAGE;

@@ -319,6 +319,8 @@ expect_exit resume_with_more_layers_exits_2 2 "tensor 'model.layers.2.* missing 
     run $ck 4 --set model.n_layer=3
 expect_exit eval_with_fewer_layers_exits_2 2 "holds 9 tensors the configured model does not have" -- \
     $UST eval $ck --data "$TMP/data/val_*.bin" --steps 1 --set model.n_layer=1
+expect_exit resume_with_another_seq_len_exits_2 2 "train.seq_len = 16, but the checkpoint was trained with 32: its data position" -- \
+    run $ck 4 --set train.seq_len=16
 intact other_models_leave_the_checkpoint_as_it_was $ck "$before"
 expect_exit the_same_model_still_resumes 0 "resuming from .*step_2" -- run $ck 4
 
