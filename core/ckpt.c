@@ -42,6 +42,7 @@
 #define ST_MAX_DIMS 8
 #define MAX_SAFE_INT 9007199254740992.0 /* 2^53: every integer below is exact in a double */
 #define STATE_JSON "state.json"
+#define ST_META_STEP "ustrain_step" /* the step a checkpoint file was written for */
 #define STATE_MAX (64 << 20)
 #define TMP_PREFIX ".tmp_step_"
 #define LOCK_FILE ".lock"
@@ -318,10 +319,13 @@ ckpt_writer *ckpt_begin(const char *dir, int64_t step, int rank, const char *job
 }
 
 /* The safetensors header for a file's tensors, padded with spaces to a multiple of 8. */
-static char *build_header(const wfile *f, int64_t *hlen, ust_err *e) {
+static char *build_header(const wfile *f, int64_t step, int64_t *hlen, ust_err *e) {
     cJSON *root = cJSON_CreateObject(), *meta = cJSON_CreateObject();
     cJSON_AddItemToObject(root, "__metadata__", meta);
     cJSON_AddStringToObject(meta, "format", "pt");
+    char s[32]; /* the step the file belongs to (metadata values are strings): a reader checks */
+    snprintf(s, sizeof s, "%lld", (long long)step);
+    cJSON_AddStringToObject(meta, ST_META_STEP, s);
     int64_t off = 0;
     for (int i = 0; i < f->n; i++) {
         const ckpt_tensor *t = &f->t[i].t;
@@ -407,7 +411,7 @@ int ckpt_add_file(ckpt_writer *w, const char *file, const ckpt_tensor *tensors, 
     if (!rc) {
         f->n = n;
         for (int i = 0; i < n; i++) f->t[i].t = tensors[i];
-        hdr = build_header(f, &hlen, e);
+        hdr = build_header(f, w->step, &hlen, e);
         if (!hdr) rc = -1;
     }
     if (!rc) {
@@ -1099,6 +1103,7 @@ struct st_file {
     size_t size;
     const unsigned char *data; /* start of the tensor data */
     int64_t data_len;
+    int64_t meta_step; /* __metadata__'s ustrain_step, -1 when absent */
     int n;
     st_entry *e;  /* in header order */
     int *by_name; /* indices sorted by name, for lookup */
@@ -1221,6 +1226,7 @@ static int check_layout(st_file *f, ust_err *e) {
 
 static int st_parse(st_file *f, ust_err *e) {
     const unsigned char *base = f->map;
+    f->meta_step = -1;
     if (f->size < 8)
         return ust_errf(e, "%s: not a safetensors file (%zu bytes, no header length)", f->path,
                         f->size);
@@ -1259,6 +1265,12 @@ static int st_parse(st_file *f, ust_err *e) {
             if (!strcmp(it->string, "__metadata__")) {
                 if (!cJSON_IsObject(it))
                     rc = ust_errf(e, "%s: __metadata__ is not an object", f->path);
+                const cJSON *s = cJSON_GetObjectItemCaseSensitive(it, ST_META_STEP);
+                char *end = NULL;
+                if (!rc && cJSON_IsString(s)) f->meta_step = strtoll(s->valuestring, &end, 10);
+                if (!rc && cJSON_IsString(s) && (!s->valuestring[0] || *end || f->meta_step < 0))
+                    rc = ust_errf(e, "%s: __metadata__ %s '%s' is not a step", f->path,
+                                  ST_META_STEP, s->valuestring);
             } else {
                 rc = parse_entry(&f->e[f->n], f->path, it, f->data_len, e);
                 if (!rc) f->n++;
@@ -1487,6 +1499,19 @@ const char *ckpt_state_json(const ckpt_reader *r) { return r->state; }
 
 /* The files are mapped on first use: a reader that only wants the model never maps the
  * optimizer state. */
+int st_check_step(const st_file *f, const char *state_json, const char *dir, const char *file,
+                  ust_err *e) {
+    cJSON *state = cJSON_Parse(state_json ? state_json : "");
+    const cJSON *step = cJSON_GetObjectItemCaseSensitive(state, "step");
+    int64_t want = cJSON_IsNumber(step) ? (int64_t)step->valuedouble : -1;
+    cJSON_Delete(state);
+    if (f->meta_step < 0 || want < 0 || f->meta_step == want) return 0;
+    return ust_errf(e,
+                    "checkpoint %s: %s was written for step %lld, but state.json is step %lld "
+                    "(files moved between step directories?)",
+                    dir, file, (long long)f->meta_step, (long long)want);
+}
+
 static st_file *reader_file(ckpt_reader *r, const char *file, ust_err *e) {
     for (int i = 0; i < r->nfiles; i++)
         if (!strcmp(r->files[i].name, file)) return r->files[i].f;
@@ -1500,6 +1525,10 @@ static st_file *reader_file(ckpt_reader *r, const char *file, ust_err *e) {
     st_file *f = st_open(p, &inner);
     if (!f) {
         ust_errf(e, "checkpoint %s: %s", r->dir, inner.msg);
+        return NULL;
+    }
+    if (st_check_step(f, r->state, r->dir, file, e)) {
+        st_close(f);
         return NULL;
     }
     snprintf(r->files[r->nfiles].name, CKPT_NAME_MAX, "%s", file);

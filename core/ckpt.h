@@ -177,5 +177,9 @@ typedef struct {
 } st_view;
 int st_raw(const st_file *f, const char *name, st_view *v);
 const char *st_path(const st_file *f);
+/* -1 naming both when f's __metadata__ says it was written for another step than state_json's
+ * (a file moved or copied between step directories); 0 when they agree or either is unknown. */
+int st_check_step(const st_file *f, const char *state_json, const char *dir, const char *file,
+                  ust_err *e);
 
 #endif

@@ -411,6 +411,11 @@ static int check_input(job *j, const char *ckpt, const char *out_dir, ust_err *e
     snprintf(j->src, sizeof j->src, "%s/model.safetensors", step);
     ust_err inner;
     if (!(j->f = st_open(j->src, &inner))) return ust_errf(e, "export: %s", inner.msg);
+    ckpt_reader *r = ckpt_open(step, e);
+    if (!r) return -1;
+    int other = st_check_step(j->f, ckpt_state_json(r), step, "model.safetensors", &inner);
+    ckpt_close(r);
+    if (other) return ust_errf(e, "export: %s", inner.msg);
     if (check_sources(&j->l, j->f, j->src, e)) return -1;
     size_t maxn = 1;
     for (int i = 0; i < j->l.n; i++) {

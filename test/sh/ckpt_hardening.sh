@@ -338,3 +338,18 @@ expect_exit eval_of_nan_weights_exits_1 1 "eval: the loss is not finite" -- \
     $UST eval $ck --data "$TMP/data/val_*.bin" --steps 1
 expect_exit generate_from_nan_weights_exits_1 1 "generate: the logits of token 0 are not finite" -- \
     $UST generate $ck --prompt hi --max-new-tokens 4 --temperature 0
+
+# --- a tensor file moved between two step directories (manifests resealed): each file says the
+# step it was written for, so resume, export and generate refuse it instead of mixing steps
+ck=$TMP/moved/ck
+run $ck 4 >$TMP/o 2>&1 || fail moved_setup "$(tail -3 $TMP/o)"
+mv $ck/step_2/model.safetensors $TMP/m2 && mv $ck/step_4/model.safetensors $ck/step_2/ && mv $TMP/m2 $ck/step_4/model.safetensors
+python3 test/tools/reseal.py $ck/step_2 && python3 test/tools/reseal.py $ck/step_4
+before=$(sums $ck)
+expect_exit resume_of_a_moved_file_exits_2 2 "step_4: model.safetensors was written for step 2, but state.json is step 4" -- \
+    run $ck 6 --set checkpoint.resume=$ck/step_4
+expect_exit export_of_a_moved_file_exits_2 2 "model.safetensors was written for step 2, but state.json is step 4" -- \
+    $UST export $ck/step_4 --to hf $TMP/moved/hf
+expect_exit generate_from_a_moved_file_exits_2 2 "model.safetensors was written for step 4, but state.json is step 2" -- \
+    $UST generate $ck/step_2 --prompt hi --max-new-tokens 2
+intact moved_files_leave_the_checkpoints_as_they_were $ck "$before"
