@@ -152,9 +152,8 @@ expect_exit ustrun_missing_program_is_exit_127 127 "cannot start" -- scripts/ust
 expect_exit ustrun_bad_node_rank_is_a_usage_error 2 "node-rank" -- scripts/ustrun --nnodes 2 --node-rank 2 true
 expect_exit ustrun_absurd_rank_count_is_a_usage_error 2 "--nproc-per-node 100000 is not in \[1, 1024\]" -- \
     scripts/ustrun --nproc-per-node 100000 true
-# a stop while the ranks are still being started, then a SIGKILL: starting ends at the stop, and
-# the kill takes every rank with it (each runs in a session of its own, so nothing else would
-# end them)
+# a stop while the ranks are still being started, then a SIGKILL of the launcher: the kill takes
+# every rank with it (each runs in a session of its own, so nothing else would end them)
 tag="ustrun-orphan-check-$$"
 timeout -k 1 0.5 scripts/ustrun --nproc-per-node 1000 bash -c "exec -a $tag sleep 300" >/dev/null 2>&1
 sleep 2
