@@ -1,6 +1,40 @@
 # ustrain build. `make` builds ./ustrain (C11, -Wall -Wextra -Werror). `make test` runs the suite.
-# Sources are found by wildcard: core/*.c and parallel/*.c form build/libustrain.a, cmd/*.c the
-# binary, every test/test_*.c a test program linked against the library.
+# Sources are found by wildcard: the .c files under core/ and parallel/ form build/libustrain.a,
+# cmd/*.c the binary, every test/test_*.c a test program linked against the library.
+
+# ---- the layers (docs/architecture.md) ---------------------------------------------------------
+# The one table of the layering, bottom to top. A unit is a folder or a file stem (folder/stem);
+# a file belongs to the unit that names it most closely. A file may include and call only its own
+# layer and those before it: each folder is compiled with include paths for the folders of its
+# layer and below only (so most upward includes do not compile), and test/tools/layering.py checks
+# every object's .d dependencies and nm undefined symbols against this table (`make layers`
+# prints it). cuda/ is the GPU backend of core/base/ops.h: only core/base/ops.c (ops_create) and
+# the tools may reach it. The model never talks to parallel/comm itself: tp/cp/ep do it for it.
+LAYERS      := base io comm split model wrap train tools
+LAYER_base  := core/base
+LAYER_io    := core/io
+LAYER_comm  := parallel/comm
+LAYER_split := parallel/tp parallel/cp parallel/ep
+LAYER_model := core/model
+LAYER_wrap  := parallel/dp parallel/dp_io parallel/dp_internal parallel/pp parallel/pp_schedule \
+               parallel/pp_schedule_check
+LAYER_train := core/train
+LAYER_tools := core/tools cmd cuda/bench_gpu
+LAYER_NEVER := model:comm
+BACKEND     := cuda
+# the folders each layer's units live in, those of a layer and every layer below it, and the
+# highest layer of each folder (whose list its files are compiled with)
+unit_dir     = $(if $(wildcard $(1)/.),$(1),$(patsubst %/,%,$(dir $(1))))
+$(foreach L,$(LAYERS),$(eval LAYER_DIRS_$L := $(sort $(foreach u,$(LAYER_$L),$(call unit_dir,$u)))))
+_upto :=
+$(foreach L,$(LAYERS),$(eval _upto += $(filter-out $(_upto),$(LAYER_DIRS_$L)))$(eval DIRS_UPTO_$L := $(_upto)))
+$(foreach L,$(LAYERS),$(foreach d,$(LAYER_DIRS_$L),$(eval TOP_$d := $L)))
+ALL_DIRS    := $(DIRS_UPTO_tools)
+# dir_inc DIR: the include flags of DIR's sources (itself first); test/ sees everything
+dir_inc      = -I$(1) $(addprefix -I,$(filter-out $(1),$(if $(TOP_$(1)),$(DIRS_UPTO_$(TOP_$(1))),. $(ALL_DIRS))))
+.PHONY: layers
+layers:
+	@$(foreach L,$(LAYERS),echo "$L: $(LAYER_$L)";) echo "never: $(LAYER_NEVER)"; echo "backend: $(BACKEND)"
 
 CC      ?= gcc
 OPT     ?= -O3 -march=native
@@ -9,15 +43,15 @@ OPT     ?= -O3 -march=native
 # correctly rounded either way; ISO C mode keeps FMA contraction off).
 CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -Wpointer-arith -Wno-format-truncation \
            -fno-math-errno -fopenmp -pthread \
-           -I. -Icore -Iparallel -I/usr/include/x86_64-linux-gnu/openblas-openmp \
+           -I/usr/include/x86_64-linux-gnu/openblas-openmp \
            $(shell pkg-config --cflags yaml-0.1 libcjson pmix 2>/dev/null) $(EXTRA_CFLAGS)
 OBLAS   := /usr/lib/x86_64-linux-gnu/openblas-openmp
 LDLIBS  := -L$(OBLAS) -Wl,-rpath,$(OBLAS) -lopenblas -lyaml -lcjson -lpmix -lzstd -lz -lcrypto -lm -lrt -fopenmp -pthread
 LDFLAGS ?= $(EXTRA_LDFLAGS)
 # gloo (Debian's libgloo-dev), for CPU groups across nodes: with gloo/context.h found and GLOO != 0,
-# parallel/gloo_store.cc (the only C++ in parallel/: gloo's Store over the bootstrap, the TCP
+# parallel/comm/gloo_store.cc (the only C++ in parallel/: gloo's Store over the bootstrap, the TCP
 # device and the collectives behind plain C functions) is compiled with $(CXX) into the library,
-# C code gets -DUST_GLOO (parallel/comm_gloo.c) and the binary links -lgloo -lstdc++.
+# C code gets -DUST_GLOO (parallel/comm/comm_gloo.c) and the binary links -lgloo -lstdc++.
 GLOO_H  := $(wildcard /usr/include/gloo/context.h)
 GLOO    ?= $(if $(GLOO_H),1,0)
 ifeq ($(GLOO),1)
@@ -25,7 +59,7 @@ CFLAGS  += -DUST_GLOO
 LDLIBS  += -lgloo -lstdc++
 endif
 
-LIB_SRC := $(sort $(wildcard core/*.c parallel/*.c))
+LIB_SRC := $(sort $(wildcard $(addsuffix /*.c,$(filter core/% parallel parallel/%,$(ALL_DIRS)))))
 CMD_SRC := $(sort $(wildcard cmd/*.c))
 TEST_SRC:= $(sort $(wildcard test/test_*.c))
 B       ?= build
@@ -33,7 +67,7 @@ LIB_OBJ := $(LIB_SRC:%.c=$(B)/%.o)
 CMD_OBJ := $(CMD_SRC:%.c=$(B)/%.o)
 TESTS   := $(TEST_SRC:test/%.c=$(B)/test/%)
 
-.PHONY: all deps test test-asan demo bench clean format
+.PHONY: all deps venv test test-asan demo bench clean format
 
 # BIN: where the binary goes (other build directories, e.g. the sanitizer build, keep their own)
 BIN     ?= ustrain
@@ -43,19 +77,25 @@ all: $(BIN) $(TESTS)
 deps:
 	@scripts/install-deps.sh
 
+# the tests' Python environment (.venv: test/requirements.txt, pinned; cached outside the clone)
+venv:
+	@scripts/venv.sh
+
 $(B)/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+	$(CC) $(CFLAGS) $(call dir_inc,$(patsubst %/,%,$(dir $<))) $(EXTRA_INC) -MMD -MP -c $< -o $@
+# the backend factory is the one library file that names cuda/
+$(B)/core/base/ops.o: EXTRA_INC := -I$(BACKEND)
 
 $(B)/libustrain.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
 ifeq ($(GLOO),1)
-GLOO_OBJ := $(B)/parallel/gloo_store.o
-$(GLOO_OBJ): parallel/gloo_store.cc
+GLOO_OBJ := $(B)/parallel/comm/gloo_store.o
+$(GLOO_OBJ): parallel/comm/gloo_store.cc
 	@mkdir -p $(dir $@)
-	$(CXX) -std=c++17 $(OPT) -g -Wall -Wextra -Werror -pthread -I. -Icore -Iparallel -MMD -MP -c $< -o $@
+	$(CXX) -std=c++17 $(OPT) -g -Wall -Wextra -Werror -pthread $(call dir_inc,parallel/comm) -MMD -MP -c $< -o $@
 $(B)/libustrain.a: $(GLOO_OBJ)
 -include $(GLOO_OBJ:.o=.d)
 endif
@@ -66,15 +106,16 @@ $(BIN): $(CMD_OBJ) $(B)/libustrain.a
 $(B)/test/%: $(B)/test/%.o $(B)/libustrain.a
 	$(CC) $(LDFLAGS) -o $@ $< $(B)/libustrain.a $(LDLIBS)
 
-# The README's test command: installs what is missing, builds everything, runs every test.
-test: deps
+# The README's test command: installs what is missing (Debian packages, the Python environment),
+# builds everything, runs every test.
+test: deps venv
 	$(MAKE) -j$$(nproc) all
 	test/run.sh
 
 # The whole suite on an AddressSanitizer + UndefinedBehaviorSanitizer build (CPU only), in its own
 # build directory with its own binary; any sanitizer report fails the test that triggered it.
 ASAN_OPT := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
-test-asan: deps
+test-asan: deps venv
 	$(MAKE) -j$$(nproc) B=build-asan BIN=build-asan/ustrain CUDA=0 OPT="$(ASAN_OPT)" \
 	    EXTRA_LDFLAGS="-fsanitize=address,undefined" all
 	BUILD=build-asan UST=build-asan/ustrain ASAN_OPTIONS=detect_leaks=0 test/run.sh
@@ -99,7 +140,7 @@ bench: deps
 	OMP_WAIT_POLICY=PASSIVE ./ustrain bench generate configs/gpt2-124m.yaml --new-tokens 64
 
 format:
-	clang-format -i $(LIB_SRC) $(CMD_SRC) $(TEST_SRC) $(wildcard core/*.h parallel/*.h test/*.h)
+	clang-format -i $(LIB_SRC) $(CMD_SRC) $(TEST_SRC) $(wildcard $(addsuffix /*.h,$(ALL_DIRS)) test/*.h)
 
 clean:
 	rm -rf build build-emu ustrain
@@ -126,7 +167,7 @@ CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 CUDA_ARCH ?= 80 90
 CUDA_GENCODE := $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) \
                 -gencode arch=compute_$(lastword $(CUDA_ARCH)),code=compute_$(lastword $(CUDA_ARCH))
-NVCCFLAGS ?= -O3 -std=c++17 $(CUDA_GENCODE) -Xcompiler -fPIC,-Wall -I. -Icore -Icuda
+NVCCFLAGS ?= -O3 -std=c++17 $(CUDA_GENCODE) -Xcompiler -fPIC,-Wall -Icuda -Icore/base
 CU_SRC    := $(sort $(wildcard cuda/*.cu))
 CU_OBJ    := $(CU_SRC:%.cu=$(B)/%.o)
 CFLAGS    += -DUST_CUDA
@@ -179,7 +220,7 @@ $(B)/cuda/cuda_internal.h: cuda/cuda_internal.h cuda/emu/cu2cpp.py
 	@mkdir -p $(dir $@)
 	python3 cuda/emu/cu2cpp.py $< $@
 $(B)/cuda/%.o: $(B)/cuda/%.cpp $(B)/cuda/cuda_internal.h
-	$(EMU_CXX) -w -Icuda/emu/include -Icuda -I. -Icore -c $< -o $@
+	$(EMU_CXX) -w -Icuda/emu/include -Icuda -Icore/base -c $< -o $@
 $(B)/cuda/emu/emu_rt.o: cuda/emu/emu_rt.cpp
 	@mkdir -p $(dir $@)
 	$(EMU_CXX) -Wall -Wextra -Werror -c $< -o $@
@@ -191,7 +232,7 @@ $(B)/bench_gpu: $(B)/cuda/bench_gpu.o $(B)/libustrain.a
 -include $(EMU_OBJ:.o=.d) $(B)/cuda/bench_gpu.d
 endif
 
-# ---- NCCL communicator backend (parallel/comm_nccl.c) ------------------------------------------
+# ---- NCCL communicator backend (parallel/comm/comm_nccl.c) ------------------------------------------
 # Compiled when nccl.h is found (CUDA toolkit or system) unless CUDA=0 or NCCL=0: C code gets
 # -DUST_NCCL and links libnccl + cudart dynamically. The binary still runs CPU configs without
 # a GPU or driver (the shm backend never touches CUDA).
@@ -218,13 +259,8 @@ fuzz:
 	@UST_EXTRA_PKGS="clang libclang-rt-dev" scripts/install-deps.sh
 	test/fuzz/run.sh build-fuzz $(FUZZ_SECONDS)
 
-# The Hugging Face export and import tests with transformers itself (installs torch + transformers from PyPI,
-# a multi-gigabyte download, when missing; `make test` runs the same comparison only when they
-# are already installed).
+# Only the Hugging Face tests (export, import, generate, eval, each against transformers itself);
+# `make test` runs them too.
 .PHONY: test-hf
-test-hf: ustrain
-	UST_INSTALL_TRANSFORMERS=1 OMP_NUM_THREADS=1 bash test/sh/export_hf.sh
-	UST_INSTALL_TRANSFORMERS=1 OMP_NUM_THREADS=1 bash test/sh/hf_import.sh
-	UST_INSTALL_TRANSFORMERS=1 OMP_NUM_THREADS=1 bash test/sh/export_complete.sh
-	UST_INSTALL_TRANSFORMERS=1 OMP_NUM_THREADS=1 bash test/sh/generate.sh
-	UST_INSTALL_TRANSFORMERS=1 OMP_NUM_THREADS=1 bash test/sh/eval_cli.sh
+test-hf: venv ustrain
+	@for t in export_hf hf_import export_complete generate eval_cli; do bash test/sh/$$t.sh; done

@@ -1,4 +1,4 @@
-/* ustrain data prep: argument parsing for the prep pipeline (core/prep.h). */
+/* ustrain data prep: argument parsing for the prep pipeline (core/tools/prep.h). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

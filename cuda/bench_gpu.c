@@ -8,7 +8,7 @@
  * FLOPs: 4 B H T^2 D / 2 forward, 2.5x that backward with its recomputation not counted). */
 #include "config.h"
 #include "log.h"
-#include "cuda/ops_cuda.h"
+#include "ops_cuda.h"
 #include "mem.h"
 #include "model.h"
 #include "ops.h"

@@ -9,7 +9,7 @@
  * UST_CUDA_ATTENTION_CHUNK=N fixes the queries per chunk of the GEMM path (both read at create).
  * A build without CUDA (make CUDA=0, or no nvcc) gets inline stubs: create fails with a message,
  * so callers need no #ifdef. The compute stream and the device memory report are the ops.h
- * members stream and memory. Above cuda/, only ops_create (core/ops.c) and the tests call this.
+ * members stream and memory. Above cuda/, only ops_create (core/base/ops.c) and the tests call this.
  * Nothing here touches CUDA until ops_cuda_create is called, so a CUDA build still runs CPU
  * configs on a machine without a GPU or driver. */
 #ifndef UST_OPS_CUDA_H

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Writes core/tok_unicode.c: the character classes the pre-tokenization regexes need.
+"""Writes core/tools/tok_unicode.c: the character classes the pre-tokenization regexes need.
 
 Classes: 1 = \\p{L} (letters), 2 = \\p{N} (numbers), 3 = \\s (Oniguruma's Unicode whitespace:
 \\t \\n \\v \\f \\r, U+0085 and the Zs/Zl/Zp characters), 0 = anything else. Generated from
 Unicode 16.0 (`pip install unicodedata2==16.0.0`), the version of the Oniguruma that the
 `tokenizers` wheels use (checked code point by code point against tokenizers 0.23.3).
-Usage: python3 scripts/gen-tok-unicode.py > core/tok_unicode.c
+Usage: python3 scripts/gen-tok-unicode.py > core/tools/tok_unicode.c
 """
 import unicodedata2 as ud
 

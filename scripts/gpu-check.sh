@@ -125,7 +125,7 @@ UST_CUDA_ATTENTION=gemm timeout 40 $BUILD/bench_gpu 8 1024 5 bf16 gpt2-124m 989 
     { echo "FAIL bench_gpu bf16 gemm attention"; fail=1; }
 timeout 35 $BUILD/bench_gpu 4 1024 3 fp32 gpt2-124m 989 || { echo "FAIL bench_gpu fp32"; fail=1; }
 
-if grep -q "ops_create\|ops_cuda_create" core/train.c cmd/ustrain.c 2>/dev/null; then
+if grep -q "ops_create\|ops_cuda_create" core/train/train.c cmd/ustrain.c 2>/dev/null; then
     stage "GPT-2 124M, T=1024, bf16: ustrain bench train (run.device=cuda)"
     [ -f data/tiny/train_000.bin ] || $UST data demo data/tiny >/dev/null
     timeout 60 $UST bench train configs/bench-gpt2-124m.yaml --steps 10 \
@@ -135,7 +135,7 @@ if grep -q "ops_create\|ops_cuda_create" core/train.c cmd/ustrain.c 2>/dev/null;
     rc=$?
     [ $rc -eq 0 ] || { echo "FAIL ustrain bench train on cuda: exit $rc"; fail=1; }
 else
-    stage "ustrain bench train: run.device=cuda not wired into core/train.c yet; skipped"
+    stage "ustrain bench train: run.device=cuda not wired into core/train/train.c yet; skipped"
 fi
 
 stage "done: $([ $fail -eq 0 ] && echo ALL OK || echo SOME FAILED) in $((SECONDS - T0))s"

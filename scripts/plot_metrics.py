@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Renders ustrain metrics files (logging.metrics_file, one JSON object per step; keys written by
-core/log.c) to PNGs; several runs are overlaid, each labelled by its run directory's name.
+core/base/log.c) to PNGs; several runs are overlaid, each labelled by its run directory's name.
 Run it through scripts/plot, which makes sure matplotlib is there.
 
   plot_metrics.py [-o OUTDIR] metrics.jsonl...

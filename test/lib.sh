@@ -5,8 +5,21 @@ UST=${UST:-./ustrain}
 TMP=$(mktemp -d /tmp/ustrain-test.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
+# every python3 a test runs is the project environment's (.venv, built by scripts/venv.sh from
+# test/requirements.txt; `make test` builds it), never a package installed by hand
+[ -x .venv/bin/python3 ] && PATH="$PWD/.venv/bin:$PATH"
+export PYTHONNOUSERSITE=1
 pass() { echo "PASS $1"; }
 fail() { echo "FAIL $1: $2"; }
+# need_py NAME MODULE...: python3 imports every MODULE, or a FAIL line names what is missing (a
+# missing package is an install step CI would lack: never a SKIP)
+need_py() {
+    local name=$1
+    shift
+    python3 -c "import $(echo "$@" | tr ' ' ',')" 2>$TMP/need_py.err && return 0
+    fail "$name" "$(command -v python3) cannot import $*: $(tail -1 $TMP/need_py.err) (make venv builds .venv)"
+    return 1
+}
 # expect_exit NAME CODE PATTERN -- cmd...: runs cmd, checks exit code and that stderr+stdout match PATTERN
 expect_exit() {
     local name=$1 code=$2 pat=$3; shift 4

@@ -5,7 +5,9 @@
 cd "$(dirname "$0")/.." || exit 1
 # BUILD: the build directory whose test programs run; UST: the binary the scripts use.
 BUILD=${BUILD:-build}
-export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE UST=${UST:-./ustrain}
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE UST=${UST:-./ustrain} PYTHONNOUSERSITE=1
+# the Python environment of the tests (scripts/venv.sh; test/lib.sh puts it first as well)
+[ -x .venv/bin/python3 ] && PATH="$PWD/.venv/bin:$PATH"
 export TB=${TB:-$BUILD/test/test_bootstrap} TC=${TC:-$BUILD/test/test_cp}
 log=$(mktemp /tmp/ustrain-testlog.XXXXXX)
 crashed=0

@@ -1,5 +1,5 @@
 /* test_generate: the sampler (greedy ties, top-k, top-p, the draw's distribution and its seed)
- * and the streaming of UTF-8 split over tokens (core/generate.h). The model side is
+ * and the streaming of UTF-8 split over tokens (core/tools/generate.h). The model side is
  * test/sh/generate.sh's: KV-cache logits against an independent numpy forward. */
 #include "test.h"
 

@@ -10,8 +10,10 @@ OUT=${1:-build-fuzz}
 CLANG=${CLANG:-clang}
 mkdir -p "$OUT/obj"
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
+# every source folder of the library (the targets, like test/, see all of them)
+INC=$(find core parallel -type d | sort | sed 's/^/-I/' | tr '\n' ' ')
 CFLAGS="-std=c11 -D_GNU_SOURCE -O1 -g $SAN -Wall -Wextra -Werror -pthread
-        -I. -Icore -Iparallel -Itest/fuzz $(pkg-config --cflags yaml-0.1 libcjson 2>/dev/null)"
+        -I. $INC -Itest/fuzz $(pkg-config --cflags yaml-0.1 libcjson 2>/dev/null)"
 LIBS="$(pkg-config --libs yaml-0.1 libcjson 2>/dev/null || echo -lyaml -lcjson) -lcrypto -lzstd -lz -lm -pthread"
 obj() { echo "$OUT/obj/$(echo "$1" | tr / _ | sed 's/\.c$//').o"; }
 # Every module that clang can build without OpenMP/BLAS/PMIx goes into an archive; each target
@@ -25,7 +27,7 @@ compile() { # compile SRC: when the source or any header is newer than its objec
 }
 export -f compile obj
 export OUT CLANG CFLAGS
-ls core/*.c parallel/*.c test/fuzz/fuzz_*.c | xargs -P "$(nproc)" -I{} bash -c 'compile {}'
+{ find core parallel -name '*.c' | sort; ls test/fuzz/fuzz_*.c; } | xargs -P "$(nproc)" -I{} bash -c 'compile {}'
 for t in test/fuzz/fuzz_*.c; do
     [ -f "$(obj "$t")" ] || { cat "$(obj "$t").err" >&2; exit 1; }
 done

@@ -1,4 +1,4 @@
-/* libFuzzer target: the checkpoint readers of core/ckpt.c: st_open (safetensors header and
+/* libFuzzer target: the checkpoint readers of core/io/ckpt.c: st_open (safetensors header and
  * tensor table) and ckpt_open + ckpt_parse_state + ckpt_read_slice (a step directory with
  * state.json and model.safetensors). Input layout: bytes 0-3 are the state.json length
  * (little-endian, cut to what is there), then state.json, then model.safetensors. Every tensor the

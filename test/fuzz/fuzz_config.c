@@ -1,4 +1,4 @@
-/* libFuzzer target: the YAML run-config loader (core/config.c).
+/* libFuzzer target: the YAML run-config loader (core/base/config.c).
  * The input is a YAML document; its first line, when it starts with "#set ", is also applied as
  * a --set override. Loading, --set and validation must either succeed or fail with a message:
  * never crash, read out of bounds, leak or leave the config half-formed (the dump must work). */

@@ -1,4 +1,4 @@
-/* libFuzzer target: the token-shard readers of core/data.c (llm.c and nanoGPT headers, Megatron
+/* libFuzzer target: the token-shard readers of core/io/data.c (llm.c and nanoGPT headers, Megatron
  * .bin + .idx). Input layout: byte 0 picks the format (% 3: llm.c, nanoGPT, Megatron) and the
  * vocabulary checked against (byte 0 / 3 % 3: none, 512, 65536); for Megatron bytes 1-4 are the
  * .idx length (little-endian, cut to what is there), then the .idx, then the .bin; otherwise the

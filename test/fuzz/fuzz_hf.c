@@ -1,4 +1,4 @@
-/* libFuzzer target: the Hugging Face importer (core/hf_import.c): config.json parsing, the
+/* libFuzzer target: the Hugging Face importer (core/io/hf_import.c): config.json parsing, the
  * checks of the safetensors files against hf_map's table, and hf_read_slice. Input layout: bytes
  * 0-3 are config.json's length (little-endian, cut to what is there), then config.json, then
  * model.safetensors. An accepted directory must apply to a default config and let every ustrain

@@ -1,5 +1,5 @@
-/* libFuzzer target: data prep's input reader (core/prep_input.c: gzip and zstd streams, binary
- * detection, JSON-lines detection) and meta.json (core/data.c data_meta_read). Input layout: byte
+/* libFuzzer target: data prep's input reader (core/tools/prep_input.c: gzip and zstd streams, binary
+ * detection, JSON-lines detection) and meta.json (core/io/data.c data_meta_read). Input layout: byte
  * 0 picks the target (% 2: an input file, a meta.json) and, for inputs, whether binary is allowed
  * (bit 1); the rest is the file. An opened input must read to its end or report an error, never
  * more bytes than a decoder produced; meta.json must be refused or give values in range. */

@@ -1,5 +1,5 @@
 /* libFuzzer target: the frame parser of the bootstrap TCP key-value store
- * (parallel/bootstrap_store.c, the bytes rank 0's server reads from any client that connects).
+ * (parallel/comm/bootstrap_store.c, the bytes rank 0's server reads from any client that connects).
  * The input is a byte stream as a socket would deliver it: frames are parsed one after another
  * until the parser needs more bytes or rejects the stream. Every accepted frame must re-encode to
  * exactly the bytes it came from, and every prefix of a frame must ask for more bytes (never

@@ -1,4 +1,4 @@
-/* libFuzzer target: the Hugging Face tokenizer.json loader of core/tokenizer.c (tok_load), then
+/* libFuzzer target: the Hugging Face tokenizer.json loader of core/tools/tokenizer.c (tok_load), then
  * encoding a fixed text with whatever it accepted. Input: the file's bytes. An accepted file must
  * encode without reading outside its tables, and every id it emits must be below its vocabulary
  * size; a refused one must say why. */

@@ -11,11 +11,7 @@
 . "$(dirname "$0")/../lib.sh"
 
 REF="python3 test/tools/bpe_reference.py"
-python3 -c 'import tokenizers' 2>/dev/null || pip install -q tokenizers >/dev/null 2>&1
-if ! python3 -c 'import tokenizers' 2>/dev/null; then
-    fail data_prep_bpe_needs_tokenizers "the tokenizers package could not be installed with pip"
-    exit 0
-fi
+need_py data_prep_bpe_needs_tokenizers tokenizers || exit 0
 
 C=$TMP/corpus
 $REF corpus $C || { fail data_prep_bpe_corpus "generating the corpus failed"; exit 0; }

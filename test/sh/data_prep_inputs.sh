@@ -101,9 +101,8 @@ if [ $rc = 0 ] && [ -f $TMP/demo/train_000.bin ] && [ ! -L $TMP/demo/val_000.bin
     pass data_demo_replaces_a_planted_fifo_and_symlink
 else fail data_demo_replaces_a_planted_fifo_and_symlink "exit $rc: $(echo "$out" | tail -1)"; fi
 
-# Parquet through pyarrow (optional): rows stream into data prep's standard input
-python3 -c 'import pyarrow' 2>/dev/null || pip install -q pyarrow >/dev/null 2>&1
-if python3 -c 'import pyarrow' 2>/dev/null; then
+# Parquet through pyarrow: rows stream into data prep's standard input
+if need_py prep_parquet_through_stdin pyarrow; then
     python3 - $TMP <<'EOT'
 import json, sys
 import pyarrow as pa, pyarrow.parquet as pq
@@ -114,7 +113,5 @@ EOT
     python3 scripts/parquet-text.py $TMP/docs.parquet >$TMP/pq.jsonl
     same_tokens prep_parquet_through_stdin $TMP/docs.jsonl - <$TMP/pq.jsonl
     expect_exit parquet_missing_column 1 "no column 'body'" -- python3 scripts/parquet-text.py --column body $TMP/docs.parquet
-else
-    echo "SKIP prep_parquet_through_stdin: pyarrow could not be installed"
 fi
 exit 0

@@ -95,11 +95,9 @@ expect_exit ustrain_help_lists_eval 0 "eval CKPT_OR_HF_DIR --data GLOB" -- $UST 
 
 # --- against an independent computation: transformers' loss over the same windows of the exported
 # checkpoint (training's val_loss above comes from the same code as eval; this does not)
-if python3 -c 'import torch, transformers, numpy' 2>/dev/null; then
+if need_py eval_loss_matches_transformers_on_the_export torch transformers numpy; then
     $UST export $CK --to hf $TMP/hf >/dev/null 2>&1
     # 2 steps x micro-batch 2 = the first 4 windows of 32 (+1) tokens of val_000.bin
     python3 test/tools/hf_export_check.py transformers eval $TMP/hf $TMP/data/val_000.bin 4 32 "$one" 2>&1 |
         grep -E '^(PASS|FAIL)' | sed 's/^\(PASS\|FAIL\) eval_transformers_loss_matches_ustrain/\1 eval_loss_matches_transformers_on_the_export/'
-else
-    echo "SKIP eval_loss_matches_transformers_on_the_export: torch/transformers are not installed"
 fi

@@ -5,17 +5,13 @@
 # prep must then encode exactly as its bytes), tokenizer_config.json, generation_config.json and
 # the ids in config.json; --dtype bf16/fp16 (round to nearest even; fp16 overflow refused) and
 # --max-shard-size (transformers' shard names and index). test/tools/hf_export_complete.py checks
-# the files with numpy; where transformers is installed, AutoTokenizer must encode the corpus to
-# the training data's exact tokens (else a visible SKIP). A BPE tokenizer.json is written by hand
+# the files with numpy, and AutoTokenizer must encode the corpus to
+# the training data's exact tokens. A BPE tokenizer.json is written by hand
 # here (GPT-2's byte alphabet, a few merges), so nothing is downloaded.
 . "$(dirname "$0")/../lib.sh"
 
 CHECK="python3 test/tools/hf_export_complete.py"
-python3 -c 'import numpy' 2>/dev/null || pip install -q numpy >/dev/null 2>&1
-if ! python3 -c 'import numpy' 2>/dev/null; then
-    fail export_complete_python_deps "numpy could not be installed with pip"
-    exit 0
-fi
+need_py export_complete_python_deps numpy || exit 0
 # jget FILE EXPR: a value of a JSON file (j is the parsed file), printed as JSON
 jget() { python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print(json.dumps($2))" "$1"; }
 
@@ -205,11 +201,11 @@ expect_exit export_zero_shard_size_exits_2 2 "--max-shard-size 0: expected a siz
 [ ! -e $TMP/bad-out ] && pass export_bad_options_create_no_output || fail export_bad_options_create_no_output "$(ls -A $TMP/bad-out)"
 
 # --- transformers itself: the tokenizer encodes the corpus to the training tokens
-if python3 -c 'import transformers' 2>/dev/null; then
+if need_py export_complete_transformers transformers; then
     export TRANSFORMERS_VERBOSITY=error
     $CHECK transformers export_bpe $TMP/bpe-hf $TMP/corpus.txt $BPE_EOT $TMP/bpe-data/train_*.bin $TMP/bpe-data/val_*.bin
     $CHECK transformers export_bytes $TMP/bytes-hf $TMP/corpus.txt 256 $TMP/byte-data/train_*.bin $TMP/byte-data/val_*.bin
-    if python3 -c 'import torch' 2>/dev/null; then
+    if need_py export_sharded_bf16_loads_in_transformers torch; then
         $UST export $TMP/bytes/ckpt --to hf $TMP/shard-bf16-hf --dtype bf16 --max-shard-size 20KB >/dev/null 2>&1
         out=$(python3 -c "
 import sys, torch, transformers
@@ -217,9 +213,5 @@ m, info = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], output_
 print('loaded', m.dtype, {k: v for k, v in info.items() if v})" $TMP/shard-bf16-hf 2>&1 | tail -1)
         [ "$out" = "loaded torch.bfloat16 {}" ] && pass export_sharded_bf16_loads_in_transformers ||
             fail export_sharded_bf16_loads_in_transformers "$out"
-    else
-        echo "SKIP export_sharded_bf16_loads_in_transformers: torch is not installed"
     fi
-else
-    echo "SKIP export_complete_transformers: transformers is not installed (make test-hf installs it)"
 fi

@@ -5,15 +5,11 @@
 # exported; test/tools/hf_export_check.py checks the safetensors framing, the transformers names
 # and shapes, every value against the checkpoint and config.json. Where torch and transformers
 # can be installed, transformers' loss on the validation windows must equal ustrain's val_loss
-# at the exported weights (else a visible SKIP). Bad input exits 2 and leaves OUT untouched.
+# at the exported weights. Bad input exits 2 and leaves OUT untouched.
 . "$(dirname "$0")/../lib.sh"
 
 CHECK="python3 test/tools/hf_export_check.py"
-python3 -c 'import numpy, safetensors' 2>/dev/null || pip install -q numpy safetensors >/dev/null 2>&1
-if ! python3 -c 'import numpy, safetensors' 2>/dev/null; then
-    fail export_python_deps "numpy and safetensors could not be installed with pip"
-    exit 0
-fi
+need_py export_python_deps numpy safetensors || exit 0
 
 $UST data demo $TMP/data >/dev/null
 # vocab 300 pads to 384 rows in ustrain (vocab_pad 128): the export must cut them.
@@ -63,21 +59,13 @@ cmp -s $TMP/llama-hf/model.safetensors $TMP/llama-hf2/model.safetensors &&
     pass export_of_checkpoint_dir_takes_newest_step || fail export_of_checkpoint_dir_takes_newest_step "outputs differ"
 
 # --- transformers itself: loads every weight, and its loss equals ustrain's at the same weights
-# torch from PyPI is a multi-gigabyte download: the suite uses it when it is there, and
-# `make test-hf` (UST_INSTALL_TRANSFORMERS=1) installs it first
-if [ -n "${UST_INSTALL_TRANSFORMERS:-}" ] && ! python3 -c 'import torch, transformers' 2>/dev/null; then
-    echo "installing torch and transformers from PyPI for the transformers comparison..."
-    timeout 1200 pip install -q torch transformers >$TMP/pip.log 2>&1
-fi
-if python3 -c 'import torch, transformers' 2>/dev/null; then
+if need_py export_transformers_comparison torch transformers; then
     for t in llama llama_tied gpt2 mixtral; do
         vl=$(grep -o '"val_loss":[^,}]*' $TMP/$t/metrics.jsonl | tail -1 | cut -d: -f2)
         if [ -z "$vl" ]; then fail ${t}_transformers_loss_matches_ustrain "no val_loss in metrics"; continue; fi
         # 2 val steps x micro-batch 2 = 4 windows of 32 (+1) tokens from the start of val_000.bin
         $CHECK transformers $t $TMP/$t-hf $TMP/data/val_000.bin 4 32 "$vl" 2>&1 | grep -E '^(PASS|FAIL|  )'
     done
-else
-    echo "SKIP export_transformers_comparison: torch/transformers are not installed (make test-hf installs them) $(tail -1 $TMP/pip.log 2>/dev/null)"
 fi
 
 # --- bad input: exit 2 with the reason, nothing written into OUT

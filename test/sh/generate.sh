@@ -6,16 +6,12 @@
 # independent numpy forward of the whole sequence without a cache computes
 # (test/tools/generate_check.py), and where torch and transformers are installed, the exported
 # model's (llama, gpt2, Mixtral, Qwen2-like) generate(do_sample=False) must pick the same tokens
-# (else a visible SKIP). Sampling is a pure function of the seed; max_seq_len stops generation
+#. Sampling is a pure function of the seed; max_seq_len stops generation
 # with a note; bad input exits 2 before the weights are read.
 . "$(dirname "$0")/../lib.sh"
 
 CHECK="python3 test/tools/generate_check.py"
-python3 -c 'import numpy, safetensors' 2>/dev/null || pip install -q numpy safetensors >/dev/null 2>&1
-if ! python3 -c 'import numpy, safetensors' 2>/dev/null; then
-    fail generate_python_deps "numpy and safetensors could not be installed with pip"
-    exit 0
-fi
+need_py generate_python_deps numpy safetensors || exit 0
 
 $UST data demo $TMP/data >/dev/null
 cat >$TMP/template.yaml <<EOT
@@ -110,15 +106,13 @@ grep -q "21 prompt tokens, 0 new tokens" $TMP/eot.err && [ "$(cat $TMP/eot.out)"
     pass generate_stops_at_end_of_text || fail generate_stops_at_end_of_text "$(cat $TMP/eot.err)"
 
 # --- transformers: the exported model's greedy generate picks the same tokens
-if python3 -c 'import torch, transformers' 2>/dev/null; then
+if need_py generate_matches_transformers torch transformers; then
     for t in llama gpt2 mixtral qwen; do
         p="$PROMPT"
         [ $t = gpt2 ] && p="$LONG"
         $UST export $TMP/$t/ckpt --to hf $TMP/$t-hf >/dev/null 2>&1 || { fail generate_${t}_matches_transformers "export failed"; continue; }
         OMP_NUM_THREADS=1 $CHECK transformers generate_${t}_matches_transformers $TMP/$t-hf "$(ids_of "$p")" $TMP/$t.logits 2>&1 | grep -E '^(PASS|FAIL)'
     done
-else
-    echo "SKIP generate_matches_transformers: torch/transformers are not installed (make test-hf installs them)"
 fi
 
 # --- bad input: exit 2 with the reason

@@ -258,7 +258,7 @@ int main(int argc, char **argv) {
 }
 EOF
 OB=/usr/lib/x86_64-linux-gnu/openblas-openmp
-if gcc -std=c11 -D_GNU_SOURCE -DUST_CUDA -I. -Icore -Icuda/emu/include $TMP/misuse.c \
+if gcc -std=c11 -D_GNU_SOURCE -DUST_CUDA -I. -Icore/base -Icuda/emu/include $TMP/misuse.c \
     $E/libustrain.a -L$OB -Wl,-rpath,$OB -lopenblas -lyaml -lcjson -lpmix -lzstd -lz -lcrypto -lm -lrt -fopenmp \
     -pthread -lstdc++ -o $TMP/misuse 2>$TMP/cc.log; then
     expect_exit emu_correct_use_runs 0 '^ok' -- $TMP/misuse x

@@ -6,15 +6,11 @@
 # Imports under tp, pp, cp, ep and dp ZeRO-3 train the one-process losses (equivalence harness),
 # each rank reads about its share of the bytes, bad directories exit 2 naming the file, tensor
 # or value and write nothing, and where torch and transformers are importable, models that
-# transformers itself built give transformers' loss within 1e-5 relative (else a visible SKIP).
+# transformers itself built give transformers' loss within 1e-5 relative.
 . "$(dirname "$0")/../lib.sh"
 
 MAKE="python3 test/tools/hf_make_model.py"
-python3 -c 'import numpy' 2>/dev/null || pip install -q numpy >/dev/null 2>&1
-if ! python3 -c 'import numpy' 2>/dev/null; then
-    fail hf_import_python_deps "numpy could not be installed with pip"
-    exit 0
-fi
+need_py hf_import_python_deps numpy || exit 0
 
 $UST data demo $TMP/data >/dev/null
 # the model's shape is left to config.json (model.arch: auto); 2 val steps x micro-batch 2 = the
@@ -175,11 +171,7 @@ expect_exit hf_agreeing_explicit_keys_accepted 0 "step 0: val_loss" -- $UST trai
     pass hf_bad_input_leaves_checkpoint_untouched || fail hf_bad_input_leaves_checkpoint_untouched "$(ls -A $TMP/keep)"
 
 # --- transformers itself: its own tiny models, its loss on the same windows
-if [ -n "${UST_INSTALL_TRANSFORMERS:-}" ] && ! python3 -c 'import torch, transformers' 2>/dev/null; then
-    echo "installing torch and transformers from PyPI for the transformers comparison..."
-    timeout 1200 pip install -q torch transformers safetensors >$TMP/pip.log 2>&1
-fi
-if python3 -c 'import torch, transformers' 2>/dev/null; then
+if need_py hf_import_transformers_comparison torch transformers; then
     for k in llama llama_tied llama3 qwen2 mixtral gpt2; do
         $MAKE transformers $k $TMP/tf-$k >$TMP/tf-$k.make.log 2>&1 ||
             { fail ${k}_hf_transformers_builds "$(tail -1 $TMP/tf-$k.make.log)"; continue; }
@@ -196,7 +188,5 @@ if python3 -c 'import torch, transformers' 2>/dev/null; then
         python3 test/tools/hf_export_check.py transformers ${k}_hf_reexport $TMP/tf-$k-out \
             $TMP/data/val_000.bin 4 32 "$vl" 1e-5 2>&1 | grep -E '^(PASS|FAIL|  )'
     done
-else
-    echo "SKIP hf_import_transformers_comparison: torch/transformers are not installed (make test-hf installs them)"
 fi
 exit 0

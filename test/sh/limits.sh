@@ -3,7 +3,7 @@
 # promptly, with exit 0, or exit 1 and a message naming what could not be mapped (OpenBLAS's
 # work buffer: the size and the limit), or the loader's own message for a shared library that
 # does not fit (exit 127); never a hang before main or in a step. (OpenBLAS retries a failed
-# mmap forever; core/blas_guard.c turns that into the exit.)
+# mmap forever; core/base/blas_guard.c turns that into the exit.)
 . "$(dirname "$0")/../lib.sh"
 
 if ldd $UST 2>/dev/null | grep -q libasan; then

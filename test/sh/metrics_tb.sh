@@ -6,11 +6,7 @@
 # TensorBoard is told to drop them with a SessionLog START); MFU never exceeds 100%.
 . "$(dirname "$0")/../lib.sh"
 
-python3 -c 'import tensorboard' 2>/dev/null || pip install -q tensorboard >$TMP/pip.log 2>&1
-if ! python3 -c 'import tensorboard' 2>/dev/null; then
-    fail tensorboard_python_package "pip could not install tensorboard: $(tail -1 $TMP/pip.log)"
-    exit 0
-fi
+need_py tensorboard_python_package tensorboard || exit 0
 $UST data demo $TMP/data >/dev/null
 cat >$TMP/tb.yaml <<EOT
 run:   {name: tb, seed: 7}

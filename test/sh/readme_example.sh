@@ -4,7 +4,6 @@
 # the byte-level tokenizer the demo data records), generate and eval on the exported directory.
 . "$(dirname "$0")/../lib.sh"
 
-python3 -c 'import numpy' 2>/dev/null || pip install -q numpy >/dev/null 2>&1
 ROOT=$PWD
 U=$(cd "$(dirname "$UST")" && pwd)/$(basename "$UST")
 cd $TMP

@@ -1,181 +1,260 @@
 #!/usr/bin/env python3
-"""The layering check (README "Architecture"): every source file sits in one layer, and no file
-includes or calls into a layer above its own. Layers, bottom to top:
+"""The layering check (docs/architecture.md), on what the compiler and the linker saw.
 
-  0 basics      error, fs, log, mem, rng, config, optim, ops.h and the CPU backend (ops_cpu,
-                ops_prof, blas_guard); cuda/ implements ops.h and is reached only through it:
-                ops.c (ops_create, the factory that picks the backend) is the one file outside
-                cuda/ that names it
-  1 comm        bootstrap*, comm*, gloo_store, topology: the rank grid, the groups, the
-                collectives
-  2 tp/cp/ep    the three dimensions that split a layer, each owning its group
-  3 model       model, moe, ckpt, data, hf_map, hf_config, hf_import, infer: the transformer's math, its tensors and files; it asks
-                tp/cp/ep for every collective, so it neither includes nor calls layer 1
-  4 pp/dp       pipeline and data parallelism: schedules, stages, ZeRO, the optimizer step
-  5 train       the trainer, which builds the runtime and runs the steps, and plan, the memory
-                plan of what it builds
-  6 tools/cmd   cmd/*, planner, prep, tokenizer, export, generate, cuda/bench_gpu.c
+The one table of layers is the Makefile's (`make layers` prints it): units, folders or file stems,
+bottom to top. A file may include and call only its own layer and those below it; the model never
+reaches parallel/comm itself (LAYER_NEVER); only core/base/ops.c and the tools reach the backend
+(cuda/). The evidence is the build's own: every object's .d file (each header the preprocessor
+opened, angle brackets and macros included) and its `nm` undefined symbols, each resolved to the
+object that defines it (so unprefixed names, names built by macros and C++ files count like any
+call). A direct #include line is also read from the source, for the model -> comm rule (headers
+of tp/cp/ep include comm.h, the model itself may not) and to name file:line.
 
-A call is an identifier with a module's prefix followed by "(" (comments and strings removed,
-member accesses such as q->tp_split and the file's own static functions ignored; cuda/ is
-checked by its includes). Prints one PASS/FAIL line per rule and, on a
-failure, each offending line as file:line. Usage: layering.py [ROOT] (default: the repository)."""
+Usage: layering.py [ROOT [BUILD]]   (defaults: the repository, ROOT/build)
+       layering.py --diagram [ROOT]  prints the layer diagram docs/architecture.md carries
+Prints one PASS/FAIL line per rule; on a failure, each offending place."""
 import os
 import re
+import subprocess
 import sys
 
-ROOT = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "..")
-LAYER_NAMES = ["basics", "comm", "tp/cp/ep", "model", "pp/dp", "train", "tools/cmd"]
-# module (file stem, directory-qualified) -> layer
-MODULES = {
-    "core/error": 0, "core/fs": 0, "core/log": 0, "core/mem": 0, "core/rng": 0,
-    "core/config": 0, "core/optim": 0, "core/ops": 0, "core/ops_cpu": 0, "core/ops_prof": 0,
-    "core/blas_guard": 0, "core/spike": 0, "core/sha256": 0,
-    "parallel/bootstrap": 1, "parallel/bootstrap_impl": 1, "parallel/bootstrap_pmix": 1,
-    "parallel/bootstrap_server": 1, "parallel/bootstrap_common": 1, "parallel/bootstrap_store": 1, "parallel/comm": 1,
-    "parallel/comm_impl": 1, "parallel/comm_shm": 1, "parallel/comm_shm_segment": 1,
-    "parallel/comm_nccl": 1, "parallel/comm_gloo": 1, "parallel/gloo_store": 1,
-    "parallel/comm_common": 1, "parallel/topology": 1,
-    "parallel/tp": 2, "parallel/cp": 2, "parallel/ep": 2,
-    "core/model": 3, "core/model_internal": 3, "core/acts": 3, "core/params": 3, "core/moe": 3, "core/ckpt": 3, "core/ckpt_manifest": 3, "core/data": 3, "core/data_blend": 3,
-    "core/hf_map": 3, "core/hf_config": 3, "core/hf_import": 3, "core/infer": 3,
-    "parallel/pp": 4, "parallel/dp_internal": 4, "parallel/dp_io": 4, "parallel/pp_schedule": 4, "parallel/pp_schedule_check": 4,
-    "parallel/dp": 4,
-    "core/train": 5, "core/plan": 5,
-    "core/planner": 6, "core/prep": 6, "core/prep_input": 6, "core/tokenizer": 6, "core/tok_unicode": 6,
-    "core/export": 6, "core/hf_tok": 6, "core/generate": 6, "cuda/bench_gpu": 6,
-}
-# function prefixes -> the module they belong to
-PREFIXES = {
-    "ust": "core/error", "fs": "core/fs", "log": "core/log", "mem": "core/mem", "rng": "core/rng",
-    "cfg": "core/config", "optim": "core/optim", "ops_cpu": "core/ops_cpu",
-    "ops_prof": "core/ops_prof", "boot": "parallel/bootstrap", "comm": "parallel/comm",
-    "topo": "parallel/topology", "tp": "parallel/tp", "cp": "parallel/cp", "ep": "parallel/ep",
-    "model": "core/model", "params": "core/params", "acts": "core/acts", "moe": "core/moe", "ckpt": "core/ckpt",
-    "st": "core/ckpt", "data": "core/data", "pp": "parallel/pp", "pps": "parallel/pp_schedule",
-    "dp": "parallel/dp", "train": "core/train", "plan": "core/plan", "planner": "core/planner",
-    "prep": "core/prep", "tok": "core/tokenizer", "export": "core/export", "ops_cuda": "cuda",
-    "hf": "core/hf_map", "spike": "core/spike", "infer": "core/infer", "gen": "core/generate",
-    "sha256": "core/sha256", "hftok": "core/hf_tok", "ckman": "core/ckpt_manifest",
-}
-CALL = re.compile(r"(?<![\w.>])(" + "|".join(sorted(PREFIXES, key=len, reverse=True)) +
-                  r")_\w+\s*\(")
-STATIC_DEF = re.compile(r"^\s*(?:static|__device__|__global__|template\s*<[^>]*>)[^;{(]*?\b(\w+)\s*\(",
-                        re.M)
-INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"')
+SOURCE_EXT = (".c", ".h", ".cc", ".cu")
+INCLUDE = re.compile(r'^\s*#\s*include\s*([<"])([^">]+)[">]')
 
 
-def strip(text):
-    """Comments and string/char literals blanked (newlines kept, so line numbers hold)."""
-    out, i, n = [], 0, len(text)
-    while i < n:
-        c = text[i]
-        if text.startswith("/*", i):
-            j = text.find("*/", i + 2)
-            j = n if j < 0 else j + 2
-            out.append(re.sub(r"[^\n]", " ", text[i:j]))
-            i = j
-        elif text.startswith("//", i):
-            j = text.find("\n", i)
-            j = n if j < 0 else j
-            out.append(" " * (j - i))
-            i = j
-        elif c in "\"'":
-            j = i + 1
-            while j < n and text[j] != c:
-                j += 2 if text[j] == "\\" else 1
-            out.append(c + " " * (min(j, n) - i - 1) + c)
-            i = j + 1
+def read_table(root):
+    """{layer: [units]} in order, the forbidden (lower, upper) pairs and the backend folder."""
+    out = subprocess.run(["make", "-s", "--no-print-directory", "-C", root, "layers"],
+                         capture_output=True, text=True, check=True).stdout
+    layers, never, backend = {}, [], None
+    for line in out.splitlines():
+        key, _, rest = line.partition(":")
+        if key == "never":
+            never = [tuple(p.split(":")) for p in rest.split()]
+        elif key == "backend":
+            backend = rest.strip()
         else:
-            out.append(c)
-            i += 1
-    return "".join(out)
+            layers[key] = rest.split()
+    return layers, never, backend
 
 
-def module_of(path):
-    d, f = os.path.split(os.path.relpath(path, ROOT))
-    stem = f.split(".")[0]
-    if d == "cuda" and stem != "bench_gpu":
-        return "cuda"
-    return f"{d}/{stem}"
+class Table:
+    def __init__(self, root):
+        self.root = root
+        self.layers, self.never, self.backend = read_table(root)
+        self.order = list(self.layers)
+
+    def unit_of(self, rel):
+        """The unit naming rel most closely (file stem before folder), or None."""
+        stem = os.path.splitext(rel)[0]
+        best = None
+        for layer, units in self.layers.items():
+            for u in units:
+                if stem == u or rel.startswith(u + "/"):
+                    if best is None or len(u) > len(best[1]):
+                        best = (layer, u)
+        if best is None and self.backend and rel.startswith(self.backend + "/"):
+            return ("backend", self.backend)
+        return best
+
+    def rank(self, layer):
+        return -1 if layer == "backend" else self.order.index(layer)
 
 
-def layer_of(mod):
-    if mod.startswith("cmd/"):
-        return 6
-    return 0 if mod == "cuda" else MODULES.get(mod)
+def sources(root, backend):
+    out = []
+    for top in ("core", "parallel", "cmd", backend):
+        for d, dirs, files in os.walk(os.path.join(root, top)):
+            dirs[:] = sorted(x for x in dirs if x != "emu")  # the emulator is a test harness
+            out += [os.path.relpath(os.path.join(d, f), root) for f in sorted(files)
+                    if f.endswith(SOURCE_EXT)]
+    return out
 
 
-def header_module(inc, src_dir):
-    """The module an include names: "parallel/tp.h", "tp.h" (found in core/, parallel/, cuda/)."""
-    if "/" in inc:
-        return module_of(os.path.join(ROOT, inc))
-    for d in (src_dir, "core", "parallel", "cuda"):
-        if os.path.exists(os.path.join(ROOT, d, inc)):
-            return module_of(os.path.join(ROOT, d, inc))
-    return None  # a system or test header
+def objects(build, t):
+    """{object path: source rel} for every library, cmd and backend object of the build."""
+    out = {}
+    for d, _, files in os.walk(build):
+        for f in files:
+            if not f.endswith(".o"):
+                continue
+            obj = os.path.join(d, f)
+            rel = os.path.relpath(obj, build)[:-2]
+            if rel.startswith("test/"):
+                continue
+            for ext in (".c", ".cc", ".cu"):
+                if os.path.exists(os.path.join(t.root, rel + ext)):
+                    out[obj] = rel + ext
+    return out
 
 
-def main():
-    files = []
-    for d in ("core", "parallel", "cmd", "cuda"):
-        for f in sorted(os.listdir(os.path.join(ROOT, d))):
-            if f.endswith((".c", ".h", ".cu")):
-                files.append(os.path.join(ROOT, d, f))
-    unplaced, upward, into_cuda, model_comm = [], [], [], []
-    for path in files:
-        rel = os.path.relpath(path, ROOT)
-        mod = module_of(path)
-        me = layer_of(mod)
-        if me is None:
-            unplaced.append(rel)
+def deps(obj):
+    """The files the preprocessor opened for obj (its .d file, relative paths as make saw them)."""
+    try:
+        text = open(obj[:-2] + ".d").read().replace("\\\n", " ")
+    except OSError:
+        return None
+    first = text.split("\n\n")[0]
+    return first.partition(":")[2].split()[1:]
+
+
+def nm(obj):
+    """(defined global symbols, undefined symbols) of obj."""
+    out = subprocess.run(["nm", "-P", obj], capture_output=True, text=True).stdout
+    defined, undefined = set(), set()
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) < 2:
             continue
-        text = open(path, encoding="utf-8", errors="replace").read()
-        clean = strip(text)
-        lines = clean.split("\n")
-        raw = text.split("\n")
-        own = set(STATIC_DEF.findall(clean))  # static helpers whose names merely look prefixed
-        for no, line in enumerate(lines, 1):
-            targets = []
-            m = INCLUDE.match(raw[no - 1])
-            if m:
-                t = header_module(m.group(1), os.path.dirname(rel))
-                if t:
-                    targets.append((t, f'#include "{m.group(1)}"'))
-            # cuda/ kernels are reached only through ops.h, which their includes show; their
-            # device helpers (st_act, ...) are not calls into other modules
-            for c in CALL.finditer(line) if mod != "cuda" else ():
-                if c.group(0).rstrip("( ") in own:
-                    continue
-                targets.append((PREFIXES[c.group(1)], c.group(0).rstrip("( ")))
-            for t, what in targets:
-                if t == mod or (t.startswith("cuda") and mod == "cuda"):
-                    continue
-                where = f"{rel}:{no}: {what}"
-                if t == "cuda" and not rel.startswith("cuda/") and rel != "core/ops.c":
-                    into_cuda.append(where)
-                    continue
-                tl = layer_of(t)
-                if tl is None:
-                    unplaced.append(f"{t} (named at {where})")
-                elif tl > me:
-                    upward.append(f"{where} ({LAYER_NAMES[me]} -> {LAYER_NAMES[tl]})")
-                elif me == 3 and tl == 1:
-                    model_comm.append(where)
+        name, kind = parts[0], parts[1]
+        if kind == "U":
+            undefined.add(name)
+        elif kind.isupper() or kind in "uvw":
+            defined.add(name)
+    return defined, undefined
+
+
+def include_line(root, src, header):
+    """file:line of the #include in src that names header's file, if src names it directly."""
+    base = os.path.basename(header)
+    try:
+        lines = open(os.path.join(root, src), errors="replace").read().split("\n")
+    except OSError:
+        return src
+    for no, line in enumerate(lines, 1):
+        m = INCLUDE.match(line)
+        if m and os.path.basename(m.group(2)) == base:
+            return f"{src}:{no}"
+    return src
+
+
+def symbol_line(root, src, sym):
+    """file:line where src's text names sym, or src alone (a name built by a macro)."""
+    try:
+        lines = open(os.path.join(root, src), errors="replace").read().split("\n")
+    except OSError:
+        return src
+    word = re.compile(r"\b" + re.escape(sym) + r"\b")
+    for no, line in enumerate(lines, 1):
+        if word.search(line):
+            return f"{src}:{no}"
+    return src
+
+
+def direct_includes(root, src, headers_by_name):
+    """(line, header rel) for each #include in src that names a project header."""
+    out = []
+    here = os.path.dirname(src)
+    for no, line in enumerate(open(os.path.join(root, src), errors="replace").read().split("\n"), 1):
+        m = INCLUDE.match(line)
+        if not m:
+            continue
+        name = m.group(2)
+        cand = os.path.normpath(os.path.join(here, name))
+        if m.group(1) == '"' and os.path.exists(os.path.join(root, cand)):
+            out.append((no, cand))
+            continue
+        hits = [h for h in headers_by_name.get(os.path.basename(name), []) if h.endswith(name)]
+        if len(hits) == 1:
+            out.append((no, hits[0]))
+    return out
+
+
+def check(root, build):
+    t = Table(root)
+    fails = {k: [] for k in ("every_source_file_has_a_layer", "no_include_goes_upward",
+                             "no_call_goes_upward", "the_model_asks_tp_cp_ep_never_comm",
+                             "only_ops_create_reaches_the_backend", "every_object_has_its_dependencies")}
+    srcs = sources(root, t.backend)
+    for s in srcs:
+        if t.unit_of(s) is None:
+            fails["every_source_file_has_a_layer"].append(s)
+    headers_by_name = {}
+    for s in srcs:
+        if s.endswith(".h"):
+            headers_by_name.setdefault(os.path.basename(s), []).append(s)
+    objs = objects(build, t)
+    if not objs:
+        print(f"FAIL layering_objects_found: no objects under {build} (build first)")
+        return 1
+
+    def verdict(src, target_rel, where, kind, never=True):
+        """Files the preprocessor opened on the way (never=False) may hold comm.h: tp.h includes
+        it; what the model names or calls itself may not."""
+        me, tu = t.unit_of(src), t.unit_of(target_rel)
+        if me is None or tu is None or me[1] == tu[1]:
+            return
+        if tu[0] == "backend" and me[0] != "backend":
+            if src != "core/base/ops.c" and me[0] != "tools":
+                fails["only_ops_create_reaches_the_backend"].append(f"{where} ({target_rel})")
+            return
+        if me[0] == "backend":
+            me = ("base", me[1])  # the backend implements ops.h: it stands with base
+        if never and (me[0], tu[0]) in t.never:
+            fails["the_model_asks_tp_cp_ep_never_comm"].append(f"{where} ({target_rel})")
+        elif t.rank(tu[0]) > t.rank(me[0]):
+            fails[kind].append(f"{where} ({me[0]} -> {tu[0]}: {target_rel})")
+
+    # includes: every header the preprocessor opened, and the ones each file names itself
+    for obj, src in sorted(objs.items()):
+        d = deps(obj)
+        if d is None:
+            fails["every_object_has_its_dependencies"].append(f"{obj} has no .d file")
+            continue
+        for h in d:
+            h = os.path.normpath(h)
+            if h.startswith("/") or h.startswith(".."):
+                continue  # a system header
+            verdict(src, h, include_line(root, src, h), "no_include_goes_upward", never=False)
+    for s in srcs:
+        for no, h in direct_includes(root, s, headers_by_name):
+            me, tu = t.unit_of(s), t.unit_of(h)
+            if me and tu and (me[0], tu[0]) in t.never:
+                fails["the_model_asks_tp_cp_ep_never_comm"].append(f"{s}:{no} (#include {h})")
+    # calls: each undefined symbol, resolved to the object that defines it
+    defs, undefs = {}, {}
+    for obj in objs:
+        d, u = nm(obj)
+        undefs[obj] = u
+        for sym in d:
+            defs.setdefault(sym, obj)
+    for obj, src in sorted(objs.items()):
+        for sym in sorted(undefs[obj]):
+            other = defs.get(sym)
+            if other is None or other == obj:
+                continue
+            verdict(src, objs[other], f"{symbol_line(root, src, sym)}: {sym}", "no_call_goes_upward")
     ok = True
-    for name, bad in (("layering_every_source_file_has_a_layer", unplaced),
-                      ("layering_no_include_or_call_goes_upward", upward),
-                      ("layering_nothing_outside_cuda_reaches_into_cuda", into_cuda),
-                      ("layering_the_model_layer_asks_tp_cp_ep_never_comm", model_comm)):
+    for name, bad in fails.items():
+        bad = sorted(set(bad))
         if bad:
             ok = False
-            print(f"FAIL {name}: {len(bad)} place(s)")
+            print(f"FAIL layering_{name}: {len(bad)} place(s)")
             for b in bad[:40]:
                 print(f"    {b}")
         else:
-            print(f"PASS {name}")
+            print(f"PASS layering_{name}")
     return 0 if ok else 1
 
 
+def diagram(root):
+    """The layer diagram, top to bottom, as docs/architecture.md carries it."""
+    t = Table(root)
+    lines = ["```"]
+    for layer in reversed(t.order):
+        lines.append(f"{layer:<6} | " + "  ".join(t.layers[layer]))
+    lines.append(f"{'':<6} | (backend {t.backend}/ implements core/base/ops.h; only ops_create names it)")
+    lines.append("never: " + ", ".join(f"{a} -> {b}" for a, b in t.never))
+    lines.append("```")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    args = sys.argv[1:]
+    if args and args[0] == "--diagram":
+        r = args[1] if len(args) > 1 else os.path.join(os.path.dirname(__file__), "..", "..")
+        print(diagram(r))
+        sys.exit(0)
+    r = args[0] if args else os.path.join(os.path.dirname(__file__), "..", "..")
+    b = args[1] if len(args) > 1 else os.path.join(r, "build")
+    sys.exit(check(r, b))

@@ -5,9 +5,9 @@
  * host buffer: a ustrain checkpoint, a Hugging Face directory, random weights for a benchmark),
  * then infer_forward appends n tokens at positions [len, len + n) to the cache and returns the
  * logits of the last one over the real vocabulary (model.vocab_size; the padded rows are never
- * computed). The math is core/model.c's: gpt2 (LayerNorm eps 1e-5, learned positions, GELU tanh,
+ * computed). The math is core/model/model.c's: gpt2 (LayerNorm eps 1e-5, learned positions, GELU tanh,
  * biases) or llama (RMSNorm, RoPE rotate-half with ust_rope incl. llama3 scaling, GQA, SwiGLU,
- * optional q/k/v biases), MoE layers as core/moe.c (softmax router, top-k, gates renormalized,
+ * optional q/k/v biases), MoE layers as core/model/moe.c (softmax router, top-k, gates renormalized,
  * shared expert), always dropless: capacity_factor is a training device and is ignored here.
  * Every weight is read once per forward, which is what bounds decoding (memory bandwidth). */
 #ifndef UST_INFER_H

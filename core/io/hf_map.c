@@ -7,7 +7,7 @@
  *
  * llama: ustrain already stores tensors under LlamaForCausalLM's names, [out, in] like
  * nn.Linear. RoPE needs no re-ordering of q_proj/k_proj rows: ustrain rotates the pairs
- * (x_i, x_{i+D/2}) of each head (core/ops_cpu.c rope_apply), which is transformers' rotate_half
+ * (x_i, x_{i+D/2}) of each head (core/base/ops_cpu.c rope_apply), which is transformers' rotate_half
  * convention; the permutation of Meta->HF conversions is only for weights trained with
  * interleaved pairs (x_{2i}, x_{2i+1}). Grouped-query heads map the same way too: query head h
  * reads key/value head h / (n_head / n_kv_head) in both (repeat_kv).

@@ -1,5 +1,5 @@
-/* export: checkpoint -> Hugging Face transformers layout (the mapping is core/hf_map.c's table,
- * the tokenizer files core/hf_tok.c's). The table is built from the config, every source is
+/* export: checkpoint -> Hugging Face transformers layout (the mapping is core/io/hf_map.c's table,
+ * the tokenizer files core/tools/hf_tok.c's). The table is built from the config, every source is
  * checked against the checkpoint (and, for fp16, every value against fp16's range), the tokenizer
  * the checkpoint records is checked, and only then is anything written: each output under a
  * temporary name, all renamed at the end. */

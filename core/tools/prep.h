@@ -1,7 +1,7 @@
 /* prep: text -> tokens -> llm.c shards, the `ustrain data prep` pipeline.
  * Inputs are plain text (a file is one document) or JSON lines (a line is one document, its text
  * in a string field), each possibly gzip or zstd compressed, or "-" for standard input
- * (core/prep_input.h: kinds are recognised by content, binary input refused). Each document is
+ * (core/tools/prep_input.h: kinds are recognised by content, binary input refused). Each document is
  * followed by the end-of-text token. Threads tokenize a batch of documents (long ones cut where
  * tok_safe_cut allows) and the batch is written in input order, so the output is the same for any
  * thread count. The last val_fraction of the token stream goes to val shards (a whole shard when

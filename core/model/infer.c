@@ -1,5 +1,5 @@
-/* infer.c: forward-only transformer with a KV cache (infer.h), the same math as core/model.c and
- * core/moe.c on one sequence. Shapes: n new tokens (n <= chunk), C = d_model, H/Hkv heads of D,
+/* infer.c: forward-only transformer with a KV cache (infer.h), the same math as core/model/model.c and
+ * core/model/moe.c on one sequence. Shapes: n new tokens (n <= chunk), C = d_model, H/Hkv heads of D,
  * F = d_ff, Fe = d_ff_expert, E experts, k = top_k, V real vocabulary, Vp padded, S = max_seq_len.
  */
 #include "infer.h"

@@ -227,7 +227,7 @@ struct ust_ops {
 
     void (*destroy)(ust_ops *o);
 
-    /* ---- mixture of experts (core/moe.c, parallel/ep.c) ----
+    /* ---- mixture of experts (core/model/moe.c, parallel/ep.c) ----
      * Routing: a token n picks k experts; assignment a = n*k + j is its j-th choice. Rows of the
      * expert buffers are assignments grouped by expert. Index arrays are device int32. */
     /* Per token over E experts: probs = softmax(logits) in fp32, lse = log-sum-exp (may be NULL),
@@ -273,7 +273,7 @@ struct ust_ops {
  * list (`#define FILL(op) o->op = cpu_##op;`) and the profiler wraps every op through it, so an
  * op is added here, in the struct, and in each backend's functions, and a backend that lacks one
  * fails to compile. The struct stays written out because its comments are the ops' contract;
- * core/ops.c checks at compile time that the list names as many members as the struct has.
+ * core/base/ops.c checks at compile time that the list names as many members as the struct has.
  * (clang-format is off for it: it would stair-step the list.) */
 /* clang-format off */
 #define UST_OPS_LIST(X)                                                                            \

@@ -1,4 +1,4 @@
-/* acts: the model's activations (core/acts.c), the part of model.h that carves what each layer
+/* acts: the model's activations (core/model/acts.c), the part of model.h that carves what each layer
  * keeps between forward and backward and the chunks' activation sets out of the arena, and
  * points a forward or backward at the set of a (chunk, slot). model.c's blocks read them. */
 #ifndef UST_ACTS_H

@@ -1,7 +1,7 @@
-/* params: the model's parameter table (core/params.c), the part of model.h that names, shapes,
+/* params: the model's parameter table (core/model/params.c), the part of model.h that names, shapes,
  * places and fills the tensors: every tensor under its canonical name with its tensor-parallel
  * split, the units a sharding layer gathers and reduces, the flat buffers' layout, the
- * counter-based initialization and the llm.c importer. The model's blocks (core/model.c) only
+ * counter-based initialization and the llm.c importer. The model's blocks (core/model/model.c) only
  * read the pointers it resolves. */
 #ifndef UST_PARAMS_H
 #define UST_PARAMS_H

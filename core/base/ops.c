@@ -2,7 +2,7 @@
  * everything else gets a ust_ops and never asks which one it is. */
 #include "ops.h"
 
-#include "cuda/ops_cuda.h"
+#include "ops_cuda.h"
 
 #include <stddef.h>
 
