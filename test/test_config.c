@@ -13,7 +13,7 @@
 /* Messages pass through an opaque pointer so that -Wformat-truncation does not size them. */
 __attribute__((noinline)) static const char *txt(const char *s) { return s; }
 
-/* DESIGN.md section 1, verbatim: it must load to exactly the defaults. */
+/* docs/design.md section 1, verbatim: it must load to exactly the defaults. */
 static const char *DESIGN_YAML =
     "run:        {name: tiny, seed: 1234, device: cpu, out_dir: runs/tiny}\n"
     "model:      {arch: llama, n_layer: 4, d_model: 128, n_head: 4, n_kv_head: 2, d_ff: 384,\n"
@@ -242,7 +242,7 @@ static void test_design_yaml_loads_to_the_defaults(void) {
     CHECK(!strcmp(c.source, "t.yaml"), "source is '%s'", c.source);
     cfg_defaults(&d);
     strcpy(d.source, "t.yaml");
-    CHECK(same_values(&c, &d), "DESIGN.md's YAML differs from cfg_defaults");
+    CHECK(same_values(&c, &d), "docs/design.md's YAML differs from cfg_defaults");
 }
 
 /* An empty file is more likely a truncated copy or a wrong path than a wish for all defaults:

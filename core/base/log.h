@@ -1,5 +1,5 @@
 /* log: what a run reports. Rank 0 prints one line per logged step and appends the same figures
- * as one JSON object per line to logging.metrics_file (keys fixed by DESIGN.md section 10) and,
+ * as one JSON object per line to logging.metrics_file (keys fixed by docs/design.md section 10) and,
  * with logging.tensorboard_dir, as scalar summaries to a TensorBoard event file there (the
  * tfevents record format: length, masked CRC32C, an Event protobuf, masked CRC32C). Both get the
  * same figures from one list (log_scalars). A resumed run drops the metrics lines after the

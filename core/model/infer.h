@@ -1,7 +1,7 @@
 /* infer: the trained transformer run forward for generation, with a KV cache, on the ops.h
  * interface (so run.device cuda runs the same code on the GPU backend). One sequence (B = 1).
  * Contract: infer_create reads every tensor of the model the config describes, whole and under
- * its canonical name (DESIGN.md section 7), through a weight source (a function that fills a
+ * its canonical name (docs/design.md section 7), through a weight source (a function that fills a
  * host buffer: a ustrain checkpoint, a Hugging Face directory, random weights for a benchmark),
  * then infer_forward appends n tokens at positions [len, len + n) to the cache and returns the
  * logits of the last one over the real vocabulary (model.vocab_size; the padded rows are never

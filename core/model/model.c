@@ -50,7 +50,7 @@ static void init_moe(model *m, ust_arena *arena, const model_storage *st) {
         if (is_moe(m, l))
             moe_weights_init(&m->mw[l], &m->moe), moe_weights_init(&m->mg[l], &m->moe);
     /* the step's loss adds each micro-batch's MoE loss averaged over the step's micro-batches
-     * (DESIGN.md section 4); the cp shards of a micro-batch share its statistics, so one of
+     * (docs/design.md section 4); the cp shards of a micro-batch share its statistics, so one of
      * them counts the value (all of them its gradient, through their own tokens) */
     m->moe_scale = 1.0f / (float)(cfg_grad_accum(m->cfg) * m->cfg->parallel.dp);
 }

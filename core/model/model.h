@@ -6,7 +6,7 @@
  * model_forward runs the whole stack and, when dscale > 0, also leaves d(loss)/d(logits) * dscale
  * ready for model_backward, which ACCUMULATES parameter gradients (so gradient accumulation is just
  * calling it again). Parameters are stored unfused under canonical Hugging Face-style names
- * (DESIGN.md section 7), each tensor [out_features, in_features] row-major, in one flat buffer in
+ * (docs/design.md section 7), each tensor [out_features, in_features] row-major, in one flat buffer in
  * table order. */
 #ifndef UST_MODEL_H
 #define UST_MODEL_H

@@ -96,7 +96,7 @@ typedef struct {
  * b of the micro-batch, seq = 1/B sum_b E sum_e f_{b,e} P_{b,e}, its statistics over the
  * sequence's tokens wherever they are (summed over the stats groups like the others).
  * Losses (Switch Transformer / ST-MoE), over the micro-batch's tokens T (summed over the
- * stats groups, e.g. the cp and sp shards, before use; DESIGN.md section 4):
+ * stats groups, e.g. the cp and sp shards, before use; docs/design.md section 4):
  *   aux = E * sum_e f_e P_e,  f_e = (assignments routed to e) / (T*k) (before capacity drops),
  *                             P_e = mean router probability of e over the tokens;
  *   z   = mean over tokens of logsumexp(logits)^2.

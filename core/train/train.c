@@ -1,4 +1,4 @@
-/* train.c: the step loop of one rank (DESIGN.md section 4 fixes what a step consumes). */
+/* train.c: the step loop of one rank (docs/design.md section 4 fixes what a step consumes). */
 #include "train.h"
 
 #include <cjson/cJSON.h>

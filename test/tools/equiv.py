@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The multi-rank equivalence harness (DESIGN.md section 4): a config trained under several
+"""The multi-rank equivalence harness (docs/design.md section 4): a config trained under several
 layouts must give the single-process run's per-step losses and final weights, up to fp32
 reduction order (or, with --tolerance bf16, bf16 rounding against a bf16 reference run).
 

@@ -3,7 +3,7 @@
 
   generate_check.py reference NAME STEP_DIR PROMPT_IDS DUMP
       A numpy (float64) forward of the checkpoint's model without any cache, written from the
-      model's definition (DESIGN.md section 5, core/model/model.c, core/model/moe.c) rather than from
+      model's definition (docs/design.md section 5, core/model/model.c, core/model/moe.c) rather than from
       core/model/infer.c: for every step i of ustrain's greedy run it recomputes the whole sequence
       prompt + the tokens ustrain picked before i and compares the last position's logits with
       the row ustrain dumped (--dump-logits), and the greedy pick. PROMPT_IDS: comma-separated.
