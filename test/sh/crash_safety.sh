@@ -104,9 +104,15 @@ umount $full 2>/dev/null
 NOBODY="setpriv --reuid=65534 --regid=65534 --clear-groups"
 chmod 755 $TMP
 mkdir -m 777 $TMP/nob
+NUST=$UST
+# a clone under a private directory (/root/...): nobody runs a copy of the binary from $TMP
+if [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null && ! $NOBODY $UST --help >/dev/null 2>&1; then
+    NUST=$TMP/ustrain-nobody
+    cp "$UST" $NUST && chmod 755 $NUST
+fi
 if [ "$(id -u)" != 0 ] || ! command -v setpriv >/dev/null; then
     echo "SKIP checkpoint_dir_not_writable: needs root and setpriv to run as another user"
-elif ! $NOBODY $UST --help >/dev/null 2>&1; then
+elif ! $NOBODY $NUST --help >/dev/null 2>&1; then
     echo "SKIP checkpoint_dir_not_writable: user nobody cannot run $UST (a directory above it is private)"
 else
     ck=$TMP/perm/ck
@@ -114,7 +120,7 @@ else
     before=$(sums $ck)
     # refused at start, before training: the job could not even take the directory's lock
     expect_exit checkpoint_dir_not_writable_gives_a_clear_message 2 "checkpoint.dir .*/ck: cannot lock: .*/ck/.lock: cannot open: Permission denied" -- \
-        $NOBODY $UST train $TMP/c.yaml $SMALL --set train.steps=4 --set checkpoint.every=2 --set "checkpoint.dir=$ck" \
+        $NOBODY $NUST train $TMP/c.yaml $SMALL --set train.steps=4 --set checkpoint.every=2 --set "checkpoint.dir=$ck" \
         --set "logging.metrics_file=$TMP/nob/m.jsonl" --set "run.out_dir=$TMP/nob"
     intact checkpoint_dir_not_writable_keeps_the_old_checkpoint $ck "$before"
 fi
