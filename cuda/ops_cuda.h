@@ -3,15 +3,11 @@
  * it; to_host, sum, sumsq(_many) and sync wait for it. Parameters, gradients and statistics
  * are fp32; activations are fp32, or bf16 with bf16 on (ops_cuda_set_bf16), when every GEMM
  * takes bf16 inputs and accumulates in fp32 (cuBLASLt, CUBLAS_COMPUTE_32F) and every other op
- * computes in fp32 and rounds only what it stores.
- * Attention runs as cuBLAS GEMMs over chunks of materialized scores (default), or with
- * UST_CUDA_ATTENTION=flash as tiled flash-style kernels that keep nothing of size T x T;
- * UST_CUDA_ATTENTION_CHUNK=N fixes the queries per chunk of the GEMM path (both read at create).
- * A build without CUDA (make CUDA=0, or no nvcc) gets inline stubs: create fails with a message,
- * so callers need no #ifdef. The compute stream and the device memory report are the ops.h
- * members stream and memory. Above cuda/, only ops_create (core/base/ops.c) and the tests call this.
- * Nothing here touches CUDA until ops_cuda_create is called, so a CUDA build still runs CPU
- * configs on a machine without a GPU or driver. */
+ * computes in fp32 and rounds only what it stores. The compute stream and the device memory
+ * report are the ops.h members stream and memory. Above cuda/, only ops_create (core/base/ops.c)
+ * and the tests call this. Nothing here touches CUDA until ops_cuda_create is called, so a CUDA
+ * build still runs CPU configs on a machine without a GPU or driver; a build without CUDA gets
+ * stubs (below). */
 #ifndef UST_OPS_CUDA_H
 #define UST_OPS_CUDA_H
 
@@ -26,7 +22,9 @@ extern "C" {
 
 /* The backend on GPU `device` % (visible devices) (pass the local rank: the NCCL backend picks
  * its GPU the same way), fp32 matmuls. NULL with a message in e when no device or driver is
- * available. */
+ * available. Attention runs as cuBLAS GEMMs over chunks of materialized scores (default), or
+ * with UST_CUDA_ATTENTION=flash as tiled flash-style kernels that keep nothing of size T x T;
+ * UST_CUDA_ATTENTION_CHUNK=N fixes the queries per chunk of the GEMM path (both read here). */
 ust_ops *ops_cuda_create(int device, ust_err *e);
 /* bf16 when on != 0: act_size becomes 2 and every activation (ops.h's act) is stored as bf16
  * (fp32 math inside the ops, rounded when stored), GEMMs take bf16 inputs with fp32
@@ -36,6 +34,8 @@ void ops_cuda_set_bf16(ust_ops *o, int on);
 
 #else
 
+/* A build without CUDA (make CUDA=0, or no nvcc) gets inline stubs: create fails with a message,
+ * so callers need no #ifdef. */
 static inline ust_ops *ops_cuda_create(int device, ust_err *e) {
     (void)device;
     ust_errf(e, "run.device = cuda: this build has no CUDA backend (built with CUDA=0 or "

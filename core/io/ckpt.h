@@ -5,11 +5,9 @@
  * shards). The step is written under a temporary name, fsync'd, sealed by a manifest.json of
  * every file's size and block CRCs (ckpt_manifest.h), renamed, and `latest` updated atomically,
  * so a crash mid-write never damages the previous checkpoint; keep_last prunes. Only a step with
- * a valid manifest counts as finished, and ckpt_verify checks its bytes against it.
- * checkpoint.async: the slices are copied into a staging buffer at the save and a background
- * thread writes them; ckpt_poll, called by every rank at the same points, completes the commit.
- * One job at a time: the job's rank 0 holds ckpt_lock_dir's lock. Readers check every tensor's
- * name, shape and place in the file and say which one does not match. */
+ * a valid manifest counts as finished, and ckpt_verify checks its bytes against it. One job at a
+ * time (ckpt_lock_dir); checkpoint.async writes from a thread (ckpt_commit_async, ckpt_poll).
+ * Readers check every tensor's name, shape and place in the file and name the one that differs. */
 #ifndef UST_CKPT_H
 #define UST_CKPT_H
 
@@ -105,8 +103,8 @@ int64_t ckpt_stage_bytes(const ckpt_stage *s);
 void ckpt_set_stage(ckpt_writer *w, ckpt_stage *s);
 /* The stage's space for slice s (one copy instead of two): *out gets where its elements go, in
  * slice order, for the caller to fill before the commit; NULL (and 0) without a stage. */
-int ckpt_stage_reserve(ckpt_writer *w, int file, const char *name, const ckpt_slice *s,
-                       float **out, ust_err *e);
+int ckpt_stage_reserve(ckpt_writer *w, int file, const char *name, const ckpt_slice *s, float **out,
+                       ust_err *e);
 int ckpt_commit_async(ckpt_writer *w, const char *state_json, int keep_last, ust_err *e);
 int ckpt_poll(ckpt_writer *w, int block, ust_err *e);
 

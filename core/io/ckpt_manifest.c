@@ -81,7 +81,8 @@ int ckman_save_log(const ckman_log *l, const char *tmpdir, int rank, ust_err *e)
     int rc = write_all(fd, head, sizeof head, p, e);
     if (!rc) rc = write_all(fd, &n, sizeof n, p, e);
     if (!rc && n) rc = write_all(fd, l->p, (size_t)n * sizeof *l->p, p, e);
-    if (close(fd) != 0 && !rc) rc = ust_errf(e, "checkpoint: cannot write %s: %s", p, strerror(errno));
+    if (close(fd) != 0 && !rc)
+        rc = ust_errf(e, "checkpoint: cannot write %s: %s", p, strerror(errno));
     return rc;
 }
 
@@ -101,8 +102,8 @@ static int read_log(ckman_log *all, const char *tmpdir, int rank, const ckman_fi
     int64_t n = -1;
     if (len >= 16) memcpy(head, b, 8), memcpy(&n, b + 8, 8);
     int rc = 0;
-    if (len < 16 || head[0] != LOG_MAGIC || n < 0 || (size_t)n != (len - 16) / sizeof(ckman_piece) ||
-        (len - 16) % sizeof(ckman_piece))
+    if (len < 16 || head[0] != LOG_MAGIC || n < 0 ||
+        (size_t)n != (len - 16) / sizeof(ckman_piece) || (len - 16) % sizeof(ckman_piece))
         rc = ust_errf(e, "checkpoint: %s is not a checksum log", p);
     for (int64_t i = 0; !rc && i < n; i++) {
         ckman_piece q;
@@ -113,8 +114,10 @@ static int read_log(ckman_log *all, const char *tmpdir, int rank, const ckman_fi
         if (!rc && all->n == all->cap) {
             int64_t cap = all->cap ? 2 * all->cap : 1024;
             ckman_piece *np = realloc(all->p, (size_t)cap * sizeof *np);
-            if (!np) rc = ust_errf(e, "checkpoint: out of memory for the checksums");
-            else all->p = np, all->cap = cap;
+            if (!np)
+                rc = ust_errf(e, "checkpoint: out of memory for the checksums");
+            else
+                all->p = np, all->cap = cap;
         }
         if (!rc) all->p[all->n++] = q;
     }
@@ -198,7 +201,8 @@ static cJSON *small_file_entry(const char *dir, const char *name, ust_err *e) {
     cJSON *arr = cJSON_CreateArray();
     for (size_t off = 0; off < len; off += (size_t)CKMAN_BLOCK) {
         size_t n = len - off < (size_t)CKMAN_BLOCK ? len - off : (size_t)CKMAN_BLOCK;
-        cJSON_AddItemToArray(arr, cJSON_CreateNumber((uint32_t)crc32_z(0, (unsigned char *)b + off, n)));
+        cJSON_AddItemToArray(arr,
+                             cJSON_CreateNumber((uint32_t)crc32_z(0, (unsigned char *)b + off, n)));
     }
     free(b);
     return file_entry(name, (int64_t)len, arr, NULL);
@@ -338,9 +342,13 @@ static int manifest_files(const cJSON *j, const char *step_dir, int64_t step, us
                             CKMAN_FILE, name->valuestring, cJSON_GetArraySize(crc),
                             (long long)blocks);
         const cJSON *c;
-        cJSON_ArrayForEach(c, crc) if (!cJSON_IsNumber(c) || c->valuedouble < 0 ||
-                                       c->valuedouble > 4294967295.0) return ust_errf(
-            e, "checkpoint %s: %s: a bad checksum for %s", step_dir, CKMAN_FILE, name->valuestring);
+        cJSON_ArrayForEach(
+            c,
+            crc) if (!cJSON_IsNumber(c) || c->valuedouble < 0 ||
+                     c->valuedouble >
+                         4294967295.0) return ust_errf(e,
+                                                       "checkpoint %s: %s: a bad checksum for %s",
+                                                       step_dir, CKMAN_FILE, name->valuestring);
         has_state |= !strcmp(name->valuestring, "state.json");
     }
     if (!has_state)
@@ -373,9 +381,12 @@ static uint32_t crc_range(int fd, int64_t off, int64_t n, int *ok) {
     unsigned char buf[1 << 16];
     uint32_t c = 0;
     while (n > 0 && *ok) {
-        ssize_t r = pread(fd, buf, (size_t)(n < (int64_t)sizeof buf ? n : (int64_t)sizeof buf), off);
-        if (r <= 0) *ok = 0;
-        else c = (uint32_t)crc32_z(c, buf, (z_size_t)r), off += r, n -= r;
+        ssize_t r =
+            pread(fd, buf, (size_t)(n < (int64_t)sizeof buf ? n : (int64_t)sizeof buf), off);
+        if (r <= 0)
+            *ok = 0;
+        else
+            c = (uint32_t)crc32_z(c, buf, (z_size_t)r), off += r, n -= r;
     }
     return c;
 }
@@ -401,8 +412,9 @@ static void damaged_in(const char *path, int fd, int64_t a, int64_t b, const cJS
     cJSON_ArrayForEach(o, j) {
         const cJSON *offs = cJSON_GetObjectItemCaseSensitive(o, "data_offsets");
         if (!sp || !cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2) continue;
-        sp[nt++] = (span){o->string, 8 + (int64_t)n + (int64_t)cJSON_GetArrayItem(offs, 0)->valuedouble,
-                          8 + (int64_t)n + (int64_t)cJSON_GetArrayItem(offs, 1)->valuedouble};
+        sp[nt++] =
+            (span){o->string, 8 + (int64_t)n + (int64_t)cJSON_GetArrayItem(offs, 0)->valuedouble,
+                   8 + (int64_t)n + (int64_t)cJSON_GetArrayItem(offs, 1)->valuedouble};
     }
     if (sp && cJSON_IsArray(tcrc) && cJSON_GetArraySize(tcrc) == nt + 1) {
         qsort(sp, (size_t)nt, sizeof *sp, cmp_span);
@@ -424,8 +436,8 @@ static void damaged_in(const char *path, int fd, int64_t a, int64_t b, const cJS
         if (count > 3) snprintf(more, sizeof more, " and %d more", count - 3);
         if (ok && (header || count))
             snprintf(out, cap, " (%s%s%s%s%s)", header ? "the header" : "",
-                     header && count ? " and " : "", count ? (count > 1 ? "tensors " : "tensor ") : "",
-                     names, more);
+                     header && count ? " and " : "",
+                     count ? (count > 1 ? "tensors " : "tensor ") : "", names, more);
     }
     (void)path;
     free(sp);
@@ -455,8 +467,9 @@ static int verify_file(const char *step_dir, const cJSON *o, int64_t *block, int
         for (int64_t got = 0; !rc && got < n;) {
             ssize_t r = pread(fd, buf + got, (size_t)(n - got), (off_t)(off + got));
             if (r < 0 && errno == EINTR) continue;
-            if (r <= 0) rc = ust_errf(e, "checkpoint %s: cannot read %s: %s", step_dir, name,
-                                      r < 0 ? strerror(errno) : "short file");
+            if (r <= 0)
+                rc = ust_errf(e, "checkpoint %s: cannot read %s: %s", step_dir, name,
+                              r < 0 ? strerror(errno) : "short file");
             got += r > 0 ? r : 0;
         }
         uint32_t want = (uint32_t)cJSON_GetArrayItem(crcs, (int)k)->valuedouble;
@@ -464,8 +477,9 @@ static int verify_file(const char *step_dir, const cJSON *o, int64_t *block, int
             char what[512];
             damaged_in(p, fd, off, off + n, cJSON_GetObjectItemCaseSensitive(o, "tensor_crc32"),
                        what, sizeof what);
-            rc = ust_errf(e, "checkpoint %s: %s does not match its manifest: bytes [%lld, %lld)%s "
-                             "have another checksum (damaged after it was written)",
+            rc = ust_errf(e,
+                          "checkpoint %s: %s does not match its manifest: bytes [%lld, %lld)%s "
+                          "have another checksum (damaged after it was written)",
                           step_dir, name, (long long)off, (long long)(off + n), what);
         }
     }
@@ -488,8 +502,7 @@ int ckman_verify(const char *step_dir, int rank, int world, ust_err *e) {
     if (!rc && !buf) rc = ust_errf(e, "checkpoint: out of memory verifying %s", step_dir);
     int64_t block = 0;
     const cJSON *o;
-    if (!rc)
-        cJSON_ArrayForEach(o, cJSON_GetObjectItemCaseSensitive(j, "files")) {
+    if (!rc) cJSON_ArrayForEach(o, cJSON_GetObjectItemCaseSensitive(j, "files")) {
             if (rc) break;
             rc = verify_file(step_dir, o, &block, rank, world, buf, e);
         }

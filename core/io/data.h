@@ -4,11 +4,9 @@
  * header[2] = token count), nanoGPT raw uint16, Megatron .bin/.idx (the glob names the .bin files).
  * Sample i is the window tokens[i*T, i*T + T + 1) of the stream; with shuffle, sample i of
  * epoch e is window perm_e(i) (a seeded permutation). The loader state is one number, the global
- * sample index, so resume and re-layout neither skip nor repeat data.
- * Opening validates headers, sizes and that every token id is < vocab_size (vocab_size <= 0
- * skips the id check). Shards must not change during the run: reading a window re-checks its
- * shard (inode, size, mtime) and every id it copies, and a change ends the run (exit 1, the shard
- * named); a shard truncated under the mapping ends it the same way (fs_guard_mapping). */
+ * sample index, so resume and re-layout neither skip nor repeat data. Token ids are checked
+ * against vocab_size at open, and shards must not change during the run (data_open and
+ * data_get_samples say how). */
 #ifndef UST_DATA_H
 #define UST_DATA_H
 
@@ -21,6 +19,8 @@
 
 typedef struct ust_dataset ust_dataset;
 
+/* Opening validates headers, sizes and that every token id is < vocab_size (vocab_size <= 0
+ * skips the id check). */
 int data_open(ust_dataset **out, const char *glob_pattern, ust_data_format fmt, int vocab_size,
               ust_err *e);
 void data_close(ust_dataset *d);
@@ -32,7 +32,10 @@ int64_t data_num_samples(const ust_dataset *d, int T); /* windows per epoch: (nt
 int data_check_seq_len(const ust_dataset *d, int T, ust_err *e);
 
 /* Writes n samples starting at global sample index `first` into out (n x (T+1) int32).
- * Indices past one epoch wrap into the next epoch (reshuffled with the epoch number). */
+ * Indices past one epoch wrap into the next epoch (reshuffled with the epoch number).
+ * Shards must not change during the run: reading a window re-checks its shard (inode, size,
+ * mtime) and every id it copies, and a change ends the run (exit 1, the shard named); a shard
+ * truncated under the mapping ends it the same way (fs_guard_mapping). */
 void data_get_samples(const ust_dataset *d, int64_t first, int n, int T, bool shuffle,
                       uint64_t seed, int32_t *out);
 

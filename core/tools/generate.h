@@ -1,14 +1,13 @@
 /* generate: text generation from a trained model (ustrain generate). Loads a checkpoint step's
- * effective config and weights (core/infer: a weight source per format), picks the tokenizer
+ * effective config and weights (core/model/infer: a weight source per format), picks the tokenizer
  * (--tokenizer, else the checkpoint's state.json "tokenizer" record), encodes the prompt, prefills
  * the KV cache, then decodes one token at a time, streaming the text as it comes (bytes of a
  * UTF-8 character split over tokens are held until it is complete) and, on stderr, the prompt and
  * new token counts, prefill time and decode tokens/s. Stops at the end-of-text id, after
  * max_new tokens, or when the cache holds max_seq_len positions (a note on stderr says so).
- * Sampling (gen_sample) is HF transformers' order: temperature, top-k, top-p, then a draw that
- * is a pure function of (seed, step), so a seed always gives the same text. Bad input (no
- * checkpoint, no tokenizer, an empty or too long prompt, prompt ids outside the model's
- * vocabulary) is refused with exit 2 before the weights are read. */
+ * Sampling is HF transformers' order (gen_sample). Bad input (no checkpoint, no tokenizer, an
+ * empty or too long prompt, prompt ids outside the model's vocabulary) is refused with exit 2
+ * before the weights are read. */
 #ifndef UST_GENERATE_H
 #define UST_GENERATE_H
 
@@ -47,7 +46,9 @@ typedef struct {
     int32_t id;
 } gen_cand;
 
-/* The token drawn from logits (V floats) at generation step `step` (scratch: V candidates). */
+/* The token drawn from logits (V floats) at generation step `step` (scratch: V candidates).
+ * HF transformers' order: temperature, top-k, top-p, then a draw that is a pure function of
+ * (seed, step), so a seed always gives the same text. */
 int32_t gen_sample(const gen_sampling *s, const float *logits, int V, int64_t step,
                    gen_cand *scratch);
 
