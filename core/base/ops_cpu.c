@@ -680,92 +680,243 @@ static float *att_scratch(const ust_ops *o, int D, size_t *per_thread) {
     return p;
 }
 
+/* What every attention tile reads: one call's shapes, strides, scale and masks. */
+typedef struct {
+    int B, Tq, Tk, H, G, D, nqt, nkb, causal;
+    float scale;
+    int64_t kstride, qstride; /* floats between rows of k/v (Hkv * D) and of q/out (H * D) */
+    const int32_t *q_pos, *k_pos, *q_start;
+} att_geom;
+
+static att_geom att_geom_make(int B, int Tq, int Tk, int H, int Hkv, int D, const int32_t *q_pos,
+                              const int32_t *k_pos, int causal, const int32_t *q_start) {
+    UST_ASSERT(Hkv > 0 && H % Hkv == 0 && D > 0, "H=%d must be a multiple of Hkv=%d (D=%d)", H, Hkv,
+               D);
+    att_geom g = {.B = B, .Tq = Tq, .Tk = Tk, .H = H, .G = H / Hkv, .D = D, .causal = causal,
+                  .nqt = (Tq + ATT_QT - 1) / ATT_QT, .nkb = (Tk + ATT_KB - 1) / ATT_KB,
+                  .scale = 1.0f / sqrtf((float)D), .kstride = (int64_t)Hkv * D,
+                  .qstride = (int64_t)H * D, .q_pos = q_pos, .k_pos = k_pos, .q_start = q_start};
+    return g;
+}
+
+/* Query tile `task` = (b, h, tile): its first query i0, ni queries, and the latest position and
+ * earliest document start among them (what decides whether a key block can be skipped). */
+typedef struct {
+    int b, h, i0, ni, qpmax, qsmin;
+} att_qtile;
+
+static att_qtile att_qtile_of(const att_geom *g, int64_t task) {
+    att_qtile t = {.b = (int)(task / g->nqt / g->H), .h = (int)(task / g->nqt % g->H)};
+    t.i0 = (int)(task % g->nqt) * ATT_QT;
+    t.ni = g->Tq - t.i0 < ATT_QT ? g->Tq - t.i0 : ATT_QT;
+    t.qpmax = posof(g->q_pos, t.i0), t.qsmin = doc_start(g->q_start, t.b, g->Tq, t.i0);
+    for (int x = 0; x < t.ni; x++) {
+        int qp = posof(g->q_pos, t.i0 + x), qs = doc_start(g->q_start, t.b, g->Tq, t.i0 + x);
+        t.qpmax = qp > t.qpmax ? qp : t.qpmax;
+        t.qsmin = qs < t.qsmin ? qs : t.qsmin;
+    }
+    return t;
+}
+
+/* The extent [kpmin, kpmax] of key block [j0, j0 + nj) as far as the masks care. */
+static void att_block_extent(const att_geom *g, int j0, int nj, int *kpmin, int *kpmax) {
+    *kpmin = g->causal ? block_min_pos(g->k_pos, j0, nj) : 0;
+    *kpmax = g->q_start ? block_max_pos(g->k_pos, j0, nj) : INT_MAX;
+}
+
+/* dp(ATT_KB) = dout_i . v_j for the block's keys, v transposed to vt(D, ATT_KB). */
+static inline void block_dp(float *restrict dp, const float *restrict doi,
+                            const float *restrict vt, int D) {
+    for (int jj = 0; jj < ATT_KB; jj++) dp[jj] = 0.0f;
+    for (int d = 0; d < D; d++) {
+        float g = doi[d];
+        const float *vd = vt + (int64_t)d * ATT_KB;
+#pragma omp simd
+        for (int jj = 0; jj < ATT_KB; jj++) dp[jj] += g * vd[jj];
+    }
+}
+
+/* One query row against one key block: the online-softmax update of its max *m, sum *l and
+ * unnormalized output ai(D); vrows the block's value rows. */
+static void att_fwd_row(const att_geom *g, float *ai, float *m, float *l, const float *qi,
+                        const float *kt, const float *vrows, int j0, int nj, int qp, int qs) {
+    float s[ATT_KB];
+    block_scores(s, qi, kt, j0, nj, g->D, g->scale, g->causal, g->k_pos, qp, qs);
+    float bm = -INFINITY;
+#pragma omp simd reduction(max : bm)
+    for (int jj = 0; jj < ATT_KB; jj++) bm = s[jj] > bm ? s[jj] : bm;
+    if (bm == -INFINITY) return; /* nothing visible in this block */
+    if (bm > *m) {
+        float c = exp_vec(*m - bm); /* 0 on the first visible block (acc = l = 0) */
+        *l *= c;
+        for (int d = 0; d < g->D; d++) ai[d] *= c;
+        *m = bm;
+    }
+    float mt = *m, ls = 0.0f;
+#pragma omp simd reduction(+ : ls)
+    for (int jj = 0; jj < ATT_KB; jj++) {
+        s[jj] = exp_vec(s[jj] - mt); /* now the unnormalized probability */
+        ls += s[jj];
+    }
+    *l += ls;
+    block_axpy(ai, s, vrows, g->kstride, nj, g->D);
+}
+
+/* The forward of one query tile; ws is this thread's scratch. */
+static void att_fwd_tile(const att_geom *g, float *ws, float *out, float *lse, const float *q,
+                         const float *k, const float *v, int64_t task) {
+    const int D = g->D;
+    att_qtile t = att_qtile_of(g, task);
+    float *kt = ws, *acc = kt + (size_t)ATT_KB * D, *m = acc + (size_t)ATT_QT * D, *l = m + ATT_QT;
+    const int64_t base = (int64_t)t.b * g->Tk * g->kstride + (int64_t)(t.h / g->G) * D;
+    for (int x = 0; x < t.ni; x++) {
+        m[x] = -INFINITY, l[x] = 0.0f;
+        for (int d = 0; d < D; d++) acc[x * D + d] = 0.0f;
+    }
+    for (int j0 = 0; j0 < g->Tk; j0 += ATT_KB) {
+        int nj = g->Tk - j0 < ATT_KB ? g->Tk - j0 : ATT_KB, kpmin, kpmax;
+        att_block_extent(g, j0, nj, &kpmin, &kpmax);
+        if (g->causal && kpmin > t.qpmax) continue; /* the whole tile is before this block */
+        if (kpmax < t.qsmin) continue;              /* every query's document starts after it */
+        transpose_block(kt, k + base + j0 * g->kstride, g->kstride, nj, D);
+        for (int x = 0; x < t.ni; x++) {
+            int qp = posof(g->q_pos, t.i0 + x), qs = doc_start(g->q_start, t.b, g->Tq, t.i0 + x);
+            if ((g->causal && kpmin > qp) || kpmax < qs) continue;
+            const float *qi = q + ((int64_t)t.b * g->Tq + t.i0 + x) * g->qstride + (int64_t)t.h * D;
+            att_fwd_row(g, acc + x * D, &m[x], &l[x], qi, kt, v + base + j0 * g->kstride, j0, nj,
+                        qp, qs);
+        }
+    }
+    for (int x = 0; x < t.ni; x++) {
+        float *oi = out + ((int64_t)t.b * g->Tq + t.i0 + x) * g->qstride + (int64_t)t.h * D;
+        float *li = lse + ((int64_t)t.b * g->H + t.h) * g->Tq + t.i0 + x;
+        if (l[x] == 0.0f) { /* the query sees no key */
+            for (int d = 0; d < D; d++) oi[d] = 0.0f;
+            *li = -INFINITY;
+        } else {
+            float inv = 1.0f / l[x];
+            for (int d = 0; d < D; d++) oi[d] = acc[x * D + d] * inv;
+            *li = m[x] + logf(l[x]);
+        }
+    }
+}
+
 /* For each (b, h, query i), an online softmax over key blocks: running max m, running sum l and
  * an unnormalized output accumulator, rescaled by exp(m_old - m_new) when the max grows.
  * out = acc / l, lse = m + log l. No Tq x Tk buffer exists. */
-static void cpu_attention_fwd(const ust_ops *o, act *out_, float *lse, const act *q_, const act *k_,
-                              const act *v_, int B, int Tq, int Tk, int H, int Hkv, int D,
+static void cpu_attention_fwd(const ust_ops *o, act *out, float *lse, const act *q, const act *k,
+                              const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
                               const int32_t *q_pos, const int32_t *k_pos, int causal,
                               const int32_t *q_start) {
-    float *out = out_;
-    const float *q = q_;
-    const float *k = k_;
-    const float *v = v_;
-    UST_ASSERT(Hkv > 0 && H % Hkv == 0 && D > 0, "H=%d must be a multiple of Hkv=%d (D=%d)", H, Hkv,
-               D);
-    const int G = H / Hkv, nqt = (Tq + ATT_QT - 1) / ATT_QT;
-    const float scale = 1.0f / sqrtf((float)D);
-    const int64_t kstride = (int64_t)Hkv * D, qstride = (int64_t)H * D;
-    const int64_t tasks = (int64_t)B * H * nqt; /* (b, h, query tile) */
+    const att_geom g = att_geom_make(B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal, q_start);
+    const int64_t tasks = (int64_t)B * H * g.nqt; /* (b, h, query tile) */
     size_t per;
     float *scratch = att_scratch(o, D, &per);
-#pragma omp parallel num_threads(nthreads(o))
-    {
-        float *kt = scratch + per * omp_get_thread_num(), *acc = kt + (size_t)ATT_KB * D;
-        float *m = acc + (size_t)ATT_QT * D, *l = m + ATT_QT, s[ATT_KB];
-#pragma omp for schedule(static)
-        for (int64_t task = 0; task < tasks; task++) {
-            int it = (int)(task % nqt), h = (int)(task / nqt % H), b = (int)(task / nqt / H);
-            int i0 = it * ATT_QT, ni = Tq - i0 < ATT_QT ? Tq - i0 : ATT_QT, hk = h / G;
-            const float *kb = k + (int64_t)b * Tk * kstride + (int64_t)hk * D;
-            const float *vb = v + (int64_t)b * Tk * kstride + (int64_t)hk * D;
-            int qpmax = posof(q_pos, i0), qsmin = doc_start(q_start, b, Tq, i0);
-            for (int t = 0; t < ni; t++) {
-                m[t] = -INFINITY, l[t] = 0.0f;
-                for (int d = 0; d < D; d++) acc[t * D + d] = 0.0f;
-                qpmax = posof(q_pos, i0 + t) > qpmax ? posof(q_pos, i0 + t) : qpmax;
-                int qs = doc_start(q_start, b, Tq, i0 + t);
-                qsmin = qs < qsmin ? qs : qsmin;
-            }
-            for (int j0 = 0; j0 < Tk; j0 += ATT_KB) {
-                int nj = Tk - j0 < ATT_KB ? Tk - j0 : ATT_KB;
-                int kpmin = causal ? block_min_pos(k_pos, j0, nj) : 0;
-                int kpmax = q_start ? block_max_pos(k_pos, j0, nj) : INT_MAX;
-                if (causal && kpmin > qpmax) continue; /* the whole tile is before this block */
-                if (kpmax < qsmin) continue;           /* every query's document starts after it */
-                transpose_block(kt, kb + j0 * kstride, kstride, nj, D);
-                for (int t = 0; t < ni; t++) {
-                    int qp = posof(q_pos, i0 + t), qs = doc_start(q_start, b, Tq, i0 + t);
-                    if ((causal && kpmin > qp) || kpmax < qs) continue;
-                    const float *qi = q + ((int64_t)b * Tq + i0 + t) * qstride + (int64_t)h * D;
-                    block_scores(s, qi, kt, j0, nj, D, scale, causal, k_pos, qp, qs);
-                    float bm = -INFINITY;
-#pragma omp simd reduction(max : bm)
-                    for (int jj = 0; jj < ATT_KB; jj++) bm = s[jj] > bm ? s[jj] : bm;
-                    if (bm == -INFINITY) continue; /* nothing visible in this block */
-                    float *ai = acc + t * D;
-                    if (bm > m[t]) {
-                        float c =
-                            exp_vec(m[t] - bm); /* 0 on the first visible block (acc = l = 0) */
-                        l[t] *= c;
-                        for (int d = 0; d < D; d++) ai[d] *= c;
-                        m[t] = bm;
-                    }
-                    float mt = m[t], ls = 0.0f;
-#pragma omp simd reduction(+ : ls)
-                    for (int jj = 0; jj < ATT_KB; jj++) {
-                        s[jj] = exp_vec(s[jj] - mt); /* now the unnormalized probability */
-                        ls += s[jj];
-                    }
-                    l[t] += ls;
-                    block_axpy(ai, s, vb + j0 * kstride, kstride, nj, D);
-                }
-            }
-            for (int t = 0; t < ni; t++) {
-                float *oi = out + ((int64_t)b * Tq + i0 + t) * qstride + (int64_t)h * D;
-                float *li = lse + ((int64_t)b * H + h) * Tq + i0 + t;
-                if (l[t] == 0.0f) { /* the query sees no key */
-                    for (int d = 0; d < D; d++) oi[d] = 0.0f;
-                    *li = -INFINITY;
-                } else {
-                    float inv = 1.0f / l[t];
-                    for (int d = 0; d < D; d++) oi[d] = acc[t * D + d] * inv;
-                    *li = m[t] + logf(l[t]);
-                }
-            }
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int64_t task = 0; task < tasks; task++)
+        att_fwd_tile(&g, scratch + per * omp_get_thread_num(), out, lse, q, k, v, task);
+    free(scratch);
+}
+
+/* The input of a backward tile: the forward's tensors and the output gradient. */
+typedef struct {
+    const float *dout, *out, *lse, *q, *k, *v;
+} att_saved;
+
+/* dq of one query tile: acc(ni, D) = sum_j ds_ij k_j over the visible key blocks. */
+static void att_dq_tile(const att_geom *g, float *ws, float *dq, const att_saved *a,
+                        int64_t task) {
+    const int D = g->D;
+    att_qtile t = att_qtile_of(g, task);
+    float *kt = ws, *vt = kt + (size_t)ATT_KB * D, *acc = vt + (size_t)ATT_KB * D;
+    float *Dv = acc + (size_t)ATT_QT * D, s[ATT_KB], dp[ATT_KB];
+    const int64_t base = (int64_t)t.b * g->Tk * g->kstride + (int64_t)(t.h / g->G) * D;
+    const float *lrow = a->lse + ((int64_t)t.b * g->H + t.h) * g->Tq + t.i0;
+    for (int x = 0; x < t.ni; x++) {
+        int64_t off = ((int64_t)t.b * g->Tq + t.i0 + x) * g->qstride + (int64_t)t.h * D;
+        Dv[x] = dotf(a->dout + off, a->out + off, D);
+        for (int d = 0; d < D; d++) acc[x * D + d] = 0.0f;
+    }
+    for (int j0 = 0; j0 < g->Tk; j0 += ATT_KB) {
+        int nj = g->Tk - j0 < ATT_KB ? g->Tk - j0 : ATT_KB, kpmin, kpmax;
+        att_block_extent(g, j0, nj, &kpmin, &kpmax);
+        if ((g->causal && kpmin > t.qpmax) || kpmax < t.qsmin) continue;
+        transpose_block(kt, a->k + base + j0 * g->kstride, g->kstride, nj, D);
+        transpose_block(vt, a->v + base + j0 * g->kstride, g->kstride, nj, D);
+        for (int x = 0; x < t.ni; x++) {
+            int qp = posof(g->q_pos, t.i0 + x), qs = doc_start(g->q_start, t.b, g->Tq, t.i0 + x);
+            float L = lrow[x], Di = Dv[x];
+            if (L == -INFINITY || (g->causal && kpmin > qp) || kpmax < qs) continue;
+            int64_t off = ((int64_t)t.b * g->Tq + t.i0 + x) * g->qstride + (int64_t)t.h * D;
+            block_scores(s, a->q + off, kt, j0, nj, D, g->scale, g->causal, g->k_pos, qp, qs);
+            block_dp(dp, a->dout + off, vt, D);
+#pragma omp simd
+            for (int jj = 0; jj < ATT_KB; jj++) /* s becomes ds */
+                s[jj] = exp_vec(s[jj] - L) * (dp[jj] - Di);
+            block_axpy(acc + x * D, s, a->k + base + j0 * g->kstride, g->kstride, nj, D);
         }
     }
-    free(scratch);
+    for (int x = 0; x < t.ni; x++) {
+        float *dqi = dq + ((int64_t)t.b * g->Tq + t.i0 + x) * g->qstride + (int64_t)t.h * D;
+        for (int d = 0; d < D; d++) dqi[d] += acc[x * D + d] * g->scale;
+    }
+}
+
+/* One query row's share of a key block's gradients: dvt += p dout_i, dkt += ds q_i, both (D,
+ * ATT_KB). */
+static void att_dkv_row(const att_geom *g, float *dkt, float *dvt, const float *kt,
+                        const float *vt, const float *qi, const float *doi, float L, float Di,
+                        int j0, int nj, int qp, int qs) {
+    float s[ATT_KB], dp[ATT_KB], p[ATT_KB];
+    block_scores(s, qi, kt, j0, nj, g->D, g->scale, g->causal, g->k_pos, qp, qs);
+    block_dp(dp, doi, vt, g->D);
+#pragma omp simd
+    for (int jj = 0; jj < ATT_KB; jj++) {
+        p[jj] = exp_vec(s[jj] - L);
+        s[jj] = p[jj] * (dp[jj] - Di); /* ds */
+    }
+    for (int d = 0; d < g->D; d++) {
+        float gd = doi[d], qd = qi[d];
+        float *dvd = dvt + (int64_t)d * ATT_KB, *dkd = dkt + (int64_t)d * ATT_KB;
+#pragma omp simd
+        for (int jj = 0; jj < ATT_KB; jj++) {
+            dvd[jj] += p[jj] * gd;
+            dkd[jj] += s[jj] * qd;
+        }
+    }
+}
+
+/* dk, dv of key block `task` = (b, kv head, block), walking the queries of every head in its
+ * group. */
+static void att_dkv_block(const att_geom *g, float *ws, float *dk, float *dv, const att_saved *a,
+                          int64_t task) {
+    const int D = g->D, Hkv = g->H / g->G;
+    int jb = (int)(task % g->nkb), hk = (int)(task / g->nkb % Hkv), b = (int)(task / g->nkb / Hkv);
+    int j0 = jb * ATT_KB, nj = g->Tk - j0 < ATT_KB ? g->Tk - j0 : ATT_KB, kpmin, kpmax;
+    float *kt = ws, *vt = kt + (size_t)ATT_KB * D;
+    float *dkt = vt + (size_t)ATT_KB * D, *dvt = dkt + (size_t)ATT_KB * D;
+    const int64_t kv = ((int64_t)b * g->Tk + j0) * g->kstride + (int64_t)hk * D;
+    att_block_extent(g, j0, nj, &kpmin, &kpmax);
+    transpose_block(kt, a->k + kv, g->kstride, nj, D);
+    transpose_block(vt, a->v + kv, g->kstride, nj, D);
+    for (int64_t x = 0; x < (int64_t)ATT_KB * D; x++) dkt[x] = dvt[x] = 0.0f;
+    for (int h = hk * g->G; h < (hk + 1) * g->G; h++) {
+        for (int i = 0; i < g->Tq; i++) {
+            int qp = posof(g->q_pos, i), qs = doc_start(g->q_start, b, g->Tq, i);
+            float L = a->lse[((int64_t)b * g->H + h) * g->Tq + i];
+            if (L == -INFINITY || (g->causal && kpmin > qp) || kpmax < qs) continue;
+            int64_t off = ((int64_t)b * g->Tq + i) * g->qstride + (int64_t)h * D;
+            float Di = dotf(a->dout + off, a->out + off, D);
+            att_dkv_row(g, dkt, dvt, kt, vt, a->q + off, a->dout + off, L, Di, j0, nj, qp, qs);
+        }
+    }
+    for (int jj = 0; jj < nj; jj++) {
+        int64_t off = ((int64_t)b * g->Tk + j0 + jj) * g->kstride + (int64_t)hk * D;
+        if (dk)
+            for (int d = 0; d < D; d++) dk[off + d] += dkt[(int64_t)d * ATT_KB + jj] * g->scale;
+        if (dv)
+            for (int d = 0; d < D; d++) dv[off + d] += dvt[(int64_t)d * ATT_KB + jj];
+    }
 }
 
 /* With p_ij = exp(s_ij - lse_i) (lse is final, after any merge, so p is the true probability
@@ -776,145 +927,26 @@ static void cpu_attention_fwd(const ust_ops *o, act *out_, float *lse, const act
  * dk/dv over (b, kv head, key block) walking the queries of every head in the group. The scores
  * are recomputed in the second pass; that costs flops but needs neither atomics nor per-thread
  * copies of dk/dv, and the result does not depend on the thread count. */
-static void cpu_attention_bwd(const ust_ops *o, act *dq_, act *dk_, act *dv_, const act *dout_,
-                              const act *out_, const float *lse, const act *q_, const act *k_,
-                              const act *v_, int B, int Tq, int Tk, int H, int Hkv, int D,
+static void cpu_attention_bwd(const ust_ops *o, act *dq, act *dk, act *dv, const act *dout,
+                              const act *out, const float *lse, const act *q, const act *k,
+                              const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
                               const int32_t *q_pos, const int32_t *k_pos, int causal,
                               const int32_t *q_start) {
-    float *dq = dq_;
-    float *dk = dk_;
-    float *dv = dv_;
-    const float *dout = dout_;
-    const float *out = out_;
-    const float *q = q_;
-    const float *k = k_;
-    const float *v = v_;
-    UST_ASSERT(Hkv > 0 && H % Hkv == 0 && D > 0, "H=%d must be a multiple of Hkv=%d (D=%d)", H, Hkv,
-               D);
-    const int G = H / Hkv, nqt = (Tq + ATT_QT - 1) / ATT_QT, nkb = (Tk + ATT_KB - 1) / ATT_KB;
-    const float scale = 1.0f / sqrtf((float)D);
-    const int64_t kstride = (int64_t)Hkv * D, qstride = (int64_t)H * D;
+    const att_geom g = att_geom_make(B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal, q_start);
+    const att_saved a = {.dout = dout, .out = out, .lse = lse, .q = q, .k = k, .v = v};
     size_t per;
     float *scratch = att_scratch(o, D, &per);
-
     if (dq) {
-        const int64_t tasks = (int64_t)B * H * nqt;
-#pragma omp parallel num_threads(nthreads(o))
-        {
-            float *kt = scratch + per * omp_get_thread_num(), *vt = kt + (size_t)ATT_KB * D;
-            float *acc = vt + (size_t)ATT_KB * D, *Dv = acc + (size_t)ATT_QT * D, s[ATT_KB];
-#pragma omp for schedule(static)
-            for (int64_t task = 0; task < tasks; task++) {
-                int it = (int)(task % nqt), h = (int)(task / nqt % H), b = (int)(task / nqt / H);
-                int i0 = it * ATT_QT, ni = Tq - i0 < ATT_QT ? Tq - i0 : ATT_QT, hk = h / G;
-                const float *kb = k + (int64_t)b * Tk * kstride + (int64_t)hk * D;
-                const float *vb = v + (int64_t)b * Tk * kstride + (int64_t)hk * D;
-                const float *lrow = lse + ((int64_t)b * H + h) * Tq + i0;
-                int qpmax = posof(q_pos, i0), qsmin = doc_start(q_start, b, Tq, i0);
-                for (int t = 0; t < ni; t++) {
-                    int64_t off = ((int64_t)b * Tq + i0 + t) * qstride + (int64_t)h * D;
-                    Dv[t] = dotf(dout + off, out + off, D);
-                    for (int d = 0; d < D; d++) acc[t * D + d] = 0.0f;
-                    qpmax = posof(q_pos, i0 + t) > qpmax ? posof(q_pos, i0 + t) : qpmax;
-                    int qs = doc_start(q_start, b, Tq, i0 + t);
-                    qsmin = qs < qsmin ? qs : qsmin;
-                }
-                for (int j0 = 0; j0 < Tk; j0 += ATT_KB) {
-                    int nj = Tk - j0 < ATT_KB ? Tk - j0 : ATT_KB;
-                    int kpmin = causal ? block_min_pos(k_pos, j0, nj) : 0;
-                    int kpmax = q_start ? block_max_pos(k_pos, j0, nj) : INT_MAX;
-                    if ((causal && kpmin > qpmax) || kpmax < qsmin) continue;
-                    transpose_block(kt, kb + j0 * kstride, kstride, nj, D);
-                    transpose_block(vt, vb + j0 * kstride, kstride, nj, D);
-                    for (int t = 0; t < ni; t++) {
-                        int qp = posof(q_pos, i0 + t), qs = doc_start(q_start, b, Tq, i0 + t);
-                        float L = lrow[t], Di = Dv[t];
-                        if (L == -INFINITY || (causal && kpmin > qp) || kpmax < qs) continue;
-                        int64_t off = ((int64_t)b * Tq + i0 + t) * qstride + (int64_t)h * D;
-                        const float *doi = dout + off;
-                        block_scores(s, q + off, kt, j0, nj, D, scale, causal, k_pos, qp, qs);
-                        float dp[ATT_KB] = {0};
-                        for (int d = 0; d < D; d++) {
-                            float g = doi[d];
-                            const float *vd = vt + (int64_t)d * ATT_KB;
-#pragma omp simd
-                            for (int jj = 0; jj < ATT_KB; jj++) dp[jj] += g * vd[jj];
-                        }
-#pragma omp simd
-                        for (int jj = 0; jj < ATT_KB; jj++) /* s becomes ds */
-                            s[jj] = exp_vec(s[jj] - L) * (dp[jj] - Di);
-                        block_axpy(acc + t * D, s, kb + j0 * kstride, kstride, nj, D);
-                    }
-                }
-                for (int t = 0; t < ni; t++) {
-                    float *dqi = dq + ((int64_t)b * Tq + i0 + t) * qstride + (int64_t)h * D;
-                    for (int d = 0; d < D; d++) dqi[d] += acc[t * D + d] * scale;
-                }
-            }
-        }
+        const int64_t tasks = (int64_t)B * H * g.nqt;
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+        for (int64_t task = 0; task < tasks; task++)
+            att_dq_tile(&g, scratch + per * omp_get_thread_num(), dq, &a, task);
     }
-
     if (dk || dv) {
-        const int64_t tasks = (int64_t)B * Hkv * nkb;
-#pragma omp parallel num_threads(nthreads(o))
-        {
-            float *kt = scratch + per * omp_get_thread_num(), *vt = kt + (size_t)ATT_KB * D;
-            float *dkt = vt + (size_t)ATT_KB * D, *dvt = dkt + (size_t)ATT_KB * D, s[ATT_KB];
-#pragma omp for schedule(static)
-            for (int64_t task = 0; task < tasks; task++) {
-                int jb = (int)(task % nkb), hk = (int)(task / nkb % Hkv),
-                    b = (int)(task / nkb / Hkv);
-                int j0 = jb * ATT_KB, nj = Tk - j0 < ATT_KB ? Tk - j0 : ATT_KB;
-                const float *kb = k + ((int64_t)b * Tk + j0) * kstride + (int64_t)hk * D;
-                const float *vb = v + ((int64_t)b * Tk + j0) * kstride + (int64_t)hk * D;
-                int kpmin = causal ? block_min_pos(k_pos, j0, nj) : 0;
-                int kpmax = q_start ? block_max_pos(k_pos, j0, nj) : INT_MAX;
-                transpose_block(kt, kb, kstride, nj, D);
-                transpose_block(vt, vb, kstride, nj, D);
-                for (int64_t x = 0; x < (int64_t)ATT_KB * D; x++) dkt[x] = dvt[x] = 0.0f;
-                for (int h = hk * G; h < (hk + 1) * G; h++) {
-                    for (int i = 0; i < Tq; i++) {
-                        int qp = posof(q_pos, i), qs = doc_start(q_start, b, Tq, i);
-                        float L = lse[((int64_t)b * H + h) * Tq + i];
-                        if (L == -INFINITY || (causal && kpmin > qp) || kpmax < qs) continue;
-                        int64_t off = ((int64_t)b * Tq + i) * qstride + (int64_t)h * D;
-                        const float *qi = q + off, *doi = dout + off;
-                        float Di = dotf(doi, out + off, D);
-                        block_scores(s, qi, kt, j0, nj, D, scale, causal, k_pos, qp, qs);
-                        float dp[ATT_KB] = {0}, p[ATT_KB];
-                        for (int d = 0; d < D; d++) {
-                            float g = doi[d];
-                            const float *vd = vt + (int64_t)d * ATT_KB;
-#pragma omp simd
-                            for (int jj = 0; jj < ATT_KB; jj++) dp[jj] += g * vd[jj];
-                        }
-#pragma omp simd
-                        for (int jj = 0; jj < ATT_KB; jj++) {
-                            p[jj] = exp_vec(s[jj] - L);
-                            s[jj] = p[jj] * (dp[jj] - Di); /* ds */
-                        }
-                        for (int d = 0; d < D; d++) {
-                            float g = doi[d], qd = qi[d];
-                            float *dvd = dvt + (int64_t)d * ATT_KB,
-                                  *dkd = dkt + (int64_t)d * ATT_KB;
-#pragma omp simd
-                            for (int jj = 0; jj < ATT_KB; jj++) {
-                                dvd[jj] += p[jj] * g;
-                                dkd[jj] += s[jj] * qd;
-                            }
-                        }
-                    }
-                }
-                for (int jj = 0; jj < nj; jj++) {
-                    int64_t off = ((int64_t)b * Tk + j0 + jj) * kstride + (int64_t)hk * D;
-                    if (dk)
-                        for (int d = 0; d < D; d++)
-                            dk[off + d] += dkt[(int64_t)d * ATT_KB + jj] * scale;
-                    if (dv)
-                        for (int d = 0; d < D; d++) dv[off + d] += dvt[(int64_t)d * ATT_KB + jj];
-                }
-            }
-        }
+        const int64_t tasks = (int64_t)B * Hkv * g.nkb;
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+        for (int64_t task = 0; task < tasks; task++)
+            att_dkv_block(&g, scratch + per * omp_get_thread_num(), dk, dv, &a, task);
     }
     free(scratch);
 }
