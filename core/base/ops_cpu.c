@@ -692,10 +692,21 @@ static att_geom att_geom_make(int B, int Tq, int Tk, int H, int Hkv, int D, cons
                               const int32_t *k_pos, int causal, const int32_t *q_start) {
     UST_ASSERT(Hkv > 0 && H % Hkv == 0 && D > 0, "H=%d must be a multiple of Hkv=%d (D=%d)", H, Hkv,
                D);
-    att_geom g = {.B = B, .Tq = Tq, .Tk = Tk, .H = H, .G = H / Hkv, .D = D, .causal = causal,
-                  .nqt = (Tq + ATT_QT - 1) / ATT_QT, .nkb = (Tk + ATT_KB - 1) / ATT_KB,
-                  .scale = 1.0f / sqrtf((float)D), .kstride = (int64_t)Hkv * D,
-                  .qstride = (int64_t)H * D, .q_pos = q_pos, .k_pos = k_pos, .q_start = q_start};
+    att_geom g = {.B = B,
+                  .Tq = Tq,
+                  .Tk = Tk,
+                  .H = H,
+                  .G = H / Hkv,
+                  .D = D,
+                  .causal = causal,
+                  .nqt = (Tq + ATT_QT - 1) / ATT_QT,
+                  .nkb = (Tk + ATT_KB - 1) / ATT_KB,
+                  .scale = 1.0f / sqrtf((float)D),
+                  .kstride = (int64_t)Hkv * D,
+                  .qstride = (int64_t)H * D,
+                  .q_pos = q_pos,
+                  .k_pos = k_pos,
+                  .q_start = q_start};
     return g;
 }
 
@@ -725,8 +736,8 @@ static void att_block_extent(const att_geom *g, int j0, int nj, int *kpmin, int 
 }
 
 /* dp(ATT_KB) = dout_i . v_j for the block's keys, v transposed to vt(D, ATT_KB). */
-static inline void block_dp(float *restrict dp, const float *restrict doi,
-                            const float *restrict vt, int D) {
+static inline void block_dp(float *restrict dp, const float *restrict doi, const float *restrict vt,
+                            int D) {
     for (int jj = 0; jj < ATT_KB; jj++) dp[jj] = 0.0f;
     for (int d = 0; d < D; d++) {
         float g = doi[d];
@@ -824,8 +835,7 @@ typedef struct {
 } att_saved;
 
 /* dq of one query tile: acc(ni, D) = sum_j ds_ij k_j over the visible key blocks. */
-static void att_dq_tile(const att_geom *g, float *ws, float *dq, const att_saved *a,
-                        int64_t task) {
+static void att_dq_tile(const att_geom *g, float *ws, float *dq, const att_saved *a, int64_t task) {
     const int D = g->D;
     att_qtile t = att_qtile_of(g, task);
     float *kt = ws, *vt = kt + (size_t)ATT_KB * D, *acc = vt + (size_t)ATT_KB * D;
@@ -864,9 +874,9 @@ static void att_dq_tile(const att_geom *g, float *ws, float *dq, const att_saved
 
 /* One query row's share of a key block's gradients: dvt += p dout_i, dkt += ds q_i, both (D,
  * ATT_KB). */
-static void att_dkv_row(const att_geom *g, float *dkt, float *dvt, const float *kt,
-                        const float *vt, const float *qi, const float *doi, float L, float Di,
-                        int j0, int nj, int qp, int qs) {
+static void att_dkv_row(const att_geom *g, float *dkt, float *dvt, const float *kt, const float *vt,
+                        const float *qi, const float *doi, float L, float Di, int j0, int nj,
+                        int qp, int qs) {
     float s[ATT_KB], dp[ATT_KB], p[ATT_KB];
     block_scores(s, qi, kt, j0, nj, g->D, g->scale, g->causal, g->k_pos, qp, qs);
     block_dp(dp, doi, vt, g->D);

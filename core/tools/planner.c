@@ -146,112 +146,162 @@ void planner_estimate(const ust_config *c, const planner_hw *hw, planner_cost *o
     estimate(c, hw, o, NULL);
 }
 
-static void estimate(const ust_config *c, const planner_hw *hw, planner_cost *o, rank_sets *sets) {
-    const __typeof__(c->parallel) *p = &c->parallel;
-    int dp = p->dp, tp = p->tp, pp = p->pp, v = p->vpp, cp = p->cp, ep = p->ep;
-    int m = cfg_grad_accum(c), gpn = hw->gpus_per_node;
-    int full = c->train.recompute == RECOMPUTE_FULL, sp = p->sp && tp > 1;
-    double B = c->train.micro_batch_size, T = c->train.seq_len, C = c->model.d_model;
-    double L = c->model.n_layer, Tl = T / cp, A = cfg_act_size(c);
+/* What every part of one estimate reads: the layout, the shapes, this rank's share of the layers
+ * and each group's bandwidth. */
+typedef struct {
+    const ust_config *c;
+    const planner_hw *hw;
+    int dp, tp, pp, v, cp, ep, m, full, sp, dual, both_ends;
+    ust_pp_schedule kind;
+    double B, T, C, L, Tl, A, layers, moe_on, dense_on, copies;
     planner_sizes s;
-    planner_model_sizes(c, &s);
-    double layers = L / pp, moe_on = (double)s.n_moe / pp, dense_on = layers - moe_on;
+    double bw[PLAN_NGROUPS];
+} est_in;
+
+static void est_setup(const ust_config *c, const planner_hw *hw, est_in *e) {
+    const __typeof__(c->parallel) *p = &c->parallel;
+    *e = (est_in){.c = c,
+                  .hw = hw,
+                  .dp = p->dp,
+                  .tp = p->tp,
+                  .pp = p->pp,
+                  .v = p->vpp,
+                  .cp = p->cp,
+                  .ep = p->ep,
+                  .m = cfg_grad_accum(c)};
+    e->full = c->train.recompute == RECOMPUTE_FULL, e->sp = p->sp && e->tp > 1;
+    e->B = c->train.micro_batch_size, e->T = c->train.seq_len, e->C = c->model.d_model;
+    e->L = c->model.n_layer, e->Tl = e->T / e->cp, e->A = cfg_act_size(c);
+    planner_model_sizes(c, &e->s);
+    e->layers = e->L / e->pp, e->moe_on = (double)e->s.n_moe / e->pp;
+    e->dense_on = e->layers - e->moe_on;
     /* dualpipe: rank r holds stage r for the micro-batches entering at rank 0 and stage pp-1-r
      * for those entering at pp-1, i.e. two copies of a 1f1b rank's layers (the pair r, pp-1-r
      * holds the same two); each micro-batch still visits every rank once, so compute and p2p
      * are a 1f1b rank's. dualpipev's two chunks are the V's stages r and 2pp-1-r, so rank 0 holds
      * both the embedding and the head, as both ends of dualpipe do. */
-    ust_pp_schedule kind = pp > 1 ? p->pp_schedule : PP_1F1B;
-    int dual = kind == PP_DUALPIPE, both_ends = dual || kind == PP_DUALPIPEV;
-    double copies = dual ? 2 : 1;
-    memset(o, 0, sizeof *o);
+    e->kind = e->pp > 1 ? p->pp_schedule : PP_1F1B;
+    e->dual = e->kind == PP_DUALPIPE, e->both_ends = e->dual || e->kind == PP_DUALPIPEV;
+    e->copies = e->dual ? 2 : 1;
+}
 
-    /* compute: the dense part is split over tp, the MoE MLPs' tokens too (each tp rank routes
-     * its 1/tp of them); every token of the step goes through once (dp x cp split the tokens, pp
-     * the layers); full recompute runs the forward (a third of the work) twice */
-    double f_dense = 6 * s.mm_dense + 12 * L * C * T, f_moe = 6 * s.mm_moe;
-    if (full) f_dense += 2 * s.mm_dense + 4 * L * C * T, f_moe += 2 * s.mm_moe;
-    double tokens = (double)c->train.global_batch_size * T;
-    double flops = tokens / ((double)dp * cp) * (f_dense + f_moe) / ((double)tp * pp);
-    o->compute = flops / (hw->mfu * hw->peak_flops);
+/* compute: the dense part is split over tp, the MoE MLPs' tokens too (each tp rank routes
+ * its 1/tp of them); every token of the step goes through once (dp x cp split the tokens, pp
+ * the layers); full recompute runs the forward (a third of the work) twice */
+static void est_compute(const est_in *e, planner_cost *o) {
+    double f_dense = 6 * e->s.mm_dense + 12 * e->L * e->C * e->T, f_moe = 6 * e->s.mm_moe;
+    if (e->full) f_dense += 2 * e->s.mm_dense + 4 * e->L * e->C * e->T, f_moe += 2 * e->s.mm_moe;
+    double tokens = (double)e->c->train.global_batch_size * e->T;
+    double flops = tokens / ((double)e->dp * e->cp) * (f_dense + f_moe) / ((double)e->tp * e->pp);
+    o->compute = flops / (e->hw->mfu * e->hw->peak_flops);
     /* the schedule's published bubble (pp_schedule.h), with the planner's F : B : W = 1 : 1 : 1
      * (a whole backward costs two forwards) */
     pps_costs fbw = {.f = 1, .b = 1, .w = 1};
-    o->bubble = pp > 1 ? pps_analytic_bubble(kind, pp, v, m, fbw, NULL) * o->compute : 0;
+    o->bubble =
+        e->pp > 1 ? pps_analytic_bubble(e->kind, e->pp, e->v, e->m, fbw, NULL) * o->compute : 0;
+}
 
-    /* which bandwidth each group gets: rank order tp, cp, dp, pp (fastest first) */
+/* which bandwidth each group gets: rank order tp, cp, dp, pp (fastest first) */
+static void est_links(est_in *e, planner_cost *o) {
+    int gpn = e->hw->gpus_per_node, tp = e->tp, cp = e->cp;
     o->intra[PLAN_TP] = planner_intra_node(1, tp, gpn);
     o->intra[PLAN_CP] = planner_intra_node(tp, cp, gpn);
-    o->intra[PLAN_DP] = planner_intra_node(tp, cp * dp, gpn); /* dp x cp, expert-dp x cp */
-    o->intra[PLAN_EP] = planner_intra_node(tp * cp, ep, gpn);
-    o->intra[PLAN_PP] = planner_intra_node(tp * cp * dp, pp, gpn);
-    double bw[PLAN_NGROUPS];
-    for (int g = 0; g < PLAN_NGROUPS; g++) bw[g] = o->intra[g] ? hw->bw_intra : hw->bw_inter;
+    o->intra[PLAN_DP] = planner_intra_node(tp, cp * e->dp, gpn); /* dp x cp, expert-dp x cp */
+    o->intra[PLAN_EP] = planner_intra_node(tp * cp, e->ep, gpn);
+    o->intra[PLAN_PP] = planner_intra_node(tp * cp * e->dp, e->pp, gpn);
+    for (int g = 0; g < PLAN_NGROUPS; g++)
+        e->bw[g] = o->intra[g] ? e->hw->bw_intra : e->hw->bw_inter;
+}
 
-    /* DP: this rank's parameters (the heavier end stage under a pipeline; both copies under
-     * dualpipe, whose gradient buffer holds them) */
-    double end = pp > 1 && !both_ends ? (s.emb > s.head ? s.emb : s.head) : s.emb + s.head;
-    double dense =
-        (copies * (layers * s.attn + dense_on * s.mlp) + end) / tp + copies * moe_on * s.moe_dense;
-    double experts = copies * moe_on * ((double)c->model.moe.num_experts / ep) * s.expert;
-    int zero = c->optimizer.zero_stage;
-    o->group[PLAN_DP] = dp_time(dense, dp * cp, bw[PLAN_DP], zero, m) +
-                        dp_time(experts, dp / ep * cp, bw[PLAN_DP], zero, m);
+/* DP: this rank's parameters (the heavier end stage under a pipeline; both copies under
+ * dualpipe, whose gradient buffer holds them); *dense and *experts are those counts */
+static void est_dp(const est_in *e, planner_cost *o, double *dense, double *experts) {
+    const planner_sizes *s = &e->s;
+    double end =
+        e->pp > 1 && !e->both_ends ? (s->emb > s->head ? s->emb : s->head) : s->emb + s->head;
+    *dense = (e->copies * (e->layers * s->attn + e->dense_on * s->mlp) + end) / e->tp +
+             e->copies * e->moe_on * s->moe_dense;
+    *experts = e->copies * e->moe_on * ((double)e->c->model.moe.num_experts / e->ep) * s->expert;
+    int zero = e->c->optimizer.zero_stage;
+    o->group[PLAN_DP] = dp_time(*dense, e->dp * e->cp, e->bw[PLAN_DP], zero, e->m) +
+                        dp_time(*experts, e->dp / e->ep * e->cp, e->bw[PLAN_DP], zero, e->m);
+}
 
-    /* TP, per micro-batch, in units of one all-gather of the rows a = (B, T/cp, C): a dense layer
-     * all-reduces twice forward and twice backward (8 units); with sp it all-gathers and
-     * reduce-scatters instead and gathers both norms' outputs again in backward (10). A MoE
-     * layer has attention's (4; sp: 5) and, without sp, the all-gathers of its tp parts' output
-     * and input gradient (2); each micro-batch then all-reduces the layer's gradients over tp
-     * (its tokens were split). Full recompute repeats the forward's (4, 4; MoE 3, 2).
-     * Embedding and lm_head: 4. */
-    double unit = planner_allgather_s(A * B * Tl * C, tp, bw[PLAN_TP]);
+/* TP, per micro-batch, in units of one all-gather of the rows a = (B, T/cp, C): a dense layer
+ * all-reduces twice forward and twice backward (8 units); with sp it all-gathers and
+ * reduce-scatters instead and gathers both norms' outputs again in backward (10). A MoE
+ * layer has attention's (4; sp: 5) and, without sp, the all-gathers of its tp parts' output
+ * and input gradient (2); each micro-batch then all-reduces the layer's gradients over tp
+ * (its tokens were split). Full recompute repeats the forward's (4, 4; MoE 3, 2).
+ * Embedding and lm_head: 4. */
+static void est_tp(const est_in *e, planner_cost *o) {
+    const __typeof__(e->c->model.moe) *moe = &e->c->model.moe;
+    int tp = e->tp, sp = e->sp, full = e->full;
+    double unit = planner_allgather_s(e->A * e->B * e->Tl * e->C, tp, e->bw[PLAN_TP]);
     double u_dense = (sp ? 10 : 8) + full * 4, u_moe = (sp ? 5 : 6) + full * (sp ? 2 : 3);
-    double moe_grads =
-        (c->model.moe.num_experts / ep + (c->model.moe.shared_expert ? 1 : 0)) * s.expert +
-        c->model.moe.num_experts * C;
-    double moe_reduce = tp > 1 ? 2 * planner_allgather_s(4 * moe_grads, tp, bw[PLAN_TP]) : 0;
+    double moe_grads = (moe->num_experts / e->ep + (moe->shared_expert ? 1 : 0)) * e->s.expert +
+                       moe->num_experts * e->C;
+    double moe_reduce = tp > 1 ? 2 * planner_allgather_s(4 * moe_grads, tp, e->bw[PLAN_TP]) : 0;
     o->group[PLAN_TP] =
-        m * ((dense_on * u_dense + moe_on * u_moe + 4) * unit + moe_on * moe_reduce);
+        e->m * ((e->dense_on * u_dense + e->moe_on * u_moe + 4) * unit + e->moe_on * moe_reduce);
+}
 
-    /* CP ring: the local K/V block goes around the group (n-1 hops) forward and again in
-     * backward, where their gradients travel with them and one hop more, home (n hops); once
-     * more forward under full recompute. The allgather variant gathers K/V forward and backward
-     * and reduce-scatters their gradients: 3 (n-1) blocks (4 under full recompute). Ulysses over a
-     * ranks (a2a: a = cp; a2a+ring: parallel.cp_a2a, the ring then runs over cp/a blocks of a*Tl
-     * tokens of H/a heads): per layer each rank sends (a-1) parts of B*Tl*D per head: forward q, k,
-     * v there and out back (2 Hq + 2 Hk heads), backward q, k, v, out, d out there and dq, dk, dv
-     * back (4 Hq + 4 Hk), with Hq = H/a, Hk = Hkv/a (1 when a key/value head is replicated); cp.h
-     * cp_a2a_layer_bytes, which the traffic test checks against the counters. Both stages at
-     * the cp group's bandwidth. */
+/* CP ring: the local K/V block goes around the group (n-1 hops) forward and again in
+ * backward, where their gradients travel with them and one hop more, home (n hops); once
+ * more forward under full recompute. The allgather variant gathers K/V forward and backward
+ * and reduce-scatters their gradients: 3 (n-1) blocks (4 under full recompute). Ulysses over a
+ * ranks (a2a: a = cp; a2a+ring: parallel.cp_a2a, the ring then runs over cp/a blocks of a*Tl
+ * tokens of H/a heads): per layer each rank sends (a-1) parts of B*Tl*D per head: forward q, k,
+ * v there and out back (2 Hq + 2 Hk heads), backward q, k, v, out, d out there and dq, dk, dv
+ * back (4 Hq + 4 Hk), with Hq = H/a, Hk = Hkv/a (1 when a key/value head is replicated); cp.h
+ * cp_a2a_layer_bytes, which the traffic test checks against the counters. Both stages at
+ * the cp group's bandwidth. */
+static void est_cp(const est_in *e, planner_cost *o) {
+    const ust_config *c = e->c;
+    int cp = e->cp, tp = e->tp, full = e->full;
+    double A = e->A, B = e->B, Tl = e->Tl;
     int a = cp > 1 ? cfg_cp_a2a(c) : 1, ring = cp / a;
     double D = cfg_head_dim(c), H = c->model.n_head / tp, Hkv = c->model.n_kv_head / tp;
     double Hq = H / a, Hk = a == 1 ? Hkv : ((int)Hkv % a == 0 ? Hkv / a : 1);
     double kv = A * B * Tl * a * 2.0 * Hk * D; /* one ring block */
-    double hops = ring == 1                    ? 0
-                  : p->cp_comm == CP_ALLGATHER ? (3 + full) * (ring - 1.0)
-                                               : (2 + full) * (ring - 1.0) + ring;
+    double hops = ring == 1                             ? 0
+                  : c->parallel.cp_comm == CP_ALLGATHER ? (3 + full) * (ring - 1.0)
+                                                        : (2 + full) * (ring - 1.0) + ring;
     double u = (a - 1) * A * B * Tl * D, ulysses = u * (6 * Hq + 6 * Hk + full * (2 * Hq + 2 * Hk));
-    o->group[PLAN_CP] = cp > 1 ? m * layers * (hops * kv + ulysses) / bw[PLAN_CP] : 0;
+    o->group[PLAN_CP] = cp > 1 ? e->m * e->layers * (hops * kv + ulysses) / e->bw[PLAN_CP] : 0;
+}
 
-    /* PP: each micro-batch crosses every chunk boundary forward (activations) and backward
-     * (their gradients), v chunks per rank but dualpipe's one (a micro-batch uses one of the
-     * rank's two copies); under sp the residual stream is split over tp. dualpipe then sums the
-     * two copies' gradients over the mirror pair r, pp-1-r after every step: one all-reduce of
-     * this rank's fp32 gradients (both copies) over 2 ranks, inside the pp group. */
-    double act = A * B * Tl * C / (sp ? tp : 1);
-    o->group[PLAN_PP] = pp > 1 ? 2.0 * (dual ? 1 : v) * m * act / bw[PLAN_PP] : 0;
-    if (dual) o->group[PLAN_PP] += planner_allreduce_s(BYTES * (dense + experts), 2, bw[PLAN_PP]);
+/* PP: each micro-batch crosses every chunk boundary forward (activations) and backward
+ * (their gradients), v chunks per rank but dualpipe's one (a micro-batch uses one of the
+ * rank's two copies); under sp the residual stream is split over tp. dualpipe then sums the
+ * two copies' gradients over the mirror pair r, pp-1-r after every step: one all-reduce of
+ * this rank's fp32 gradients (both copies) over 2 ranks, inside the pp group.
+ * EP: every token (each on one tp rank) goes to its top_k experts and back, forward and
+ * backward: four all-to-alls per MoE layer, two more under full recompute */
+static void est_pp_ep(const est_in *e, planner_cost *o, double dense, double experts) {
+    double act = e->A * e->B * e->Tl * e->C / (e->sp ? e->tp : 1);
+    o->group[PLAN_PP] = e->pp > 1 ? 2.0 * (e->dual ? 1 : e->v) * e->m * act / e->bw[PLAN_PP] : 0;
+    if (e->dual)
+        o->group[PLAN_PP] += planner_allreduce_s(BYTES * (dense + experts), 2, e->bw[PLAN_PP]);
+    double rows = e->B * e->Tl * e->c->model.moe.top_k / e->tp;
+    o->group[PLAN_EP] = e->m * e->moe_on * (4 + 2 * e->full) *
+                        planner_alltoall_s(e->A * rows * e->C, e->ep, e->bw[PLAN_EP]);
+}
 
-    /* EP: every token (each on one tp rank) goes to its top_k experts and back, forward and
-     * backward: four all-to-alls per MoE layer, two more under full recompute */
-    double rows = B * Tl * c->model.moe.top_k / tp;
-    o->group[PLAN_EP] =
-        m * moe_on * (4 + 2 * full) * planner_alltoall_s(A * rows * C, ep, bw[PLAN_EP]);
-
+static void estimate(const ust_config *c, const planner_hw *hw, planner_cost *o, rank_sets *sets) {
+    est_in e;
+    double dense, experts;
+    est_setup(c, hw, &e);
+    memset(o, 0, sizeof *o);
+    est_compute(&e, o);
+    est_links(&e, o);
+    est_dp(&e, o, &dense, &experts);
+    est_tp(&e, o);
+    est_cp(&e, o);
+    est_pp_ep(&e, o, dense, experts);
     for (int g = 0; g < PLAN_NGROUPS; g++) o->comm += o->group[g];
     o->total = o->compute + o->bubble + o->comm;
-    o->tokens_per_s = tokens / o->total;
+    o->tokens_per_s = (double)c->train.global_batch_size * e.T / o->total;
     memory(c, sets, o);
 }
 
