@@ -419,6 +419,41 @@ static int emit(const pps_action *comp, int nc, ust_pp_schedule kind, int p, int
     return n;
 }
 
+/* One round of v_build_all's placement for rank r: each of its receives moves to the first
+ * batch that starts once its sender (rank r-1 or r+1) has posted the send, into next. */
+static void v_place_rank(const pps_schedule *all, pps_action **comp, const int *nc, int **key,
+                         int **gap, double **reach, ust_pp_schedule kind, int p, int r, int *next,
+                         int *scratch) {
+    for (int side = -1; side <= 1; side += 2) {
+        int a = r + side, nq = 0;
+        if (a < 0 || a >= p) continue;
+        /* the k-th send of a to r, its post time, and r's compute receiving it */
+        for (int i = 0, k = 0; i < all[a].n; i++) {
+            const pps_action *x = &all[a].a[i];
+            if ((x->op != PPS_SEND_ACT && x->op != PPS_SEND_GRAD) || x->peer != r) continue;
+            for (int q = 0; q < nc[r]; q++) {
+                pps_action c;
+                if (key[r][q] != k || !comm_of(comp[r][q], 1, kind, p, 2, r, &c) || c.peer != a)
+                    continue;
+                int d = q;
+                for (int st = 0; st <= q; st++)
+                    if (comp[r][st].peer != STEP_JOIN &&
+                        reach[r][gap[r][st]] >= reach[a][i] - 1e-9) {
+                        d = st;
+                        break;
+                    }
+                next[q] = d;
+                scratch[nq++] = q;
+            }
+            k++;
+        }
+        for (int t = nq - 1, lo = 1 << 30; t >= 0; t--) { /* keep the sender's order */
+            if (next[scratch[t]] < lo) lo = next[scratch[t]];
+            next[scratch[t]] = lo;
+        }
+    }
+}
+
 /* dualpipev's receives, placed by simulation. v_post_order's placement (each receive as late as
  * the sender's order allows) makes a sender wait in its batch until the receiver gets round to
  * posting: under the executor's rule (a batch completes as a whole) that costs the V most of
@@ -473,35 +508,7 @@ static int v_build_all(pps_schedule *all, ust_pp_schedule kind, int p, int m, in
     for (int round = 0; round < 16 && !rc; round++) {
         for (int r = 0; r < p; r++) {
             memcpy(next[r], post[r], sizeof(int) * nc[r]);
-            for (int side = -1; side <= 1; side += 2) {
-                int a = r + side, nq = 0;
-                if (a < 0 || a >= p) continue;
-                /* the k-th send of a to r, its post time, and r's compute receiving it */
-                for (int i = 0, k = 0; i < all[a].n; i++) {
-                    const pps_action *x = &all[a].a[i];
-                    if ((x->op != PPS_SEND_ACT && x->op != PPS_SEND_GRAD) || x->peer != r) continue;
-                    for (int q = 0; q < nc[r]; q++) {
-                        pps_action c;
-                        if (key[r][q] != k || !comm_of(comp[r][q], 1, kind, p, 2, r, &c) ||
-                            c.peer != a)
-                            continue;
-                        int d = q;
-                        for (int st = 0; st <= q; st++)
-                            if (comp[r][st].peer != STEP_JOIN &&
-                                reach[r][gap[r][st]] >= reach[a][i] - 1e-9) {
-                                d = st;
-                                break;
-                            }
-                        next[r][q] = d;
-                        scratch[nq++] = q;
-                    }
-                    k++;
-                }
-                for (int t = nq - 1, lo = 1 << 30; t >= 0; t--) { /* keep the sender's order */
-                    if (next[r][scratch[t]] < lo) lo = next[r][scratch[t]];
-                    next[r][scratch[t]] = lo;
-                }
-            }
+            v_place_rank(all, comp, nc, key, gap, reach, kind, p, r, next[r], scratch);
         }
         for (int r = 0; r < p; r++)
             cand[r].n = emit(comp[r], nc[r], kind, p, 2, r, next[r], key[r], nc[r], scratch, NULL,

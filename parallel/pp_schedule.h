@@ -2,13 +2,7 @@
  * m micro-batches, rank) into the list of actions that rank executes, in order: compute F/B/W of
  * (micro-batch, chunk) and the point-to-point transfers around them. Nothing here runs a model:
  * the lists can be printed, checked (pps_check, pps_check_pairs) and simulated with unit costs
- * (pps_simulate), and the executor walks them. Chunk c of rank r is global stage s = c*p + r
- * (Megatron's interleaved assignment): stage s+1 lives on rank (r+1)%p, stage s-1 on (r-1+p)%p.
- * dualpipev (v = 2) places them in a V instead: chunk 0 of rank r is stage r, chunk 1 stage
- * 2p-1-r, so micro-batches run down the ranks and back up, rank p-1 hands stage p-1 to stage p
- * locally and rank 0 holds both the first and the last stage (pps_stage, pps_stage_rank).
- * dualpipe (v = 2, p even) keeps that numbering for two pipelines in opposite directions, each
- * of p stages: see pps_model_stage and the builder's comment in pp_schedule.c.
+ * (pps_simulate), and the executor walks them. Which rank holds which stage: pps_stage.
  *
  * The communication rule the executor follows and pps_simulate runs is stated at pps_costs. */
 #ifndef UST_PP_SCHEDULE_H
@@ -64,7 +58,13 @@ int pps_build(pps_schedule *s, ust_pp_schedule kind, int p, int v, int m, int ra
 int pps_build_all(pps_schedule *all, ust_pp_schedule kind, int p, int v, int m, int flags,
                   ust_err *e);
 void pps_free(pps_schedule *s);
-/* Global stage of chunk c on rank r, and the rank holding a stage. */
+/* Global stage of chunk c on rank r, and the rank holding a stage. Chunk c of rank r is global
+ * stage s = c*p + r (Megatron's interleaved assignment): stage s+1 lives on rank (r+1)%p, stage
+ * s-1 on (r-1+p)%p. dualpipev (v = 2) places them in a V instead: chunk 0 of rank r is stage r,
+ * chunk 1 stage 2p-1-r, so micro-batches run down the ranks and back up, rank p-1 hands stage
+ * p-1 to stage p locally and rank 0 holds both the first and the last stage. dualpipe (v = 2,
+ * p even) keeps that numbering for two pipelines in opposite directions, each of p stages: see
+ * pps_model_stage and the builder's comment in pp_schedule.c. */
 int pps_stage(ust_pp_schedule kind, int p, int c, int r);
 int pps_stage_rank(ust_pp_schedule kind, int p, int stage);
 /* dualpipe numbers its stages as dualpipev does, 0 .. 2p-1 in a V (rank r holds r and 2p-1-r),

@@ -213,6 +213,30 @@ static void from_f32(void *out, const float *in, size_t n, comm_dtype t, float s
     for (size_t i = 0; i < n; i++) h[i] = comm_f32_to_bf16(in[i] * scale);
 }
 
+/* A batch of point-to-point transfers. Sends to oneself pair with receives from oneself in
+ * posting order: a copy. */
+static int sendrecv(ust_comm *c, gloo_comm *s, const comm_desc *d, size_t es, char *err,
+                    size_t errlen) {
+    ugloo_xfer *x = xfers(s, d->np2p ? d->np2p : 1);
+    int nx = 0, self_recv = 0;
+    for (int i = 0; i < d->np2p; i++) {
+        const comm_p2p *p = &d->p2p[i];
+        if (p->peer != c->rank) {
+            if (p->count) x[nx++] = (ugloo_xfer){p->peer, p->is_send, p->buf, p->count * es};
+            continue;
+        }
+        if (!p->is_send) continue;
+        while (self_recv < d->np2p &&
+               (d->p2p[self_recv].peer != c->rank || d->p2p[self_recv].is_send))
+            self_recv++;
+        UST_ASSERT(self_recv < d->np2p && d->p2p[self_recv].count == p->count,
+                   "send to oneself on '%s' without a matching receive", c->name);
+        memcpy(d->p2p[self_recv].buf, p->buf, p->count * es);
+        self_recv++;
+    }
+    return ugloo_batch(s->g, x, nx, 0, err, errlen);
+}
+
 static void run(ust_comm *c, const comm_desc *d) {
     gloo_comm *s = c->impl;
     size_t es = comm_dtype_size(d->t), n = d->count;
@@ -264,28 +288,9 @@ static void run(ust_comm *c, const comm_desc *d) {
         rc = ugloo_batch(s->g, x, nx, 1, err, sizeof err);
         break;
     }
-    case COMM_SENDRECV: {
-        /* Sends to oneself pair with receives from oneself in posting order: a copy. */
-        ugloo_xfer *x = xfers(s, d->np2p ? d->np2p : 1);
-        int nx = 0, self_recv = 0;
-        for (int i = 0; i < d->np2p; i++) {
-            const comm_p2p *p = &d->p2p[i];
-            if (p->peer != c->rank) {
-                if (p->count) x[nx++] = (ugloo_xfer){p->peer, p->is_send, p->buf, p->count * es};
-                continue;
-            }
-            if (!p->is_send) continue;
-            while (self_recv < d->np2p &&
-                   (d->p2p[self_recv].peer != c->rank || d->p2p[self_recv].is_send))
-                self_recv++;
-            UST_ASSERT(self_recv < d->np2p && d->p2p[self_recv].count == p->count,
-                       "send to oneself on '%s' without a matching receive", c->name);
-            memcpy(d->p2p[self_recv].buf, p->buf, p->count * es);
-            self_recv++;
-        }
-        rc = ugloo_batch(s->g, x, nx, 0, err, sizeof err);
+    case COMM_SENDRECV:
+        rc = sendrecv(c, s, d, es, err, sizeof err);
         break;
-    }
     case COMM_BARRIER:
         rc = ugloo_barrier(s->g, err, sizeof err);
         break;
