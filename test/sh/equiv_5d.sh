@@ -51,7 +51,7 @@ out=$(scripts/ustrun --nproc-per-node 8 $UST train $TMP/stop.yaml $L --set train
 echo "$out" | grep -q "resuming from .*step_$step" && [ "$(cat $TMP/run/ckpt/latest)" = "step_$((step + 1))" ] &&
     pass resume_after_stop_of_a_4d_job || fail resume_after_stop_of_a_4d_job "$(echo "$out" | tail -3)"
 # every bundled config, the real-size layouts included, is valid for its own world size
-# (hf-tiny.yaml imports a Hugging Face directory: the one the README's example makes)
+# (hf-tiny.yaml imports a Hugging Face directory: the one the worked example of docs/huggingface.md makes)
 python3 test/tools/hf_make_model.py make llama $TMP/hf-model >/dev/null 2>&1
 for f in configs/*.yaml; do
     S=()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# README's worked example, command for command, in a scratch directory: a tiny HF Llama made by
+# The worked example of docs/huggingface.md, command for command, in a scratch directory: a tiny HF Llama made by
 # test/tools/hf_make_model.py, 20 steps of configs/hf-tiny.yaml from its weights, the export (with
 # the byte-level tokenizer the demo data records), generate and eval on the exported directory.
 . "$(dirname "$0")/../lib.sh"

@@ -158,7 +158,7 @@ for k in ("dp", "tp", "pp", "cp"):
 print(w)
 PY
 )
-    S=() # hf-tiny.yaml imports a Hugging Face directory: the one the README's example makes
+    S=() # hf-tiny.yaml imports a Hugging Face directory: the one the worked example of docs/huggingface.md makes
     if [ "$(basename "$f")" = hf-tiny.yaml ]; then
         [ -d $TMP/hf-model ] || python3 test/tools/hf_make_model.py make llama $TMP/hf-model >/dev/null 2>&1
         S=(--set model.init_from=$TMP/hf-model)
