@@ -20,7 +20,7 @@
 /* Limits that keep every derived size representable (64-bit byte counts, 32-bit token and row
  * counts) while leaving room for the largest real models (llama-405B: 126 layers, d_model
  * 16384, d_ff 53248, vocab 128256; DeepSeek-V3: 256 experts of d_ff 2048, 671B parameters).
- * Per-key ranges are in config.c's table; these are the ones other modules need too. */
+ * Per-key ranges are in config_schema.c's table; these are the ones other modules need too. */
 #define CFG_MAX_BYTES (16 << 20)      /* a config file */
 #define CFG_MAX_DEPTH 64              /* lists and mappings inside each other */
 #define CFG_MAX_WORLD (1 << 24)       /* ranks: dp * tp * pp * cp, and each of them */
@@ -95,7 +95,7 @@ typedef struct {
         char pp_layers[256];   /* "" or "4,4,3,1": layers of each stage (pp * vpp entries) */
         ust_cp_layout cp_layout;
         ust_cp_comm cp_comm;
-        int cp_a2a; /* a2a+ring: the Ulysses degree inside (divides cp); 0: unset */
+        int cp_a2a;                 /* a2a+ring: the Ulysses degree inside (divides cp); 0: unset */
         int zero3_vocab_chunk_rows; /* ZeRO-3: rows of a vocabulary chunk (0: a layer's worth) */
         double dp_bucket_mb;
     } parallel;
@@ -109,7 +109,7 @@ typedef struct {
         ust_on_spike on_spike; /* a loss or grad-norm spike: nothing, skip the update, rewind */
         double spike_zscore;   /* a spike: z-score above this over the last spike_window steps */
         int spike_window;
-        int threads; /* compute threads per rank, 0 = cores / local ranks */
+        int threads;           /* compute threads per rank, 0 = cores / local ranks */
         double exit_after_min; /* > 0: checkpoint and exit 0 after this long (from start) */
         int64_t stop_at_step;  /* > 0: checkpoint and exit 0 after this step */
     } train;

@@ -1,0 +1,195 @@
+/* config_validate: the rules across keys (model shape, batch, sizes, threads, world), parallel.dp:
+ * auto, cfg_validate itself and the derived values every module agrees on. The parallel
+ * layout's rules are config_parallel.c's. */
+#include "config_internal.h"
+
+#include <stdarg.h>
+#include <unistd.h>
+
+int cfg_vfail(const ust_config *c, ust_err *e, const char *fmt, ...) {
+    char msg[1536];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return ust_errf(e, "%s%s%s", c->source, c->source[0] ? ": " : "", msg);
+}
+
+static int cfg_validate_model(const ust_config *c, ust_err *e) {
+    const __typeof__(c->model) *m = &c->model;
+    REQUIRE(m->arch != ARCH_AUTO,
+            "model.arch: auto takes the architecture from a Hugging Face model directory in "
+            "model.init_from (a directory holding config.json), but model.init_from is %s%s%s",
+            m->init_from[0] ? "'" : "", m->init_from[0] ? m->init_from : "null",
+            m->init_from[0] ? "'" : "");
+    REQUIRE(m->d_model % m->n_head == 0,
+            "model.d_model (%d) must be divisible by model.n_head (%d)", m->d_model, m->n_head);
+    REQUIRE(m->n_head % m->n_kv_head == 0,
+            "model.n_head (%d) must be divisible by model.n_kv_head (%d)", m->n_head, m->n_kv_head);
+    REQUIRE(m->arch != ARCH_LLAMA || cfg_head_dim(c) % 2 == 0,
+            "llama's RoPE needs an even head dim, but model.d_model / model.n_head = %d / %d = %d",
+            m->d_model, m->n_head, cfg_head_dim(c));
+    REQUIRE(c->train.seq_len <= m->max_seq_len,
+            "train.seq_len (%d) must be <= model.max_seq_len (%d)", c->train.seq_len,
+            m->max_seq_len);
+    REQUIRE(m->rope_scaling.type == ROPE_NONE || m->arch == ARCH_LLAMA,
+            "model.rope_scaling applies to llama's RoPE; gpt2 has learned positions");
+    REQUIRE(m->rope_scaling.type == ROPE_NONE ||
+                m->rope_scaling.high_freq_factor > m->rope_scaling.low_freq_factor,
+            "model.rope_scaling.high_freq_factor (%g) must be > low_freq_factor (%g)",
+            m->rope_scaling.high_freq_factor, m->rope_scaling.low_freq_factor);
+    const __typeof__(m->moe) *moe = &m->moe;
+    REQUIRE(moe->num_experts == 0 || moe->top_k <= moe->num_experts,
+            "model.moe.top_k (%d) must be <= model.moe.num_experts (%d)", moe->top_k,
+            moe->num_experts);
+    REQUIRE(moe->num_experts == 0 || moe->num_experts % c->parallel.ep == 0,
+            "model.moe.num_experts (%d) must be divisible by parallel.ep (%d)", moe->num_experts,
+            c->parallel.ep);
+    REQUIRE(moe->num_experts > 0 || c->parallel.ep == 1,
+            "parallel.ep (%d) needs experts, but model.moe.num_experts is 0", c->parallel.ep);
+    return 0;
+}
+
+static int cfg_validate_train(const ust_config *c, ust_err *e) {
+    long long per_step = (long long)c->train.micro_batch_size * c->parallel.dp;
+    REQUIRE(c->train.global_batch_size % per_step == 0,
+            "train.global_batch_size (%d) must be divisible by train.micro_batch_size * "
+            "parallel.dp (%d * %d = %lld)",
+            c->train.global_batch_size, c->train.micro_batch_size, c->parallel.dp, per_step);
+    REQUIRE(c->optimizer.min_lr <= c->optimizer.lr,
+            "optimizer.min_lr (%g) must be <= optimizer.lr (%g)", c->optimizer.min_lr,
+            c->optimizer.lr);
+    REQUIRE(c->data.train[0], "data.train is empty: it must name the training shards (a glob)");
+    REQUIRE(c->data.eot_id < c->model.vocab_size,
+            "data.eot_id (%d) must be a token of the vocabulary, below model.vocab_size (%d)",
+            c->data.eot_id, c->model.vocab_size);
+    REQUIRE(c->checkpoint.dir[0], "checkpoint.dir is empty%s",
+            c->checkpoint.async ? " (checkpoint.async writes checkpoints there)" : "");
+    return 0;
+}
+
+/* Sizes derived from several keys, computed in double so the products cannot wrap: the memory
+ * plan, the parameter table and the step loop compute them in 64 bits (token counts in 32), and
+ * these bounds keep every such product exact. The estimates are generous upper bounds (no
+ * parallel split, more saved rows per token than any layer keeps), so a layout the plan counts
+ * exactly is never refused here for want of precision. */
+static int cfg_validate_sizes(const ust_config *c, ust_err *e) {
+    const __typeof__(c->model) *m = &c->model;
+    const __typeof__(c->parallel) *p = &c->parallel;
+    double tokens = (double)c->train.micro_batch_size * c->train.seq_len;
+    REQUIRE(tokens <= CFG_MAX_TOKENS,
+            "train.micro_batch_size x train.seq_len = %d x %d = %.0f tokens per micro-batch; at "
+            "most %d",
+            c->train.micro_batch_size, c->train.seq_len, tokens, CFG_MAX_TOKENS);
+    double ranks = (double)p->dp * p->tp * p->pp * p->cp;
+    REQUIRE(ranks <= CFG_MAX_WORLD,
+            "parallel.dp x tp x pp x cp = %d x %d x %d x %d = %.0f ranks; at most %d", p->dp, p->tp,
+            p->pp, p->cp, ranks, CFG_MAX_WORLD);
+    double C = m->d_model, F = m->d_ff, V = cfg_vocab_padded(c), L = m->n_layer;
+    double E = m->moe.num_experts, Fe = m->moe.d_ff_expert, k = m->moe.top_k;
+    /* a layer: attention (at most 4 C x C, kv heads being at most the heads) and the MLP (3 C x
+     * F); with experts, each of them and a shared one (3 C x Fe) and the router */
+    double layer = 4 * C * C + 3 * C * F + (E > 0 ? (E + 1) * 3 * C * Fe + E * C : 0);
+    double params = L * layer + 2 * V * C + (double)m->max_seq_len * C;
+    REQUIRE(params <= (double)CFG_MAX_PARAMS,
+            "the model would have about %.3g parameters (model.n_layer %d, d_model %d, d_ff %d, "
+            "vocab_size %d, moe.num_experts %d x d_ff_expert %d); at most 2^42 = %.3g",
+            params, m->n_layer, m->d_model, m->d_ff, m->vocab_size, m->moe.num_experts,
+            m->moe.d_ff_expert, (double)CFG_MAX_PARAMS);
+    /* fp32 bytes per token of one micro-batch: every layer's saved rows of width C, F and k x
+     * (C + Fe), the logits; a pipeline holds up to every micro-batch of the step at once */
+    double per_token =
+        4 * (L * (32 * C + 16 * F + (E > 0 ? 16 * k * (C + Fe) + 4 * E : 0)) + 16 * V);
+    double in_flight =
+        p->pp > 1 ? (double)c->train.global_batch_size / c->train.micro_batch_size : 1;
+    double acts = tokens * per_token * in_flight;
+    REQUIRE(acts <= (double)CFG_MAX_ACT_BYTES,
+            "activations would take about %.3g bytes (%.0f tokens per micro-batch = "
+            "train.micro_batch_size x seq_len, x %.0f micro-batches in flight, through "
+            "model.n_layer %d layers of d_model %d, d_ff %d, and vocab %.0f); at most 2^56 = "
+            "%.3g",
+            acts, tokens, in_flight, m->n_layer, m->d_model, m->d_ff, V, (double)CFG_MAX_ACT_BYTES);
+    return 0;
+}
+
+/* More compute threads than cores only time-slice, and far more (train.threads: 100000) hang
+ * inside OpenBLAS's thread setup: on the CPU backend (the only one that reads train.threads), at
+ * most 4 per online CPU of this machine (hyperthreads and a busy machine aside, more never
+ * helps); the table's range caps it at CFG_MAX_THREADS on any machine. */
+static int cfg_validate_threads(const ust_config *c, ust_err *e) {
+    if (c->run.device != DEV_CPU) return 0;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    long limit = cpus > 0 && 4 * cpus < CFG_MAX_THREADS ? 4 * cpus : CFG_MAX_THREADS;
+    REQUIRE(c->train.threads <= limit,
+            "train.threads (%d) must be at most %ld (4 x the %ld online CPUs, at most %d; 0 = one "
+            "per core)",
+            c->train.threads, limit, cpus, CFG_MAX_THREADS);
+    return 0;
+}
+
+static int cfg_validate_world(const ust_config *c, int world, ust_err *e) {
+    const __typeof__(c->parallel) *p = &c->parallel;
+    long long product = (long long)p->dp * p->tp * p->pp * p->cp;
+    REQUIRE(world <= 0 || world == product,
+            "world size (%d) must equal parallel.dp * tp * pp * cp (%d * %d * %d * %d = %lld)",
+            world, p->dp, p->tp, p->pp, p->cp, product);
+    return 0;
+}
+
+int cfg_resolve_auto(ust_config *c, int world, ust_err *e) {
+    if (c->parallel.dp != 0 || world <= 0) return 0;
+    int64_t rest = (int64_t)c->parallel.tp * c->parallel.pp * c->parallel.cp;
+    if (world % rest)
+        return cfg_vfail(c, e,
+                         "parallel.dp: auto: the world of %d ranks is not a multiple of tp x pp "
+                         "x cp = %lld",
+                         world, (long long)rest);
+    int dp = (int)(world / rest), mb = c->train.micro_batch_size;
+    int64_t G = c->train.global_batch_size;
+    if (G % ((int64_t)mb * dp))
+        return cfg_vfail(c, e,
+                         "parallel.dp: auto gives dp = %d on %d ranks, which does not divide "
+                         "the %lld micro-batches of %d in train.global_batch_size = %lld (the "
+                         "global batch stays fixed across restarts: use a world where it does)",
+                         dp, world, (long long)(G / mb), mb, (long long)G);
+    c->parallel.dp = dp;
+    return 0;
+}
+
+int cfg_validate(const ust_config *c, int world, ust_err *e) {
+    if (c->parallel.dp == 0)
+        return cfg_vfail(c, e,
+                         "parallel.dp: auto needs the world size (the launcher's when training; "
+                         "--world N for validate and plan)");
+    for (size_t i = 0; i < cfg_n_keys; i++) {
+        char why[1024];
+        if (cfg_check_value(c, &cfg_keys[i], why, sizeof why))
+            return cfg_vfail(c, e, "%s: %s", cfg_keys[i].path, why);
+    }
+    if (cfg_validate_model(c, e) || cfg_validate_sizes(c, e) || cfg_validate_parallel(c, e) ||
+        cfg_validate_train(c, e) || cfg_validate_threads(c, e) || cfg_validate_world(c, world, e))
+        return -1;
+    return 0;
+}
+
+/* ---------------------------------------------------------------- derived values */
+
+int cfg_vocab_padded(const ust_config *c) {
+    int64_t v = c->model.vocab_size, pad = c->model.vocab_pad; /* in range: < 2^24 + 2^16 */
+    return (int)(pad > 0 ? (v + pad - 1) / pad * pad : v);
+}
+
+int cfg_grad_accum(const ust_config *c) {
+    long long per_step = (long long)c->train.micro_batch_size * c->parallel.dp;
+    return per_step > 0 ? (int)(c->train.global_batch_size / per_step) : 0;
+}
+
+int cfg_head_dim(const ust_config *c) {
+    return c->model.n_head > 0 ? c->model.d_model / c->model.n_head : 0;
+}
+
+bool cfg_tied(const ust_config *c) { return c->model.arch == ARCH_GPT2 || c->model.tie_embeddings; }
+
+int cfg_act_size(const ust_config *c) {
+    return c->run.device == DEV_CUDA && c->train.precision == PREC_BF16 ? 2 : 4;
+}
