@@ -109,6 +109,73 @@ static double train_step(model *m, const ust_ops *o, const int32_t *in, const in
     return loss;
 }
 
+/* The benchmarked model: gpt2-124m (default) or llama-tiny, at micro-batch B of T tokens. */
+static void bench_config(ust_config *c, const char *shape, int B, int T, int bf16) {
+    cfg_defaults(c);
+    if (strcmp(shape, "llama-tiny") == 0) {
+        c->model.arch = ARCH_LLAMA;
+        c->model.n_layer = 4, c->model.d_model = 256, c->model.n_head = 8, c->model.n_kv_head = 4;
+        c->model.d_ff = 768, c->model.vocab_size = 512;
+    } else {
+        c->model.arch = ARCH_GPT2;
+        c->model.n_layer = 12, c->model.d_model = 768, c->model.n_head = 12,
+        c->model.n_kv_head = 12;
+        c->model.d_ff = 3072, c->model.vocab_size = 50257;
+    }
+    c->model.max_seq_len = T;
+    c->train.seq_len = T;
+    c->train.micro_batch_size = B;
+    c->train.global_batch_size = B;
+    c->train.precision = bf16 ? PREC_BF16 : PREC_FP32;
+}
+
+/* n pseudo-random inputs and targets below vocab (xorshift64, a fixed seed). */
+static void bench_tokens(int32_t *in, int32_t *tgt, int n, int vocab) {
+    uint64_t x = 88172645463325252ull;
+    for (int i = 0; i < n; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        in[i] = (int32_t)(x % (uint64_t)vocab);
+        tgt[i] = (int32_t)((x >> 20) % (uint64_t)vocab);
+    }
+}
+
+/* Times `steps` training steps after two warm-up ones and prints the throughput, then profiles
+ * two more with the op profiler on. */
+static void bench_steps(model *m, ust_ops *o, ust_ops *po, const ust_arena *arena, int32_t *in,
+                        int32_t *tgt, float *mom, float *var, int B, int T, int steps,
+                        double peak) {
+    double t0 = 0.0, loss = 0.0;
+    int warm = 2;
+    for (int s = 0; s < warm + steps; s++) {
+        if (s == warm) {
+            o->sync(o);
+            t0 = log_now_s();
+        }
+        loss = train_step(m, po, in, tgt, mom, var, B, T, s + 1);
+    }
+    o->sync(o);
+    double dt = log_now_s() - t0;
+    ops_mem dm;
+    o->memory(o, &dm);
+    printf(
+        "bench_gpu: device memory: arena %.2f GiB, backend scratch %.2f GiB, device used %.2f of "
+        "%.2f GiB\n",
+        arena->total / 1073741824.0, dm.backend_bytes / 1073741824.0, dm.device_used / 1073741824.0,
+        dm.device_total / 1073741824.0);
+    double tps = (double)B * T * steps / dt, flops = model_flops_per_token(m) * tps;
+    printf(
+        "bench_gpu: %d steps in %.3f s: %.1f ms/step, %.0f tokens/s, %.1f TFLOP/s, MFU %.1f%% of "
+        "%.0f TFLOP/s (last loss %.4f)\n",
+        steps, dt, dt / steps * 1e3, tps, flops / 1e12, 100.0 * flops / peak, peak / 1e12, loss);
+    const int prof_steps = 2;
+    ops_prof_enable(po, 1);
+    for (int s = 0; s < prof_steps; s++)
+        train_step(m, po, in, tgt, mom, var, B, T, warm + steps + s + 1);
+    printf("bench_gpu: where a step's time goes (%d more steps, each op between two syncs):\n",
+           prof_steps);
+    ops_prof_print(po, stdout, prof_steps);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "attention") == 0) return bench_attention(argc, argv);
     int B = argc > 1 ? atoi(argv[1]) : 8, T = argc > 2 ? atoi(argv[2]) : 1024;
@@ -124,21 +191,7 @@ int main(int argc, char **argv) {
     }
 
     ust_config c;
-    cfg_defaults(&c);
-    if (strcmp(shape, "llama-tiny") == 0) {
-        c.model.arch = ARCH_LLAMA;
-        c.model.n_layer = 4, c.model.d_model = 256, c.model.n_head = 8, c.model.n_kv_head = 4;
-        c.model.d_ff = 768, c.model.vocab_size = 512;
-    } else {
-        c.model.arch = ARCH_GPT2;
-        c.model.n_layer = 12, c.model.d_model = 768, c.model.n_head = 12, c.model.n_kv_head = 12;
-        c.model.d_ff = 3072, c.model.vocab_size = 50257;
-    }
-    c.model.max_seq_len = T;
-    c.train.seq_len = T;
-    c.train.micro_batch_size = B;
-    c.train.global_batch_size = B;
-    c.train.precision = bf16 ? PREC_BF16 : PREC_FP32;
+    bench_config(&c, shape, B, T, bf16);
 
     ust_err e;
     ust_ops *o = ops_cuda_create(0, &e);
@@ -162,45 +215,11 @@ int main(int argc, char **argv) {
           *var = po->alloc(po, (size_t)n * sizeof(float));
     int32_t *in = malloc((size_t)B * T * sizeof(int32_t)),
             *tgt = malloc((size_t)B * T * sizeof(int32_t));
-    uint64_t x = 88172645463325252ull;
-    for (int i = 0; i < B * T; i++) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        in[i] = (int32_t)(x % (uint64_t)c.model.vocab_size);
-        tgt[i] = (int32_t)((x >> 20) % (uint64_t)c.model.vocab_size);
-    }
+    bench_tokens(in, tgt, B * T, c.model.vocab_size);
     printf("bench_gpu: %s B=%d T=%d %s, %lld parameters, %.3g FLOP/token, arena %.2f GiB\n", shape,
-           B, T, bf16 ? "bf16 (activations, matmuls)" : "fp32", (long long)n, model_flops_per_token(m),
-           arena.total / 1073741824.0);
-    double t0 = 0.0, loss = 0.0;
-    int warm = 2;
-    for (int s = 0; s < warm + steps; s++) {
-        if (s == warm) {
-            o->sync(o);
-            t0 = log_now_s();
-        }
-        loss = train_step(m, po, in, tgt, mom, var, B, T, s + 1);
-    }
-    o->sync(o);
-    double dt = log_now_s() - t0;
-    ops_mem dm;
-    o->memory(o, &dm);
-    printf(
-        "bench_gpu: device memory: arena %.2f GiB, backend scratch %.2f GiB, device used %.2f of "
-        "%.2f GiB\n",
-        arena.total / 1073741824.0, dm.backend_bytes / 1073741824.0, dm.device_used / 1073741824.0,
-        dm.device_total / 1073741824.0);
-    double tps = (double)B * T * steps / dt, flops = model_flops_per_token(m) * tps;
-    printf(
-        "bench_gpu: %d steps in %.3f s: %.1f ms/step, %.0f tokens/s, %.1f TFLOP/s, MFU %.1f%% of "
-        "%.0f TFLOP/s (last loss %.4f)\n",
-        steps, dt, dt / steps * 1e3, tps, flops / 1e12, 100.0 * flops / peak, peak / 1e12, loss);
-    const int prof_steps = 2;
-    ops_prof_enable(po, 1);
-    for (int s = 0; s < prof_steps; s++)
-        train_step(m, po, in, tgt, mom, var, B, T, warm + steps + s + 1);
-    printf("bench_gpu: where a step's time goes (%d more steps, each op between two syncs):\n",
-           prof_steps);
-    ops_prof_print(po, stdout, prof_steps);
+           B, T, bf16 ? "bf16 (activations, matmuls)" : "fp32", (long long)n,
+           model_flops_per_token(m), arena.total / 1073741824.0);
+    bench_steps(m, o, po, &arena, in, tgt, mom, var, B, T, steps, peak);
     free(in);
     free(tgt);
     o->free(o, mom);

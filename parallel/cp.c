@@ -52,42 +52,42 @@ static double visible_pairs(const int32_t *qp, const int32_t *kp, int Tq, int Tk
 /* The head split of Ulysses over a ranks: query heads H / a each; key/value heads Hkv / a, or
  * (fewer key/value heads than ranks) the one that rank's query heads use. */
 static void head_split(ust_cp *cp, int H) {
-    int a = cp->a, Hkv = cp->Hkv;
+    int a = cp->uly.a, Hkv = cp->Hkv;
     cp->H = H;
-    cp->Hq = H, cp->Hk = Hkv;
+    cp->uly.Hq = H, cp->uly.Hk = Hkv;
     if (a > 1) {
         UST_ASSERT(H % a == 0 && (Hkv % a == 0 || a % Hkv == 0),
                    "Ulysses over %d ranks: %d query and %d key/value heads", a, H, Hkv);
-        cp->Hq = H / a;
-        cp->Hk = Hkv % a == 0 ? Hkv / a : 1;
+        cp->uly.Hq = H / a;
+        cp->uly.Hk = Hkv % a == 0 ? Hkv / a : 1;
     }
-    cp->Hkvr = cp->Hk; /* the ring stage moves the head-split blocks */
+    cp->ring.Hkvr = cp->uly.Hk; /* the ring stage moves the head-split blocks */
 }
 
 /* Query heads j*Hq.. of member j use key/value heads from (j*Hq) / (H/Hkv) on. */
-static int kv_first(const ust_cp *cp, int j) { return j * cp->Hq / (cp->H / cp->Hkv); }
+static int kv_first(const ust_cp *cp, int j) { return j * cp->uly.Hq / (cp->H / cp->Hkv); }
 
 /* The ring stage's geometry and its blocks' positions (host), from the layout's. */
 static void ring_blocks(ust_cp *cp) {
-    int a = cp->a, rn = cp->n / a, Tl = cp->Tl;
-    cp->rn = rn;
-    cp->rr = cp->rank / a;
+    int a = cp->uly.a, rn = cp->n / a, Tl = cp->Tl;
+    cp->ring.rn = rn;
+    cp->ring.rr = cp->rank / a;
     cp->Tb = a * Tl;
-    cp->bpos_host = malloc((size_t)cp->n * Tl * sizeof(int32_t));
-    UST_ASSERT(cp->bpos_host, "out of host memory");
+    cp->ring.bpos_host = malloc((size_t)cp->n * Tl * sizeof(int32_t));
+    UST_ASSERT(cp->ring.bpos_host, "out of host memory");
     /* block g holds the tokens of cp ranks g*a .. g*a+a-1, in that order: the layout's own
      * order, so the blocks are the positions table itself */
-    memcpy(cp->bpos_host, cp->pos_host, (size_t)cp->n * Tl * sizeof(int32_t));
-    cp->block_pairs = malloc(rn * sizeof(double));
-    cp->block_max = malloc(rn * sizeof(int32_t));
-    UST_ASSERT(cp->block_pairs && cp->block_max, "out of host memory");
-    const int32_t *mine = cp->bpos_host + (size_t)cp->rr * cp->Tb;
+    memcpy(cp->ring.bpos_host, cp->pos_host, (size_t)cp->n * Tl * sizeof(int32_t));
+    cp->ring.block_pairs = malloc(rn * sizeof(double));
+    cp->ring.block_max = malloc(rn * sizeof(int32_t));
+    UST_ASSERT(cp->ring.block_pairs && cp->ring.block_max, "out of host memory");
+    const int32_t *mine = cp->ring.bpos_host + (size_t)cp->ring.rr * cp->Tb;
     for (int g = 0; g < rn; g++) {
-        const int32_t *kp = cp->bpos_host + (size_t)g * cp->Tb;
-        cp->block_pairs[g] = visible_pairs(mine, kp, cp->Tb, cp->Tb);
-        cp->block_max[g] = kp[0];
+        const int32_t *kp = cp->ring.bpos_host + (size_t)g * cp->Tb;
+        cp->ring.block_pairs[g] = visible_pairs(mine, kp, cp->Tb, cp->Tb);
+        cp->ring.block_max[g] = kp[0];
         for (int j = 1; j < cp->Tb; j++)
-            cp->block_max[g] = kp[j] > cp->block_max[g] ? kp[j] : cp->block_max[g];
+            cp->ring.block_max[g] = kp[j] > cp->ring.block_max[g] ? kp[j] : cp->ring.block_max[g];
     }
 }
 
@@ -107,17 +107,17 @@ void cp_init(ust_cp *cp, const ust_ops *ops, ust_comm *comm, ust_comm *a2a, ust_
     cp->D = D;
     cp->layout = layout;
     cp->mode = mode;
-    cp->a = 1;
-    cp->ring = comm;
+    cp->uly.a = 1;
+    cp->ring.comm = comm;
     if (cp->n > 1 && mode == CP_A2A) {
-        cp->a = cp->n, cp->a2a = comm, cp->ring = NULL;
+        cp->uly.a = cp->n, cp->uly.comm = comm, cp->ring.comm = NULL;
     } else if (cp->n > 1 && mode == CP_A2A_RING) {
         UST_ASSERT(a2a && ring && comm_size(a2a) == cp_a2a &&
                        comm_size(a2a) * comm_size(ring) == cp->n &&
                        comm_rank(a2a) == cp->rank % cp_a2a && comm_rank(ring) == cp->rank / cp_a2a,
                    "a2a+ring: sub-groups of %d and %d ranks for cp %d, Ulysses degree %d",
                    a2a ? comm_size(a2a) : 0, ring ? comm_size(ring) : 0, cp->n, cp_a2a);
-        cp->a = cp_a2a, cp->a2a = a2a, cp->ring = ring;
+        cp->uly.a = cp_a2a, cp->uly.comm = a2a, cp->ring.comm = ring;
     }
     cp->pos_host = malloc((size_t)cp->n * cp->Tl * sizeof(int32_t));
     UST_ASSERT(cp->pos_host, "out of host memory");
@@ -126,7 +126,8 @@ void cp_init(ust_cp *cp, const ust_ops *ops, ust_comm *comm, ust_comm *a2a, ust_
     ring_blocks(cp);
     cp_alloc_buffers(cp, arena, H);
     ops->to_device(ops, cp->pos, cp->pos_host, (size_t)cp->n * cp->Tl * sizeof(int32_t));
-    ops->to_device(ops, cp->bpos, cp->bpos_host, (size_t)cp->n * cp->Tl * sizeof(int32_t));
+    ops->to_device(ops, cp->ring.bpos, cp->ring.bpos_host,
+                   (size_t)cp->n * cp->Tl * sizeof(int32_t));
 }
 
 void cp_alloc_buffers(ust_cp *cp, ust_arena *arena, int H) {
@@ -134,59 +135,60 @@ void cp_alloc_buffers(ust_cp *cp, ust_arena *arena, int H) {
     int B = cp->B, D = cp->D;
     head_split(cp, H);
     cp->pos = mem_alloc(arena, MEM_ACTS, (size_t)cp->n * cp->Tl * sizeof(int32_t));
-    cp->bpos = mem_alloc(arena, MEM_ACTS, (size_t)cp->n * cp->Tl * sizeof(int32_t));
+    cp->ring.bpos = mem_alloc(arena, MEM_ACTS, (size_t)cp->n * cp->Tl * sizeof(int32_t));
     if (cp->n == 1) return;
-    if (cp->a > 1) {
-        size_t qb = act_bytes(ops, (int64_t)B * cp->Tb * cp->Hq * D);
-        size_t kb = act_bytes(ops, (int64_t)B * cp->Tb * cp->Hk * D);
-        act **q[4] = {&cp->uq, &cp->uo, &cp->udq, &cp->udo},
-            **k[4] = {&cp->uk, &cp->uv, &cp->udk, &cp->udv};
+    if (cp->uly.a > 1) {
+        size_t qb = act_bytes(ops, (int64_t)B * cp->Tb * cp->uly.Hq * D);
+        size_t kb = act_bytes(ops, (int64_t)B * cp->Tb * cp->uly.Hk * D);
+        act **q[4] = {&cp->uly.uq, &cp->uly.uo, &cp->uly.udq, &cp->uly.udo},
+            **k[4] = {&cp->uly.uk, &cp->uly.uv, &cp->uly.udk, &cp->uly.udv};
         for (int i = 0; i < 4; i++) *q[i] = mem_alloc(arena, MEM_ACTS, qb);
         for (int i = 0; i < 4; i++) *k[i] = mem_alloc(arena, MEM_ACTS, kb);
         size_t stage = qb > kb ? qb : kb;
-        cp->sbuf = mem_alloc(arena, MEM_ACTS, stage);
-        cp->rbuf = mem_alloc(arena, MEM_ACTS, stage);
+        cp->uly.sbuf = mem_alloc(arena, MEM_ACTS, stage);
+        cp->uly.rbuf = mem_alloc(arena, MEM_ACTS, stage);
     }
-    if (cp->rn == 1) return;
-    size_t blk = act_bytes(ops, (int64_t)B * cp->Tb * cp->Hkvr * D);
-    cp->acc_dk = mem_alloc(arena, MEM_ACTS, blk);
-    cp->acc_dv = mem_alloc(arena, MEM_ACTS, blk);
+    if (cp->ring.rn == 1) return;
+    size_t blk = act_bytes(ops, (int64_t)B * cp->Tb * cp->ring.Hkvr * D);
+    cp->ring.acc_dk = mem_alloc(arena, MEM_ACTS, blk);
+    cp->ring.acc_dv = mem_alloc(arena, MEM_ACTS, blk);
     if (cp->mode != CP_ALLGATHER) {
         for (int s = 0; s < 2; s++)
-            for (int k = 0; k < 4; k++) cp->kv[s][k] = mem_alloc(arena, MEM_ACTS, blk);
+            for (int k = 0; k < 4; k++) cp->ring.kv[s][k] = mem_alloc(arena, MEM_ACTS, blk);
     } else {
-        cp->all_k = mem_alloc(arena, MEM_ACTS, blk * cp->rn);
-        cp->all_v = mem_alloc(arena, MEM_ACTS, blk * cp->rn);
-        cp->all_dk = mem_alloc(arena, MEM_ACTS, blk * cp->rn);
-        cp->all_dv = mem_alloc(arena, MEM_ACTS, blk * cp->rn);
+        cp->ring.all_k = mem_alloc(arena, MEM_ACTS, blk * cp->ring.rn);
+        cp->ring.all_v = mem_alloc(arena, MEM_ACTS, blk * cp->ring.rn);
+        cp->ring.all_dk = mem_alloc(arena, MEM_ACTS, blk * cp->ring.rn);
+        cp->ring.all_dv = mem_alloc(arena, MEM_ACTS, blk * cp->ring.rn);
     }
-    cp->part_out = mem_alloc(arena, MEM_ACTS, act_bytes(ops, (int64_t)B * cp->Tb * cp->Hq * D));
-    cp->part_lse = mem_alloc(arena, MEM_ACTS, (size_t)B * cp->Hq * cp->Tb * sizeof(float));
+    cp->ring.part_out =
+        mem_alloc(arena, MEM_ACTS, act_bytes(ops, (int64_t)B * cp->Tb * cp->uly.Hq * D));
+    cp->ring.part_lse = mem_alloc(arena, MEM_ACTS, (size_t)B * cp->uly.Hq * cp->Tb * sizeof(float));
 }
 
 ust_cp cp_shape(const ust_ops *ops, int n, int a, int T, int B, int Hkv, int D, ust_cp_comm mode) {
     /* clang-format off */
     ust_cp cp = {.ops = ops, .n = n, .T = T, .Tl = T / n, .B = B, .Hkv = Hkv, .D = D,
-                 .mode = mode, .a = n > 1 && a > 1 ? a : 1};
+                 .mode = mode, .uly.a = n > 1 && a > 1 ? a : 1};
     /* clang-format on */
-    cp.rn = n / cp.a, cp.Tb = cp.a * cp.Tl;
-    cp.Hkvr = cp.a > 1 ? (Hkv % cp.a == 0 ? Hkv / cp.a : 1) : Hkv;
+    cp.ring.rn = n / cp.uly.a, cp.Tb = cp.uly.a * cp.Tl;
+    cp.ring.Hkvr = cp.uly.a > 1 ? (Hkv % cp.uly.a == 0 ? Hkv / cp.uly.a : 1) : Hkv;
     return cp;
 }
 
 int cp_local_len(const ust_cp *cp) { return cp->Tl; }
 int cp_is_first(const ust_cp *cp) { return cp->rank == 0; }
-int cp_ulysses(const ust_cp *cp) { return cp->a; }
+int cp_ulysses(const ust_cp *cp) { return cp->uly.a; }
 
 void cp_free(ust_cp *cp) {
     free(cp->pos_host);
-    free(cp->bpos_host);
-    free(cp->block_pairs);
-    free(cp->block_max);
-    free(cp->ustart_host);
-    cp->pos_host = cp->bpos_host = cp->ustart_host = NULL;
-    cp->block_pairs = NULL;
-    cp->block_max = NULL;
+    free(cp->ring.bpos_host);
+    free(cp->ring.block_pairs);
+    free(cp->ring.block_max);
+    free(cp->uly.ustart_host);
+    cp->pos_host = cp->ring.bpos_host = cp->uly.ustart_host = NULL;
+    cp->ring.block_pairs = NULL;
+    cp->ring.block_max = NULL;
 }
 const int32_t *cp_positions_of(const ust_cp *cp, int r) {
     return cp->pos_host + (size_t)r * cp->Tl;
@@ -194,10 +196,12 @@ const int32_t *cp_positions_of(const ust_cp *cp, int r) {
 const int32_t *cp_positions_device(const ust_cp *cp) { return cp->pos + (size_t)cp->rank * cp->Tl; }
 
 /* The positions of the ring stage's block g (device). */
-static const int32_t *pos_dev(const ust_cp *cp, int g) { return cp->bpos + (size_t)g * cp->Tb; }
+static const int32_t *pos_dev(const ust_cp *cp, int g) {
+    return cp->ring.bpos + (size_t)g * cp->Tb;
+}
 
 static void count(ust_cp *cp, int owner, int H) {
-    cp->pairs += (double)cp->B * H * cp->block_pairs[owner];
+    cp->pairs += (double)cp->B * H * cp->ring.block_pairs[owner];
 }
 
 double cp_a2a_layer_bytes(int a, int B, int Tl, int H, int Hkv, int D, int es, int backward) {
@@ -212,7 +216,7 @@ static const int32_t *starts(const cp_docs *docs) { return docs ? docs->start : 
 /* Under document masking, no query here can see the block of `owner` (counted). The local
  * block never is: every query sees itself. */
 static int hidden(ust_cp *cp, int owner, const cp_docs *docs) {
-    if (!docs || owner == cp->rr || cp->block_max[owner] >= docs->min_start) return 0;
+    if (!docs || owner == cp->ring.rr || cp->ring.block_max[owner] >= docs->min_start) return 0;
     cp->skipped++;
     return 1;
 }
@@ -221,25 +225,26 @@ static int hidden(ust_cp *cp, int owner, const cp_docs *docs) {
  * receive as many into recv[] from the previous one (one batch, so two ranks exchanging with each
  * other cannot deadlock). */
 static comm_req pass_on(ust_cp *cp, act *const *send, act *const *recv, int nbuf) {
-    comm_p2p *ops = cp->p2p; /* must stay valid until the wait */
-    size_t count = (size_t)cp->B * cp->Tb * cp->Hkvr * cp->D;
-    int next = (cp->rr + 1) % cp->rn, prev = (cp->rr + cp->rn - 1) % cp->rn;
+    comm_p2p *ops = cp->ring.p2p; /* must stay valid until the wait */
+    size_t count = (size_t)cp->B * cp->Tb * cp->ring.Hkvr * cp->D;
+    int next = (cp->ring.rr + 1) % cp->ring.rn,
+        prev = (cp->ring.rr + cp->ring.rn - 1) % cp->ring.rn;
     for (int i = 0; i < nbuf; i++) {
         ops[2 * i] = (comm_p2p){.peer = next, .is_send = 1, .buf = send[i], .count = count};
         ops[2 * i + 1] = (comm_p2p){.peer = prev, .is_send = 0, .buf = recv[i], .count = count};
     }
-    return comm_sendrecv(cp->ring, ops, 2 * nbuf, comm_act_dtype(cp->ops));
+    return comm_sendrecv(cp->ring.comm, ops, 2 * nbuf, comm_act_dtype(cp->ops));
 }
 
 static void gather_blocks(ust_cp *cp, const act *k, const act *v) {
-    size_t count = (size_t)cp->B * cp->Tb * cp->Hkvr * cp->D;
+    size_t count = (size_t)cp->B * cp->Tb * cp->ring.Hkvr * cp->D;
     comm_dtype t = comm_act_dtype(cp->ops);
-    comm_req r[2] = {comm_allgather(cp->ring, k, cp->all_k, count, t),
-                     comm_allgather(cp->ring, v, cp->all_v, count, t)};
+    comm_req r[2] = {comm_allgather(cp->ring.comm, k, cp->ring.all_k, count, t),
+                     comm_allgather(cp->ring.comm, v, cp->ring.all_v, count, t)};
     comm_wait_all(r, 2);
 }
 
-static size_t blk(const ust_cp *cp) { return (size_t)cp->B * cp->Tb * cp->Hkvr * cp->D; }
+static size_t blk(const ust_cp *cp) { return (size_t)cp->B * cp->Tb * cp->ring.Hkvr * cp->D; }
 
 /* Block r of an allgather-mode buffer (every rank's block, in rank order). */
 static act *block_of(const ust_cp *cp, act *all, int r) {
@@ -250,32 +255,33 @@ static act *block_of(const ust_cp *cp, act *all, int r) {
 static void ring_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *k, const act *v,
                      int H, const cp_docs *docs) {
     const ust_ops *o = cp->ops;
-    int B = cp->B, Tl = cp->Tb, Hkv = cp->Hkvr, D = cp->D, n = cp->rn;
-    const int32_t *qp = pos_dev(cp, cp->rr);
+    cp_ring_stage *rg = &cp->ring;
+    int B = cp->B, Tl = cp->Tb, Hkv = rg->Hkvr, D = cp->D, n = rg->rn;
+    const int32_t *qp = pos_dev(cp, rg->rr);
     if (n > 1 && cp->mode == CP_ALLGATHER) gather_blocks(cp, k, v);
     const act *ck = k, *cv = v;
     /* step s works on the block of rank - s; the local block comes first: it holds the diagonal,
      * so every query sees at least one key before any merge */
     for (int s = 0; s < n; s++) {
-        int owner = (cp->rr - s + n) % n;
+        int owner = (rg->rr - s + n) % n;
         comm_req r = {0};
         act *nk = NULL, *nv = NULL;
         if (cp->mode != CP_ALLGATHER && s + 1 < n) {
             /* send the block in hand on before computing with it, so the transfer overlaps */
             act *send[2] = {(act *)ck, (act *)cv};
-            act *recv[2] = {cp->kv[(s + 1) % 2][0], cp->kv[(s + 1) % 2][1]};
+            act *recv[2] = {rg->kv[(s + 1) % 2][0], rg->kv[(s + 1) % 2][1]};
             r = pass_on(cp, send, recv, 2);
             nk = recv[0], nv = recv[1];
         } else if (cp->mode == CP_ALLGATHER && s > 0) {
-            ck = block_of(cp, cp->all_k, owner), cv = block_of(cp, cp->all_v, owner);
+            ck = block_of(cp, rg->all_k, owner), cv = block_of(cp, rg->all_v, owner);
         }
         if (s == 0) {
             o->attention_fwd(o, out, lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp, qp, 1, starts(docs));
             count(cp, owner, H);
         } else if (!hidden(cp, owner, docs)) {
-            o->attention_fwd(o, cp->part_out, cp->part_lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp,
+            o->attention_fwd(o, rg->part_out, rg->part_lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp,
                              pos_dev(cp, owner), 1, starts(docs));
-            o->attention_merge(o, out, lse, cp->part_out, cp->part_lse, B, Tl, H, D);
+            o->attention_merge(o, out, lse, rg->part_out, rg->part_lse, B, Tl, H, D);
             count(cp, owner, H);
         }
         if (nk) {
@@ -289,8 +295,9 @@ static void ring_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, con
                      const float *lse, const act *q, const act *k, const act *v, int H,
                      const cp_docs *docs) {
     const ust_ops *o = cp->ops;
-    int B = cp->B, Tl = cp->Tb, Hkv = cp->Hkvr, D = cp->D, n = cp->rn;
-    const int32_t *qp = pos_dev(cp, cp->rr);
+    cp_ring_stage *rg = &cp->ring;
+    int B = cp->B, Tl = cp->Tb, Hkv = rg->Hkvr, D = cp->D, n = rg->rn;
+    const int32_t *qp = pos_dev(cp, rg->rr);
     if (n == 1) {
         o->attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, Tl, Tl, H, Hkv, D, qp, qp, 1,
                          starts(docs));
@@ -299,32 +306,32 @@ static void ring_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, con
     if (cp->mode == CP_ALLGATHER) {
         /* every block's gradient computed here, then summed at its owner */
         gather_blocks(cp, k, v);
-        o->zero(o, cp->all_dk, act_bytes(o, blk(cp) * n));
-        o->zero(o, cp->all_dv, act_bytes(o, blk(cp) * n));
+        o->zero(o, rg->all_dk, act_bytes(o, blk(cp) * n));
+        o->zero(o, rg->all_dv, act_bytes(o, blk(cp) * n));
         for (int r = 0; r < n; r++)
             if (!hidden(cp, r, docs))
-                o->attention_bwd(o, dq, block_of(cp, cp->all_dk, r), block_of(cp, cp->all_dv, r),
-                                 dout, out, lse, q, block_of(cp, cp->all_k, r),
-                                 block_of(cp, cp->all_v, r), B, Tl, Tl, H, Hkv, D, qp,
+                o->attention_bwd(o, dq, block_of(cp, rg->all_dk, r), block_of(cp, rg->all_dv, r),
+                                 dout, out, lse, q, block_of(cp, rg->all_k, r),
+                                 block_of(cp, rg->all_v, r), B, Tl, Tl, H, Hkv, D, qp,
                                  pos_dev(cp, r), 1, starts(docs));
         comm_dtype t = comm_act_dtype(o);
         comm_req r[2] = {
-            comm_reduce_scatter(cp->ring, cp->all_dk, cp->acc_dk, blk(cp), t, COMM_SUM),
-            comm_reduce_scatter(cp->ring, cp->all_dv, cp->acc_dv, blk(cp), t, COMM_SUM)};
+            comm_reduce_scatter(rg->comm, rg->all_dk, rg->acc_dk, blk(cp), t, COMM_SUM),
+            comm_reduce_scatter(rg->comm, rg->all_dv, rg->acc_dv, blk(cp), t, COMM_SUM)};
         comm_wait_all(r, 2);
-        o->add(o, dk, dk, cp->acc_dk, (int64_t)blk(cp));
-        o->add(o, dv, dv, cp->acc_dv, (int64_t)blk(cp));
+        o->add(o, dk, dk, rg->acc_dk, (int64_t)blk(cp));
+        o->add(o, dv, dv, rg->acc_dv, (int64_t)blk(cp));
         return;
     }
     /* the ring: the block in hand (k, v and the gradients gathered for it so far) moves on after
      * each step; after n steps every block is back at its owner with its whole gradient */
-    o->zero(o, cp->acc_dk, act_bytes(o, blk(cp)));
-    o->zero(o, cp->acc_dv, act_bytes(o, blk(cp)));
+    o->zero(o, rg->acc_dk, act_bytes(o, blk(cp)));
+    o->zero(o, rg->acc_dv, act_bytes(o, blk(cp)));
     const act *ck = k, *cv = v;
-    act *cdk = cp->acc_dk, *cdv = cp->acc_dv;
+    act *cdk = rg->acc_dk, *cdv = rg->acc_dv;
     for (int s = 0; s < n; s++) {
-        int owner = (cp->rr - s + n) % n;
-        act *const *buf = cp->kv[s % 2];
+        int owner = (rg->rr - s + n) % n;
+        act *const *buf = rg->kv[s % 2];
         /* the block's keys and values move on while we compute; its gradients after */
         comm_req kv = {0};
         if (s + 1 < n) {
@@ -350,9 +357,10 @@ static void ring_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, con
 static size_t ab(const ust_cp *cp, int64_t count) { return act_bytes(cp->ops, count); }
 
 static void a2a_run(ust_cp *cp, size_t count) {
-    comm_req r = comm_alltoall(cp->a2a, cp->sbuf, cp->rbuf, count, comm_act_dtype(cp->ops));
+    comm_req r =
+        comm_alltoall(cp->uly.comm, cp->uly.sbuf, cp->uly.rbuf, count, comm_act_dtype(cp->ops));
     comm_wait(&r);
-    cp->a2a_bytes += (double)(cp->a - 1) * ab(cp, (int64_t)count);
+    cp->a2a_bytes += (double)(cp->uly.a - 1) * ab(cp, (int64_t)count);
 }
 
 /* Sequence split to head split: x(B, Tl, heads, D) of this rank's tokens to u(B, Tb, h, D), every
@@ -360,17 +368,17 @@ static void a2a_run(ust_cp *cp, size_t count) {
  * member j is sent its heads [first(j), first(j)+h). */
 static void to_heads(ust_cp *cp, act *u, const act *x, int heads, int h, int kv) {
     const ust_ops *o = cp->ops;
-    int a = cp->a, B = cp->B, Tl = cp->Tl, D = cp->D;
+    int a = cp->uly.a, B = cp->B, Tl = cp->Tl, D = cp->D;
     int64_t part = (int64_t)B * Tl * h * D; /* what one member gets */
     for (int j = 0; j < a; j++)
-        o->copy2d(o, act_at(o, cp->sbuf, j * part), ab(cp, (int64_t)h * D),
+        o->copy2d(o, act_at(o, cp->uly.sbuf, j * part), ab(cp, (int64_t)h * D),
                   act_at(o, x, (int64_t)(kv ? kv_first(cp, j) : j * h) * D),
                   ab(cp, (int64_t)heads * D), ab(cp, (int64_t)h * D), (size_t)B * Tl);
     a2a_run(cp, (size_t)part);
     /* rbuf holds member j's (B, Tl, h, D) at j*part: to (B, Tb, h, D) */
     for (int j = 0; j < a; j++)
         o->copy2d(o, act_at(o, u, (int64_t)j * Tl * h * D), ab(cp, (int64_t)cp->Tb * h * D),
-                  act_at(o, cp->rbuf, j * part), ab(cp, (int64_t)Tl * h * D),
+                  act_at(o, cp->uly.rbuf, j * part), ab(cp, (int64_t)Tl * h * D),
                   ab(cp, (int64_t)Tl * h * D), (size_t)B);
 }
 
@@ -378,10 +386,10 @@ static void to_heads(ust_cp *cp, act *u, const act *x, int heads, int h, int kv)
  * gradients: the replicas of a key/value head are summed), else x is overwritten. */
 static void from_heads(ust_cp *cp, act *x, const act *u, int heads, int h, int kv, int acc) {
     const ust_ops *o = cp->ops;
-    int a = cp->a, B = cp->B, Tl = cp->Tl, D = cp->D;
+    int a = cp->uly.a, B = cp->B, Tl = cp->Tl, D = cp->D;
     int64_t part = (int64_t)B * Tl * h * D;
     for (int j = 0; j < a; j++) /* member j gets its tokens */
-        o->copy2d(o, act_at(o, cp->sbuf, j * part), ab(cp, (int64_t)Tl * h * D),
+        o->copy2d(o, act_at(o, cp->uly.sbuf, j * part), ab(cp, (int64_t)Tl * h * D),
                   act_at(o, u, (int64_t)j * Tl * h * D), ab(cp, (int64_t)cp->Tb * h * D),
                   ab(cp, (int64_t)Tl * h * D), (size_t)B);
     a2a_run(cp, (size_t)part);
@@ -390,72 +398,72 @@ static void from_heads(ust_cp *cp, act *x, const act *u, int heads, int h, int k
     int rep = kv && cp->Hkv < a ? a / cp->Hkv : 1;
     int64_t total = (int64_t)B * Tl * heads * D;
     for (int c = 0; c < rep; c++) {
-        act *dst = acc ? cp->sbuf : x; /* sbuf is free once the all-to-all is done */
+        act *dst = acc ? cp->uly.sbuf : x; /* sbuf is free once the all-to-all is done */
         for (int j = c; j < a; j += rep)
             o->copy2d(o, act_at(o, dst, (int64_t)(kv ? kv_first(cp, j) : j * h) * D),
-                      ab(cp, (int64_t)heads * D), act_at(o, cp->rbuf, j * part),
+                      ab(cp, (int64_t)heads * D), act_at(o, cp->uly.rbuf, j * part),
                       ab(cp, (int64_t)h * D), ab(cp, (int64_t)h * D), (size_t)B * Tl);
-        if (acc) o->add(o, x, x, cp->sbuf, total);
+        if (acc) o->add(o, x, x, cp->uly.sbuf, total);
     }
 }
 
 void cp_attention_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *k, const act *v,
                       int H, const cp_docs *docs) {
-    if (cp->a == 1) {
+    if (cp->uly.a == 1) {
         ring_fwd(cp, out, lse, q, k, v, H, docs);
         return;
     }
     UST_ASSERT(H == cp->H, "attention with %d heads, cp sized for %d", H, cp->H);
-    to_heads(cp, cp->uq, q, H, cp->Hq, 0);
-    to_heads(cp, cp->uk, k, cp->Hkv, cp->Hk, 1);
-    to_heads(cp, cp->uv, v, cp->Hkv, cp->Hk, 1);
+    to_heads(cp, cp->uly.uq, q, H, cp->uly.Hq, 0);
+    to_heads(cp, cp->uly.uk, k, cp->Hkv, cp->uly.Hk, 1);
+    to_heads(cp, cp->uly.uv, v, cp->Hkv, cp->uly.Hk, 1);
     /* lse(B, Hq, Tb) fills the caller's (B, H, Tl): the same count, kept for backward */
-    ring_fwd(cp, cp->uo, lse, cp->uq, cp->uk, cp->uv, cp->Hq, docs);
-    from_heads(cp, out, cp->uo, H, cp->Hq, 0, 0);
+    ring_fwd(cp, cp->uly.uo, lse, cp->uly.uq, cp->uly.uk, cp->uly.uv, cp->uly.Hq, docs);
+    from_heads(cp, out, cp->uly.uo, H, cp->uly.Hq, 0, 0);
 }
 
 void cp_attention_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, const act *out,
                       const float *lse, const act *q, const act *k, const act *v, int H,
                       const cp_docs *docs) {
-    if (cp->a == 1) {
+    if (cp->uly.a == 1) {
         ring_bwd(cp, dq, dk, dv, dout, out, lse, q, k, v, H, docs);
         return;
     }
     const ust_ops *o = cp->ops;
     UST_ASSERT(H == cp->H, "attention with %d heads, cp sized for %d", H, cp->H);
-    to_heads(cp, cp->uq, q, H, cp->Hq, 0);
-    to_heads(cp, cp->uk, k, cp->Hkv, cp->Hk, 1);
-    to_heads(cp, cp->uv, v, cp->Hkv, cp->Hk, 1);
-    to_heads(cp, cp->uo, out, H, cp->Hq, 0);
-    to_heads(cp, cp->udo, dout, H, cp->Hq, 0);
-    int64_t nq = (int64_t)cp->B * cp->Tb * cp->Hq * cp->D,
-            nk = (int64_t)cp->B * cp->Tb * cp->Hk * cp->D;
-    o->zero(o, cp->udq, ab(cp, nq));
-    o->zero(o, cp->udk, ab(cp, nk));
-    o->zero(o, cp->udv, ab(cp, nk));
-    ring_bwd(cp, cp->udq, cp->udk, cp->udv, cp->udo, cp->uo, lse, cp->uq, cp->uk, cp->uv, cp->Hq,
-             docs);
-    from_heads(cp, dq, cp->udq, H, cp->Hq, 0, 1);
-    from_heads(cp, dk, cp->udk, cp->Hkv, cp->Hk, 1, 1);
-    from_heads(cp, dv, cp->udv, cp->Hkv, cp->Hk, 1, 1);
+    to_heads(cp, cp->uly.uq, q, H, cp->uly.Hq, 0);
+    to_heads(cp, cp->uly.uk, k, cp->Hkv, cp->uly.Hk, 1);
+    to_heads(cp, cp->uly.uv, v, cp->Hkv, cp->uly.Hk, 1);
+    to_heads(cp, cp->uly.uo, out, H, cp->uly.Hq, 0);
+    to_heads(cp, cp->uly.udo, dout, H, cp->uly.Hq, 0);
+    int64_t nq = (int64_t)cp->B * cp->Tb * cp->uly.Hq * cp->D,
+            nk = (int64_t)cp->B * cp->Tb * cp->uly.Hk * cp->D;
+    o->zero(o, cp->uly.udq, ab(cp, nq));
+    o->zero(o, cp->uly.udk, ab(cp, nk));
+    o->zero(o, cp->uly.udv, ab(cp, nk));
+    ring_bwd(cp, cp->uly.udq, cp->uly.udk, cp->uly.udv, cp->uly.udo, cp->uly.uo, lse, cp->uly.uq,
+             cp->uly.uk, cp->uly.uv, cp->uly.Hq, docs);
+    from_heads(cp, dq, cp->uly.udq, H, cp->uly.Hq, 0, 1);
+    from_heads(cp, dk, cp->uly.udk, cp->Hkv, cp->uly.Hk, 1, 1);
+    from_heads(cp, dv, cp->uly.udv, cp->Hkv, cp->uly.Hk, 1, 1);
 }
 
 int32_t cp_gather_docs(ust_cp *cp, int32_t *full, const int32_t *local) {
     const ust_ops *o = cp->ops;
-    int a = cp->a, B = cp->B, Tl = cp->Tl;
+    int a = cp->uly.a, B = cp->B, Tl = cp->Tl;
     size_t part = (size_t)B * Tl;
     /* int32 as fp32 bits: an all-gather only copies */
-    int32_t *g = (int32_t *)cp->rbuf;
-    comm_req r = comm_allgather(cp->a2a, local, g, part, COMM_FP32);
+    int32_t *g = (int32_t *)cp->uly.rbuf;
+    comm_req r = comm_allgather(cp->uly.comm, local, g, part, COMM_FP32);
     comm_wait(&r);
     for (int j = 0; j < a; j++)
         o->copy2d(o, full + (size_t)j * Tl, (size_t)cp->Tb * sizeof(int32_t), g + j * part,
                   (size_t)Tl * sizeof(int32_t), (size_t)Tl * sizeof(int32_t), (size_t)B);
     size_t N = (size_t)B * cp->Tb;
-    if (!cp->ustart_host) cp->ustart_host = malloc(N * sizeof(int32_t));
-    UST_ASSERT(cp->ustart_host, "out of host memory");
-    o->to_host(o, cp->ustart_host, full, N * sizeof(int32_t));
-    int32_t mn = cp->ustart_host[0];
-    for (size_t i = 1; i < N; i++) mn = cp->ustart_host[i] < mn ? cp->ustart_host[i] : mn;
+    if (!cp->uly.ustart_host) cp->uly.ustart_host = malloc(N * sizeof(int32_t));
+    UST_ASSERT(cp->uly.ustart_host, "out of host memory");
+    o->to_host(o, cp->uly.ustart_host, full, N * sizeof(int32_t));
+    int32_t mn = cp->uly.ustart_host[0];
+    for (size_t i = 1; i < N; i++) mn = cp->uly.ustart_host[i] < mn ? cp->uly.ustart_host[i] : mn;
     return mn;
 }

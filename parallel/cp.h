@@ -1,22 +1,9 @@
-/* cp: context parallelism. Every sequence of T tokens is split over the cp group of n ranks:
- * zigzag (default) cuts it into 2n chunks and gives rank r chunks r and 2n-1-r, so causal
- * attention costs the same on every rank; contiguous gives rank r chunk r of n. Positions and
- * targets follow the tokens. Attention runs as a ring: each rank keeps its queries while key/value
- * blocks travel around the group, partial results merged through their log-sum-exp; in backward
- * the key/value gradients travel with their blocks and arrive home. The allgather variant
- * gathers every block first instead. Everything else runs per token on the local tokens.
- * Ulysses (a2a, DeepSpeed-Ulysses): before attention an all-to-all turns the sequence split into
- * a head split (rank j gets every token of query heads [j H/n, (j+1) H/n) and of their key/value
- * heads; with fewer key/value heads than ranks each is replicated to the ranks whose query heads
- * use it, Megatron's way, and their gradients summed back), attention runs over the whole
- * sequence (positions and document starts gathered with it, in member order: the kernel masks by
- * position, so no reordering is needed), and an all-to-all brings the output back; backward
- * scatters q, k, v, out and d out again (nothing head-split is kept between forward and
- * backward: the layer's activations stay those of the ring) and brings dq, dk, dv back.
- * a2a+ring (Megatron's hierarchical cp): Ulysses inside groups of a consecutive cp ranks (the
- * topology's cp_a2a group), then ring attention across the n / a groups (cp_ring: the ranks with
- * the same heads), each group's gathered tokens one block.
- * With n == 1 every call is the plain single-rank attention. */
+/* cp: context parallelism. Every sequence of T tokens is split over the cp group of n ranks
+ * (zigzag or contiguous: cp_layout_positions); positions and targets follow the tokens, and
+ * everything but attention runs per token on the local tokens. Attention of the local queries over
+ * the whole sequence runs as a ring of key/value blocks (or all-gathered first), as Ulysses
+ * (an all-to-all to a head split and back), or as both (a2a+ring). With n == 1 every call is the
+ * plain single-rank attention. docs/cp.md explains the layouts, the exchanges and their traffic. */
 #ifndef UST_CP_H
 #define UST_CP_H
 
@@ -27,38 +14,57 @@
 #include "mem.h"
 #include "ops.h"
 
-typedef struct ust_cp {
-    const ust_ops *ops;
-    ust_comm *comm; /* the whole group (n ranks, this one `rank`) */
-    int n, rank, T, Tl, B, H, Hkv, D;
-    ust_cp_layout layout;
-    ust_cp_comm mode;
-    int32_t *pos_host; /* n x Tl: the positions every rank holds */
-    int32_t *pos;      /* the same on the device */
-    /* Ulysses over `a` ranks (1: none): after the all-to-all this rank holds Hq query and Hk
-     * key/value heads of Tb = a * Tl tokens */
-    ust_comm *a2a;
-    int a, Hq, Hk;
+/* The Ulysses stage over `a` ranks (1: none; DeepSpeed-Ulysses). Before attention an all-to-all
+ * turns the sequence split into a head split: member j gets every token of query heads
+ * [j H/a, (j+1) H/a) and of their key/value heads; with fewer key/value heads than ranks each is
+ * replicated to the members whose query heads use it, Megatron's way, and their gradients summed
+ * back. Attention then runs over the Tb = a * Tl gathered tokens (positions and document starts
+ * gathered with them, in member order: the kernel masks by position, so nothing is reordered) and
+ * an all-to-all brings the output back. Backward scatters q, k, v, out and d out again (nothing
+ * head-split is kept between forward and backward) and brings dq, dk, dv back. */
+typedef struct {
+    ust_comm *comm; /* the whole group under a2a, the topology's cp_a2a group under a2a+ring */
+    int a, Hq, Hk;  /* after the all-to-all this rank holds Hq query and Hk key/value heads */
     act *uq, *uk, *uv, *uo, *udq, *udk, *udv, *udo; /* head-split tensors (B, Tb, heads, D) */
     act *sbuf, *rbuf;                               /* all-to-all staging */
     int32_t *ustart_host;                           /* gathered document starts, for their min */
-    /* the ring over `rn` blocks of Tb tokens (this rank's block is number rr): the whole group
-     * under ring/allgather, the ring sub-group under a2a+ring, none (rn 1) under a2a */
-    ust_comm *ring;
-    int rn, rr, Tb, Hkvr;
-    int32_t *bpos_host;   /* rn x Tb: each block's positions (host) */
-    int32_t *bpos;        /* the same on the device */
-    act *kv[2][4];        /* ring buffers: k, v, dk, dv of one block, twice */
+} cp_ulysses_stage;
+
+/* The ring over `rn` blocks of Tb tokens (this rank's block is number rr): each rank keeps its
+ * queries while key/value blocks travel around, partial results merged through their
+ * log-sum-exp; in backward the key/value gradients travel with their blocks and arrive home. The
+ * allgather mode gathers every block first instead. */
+typedef struct {
+    ust_comm *comm;     /* the whole group under ring/allgather, cp_ring under a2a+ring, NULL (rn 1)
+                         * under a2a */
+    int rn, rr, Hkvr;   /* Hkvr: the key/value heads of a block (Ulysses' Hk) */
+    int32_t *bpos_host; /* rn x Tb: each block's positions (host) */
+    int32_t *bpos;      /* the same on the device */
+    act *kv[2][4];      /* ring buffers: k, v, dk, dv of one block, twice */
     act *acc_dk, *acc_dv; /* this rank's own block's gradients on their way around */
     act *part_out;
     float *part_lse;
     act *all_k, *all_v, *all_dk, *all_dv; /* allgather mode: every block */
     comm_p2p p2p[8];                      /* the posted send/recv list of the block in flight */
-    double pairs;        /* (query, key) pairs attended so far (causal ones only) */
     double *block_pairs; /* per block owner: causal pairs of our queries with its keys */
-    double a2a_bytes;    /* Ulysses: the bytes this rank's all-to-alls sent (cp_a2a_bytes) */
     int32_t *block_max;  /* per block owner: its largest position */
-    int64_t skipped;     /* blocks no query could see under document masking, not computed */
+} cp_ring_stage;
+
+typedef struct ust_cp {
+    const ust_ops *ops;
+    ust_comm *comm; /* the whole group (n ranks, this one `rank`) */
+    int n, rank, T, Tl, B, H, Hkv, D;
+    int Tb; /* the tokens one attention call sees: a * Tl (the ring's block, Ulysses' gather) */
+    ust_cp_layout layout;
+    ust_cp_comm mode;
+    int32_t *pos_host; /* n x Tl: the positions every rank holds */
+    int32_t *pos;      /* the same on the device */
+    cp_ulysses_stage uly;
+    cp_ring_stage ring;
+    /* statistics, read by the trainer's metrics and the tests */
+    double pairs;     /* (query, key) pairs attended so far (causal ones only) */
+    double a2a_bytes; /* Ulysses: the bytes this rank's all-to-alls sent (cp_a2a_layer_bytes) */
+    int64_t skipped;  /* blocks no query could see under document masking, not computed */
 } ust_cp;
 
 /* A micro-batch's documents (ops.h q_start): where each local query's document begins, on the

@@ -13,7 +13,8 @@
 /* ------------------------------------------------------------------ set-up */
 
 /* The pieces of every parameter this rank holds (whole or its partition) as segments of the
- * parameter, gradient and moment buffers, non-replicas first (d->seg, d->nseg, d->nseg_norm). */
+ * parameter, gradient and moment buffers, non-replicas first (d->buf.seg, d->buf.nseg,
+ * d->buf.nseg_norm). */
 static void make_segments(dp_state *d) {
     const ust_config *c = d->cfg;
     int part = d->stage >= 1;
@@ -23,15 +24,15 @@ static void make_segments(dp_state *d) {
             int u = model_param_unit(d->m, i);
             int64_t a, b, t0 = piece(d, i, part, &a, &b);
             if (b <= a || !!q->replica != replicas) continue;
-            d->seg[d->nseg] = (ops_segment){
+            d->buf.seg[d->buf.nseg] = (ops_segment){
                 .p = at(d, BUF_PARAMS, u, t0 + a) - buf_base(d, BUF_PARAMS),
                 .g = at(d, BUF_GRADS, u, t0 + a) - buf_base(d, BUF_GRADS),
                 .m = at(d, BUF_M, u, t0 + a) - buf_base(d, BUF_M), /* BUF_V: the same layout */
                 .n = b - a,
                 .wd = q->decay ? (float)c->optimizer.weight_decay : 0.0f};
-            d->seg_param[d->nseg++] = i;
+            d->buf.seg_param[d->buf.nseg++] = i;
         }
-        if (!replicas) d->nseg_norm = d->nseg;
+        if (!replicas) d->buf.nseg_norm = d->buf.nseg;
     }
 }
 
@@ -44,8 +45,8 @@ static int vocab_chunk_rows(const ust_config *cfg) {
     int64_t rows = cfg->parallel.zero3_vocab_chunk_rows;
     if (rows <= 0) {
         int64_t mats = md->arch == ARCH_LLAMA ? 3 : 2;
-        rows = (2 * (int64_t)md->n_head * hd + 2 * (int64_t)md->n_kv_head * hd +
-                mats * md->d_ff) / tp;
+        rows =
+            (2 * (int64_t)md->n_head * hd + 2 * (int64_t)md->n_kv_head * hd + mats * md->d_ff) / tp;
         rows = rows < 1 ? 1 : rows;
     }
     int64_t k = (Vl + rows - 1) / rows;
@@ -65,13 +66,13 @@ static void make_buckets(dp_state *d) {
     /* stage 0: units in backward order (head first) grouped until a bucket reaches
      * dp_bucket_mb; a bucket is the contiguous unit range [lo, hi] and is posted at lo's end */
     double cap = d->cfg->parallel.dp_bucket_mb * 1024 * 1024 / sizeof(float);
-    d->bucket_lo = malloc(d->nunits * sizeof *d->bucket_lo);
+    d->red.bucket_lo = malloc(d->lay.nunits * sizeof *d->red.bucket_lo);
     double fill = 0;
-    for (int u = d->nunits - 1; u >= 0; u--) {
-        fill += (double)d->ulen[u];
+    for (int u = d->lay.nunits - 1; u >= 0; u--) {
+        fill += (double)d->lay.ulen[u];
         /* a bucket is one all-reduce: it never spans units reduced over different groups */
-        int close = fill >= cap || u == 0 || d->ucomm[u - 1] != d->ucomm[u];
-        d->bucket_lo[u] = close ? 1 : 0;
+        int close = fill >= cap || u == 0 || d->lay.ucomm[u - 1] != d->lay.ucomm[u];
+        d->red.bucket_lo[u] = close ? 1 : 0;
         if (close) fill = 0;
     }
 }
@@ -79,14 +80,45 @@ static void make_buckets(dp_state *d) {
 /* Each unit's shard over its group of un[u] ranks (chunk, soff) and their total; the largest
  * unit (the working buffers' size), but the first under ZeRO-2 (it has its own). */
 static void shard_units(dp_state *d) {
-    for (int u = 0; u < d->nunits; u++) {
-        UST_ASSERT(d->ulen[u] % d->un[u] == 0, "unit %d length %lld not divisible by %d", u,
-                   (long long)d->ulen[u], d->un[u]);
-        d->chunk[u] = d->ulen[u] / d->un[u];
-        d->soff[u] = d->shard_numel;
-        d->shard_numel += d->chunk[u];
-        if ((u > 0 || d->stage == 3) && d->ulen[u] > d->max_unit) d->max_unit = d->ulen[u];
+    dp_layout *l = &d->lay;
+    for (int u = 0; u < l->nunits; u++) {
+        UST_ASSERT(l->ulen[u] % l->un[u] == 0, "unit %d length %lld not divisible by %d", u,
+                   (long long)l->ulen[u], l->un[u]);
+        l->chunk[u] = l->ulen[u] / l->un[u];
+        l->soff[u] = l->shard_numel;
+        l->shard_numel += l->chunk[u];
+        if ((u > 0 || d->stage == 3) && l->ulen[u] > l->max_unit) l->max_unit = l->ulen[u];
     }
+}
+
+/* The layout's per-unit arrays, with each unit's range in the model's flat buffers (its groups
+ * and shards are the caller's). */
+static void layout_alloc(dp_layout *l, const model *m) {
+    l->nunits = model_num_units(m);
+    l->uoff = calloc(l->nunits, sizeof(int64_t));
+    l->ulen = calloc(l->nunits, sizeof(int64_t));
+    l->chunk = calloc(l->nunits, sizeof(int64_t));
+    l->soff = calloc(l->nunits, sizeof(int64_t));
+    l->ucomm = calloc(l->nunits, sizeof *l->ucomm);
+    l->urank = calloc(l->nunits, sizeof *l->urank);
+    l->un = calloc(l->nunits, sizeof *l->un);
+    UST_ASSERT(l->uoff && l->ulen && l->chunk && l->soff && l->ucomm && l->urank && l->un,
+               "out of host memory");
+    for (int u = 0; u < l->nunits; u++) {
+        model_unit_range(m, u, &l->uoff[u], &l->ulen[u]);
+        l->has_experts |= model_unit_is_expert(m, u);
+    }
+    l->numel = model_numel(m);
+}
+
+static void layout_free(dp_layout *l) {
+    free(l->uoff);
+    free(l->ulen);
+    free(l->chunk);
+    free(l->soff);
+    free(l->ucomm);
+    free(l->urank);
+    free(l->un);
 }
 
 /* ZeRO (Playbook): stage 1 shards the optimizer state, 2 the gradients too, 3 the weights
@@ -96,48 +128,38 @@ static void shard_units(dp_state *d) {
  * the model) has a working buffer of its own; under 3 the model splits the vocabulary tables
  * into units no larger than a layer (dp_model_storage), so every unit shares the buffers. */
 static void alloc_state(dp_state *d, ust_arena *a) {
-    int64_t moments = d->stage >= 1 ? d->shard_numel : d->numel;
-    d->mom_m = mem_alloc(a, MEM_OPTIM, moments * sizeof(float));
-    d->mom_v = mem_alloc(a, MEM_OPTIM, moments * sizeof(float));
-    d->nwork = d->has_experts ? 2 : 1;
+    int64_t moments = d->stage >= 1 ? d->lay.shard_numel : d->lay.numel;
+    d->buf.mom_m = mem_alloc(a, MEM_OPTIM, moments * sizeof(float));
+    d->buf.mom_v = mem_alloc(a, MEM_OPTIM, moments * sizeof(float));
+    d->red.nwork = d->lay.has_experts ? 2 : 1;
     if (d->stage >= 2) {
-        d->g_shard = mem_alloc(a, MEM_GRADS, d->shard_numel * sizeof(float));
-        if (d->stage == 2) d->work_emb = mem_alloc(a, MEM_GRADS, d->ulen[0] * sizeof(float));
-        for (int k = 0; k < d->nwork; k++)
-            d->work[k] = mem_alloc(a, MEM_GRADS, d->max_unit * sizeof(float));
-        for (int k = 0; k < 3; k++) d->rs[k].unit = -1;
+        d->buf.g_shard = mem_alloc(a, MEM_GRADS, d->lay.shard_numel * sizeof(float));
+        if (d->stage == 2)
+            d->red.work_emb = mem_alloc(a, MEM_GRADS, d->lay.ulen[0] * sizeof(float));
+        for (int k = 0; k < d->red.nwork; k++)
+            d->red.work[k] = mem_alloc(a, MEM_GRADS, d->lay.max_unit * sizeof(float));
+        for (int k = 0; k < 3; k++) d->red.rs[k].unit = -1;
     }
     if (d->stage >= 3) {
-        d->p_shard = mem_alloc(a, MEM_PARAMS, d->shard_numel * sizeof(float));
+        d->buf.p_shard = mem_alloc(a, MEM_PARAMS, d->lay.shard_numel * sizeof(float));
         for (int s = 0; s < 2; s++) {
-            d->gath[s] = mem_alloc(a, MEM_PARAMS, d->max_unit * sizeof(float));
-            d->gath_unit[s] = -1;
+            d->red.gath[s] = mem_alloc(a, MEM_PARAMS, d->lay.max_unit * sizeof(float));
+            d->red.gath_unit[s] = -1;
         }
     }
-    d->scalar = mem_alloc(a, MEM_COMM, 4 * sizeof(float));
+    d->red.scalar = mem_alloc(a, MEM_COMM, 4 * sizeof(float));
 }
 
 void dp_count(ust_arena *count, const ust_config *cfg, const model *m, int n, int expert_n,
               int64_t *save_bytes) {
-    dp_state d = {.cfg = cfg, .stage = cfg->optimizer.zero_stage, .nunits = model_num_units(m)};
-    d.m = (model *)m; /* read only: the parameter table, for dp_save_bytes */
-    d.ulen = calloc(d.nunits, sizeof(int64_t));
-    d.uoff = calloc(d.nunits, sizeof(int64_t));
-    d.chunk = calloc(d.nunits, sizeof(int64_t));
-    d.soff = calloc(d.nunits, sizeof(int64_t));
-    d.un = calloc(d.nunits, sizeof *d.un);
-    d.urank = calloc(d.nunits, sizeof *d.urank); /* rank 0 of every group */
-    UST_ASSERT(d.ulen && d.uoff && d.chunk && d.soff && d.un && d.urank, "out of host memory");
-    for (int u = 0; u < d.nunits; u++) {
-        model_unit_range(m, u, &d.uoff[u], &d.ulen[u]);
-        d.un[u] = model_unit_is_expert(m, u) ? expert_n : n;
-        d.has_experts |= model_unit_is_expert(m, u);
-    }
+    dp_state d = {.cfg = cfg, .stage = cfg->optimizer.zero_stage};
+    d.m = (model *)m;        /* read only: the parameter table, for dp_save_bytes */
+    layout_alloc(&d.lay, m); /* urank: rank 0 of every group */
+    for (int u = 0; u < d.lay.nunits; u++) d.lay.un[u] = model_unit_is_expert(m, u) ? expert_n : n;
     shard_units(&d);
-    d.numel = model_numel(m);
     alloc_state(&d, count);
     if (save_bytes) *save_bytes = dp_save_bytes(&d);
-    free(d.ulen), free(d.uoff), free(d.chunk), free(d.soff), free(d.un), free(d.urank);
+    layout_free(&d.lay);
 }
 
 static void on_unit(void *ctx, int u, model_phase ph);
@@ -155,40 +177,29 @@ int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_are
     d->n = comm_size(comm);
     d->rank = comm_rank(comm);
     d->stage = cfg->optimizer.zero_stage;
-    d->nunits = model_num_units(m);
-    d->head = d->nunits - 1;
+    layout_alloc(&d->lay, m);
+    d->head = d->lay.nunits - 1;
     d->tied = model_tied_local(m); /* unit 0 also collects the head's gradient */
     d->pipe = gr->pipe;
     d->mirror = gr->mirror && comm_size(gr->mirror) > 1 ? gr->mirror : NULL;
     d->ep = gr->ep && comm_size(gr->ep) > 1 ? gr->ep : NULL;
-    d->uoff = calloc(d->nunits, sizeof(int64_t));
-    d->ulen = calloc(d->nunits, sizeof(int64_t));
-    d->chunk = calloc(d->nunits, sizeof(int64_t));
-    d->soff = calloc(d->nunits, sizeof(int64_t));
-    d->ucomm = calloc(d->nunits, sizeof *d->ucomm);
-    d->urank = calloc(d->nunits, sizeof *d->urank);
-    d->un = calloc(d->nunits, sizeof *d->un);
-    d->pinned = calloc(d->nunits, sizeof *d->pinned);
-    d->uwork = calloc(d->nunits, sizeof *d->uwork);
-    for (int u = 0; u < d->nunits; u++) {
-        model_unit_range(m, u, &d->uoff[u], &d->ulen[u]);
-        int expert = model_unit_is_expert(m, u);
-        d->has_experts |= expert;
-        d->ucomm[u] = expert ? gr->expert : comm;
-        d->urank[u] = comm_rank(d->ucomm[u]);
-        d->un[u] = comm_size(d->ucomm[u]);
+    d->red.pinned = calloc(d->lay.nunits, sizeof *d->red.pinned);
+    d->red.uwork = calloc(d->lay.nunits, sizeof *d->red.uwork);
+    for (int u = 0; u < d->lay.nunits; u++) {
+        d->lay.ucomm[u] = model_unit_is_expert(m, u) ? gr->expert : comm;
+        d->lay.urank[u] = comm_rank(d->lay.ucomm[u]);
+        d->lay.un[u] = comm_size(d->lay.ucomm[u]);
     }
     shard_units(d);
-    d->numel = model_numel(m);
-    d->p_whole = model_params(m);
-    d->g_whole = model_grads(m);
+    d->buf.p_whole = model_params(m);
+    d->buf.g_whole = model_grads(m);
     alloc_state(d, a);
-    d->pending = calloc(d->nunits, sizeof *d->pending);
+    d->red.pending = calloc(d->lay.nunits, sizeof *d->red.pending);
     int np = model_num_params(m);
-    d->seg = calloc(np ? np : 1, sizeof *d->seg);
-    d->seg_param = calloc(np ? np : 1, sizeof *d->seg_param);
-    d->seg_sumsq = calloc(np ? np : 1, sizeof *d->seg_sumsq);
-    UST_ASSERT(d->seg && d->seg_param && d->seg_sumsq, "out of memory");
+    d->buf.seg = calloc(np ? np : 1, sizeof *d->buf.seg);
+    d->buf.seg_param = calloc(np ? np : 1, sizeof *d->buf.seg_param);
+    d->buf.seg_sumsq = calloc(np ? np : 1, sizeof *d->buf.seg_sumsq);
+    UST_ASSERT(d->buf.seg && d->buf.seg_param && d->buf.seg_sumsq, "out of memory");
     make_segments(d);
     make_buckets(d);
     const char *fault = getenv("UST_FAULT_DP_DROP_GRADS_RANK");
@@ -205,58 +216,53 @@ int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_are
 void dp_destroy(dp_state *d) {
     if (!d) return;
     model_set_hooks(d->m, NULL);
-    free(d->uoff);
-    free(d->ulen);
-    free(d->chunk);
-    free(d->soff);
-    free(d->ucomm);
-    free(d->urank);
-    free(d->un);
-    free(d->pinned);
-    free(d->uwork);
-    free(d->pending);
-    free(d->bucket_lo);
-    free(d->seg);
-    free(d->seg_param);
-    free(d->seg_sumsq);
+    layout_free(&d->lay);
+    free(d->red.pinned);
+    free(d->red.uwork);
+    free(d->red.pending);
+    free(d->red.bucket_lo);
+    free(d->buf.seg);
+    free(d->buf.seg_param);
+    free(d->buf.seg_sumsq);
     free(d);
 }
 
 /* ------------------------------------------------------------------ stage 3: gathering */
 
 static void gather_post(dp_state *d, int slot, int u) {
-    d->gath_req[slot] = comm_allgather(d->ucomm[u], at(d, BUF_PARAMS, u, d->urank[u] * d->chunk[u]),
-                                       d->gath[slot], d->chunk[u], COMM_FP32);
-    d->gath_unit[slot] = u;
+    d->red.gath_req[slot] =
+        comm_allgather(d->lay.ucomm[u], at(d, BUF_PARAMS, u, d->lay.urank[u] * d->lay.chunk[u]),
+                       d->red.gath[slot], d->lay.chunk[u], COMM_FP32);
+    d->red.gath_unit[slot] = u;
 }
 
 /* Makes unit u's weights available and posts the gather of `next` ahead (-1: none). A unit
  * may be needed again later in the step (a tied head uses the table's chunks): it is gathered
  * again then. */
 static void params_ready(dp_state *d, int u, int next) {
-    int slot = d->gath_unit[0] == u ? 0 : d->gath_unit[1] == u ? 1 : -1;
+    int slot = d->red.gath_unit[0] == u ? 0 : d->red.gath_unit[1] == u ? 1 : -1;
     if (slot < 0) {
         /* never the slot of a unit in use (a MoE layer's dense and expert units are used
          * together), else not the one a prefetch already holds */
-        int busy0 = d->gath_unit[0] >= 0 && d->pinned[d->gath_unit[0]];
-        slot = busy0 ? 1 : d->gath_unit[0] == next ? 1 : 0;
-        comm_wait(&d->gath_req[slot]);
+        int busy0 = d->red.gath_unit[0] >= 0 && d->red.pinned[d->red.gath_unit[0]];
+        slot = busy0 ? 1 : d->red.gath_unit[0] == next ? 1 : 0;
+        comm_wait(&d->red.gath_req[slot]);
         gather_post(d, slot, u);
     }
-    comm_wait(&d->gath_req[slot]);
-    model_set_unit_params(d->m, u, d->gath[slot]);
-    int other = d->gath_unit[1 - slot];
-    if (next >= 0 && next < d->nunits && next != u && other != next &&
-        !(other >= 0 && d->pinned[other])) {
-        comm_wait(&d->gath_req[1 - slot]);
+    comm_wait(&d->red.gath_req[slot]);
+    model_set_unit_params(d->m, u, d->red.gath[slot]);
+    int other = d->red.gath_unit[1 - slot];
+    if (next >= 0 && next < d->lay.nunits && next != u && other != next &&
+        !(other >= 0 && d->red.pinned[other])) {
+        comm_wait(&d->red.gath_req[1 - slot]);
         gather_post(d, 1 - slot, next);
     }
 }
 
 static void invalidate_gathered(dp_state *d) {
     for (int s = 0; s < 2; s++) {
-        comm_wait(&d->gath_req[s]);
-        d->gath_unit[s] = -1;
+        comm_wait(&d->red.gath_req[s]);
+        d->red.gath_unit[s] = -1;
     }
 }
 
@@ -265,20 +271,20 @@ static void invalidate_gathered(dp_state *d) {
 /* Completes the reduce-scatter in flight from working buffer k and adds this rank's part into
  * the gradient shard, where micro-batches accumulate. */
 static void finish_rs(dp_state *d, int k) {
-    int u = d->rs[k].unit;
+    int u = d->red.rs[k].unit;
     if (u < 0) return;
-    comm_wait(&d->rs[k].req);
-    d->ops->axpy(d->ops, d->g_shard + d->soff[u], 1.0f, d->rs[k].buf + d->urank[u] * d->chunk[u],
-                 d->chunk[u]);
-    d->rs[k].unit = -1;
+    comm_wait(&d->red.rs[k].req);
+    d->ops->axpy(d->ops, d->buf.g_shard + d->lay.soff[u], 1.0f,
+                 d->red.rs[k].buf + d->lay.urank[u] * d->lay.chunk[u], d->lay.chunk[u]);
+    d->red.rs[k].unit = -1;
 }
 
 /* Under ZeRO-2 unit 0 has a working buffer of its own (alloc_state). */
 static int emb_apart(const dp_state *d, int u) { return u == 0 && d->stage == 2; }
 
 static float *unit_grads(dp_state *d, int u) {
-    if (d->stage < 2) return d->g_whole + d->uoff[u];
-    return emb_apart(d, u) ? d->work_emb : d->work[d->uwork[u]];
+    if (d->stage < 2) return d->buf.g_whole + d->lay.uoff[u];
+    return emb_apart(d, u) ? d->red.work_emb : d->red.work[d->red.uwork[u]];
 }
 
 static void grads_begin(dp_state *d, int u) {
@@ -287,49 +293,51 @@ static void grads_begin(dp_state *d, int u) {
      * head's backward, so it is zeroed there; other units get the next working buffer */
     if (d->stage == 2 && (u == d->head || (u == 0 && !d->tied))) {
         finish_rs(d, 2);
-        d->ops->zero(d->ops, d->work_emb, d->ulen[0] * sizeof(float));
-        model_set_unit_grads(d->m, 0, d->work_emb);
+        d->ops->zero(d->ops, d->red.work_emb, d->lay.ulen[0] * sizeof(float));
+        model_set_unit_grads(d->m, 0, d->red.work_emb);
     }
     if (!emb_apart(d, u)) { /* the buffers take turns; a unit keeps its own until its END */
-        int k = d->wslot;
-        d->wslot = (d->wslot + 1) % d->nwork;
+        int k = d->red.wslot;
+        d->red.wslot = (d->red.wslot + 1) % d->red.nwork;
         finish_rs(d, k);
-        d->uwork[u] = k;
-        d->ops->zero(d->ops, d->work[k], d->ulen[u] * sizeof(float));
-        model_set_unit_grads(d->m, u, d->work[k]);
+        d->red.uwork[u] = k;
+        d->ops->zero(d->ops, d->red.work[k], d->lay.ulen[u] * sizeof(float));
+        model_set_unit_grads(d->m, u, d->red.work[k]);
     }
 }
 
 static void grads_end(dp_state *d, int u) {
     float *g = unit_grads(d, u);
     if (d->drop_grads && (d->stage >= 2 || d->last_mb)) /* test fault: lose this rank's part */
-        d->ops->zero(d->ops, g, d->ulen[u] * sizeof(float));
+        d->ops->zero(d->ops, g, d->lay.ulen[u] * sizeof(float));
     if (d->stage >= 2) {
         /* every micro-batch: reduce-scatter in place into this rank's part of the working
          * buffer; finish_rs adds it into the shard when the buffer is needed again */
-        int k = emb_apart(d, u) ? 2 : d->uwork[u];
-        d->rs[k].req = comm_reduce_scatter(d->ucomm[u], g, g + d->urank[u] * d->chunk[u],
-                                           d->chunk[u], COMM_FP32, COMM_SUM);
-        d->rs[k].unit = u;
-        d->rs[k].buf = g;
+        int k = emb_apart(d, u) ? 2 : d->red.uwork[u];
+        d->red.rs[k].req =
+            comm_reduce_scatter(d->lay.ucomm[u], g, g + d->lay.urank[u] * d->lay.chunk[u],
+                                d->lay.chunk[u], COMM_FP32, COMM_SUM);
+        d->red.rs[k].unit = u;
+        d->red.rs[k].buf = g;
         return;
     }
     if (!d->last_mb) return;
     if (d->stage == 1) {
-        float *mine = g + d->urank[u] * d->chunk[u];
-        d->pending[d->npending++] =
-            comm_reduce_scatter(d->ucomm[u], g, mine, d->chunk[u], COMM_FP32, COMM_SUM);
-    } else if (d->bucket_lo[u]) {
+        float *mine = g + d->lay.urank[u] * d->lay.chunk[u];
+        d->red.pending[d->red.npending++] =
+            comm_reduce_scatter(d->lay.ucomm[u], g, mine, d->lay.chunk[u], COMM_FP32, COMM_SUM);
+    } else if (d->red.bucket_lo[u]) {
         int hi = u; /* the bucket runs from u up to the unit before the previous bucket */
-        while (hi + 1 < d->nunits && !d->bucket_lo[hi + 1]) hi++;
-        size_t count = (size_t)(d->uoff[hi] + d->ulen[hi] - d->uoff[u]);
-        d->pending[d->npending++] = comm_allreduce(d->ucomm[u], g, g, count, COMM_FP32, COMM_SUM);
+        while (hi + 1 < d->lay.nunits && !d->red.bucket_lo[hi + 1]) hi++;
+        size_t count = (size_t)(d->lay.uoff[hi] + d->lay.ulen[hi] - d->lay.uoff[u]);
+        d->red.pending[d->red.npending++] =
+            comm_allreduce(d->lay.ucomm[u], g, g, count, COMM_FP32, COMM_SUM);
     }
 }
 
 static void on_unit(void *ctx, int u, model_phase ph) {
     dp_state *d = ctx;
-    d->pinned[u] = ph == MODEL_FWD_BEGIN || ph == MODEL_BWD_BEGIN || ph == MODEL_BIN_BEGIN;
+    d->red.pinned[u] = ph == MODEL_FWD_BEGIN || ph == MODEL_BWD_BEGIN || ph == MODEL_BIN_BEGIN;
     switch (ph) {
     case MODEL_FWD_BEGIN:
         if (d->stage == 3) params_ready(d, u, u + 1);
@@ -354,10 +362,10 @@ static void on_unit(void *ctx, int u, model_phase ph) {
 
 void dp_begin_step(dp_state *d) {
     if (d->stage < 2)
-        d->ops->zero(d->ops, d->g_whole, d->numel * sizeof(float));
+        d->ops->zero(d->ops, d->buf.g_whole, d->lay.numel * sizeof(float));
     else
-        d->ops->zero(d->ops, d->g_shard, d->shard_numel * sizeof(float));
-    d->npending = 0;
+        d->ops->zero(d->ops, d->buf.g_shard, d->lay.shard_numel * sizeof(float));
+    d->red.npending = 0;
     const comm_counters *c = comm_get_counters(d->comm);
     d->bytes_at_step_start = 0;
     for (int k = 0; k < COMM_NKINDS; k++) d->bytes_at_step_start += c->bytes[k];
@@ -371,30 +379,30 @@ void dp_begin_microbatch(dp_state *d, int last) { d->last_mb = last; }
 static void sum_with_mirror(dp_state *d) {
     int n = 0;
     if (d->stage == 1)
-        for (int u = 0; u < d->nunits; u++) {
-            float *mine = d->g_whole + d->uoff[u] + d->urank[u] * d->chunk[u];
-            d->pending[n++] =
-                comm_allreduce(d->mirror, mine, mine, (size_t)d->chunk[u], COMM_FP32, COMM_SUM);
+        for (int u = 0; u < d->lay.nunits; u++) {
+            float *mine = d->buf.g_whole + d->lay.uoff[u] + d->lay.urank[u] * d->lay.chunk[u];
+            d->red.pending[n++] =
+                comm_allreduce(d->mirror, mine, mine, (size_t)d->lay.chunk[u], COMM_FP32, COMM_SUM);
         }
     else {
-        float *g = d->stage == 0 ? d->g_whole : d->g_shard;
-        size_t count = (size_t)(d->stage == 0 ? d->numel : d->shard_numel);
-        d->pending[n++] = comm_allreduce(d->mirror, g, g, count, COMM_FP32, COMM_SUM);
+        float *g = d->stage == 0 ? d->buf.g_whole : d->buf.g_shard;
+        size_t count = (size_t)(d->stage == 0 ? d->lay.numel : d->lay.shard_numel);
+        d->red.pending[n++] = comm_allreduce(d->mirror, g, g, count, COMM_FP32, COMM_SUM);
     }
-    comm_wait_all(d->pending, n);
+    comm_wait_all(d->red.pending, n);
 }
 
 void dp_finish_grads(dp_state *d) {
-    comm_wait_all(d->pending, d->npending);
-    d->npending = 0;
+    comm_wait_all(d->red.pending, d->red.npending);
+    d->red.npending = 0;
     if (d->stage >= 2)
         for (int k = 0; k < 3; k++) finish_rs(d, k);
     if (d->mirror) sum_with_mirror(d);
 }
 
-/* Sums n (<= 2) doubles over group c in one all-reduce (d->scalar holds four floats). */
+/* Sums n (<= 2) doubles over group c in one all-reduce (d->red.scalar holds four floats). */
 static void sum_over(dp_state *d, ust_comm *c, double *x, int n) {
-    comm_sum_doubles(c, d->ops, d->scalar, x, n);
+    comm_sum_doubles(c, d->ops, d->red.scalar, x, n);
 }
 
 double dp_sum(dp_state *d, double x) {
@@ -402,17 +410,17 @@ double dp_sum(dp_state *d, double x) {
     return x;
 }
 
-
 /* Sum of squares over the whole model: the pieces each dp member holds are disjoint; tensors
  * split over the tensor-parallel group are summed over it too, replicated ones counted once;
  * the pipeline stages hold disjoint layers (a tied embedding's copy is not counted). */
 double dp_grad_norm(dp_state *d) {
     double split = 0, repl = 0, experts = 0;
     int part = d->stage >= 1;
-    d->ops->sumsq_many(d->ops, buf_base(d, BUF_GRADS), d->seg, d->nseg_norm, d->seg_sumsq);
-    for (int s = 0; s < d->nseg_norm; s++) {
-        int i = d->seg_param[s], u = model_param_unit(d->m, i);
-        double ss = d->seg_sumsq[s];
+    d->ops->sumsq_many(d->ops, buf_base(d, BUF_GRADS), d->buf.seg, d->buf.nseg_norm,
+                       d->buf.seg_sumsq);
+    for (int s = 0; s < d->buf.nseg_norm; s++) {
+        int i = d->buf.seg_param[s], u = model_param_unit(d->m, i);
+        double ss = d->buf.seg_sumsq[s];
         *(model_unit_is_expert(d->m, u)       ? &experts
           : model_param_at(d->m, i)->tp_split ? &split
                                               : &repl) += ss;
@@ -429,17 +437,18 @@ double dp_grad_norm(dp_state *d) {
 
 void dp_optimizer_step(dp_state *d, double lr, float grad_scale, int64_t step) {
     const ust_config *c = d->cfg;
-    d->ops->adamw_many(d->ops, buf_base(d, BUF_PARAMS), buf_base(d, BUF_GRADS),
-                       buf_base(d, BUF_M), buf_base(d, BUF_V), d->seg, d->nseg, (float)lr,
+    d->ops->adamw_many(d->ops, buf_base(d, BUF_PARAMS), buf_base(d, BUF_GRADS), buf_base(d, BUF_M),
+                       buf_base(d, BUF_V), d->buf.seg, d->buf.nseg, (float)lr,
                        (float)c->optimizer.beta1, (float)c->optimizer.beta2,
                        (float)c->optimizer.eps, grad_scale, step + 1);
     if (d->stage == 1 || d->stage == 2) { /* everyone needs the whole updated weights */
-        for (int u = 0; u < d->nunits; u++) {
-            float *unit = d->p_whole + d->uoff[u];
-            d->pending[u] = comm_allgather(d->ucomm[u], unit + d->urank[u] * d->chunk[u], unit,
-                                           d->chunk[u], COMM_FP32);
+        for (int u = 0; u < d->lay.nunits; u++) {
+            float *unit = d->buf.p_whole + d->lay.uoff[u];
+            d->red.pending[u] =
+                comm_allgather(d->lay.ucomm[u], unit + d->lay.urank[u] * d->lay.chunk[u], unit,
+                               d->lay.chunk[u], COMM_FP32);
         }
-        comm_wait_all(d->pending, d->nunits);
+        comm_wait_all(d->red.pending, d->lay.nunits);
     }
     if (d->stage == 3) invalidate_gathered(d);
 }
@@ -456,4 +465,3 @@ uint64_t dp_bytes_sent(const dp_state *d) {
     for (int k = 0; k < COMM_NKINDS; k++) total += c->bytes[k];
     return total - d->bytes_at_step_start;
 }
-

@@ -9,21 +9,31 @@
 
 typedef enum { BUF_PARAMS, BUF_GRADS, BUF_M, BUF_V } dp_buf;
 
-struct dp_state {
-    const ust_config *cfg;
-    const ust_ops *ops;
-    model *m;
-    ust_comm *comm, *mp; /* the dp group; the group holding the other shards of this replica */
-    ust_comm *pipe;      /* the pipeline group: the other stages of this replica (NULL: none) */
-    ust_comm *mirror;    /* dp_groups.mirror (NULL: none) */
-    ust_comm *ep;        /* the expert-parallel group: the other experts of a MoE layer */
-    ust_comm **ucomm;    /* per unit: the group it is reduced and sharded over */
-    int *urank, *un;     /* per unit: this rank's index in it, and its size */
-    int *pinned;         /* per unit: between its BEGIN and END hooks (in use) */
-    int n, rank, stage, nunits, head, tied, last_mb, drop_grads, has_experts;
+/* The ZeRO shard layout (dp.c shard_units; dp_count fills it alone for the memory plan): a unit
+ * is split into un[u] chunks of chunk[u] floats; this rank owns [urank*chunk, (urank+1)*chunk). */
+typedef struct {
+    int nunits, has_experts;
+    ust_comm **ucomm;                    /* per unit: the group it is reduced and sharded over */
+    int *urank, *un;                     /* per unit: this rank's index in it, and its size */
     int64_t *uoff, *ulen, *chunk, *soff; /* per unit: offset, length, chunk, offset in shard */
     int64_t numel, shard_numel, max_unit;
+} dp_layout;
+
+/* The buffers the optimizer steps (dp.c alloc_state, make_segments): each is whole or this
+ * rank's shard (buf_base), by stage. */
+typedef struct {
     float *p_whole, *g_whole, *p_shard, *g_shard, *mom_m, *mom_v;
+    /* the multi-tensor ops' segments: every piece this rank holds, fixed at creation; the first
+     * nseg_norm (replicas left out) make the gradient norm, all nseg the optimizer step */
+    ops_segment *seg;
+    int *seg_param; /* the parameter of each segment */
+    double *seg_sumsq;
+    int nseg, nseg_norm;
+} dp_buffers;
+
+/* The reductions and gathers in flight and the buffers they use (dp.c, the unit hooks). */
+typedef struct {
+    int *pinned; /* per unit: between its BEGIN and END hooks (in use) */
     /* stage 2-3: units' gradients, nwork working buffers in turn (one; two with MoE layers,
      * whose dense and expert units are in backward together; ZeRO-2's embeddings apart); a
      * buffer's reduction is finished (and added into the shard) before it is reused */
@@ -33,9 +43,9 @@ struct dp_state {
         comm_req req;
         int unit; /* -1: nothing in flight */
         float *buf;
-    } rs[3];                   /* in flight from work[0], work[1], work_emb */
-    int wslot;                 /* the working buffer the next unit gets */
-    int *uwork;                /* per unit: the working buffer it was given at its BEGIN */
+    } rs[3];        /* in flight from work[0], work[1], work_emb */
+    int wslot;      /* the working buffer the next unit gets */
+    int *uwork;     /* per unit: the working buffer it was given at its BEGIN */
     float *gath[2]; /* stage 3: gathered units */
     int gath_unit[2];
     comm_req gath_req[2];
@@ -43,12 +53,20 @@ struct dp_state {
     int npending;
     int *bucket_lo; /* stage 0: 1 where a unit closes a bucket (its lowest) */
     float *scalar;  /* four floats for the scalar all-reduces */
-    /* the multi-tensor ops' segments: every piece this rank holds, fixed at creation; the first
-     * nseg_norm (replicas left out) make the gradient norm, all nseg the optimizer step */
-    ops_segment *seg;
-    int *seg_param; /* the parameter of each segment */
-    double *seg_sumsq;
-    int nseg, nseg_norm;
+} dp_reducer;
+
+struct dp_state {
+    const ust_config *cfg;
+    const ust_ops *ops;
+    model *m;
+    ust_comm *comm, *mp; /* the dp group; the group holding the other shards of this replica */
+    ust_comm *pipe;      /* the pipeline group: the other stages of this replica (NULL: none) */
+    ust_comm *mirror;    /* dp_groups.mirror (NULL: none) */
+    ust_comm *ep;        /* the expert-parallel group: the other experts of a MoE layer */
+    int n, rank, stage, head, tied, last_mb, drop_grads;
+    dp_layout lay;
+    dp_buffers buf;
+    dp_reducer red;
     uint64_t bytes_at_step_start;
 };
 
@@ -65,22 +83,22 @@ static inline int whole(const dp_state *d, dp_buf b) {
 
 /* The buffer b lives in: whole or this rank's shard. */
 static inline float *buf_base(const dp_state *d, dp_buf b) {
-    return b == BUF_PARAMS  ? (whole(d, b) ? d->p_whole : d->p_shard)
-           : b == BUF_GRADS ? (whole(d, b) ? d->g_whole : d->g_shard)
-           : b == BUF_M     ? d->mom_m
-                            : d->mom_v;
+    return b == BUF_PARAMS  ? (whole(d, b) ? d->buf.p_whole : d->buf.p_shard)
+           : b == BUF_GRADS ? (whole(d, b) ? d->buf.g_whole : d->buf.g_shard)
+           : b == BUF_M     ? d->buf.mom_m
+                            : d->buf.mom_v;
 }
 
 /* Pointer to unit coordinate x of unit u in buffer b (x must be held by this rank). */
 static inline float *at(const dp_state *d, dp_buf b, int u, int64_t x) {
     float *base = buf_base(d, b);
-    if (whole(d, b)) return base + d->uoff[u] + x;
-    int64_t lo = d->urank[u] * d->chunk[u];
-    UST_ASSERT(x >= lo && x <= lo + d->chunk[u],
+    if (whole(d, b)) return base + d->lay.uoff[u] + x;
+    int64_t lo = d->lay.urank[u] * d->lay.chunk[u];
+    UST_ASSERT(x >= lo && x <= lo + d->lay.chunk[u],
                "unit %d element %lld is not in this rank's "
                "partition [%lld, %lld)",
-               u, (long long)x, (long long)lo, (long long)(lo + d->chunk[u]));
-    return base + d->soff[u] + (x - lo);
+               u, (long long)x, (long long)lo, (long long)(lo + d->lay.chunk[u]));
+    return base + d->lay.soff[u] + (x - lo);
 }
 
 /* The part [*a, *b) of parameter i (flat, within the tensor) that lies in this rank's partition
@@ -88,17 +106,16 @@ static inline float *at(const dp_state *d, dp_buf b, int u, int64_t x) {
 static inline int64_t piece(const dp_state *d, int i, int part, int64_t *a, int64_t *b) {
     const model_param *q = model_param_at(d->m, i);
     int u = model_param_unit(d->m, i);
-    int64_t t0 = q->offset - d->uoff[u];
+    int64_t t0 = q->offset - d->lay.uoff[u];
     *a = 0;
     *b = q->numel;
     if (part) {
-        int64_t lo = d->urank[u] * d->chunk[u] - t0, hi = lo + d->chunk[u];
+        int64_t lo = d->lay.urank[u] * d->lay.chunk[u] - t0, hi = lo + d->lay.chunk[u];
         *a = lo > 0 ? lo : 0;
         *b = hi < q->numel ? hi : q->numel;
         if (*b < *a) *b = *a;
     }
     return t0;
 }
-
 
 #endif
