@@ -1,0 +1,150 @@
+/* train_data.c: the trainer's data feed: the datasets, each step's global batch, this rank's
+ * inputs and targets of a micro-batch (of training or validation), and document starts. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "error.h"
+#include "train_internal.h"
+
+static int open_blend(data_blend **b, const ust_config *c, int val, ust_err *e) {
+    cfg_dataset sets[CFG_MAX_BLEND];
+    int n = cfg_data_sets(c, val, sets);
+    return data_blend_open(b, sets, n, c->data.format, c->model.vocab_size, c->train.seq_len, e);
+}
+
+/* The shards' meta.json against the model, and the end-of-text id documents end with. */
+static int check_meta(trainer *t, ust_err *e) { return data_check_meta(t->cfg, &t->feed.eot, e); }
+
+/* The datasets, and the assignment of the validation samples (the same every time: val_steps
+ * micro-batches from the blend's start). */
+int train_feed_open(trainer *t, ust_err *e) {
+    const ust_config *c = t->cfg;
+    int64_t G = c->train.global_batch_size,
+            V = (int64_t)c->data.val_steps * c->train.micro_batch_size;
+    t->feed.which = malloc((size_t)G * sizeof *t->feed.which);
+    t->feed.index = malloc((size_t)G * sizeof *t->feed.index);
+    UST_ASSERT(t->feed.which && t->feed.index, "out of memory");
+    if (open_blend(&t->feed.train, c, 0, e) || check_meta(t, e)) return -1;
+    if (c->data.val[0] && c->data.val_every > 0 && c->data.val_steps > 0) {
+        if (open_blend(&t->feed.val, c, 1, e)) return -1;
+        t->feed.val_which = malloc((size_t)V * sizeof *t->feed.val_which);
+        t->feed.val_index = malloc((size_t)V * sizeof *t->feed.val_index);
+        UST_ASSERT(t->feed.val_which && t->feed.val_index, "out of memory");
+        data_blend_pos start = {0};
+        data_blend_assign(t->feed.val, &start, 0, V, t->feed.val_which, t->feed.val_index);
+    }
+    return 0;
+}
+
+/* The step's global batch: which dataset and sample each of its G samples is (every rank
+ * computes all of them and reads its share); a dataset entering a new epoch is logged. */
+void train_feed_assign(trainer *t) {
+    const ust_config *c = t->cfg;
+    int64_t G = c->train.global_batch_size;
+    data_blend_assign(t->feed.train, &t->feed.pos, t->sample_index, G, t->feed.which,
+                      t->feed.index);
+    for (int64_t k = 0; k < G && t->rank0; k++) {
+        int64_t S = data_blend_epoch_samples(t->feed.train, t->feed.which[k], c->train.seq_len);
+        if (t->feed.index[k] > 0 && t->feed.index[k] % S == 0)
+            printf("data: dataset %d (%s) starts epoch %lld at step %lld\n", t->feed.which[k],
+                   data_blend_set(t->feed.train, t->feed.which[k])->path,
+                   (long long)(t->feed.index[k] / S + 1), (long long)t->step + 1);
+    }
+}
+
+/* data.doc_mask: where the document of each of this rank's tokens begins. A document ends with
+ * its end-of-text token (which predicts the next document's first), so input t starts a new one
+ * when input t-1 is end of text; the positions are the sequence's, whatever rank holds them. */
+static void find_docs(trainer *t) {
+    int B = t->cfg->train.micro_batch_size, T = t->cfg->train.seq_len, Tl = t->feed.Tl;
+    for (int b = 0; b < B; b++) {
+        const int32_t *w = t->feed.samples + (int64_t)b * (T + 1);
+        for (int p = 0, start = 0; p < T; p++) {
+            t->feed.doc_scratch[p] = start;
+            if (w[p] == t->feed.eot) start = p + 1;
+        }
+        for (int j = 0; j < Tl; j++)
+            t->feed.docs[b * Tl + j] = t->feed.doc_scratch[t->feed.positions[j]];
+    }
+    model_set_docs(t->eng.m, t->feed.docs);
+}
+
+/* Takes this rank's tokens of B windows of T+1 tokens (all of them, or its context-parallel
+ * chunks) as inputs, and the token after each as its target. */
+static void split_windows(trainer *t, int32_t *inputs, int32_t *targets) {
+    int B = t->cfg->train.micro_batch_size, T = t->cfg->train.seq_len, Tl = t->feed.Tl;
+    for (int b = 0; b < B; b++)
+        for (int j = 0; j < Tl; j++) {
+            const int32_t *w = t->feed.samples + (int64_t)b * (T + 1) + t->feed.positions[j];
+            inputs[b * Tl + j] = w[0];
+            targets[b * Tl + j] = w[1];
+        }
+    if (t->feed.docs) find_docs(t);
+}
+
+/* The first sample of micro-batch mb of this step on this rank: its data-parallel block of the
+ * global batch starts at sample_index + dp_rank * G/dp. */
+static int64_t first_sample(trainer *t, int mb) {
+    const ust_config *c = t->cfg;
+    int64_t G = c->train.global_batch_size, dp_rank = t->rt->topo.me.dp;
+    return t->sample_index + dp_rank * (G / c->parallel.dp) +
+           (int64_t)mb * c->train.micro_batch_size;
+}
+
+/* This rank's tokens of micro-batch mb of the step (of the validation set): the step loop and
+ * the pipeline executor both load through these. */
+void train_feed_train(void *ctx, int mb, int32_t *inputs, int32_t *targets) {
+    trainer *t = ctx;
+    const ust_config *c = t->cfg;
+    int64_t g = first_sample(t, mb) - t->sample_index; /* in the step's global batch */
+    int poison = t->feed.fault_spike_step > 0 && g == 0 &&
+                 t->sample_index == (t->feed.fault_spike_step - 1) * c->train.global_batch_size;
+    for (int b = 0; b < c->train.micro_batch_size; b++)
+        data_blend_get(t->feed.train, t->feed.which[g + b], t->feed.index[g + b], c->train.seq_len,
+                       c->data.shuffle, c->run.seed,
+                       t->feed.samples + (int64_t)b * (c->train.seq_len + 1));
+    split_windows(t, inputs, targets);
+    /* test fault UST_FAULT_SPIKE_STEP=N: the first micro-batch of step N's data (samples from
+     * (N-1) x global_batch_size: a rewind moves past them) learns garbage targets */
+    for (int k = 0; poison && k < c->train.micro_batch_size * t->feed.Tl; k++)
+        targets[k] = (int32_t)((targets[k] * 7919LL + 13) % c->model.vocab_size);
+}
+
+void train_feed_val(void *ctx, int mb, int32_t *inputs, int32_t *targets) {
+    trainer *t = ctx;
+    const ust_config *c = t->cfg;
+    int B = c->train.micro_batch_size;
+    for (int b = 0; b < B; b++) {
+        int64_t k = (int64_t)mb * B + b;
+        data_blend_get(t->feed.val, t->feed.val_which[k], t->feed.val_index[k], c->train.seq_len, 0,
+                       c->run.seed, t->feed.samples + (int64_t)b * (c->train.seq_len + 1));
+    }
+    split_windows(t, inputs, targets);
+}
+
+/* This rank's positions of each sequence (all of them, or its context-parallel chunks, as
+ * parallel.cp_layout lays them out) and, for data.doc_mask or reset_positions, the buffers of
+ * its tokens' document starts. */
+void train_feed_layout(trainer *t) {
+    const ust_config *cfg = t->cfg;
+    int cp = cfg->parallel.cp;
+    t->feed.Tl = cfg->train.seq_len / cp;
+    t->feed.positions = malloc(t->feed.Tl * sizeof(int32_t));
+    cp_layout_positions(cfg->parallel.cp_layout, cfg->train.seq_len, cp,
+                        comm_rank(t->rt->topo.comm[TOPO_CP]), t->feed.positions);
+    if (cfg->data.doc_mask || cfg->data.reset_positions) {
+        t->feed.docs = malloc((size_t)cfg->train.micro_batch_size * t->feed.Tl * sizeof(int32_t));
+        t->feed.doc_scratch = malloc((size_t)cfg->train.seq_len * sizeof(int32_t));
+        UST_ASSERT(t->feed.docs && t->feed.doc_scratch, "out of memory");
+    }
+}
+
+void train_feed_close(trainer *t) {
+    train_feed *f = &t->feed;
+    data_blend_close(f->train);
+    data_blend_close(f->val);
+    free(f->which), free(f->index), free(f->val_which), free(f->val_index);
+    free(f->docs), free(f->doc_scratch);
+    free(f->samples);
+    free(f->positions);
+}

@@ -1,0 +1,143 @@
+/* train_internal: what the trainer's files share (inside core/train only; train.h is its face).
+ * The trainer is a few parts, each filled and read by one file: train_setup.c the engine (the
+ * backend, arena, model, optimizer and pipeline) and the runtime helpers, train_data.c the feed
+ * (datasets, batch assignment, micro-batch inputs), train_ckpt.c the checkpoints (cadence, async
+ * saves, resume, rewind) and stop requests, train_metrics.c the step figures and the printed
+ * summaries. train.c, the step loop, owns the run's position kept in the trainer itself. */
+#ifndef UST_TRAIN_INTERNAL_H
+#define UST_TRAIN_INTERNAL_H
+
+#include "ckpt.h"
+#include "cp.h"
+#include "data.h"
+#include "dp.h"
+#include "ep.h"
+#include "log.h"
+#include "mem.h"
+#include "model.h"
+#include "ops.h"
+#include "pp.h"
+#include "spike.h"
+#include "tp.h"
+#include "train.h"
+
+/* train_setup.c: what everything computes with. */
+typedef struct {
+    ust_ops *ops;     /* what everything computes with: the backend, or the op profiler on it */
+    ust_ops *backend; /* the CPU or CUDA backend itself (its own calls need it) */
+    ust_arena arena;
+    ust_tp tp;
+    ust_cp cp;
+    ust_ep ep; /* with MoE layers */
+    model *m;
+    dp_state *dp;
+    pp_state *pp;   /* pipeline executor (NULL without pipeline parallelism) */
+    int has_moe;    /* the model has mixture-of-experts layers */
+    int tied_param; /* pipeline with tied embeddings: this rank's table or copy (-1: none) */
+    float *flag;    /* one device float for train_any_rank */
+} train_engine;
+
+/* train_data.c: the data a step consumes. */
+typedef struct {
+    data_blend *train, *val;     /* a lone glob is a blend of one */
+    data_blend_pos pos;          /* where the training blend stands (at the step's start) */
+    int32_t *docs, *doc_scratch; /* data.doc_mask: B x Tl document starts, T of one window */
+    int eot;                     /* the end-of-text id documents end with */
+    int *which, *val_which;      /* the step's global batch (the validation samples): dataset */
+    int64_t *index, *val_index;  /* ... and its sample */
+    int32_t *samples;            /* host: B x (T+1), one micro-batch's windows */
+    int32_t *positions;          /* host: the Tl positions this rank's tokens have */
+    int Tl;                      /* tokens of each sequence on this rank (T / cp) */
+    int64_t fault_spike_step;    /* UST_FAULT_SPIKE_STEP (tests): the step poisoned, or 0 */
+} train_feed;
+
+/* train_ckpt.c: the checkpoints and the stop requests. */
+typedef struct {
+    ckpt_lock lock;                        /* rank 0: the job's lock on checkpoint.dir */
+    ckpt_stage *stage;                     /* checkpoint.async: the host buffer of the slices */
+    void *stage_buf;                       /* its memory when the backend gave it (page-locked) */
+    ckpt_writer *pending;                  /* checkpoint.async: the save still being written */
+    int64_t pending_step, pending_started; /* its step, and the step it was started after */
+    double save_s, wait_s; /* the step loop's time in saves, and waiting for async ones */
+    int saves;
+    double started_s; /* when this process began training (train.exit_after_min counts from it) */
+} train_ckpt;
+
+/* train_metrics.c: the step figures and what the loop adds up of them. */
+typedef struct {
+    ust_log log;
+    double fpt, peak;         /* model FLOPs per token; one rank's peak FLOP/s (may be raised) */
+    double t_start;           /* when the loop began (the ETA and elapsed time count from it) */
+    int64_t first;            /* the step the loop began at */
+    int untimed, all_timed;   /* steps left out of the mean; whether none are (a short run) */
+    double sum_ms;            /* over the timed steps */
+    int64_t timed;            /* their count */
+    int64_t allocs_after_one; /* device allocations after the first step (-1: not yet) */
+} train_metrics;
+
+typedef struct {
+    const ust_config *cfg;
+    ust_runtime *rt;
+    int rank0;                  /* this rank prints, logs and writes state.json */
+    int fresh;                  /* started from an import or the init, not a checkpoint */
+    int64_t step, sample_index; /* the run's position: steps done, samples consumed */
+    int64_t batch_since_step, batch_since_sample; /* where the current global batch size began */
+    int resumed_seq_len; /* the resumed checkpoint's train.seq_len (0: none, or not known) */
+    double last_loss;
+    spike_window loss_w, norm_w; /* train.on_spike: the recent steps' losses and norms */
+    int restarts;                /* UST_RESTART_COUNT (scripts/ustrun --max-restarts) */
+    train_engine eng;
+    train_feed feed;
+    train_ckpt ck;
+    train_metrics met;
+} trainer;
+
+/* train_setup.c */
+int train_setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile, ust_err *e);
+void train_teardown(trainer *t);
+void train_write_config(const ust_config *cfg); /* run.out_dir/config.yaml (warns on failure) */
+/* The sum of v over group k (exact below 2^24: counts); 1 when flag is set on any rank. */
+double train_group_sum(trainer *t, int k, double v);
+int train_any_rank(trainer *t, int flag);
+
+/* train_data.c */
+int train_feed_open(trainer *t, ust_err *e);
+void train_feed_layout(trainer *t); /* this rank's token positions (and doc_mask's buffers) */
+void train_feed_close(trainer *t);
+void train_feed_assign(trainer *t); /* the step's global batch */
+/* This rank's tokens of micro-batch mb of the step (of the validation set): pp_callbacks. */
+void train_feed_train(void *ctx, int mb, int32_t *inputs, int32_t *targets);
+void train_feed_val(void *ctx, int mb, int32_t *inputs, int32_t *targets);
+
+/* train_ckpt.c */
+int train_ckpt_initialize(trainer *t, ust_err *e); /* resume, import or init */
+int train_ckpt_check_seq_len(const trainer *t, ust_err *e);
+int train_ckpt_open_stage(trainer *t, ust_err *e);
+void train_ckpt_close(trainer *t);
+int train_ckpt_save(trainer *t, ust_err *e);
+int train_ckpt_poll(trainer *t, int block, ust_err *e);
+int train_ckpt_after_step(trainer *t); /* 1: stop now; -1: the checkpoint failed */
+int train_ckpt_rewind(trainer *t, ust_err *e);
+int train_ckpt_finish(trainer *t, int quiet); /* after the loop; -1 after printing the error */
+int train_stop_asked(void);                   /* a stop signal has arrived */
+void train_stop_handlers_reset(void);
+
+/* train_metrics.c: where every group's counters stood when a step began. */
+typedef struct {
+    double t0;
+    double wait_s[TOPO_NKINDS];
+    uint64_t bytes[TOPO_NKINDS];
+} step_mark;
+
+int train_metrics_open(trainer *t, const train_opts *opts); /* the log; -1 after the error */
+void train_metrics_header(trainer *t, const train_opts *opts);
+void train_metrics_begin(trainer *t, const train_opts *opts, train_result *res);
+step_mark train_metrics_mark(trainer *t);
+log_step train_metrics_report(trainer *t, const step_mark *mark, double loss, double norm,
+                              double lr, int finite, int spiked);
+void train_metrics_count(trainer *t, log_step *s);              /* after the position moved on */
+void train_metrics_profile(trainer *t, const train_opts *opts); /* --profile: the timed steps */
+void train_metrics_end(trainer *t, train_result *res);
+void train_metrics_result(trainer *t, int rc, const train_opts *opts, train_result *res);
+
+#endif

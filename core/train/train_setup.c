@@ -1,0 +1,267 @@
+/* train_setup.c: the trainer's set-up: the runtime (bootstrap, communicators, topology), the
+ * checks made before anything runs, the backend and arena, the model with its optimizer state
+ * and pipeline executor, and the teardown; and the helpers that ask every rank at once. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "error.h"
+#include "fs.h"
+#include "moe.h"
+#include "ops_prof.h"
+#include "train_internal.h"
+
+int train_runtime_init(ust_runtime *rt, const ust_config *cfg, ust_err *e) {
+    memset(rt, 0, sizeof *rt);
+    if (boot_init(&rt->boot, cfg->dist.timeout_s, e)) return -1;
+    rt->rank = rt->boot.rank;
+    rt->world = rt->boot.world;
+    if (rt->world > 1) ust_error_set_rank(rt->rank);
+    topo_grid g;
+    /* GPUs talk through NCCL; a single GPU needs no communicator backend beyond the trivial */
+    comm_backend be =
+        cfg->run.device == DEV_CUDA && rt->world > 1 ? COMM_BACKEND_NCCL : COMM_BACKEND_SHM;
+    comm_opts co = {.backend = be, .timeout_s = cfg->dist.timeout_s};
+    if (topo_grid_from_config(&g, cfg, rt->world, e) ||
+        comm_ctx_init(&rt->comm, &rt->boot, &co, e) ||
+        topo_connect(&rt->topo, &g, rt->comm, rt->rank, e)) {
+        if (rt->comm) comm_ctx_free(rt->comm);
+        boot_finalize(&rt->boot);
+        rt->comm = NULL;
+        return -1;
+    }
+    if (rt->rank == 0 && rt->boot.nnodes > 1 && !cfg->parallel.tp_across_nodes)
+        topo_warn_across_nodes(&g, &rt->boot, stderr);
+    return 0;
+}
+
+void train_runtime_finalize(ust_runtime *rt) {
+    if (!rt->comm) return;
+    comm_req r = comm_barrier(rt->topo.comm[TOPO_WORLD]); /* nobody leaves while others work */
+    comm_wait(&r);
+    topo_disconnect(&rt->topo);
+    comm_ctx_free(rt->comm);
+    boot_finalize(&rt->boot);
+    rt->comm = NULL;
+}
+
+/* The sum of v over group k through the one device float. */
+double train_group_sum(trainer *t, int k, double v) {
+    const ust_comm *g = t->rt->topo.comm[k];
+    if (!g || comm_size(g) == 1) return v;
+    float f = (float)v;
+    t->eng.ops->to_device(t->eng.ops, t->eng.flag, &f, sizeof f);
+    comm_req r = comm_allreduce((ust_comm *)g, t->eng.flag, t->eng.flag, 1, COMM_FP32, COMM_SUM);
+    comm_wait(&r);
+    t->eng.ops->to_host(t->eng.ops, &f, t->eng.flag, sizeof f);
+    return f;
+}
+
+/* 1 when flag is set on any rank of the job. */
+int train_any_rank(trainer *t, int flag) {
+    if (t->rt->world == 1) return flag;
+    return train_group_sum(t, TOPO_WORLD, flag) > 0;
+}
+
+/* Where the run writes (run.out_dir, the metrics file, TensorBoard's directory) must be its own:
+ * never a file, never inside a checkpoint's step (ckpt_refuse_in_step). Checked on every rank
+ * before anything is read or written. */
+static int check_outputs(const ust_config *cfg, ust_err *e) {
+    struct stat st;
+    if (stat(cfg->run.out_dir, &st) == 0 && !S_ISDIR(st.st_mode))
+        return ust_errf(e, "run.out_dir %s is %s, not a directory", cfg->run.out_dir,
+                        fs_kind(st.st_mode));
+    if (ckpt_refuse_in_step(cfg->run.out_dir, "run.out_dir", e)) return -1;
+    if (cfg->logging.metrics_file[0] &&
+        ckpt_refuse_output(cfg->logging.metrics_file, "logging.metrics_file", e))
+        return -1;
+    if (cfg->logging.tensorboard_dir[0] &&
+        ckpt_refuse_in_step(cfg->logging.tensorboard_dir, "logging.tensorboard_dir", e))
+        return -1;
+    return 0;
+}
+
+/* What no single config key can check: the backend's precision and the sequence-parallel rows. */
+static int check_runnable(const ust_config *cfg, ust_err *e) {
+    if (check_outputs(cfg, e)) return -1;
+    if (cfg->run.device == DEV_CPU && cfg->train.precision == PREC_BF16)
+        return ust_errf(e, "train.precision = bf16: the CPU backend computes in fp32 only; use "
+                           "fp32, or run.device: cuda");
+    int cp = cfg->parallel.cp;
+    if (cfg->parallel.sp &&
+        cfg->train.micro_batch_size * (cfg->train.seq_len / cp) % cfg->parallel.tp != 0)
+        return ust_errf(e,
+                        "parallel.sp: the %d x %d tokens a rank holds of a micro-batch do not "
+                        "split over parallel.tp = %d ranks",
+                        cfg->train.micro_batch_size, cfg->train.seq_len / cp, cfg->parallel.tp);
+    return 0;
+}
+
+/* Test fault: UST_FAULT_SETUP_SLEEP_MS holds start-up, for a signal to arrive during it. */
+static void fault_setup_hold(void) {
+    const char *hold = getenv("UST_FAULT_SETUP_SLEEP_MS");
+    if (!hold) return;
+    struct timespec ts = {atoi(hold) / 1000, (long)(atoi(hold) % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* The compute backend (or the op profiler on it) and the arena everything is carved from. */
+static int open_backend(trainer *t, int profile, ust_err *e) {
+    const ust_config *cfg = t->cfg;
+    ust_runtime *rt = t->rt;
+    if (!(t->eng.backend = ops_create(cfg, rt->boot.local_rank, rt->boot.local_world, e)))
+        return -1;
+    comm_ctx_set_stream(rt->comm, t->eng.backend->stream(t->eng.backend)); /* NULL on the CPU */
+    t->eng.ops = profile ? ops_prof_create(t->eng.backend) : t->eng.backend;
+    UST_ASSERT(t->eng.ops->act_size == cfg_act_size(cfg),
+               "backend activations of %d bytes, plan %d", t->eng.ops->act_size,
+               cfg_act_size(cfg)); /* the memory plan counts on it */
+    mem_init(&t->eng.arena, t->eng.ops);
+    return 0;
+}
+
+/* Where the model's tensors live on this rank: tensor parallelism, the ZeRO unit padding, the
+ * context- and expert-parallel groups and this rank's pipeline stages with their activation
+ * sets (asked of the pipeline's schedule, which the executor then runs). */
+static int plan_storage(trainer *t, model_storage *st, pps_schedule *sched, ust_err *e) {
+    const ust_config *cfg = t->cfg;
+    const ust_topology *topo = &t->rt->topo;
+    train_feed_layout(t);
+    /* the contexts of the dimensions that split a layer, each over the group it owns */
+    tp_init(&t->eng.tp, t->eng.ops, topo->comm[TOPO_TP], &t->eng.arena,
+            cfg->train.micro_batch_size * t->feed.Tl, cfg->model.d_model, cfg->parallel.sp);
+    int start,
+        H = tp_part(&t->eng.tp, cfg->model.n_head, &start); /* attention after the tp split */
+    int Hkv = tp_part(&t->eng.tp, cfg->model.n_kv_head, &start);
+    cp_init(&t->eng.cp, t->eng.ops, topo->comm[TOPO_CP], topo->comm[TOPO_CPA], topo->comm[TOPO_CPR],
+            &t->eng.arena, cfg->train.seq_len, cfg->train.micro_batch_size, H, Hkv,
+            cfg_head_dim(cfg), cfg->parallel.cp_layout, cfg->parallel.cp_comm, cfg_cp_a2a(cfg));
+    /* dense gradients are summed over the ranks that hold the same shard and saw different
+     * tokens: the data-parallel replicas and the context-parallel parts of each sequence */
+    *st = dp_model_storage(cfg, comm_size(topo->comm[TOPO_DPCP]));
+    st->tp = &t->eng.tp;
+    st->cp = &t->eng.cp;
+    if (t->eng.has_moe) { /* the MoE layers' dispatch context, sized for their tokens */
+        int64_t send, recv;
+        moe_dispatch_rows(cfg, (int64_t)cfg->train.micro_batch_size * t->feed.Tl, cfg->parallel.ep,
+                          &send, &recv);
+        ep_init(&t->eng.ep, t->eng.ops, cfg->parallel.ep > 1 ? topo->comm[TOPO_EP] : NULL,
+                &t->eng.arena, cfg->model.moe.num_experts, cfg->model.d_model, send, recv);
+        st->ep = &t->eng.ep;
+    }
+    /* one stage's schedule is plain gradient accumulation (no transfers) */
+    int slots[MODEL_MAX_CHUNKS] = {0};
+    if (pp_plan(cfg, topo->me.pp, sched, slots, e)) return -1;
+    pp_stages(cfg, topo->me.pp, slots, st); /* the pipeline decides the stages this rank holds */
+    if (cfg->parallel.pp == 1) return 0;
+    st->zb = pps_splits(sched); /* zb, dualpipev: W's keep their deferred weight gradients */
+    if (cfg->optimizer.zero_stage == 3 && t->rank0)
+        fprintf(stderr,
+                "ustrain: warning: optimizer.zero_stage = 3 with parallel.pp = %d gathers every "
+                "layer's weights again for each micro-batch's forward and backward; ZeRO-1 or 2 "
+                "is the usual choice with pipelines\n",
+                cfg->parallel.pp);
+    return 0;
+}
+
+/* The model, its data-parallel optimizer state and the pipeline executor over them. */
+static int build_model(trainer *t, ust_err *e) {
+    const ust_config *cfg = t->cfg;
+    const ust_topology *topo = &t->rt->topo;
+    model_storage st;
+    pps_schedule sched = {0};
+    if (plan_storage(t, &st, &sched, e)) return -1;
+    dp_groups groups = {.dense = topo->comm[TOPO_DPCP],
+                        .expert = topo->comm[TOPO_EDPCP],
+                        .ep = topo->comm[TOPO_EP],
+                        .mp = topo->comm[TOPO_TP],
+                        .pipe = cfg->parallel.pp > 1 ? topo->comm[TOPO_PP] : NULL,
+                        .mirror = topo->comm[TOPO_MIRROR]};
+    if (model_create_with(&t->eng.m, cfg, t->eng.ops, &t->eng.arena, &st, e) ||
+        dp_create(&t->eng.dp, cfg, t->eng.ops, &t->eng.arena, t->eng.m, &groups, e)) {
+        pps_free(&sched);
+        return -1;
+    }
+    /* tied embeddings over a pipeline: the first stage's table and the last stage's copy (none
+     * where one rank holds both ends, dualpipev's rank 0: one tensor serves both) */
+    t->eng.tied_param = cfg->parallel.pp > 1 && cfg_tied(cfg) && !model_tied_local(t->eng.m)
+                            ? model_find_param(t->eng.m, "model.embed_tokens.weight")
+                            : -1;
+    t->eng.pp = pp_create(cfg, t->eng.ops, &t->eng.arena, t->eng.m, topo->comm[TOPO_PP],
+                          topo->comm[TOPO_EMB], &sched);
+    return 0;
+}
+
+int train_setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile, ust_err *e) {
+    memset(t, 0, sizeof *t);
+    t->ck.lock.fd = -1;
+    t->cfg = cfg;
+    t->rt = rt;
+    t->rank0 = rt->rank == 0;
+    t->last_loss = NAN;
+    t->ck.started_s = log_now_s();
+    const char *fault = getenv("UST_FAULT_SPIKE_STEP"), *restart = getenv("UST_RESTART_COUNT");
+    t->feed.fault_spike_step = fault ? atoll(fault) : 0;
+    t->restarts = restart ? atoi(restart) : 0;
+    if (t->restarts > 0 && t->rank0)
+        printf("restart %d of this job (scripts/ustrun --max-restarts)\n", t->restarts);
+    if (cfg->train.on_spike != SPIKE_NONE) {
+        spike_init(&t->loss_w, cfg->train.spike_window);
+        spike_init(&t->norm_w, cfg->train.spike_window);
+    }
+    t->eng.has_moe = cfg->model.moe.num_experts > 0;
+    if (check_runnable(cfg, e)) return -1;
+    fault_setup_hold();
+    /* first, before anything is read: one job at a time may own the checkpoints */
+    if (t->rank0 && cfg->checkpoint.dir[0] && ckpt_lock_dir(cfg->checkpoint.dir, &t->ck.lock, e))
+        return -1;
+    if (train_feed_open(t, e) || open_backend(t, profile, e) || build_model(t, e)) return -1;
+    t->eng.flag = mem_alloc(&t->eng.arena, MEM_COMM, sizeof(float));
+    mem_freeze(&t->eng.arena);
+    if (cfg->checkpoint.async && train_ckpt_open_stage(t, e)) return -1;
+    t->feed.samples =
+        malloc((size_t)cfg->train.micro_batch_size * (cfg->train.seq_len + 1) * sizeof(int32_t));
+    return train_ckpt_initialize(t, e);
+}
+
+void train_teardown(trainer *t) {
+    log_close(&t->met.log);
+    train_ckpt_close(t);
+    train_feed_close(t);
+    spike_free(&t->loss_w), spike_free(&t->norm_w);
+    pp_destroy(t->eng.pp);
+    dp_destroy(t->eng.dp);
+    model_destroy(t->eng.m);
+    cp_free(&t->eng.cp);
+    if (t->eng.has_moe) ep_free(&t->eng.ep);
+    if (t->eng.backend) {
+        mem_release(&t->eng.arena);
+        /* the communicators outlive the compute stream (the final barrier): stop ordering
+         * their operations after a stream that is about to be destroyed */
+        comm_ctx_set_stream(t->rt->comm, NULL);
+        if (t->eng.ops != t->eng.backend) t->eng.ops->destroy(t->eng.ops);
+        t->eng.backend->destroy(t->eng.backend);
+    }
+}
+
+void train_write_config(const ust_config *cfg) {
+    ust_err e;
+    char path[UST_PATH_MAX + 32];
+    if (fs_mkdir_p(cfg->run.out_dir, &e)) {
+        fprintf(stderr, "ustrain: warning: %s\n", e.msg);
+        return;
+    }
+    snprintf(path, sizeof path, "%s/config.yaml", cfg->run.out_dir);
+    FILE *f = fs_fopen_regular(path, "wb", &e);
+    if (!f) {
+        fprintf(stderr, "ustrain: warning: effective config %s\n", e.msg);
+        return;
+    }
+    cfg_dump(cfg, f);
+    fclose(f);
+}
