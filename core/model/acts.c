@@ -15,7 +15,8 @@
 
 /* mlp: the dense MLP's buffers too (a MoE layer keeps its own in moe_acts) */
 static void alloc_layer_acts(model *m, ust_arena *a, layer_acts *x, act *shared_act, int mlp) {
-    int64_t N = (int64_t)m->shape.B * m->shape.T, C = m->shape.C, HD = m->shape.H * m->shape.D, KV = m->shape.Hkv * m->shape.D, F = m->shape.F;
+    int64_t N = (int64_t)m->shape.B * m->shape.T, C = m->shape.C, HD = m->shape.H * m->shape.D,
+            KV = m->shape.Hkv * m->shape.D, F = m->shape.F;
     int64_t Nl = m->shape.Nl;
     x->ln1 = A(Nl * C);
     x->ln1_mean = F32(Nl);
@@ -45,7 +46,8 @@ static void alloc_moe_acts(model *m, ust_arena *a, moe_acts *ma) {
 }
 
 static void alloc_wsave(model *m, ust_arena *a, layer_wsave *w) {
-    int64_t N = (int64_t)m->shape.B * m->shape.T, C = m->shape.C, HD = m->shape.H * m->shape.D, KV = m->shape.Hkv * m->shape.D, F = m->shape.F;
+    int64_t N = (int64_t)m->shape.B * m->shape.T, C = m->shape.C, HD = m->shape.H * m->shape.D,
+            KV = m->shape.Hkv * m->shape.D, F = m->shape.F;
     w->gmlp = A(N * C);
     w->dup = A(N * F);
     w->dgate = m->shape.llama ? A(N * F) : NULL;
@@ -60,7 +62,8 @@ static void alloc_wsave(model *m, ust_arena *a, layer_wsave *w) {
 /* none: every layer keeps its activations; selective: the MLP activation output is recomputed
  * in backward, so one shared buffer; full: only the layer inputs are kept, one scratch set. */
 static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *s, act *shared) {
-    int64_t N = (int64_t)m->shape.B * m->shape.T, C = m->shape.C, Nl = m->shape.Nl, nl = ch->hi - ch->lo;
+    int64_t N = (int64_t)m->shape.B * m->shape.T, C = m->shape.C, Nl = m->shape.Nl,
+            nl = ch->hi - ch->lo;
     s->xs = calloc(nl + 1, sizeof *s->xs);
     for (int i = 0; i <= nl; i++) s->xs[i] = A(Nl * C);
     if (m->shape.recompute != RECOMPUTE_FULL) {
@@ -68,7 +71,8 @@ static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *
         for (int i = 0; i < nl; i++)
             alloc_layer_acts(m, a, &s->la[i], shared, !is_moe(m, ch->lo + i));
     }
-    if (m->moe.has_moe && m->shape.recompute != RECOMPUTE_FULL) { /* full: the shared m->acts.moe_scratch */
+    if (m->moe.has_moe &&
+        m->shape.recompute != RECOMPUTE_FULL) { /* full: the shared m->acts.moe_scratch */
         s->ma = calloc(nl, sizeof *s->ma);
         for (int i = 0; i < nl; i++)
             if (is_moe(m, ch->lo + i)) alloc_moe_acts(m, a, &s->ma[i]);
@@ -89,7 +93,8 @@ static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *
         if (m->shape.zb) s->dlnf = A(Nl * C);
     }
     if (ch->embed) s->tok = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
-    if (m->shape.doc_mask || m->shape.reset_pos) s->doc = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
+    if (m->shape.doc_mask || m->shape.reset_pos)
+        s->doc = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
     if (m->shape.doc_mask && cp_ulysses(m->par.cp) > 1) /* the documents of every token attended */
         s->udoc = mem_alloc(a, MEM_ACTS, N * cp_ulysses(m->par.cp) * sizeof(int32_t));
     if (m->shape.reset_pos) s->rpos = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
@@ -97,11 +102,13 @@ static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *
 }
 
 void acts_alloc(model *m, ust_arena *a) {
-    int64_t N = (int64_t)m->shape.B * m->shape.T, C = m->shape.C, HD = m->shape.H * m->shape.D, KV = m->shape.Hkv * m->shape.D, F = m->shape.F;
+    int64_t N = (int64_t)m->shape.B * m->shape.T, C = m->shape.C, HD = m->shape.H * m->shape.D,
+            KV = m->shape.Hkv * m->shape.D, F = m->shape.F;
     int64_t wide = HD > F ? HD : F;
     act *shared = m->shape.recompute == RECOMPUTE_SELECTIVE ? A(N * F) : NULL;
     if (m->shape.recompute == RECOMPUTE_FULL) alloc_layer_acts(m, a, &m->acts.scratch, shared, 1);
-    if (m->shape.recompute == RECOMPUTE_FULL && m->moe.has_moe) alloc_moe_acts(m, a, &m->acts.moe_scratch);
+    if (m->shape.recompute == RECOMPUTE_FULL && m->moe.has_moe)
+        alloc_moe_acts(m, a, &m->acts.moe_scratch);
     for (int c = 0; c < m->nchunks; c++) {
         model_chunk *ch = &m->chunks[c];
         ch->slots = calloc(ch->nslots, sizeof *ch->slots);
@@ -124,13 +131,13 @@ void acts_alloc(model *m, ust_arena *a) {
     m->acts.datt = A(N * wide);
     m->acts.dgate = m->shape.llama ? A(N * F) : NULL;
     m->acts.dup = A(N * F);
-    m->acts.dact = m->shape.llama ? A(N * F) : NULL; /* gpt2's GELU backward is fused (linear_gelu_bwd) */
+    m->acts.dact =
+        m->shape.llama ? A(N * F) : NULL; /* gpt2's GELU backward is fused (linear_gelu_bwd) */
     m->acts.tgt = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
     /* the global positions of our tokens (cp_init's buffer), and as every token's own (B,Tl)
      * for RoPE and learned positions (data.reset_positions: each slot's own) */
     m->acts.pos = mem_counting(a) ? NULL : (int32_t *)cp_positions_device(m->par.cp);
     m->acts.pos_rows = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
-    m->batch.rows = m->acts.pos_rows;
     if (!mem_counting(a)) {
         int32_t *host = malloc((size_t)N * sizeof(int32_t));
         const int32_t *mine = cp_positions_of(m->par.cp, m->par.cp->rank);
@@ -172,4 +179,3 @@ act *model_chunk_output(model *m, int c, int slot) {
     return ch->slots[slot].xs[ch->hi - ch->lo];
 }
 act *model_chunk_grad(model *m, int c, int slot) { return m->chunks[c].slots[slot].dy; }
-

@@ -1,6 +1,6 @@
-/* model_internal: the model's state, shared by the two files that implement model.h: model.c
- * (activations and the blocks' forward/backward) and params.c (the parameter table, units,
- * initialization and importers). Nothing else includes it. */
+/* model_internal: the model's state, the parts of struct model each written by one of the files
+ * that implement model.h (params.c, acts.c, model.c, model_moe.c; model_block.c and
+ * model_vocab.c only read them), and the small helpers they share. Nothing else includes it. */
 #ifndef UST_MODEL_INTERNAL_H
 #define UST_MODEL_INTERNAL_H
 
@@ -49,16 +49,16 @@ typedef enum {
 
 typedef struct {
     wg_kind kind;
-    int unit, gathered;                /* UNIT marks; LINEAR: x is the last WG_GATHER's */
+    int unit, gathered; /* UNIT marks; LINEAR: x is the last WG_GATHER's */
     /* where the gradients go and the weights: the model's pointers to them, read when the job
      * runs, after the unit's hooks have placed them (ZeRO-2/3 working buffers) */
     float **dw, **db;
     float *const *w;
-    const act *dout, *x;               /* the saved output gradient; the input */
-    const float *mean, *rstd;          /* NORM: its statistics */
-    int N, C, OC;                      /* LINEAR: dout (N, OC), x (N, C) */
-    int vc;                            /* EMBED: vocabulary chunk (-1: the positions; nvc = 0: all) */
-    struct layer_acts_s *acts;         /* ACT: the layer whose activation is rebuilt */
+    const act *dout, *x;       /* the saved output gradient; the input */
+    const float *mean, *rstd;  /* NORM: its statistics */
+    int N, C, OC;              /* LINEAR: dout (N, OC), x (N, C) */
+    int vc;                    /* EMBED: vocabulary chunk (-1: the positions; nvc = 0: all) */
+    struct layer_acts_s *acts; /* ACT: the layer whose activation is rebuilt */
 } wg_job;
 
 typedef struct {
@@ -137,9 +137,9 @@ typedef struct {
     float *p, *g;     /* whole flat buffers, or NULL when a sharding layer owns the storage */
     ckpt_tensor *all; /* every tensor of the whole model (all stages), checkpoint order */
     int nall;
-    int sizing;       /* the memory plan's model (params_shape): shapes only, no names */
-    int listing;      /* building the whole model's list (list_all_tensors): every expert */
-    int in_experts;   /* building the table: the current unit holds experts */
+    int sizing;              /* the memory plan's model (params_shape): shapes only, no names */
+    int listing;             /* building the whole model's list (list_all_tensors): every expert */
+    int in_experts;          /* building the table: the current unit holds experts */
     int sub_row0, sub_nrows; /* building: add_param keeps these rows of its slice */
     int copy_chunk;          /* building: the chunk's tensors are replicas (dualpipe) */
 } model_table;
@@ -181,8 +181,8 @@ typedef struct {
     moe_acts moe_scratch; /* full recompute: the one set every MoE layer rebuilds into */
     float *losses;        /* (N) */
     act *dtmp, *dln, *dq, *dk, *dv, *datt, *dgate, *dup, *dact;
-    float *dnorm;             /* 2C: a norm's weight (and bias) gradient before the sp reduction */
-    float *vc_lse;            /* (4N): the chunked cross-entropy's statistics */
+    float *dnorm;              /* 2C: a norm's weight (and bias) gradient before the sp reduction */
+    float *vc_lse;             /* (4N): the chunked cross-entropy's statistics */
     act *vc_merge, *vc_merge2; /* (N) each: the lse merge's unused outputs */
     int32_t *tgt, *pos;
     int32_t *pos_rows; /* (B,Tl) every token's position */
@@ -213,6 +213,11 @@ struct model {
 
 static inline int is_moe(const model *m, int l) {
     return m->moe.has_moe && moe_layer_is_moe(m->cfg, l);
+}
+
+/* Calls the sharding layer's hook at a unit boundary (model_hooks). */
+static inline void model_hook(model *m, int unit, model_phase phase) {
+    if (m->hooks.unit) m->hooks.unit(m->hooks.ctx, unit, phase);
 }
 
 #endif

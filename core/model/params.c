@@ -27,8 +27,8 @@ static void add_param(model *m, const char *name, int64_t rows, int64_t cols, in
         m->tab.params = realloc(m->tab.params, m->tab.cap * sizeof *m->tab.params);
         m->tab.targets = realloc(m->tab.targets, m->tab.cap * sizeof *m->tab.targets);
         m->tab.param_unit = realloc(m->tab.param_unit, m->tab.cap * sizeof *m->tab.param_unit);
-        UST_ASSERT(m->tab.params && m->tab.targets && m->tab.param_unit, "out of host memory for %d params",
-                   m->tab.cap);
+        UST_ASSERT(m->tab.params && m->tab.targets && m->tab.param_unit,
+                   "out of host memory for %d params", m->tab.cap);
     }
     model_param *q = &m->tab.params[m->tab.nparams];
     memset(q, 0, sizeof *q);
@@ -69,7 +69,6 @@ static void add_param(model *m, const char *name, int64_t rows, int64_t cols, in
 
 static void end_unit(model *m, int64_t min_len);
 
-
 /* MoE tensors stay whole (never tensor-split); the experts open a unit of their own, which is
  * reduced over expert-dp x cp instead of dp x cp. */
 static void add_moe_param(void *ctx, const moe_param *q) {
@@ -96,8 +95,10 @@ static void add_moe_params(model *m, int l) {
 static void add_layer_params(model *m, int l) {
     char n[CKPT_NAME_MAX] = "";
     layer_w *w = &m->w.lw[l], *g = &m->w.lg[l];
-    int C = m->shape.C, HD = m->shape.Hg * m->shape.D, KV = m->shape.Hkvg * m->shape.D, F = m->shape.Fg, gpt2 = !m->shape.llama;
-    float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * m->shape.L); /* GPT-2's scaled residual init */
+    int C = m->shape.C, HD = m->shape.Hg * m->shape.D, KV = m->shape.Hkvg * m->shape.D,
+        F = m->shape.Fg, gpt2 = !m->shape.llama;
+    float std = 0.02f,
+          proj_std = 0.02f / sqrtf(2.0f * m->shape.L); /* GPT-2's scaled residual init */
     const int N0 = SPLIT_NONE, R = SPLIT_ROWS, CO = SPLIT_COLS;
     /* one line per tensor: the layer's parameter table */
     // clang-format off
@@ -178,8 +179,8 @@ static void add_embed_unit(model *m) {
     add_param(m, "model.embed_tokens.weight", m->shape.Vp, C, SPLIT_ROWS, 1, 0.02f, 0, &m->w.wte,
               &m->w.g_wte);
     if (!m->shape.llama)
-        add_param(m, "model.embed_positions.weight", m->shape.maxT, C, SPLIT_NONE, 1, 0.02f, 0, &m->w.wpe,
-                  &m->w.g_wpe);
+        add_param(m, "model.embed_positions.weight", m->shape.maxT, C, SPLIT_NONE, 1, 0.02f, 0,
+                  &m->w.wpe, &m->w.g_wpe);
     end_unit(m, m->shape.tied && m->cfg->parallel.pp > 1 ? tied_unit_len(m) : 0);
 }
 
@@ -209,7 +210,8 @@ static void add_head_unit(model *m) {
     if (!m->shape.llama)
         add_param(m, "model.norm.bias", 1, C, SPLIT_NONE, 0, 0, 0, &m->w.lnf_b, &m->w.g_lnf_b);
     if (!m->shape.tied)
-        add_param(m, "lm_head.weight", m->shape.Vp, C, SPLIT_ROWS, 1, 0.02f, 0, &m->w.lm, &m->w.g_lm);
+        add_param(m, "lm_head.weight", m->shape.Vp, C, SPLIT_ROWS, 1, 0.02f, 0, &m->w.lm,
+                  &m->w.g_lm);
     end_unit(m, m->shape.tied_copy ? tied_unit_len(m) : 0);
 }
 
@@ -219,7 +221,8 @@ static void build_param_table(model *m) {
         model_chunk *ch = &m->chunks[c];
         ch->unit0 = m->tab.nunits;
         ch->nunits = (ch->hi - ch->lo) + (m->vc.nvc ? 0 : ch->embed + ch->head);
-        if (m->vc.nvc && ch->embed) ch->nunits += m->vc.nvc + !m->shape.llama; /* positions, chunks */
+        if (m->vc.nvc && ch->embed)
+            ch->nunits += m->vc.nvc + !m->shape.llama; /* positions, chunks */
         if (m->vc.nvc && ch->head) ch->nunits += 1 + (m->shape.tied_local ? 0 : m->vc.nvc);
         for (int l = ch->lo; l < ch->hi; l++) ch->nunits += is_moe(m, l); /* + its experts */
         m->tab.nunits += ch->nunits;
@@ -257,7 +260,8 @@ static void list_all_tensors(model *m) {
     m->tab.nall = t.tab.nparams;
     m->tab.all = calloc(t.tab.nparams, sizeof *m->tab.all);
     for (int i = 0; i < t.tab.nparams; i++) m->tab.all[i] = t.tab.params[i].whole;
-    free(t.tab.params), free(t.tab.targets), free(t.tab.param_unit), free(t.tab.unit_off), free(t.tab.unit_len);
+    free(t.tab.params), free(t.tab.targets), free(t.tab.param_unit), free(t.tab.unit_off),
+        free(t.tab.unit_len);
     free(t.tab.unit_expert);
     free(t.w.lw), free(t.w.lg);
 }
@@ -318,7 +322,8 @@ double model_flops_per_token(const model *m) {
             (strcmp(q->name, "model.embed_tokens.weight") != 0 || m->shape.tied))
             matmul += (double)q->shape[0] * (double)q->shape[1];
     }
-    return 6.0 * matmul + 12.0 * m->shape.L * (double)(m->shape.Hg * m->shape.D) * m->par.cp->T; /* whole sequence */
+    return 6.0 * matmul + 12.0 * m->shape.L * (double)(m->shape.Hg * m->shape.D) *
+                              m->par.cp->T; /* whole sequence */
 }
 
 const ckpt_tensor *model_all_tensors(const model *m, int *n) {
@@ -447,7 +452,8 @@ int model_load_llmc(model *m, const char *path, model_store_fn store, void *stor
         goto done;
     }
     if (check_llmc_header(m, h, path, e)) goto done;
-    int64_t C = m->shape.C, L = m->shape.L, Vp = m->shape.Vp, biggest = Vp * C > 4 * C * C ? Vp * C : 4 * C * C;
+    int64_t C = m->shape.C, L = m->shape.L, Vp = m->shape.Vp,
+            biggest = Vp * C > 4 * C * C ? Vp * C : 4 * C * C;
     host = malloc((biggest > m->shape.maxT * C ? biggest : m->shape.maxT * C) * sizeof(float));
     if (read_into(m, f, path, "model.embed_tokens.weight", Vp * C, host, &sink, e) ||
         read_into(m, f, path, "model.embed_positions.weight", m->shape.maxT * C, host, &sink, e))
@@ -497,10 +503,14 @@ done:
 
 void params_dims(model *m, const ust_config *cfg) {
     m->shape.llama = cfg->model.arch == ARCH_LLAMA;
-    m->shape.L = cfg->model.n_layer, m->shape.C = cfg->model.d_model, m->shape.D = cfg_head_dim(cfg);
-    m->shape.Hg = cfg->model.n_head, m->shape.Hkvg = cfg->model.n_kv_head, m->shape.Fg = cfg->model.d_ff;
-    m->shape.V = cfg->model.vocab_size, m->shape.Vp = cfg_vocab_padded(cfg), m->shape.maxT = cfg->model.max_seq_len;
-    m->shape.B = cfg->train.micro_batch_size, m->shape.T = cfg->train.seq_len, m->shape.tied = cfg_tied(cfg);
+    m->shape.L = cfg->model.n_layer, m->shape.C = cfg->model.d_model,
+    m->shape.D = cfg_head_dim(cfg);
+    m->shape.Hg = cfg->model.n_head, m->shape.Hkvg = cfg->model.n_kv_head,
+    m->shape.Fg = cfg->model.d_ff;
+    m->shape.V = cfg->model.vocab_size, m->shape.Vp = cfg_vocab_padded(cfg),
+    m->shape.maxT = cfg->model.max_seq_len;
+    m->shape.B = cfg->train.micro_batch_size, m->shape.T = cfg->train.seq_len,
+    m->shape.tied = cfg_tied(cfg);
     m->shape.eps = (float)cfg->model.norm_eps;
     m->shape.rope = (ust_rope){.theta = cfg->model.rope_theta};
     if (cfg->model.rope_scaling.type == ROPE_LLAMA3) {
@@ -527,7 +537,8 @@ void params_vocab_chunks(model *m, int rows) {
     m->vc.nvc = m->vc.vc_rows ? (m->shape.Vl + m->vc.vc_rows - 1) / m->vc.vc_rows : 0;
     if (!m->vc.nvc) return;
     m->vc.wte_c = calloc(2 * (size_t)m->vc.nvc, sizeof *m->vc.wte_c);
-    m->vc.lm_c = m->shape.tied_local ? m->vc.wte_c : calloc(2 * (size_t)m->vc.nvc, sizeof *m->vc.lm_c);
+    m->vc.lm_c =
+        m->shape.tied_local ? m->vc.wte_c : calloc(2 * (size_t)m->vc.nvc, sizeof *m->vc.lm_c);
     UST_ASSERT(m->vc.wte_c && m->vc.lm_c, "out of host memory");
     m->vc.g_wte_c = m->vc.wte_c + m->vc.nvc;
     m->vc.g_lm_c = m->vc.lm_c + m->vc.nvc;
@@ -575,14 +586,15 @@ model *params_shape(const ust_config *cfg, const ust_ops *sizes, const params_la
     m->par.own_tp = tp_shape(sizes, ly->tp, B * (T / ly->cp), cfg->model.d_model, ly->sp);
     m->par.tp = &m->par.own_tp;
     params_dims(m, cfg);
-    m->par.own_cp = cp_shape(sizes, ly->cp, ly->cp > 1 ? cfg_cp_a2a(cfg) : 1, T, m->shape.B, m->shape.Hkv, m->shape.D,
-                         cfg->parallel.cp_comm);
+    m->par.own_cp = cp_shape(sizes, ly->cp, ly->cp > 1 ? cfg_cp_a2a(cfg) : 1, T, m->shape.B,
+                             m->shape.Hkv, m->shape.D, cfg->parallel.cp_comm);
     m->par.cp = &m->par.own_cp;
     params_local_rows(m);
     m->tab.unit_pad = ly->unit_pad;
     params_chunks(m, ly->chunks, ly->nchunks);
     params_vocab_chunks(m, ly->vocab_chunk_rows);
-    if (cfg->model.moe.num_experts > 0) m->moe.has_moe = 1, m->moe.ep_size = ly->ep, m->moe.ep_rank = 0;
+    if (cfg->model.moe.num_experts > 0)
+        m->moe.has_moe = 1, m->moe.ep_size = ly->ep, m->moe.ep_rank = 0;
     m->w.lw = calloc(m->shape.L, sizeof *m->w.lw);
     m->w.lg = calloc(m->shape.L, sizeof *m->w.lg);
     if (ly->whole)
@@ -609,6 +621,7 @@ void params_count_buffers(model *m, const model_storage *st, ust_arena *count) {
     if (st->alloc_params) mem_alloc(count, MEM_PARAMS, m->tab.numel * sizeof(float));
     if (st->alloc_grads) mem_alloc(count, MEM_GRADS, m->tab.numel * sizeof(float));
     cp_alloc_buffers(m->par.cp, count, m->shape.H);
-    if (m->moe.has_moe) mem_alloc(count, MEM_ACTS, moe_ctx_bytes(m->cfg, m->shape.B * m->shape.T, m->moe.ep_size));
+    if (m->moe.has_moe)
+        mem_alloc(count, MEM_ACTS, moe_ctx_bytes(m->cfg, m->shape.B * m->shape.T, m->moe.ep_size));
     tp_alloc_scratch(m->par.tp, count);
 }
