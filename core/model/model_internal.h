@@ -1,6 +1,7 @@
-/* model_internal: the model's state, the parts of struct model each written by one of the files
+/* model_internal: the model's state, the parts of struct model each filled by one of the files
  * that implement model.h (params.c, acts.c, model.c, model_moe.c; model_block.c and
- * model_vocab.c only read them), and the small helpers they share. Nothing else includes it. */
+ * model_vocab.c only read them), and the small helpers they share. Outside core/model only the
+ * memory plan sees it (through acts.h), and it reads no field. */
 #ifndef UST_MODEL_INTERNAL_H
 #define UST_MODEL_INTERNAL_H
 
@@ -99,7 +100,8 @@ typedef struct {
     float **p, **g; /* where to store the resolved parameter and gradient pointers */
 } param_target;
 
-/* The parts of struct model, each written by one file (the others only read it). */
+/* The parts of struct model, each filled by the file named above it (model_create_with and
+ * params_shape also copy in what model_storage and params_layout give); the others read it. */
 
 /* params.c (params_dims, params_local_rows, params_chunks): the dimensions and flags. H, Hkv,
  * F and Vl are this rank's shares under tensor parallelism; Hg, Hkvg, Fg, Vp whole. */

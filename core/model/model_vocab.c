@@ -188,16 +188,13 @@ int vocab_head_backward(model *m, act_slot *s, const act *x_last, act *dx, const
     if (m->vc.nvc) { /* chunks, then the final norm's unit */
         head_backward_chunks(m, s, df, begin, end);
         if (!m->shape.tied_local) u -= m->vc.nvc;
-        model_hook(m, u, begin);
-        block_later_unit(m, df, WG_UNIT_BEGIN, u);
-        head_norm_backward(m, s, x_last, dx, df);
-        block_later_unit(m, df, WG_UNIT_END, u);
-        model_hook(m, u--, end);
-        return u;
     }
     model_hook(m, u, begin);
     block_later_unit(m, df, WG_UNIT_BEGIN, u);
-    head_backward(m, s, x_last, dx, df);
+    if (m->vc.nvc)
+        head_norm_backward(m, s, x_last, dx, df);
+    else
+        head_backward(m, s, x_last, dx, df);
     block_later_unit(m, df, WG_UNIT_END, u);
     model_hook(m, u--, end);
     return u;
