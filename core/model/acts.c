@@ -15,8 +15,9 @@
 
 /* mlp: the dense MLP's buffers too (a MoE layer keeps its own in moe_acts) */
 static void alloc_layer_acts(model *m, ust_arena *a, layer_acts *x, act *shared_act, int mlp) {
-    int64_t N = (int64_t)m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D, F = m->F;
-    int64_t Nl = m->Nl;
+    int64_t N = (int64_t)m->shape.B * m->shape.T, C = m->shape.C, HD = m->shape.H * m->shape.D,
+            KV = m->shape.Hkv * m->shape.D, F = m->shape.F;
+    int64_t Nl = m->shape.Nl;
     x->ln1 = A(Nl * C);
     x->ln1_mean = F32(Nl);
     x->ln1_rstd = F32(Nl);
@@ -24,118 +25,124 @@ static void alloc_layer_acts(model *m, ust_arena *a, layer_acts *x, act *shared_
     x->k = A(N * KV);
     x->v = A(N * KV);
     x->att = A(N * HD);
-    x->lse = F32((int64_t)m->B * m->H * m->T);
+    x->lse = F32((int64_t)m->shape.B * m->shape.H * m->shape.T);
     x->res2 = A(Nl * C);
     x->ln2 = A(Nl * C);
     x->ln2_mean = F32(Nl);
     x->ln2_rstd = F32(Nl);
     if (!mlp) return;
-    x->gate = m->llama ? A(N * F) : NULL;
+    x->gate = m->shape.llama ? A(N * F) : NULL;
     x->up = A(N * F);
-    x->act = m->recompute == RECOMPUTE_SELECTIVE ? shared_act : A(N * F);
+    x->act = m->shape.recompute == RECOMPUTE_SELECTIVE ? shared_act : A(N * F);
 }
 
 /* A MoE layer's saved routing and expert activations. A counting arena (the memory plan's
  * model has no MoE context) counts what moe_acts_init carves, sized beside it. */
 static void alloc_moe_acts(model *m, ust_arena *a, moe_acts *ma) {
     if (mem_counting(a))
-        mem_alloc(a, MEM_ACTS, moe_acts_bytes(m->cfg, m->B * m->T, m->ep_size));
+        mem_alloc(a, MEM_ACTS, moe_acts_bytes(m->cfg, m->shape.B * m->shape.T, m->moe.ep_size));
     else
-        moe_acts_init(&m->moe, ma, a);
+        moe_acts_init(&m->moe.ctx, ma, a);
 }
 
 static void alloc_wsave(model *m, ust_arena *a, layer_wsave *w) {
-    int64_t N = (int64_t)m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D, F = m->F;
+    int64_t N = (int64_t)m->shape.B * m->shape.T, C = m->shape.C, HD = m->shape.H * m->shape.D,
+            KV = m->shape.Hkv * m->shape.D, F = m->shape.F;
     w->gmlp = A(N * C);
     w->dup = A(N * F);
-    w->dgate = m->llama ? A(N * F) : NULL;
-    w->dln2 = A((int64_t)m->Nl * C);
+    w->dgate = m->shape.llama ? A(N * F) : NULL;
+    w->dln2 = A((int64_t)m->shape.Nl * C);
     w->gatt = A(N * C);
     w->dq = A(N * HD);
     w->dk = A(N * KV);
     w->dv = A(N * KV);
-    w->dln1 = A((int64_t)m->Nl * C);
+    w->dln1 = A((int64_t)m->shape.Nl * C);
 }
 
 /* none: every layer keeps its activations; selective: the MLP activation output is recomputed
  * in backward, so one shared buffer; full: only the layer inputs are kept, one scratch set. */
 static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *s, act *shared) {
-    int64_t N = (int64_t)m->B * m->T, C = m->C, Nl = m->Nl, nl = ch->hi - ch->lo;
+    int64_t N = (int64_t)m->shape.B * m->shape.T, C = m->shape.C, Nl = m->shape.Nl,
+            nl = ch->hi - ch->lo;
     s->xs = calloc(nl + 1, sizeof *s->xs);
     for (int i = 0; i <= nl; i++) s->xs[i] = A(Nl * C);
-    if (m->recompute != RECOMPUTE_FULL) {
+    if (m->shape.recompute != RECOMPUTE_FULL) {
         s->la = calloc(nl, sizeof *s->la);
         for (int i = 0; i < nl; i++)
             alloc_layer_acts(m, a, &s->la[i], shared, !is_moe(m, ch->lo + i));
     }
-    if (m->has_moe && m->recompute != RECOMPUTE_FULL) { /* full: the shared m->moe_scratch */
+    if (m->moe.has_moe &&
+        m->shape.recompute != RECOMPUTE_FULL) { /* full: the shared m->acts.moe_scratch */
         s->ma = calloc(nl, sizeof *s->ma);
         for (int i = 0; i < nl; i++)
             if (is_moe(m, ch->lo + i)) alloc_moe_acts(m, a, &s->ma[i]);
     }
-    if (m->zb) {
+    if (m->shape.zb) {
         s->ws = calloc(nl, sizeof *s->ws);
         for (int i = 0; i < nl; i++) alloc_wsave(m, a, &s->ws[i]);
         /* per layer: two unit marks, an activation, two gathers, seven linears, two norms;
          * the head: marks, a gather, a linear, a norm; the embeddings: marks and a job */
-        s->wg.cap = 16 * nl + 16 + 4 * (2 * m->nvc + 1); /* + vocabulary chunks' marks, jobs */
+        s->wg.cap = 16 * nl + 16 + 4 * (2 * m->vc.nvc + 1); /* + vocabulary chunks' marks, jobs */
         s->wg.jobs = calloc((size_t)s->wg.cap, sizeof *s->wg.jobs);
     }
     if (ch->head) {
         s->lnf = A(Nl * C);
         s->lnf_mean = F32(Nl);
         s->lnf_rstd = F32(Nl);
-        s->logits = A(N * m->Vl);
-        if (m->zb) s->dlnf = A(Nl * C);
+        s->logits = A(N * m->shape.Vl);
+        if (m->shape.zb) s->dlnf = A(Nl * C);
     }
     if (ch->embed) s->tok = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
-    if (m->doc_mask || m->reset_pos) s->doc = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
-    if (m->doc_mask && cp_ulysses(m->cp) > 1) /* the documents of every token attended */
-        s->udoc = mem_alloc(a, MEM_ACTS, N * cp_ulysses(m->cp) * sizeof(int32_t));
-    if (m->reset_pos) s->rpos = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
+    if (m->shape.doc_mask || m->shape.reset_pos)
+        s->doc = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
+    if (m->shape.doc_mask && cp_ulysses(m->par.cp) > 1) /* the documents of every token attended */
+        s->udoc = mem_alloc(a, MEM_ACTS, N * cp_ulysses(m->par.cp) * sizeof(int32_t));
+    if (m->shape.reset_pos) s->rpos = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
     s->dy = A(Nl * C);
 }
 
 void acts_alloc(model *m, ust_arena *a) {
-    int64_t N = (int64_t)m->B * m->T, C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D, F = m->F;
+    int64_t N = (int64_t)m->shape.B * m->shape.T, C = m->shape.C, HD = m->shape.H * m->shape.D,
+            KV = m->shape.Hkv * m->shape.D, F = m->shape.F;
     int64_t wide = HD > F ? HD : F;
-    act *shared = m->recompute == RECOMPUTE_SELECTIVE ? A(N * F) : NULL;
-    if (m->recompute == RECOMPUTE_FULL) alloc_layer_acts(m, a, &m->scratch, shared, 1);
-    if (m->recompute == RECOMPUTE_FULL && m->has_moe) alloc_moe_acts(m, a, &m->moe_scratch);
+    act *shared = m->shape.recompute == RECOMPUTE_SELECTIVE ? A(N * F) : NULL;
+    if (m->shape.recompute == RECOMPUTE_FULL) alloc_layer_acts(m, a, &m->acts.scratch, shared, 1);
+    if (m->shape.recompute == RECOMPUTE_FULL && m->moe.has_moe)
+        alloc_moe_acts(m, a, &m->acts.moe_scratch);
     for (int c = 0; c < m->nchunks; c++) {
         model_chunk *ch = &m->chunks[c];
         ch->slots = calloc(ch->nslots, sizeof *ch->slots);
         for (int k = 0; k < ch->nslots; k++) alloc_slot(m, a, ch, &ch->slots[k], shared);
     }
-    m->losses = F32(N);
-    m->dtmp = A((int64_t)m->Nl * C);
-    m->dln = A(N * C);
+    m->acts.losses = F32(N);
+    m->acts.dtmp = A((int64_t)m->shape.Nl * C);
+    m->acts.dln = A(N * C);
     int head = 0;
     for (int c = 0; c < m->nchunks; c++) head |= m->chunks[c].head;
-    if (m->nvc > 1 && head) { /* the cross-entropy over the head's column blocks */
-        m->vc_lse = F32(4 * N);
-        m->vc_merge = A(N);
-        m->vc_merge2 = A(N);
+    if (m->vc.nvc > 1 && head) { /* the cross-entropy over the head's column blocks */
+        m->acts.vc_lse = F32(4 * N);
+        m->acts.vc_merge = A(N);
+        m->acts.vc_merge2 = A(N);
     }
-    if (tp_sp(m->tp) || m->zb) m->dnorm = F32(2 * C);
-    m->dq = A(N * HD);
-    m->dk = A(N * KV);
-    m->dv = A(N * KV);
-    m->datt = A(N * wide);
-    m->dgate = m->llama ? A(N * F) : NULL;
-    m->dup = A(N * F);
-    m->dact = m->llama ? A(N * F) : NULL; /* gpt2's GELU backward is fused (linear_gelu_bwd) */
-    m->tgt = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
+    if (tp_sp(m->par.tp) || m->shape.zb) m->acts.dnorm = F32(2 * C);
+    m->acts.dq = A(N * HD);
+    m->acts.dk = A(N * KV);
+    m->acts.dv = A(N * KV);
+    m->acts.datt = A(N * wide);
+    m->acts.dgate = m->shape.llama ? A(N * F) : NULL;
+    m->acts.dup = A(N * F);
+    m->acts.dact =
+        m->shape.llama ? A(N * F) : NULL; /* gpt2's GELU backward is fused (linear_gelu_bwd) */
+    m->acts.tgt = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
     /* the global positions of our tokens (cp_init's buffer), and as every token's own (B,Tl)
      * for RoPE and learned positions (data.reset_positions: each slot's own) */
-    m->pos = mem_counting(a) ? NULL : (int32_t *)cp_positions_device(m->cp);
-    m->pos_rows = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
-    m->rows = m->pos_rows;
+    m->acts.pos = mem_counting(a) ? NULL : (int32_t *)cp_positions_device(m->par.cp);
+    m->acts.pos_rows = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
     if (!mem_counting(a)) {
         int32_t *host = malloc((size_t)N * sizeof(int32_t));
-        const int32_t *mine = cp_positions_of(m->cp, m->cp->rank);
-        for (int64_t i = 0; i < N; i++) host[i] = mine[i % m->T];
-        m->ops->to_device(m->ops, m->pos_rows, host, (size_t)N * sizeof(int32_t));
+        const int32_t *mine = cp_positions_of(m->par.cp, m->par.cp->rank);
+        for (int64_t i = 0; i < N; i++) host[i] = mine[i % m->shape.T];
+        m->ops->to_device(m->ops, m->acts.pos_rows, host, (size_t)N * sizeof(int32_t));
         free(host);
     }
 }
@@ -156,20 +163,19 @@ void acts_free(model *m) {
 }
 
 layer_acts *acts_of(model *m, act_slot *s, int i) {
-    return m->recompute == RECOMPUTE_FULL ? &m->scratch : &s->la[i];
+    return m->shape.recompute == RECOMPUTE_FULL ? &m->acts.scratch : &s->la[i];
 }
 
 moe_acts *moe_acts_of(model *m, act_slot *s, int i) {
-    return m->recompute == RECOMPUTE_FULL ? &m->moe_scratch : &s->ma[i];
+    return m->shape.recompute == RECOMPUTE_FULL ? &m->acts.moe_scratch : &s->ma[i];
 }
 
 int model_num_chunks(const model *m) { return m->nchunks; }
 int model_chunk_slots(const model *m, int c) { return m->chunks[c].nslots; }
-int64_t model_boundary_numel(const model *m) { return (int64_t)m->Nl * m->C; }
+int64_t model_boundary_numel(const model *m) { return (int64_t)m->shape.Nl * m->shape.C; }
 act *model_chunk_input(model *m, int c, int slot) { return m->chunks[c].slots[slot].xs[0]; }
 act *model_chunk_output(model *m, int c, int slot) {
     const model_chunk *ch = &m->chunks[c];
     return ch->slots[slot].xs[ch->hi - ch->lo];
 }
 act *model_chunk_grad(model *m, int c, int slot) { return m->chunks[c].slots[slot].dy; }
-

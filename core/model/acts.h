@@ -1,6 +1,6 @@
-/* acts: the model's activations (core/model/acts.c), the part of model.h that carves what each layer
- * keeps between forward and backward and the chunks' activation sets out of the arena, and
- * points a forward or backward at the set of a (chunk, slot). model.c's blocks read them. */
+/* acts: the model's activations (core/model/acts.c), the part of model.h that carves what each
+ * layer keeps between forward and backward and the chunks' activation sets out of the arena, and
+ * points a forward or backward at the set of a (chunk, slot). model_block.c reads them. */
 #ifndef UST_ACTS_H
 #define UST_ACTS_H
 

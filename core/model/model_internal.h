@@ -1,6 +1,7 @@
-/* model_internal: the model's state, shared by the two files that implement model.h: model.c
- * (activations and the blocks' forward/backward) and params.c (the parameter table, units,
- * initialization and importers). Nothing else includes it. */
+/* model_internal: the model's state, the parts of struct model each filled by one of the files
+ * that implement model.h (params.c, acts.c, model.c, model_moe.c; model_block.c and
+ * model_vocab.c only read them), and the small helpers they share. Outside core/model only the
+ * memory plan sees it (through acts.h), and it reads no field. */
 #ifndef UST_MODEL_INTERNAL_H
 #define UST_MODEL_INTERNAL_H
 
@@ -49,16 +50,16 @@ typedef enum {
 
 typedef struct {
     wg_kind kind;
-    int unit, gathered;                /* UNIT marks; LINEAR: x is the last WG_GATHER's */
+    int unit, gathered; /* UNIT marks; LINEAR: x is the last WG_GATHER's */
     /* where the gradients go and the weights: the model's pointers to them, read when the job
      * runs, after the unit's hooks have placed them (ZeRO-2/3 working buffers) */
     float **dw, **db;
     float *const *w;
-    const act *dout, *x;               /* the saved output gradient; the input */
-    const float *mean, *rstd;          /* NORM: its statistics */
-    int N, C, OC;                      /* LINEAR: dout (N, OC), x (N, C) */
-    int vc;                            /* EMBED: vocabulary chunk (-1: the positions; nvc = 0: all) */
-    struct layer_acts_s *acts;         /* ACT: the layer whose activation is rebuilt */
+    const act *dout, *x;       /* the saved output gradient; the input */
+    const float *mean, *rstd;  /* NORM: its statistics */
+    int N, C, OC;              /* LINEAR: dout (N, OC), x (N, C) */
+    int vc;                    /* EMBED: vocabulary chunk (-1: the positions; nvc = 0: all) */
+    struct layer_acts_s *acts; /* ACT: the layer whose activation is rebuilt */
 } wg_job;
 
 typedef struct {
@@ -99,31 +100,34 @@ typedef struct {
     float **p, **g; /* where to store the resolved parameter and gradient pointers */
 } param_target;
 
-struct model {
-    const ust_config *cfg;
-    const ust_ops *ops;
-    ust_tp *tp, own_tp; /* tensor parallelism (own_tp: a group of one) */
-    ust_cp *cp, own_cp; /* context parallelism (own_cp: a group of one) */
-    /* H, Hkv, F and Vl are this rank's shares under tensor parallelism; Hg, Hkvg, Fg, Vp whole */
+/* The parts of struct model, each filled by the file named above it (model_create_with and
+ * params_shape also copy in what model_storage and params_layout give); the others read it. */
+
+/* params.c (params_dims, params_local_rows, params_chunks): the dimensions and flags. H, Hkv,
+ * F and Vl are this rank's shares under tensor parallelism; Hg, Hkvg, Fg, Vp whole. */
+typedef struct {
     int llama, L, C, H, Hkv, D, F, V, Vp, Vl, maxT, B, T, tied;
     int Nl; /* token rows held outside the tensor-parallel halves (B*T, or B*T/tp under sp) */
     int Hg, Hkvg, Fg;
     float eps;
     ust_rope rope;
-    int qkv_bias;            /* q/k/v projections have biases (gpt2; llama with model.qkv_bias) */
-    int doc_mask;            /* data.doc_mask: attention inside documents */
-    int reset_pos;           /* data.reset_positions: positions restart at each document */
-    int32_t *pos_rows, *rows; /* (B,Tl) every token's position; rows: the micro-batch's */
-    const int32_t *doc_next; /* host: the documents of the next chunk forward (model_set_docs) */
-    cp_docs docs;            /* the documents of the micro-batch being computed */
+    int qkv_bias;  /* q/k/v projections have biases (gpt2; llama with model.qkv_bias) */
+    int doc_mask;  /* data.doc_mask: attention inside documents */
+    int reset_pos; /* data.reset_positions: positions restart at each document */
     ust_recompute recompute;
     int zb;         /* keep what deferred weight gradients (model_chunk_weight_grad) need */
     int tied_local; /* tied embeddings with the embedding and the head on this rank */
     int tied_copy;  /* tied embeddings, head here, embedding on another stage: a synced copy */
+} model_shape;
 
-    model_chunk *chunks;
-    int nchunks;
+/* model_create_with: the parallel contexts the model computes over. */
+typedef struct {
+    ust_tp *tp, own_tp; /* tensor parallelism (own_tp: a group of one) */
+    ust_cp *cp, own_cp; /* context parallelism (own_cp: a group of one) */
+} model_par;
 
+/* params.c: the parameter table, its units and the flat buffers. */
+typedef struct {
     model_param *params;
     param_target *targets;
     int *param_unit;
@@ -133,49 +137,89 @@ struct model {
     int64_t *unit_off, *unit_len;
     int *unit_expert; /* per unit: holds expert weights (reduced over expert-dp x cp) */
     float *p, *g;     /* whole flat buffers, or NULL when a sharding layer owns the storage */
-    model_hooks hooks;
     ckpt_tensor *all; /* every tensor of the whole model (all stages), checkpoint order */
     int nall;
+    int sizing;              /* the memory plan's model (params_shape): shapes only, no names */
+    int listing;             /* building the whole model's list (list_all_tensors): every expert */
+    int in_experts;          /* building the table: the current unit holds experts */
+    int sub_row0, sub_nrows; /* building: add_param keeps these rows of its slice */
+    int copy_chunk;          /* building: the chunk's tensors are replicas (dualpipe) */
+} model_table;
 
+/* params.c resolves them (model_set_unit_params/grads); the blocks read them. */
+typedef struct {
     layer_w *lw, *lg; /* indexed by global layer; only this rank's layers are set */
     float *wte, *wpe, *lnf_w, *lnf_b, *lm;
     float *g_wte, *g_wpe, *g_lnf_w, *g_lnf_b, *g_lm;
-    /* vocabulary chunks (model_storage.vocab_chunk_rows > 0, ZeRO-3): the token table and the
-     * head's matrix (lm_head, or the tied copy) are nvc parameters of vc_rows local rows each
-     * (the last may be shorter), row slices of the tensor under its own name, one unit each;
-     * the learned positions and the final norm get units of their own. wte/lm stay NULL. */
+} model_weights;
+
+/* params.c: vocabulary chunks (model_storage.vocab_chunk_rows > 0, ZeRO-3): the token table and
+ * the head's matrix (lm_head, or the tied copy) are nvc parameters of vc_rows local rows each
+ * (the last may be shorter), row slices of the tensor under its own name, one unit each;
+ * the learned positions and the final norm get units of their own. wte/lm stay NULL. */
+typedef struct {
     int vc_rows, nvc;
-    int wte_u0, lm_u0;                 /* units of chunk 0 (-1: not on this rank) */
-    float **wte_c, **g_wte_c;          /* per chunk: weights and gradients */
-    float **lm_c, **g_lm_c;            /* the same arrays as wte_c under tied_local */
-    float *vc_lse;                     /* (4N): the chunked cross-entropy's statistics */
-    act *vc_merge, *vc_merge2;         /* (N) each: the lse merge's unused outputs */
-    int sub_row0, sub_nrows;           /* building: add_param keeps these rows of its slice */
-    int copy_chunk;                    /* building: the chunk's tensors are replicas (dualpipe) */
+    int wte_u0, lm_u0;        /* units of chunk 0 (-1: not on this rank) */
+    float **wte_c, **g_wte_c; /* per chunk: weights and gradients */
+    float **lm_c, **g_lm_c;   /* the same arrays as wte_c under tied_local */
+} model_vocab;
 
-    layer_acts scratch; /* full recompute: the one set every layer rebuilds into */
-
-    /* mixture of experts: the MLP of layers moe_layer_is_moe */
-    moe_ctx moe;
-    moe_acts moe_scratch; /* full recompute: the one set every MoE layer rebuilds into */
+/* mixture of experts: the MLP of layers moe_layer_is_moe */
+typedef struct {
+    moe_ctx ctx;
     moe_weights *mw, *mg; /* per global layer (MoE layers only) */
     moe_stats *mstats;    /* per global layer: the last forward's load and losses */
     double *moe_load;     /* per global layer, E each: the step's routed counts (this rank's
                            * micro-batches, then global after model_moe_end_step) */
     double *moe_gload;    /* the last finished step's global counts */
-    int has_moe, ep_rank, ep_size, listing;
-    int sizing;      /* the memory plan's model (params_shape): shapes only, no names */
-    int in_experts;  /* building the table: the current unit holds experts */
+    int has_moe, ep_rank, ep_size;
     double moe_loss; /* weighted aux + z losses of the forwards since the last take */
     float moe_scale; /* each micro-batch's share of the step's MoE loss */
-    float *losses;   /* (N) */
+} model_moe;
+
+/* acts.c: the scratch the forward and backward share (acts_alloc). */
+typedef struct {
+    layer_acts scratch;   /* full recompute: the one set every layer rebuilds into */
+    moe_acts moe_scratch; /* full recompute: the one set every MoE layer rebuilds into */
+    float *losses;        /* (N) */
     act *dtmp, *dln, *dq, *dk, *dv, *datt, *dgate, *dup, *dact;
-    float *dnorm; /* 2C: a norm's weight (and bias) gradient before the sp reduction */
+    float *dnorm;              /* 2C: a norm's weight (and bias) gradient before the sp reduction */
+    float *vc_lse;             /* (4N): the chunked cross-entropy's statistics */
+    act *vc_merge, *vc_merge2; /* (N) each: the lse merge's unused outputs */
     int32_t *tgt, *pos;
+    int32_t *pos_rows; /* (B,Tl) every token's position */
+} model_acts;
+
+/* model.c: the micro-batch being computed. */
+typedef struct {
+    int32_t *rows;           /* (B,Tl) the micro-batch's positions (acts' pos_rows, or a slot's) */
+    const int32_t *doc_next; /* host: the documents of the next chunk forward (model_set_docs) */
+    cp_docs docs;            /* the documents of the micro-batch being computed */
+} model_batch;
+
+struct model {
+    const ust_config *cfg;
+    const ust_ops *ops;
+    model_par par;
+    model_shape shape;
+    model_chunk *chunks; /* params_chunks; acts_alloc gives them their slots */
+    int nchunks;
+    model_table tab;
+    model_weights w;
+    model_vocab vc;
+    model_moe moe;
+    model_acts acts;
+    model_batch batch;
+    model_hooks hooks;
 };
 
 static inline int is_moe(const model *m, int l) {
-    return m->has_moe && moe_layer_is_moe(m->cfg, l);
+    return m->moe.has_moe && moe_layer_is_moe(m->cfg, l);
+}
+
+/* Calls the sharding layer's hook at a unit boundary (model_hooks). */
+static inline void model_hook(model *m, int unit, model_phase phase) {
+    if (m->hooks.unit) m->hooks.unit(m->hooks.ctx, unit, phase);
 }
 
 #endif

@@ -22,17 +22,17 @@ enum { SPLIT_NONE, SPLIT_ROWS, SPLIT_COLS };
 
 static void add_param(model *m, const char *name, int64_t rows, int64_t cols, int split, int decay,
                       float std, float value, float **p, float **g) {
-    if (m->nparams == m->cap) {
-        m->cap = m->cap ? 2 * m->cap : 64;
-        m->params = realloc(m->params, m->cap * sizeof *m->params);
-        m->targets = realloc(m->targets, m->cap * sizeof *m->targets);
-        m->param_unit = realloc(m->param_unit, m->cap * sizeof *m->param_unit);
-        UST_ASSERT(m->params && m->targets && m->param_unit, "out of host memory for %d params",
-                   m->cap);
+    if (m->tab.nparams == m->tab.cap) {
+        m->tab.cap = m->tab.cap ? 2 * m->tab.cap : 64;
+        m->tab.params = realloc(m->tab.params, m->tab.cap * sizeof *m->tab.params);
+        m->tab.targets = realloc(m->tab.targets, m->tab.cap * sizeof *m->tab.targets);
+        m->tab.param_unit = realloc(m->tab.param_unit, m->tab.cap * sizeof *m->tab.param_unit);
+        UST_ASSERT(m->tab.params && m->tab.targets && m->tab.param_unit,
+                   "out of host memory for %d params", m->tab.cap);
     }
-    model_param *q = &m->params[m->nparams];
+    model_param *q = &m->tab.params[m->tab.nparams];
     memset(q, 0, sizeof *q);
-    if (!m->sizing) { /* the plan's thousands of layouts need the shapes only */
+    if (!m->tab.sizing) { /* the plan's thousands of layouts need the shapes only */
         snprintf(q->name, sizeof q->name, "%s", name);
         snprintf(q->whole.name, sizeof q->whole.name, "%s", name);
     }
@@ -42,76 +42,77 @@ static void add_param(model *m, const char *name, int64_t rows, int64_t cols, in
     q->slice = ckpt_whole(&q->whole);
     int start;
     if (split == SPLIT_ROWS) {
-        q->slice.nrows = tp_part(m->tp, (int)rows, &start);
+        q->slice.nrows = tp_part(m->par.tp, (int)rows, &start);
         q->slice.row0 = start;
     } else if (split == SPLIT_COLS) {
-        q->slice.ncols = tp_part(m->tp, (int)cols, &start);
+        q->slice.ncols = tp_part(m->par.tp, (int)cols, &start);
         q->slice.col0 = start;
     }
-    if (m->sub_nrows > 0) { /* a vocabulary chunk: rows of this rank's slice */
-        q->slice.row0 += m->sub_row0;
-        q->slice.nrows = m->sub_nrows;
+    if (m->tab.sub_nrows > 0) { /* a vocabulary chunk: rows of this rank's slice */
+        q->slice.row0 += m->tab.sub_row0;
+        q->slice.nrows = m->tab.sub_nrows;
     }
     q->tp_split = split != SPLIT_NONE;
     q->numel = q->slice.nrows * q->slice.ncols;
     q->slice.flat0 = 0;
     q->slice.flat1 = q->numel;
-    q->offset = m->numel;
+    q->offset = m->tab.numel;
     q->decay = decay;
-    q->replica = m->copy_chunk;
+    q->replica = m->tab.copy_chunk;
     q->init_std = std;
     q->init_value = value;
-    m->targets[m->nparams] = (param_target){p, g};
-    m->param_unit[m->nparams] = m->cur_unit;
-    m->numel += (q->numel + 15) & ~(int64_t)15; /* 64-byte aligned tensors */
-    m->nparams++;
+    m->tab.targets[m->tab.nparams] = (param_target){p, g};
+    m->tab.param_unit[m->tab.nparams] = m->tab.cur_unit;
+    m->tab.numel += (q->numel + 15) & ~(int64_t)15; /* 64-byte aligned tensors */
+    m->tab.nparams++;
 }
 
 static void end_unit(model *m, int64_t min_len);
-
 
 /* MoE tensors stay whole (never tensor-split); the experts open a unit of their own, which is
  * reduced over expert-dp x cp instead of dp x cp. */
 static void add_moe_param(void *ctx, const moe_param *q) {
     model *m = ctx;
-    if (q->expert >= 0 && !m->in_experts) {
+    if (q->expert >= 0 && !m->tab.in_experts) {
         end_unit(m, 0);
-        m->unit_expert[m->cur_unit] = 1;
-        m->in_experts = 1;
+        m->tab.unit_expert[m->tab.cur_unit] = 1;
+        m->tab.in_experts = 1;
     }
     add_param(m, q->name, q->rows, q->cols, SPLIT_NONE, q->decay, q->init_std, q->init_value, q->p,
               q->g);
 }
 
 static void add_moe_params(model *m, int l) {
-    m->in_experts = 0;
-    if (m->listing) /* the whole model's list: every expert */
+    m->tab.in_experts = 0;
+    if (m->tab.listing) /* the whole model's list: every expert */
         moe_enum_params(m->cfg, l, 1, 0, NULL, NULL, add_moe_param, m);
     else
-        moe_enum_params(m->cfg, l, m->ep_size, m->ep_rank, m->mw ? &m->mw[l] : NULL,
-                        m->mg ? &m->mg[l] : NULL, add_moe_param, m);
-    m->in_experts = 0;
+        moe_enum_params(m->cfg, l, m->moe.ep_size, m->moe.ep_rank, m->moe.mw ? &m->moe.mw[l] : NULL,
+                        m->moe.mg ? &m->moe.mg[l] : NULL, add_moe_param, m);
+    m->tab.in_experts = 0;
 }
 
 static void add_layer_params(model *m, int l) {
     char n[CKPT_NAME_MAX] = "";
-    layer_w *w = &m->lw[l], *g = &m->lg[l];
-    int C = m->C, HD = m->Hg * m->D, KV = m->Hkvg * m->D, F = m->Fg, gpt2 = !m->llama;
-    float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * m->L); /* GPT-2's scaled residual init */
+    layer_w *w = &m->w.lw[l], *g = &m->w.lg[l];
+    int C = m->shape.C, HD = m->shape.Hg * m->shape.D, KV = m->shape.Hkvg * m->shape.D,
+        F = m->shape.Fg, gpt2 = !m->shape.llama;
+    float std = 0.02f,
+          proj_std = 0.02f / sqrtf(2.0f * m->shape.L); /* GPT-2's scaled residual init */
     const int N0 = SPLIT_NONE, R = SPLIT_ROWS, CO = SPLIT_COLS;
     /* one line per tensor: the layer's parameter table */
     // clang-format off
 #define P(suffix, rows, cols, split, decay, sd, val, field)                                       \
-    if (!m->sizing) snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                      \
+    if (!m->tab.sizing) snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                      \
     add_param(m, n, rows, cols, split, decay, sd, val, &w->field, &g->field)
     P("input_layernorm.weight", 1, C, N0, 0, 0, 1, ln1_w);
     if (gpt2) { P("input_layernorm.bias", 1, C, N0, 0, 0, 0, ln1_b); }
     P("self_attn.q_proj.weight", HD, C, R, 1, std, 0, wq);
-    if (m->qkv_bias) { P("self_attn.q_proj.bias", 1, HD, CO, 0, 0, 0, bq); }
+    if (m->shape.qkv_bias) { P("self_attn.q_proj.bias", 1, HD, CO, 0, 0, 0, bq); }
     P("self_attn.k_proj.weight", KV, C, R, 1, std, 0, wk);
-    if (m->qkv_bias) { P("self_attn.k_proj.bias", 1, KV, CO, 0, 0, 0, bk); }
+    if (m->shape.qkv_bias) { P("self_attn.k_proj.bias", 1, KV, CO, 0, 0, 0, bk); }
     P("self_attn.v_proj.weight", KV, C, R, 1, std, 0, wv);
-    if (m->qkv_bias) { P("self_attn.v_proj.bias", 1, KV, CO, 0, 0, 0, bv); }
+    if (m->shape.qkv_bias) { P("self_attn.v_proj.bias", 1, KV, CO, 0, 0, 0, bv); }
     P("self_attn.o_proj.weight", C, HD, CO, 1, proj_std, 0, wo);
     if (gpt2) { P("self_attn.o_proj.bias", 1, C, N0, 0, 0, 0, bo); }
     P("post_attention_layernorm.weight", 1, C, N0, 0, 0, 1, ln2_w);
@@ -129,11 +130,11 @@ static void add_layer_params(model *m, int l) {
 /* Closes the current unit: pads the flat buffer to a multiple of unit_pad, and to at least
  * min_len floats. */
 static void end_unit(model *m, int64_t min_len) {
-    int u = m->cur_unit++;
-    m->numel = (m->numel + m->unit_pad - 1) / m->unit_pad * m->unit_pad;
-    if (m->numel - m->unit_off[u] < min_len) m->numel = m->unit_off[u] + min_len;
-    m->unit_len[u] = m->numel - m->unit_off[u];
-    if (m->cur_unit < m->nunits) m->unit_off[m->cur_unit] = m->numel;
+    int u = m->tab.cur_unit++;
+    m->tab.numel = (m->tab.numel + m->tab.unit_pad - 1) / m->tab.unit_pad * m->tab.unit_pad;
+    if (m->tab.numel - m->tab.unit_off[u] < min_len) m->tab.numel = m->tab.unit_off[u] + min_len;
+    m->tab.unit_len[u] = m->tab.numel - m->tab.unit_off[u];
+    if (m->tab.cur_unit < m->tab.nunits) m->tab.unit_off[m->tab.cur_unit] = m->tab.numel;
 }
 
 static int64_t align16(int64_t n) { return (n + 15) & ~(int64_t)15; }
@@ -142,94 +143,96 @@ static int64_t align16(int64_t n) { return (n + 15) & ~(int64_t)15; }
  * unit (which starts with the copy) get one common length, so a ZeRO partition of the table
  * covers the same elements on both ends and the copy's gradient syncs shard by shard. */
 static int64_t tied_unit_len(const model *m) {
-    int64_t table = align16((int64_t)m->Vl * m->C);
-    int64_t embed = table + (m->llama ? 0 : align16((int64_t)m->maxT * m->C));
-    int64_t head = table + align16(m->C) * (m->llama ? 1 : 2);
+    int64_t table = align16((int64_t)m->shape.Vl * m->shape.C);
+    int64_t embed = table + (m->shape.llama ? 0 : align16((int64_t)m->shape.maxT * m->shape.C));
+    int64_t head = table + align16(m->shape.C) * (m->shape.llama ? 1 : 2);
     int64_t len = embed > head ? embed : head;
-    return (len + m->unit_pad - 1) / m->unit_pad * m->unit_pad;
+    return (len + m->tab.unit_pad - 1) / m->tab.unit_pad * m->tab.unit_pad;
 }
 
 /* The vocabulary chunks of a table (params[..].name `name`): one parameter and one unit each,
  * rows [k * vc_rows, ...) of this rank's slice; w[k], g[k] get their pointers. */
 static void add_vocab_chunks(model *m, const char *name, float **w, float **g, int replica) {
-    for (int k = 0; k < m->nvc; k++) {
-        int r0 = k * m->vc_rows;
-        m->sub_row0 = r0;
-        m->sub_nrows = m->Vl - r0 < m->vc_rows ? m->Vl - r0 : m->vc_rows;
-        add_param(m, name, m->Vp, m->C, SPLIT_ROWS, 1, 0.02f, 0, &w[k], &g[k]);
-        m->params[m->nparams - 1].replica |= replica;
-        m->sub_row0 = m->sub_nrows = 0;
+    for (int k = 0; k < m->vc.nvc; k++) {
+        int r0 = k * m->vc.vc_rows;
+        m->tab.sub_row0 = r0;
+        m->tab.sub_nrows = m->shape.Vl - r0 < m->vc.vc_rows ? m->shape.Vl - r0 : m->vc.vc_rows;
+        add_param(m, name, m->shape.Vp, m->shape.C, SPLIT_ROWS, 1, 0.02f, 0, &w[k], &g[k]);
+        m->tab.params[m->tab.nparams - 1].replica |= replica;
+        m->tab.sub_row0 = m->tab.sub_nrows = 0;
         end_unit(m, 0);
     }
 }
 
 static void add_embed_unit(model *m) {
-    int C = m->C;
-    if (m->nvc) { /* positions (gpt2), then the table's chunks */
-        if (!m->llama) {
-            add_param(m, "model.embed_positions.weight", m->maxT, C, SPLIT_NONE, 1, 0.02f, 0,
-                      &m->wpe, &m->g_wpe);
+    int C = m->shape.C;
+    if (m->vc.nvc) { /* positions (gpt2), then the table's chunks */
+        if (!m->shape.llama) {
+            add_param(m, "model.embed_positions.weight", m->shape.maxT, C, SPLIT_NONE, 1, 0.02f, 0,
+                      &m->w.wpe, &m->w.g_wpe);
             end_unit(m, 0);
         }
-        m->wte_u0 = m->cur_unit;
-        add_vocab_chunks(m, "model.embed_tokens.weight", m->wte_c, m->g_wte_c, 0);
+        m->vc.wte_u0 = m->tab.cur_unit;
+        add_vocab_chunks(m, "model.embed_tokens.weight", m->vc.wte_c, m->vc.g_wte_c, 0);
         return;
     }
-    add_param(m, "model.embed_tokens.weight", m->Vp, C, SPLIT_ROWS, 1, 0.02f, 0, &m->wte,
-              &m->g_wte);
-    if (!m->llama)
-        add_param(m, "model.embed_positions.weight", m->maxT, C, SPLIT_NONE, 1, 0.02f, 0, &m->wpe,
-                  &m->g_wpe);
-    end_unit(m, m->tied && m->cfg->parallel.pp > 1 ? tied_unit_len(m) : 0);
+    add_param(m, "model.embed_tokens.weight", m->shape.Vp, C, SPLIT_ROWS, 1, 0.02f, 0, &m->w.wte,
+              &m->w.g_wte);
+    if (!m->shape.llama)
+        add_param(m, "model.embed_positions.weight", m->shape.maxT, C, SPLIT_NONE, 1, 0.02f, 0,
+                  &m->w.wpe, &m->w.g_wpe);
+    end_unit(m, m->shape.tied && m->cfg->parallel.pp > 1 ? tied_unit_len(m) : 0);
 }
 
 static void add_head_unit(model *m) {
-    int C = m->C;
-    if (m->nvc) { /* the final norm, then the head's chunks (tied here: the table's) */
-        add_param(m, "model.norm.weight", 1, C, SPLIT_NONE, 0, 0, 1, &m->lnf_w, &m->g_lnf_w);
-        if (!m->llama)
-            add_param(m, "model.norm.bias", 1, C, SPLIT_NONE, 0, 0, 0, &m->lnf_b, &m->g_lnf_b);
+    int C = m->shape.C;
+    if (m->vc.nvc) { /* the final norm, then the head's chunks (tied here: the table's) */
+        add_param(m, "model.norm.weight", 1, C, SPLIT_NONE, 0, 0, 1, &m->w.lnf_w, &m->w.g_lnf_w);
+        if (!m->shape.llama)
+            add_param(m, "model.norm.bias", 1, C, SPLIT_NONE, 0, 0, 0, &m->w.lnf_b, &m->w.g_lnf_b);
         end_unit(m, 0);
-        if (m->tied_local) {
-            m->lm_u0 = m->wte_u0;
+        if (m->shape.tied_local) {
+            m->vc.lm_u0 = m->vc.wte_u0;
             return;
         }
-        m->lm_u0 = m->cur_unit;
-        add_vocab_chunks(m, m->tied_copy ? "model.embed_tokens.weight" : "lm_head.weight",
-                         m->lm_c, m->g_lm_c, m->tied_copy);
+        m->vc.lm_u0 = m->tab.cur_unit;
+        add_vocab_chunks(m, m->shape.tied_copy ? "model.embed_tokens.weight" : "lm_head.weight",
+                         m->vc.lm_c, m->vc.g_lm_c, m->shape.tied_copy);
         return;
     }
-    if (m->tied_copy) { /* the copy, under the embedding's own name: initialized, saved and
+    if (m->shape.tied_copy) { /* the copy, under the embedding's own name: initialized, saved and
                            loaded as that tensor (only the first stage writes it) */
-        add_param(m, "model.embed_tokens.weight", m->Vp, C, SPLIT_ROWS, 1, 0.02f, 0, &m->lm,
-                  &m->g_lm);
-        m->params[m->nparams - 1].replica = 1;
+        add_param(m, "model.embed_tokens.weight", m->shape.Vp, C, SPLIT_ROWS, 1, 0.02f, 0, &m->w.lm,
+                  &m->w.g_lm);
+        m->tab.params[m->tab.nparams - 1].replica = 1;
     }
-    add_param(m, "model.norm.weight", 1, C, SPLIT_NONE, 0, 0, 1, &m->lnf_w, &m->g_lnf_w);
-    if (!m->llama)
-        add_param(m, "model.norm.bias", 1, C, SPLIT_NONE, 0, 0, 0, &m->lnf_b, &m->g_lnf_b);
-    if (!m->tied)
-        add_param(m, "lm_head.weight", m->Vp, C, SPLIT_ROWS, 1, 0.02f, 0, &m->lm, &m->g_lm);
-    end_unit(m, m->tied_copy ? tied_unit_len(m) : 0);
+    add_param(m, "model.norm.weight", 1, C, SPLIT_NONE, 0, 0, 1, &m->w.lnf_w, &m->w.g_lnf_w);
+    if (!m->shape.llama)
+        add_param(m, "model.norm.bias", 1, C, SPLIT_NONE, 0, 0, 0, &m->w.lnf_b, &m->w.g_lnf_b);
+    if (!m->shape.tied)
+        add_param(m, "lm_head.weight", m->shape.Vp, C, SPLIT_ROWS, 1, 0.02f, 0, &m->w.lm,
+                  &m->w.g_lm);
+    end_unit(m, m->shape.tied_copy ? tied_unit_len(m) : 0);
 }
 
 static void build_param_table(model *m) {
-    m->nunits = 0;
+    m->tab.nunits = 0;
     for (int c = 0; c < m->nchunks; c++) {
         model_chunk *ch = &m->chunks[c];
-        ch->unit0 = m->nunits;
-        ch->nunits = (ch->hi - ch->lo) + (m->nvc ? 0 : ch->embed + ch->head);
-        if (m->nvc && ch->embed) ch->nunits += m->nvc + !m->llama; /* positions, chunks */
-        if (m->nvc && ch->head) ch->nunits += 1 + (m->tied_local ? 0 : m->nvc);
+        ch->unit0 = m->tab.nunits;
+        ch->nunits = (ch->hi - ch->lo) + (m->vc.nvc ? 0 : ch->embed + ch->head);
+        if (m->vc.nvc && ch->embed)
+            ch->nunits += m->vc.nvc + !m->shape.llama; /* positions, chunks */
+        if (m->vc.nvc && ch->head) ch->nunits += 1 + (m->shape.tied_local ? 0 : m->vc.nvc);
         for (int l = ch->lo; l < ch->hi; l++) ch->nunits += is_moe(m, l); /* + its experts */
-        m->nunits += ch->nunits;
+        m->tab.nunits += ch->nunits;
     }
-    m->unit_off = calloc(m->nunits, sizeof *m->unit_off);
-    m->unit_len = calloc(m->nunits, sizeof *m->unit_len);
-    m->unit_expert = calloc(m->nunits, sizeof *m->unit_expert);
+    m->tab.unit_off = calloc(m->tab.nunits, sizeof *m->tab.unit_off);
+    m->tab.unit_len = calloc(m->tab.nunits, sizeof *m->tab.unit_len);
+    m->tab.unit_expert = calloc(m->tab.nunits, sizeof *m->tab.unit_expert);
     for (int c = 0; c < m->nchunks; c++) {
         const model_chunk *ch = &m->chunks[c];
-        m->copy_chunk = ch->copy;
+        m->tab.copy_chunk = ch->copy;
         if (ch->embed) add_embed_unit(m);
         for (int l = ch->lo; l < ch->hi; l++) {
             add_layer_params(m, l);
@@ -237,29 +240,30 @@ static void build_param_table(model *m) {
         }
         if (ch->head) add_head_unit(m);
     }
-    m->copy_chunk = 0;
+    m->tab.copy_chunk = 0;
 }
 
 /* The whole model's tensors in checkpoint order (every rank lists all of them, whatever it
  * holds): the parameter table of a one-chunk model, of which only the names and shapes count. */
 static void list_all_tensors(model *m) {
     model t = *m;
-    t.listing = 1;
-    t.params = NULL, t.targets = NULL, t.param_unit = NULL;
-    t.nparams = t.cap = 0, t.numel = 0, t.cur_unit = 0;
-    t.tied_copy = 0;
-    t.nvc = 0; /* whole tensors */
-    model_chunk whole = {.stage = 0, .lo = 0, .hi = m->L, .embed = 1, .head = 1};
+    t.tab.listing = 1;
+    t.tab.params = NULL, t.tab.targets = NULL, t.tab.param_unit = NULL;
+    t.tab.nparams = t.tab.cap = 0, t.tab.numel = 0, t.tab.cur_unit = 0;
+    t.shape.tied_copy = 0;
+    t.vc.nvc = 0; /* whole tensors */
+    model_chunk whole = {.stage = 0, .lo = 0, .hi = m->shape.L, .embed = 1, .head = 1};
     t.chunks = &whole, t.nchunks = 1;
-    t.lw = calloc(m->L, sizeof *t.lw);
-    t.lg = calloc(m->L, sizeof *t.lg);
+    t.w.lw = calloc(m->shape.L, sizeof *t.w.lw);
+    t.w.lg = calloc(m->shape.L, sizeof *t.w.lg);
     build_param_table(&t);
-    m->nall = t.nparams;
-    m->all = calloc(t.nparams, sizeof *m->all);
-    for (int i = 0; i < t.nparams; i++) m->all[i] = t.params[i].whole;
-    free(t.params), free(t.targets), free(t.param_unit), free(t.unit_off), free(t.unit_len);
-    free(t.unit_expert);
-    free(t.lw), free(t.lg);
+    m->tab.nall = t.tab.nparams;
+    m->tab.all = calloc(t.tab.nparams, sizeof *m->tab.all);
+    for (int i = 0; i < t.tab.nparams; i++) m->tab.all[i] = t.tab.params[i].whole;
+    free(t.tab.params), free(t.tab.targets), free(t.tab.param_unit), free(t.tab.unit_off),
+        free(t.tab.unit_len);
+    free(t.tab.unit_expert);
+    free(t.w.lw), free(t.w.lg);
 }
 
 void params_build(model *m) {
@@ -267,28 +271,28 @@ void params_build(model *m) {
     list_all_tensors(m);
 }
 
-int model_num_params(const model *m) { return m->nparams; }
+int model_num_params(const model *m) { return m->tab.nparams; }
 
-int model_num_units(const model *m) { return m->nunits; }
+int model_num_units(const model *m) { return m->tab.nunits; }
 
-int model_param_unit(const model *m, int i) { return m->param_unit[i]; }
+int model_param_unit(const model *m, int i) { return m->tab.param_unit[i]; }
 
 void model_unit_range(const model *m, int unit, int64_t *offset, int64_t *len) {
-    *offset = m->unit_off[unit];
-    *len = m->unit_len[unit];
+    *offset = m->tab.unit_off[unit];
+    *len = m->tab.unit_len[unit];
 }
 
 static void set_unit_pointers(model *m, int unit, float *base, int grads) {
-    for (int i = 0; i < m->nparams; i++)
-        if (m->param_unit[i] == unit) {
-            float **dst = grads ? m->targets[i].g : m->targets[i].p;
-            *dst = base + (m->params[i].offset - m->unit_off[unit]);
+    for (int i = 0; i < m->tab.nparams; i++)
+        if (m->tab.param_unit[i] == unit) {
+            float **dst = grads ? m->tab.targets[i].g : m->tab.targets[i].p;
+            *dst = base + (m->tab.params[i].offset - m->tab.unit_off[unit]);
         }
-    if (m->tied_local && unit == 0 && !m->nvc) { /* lm_head is the token embedding */
+    if (m->shape.tied_local && unit == 0 && !m->vc.nvc) { /* lm_head is the token embedding */
         if (grads)
-            m->g_lm = m->g_wte;
+            m->w.g_lm = m->w.g_wte;
         else
-            m->lm = m->wte;
+            m->w.lm = m->w.wte;
     }
 }
 
@@ -296,40 +300,41 @@ void model_set_unit_params(model *m, int unit, float *base) { set_unit_pointers(
 
 void model_set_unit_grads(model *m, int unit, float *base) { set_unit_pointers(m, unit, base, 1); }
 
-model_param *model_param_at(model *m, int i) { return &m->params[i]; }
+model_param *model_param_at(model *m, int i) { return &m->tab.params[i]; }
 
-float *model_params(model *m) { return m->p; }
+float *model_params(model *m) { return m->tab.p; }
 
-float *model_grads(model *m) { return m->g; }
+float *model_grads(model *m) { return m->tab.g; }
 
-int64_t model_numel(const model *m) { return m->numel; }
+int64_t model_numel(const model *m) { return m->tab.numel; }
 
 int model_find_param(const model *m, const char *name) {
-    for (int i = 0; i < m->nparams; i++)
-        if (strcmp(m->params[i].name, name) == 0) return i;
+    for (int i = 0; i < m->tab.nparams; i++)
+        if (strcmp(m->tab.params[i].name, name) == 0) return i;
     return -1;
 }
 
 double model_flops_per_token(const model *m) {
     double matmul = 0; /* weights used in a matmul: every 2-D tensor but the lookup tables */
-    for (int i = 0; i < m->nall; i++) { /* whole tensors: the model's FLOPs, not this rank's */
-        const ckpt_tensor *q = &m->all[i];
+    for (int i = 0; i < m->tab.nall; i++) { /* whole tensors: the model's FLOPs, not this rank's */
+        const ckpt_tensor *q = &m->tab.all[i];
         if (q->ndim == 2 && strcmp(q->name, "model.embed_positions.weight") != 0 &&
-            (strcmp(q->name, "model.embed_tokens.weight") != 0 || m->tied))
+            (strcmp(q->name, "model.embed_tokens.weight") != 0 || m->shape.tied))
             matmul += (double)q->shape[0] * (double)q->shape[1];
     }
-    return 6.0 * matmul + 12.0 * m->L * (double)(m->Hg * m->D) * m->cp->T; /* whole sequence */
+    return 6.0 * matmul + 12.0 * m->shape.L * (double)(m->shape.Hg * m->shape.D) *
+                              m->par.cp->T; /* whole sequence */
 }
 
 const ckpt_tensor *model_all_tensors(const model *m, int *n) {
-    *n = m->nall;
-    return m->all;
+    *n = m->tab.nall;
+    return m->tab.all;
 }
 
-int model_tied_local(const model *m) { return m->tied_local; }
+int model_tied_local(const model *m) { return m->shape.tied_local; }
 
 int model_unit_is_expert(const model *m, int unit) {
-    return m->unit_expert && m->unit_expert[unit];
+    return m->tab.unit_expert && m->tab.unit_expert[unit];
 }
 
 /* ------------------------------------------------------------------ initialization */
@@ -344,7 +349,7 @@ static int64_t global_index(const model_param *q, int64_t i) {
 
 void model_init_range(const model *m, int i, int64_t flat0, int64_t flat1, uint64_t seed,
                       float *host) {
-    const model_param *q = &m->params[i];
+    const model_param *q = &m->tab.params[i];
     uint64_t stream = rng_hash_str(q->name);
     for (int64_t j = flat0; j < flat1; j++)
         host[j - flat0] = q->init_std > 0
@@ -353,18 +358,18 @@ void model_init_range(const model *m, int i, int64_t flat0, int64_t flat1, uint6
 }
 
 void model_init_params(model *m, uint64_t seed) {
-    UST_ASSERT(m->p, "model_init_params needs the whole parameter buffer");
+    UST_ASSERT(m->tab.p, "model_init_params needs the whole parameter buffer");
     float *host = NULL;
     int64_t cap = 0;
-    for (int i = 0; i < m->nparams; i++) {
-        const model_param *q = &m->params[i];
+    for (int i = 0; i < m->tab.nparams; i++) {
+        const model_param *q = &m->tab.params[i];
         if (q->numel > cap) {
             cap = q->numel;
             host = realloc(host, cap * sizeof(float));
             UST_ASSERT(host, "out of host memory (%lld floats)", (long long)cap);
         }
         model_init_range(m, i, 0, q->numel, seed, host);
-        m->ops->to_device(m->ops, m->p + q->offset, host, q->numel * sizeof(float));
+        m->ops->to_device(m->ops, m->tab.p + q->offset, host, q->numel * sizeof(float));
     }
     free(host);
 }
@@ -385,7 +390,7 @@ static int read_into(model *m, FILE *f, const char *path, const char *name, int6
             return ust_errf(e, "%s: truncated llm.c checkpoint while skipping %s", path, name);
         return 0;
     }
-    const model_param *q = &m->params[i];
+    const model_param *q = &m->tab.params[i];
     int64_t whole = q->whole.ndim == 2 ? q->whole.shape[0] * q->whole.shape[1] : q->whole.shape[0];
     UST_ASSERT(whole == count, "%s: %lld vs %lld", name, (long long)whole, (long long)count);
     if ((int64_t)fread(host, sizeof(float), count, f) != count)
@@ -394,8 +399,8 @@ static int read_into(model *m, FILE *f, const char *path, const char *name, int6
      * the whole tensor, in place: rows only move towards the front, and a box's rows lie past
      * the rows the boxes before it wrote */
     int64_t cols = q->whole.ndim == 2 ? q->whole.shape[1] : q->whole.shape[0];
-    for (; i < m->nparams; i++) {
-        q = &m->params[i];
+    for (; i < m->tab.nparams; i++) {
+        q = &m->tab.params[i];
         if (strcmp(q->name, name) != 0) continue;
         for (int64_t r = 0; r < q->slice.nrows; r++)
             memmove(host + r * q->slice.ncols, host + (q->slice.row0 + r) * cols + q->slice.col0,
@@ -403,7 +408,7 @@ static int read_into(model *m, FILE *f, const char *path, const char *name, int6
         if (sink->store)
             sink->store(sink->ctx, i, host);
         else
-            m->ops->to_device(m->ops, m->p + q->offset, host, q->numel * sizeof(float));
+            m->ops->to_device(m->ops, m->tab.p + q->offset, host, q->numel * sizeof(float));
     }
     return 0;
 }
@@ -415,27 +420,27 @@ static int check_llmc_header(const model *m, const int32_t *h, const char *path,
     if (h[1] != 3)
         return ust_errf(e, "%s: llm.c checkpoint version %d (only version 3, fp32, is read)", path,
                         h[1]);
-    if (m->llama)
+    if (m->shape.llama)
         return ust_errf(e, "%s: llm.c checkpoints are GPT-2 models; set model.arch: gpt2", path);
     const char *names[] = {"max_seq_len", "vocab_size", "n_layer", "n_head", "d_model"};
-    int want[] = {m->maxT, m->V, m->L, m->Hg, m->C};
+    int want[] = {m->shape.maxT, m->shape.V, m->shape.L, m->shape.Hg, m->shape.C};
     for (int i = 0; i < 5; i++)
         if (h[2 + i] != want[i])
             return ust_errf(e, "%s: checkpoint has model.%s = %d but the config says %d", path,
                             names[i], h[2 + i], want[i]);
-    if (h[7] != m->Vp)
+    if (h[7] != m->shape.Vp)
         return ust_errf(e,
                         "%s: checkpoint pads the vocabulary to %d, the config to %d (set "
                         "model.vocab_pad so they agree)",
-                        path, h[7], m->Vp);
-    if (m->Hg != m->Hkvg || m->Fg != 4 * m->C)
+                        path, h[7], m->shape.Vp);
+    if (m->shape.Hg != m->shape.Hkvg || m->shape.Fg != 4 * m->shape.C)
         return ust_errf(e, "%s: llm.c GPT-2 needs n_kv_head = n_head and d_ff = 4*d_model", path);
     return 0;
 }
 
 int model_load_llmc(model *m, const char *path, model_store_fn store, void *store_ctx, ust_err *e) {
     llmc_sink sink = {store, store_ctx};
-    UST_ASSERT(store || m->p, "model_load_llmc without a store needs the parameter buffer");
+    UST_ASSERT(store || m->tab.p, "model_load_llmc without a store needs the parameter buffer");
     ust_err inner;
     FILE *f = fs_fopen_regular(path, "rb", &inner);
     if (!f) return ust_errf(e, "llm.c checkpoint %s", inner.msg);
@@ -447,10 +452,11 @@ int model_load_llmc(model *m, const char *path, model_store_fn store, void *stor
         goto done;
     }
     if (check_llmc_header(m, h, path, e)) goto done;
-    int64_t C = m->C, L = m->L, Vp = m->Vp, biggest = Vp * C > 4 * C * C ? Vp * C : 4 * C * C;
-    host = malloc((biggest > m->maxT * C ? biggest : m->maxT * C) * sizeof(float));
+    int64_t C = m->shape.C, L = m->shape.L, Vp = m->shape.Vp,
+            biggest = Vp * C > 4 * C * C ? Vp * C : 4 * C * C;
+    host = malloc((biggest > m->shape.maxT * C ? biggest : m->shape.maxT * C) * sizeof(float));
     if (read_into(m, f, path, "model.embed_tokens.weight", Vp * C, host, &sink, e) ||
-        read_into(m, f, path, "model.embed_positions.weight", m->maxT * C, host, &sink, e))
+        read_into(m, f, path, "model.embed_positions.weight", m->shape.maxT * C, host, &sink, e))
         goto done;
     /* llm.c stacks each kind of tensor over layers: [L, ...]; qkv rows are q, then k, then v */
     static const struct {
@@ -477,8 +483,8 @@ int model_load_llmc(model *m, const char *path, model_store_fn store, void *stor
                 snprintf(name, sizeof name, "model.layers.%lld.%s", (long long)l,
                          kinds[k].suffix[p]);
                 const ckpt_tensor *w = NULL;
-                for (int k = 0; k < m->nall && !w; k++)
-                    if (strcmp(m->all[k].name, name) == 0) w = &m->all[k];
+                for (int k = 0; k < m->tab.nall && !w; k++)
+                    if (strcmp(m->tab.all[k].name, name) == 0) w = &m->tab.all[k];
                 UST_ASSERT(w, "no parameter %s", name);
                 int64_t n = w->ndim == 2 ? w->shape[0] * w->shape[1] : w->shape[0];
                 if (read_into(m, f, path, name, n, host, &sink, e)) goto done;
@@ -496,52 +502,57 @@ done:
 /* ------------------------------------------------------------------ the plan's model */
 
 void params_dims(model *m, const ust_config *cfg) {
-    m->llama = cfg->model.arch == ARCH_LLAMA;
-    m->L = cfg->model.n_layer, m->C = cfg->model.d_model, m->D = cfg_head_dim(cfg);
-    m->Hg = cfg->model.n_head, m->Hkvg = cfg->model.n_kv_head, m->Fg = cfg->model.d_ff;
-    m->V = cfg->model.vocab_size, m->Vp = cfg_vocab_padded(cfg), m->maxT = cfg->model.max_seq_len;
-    m->B = cfg->train.micro_batch_size, m->T = cfg->train.seq_len, m->tied = cfg_tied(cfg);
-    m->eps = (float)cfg->model.norm_eps;
-    m->rope = (ust_rope){.theta = cfg->model.rope_theta};
+    m->shape.llama = cfg->model.arch == ARCH_LLAMA;
+    m->shape.L = cfg->model.n_layer, m->shape.C = cfg->model.d_model,
+    m->shape.D = cfg_head_dim(cfg);
+    m->shape.Hg = cfg->model.n_head, m->shape.Hkvg = cfg->model.n_kv_head,
+    m->shape.Fg = cfg->model.d_ff;
+    m->shape.V = cfg->model.vocab_size, m->shape.Vp = cfg_vocab_padded(cfg),
+    m->shape.maxT = cfg->model.max_seq_len;
+    m->shape.B = cfg->train.micro_batch_size, m->shape.T = cfg->train.seq_len,
+    m->shape.tied = cfg_tied(cfg);
+    m->shape.eps = (float)cfg->model.norm_eps;
+    m->shape.rope = (ust_rope){.theta = cfg->model.rope_theta};
     if (cfg->model.rope_scaling.type == ROPE_LLAMA3) {
         const __typeof__(cfg->model.rope_scaling) *rs = &cfg->model.rope_scaling;
-        m->rope.factor = rs->factor;
-        m->rope.low_freq_factor = rs->low_freq_factor;
-        m->rope.high_freq_factor = rs->high_freq_factor;
-        m->rope.original_max_pos = rs->original_max_position_embeddings;
+        m->shape.rope.factor = rs->factor;
+        m->shape.rope.low_freq_factor = rs->low_freq_factor;
+        m->shape.rope.high_freq_factor = rs->high_freq_factor;
+        m->shape.rope.original_max_pos = rs->original_max_position_embeddings;
     }
-    m->qkv_bias = !m->llama || cfg->model.qkv_bias;
-    m->doc_mask = cfg->data.doc_mask;
-    m->reset_pos = cfg->data.reset_positions;
-    m->recompute = cfg->train.recompute;
+    m->shape.qkv_bias = !m->shape.llama || cfg->model.qkv_bias;
+    m->shape.doc_mask = cfg->data.doc_mask;
+    m->shape.reset_pos = cfg->data.reset_positions;
+    m->shape.recompute = cfg->train.recompute;
     int start;
-    m->H = tp_part(m->tp, m->Hg, &start); /* this rank's heads and hidden units */
-    m->Hkv = tp_part(m->tp, m->Hkvg, &start);
-    m->F = tp_part(m->tp, m->Fg, &start);
-    m->Vl = tp_part(m->tp, m->Vp, &start);
+    m->shape.H = tp_part(m->par.tp, m->shape.Hg, &start); /* this rank's heads and hidden units */
+    m->shape.Hkv = tp_part(m->par.tp, m->shape.Hkvg, &start);
+    m->shape.F = tp_part(m->par.tp, m->shape.Fg, &start);
+    m->shape.Vl = tp_part(m->par.tp, m->shape.Vp, &start);
 }
 
 void params_vocab_chunks(model *m, int rows) {
-    m->wte_u0 = m->lm_u0 = -1;
-    m->vc_rows = rows > 0 ? (rows < m->Vl ? rows : m->Vl) : 0;
-    m->nvc = m->vc_rows ? (m->Vl + m->vc_rows - 1) / m->vc_rows : 0;
-    if (!m->nvc) return;
-    m->wte_c = calloc(2 * (size_t)m->nvc, sizeof *m->wte_c);
-    m->lm_c = m->tied_local ? m->wte_c : calloc(2 * (size_t)m->nvc, sizeof *m->lm_c);
-    UST_ASSERT(m->wte_c && m->lm_c, "out of host memory");
-    m->g_wte_c = m->wte_c + m->nvc;
-    m->g_lm_c = m->lm_c + m->nvc;
+    m->vc.wte_u0 = m->vc.lm_u0 = -1;
+    m->vc.vc_rows = rows > 0 ? (rows < m->shape.Vl ? rows : m->shape.Vl) : 0;
+    m->vc.nvc = m->vc.vc_rows ? (m->shape.Vl + m->vc.vc_rows - 1) / m->vc.vc_rows : 0;
+    if (!m->vc.nvc) return;
+    m->vc.wte_c = calloc(2 * (size_t)m->vc.nvc, sizeof *m->vc.wte_c);
+    m->vc.lm_c =
+        m->shape.tied_local ? m->vc.wte_c : calloc(2 * (size_t)m->vc.nvc, sizeof *m->vc.lm_c);
+    UST_ASSERT(m->vc.wte_c && m->vc.lm_c, "out of host memory");
+    m->vc.g_wte_c = m->vc.wte_c + m->vc.nvc;
+    m->vc.g_lm_c = m->vc.lm_c + m->vc.nvc;
 }
 
 void params_vocab_chunks_free(model *m) {
-    if (m->lm_c != m->wte_c) free(m->lm_c);
-    free(m->wte_c);
-    m->wte_c = m->g_wte_c = m->lm_c = m->g_lm_c = NULL;
+    if (m->vc.lm_c != m->vc.wte_c) free(m->vc.lm_c);
+    free(m->vc.wte_c);
+    m->vc.wte_c = m->vc.g_wte_c = m->vc.lm_c = m->vc.g_lm_c = NULL;
 }
 
 void params_local_rows(model *m) {
-    m->T = cp_local_len(m->cp);
-    m->Nl = tp_rows(m->tp, m->B * m->T);
+    m->shape.T = cp_local_len(m->par.cp);
+    m->shape.Nl = tp_rows(m->par.tp, m->shape.B * m->shape.T);
 }
 
 void params_chunks(model *m, const model_stage *stages, int n) {
@@ -554,37 +565,38 @@ void params_chunks(model *m, const model_stage *stages, int n) {
         const model_stage *st = n > 0 ? &stages[c] : &whole;
         model_chunk *ch = &m->chunks[c];
         ch->stage = st->stage;
-        ch->lo = st->lo, ch->hi = st->hi < 0 ? m->L : st->hi;
+        ch->lo = st->lo, ch->hi = st->hi < 0 ? m->shape.L : st->hi;
         ch->embed = st->embed;
         ch->head = st->head;
         ch->copy = st->copy;
         ch->nslots = st->slots > 0 ? st->slots : 1;
         embed |= ch->embed, head |= ch->head;
     }
-    m->tied_local = m->tied && embed && head;
-    m->tied_copy = m->tied && head && !embed;
+    m->shape.tied_local = m->shape.tied && embed && head;
+    m->shape.tied_copy = m->shape.tied && head && !embed;
 }
 
 model *params_shape(const ust_config *cfg, const ust_ops *sizes, const params_layout *ly) {
     model *m = calloc(1, sizeof *m);
     UST_ASSERT(m, "out of host memory");
-    m->cfg = cfg, m->ops = sizes, m->sizing = 1;
+    m->cfg = cfg, m->ops = sizes, m->tab.sizing = 1;
     /* the shapes model_create_with gives rank 0 of the tensor- and context-parallel groups */
-    m->zb = ly->zb;
+    m->shape.zb = ly->zb;
     int T = cfg->train.seq_len, B = cfg->train.micro_batch_size;
-    m->own_tp = tp_shape(sizes, ly->tp, B * (T / ly->cp), cfg->model.d_model, ly->sp);
-    m->tp = &m->own_tp;
+    m->par.own_tp = tp_shape(sizes, ly->tp, B * (T / ly->cp), cfg->model.d_model, ly->sp);
+    m->par.tp = &m->par.own_tp;
     params_dims(m, cfg);
-    m->own_cp = cp_shape(sizes, ly->cp, ly->cp > 1 ? cfg_cp_a2a(cfg) : 1, T, m->B, m->Hkv, m->D,
-                         cfg->parallel.cp_comm);
-    m->cp = &m->own_cp;
+    m->par.own_cp = cp_shape(sizes, ly->cp, ly->cp > 1 ? cfg_cp_a2a(cfg) : 1, T, m->shape.B,
+                             m->shape.Hkv, m->shape.D, cfg->parallel.cp_comm);
+    m->par.cp = &m->par.own_cp;
     params_local_rows(m);
-    m->unit_pad = ly->unit_pad;
+    m->tab.unit_pad = ly->unit_pad;
     params_chunks(m, ly->chunks, ly->nchunks);
     params_vocab_chunks(m, ly->vocab_chunk_rows);
-    if (cfg->model.moe.num_experts > 0) m->has_moe = 1, m->ep_size = ly->ep, m->ep_rank = 0;
-    m->lw = calloc(m->L, sizeof *m->lw);
-    m->lg = calloc(m->L, sizeof *m->lg);
+    if (cfg->model.moe.num_experts > 0)
+        m->moe.has_moe = 1, m->moe.ep_size = ly->ep, m->moe.ep_rank = 0;
+    m->w.lw = calloc(m->shape.L, sizeof *m->w.lw);
+    m->w.lg = calloc(m->shape.L, sizeof *m->w.lg);
     if (ly->whole)
         params_build(m);
     else
@@ -598,17 +610,18 @@ void params_shape_free(model *m) {
         acts_free(m);
     else
         free(m->chunks);
-    free(m->params), free(m->targets), free(m->param_unit);
-    free(m->unit_off), free(m->unit_len), free(m->unit_expert), free(m->all);
-    free(m->lw), free(m->lg);
+    free(m->tab.params), free(m->tab.targets), free(m->tab.param_unit);
+    free(m->tab.unit_off), free(m->tab.unit_len), free(m->tab.unit_expert), free(m->tab.all);
+    free(m->w.lw), free(m->w.lg);
     params_vocab_chunks_free(m);
     free(m);
 }
 
 void params_count_buffers(model *m, const model_storage *st, ust_arena *count) {
-    if (st->alloc_params) mem_alloc(count, MEM_PARAMS, m->numel * sizeof(float));
-    if (st->alloc_grads) mem_alloc(count, MEM_GRADS, m->numel * sizeof(float));
-    cp_alloc_buffers(m->cp, count, m->H);
-    if (m->has_moe) mem_alloc(count, MEM_ACTS, moe_ctx_bytes(m->cfg, m->B * m->T, m->ep_size));
-    tp_alloc_scratch(m->tp, count);
+    if (st->alloc_params) mem_alloc(count, MEM_PARAMS, m->tab.numel * sizeof(float));
+    if (st->alloc_grads) mem_alloc(count, MEM_GRADS, m->tab.numel * sizeof(float));
+    cp_alloc_buffers(m->par.cp, count, m->shape.H);
+    if (m->moe.has_moe)
+        mem_alloc(count, MEM_ACTS, moe_ctx_bytes(m->cfg, m->shape.B * m->shape.T, m->moe.ep_size));
+    tp_alloc_scratch(m->par.tp, count);
 }

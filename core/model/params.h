@@ -1,8 +1,8 @@
-/* params: the model's parameter table (core/model/params.c), the part of model.h that names, shapes,
- * places and fills the tensors: every tensor under its canonical name with its tensor-parallel
- * split, the units a sharding layer gathers and reduces, the flat buffers' layout, the
- * counter-based initialization and the llm.c importer. The model's blocks (core/model/model.c) only
- * read the pointers it resolves. */
+/* params: the model's parameter table (core/model/params.c), the part of model.h that names,
+ * shapes, places and fills the tensors: every tensor under its canonical name with its
+ * tensor-parallel split, the units a sharding layer gathers and reduces, the flat buffers' layout,
+ * the counter-based initialization and the llm.c importer. The model's blocks
+ * (core/model/model_block.c) only read the pointers it resolves. */
 #ifndef UST_PARAMS_H
 #define UST_PARAMS_H
 
@@ -22,7 +22,7 @@ typedef struct {
     int nchunks;
     int64_t unit_pad;
     int vocab_chunk_rows; /* model_storage's */
-    int whole; /* list the whole model's tensors too (model_all_tensors) */
+    int whole;            /* list the whole model's tensors too (model_all_tensors) */
 } params_layout;
 /* That rank's model as model_create_with shapes it (chunks and parameter table), without a
  * backend or a single buffer: sizes only gives act_size. The plan reads its units

@@ -1,0 +1,329 @@
+/* model_block.c: one transformer block's forward and backward (norms, attention, the dense or
+ * MoE MLP), llm.c style, and the deferral of weight gradients that zero-bubble's B leaves for W.
+ * Shapes as in model.c. */
+#include "model_block.h"
+
+#include "cp.h"
+#include "error.h"
+#include "moe.h"
+#include "tp.h"
+
+/* ------------------------------------------------------------------ forward */
+
+/* Norms run on this rank's rows (all of them without sequence parallelism). */
+void block_norm_forward(model *m, act *out, float *mean, float *rstd, const act *inp,
+                        const float *w, const float *b) {
+    int N = m->shape.Nl;
+    if (m->shape.llama)
+        m->ops->rmsnorm_fwd(m->ops, out, rstd, inp, w, N, m->shape.C, m->shape.eps);
+    else
+        m->ops->layernorm_fwd(m->ops, out, mean, rstd, inp, w, b, N, m->shape.C, 1e-5f);
+}
+
+static void norm_backward_rows(model *m, act *dinp, float *dw, float *db, const act *dout,
+                               const act *inp, const float *w, const float *mean,
+                               const float *rstd) {
+    int N = m->shape.Nl;
+    if (m->shape.llama)
+        m->ops->rmsnorm_bwd(m->ops, dinp, dw, dout, inp, w, rstd, N, m->shape.C);
+    else
+        m->ops->layernorm_bwd(m->ops, dinp, dw, db, dout, inp, w, mean, rstd, N, m->shape.C);
+}
+
+/* Under sequence parallelism each rank saw only its rows, so the norm's weight (and bias)
+ * gradient of this micro-batch is summed over the group before it is accumulated. */
+void block_norm_backward(model *m, act *dinp, float *dw, float *db, const act *dout, const act *inp,
+                         const float *w, const float *mean, const float *rstd) {
+    if (!tp_sp(m->par.tp)) {
+        norm_backward_rows(m, dinp, dw, db, dout, inp, w, mean, rstd);
+        return;
+    }
+    const ust_ops *o = m->ops;
+    int C = m->shape.C;
+    o->zero(o, m->acts.dnorm, 2 * (size_t)C * sizeof(float));
+    norm_backward_rows(m, dinp, m->acts.dnorm, db ? m->acts.dnorm + C : NULL, dout, inp, w, mean,
+                       rstd);
+    tp_allreduce(m->par.tp, m->acts.dnorm, db ? 2 * C : C);
+    o->axpy(o, dw, 1.0f, m->acts.dnorm, C);
+    if (db) o->axpy(o, db, 1.0f, m->acts.dnorm + C, C);
+}
+
+/* act(N,F) = swiglu(gate, up) for llama, gelu(up) for gpt2 */
+void block_mlp_activation(model *m, layer_acts *a) {
+    int64_t n = (int64_t)m->shape.B * m->shape.T * m->shape.F;
+    if (m->shape.llama)
+        m->ops->swiglu_fwd(m->ops, a->act, a->gate, a->up, n);
+    else
+        m->ops->gelu_fwd(m->ops, a->act, a->up, n);
+}
+
+/* Where this tensor-parallel rank's MoE tokens start in a (B*T, C) tensor every tp rank holds
+ * whole (without sp; under sp the rank's own rows are its tokens: 0). */
+static int64_t moe_tp_offset(const model *m) {
+    if (tp_sp(m->par.tp) || tp_size(m->par.tp) == 1) return 0;
+    return (int64_t)m->par.tp->rank * (m->shape.B * m->shape.T / tp_size(m->par.tp)) * m->shape.C;
+}
+
+/* The MoE MLP on this tensor-parallel rank's share of the tokens (its rows under sp); without
+ * sp the shares are all-gathered so every rank's residual gets the whole y. */
+static void moe_mlp_forward(model *m, int l, act *x_out, const layer_acts *a, moe_acts *ma,
+                            moe_stats *st) {
+    const ust_ops *o = m->ops;
+    int64_t off = moe_tp_offset(m);
+    /* dln: scratch, free in forward */
+    moe_forward(&m->moe.ctx, ma, &m->moe.mw[l], act_at(o, m->acts.dln, off), act_at(o, a->ln2, off),
+                st);
+    if (!tp_sp(m->par.tp)) moe_tp_gather_rows(&m->moe.ctx, m->acts.dln);
+    o->add(o, x_out, m->acts.dln, a->res2, (int64_t)m->shape.Nl * m->shape.C);
+}
+
+/* x_in, x_out: (B,T,C). Pre-norm block: res2 = x + attn(norm1(x)); out = res2 + mlp(norm2(res2)) */
+void block_forward(model *m, int l, const act *x_in, act *x_out, layer_acts *a, moe_acts *ma,
+                   moe_stats *st) {
+    const ust_ops *o = m->ops;
+    const layer_w *w = &m->w.lw[l];
+    int N = m->shape.B * m->shape.T, C = m->shape.C, HD = m->shape.H * m->shape.D,
+        KV = m->shape.Hkv * m->shape.D;
+    block_norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x_in, w->ln1_w, w->ln1_b);
+    const act *ln1 = tp_gather(m->par.tp, a->ln1); /* (N, C): every token enters attention */
+    tp_column_linear_fwd(m->par.tp, a->q, ln1, w->wq, w->bq, N, C, HD); /* this rank's heads */
+    tp_column_linear_fwd(m->par.tp, a->k, ln1, w->wk, w->bk, N, C, KV);
+    tp_column_linear_fwd(m->par.tp, a->v, ln1, w->wv, w->bv, N, C, KV);
+    if (m->shape.llama) {
+        o->rope_fwd(o, a->q, a->q, m->batch.rows, m->shape.B, m->shape.T, m->shape.H, m->shape.D,
+                    &m->shape.rope);
+        o->rope_fwd(o, a->k, a->k, m->batch.rows, m->shape.B, m->shape.T, m->shape.Hkv, m->shape.D,
+                    &m->shape.rope);
+    }
+    cp_attention_fwd(m->par.cp, a->att, a->lse, a->q, a->k, a->v, m->shape.H,
+                     m->shape.doc_mask ? &m->batch.docs : NULL);
+    tp_row_linear_fwd(m->par.tp, a->res2, a->att, w->wo, w->bo, N, HD, C);
+    o->add(o, a->res2, a->res2, x_in, (int64_t)m->shape.Nl * C);
+    block_norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b);
+    if (is_moe(m, l)) {
+        moe_mlp_forward(m, l, x_out, a, ma, st);
+        return;
+    }
+    const act *ln2 = tp_gather(m->par.tp, a->ln2);
+    if (m->shape.llama) {
+        tp_column_linear_fwd(m->par.tp, a->gate, ln2, w->wg, NULL, N, C, m->shape.F);
+        tp_column_linear_fwd(m->par.tp, a->up, ln2, w->wu, w->bu, N, C, m->shape.F);
+        block_mlp_activation(m, a);
+    } else {
+        tp_column_linear_gelu_fwd(m->par.tp, a->up, a->act, ln2, w->wu, w->bu, N, C, m->shape.F);
+    }
+    tp_row_linear_fwd(m->par.tp, x_out, a->act, w->wd, w->bd, N, m->shape.F, C);
+    o->add(o, x_out, x_out, a->res2, (int64_t)m->shape.Nl * C);
+}
+
+/* ------------------------------------------------------------------ backward */
+
+/* A norm's input gradient only (B of a zero-bubble schedule): the weight gradient goes to the
+ * scratch and is dropped; W computes it again from the saved output gradient. */
+void block_norm_backward_input(model *m, act *dinp, const act *dout, const act *inp, const float *w,
+                               const float *mean, const float *rstd) {
+    float *dw = m->acts.dnorm, *db = m->shape.llama ? NULL : m->acts.dnorm + m->shape.C;
+    m->ops->zero(m->ops, m->acts.dnorm, 2 * (size_t)m->shape.C * sizeof(float));
+    norm_backward_rows(m, dinp, dw, db, dout, inp, w, mean, rstd);
+}
+
+static void save(model *m, act *dst, const act *src, int64_t n) {
+    m->ops->copy(m->ops, dst, src, act_bytes(m->ops, n));
+}
+
+/* The gradient buffer to pass to a fused backward call: none when it is deferred. */
+float *block_now(const deferral *df, float *g) { return df->list ? NULL : g; }
+
+/* Under B: appends job j, first saving its output gradient (n activations) into keep. */
+void block_later(model *m, const deferral *df, wg_job j, act *keep, int64_t n) {
+    if (!df->list) return;
+    if (keep) {
+        save(m, keep, j.dout, n);
+        j.dout = keep;
+    }
+    wg_list *l = df->list;
+    UST_ASSERT(l->n < l->cap, "more than %d deferred weight gradients", l->cap);
+    l->jobs[l->n++] = j;
+}
+
+void block_later_unit(model *m, const deferral *df, wg_kind k, int unit) {
+    block_later(m, df, (wg_job){.kind = k, .unit = unit}, NULL, 0);
+}
+
+/* Dense MLP, out = res2 + act(ln2 @ wu^T [, ln2 @ wg^T]) @ wd^T + bd: from d out (dx, this
+ * rank's rows) to d ln2; returns this rank's rows of it. */
+static act *mlp_backward(model *m, int l, const act *dx, layer_acts *a, const deferral *df) {
+    const ust_ops *o = m->ops;
+    const layer_w *w = &m->w.lw[l];
+    layer_w *g = &m->w.lg[l];
+    int N = m->shape.B * m->shape.T, C = m->shape.C, F = m->shape.F;
+    int64_t NF = (int64_t)N * F;
+    if (m->shape.recompute == RECOMPUTE_SELECTIVE) { /* the down projection's input, for its dw */
+        if (df->list)
+            block_later(m, df, (wg_job){.kind = WG_ACT, .acts = a}, NULL, 0);
+        else
+            block_mlp_activation(m, a);
+    }
+    const act *gdx = tp_gather_grad(m->par.tp, dx);
+    if (m->shape.llama)
+        tp_row_linear_bwd(m->par.tp, m->acts.dact, block_now(df, g->wd), block_now(df, g->bd), gdx,
+                          a->act, w->wd, N, F, C);
+    else /* gelu's backward fused in: straight to d up */
+        tp_row_linear_gelu_bwd(m->par.tp, m->acts.dup, block_now(df, g->wd), block_now(df, g->bd),
+                               gdx, a->act, a->up, w->wd, N, F, C);
+    block_later(m, df,
+                (wg_job){.kind = WG_LINEAR,
+                         .dw = &g->wd,
+                         .db = &g->bd,
+                         .dout = gdx,
+                         .x = a->act,
+                         .w = &w->wd,
+                         .N = N,
+                         .C = F,
+                         .OC = C},
+                df->keep ? df->keep->gmlp : NULL, (int64_t)N * C);
+    const act *ln2 = tp_gather(m->par.tp, a->ln2); /* sp: gathered again rather than kept */
+    block_later(m, df, (wg_job){.kind = WG_GATHER, .x = a->ln2}, NULL, 0);
+    if (m->shape.llama)
+        o->swiglu_bwd(o, m->acts.dgate, m->acts.dup, m->acts.dact, a->gate, a->up, NF);
+    tp_column_linear_bwd(m->par.tp, m->acts.dln, block_now(df, g->wu), block_now(df, g->bu),
+                         m->acts.dup, ln2, w->wu, N, C, F, 0);
+    block_later(m, df,
+                (wg_job){.kind = WG_LINEAR,
+                         .gathered = 1,
+                         .dw = &g->wu,
+                         .db = &g->bu,
+                         .dout = m->acts.dup,
+                         .w = &w->wu,
+                         .N = N,
+                         .C = C,
+                         .OC = F},
+                df->keep ? df->keep->dup : NULL, NF);
+    if (m->shape.llama) {
+        tp_column_linear_bwd(m->par.tp, m->acts.dln, block_now(df, g->wg), NULL, m->acts.dgate, ln2,
+                             w->wg, N, C, F, 1);
+        block_later(m, df,
+                    (wg_job){.kind = WG_LINEAR,
+                             .gathered = 1,
+                             .dw = &g->wg,
+                             .dout = m->acts.dgate,
+                             .w = &w->wg,
+                             .N = N,
+                             .C = C,
+                             .OC = F},
+                    df->keep ? df->keep->dgate : NULL, NF);
+    }
+    return tp_reduce_grad(m->par.tp,
+                          m->acts.dln); /* the MLP's input is shared by the group: summed */
+}
+
+/* MoE MLP: each tensor-parallel rank backs up its own tokens (its rows under sp); without sp
+ * the input gradient's shares are all-gathered, whole and the same on every rank. */
+static act *moe_mlp_backward(model *m, int l, const act *dx, layer_acts *a, moe_acts *ma) {
+    const ust_ops *o = m->ops;
+    int64_t off = moe_tp_offset(m);
+    moe_backward(&m->moe.ctx, ma, &m->moe.mw[l], &m->moe.mg[l], act_at(o, m->acts.dln, off),
+                 act_at(o, dx, off), act_at(o, a->ln2, off), m->moe.moe_scale, 0);
+    if (!tp_sp(m->par.tp)) moe_tp_gather_rows(&m->moe.ctx, m->acts.dln);
+    return m->acts.dln;
+}
+
+/* dx += d loss / d (a norm's input), given its output gradient dout (this rank's rows); the
+ * weight (and bias) gradient now, or under B a job reading dout saved in keep. */
+static void norm_step_backward(model *m, const deferral *df, act *dx, act *dout, const act *inp,
+                               float *const *w, float **gw, float **gb, const float *mean,
+                               const float *rstd, act *keep) {
+    if (df->list)
+        block_norm_backward_input(m, m->acts.dtmp, dout, inp, *w, mean, rstd);
+    else
+        block_norm_backward(m, m->acts.dtmp, *gw, *gb, dout, inp, *w, mean, rstd);
+    block_later(m, df,
+                (wg_job){.kind = WG_NORM,
+                         .dw = gw,
+                         .db = gb,
+                         .dout = dout,
+                         .x = inp,
+                         .w = w,
+                         .mean = mean,
+                         .rstd = rstd},
+                keep, (int64_t)m->shape.Nl * m->shape.C);
+    m->ops->add(m->ops, dx, dx, m->acts.dtmp, (int64_t)m->shape.Nl * m->shape.C);
+}
+
+/* Attention, res2 = x_in + attn(ln1) @ wo^T + bo: from d res2 (dx) to d ln1; returns this
+ * rank's rows of it. */
+static act *attention_backward(model *m, int l, const act *dx, layer_acts *a, const deferral *df) {
+    const ust_ops *o = m->ops;
+    const layer_w *w = &m->w.lw[l];
+    layer_w *g = &m->w.lg[l];
+    const layer_wsave *k = df->keep;
+    int N = m->shape.B * m->shape.T, C = m->shape.C, HD = m->shape.H * m->shape.D,
+        KV = m->shape.Hkv * m->shape.D;
+    const act *gdx = tp_gather_grad(m->par.tp, dx);
+    tp_row_linear_bwd(m->par.tp, m->acts.datt, block_now(df, g->wo), block_now(df, g->bo), gdx,
+                      a->att, w->wo, N, HD, C);
+    block_later(m, df,
+                (wg_job){.kind = WG_LINEAR,
+                         .dw = &g->wo,
+                         .db = &g->bo,
+                         .dout = gdx,
+                         .x = a->att,
+                         .w = &w->wo,
+                         .N = N,
+                         .C = HD,
+                         .OC = C},
+                k ? k->gatt : NULL, (int64_t)N * C);
+    o->zero(o, m->acts.dq, act_bytes(o, (int64_t)N * HD));
+    o->zero(o, m->acts.dk, act_bytes(o, (int64_t)N * KV));
+    o->zero(o, m->acts.dv, act_bytes(o, (int64_t)N * KV));
+    cp_attention_bwd(m->par.cp, m->acts.dq, m->acts.dk, m->acts.dv, m->acts.datt, a->att, a->lse,
+                     a->q, a->k, a->v, m->shape.H, m->shape.doc_mask ? &m->batch.docs : NULL);
+    if (m->shape.llama) {
+        o->rope_bwd(o, m->acts.dq, m->acts.dq, m->batch.rows, m->shape.B, m->shape.T, m->shape.H,
+                    m->shape.D, &m->shape.rope);
+        o->rope_bwd(o, m->acts.dk, m->acts.dk, m->batch.rows, m->shape.B, m->shape.T, m->shape.Hkv,
+                    m->shape.D, &m->shape.rope);
+    }
+    const act *ln1 = tp_gather(m->par.tp, a->ln1);
+    block_later(m, df, (wg_job){.kind = WG_GATHER, .x = a->ln1}, NULL, 0);
+    const struct {
+        float **dw, **db;
+        act *dout, *keep;
+        float *const *w;
+        int OC;
+    } qkv[3] = {{&g->wq, &g->bq, m->acts.dq, k ? k->dq : NULL, &w->wq, HD},
+                {&g->wk, &g->bk, m->acts.dk, k ? k->dk : NULL, &w->wk, KV},
+                {&g->wv, &g->bv, m->acts.dv, k ? k->dv : NULL, &w->wv, KV}};
+    for (int i = 0; i < 3; i++) {
+        tp_column_linear_bwd(m->par.tp, m->acts.dln, block_now(df, *qkv[i].dw),
+                             block_now(df, *qkv[i].db), qkv[i].dout, ln1, *qkv[i].w, N, C,
+                             qkv[i].OC, i > 0);
+        block_later(m, df,
+                    (wg_job){.kind = WG_LINEAR,
+                             .gathered = 1,
+                             .dw = qkv[i].dw,
+                             .db = qkv[i].db,
+                             .dout = qkv[i].dout,
+                             .w = qkv[i].w,
+                             .N = N,
+                             .C = C,
+                             .OC = qkv[i].OC},
+                    qkv[i].keep, (int64_t)N * qkv[i].OC);
+    }
+    return tp_reduce_grad(m->par.tp, m->acts.dln); /* so is attention's */
+}
+
+/* dx: (B,T,C) holds d loss / d x_out on entry and d loss / d x_in on exit. */
+void block_backward(model *m, int l, const act *x_in, act *dx, layer_acts *a, moe_acts *ma,
+                    const deferral *df) {
+    const layer_w *w = &m->w.lw[l];
+    layer_w *g = &m->w.lg[l];
+    const layer_wsave *k = df->keep;
+    UST_ASSERT(!df->list || !is_moe(m, l), "zero-bubble B/W split of a MoE layer");
+    act *dln = is_moe(m, l) ? moe_mlp_backward(m, l, dx, a, ma) : mlp_backward(m, l, dx, a, df);
+    norm_step_backward(m, df, dx, dln, a->res2, &w->ln2_w, &g->ln2_w, &g->ln2_b, a->ln2_mean,
+                       a->ln2_rstd, k ? k->dln2 : NULL); /* dx = d res2 */
+    dln = attention_backward(m, l, dx, a, df);
+    norm_step_backward(m, df, dx, dln, x_in, &w->ln1_w, &g->ln1_w, &g->ln1_b, a->ln1_mean,
+                       a->ln1_rstd, k ? k->dln1 : NULL); /* dx = d x_in */
+}
