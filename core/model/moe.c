@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "moe_internal.h"
 
 /* ------------------------------------------------------------------ parameters */
 
@@ -98,7 +99,7 @@ void moe_weights_free(moe_weights *w) {
 #define IN(n) ((int32_t *)mem_alloc(arena, MEM_ACTS, (size_t)(n) * sizeof(int32_t)))
 #define AC(n) ((act *)mem_alloc(arena, MEM_ACTS, act_bytes(ops, n)))
 
-static void *host_alloc(size_t bytes) {
+void *moe_host_alloc(size_t bytes) {
     void *p = calloc(1, bytes ? bytes : 1);
     UST_ASSERT(p, "out of host memory (%zu bytes)", bytes);
     return p;
@@ -107,7 +108,7 @@ static void *host_alloc(size_t bytes) {
 /* Rows of the dispatch buffers: what a rank sends (its kept assignments) and what it may hold
  * for its local experts. Dropless, every token of every ep rank may pick them (N*k from each);
  * with a capacity, each expert keeps at most cap rows of each rank. */
-static int64_t moe_capacity(double factor, int64_t assignments, int64_t E) {
+int64_t moe_capacity(double factor, int64_t assignments, int64_t E) {
     return (int64_t)ceil(factor * assignments / E - 1e-9);
 }
 
@@ -121,87 +122,6 @@ void moe_dispatch_rows(const ust_config *cfg, int64_t N, int ep, int64_t *send, 
     }
     *send = s;
     *recv = r * ep;
-}
-
-/* The micro-batch's token order over the cp group: sequence by sequence, by position. */
-typedef struct {
-    int32_t key, token; /* b*T + position; member*N + local index */
-} cap_token;
-
-static int cmp_key(const void *a, const void *b) {
-    int32_t x = ((const cap_token *)a)->key, y = ((const cap_token *)b)->key;
-    return (x > y) - (x < y);
-}
-
-static void init_capacity_order(moe_ctx *m, const moe_groups *g, ust_arena *arena) {
-    int n = ep_shards_size(g->cap_comm), N = m->Nmb;
-    cap_token *t = host_alloc((size_t)n * N * sizeof *t);
-    for (int r = 0; r < n; r++)
-        for (int i = 0; i < N; i++) {
-            int b = i / g->cap_Tl, j = i % g->cap_Tl;
-            t[r * N + i] = (cap_token){b * g->cap_T + g->cap_pos[r * g->cap_Tl + j], r * N + i};
-        }
-    qsort(t, (size_t)n * N, sizeof *t, cmp_key);
-    m->routing.cap_order = host_alloc((size_t)n * N * sizeof(int32_t));
-    for (int64_t i = 0; i < (int64_t)n * N; i++) m->routing.cap_order[i] = t[i].token;
-    free(t);
-    m->routing.cap_comm = g->cap_comm;
-    m->routing.cap_topk = mem_alloc(arena, MEM_COMM, (size_t)n * N * m->k * sizeof(float));
-    m->routing.cap_topk_host = host_alloc((size_t)n * N * m->k * sizeof(float));
-}
-
-/* Capacity over the cp group: every member's choices of its micro-batch part (all: Nmb*k),
- * walked in the micro-batch's token order (then choice order) as one rank would; keep[a] for
- * this member's assignments a. */
-static void capacity_cp(moe_ctx *m, const int32_t *all, int32_t *keep) {
-    const ust_ops *o = m->ops;
-    int n = ep_shards_size(m->routing.cap_comm), me = ep_shards_rank(m->routing.cap_comm), k = m->k,
-        N = m->Nmb;
-    int64_t A = (int64_t)N * k, cap = moe_capacity(m->routing.capacity_factor, A * n, m->E);
-    for (int64_t i = 0; i < A; i++) m->routing.cap_topk_host[me * A + i] = (float)all[i];
-    o->to_device(o, m->routing.cap_topk + me * A, m->routing.cap_topk_host + me * A,
-                 A * sizeof(float));
-    ep_shards_allgather(m->routing.cap_comm, m->routing.cap_topk + me * A, m->routing.cap_topk, A);
-    o->to_host(o, m->routing.cap_topk_host, m->routing.cap_topk, (size_t)n * A * sizeof(float));
-    memset(m->routing.cap_count, 0, m->E * sizeof(int32_t));
-    for (int64_t t = 0; t < (int64_t)n * N; t++) {
-        int tok = m->routing.cap_order[t], owner = tok / N, i = tok % N;
-        for (int j = 0; j < k; j++) {
-            int e = (int)m->routing.cap_topk_host[(int64_t)owner * A + (int64_t)i * k + j];
-            int kept = m->routing.cap_count[e]++ < cap;
-            if (owner == me) keep[(int64_t)i * k + j] = kept;
-        }
-    }
-}
-
-/* Which of this rank's assignments the capacity keeps (keep, this rank's N*k): decided over the
- * whole micro-batch, its tp parts gathered first and its cp parts in capacity_cp, in the
- * micro-batch's token order whatever the split. */
-static void capacity_keep(moe_ctx *m, int32_t *keep) {
-    const ust_ops *o = m->ops;
-    int k = m->k, E = m->E;
-    int64_t A = (int64_t)m->N * k, Amb = (int64_t)m->Nmb * k;
-    const int32_t *all = m->routing.topk_host;
-    int32_t *keep_all = keep;
-    if (m->tp.n > 1) { /* every tp part's choices, in row order */
-        float *mine = m->routing.tp_topk + m->tp.r * A, *hm = (float *)m->routing.keep_host;
-        for (int64_t i = 0; i < A; i++) hm[i] = (float)m->routing.topk_host[i];
-        o->to_device(o, mine, hm, A * sizeof(float));
-        ep_shards_allgather(m->tp.comm, mine, m->routing.tp_topk, A);
-        o->to_host(o, m->routing.keep_host, m->routing.tp_topk, Amb * sizeof(float));
-        hm = (float *)m->routing.keep_host;
-        for (int64_t i = 0; i < Amb; i++) m->routing.tp_topk_host[i] = (int32_t)hm[i];
-        all = m->routing.tp_topk_host;
-        keep_all = m->routing.keep_host;
-    }
-    if (m->routing.cap_comm) {
-        capacity_cp(m, all, keep_all);
-    } else {
-        int64_t cap = moe_capacity(m->routing.capacity_factor, Amb, E);
-        memset(m->routing.cap_count, 0, E * sizeof(int32_t));
-        for (int64_t i = 0; i < Amb; i++) keep_all[i] = m->routing.cap_count[all[i]]++ < cap;
-    }
-    if (m->tp.n > 1) memmove(keep, keep_all + m->tp.r * A, A * sizeof(int32_t)); /* my part */
 }
 
 static int64_t pad16(int64_t n) { return (n + 15) & ~(int64_t)15; }
@@ -258,14 +178,14 @@ int64_t moe_rank_tokens(const ust_config *cfg, int64_t N) {
 
 /* The statistics vector: [routed E | prob sums E | sum lse^2 | tokens | dropped], then per
  * sequence (B of them, with the sequence-wise loss) [counts B*E | tokens B | prob sums B*E]. */
-static int64_t stats_floats(int64_t E, int64_t B) { return 2 * E + 3 + B * (2 * E + 1); }
+int64_t moe_stats_floats(int64_t E, int64_t B) { return 2 * E + 3 + B * (2 * E + 1); }
 
 /* The sequences this rank's rows meet (rows [tpr*N, (tpr+1)*N) of the B*Tl on its cp rank). */
 static void init_segments(moe_ctx *m, int B) {
     UST_ASSERT(B > 0 && m->Nmb % B == 0, "%d rows are not %d sequences", m->Nmb, B);
     m->loss.seqB = B;
     m->loss.seqTl = m->Nmb / B;
-    m->loss.seg = host_alloc(3 * (size_t)B * sizeof(int32_t));
+    m->loss.seg = moe_host_alloc(3 * (size_t)B * sizeof(int32_t));
     int64_t r0 = (int64_t)m->tp.r * m->N;
     for (int i = 0; i < m->N;) {
         int b = (int)((r0 + i) / m->loss.seqTl), end = (int)((int64_t)(b + 1) * m->loss.seqTl - r0);
@@ -306,16 +226,16 @@ void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *
     if (groups) memcpy(m->loss.stats_comm, groups->stats_comm, sizeof m->loss.stats_comm);
     if (groups && groups->cap_comm && ep_shards_size(groups->cap_comm) > 1 &&
         c->capacity_factor > 0)
-        init_capacity_order(m, groups, arena);
-    m->routing.cap_count = host_alloc((size_t)m->E * sizeof(int32_t));
+        moe_capacity_order_init(m, groups, arena);
+    m->routing.cap_count = moe_host_alloc((size_t)m->E * sizeof(int32_t));
     int64_t A = (int64_t)m->N * m->k, C = m->C, E = m->E;
     N = m->N; /* from here on: the tokens this rank routes */
     if (m->tp.n > 1 && c->capacity_factor > 0) {
         m->routing.tp_topk = mem_alloc(arena, MEM_COMM, (size_t)m->Nmb * m->k * sizeof(float));
-        m->routing.tp_topk_host = host_alloc((size_t)m->Nmb * m->k * sizeof(int32_t));
-        m->routing.keep_host = host_alloc((size_t)m->Nmb * m->k * sizeof(int32_t));
+        m->routing.tp_topk_host = moe_host_alloc((size_t)m->Nmb * m->k * sizeof(int32_t));
+        m->routing.keep_host = moe_host_alloc((size_t)m->Nmb * m->k * sizeof(int32_t));
     } else {
-        m->routing.keep_host = host_alloc(A * sizeof(int32_t));
+        m->routing.keep_host = moe_host_alloc(A * sizeof(int32_t));
     }
     m->ep = groups ? groups->ep : NULL;
     if (!m->ep) {
@@ -343,19 +263,19 @@ void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *
     m->loss.seq_coef = c->seq_aux_loss_coef;
     if (m->loss.seq_coef > 0) init_segments(m, cfg->train.micro_batch_size);
     m->loss.seq_dp = m->loss.seqB ? FL((int64_t)m->loss.seqB * E) : NULL;
-    m->loss.stats = FL(stats_floats(E, m->loss.seqB));
-    m->stats_host = host_alloc(stats_floats(E, m->loss.seqB) * sizeof(float));
+    m->loss.stats = FL(moe_stats_floats(E, m->loss.seqB));
+    m->stats_host = moe_host_alloc(moe_stats_floats(E, m->loss.seqB) * sizeof(float));
     m->bal.nlayers = cfg->model.n_layer;
     m->bal.bias_rate = c->bias_update_rate;
     m->bal.fault_local_loads = getenv("UST_FAULT_MOE_LOCAL_LOADS") != NULL;
     m->tp.fault_skip_sum = getenv("UST_FAULT_MOE_SKIP_TP_GRAD_SUM") != NULL;
     m->bal.loads = FL((int64_t)m->bal.nlayers * E);
-    m->bal.loads_host = host_alloc((size_t)m->bal.nlayers * E * sizeof(float));
-    m->routing.topk_host = host_alloc(A * sizeof(int32_t));
-    m->routing.pos_host = host_alloc(A * sizeof(int32_t));
-    m->routing.assign_host = host_alloc(A * sizeof(int32_t));
-    m->routing.cnt_host = host_alloc(2 * E * sizeof(int32_t));
-    m->scratch.wp = host_alloc(2 * (size_t)m->El * sizeof *m->scratch.wp);
+    m->bal.loads_host = moe_host_alloc((size_t)m->bal.nlayers * E * sizeof(float));
+    m->routing.topk_host = moe_host_alloc(A * sizeof(int32_t));
+    m->routing.pos_host = moe_host_alloc(A * sizeof(int32_t));
+    m->routing.assign_host = moe_host_alloc(A * sizeof(int32_t));
+    m->routing.cnt_host = moe_host_alloc(2 * E * sizeof(int32_t));
+    m->scratch.wp = moe_host_alloc(2 * (size_t)m->El * sizeof *m->scratch.wp);
     if (m->tp.n > 1) init_grad_scratch(m, arena, grad_scratch_floats(cfg, ep_size(m->ep)));
 }
 
@@ -400,7 +320,7 @@ int64_t moe_ctx_bytes(const ust_config *cfg, int N, int ep_size) {
      * dgate aux_dp stats */
     int64_t acts = 2 * N * E + N * C + (ep1 ? 0 : A * C + 2 * R * C) + A * C + R * C + 3 * R * Fe;
     int64_t B = c->seq_aux_loss_coef > 0 ? cfg->train.micro_batch_size : 0;
-    int64_t four = A + E + stats_floats(E, B) + (int64_t)cfg->model.n_layer * E; /* ... loads */
+    int64_t four = A + E + moe_stats_floats(E, B) + (int64_t)cfg->model.n_layer * E; /* ... loads */
     four += B * E;                          /* seq_dp: at most one segment per sequence */
     if (!ep1) four += 2 * E, acts += R * C; /* ep_init's counts and staging rows */
     if (cfg->parallel.cp > 1 && c->capacity_factor > 0) four += cfg->parallel.cp * Nmb * c->top_k;
@@ -431,7 +351,7 @@ void moe_acts_init(moe_ctx *m, moe_acts *a, ust_arena *arena) {
     }
     ep_plan_init(m->ep, &a->plan, arena);
     a->aux_dp_host =
-        host_alloc((size_t)m->E * (m->loss.nseg > 1 ? m->loss.nseg : 1) * sizeof(float));
+        moe_host_alloc((size_t)m->E * (m->loss.nseg > 1 ? m->loss.nseg : 1) * sizeof(float));
 }
 
 void moe_acts_free(moe_acts *a) {
@@ -451,282 +371,6 @@ int64_t moe_acts_bytes(const ust_config *cfg, int N, int ep_size) {
 #undef FL
 #undef IN
 #undef AC
-
-/* ------------------------------------------------------------------ experts */
-
-/* out(M,C) = expert(x(M,C)); h1, h2, act (M,Fe) saved. */
-static void expert_fwd(const moe_ctx *m, const moe_expert *w, act *out, const act *x, act *h1,
-                       act *h2, act *y, int M) {
-    const ust_ops *o = m->ops;
-    int C = m->C, F = m->Fe;
-    if (M == 0) return;
-    if (m->llama) {
-        o->linear_fwd(o, h1, x, w->gate, NULL, M, C, F);
-        o->linear_fwd(o, h2, x, w->up, NULL, M, C, F);
-        o->swiglu_fwd(o, y, h1, h2, (int64_t)M * F);
-    } else {
-        o->linear_fwd(o, h2, x, w->up, w->up_b, M, C, F);
-        o->gelu_fwd(o, y, h2, (int64_t)M * F);
-    }
-    o->linear_fwd(o, out, y, w->down, w->down_b, M, F, C);
-}
-
-/* dx(M,C) (= or += when acc) and g += from dout(M,C); uses the context's backward scratch. */
-static void expert_bwd(const moe_ctx *m, const moe_expert *w, moe_expert *g, act *dx,
-                       const act *dout, const act *x, const act *h1, const act *h2, const act *y,
-                       int M, int acc) {
-    const ust_ops *o = m->ops;
-    int C = m->C, F = m->Fe;
-    if (M == 0) return;
-    o->linear_bwd(o, m->scratch.dact, g->down, g->down_b, dout, y, w->down, M, F, C, 0);
-    if (m->llama) {
-        o->swiglu_bwd(o, m->scratch.dh1, m->scratch.dh2, m->scratch.dact, h1, h2, (int64_t)M * F);
-        o->linear_bwd(o, dx, g->up, NULL, m->scratch.dh2, x, w->up, M, C, F, acc);
-        o->linear_bwd(o, dx, g->gate, NULL, m->scratch.dh1, x, w->gate, M, C, F, 1);
-    } else {
-        o->gelu_bwd(o, m->scratch.dh2, h2, m->scratch.dact, (int64_t)M * F);
-        o->linear_bwd(o, dx, g->up, g->up_b, m->scratch.dh2, x, w->up, M, C, F, acc);
-    }
-}
-
-/* The local experts one linear each (model.moe.grouped_gemm: false; the comparison path). */
-static void per_expert_fwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, act *out) {
-    const ust_ops *o = m->ops;
-    int64_t off = 0, C = m->C, F = m->Fe;
-    for (int i = 0; i < m->El; i++) {
-        int M = a->plan.local[i];
-        expert_fwd(m, &w->experts[i], act_at(o, out, off * C), act_at(o, a->xe, off * C),
-                   a->h1 ? act_at(o, a->h1, off * F) : NULL, act_at(o, a->h2, off * F),
-                   act_at(o, a->act, off * F), M);
-        off += M;
-    }
-}
-
-static void per_expert_bwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g,
-                           act *dx, const act *dout) {
-    const ust_ops *o = m->ops;
-    int64_t off = 0, C = m->C, F = m->Fe;
-    for (int i = 0; i < m->El; i++) {
-        int M = a->plan.local[i];
-        expert_bwd(m, &w->experts[i], &g->experts[i], act_at(o, dx, off * C),
-                   act_at(o, dout, off * C), act_at(o, a->xe, off * C),
-                   a->h1 ? act_at(o, a->h1, off * F) : NULL, act_at(o, a->h2, off * F),
-                   act_at(o, a->act, off * F), M, 0);
-        off += M;
-    }
-}
-
-/* The local experts' tensor `field` (and `bias`, when given) as pointer arrays in m->scratch.wp. */
-#define EXPERT_PTRS(m, w, field, bias)                                                             \
-    do {                                                                                           \
-        for (int i_ = 0; i_ < (m)->El; i_++) {                                                     \
-            (m)->scratch.wp[i_] = (w)->experts[i_].field;                                          \
-            (m)->scratch.wp[(m)->El + i_] = (w)->experts[i_].bias;                                 \
-        }                                                                                          \
-    } while (0)
-#define GRAD_PTRS(m, g, field, bias)                                                               \
-    do {                                                                                           \
-        for (int i_ = 0; i_ < (m)->El; i_++) {                                                     \
-            gp[i_] = (g)->experts[i_].field;                                                       \
-            gp[(m)->El + i_] = (g)->experts[i_].bias;                                              \
-        }                                                                                          \
-    } while (0)
-
-/* The local experts over their contiguous row groups of a: each projection one grouped GEMM over
- * every local expert, each activation one elementwise op over all their rows. */
-static void local_experts_fwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, act *out) {
-    if (!m->grouped) {
-        per_expert_fwd(m, a, w, out);
-        return;
-    }
-    const ust_ops *o = m->ops;
-    int El = m->El, C = m->C, F = m->Fe;
-    const int32_t *M = a->plan.local;
-    int64_t rows = a->plan.nrecv, n = rows * F;
-    const float *const *wp = m->scratch.wp, *const *bp = m->scratch.wp + El;
-    if (rows == 0) return;
-    if (m->llama) {
-        EXPERT_PTRS(m, w, gate, up_b);
-        o->grouped_linear_fwd(o, a->h1, a->xe, wp, NULL, M, El, C, F);
-        EXPERT_PTRS(m, w, up, up_b);
-        o->grouped_linear_fwd(o, a->h2, a->xe, wp, NULL, M, El, C, F);
-        o->swiglu_fwd(o, a->act, a->h1, a->h2, n);
-        EXPERT_PTRS(m, w, down, down_b);
-        o->grouped_linear_fwd(o, out, a->act, wp, NULL, M, El, F, C);
-    } else {
-        EXPERT_PTRS(m, w, up, up_b);
-        o->grouped_linear_fwd(o, a->h2, a->xe, wp, bp, M, El, C, F);
-        o->gelu_fwd(o, a->act, a->h2, n);
-        EXPERT_PTRS(m, w, down, down_b);
-        o->grouped_linear_fwd(o, out, a->act, wp, bp, M, El, F, C);
-    }
-}
-
-static void local_experts_bwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g,
-                              act *dx, const act *dout) {
-    if (!m->grouped) {
-        per_expert_bwd(m, a, w, g, dx, dout);
-        return;
-    }
-    const ust_ops *o = m->ops;
-    int El = m->El, C = m->C, F = m->Fe, llama = m->llama;
-    const int32_t *M = a->plan.local;
-    int64_t rows = a->plan.nrecv, n = rows * F;
-    const float *const *wp = m->scratch.wp;
-    float *gp[2 * El];
-    if (rows == 0) return;
-    EXPERT_PTRS(m, w, down, down_b);
-    GRAD_PTRS(m, g, down, down_b);
-    o->grouped_linear_bwd(o, m->scratch.dact, gp, llama ? NULL : gp + El, dout, a->act, wp, M, El,
-                          F, C, 0);
-    if (llama) {
-        o->swiglu_bwd(o, m->scratch.dh1, m->scratch.dh2, m->scratch.dact, a->h1, a->h2, n);
-        EXPERT_PTRS(m, w, up, up_b);
-        GRAD_PTRS(m, g, up, up_b);
-        o->grouped_linear_bwd(o, dx, gp, NULL, m->scratch.dh2, a->xe, wp, M, El, C, F, 0);
-        EXPERT_PTRS(m, w, gate, up_b);
-        GRAD_PTRS(m, g, gate, up_b);
-        o->grouped_linear_bwd(o, dx, gp, NULL, m->scratch.dh1, a->xe, wp, M, El, C, F, 1);
-    } else {
-        o->gelu_bwd(o, m->scratch.dh2, a->h2, m->scratch.dact, n);
-        EXPERT_PTRS(m, w, up, up_b);
-        GRAD_PTRS(m, g, up, up_b);
-        o->grouped_linear_bwd(o, dx, gp, gp + El, m->scratch.dh2, a->xe, wp, M, El, C, F, 0);
-    }
-}
-#undef EXPERT_PTRS
-#undef GRAD_PTRS
-
-/* ------------------------------------------------------------------ routing */
-
-/* Host: from topk, the assignments each expert keeps (capacity, in token order), their rows
- * grouped by expert (assign: row -> assignment) and each assignment's row (pos, -1 if dropped).
- * cnt_host gets the routed (before drops) and kept counts. */
-static void route(moe_ctx *m, moe_acts *a) {
-    const ust_ops *o = m->ops;
-    int E = m->E;
-    int64_t A = (int64_t)m->N * m->k;
-    int32_t *routed = m->routing.cnt_host, *kept = m->routing.cnt_host + E,
-            *pos = m->routing.pos_host;
-    o->to_host(o, m->routing.topk_host, a->topk, A * sizeof(int32_t));
-    memset(m->routing.cnt_host, 0, 2 * E * sizeof(int32_t));
-    for (int64_t i = 0; i < A; i++) {
-        int e = m->routing.topk_host[i];
-        UST_ASSERT(e >= 0 && e < E, "router chose expert %d of %d", e, E);
-        routed[e]++;
-    }
-    int32_t *keep = m->routing.keep_host;
-    if (m->routing.capacity_factor > 0)
-        capacity_keep(m, keep);
-    else
-        for (int64_t i = 0; i < A; i++) keep[i] = 1;
-    for (int64_t i = 0; i < A; i++) { /* index within the expert, or -1 when dropped */
-        int e = m->routing.topk_host[i];
-        pos[i] = keep[i] ? kept[e]++ : -1;
-    }
-    int64_t off[E + 1];
-    off[0] = 0;
-    for (int e = 0; e < E; e++) off[e + 1] = off[e] + kept[e];
-    for (int64_t i = 0; i < A; i++) {
-        if (pos[i] < 0) continue;
-        pos[i] += (int32_t)off[m->routing.topk_host[i]];
-        m->routing.assign_host[pos[i]] = (int32_t)i;
-    }
-    a->nkept = off[E];
-    o->to_device(o, a->pos, pos, A * sizeof(int32_t));
-    o->to_device(o, a->assign, m->routing.assign_host, a->nkept * sizeof(int32_t));
-}
-
-/* Sums [routed counts E | prob sums E | sum lse^2 | tokens | dropped] over the stats groups and
- * derives the losses, the load statistics and the aux gradient factors. The prob sums are on
- * the device already (router_fwd wrote them into m->loss.stats + E). */
-static void statistics(moe_ctx *m, moe_acts *a, moe_stats *st) {
-    const ust_ops *o = m->ops;
-    int E = m->E, k = m->k;
-    float *h = m->stats_host;
-    for (int e = 0; e < E; e++) h[e] = (float)m->routing.cnt_host[e];
-    h[2 * E] = (float)o->sumsq(o, a->lse, m->N);
-    h[2 * E + 1] = (float)m->N;
-    h[2 * E + 2] = (float)((int64_t)m->N * k - a->nkept);
-    int64_t B = m->loss.seqB, nst = stats_floats(E, B);
-    float *hc = h + 2 * E + 3, *ht = hc + B * E, *hp = ht + B; /* per sequence */
-    if (B) {
-        memset(hc, 0, (size_t)B * (E + 1) * sizeof(float));
-        for (int s = 0; s < m->loss.nseg; s++) {
-            int64_t r = m->loss.seg[3 * s], n = m->loss.seg[3 * s + 1], b = m->loss.seg[3 * s + 2];
-            for (int64_t i = r * k; i < (r + n) * k; i++) hc[b * E + m->routing.topk_host[i]] += 1;
-            ht[b] = (float)n;
-        }
-        o->to_device(o, m->loss.stats + 2 * E + 3, hc, (size_t)B * (E + 1) * sizeof(float));
-    }
-    o->to_device(o, m->loss.stats, h, E * sizeof(float));
-    o->to_device(o, m->loss.stats + 2 * E, h + 2 * E, 3 * sizeof(float));
-    for (int i = 0; i < 2; i++) ep_shards_sum(m->loss.stats_comm[i], m->loss.stats, nst);
-    o->to_host(o, h, m->loss.stats, nst * sizeof(float));
-    double T = h[2 * E + 1], aux = 0, mx = 0;
-    for (int e = 0; e < E; e++) {
-        double f = h[e] / (T * k), P = h[E + e] / T;
-        aux += f * P;
-        a->aux_dp_host[e] = (float)(m->loss.aux_coef * E * f / T); /* d aux_coef*aux / d p[n][e] */
-        mx = h[e] > mx ? h[e] : mx;
-    }
-    a->zscale = (float)(2.0 * m->loss.z_coef / T);
-    st->aux_loss = E * aux;
-    st->z_loss = h[2 * E] / T;
-    st->seq_aux_loss = 0;
-    for (int64_t b = 0; b < B; b++) { /* each sequence's f and P over its own tokens */
-        double Tb = ht[b], s = 0;
-        for (int e = 0; e < E && Tb > 0; e++) s += hc[b * E + e] / (Tb * k) * (hp[b * E + e] / Tb);
-        st->seq_aux_loss += E * s / B;
-    }
-    float whole[E]; /* the micro-batch's factors, then each segment's: + d seq_coef*seq / d p */
-    memcpy(whole, a->aux_dp_host, E * sizeof(float));
-    for (int s = 0; s < m->loss.nseg && B; s++) {
-        int64_t b = m->loss.seg[3 * s + 2];
-        double Tb = ht[b];
-        for (int e = 0; e < E; e++)
-            a->aux_dp_host[s * E + e] =
-                whole[e] + (float)(m->loss.seq_coef * E * (hc[b * E + e] / (Tb * k)) / (B * Tb));
-    }
-    st->loss = m->loss.aux_coef * st->aux_loss + m->loss.z_coef * st->z_loss +
-               m->loss.seq_coef * st->seq_aux_loss;
-    st->load_max = mx;
-    st->load_mean = T * k / E;
-    st->dropped_frac = h[2 * E + 2] / (T * k);
-    st->tokens = (int64_t)T;
-    st->routed = h;
-}
-
-void moe_step_loads(moe_ctx *m, ust_comm *group, double *loads) {
-    const ust_ops *o = m->ops;
-    int64_t n = (int64_t)m->bal.nlayers * m->E;
-    for (int64_t i = 0; i < n; i++) m->bal.loads_host[i] = (float)loads[i];
-    o->to_device(o, m->bal.loads, m->bal.loads_host, n * sizeof(float));
-    ep_shards_sum(m->bal.fault_local_loads ? NULL : group, m->bal.loads, n);
-    o->to_host(o, m->bal.loads_host, m->bal.loads, n * sizeof(float));
-    for (int64_t i = 0; i < n; i++) loads[i] = m->bal.loads_host[i];
-}
-
-void moe_bias_delta(const moe_ctx *m, const double *load, float *delta) {
-    int E = m->E;
-    double mean = 0;
-    for (int e = 0; e < E; e++) mean += load[e];
-    mean /= E;
-    for (int e = 0; e < E; e++) {
-        double d = mean - load[e];
-        delta[e] = (float)(m->bal.bias_rate * ((d > 0) - (d < 0)));
-    }
-}
-
-void moe_update_bias(moe_ctx *m, float *bias, const double *load) {
-    const ust_ops *o = m->ops;
-    int E = m->E;
-    float *b = m->stats_host, *delta = b + E; /* 2E+3 floats of host scratch, free here */
-    moe_bias_delta(m, load, delta);
-    o->to_host(o, b, bias, E * sizeof(float));
-    for (int e = 0; e < E; e++) b[e] += delta[e];
-    o->to_device(o, bias, b, E * sizeof(float));
-}
 
 /* ------------------------------------------------------------------ forward / backward */
 
@@ -751,19 +395,19 @@ void moe_forward(moe_ctx *m, moe_acts *a, const moe_weights *w, act *y, const ac
             o->axpy(o, m->loss.stats + E, 1.0f, ps, E);
         }
     }
-    route(m, a);
+    moe_route(m, a);
     moe_stats local;
-    statistics(m, a, stats ? stats : &local);
+    moe_statistics(m, a, stats ? stats : &local);
     ep_plan_make(m->ep, &a->plan, m->routing.cnt_host + E); /* kept counts */
     /* token copies in global expert order, to the experts' ranks; at ep = 1 they stay in xe */
     act *xd = ep1 ? a->xe : m->scratch.xd, *eout = ep1 ? a->eout : m->scratch.eout;
     if (a->nkept) o->moe_gather(o, xd, x, a->assign, NULL, (int)a->nkept, C, k);
     if (!ep1) ep_dispatch(m->ep, &a->plan, a->xe, xd);
-    local_experts_fwd(m, a, w, eout);
+    moe_local_experts_fwd(m, a, w, eout);
     if (!ep1) ep_combine(m->ep, &a->plan, a->eout, eout);
     o->moe_combine(o, y, a->eout, a->pos, a->gate, N, k, C, 0);
     if (m->shared) {
-        expert_fwd(m, &w->shared, m->scratch.tmp, x, a->s_h1, a->s_h2, a->s_act, N);
+        moe_expert_fwd(m, &w->shared, m->scratch.tmp, x, a->s_h1, a->s_h2, a->s_act, N);
         o->add(o, y, y, m->scratch.tmp, (int64_t)N * C);
     }
 }
@@ -803,13 +447,13 @@ void moe_backward(moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g_
     act *d_local = ep1 ? m->scratch.d_home : m->scratch.d_local;
     if (a->nkept) o->moe_gather(o, m->scratch.d_home, dy, a->assign, a->gate, (int)a->nkept, C, k);
     if (!ep1) ep_dispatch(m->ep, &a->plan, d_local, m->scratch.d_home);
-    local_experts_bwd(m, a, w, g, m->scratch.dxe, d_local);
+    moe_local_experts_bwd(m, a, w, g, m->scratch.dxe, d_local);
     /* the rows' input gradients home again, each token summing its copies */
     act *dx_home = ep1 ? m->scratch.dxe : m->scratch.d_home;
     if (!ep1) ep_combine(m->ep, &a->plan, dx_home, m->scratch.dxe);
     o->moe_combine(o, dx, dx_home, a->pos, NULL, N, k, C, acc_dx);
     if (m->shared)
-        expert_bwd(m, &w->shared, &g->shared, dx, dy, x, a->s_h1, a->s_h2, a->s_act, N, 1);
+        moe_expert_bwd(m, &w->shared, &g->shared, dx, dy, x, a->s_h1, a->s_h2, a->s_act, N, 1);
     /* router: gates, aux loss (through P_e) and z-loss, then logits = x Wr^T */
     float *aux = NULL;
     if (m->loss.seqB) { /* per sequence segment, with its own aux factors */
