@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "moe_internal.h"
 
 /* ------------------------------------------------------------------ parameters */
 
@@ -98,7 +99,7 @@ void moe_weights_free(moe_weights *w) {
 #define IN(n) ((int32_t *)mem_alloc(arena, MEM_ACTS, (size_t)(n) * sizeof(int32_t)))
 #define AC(n) ((act *)mem_alloc(arena, MEM_ACTS, act_bytes(ops, n)))
 
-static void *host_alloc(size_t bytes) {
+void *moe_host_alloc(size_t bytes) {
     void *p = calloc(1, bytes ? bytes : 1);
     UST_ASSERT(p, "out of host memory (%zu bytes)", bytes);
     return p;
@@ -107,7 +108,7 @@ static void *host_alloc(size_t bytes) {
 /* Rows of the dispatch buffers: what a rank sends (its kept assignments) and what it may hold
  * for its local experts. Dropless, every token of every ep rank may pick them (N*k from each);
  * with a capacity, each expert keeps at most cap rows of each rank. */
-static int64_t moe_capacity(double factor, int64_t assignments, int64_t E) {
+int64_t moe_capacity(double factor, int64_t assignments, int64_t E) {
     return (int64_t)ceil(factor * assignments / E - 1e-9);
 }
 
@@ -121,85 +122,6 @@ void moe_dispatch_rows(const ust_config *cfg, int64_t N, int ep, int64_t *send, 
     }
     *send = s;
     *recv = r * ep;
-}
-
-/* The micro-batch's token order over the cp group: sequence by sequence, by position. */
-typedef struct {
-    int32_t key, token; /* b*T + position; member*N + local index */
-} cap_token;
-
-static int cmp_key(const void *a, const void *b) {
-    int32_t x = ((const cap_token *)a)->key, y = ((const cap_token *)b)->key;
-    return (x > y) - (x < y);
-}
-
-static void init_capacity_order(moe_ctx *m, const moe_groups *g, ust_arena *arena) {
-    int n = ep_shards_size(g->cap_comm), N = m->Nmb;
-    cap_token *t = host_alloc((size_t)n * N * sizeof *t);
-    for (int r = 0; r < n; r++)
-        for (int i = 0; i < N; i++) {
-            int b = i / g->cap_Tl, j = i % g->cap_Tl;
-            t[r * N + i] = (cap_token){b * g->cap_T + g->cap_pos[r * g->cap_Tl + j], r * N + i};
-        }
-    qsort(t, (size_t)n * N, sizeof *t, cmp_key);
-    m->cap_order = host_alloc((size_t)n * N * sizeof(int32_t));
-    for (int64_t i = 0; i < (int64_t)n * N; i++) m->cap_order[i] = t[i].token;
-    free(t);
-    m->cap_comm = g->cap_comm;
-    m->cap_topk = mem_alloc(arena, MEM_COMM, (size_t)n * N * m->k * sizeof(float));
-    m->cap_topk_host = host_alloc((size_t)n * N * m->k * sizeof(float));
-}
-
-/* Capacity over the cp group: every member's choices of its micro-batch part (all: Nmb*k),
- * walked in the micro-batch's token order (then choice order) as one rank would; keep[a] for
- * this member's assignments a. */
-static void capacity_cp(moe_ctx *m, const int32_t *all, int32_t *keep) {
-    const ust_ops *o = m->ops;
-    int n = ep_shards_size(m->cap_comm), me = ep_shards_rank(m->cap_comm), k = m->k, N = m->Nmb;
-    int64_t A = (int64_t)N * k, cap = moe_capacity(m->capacity_factor, A * n, m->E);
-    for (int64_t i = 0; i < A; i++) m->cap_topk_host[me * A + i] = (float)all[i];
-    o->to_device(o, m->cap_topk + me * A, m->cap_topk_host + me * A, A * sizeof(float));
-    ep_shards_allgather(m->cap_comm, m->cap_topk + me * A, m->cap_topk, A);
-    o->to_host(o, m->cap_topk_host, m->cap_topk, (size_t)n * A * sizeof(float));
-    memset(m->cap_count, 0, m->E * sizeof(int32_t));
-    for (int64_t t = 0; t < (int64_t)n * N; t++) {
-        int tok = m->cap_order[t], owner = tok / N, i = tok % N;
-        for (int j = 0; j < k; j++) {
-            int e = (int)m->cap_topk_host[(int64_t)owner * A + (int64_t)i * k + j];
-            int kept = m->cap_count[e]++ < cap;
-            if (owner == me) keep[(int64_t)i * k + j] = kept;
-        }
-    }
-}
-
-/* Which of this rank's assignments the capacity keeps (keep, this rank's N*k): decided over the
- * whole micro-batch, its tp parts gathered first and its cp parts in capacity_cp, in the
- * micro-batch's token order whatever the split. */
-static void capacity_keep(moe_ctx *m, int32_t *keep) {
-    const ust_ops *o = m->ops;
-    int k = m->k, E = m->E;
-    int64_t A = (int64_t)m->N * k, Amb = (int64_t)m->Nmb * k;
-    const int32_t *all = m->topk_host;
-    int32_t *keep_all = keep;
-    if (m->tpn > 1) { /* every tp part's choices, in row order */
-        float *mine = m->tp_topk + m->tpr * A, *hm = (float *)m->keep_host;
-        for (int64_t i = 0; i < A; i++) hm[i] = (float)m->topk_host[i];
-        o->to_device(o, mine, hm, A * sizeof(float));
-        ep_shards_allgather(m->tp_comm, mine, m->tp_topk, A);
-        o->to_host(o, m->keep_host, m->tp_topk, Amb * sizeof(float));
-        hm = (float *)m->keep_host;
-        for (int64_t i = 0; i < Amb; i++) m->tp_topk_host[i] = (int32_t)hm[i];
-        all = m->tp_topk_host;
-        keep_all = m->keep_host;
-    }
-    if (m->cap_comm) {
-        capacity_cp(m, all, keep_all);
-    } else {
-        int64_t cap = moe_capacity(m->capacity_factor, Amb, E);
-        memset(m->cap_count, 0, E * sizeof(int32_t));
-        for (int64_t i = 0; i < Amb; i++) keep_all[i] = m->cap_count[all[i]]++ < cap;
-    }
-    if (m->tpn > 1) memmove(keep, keep_all + m->tpr * A, A * sizeof(int32_t)); /* my part */
 }
 
 static int64_t pad16(int64_t n) { return (n + 15) & ~(int64_t)15; }
@@ -236,14 +158,14 @@ static int64_t grad_scratch_floats(const ust_config *cfg, int ep) {
 }
 
 static void init_grad_scratch(moe_ctx *m, ust_arena *arena, int64_t floats) {
-    moe_weights_init(&m->gs, m);
-    m->gnumel = floats;
-    m->gbuf = mem_alloc(arena, MEM_ACTS, (size_t)floats * sizeof(float));
+    moe_weights_init(&m->tp.gs, m);
+    m->tp.gnumel = floats;
+    m->tp.gbuf = mem_alloc(arena, MEM_ACTS, (size_t)floats * sizeof(float));
     int cap = 1 + 4 * (m->El + 1);
     float **p[cap];
     int64_t n[cap], off = 0;
-    int c = layer_tensors(m, &m->gs, p, n);
-    for (int i = 0; i < c; i++) *p[i] = m->gbuf + off, off += pad16(n[i]);
+    int c = layer_tensors(m, &m->tp.gs, p, n);
+    for (int i = 0; i < c; i++) *p[i] = m->tp.gbuf + off, off += pad16(n[i]);
     UST_ASSERT(off == floats, "gradient scratch %lld floats, sized %lld", (long long)off,
                (long long)floats);
 }
@@ -256,20 +178,21 @@ int64_t moe_rank_tokens(const ust_config *cfg, int64_t N) {
 
 /* The statistics vector: [routed E | prob sums E | sum lse^2 | tokens | dropped], then per
  * sequence (B of them, with the sequence-wise loss) [counts B*E | tokens B | prob sums B*E]. */
-static int64_t stats_floats(int64_t E, int64_t B) { return 2 * E + 3 + B * (2 * E + 1); }
+int64_t moe_stats_floats(int64_t E, int64_t B) { return 2 * E + 3 + B * (2 * E + 1); }
 
 /* The sequences this rank's rows meet (rows [tpr*N, (tpr+1)*N) of the B*Tl on its cp rank). */
 static void init_segments(moe_ctx *m, int B) {
     UST_ASSERT(B > 0 && m->Nmb % B == 0, "%d rows are not %d sequences", m->Nmb, B);
-    m->seqB = B;
-    m->seqTl = m->Nmb / B;
-    m->seg = host_alloc(3 * (size_t)B * sizeof(int32_t));
-    int64_t r0 = (int64_t)m->tpr * m->N;
+    m->loss.seqB = B;
+    m->loss.seqTl = m->Nmb / B;
+    m->loss.seg = moe_host_alloc(3 * (size_t)B * sizeof(int32_t));
+    int64_t r0 = (int64_t)m->tp.r * m->N;
     for (int i = 0; i < m->N;) {
-        int b = (int)((r0 + i) / m->seqTl), end = (int)((int64_t)(b + 1) * m->seqTl - r0);
+        int b = (int)((r0 + i) / m->loss.seqTl), end = (int)((int64_t)(b + 1) * m->loss.seqTl - r0);
         if (end > m->N) end = m->N;
-        m->seg[3 * m->nseg] = i, m->seg[3 * m->nseg + 1] = end - i, m->seg[3 * m->nseg + 2] = b;
-        m->nseg++;
+        m->loss.seg[3 * m->loss.nseg] = i, m->loss.seg[3 * m->loss.nseg + 1] = end - i,
+                        m->loss.seg[3 * m->loss.nseg + 2] = b;
+        m->loss.nseg++;
         i = end;
     }
 }
@@ -292,26 +215,27 @@ void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *
     m->grouped = c->grouped_gemm;
     m->Nmb = N;
     m->N = (int)moe_rank_tokens(cfg, N);
-    m->tpn = cfg->parallel.tp > 0 ? cfg->parallel.tp : 1;
-    m->tp_comm = groups ? groups->tp_comm : NULL;
-    UST_ASSERT(ep_shards_size(m->tp_comm) == m->tpn, "MoE tokens split over tp = %d, group of %d",
-               m->tpn, ep_shards_size(m->tp_comm));
-    m->tpr = ep_shards_rank(m->tp_comm);
-    m->aux_coef = c->aux_loss_coef;
-    m->z_coef = c->z_loss_coef;
-    m->capacity_factor = c->capacity_factor;
-    if (groups) memcpy(m->stats_comm, groups->stats_comm, sizeof m->stats_comm);
-    if (groups && groups->cap_comm && ep_shards_size(groups->cap_comm) > 1 && c->capacity_factor > 0)
-        init_capacity_order(m, groups, arena);
-    m->cap_count = host_alloc((size_t)m->E * sizeof(int32_t));
+    m->tp.n = cfg->parallel.tp > 0 ? cfg->parallel.tp : 1;
+    m->tp.comm = groups ? groups->tp_comm : NULL;
+    UST_ASSERT(ep_shards_size(m->tp.comm) == m->tp.n, "MoE tokens split over tp = %d, group of %d",
+               m->tp.n, ep_shards_size(m->tp.comm));
+    m->tp.r = ep_shards_rank(m->tp.comm);
+    m->loss.aux_coef = c->aux_loss_coef;
+    m->loss.z_coef = c->z_loss_coef;
+    m->routing.capacity_factor = c->capacity_factor;
+    if (groups) memcpy(m->loss.stats_comm, groups->stats_comm, sizeof m->loss.stats_comm);
+    if (groups && groups->cap_comm && ep_shards_size(groups->cap_comm) > 1 &&
+        c->capacity_factor > 0)
+        moe_capacity_order_init(m, groups, arena);
+    m->routing.cap_count = moe_host_alloc((size_t)m->E * sizeof(int32_t));
     int64_t A = (int64_t)m->N * m->k, C = m->C, E = m->E;
     N = m->N; /* from here on: the tokens this rank routes */
-    if (m->tpn > 1 && c->capacity_factor > 0) {
-        m->tp_topk = mem_alloc(arena, MEM_COMM, (size_t)m->Nmb * m->k * sizeof(float));
-        m->tp_topk_host = host_alloc((size_t)m->Nmb * m->k * sizeof(int32_t));
-        m->keep_host = host_alloc((size_t)m->Nmb * m->k * sizeof(int32_t));
+    if (m->tp.n > 1 && c->capacity_factor > 0) {
+        m->routing.tp_topk = mem_alloc(arena, MEM_COMM, (size_t)m->Nmb * m->k * sizeof(float));
+        m->routing.tp_topk_host = moe_host_alloc((size_t)m->Nmb * m->k * sizeof(int32_t));
+        m->routing.keep_host = moe_host_alloc((size_t)m->Nmb * m->k * sizeof(int32_t));
     } else {
-        m->keep_host = host_alloc(A * sizeof(int32_t));
+        m->routing.keep_host = moe_host_alloc(A * sizeof(int32_t));
     }
     m->ep = groups ? groups->ep : NULL;
     if (!m->ep) {
@@ -323,53 +247,53 @@ void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *
     m->El = ep_local_experts(m->ep, &m->e0);
     m->R = ep_max_recv(m->ep);
     int ep1 = ep_size(m->ep) == 1;
-    m->logits = AC(N * E);
-    m->dlogits = AC(N * E);
-    m->dgate = FL(A);
-    m->tmp = AC(N * C);
-    m->xd = ep1 ? NULL : AC(A * C);
-    m->eout = ep1 ? NULL : AC(m->R * C);
-    m->d_home = AC(A * C);
-    m->d_local = ep1 ? NULL : AC(m->R * C);
-    m->dxe = AC(m->R * C);
-    m->dh1 = AC(m->R * m->Fe);
-    m->dh2 = AC(m->R * m->Fe);
-    m->dact = AC(m->R * m->Fe);
-    m->aux_dp = FL(E);
-    m->seq_coef = c->seq_aux_loss_coef;
-    if (m->seq_coef > 0) init_segments(m, cfg->train.micro_batch_size);
-    m->seq_dp = m->seqB ? FL((int64_t)m->seqB * E) : NULL;
-    m->stats = FL(stats_floats(E, m->seqB));
-    m->stats_host = host_alloc(stats_floats(E, m->seqB) * sizeof(float));
-    m->nlayers = cfg->model.n_layer;
-    m->bias_rate = c->bias_update_rate;
-    m->fault_local_loads = getenv("UST_FAULT_MOE_LOCAL_LOADS") != NULL;
-    m->fault_skip_tp_sum = getenv("UST_FAULT_MOE_SKIP_TP_GRAD_SUM") != NULL;
-    m->loads = FL((int64_t)m->nlayers * E);
-    m->loads_host = host_alloc((size_t)m->nlayers * E * sizeof(float));
-    m->topk_host = host_alloc(A * sizeof(int32_t));
-    m->pos_host = host_alloc(A * sizeof(int32_t));
-    m->assign_host = host_alloc(A * sizeof(int32_t));
-    m->cnt_host = host_alloc(2 * E * sizeof(int32_t));
-    m->wp = host_alloc(2 * (size_t)m->El * sizeof *m->wp);
-    if (m->tpn > 1) init_grad_scratch(m, arena, grad_scratch_floats(cfg, ep_size(m->ep)));
+    m->scratch.logits = AC(N * E);
+    m->scratch.dlogits = AC(N * E);
+    m->scratch.dgate = FL(A);
+    m->scratch.tmp = AC(N * C);
+    m->scratch.xd = ep1 ? NULL : AC(A * C);
+    m->scratch.eout = ep1 ? NULL : AC(m->R * C);
+    m->scratch.d_home = AC(A * C);
+    m->scratch.d_local = ep1 ? NULL : AC(m->R * C);
+    m->scratch.dxe = AC(m->R * C);
+    m->scratch.dh1 = AC(m->R * m->Fe);
+    m->scratch.dh2 = AC(m->R * m->Fe);
+    m->scratch.dact = AC(m->R * m->Fe);
+    m->loss.aux_dp = FL(E);
+    m->loss.seq_coef = c->seq_aux_loss_coef;
+    if (m->loss.seq_coef > 0) init_segments(m, cfg->train.micro_batch_size);
+    m->loss.seq_dp = m->loss.seqB ? FL((int64_t)m->loss.seqB * E) : NULL;
+    m->loss.stats = FL(moe_stats_floats(E, m->loss.seqB));
+    m->stats_host = moe_host_alloc(moe_stats_floats(E, m->loss.seqB) * sizeof(float));
+    m->bal.nlayers = cfg->model.n_layer;
+    m->bal.bias_rate = c->bias_update_rate;
+    m->bal.fault_local_loads = getenv("UST_FAULT_MOE_LOCAL_LOADS") != NULL;
+    m->tp.fault_skip_sum = getenv("UST_FAULT_MOE_SKIP_TP_GRAD_SUM") != NULL;
+    m->bal.loads = FL((int64_t)m->bal.nlayers * E);
+    m->bal.loads_host = moe_host_alloc((size_t)m->bal.nlayers * E * sizeof(float));
+    m->routing.topk_host = moe_host_alloc(A * sizeof(int32_t));
+    m->routing.pos_host = moe_host_alloc(A * sizeof(int32_t));
+    m->routing.assign_host = moe_host_alloc(A * sizeof(int32_t));
+    m->routing.cnt_host = moe_host_alloc(2 * E * sizeof(int32_t));
+    m->scratch.wp = moe_host_alloc(2 * (size_t)m->El * sizeof *m->scratch.wp);
+    if (m->tp.n > 1) init_grad_scratch(m, arena, grad_scratch_floats(cfg, ep_size(m->ep)));
 }
 
 void moe_free(moe_ctx *m) {
-    free(m->cap_order);
-    free(m->cap_topk_host);
-    free(m->cap_count);
+    free(m->routing.cap_order);
+    free(m->routing.cap_topk_host);
+    free(m->routing.cap_count);
     free(m->stats_host);
-    free(m->seg);
-    free(m->loads_host);
-    free(m->topk_host);
-    free(m->pos_host);
-    free(m->assign_host);
-    free(m->cnt_host);
-    free(m->tp_topk_host);
-    free(m->keep_host);
-    free(m->wp);
-    moe_weights_free(&m->gs);
+    free(m->loss.seg);
+    free(m->bal.loads_host);
+    free(m->routing.topk_host);
+    free(m->routing.pos_host);
+    free(m->routing.assign_host);
+    free(m->routing.cnt_host);
+    free(m->routing.tp_topk_host);
+    free(m->routing.keep_host);
+    free(m->scratch.wp);
+    moe_weights_free(&m->tp.gs);
     if (m->ep == &m->own_ep) ep_free(&m->own_ep);
 }
 
@@ -396,7 +320,7 @@ int64_t moe_ctx_bytes(const ust_config *cfg, int N, int ep_size) {
      * dgate aux_dp stats */
     int64_t acts = 2 * N * E + N * C + (ep1 ? 0 : A * C + 2 * R * C) + A * C + R * C + 3 * R * Fe;
     int64_t B = c->seq_aux_loss_coef > 0 ? cfg->train.micro_batch_size : 0;
-    int64_t four = A + E + stats_floats(E, B) + (int64_t)cfg->model.n_layer * E; /* ... loads */
+    int64_t four = A + E + moe_stats_floats(E, B) + (int64_t)cfg->model.n_layer * E; /* ... loads */
     four += B * E;                          /* seq_dp: at most one segment per sequence */
     if (!ep1) four += 2 * E, acts += R * C; /* ep_init's counts and staging rows */
     if (cfg->parallel.cp > 1 && c->capacity_factor > 0) four += cfg->parallel.cp * Nmb * c->top_k;
@@ -426,7 +350,8 @@ void moe_acts_init(moe_ctx *m, moe_acts *a, ust_arena *arena) {
         a->s_act = AC(N * Fe);
     }
     ep_plan_init(m->ep, &a->plan, arena);
-    a->aux_dp_host = host_alloc((size_t)m->E * (m->nseg > 1 ? m->nseg : 1) * sizeof(float));
+    a->aux_dp_host =
+        moe_host_alloc((size_t)m->E * (m->loss.nseg > 1 ? m->loss.nseg : 1) * sizeof(float));
 }
 
 void moe_acts_free(moe_acts *a) {
@@ -447,279 +372,6 @@ int64_t moe_acts_bytes(const ust_config *cfg, int N, int ep_size) {
 #undef IN
 #undef AC
 
-/* ------------------------------------------------------------------ experts */
-
-/* out(M,C) = expert(x(M,C)); h1, h2, act (M,Fe) saved. */
-static void expert_fwd(const moe_ctx *m, const moe_expert *w, act *out, const act *x, act *h1,
-                       act *h2, act *y, int M) {
-    const ust_ops *o = m->ops;
-    int C = m->C, F = m->Fe;
-    if (M == 0) return;
-    if (m->llama) {
-        o->linear_fwd(o, h1, x, w->gate, NULL, M, C, F);
-        o->linear_fwd(o, h2, x, w->up, NULL, M, C, F);
-        o->swiglu_fwd(o, y, h1, h2, (int64_t)M * F);
-    } else {
-        o->linear_fwd(o, h2, x, w->up, w->up_b, M, C, F);
-        o->gelu_fwd(o, y, h2, (int64_t)M * F);
-    }
-    o->linear_fwd(o, out, y, w->down, w->down_b, M, F, C);
-}
-
-/* dx(M,C) (= or += when acc) and g += from dout(M,C); uses the context's backward scratch. */
-static void expert_bwd(const moe_ctx *m, const moe_expert *w, moe_expert *g, act *dx,
-                       const act *dout, const act *x, const act *h1, const act *h2, const act *y,
-                       int M, int acc) {
-    const ust_ops *o = m->ops;
-    int C = m->C, F = m->Fe;
-    if (M == 0) return;
-    o->linear_bwd(o, m->dact, g->down, g->down_b, dout, y, w->down, M, F, C, 0);
-    if (m->llama) {
-        o->swiglu_bwd(o, m->dh1, m->dh2, m->dact, h1, h2, (int64_t)M * F);
-        o->linear_bwd(o, dx, g->up, NULL, m->dh2, x, w->up, M, C, F, acc);
-        o->linear_bwd(o, dx, g->gate, NULL, m->dh1, x, w->gate, M, C, F, 1);
-    } else {
-        o->gelu_bwd(o, m->dh2, h2, m->dact, (int64_t)M * F);
-        o->linear_bwd(o, dx, g->up, g->up_b, m->dh2, x, w->up, M, C, F, acc);
-    }
-}
-
-/* The local experts one linear each (model.moe.grouped_gemm: false; the comparison path). */
-static void per_expert_fwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, act *out) {
-    const ust_ops *o = m->ops;
-    int64_t off = 0, C = m->C, F = m->Fe;
-    for (int i = 0; i < m->El; i++) {
-        int M = a->plan.local[i];
-        expert_fwd(m, &w->experts[i], act_at(o, out, off * C), act_at(o, a->xe, off * C),
-                   a->h1 ? act_at(o, a->h1, off * F) : NULL, act_at(o, a->h2, off * F),
-                   act_at(o, a->act, off * F), M);
-        off += M;
-    }
-}
-
-static void per_expert_bwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g,
-                           act *dx, const act *dout) {
-    const ust_ops *o = m->ops;
-    int64_t off = 0, C = m->C, F = m->Fe;
-    for (int i = 0; i < m->El; i++) {
-        int M = a->plan.local[i];
-        expert_bwd(m, &w->experts[i], &g->experts[i], act_at(o, dx, off * C),
-                   act_at(o, dout, off * C), act_at(o, a->xe, off * C),
-                   a->h1 ? act_at(o, a->h1, off * F) : NULL, act_at(o, a->h2, off * F),
-                   act_at(o, a->act, off * F), M, 0);
-        off += M;
-    }
-}
-
-/* The local experts' tensor `field` (and `bias`, when given) as pointer arrays in m->wp. */
-#define EXPERT_PTRS(m, w, field, bias)                                                             \
-    do {                                                                                           \
-        for (int i_ = 0; i_ < (m)->El; i_++) {                                                     \
-            (m)->wp[i_] = (w)->experts[i_].field;                                                  \
-            (m)->wp[(m)->El + i_] = (w)->experts[i_].bias;                                         \
-        }                                                                                          \
-    } while (0)
-#define GRAD_PTRS(m, g, field, bias)                                                               \
-    do {                                                                                           \
-        for (int i_ = 0; i_ < (m)->El; i_++) {                                                     \
-            gp[i_] = (g)->experts[i_].field;                                                       \
-            gp[(m)->El + i_] = (g)->experts[i_].bias;                                              \
-        }                                                                                          \
-    } while (0)
-
-/* The local experts over their contiguous row groups of a: each projection one grouped GEMM over
- * every local expert, each activation one elementwise op over all their rows. */
-static void local_experts_fwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, act *out) {
-    if (!m->grouped) {
-        per_expert_fwd(m, a, w, out);
-        return;
-    }
-    const ust_ops *o = m->ops;
-    int El = m->El, C = m->C, F = m->Fe;
-    const int32_t *M = a->plan.local;
-    int64_t rows = a->plan.nrecv, n = rows * F;
-    const float *const *wp = m->wp, *const *bp = m->wp + El;
-    if (rows == 0) return;
-    if (m->llama) {
-        EXPERT_PTRS(m, w, gate, up_b);
-        o->grouped_linear_fwd(o, a->h1, a->xe, wp, NULL, M, El, C, F);
-        EXPERT_PTRS(m, w, up, up_b);
-        o->grouped_linear_fwd(o, a->h2, a->xe, wp, NULL, M, El, C, F);
-        o->swiglu_fwd(o, a->act, a->h1, a->h2, n);
-        EXPERT_PTRS(m, w, down, down_b);
-        o->grouped_linear_fwd(o, out, a->act, wp, NULL, M, El, F, C);
-    } else {
-        EXPERT_PTRS(m, w, up, up_b);
-        o->grouped_linear_fwd(o, a->h2, a->xe, wp, bp, M, El, C, F);
-        o->gelu_fwd(o, a->act, a->h2, n);
-        EXPERT_PTRS(m, w, down, down_b);
-        o->grouped_linear_fwd(o, out, a->act, wp, bp, M, El, F, C);
-    }
-}
-
-static void local_experts_bwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g,
-                              act *dx, const act *dout) {
-    if (!m->grouped) {
-        per_expert_bwd(m, a, w, g, dx, dout);
-        return;
-    }
-    const ust_ops *o = m->ops;
-    int El = m->El, C = m->C, F = m->Fe, llama = m->llama;
-    const int32_t *M = a->plan.local;
-    int64_t rows = a->plan.nrecv, n = rows * F;
-    const float *const *wp = m->wp;
-    float *gp[2 * El];
-    if (rows == 0) return;
-    EXPERT_PTRS(m, w, down, down_b);
-    GRAD_PTRS(m, g, down, down_b);
-    o->grouped_linear_bwd(o, m->dact, gp, llama ? NULL : gp + El, dout, a->act, wp, M, El, F, C, 0);
-    if (llama) {
-        o->swiglu_bwd(o, m->dh1, m->dh2, m->dact, a->h1, a->h2, n);
-        EXPERT_PTRS(m, w, up, up_b);
-        GRAD_PTRS(m, g, up, up_b);
-        o->grouped_linear_bwd(o, dx, gp, NULL, m->dh2, a->xe, wp, M, El, C, F, 0);
-        EXPERT_PTRS(m, w, gate, up_b);
-        GRAD_PTRS(m, g, gate, up_b);
-        o->grouped_linear_bwd(o, dx, gp, NULL, m->dh1, a->xe, wp, M, El, C, F, 1);
-    } else {
-        o->gelu_bwd(o, m->dh2, a->h2, m->dact, n);
-        EXPERT_PTRS(m, w, up, up_b);
-        GRAD_PTRS(m, g, up, up_b);
-        o->grouped_linear_bwd(o, dx, gp, gp + El, m->dh2, a->xe, wp, M, El, C, F, 0);
-    }
-}
-#undef EXPERT_PTRS
-#undef GRAD_PTRS
-
-/* ------------------------------------------------------------------ routing */
-
-/* Host: from topk, the assignments each expert keeps (capacity, in token order), their rows
- * grouped by expert (assign: row -> assignment) and each assignment's row (pos, -1 if dropped).
- * cnt_host gets the routed (before drops) and kept counts. */
-static void route(moe_ctx *m, moe_acts *a) {
-    const ust_ops *o = m->ops;
-    int E = m->E;
-    int64_t A = (int64_t)m->N * m->k;
-    int32_t *routed = m->cnt_host, *kept = m->cnt_host + E, *pos = m->pos_host;
-    o->to_host(o, m->topk_host, a->topk, A * sizeof(int32_t));
-    memset(m->cnt_host, 0, 2 * E * sizeof(int32_t));
-    for (int64_t i = 0; i < A; i++) {
-        int e = m->topk_host[i];
-        UST_ASSERT(e >= 0 && e < E, "router chose expert %d of %d", e, E);
-        routed[e]++;
-    }
-    int32_t *keep = m->keep_host;
-    if (m->capacity_factor > 0)
-        capacity_keep(m, keep);
-    else
-        for (int64_t i = 0; i < A; i++) keep[i] = 1;
-    for (int64_t i = 0; i < A; i++) { /* index within the expert, or -1 when dropped */
-        int e = m->topk_host[i];
-        pos[i] = keep[i] ? kept[e]++ : -1;
-    }
-    int64_t off[E + 1];
-    off[0] = 0;
-    for (int e = 0; e < E; e++) off[e + 1] = off[e] + kept[e];
-    for (int64_t i = 0; i < A; i++) {
-        if (pos[i] < 0) continue;
-        pos[i] += (int32_t)off[m->topk_host[i]];
-        m->assign_host[pos[i]] = (int32_t)i;
-    }
-    a->nkept = off[E];
-    o->to_device(o, a->pos, pos, A * sizeof(int32_t));
-    o->to_device(o, a->assign, m->assign_host, a->nkept * sizeof(int32_t));
-}
-
-/* Sums [routed counts E | prob sums E | sum lse^2 | tokens | dropped] over the stats groups and
- * derives the losses, the load statistics and the aux gradient factors. The prob sums are on
- * the device already (router_fwd wrote them into m->stats + E). */
-static void statistics(moe_ctx *m, moe_acts *a, moe_stats *st) {
-    const ust_ops *o = m->ops;
-    int E = m->E, k = m->k;
-    float *h = m->stats_host;
-    for (int e = 0; e < E; e++) h[e] = (float)m->cnt_host[e];
-    h[2 * E] = (float)o->sumsq(o, a->lse, m->N);
-    h[2 * E + 1] = (float)m->N;
-    h[2 * E + 2] = (float)((int64_t)m->N * k - a->nkept);
-    int64_t B = m->seqB, nst = stats_floats(E, B);
-    float *hc = h + 2 * E + 3, *ht = hc + B * E, *hp = ht + B; /* per sequence */
-    if (B) {
-        memset(hc, 0, (size_t)B * (E + 1) * sizeof(float));
-        for (int s = 0; s < m->nseg; s++) {
-            int64_t r = m->seg[3 * s], n = m->seg[3 * s + 1], b = m->seg[3 * s + 2];
-            for (int64_t i = r * k; i < (r + n) * k; i++) hc[b * E + m->topk_host[i]] += 1;
-            ht[b] = (float)n;
-        }
-        o->to_device(o, m->stats + 2 * E + 3, hc, (size_t)B * (E + 1) * sizeof(float));
-    }
-    o->to_device(o, m->stats, h, E * sizeof(float));
-    o->to_device(o, m->stats + 2 * E, h + 2 * E, 3 * sizeof(float));
-    for (int i = 0; i < 2; i++) ep_shards_sum(m->stats_comm[i], m->stats, nst);
-    o->to_host(o, h, m->stats, nst * sizeof(float));
-    double T = h[2 * E + 1], aux = 0, mx = 0;
-    for (int e = 0; e < E; e++) {
-        double f = h[e] / (T * k), P = h[E + e] / T;
-        aux += f * P;
-        a->aux_dp_host[e] = (float)(m->aux_coef * E * f / T); /* d aux_coef*aux / d p[n][e] */
-        mx = h[e] > mx ? h[e] : mx;
-    }
-    a->zscale = (float)(2.0 * m->z_coef / T);
-    st->aux_loss = E * aux;
-    st->z_loss = h[2 * E] / T;
-    st->seq_aux_loss = 0;
-    for (int64_t b = 0; b < B; b++) { /* each sequence's f and P over its own tokens */
-        double Tb = ht[b], s = 0;
-        for (int e = 0; e < E && Tb > 0; e++) s += hc[b * E + e] / (Tb * k) * (hp[b * E + e] / Tb);
-        st->seq_aux_loss += E * s / B;
-    }
-    float whole[E]; /* the micro-batch's factors, then each segment's: + d seq_coef*seq / d p */
-    memcpy(whole, a->aux_dp_host, E * sizeof(float));
-    for (int s = 0; s < m->nseg && B; s++) {
-        int64_t b = m->seg[3 * s + 2];
-        double Tb = ht[b];
-        for (int e = 0; e < E; e++)
-            a->aux_dp_host[s * E + e] =
-                whole[e] + (float)(m->seq_coef * E * (hc[b * E + e] / (Tb * k)) / (B * Tb));
-    }
-    st->loss = m->aux_coef * st->aux_loss + m->z_coef * st->z_loss + m->seq_coef * st->seq_aux_loss;
-    st->load_max = mx;
-    st->load_mean = T * k / E;
-    st->dropped_frac = h[2 * E + 2] / (T * k);
-    st->tokens = (int64_t)T;
-    st->routed = h;
-}
-
-void moe_step_loads(moe_ctx *m, ust_comm *group, double *loads) {
-    const ust_ops *o = m->ops;
-    int64_t n = (int64_t)m->nlayers * m->E;
-    for (int64_t i = 0; i < n; i++) m->loads_host[i] = (float)loads[i];
-    o->to_device(o, m->loads, m->loads_host, n * sizeof(float));
-    ep_shards_sum(m->fault_local_loads ? NULL : group, m->loads, n);
-    o->to_host(o, m->loads_host, m->loads, n * sizeof(float));
-    for (int64_t i = 0; i < n; i++) loads[i] = m->loads_host[i];
-}
-
-void moe_bias_delta(const moe_ctx *m, const double *load, float *delta) {
-    int E = m->E;
-    double mean = 0;
-    for (int e = 0; e < E; e++) mean += load[e];
-    mean /= E;
-    for (int e = 0; e < E; e++) {
-        double d = mean - load[e];
-        delta[e] = (float)(m->bias_rate * ((d > 0) - (d < 0)));
-    }
-}
-
-void moe_update_bias(moe_ctx *m, float *bias, const double *load) {
-    const ust_ops *o = m->ops;
-    int E = m->E;
-    float *b = m->stats_host, *delta = b + E; /* 2E+3 floats of host scratch, free here */
-    moe_bias_delta(m, load, delta);
-    o->to_host(o, b, bias, E * sizeof(float));
-    for (int e = 0; e < E; e++) b[e] += delta[e];
-    o->to_device(o, bias, b, E * sizeof(float));
-}
-
 /* ------------------------------------------------------------------ forward / backward */
 
 void moe_forward(moe_ctx *m, moe_acts *a, const moe_weights *w, act *y, const act *x,
@@ -727,36 +379,36 @@ void moe_forward(moe_ctx *m, moe_acts *a, const moe_weights *w, act *y, const ac
     const ust_ops *o = m->ops;
     int N = m->N, E = m->E, k = m->k, C = m->C;
     int ep1 = ep_size(m->ep) == 1;
-    o->linear_fwd(o, m->logits, x, w->router, NULL, N, C, E);
-    if (!m->seqB) {
-        o->moe_router_fwd(o, a->probs, a->lse, a->topk, a->gate, m->stats + E, m->logits, w->bias,
-                          N, E, k);
+    o->linear_fwd(o, m->scratch.logits, x, w->router, NULL, N, C, E);
+    if (!m->loss.seqB) {
+        o->moe_router_fwd(o, a->probs, a->lse, a->topk, a->gate, m->loss.stats + E,
+                          m->scratch.logits, w->bias, N, E, k);
     } else { /* per sequence segment: its prob sums into its slot, then the total */
-        float *seq_psum = m->stats + 2 * E + 3 + (int64_t)m->seqB * (E + 1);
-        o->zero(o, seq_psum, (size_t)m->seqB * E * sizeof(float));
-        o->zero(o, m->stats + E, E * sizeof(float));
-        for (int s = 0; s < m->nseg; s++) {
-            int64_t r = m->seg[3 * s], n = m->seg[3 * s + 1];
-            float *ps = seq_psum + (int64_t)m->seg[3 * s + 2] * E;
+        float *seq_psum = m->loss.stats + 2 * E + 3 + (int64_t)m->loss.seqB * (E + 1);
+        o->zero(o, seq_psum, (size_t)m->loss.seqB * E * sizeof(float));
+        o->zero(o, m->loss.stats + E, E * sizeof(float));
+        for (int s = 0; s < m->loss.nseg; s++) {
+            int64_t r = m->loss.seg[3 * s], n = m->loss.seg[3 * s + 1];
+            float *ps = seq_psum + (int64_t)m->loss.seg[3 * s + 2] * E;
             o->moe_router_fwd(o, a->probs + r * E, a->lse + r, a->topk + r * k, a->gate + r * k, ps,
-                              act_at(o, m->logits, r * E), w->bias, (int)n, E, k);
-            o->axpy(o, m->stats + E, 1.0f, ps, E);
+                              act_at(o, m->scratch.logits, r * E), w->bias, (int)n, E, k);
+            o->axpy(o, m->loss.stats + E, 1.0f, ps, E);
         }
     }
-    route(m, a);
+    moe_route(m, a);
     moe_stats local;
-    statistics(m, a, stats ? stats : &local);
-    ep_plan_make(m->ep, &a->plan, m->cnt_host + E); /* kept counts */
+    moe_statistics(m, a, stats ? stats : &local);
+    ep_plan_make(m->ep, &a->plan, m->routing.cnt_host + E); /* kept counts */
     /* token copies in global expert order, to the experts' ranks; at ep = 1 they stay in xe */
-    act *xd = ep1 ? a->xe : m->xd, *eout = ep1 ? a->eout : m->eout;
+    act *xd = ep1 ? a->xe : m->scratch.xd, *eout = ep1 ? a->eout : m->scratch.eout;
     if (a->nkept) o->moe_gather(o, xd, x, a->assign, NULL, (int)a->nkept, C, k);
     if (!ep1) ep_dispatch(m->ep, &a->plan, a->xe, xd);
-    local_experts_fwd(m, a, w, eout);
+    moe_local_experts_fwd(m, a, w, eout);
     if (!ep1) ep_combine(m->ep, &a->plan, a->eout, eout);
     o->moe_combine(o, y, a->eout, a->pos, a->gate, N, k, C, 0);
     if (m->shared) {
-        expert_fwd(m, &w->shared, m->tmp, x, a->s_h1, a->s_h2, a->s_act, N);
-        o->add(o, y, y, m->tmp, (int64_t)N * C);
+        moe_expert_fwd(m, &w->shared, m->scratch.tmp, x, a->s_h1, a->s_h2, a->s_act, N);
+        o->add(o, y, y, m->scratch.tmp, (int64_t)N * C);
     }
 }
 
@@ -767,17 +419,17 @@ static void tp_reduce_grads(moe_ctx *m, moe_weights *g) {
     int cap = 1 + 4 * (m->El + 1);
     float **ps[cap], **pg[cap];
     int64_t n[cap];
-    int c = layer_tensors(m, &m->gs, ps, n);
+    int c = layer_tensors(m, &m->tp.gs, ps, n);
     UST_ASSERT(layer_tensors(m, g, pg, n) == c, "gradient tensors");
-    if (!m->fault_skip_tp_sum) ep_shards_sum(m->tp_comm, m->gbuf, m->gnumel);
+    if (!m->tp.fault_skip_sum) ep_shards_sum(m->tp.comm, m->tp.gbuf, m->tp.gnumel);
     for (int i = 0; i < c; i++) o->axpy(o, *pg[i], 1.0f, *ps[i], n[i]);
 }
 
 void moe_tp_gather_rows(moe_ctx *m, act *whole) {
-    if (m->tpn == 1) return;
+    if (m->tp.n == 1) return;
     const ust_ops *o = m->ops;
     int64_t count = (int64_t)m->N * m->C;
-    ep_shards_allgather_act(m->tp_comm, o, act_at(o, whole, m->tpr * count), whole, count);
+    ep_shards_allgather_act(m->tp.comm, o, act_at(o, whole, m->tp.r * count), whole, count);
 }
 
 void moe_backward(moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g_out, act *dx,
@@ -786,43 +438,43 @@ void moe_backward(moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g_
     int N = m->N, E = m->E, k = m->k, C = m->C;
     int ep1 = ep_size(m->ep) == 1;
     moe_weights *g = g_out;
-    if (m->tpn > 1) { /* this rank's tokens' part first, then the sum over tp */
-        o->zero(o, m->gbuf, (size_t)m->gnumel * sizeof(float));
-        g = &m->gs;
+    if (m->tp.n > 1) { /* this rank's tokens' part first, then the sum over tp */
+        o->zero(o, m->tp.gbuf, (size_t)m->tp.gnumel * sizeof(float));
+        g = &m->tp.gs;
     }
     /* y = sum_j gate_j eout_j: the gates' gradient, then each kept row's d eout = gate dy */
-    o->moe_gate_grad(o, m->dgate, dy, a->eout, a->pos, N, k, C);
-    act *d_local = ep1 ? m->d_home : m->d_local;
-    if (a->nkept) o->moe_gather(o, m->d_home, dy, a->assign, a->gate, (int)a->nkept, C, k);
-    if (!ep1) ep_dispatch(m->ep, &a->plan, d_local, m->d_home);
-    local_experts_bwd(m, a, w, g, m->dxe, d_local);
+    o->moe_gate_grad(o, m->scratch.dgate, dy, a->eout, a->pos, N, k, C);
+    act *d_local = ep1 ? m->scratch.d_home : m->scratch.d_local;
+    if (a->nkept) o->moe_gather(o, m->scratch.d_home, dy, a->assign, a->gate, (int)a->nkept, C, k);
+    if (!ep1) ep_dispatch(m->ep, &a->plan, d_local, m->scratch.d_home);
+    moe_local_experts_bwd(m, a, w, g, m->scratch.dxe, d_local);
     /* the rows' input gradients home again, each token summing its copies */
-    act *dx_home = ep1 ? m->dxe : m->d_home;
-    if (!ep1) ep_combine(m->ep, &a->plan, dx_home, m->dxe);
+    act *dx_home = ep1 ? m->scratch.dxe : m->scratch.d_home;
+    if (!ep1) ep_combine(m->ep, &a->plan, dx_home, m->scratch.dxe);
     o->moe_combine(o, dx, dx_home, a->pos, NULL, N, k, C, acc_dx);
     if (m->shared)
-        expert_bwd(m, &w->shared, &g->shared, dx, dy, x, a->s_h1, a->s_h2, a->s_act, N, 1);
+        moe_expert_bwd(m, &w->shared, &g->shared, dx, dy, x, a->s_h1, a->s_h2, a->s_act, N, 1);
     /* router: gates, aux loss (through P_e) and z-loss, then logits = x Wr^T */
     float *aux = NULL;
-    if (m->seqB) { /* per sequence segment, with its own aux factors */
-        int64_t n = (int64_t)m->nseg * E;
+    if (m->loss.seqB) { /* per sequence segment, with its own aux factors */
+        int64_t n = (int64_t)m->loss.nseg * E;
         for (int64_t i = 0; i < n; i++) m->stats_host[i] = a->aux_dp_host[i] * loss_scale;
-        o->to_device(o, m->seq_dp, m->stats_host, n * sizeof(float));
-        for (int s = 0; s < m->nseg; s++) {
-            int64_t r = m->seg[3 * s], rows = m->seg[3 * s + 1];
-            o->moe_router_bwd(o, act_at(o, m->dlogits, r * E), m->dgate + r * k, a->probs + r * E,
-                              a->lse + r, a->topk + r * k, a->gate + r * k, m->seq_dp + s * E,
-                              a->zscale * loss_scale, (int)rows, E, k);
+        o->to_device(o, m->loss.seq_dp, m->stats_host, n * sizeof(float));
+        for (int s = 0; s < m->loss.nseg; s++) {
+            int64_t r = m->loss.seg[3 * s], rows = m->loss.seg[3 * s + 1];
+            o->moe_router_bwd(o, act_at(o, m->scratch.dlogits, r * E), m->scratch.dgate + r * k,
+                              a->probs + r * E, a->lse + r, a->topk + r * k, a->gate + r * k,
+                              m->loss.seq_dp + s * E, a->zscale * loss_scale, (int)rows, E, k);
         }
     } else {
-        if (m->aux_coef != 0.0) {
+        if (m->loss.aux_coef != 0.0) {
             for (int e = 0; e < E; e++) m->stats_host[e] = a->aux_dp_host[e] * loss_scale;
-            o->to_device(o, m->aux_dp, m->stats_host, E * sizeof(float));
-            aux = m->aux_dp;
+            o->to_device(o, m->loss.aux_dp, m->stats_host, E * sizeof(float));
+            aux = m->loss.aux_dp;
         }
-        o->moe_router_bwd(o, m->dlogits, m->dgate, a->probs, a->lse, a->topk, a->gate, aux,
-                          a->zscale * loss_scale, N, E, k);
+        o->moe_router_bwd(o, m->scratch.dlogits, m->scratch.dgate, a->probs, a->lse, a->topk,
+                          a->gate, aux, a->zscale * loss_scale, N, E, k);
     }
-    o->linear_bwd(o, dx, g->router, NULL, m->dlogits, x, w->router, N, C, E, 1);
-    if (m->tpn > 1) tp_reduce_grads(m, g_out);
+    o->linear_bwd(o, dx, g->router, NULL, m->scratch.dlogits, x, w->router, N, C, E, 1);
+    if (m->tp.n > 1) tp_reduce_grads(m, g_out);
 }

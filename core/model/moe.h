@@ -106,53 +106,48 @@ typedef struct {
 typedef struct {
     double aux_loss, z_loss; /* unscaled */
     double seq_aux_loss;     /* unscaled; 0 without model.moe.seq_aux_loss_coef */
-    double loss; /* aux_loss_coef * aux_loss + z_loss_coef * z_loss + seq_aux_loss_coef * seq */
-    double load_max;         /* most assignments routed to one expert */
-    double load_mean;        /* tokens * k / E */
-    double dropped_frac;     /* dropped assignments / (tokens * k) */
+    double loss;     /* aux_loss_coef * aux_loss + z_loss_coef * z_loss + seq_aux_loss_coef * seq */
+    double load_max; /* most assignments routed to one expert */
+    double load_mean;    /* tokens * k / E */
+    double dropped_frac; /* dropped assignments / (tokens * k) */
     int64_t tokens;
     const float *routed; /* host E: assignments routed to each expert (before drops), summed over
                           * the stats groups; valid until the next moe_forward */
 } moe_stats;
 
-/* Context shared by the MoE layers of a model (dimensions, dispatch, backward scratch). */
-typedef struct moe_ctx {
-    const ust_ops *ops;
-    ust_ep *ep, own_ep; /* the dispatch context (own_ep: a group of one) */
-    ust_comm *stats_comm[2];
-    ust_comm *cap_comm;   /* capacity decided over this group's tokens (cp; NULL: local) */
-    ust_comm *tp_comm;    /* tokens split over it (NULL: none); tpn members, this one tpr */
-    int tpn, tpr, Nmb;    /* Nmb = tpn * N: the micro-batch's tokens on this cp rank */
-    float *tp_topk;       /* device (Nmb*k): the tp group's choices, gathered (capacity) */
-    int32_t *tp_topk_host, *keep_host; /* host Nmb*k each (capacity over the tp split) */
-    float *gbuf;                       /* device gnumel: one layer's gradients under the tp split */
+/* The tensor-parallel split of the tokens (moe_groups.tp_comm): this rank routes rows
+ * [r*N, (r+1)*N) of the micro-batch's Nmb, and a layer's gradients of a micro-batch gather in
+ * gbuf before their sum over the group. */
+typedef struct {
+    ust_comm *comm; /* NULL: none; n members, this one r */
+    int n, r;
+    float *gbuf; /* device gnumel: one layer's gradients under the tp split */
     int64_t gnumel;
-    moe_weights gs;       /* views of gbuf */
+    moe_weights gs;     /* views of gbuf */
+    int fault_skip_sum; /* UST_FAULT_MOE_SKIP_TP_GRAD_SUM: keep the parts' gradients unsummed */
+} moe_tp_split;
+
+/* The routing decisions' host side: the capacity (its groups' choices gathered) and the host
+ * copies of one forward's choices, rows and counts. */
+typedef struct {
+    double capacity_factor;
+    ust_comm *cap_comm;   /* capacity decided over this group's tokens (cp; NULL: local) */
     int32_t *cap_order;   /* host: every member's token (member*N + i) in sequence order */
     float *cap_topk;      /* device (n*N*k): every member's choices, gathered */
     float *cap_topk_host; /* host copy */
     int32_t *cap_count;   /* host E */
-    int llama, shared, E, k, C, Fe, N;
-    int grouped;      /* model.moe.grouped_gemm: one grouped GEMM per projection */
-    const float **wp; /* host 2*El: the grouped GEMMs' weight and bias pointer arrays */
-    int El, e0; /* local experts: [e0, e0 + El) */
-    int64_t R;  /* rows of the local-expert buffers */
-    double aux_coef, z_coef, capacity_factor;
-    /* scratch */
-    act *logits, *dlogits;                       /* (N,E) (N,E) */
-    float *dgate;                                /* (N*k) */
-    act *tmp;                                    /* (N,C) */
-    act *xd, *eout;                              /* (N*k,C) (R,C), ep > 1 only */
-    act *d_home, *d_local, *dxe;                 /* (N*k,C) (R,C) (R,C) */
-    act *dh1, *dh2, *dact;                       /* (R,Fe) each */
-    float *aux_dp, *stats;                       /* device E and 2E+3 */
-    float *stats_host;                           /* host 2E+3 */
-    float *loads, *loads_host;                   /* device, host n_layer*E (moe_step_loads) */
-    int nlayers;
-    double bias_rate;
-    /* test faults: UST_FAULT_MOE_LOCAL_LOADS (balance on this rank's counts, not the global
-     * ones), UST_FAULT_MOE_SKIP_TP_GRAD_SUM (keep the tp parts' gradients unsummed) */
-    int fault_local_loads, fault_skip_tp_sum;
+    float *tp_topk;       /* device (Nmb*k): the tp group's choices, gathered (capacity) */
+    int32_t *tp_topk_host, *keep_host;           /* host Nmb*k each (capacity over the tp split) */
+    int32_t *topk_host, *pos_host, *assign_host; /* host N*k each */
+    int32_t *cnt_host;                           /* host 2E: routed, kept */
+} moe_routing;
+
+/* The aux, z and sequence-wise losses: coefficients, the groups their statistics are summed
+ * over, and the device buffers of the statistics and the aux gradient factors. */
+typedef struct {
+    double aux_coef, z_coef;
+    ust_comm *stats_comm[2];
+    float *aux_dp, *stats; /* device E and stats_floats */
     /* The sequence-wise loss: B sequences of Tl rows in the micro-batch (Nmb = B*Tl rows on
      * this cp rank); this rank's rows meet nseg of them, segment s being rows [seg[3s],
      * seg[3s] + seg[3s+1]) of its N, of sequence seg[3s+2]. */
@@ -160,8 +155,45 @@ typedef struct moe_ctx {
     int seqB, seqTl, nseg;
     int32_t *seg;
     float *seq_dp; /* device B*E: each segment's aux gradient factors */
-    int32_t *topk_host, *pos_host, *assign_host; /* host N*k each */
-    int32_t *cnt_host;                           /* host 2E: routed, kept */
+} moe_losses;
+
+/* Aux-loss-free balancing: the step's loads and the bias update rate. */
+typedef struct {
+    float *loads, *loads_host; /* device, host n_layer*E (moe_step_loads) */
+    int nlayers;
+    double bias_rate;
+    /* test fault UST_FAULT_MOE_LOCAL_LOADS: balance on this rank's counts, not the global ones */
+    int fault_local_loads;
+} moe_balance;
+
+/* The layer's working buffers on the device (shared by the MoE layers, in turn). */
+typedef struct {
+    act *logits, *dlogits;       /* (N,E) (N,E) */
+    float *dgate;                /* (N*k) */
+    act *tmp;                    /* (N,C) */
+    act *xd, *eout;              /* (N*k,C) (R,C), ep > 1 only */
+    act *d_home, *d_local, *dxe; /* (N*k,C) (R,C) (R,C) */
+    act *dh1, *dh2, *dact;       /* (R,Fe) each */
+    const float **wp;            /* host 2*El: the grouped GEMMs' weight and bias pointer arrays */
+} moe_scratch;
+
+/* Context shared by the MoE layers of a model: dimensions, dispatch, and its parts above. */
+typedef struct moe_ctx {
+    const ust_ops *ops;
+    ust_ep *ep, own_ep; /* the dispatch context (own_ep: a group of one) */
+    int llama, shared, E, k, C, Fe, N;
+    int Nmb;     /* tp.n * N: the micro-batch's tokens on this cp rank */
+    int grouped; /* model.moe.grouped_gemm: one grouped GEMM per projection */
+    int El, e0;  /* local experts: [e0, e0 + El) */
+    int64_t R;   /* rows of the local-expert buffers */
+    /* host stats_floats: the statistics' host copy, free between forwards as host scratch (the
+     * bias update, the backward's aux factors) */
+    float *stats_host;
+    moe_tp_split tp;
+    moe_routing routing;
+    moe_losses loss;
+    moe_balance bal;
+    moe_scratch scratch;
 } moe_ctx;
 
 /* One MoE layer's activations saved for backward. */
