@@ -197,6 +197,24 @@ static void init_segments(moe_ctx *m, int B) {
     }
 }
 
+/* The routing and expert scratch of one micro-batch: A = N*k routed rows leave, up to R arrive. */
+static void init_scratch(moe_ctx *m, const ust_ops *ops, ust_arena *arena, int64_t A) {
+    int64_t N = m->N, C = m->C, E = m->E;
+    int ep1 = ep_size(m->ep) == 1;
+    m->scratch.logits = AC(N * E);
+    m->scratch.dlogits = AC(N * E);
+    m->scratch.dgate = FL(A);
+    m->scratch.tmp = AC(N * C);
+    m->scratch.xd = ep1 ? NULL : AC(A * C);
+    m->scratch.eout = ep1 ? NULL : AC(m->R * C);
+    m->scratch.d_home = AC(A * C);
+    m->scratch.d_local = ep1 ? NULL : AC(m->R * C);
+    m->scratch.dxe = AC(m->R * C);
+    m->scratch.dh1 = AC(m->R * m->Fe);
+    m->scratch.dh2 = AC(m->R * m->Fe);
+    m->scratch.dact = AC(m->R * m->Fe);
+}
+
 void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *arena, int N,
               const moe_groups *groups) {
     memset(m, 0, sizeof *m);
@@ -228,8 +246,7 @@ void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *
         c->capacity_factor > 0)
         moe_capacity_order_init(m, groups, arena);
     m->routing.cap_count = moe_host_alloc((size_t)m->E * sizeof(int32_t));
-    int64_t A = (int64_t)m->N * m->k, C = m->C, E = m->E;
-    N = m->N; /* from here on: the tokens this rank routes */
+    int64_t A = (int64_t)m->N * m->k, E = m->E;
     if (m->tp.n > 1 && c->capacity_factor > 0) {
         m->routing.tp_topk = mem_alloc(arena, MEM_COMM, (size_t)m->Nmb * m->k * sizeof(float));
         m->routing.tp_topk_host = moe_host_alloc((size_t)m->Nmb * m->k * sizeof(int32_t));
@@ -246,19 +263,7 @@ void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *
     }
     m->El = ep_local_experts(m->ep, &m->e0);
     m->R = ep_max_recv(m->ep);
-    int ep1 = ep_size(m->ep) == 1;
-    m->scratch.logits = AC(N * E);
-    m->scratch.dlogits = AC(N * E);
-    m->scratch.dgate = FL(A);
-    m->scratch.tmp = AC(N * C);
-    m->scratch.xd = ep1 ? NULL : AC(A * C);
-    m->scratch.eout = ep1 ? NULL : AC(m->R * C);
-    m->scratch.d_home = AC(A * C);
-    m->scratch.d_local = ep1 ? NULL : AC(m->R * C);
-    m->scratch.dxe = AC(m->R * C);
-    m->scratch.dh1 = AC(m->R * m->Fe);
-    m->scratch.dh2 = AC(m->R * m->Fe);
-    m->scratch.dact = AC(m->R * m->Fe);
+    init_scratch(m, ops, arena, A);
     m->loss.aux_dp = FL(E);
     m->loss.seq_coef = c->seq_aux_loss_coef;
     if (m->loss.seq_coef > 0) init_segments(m, cfg->train.micro_batch_size);
