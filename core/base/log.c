@@ -246,19 +246,19 @@ void log_step_line(const log_step *s) {
     char mem[32], val[48] = "", extra[96] = "";
     if (!isnan(s->val_loss)) snprintf(val, sizeof val, " | val %.4f", s->val_loss);
     size_t n = 0;
-    if (!isnan(s->pp_bubble)) /* the schedule's own accounting, and the analytic value */
-        n += snprintf(extra + n, sizeof extra - n, " | bubble %.3f (analytic %.3f)",
-                      s->pp_bubble_sim, s->pp_bubble_analytic);
-    if (s->ep_comm_ms > 0 && n < sizeof extra)
-        snprintf(extra + n, sizeof extra - n, " | a2a %.0f ms", s->ep_comm_ms);
+    if (!isnan(s->pp.bubble)) /* the schedule's own accounting, and the analytic value */
+        n += snprintf(extra + n, sizeof extra - n, " | bubble %.3f (analytic %.3f)", s->pp.sim,
+                      s->pp.analytic);
+    if (s->comm.ep_ms > 0 && n < sizeof extra)
+        snprintf(extra + n, sizeof extra - n, " | a2a %.0f ms", s->comm.ep_ms);
     /* in 64 bits, and capped: train.steps may be far beyond what the run will reach */
     double eta_s = isfinite(s->eta_s) && s->eta_s > 0 ? s->eta_s : 0;
     long long eta = eta_s < 1e12 ? (long long)(eta_s + 0.5) : 999999999999LL;
     printf("step %5lld/%lld | loss %.4f%s | lr %.3e | norm %.3f | %.0f tok/s | mfu %.1f%% | "
            "%.0f ms | mem %s%s | eta %lldh%02lldm%02llds%s\n",
            (long long)s->step, (long long)s->steps, s->loss, val, s->lr, s->grad_norm,
-           s->tokens_per_s, 100 * s->mfu, s->ms, log_bytes(mem, sizeof mem, s->peak_mem_bytes),
-           extra, eta / 3600, eta / 60 % 60, eta % 60, s->skipped ? " | SKIPPED (non-finite)" : "");
+           s->tokens_per_s, 100 * s->mfu, s->ms, log_bytes(mem, sizeof mem, s->mem.peak), extra,
+           eta / 3600, eta / 60 % 60, eta % 60, s->skipped ? " | SKIPPED (non-finite)" : "");
     fflush(stdout);
 }
 
@@ -291,35 +291,36 @@ static int log_scalars(const log_step *s, double unix_time, log_scalar *o) {
     n = add_scalar(o, n, "grad_norm", s->grad_norm);
     n = add_scalar(o, n, "tokens_per_s", s->tokens_per_s);
     n = add_scalar(o, n, "mfu", s->mfu);
-    n = add_count(o, n, "peak_mem_bytes", s->peak_mem_bytes);
-    n = add_count(o, n, "comm_bytes_dp", s->comm_bytes_dp);
-    n = add_count(o, n, "comm_bytes_tp", s->comm_bytes_tp);
-    n = add_count(o, n, "mem_params", s->mem_params);
-    n = add_count(o, n, "mem_grads", s->mem_grads);
-    n = add_count(o, n, "mem_optim", s->mem_optim);
-    n = add_count(o, n, "mem_acts", s->mem_acts);
+    n = add_count(o, n, "peak_mem_bytes", s->mem.peak);
+    n = add_count(o, n, "comm_bytes_dp", s->comm.bytes_dp);
+    n = add_count(o, n, "comm_bytes_tp", s->comm.bytes_tp);
+    n = add_count(o, n, "mem_params", s->mem.params);
+    n = add_count(o, n, "mem_grads", s->mem.grads);
+    n = add_count(o, n, "mem_optim", s->mem.optim);
+    n = add_count(o, n, "mem_acts", s->mem.acts);
     n = add_scalar(o, n, "step_ms", s->ms);
-    n = add_scalar(o, n, "tp_comm_ms", s->tp_comm_ms);
-    n = add_scalar(o, n, "cp_wait_ms", s->cp_wait_ms);
-    n = add_scalar(o, n, "ep_comm_ms", s->ep_comm_ms);
-    if (!isnan(s->pp_bubble)) {
-        n = add_scalar(o, n, "pp_bubble", s->pp_bubble);
-        n = add_scalar(o, n, "pp_bubble_analytic", s->pp_bubble_analytic);
-        n = add_count(o, n, "comm_bytes_pp", s->comm_bytes_pp);
-        n = add_scalar(o, n, "pp_bubble_sim", s->pp_bubble_sim);
-        n = add_scalar(o, n, "pp_f_ms", s->pp_op_ms[0]);
-        n = add_scalar(o, n, "pp_b_ms", s->pp_op_ms[1]);
-        n = add_scalar(o, n, "pp_w_ms", s->pp_op_ms[2]);
+    n = add_scalar(o, n, "tp_comm_ms", s->comm.tp_ms);
+    n = add_scalar(o, n, "cp_wait_ms", s->comm.cp_wait_ms);
+    n = add_scalar(o, n, "ep_comm_ms", s->comm.ep_ms);
+    if (!isnan(s->pp.bubble)) {
+        n = add_scalar(o, n, "pp_bubble", s->pp.bubble);
+        n = add_scalar(o, n, "pp_bubble_analytic", s->pp.analytic);
+        n = add_count(o, n, "comm_bytes_pp", s->comm.bytes_pp);
+        n = add_scalar(o, n, "pp_bubble_sim", s->pp.sim);
+        n = add_scalar(o, n, "pp_f_ms", s->pp.op_ms[0]);
+        n = add_scalar(o, n, "pp_b_ms", s->pp.op_ms[1]);
+        n = add_scalar(o, n, "pp_w_ms", s->pp.op_ms[2]);
     }
-    if (s->comm_bytes_cp) n = add_count(o, n, "comm_bytes_cp", s->comm_bytes_cp);
-    if (s->comm_bytes_mirror) n = add_count(o, n, "comm_bytes_mirror", s->comm_bytes_mirror);
-    if (s->cp_docs) n = add_count(o, n, "cp_blocks_skipped", (uint64_t)s->cp_blocks_skipped);
+    if (s->comm.bytes_cp) n = add_count(o, n, "comm_bytes_cp", s->comm.bytes_cp);
+    if (s->comm.bytes_mirror) n = add_count(o, n, "comm_bytes_mirror", s->comm.bytes_mirror);
+    if (s->data.cp_docs)
+        n = add_count(o, n, "cp_blocks_skipped", (uint64_t)s->data.cp_blocks_skipped);
     if (s->restarts) n = add_count(o, n, "restarts", (uint64_t)s->restarts);
     if (!isnan(s->val_loss)) n = add_scalar(o, n, "val_loss", s->val_loss);
     n = add_scalar(o, n, "time", unix_time);
     n = add_scalar(o, n, "elapsed_s", s->elapsed_s);
-    n = add_count(o, n, "samples_seen", (uint64_t)s->samples_seen);
-    n = add_count(o, n, "tokens_seen", (uint64_t)s->tokens_seen);
+    n = add_count(o, n, "samples_seen", (uint64_t)s->data.samples_seen);
+    n = add_count(o, n, "tokens_seen", (uint64_t)s->data.tokens_seen);
     return n;
 }
 
@@ -336,15 +337,15 @@ static void json_scalar(FILE *f, const log_scalar *x) {
 
 static void json_moe(FILE *f, const log_step *s) {
     fprintf(f, ",\"moe\":[");
-    for (int i = 0; i < s->moe_n; i++) {
-        log_scalar x[3] = {{"load_max", s->moe_load_max[i], 0, 0},
-                           {"load_mean", s->moe_load_mean[i], 0, 0},
-                           {"dropped", s->moe_dropped[i], 0, 0}};
-        fprintf(f, "%s{\"layer\":%d", i ? "," : "", s->moe_layer[i]);
+    for (int i = 0; i < s->moe.n; i++) {
+        log_scalar x[3] = {{"load_max", s->moe.load_max[i], 0, 0},
+                           {"load_mean", s->moe.load_mean[i], 0, 0},
+                           {"dropped", s->moe.dropped[i], 0, 0}};
+        fprintf(f, "%s{\"layer\":%d", i ? "," : "", s->moe.layer[i]);
         for (int k = 0; k < 3; k++) json_scalar(f, &x[k]);
         fprintf(f, ",\"rank_rows\":[");
-        for (int r = 0; r < s->moe_ep; r++)
-            fprintf(f, "%s%.9g", r ? "," : "", s->moe_rank_rows[i][r]);
+        for (int r = 0; r < s->moe.ep; r++)
+            fprintf(f, "%s%.9g", r ? "," : "", s->moe.rank_rows[i][r]);
         fputs("]}", f);
     }
     fputc(']', f);
@@ -352,8 +353,8 @@ static void json_moe(FILE *f, const log_step *s) {
 
 static void json_data(FILE *f, const log_step *s) {
     fprintf(f, ",\"data_samples\":[");
-    for (int d = 0; d < s->data_n; d++)
-        fprintf(f, "%s%lld", d ? "," : "", (long long)s->data_samples[d]);
+    for (int d = 0; d < s->data.n; d++)
+        fprintf(f, "%s%lld", d ? "," : "", (long long)s->data.samples[d]);
     fputc(']', f);
 }
 
@@ -363,17 +364,17 @@ static void tb_step(FILE *f, const log_step *s, const log_scalar *x, int n) {
     summary.overflow = 0;
     for (int i = 0; i < n; i++)
         if (isfinite(x[i].v)) tb_value(&summary, x[i].key, x[i].v);
-    for (int d = 0; d < s->data_n; d++) {
+    for (int d = 0; d < s->data.n; d++) {
         char tag[48];
         snprintf(tag, sizeof tag, "data/dataset%d/samples", d);
-        tb_value(&summary, tag, (double)s->data_samples[d]);
+        tb_value(&summary, tag, (double)s->data.samples[d]);
     }
-    for (int i = 0; i < s->moe_n; i++) {
+    for (int i = 0; i < s->moe.n; i++) {
         const char *what[3] = {"load_max", "load_mean", "dropped"};
-        double v[3] = {s->moe_load_max[i], s->moe_load_mean[i], s->moe_dropped[i]};
+        double v[3] = {s->moe.load_max[i], s->moe.load_mean[i], s->moe.dropped[i]};
         for (int k = 0; k < 3; k++) {
             char tag[64];
-            snprintf(tag, sizeof tag, "moe/layer%d/%s", s->moe_layer[i], what[k]);
+            snprintf(tag, sizeof tag, "moe/layer%d/%s", s->moe.layer[i], what[k]);
             if (isfinite(v[k])) tb_value(&summary, tag, v[k]);
         }
     }
@@ -391,9 +392,9 @@ void log_step_json(ust_log *l, const log_step *s) {
     fprintf(l->metrics, "{\"step\":%lld", (long long)s->step);
     for (int i = 0; i < n; i++) {
         json_scalar(l->metrics, &x[i]);
-        if (!strcmp(x[i].key, "ep_comm_ms") && s->moe_n > 0) json_moe(l->metrics, s);
+        if (!strcmp(x[i].key, "ep_comm_ms") && s->moe.n > 0) json_moe(l->metrics, s);
     }
-    if (s->data_n > 0) json_data(l->metrics, s);
+    if (s->data.n > 0) json_data(l->metrics, s);
     if (s->skipped) fprintf(l->metrics, ",\"skipped\":true");
     if (s->spike) fprintf(l->metrics, ",\"spike\":\"%s\"", s->spike == 1 ? "skipped" : "rewound");
     fprintf(l->metrics, "}\n");

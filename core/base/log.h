@@ -1,6 +1,6 @@
 /* log: what a run reports. Rank 0 prints one line per logged step and appends the same figures
- * as one JSON object per line to logging.metrics_file (keys fixed by docs/design.md section 10) and,
- * with logging.tensorboard_dir, as scalar summaries to a TensorBoard event file there (the
+ * as one JSON object per line to logging.metrics_file (keys fixed by docs/design.md section 10)
+ * and, with logging.tensorboard_dir, as scalar summaries to a TensorBoard event file there (the
  * tfevents record format: length, masked CRC32C, an Event protobuf, masked CRC32C). Both get the
  * same figures from one list (log_scalars). A resumed run drops the metrics lines after the
  * step it resumes from, and tells TensorBoard to do the same (a SessionLog START event). */
@@ -14,41 +14,64 @@
 #define LOG_MAX_EP 64
 #define LOG_MAX_DATA 64 /* CFG_MAX_BLEND */
 
+/* What one step sent and waited for (this rank, this step). */
+typedef struct {
+    uint64_t bytes_dp;     /* bytes sent in its data-parallel group */
+    uint64_t bytes_tp;     /* ... in its tensor-parallel group */
+    uint64_t bytes_pp;     /* ... to its pipeline neighbours (activations, gradients) */
+    uint64_t bytes_cp;     /* ... in its context-parallel group(s) (0: none, not logged) */
+    uint64_t bytes_mirror; /* ... to dualpipe's mirror rank (0: none, not logged) */
+    double tp_ms;          /* time spent waiting for tensor-parallel collectives */
+    double cp_wait_ms;     /* ... for context-parallel key/value blocks */
+    double ep_ms;          /* ... in MoE dispatch/combine all-to-alls */
+} log_comm;
+
+/* This rank's arena: the peak and the bytes by category. */
+typedef struct {
+    size_t peak, params, grads, optim, acts;
+} log_mem;
+
+/* The pipeline's bubble this step (bubble NaN: no pipeline). */
+typedef struct {
+    double bubble;   /* max over stages of idle / busy time */
+    double analytic; /* (p - 1) / (v * m) */
+    double sim;      /* the schedule's timeline with this step's mean op times */
+    double op_ms[3]; /* those mean F, B, W times (averaged over the stages) */
+} log_pp;
+
+/* MoE layers of this rank: tokens routed to the busiest expert, the mean, dropped fraction; and,
+ * per ep rank, the rows its experts computed in the step (global counts per rank holding them:
+ * model_moe_rank_rows), ep entries each. */
+typedef struct {
+    int n;
+    int layer[LOG_MAX_MOE];
+    double load_max[LOG_MAX_MOE], load_mean[LOG_MAX_MOE], dropped[LOG_MAX_MOE];
+    int ep;
+    double rank_rows[LOG_MAX_MOE][LOG_MAX_EP];
+} log_moe;
+
+/* Where the run is in its data, after this step. */
+typedef struct {
+    int64_t samples_seen, tokens_seen; /* by the run */
+    int n;                             /* a blend's datasets (0: one dataset) */
+    int64_t samples[LOG_MAX_DATA];     /* samples each has given */
+    int cp_docs;                       /* context parallelism with document masking: */
+    int64_t cp_blocks_skipped;         /* key/value blocks no query could see, not computed */
+} log_data;
+
 typedef struct {
     int64_t step, steps;
     double loss, lr, grad_norm, tokens_per_s, mfu, ms, eta_s;
-    size_t peak_mem_bytes;
-    uint64_t comm_bytes_dp; /* bytes this rank sent in its data-parallel group this step */
-    uint64_t comm_bytes_tp; /* ... and in its tensor-parallel group */
-    uint64_t comm_bytes_pp; /* ... and to its pipeline neighbours (activations, gradients) */
-    uint64_t comm_bytes_cp; /* ... and in its context-parallel group(s) (0: none, not logged) */
-    uint64_t comm_bytes_mirror; /* ... and to dualpipe's mirror rank (0: none, not logged) */
-    double tp_comm_ms;      /* time this step spent waiting for tensor-parallel collectives */
-    double cp_wait_ms;      /* ... and for context-parallel key/value blocks */
-    double ep_comm_ms;      /* ... and in MoE dispatch/combine all-to-alls */
-    size_t mem_params, mem_grads, mem_optim, mem_acts; /* this rank's arena by category */
-    double val_loss;                                   /* NaN when not computed this step */
-    double pp_bubble; /* pipeline: max over stages of idle / busy time this step (NaN: no pp) */
-    double pp_bubble_analytic; /* (p - 1) / (v * m) */
-    double pp_bubble_sim;      /* the schedule's timeline with this step's mean op times */
-    double pp_op_ms[3];        /* those mean F, B, W times (averaged over the stages) */
-    /* MoE layers of this rank: tokens routed to the busiest expert, the mean, dropped fraction */
-    int moe_n;
-    int moe_layer[LOG_MAX_MOE];
-    double moe_load_max[LOG_MAX_MOE], moe_load_mean[LOG_MAX_MOE], moe_dropped[LOG_MAX_MOE];
-    /* ... and, per ep rank, the rows its experts computed in the step (global counts per rank
-     * holding them: model_moe_rank_rows); moe_ep entries each */
-    int moe_ep;
-    double moe_rank_rows[LOG_MAX_MOE][LOG_MAX_EP];
+    double val_loss;  /* NaN when not computed this step */
     int skipped;      /* step skipped by on_nan: skip */
     int spike;        /* train.on_spike found one: 1 the update skipped, 2 rewound */
     int restarts;     /* scripts/ustrun --max-restarts: starts of the job before this one */
     double elapsed_s; /* since this process began training */
-    int64_t samples_seen, tokens_seen;  /* by the run, after this step */
-    int cp_docs;                        /* context parallelism with document masking: */
-    int64_t cp_blocks_skipped;          /* key/value blocks no query could see, not computed */
-    int data_n;                         /* a blend's datasets (0: one dataset) */
-    int64_t data_samples[LOG_MAX_DATA]; /* samples each has given, after this step */
+    log_comm comm;
+    log_mem mem;
+    log_pp pp;
+    log_moe moe;
+    log_data data;
 } log_step;
 
 typedef struct {

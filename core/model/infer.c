@@ -1,6 +1,7 @@
-/* infer.c: forward-only transformer with a KV cache (infer.h), the same math as core/model/model.c and
- * core/model/moe.c on one sequence. Shapes: n new tokens (n <= chunk), C = d_model, H/Hkv heads of D,
- * F = d_ff, Fe = d_ff_expert, E experts, k = top_k, V real vocabulary, Vp padded, S = max_seq_len.
+/* infer.c: forward-only transformer with a KV cache (infer.h), the same math as core/model/model.c
+ * and core/model/moe.c on one sequence. Shapes: n new tokens (n <= chunk), C = d_model, H/Hkv heads
+ * of D, F = d_ff, Fe = d_ff_expert, E experts, k = top_k, V real vocabulary, Vp padded, S =
+ * max_seq_len.
  */
 #include "infer.h"
 
@@ -21,29 +22,48 @@ typedef struct {
     act *kc, *vc; /* (S, Hkv, D) each: position t's keys (after RoPE) and values */
 } infer_layer;
 
-struct infer_model {
-    const ust_config *cfg;
-    const ust_ops *ops;
-    int llama, L, C, H, Hkv, D, F, V, Vp, S, chunk, len;
+/* The model's dimensions (from the config; chunk: tokens per forward call, S: the cache's). */
+typedef struct {
+    int llama, L, C, H, Hkv, D, F, V, Vp, S, chunk;
     int E, k, Fe, shared;
     float eps;
     ust_rope rope;
+} infer_shape;
+
+/* The weights on the device: the whole model, read once per forward. */
+typedef struct {
     float *wte, *wpe, *lnf_w, *lnf_b, *lm; /* lm == wte when tied */
     infer_layer *lw;
     float **owned; /* every device tensor, for destroy */
     int nowned;
-    int64_t nparams, bytes_per_token;
-    /* activations for `chunk` tokens */
+} infer_weights;
+
+/* Activations for `chunk` tokens. */
+typedef struct {
     act *x, *ln, *q, *att, *tmp, *tmp2; /* (n,C) (n,C) (n,H*D) (n,H*D) (n,C) (n,C) */
     act *h1, *h2, *h;                   /* (n, max(F, Fe)) each: gate, up, activation */
     act *logits;                        /* (V) */
     float *mean, *rstd, *lse;           /* (n) (n) (H, n) */
     int32_t *tok, *pos;                 /* device (chunk), (S): pos[t] = t */
-    /* MoE routing: router logits, probabilities, choices, gates; expert-ordered rows */
+} infer_acts;
+
+/* MoE routing: router logits, probabilities, choices, gates; expert-ordered rows. */
+typedef struct {
     act *rlogits, *xe, *eout;                        /* (n,E) (n*k,C) (n*k,C) */
     float *probs, *gate;                             /* (n,E) (n,k) */
     int32_t *topk, *rowpos, *assign;                 /* device (n*k) each */
     int32_t *topk_h, *rowpos_h, *assign_h, *count_h; /* host (n*k) x3, (E) */
+} infer_route;
+
+struct infer_model {
+    const ust_config *cfg;
+    const ust_ops *ops;
+    int len; /* positions in the cache */
+    int64_t nparams, bytes_per_token;
+    infer_shape shape;
+    infer_weights w;
+    infer_acts a;
+    infer_route r;
 };
 
 /* ------------------------------------------------------------------ the tensor list */
@@ -119,21 +139,22 @@ static void enum_layer(const ust_config *cfg, int l, infer_layer *w, tensor_fn f
 static void enum_tensors(const ust_config *cfg, infer_model *m, tensor_fn fn, void *ctx) {
     int64_t C = cfg->model.d_model, Vp = cfg_vocab_padded(cfg);
     ckpt_tensor t = tensor_of("model.embed_tokens.weight", Vp, C, 1);
-    fn(ctx, &t, m ? &m->wte : NULL, -1);
+    fn(ctx, &t, m ? &m->w.wte : NULL, -1);
     if (cfg->model.arch == ARCH_GPT2) {
         t = tensor_of("model.embed_positions.weight", cfg->model.max_seq_len, C, 1);
-        fn(ctx, &t, m ? &m->wpe : NULL, -1);
+        fn(ctx, &t, m ? &m->w.wpe : NULL, -1);
     }
-    for (int l = 0; l < cfg->model.n_layer; l++) enum_layer(cfg, l, m ? &m->lw[l] : NULL, fn, ctx);
+    for (int l = 0; l < cfg->model.n_layer; l++)
+        enum_layer(cfg, l, m ? &m->w.lw[l] : NULL, fn, ctx);
     t = tensor_of("model.norm.weight", 1, C, 0);
-    fn(ctx, &t, m ? &m->lnf_w : NULL, -1);
+    fn(ctx, &t, m ? &m->w.lnf_w : NULL, -1);
     if (cfg->model.arch == ARCH_GPT2) {
         t = tensor_of("model.norm.bias", 1, C, 0);
-        fn(ctx, &t, m ? &m->lnf_b : NULL, -1);
+        fn(ctx, &t, m ? &m->w.lnf_b : NULL, -1);
     }
     if (!cfg_tied(cfg)) {
         t = tensor_of("lm_head.weight", Vp, C, 1);
-        fn(ctx, &t, m ? &m->lm : NULL, -1);
+        fn(ctx, &t, m ? &m->w.lm : NULL, -1);
     }
 }
 
@@ -181,10 +202,10 @@ typedef struct {
 static double token_bytes(const infer_model *m, const ckpt_tensor *t, int expert) {
     double b = 4.0 * (double)numel(t);
     if (!strcmp(t->name, "model.embed_tokens.weight"))
-        return 4.0 * m->C * (cfg_tied(m->cfg) ? m->V + 1 : 1);
-    if (!strcmp(t->name, "model.embed_positions.weight")) return 4.0 * m->C;
-    if (!strcmp(t->name, "lm_head.weight")) return 4.0 * m->C * m->V;
-    return expert >= 0 ? b * m->k / m->E : b;
+        return 4.0 * m->shape.C * (cfg_tied(m->cfg) ? m->shape.V + 1 : 1);
+    if (!strcmp(t->name, "model.embed_positions.weight")) return 4.0 * m->shape.C;
+    if (!strcmp(t->name, "lm_head.weight")) return 4.0 * m->shape.C * m->shape.V;
+    return expert >= 0 ? b * m->shape.k / m->shape.E : b;
 }
 
 static void load_tensor(void *ctx, const ckpt_tensor *t, float **dst, int expert) {
@@ -205,7 +226,7 @@ static void load_tensor(void *ctx, const ckpt_tensor *t, float **dst, int expert
     const ust_ops *o = m->ops;
     *dst = o->alloc(o, (size_t)n * sizeof(float));
     o->to_device(o, *dst, ld->host, (size_t)n * sizeof(float));
-    m->owned[m->nowned++] = *dst;
+    m->w.owned[m->w.nowned++] = *dst;
     m->nparams += n;
     m->bytes_per_token += (int64_t)token_bytes(m, t, expert);
 }
@@ -213,51 +234,56 @@ static void load_tensor(void *ctx, const ckpt_tensor *t, float **dst, int expert
 /* ------------------------------------------------------------------ setup */
 
 static void dims(infer_model *m, const ust_config *cfg) {
-    m->llama = cfg->model.arch == ARCH_LLAMA;
-    m->L = cfg->model.n_layer, m->C = cfg->model.d_model, m->D = cfg_head_dim(cfg);
-    m->H = cfg->model.n_head, m->Hkv = cfg->model.n_kv_head, m->F = cfg->model.d_ff;
-    m->V = cfg->model.vocab_size, m->Vp = cfg_vocab_padded(cfg), m->S = cfg->model.max_seq_len;
-    m->eps = m->llama ? (float)cfg->model.norm_eps : 1e-5f; /* as model.c's norm_forward */
-    m->rope = (ust_rope){.theta = cfg->model.rope_theta};
+    m->shape.llama = cfg->model.arch == ARCH_LLAMA;
+    m->shape.L = cfg->model.n_layer, m->shape.C = cfg->model.d_model,
+    m->shape.D = cfg_head_dim(cfg);
+    m->shape.H = cfg->model.n_head, m->shape.Hkv = cfg->model.n_kv_head,
+    m->shape.F = cfg->model.d_ff;
+    m->shape.V = cfg->model.vocab_size, m->shape.Vp = cfg_vocab_padded(cfg),
+    m->shape.S = cfg->model.max_seq_len;
+    m->shape.eps =
+        m->shape.llama ? (float)cfg->model.norm_eps : 1e-5f; /* as model.c's norm_forward */
+    m->shape.rope = (ust_rope){.theta = cfg->model.rope_theta};
     if (cfg->model.rope_scaling.type == ROPE_LLAMA3) {
-        m->rope.factor = cfg->model.rope_scaling.factor;
-        m->rope.low_freq_factor = cfg->model.rope_scaling.low_freq_factor;
-        m->rope.high_freq_factor = cfg->model.rope_scaling.high_freq_factor;
-        m->rope.original_max_pos = cfg->model.rope_scaling.original_max_position_embeddings;
+        m->shape.rope.factor = cfg->model.rope_scaling.factor;
+        m->shape.rope.low_freq_factor = cfg->model.rope_scaling.low_freq_factor;
+        m->shape.rope.high_freq_factor = cfg->model.rope_scaling.high_freq_factor;
+        m->shape.rope.original_max_pos = cfg->model.rope_scaling.original_max_position_embeddings;
     }
-    m->E = cfg->model.moe.num_experts, m->k = cfg->model.moe.top_k;
-    m->Fe = cfg->model.moe.d_ff_expert, m->shared = cfg->model.moe.shared_expert;
+    m->shape.E = cfg->model.moe.num_experts, m->shape.k = cfg->model.moe.top_k;
+    m->shape.Fe = cfg->model.moe.d_ff_expert, m->shape.shared = cfg->model.moe.shared_expert;
 }
 
 static void alloc_acts(infer_model *m) {
     const ust_ops *o = m->ops;
-    int64_t n = m->chunk, C = m->C, HD = (int64_t)m->H * m->D;
-    int64_t F = m->E > 0 && m->Fe > m->F ? m->Fe : m->F;
+    int64_t n = m->shape.chunk, C = m->shape.C, HD = (int64_t)m->shape.H * m->shape.D;
+    int64_t F = m->shape.E > 0 && m->shape.Fe > m->shape.F ? m->shape.Fe : m->shape.F;
 #define A_(count) o->alloc(o, act_bytes(o, (count)))
 #define I_(count) o->alloc(o, (size_t)(count) * sizeof(int32_t))
-    m->x = A_(n * C), m->ln = A_(n * C), m->tmp = A_(n * C), m->tmp2 = A_(n * C);
-    m->q = A_(n * HD), m->att = A_(n * HD);
-    m->h1 = A_(n * F), m->h2 = A_(n * F), m->h = A_(n * F);
-    m->logits = A_(m->V);
-    m->mean = o->alloc(o, n * sizeof(float)), m->rstd = o->alloc(o, n * sizeof(float));
-    m->lse = o->alloc(o, n * m->H * sizeof(float));
-    m->tok = I_(n), m->pos = I_(m->S);
-    int32_t *pos = malloc((size_t)m->S * sizeof(int32_t));
+    m->a.x = A_(n * C), m->a.ln = A_(n * C), m->a.tmp = A_(n * C), m->a.tmp2 = A_(n * C);
+    m->a.q = A_(n * HD), m->a.att = A_(n * HD);
+    m->a.h1 = A_(n * F), m->a.h2 = A_(n * F), m->a.h = A_(n * F);
+    m->a.logits = A_(m->shape.V);
+    m->a.mean = o->alloc(o, n * sizeof(float)), m->a.rstd = o->alloc(o, n * sizeof(float));
+    m->a.lse = o->alloc(o, n * m->shape.H * sizeof(float));
+    m->a.tok = I_(n), m->a.pos = I_(m->shape.S);
+    int32_t *pos = malloc((size_t)m->shape.S * sizeof(int32_t));
     UST_ASSERT(pos, "out of host memory");
-    for (int t = 0; t < m->S; t++) pos[t] = t;
-    o->to_device(o, m->pos, pos, (size_t)m->S * sizeof(int32_t));
+    for (int t = 0; t < m->shape.S; t++) pos[t] = t;
+    o->to_device(o, m->a.pos, pos, (size_t)m->shape.S * sizeof(int32_t));
     free(pos);
-    int64_t KV = (int64_t)m->S * m->Hkv * m->D;
-    for (int l = 0; l < m->L; l++) m->lw[l].kc = A_(KV), m->lw[l].vc = A_(KV);
-    if (m->E > 0) {
-        int64_t A = n * m->k;
-        m->rlogits = A_(n * m->E), m->xe = A_(A * C), m->eout = A_(A * C);
-        m->probs = o->alloc(o, n * m->E * sizeof(float));
-        m->gate = o->alloc(o, A * sizeof(float));
-        m->topk = I_(A), m->rowpos = I_(A), m->assign = I_(A);
-        m->topk_h = calloc(A, 4), m->rowpos_h = calloc(A, 4), m->assign_h = calloc(A, 4);
-        m->count_h = calloc(m->E, 4);
-        UST_ASSERT(m->topk_h && m->rowpos_h && m->assign_h && m->count_h, "out of host memory");
+    int64_t KV = (int64_t)m->shape.S * m->shape.Hkv * m->shape.D;
+    for (int l = 0; l < m->shape.L; l++) m->w.lw[l].kc = A_(KV), m->w.lw[l].vc = A_(KV);
+    if (m->shape.E > 0) {
+        int64_t A = n * m->shape.k;
+        m->r.rlogits = A_(n * m->shape.E), m->r.xe = A_(A * C), m->r.eout = A_(A * C);
+        m->r.probs = o->alloc(o, n * m->shape.E * sizeof(float));
+        m->r.gate = o->alloc(o, A * sizeof(float));
+        m->r.topk = I_(A), m->r.rowpos = I_(A), m->r.assign = I_(A);
+        m->r.topk_h = calloc(A, 4), m->r.rowpos_h = calloc(A, 4), m->r.assign_h = calloc(A, 4);
+        m->r.count_h = calloc(m->shape.E, 4);
+        UST_ASSERT(m->r.topk_h && m->r.rowpos_h && m->r.assign_h && m->r.count_h,
+                   "out of host memory");
     }
 #undef A_
 #undef I_
@@ -271,21 +297,21 @@ int infer_create(infer_model **out, const ust_config *cfg, const ust_ops *ops, i
     UST_ASSERT(m, "out of host memory");
     m->cfg = cfg, m->ops = ops;
     dims(m, cfg);
-    m->chunk = chunk < m->S ? chunk : m->S;
-    m->lw = calloc(m->L, sizeof *m->lw);
-    UST_ASSERT(m->lw, "out of host memory");
-    for (int l = 0; l < m->L; l++)
+    m->shape.chunk = chunk < m->shape.S ? chunk : m->shape.S;
+    m->w.lw = calloc(m->shape.L, sizeof *m->w.lw);
+    UST_ASSERT(m->w.lw, "out of host memory");
+    for (int l = 0; l < m->shape.L; l++)
         if (moe_layer_is_moe(cfg, l)) {
-            infer_layer *w = &m->lw[l];
+            infer_layer *w = &m->w.lw[l];
             w->is_moe = 1;
-            w->moe.nexperts = m->E, w->moe.first_expert = 0;
-            w->moe.experts = calloc(m->E, sizeof *w->moe.experts);
+            w->moe.nexperts = m->shape.E, w->moe.first_expert = 0;
+            w->moe.experts = calloc(m->shape.E, sizeof *w->moe.experts);
             UST_ASSERT(w->moe.experts, "out of host memory");
         }
     int nt;
     free(infer_tensors(cfg, &nt));
-    m->owned = calloc(nt, sizeof *m->owned);
-    UST_ASSERT(m->owned, "out of host memory");
+    m->w.owned = calloc(nt, sizeof *m->w.owned);
+    UST_ASSERT(m->w.owned, "out of host memory");
     loader ld = {.m = m, .read = read, .read_ctx = read_ctx, .e = e};
     enum_tensors(cfg, m, load_tensor, &ld);
     free(ld.host);
@@ -293,7 +319,7 @@ int infer_create(infer_model **out, const ust_config *cfg, const ust_ops *ops, i
         infer_destroy(m);
         return -1;
     }
-    if (cfg_tied(cfg)) m->lm = m->wte;
+    if (cfg_tied(cfg)) m->w.lm = m->w.wte;
     alloc_acts(m);
     *out = m;
     return 0;
@@ -302,18 +328,19 @@ int infer_create(infer_model **out, const ust_config *cfg, const ust_ops *ops, i
 void infer_destroy(infer_model *m) {
     if (!m) return;
     const ust_ops *o = m->ops;
-    for (int i = 0; i < m->nowned; i++) o->free(o, m->owned[i]);
-    void *dev[] = {m->x,  m->ln,     m->tmp,   m->tmp2, m->q,    m->att,    m->h1,    m->h2,
-                   m->h,  m->logits, m->mean,  m->rstd, m->lse,  m->tok,    m->pos,   m->rlogits,
-                   m->xe, m->eout,   m->probs, m->gate, m->topk, m->rowpos, m->assign};
+    for (int i = 0; i < m->w.nowned; i++) o->free(o, m->w.owned[i]);
+    void *dev[] = {m->a.x,     m->a.ln,   m->a.tmp,  m->a.tmp2,    m->a.q,     m->a.att,
+                   m->a.h1,    m->a.h2,   m->a.h,    m->a.logits,  m->a.mean,  m->a.rstd,
+                   m->a.lse,   m->a.tok,  m->a.pos,  m->r.rlogits, m->r.xe,    m->r.eout,
+                   m->r.probs, m->r.gate, m->r.topk, m->r.rowpos,  m->r.assign};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) o->free(o, dev[i]);
-    for (int l = 0; l < m->L; l++) {
-        if (m->lw[l].kc) o->free(o, m->lw[l].kc), o->free(o, m->lw[l].vc);
-        free(m->lw[l].moe.experts);
+    for (int l = 0; l < m->shape.L; l++) {
+        if (m->w.lw[l].kc) o->free(o, m->w.lw[l].kc), o->free(o, m->w.lw[l].vc);
+        free(m->w.lw[l].moe.experts);
     }
-    free(m->topk_h), free(m->rowpos_h), free(m->assign_h), free(m->count_h);
-    free(m->lw), free(m->owned);
+    free(m->r.topk_h), free(m->r.rowpos_h), free(m->r.assign_h), free(m->r.count_h);
+    free(m->w.lw), free(m->w.owned);
     free(m);
 }
 
@@ -327,67 +354,67 @@ int64_t infer_param_count(const infer_model *m) { return m->nparams; }
 /* out(n,C) = norm(inp(n,C)): LayerNorm (gpt2) or RMSNorm (llama) */
 static void norm(infer_model *m, act *out, const act *inp, const float *w, const float *b, int n) {
     const ust_ops *o = m->ops;
-    if (m->llama)
-        o->rmsnorm_fwd(o, out, m->rstd, inp, w, n, m->C, m->eps);
+    if (m->shape.llama)
+        o->rmsnorm_fwd(o, out, m->a.rstd, inp, w, n, m->shape.C, m->shape.eps);
     else
-        o->layernorm_fwd(o, out, m->mean, m->rstd, inp, w, b, n, m->C, m->eps);
+        o->layernorm_fwd(o, out, m->a.mean, m->a.rstd, inp, w, b, n, m->shape.C, m->shape.eps);
 }
 
 /* out(M,C) = MLP(x(M,C)) of width F: down(swiglu(gate x, up x)) for llama, down(gelu(up x + b))
  * + b for gpt2 (a dense layer's MLP or one expert). */
 static void mlp(infer_model *m, const moe_expert *w, act *out, const act *x, int M, int F) {
     const ust_ops *o = m->ops;
-    int C = m->C;
+    int C = m->shape.C;
     if (M == 0) return;
-    if (m->llama) {
-        o->linear_fwd(o, m->h1, x, w->gate, NULL, M, C, F);
-        o->linear_fwd(o, m->h2, x, w->up, w->up_b, M, C, F);
-        o->swiglu_fwd(o, m->h, m->h1, m->h2, (int64_t)M * F);
+    if (m->shape.llama) {
+        o->linear_fwd(o, m->a.h1, x, w->gate, NULL, M, C, F);
+        o->linear_fwd(o, m->a.h2, x, w->up, w->up_b, M, C, F);
+        o->swiglu_fwd(o, m->a.h, m->a.h1, m->a.h2, (int64_t)M * F);
     } else {
-        o->linear_gelu_fwd(o, m->h2, m->h, x, w->up, w->up_b, M, C, F);
+        o->linear_gelu_fwd(o, m->a.h2, m->a.h, x, w->up, w->up_b, M, C, F);
     }
-    o->linear_fwd(o, out, m->h, w->down, w->down_b, M, F, C);
+    o->linear_fwd(o, out, m->a.h, w->down, w->down_b, M, F, C);
 }
 
 /* Host: the choices of n tokens grouped by expert, as moe.c's route() without capacity:
  * assignment a = token*k + j goes to row rowpos[a]; rows of expert e are [off[e], off[e]+cnt). */
 static void route(infer_model *m, int n, int *off) {
     const ust_ops *o = m->ops;
-    int A = n * m->k;
-    o->to_host(o, m->topk_h, m->topk, (size_t)A * sizeof(int32_t));
-    memset(m->count_h, 0, (size_t)m->E * sizeof(int32_t));
+    int A = n * m->shape.k;
+    o->to_host(o, m->r.topk_h, m->r.topk, (size_t)A * sizeof(int32_t));
+    memset(m->r.count_h, 0, (size_t)m->shape.E * sizeof(int32_t));
     for (int a = 0; a < A; a++) {
-        UST_ASSERT(m->topk_h[a] >= 0 && m->topk_h[a] < m->E, "router chose expert %d of %d",
-                   m->topk_h[a], m->E);
-        m->rowpos_h[a] = m->count_h[m->topk_h[a]]++;
+        UST_ASSERT(m->r.topk_h[a] >= 0 && m->r.topk_h[a] < m->shape.E,
+                   "router chose expert %d of %d", m->r.topk_h[a], m->shape.E);
+        m->r.rowpos_h[a] = m->r.count_h[m->r.topk_h[a]]++;
     }
     off[0] = 0;
-    for (int e = 0; e < m->E; e++) off[e + 1] = off[e] + m->count_h[e];
+    for (int e = 0; e < m->shape.E; e++) off[e + 1] = off[e] + m->r.count_h[e];
     for (int a = 0; a < A; a++) {
-        m->rowpos_h[a] += off[m->topk_h[a]];
-        m->assign_h[m->rowpos_h[a]] = a;
+        m->r.rowpos_h[a] += off[m->r.topk_h[a]];
+        m->r.assign_h[m->r.rowpos_h[a]] = a;
     }
-    o->to_device(o, m->rowpos, m->rowpos_h, (size_t)A * sizeof(int32_t));
-    o->to_device(o, m->assign, m->assign_h, (size_t)A * sizeof(int32_t));
+    o->to_device(o, m->r.rowpos, m->r.rowpos_h, (size_t)A * sizeof(int32_t));
+    o->to_device(o, m->r.assign, m->r.assign_h, (size_t)A * sizeof(int32_t));
 }
 
 /* tmp(n,C) = sum_j gate_j expert_{e_j}(ln) [+ shared(ln)]: only the chosen experts run, each on
  * its rows, so a decoding step reads k of the E experts' weights. */
 static void moe_mlp(infer_model *m, const infer_layer *w, int n) {
     const ust_ops *o = m->ops;
-    int C = m->C, E = m->E, k = m->k, off[E + 1];
-    o->linear_fwd(o, m->rlogits, m->ln, w->moe.router, NULL, n, C, E);
-    o->moe_router_fwd(o, m->probs, NULL, m->topk, m->gate, NULL, m->rlogits, w->moe.bias, n, E,
-                      k);
+    int C = m->shape.C, E = m->shape.E, k = m->shape.k, off[E + 1];
+    o->linear_fwd(o, m->r.rlogits, m->a.ln, w->moe.router, NULL, n, C, E);
+    o->moe_router_fwd(o, m->r.probs, NULL, m->r.topk, m->r.gate, NULL, m->r.rlogits, w->moe.bias, n,
+                      E, k);
     route(m, n, off);
-    o->moe_gather(o, m->xe, m->ln, m->assign, NULL, n * k, C, k);
+    o->moe_gather(o, m->r.xe, m->a.ln, m->r.assign, NULL, n * k, C, k);
     for (int e = 0; e < E; e++)
-        mlp(m, &w->moe.experts[e], act_at(o, m->eout, (int64_t)off[e] * C),
-            act_at(o, m->xe, (int64_t)off[e] * C), off[e + 1] - off[e], m->Fe);
-    o->moe_combine(o, m->tmp, m->eout, m->rowpos, m->gate, n, k, C, 0);
-    if (m->shared) {
-        mlp(m, &w->moe.shared, m->tmp2, m->ln, n, m->Fe);
-        o->add(o, m->tmp, m->tmp, m->tmp2, (int64_t)n * C);
+        mlp(m, &w->moe.experts[e], act_at(o, m->r.eout, (int64_t)off[e] * C),
+            act_at(o, m->r.xe, (int64_t)off[e] * C), off[e + 1] - off[e], m->shape.Fe);
+    o->moe_combine(o, m->a.tmp, m->r.eout, m->r.rowpos, m->r.gate, n, k, C, 0);
+    if (m->shape.shared) {
+        mlp(m, &w->moe.shared, m->a.tmp2, m->a.ln, n, m->shape.Fe);
+        o->add(o, m->a.tmp, m->a.tmp, m->a.tmp2, (int64_t)n * C);
     }
 }
 
@@ -395,48 +422,52 @@ static void moe_mlp(infer_model *m, const infer_layer *w, int n) {
  * [len, len+n), attention over all len+n cached positions (causal by position). */
 static void attention(infer_model *m, const infer_layer *w, int n) {
     const ust_ops *o = m->ops;
-    int C = m->C, HD = m->H * m->D, KV = m->Hkv * m->D;
-    const int32_t *pos = m->pos + m->len;
+    int C = m->shape.C, HD = m->shape.H * m->shape.D, KV = m->shape.Hkv * m->shape.D;
+    const int32_t *pos = m->a.pos + m->len;
     act *k = act_at(o, w->kc, (int64_t)m->len * KV), *v = act_at(o, w->vc, (int64_t)m->len * KV);
-    norm(m, m->ln, m->x, w->ln1_w, w->ln1_b, n);
-    o->linear_fwd(o, m->q, m->ln, w->wq, w->bq, n, C, HD);
-    o->linear_fwd(o, k, m->ln, w->wk, w->bk, n, C, KV);
-    o->linear_fwd(o, v, m->ln, w->wv, w->bv, n, C, KV);
-    if (m->llama) {
-        o->rope_fwd(o, m->q, m->q, pos, 1, n, m->H, m->D, &m->rope);
-        o->rope_fwd(o, k, k, pos, 1, n, m->Hkv, m->D, &m->rope);
+    norm(m, m->a.ln, m->a.x, w->ln1_w, w->ln1_b, n);
+    o->linear_fwd(o, m->a.q, m->a.ln, w->wq, w->bq, n, C, HD);
+    o->linear_fwd(o, k, m->a.ln, w->wk, w->bk, n, C, KV);
+    o->linear_fwd(o, v, m->a.ln, w->wv, w->bv, n, C, KV);
+    if (m->shape.llama) {
+        o->rope_fwd(o, m->a.q, m->a.q, pos, 1, n, m->shape.H, m->shape.D, &m->shape.rope);
+        o->rope_fwd(o, k, k, pos, 1, n, m->shape.Hkv, m->shape.D, &m->shape.rope);
     }
-    o->attention_fwd(o, m->att, m->lse, m->q, w->kc, w->vc, 1, n, m->len + n, m->H, m->Hkv, m->D,
-                     pos, m->pos, 1, NULL);
-    o->linear_fwd(o, m->tmp, m->att, w->wo, w->bo, n, HD, C);
-    o->add(o, m->x, m->x, m->tmp, (int64_t)n * C);
+    o->attention_fwd(o, m->a.att, m->a.lse, m->a.q, w->kc, w->vc, 1, n, m->len + n, m->shape.H,
+                     m->shape.Hkv, m->shape.D, pos, m->a.pos, 1, NULL);
+    o->linear_fwd(o, m->a.tmp, m->a.att, w->wo, w->bo, n, HD, C);
+    o->add(o, m->a.x, m->a.x, m->a.tmp, (int64_t)n * C);
 }
 
 /* x(n,C) += mlp(norm2(x)) */
 static void feed_forward(infer_model *m, const infer_layer *w, int n) {
-    norm(m, m->ln, m->x, w->ln2_w, w->ln2_b, n);
+    norm(m, m->a.ln, m->a.x, w->ln2_w, w->ln2_b, n);
     if (w->is_moe)
         moe_mlp(m, w, n);
     else
-        mlp(m, &w->mlp, m->tmp, m->ln, n, m->F);
-    m->ops->add(m->ops, m->x, m->x, m->tmp, (int64_t)n * m->C);
+        mlp(m, &w->mlp, m->a.tmp, m->a.ln, n, m->shape.F);
+    m->ops->add(m->ops, m->a.x, m->a.x, m->a.tmp, (int64_t)n * m->shape.C);
 }
 
+/* The training model's math: gpt2 (LayerNorm eps 1e-5, learned positions, GELU tanh, biases) or
+ * llama (RMSNorm, RoPE rotate-half with ust_rope incl. llama3 scaling, GQA, SwiGLU, optional
+ * q/k/v biases); MoE layers as moe.c (softmax router, top-k, gates renormalized, shared expert). */
 void infer_forward(infer_model *m, const int32_t *tok, int n, float *logits) {
     const ust_ops *o = m->ops;
-    UST_ASSERT(n >= 1 && n <= m->chunk && m->len + n <= m->S,
-               "forward of %d tokens at %d (chunk %d, S %d)", n, m->len, m->chunk, m->S);
-    o->to_device(o, m->tok, tok, (size_t)n * sizeof(int32_t));
-    o->embedding_fwd(o, m->x, m->tok, m->llama ? NULL : m->pos + m->len, m->wte, m->wpe, 1, n, m->C,
-                     0, m->Vp);
-    for (int l = 0; l < m->L; l++) {
-        attention(m, &m->lw[l], n);
-        feed_forward(m, &m->lw[l], n);
+    UST_ASSERT(n >= 1 && n <= m->shape.chunk && m->len + n <= m->shape.S,
+               "forward of %d tokens at %d (chunk %d, S %d)", n, m->len, m->shape.chunk,
+               m->shape.S);
+    o->to_device(o, m->a.tok, tok, (size_t)n * sizeof(int32_t));
+    o->embedding_fwd(o, m->a.x, m->a.tok, m->shape.llama ? NULL : m->a.pos + m->len, m->w.wte,
+                     m->w.wpe, 1, n, m->shape.C, 0, m->shape.Vp);
+    for (int l = 0; l < m->shape.L; l++) {
+        attention(m, &m->w.lw[l], n);
+        feed_forward(m, &m->w.lw[l], n);
     }
     /* only the last token's logits are wanted: norm and head on that row, real vocabulary */
-    act *last = act_at(o, m->x, (int64_t)(n - 1) * m->C);
-    norm(m, m->ln, last, m->lnf_w, m->lnf_b, 1);
-    o->linear_fwd(o, m->logits, m->ln, m->lm, NULL, 1, m->C, m->V);
-    o->to_host(o, logits, m->logits, (size_t)m->V * sizeof(float));
+    act *last = act_at(o, m->a.x, (int64_t)(n - 1) * m->shape.C);
+    norm(m, m->a.ln, last, m->w.lnf_w, m->w.lnf_b, 1);
+    o->linear_fwd(o, m->a.logits, m->a.ln, m->w.lm, NULL, 1, m->shape.C, m->shape.V);
+    o->to_host(o, logits, m->a.logits, (size_t)m->shape.V * sizeof(float));
     m->len += n;
 }

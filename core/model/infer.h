@@ -1,15 +1,11 @@
 /* infer: the trained transformer run forward for generation, with a KV cache, on the ops.h
- * interface (so run.device cuda runs the same code on the GPU backend). One sequence (B = 1).
- * Contract: infer_create reads every tensor of the model the config describes, whole and under
- * its canonical name (docs/design.md section 7), through a weight source (a function that fills a
- * host buffer: a ustrain checkpoint, a Hugging Face directory, random weights for a benchmark),
- * then infer_forward appends n tokens at positions [len, len + n) to the cache and returns the
- * logits of the last one over the real vocabulary (model.vocab_size; the padded rows are never
- * computed). The math is core/model/model.c's: gpt2 (LayerNorm eps 1e-5, learned positions, GELU tanh,
- * biases) or llama (RMSNorm, RoPE rotate-half with ust_rope incl. llama3 scaling, GQA, SwiGLU,
- * optional q/k/v biases), MoE layers as core/model/moe.c (softmax router, top-k, gates renormalized,
- * shared expert), always dropless: capacity_factor is a training device and is ignored here.
- * Every weight is read once per forward, which is what bounds decoding (memory bandwidth). */
+ * interface (run.device cuda runs the same code on the GPU). One sequence (B = 1).
+ * infer_create reads every tensor of the configured model, whole and under its canonical name
+ * (docs/design.md section 7), through a weight source (a checkpoint, a Hugging Face directory,
+ * random weights for a benchmark); infer_forward appends n tokens to the cache and returns the
+ * last one's logits over the real vocabulary (padded rows are never computed). The math is the
+ * training model's (core/model/model_block.c, moe.c), MoE always dropless: capacity_factor is a
+ * training device. Every weight is read once per forward, which is what bounds decoding. */
 #ifndef UST_INFER_H
 #define UST_INFER_H
 

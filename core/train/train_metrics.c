@@ -59,24 +59,24 @@ static void measure_step(trainer *t, const step_mark *m, double fpt, double peak
     double tokens = (double)t->cfg->train.global_batch_size * t->cfg->train.seq_len;
     s->tokens_per_s = tokens / (s->ms / 1e3);
     s->mfu = fpt * s->tokens_per_s / (peak * t->rt->world); /* peak is one rank's */
-    s->peak_mem_bytes = t->eng.arena.peak;
+    s->mem.peak = t->eng.arena.peak;
     step_mark now = train_metrics_mark(t);
-    s->comm_bytes_tp = now.bytes[TOPO_TP] - m->bytes[TOPO_TP];
-    s->tp_comm_ms = 1e3 * (now.wait_s[TOPO_TP] - m->wait_s[TOPO_TP]);
+    s->comm.bytes_tp = now.bytes[TOPO_TP] - m->bytes[TOPO_TP];
+    s->comm.tp_ms = 1e3 * (now.wait_s[TOPO_TP] - m->wait_s[TOPO_TP]);
     /* the context-parallel group and, under a2a+ring, its Ulysses and ring sub-groups */
     static const topo_kind cp_groups[] = {TOPO_CP, TOPO_CPA, TOPO_CPR};
-    s->cp_wait_ms = 0;
-    s->comm_bytes_cp = 0;
+    s->comm.cp_wait_ms = 0;
+    s->comm.bytes_cp = 0;
     for (int i = 0; i < 3; i++) {
-        s->cp_wait_ms += 1e3 * (now.wait_s[cp_groups[i]] - m->wait_s[cp_groups[i]]);
-        s->comm_bytes_cp += now.bytes[cp_groups[i]] - m->bytes[cp_groups[i]];
+        s->comm.cp_wait_ms += 1e3 * (now.wait_s[cp_groups[i]] - m->wait_s[cp_groups[i]]);
+        s->comm.bytes_cp += now.bytes[cp_groups[i]] - m->bytes[cp_groups[i]];
     }
-    s->ep_comm_ms = 1e3 * (now.wait_s[TOPO_EP] - m->wait_s[TOPO_EP]);
-    s->comm_bytes_mirror = now.bytes[TOPO_MIRROR] - m->bytes[TOPO_MIRROR];
-    s->mem_params = t->eng.arena.bytes[MEM_PARAMS];
-    s->mem_grads = t->eng.arena.bytes[MEM_GRADS];
-    s->mem_optim = t->eng.arena.bytes[MEM_OPTIM];
-    s->mem_acts = t->eng.arena.bytes[MEM_ACTS];
+    s->comm.ep_ms = 1e3 * (now.wait_s[TOPO_EP] - m->wait_s[TOPO_EP]);
+    s->comm.bytes_mirror = now.bytes[TOPO_MIRROR] - m->bytes[TOPO_MIRROR];
+    s->mem.params = t->eng.arena.bytes[MEM_PARAMS];
+    s->mem.grads = t->eng.arena.bytes[MEM_GRADS];
+    s->mem.optim = t->eng.arena.bytes[MEM_OPTIM];
+    s->mem.acts = t->eng.arena.bytes[MEM_ACTS];
 }
 
 /* Device allocations the CUDA backend has made so far (0 on the CPU). The step loop should make
@@ -99,24 +99,24 @@ static log_step report_step(trainer *t, const step_mark *mark, double loss, doub
                   .grad_norm = norm,
                   .ms = 1e3 * (log_now_s() - mark->t0),
                   .val_loss = NAN,
-                  .pp_bubble = NAN,
+                  .pp.bubble = NAN,
                   .skipped = !finite,
-                  .comm_bytes_dp = dp_bytes_sent(t->eng.dp)}; /* before validation's gathers */
+                  .comm.bytes_dp = dp_bytes_sent(t->eng.dp)}; /* before validation's gathers */
     measure_step(t, mark, fpt, peak, &s);
-    s.cp_docs = c->parallel.cp > 1 && c->data.doc_mask;
-    if (s.cp_docs) /* the context-parallel group's, since the run began */
-        s.cp_blocks_skipped = (int64_t)train_group_sum(t, TOPO_CP, (double)t->eng.cp.skipped);
-    s.moe_n = model_moe_stats(t->eng.m, s.moe_layer, s.moe_load_max, s.moe_load_mean, s.moe_dropped,
+    s.data.cp_docs = c->parallel.cp > 1 && c->data.doc_mask;
+    if (s.data.cp_docs) /* the context-parallel group's, since the run began */
+        s.data.cp_blocks_skipped = (int64_t)train_group_sum(t, TOPO_CP, (double)t->eng.cp.skipped);
+    s.moe.n = model_moe_stats(t->eng.m, s.moe.layer, s.moe.load_max, s.moe.load_mean, s.moe.dropped,
                               LOG_MAX_MOE);
-    for (int i = 0; i < s.moe_n; i++)
-        s.moe_ep = model_moe_rank_rows(t->eng.m, i, s.moe_rank_rows[i], LOG_MAX_EP);
+    for (int i = 0; i < s.moe.n; i++)
+        s.moe.ep = model_moe_rank_rows(t->eng.m, i, s.moe.rank_rows[i], LOG_MAX_EP);
     if (c->parallel.pp > 1) {
         pp_stats ps = pp_last_step_stats(t->eng.pp);
-        s.pp_bubble = ps.bubble;
-        s.pp_bubble_analytic = ps.analytic;
-        s.comm_bytes_pp = ps.sent_bytes;
-        s.pp_bubble_sim = ps.simulated;
-        s.pp_op_ms[0] = ps.f_ms, s.pp_op_ms[1] = ps.b_ms, s.pp_op_ms[2] = ps.w_ms;
+        s.pp.bubble = ps.bubble;
+        s.pp.analytic = ps.analytic;
+        s.comm.bytes_pp = ps.sent_bytes;
+        s.pp.sim = ps.simulated;
+        s.pp.op_ms[0] = ps.f_ms, s.pp.op_ms[1] = ps.b_ms, s.pp.op_ms[2] = ps.w_ms;
     }
     return s;
 }
@@ -166,10 +166,10 @@ void train_metrics_count(trainer *t, log_step *s) {
     if (t->step > m->first + m->untimed || m->all_timed) m->sum_ms += s->ms, m->timed++;
     s->eta_s = (log_now_s() - m->t_start) / (t->step - m->first) * (c->train.steps - t->step);
     s->elapsed_s = log_now_s() - m->t_start;
-    s->data_n = data_blend_count(t->feed.train) > 1 ? data_blend_count(t->feed.train) : 0;
-    for (int d = 0; d < s->data_n; d++) s->data_samples[d] = t->feed.pos.consumed[d];
-    s->samples_seen = t->sample_index;
-    s->tokens_seen = t->sample_index * c->train.seq_len;
+    s->data.n = data_blend_count(t->feed.train) > 1 ? data_blend_count(t->feed.train) : 0;
+    for (int d = 0; d < s->data.n; d++) s->data.samples[d] = t->feed.pos.consumed[d];
+    s->data.samples_seen = t->sample_index;
+    s->data.tokens_seen = t->sample_index * c->train.seq_len;
 }
 
 /* The loop's totals into res: steps, the mean of the timed steps, throughput and MFU. */
