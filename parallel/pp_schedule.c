@@ -600,28 +600,15 @@ static int check_args(ust_pp_schedule kind, int p, int v, int m, int rank, int f
                         name, p, v, m);
     if (rank < 0 || rank >= p)
         return ust_errf(e, "pp schedule %s: rank %d outside 0..%d", name, rank, p - 1);
-    if (kind == PP_DUALPIPEV && (p < 2 || v != 2 || m < 2 * p))
-        return ust_errf(e,
-                        "pp schedule dualpipev: needs pp >= 2 (got %d), vpp = 2 (got %d) and at "
-                        "least 2 * pp micro-batches (got %d)",
-                        p, v, m);
-    if (kind == PP_DUALPIPE && (p < 2 || p % 2 || v != 2 || m < 2 * p || m % 2))
-        return ust_errf(e,
-                        "pp schedule dualpipe: needs an even pp >= 2 (got %d), vpp = 2 (got %d) "
-                        "and an even number of at least 2 * pp micro-batches (got %d)",
-                        p, v, m);
+    cfg_pp_rule rule = cfg_pp_shape(kind, p, v, m); /* the config's rules, the one copy */
+    if (rule != CFG_PP_OK)
+        return ust_errf(e, "pp schedule %s: %s (pp %d, vpp %d, %d micro-batches)", name,
+                        cfg_pp_rule_text(rule), p, v, m);
     if (two_way(kind) && p > PPS_MAX_P) /* its builder simulates every rank */
         return ust_errf(e, "pp schedule %s: pp = %d beyond %d", name, p, PPS_MAX_P);
-    if (kind != PP_INTERLEAVED && !two_way(kind) && v != 1)
-        return ust_errf(e, "pp schedule %s: vpp = %d needs pp_schedule: interleaved", name, v);
     if ((flags & PPS_NO_SPLIT) && !two_way(kind))
         return ust_errf(
             e, "pp schedule %s: the no-split flag applies to dualpipev and dualpipe only", name);
-    if (kind == PP_INTERLEAVED && m % p != 0)
-        return ust_errf(e,
-                        "pp schedule interleaved: micro-batches (%d) must be a multiple of pp "
-                        "(%d), e.g. %d",
-                        m, p, (m + p - 1) / p * p);
     if ((flags & PPS_BREADTH_FIRST) && kind != PP_INTERLEAVED)
         return ust_errf(e, "pp schedule %s: breadth-first applies to interleaved only", name);
     return 0;

@@ -512,6 +512,29 @@ static void test_invalid_inputs_give_an_error(void) {
     CHECK(s.a == NULL, "nothing allocated on error");
 }
 
+/* The builder and the config check share one copy of the pipeline's shape rules (config.h
+ * cfg_pp_shape): over a grid of schedules and shapes the builder refuses exactly what the rules
+ * refuse, so a rule added on one side only fails here. */
+static void test_the_builder_refuses_exactly_what_the_shape_rules_refuse(void) {
+    int mismatches = 0, refused = 0;
+    for (int kind = PP_AFAB; kind <= PP_DUALPIPE; kind++)
+        for (int p = 1; p <= 6; p++)
+            for (int v = 1; v <= 3; v++)
+                for (int m = 1; m <= 13; m++) {
+                    pps_schedule s;
+                    ust_err e = {{0}};
+                    int rc = pps_build(&s, kind, p, v, m, 0, 0, &e);
+                    int rule = cfg_pp_shape(kind, p, v, m) != CFG_PP_OK;
+                    if (rc == 0) pps_free(&s);
+                    refused += rule;
+                    if ((rc != 0) != rule && mismatches++ < 3)
+                        printf("  %s p=%d v=%d m=%d: builder %d, rules %d (%s)\n",
+                               pps_kind_name(kind), p, v, m, rc, rule, e.msg);
+                }
+    CHECK(mismatches == 0 && refused > 0, "%d mismatches (%d refused by the rules)", mismatches,
+          refused);
+}
+
 static void test_print_writes_one_line_per_action(void) {
     pps_schedule s;
     ust_err e = {{0}};
@@ -552,6 +575,7 @@ int main(void) {
     RUN_TEST(test_transfers_out_of_order_between_ranks_are_rejected);
     RUN_TEST(test_a_deadlocking_post_order_is_reported_not_hung);
     RUN_TEST(test_invalid_inputs_give_an_error);
+    RUN_TEST(test_the_builder_refuses_exactly_what_the_shape_rules_refuse);
     RUN_TEST(test_print_writes_one_line_per_action);
     return TEST_SUMMARY();
 }

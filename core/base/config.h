@@ -194,6 +194,25 @@ bool cfg_tied(const ust_config *c); /* gpt2, or llama with tie_embeddings */
  * bf16, else 4. */
 int cfg_act_size(const ust_config *c);
 
+/* The pipeline's shape rules, the one copy that the config check and the schedule builder
+ * (pp_schedule.c) share: the first rule a schedule breaks with p ranks, v chunks per rank and
+ * m micro-batches per step (m < 0: not known yet, its rules skipped), CFG_PP_OK when none;
+ * cfg_pp_rule_text says it in a phrase. */
+typedef enum {
+    CFG_PP_OK,
+    CFG_PP_VPP_SCHEDULE,  /* vpp > 1 under a schedule of one chunk per rank */
+    CFG_PP_DPV_PP,        /* dualpipev, pp < 2 */
+    CFG_PP_DPV_VPP,       /* dualpipev, vpp != 2 */
+    CFG_PP_DP_PP,         /* dualpipe, pp odd or < 2 */
+    CFG_PP_DP_VPP,        /* dualpipe, vpp != 2 */
+    CFG_PP_VPP_PP,        /* vpp > 1 with one pipeline rank */
+    CFG_PP_DPV_MB,        /* dualpipev, m < 2p */
+    CFG_PP_DP_MB,         /* dualpipe, m odd or < 2p */
+    CFG_PP_INTERLEAVED_MB /* interleaved, m not a multiple of p */
+} cfg_pp_rule;
+cfg_pp_rule cfg_pp_shape(ust_pp_schedule kind, int p, int v, long long m);
+const char *cfg_pp_rule_text(cfg_pp_rule r);
+
 #define CFG_MAX_STAGES 1024
 /* parallel.pp_layers as numbers; returns how many (0: an even split). */
 int cfg_pp_layers(const ust_config *c, int *per);

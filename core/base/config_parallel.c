@@ -48,32 +48,71 @@ static int cfg_check_pp_layers(const ust_config *c, ust_err *e) {
     return 0;
 }
 
-/* pp: the schedule against parallel.pp and parallel.vpp (and zb against MoE layers) */
+cfg_pp_rule cfg_pp_shape(ust_pp_schedule kind, int p, int v, long long m) {
+    int dpv = kind == PP_DUALPIPEV, dp = kind == PP_DUALPIPE;
+    if (v != 1 && kind != PP_INTERLEAVED && !dpv && !dp) return CFG_PP_VPP_SCHEDULE;
+    /* dualpipev: rank r holds stages r and 2p-1-r, so the stages (and pp_layers' entries) are
+     * pp * 2; vpp says so explicitly rather than changing meaning behind the user's back */
+    if (dpv && p < 2) return CFG_PP_DPV_PP;
+    if (dpv && v != 2) return CFG_PP_DPV_VPP;
+    /* dualpipe: rank r holds stage r for the micro-batches entering at rank 0 and stage pp-1-r
+     * for those entering at rank pp-1: two chunks again, vpp 2, and the ranks pair up */
+    if (dp && (p < 2 || p % 2)) return CFG_PP_DP_PP;
+    if (dp && v != 2) return CFG_PP_DP_VPP;
+    if (m < 0) return CFG_PP_OK;
+    if (dpv && m < 2LL * p) return CFG_PP_DPV_MB;
+    if (dp && (m < 2LL * p || m % 2)) return CFG_PP_DP_MB; /* half enter from each end */
+    if (kind == PP_INTERLEAVED && p > 1 && m % p) return CFG_PP_INTERLEAVED_MB;
+    return CFG_PP_OK;
+}
+
+const char *cfg_pp_rule_text(cfg_pp_rule r) {
+    static const char *text[] = {
+        [CFG_PP_OK] = "",
+        [CFG_PP_VPP_SCHEDULE] = "vpp > 1 needs pp_schedule: interleaved, dualpipev or dualpipe",
+        [CFG_PP_DPV_PP] = "dualpipev needs pp >= 2",
+        [CFG_PP_DPV_VPP] = "dualpipev needs vpp = 2",
+        [CFG_PP_DP_PP] = "dualpipe needs an even pp >= 2",
+        [CFG_PP_DP_VPP] = "dualpipe needs vpp = 2",
+        [CFG_PP_DPV_MB] = "dualpipev needs at least 2 * pp micro-batches",
+        [CFG_PP_DP_MB] = "dualpipe needs an even number of at least 2 * pp micro-batches",
+        [CFG_PP_INTERLEAVED_MB] = "interleaved needs a multiple of pp micro-batches"};
+    return text[r];
+}
+
+/* pp: the schedule against parallel.pp and parallel.vpp (cfg_pp_shape's rules, said in the
+ * config's keys), and zb against MoE layers */
 static int cfg_check_pp_schedule(const ust_config *c, ust_err *e) {
     const __typeof__(c->parallel) *p = &c->parallel;
     const __typeof__(c->model) *m = &c->model;
-    REQUIRE(p->vpp == 1 || p->pp_schedule == PP_INTERLEAVED || p->pp_schedule == PP_DUALPIPEV ||
-                p->pp_schedule == PP_DUALPIPE,
-            "parallel.vpp (%d) > 1 needs parallel.pp_schedule: interleaved (got %s)", p->vpp,
-            cfg_pp_schedule_names[p->pp_schedule]);
-    /* dualpipev: rank r holds stages r and 2p-1-r, so the stages (and pp_layers' entries) are
-     * pp * 2; vpp says so explicitly rather than changing meaning behind the user's back */
-    REQUIRE(p->pp_schedule != PP_DUALPIPEV || p->pp > 1,
-            "parallel.pp_schedule: dualpipev needs parallel.pp > 1 (got %d)", p->pp);
-    REQUIRE(p->pp_schedule != PP_DUALPIPEV || p->vpp == 2,
-            "parallel.pp_schedule: dualpipev needs parallel.vpp: 2 (got %d): each rank holds two "
-            "stages of the V, r and 2*pp-1-r",
-            p->vpp);
-    /* dualpipe: rank r holds stage r for the micro-batches entering at rank 0 and stage pp-1-r
-     * for those entering at rank pp-1: two chunks again, vpp 2, and the ranks pair up */
-    REQUIRE(p->pp_schedule != PP_DUALPIPE || (p->pp >= 2 && p->pp % 2 == 0),
-            "parallel.pp_schedule: dualpipe needs an even parallel.pp >= 2 (got %d): rank r and "
-            "rank pp-1-r hold the same two stages, for the two directions",
-            p->pp);
-    REQUIRE(p->pp_schedule != PP_DUALPIPE || p->vpp == 2,
-            "parallel.pp_schedule: dualpipe needs parallel.vpp: 2 (got %d): each rank holds two "
-            "stages, r for one direction and pp-1-r for the other",
-            p->vpp);
+    const char *kind = cfg_pp_schedule_names[p->pp_schedule];
+    switch (cfg_pp_shape(p->pp_schedule, p->pp, p->vpp, -1)) {
+    case CFG_PP_VPP_SCHEDULE:
+        return cfg_vfail(c, e,
+                         "parallel.vpp (%d) > 1 needs parallel.pp_schedule: interleaved (got %s)",
+                         p->vpp, kind);
+    case CFG_PP_DPV_PP:
+        return cfg_vfail(c, e, "parallel.pp_schedule: dualpipev needs parallel.pp > 1 (got %d)",
+                         p->pp);
+    case CFG_PP_DPV_VPP:
+        return cfg_vfail(c, e,
+                         "parallel.pp_schedule: dualpipev needs parallel.vpp: 2 (got %d): each "
+                         "rank holds two stages of the V, r and 2*pp-1-r",
+                         p->vpp);
+    case CFG_PP_DP_PP:
+        return cfg_vfail(c, e,
+                         "parallel.pp_schedule: dualpipe needs an even parallel.pp >= 2 (got %d): "
+                         "rank r and rank pp-1-r hold the same two stages, for the two directions",
+                         p->pp);
+    case CFG_PP_DP_VPP:
+        return cfg_vfail(c, e,
+                         "parallel.pp_schedule: dualpipe needs parallel.vpp: 2 (got %d): each rank "
+                         "holds two stages, r for one direction and pp-1-r for the other",
+                         p->vpp);
+    default:
+        break;
+    }
+    /* the schedule builder runs one rank's chunks too (its tests do); a run has no use for it */
     REQUIRE(p->vpp == 1 || p->pp > 1,
             "parallel.vpp (%d) > 1 needs parallel.pp > 1: virtual stages interleave over pipeline "
             "ranks",
@@ -87,7 +126,7 @@ static int cfg_check_pp_schedule(const ust_config *c, ust_err *e) {
 }
 
 /* the micro-batches: their tokens split over tp in the MoE layers, and how many a step has
- * against what the pipeline schedule needs */
+ * against what the pipeline schedule needs (cfg_pp_shape's rules) */
 static int cfg_check_micro_batches(const ust_config *c, ust_err *e) {
     const __typeof__(c->parallel) *p = &c->parallel;
     const __typeof__(c->model) *m = &c->model;
@@ -100,21 +139,29 @@ static int cfg_check_micro_batches(const ust_config *c, ust_err *e) {
             moe_tokens, p->tp);
     long long per_dp = (long long)c->train.micro_batch_size * p->dp;
     long long mbs = per_dp > 0 ? c->train.global_batch_size / per_dp : 0;
-    REQUIRE(p->pp == 1 || p->pp_schedule != PP_INTERLEAVED || mbs % p->pp == 0,
-            "parallel.pp_schedule: interleaved needs the micro-batches per step (%lld = "
-            "train.global_batch_size %d / (micro_batch_size %d x dp %d)) to be a multiple of "
-            "parallel.pp (%d)",
-            mbs, c->train.global_batch_size, c->train.micro_batch_size, p->dp, p->pp);
-    REQUIRE(p->pp_schedule != PP_DUALPIPEV || mbs >= 2LL * p->pp,
-            "parallel.pp_schedule: dualpipev needs at least 2 * parallel.pp (%d) micro-batches per "
-            "step (got %lld = train.global_batch_size %d / (micro_batch_size %d x dp %d))",
-            2 * p->pp, mbs, c->train.global_batch_size, c->train.micro_batch_size, p->dp);
-    REQUIRE(p->pp_schedule != PP_DUALPIPE || (mbs >= 2LL * p->pp && mbs % 2 == 0),
-            "parallel.pp_schedule: dualpipe needs an even number of at least 2 * parallel.pp (%d) "
-            "micro-batches per step, half entering from each end (got %lld = "
-            "train.global_batch_size %d / (micro_batch_size %d x dp %d))",
-            2 * p->pp, mbs, c->train.global_batch_size, c->train.micro_batch_size, p->dp);
-    return 0;
+    int G = c->train.global_batch_size, B = c->train.micro_batch_size;
+    switch (cfg_pp_shape(p->pp_schedule, p->pp, p->vpp, mbs)) {
+    case CFG_PP_INTERLEAVED_MB:
+        return cfg_vfail(c, e,
+                         "parallel.pp_schedule: interleaved needs the micro-batches per step (%lld "
+                         "= train.global_batch_size %d / (micro_batch_size %d x dp %d)) to be a "
+                         "multiple of parallel.pp (%d)",
+                         mbs, G, B, p->dp, p->pp);
+    case CFG_PP_DPV_MB:
+        return cfg_vfail(c, e,
+                         "parallel.pp_schedule: dualpipev needs at least 2 * parallel.pp (%d) "
+                         "micro-batches per step (got %lld = train.global_batch_size %d / "
+                         "(micro_batch_size %d x dp %d))",
+                         2 * p->pp, mbs, G, B, p->dp);
+    case CFG_PP_DP_MB:
+        return cfg_vfail(c, e,
+                         "parallel.pp_schedule: dualpipe needs an even number of at least 2 * "
+                         "parallel.pp (%d) micro-batches per step, half entering from each end "
+                         "(got %lld = train.global_batch_size %d / (micro_batch_size %d x dp %d))",
+                         2 * p->pp, mbs, G, B, p->dp);
+    default:
+        return 0;
+    }
 }
 
 /* pp: the schedule against the optimizer's ZeRO stage and recomputation */
