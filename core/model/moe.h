@@ -83,8 +83,8 @@ typedef struct {
     ust_tp *tp;
     ust_ep *ep; /* the expert-parallel context, ep_init'ed with moe_dispatch_rows' sizes (NULL:
                  * every expert on this rank; moe_init makes a group of one) */
-    /* The context-parallel context (NULL: none): the micro-batch's tokens are split over it and
-     * over tp, so the aux-loss statistics are summed over cp, then tp. Capacity over the split
+    /* The cp context (NULL: none): the micro-batch's tokens are split over cp and tp, so the
+     * aux-loss statistics are summed over cp, then tp. Capacity over the split
      * sequence (capacity_factor > 0): where every member's tokens sit, so drops are decided in
      * the micro-batch's token order as if one rank held it: member r's token j of sequence b is
      * at position cap_pos[r*cap_Tl + j] of cap_T. */
