@@ -467,3 +467,18 @@ int32_t cp_gather_docs(ust_cp *cp, int32_t *full, const int32_t *local) {
     for (size_t i = 1; i < N; i++) mn = cp->uly.ustart_host[i] < mn ? cp->uly.ustart_host[i] : mn;
     return mn;
 }
+
+int cp_size(const ust_cp *cp) { return cp->n; }
+int cp_rank(const ust_cp *cp) { return cp->rank; }
+
+void cp_allreduce(ust_cp *cp, float *x, int64_t n) {
+    if (cp->n == 1) return;
+    comm_req r = comm_allreduce(cp->comm, x, x, (size_t)n, COMM_FP32, COMM_SUM);
+    comm_wait(&r);
+}
+
+void cp_allgather(ust_cp *cp, const float *mine, float *all, int64_t n) {
+    if (cp->n == 1) return;
+    comm_req r = comm_allgather(cp->comm, mine, all, (size_t)n, COMM_FP32);
+    comm_wait(&r);
+}

@@ -118,4 +118,14 @@ void cp_attention_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, co
                       const float *lse, const act *q, const act *k, const act *v, int H,
                       const cp_docs *docs);
 
+/* The group's size and this rank's place in it. */
+int cp_size(const ust_cp *cp);
+int cp_rank(const ust_cp *cp);
+/* fp32 collectives over the whole group on the device, for what the sequence's shards share
+ * beyond attention (the MoE layer's statistics and capacity): x(n) summed in place, and every
+ * member's n floats gathered into all (member order; mine must be this rank's part of all).
+ * At n == 1 nothing moves. */
+void cp_allreduce(ust_cp *cp, float *x, int64_t n);
+void cp_allgather(ust_cp *cp, const float *mine, float *all, int64_t n);
+
 #endif

@@ -55,19 +55,12 @@ int64_t ep_max_recv(const ust_ep *ep);
 
 /* This rank's place in the group (ep may be NULL: a group of one). */
 int ep_rank(const ust_ep *ep);
-/* The shards' size and this rank's place among them (NULL: this rank alone). */
-int ep_shards_size(const ust_comm *shards);
-int ep_shards_rank(const ust_comm *shards);
-
-/* The MoE layer's collectives over the ranks its micro-batch's tokens are split over ("shards":
- * the cp group; NULL: this rank alone), fp32 on the device: x(n) summed over them in place, and
- * every shard's n floats gathered into all (shard order; mine is this rank's part of all). */
-void ep_shards_sum(ust_comm *shards, float *x, int64_t n);
-void ep_shards_allgather(ust_comm *shards, const float *mine, float *all, int64_t n);
-/* The same gather for n activations each (the backend's activation type; mine may be this
- * rank's part of all). */
-void ep_shards_allgather_act(ust_comm *shards, const ust_ops *o, const act *mine, act *all,
-                             int64_t n);
+/* Aux-loss-free balancing (the MoE layer's bias update): the step's routed counts loads (host,
+ * n) summed in place over replicas, the ranks whose micro-batches differ (dp x cp: the
+ * data-parallel dense group, or dualpipe's mirror; NULL: none, the counts only pass through
+ * fp32), staged through dev (device) and host (n floats each); exact below 2^24 per expert. */
+void ep_loads_sum(ust_comm *replicas, const ust_ops *o, double *loads, float *dev, float *host,
+                  int64_t n);
 
 void ep_plan_init(ust_ep *ep, ep_plan *p, ust_arena *arena); /* host arrays malloc'd */
 void ep_plan_free(ep_plan *p);                               /* the host arrays */

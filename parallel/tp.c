@@ -258,3 +258,17 @@ void tp_row_linear_gelu_bwd(ust_tp *tp, act *dpre, float *dw, float *db, const a
                             int OC) {
     tp->ops->linear_gelu_bwd(tp->ops, dpre, dw, db, dout, act_in, pre, w, N, C_local, OC);
 }
+
+int tp_rank(const ust_tp *tp) { return tp ? tp->rank : 0; }
+
+static void allgather(ust_tp *tp, const void *mine, void *all, int64_t n, comm_dtype t) {
+    if (tp_size(tp) == 1) return;
+    comm_req r = comm_allgather(tp->comm, mine, all, (size_t)n, t);
+    comm_wait(&r);
+}
+void tp_allgather(ust_tp *tp, const float *mine, float *all, int64_t n) {
+    allgather(tp, mine, all, n, COMM_FP32);
+}
+void tp_allgather_act(ust_tp *tp, const act *mine, act *all, int64_t n) {
+    allgather(tp, mine, all, n, comm_act_dtype(tp->ops));
+}

@@ -132,4 +132,12 @@ void tp_xent_blocks(ust_tp *tp, float *losses, act *logits, const int *r0, int n
                     const int32_t *targets, int N, int Vp, int v_real, float dscale,
                     float *scratch, act *m1, act *m2);
 
+/* This rank's place in the group (tp may be NULL: a group of one). */
+int tp_rank(const ust_tp *tp);
+/* Every member's n elements gathered into all (n * size, member order), where the MoE layer
+ * shares its token split's routing choices (fp32) and rows (activations). mine must be this
+ * rank's part of all (at n == 1 it is all: nothing moves). */
+void tp_allgather(ust_tp *tp, const float *mine, float *all, int64_t n);
+void tp_allgather_act(ust_tp *tp, const act *mine, act *all, int64_t n);
+
 #endif

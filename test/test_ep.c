@@ -239,9 +239,9 @@ static int run_case(const ep_case *c, ust_comm *world, const ust_ops *o, int ran
     return bad;
 }
 
-/* Stats hook: n ranks with NTOK tokens each and the world as stats group against one layer over
- * all n*NTOK tokens: aux and z losses, loads, outputs of this rank's rows, and the router
- * gradient summed over ranks. */
+/* Stats hook: n ranks with NTOK tokens each, one sequence split over the world as the cp group
+ * (the stats group), against one layer over all n*NTOK tokens: aux and z losses, loads,
+ * outputs of this rank's rows, and the router gradient summed over ranks. */
 static int run_stats_case(ust_comm *world, const ust_ops *o, int rank, int n) {
     ust_config cfg;
     cfg_defaults(&cfg);
@@ -257,7 +257,9 @@ static int run_stats_case(ust_comm *world, const ust_ops *o, int rank, int n) {
     mem_init(&arena, o);
     ep_case c = {"stats", ARCH_LLAMA, 2, 0, 0, 0};
     layer full, shard;
-    moe_groups g = {.stats_comm = {world, NULL}};
+    ust_cp cp; /* one head of width 1: only its group and positions are used */
+    cp_init(&cp, o, world, NULL, NULL, &arena, n * NTOK, 1, 1, 1, 1, CP_CONTIGUOUS, CP_RING, 1);
+    moe_groups g = {.cp = &cp};
     layer_make(&full, &cfg, o, &arena, n * NTOK, NULL, NULL);
     fill_weights(&full.pl, &c);
     layer_make(&shard, &cfg, o, &arena, NTOK, &g, &full.pl);
@@ -288,6 +290,7 @@ static int run_stats_case(ust_comm *world, const ust_ops *o, int rank, int n) {
                bad ? "FAIL" : "PASS", n, w, full.st.aux_loss);
     layer_free(&full);
     layer_free(&shard);
+    cp_free(&cp);
     mem_release(&arena);
     return bad;
 }

@@ -19,10 +19,9 @@ void model_moe_init(model *m, ust_arena *arena, const model_storage *st) {
     m->moe.ep_size = ep_size(st->ep);
     m->moe.ep_rank = ep_rank(st->ep);
     moe_groups g = {
-        .tp_comm = tp_size(m->par.tp) > 1 ? m->par.tp->comm : NULL,
+        .tp = m->par.tp,
         .ep = st->ep,
-        .stats_comm = {m->par.cp->comm, tp_size(m->par.tp) > 1 ? m->par.tp->comm : NULL},
-        .cap_comm = m->par.cp->comm,
+        .cp = m->par.cp,
         .cap_pos = cp_positions_of(m->par.cp, 0),
         .cap_T = m->cfg->train.seq_len,
         .cap_Tl = m->shape.T};
@@ -88,13 +87,21 @@ static void move_bias(model *m, int l, const double *load, model_param_add_fn ad
     add(ctx, i, delta);
 }
 
+/* The step's loads summed over group (the ranks whose micro-batches differ); the test fault
+ * UST_FAULT_MOE_LOCAL_LOADS balances on this rank's counts instead. */
+static void step_loads(model *m, struct ust_comm *group) {
+    moe_balance *b = &m->moe.ctx.bal;
+    ep_loads_sum(b->fault_local_loads ? NULL : group, m->ops, m->moe.moe_load, b->loads,
+                 b->loads_host, (int64_t)b->nlayers * m->moe.ctx.E);
+}
+
 void model_moe_end_step(model *m, struct ust_comm *group, struct ust_comm *mirror, int update_bias,
                         model_param_add_fn add, void *ctx) {
     if (!m->moe.has_moe) return;
     int E = m->moe.ctx.E;
     int has_bias = m->cfg->model.moe.bias_update_rate > 0;
-    moe_step_loads(&m->moe.ctx, group, m->moe.moe_load);
-    if (mirror) moe_step_loads(&m->moe.ctx, mirror, m->moe.moe_load);
+    step_loads(m, group);
+    if (mirror) step_loads(m, mirror);
     for (int c = 0; c < m->nchunks; c++)
         for (int l = m->chunks[c].lo; l < m->chunks[c].hi; l++)
             if (is_moe(m, l) && update_bias && has_bias)

@@ -234,16 +234,15 @@ void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *
     m->Nmb = N;
     m->N = (int)moe_rank_tokens(cfg, N);
     m->tp.n = cfg->parallel.tp > 0 ? cfg->parallel.tp : 1;
-    m->tp.comm = groups ? groups->tp_comm : NULL;
-    UST_ASSERT(ep_shards_size(m->tp.comm) == m->tp.n, "MoE tokens split over tp = %d, group of %d",
-               m->tp.n, ep_shards_size(m->tp.comm));
-    m->tp.r = ep_shards_rank(m->tp.comm);
+    m->tp.tp = groups ? groups->tp : NULL;
+    UST_ASSERT(tp_size(m->tp.tp) == m->tp.n, "MoE tokens split over tp = %d, group of %d",
+               m->tp.n, tp_size(m->tp.tp));
+    m->tp.r = tp_rank(m->tp.tp);
     m->loss.aux_coef = c->aux_loss_coef;
     m->loss.z_coef = c->z_loss_coef;
     m->routing.capacity_factor = c->capacity_factor;
-    if (groups) memcpy(m->loss.stats_comm, groups->stats_comm, sizeof m->loss.stats_comm);
-    if (groups && groups->cap_comm && ep_shards_size(groups->cap_comm) > 1 &&
-        c->capacity_factor > 0)
+    m->loss.cp = groups ? groups->cp : NULL;
+    if (m->loss.cp && cp_size(m->loss.cp) > 1 && c->capacity_factor > 0)
         moe_capacity_order_init(m, groups, arena);
     m->routing.cap_count = moe_host_alloc((size_t)m->E * sizeof(int32_t));
     int64_t A = (int64_t)m->N * m->k, E = m->E;
@@ -426,7 +425,7 @@ static void tp_reduce_grads(moe_ctx *m, moe_weights *g) {
     int64_t n[cap];
     int c = layer_tensors(m, &m->tp.gs, ps, n);
     UST_ASSERT(layer_tensors(m, g, pg, n) == c, "gradient tensors");
-    if (!m->tp.fault_skip_sum) ep_shards_sum(m->tp.comm, m->tp.gbuf, m->tp.gnumel);
+    if (!m->tp.fault_skip_sum) tp_allreduce(m->tp.tp, m->tp.gbuf, m->tp.gnumel);
     for (int i = 0; i < c; i++) o->axpy(o, *pg[i], 1.0f, *ps[i], n[i]);
 }
 
@@ -434,7 +433,7 @@ void moe_tp_gather_rows(moe_ctx *m, act *whole) {
     if (m->tp.n == 1) return;
     const ust_ops *o = m->ops;
     int64_t count = (int64_t)m->N * m->C;
-    ep_shards_allgather_act(m->tp.comm, o, act_at(o, whole, m->tp.r * count), whole, count);
+    tp_allgather_act(m->tp.tp, act_at(o, whole, m->tp.r * count), whole, count);
 }
 
 void moe_backward(moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g_out, act *dx,

@@ -14,9 +14,11 @@
 #include <stdint.h>
 
 #include "config.h"
-#include "ep.h" /* the expert-parallel group and its collectives (ust_comm) */
+#include "cp.h" /* the groups the layer dispatches and reduces over: their contexts */
+#include "ep.h"
 #include "mem.h"
 #include "ops.h"
+#include "tp.h"
 
 /* One expert's tensors (or their gradients). llama: gate, up, down; gpt2: up, up_b, down, down_b
  * (the others NULL). */
@@ -73,20 +75,20 @@ int64_t moe_rank_tokens(const ust_config *cfg, int64_t N);
 void moe_dispatch_rows(const ust_config *cfg, int64_t N, int ep, int64_t *send, int64_t *recv);
 
 typedef struct {
-    /* The tensor-parallel group (NULL: none). The tp ranks split the micro-batch's tokens: rank
+    /* The tensor-parallel context (NULL: none). The tp ranks split the micro-batch's tokens: rank
      * r routes and computes rows [r*N/tp, (r+1)*N/tp) only (its sequence-parallel rows under sp),
      * dispatching them over its own ep group, so no expert work is repeated across tp. The
      * router, shared expert and local experts are replicated over tp and each rank saw other
      * tokens, so their gradients of every micro-batch are summed over tp (DESIGN section 3). */
-    ust_comm *tp_comm;
+    ust_tp *tp;
     ust_ep *ep; /* the expert-parallel context, ep_init'ed with moe_dispatch_rows' sizes (NULL:
                  * every expert on this rank; moe_init makes a group of one) */
-    ust_comm *stats_comm[2]; /* groups the micro-batch's tokens are split over (cp, sp; NULL:
-                              * none): the aux-loss statistics are summed over each */
-    /* Capacity over a sequence split by context parallelism: the group (NULL: none) and where
-     * every member's tokens sit, so drops are decided in the micro-batch's token order as if one
-     * rank held it: member r's token j of sequence b is at position pos[r*Tl + j] of T. */
-    ust_comm *cap_comm;
+    /* The cp context (NULL: none): the micro-batch's tokens are split over cp and tp, so the
+     * aux-loss statistics are summed over cp, then tp. Capacity over the split
+     * sequence (capacity_factor > 0): where every member's tokens sit, so drops are decided in
+     * the micro-batch's token order as if one rank held it: member r's token j of sequence b is
+     * at position cap_pos[r*cap_Tl + j] of cap_T. */
+    ust_cp *cp;
     const int32_t *cap_pos;
     int cap_T, cap_Tl;
 } moe_groups;
@@ -115,11 +117,11 @@ typedef struct {
                           * the stats groups; valid until the next moe_forward */
 } moe_stats;
 
-/* The tensor-parallel split of the tokens (moe_groups.tp_comm): this rank routes rows
+/* The tensor-parallel split of the tokens (moe_groups.tp): this rank routes rows
  * [r*N, (r+1)*N) of the micro-batch's Nmb, and a layer's gradients of a micro-batch gather in
  * gbuf before their sum over the group. */
 typedef struct {
-    ust_comm *comm; /* NULL: none; n members, this one r */
+    ust_tp *tp; /* NULL: none; n members, this one r */
     int n, r;
     float *gbuf; /* device gnumel: one layer's gradients under the tp split */
     int64_t gnumel;
@@ -131,7 +133,7 @@ typedef struct {
  * copies of one forward's choices, rows and counts. */
 typedef struct {
     double capacity_factor;
-    ust_comm *cap_comm;   /* capacity decided over this group's tokens (cp; NULL: local) */
+    ust_cp *cap_cp;       /* capacity decided over this group's tokens (NULL: local) */
     int32_t *cap_order;   /* host: every member's token (member*N + i) in sequence order */
     float *cap_topk;      /* device (n*N*k): every member's choices, gathered */
     float *cap_topk_host; /* host copy */
@@ -142,11 +144,11 @@ typedef struct {
     int32_t *cnt_host;                           /* host 2E: routed, kept */
 } moe_routing;
 
-/* The aux, z and sequence-wise losses: coefficients, the groups their statistics are summed
- * over, and the device buffers of the statistics and the aux gradient factors. */
+/* The aux, z and sequence-wise losses: coefficients, the cp group their statistics are summed
+ * over (then tp's), and the device buffers of the statistics and the aux gradient factors. */
 typedef struct {
     double aux_coef, z_coef;
-    ust_comm *stats_comm[2];
+    ust_cp *cp; /* NULL: none */
     float *aux_dp, *stats; /* device E and stats_floats */
     /* The sequence-wise loss: B sequences of Tl rows in the micro-batch (Nmb = B*Tl rows on
      * this cp rank); this rank's rows meet nseg of them, segment s being rows [seg[3s],
@@ -159,7 +161,7 @@ typedef struct {
 
 /* Aux-loss-free balancing: the step's loads and the bias update rate. */
 typedef struct {
-    float *loads, *loads_host; /* device, host n_layer*E (moe_step_loads) */
+    float *loads, *loads_host; /* device, host n_layer*E (ep_loads_sum's staging) */
     int nlayers;
     double bias_rate;
     /* test fault UST_FAULT_MOE_LOCAL_LOADS: balance on this rank's counts, not the global ones */
@@ -210,7 +212,7 @@ typedef struct {
 } moe_acts;
 
 /* N: tokens per micro-batch on this rank before the tensor-parallel split (B*T/cp; the layer
- * routes N/tp of them, see moe_groups.tp_comm; N must divide by parallel.tp, which the config
+ * routes N/tp of them, see moe_groups.tp; N must divide by parallel.tp, which the config
  * checks). Needs model.moe.num_experts > 0 (validated config).
  * Expert parallelism: rank r of the ep group holds experts [r*E/ep, (r+1)*E/ep); tokens go to
  * them and back with ep_dispatch/ep_combine. Expert weight gradients are plain accumulations
@@ -253,11 +255,10 @@ void moe_backward(moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g,
                   const act *dy, const act *x, float loss_scale, int acc_dx);
 /* Aux-loss-free balancing over a step (DeepSeek-V3). The caller adds up each MoE layer's
  * moe_stats.routed over its micro-batches (one member of the stats groups counts each
- * micro-batch) into loads (host, n_layer*E, layer l at l*E); moe_step_loads sums them in place
- * over group (the ranks whose micro-batches differ: dp x cp; NULL: none): the step's global
- * counts, the same on every rank and in every layout (exact below 2^24 per expert). */
-void moe_step_loads(moe_ctx *m, ust_comm *group, double *loads);
-/* bias(E, device) += model.moe.bias_update_rate * sign(mean load - load_e), from one layer's
+ * micro-batch) into loads (host, n_layer*E, layer l at l*E) and sums them over the ranks whose
+ * micro-batches differ (ep_loads_sum through moe_balance's buffers): the step's global counts,
+ * the same on every rank and in every layout.
+ * bias(E, device) += model.moe.bias_update_rate * sign(mean load - load_e), from one layer's
  * global step loads: identical on every rank that holds the layer. moe_bias_delta: that
  * increment alone (E floats, host), for a bias a sharding layer holds (ZeRO-3). */
 void moe_update_bias(moe_ctx *m, float *bias, const double *load);

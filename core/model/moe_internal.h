@@ -13,7 +13,7 @@ int64_t moe_capacity(double factor, int64_t assignments, int64_t E);
 int64_t moe_stats_floats(int64_t E, int64_t B); /* floats of the statistics vector */
 
 /* moe_route.c */
-/* The cp group's token order for capacity (moe_groups.cap_comm with more than one member). */
+/* The cp group's token order for capacity (moe_groups.cp with more than one member). */
 void moe_capacity_order_init(moe_ctx *m, const moe_groups *g, ust_arena *arena);
 void moe_route(moe_ctx *m, moe_acts *a);                     /* a->topk -> rows and counts */
 void moe_statistics(moe_ctx *m, moe_acts *a, moe_stats *st); /* losses and load statistics */

@@ -21,7 +21,7 @@ static int cmp_key(const void *a, const void *b) {
 }
 
 void moe_capacity_order_init(moe_ctx *m, const moe_groups *g, ust_arena *arena) {
-    int n = ep_shards_size(g->cap_comm), N = m->Nmb;
+    int n = cp_size(g->cp), N = m->Nmb;
     cap_token *t = moe_host_alloc((size_t)n * N * sizeof *t);
     for (int r = 0; r < n; r++)
         for (int i = 0; i < N; i++) {
@@ -32,7 +32,7 @@ void moe_capacity_order_init(moe_ctx *m, const moe_groups *g, ust_arena *arena) 
     m->routing.cap_order = moe_host_alloc((size_t)n * N * sizeof(int32_t));
     for (int64_t i = 0; i < (int64_t)n * N; i++) m->routing.cap_order[i] = t[i].token;
     free(t);
-    m->routing.cap_comm = g->cap_comm;
+    m->routing.cap_cp = g->cp;
     m->routing.cap_topk = mem_alloc(arena, MEM_COMM, (size_t)n * N * m->k * sizeof(float));
     m->routing.cap_topk_host = moe_host_alloc((size_t)n * N * m->k * sizeof(float));
 }
@@ -42,13 +42,12 @@ void moe_capacity_order_init(moe_ctx *m, const moe_groups *g, ust_arena *arena) 
  * this member's assignments a. */
 static void capacity_cp(moe_ctx *m, const int32_t *all, int32_t *keep) {
     const ust_ops *o = m->ops;
-    int n = ep_shards_size(m->routing.cap_comm), me = ep_shards_rank(m->routing.cap_comm), k = m->k,
-        N = m->Nmb;
+    int n = cp_size(m->routing.cap_cp), me = cp_rank(m->routing.cap_cp), k = m->k, N = m->Nmb;
     int64_t A = (int64_t)N * k, cap = moe_capacity(m->routing.capacity_factor, A * n, m->E);
     for (int64_t i = 0; i < A; i++) m->routing.cap_topk_host[me * A + i] = (float)all[i];
     o->to_device(o, m->routing.cap_topk + me * A, m->routing.cap_topk_host + me * A,
                  A * sizeof(float));
-    ep_shards_allgather(m->routing.cap_comm, m->routing.cap_topk + me * A, m->routing.cap_topk, A);
+    cp_allgather(m->routing.cap_cp, m->routing.cap_topk + me * A, m->routing.cap_topk, A);
     o->to_host(o, m->routing.cap_topk_host, m->routing.cap_topk, (size_t)n * A * sizeof(float));
     memset(m->routing.cap_count, 0, m->E * sizeof(int32_t));
     for (int64_t t = 0; t < (int64_t)n * N; t++) {
@@ -74,14 +73,14 @@ static void capacity_keep(moe_ctx *m, int32_t *keep) {
         float *mine = m->routing.tp_topk + m->tp.r * A, *hm = (float *)m->routing.keep_host;
         for (int64_t i = 0; i < A; i++) hm[i] = (float)m->routing.topk_host[i];
         o->to_device(o, mine, hm, A * sizeof(float));
-        ep_shards_allgather(m->tp.comm, mine, m->routing.tp_topk, A);
+        tp_allgather(m->tp.tp, mine, m->routing.tp_topk, A);
         o->to_host(o, m->routing.keep_host, m->routing.tp_topk, Amb * sizeof(float));
         hm = (float *)m->routing.keep_host;
         for (int64_t i = 0; i < Amb; i++) m->routing.tp_topk_host[i] = (int32_t)hm[i];
         all = m->routing.tp_topk_host;
         keep_all = m->routing.keep_host;
     }
-    if (m->routing.cap_comm) {
+    if (m->routing.cap_cp) {
         capacity_cp(m, all, keep_all);
     } else {
         int64_t cap = moe_capacity(m->routing.capacity_factor, Amb, E);
@@ -155,7 +154,8 @@ void moe_statistics(moe_ctx *m, moe_acts *a, moe_stats *st) {
     }
     o->to_device(o, m->loss.stats, h, E * sizeof(float));
     o->to_device(o, m->loss.stats + 2 * E, h + 2 * E, 3 * sizeof(float));
-    for (int i = 0; i < 2; i++) ep_shards_sum(m->loss.stats_comm[i], m->loss.stats, nst);
+    if (m->loss.cp) cp_allreduce(m->loss.cp, m->loss.stats, nst);
+    tp_allreduce(m->tp.tp, m->loss.stats, nst);
     o->to_host(o, h, m->loss.stats, nst * sizeof(float));
     double T = h[2 * E + 1], aux = 0, mx = 0;
     for (int e = 0; e < E; e++) {
@@ -189,16 +189,6 @@ void moe_statistics(moe_ctx *m, moe_acts *a, moe_stats *st) {
     st->dropped_frac = h[2 * E + 2] / (T * k);
     st->tokens = (int64_t)T;
     st->routed = h;
-}
-
-void moe_step_loads(moe_ctx *m, ust_comm *group, double *loads) {
-    const ust_ops *o = m->ops;
-    int64_t n = (int64_t)m->bal.nlayers * m->E;
-    for (int64_t i = 0; i < n; i++) m->bal.loads_host[i] = (float)loads[i];
-    o->to_device(o, m->bal.loads, m->bal.loads_host, n * sizeof(float));
-    ep_shards_sum(m->bal.fault_local_loads ? NULL : group, m->bal.loads, n);
-    o->to_host(o, m->bal.loads_host, m->bal.loads, n * sizeof(float));
-    for (int64_t i = 0; i < n; i++) loads[i] = m->bal.loads_host[i];
 }
 
 void moe_bias_delta(const moe_ctx *m, const double *load, float *delta) {
