@@ -15,6 +15,18 @@ _Static_assert(sizeof(ust_ops) == offsetof(ust_ops, alloc) +
                "UST_OPS_LIST (ops.h) must name every function member of ust_ops");
 #undef UST_OPS_ONE
 
+ust_rope ops_rope(const ust_config *c) {
+    ust_rope r = {.theta = c->model.rope_theta};
+    if (c->model.rope_scaling.type == ROPE_LLAMA3) {
+        const __typeof__(c->model.rope_scaling) *rs = &c->model.rope_scaling;
+        r.factor = rs->factor;
+        r.low_freq_factor = rs->low_freq_factor;
+        r.high_freq_factor = rs->high_freq_factor;
+        r.original_max_pos = rs->original_max_position_embeddings;
+    }
+    return r;
+}
+
 ust_ops *ops_create(const ust_config *cfg, int local_rank, int local_world, ust_err *e) {
     if (cfg->run.device != DEV_CUDA) return ops_cpu_create(cfg->train.threads, local_world);
     /* without CUDA compiled in, ops_cuda_create fails with a message saying how to build it */

@@ -35,6 +35,8 @@ typedef struct {
     double factor; /* 0: no scaling */
     double low_freq_factor, high_freq_factor, original_max_pos;
 } ust_rope;
+/* The model's RoPE as the config gives it (model.rope_theta and a llama3 rope_scaling). */
+ust_rope ops_rope(const ust_config *c);
 
 static inline UST_HOST_DEVICE double ust_rope_inv_freq(const ust_rope *r, int i, int D) {
     double f = pow(r->theta, -2.0 * i / D);

@@ -243,13 +243,7 @@ static void dims(infer_model *m, const ust_config *cfg) {
     m->shape.S = cfg->model.max_seq_len;
     m->shape.eps =
         m->shape.llama ? (float)cfg->model.norm_eps : 1e-5f; /* as model.c's norm_forward */
-    m->shape.rope = (ust_rope){.theta = cfg->model.rope_theta};
-    if (cfg->model.rope_scaling.type == ROPE_LLAMA3) {
-        m->shape.rope.factor = cfg->model.rope_scaling.factor;
-        m->shape.rope.low_freq_factor = cfg->model.rope_scaling.low_freq_factor;
-        m->shape.rope.high_freq_factor = cfg->model.rope_scaling.high_freq_factor;
-        m->shape.rope.original_max_pos = cfg->model.rope_scaling.original_max_position_embeddings;
-    }
+    m->shape.rope = ops_rope(cfg);
     m->shape.E = cfg->model.moe.num_experts, m->shape.k = cfg->model.moe.top_k;
     m->shape.Fe = cfg->model.moe.d_ff_expert, m->shape.shared = cfg->model.moe.shared_expert;
 }

@@ -512,14 +512,7 @@ void params_dims(model *m, const ust_config *cfg) {
     m->shape.B = cfg->train.micro_batch_size, m->shape.T = cfg->train.seq_len,
     m->shape.tied = cfg_tied(cfg);
     m->shape.eps = (float)cfg->model.norm_eps;
-    m->shape.rope = (ust_rope){.theta = cfg->model.rope_theta};
-    if (cfg->model.rope_scaling.type == ROPE_LLAMA3) {
-        const __typeof__(cfg->model.rope_scaling) *rs = &cfg->model.rope_scaling;
-        m->shape.rope.factor = rs->factor;
-        m->shape.rope.low_freq_factor = rs->low_freq_factor;
-        m->shape.rope.high_freq_factor = rs->high_freq_factor;
-        m->shape.rope.original_max_pos = rs->original_max_position_embeddings;
-    }
+    m->shape.rope = ops_rope(cfg);
     m->shape.qkv_bias = !m->shape.llama || cfg->model.qkv_bias;
     m->shape.doc_mask = cfg->data.doc_mask;
     m->shape.reset_pos = cfg->data.reset_positions;
