@@ -725,9 +725,10 @@ void pps_free_all(pps_schedule *all, int p) {
 }
 
 void pps_print(FILE *f, const pps_schedule *s) {
-    fprintf(f, "# pp schedule %s%s%s: pp=%d vpp=%d micro-batches=%d rank=%d, %d actions\n",
+    fprintf(f, "# pp schedule %s%s%s%s: pp=%d vpp=%d micro-batches=%d rank=%d, %d actions\n",
             pps_kind_name(s->kind), s->flags & PPS_BREADTH_FIRST ? " (breadth-first)" : "",
-            s->flags & PPS_NO_SPLIT ? " (no W split)" : "", s->p, s->v, s->m, s->rank, s->n);
+            s->flags & PPS_NO_SPLIT ? " (no W split)" : "",
+            s->flags & PPS_FORWARD_ONLY ? " (forward only)" : "", s->p, s->v, s->m, s->rank, s->n);
     for (int i = 0; i < s->n; i++) {
         const pps_action *a = &s->a[i];
         if (!is_comm(a->op))

@@ -2,7 +2,7 @@
  * per-layer forward/backward on the ops.h interface, llm.c style.
  * Contract: model_create carves parameters, gradients and activations for one micro-batch
  * (B = train.micro_batch_size, T = train.seq_len, or this rank's T/cp tokens of each sequence
- * under context parallelism; their positions come with each micro-batch, ust_batch) out of the arena;
+ * under context parallelism, positions given with each micro-batch: ust_batch) out of the arena;
  * model_forward runs the whole stack and, when dscale > 0, also leaves d(loss)/d(logits) * dscale
  * ready for model_backward, which ACCUMULATES parameter gradients (so gradient accumulation is just
  * calling it again). Parameters are stored unfused under canonical Hugging Face-style names
