@@ -79,7 +79,9 @@ static void forward_plan(pp_state *s, const ust_config *cfg, model *m) {
     s->fwd_slot = malloc((size_t)(s->fwd.n + 1) * sizeof *s->fwd_slot);
     UST_ASSERT(s->fwd_slot, "out of memory");
     pps_slots(&s->fwd, s->fwd_slot, slots);
-    for (int c = 0; c < s->v; c++) UST_ASSERT(slots[c] <= model_chunk_slots(m, c), "chunk %d", c);
+    for (int c = 0; c < s->v; c++)
+        UST_ASSERT(slots[c] <= model_chunk_slots(m, c), "validation: chunk %d has no activation set",
+                   c);
 }
 
 pp_state *pp_create(const ust_config *cfg, const ust_ops *ops, ust_arena *arena, model *m,
