@@ -101,8 +101,12 @@ static int bench_attention(int argc, char **argv) {
 static double train_step(model *m, const ust_ops *o, const int32_t *in, const int32_t *tgt,
                          float *mom, float *var, int B, int T, int t) {
     int64_t ntok = 0, n = model_numel(m);
+    int32_t *pos = malloc((size_t)B * T * sizeof(int32_t));
+    for (int i = 0; i < B * T; i++) pos[i] = i % T;
+    ust_batch b = {in, tgt, pos, NULL};
     model_zero_grads(m);
-    double loss = model_forward(m, in, tgt, 1.0f / (B * T), &ntok) / (double)ntok;
+    double loss = model_forward(m, &b, 1.0f / (B * T), &ntok) / (double)ntok;
+    free(pos);
     model_backward(m);
     o->adamw(o, model_params(m), model_grads(m), mom, var, n, 1e-4f, 0.9f, 0.95f, 1e-8f, 0.0f, 1.0f,
              t);

@@ -125,7 +125,6 @@ void cp_init(ust_cp *cp, const ust_ops *ops, ust_comm *comm, ust_comm *a2a, ust_
         cp_layout_positions(layout, T, cp->n, r, cp->pos_host + (size_t)r * cp->Tl);
     ring_blocks(cp);
     cp_alloc_buffers(cp, arena, H);
-    ops->to_device(ops, cp->pos, cp->pos_host, (size_t)cp->n * cp->Tl * sizeof(int32_t));
     ops->to_device(ops, cp->ring.bpos, cp->ring.bpos_host,
                    (size_t)cp->n * cp->Tl * sizeof(int32_t));
 }
@@ -134,7 +133,6 @@ void cp_alloc_buffers(ust_cp *cp, ust_arena *arena, int H) {
     const ust_ops *ops = cp->ops;
     int B = cp->B, D = cp->D;
     head_split(cp, H);
-    cp->pos = mem_alloc(arena, MEM_ACTS, (size_t)cp->n * cp->Tl * sizeof(int32_t));
     cp->ring.bpos = mem_alloc(arena, MEM_ACTS, (size_t)cp->n * cp->Tl * sizeof(int32_t));
     if (cp->n == 1) return;
     if (cp->uly.a > 1) {
@@ -193,7 +191,6 @@ void cp_free(ust_cp *cp) {
 const int32_t *cp_positions_of(const ust_cp *cp, int r) {
     return cp->pos_host + (size_t)r * cp->Tl;
 }
-const int32_t *cp_positions_device(const ust_cp *cp) { return cp->pos + (size_t)cp->rank * cp->Tl; }
 
 /* The positions of the ring stage's block g (device). */
 static const int32_t *pos_dev(const ust_cp *cp, int g) {

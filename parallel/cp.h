@@ -57,8 +57,9 @@ typedef struct ust_cp {
     int Tb; /* the tokens one attention call sees: a * Tl (the ring's block, Ulysses' gather) */
     ust_cp_layout layout;
     ust_cp_comm mode;
-    int32_t *pos_host; /* n x Tl: the positions every rank holds */
-    int32_t *pos;      /* the same on the device */
+    /* n x Tl: the positions every rank holds, the group's geometry (the ring's block positions
+     * and pair counts, MoE's capacity order); a micro-batch's own travel in its ust_batch */
+    int32_t *pos_host;
     cp_ulysses_stage uly;
     cp_ring_stage ring;
     /* statistics, read by the trainer's metrics and the tests */
@@ -82,8 +83,8 @@ typedef struct {
 void cp_init(ust_cp *cp, const ust_ops *ops, ust_comm *comm, ust_comm *a2a, ust_comm *ring,
              ust_arena *arena, int T, int B, int H, int Hkv, int D, ust_cp_layout layout,
              ust_cp_comm mode, int cp_a2a);
-/* The device buffers cp_init carves (MEM_ACTS): the positions and, for n > 1, the K/V blocks
- * in flight and the partial outputs. cp_init's own allocation, which the memory plan runs
+/* The device buffers cp_init carves (MEM_ACTS): the blocks' positions and, for n > 1, the K/V
+ * blocks in flight and the partial outputs. cp_init's own allocation, which the memory plan runs
  * against a counting arena. */
 void cp_alloc_buffers(ust_cp *cp, ust_arena *arena, int H);
 /* Rank 0 of a group of n without communicator or buffers: what the memory plan shapes a model
@@ -104,7 +105,6 @@ int cp_local_len(const ust_cp *cp);
 int cp_is_first(const ust_cp *cp);
 /* Positions of rank r's tokens in the sequence (host, Tl entries, increasing). */
 const int32_t *cp_positions_of(const ust_cp *cp, int r);
-const int32_t *cp_positions_device(const ust_cp *cp); /* this rank's, on the device */
 /* Pure: the positions rank r of n holds under a layout (Tl = T/n entries into out). */
 void cp_layout_positions(ust_cp_layout layout, int T, int n, int r, int32_t *out);
 

@@ -18,9 +18,10 @@ struct pp_state {
     ust_comm *pipe, *emb;
     const pps_schedule *sched; /* this rank's: all[rank] */
     int *slot;                 /* per action: the activation set of its (micro-batch, chunk) */
-    int *cur;                  /* (mb * v + chunk) -> its set, as the step walks the actions */
+    pps_schedule fwd;          /* validation's forward-only schedule (data.val_steps; n 0: none) */
+    int *fwd_slot;             /* ... its actions' sets */
+    int *cur;                  /* (mb * v + chunk) -> its set, as a walk goes over the actions */
     int p, v, nmb;
-    int32_t *inputs, *targets; /* host, one micro-batch */
     float *scalar;             /* device: pp_sum's all-reduce, pp_last_step_stats' gather */
     comm_p2p *batch[2];        /* two batches: one in flight, one being built */
     int nbatch[2];
@@ -66,6 +67,23 @@ int pp_plan(const ust_config *cfg, int pp_rank, pps_schedule *sched, int slots[M
 
 /* ------------------------------------------------------------------ set-up */
 
+/* Validation's walk (data.val_steps micro-batches): pps_build_forward's list, one activation
+ * set per chunk (the model has at least one). */
+static void forward_plan(pp_state *s, const ust_config *cfg, model *m) {
+    if (cfg->data.val_steps < 1) return;
+    ust_err e;
+    int slots[MODEL_MAX_CHUNKS];
+    UST_ASSERT(pps_build_forward(&s->fwd, s->sched->kind, s->p, s->v, cfg->data.val_steps,
+                                 s->sched->rank, &e) == 0,
+               "%s", e.msg);
+    s->fwd_slot = malloc((size_t)(s->fwd.n + 1) * sizeof *s->fwd_slot);
+    UST_ASSERT(s->fwd_slot, "out of memory");
+    pps_slots(&s->fwd, s->fwd_slot, slots);
+    for (int c = 0; c < s->v; c++)
+        UST_ASSERT(slots[c] <= model_chunk_slots(m, c), "validation: chunk %d has no activation set",
+                   c);
+}
+
 pp_state *pp_create(const ust_config *cfg, const ust_ops *ops, ust_arena *arena, model *m,
                     ust_comm *pipe, ust_comm *emb, pps_schedule *sched) {
     pp_state *s = calloc(1, sizeof *s);
@@ -91,17 +109,17 @@ pp_state *pp_create(const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
     s->fault_skip_turn = fault && atoi(fault) == 1;
     int slots[MODEL_MAX_CHUNKS];
     s->slot = malloc((size_t)s->sched->n * sizeof *s->slot);
-    s->cur = calloc((size_t)s->nmb * s->v, sizeof *s->cur);
+    s->cur = calloc((size_t)(cfg->data.val_steps > s->nmb ? cfg->data.val_steps : s->nmb) * s->v,
+                    sizeof *s->cur);
     pps_slots(s->sched, s->slot, slots);
     for (int c = 0; c < s->v; c++)
         UST_ASSERT(slots[c] <= model_chunk_slots(m, c),
                    "chunk %d needs %d activation sets, the model has %d", c, slots[c],
                    model_chunk_slots(m, c));
-    size_t tokens = (size_t)cfg->train.micro_batch_size * (cfg->train.seq_len / cfg->parallel.cp);
-    s->inputs = malloc(tokens * sizeof(int32_t));
-    s->targets = malloc(tokens * sizeof(int32_t));
+    forward_plan(s, cfg, m);
     s->scalar = pp_alloc_scalars(arena, s->p);
-    for (int k = 0; k < 2; k++) s->batch[k] = calloc((size_t)s->sched->n + 1, sizeof(comm_p2p));
+    int most = s->sched->n > s->fwd.n ? s->sched->n : s->fwd.n;
+    for (int k = 0; k < 2; k++) s->batch[k] = calloc((size_t)most + 1, sizeof(comm_p2p));
     s->stats_host = malloc((size_t)NSTAT * s->p * sizeof(float));
     return s;
 }
@@ -170,8 +188,8 @@ void pp_destroy(pp_state *s) {
     free(s->all);
     free(s->slot);
     free(s->cur);
-    free(s->inputs);
-    free(s->targets);
+    pps_free(&s->fwd);
+    free(s->fwd_slot);
     free(s->batch[0]);
     free(s->batch[1]);
     free(s->stats_host);
@@ -206,6 +224,7 @@ typedef struct {
     int inflight; /* a send-only batch is posted and not yet waited on */
     comm_req req; /* ... its request */
     int has_recv; /* the batch being built receives something */
+    int sync;     /* a forward-only walk: every batch is waited on (pps_build_forward) */
 } batch_state;
 
 /* Posts the batch being built (after finishing the one in flight); waits for it when it
@@ -214,7 +233,7 @@ static void flush(pp_state *s, batch_state *b) {
     if (b->inflight) comm_wait(&b->req), b->inflight = 0;
     if (s->nbatch[b->cur] == 0) return;
     b->req = comm_sendrecv(s->pipe, s->batch[b->cur], s->nbatch[b->cur], comm_act_dtype(s->ops));
-    if (b->has_recv)
+    if (b->has_recv || b->sync)
         comm_wait(&b->req);
     else
         b->inflight = 1;
@@ -242,16 +261,18 @@ static void local_copy(pp_state *s, const pps_action *a, int slot) {
                      bytes);
 }
 
+/* Runs a computation; a forward adds its counted targets to *ntok. */
 static double compute(pp_state *s, const pp_callbacks *cb, const pps_action *a, int slot,
-                      float dscale) {
-    double loss = 0, t0 = log_now_s();
+                      float dscale, int64_t *ntok) {
+    double loss = 0;
     /* the last micro-batch through this chunk (dualpipe: its direction's) completes its units'
        gradients */
     int last = a->mb == pps_chunk_last_mb(s->sched->kind, s->p, s->nmb, a->chunk, s->sched->rank);
+    int64_t n = 0;
     switch (a->op) {
-    case PPS_F:
-        cb->load(cb->ctx, a->mb, s->inputs, s->targets); /* the model reads what it needs */
-        loss = model_chunk_forward(s->m, a->chunk, slot, s->inputs, s->targets, dscale, NULL);
+    case PPS_F: /* the feeder's record of the micro-batch; the chunk takes what it needs */
+        loss = model_chunk_forward(s->m, a->chunk, slot, cb->load(cb->ctx, a->mb), dscale, &n);
+        *ntok += n;
         break;
     case PPS_B: /* a split B leaves the weight gradients (and their hooks) to its W */
         if (!a->split) cb->before_grads(cb->ctx, a->mb, last);
@@ -262,11 +283,6 @@ static double compute(pp_state *s, const pp_callbacks *cb, const pps_action *a, 
         model_chunk_weight_grad(s->m, a->chunk, slot);
         break;
     }
-    double dt = log_now_s() - t0;
-    int k = a->op == PPS_F ? OP_F : a->op == PPS_W ? OP_W : a->split ? OP_B : OP_WHOLE_B;
-    s->busy_s += dt;
-    s->op_s[k] += dt;
-    s->op_n[k]++;
     return loss;
 }
 
@@ -274,73 +290,64 @@ static int is_compute(pps_op op) { return op == PPS_F || op == PPS_B || op == PP
 
 static int is_local(pps_op op) { return op == PPS_LOCAL_ACT || op == PPS_LOCAL_GRAD; }
 
-double pp_train_step(pp_state *s, const pp_callbacks *cb, float dscale) {
-    batch_state b = {0};
+/* The step's time in a computation (a forward-only walk is no part of the step's figures). */
+static void account(pp_state *s, const pps_action *a, double dt) {
+    int k = a->op == PPS_F ? OP_F : a->op == PPS_W ? OP_W : a->split ? OP_B : OP_WHOLE_B;
+    s->busy_s += dt;
+    s->op_s[k] += dt;
+    s->op_n[k]++;
+}
+
+/* The one walk of a schedule, the step's or validation's (sc, with its actions' sets slot):
+ * computations in order, the transfers between two of them as one batch. Returns the loss sum;
+ * *ntok gets the counted targets. */
+static double walk(pp_state *s, const pps_schedule *sc, const int *slot, const pp_callbacks *cb,
+                   float dscale, int64_t *ntok) {
+    int step = !(sc->flags & PPS_FORWARD_ONLY);
+    batch_state b = {.sync = !step};
     s->nbatch[0] = s->nbatch[1] = 0;
+    double loss = 0;
+    *ntok = 0;
+    for (int i = 0; i < sc->n; i++) {
+        const pps_action *a = &sc->a[i];
+        s->cur[a->mb * s->v + a->chunk] = slot[i];
+        if (is_local(a->op)) { /* on the compute stream, after its producer */
+            local_copy(s, a, slot[i]);
+            continue;
+        }
+        if (!is_compute(a->op)) {
+            comm_p2p t = transfer_of(s, a, slot[i]);
+            s->batch[b.cur][s->nbatch[b.cur]++] = t;
+            if (t.is_send && step) s->sent_bytes += act_bytes(s->ops, (int64_t)t.count);
+            b.has_recv |= a->op == PPS_RECV_ACT || a->op == PPS_RECV_GRAD;
+            continue;
+        }
+        flush(s, &b);
+        double t0 = log_now_s();
+        loss += compute(s, cb, a, slot[i], dscale, ntok);
+        if (step) account(s, a, log_now_s() - t0);
+    }
+    flush(s, &b);
+    if (b.inflight) comm_wait(&b.req);
+    return loss;
+}
+
+double pp_train_step(pp_state *s, const pp_callbacks *cb, float dscale) {
     s->busy_s = s->idle_s = 0;
     s->sent_bytes = 0;
     /* idle: the step's waits on the pipeline group, which only its transfers use until the end */
     double waited = comm_get_counters(s->pipe)->wait_s;
     memset(s->op_s, 0, sizeof s->op_s);
     memset(s->op_n, 0, sizeof s->op_n);
-    double loss = 0;
-    for (int i = 0; i < s->sched->n; i++) {
-        const pps_action *a = &s->sched->a[i];
-        s->cur[a->mb * s->v + a->chunk] = s->slot[i];
-        if (is_local(a->op)) { /* on the compute stream, after its producer */
-            local_copy(s, a, s->slot[i]);
-            continue;
-        }
-        if (!is_compute(a->op)) {
-            comm_p2p t = transfer_of(s, a, s->slot[i]);
-            s->batch[b.cur][s->nbatch[b.cur]++] = t;
-            if (t.is_send) s->sent_bytes += act_bytes(s->ops, (int64_t)t.count);
-            b.has_recv |= a->op == PPS_RECV_ACT || a->op == PPS_RECV_GRAD;
-            continue;
-        }
-        flush(s, &b);
-        loss += compute(s, cb, a, s->slot[i], dscale);
-    }
-    flush(s, &b);
-    if (b.inflight) comm_wait(&b.req);
+    int64_t ntok;
+    double loss = walk(s, s->sched, s->slot, cb, dscale, &ntok);
     s->idle_s = comm_get_counters(s->pipe)->wait_s - waited;
     return loss;
 }
 
-/* Validation: each micro-batch goes through the stages in order, one at a time (a chain:
- * nothing to overlap), in every chunk's first activation set. dualpipe's micro-batches all take
- * direction 0 (the chunks holding stages 0 .. p-1, one per rank). */
-double pp_forward_only(pp_state *s, const pp_callbacks *cb, int nmb, int64_t *ntok) {
-    int r = comm_rank(s->pipe), count = (int)model_boundary_numel(s->m);
-    ust_pp_schedule kind = s->sched->kind;
-    double loss = 0;
-    *ntok = 0;
-    for (int mb = 0; mb < nmb; mb++)
-        for (int c = 0; c < s->v; c++) {
-            int stage = pps_stage(kind, s->p, c, r);
-            if (pps_stage_first(kind, s->p, stage) != 0) continue; /* dualpipe's direction 1 */
-            int last = pps_stage_last(kind, s->p, s->v, stage);
-            int prev = stage > 0 ? pps_stage_rank(kind, s->p, stage - 1) : -1;
-            int next = stage < last ? pps_stage_rank(kind, s->p, stage + 1) : -1;
-            if (prev == r) { /* dualpipev's turn: the previous chunk on this rank */
-                s->ops->copy(s->ops, model_chunk_input(s->m, c, 0),
-                             model_chunk_output(s->m, c - 1, 0), (size_t)act_bytes(s->ops, count));
-            } else if (prev >= 0) {
-                comm_p2p in = {prev, 0, model_chunk_input(s->m, c, 0), count};
-                comm_req q = comm_sendrecv(s->pipe, &in, 1, comm_act_dtype(s->ops));
-                comm_wait(&q);
-            }
-            int64_t n = 0;
-            cb->load(cb->ctx, mb, s->inputs, s->targets);
-            loss += model_chunk_forward(s->m, c, 0, s->inputs, s->targets, 0, &n);
-            *ntok += n;
-            if (next >= 0 && next != r) {
-                comm_p2p out = {next, 1, model_chunk_output(s->m, c, 0), count};
-                comm_req q = comm_sendrecv(s->pipe, &out, 1, comm_act_dtype(s->ops));
-                comm_wait(&q);
-            }
-        }
-    return loss;
+double pp_forward_only(pp_state *s, const pp_callbacks *cb, int64_t *ntok) {
+    UST_ASSERT(s->fwd.n > 0, "validation without data.val_steps");
+    return walk(s, &s->fwd, s->fwd_slot, cb, 0, ntok);
 }
 
 /* ------------------------------------------------------------------ reductions */

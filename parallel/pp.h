@@ -1,7 +1,8 @@
 /* pp: the pipeline executor. It walks this rank's action list from pp_schedule (forward,
  * backward and weight-gradient computations of (micro-batch, chunk), and the point-to-point
  * transfers around them) and runs it on the model's chunks (its activation slots, batched
- * transfers and busy/idle accounting are described at pp_plan).
+ * transfers and busy/idle accounting are described at pp_plan); validation walks a
+ * forward-only list (pps_build_forward) the same way.
  * The model keeps its gradient hooks (data parallelism); the caller says, through
  * before_grads, which micro-batch's gradients a backward pass is about to add. */
 #ifndef UST_PP_H
@@ -17,8 +18,8 @@
 
 typedef struct {
     void *ctx;
-    /* host arrays of this rank's B x Tl tokens of micro-batch mb of the step */
-    void (*load)(void *ctx, int mb, int32_t *inputs, int32_t *targets);
+    /* the feeder's record of micro-batch mb of the step (valid until the next load) */
+    const ust_batch *(*load)(void *ctx, int mb);
     /* called before a pass that adds parameter gradients of micro-batch mb (last: mb is the
      * step's last micro-batch) */
     void (*before_grads)(void *ctx, int mb, int last);
@@ -74,9 +75,10 @@ void pp_destroy(pp_state *s);
 /* Runs one step's schedule; returns this rank's sum of per-token losses (non-zero on the last
  * stage only). dscale as in model_forward. */
 double pp_train_step(pp_state *s, const pp_callbacks *cb, float dscale);
-/* Forward only (validation): nmb micro-batches through the pipeline; returns the loss sum and
- * counted targets of this rank (the last stage's). */
-double pp_forward_only(pp_state *s, const pp_callbacks *cb, int nmb, int64_t *ntok);
+/* Forward only (validation): data.val_steps micro-batches through the pipeline, walking the
+ * forward-only schedule; returns the loss sum and counted targets of this rank (the last
+ * stage's). */
+double pp_forward_only(pp_state *s, const pp_callbacks *cb, int64_t *ntok);
 /* All-reduce of one number over the pipeline group. */
 double pp_sum(pp_state *s, double x);
 /* Tied embeddings: sums the copies' gradient pieces (n floats at g) over the embedding group. */

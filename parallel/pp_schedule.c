@@ -665,6 +665,27 @@ int pps_build(pps_schedule *s, ust_pp_schedule kind, int p, int v, int m, int ra
     return 0;
 }
 
+int pps_build_forward(pps_schedule *s, ust_pp_schedule kind, int p, int v, int m, int rank,
+                      ust_err *e) {
+    memset(s, 0, sizeof *s);
+    if (check_args(kind, p, v, 2 * p, rank, 0, e)) return -1; /* any m >= 1 runs one at a time */
+    if (m < 1) return ust_errf(e, "pp forward-only schedule: %d micro-batches", m);
+    s->a = malloc(sizeof *s->a * 4 * (size_t)m * v); /* F, a receive, a send or a copy */
+    if (!s->a) return ust_errf(e, "pp schedule: out of memory");
+    *s = (pps_schedule){.kind = kind, .p = p, .v = v, .m = m, .rank = rank,
+                        .flags = PPS_FORWARD_ONLY, .a = s->a};
+    for (int mb = 0; mb < m; mb++)
+        for (int c = 0; c < v; c++) {
+            pps_action f = {PPS_F, mb, c, pps_stage(kind, p, c, rank), -1, 0};
+            if (pps_stage_first(kind, p, f.stage) != 0) continue; /* dualpipe's direction 1 */
+            s->n += comm_of(f, 1, kind, p, v, rank, &s->a[s->n]);
+            s->a[s->n++] = f;
+            s->n += local_of(f, kind, p, v, rank, &s->a[s->n]);
+            s->n += comm_of(f, 0, kind, p, v, rank, &s->a[s->n]);
+        }
+    return 0;
+}
+
 int pps_build_all(pps_schedule *all, ust_pp_schedule kind, int p, int v, int m, int flags,
                   ust_err *e) {
     if (two_way(kind)) { /* one placement for every rank at once */
@@ -691,9 +712,10 @@ void pps_free_all(pps_schedule *all, int p) {
 }
 
 void pps_print(FILE *f, const pps_schedule *s) {
-    fprintf(f, "# pp schedule %s%s%s: pp=%d vpp=%d micro-batches=%d rank=%d, %d actions\n",
+    fprintf(f, "# pp schedule %s%s%s%s: pp=%d vpp=%d micro-batches=%d rank=%d, %d actions\n",
             pps_kind_name(s->kind), s->flags & PPS_BREADTH_FIRST ? " (breadth-first)" : "",
-            s->flags & PPS_NO_SPLIT ? " (no W split)" : "", s->p, s->v, s->m, s->rank, s->n);
+            s->flags & PPS_NO_SPLIT ? " (no W split)" : "",
+            s->flags & PPS_FORWARD_ONLY ? " (forward only)" : "", s->p, s->v, s->m, s->rank, s->n);
     for (int i = 0; i < s->n; i++) {
         const pps_action *a = &s->a[i];
         if (!is_comm(a->op))
@@ -708,7 +730,7 @@ void pps_print(FILE *f, const pps_schedule *s) {
 /* ------------------------------------------------------------------ activation sets */
 
 static int frees_slot(const pps_schedule *s, const pps_action *a) {
-    (void)s;
+    if (s->flags & PPS_FORWARD_ONLY) return a->op == PPS_F; /* nothing is kept for a backward */
     return a->op == PPS_W || (a->op == PPS_B && !a->split);
 }
 

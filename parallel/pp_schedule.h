@@ -40,6 +40,7 @@ enum {
     PPS_BREADTH_FIRST = 1, /* pps_build flag, interleaved only (default depth-first) */
     PPS_NO_SPLIT = 2, /* dualpipev, dualpipe: every B is the whole backward, no W (MoE layers and
                          full recomputation keep no deferred weight gradients) */
+    PPS_FORWARD_ONLY = 4, /* pps_build_forward's: F's and their transfers, no B or W */
 };
 
 typedef struct {
@@ -54,6 +55,13 @@ typedef struct {
  * m < 2p, dualpipe with p odd, v != 2, m odd or m < 2p. */
 int pps_build(pps_schedule *s, ust_pp_schedule kind, int p, int v, int m, int rank, int flags,
               ust_err *e);
+/* Forward only (validation), any m >= 1: each micro-batch through the stages in order, one
+ * at a time, each forward with its receive before it and its send (or local copy) after it;
+ * dualpipe's micro-batches all take direction 0 (stages 0 .. p-1). pps_slots gives each chunk
+ * one activation set: the executor waits on every transfer batch of such a schedule (a chain has
+ * nothing to overlap), so nothing is in flight when the next forward reuses the set. */
+int pps_build_forward(pps_schedule *s, ust_pp_schedule kind, int p, int v, int m, int rank,
+                      ust_err *e);
 /* Builds all p ranks' schedules into all[0..p-1] (freed again on error). */
 int pps_build_all(pps_schedule *all, ust_pp_schedule kind, int p, int v, int m, int flags,
                   ust_err *e);

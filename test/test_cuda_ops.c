@@ -1188,6 +1188,15 @@ static void test_cuda_bf16_acts_attention_all_paths_match_cpu(void) {
 
 enum { MB = 2, MT = 16 };
 
+/* The micro-batch record of in and tgt: positions 0..MT-1 of each sequence. */
+static const ust_batch *tiny_batch(const int32_t *in, const int32_t *tgt) {
+    static int32_t pos[MB * MT];
+    static ust_batch b;
+    for (int i = 0; i < MB * MT; i++) pos[i] = i % MT;
+    b = (ust_batch){in, tgt, pos, NULL};
+    return &b;
+}
+
 static void tiny_config(ust_config *c, ust_arch arch) {
     cfg_defaults(c);
     c->model.arch = arch;
@@ -1242,8 +1251,8 @@ static int model_3_steps_match(ust_arch arch, int experts) {
         int64_t nt1 = 0, nt2 = 0;
         model_zero_grads(mc);
         model_zero_grads(mg);
-        double l1 = model_forward(mc, in, tgt, 1.0f / (MB * MT), &nt1);
-        double l2 = model_forward(mg, in, tgt, 1.0f / (MB * MT), &nt2);
+        double l1 = model_forward(mc, tiny_batch(in, tgt), 1.0f / (MB * MT), &nt1);
+        double l2 = model_forward(mg, tiny_batch(in, tgt), 1.0f / (MB * MT), &nt2);
         if (!(fabs(l2 - l1) <= 1e-5 * fabs(l1)) || nt1 != nt2) {
             snprintf(msg, sizeof msg, "step %d: loss gpu %.9g, cpu %.9g", step, l2, l1);
             ok = 0;
@@ -1294,8 +1303,8 @@ static void test_cuda_tiny_model_bf16_close_to_fp32_cpu(void) {
     int64_t n = model_numel(mc), nt = 0;
     model_zero_grads(mc);
     model_zero_grads(mg);
-    double l1 = model_forward(mc, in, tgt, 1.0f / (MB * MT), &nt);
-    double l2 = model_forward(mg, in, tgt, 1.0f / (MB * MT), &nt);
+    double l1 = model_forward(mc, tiny_batch(in, tgt), 1.0f / (MB * MT), &nt);
+    double l2 = model_forward(mg, tiny_batch(in, tgt), 1.0f / (MB * MT), &nt);
     model_backward(mc);
     model_backward(mg);
     ops_cuda_set_bf16(GPU, 0);

@@ -242,6 +242,18 @@ static double ref_loss(fixture *f, const int32_t *in, const int32_t *tgt) {
     return ref_loss_docs(f, in, tgt, NULL);
 }
 
+/* The micro-batch record of in and tgt (docs: document starts, or NULL): positions 0..TT-1 of
+ * each sequence, counted from each document's start under data.reset_positions. */
+static const ust_batch *batch_of(const fixture *f, const int32_t *in, const int32_t *tgt,
+                                 const int32_t *docs) {
+    static int32_t pos[TB * TT];
+    static ust_batch b;
+    for (int i = 0; i < TB * TT; i++)
+        pos[i] = i % TT - (docs && f->cfg.data.reset_positions ? docs[i] : 0);
+    b = (ust_batch){in, tgt, pos, docs};
+    return &b;
+}
+
 /* ------------------------------------------------------------------ tests */
 
 static void check_forward_matches_reference(ust_arch arch) {
@@ -250,7 +262,8 @@ static void check_forward_matches_reference(ust_arch arch) {
     int32_t in[TB * TT], tgt[TB * TT];
     tokens(in, tgt, f.cfg.model.vocab_size);
     int64_t n;
-    double got = model_forward(f.m, in, tgt, 0, &n) / n, want = ref_loss(&f, in, tgt);
+    double got = model_forward(f.m, batch_of(&f, in, tgt, NULL), 0, &n) / n,
+           want = ref_loss(&f, in, tgt);
     fixture_free(&f);
     CHECK(n == TB * TT - 1, "counted %lld targets", (long long)n);
     /* fp32 model vs fp64 reference over a 2-layer net: agreement to ~1e-6 relative */
@@ -266,7 +279,7 @@ static void test_llama_forward_matches_fp64_reference(void) {
 
 static double mean_loss(fixture *f, const int32_t *in, const int32_t *tgt) {
     int64_t n;
-    double s = model_forward(f->m, in, tgt, 0, &n);
+    double s = model_forward(f->m, batch_of(f, in, tgt, NULL), 0, &n);
     return s / n;
 }
 
@@ -280,7 +293,7 @@ static void check_gradients(ust_arch arch) {
     tokens(in, tgt, f.cfg.model.vocab_size);
     int64_t n;
     model_zero_grads(f.m);
-    model_forward(f.m, in, tgt, 1.0f / (TB * TT - 1), &n);
+    model_forward(f.m, batch_of(&f, in, tgt, NULL), 1.0f / (TB * TT - 1), &n);
     model_backward(f.m);
     int bad = -1;
     double bad_fd = 0, bad_an = 0;
@@ -327,8 +340,7 @@ static const int32_t DOCS[TB * TT] = {0, 0, 0, 3, 3, 3, 3, 3, 0, 0, 0, 0, 0, 5, 
 static double loss_and_grads(fixture *f, const int32_t *in, const int32_t *tgt, const int32_t *docs,
                              float *grads) {
     model_zero_grads(f->m);
-    model_set_docs(f->m, docs);
-    double s = model_forward(f->m, in, tgt, 1.0f, NULL);
+    double s = model_forward(f->m, batch_of(f, in, tgt, docs), 1.0f, NULL);
     model_backward(f->m);
     memcpy(grads, model_grads(f->m), model_numel(f->m) * sizeof(float));
     return s;
@@ -395,9 +407,9 @@ static void check_recompute(ust_arch arch, ust_recompute mode) {
     tokens(in, tgt, a.cfg.model.vocab_size);
     double la = 0, lb = 0;
     for (int mb = 0; mb < 2; mb++) { /* two micro-batches: gradients accumulate */
-        la += model_forward(a.m, in, tgt, 0.5f, NULL);
+        la += model_forward(a.m, batch_of(&a, in, tgt, NULL), 0.5f, NULL);
         model_backward(a.m);
-        lb += model_forward(b.m, in, tgt, 0.5f, NULL);
+        lb += model_forward(b.m, batch_of(&b, in, tgt, NULL), 0.5f, NULL);
         model_backward(b.m);
     }
     int same = la == lb && model_numel(a.m) == model_numel(b.m) &&
@@ -440,8 +452,8 @@ static void check_profiler(ust_arch arch) {
     int32_t in[TB * TT], tgt[TB * TT];
     tokens(in, tgt, a.cfg.model.vocab_size);
     ops_prof_enable(b.ops, 1);
-    double la = model_forward(a.m, in, tgt, 1.0f, NULL),
-           lb = model_forward(b.m, in, tgt, 1.0f, NULL);
+    double la = model_forward(a.m, batch_of(&a, in, tgt, NULL), 1.0f, NULL),
+           lb = model_forward(b.m, batch_of(&b, in, tgt, NULL), 1.0f, NULL);
     model_backward(a.m);
     model_backward(b.m);
     int same = la == lb && memcmp(model_grads(a.m), model_grads(b.m), model_numel(a.m) * 4) == 0;
@@ -450,7 +462,7 @@ static void check_profiler(ust_arch arch) {
     int64_t att = prof_calls(b.ops, "attention_fwd"), attb = prof_calls(b.ops, "attention_bwd");
     int64_t norms = prof_calls(b.ops, norm), fused = prof_calls(b.ops, "linear_gelu_fwd");
     ops_prof_enable(b.ops, 0);
-    model_forward(b.m, in, tgt, 1.0f, NULL);
+    model_forward(b.m, batch_of(&b, in, tgt, NULL), 1.0f, NULL);
     model_backward(b.m);
     int64_t after = prof_calls(b.ops, "attention_fwd");
     ops_prof_entry e[64];

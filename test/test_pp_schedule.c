@@ -535,6 +535,102 @@ static void test_the_builder_refuses_exactly_what_the_shape_rules_refuse(void) {
           refused);
 }
 
+/* ------------------------------------------------------------------ forward only */
+
+static int is_transfer(pps_op op) { return op >= PPS_SEND_ACT && op <= PPS_RECV_GRAD; }
+
+/* The k of transfer i of s: how many transfers in the same direction to the same peer come
+ * before it (the k-th send from a to b meets the k-th receive on b from a). */
+static int transfer_k(const pps_schedule *s, int i) {
+    int k = 0;
+    for (int j = 0; j < i; j++) k += s->a[j].op == s->a[i].op && s->a[j].peer == s->a[i].peer;
+    return k;
+}
+
+/* Runs forward-only lists as the executor does (each batch of transfers posted, then waited on):
+ * a batch completes once every partner has posted its side. 0: every rank got to the end; -1:
+ * no rank can move (a deadlock). */
+static int forward_runs_to_the_end(const pps_schedule *all, int p) {
+    int pos[4] = {0}, posted[4] = {0}, sends[4][4] = {{0}}, recvs[4][4] = {{0}};
+    for (int moved = 1; moved;) {
+        moved = 0;
+        for (int r = 0; r < p; r++) {
+            const pps_schedule *s = &all[r];
+            int end = pos[r], done = 1;
+            while (end < s->n && is_transfer(s->a[end].op)) end++;
+            if (end == pos[r]) { /* a computation or a local copy */
+                moved |= pos[r] < s->n;
+                pos[r] += pos[r] < s->n;
+                continue;
+            }
+            for (int i = pos[r]; i < end && !posted[r]; i++)
+                (s->a[i].op == PPS_SEND_ACT ? sends : recvs)[r][s->a[i].peer]++;
+            moved |= !posted[r];
+            posted[r] = 1;
+            for (int i = pos[r]; i < end; i++) {
+                int q = s->a[i].peer, k = transfer_k(s, i);
+                done &= s->a[i].op == PPS_SEND_ACT ? recvs[q][r] > k : sends[q][r] > k;
+            }
+            if (done) pos[r] = end, posted[r] = 0, moved = 1;
+        }
+    }
+    for (int r = 0; r < p; r++)
+        if (pos[r] < all[r].n) return -1;
+    return 0;
+}
+
+/* pps_build_forward for every kind: each micro-batch's forward on every stage of its arm
+ * (dualpipe: direction 0's p stages) in micro-batch order, its activation sent on to the rank
+ * that receives it as the same (micro-batch, next stage), one activation set per chunk, and the
+ * ranks, waiting on every batch, run to the end for any number of micro-batches. */
+static void test_forward_only_schedules_walk_every_stage_once_and_run_to_the_end(void) {
+    ust_pp_schedule kinds[] = {PP_AFAB, PP_1F1B, PP_ZB, PP_INTERLEAVED, PP_DUALPIPEV, PP_DUALPIPE};
+    int ms[] = {1, 2, 3, 5}, cases = 0;
+    for (int ki = 0; ki < N(kinds); ki++)
+        for (int pi = 1; pi < N(PS); pi++)
+            for (int mi = 0; mi < N(ms); mi++) {
+                ust_pp_schedule kind = kinds[ki];
+                int p = PS[pi], m = ms[mi];
+                int v = kind == PP_INTERLEAVED || kind >= PP_DUALPIPEV ? 2 : 1;
+                int stages = kind == PP_DUALPIPE ? p : p * v, per_mb[5] = {0}, slots[2];
+                pps_schedule all[4];
+                ust_err e = {{0}};
+                for (int r = 0; r < p; r++)
+                    CHECK(pps_build_forward(&all[r], kind, p, v, m, r, &e) == 0, "%s: %s",
+                          pps_kind_name(kind), e.msg);
+                for (int r = 0; r < p; r++) {
+                    for (int i = 0, last = 0; i < all[r].n; i++) {
+                        const pps_action *a = &all[r].a[i];
+                        CHECK(a->op != PPS_B && a->op != PPS_W, "a backward in a forward list");
+                        if (a->op == PPS_F) per_mb[a->mb]++;
+                        CHECK(a->op != PPS_F || a->mb >= last, "micro-batches out of order");
+                        if (a->op == PPS_F) last = a->mb;
+                        const pps_action *b = NULL; /* the receive a send meets */
+                        for (int j = 0; a->op == PPS_SEND_ACT && j < all[a->peer].n; j++)
+                            if (all[a->peer].a[j].op == PPS_RECV_ACT &&
+                                all[a->peer].a[j].peer == r &&
+                                transfer_k(&all[a->peer], j) == transfer_k(&all[r], i))
+                                b = &all[a->peer].a[j];
+                        CHECK(a->op != PPS_SEND_ACT ||
+                                  (b && b->mb == a->mb && b->stage == a->stage + 1),
+                              "%s p=%d m=%d: rank %d's send %d meets no matching receive",
+                              pps_kind_name(kind), p, m, r, i);
+                    }
+                    pps_slots(&all[r], NULL, slots);
+                    for (int c = 0; c < v; c++)
+                        CHECK(slots[c] <= 1, "chunk %d: %d sets", c, slots[c]);
+                }
+                for (int mb = 0; mb < m; mb++)
+                    CHECK(per_mb[mb] == stages, "%s p=%d: mb %d ran %d of %d stages",
+                          pps_kind_name(kind), p, mb, per_mb[mb], stages);
+                CHECK(forward_runs_to_the_end(all, p) == 0, "%s p=%d m=%d deadlocks",
+                      pps_kind_name(kind), p, m);
+                pps_free_all(all, p);
+                cases++;
+            }
+    CHECK(cases == 48, "%d cases", cases);
+}
+
 static void test_print_writes_one_line_per_action(void) {
     pps_schedule s;
     ust_err e = {{0}};
@@ -576,6 +672,7 @@ int main(void) {
     RUN_TEST(test_a_deadlocking_post_order_is_reported_not_hung);
     RUN_TEST(test_invalid_inputs_give_an_error);
     RUN_TEST(test_the_builder_refuses_exactly_what_the_shape_rules_refuse);
+    RUN_TEST(test_forward_only_schedules_walk_every_stage_once_and_run_to_the_end);
     RUN_TEST(test_print_writes_one_line_per_action);
     return TEST_SUMMARY();
 }

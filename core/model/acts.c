@@ -97,7 +97,7 @@ static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *
         s->doc = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
     if (m->shape.doc_mask && cp_ulysses(m->par.cp) > 1) /* the documents of every token attended */
         s->udoc = mem_alloc(a, MEM_ACTS, N * cp_ulysses(m->par.cp) * sizeof(int32_t));
-    if (m->shape.reset_pos) s->rpos = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
+    s->pos = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
     s->dy = A(Nl * C);
 }
 
@@ -134,17 +134,6 @@ void acts_alloc(model *m, ust_arena *a) {
     m->acts.dact =
         m->shape.llama ? A(N * F) : NULL; /* gpt2's GELU backward is fused (linear_gelu_bwd) */
     m->acts.tgt = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
-    /* the global positions of our tokens (cp_init's buffer), and as every token's own (B,Tl)
-     * for RoPE and learned positions (data.reset_positions: each slot's own) */
-    m->acts.pos = mem_counting(a) ? NULL : (int32_t *)cp_positions_device(m->par.cp);
-    m->acts.pos_rows = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
-    if (!mem_counting(a)) {
-        int32_t *host = malloc((size_t)N * sizeof(int32_t));
-        const int32_t *mine = cp_positions_of(m->par.cp, m->par.cp->rank);
-        for (int64_t i = 0; i < N; i++) host[i] = mine[i % m->shape.T];
-        m->ops->to_device(m->ops, m->acts.pos_rows, host, (size_t)N * sizeof(int32_t));
-        free(host);
-    }
 }
 #undef A
 #undef F32

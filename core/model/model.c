@@ -61,7 +61,6 @@ int model_create_with(model **out, const ust_config *cfg, const ust_ops *ops, us
         if (m->tab.g) model_set_unit_grads(m, u, m->tab.g + m->tab.unit_off[u]);
     }
     acts_alloc(m, arena);
-    m->batch.rows = m->acts.pos_rows;
     *out = m;
     return 0;
 }
@@ -90,48 +89,39 @@ void model_set_hooks(model *m, const model_hooks *h) {
         memset(&m->hooks, 0, sizeof m->hooks);
 }
 
-void model_set_docs(model *m, const int32_t *doc_start) { m->batch.doc_next = doc_start; }
-
 /* The micro-batch of slot s is the one computed now. */
-static void use_docs(model *m, const act_slot *s) {
+static void use_batch(model *m, const act_slot *s) {
     m->batch.docs = s->udoc ? (cp_docs){s->udoc, s->udoc_min} : (cp_docs){s->doc, s->doc_min};
-    m->batch.rows = m->shape.reset_pos ? s->rpos : m->acts.pos_rows;
+    m->batch.rows = s->pos;
 }
 
-/* The slot keeps its micro-batch's documents (and, data.reset_positions, the positions inside
- * them) for the backward and a recompute. */
-static void take_docs(model *m, act_slot *s) {
-    if (!m->shape.doc_mask && !m->shape.reset_pos) return;
+/* The slot keeps its micro-batch's positions and documents for the backward and a recompute. */
+static void take_batch(model *m, act_slot *s, const ust_batch *b) {
     int N = m->shape.B * m->shape.T;
-    UST_ASSERT(m->batch.doc_next, "data.doc_mask: no documents given for the micro-batch");
-    m->ops->to_device(m->ops, s->doc, m->batch.doc_next, N * sizeof(int32_t));
-    s->doc_min = m->batch.doc_next[0];
-    for (int i = 1; i < N; i++)
-        s->doc_min = m->batch.doc_next[i] < s->doc_min ? m->batch.doc_next[i] : s->doc_min;
-    if (m->shape.reset_pos) {
-        int32_t *host = malloc((size_t)N * sizeof(int32_t));
-        const int32_t *mine = cp_positions_of(m->par.cp, m->par.cp->rank);
-        for (int i = 0; i < N; i++) host[i] = mine[i % m->shape.T] - m->batch.doc_next[i];
-        m->ops->to_device(m->ops, s->rpos, host, (size_t)N * sizeof(int32_t));
-        free(host);
+    m->ops->to_device(m->ops, s->pos, b->positions, N * sizeof(int32_t));
+    if (m->shape.doc_mask || m->shape.reset_pos) {
+        UST_ASSERT(b->doc_starts, "data.doc_mask: no documents given for the micro-batch");
+        m->ops->to_device(m->ops, s->doc, b->doc_starts, N * sizeof(int32_t));
+        s->doc_min = b->doc_starts[0];
+        for (int i = 1; i < N; i++)
+            s->doc_min = b->doc_starts[i] < s->doc_min ? b->doc_starts[i] : s->doc_min;
+        if (s->udoc) s->udoc_min = cp_gather_docs(m->par.cp, s->udoc, s->doc);
     }
-    if (s->udoc) s->udoc_min = cp_gather_docs(m->par.cp, s->udoc, s->doc);
-    m->batch.doc_next = NULL;
-    use_docs(m, s);
+    use_batch(m, s);
 }
 
 /* ------------------------------------------------------------------ forward */
 
-double model_chunk_forward(model *m, int c, int slot, const int32_t *inputs, const int32_t *targets,
-                           float dscale, int64_t *ntok) {
+double model_chunk_forward(model *m, int c, int slot, const ust_batch *b, float dscale,
+                           int64_t *ntok) {
     const ust_ops *o = m->ops;
     model_chunk *ch = &m->chunks[c];
     act_slot *s = &ch->slots[slot];
     int N = m->shape.B * m->shape.T, u = ch->unit0;
     if (ntok) *ntok = 0;
-    take_docs(m, s);
+    take_batch(m, s, b);
     if (ch->embed) {
-        o->to_device(o, s->tok, inputs, N * sizeof(int32_t));
+        o->to_device(o, s->tok, b->tokens, N * sizeof(int32_t));
         u = vocab_embed_forward(m, s, u);
     }
     for (int l = ch->lo; l < ch->hi; l++) {
@@ -149,18 +139,17 @@ double model_chunk_forward(model *m, int c, int slot, const int32_t *inputs, con
         u += 1 + moe;
     }
     if (!ch->head) return 0;
-    o->to_device(o, m->acts.tgt, targets, N * sizeof(int32_t));
+    o->to_device(o, m->acts.tgt, b->targets, N * sizeof(int32_t));
     int64_t counted = 0;
-    for (int i = 0; i < N; i++) counted += targets[i] >= 0;
+    for (int i = 0; i < N; i++) counted += b->targets[i] >= 0;
     if (ntok) *ntok = counted;
     return vocab_head_forward(m, s, s->xs[ch->hi - ch->lo], u, dscale);
 }
 
-double model_forward(model *m, const int32_t *inputs, const int32_t *targets, float dscale,
-                     int64_t *ntok) {
+double model_forward(model *m, const ust_batch *b, float dscale, int64_t *ntok) {
     UST_ASSERT(m->nchunks == 1 && m->chunks[0].embed && m->chunks[0].head,
                "model_forward runs the whole model; a pipeline stage runs model_chunk_forward");
-    return model_chunk_forward(m, 0, 0, inputs, targets, dscale, ntok);
+    return model_chunk_forward(m, 0, 0, b, dscale, ntok);
 }
 
 /* ------------------------------------------------------------------ backward */
@@ -175,7 +164,7 @@ void model_chunk_backward(model *m, int c, int slot, int input_only) {
     act *dx = s->dy; /* the chunk's output gradient, turned into its input gradient */
     deferral df = {input_only ? &s->wg : NULL, NULL};
     if (input_only) s->wg.n = 0;
-    if (m->shape.doc_mask || m->shape.reset_pos) use_docs(m, s);
+    use_batch(m, s);
     if (ch->head) u = vocab_head_backward(m, s, s->xs[nl], dx, &df, begin, end, u);
     for (int l = ch->hi - 1; l >= ch->lo; l--) {
         int i = l - ch->lo, moe = is_moe(m, l), ua = u - moe; /* MoE: ua dense, u experts */

@@ -2,7 +2,7 @@
  * per-layer forward/backward on the ops.h interface, llm.c style.
  * Contract: model_create carves parameters, gradients and activations for one micro-batch
  * (B = train.micro_batch_size, T = train.seq_len, or this rank's T/cp tokens of each sequence
- * under context parallelism, at the positions cp_layout_positions gives) out of the arena;
+ * under context parallelism, positions given with each micro-batch: ust_batch) out of the arena;
  * model_forward runs the whole stack and, when dscale > 0, also leaves d(loss)/d(logits) * dscale
  * ready for model_backward, which ACCUMULATES parameter gradients (so gradient accumulation is just
  * calling it again). Parameters are stored unfused under canonical Hugging Face-style names
@@ -136,11 +136,18 @@ typedef void (*model_store_fn)(void *ctx, int param, const float *host);
 int model_load_llmc(model *m, const char *path, model_store_fn store, void *store_ctx, ust_err *e);
 
 void model_zero_grads(model *m);
-/* inputs, targets: host arrays of B*T tokens, this rank's (targets < 0 are ignored). Returns the
- * sum of the per-token losses; *ntok gets the number of counted targets. dscale > 0 prepares
- * backward with d(loss_sum)/d(logits) scaled by dscale (e.g. 1 / tokens in the global batch). */
-double model_forward(model *m, const int32_t *inputs, const int32_t *targets, float dscale,
-                     int64_t *ntok);
+/* One micro-batch of this rank, made once by the data feeder and read by every chunk's forward
+ * (host arrays of B x Tl, this rank's tokens: its context-parallel chunks of each sequence):
+ * the input ids, their targets (< 0: not counted), each token's position in its sequence
+ * (data.reset_positions: inside its document), and where its document begins (ops.h q_start;
+ * data.doc_mask or reset_positions, else NULL). A chunk copies what it keeps to its slot. */
+typedef struct {
+    const int32_t *tokens, *targets, *positions, *doc_starts;
+} ust_batch;
+/* The whole model on one micro-batch. Returns the sum of the per-token losses; *ntok gets the
+ * number of counted targets. dscale > 0 prepares backward with d(loss_sum)/d(logits) scaled by
+ * dscale (e.g. 1 / tokens in the global batch). */
+double model_forward(model *m, const ust_batch *b, float dscale, int64_t *ntok);
 void model_backward(model *m);
 
 /* Pipeline stages. A rank holds model_num_chunks chunks (its stages), each with
@@ -148,18 +155,16 @@ void model_backward(model *m);
  * input tensor (Nl x C, model_boundary_numel activations) is where a stage's received activation
  * goes, its output what it sends; model_chunk_grad is the slot's gradient buffer: the output
  * gradient before backward (received, or written by the head), the input gradient after.
- * The first chunk of stage 0 reads inputs, the last stage's reads targets (others pass NULL). */
+ * The first chunk of stage 0 reads the batch's tokens, the last stage's its targets. */
 int model_num_chunks(const model *m);
 int model_chunk_slots(const model *m, int chunk);
 int64_t model_boundary_numel(const model *m);
 act *model_chunk_input(model *m, int chunk, int slot);
 act *model_chunk_output(model *m, int chunk, int slot);
 act *model_chunk_grad(model *m, int chunk, int slot);
-double model_chunk_forward(model *m, int chunk, int slot, const int32_t *inputs,
-                           const int32_t *targets, float dscale, int64_t *ntok);
-/* data.doc_mask: where each of this rank's B x Tl tokens' documents begins (host, global
- * positions; ops.h q_start), for the next chunk forward, which keeps them for its backward. */
-void model_set_docs(model *m, const int32_t *doc_start);
+/* The slot keeps b's positions and document starts for its backward. */
+double model_chunk_forward(model *m, int chunk, int slot, const ust_batch *b, float dscale,
+                           int64_t *ntok);
 /* input_only (zb's B, model made with storage.zb): input gradients only, keeping what
  * model_chunk_weight_grad (W) needs to add the weight gradients later. */
 void model_chunk_backward(model *m, int chunk, int slot, int input_only);

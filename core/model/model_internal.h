@@ -82,7 +82,7 @@ typedef struct {
     int32_t doc_min;            /* ... the smallest of them */
     int32_t *udoc;              /* ... under Ulysses cp: those of the tokens attended (B, Tb) */
     int32_t udoc_min;           /* ... the smallest of them */
-    int32_t *rpos;              /* data.reset_positions: positions inside the documents (B,Tl) */
+    int32_t *pos;               /* (B,Tl) each token's position (ust_batch.positions) */
     act *dy; /* (Nl,C): d loss / d chunk output on entry to backward, d / d input after */
 } act_slot;
 
@@ -186,15 +186,13 @@ typedef struct {
     float *dnorm;              /* 2C: a norm's weight (and bias) gradient before the sp reduction */
     float *vc_lse;             /* (4N): the chunked cross-entropy's statistics */
     act *vc_merge, *vc_merge2; /* (N) each: the lse merge's unused outputs */
-    int32_t *tgt, *pos;
-    int32_t *pos_rows; /* (B,Tl) every token's position */
+    int32_t *tgt;
 } model_acts;
 
-/* model.c: the micro-batch being computed. */
+/* model.c: the micro-batch being computed (its slot's copies of the ust_batch). */
 typedef struct {
-    int32_t *rows;           /* (B,Tl) the micro-batch's positions (acts' pos_rows, or a slot's) */
-    const int32_t *doc_next; /* host: the documents of the next chunk forward (model_set_docs) */
-    cp_docs docs;            /* the documents of the micro-batch being computed */
+    int32_t *rows; /* (B,Tl) its positions (the slot's pos) */
+    cp_docs docs;  /* its documents */
 } model_batch;
 
 struct model {

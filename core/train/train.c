@@ -50,7 +50,7 @@ static double forward_backward(trainer *t) {
 static double validation_loss(trainer *t) {
     pp_callbacks cb = {t, train_feed_val, pp_before_grads};
     int64_t count = 0;
-    double sum = pp_sum(t->eng.pp, pp_forward_only(t->eng.pp, &cb, t->cfg->data.val_steps, &count));
+    double sum = pp_sum(t->eng.pp, pp_forward_only(t->eng.pp, &cb, &count));
     count = (int64_t)pp_sum(t->eng.pp, (double)count);
     return dp_sum(t->eng.dp, sum) / dp_sum(t->eng.dp, (double)count);
 }

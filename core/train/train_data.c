@@ -1,5 +1,6 @@
-/* train_data.c: the trainer's data feed: the datasets, each step's global batch, this rank's
- * inputs and targets of a micro-batch (of training or validation), and document starts. */
+/* train_data.c: the trainer's data feed: the datasets, each step's global batch, and this
+ * rank's record of a micro-batch (of training or validation): its inputs, targets, positions
+ * and document starts (ust_batch), made once here and read by every chunk it passes. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -54,7 +55,8 @@ void train_feed_assign(trainer *t) {
 
 /* data.doc_mask: where the document of each of this rank's tokens begins. A document ends with
  * its end-of-text token (which predicts the next document's first), so input t starts a new one
- * when input t-1 is end of text; the positions are the sequence's, whatever rank holds them. */
+ * when input t-1 is end of text; the positions are the sequence's, whatever rank holds them.
+ * data.reset_positions: each token's position counts from its document's start. */
 static void find_docs(trainer *t) {
     int B = t->cfg->train.micro_batch_size, T = t->cfg->train.seq_len, Tl = t->feed.Tl;
     for (int b = 0; b < B; b++) {
@@ -64,22 +66,26 @@ static void find_docs(trainer *t) {
             if (w[p] == t->feed.eot) start = p + 1;
         }
         for (int j = 0; j < Tl; j++)
-            t->feed.docs[b * Tl + j] = t->feed.doc_scratch[t->feed.positions[j]];
+            t->feed.docs[b * Tl + j] = t->feed.doc_scratch[t->feed.layout[j]];
     }
-    model_set_docs(t->eng.m, t->feed.docs);
+    if (!t->cfg->data.reset_positions) return;
+    for (int i = 0; i < B * Tl; i++) t->feed.rows[i] -= t->feed.docs[i];
 }
 
-/* Takes this rank's tokens of B windows of T+1 tokens (all of them, or its context-parallel
- * chunks) as inputs, and the token after each as its target. */
-static void split_windows(trainer *t, int32_t *inputs, int32_t *targets) {
+/* The record of B windows of T+1 tokens: this rank's tokens of each (all of them, or its
+ * context-parallel chunks) as inputs, the token after each as its target, their positions and
+ * document starts. */
+static ust_batch *split_windows(trainer *t) {
     int B = t->cfg->train.micro_batch_size, T = t->cfg->train.seq_len, Tl = t->feed.Tl;
     for (int b = 0; b < B; b++)
         for (int j = 0; j < Tl; j++) {
-            const int32_t *w = t->feed.samples + (int64_t)b * (T + 1) + t->feed.positions[j];
-            inputs[b * Tl + j] = w[0];
-            targets[b * Tl + j] = w[1];
+            const int32_t *w = t->feed.samples + (int64_t)b * (T + 1) + t->feed.layout[j];
+            t->feed.tokens[b * Tl + j] = w[0];
+            t->feed.targets[b * Tl + j] = w[1];
+            t->feed.rows[b * Tl + j] = t->feed.layout[j];
         }
     if (t->feed.docs) find_docs(t);
+    return &t->feed.batch;
 }
 
 /* The first sample of micro-batch mb of this step on this rank: its data-parallel block of the
@@ -91,9 +97,9 @@ static int64_t first_sample(trainer *t, int mb) {
            (int64_t)mb * c->train.micro_batch_size;
 }
 
-/* This rank's tokens of micro-batch mb of the step (of the validation set): the step loop and
- * the pipeline executor both load through these. */
-void train_feed_train(void *ctx, int mb, int32_t *inputs, int32_t *targets) {
+/* This rank's micro-batch mb of the step (of the validation set): the pipeline executor loads
+ * through these. */
+const ust_batch *train_feed_train(void *ctx, int mb) {
     trainer *t = ctx;
     const ust_config *c = t->cfg;
     int64_t g = first_sample(t, mb) - t->sample_index; /* in the step's global batch */
@@ -103,14 +109,15 @@ void train_feed_train(void *ctx, int mb, int32_t *inputs, int32_t *targets) {
         data_blend_get(t->feed.train, t->feed.which[g + b], t->feed.index[g + b], c->train.seq_len,
                        c->data.shuffle, c->run.seed,
                        t->feed.samples + (int64_t)b * (c->train.seq_len + 1));
-    split_windows(t, inputs, targets);
+    ust_batch *batch = split_windows(t);
     /* test fault UST_FAULT_SPIKE_STEP=N: the first micro-batch of step N's data (samples from
      * (N-1) x global_batch_size: a rewind moves past them) learns garbage targets */
     for (int k = 0; poison && k < c->train.micro_batch_size * t->feed.Tl; k++)
-        targets[k] = (int32_t)((targets[k] * 7919LL + 13) % c->model.vocab_size);
+        t->feed.targets[k] = (int32_t)((t->feed.targets[k] * 7919LL + 13) % c->model.vocab_size);
+    return batch;
 }
 
-void train_feed_val(void *ctx, int mb, int32_t *inputs, int32_t *targets) {
+const ust_batch *train_feed_val(void *ctx, int mb) {
     trainer *t = ctx;
     const ust_config *c = t->cfg;
     int B = c->train.micro_batch_size;
@@ -119,24 +126,31 @@ void train_feed_val(void *ctx, int mb, int32_t *inputs, int32_t *targets) {
         data_blend_get(t->feed.val, t->feed.val_which[k], t->feed.val_index[k], c->train.seq_len, 0,
                        c->run.seed, t->feed.samples + (int64_t)b * (c->train.seq_len + 1));
     }
-    split_windows(t, inputs, targets);
+    return split_windows(t);
 }
 
 /* This rank's positions of each sequence (all of them, or its context-parallel chunks, as
- * parallel.cp_layout lays them out) and, for data.doc_mask or reset_positions, the buffers of
- * its tokens' document starts. */
+ * parallel.cp_layout lays them out: the one source of the micro-batches' positions) and the
+ * micro-batch record's buffers (document starts for data.doc_mask or reset_positions). */
 void train_feed_layout(trainer *t) {
     const ust_config *cfg = t->cfg;
     int cp = cfg->parallel.cp;
-    t->feed.Tl = cfg->train.seq_len / cp;
-    t->feed.positions = malloc(t->feed.Tl * sizeof(int32_t));
+    size_t N = (size_t)cfg->train.micro_batch_size * (cfg->train.seq_len / cp);
+    train_feed *f = &t->feed;
+    f->Tl = cfg->train.seq_len / cp;
+    f->layout = malloc(f->Tl * sizeof(int32_t));
     cp_layout_positions(cfg->parallel.cp_layout, cfg->train.seq_len, cp,
-                        comm_rank(t->rt->topo.comm[TOPO_CP]), t->feed.positions);
+                        comm_rank(t->rt->topo.comm[TOPO_CP]), f->layout);
+    f->tokens = malloc(N * sizeof(int32_t));
+    f->targets = malloc(N * sizeof(int32_t));
+    f->rows = malloc(N * sizeof(int32_t));
+    UST_ASSERT(f->layout && f->tokens && f->targets && f->rows, "out of memory");
     if (cfg->data.doc_mask || cfg->data.reset_positions) {
-        t->feed.docs = malloc((size_t)cfg->train.micro_batch_size * t->feed.Tl * sizeof(int32_t));
-        t->feed.doc_scratch = malloc((size_t)cfg->train.seq_len * sizeof(int32_t));
-        UST_ASSERT(t->feed.docs && t->feed.doc_scratch, "out of memory");
+        f->docs = malloc(N * sizeof(int32_t));
+        f->doc_scratch = malloc((size_t)cfg->train.seq_len * sizeof(int32_t));
+        UST_ASSERT(f->docs && f->doc_scratch, "out of memory");
     }
+    f->batch = (ust_batch){f->tokens, f->targets, f->rows, f->docs};
 }
 
 void train_feed_close(trainer *t) {
@@ -146,5 +160,5 @@ void train_feed_close(trainer *t) {
     free(f->which), free(f->index), free(f->val_which), free(f->val_index);
     free(f->docs), free(f->doc_scratch);
     free(f->samples);
-    free(f->positions);
+    free(f->layout), free(f->tokens), free(f->targets), free(f->rows);
 }

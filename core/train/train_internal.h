@@ -42,11 +42,14 @@ typedef struct {
     data_blend *train, *val;     /* a lone glob is a blend of one */
     data_blend_pos pos;          /* where the training blend stands (at the step's start) */
     int32_t *docs, *doc_scratch; /* data.doc_mask: B x Tl document starts, T of one window */
+    int32_t *tokens, *targets;   /* host: B x Tl, the micro-batch's inputs and targets */
+    int32_t *rows;               /* host: B x Tl, their positions */
+    ust_batch batch;             /* the micro-batch loaded last: the arrays above */
     int eot;                     /* the end-of-text id documents end with */
     int *which, *val_which;      /* the step's global batch (the validation samples): dataset */
     int64_t *index, *val_index;  /* ... and its sample */
     int32_t *samples;            /* host: B x (T+1), one micro-batch's windows */
-    int32_t *positions;          /* host: the Tl positions this rank's tokens have */
+    int32_t *layout;             /* host: the Tl positions of this rank's part of a sequence */
     int Tl;                      /* tokens of each sequence on this rank (T / cp) */
     int64_t fault_spike_step;    /* UST_FAULT_SPIKE_STEP (tests): the step poisoned, or 0 */
 } train_feed;
@@ -102,12 +105,12 @@ int train_any_rank(trainer *t, int flag);
 
 /* train_data.c */
 int train_feed_open(trainer *t, ust_err *e);
-void train_feed_layout(trainer *t); /* this rank's token positions (and doc_mask's buffers) */
+void train_feed_layout(trainer *t); /* this rank's token positions, the micro-batch's buffers */
 void train_feed_close(trainer *t);
 void train_feed_assign(trainer *t); /* the step's global batch */
-/* This rank's tokens of micro-batch mb of the step (of the validation set): pp_callbacks. */
-void train_feed_train(void *ctx, int mb, int32_t *inputs, int32_t *targets);
-void train_feed_val(void *ctx, int mb, int32_t *inputs, int32_t *targets);
+/* This rank's micro-batch mb of the step (of the validation set): pp_callbacks. */
+const ust_batch *train_feed_train(void *ctx, int mb);
+const ust_batch *train_feed_val(void *ctx, int mb);
 
 /* train_ckpt.c */
 int train_ckpt_initialize(trainer *t, ust_err *e); /* resume, import or init */
