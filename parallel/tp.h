@@ -44,9 +44,9 @@ int tp_sp(const ust_tp *tp);
 /* Sequence parallelism (sp): outside the two halves the token rows are split over the group
  * (norms, residual adds and their activations on N/n rows); entering a column-parallel half
  * all-gathers the rows, leaving a row-parallel half reduce-scatters them, and norm-weight
- * gradients are summed over the group. Same traffic as the all-reduces it replaces. */
-/* This rank's rows of a whole (N, width) tensor every member holds (the tensor itself without
- * sp): where a replicated result joins the sequence-parallel residual stream. */
+ * gradients are summed over the group. Same traffic as the all-reduces it replaces.
+ * tp_local_rows: this rank's rows of a whole (N, width) tensor every member holds (the tensor
+ * itself without sp), where a replicated result joins the sequence-parallel residual stream. */
 act *tp_local_rows(const ust_tp *tp, act *whole);
 int tp_size(const ust_tp *tp);
 /* The [start, start + len) part of a dimension of size `whole` this rank holds (whole % n == 0). */
@@ -71,7 +71,7 @@ typedef struct {
     act *out;        /* forward: (N, OC) = x @ w^T + b; backward: its gradient */
     act *gelu;       /* forward only, gpt2's fused GELU: gelu(out) (NULL: none) */
     const float *w, *b;
-    float *dw, *db;  /* backward: accumulated (NULL: deferred, zero-bubble's B) */
+    float *dw, *db;  /* backward: accumulated (NULL: none, or deferred by zero-bubble's B) */
     int OC;
 } tp_col;
 /* x_mine: this rank's rows of the group's input (all N rows without sp), gathered once. */
