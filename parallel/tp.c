@@ -64,11 +64,6 @@ act *tp_local_rows(const ust_tp *tp, act *whole) {
     return act_at(tp->ops, whole, (int64_t)tp->rank * (tp->max_rows / tp->n) * tp->width);
 }
 
-const act *tp_gather(ust_tp *tp, const act *mine) { return gather_rows(tp, mine, tp->gath_a); }
-const act *tp_gather_grad(ust_tp *tp, const act *dmine) {
-    return gather_rows(tp, dmine, tp->gath_d);
-}
-
 /* full(N, width) summed over the group, this rank's rows into mine */
 static void reduce_scatter_rows(ust_tp *tp, const act *full, act *mine) {
     size_t count = (size_t)tp->max_rows / tp->n * tp->width;
@@ -77,14 +72,6 @@ static void reduce_scatter_rows(ust_tp *tp, const act *full, act *mine) {
     comm_wait(&r);
 }
 
-act *tp_reduce_grad(ust_tp *tp, act *dfull) {
-    if (!tp->sp) {
-        tp_allreduce_act(tp, dfull, (int64_t)tp->max_rows * tp->width);
-        return dfull;
-    }
-    reduce_scatter_rows(tp, dfull, tp->dlocal);
-    return tp->dlocal;
-}
 int tp_is_first(const ust_tp *tp) { return !tp || tp->rank == 0; }
 
 int tp_part(const ust_tp *tp, int whole, int *start) {
@@ -104,9 +91,15 @@ static void allreduce(ust_tp *tp, void *x, int64_t n, comm_dtype t) {
     comm_req r = comm_allreduce(tp->comm, x, x, (size_t)n, t, COMM_SUM);
     comm_wait(&r);
 }
-void tp_allreduce(ust_tp *tp, float *x, int64_t n) { allreduce(tp, x, n, COMM_FP32); }
-void tp_allreduce_act(ust_tp *tp, act *x, int64_t n) {
+static void allreduce_act(ust_tp *tp, act *x, int64_t n) {
     allreduce(tp, x, n, comm_act_dtype(tp->ops));
+}
+
+void tp_sp_sum_norm_grads(ust_tp *tp, float *dw, float *db, float *part, int C) {
+    const ust_ops *o = tp->ops;
+    allreduce(tp, part, db ? 2 * C : C, COMM_FP32);
+    o->axpy(o, dw, 1.0f, part, C);
+    if (db) o->axpy(o, db, 1.0f, part + C, C);
 }
 
 void tp_row_linear_fwd(ust_tp *tp, act *out, const act *inp, const float *w, const float *bias,
@@ -117,7 +110,7 @@ void tp_row_linear_fwd(ust_tp *tp, act *out, const act *inp, const float *w, con
     if (tp->sp)
         reduce_scatter_rows(tp, sum, out);
     else
-        tp_allreduce_act(tp, out, (int64_t)N * OC);
+        allreduce_act(tp, out, (int64_t)N * OC);
 }
 
 void tp_embedding_fwd(ust_tp *tp, act *out, const int32_t *tok, const int32_t *pos,
@@ -131,17 +124,17 @@ void tp_embedding_fwd(ust_tp *tp, act *out, const int32_t *tok, const int32_t *p
     if (tp->sp)
         reduce_scatter_rows(tp, sum, out);
     else
-        tp_allreduce_act(tp, out, (int64_t)B * T * C);
+        allreduce_act(tp, out, (int64_t)B * T * C);
 }
 
 void tp_embedding_bwd(ust_tp *tp, float *dwte, float *dwpe, const act *dout, const int32_t *tok,
-                      const int32_t *pos, int B, int T, int C, int Vp) {
+                      const int32_t *pos, int r0, int r1, int B, int T, int C, int Vp) {
     int v0, v1;
     tp_vocab_range(tp, Vp, &v0, &v1);
     /* the gradient of every row is whole on every rank (gathered under sp), so the replicated
      * wpe gets the same gradient everywhere */
-    dout = tp_gather_grad(tp, dout);
-    tp->ops->embedding_bwd(tp->ops, dwte, dwpe, dout, tok, pos, B, T, C, v0, v1);
+    dout = gather_rows(tp, dout, tp->gath_d);
+    tp->ops->embedding_bwd(tp->ops, dwte, dwpe, dout, tok, pos, B, T, C, v0 + r0, v0 + r1);
 }
 
 act *tp_embedding_begin(ust_tp *tp, act *out, const int32_t *tok, const int32_t *pos,
@@ -164,7 +157,7 @@ void tp_embedding_end(ust_tp *tp, act *sum, act *out, int B, int T, int C) {
     if (tp->sp)
         reduce_scatter_rows(tp, sum, out);
     else
-        tp_allreduce_act(tp, out, (int64_t)B * T * C);
+        allreduce_act(tp, out, (int64_t)B * T * C);
 }
 
 void tp_xent_blocks(ust_tp *tp, float *losses, act *logits, const int *r0, int nblk,
@@ -233,30 +226,69 @@ void tp_xent(ust_tp *tp, float *losses, act *logits, const int32_t *targets, int
 
 /* ------------------------------------------------------------------ the two halves' linears */
 
-void tp_column_linear_fwd(ust_tp *tp, act *out, const act *x, const float *w, const float *b,
-                          int N, int C, int OCl) {
-    tp->ops->linear_fwd(tp->ops, out, x, w, b, N, C, OCl);
+const act *tp_column_open(ust_tp *tp, const act *x_mine) {
+    return gather_rows(tp, x_mine, tp->gath_a);
 }
 
-void tp_column_linear_gelu_fwd(ust_tp *tp, act *out, act *act_out, const act *x, const float *w,
-                               const float *b, int N, int C, int OCl) {
-    tp->ops->linear_gelu_fwd(tp->ops, out, act_out, x, w, b, N, C, OCl);
+void tp_column_linear_fwd(ust_tp *tp, act *out, const act *x, const float *w, const float *b,
+                          int N, int C, int OC) {
+    tp->ops->linear_fwd(tp->ops, out, x, w, b, N, C, OC);
 }
 
 void tp_column_linear_bwd(ust_tp *tp, act *dx, float *dw, float *db, const act *dout, const act *x,
-                          const float *w, int N, int C, int OCl, int accumulate) {
-    tp->ops->linear_bwd(tp->ops, dx, dw, db, dout, x, w, N, C, OCl, accumulate);
+                          const float *w, int N, int C, int OC, int accumulate) {
+    tp->ops->linear_bwd(tp->ops, dx, dw, db, dout, x, w, N, C, OC, accumulate);
 }
 
-void tp_row_linear_bwd(ust_tp *tp, act *dx, float *dw, float *db, const act *dout, const act *inp,
-                       const float *w, int N, int C_local, int OC) {
+/* The group's input is shared by the group: each rank's part of its gradient is summed once,
+ * this rank's rows kept (reduce-scattered under sp) */
+act *tp_column_close_bwd(ust_tp *tp, act *dx) {
+    if (!tp->sp) {
+        allreduce_act(tp, dx, (int64_t)tp->max_rows * tp->width);
+        return dx;
+    }
+    reduce_scatter_rows(tp, dx, tp->dlocal);
+    return tp->dlocal;
+}
+
+void tp_column_fwd(ust_tp *tp, const act *x_mine, const tp_col *cols, int ncols, int N, int C) {
+    const act *x = tp_column_open(tp, x_mine);
+    for (int i = 0; i < ncols; i++) {
+        const tp_col *c = &cols[i];
+        if (c->gelu)
+            tp->ops->linear_gelu_fwd(tp->ops, c->out, c->gelu, x, c->w, c->b, N, C, c->OC);
+        else
+            tp_column_linear_fwd(tp, c->out, x, c->w, c->b, N, C, c->OC);
+    }
+}
+
+act *tp_column_bwd(ust_tp *tp, act *dx, const act *x_mine, const tp_col *cols, int ncols, int N,
+                   int C) {
+    const act *x = tp_column_open(tp, x_mine); /* sp: gathered again rather than kept */
+    for (int i = 0; i < ncols; i++)
+        tp_column_linear_bwd(tp, dx, cols[i].dw, cols[i].db, cols[i].out, x, cols[i].w, N, C,
+                             cols[i].OC, i > 0);
+    return tp_column_close_bwd(tp, dx);
+}
+
+const act *tp_row_linear_bwd(ust_tp *tp, act *dx, float *dw, float *db, const act *dout_mine,
+                             const act *inp, const float *w, int N, int C_local, int OC) {
+    const act *dout = gather_rows(tp, dout_mine, tp->gath_d);
     tp->ops->linear_bwd(tp->ops, dx, dw, db, dout, inp, w, N, C_local, OC, 0);
+    return dout;
 }
 
-void tp_row_linear_gelu_bwd(ust_tp *tp, act *dpre, float *dw, float *db, const act *dout,
-                            const act *act_in, const act *pre, const float *w, int N, int C_local,
-                            int OC) {
+const act *tp_row_linear_gelu_bwd(ust_tp *tp, act *dpre, float *dw, float *db,
+                                  const act *dout_mine, const act *act_in, const act *pre,
+                                  const float *w, int N, int C_local, int OC) {
+    const act *dout = gather_rows(tp, dout_mine, tp->gath_d);
     tp->ops->linear_gelu_bwd(tp->ops, dpre, dw, db, dout, act_in, pre, w, N, C_local, OC);
+    return dout;
+}
+
+void tp_linear_wgrad(ust_tp *tp, float *dw, float *db, const act *dout, const act *x, int N, int C,
+                     int OC) {
+    tp->ops->linear_bwd(tp->ops, NULL, dw, db, dout, x, NULL, N, C, OC, 0);
 }
 
 int tp_rank(const ust_tp *tp) { return tp ? tp->rank : 0; }

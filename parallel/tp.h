@@ -1,12 +1,12 @@
 /* tp: Megatron-style tensor parallelism inside a layer, over the tp group of n ranks.
  * Column-parallel weights (q, k, v, gate, up; the embedding and lm_head over the vocabulary) are
- * split by output rows, row-parallel ones (o, down) by input columns. Activations between the two
- * halves of a block stay whole on every rank: a column-parallel input is used as is (its gradient
- * is all-reduced in backward), a row-parallel output is all-reduced in forward (its gradient is
- * used as is). Biases of row-parallel layers are added once (on tp rank 0). The cross-entropy is
- * vocab-parallel: each rank only ever holds logits of its own vocabulary slice. Sequence
- * parallelism (sp) splits the token rows outside the halves (see tp_gather). With n == 1 every
- * call is the plain single-rank op. */
+ * split by output rows, row-parallel ones (o, down) by input columns. The linears own their
+ * collectives: a column-parallel group gathers its input's rows (sp) and sums its input gradient
+ * once on leaving (all-reduce, or reduce-scatter under sp); a row-parallel linear sums its output
+ * and gathers its output gradient. Row-parallel biases are added once (tp rank 0). The
+ * cross-entropy is vocab-parallel: each rank only holds logits of its own vocabulary slice.
+ * Sequence parallelism (sp) splits the token rows outside the halves; their norms' weight
+ * gradients are summed by tp_sp_sum_norm_grads. With n == 1 every call is the single-rank op. */
 #ifndef UST_TP_H
 #define UST_TP_H
 
@@ -45,18 +45,9 @@ int tp_sp(const ust_tp *tp);
  * (norms, residual adds and their activations on N/n rows); entering a column-parallel half
  * all-gathers the rows, leaving a row-parallel half reduce-scatters them, and norm-weight
  * gradients are summed over the group. Same traffic as the all-reduces it replaces.
- * Entering a column-parallel half: the whole (N, width) input from this rank's rows. Without sp
- * that is `mine` itself; with sp the rows are all-gathered into scratch (valid until the next
- * tp_gather). */
-const act *tp_gather(ust_tp *tp, const act *mine);
-/* The same for a gradient arriving at a row-parallel half's output (separate scratch). */
-const act *tp_gather_grad(ust_tp *tp, const act *dmine);
-/* This rank's rows of a whole (N, width) tensor every member holds (the tensor itself without
- * sp): where a replicated result joins the sequence-parallel residual stream. */
+ * tp_local_rows: this rank's rows of a whole (N, width) tensor every member holds (the tensor
+ * itself without sp), where a replicated result joins the sequence-parallel residual stream. */
 act *tp_local_rows(const ust_tp *tp, act *whole);
-/* Leaving a column-parallel half backward: dfull(N, width) holds this rank's partial input
- * gradient; returns the summed gradient of this rank's rows (dfull itself without sp). */
-act *tp_reduce_grad(ust_tp *tp, act *dfull);
 int tp_size(const ust_tp *tp);
 /* The [start, start + len) part of a dimension of size `whole` this rank holds (whole % n == 0). */
 int tp_part(const ust_tp *tp, int whole, int *start);
@@ -65,48 +56,65 @@ void tp_vocab_range(const ust_tp *tp, int Vp, int *v_start, int *v_end);
 /* 1 when this rank adds the biases of row-parallel layers and writes tp-replicated tensors. */
 int tp_is_first(const ust_tp *tp);
 
-/* x(n) summed over the group, in place: fp32 (norm-weight gradients under sp), and
- * activations: the backward of a column-parallel input, the forward of a row-parallel output. */
-void tp_allreduce(ust_tp *tp, float *x, int64_t n);
-void tp_allreduce_act(ust_tp *tp, act *x, int64_t n);
+/* A norm's weight (and bias) gradient under sp: part holds this rank's C (+ C bias) partial
+ * sums; their sum over the group is added into dw (and db, when not NULL). */
+void tp_sp_sum_norm_grads(ust_tp *tp, float *dw, float *db, float *part, int C);
 
 /* The two halves of a block (Megatron's ColumnParallelLinear and RowParallelLinear). A half
- * opens with column-parallel linears on its whole input x (tp_gather) and closes with one
+ * opens with a group of column-parallel linears sharing its input and closes with one
  * row-parallel linear whose output is summed over the group:
  *   attention: q, k, v column-parallel (heads split), o row-parallel;
  *   MLP:       gate and up column-parallel (hidden units split), down row-parallel;
  *   head:      lm_head column-parallel over the vocabulary (tp_xent finishes the loss).
- * Column: w holds this rank's OCl = OC/n output rows (b their bias); out(N, OCl) = x @ w^T + b,
- * with no communication. Backward: dx(N, C) = [dx +] dout @ w is this rank's part of the input
- * gradient (tp_reduce_grad sums the half's parts once, on leaving it); dw, db accumulate this
- * rank's rows (NULL: zero-bubble's B, input gradient only; dx NULL: its W, weights only).
- * The _gelu forms fuse gpt2's GELU into the linear (act = gelu(out) forward; the row-parallel
- * backward writes d(pre-activation) instead of d act). */
+ * A column linear holds this rank's OC = OC_whole/n output rows of w (b their bias). */
+typedef struct {
+    act *out;        /* forward: (N, OC) = x @ w^T + b; backward: its gradient */
+    act *gelu;       /* forward only, gpt2's fused GELU: gelu(out) (NULL: none) */
+    const float *w, *b;
+    float *dw, *db;  /* backward: accumulated (NULL: none, or deferred by zero-bubble's B) */
+    int OC;
+} tp_col;
+/* x_mine: this rank's rows of the group's input (all N rows without sp), gathered once. */
+void tp_column_fwd(ust_tp *tp, const act *x_mine, const tp_col *cols, int ncols, int N, int C);
+/* Gathers x_mine again (sp), dx(N, C) = sum over cols of dout @ w (this rank's part), dw, db
+ * as each col says; returns this rank's rows of d x summed over the group (dx, or scratch). */
+act *tp_column_bwd(ust_tp *tp, act *dx, const act *x_mine, const tp_col *cols, int ncols, int N,
+                   int C);
+/* The same group one linear at a time, where the caller works between them (the vocabulary
+ * chunks' hooks, zero-bubble's deferred W): open returns the group's whole input (scratch,
+ * valid until the next open), the linears take it, close_bwd sums the input gradient as
+ * tp_column_bwd does. dx NULL: weights only; accumulate: dx += rather than =. */
+const act *tp_column_open(ust_tp *tp, const act *x_mine);
 void tp_column_linear_fwd(ust_tp *tp, act *out, const act *x, const float *w, const float *b,
-                          int N, int C, int OCl);
-void tp_column_linear_gelu_fwd(ust_tp *tp, act *out, act *act_out, const act *x, const float *w,
-                               const float *b, int N, int C, int OCl);
+                          int N, int C, int OC);
 void tp_column_linear_bwd(ust_tp *tp, act *dx, float *dw, float *db, const act *dout, const act *x,
-                          const float *w, int N, int C, int OCl, int accumulate);
+                          const float *w, int N, int C, int OC, int accumulate);
+act *tp_column_close_bwd(ust_tp *tp, act *dx);
 /* Row: out = inp(N,C_local) @ w(OC,C_local)^T summed over the group, + bias once; out holds
  * this rank's rows (all N without sp; OC must be the model width under sp). */
 void tp_row_linear_fwd(ust_tp *tp, act *out, const act *inp, const float *w, const float *bias,
                        int N, int C_local, int OC);
-/* Row backward: dout(N, OC) whole (tp_gather_grad); dx(N, C_local) this rank's input columns,
- * dw its weight columns; db the whole bias's gradient, the same on every member (the bias was
- * added once, but every member sees the whole output gradient). */
-void tp_row_linear_bwd(ust_tp *tp, act *dx, float *dw, float *db, const act *dout, const act *inp,
-                       const float *w, int N, int C_local, int OC);
-void tp_row_linear_gelu_bwd(ust_tp *tp, act *dpre, float *dw, float *db, const act *dout,
-                            const act *act_in, const act *pre, const float *w, int N, int C_local,
-                            int OC);
+/* Row backward from dout_mine, this rank's rows of the output gradient (gathered here under
+ * sp): dx(N, C_local) this rank's input columns, dw its weight columns; db the whole bias's
+ * gradient, the same on every member. Returns the whole output gradient it used (scratch, valid
+ * until the next row backward), for a deferred dw. The _gelu form writes d(pre-activation). */
+const act *tp_row_linear_bwd(ust_tp *tp, act *dx, float *dw, float *db, const act *dout_mine,
+                             const act *inp, const float *w, int N, int C_local, int OC);
+const act *tp_row_linear_gelu_bwd(ust_tp *tp, act *dpre, float *dw, float *db,
+                                  const act *dout_mine, const act *act_in, const act *pre,
+                                  const float *w, int N, int C_local, int OC);
+/* Zero-bubble's W for either kind: dw (+ db) += dout^T @ x from the whole output gradient and
+ * the linear's whole input (a column group's as tp_column_open returned it). */
+void tp_linear_wgrad(ust_tp *tp, float *dw, float *db, const act *dout, const act *x, int N, int C,
+                     int OC);
 
 /* out = wte[tok] (this rank's vocabulary rows, summed over the group) + wpe[pos], for this
- * rank's token rows; backward takes the gradient of those rows. */
+ * rank's token rows; backward takes the gradient of those rows (gathered here under sp), for
+ * rows [r0, r1) of this rank's vocabulary slice (dwte holds those rows; NULL: none). */
 void tp_embedding_fwd(ust_tp *tp, act *out, const int32_t *tok, const int32_t *pos,
                       const float *wte, const float *wpe, int B, int T, int C, int Vp);
 void tp_embedding_bwd(ust_tp *tp, float *dwte, float *dwpe, const act *dout, const int32_t *tok,
-                      const int32_t *pos, int B, int T, int C, int Vp);
+                      const int32_t *pos, int r0, int r1, int B, int T, int C, int Vp);
 
 /* The same lookup over a table held in row chunks (ZeRO-3's vocabulary chunks), in three
  * steps: begin returns the sum (out, or the sequence-parallel partial) holding the positions;

@@ -206,11 +206,11 @@ void model_chunk_weight_grad(model *m, int c, int slot) {
             block_mlp_activation(m, j->acts);
             break;
         case WG_GATHER:
-            gathered = tp_gather(m->par.tp, j->x);
+            gathered = tp_column_open(m->par.tp, j->x);
             break;
         case WG_LINEAR:
-            tp_column_linear_bwd(m->par.tp, NULL, *j->dw, j->db ? *j->db : NULL, j->dout,
-                                 j->gathered ? gathered : j->x, *j->w, j->N, j->C, j->OC, 0);
+            tp_linear_wgrad(m->par.tp, *j->dw, j->db ? *j->db : NULL, j->dout,
+                            j->gathered ? gathered : j->x, j->N, j->C, j->OC);
             break;
         case WG_NORM:
             block_norm_backward(m, m->acts.dtmp, *j->dw, j->db ? *j->db : NULL, j->dout, j->x,

@@ -43,9 +43,7 @@ void block_norm_backward(model *m, act *dinp, float *dw, float *db, const act *d
     o->zero(o, m->acts.dnorm, 2 * (size_t)C * sizeof(float));
     norm_backward_rows(m, dinp, m->acts.dnorm, db ? m->acts.dnorm + C : NULL, dout, inp, w, mean,
                        rstd);
-    tp_allreduce(m->par.tp, m->acts.dnorm, db ? 2 * C : C);
-    o->axpy(o, dw, 1.0f, m->acts.dnorm, C);
-    if (db) o->axpy(o, db, 1.0f, m->acts.dnorm + C, C);
+    tp_sp_sum_norm_grads(m->par.tp, dw, db, m->acts.dnorm, C);
 }
 
 /* act(N,F) = swiglu(gate, up) for llama, gelu(up) for gpt2 */
@@ -85,10 +83,11 @@ void block_forward(model *m, int l, const act *x_in, act *x_out, layer_acts *a, 
     int N = m->shape.B * m->shape.T, C = m->shape.C, HD = m->shape.H * m->shape.D,
         KV = m->shape.Hkv * m->shape.D;
     block_norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x_in, w->ln1_w, w->ln1_b);
-    const act *ln1 = tp_gather(m->par.tp, a->ln1); /* (N, C): every token enters attention */
-    tp_column_linear_fwd(m->par.tp, a->q, ln1, w->wq, w->bq, N, C, HD); /* this rank's heads */
-    tp_column_linear_fwd(m->par.tp, a->k, ln1, w->wk, w->bk, N, C, KV);
-    tp_column_linear_fwd(m->par.tp, a->v, ln1, w->wv, w->bv, N, C, KV);
+    /* every token enters attention, for this rank's heads */
+    tp_col qkv[3] = {{.out = a->q, .w = w->wq, .b = w->bq, .OC = HD},
+                     {.out = a->k, .w = w->wk, .b = w->bk, .OC = KV},
+                     {.out = a->v, .w = w->wv, .b = w->bv, .OC = KV}};
+    tp_column_fwd(m->par.tp, a->ln1, qkv, 3, N, C);
     if (m->shape.llama) {
         o->rope_fwd(o, a->q, a->q, m->batch.rows, m->shape.B, m->shape.T, m->shape.H, m->shape.D,
                     &m->shape.rope);
@@ -104,14 +103,12 @@ void block_forward(model *m, int l, const act *x_in, act *x_out, layer_acts *a, 
         moe_mlp_forward(m, l, x_out, a, ma, st);
         return;
     }
-    const act *ln2 = tp_gather(m->par.tp, a->ln2);
-    if (m->shape.llama) {
-        tp_column_linear_fwd(m->par.tp, a->gate, ln2, w->wg, NULL, N, C, m->shape.F);
-        tp_column_linear_fwd(m->par.tp, a->up, ln2, w->wu, w->bu, N, C, m->shape.F);
-        block_mlp_activation(m, a);
-    } else {
-        tp_column_linear_gelu_fwd(m->par.tp, a->up, a->act, ln2, w->wu, w->bu, N, C, m->shape.F);
-    }
+    /* llama: gate and up, then swiglu; gpt2: up with its GELU fused in */
+    tp_col gu[2] = {{.out = a->gate, .w = w->wg, .OC = m->shape.F},
+                    {.out = a->up, .gelu = m->shape.llama ? NULL : a->act, .w = w->wu, .b = w->bu,
+                     .OC = m->shape.F}};
+    tp_column_fwd(m->par.tp, a->ln2, m->shape.llama ? gu : gu + 1, m->shape.llama ? 2 : 1, N, C);
+    if (m->shape.llama) block_mlp_activation(m, a);
     tp_row_linear_fwd(m->par.tp, x_out, a->act, w->wd, w->bd, N, m->shape.F, C);
     o->add(o, x_out, x_out, a->res2, (int64_t)m->shape.Nl * C);
 }
@@ -150,71 +147,78 @@ void block_later_unit(model *m, const deferral *df, wg_kind k, int unit) {
     block_later(m, df, (wg_job){.kind = k, .unit = unit}, NULL, 0);
 }
 
+/* A column-parallel group's backward (tp_column_bwd) from d of its outputs into m->acts.dln,
+ * and under B the jobs W runs for it: the group's input gathered again, then each dw (+ db)
+ * from its output gradient saved in keep. Returns this rank's rows of d x_mine. */
+act *block_column_backward(model *m, const deferral *df, const act *x_mine, const block_col *g,
+                           int n) {
+    int N = m->shape.B * m->shape.T, C = m->shape.C;
+    tp_col cols[BLOCK_MAX_COLS] = {{0}};
+    UST_ASSERT(n <= BLOCK_MAX_COLS, "%d column-parallel linears in a group", n);
+    for (int i = 0; i < n; i++)
+        cols[i] = (tp_col){.out = g[i].dout,
+                           .w = *g[i].w,
+                           .dw = block_now(df, *g[i].dw),
+                           .db = g[i].db ? block_now(df, *g[i].db) : NULL,
+                           .OC = g[i].OC};
+    act *dx = tp_column_bwd(m->par.tp, m->acts.dln, x_mine, cols, n, N, C);
+    block_later(m, df, (wg_job){.kind = WG_GATHER, .x = x_mine}, NULL, 0);
+    for (int i = 0; i < n; i++)
+        block_later(m, df,
+                    (wg_job){.kind = WG_LINEAR,
+                             .gathered = 1,
+                             .dw = g[i].dw,
+                             .db = g[i].db,
+                             .dout = g[i].dout,
+                             .N = N,
+                             .C = C,
+                             .OC = g[i].OC},
+                    g[i].keep, (int64_t)N * g[i].OC);
+    return dx;
+}
+
+/* A row-parallel linear's backward from this rank's rows of d out (dx) to dinp (pre: gpt2's
+ * GELU pre-activation, fused in: dinp is then d pre); under B its dw (+ db) is left for W, from
+ * the whole output gradient saved in keep (N, C). */
+static void row_backward(model *m, const deferral *df, act *dinp, const act *dx, const act *inp,
+                         const act *pre, float **dw, float **db, const float *w, int Cl,
+                         act *keep) {
+    ust_tp *tp = m->par.tp;
+    int N = m->shape.B * m->shape.T, C = m->shape.C;
+    float *gw = block_now(df, *dw), *gb = block_now(df, *db);
+    const act *gdx = pre ? tp_row_linear_gelu_bwd(tp, dinp, gw, gb, dx, inp, pre, w, N, Cl, C)
+                         : tp_row_linear_bwd(tp, dinp, gw, gb, dx, inp, w, N, Cl, C);
+    block_later(m, df,
+                (wg_job){.kind = WG_LINEAR, .dw = dw, .db = db, .dout = gdx, .x = inp, .N = N,
+                         .C = Cl, .OC = C},
+                keep, (int64_t)N * C);
+}
+
 /* Dense MLP, out = res2 + act(ln2 @ wu^T [, ln2 @ wg^T]) @ wd^T + bd: from d out (dx, this
  * rank's rows) to d ln2; returns this rank's rows of it. */
 static act *mlp_backward(model *m, int l, const act *dx, layer_acts *a, const deferral *df) {
     const ust_ops *o = m->ops;
     const layer_w *w = &m->w.lw[l];
     layer_w *g = &m->w.lg[l];
-    int N = m->shape.B * m->shape.T, C = m->shape.C, F = m->shape.F;
-    int64_t NF = (int64_t)N * F;
+    const layer_wsave *k = df->keep;
+    int llama = m->shape.llama;
     if (m->shape.recompute == RECOMPUTE_SELECTIVE) { /* the down projection's input, for its dw */
         if (df->list)
             block_later(m, df, (wg_job){.kind = WG_ACT, .acts = a}, NULL, 0);
         else
             block_mlp_activation(m, a);
     }
-    const act *gdx = tp_gather_grad(m->par.tp, dx);
-    if (m->shape.llama)
-        tp_row_linear_bwd(m->par.tp, m->acts.dact, block_now(df, g->wd), block_now(df, g->bd), gdx,
-                          a->act, w->wd, N, F, C);
-    else /* gelu's backward fused in: straight to d up */
-        tp_row_linear_gelu_bwd(m->par.tp, m->acts.dup, block_now(df, g->wd), block_now(df, g->bd),
-                               gdx, a->act, a->up, w->wd, N, F, C);
-    block_later(m, df,
-                (wg_job){.kind = WG_LINEAR,
-                         .dw = &g->wd,
-                         .db = &g->bd,
-                         .dout = gdx,
-                         .x = a->act,
-                         .w = &w->wd,
-                         .N = N,
-                         .C = F,
-                         .OC = C},
-                df->keep ? df->keep->gmlp : NULL, (int64_t)N * C);
-    const act *ln2 = tp_gather(m->par.tp, a->ln2); /* sp: gathered again rather than kept */
-    block_later(m, df, (wg_job){.kind = WG_GATHER, .x = a->ln2}, NULL, 0);
-    if (m->shape.llama)
-        o->swiglu_bwd(o, m->acts.dgate, m->acts.dup, m->acts.dact, a->gate, a->up, NF);
-    tp_column_linear_bwd(m->par.tp, m->acts.dln, block_now(df, g->wu), block_now(df, g->bu),
-                         m->acts.dup, ln2, w->wu, N, C, F, 0);
-    block_later(m, df,
-                (wg_job){.kind = WG_LINEAR,
-                         .gathered = 1,
-                         .dw = &g->wu,
-                         .db = &g->bu,
-                         .dout = m->acts.dup,
-                         .w = &w->wu,
-                         .N = N,
-                         .C = C,
-                         .OC = F},
-                df->keep ? df->keep->dup : NULL, NF);
-    if (m->shape.llama) {
-        tp_column_linear_bwd(m->par.tp, m->acts.dln, block_now(df, g->wg), NULL, m->acts.dgate, ln2,
-                             w->wg, N, C, F, 1);
-        block_later(m, df,
-                    (wg_job){.kind = WG_LINEAR,
-                             .gathered = 1,
-                             .dw = &g->wg,
-                             .dout = m->acts.dgate,
-                             .w = &w->wg,
-                             .N = N,
-                             .C = C,
-                             .OC = F},
-                    df->keep ? df->keep->dgate : NULL, NF);
-    }
-    return tp_reduce_grad(m->par.tp,
-                          m->acts.dln); /* the MLP's input is shared by the group: summed */
+    /* gpt2: gelu's backward fused in, straight to d up */
+    row_backward(m, df, llama ? m->acts.dact : m->acts.dup, dx, a->act, llama ? NULL : a->up,
+                 &g->wd, &g->bd, w->wd, m->shape.F, k ? k->gmlp : NULL);
+    if (llama)
+        o->swiglu_bwd(o, m->acts.dgate, m->acts.dup, m->acts.dact, a->gate, a->up,
+                      (int64_t)m->shape.B * m->shape.T * m->shape.F);
+    const block_col up_gate[2] = {
+        {&g->wu, &g->bu, m->acts.dup, k ? k->dup : NULL, &w->wu, m->shape.F},
+        {&g->wg, NULL, m->acts.dgate, k ? k->dgate : NULL, &w->wg, m->shape.F}};
+    /* the MLP's input is shared by the group: summed */
+    return block_column_backward(m, df, a->ln2, up_gate, llama ? 2 : 1);
 }
 
 /* MoE MLP: each tensor-parallel rank backs up its own tokens (its rows under sp); without sp
@@ -257,22 +261,9 @@ static act *attention_backward(model *m, int l, const act *dx, layer_acts *a, co
     const layer_w *w = &m->w.lw[l];
     layer_w *g = &m->w.lg[l];
     const layer_wsave *k = df->keep;
-    int N = m->shape.B * m->shape.T, C = m->shape.C, HD = m->shape.H * m->shape.D,
-        KV = m->shape.Hkv * m->shape.D;
-    const act *gdx = tp_gather_grad(m->par.tp, dx);
-    tp_row_linear_bwd(m->par.tp, m->acts.datt, block_now(df, g->wo), block_now(df, g->bo), gdx,
-                      a->att, w->wo, N, HD, C);
-    block_later(m, df,
-                (wg_job){.kind = WG_LINEAR,
-                         .dw = &g->wo,
-                         .db = &g->bo,
-                         .dout = gdx,
-                         .x = a->att,
-                         .w = &w->wo,
-                         .N = N,
-                         .C = HD,
-                         .OC = C},
-                k ? k->gatt : NULL, (int64_t)N * C);
+    int N = m->shape.B * m->shape.T, HD = m->shape.H * m->shape.D, KV = m->shape.Hkv * m->shape.D;
+    row_backward(m, df, m->acts.datt, dx, a->att, NULL, &g->wo, &g->bo, w->wo, HD,
+                 k ? k->gatt : NULL);
     o->zero(o, m->acts.dq, act_bytes(o, (int64_t)N * HD));
     o->zero(o, m->acts.dk, act_bytes(o, (int64_t)N * KV));
     o->zero(o, m->acts.dv, act_bytes(o, (int64_t)N * KV));
@@ -284,33 +275,10 @@ static act *attention_backward(model *m, int l, const act *dx, layer_acts *a, co
         o->rope_bwd(o, m->acts.dk, m->acts.dk, m->batch.rows, m->shape.B, m->shape.T, m->shape.Hkv,
                     m->shape.D, &m->shape.rope);
     }
-    const act *ln1 = tp_gather(m->par.tp, a->ln1);
-    block_later(m, df, (wg_job){.kind = WG_GATHER, .x = a->ln1}, NULL, 0);
-    const struct {
-        float **dw, **db;
-        act *dout, *keep;
-        float *const *w;
-        int OC;
-    } qkv[3] = {{&g->wq, &g->bq, m->acts.dq, k ? k->dq : NULL, &w->wq, HD},
-                {&g->wk, &g->bk, m->acts.dk, k ? k->dk : NULL, &w->wk, KV},
-                {&g->wv, &g->bv, m->acts.dv, k ? k->dv : NULL, &w->wv, KV}};
-    for (int i = 0; i < 3; i++) {
-        tp_column_linear_bwd(m->par.tp, m->acts.dln, block_now(df, *qkv[i].dw),
-                             block_now(df, *qkv[i].db), qkv[i].dout, ln1, *qkv[i].w, N, C,
-                             qkv[i].OC, i > 0);
-        block_later(m, df,
-                    (wg_job){.kind = WG_LINEAR,
-                             .gathered = 1,
-                             .dw = qkv[i].dw,
-                             .db = qkv[i].db,
-                             .dout = qkv[i].dout,
-                             .w = qkv[i].w,
-                             .N = N,
-                             .C = C,
-                             .OC = qkv[i].OC},
-                    qkv[i].keep, (int64_t)N * qkv[i].OC);
-    }
-    return tp_reduce_grad(m->par.tp, m->acts.dln); /* so is attention's */
+    const block_col qkv[3] = {{&g->wq, &g->bq, m->acts.dq, k ? k->dq : NULL, &w->wq, HD},
+                              {&g->wk, &g->bk, m->acts.dk, k ? k->dk : NULL, &w->wk, KV},
+                              {&g->wv, &g->bv, m->acts.dv, k ? k->dv : NULL, &w->wv, KV}};
+    return block_column_backward(m, df, a->ln1, qkv, 3); /* so is attention's */
 }
 
 /* dx: (B,T,C) holds d loss / d x_out on entry and d loss / d x_in on exit. */

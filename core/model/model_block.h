@@ -20,6 +20,21 @@ float *block_now(const deferral *df, float *g);
 void block_later(model *m, const deferral *df, wg_job j, act *keep, int64_t n);
 void block_later_unit(model *m, const deferral *df, wg_kind k, int unit);
 
+/* One column-parallel linear of a group, by the model's pointers to its gradients (db NULL:
+ * no bias) and weights, with its output gradient dout (N, OC) and, under B, where it is kept. */
+#define BLOCK_MAX_COLS 3
+typedef struct {
+    float **dw, **db;
+    act *dout, *keep;
+    float *const *w;
+    int OC;
+} block_col;
+/* The group's backward on x_mine (this rank's rows of its input) through tp_column_bwd into
+ * m->acts.dln, leaving under B a WG_GATHER and each linear's WG_LINEAR; returns this rank's
+ * rows of d x_mine, summed over the group. */
+act *block_column_backward(model *m, const deferral *df, const act *x_mine, const block_col *g,
+                           int n);
+
 /* Norms run on this rank's rows (all of them without sequence parallelism); the backward
  * accumulates the weight (and bias) gradient, summed over the group under sp. */
 void block_norm_forward(model *m, act *out, float *mean, float *rstd, const act *inp,

@@ -51,8 +51,8 @@ typedef enum {
 typedef struct {
     wg_kind kind;
     int unit, gathered; /* UNIT marks; LINEAR: x is the last WG_GATHER's */
-    /* where the gradients go and the weights: the model's pointers to them, read when the job
-     * runs, after the unit's hooks have placed them (ZeRO-2/3 working buffers) */
+    /* where the gradients go and (NORM) the weight: the model's pointers to them, read when
+     * the job runs, after the unit's hooks have placed them (ZeRO-2/3 working buffers) */
     float **dw, **db;
     float *const *w;
     const act *dout, *x;       /* the saved output gradient; the input */

@@ -46,7 +46,7 @@ static int embedding_forward_chunks(model *m, act_slot *s, int u) {
 static void head_forward_chunks(model *m, act_slot *s, float dscale) {
     int N = m->shape.B * m->shape.T, r0s[MODEL_MAX_VOCAB_CHUNKS + 1];
     UST_ASSERT(m->vc.nvc <= MODEL_MAX_VOCAB_CHUNKS, "%d vocabulary chunks", m->vc.nvc);
-    const act *x = tp_gather(m->par.tp, s->lnf);
+    const act *x = tp_column_open(m->par.tp, s->lnf); /* the chunks are one column group */
     for (int k = 0; k < m->vc.nvc; k++) {
         int r1 = vc_range(m, k, &r0s[k]);
         r0s[k + 1] = r1;
@@ -65,26 +65,10 @@ static void head_forward_chunks(model *m, act_slot *s, float dscale) {
 }
 
 /* The head's backward: logits hold d loss / d logits (written by the fused cross-entropy);
- * leaves d loss / d (final norm input) in dx. Under B the logits stay until W reads them. */
-static void head_norm_backward(model *m, act_slot *s, const act *x_last, act *dx,
-                               const deferral *df);
-
-static void head_backward(model *m, act_slot *s, const act *x_last, act *dx, const deferral *df) {
-    int N = m->shape.B * m->shape.T;
-    tp_column_linear_bwd(m->par.tp, m->acts.dln, block_now(df, m->w.g_lm), NULL, s->logits,
-                         tp_gather(m->par.tp, s->lnf), m->w.lm, N, m->shape.C, m->shape.Vl, 0);
-    block_later(m, df, (wg_job){.kind = WG_GATHER, .x = s->lnf}, NULL, 0);
-    block_later(m, df,
-                (wg_job){.kind = WG_LINEAR,
-                         .gathered = 1,
-                         .dw = &m->w.g_lm,
-                         .dout = s->logits,
-                         .w = &m->w.lm,
-                         .N = N,
-                         .C = m->shape.C,
-                         .OC = m->shape.Vl},
-                NULL, 0);
-    head_norm_backward(m, s, x_last, dx, df);
+ * returns this rank's rows of d lnf. Under B the logits stay until W reads them. */
+static act *head_backward(model *m, act_slot *s, const deferral *df) {
+    const block_col lm = {&m->w.g_lm, NULL, s->logits, NULL, &m->w.lm, m->shape.Vl};
+    return block_column_backward(m, df, s->lnf, &lm, 1);
 }
 
 /* The head's chunks, last first, each between its unit's hooks (and marks for W): d lnf
@@ -92,7 +76,7 @@ static void head_backward(model *m, act_slot *s, const act *x_last, act *dx, con
 static void head_backward_chunks(model *m, act_slot *s, const deferral *df, model_phase begin,
                                  model_phase end) {
     int N = m->shape.B * m->shape.T;
-    const act *x = tp_gather(m->par.tp, s->lnf);
+    const act *x = tp_column_open(m->par.tp, s->lnf);
     block_later(m, df, (wg_job){.kind = WG_GATHER, .x = s->lnf}, NULL, 0);
     for (int k = m->vc.nvc - 1; k >= 0; k--) {
         int r0, r1 = vc_range(m, k, &r0), u = m->vc.lm_u0 + k;
@@ -106,7 +90,6 @@ static void head_backward_chunks(model *m, act_slot *s, const deferral *df, mode
                              .gathered = 1,
                              .dw = &m->vc.g_lm_c[k],
                              .dout = blk,
-                             .w = &m->vc.lm_c[k],
                              .N = N,
                              .C = m->shape.C,
                              .OC = r1 - r0},
@@ -116,10 +99,9 @@ static void head_backward_chunks(model *m, act_slot *s, const deferral *df, mode
     }
 }
 
-/* The final norm's backward: from d lnf (m->acts.dln) to d x_last in dx. */
-static void head_norm_backward(model *m, act_slot *s, const act *x_last, act *dx,
+/* The final norm's backward, from this rank's rows of d lnf (dln) to d x_last in dx. */
+static void head_norm_backward(model *m, act_slot *s, const act *x_last, act *dx, act *dln,
                                const deferral *df) {
-    act *dln = tp_reduce_grad(m->par.tp, m->acts.dln);
     if (df->list)
         block_norm_backward_input(m, dx, dln, x_last, m->w.lnf_w, s->lnf_mean, s->lnf_rstd);
     else
@@ -143,17 +125,15 @@ static void head_norm_backward(model *m, act_slot *s, const act *x_last, act *dx
 void vocab_embedding_backward(model *m, const int32_t *tok, const act *dx, int vc) {
     if (!m->vc.nvc) {
         tp_embedding_bwd(m->par.tp, m->w.g_wte, m->shape.llama ? NULL : m->w.g_wpe, dx, tok,
-                         m->shape.llama ? NULL : m->batch.rows, m->shape.B, m->shape.T, m->shape.C,
-                         m->shape.Vp);
+                         m->shape.llama ? NULL : m->batch.rows, 0, m->shape.Vl, m->shape.B,
+                         m->shape.T, m->shape.C, m->shape.Vp);
         return;
     }
-    const act *dout = tp_gather_grad(m->par.tp, dx);
-    int v0, v1, r0 = 0, r1 = 0;
-    tp_vocab_range(m->par.tp, m->shape.Vp, &v0, &v1);
+    int r0 = 0, r1 = 0;
     if (vc >= 0) r1 = vc_range(m, vc, &r0);
-    m->ops->embedding_bwd(m->ops, vc >= 0 ? m->vc.g_wte_c[vc] : NULL, vc < 0 ? m->w.g_wpe : NULL,
-                          dout, tok, vc < 0 ? m->batch.rows : NULL, m->shape.B, m->shape.T,
-                          m->shape.C, v0 + r0, v0 + r1);
+    tp_embedding_bwd(m->par.tp, vc >= 0 ? m->vc.g_wte_c[vc] : NULL, vc < 0 ? m->w.g_wpe : NULL, dx,
+                     tok, vc < 0 ? m->batch.rows : NULL, r0, r1, m->shape.B, m->shape.T, m->shape.C,
+                     m->shape.Vp);
 }
 
 int vocab_embed_forward(model *m, act_slot *s, int u) {
@@ -175,8 +155,8 @@ double vocab_head_forward(model *m, act_slot *s, const act *x_last, int u, float
         head_forward_chunks(m, s, dscale);
         return o->sum(o, m->acts.losses, N);
     }
-    tp_column_linear_fwd(m->par.tp, s->logits, tp_gather(m->par.tp, s->lnf), m->w.lm, NULL, N,
-                         m->shape.C, m->shape.Vl);
+    const tp_col lm = {.out = s->logits, .w = m->w.lm, .OC = m->shape.Vl};
+    tp_column_fwd(m->par.tp, s->lnf, &lm, 1, N, m->shape.C);
     /* per-token losses, and dlogits (in place over logits) when training */
     tp_xent(m->par.tp, m->acts.losses, s->logits, m->acts.tgt, N, m->shape.Vp, m->shape.V, dscale);
     model_hook(m, u, MODEL_FWD_END);
@@ -191,10 +171,9 @@ int vocab_head_backward(model *m, act_slot *s, const act *x_last, act *dx, const
     }
     model_hook(m, u, begin);
     block_later_unit(m, df, WG_UNIT_BEGIN, u);
-    if (m->vc.nvc)
-        head_norm_backward(m, s, x_last, dx, df);
-    else
-        head_backward(m, s, x_last, dx, df);
+    /* the chunks' column group closes here, the whole head's in head_backward */
+    act *dln = m->vc.nvc ? tp_column_close_bwd(m->par.tp, m->acts.dln) : head_backward(m, s, df);
+    head_norm_backward(m, s, x_last, dx, dln, df);
     block_later_unit(m, df, WG_UNIT_END, u);
     model_hook(m, u--, end);
     return u;
