@@ -304,3 +304,5 @@ void tp_allgather(ust_tp *tp, const float *mine, float *all, int64_t n) {
 void tp_allgather_act(ust_tp *tp, const act *mine, act *all, int64_t n) {
     allgather(tp, mine, all, n, comm_act_dtype(tp->ops));
 }
+
+void tp_allreduce(ust_tp *tp, float *x, int64_t n) { allreduce(tp, x, n, COMM_FP32); }

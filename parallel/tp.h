@@ -147,5 +147,8 @@ int tp_rank(const ust_tp *tp);
  * rank's part of all (at n == 1 it is all: nothing moves). */
 void tp_allgather(ust_tp *tp, const float *mine, float *all, int64_t n);
 void tp_allgather_act(ust_tp *tp, const act *mine, act *all, int64_t n);
+/* x(n) fp32 summed over the group in place, where the MoE layer's members saw different tokens:
+ * its replicated weights' gradients and its routing statistics. */
+void tp_allreduce(ust_tp *tp, float *x, int64_t n);
 
 #endif
