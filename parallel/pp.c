@@ -22,8 +22,8 @@ struct pp_state {
     int *fwd_slot;             /* ... its actions' sets */
     int *cur;                  /* (mb * v + chunk) -> its set, as a walk goes over the actions */
     int p, v, nmb;
-    float *scalar;             /* device: pp_sum's all-reduce, pp_last_step_stats' gather */
-    comm_p2p *batch[2];        /* two batches: one in flight, one being built */
+    float *scalar;      /* device: pp_sum's all-reduce, pp_last_step_stats' gather */
+    comm_p2p *batch[2]; /* two batches: one in flight, one being built */
     int nbatch[2];
     double busy_s, idle_s;
     uint64_t sent_bytes; /* last step: activations and gradients this rank sent */
@@ -80,8 +80,8 @@ static void forward_plan(pp_state *s, const ust_config *cfg, model *m) {
     UST_ASSERT(s->fwd_slot, "out of memory");
     pps_slots(&s->fwd, s->fwd_slot, slots);
     for (int c = 0; c < s->v; c++)
-        UST_ASSERT(slots[c] <= model_chunk_slots(m, c), "validation: chunk %d has no activation set",
-                   c);
+        UST_ASSERT(slots[c] <= model_chunk_slots(m, c),
+                   "validation: chunk %d has no activation set", c);
 }
 
 pp_state *pp_create(const ust_config *cfg, const ust_ops *ops, ust_arena *arena, model *m,

@@ -672,8 +672,8 @@ int pps_build_forward(pps_schedule *s, ust_pp_schedule kind, int p, int v, int m
     if (m < 1) return ust_errf(e, "pp forward-only schedule: %d micro-batches", m);
     s->a = malloc(sizeof *s->a * 4 * (size_t)m * v); /* F, a receive, a send or a copy */
     if (!s->a) return ust_errf(e, "pp schedule: out of memory");
-    *s = (pps_schedule){.kind = kind, .p = p, .v = v, .m = m, .rank = rank,
-                        .flags = PPS_FORWARD_ONLY, .a = s->a};
+    *s = (pps_schedule){
+        .kind = kind, .p = p, .v = v, .m = m, .rank = rank, .flags = PPS_FORWARD_ONLY, .a = s->a};
     for (int mb = 0; mb < m; mb++)
         for (int c = 0; c < v; c++) {
             pps_action f = {PPS_F, mb, c, pps_stage(kind, p, c, rank), -1, 0};

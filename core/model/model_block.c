@@ -105,7 +105,10 @@ void block_forward(model *m, int l, const act *x_in, act *x_out, layer_acts *a, 
     }
     /* llama: gate and up, then swiglu; gpt2: up with its GELU fused in */
     tp_col gu[2] = {{.out = a->gate, .w = w->wg, .OC = m->shape.F},
-                    {.out = a->up, .gelu = m->shape.llama ? NULL : a->act, .w = w->wu, .b = w->bu,
+                    {.out = a->up,
+                     .gelu = m->shape.llama ? NULL : a->act,
+                     .w = w->wu,
+                     .b = w->bu,
                      .OC = m->shape.F}};
     tp_column_fwd(m->par.tp, a->ln2, m->shape.llama ? gu : gu + 1, m->shape.llama ? 2 : 1, N, C);
     if (m->shape.llama) block_mlp_activation(m, a);
@@ -188,10 +191,11 @@ static void row_backward(model *m, const deferral *df, act *dinp, const act *dx,
     float *gw = block_now(df, *dw), *gb = block_now(df, *db);
     const act *gdx = pre ? tp_row_linear_gelu_bwd(tp, dinp, gw, gb, dx, inp, pre, w, N, Cl, C)
                          : tp_row_linear_bwd(tp, dinp, gw, gb, dx, inp, w, N, Cl, C);
-    block_later(m, df,
-                (wg_job){.kind = WG_LINEAR, .dw = dw, .db = db, .dout = gdx, .x = inp, .N = N,
-                         .C = Cl, .OC = C},
-                keep, (int64_t)N * C);
+    block_later(
+        m, df,
+        (wg_job){
+            .kind = WG_LINEAR, .dw = dw, .db = db, .dout = gdx, .x = inp, .N = N, .C = Cl, .OC = C},
+        keep, (int64_t)N * C);
 }
 
 /* Dense MLP, out = res2 + act(ln2 @ wu^T [, ln2 @ wg^T]) @ wd^T + bd: from d out (dx, this

@@ -18,13 +18,12 @@ void model_moe_init(model *m, ust_arena *arena, const model_storage *st) {
     m->moe.has_moe = 1;
     m->moe.ep_size = ep_size(st->ep);
     m->moe.ep_rank = ep_rank(st->ep);
-    moe_groups g = {
-        .tp = m->par.tp,
-        .ep = st->ep,
-        .cp = m->par.cp,
-        .cap_pos = cp_positions_of(m->par.cp, 0),
-        .cap_T = m->cfg->train.seq_len,
-        .cap_Tl = m->shape.T};
+    moe_groups g = {.tp = m->par.tp,
+                    .ep = st->ep,
+                    .cp = m->par.cp,
+                    .cap_pos = cp_positions_of(m->par.cp, 0),
+                    .cap_T = m->cfg->train.seq_len,
+                    .cap_Tl = m->shape.T};
     moe_init(&m->moe.ctx, m->cfg, m->ops, arena, m->shape.B * m->shape.T, &g);
     m->moe.mw = calloc(m->shape.L, sizeof *m->moe.mw);
     m->moe.mg = calloc(m->shape.L, sizeof *m->moe.mg);

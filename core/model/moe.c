@@ -235,8 +235,8 @@ void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *
     m->N = (int)moe_rank_tokens(cfg, N);
     m->tp.n = cfg->parallel.tp > 0 ? cfg->parallel.tp : 1;
     m->tp.tp = groups ? groups->tp : NULL;
-    UST_ASSERT(tp_size(m->tp.tp) == m->tp.n, "MoE tokens split over tp = %d, group of %d",
-               m->tp.n, tp_size(m->tp.tp));
+    UST_ASSERT(tp_size(m->tp.tp) == m->tp.n, "MoE tokens split over tp = %d, group of %d", m->tp.n,
+               tp_size(m->tp.tp));
     m->tp.r = tp_rank(m->tp.tp);
     m->loss.aux_coef = c->aux_loss_coef;
     m->loss.z_coef = c->z_loss_coef;

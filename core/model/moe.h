@@ -148,7 +148,7 @@ typedef struct {
  * over (then tp's), and the device buffers of the statistics and the aux gradient factors. */
 typedef struct {
     double aux_coef, z_coef;
-    ust_cp *cp; /* NULL: none */
+    ust_cp *cp;            /* NULL: none */
     float *aux_dp, *stats; /* device E and stats_floats */
     /* The sequence-wise loss: B sequences of Tl rows in the micro-batch (Nmb = B*Tl rows on
      * this cp rank); this rank's rows meet nseg of them, segment s being rows [seg[3s],
