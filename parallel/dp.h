@@ -53,6 +53,8 @@ typedef struct {
                               sizes (this rank their member 0) */
 } dp_groups;
 
+/* Carves this rank's state from the arena and hooks it into m. Against a counting arena (the
+ * memory plan's, train_build_rank) it only sizes: its groups may then be given by size alone. */
 int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_arena *arena, model *m,
               const dp_groups *groups, ust_err *e);
 void dp_destroy(dp_state *d);
