@@ -150,17 +150,10 @@ static void alloc_state(dp_state *d, ust_arena *a) {
     d->red.scalar = mem_alloc(a, MEM_COMM, 4 * sizeof(float));
 }
 
-void dp_count(ust_arena *count, const ust_config *cfg, const model *m, int n, int expert_n,
-              int64_t *save_bytes) {
-    dp_state d = {.cfg = cfg, .stage = cfg->optimizer.zero_stage};
-    d.m = (model *)m;        /* read only: the parameter table, for dp_save_bytes */
-    layout_alloc(&d.lay, m); /* urank: rank 0 of every group */
-    for (int u = 0; u < d.lay.nunits; u++) d.lay.un[u] = model_unit_is_expert(m, u) ? expert_n : n;
-    shard_units(&d);
-    alloc_state(&d, count);
-    if (save_bytes) *save_bytes = dp_save_bytes(&d);
-    layout_free(&d.lay);
-}
+/* A group's size and this rank's place in it; the memory plan's groups have no communicator:
+ * n ranks, this one their member 0. */
+static int group_size(const ust_comm *c, int n) { return c ? comm_size(c) : n; }
+static int group_rank(const ust_comm *c) { return c ? comm_rank(c) : 0; }
 
 static void on_unit(void *ctx, int u, model_phase ph);
 
@@ -174,8 +167,8 @@ int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_are
     d->m = m;
     d->comm = comm;
     d->mp = mp;
-    d->n = comm_size(comm);
-    d->rank = comm_rank(comm);
+    d->n = group_size(comm, gr->dense_n);
+    d->rank = group_rank(comm);
     d->stage = cfg->optimizer.zero_stage;
     layout_alloc(&d->lay, m);
     d->head = d->lay.nunits - 1;
@@ -186,9 +179,10 @@ int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_are
     d->red.pinned = calloc(d->lay.nunits, sizeof *d->red.pinned);
     d->red.uwork = calloc(d->lay.nunits, sizeof *d->red.uwork);
     for (int u = 0; u < d->lay.nunits; u++) {
-        d->lay.ucomm[u] = model_unit_is_expert(m, u) ? gr->expert : comm;
-        d->lay.urank[u] = comm_rank(d->lay.ucomm[u]);
-        d->lay.un[u] = comm_size(d->lay.ucomm[u]);
+        int expert = model_unit_is_expert(m, u);
+        d->lay.ucomm[u] = expert ? gr->expert : comm;
+        d->lay.urank[u] = group_rank(d->lay.ucomm[u]);
+        d->lay.un[u] = group_size(d->lay.ucomm[u], expert ? gr->expert_n : gr->dense_n);
     }
     shard_units(d);
     d->buf.p_whole = model_params(m);
@@ -200,7 +194,7 @@ int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_are
     d->buf.seg_param = calloc(np ? np : 1, sizeof *d->buf.seg_param);
     d->buf.seg_sumsq = calloc(np ? np : 1, sizeof *d->buf.seg_sumsq);
     UST_ASSERT(d->buf.seg && d->buf.seg_param && d->buf.seg_sumsq, "out of memory");
-    make_segments(d);
+    if (!mem_counting(a)) make_segments(d); /* a counting arena's buffers do not exist */
     make_buckets(d);
     const char *fault = getenv("UST_FAULT_DP_DROP_GRADS_RANK");
     d->drop_grads = fault && atoi(fault) == d->rank && d->n > 1;

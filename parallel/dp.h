@@ -37,11 +37,6 @@ typedef struct dp_state dp_state;
  *
  * How the model must allocate itself for this stage and group size. */
 model_storage dp_model_storage(const ust_config *cfg, int dp_size);
-/* What dp_create carves for model m (optimizer moments, ZeRO shards and working buffers, its
- * scalars) over a group of n ranks, its expert units over expert_n: dp_create's own
- * allocation, which the memory plan runs against a counting arena. */
-void dp_count(ust_arena *count, const ust_config *cfg, const model *m, int n, int expert_n,
-              int64_t *save_bytes /* what dp_save would write from rank 0 (may be NULL) */);
 /* The groups a rank's gradients involve. */
 typedef struct {
     ust_comm *dense;  /* dense gradients are reduced (and ZeRO-sharded) over it: the replicas
@@ -54,8 +49,12 @@ typedef struct {
     ust_comm *mirror; /* the ranks holding copies of this rank's stages, laid out alike (dualpipe's
                          pipeline ranks r and pp-1-r; NULL or size 1: none): every gradient is
                          summed over it once reduced, so the copies take the same step */
+    int dense_n, expert_n; /* the memory plan's dense and expert groups, which are NULL: their
+                              sizes (this rank their member 0) */
 } dp_groups;
 
+/* Carves this rank's state from the arena and hooks it into m. Against a counting arena (the
+ * memory plan's, train_build_rank) it only sizes: its groups may then be given by size alone. */
 int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_arena *arena, model *m,
               const dp_groups *groups, ust_err *e);
 void dp_destroy(dp_state *d);

@@ -9,8 +9,8 @@
 
 typedef enum { BUF_PARAMS, BUF_GRADS, BUF_M, BUF_V } dp_buf;
 
-/* The ZeRO shard layout (dp.c shard_units; dp_count fills it alone for the memory plan): a unit
- * is split into un[u] chunks of chunk[u] floats; this rank owns [urank*chunk, (urank+1)*chunk). */
+/* The ZeRO shard layout (dp.c shard_units): a unit is split into un[u] chunks of chunk[u]
+ * floats; this rank owns [urank*chunk, (urank+1)*chunk). */
 typedef struct {
     int nunits, has_experts;
     ust_comm **ucomm;                    /* per unit: the group it is reduced and sharded over */

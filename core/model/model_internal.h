@@ -101,7 +101,7 @@ typedef struct {
 } param_target;
 
 /* The parts of struct model, each filled by the file named above it (model_create_with and
- * params_shape also copy in what model_storage and params_layout give); the others read it. */
+ * params_shape also copy in what model_storage gives); the others read it. */
 
 /* params.c (params_dims, params_local_rows, params_chunks): the dimensions and flags. H, Hkv,
  * F and Vl are this rank's shares under tensor parallelism; Hg, Hkvg, Fg, Vp whole. */

@@ -569,31 +569,33 @@ void params_chunks(model *m, const model_stage *stages, int n) {
     m->shape.tied_copy = m->shape.tied && head && !embed;
 }
 
-model *params_shape(const ust_config *cfg, const ust_ops *sizes, const params_layout *ly) {
+model *params_shape(const ust_config *cfg, const ust_ops *sizes, const model_storage *st, int whole,
+                    ust_arena *count) {
     model *m = calloc(1, sizeof *m);
     UST_ASSERT(m, "out of host memory");
     m->cfg = cfg, m->ops = sizes, m->tab.sizing = 1;
-    /* the shapes model_create_with gives rank 0 of the tensor- and context-parallel groups */
-    m->shape.zb = ly->zb;
-    int T = cfg->train.seq_len, B = cfg->train.micro_batch_size;
-    m->par.own_tp = tp_shape(sizes, ly->tp, B * (T / ly->cp), cfg->model.d_model, ly->sp);
-    m->par.tp = &m->par.own_tp;
+    /* model_create_with's steps, on the shape-only contexts of rank 0 of each group */
+    m->shape.zb = st->zb;
+    m->par.tp = st->tp;
     params_dims(m, cfg);
-    m->par.own_cp = cp_shape(sizes, ly->cp, ly->cp > 1 ? cfg_cp_a2a(cfg) : 1, T, m->shape.B,
-                             m->shape.Hkv, m->shape.D, cfg->parallel.cp_comm);
-    m->par.cp = &m->par.own_cp;
+    m->par.cp = st->cp;
     params_local_rows(m);
-    m->tab.unit_pad = ly->unit_pad;
-    params_chunks(m, ly->chunks, ly->nchunks);
-    params_vocab_chunks(m, ly->vocab_chunk_rows);
-    if (cfg->model.moe.num_experts > 0)
-        m->moe.has_moe = 1, m->moe.ep_size = ly->ep, m->moe.ep_rank = 0;
+    m->tab.unit_pad = st->unit_pad;
+    params_chunks(m, st->chunks, st->nchunks);
+    params_vocab_chunks(m, st->vocab_chunk_rows);
+    if (cfg->model.moe.num_experts > 0) { /* rank 0 of an expert group of parallel.ep */
+        m->moe.has_moe = 1, m->moe.ep_size = cfg->parallel.ep, m->moe.ep_rank = 0;
+        mem_alloc(count, MEM_ACTS, moe_ctx_bytes(cfg, m->shape.B * m->shape.T, m->moe.ep_size));
+    }
     m->w.lw = calloc(m->shape.L, sizeof *m->w.lw);
     m->w.lg = calloc(m->shape.L, sizeof *m->w.lg);
-    if (ly->whole)
+    if (whole)
         params_build(m);
     else
         build_param_table(m);
+    if (st->alloc_params) mem_alloc(count, MEM_PARAMS, m->tab.numel * sizeof(float));
+    if (st->alloc_grads) mem_alloc(count, MEM_GRADS, m->tab.numel * sizeof(float));
+    acts_alloc(m, count);
     return m;
 }
 
@@ -608,13 +610,4 @@ void params_shape_free(model *m) {
     free(m->w.lw), free(m->w.lg);
     params_vocab_chunks_free(m);
     free(m);
-}
-
-void params_count_buffers(model *m, const model_storage *st, ust_arena *count) {
-    if (st->alloc_params) mem_alloc(count, MEM_PARAMS, m->tab.numel * sizeof(float));
-    if (st->alloc_grads) mem_alloc(count, MEM_GRADS, m->tab.numel * sizeof(float));
-    cp_alloc_buffers(m->par.cp, count, m->shape.H);
-    if (m->moe.has_moe)
-        mem_alloc(count, MEM_ACTS, moe_ctx_bytes(m->cfg, m->shape.B * m->shape.T, m->moe.ep_size));
-    tp_alloc_scratch(m->par.tp, count);
 }

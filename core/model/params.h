@@ -12,23 +12,13 @@
  * every tensor of the whole model in checkpoint order. */
 void params_build(model *m);
 
-/* The rank the memory plan asks about: tensor-parallel rank 0 of a group of tp (sp: sequence
- * parallelism), context-parallel group cp, expert group ep, holding the pipeline's chunks
- * (pp_stages'; zb: zero-bubble's saved gradients too), units padded to unit_pad floats
- * (dp_model_storage's). */
-typedef struct {
-    int tp, sp, cp, ep, zb;
-    const model_stage *chunks;
-    int nchunks;
-    int64_t unit_pad;
-    int vocab_chunk_rows; /* model_storage's */
-    int whole;            /* list the whole model's tensors too (model_all_tensors) */
-} params_layout;
-/* That rank's model as model_create_with shapes it (chunks and parameter table), without a
- * backend or a single buffer: sizes only gives act_size. The plan reads its units
- * (model_unit_range, model_unit_is_expert), model_all_tensors, and runs acts_alloc on it
- * against a counting arena. params_shape_free releases it (and acts_alloc's host arrays). */
-model *params_shape(const ust_config *cfg, const ust_ops *sizes, const params_layout *ly);
+/* The memory plan's model: model_create_with's steps for rank 0 of every group, on the
+ * shape-only contexts st gives (tp_shape, cp_shape), against a counting arena: the chunks,
+ * the parameter table (whole: model_all_tensors' list too), the MoE context (moe_ctx_bytes,
+ * which counts ep_init's buffers as well), the buffers st asks for and the activation sets.
+ * No backend: sizes gives act_size. params_shape_free releases it. */
+model *params_shape(const ust_config *cfg, const ust_ops *sizes, const model_storage *st, int whole,
+                    ust_arena *count);
 /* The steps model_create_with and params_shape share: the dimensions from the config and this
  * rank's shares of them under tensor parallelism (m->tp set), the local token rows (m->cp
  * set), and this rank's chunks as the pipeline gave them (n = 0: the whole model). */
@@ -40,10 +30,5 @@ void params_vocab_chunks(model *m, int rows);
 void params_vocab_chunks_free(model *m);
 void params_chunks(model *m, const model_stage *stages, int n);
 void params_shape_free(model *m);
-/* What else that rank's construction carves beside the activation sets, into a counting
- * arena: the whole parameter and gradient buffers st asks for (model_create_with), cp_init's
- * buffers, moe_init's context (moe_ctx_bytes) and the tensor-parallel scratch tp_init carves
- * for the model's group. */
-void params_count_buffers(model *m, const model_storage *st, ust_arena *count);
 
 #endif

@@ -4,50 +4,36 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "acts.h"
-#include "dp.h"
+#include "error.h"
 #include "log.h"
 #include "params.h"
-#include "pp.h"
+#include "train_internal.h"
 
 /* The plan of pipeline rank r (every rank without a pipeline): rank 0 of its tensor-, context-
- * and expert-parallel groups, built as the run builds it (the model's chunks and parameter
- * table, the activation sets pp_plan gives each chunk) and sized by the allocators themselves
- * against a counting arena, so every figure is the arena's own. */
+ * and expert-parallel groups, built as the run builds it (train_build_rank, with the activation
+ * sets pp_plan gives each chunk) against a counting arena, so every figure is the arena's own. */
 void plan_memory_rank_sets(const ust_config *c, int r, int whole, const int *sets, int zb,
                            mem_plan *p) {
-    const __typeof__(c->parallel) *l = &c->parallel;
     ust_ops sizes = {.act_size = cfg_act_size(c)}; /* no backend: element sizes only */
-    int slots[MODEL_MAX_CHUNKS];
-    memcpy(slots, sets, sizeof slots);
-    /* dense units shard over dp x cp, the experts over expert-dp x cp */
-    int dense = l->dp * l->cp, experts = l->dp / l->ep * l->cp;
-    model_storage st = dp_model_storage(c, dense);
-    pp_stages(c, r, slots, &st);
-    params_layout ly = {.tp = l->tp, .sp = l->sp, .cp = l->cp, .ep = l->ep, .zb = zb,
-                        .chunks = st.chunks, .nchunks = st.nchunks, .unit_pad = st.unit_pad,
-                        .vocab_chunk_rows = st.vocab_chunk_rows, .whole = whole};
-    model *m = params_shape(c, &sizes, &ly);
-    ust_arena count;
-    mem_init_counting(&count);
-    params_count_buffers(m, &st, &count);
-    acts_alloc(m, &count);
-    int64_t save = 0;
-    dp_count(&count, c, m, dense, experts, &save);
-    p->ckpt_staging = c->checkpoint.async ? (double)save : 0;
-    pp_alloc_scalars(&count, l->pp);
-    mem_alloc(&count, MEM_COMM, sizeof(float)); /* the trainer's stop flag */
+    train_engine g = {.ops = &sizes};
+    mem_init_counting(&g.arena);
+    train_build_at at = {.pp_rank = r, .slots = sets, .zb = zb, .whole = whole};
+    ust_err e;
+    UST_ASSERT(train_build_rank(&g, c, &at, &e) == 0, "%s", e.msg); /* the plan's never fails */
+    p->ckpt_staging = c->checkpoint.async ? (double)dp_save_bytes(g.dp) : 0;
     int n = 0;
-    const ckpt_tensor *all = whole ? model_all_tensors(m, &n) : NULL;
+    const ckpt_tensor *all = whole ? model_all_tensors(g.m, &n) : NULL;
     p->n_params = 0;
     for (int i = 0; i < n; i++)
         p->n_params += all[i].ndim == 2 ? all[i].shape[0] * all[i].shape[1] : all[i].shape[0];
-    params_shape_free(m);
-    p->params = (double)count.bytes[MEM_PARAMS];
-    p->grads = (double)count.bytes[MEM_GRADS];
-    p->optim = (double)count.bytes[MEM_OPTIM];
-    p->acts = (double)count.bytes[MEM_ACTS];
-    p->comm = (double)count.bytes[MEM_COMM];
+    dp_destroy(g.dp);
+    params_shape_free(g.m);
+    const ust_arena *count = &g.arena;
+    p->params = (double)count->bytes[MEM_PARAMS];
+    p->grads = (double)count->bytes[MEM_GRADS];
+    p->optim = (double)count->bytes[MEM_OPTIM];
+    p->acts = (double)count->bytes[MEM_ACTS];
+    p->comm = (double)count->bytes[MEM_COMM];
     p->total = p->params + p->grads + p->optim + p->acts + p->comm;
 }
 

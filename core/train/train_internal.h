@@ -37,6 +37,18 @@ typedef struct {
     float *flag;    /* one device float for train_any_rank */
 } train_engine;
 
+/* train_build.c: a rank's runtime in the one order the run and the memory plan share, into g
+ * (its ops and arena set): the tp, cp and ep contexts, the model with its activation sets, dp's
+ * optimizer state, the pipeline executor and the stop flag. */
+typedef struct {
+    const ust_topology *topo; /* the run's groups; NULL: the memory plan's rank 0 of every group
+                                 (shape-only contexts, no executor, a counting arena) */
+    int pp_rank;
+    const int *slots; /* the plan's: pp_activation_sets' activation sets and zb for pp_rank */
+    int zb, whole;    /* ... and whether to list the whole model's tensors (model_all_tensors) */
+} train_build_at;
+int train_build_rank(train_engine *g, const ust_config *cfg, const train_build_at *at, ust_err *e);
+
 /* train_data.c: the data a step consumes. */
 typedef struct {
     data_blend *train, *val;     /* a lone glob is a blend of one */

@@ -1,6 +1,6 @@
 /* train_setup.c: the trainer's set-up: the runtime (bootstrap, communicators, topology), the
- * checks made before anything runs, the backend and arena, the model with its optimizer state
- * and pipeline executor, and the teardown; and the helpers that ask every rank at once. */
+ * checks made before anything runs, the backend and arena, the rank's runtime built on them
+ * (train_build_rank), and the teardown; and the helpers that ask every rank at once. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -11,7 +11,6 @@
 
 #include "error.h"
 #include "fs.h"
-#include "moe.h"
 #include "ops_prof.h"
 #include "train_internal.h"
 
@@ -125,75 +124,24 @@ static int open_backend(trainer *t, int profile, ust_err *e) {
     return 0;
 }
 
-/* Where the model's tensors live on this rank: tensor parallelism, the ZeRO unit padding, the
- * context- and expert-parallel groups and this rank's pipeline stages with their activation
- * sets (asked of the pipeline's schedule, which the executor then runs). */
-static int plan_storage(trainer *t, model_storage *st, pps_schedule *sched, ust_err *e) {
-    const ust_config *cfg = t->cfg;
-    const ust_topology *topo = &t->rt->topo;
-    train_feed_layout(t);
-    /* the contexts of the dimensions that split a layer, each over the group it owns */
-    tp_init(&t->eng.tp, t->eng.ops, topo->comm[TOPO_TP], &t->eng.arena,
-            cfg->train.micro_batch_size * t->feed.Tl, cfg->model.d_model, cfg->parallel.sp);
-    int start,
-        H = tp_part(&t->eng.tp, cfg->model.n_head, &start); /* attention after the tp split */
-    int Hkv = tp_part(&t->eng.tp, cfg->model.n_kv_head, &start);
-    cp_init(&t->eng.cp, t->eng.ops, topo->comm[TOPO_CP], topo->comm[TOPO_CPA], topo->comm[TOPO_CPR],
-            &t->eng.arena, cfg->train.seq_len, cfg->train.micro_batch_size, H, Hkv,
-            cfg_head_dim(cfg), cfg->parallel.cp_layout, cfg->parallel.cp_comm, cfg_cp_a2a(cfg));
-    /* dense gradients are summed over the ranks that hold the same shard and saw different
-     * tokens: the data-parallel replicas and the context-parallel parts of each sequence */
-    *st = dp_model_storage(cfg, comm_size(topo->comm[TOPO_DPCP]));
-    st->tp = &t->eng.tp;
-    st->cp = &t->eng.cp;
-    if (t->eng.has_moe) { /* the MoE layers' dispatch context, sized for their tokens */
-        int64_t send, recv;
-        moe_dispatch_rows(cfg, (int64_t)cfg->train.micro_batch_size * t->feed.Tl, cfg->parallel.ep,
-                          &send, &recv);
-        ep_init(&t->eng.ep, t->eng.ops, cfg->parallel.ep > 1 ? topo->comm[TOPO_EP] : NULL,
-                &t->eng.arena, cfg->model.moe.num_experts, cfg->model.d_model, send, recv);
-        st->ep = &t->eng.ep;
-    }
-    /* one stage's schedule is plain gradient accumulation (no transfers) */
-    int slots[MODEL_MAX_CHUNKS] = {0};
-    if (pp_plan(cfg, topo->me.pp, sched, slots, e)) return -1;
-    pp_stages(cfg, topo->me.pp, slots, st); /* the pipeline decides the stages this rank holds */
-    if (cfg->parallel.pp == 1) return 0;
-    st->zb = pps_splits(sched); /* zb, dualpipev: W's keep their deferred weight gradients */
-    if (cfg->optimizer.zero_stage == 3 && t->rank0)
-        fprintf(stderr,
-                "ustrain: warning: optimizer.zero_stage = 3 with parallel.pp = %d gathers every "
-                "layer's weights again for each micro-batch's forward and backward; ZeRO-1 or 2 "
-                "is the usual choice with pipelines\n",
-                cfg->parallel.pp);
-    return 0;
-}
-
-/* The model, its data-parallel optimizer state and the pipeline executor over them. */
+/* The rank's runtime (train_build_rank) and what the run adds to it: the tied embeddings'
+ * second copy and a warning. */
 static int build_model(trainer *t, ust_err *e) {
     const ust_config *cfg = t->cfg;
-    const ust_topology *topo = &t->rt->topo;
-    model_storage st;
-    pps_schedule sched = {0};
-    if (plan_storage(t, &st, &sched, e)) return -1;
-    dp_groups groups = {.dense = topo->comm[TOPO_DPCP],
-                        .expert = topo->comm[TOPO_EDPCP],
-                        .ep = topo->comm[TOPO_EP],
-                        .mp = topo->comm[TOPO_TP],
-                        .pipe = cfg->parallel.pp > 1 ? topo->comm[TOPO_PP] : NULL,
-                        .mirror = topo->comm[TOPO_MIRROR]};
-    if (model_create_with(&t->eng.m, cfg, t->eng.ops, &t->eng.arena, &st, e) ||
-        dp_create(&t->eng.dp, cfg, t->eng.ops, &t->eng.arena, t->eng.m, &groups, e)) {
-        pps_free(&sched);
-        return -1;
-    }
+    train_feed_layout(t);
+    train_build_at at = {.topo = &t->rt->topo, .pp_rank = t->rt->topo.me.pp};
+    if (train_build_rank(&t->eng, cfg, &at, e)) return -1;
     /* tied embeddings over a pipeline: the first stage's table and the last stage's copy (none
      * where one rank holds both ends, dualpipev's rank 0: one tensor serves both) */
     t->eng.tied_param = cfg->parallel.pp > 1 && cfg_tied(cfg) && !model_tied_local(t->eng.m)
                             ? model_find_param(t->eng.m, "model.embed_tokens.weight")
                             : -1;
-    t->eng.pp = pp_create(cfg, t->eng.ops, &t->eng.arena, t->eng.m, topo->comm[TOPO_PP],
-                          topo->comm[TOPO_EMB], &sched);
+    if (cfg->parallel.pp > 1 && cfg->optimizer.zero_stage == 3 && t->rank0)
+        fprintf(stderr,
+                "ustrain: warning: optimizer.zero_stage = 3 with parallel.pp = %d gathers every "
+                "layer's weights again for each micro-batch's forward and backward; ZeRO-1 or 2 "
+                "is the usual choice with pipelines\n",
+                cfg->parallel.pp);
     return 0;
 }
 
@@ -214,14 +162,12 @@ int train_setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile,
         spike_init(&t->loss_w, cfg->train.spike_window);
         spike_init(&t->norm_w, cfg->train.spike_window);
     }
-    t->eng.has_moe = cfg->model.moe.num_experts > 0;
     if (check_runnable(cfg, e)) return -1;
     fault_setup_hold();
     /* first, before anything is read: one job at a time may own the checkpoints */
     if (t->rank0 && cfg->checkpoint.dir[0] && ckpt_lock_dir(cfg->checkpoint.dir, &t->ck.lock, e))
         return -1;
     if (train_feed_open(t, e) || open_backend(t, profile, e) || build_model(t, e)) return -1;
-    t->eng.flag = mem_alloc(&t->eng.arena, MEM_COMM, sizeof(float));
     mem_freeze(&t->eng.arena);
     if (cfg->checkpoint.async && train_ckpt_open_stage(t, e)) return -1;
     t->feed.samples =

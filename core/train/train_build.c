@@ -1,0 +1,100 @@
+/* train_build.c: a rank's runtime, built in the one order the run and its memory plan share.
+ * The run builds against its backend's arena with its groups; the plan (plan.c) against a
+ * counting arena as rank 0 of every group, with shape-only contexts where the run's need a
+ * communicator, so the plan's figures are this build's own allocations. */
+#include <string.h>
+
+#include "moe.h"
+#include "params.h"
+#include "train_internal.h"
+
+/* The contexts of the dimensions that split a layer (tensor, context and expert parallelism),
+ * each over the group it owns; the plan's carve what they would and talk to nobody. */
+static void build_contexts(train_engine *g, const ust_config *cfg, const ust_topology *topo) {
+    const __typeof__(cfg->parallel) *l = &cfg->parallel;
+    int B = cfg->train.micro_batch_size, T = cfg->train.seq_len, Tl = T / l->cp;
+    int C = cfg->model.d_model, hd = cfg_head_dim(cfg);
+    if (topo) {
+        tp_init(&g->tp, g->ops, topo->comm[TOPO_TP], &g->arena, B * Tl, C, l->sp);
+    } else {
+        g->tp = tp_shape(g->ops, l->tp, B * Tl, C, l->sp);
+        tp_alloc_scratch(&g->tp, &g->arena);
+    }
+    int start, H = tp_part(&g->tp, cfg->model.n_head, &start); /* attention after the tp split */
+    int Hkv = tp_part(&g->tp, cfg->model.n_kv_head, &start);
+    if (topo) {
+        cp_init(&g->cp, g->ops, topo->comm[TOPO_CP], topo->comm[TOPO_CPA], topo->comm[TOPO_CPR],
+                &g->arena, T, B, H, Hkv, hd, l->cp_layout, l->cp_comm, cfg_cp_a2a(cfg));
+    } else {
+        g->cp = cp_shape(g->ops, l->cp, l->cp > 1 ? cfg_cp_a2a(cfg) : 1, T, B, Hkv, hd, l->cp_comm);
+        cp_alloc_buffers(&g->cp, &g->arena, H);
+    }
+    /* the MoE layers' dispatch context, sized for their tokens (the plan's is counted with the
+     * model's MoE context: params_shape) */
+    if (g->has_moe && topo) {
+        int64_t send, recv;
+        moe_dispatch_rows(cfg, (int64_t)B * Tl, l->ep, &send, &recv);
+        ep_init(&g->ep, g->ops, l->ep > 1 ? topo->comm[TOPO_EP] : NULL, &g->arena,
+                cfg->model.moe.num_experts, C, send, recv);
+    }
+}
+
+/* Where the model's tensors live on this rank: the ZeRO unit padding over the ranks that sum
+ * dense gradients (the data-parallel replicas and the context-parallel parts of each
+ * sequence), the contexts, and the pipeline stages this rank holds with their activation sets
+ * (the run asks the pipeline's schedule, which its executor then runs; the plan is given them). */
+static int build_storage(train_engine *g, const ust_config *cfg, const train_build_at *at,
+                         model_storage *st, pps_schedule *sched, ust_err *e) {
+    const __typeof__(cfg->parallel) *l = &cfg->parallel;
+    *st = dp_model_storage(cfg, at->topo ? comm_size(at->topo->comm[TOPO_DPCP]) : l->dp * l->cp);
+    st->tp = &g->tp;
+    st->cp = &g->cp;
+    if (g->has_moe && at->topo) st->ep = &g->ep;
+    int slots[MODEL_MAX_CHUNKS] = {0};
+    if (at->topo) {
+        /* one stage's schedule is plain gradient accumulation (no transfers) */
+        if (pp_plan(cfg, at->pp_rank, sched, slots, e)) return -1;
+        st->zb = l->pp > 1 && pps_splits(sched); /* zb, dualpipev: W's keep their weight grads */
+    } else {
+        memcpy(slots, at->slots, sizeof slots);
+        st->zb = at->zb;
+    }
+    pp_stages(cfg, at->pp_rank, slots, st); /* the pipeline decides the stages this rank holds */
+    return 0;
+}
+
+int train_build_rank(train_engine *g, const ust_config *cfg, const train_build_at *at, ust_err *e) {
+    const ust_topology *topo = at->topo;
+    g->has_moe = cfg->model.moe.num_experts > 0;
+    build_contexts(g, cfg, topo);
+    model_storage st;
+    pps_schedule sched = {0};
+    if (build_storage(g, cfg, at, &st, &sched, e)) return -1;
+    const __typeof__(cfg->parallel) *l = &cfg->parallel;
+    dp_groups groups = {.dense_n = l->dp * l->cp, .expert_n = l->dp / l->ep * l->cp};
+    if (topo) {
+        groups = (dp_groups){.dense = topo->comm[TOPO_DPCP],
+                             .expert = topo->comm[TOPO_EDPCP],
+                             .ep = topo->comm[TOPO_EP],
+                             .mp = topo->comm[TOPO_TP],
+                             .pipe = l->pp > 1 ? topo->comm[TOPO_PP] : NULL,
+                             .mirror = topo->comm[TOPO_MIRROR]};
+        if (model_create_with(&g->m, cfg, g->ops, &g->arena, &st, e)) {
+            pps_free(&sched);
+            return -1;
+        }
+    } else {
+        g->m = params_shape(cfg, g->ops, &st, at->whole, &g->arena);
+    }
+    if (dp_create(&g->dp, cfg, g->ops, &g->arena, g->m, &groups, e)) {
+        pps_free(&sched);
+        return -1;
+    }
+    if (topo)
+        g->pp = pp_create(cfg, g->ops, &g->arena, g->m, topo->comm[TOPO_PP], topo->comm[TOPO_EMB],
+                          &sched);
+    else
+        pp_alloc_scalars(&g->arena, l->pp); /* the executor's own: every schedule is the run's */
+    g->flag = mem_alloc(&g->arena, MEM_COMM, sizeof(float)); /* train_any_rank's */
+    return 0;
+}
