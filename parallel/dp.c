@@ -399,6 +399,16 @@ static void sum_over(dp_state *d, ust_comm *c, double *x, int n) {
     comm_sum_doubles(c, d->ops, d->red.scalar, x, n);
 }
 
+void dp_sum_replicas(void *ctx, float *x, int64_t n) {
+    dp_state *d = ctx;
+    ust_comm *groups[2] = {d->comm, d->mirror};
+    for (int g = 0; g < 2; g++)
+        if (groups[g]) {
+            comm_req r = comm_allreduce(groups[g], x, x, (size_t)n, COMM_FP32, COMM_SUM);
+            comm_wait(&r);
+        }
+}
+
 double dp_sum(dp_state *d, double x) {
     sum_over(d, d->comm, &x, 1);
     return x;

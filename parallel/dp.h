@@ -65,6 +65,9 @@ int dp_load_llmc(dp_state *d, const char *path, ust_err *e);
  * rank holds them (its ZeRO-3 shard, or the whole tensor): an update outside the optimizer,
  * the same on every rank (the MoE routing bias). A model_param_add_fn with ctx = d. */
 void dp_add_to_param(void *d, int i, const float *delta);
+/* x (n floats, device) summed in place over the replicas whose tokens differ: the dense group,
+ * then dualpipe's mirror. A model_sum_fn with ctx = d (the MoE layers' step loads). */
+void dp_sum_replicas(void *d, float *x, int64_t n);
 /* Starting weights from a reader of slices (hf_read_slice): asks for exactly what this rank
  * holds of each parameter (its tensor-parallel box, cut to its ZeRO-3 partition), so no rank
  * reads another's part. */

@@ -45,18 +45,6 @@ void ep_free(ust_ep *ep) {
 int ep_size(const ust_ep *ep) { return ep ? ep->n : 1; }
 int ep_rank(const ust_ep *ep) { return ep ? ep->rank : 0; }
 
-void ep_loads_sum(ust_comm *replicas, const ust_ops *o, double *loads, float *dev, float *host,
-                  int64_t n) {
-    for (int64_t i = 0; i < n; i++) host[i] = (float)loads[i];
-    o->to_device(o, dev, host, n * sizeof(float));
-    if (replicas) {
-        comm_req r = comm_allreduce(replicas, dev, dev, (size_t)n, COMM_FP32, COMM_SUM);
-        comm_wait(&r);
-    }
-    o->to_host(o, host, dev, n * sizeof(float));
-    for (int64_t i = 0; i < n; i++) loads[i] = host[i];
-}
-
 int64_t ep_max_recv(const ust_ep *ep) { return ep->max_recv; }
 
 int ep_local_experts(const ust_ep *ep, int *first) {

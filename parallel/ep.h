@@ -55,12 +55,6 @@ int64_t ep_max_recv(const ust_ep *ep);
 
 /* This rank's place in the group (ep may be NULL: a group of one). */
 int ep_rank(const ust_ep *ep);
-/* Aux-loss-free balancing (the MoE layer's bias update): the step's routed counts loads (host,
- * n) summed in place over replicas, the ranks whose micro-batches differ (dp x cp: the
- * data-parallel dense group, or dualpipe's mirror; NULL: none, the counts only pass through
- * fp32), staged through dev (device) and host (n floats each); exact below 2^24 per expert. */
-void ep_loads_sum(ust_comm *replicas, const ust_ops *o, double *loads, float *dev, float *host,
-                  int64_t n);
 
 void ep_plan_init(ust_ep *ep, ep_plan *p, ust_arena *arena); /* host arrays malloc'd */
 void ep_plan_free(ep_plan *p);                               /* the host arrays */

@@ -182,18 +182,18 @@ double model_take_moe_loss(model *m);
  * mean, the dropped fraction. Returns how many (at most max). */
 int model_moe_stats(const model *m, int *layers, double *load_max, double *load_mean,
                     double *dropped, int max);
-/* End of a training step for the MoE layers: this rank's routed counts of the step summed over
- * group (the dp x cp ranks, whose micro-batches differ) into the step's global loads, and, when
- * update_bias (the step was applied) and model.moe.bias_update_rate > 0, each layer's balancing
- * bias moved by them (moe_update_bias). mirror (NULL: none): dualpipe's rank holding
- * the same layers for the other direction's micro-batches, summed in too. Every rank of the
- * groups calls it once per step. Without whole parameters (ZeRO-3: the sharding layer holds
+/* End of a training step for the MoE layers: this rank's routed counts of the step summed by
+ * sum(ctx, x, n) (x: n floats on the device, summed in place over the ranks whose micro-batches
+ * differ: dp x cp, and dualpipe's mirror holding the same layers for the other direction) into
+ * the step's global loads, and, when update_bias (the step was applied) and
+ * model.moe.bias_update_rate > 0, each layer's balancing bias moved by them (moe_update_bias).
+ * Every rank calls it once per step. Without whole parameters (ZeRO-3: the sharding layer holds
  * them) the bias is not updated in place: add(ctx, i, delta) gets parameter i's increment (its
  * whole E floats) for the sharding layer to add to what it holds. */
-struct ust_comm;
+typedef void (*model_sum_fn)(void *ctx, float *x, int64_t n);
 typedef void (*model_param_add_fn)(void *ctx, int param, const float *delta);
-void model_moe_end_step(model *m, struct ust_comm *group, struct ust_comm *mirror, int update_bias,
-                        model_param_add_fn add, void *ctx);
+void model_moe_end_step(model *m, model_sum_fn sum, int update_bias, model_param_add_fn add,
+                        void *ctx);
 /* For the i-th layer model_moe_stats lists: the rows each ep rank's experts computed in the last
  * step, per rank holding them (global counts / (dp/ep * cp * tp)); returns how many (the ep size,
  * at most max). */

@@ -86,21 +86,25 @@ static void move_bias(model *m, int l, const double *load, model_param_add_fn ad
     add(ctx, i, delta);
 }
 
-/* The step's loads summed over group (the ranks whose micro-batches differ); the test fault
- * UST_FAULT_MOE_LOCAL_LOADS balances on this rank's counts instead. */
-static void step_loads(model *m, struct ust_comm *group) {
+/* The step's loads summed by sum over the ranks whose micro-batches differ, staged through fp32
+ * (exact below 2^24 per expert); the test fault UST_FAULT_MOE_LOCAL_LOADS balances on this
+ * rank's counts instead. */
+static void step_loads(model *m, model_sum_fn sum, void *ctx) {
     moe_balance *b = &m->moe.ctx.bal;
-    ep_loads_sum(b->fault_local_loads ? NULL : group, m->ops, m->moe.moe_load, b->loads,
-                 b->loads_host, (int64_t)b->nlayers * m->moe.ctx.E);
+    int64_t n = (int64_t)b->nlayers * m->moe.ctx.E;
+    for (int64_t i = 0; i < n; i++) b->loads_host[i] = (float)m->moe.moe_load[i];
+    m->ops->to_device(m->ops, b->loads, b->loads_host, n * sizeof(float));
+    if (!b->fault_local_loads) sum(ctx, b->loads, n);
+    m->ops->to_host(m->ops, b->loads_host, b->loads, n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) m->moe.moe_load[i] = b->loads_host[i];
 }
 
-void model_moe_end_step(model *m, struct ust_comm *group, struct ust_comm *mirror, int update_bias,
-                        model_param_add_fn add, void *ctx) {
+void model_moe_end_step(model *m, model_sum_fn sum, int update_bias, model_param_add_fn add,
+                        void *ctx) {
     if (!m->moe.has_moe) return;
     int E = m->moe.ctx.E;
     int has_bias = m->cfg->model.moe.bias_update_rate > 0;
-    step_loads(m, group);
-    if (mirror) step_loads(m, mirror);
+    step_loads(m, sum, ctx);
     for (int c = 0; c < m->nchunks; c++)
         for (int l = m->chunks[c].lo; l < m->chunks[c].hi; l++)
             if (is_moe(m, l) && update_bias && has_bias)

@@ -161,7 +161,7 @@ typedef struct {
 
 /* Aux-loss-free balancing: the step's loads and the bias update rate. */
 typedef struct {
-    float *loads, *loads_host; /* device, host n_layer*E (ep_loads_sum's staging) */
+    float *loads, *loads_host; /* device, host n_layer*E (model_moe_end_step's staging) */
     int nlayers;
     double bias_rate;
     /* test fault UST_FAULT_MOE_LOCAL_LOADS: balance on this rank's counts, not the global ones */
@@ -256,7 +256,7 @@ void moe_backward(moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g,
 /* Aux-loss-free balancing over a step (DeepSeek-V3). The caller adds up each MoE layer's
  * moe_stats.routed over its micro-batches (one member of the stats groups counts each
  * micro-batch) into loads (host, n_layer*E, layer l at l*E) and sums them over the ranks whose
- * micro-batches differ (ep_loads_sum through moe_balance's buffers): the step's global counts,
+ * micro-batches differ (model_moe_end_step, through moe_balance's buffers): the step's global counts,
  * the same on every rank and in every layout.
  * bias(E, device) += model.moe.bias_update_rate * sign(mean load - load_e), from one layer's
  * global step loads: identical on every rank that holds the layer. moe_bias_delta: that

@@ -117,9 +117,8 @@ static int train_step(trainer *t, double *loss, double *norm, double *lr, int *f
     }
     if (*finite && !*spiked) dp_optimizer_step(t->eng.dp, *lr, optim_clip_scale(c, *norm), t->step);
     if (t->eng.has_moe) /* dualpipe: the mirror's copies of these layers routed the other half */
-        model_moe_end_step(t->eng.m, t->rt->topo.comm[TOPO_DPCP],
-                           t->rt->topo.grid.mirror ? t->rt->topo.comm[TOPO_MIRROR] : NULL,
-                           *finite && !*spiked, dp_add_to_param, t->eng.dp);
+        model_moe_end_step(t->eng.m, dp_sum_replicas, *finite && !*spiked, dp_add_to_param,
+                           t->eng.dp);
     return 0;
 }
 
