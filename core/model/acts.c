@@ -3,7 +3,7 @@
  * activation sets of every chunk (one per micro-batch in flight through it, as many as the
  * pipeline's schedule asked for), plus the backward's scratch. Shapes as in model.c. */
 #include "acts.h"
-#include "model_internal.h"
+#include "model_state.h"
 
 #include <stdlib.h>
 

@@ -4,7 +4,7 @@
 #ifndef UST_ACTS_H
 #define UST_ACTS_H
 
-#include "model_internal.h"
+#include "model_state.h"
 
 /* Every chunk's activation sets and the backward scratch, from the arena (MEM_ACTS). Against
  * a counting arena (mem_init_counting) it counts them: the memory plan's activations. */

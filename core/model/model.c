@@ -4,7 +4,7 @@
  * Shapes: B = micro-batch, T = sequence, N = B*T tokens, C = d_model, H/Hkv = query/key-value
  * heads of size D, F = d_ff, Vp = padded vocabulary (V real). */
 #include "model.h"
-#include "model_internal.h"
+#include "model_state.h"
 #include "acts.h"
 #include "model_block.h"
 #include "model_moe.h"

@@ -6,7 +6,7 @@
 #ifndef UST_MODEL_BLOCK_H
 #define UST_MODEL_BLOCK_H
 
-#include "model_internal.h"
+#include "model_state.h"
 
 /* list: NULL in a whole backward; keep: the layer's layer_wsave under B (else NULL). */
 typedef struct {

@@ -4,7 +4,7 @@
 #ifndef UST_MODEL_MOE_H
 #define UST_MODEL_MOE_H
 
-#include "model_internal.h"
+#include "model_state.h"
 
 void model_moe_init(model *m, ust_arena *arena, const model_storage *st);
 void model_moe_free(model *m);

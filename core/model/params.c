@@ -2,7 +2,7 @@
  * parameter half of model.h; params.h). Shapes as in model.c. */
 #include "params.h"
 #include "acts.h"
-#include "model_internal.h"
+#include "model_state.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -48,24 +48,6 @@ void train_runtime_finalize(ust_runtime *rt) {
     rt->comm = NULL;
 }
 
-/* The sum of v over group k through the one device float. */
-double train_group_sum(trainer *t, int k, double v) {
-    const ust_comm *g = t->rt->topo.comm[k];
-    if (!g || comm_size(g) == 1) return v;
-    float f = (float)v;
-    t->eng.ops->to_device(t->eng.ops, t->eng.flag, &f, sizeof f);
-    comm_req r = comm_allreduce((ust_comm *)g, t->eng.flag, t->eng.flag, 1, COMM_FP32, COMM_SUM);
-    comm_wait(&r);
-    t->eng.ops->to_host(t->eng.ops, &f, t->eng.flag, sizeof f);
-    return f;
-}
-
-/* 1 when flag is set on any rank of the job. */
-int train_any_rank(trainer *t, int flag) {
-    if (t->rt->world == 1) return flag;
-    return train_group_sum(t, TOPO_WORLD, flag) > 0;
-}
-
 /* Where the run writes (run.out_dir, the metrics file, TensorBoard's directory) must be its own:
  * never a file, never inside a checkpoint's step (ckpt_refuse_in_step). Checked on every rank
  * before anything is read or written. */

@@ -1,9 +1,9 @@
-/* model_internal: the model's state, the parts of struct model each filled by one of the files
+/* model_state: the model's state, the parts of struct model each filled by one of the files
  * that implement model.h (params.c, acts.c, model.c, model_moe.c; model_block.c and
  * model_vocab.c only read them), and the small helpers they share. Outside core/model only the
  * memory plan sees it (through acts.h), and it reads no field. */
-#ifndef UST_MODEL_INTERNAL_H
-#define UST_MODEL_INTERNAL_H
+#ifndef UST_MODEL_STATE_H
+#define UST_MODEL_STATE_H
 
 #include "cp.h"
 #include "model.h"
