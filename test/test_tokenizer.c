@@ -278,6 +278,9 @@ static void test_unsupported_files_are_refused_with_the_reason(void) {
          "Split regex '\\w+' is not supported"},
         {"\"type\": \"BPE\"", "\"type\": \"WordPiece\"", "model type 'WordPiece'"},
         {"\"ca b\"", "\"ca q\"", "merge 4 ('ca' 'q'): its right part"},
+        /* an escaped NUL would cut "BPE\u0000Unigram" to "BPE" (issue 33) */
+        {"\"type\": \"BPE\"", "\"type\": \"BPE\\u0000Unigram\"",
+         "'type' holds an escaped NUL (\\u0000) in \"BPE\\u0000Unigram\""},
     };
     char base[4096], json[4096], path[512];
     snprintf(base, sizeof base, TOY_JSON, "true", "false");

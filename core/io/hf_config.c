@@ -268,6 +268,42 @@ int hf_config_parse(const cJSON *j, const char *path, ust_config *c, char *arch,
                            : "(no architectures or model_type)");
 }
 
+/* ------------------------------------------------------------------ NUL in JSON strings */
+
+/* The string starting after the quote at s[i]: returns the index of its closing quote (or n);
+ * *nul gets the index of its first \u0000 escape (or n). */
+static size_t json_string_end(const char *s, size_t n, size_t i, size_t *nul) {
+    *nul = n;
+    for (; i < n && s[i] != '"'; i++) {
+        if (s[i] != '\\' || i + 1 >= n) continue;
+        if (*nul == n && s[i + 1] == 'u' && i + 5 < n && !memcmp(s + i + 2, "0000", 4)) *nul = i;
+        i++; /* the escaped character (a quote or backslash among them) */
+    }
+    return i;
+}
+
+int hf_json_refuse_nul(const char *s, size_t n, const char *file, ust_err *e) {
+    size_t key = 0, klen = 0; /* the last object key seen: s[key .. key + klen) */
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] != '"') continue;
+        size_t start = i + 1, nul, end = json_string_end(s, n, start, &nul), j = end + 1;
+        while (j < n && (s[j] == ' ' || s[j] == '\t' || s[j] == '\r' || s[j] == '\n')) j++;
+        if (j < n && s[j] == ':') key = start, klen = end - start;
+        if (nul < n) {
+            int line = 1, col = 1;
+            for (size_t k = 0; k < nul; k++) s[k] == '\n' ? (line++, col = 1) : col++;
+            return ust_errf(e,
+                            "%s:%d:%d: '%.*s' holds an escaped NUL (\\u0000) in \"%.*s\": names "
+                            "and identifiers cannot contain NUL (it would cut the value short)",
+                            file, line, col, klen ? (int)(klen > 80 ? 80 : klen) : 9,
+                            klen ? s + key : "(the top)",
+                            (int)(end - start > 80 ? 80 : end - start), s + start);
+        }
+        i = end;
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------------------ the run's config */
 
 typedef enum { V_INT, V_DBL, V_BOOL, V_ARCH, V_ROPE } hf_vkind;

@@ -19,5 +19,8 @@ int hf_config_parse(const cJSON *j, const char *path, ust_config *c, char *arch,
 /* hf's model section (from hf_config_parse of dir/config.json) into c; a key c was given
  * explicitly (cfg_was_set) with another value -> -1 naming both, and c is left as it was. */
 int hf_config_apply(const ust_config *hf, const char *dir, ust_config *c, ust_err *e);
+/* -1 naming file:line:col and the key when a string of the JSON text s[0..n) holds an escaped NUL
+ * (\u0000): cJSON's C strings would end there, so "silu\u0000gelu" would read as "silu". */
+int hf_json_refuse_nul(const char *s, size_t n, const char *file, ust_err *e);
 
 #endif

@@ -97,6 +97,10 @@ static cJSON *read_json(const char *dir, const char *name, ust_err *e) {
     size_t n = buf ? fread(buf, 1, (size_t)size + 1, f) : 0;
     int bad = !buf || ferror(f) || (int64_t)n != size; /* a file that grew while read too */
     fclose(f);
+    if (!bad && hf_json_refuse_nul(buf, n, p, e)) {
+        free(buf);
+        return NULL;
+    }
     cJSON *j = bad ? NULL : cJSON_ParseWithLength(buf, n);
     free(buf);
     if (bad)

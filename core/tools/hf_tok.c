@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "fs.h"
+#include "hf_config.h"
 #include "sha256.h"
 
 enum { BYTE_EOT = 256 };
@@ -107,13 +108,19 @@ cJSON *hftok_bytes_tokenizer(int vocab_size) {
  * Reading the checkpoint's record */
 
 /* A tokenizer.json: Llama 3's is 9 MB, 256 MiB is far beyond any real one. */
-static char *read_file(const char *path, ust_err *e) { return fs_read_file(path, 256u << 20, NULL, e); }
+static char *read_file(const char *path, ust_err *e) {
+    return fs_read_file(path, 256u << 20, NULL, e);
+}
 
 /* The string of token id in a tokenizer.json: an added token's content, else the vocabulary's
  * entry ("" when neither has it). */
 static int token_string(const char *path, int id, char *out, size_t n, ust_err *e) {
     char *text = read_file(path, e);
     if (!text) return -1;
+    if (hf_json_refuse_nul(text, strlen(text), path, e)) {
+        free(text);
+        return -1;
+    }
     cJSON *j = cJSON_Parse(text);
     free(text);
     if (!j) return ust_errf(e, "%s: not valid JSON (a Hugging Face tokenizer.json)", path);

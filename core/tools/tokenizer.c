@@ -10,6 +10,7 @@
  * the alternation order and backtracking of the patterns (see pretok_gpt2/pretok_llama3). */
 #include "tokenizer.h"
 #include "fs.h"
+#include "hf_config.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -655,6 +656,10 @@ int tok_load(tok_tokenizer **out, const char *path, ust_err *e) {
     size_t n;
     char *text = read_file(path, &n, e);
     if (!text) return -1;
+    if (hf_json_refuse_nul(text, n, path, e)) { /* byte-level BPE has no NUL in any string */
+        free(text);
+        return -1;
+    }
     cJSON *root = cJSON_ParseWithLength(text, n);
     free(text);
     if (!root) return ust_errf(e, "%s: not valid JSON (a Hugging Face tokenizer.json)", path);

@@ -139,6 +139,21 @@ $MAKE make llama $TMP/b-bias --set 'attention_bias=true'
 bad hf_llama_attention_bias_exits_2 "'attention_bias': true is not supported" $TMP/b-bias
 $MAKE make llama $TMP/b-act --set 'hidden_act="gelu"'
 bad hf_llama_hidden_act_exits_2 "hidden_act 'gelu' is not supported" $TMP/b-act
+# an escaped NUL would cut "silu\u0000gelu" to "silu" (issue 33): every HF reader refuses it
+$MAKE make llama $TMP/b-nul-act --set 'hidden_act="silu\u0000gelu"'
+bad hf_nul_in_hidden_act_exits_2 "b-nul-act/config.json:[0-9]+:[0-9]+: 'hidden_act' holds an escaped NUL" $TMP/b-nul-act
+$MAKE make llama $TMP/b-nul-arch --set 'architectures=["LlamaForCausalLM\u0000Mistral"]'
+bad hf_nul_in_architectures_exits_2 "'architectures' holds an escaped NUL .* \"LlamaForCausalLM.u0000Mistral\"" $TMP/b-nul-arch
+$MAKE make llama $TMP/b-nul-rope --set 'rope_parameters={"rope_type": "default\u0000yarn", "rope_theta": 10000.0}'
+bad hf_nul_in_rope_type_exits_2 "'rope_type' holds an escaped NUL" $TMP/b-nul-rope
+expect_exit hf_nul_eval_exits_2 2 "'hidden_act' holds an escaped NUL" -- \
+    $UST eval $TMP/b-nul-act --data "$TMP/data/val_*.bin" --steps 1 --seq-len 16
+expect_exit hf_nul_generate_exits_2 2 "'rope_type' holds an escaped NUL" -- \
+    $UST generate $TMP/b-nul-rope --prompt ab --tokenizer bytes --max-new-tokens 2
+$MAKE make llama $TMP/b-nul-index --shards 2
+python3 -c "import sys; p=sys.argv[1]; s=open(p).read(); open(p,'w').write(s.replace('.safetensors\"', '.safetensors\\\\u0000x\"', 1))" \
+    $TMP/b-nul-index/model.safetensors.index.json
+bad hf_nul_in_index_shard_name_exits_2 "model.safetensors.index.json:[0-9]+:[0-9]+: '[^']+' holds an escaped NUL" $TMP/b-nul-index
 $MAKE make llama $TMP/b-hd --set 'head_dim=32'
 bad hf_head_dim_mismatch_exits_2 "head_dim 32 is not hidden_size / num_attention_heads = 64 / 4" $TMP/b-hd
 $MAKE make gpt2 $TMP/b-gelu --set 'activation_function="gelu"'
