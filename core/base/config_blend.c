@@ -31,8 +31,9 @@ static int cfg_blend_field(const cfg_ctx *x, const cfg_key *k, int i, const char
     } else if (!strcmp(name, "weight")) {
         char *end;
         errno = 0;
-        d->weight = strtod(s, &end);
-        if (end == s || *end || errno || !isfinite(d->weight) || d->weight <= 0)
+        d->weight = strtod(s, &end); /* ERANGE with a nonzero result: a subnormal, kept */
+        if (end == s || *end || (errno && errno != ERANGE) || !isfinite(d->weight) ||
+            d->weight <= 0)
             return cfg_fail_at(x, v->start_mark,
                                "%s[%d].weight: expected a positive number, got '%s'", k->path, i,
                                s);

@@ -6,6 +6,7 @@
 #include "rng.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +18,27 @@ struct data_blend {
     ust_dataset *d[CFG_MAX_BLEND];
 };
 
+/* w[i] = weight i / the sum, computed without overflow: the weights are divided by the largest
+ * first (so [1e308, 1e308, 1e307] sums to 2.1, not inf), which keeps the smallest positive double
+ * positive too. -1 naming the weights when they give no finite positive proportions. */
+static int normalize(const cfg_dataset *sets, int n, double *w, ust_err *e) {
+    double max = 0, sum = 0;
+    for (int i = 0; i < n; i++)
+        if (sets[i].weight > max) max = sets[i].weight;
+    for (int i = 0; i < n; i++) sum += w[i] = sets[i].weight / max;
+    int ok = isfinite(max) && max > 0 && isfinite(sum) && sum > 0;
+    for (int i = 0; i < n && ok; i++) ok = isfinite(w[i] /= sum) && w[i] > 0;
+    if (ok) return 0;
+    char list[CFG_MAX_BLEND * 26] = "";
+    for (int i = 0, len = 0; i < n; i++)
+        len += snprintf(list + len, sizeof list - (size_t)len, "%s%.17g", i ? ", " : "",
+                        sets[i].weight);
+    return ust_errf(e,
+                    "data: the blend's weights [%s] give no finite positive proportions (each "
+                    "must be a finite positive number)",
+                    list);
+}
+
 int data_blend_open(data_blend **out, const cfg_dataset *sets, int n, ust_data_format fmt,
                     int vocab_size, int T, ust_err *e) {
     *out = NULL;
@@ -24,11 +46,12 @@ int data_blend_open(data_blend **out, const cfg_dataset *sets, int n, ust_data_f
     data_blend *b = calloc(1, sizeof *b);
     UST_ASSERT(b, "out of memory");
     b->n = n;
-    double sum = 0;
-    for (int i = 0; i < n; i++) sum += sets[i].weight;
+    if (normalize(sets, n, b->w, e)) {
+        free(b);
+        return -1;
+    }
     for (int i = 0; i < n; i++) {
         b->sets[i] = sets[i];
-        b->w[i] = sets[i].weight / sum;
         ust_err inner;
         ust_data_format f = sets[i].format >= 0 ? (ust_data_format)sets[i].format : fmt;
         if (data_open(&b->d[i], sets[i].path, f, vocab_size, &inner) ||

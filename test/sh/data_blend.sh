@@ -90,6 +90,19 @@ expect_exit blend_val_list_gives_val_loss 0 "val [0-9]" -- $UST train $TMP/blend
 sed -e "s#$TMP/b/train_\*.bin#$TMP/nothing/*.bin#" $TMP/blend.yaml >$TMP/missing.yaml
 expect_exit blend_entry_without_files_exits_2 2 "dataset 1 of the blend \($TMP/nothing/\*.bin\)" -- \
     $UST train $TMP/missing.yaml --set checkpoint.dir=$TMP/m/ckpt
+# weights near the largest double: their sum overflows unless normalised by the largest first
+# (1e308 : 1e308 : 1e307 is 19 : 19 : 2 of 40 samples); the smallest subnormal is positive
+sed -e 's/weight: 0.5}/weight: 1e308}/' -e 's/weight: 3}/weight: 1e308}/' -e 's/weight: 2,/weight: 1e307,/' \
+    $TMP/blend.yaml >$TMP/huge.yaml
+$UST train $TMP/huge.yaml --set checkpoint.dir=$TMP/h/ckpt --set checkpoint.every=0 \
+    --set logging.metrics_file=$TMP/h/m.jsonl >$TMP/h.log 2>&1
+got=$(tail -1 $TMP/h/m.jsonl 2>/dev/null | python3 -c "import json, sys; print(json.load(sys.stdin)['data_samples'])" 2>/dev/null)
+[ "$got" = "[19, 19, 2]" ] && pass blend_huge_weights_keep_their_proportions ||
+    fail blend_huge_weights_keep_their_proportions "data_samples $got after 40 samples, want [19, 19, 2]: $(tail -1 $TMP/h.log)"
+expect_exit blend_subnormal_weight_accepted 0 "valid" -- $UST validate $TMP/blend.yaml \
+    --set "data.train=[{path: \"$TMP/a/train_*.bin\", weight: 5e-324}, {path: \"$TMP/b/train_*.bin\", weight: 1}]"
+expect_exit blend_weight_overflowing_a_double_exits_2 2 "data.train\[0\].weight: expected a positive number, got '1e309'" -- \
+    $UST validate $TMP/blend.yaml --set "data.train=[{path: x, weight: 1e309}]"
 expect_exit blend_negative_weight_exits_2 2 "data.train\[0\].weight: expected a positive number, got '-1'" -- \
     $UST validate $TMP/blend.yaml --set "data.train=[{path: x, weight: -1}]"
 exit 0
