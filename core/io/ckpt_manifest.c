@@ -1,4 +1,5 @@
 #include "ckpt_manifest.h"
+#include "ckpt.h"
 #include "fs.h"
 
 #include <cjson/cJSON.h>
@@ -308,7 +309,37 @@ static cJSON *load(const char *step_dir, ust_err *e) {
     return j;
 }
 
-/* The manifest's files, checked: names are one path component, sizes and CRC counts agree. */
+static bool listed(const cJSON *files, const char *name) {
+    const cJSON *o;
+    cJSON_ArrayForEach(o, files) {
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(o, "name");
+        if (cJSON_IsString(n) && !strcmp(n->valuestring, name)) return true;
+    }
+    return false;
+}
+
+/* Every file of the step is covered: model.safetensors always, and whatever else the directory
+ * holds (the optimizer state, ...) but the manifest itself and dot-files, which nothing reads. A
+ * manifest that leaves a file out would let a reader use it unverified. */
+static int unlisted_files(const cJSON *files, const char *step_dir, ust_err *e) {
+    if (!listed(files, "model.safetensors"))
+        return ust_errf(e, "checkpoint %s: %s does not cover model.safetensors", step_dir,
+                        CKMAN_FILE);
+    DIR *d = opendir(step_dir);
+    if (!d) return ust_errf(e, "checkpoint %s: cannot read it: %s", step_dir, strerror(errno));
+    int rc = 0;
+    for (struct dirent *de; !rc && (de = readdir(d));)
+        if (de->d_name[0] != '.' && strcmp(de->d_name, CKMAN_FILE) && !listed(files, de->d_name))
+            rc = ust_errf(e,
+                          "checkpoint %s: %s does not cover %.200s (every file of a step must be "
+                          "listed, or it would be read unverified)",
+                          step_dir, CKMAN_FILE, de->d_name);
+    closedir(d);
+    return rc;
+}
+
+/* The manifest's files, checked: names are one path component, sizes and CRC counts agree, and
+ * every file of the step directory is among them. */
 static int manifest_files(const cJSON *j, const char *step_dir, int64_t step, ust_err *e) {
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(j, "format"),
                 *st = cJSON_GetObjectItemCaseSensitive(j, "step"),
@@ -317,8 +348,13 @@ static int manifest_files(const cJSON *j, const char *step_dir, int64_t step, us
     if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, CKMAN_FORMAT))
         return ust_errf(e, "checkpoint %s: %s is not a %s manifest", step_dir, CKMAN_FILE,
                         CKMAN_FORMAT);
-    if (!cJSON_IsNumber(st) || st->valuedouble != (double)step)
-        return ust_errf(e, "checkpoint %s: %s is for another step", step_dir, CKMAN_FILE);
+    if (!cJSON_IsNumber(st) || st->valuedouble != (double)step) {
+        char *said = cJSON_PrintUnformatted(st);
+        ust_errf(e, "checkpoint %s: %s is for another step (it says %.40s, the step is %lld)",
+                 step_dir, CKMAN_FILE, said ? said : "nothing", (long long)step);
+        free(said);
+        return -1;
+    }
     if (!cJSON_IsNumber(bb) || bb->valuedouble != (double)CKMAN_BLOCK)
         return ust_errf(e, "checkpoint %s: %s has block_bytes other than %lld", step_dir,
                         CKMAN_FILE, (long long)CKMAN_BLOCK);
@@ -353,7 +389,7 @@ static int manifest_files(const cJSON *j, const char *step_dir, int64_t step, us
     }
     if (!has_state)
         return ust_errf(e, "checkpoint %s: %s does not cover state.json", step_dir, CKMAN_FILE);
-    return 0;
+    return unlisted_files(files, step_dir, e);
 }
 
 int ckman_valid(const char *step_dir, int64_t step, ust_err *e) {
@@ -489,15 +525,27 @@ static int verify_file(const char *step_dir, const cJSON *o, int64_t *block, int
     return rc;
 }
 
+/* The step the manifest must be for: the directory's name's (step_N), as auto-resume checks it;
+ * for another name, state.json's (which the manifest covers, so both are verified). */
+static int64_t expected_step(const char *step_dir) {
+    int64_t step = ckpt_dir_step(step_dir);
+    if (step >= 0) return step;
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s/state.json", step_dir);
+    ust_err ignored;
+    char *text = fs_read_file(p, MANIFEST_MAX, NULL, &ignored);
+    cJSON *st = text ? cJSON_Parse(text) : NULL;
+    const cJSON *n = cJSON_GetObjectItemCaseSensitive(st, "step");
+    step = cJSON_IsNumber(n) ? (int64_t)n->valuedouble : -1;
+    cJSON_Delete(st);
+    free(text);
+    return step;
+}
+
 int ckman_verify(const char *step_dir, int rank, int world, ust_err *e) {
     cJSON *j = load(step_dir, e);
     int rc = j ? 0 : -1;
-    int64_t step = -1;
-    if (!rc) {
-        const cJSON *st = cJSON_GetObjectItemCaseSensitive(j, "step");
-        step = cJSON_IsNumber(st) ? (int64_t)st->valuedouble : -1;
-        rc = manifest_files(j, step_dir, step, e);
-    }
+    if (!rc) rc = manifest_files(j, step_dir, expected_step(step_dir), e);
     unsigned char *buf = rc ? NULL : malloc((size_t)CKMAN_BLOCK);
     if (!rc && !buf) rc = ust_errf(e, "checkpoint: out of memory verifying %s", step_dir);
     int64_t block = 0;

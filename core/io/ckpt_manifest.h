@@ -54,11 +54,13 @@ typedef struct {
 int ckman_write(const char *tmpdir, const ckman_files *f, const char *job, int64_t step,
                 const char *state_json, ust_err *e);
 
-/* 1 when step_dir holds a manifest of the format for its step (0 when it has none, -1 with the
- * reason when it has one that is not: unreadable, not JSON, another step, not a regular file). */
+/* 1 when step_dir holds a manifest of the format for its step that lists model.safetensors,
+ * state.json and every other file of the directory (0 when it has none, -1 with the reason when
+ * it has one that is not: unreadable, not JSON, another step, a file left out, not regular). */
 int ckman_valid(const char *step_dir, int64_t step, ust_err *e);
 
-/* This rank's share of the verification of step_dir: the blocks b (numbered over the files in
+/* This rank's share of the verification of step_dir, after ckman_valid's checks (the step is
+ * the directory's step_N, else state.json's): the blocks b (numbered over the files in
  * manifest order) with b % world == rank. -1 with a message naming the file, the byte range
  * and, where the header can be read, the tensors in it. */
 int ckman_verify(const char *step_dir, int rank, int world, ust_err *e);

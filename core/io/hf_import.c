@@ -265,10 +265,39 @@ static bool in_table(const hf_model *h, const int *order, const char *name) {
     return false;
 }
 
-/* Every tensor of the files is one the table uses: a tensor the config does not account for
- * (an lm_head beside tie_word_embeddings, a bias the architecture lacks) means the config and the
- * weights disagree. */
-static int check_no_extra(hf_model *h, ust_err *e) {
+static bool used(const hf_model *h, const int *order, const char *name) {
+    char full[CKPT_NAME_MAX + 16];
+    snprintf(full, sizeof full, "%s%.*s", base_prefix(h), CKPT_NAME_MAX, name);
+    return in_table(h, order, name) || in_table(h, order, full) || is_buffer(name);
+}
+
+/* Every entry of the index names a tensor its shard holds and the table uses: an entry for a
+ * tensor no shard has (model.layers.7.* of a 2-layer model) says the index and files disagree. */
+static int check_index(const hf_model *h, const int *order, const cJSON *map, ust_err *e) {
+    const cJSON *v;
+    cJSON_ArrayForEach(v, map) {
+        int s = 0;
+        while (s < h->nshards && strcmp(strrchr(st_path(h->shards[s]), '/') + 1, v->valuestring))
+            s++;
+        st_view w;
+        if (s == h->nshards || st_raw(h->shards[s], v->string, &w))
+            return ust_errf(e,
+                            "%s/model.safetensors.index.json: tensor '%.200s' is listed in shard "
+                            "'%.200s', which does not hold it",
+                            h->dir, v->string, v->valuestring);
+        if (!used(h, order, v->string))
+            return ust_errf(e,
+                            "%s/model.safetensors.index.json: tensor '%.200s' is not part of a %s "
+                            "with this config.json",
+                            h->dir, v->string, h->arch);
+    }
+    return 0;
+}
+
+/* Every tensor of the files (and of the index, map: NULL for one file) is one the table uses: a
+ * tensor the config does not account for (an lm_head beside tie_word_embeddings, a bias the
+ * architecture lacks) means the config and the weights disagree. */
+static int check_no_extra(hf_model *h, const cJSON *map, ust_err *e) {
     int n = h->table.n, *order = malloc(sizeof(int) * (size_t)(n ? n : 1));
     if (!order) return ust_errf(e, "%s: out of memory", h->dir);
     for (int i = 0; i < n; i++) order[i] = i;
@@ -277,14 +306,13 @@ static int check_no_extra(hf_model *h, ust_err *e) {
     for (int s = 0; s < h->nshards && !rc; s++)
         for (int i = 0; i < st_count(h->shards[s]) && !rc; i++) {
             const char *name = st_name(h->shards[s], i);
-            char full[CKPT_NAME_MAX + 16];
-            snprintf(full, sizeof full, "%s%.*s", base_prefix(h), CKPT_NAME_MAX, name);
-            if (!in_table(h, order, name) && !in_table(h, order, full) && !is_buffer(name))
+            if (!used(h, order, name))
                 rc = ust_errf(e,
                               "%s: tensor '%.200s' is not part of a %s with this config.json "
                               "(check tie_word_embeddings and the biases it implies)",
                               st_path(h->shards[s]), name, h->arch);
         }
+    if (!rc && map) rc = check_index(h, order, map, e);
     free(order);
     return rc;
 }
@@ -342,8 +370,8 @@ static int open_files(hf_model *h, ust_err *e) {
                 !(h->name_off = calloc((size_t)h->table.n + 1, sizeof *h->name_off))))
         rc = ust_errf(e, "%s: out of memory", h->dir);
     for (int r = 0; r < h->table.n && !rc; r++) rc = find_row(h, r, map, e);
+    if (!rc) rc = check_no_extra(h, map, e);
     cJSON_Delete(map);
-    if (!rc) rc = check_no_extra(h, e);
     if (!rc) rc = index_sources(h, e);
     return rc ? -1 : 0;
 }

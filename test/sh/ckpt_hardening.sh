@@ -353,3 +353,46 @@ expect_exit export_of_a_moved_file_exits_2 2 "model.safetensors was written for 
 expect_exit generate_from_a_moved_file_exits_2 2 "model.safetensors was written for step 4, but state.json is step 2" -- \
     $UST generate $ck/step_2 --prompt hi --max-new-tokens 2
 intact moved_files_leave_the_checkpoints_as_they_were $ck "$before"
+
+# --- issue 33 item 5: the manifest covers every file of the step and is for its step -----------
+# a manifest that leaves model.safetensors (or the optimizer state) out would let a damaged file
+# be read unverified: a NaN poked into it; an explicit resume refuses, auto-resume falls back
+ck=$TMP/cover/ck
+run $ck 8 >$TMP/o 2>&1 || fail cover_setup "$(tail -3 $TMP/o)"
+cp -r $ck $TMP/cover/orig
+# drop FILE STEP: FILE's entry leaves STEP's manifest, and a NaN goes into the file's data
+drop() {
+    python3 - $ck/$2 $1 <<'PYEOF'
+import json, struct, sys
+d, name = sys.argv[1], sys.argv[2]
+m = json.load(open(f"{d}/manifest.json"))
+m["files"] = [f for f in m["files"] if f["name"] != name]
+json.dump(m, open(f"{d}/manifest.json", "w"), indent=1)
+b = bytearray(open(f"{d}/{name}", "rb").read()); n = struct.unpack("<Q", b[:8])[0]
+b[8 + n:8 + n + 4] = b"\x00\x00\xc0\x7f"
+open(f"{d}/{name}", "wb").write(b)
+PYEOF
+}
+drop model.safetensors step_8
+before=$(sums $ck)
+expect_exit manifest_without_model_file_explicit_resume_exits_2 2 "step_8: manifest.json does not cover model.safetensors" -- \
+    run $ck 10 --set checkpoint.resume=$ck/step_8
+expect_exit manifest_without_model_file_export_exits_2 2 "step_8: manifest.json does not cover model.safetensors" -- \
+    $UST export $ck/step_8 --to hf $TMP/cover/hf
+expect_exit manifest_without_model_file_generate_exits_2 2 "step_8: manifest.json does not cover model.safetensors" -- \
+    $UST generate $ck/step_8 --prompt hi --max-new-tokens 2
+intact manifest_without_model_file_leaves_the_checkpoint $ck "$before"
+out=$(run $ck 10 2>&1); rc=$?
+[ $rc = 0 ] && echo "$out" | grep -q "warning: checkpoint .*step_8: manifest.json does not cover model.safetensors" &&
+    echo "$out" | grep -q "resuming from .*step_6" && pass manifest_without_model_file_auto_resume_falls_back ||
+    fail manifest_without_model_file_auto_resume_falls_back "exit $rc: $(echo "$out" | grep -E 'warning|resuming|error' | head -3)"
+rm -rf $ck && cp -r $TMP/cover/orig $ck
+drop optimizer.safetensors step_8
+expect_exit manifest_without_optimizer_file_explicit_resume_exits_2 2 "step_8: manifest.json does not cover optimizer.safetensors" -- \
+    run $ck 10 --set checkpoint.resume=$ck/step_8
+# an explicit resume checks the manifest's step as auto-resume does
+rm -rf $ck && cp -r $TMP/cover/orig $ck
+python3 -c "
+import json, sys; p = sys.argv[1]; m = json.load(open(p)); m['step'] = 6; json.dump(m, open(p, 'w'))" $ck/step_8/manifest.json
+expect_exit manifest_of_another_step_explicit_resume_exits_2 2 "step_8: manifest.json is for another step \(it says 6, the step is 8\)" -- \
+    run $ck 10 --set checkpoint.resume=$ck/step_8

@@ -154,6 +154,13 @@ $MAKE make llama $TMP/b-nul-index --shards 2
 python3 -c "import sys; p=sys.argv[1]; s=open(p).read(); open(p,'w').write(s.replace('.safetensors\"', '.safetensors\\\\u0000x\"', 1))" \
     $TMP/b-nul-index/model.safetensors.index.json
 bad hf_nul_in_index_shard_name_exits_2 "model.safetensors.index.json:[0-9]+:[0-9]+: '[^']+' holds an escaped NUL" $TMP/b-nul-index
+# an index entry must be in its shard and used (issue 33 item 5): layer 7 of a 2-layer model
+$MAKE make llama $TMP/b-index-extra --shards 2
+python3 -c "
+import json, sys; p = sys.argv[1]; j = json.load(open(p))
+j['weight_map']['model.layers.7.mlp.up_proj.weight'] = 'model-00001-of-00002.safetensors'
+json.dump(j, open(p, 'w'))" $TMP/b-index-extra/model.safetensors.index.json
+bad hf_index_entry_no_shard_holds_exits_2 "index.json: tensor 'model.layers.7.mlp.up_proj.weight' is listed in shard 'model-00001-of-00002.safetensors', which does not hold it" $TMP/b-index-extra
 $MAKE make llama $TMP/b-hd --set 'head_dim=32'
 bad hf_head_dim_mismatch_exits_2 "head_dim 32 is not hidden_size / num_attention_heads = 64 / 4" $TMP/b-hd
 $MAKE make gpt2 $TMP/b-gelu --set 'activation_function="gelu"'
