@@ -243,6 +243,11 @@ int data_check_meta(const ust_config *c, int *eot, ust_err *e) {
                                 "%s: end of text is %d, not a token of model.vocab_size = %d "
                                 "(no token of the shards can end a document)",
                                 meta.path, meta.eot_id, c->model.vocab_size);
+            if (meta.vocab_size >= 0 && meta.eot_id >= meta.vocab_size) /* at odds with itself */
+                return ust_errf(e,
+                                "%s: eot_id %d is not a token of its own vocab_size %d (ids are "
+                                "0..%d): not what data prep writes",
+                                meta.path, meta.eot_id, meta.vocab_size, meta.vocab_size - 1);
             if (docs && meta.eot_id >= 0 && *eot >= 0 && meta.eot_id != *eot)
                 return ust_errf(e, "%s: end of text is %d, but %s %d", meta.path, meta.eot_id,
                                 c->data.eot_id >= 0 ? "data.eot_id is" : "another dataset's is",

@@ -17,7 +17,8 @@
 
 typedef struct hf_model hf_model;
 
-/* path is a directory holding config.json (what model.init_from treats as a Hugging Face model). */
+/* path is a directory holding an entry named config.json, of any kind (what model.init_from,
+ * eval and generate treat as a Hugging Face model; hf_open refuses one that is not a file). */
 int hf_is_model_dir(const char *path);
 /* config.json + the safetensors (single or index + shards), all headers validated; NULL + message.
  */

@@ -69,6 +69,13 @@ expect_exit validate_accepts_a_vocabulary_that_fits 0 "valid" -- \
 echo '{"vocab_size": "many"}' >$TMP/v/meta.json
 expect_exit validate_refuses_a_malformed_meta_json 2 "$TMP/v/meta.json: not a data prep meta.json" -- \
     $UST validate configs/tiny.yaml --set "data.train=$TMP/v/train_*.bin" --set model.vocab_size=300
+# a meta.json at odds with itself: its end of text outside its own vocabulary (issue 33 item 8)
+echo '{"tokenizer": "bytes", "eot_id": 300, "vocab_size": 100, "token_bytes": 2, "format": "llmc"}' >$TMP/v/meta.json
+expect_exit validate_refuses_a_meta_json_eot_beyond_its_vocabulary 2 "$TMP/v/meta.json: eot_id 300 is not a token of its own vocab_size 100" -- \
+    $UST validate configs/tiny.yaml --set "data.train=$TMP/v/train_*.bin" --set model.vocab_size=512
+expect_exit train_refuses_a_meta_json_eot_beyond_its_vocabulary 2 "$TMP/v/meta.json: eot_id 300 is not a token of its own vocab_size 100" -- \
+    $UST train configs/tiny.yaml --set "data.train=$TMP/v/train_*.bin" --set data.val=null --set model.vocab_size=512 \
+    --set checkpoint.dir=$TMP/v/ck --set logging.metrics_file=$TMP/v/m.jsonl --set train.steps=1
 
 # The output directory: shards are written under temporary names and renamed, so a FIFO or a
 # symlink planted at a shard's name is replaced (never opened, never followed), a failed run

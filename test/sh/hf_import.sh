@@ -161,6 +161,25 @@ import json, sys; p = sys.argv[1]; j = json.load(open(p))
 j['weight_map']['model.layers.7.mlp.up_proj.weight'] = 'model-00001-of-00002.safetensors'
 json.dump(j, open(p, 'w'))" $TMP/b-index-extra/model.safetensors.index.json
 bad hf_index_entry_no_shard_holds_exits_2 "index.json: tensor 'model.layers.7.mlp.up_proj.weight' is listed in shard 'model-00001-of-00002.safetensors', which does not hold it" $TMP/b-index-extra
+# messages name what is wrong (issue 33 item 8): an untied model without lm_head.weight names the
+# tensor, not a count; a config.json that is no file is named by every command, generate included
+$MAKE make llama_tied $TMP/b-nolm --set 'tie_word_embeddings=false'
+bad hf_missing_lm_head_is_named_exits_2 "model.safetensors: tensor 'lm_head.weight' \(which LlamaForCausalLM needs\) is missing" $TMP/b-nolm
+$MAKE make llama_tied $TMP/b-nolm2 --set 'tie_word_embeddings=false' --shards 2
+expect_exit hf_missing_lm_head_sharded_generate_names_it 2 "index.json: tensor 'lm_head.weight' \(which LlamaForCausalLM needs\) is missing" -- \
+    $UST generate $TMP/b-nolm2 --prompt ab --tokenizer bytes --max-new-tokens 2
+for k in fifo zero dir; do
+    rm -rf $TMP/b-cfg-$k && $MAKE make llama $TMP/b-cfg-$k && rm $TMP/b-cfg-$k/config.json
+done
+mkfifo $TMP/b-cfg-fifo/config.json && ln -s /dev/zero $TMP/b-cfg-zero/config.json && mkdir $TMP/b-cfg-dir/config.json
+for k in "fifo a FIFO" "zero a character device" "dir a directory"; do
+    set -- $k
+    expect_exit hf_config_json_${1}_generate_names_it 2 "b-cfg-$1/config.json: not a regular file \(${*:2}\)" -- \
+        timeout 20 $UST generate $TMP/b-cfg-$1 --prompt ab --tokenizer bytes --max-new-tokens 2
+done
+expect_exit hf_config_json_fifo_eval_names_it 2 "b-cfg-fifo/config.json: not a regular file \(a FIFO\)" -- \
+    timeout 20 $UST eval $TMP/b-cfg-fifo --data "$TMP/data/val_*.bin" --steps 1 --seq-len 16
+bad hf_config_json_fifo_train_names_it "b-cfg-fifo/config.json: not a regular file \(a FIFO\)" $TMP/b-cfg-fifo
 $MAKE make llama $TMP/b-hd --set 'head_dim=32'
 bad hf_head_dim_mismatch_exits_2 "head_dim 32 is not hidden_size / num_attention_heads = 64 / 4" $TMP/b-hd
 $MAKE make gpt2 $TMP/b-gelu --set 'activation_function="gelu"'
