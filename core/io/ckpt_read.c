@@ -8,6 +8,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,19 +20,39 @@
 /* ---------------------------------------------------------------------------------------------
  * Finding the newest checkpoint */
 
+/* A step_N that is there but damaged: a warning naming it and what is wrong; 0 (skipped). */
+__attribute__((format(printf, 2, 3))) static int damaged(const char *step_dir, const char *fmt,
+                                                         ...) {
+    char what[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    fprintf(stderr,
+            "ustrain: warning: checkpoint %s %s (a published step is never unfinished: it is "
+            "damaged); it is not resumed from\n",
+            step_dir, what);
+    return 0;
+}
+
 /* 1: dir/name is a finished step (its state.json is a regular file and its manifest valid); 0:
- * unfinished (no state.json, or no valid manifest: a directory older ustrains wrote, one left by
- * hand, a damaged one: skipped with a warning); -1: its state.json is something else (a FIFO, a
- * directory): refused, never silently skipped or waited for. */
+ * gone (pruned), or damaged: not a directory, no state.json, no valid manifest (a directory older
+ * ustrains wrote, one left by hand): skipped with a warning naming it, as a step_N is only ever
+ * published whole (temporaries are .tmp_step_N.<job>); -1: its state.json is something else (a
+ * FIFO, a directory): refused, never silently skipped or waited for. */
 static int is_finished(const char *dir, const char *name, ust_err *e) {
     char p[PATH_MAX], step_dir[PATH_MAX];
     struct stat st;
     if (snprintf(p, sizeof p, "%s/%s/%s", dir, name, STATE_JSON) >= (int)sizeof p) return 0;
-    if (stat(p, &st) != 0) return 0;
+    snprintf(step_dir, sizeof step_dir, "%s/%s", dir, name);
+    if (stat(step_dir, &st) != 0) return 0; /* gone: pruned meanwhile */
+    if (!S_ISDIR(st.st_mode))
+        return damaged(step_dir, "is %s, not a directory", fs_kind(st.st_mode));
+    if (stat(p, &st) != 0)
+        return damaged(step_dir, "has no usable %s (%s)", STATE_JSON, strerror(errno));
     if (!S_ISREG(st.st_mode))
         return ust_errf(e, "checkpoint %s/%s: %s is %s, not a regular file", dir, name, STATE_JSON,
                         fs_kind(st.st_mode));
-    snprintf(step_dir, sizeof step_dir, "%s/%s", dir, name);
     ust_err why;
     int valid = ckman_valid(step_dir, ckpt_parse_step_name(name), &why);
     if (valid == 0)

@@ -396,3 +396,19 @@ python3 -c "
 import json, sys; p = sys.argv[1]; m = json.load(open(p)); m['step'] = 6; json.dump(m, open(p, 'w'))" $ck/step_8/manifest.json
 expect_exit manifest_of_another_step_explicit_resume_exits_2 2 "step_8: manifest.json is for another step \(it says 6, the step is 8\)" -- \
     run $ck 10 --set checkpoint.resume=$ck/step_8
+
+# --- issue 33 item 10: a published step_N is never unfinished; a damaged one is skipped with a
+# warning naming it (as a bad manifest is), and auto-resume falls back to the previous step
+for how in nostate file; do
+    ck=$TMP/pub-$how/ck
+    run $ck 4 >$TMP/o 2>&1 || fail published_${how}_setup "$(tail -3 $TMP/o)"
+    if [ $how = nostate ]; then
+        rm $ck/step_4/state.json; want="step_4 has no usable state.json \(No such file or directory"
+    else
+        rm -rf $ck/step_4 && echo junk >$ck/step_4; want="step_4 is a regular file, not a directory"
+    fi
+    out=$(run $ck 6 2>&1); rc=$?
+    [ $rc = 0 ] && echo "$out" | grep -qE "warning: checkpoint .*$want.*not resumed from" &&
+        echo "$out" | grep -q "resuming from .*step_2" && pass published_step_${how}_warns_naming_it_and_falls_back ||
+        fail published_step_${how}_warns_naming_it_and_falls_back "exit $rc: $(echo "$out" | grep -E 'warning|resuming|error' | head -3)"
+done
