@@ -3,9 +3,10 @@
  * boundaries, and leaves them in the temporary step directory as .crc.<rank>; before the rename,
  * rank 0 combines them into one CRC per block of each file (and one per tensor, which only
  * names what a damaged block holds), checks that the ranks' ranges tile every file exactly, and
- * writes manifest.json (every file's size and CRCs, the job, step and layout), fsync'd. A step directory without a valid manifest is never resumed from. On
- * resume every rank verifies the blocks b with b % world == rank (layout-independent: any job
- * can verify any checkpoint), so the work is spread over the ranks. */
+ * writes manifest.json (every file's size and CRCs, the job, step and layout), fsync'd. A step
+ * directory without a valid manifest is never resumed from. On resume every rank verifies the
+ * blocks b with b % world == rank (layout-independent: any job can verify any checkpoint), so the
+ * work is spread over the ranks. */
 #ifndef UST_CKPT_MANIFEST_H
 #define UST_CKPT_MANIFEST_H
 
