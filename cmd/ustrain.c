@@ -1,5 +1,6 @@
 /* ustrain: argument parsing and sub-commands; no training logic lives here.
  * Exit codes: 0 success, 1 runtime failure, 2 bad usage / config / input. */
+#include <glob.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,13 +104,13 @@ static int usage_error(const char *fmt, const char *arg) {
 
 /* What one config-reading sub-command accepts besides CONFIG and --set. */
 typedef struct {
-    const char *name;  /* "validate": its errors point at `ustrain validate --help` */
-    int *world;        /* --world N taken (validate), else NULL */
-    int *steps;        /* --steps N taken (bench train), else NULL */
-    const char *flag;  /* the one option without a value the command takes, or NULL */
-    int known_world;   /* the world size without --world (0: unknown) */
+    const char *name;   /* "validate": its errors point at `ustrain validate --help` */
+    int *world;         /* --world N taken (validate), else NULL */
+    int *steps;         /* --steps N taken (bench train), else NULL */
+    const char *flag;   /* the one option without a value the command takes, or NULL */
+    int known_world;    /* the world size without --world (0: unknown) */
     bool world_is_hint; /* known_world resolves parallel.dp: auto only (train checks it later) */
-    bool fits_machine; /* refuse a plan this machine's memory cannot hold (plan_check_fits) */
+    bool fits_machine;  /* refuse a plan this machine's memory cannot hold (plan_check_fits) */
 } config_args;
 
 /* Loads CONFIG and applies every --set; --world and --steps (where the command takes them) are
@@ -211,8 +212,8 @@ static int print_schedule(const ust_config *c) {
      * alone, transfers free and asynchronous (what the published bubbles assume) */
     printf("schedule %s: p=%d v=%d m=%d; simulated bubble %.4f (analytic %s = %.4f; "
            "time units F=1, %s); dataflow bubble %.4f\n",
-           pps_kind_name(kind), p, v, m, sim.bubble, formula, analytic,
-           split ? "B=1, W=1" : "B=2", dataflow);
+           pps_kind_name(kind), p, v, m, sim.bubble, formula, analytic, split ? "B=1, W=1" : "B=2",
+           dataflow);
     pps_free_all(all, p);
     free(all);
     return 0;
@@ -254,6 +255,71 @@ static int cmd_train(int argc, char **argv) {
     return rc;
 }
 
+/* 1 when every dataset's glob matches a file on this machine. */
+static int data_present(const cfg_dataset *sets, int n) {
+    for (int d = 0; d < n; d++) {
+        glob_t g;
+        int rc = glob(sets[d].path, 0, NULL, &g);
+        globfree(&g);
+        if (rc != 0) return 0;
+    }
+    return 1;
+}
+
+/* What train checks before it locks, reads or allocates anything, by the same functions: the
+ * output paths and the backend (train_check_runnable), the shards' meta.json, and every dataset
+ * of the blend opened as train opens it (shard headers, a window of seq_len + 1 tokens). A config
+ * is often validated away from its data (a laptop, `ustrain plan`'s output): datasets matching no
+ * file here are named on stderr and left to train, which refuses them. */
+static int validate_preflight(const ust_config *c, ust_err *e) {
+    int eot;
+    if (train_check_runnable(c, e) || data_check_meta(c, &eot, e)) return -1;
+    for (int val = 0; val < 2; val++) {
+        cfg_dataset sets[CFG_MAX_BLEND];
+        int n = cfg_data_sets(c, val, sets);
+        if (n == 0 || (val && (c->data.val_every <= 0 || c->data.val_steps <= 0))) continue;
+        if (!data_present(sets, n)) {
+            fprintf(stderr,
+                    "ustrain: note: data.%s: files not found here, not checked (train refuses "
+                    "a glob that matches nothing)\n",
+                    val ? "val" : "train");
+            continue;
+        }
+        data_blend *b;
+        if (data_blend_open(&b, sets, n, c->data.format, c->model.vocab_size, c->train.seq_len, e))
+            return -1;
+        data_blend_close(b);
+    }
+    return 0;
+}
+
+/* Where the run will write, its positions' RoPE and the datasets it reads. */
+static void print_run_settings(const ust_config *c) {
+    printf("outputs: checkpoints %s (every %d steps, resume %s), metrics %s, tensorboard %s\n",
+           c->checkpoint.dir[0] ? c->checkpoint.dir : "none (checkpoint.dir is empty)",
+           c->checkpoint.every, c->checkpoint.resume,
+           c->logging.metrics_file[0] ? c->logging.metrics_file : "none",
+           c->logging.tensorboard_dir[0] ? c->logging.tensorboard_dir : "none");
+    if (c->model.arch == ARCH_GPT2)
+        printf("positions: learned (gpt2), no RoPE\n");
+    else if (c->model.rope_scaling.type == ROPE_LLAMA3)
+        printf("rope: theta %g, llama3 scaling factor %g (low %g, high %g, original %d)\n",
+               c->model.rope_theta, c->model.rope_scaling.factor,
+               c->model.rope_scaling.low_freq_factor, c->model.rope_scaling.high_freq_factor,
+               c->model.rope_scaling.original_max_position_embeddings);
+    else
+        printf("rope: theta %g, no scaling\n", c->model.rope_theta);
+    for (int val = 0; val < 2; val++) {
+        cfg_dataset sets[CFG_MAX_BLEND];
+        int n = cfg_data_sets(c, val, sets);
+        double sum = 0;
+        for (int d = 0; d < n; d++) sum += sets[d].weight;
+        printf("data.%s:%s", val ? "val" : "train", n ? "" : " none");
+        for (int d = 0; d < n; d++) printf(" %s (weight %.4g)", sets[d].path, sets[d].weight / sum);
+        printf("\n");
+    }
+}
+
 static int cmd_validate(int argc, char **argv) {
     ust_config c;
     int world = 0;
@@ -263,8 +329,7 @@ static int cmd_validate(int argc, char **argv) {
     int rc = load_config(&c, argc, argv, &a);
     if (rc) return rc;
     ust_err e;
-    int eot;
-    if (data_check_meta(&c, &eot, &e)) { /* the shards' meta.json, no token read */
+    if (validate_preflight(&c, &e)) {
         fprintf(stderr, "ustrain: error: %s\n", e.msg);
         return UST_EXIT_USAGE;
     }
@@ -286,6 +351,7 @@ static int cmd_validate(int argc, char **argv) {
         }
         topo_print(&g, stdout);
     }
+    print_run_settings(&c);
     mem_plan p;
     plan_memory(&c, &p);
     plan_print(&c, &p, stdout);
