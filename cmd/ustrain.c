@@ -343,6 +343,10 @@ static int cmd_validate(int argc, char **argv) {
            c.parallel.dp, c.parallel.tp, c.parallel.pp, c.parallel.cp, c.parallel.ep,
            c.parallel.dp * c.parallel.tp * c.parallel.pp * c.parallel.cp, c.train.global_batch_size,
            c.train.micro_batch_size, cfg_grad_accum(&c), c.parallel.dp);
+    if (cfg_vpp_implied(&c))
+        printf("parallel.vpp: 2, implied by pp_schedule: %s (each pipeline rank holds two "
+               "stages); an explicit vpp must be 2\n",
+               c.parallel.pp_schedule == PP_DUALPIPE ? "dualpipe" : "dualpipev");
     if (world > 0) {
         topo_grid g;
         if (topo_grid_from_config(&g, &c, world, &e)) {

@@ -340,6 +340,7 @@ int cfg_load_string(ust_config *c, const char *yaml, const char *name, ust_err *
     yaml_document_delete(&doc);
     if (rc) return rc;
     cfg_set_source(&tmp, name);
+    cfg_apply_implied(&tmp);
     *c = tmp;
     return 0;
 }
@@ -430,6 +431,7 @@ int cfg_set(ust_config *c, const char *assignment, ust_err *e) {
         if (!rc) cfg_mark_set(&tmp, k);
     }
     yaml_document_delete(&doc);
+    if (rc == 0) cfg_apply_implied(&tmp);
     if (rc == 0) *c = tmp;
     return rc;
 }

@@ -151,6 +151,12 @@ expect_exit world_mismatch_in_train_exits_2 2 "world has 1 ranks" -- $UST train 
 out=$($UST validate "$C" --set parallel.pp=2 --set train.global_batch_size=16 --schedule 2>&1)
 echo "$out" | grep -q "SEND_ACT mb=3 stage=0 to=1" && echo "$out" | grep -q "simulated bubble 0.2500 (analytic (p-1)/(v\*m) = 0.2500" &&
     pass validate_prints_the_pipeline_schedule || fail validate_prints_the_pipeline_schedule "$(echo "$out" | tail -2)"
+# dualpipe/dualpipev hold two stages per rank: vpp left out is implied (2) and validate says so;
+# the bundled tiny.yaml leaves vpp out, so --set pp_schedule alone is enough
+for s in dualpipe dualpipev; do
+    expect_exit "${s}_implies_vpp_2_and_validate_says_so" 0 "parallel.vpp: 2, implied by pp_schedule: $s" -- \
+        $UST validate "$C" --set parallel.pp=2 --set parallel.pp_schedule=$s --set train.global_batch_size=16 --world 2
+done
 expect_exit interleaved_needs_m_multiple_of_p_exits_2 2 "interleaved" -- \
     $UST validate "$C" --set parallel.pp=2 --set parallel.vpp=2 --set parallel.pp_schedule=interleaved --set train.global_batch_size=12 --schedule
 
