@@ -43,6 +43,9 @@ static const char *USAGE =
     "  bench train CONFIG [--steps N] [--profile] [--set ...]\n"
     "                                            time training steps: ms/step, tok/s, MFU;\n"
     "                                            --profile adds time per op (ops.h)\n"
+    "  bench comm [--min-bytes B] [--max-bytes B] [--iters N] [--backend shm|nccl]\n"
+    "                                            check and time all-reduce, all-gather,\n"
+    "                                            reduce-scatter and all-to-all\n"
     "  bench attention [--seq-len T] [--doc-len L] attention with and without document\n"
     "                                            masking (data.doc_mask) on a long sequence\n"
     "  plan CONFIG --world N [--gpu-mem 80GiB] [--gpus-per-node 8] [--global-batch 512|4M]\n"
@@ -131,6 +134,7 @@ static int load_config(ust_config *c, int argc, char **argv, const config_args *
         if (strcmp(o, "--set") == 0 || world || steps) {
             if (i + 1 >= argc) return cmd_usage_error("ustrain", hint, "%s needs a value", o);
             i++;
+            if (!world && !steps && cmd_set_arg(&who, argc, argv, i)) return UST_EXIT_USAGE;
             if (world && cmd_int_opt(&who, o, argv[i], 1, CFG_MAX_WORLD, &v)) return UST_EXIT_USAGE;
             if (world) *a->world = (int)v;
             if (steps && cmd_int_opt(&who, o, argv[i], 1, 1000000, &v)) return UST_EXIT_USAGE;
@@ -431,7 +435,8 @@ static int cmd_bench_train(int argc, char **argv) {
     mem_plan p;
     plan_memory(&c, &p);
     char b[4][32];
-    printf("bench train: %s, %lld parameters, B=%d T=%d, %s, %s\n", c.source, (long long)p.n_params,
+    printf("bench train: %s, %lld parameters (%lld with vocabulary padding), B=%d T=%d, %s, %s\n",
+           c.source, (long long)(p.n_params - p.n_pad_params), (long long)p.n_params,
            c.train.micro_batch_size, c.train.seq_len, c.run.device == DEV_CUDA ? "cuda" : "cpu",
            c.train.precision == PREC_BF16 ? "bf16" : "fp32");
     if (sgemm > 0) printf("  sgemm peak (OpenBLAS, 1024^3): %.1f GFLOP/s\n", sgemm / 1e9);
@@ -480,5 +485,11 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "generate") == 0) return cmd_generate(argc - 2, argv + 2);
     if (strcmp(argv[1], "eval") == 0) return cmd_eval(argc - 2, argv + 2);
     if (strcmp(argv[1], "plan") == 0) return cmd_plan(argc - 2, argv + 2);
+    static const char *const commands[] = {"train",  "validate", "data", "bench",
+                                           "export", "generate", "eval", "plan"};
+    const char *near = cfg_nearest(argv[1], commands, sizeof commands / sizeof commands[0]);
+    if (near)
+        return cmd_usage_error("ustrain", "(run `ustrain --help` for usage)",
+                               "unknown command '%s' (did you mean '%s'?)", argv[1], near);
     return usage_error("unknown command '%s'", argv[1]);
 }
