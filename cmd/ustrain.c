@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include "ckpt.h"
@@ -464,6 +465,34 @@ static int cmd_bench(int argc, char **argv) {
                            "bench needs train, comm, attention or generate");
 }
 
+/* The stack ustrain needs. Measured (train of configs/tiny.yaml; OMP_NUM_THREADS=2 with an async
+ * checkpoint; a pp=2 run under scripts/ustrun): it dies with SIGSEGV below 160, 224 and 224 KiB of
+ * `ulimit -s`, which glibc also gives every thread it starts (OpenMP's, the checkpoint writer) as
+ * its default stack. Running the work on a thread of a chosen stack size would leave those
+ * threads at the limit, and raising the soft limit here comes too late for glibc's thread
+ * default (read at start-up); so a smaller limit is refused up front, with a 4x margin over the
+ * measured 224 KiB for larger models and other code paths. */
+enum { STACK_NEED_KIB = 1024 };
+
+/* Exit 2 naming the limit, instead of a SIGSEGV deep in a step. */
+static int check_stack_limit(void) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_STACK, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY ||
+        rl.rlim_cur >= (rlim_t)STACK_NEED_KIB * 1024)
+        return 0;
+    char hard[32];
+    if (rl.rlim_max == RLIM_INFINITY)
+        snprintf(hard, sizeof hard, "unlimited");
+    else
+        snprintf(hard, sizeof hard, "%llu KiB", (unsigned long long)rl.rlim_max / 1024);
+    fprintf(stderr,
+            "ustrain: error: the stack size limit (ulimit -s) is %llu KiB; ustrain needs at least "
+            "%d KiB (every thread gets this limit as its stack). Raise it in the shell that "
+            "starts ustrain, e.g. `ulimit -s 8192` (the hard limit here is %s)\n",
+            (unsigned long long)rl.rlim_cur / 1024, STACK_NEED_KIB, hard);
+    return UST_EXIT_USAGE;
+}
+
 int main(int argc, char **argv) {
     /* a file-size limit (ulimit -f) makes writes fail with EFBIG, reported like a full disk,
      * instead of killing the process in the middle of a checkpoint */
@@ -477,6 +506,7 @@ int main(int argc, char **argv) {
         printf("ustrain %s\n", UST_VERSION);
         return 0;
     }
+    if (check_stack_limit()) return UST_EXIT_USAGE;
     if (strcmp(argv[1], "train") == 0) return cmd_train(argc - 2, argv + 2);
     if (strcmp(argv[1], "validate") == 0) return cmd_validate(argc - 2, argv + 2);
     if (strcmp(argv[1], "data") == 0) return cmd_data(argc - 2, argv + 2);
