@@ -398,6 +398,11 @@ static int cmd_data(int argc, char **argv) {
     }
     if (argc >= 1 && strcmp(argv[0], "prep") == 0) return cmd_data_prep(argc - 1, argv + 1);
     if (cmd_wants_help(argc, argv)) return cmd_print_usage(DATA_USAGE);
+    static const char *const kinds[] = {"demo", "prep"};
+    const char *near = argc >= 1 ? cfg_nearest(argv[0], kinds, 2) : NULL;
+    if (near)
+        return cmd_usage_error("ustrain", DATA_USAGE, "unknown data '%s' (did you mean 'data %s'?)",
+                               argv[0], near);
     return cmd_usage_error("ustrain", DATA_USAGE, "%s", "data needs demo or prep");
 }
 
@@ -461,6 +466,11 @@ static int cmd_bench(int argc, char **argv) {
     if (argc >= 1 && strcmp(argv[0], "generate") == 0)
         return cmd_bench_generate(argc - 1, argv + 1);
     if (cmd_wants_help(argc, argv)) return cmd_print_usage(BENCH_USAGE);
+    static const char *const kinds[] = {"train", "comm", "attention", "generate"};
+    const char *near = argc >= 1 ? cfg_nearest(argv[0], kinds, 4) : NULL;
+    if (near)
+        return cmd_usage_error("ustrain", BENCH_USAGE,
+                               "unknown bench '%s' (did you mean 'bench %s'?)", argv[0], near);
     return cmd_usage_error("ustrain", BENCH_USAGE, "%s",
                            "bench needs train, comm, attention or generate");
 }

@@ -153,6 +153,8 @@ expect_exit data_demo_refuses_options 2 'data demo takes no options' -- $UST dat
 
 # --- walkthrough item 8: the small things a new user meets
 expect_exit misspelt_command_suggests_the_nearest 2 "unknown command 'trian' \(did you mean 'train'\?\)" -- $UST trian $C
+expect_exit misspelt_bench_suggests_the_nearest 2 "unknown bench 'trian' \(did you mean 'bench train'\?\)" -- $UST bench trian $C
+expect_exit misspelt_data_suggests_the_nearest 2 "unknown data 'prpe' \(did you mean 'data prep'\?\)" -- $UST data prpe
 expect_exit misspelt_far_command_has_no_suggestion 2 "unknown command 'xyzzy'$" -- $UST xyzzy
 expect_exit set_with_a_space_suggests_key_eq_value 2 'did you mean --set train.steps=5\?' -- $V --set train.steps 5
 expect_exit plan_set_with_a_space_suggests_key_eq_value 2 'did you mean --set train.steps=5\?' -- \
