@@ -130,3 +130,15 @@ int cmd_size_opt(const cmd_who *w, const char *opt, const char *s, double lo, do
     *out = v * m;
     return 0;
 }
+
+int cmd_set_arg(const cmd_who *w, int argc, char **argv, int i) {
+    const char *v = argv[i];
+    if (strchr(v, '=')) return 0;
+    if (i + 1 < argc && argv[i + 1][0] != '-' && v[0])
+        return cmd_usage_error(w->who, w->hint,
+                               "--set %s: expected key.path=value as one word (did you mean "
+                               "--set %s=%s?)",
+                               v, v, argv[i + 1]);
+    return cmd_usage_error(w->who, w->hint,
+                           "--set %s: expected key.path=value, e.g. --set train.steps=100", v);
+}

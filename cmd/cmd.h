@@ -35,6 +35,10 @@ int cmd_num_opt(const cmd_who *w, const char *opt, const char *s, double lo, dou
 int cmd_size_opt(const cmd_who *w, const char *opt, const char *s, double lo, double hi,
                  double *out);
 
+/* --set's value argv[i] must be one key.path=value word: "--set train.steps 5" is a usage error
+ * suggesting "--set train.steps=5" (the next word joined on). 0 when argv[i] has an '='. */
+int cmd_set_arg(const cmd_who *w, int argc, char **argv, int i);
+
 /* ustrain bench comm [--min-bytes B] [--max-bytes B]: verify and time every collective. */
 int cmd_bench_comm(int argc, char **argv);
 

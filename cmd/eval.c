@@ -60,6 +60,7 @@ static int parse_args(int argc, char **argv, eval_args *a) {
             return eval_usage("unknown option %s for eval", o);
         if (i + 1 >= argc) return eval_usage("%s needs a value", o);
         const char *v = argv[++i];
+        if (!strcmp(o, "--set") && cmd_set_arg(&who, argc, argv, i)) return UST_EXIT_USAGE;
         int rc = 0;
         if (!strcmp(o, "--data"))
             a->data = v;

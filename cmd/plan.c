@@ -118,6 +118,7 @@ static int parse_args(int argc, char **argv, plan_opts *o) {
                        "--mfu --peak-flops --bw-intra --bw-inter --top --all --write --set)");
         if (!v) return bad("%s needs a value%s", a, "");
         i++;
+        if (strcmp(a, "--set") == 0 && cmd_set_arg(&who, argc, argv, i)) return UST_EXIT_USAGE;
         if (strcmp(a, "--world") == 0 || strcmp(a, "--gpus-per-node") == 0 ||
             strcmp(a, "--top") == 0 || strcmp(a, "--seq-len") == 0) {
             if (cmd_int_opt(&who, a, v, 1, 1 << 24, &n)) return UST_EXIT_USAGE;

@@ -1,9 +1,11 @@
 /* ustrain: argument parsing and sub-commands; no training logic lives here.
  * Exit codes: 0 success, 1 runtime failure, 2 bad usage / config / input. */
+#include <glob.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include "ckpt.h"
@@ -42,6 +44,9 @@ static const char *USAGE =
     "  bench train CONFIG [--steps N] [--profile] [--set ...]\n"
     "                                            time training steps: ms/step, tok/s, MFU;\n"
     "                                            --profile adds time per op (ops.h)\n"
+    "  bench comm [--min-bytes B] [--max-bytes B] [--iters N] [--backend shm|nccl]\n"
+    "                                            check and time all-reduce, all-gather,\n"
+    "                                            reduce-scatter and all-to-all\n"
     "  bench attention [--seq-len T] [--doc-len L] attention with and without document\n"
     "                                            masking (data.doc_mask) on a long sequence\n"
     "  plan CONFIG --world N [--gpu-mem 80GiB] [--gpus-per-node 8] [--global-batch 512|4M]\n"
@@ -103,13 +108,13 @@ static int usage_error(const char *fmt, const char *arg) {
 
 /* What one config-reading sub-command accepts besides CONFIG and --set. */
 typedef struct {
-    const char *name;  /* "validate": its errors point at `ustrain validate --help` */
-    int *world;        /* --world N taken (validate), else NULL */
-    int *steps;        /* --steps N taken (bench train), else NULL */
-    const char *flag;  /* the one option without a value the command takes, or NULL */
-    int known_world;   /* the world size without --world (0: unknown) */
+    const char *name;   /* "validate": its errors point at `ustrain validate --help` */
+    int *world;         /* --world N taken (validate), else NULL */
+    int *steps;         /* --steps N taken (bench train), else NULL */
+    const char *flag;   /* the one option without a value the command takes, or NULL */
+    int known_world;    /* the world size without --world (0: unknown) */
     bool world_is_hint; /* known_world resolves parallel.dp: auto only (train checks it later) */
-    bool fits_machine; /* refuse a plan this machine's memory cannot hold (plan_check_fits) */
+    bool fits_machine;  /* refuse a plan this machine's memory cannot hold (plan_check_fits) */
 } config_args;
 
 /* Loads CONFIG and applies every --set; --world and --steps (where the command takes them) are
@@ -130,6 +135,7 @@ static int load_config(ust_config *c, int argc, char **argv, const config_args *
         if (strcmp(o, "--set") == 0 || world || steps) {
             if (i + 1 >= argc) return cmd_usage_error("ustrain", hint, "%s needs a value", o);
             i++;
+            if (!world && !steps && cmd_set_arg(&who, argc, argv, i)) return UST_EXIT_USAGE;
             if (world && cmd_int_opt(&who, o, argv[i], 1, CFG_MAX_WORLD, &v)) return UST_EXIT_USAGE;
             if (world) *a->world = (int)v;
             if (steps && cmd_int_opt(&who, o, argv[i], 1, 1000000, &v)) return UST_EXIT_USAGE;
@@ -211,8 +217,8 @@ static int print_schedule(const ust_config *c) {
      * alone, transfers free and asynchronous (what the published bubbles assume) */
     printf("schedule %s: p=%d v=%d m=%d; simulated bubble %.4f (analytic %s = %.4f; "
            "time units F=1, %s); dataflow bubble %.4f\n",
-           pps_kind_name(kind), p, v, m, sim.bubble, formula, analytic,
-           split ? "B=1, W=1" : "B=2", dataflow);
+           pps_kind_name(kind), p, v, m, sim.bubble, formula, analytic, split ? "B=1, W=1" : "B=2",
+           dataflow);
     pps_free_all(all, p);
     free(all);
     return 0;
@@ -254,6 +260,71 @@ static int cmd_train(int argc, char **argv) {
     return rc;
 }
 
+/* 1 when every dataset's glob matches a file on this machine. */
+static int data_present(const cfg_dataset *sets, int n) {
+    for (int d = 0; d < n; d++) {
+        glob_t g;
+        int rc = glob(sets[d].path, 0, NULL, &g);
+        globfree(&g);
+        if (rc != 0) return 0;
+    }
+    return 1;
+}
+
+/* What train checks before it locks, reads or allocates anything, by the same functions: the
+ * output paths and the backend (train_check_runnable), the shards' meta.json, and every dataset
+ * of the blend opened as train opens it (shard headers, a window of seq_len + 1 tokens). A config
+ * is often validated away from its data (a laptop, `ustrain plan`'s output): datasets matching no
+ * file here are named on stderr and left to train, which refuses them. */
+static int validate_preflight(const ust_config *c, ust_err *e) {
+    int eot;
+    if (train_check_runnable(c, e) || data_check_meta(c, &eot, e)) return -1;
+    for (int val = 0; val < 2; val++) {
+        cfg_dataset sets[CFG_MAX_BLEND];
+        int n = cfg_data_sets(c, val, sets);
+        if (n == 0 || (val && (c->data.val_every <= 0 || c->data.val_steps <= 0))) continue;
+        if (!data_present(sets, n)) {
+            fprintf(stderr,
+                    "ustrain: note: data.%s: files not found here, not checked (train refuses "
+                    "a glob that matches nothing)\n",
+                    val ? "val" : "train");
+            continue;
+        }
+        data_blend *b;
+        if (data_blend_open(&b, sets, n, c->data.format, c->model.vocab_size, c->train.seq_len, e))
+            return -1;
+        data_blend_close(b);
+    }
+    return 0;
+}
+
+/* Where the run will write, its positions' RoPE and the datasets it reads. */
+static void print_run_settings(const ust_config *c) {
+    printf("outputs: checkpoints %s (every %d steps, resume %s), metrics %s, tensorboard %s\n",
+           c->checkpoint.dir[0] ? c->checkpoint.dir : "none (checkpoint.dir is empty)",
+           c->checkpoint.every, c->checkpoint.resume,
+           c->logging.metrics_file[0] ? c->logging.metrics_file : "none",
+           c->logging.tensorboard_dir[0] ? c->logging.tensorboard_dir : "none");
+    if (c->model.arch == ARCH_GPT2)
+        printf("positions: learned (gpt2), no RoPE\n");
+    else if (c->model.rope_scaling.type == ROPE_LLAMA3)
+        printf("rope: theta %g, llama3 scaling factor %g (low %g, high %g, original %d)\n",
+               c->model.rope_theta, c->model.rope_scaling.factor,
+               c->model.rope_scaling.low_freq_factor, c->model.rope_scaling.high_freq_factor,
+               c->model.rope_scaling.original_max_position_embeddings);
+    else
+        printf("rope: theta %g, no scaling\n", c->model.rope_theta);
+    for (int val = 0; val < 2; val++) {
+        cfg_dataset sets[CFG_MAX_BLEND];
+        int n = cfg_data_sets(c, val, sets);
+        double sum = 0;
+        for (int d = 0; d < n; d++) sum += sets[d].weight;
+        printf("data.%s:%s", val ? "val" : "train", n ? "" : " none");
+        for (int d = 0; d < n; d++) printf(" %s (weight %.4g)", sets[d].path, sets[d].weight / sum);
+        printf("\n");
+    }
+}
+
 static int cmd_validate(int argc, char **argv) {
     ust_config c;
     int world = 0;
@@ -263,8 +334,7 @@ static int cmd_validate(int argc, char **argv) {
     int rc = load_config(&c, argc, argv, &a);
     if (rc) return rc;
     ust_err e;
-    int eot;
-    if (data_check_meta(&c, &eot, &e)) { /* the shards' meta.json, no token read */
+    if (validate_preflight(&c, &e)) {
         fprintf(stderr, "ustrain: error: %s\n", e.msg);
         return UST_EXIT_USAGE;
     }
@@ -278,6 +348,10 @@ static int cmd_validate(int argc, char **argv) {
            c.parallel.dp, c.parallel.tp, c.parallel.pp, c.parallel.cp, c.parallel.ep,
            c.parallel.dp * c.parallel.tp * c.parallel.pp * c.parallel.cp, c.train.global_batch_size,
            c.train.micro_batch_size, cfg_grad_accum(&c), c.parallel.dp);
+    if (cfg_vpp_implied(&c))
+        printf("parallel.vpp: 2, implied by pp_schedule: %s (each pipeline rank holds two "
+               "stages); an explicit vpp must be 2\n",
+               c.parallel.pp_schedule == PP_DUALPIPE ? "dualpipe" : "dualpipev");
     if (world > 0) {
         topo_grid g;
         if (topo_grid_from_config(&g, &c, world, &e)) {
@@ -286,6 +360,7 @@ static int cmd_validate(int argc, char **argv) {
         }
         topo_print(&g, stdout);
     }
+    print_run_settings(&c);
     mem_plan p;
     plan_memory(&c, &p);
     plan_print(&c, &p, stdout);
@@ -323,6 +398,11 @@ static int cmd_data(int argc, char **argv) {
     }
     if (argc >= 1 && strcmp(argv[0], "prep") == 0) return cmd_data_prep(argc - 1, argv + 1);
     if (cmd_wants_help(argc, argv)) return cmd_print_usage(DATA_USAGE);
+    static const char *const kinds[] = {"demo", "prep"};
+    const char *near = argc >= 1 ? cfg_nearest(argv[0], kinds, 2) : NULL;
+    if (near)
+        return cmd_usage_error("ustrain", DATA_USAGE, "unknown data '%s' (did you mean 'data %s'?)",
+                               argv[0], near);
     return cmd_usage_error("ustrain", DATA_USAGE, "%s", "data needs demo or prep");
 }
 
@@ -361,7 +441,8 @@ static int cmd_bench_train(int argc, char **argv) {
     mem_plan p;
     plan_memory(&c, &p);
     char b[4][32];
-    printf("bench train: %s, %lld parameters, B=%d T=%d, %s, %s\n", c.source, (long long)p.n_params,
+    printf("bench train: %s, %lld parameters (%lld with vocabulary padding), B=%d T=%d, %s, %s\n",
+           c.source, (long long)(p.n_params - p.n_pad_params), (long long)p.n_params,
            c.train.micro_batch_size, c.train.seq_len, c.run.device == DEV_CUDA ? "cuda" : "cpu",
            c.train.precision == PREC_BF16 ? "bf16" : "fp32");
     if (sgemm > 0) printf("  sgemm peak (OpenBLAS, 1024^3): %.1f GFLOP/s\n", sgemm / 1e9);
@@ -385,8 +466,41 @@ static int cmd_bench(int argc, char **argv) {
     if (argc >= 1 && strcmp(argv[0], "generate") == 0)
         return cmd_bench_generate(argc - 1, argv + 1);
     if (cmd_wants_help(argc, argv)) return cmd_print_usage(BENCH_USAGE);
+    static const char *const kinds[] = {"train", "comm", "attention", "generate"};
+    const char *near = argc >= 1 ? cfg_nearest(argv[0], kinds, 4) : NULL;
+    if (near)
+        return cmd_usage_error("ustrain", BENCH_USAGE,
+                               "unknown bench '%s' (did you mean 'bench %s'?)", argv[0], near);
     return cmd_usage_error("ustrain", BENCH_USAGE, "%s",
                            "bench needs train, comm, attention or generate");
+}
+
+/* The stack ustrain needs. Measured (train of configs/tiny.yaml; OMP_NUM_THREADS=2 with an async
+ * checkpoint; a pp=2 run under scripts/ustrun): it dies with SIGSEGV below 160, 224 and 224 KiB of
+ * `ulimit -s`, which glibc also gives every thread it starts (OpenMP's, the checkpoint writer) as
+ * its default stack. Running the work on a thread of a chosen stack size would leave those
+ * threads at the limit, and raising the soft limit here comes too late for glibc's thread
+ * default (read at start-up); so a smaller limit is refused up front, with a 4x margin over the
+ * measured 224 KiB for larger models and other code paths. */
+enum { STACK_NEED_KIB = 1024 };
+
+/* Exit 2 naming the limit, instead of a SIGSEGV deep in a step. */
+static int check_stack_limit(void) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_STACK, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY ||
+        rl.rlim_cur >= (rlim_t)STACK_NEED_KIB * 1024)
+        return 0;
+    char hard[32];
+    if (rl.rlim_max == RLIM_INFINITY)
+        snprintf(hard, sizeof hard, "unlimited");
+    else
+        snprintf(hard, sizeof hard, "%llu KiB", (unsigned long long)rl.rlim_max / 1024);
+    fprintf(stderr,
+            "ustrain: error: the stack size limit (ulimit -s) is %llu KiB; ustrain needs at least "
+            "%d KiB (every thread gets this limit as its stack). Raise it in the shell that "
+            "starts ustrain, e.g. `ulimit -s 8192` (the hard limit here is %s)\n",
+            (unsigned long long)rl.rlim_cur / 1024, STACK_NEED_KIB, hard);
+    return UST_EXIT_USAGE;
 }
 
 int main(int argc, char **argv) {
@@ -402,6 +516,7 @@ int main(int argc, char **argv) {
         printf("ustrain %s\n", UST_VERSION);
         return 0;
     }
+    if (check_stack_limit()) return UST_EXIT_USAGE;
     if (strcmp(argv[1], "train") == 0) return cmd_train(argc - 2, argv + 2);
     if (strcmp(argv[1], "validate") == 0) return cmd_validate(argc - 2, argv + 2);
     if (strcmp(argv[1], "data") == 0) return cmd_data(argc - 2, argv + 2);
@@ -410,5 +525,11 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "generate") == 0) return cmd_generate(argc - 2, argv + 2);
     if (strcmp(argv[1], "eval") == 0) return cmd_eval(argc - 2, argv + 2);
     if (strcmp(argv[1], "plan") == 0) return cmd_plan(argc - 2, argv + 2);
+    static const char *const commands[] = {"train",  "validate", "data", "bench",
+                                           "export", "generate", "eval", "plan"};
+    const char *near = cfg_nearest(argv[1], commands, sizeof commands / sizeof commands[0]);
+    if (near)
+        return cmd_usage_error("ustrain", "(run `ustrain --help` for usage)",
+                               "unknown command '%s' (did you mean '%s'?)", argv[1], near);
     return usage_error("unknown command '%s'", argv[1]);
 }

@@ -138,7 +138,12 @@ def draw(ax, panel, runs, colors):
 
 
 def main():
-    ap = argparse.ArgumentParser(prog="scripts/plot", description=__doc__.split("\n")[0])
+    # the whole first paragraph: its first line alone stops mid-sentence
+    ap = argparse.ArgumentParser(
+        prog="scripts/plot",
+        description=" ".join(__doc__.split("\n\n")[0].split()),
+        epilog=" ".join(__doc__.split("\n\n", 2)[2].split()),
+    )
     ap.add_argument("-o", "--out", default="plots", help="output directory (default: plots)")
     ap.add_argument("files", nargs="*", metavar="metrics.jsonl")
     a = ap.parse_args()

@@ -963,8 +963,10 @@ static void test_blend_lists_load_check_and_round_trip(void) {
 static void test_dp_auto_resolves_against_the_world(void) {
     ust_config c, back;
     ust_err e;
-    CHECK(load(&c, "parallel: {dp: auto, tp: 2}\ntrain: {micro_batch_size: 1, global_batch_size: 8}\n",
-               &e) == 0 && c.parallel.dp == 0,
+    CHECK(load(&c,
+               "parallel: {dp: auto, tp: 2}\ntrain: {micro_batch_size: 1, global_batch_size: 8}\n",
+               &e) == 0 &&
+              c.parallel.dp == 0,
           "%s", txt(e.msg));
     static char text[16384];
     CHECK(dump_roundtrip(&c, &back, text, sizeof text, &e) == 0 && back.parallel.dp == 0 &&
@@ -1019,6 +1021,34 @@ static void test_validate_refuses_arch_auto_that_nothing_resolved(void) {
           "got: %s", txt(e.msg));
 }
 
+/* dualpipe and dualpipev hold two stages per rank: parallel.vpp left out is 2 under them (from
+ * the YAML or a later --set, and back to 1 when --set picks another schedule); an explicit vpp
+ * other than 2 stays an error naming the value. */
+static void test_dualpipe_implies_vpp_2_unless_vpp_is_given(void) {
+    const char *sched[] = {"dualpipe", "dualpipev"};
+    for (int i = 0; i < 2; i++) {
+        ust_config c;
+        ust_err e;
+        char yaml[256], set[64];
+        snprintf(yaml, sizeof yaml,
+                 "model: {n_layer: 4}\nparallel: {pp: 2, pp_schedule: %s}\n"
+                 "train: {micro_batch_size: 1, global_batch_size: 8}\n",
+                 sched[i]);
+        CHECK(load(&c, yaml, &e) == 0 && c.parallel.vpp == 2 && cfg_vpp_implied(&c) &&
+                  cfg_validate(&c, 2, &e) == 0,
+              "%s: vpp %d, %s", sched[i], c.parallel.vpp, txt(e.msg));
+        CHECK(cfg_set(&c, "parallel.pp_schedule=1f1b", &e) == 0 && c.parallel.vpp == 1 &&
+                  !cfg_vpp_implied(&c) && cfg_validate(&c, 2, &e) == 0,
+              "%s -> 1f1b: vpp %d, %s", sched[i], c.parallel.vpp, txt(e.msg));
+        snprintf(set, sizeof set, "parallel.pp_schedule=%s", sched[i]);
+        CHECK(cfg_set(&c, set, &e) == 0 && c.parallel.vpp == 2, "--set %s: vpp %d", set,
+              c.parallel.vpp);
+        CHECK(cfg_set(&c, "parallel.vpp=1", &e) == 0 && !cfg_vpp_implied(&c) &&
+                  cfg_validate(&c, 2, &e) == -1 && strstr(e.msg, "needs parallel.vpp: 2 (got 1)"),
+              "%s with an explicit vpp 1: %s", sched[i], txt(e.msg));
+    }
+}
+
 int main(void) {
     RUN_TEST(test_defaults_are_design_section_1);
     RUN_TEST(test_design_yaml_loads_to_the_defaults);
@@ -1052,5 +1082,6 @@ int main(void) {
     RUN_TEST(test_dp_auto_resolves_against_the_world);
     RUN_TEST(test_was_set_marks_the_keys_the_yaml_and_set_give);
     RUN_TEST(test_validate_refuses_arch_auto_that_nothing_resolved);
+    RUN_TEST(test_dualpipe_implies_vpp_2_unless_vpp_is_given);
     return TEST_SUMMARY();
 }

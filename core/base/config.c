@@ -54,17 +54,23 @@ static int cfg_edit_distance(const char *a, const char *b) {
     return prev[nb];
 }
 
-/* The nearest valid name, if near enough to be a plausible typo; NULL otherwise. */
-static const char *cfg_suggest(const cfg_names *names, const char *name) {
+const char *cfg_nearest(const char *name, const char *const *names, int n) {
     const char *best = NULL;
     int best_d = INT_MAX;
-    for (int i = 0; i < names->n; i++) {
-        int d = cfg_edit_distance(name, names->name[i]);
-        if (d < best_d) best_d = d, best = names->name[i];
+    for (int i = 0; i < n; i++) {
+        int d = cfg_edit_distance(name, names[i]);
+        if (d < best_d) best_d = d, best = names[i];
     }
     if (!best) return NULL;
     size_t longer = strlen(name) > strlen(best) ? strlen(name) : strlen(best);
     return best_d <= 2 || (size_t)best_d * 2 <= longer ? best : NULL;
+}
+
+/* The nearest valid name, if near enough to be a plausible typo; NULL otherwise. */
+static const char *cfg_suggest(const cfg_names *names, const char *name) {
+    const char *p[LEVEL_MAX];
+    for (int i = 0; i < names->n; i++) p[i] = names->name[i];
+    return cfg_nearest(name, p, names->n);
 }
 
 /* "unknown key 'train.micro_batch' (did you mean 'micro_batch_size'?)" into buf. */
@@ -340,6 +346,7 @@ int cfg_load_string(ust_config *c, const char *yaml, const char *name, ust_err *
     yaml_document_delete(&doc);
     if (rc) return rc;
     cfg_set_source(&tmp, name);
+    cfg_apply_implied(&tmp);
     *c = tmp;
     return 0;
 }
@@ -430,6 +437,7 @@ int cfg_set(ust_config *c, const char *assignment, ust_err *e) {
         if (!rc) cfg_mark_set(&tmp, k);
     }
     yaml_document_delete(&doc);
+    if (rc == 0) cfg_apply_implied(&tmp);
     if (rc == 0) *c = tmp;
     return rc;
 }

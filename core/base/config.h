@@ -174,6 +174,12 @@ int cfg_set(ust_config *c, const char *assignment, ust_err *e);
 /* Whether key path (e.g. "model.n_layer") was given by the YAML or a --set, rather than left at
  * its default: values imported from elsewhere (hf_apply_config) must agree with those. */
 bool cfg_was_set(const ust_config *c, const char *path);
+/* The one of names[0..n) nearest to name by edit distance when near enough to be a typo (at
+ * most 2 edits, or half the longer name), else NULL: the rule of the "did you mean" hints. */
+const char *cfg_nearest(const char *name, const char *const *names, int n);
+/* 1 when parallel.vpp is 2 because pp_schedule is dualpipe or dualpipev and vpp was not given
+ * (loading and --set imply it; an explicit vpp other than 2 stays an error). */
+bool cfg_vpp_implied(const ust_config *c);
 /* Ranges and divisibility (heads by tp, layers by pp*vpp, seq by 2*cp, experts by ep,
  * world == dp*tp*pp*cp, batch sizes). world <= 0 skips the world check. */
 int cfg_validate(const ust_config *c, int world, ust_err *e);

@@ -96,4 +96,8 @@ int cfg_vfail(const ust_config *c, ust_err *e, const char *fmt, ...)
 /* config_parallel.c: the layout of tp, pp, cp and ep against the model and the batch. */
 int cfg_validate_parallel(const ust_config *c, ust_err *e);
 
+/* Keys whose default follows another key, set after every load and --set: parallel.vpp, when
+ * not given, is 2 under dualpipe/dualpipev (each rank holds two stages) and 1 otherwise. */
+void cfg_apply_implied(ust_config *c);
+
 #endif

@@ -66,6 +66,18 @@ cfg_pp_rule cfg_pp_shape(ust_pp_schedule kind, int p, int v, long long m) {
     return CFG_PP_OK;
 }
 
+static bool dual_schedule(const ust_config *c) {
+    return c->parallel.pp_schedule == PP_DUALPIPE || c->parallel.pp_schedule == PP_DUALPIPEV;
+}
+
+void cfg_apply_implied(ust_config *c) {
+    if (!cfg_was_set(c, "parallel.vpp")) c->parallel.vpp = dual_schedule(c) ? 2 : 1;
+}
+
+bool cfg_vpp_implied(const ust_config *c) {
+    return dual_schedule(c) && !cfg_was_set(c, "parallel.vpp");
+}
+
 const char *cfg_pp_rule_text(cfg_pp_rule r) {
     static const char *text[] = {
         [CFG_PP_OK] = "",
@@ -95,10 +107,12 @@ static int cfg_check_pp_schedule(const ust_config *c, ust_err *e) {
         return cfg_vfail(c, e, "parallel.pp_schedule: dualpipev needs parallel.pp > 1 (got %d)",
                          p->pp);
     case CFG_PP_DPV_VPP:
-        return cfg_vfail(c, e,
-                         "parallel.pp_schedule: dualpipev needs parallel.vpp: 2 (got %d): each "
-                         "rank holds two stages of the V, r and 2*pp-1-r",
-                         p->vpp);
+        return cfg_vfail(
+            c, e,
+            "parallel.pp_schedule: dualpipev needs parallel.vpp: 2 (got %d): each "
+            "rank holds two stages of the V, r and 2*pp-1-r (leave parallel.vpp out: it is "
+            "then 2)",
+            p->vpp);
     case CFG_PP_DP_PP:
         return cfg_vfail(c, e,
                          "parallel.pp_schedule: dualpipe needs an even parallel.pp >= 2 (got %d): "
@@ -107,7 +121,8 @@ static int cfg_check_pp_schedule(const ust_config *c, ust_err *e) {
     case CFG_PP_DP_VPP:
         return cfg_vfail(c, e,
                          "parallel.pp_schedule: dualpipe needs parallel.vpp: 2 (got %d): each rank "
-                         "holds two stages, r for one direction and pp-1-r for the other",
+                         "holds two stages, r for one direction and pp-1-r for the other (leave "
+                         "parallel.vpp out: it is then 2)",
                          p->vpp);
     default:
         break;

@@ -145,8 +145,10 @@ static int check_f16_range(const hf_table *l, const st_file *f, const char *path
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Shards: transformers' split. Tensors in order fill a shard until the next would take it past
- * the limit; a tensor larger than the limit gets a shard of its own. */
+ * Shards: transformers' rule, in hf_map's tensor order (not transformers' state_dict order: a
+ * layer's norms stand elsewhere, so boundaries can differ; loaders go by the index). Tensors in
+ * order fill a shard until the next would take it past the limit; a tensor larger than the
+ * limit gets a shard of its own. */
 
 typedef struct {
     int first, n;  /* tensors [first, first + n) of the table */

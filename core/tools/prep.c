@@ -469,6 +469,8 @@ static int tokenize_all(const prep_args *a, const tok_tokenizer *tok, int nthrea
             last = log_now_s();
         }
     }
+    /* the bytes read, counted as they come: standard input has no size to stat */
+    if (rc == 0) res->nbytes = rd.bytes_done;
     if (rd.in) {
         ust_err ignored; /* the error that stopped the loop is already in e */
         prep_input_close(rd.in, rc ? &ignored : e);

@@ -26,6 +26,10 @@ void plan_memory_rank_sets(const ust_config *c, int r, int whole, const int *set
     p->n_params = 0;
     for (int i = 0; i < n; i++)
         p->n_params += all[i].ndim == 2 ? all[i].shape[0] * all[i].shape[1] : all[i].shape[0];
+    /* the token embedding's padding rows, and the head's when it is a tensor of its own */
+    p->n_pad_params = whole ? (int64_t)(cfg_vocab_padded(c) - c->model.vocab_size) *
+                                  c->model.d_model * (cfg_tied(c) ? 1 : 2)
+                            : 0;
     dp_destroy(g.dp);
     params_shape_free(g.m);
     const ust_arena *count = &g.arena;
@@ -131,16 +135,18 @@ void plan_print(const ust_config *c, const mem_plan *p, FILE *f) {
             c->train.recompute == RECOMPUTE_FULL        ? "full"
             : c->train.recompute == RECOMPUTE_SELECTIVE ? "selective"
                                                         : "none");
-    fprintf(f, "  parameters  %12s  (%lld in the model)\n", log_bytes(b[0], 32, p->params),
-            (long long)p->n_params);
+    fprintf(f, "  parameters  %12s  (%lld in the model: %lld, and %lld of vocabulary padding)\n",
+            log_bytes(b[0], 32, p->params), (long long)p->n_params,
+            (long long)(p->n_params - p->n_pad_params), (long long)p->n_pad_params);
     fprintf(f, "  gradients   %12s\n", log_bytes(b[1], 32, p->grads));
     fprintf(f, "  optimizer   %12s  (AdamW m and v)\n", log_bytes(b[2], 32, p->optim));
     fprintf(f, "  activations %12s  (one micro-batch of %d x %d tokens)\n",
             log_bytes(b[3], 32, p->acts), c->train.micro_batch_size, c->train.seq_len);
     fprintf(f, "  total       %12s  (%.0f bytes)\n", log_bytes(b[4], 32, p->total), p->total);
     if (c->checkpoint.async)
-        fprintf(f, "  + host: checkpoint staging %s (%.0f bytes; checkpoint.async: the slices this "
-                   "rank writes)\n",
+        fprintf(f,
+                "  + host: checkpoint staging %s (%.0f bytes; checkpoint.async: the slices this "
+                "rank writes)\n",
                 log_bytes(b[4], 32, p->ckpt_staging), p->ckpt_staging);
     if (c->parallel.pp > 1) {
         const char *held = c->parallel.pp_schedule == PP_DUALPIPEV ? "stages r and 2pp-1-r"

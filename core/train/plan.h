@@ -13,7 +13,8 @@
 #include "model.h"
 
 typedef struct {
-    int64_t n_params;                               /* whole model */
+    int64_t n_params;     /* whole model, padded vocabulary rows too */
+    int64_t n_pad_params; /* of those, the rows padding the vocabulary to model.vocab_pad */
     double params, grads, optim, acts, comm, total; /* bytes per rank */
     double ckpt_staging; /* host bytes, beside the total: checkpoint.async's staging buffer */
 } mem_plan;

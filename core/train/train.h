@@ -32,6 +32,11 @@ void train_runtime_finalize(ust_runtime *rt);
  * returns. */
 void train_install_stop_handlers(void);
 
+/* The checks train_run makes before it locks, reads or allocates anything: the output paths
+ * (never a file, never inside a checkpoint's step), bf16 on the CPU backend, the
+ * sequence-parallel rows. `ustrain validate` runs them too. 0, or -1 with the reason in e. */
+int train_check_runnable(const ust_config *cfg, ust_err *e);
+
 typedef struct {
     int quiet;         /* no per-step lines (benchmark) */
     int write_config;  /* write the effective config under run.out_dir */

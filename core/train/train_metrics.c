@@ -207,9 +207,10 @@ void train_metrics_header(trainer *t, const train_opts *opts) {
     plan_memory(cfg, &plan);
     if (!t->rank0 || opts->quiet) return;
     char b1[32], b2[32];
-    printf("ustrain: %s %s, %lld parameters, %lld steps of %d x %d tokens (grad accum %d); "
-           "memory %s (plan %s)\n",
-           cfg->run.name, cfg->model.arch == ARCH_GPT2 ? "gpt2" : "llama", (long long)plan.n_params,
+    printf("ustrain: %s %s, %lld parameters (%lld with vocabulary padding), %lld steps of %d x %d "
+           "tokens (grad accum %d); memory %s (plan %s)\n",
+           cfg->run.name, cfg->model.arch == ARCH_GPT2 ? "gpt2" : "llama",
+           (long long)(plan.n_params - plan.n_pad_params), (long long)plan.n_params,
            (long long)cfg->train.steps, cfg->train.global_batch_size, cfg->train.seq_len,
            cfg_grad_accum(cfg), log_bytes(b1, 32, t->eng.arena.total),
            log_bytes(b2, 32, plan.total));
@@ -249,6 +250,10 @@ void train_metrics_result(trainer *t, int rc, const train_opts *opts, train_resu
         res->device_used = m.device_used;
     }
     if (rc == 0 && t->rank0 && !opts->quiet && res->steps_done > 0) print_done(t, res);
+    if (rc == 0 && t->rank0 && !opts->quiet && res->steps_done == 0 && t->step >= cfg->train.steps)
+        printf("run complete: step %lld of %lld (train.steps); nothing to train: raise "
+               "train.steps to continue this run\n",
+               (long long)t->step, (long long)cfg->train.steps);
     if (rc == 0 && t->rank0 && opts->profile && res->timed_steps > 0) {
         printf("per-op time on rank 0, mean of the %lld timed steps (each op between two syncs "
                "of the backend%s):\n",

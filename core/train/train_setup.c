@@ -66,8 +66,9 @@ static int check_outputs(const ust_config *cfg, ust_err *e) {
     return 0;
 }
 
-/* What no single config key can check: the backend's precision and the sequence-parallel rows. */
-static int check_runnable(const ust_config *cfg, ust_err *e) {
+/* What no single config key can check: the backend's precision and the sequence-parallel rows.
+ * Exported (train.h) so that `ustrain validate` runs the same checks. */
+int train_check_runnable(const ust_config *cfg, ust_err *e) {
     if (check_outputs(cfg, e)) return -1;
     if (cfg->run.device == DEV_CPU && cfg->train.precision == PREC_BF16)
         return ust_errf(e, "train.precision = bf16: the CPU backend computes in fp32 only; use "
@@ -144,7 +145,7 @@ int train_setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile,
         spike_init(&t->loss_w, cfg->train.spike_window);
         spike_init(&t->norm_w, cfg->train.spike_window);
     }
-    if (check_runnable(cfg, e)) return -1;
+    if (train_check_runnable(cfg, e)) return -1;
     fault_setup_hold();
     /* first, before anything is read: one job at a time may own the checkpoints */
     if (t->rank0 && cfg->checkpoint.dir[0] && ckpt_lock_dir(cfg->checkpoint.dir, &t->ck.lock, e))

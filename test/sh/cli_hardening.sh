@@ -150,3 +150,23 @@ out=$($UST export --help)
 echo "$out" | grep -q 'step_50)' && ! echo "$out" | grep -q 'step_0000' && pass export_usage_names_real_step_dirs ||
     fail export_usage_names_real_step_dirs "$out"
 expect_exit data_demo_refuses_options 2 'data demo takes no options' -- $UST data demo --frobnicate
+
+# --- walkthrough item 8: the small things a new user meets
+expect_exit misspelt_command_suggests_the_nearest 2 "unknown command 'trian' \(did you mean 'train'\?\)" -- $UST trian $C
+expect_exit misspelt_bench_suggests_the_nearest 2 "unknown bench 'trian' \(did you mean 'bench train'\?\)" -- $UST bench trian $C
+expect_exit misspelt_data_suggests_the_nearest 2 "unknown data 'prpe' \(did you mean 'data prep'\?\)" -- $UST data prpe
+expect_exit misspelt_far_command_has_no_suggestion 2 "unknown command 'xyzzy'$" -- $UST xyzzy
+expect_exit set_with_a_space_suggests_key_eq_value 2 'did you mean --set train.steps=5\?' -- $V --set train.steps 5
+expect_exit plan_set_with_a_space_suggests_key_eq_value 2 'did you mean --set train.steps=5\?' -- \
+    $UST plan $C --world 2 --set train.steps 5
+$UST --help | grep -q '^  bench comm ' && pass help_lists_bench_comm || fail help_lists_bench_comm "$($UST --help | grep bench)"
+# standard input has no size to stat: the bytes are counted as they are read
+head -c 20000 $D/train_000.bin | od -An -c | head -c 100000 >$TMP/stdin.txt
+out=$($UST data prep --out $TMP/prep_stdin - <$TMP/stdin.txt 2>&1)
+echo "$out" | grep -q ' 0\.1 MB' && pass data_prep_stdin_counts_the_bytes_read || fail data_prep_stdin_counts_the_bytes_read "$out"
+# the parameter count without and with the vocabulary's padding rows (300 -> 384, untied: 2 x 84 x 128)
+$V --set model.vocab_size=300 2>&1 | grep -q '(885888 in the model: 864384, and 21504 of vocabulary padding)' &&
+    pass parameter_count_separates_vocabulary_padding || fail parameter_count_separates_vocabulary_padding "$($V --set model.vocab_size=300 2>&1 | grep parameters)"
+# a finished run run again says so, exits 0, and trains nothing
+$UST train $C --set train.steps=2 --set checkpoint.every=2 >/dev/null 2>&1
+expect_exit finished_run_says_run_complete 0 '^run complete: step 2 of 2' -- $UST train $C --set train.steps=2 --set checkpoint.every=2

@@ -57,4 +57,11 @@ broken docs_check_catches_design_yaml_drifting_from_test_config "section 1's YAM
 seq 1 300 | sed 's/^/filler line /' >$TMP/filler.txt
 broken docs_check_catches_a_readme_over_300_lines "README.md has [34][0-9][0-9] lines, at most 300" \
     "README.md=\$r $TMP/filler.txt"
+# claims the walkthrough found false (issue 33): eval of a Hugging Face directory works (eval_cli.sh
+# runs it), and a sharded export is in ustrain's tensor order, not transformers' state_dict order
+! grep -q 'until the import is in, that path exits 2' docs/huggingface.md README.md &&
+    pass docs_do_not_say_hf_eval_exits_2 || fail docs_do_not_say_hf_eval_exits_2 "docs/huggingface.md"
+grep -q "in ustrain's tensor order, which is not transformers' \`state_dict\` order" docs/huggingface.md &&
+    ! grep -q 'split as transformers$' docs/huggingface.md &&
+    pass docs_say_the_export_shard_order_is_ustrains || fail docs_say_the_export_shard_order_is_ustrains "docs/huggingface.md"
 exit 0

@@ -94,7 +94,7 @@ plan_matches_arena dp_moe_plan_equals_arena $TMP/moe.yaml 2 --set parallel.pp=2 
 
 L="$TMP/llama.yaml --set parallel.pp_schedule=dualpipe"
 expect_exit dp_needs_vpp_2 2 "dualpipe needs parallel.vpp: 2 \(got 1\)" -- \
-    $UST validate $L --set parallel.pp=2 --world 2
+    $UST validate $L --set parallel.pp=2 --set parallel.vpp=1 --world 2
 expect_exit dp_needs_even_pp 2 "dualpipe needs an even parallel.pp >= 2 \(got 3\)" -- \
     $UST validate $L --set parallel.pp=3 --set parallel.vpp=2 --set model.n_layer=3 --set train.global_batch_size=6 --world 3
 expect_exit dp_needs_even_microbatches 2 "dualpipe needs an even number of at least 2 \* parallel.pp \(4\) micro-batches" -- \

@@ -59,7 +59,7 @@ plan_matches_arena dpv_moe_plan_equals_arena $TMP/moe.yaml 2 --set parallel.pp=2
 
 L="$TMP/llama.yaml --set parallel.pp_schedule=dualpipev"
 expect_exit dpv_needs_vpp_2 2 "dualpipev needs parallel.vpp: 2 \(got 1\)" -- \
-    $UST validate $L --set parallel.pp=2 --world 2
+    $UST validate $L --set parallel.pp=2 --set parallel.vpp=1 --world 2
 expect_exit dpv_needs_pp 2 "dualpipev needs parallel.pp > 1" -- $UST validate $L --set parallel.vpp=2
 expect_exit dpv_needs_2p_microbatches 2 "dualpipev needs at least 2 \* parallel.pp \(8\) micro-batches" -- \
     $UST validate $L --set parallel.pp=4 --set parallel.vpp=2 --set train.global_batch_size=4 --world 4

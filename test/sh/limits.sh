@@ -68,3 +68,18 @@ out=$( (ulimit -n 4; $UST train $TMP/c.yaml --set train.steps=1 --set checkpoint
 # (where it runs out depends on the descriptors the shell passes down: the reason must be named)
 echo "$out" | grep -q "Too many open files" && ! echo "$out" | grep -q "no files match" &&
     pass too_few_file_descriptors_are_named || fail too_few_file_descriptors_are_named "$(echo "$out" | tail -2)"
+
+# A small stack limit (ulimit -s, KiB): it is every thread's stack too, and below ~224 KiB a step
+# dies with SIGSEGV (at 64 KiB without a word). Every sub-command refuses it up front, exit 2,
+# naming the limit and how to raise it, and writes nothing; at the needed 1024 KiB it trains.
+for kib in 64 128 1000; do
+    out=$( (ulimit -s $kib; $UST train $TMP/c.yaml --set train.steps=1 --set "checkpoint.dir=$TMP/cks$kib" \
+        --set "logging.metrics_file=$TMP/ms$kib.jsonl" >$TMP/s.out 2>&1; echo "rc=$?" >>$TMP/s.out); cat $TMP/s.out)
+    echo "$out" | grep -q "rc=2" && echo "$out" | grep -q "stack size limit (ulimit -s) is $kib KiB.*ulimit -s 8192" &&
+        [ ! -e $TMP/cks$kib ] && [ ! -e $TMP/ms$kib.jsonl ] &&
+        pass "stack_limit_${kib}k_is_refused_with_its_size" || fail "stack_limit_${kib}k_is_refused_with_its_size" "$(echo "$out" | tail -2)"
+done
+out=$( (ulimit -s 1024; $UST train $TMP/c.yaml --set train.steps=1 --set checkpoint.every=1 --set "checkpoint.dir=$TMP/cks" \
+    --set "logging.metrics_file=$TMP/ms.jsonl" >$TMP/s.out 2>&1; echo "rc=$?" >>$TMP/s.out); cat $TMP/s.out)
+echo "$out" | grep -q "rc=0" && [ -d $TMP/cks/step_1 ] && pass stack_limit_of_1024k_trains_and_saves ||
+    fail stack_limit_of_1024k_trains_and_saves "$(echo "$out" | tail -2)"

@@ -136,3 +136,7 @@ expect_exit plot_no_files_exits_2 2 "no metrics file given" -- scripts/plot -o $
 [ ! -e $TMP/p3 ] && pass plot_bad_input_writes_nothing || fail plot_bad_input_writes_nothing "$TMP/p3 was created"
 expect_exit plot_out_is_a_file_exits_2 2 "exists and is not a directory" -- \
     scripts/plot -o $TMP/a.yaml $TMP/runB/metrics.jsonl
+# --help says what the tool does in whole sentences (the description is not cut mid-sentence)
+out=$(scripts/plot --help 2>&1)
+echo "$out" | grep -q 'labelled by its run directory' && echo "$out" | grep -q 'last line for a step wins' &&
+    pass plot_help_is_not_cut_off || fail plot_help_is_not_cut_off "$(echo "$out" | head -5)"

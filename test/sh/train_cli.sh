@@ -98,6 +98,14 @@ expect_exit checkpoint_dir_under_a_file_exits_2 2 "afile" -- $UST train "$C" --s
 # --- validate prints the memory plan without training
 out=$($UST validate "$C" 2>&1)
 echo "$out" | grep -q 'memory plan per rank' && echo "$out" | grep -q 'optimizer' && pass validate_prints_memory_plan || fail validate_prints_memory_plan "$out"
+# validate runs train's own pre-flight checks (train_check_runnable, the datasets opened as
+# train opens them): what train refuses before allocating, validate refuses with the same words
+expect_exit validate_refuses_bf16_on_cpu_like_train 2 "bf16: the CPU backend" -- $UST validate "$C" --set train.precision=bf16
+expect_exit validate_refuses_truncated_shard_like_train 2 "trunc_000.bin.*truncated" -- $UST validate "$C" --set "data.train=$TMP/trunc_*.bin"
+expect_exit validate_refuses_metrics_inside_a_step 2 "logging.metrics_file" -- $UST validate "$C" --set "logging.metrics_file=$TMP/ckA/step_10/m.jsonl"
+echo "$out" | grep -q "^outputs: checkpoints $TMP/run/ckpt .*metrics $TMP/run/metrics.jsonl, tensorboard none" &&
+    echo "$out" | grep -q '^rope: theta 10000' && echo "$out" | grep -q "^data.train: $D/train_\*.bin (weight 1)" &&
+    pass validate_prints_outputs_rope_and_blend || fail validate_prints_outputs_rope_and_blend "$(echo "$out" | head -8)"
 
 # --- SIGTERM (and Slurm's SIGUSR1) finish the step, write a checkpoint and exit 0; the next
 # start resumes there.
@@ -143,6 +151,12 @@ expect_exit world_mismatch_in_train_exits_2 2 "world has 1 ranks" -- $UST train 
 out=$($UST validate "$C" --set parallel.pp=2 --set train.global_batch_size=16 --schedule 2>&1)
 echo "$out" | grep -q "SEND_ACT mb=3 stage=0 to=1" && echo "$out" | grep -q "simulated bubble 0.2500 (analytic (p-1)/(v\*m) = 0.2500" &&
     pass validate_prints_the_pipeline_schedule || fail validate_prints_the_pipeline_schedule "$(echo "$out" | tail -2)"
+# dualpipe/dualpipev hold two stages per rank: vpp left out is implied (2) and validate says so;
+# the bundled tiny.yaml leaves vpp out, so --set pp_schedule alone is enough
+for s in dualpipe dualpipev; do
+    expect_exit "${s}_implies_vpp_2_and_validate_says_so" 0 "parallel.vpp: 2, implied by pp_schedule: $s" -- \
+        $UST validate "$C" --set parallel.pp=2 --set parallel.pp_schedule=$s --set train.global_batch_size=16 --world 2
+done
 expect_exit interleaved_needs_m_multiple_of_p_exits_2 2 "interleaved" -- \
     $UST validate "$C" --set parallel.pp=2 --set parallel.vpp=2 --set parallel.pp_schedule=interleaved --set train.global_batch_size=12 --schedule
 
