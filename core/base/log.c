@@ -84,11 +84,11 @@ static double unix_now_s(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* An Event's header: wall_time and step. */
-static void tb_event_head(pbuf *ev, int64_t step) {
+/* An Event's header: wall_time (unix seconds, a double: the only exact place for it) and step. */
+static void tb_event_head(pbuf *ev, int64_t step, double wall_time) {
     ev->n = 0;
     ev->overflow = 0;
-    pb_double(ev, 1, unix_now_s());
+    pb_double(ev, 1, wall_time);
     pb_key(ev, 2, 0);
     pb_varint(ev, (uint64_t)step);
 }
@@ -128,11 +128,11 @@ static int tb_open(ust_log *l, const char *dir, int64_t resume_step, char *err, 
         return -1;
     }
     pbuf ev;
-    tb_event_head(&ev, 0);
+    tb_event_head(&ev, 0, unix_now_s());
     pb_len(&ev, 3, "brain.Event:2", 13);
     tb_write(l->tb, &ev);
     if (resume_step > 0) { /* steps after resume_step, which earlier files hold, are superseded */
-        tb_event_head(&ev, resume_step + 1);
+        tb_event_head(&ev, resume_step + 1, unix_now_s());
         uint8_t start[2] = {0x08, 0x01}; /* status = START */
         pb_len(&ev, 7, start, 2);
         tb_write(l->tb, &ev);
@@ -358,12 +358,14 @@ static void json_data(FILE *f, const log_step *s) {
     fputc(']', f);
 }
 
-static void tb_step(FILE *f, const log_step *s, const log_scalar *x, int n) {
+/* The step's event: its wall_time is the JSONL's "time", which is no scalar here (a float32 holds
+ * unix seconds only to 128 s); elapsed_s is the scalar of time. */
+static void tb_step(FILE *f, const log_step *s, const log_scalar *x, int n, double unix_time) {
     pbuf ev, summary;
     summary.n = 0;
     summary.overflow = 0;
     for (int i = 0; i < n; i++)
-        if (isfinite(x[i].v)) tb_value(&summary, x[i].key, x[i].v);
+        if (isfinite(x[i].v) && strcmp(x[i].key, "time")) tb_value(&summary, x[i].key, x[i].v);
     for (int d = 0; d < s->data.n; d++) {
         char tag[48];
         snprintf(tag, sizeof tag, "data/dataset%d/samples", d);
@@ -378,7 +380,7 @@ static void tb_step(FILE *f, const log_step *s, const log_scalar *x, int n) {
             if (isfinite(v[k])) tb_value(&summary, tag, v[k]);
         }
     }
-    tb_event_head(&ev, s->step);
+    tb_event_head(&ev, s->step, unix_time);
     if (summary.overflow) ev.overflow = 1;
     pb_len(&ev, 5, summary.buf, summary.n);
     tb_write(f, &ev);
@@ -386,8 +388,9 @@ static void tb_step(FILE *f, const log_step *s, const log_scalar *x, int n) {
 
 void log_step_json(ust_log *l, const log_step *s) {
     log_scalar x[LOG_MAX_SCALARS];
-    int n = log_scalars(s, unix_now_s(), x);
-    if (l->tb) tb_step(l->tb, s, x, n);
+    double now = unix_now_s();
+    int n = log_scalars(s, now, x);
+    if (l->tb) tb_step(l->tb, s, x, n, now);
     if (!l->metrics) return;
     fprintf(l->metrics, "{\"step\":%lld", (long long)s->step);
     for (int i = 0; i < n; i++) {
