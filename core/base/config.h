@@ -145,6 +145,7 @@ typedef struct {
         char metrics_file[UST_PATH_MAX];
         char tensorboard_dir[UST_PATH_MAX]; /* "" = none */
         double peak_flops;                  /* 0 = measured sgemm (cpu) / table (gpu) */
+        bool strict;                        /* a failed metrics/event write exits 1 */
     } logging;
     struct {
         double timeout_s;

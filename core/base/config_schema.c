@@ -167,6 +167,7 @@ const cfg_key cfg_keys[] = {
     STR("logging.metrics_file", logging.metrics_file, "runs/tiny/metrics.jsonl", 0),
     STR("logging.tensorboard_dir", logging.tensorboard_dir, "null", NULLABLE),
     DBL("logging.peak_flops", logging.peak_flops, "0", 0, INFINITY, 0),
+    BOOL("logging.strict", logging.strict, "false"),
 
     DBL("dist.timeout_s", dist.timeout_s, "300", 1, 1e6, 0), /* below a second: every wait fails */
 };
