@@ -146,7 +146,8 @@ int train_setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile,
     }
     if (check_runnable(cfg, e)) return -1;
     fault_setup_hold();
-    /* first, before anything is read: one job at a time may own the checkpoints */
+    /* first, before anything is read: one job at a time may own the checkpoints (nothing is
+     * written there until the run is sure to start: ckpt_lock_claim) */
     if (t->rank0 && cfg->checkpoint.dir[0] && ckpt_lock_dir(cfg->checkpoint.dir, &t->ck.lock, e))
         return -1;
     if (train_feed_open(t, e) || open_backend(t, profile, e) || build_model(t, e)) return -1;
