@@ -130,6 +130,7 @@ const cfg_key cfg_keys[] = {
     ENUM("train.on_spike", train.on_spike, "none", ON_SPIKES),
     DBL("train.spike_zscore", train.spike_zscore, "6", 0, 1e6, LO_OPEN),
     INTR("train.spike_window", train.spike_window, "32", 2, 1 << 20),
+    INTR("train.max_rewinds", train.max_rewinds, "3", 0, 1 << 20),
     INTR("train.threads", train.threads, "0", 0, CFG_MAX_THREADS),
     DBL("train.exit_after_min", train.exit_after_min, "0", 0, 1e9, 0),
     I64("train.stop_at_step", train.stop_at_step, "0", 0),

@@ -137,6 +137,7 @@ int train_setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile,
     t->ck.started_s = log_now_s();
     const char *fault = getenv("UST_FAULT_SPIKE_STEP"), *restart = getenv("UST_RESTART_COUNT");
     t->feed.fault_spike_step = fault ? atoll(fault) : 0;
+    t->feed.fault_spike_on = fault && strchr(fault, '+');
     t->restarts = restart ? atoi(restart) : 0;
     if (t->restarts > 0 && t->rank0)
         printf("restart %d of this job (scripts/ustrun --max-restarts)\n", t->restarts);
