@@ -706,6 +706,7 @@ static void test_a_second_job_is_refused_until_the_first_ends(void) {
     ust_err e;
     ckpt_lock a, b;
     CHECK(ckpt_lock_dir(dir, &a, &e) == 0, "first lock: %.900s", e.msg);
+    ckpt_lock_claim(&a); /* the run starts: the holder is recorded */
     char pid[64];
     snprintf(pid, sizeof pid, "pid %ld,", (long)getpid());
     CHECK(ckpt_lock_dir(dir, &b, &e) == -1 && strstr(e.msg, "in use by another job") &&
@@ -721,6 +722,7 @@ static void test_a_second_job_is_refused_until_the_first_ends(void) {
     if (child == 0) {
         ckpt_lock l;
         char c = ckpt_lock_dir(dir, &l, &e) == 0 ? 'y' : 'n';
+        ckpt_lock_claim(&l);
         if (write(ready[1], &c, 1) != 1) _exit(1);
         pause();
         _exit(0);
@@ -747,6 +749,9 @@ static void test_the_lock_checks_latest_and_clears_dead_jobs_temporaries(void) {
     snprintf(p, sizeof p, "%s/.tmp_step_3.deadjob/model.safetensors", dir);
     write_bytes(p, "x", 1);
     CHECK(ckpt_lock_dir(dir, &l, &e) == 0, "lock: %.900s", e.msg);
+    CHECK(exists(dir, ".tmp_step_3.deadjob"), "the lock alone removed a temporary (a refused run "
+                                              "must write nothing)");
+    ckpt_lock_claim(&l);
     ckpt_unlock_dir(&l);
     CHECK(!exists(dir, ".tmp_step_3.deadjob") && exists(dir, "step_1"),
           "a dead job's temporary directory survived (or step_1 went)");
@@ -761,7 +766,6 @@ static void test_the_lock_checks_latest_and_clears_dead_jobs_temporaries(void) {
     CHECK(w && exists(dir, ".tmp_step_5.slurm_17_3"), "job-tagged temporary: %.900s", e.msg);
     ckpt_abort(w);
 }
-
 
 /* ---- manifests (issue 23): sealed steps, verification, async writes ---- */
 

@@ -102,6 +102,7 @@ static const char *ALL_CHANGED_YAML = "run:\n"
                                       "  on_spike: rewind\n"
                                       "  spike_zscore: 4.5\n"
                                       "  spike_window: 64\n"
+                                      "  max_rewinds: 5\n"
                                       "  threads: 3\n"
                                       "  exit_after_min: 237.5\n"
                                       "  stop_at_step: 1000\n"
@@ -139,6 +140,7 @@ static const char *ALL_CHANGED_YAML = "run:\n"
                                       "  metrics_file: m.jsonl\n"
                                       "  tensorboard_dir: tb\n"
                                       "  peak_flops: 989e12\n"
+                                      "  strict: true\n"
                                       "dist:\n"
                                       "  timeout_s: 30.5\n";
 
@@ -884,7 +886,7 @@ static int dump_roundtrip(const ust_config *c, ust_config *back, char *text, siz
 }
 
 static void test_dump_round_trips_to_an_identical_struct(void) {
-    static char text[16384];
+    static char text[32768];
     ust_config c, back, d;
     ust_err e;
     CHECK(load(&c, ALL_CHANGED_YAML, &e) == 0, "%s", txt(e.msg));
@@ -893,7 +895,7 @@ static void test_dump_round_trips_to_an_identical_struct(void) {
           "string escapes: '%s' '%s'", txt(c.run.name), txt(c.run.out_dir));
     /* The fixture really changes every key: compare the dump of the defaults line by line. */
     cfg_defaults(&d);
-    static char dtext[16384];
+    static char dtext[32768];
     CHECK(dump_roundtrip(&d, &back, dtext, sizeof dtext, &e) == 0, "defaults: %s", txt(e.msg));
     CHECK(same_values(&d, &back), "defaults do not round-trip:\n%s", txt(dtext));
     CHECK(dump_roundtrip(&c, &back, text, sizeof text, &e) == 0, "%s\n%s", txt(e.msg), txt(text));
@@ -933,7 +935,7 @@ static void test_blend_lists_load_check_and_round_trip(void) {
           "datasets: %d, %s %g %d, %s %g %d", n, d[0].path, d[0].weight, d[0].format, d[1].path,
           d[1].weight, d[1].format);
     CHECK(cfg_data_is_blend(&c, 0) && !cfg_data_is_blend(&c, 1), "blend flags");
-    static char text[16384];
+    static char text[32768];
     CHECK(dump_roundtrip(&c, &back, text, sizeof text, &e) == 0, "%s", txt(e.msg));
     CHECK(same_values(&c, &back), "blend does not round-trip:\n%s", txt(text));
     n = cfg_data_sets(&c, 1, d); /* the default val: one glob of weight 1 */
@@ -968,7 +970,7 @@ static void test_dp_auto_resolves_against_the_world(void) {
                &e) == 0 &&
               c.parallel.dp == 0,
           "%s", txt(e.msg));
-    static char text[16384];
+    static char text[32768];
     CHECK(dump_roundtrip(&c, &back, text, sizeof text, &e) == 0 && back.parallel.dp == 0 &&
               strstr(text, "  dp: auto\n"),
           "dump: %s", txt(text));

@@ -109,6 +109,7 @@ typedef struct {
         ust_on_spike on_spike; /* a loss or grad-norm spike: nothing, skip the update, rewind */
         double spike_zscore;   /* a spike: z-score above this over the last spike_window steps */
         int spike_window;
+        int max_rewinds;       /* on_spike: rewind: more rewinds to one checkpoint stop the run */
         int threads;           /* compute threads per rank, 0 = cores / local ranks */
         double exit_after_min; /* > 0: checkpoint and exit 0 after this long (from start) */
         int64_t stop_at_step;  /* > 0: checkpoint and exit 0 after this step */
@@ -145,6 +146,7 @@ typedef struct {
         char metrics_file[UST_PATH_MAX];
         char tensorboard_dir[UST_PATH_MAX]; /* "" = none */
         double peak_flops;                  /* 0 = measured sgemm (cpu) / table (gpu) */
+        bool strict;                        /* a failed metrics/event write exits 1 */
     } logging;
     struct {
         double timeout_s;

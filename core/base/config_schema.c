@@ -130,6 +130,7 @@ const cfg_key cfg_keys[] = {
     ENUM("train.on_spike", train.on_spike, "none", ON_SPIKES),
     DBL("train.spike_zscore", train.spike_zscore, "6", 0, 1e6, LO_OPEN),
     INTR("train.spike_window", train.spike_window, "32", 2, 1 << 20),
+    INTR("train.max_rewinds", train.max_rewinds, "3", 0, 1 << 20),
     INTR("train.threads", train.threads, "0", 0, CFG_MAX_THREADS),
     DBL("train.exit_after_min", train.exit_after_min, "0", 0, 1e9, 0),
     I64("train.stop_at_step", train.stop_at_step, "0", 0),
@@ -167,6 +168,7 @@ const cfg_key cfg_keys[] = {
     STR("logging.metrics_file", logging.metrics_file, "runs/tiny/metrics.jsonl", 0),
     STR("logging.tensorboard_dir", logging.tensorboard_dir, "null", NULLABLE),
     DBL("logging.peak_flops", logging.peak_flops, "0", 0, INFINITY, 0),
+    BOOL("logging.strict", logging.strict, "false"),
 
     DBL("dist.timeout_s", dist.timeout_s, "300", 1, 1e6, 0), /* below a second: every wait fails */
 };

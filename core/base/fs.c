@@ -32,14 +32,39 @@ int fs_mkdir_p(const char *dir, ust_err *e) {
 
 const char *fs_kind(unsigned mode) {
     switch (mode & S_IFMT) {
-    case S_IFREG: return "a regular file";
-    case S_IFDIR: return "a directory";
-    case S_IFIFO: return "a FIFO";
-    case S_IFCHR: return "a character device";
-    case S_IFBLK: return "a block device";
-    case S_IFSOCK: return "a socket";
-    default: return "not a regular file";
+    case S_IFREG:
+        return "a regular file";
+    case S_IFDIR:
+        return "a directory";
+    case S_IFIFO:
+        return "a FIFO";
+    case S_IFCHR:
+        return "a character device";
+    case S_IFBLK:
+        return "a block device";
+    case S_IFSOCK:
+        return "a socket";
+    default:
+        return "not a regular file";
     }
+}
+
+/* Why open(2) failed, in words: an empty path, a missing directory (for a file to create), a FIFO
+ * without a reader, a directory; else errno's text (a read-only file system, permissions). */
+static int open_failed(const char *path, int flags, const char *want, int err, ust_err *e) {
+    if (!path[0]) return ust_errf(e, "an empty path: name a file");
+    if (err == ENXIO) /* a FIFO opened for writing with no reader */
+        return ust_errf(e, "%s: not %s (a FIFO)", path, want);
+    if (err == EISDIR) return ust_errf(e, "%s: not %s (a directory)", path, want);
+    if (err == ENOENT && (flags & O_CREAT)) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", path);
+        char *slash = strrchr(dir, '/');
+        if (slash) slash[slash == dir] = 0;
+        return ust_errf(e, "%s: cannot create: the directory %s does not exist", path,
+                        slash ? dir : ".");
+    }
+    return ust_errf(e, "%s: cannot open: %s", path, strerror(err));
 }
 
 /* open(2) without waiting on a FIFO (O_NONBLOCK, cleared once open), of a regular file or, with
@@ -47,12 +72,7 @@ const char *fs_kind(unsigned mode) {
 static int open_checked(const char *path, int flags, int mode, int pipe_ok, ust_err *e) {
     int fd = open(path, flags | O_NONBLOCK | O_CLOEXEC | O_NOCTTY, mode);
     const char *want = pipe_ok ? "a regular file or pipe" : "a regular file";
-    if (fd < 0) {
-        if (errno == ENXIO) /* a FIFO opened for writing with no reader */
-            return ust_errf(e, "%s: not %s (a FIFO)", path, want);
-        if (errno == EISDIR) return ust_errf(e, "%s: not %s (a directory)", path, want);
-        return ust_errf(e, "%s: cannot open: %s", path, strerror(errno));
-    }
+    if (fd < 0) return open_failed(path, flags, want, errno, e);
     struct stat st;
     int rc = 0;
     if (fstat(fd, &st) != 0)
@@ -97,8 +117,15 @@ FILE *fs_fopen_stream(const char *path, ust_err *e) {
     return f;
 }
 
+FILE *fs_fopen_output(const char *path, const char *what, ust_err *e) {
+    ust_err inner;
+    FILE *f = fs_fopen_regular(path, "wb", &inner);
+    if (!f) ust_errf(e, "%s %s", what, inner.msg);
+    return f;
+}
+
 FILE *fs_fopen_regular(const char *path, const char *how, ust_err *e) {
-    int flags = how[0] == 'r' ? O_RDONLY
+    int flags = how[0] == 'r'   ? O_RDONLY
                 : how[0] == 'a' ? O_WRONLY | O_CREAT | O_APPEND
                                 : O_WRONLY | O_CREAT | O_TRUNC;
     int fd = fs_open_regular(path, flags, 0666, e);

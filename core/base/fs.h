@@ -31,6 +31,10 @@ FILE *fs_fopen_stream(const char *path, ust_err *e);
 
 /* fopen(3) of a regular file for reading ("rb"), writing ("wb", truncates) or appending ("ab"). */
 FILE *fs_fopen_regular(const char *path, const char *how, ust_err *e);
+/* The output file a user named (what: "--dump-logits"), opened "wb" as fs_fopen_regular does,
+ * at start, before any work: the message says why not (an empty path, a missing directory, a
+ * directory, FIFO or device, a read-only file system, permissions). */
+FILE *fs_fopen_output(const char *path, const char *what, ust_err *e);
 /* The whole of regular file path, NUL-terminated (malloc'd; *len gets its length when len is not
  * NULL); NULL with a message naming the file when it cannot be read or is larger than max
  * bytes (a hostile or mistaken file costs at most that much memory). */

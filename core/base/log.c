@@ -1,5 +1,6 @@
 #include "log.h"
 
+#include "error.h"
 #include "fs.h"
 
 #include <errno.h>
@@ -84,16 +85,41 @@ static double unix_now_s(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* An Event's header: wall_time and step. */
-static void tb_event_head(pbuf *ev, int64_t step) {
+/* A failed write of a log file: warned once per file (training goes on without the lost
+ * records), or the run ends with exit 1 under logging.strict. */
+static void write_failed(ust_log *l, const char *what, const char *path, bool *warned, int err) {
+    if (l->strict)
+        ust_fatal(UST_EXIT_RUNTIME, "%s %s: write failed: %s (logging.strict: true)", what, path,
+                  strerror(err));
+    if (*warned) return;
+    *warned = true;
+    fprintf(stderr,
+            "ustrain: warning: %s %s: write failed: %s; training goes on, its records from here "
+            "may be missing (logging.strict: true stops the run instead)\n",
+            what, path, strerror(err));
+}
+
+/* 0 when f took everything written since the last check (flushed); else -1 with errno. */
+static int flush_checked(FILE *f) {
+    errno = 0;
+    int rc = fflush(f) != 0 || ferror(f) ? -1 : 0;
+    int err = errno ? errno : EIO;
+    clearerr(f);
+    errno = err;
+    return rc;
+}
+
+/* An Event's header: wall_time (unix seconds, a double: the only exact place for it) and step. */
+static void tb_event_head(pbuf *ev, int64_t step, double wall_time) {
     ev->n = 0;
     ev->overflow = 0;
-    pb_double(ev, 1, unix_now_s());
+    pb_double(ev, 1, wall_time);
     pb_key(ev, 2, 0);
     pb_varint(ev, (uint64_t)step);
 }
 
-static void tb_write(FILE *f, const pbuf *ev) {
+static void tb_write(ust_log *l, const pbuf *ev) {
+    FILE *f = l->tb;
     if (!f || ev->overflow) return;
     uint64_t len = ev->n;
     uint32_t lcrc = masked_crc((const uint8_t *)&len, 8), dcrc = masked_crc(ev->buf, ev->n);
@@ -101,7 +127,8 @@ static void tb_write(FILE *f, const pbuf *ev) {
     fwrite(&lcrc, 4, 1, f);
     fwrite(ev->buf, 1, ev->n, f);
     fwrite(&dcrc, 4, 1, f);
-    fflush(f);
+    if (flush_checked(f))
+        write_failed(l, "TensorBoard event file", l->tb_path, &l->warned_tb, errno);
 }
 
 /* summary.value { tag, simple_value } */
@@ -123,19 +150,20 @@ static int tb_open(ust_log *l, const char *dir, int64_t resume_step, char *err, 
     gethostname(host, sizeof host - 1);
     snprintf(path, sizeof path, "%s/events.out.tfevents.%lld.%s.%d", dir, (long long)unix_now_s(),
              host, (int)getpid());
+    snprintf(l->tb_path, sizeof l->tb_path, "%s", path);
     if (!(l->tb = fs_fopen_regular(path, "ab", &e))) {
         snprintf(err, errlen, "logging.tensorboard_dir: %s", e.msg);
         return -1;
     }
     pbuf ev;
-    tb_event_head(&ev, 0);
+    tb_event_head(&ev, 0, unix_now_s());
     pb_len(&ev, 3, "brain.Event:2", 13);
-    tb_write(l->tb, &ev);
+    tb_write(l, &ev);
     if (resume_step > 0) { /* steps after resume_step, which earlier files hold, are superseded */
-        tb_event_head(&ev, resume_step + 1);
+        tb_event_head(&ev, resume_step + 1, unix_now_s());
         uint8_t start[2] = {0x08, 0x01}; /* status = START */
         pb_len(&ev, 7, start, 2);
-        tb_write(l->tb, &ev);
+        tb_write(l, &ev);
     }
     return 0;
 }
@@ -201,6 +229,7 @@ static int open_metrics(ust_log *l, const char *metrics_path, int64_t resume_ste
         }
     }
     if (resume_step > 0 && drop_lines_after(metrics_path, resume_step, err, errlen)) return -1;
+    snprintf(l->metrics_path, sizeof l->metrics_path, "%s", metrics_path);
     if (!(l->metrics = fs_fopen_regular(metrics_path, "ab", &e))) {
         snprintf(err, errlen, "metrics file %s", e.msg);
         return -1;
@@ -210,8 +239,8 @@ static int open_metrics(ust_log *l, const char *metrics_path, int64_t resume_ste
 
 int log_open(ust_log *l, const char *metrics_path, const char *tb_dir, int64_t resume_step,
              char *err, int errlen) {
-    l->metrics = NULL;
-    l->tb = NULL;
+    bool strict = l->strict;
+    *l = (ust_log){.strict = strict};
     if (metrics_path && metrics_path[0] && open_metrics(l, metrics_path, resume_step, err, errlen))
         return -1;
     if (tb_dir && tb_dir[0] && tb_open(l, tb_dir, resume_step, err, errlen)) {
@@ -222,8 +251,10 @@ int log_open(ust_log *l, const char *metrics_path, const char *tb_dir, int64_t r
 }
 
 void log_close(ust_log *l) {
-    if (l->metrics) fclose(l->metrics);
-    if (l->tb) fclose(l->tb);
+    if (l->metrics && fclose(l->metrics) != 0)
+        write_failed(l, "metrics file", l->metrics_path, &l->warned_metrics, errno);
+    if (l->tb && fclose(l->tb) != 0)
+        write_failed(l, "TensorBoard event file", l->tb_path, &l->warned_tb, errno);
     l->metrics = NULL;
     l->tb = NULL;
 }
@@ -358,12 +389,14 @@ static void json_data(FILE *f, const log_step *s) {
     fputc(']', f);
 }
 
-static void tb_step(FILE *f, const log_step *s, const log_scalar *x, int n) {
+/* The step's event: its wall_time is the JSONL's "time", which is no scalar here (a float32 holds
+ * unix seconds only to 128 s); elapsed_s is the scalar of time. */
+static void tb_step(ust_log *l, const log_step *s, const log_scalar *x, int n, double unix_time) {
     pbuf ev, summary;
     summary.n = 0;
     summary.overflow = 0;
     for (int i = 0; i < n; i++)
-        if (isfinite(x[i].v)) tb_value(&summary, x[i].key, x[i].v);
+        if (isfinite(x[i].v) && strcmp(x[i].key, "time")) tb_value(&summary, x[i].key, x[i].v);
     for (int d = 0; d < s->data.n; d++) {
         char tag[48];
         snprintf(tag, sizeof tag, "data/dataset%d/samples", d);
@@ -378,16 +411,17 @@ static void tb_step(FILE *f, const log_step *s, const log_scalar *x, int n) {
             if (isfinite(v[k])) tb_value(&summary, tag, v[k]);
         }
     }
-    tb_event_head(&ev, s->step);
+    tb_event_head(&ev, s->step, unix_time);
     if (summary.overflow) ev.overflow = 1;
     pb_len(&ev, 5, summary.buf, summary.n);
-    tb_write(f, &ev);
+    tb_write(l, &ev);
 }
 
 void log_step_json(ust_log *l, const log_step *s) {
     log_scalar x[LOG_MAX_SCALARS];
-    int n = log_scalars(s, unix_now_s(), x);
-    if (l->tb) tb_step(l->tb, s, x, n);
+    double now = unix_now_s();
+    int n = log_scalars(s, now, x);
+    if (l->tb) tb_step(l, s, x, n, now);
     if (!l->metrics) return;
     fprintf(l->metrics, "{\"step\":%lld", (long long)s->step);
     for (int i = 0; i < n; i++) {
@@ -398,5 +432,6 @@ void log_step_json(ust_log *l, const log_step *s) {
     if (s->skipped) fprintf(l->metrics, ",\"skipped\":true");
     if (s->spike) fprintf(l->metrics, ",\"spike\":\"%s\"", s->spike == 1 ? "skipped" : "rewound");
     fprintf(l->metrics, "}\n");
-    fflush(l->metrics);
+    if (flush_checked(l->metrics))
+        write_failed(l, "metrics file", l->metrics_path, &l->warned_metrics, errno);
 }

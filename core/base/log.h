@@ -7,6 +7,7 @@
 #ifndef UST_LOG_H
 #define UST_LOG_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -75,14 +76,20 @@ typedef struct {
 } log_step;
 
 typedef struct {
-    FILE *metrics; /* NULL on ranks other than 0 or without a metrics file */
-    FILE *tb;      /* NULL without logging.tensorboard_dir */
+    FILE *metrics;           /* NULL on ranks other than 0 or without a metrics file */
+    FILE *tb;                /* NULL without logging.tensorboard_dir */
+    char metrics_path[4096]; /* for the messages */
+    char tb_path[4400];      /* the event file */
+    bool strict;             /* logging.strict: a failed write exits 1 (else: warned once) */
+    bool warned_metrics, warned_tb;
 } ust_log;
 
 /* Opens (appending) the metrics file, creating its directory, and, when tb_dir is not empty, a
  * new event file in tb_dir. resume_step > 0: the run continues after that step, so metrics
  * lines of later steps (a run killed after its last checkpoint wrote them) are dropped first.
- * Returns -1 on failure with the reason in err. */
+ * Returns -1 on failure with the reason in err. Every later write, flush and close is checked:
+ * a failure (a full disk) is warned once per file naming it and errno, or, with l->strict
+ * (set before opening), ends the process with UST_EXIT_RUNTIME. */
 int log_open(ust_log *l, const char *metrics_path, const char *tb_dir, int64_t resume_step,
              char *err, int errlen);
 void log_close(ust_log *l);

@@ -46,12 +46,16 @@ void ckpt_format_shape(char *out, size_t n, int ndim, const int64_t *shape);
 
 /* The job's exclusive lock on dir (rank 0 takes it once, before anything is read or written;
  * the kernel drops it when the process ends). Creates dir, refuses a second job with exit-2
- * material naming the holder (host, pid, start time), checks that `latest` is a regular file
- * when present, and removes temporary step directories that dead jobs left. */
+ * material naming the holder (host, pid, start time) and checks that `latest` is a regular file
+ * when present; it writes nothing into an existing directory. ckpt_lock_claim, once the run is
+ * sure to start, records the holder in .lock and removes temporary step directories that dead
+ * jobs left. */
 typedef struct {
     int fd;
+    char dir[4096]; /* "" when not locked */
 } ckpt_lock;
 int ckpt_lock_dir(const char *dir, ckpt_lock *l, ust_err *e);
+void ckpt_lock_claim(ckpt_lock *l);
 /* -1 with a message starting with `what` when path (existing or to be made) is a checkpoint's
  * step directory or lies inside one (a step_<N> holding state.json or manifest.json, found
  * through the resolved path and its parents): a step's files are sealed by its manifest and

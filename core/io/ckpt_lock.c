@@ -124,6 +124,7 @@ static void remove_stale_tmp(const char *dir) {
 
 int ckpt_lock_dir(const char *dir, ckpt_lock *l, ust_err *e) {
     l->fd = -1;
+    l->dir[0] = 0;
     char p[PATH_MAX];
     ust_err inner;
     if (ckpt_refuse_in_step(dir, "checkpoint.dir", e) || fs_mkdir_p(dir, e) ||
@@ -151,23 +152,31 @@ int ckpt_lock_dir(const char *dir, ckpt_lock *l, ust_err *e) {
                 dir, strerror(err));
         fd = -1;
     }
-    if (fd >= 0) {
-        char text[512];
-        describe_holder(text, sizeof text);
-        if (ftruncate(fd, 0) != 0 || pwrite(fd, text, strlen(text), 0) < 0)
-            fprintf(stderr, "ustrain: warning: cannot record the holder in %s: %s\n", p,
-                    strerror(errno));
-    }
     l->fd = fd;
+    snprintf(l->dir, sizeof l->dir, "%s", dir);
     if (ckpt_check_latest(dir, e) < 0) {
         ckpt_unlock_dir(l);
         return -1;
     }
-    remove_stale_tmp(dir);
     return 0;
+}
+
+/* Only now, when the run is sure to start, is anything written: a refused run leaves .lock (and
+ * the stale temporaries) as they were. */
+void ckpt_lock_claim(ckpt_lock *l) {
+    if (!l->dir[0]) return;
+    if (l->fd >= 0) {
+        char text[512];
+        describe_holder(text, sizeof text);
+        if (ftruncate(l->fd, 0) != 0 || pwrite(l->fd, text, strlen(text), 0) < 0)
+            fprintf(stderr, "ustrain: warning: cannot record the holder in %s/" LOCK_FILE ": %s\n",
+                    l->dir, strerror(errno));
+    }
+    remove_stale_tmp(l->dir);
 }
 
 void ckpt_unlock_dir(ckpt_lock *l) {
     if (l->fd >= 0) close(l->fd); /* closing the last descriptor releases the flock */
     l->fd = -1;
+    l->dir[0] = 0;
 }

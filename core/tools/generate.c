@@ -2,9 +2,11 @@
  * decode loop with streaming output, sampling, and the decode benchmark. */
 #include "generate.h"
 
+#include "fs.h"
 #include "hf_import.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <omp.h>
@@ -360,6 +362,7 @@ typedef struct {
     tok_tokenizer *tok;
     tok_ids ids;
     int eot;
+    FILE *dump; /* --dump-logits, opened before anything else */
 } gen_input;
 
 /* Everything that can be wrong with the input, checked before any weight is read. */
@@ -371,6 +374,7 @@ static int check_input(const char *path, const gen_options *opt, gen_input *in, 
 }
 
 static void free_input(gen_input *in) {
+    if (in->dump) fclose(in->dump);
     if (in->src.close) in->src.close(in->src.ctx);
     tok_free(in->tok);
     free(in->ids.ids);
@@ -387,9 +391,8 @@ static int generate(gen_input *in, const gen_options *opt, ust_err *e) {
         ops->destroy(ops);
         return UST_EXIT_USAGE;
     }
-    FILE *dump = opt->dump_logits ? fopen(opt->dump_logits, "wb") : NULL;
+    FILE *dump = in->dump;
     int rc = 0, V = c->model.vocab_size;
-    if (opt->dump_logits && !dump) rc = ust_errf(e, "generate: cannot create %s", opt->dump_logits);
     float *logits = malloc((size_t)V * sizeof(float));
     UST_ASSERT(logits, "out of host memory");
     gen_stats st = {.prompt = in->ids.n};
@@ -400,8 +403,9 @@ static int generate(gen_input *in, const gen_options *opt, ust_err *e) {
         rc = decode(m, in->tok, in->eot, opt, V, c->model.max_seq_len, logits, dump, &st, e);
         print_stats(&st, c->model.max_seq_len);
     }
+    in->dump = NULL;
     if (dump && fclose(dump) != 0 && !rc)
-        rc = ust_errf(e, "generate: cannot write %s", opt->dump_logits);
+        rc = ust_errf(e, "generate: cannot write %s: %s", opt->dump_logits, strerror(errno));
     free(logits);
     infer_destroy(m);
     ops->destroy(ops);
@@ -412,6 +416,9 @@ int gen_run(const char *ckpt, const gen_options *opt, ust_err *e) {
     gen_input in;
     memset(&in, 0, sizeof in);
     if (opt->dump_logits && ckpt_refuse_output(opt->dump_logits, "generate: --dump-logits", e))
+        return UST_EXIT_USAGE;
+    if (opt->dump_logits &&
+        !(in.dump = fs_fopen_output(opt->dump_logits, "generate: --dump-logits", e)))
         return UST_EXIT_USAGE;
     int rc = check_input(ckpt, opt, &in, e) ? UST_EXIT_USAGE : generate(&in, opt, e);
     free_input(&in);

@@ -48,6 +48,7 @@ typedef struct {
     char *line_buf;
     size_t line_cap;
     int64_t bytes_done; /* of finished files, for the progress bar */
+    bool sys_failed;    /* a read failed for the system's reason (memory, EIO), not the data's */
 } reader;
 
 typedef struct {
@@ -106,15 +107,19 @@ static int open_next(reader *r, ust_err *e) {
     return 0;
 }
 
-/* A read error of the current input: its decoder's reason (damaged or cut-short gzip/zstd). */
-static int read_failed(reader *r, ust_err *e) {
+/* A read error of the current input: its decoder's reason (damaged or cut-short gzip/zstd, exit
+ * 2), else the system's (out of memory for a long line, EIO: r->sys_failed, exit 1). err is errno
+ * as the failed read left it. */
+static int read_failed(reader *r, int err, ust_err *e) {
     ust_err why;
     if (prep_input_close(r->in, &why)) {
         r->in = NULL, r->f = NULL;
         return ust_errf(e, "%s", why.msg);
     }
     r->in = NULL, r->f = NULL;
-    return ust_errf(e, "%s: read error", r->a->inputs[r->file]);
+    r->sys_failed = true;
+    return ust_errf(e, "%s: read failed at line %lld: %s", r->a->inputs[r->file],
+                    (long long)r->line + 1, err ? strerror(err) : "I/O error");
 }
 
 static int close_current(reader *r, ust_err *e) {
@@ -135,9 +140,10 @@ static int read_plain(reader *r, batch *b, ust_err *e) {
         r->carry = realloc(r->carry, r->carry_cap);
         UST_ASSERT(r->carry, "out of memory (%zu bytes)", r->carry_cap);
     }
+    errno = 0;
     size_t got = fread(r->carry + r->carry_n, 1, chunk, r->f);
     r->carry_n += got;
-    if (ferror(r->f)) return read_failed(r, e);
+    if (ferror(r->f)) return read_failed(r, errno, e);
     if (got < chunk && feof(r->f)) {
         batch_add(b, dup_bytes(r->carry, r->carry_n), r->carry_n, true);
         r->carry_n = 0;
@@ -152,26 +158,144 @@ static int read_plain(reader *r, batch *b, ust_err *e) {
     return 0;
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * JSON strings with their length (cJSON's valuestring ends at an escaped NUL). The line is valid
+ * JSON (cJSON parsed it first), so the scanner only has to find its way, not judge. */
+
+static const char *json_ws(const char *p, const char *end) {
+    while (p < end && (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n')) p++;
+    return p;
+}
+
+static unsigned json_hex4(const char *p, const char *end) {
+    unsigned v = 0;
+    for (int i = 0; i < 4 && p + i < end; i++) {
+        char c = p[i];
+        v = v * 16 + (unsigned)(c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10);
+    }
+    return v;
+}
+
+static size_t utf8_put(char *out, unsigned cp) {
+    if (cp < 0x80) return out[0] = (char)cp, 1;
+    if (cp < 0x800) return out[0] = (char)(0xC0 | cp >> 6), out[1] = (char)(0x80 | (cp & 63)), 2;
+    if (cp < 0x10000) {
+        out[0] = (char)(0xE0 | cp >> 12), out[1] = (char)(0x80 | ((cp >> 6) & 63));
+        return out[2] = (char)(0x80 | (cp & 63)), 3;
+    }
+    out[0] = (char)(0xF0 | cp >> 18), out[1] = (char)(0x80 | ((cp >> 12) & 63));
+    out[2] = (char)(0x80 | ((cp >> 6) & 63)), out[3] = (char)(0x80 | (cp & 63));
+    return 4;
+}
+
+/* The \u escape at p (past the "\u"): its code point, a surrogate pair joined; *p moves on. */
+static unsigned json_u_escape(const char **p, const char *end) {
+    unsigned cp = json_hex4(*p, end);
+    *p += 4;
+    if (cp >= 0xD800 && cp < 0xDC00 && *p + 6 <= end && (*p)[0] == '\\' && (*p)[1] == 'u') {
+        unsigned lo = json_hex4(*p + 2, end);
+        if (lo >= 0xDC00 && lo < 0xE000) {
+            *p += 6;
+            return 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+        }
+    }
+    return cp >= 0xD800 && cp < 0xE000 ? 0xFFFD : cp;
+}
+
+/* Decodes the string whose opening quote is at p into out (room for end - p bytes); returns the
+ * position past its closing quote and sets *len. */
+static const char *json_string(const char *p, const char *end, char *out, size_t *len) {
+    size_t k = 0;
+    for (p++; p < end && *p != '"';) {
+        if (*p != '\\') {
+            out[k++] = *p++;
+            continue;
+        }
+        char c = p + 1 < end ? p[1] : 0;
+        p += 2;
+        if (c == 'u') {
+            k += utf8_put(out + k, json_u_escape(&p, end));
+            continue;
+        }
+        out[k++] = c == 'b'   ? '\b'
+                   : c == 'f' ? '\f'
+                   : c == 'n' ? '\n'
+                   : c == 'r' ? '\r'
+                   : c == 't' ? '\t'
+                              : c;
+    }
+    *len = k;
+    return p < end ? p + 1 : end;
+}
+
+/* Skips one value (string, number, literal, object or array) at p. */
+static const char *json_skip(const char *p, const char *end) {
+    int depth = 0;
+    do {
+        if (*p == '"') {
+            for (p++; p < end && *p != '"'; p++)
+                if (*p == '\\') p++;
+        } else if (*p == '{' || *p == '[') {
+            depth++;
+        } else if (*p == '}' || *p == ']') {
+            depth--;
+        } else if (depth == 0) {
+            while (p + 1 < end && !strchr(",}] \t\r\n", p[1])) p++;
+        }
+        p++;
+    } while (p < end && depth > 0);
+    return p;
+}
+
+/* The string value of the top-level key field (the first such key, as cJSON reads it) into a new
+ * buffer *text of *len bytes; -1 when there is none, or it is not a string. */
+static int json_field_text(const char *line, size_t n, const char *field, char **text,
+                           size_t *len) {
+    const char *p = json_ws(line, line + n), *end = line + n;
+    char *buf = malloc(n + 1);
+    UST_ASSERT(buf, "out of memory (%zu bytes)", n);
+    if (p < end && *p == '{') p++;
+    for (p = json_ws(p, end); p < end && *p == '"'; p = json_ws(p, end)) {
+        size_t klen;
+        p = json_ws(json_string(p, end, buf, &klen), end);
+        bool match = klen == strlen(field) && memcmp(buf, field, klen) == 0;
+        p = json_ws(p + 1, end); /* past the ':' */
+        if (match && p < end && *p == '"') {
+            json_string(p, end, buf, len);
+            buf[*len] = 0;
+            *text = buf;
+            return 0;
+        }
+        if (match || p >= end) break;
+        p = json_ws(json_skip(p, end), end);
+        if (p < end && *p == ',') p++;
+        p = json_ws(p, end);
+    }
+    free(buf);
+    return -1;
+}
+
 /* JSON lines: one document per non-blank line. Returns 1 at end of file, 0 otherwise. */
 static int read_jsonl(reader *r, batch *b, ust_err *e) {
     const char *path = r->a->inputs[r->file];
+    errno = 0;
     ssize_t n = getline(&r->line_buf, &r->line_cap, r->f);
-    if (n < 0) {
-        if (ferror(r->f)) return read_failed(r, e);
+    if (n < 0) { /* getline's ENOMEM sets neither flag: only feof means the end */
+        if (ferror(r->f) || !feof(r->f)) return read_failed(r, errno, e);
         return 1;
     }
     r->line++;
     if (strspn(r->line_buf, " \t\r\n") == (size_t)n) return 0;
     cJSON *o = cJSON_ParseWithLength(r->line_buf, (size_t)n);
     if (!o) return ust_errf(e, "%s:%lld: not valid JSON", path, (long long)r->line);
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, r->field);
-    if (!cJSON_IsString(v)) {
-        cJSON_Delete(o);
+    cJSON_Delete(o); /* valid: the field is read with its length (an escaped NUL is a byte) */
+    char *text = NULL;
+    size_t len = 0;
+    if (json_field_text(r->line_buf, (size_t)n, r->field, &text, &len))
         return ust_errf(e, "%s:%lld: no string field \"%s\" (choose the field with --jsonl-field)",
                         path, (long long)r->line, r->field);
-    }
-    add_document(b, r->a, v->valuestring, strlen(v->valuestring));
-    cJSON_Delete(o);
+    add_document(b, r->a, text, len);
+    free(text);
     return 0;
 }
 
@@ -236,6 +360,7 @@ typedef struct {
     unsigned char buf[1 << 16];
     size_t fill;
     bool write_failed; /* the failure is the output's (a full disk), not the input's */
+    bool read_failed;  /* an input could not be read for the system's reason (memory, EIO) */
 } stream;
 
 static int stream_flush(stream *s, ust_err *e) {
@@ -475,6 +600,7 @@ static int tokenize_all(const prep_args *a, const tok_tokenizer *tok, int nthrea
         ust_err ignored; /* the error that stopped the loop is already in e */
         prep_input_close(rd.in, rc ? &ignored : e);
     }
+    s->read_failed = rd.sys_failed;
     for (int t = 0; t < nthreads; t++) tok_work_free(works[t]);
     free(b.items);
     free(rd.carry);
@@ -520,7 +646,7 @@ int prep_run(const prep_args *a, prep_result *res, ust_err *e) {
     if (rc == 0) rc = stream_flush(s, e);
     int64_t nval = 0;
     if (rc == 0) rc = split_sizes(s->n, frac, per_shard, &nval, e);
-    bool runtime = s->write_failed; /* from here every failure is the output's */
+    bool runtime = s->write_failed || s->read_failed; /* from here every failure is the output's */
     if (rc == 0) {
         runtime = true;
         rc = write_split(s, a->out_dir, "train", 0, s->n - nval, per_shard, &res->ntrain_shards, e);

@@ -210,6 +210,7 @@ static int run_with(const ust_config *cfg, ust_runtime *rt, const train_opts *op
         train_teardown(&t);
         return UST_EXIT_USAGE;
     }
+    ckpt_lock_claim(&t.ck.lock); /* sure to start: only now is .lock rewritten */
     if (t.rank0 && opts->write_config) train_write_config(cfg);
     train_metrics_header(&t, opts);
     train_install_stop_handlers(); /* `ustrain train` did already, before the bootstrap */

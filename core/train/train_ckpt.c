@@ -347,8 +347,22 @@ int train_ckpt_after_step(trainer *t) {
 }
 
 /* train.on_spike: rewind: the newest checkpoint's weights and moments, its step, and the data
- * from after the spike on (batch_since marks where the run's data position jumped). Without a
- * checkpoint yet, the spike's update is only skipped. */
+ * from after the spike on (batch_since marks where the run's data position jumped): a repeated
+ * rewind never sees the offending samples again. More than train.max_rewinds rewinds to the same
+ * checkpoint in a row stop the run (data that spikes at every step would rewind forever). Without
+ * a checkpoint yet, the spike's update is only skipped. */
+static int rewind_bound(trainer *t, const ckpt_state *st, const char *dir, ust_err *e) {
+    if (t->ck.rewinds == 0 || t->ck.rewound_to != st->step) t->ck.rewinds = 0;
+    t->ck.rewound_to = st->step;
+    if (++t->ck.rewinds <= t->cfg->train.max_rewinds) return 0;
+    return ust_errf(e,
+                    "spike at step %lld: rewind %d to %s (step %lld) in a row is more than "
+                    "train.max_rewinds = %d (each went on with new data and spiked again: the "
+                    "data or the learning rate?); stopping",
+                    (long long)t->step, t->ck.rewinds, dir, (long long)st->step,
+                    t->cfg->train.max_rewinds);
+}
+
 int train_ckpt_rewind(trainer *t, ust_err *e) {
     const ust_config *c = t->cfg;
     char dir[UST_PATH_MAX + 64];
@@ -362,6 +376,7 @@ int train_ckpt_rewind(trainer *t, ust_err *e) {
     ckpt_reader *r = ckpt_open(dir, e);
     ckpt_state st;
     int rc = r ? ckpt_parse_state(ckpt_state_json(r), dir, &st, e) : -1;
+    if (rc == 0) rc = rewind_bound(t, &st, dir, e);
     if (rc == 0) rc = dp_load(t->eng.dp, r, e);
     if (r) ckpt_close(r);
     if (rc) return -1;

@@ -103,8 +103,9 @@ const ust_batch *train_feed_train(void *ctx, int mb) {
     trainer *t = ctx;
     const ust_config *c = t->cfg;
     int64_t g = first_sample(t, mb) - t->sample_index; /* in the step's global batch */
+    int64_t at = (t->feed.fault_spike_step - 1) * c->train.global_batch_size;
     int poison = t->feed.fault_spike_step > 0 && g == 0 &&
-                 t->sample_index == (t->feed.fault_spike_step - 1) * c->train.global_batch_size;
+                 (t->feed.fault_spike_on ? t->sample_index >= at : t->sample_index == at);
     for (int b = 0; b < c->train.micro_batch_size; b++)
         data_blend_get(t->feed.train, t->feed.which[g + b], t->feed.index[g + b], c->train.seq_len,
                        c->data.shuffle, c->run.seed,

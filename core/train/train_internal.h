@@ -64,6 +64,7 @@ typedef struct {
     int32_t *layout;             /* host: the Tl positions of this rank's part of a sequence */
     int Tl;                      /* tokens of each sequence on this rank (T / cp) */
     int64_t fault_spike_step;    /* UST_FAULT_SPIKE_STEP (tests): the step poisoned, or 0 */
+    bool fault_spike_on;         /* ... "N+": every step's data from step N's on */
 } train_feed;
 
 /* train_ckpt.c: the checkpoints and the stop requests. */
@@ -75,7 +76,9 @@ typedef struct {
     int64_t pending_step, pending_started; /* its step, and the step it was started after */
     double save_s, wait_s; /* the step loop's time in saves, and waiting for async ones */
     int saves;
-    double started_s; /* when this process began training (train.exit_after_min counts from it) */
+    double started_s;   /* when this process began training (train.exit_after_min counts from it) */
+    int64_t rewound_to; /* on_spike: rewind: the step last rewound to, and how many times */
+    int rewinds;
 } train_ckpt;
 
 /* train_metrics.c: the step figures and what the loop adds up of them. */

@@ -191,6 +191,7 @@ void train_metrics_end(trainer *t, train_result *res) {
 int train_metrics_open(trainer *t, const train_opts *opts) {
     const ust_config *cfg = t->cfg;
     char err[1024];
+    t->met.log.strict = cfg->logging.strict;
     if (t->rank0 && !opts->quiet &&
         log_open(&t->met.log, cfg->logging.metrics_file, cfg->logging.tensorboard_dir, t->step, err,
                  sizeof err)) {

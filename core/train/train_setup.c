@@ -138,6 +138,7 @@ int train_setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile,
     t->ck.started_s = log_now_s();
     const char *fault = getenv("UST_FAULT_SPIKE_STEP"), *restart = getenv("UST_RESTART_COUNT");
     t->feed.fault_spike_step = fault ? atoll(fault) : 0;
+    t->feed.fault_spike_on = fault && strchr(fault, '+');
     t->restarts = restart ? atoi(restart) : 0;
     if (t->restarts > 0 && t->rank0)
         printf("restart %d of this job (scripts/ustrun --max-restarts)\n", t->restarts);
@@ -147,7 +148,8 @@ int train_setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile,
     }
     if (train_check_runnable(cfg, e)) return -1;
     fault_setup_hold();
-    /* first, before anything is read: one job at a time may own the checkpoints */
+    /* first, before anything is read: one job at a time may own the checkpoints (nothing is
+     * written there until the run is sure to start: ckpt_lock_claim) */
     if (t->rank0 && cfg->checkpoint.dir[0] && ckpt_lock_dir(cfg->checkpoint.dir, &t->ck.lock, e))
         return -1;
     if (train_feed_open(t, e) || open_backend(t, profile, e) || build_model(t, e)) return -1;

@@ -66,6 +66,26 @@ expect_exit second_job_refused_while_a_multi_rank_job_holds_the_dir 2 "is in use
     run $ck 4 --set "logging.metrics_file=$TMP/mr2.jsonl"
 wait $m && pass multi_rank_holder_finishes || fail multi_rank_holder_finishes "$(tail -3 $TMP/mr.out)"
 
+# a refused run writes nothing into the checkpoint directory: .lock (the holder record) keeps its
+# bytes and mtime through refusals found after the lock is taken (a bad data path, a model that
+# does not fit the checkpoint, a tensorboard_dir that is a file) and through an eval
+ck=$TMP/refused/ck
+run $ck 2 >$TMP/o 2>&1 || fail refused_setup "$(tail -2 $TMP/o)"
+touch -d '2001-01-01 00:00:00' $ck/.lock
+lock_before="$(sha256sum <$ck/.lock) $(stat -c %y $ck/.lock)"
+ls_before=$(ls -a $ck)
+expect_exit refused_bad_data_path 2 "nonexistent" -- run $ck 4 --set "data.train=$TMP/nonexistent/train_*.bin"
+expect_exit refused_model_mismatch 2 "" -- run $ck 4 --set model.n_layer=3
+expect_exit refused_tb_dir_is_a_file 2 "tensorboard_dir" -- run $ck 4 --set logging.tensorboard_dir=$TMP/c.yaml
+$UST eval $ck --data "$TMP/data/val_*.bin" --steps 1 >$TMP/ev.out 2>&1 || fail refused_eval_runs "$(tail -2 $TMP/ev.out)"
+if [ "$(sha256sum <$ck/.lock) $(stat -c %y $ck/.lock)" = "$lock_before" ] && [ "$(ls -a $ck)" = "$ls_before" ]; then
+    pass refused_runs_leave_the_lock_file_as_it_was
+else fail refused_runs_leave_the_lock_file_as_it_was "$(stat -c %y $ck/.lock): $(cat $ck/.lock)"; fi
+expect_exit a_started_run_records_its_holder 0 "step  *4/4" -- run $ck 4
+grep -q "pid [0-9]*, started" $ck/.lock && [ "$(stat -c %Y $ck/.lock)" -gt 1000000000 ] &&
+    [ "$(sha256sum <$ck/.lock) $(stat -c %y $ck/.lock)" != "$lock_before" ] &&
+    pass started_run_rewrites_the_holder || fail started_run_rewrites_the_holder "$(cat $ck/.lock)"
+
 # --- item 2: safetensors whose tensors alias, shift or leave gaps ------------------------------
 ck=$TMP/st/ck
 run $ck 2 >$TMP/o 2>&1 || fail safetensors_setup "$(tail -3 $TMP/o)"

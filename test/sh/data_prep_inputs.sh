@@ -108,6 +108,29 @@ if [ $rc = 0 ] && [ -f $TMP/demo/train_000.bin ] && [ ! -L $TMP/demo/val_000.bin
     pass data_demo_replaces_a_planted_fifo_and_symlink
 else fail data_demo_replaces_a_planted_fifo_and_symlink "exit $rc: $(echo "$out" | tail -1)"; fi
 
+# An escaped NUL in a JSON text is a byte of the text, not its end ("abc\u0000def": 7 bytes and the
+# end of text); the field is found past nested objects holding the same key.
+printf '%s\n' '{"text": "abc\u0000def"}' '{"meta": {"text": "x", "q": "\"}"}, "text": "caf\u00e9 \ud83d\ude00"}' >$TMP/nul.jsonl
+rm -rf $TMP/nul && out=$($P --val-fraction 0 --out $TMP/nul $TMP/nul.jsonl 2>&1)
+if [ "$(python3 -c "import json; print(json.load(open('$TMP/nul/meta.json'))['train_tokens'])" 2>/dev/null)" = 19 ]; then
+    pass prep_json_escaped_nul_kept
+else fail prep_json_escaped_nul_kept "$(echo "$out" | head -1)"; fi
+
+# A line too long for the memory: getline's ENOMEM is a failure naming the file (exit 1), never the
+# end of the file (which dropped that line and the rest and exited 0).
+printf '%s\n' '{"text": "a b"}' >$TMP/small.jsonl
+if (ulimit -v 1300000; $P --out $TMP/probe $TMP/small.jsonl) >/dev/null 2>&1; then
+    python3 -c "
+import sys
+with open(sys.argv[1], 'w') as f:
+    f.write('{\"text\": \"first\"}\n{\"text\": \"' + 'x' * (200 << 20) + '\"}\n{\"text\": \"last\"}\n')" $TMP/long.jsonl
+    expect_exit prep_getline_enomem_is_a_failure 1 "long.jsonl: read failed at line 2: Cannot allocate memory" -- \
+        bash -c "ulimit -v 1300000; exec $P --out $TMP/long $TMP/long.jsonl"
+    rm -f $TMP/long.jsonl
+else
+    pass "prep_getline_enomem_is_a_failure (skipped: the binary needs more than 1.3 GB of address space)"
+fi
+
 # Parquet through pyarrow: rows stream into data prep's standard input
 if need_py prep_parquet_through_stdin pyarrow; then
     python3 - $TMP <<'EOT'

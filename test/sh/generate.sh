@@ -117,6 +117,21 @@ fi
 
 # --- bad input: exit 2 with the reason
 CK=$TMP/llama/ckpt
+# --dump-logits at a path that cannot take it exits 2 at start, before the weights are read, with
+# the reason: a FIFO without a reader (it hung), a directory, a missing directory, an empty path,
+# a read-only file system (a tmpfs mounted read-only in a private mount namespace)
+mkdir -p $TMP/outs && rm -f $TMP/outs/fifo && mkfifo $TMP/outs/fifo
+G="timeout -k 5 30 $UST generate $CK --prompt hi --tokenizer bytes --max-new-tokens 2 --dump-logits"
+expect_exit generate_dump_logits_fifo_exits_2 2 "dump-logits .*outs/fifo: not a regular file \(a FIFO\)" -- $G $TMP/outs/fifo
+expect_exit generate_dump_logits_directory_exits_2 2 "dump-logits .*outs: not a regular file \(a directory\)" -- $G $TMP/outs
+expect_exit generate_dump_logits_missing_dir_exits_2 2 "dump-logits .*nodir/x.bin: cannot create: the directory .*outs/nodir does not exist" -- \
+    $G $TMP/outs/nodir/x.bin
+expect_exit generate_dump_logits_empty_path_exits_2 2 "dump-logits an empty path" -- $G ""
+if unshare -m true 2>/dev/null; then
+    mkdir -p $TMP/ro
+    expect_exit generate_dump_logits_read_only_fs_exits_2 2 "dump-logits .*ro/x.bin: cannot open: Read-only file system" -- \
+        unshare -m bash -c 'mount -t tmpfs -o ro,size=64k none "$0" && exec "$@"' $TMP/ro $G $TMP/ro/x.bin
+fi
 expect_exit generate_missing_checkpoint_exits_2 2 "nonexistent.*No such file" -- \
     $UST generate $TMP/nonexistent --prompt hi --tokenizer bytes
 mkdir -p $TMP/empty

@@ -61,6 +61,30 @@ raised = "above the sgemm peak measured at start-up" in open(sys.argv[2]).read()
 ok = raised and len(mfu) == 2 and all(0 < m <= 1 for m in mfu)
 print("PASS mfu_never_above_100_percent" if ok else f"FAIL mfu_never_above_100_percent: mfu {mfu}, raised {raised}")
 EOT
+# A full disk under the metrics file and the event file (a 64 KiB tmpfs in a private mount
+# namespace): the run goes on and says so once per file naming it and errno; logging.strict: true
+# stops it with exit 1 (before: exit 0, lines missing, nothing said).
+if unshare -m true 2>/dev/null; then
+    full_run() { # full_run LOG EXTRA...: 150 steps logging into a fresh 64 KiB tmpfs at $TMP/full
+        local log=$1; shift
+        mkdir -p $TMP/full && rm -rf $TMP/fullck
+        unshare -m bash -c 'mount -t tmpfs -o size=64k none "$0" && exec "$@"' $TMP/full \
+            $UST train $TMP/tb.yaml --set train.steps=150 --set checkpoint.dir=$TMP/fullck --set checkpoint.every=1000 \
+            --set logging.metrics_file=$TMP/full/m.jsonl --set logging.tensorboard_dir=$TMP/full/tb "$@" >$log 2>&1
+    }
+    full_run $TMP/full1.log; rc=$?
+    nm=$(grep -c "warning: metrics file $TMP/full/m.jsonl: write failed: No space left on device" $TMP/full1.log)
+    nt=$(grep -c "warning: TensorBoard event file $TMP/full/tb/.*: write failed: No space left on device" $TMP/full1.log)
+    if [ $rc = 0 ] && [ "$nm" = 1 ] && [ "$nt" = 1 ] && grep -q "step  *150/150" $TMP/full1.log; then
+        pass metrics_full_disk_warned_once_per_file
+    else fail metrics_full_disk_warned_once_per_file "exit $rc, $nm/$nt warnings: $(grep -i 'warn\|error' $TMP/full1.log | head -2)"; fi
+    full_run $TMP/full2.log --set logging.strict=true; rc=$?
+    if [ $rc = 1 ] && grep -q "error: .*$TMP/full/.*: write failed: No space left on device (logging.strict: true)" $TMP/full2.log; then
+        pass metrics_full_disk_strict_exits_1
+    else fail metrics_full_disk_strict_exits_1 "exit $rc: $(tail -1 $TMP/full2.log)"; fi
+else
+    pass "metrics_full_disk_warned_once_per_file (skipped: no private mount namespace)"
+fi
 expect_exit tb_dir_is_a_file_exits_2 2 "tensorboard_dir" -- \
     $UST train $TMP/tb.yaml --set checkpoint.dir=$TMP/x/ckpt --set logging.tensorboard_dir=$TMP/tb.yaml
 exit 0

@@ -61,6 +61,21 @@ s = json.load(open(sys.argv[1]))
 ok = s["step"] == 32 and s["sample_index"] == 132 and s["batch_since"]["step"] == 28 and s["batch_since"]["sample_index"] == 116
 print("PASS spike_rewind_skips_the_spike_data" if ok else f"FAIL spike_rewind_skips_the_spike_data: {s['step']} {s['sample_index']} {s['batch_since']}")
 EOT
+# every step from 29 on spikes (UST_FAULT_SPIKE_STEP=29+ poisons all data from step 29's on):
+# each rewind to step_28 goes on with new data (never the spike's samples again) and spikes again;
+# the fourth rewind in a row is more than train.max_rewinds (3): exit 1 naming the step, never a
+# loop that rewinds forever
+UST_FAULT_SPIKE_STEP=29+ timeout -k 5 120 bash -c "$(declare -f run); TMP=$TMP UST=$UST S='$S' run endless --set train.on_spike=rewind --set checkpoint.every=4"
+rc=$?
+n=$(grep -c "spike: rewound to .*step_28 (step 28)" $TMP/endless.log)
+if [ $rc = 1 ] && [ "$n" = 3 ] && grep -q "error: .*spike at step 29: rewind 4 to .*step_28 (step 28) in a row is more than train.max_rewinds = 3" $TMP/endless.log &&
+    [ "$(grep -o 'samples \[[0-9]*' $TMP/endless.log | sort | uniq -d)" = "" ]; then
+    pass spike_rewinds_are_bounded_and_skip_the_data
+else fail spike_rewinds_are_bounded_and_skip_the_data "exit $rc, $n rewinds: $(grep -i 'spike\|error' $TMP/endless.log | tail -2)"; fi
+UST_FAULT_SPIKE_STEP=29+ timeout -k 5 120 bash -c "$(declare -f run); TMP=$TMP UST=$UST S='$S' run endless0 --set train.on_spike=rewind --set checkpoint.every=4 --set train.max_rewinds=0"
+rc=$?
+[ $rc = 1 ] && grep -q "rewind 1 to .* more than train.max_rewinds = 0" $TMP/endless0.log && pass spike_max_rewinds_zero_stops_at_the_first ||
+    fail spike_max_rewinds_zero_stops_at_the_first "exit $rc: $(tail -1 $TMP/endless0.log)"
 # the same decision on every rank: a dp=2 run skips the same step
 rm -rf $TMP/dp2 && cp -r $TMP/base $TMP/dp2
 UST_FAULT_SPIKE_STEP=29 scripts/ustrun --nproc-per-node 2 $UST train $TMP/c.yaml --set parallel.dp=2 \

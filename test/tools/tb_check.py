@@ -7,7 +7,8 @@
    CRC32C of the data; CRC32C written here from its definition) must check.
 2. With the tensorboard package's EventAccumulator (which applies SessionLog START purges): every
    numeric key of every JSONL line must be there as a scalar of the same step, equal to float32
-   rounding, and no step may appear twice. Prints PASS/FAIL lines (test/lib.sh style)."""
+   rounding, but "time", which is the step's event wall_time (a double, to the JSONL's
+   millisecond; no float32 scalar), and no step may appear twice. Prints PASS/FAIL lines (test/lib.sh style)."""
 import glob
 import json
 import math
@@ -75,9 +76,17 @@ def main():
         seen = [e.step for e in acc.Scalars(tag)]
         if len(seen) != len(set(seen)):
             bad.append(f"{tag}: steps {seen} repeat")
+    if "time" in tags:  # float32 holds unix seconds to 128 s: every value collapses
+        bad.append("time is a float32 scalar: " + str(sorted({e.value for e in acc.Scalars("time")})[:3]))
     for l in lines:
         for k, v in l.items():
             if k == "step" or not isinstance(v, (int, float)) or isinstance(v, bool):
+                continue
+            if k == "time":  # the event's wall_time (a double), no float32 scalar
+                walls = {e.wall_time for e in acc.Scalars("loss") if e.step == l["step"]}
+                if len(walls) != 1 or abs(walls.pop() - v) > 6e-4:
+                    bad.append(f"time at step {l['step']}: event wall_time {walls}, jsonl {v}")
+                compared += 1
                 continue
             if k not in tags:
                 bad.append(f"{k} missing from the event files")
