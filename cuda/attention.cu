@@ -128,13 +128,13 @@ __global__ void __launch_bounds__(NW * 32)
         if (i >= Tq) continue;
         float L = warp_sum(l[qq]);
         float *oi = out + (((int64_t)b * Tq + i) * H + h) * D;
-        float inv = L > 0.0f ? 1.0f / L : 0.0f;
+        float inv = L != 0.0f ? 1.0f / L : 0.0f; /* a NaN sum stays NaN */
 #pragma unroll
         for (int e = 0; e < DPL; e++) {
             int d = lane + 32 * e;
             if (d < D) oi[d] = acc[qq][e] * inv;
         }
-        if (lane == 0) lse[((int64_t)b * H + h) * Tq + i] = L > 0.0f ? m[qq] + logf(L) : -INFINITY;
+        if (lane == 0) lse[((int64_t)b * H + h) * Tq + i] = L != 0.0f ? m[qq] + logf(L) : -INFINITY;
     }
 }
 
@@ -510,7 +510,7 @@ __global__ void k_att_probs(float *S, float *lse, const int32_t *q_pos, const in
     if (FWD) {
         float mx = -INFINITY;
         for (int j = threadIdx.x; j < Tk; j += blockDim.x)
-            if (!HIDDEN(j)) mx = fmaxf(mx, s[j]);
+            if (!HIDDEN(j)) mx = max_nan(mx, s[j]);
         mx = block_max(mx, sh);
         if (mx == -INFINITY) { /* the query sees no key */
             for (int j = threadIdx.x; j < Tk; j += blockDim.x) s[j] = 0.0f;

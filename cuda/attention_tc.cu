@@ -207,8 +207,8 @@ __device__ __forceinline__ query_rows query_block_positions(int *qpos, const int
 
 /* Max over the 4 lanes of a fragment row group (the lanes sharing g). */
 __device__ __forceinline__ float quad_max(float v) {
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+    v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return max_nan(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 __device__ __forceinline__ float quad_sum(float v) {
     v += __shfl_xor_sync(0xffffffffu, v, 1);
@@ -272,11 +272,11 @@ __global__ void __launch_bounds__(TC_THREADS)
                            kpos[j] >= (e < 2 ? qr.qs0 : qr.qs1);
                 s[nt][e] = vis ? s[nt][e] * scale2 : -INFINITY;
                 if (e < 2)
-                    mx0 = fmaxf(mx0, s[nt][e]);
+                    mx0 = max_nan(mx0, s[nt][e]);
                 else
-                    mx1 = fmaxf(mx1, s[nt][e]);
+                    mx1 = max_nan(mx1, s[nt][e]);
             }
-        const float n0 = fmaxf(m0, quad_max(mx0)), n1 = fmaxf(m1, quad_max(mx1));
+        const float n0 = max_nan(m0, quad_max(mx0)), n1 = max_nan(m1, quad_max(mx1));
         const float base0 = n0 == -INFINITY ? 0.0f : n0, base1 = n1 == -INFINITY ? 0.0f : n1;
         const float al0 = exp2f(m0 - base0), al1 = exp2f(m1 - base1);
         m0 = n0, m1 = n1, l0 *= al0, l1 *= al1;
@@ -298,7 +298,8 @@ __global__ void __launch_bounds__(TC_THREADS)
         }
     }
     l0 = quad_sum(l0), l1 = quad_sum(l1);
-    const float inv0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+    /* a NaN sum (a NaN score) stays NaN in the output and lse */
+    const float inv0 = l0 != 0.0f ? 1.0f / l0 : 0.0f, inv1 = l1 != 0.0f ? 1.0f / l1 : 0.0f;
     T *ob = out + ((int64_t)b * Tq * H + h) * D;
     for (int dt = 0; dt < ND; dt++) {
         int c = 8 * dt + 2 * t;
@@ -308,8 +309,8 @@ __global__ void __launch_bounds__(TC_THREADS)
             st_act(ob, r1 * qs + c, o[dt][2] * inv1), st_act(ob, r1 * qs + c + 1, o[dt][3] * inv1);
     }
     float *lb = lse + ((int64_t)b * H + h) * Tq;
-    if (t == 0 && r0 < Tq) lb[r0] = l0 > 0.0f ? (m0 + log2f(l0)) * LN2 : -INFINITY;
-    if (t == 0 && r1 < Tq) lb[r1] = l1 > 0.0f ? (m1 + log2f(l1)) * LN2 : -INFINITY;
+    if (t == 0 && r0 < Tq) lb[r0] = l0 != 0.0f ? (m0 + log2f(l0)) * LN2 : -INFINITY;
+    if (t == 0 && r1 < Tq) lb[r1] = l1 != 0.0f ? (m1 + log2f(l1)) * LN2 : -INFINITY;
 }
 
 /* ---------------------------------------------------------------- backward: dq */

@@ -137,8 +137,13 @@ template <typename T> __device__ __forceinline__ T warp_sum(T v) {
     return v;
 }
 
+/* max(a, b), NaN when either is: fmaxf drops a NaN (IEEE maxNum), and a softmax's max must carry
+ * a NaN score (a non-finite weight) through to its output and lse rather than hide it. Equal to
+ * fmaxf on numbers (a signed zero aside, which no softmax tells apart). */
+__device__ __forceinline__ float max_nan(float a, float b) { return a > b || a != a ? a : b; }
+
 __device__ __forceinline__ float warp_max(float v) {
-    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+    for (int off = 16; off > 0; off >>= 1) v = max_nan(v, __shfl_xor_sync(0xffffffffu, v, off));
     return v;
 }
 

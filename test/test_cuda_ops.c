@@ -872,6 +872,52 @@ static int attention_cases_with(const char *env, const char *value, const att_ca
     return ok;
 }
 
+/* A NaN in one query reaches every score of its rows (a NaN q_proj weight): each attention path
+ * (flash, tensor-core, GEMM) gives that row a NaN output and lse and the other rows finite
+ * outputs; a max that drops the NaN (fmaxf) and a "sum > 0" test turned it into 0 before. */
+static int nan_query_case(const char *path) {
+    ust_ops *saved = GPU;
+    ust_err e;
+    setenv("UST_CUDA_ATTENTION", path, 1);
+    ust_ops *alt = ops_cuda_create(0, &e);
+    unsetenv("UST_CUDA_ATTENTION");
+    if (!alt) {
+        snprintf(msg, sizeof msg, "ops_cuda_create for %s: %s", path, e.msg);
+        return 0;
+    }
+    if (acts16) ops_cuda_set_bf16(alt, 1);
+    GPU = alt;
+    const int B = 1, T = 100, H = 2, D = 64, row = 70, h = 1;
+    const int64_t nq = (int64_t)B * T * H * D, nk = (int64_t)B * T * D, nl = (int64_t)B * H * T;
+    float *q = hrand(nq, 1.5f), *k = hrand(nk, 1.5f), *v = hrand(nk, 1);
+    for (int d = 0; d < D; d++) q[((int64_t)row * H + h) * D + d] = NAN;
+    float *gq = gup_act(q, nq), *gk = gup_act(k, nk), *gv = gup_act(v, nk);
+    float *gout = GPU->alloc(GPU, (size_t)nq * sizeof(float)), *glse = GPU->alloc(GPU, nl * 4);
+    GPU->attention_fwd(GPU, gout, glse, gq, gk, gv, B, T, T, H, 1, D, NULL, NULL, 1, NULL);
+    float *out = gdown_act(gout, nq), *lse = gdown(glse, nl);
+    int bad = 0;
+    for (int i = 0; i < T; i++)
+        for (int hh = 0; hh < H; hh++) {
+            int nan_row = i == row && hh == h;
+            const float *oi = out + ((int64_t)i * H + hh) * D;
+            for (int d = 0; d < D; d++) bad += nan_row ? !isnan(oi[d]) : !isfinite(oi[d]);
+            float l = lse[(int64_t)hh * T + i];
+            bad += nan_row ? !isnan(l) : !isfinite(l);
+        }
+    if (bad) snprintf(msg, sizeof msg, "%s: %d outputs or lse wrong around the NaN row", path, bad);
+    free(q), free(k), free(v), free(out), free(lse);
+    gfree(gq), gfree(gk), gfree(gv), gfree(gout), gfree(glse);
+    GPU = saved;
+    alt->destroy(alt);
+    return bad == 0;
+}
+
+static void test_cuda_attention_carries_a_nan_query_to_its_row(void) {
+    if (fake) return;
+    static const char *paths[] = {"flash", "tc", "gemm"};
+    for (int i = 0; i < 3; i++) CHECK(nan_query_case(paths[i]), "%s", msg);
+}
+
 static void test_cuda_attention_flash_kernels_match_cpu(void) {
     if (fake) return;
     CHECK(attention_cases_with("UST_CUDA_ATTENTION", "flash", att_cases, N_ATT_CASES, &att_fp32),
@@ -1367,6 +1413,7 @@ int main(void) {
     RUN_TEST(test_cuda_rope_matches_cpu_in_place_and_inverse);
     RUN_TEST(test_cuda_attention_matches_cpu_causal_gqa_masks_and_head_dims);
     RUN_TEST(test_cuda_attention_flash_kernels_match_cpu);
+    RUN_TEST(test_cuda_attention_carries_a_nan_query_to_its_row);
     RUN_TEST(test_cuda_attention_tensor_core_kernels_match_cpu);
     RUN_TEST(test_cuda_attention_gemm_in_query_chunks_matches_cpu);
     RUN_TEST(test_cuda_attention_merge_matches_cpu);

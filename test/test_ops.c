@@ -835,6 +835,29 @@ static void att_subset_free(att_ctx *s) { fr(s->k), fr(s->v), fr(s->out), fr(s->
  * first set, the query at 1 sees neither, so merge meets -inf on each side and on both. */
 static const int split1[4] = {0, 1, 2, 3}, split2[3] = {4, 5, 6};
 
+/* A NaN in one query (a NaN q_proj weight reaches every score of its rows) makes that row's
+ * output and lse NaN and leaves the other rows finite: the online softmax's max must not drop
+ * the NaN and skip the block as if nothing were visible (which gave a finite output of 0). */
+static void test_attention_carries_a_nan_query_to_its_row(void) {
+    att_ctx c = att_make(1, 70, 70, 2, 1, 16, 1, NULL, NULL, 1.0f);
+    int row = 40, h = 1; /* (b 0, query 40, head 1); 70 keys: two key blocks */
+    for (int d = 0; d < c.D; d++) c.q[((int64_t)row * c.H + h) * c.D + d] = NAN;
+    att_fwd(O, &c);
+    int bad = 0, finite_elsewhere = 1;
+    for (int i = 0; i < c.Tq; i++)
+        for (int hh = 0; hh < c.H; hh++) {
+            const float *oi = c.out + ((int64_t)i * c.H + hh) * c.D;
+            float l = c.lse[(int64_t)hh * c.Tq + i];
+            int nan_row = i == row && hh == h;
+            for (int d = 0; d < c.D; d++)
+                if (nan_row ? !isnan(oi[d]) : !isfinite(oi[d])) bad++;
+            if (nan_row ? !isnan(l) : !isfinite(l)) finite_elsewhere = 0;
+        }
+    CHECK(bad == 0 && finite_elsewhere, "%d outputs wrong (NaN row %d head %d), lse ok %d", bad,
+          row, h, finite_elsewhere);
+    att_free(&c);
+}
+
 static void test_attention_merge_of_two_key_sets_equals_attention_over_all_keys(void) {
     att_ctx full = att_make(2, 5, 7, 4, 2, 4, 1, cp_qpos, cp_kpos, 1);
     att_fwd(O, &full);
@@ -1151,6 +1174,7 @@ int main(void) {
     RUN_TEST(test_attention_backward_matches_finite_differences_causal_cp_masked_row);
     RUN_TEST(test_attention_backward_matches_finite_differences_many_key_blocks);
     RUN_TEST(test_attention_with_documents_matches_reference_and_each_document_alone);
+    RUN_TEST(test_attention_carries_a_nan_query_to_its_row);
     RUN_TEST(test_attention_merge_of_two_key_sets_equals_attention_over_all_keys);
     RUN_TEST(test_attention_backward_over_two_key_sets_with_merged_lse_equals_full_backward);
     RUN_TEST(test_xent_forward_excludes_padding_and_ignores_negative_targets);

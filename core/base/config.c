@@ -68,7 +68,7 @@ const char *cfg_nearest(const char *name, const char *const *names, int n) {
 
 /* The nearest valid name, if near enough to be a plausible typo; NULL otherwise. */
 static const char *cfg_suggest(const cfg_names *names, const char *name) {
-    const char *p[LEVEL_MAX];
+    const char *p[LEVEL_MAX] = {0}; /* initialized: -O1 cannot see n <= LEVEL_MAX */
     for (int i = 0; i < names->n; i++) p[i] = names->name[i];
     return cfg_nearest(name, p, names->n);
 }

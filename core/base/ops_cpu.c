@@ -754,8 +754,16 @@ static void att_fwd_row(const att_geom *g, float *ai, float *m, float *l, const 
     float s[ATT_KB];
     block_scores(s, qi, kt, j0, nj, g->D, g->scale, g->causal, g->k_pos, qp, qs);
     float bm = -INFINITY;
-#pragma omp simd reduction(max : bm)
-    for (int jj = 0; jj < ATT_KB; jj++) bm = s[jj] > bm ? s[jj] : bm;
+    int nan = 0;
+#pragma omp simd reduction(max : bm) reduction(| : nan)
+    for (int jj = 0; jj < ATT_KB; jj++) {
+        bm = s[jj] > bm ? s[jj] : bm;
+        nan |= s[jj] != s[jj];
+    }
+    if (nan) {         /* a NaN score (a non-finite weight): the row's output and lse become NaN, */
+        *m = *l = NAN; /* where the max alone would drop it and could skip the block as hidden */
+        return;
+    }
     if (bm == -INFINITY) return; /* nothing visible in this block */
     if (bm > *m) {
         float c = exp_vec(*m - bm); /* 0 on the first visible block (acc = l = 0) */
@@ -801,7 +809,7 @@ static void att_fwd_tile(const att_geom *g, float *ws, float *out, float *lse, c
     for (int x = 0; x < t.ni; x++) {
         float *oi = out + ((int64_t)t.b * g->Tq + t.i0 + x) * g->qstride + (int64_t)t.h * D;
         float *li = lse + ((int64_t)t.b * g->H + t.h) * g->Tq + t.i0 + x;
-        if (l[x] == 0.0f) { /* the query sees no key */
+        if (l[x] == 0.0f) { /* the query sees no key (a NaN sum is carried to out and lse) */
             for (int d = 0; d < D; d++) oi[d] = 0.0f;
             *li = -INFINITY;
         } else {
