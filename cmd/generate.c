@@ -15,6 +15,7 @@ static const char *GENERATE_USAGE =
     "usage: ustrain generate CKPT (--prompt TEXT | --prompt-file FILE) [--max-new-tokens N]\n"
     "                        [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
     "                        [--device cpu|cuda] [--tokenizer PATH|bytes] [--dump-logits FILE]\n"
+    "                        [--allow-nonfinite]\n"
     "  CKPT  a checkpoint step directory, or a checkpoint directory (its newest finished step)\n"
     "  --max-new-tokens N  at most N new tokens (default 128; also stops at end of text and at\n"
     "                      the model's max_seq_len)\n"
@@ -24,6 +25,7 @@ static const char *GENERATE_USAGE =
     "  --seed S            the same seed gives the same text (default 0)\n"
     "  --tokenizer         tokenizer.json, or bytes (id = byte); default: the checkpoint's record\n"
     "  --dump-logits FILE  each new token's logits over the real vocabulary, fp32 rows\n"
+    "  --allow-nonfinite   load a Hugging Face model holding NaN or Inf weights (refused)\n"
     "  The text goes to stdout as it is generated; counts, prefill time and tokens/s to stderr.\n";
 
 static const char *BENCH_GENERATE_USAGE =
@@ -80,6 +82,10 @@ static int parse(gen_args *a, int argc, char **argv) {
             if (a->ckpt)
                 return cmd_usage_error("ustrain", GENERATE_USAGE, "unexpected argument %s", o);
             a->ckpt = o;
+            continue;
+        }
+        if (!strcmp(o, "--allow-nonfinite")) { /* a flag: no value */
+            a->o.allow_nonfinite = 1;
             continue;
         }
         if (!(v = value(argc, argv, &i, GENERATE_USAGE))) return UST_EXIT_USAGE;

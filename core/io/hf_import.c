@@ -41,6 +41,7 @@ struct hf_model {
     hf_src_ref *refs; /* every row's sources, sorted by name */
     int nrefs;
     int64_t bytes_read, tensor_bytes;
+    int allow_nonfinite; /* hf_allow_nonfinite */
 };
 
 /* ------------------------------------------------------------------ files */
@@ -538,6 +539,22 @@ static int read_run(void *vc, int64_t elem, int64_t at, int64_t n, ust_err *e) {
     return 0;
 }
 
+/* A NaN or Inf weight trains and evaluates to NaN (attention carries it to the loss), so the
+ * import counts them in what it read and refuses the tensor, naming it and the file's name. */
+static int refuse_nonfinite(const hf_model *h, const hf_tensor *x, const ckpt_tensor *t,
+                            const ckpt_slice *s, const float *out, ust_err *e) {
+    int64_t n = s->flat1 - s->flat0, bad = 0, first = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(out[i])) bad++, first = first < 0 ? i : first;
+    if (!bad) return 0;
+    return ust_errf(e,
+                    "%s: tensor %s (%s here) holds %lld non-finite value%s (NaN or Inf; the "
+                    "first at element %lld of the %lld read): a model with them trains and "
+                    "evaluates to NaN; refused (model.allow_nonfinite: true loads it anyway)",
+                    h->dir, x->name, t->name, (long long)bad, bad == 1 ? "" : "s", (long long)first,
+                    (long long)n);
+}
+
 int hf_read_slice(hf_model *h, const ckpt_tensor *t, const ckpt_slice *s, float *out, ust_err *e) {
     hf_src_ref key = {t->name, 0, 0};
     const hf_src_ref *ref = bsearch(&key, h->refs, (size_t)h->nrefs, sizeof key, cmp_ref);
@@ -551,5 +568,8 @@ int hf_read_slice(hf_model *h, const ckpt_tensor *t, const ckpt_slice *s, float 
     read_ctx c = {h, x, ref->src, cols, {0}, out};
     int rc = st_raw(h->shards[h->shard_of[ref->row]], x->name + h->name_off[ref->row], &c.v);
     UST_ASSERT(rc == 0, "tensor %s vanished from its shard", x->name);
-    return ckpt_for_each_run(s, cols, read_run, &c, e);
+    if (ckpt_for_each_run(s, cols, read_run, &c, e)) return -1;
+    return h->allow_nonfinite ? 0 : refuse_nonfinite(h, x, t, s, out, e);
 }
+
+void hf_allow_nonfinite(hf_model *h, int allow) { h->allow_nonfinite = allow; }

@@ -35,6 +35,9 @@ int hf_resolve_config(ust_config *c, ust_err *e);
  * widened): vocabulary rows beyond vocab_size zero, Conv1D transposed back, GPT-2's c_attn split
  * into q/k/v. Reads only the slice's bytes of the mapped files. */
 int hf_read_slice(hf_model *h, const ckpt_tensor *t, const ckpt_slice *s, float *out, ust_err *e);
+/* hf_read_slice refuses a slice holding NaN or Inf, naming the tensor, unless allowed
+ * (model.allow_nonfinite, generate's --allow-nonfinite). */
+void hf_allow_nonfinite(hf_model *h, int allow);
 int64_t hf_bytes_read(const hf_model *h);   /* bytes of tensor data this process read so far */
 int64_t hf_tensor_bytes(const hf_model *h); /* bytes of the model's tensors in the files */
 

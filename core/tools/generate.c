@@ -207,9 +207,10 @@ static int read_hf(void *ctx, const ckpt_tensor *t, float *host, ust_err *e) {
 
 static void close_hf(void *ctx) { hf_close(ctx); }
 
-static int open_hf_source(const char *path, gen_source *src, ust_err *e) {
+static int open_hf_source(const char *path, gen_source *src, int allow_nonfinite, ust_err *e) {
     hf_model *h = hf_open(path, e);
     if (!h) return -1;
+    hf_allow_nonfinite(h, allow_nonfinite);
     snprintf(src->where, sizeof src->where, "%s", path);
     cfg_defaults(&src->cfg);
     int rc = hf_apply_config(h, &src->cfg, e);
@@ -227,9 +228,10 @@ static int open_hf_source(const char *path, gen_source *src, ust_err *e) {
     return 0;
 }
 
-static int open_source(const char *path, gen_source *src, ust_err *e) {
+static int open_source(const char *path, gen_source *src, int allow_nonfinite, ust_err *e) {
     src->eot = -1;
-    return is_hf_dir(path) ? open_hf_source(path, src, e) : open_ckpt_source(path, src, e);
+    return is_hf_dir(path) ? open_hf_source(path, src, allow_nonfinite, e)
+                           : open_ckpt_source(path, src, e);
 }
 
 /* Random weights for the benchmark: N(0, 0.02) matrices, norms' weights 1, biases 0. */
@@ -367,7 +369,7 @@ typedef struct {
 
 /* Everything that can be wrong with the input, checked before any weight is read. */
 static int check_input(const char *path, const gen_options *opt, gen_input *in, ust_err *e) {
-    if (open_source(path, &in->src, e) ||
+    if (open_source(path, &in->src, opt->allow_nonfinite, e) ||
         pick_tokenizer(opt->tokenizer, &in->src, &in->tok, &in->eot, e))
         return -1;
     return encode_prompt(in->tok, opt, &in->src.cfg, &in->ids, e);

@@ -34,6 +34,7 @@ typedef struct {
     const char *tokenizer;   /* tokenizer.json path, "bytes", or NULL (the checkpoint's record) */
     const char *dump_logits; /* NULL, or a file for each new token's logits (V floats, fp32) */
     FILE *out;               /* the generated text (stdout) */
+    int allow_nonfinite;     /* an HF model's NaN/Inf weights are loaded, not refused */
 } gen_options;
 
 /* Runs ustrain generate on ckpt (a step directory or a checkpoint directory). Returns 0, or

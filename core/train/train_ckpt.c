@@ -255,6 +255,7 @@ static int read_hf(void *h, const ckpt_tensor *t, const ckpt_slice *s, float *ho
 static int load_hf(trainer *t, const char *dir, ust_err *e) {
     hf_model *h = hf_open(dir, e);
     if (!h) return -1;
+    hf_allow_nonfinite(h, t->cfg->model.allow_nonfinite);
     int rc = dp_load_slices(t->eng.dp, read_hf, h, e);
     if (rc == 0) {
         int64_t got = hf_bytes_read(h), all = hf_tensor_bytes(h);

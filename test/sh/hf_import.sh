@@ -161,6 +161,26 @@ import json, sys; p = sys.argv[1]; j = json.load(open(p))
 j['weight_map']['model.layers.7.mlp.up_proj.weight'] = 'model-00001-of-00002.safetensors'
 json.dump(j, open(p, 'w'))" $TMP/b-index-extra/model.safetensors.index.json
 bad hf_index_entry_no_shard_holds_exits_2 "index.json: tensor 'model.layers.7.mlp.up_proj.weight' is listed in shard 'model-00001-of-00002.safetensors', which does not hold it" $TMP/b-index-extra
+# a NaN weight (issue 33 item 4): the import counts and names it and refuses, exit 2, in train,
+# eval and generate; allowed, it reaches the loss through attention (a NaN q row), exit 1
+$MAKE make llama $TMP/b-nan
+python3 -c "
+import sys, numpy as np
+from safetensors.numpy import load_file, save_file
+p = sys.argv[1] + '/model.safetensors'; t = load_file(p)
+w = t['model.layers.0.self_attn.q_proj.weight'].copy(); w[3, 5] = np.nan
+t['model.layers.0.self_attn.q_proj.weight'] = w; save_file(t, p, metadata={'format': 'pt'})" $TMP/b-nan
+NANPAT="tensor model.layers.0.self_attn.q_proj.weight .* holds 1 non-finite value"
+bad hf_nan_weight_train_exits_2 "$NANPAT" $TMP/b-nan
+expect_exit hf_nan_weight_eval_exits_2 2 "$NANPAT" -- \
+    $UST eval $TMP/b-nan --data "$TMP/data/val_*.bin" --steps 1 --seq-len 16
+expect_exit hf_nan_weight_generate_exits_2 2 "$NANPAT" -- \
+    $UST generate $TMP/b-nan --prompt ab --tokenizer bytes --max-new-tokens 2
+expect_exit hf_nan_weight_allowed_eval_loss_is_not_finite 1 "loss is not finite" -- \
+    $UST eval $TMP/b-nan --data "$TMP/data/val_*.bin" --steps 1 --seq-len 16 \
+    --set model.allow_nonfinite=true
+expect_exit hf_nan_weight_allowed_generate_is_not_finite 1 "non-finite|NaN" -- \
+    $UST generate $TMP/b-nan --prompt ab --tokenizer bytes --max-new-tokens 2 --allow-nonfinite
 # messages name what is wrong (issue 33 item 8): an untied model without lm_head.weight names the
 # tensor, not a count; a config.json that is no file is named by every command, generate included
 $MAKE make llama_tied $TMP/b-nolm --set 'tie_word_embeddings=false'
