@@ -94,6 +94,11 @@ static int checkpoint_config(ust_config *c, const char *step, long long *at, ust
                  ? cfg_load_string(c, y->valuestring, where, e)
                  : ust_errf(e, "eval: %s/state.json is not a ustrain checkpoint state", step);
     if (!rc) *at = (long long)s->valuedouble;
+    /* a checkpoint is layout-free (docs/checkpoints.md): the layout is the world eval runs in
+     * (the defaults, then --set parallel.*), never the one the run trained under */
+    ust_config d;
+    cfg_defaults(&d);
+    c->parallel = d.parallel;
     cJSON_Delete(j);
     return rc;
 }

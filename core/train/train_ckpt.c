@@ -226,7 +226,7 @@ static int read_state(trainer *t, const char *json, const char *dir, ust_err *e)
                                 &t->feed.pos, note, sizeof note, &why);
     cJSON_Delete(state);
     if (rc) return ust_errf(e, "checkpoint %s: %s", dir, why.msg);
-    if (note[0] && t->rank0) printf("%s\n", note);
+    if (note[0] && t->rank0 && !t->eval) printf("%s\n", note); /* eval trains nothing */
     t->step = st.step;
     t->sample_index = st.sample_index;
     t->last_loss = st.loss;
@@ -279,7 +279,7 @@ int train_ckpt_initialize(trainer *t, ust_err *e) {
     }
     if (found) {
         if (load_checkpoint(t, dir, e)) return -1;
-        if (t->rank0)
+        if (t->rank0 && !t->eval)
             printf("resuming from %s (step %lld, sample %lld)\n", dir, (long long)t->step,
                    (long long)t->sample_index);
         return 0;
