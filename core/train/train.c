@@ -41,7 +41,8 @@ static double forward_backward(trainer *t) {
     sync_tied_grads(t);
     double moe = model_take_moe_loss(t->eng.m);
     if (t->eng.has_moe) moe = dp_sum(t->eng.dp, pp_sum(t->eng.pp, moe));
-    return dp_sum(t->eng.dp, pp_sum(t->eng.pp, loss_sum)) / (double)(G * T) + moe;
+    t->met.ce_loss = dp_sum(t->eng.dp, pp_sum(t->eng.pp, loss_sum)) / (double)(G * T);
+    return t->met.ce_loss + moe;
 }
 
 /* Only the last stage counts; the pipeline sum brings it to every stage. Every dp rank

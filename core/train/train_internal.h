@@ -91,6 +91,7 @@ typedef struct {
     double sum_ms;            /* over the timed steps */
     int64_t timed;            /* their count */
     int64_t allocs_after_one; /* device allocations after the first step (-1: not yet) */
+    double ce_loss;           /* the step's cross-entropy: its loss less the MoE aux/z terms */
 } train_metrics;
 
 typedef struct {
