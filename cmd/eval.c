@@ -232,6 +232,10 @@ int cmd_eval(int argc, char **argv) {
         fprintf(stderr, "ustrain: error: %s\n", e.msg);
         return UST_EXIT_USAGE;
     }
+    if (rt.rank == 0) /* what is evaluated (a checkpoint directory gives its newest step that
+                       * verifies); no training notes follow */
+        printf("eval: %s %s\n", strcmp(c.checkpoint.resume, "none") ? "checkpoint" : "model",
+               strcmp(c.checkpoint.resume, "none") ? c.checkpoint.resume : c.model.init_from);
     double loss = NAN;
     rc = train_eval(&c, &rt, &loss);
     if (rc == 0 && rt.rank == 0)

@@ -281,7 +281,7 @@ expect_exit generate_from_a_checkpoint_dir_falls_back 0 "reading the previous co
     $UST generate $ck --prompt hi --max-new-tokens 2
 expect_exit eval_of_a_damaged_step_exits_2 2 "step_4: model.safetensors does not match its manifest" -- \
     $UST eval $ck/step_4 --data "$TMP/data/val_*.bin" --steps 1
-expect_exit eval_of_a_checkpoint_dir_falls_back 0 "resuming from .*step_2 " -- \
+expect_exit eval_of_a_checkpoint_dir_falls_back 0 "eval: checkpoint .*step_2$" -- \
     $UST eval $ck --data "$TMP/data/val_*.bin" --steps 1
 # export's OUT: the step, a directory inside it (through ..), the checkpoint directory itself
 expect_exit export_into_the_step_it_reads_exits_2 2 "output .*step_2 is the ustrain checkpoint step" -- \
