@@ -67,6 +67,11 @@ if scripts/ustrun --nproc-per-node 4 $UST train $TMP/run4.yaml >$TMP/train4.log 
     [ -n "$l1" ] && python3 -c "import sys; sys.exit(0 if abs($l1 - $l4) <= 2e-6 else 1)" 2>/dev/null &&
         pass eval_of_a_4_rank_checkpoint_on_one_process || fail eval_of_a_4_rank_checkpoint_on_one_process \
         "one process '$l1' vs 4 ranks '$l4': $(echo "$out1" | tail -2)"
+    # export and generate read it on one process too (the layout is never the checkpoint's)
+    $UST export $TMP/run4/ckpt/step_2 --to hf $TMP/hf4 >$TMP/exp4.log 2>&1 &&
+        $UST generate $TMP/run4/ckpt/step_2 --prompt hi --max-new-tokens 2 --tokenizer bytes >$TMP/gen4.log 2>&1 &&
+        pass export_and_generate_of_a_4_rank_checkpoint_on_one_process ||
+        fail export_and_generate_of_a_4_rank_checkpoint_on_one_process "$(tail -1 $TMP/exp4.log) $(tail -1 $TMP/gen4.log)"
 else
     fail eval_of_a_4_rank_checkpoint_on_one_process "training tp=2 pp=2: $(tail -2 $TMP/train4.log)"
 fi
