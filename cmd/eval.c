@@ -94,6 +94,11 @@ static int checkpoint_config(ust_config *c, const char *step, long long *at, ust
                  ? cfg_load_string(c, y->valuestring, where, e)
                  : ust_errf(e, "eval: %s/state.json is not a ustrain checkpoint state", step);
     if (!rc) *at = (long long)s->valuedouble;
+    /* a checkpoint is layout-free (docs/checkpoints.md): the layout is the world eval runs in
+     * (the defaults, then --set parallel.*), never the one the run trained under */
+    ust_config d;
+    cfg_defaults(&d);
+    c->parallel = d.parallel;
     cJSON_Delete(j);
     return rc;
 }
@@ -227,6 +232,10 @@ int cmd_eval(int argc, char **argv) {
         fprintf(stderr, "ustrain: error: %s\n", e.msg);
         return UST_EXIT_USAGE;
     }
+    if (rt.rank == 0) /* what is evaluated (a checkpoint directory gives its newest step that
+                       * verifies); no training notes follow */
+        printf("eval: %s %s\n", strcmp(c.checkpoint.resume, "none") ? "checkpoint" : "model",
+               strcmp(c.checkpoint.resume, "none") ? c.checkpoint.resume : c.model.init_from);
     double loss = NAN;
     rc = train_eval(&c, &rt, &loss);
     if (rc == 0 && rt.rank == 0)

@@ -332,6 +332,19 @@ static int cfg_load_root(const cfg_ctx *x) {
 
 /* ---------------------------------------------------------------- public: loading */
 
+/* Where a run writes, unless the config says: run.out_dir is runs/<run.name>, checkpoint.dir
+ * <out_dir>/ckpt and logging.metrics_file <out_dir>/metrics.jsonl (the defaults are those of
+ * run.name tiny), so two configs of different names or out_dirs never share a checkpoint. */
+static void cfg_derive_paths(ust_config *c) {
+    __typeof__(c->run) *r = &c->run;
+    if (!cfg_was_set(c, "run.out_dir")) snprintf(r->out_dir, sizeof r->out_dir, "runs/%s", r->name);
+    if (!cfg_was_set(c, "checkpoint.dir"))
+        snprintf(c->checkpoint.dir, sizeof c->checkpoint.dir, "%s/ckpt", r->out_dir);
+    if (!cfg_was_set(c, "logging.metrics_file"))
+        snprintf(c->logging.metrics_file, sizeof c->logging.metrics_file, "%s/metrics.jsonl",
+                 r->out_dir);
+}
+
 static void cfg_set_source(ust_config *c, const char *name) {
     memset(c->source, 0, sizeof c->source);
     snprintf(c->source, sizeof c->source, "%s", name);
@@ -347,6 +360,7 @@ int cfg_load_string(ust_config *c, const char *yaml, const char *name, ust_err *
     if (rc) return rc;
     cfg_set_source(&tmp, name);
     cfg_apply_implied(&tmp);
+    cfg_derive_paths(&tmp);
     *c = tmp;
     return 0;
 }
@@ -437,7 +451,7 @@ int cfg_set(ust_config *c, const char *assignment, ust_err *e) {
         if (!rc) cfg_mark_set(&tmp, k);
     }
     yaml_document_delete(&doc);
-    if (rc == 0) cfg_apply_implied(&tmp);
+    if (rc == 0) cfg_apply_implied(&tmp), cfg_derive_paths(&tmp);
     if (rc == 0) *c = tmp;
     return rc;
 }

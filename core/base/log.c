@@ -318,6 +318,7 @@ static int add_count(log_scalar *out, int n, const char *key, uint64_t u) {
 static int log_scalars(const log_step *s, double unix_time, log_scalar *o) {
     int n = 0;
     n = add_scalar(o, n, "loss", s->loss);
+    n = add_scalar(o, n, "ce_loss", s->ce_loss);
     n = add_scalar(o, n, "lr", s->lr);
     n = add_scalar(o, n, "grad_norm", s->grad_norm);
     n = add_scalar(o, n, "tokens_per_s", s->tokens_per_s);

@@ -62,7 +62,8 @@ typedef struct {
 
 typedef struct {
     int64_t step, steps;
-    double loss, lr, grad_norm, tokens_per_s, mfu, ms, eta_s;
+    double loss, lr, grad_norm, tokens_per_s, mfu, ms, eta_s; /* loss: ce_loss + MoE aux/z */
+    double ce_loss;   /* the cross-entropy alone (= loss without mixture-of-experts layers) */
     double val_loss;  /* NaN when not computed this step */
     int skipped;      /* step skipped by on_nan: skip */
     int spike;        /* train.on_spike found one: 1 the update skipped, 2 rewound */

@@ -193,6 +193,13 @@ static int parse_mixtral(const jctx *x, ust_config *c) {
     moe->d_ff_expert = c->model.d_ff;
     moe->every = 1; /* every Mixtral layer is a mixture of experts, none shared */
     moe->shared_expert = false;
+    /* the coefficient ustrain implements (MixtralConfig's default 0.001; Mixtral has no z-loss);
+     * how ustrain's aux term relates to transformers' load_balancing_loss_func: docs/huggingface.md
+     */
+    if (jdbl(x, "router_aux_loss_coef", 0.001, &moe->aux_loss_coef)) return -1;
+    if (!(moe->aux_loss_coef >= 0 && isfinite(moe->aux_loss_coef)))
+        return ust_errf(x->e, "%s: router_aux_loss_coef = %g: expected a finite value >= 0",
+                        x->path, moe->aux_loss_coef);
     return jint(x, "num_local_experts", -1, 1, &moe->num_experts) ||
                    jint(x, "num_experts_per_tok", -1, 1, &moe->top_k)
                ? -1
@@ -406,6 +413,9 @@ int hf_config_apply(const ust_config *hf, const char *dir, ust_config *c, ust_er
         (m->rope_scaling.type == ROPE_LLAMA3 && APPLY(ROPE_KEYS)))
         return -1;
 #undef APPLY
+    /* a training coefficient, not the shape: config.json's unless the config sets its own */
+    if (m->moe.num_experts > 0 && !cfg_was_set(c, "model.moe.aux_loss_coef"))
+        tmp.model.moe.aux_loss_coef = m->moe.aux_loss_coef;
     *c = tmp;
     return 0;
 }

@@ -41,7 +41,8 @@ static double forward_backward(trainer *t) {
     sync_tied_grads(t);
     double moe = model_take_moe_loss(t->eng.m);
     if (t->eng.has_moe) moe = dp_sum(t->eng.dp, pp_sum(t->eng.pp, moe));
-    return dp_sum(t->eng.dp, pp_sum(t->eng.pp, loss_sum)) / (double)(G * T) + moe;
+    t->met.ce_loss = dp_sum(t->eng.dp, pp_sum(t->eng.pp, loss_sum)) / (double)(G * T);
+    return t->met.ce_loss + moe;
 }
 
 /* Only the last stage counts; the pipeline sum brings it to every stage. Every dp rank
@@ -201,7 +202,8 @@ static int run_with(const ust_config *cfg, ust_runtime *rt, const train_opts *op
     ust_err e;
     /* Setup failures are usage errors found before training; ranks exit on their own (a rank
      * whose peers failed waits at most dist.timeout_s in its next collective). */
-    if (train_setup(&t, cfg, rt, opts->profile, &e) || train_ckpt_check_seq_len(&t, &e)) {
+    if (train_setup(&t, cfg, rt, opts->profile ? TRAIN_SETUP_PROFILE : 0, &e) ||
+        train_ckpt_check_seq_len(&t, &e)) {
         fprintf(stderr, "ustrain: error: %s\n", e.msg);
         train_teardown(&t);
         return UST_EXIT_USAGE;
@@ -242,7 +244,7 @@ int train_run(const ust_config *cfg, ust_runtime *rt, const train_opts *opts, tr
 int train_eval(const ust_config *cfg, ust_runtime *rt, double *loss) {
     trainer t;
     ust_err e;
-    int rc = train_setup(&t, cfg, rt, 0, &e);
+    int rc = train_setup(&t, cfg, rt, TRAIN_SETUP_EVAL, &e);
     if (rc == 0 && !t.feed.val) rc = ust_errf(&e, "eval: no data.val to evaluate (val_steps 0?)");
     if (rc) fprintf(stderr, "ustrain: error: %s\n", e.msg);
     if (rc == 0) *loss = validation_loss(&t);

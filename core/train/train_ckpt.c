@@ -226,7 +226,7 @@ static int read_state(trainer *t, const char *json, const char *dir, ust_err *e)
                                 &t->feed.pos, note, sizeof note, &why);
     cJSON_Delete(state);
     if (rc) return ust_errf(e, "checkpoint %s: %s", dir, why.msg);
-    if (note[0] && t->rank0) printf("%s\n", note);
+    if (note[0] && t->rank0 && !t->eval) printf("%s\n", note); /* eval trains nothing */
     t->step = st.step;
     t->sample_index = st.sample_index;
     t->last_loss = st.loss;
@@ -267,6 +267,48 @@ static int load_hf(trainer *t, const char *dir, ust_err *e) {
     return rc;
 }
 
+/* checkpoint.resume: auto goes on only from this run's own checkpoint: its run.name and model
+ * shape must be the config's (another config's defaults may point into the same directory). A
+ * checkpoint named in checkpoint.resume is taken as asked; one recording no config is left to
+ * the loader's checks. 0, or -1 naming what differs. */
+static int same_run(const ust_config *c, const char *dir, ust_err *e) {
+    ust_config w;
+    ust_err why;
+    if (ckpt_load_config(dir, "resume", &w, &why)) return 0;
+    const __typeof__(c->model) *m = &c->model, *o = &w.model;
+    const struct {
+        const char *key;
+        long long now, was;
+    } k[] = {{"model.arch", m->arch, o->arch},
+             {"model.n_layer", m->n_layer, o->n_layer},
+             {"model.d_model", m->d_model, o->d_model},
+             {"model.n_head", m->n_head, o->n_head},
+             {"model.n_kv_head", m->n_kv_head, o->n_kv_head},
+             {"model.d_ff", m->d_ff, o->d_ff},
+             {"model.vocab_size", m->vocab_size, o->vocab_size},
+             {"model.tie_embeddings", m->tie_embeddings, o->tie_embeddings},
+             {"model.qkv_bias", m->qkv_bias, o->qkv_bias},
+             {"model.moe.num_experts", m->moe.num_experts, o->moe.num_experts},
+             {"model.moe.d_ff_expert", m->moe.d_ff_expert, o->moe.d_ff_expert},
+             {"model.moe.every", m->moe.every, o->moe.every},
+             {"model.moe.shared_expert", m->moe.shared_expert, o->moe.shared_expert}};
+    char diff[1024] = "";
+    size_t n = 0;
+    if (strcmp(c->run.name, w.run.name))
+        n += snprintf(diff, sizeof diff, "run.name '%s' (the checkpoint's '%s')", c->run.name,
+                      w.run.name);
+    for (size_t i = 0; i < sizeof k / sizeof k[0] && n < sizeof diff; i++)
+        if (k[i].now != k[i].was)
+            n += snprintf(diff + n, sizeof diff - n, "%s%s %lld (the checkpoint's %lld)",
+                          n ? ", " : "", k[i].key, k[i].now, k[i].was);
+    if (!diff[0]) return 0;
+    return ust_errf(e,
+                    "checkpoint.resume: auto found %s in checkpoint.dir %s, another run's: %s; "
+                    "give this run its own checkpoint.dir (run.out_dir, run.name), or name the "
+                    "checkpoint in checkpoint.resume to start from it anyway",
+                    dir, c->checkpoint.dir, diff);
+}
+
 /* Finds what to start from: a checkpoint (resume), a Hugging Face directory or an llm.c file,
  * or a fresh init. */
 int train_ckpt_initialize(trainer *t, ust_err *e) {
@@ -276,11 +318,11 @@ int train_ckpt_initialize(trainer *t, ust_err *e) {
     if (strcmp(c->checkpoint.resume, "none") != 0) {
         int named = strcmp(c->checkpoint.resume, "auto") != 0;
         found = verified_checkpoint(t, named ? c->checkpoint.resume : NULL, dir, sizeof dir, e);
-        if (found < 0) return -1;
+        if (found < 0 || (found && !named && same_run(c, dir, e))) return -1;
     }
     if (found) {
         if (load_checkpoint(t, dir, e)) return -1;
-        if (t->rank0)
+        if (t->rank0 && !t->eval)
             printf("resuming from %s (step %lld, sample %lld)\n", dir, (long long)t->step,
                    (long long)t->sample_index);
         return 0;

@@ -91,6 +91,7 @@ typedef struct {
     double sum_ms;            /* over the timed steps */
     int64_t timed;            /* their count */
     int64_t allocs_after_one; /* device allocations after the first step (-1: not yet) */
+    double ce_loss;           /* the step's cross-entropy: its loss less the MoE aux/z terms */
 } train_metrics;
 
 typedef struct {
@@ -104,6 +105,7 @@ typedef struct {
     double last_loss;
     spike_window loss_w, norm_w; /* train.on_spike: the recent steps' losses and norms */
     int restarts;                /* UST_RESTART_COUNT (scripts/ustrun --max-restarts) */
+    int eval; /* train_eval: the checkpoint is only read (no training notes are printed) */
     train_engine eng;
     train_feed feed;
     train_ckpt ck;
@@ -111,7 +113,9 @@ typedef struct {
 } trainer;
 
 /* train_setup.c */
-int train_setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile, ust_err *e);
+#define TRAIN_SETUP_PROFILE 1 /* train_setup flags: time every op */
+#define TRAIN_SETUP_EVAL 2    /* ... evaluation only: trainer.eval */
+int train_setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int flags, ust_err *e);
 void train_teardown(trainer *t);
 void train_write_config(const ust_config *cfg); /* run.out_dir/config.yaml (warns on failure) */
 /* The sum of v over group k (exact below 2^24: counts); 1 when flag is set on any rank. */

@@ -95,6 +95,7 @@ static log_step report_step(trainer *t, const step_mark *mark, double loss, doub
     log_step s = {.step = t->step + 1,
                   .steps = c->train.steps,
                   .loss = loss,
+                  .ce_loss = t->met.ce_loss,
                   .lr = lr,
                   .grad_norm = norm,
                   .ms = 1e3 * (log_now_s() - mark->t0),

@@ -128,8 +128,9 @@ static int build_model(trainer *t, ust_err *e) {
     return 0;
 }
 
-int train_setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile, ust_err *e) {
+int train_setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int flags, ust_err *e) {
     memset(t, 0, sizeof *t);
+    t->eval = (flags & TRAIN_SETUP_EVAL) != 0;
     t->ck.lock.fd = -1;
     t->cfg = cfg;
     t->rt = rt;
@@ -152,7 +153,9 @@ int train_setup(trainer *t, const ust_config *cfg, ust_runtime *rt, int profile,
      * written there until the run is sure to start: ckpt_lock_claim) */
     if (t->rank0 && cfg->checkpoint.dir[0] && ckpt_lock_dir(cfg->checkpoint.dir, &t->ck.lock, e))
         return -1;
-    if (train_feed_open(t, e) || open_backend(t, profile, e) || build_model(t, e)) return -1;
+    if (train_feed_open(t, e) || open_backend(t, flags & TRAIN_SETUP_PROFILE, e) ||
+        build_model(t, e))
+        return -1;
     mem_freeze(&t->eng.arena);
     if (cfg->checkpoint.async && train_ckpt_open_stage(t, e)) return -1;
     t->feed.samples =

@@ -281,7 +281,7 @@ expect_exit generate_from_a_checkpoint_dir_falls_back 0 "reading the previous co
     $UST generate $ck --prompt hi --max-new-tokens 2
 expect_exit eval_of_a_damaged_step_exits_2 2 "step_4: model.safetensors does not match its manifest" -- \
     $UST eval $ck/step_4 --data "$TMP/data/val_*.bin" --steps 1
-expect_exit eval_of_a_checkpoint_dir_falls_back 0 "resuming from .*step_2 " -- \
+expect_exit eval_of_a_checkpoint_dir_falls_back 0 "eval: checkpoint .*step_2$" -- \
     $UST eval $ck --data "$TMP/data/val_*.bin" --steps 1
 # export's OUT: the step, a directory inside it (through ..), the checkpoint directory itself
 expect_exit export_into_the_step_it_reads_exits_2 2 "output .*step_2 is the ustrain checkpoint step" -- \
@@ -325,18 +325,23 @@ expect_exit a_second_export_into_a_locked_out_exits_2 2 "output .*busy is being 
 release_lock
 expect_exit export_after_the_lock_is_released 0 "exported .*step_2 to .*busy" -- $UST export $ck/step_2 --to hf $TMP/tools/busy
 
-# --- a resume (or eval) of a checkpoint from another model: tensors the configured model does
-# not have are refused, naming them, as missing or reshaped ones are; nothing is trained ----------
+# --- a resume (or eval) of a checkpoint from another model: checkpoint.resume: auto refuses it
+# as another run's, naming what differs; named in checkpoint.resume, the tensors the configured
+# model does not have are refused, naming them, as missing or reshaped ones are; nothing is
+# trained ----------
 ck=$TMP/shape/ck
 run $ck 2 >$TMP/o 2>&1 || fail shape_setup "$(tail -3 $TMP/o)"
 before=$(sums $ck)
+expect_exit resume_auto_of_another_shape_exits_2_naming_it 2 \
+    "another run's: model.n_layer 1 \(the checkpoint's 2\), model.tie_embeddings 1 \(the checkpoint's 0\)" -- \
+    run $ck 4 --set model.n_layer=1 --set model.tie_embeddings=true
 expect_exit resume_with_fewer_layers_exits_2_naming_the_unused_tensors 2 \
     "step_2: model.safetensors holds 9 tensors the configured model does not have \('model.layers.1.input_layernorm.weight'" -- \
-    run $ck 4 --set model.n_layer=1
+    run $ck 4 --set model.n_layer=1 --set checkpoint.resume=$ck/step_2
 expect_exit resume_with_tied_embeddings_exits_2 2 "holds 1 tensor the configured model does not have \('lm_head.weight'\)" -- \
-    run $ck 4 --set model.tie_embeddings=true
+    run $ck 4 --set model.tie_embeddings=true --set checkpoint.resume=$ck/step_2
 expect_exit resume_with_more_layers_exits_2 2 "tensor 'model.layers.2.* missing from model.safetensors" -- \
-    run $ck 4 --set model.n_layer=3
+    run $ck 4 --set model.n_layer=3 --set checkpoint.resume=$ck/step_2
 expect_exit eval_with_fewer_layers_exits_2 2 "holds 9 tensors the configured model does not have" -- \
     $UST eval $ck --data "$TMP/data/val_*.bin" --steps 1 --set model.n_layer=1
 expect_exit resume_with_another_seq_len_exits_2 2 "train.seq_len = 16, but the checkpoint was trained with 32: its data position" -- \

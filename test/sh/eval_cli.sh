@@ -53,6 +53,33 @@ for lay in "tp=2" "pp=2" "dp=2" "cp=2"; do
         fail "eval_${lay/=/}_under_ustrun_matches_one_process" "$got vs $one: $(echo "$out" | tail -2)"
 done
 
+# --- a checkpoint is layout-free: one trained under tp=2 pp=2 (4 ranks) is evaluated on one process
+# (the layout is the world eval runs in, not the training run's) with the loss 4 ranks give, and
+# eval prints no training notes (no "resuming from", no blend change)
+sed -e "s/name: eval,/name: eval4,/" -e "s|$TMP/run|$TMP/run4|g" -e "s/steps: 6,/steps: 2,/" \
+    -e "s/val_every: 6/val_every: 2/" -e "s/every: 6/every: 2/" $TMP/run.yaml >$TMP/run4.yaml
+echo "parallel: {tp: 2, pp: 2}" >>$TMP/run4.yaml
+if scripts/ustrun --nproc-per-node 4 $UST train $TMP/run4.yaml >$TMP/train4.log 2>&1; then
+    out1=$($UST eval $TMP/run4/ckpt/step_2 --data "$VAL" --steps 2 2>&1)
+    l1=$(echo "$out1" | loss_of)
+    l4=$(scripts/ustrun --nproc-per-node 4 $UST eval $TMP/run4/ckpt/step_2 --data "$VAL" --steps 2 \
+        --set parallel.tp=2 --set parallel.pp=2 2>&1 | loss_of)
+    [ -n "$l1" ] && python3 -c "import sys; sys.exit(0 if abs($l1 - $l4) <= 2e-6 else 1)" 2>/dev/null &&
+        pass eval_of_a_4_rank_checkpoint_on_one_process || fail eval_of_a_4_rank_checkpoint_on_one_process \
+        "one process '$l1' vs 4 ranks '$l4': $(echo "$out1" | tail -2)"
+    # export and generate read it on one process too (the layout is never the checkpoint's)
+    $UST export $TMP/run4/ckpt/step_2 --to hf $TMP/hf4 >$TMP/exp4.log 2>&1 &&
+        $UST generate $TMP/run4/ckpt/step_2 --prompt hi --max-new-tokens 2 --tokenizer bytes >$TMP/gen4.log 2>&1 &&
+        pass export_and_generate_of_a_4_rank_checkpoint_on_one_process ||
+        fail export_and_generate_of_a_4_rank_checkpoint_on_one_process "$(tail -1 $TMP/exp4.log) $(tail -1 $TMP/gen4.log)"
+else
+    fail eval_of_a_4_rank_checkpoint_on_one_process "training tp=2 pp=2: $(tail -2 $TMP/train4.log)"
+fi
+
+out0=$($UST eval $CK --data "$VAL" --steps 2 2>&1)
+[ -n "$(echo "$out0" | loss_of)" ] && ! echo "$out0" | grep -qE "resuming|blend changed" &&
+    pass eval_prints_no_training_notes || fail eval_prints_no_training_notes "$(echo "$out0" | head -3)"
+
 # --- the windows: --seq-len, --micro-batch-size, --steps; by default every whole micro-batch
 expect_exit eval_seq_len_and_micro_batch_choose_the_windows 0 "tokens 192$" -- \
     $UST eval $CK --data "$VAL" --seq-len 16 --micro-batch-size 3 --steps 4

@@ -59,13 +59,21 @@ t = sys.argv[1]
 for tag, keys in [("qwen2_f32_sharded", ["architectures", "model_type", "num_key_value_heads"]),
                   ("llama3_rope_bf16", ["rope_scaling", "rope_theta", "tie_word_embeddings"]),
                   ("llama_tied_f16", ["tie_word_embeddings", "vocab_size"]),
-                  ("mixtral_bf16_sharded", ["num_local_experts", "num_experts_per_tok"])]:
+                  ("mixtral_bf16_sharded", ["num_local_experts", "num_experts_per_tok",
+                                            "router_aux_loss_coef"])]:
     a = json.load(open(f"{t}/{tag}/config.json"))
     b = json.load(open(f"{t}/{tag}-out/config.json"))
     bad = [k for k in keys if a.get(k) != b.get(k)]
     print(f"PASS {tag}_config_round_trips" if not bad else
           f"FAIL {tag}_config_round_trips: {[(k, a.get(k), b.get(k)) for k in bad]}")
 EOF
+
+# a coefficient the config sets itself wins over config.json's router_aux_loss_coef (0.001)
+$UST train $TMP/run.yaml --set model.init_from=$TMP/mixtral_bf16_sharded --set model.moe.aux_loss_coef=0.05 \
+    --set checkpoint.dir=$TMP/aux-ck >$TMP/aux.log 2>&1 &&
+    $UST export $TMP/aux-ck/step_0 --to hf $TMP/aux-out >/dev/null 2>&1 &&
+    grep -qE '"router_aux_loss_coef":[[:space:]]*0.05[,}]?$' $TMP/aux-out/config.json && pass hf_config_aux_coef_set_by_the_config_wins ||
+    fail hf_config_aux_coef_set_by_the_config_wins "$(grep -o '"router_aux_loss_coef":[^,]*' $TMP/aux-out/config.json) $(tail -1 $TMP/aux.log)"
 
 # --- validate and plan resolve model.arch: auto the same way
 expect_exit hf_validate_resolves_arch_auto 0 "model: llama, 2 layers, d_model 64, 4 heads \(2 kv\).*vocab 300" -- \
@@ -133,6 +141,8 @@ $MAKE make llama $TMP/b-rope5 --set 'rope_parameters={"rope_type": "dynamic", "r
 bad hf_unsupported_rope_parameters_exits_2 "rope_parameters rope_type 'dynamic' is not supported" $TMP/b-rope5
 $MAKE make mixtral $TMP/b-window --set 'sliding_window=4096'
 bad hf_mixtral_sliding_window_exits_2 "b-window/config.json: sliding_window = 4096 is not supported" $TMP/b-window
+$MAKE make mixtral $TMP/b-aux --set 'router_aux_loss_coef=-0.5'
+bad hf_mixtral_negative_aux_coef_exits_2 "b-aux/config.json: router_aux_loss_coef = -0.5: expected a finite value >= 0" $TMP/b-aux
 $MAKE make qwen2 $TMP/b-qwin --set 'use_sliding_window=true'
 bad hf_qwen2_sliding_window_exits_2 "'use_sliding_window': true is not supported" $TMP/b-qwin
 $MAKE make llama $TMP/b-bias --set 'attention_bias=true'

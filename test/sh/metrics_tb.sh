@@ -50,6 +50,16 @@ tags = acc.Tags()["scalars"]
 ok = "moe/layer0/load_max" in tags and "moe/layer1/dropped" in tags
 print("PASS tb_moe_load_per_layer" if ok else f"FAIL tb_moe_load_per_layer: tags {tags}")
 EOT
+# the cross-entropy apart from the MoE aux/z terms: ce_loss, and loss stays the total
+python3 - $TMP/run/m.jsonl $TMP/moe/m.jsonl <<'EOT'
+import json, sys
+dense = [json.loads(l) for l in open(sys.argv[1])]
+moe = [json.loads(l) for l in open(sys.argv[2])]
+ok = dense and all("ce_loss" in l and l["ce_loss"] == l["loss"] for l in dense)
+ok = ok and moe and all("ce_loss" in l and 0 < l["loss"] - l["ce_loss"] < 1 for l in moe)
+print("PASS metrics_ce_loss_apart_from_the_moe_terms" if ok else
+      f"FAIL metrics_ce_loss_apart_from_the_moe_terms: {[(l['loss'], l.get('ce_loss')) for l in dense + moe]}")
+EOT
 # MFU never above 100%: a peak measured low (a busy machine, simulated) is raised to the rate a
 # step reached
 UST_FAULT_PEAK_SCALE=0.001 $UST train $TMP/tb.yaml --set train.steps=2 --set checkpoint.dir=$TMP/mfu/ckpt \

@@ -66,11 +66,47 @@ else
 fi
 [ "$(cat $TMP/ckA/latest)" = step_20 ] && pass latest_points_to_newest || fail latest_points_to_newest "latest: $(cat $TMP/ckA/latest)"
 
+# --- run.out_dir scopes a run: checkpoint.dir and logging.metrics_file default under it, and it
+# defaults to runs/<run.name>, so two configs that set none of them never share a checkpoint
+mkdir -p $TMP/scope && cat >$TMP/scope/a.yaml <<EOT
+run:   {name: alpha, seed: 1}
+model: {arch: llama, n_layer: 2, d_model: 64, n_head: 4, n_kv_head: 2, d_ff: 96, vocab_size: 300, max_seq_len: 64}
+train: {steps: 2, seq_len: 32, micro_batch_size: 2, global_batch_size: 4}
+data:  {train: "$D/train_*.bin", val: "$D/val_*.bin", val_steps: 1}
+checkpoint: {every: 2}
+EOT
+sed 's/name: alpha/name: beta/' $TMP/scope/a.yaml >$TMP/scope/b.yaml
+UABS=$(cd "$(dirname "$UST")" && pwd)/$(basename "$UST")
+(cd $TMP/scope && $UABS train a.yaml >a.log 2>&1 && $UABS train b.yaml >b.log 2>&1)
+[ -d $TMP/scope/runs/alpha/ckpt/step_2 ] && [ -d $TMP/scope/runs/beta/ckpt/step_2 ] &&
+    [ -s $TMP/scope/runs/beta/metrics.jsonl ] && ! grep -q resuming $TMP/scope/b.log &&
+    pass run_name_scopes_checkpoints_and_metrics ||
+    fail run_name_scopes_checkpoints_and_metrics "$(cd $TMP/scope && find runs | sort | tr '\n' ' '; tail -1 b.log)"
+(cd $TMP/scope && $UABS train a.yaml --set run.out_dir=elsewhere >c.log 2>&1)
+[ -d $TMP/scope/elsewhere/ckpt/step_2 ] && [ -s $TMP/scope/elsewhere/metrics.jsonl ] &&
+    ! grep -q resuming $TMP/scope/c.log && pass run_out_dir_scopes_checkpoints_and_metrics ||
+    fail run_out_dir_scopes_checkpoints_and_metrics "$(cd $TMP/scope && find elsewhere | tr '\n' ' '; tail -1 c.log)"
+# another run's checkpoint in the same checkpoint.dir: auto refuses naming what differs, and
+# leaves it as it was; named in checkpoint.resume it is taken
+sum0=$(find $TMP/scope/runs/alpha/ckpt -type f ! -name .lock | sort | xargs md5sum | md5sum)
+expect_exit resume_auto_of_another_runs_checkpoint_exits_2 2 "another run's: run.name 'beta' \(the checkpoint's 'alpha'\)" -- \
+    $UST train $TMP/scope/b.yaml --set train.steps=4 --set checkpoint.dir=$TMP/scope/runs/alpha/ckpt
+[ "$(find $TMP/scope/runs/alpha/ckpt -type f ! -name .lock | sort | xargs md5sum | md5sum)" = "$sum0" ] &&
+    pass resume_refused_leaves_the_checkpoint || fail resume_refused_leaves_the_checkpoint "changed"
+expect_exit resume_named_of_another_runs_checkpoint_is_taken 0 "resuming from .*alpha/ckpt/step_2" -- \
+    $UST train $TMP/scope/b.yaml --set train.steps=3 --set checkpoint.dir=$TMP/scope/other \
+    --set checkpoint.resume=$TMP/scope/runs/alpha/ckpt/step_2
+
 # --- bad input: exit 2 with a message, existing checkpoint untouched
 # (every file but .lock, which names the job that last held the directory)
 sum_before=$(cd $TMP/ckA && find . -type f ! -name .lock -exec md5sum {} + | sort | md5sum)
-expect_exit checkpoint_shape_mismatch_exits_2 2 "tensor 'model.embed_tokens.weight'.*shape" -- \
+# auto: another shape is another run's checkpoint, refused by name before any tensor is read;
+# named in checkpoint.resume: the loader's check names the tensor
+expect_exit checkpoint_shape_mismatch_exits_2 2 "another run's: model.d_model 64 \(the checkpoint's 128\)" -- \
     $UST train "$A" --set model.d_model=64 --set train.steps=30 --set "checkpoint.dir=$TMP/ckA"
+expect_exit checkpoint_named_shape_mismatch_exits_2 2 "tensor 'model.embed_tokens.weight'.*shape" -- \
+    $UST train "$A" --set model.d_model=64 --set train.steps=30 --set "checkpoint.dir=$TMP/ckA" \
+    --set "checkpoint.resume=$TMP/ckA/step_20"
 sum_after=$(cd $TMP/ckA && find . -type f ! -name .lock -exec md5sum {} + | sort | md5sum)
 [ "$sum_before" = "$sum_after" ] && pass bad_resume_leaves_checkpoint_untouched || fail bad_resume_leaves_checkpoint_untouched "checkpoint directory changed"
 

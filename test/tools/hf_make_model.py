@@ -50,7 +50,7 @@ def llama_config(kind):
         cfg.update(use_sliding_window=False, sliding_window=None, max_window_layers=d["L"])
     if kind == "mixtral":
         cfg.update(num_local_experts=d["E"], num_experts_per_tok=d["K"], sliding_window=None,
-                   router_aux_loss_coef=0.01)
+                   router_aux_loss_coef=0.001)
     if kind in ("llama", "llama_tied", "llama3"):
         cfg.update(attention_bias=False, mlp_bias=False, head_dim=d["C"] // d["H"])
     return cfg
