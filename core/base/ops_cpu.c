@@ -1301,7 +1301,7 @@ static int default_threads(int local_ranks) {
  * 3 ms) hands the core to nobody while a busy neighbour process runs on the other one (a tiny
  * step took 1100 ms instead of 292); SPIN_FREE_CORES keeps the wake-up of back-to-back regions
  * fast and gives the core up within microseconds. */
-enum { SPIN_FREE_CORES = 10000 };
+enum { SPIN_FREE_CORES = 1000 };
 
 long long ops_cpu_spin_count(int local_ranks) {
     int lr = local_ranks > 0 ? local_ranks : 1;
