@@ -138,6 +138,7 @@ bench: deps
 	scripts/bench-moe.sh
 	scripts/bench-ckpt.sh
 	OMP_WAIT_POLICY=PASSIVE ./ustrain bench generate configs/gpt2-124m.yaml --new-tokens 64
+	scripts/bench-contention.sh ./ustrain $(UST_BASE)
 
 format:
 	clang-format -i $(LIB_SRC) $(CMD_SRC) $(TEST_SRC) $(wildcard $(addsuffix /*.h,$(ALL_DIRS)) test/*.h)

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "ckpt.h"
 #include "cmd.h"
@@ -503,6 +504,29 @@ static int check_stack_limit(void) {
     return UST_EXIT_USAGE;
 }
 
+/* libgomp reads its spin count (how long an idle OpenMP thread busy-waits before it sleeps)
+ * from the environment when it is loaded, before main. For the commands that compute, a start
+ * without OMP_WAIT_POLICY or GOMP_SPINCOUNT sets the one ops_cpu_spin_count picks for the
+ * ranks of this node (LOCAL_WORLD_SIZE) and runs this binary again, once: UST_OMP_AUTO marks
+ * the second start (set it to 0 to keep libgomp's default, e.g. under valgrind). argv and the
+ * rest of the environment are unchanged; when the exec fails the run goes on as it is. */
+static void reexec_with_spin_count(char **argv) {
+    static const char *const computing[] = {"train", "bench", "eval", "generate"};
+    int computes = 0;
+    for (size_t i = 0; i < sizeof computing / sizeof computing[0]; i++)
+        computes |= strcmp(argv[1], computing[i]) == 0;
+    if (!computes || getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT") ||
+        getenv("UST_OMP_AUTO"))
+        return;
+    const char *lw = getenv("LOCAL_WORLD_SIZE");
+    char spin[32];
+    snprintf(spin, sizeof spin, "%lld", ops_cpu_spin_count(lw ? atoi(lw) : 1));
+    if (setenv("GOMP_SPINCOUNT", spin, 1) != 0 || setenv("UST_OMP_AUTO", "1", 1) != 0) return;
+    execv("/proc/self/exe", argv);
+    unsetenv("GOMP_SPINCOUNT"); /* no exec: this process keeps libgomp's default */
+    unsetenv("UST_OMP_AUTO");
+}
+
 int main(int argc, char **argv) {
     /* a file-size limit (ulimit -f) makes writes fail with EFBIG, reported like a full disk,
      * instead of killing the process in the middle of a checkpoint */
@@ -517,6 +541,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (check_stack_limit()) return UST_EXIT_USAGE;
+    reexec_with_spin_count(argv);
     if (strcmp(argv[1], "train") == 0) return cmd_train(argc - 2, argv + 2);
     if (strcmp(argv[1], "validate") == 0) return cmd_validate(argc - 2, argv + 2);
     if (strcmp(argv[1], "data") == 0) return cmd_data(argc - 2, argv + 2);

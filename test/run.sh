@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test program ($BUILD/test/test_*, build/ by default) and test script (test/sh/*.sh),
-# counts the PASS/FAIL lines they print and closes with "N passed, N failed". Exit 1 when
-# anything failed or a test program died without reporting.
+# counts the PASS/FAIL lines they print and closes with "N passed, N failed" and the suite's wall
+# time ("wall time: MmSs"). Exit 1 when anything failed or a test program died without reporting.
 cd "$(dirname "$0")/.." || exit 1
 # BUILD: the build directory whose test programs run; UST: the binary the scripts use.
 BUILD=${BUILD:-build}
@@ -11,6 +11,7 @@ export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE UST=${US
 export TB=${TB:-$BUILD/test/test_bootstrap} TC=${TC:-$BUILD/test/test_cp}
 log=$(mktemp /tmp/ustrain-testlog.XXXXXX)
 crashed=0
+suite_start=$SECONDS
 run_one() {
     local what=$1; shift
     local start=$SECONDS
@@ -42,5 +43,7 @@ nf=$(grep -c '^FAIL' "$log")
 echo
 grep '^FAIL' "$log" | sed 's/^/  /'
 echo "$np passed, $nf failed"
+t=$((SECONDS - suite_start))
+echo "wall time: $((t / 60))m$((t % 60))s"
 rm -f "$log"
 [ "$nf" -eq 0 ] && [ "$crashed" -eq 0 ]

@@ -155,8 +155,8 @@ struct ust_ops {
                        const act *up, int64_t n);
 
     /* ---- RoPE on x(B,T,H,D), rotate-half convention (pairs i, i+D/2, as Hugging Face Llama),
-     * angle pos[b, t] * ust_rope_inv_freq(rope, i, D) (pos(B,T); NULL: positions t). out may equal inp. Backward applies the
-     * inverse rotation: dinp = R^T dout (dinp may equal dout). ---- */
+     * angle pos[b, t] * ust_rope_inv_freq(rope, i, D) (pos(B,T); NULL: positions t). out may equal
+     * inp. Backward applies the inverse rotation: dinp = R^T dout (dinp may equal dout). ---- */
     void (*rope_fwd)(const ust_ops *o, act *out, const act *inp, const int32_t *pos, int B, int T,
                      int H, int D, const ust_rope *rope);
     void (*rope_bwd)(const ust_ops *o, act *dinp, const act *dout, const int32_t *pos, int B, int T,
@@ -306,6 +306,10 @@ ust_ops *ops_create(const ust_config *cfg, int local_rank, int local_world, ust_
 /* CPU backend: OpenBLAS + OpenMP with `threads` threads (<= 0: cores / local ranks, capped by
  * OMP_NUM_THREADS when that is set). */
 ust_ops *ops_cpu_create(int threads, int local_ranks);
+/* The OpenMP spin count (GOMP_SPINCOUNT, read by libgomp when it loads) for local_ranks ranks
+ * of this node with the default thread count: 0 (sleep at once) when their threads outnumber
+ * the cores, else a short spin. */
+long long ops_cpu_spin_count(int local_ranks);
 
 /* Measured single-precision GEMM rate of this backend (FLOP/s, the fastest of `reps` n^3
  * products after a warm-up), for MFU on CPU. */
