@@ -59,11 +59,6 @@ static const act *gather_rows(ust_tp *tp, const act *mine, act *full) {
     return full;
 }
 
-act *tp_local_rows(const ust_tp *tp, act *whole) {
-    if (!tp->sp) return whole;
-    return act_at(tp->ops, whole, (int64_t)tp->rank * (tp->max_rows / tp->n) * tp->width);
-}
-
 /* full(N, width) summed over the group, this rank's rows into mine */
 static void reduce_scatter_rows(ust_tp *tp, const act *full, act *mine) {
     size_t count = (size_t)tp->max_rows / tp->n * tp->width;

@@ -44,10 +44,7 @@ int tp_sp(const ust_tp *tp);
 /* Sequence parallelism (sp): outside the two halves the token rows are split over the group
  * (norms, residual adds and their activations on N/n rows); entering a column-parallel half
  * all-gathers the rows, leaving a row-parallel half reduce-scatters them, and norm-weight
- * gradients are summed over the group. Same traffic as the all-reduces it replaces.
- * tp_local_rows: this rank's rows of a whole (N, width) tensor every member holds (the tensor
- * itself without sp), where a replicated result joins the sequence-parallel residual stream. */
-act *tp_local_rows(const ust_tp *tp, act *whole);
+ * gradients are summed over the group. Same traffic as the all-reduces it replaces. */
 int tp_size(const ust_tp *tp);
 /* The [start, start + len) part of a dimension of size `whole` this rank holds (whole % n == 0). */
 int tp_part(const ust_tp *tp, int whole, int *start);
