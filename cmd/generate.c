@@ -169,6 +169,7 @@ int cmd_bench_generate(int argc, char **argv) {
         } else if (!strcmp(o, "--set")) {
             if (!path)
                 return cmd_usage_error("ustrain", BENCH_GENERATE_USAGE, "--set before CONFIG");
+            if (cmd_set_arg(&w, argc, argv, i)) return UST_EXIT_USAGE;
             if (cfg_set(&c, v, &e)) goto bad;
         } else {
             return cmd_usage_error("ustrain", BENCH_GENERATE_USAGE,

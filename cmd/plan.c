@@ -39,20 +39,32 @@ static int bad(const char *fmt, const char *a, const char *b) {
     return cmd_usage_error("ustrain plan", "(run `ustrain plan --help` for usage)", fmt, a, b);
 }
 
-/* --write's file, checked before the search: a regular file or a new one in an existing,
- * writable directory (a FIFO there would hang the end of a long search). */
-static int check_write_target(const char *path) {
+/* --write's file, claimed before the search: a regular file or a new one, written through a
+ * temporary in its directory that is created now (a FIFO, a read-only file system or a full
+ * directory is exit 2 before a long search) and renamed over the path at the end (a search that
+ * fails leaves an existing file as it was). */
+static int check_write_target(const char *path, FILE **out, char *tmp, size_t cap) {
     struct stat st;
     ust_err why;
     if (ckpt_refuse_output(path, "--write", &why)) return bad("%s%s", why.msg, "");
     if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
         return bad("--write %s: %s, not a regular file", path, fs_kind(st.st_mode));
-    char dir[4096];
     const char *slash = strrchr(path, '/');
-    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) + (slash == path) : 1,
-             slash ? path : ".");
-    if (access(dir, W_OK) != 0)
-        return bad("--write %s: its directory cannot be written (%s)", path, strerror(errno));
+    int dn = slash ? (int)(slash - path) + (slash == path) : 1;
+    if (snprintf(tmp, cap, "%.*s/.%s.plan.XXXXXX", dn, slash ? path : ".",
+                 slash ? slash + 1 : path) >= (int)cap)
+        return bad("--write %s: the path is too long%s", path, "");
+    int fd = mkstemp(tmp);
+    if (fd < 0)
+        return bad("--write %s: no file can be created in its directory (%s)", path,
+                   strerror(errno));
+    mode_t mask = umask(0);
+    umask(mask);
+    if (fchmod(fd, 0666 & ~mask) || !(*out = fdopen(fd, "wb"))) {
+        int err = errno;
+        close(fd), unlink(tmp);
+        return bad("--write %s: %s", path, strerror(err));
+    }
     return 0;
 }
 
@@ -82,6 +94,8 @@ static int parse_batch(const char *s, long long *seqs, long long *tokens) {
 
 typedef struct {
     const char *config, *write;
+    FILE *out;      /* --write's temporary (check_write_target), renamed over it at the end */
+    char tmp[4200]; /* that temporary's path */
     int world, top, all, seq_len;
     long long batch_seqs, batch_tokens;
     planner_hw hw;
@@ -147,7 +161,7 @@ static int parse_args(int argc, char **argv, plan_opts *o) {
     }
     if (!o->config) return bad("missing CONFIG (a YAML file)%s%s", "", "");
     if (!o->world) return bad("missing --world N (the number of GPUs)%s%s", "", "");
-    return o->write ? check_write_target(o->write) : 0;
+    return o->write ? check_write_target(o->write, &o->out, o->tmp, sizeof o->tmp) : 0;
 }
 
 /* Loads the config, applies --set, --seq-len and --global-batch, and checks the model alone
@@ -335,56 +349,54 @@ static int own_layout(const ust_config *base, const plan_opts *o, const planner_
     return fits ? (int)r : (int)n;
 }
 
-static int write_yaml(const ust_config *base, const planner_entry *e, int world, const char *path) {
+static int write_yaml(const ust_config *base, const planner_entry *e, int world, plan_opts *o) {
     ust_config c;
     planner_apply(base, &e->l, &c);
-    ust_err why;
-    FILE *f = fs_fopen_regular(path, "wb", &why);
-    if (!f) {
-        fprintf(stderr, "ustrain plan: error: cannot write %s\n", why.msg);
-        return UST_EXIT_RUNTIME;
-    }
     char line[256];
     layout_line(&e->l, world, line, sizeof line);
+    FILE *f = o->out;
     fprintf(f,
             "# written by ustrain plan: %s\n# estimated step %.6g s (compute %.6g, comm %.6g, "
             "bubble %.6g), %.0f tokens/s; memory per rank %.0f bytes\n",
             line, e->cost.total, e->cost.compute, e->cost.comm, e->cost.bubble,
             e->cost.tokens_per_s, e->cost.mem);
     cfg_dump(&c, f);
-    if (fclose(f)) {
-        fprintf(stderr, "ustrain plan: error: cannot write %s\n", path);
+    int failed = fflush(f) || ferror(f) || fsync(fileno(f));
+    int err = errno;
+    o->out = NULL;
+    if (fclose(f) || failed || rename(o->tmp, o->write)) {
+        fprintf(stderr, "ustrain plan: error: cannot write %s: %s\n", o->write,
+                strerror(failed ? err : errno));
+        unlink(o->tmp);
         return UST_EXIT_RUNTIME;
     }
-    printf("wrote %s (check it with: ustrain validate %s --world %d)\n", path, path, world);
+    printf("wrote %s (check it with: ustrain validate %s --world %d)\n", o->write, o->write, world);
     return 0;
 }
 
-int cmd_plan(int argc, char **argv) {
-    if (cmd_wants_help(argc, argv)) return cmd_print_usage(PLAN_USAGE);
-    plan_opts o;
+/* The three steps after the options are parsed (and --write's temporary claimed). */
+static int plan_run(int argc, char **argv, plan_opts *o) {
     ust_config base;
-    int rc = parse_args(argc, argv, &o);
-    if (!rc) rc = load_base(argc, argv, &o, &base);
+    int rc = load_base(argc, argv, o, &base);
     if (rc) return rc;
     planner_entry *e = NULL;
     planner_stats st;
-    long n = planner_search(&base, o.world, &o.hw, &e, &st);
+    long n = planner_search(&base, o->world, &o->hw, &e, &st);
     char line[256], b[2][32];
     if (st.candidates == st.invalid) {
         fprintf(stderr,
                 "ustrain plan: error: no valid layout of --world %d for %s (%ld tried; the first "
                 "refused: %s)\n",
-                o.world, o.config, st.candidates, st.first_error);
+                o->world, o->config, st.candidates, st.first_error);
         free(e);
         return UST_EXIT_USAGE;
     }
     if (n == 0) {
-        layout_line(&st.smallest.l, o.world, line, sizeof line);
+        layout_line(&st.smallest.l, o->world, line, sizeof line);
         fprintf(stderr,
                 "ustrain plan: error: none of the %ld valid layouts fits --gpu-mem %s per rank; "
                 "the smallest needs %s (%s)\n",
-                st.over_mem, log_bytes(b[0], 32, o.hw.gpu_mem),
+                st.over_mem, log_bytes(b[0], 32, o->hw.gpu_mem),
                 log_bytes(b[1], 32, st.smallest.cost.mem_peak), line);
         free(e);
         return UST_EXIT_USAGE;
@@ -393,18 +405,30 @@ int cmd_plan(int argc, char **argv) {
     planner_entry small = e[0];
     for (long i = 1; i < n; i++)
         if (e[i].l.tp * e[i].l.pp * e[i].l.cp < small.l.tp * small.l.pp * small.l.cp) small = e[i];
-    print_steps(&base, &o, &st, &small);
+    print_steps(&base, o, &st, &small);
     char own[512];
-    int own_rank = own_layout(&base, &o, e, n, own, sizeof own);
-    long shown = o.all ? n : planner_best_per_mesh(e, n);
-    print_table(&base, e, shown, o.top);
+    int own_rank = own_layout(&base, o, e, n, own, sizeof own);
+    long shown = o->all ? n : planner_best_per_mesh(e, n);
+    print_table(&base, e, shown, o->top);
     printf("(%ld of %ld %s; %ld layouts tried, %ld refused by validation, %ld over memory)\n",
-           shown < o.top ? shown : (long)o.top, shown,
-           o.all ? "fitting layouts" : "meshes, the best variant of each (--all: every variant)",
+           shown < o->top ? shown : (long)o->top, shown,
+           o->all ? "fitting layouts" : "meshes, the best variant of each (--all: every variant)",
            st.candidates, st.invalid, st.over_mem);
-    print_best(&base, &e[0], o.world);
+    print_best(&base, &e[0], o->world);
     if (own_rank >= 0) printf("the config's own layout: %s\n", own);
-    rc = o.write ? write_yaml(&base, &e[0], o.world, o.write) : 0;
+    rc = o->write ? write_yaml(&base, &e[0], o->world, o) : 0;
     free(e);
+    return rc;
+}
+
+int cmd_plan(int argc, char **argv) {
+    if (cmd_wants_help(argc, argv)) return cmd_print_usage(PLAN_USAGE);
+    plan_opts o;
+    int rc = parse_args(argc, argv, &o);
+    if (!rc) rc = plan_run(argc, argv, &o);
+    if (o.out) { /* a search that failed: the temporary goes, an existing file stays */
+        fclose(o.out);
+        unlink(o.tmp);
+    }
     return rc;
 }

@@ -173,6 +173,15 @@ static int read_ahead(prep_input *in, bool binary_ok, ust_err *e) {
         if (got == 0) break;
         in->peek_len += (size_t)got;
     }
+    /* Parquet (magic PAR1 at both ends) is columnar and usually compressed per page: data prep
+     * does not read it; its text column streams in through the converter. */
+    if (!binary_ok && in->kind == IN_TEXT && in->peek_len >= 4 && !memcmp(in->peek, "PAR1", 4))
+        return ust_errf(
+            e,
+            "%s: a Parquet file; data prep reads text, JSON lines, gzip or zstd: stream "
+            "its text column in with scripts/parquet-text.py [--column text] %s | "
+            "ustrain data prep --out DIR -",
+            in->path, in->path);
     const char *nul = memchr(in->peek, 0, in->peek_len);
     if (nul && !binary_ok)
         return ust_errf(e,

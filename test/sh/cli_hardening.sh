@@ -159,6 +159,10 @@ expect_exit misspelt_far_command_has_no_suggestion 2 "unknown command 'xyzzy'$" 
 expect_exit set_with_a_space_suggests_key_eq_value 2 'did you mean --set train.steps=5\?' -- $V --set train.steps 5
 expect_exit plan_set_with_a_space_suggests_key_eq_value 2 'did you mean --set train.steps=5\?' -- \
     $UST plan $C --world 2 --set train.steps 5
+expect_exit bench_generate_set_with_a_space_suggests_key_eq_value 2 'did you mean --set train.steps=5\?' -- \
+    $UST bench generate $C --set train.steps 5
+expect_exit eval_set_with_a_space_suggests_key_eq_value 2 'did you mean --set train.steps=5\?' -- \
+    $UST eval $TMP/no_ckpt --data "$D/val_*.bin" --set train.steps 5
 $UST --help | grep -q '^  bench comm ' && pass help_lists_bench_comm || fail help_lists_bench_comm "$($UST --help | grep bench)"
 # standard input has no size to stat: the bytes are counted as they are read
 head -c 20000 $D/train_000.bin | od -An -c | head -c 100000 >$TMP/stdin.txt

@@ -142,6 +142,8 @@ pq.write_table(pa.table({"id": list(range(len(texts))), "text": texts}), f"{d}/d
 EOT
     python3 scripts/parquet-text.py $TMP/docs.parquet >$TMP/pq.jsonl
     same_tokens prep_parquet_through_stdin $TMP/docs.jsonl - <$TMP/pq.jsonl
+    # given directly, a Parquet file is recognised by its magic and the converter named
+    expect_exit prep_parquet_direct 2 "parquet-text.py" -- $P --out $TMP/pqd $TMP/docs.parquet
     expect_exit parquet_missing_column 1 "no column 'body'" -- python3 scripts/parquet-text.py --column body $TMP/docs.parquet
 fi
 exit 0

@@ -115,4 +115,18 @@ expect_exit plan_cli_bad_set 2 'model.n_layr' -- $P --world 4 --set model.n_layr
 # --write's file is checked before the search: a FIFO would hang its end, a missing directory lose it
 mkfifo $TMP/plan.fifo
 expect_exit plan_cli_write_to_a_fifo 2 '--write .*plan.fifo: a FIFO, not a regular file' -- timeout -k 5 60 $P --world 4 --write $TMP/plan.fifo
-expect_exit plan_cli_write_into_a_missing_directory 2 '--write .*/nodir/x.yaml: its directory cannot be written' -- $P --world 4 --write $TMP/nodir/x.yaml
+expect_exit plan_cli_write_into_a_missing_directory 2 '--write .*/nodir/x.yaml: no file can be created in its directory \(No such file' -- $P --world 4 --write $TMP/nodir/x.yaml
+# ... and it is claimed through a temporary created before the search: a read-only file system is
+# exit 2 up front (root passes access() checks, so only a real creation tells), and a search that
+# fails leaves an existing file as it was, with no temporary beside it
+mkdir -p $TMP/ro
+if mount -t tmpfs -o ro,size=64k none $TMP/ro 2>/dev/null; then
+    expect_exit plan_cli_write_on_a_read_only_fs 2 '--write .*/ro/x.yaml: .*Read-only file system' -- $P --world 4 --write $TMP/ro/x.yaml
+    umount $TMP/ro
+else
+    echo "SKIP plan_cli_write_on_a_read_only_fs: no tmpfs mount here (an unprivileged run)"
+fi
+echo "keep me" >$TMP/kept.yaml
+expect_exit plan_cli_failed_search_keeps_the_file 2 'none of the .* valid layouts fits' -- $P --world 4 --gpu-mem 1 --write $TMP/kept.yaml
+[ "$(cat $TMP/kept.yaml)" = "keep me" ] && [ -z "$(ls -A $TMP | grep '\.kept\.yaml\.plan\.')" ] &&
+    pass plan_cli_failed_search_leaves_no_temporary || fail plan_cli_failed_search_leaves_no_temporary "$(cat $TMP/kept.yaml; ls -A $TMP)"
