@@ -86,12 +86,17 @@ static double unix_now_s(void) {
 }
 
 /* A failed write of a log file: warned once per file (training goes on without the lost
- * records), or the run ends with exit 1 under logging.strict. */
+ * records), or, under logging.strict, said once and recorded in l->failed: the training loop
+ * stops every rank at the step's end (train.c:run_step), so no peer is left waiting for a rank
+ * that exited on its own. */
 static void write_failed(ust_log *l, const char *what, const char *path, bool *warned, int err) {
-    if (l->strict)
-        ust_fatal(UST_EXIT_RUNTIME, "%s %s: write failed: %s (logging.strict: true)", what, path,
-                  strerror(err));
     if (*warned) return;
+    if (l->strict) {
+        *warned = l->failed = true;
+        fprintf(stderr, "ustrain: error: %s %s: write failed: %s (logging.strict: true)\n", what,
+                path, strerror(err));
+        return;
+    }
     *warned = true;
     fprintf(stderr,
             "ustrain: warning: %s %s: write failed: %s; training goes on, its records from here "

@@ -81,7 +81,8 @@ typedef struct {
     FILE *tb;                /* NULL without logging.tensorboard_dir */
     char metrics_path[4096]; /* for the messages */
     char tb_path[4400];      /* the event file */
-    bool strict;             /* logging.strict: a failed write exits 1 (else: warned once) */
+    bool strict;             /* logging.strict: a failed write stops the run (else: warned once) */
+    bool failed;             /* under strict, a write failed: the run ends with exit 1 */
     bool warned_metrics, warned_tb;
 } ust_log;
 
@@ -90,7 +91,7 @@ typedef struct {
  * lines of later steps (a run killed after its last checkpoint wrote them) are dropped first.
  * Returns -1 on failure with the reason in err. Every later write, flush and close is checked:
  * a failure (a full disk) is warned once per file naming it and errno, or, with l->strict
- * (set before opening), ends the process with UST_EXIT_RUNTIME. */
+ * (set before opening), said once and recorded in l->failed for the caller to stop on. */
 int log_open(ust_log *l, const char *metrics_path, const char *tb_dir, int64_t resume_step,
              char *err, int errlen);
 void log_close(ust_log *l);

@@ -163,6 +163,12 @@ static int run_step(trainer *t, const train_opts *opts) {
         log_step_line(&s);
         log_step_json(&t->met.log, &s);
     }
+    /* logging.strict: rank 0's failed write stops every rank here, together */
+    if (c->logging.strict && train_any_rank(t, t->met.log.failed)) {
+        if (!t->rank0)
+            fprintf(stderr, "ustrain: error: stopping: rank 0 could not write its logs\n");
+        return -1;
+    }
     ust_err e;
     if (spiked && c->train.on_spike == SPIKE_REWIND && train_ckpt_rewind(t, &e)) {
         fprintf(stderr, "ustrain: error: spike: cannot rewind: %s\n", e.msg);
@@ -219,6 +225,8 @@ static int run_with(const ust_config *cfg, ust_runtime *rt, const train_opts *op
     int rc = loop(&t, opts, res);
     train_stop_handlers_reset();
     train_metrics_result(&t, rc, opts, res);
+    log_close(&t.met.log); /* its last flush too is checked: a failure under strict is exit 1 */
+    if (rc == UST_EXIT_OK && t.met.log.failed) rc = UST_EXIT_RUNTIME;
     train_teardown(&t);
     return rc;
 }

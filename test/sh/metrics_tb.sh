@@ -92,6 +92,17 @@ if unshare -m true 2>/dev/null; then
     if [ $rc = 1 ] && grep -q "error: .*$TMP/full/.*: write failed: No space left on device (logging.strict: true)" $TMP/full2.log; then
         pass metrics_full_disk_strict_exits_1
     else fail metrics_full_disk_strict_exits_1 "exit $rc: $(tail -1 $TMP/full2.log)"; fi
+    # dp=2: rank 0's failed write stops both ranks at that step's end, each saying why (before:
+    # rank 0 exited alone and rank 1 waited in its next collective for dist.timeout_s)
+    mkdir -p $TMP/full && rm -rf $TMP/fullck
+    unshare -m bash -c 'mount -t tmpfs -o size=64k none "$0" && exec "$@"' $TMP/full \
+        timeout -k 5 300 scripts/ustrun --nproc-per-node 2 $UST train $TMP/tb.yaml --set parallel.dp=2 \
+        --set train.steps=150 --set checkpoint.dir=$TMP/fullck --set checkpoint.every=1000 --set dist.timeout_s=600 \
+        --set logging.metrics_file=$TMP/full/m.jsonl --set logging.strict=true >$TMP/full3.log 2>&1; rc=$?
+    if [ $rc = 1 ] && grep -q "stopping: rank 0 could not write its logs" $TMP/full3.log &&
+        grep -q "write failed: No space left on device (logging.strict: true)" $TMP/full3.log; then
+        pass metrics_full_disk_strict_stops_every_rank
+    else fail metrics_full_disk_strict_stops_every_rank "exit $rc: $(grep -i 'error' $TMP/full3.log | head -3)"; fi
 else
     pass "metrics_full_disk_warned_once_per_file (skipped: no private mount namespace)"
 fi
