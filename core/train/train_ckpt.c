@@ -267,10 +267,21 @@ static int load_hf(trainer *t, const char *dir, ust_err *e) {
     return rc;
 }
 
-/* checkpoint.resume: auto goes on only from this run's own checkpoint: its run.name and model
- * shape must be the config's (another config's defaults may point into the same directory). A
- * checkpoint named in checkpoint.resume is taken as asked; one recording no config is left to
- * the loader's checks. 0, or -1 naming what differs. */
+/* 1 when a and b train on the same datasets (paths in order; blend weights may change on a
+ * resume: data.allow_reweight), 0 when they differ or cannot be compared (out of memory). */
+static int same_data(const ust_config *a, const ust_config *b) {
+    cfg_dataset *x = malloc(2 * CFG_MAX_BLEND * sizeof *x);
+    if (!x) return 0;
+    int n = cfg_data_sets(a, 0, x), same = n == cfg_data_sets(b, 0, x + CFG_MAX_BLEND);
+    for (int i = 0; same && i < n; i++) same = !strcmp(x[i].path, x[CFG_MAX_BLEND + i].path);
+    free(x);
+    return same;
+}
+
+/* checkpoint.resume: auto goes on only from this run's own checkpoint: its run.name, model
+ * shape and training data must be the config's (another config's defaults may point into the same
+ * directory). A checkpoint named in checkpoint.resume is taken as asked; one recording no config is
+ * left to the loader's checks. 0, or -1 naming what differs. */
 static int same_run(const ust_config *c, const char *dir, ust_err *e) {
     ust_config w;
     ust_err why;
@@ -297,6 +308,9 @@ static int same_run(const ust_config *c, const char *dir, ust_err *e) {
     if (strcmp(c->run.name, w.run.name))
         n += snprintf(diff, sizeof diff, "run.name '%s' (the checkpoint's '%s')", c->run.name,
                       w.run.name);
+    if (!same_data(c, &w) && n < sizeof diff)
+        n += snprintf(diff + n, sizeof diff - n, "%sdata.train %s (the checkpoint's %s)",
+                      n ? ", " : "", c->data.train, w.data.train);
     for (size_t i = 0; i < sizeof k / sizeof k[0] && n < sizeof diff; i++)
         if (k[i].now != k[i].was)
             n += snprintf(diff + n, sizeof diff - n, "%s%s %lld (the checkpoint's %lld)",

@@ -93,6 +93,11 @@ expect_exit resume_auto_of_another_runs_checkpoint_exits_2 2 "another run's: run
     $UST train $TMP/scope/b.yaml --set train.steps=4 --set checkpoint.dir=$TMP/scope/runs/alpha/ckpt
 [ "$(find $TMP/scope/runs/alpha/ckpt -type f ! -name .lock | sort | xargs md5sum | md5sum)" = "$sum0" ] &&
     pass resume_refused_leaves_the_checkpoint || fail resume_refused_leaves_the_checkpoint "changed"
+# the same run.name and shape on other data is another run's too; a blend of the same datasets
+# with other weights is not (data.allow_reweight continues it)
+cp -r $D $TMP/scope/d2
+expect_exit resume_auto_on_other_data_exits_2 2 "another run's: data.train $TMP/scope/d2/train_\*.bin \(the checkpoint's $D/train_\*.bin\)" -- \
+    $UST train $TMP/scope/a.yaml --set train.steps=4 --set checkpoint.dir=$TMP/scope/runs/alpha/ckpt --set "data.train=$TMP/scope/d2/train_*.bin"
 expect_exit resume_named_of_another_runs_checkpoint_is_taken 0 "resuming from .*alpha/ckpt/step_2" -- \
     $UST train $TMP/scope/b.yaml --set train.steps=3 --set checkpoint.dir=$TMP/scope/other \
     --set checkpoint.resume=$TMP/scope/runs/alpha/ckpt/step_2
