@@ -226,6 +226,7 @@ int cmd_eval(int argc, char **argv) {
         return UST_EXIT_USAGE;
     }
     c.data.val_steps = steps;
+    c.data.val_samples = 0, c.data.val_tokens = 0; /* --steps or the whole of --data */
     c.checkpoint.dir[0] = 0; /* read-only: no lock on the run's checkpoint directory */
     ust_runtime rt;
     if (train_runtime_init(&rt, &c, &e)) {

@@ -283,7 +283,7 @@ static int validate_preflight(const ust_config *c, ust_err *e) {
     for (int val = 0; val < 2; val++) {
         cfg_dataset sets[CFG_MAX_BLEND];
         int n = cfg_data_sets(c, val, sets);
-        if (n == 0 || (val && (c->data.val_every <= 0 || c->data.val_steps <= 0))) continue;
+        if (n == 0 || (val && (c->data.val_every <= 0 || cfg_val_micro_batches(c) <= 0))) continue;
         if (!data_present(sets, n)) {
             fprintf(stderr,
                     "ustrain: note: data.%s: files not found here, not checked (train refuses "
@@ -324,6 +324,14 @@ static void print_run_settings(const ust_config *c) {
         for (int d = 0; d < n; d++) printf(" %s (weight %.4g)", sets[d].path, sets[d].weight / sum);
         printf("\n");
     }
+    int vm = cfg_val_micro_batches(c), B = c->train.micro_batch_size;
+    if (cfg_data_sets(c, 1, (cfg_dataset[CFG_MAX_BLEND]){0}) && c->data.val_every > 0)
+        printf("validation: every %d steps, %lld windows of %d tokens = %d micro-batches (%s)\n",
+               c->data.val_every, (long long)vm * B, c->train.seq_len, vm,
+               c->data.val_samples > 0 ? "data.val_samples"
+               : c->data.val_tokens > 0
+                   ? "data.val_tokens"
+                   : "data.val_steps; its windows change with the micro-batch");
 }
 
 static int cmd_validate(int argc, char **argv) {

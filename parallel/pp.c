@@ -18,7 +18,7 @@ struct pp_state {
     ust_comm *pipe, *emb;
     const pps_schedule *sched; /* this rank's: all[rank] */
     int *slot;                 /* per action: the activation set of its (micro-batch, chunk) */
-    pps_schedule fwd;          /* validation's forward-only schedule (data.val_steps; n 0: none) */
+    pps_schedule fwd;          /* validation's forward-only schedule (cfg_val_micro_batches; n 0: none) */
     int *fwd_slot;             /* ... its actions' sets */
     int *cur;                  /* (mb * v + chunk) -> its set, as a walk goes over the actions */
     int p, v, nmb;
@@ -67,14 +67,14 @@ int pp_plan(const ust_config *cfg, int pp_rank, pps_schedule *sched, int slots[M
 
 /* ------------------------------------------------------------------ set-up */
 
-/* Validation's walk (data.val_steps micro-batches): pps_build_forward's list, one activation
+/* Validation's walk (cfg_val_micro_batches): pps_build_forward's list, one activation
  * set per chunk (the model has at least one). */
 static void forward_plan(pp_state *s, const ust_config *cfg, model *m) {
-    if (cfg->data.val_steps < 1) return;
+    int val = cfg_val_micro_batches(cfg);
+    if (val < 1) return;
     ust_err e;
     int slots[MODEL_MAX_CHUNKS];
-    UST_ASSERT(pps_build_forward(&s->fwd, s->sched->kind, s->p, s->v, cfg->data.val_steps,
-                                 s->sched->rank, &e) == 0,
+    UST_ASSERT(pps_build_forward(&s->fwd, s->sched->kind, s->p, s->v, val, s->sched->rank, &e) == 0,
                "%s", e.msg);
     s->fwd_slot = malloc((size_t)(s->fwd.n + 1) * sizeof *s->fwd_slot);
     UST_ASSERT(s->fwd_slot, "out of memory");
@@ -109,8 +109,8 @@ pp_state *pp_create(const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
     s->fault_skip_turn = fault && atoi(fault) == 1;
     int slots[MODEL_MAX_CHUNKS];
     s->slot = malloc((size_t)s->sched->n * sizeof *s->slot);
-    s->cur = calloc((size_t)(cfg->data.val_steps > s->nmb ? cfg->data.val_steps : s->nmb) * s->v,
-                    sizeof *s->cur);
+    int val = cfg_val_micro_batches(cfg);
+    s->cur = calloc((size_t)(val > s->nmb ? val : s->nmb) * s->v, sizeof *s->cur);
     pps_slots(s->sched, s->slot, slots);
     for (int c = 0; c < s->v; c++)
         UST_ASSERT(slots[c] <= model_chunk_slots(m, c),
@@ -346,7 +346,7 @@ double pp_train_step(pp_state *s, const pp_callbacks *cb, float dscale) {
 }
 
 double pp_forward_only(pp_state *s, const pp_callbacks *cb, int64_t *ntok) {
-    UST_ASSERT(s->fwd.n > 0, "validation without data.val_steps");
+    UST_ASSERT(s->fwd.n > 0, "validation without micro-batches");
     return walk(s, &s->fwd, s->fwd_slot, cb, 0, ntok);
 }
 

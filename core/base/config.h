@@ -135,6 +135,8 @@ typedef struct {
         int eot_id;           /* the end-of-text id; -1: the shards' meta.json */
         bool shuffle;
         int val_every, val_steps;
+        int val_samples;    /* > 0: validation is this many windows (cfg_val_micro_batches) */
+        int64_t val_tokens; /* > 0: ... or this many tokens, whole windows */
     } data;
     struct {
         char dir[UST_PATH_MAX];
@@ -194,6 +196,9 @@ void cfg_dump(const ust_config *c, FILE *f);
 /* Derived values every module agrees on. */
 int cfg_vocab_padded(const ust_config *c);
 int cfg_grad_accum(const ust_config *c); /* global / (micro * dp) */
+/* Validation's micro-batches: data.val_samples or val_tokens in whole micro-batches (the same
+ * windows for every micro-batch size and layout), else data.val_steps. */
+int cfg_val_micro_batches(const ust_config *c);
 int cfg_head_dim(const ust_config *c);
 /* The Ulysses (all-to-all) degree of the context-parallel group: cp under a2a, parallel.cp_a2a
  * under a2a+ring, 1 under ring and allgather. */

@@ -154,6 +154,8 @@ const cfg_key cfg_keys[] = {
     BOOL("data.shuffle", data.shuffle, "false"),
     INT("data.val_every", data.val_every, "25", 0),
     INT("data.val_steps", data.val_steps, "4", 1),
+    INTR("data.val_samples", data.val_samples, "0", 0, 1 << 24),
+    {"data.val_tokens", K_I64, AT(data.val_tokens), "0", 0, 0x1p40, 0, NULL},
     BOOL("data.allow_reweight", data.allow_reweight, "false"),
     BOOL("data.doc_mask", data.doc_mask, "false"),
     BOOL("data.reset_positions", data.reset_positions, "false"),

@@ -50,6 +50,26 @@ static int cfg_validate_model(const ust_config *c, ust_err *e) {
     return 0;
 }
 
+/* Validation sized in windows or tokens: whole micro-batches of whole windows, so every
+ * micro-batch size that divides it evaluates the same windows. */
+static int cfg_validate_val(const ust_config *c, ust_err *e) {
+    int64_t S = c->data.val_samples, K = c->data.val_tokens, T = c->train.seq_len,
+            B = c->train.micro_batch_size;
+    REQUIRE(!(S > 0 && K > 0), "data.val_samples (%lld) and data.val_tokens (%lld): give one",
+            (long long)S, (long long)K);
+    REQUIRE(K % T == 0,
+            "data.val_tokens (%lld) must be whole windows of train.seq_len (%lld), e.g. %lld",
+            (long long)K, (long long)T, (long long)((K / T + 1) * T));
+    if (K > 0) S = K / T;
+    REQUIRE(S % B == 0,
+            "data.val_%s (%lld windows) must be whole micro-batches of "
+            "train.micro_batch_size (%lld), e.g. %lld windows",
+            K > 0 ? "tokens" : "samples", (long long)S, (long long)B, (long long)((S / B + 1) * B));
+    REQUIRE(S / B <= (1 << 24), "data.val_%s: %lld micro-batches of validation; at most 2^24",
+            K > 0 ? "tokens" : "samples", (long long)(S / B));
+    return 0;
+}
+
 static int cfg_validate_train(const ust_config *c, ust_err *e) {
     long long per_step = (long long)c->train.micro_batch_size * c->parallel.dp;
     REQUIRE(c->train.global_batch_size % per_step == 0,
@@ -63,6 +83,7 @@ static int cfg_validate_train(const ust_config *c, ust_err *e) {
     REQUIRE(c->data.eot_id < c->model.vocab_size,
             "data.eot_id (%d) must be a token of the vocabulary, below model.vocab_size (%d)",
             c->data.eot_id, c->model.vocab_size);
+    if (cfg_validate_val(c, e)) return -1;
     REQUIRE(c->checkpoint.dir[0], "checkpoint.dir is empty%s",
             c->checkpoint.async ? " (checkpoint.async writes checkpoints there)" : "");
     return 0;
@@ -182,6 +203,12 @@ int cfg_vocab_padded(const ust_config *c) {
 int cfg_grad_accum(const ust_config *c) {
     long long per_step = (long long)c->train.micro_batch_size * c->parallel.dp;
     return per_step > 0 ? (int)(c->train.global_batch_size / per_step) : 0;
+}
+
+int cfg_val_micro_batches(const ust_config *c) {
+    int64_t B = c->train.micro_batch_size, T = c->train.seq_len, S = c->data.val_samples;
+    if (c->data.val_tokens > 0 && T > 0) S = c->data.val_tokens / T;
+    return S > 0 && B > 0 ? (int)(S / B) : c->data.val_steps;
 }
 
 int cfg_head_dim(const ust_config *c) {

@@ -16,17 +16,17 @@ static int open_blend(data_blend **b, const ust_config *c, int val, ust_err *e) 
 /* The shards' meta.json against the model, and the end-of-text id documents end with. */
 static int check_meta(trainer *t, ust_err *e) { return data_check_meta(t->cfg, &t->feed.eot, e); }
 
-/* The datasets, and the assignment of the validation samples (the same every time: val_steps
- * micro-batches from the blend's start). */
+/* The datasets, and the assignment of the validation samples (the same every time:
+ * cfg_val_micro_batches from the blend's start). */
 int train_feed_open(trainer *t, ust_err *e) {
     const ust_config *c = t->cfg;
     int64_t G = c->train.global_batch_size,
-            V = (int64_t)c->data.val_steps * c->train.micro_batch_size;
+            V = (int64_t)cfg_val_micro_batches(c) * c->train.micro_batch_size;
     t->feed.which = malloc((size_t)G * sizeof *t->feed.which);
     t->feed.index = malloc((size_t)G * sizeof *t->feed.index);
     UST_ASSERT(t->feed.which && t->feed.index, "out of memory");
     if (open_blend(&t->feed.train, c, 0, e) || check_meta(t, e)) return -1;
-    if (c->data.val[0] && c->data.val_every > 0 && c->data.val_steps > 0) {
+    if (c->data.val[0] && c->data.val_every > 0 && cfg_val_micro_batches(c) > 0) {
         if (open_blend(&t->feed.val, c, 1, e)) return -1;
         t->feed.val_which = malloc((size_t)V * sizeof *t->feed.val_which);
         t->feed.val_index = malloc((size_t)V * sizeof *t->feed.val_index);

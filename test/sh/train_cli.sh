@@ -66,6 +66,31 @@ else
 fi
 [ "$(cat $TMP/ckA/latest)" = step_20 ] && pass latest_points_to_newest || fail latest_points_to_newest "latest: $(cat $TMP/ckA/latest)"
 
+# --- validation sized in windows (data.val_samples) or tokens (val_tokens) is the same windows
+# for every micro-batch size and layout; data.val_steps counts micro-batches, so it is not
+V=$(cfg val)
+val0() { # val0 SETS...: the step-0 validation loss of the starting weights
+    "$@" 2>&1 | grep -o 'step 0: val_loss [0-9.]*' | cut -d' ' -f4
+}
+vrun="$UST train $V --set train.steps=0 --set checkpoint.resume=none --set checkpoint.every=0"
+s1=$(val0 $vrun --set train.micro_batch_size=1 --set data.val_samples=8)
+s4=$(val0 $vrun --set train.micro_batch_size=4 --set data.val_samples=8)
+t2=$(val0 $vrun --set train.micro_batch_size=2 --set data.val_tokens=1024)
+d2=$(val0 scripts/ustrun --nproc-per-node 2 $vrun --set parallel.dp=2 --set train.micro_batch_size=2 --set data.val_samples=8)
+k1=$(val0 $vrun --set train.micro_batch_size=1)
+k4=$(val0 $vrun --set train.micro_batch_size=4)
+python3 -c "import sys; v=[float(x) for x in sys.argv[1:5]]; sys.exit(not (len(sys.argv) == 7 and max(v) - min(v) <= 1e-6 * v[0] and sys.argv[5] != sys.argv[6]))" $s1 $s4 $t2 $d2 $k1 $k4 &&
+    pass val_samples_same_for_every_micro_batch_and_layout ||
+    fail val_samples_same_for_every_micro_batch_and_layout "val_samples mbs 1/4, val_tokens mbs 2, dp=2: $s1 $s4 $t2 $d2; val_steps mbs 1/4: $k1 $k4"
+expect_exit val_samples_not_whole_micro_batches_exits_2 2 'data.val_samples \(6 windows\) must be whole micro-batches of train.micro_batch_size \(4\), e.g. 8' -- \
+    $UST validate $V --set data.val_samples=6
+expect_exit val_tokens_not_whole_windows_exits_2 2 'data.val_tokens \(1000\) must be whole windows of train.seq_len \(128\), e.g. 1024' -- \
+    $UST validate $V --set data.val_tokens=1000
+expect_exit val_samples_and_tokens_exits_2 2 'data.val_samples \(8\) and data.val_tokens \(1024\): give one' -- \
+    $UST validate $V --set data.val_samples=8 --set data.val_tokens=1024
+expect_exit validate_names_the_validation_windows 0 'validation: every 25 steps, 8 windows of 128 tokens = 2 micro-batches \(data.val_samples\)' -- \
+    $UST validate $V --set data.val_samples=8
+
 # --- run.out_dir scopes a run: checkpoint.dir and logging.metrics_file default under it, and it
 # defaults to runs/<run.name>, so two configs that set none of them never share a checkpoint
 mkdir -p $TMP/scope && cat >$TMP/scope/a.yaml <<EOT
