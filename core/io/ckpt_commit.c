@@ -165,6 +165,7 @@ int ckpt_finish_global(ckpt_writer *w, int rc, const char *state_json, int keep_
 }
 
 int ckpt_commit(ckpt_writer *w, const char *state_json, int keep_last, ust_err *e) {
+    progress_end(&w->prog);
     if (w->stage) return ckpt_commit_async(w, state_json, keep_last, e) || ckpt_poll(w, 1, e);
     int rc = ckpt_finish_local(w, state_json, e);
     return ckpt_finish_global(w, rc, state_json, keep_last, e);

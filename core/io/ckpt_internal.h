@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "progress.h"
 #include "ckpt.h"
 #include "ckpt_manifest.h"
 
@@ -94,6 +95,7 @@ struct ckpt_writer {
     ust_err thread_err;
     char *state_json; /* rank 0: what the thread writes as state.json */
     int keep_last;
+    progress prog; /* rank 0's synchronous writes on a terminal (started by the first slice) */
 };
 
 /* ckpt_write.c. Errors are sticky: the first is kept, later writes are skipped; returns -1. */

@@ -262,6 +262,7 @@ static int write_run(void *vc, int64_t file_elem, int64_t slice_elem, int64_t n,
                          4 * n, e);
     if (ckpt_pwrite_all(f->fd, c->src + slice_elem, (size_t)n * 4, off, f->path, e)) return -1;
     ckman_add(&c->w->log, c->file, tensor, off, c->src + slice_elem, 4 * n);
+    progress_add(&c->w->prog, 4.0 * (double)n);
     return 0;
 }
 
@@ -279,6 +280,11 @@ void ckpt_fault_sleep(ckpt_writer *w) {
  * space the caller fills). */
 static int put_slice(ckpt_writer *w, int file, const char *name, const ckpt_slice *s,
                      const float *src, ust_err *e) {
+    if (!w->prog.what && !w->stage) { /* the first slice: files are laid out, sizes known */
+        double all = 0;
+        for (int i = 0; i < w->nfiles; i++) all += (double)w->files[i].size;
+        progress_begin(&w->prog, "checkpoint: writing", w->rank == 0 ? all : 0, true);
+    }
     if (w->failed) { /* sticky: the first error is what commit reports */
         *e = w->first_error;
         return -1;

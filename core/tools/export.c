@@ -3,6 +3,7 @@
  * checked against the checkpoint (and, for fp16, every value against fp16's range), the tokenizer
  * the checkpoint records is checked, and only then is anything written: each output under a
  * temporary name, all renamed at the end. */
+#include "progress.h"
 #include "export.h"
 
 #include "ckpt.h"
@@ -227,7 +228,7 @@ static int close_synced(FILE *f, const char *path, int rc, ust_err *e) {
 
 static int write_shard(const hf_table *l, const shard *sh, export_dtype d, const st_file *src,
                        const char *src_path, float *buf, uint16_t *half, const char *path,
-                       ust_err *e) {
+                       progress *pr, ust_err *e) {
     size_t hlen = 0;
     char *hdr = st_header(l, sh, d, &hlen);
     ust_err inner;
@@ -242,6 +243,7 @@ static int write_shard(const hf_table *l, const shard *sh, export_dtype d, const
         int64_t n = numel(l->t[i].ndim, l->t[i].shape);
         make_tensor(l, i, src, src_path, buf);
         rc = write_all(f, convert(buf, n, d, half), (size_t)n * dtype_size(d), path, e);
+        progress_add(pr, (double)n * dtype_size(d));
     }
     if (f) rc = close_synced(f, path, rc, e);
     free(hdr);
@@ -437,13 +439,18 @@ static int check_input(job *j, const char *ckpt, const char *out_dir, ust_err *e
 
 static int write_outputs(job *j, out_set *os, export_result *r, ust_err *e) {
     int rc = 0;
+    double all = 0;
+    for (int k = 0; k < j->ns; k++) all += (double)j->sh[k].bytes;
+    progress pr;
+    progress_begin(&pr, "export: writing", all, true);
     for (int k = 0; k < j->ns && !rc; k++) {
         char name[64];
         shard_name(name, sizeof name, k, j->ns);
         rc = write_shard(&j->l, &j->sh[k], j->o->dtype, j->f, j->src, j->buf, j->half,
-                         out_add(os, name), e);
+                         out_add(os, name), &pr, e);
         r->total_bytes += j->sh[k].bytes;
     }
+    progress_end(&pr);
     if (!rc && j->ns > 1)
         rc = write_json(shard_index(&j->l, j->sh, j->ns),
                         out_add(os, "model.safetensors.index.json"), e);

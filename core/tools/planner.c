@@ -1,3 +1,4 @@
+#include "progress.h"
 #include "planner.h"
 
 #include <stdlib.h>
@@ -431,8 +432,10 @@ long planner_search(const ust_config *base, int world, const planner_hw *hw, pla
     search s = {.base = base, .hw = hw, .world = world, .st = st};
     memset(st, 0, sizeof *st);
     int d[256], nd = divisors(world, d, 256), E = base->model.moe.num_experts;
+    progress pr;
+    progress_begin(&pr, "plan: searching layouts", (double)nd * nd, false);
     for (int a = 0; a < nd; a++)
-        for (int b = 0; b < nd; b++)
+        for (int b = 0; b < nd; b++, progress_add(&pr, 1))
             for (int q = 0; q < nd; q++) {
                 int tp = d[a], cp = d[b], pp = d[q];
                 if (world % ((long)tp * cp * pp)) continue;
@@ -443,6 +446,7 @@ long planner_search(const ust_config *base, int world, const planner_hw *hw, pla
                     sweep_schedules(&s, l);
                 }
             }
+    progress_end(&pr);
     if (s.n) qsort(s.e, s.n, sizeof *s.e, planner_compare); /* qsort(NULL, 0) is undefined */
     st->fitting = s.n;
     *out = s.e;

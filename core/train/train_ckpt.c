@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "progress.h"
 #include "error.h"
 #include "hf_import.h"
 #include "train_internal.h"
@@ -247,8 +248,16 @@ static int load_checkpoint(trainer *t, const char *dir, ust_err *e) {
     return rc;
 }
 
-static int read_hf(void *h, const ckpt_tensor *t, const ckpt_slice *s, float *host, ust_err *e) {
-    return hf_read_slice(h, t, s, host, e);
+typedef struct {
+    hf_model *h;
+    progress pr; /* rank 0 on a terminal: the bytes read of the files' */
+} hf_reading;
+
+static int read_hf(void *vr, const ckpt_tensor *t, const ckpt_slice *s, float *host, ust_err *e) {
+    hf_reading *r = vr;
+    int rc = hf_read_slice(r->h, t, s, host, e);
+    progress_update(&r->pr, (double)hf_bytes_read(r->h));
+    return rc;
 }
 
 /* Every rank reads only its own slices; the figures show it (about 1/tp or 1/pp of the bytes). */
@@ -256,7 +265,10 @@ static int load_hf(trainer *t, const char *dir, ust_err *e) {
     hf_model *h = hf_open(dir, e);
     if (!h) return -1;
     hf_allow_nonfinite(h, t->cfg->model.allow_nonfinite);
-    int rc = dp_load_slices(t->eng.dp, read_hf, h, e);
+    hf_reading r = {.h = h};
+    progress_begin(&r.pr, "import: reading", t->rank0 ? (double)hf_tensor_bytes(h) : 0, true);
+    int rc = dp_load_slices(t->eng.dp, read_hf, &r, e);
+    progress_end(&r.pr);
     if (rc == 0) {
         int64_t got = hf_bytes_read(h), all = hf_tensor_bytes(h);
         printf("rank %d: imported %s: read %lld of the files' %lld tensor bytes (%.1f%%)\n",
