@@ -44,8 +44,8 @@ static int bench_attention_mode(const char *mode, int B, int T, int H, int D, in
     ust_ops *o = ops_cuda_create(0, &e);
     unsetenv("UST_CUDA_ATTENTION");
     if (!o) {
-        printf("SKIP bench_gpu attention: %s\n", e.msg);
-        return 0;
+        printf("%s bench_gpu attention: %s\n", ops_cuda_gpu_required() ? "FAIL" : "SKIP", e.msg);
+        return ops_cuda_gpu_required() ? -1 : 0;
     }
     ops_cuda_set_bf16(o, 1);
     size_t nq = (size_t)B * T * H * D, nl = (size_t)B * H * T;
@@ -93,7 +93,8 @@ static int bench_attention(int argc, char **argv) {
         return 2;
     }
     static const char *const modes[] = {"tc", "gemm", "flash"};
-    for (int i = 0; i < 3; i++) bench_attention_mode(modes[i], B, T, H, D, reps);
+    for (int i = 0; i < 3; i++)
+        if (bench_attention_mode(modes[i], B, T, H, D, reps) < 0) return 1; /* UST_REQUIRE_GPU */
     return 0;
 }
 
@@ -200,9 +201,13 @@ int main(int argc, char **argv) {
     ust_err e;
     ust_ops *o = ops_cuda_create(0, &e);
     if (!o) {
-        printf("SKIP bench_gpu: %s\n", e.msg);
-        return 0;
+        printf("%s bench_gpu: %s\n", ops_cuda_gpu_required() ? "FAIL" : "SKIP", e.msg);
+        return ops_cuda_gpu_required() ? 1 : 0;
     }
+    int drv, rt;
+    ops_cuda_versions(&drv, &rt);
+    printf("# CUDA driver %d.%d, runtime %d.%d\n", drv / 1000, drv % 1000 / 10, rt / 1000,
+           rt % 1000 / 10);
     ops_cuda_set_bf16(o, bf16);
     /* the model runs through the op profiler, off while timing (one indirect call more per op) */
     ust_ops *po = ops_prof_create(o);

@@ -1392,10 +1392,15 @@ int main(void) {
     } else {
         GPU = ops_cuda_create(0, &e);
         if (!GPU) {
-            printf("SKIP cuda ops: %s\n", e.msg);
+            int need = ops_cuda_gpu_required(); /* UST_REQUIRE_GPU: a GPU must be there */
+            printf("%s cuda ops: %s\n", need ? "FAIL" : "SKIP", e.msg);
             CPU->destroy(CPU);
-            return TEST_SUMMARY();
+            return need ? 1 : TEST_SUMMARY();
         }
+        int drv, rt;
+        ops_cuda_versions(&drv, &rt);
+        printf("# CUDA driver %d.%d, runtime %d.%d\n", drv / 1000, drv % 1000 / 10, rt / 1000,
+               rt % 1000 / 10);
     }
     RUN_TEST(test_cuda_alloc_is_zeroed_and_copies_roundtrip);
     RUN_TEST(test_cuda_matmul_matches_cpu_all_transposes);
