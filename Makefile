@@ -149,10 +149,13 @@ clean:
 -include $(LIB_OBJ:.o=.d) $(CMD_OBJ:.o=.d) $(TESTS:%=%.d)
 
 # ---- CUDA backend (cuda/*.cu) ------------------------------------------------------------------
-# With nvcc found (/usr/local/cuda/bin/nvcc or on PATH) and CUDA != 0, cuda/*.cu are compiled
-# into the library, C code gets -DUST_CUDA, and cuBLASLt/cuBLAS/cudart are linked dynamically
-# (a CUDA build still runs CPU configs on machines without a GPU or driver). `make CUDA=0` builds
-# CPU-only. CUDA_ARCH lists SM versions (default 80 90; PTX of the last is embedded too).
+# With nvcc found (/usr/local/cuda/bin/nvcc or on PATH) and CUDA != 0, cuda/*.cu are linked into
+# the backend plugin $(B)/libustrain_cuda.so (with cudart, cuBLAS and cuBLASLt, dynamically), C
+# code gets -DUST_CUDA, and cuda/ops_cuda_load.c in the library dlopens the libraries and the
+# plugin when a CUDA backend is made: no binary links a CUDA library, so a CUDA build runs CPU
+# configs on machines without a GPU, driver or CUDA libraries (docs/gpu.md). The plugin calls
+# back the binary's ust_errf, ust_fatal and ust_assert_fail (exported for it). `make CUDA=0`
+# builds CPU-only. CUDA_ARCH lists SM versions (default 80 90; PTX of the last is embedded too).
 # NCCL lines that test $(CUDA) belong after this block.
 NVCC      ?= $(firstword $(wildcard /usr/local/cuda/bin/nvcc) $(shell command -v nvcc 2>/dev/null))
 ifeq ($(NVCC),)
@@ -171,21 +174,28 @@ CUDA_GENCODE := $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)
 NVCCFLAGS ?= -O3 -std=c++17 $(CUDA_GENCODE) -Xcompiler -fPIC,-Wall -Icuda -Icore/base
 CU_SRC    := $(sort $(wildcard cuda/*.cu))
 CU_OBJ    := $(CU_SRC:%.cu=$(B)/%.o)
+CUDA_MAJOR := $(shell $(NVCC) --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
 CFLAGS    += -DUST_CUDA
-LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart -lstdc++
+LDLIBS    += -ldl $(foreach f,ust_errf ust_fatal ust_assert_fail,-Wl,--export-dynamic-symbol=$(f))
 
+# the plugin's objects: only ust_cuda_plugin_v1 (cuda/cuda_plugin.cu) is visible outside it
 $(B)/cuda/%.o: cuda/%.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -MMD -MP -MT $@ -MF $(@:.o=.d) -c $< -o $@
+	$(NVCC) $(NVCCFLAGS) -Xcompiler -fvisibility=hidden -MMD -MP -MT $@ -MF $(@:.o=.d) -c $< -o $@
 
-$(B)/libustrain.a: $(CU_OBJ)
+all: $(B)/libustrain_cuda.so
+$(B)/libustrain_cuda.so: $(CU_OBJ)
+	$(CXX) -shared -o $@ $(CU_OBJ) -Wl,-Bsymbolic -L$(CUDA_HOME)/lib64 -lcublasLt -lcublas -lcudart
+$(B)/libustrain.a: $(B)/cuda/ops_cuda_load.o
+$(B)/cuda/ops_cuda_load.o: EXTRA_INC := -DUST_CUDA_PLUGIN_PATH='"$(abspath $(B))/libustrain_cuda.so"'
+$(B)/core/base/dynlib.o: EXTRA_INC := -DUST_CUDA_HOME='"$(CUDA_HOME)"' -DUST_CUDA_MAJOR=$(CUDA_MAJOR)
 
 # GPU benchmark of the model's forward+backward (scripts/gpu-check.sh runs it)
 all: $(B)/bench_gpu
 $(B)/bench_gpu: $(B)/cuda/bench_gpu.o $(B)/libustrain.a
 	$(CC) $(LDFLAGS) -o $@ $< $(B)/libustrain.a $(LDLIBS)
 
--include $(CU_OBJ:.o=.d) $(B)/cuda/bench_gpu.d
+-include $(CU_OBJ:.o=.d) $(B)/cuda/bench_gpu.d $(B)/cuda/ops_cuda_load.d
 endif
 # Objects built with and without CUDA differ (-DUST_CUDA, -DUST_NCCL, the archive's members): a
 # stamp that changes with the choice makes switching between `make` and `make CUDA=0` in one
@@ -207,9 +217,10 @@ emu:
 	$(MAKE) B=build-emu BIN=build-emu/ustrain CUDA=0 NCCL=0 EMU=1 OPT="-O1" all
 ifeq ($(EMU),1)
 CXX       ?= g++
-CFLAGS    += -DUST_CUDA -DUST_NCCL -Icuda/emu/include
-EMU_CU    := $(sort $(wildcard cuda/*.cu))
-EMU_OBJ   := $(EMU_CU:%.cu=$(B)/%.o) $(B)/cuda/emu/emu_rt.o
+CFLAGS    += -DUST_CUDA -DUST_NCCL -DUST_CUDA_EMU -Icuda/emu/include
+# linked in directly: no plugin (cuda_plugin.cu) and no library to dlopen
+EMU_CU    := $(filter-out cuda/cuda_plugin.cu,$(sort $(wildcard cuda/*.cu)))
+EMU_OBJ   := $(EMU_CU:%.cu=$(B)/%.o) $(B)/cuda/emu/emu_rt.o $(B)/cuda/ops_cuda_load.o
 EMU_CXX   := $(CXX) -std=c++17 $(OPT) -g -MMD -MP
 .PRECIOUS: $(B)/cuda/%.cpp
 $(B)/cuda/%.cpp: cuda/%.cu cuda/emu/cu2cpp.py
@@ -235,14 +246,13 @@ endif
 
 # ---- NCCL communicator backend (parallel/comm/comm_nccl.c) ------------------------------------------
 # Compiled when nccl.h is found (CUDA toolkit or system) unless CUDA=0 or NCCL=0: C code gets
-# -DUST_NCCL and links libnccl + cudart dynamically. The binary still runs CPU configs without
-# a GPU or driver (the shm backend never touches CUDA).
+# -DUST_NCCL; libnccl.so.2 and cudart are dlopened when the first NCCL context is made
+# (parallel/comm/nccl_api.c), so the binary runs CPU configs without them, a GPU or a driver.
 NCCL_HOME ?= /usr/local/cuda
 NCCL_H    := $(firstword $(wildcard $(NCCL_HOME)/include/nccl.h /usr/include/nccl.h))
 NCCL      ?= $(if $(NCCL_H),$(if $(filter 0,$(CUDA)),0,1),0)
 ifeq ($(NCCL),1)
 CFLAGS    += -DUST_NCCL -I$(dir $(NCCL_H)) -I$(NCCL_HOME)/include
-LDLIBS    += -L$(NCCL_HOME)/lib64 -Wl,-rpath,$(NCCL_HOME)/lib64 -lnccl -lcudart
 endif
 
 # `ustrain bench comm` at 2, 4 and 8 ranks under scripts/ustrun, with OpenMPI's MPI_Allreduce

@@ -17,7 +17,7 @@
 #include "error.h"
 
 #ifdef UST_NCCL
-#include <cuda_runtime_api.h>
+#include "nccl_api.h" /* cudaMalloc & co. from the table the NCCL context loaded */
 #endif
 
 typedef struct {

@@ -5,7 +5,10 @@
  * model's own count (6 N_matmul + 12 L d T). Prints "SKIP bench_gpu: <why>" without a GPU.
  * bench_gpu attention [B] [T] [H] [D] [reps]: one causal attention forward + backward under bf16
  * with each implementation (UST_CUDA_ATTENTION = tc, gemm, flash), ms and TFLOP/s (causal
- * FLOPs: 4 B H T^2 D / 2 forward, 2.5x that backward with its recomputation not counted). */
+ * FLOPs: 4 B H T^2 D / 2 forward, 2.5x that backward with its recomputation not counted).
+ * bench_gpu --model-only [B] [T]: no GPU needed; the roofline time of each op of a GPT-2 124M
+ * bf16 step on an H200 from its FLOP and byte counts, and the expected MFU. fp32 runs report MFU
+ * against the fp32 (non-TF32) peak, 67 TFLOP/s. */
 #include "config.h"
 #include "log.h"
 #include "ops_cuda.h"
@@ -44,8 +47,8 @@ static int bench_attention_mode(const char *mode, int B, int T, int H, int D, in
     ust_ops *o = ops_cuda_create(0, &e);
     unsetenv("UST_CUDA_ATTENTION");
     if (!o) {
-        printf("SKIP bench_gpu attention: %s\n", e.msg);
-        return 0;
+        printf("%s bench_gpu attention: %s\n", ops_cuda_gpu_required() ? "FAIL" : "SKIP", e.msg);
+        return ops_cuda_gpu_required() ? -1 : 0;
     }
     ops_cuda_set_bf16(o, 1);
     size_t nq = (size_t)B * T * H * D, nl = (size_t)B * H * T;
@@ -93,9 +96,13 @@ static int bench_attention(int argc, char **argv) {
         return 2;
     }
     static const char *const modes[] = {"tc", "gemm", "flash"};
-    for (int i = 0; i < 3; i++) bench_attention_mode(modes[i], B, T, H, D, reps);
+    for (int i = 0; i < 3; i++)
+        if (bench_attention_mode(modes[i], B, T, H, D, reps) < 0) return 1; /* UST_REQUIRE_GPU */
     return 0;
 }
+
+#define BENCH_PEAK_BF16 989.0 /* TFLOP/s, H100/H200 SXM, dense bf16 */
+#define BENCH_PEAK_FP32 67.0  /* TFLOP/s, H100/H200 SXM, fp32 without TF32 */
 
 /* One training step (forward, backward, AdamW at step t) on B x T tokens; returns the mean loss. */
 static double train_step(model *m, const ust_ops *o, const int32_t *in, const int32_t *tgt,
@@ -175,18 +182,113 @@ static void bench_steps(model *m, ust_ops *o, ust_ops *po, const ust_arena *aren
     ops_prof_enable(po, 1);
     for (int s = 0; s < prof_steps; s++)
         train_step(m, po, in, tgt, mom, var, B, T, warm + steps + s + 1);
-    printf("bench_gpu: where a step's time goes (%d more steps, each op between two syncs):\n",
+    printf("bench_gpu: where a step's time goes (%d more steps, each op between two syncs; a "
+           "sync and launch cost ~5-10 us each, so small ops read high and the total exceeds "
+           "the timed step):\n",
            prof_steps);
     ops_prof_print(po, stdout, prof_steps);
 }
 
+/* ---- bench_gpu --model-only: the roofline of a step, before any GPU is seen ----------------- */
+
+#define BENCH_HBM_TBS 4.8 /* H200 HBM3e, TB/s */
+
+typedef struct {
+    const char *name;
+    double calls, flops, bytes; /* per step */
+} roof_op;
+
+typedef struct {
+    roof_op op[16];
+    int n;
+} roof_table;
+
+static void roof_add(roof_table *t, const char *name, double calls, double flops, double bytes) {
+    t->op[t->n++] = (roof_op){name, calls, flops, bytes};
+}
+
+/* seconds of op at the roofline: the larger of its FLOPs at peak and its bytes at the HBM rate;
+ * gemm_eff / mem_eff scale the two peaks to what kernels reach in practice */
+static double roof_time(const roof_op *o, double peak, double gemm_eff, double mem_eff) {
+    double tc = o->flops / (peak * gemm_eff), tm = o->bytes / (BENCH_HBM_TBS * 1e12 * mem_eff);
+    return tc > tm ? tc : tm;
+}
+
+/* The ops of one training step of a GPT-2 shape (c->model) at B x T in bf16, as the CUDA backend
+ * runs them: GEMMs through cuBLASLt with bf16 activations and fp32 master weights rounded to bf16
+ * scratch before each GEMM (read 4 B + write 2 B per weight, forward and input-gradient GEMMs),
+ * GELU fused into the fc GEMM's epilogue (its input kept for the backward), the tensor-core
+ * flash attention (causal: half of the T^2 tiles; the backward computes 7 tile products per
+ * tile where the forward computes 2), fused cross-entropy forward+backward over the logits, and
+ * AdamW over fp32 parameters, gradients and moments (28 B per parameter). */
+static void roof_gpt2(roof_table *t, const ust_config *c, int B, int T) {
+    const double L = c->model.n_layer, d = c->model.d_model, ff = c->model.d_ff,
+                 V = c->model.vocab_size, H = c->model.n_head, N = (double)B * T, a = 2;
+    const double Pl = 4 * d * d + 2 * d * ff, P = L * (Pl + 4 * d + 4 * d + ff) + V * d + T * d;
+    const double att = 2.0 * B * H * (double)T * T * (d / H); /* causal: 4 B H T^2 hd / 2 */
+    /* activations a linear layer reads and writes per token, forward: qkv, proj, fc, fc-proj */
+    const double lin_act = (d + 3 * d) + (d + d) + (d + 2 * ff) + (ff + d);
+    roof_add(t, "layernorm_fwd", 2 * L + 1, 8 * N * d * (2 * L + 1),
+             (2 * L + 1) * (2 * N * d * a + 8 * N));
+    roof_add(t, "round_weights", 8 * L + 2, 0, 2 * (L * Pl + V * d) * 6);
+    roof_add(t, "matmul_fwd", 4 * L, 2 * N * L * Pl, L * (N * lin_act * a + Pl * a));
+    roof_add(t, "attention_fwd", L, L * att, L * (4 * N * d * a + 4 * N * H));
+    roof_add(t, "residual_add", 4 * L, N * d * 4 * L, 4 * L * 3 * N * d * a);
+    roof_add(t, "lm_head_fwd", 1, 2 * N * d * V, N * d * a + V * d * a + N * V * a);
+    roof_add(t, "xent_fwd_bwd", 1, 5 * N * V, 2 * N * V * a);
+    roof_add(t, "lm_head_bwd", 2, 4 * N * d * V, 2 * N * V * a + V * d * (a + 8) + 2 * N * d * a);
+    roof_add(t, "matmul_bwd", 8 * L, 4 * N * L * Pl, L * (2 * N * lin_act * a + Pl * (a + 8)));
+    roof_add(t, "attention_bwd", L, 3.5 * L * att, L * (8 * N * d * a + 4 * N * H));
+    roof_add(t, "layernorm_bwd", 2 * L + 1, 10 * N * d * (2 * L + 1), (2 * L + 1) * 3 * N * d * a);
+    roof_add(t, "embedding", 2, 0, 2 * N * d * (a + 4) + T * d * 8);
+    roof_add(t, "adamw", 1, 10 * P, 28 * P);
+}
+
+static int bench_model_only(int argc, char **argv) {
+    int B = argc > 2 ? atoi(argv[2]) : 8, T = argc > 3 ? atoi(argv[3]) : 1024;
+    if (B <= 0 || T <= 0) {
+        fprintf(stderr, "usage: bench_gpu --model-only [B] [T]\n");
+        return 2;
+    }
+    ust_config c;
+    bench_config(&c, "gpt2-124m", B, T, 1);
+    roof_table t = {.n = 0};
+    roof_gpt2(&t, &c, B, T);
+    const double peak = BENCH_PEAK_BF16 * 1e12, L = c.model.n_layer, d = c.model.d_model;
+    const double nm = L * (4 * d * d + 2 * d * c.model.d_ff) + (double)c.model.vocab_size * d;
+    const double model_flops = (6 * nm + 12 * L * d * T) * B * T; /* as model_flops_per_token */
+    printf("bench_gpu --model-only: GPT-2 124M, B=%d T=%d bf16, one training step on an H200 "
+           "(%.0f TFLOP/s dense bf16, %.1f TB/s HBM)\n%-14s %6s %9s %9s %9s %9s  bound\n",
+           B, T, BENCH_PEAK_BF16, BENCH_HBM_TBS, "op", "calls", "GFLOP", "MB", "roof us",
+           "real us");
+    double roof = 0, real = 0;
+    for (int i = 0; i < t.n; i++) {
+        const roof_op *o = &t.op[i];
+        double r = roof_time(o, peak, 1, 1), q = roof_time(o, peak, 0.7, 0.8);
+        roof += r, real += q;
+        int mem = o->bytes / (BENCH_HBM_TBS * 1e12) > o->flops / peak;
+        printf("%-14s %6.0f %9.1f %9.1f %9.1f %9.1f  %s\n", o->name, o->calls, o->flops / 1e9,
+               o->bytes / 1e6, r * 1e6, q * 1e6, mem ? "memory" : "compute");
+    }
+    printf("(real: GEMMs and attention at 70%% of the peak, memory-bound ops at 80%% of the HBM "
+           "rate, as tuned kernels reach; launch gaps and host time not counted)\n");
+    printf("bench_gpu --model-only: expected %.2f ms/step, MFU %.1f%% at the roofline; %.2f "
+           "ms/step, MFU %.1f%% at realistic efficiencies (%.3g model FLOPs/step)\n",
+           roof * 1e3, 100 * model_flops / roof / peak, real * 1e3, 100 * model_flops / real / peak,
+           model_flops);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "attention") == 0) return bench_attention(argc, argv);
+    if (argc > 1 && strcmp(argv[1], "--model-only") == 0) return bench_model_only(argc, argv);
     int B = argc > 1 ? atoi(argv[1]) : 8, T = argc > 2 ? atoi(argv[2]) : 1024;
     int steps = argc > 3 ? atoi(argv[3]) : 10;
     int bf16 = argc > 4 ? strcmp(argv[4], "fp32") != 0 : 1;
     const char *shape = argc > 5 ? argv[5] : "gpt2-124m";
-    double peak = (argc > 6 ? atof(argv[6]) : 989.0) * 1e12;
+    /* MFU against the peak of the arithmetic used: H100/H200 SXM dense bf16 tensor cores 989
+     * TFLOP/s; fp32 runs plain SGEMM (no TF32), whose peak is the CUDA cores' 67 TFLOP/s */
+    double peak = (argc > 6 ? atof(argv[6]) : bf16 ? BENCH_PEAK_BF16 : BENCH_PEAK_FP32) * 1e12;
     if (B <= 0 || T <= 0 || steps <= 0) {
         fprintf(
             stderr,
@@ -200,9 +302,13 @@ int main(int argc, char **argv) {
     ust_err e;
     ust_ops *o = ops_cuda_create(0, &e);
     if (!o) {
-        printf("SKIP bench_gpu: %s\n", e.msg);
-        return 0;
+        printf("%s bench_gpu: %s\n", ops_cuda_gpu_required() ? "FAIL" : "SKIP", e.msg);
+        return ops_cuda_gpu_required() ? 1 : 0;
     }
+    int drv, rt;
+    ops_cuda_versions(&drv, &rt);
+    printf("# CUDA driver %d.%d, runtime %d.%d\n", drv / 1000, drv % 1000 / 10, rt / 1000,
+           rt % 1000 / 10);
     ops_cuda_set_bf16(o, bf16);
     /* the model runs through the op profiler, off while timing (one indirect call more per op) */
     ust_ops *po = ops_prof_create(o);

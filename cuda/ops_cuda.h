@@ -5,11 +5,14 @@
  * takes bf16 inputs and accumulates in fp32 (cuBLASLt, CUBLAS_COMPUTE_32F) and every other op
  * computes in fp32 and rounds only what it stores. The compute stream and the device memory
  * report are the ops.h members stream and memory. Above cuda/, only ops_create (core/base/ops.c)
- * and the tests call this. Nothing here touches CUDA until ops_cuda_create is called, so a CUDA
- * build still runs CPU configs on a machine without a GPU or driver; a build without CUDA gets
- * stubs (below). */
+ * and the tests call this. Nothing here touches CUDA until ops_cuda_create is called (which
+ * dlopens the libraries and the backend plugin: cuda/ops_cuda_load.c), so a CUDA build runs CPU
+ * configs on a machine without a GPU, driver or CUDA libraries; without CUDA: stubs (below). */
 #ifndef UST_OPS_CUDA_H
 #define UST_OPS_CUDA_H
+
+#include <stdlib.h>
+#include <string.h>
 
 #include "error.h"
 #include "ops.h"
@@ -31,6 +34,9 @@ ust_ops *ops_cuda_create(int device, ust_err *e);
  * accumulation (fp32 parameters rounded into scratch; matmul/matmul_batched keep fp32 C). Off:
  * act_size 4 and fp32 throughout. */
 void ops_cuda_set_bf16(ust_ops *o, int on);
+/* The CUDA driver's and runtime's versions (major*1000 + minor*10), 0 when unknown: no driver,
+ * the libraries could not be loaded (cuda/ops_cuda_load.c), or the emulator. */
+void ops_cuda_versions(int *driver, int *runtime);
 
 #else
 
@@ -46,7 +52,16 @@ static inline void ops_cuda_set_bf16(ust_ops *o, int on) {
     (void)o;
     (void)on;
 }
+static inline void ops_cuda_versions(int *driver, int *runtime) { *driver = *runtime = 0; }
 #endif
+
+/* UST_REQUIRE_GPU set (and not "0"): a GPU that CUDA cannot open (no device, a driver older than
+ * the runtime, missing libraries) is a failure of the GPU tests and bench_gpu, not a SKIP
+ * (scripts/gpu-check.sh sets it). */
+static inline int ops_cuda_gpu_required(void) {
+    const char *v = getenv("UST_REQUIRE_GPU");
+    return v && v[0] && strcmp(v, "0") != 0;
+}
 
 #ifdef __cplusplus
 }

@@ -1,19 +1,27 @@
 #!/usr/bin/env bash
-# gpu-check: the prepared check for a session on a GPU machine, within a strict budget (< 8 min):
-#   1. build everything (nvcc for sm_80/sm_90 plus the C code),
-#   2. build/test/test_cuda_ops: every op of ops.h on the GPU against the CPU backend (both
-#      attention implementations), the bf16 matmul bound and every op with bf16 activations,
-#      3 training steps of tiny gpt2/llama models on both backends, a bf16 tiny-model check,
-#   3. test/sh/gpu_cuda.sh: configs/tiny.yaml for 10 steps on the GPU (fp32) and on the CPU,
-#      per-step losses compared, and bf16 close to fp32; with 2+ GPUs the equivalence harness
-#      over NCCL in fp32 and bf16,
-#   4. attention alone at GPT-2 shapes with each implementation (ms, TFLOP/s), then the GPT-2 124M
-#      benchmark at T=1024 in bf16 (activations and matmuls): tokens/s and MFU against 989 TFLOP/s (H100/H200
-#      SXM dense bf16), through build/bench_gpu (model forward+backward+AdamW directly, then a
-#      per-op breakdown of a step; again with the GEMM attention for comparison) and through
-#      `ustrain bench train` with run.device=cuda.
-# Every stage has its own timeout (together 8 min, plus 150 s when it builds); it goes on after a failure
-# and exits non-zero at the end if anything failed. Output is meant to be pasted into the issue.
+# gpu-check: the prepared check for a few minutes on a bare GPU machine (driver + toolkit, nothing
+# installed, nothing compiled there): one call of at most 540 s (GPU_CHECK_BUDGET), leaving room
+# for a rerun within 15 minutes of device time. It runs what scripts/gpu-bundle.sh prepared
+# (.gpubundle/: binaries, the backend plugin, the non-system libraries; carried along), else
+# build/ and ./ustrain. Stages, in order:
+#   machine   versions (nvidia-smi, driver/runtime, nvcc) and `ldd` on every binary: a missing
+#             library stops the script, naming it; a driver older than CUDA 13 gets the
+#             toolkit's compat/ libraries on the library path (the loader also tries them),
+#   ops       test_cuda_ops: every op of ops.h on the GPU against the CPU,
+#   attention the tensor-core attention against the GEMM attention at B=8, T=1024 (bf16),
+#   moe       test_moe: the MoE layer on the GPU against the CPU,
+#   training  test/sh/gpu_cuda.sh (tiny, 10 steps fp32 vs the CPU, bf16 vs fp32) and the NCCL
+#             world-1 cases of test_comm; multi-rank NCCL needs a GPU per rank: said so,
+#   bench     bench_gpu bf16 on GPT-2 124M (B=8, T=1024) with the per-op table, and the
+#             roofline estimate (bench_gpu --model-only) when present.
+# UST_REQUIRE_GPU=1: a GPU that CUDA cannot open is a FAIL, not a SKIP. A failed program is run
+# once more with CUDA_LAUNCH_BLOCKING=1 and, where the toolkit has it, under compute-sanitizer.
+# Everything goes to $OUT (default ./gpu-check-out; 8 files: summary.txt, machine.log,
+# test_cuda_ops.log, attention_full.log, test_moe.log, training.log, bench_gpu.log, reruns.log),
+# and the last lines printed (at most 60) are the summary: each stage PASS/FAIL with its figure.
+# GPU_CHECK_DRY=1 runs it end to end on this CPU machine against the emulator build (build-emu,
+# `make emu`; GPU_CHECK_BUILD to change): small sizes, the CPU stand-in for the op tests, and
+# GPU_CHECK_DRY_FAIL=STAGE plants a failure in that stage (test/sh/gpu_check_dry.sh).
 #
 # scripts/gpu-check.sh --emulate is for machines WITHOUT a GPU: `make emu` builds the project
 # against the CPU emulator in cuda/emu (coroutine GPU threads, barriers, shuffles, reference
@@ -59,84 +67,151 @@ if [ "${1:-}" = "--emulate" ]; then
     exit $fail
 fi
 
-# --bundled: a bare GPU machine without the build dependencies runs what scripts/gpu-bundle.sh
-# prepared elsewhere (.gpubundle/, carried along) instead of building; CUDA's own libraries are
-# the machine's.
-BUILD=build UST=./ustrain
-if [ "${1:-}" = "--bundled" ]; then
-    [ -x .gpubundle/ustrain ] ||
-        { echo "FAIL no .gpubundle/: run scripts/gpu-bundle.sh where the build works, carry it"; exit 1; }
-    BUILD=.gpubundle UST=.gpubundle/ustrain
+# ---- the check on a GPU machine (or its dry run) ----------------------------------------------
+DRY=${GPU_CHECK_DRY:-0}
+BUDGET=${GPU_CHECK_BUDGET:-540}
+OUT=${OUT:-$PWD/gpu-check-out}
+mkdir -p "$OUT" || exit 1
+rm -f "$OUT"/{summary.txt,machine.log,test_cuda_ops.log,attention_full.log,test_moe.log,training.log,bench_gpu.log,reruns.log}
+export UST_REQUIRE_GPU=1
+RESULTS=()
+
+# binaries: the emulator build (dry run), the bundle, or build/
+if [ "$DRY" = 1 ]; then
+    BUILD=${GPU_CHECK_BUILD:-build-emu} UST=${GPU_CHECK_BUILD:-build-emu}/ustrain
+elif [ -x .gpubundle/ustrain ]; then
+    BUILD=.gpubundle/build UST=.gpubundle/ustrain
     mkdir -p /tmp/gpubundle && tar -C /tmp/gpubundle -xzf .gpubundle/lib.tar.gz || exit 1
-    # in search order, first seen first: the toolkit under /usr/local (matched to the driver)
-    # before copies in Python environments under /opt (where NCCL may be the only one)
-    cudalib=$(find /usr/local /usr/lib /opt \( -name 'libcublasLt.so.13' -o -name 'libnccl.so.2' \
-        -o -name 'libcudart.so.13' \) 2>/dev/null | xargs -r -n1 dirname | awk '!seen[$0]++' |
-        tr '\n' ':')
-    export LD_LIBRARY_PATH="/tmp/gpubundle/lib:$cudalib${LD_LIBRARY_PATH:-}"
-    echo "CUDA libraries from: ${cudalib:-none found}"
-fi
-export UST
-
-stage "machine"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -4
-/usr/local/cuda/bin/nvcc --version 2>&1 | tail -1
-nproc
-ldd $UST | grep 'not found' && echo "FAIL $UST: libraries not found (LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-})"
-
-if [ "$BUILD" = build ]; then
-    stage "build (make -j16)"
-    if ! timeout 150 make -j16 >/tmp/gpu-check-build.log 2>&1; then
-        tail -30 /tmp/gpu-check-build.log
-        echo "FAIL build"
-        exit 1
-    fi
-    grep -c nvcc /tmp/gpu-check-build.log | sed 's/^/nvcc invocations: /'
-fi
-
-stage "GPU op tests ($BUILD/test/test_cuda_ops)"
-timeout 60 $BUILD/test/test_cuda_ops
-rc=$?
-[ $rc -eq 0 ] || { echo "FAIL test_cuda_ops: exit $rc"; fail=1; }
-
-stage "the NCCL backend on this machine's GPUs ($BUILD/test/test_comm, NCCL cases only)"
-UST_TEST_ONLY_NCCL=1 timeout 45 $BUILD/test/test_comm | grep -E '^(FAIL|SKIP|#)'
-rc=${PIPESTATUS[0]}
-[ $rc -eq 0 ] || { echo "FAIL test_comm (NCCL): exit $rc"; fail=1; }
-
-stage "MoE layer on the GPU against the CPU ($BUILD/test/test_moe)"
-timeout 30 $BUILD/test/test_moe
-rc=$?
-[ $rc -eq 0 ] || { echo "FAIL test_moe: exit $rc"; fail=1; }
-
-stage "training on the GPU: tiny 10 steps fp32 vs the CPU and bf16 vs fp32, multi-GPU equivalence (test/sh/gpu_cuda.sh)"
-timeout 120 bash test/sh/gpu_cuda.sh | tee /tmp/gpu-check-cuda.log
-grep -q '^FAIL' /tmp/gpu-check-cuda.log && fail=1
-
-stage "attention alone at GPT-2 124M shapes, bf16: tensor-core kernels vs GEMMs vs CUDA-core flash"
-timeout 30 $BUILD/bench_gpu attention 8 1024 12 64 5 || { echo "FAIL bench_gpu attention"; fail=1; }
-
-stage "GPT-2 124M, T=1024, bf16: $BUILD/bench_gpu (default attention: tensor-core kernels)"
-timeout 60 $BUILD/bench_gpu 8 1024 10 bf16 gpt2-124m 989
-rc=$?
-[ $rc -eq 0 ] || { echo "FAIL bench_gpu bf16: exit $rc"; fail=1; }
-echo "-- the same with the GEMM attention, for comparison"
-UST_CUDA_ATTENTION=gemm timeout 40 $BUILD/bench_gpu 8 1024 5 bf16 gpt2-124m 989 ||
-    { echo "FAIL bench_gpu bf16 gemm attention"; fail=1; }
-timeout 35 $BUILD/bench_gpu 4 1024 3 fp32 gpt2-124m 989 || { echo "FAIL bench_gpu fp32"; fail=1; }
-
-if grep -q "ops_create\|ops_cuda_create" core/train/train.c cmd/ustrain.c 2>/dev/null; then
-    stage "GPT-2 124M, T=1024, bf16: ustrain bench train (run.device=cuda)"
-    [ -f data/tiny/train_000.bin ] || $UST data demo data/tiny >/dev/null
-    timeout 60 $UST bench train configs/bench-gpt2-124m.yaml --steps 10 \
-        --set run.device=cuda --set train.precision=bf16 --set train.seq_len=1024 \
-        --set train.micro_batch_size=8 --set train.global_batch_size=8 \
-        --set logging.peak_flops=989e12
-    rc=$?
-    [ $rc -eq 0 ] || { echo "FAIL ustrain bench train on cuda: exit $rc"; fail=1; }
+    export LD_LIBRARY_PATH="/tmp/gpubundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    # NCCL, when the bundle carries it, is found by the loader there too
+    export UST_CUDA_LIB_DIR="/tmp/gpubundle/lib${UST_CUDA_LIB_DIR:+:$UST_CUDA_LIB_DIR}"
 else
-    stage "ustrain bench train: run.device=cuda not wired into core/train/train.c yet; skipped"
+    BUILD=build UST=./ustrain
+fi
+export UST BUILD
+PROGS="$UST $BUILD/bench_gpu $BUILD/test/test_cuda_ops $BUILD/test/test_moe $BUILD/test/test_comm"
+[ -f $BUILD/libustrain_cuda.so ] && PROGS="$PROGS $BUILD/libustrain_cuda.so"
+
+left() { echo $((BUDGET - (SECONDS - T0))); }
+# the smaller of a stage's own limit and what the budget has left (20 s kept for the summary)
+limit() { local l=$(($(left) - 20)); [ "$1" -lt "$l" ] && l=$1; [ $l -lt 1 ] && l=1; echo $l; }
+
+# run_stage NAME LOG LIMIT FIGURE_CMD -- CMD...: runs CMD (tee to $OUT/LOG); FAIL on a non-zero
+# exit or a FAIL line; a failure is rerun once (rerun below); FIGURE_CMD reads the log for the
+# summary's figure.
+run_stage() {
+    local name=$1 log=$OUT/$2 lim=$3 fig=$4
+    shift 5
+    local from=$(($(cat $log 2>/dev/null | wc -l) + 1)) own=$OUT/.stage
+    stage "$name: $*" | tee -a $log
+    if [ "$DRY" = 1 ] && [ "${GPU_CHECK_DRY_FAIL:-}" = "$name" ]; then
+        set -- sh -c 'echo "FAIL planted failure in this stage (GPU_CHECK_DRY_FAIL)"; exit 1'
+    fi
+    timeout -k 5 $(limit $lim) "$@" 2>&1 | tee -a $log
+    local rc=${PIPESTATUS[0]} st=PASS
+    [ $rc -ge 124 ] && [ $rc -le 137 ] && echo "FAIL $name: stopped at its time limit (exit $rc)" | tee -a $log
+    tail -n +$from $log >$own # this stage's lines only (two stages may share a log)
+    { [ $rc -ne 0 ] || grep -q '^FAIL' $own; } && st=FAIL
+    local figure
+    figure=$(L=$own; eval "$fig" 2>/dev/null | tail -1 | cut -c1-150)
+    [ $st = FAIL ] && figure="exit $rc; $(grep -m1 '^FAIL' $own | cut -c1-110)" && rerun "$name" "$lim" "$@"
+    rm -f $own
+    RESULTS+=("$(printf '%-10s %s  %s' "$name" $st "$figure")")
+    [ $st = PASS ] || fail=1
+}
+
+# rerun NAME LIMIT CMD...: once with CUDA_LAUNCH_BLOCKING=1 (an asynchronous error then names the
+# launch that failed), then a program under compute-sanitizer memcheck, into reruns.log
+rerun() {
+    local name=$1 lim=$2 r=$OUT/reruns.log
+    shift 2
+    [ $(left) -gt 60 ] || { echo "== $name: no rerun, $(left) s of the budget left" >>$r; return; }
+    echo "==== rerun of $name with CUDA_LAUNCH_BLOCKING=1: $*" >>$r
+    CUDA_LAUNCH_BLOCKING=1 timeout -k 5 $(limit $lim) "$@" >>$r 2>&1
+    echo "   (exit $?)" >>$r
+    local cs
+    cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+    if [ -n "$cs" ] && [ "$DRY" != 1 ] && [ "$1" != bash ] && [ "$1" != sh ] && [ $(left) -gt 90 ]; then
+        echo "==== rerun of $name under compute-sanitizer" >>$r
+        timeout -k 5 $(limit 120) "$cs" --tool memcheck --print-limit 20 "$@" >>$r 2>&1
+        echo "   (exit $?)" >>$r
+    fi
+    grep -E '^(FAIL|=========)|error' $r | tail -5 | sed "s/^/  rerun: /"
+}
+
+# ---- machine: versions, libraries (a missing one stops here)
+M=$OUT/machine.log
+{
+    stage "machine"
+    echo "binaries: $BUILD ($UST); dry run: $DRY; budget ${BUDGET}s"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -4
+    nvidia-smi 2>/dev/null | grep -m1 'CUDA Version'
+    (/usr/local/cuda/bin/nvcc --version 2>/dev/null || echo "nvcc: none") | tail -1
+    echo "cores: $(nproc)"
+} 2>&1 | tee -a $M
+# the toolkit's libraries for the loader (and for ldd of the plugin): the first folder holding each
+for so in libcudart.so.13 libcublasLt.so.13 libnccl.so.2; do
+    d=$(find /usr/local/cuda/lib64/ /usr/local/cuda/targets /usr/lib /usr/local /opt -name $so 2>/dev/null |
+        head -1 | xargs -r dirname)
+    [ -n "$d" ] && case ":${UST_CUDA_LIB_DIR:-}:" in *":$d:"*) ;; *) UST_CUDA_LIB_DIR="${UST_CUDA_LIB_DIR:+$UST_CUDA_LIB_DIR:}$d" ;; esac
+done
+export UST_CUDA_LIB_DIR=${UST_CUDA_LIB_DIR:-}
+echo "UST_CUDA_LIB_DIR=$UST_CUDA_LIB_DIR" | tee -a $M
+drv=$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: \([0-9]*\)\..*/\1/p' | head -1)
+if [ -n "$drv" ] && [ "$drv" -lt 13 ] && [ -e /usr/local/cuda/compat/libcuda.so.1 ]; then
+    export LD_LIBRARY_PATH="/usr/local/cuda/compat${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    echo "driver supports CUDA $drv < 13: /usr/local/cuda/compat first on LD_LIBRARY_PATH" | tee -a $M
+fi
+missing=""
+for p in $PROGS; do
+    [ -e "$p" ] || { missing="$missing $p(absent)"; continue; }
+    m=$(LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$UST_CUDA_LIB_DIR" ldd "$p" 2>&1 | awk '/not found/ {print $1}' | tr '\n' ' ')
+    [ -n "$m" ] && missing="$missing $p: $m"
+done
+if [ -n "$missing" ]; then
+    echo "FAIL machine: missing:$missing" | tee -a $M
+    echo
+    { echo "==== summary"; echo "machine    FAIL  missing:$missing"; } | tee $OUT/summary.txt
+    exit 1
+fi
+gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
+RESULTS+=("$(printf '%-10s %s  %s' machine PASS "GPU: ${gpu:-none (no nvidia-smi)}; every library found")")
+
+# ---- the GPU stages (the dry run: small sizes, the CPU stand-in for the op tests)
+TRAIN_UST=$UST
+if [ "$DRY" = 1 ]; then
+    export UST_TEST_CUDA_FAKE=cpu
+    ATT=1,64 BENCH="1 8 1 bf16 llama-tiny 989" BENCH_LIMIT=300 # the emulator is slow in wall time
+    # gpu_cuda.sh's no-GPU branch with the CUDA build (the emulator's would train on "the GPU")
+    [ -x ./ustrain ] && TRAIN_UST=./ustrain
+else
+    ATT=8,1024 BENCH="8 1024 10 bf16 gpt2-124m 989" BENCH_LIMIT=120
+fi
+run_stage ops test_cuda_ops.log 120 "grep -E '^# [0-9]+ passed' \$L" -- $BUILD/test/test_cuda_ops
+run_stage attention attention_full.log 60 \
+    "grep -o 'B=.*largest.*' \$L" -- env -u UST_TEST_CUDA_FAKE UST_TEST_ATT_FULL=$ATT $BUILD/test/test_cuda_ops
+run_stage moe test_moe.log 45 "grep -E '^# [0-9]+ passed' \$L" -- $BUILD/test/test_moe
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+run_stage training training.log 150 \
+    "echo \$(grep -c '^PASS' \$L) passed, \$(grep -c '^FAIL' \$L) failed, \$(grep -c '^SKIP' \$L) skipped" -- \
+    env UST=$TRAIN_UST bash test/sh/gpu_cuda.sh
+[ "${ngpu:-0}" -lt 2 ] &&
+    echo "NCCL: $ngpu GPU(s): multi-rank NCCL needs a GPU per rank, so only its world-1 cases run" | tee -a $OUT/training.log
+UST_TEST_ONLY_NCCL=1 timeout -k 5 $(limit 30) $BUILD/test/test_comm 2>&1 | grep -E '^(PASS|FAIL|SKIP|#|nccl)' >>$OUT/training.log
+run_stage bench bench_gpu.log $BENCH_LIMIT "grep -oE '[0-9.]+ tokens/s.*MFU [0-9.]+%' \$L" -- $BUILD/bench_gpu $BENCH
+if $BUILD/bench_gpu --model-only >/dev/null 2>&1; then
+    run_stage roofline bench_gpu.log 20 "grep -E '^bench_gpu --model-only: expected' \$L" -- $BUILD/bench_gpu --model-only
 fi
 
-stage "done: $([ $fail -eq 0 ] && echo ALL OK || echo SOME FAILED) in $((SECONDS - T0))s"
+# ---- the summary: the last lines printed
+echo
+{
+    echo "==== summary (gpu-check, $([ "$DRY" = 1 ] && echo 'DRY RUN on the emulator build' || echo "$BUILD"), $((SECONDS - T0)) s of ${BUDGET} s)"
+    printf '%s\n' "${RESULTS[@]}"
+    grep -h -m1 '^# CUDA driver' $OUT/test_cuda_ops.log $OUT/attention_full.log 2>/dev/null | head -1
+    echo "NCCL multi-rank: $([ "${ngpu:-0}" -ge 2 ] && echo "ran in training (gpu_cuda.sh, $ngpu GPUs)" || echo "not run: ${ngpu:-0} GPU(s), NCCL needs a GPU per rank")"
+    [ -s $OUT/reruns.log ] && echo "reruns (CUDA_LAUNCH_BLOCKING=1, compute-sanitizer): $OUT/reruns.log"
+    echo "logs: $OUT ($(ls $OUT | wc -l) files)"
+    echo "result: $([ $fail -eq 0 ] && echo 'ALL PASS' || echo 'SOME FAILED')"
+} | tee $OUT/summary.txt
 exit $fail

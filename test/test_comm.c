@@ -27,7 +27,7 @@ extern char **environ;
 #include "topology.h"
 
 #ifdef UST_NCCL
-#include <cuda_runtime_api.h>
+#include "nccl_api.h" /* cudaMalloc & co. from the table the NCCL context loaded */
 #endif
 
 /* ---------------------------------------------------------------- values */
@@ -875,7 +875,11 @@ static void nccl_cases(void) {
     }
     int ngpu = 0;
 #ifdef UST_NCCL
-    if (cudaGetDeviceCount(&ngpu) != cudaSuccess) ngpu = 0;
+    ust_err le;
+    if (nccl_api_load(&le) != 0)
+        printf("nccl: %s\n", le.msg);
+    else if (cudaGetDeviceCount(&ngpu) != cudaSuccess)
+        ngpu = 0;
 #endif
     if (ngpu == 0) {
         printf("SKIP nccl: no GPU\n");

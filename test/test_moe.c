@@ -536,13 +536,12 @@ static void test_moe_acts_bytes_match_the_arena(void) {
 /* ---------------------------------------------------------------- the CUDA backend */
 
 /* The GPU backend, or a second CPU backend under UST_TEST_CUDA_FAKE=cpu (checks this harness on
- * machines without a GPU); NULL (the test passes with a SKIP line) when neither is there. */
-static ust_ops *gpu_backend(void) {
+ * machines without a GPU); NULL (a SKIP line, or with UST_REQUIRE_GPU a failure) when neither. */
+static ust_ops *gpu_backend(ust_err *e) {
     const char *fake = getenv("UST_TEST_CUDA_FAKE");
     if (fake && !strcmp(fake, "cpu")) return ops_cpu_create(1, 1);
-    ust_err e;
-    ust_ops *g = ops_cuda_create(0, &e);
-    if (!g) printf("SKIP moe cuda: %s\n", e.msg);
+    ust_ops *g = ops_cuda_create(0, e);
+    if (!g && !ops_cuda_gpu_required()) printf("SKIP moe cuda: %s\n", e->msg);
     return g;
 }
 
@@ -566,7 +565,10 @@ static float *host_copy(const ust_ops *o, const void *p, int64_t n) {
  * the five MoE ops and the host routing all run) on the GPU against the CPU backend. Both are fp32;
  * they differ in summation order and expf/logf ulps: 1e-4 relative on O(1) values. */
 static void test_moe_layer_on_cuda_matches_cpu(void) {
-    ust_ops *gpu = gpu_backend();
+    ust_err e;
+    ust_ops *gpu = gpu_backend(&e);
+    /* UST_REQUIRE_GPU: a GPU that CUDA cannot open fails the test instead of skipping it */
+    CHECK(gpu || !ops_cuda_gpu_required(), "no GPU backend: %s", e.msg);
     if (!gpu) return;
     fixture c, g;
     for (fixture *f = &c; f; f = f == &c ? &g : NULL) {

@@ -8,8 +8,6 @@
  * Compiled only with -DUST_NCCL (Makefile: nccl.h found). */
 #ifdef UST_NCCL
 
-#include <cuda_runtime_api.h>
-#include <nccl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +15,7 @@
 
 #include "comm_impl.h"
 #include "log.h"
+#include "nccl_api.h" /* cuda* and nccl* calls go through the dlopen'ed table */
 
 typedef struct {
     ncclComm_t comm;
@@ -63,6 +62,7 @@ static void settle(ust_comm *c, comm_kind k, ncclResult_t r, const char *what) {
 }
 
 static int nccl_ctx_init(comm_ctx *ctx, ust_err *e) {
+    if (nccl_api_load(e) != 0) return -1; /* libcudart / libnccl.so.2 missing: named in e */
     int n = 0;
     cudaError_t r = cudaGetDeviceCount(&n);
     if (r != cudaSuccess || n == 0)

@@ -19,7 +19,7 @@ if [ "$ngpu" -eq 0 ]; then
     # the same binary trains CPU configs here (every other test); a CUDA config is a clear
     # usage error at start-up, whether the build has CUDA (no device or driver) or not
     expect_exit gpu_cuda_config_without_a_gpu_exits_2 2 \
-        'run.device = cuda: (no CUDA device available|this build has no CUDA backend)' -- \
+        'run.device = cuda: (no CUDA device available|this build has no CUDA backend|lib[a-zA-Z]*\.so\.[0-9]+ could not be loaded)' -- \
         $UST train $TMP/t.yaml --set run.device=cuda --set checkpoint.resume=none
     echo "SKIP gpu_cuda: no GPU here (nvidia-smi lists none); the CUDA code ran on the emulator only (gpu_emulated.sh)"
     exit 0
