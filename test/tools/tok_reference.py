@@ -20,6 +20,9 @@
                               every token of the shards against tokenizers' encode of each
                               document + EOT; writes the documents' ids for the decode check (per
                               document u32 n, u32 k (a prompt whose text is whole characters), ids)
+  autotokenizer (EXPORT SHARDS FILE)...
+                              transformers' AutoTokenizer of each export encodes FILE's
+                              documents to the shards' tokens (prints PASS/FAIL lines)
   decoded TOK.json IN.ids IN.out  test_tokenizer decode's output (per document: the whole text,
                               then the text of the ids after the first k) against tokenizers'
                               decode(ids) and decode(ids)[len(decode(ids[:k])):]
@@ -239,6 +242,40 @@ def decoded(tok_path, ids_path, got_path):
     print("ok: %d documents (%d bytes) decode identically" % (n_docs, nbytes))
 
 
+def autotokenizer(cases):
+    """cases: EXPORT_DIR SHARD_DIR FILE triples. transformers' AutoTokenizer.from_pretrained of
+    each export must encode every document of FILE (add_special_tokens=False, then the end of
+    text) to the shards' tokens, decode them as tokenizers does, and name the end of text as
+    eos/pad."""
+    import transformers
+    bad = 0
+    for out, shards, path in zip(cases[0::3], cases[1::3], cases[2::3]):
+        tok = transformers.AutoTokenizer.from_pretrained(out)
+        eot = json.load(open(os.path.join(shards, "meta.json")))["eot_id"]
+        mt = json.load(open(os.path.join(out, "config.json")))["model_type"]
+        docs = list(bpe_reference.documents(path))
+        want = bpe_reference.read_shards(shards, "train") + bpe_reference.read_shards(shards, "val")
+        ref = Tokenizer.from_file(os.path.join(out, "tokenizer.json"))
+        got, differ = [], 0
+        for d in docs:
+            x = tok.encode(d, add_special_tokens=False)
+            differ += tok.decode(x, skip_special_tokens=False) != ref.decode(x, skip_special_tokens=False)
+            got += x + [eot]
+        name = "%s (%s, %s)" % (os.path.basename(out), mt, type(tok).__name__)
+        if got != want:
+            i = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+            print("FAIL tok_export_%s_autotokenizer_encodes_as_the_training_data: %s: token %d of %d "
+                  "differs: %s vs %s" % (os.path.basename(out), name, i, len(want), got[i:i + 5], want[i:i + 5]))
+            bad += 1
+        else:
+            print("PASS tok_export_%s_autotokenizer_encodes_as_the_training_data" % os.path.basename(out))
+        ok = differ == 0 and tok.eos_token_id == eot and tok.pad_token_id == eot
+        print("%s tok_export_%s_autotokenizer_decodes_and_names_the_end_of_text%s" % (
+            "PASS" if ok else "FAIL", os.path.basename(out),
+            "" if ok else ": %d documents decode otherwise than tokenizers, eos %s pad %s, want %d" % (
+                differ, tok.eos_token_id, tok.pad_token_id, eot)))
+
+
 if __name__ == "__main__":
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "corpus":
@@ -249,5 +286,7 @@ if __name__ == "__main__":
         check(args[0], args[1], args[2], args[3], args[4:])
     elif cmd == "decoded":
         decoded(*args)
+    elif cmd == "autotokenizer":
+        autotokenizer(args)
     else:
         sys.exit(__doc__)
