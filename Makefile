@@ -46,7 +46,7 @@ CFLAGS  := -std=c11 -D_GNU_SOURCE $(OPT) -g -Wall -Wextra -Werror -Wpointer-arit
            -I/usr/include/x86_64-linux-gnu/openblas-openmp \
            $(shell pkg-config --cflags yaml-0.1 libcjson pmix 2>/dev/null) $(EXTRA_CFLAGS)
 OBLAS   := /usr/lib/x86_64-linux-gnu/openblas-openmp
-LDLIBS  := -L$(OBLAS) -Wl,-rpath,$(OBLAS) -lopenblas -lyaml -lcjson -lpmix -lzstd -lz -lcrypto -lm -lrt -fopenmp -pthread
+LDLIBS  := -L$(OBLAS) -Wl,-rpath,$(OBLAS) -lopenblas -lyaml -lcjson -lutf8proc -lpmix -lzstd -lz -lcrypto -lm -lrt -fopenmp -pthread
 LDFLAGS ?= $(EXTRA_LDFLAGS)
 # gloo (Debian's libgloo-dev), for CPU groups across nodes: with gloo/context.h found and GLOO != 0,
 # parallel/comm/gloo_store.cc (the only C++ in parallel/: gloo's Store over the bootstrap, the TCP

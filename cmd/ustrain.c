@@ -41,7 +41,7 @@ static const char *USAGE =
     "  data prep --out DIR [--tokenizer tokenizer.json] [--jsonl-field NAME] [--eot ID|none]\n"
     "            [--threads N] [--val-fraction F] [--shard-tokens N] FILE...\n"
     "                                            text / JSON lines -> llm.c shards (bytes, or the\n"
-    "                                            byte-level BPE of a Hugging Face tokenizer.json)\n"
+    "                                            BPE of a Hugging Face tokenizer.json)\n"
     "  bench train CONFIG [--steps N] [--profile] [--set ...]\n"
     "                                            time training steps: ms/step, tok/s, MFU;\n"
     "                                            --profile adds time per op (ops.h)\n"

@@ -272,11 +272,20 @@ static void test_unsupported_files_are_refused_with_the_reason(void) {
     struct {
         const char *from, *to, *msg;
     } c[] = {
-        {"\"normalizer\": null", "\"normalizer\": {\"type\": \"NFC\"}", "normalizer 'NFC'"},
+        {"\"normalizer\": null",
+         "\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFC\"}, "
+         "{\"type\": \"Lowercase\"}]}",
+         "normalizer.normalizers[1].type 'Lowercase' is not supported"},
+        {"{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": true}",
+         "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Digits\"}, {\"type\": "
+         "\"Whitespace\"}]}",
+         "pre_tokenizer.pretokenizers[1].type 'Whitespace' is not supported"},
+        {"\"added_tokens\"", "\"decoder\": {\"type\": \"WordPiece\"}, \"added_tokens\"",
+         "decoder.type 'WordPiece' is not supported"},
         {"{\"type\": \"ByteLevel\", \"add_prefix_space\": false, \"use_regex\": true}",
          "{\"type\": \"Split\", \"pattern\": {\"Regex\": \"\\\\w+\"}, \"behavior\": \"Isolated\"}",
          "Split regex '\\w+' is not supported"},
-        {"\"type\": \"BPE\"", "\"type\": \"WordPiece\"", "model type 'WordPiece'"},
+        {"\"type\": \"BPE\"", "\"type\": \"WordPiece\"", "model.type 'WordPiece' is not supported"},
         {"\"ca b\"", "\"ca q\"", "merge 4 ('ca' 'q'): its right part"},
         /* an escaped NUL would cut "BPE\u0000Unigram" to "BPE" (issue 33) */
         {"\"type\": \"BPE\"", "\"type\": \"BPE\\u0000Unigram\"",
@@ -423,7 +432,47 @@ static void test_full_byte_level_decode_inverts_encode(void) {
     tok_free(t);
 }
 
-int main(void) {
+/* `test_tokenizer decode TOK.json IN.ids OUT` (test/sh/tok_families.sh): for each document of
+ * IN.ids (u32 n, u32 k, n ids) writes u32 len + tok_decode_text of the ids, then u32 len + the
+ * tok_decode bytes of ids k.. (what generate prints after a k-token prompt). */
+static int decode_tool(const char *tok_path, const char *in, const char *out) {
+    tok_tokenizer *t = NULL;
+    ust_err e;
+    if (tok_load(&t, tok_path, &e)) {
+        fprintf(stderr, "%s\n", e.msg);
+        return 2;
+    }
+    FILE *f = fopen(in, "rb"), *g = fopen(out, "wb");
+    if (!f || !g) return 2;
+    uint32_t hdr[2];
+    int32_t *ids = NULL;
+    int rc = 0;
+    while (!rc && fread(hdr, 4, 2, f) == 2) {
+        ids = realloc(ids, (hdr[0] + 1) * sizeof *ids);
+        if (fread(ids, 4, hdr[0], f) != hdr[0]) rc = 1;
+        size_t len;
+        char *text = tok_decode_text(t, ids, hdr[0], &len);
+        uint32_t n32 = (uint32_t)len;
+        fwrite(&n32, 4, 1, g);
+        fwrite(text, 1, len, g);
+        free(text);
+        tok_ids rest = {.ids = ids + hdr[1], .n = hdr[0] - hdr[1]};
+        static char buf[1 << 24];
+        size_t m = decode_all(t, &rest, buf, sizeof buf);
+        n32 = (uint32_t)m;
+        fwrite(&n32, 4, 1, g);
+        fwrite(buf, 1, m, g);
+        rc |= !text || m == (size_t)-1;
+    }
+    free(ids);
+    fclose(f);
+    rc |= fclose(g) != 0;
+    tok_free(t);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 5 && !strcmp(argv[1], "decode")) return decode_tool(argv[2], argv[3], argv[4]);
     snprintf(g_tmp, sizeof g_tmp, "/tmp/ust_test_tokenizer.XXXXXX");
     if (!mkdtemp(g_tmp)) return 1;
     RUN_TEST(test_gpt2_pretokenizer_matches_tokenizers_on_tricky_strings);

@@ -459,7 +459,7 @@ static int write_outputs(job *j, out_set *os, export_result *r, ust_err *e) {
     r->tokenizer = j->tok.present && !j->o->no_tokenizer;
     if (!rc && r->tokenizer) rc = hftok_write_tokenizer(&j->tok, out_add(os, "tokenizer.json"), e);
     if (!rc && r->tokenizer)
-        rc = write_json(hftok_tokenizer_config(&j->tok, j->c.model.max_seq_len),
+        rc = write_json(hftok_tokenizer_config(&j->tok, &j->c),
                         out_add(os, "tokenizer_config.json"), e);
     r->generation = j->tok.present;
     if (!rc && r->generation)

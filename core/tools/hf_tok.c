@@ -20,6 +20,7 @@
 
 #include "fs.h"
 #include "hf_config.h"
+#include "hf_map.h"
 #include "sha256.h"
 
 enum { BYTE_EOT = 256 };
@@ -226,15 +227,42 @@ int hftok_write_tokenizer(const hftok_info *t, const char *path, ust_err *e) {
     return rc;
 }
 
-cJSON *hftok_tokenizer_config(const hftok_info *t, int max_seq_len) {
+/* transformers 5 (tokenization_auto.py, MODELS_WITH_INCORRECT_HUB_TOKENIZER_CLASS) ignores the
+ * tokenizer_class of these model types and builds its own class, which rebuilds the pipeline
+ * from the vocabulary with that family's hard-wired normalizer and pre-tokenizer (a Qwen2 export
+ * of a GPT-2-style tokenizer: 101 of 103 documents differ). An "auto_map" makes AutoTokenizer,
+ * without trust_remote_code, skip that override and load tokenizer_class, i.e. tokenizer.json
+ * as it is (measured with transformers 5.25). */
+static const char *const FORCED_CLASS[] = {"qwen2",     "phi3",     "phimoe",
+                                           "nemotron",  "jamba",    "internlm2",
+                                           "internlm3", "ernie4_5", "ernie4_5_moe"};
+
+static bool forced_class(const ust_config *c) {
+    cJSON *mc = hf_config_json(c, -1, -1);
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(mc, "model_type");
+    bool forced = false;
+    for (size_t i = 0; cJSON_IsString(mt) && i < sizeof FORCED_CLASS / sizeof *FORCED_CLASS; i++)
+        forced |= strcmp(mt->valuestring, FORCED_CLASS[i]) == 0;
+    cJSON_Delete(mc);
+    return forced;
+}
+
+cJSON *hftok_tokenizer_config(const hftok_info *t, const ust_config *c) {
     cJSON *j = cJSON_CreateObject();
     if (t->eot_token[0]) {
         cJSON_AddStringToObject(j, "bos_token", t->eot_token);
         cJSON_AddStringToObject(j, "eos_token", t->eot_token);
+        cJSON_AddStringToObject(j, "pad_token", t->eot_token);
     }
     cJSON_AddBoolToObject(j, "clean_up_tokenization_spaces", 0);
-    cJSON_AddNumberToObject(j, "model_max_length", max_seq_len);
+    cJSON_AddNumberToObject(j, "model_max_length", c->model.max_seq_len);
     cJSON_AddStringToObject(j, "tokenizer_class", "PreTrainedTokenizerFast");
+    if (forced_class(c)) {
+        cJSON *am = cJSON_AddObjectToObject(j, "auto_map");
+        cJSON *pair = cJSON_AddArrayToObject(am, "AutoTokenizer");
+        cJSON_AddItemToArray(pair, cJSON_CreateNull());
+        cJSON_AddItemToArray(pair, cJSON_CreateString("PreTrainedTokenizerFast"));
+    }
     return j;
 }
 

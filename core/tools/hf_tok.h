@@ -5,7 +5,7 @@
  * hftok_write_tokenizer then puts tokenizer.json into the export: a copy of the file, or for byte
  * tokens ("path": "bytes") a synthesized byte-level BPE that encodes exactly as ustrain's byte
  * tokenizer does (id = byte, <|endoftext|> = 256). The JSON builders make tokenizer_config.json
- * (PreTrainedTokenizerFast, bos/eos = the end-of-text token) and generation_config.json. */
+ * (so that AutoTokenizer encodes with tokenizer.json as it is) and generation_config.json. */
 #ifndef UST_HF_TOK_H
 #define UST_HF_TOK_H
 
@@ -13,6 +13,7 @@
 #include <limits.h>
 #include <stdbool.h>
 
+#include "config.h"
 #include "error.h"
 
 typedef struct {
@@ -34,8 +35,10 @@ int hftok_from_state(hftok_info *t, const cJSON *state, const char *step, int vo
 /* Writes tokenizer.json to path: the recorded file copied, or the byte-level one built. */
 int hftok_write_tokenizer(const hftok_info *t, const char *path, ust_err *e);
 
-/* tokenizer_config.json (model_max_length: the model's max_seq_len). */
-cJSON *hftok_tokenizer_config(const hftok_info *t, int max_seq_len);
+/* tokenizer_config.json for the model c: PreTrainedTokenizerFast (transformers 5's
+ * TokenizersBackend, tokenizer.json as it is), bos/eos/pad = the end-of-text token,
+ * model_max_length = max_seq_len; see hf_tok.c for the model types that also need an auto_map. */
+cJSON *hftok_tokenizer_config(const hftok_info *t, const ust_config *c);
 /* generation_config.json: bos/eos ids as transformers' GenerationConfig writes them. */
 cJSON *hftok_generation_config(const hftok_info *t);
 

@@ -1,16 +1,23 @@
-/* tokenizer: the Hugging Face `tokenizers` encode pipeline for byte-level BPE, step for step:
- *   1. added tokens (non-normalized ones, then normalized ones) are cut out of the text,
- *      leftmost-longest, honouring single_word / lstrip / rstrip;
- *   2. each remaining piece goes through the pre-tokenizer stages (Split regex, ByteLevel with
- *      its optional prefix space and GPT-2 regex);
- *   3. each pre-token's bytes become the vocabulary's single-byte symbols, merged by BPE in merge
- *      rank order (lowest rank first, leftmost first), as `tokenizers`' Word::merge_all does.
- * The vocabulary is kept as raw bytes: ByteLevel's byte -> printable-character map is undone at
- * load time, so encoding never builds the mapped strings. The regexes are scanners that follow
- * the alternation order and backtracking of the patterns (see pretok_gpt2/pretok_llama3). */
+/* tokenizer: the Hugging Face `tokenizers` encode pipeline for BPE, step for step:
+ *   1. added tokens that are not "normalized" are cut out of the text, leftmost-longest,
+ *      honouring single_word / lstrip / rstrip; the pieces between them are normalized
+ *      (tok_norm.c), then the "normalized" added tokens are cut out of those;
+ *   2. each remaining piece goes through the pre-tokenizer stages (Split on a regex or a string,
+ *      Digits, Metaspace, ByteLevel with its optional prefix space and GPT-2 regex);
+ *   3. each pre-token becomes the vocabulary's symbols, one per byte for byte-level BPE, else one
+ *      per character (a character missing from the vocabulary becomes its <0xXX> byte tokens with
+ *      byte_fallback, else unk_token), merged by BPE in merge rank order (lowest rank first,
+ *      leftmost first), as `tokenizers`' BPE::merge_word and Word::merge_all do.
+ * A byte-level vocabulary is kept as raw bytes: ByteLevel's byte -> printable-character map is
+ * undone at load time, so encoding never builds the mapped strings. The regexes are scanners that
+ * follow the alternation order and backtracking of the patterns (see pretok_gpt2/pretok_llama3).
+ * Metaspace's "first" prepend scheme holds only for the piece at offset 0 of the input text
+ * (`tokenizers` checks offsets_original().0 == 0), which the pipeline carries as at0. */
 #include "tokenizer.h"
 #include "fs.h"
 #include "hf_config.h"
+#include "tok_dec.h"
+#include "tok_norm.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -21,7 +28,7 @@
 #include <cjson/cJSON.h>
 
 enum { CL_OTHER = 0, CL_L = 1, CL_N = 2, CL_S = 3 };
-enum { MAX_STAGES = 4 };
+enum { MAX_STAGES = 8 };
 
 #define GPT2_PATTERN                                                                               \
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
@@ -154,21 +161,37 @@ typedef struct {
     bool single_word, lstrip, rstrip, normalized;
 } added_token;
 
+typedef enum { ST_REGEX, ST_DIGITS, ST_METASPACE, ST_SPLIT } stage_kind;
+/* SplitDelimiterBehavior, in `tokenizers`' order */
+typedef enum { B_REMOVED, B_ISOLATED, B_MERGED_PREV, B_MERGED_NEXT, B_CONTIGUOUS } split_behavior;
+typedef enum { PREPEND_NEVER, PREPEND_FIRST, PREPEND_ALWAYS } prepend_scheme;
+
 typedef struct {
-    tok_split split;
+    stage_kind kind;
+    tok_split split;   /* ST_REGEX: the regex (NONE: no split) */
     bool prefix_space; /* ByteLevel add_prefix_space: " " before every piece not starting so */
+    split_behavior behavior; /* ST_SPLIT (Digits: Isolated, or Contiguous for runs) */
+    bool invert;             /* ST_SPLIT: the pieces between matches are the delimiters */
+    prepend_scheme prepend;  /* ST_METASPACE */
+    bool split_on;           /* ST_METASPACE: split before every replacement character */
+    char pat[64];            /* ST_SPLIT: the string; ST_METASPACE: the replacement */
+    size_t pat_len;
 } stage;
 
 struct tok_tokenizer {
-    bool bpe; /* false: raw bytes */
+    bool bpe;        /* false: raw bytes */
+    bool byte_level; /* a ByteLevel pre-tokenizer: symbols are bytes, else characters */
     int vocab_size, eot;
-    char describe[96];
+    char describe[160];
     int nstages;
     stage stages[MAX_STAGES];
-    int32_t byte_id[256]; /* the single-byte symbol of each byte, -1 when the vocab lacks it */
-    strmap vocab;         /* raw bytes -> id */
+    tok_norm norm;
+    tok_dec *decoder;
+    int32_t byte_id[256];  /* the single-byte symbol of each byte, -1 when the vocab lacks it */
+    int32_t fallback[256]; /* byte_fallback: the id of <0xXX>, -1 without (or none) */
+    strmap vocab;          /* raw bytes (byte-level) or the string -> id */
     pairmap merges;
-    bool ignore_merges, fuse_unk, cuttable;
+    bool ignore_merges, fuse_unk, cuttable, byte_fallback;
     int32_t unk_id;
     added_token *added;
     int nadded;
@@ -176,9 +199,10 @@ struct tok_tokenizer {
      * byte, longest first, as [first[b], first[b+1]) in by_first */
     int first[2][257];
     int *by_first[2];
-    /* decoding: id -> its bytes (dec NULL for raw bytes, whose id is the byte) */
-    char **dec;
-    size_t *dec_len;
+    /* decoding: id -> its bytes (dec NULL for raw bytes, whose id is the byte); dec0: as the
+     * first token of a text (NULL when the same) */
+    char **dec, **dec0;
+    size_t *dec_len, *dec0_len;
     unsigned char byte_tab[256]; /* raw bytes: byte_tab[b] = b */
 };
 
@@ -191,8 +215,9 @@ struct tok_work {
     int32_t *sym, *prev, *next, *len;
     merge_item *heap;
     size_t cap, heap_cap;
-    char *pfx[MAX_STAGES]; /* a piece with its prefix space, per stage */
+    char *pfx[MAX_STAGES]; /* a piece with its prefix space (or metaspaces), per stage */
     size_t pfx_cap[MAX_STAGES];
+    tok_buf norm, norm_tmp; /* a normalized piece */
 };
 
 /* GPT-2's bytes_to_unicode: printable Latin-1 bytes map to themselves, the other 68 to U+0100.. */
@@ -225,8 +250,13 @@ void tok_free(tok_tokenizer *t) {
     free(t->by_first[0]);
     free(t->by_first[1]);
     for (int i = 0; t->dec && i < t->vocab_size; i++) free(t->dec[i]);
+    for (int i = 0; t->dec0 && i < t->vocab_size; i++) free(t->dec0[i]);
     free(t->dec);
     free(t->dec_len);
+    free(t->dec0);
+    free(t->dec0_len);
+    tok_norm_free(&t->norm);
+    tok_dec_free(t->decoder);
     free(t);
 }
 
@@ -241,6 +271,27 @@ int tok_decode(const tok_tokenizer *t, int32_t id, const char **s, size_t *len) 
     if (!t->dec[id]) return -1;
     *s = t->dec[id], *len = t->dec_len[id];
     return 0;
+}
+
+char *tok_decode_text(const tok_tokenizer *t, const int32_t *ids, size_t n, size_t *len) {
+    tok_buf b = {0};
+    tok_buf_reserve(&b, 16);
+    for (size_t i = 0; i < n; i++) {
+        const char *s;
+        size_t k;
+        if (tok_decode(t, ids[i], &s, &k) != 0) {
+            free(b.p);
+            return NULL;
+        }
+        if (i == 0 && t->dec0 && t->dec0[ids[0]]) s = t->dec0[ids[0]], k = t->dec0_len[ids[0]];
+        tok_buf_put(&b, s, k);
+    }
+    const char *s = b.p;
+    size_t k = b.n;
+    if (t->decoder) tok_dec_strip_text(t->decoder, &s, &k);
+    memmove(b.p, s, k);
+    *len = k;
+    return b.p;
 }
 int tok_eot(const tok_tokenizer *t) { return t->eot; }
 const char *tok_describe(const tok_tokenizer *t) { return t->describe; }
@@ -299,6 +350,11 @@ bad:
  * the alphabet (such a token can only come from the added-token pass). */
 static int unmap_bytes(const char *s, const int16_t inv[512], unsigned char *out, size_t *n) {
     size_t len = strlen(s), k = 0;
+    if (!inv) { /* not byte-level: the string itself */
+        memcpy(out, s, len);
+        *n = len;
+        return 0;
+    }
     for (size_t i = 0; i < len;) {
         int l;
         uint32_t cp = utf8_at((const unsigned char *)s, len, i, &l);
@@ -320,74 +376,133 @@ static const char *json_type(const cJSON *o) {
     return cJSON_IsString(v) ? v->valuestring : "";
 }
 
-static int add_stage(tok_tokenizer *t, tok_split split, bool prefix_space, const char *path,
-                     ust_err *e) {
+static int add_stage(tok_tokenizer *t, stage st, const char *path, const char *where, ust_err *e) {
     if (t->nstages == MAX_STAGES)
-        return ust_errf(e, "%s: more than %d pre-tokenizer stages", path, MAX_STAGES);
-    t->stages[t->nstages++] = (stage){split, prefix_space};
+        return ust_errf(e, "%s: %s: more than %d pre-tokenizer stages", path, where, MAX_STAGES);
+    t->stages[t->nstages++] = st;
     return 0;
 }
 
+/* A string field of at most cap-1 bytes (pattern strings, the metaspace replacement). */
+static int short_string(const cJSON *o, const char *key, char *out, size_t cap, size_t *n) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsString(v) || !v->valuestring[0] || strlen(v->valuestring) >= cap) return -1;
+    strcpy(out, v->valuestring);
+    *n = strlen(out);
+    return 0;
+}
+
+static int load_split(tok_tokenizer *t, const cJSON *p, const char *path, const char *where,
+                      ust_err *e) {
+    static const char *const names[] = {"Removed", "Isolated", "MergedWithPrevious",
+                                        "MergedWithNext", "Contiguous"};
+    const cJSON *pat = cJSON_GetObjectItemCaseSensitive(p, "pattern");
+    const cJSON *re = cJSON_GetObjectItemCaseSensitive(pat, "Regex");
+    const cJSON *beh = cJSON_GetObjectItemCaseSensitive(p, "behavior");
+    stage st = {.kind = ST_SPLIT, .invert = json_bool(p, "invert", false)};
+    int b = 0;
+    while (b < 5 && !(cJSON_IsString(beh) && strcmp(beh->valuestring, names[b]) == 0)) b++;
+    if (b == 5)
+        return ust_errf(e,
+                        "%s: %s.behavior '%s' is not a split behavior (Removed, Isolated, "
+                        "MergedWithPrevious, MergedWithNext, Contiguous)",
+                        path, where, cJSON_IsString(beh) ? beh->valuestring : "?");
+    st.behavior = (split_behavior)b;
+    if (!cJSON_IsString(re)) {
+        if (short_string(pat, "String", st.pat, sizeof st.pat, &st.pat_len))
+            return ust_errf(e,
+                            "%s: %s.pattern: a Split needs {\"String\": non-empty, under 64 "
+                            "bytes} or {\"Regex\": the GPT-2, Llama-3 or Qwen2 regex}",
+                            path, where);
+        return add_stage(t, st, path, where, e);
+    }
+    const char *r = re->valuestring;
+    tok_split k = strcmp(r, GPT2_PATTERN) == 0     ? TOK_SPLIT_GPT2
+                  : strcmp(r, LLAMA3_PATTERN) == 0 ? TOK_SPLIT_LLAMA3
+                  : strcmp(r, QWEN2_PATTERN) == 0  ? TOK_SPLIT_QWEN2
+                                                   : TOK_SPLIT_NONE;
+    if (k == TOK_SPLIT_NONE)
+        return ust_errf(e,
+                        "%s: %s.pattern: Split regex '%.200s' is not supported (supported: the "
+                        "GPT-2, Llama-3 and Qwen2 pre-tokenization regexes)",
+                        path, where, r);
+    if (st.behavior != B_ISOLATED || st.invert)
+        return ust_errf(e,
+                        "%s: %s: a Split on a regex with behavior %s%s is not supported "
+                        "(supported: Isolated, not inverted)",
+                        path, where, names[b], st.invert ? ", inverted" : "");
+    return add_stage(t, (stage){.kind = ST_REGEX, .split = k}, path, where, e);
+}
+
+static int load_metaspace(tok_tokenizer *t, const cJSON *p, const char *path, const char *where,
+                          ust_err *e) {
+    stage st = {.kind = ST_METASPACE, .split_on = json_bool(p, "split", true)};
+    if (short_string(p, "replacement", st.pat, 8, &st.pat_len))
+        return ust_errf(e, "%s: %s.replacement: not a character", path, where);
+    const cJSON *ps = cJSON_GetObjectItemCaseSensitive(p, "prepend_scheme");
+    if (!ps) { /* files before prepend_scheme: add_prefix_space */
+        st.prepend = json_bool(p, "add_prefix_space", true) ? PREPEND_ALWAYS : PREPEND_NEVER;
+    } else {
+        const char *v = cJSON_IsString(ps) ? ps->valuestring : "?";
+        if (strcmp(v, "always") && strcmp(v, "first") && strcmp(v, "never"))
+            return ust_errf(e, "%s: %s.prepend_scheme '%s' is not one of always, first, never",
+                            path, where, v);
+        st.prepend = !strcmp(v, "always")  ? PREPEND_ALWAYS
+                     : !strcmp(v, "first") ? PREPEND_FIRST
+                                           : PREPEND_NEVER;
+    }
+    return add_stage(t, st, path, where, e);
+}
+
 /* One pre-tokenizer object -> stages. Returns 1 when it was a ByteLevel, 0 otherwise, -1 error. */
-static int load_pretok(tok_tokenizer *t, const cJSON *p, const char *path, ust_err *e) {
+static int load_pretok(tok_tokenizer *t, const cJSON *p, const char *path, const char *where,
+                       ust_err *e) {
     const char *type = json_type(p);
+    if (t->byte_level)
+        return ust_errf(e, "%s: %s: '%s' after the ByteLevel pre-tokenizer is not supported", path,
+                        where, type);
     if (strcmp(type, "ByteLevel") == 0) {
         bool re = json_bool(p, "use_regex", true);
-        if (add_stage(t, re ? TOK_SPLIT_GPT2 : TOK_SPLIT_NONE,
-                      json_bool(p, "add_prefix_space", true), path, e))
-            return -1;
+        stage st = {.kind = ST_REGEX,
+                    .split = re ? TOK_SPLIT_GPT2 : TOK_SPLIT_NONE,
+                    .prefix_space = json_bool(p, "add_prefix_space", true)};
+        if (add_stage(t, st, path, where, e)) return -1;
+        t->byte_level = true;
         return 1;
     }
-    if (strcmp(type, "Split") == 0) {
-        const cJSON *pat = cJSON_GetObjectItemCaseSensitive(p, "pattern");
-        const cJSON *re = cJSON_GetObjectItemCaseSensitive(pat, "Regex");
-        const cJSON *beh = cJSON_GetObjectItemCaseSensitive(p, "behavior");
-        if (!cJSON_IsString(re))
-            return ust_errf(e,
-                            "%s: Split pre-tokenizer without a Regex pattern (supported: the "
-                            "GPT-2, Llama-3 and Qwen2 regexes)",
-                            path);
-        if (!cJSON_IsString(beh) || strcmp(beh->valuestring, "Isolated") != 0 ||
-            json_bool(p, "invert", false))
-            return ust_errf(e,
-                            "%s: Split pre-tokenizer with behavior %s%s (supported: Isolated, "
-                            "not inverted)",
-                            path, cJSON_IsString(beh) ? beh->valuestring : "?",
-                            json_bool(p, "invert", false) ? ", inverted" : "");
-        const char *s = re->valuestring;
-        tok_split k = strcmp(s, GPT2_PATTERN) == 0     ? TOK_SPLIT_GPT2
-                      : strcmp(s, LLAMA3_PATTERN) == 0 ? TOK_SPLIT_LLAMA3
-                      : strcmp(s, QWEN2_PATTERN) == 0  ? TOK_SPLIT_QWEN2
-                                                       : TOK_SPLIT_NONE;
-        if (k == TOK_SPLIT_NONE)
-            return ust_errf(e,
-                            "%s: Split regex '%.200s' is not supported (supported: the GPT-2, "
-                            "Llama-3 and Qwen2 pre-tokenization regexes)",
-                            path, s);
-        return add_stage(t, k, false, path, e);
+    if (strcmp(type, "Split") == 0) return load_split(t, p, path, where, e);
+    if (strcmp(type, "Metaspace") == 0) return load_metaspace(t, p, path, where, e);
+    if (strcmp(type, "Digits") == 0) {
+        bool each = json_bool(p, "individual_digits", false);
+        stage st = {.kind = ST_DIGITS, .behavior = each ? B_ISOLATED : B_CONTIGUOUS};
+        return add_stage(t, st, path, where, e);
     }
     if (strcmp(type, "Sequence") == 0) {
         const cJSON *list = cJSON_GetObjectItemCaseSensitive(p, "pretokenizers");
         const cJSON *x;
-        int bl = 0;
+        int bl = 0, i = 0;
         cJSON_ArrayForEach(x, list) {
-            int r = load_pretok(t, x, path, e);
+            char sub[256];
+            snprintf(sub, sizeof sub, "%s.pretokenizers[%d]", where, i++);
+            int r = load_pretok(t, x, path, sub, e);
             if (r < 0) return -1;
             bl |= r;
         }
         return bl;
     }
     return ust_errf(e,
-                    "%s: pre-tokenizer '%s' is not supported (supported: ByteLevel, Split with "
-                    "the GPT-2/Llama-3/Qwen2 regex, Sequence of those)",
-                    path, type);
+                    "%s: %s.type '%s' is not supported (supported pre-tokenizers: ByteLevel, "
+                    "Split on the GPT-2/Llama-3/Qwen2 regex or on a string, Digits, Metaspace, "
+                    "Sequence of those)",
+                    path, where, type);
 }
 
 /* Refuses the model options that change what encode returns and are not implemented. */
 static int check_model(const cJSON *model, const char *path, ust_err *e) {
     const char *type = json_type(model);
     if (type[0] && strcmp(type, "BPE") != 0)
-        return ust_errf(e, "%s: model type '%s' is not supported (only BPE)", path, type);
+        return ust_errf(e, "%s: model.type '%s' is not supported (supported models: BPE)", path,
+                        type);
     const cJSON *d = cJSON_GetObjectItemCaseSensitive(model, "dropout");
     if (cJSON_IsNumber(d) && d->valuedouble > 0)
         return ust_errf(e, "%s: BPE dropout %g is not supported (must be null or 0)", path,
@@ -396,12 +511,9 @@ static int check_model(const cJSON *model, const char *path, ust_err *e) {
     for (int i = 0; i < 2; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(model, bad[i]);
         if (cJSON_IsString(v) && v->valuestring[0])
-            return ust_errf(e, "%s: BPE %s '%s' is not supported (byte-level BPE has none)", path,
+            return ust_errf(e, "%s: model.%s '%s' is not supported (must be null or \"\")", path,
                             bad[i], v->valuestring);
     }
-    if (json_bool(model, "byte_fallback", false))
-        return ust_errf(e, "%s: BPE byte_fallback is not supported (byte-level BPE has every byte)",
-                        path);
     return 0;
 }
 
@@ -516,6 +628,16 @@ static int32_t added_id(const strmap *verbatim, const char *content, int32_t *ne
     return id >= 0 ? id : (*next_id)++;
 }
 
+/* Which end-of-text token an added token is: 0 <|endoftext|>, 1 <|end_of_text|>, 2 a special
+ * </s>, 3 a special <eos> (SentencePiece families), 4 none; the lowest present wins. */
+static int eot_rank(const char *s, bool special) {
+    if (strcmp(s, "<|endoftext|>") == 0) return 0;
+    if (strcmp(s, "<|end_of_text|>") == 0) return 1;
+    if (special && strcmp(s, "</s>") == 0) return 2;
+    if (special && strcmp(s, "<eos>") == 0) return 3;
+    return 4;
+}
+
 static int load_added(tok_tokenizer *t, const cJSON *list, const cJSON *vocab, const char *path,
                       ust_err *e) {
     int n = cJSON_GetArraySize(list);
@@ -528,7 +650,7 @@ static int load_added(tok_tokenizer *t, const cJSON *list, const cJSON *vocab, c
     cJSON_ArrayForEach(x, vocab)
         strmap_put(&verbatim, x->string, strlen(x->string), (int32_t)x->valuedouble);
     int32_t next_id = cJSON_GetArraySize(vocab);
-    int rc = 0;
+    int rc = 0, eot_best = 4;
     cJSON_ArrayForEach(x, list) {
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(x, "content");
         if (!cJSON_IsString(c)) {
@@ -549,12 +671,20 @@ static int load_added(tok_tokenizer *t, const cJSON *list, const cJSON *vocab, c
         a->lstrip = json_bool(x, "lstrip", false);
         a->rstrip = json_bool(x, "rstrip", false);
         a->normalized = json_bool(x, "normalized", !json_bool(x, "special", false));
+        if (a->normalized && t->norm.n) { /* matched in normalized text: normalized as well */
+            tok_buf nb = {0}, tmp = {0};
+            tok_norm_apply(&t->norm, a->content, a->len, &nb, &tmp);
+            tok_buf_put(&nb, "", 1);
+            free(a->content);
+            free(tmp.p);
+            a->content = nb.p;
+            a->len = nb.n - 1;
+        }
         if (a->id >= t->vocab_size) t->vocab_size = a->id + 1;
         /* a cut must not split a token nor move the whitespace an lstrip token takes */
         if (a->lstrip || memchr(a->content, '\n', a->len)) t->cuttable = false;
-        bool eot =
-            strcmp(a->content, "<|endoftext|>") == 0 || strcmp(a->content, "<|end_of_text|>") == 0;
-        if (eot && t->eot < 0) t->eot = a->id;
+        int rank = eot_rank(a->content, json_bool(x, "special", false));
+        if (rank < eot_best) eot_best = rank, t->eot = a->id;
     }
     free(verbatim.slot);
     free(verbatim.pool);
@@ -564,75 +694,50 @@ static int load_added(tok_tokenizer *t, const cJSON *list, const cJSON *vocab, c
     return rc;
 }
 
-static void set_dec(tok_tokenizer *t, int32_t id, const void *bytes, size_t n) {
-    free(t->dec[id]);
-    t->dec[id] = malloc(n + 1);
-    UST_ASSERT(t->dec[id], "out of memory");
-    memcpy(t->dec[id], bytes, n);
-    t->dec[id][n] = 0;
-    t->dec_len[id] = n;
+static void set_dec(char **dec, size_t *dec_len, int32_t id, const void *bytes, size_t n) {
+    free(dec[id]);
+    dec[id] = malloc(n + 1);
+    UST_ASSERT(dec[id], "out of memory");
+    memcpy(dec[id], bytes, n);
+    dec[id][n] = 0;
+    dec_len[id] = n;
 }
 
-/* id -> bytes, as `tokenizers` decodes one id (skip_special_tokens=False): an added token is its
- * content; a vocabulary entry goes through ByteLevel's unicode -> byte mapping (an entry outside
- * that alphabet, which no byte-level encoding produces, is kept as written). */
-static void build_decoder(tok_tokenizer *t, const cJSON *vocab, const int16_t inv[512]) {
+/* One token string through the decoder, as any token and (dec0) as a text's first. */
+static void decode_entry(tok_tokenizer *t, int32_t id, const char *s, tok_buf *b, tok_buf *tmp) {
+    size_t n = strlen(s);
+    tok_dec_token(t->decoder, s, n, false, b, tmp);
+    set_dec(t->dec, t->dec_len, id, b->p, b->n);
+    if (!t->dec0) return;
+    tok_dec_token(t->decoder, s, n, true, b, tmp);
+    if (b->n != t->dec_len[id] || memcmp(b->p, t->dec[id], b->n) != 0)
+        set_dec(t->dec0, t->dec0_len, id, b->p, b->n);
+}
+
+/* id -> bytes, as `tokenizers` decodes (skip_special_tokens=False): every token string, added
+ * ones included, goes through the decoder (tok_dec.c). */
+static void build_decoder(tok_tokenizer *t, const cJSON *vocab) {
     t->dec = calloc((size_t)t->vocab_size, sizeof *t->dec);
     t->dec_len = calloc((size_t)t->vocab_size, sizeof *t->dec_len);
     UST_ASSERT(t->dec && t->dec_len, "out of memory (%d tokens)", t->vocab_size);
-    size_t cap = 1024;
-    unsigned char *buf = malloc(cap);
-    UST_ASSERT(buf, "out of memory");
-    const cJSON *x;
-    cJSON_ArrayForEach(x, vocab) {
-        size_t len = strlen(x->string), n;
-        if (len > cap) {
-            free(buf);
-            buf = malloc(cap = len);
-            UST_ASSERT(buf, "out of memory");
-        }
-        int32_t id = (int32_t)x->valuedouble;
-        if (unmap_bytes(x->string, inv, buf, &n) == 0)
-            set_dec(t, id, buf, n);
-        else
-            set_dec(t, id, x->string, len);
+    if (tok_dec_first_differs(t->decoder)) {
+        t->dec0 = calloc((size_t)t->vocab_size, sizeof *t->dec0);
+        t->dec0_len = calloc((size_t)t->vocab_size, sizeof *t->dec0_len);
+        UST_ASSERT(t->dec0 && t->dec0_len, "out of memory (%d tokens)", t->vocab_size);
     }
-    free(buf);
+    tok_buf b = {0}, tmp = {0};
+    const cJSON *x;
+    cJSON_ArrayForEach(x, vocab) decode_entry(t, (int32_t)x->valuedouble, x->string, &b, &tmp);
     for (int i = 0; i < t->nadded; i++)
-        set_dec(t, t->added[i].id, t->added[i].content, t->added[i].len);
+        decode_entry(t, t->added[i].id, t->added[i].content, &b, &tmp);
+    free(b.p);
+    free(tmp.p);
 }
 
-static int load_json(tok_tokenizer *t, const cJSON *root, const char *path, ust_err *e) {
-    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
-    if (!cJSON_IsObject(model)) return ust_errf(e, "%s: no \"model\" object", path);
-    if (check_model(model, path, e)) return -1;
-    const cJSON *norm = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
-    if (norm && !cJSON_IsNull(norm))
-        return ust_errf(e,
-                        "%s: normalizer '%s' is not supported (byte-level BPE tokenizers have "
-                        "normalizer null)",
-                        path, json_type(norm));
-    const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
-    int bl = cJSON_IsObject(pre) ? load_pretok(t, pre, path, e) : 0;
-    if (bl < 0) return -1;
-    if (bl == 0)
-        return ust_errf(e,
-                        "%s: the pre-tokenizer has no ByteLevel step: only byte-level BPE "
-                        "tokenizers are supported",
-                        path);
-    for (int i = 0; i < t->nstages; i++)
-        if (t->stages[i].prefix_space) t->cuttable = false;
-    unsigned int map[256];
-    int16_t inv[512];
-    byte_level_map(map);
-    for (int i = 0; i < 512; i++) inv[i] = -1;
-    for (int b = 0; b < 256; b++) inv[map[b]] = (int16_t)b;
-    if (load_vocab(t, cJSON_GetObjectItemCaseSensitive(model, "vocab"), inv, path, e)) return -1;
-    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
-    if (!cJSON_IsArray(merges)) return ust_errf(e, "%s: model.merges is not a list", path);
-    if (load_merges(t, merges, inv, path, e)) return -1;
-    t->ignore_merges = json_bool(model, "ignore_merges", false);
-    t->fuse_unk = json_bool(model, "fuse_unk", false);
+/* unk_token and, with byte_fallback, the <0xXX> ids (all 256 or none, as a character falls back
+ * only when every one of its bytes has a token). */
+static int load_special_ids(tok_tokenizer *t, const cJSON *model, const int16_t *inv,
+                            const char *path, ust_err *e) {
     t->unk_id = -1;
     const cJSON *unk = cJSON_GetObjectItemCaseSensitive(model, "unk_token");
     if (cJSON_IsString(unk)) {
@@ -642,21 +747,88 @@ static int load_json(tok_tokenizer *t, const cJSON *root, const char *path, ust_
             unmap_bytes(unk->valuestring, inv, buf, &n) == 0)
             t->unk_id = strmap_get(&t->vocab, buf, n);
         if (t->unk_id < 0)
-            return ust_errf(e, "%s: unk_token '%s' is not in the vocabulary", path,
+            return ust_errf(e, "%s: model.unk_token '%s' is not in the vocabulary", path,
                             unk->valuestring);
     }
+    t->byte_fallback = json_bool(model, "byte_fallback", false);
+    for (int b = 0; b < 256; b++) {
+        char name[8];
+        snprintf(name, sizeof name, "<0x%02X>", b);
+        t->fallback[b] = t->byte_fallback ? strmap_get(&t->vocab, name, 6) : -1;
+    }
+    return 0;
+}
+
+/* Whether a document may be cut after a newline (tok_safe_cut): a regex stage isolates lines,
+ * and nothing adds text at the start of a piece (a prefix space, a metaspace, Prepend). */
+static bool cuttable_stages(const tok_tokenizer *t) {
+    bool regex = false;
+    for (int i = 0; i < t->nstages; i++) {
+        const stage *st = &t->stages[i];
+        if (st->prefix_space || st->kind == ST_METASPACE) return false;
+        if (st->kind == ST_SPLIT && (memchr(st->pat, '\n', st->pat_len) || st->invert))
+            return false;
+        regex |= st->kind == ST_REGEX && st->split != TOK_SPLIT_NONE;
+    }
+    return regex && t->norm.local;
+}
+
+static int load_json(tok_tokenizer *t, const cJSON *root, const char *path, ust_err *e) {
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (!cJSON_IsObject(model)) return ust_errf(e, "%s: no \"model\" object", path);
+    if (check_model(model, path, e)) return -1;
+    if (tok_norm_load(&t->norm, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), path,
+                      "normalizer", e))
+        return -1;
+    const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
+    if (cJSON_IsObject(pre) && load_pretok(t, pre, path, "pre_tokenizer", e) < 0) return -1;
+    t->cuttable = cuttable_stages(t);
+    unsigned int map[256];
+    int16_t inv[512];
+    byte_level_map(map);
+    for (int i = 0; i < 512; i++) inv[i] = -1;
+    for (int b = 0; b < 256; b++) inv[map[b]] = (int16_t)b;
+    const int16_t *alpha = t->byte_level ? inv : NULL;
+    if (load_vocab(t, cJSON_GetObjectItemCaseSensitive(model, "vocab"), alpha, path, e)) return -1;
+    const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
+    if (!cJSON_IsArray(merges)) return ust_errf(e, "%s: model.merges is not a list", path);
+    if (load_merges(t, merges, alpha, path, e)) return -1;
+    t->ignore_merges = json_bool(model, "ignore_merges", false);
+    t->fuse_unk = json_bool(model, "fuse_unk", false);
+    if (load_special_ids(t, model, alpha, path, e)) return -1;
     if (load_added(t, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"),
                    cJSON_GetObjectItemCaseSensitive(model, "vocab"), path, e))
         return -1;
-    build_decoder(t, cJSON_GetObjectItemCaseSensitive(model, "vocab"), inv);
+    if (tok_dec_load(&t->decoder, cJSON_GetObjectItemCaseSensitive(root, "decoder"), t->byte_level,
+                     path, e))
+        return -1;
+    build_decoder(t, cJSON_GetObjectItemCaseSensitive(model, "vocab"));
     return 0;
+}
+
+/* e.g. "BPE (byte-level, qwen2 regex; NFC; decoder ByteLevel)" */
+static void describe(tok_tokenizer *t) {
+    static const char *const sp[] = {"", "gpt2 regex", "llama3 regex", "qwen2 regex"};
+    static const char *const kinds[] = {"", "digits", "metaspace", "split"};
+    char pre[64] = "";
+    size_t off = 0;
+    for (int i = 0; i < t->nstages && off < sizeof pre; i++) {
+        const stage *st = &t->stages[i];
+        const char *name = st->kind == ST_REGEX ? sp[st->split] : kinds[st->kind];
+        if (name[0])
+            off += (size_t)snprintf(pre + off, sizeof pre - off, "%s%s", off ? "+" : "", name);
+    }
+    snprintf(t->describe, sizeof t->describe, "BPE (%s%s%s%s%s; decoder %s)",
+             t->byte_level ? "byte-level" : "characters", t->byte_fallback ? ", byte fallback" : "",
+             pre[0] ? ", " : "", pre, t->norm.n ? ", normalized" : "",
+             tok_dec_describe(t->decoder));
 }
 
 int tok_load(tok_tokenizer **out, const char *path, ust_err *e) {
     size_t n;
     char *text = read_file(path, &n, e);
     if (!text) return -1;
-    if (hf_json_refuse_nul(text, n, path, e)) { /* byte-level BPE has no NUL in any string */
+    if (hf_json_refuse_nul(text, n, path, e)) { /* no tokenizer has a NUL in any string */
         free(text);
         return -1;
     }
@@ -667,18 +839,13 @@ int tok_load(tok_tokenizer **out, const char *path, ust_err *e) {
     UST_ASSERT(t, "out of memory");
     t->bpe = true;
     t->eot = -1;
-    t->cuttable = true;
     int rc = load_json(t, root, path, e);
     cJSON_Delete(root);
     if (rc) {
         tok_free(t);
         return -1;
     }
-    const char *sp[] = {"none", "gpt2", "llama3", "qwen2"};
-    tok_split s = TOK_SPLIT_NONE;
-    for (int i = 0; i < t->nstages; i++)
-        if (t->stages[i].split != TOK_SPLIT_NONE) s = t->stages[i].split;
-    snprintf(t->describe, sizeof t->describe, "byte-level BPE, %s pre-tokenization", sp[s]);
+    describe(t);
     *out = t;
     return 0;
 }
@@ -818,6 +985,8 @@ void tok_work_free(tok_work *w) {
     free(w->len);
     free(w->heap);
     for (int i = 0; i < MAX_STAGES; i++) free(w->pfx[i]);
+    free(w->norm.p);
+    free(w->norm_tmp.p);
     free(w);
 }
 
@@ -870,21 +1039,42 @@ static void push_pair(const tok_tokenizer *t, tok_work *w, size_t *hn, int32_t p
     if (m) heap_push(w, hn, (merge_item){m->rank, pos, m->new_id});
 }
 
-/* Byte symbols of one pre-token; a byte missing from the vocabulary becomes unk_token (fused
- * with its neighbours when fuse_unk) or, without unk_token, is dropped, as in `tokenizers`. */
+/* The id of the symbol s[0, l) (one byte, or one character of a character-level BPE). */
+static inline int32_t symbol_id(const tok_tokenizer *t, const unsigned char *s, size_t l) {
+    return l == 1 ? t->byte_id[s[0]] : strmap_get(&t->vocab, s, l);
+}
+
+/* The symbols of one pre-token, as `tokenizers`' BPE::merge_word: one per byte (byte-level) or
+ * per character; a missing one becomes its bytes' <0xXX> tokens (byte_fallback, when all
+ * exist), else unk_token (consecutive ones fused when fuse_unk; a pending unk is written only
+ * before the next symbol found in the vocabulary, as there), else it is dropped. */
 static int32_t initial_symbols(const tok_tokenizer *t, tok_work *w, const unsigned char *s,
                                size_t n) {
     int32_t k = 0;
-    bool pending_unk = false;
-    for (size_t i = 0; i < n; i++) {
-        int32_t id = t->byte_id[s[i]];
-        if (id < 0 && t->unk_id < 0) continue;
-        if (id < 0 && pending_unk && t->fuse_unk) continue;
-        if (pending_unk) w->sym[k++] = t->unk_id;
-        pending_unk = id < 0;
-        if (id >= 0) w->sym[k++] = id;
+    bool unk = false;
+    for (size_t i = 0; i < n;) {
+        int l = 1;
+        if (!t->byte_level) utf8_at(s, n, i, &l);
+        int32_t id = symbol_id(t, s + i, (size_t)l);
+        const unsigned char *c = s + i;
+        i += (size_t)l;
+        if (id >= 0) {
+            if (unk) w->sym[k++] = t->unk_id;
+            unk = false;
+            w->sym[k++] = id;
+            continue;
+        }
+        bool fb = t->byte_fallback;
+        for (int j = 0; j < l && fb; j++) fb = t->fallback[c[j]] >= 0;
+        if (fb) {
+            for (int j = 0; j < l; j++) w->sym[k++] = t->fallback[c[j]];
+            continue;
+        }
+        if (t->unk_id < 0) continue;
+        if (unk && !t->fuse_unk) w->sym[k++] = t->unk_id;
+        unk = true;
     }
-    if (pending_unk) w->sym[k++] = t->unk_id;
+    if (unk) w->sym[k++] = t->unk_id;
     return k;
 }
 
@@ -925,33 +1115,138 @@ static void bpe_piece(const tok_tokenizer *t, tok_work *w, const unsigned char *
     for (int32_t i = 0; i >= 0 && k > 0; i = w->next[i]) tok_ids_push(out, w->sym[i]);
 }
 
-/* Pre-tokenizer stage k over one piece, then the remaining stages, then BPE. */
 static void encode_stage(const tok_tokenizer *t, tok_work *w, const char *s, size_t n, int k,
-                         tok_ids *out) {
+                         bool at0, tok_ids *out);
+
+/* Stage k's scratch for a piece of n bytes grown to at most grow times its size plus extra. */
+static char *stage_buf(tok_work *w, int k, size_t need) {
+    if (w->pfx_cap[k] < need) {
+        w->pfx_cap[k] = 2 * need + 16;
+        w->pfx[k] = realloc(w->pfx[k], w->pfx_cap[k]);
+        UST_ASSERT(w->pfx[k], "out of memory (%zu bytes)", w->pfx_cap[k]);
+    }
+    return w->pfx[k];
+}
+
+/* Where the next delimiter of a Split / Digits / Metaspace stage starts at or after i, and its
+ * end (*end); n when there is none. Digits: one numeric character (\p{N}, as Rust's
+ * char::is_numeric); the others: the string pattern. */
+static size_t next_match(const stage *st, text s, size_t i, size_t *end) {
+    if (st->kind == ST_DIGITS) {
+        for (int len; i < s.n; i += (size_t)len)
+            if (class_at(s, i, &len, NULL) == CL_N) {
+                *end = i + (size_t)len;
+                return i;
+            }
+        return s.n;
+    }
+    const char *hit =
+        st->pat_len <= s.n - i ? memmem(s.s + i, s.n - i, st->pat, st->pat_len) : NULL;
+    if (!hit) return s.n;
+    *end = (size_t)((const unsigned char *)hit - s.s) + st->pat_len;
+    return *end - st->pat_len;
+}
+
+/* `tokenizers`' NormalizedString::split: the text is cut into delimiters (matches, or with
+ * invert the text between them) and the rest, then the behavior decides the pieces: Removed
+ * drops delimiters, Isolated keeps each, Contiguous joins runs of them, MergedWithPrevious /
+ * MergedWithNext attach a delimiter to the non-delimiter before / after it. */
+static void split_stage(const tok_tokenizer *t, tok_work *w, const stage *st, text s, int k,
+                        bool at0, tok_ids *out) {
+    size_t i = 0, ps = 0, pe = 0; /* the pending piece [ps, pe) */
+    bool pending = false, pend_delim = false;
+#define EMIT(a, b)                                                                                 \
+    encode_stage(t, w, (const char *)s.s + (a), (b) - (a), k + 1, at0 && (a) == 0, out)
+    while (i < s.n) {
+        size_t end = s.n, at = next_match(st, s, i, &end);
+        size_t seg_end = at > i ? at : end; /* a gap, then the match */
+        bool delim = (at == i) != st->invert;
+        if (st->behavior == B_REMOVED) {
+            if (!delim) EMIT(i, seg_end);
+        } else if (st->behavior == B_ISOLATED) {
+            EMIT(i, seg_end);
+        } else if (st->behavior == B_CONTIGUOUS && pending && delim == pend_delim) {
+            pe = seg_end;
+        } else if (st->behavior == B_MERGED_PREV && pending && delim && !pend_delim) {
+            pe = seg_end, pend_delim = true;
+        } else if (st->behavior == B_MERGED_NEXT && pending && !delim && pend_delim) {
+            EMIT(ps, seg_end);
+            pending = false;
+        } else {
+            if (pending) EMIT(ps, pe);
+            ps = i, pe = seg_end, pending = true, pend_delim = delim;
+            if (st->behavior == B_MERGED_PREV && delim) pend_delim = true;
+        }
+        i = seg_end;
+    }
+    if (pending) EMIT(ps, pe);
+#undef EMIT
+}
+
+/* Metaspace: spaces become the replacement, which is put in front of the piece (prepend scheme
+ * always, or first for the piece at offset 0) unless it starts with one; with split, each
+ * replacement starts a new piece (MergedWithNext). */
+static void metaspace_stage(const tok_tokenizer *t, tok_work *w, const stage *st, const char *s,
+                            size_t n, int k, bool at0, tok_ids *out) {
+    size_t spaces = 0;
+    for (size_t i = 0; i < n; i++) spaces += s[i] == ' ';
+    char *b = stage_buf(w, k, n + (spaces + 1) * st->pat_len);
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] != ' ') {
+            b[m++] = s[i];
+            continue;
+        }
+        memcpy(b + m, st->pat, st->pat_len);
+        m += st->pat_len;
+    }
+    bool starts = m >= st->pat_len && !memcmp(b, st->pat, st->pat_len);
+    if (!starts && (st->prepend == PREPEND_ALWAYS || (st->prepend == PREPEND_FIRST && at0))) {
+        memmove(b + st->pat_len, b, m);
+        memcpy(b, st->pat, st->pat_len);
+        m += st->pat_len;
+    }
+    if (st->split_on) {
+        stage sp = *st;
+        sp.behavior = B_MERGED_NEXT;
+        split_stage(t, w, &sp, (text){(const unsigned char *)b, m}, k, at0, out);
+    } else {
+        encode_stage(t, w, b, m, k + 1, at0, out);
+    }
+}
+
+/* Pre-tokenizer stage k over one piece, then the remaining stages, then BPE. at0: the piece
+ * starts at offset 0 of the text (Metaspace's "first"). */
+static void encode_stage(const tok_tokenizer *t, tok_work *w, const char *s, size_t n, int k,
+                         bool at0, tok_ids *out) {
     if (n == 0) return; /* `tokenizers` drops empty pieces */
     if (k == t->nstages) {
         bpe_piece(t, w, (const unsigned char *)s, n, out);
         return;
     }
     const stage *st = &t->stages[k];
+    if (st->kind == ST_METASPACE) {
+        metaspace_stage(t, w, st, s, n, k, at0, out);
+        return;
+    }
+    if (st->kind != ST_REGEX) {
+        split_stage(t, w, st, (text){(const unsigned char *)s, n}, k, at0, out);
+        return;
+    }
     if (st->prefix_space && s[0] != ' ') {
-        if (w->pfx_cap[k] < n + 1) {
-            w->pfx_cap[k] = 2 * n + 16;
-            w->pfx[k] = realloc(w->pfx[k], w->pfx_cap[k]);
-            UST_ASSERT(w->pfx[k], "out of memory (%zu bytes)", w->pfx_cap[k]);
-        }
-        w->pfx[k][0] = ' ';
-        memcpy(w->pfx[k] + 1, s, n);
-        s = w->pfx[k];
+        char *b = stage_buf(w, k, n + 1);
+        b[0] = ' ';
+        memcpy(b + 1, s, n);
+        s = b;
         n++;
     }
     if (st->split == TOK_SPLIT_NONE) {
-        encode_stage(t, w, s, n, k + 1, out);
+        encode_stage(t, w, s, n, k + 1, at0, out);
         return;
     }
     for (size_t i = 0; i < n;) {
         size_t j = tok_pretok_next(st->split, s, n, i);
-        encode_stage(t, w, s + i, j - i, k + 1, out);
+        encode_stage(t, w, s + i, j - i, k + 1, at0 && i == 0, out);
         i = j;
     }
 }
@@ -988,15 +1283,20 @@ static int find_added(const tok_tokenizer *t, int p, text s, size_t i, size_t *a
     return -1;
 }
 
-/* AddedVocabulary::find_matches for pass p, then the next pass on the text between matches. */
+/* AddedVocabulary::find_matches for pass p, then the next pass on the text between matches;
+ * the text between pass 0's matches is normalized before pass 1. */
 static void encode_added(const tok_tokenizer *t, tok_work *w, const char *str, size_t n, int p,
-                         tok_ids *out) {
+                         bool at0, tok_ids *out) {
+    if (p == 1 && t->norm.n) {
+        tok_norm_apply(&t->norm, str, n, &w->norm, &w->norm_tmp);
+        str = w->norm.p, n = w->norm.n;
+    }
     if (p == 2) {
-        encode_stage(t, w, str, n, 0, out);
+        encode_stage(t, w, str, n, 0, at0, out);
         return;
     }
     if (t->first[p][256] == 0) {
-        encode_added(t, w, str, n, p + 1, out);
+        encode_added(t, w, str, n, p + 1, at0, out);
         return;
     }
     text s = {(const unsigned char *)str, n};
@@ -1021,11 +1321,11 @@ static void encode_added(const tok_tokenizer *t, tok_work *w, const char *str, s
         }
         if (a->rstrip)
             while (stop < n && is_space_at(s, stop, &len)) stop += (size_t)len;
-        if (done < start) encode_added(t, w, str + done, start - done, p + 1, out);
+        if (done < start) encode_added(t, w, str + done, start - done, p + 1, at0 && !done, out);
         tok_ids_push(out, a->id);
         done = i = stop;
     }
-    if (done < n) encode_added(t, w, str + done, n - done, p + 1, out);
+    if (done < n) encode_added(t, w, str + done, n - done, p + 1, at0 && !done, out);
 }
 
 void tok_encode(const tok_tokenizer *t, tok_work *w, const char *text, size_t len, tok_ids *out) {
@@ -1033,7 +1333,7 @@ void tok_encode(const tok_tokenizer *t, tok_work *w, const char *text, size_t le
         for (size_t i = 0; i < len; i++) tok_ids_push(out, (unsigned char)text[i]);
         return;
     }
-    encode_added(t, w, text, len, 0, out);
+    encode_added(t, w, text, len, 0, true, out);
 }
 
 /* Cut between "x\n" and "y" with x, y printable ASCII: no match of the three regexes spans a

@@ -14,7 +14,7 @@ SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-fram
 INC=$(find core parallel -type d | sort | sed 's/^/-I/' | tr '\n' ' ')
 CFLAGS="-std=c11 -D_GNU_SOURCE -O1 -g $SAN -Wall -Wextra -Werror -pthread
         -I. $INC -Itest/fuzz $(pkg-config --cflags yaml-0.1 libcjson 2>/dev/null)"
-LIBS="$(pkg-config --libs yaml-0.1 libcjson 2>/dev/null || echo -lyaml -lcjson) -lcrypto -lzstd -lz -lm -pthread"
+LIBS="$(pkg-config --libs yaml-0.1 libcjson 2>/dev/null || echo -lyaml -lcjson) -lutf8proc -lcrypto -lzstd -lz -lm -pthread"
 obj() { echo "$OUT/obj/$(echo "$1" | tr / _ | sed 's/\.c$//').o"; }
 # Every module that clang can build without OpenMP/BLAS/PMIx goes into an archive; each target
 # links only the members it needs, so modules that split or grow new helpers need no list here.

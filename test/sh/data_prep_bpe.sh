@@ -104,11 +104,11 @@ out=$($UST data prep --tokenizer $TMP/many.json --out $TMP/many $TMP/many.txt 2>
 # --- bad input exits 2 with the reason
 python3 -c "
 import json, sys
-j = json.load(open(sys.argv[1])); j['pre_tokenizer'] = {'type': 'Metaspace', 'replacement': '_'}
+j = json.load(open(sys.argv[1])); j['pre_tokenizer'] = {'type': 'Whitespace'}
 json.dump(j, open(sys.argv[2], 'w'))
 j = json.load(open(sys.argv[1])); j['added_tokens'] = [a for a in j['added_tokens'] if a['id'] != 0]
 json.dump(j, open(sys.argv[3], 'w'))" $TMP/gpt2.json $TMP/meta.json $TMP/noeot.json
-expect_exit data_prep_unsupported_pretokenizer_exits_2 2 "pre-tokenizer 'Metaspace' is not supported" -- \
+expect_exit data_prep_unsupported_pretokenizer_exits_2 2 "pre_tokenizer.type 'Whitespace' is not supported" -- \
     $UST data prep --tokenizer $TMP/meta.json --out $TMP/x $C/plain.txt
 expect_exit data_prep_tokenizer_without_eot_exits_2 2 "no <\|endoftext\|>.*--eot" -- \
     $UST data prep --tokenizer $TMP/noeot.json --out $TMP/x $C/plain.txt
