@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "optim_muon.h"
 
 /* ------------------------------------------------------------------ set-up */
 
@@ -30,6 +31,8 @@ static void make_segments(dp_state *d) {
                 .m = at(d, BUF_M, u, t0 + a) - buf_base(d, BUF_M), /* BUF_V: the same layout */
                 .n = b - a,
                 .wd = q->decay ? (float)c->optimizer.weight_decay : 0.0f};
+            if (!optim_muon_takes(c, q->matrix))
+                d->buf.aseg[d->buf.naseg++] = d->buf.seg[d->buf.nseg];
             d->buf.seg_param[d->buf.nseg++] = i;
         }
         if (!replicas) d->buf.nseg_norm = d->buf.nseg;
@@ -148,6 +151,7 @@ static void alloc_state(dp_state *d, ust_arena *a) {
         }
     }
     d->red.scalar = mem_alloc(a, MEM_COMM, 4 * sizeof(float));
+    dp_muon_create(d, a);
 }
 
 /* A group's size and this rank's place in it; the memory plan's groups have no communicator:
@@ -193,7 +197,8 @@ int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_are
     d->buf.seg = calloc(np ? np : 1, sizeof *d->buf.seg);
     d->buf.seg_param = calloc(np ? np : 1, sizeof *d->buf.seg_param);
     d->buf.seg_sumsq = calloc(np ? np : 1, sizeof *d->buf.seg_sumsq);
-    UST_ASSERT(d->buf.seg && d->buf.seg_param && d->buf.seg_sumsq, "out of memory");
+    d->buf.aseg = calloc(np ? np : 1, sizeof *d->buf.aseg);
+    UST_ASSERT(d->buf.seg && d->buf.seg_param && d->buf.seg_sumsq && d->buf.aseg, "out of memory");
     if (!mem_counting(a)) make_segments(d); /* a counting arena's buffers do not exist */
     make_buckets(d);
     const char *fault = getenv("UST_FAULT_DP_DROP_GRADS_RANK");
@@ -218,6 +223,8 @@ void dp_destroy(dp_state *d) {
     free(d->buf.seg);
     free(d->buf.seg_param);
     free(d->buf.seg_sumsq);
+    free(d->buf.aseg);
+    dp_muon_destroy(d);
     free(d);
 }
 
@@ -441,10 +448,15 @@ double dp_grad_norm(dp_state *d) {
 
 void dp_optimizer_step(dp_state *d, double lr, float grad_scale, int64_t step) {
     const ust_config *c = d->cfg;
+    /* Muon's AdamW groups follow the same schedule, scaled to optimizer.adamw_lr */
+    double alr = !strcmp(c->optimizer.name, "muon") && c->optimizer.adamw_lr > 0
+                     ? lr * c->optimizer.adamw_lr / c->optimizer.lr
+                     : lr;
     d->ops->adamw_many(d->ops, buf_base(d, BUF_PARAMS), buf_base(d, BUF_GRADS), buf_base(d, BUF_M),
-                       buf_base(d, BUF_V), d->buf.seg, d->buf.nseg, (float)lr,
+                       buf_base(d, BUF_V), d->buf.aseg, d->buf.naseg, (float)alr,
                        (float)c->optimizer.beta1, (float)c->optimizer.beta2,
                        (float)c->optimizer.eps, grad_scale, step + 1);
+    if (d->muon.n) dp_muon_step(d, lr, grad_scale);
     if (d->stage == 1 || d->stage == 2) { /* everyone needs the whole updated weights */
         for (int u = 0; u < d->lay.nunits; u++) {
             float *unit = d->buf.p_whole + d->lay.uoff[u];

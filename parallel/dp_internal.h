@@ -29,7 +29,25 @@ typedef struct {
     int *seg_param; /* the parameter of each segment */
     double *seg_sumsq;
     int nseg, nseg_norm;
+    ops_segment *aseg; /* the segments AdamW steps: all but Muon's matrices */
+    int naseg;
 } dp_buffers;
+
+/* Muon (dp_muon.c): the matrices it steps and who orthogonalises each. */
+typedef struct {
+    int n;        /* matrices on this rank (its stage's, its tp slice, its experts) */
+    int *param;   /* each one's parameter index */
+    int *owner;   /* the member of its unit's group that orthogonalises it (ZeRO-1..3) */
+    float *work;  /* Newton-Schulz's work for the largest whole matrix */
+    float *whole; /* a tp-split matrix gathered over the tp group, then put in row-major order */
+    float *gath;
+    int tp; /* the tp group's size */
+} dp_muon;
+
+void dp_muon_create(dp_state *d, ust_arena *a);
+void dp_muon_destroy(dp_state *d);
+/* Steps every Muon matrix (after AdamW stepped the rest: it reuses their gradient buffers). */
+void dp_muon_step(dp_state *d, double lr, float grad_scale);
 
 /* The reductions and gathers in flight and the buffers they use (dp.c, the unit hooks). */
 typedef struct {
@@ -67,6 +85,7 @@ struct dp_state {
     dp_layout lay;
     dp_buffers buf;
     dp_reducer red;
+    dp_muon muon;
     uint64_t bytes_at_step_start;
 };
 
