@@ -211,6 +211,17 @@ static int check_unused(dp_state *d, ckpt_reader *r, ust_err *e) {
     return rc;
 }
 
+int dp_load_weights(dp_state *d, ckpt_reader *r, ust_err *e) {
+    int n;
+    ckpt_tensor *ts = file_tensors(d, 0, &n);
+    int rc = ckpt_check_unused(r, "model.safetensors", ts, n, e);
+    free(ts);
+    int64_t moments = d->stage >= 1 ? d->lay.shard_numel : d->lay.numel;
+    d->ops->zero(d->ops, d->buf.mom_m, (size_t)moments * sizeof(float));
+    d->ops->zero(d->ops, d->buf.mom_v, (size_t)moments * sizeof(float));
+    return rc || transfer(d, BUF_PARAMS, 0, NULL, r, e) ? -1 : 0;
+}
+
 int dp_load(dp_state *d, ckpt_reader *r, ust_err *e) {
     return check_unused(d, r, e) || transfer(d, BUF_PARAMS, 0, NULL, r, e) ||
                    transfer(d, BUF_M, 0, NULL, r, e) || transfer(d, BUF_V, 0, NULL, r, e)

@@ -127,6 +127,7 @@ typedef struct {
          * the AdamW groups' lr (0: lr) and whether MoE routers take Muon */
         double momentum, adamw_lr;
         bool nesterov, muon_routers;
+        bool reset_state; /* resume: the checkpoint's weights only (another optimizer's state) */
         int ns_steps, muon_scale;
     } optimizer;
     struct {

@@ -154,6 +154,7 @@ const cfg_key cfg_keys[] = {
     ENUM("optimizer.muon_scale", optimizer.muon_scale, "moonlight", MUON_SCALES),
     DBL("optimizer.adamw_lr", optimizer.adamw_lr, "0", 0, INFINITY, 0),
     BOOL("optimizer.muon_routers", optimizer.muon_routers, "false"),
+    BOOL("optimizer.reset_state", optimizer.reset_state, "false"),
 
     ENUM("data.format", data.format, "llmc", cfg_data_format_names),
     DATASETS("data.train", data.train, "data/tiny/train_*.bin", 0),

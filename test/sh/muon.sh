@@ -49,6 +49,19 @@ b=$(grep -o '"loss":[^,]*' $R/b.jsonl | tail -2)
 [ -n "$a" ] && [ "$a" = "$b" ] && [ $(wc -l <$R/b.jsonl) = 4 ] && pass muon_resume_continues_bit_for_bit ||
     fail muon_resume_continues_bit_for_bit "straight: $a; resumed: $b"
 
+# switching optimizer on resume: refused naming both, unless optimizer.reset_state: then AdamW's
+# weights carry over and Muon's momentum starts from zero (the reference's step from them)
+S=$TMP/switch
+$UST train $TMP/llama.yaml --set train.steps=4 --set train.stop_at_step=2 --set checkpoint.dir=$S/ck \
+    --set checkpoint.keep_last=5 --set logging.metrics_file=$S/m.jsonl >/dev/null 2>&1
+expect_exit muon_resume_from_adamw_needs_reset_state 2 "optimizer.name: adamw.*optimizer.name: muon.*reset_state" -- \
+    $UST train $TMP/llama.yaml --set optimizer.name=muon --set train.steps=4 --set checkpoint.dir=$S/ck
+$UST train $TMP/llama.yaml --set optimizer.name=muon --set optimizer.reset_state=true --set train.steps=4 \
+    --set train.stop_at_step=3 --set checkpoint.dir=$S/ck --set checkpoint.every=1 --set checkpoint.keep_last=5 \
+    --set logging.metrics_file=$S/m.jsonl >$S.out 2>&1 && grep -q "optimizer state from zero" $S.out &&
+    $REF step $S/ck/step_2 $S/ck/step_3 $S/m.jsonl --fresh >$S.ref 2>&1 && pass muon_reset_state_keeps_adamw_weights_zero_momentum ||
+    fail muon_reset_state_keeps_adamw_weights_zero_momentum "$(tail -2 $S.out) $(tail -2 $S.ref)"
+
 for bad in "optimizer.ns_steps=0:optimizer.ns_steps" "optimizer.ns_steps=21:optimizer.ns_steps" \
     "optimizer.muon_scale=rms:optimizer.muon_scale" "optimizer.momentum=1:optimizer.momentum" \
     "optimizer.adamw_lr=-1:optimizer.adamw_lr" "optimizer.name=sgd:optimizer.name"; do

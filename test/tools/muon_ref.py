@@ -14,7 +14,8 @@ against ustrain's checkpoints.
       AdamW: its moments), the reference's W2 must equal ustrain's to 1e-6 for every tensor, and
       the singular values of ustrain's orthogonalised update (recovered from W1 and W2) must be
       p^steps of the momentum's normalised singular values (to 1e-3: the fp32 update recovered
-      from a difference of fp32 weights).
+      from a difference of fp32 weights). --fresh: CKPT1 is another optimizer's checkpoint that
+      step 2 resumed with optimizer.reset_state (its weights, zero momentum).
 """
 import json
 import re
@@ -92,7 +93,8 @@ def step(a):
         W2 = w2[name]
         if muon_tensor(name, W1.ndim, a.routers):
             nm += 1
-            M1, M2 = o1[name + ".momentum_buffer"], o2[name + ".momentum_buffer"]
+            M2 = o2[name + ".momentum_buffer"]
+            M1 = np.zeros_like(M2) if a.fresh else o1[name + ".momentum_buffer"]
             sg = M2 - a.mu * M1
             u = sg + a.mu * M2 if a.nesterov else M2
             r, c = W1.shape
@@ -133,6 +135,7 @@ def main():
     p.add_argument("--scale", default="moonlight")
     p.add_argument("--ns-steps", type=int, default=5)
     p.add_argument("--routers", action="store_true")
+    p.add_argument("--fresh", action="store_true", help="CKPT1 is another optimizer's: zero momentum")
     p.add_argument("--wd", type=float, default=0.1)
     p.add_argument("--b1", type=float, default=0.9)
     p.add_argument("--b2", type=float, default=0.95)
