@@ -155,7 +155,11 @@ static int transfer(dp_state *d, dp_buf b, int file, ckpt_writer *w, ckpt_reader
         if (w && !writes(d, q)) continue;
         if (b == BUF_V && muon_tensor(d, &q->whole)) continue; /* Muon keeps one state */
         if (bb - a > cap) host = realloc(host, (cap = bb - a) * sizeof(float));
-        float *dev = at(d, b, model_param_unit(d->m, i), t0 + a);
+        int u = model_param_unit(d->m, i);
+        /* bf16 states (CPU memory): widened to the checkpoint's fp32 and rounded back */
+        uint16_t *s16 = b == BUF_M ? d->buf.m16 : b == BUF_V ? d->buf.v16 : NULL;
+        if (s16) s16 += state_off(d, u, t0 + a);
+        float *dev = s16 ? NULL : at(d, b, u, t0 + a);
         ckpt_tensor t = tensor_of(d, q, b);
         ckpt_slice s = q->slice;
         s.flat0 = q->slice.flat0 + a;
@@ -163,13 +167,15 @@ static int transfer(dp_state *d, dp_buf b, int file, ckpt_writer *w, ckpt_reader
         if (w) { /* checkpoint.async: straight into the stage */
             float *staged = NULL;
             rc = ckpt_stage_reserve(w, file, t.name, &s, &staged, e);
-            if (rc == 0)
+            if (rc == 0 && s16) state_unpack(staged ? staged : host, s16, bb - a);
+            if (rc == 0 && !s16)
                 d->ops->to_host(d->ops, staged ? staged : host, dev, (bb - a) * sizeof(float));
             if (rc == 0 && !staged) rc = ckpt_write_slice(w, file, t.name, &s, host, e);
         } else {
             const char *fname = b == BUF_PARAMS ? "model.safetensors" : "optimizer.safetensors";
             rc = ckpt_read_slice(r, fname, &t, &s, host, e);
-            if (rc == 0) d->ops->to_device(d->ops, dev, host, (bb - a) * sizeof(float));
+            if (rc == 0 && s16) state_pack(s16, host, bb - a);
+            if (rc == 0 && !s16) d->ops->to_device(d->ops, dev, host, (bb - a) * sizeof(float));
         }
     }
     free(host);
@@ -217,8 +223,9 @@ int dp_load_weights(dp_state *d, ckpt_reader *r, ust_err *e) {
     int rc = ckpt_check_unused(r, "model.safetensors", ts, n, e);
     free(ts);
     int64_t moments = d->stage >= 1 ? d->lay.shard_numel : d->lay.numel;
-    d->ops->zero(d->ops, d->buf.mom_m, (size_t)moments * sizeof(float));
-    d->ops->zero(d->ops, d->buf.mom_v, (size_t)moments * sizeof(float));
+    size_t size = d->buf.m16 ? sizeof(uint16_t) : sizeof(float);
+    d->ops->zero(d->ops, d->buf.m16 ? (void *)d->buf.m16 : d->buf.mom_m, (size_t)moments * size);
+    d->ops->zero(d->ops, d->buf.v16 ? (void *)d->buf.v16 : d->buf.mom_v, (size_t)moments * size);
     return rc || transfer(d, BUF_PARAMS, 0, NULL, r, e) ? -1 : 0;
 }
 

@@ -128,6 +128,22 @@ static void orthogonalise(dp_state *d, int i, float *X) {
     o->copy2d(o, X, lc * f, d->muon.whole + t * lc, C * f, lc * f, R);
 }
 
+/* The momentum on n elements at unit coordinate x (bf16 states: through the fp32 chunk). */
+static void momentum(dp_state *d, int u, int64_t x, int64_t n, float grad_scale) {
+    float *g = at(d, BUF_GRADS, u, x);
+    if (!d->buf.m16) {
+        optim_muon_momentum(d->ops, d->cfg, g, at(d, BUF_M, u, x), n, grad_scale);
+        return;
+    }
+    uint16_t *m = d->buf.m16 + state_off(d, u, x);
+    for (int64_t k = 0; k < n; k += DP_STATE_CHUNK) {
+        int64_t len = n - k < DP_STATE_CHUNK ? n - k : DP_STATE_CHUNK;
+        state_unpack(d->buf.sm, m + k, len);
+        optim_muon_momentum(d->ops, d->cfg, g + k, d->buf.sm, len, grad_scale);
+        state_pack(m + k, d->buf.sm, len);
+    }
+}
+
 /* Muon matrices [lo, hi) of the list, all in unit u. */
 static void unit_step(dp_state *d, int u, int lo, int hi, float lr, float grad_scale) {
     const ust_ops *o = d->ops;
@@ -136,9 +152,7 @@ static void unit_step(dp_state *d, int u, int lo, int hi, float lr, float grad_s
     float *W = unit_buf(d, u);
     for (int k = lo; k < hi; k++) {
         int64_t t0 = piece(d, d->muon.param[k], part, &a, &b);
-        if (b > a)
-            optim_muon_momentum(o, d->cfg, at(d, BUF_GRADS, u, t0 + a), at(d, BUF_M, u, t0 + a),
-                                b - a, grad_scale);
+        if (b > a) momentum(d, u, t0 + a, b - a, grad_scale);
     }
     if (part) {
         const float *src = d->stage == 1 ? W + r * chunk : d->buf.g_shard + d->lay.soff[u];

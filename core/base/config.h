@@ -128,6 +128,7 @@ typedef struct {
         double momentum, adamw_lr;
         bool nesterov, muon_routers;
         bool reset_state; /* resume: the checkpoint's weights only (another optimizer's state) */
+        int state_dtype;  /* 0: fp32 moments and momentum, 1: bf16 (fp32 master weights kept) */
         int ns_steps, muon_scale;
     } optimizer;
     struct {

@@ -24,6 +24,7 @@ static const char *const ON_NANS[] = {"stop", "skip", NULL};
 static const char *const ON_SPIKES[] = {"none", "skip", "rewind", NULL};
 static const char *const OPTIMIZERS[] = {"adamw", "muon", NULL};
 static const char *const MUON_SCALES[] = {"moonlight", "original", NULL};
+static const char *const STATE_DTYPES[] = {"fp32", "bf16", NULL};
 static const char *const LR_SCHEDULES[] = {"cosine", "linear", "constant", "wsd", NULL};
 const char *const cfg_data_format_names[] = {"llmc", "nanogpt", "megatron", NULL};
 
@@ -155,6 +156,7 @@ const cfg_key cfg_keys[] = {
     DBL("optimizer.adamw_lr", optimizer.adamw_lr, "0", 0, INFINITY, 0),
     BOOL("optimizer.muon_routers", optimizer.muon_routers, "false"),
     BOOL("optimizer.reset_state", optimizer.reset_state, "false"),
+    ENUM("optimizer.state_dtype", optimizer.state_dtype, "fp32", STATE_DTYPES),
 
     ENUM("data.format", data.format, "llmc", cfg_data_format_names),
     DATASETS("data.train", data.train, "data/tiny/train_*.bin", 0),
