@@ -137,6 +137,7 @@ bench: deps
 	scripts/bench-pp.sh
 	scripts/bench-moe.sh
 	scripts/bench-ckpt.sh
+	scripts/bench-muon.sh
 	OMP_WAIT_POLICY=PASSIVE ./ustrain bench generate configs/gpt2-124m.yaml --new-tokens 64
 	scripts/bench-contention.sh ./ustrain $(UST_BASE)
 

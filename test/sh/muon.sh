@@ -62,6 +62,29 @@ $UST train $TMP/llama.yaml --set optimizer.name=muon --set optimizer.reset_state
     $REF step $S/ck/step_2 $S/ck/step_3 $S/m.jsonl --fresh >$S.ref 2>&1 && pass muon_reset_state_keeps_adamw_weights_zero_momentum ||
     fail muon_reset_state_keeps_adamw_weights_zero_momentum "$(tail -2 $S.out) $(tail -2 $S.ref)"
 
+# training quality on the bundled demo data (configs/tiny.yaml, fixed seed, deterministic): Muon
+# at the same lr (the moonlight scale matches AdamW's update RMS) is not worse than AdamW at any
+# validation point of 60 steps; the line printed gives the steps each needs to AdamW's final
+# validation loss
+Q=$TMP/quality
+$UST data demo $Q/data >/dev/null
+for o in adamw muon; do
+    $UST train configs/tiny.yaml --set optimizer.name=$o --set "data.train=$Q/data/train_*.bin" \
+        --set "data.val=$Q/data/val_*.bin" --set checkpoint.dir=$Q/ck_$o --set checkpoint.resume=none \
+        --set checkpoint.every=0 --set train.steps=60 --set data.val_every=10 \
+        --set logging.metrics_file=$Q/$o.jsonl >$Q.out 2>&1 || fail muon_quality "run: $(tail -2 $Q.out)"
+done
+python3 - $Q/adamw.jsonl $Q/muon.jsonl <<'PY' && pass muon_not_worse_than_adamw_at_equal_steps || fail muon_not_worse_than_adamw_at_equal_steps "see above"
+import json, sys
+val = [{r["step"]: r["val_loss"] for r in map(json.loads, open(p)) if "val_loss" in r} for p in sys.argv[1:3]]
+a, m = val
+target = a[max(a)]
+reach = [min((s for s in v if v[s] <= target), default=None) for v in val]
+print("val loss by step:", " ".join(f"{s}: {a[s]:.4f}/{m[s]:.4f}" for s in sorted(a)), "(AdamW/Muon)")
+print(f"steps to AdamW's final val loss {target:.4f}: AdamW {reach[0]}, Muon {reach[1]}")
+sys.exit(0 if sorted(a) == sorted(m) and len(a) >= 5 and all(m[s] <= a[s] for s in a) else 1)
+PY
+
 for bad in "optimizer.ns_steps=0:optimizer.ns_steps" "optimizer.ns_steps=21:optimizer.ns_steps" \
     "optimizer.muon_scale=rms:optimizer.muon_scale" "optimizer.momentum=1:optimizer.momentum" \
     "optimizer.adamw_lr=-1:optimizer.adamw_lr" "optimizer.name=sgd:optimizer.name"; do
