@@ -65,7 +65,7 @@ void dp_muon_create(dp_state *d, ust_arena *a) {
     mu->param = calloc(np ? np : 1, sizeof *mu->param);
     mu->owner = calloc(np ? np : 1, sizeof *mu->owner);
     UST_ASSERT(mu->param && mu->owner, "out of host memory");
-    mu->tp = d->mp ? comm_size(d->mp) : 1;
+    mu->tp = d->cfg->parallel.tp; /* the memory plan has no tp communicator, only its size */
     int64_t work = 0, big = 0;
     for (int i = 0; i < np; i++) {
         const model_param *q = model_param_at(d->m, i);

@@ -5,7 +5,8 @@
 # pp with 1f1b, zb, dualpipev and dualpipe (the mirror's copies step on the summed gradient), ep
 # (experts orthogonalised where they live), cp, all five at once, and a tied gpt2 under ZeRO-3's
 # vocabulary chunks and pp's tied copy (on AdamW); momentum checkpoints resume across layouts.
-# A rank's dropped gradients are caught.
+# A rank's dropped gradients are caught; the memory plan equals the arena; the extra dp traffic
+# equals its formula.
 . "$(dirname "$0")/../lib.sh"
 
 equiv_configs equiv-muon 4 2
@@ -29,6 +30,13 @@ $EQ --name _muon_fault --config $TMP/llama.yaml --expect-fail --env UST_FAULT_DP
 # the momentum is saved whole and re-sharded: ZeRO-3 x tp -> ZeRO-1 x ep, and one process
 $EQ --name _muon_resume --config $TMP/llama.yaml --save-layout "dp=2 tp=2 zero=3" --resume-at 2 \
     --layout "dp=2 ep=2 zero=1" --layout "dp=1"
+
+# the memory plan counts Muon's work areas (the tp gathers' whole-matrix buffers too): plan = arena
+for z in 0 3; do
+    plan_matches_arena muon_plan_equals_arena_dp2_tp2_zero$z $TMP/llama.yaml 4 --set parallel.dp=2 \
+        --set parallel.tp=2 --set optimizer.zero_stage=$z --set train.steps=2 --set checkpoint.every=0 \
+        --set checkpoint.resume=none
+done
 
 # the traffic Muon adds under ZeRO-1/2/3, from the metrics' comm_bytes_dp of the same layout with
 # AdamW: each unit holding Muon matrices (here the layers) is all-gathered and reduce-scattered
