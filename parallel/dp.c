@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "error.h"
+#include "optim_muon.h"
 
 /* ------------------------------------------------------------------ set-up */
 
@@ -24,12 +25,14 @@ static void make_segments(dp_state *d) {
             int u = model_param_unit(d->m, i);
             int64_t a, b, t0 = piece(d, i, part, &a, &b);
             if (b <= a || !!q->replica != replicas) continue;
-            d->buf.seg[d->buf.nseg] = (ops_segment){
-                .p = at(d, BUF_PARAMS, u, t0 + a) - buf_base(d, BUF_PARAMS),
-                .g = at(d, BUF_GRADS, u, t0 + a) - buf_base(d, BUF_GRADS),
-                .m = at(d, BUF_M, u, t0 + a) - buf_base(d, BUF_M), /* BUF_V: the same layout */
-                .n = b - a,
-                .wd = q->decay ? (float)c->optimizer.weight_decay : 0.0f};
+            d->buf.seg[d->buf.nseg] =
+                (ops_segment){.p = at(d, BUF_PARAMS, u, t0 + a) - buf_base(d, BUF_PARAMS),
+                              .g = at(d, BUF_GRADS, u, t0 + a) - buf_base(d, BUF_GRADS),
+                              .m = state_off(d, u, t0 + a), /* BUF_V: the same layout */
+                              .n = b - a,
+                              .wd = q->decay ? (float)c->optimizer.weight_decay : 0.0f};
+            if (!optim_muon_takes(c, q->matrix))
+                d->buf.aseg[d->buf.naseg++] = d->buf.seg[d->buf.nseg];
             d->buf.seg_param[d->buf.nseg++] = i;
         }
         if (!replicas) d->buf.nseg_norm = d->buf.nseg;
@@ -129,8 +132,15 @@ static void layout_free(dp_layout *l) {
  * into units no larger than a layer (dp_model_storage), so every unit shares the buffers. */
 static void alloc_state(dp_state *d, ust_arena *a) {
     int64_t moments = d->stage >= 1 ? d->lay.shard_numel : d->lay.numel;
-    d->buf.mom_m = mem_alloc(a, MEM_OPTIM, moments * sizeof(float));
-    d->buf.mom_v = mem_alloc(a, MEM_OPTIM, moments * sizeof(float));
+    if (d->cfg->optimizer.state_dtype == 1) {
+        d->buf.m16 = mem_alloc(a, MEM_OPTIM, moments * sizeof(uint16_t));
+        d->buf.v16 = mem_alloc(a, MEM_OPTIM, moments * sizeof(uint16_t));
+        d->buf.sm = mem_alloc(a, MEM_OPTIM, DP_STATE_CHUNK * sizeof(float));
+        d->buf.sv = mem_alloc(a, MEM_OPTIM, DP_STATE_CHUNK * sizeof(float));
+    } else {
+        d->buf.mom_m = mem_alloc(a, MEM_OPTIM, moments * sizeof(float));
+        d->buf.mom_v = mem_alloc(a, MEM_OPTIM, moments * sizeof(float));
+    }
     d->red.nwork = d->lay.has_experts ? 2 : 1;
     if (d->stage >= 2) {
         d->buf.g_shard = mem_alloc(a, MEM_GRADS, d->lay.shard_numel * sizeof(float));
@@ -148,6 +158,7 @@ static void alloc_state(dp_state *d, ust_arena *a) {
         }
     }
     d->red.scalar = mem_alloc(a, MEM_COMM, 4 * sizeof(float));
+    dp_muon_create(d, a);
 }
 
 /* A group's size and this rank's place in it; the memory plan's groups have no communicator:
@@ -160,6 +171,11 @@ static void on_unit(void *ctx, int u, model_phase ph);
 int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_arena *a, model *m,
               const dp_groups *gr, ust_err *e) {
     ust_comm *comm = gr->dense, *mp = gr->mp;
+    if (cfg->optimizer.state_dtype == 1 && ops->name && strcmp(ops->name, "cpu") != 0)
+        return ust_errf(e,
+                        "optimizer.state_dtype: bf16 runs on the CPU backend only for now "
+                        "(run.device: %s keeps fp32 states)",
+                        ops->name);
     dp_state *d = calloc(1, sizeof *d);
     if (!d) return ust_errf(e, "out of memory");
     d->cfg = cfg;
@@ -193,7 +209,8 @@ int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_are
     d->buf.seg = calloc(np ? np : 1, sizeof *d->buf.seg);
     d->buf.seg_param = calloc(np ? np : 1, sizeof *d->buf.seg_param);
     d->buf.seg_sumsq = calloc(np ? np : 1, sizeof *d->buf.seg_sumsq);
-    UST_ASSERT(d->buf.seg && d->buf.seg_param && d->buf.seg_sumsq, "out of memory");
+    d->buf.aseg = calloc(np ? np : 1, sizeof *d->buf.aseg);
+    UST_ASSERT(d->buf.seg && d->buf.seg_param && d->buf.seg_sumsq && d->buf.aseg, "out of memory");
     if (!mem_counting(a)) make_segments(d); /* a counting arena's buffers do not exist */
     make_buckets(d);
     const char *fault = getenv("UST_FAULT_DP_DROP_GRADS_RANK");
@@ -218,6 +235,8 @@ void dp_destroy(dp_state *d) {
     free(d->buf.seg);
     free(d->buf.seg_param);
     free(d->buf.seg_sumsq);
+    free(d->buf.aseg);
+    dp_muon_destroy(d);
     free(d);
 }
 
@@ -439,12 +458,40 @@ double dp_grad_norm(dp_state *d) {
     return sqrt(both[0] + both[1]);
 }
 
+/* AdamW on bf16 states: each segment in chunks through the fp32 working buffers, so the
+ * update's arithmetic is the fp32 op's and only the stored moments are rounded. */
+static void adamw_bf16(dp_state *d, float lr, float grad_scale, int64_t t) {
+    const ust_config *c = d->cfg;
+    for (int s = 0; s < d->buf.naseg; s++) {
+        const ops_segment *g = &d->buf.aseg[s];
+        for (int64_t k = 0; k < g->n; k += DP_STATE_CHUNK) {
+            int64_t n = g->n - k < DP_STATE_CHUNK ? g->n - k : DP_STATE_CHUNK;
+            ops_segment one = {.p = g->p + k, .g = g->g + k, .m = 0, .n = n, .wd = g->wd};
+            state_unpack(d->buf.sm, d->buf.m16 + g->m + k, n);
+            state_unpack(d->buf.sv, d->buf.v16 + g->m + k, n);
+            d->ops->adamw_many(d->ops, buf_base(d, BUF_PARAMS), buf_base(d, BUF_GRADS), d->buf.sm,
+                               d->buf.sv, &one, 1, lr, (float)c->optimizer.beta1,
+                               (float)c->optimizer.beta2, (float)c->optimizer.eps, grad_scale, t);
+            state_pack(d->buf.m16 + g->m + k, d->buf.sm, n);
+            state_pack(d->buf.v16 + g->m + k, d->buf.sv, n);
+        }
+    }
+}
+
 void dp_optimizer_step(dp_state *d, double lr, float grad_scale, int64_t step) {
     const ust_config *c = d->cfg;
-    d->ops->adamw_many(d->ops, buf_base(d, BUF_PARAMS), buf_base(d, BUF_GRADS), buf_base(d, BUF_M),
-                       buf_base(d, BUF_V), d->buf.seg, d->buf.nseg, (float)lr,
-                       (float)c->optimizer.beta1, (float)c->optimizer.beta2,
-                       (float)c->optimizer.eps, grad_scale, step + 1);
+    /* Muon's AdamW groups follow the same schedule, scaled to optimizer.adamw_lr */
+    double alr = !strcmp(c->optimizer.name, "muon") && c->optimizer.adamw_lr > 0
+                     ? lr * c->optimizer.adamw_lr / c->optimizer.lr
+                     : lr;
+    if (d->buf.m16)
+        adamw_bf16(d, (float)alr, grad_scale, step + 1);
+    else
+        d->ops->adamw_many(d->ops, buf_base(d, BUF_PARAMS), buf_base(d, BUF_GRADS),
+                           buf_base(d, BUF_M), buf_base(d, BUF_V), d->buf.aseg, d->buf.naseg,
+                           (float)alr, (float)c->optimizer.beta1, (float)c->optimizer.beta2,
+                           (float)c->optimizer.eps, grad_scale, step + 1);
+    if (d->muon.n) dp_muon_step(d, lr, grad_scale);
     if (d->stage == 1 || d->stage == 2) { /* everyone needs the whole updated weights */
         for (int u = 0; u < d->lay.nunits; u++) {
             float *unit = d->buf.p_whole + d->lay.uoff[u];

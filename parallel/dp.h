@@ -78,13 +78,17 @@ int dp_load_slices(dp_state *d, dp_read_fn read, void *ctx, ust_err *e);
 void dp_begin_step(dp_state *d);                 /* zero the gradients */
 void dp_begin_microbatch(dp_state *d, int last); /* last: reduce as units finish */
 void dp_finish_grads(dp_state *d); /* wait for every reduction, then sum with the mirror's */
-double dp_grad_norm(dp_state *d);                /* global L2 norm (same on every rank) */
+double dp_grad_norm(dp_state *d);  /* global L2 norm (same on every rank) */
 void dp_optimizer_step(dp_state *d, double lr, float grad_scale, int64_t step);
 double dp_sum(dp_state *d, double x); /* all-reduce of one number over the group */
 
-/* Checkpoints: the model's tensors and both moments ("<name>.exp_avg", "<name>.exp_avg_sq"). */
+/* Checkpoints: the model's tensors and the optimizer's state: AdamW's two moments
+ * ("<name>.exp_avg", "<name>.exp_avg_sq"), Muon's momentum ("<name>.momentum_buffer"). */
 int dp_save(dp_state *d, ckpt_writer *w, ust_err *e);
 int dp_load(dp_state *d, ckpt_reader *r, ust_err *e);
+/* The weights only; the optimizer state stays zero (optimizer.reset_state: another optimizer's
+ * checkpoint). */
+int dp_load_weights(dp_state *d, ckpt_reader *r, ust_err *e);
 /* The bytes dp_save writes from this rank (its partition of the parameters and both moments):
  * the size of checkpoint.async's staging buffer. */
 int64_t dp_save_bytes(const dp_state *d);

@@ -7,6 +7,8 @@
 #include "dp.h"
 #include "error.h"
 
+#include <string.h>
+
 typedef enum { BUF_PARAMS, BUF_GRADS, BUF_M, BUF_V } dp_buf;
 
 /* The ZeRO shard layout (dp.c shard_units): a unit is split into un[u] chunks of chunk[u]
@@ -29,7 +31,31 @@ typedef struct {
     int *seg_param; /* the parameter of each segment */
     double *seg_sumsq;
     int nseg, nseg_norm;
+    ops_segment *aseg; /* the segments AdamW steps: all but Muon's matrices */
+    int naseg;
+    /* optimizer.state_dtype: bf16 (CPU): the states live in m16/v16 (mom_m, mom_v NULL) and
+     * step through fp32 working chunks sm/sv of DP_STATE_CHUNK floats */
+    uint16_t *m16, *v16;
+    float *sm, *sv;
 } dp_buffers;
+
+#define DP_STATE_CHUNK (1 << 14) /* 64 KiB each: small beside the states it saves */
+
+/* Muon (dp_muon.c): the matrices it steps and who orthogonalises each. */
+typedef struct {
+    int n;        /* matrices on this rank (its stage's, its tp slice, its experts) */
+    int *param;   /* each one's parameter index */
+    int *owner;   /* the member of its unit's group that orthogonalises it (ZeRO-1..3) */
+    float *work;  /* Newton-Schulz's work for the largest whole matrix */
+    float *whole; /* a tp-split matrix gathered over the tp group, then put in row-major order */
+    float *gath;
+    int tp; /* the tp group's size */
+} dp_muon;
+
+void dp_muon_create(dp_state *d, ust_arena *a);
+void dp_muon_destroy(dp_state *d);
+/* Steps every Muon matrix (after AdamW stepped the rest: it reuses their gradient buffers). */
+void dp_muon_step(dp_state *d, double lr, float grad_scale);
 
 /* The reductions and gathers in flight and the buffers they use (dp.c, the unit hooks). */
 typedef struct {
@@ -67,6 +93,7 @@ struct dp_state {
     dp_layout lay;
     dp_buffers buf;
     dp_reducer red;
+    dp_muon muon;
     uint64_t bytes_at_step_start;
 };
 
@@ -99,6 +126,30 @@ static inline float *at(const dp_state *d, dp_buf b, int u, int64_t x) {
                "partition [%lld, %lld)",
                u, (long long)x, (long long)lo, (long long)(lo + d->lay.chunk[u]));
     return base + d->lay.soff[u] + (x - lo);
+}
+
+/* Element offset of unit coordinate x of unit u in the optimizer states (whole or shard). */
+static inline int64_t state_off(const dp_state *d, int u, int64_t x) {
+    if (whole(d, BUF_M)) return d->lay.uoff[u] + x;
+    return d->lay.soff[u] + (x - d->lay.urank[u] * d->lay.chunk[u]);
+}
+
+/* bf16 states (round to nearest even; NaN stays NaN) and back: the CPU backend's memory is the
+ * host's, so dp converts in place. */
+static inline uint16_t state_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+static inline void state_pack(uint16_t *dst, const float *src, int64_t n) {
+    for (int64_t k = 0; k < n; k++) dst[k] = state_bf16(src[k]);
+}
+static inline void state_unpack(float *dst, const uint16_t *src, int64_t n) {
+    for (int64_t k = 0; k < n; k++) {
+        uint32_t u = (uint32_t)src[k] << 16;
+        memcpy(&dst[k], &u, 4);
+    }
 }
 
 /* The part [*a, *b) of parameter i (flat, within the tensor) that lies in this rank's partition

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "optim_muon.h"
+
 /* ------------------------------------------------------------------ init, import, checkpoints */
 
 /* Fills what this rank holds of parameter i from a host function of the flat range. */
@@ -85,12 +87,20 @@ int dp_load_slices(dp_state *d, dp_read_fn read, void *ctx, ust_err *e) {
     return rc;
 }
 
-static const char *moment_suffix(dp_buf b) { return b == BUF_M ? "exp_avg" : "exp_avg_sq"; }
+/* Whether Muon steps the tensor t: its one state is "<name>.momentum_buffer" (torch's name), where
+ * AdamW's are "<name>.exp_avg" and "<name>.exp_avg_sq". */
+static int muon_tensor(const dp_state *d, const ckpt_tensor *t) {
+    return optim_muon_takes(d->cfg, optim_matrix_kind(t->name, t->ndim, t->ndim == 2));
+}
 
-static ckpt_tensor tensor_of(const model_param *q, dp_buf b) {
+static ckpt_tensor tensor_of(const dp_state *d, const model_param *q, dp_buf b) {
     ckpt_tensor t = q->whole;
-    if (b == BUF_M || b == BUF_V)
-        snprintf(t.name, sizeof t.name, "%s.%s", q->name, moment_suffix(b));
+    if (b == BUF_M || b == BUF_V) {
+        const char *suffix = b == BUF_V                  ? "exp_avg_sq"
+                             : muon_tensor(d, &q->whole) ? "momentum_buffer"
+                                                         : "exp_avg";
+        snprintf(t.name, sizeof t.name, "%s.%s", q->name, suffix);
+    }
     return t;
 }
 
@@ -99,18 +109,18 @@ static ckpt_tensor tensor_of(const model_param *q, dp_buf b) {
 static ckpt_tensor *file_tensors(dp_state *d, int optimizer, int *n) {
     int np;
     const ckpt_tensor *all = model_all_tensors(d->m, &np);
-    *n = optimizer ? 2 * np : np;
-    ckpt_tensor *ts = calloc(*n, sizeof *ts);
+    ckpt_tensor *ts = calloc(optimizer ? 2 * (size_t)np : (size_t)np, sizeof *ts);
     UST_ASSERT(ts, "out of host memory");
+    *n = 0;
     for (int i = 0; i < np; i++) {
         model_param q = {.whole = all[i]};
         snprintf(q.name, sizeof q.name, "%s", all[i].name);
-        if (optimizer) {
-            ts[2 * i] = tensor_of(&q, BUF_M);
-            ts[2 * i + 1] = tensor_of(&q, BUF_V);
-        } else {
-            ts[i] = tensor_of(&q, BUF_PARAMS);
+        if (!optimizer) {
+            ts[(*n)++] = tensor_of(d, &q, BUF_PARAMS);
+            continue;
         }
+        ts[(*n)++] = tensor_of(d, &q, BUF_M);
+        if (!muon_tensor(d, &all[i])) ts[(*n)++] = tensor_of(d, &q, BUF_V);
     }
     return ts;
 }
@@ -143,21 +153,29 @@ static int transfer(dp_state *d, dp_buf b, int file, ckpt_writer *w, ckpt_reader
         int64_t a, bb, t0 = piece(d, i, w ? 1 : !whole(d, b), &a, &bb);
         if (bb <= a) continue;
         if (w && !writes(d, q)) continue;
+        if (b == BUF_V && muon_tensor(d, &q->whole)) continue; /* Muon keeps one state */
         if (bb - a > cap) host = realloc(host, (cap = bb - a) * sizeof(float));
-        float *dev = at(d, b, model_param_unit(d->m, i), t0 + a);
-        ckpt_tensor t = tensor_of(q, b);
+        int u = model_param_unit(d->m, i);
+        /* bf16 states (CPU memory): widened to the checkpoint's fp32 and rounded back */
+        uint16_t *s16 = b == BUF_M ? d->buf.m16 : b == BUF_V ? d->buf.v16 : NULL;
+        if (s16) s16 += state_off(d, u, t0 + a);
+        float *dev = s16 ? NULL : at(d, b, u, t0 + a);
+        ckpt_tensor t = tensor_of(d, q, b);
         ckpt_slice s = q->slice;
         s.flat0 = q->slice.flat0 + a;
         s.flat1 = q->slice.flat0 + bb;
         if (w) { /* checkpoint.async: straight into the stage */
             float *staged = NULL;
             rc = ckpt_stage_reserve(w, file, t.name, &s, &staged, e);
-            if (rc == 0) d->ops->to_host(d->ops, staged ? staged : host, dev, (bb - a) * sizeof(float));
+            if (rc == 0 && s16) state_unpack(staged ? staged : host, s16, bb - a);
+            if (rc == 0 && !s16)
+                d->ops->to_host(d->ops, staged ? staged : host, dev, (bb - a) * sizeof(float));
             if (rc == 0 && !staged) rc = ckpt_write_slice(w, file, t.name, &s, host, e);
         } else {
             const char *fname = b == BUF_PARAMS ? "model.safetensors" : "optimizer.safetensors";
             rc = ckpt_read_slice(r, fname, &t, &s, host, e);
-            if (rc == 0) d->ops->to_device(d->ops, dev, host, (bb - a) * sizeof(float));
+            if (rc == 0 && s16) state_pack(s16, host, bb - a);
+            if (rc == 0 && !s16) d->ops->to_device(d->ops, dev, host, (bb - a) * sizeof(float));
         }
     }
     free(host);
@@ -169,9 +187,10 @@ int64_t dp_save_bytes(const dp_state *d) {
     for (int i = 0; i < model_num_params(d->m); i++) {
         int64_t a, b;
         piece(d, i, 1, &a, &b);
-        if (b > a && writes(d, model_param_at(d->m, i))) n += b - a;
+        const model_param *q = model_param_at(d->m, i);
+        if (b > a && writes(d, q)) n += (b - a) * (muon_tensor(d, &q->whole) ? 2 : 3);
     }
-    return 3 * n * (int64_t)sizeof(float); /* the parameters, m and v */
+    return n * (int64_t)sizeof(float); /* the parameters, m and (AdamW's) v */
 }
 
 int dp_save(dp_state *d, ckpt_writer *w, ust_err *e) {
@@ -196,6 +215,18 @@ static int check_unused(dp_state *d, ckpt_reader *r, ust_err *e) {
         free(ts);
     }
     return rc;
+}
+
+int dp_load_weights(dp_state *d, ckpt_reader *r, ust_err *e) {
+    int n;
+    ckpt_tensor *ts = file_tensors(d, 0, &n);
+    int rc = ckpt_check_unused(r, "model.safetensors", ts, n, e);
+    free(ts);
+    int64_t moments = d->stage >= 1 ? d->lay.shard_numel : d->lay.numel;
+    size_t size = d->buf.m16 ? sizeof(uint16_t) : sizeof(float);
+    d->ops->zero(d->ops, d->buf.m16 ? (void *)d->buf.m16 : d->buf.mom_m, (size_t)moments * size);
+    d->ops->zero(d->ops, d->buf.v16 ? (void *)d->buf.v16 : d->buf.mom_v, (size_t)moments * size);
+    return rc || transfer(d, BUF_PARAMS, 0, NULL, r, e) ? -1 : 0;
 }
 
 int dp_load(dp_state *d, ckpt_reader *r, ust_err *e) {

@@ -119,6 +119,14 @@ static const char *ALL_CHANGED_YAML = "run:\n"
                                       "  beta2: 0.999\n"
                                       "  eps: 1e-10\n"
                                       "  weight_decay: 0\n"
+                                      "  momentum: 0.9\n"
+                                      "  nesterov: false\n"
+                                      "  ns_steps: 7\n"
+                                      "  muon_scale: original\n"
+                                      "  adamw_lr: 1e-3\n"
+                                      "  muon_routers: true\n"
+                                      "  reset_state: true\n"
+                                      "  state_dtype: bf16\n"
                                       "data:\n"
                                       "  format: megatron\n"
                                       "  train: /data/a b/train_*.bin\n"
@@ -498,7 +506,7 @@ static void test_bad_enum_values_list_the_allowed_ones(void) {
     CHECK_LOAD_FAILS("parallel: {pp_schedule: gpipe}\n", "t.yaml:1:25: ",
                      "(allowed: afab, 1f1b, interleaved, zb, dualpipev, dualpipe)");
     CHECK_LOAD_FAILS("optimizer: {name: sgd}\n",
-                     "t.yaml:1:19: ", "optimizer.name: unknown value 'sgd' (allowed: adamw)");
+                     "t.yaml:1:19: ", "optimizer.name: unknown value 'sgd' (allowed: adamw, muon)");
     CHECK_LOAD_FAILS("data: {format: bin}\n",
                      "t.yaml:1:16: ", "(allowed: llmc, nanogpt, megatron)");
     CHECK_LOAD_FAILS("run: {device: gpu}\n", "t.yaml:1:15: ", "(allowed: cpu, cuda)");

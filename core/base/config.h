@@ -116,13 +116,20 @@ typedef struct {
         int64_t stop_at_step;  /* > 0: checkpoint and exit 0 after this step */
     } train;
     struct {
-        char name[16]; /* "adamw" */
+        char name[16]; /* "adamw" or "muon" */
         int zero_stage;
         double lr, min_lr;
         int warmup_steps;
         ust_lr_schedule schedule;
         double decay_frac; /* wsd: fraction of steps in the final decay */
         double beta1, beta2, eps, weight_decay;
+        /* muon: momentum, Nesterov, Newton-Schulz steps, scale rule (0 moonlight, 1 original),
+         * the AdamW groups' lr (0: lr) and whether MoE routers take Muon */
+        double momentum, adamw_lr;
+        bool nesterov, muon_routers;
+        bool reset_state; /* resume: the checkpoint's weights only (another optimizer's state) */
+        int state_dtype;  /* 0: fp32 moments and momentum, 1: bf16 (fp32 master weights kept) */
+        int ns_steps, muon_scale;
     } optimizer;
     struct {
         ust_data_format format;

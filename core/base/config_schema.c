@@ -22,7 +22,9 @@ static const char *const PRECISIONS[] = {"fp32", "bf16", NULL};
 static const char *const RECOMPUTES[] = {"none", "selective", "full", NULL};
 static const char *const ON_NANS[] = {"stop", "skip", NULL};
 static const char *const ON_SPIKES[] = {"none", "skip", "rewind", NULL};
-static const char *const OPTIMIZERS[] = {"adamw", NULL};
+static const char *const OPTIMIZERS[] = {"adamw", "muon", NULL};
+static const char *const MUON_SCALES[] = {"moonlight", "original", NULL};
+static const char *const STATE_DTYPES[] = {"fp32", "bf16", NULL};
 static const char *const LR_SCHEDULES[] = {"cosine", "linear", "constant", "wsd", NULL};
 const char *const cfg_data_format_names[] = {"llmc", "nanogpt", "megatron", NULL};
 
@@ -147,6 +149,14 @@ const cfg_key cfg_keys[] = {
     DBL("optimizer.beta2", optimizer.beta2, "0.95", 0, 1, HI_OPEN),
     DBL("optimizer.eps", optimizer.eps, "1.0e-8", 0, INFINITY, LO_OPEN),
     DBL("optimizer.weight_decay", optimizer.weight_decay, "0.1", 0, INFINITY, 0),
+    DBL("optimizer.momentum", optimizer.momentum, "0.95", 0, 1, HI_OPEN),
+    BOOL("optimizer.nesterov", optimizer.nesterov, "true"),
+    INTR("optimizer.ns_steps", optimizer.ns_steps, "5", 1, 20),
+    ENUM("optimizer.muon_scale", optimizer.muon_scale, "moonlight", MUON_SCALES),
+    DBL("optimizer.adamw_lr", optimizer.adamw_lr, "0", 0, INFINITY, 0),
+    BOOL("optimizer.muon_routers", optimizer.muon_routers, "false"),
+    BOOL("optimizer.reset_state", optimizer.reset_state, "false"),
+    ENUM("optimizer.state_dtype", optimizer.state_dtype, "fp32", STATE_DTYPES),
 
     ENUM("data.format", data.format, "llmc", cfg_data_format_names),
     DATASETS("data.train", data.train, "data/tiny/train_*.bin", 0),

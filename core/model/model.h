@@ -26,6 +26,7 @@ typedef struct {
     int64_t offset;    /* element offset into the flat parameter / gradient buffers */
     int decay;         /* weight decay applies (matrices) */
     int tp_split;      /* split over the tensor-parallel group (else every member holds it) */
+    int matrix;        /* optim_matrix_kind: a hidden 2-D matrix, a MoE router, or neither */
     int replica;       /* a synced copy of a tensor another rank owns (tied embeddings over a
                           pipeline): loaded, never saved, counted once in the gradient norm */
     float init_std;    /* N(0, init_std); 0 means the constant init_value */

@@ -3,6 +3,7 @@
 #include "params.h"
 #include "acts.h"
 #include "model_state.h"
+#include "optim_muon.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -58,6 +59,7 @@ static void add_param(model *m, const char *name, int64_t rows, int64_t cols, in
     q->slice.flat1 = q->numel;
     q->offset = m->tab.numel;
     q->decay = decay;
+    q->matrix = optim_matrix_kind(name, q->whole.ndim, decay);
     q->replica = m->tab.copy_chunk;
     q->init_std = std;
     q->init_value = value;

@@ -239,11 +239,38 @@ static int read_state(trainer *t, const char *json, const char *dir, ust_err *e)
     return 0;
 }
 
+/* The optimizer state carries over only to the optimizer that made it (Muon's routers on
+ * Muon or not included); from another one's checkpoint the weights carry over and the state
+ * starts from zero, only when optimizer.reset_state asks. */
+static int load_trainable(trainer *t, ckpt_reader *r, const char *dir, ust_err *e) {
+    const ust_config *c = t->cfg;
+    ust_config was;
+    ust_err why;
+    if (ckpt_load_config(dir, "resume", &was, &why) != 0 ||
+        (!strcmp(was.optimizer.name, c->optimizer.name) &&
+         (strcmp(c->optimizer.name, "muon") != 0 ||
+          was.optimizer.muon_routers == c->optimizer.muon_routers)))
+        return dp_load(t->eng.dp, r, e);
+    if (c->optimizer.reset_state) {
+        if (t->rank0)
+            printf("resume: %s's optimizer state (%s) is not this run's (%s): weights loaded, "
+                   "optimizer state from zero (optimizer.reset_state)\n",
+                   dir, was.optimizer.name, c->optimizer.name);
+        return dp_load_weights(t->eng.dp, r, e);
+    }
+    return ust_errf(e,
+                    "checkpoint %s holds the state of optimizer.name: %s (muon_routers: %d); this "
+                    "run has optimizer.name: %s (muon_routers: %d). Set optimizer.reset_state: "
+                    "true to keep its weights and start the optimizer state from zero",
+                    dir, was.optimizer.name, was.optimizer.muon_routers, c->optimizer.name,
+                    c->optimizer.muon_routers);
+}
+
 static int load_checkpoint(trainer *t, const char *dir, ust_err *e) {
     ckpt_reader *r = ckpt_open(dir, e);
     if (!r) return -1;
     int rc = read_state(t, ckpt_state_json(r), dir, e);
-    if (rc == 0) rc = dp_load(t->eng.dp, r, e);
+    if (rc == 0) rc = load_trainable(t, r, dir, e);
     ckpt_close(r);
     return rc;
 }
@@ -446,7 +473,7 @@ int train_ckpt_rewind(trainer *t, ust_err *e) {
     ckpt_state st;
     int rc = r ? ckpt_parse_state(ckpt_state_json(r), dir, &st, e) : -1;
     if (rc == 0) rc = rewind_bound(t, &st, dir, e);
-    if (rc == 0) rc = dp_load(t->eng.dp, r, e);
+    if (rc == 0) rc = load_trainable(t, r, dir, e);
     if (r) ckpt_close(r);
     if (rc) return -1;
     if (t->rank0)
