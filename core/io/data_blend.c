@@ -102,10 +102,24 @@ void data_blend_assign(const data_blend *b, data_blend_pos *pos, int64_t i, int6
     }
 }
 
+static uint64_t dataset_seed(int d, uint64_t seed) {
+    return d == 0 ? seed : rng_u64(seed, 0x626c656e64ULL /* "blend" */, (uint64_t)d);
+}
+
 void data_blend_get(const data_blend *b, int d, int64_t index, int T, bool shuffle, uint64_t seed,
                     int32_t *out) {
-    uint64_t s = d == 0 ? seed : rng_u64(seed, 0x626c656e64ULL /* "blend" */, (uint64_t)d);
-    data_get_samples(b->d[d], index, 1, T, shuffle, s, out);
+    data_get_samples(b->d[d], index, 1, T, shuffle, dataset_seed(d, seed), out);
+}
+
+bool data_blend_has_mask(const data_blend *b) {
+    bool any = false;
+    for (int d = 0; d < b->n; d++) any |= data_has_mask(b->d[d]);
+    return any;
+}
+
+void data_blend_get_mask(const data_blend *b, int d, int64_t index, int T, bool shuffle,
+                         uint64_t seed, uint8_t *out) {
+    data_get_masks(b->d[d], index, 1, T, shuffle, dataset_seed(d, seed), out);
 }
 
 /* ------------------------------------------------------------------ the position in checkpoints */

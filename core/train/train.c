@@ -30,18 +30,20 @@ static void sync_tied_grads(trainer *t) {
 
 /* Forward and backward over this rank's micro-batches of the step, through the pipeline
  * executor (the only path; one stage is gradient accumulation); returns the global-batch mean
- * loss. This rank's block of the global batch starts at sample_index + dp_rank * G/dp. */
+ * loss: the mean over the target tokens of the whole global batch (every token without a mask),
+ * so any layout and micro-batch split weighs every target alike. A step without a target has
+ * loss 0 and no gradient. This rank's block of the global batch starts at sample_index + dp_rank
+ * * G/dp. */
 static double forward_backward(trainer *t) {
-    const ust_config *c = t->cfg;
-    int64_t G = c->train.global_batch_size, T = c->train.seq_len;
+    int64_t N = t->feed.step_targets > 0 ? t->feed.step_targets : 1;
     pp_callbacks cb = {t, train_feed_train, pp_before_grads};
     dp_begin_step(t->eng.dp);
-    double loss_sum = pp_train_step(t->eng.pp, &cb, 1.0f / (float)(G * T));
+    double loss_sum = pp_train_step(t->eng.pp, &cb, 1.0f / (float)N);
     dp_finish_grads(t->eng.dp);
     sync_tied_grads(t);
     double moe = model_take_moe_loss(t->eng.m);
     if (t->eng.has_moe) moe = dp_sum(t->eng.dp, pp_sum(t->eng.pp, moe));
-    t->met.ce_loss = dp_sum(t->eng.dp, pp_sum(t->eng.pp, loss_sum)) / (double)(G * T);
+    t->met.ce_loss = dp_sum(t->eng.dp, pp_sum(t->eng.pp, loss_sum)) / (double)N;
     return t->met.ce_loss + moe;
 }
 

@@ -171,6 +171,7 @@ void train_metrics_count(trainer *t, log_step *s) {
     for (int d = 0; d < s->data.n; d++) s->data.samples[d] = t->feed.pos.consumed[d];
     s->data.samples_seen = t->sample_index;
     s->data.tokens_seen = t->sample_index * c->train.seq_len;
+    s->data.target_tokens = t->feed.step_targets;
 }
 
 /* The loop's totals into res: steps, the mean of the timed steps, throughput and MFU. */
