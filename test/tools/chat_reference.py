@@ -170,9 +170,47 @@ def check(tokdir, shards, jsonl, train_on):
     print(f"{kind}: {len(ids)} tokens, {sum(flags)} targets equal")
 
 
+def model(out, vocab):
+    """A tiny Qwen2 (q/k/v biases, tied embeddings off) of random weights, saved for import."""
+    import torch
+    import transformers as tf
+    torch.manual_seed(5)
+    m = tf.Qwen2ForCausalLM(tf.Qwen2Config(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=128, vocab_size=vocab, max_position_embeddings=64, rms_norm_eps=1e-5,
+        tie_word_embeddings=False))
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            p.copy_(1 + 0.1 * torch.randn_like(p) if "norm" in name else 0.05 * torch.randn_like(p))
+    m.save_pretrained(out, safe_serialization=True)
+
+
+def masked_loss(model_dir, shard, T, nwin):
+    """transformers' loss over windows 0..nwin-1 of T+1 tokens of shard, labels -100 where the
+    shard's mask does not flag the target: the mean over the whole batch's targets."""
+    import torch
+    import transformers as tf
+    m = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    b = open(shard, "rb").read()
+    n = struct.unpack("<3i", b[:12])[2]
+    ids = struct.unpack("<%dH" % n, b[1024:1024 + 2 * n])
+    bits = b[1024 + 2 * n:]
+    flag = lambda i: (bits[i >> 3] >> (i & 7)) & 1
+    x = torch.tensor([ids[k * T:k * T + T + 1] for k in range(nwin)])
+    lab = torch.tensor([[-100] + [ids[k * T + p] if flag(k * T + p) else -100 for p in range(1, T + 1)]
+                        for k in range(nwin)])
+    with torch.no_grad():
+        loss = m(input_ids=x, labels=lab).loss
+    print(f"{float(loss):.9g} {int((lab != -100).sum())}")
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "make":
         make(sys.argv[2])
+    elif sys.argv[1] == "model":
+        model(sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[1] == "loss":
+        masked_loss(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
     else:
         on = sys.argv[sys.argv.index("--train-on") + 1] if "--train-on" in sys.argv else "assistant"
         check(sys.argv[2], sys.argv[3], sys.argv[4], on)
