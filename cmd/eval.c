@@ -196,6 +196,15 @@ static int eval_steps(const ust_config *c, const eval_args *a, int *steps, ust_e
     ust_dataset *d;
     int T = c->train.seq_len, B = c->train.micro_batch_size;
     if (data_open(&d, a->data, c->data.format, c->model.vocab_size, e)) return -1;
+    data_meta meta = {0};
+    data_pack_stats st;
+    int eot = c->data.eot_id;
+    if (c->data.packing && eot < 0 && data_meta_read(a->data, &meta, e) >= 0) eot = meta.eot_id;
+    if (c->data.packing &&
+        data_pack(d, T, eot, c->data.pack_buffer, c->data.overlong == 1, &st, e)) {
+        data_close(d);
+        return -1;
+    }
     int64_t windows = data_num_samples(d, T), have = windows / B;
     data_close(d);
     if (have < 1)

@@ -59,6 +59,7 @@ typedef struct {
     int cp_docs;                       /* context parallelism with document masking: */
     int64_t cp_blocks_skipped;         /* key/value blocks no query could see, not computed */
     int64_t target_tokens;             /* the step's: tokens the loss counts (a mask's targets) */
+    double pad_frac;                   /* data.packing: the step's inputs that are padding */
 } log_data;
 
 typedef struct {

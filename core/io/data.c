@@ -3,6 +3,7 @@
  * is a keyed Feistel permutation over [0, S) with cycle-walking, so it costs no memory, is the
  * same under every layout, and each epoch (a new key) visits every window exactly once. */
 #include "data.h"
+#include "data_pack.h"
 #include "fs.h"
 
 #include <errno.h>
@@ -47,8 +48,9 @@ struct ust_dataset {
     shard *shards;
     int nshards;
     int64_t ntok;
-    int vocab_size; /* token ids are checked again where they are read (<= 0: not checked) */
-    bool has_mask;  /* some shard carries a target mask */
+    int vocab_size;    /* token ids are checked again where they are read (<= 0: not checked) */
+    bool has_mask;     /* some shard carries a target mask */
+    data_packer *pack; /* data.packing: first_fit (NULL: windows cut from the stream) */
 };
 
 static inline uint32_t shard_token(const shard *s, int64_t i) {
@@ -326,14 +328,16 @@ void data_close(ust_dataset *d) {
         free(d->shards[i].path);
     }
     free(d->shards);
+    data_pack_free(d->pack);
     free(d);
 }
 
 int64_t data_num_tokens(const ust_dataset *d) { return d->ntok; }
 int data_num_shards(const ust_dataset *d) { return d->nshards; }
-bool data_has_mask(const ust_dataset *d) { return d->has_mask; }
+bool data_has_mask(const ust_dataset *d) { return d->has_mask || d->pack; }
 
 int64_t data_num_samples(const ust_dataset *d, int T) {
+    if (d->pack) return data_pack_windows(d->pack);
     if (T < 1 || d->ntok < 1) return 0;
     return (d->ntok - 1) / T;
 }
@@ -451,16 +455,46 @@ static int64_t window_start(const ust_dataset *d, int64_t g, int T, bool shuffle
     return (shuffle ? shuffle_index(seed, (uint64_t)epoch, S, i) : i) * (int64_t)T;
 }
 
+void data_read_tokens(const ust_dataset *d, int64_t pos, int64_t n, int32_t *out) {
+    copy_tokens(d, pos, n, out);
+}
+
+void data_read_flags(const ust_dataset *d, int64_t pos, int64_t n, uint8_t *out) {
+    copy_mask(d, pos, n, out);
+}
+
+/* Packed: sample g is window perm(g) of the packer's (the same permutation as the stream's). */
+static int64_t packed_window(const ust_dataset *d, int64_t g, bool shuffle, uint64_t seed) {
+    int64_t S = data_pack_windows(d->pack), epoch = g / S, i = g % S;
+    return shuffle ? shuffle_index(seed, (uint64_t)epoch, S, i) : i;
+}
+
+int data_pack(ust_dataset *d, int T, int eot, int buffer, bool drop, data_pack_stats *st,
+              ust_err *e) {
+    data_pack_free(d->pack);
+    d->pack = NULL;
+    data_packer *p;
+    if (data_pack_build(&p, d, T, eot, buffer, drop, st, e)) return -1;
+    d->pack = p;
+    return 0;
+}
+
 void data_get_samples(const ust_dataset *d, int64_t first, int n, int T, bool shuffle,
                       uint64_t seed, int32_t *out) {
-    for (int k = 0; k < n; k++)
+    for (int k = 0; k < n && d->pack; k++)
+        data_pack_window(d->pack, d, packed_window(d, first + k, shuffle, seed),
+                         out + (int64_t)k * (T + 1), NULL);
+    for (int k = 0; k < n && !d->pack; k++)
         copy_tokens(d, window_start(d, first + k, T, shuffle, seed), (int64_t)T + 1,
                     out + (int64_t)k * (T + 1));
 }
 
 void data_get_masks(const ust_dataset *d, int64_t first, int n, int T, bool shuffle, uint64_t seed,
                     uint8_t *out) {
-    for (int k = 0; k < n; k++)
+    for (int k = 0; k < n && d->pack; k++)
+        data_pack_window(d->pack, d, packed_window(d, first + k, shuffle, seed), NULL,
+                         out + (int64_t)k * (T + 1));
+    for (int k = 0; k < n && !d->pack; k++)
         copy_mask(d, window_start(d, first + k, T, shuffle, seed), (int64_t)T + 1,
                   out + (int64_t)k * (T + 1));
 }

@@ -42,6 +42,19 @@ void data_get_samples(const ust_dataset *d, int64_t first, int n, int T, bool sh
  * targets of the loss. data_get_masks gives the flags (1: target) of the windows data_get_samples
  * gives; a shard without a mask has every token a target. */
 bool data_has_mask(const ust_dataset *d);
+/* Tokens and target flags [pos, pos + n) of the stream (flags 1 where a shard has no mask). */
+void data_read_tokens(const ust_dataset *d, int64_t pos, int64_t n, int32_t *out);
+void data_read_flags(const ust_dataset *d, int64_t pos, int64_t n, uint8_t *out);
+
+/* data.packing: first_fit: from here on the samples are whole examples packed into windows of
+ * T+1 tokens (core/io/data_pack.h says how); data_num_samples counts those windows, and the
+ * flags (always given) are 1 for a target, 0 for another token, 2 for padding (end of text). */
+typedef struct {
+    int64_t examples, windows, split, dropped; /* overlong examples split or dropped */
+    int64_t tokens, pad;                       /* tokens packed, padding tokens */
+} data_pack_stats;
+int data_pack(ust_dataset *d, int T, int eot, int buffer, bool drop, data_pack_stats *st,
+              ust_err *e);
 void data_get_masks(const ust_dataset *d, int64_t first, int n, int T, bool shuffle, uint64_t seed,
                     uint8_t *out);
 
@@ -78,6 +91,9 @@ void data_blend_get(const data_blend *b, int d, int64_t index, int T, bool shuff
                     int32_t *out);
 /* Some dataset carries a target mask; the flags of the window data_blend_get gives. */
 bool data_blend_has_mask(const data_blend *b);
+/* data_pack for every dataset (windows of T+1); *st sums their figures. */
+int data_blend_pack(data_blend *b, int T, int eot, int buffer, bool drop, data_pack_stats *st,
+                    ust_err *e);
 void data_blend_get_mask(const data_blend *b, int d, int64_t index, int T, bool shuffle,
                          uint64_t seed, uint8_t *out);
 

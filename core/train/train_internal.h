@@ -64,6 +64,7 @@ typedef struct {
     uint8_t *flags;              /* host: B x (T+1), their target flags (shards with a mask) */
     bool masked, val_masked;     /* the training (validation) data carries a target mask */
     int64_t step_targets;        /* the step's global batch: its target tokens */
+    int64_t step_pad;            /* ... and its padding inputs (data.packing: first_fit) */
     int32_t *layout;             /* host: the Tl positions of this rank's part of a sequence */
     int Tl;                      /* tokens of each sequence on this rank (T / cp) */
     int64_t fault_spike_step;    /* UST_FAULT_SPIKE_STEP (tests): the step poisoned, or 0 */

@@ -177,7 +177,7 @@ def model(out, vocab):
     torch.manual_seed(5)
     m = tf.Qwen2ForCausalLM(tf.Qwen2Config(
         hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        intermediate_size=128, vocab_size=vocab, max_position_embeddings=64, rms_norm_eps=1e-5,
+        intermediate_size=128, vocab_size=vocab, max_position_embeddings=256, rms_norm_eps=1e-5,
         tie_word_embeddings=False))
     with torch.no_grad():
         for name, p in m.named_parameters():
@@ -204,11 +204,34 @@ def masked_loss(model_dir, shard, T, nwin):
     print(f"{float(loss):.9g} {int((lab != -100).sum())}")
 
 
+def example_loss(model_dir, shard_dir, eot):
+    """transformers' loss over every example of the shards (train then val; an example ends with
+    the end of text) run alone, labels -100 where the mask is off and at the example's first
+    token: "loss targets", the mean over all examples' targets."""
+    import torch
+    import transformers as tf
+    m = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ids, flags = read_shards(shard_dir)
+    total, count, begin = 0.0, 0, 0
+    for end in [i + 1 for i, t in enumerate(ids) if t == eot]:
+        x = torch.tensor([ids[begin:end]])
+        lab = torch.tensor([[-100] + [ids[i] if flags[i] == 1 else -100 for i in range(begin + 1, end)]])
+        n = int((lab != -100).sum())
+        if n:
+            with torch.no_grad():
+                total += float(m(input_ids=x, labels=lab).loss) * n
+            count += n
+        begin = end
+    print(f"{total / count:.9g} {count}")
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "make":
         make(sys.argv[2])
     elif sys.argv[1] == "model":
         model(sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[1] == "examples":
+        example_loss(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     elif sys.argv[1] == "loss":
         masked_loss(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
     else:
