@@ -253,3 +253,18 @@ int train_eval(const ust_config *cfg, ust_runtime *rt, double *loss) {
     train_teardown(&t);
     return rc ? UST_EXIT_USAGE : 0;
 }
+
+int train_eval_each(const ust_config *cfg, ust_runtime *rt, int64_t n, double *mean) {
+    trainer t;
+    ust_err e;
+    int rc = train_setup(&t, cfg, rt, TRAIN_SETUP_EVAL, &e);
+    if (rc == 0 && (!t.feed.val || cfg->data.val_steps != 1 || cfg->train.micro_batch_size != 1))
+        rc = ust_errf(&e, "eval: one window per micro-batch and one micro-batch per pass");
+    if (rc) fprintf(stderr, "ustrain: error: %s\n", e.msg);
+    for (int64_t k = 0; rc == 0 && k < n; k++) { /* the pass's one sample is sample k */
+        t.feed.val_which[0] = 0, t.feed.val_index[0] = k;
+        mean[k] = validation_loss(&t);
+    }
+    train_teardown(&t);
+    return rc ? UST_EXIT_USAGE : 0;
+}

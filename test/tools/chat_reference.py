@@ -225,11 +225,59 @@ def example_loss(model_dir, shard_dir, eot):
     print(f"{total / count:.9g} {count}")
 
 
+def mc_items(path):
+    rng = random.Random(9)
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(12):
+            ch = [words(rng, rng.randint(1, 6)) for _ in range(rng.choice([2, 3, 4]))]
+            if i % 4 == 3:  # llm.c's HellaSwag line: endings scored with a leading space
+                f.write(json.dumps({"ind": i, "ctx": words(rng, 8), "endings": ch, "label": i % len(ch)}) + "\n")
+            else:
+                f.write(json.dumps({"context": words(rng, rng.randint(1, 12)), "choices": ch,
+                                    "label": (i * 7) % len(ch)}) + "\n")
+
+
+def mc_check(model_dir, tok_path, task, scores):
+    """Every choice's log-likelihood after its context, as transformers computes it, against
+    ustrain's --scores lines (1e-4 relative, the fp32 sum over a few tokens), and the same
+    predictions."""
+    import torch
+    import transformers as tf
+    from tokenizers import Tokenizer
+    m = tf.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tok = Tokenizer.from_file(tok_path)
+    got = [json.loads(l) for l in open(scores)]
+    items = [json.loads(l) for l in open(task) if l.strip()]
+    assert len(got) == len(items), (len(got), len(items))
+    worst = 0.0
+    for item, g in zip(items, got):
+        ctx = item.get("context", item.get("ctx"))
+        chs = item["choices"] if "choices" in item else [" " + e for e in item["endings"]]
+        c = tok.encode(ctx, add_special_tokens=False).ids
+        lls = []
+        for ch in chs:
+            x = tok.encode(ch, add_special_tokens=False).ids
+            with torch.no_grad():
+                lp = torch.log_softmax(m(torch.tensor([c + x])).logits[0].double(), -1)
+            lls.append(float(sum(lp[len(c) - 1 + j, t] for j, t in enumerate(x))))
+        for a, b in zip(g["loglik"], lls):
+            worst = max(worst, abs(a - b) / abs(b))
+        pred = max(range(len(lls)), key=lambda k: lls[k])
+        norm = max(range(len(lls)), key=lambda k: lls[k] / len(chs[k]))
+        assert g["pred"] == pred and g["pred_norm"] == norm, (g, lls)
+    assert worst <= 1e-4, worst
+    print(f"{len(items)} items: every log-likelihood within {worst:.2e} relative, the same predictions")
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "make":
         make(sys.argv[2])
     elif sys.argv[1] == "model":
         model(sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[1] == "mc-items":
+        mc_items(sys.argv[2])
+    elif sys.argv[1] == "mc-check":
+        mc_check(*sys.argv[2:6])
     elif sys.argv[1] == "examples":
         example_loss(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     elif sys.argv[1] == "loss":
