@@ -135,6 +135,7 @@ bench: deps
 	scripts/bench-tp.sh
 	scripts/bench-cp.sh
 	scripts/bench-pp.sh
+	scripts/bench-packing.sh
 	scripts/bench-moe.sh
 	scripts/bench-ckpt.sh
 	scripts/bench-muon.sh

@@ -10,6 +10,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -20,6 +21,9 @@
 #include "config.h"
 #include "data.h"
 #include "error.h"
+#include "eval_task.h"
+#include "log.h"
+#include "prep.h"
 #include "train.h"
 
 static const char *EVAL_USAGE =
@@ -35,10 +39,15 @@ static const char *EVAL_USAGE =
     "  --seq-len T     tokens per window (default: the run's train.seq_len; <= max_seq_len)\n"
     "  --micro-batch-size B  windows per micro-batch (default: the run's)\n"
     "  --set           any config key, e.g. --set parallel.tp=2 under scripts/ustrun: every\n"
-    "                  layout gives the numbers of one process\n";
+    "                  layout gives the numbers of one process\n"
+    "       ustrain eval CKPT_OR_HF_DIR --task FILE.jsonl [--tokenizer tokenizer.json|bytes]\n"
+    "                    [--scores OUT.jsonl] [--seq-len T] [--set ...]\n"
+    "  multiple choice: items {context, choices, label} (or llm.c's HellaSwag {ctx, endings,\n"
+    "  label}) scored by each choice's log-likelihood after the context; prints acc and\n"
+    "  acc_norm (per character); --tokenizer defaults to the model directory's tokenizer.json\n";
 
 typedef struct {
-    const char *model, *data;
+    const char *model, *data, *task, *tokenizer, *scores;
     long long steps, seq_len, mb; /* 0: not given */
 } eval_args;
 
@@ -56,7 +65,8 @@ static int parse_args(int argc, char **argv, eval_args *a) {
             continue;
         }
         if (strcmp(o, "--data") && strcmp(o, "--steps") && strcmp(o, "--seq-len") &&
-            strcmp(o, "--micro-batch-size") && strcmp(o, "--set"))
+            strcmp(o, "--micro-batch-size") && strcmp(o, "--set") && strcmp(o, "--task") &&
+            strcmp(o, "--tokenizer") && strcmp(o, "--scores"))
             return eval_usage("unknown option %s for eval", o);
         if (i + 1 >= argc) return eval_usage("%s needs a value", o);
         const char *v = argv[++i];
@@ -64,6 +74,12 @@ static int parse_args(int argc, char **argv, eval_args *a) {
         int rc = 0;
         if (!strcmp(o, "--data"))
             a->data = v;
+        else if (!strcmp(o, "--task"))
+            a->task = v;
+        else if (!strcmp(o, "--tokenizer"))
+            a->tokenizer = v;
+        else if (!strcmp(o, "--scores"))
+            a->scores = v;
         else if (!strcmp(o, "--steps"))
             rc = cmd_int_opt(&who, o, v, 1, 1000000, &a->steps);
         else if (!strcmp(o, "--seq-len"))
@@ -73,7 +89,8 @@ static int parse_args(int argc, char **argv, eval_args *a) {
         if (rc) return rc;
     }
     if (!a->model) return eval_usage("%s", "missing CKPT_OR_HF_DIR");
-    if (!a->data) return eval_usage("%s", "missing --data GLOB");
+    if (!a->data && !a->task) return eval_usage("%s", "missing --data GLOB (or --task FILE)");
+    if (a->data && a->task) return eval_usage("%s", "--data and --task: one or the other");
     return 0;
 }
 
@@ -196,6 +213,15 @@ static int eval_steps(const ust_config *c, const eval_args *a, int *steps, ust_e
     ust_dataset *d;
     int T = c->train.seq_len, B = c->train.micro_batch_size;
     if (data_open(&d, a->data, c->data.format, c->model.vocab_size, e)) return -1;
+    data_meta meta = {0};
+    data_pack_stats st;
+    int eot = c->data.eot_id;
+    if (c->data.packing && eot < 0 && data_meta_read(a->data, &meta, e) >= 0) eot = meta.eot_id;
+    if (c->data.packing &&
+        data_pack(d, T, eot, c->data.pack_buffer, c->data.overlong == 1, &st, e)) {
+        data_close(d);
+        return -1;
+    }
     int64_t windows = data_num_samples(d, T), have = windows / B;
     data_close(d);
     if (have < 1)
@@ -212,11 +238,85 @@ static int eval_steps(const ust_config *c, const eval_args *a, int *steps, ust_e
     return 0;
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Multiple choice: every (item, choice) an example of a temporary masked shard, packed one per
+ * window, each scored alone by the validation pass (any layout: the numbers of one process). */
+
+static int task_tokenizer(const eval_args *a, tok_tokenizer **tok, ust_err *e) {
+    char p[PATH_MAX + 32];
+    if (a->tokenizer && !strcmp(a->tokenizer, "bytes")) return *tok = tok_bytes(), 0;
+    snprintf(p, sizeof p, "%s/tokenizer.json", a->model);
+    if (!a->tokenizer && !is_file(a->model, "tokenizer.json"))
+        return ust_errf(e, "eval: --task needs --tokenizer (no %s)", p);
+    return tok_load(tok, a->tokenizer ? a->tokenizer : p, e);
+}
+
+/* The examples as DIR/train_000.bin (targets: the choices) and the config that scores them. */
+static int task_data(ust_config *c, const char *dir, const task_set *s, const tok_tokenizer *tok,
+                     int eot, ust_err *e) {
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s/train_000.bin", dir);
+    int vocab = tok_vocab_size(tok) > eot ? tok_vocab_size(tok) : eot + 1;
+    if (data_write_llmc_shard_mask(p, s->tokens, s->flags, s->ntok, e) ||
+        prep_write_meta(dir, NULL, eot, vocab, vocab <= 65536 ? 2 : 4, NULL, e))
+        return -1;
+    c->data.packing = 1, c->data.pack_buffer = 1, c->data.shuffle = false;
+    c->data.val_steps = 1, c->data.val_samples = 0, c->data.val_tokens = 0, c->data.eot_id = eot;
+    return cfg_validate(c, 0, e);
+}
+
+static void task_cleanup(const char *dir) {
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s/train_000.bin", dir), unlink(p);
+    snprintf(p, sizeof p, "%s/meta.json", dir), unlink(p);
+    rmdir(dir);
+}
+
+static void task_report(const eval_args *a, const task_set *s, const double *mean, double dt) {
+    double acc, acc_norm;
+    FILE *f = a->scores ? fopen(a->scores, "w") : NULL;
+    if (a->scores && !f) fprintf(stderr, "ustrain: warning: %s: cannot write\n", a->scores);
+    task_score(s, mean, &acc, &acc_norm, f);
+    if (f) fclose(f);
+    printf("eval: task %s: %d items (%lld choices), acc %.4f acc_norm %.4f, %.1f items/s\n",
+           a->task, s->n, (long long)s->nex, acc, acc_norm, dt > 0 ? s->n / dt : 0.0);
+}
+
+static int eval_task(eval_args *a, int argc, char **argv) {
+    char dir[] = "/tmp/ustrain-task.XXXXXX", glob[64];
+    if (!mkdtemp(dir)) return fprintf(stderr, "ustrain: error: mkdtemp: %s\n", strerror(errno)), 1;
+    snprintf(glob, sizeof glob, "%s/train_*.bin", dir);
+    a->data = glob, a->mb = 1;
+    ust_config c;
+    ust_err e;
+    tok_tokenizer *tok = NULL;
+    task_set s = {0};
+    int rc = model_config(&c, a->model, &e) || apply_overrides(&c, argc, argv, a, &e) ||
+             task_tokenizer(a, &tok, &e);
+    int eot = rc ? 0 : tok_eot(tok) >= 0 ? tok_eot(tok) : 0;
+    if (!rc)
+        rc = task_load(&s, a->task, tok, eot, c.train.seq_len, &e) ||
+             task_data(&c, dir, &s, tok, eot, &e);
+    tok_free(tok);
+    c.checkpoint.dir[0] = 0;
+    ust_runtime rt;
+    if (!rc && train_runtime_init(&rt, &c, &e)) rc = 1;
+    if (rc) fprintf(stderr, "ustrain: error: %s\n", e.msg);
+    double *mean = rc ? NULL : calloc((size_t)s.nex, sizeof *mean), t0 = log_now_s();
+    if (!rc && (rc = train_eval_each(&c, &rt, s.nex, mean)) == 0 && rt.rank == 0)
+        task_report(a, &s, mean, log_now_s() - t0);
+    if (rc == 0) train_runtime_finalize(&rt);
+    task_cleanup(dir);
+    task_free(&s), free(mean);
+    return rc ? UST_EXIT_USAGE : 0;
+}
+
 int cmd_eval(int argc, char **argv) {
     if (cmd_wants_help(argc, argv)) return cmd_print_usage(EVAL_USAGE);
     eval_args a = {0};
     int rc = parse_args(argc, argv, &a);
     if (rc) return rc;
+    if (a.task) return eval_task(&a, argc, argv);
     ust_config c;
     ust_err e;
     int steps = 0;

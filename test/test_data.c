@@ -109,6 +109,48 @@ static void test_windows_without_shuffle_cross_shard_boundaries(void) {
     data_close(d);
 }
 
+/* Target masks: a version-2 shard (uint16 and uint32) and a version-1 shard (every token a
+ * target) in one stream; the flags of each window follow the tokens across the boundaries. */
+static void test_target_mask_follows_the_windows_across_shards(void) {
+    char dir[512], p[600];
+    mkdir_in(dir, sizeof dir, "masked");
+    int32_t t[NTOK];
+    uint8_t m[NTOK];
+    for (int k = 0; k < NTOK; k++) t[k] = stream_tok(k), m[k] = k < 17 ? (k * 7) % 3 == 0 : 1;
+    ust_err e;
+    snprintf(p, sizeof p, "%s/s_000.bin", dir);
+    CHECK(data_write_llmc_shard_mask(p, t, m, 10, &e) == 0, "%.900s", e.msg);
+    CHECK(file_size(p) == 1024 + 10 * 2 + 2, "masked uint16 shard size %ld", file_size(p));
+    snprintf(p, sizeof p, "%s/s_001.bin", dir);
+    CHECK(data_write_llmc_shard_mask(p, t + 10, m + 10, 7, &e) == 0, "%.900s", e.msg);
+    snprintf(p, sizeof p, "%s/s_002.bin", dir);
+    CHECK(data_write_llmc_shard(p, t + 17, 13, &e) == 0, "%.900s", e.msg);
+    snprintf(p, sizeof p, "%s/s_*.bin", dir);
+    ust_dataset *d;
+    CHECK(data_open(&d, p, DATA_LLMC, 100000, &e) == 0, "open: %.900s", e.msg);
+    CHECK(data_has_mask(d), "the masked shards are not seen as such");
+    const int T = 4;
+    int64_t S = data_num_samples(d, T);
+    uint8_t f[7 * 5];
+    int32_t w[7 * 5];
+    data_get_masks(d, 0, (int)S, T, false, 1, f);
+    data_get_samples(d, 0, (int)S, T, false, 1, w);
+    for (int64_t g = 0; g < S; g++)
+        for (int j = 0; j <= T; j++) {
+            int64_t k = g * T + j;
+            CHECK(f[g * (T + 1) + j] == m[k] && w[g * (T + 1) + j] == t[k],
+                  "window %lld token %d: flag %d (want %d)", (long long)g, j, f[g * (T + 1) + j],
+                  m[k]);
+        }
+    data_close(d);
+    /* without a masked shard: no mask */
+    CHECK(make_three_shards(dir, sizeof dir) == 0, "writing shards failed");
+    snprintf(p, sizeof p, "%s/s_*.bin", dir);
+    CHECK(data_open(&d, p, DATA_LLMC, 100000, &e) == 0, "open: %.900s", e.msg);
+    CHECK(!data_has_mask(d), "version-1 shards seen as masked");
+    data_close(d);
+}
+
 static void test_shuffle_is_a_permutation_per_epoch_and_seeded(void) {
     /* 1001 tokens: S = 1000 windows of T=1, and window w starts with token w. */
     char dir[512], p[600], pat[600];
@@ -438,6 +480,7 @@ int main(void) {
     RUN_TEST(test_llmc_shard_width_follows_max_token);
     RUN_TEST(test_windows_without_shuffle_cross_shard_boundaries);
     RUN_TEST(test_shuffle_is_a_permutation_per_epoch_and_seeded);
+    RUN_TEST(test_target_mask_follows_the_windows_across_shards);
     RUN_TEST(test_truncated_shard_is_rejected_with_sizes);
     RUN_TEST(test_foreign_magic_is_rejected);
     RUN_TEST(test_token_outside_vocab_names_file_index_and_value);

@@ -140,6 +140,9 @@ typedef struct {
         bool doc_mask;        /* attention stays inside documents (ended by eot_id) */
         bool reset_positions; /* positions restart at each document */
         int eot_id;           /* the end-of-text id; -1: the shards' meta.json */
+        int packing;          /* 0 concat (windows cut from the stream), 1 first_fit */
+        int pack_buffer;      /* first_fit: examples packed together */
+        int overlong;         /* first_fit: an example over seq_len + 1: 0 split, 1 drop */
         bool shuffle;
         int val_every, val_steps;
         int val_samples;    /* > 0: validation is this many windows (cfg_val_micro_batches) */

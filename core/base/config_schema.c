@@ -25,6 +25,8 @@ static const char *const ON_SPIKES[] = {"none", "skip", "rewind", NULL};
 static const char *const OPTIMIZERS[] = {"adamw", "muon", NULL};
 static const char *const MUON_SCALES[] = {"moonlight", "original", NULL};
 static const char *const STATE_DTYPES[] = {"fp32", "bf16", NULL};
+static const char *const PACKINGS[] = {"concat", "first_fit", NULL};
+static const char *const OVERLONGS[] = {"split", "drop", NULL};
 static const char *const LR_SCHEDULES[] = {"cosine", "linear", "constant", "wsd", NULL};
 const char *const cfg_data_format_names[] = {"llmc", "nanogpt", "megatron", NULL};
 
@@ -170,6 +172,9 @@ const cfg_key cfg_keys[] = {
     BOOL("data.doc_mask", data.doc_mask, "false"),
     BOOL("data.reset_positions", data.reset_positions, "false"),
     INTR("data.eot_id", data.eot_id, "-1", -1, (1 << 24) - 1),
+    ENUM("data.packing", data.packing, "concat", PACKINGS),
+    INT("data.pack_buffer", data.pack_buffer, "1000", 1),
+    ENUM("data.overlong", data.overlong, "split", OVERLONGS),
 
     STR("checkpoint.dir", checkpoint.dir, "runs/tiny/ckpt", 0),
     INT("checkpoint.every", checkpoint.every, "25", 0),

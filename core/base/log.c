@@ -358,6 +358,8 @@ static int log_scalars(const log_step *s, double unix_time, log_scalar *o) {
     n = add_scalar(o, n, "elapsed_s", s->elapsed_s);
     n = add_count(o, n, "samples_seen", (uint64_t)s->data.samples_seen);
     n = add_count(o, n, "tokens_seen", (uint64_t)s->data.tokens_seen);
+    n = add_count(o, n, "target_tokens", (uint64_t)s->data.target_tokens);
+    if (!isnan(s->data.pad_frac)) n = add_scalar(o, n, "padding_frac", s->data.pad_frac);
     return n;
 }
 

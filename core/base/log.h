@@ -58,6 +58,8 @@ typedef struct {
     int64_t samples[LOG_MAX_DATA];     /* samples each has given */
     int cp_docs;                       /* context parallelism with document masking: */
     int64_t cp_blocks_skipped;         /* key/value blocks no query could see, not computed */
+    int64_t target_tokens;             /* the step's: tokens the loss counts (a mask's targets) */
+    double pad_frac;                   /* data.packing: the step's inputs that are padding */
 } log_data;
 
 typedef struct {

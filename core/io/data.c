@@ -3,6 +3,7 @@
  * is a keyed Feistel permutation over [0, S) with cycle-walking, so it costs no memory, is the
  * same under every layout, and each epoch (a new key) visits every window exactly once. */
 #include "data.h"
+#include "data_pack.h"
 #include "fs.h"
 
 #include <errno.h>
@@ -24,16 +25,21 @@
 #define LLMC_MAGIC_U32 20240801
 #define LLMC_HEADER_INTS 256
 #define LLMC_HEADER_BYTES (LLMC_HEADER_INTS * 4)
+/* Version 2 is version 1 followed by the target mask: ceil(ntok / 8) bytes, bit i % 8 of byte
+ * i / 8 set when token i is a target. A reader of version 1 only (llm.c's, an older ustrain's)
+ * refuses it by its version check, never training on every token by mistake. */
+#define LLMC_VERSION_MASK 2
 #define EOT_TOKEN 256
 
 typedef struct {
     char *path;
     void *map; /* whole file, read-only; NULL when the file is empty */
     size_t map_len;
-    const unsigned char *tok; /* first token */
-    int width;                /* bytes per token: 2 or 4 */
+    const unsigned char *tok;  /* first token */
+    const unsigned char *mask; /* version 2: a bit per token (1: a target), LSB first; or NULL */
+    int width;                 /* bytes per token: 2 or 4 */
     int64_t ntok;
-    int64_t start; /* index of its first token in the stream */
+    int64_t start;  /* index of its first token in the stream */
     struct stat st; /* as opened: a later change (size, mtime, inode) stops the run */
 } shard;
 
@@ -42,7 +48,9 @@ struct ust_dataset {
     shard *shards;
     int nshards;
     int64_t ntok;
-    int vocab_size; /* token ids are checked again where they are read (<= 0: not checked) */
+    int vocab_size;    /* token ids are checked again where they are read (<= 0: not checked) */
+    bool has_mask;     /* some shard carries a target mask */
+    data_packer *pack; /* data.packing: first_fit (NULL: windows cut from the stream) */
 };
 
 static inline uint32_t shard_token(const shard *s, int64_t i) {
@@ -149,6 +157,43 @@ done:
     return rc;
 }
 
+/* An llm.c shard's header against its size: version 1, or 2 with the target mask after the
+ * tokens. */
+static int open_llmc(shard *s, const char *path, const unsigned char *base, size_t size,
+                     ust_err *e) {
+    if (size < LLMC_HEADER_BYTES)
+        return ust_errf(e, "%s: not an llm.c shard (%zu bytes, shorter than the %d-byte header)",
+                        path, size, LLMC_HEADER_BYTES);
+    int32_t hdr[3];
+    memcpy(hdr, base, sizeof hdr);
+    if (hdr[0] == LLMC_MAGIC_U16)
+        s->width = 2;
+    else if (hdr[0] == LLMC_MAGIC_U32)
+        s->width = 4;
+    else
+        return ust_errf(e, "%s: not an llm.c shard (magic %d; expected %d or %d)", path, hdr[0],
+                        LLMC_MAGIC_U16, LLMC_MAGIC_U32);
+    if (hdr[1] != 1 && hdr[1] != LLMC_VERSION_MASK)
+        return ust_errf(e,
+                        "%s: unsupported llm.c shard version %d (expected 1, or 2 with a "
+                        "target mask)",
+                        path, hdr[1]);
+    if (hdr[2] < 0)
+        return ust_errf(e, "%s: llm.c header has a negative token count (%d)", path, hdr[2]);
+    int64_t mask_bytes = hdr[1] == LLMC_VERSION_MASK ? ((int64_t)hdr[2] + 7) / 8 : 0;
+    int64_t want = LLMC_HEADER_BYTES + (int64_t)hdr[2] * s->width + mask_bytes;
+    if ((int64_t)size != want)
+        return ust_errf(e,
+                        "%s: truncated shard: header says %d tokens%s (%lld bytes) but file "
+                        "has %zu bytes",
+                        path, hdr[2], mask_bytes ? " and their target mask" : "", (long long)want,
+                        size);
+    s->tok = base + LLMC_HEADER_BYTES;
+    s->ntok = hdr[2];
+    if (mask_bytes) s->mask = s->tok + (int64_t)hdr[2] * s->width;
+    return 0;
+}
+
 /* Maps one shard and checks its header, its size and every token id. */
 static int open_shard(shard *s, const char *path, ust_data_format fmt, int vocab_size, ust_err *e) {
     memset(s, 0, sizeof *s);
@@ -179,31 +224,7 @@ static int open_shard(shard *s, const char *path, ust_data_format fmt, int vocab
     const unsigned char *base = s->map;
 
     if (fmt == DATA_LLMC) {
-        if (size < LLMC_HEADER_BYTES)
-            return ust_errf(e,
-                            "%s: not an llm.c shard (%zu bytes, shorter than the %d-byte header)",
-                            path, size, LLMC_HEADER_BYTES);
-        int32_t hdr[3];
-        memcpy(hdr, base, sizeof hdr);
-        if (hdr[0] == LLMC_MAGIC_U16)
-            s->width = 2;
-        else if (hdr[0] == LLMC_MAGIC_U32)
-            s->width = 4;
-        else
-            return ust_errf(e, "%s: not an llm.c shard (magic %d; expected %d or %d)", path, hdr[0],
-                            LLMC_MAGIC_U16, LLMC_MAGIC_U32);
-        if (hdr[1] != 1)
-            return ust_errf(e, "%s: unsupported llm.c shard version %d (expected 1)", path, hdr[1]);
-        if (hdr[2] < 0)
-            return ust_errf(e, "%s: llm.c header has a negative token count (%d)", path, hdr[2]);
-        int64_t want = LLMC_HEADER_BYTES + (int64_t)hdr[2] * s->width;
-        if ((int64_t)size != want)
-            return ust_errf(e,
-                            "%s: truncated shard: header says %d tokens (%lld bytes) but file has "
-                            "%zu bytes",
-                            path, hdr[2], (long long)want, size);
-        s->tok = base + LLMC_HEADER_BYTES;
-        s->ntok = hdr[2];
+        if (open_llmc(s, path, base, size, e)) return -1;
     } else if (fmt == DATA_NANOGPT) {
         if (size % 2 != 0)
             return ust_errf(e, "%s: nanoGPT shard has an odd size (%zu bytes) for uint16 tokens",
@@ -290,6 +311,7 @@ int data_open(ust_dataset **out, const char *glob_pattern, ust_data_format fmt, 
         }
         d->shards[i].start = d->ntok;
         d->ntok += d->shards[i].ntok;
+        d->has_mask |= d->shards[i].mask != NULL;
     }
     globfree(&g);
     *out = d;
@@ -306,13 +328,16 @@ void data_close(ust_dataset *d) {
         free(d->shards[i].path);
     }
     free(d->shards);
+    data_pack_free(d->pack);
     free(d);
 }
 
 int64_t data_num_tokens(const ust_dataset *d) { return d->ntok; }
 int data_num_shards(const ust_dataset *d) { return d->nshards; }
+bool data_has_mask(const ust_dataset *d) { return d->has_mask || d->pack; }
 
 int64_t data_num_samples(const ust_dataset *d, int T) {
+    if (d->pack) return data_pack_windows(d->pack);
     if (T < 1 || d->ntok < 1) return 0;
     return (d->ntok - 1) / T;
 }
@@ -382,9 +407,9 @@ static int32_t checked_token(const ust_dataset *d, const shard *sh, int64_t i) {
     return (int32_t)v;
 }
 
-/* Copies n tokens of the stream starting at pos, across shard boundaries. */
-static void copy_tokens(const ust_dataset *d, int64_t pos, int64_t n, int32_t *out) {
-    int lo = 0, hi = d->nshards - 1; /* last shard with start <= pos */
+/* The last shard with start <= pos. */
+static int shard_at(const ust_dataset *d, int64_t pos) {
+    int lo = 0, hi = d->nshards - 1;
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
         if (d->shards[mid].start <= pos)
@@ -392,7 +417,25 @@ static void copy_tokens(const ust_dataset *d, int64_t pos, int64_t n, int32_t *o
         else
             hi = mid - 1;
     }
-    for (int s = lo; n > 0 && s < d->nshards; s++) {
+    return lo;
+}
+
+/* Copies the target flags of n tokens of the stream starting at pos (1 for a shard without a
+ * mask: every token a target). */
+static void copy_mask(const ust_dataset *d, int64_t pos, int64_t n, uint8_t *out) {
+    for (int s = shard_at(d, pos); n > 0 && s < d->nshards; s++) {
+        const shard *sh = &d->shards[s];
+        int64_t i = pos - sh->start;
+        if (i < sh->ntok) check_unchanged(sh);
+        for (; i < sh->ntok && n > 0; i++, n--, pos++)
+            *out++ = sh->mask ? (sh->mask[i >> 3] >> (i & 7)) & 1 : 1;
+    }
+    UST_ASSERT(n == 0, "window ran past the stream end (%lld tokens short)", (long long)n);
+}
+
+/* Copies n tokens of the stream starting at pos, across shard boundaries. */
+static void copy_tokens(const ust_dataset *d, int64_t pos, int64_t n, int32_t *out) {
+    for (int s = shard_at(d, pos); n > 0 && s < d->nshards; s++) {
         const shard *sh = &d->shards[s];
         int64_t i = pos - sh->start;
         if (i < sh->ntok) check_unchanged(sh);
@@ -401,19 +444,59 @@ static void copy_tokens(const ust_dataset *d, int64_t pos, int64_t n, int32_t *o
     UST_ASSERT(n == 0, "window ran past the stream end (%lld tokens short)", (long long)n);
 }
 
-void data_get_samples(const ust_dataset *d, int64_t first, int n, int T, bool shuffle,
-                      uint64_t seed, int32_t *out) {
+/* The stream position of global sample g's window. */
+static int64_t window_start(const ust_dataset *d, int64_t g, int T, bool shuffle, uint64_t seed) {
     int64_t S = data_num_samples(d, T);
     if (S <= 0)
         ust_fatal(UST_EXIT_USAGE, "data: shard(s) '%s' hold %lld tokens, fewer than seq_len+1 = %d",
                   d->pattern, (long long)d->ntok, T + 1);
-    UST_ASSERT(first >= 0, "first = %lld", (long long)first);
-    for (int k = 0; k < n; k++) {
-        int64_t g = first + k;
-        int64_t epoch = g / S, i = g % S;
-        int64_t w = shuffle ? shuffle_index(seed, (uint64_t)epoch, S, i) : i;
-        copy_tokens(d, w * (int64_t)T, (int64_t)T + 1, out + (int64_t)k * (T + 1));
-    }
+    UST_ASSERT(g >= 0, "sample %lld", (long long)g);
+    int64_t epoch = g / S, i = g % S;
+    return (shuffle ? shuffle_index(seed, (uint64_t)epoch, S, i) : i) * (int64_t)T;
+}
+
+void data_read_tokens(const ust_dataset *d, int64_t pos, int64_t n, int32_t *out) {
+    copy_tokens(d, pos, n, out);
+}
+
+void data_read_flags(const ust_dataset *d, int64_t pos, int64_t n, uint8_t *out) {
+    copy_mask(d, pos, n, out);
+}
+
+/* Packed: sample g is window perm(g) of the packer's (the same permutation as the stream's). */
+static int64_t packed_window(const ust_dataset *d, int64_t g, bool shuffle, uint64_t seed) {
+    int64_t S = data_pack_windows(d->pack), epoch = g / S, i = g % S;
+    return shuffle ? shuffle_index(seed, (uint64_t)epoch, S, i) : i;
+}
+
+int data_pack(ust_dataset *d, int T, int eot, int buffer, bool drop, data_pack_stats *st,
+              ust_err *e) {
+    data_pack_free(d->pack);
+    d->pack = NULL;
+    data_packer *p;
+    if (data_pack_build(&p, d, T, eot, buffer, drop, st, e)) return -1;
+    d->pack = p;
+    return 0;
+}
+
+void data_get_samples(const ust_dataset *d, int64_t first, int n, int T, bool shuffle,
+                      uint64_t seed, int32_t *out) {
+    for (int k = 0; k < n && d->pack; k++)
+        data_pack_window(d->pack, d, packed_window(d, first + k, shuffle, seed),
+                         out + (int64_t)k * (T + 1), NULL);
+    for (int k = 0; k < n && !d->pack; k++)
+        copy_tokens(d, window_start(d, first + k, T, shuffle, seed), (int64_t)T + 1,
+                    out + (int64_t)k * (T + 1));
+}
+
+void data_get_masks(const ust_dataset *d, int64_t first, int n, int T, bool shuffle, uint64_t seed,
+                    uint8_t *out) {
+    for (int k = 0; k < n && d->pack; k++)
+        data_pack_window(d->pack, d, packed_window(d, first + k, shuffle, seed), NULL,
+                         out + (int64_t)k * (T + 1));
+    for (int k = 0; k < n && !d->pack; k++)
+        copy_mask(d, window_start(d, first + k, T, shuffle, seed), (int64_t)T + 1,
+                  out + (int64_t)k * (T + 1));
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -441,12 +524,28 @@ int data_llmc_header(int32_t hdr[256], int width, int64_t ntok, const char *path
     return llmc_header(hdr, width, ntok, path, e);
 }
 
+int data_llmc_header_mask(int32_t hdr[256], int width, int64_t ntok, const char *path, ust_err *e) {
+    if (llmc_header(hdr, width, ntok, path, e)) return -1;
+    hdr[1] = LLMC_VERSION_MASK;
+    return 0;
+}
+
+void data_pack_mask(const uint8_t *flags, int64_t n, uint8_t *bits) {
+    memset(bits, 0, (size_t)((n + 7) / 8));
+    for (int64_t i = 0; i < n; i++) bits[i >> 3] |= (uint8_t)((flags[i] != 0) << (i & 7));
+}
+
 static int close_file(FILE *f, const char *path, ust_err *e) {
     if (fclose(f) != 0) return ust_errf(e, "%s: write failed: %s", path, strerror(errno));
     return 0;
 }
 
 int data_write_llmc_shard(const char *path, const int32_t *tokens, int64_t n, ust_err *e) {
+    return data_write_llmc_shard_mask(path, tokens, NULL, n, e);
+}
+
+int data_write_llmc_shard_mask(const char *path, const int32_t *tokens, const uint8_t *mask,
+                               int64_t n, ust_err *e) {
     int32_t maxv = 0;
     for (int64_t i = 0; i < n; i++) {
         if (tokens[i] < 0)
@@ -456,6 +555,7 @@ int data_write_llmc_shard(const char *path, const int32_t *tokens, int64_t n, us
     int width = maxv < 65536 ? 2 : 4;
     int32_t hdr[LLMC_HEADER_INTS];
     if (llmc_header(hdr, width, n, path, e) != 0) return -1;
+    if (mask) hdr[1] = LLMC_VERSION_MASK;
     /* written under a temporary name and renamed: a FIFO or symlink at path is replaced, never
      * opened or followed, and a reader of the old shard keeps its file */
     char tmp[UST_PATH_MAX + 32];
@@ -480,6 +580,11 @@ int data_write_llmc_shard(const char *path, const int32_t *tokens, int64_t n, us
             rc = write_all(f, tokens + i, (size_t)m * 4, path, e); /* little-endian host */
         }
     }
+    uint8_t *bits = mask ? malloc((size_t)((n + 7) / 8) + 1) : NULL;
+    UST_ASSERT(!mask || bits, "out of memory (%lld tokens' mask)", (long long)n);
+    if (mask) data_pack_mask(mask, n, bits);
+    if (rc == 0 && mask) rc = write_all(f, bits, (size_t)((n + 7) / 8), path, e);
+    free(bits);
     if (close_file(f, path, e) != 0) rc = -1;
     if (rc == 0 && rename(tmp, path) != 0)
         rc = ust_errf(e, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));

@@ -1,12 +1,12 @@
 /* data: tokenized shards -> the run's deterministic sample order.
  * Shards matching a glob are mmap'd and concatenated in sorted order into one token stream.
  * Formats: llm.c (256 x int32 header; magic 20240520 = uint16 tokens, 20240801 = uint32;
- * header[2] = token count), nanoGPT raw uint16, Megatron .bin/.idx (the glob names the .bin files).
- * Sample i is the window tokens[i*T, i*T + T + 1) of the stream; with shuffle, sample i of
- * epoch e is window perm_e(i) (a seeded permutation). The loader state is one number, the global
- * sample index, so resume and re-layout neither skip nor repeat data. Token ids are checked
- * against vocab_size at open, and shards must not change during the run (data_open and
- * data_get_samples say how). */
+ * header[2] = token count; version 2 adds a target mask), nanoGPT raw uint16, Megatron .bin/.idx
+ * (the glob names the .bin files). Sample i is the window tokens[i*T, i*T + T + 1) of the stream;
+ * with shuffle, sample i of epoch e is window perm_e(i) (a seeded permutation). The loader state is
+ * one number, the global sample index, so resume and re-layout neither skip nor repeat data. Token
+ * ids are checked against vocab_size at open, and shards must not change during the run (data_open
+ * and data_get_samples say how). */
 #ifndef UST_DATA_H
 #define UST_DATA_H
 
@@ -38,6 +38,25 @@ int data_check_seq_len(const ust_dataset *d, int T, ust_err *e);
  * truncated under the mapping ends it the same way (fs_guard_mapping). */
 void data_get_samples(const ust_dataset *d, int64_t first, int n, int T, bool shuffle,
                       uint64_t seed, int32_t *out);
+/* Shards may carry a target mask (llm.c version 2, data_write_llmc_shard_mask): which tokens are
+ * targets of the loss. data_get_masks gives the flags (1: target) of the windows data_get_samples
+ * gives; a shard without a mask has every token a target. */
+bool data_has_mask(const ust_dataset *d);
+/* Tokens and target flags [pos, pos + n) of the stream (flags 1 where a shard has no mask). */
+void data_read_tokens(const ust_dataset *d, int64_t pos, int64_t n, int32_t *out);
+void data_read_flags(const ust_dataset *d, int64_t pos, int64_t n, uint8_t *out);
+
+/* data.packing: first_fit: from here on the samples are whole examples packed into windows of
+ * T+1 tokens (core/io/data_pack.h says how); data_num_samples counts those windows, and the
+ * flags (always given) are 1 for a target, 0 for another token, 2 for padding (end of text). */
+typedef struct {
+    int64_t examples, windows, split, dropped; /* overlong examples split or dropped */
+    int64_t tokens, pad;                       /* tokens packed, padding tokens */
+} data_pack_stats;
+int data_pack(ust_dataset *d, int T, int eot, int buffer, bool drop, data_pack_stats *st,
+              ust_err *e);
+void data_get_masks(const ust_dataset *d, int64_t first, int n, int T, bool shuffle, uint64_t seed,
+                    uint8_t *out);
 
 /* ---- weighted blends (Megatron's BlendedDataset semantics) ----
  * Global sample i of the run comes from dataset argmax_d (w_d (j + 1) - n_d), the first on ties,
@@ -70,6 +89,13 @@ void data_blend_assign(const data_blend *b, data_blend_pos *pos, int64_t i, int6
  * lone glob reads what data_get_samples reads), dataset d with a seed of its own. */
 void data_blend_get(const data_blend *b, int d, int64_t index, int T, bool shuffle, uint64_t seed,
                     int32_t *out);
+/* Some dataset carries a target mask; the flags of the window data_blend_get gives. */
+bool data_blend_has_mask(const data_blend *b);
+/* data_pack for every dataset (windows of T+1); *st sums their figures. */
+int data_blend_pack(data_blend *b, int T, int eot, int buffer, bool drop, data_pack_stats *st,
+                    ust_err *e);
+void data_blend_get_mask(const data_blend *b, int d, int64_t index, int T, bool shuffle,
+                         uint64_t seed, uint8_t *out);
 
 /* The position in a checkpoint's state (state.json): "data": {"datasets": [{path, weight,
  * consumed, base_consumed}], "base_sample"}. Restoring at sample index i accepts the same blend
@@ -105,5 +131,12 @@ int data_llmc_header(int32_t hdr[256], int width, int64_t ntok, const char *path
 
 /* Writes one llm.c shard (uint16 when max token < 65536, else uint32). */
 int data_write_llmc_shard(const char *path, const int32_t *tokens, int64_t n, ust_err *e);
+/* The same with a target flag per token (mask[i] != 0: token i is a target): version 2, the
+ * tokens followed by ceil(n / 8) bytes, bit i % 8 of byte i / 8 for token i. NULL: version 1. */
+int data_write_llmc_shard_mask(const char *path, const int32_t *tokens, const uint8_t *mask,
+                               int64_t n, ust_err *e);
+/* A version-2 header (as data_llmc_header), and n flags packed into those bits. */
+int data_llmc_header_mask(int32_t hdr[256], int width, int64_t ntok, const char *path, ust_err *e);
+void data_pack_mask(const uint8_t *flags, int64_t n, uint8_t *bits);
 
 #endif

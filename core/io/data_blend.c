@@ -102,10 +102,38 @@ void data_blend_assign(const data_blend *b, data_blend_pos *pos, int64_t i, int6
     }
 }
 
+static uint64_t dataset_seed(int d, uint64_t seed) {
+    return d == 0 ? seed : rng_u64(seed, 0x626c656e64ULL /* "blend" */, (uint64_t)d);
+}
+
 void data_blend_get(const data_blend *b, int d, int64_t index, int T, bool shuffle, uint64_t seed,
                     int32_t *out) {
-    uint64_t s = d == 0 ? seed : rng_u64(seed, 0x626c656e64ULL /* "blend" */, (uint64_t)d);
-    data_get_samples(b->d[d], index, 1, T, shuffle, s, out);
+    data_get_samples(b->d[d], index, 1, T, shuffle, dataset_seed(d, seed), out);
+}
+
+int data_blend_pack(data_blend *b, int T, int eot, int buffer, bool drop, data_pack_stats *st,
+                    ust_err *e) {
+    memset(st, 0, sizeof *st);
+    for (int d = 0; d < b->n; d++) {
+        data_pack_stats one;
+        ust_err inner;
+        if (data_pack(b->d[d], T, eot, buffer, drop, &one, &inner))
+            return ust_errf(e, "%s: %s", b->sets[d].path, inner.msg);
+        st->examples += one.examples, st->windows += one.windows, st->split += one.split;
+        st->dropped += one.dropped, st->tokens += one.tokens, st->pad += one.pad;
+    }
+    return 0;
+}
+
+bool data_blend_has_mask(const data_blend *b) {
+    bool any = false;
+    for (int d = 0; d < b->n; d++) any |= data_has_mask(b->d[d]);
+    return any;
+}
+
+void data_blend_get_mask(const data_blend *b, int d, int64_t index, int T, bool shuffle,
+                         uint64_t seed, uint8_t *out) {
+    data_get_masks(b->d[d], index, 1, T, shuffle, dataset_seed(d, seed), out);
 }
 
 /* ------------------------------------------------------------------ the position in checkpoints */
@@ -223,7 +251,7 @@ int data_blend_restore(const data_blend *b, const cJSON *state, int64_t i, bool 
 /* ------------------------------------------------------------------ meta.json against the run */
 
 int data_check_meta(const ust_config *c, int *eot, ust_err *e) {
-    int docs = c->data.doc_mask || c->data.reset_positions;
+    int docs = c->data.doc_mask || c->data.reset_positions || c->data.packing;
     *eot = c->data.eot_id;
     for (int val = 0; val < 2; val++) {
         cfg_dataset sets[CFG_MAX_BLEND];
@@ -260,6 +288,8 @@ int data_check_meta(const ust_config *c, int *eot, ust_err *e) {
                         "data.%s needs the end-of-text id that ends each document: set "
                         "data.eot_id, or prepare the shards with `ustrain data prep` (its "
                         "meta.json has it)",
-                        c->data.doc_mask ? "doc_mask" : "reset_positions");
+                        c->data.doc_mask          ? "doc_mask"
+                        : c->data.reset_positions ? "reset_positions"
+                                                  : "packing");
     return 0;
 }

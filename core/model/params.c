@@ -516,8 +516,9 @@ void params_dims(model *m, const ust_config *cfg) {
     m->shape.eps = (float)cfg->model.norm_eps;
     m->shape.rope = ops_rope(cfg);
     m->shape.qkv_bias = !m->shape.llama || cfg->model.qkv_bias;
-    m->shape.doc_mask = cfg->data.doc_mask;
-    m->shape.reset_pos = cfg->data.reset_positions;
+    /* packed examples (data.packing: first_fit) are documents masked apart, positions reset */
+    m->shape.doc_mask = cfg->data.doc_mask || cfg->data.packing;
+    m->shape.reset_pos = cfg->data.reset_positions || cfg->data.packing;
     m->shape.recompute = cfg->train.recompute;
     int start;
     m->shape.H = tp_part(m->par.tp, m->shape.Hg, &start); /* this rank's heads and hidden units */

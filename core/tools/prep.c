@@ -22,6 +22,7 @@
 #include "ckpt.h"
 #include "data.h"
 #include "fs.h"
+#include "prep_chat.h"
 #include "prep_input.h"
 #include "sha256.h"
 
@@ -32,6 +33,8 @@ typedef struct {
     size_t len;
     bool doc_end; /* the end-of-text token follows */
     tok_ids ids;
+    size_t t0, t1; /* masked prep: the target bytes; ids [n0, n1) are targets once tokenized */
+    int64_t n0, n1;
 } item;
 
 /* The input being read: one file at a time, plain text streamed in chunks or JSON lines. */
@@ -49,6 +52,9 @@ typedef struct {
     size_t line_cap;
     int64_t bytes_done; /* of finished files, for the progress bar */
     bool sys_failed;    /* a read failed for the system's reason (memory, EIO), not the data's */
+    chat_pieces pieces; /* masked prep: the line's rendered turns */
+    int64_t skipped;    /* masked prep: malformed lines skipped */
+    bool warned_tools;
 } reader;
 
 typedef struct {
@@ -68,7 +74,7 @@ static void batch_add(batch *b, char *text, size_t len, bool doc_end) {
         b->items = realloc(b->items, (size_t)b->cap * sizeof *b->items);
         UST_ASSERT(b->items, "out of memory (%d batch items)", b->cap);
     }
-    b->items[b->n++] = (item){.text = text, .len = len, .doc_end = doc_end};
+    b->items[b->n++] = (item){.text = text, .len = len, .doc_end = doc_end, .t1 = len};
     b->bytes += len;
 }
 
@@ -102,6 +108,11 @@ static int open_next(reader *r, ust_err *e) {
     r->f = prep_input_file(r->in);
     r->jsonl = a->jsonl_field || ends_with(path, ".jsonl") || prep_input_is_jsonl(r->in);
     r->field = a->jsonl_field ? a->jsonl_field : "text";
+    if (a->masked && !r->jsonl)
+        return ust_errf(e,
+                        "%s: --chat and --train-on read JSON lines (\"messages\", or \"prompt\" "
+                        "and \"completion\"), and this is not",
+                        path);
     r->line = 0;
     r->carry_n = 0;
     return 0;
@@ -275,6 +286,37 @@ static int json_field_text(const char *line, size_t n, const char *field, char *
     return -1;
 }
 
+/* Masked prep: the line's conversation as one item per turn with its target bytes, the last
+ * ending the document. A malformed line is an error under --strict, else counted and named
+ * (the first 20) and skipped. */
+static int add_conversation(reader *r, batch *b, const cJSON *o, ust_err *e) {
+    const char *path = r->a->inputs[r->file];
+    char why[256];
+    if (chat_render((chat_kind)r->a->chat, (chat_train_on)r->a->train_on, o, &r->pieces, why,
+                    sizeof why)) {
+        if (r->a->strict)
+            return ust_errf(e, "%s:%lld: %s (--strict)", path, (long long)r->line, why);
+        if (r->skipped++ < 20)
+            fprintf(stderr, "ustrain: warning: %s:%lld: %s; line skipped\n", path,
+                    (long long)r->line, why);
+        return 0;
+    }
+    if (r->pieces.tools && !r->warned_tools) {
+        r->warned_tools = true;
+        fprintf(stderr,
+                "ustrain: warning: %s:%lld: \"tools\" are ignored (the templates render "
+                "messages only)\n",
+                path, (long long)r->line);
+    }
+    for (int i = 0; i < r->pieces.n; i++) {
+        chat_piece *p = &r->pieces.p[i];
+        batch_add(b, p->text, p->len, i == r->pieces.n - 1);
+        b->items[b->n - 1].t0 = p->t0, b->items[b->n - 1].t1 = p->t1;
+    }
+    r->pieces.n = 0; /* the texts now belong to the batch */
+    return 0;
+}
+
 /* JSON lines: one document per non-blank line. Returns 1 at end of file, 0 otherwise. */
 static int read_jsonl(reader *r, batch *b, ust_err *e) {
     const char *path = r->a->inputs[r->file];
@@ -288,6 +330,11 @@ static int read_jsonl(reader *r, batch *b, ust_err *e) {
     if (strspn(r->line_buf, " \t\r\n") == (size_t)n) return 0;
     cJSON *o = cJSON_ParseWithLength(r->line_buf, (size_t)n);
     if (!o) return ust_errf(e, "%s:%lld: not valid JSON", path, (long long)r->line);
+    if (r->a->masked) {
+        int rc = add_conversation(r, b, o, e);
+        cJSON_Delete(o);
+        return rc;
+    }
     cJSON_Delete(o); /* valid: the field is read with its length (an escaped NUL is a byte) */
     char *text = NULL;
     size_t len = 0;
@@ -325,13 +372,34 @@ typedef struct {
     atomic_int *next;
 } worker;
 
+/* How many leading ids of the whole text's encoding the encoding of its first `at` bytes shares:
+ * a token that straddles `at` is the first one not shared. */
+static int64_t shared_prefix(worker *w, const item *it, size_t at, tok_ids *scratch) {
+    if (at == 0) return 0;
+    if (at == it->len) return it->ids.n;
+    scratch->n = 0;
+    tok_encode(w->tok, w->work, it->text, at, scratch);
+    int64_t k = 0;
+    while (k < scratch->n && k < it->ids.n && scratch->ids[k] == it->ids.ids[k]) k++;
+    return k;
+}
+
+/* Targets [n0, n1): the tokens from the one holding byte t0 (a token straddling the start of the
+ * content counts as the content's) to the last that ends by t1. */
 static void *work_loop(void *arg) {
     worker *w = arg;
+    tok_ids scratch = {0};
     for (int i; (i = atomic_fetch_add(w->next, 1)) < w->b->n;) {
         item *it = &w->b->items[i];
         it->ids.n = 0;
         tok_encode(w->tok, w->work, it->text, it->len, &it->ids);
+        it->n0 = it->n1 = 0;
+        if (it->t1 > it->t0) {
+            it->n0 = shared_prefix(w, it, it->t0, &scratch);
+            it->n1 = shared_prefix(w, it, it->t1, &scratch);
+        }
     }
+    free(scratch.ids);
     return NULL;
 }
 
@@ -359,21 +427,30 @@ typedef struct {
     int64_t n;
     unsigned char buf[1 << 16];
     size_t fill;
+    FILE *mf; /* masked prep: a byte per token, 1 for a target (the shards get its bits) */
+    char mpath[UST_PATH_MAX + 64];
+    unsigned char mbuf[1 << 16];
+    size_t mfill;
+    int64_t targets;
+    int eot_target;    /* the separator's flag: 1 only with --train-on all */
     bool write_failed; /* the failure is the output's (a full disk), not the input's */
     bool read_failed;  /* an input could not be read for the system's reason (memory, EIO) */
 } stream;
 
 static int stream_flush(stream *s, ust_err *e) {
-    if (s->fill && fwrite(s->buf, 1, s->fill, s->f) != s->fill) {
+    if ((s->fill && fwrite(s->buf, 1, s->fill, s->f) != s->fill) ||
+        (s->mfill && fwrite(s->mbuf, 1, s->mfill, s->mf) != s->mfill)) {
         s->write_failed = true;
         return ust_errf(e, "%s: write failed: %s", s->path, strerror(errno));
     }
-    s->fill = 0;
+    s->fill = s->mfill = 0;
     return 0;
 }
 
-static int stream_put(stream *s, int32_t id, ust_err *e) {
-    if (s->fill + 4 > sizeof s->buf && stream_flush(s, e)) return -1;
+static int stream_put(stream *s, int32_t id, int target, ust_err *e) {
+    if ((s->fill + 4 > sizeof s->buf || s->mfill == sizeof s->mbuf) && stream_flush(s, e))
+        return -1;
+    if (s->mf) s->mbuf[s->mfill++] = (unsigned char)target, s->targets += target;
     if (s->width == 2) {
         uint16_t v = (uint16_t)id;
         memcpy(s->buf + s->fill, &v, 2);
@@ -391,9 +468,10 @@ static int write_batch(stream *s, batch *b, int eot, int vocab, ust_err *e) {
         for (int64_t k = 0; k < it->ids.n; k++) {
             UST_ASSERT(it->ids.ids[k] >= 0 && it->ids.ids[k] < vocab, "token %d outside vocab %d",
                        it->ids.ids[k], vocab);
-            if (stream_put(s, it->ids.ids[k], e)) return -1;
+            if (stream_put(s, it->ids.ids[k], k >= it->n0 && k < it->n1, e)) return -1;
         }
-        if (it->doc_end && eot >= 0 && stream_put(s, eot, e)) return -1;
+        /* the separator is no target of a conversation: nothing follows its last turn */
+        if (it->doc_end && eot >= 0 && stream_put(s, eot, s->eot_target, e)) return -1;
     }
     return 0;
 }
@@ -422,6 +500,22 @@ static FILE *create_new(const char *path, ust_err *e) {
     return f;
 }
 
+/* The target bits of tokens [first, first + m) after a shard's tokens: flags read in chunks of a
+ * multiple of 8, so each chunk's packed bytes continue the last's. */
+static int write_mask(stream *s, int64_t first, int64_t m, FILE *out) {
+    _Static_assert(sizeof(((stream *)0)->mbuf) % 64 == 0, "whole bytes of bits per chunk");
+    if (fseeko(s->mf, (off_t)first, SEEK_SET) != 0) return -1;
+    unsigned char bits[sizeof s->mbuf / 8];
+    for (int64_t left = m; left > 0;) {
+        size_t k = left < (int64_t)sizeof s->mbuf ? (size_t)left : sizeof s->mbuf;
+        if (fread(s->mbuf, 1, k, s->mf) != k) return -1;
+        data_pack_mask(s->mbuf, (int64_t)k, bits);
+        if (fwrite(bits, 1, (k + 7) / 8, out) != (k + 7) / 8) return -1;
+        left -= (int64_t)k;
+    }
+    return 0;
+}
+
 /* Writes tokens [first, first+n) of the stream as the temporaries of SPLIT_000.bin, ... of
  * per_shard tokens; *nshards counts those begun (for out_discard). */
 static int write_split(stream *s, const char *dir, const char *split, int64_t first, int64_t n,
@@ -436,7 +530,8 @@ static int write_split(stream *s, const char *dir, const char *split, int64_t fi
         shard_path(path, sizeof path, dir, split, *nshards, 0);
         shard_path(tmp, sizeof tmp, dir, split, *nshards, 1);
         int32_t hdr[256];
-        if (data_llmc_header(hdr, s->width, m, path, e)) return -1;
+        if ((s->mf ? data_llmc_header_mask : data_llmc_header)(hdr, s->width, m, path, e))
+            return -1;
         FILE *out = create_new(tmp, e);
         if (!out) return -1;
         (*nshards)++;
@@ -446,6 +541,7 @@ static int write_split(stream *s, const char *dir, const char *split, int64_t fi
             rc = fread(s->buf, 1, k, s->f) == k && fwrite(s->buf, 1, k, out) == k ? 0 : -1;
             left -= (int64_t)k;
         }
+        if (rc == 0 && s->mf) rc = write_mask(s, first + done, m, out);
         if (fflush(out) != 0 || fsync(fileno(out)) != 0) rc = -1;
         if (fclose(out) != 0) rc = -1;
         if (rc) return ust_errf(e, "%s: write failed: %s", tmp, strerror(errno));
@@ -567,6 +663,17 @@ static int resolve_eot(const prep_args *a, const tok_tokenizer *tok, int *eot, u
     return 0;
 }
 
+/* --chat auto: the template tokenizer_config.json's chat_template names; a template's special
+ * tokens must be the tokenizer's. */
+static int resolve_chat(const prep_args *a, prep_args *args, ust_err *e) {
+    if (a->chat == CHAT_NONE) return 0;
+    if (!a->tok) return ust_errf(e, "data prep: --chat needs --tokenizer");
+    chat_kind k = (chat_kind)a->chat;
+    if (k == CHAT_AUTO && chat_kind_auto(a->tok_path, &k, e)) return -1;
+    args->chat = (int)k;
+    return chat_check_tokens(k, a->tok, e);
+}
+
 /* Tokenizes every input into the stream s; r gets the document and token counts. */
 static int tokenize_all(const prep_args *a, const tok_tokenizer *tok, int nthreads, stream *s,
                         int eot, int vocab, prep_result *res, ust_err *e) {
@@ -596,6 +703,9 @@ static int tokenize_all(const prep_args *a, const tok_tokenizer *tok, int nthrea
     }
     /* the bytes read, counted as they come: standard input has no size to stat */
     if (rc == 0) res->nbytes = rd.bytes_done;
+    res->skipped = rd.skipped;
+    chat_pieces_clear(&rd.pieces);
+    free(rd.pieces.p);
     if (rd.in) {
         ust_err ignored; /* the error that stopped the loop is already in e */
         prep_input_close(rd.in, rc ? &ignored : e);
@@ -631,6 +741,8 @@ int prep_run(const prep_args *a, prep_result *res, ust_err *e) {
     args.tok = tok;
     if (args.chunk_bytes <= 0) args.chunk_bytes = 1 << 20;
     int eot, rc = resolve_eot(a, tok, &eot, e);
+    if (rc == 0) rc = resolve_chat(a, &args, e);
+    res->chat = args.chat;
     int vocab = tok_vocab_size(tok) > eot + 1 ? tok_vocab_size(tok) : eot + 1;
     stream *s = calloc(1, sizeof *s);
     UST_ASSERT(s, "out of memory");
@@ -641,6 +753,11 @@ int prep_run(const prep_args *a, prep_result *res, ust_err *e) {
     if (rc == 0) rc = fs_mkdir_p(a->out_dir, e);
     if (rc == 0) rc = fs_lock_dir(a->out_dir, "data prep: --out", &lock, e);
     if (rc == 0 && !(s->f = create_new(s->path, e))) rc = -1;
+    if (rc == 0 && a->masked) {
+        snprintf(s->mpath, sizeof s->mpath, "%s/.prep_mask.tmp.%d", a->out_dir, (int)getpid());
+        s->eot_target = a->train_on == TRAIN_ON_ALL;
+        if (!(s->mf = create_new(s->mpath, e))) rc = -1;
+    }
     res->threads = threads_to_use(a);
     if (rc == 0) rc = tokenize_all(&args, tok, res->threads, s, eot, vocab, res, e);
     if (rc == 0) rc = stream_flush(s, e);
@@ -655,6 +772,9 @@ int prep_run(const prep_args *a, prep_result *res, ust_err *e) {
         rc = write_split(s, a->out_dir, "val", s->n - nval, nval, per_shard, &res->nval_shards, e);
     if (s->f) fclose(s->f);
     if (s->f) unlink(s->path);
+    if (s->mf) fclose(s->mf);
+    if (s->mf) unlink(s->mpath);
+    res->targets = s->targets;
     if (rc == 0) rc = publish_split(a->out_dir, "train", res->ntrain_shards, e);
     if (rc == 0) rc = publish_split(a->out_dir, "val", res->nval_shards, e);
     discard_split(a->out_dir, "train", res->ntrain_shards); /* what is left of a failure */

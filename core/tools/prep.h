@@ -1,8 +1,8 @@
 /* prep: text -> tokens -> llm.c shards, the `ustrain data prep` pipeline.
  * Inputs are plain text (a file is one document) or JSON lines (a line is one document, its text
  * in a string field), each possibly gzip or zstd compressed, or "-" for standard input
- * (core/tools/prep_input.h: kinds are recognised by content, binary input refused). Each document is
- * followed by the end-of-text token. Threads tokenize a batch of documents (long ones cut where
+ * (core/tools/prep_input.h: kinds are recognised by content, binary input refused). Each document
+ * is followed by the end-of-text token. Threads tokenize a batch of documents (long ones cut where
  * tok_safe_cut allows) and the batch is written in input order, so the output is the same for any
  * thread count. The last val_fraction of the token stream goes to val shards (a whole shard when
  * there is enough data), the rest to train; tokens are uint16 when the vocabulary fits, else
@@ -35,10 +35,18 @@ typedef struct {
     int64_t chunk_bytes;      /* longer documents are cut for threading; default 1 MiB */
     bool progress;            /* progress bar on stderr */
     bool binary_ok;           /* tokenize input with NUL bytes too (else refused) */
+    /* --chat / --train-on: JSON lines of conversations (core/tools/prep_chat.h) rendered by a
+     * template (CHAT_NONE: "prompt" + "completion" as one text), shards with a target mask */
+    int chat;     /* chat_kind; CHAT_AUTO resolved by prep_run */
+    int train_on; /* chat_train_on */
+    bool masked;  /* --chat or --train-on given */
+    bool strict;  /* a malformed line stops prep (else it is counted, named and skipped) */
 } prep_args;
 
 typedef struct {
     int64_t ntrain, nval, ndocs, nbytes;
+    int64_t skipped, targets; /* --chat/--train-on: lines skipped, target tokens written */
+    int chat;                 /* the template used (chat_kind) */
     int ntrain_shards, nval_shards, vocab_size, width, eot, threads;
     double seconds;
 } prep_result;

@@ -30,18 +30,20 @@ static void sync_tied_grads(trainer *t) {
 
 /* Forward and backward over this rank's micro-batches of the step, through the pipeline
  * executor (the only path; one stage is gradient accumulation); returns the global-batch mean
- * loss. This rank's block of the global batch starts at sample_index + dp_rank * G/dp. */
+ * loss: the mean over the target tokens of the whole global batch (every token without a mask),
+ * so any layout and micro-batch split weighs every target alike. A step without a target has
+ * loss 0 and no gradient. This rank's block of the global batch starts at sample_index + dp_rank
+ * * G/dp. */
 static double forward_backward(trainer *t) {
-    const ust_config *c = t->cfg;
-    int64_t G = c->train.global_batch_size, T = c->train.seq_len;
+    int64_t N = t->feed.step_targets > 0 ? t->feed.step_targets : 1;
     pp_callbacks cb = {t, train_feed_train, pp_before_grads};
     dp_begin_step(t->eng.dp);
-    double loss_sum = pp_train_step(t->eng.pp, &cb, 1.0f / (float)(G * T));
+    double loss_sum = pp_train_step(t->eng.pp, &cb, 1.0f / (float)N);
     dp_finish_grads(t->eng.dp);
     sync_tied_grads(t);
     double moe = model_take_moe_loss(t->eng.m);
     if (t->eng.has_moe) moe = dp_sum(t->eng.dp, pp_sum(t->eng.pp, moe));
-    t->met.ce_loss = dp_sum(t->eng.dp, pp_sum(t->eng.pp, loss_sum)) / (double)(G * T);
+    t->met.ce_loss = dp_sum(t->eng.dp, pp_sum(t->eng.pp, loss_sum)) / (double)N;
     return t->met.ce_loss + moe;
 }
 
@@ -256,6 +258,21 @@ int train_eval(const ust_config *cfg, ust_runtime *rt, double *loss) {
     if (rc == 0 && !t.feed.val) rc = ust_errf(&e, "eval: no data.val to evaluate (val_steps 0?)");
     if (rc) fprintf(stderr, "ustrain: error: %s\n", e.msg);
     if (rc == 0) *loss = validation_loss(&t);
+    train_teardown(&t);
+    return rc ? UST_EXIT_USAGE : 0;
+}
+
+int train_eval_each(const ust_config *cfg, ust_runtime *rt, int64_t n, double *mean) {
+    trainer t;
+    ust_err e;
+    int rc = train_setup(&t, cfg, rt, TRAIN_SETUP_EVAL, &e);
+    if (rc == 0 && (!t.feed.val || cfg_val_micro_batches(cfg) != 1 || cfg->train.micro_batch_size != 1))
+        rc = ust_errf(&e, "eval: one window per micro-batch and one micro-batch per pass");
+    if (rc) fprintf(stderr, "ustrain: error: %s\n", e.msg);
+    for (int64_t k = 0; rc == 0 && k < n; k++) { /* the pass's one sample is sample k */
+        t.feed.val_which[0] = 0, t.feed.val_index[0] = k;
+        mean[k] = validation_loss(&t);
+    }
     train_teardown(&t);
     return rc ? UST_EXIT_USAGE : 0;
 }

@@ -67,5 +67,8 @@ int train_run(const ust_config *cfg, ust_runtime *rt, const train_opts *opts, tr
  * resume from checkpoint.resume, or model.init_from. Trains and writes nothing (clear
  * checkpoint.dir so that no lock is taken). 0, or UST_EXIT_USAGE after printing the error. */
 int train_eval(const ust_config *cfg, ust_runtime *rt, double *loss);
+/* The same start-up, then the mean loss of each of data.val's first n samples alone (one
+ * micro-batch of one window each, data.val_steps 1): mean[k] for sample k. */
+int train_eval_each(const ust_config *cfg, ust_runtime *rt, int64_t n, double *mean);
 
 #endif

@@ -16,6 +16,26 @@ static int open_blend(data_blend **b, const ust_config *c, int val, ust_err *e) 
 /* The shards' meta.json against the model, and the end-of-text id documents end with. */
 static int check_meta(trainer *t, ust_err *e) { return data_check_meta(t->cfg, &t->feed.eot, e); }
 
+/* data.packing: first_fit: whole examples packed into the windows (a pure function of the data
+ * and these settings, so a sample count in state.json restores the packer exactly). */
+static int pack(trainer *t, data_blend *b, const char *which, ust_err *e) {
+    const ust_config *c = t->cfg;
+    data_pack_stats st;
+    if (!b || !c->data.packing) return 0;
+    double t0 = log_now_s();
+    if (data_blend_pack(b, c->train.seq_len, t->feed.eot, c->data.pack_buffer,
+                        c->data.overlong == 1, &st, e))
+        return -1;
+    if (t->rank0)
+        printf("data: %s: %lld examples packed first-fit into %lld windows of %d tokens: padding "
+               "%.2f%%, %lld overlong %s (%.2f s)\n",
+               which, (long long)st.examples, (long long)st.windows, c->train.seq_len + 1,
+               100.0 * (double)st.pad / (double)(st.windows * (c->train.seq_len + 1)),
+               (long long)(c->data.overlong == 1 ? st.dropped : st.split),
+               c->data.overlong == 1 ? "dropped" : "split", log_now_s() - t0);
+    return 0;
+}
+
 /* The datasets, and the assignment of the validation samples (the same every time:
  * cfg_val_micro_batches from the blend's start). */
 int train_feed_open(trainer *t, ust_err *e) {
@@ -25,16 +45,38 @@ int train_feed_open(trainer *t, ust_err *e) {
     t->feed.which = malloc((size_t)G * sizeof *t->feed.which);
     t->feed.index = malloc((size_t)G * sizeof *t->feed.index);
     UST_ASSERT(t->feed.which && t->feed.index, "out of memory");
-    if (open_blend(&t->feed.train, c, 0, e) || check_meta(t, e)) return -1;
+    if (open_blend(&t->feed.train, c, 0, e) || check_meta(t, e) ||
+        pack(t, t->feed.train, "train", e))
+        return -1;
     if (c->data.val[0] && c->data.val_every > 0 && cfg_val_micro_batches(c) > 0) {
-        if (open_blend(&t->feed.val, c, 1, e)) return -1;
+        if (open_blend(&t->feed.val, c, 1, e) || pack(t, t->feed.val, "val", e)) return -1;
         t->feed.val_which = malloc((size_t)V * sizeof *t->feed.val_which);
         t->feed.val_index = malloc((size_t)V * sizeof *t->feed.val_index);
         UST_ASSERT(t->feed.val_which && t->feed.val_index, "out of memory");
         data_blend_pos start = {0};
         data_blend_assign(t->feed.val, &start, 0, V, t->feed.val_which, t->feed.val_index);
+        t->feed.val_masked = data_blend_has_mask(t->feed.val);
     }
+    t->feed.masked = data_blend_has_mask(t->feed.train);
     return 0;
+}
+
+/* The target tokens of the step's whole global batch, the loss's denominator. Every rank counts
+ * all G windows' flags itself (the assignment is every rank's already), so the number is the same
+ * on every rank of every layout and micro-batch split without a collective; a token is a target
+ * of input p when the flag of token p + 1 of its window is 1 (2: padding). */
+static int64_t count_targets(trainer *t, int64_t *pad) {
+    const ust_config *c = t->cfg;
+    int64_t G = c->train.global_batch_size, T = c->train.seq_len, n = 0;
+    *pad = 0;
+    if (!t->feed.masked) return G * T;
+    for (int64_t k = 0; k < G; k++) {
+        data_blend_get_mask(t->feed.train, t->feed.which[k], t->feed.index[k], (int)T,
+                            c->data.shuffle, c->run.seed, t->feed.flags);
+        for (int64_t p = 0; p < T; p++)
+            n += t->feed.flags[p + 1] == 1, *pad += t->feed.flags[p] == 2;
+    }
+    return n;
 }
 
 /* The step's global batch: which dataset and sample each of its G samples is (every rank
@@ -44,6 +86,7 @@ void train_feed_assign(trainer *t) {
     int64_t G = c->train.global_batch_size;
     data_blend_assign(t->feed.train, &t->feed.pos, t->sample_index, G, t->feed.which,
                       t->feed.index);
+    t->feed.step_targets = count_targets(t, &t->feed.step_pad);
     for (int64_t k = 0; k < G && t->rank0; k++) {
         int64_t S = data_blend_epoch_samples(t->feed.train, t->feed.which[k], c->train.seq_len);
         if (t->feed.index[k] > 0 && t->feed.index[k] % S == 0)
@@ -68,20 +111,21 @@ static void find_docs(trainer *t) {
         for (int j = 0; j < Tl; j++)
             t->feed.docs[b * Tl + j] = t->feed.doc_scratch[t->feed.layout[j]];
     }
-    if (!t->cfg->data.reset_positions) return;
+    if (!t->cfg->data.reset_positions && !t->cfg->data.packing) return;
     for (int i = 0; i < B * Tl; i++) t->feed.rows[i] -= t->feed.docs[i];
 }
 
 /* The record of B windows of T+1 tokens: this rank's tokens of each (all of them, or its
- * context-parallel chunks) as inputs, the token after each as its target, their positions and
- * document starts. */
-static ust_batch *split_windows(trainer *t) {
+ * context-parallel chunks) as inputs, the token after each as its target (-1, not counted, where
+ * masked: flags, when given), their positions and document starts. */
+static ust_batch *split_windows(trainer *t, const uint8_t *flags) {
     int B = t->cfg->train.micro_batch_size, T = t->cfg->train.seq_len, Tl = t->feed.Tl;
     for (int b = 0; b < B; b++)
         for (int j = 0; j < Tl; j++) {
-            const int32_t *w = t->feed.samples + (int64_t)b * (T + 1) + t->feed.layout[j];
+            int64_t at = (int64_t)b * (T + 1) + t->feed.layout[j];
+            const int32_t *w = t->feed.samples + at;
             t->feed.tokens[b * Tl + j] = w[0];
-            t->feed.targets[b * Tl + j] = w[1];
+            t->feed.targets[b * Tl + j] = !flags || flags[at + 1] == 1 ? w[1] : -1;
             t->feed.rows[b * Tl + j] = t->feed.layout[j];
         }
     if (t->feed.docs) find_docs(t);
@@ -106,15 +150,22 @@ const ust_batch *train_feed_train(void *ctx, int mb) {
     int64_t at = (t->feed.fault_spike_step - 1) * c->train.global_batch_size;
     int poison = t->feed.fault_spike_step > 0 && g == 0 &&
                  (t->feed.fault_spike_on ? t->sample_index >= at : t->sample_index == at);
-    for (int b = 0; b < c->train.micro_batch_size; b++)
+    int64_t W = c->train.seq_len + 1;
+    for (int b = 0; b < c->train.micro_batch_size; b++) {
         data_blend_get(t->feed.train, t->feed.which[g + b], t->feed.index[g + b], c->train.seq_len,
-                       c->data.shuffle, c->run.seed,
-                       t->feed.samples + (int64_t)b * (c->train.seq_len + 1));
-    ust_batch *batch = split_windows(t);
+                       c->data.shuffle, c->run.seed, t->feed.samples + b * W);
+        if (t->feed.masked)
+            data_blend_get_mask(t->feed.train, t->feed.which[g + b], t->feed.index[g + b],
+                                c->train.seq_len, c->data.shuffle, c->run.seed,
+                                t->feed.flags + b * W);
+    }
+    ust_batch *batch = split_windows(t, t->feed.masked ? t->feed.flags : NULL);
     /* test fault UST_FAULT_SPIKE_STEP=N: the first micro-batch of step N's data (samples from
      * (N-1) x global_batch_size: a rewind moves past them) learns garbage targets */
     for (int k = 0; poison && k < c->train.micro_batch_size * t->feed.Tl; k++)
-        t->feed.targets[k] = (int32_t)((t->feed.targets[k] * 7919LL + 13) % c->model.vocab_size);
+        if (t->feed.targets[k] >= 0)
+            t->feed.targets[k] =
+                (int32_t)((t->feed.targets[k] * 7919LL + 13) % c->model.vocab_size);
     return batch;
 }
 
@@ -122,12 +173,16 @@ const ust_batch *train_feed_val(void *ctx, int mb) {
     trainer *t = ctx;
     const ust_config *c = t->cfg;
     int B = c->train.micro_batch_size;
+    int64_t W = c->train.seq_len + 1;
     for (int b = 0; b < B; b++) {
         int64_t k = (int64_t)mb * B + b;
         data_blend_get(t->feed.val, t->feed.val_which[k], t->feed.val_index[k], c->train.seq_len, 0,
-                       c->run.seed, t->feed.samples + (int64_t)b * (c->train.seq_len + 1));
+                       c->run.seed, t->feed.samples + b * W);
+        if (t->feed.val_masked)
+            data_blend_get_mask(t->feed.val, t->feed.val_which[k], t->feed.val_index[k],
+                                c->train.seq_len, 0, c->run.seed, t->feed.flags + b * W);
     }
-    return split_windows(t);
+    return split_windows(t, t->feed.val_masked ? t->feed.flags : NULL);
 }
 
 /* This rank's positions of each sequence (all of them, or its context-parallel chunks, as
@@ -145,8 +200,9 @@ void train_feed_layout(trainer *t) {
     f->tokens = malloc(N * sizeof(int32_t));
     f->targets = malloc(N * sizeof(int32_t));
     f->rows = malloc(N * sizeof(int32_t));
-    UST_ASSERT(f->layout && f->tokens && f->targets && f->rows, "out of memory");
-    if (cfg->data.doc_mask || cfg->data.reset_positions) {
+    f->flags = malloc((size_t)cfg->train.micro_batch_size * (cfg->train.seq_len + 1));
+    UST_ASSERT(f->layout && f->tokens && f->targets && f->rows && f->flags, "out of memory");
+    if (cfg->data.doc_mask || cfg->data.reset_positions || cfg->data.packing) {
         f->docs = malloc(N * sizeof(int32_t));
         f->doc_scratch = malloc((size_t)cfg->train.seq_len * sizeof(int32_t));
         UST_ASSERT(f->docs && f->doc_scratch, "out of memory");
@@ -160,6 +216,6 @@ void train_feed_close(trainer *t) {
     data_blend_close(f->val);
     free(f->which), free(f->index), free(f->val_which), free(f->val_index);
     free(f->docs), free(f->doc_scratch);
-    free(f->samples);
+    free(f->samples), free(f->flags);
     free(f->layout), free(f->tokens), free(f->targets), free(f->rows);
 }

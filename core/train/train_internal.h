@@ -61,6 +61,10 @@ typedef struct {
     int *which, *val_which;      /* the step's global batch (the validation samples): dataset */
     int64_t *index, *val_index;  /* ... and its sample */
     int32_t *samples;            /* host: B x (T+1), one micro-batch's windows */
+    uint8_t *flags;              /* host: B x (T+1), their target flags (shards with a mask) */
+    bool masked, val_masked;     /* the training (validation) data carries a target mask */
+    int64_t step_targets;        /* the step's global batch: its target tokens */
+    int64_t step_pad;            /* ... and its padding inputs (data.packing: first_fit) */
     int32_t *layout;             /* host: the Tl positions of this rank's part of a sequence */
     int Tl;                      /* tokens of each sequence on this rank (T / cp) */
     int64_t fault_spike_step;    /* UST_FAULT_SPIKE_STEP (tests): the step poisoned, or 0 */

@@ -104,7 +104,7 @@ static log_step report_step(trainer *t, const step_mark *mark, double loss, doub
                   .skipped = !finite,
                   .comm.bytes_dp = dp_bytes_sent(t->eng.dp)}; /* before validation's gathers */
     measure_step(t, mark, fpt, peak, &s);
-    s.data.cp_docs = c->parallel.cp > 1 && c->data.doc_mask;
+    s.data.cp_docs = c->parallel.cp > 1 && (c->data.doc_mask || c->data.packing);
     if (s.data.cp_docs) /* the context-parallel group's, since the run began */
         s.data.cp_blocks_skipped = (int64_t)train_group_sum(t, TOPO_CP, (double)t->eng.cp.skipped);
     s.moe.n = model_moe_stats(t->eng.m, s.moe.layer, s.moe.load_max, s.moe.load_mean, s.moe.dropped,
@@ -171,6 +171,10 @@ void train_metrics_count(trainer *t, log_step *s) {
     for (int d = 0; d < s->data.n; d++) s->data.samples[d] = t->feed.pos.consumed[d];
     s->data.samples_seen = t->sample_index;
     s->data.tokens_seen = t->sample_index * c->train.seq_len;
+    s->data.target_tokens = t->feed.step_targets;
+    s->data.pad_frac = c->data.packing ? (double)t->feed.step_pad /
+                                             (double)(c->train.global_batch_size * c->train.seq_len)
+                                       : NAN;
 }
 
 /* The loop's totals into res: steps, the mean of the timed steps, throughput and MFU. */

@@ -56,6 +56,9 @@ python3 test/tools/hf_make_model.py make llama $TMP/hf-model >/dev/null 2>&1
 for f in configs/*.yaml; do
     S=()
     [ "$(basename $f)" = hf-tiny.yaml ] && S=(--set model.init_from=$TMP/hf-model)
+    # sft-tiny.yaml: the same directory (64 positions) and the eot id its absent data would give
+    [ "$(basename $f)" = sft-tiny.yaml ] &&
+        S=(--set model.init_from=$TMP/hf-model --set train.seq_len=64 --set data.eot_id=0)
     w=$($UST validate $f "${S[@]}" 2>&1 | sed -n 's/.*(world \([0-9]*\)).*/\1/p' | head -1)
     if $UST validate $f "${S[@]}" --world "$w" >$TMP/v.out 2>&1; then pass "config_$(basename $f .yaml)_validates_at_world_$w"
     else fail "config_$(basename $f .yaml)_validates" "$(tail -2 $TMP/v.out)"; fi

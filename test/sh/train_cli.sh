@@ -238,10 +238,12 @@ for k in ("dp", "tp", "pp", "cp"):
 print(w)
 PY
 )
-    S=() # hf-tiny.yaml imports a Hugging Face directory: the one the worked example of docs/huggingface.md makes
-    if [ "$(basename "$f")" = hf-tiny.yaml ]; then
+    S=() # hf-tiny.yaml and sft-tiny.yaml import a Hugging Face directory: the worked examples of docs/huggingface.md make one
+    if [ "$(basename "$f")" = hf-tiny.yaml ] || [ "$(basename "$f")" = sft-tiny.yaml ]; then
         [ -d $TMP/hf-model ] || python3 test/tools/hf_make_model.py make llama $TMP/hf-model >/dev/null 2>&1
         S=(--set model.init_from=$TMP/hf-model)
+        # that model's 64 positions (the example's own Qwen2 has 256); no data here to give the eot id
+        [ "$(basename "$f")" = sft-tiny.yaml ] && S+=(--set train.seq_len=64 --set data.eot_id=0)
     fi
     $UST validate "$f" "${S[@]}" --world "$world" >/dev/null 2>&1 && pass "bundled_config_valid_$(basename "$f" .yaml)" ||
         fail "bundled_config_valid_$(basename "$f" .yaml)" "$($UST validate "$f" "${S[@]}" --world "$world" 2>&1 | tail -1)"
