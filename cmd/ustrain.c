@@ -62,6 +62,8 @@ static const char *USAGE =
     "                                            and tokenizer files (Llama / Mixtral / GPT-2)\n"
     "  eval CKPT_OR_HF_DIR --data GLOB [--steps N] [--seq-len T] [--micro-batch-size B]\n"
     "       [--set ...]                         mean loss and perplexity over GLOB's tokens\n"
+    "  flight DIR                                the flight recorder's diagnosis of a hang from\n"
+    "                                            DIR/flight/rank_R.json (who waits on whom)\n"
     "  --help, --version\n"
     "\n"
     "exit codes: 0 success, 1 runtime failure, 2 bad usage, config or input\n";
@@ -550,8 +552,9 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "generate") == 0) return cmd_generate(argc - 2, argv + 2);
     if (strcmp(argv[1], "eval") == 0) return cmd_eval(argc - 2, argv + 2);
     if (strcmp(argv[1], "plan") == 0) return cmd_plan(argc - 2, argv + 2);
-    static const char *const commands[] = {"train",  "validate", "data", "bench",
-                                           "export", "generate", "eval", "plan"};
+    if (strcmp(argv[1], "flight") == 0) return cmd_flight(argc - 2, argv + 2);
+    static const char *const commands[] = {"train",    "validate", "data", "bench", "export",
+                                           "generate", "eval",     "plan", "flight"};
     const char *near = cfg_nearest(argv[1], commands, sizeof commands / sizeof commands[0]);
     if (near)
         return cmd_usage_error("ustrain", "(run `ustrain --help` for usage)",

@@ -25,6 +25,7 @@ struct pp_state {
     float *scalar;      /* device: pp_sum's all-reduce, pp_last_step_stats' gather */
     comm_p2p *batch[2]; /* two batches: one in flight, one being built */
     int nbatch[2];
+    char label[2][48]; /* each batch's transfers, named for the flight recorder */
     double busy_s, idle_s;
     uint64_t sent_bytes; /* last step: activations and gradients this rank sent */
     double op_s[NOPS];   /* last step: time in F, split B, W, whole B */
@@ -232,6 +233,7 @@ typedef struct {
 static void flush(pp_state *s, batch_state *b) {
     if (b->inflight) comm_wait(&b->req), b->inflight = 0;
     if (s->nbatch[b->cur] == 0) return;
+    comm_flight_label(s->pipe, s->label[b->cur]);
     b->req = comm_sendrecv(s->pipe, s->batch[b->cur], s->nbatch[b->cur], comm_act_dtype(s->ops));
     if (b->has_recv || b->sync)
         comm_wait(&b->req);
@@ -239,7 +241,18 @@ static void flush(pp_state *s, batch_state *b) {
         b->inflight = 1;
     b->cur ^= 1;
     s->nbatch[b->cur] = 0;
+    s->label[b->cur][0] = 0;
     b->has_recv = 0;
+}
+
+/* Adds "recv act chunk 0 mb 5" to the batch's label (what a hang report names). */
+static void label_transfer(pp_state *s, int cur, const pps_action *a) {
+    static const char *what[] = {"send act", "recv act", "send grad", "recv grad"};
+    char *l = s->label[cur];
+    size_t n = strlen(l);
+    if (n + 8 < sizeof s->label[cur])
+        snprintf(l + n, sizeof s->label[cur] - n, "%s%s chunk %d mb %d", n ? ", " : "",
+                 what[a->op - PPS_SEND_ACT], a->chunk, a->mb);
 }
 
 /* ------------------------------------------------------------------ computations */
@@ -306,6 +319,7 @@ static double walk(pp_state *s, const pps_schedule *sc, const int *slot, const p
     int step = !(sc->flags & PPS_FORWARD_ONLY);
     batch_state b = {.sync = !step};
     s->nbatch[0] = s->nbatch[1] = 0;
+    s->label[0][0] = s->label[1][0] = 0;
     double loss = 0;
     *ntok = 0;
     for (int i = 0; i < sc->n; i++) {
@@ -318,6 +332,7 @@ static double walk(pp_state *s, const pps_schedule *sc, const int *slot, const p
         if (!is_compute(a->op)) {
             comm_p2p t = transfer_of(s, a, slot[i]);
             s->batch[b.cur][s->nbatch[b.cur]++] = t;
+            label_transfer(s, b.cur, a);
             if (t.is_send && step) s->sent_bytes += act_bytes(s->ops, (int64_t)t.count);
             b.has_recv |= a->op == PPS_RECV_ACT || a->op == PPS_RECV_GRAD;
             continue;

@@ -142,6 +142,7 @@ static const char *ALL_CHANGED_YAML = "run:\n"
                                       "  tensorboard_dir: tb\n"
                                       "  peak_flops: 989e12\n"
                                       "  strict: true\n"
+                                      "  flight_entries: 64\n"
                                       "dist:\n"
                                       "  timeout_s: 30.5\n";
 

@@ -148,6 +148,7 @@ typedef struct {
         char tensorboard_dir[UST_PATH_MAX]; /* "" = none */
         double peak_flops;                  /* 0 = measured sgemm (cpu) / table (gpu) */
         bool strict;                        /* a failed metrics/event write exits 1 */
+        int flight_entries;                 /* flight recorder ring per rank (0: off) */
     } logging;
     struct {
         double timeout_s;

@@ -74,9 +74,11 @@ typedef struct {
 
 typedef struct {
     comm_backend backend;
-    double timeout_s;      /* deadline of every wait (dist.timeout_s); <= 0 means 300 */
-    size_t shm_slot_bytes; /* shm: staging bytes per member and round (0: 2 MiB) */
-    size_t shm_chan_bytes; /* shm: ring buffer per ordered pair for send/recv (0: 256 KiB) */
+    double timeout_s;       /* deadline of every wait (dist.timeout_s); <= 0 means 300 */
+    size_t shm_slot_bytes;  /* shm: staging bytes per member and round (0: 2 MiB) */
+    size_t shm_chan_bytes;  /* shm: ring buffer per ordered pair for send/recv (0: 256 KiB) */
+    int flight_entries;     /* flight recorder ring (logging.flight_entries; 0: off) */
+    const char *flight_dir; /* where its rank_R.json goes (NULL: kept in memory only) */
 } comm_opts;
 
 /* One entry of a batched send/recv: `count` elements to or from comm-local rank `peer`. */
@@ -151,6 +153,10 @@ comm_req comm_barrier(ust_comm *c);
 /* Sums n (<= 4) doubles over c, in place, through dev (2n floats of device memory from ops):
  * each double travels as a float plus its rounding error, so the sum keeps ~48 bits. Blocks. */
 void comm_sum_doubles(ust_comm *c, const ust_ops *ops, float *dev, double *x, int n);
+
+/* Names the next operation posted on c in the flight recorder (flight.h), e.g. pp's
+ * "recv act chunk 0 mb 5"; up to 47 bytes are kept. */
+void comm_flight_label(ust_comm *c, const char *label);
 
 /* Completes r (and, on shm, everything posted before it on the same communicator). */
 void comm_wait(comm_req *r);
