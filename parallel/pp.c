@@ -2,6 +2,7 @@
 #include "pp.h"
 #include "log.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -35,6 +36,8 @@ struct pp_state {
     int fault_skip_tied; /* test fault: UST_FAULT_PP_SKIP_TIED_SYNC=1 leaves the copies apart */
     int fault_skip_turn; /* test fault: UST_FAULT_PP_SKIP_TURN_GRAD=1: dualpipev's turn loses
                             the gradient it hands from chunk 1 to chunk 0 */
+    double fault_op_s;   /* test fault: UST_FAULT_PP_OP_MS=ms: each F (W, split B) of a step takes
+                            ms longer, a whole B twice that: op times no other process shares */
 };
 
 /* ------------------------------------------------------------------ planning */
@@ -108,6 +111,8 @@ pp_state *pp_create(const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
     s->fault_skip_tied = fault && atoi(fault) == 1;
     fault = getenv("UST_FAULT_PP_SKIP_TURN_GRAD");
     s->fault_skip_turn = fault && atoi(fault) == 1;
+    fault = getenv("UST_FAULT_PP_OP_MS");
+    s->fault_op_s = fault ? atof(fault) / 1e3 : 0;
     int slots[MODEL_MAX_CHUNKS];
     s->slot = malloc((size_t)s->sched->n * sizeof *s->slot);
     s->cur = calloc((size_t)(cfg->data.val_steps > s->nmb ? cfg->data.val_steps : s->nmb) * s->v,
@@ -235,10 +240,12 @@ static void flush(pp_state *s, batch_state *b) {
     if (s->nbatch[b->cur] == 0) return;
     comm_flight_label(s->pipe, s->label[b->cur]);
     b->req = comm_sendrecv(s->pipe, s->batch[b->cur], s->nbatch[b->cur], comm_act_dtype(s->ops));
-    if (b->has_recv || b->sync)
+    if (b->has_recv || b->sync) {
         comm_wait(&b->req);
-    else
+    } else { /* sends only: they go now where the backend can without waiting (shm) */
         b->inflight = 1;
+        comm_progress(s->pipe);
+    }
     b->cur ^= 1;
     s->nbatch[b->cur] = 0;
     s->label[b->cur][0] = 0;
@@ -283,10 +290,19 @@ static double compute(pp_state *s, const pp_callbacks *cb, const pps_action *a, 
     int last = a->mb == pps_chunk_last_mb(s->sched->kind, s->p, s->nmb, a->chunk, s->sched->rank);
     int64_t n = 0;
     switch (a->op) {
-    case PPS_F: /* the feeder's record of the micro-batch; the chunk takes what it needs */
-        loss = model_chunk_forward(s->m, a->chunk, slot, cb->load(cb->ctx, a->mb), dscale, &n);
+    case PPS_F: { /* the feeder's record of the micro-batch; the chunk takes what it needs */
+        double t0 = log_now_s();
+        const ust_batch *batch = cb->load(cb->ctx, a->mb);
+        ust_trace *tr = comm_trace(s->pipe);
+        if (trace_on(tr)) {
+            char args[32];
+            snprintf(args, sizeof args, "\"mb\": %d", a->mb);
+            trace_span(tr, TRACE_IO, "load", t0, log_now_s(), args);
+        }
+        loss = model_chunk_forward(s->m, a->chunk, slot, batch, dscale, &n);
         *ntok += n;
         break;
+    }
     case PPS_B: /* a split B leaves the weight gradients (and their hooks) to its W */
         if (!a->split) cb->before_grads(cb->ctx, a->mb, last);
         model_chunk_backward(s->m, a->chunk, slot, a->split);
@@ -299,9 +315,27 @@ static double compute(pp_state *s, const pp_callbacks *cb, const pps_action *a, 
     return loss;
 }
 
+/* UST_FAULT_PP_OP_MS: a sleep, so that the planted time is the op's on any number of cores. */
+static void fault_op_delay(const pp_state *s, const pps_action *a) {
+    double d = s->fault_op_s * (a->op == PPS_B && !a->split ? 2 : 1);
+    struct timespec ts = {(time_t)d, (long)((d - (double)(time_t)d) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
 static int is_compute(pps_op op) { return op == PPS_F || op == PPS_B || op == PPS_W; }
 
 static int is_local(pps_op op) { return op == PPS_LOCAL_ACT || op == PPS_LOCAL_GRAD; }
+
+/* The timeline's span of a computation, named as the schedule names it ("F chunk 1 mb 5"). */
+static void trace_action(pp_state *s, const pps_action *a, int step, double t0, double t1) {
+    char name[48], args[96];
+    snprintf(name, sizeof name, "%s%s chunk %d mb %d", step ? "" : "val ", pps_op_name(a->op),
+             a->chunk, a->mb);
+    snprintf(args, sizeof args,
+             "\"op\": \"%s\", \"chunk\": %d, \"mb\": %d, \"stage\": %d, \"split\": %d",
+             pps_op_name(a->op), a->chunk, a->mb, a->stage, a->split);
+    trace_span(comm_trace(s->pipe), TRACE_COMPUTE, name, t0, t1, args);
+}
 
 /* The step's time in a computation (a forward-only walk is no part of the step's figures). */
 static void account(pp_state *s, const pps_action *a, double dt) {
@@ -340,7 +374,10 @@ static double walk(pp_state *s, const pps_schedule *sc, const int *slot, const p
         flush(s, &b);
         double t0 = log_now_s();
         loss += compute(s, cb, a, slot[i], dscale, ntok);
-        if (step) account(s, a, log_now_s() - t0);
+        if (s->fault_op_s > 0 && step) fault_op_delay(s, a);
+        double t1 = log_now_s();
+        if (step) account(s, a, t1 - t0);
+        if (trace_on(comm_trace(s->pipe))) trace_action(s, a, step, t0, t1);
     }
     flush(s, &b);
     if (b.inflight) comm_wait(&b.req);

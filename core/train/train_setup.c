@@ -74,7 +74,7 @@ static int check_outputs(const ust_config *cfg, ust_err *e) {
 /* What no single config key can check: the backend's precision and the sequence-parallel rows.
  * Exported (train.h) so that `ustrain validate` runs the same checks. */
 int train_check_runnable(const ust_config *cfg, ust_err *e) {
-    if (check_outputs(cfg, e)) return -1;
+    if (check_outputs(cfg, e) || train_trace_check(cfg, e)) return -1;
     if (cfg->run.device == DEV_CPU && cfg->train.precision == PREC_BF16)
         return ust_errf(e, "train.precision = bf16: the CPU backend computes in fp32 only; use "
                            "fp32, or run.device: cuda");

@@ -276,6 +276,8 @@ static comm_req post(ust_comm *c, comm_desc d) {
         c->qcap *= 2;
     }
     d.seq = ++c->posted;
+    d.coll = d.kind == COMM_SENDRECV ? 0 : ++c->fcolls;
+    if (c->ctx->trace) d.tpost = trace_on(c->ctx->trace) ? log_now_s() : 0;
     if (c->ctx->fl) {
         flight_poll(c->ctx->fl);
         d.fidx = flight_post(c->ctx->fl, c, &d, bus_bytes(c, &d));
@@ -358,6 +360,32 @@ void comm_sum_doubles(ust_comm *c, const ust_ops *ops, float *dev, double *x, in
 
 comm_req comm_barrier(ust_comm *c) { return post(c, (comm_desc){.kind = COMM_BARRIER}); }
 
+/* The timeline of a wait that completed ops from + 1 .. seq: each as issued .. completed, and
+ * the wait itself. */
+static void trace_wait(const ust_comm *c, uint64_t from, uint64_t seq, double t0) {
+    ust_trace *t = c->ctx->trace;
+    if (!trace_on(t)) return;
+    double now = log_now_s();
+    char name[64], args[160];
+    for (uint64_t s = from + 1; s <= seq; s++) {
+        const comm_desc *d = &c->queue[s % (uint64_t)c->qcap];
+        if (d->seq != s || d->tpost <= 0) continue; /* posted before the traced steps */
+        snprintf(name, sizeof name, "%s %s", comm_kind_name(d->kind), c->name);
+        snprintf(args, sizeof args,
+                 "\"group\": \"%s\", \"members\": \"%d..%d/%d\", \"kind\": \"%s\", \"seq\": "
+                 "%llu, \"coll\": %llu, \"bytes\": %llu",
+                 c->name, c->granks[0], c->granks[c->size - 1], c->size, comm_kind_name(d->kind),
+                 (unsigned long long)s, (unsigned long long)d->coll,
+                 (unsigned long long)bus_bytes(c, d));
+        trace_async(t, "comm", name, ((uint64_t)c->fid << 40) | s, d->tpost, now, args);
+    }
+    const comm_desc *last = &c->queue[seq % (uint64_t)c->qcap];
+    snprintf(name, sizeof name, "wait %s %s", comm_kind_name(last->kind), c->name);
+    snprintf(args, sizeof args, "\"group\": \"%s\", \"seq\": %llu", c->name,
+             (unsigned long long)seq);
+    trace_span(t, TRACE_COMM, name, t0, now, args);
+}
+
 void comm_wait(comm_req *r) {
     ust_comm *c = r->comm;
     if (!c || r->seq <= c->done) return;
@@ -370,12 +398,24 @@ void comm_wait(comm_req *r) {
     c->be->wait_until(c, r->seq);
     c->cnt.wait_s += log_now_s() - t0;
     if (fl) flight_wait_end(fl, c, from, r->seq);
+    if (c->ctx->trace) trace_wait(c, from, r->seq, t0);
     c->done = r->seq;
     r->comm = NULL;
 }
 
+void comm_ctx_set_trace(comm_ctx *ctx, ust_trace *t) { ctx->trace = t; }
+ust_trace *comm_trace(const ust_comm *c) { return c ? c->ctx->trace : NULL; }
+ust_trace *comm_ctx_trace(const comm_ctx *ctx) { return ctx->trace; }
+
 void comm_flight_label(ust_comm *c, const char *label) {
     if (c && c->ctx->fl) flight_label(c, label);
+}
+
+void comm_progress(ust_comm *c) {
+    if (!c || c->be != &comm_shm_backend || c->posted != c->done + 1) return;
+    if (!shm_sends_fit(c, &c->queue[c->posted % (uint64_t)c->qcap])) return;
+    comm_req r = {c, c->posted};
+    comm_wait(&r);
 }
 
 void comm_wait_all(comm_req *r, int n) {

@@ -24,7 +24,9 @@ typedef struct {
     const comm_p2p *p2p;
     int np2p;
     uint64_t seq;
-    int fidx; /* its flight recorder entry */
+    int fidx;      /* its flight recorder entry */
+    uint64_t coll; /* its number among the group's collectives (0: p2p) */
+    double tpost;  /* tracing: when it was posted (log_now_s; 0 when not traced) */
 } comm_desc;
 
 typedef struct comm_backend_ops comm_backend_ops;
@@ -60,10 +62,11 @@ struct comm_ctx {
     ust_comm **all;
     int nall, capall;
     void *impl;
-    void *gloo;   /* gloo's per-process state (comm_gloo.c), when a group may span nodes */
-    int gloo_all; /* UST_COMM_GLOO=all: every CPU group of several members uses gloo */
-    flight *fl;   /* the flight recorder (NULL: off) */
-    int nfid;     /* groups created so far (each gets the next flight number) */
+    void *gloo;       /* gloo's per-process state (comm_gloo.c), when a group may span nodes */
+    int gloo_all;     /* UST_COMM_GLOO=all: every CPU group of several members uses gloo */
+    flight *fl;       /* the flight recorder (NULL: off) */
+    ust_trace *trace; /* the timeline (NULL: off), comm_ctx_set_trace */
+    int nfid;         /* groups created so far (each gets the next flight number) */
 };
 
 /* Access to a desc's per-member counts and displacements (all-to-all with equal counts). */
@@ -106,6 +109,9 @@ extern const comm_backend_ops comm_nccl_backend; /* comm_nccl.c, only with -DUST
 #ifdef UST_GLOO
 extern const comm_backend_ops comm_gloo_backend; /* comm_gloo.c, only with -DUST_GLOO */
 #endif
+
+/* shm: d is a batch of sends only, all of which fit in their rings now (comm_progress). */
+int shm_sends_fit(const ust_comm *c, const comm_desc *d);
 
 /* Liveness of a process on this node (what the shm backend checks of a peer that keeps it
  * waiting): NULL while pid runs and, when start is not 0, is still the process that started at

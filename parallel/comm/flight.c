@@ -94,7 +94,7 @@ int flight_post(flight *f, ust_comm *c, const comm_desc *d, uint64_t bytes) {
             if (x->np2p < FLIGHT_P2P) x->p2p[x->np2p++] = (flight_p2p){p->peer, p->is_send, k};
         }
     } else {
-        x->coll = ++c->fcolls;
+        x->coll = d->coll;
     }
     memcpy(x->label, c->flabel, sizeof x->label);
     c->flabel[0] = 0;
