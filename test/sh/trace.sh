@@ -37,6 +37,26 @@ print("missing:", miss) if miss else print("ok")
 EOF
 grep -q "^ok" $TMP/names.out && pass trace_names_actions_loads_optimizer_and_collectives || fail trace_names_actions_loads_optimizer_and_collectives "$(cat $TMP/names.out)"
 
+# the picture: scripts/plot --timeline, one row per rank, each with its bubble beside the
+# simulated and analytic ones; F, B and comm in their colours
+scripts/plot -o $TMP/plots --timeline $TMP/run/trace/trace.json >$TMP/plot.out 2>&1
+rc=$?
+python3 - $TMP/plots/timeline.png >$TMP/png.out 2>&1 <<'EOF'
+import sys
+import matplotlib.image as mpimg
+img = mpimg.imread(sys.argv[1])[:, :, :3]
+img = img[: int(img.shape[0] * 0.85)]  # the bars, not the legend below them
+cols = {tuple(round(float(v) * 255) for v in p) for p in img.reshape(-1, 3)[::7]}
+need = {"F": (0x4C, 0x72, 0xB0), "B": (0xDD, 0x84, 0x52), "comm": (0xC4, 0x4E, 0x52)}
+miss = [k for k, c in need.items() if c not in cols]
+print("missing colours:", miss) if miss else print("ok")
+EOF
+[ $rc = 0 ] && grep -q "^ok" $TMP/png.out && grep -q "timeline.png: 4 ranks, 2 step(s)" $TMP/plot.out &&
+    grep -qE "step 2: bubble per rank 0:[0-9.]+ 1:[0-9.]+ 2:[0-9.]+ 3:[0-9.]+; simulated 0.375, analytic 0.375" $TMP/plot.out &&
+    pass plot_timeline_draws_f_b_comm_per_rank_with_bubbles ||
+    fail plot_timeline_draws_f_b_comm_per_rank_with_bubbles "rc=$rc $(cat $TMP/plot.out $TMP/png.out | tail -4)"
+expect_exit plot_timeline_not_a_trace_exit_2 2 "not a ustrain trace" -- scripts/plot -o $TMP/plots --timeline $TMP/c.yaml
+
 # one process: the losses with and without tracing are the same
 S="--set train.steps=4 --set checkpoint.every=0"
 rm -rf $TMP/run
