@@ -36,6 +36,8 @@ struct pp_state {
     int fault_skip_tied; /* test fault: UST_FAULT_PP_SKIP_TIED_SYNC=1 leaves the copies apart */
     int fault_skip_turn; /* test fault: UST_FAULT_PP_SKIP_TURN_GRAD=1: dualpipev's turn loses
                             the gradient it hands from chunk 1 to chunk 0 */
+    double fault_slow_s; /* test fault: UST_FAULT_SLOW_RANK=R:ms: global rank R's steps take ms
+                            longer, in its computation (a straggler) */
     double fault_op_s;   /* test fault: UST_FAULT_PP_OP_MS=ms: each F (W, split B) of a step takes
                             ms longer, a whole B twice that: op times no other process shares */
 };
@@ -111,6 +113,9 @@ pp_state *pp_create(const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
     s->fault_skip_tied = fault && atoi(fault) == 1;
     fault = getenv("UST_FAULT_PP_SKIP_TURN_GRAD");
     s->fault_skip_turn = fault && atoi(fault) == 1;
+    fault = getenv("UST_FAULT_SLOW_RANK");
+    if (fault && atoi(fault) == comm_global_rank(pipe, comm_rank(pipe)) && strchr(fault, ':'))
+        s->fault_slow_s = atof(strchr(fault, ':') + 1) / 1e3;
     fault = getenv("UST_FAULT_PP_OP_MS");
     s->fault_op_s = fault ? atof(fault) / 1e3 : 0;
     int slots[MODEL_MAX_CHUNKS];
@@ -392,6 +397,11 @@ double pp_train_step(pp_state *s, const pp_callbacks *cb, float dscale) {
     memset(s->op_s, 0, sizeof s->op_s);
     memset(s->op_n, 0, sizeof s->op_n);
     int64_t ntok;
+    if (s->fault_slow_s > 0) {
+        struct timespec ts = {(time_t)s->fault_slow_s,
+                              (long)((s->fault_slow_s - (double)(time_t)s->fault_slow_s) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
     double loss = walk(s, s->sched, s->slot, cb, dscale, &ntok);
     s->idle_s = comm_get_counters(s->pipe)->wait_s - waited;
     return loss;

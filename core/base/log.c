@@ -274,14 +274,17 @@ const char *log_bytes(char *buf, int n, double b) {
 }
 
 void log_step_line(const log_step *s) {
-    char mem[32], val[48] = "", extra[96] = "";
+    char mem[32], val[48] = "", extra[160] = "";
     if (!isnan(s->val_loss)) snprintf(val, sizeof val, " | val %.4f", s->val_loss);
     size_t n = 0;
     if (!isnan(s->pp.bubble)) /* the schedule's own accounting, and the analytic value */
         n += snprintf(extra + n, sizeof extra - n, " | bubble %.3f (analytic %.3f)", s->pp.sim,
                       s->pp.analytic);
     if (s->comm.ep_ms > 0 && n < sizeof extra)
-        snprintf(extra + n, sizeof extra - n, " | a2a %.0f ms", s->comm.ep_ms);
+        n += snprintf(extra + n, sizeof extra - n, " | a2a %.0f ms", s->comm.ep_ms);
+    if (s->ranks.flagged && n < sizeof extra)
+        snprintf(extra + n, sizeof extra - n, " | straggler rank %d x%.2f", s->ranks.slowest,
+                 s->ranks.slowdown);
     /* in 64 bits, and capped: train.steps may be far beyond what the run will reach */
     double eta_s = isfinite(s->eta_s) && s->eta_s > 0 ? s->eta_s : 0;
     long long eta = eta_s < 1e12 ? (long long)(eta_s + 0.5) : 999999999999LL;
@@ -302,7 +305,7 @@ typedef struct {
     int count;
 } log_scalar;
 
-#define LOG_MAX_SCALARS 40
+#define LOG_MAX_SCALARS 48
 
 static int add_scalar(log_scalar *out, int n, const char *key, double v) {
     out[n] = (log_scalar){key, v, 0, 0};
@@ -348,6 +351,11 @@ static int log_scalars(const log_step *s, double unix_time, log_scalar *o) {
     if (s->data.cp_docs)
         n = add_count(o, n, "cp_blocks_skipped", (uint64_t)s->data.cp_blocks_skipped);
     if (s->restarts) n = add_count(o, n, "restarts", (uint64_t)s->restarts);
+    if (s->ranks.n) {
+        n = add_count(o, n, "slowest_rank", (uint64_t)s->ranks.slowest);
+        n = add_scalar(o, n, "slowest_slowdown", s->ranks.slowdown);
+        if (s->ranks.flagged) n = add_count(o, n, "straggler_rank", (uint64_t)s->ranks.slowest);
+    }
     if (!isnan(s->val_loss)) n = add_scalar(o, n, "val_loss", s->val_loss);
     n = add_scalar(o, n, "time", unix_time);
     n = add_scalar(o, n, "elapsed_s", s->elapsed_s);
@@ -390,6 +398,16 @@ static void json_data(FILE *f, const log_step *s) {
     fputc(']', f);
 }
 
+static void json_ranks(FILE *f, const log_step *s) {
+    const char *key[2] = {"rank_compute_ms", "rank_wait_ms"};
+    const double *v[2] = {s->ranks.compute_ms, s->ranks.wait_ms};
+    for (int k = 0; k < 2; k++) {
+        fprintf(f, ",\"%s\":[", key[k]);
+        for (int r = 0; r < s->ranks.n; r++) fprintf(f, "%s%.4f", r ? "," : "", v[k][r]);
+        fputc(']', f);
+    }
+}
+
 /* The step's event: its wall_time is the JSONL's "time", which is no scalar here (a float32 holds
  * unix seconds only to 128 s); elapsed_s is the scalar of time. */
 static void tb_step(ust_log *l, const log_step *s, const log_scalar *x, int n, double unix_time) {
@@ -402,6 +420,13 @@ static void tb_step(ust_log *l, const log_step *s, const log_scalar *x, int n, d
         char tag[48];
         snprintf(tag, sizeof tag, "data/dataset%d/samples", d);
         tb_value(&summary, tag, (double)s->data.samples[d]);
+    }
+    for (int r = 0; r < s->ranks.n; r++) {
+        char tag[48];
+        snprintf(tag, sizeof tag, "rank/%d/compute_ms", r);
+        tb_value(&summary, tag, s->ranks.compute_ms[r]);
+        snprintf(tag, sizeof tag, "rank/%d/wait_ms", r);
+        tb_value(&summary, tag, s->ranks.wait_ms[r]);
     }
     for (int i = 0; i < s->moe.n; i++) {
         const char *what[3] = {"load_max", "load_mean", "dropped"};
@@ -430,6 +455,7 @@ void log_step_json(ust_log *l, const log_step *s) {
         if (!strcmp(x[i].key, "ep_comm_ms") && s->moe.n > 0) json_moe(l->metrics, s);
     }
     if (s->data.n > 0) json_data(l->metrics, s);
+    if (s->ranks.n > 0) json_ranks(l->metrics, s);
     if (s->skipped) fprintf(l->metrics, ",\"skipped\":true");
     if (s->spike) fprintf(l->metrics, ",\"spike\":\"%s\"", s->spike == 1 ? "skipped" : "rewound");
     fprintf(l->metrics, "}\n");

@@ -60,6 +60,17 @@ typedef struct {
     int64_t cp_blocks_skipped;         /* key/value blocks no query could see, not computed */
 } log_data;
 
+/* Stragglers (every logging.every steps on a job of several ranks): each rank's compute time
+ * (the step less its waits on communicators) and wait time, the rank computing longest and its
+ * compute over the median (n 0: not gathered this step; per-rank figures for the first
+ * LOG_MAX_RANKS ranks). */
+enum { LOG_MAX_RANKS = 64 };
+typedef struct {
+    int n, slowest, flagged; /* flagged: slowdown above logging.straggler_ratio */
+    double slowdown;
+    double compute_ms[LOG_MAX_RANKS], wait_ms[LOG_MAX_RANKS];
+} log_ranks;
+
 typedef struct {
     int64_t step, steps;
     double loss, lr, grad_norm, tokens_per_s, mfu, ms, eta_s; /* loss: ce_loss + MoE aux/z */
@@ -74,6 +85,7 @@ typedef struct {
     log_pp pp;
     log_moe moe;
     log_data data;
+    log_ranks ranks;
 } log_step;
 
 typedef struct {

@@ -92,6 +92,7 @@ typedef struct {
     int64_t timed;            /* their count */
     int64_t allocs_after_one; /* device allocations after the first step (-1: not yet) */
     double ce_loss;           /* the step's cross-entropy: its loss less the MoE aux/z terms */
+    float *ranks_dev, *ranks_host; /* stragglers: every rank's compute and wait (2 x world) */
 } train_metrics;
 
 typedef struct {
