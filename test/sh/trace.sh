@@ -68,6 +68,19 @@ diff <(grep -o "loss [0-9.]*" $TMP/plain.out) <(grep -o "loss [0-9.]*" $TMP/trac
     python3 -c "import json,sys; json.load(open(sys.argv[1]))" $TMP/tr/trace.json &&
     pass trace_changes_no_loss || fail trace_changes_no_loss "$(tail -2 $TMP/traced.out)"
 
+# ustrain bench train --trace: the timed steps traced, the trace valid, the cost printed
+rm -rf $TMP/run
+$UST bench train $TMP/c.yaml --steps 2 --trace >$TMP/bench.out 2>&1
+rc=$?
+[ $rc = 0 ] && grep -qE "^bench train --trace: [0-9.]+ ms/step traced, [0-9.]+ ms/step untraced: tracing costs [-+][0-9.]+% of the step" $TMP/bench.out &&
+    python3 -c "
+import json, sys
+ev = json.load(open(sys.argv[1]))['traceEvents']
+steps = sorted(e['args']['step'] for e in ev if e.get('ph') == 'X' and e['name'].startswith('step '))
+assert steps == [3, 4], steps" $TMP/run/trace/trace.json &&
+    pass trace_bench_train_traces_the_timed_steps_and_prints_the_cost ||
+    fail trace_bench_train_traces_the_timed_steps_and_prints_the_cost "rc=$rc $(tail -3 $TMP/bench.out)"
+
 # bad settings: exit 2 before work, naming the key
 expect_exit trace_steps_beyond_the_run_exit_2 2 "logging.trace.steps: \[3, 9\] ends after the run's last step 4 \(train.steps\)" -- \
     $UST train $TMP/c.yaml $S --set "logging.trace.steps=[3,9]"
