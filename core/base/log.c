@@ -364,6 +364,18 @@ static int log_scalars(const log_step *s, double unix_time, log_scalar *o) {
     return n;
 }
 
+/* Layer i's overload factor: its busiest expert's tokens over the mean, from the step's global
+ * counts (the last forward's figures without them). */
+static double moe_overload(const log_step *s, int i) {
+    if (s->moe.E <= 0) return s->moe.load_max[i] / s->moe.load_mean[i];
+    double mx = 0, sum = 0;
+    for (int e = 0; e < s->moe.E; e++) {
+        mx = s->moe.experts[i][e] > mx ? s->moe.experts[i][e] : mx;
+        sum += s->moe.experts[i][e];
+    }
+    return sum > 0 ? mx * s->moe.E / sum : NAN;
+}
+
 /* JSON has no NaN/Infinity: non-finite numbers are written as null. "time" keeps its
  * milliseconds (%.9g would round it to seconds). */
 static void json_scalar(FILE *f, const log_scalar *x) {
@@ -386,7 +398,10 @@ static void json_moe(FILE *f, const log_step *s) {
         fprintf(f, ",\"rank_rows\":[");
         for (int r = 0; r < s->moe.ep; r++)
             fprintf(f, "%s%.9g", r ? "," : "", s->moe.rank_rows[i][r]);
-        fputs("]}", f);
+        fprintf(f, "],\"experts\":[");
+        for (int e = 0; e < s->moe.E; e++) fprintf(f, "%s%.9g", e ? "," : "", s->moe.experts[i][e]);
+        double over = moe_overload(s, i);
+        fprintf(f, isfinite(over) ? "],\"overload\":%.6g}" : "],\"overload\":null}", over);
     }
     fputc(']', f);
 }
@@ -429,9 +444,10 @@ static void tb_step(ust_log *l, const log_step *s, const log_scalar *x, int n, d
         tb_value(&summary, tag, s->ranks.wait_ms[r]);
     }
     for (int i = 0; i < s->moe.n; i++) {
-        const char *what[3] = {"load_max", "load_mean", "dropped"};
-        double v[3] = {s->moe.load_max[i], s->moe.load_mean[i], s->moe.dropped[i]};
-        for (int k = 0; k < 3; k++) {
+        const char *what[4] = {"load_max", "load_mean", "dropped", "overload"};
+        double v[4] = {s->moe.load_max[i], s->moe.load_mean[i], s->moe.dropped[i],
+                       moe_overload(s, i)};
+        for (int k = 0; k < 4; k++) {
             char tag[64];
             snprintf(tag, sizeof tag, "moe/layer%d/%s", s->moe.layer[i], what[k]);
             if (isfinite(v[k])) tb_value(&summary, tag, v[k]);

@@ -13,6 +13,7 @@
 
 #define LOG_MAX_MOE 64
 #define LOG_MAX_EP 64
+#define LOG_MAX_EXPERTS 64
 #define LOG_MAX_DATA 64 /* CFG_MAX_BLEND */
 
 /* What one step sent and waited for (this rank, this step). */
@@ -49,6 +50,8 @@ typedef struct {
     double load_max[LOG_MAX_MOE], load_mean[LOG_MAX_MOE], dropped[LOG_MAX_MOE];
     int ep;
     double rank_rows[LOG_MAX_MOE][LOG_MAX_EP];
+    int E; /* the tokens routed to each expert in the step (global counts), E entries each */
+    double experts[LOG_MAX_MOE][LOG_MAX_EXPERTS];
 } log_moe;
 
 /* Where the run is in its data, after this step. */

@@ -109,8 +109,10 @@ static log_step report_step(trainer *t, const step_mark *mark, double loss, doub
         s.data.cp_blocks_skipped = (int64_t)train_group_sum(t, TOPO_CP, (double)t->eng.cp.skipped);
     s.moe.n = model_moe_stats(t->eng.m, s.moe.layer, s.moe.load_max, s.moe.load_mean, s.moe.dropped,
                               LOG_MAX_MOE);
-    for (int i = 0; i < s.moe.n; i++)
+    for (int i = 0; i < s.moe.n; i++) {
         s.moe.ep = model_moe_rank_rows(t->eng.m, i, s.moe.rank_rows[i], LOG_MAX_EP);
+        s.moe.E = model_moe_expert_load(t->eng.m, i, s.moe.experts[i], LOG_MAX_EXPERTS);
+    }
     if (c->parallel.pp > 1) {
         pp_stats ps = pp_last_step_stats(t->eng.pp);
         s.pp.bubble = ps.bubble;
