@@ -56,6 +56,9 @@ int cmd_bench_generate(int argc, char **argv);
  */
 int cmd_eval(int argc, char **argv);
 
+/* ustrain flight DIR: the flight recorder's diagnosis from the files of a run. */
+int cmd_flight(int argc, char **argv);
+
 /* ustrain data prep --out DIR [--tokenizer tokenizer.json] ... FILE...: text -> llm.c shards. */
 int cmd_data_prep(int argc, char **argv);
 

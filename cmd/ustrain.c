@@ -42,9 +42,10 @@ static const char *USAGE =
     "            [--threads N] [--val-fraction F] [--shard-tokens N] FILE...\n"
     "                                            text / JSON lines -> llm.c shards (bytes, or the\n"
     "                                            BPE of a Hugging Face tokenizer.json)\n"
-    "  bench train CONFIG [--steps N] [--profile] [--set ...]\n"
+    "  bench train CONFIG [--steps N] [--profile] [--trace] [--set ...]\n"
     "                                            time training steps: ms/step, tok/s, MFU;\n"
-    "                                            --profile adds time per op (ops.h)\n"
+    "                                            --profile adds time per op (ops.h), --trace a\n"
+    "                                            timeline of them and its cost\n"
     "  bench comm [--min-bytes B] [--max-bytes B] [--iters N] [--backend shm|nccl]\n"
     "                                            check and time all-reduce, all-gather,\n"
     "                                            reduce-scatter and all-to-all\n"
@@ -62,6 +63,8 @@ static const char *USAGE =
     "                                            and tokenizer files (Llama / Mixtral / GPT-2)\n"
     "  eval CKPT_OR_HF_DIR --data GLOB [--steps N] [--seq-len T] [--micro-batch-size B]\n"
     "       [--set ...]                         mean loss and perplexity over GLOB's tokens\n"
+    "  flight DIR                                the flight recorder's diagnosis of a hang from\n"
+    "                                            DIR/flight/rank_R.json (who waits on whom)\n"
     "  --help, --version\n"
     "\n"
     "exit codes: 0 success, 1 runtime failure, 2 bad usage, config or input\n";
@@ -80,10 +83,13 @@ static const char *VALIDATE_USAGE =
     "  --schedule: also the pipeline schedule of every pipeline rank.\n";
 
 static const char *BENCH_TRAIN_USAGE =
-    "usage: ustrain bench train CONFIG [--steps N] [--profile] [--set key.path=value ...]\n"
+    "usage: ustrain bench train CONFIG [--steps N] [--profile] [--trace] [--set key.path=value "
+    "...]\n"
     "  times N training steps (default 10, 1..1000000) after two untimed warm-up steps:\n"
     "  ms/step, tokens/s, MFU (on cpu against this machine's measured sgemm rate).\n"
-    "  --profile: time per op (calls, ms, share). Writes no checkpoint.\n";
+    "  --profile: time per op (calls, ms, share). Writes no checkpoint.\n"
+    "  --trace: then the same steps again, the timed ones traced (logging.trace, into\n"
+    "  logging.trace.dir or run.out_dir/trace), and the tracing's cost against the first run.\n";
 
 static const char *DATA_USAGE =
     "usage: ustrain data demo DIR\n"
@@ -96,7 +102,7 @@ static const char *DEMO_USAGE =
     "  DIR/meta.json (\"tokenizer\": \"bytes\": ids 0..255 are the bytes, 256 ends a text).\n";
 
 static const char *BENCH_USAGE =
-    "usage: ustrain bench train CONFIG [--steps N] [--profile] [--set ...]\n"
+    "usage: ustrain bench train CONFIG [--steps N] [--profile] [--trace] [--set ...]\n"
     "       ustrain bench comm [--min-bytes B] [--max-bytes B] [--iters N] [--backend shm|nccl]\n"
     "       ustrain bench attention [--seq-len T] [--doc-len L] [--iters N] ...\n"
     "                          [--timeout S]\n"
@@ -113,6 +119,7 @@ typedef struct {
     int *world;         /* --world N taken (validate), else NULL */
     int *steps;         /* --steps N taken (bench train), else NULL */
     const char *flag;   /* the one option without a value the command takes, or NULL */
+    const char *flag2;  /* ... and a second one (bench train: --trace), or NULL */
     int known_world;    /* the world size without --world (0: unknown) */
     bool world_is_hint; /* known_world resolves parallel.dp: auto only (train checks it later) */
     bool fits_machine;  /* refuse a plan this machine's memory cannot hold (plan_check_fits) */
@@ -141,7 +148,7 @@ static int load_config(ust_config *c, int argc, char **argv, const config_args *
             if (world) *a->world = (int)v;
             if (steps && cmd_int_opt(&who, o, argv[i], 1, 1000000, &v)) return UST_EXIT_USAGE;
             if (steps) *a->steps = (int)v;
-        } else if (a->flag && strcmp(o, a->flag) == 0) {
+        } else if ((a->flag && strcmp(o, a->flag) == 0) || (a->flag2 && strcmp(o, a->flag2) == 0)) {
             continue;
         } else if (o[0] == '-') {
             return cmd_usage_error("ustrain", hint, "unknown option %s for %s", o, a->name);
@@ -415,6 +422,24 @@ static int cmd_data(int argc, char **argv) {
     return cmd_usage_error("ustrain", DATA_USAGE, "%s", "data needs demo or prep");
 }
 
+/* --trace: the same steps again with the timed ones traced (logging.trace), the trace's path and
+ * the tracing's cost against the untraced run just made (one run each: on a busy machine the
+ * difference includes its noise). */
+static int bench_traced(ust_config *c, const train_opts *o, const train_result *plain) {
+    snprintf(c->logging.trace_steps, sizeof c->logging.trace_steps, "3,%lld",
+             (long long)c->train.steps);
+    train_opts q = *o;
+    q.quiet = 0; /* the trace's own lines; the step lines go with it */
+    train_result r;
+    int rc = train_run(c, NULL, &q, &r);
+    if (rc) return rc;
+    printf("bench train --trace: %.1f ms/step traced, %.1f ms/step untraced: tracing costs "
+           "%+.1f%% of the step\n",
+           r.mean_step_ms, plain->mean_step_ms,
+           100 * (r.mean_step_ms - plain->mean_step_ms) / plain->mean_step_ms);
+    return 0;
+}
+
 /* Times training steps of CONFIG and reports them against the machine's own sgemm rate. */
 static int cmd_bench_train(int argc, char **argv) {
     ust_config c;
@@ -423,6 +448,7 @@ static int cmd_bench_train(int argc, char **argv) {
     config_args a = {.name = "bench train",
                      .steps = &steps,
                      .flag = "--profile",
+                     .flag2 = "--trace",
                      .known_world = 1,
                      .fits_machine = true}; /* one process */
     int rc = load_config(&c, argc, argv, &a);
@@ -441,11 +467,14 @@ static int cmd_bench_train(int argc, char **argv) {
         ops->destroy(ops);
         c.logging.peak_flops = sgemm;
     }
-    int profile = 0;
+    int profile = 0, trace = 0;
     for (int i = 0; i < argc; i++) profile |= strcmp(argv[i], "--profile") == 0;
+    for (int i = 0; i < argc; i++) trace |= strcmp(argv[i], "--trace") == 0;
     train_opts o = {.quiet = 1, .untimed_steps = 2, .profile = profile};
     train_result r;
     rc = train_run(&c, NULL, &o, &r);
+    if (rc) return rc;
+    if (trace) rc = bench_traced(&c, &o, &r);
     if (rc) return rc;
     mem_plan p;
     plan_memory(&c, &p);
@@ -558,8 +587,9 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "generate") == 0) return cmd_generate(argc - 2, argv + 2);
     if (strcmp(argv[1], "eval") == 0) return cmd_eval(argc - 2, argv + 2);
     if (strcmp(argv[1], "plan") == 0) return cmd_plan(argc - 2, argv + 2);
-    static const char *const commands[] = {"train",  "validate", "data", "bench",
-                                           "export", "generate", "eval", "plan"};
+    if (strcmp(argv[1], "flight") == 0) return cmd_flight(argc - 2, argv + 2);
+    static const char *const commands[] = {"train",    "validate", "data", "bench", "export",
+                                           "generate", "eval",     "plan", "flight"};
     const char *near = cfg_nearest(argv[1], commands, sizeof commands / sizeof commands[0]);
     if (near)
         return cmd_usage_error("ustrain", "(run `ustrain --help` for usage)",

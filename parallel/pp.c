@@ -2,6 +2,7 @@
 #include "pp.h"
 #include "log.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -25,6 +26,7 @@ struct pp_state {
     float *scalar;      /* device: pp_sum's all-reduce, pp_last_step_stats' gather */
     comm_p2p *batch[2]; /* two batches: one in flight, one being built */
     int nbatch[2];
+    char label[2][48]; /* each batch's transfers, named for the flight recorder */
     double busy_s, idle_s;
     uint64_t sent_bytes; /* last step: activations and gradients this rank sent */
     double op_s[NOPS];   /* last step: time in F, split B, W, whole B */
@@ -34,6 +36,10 @@ struct pp_state {
     int fault_skip_tied; /* test fault: UST_FAULT_PP_SKIP_TIED_SYNC=1 leaves the copies apart */
     int fault_skip_turn; /* test fault: UST_FAULT_PP_SKIP_TURN_GRAD=1: dualpipev's turn loses
                             the gradient it hands from chunk 1 to chunk 0 */
+    double fault_slow_s; /* test fault: UST_FAULT_SLOW_RANK=R:ms: global rank R's steps take ms
+                            longer, in its computation (a straggler) */
+    double fault_op_s;   /* test fault: UST_FAULT_PP_OP_MS=ms: each F (W, split B) of a step takes
+                            ms longer, a whole B twice that: op times no other process shares */
 };
 
 /* ------------------------------------------------------------------ planning */
@@ -107,6 +113,11 @@ pp_state *pp_create(const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
     s->fault_skip_tied = fault && atoi(fault) == 1;
     fault = getenv("UST_FAULT_PP_SKIP_TURN_GRAD");
     s->fault_skip_turn = fault && atoi(fault) == 1;
+    fault = getenv("UST_FAULT_SLOW_RANK");
+    if (fault && atoi(fault) == comm_global_rank(pipe, comm_rank(pipe)) && strchr(fault, ':'))
+        s->fault_slow_s = atof(strchr(fault, ':') + 1) / 1e3;
+    fault = getenv("UST_FAULT_PP_OP_MS");
+    s->fault_op_s = fault ? atof(fault) / 1e3 : 0;
     int slots[MODEL_MAX_CHUNKS];
     s->slot = malloc((size_t)s->sched->n * sizeof *s->slot);
     int val = cfg_val_micro_batches(cfg);
@@ -232,14 +243,28 @@ typedef struct {
 static void flush(pp_state *s, batch_state *b) {
     if (b->inflight) comm_wait(&b->req), b->inflight = 0;
     if (s->nbatch[b->cur] == 0) return;
+    comm_flight_label(s->pipe, s->label[b->cur]);
     b->req = comm_sendrecv(s->pipe, s->batch[b->cur], s->nbatch[b->cur], comm_act_dtype(s->ops));
-    if (b->has_recv || b->sync)
+    if (b->has_recv || b->sync) {
         comm_wait(&b->req);
-    else
+    } else { /* sends only: they go now where the backend can without waiting (shm) */
         b->inflight = 1;
+        comm_progress(s->pipe);
+    }
     b->cur ^= 1;
     s->nbatch[b->cur] = 0;
+    s->label[b->cur][0] = 0;
     b->has_recv = 0;
+}
+
+/* Adds "recv act chunk 0 mb 5" to the batch's label (what a hang report names). */
+static void label_transfer(pp_state *s, int cur, const pps_action *a) {
+    static const char *what[] = {"send act", "recv act", "send grad", "recv grad"};
+    char *l = s->label[cur];
+    size_t n = strlen(l);
+    if (n + 8 < sizeof s->label[cur])
+        snprintf(l + n, sizeof s->label[cur] - n, "%s%s chunk %d mb %d", n ? ", " : "",
+                 what[a->op - PPS_SEND_ACT], a->chunk, a->mb);
 }
 
 /* ------------------------------------------------------------------ computations */
@@ -270,10 +295,19 @@ static double compute(pp_state *s, const pp_callbacks *cb, const pps_action *a, 
     int last = a->mb == pps_chunk_last_mb(s->sched->kind, s->p, s->nmb, a->chunk, s->sched->rank);
     int64_t n = 0;
     switch (a->op) {
-    case PPS_F: /* the feeder's record of the micro-batch; the chunk takes what it needs */
-        loss = model_chunk_forward(s->m, a->chunk, slot, cb->load(cb->ctx, a->mb), dscale, &n);
+    case PPS_F: { /* the feeder's record of the micro-batch; the chunk takes what it needs */
+        double t0 = log_now_s();
+        const ust_batch *batch = cb->load(cb->ctx, a->mb);
+        ust_trace *tr = comm_trace(s->pipe);
+        if (trace_on(tr)) {
+            char args[32];
+            snprintf(args, sizeof args, "\"mb\": %d", a->mb);
+            trace_span(tr, TRACE_IO, "load", t0, log_now_s(), args);
+        }
+        loss = model_chunk_forward(s->m, a->chunk, slot, batch, dscale, &n);
         *ntok += n;
         break;
+    }
     case PPS_B: /* a split B leaves the weight gradients (and their hooks) to its W */
         if (!a->split) cb->before_grads(cb->ctx, a->mb, last);
         model_chunk_backward(s->m, a->chunk, slot, a->split);
@@ -286,9 +320,27 @@ static double compute(pp_state *s, const pp_callbacks *cb, const pps_action *a, 
     return loss;
 }
 
+/* UST_FAULT_PP_OP_MS: a sleep, so that the planted time is the op's on any number of cores. */
+static void fault_op_delay(const pp_state *s, const pps_action *a) {
+    double d = s->fault_op_s * (a->op == PPS_B && !a->split ? 2 : 1);
+    struct timespec ts = {(time_t)d, (long)((d - (double)(time_t)d) * 1e9)};
+    nanosleep(&ts, NULL);
+}
+
 static int is_compute(pps_op op) { return op == PPS_F || op == PPS_B || op == PPS_W; }
 
 static int is_local(pps_op op) { return op == PPS_LOCAL_ACT || op == PPS_LOCAL_GRAD; }
+
+/* The timeline's span of a computation, named as the schedule names it ("F chunk 1 mb 5"). */
+static void trace_action(pp_state *s, const pps_action *a, int step, double t0, double t1) {
+    char name[48], args[96];
+    snprintf(name, sizeof name, "%s%s chunk %d mb %d", step ? "" : "val ", pps_op_name(a->op),
+             a->chunk, a->mb);
+    snprintf(args, sizeof args,
+             "\"op\": \"%s\", \"chunk\": %d, \"mb\": %d, \"stage\": %d, \"split\": %d",
+             pps_op_name(a->op), a->chunk, a->mb, a->stage, a->split);
+    trace_span(comm_trace(s->pipe), TRACE_COMPUTE, name, t0, t1, args);
+}
 
 /* The step's time in a computation (a forward-only walk is no part of the step's figures). */
 static void account(pp_state *s, const pps_action *a, double dt) {
@@ -306,6 +358,7 @@ static double walk(pp_state *s, const pps_schedule *sc, const int *slot, const p
     int step = !(sc->flags & PPS_FORWARD_ONLY);
     batch_state b = {.sync = !step};
     s->nbatch[0] = s->nbatch[1] = 0;
+    s->label[0][0] = s->label[1][0] = 0;
     double loss = 0;
     *ntok = 0;
     for (int i = 0; i < sc->n; i++) {
@@ -318,6 +371,7 @@ static double walk(pp_state *s, const pps_schedule *sc, const int *slot, const p
         if (!is_compute(a->op)) {
             comm_p2p t = transfer_of(s, a, slot[i]);
             s->batch[b.cur][s->nbatch[b.cur]++] = t;
+            label_transfer(s, b.cur, a);
             if (t.is_send && step) s->sent_bytes += act_bytes(s->ops, (int64_t)t.count);
             b.has_recv |= a->op == PPS_RECV_ACT || a->op == PPS_RECV_GRAD;
             continue;
@@ -325,7 +379,10 @@ static double walk(pp_state *s, const pps_schedule *sc, const int *slot, const p
         flush(s, &b);
         double t0 = log_now_s();
         loss += compute(s, cb, a, slot[i], dscale, ntok);
-        if (step) account(s, a, log_now_s() - t0);
+        if (s->fault_op_s > 0 && step) fault_op_delay(s, a);
+        double t1 = log_now_s();
+        if (step) account(s, a, t1 - t0);
+        if (trace_on(comm_trace(s->pipe))) trace_action(s, a, step, t0, t1);
     }
     flush(s, &b);
     if (b.inflight) comm_wait(&b.req);
@@ -340,6 +397,11 @@ double pp_train_step(pp_state *s, const pp_callbacks *cb, float dscale) {
     memset(s->op_s, 0, sizeof s->op_s);
     memset(s->op_n, 0, sizeof s->op_n);
     int64_t ntok;
+    if (s->fault_slow_s > 0) {
+        struct timespec ts = {(time_t)s->fault_slow_s,
+                              (long)((s->fault_slow_s - (double)(time_t)s->fault_slow_s) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
     double loss = walk(s, s->sched, s->slot, cb, dscale, &ntok);
     s->idle_s = comm_get_counters(s->pipe)->wait_s - waited;
     return loss;

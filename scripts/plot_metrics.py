@@ -3,7 +3,7 @@
 core/base/log.c) to PNGs; several runs are overlaid, each labelled by its run directory's name.
 Run it through scripts/plot, which makes sure matplotlib is there.
 
-  plot_metrics.py [-o OUTDIR] metrics.jsonl...
+  plot_metrics.py [-o OUTDIR] [--timeline TRACE] [--moe METRICS] metrics.jsonl...
 
 Writes OUTDIR/{loss, lr, grad_norm, tokens_per_s, mfu, memory, data, moe, overview}.png (a panel
 is left out when no run has that metric: data is a blend's samples per dataset, data_samples;
@@ -145,8 +145,23 @@ def main():
         epilog=" ".join(__doc__.split("\n\n", 2)[2].split()),
     )
     ap.add_argument("-o", "--out", default="plots", help="output directory (default: plots)")
+    ap.add_argument("--timeline", metavar="TRACE",
+                    help="a merged trace (logging.trace's trace.json) as a Gantt chart, "
+                         "OUTDIR/timeline.png (scripts/plot_timeline.py)")
+    ap.add_argument("--moe", metavar="METRICS",
+                    help="a MoE run's metrics file as heat maps of the expert load, "
+                         "OUTDIR/moe_load.png (scripts/plot_moe.py)")
     ap.add_argument("files", nargs="*", metavar="metrics.jsonl")
     a = ap.parse_args()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    if a.timeline:
+        from plot_timeline import plot_timeline
+        plot_timeline(a.timeline, a.out)
+    if a.moe:
+        from plot_moe import plot_moe
+        plot_moe(a.moe, a.out)
+    if (a.timeline or a.moe) and not a.files:
+        return
     if not a.files:
         die("no metrics file given; usage: scripts/plot [-o OUTDIR] metrics.jsonl...")
     runs = list(zip(labels(a.files), [load(p) for p in a.files]))

@@ -153,6 +153,9 @@ static const char *ALL_CHANGED_YAML = "run:\n"
                                       "  tensorboard_dir: tb\n"
                                       "  peak_flops: 989e12\n"
                                       "  strict: true\n"
+                                      "  flight_entries: 64\n"
+                                      "  straggler_ratio: 1.5\n"
+                                      "  trace: {steps: [2, 3], dir: tr}\n"
                                       "dist:\n"
                                       "  timeout_s: 30.5\n";
 

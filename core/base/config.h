@@ -160,6 +160,10 @@ typedef struct {
         char tensorboard_dir[UST_PATH_MAX]; /* "" = none */
         double peak_flops;                  /* 0 = measured sgemm (cpu) / table (gpu) */
         bool strict;                        /* a failed metrics/event write exits 1 */
+        int flight_entries;                 /* flight recorder ring per rank (0: off) */
+        double straggler_ratio;       /* a rank's compute over the median above it: a straggler */
+        char trace_steps[32];         /* logging.trace.steps "first,last" ("" = off) */
+        char trace_dir[UST_PATH_MAX]; /* "" = <run.out_dir>/trace */
     } logging;
     struct {
         double timeout_s;

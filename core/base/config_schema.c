@@ -187,6 +187,10 @@ const cfg_key cfg_keys[] = {
     STR("logging.tensorboard_dir", logging.tensorboard_dir, "null", NULLABLE),
     DBL("logging.peak_flops", logging.peak_flops, "0", 0, INFINITY, 0),
     BOOL("logging.strict", logging.strict, "false"),
+    INTR("logging.flight_entries", logging.flight_entries, "2048", 0, 1 << 20),
+    DBL("logging.straggler_ratio", logging.straggler_ratio, "1.2", 1, INFINITY, 0),
+    LIST("logging.trace.steps", logging.trace_steps, 1e9),
+    STR("logging.trace.dir", logging.trace_dir, "null", NULLABLE),
 
     DBL("dist.timeout_s", dist.timeout_s, "300", 1, 1e6, 0), /* below a second: every wait fails */
 };

@@ -5,6 +5,14 @@
 
 /* Written once at bootstrap, read by every error path afterwards. */
 static int g_rank = -1;
+/* Set when the communicators are made, cleared when they go: what a fatal error still writes. */
+static void (*g_fatal_fn)(void *);
+static void *g_fatal_arg;
+
+void ust_on_fatal(void (*fn)(void *), void *arg) {
+    g_fatal_fn = fn;
+    g_fatal_arg = arg;
+}
 
 void ust_error_set_rank(int rank) { g_rank = rank; }
 int ust_error_rank(void) { return g_rank; }
@@ -34,6 +42,9 @@ _Noreturn void ust_fatal(int code, const char *fmt, ...) {
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
     va_end(ap);
+    void (*fn)(void *) = g_fatal_fn;
+    g_fatal_fn = NULL; /* once, even when it fails fatally itself */
+    if (fn) fn(g_fatal_arg);
     fflush(stdout);
     fflush(stderr);
     exit(code);

@@ -25,6 +25,9 @@ int ust_error_rank(void);
 /* Prints "ustrain[rank R]: error: <msg>" to stderr and exits with code. */
 _Noreturn void ust_fatal(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* fn(arg) runs once in ust_fatal before the exit (the flight recorder's last file); NULL clears. */
+void ust_on_fatal(void (*fn)(void *), void *arg);
+
 _Noreturn void ust_assert_fail(const char *file, int line, const char *cond, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 

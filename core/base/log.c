@@ -279,14 +279,17 @@ const char *log_bytes(char *buf, int n, double b) {
 }
 
 void log_step_line(const log_step *s) {
-    char mem[32], val[48] = "", extra[96] = "";
+    char mem[32], val[48] = "", extra[160] = "";
     if (!isnan(s->val_loss)) snprintf(val, sizeof val, " | val %.4f", s->val_loss);
     size_t n = 0;
     if (!isnan(s->pp.bubble)) /* the schedule's own accounting, and the analytic value */
         n += snprintf(extra + n, sizeof extra - n, " | bubble %.3f (analytic %.3f)", s->pp.sim,
                       s->pp.analytic);
     if (s->comm.ep_ms > 0 && n < sizeof extra)
-        snprintf(extra + n, sizeof extra - n, " | a2a %.0f ms", s->comm.ep_ms);
+        n += snprintf(extra + n, sizeof extra - n, " | a2a %.0f ms", s->comm.ep_ms);
+    if (s->ranks.flagged && n < sizeof extra)
+        snprintf(extra + n, sizeof extra - n, " | straggler rank %d x%.2f", s->ranks.slowest,
+                 s->ranks.slowdown);
     /* in 64 bits, and capped: train.steps may be far beyond what the run will reach */
     double eta_s = isfinite(s->eta_s) && s->eta_s > 0 ? s->eta_s : 0;
     long long eta = eta_s < 1e12 ? (long long)(eta_s + 0.5) : 999999999999LL;
@@ -307,7 +310,7 @@ typedef struct {
     int count;
 } log_scalar;
 
-#define LOG_MAX_SCALARS 40
+#define LOG_MAX_SCALARS 48
 
 static int add_scalar(log_scalar *out, int n, const char *key, double v) {
     out[n] = (log_scalar){key, v, 0, 0};
@@ -353,6 +356,11 @@ static int log_scalars(const log_step *s, double unix_time, log_scalar *o) {
     if (s->data.cp_docs)
         n = add_count(o, n, "cp_blocks_skipped", (uint64_t)s->data.cp_blocks_skipped);
     if (s->restarts) n = add_count(o, n, "restarts", (uint64_t)s->restarts);
+    if (s->ranks.n) {
+        n = add_count(o, n, "slowest_rank", (uint64_t)s->ranks.slowest);
+        n = add_scalar(o, n, "slowest_slowdown", s->ranks.slowdown);
+        if (s->ranks.flagged) n = add_count(o, n, "straggler_rank", (uint64_t)s->ranks.slowest);
+    }
     if (!isnan(s->val_loss)) n = add_scalar(o, n, "val_loss", s->val_loss);
     n = add_scalar(o, n, "time", unix_time);
     n = add_scalar(o, n, "elapsed_s", s->elapsed_s);
@@ -361,6 +369,18 @@ static int log_scalars(const log_step *s, double unix_time, log_scalar *o) {
     n = add_count(o, n, "target_tokens", (uint64_t)s->data.target_tokens);
     if (!isnan(s->data.pad_frac)) n = add_scalar(o, n, "padding_frac", s->data.pad_frac);
     return n;
+}
+
+/* Layer i's overload factor: its busiest expert's tokens over the mean, from the step's global
+ * counts (the last forward's figures without them). */
+static double moe_overload(const log_step *s, int i) {
+    if (s->moe.E <= 0) return s->moe.load_max[i] / s->moe.load_mean[i];
+    double mx = 0, sum = 0;
+    for (int e = 0; e < s->moe.E; e++) {
+        mx = s->moe.experts[i][e] > mx ? s->moe.experts[i][e] : mx;
+        sum += s->moe.experts[i][e];
+    }
+    return sum > 0 ? mx * s->moe.E / sum : NAN;
 }
 
 /* JSON has no NaN/Infinity: non-finite numbers are written as null. "time" keeps its
@@ -385,7 +405,10 @@ static void json_moe(FILE *f, const log_step *s) {
         fprintf(f, ",\"rank_rows\":[");
         for (int r = 0; r < s->moe.ep; r++)
             fprintf(f, "%s%.9g", r ? "," : "", s->moe.rank_rows[i][r]);
-        fputs("]}", f);
+        fprintf(f, "],\"experts\":[");
+        for (int e = 0; e < s->moe.E; e++) fprintf(f, "%s%.9g", e ? "," : "", s->moe.experts[i][e]);
+        double over = moe_overload(s, i);
+        fprintf(f, isfinite(over) ? "],\"overload\":%.6g}" : "],\"overload\":null}", over);
     }
     fputc(']', f);
 }
@@ -395,6 +418,16 @@ static void json_data(FILE *f, const log_step *s) {
     for (int d = 0; d < s->data.n; d++)
         fprintf(f, "%s%lld", d ? "," : "", (long long)s->data.samples[d]);
     fputc(']', f);
+}
+
+static void json_ranks(FILE *f, const log_step *s) {
+    const char *key[2] = {"rank_compute_ms", "rank_wait_ms"};
+    const double *v[2] = {s->ranks.compute_ms, s->ranks.wait_ms};
+    for (int k = 0; k < 2; k++) {
+        fprintf(f, ",\"%s\":[", key[k]);
+        for (int r = 0; r < s->ranks.n; r++) fprintf(f, "%s%.4f", r ? "," : "", v[k][r]);
+        fputc(']', f);
+    }
 }
 
 /* The step's event: its wall_time is the JSONL's "time", which is no scalar here (a float32 holds
@@ -410,10 +443,18 @@ static void tb_step(ust_log *l, const log_step *s, const log_scalar *x, int n, d
         snprintf(tag, sizeof tag, "data/dataset%d/samples", d);
         tb_value(&summary, tag, (double)s->data.samples[d]);
     }
+    for (int r = 0; r < s->ranks.n; r++) {
+        char tag[48];
+        snprintf(tag, sizeof tag, "rank/%d/compute_ms", r);
+        tb_value(&summary, tag, s->ranks.compute_ms[r]);
+        snprintf(tag, sizeof tag, "rank/%d/wait_ms", r);
+        tb_value(&summary, tag, s->ranks.wait_ms[r]);
+    }
     for (int i = 0; i < s->moe.n; i++) {
-        const char *what[3] = {"load_max", "load_mean", "dropped"};
-        double v[3] = {s->moe.load_max[i], s->moe.load_mean[i], s->moe.dropped[i]};
-        for (int k = 0; k < 3; k++) {
+        const char *what[4] = {"load_max", "load_mean", "dropped", "overload"};
+        double v[4] = {s->moe.load_max[i], s->moe.load_mean[i], s->moe.dropped[i],
+                       moe_overload(s, i)};
+        for (int k = 0; k < 4; k++) {
             char tag[64];
             snprintf(tag, sizeof tag, "moe/layer%d/%s", s->moe.layer[i], what[k]);
             if (isfinite(v[k])) tb_value(&summary, tag, v[k]);
@@ -437,6 +478,7 @@ void log_step_json(ust_log *l, const log_step *s) {
         if (!strcmp(x[i].key, "ep_comm_ms") && s->moe.n > 0) json_moe(l->metrics, s);
     }
     if (s->data.n > 0) json_data(l->metrics, s);
+    if (s->ranks.n > 0) json_ranks(l->metrics, s);
     if (s->skipped) fprintf(l->metrics, ",\"skipped\":true");
     if (s->spike) fprintf(l->metrics, ",\"spike\":\"%s\"", s->spike == 1 ? "skipped" : "rewound");
     fprintf(l->metrics, "}\n");

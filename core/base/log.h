@@ -13,6 +13,7 @@
 
 #define LOG_MAX_MOE 64
 #define LOG_MAX_EP 64
+#define LOG_MAX_EXPERTS 64
 #define LOG_MAX_DATA 64 /* CFG_MAX_BLEND */
 
 /* What one step sent and waited for (this rank, this step). */
@@ -49,6 +50,8 @@ typedef struct {
     double load_max[LOG_MAX_MOE], load_mean[LOG_MAX_MOE], dropped[LOG_MAX_MOE];
     int ep;
     double rank_rows[LOG_MAX_MOE][LOG_MAX_EP];
+    int E; /* the tokens routed to each expert in the step (global counts), E entries each */
+    double experts[LOG_MAX_MOE][LOG_MAX_EXPERTS];
 } log_moe;
 
 /* Where the run is in its data, after this step. */
@@ -61,6 +64,17 @@ typedef struct {
     int64_t target_tokens;             /* the step's: tokens the loss counts (a mask's targets) */
     double pad_frac;                   /* data.packing: the step's inputs that are padding */
 } log_data;
+
+/* Stragglers (every logging.every steps on a job of several ranks): each rank's compute time
+ * (the step less its waits on communicators) and wait time, the rank computing longest and its
+ * compute over the median (n 0: not gathered this step; per-rank figures for the first
+ * LOG_MAX_RANKS ranks). */
+enum { LOG_MAX_RANKS = 64 };
+typedef struct {
+    int n, slowest, flagged; /* flagged: slowdown above logging.straggler_ratio */
+    double slowdown;
+    double compute_ms[LOG_MAX_RANKS], wait_ms[LOG_MAX_RANKS];
+} log_ranks;
 
 typedef struct {
     int64_t step, steps;
@@ -76,6 +90,7 @@ typedef struct {
     log_pp pp;
     log_moe moe;
     log_data data;
+    log_ranks ranks;
 } log_step;
 
 typedef struct {

@@ -6,8 +6,8 @@
  * model_forward runs the whole stack and, when dscale > 0, also leaves d(loss)/d(logits) * dscale
  * ready for model_backward, which ACCUMULATES parameter gradients (so gradient accumulation is just
  * calling it again). Parameters are stored unfused under canonical Hugging Face-style names
- * (docs/design.md section 7), each tensor [out_features, in_features] row-major, in one flat buffer in
- * table order. */
+ * (docs/design.md section 7), each tensor [out_features, in_features] row-major, in one flat buffer
+ * in table order. */
 #ifndef UST_MODEL_H
 #define UST_MODEL_H
 
@@ -63,7 +63,7 @@ typedef struct {
 
 struct ust_tp;
 
-#define MODEL_MAX_CHUNKS 16 /* parallel.vpp's limit */
+#define MODEL_MAX_CHUNKS 16         /* parallel.vpp's limit */
 #define MODEL_MAX_VOCAB_CHUNKS 4096 /* model_storage.vocab_chunk_rows: at most this many */
 
 /* One pipeline stage a rank holds (a chunk): its global stage index, its layers [lo, hi),
@@ -82,14 +82,14 @@ typedef struct {
     struct ust_tp *tp; /* tensor parallelism (NULL: none) */
     struct ust_cp *cp; /* context parallelism over the group a sequence is split over (NULL:
                           none; the model makes a group of one) */
-    int64_t unit_pad; /* pad every unit to a multiple of this many floats (>= 16) */
-    int alloc_params; /* carve the whole flat parameter buffer from the arena */
-    int alloc_grads;  /* the same for gradients */
+    int64_t unit_pad;  /* pad every unit to a multiple of this many floats (>= 16) */
+    int alloc_params;  /* carve the whole flat parameter buffer from the arena */
+    int alloc_grads;   /* the same for gradients */
     /* pipeline: the stages this rank holds, as the pipeline decides them (pp_stages); none:
      * the whole model, one activation set */
     int nchunks;
     model_stage chunks[MODEL_MAX_CHUNKS];
-    int zb;                   /* keep what deferred weight gradients need (zero-bubble schedules) */
+    int zb;            /* keep what deferred weight gradients need (zero-bubble schedules) */
     struct ust_ep *ep; /* expert parallelism: the dispatch context over the group holding the
                           other experts (NULL: none; MoE layers then make a group of one) */
     /* > 0: the vocabulary matrices (token table, lm_head or the tied copy) are split into units
@@ -199,6 +199,9 @@ void model_moe_end_step(model *m, model_sum_fn sum, int update_bias, model_param
  * step, per rank holding them (global counts / (dp/ep * cp * tp)); returns how many (the ep size,
  * at most max). */
 int model_moe_rank_rows(const model *m, int i, double *rows, int max);
+/* For the i-th layer model_moe_stats lists: the tokens routed to each expert in the last step
+ * (its global counts); returns how many (the number of experts, at most max). */
+int model_moe_expert_load(const model *m, int i, double *counts, int max);
 /* The unit holds a MoE layer's experts: its gradients are reduced over expert-dp x cp. */
 int model_unit_is_expert(const model *m, int unit);
 

@@ -113,6 +113,18 @@ void model_moe_end_step(model *m, model_sum_fn sum, int update_bias, model_param
     memset(m->moe.moe_load, 0, (size_t)m->shape.L * E * sizeof *m->moe.moe_load);
 }
 
+int model_moe_expert_load(const model *m, int i, double *counts, int max) {
+    int n = 0, E = m->moe.ctx.E;
+    for (int c = 0; c < m->nchunks; c++)
+        for (int l = m->chunks[c].lo; l < m->chunks[c].hi; l++)
+            if (is_moe(m, l) && n++ == i) {
+                for (int e = 0; e < E && e < max; e++)
+                    counts[e] = m->moe.moe_gload[(int64_t)l * E + e];
+                return E < max ? E : max;
+            }
+    return 0;
+}
+
 int model_moe_rank_rows(const model *m, int i, double *rows, int max) {
     int n = 0, E = m->moe.ctx.E, ep = m->moe.ep_size, El = E / ep;
     const __typeof__(m->cfg->parallel) *p = &m->cfg->parallel;

@@ -118,7 +118,9 @@ static int train_step(trainer *t, double *loss, double *norm, double *lr, int *f
                     *norm);
         return UST_EXIT_RUNTIME;
     }
+    double t0 = log_now_s();
     if (*finite && !*spiked) dp_optimizer_step(t->eng.dp, *lr, optim_clip_scale(c, *norm), t->step);
+    train_trace_span(t, TRACE_COMPUTE, "optimizer", t0);
     if (t->eng.has_moe) /* dualpipe: the mirror's copies of these layers routed the other half */
         model_moe_end_step(t->eng.m, dp_sum_replicas, *finite && !*spiked, dp_add_to_param,
                            t->eng.dp);
@@ -148,6 +150,7 @@ static int step_zero(trainer *t) {
 static int run_step(trainer *t, const train_opts *opts) {
     const ust_config *c = t->cfg;
     train_metrics_profile(t, opts);
+    train_trace_step_begin(t);
     step_mark mark = train_metrics_mark(t);
     double loss, norm, lr;
     int finite, spiked;
@@ -165,6 +168,7 @@ static int run_step(trainer *t, const train_opts *opts) {
         log_step_line(&s);
         log_step_json(&t->met.log, &s);
     }
+    train_trace_step_end(t, &s);
     /* logging.strict: rank 0's failed write stops every rank here, together */
     if (c->logging.strict && train_any_rank(t, t->met.log.failed)) {
         if (!t->rank0)
@@ -176,12 +180,18 @@ static int run_step(trainer *t, const train_opts *opts) {
         fprintf(stderr, "ustrain: error: spike: cannot rewind: %s\n", e.msg);
         return -1;
     }
-    if (train_ckpt_poll(t, 0, &e)) {
+    double t0 = log_now_s();
+    int polled = train_ckpt_poll(t, 0, &e);
+    train_trace_span(t, TRACE_IO, "checkpoint poll", t0);
+    if (polled) {
         fprintf(stderr, "ustrain: error: checkpoint at step %lld failed: %s\n",
                 (long long)t->ck.pending_step, e.msg);
         return -1;
     }
-    return train_ckpt_after_step(t);
+    t0 = log_now_s();
+    int after = train_ckpt_after_step(t);
+    train_trace_span(t, TRACE_IO, "checkpoint", t0);
+    return after;
 }
 
 static int loop(trainer *t, const train_opts *opts, train_result *res) {
@@ -216,7 +226,7 @@ static int run_with(const ust_config *cfg, ust_runtime *rt, const train_opts *op
         train_teardown(&t);
         return UST_EXIT_USAGE;
     }
-    if (train_metrics_open(&t, opts)) {
+    if (train_metrics_open(&t, opts) || train_trace_open(&t)) {
         train_teardown(&t);
         return UST_EXIT_USAGE;
     }
@@ -225,6 +235,7 @@ static int run_with(const ust_config *cfg, ust_runtime *rt, const train_opts *op
     train_metrics_header(&t, opts);
     train_install_stop_handlers(); /* `ustrain train` did already, before the bootstrap */
     int rc = loop(&t, opts, res);
+    train_trace_close(&t, rc == UST_EXIT_OK);
     train_stop_handlers_reset();
     train_metrics_result(&t, rc, opts, res);
     log_close(&t.met.log); /* its last flush too is checked: a failure under strict is exit 1 */

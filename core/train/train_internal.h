@@ -96,6 +96,7 @@ typedef struct {
     int64_t timed;            /* their count */
     int64_t allocs_after_one; /* device allocations after the first step (-1: not yet) */
     double ce_loss;           /* the step's cross-entropy: its loss less the MoE aux/z terms */
+    float *ranks_dev, *ranks_host; /* stragglers: every rank's compute and wait (2 x world) */
 } train_metrics;
 
 typedef struct {
@@ -125,6 +126,16 @@ void train_write_config(const ust_config *cfg); /* run.out_dir/config.yaml (warn
 /* The sum of v over group k (exact below 2^24: counts); 1 when flag is set on any rank. */
 double train_group_sum(trainer *t, int k, double v);
 int train_any_rank(trainer *t, int flag);
+
+/* train_trace.c: logging.trace. check: the steps (exit 2 before work); open: the directory
+ * and the clock offsets (-1 after a message: every rank stops); the step's hooks; close after
+ * the loop (ok: the ranks are together, what was traced is written). */
+int train_trace_check(const ust_config *cfg, ust_err *e);
+int train_trace_open(trainer *t);
+void train_trace_step_begin(trainer *t);
+void train_trace_span(trainer *t, int tid, const char *name, double t0);
+void train_trace_step_end(trainer *t, const log_step *s);
+void train_trace_close(trainer *t, int ok);
 
 /* train_data.c */
 int train_feed_open(trainer *t, ust_err *e);

@@ -109,8 +109,10 @@ static log_step report_step(trainer *t, const step_mark *mark, double loss, doub
         s.data.cp_blocks_skipped = (int64_t)train_group_sum(t, TOPO_CP, (double)t->eng.cp.skipped);
     s.moe.n = model_moe_stats(t->eng.m, s.moe.layer, s.moe.load_max, s.moe.load_mean, s.moe.dropped,
                               LOG_MAX_MOE);
-    for (int i = 0; i < s.moe.n; i++)
+    for (int i = 0; i < s.moe.n; i++) {
         s.moe.ep = model_moe_rank_rows(t->eng.m, i, s.moe.rank_rows[i], LOG_MAX_EP);
+        s.moe.E = model_moe_expert_load(t->eng.m, i, s.moe.experts[i], LOG_MAX_EXPERTS);
+    }
     if (c->parallel.pp > 1) {
         pp_stats ps = pp_last_step_stats(t->eng.pp);
         s.pp.bubble = ps.bubble;
@@ -136,6 +138,56 @@ void train_metrics_begin(trainer *t, const train_opts *opts, train_result *res) 
     res->flops_per_token = m->fpt;
     m->untimed = opts->untimed_steps > 0 ? opts->untimed_steps : 1;
     m->all_timed = t->cfg->train.steps - m->first <= m->untimed;
+    if (t->rt->world > 1) { /* the stragglers' exchange (gather_ranks) */
+        size_t bytes = 2 * (size_t)t->rt->world * sizeof(float);
+        m->ranks_dev = t->eng.ops->alloc(t->eng.ops, bytes);
+        m->ranks_host = malloc(bytes);
+        UST_ASSERT(m->ranks_host, "out of memory");
+    }
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Stragglers: every rank's compute (the step less its waits on every group) and wait time, summed
+ * into a zeroed vector where each rank fills its own pair (one all-reduce over the world); the
+ * rank computing longest is the slowest, its compute over the median its slowdown. Every
+ * logging.every steps and the last, on every rank (the condition is the step's alone). */
+static void gather_ranks(trainer *t, const step_mark *mark, log_step *s) {
+    int world = t->rt->world, every = t->cfg->logging.every;
+    train_metrics *m = &t->met;
+    if (!m->ranks_dev || (s->step % every != 0 && s->step != t->cfg->train.steps)) return;
+    step_mark now = train_metrics_mark(t);
+    double wait = 0;
+    for (int k = 0; k < TOPO_NKINDS; k++) wait += now.wait_s[k] - mark->wait_s[k];
+    for (int i = 0; i < 2 * world; i++) m->ranks_host[i] = 0;
+    m->ranks_host[2 * t->rt->rank] = (float)(s->ms - 1e3 * wait);
+    m->ranks_host[2 * t->rt->rank + 1] = (float)(1e3 * wait);
+    const ust_ops *o = t->eng.ops;
+    size_t bytes = 2 * (size_t)world * sizeof(float);
+    o->to_device(o, m->ranks_dev, m->ranks_host, bytes);
+    comm_req r = comm_allreduce(t->rt->topo.comm[TOPO_WORLD], m->ranks_dev, m->ranks_dev,
+                                2 * (size_t)world, COMM_FP32, COMM_SUM);
+    comm_wait(&r);
+    o->to_host(o, m->ranks_host, m->ranks_dev, bytes);
+    double *sorted = malloc(sizeof(double) * (size_t)world);
+    UST_ASSERT(sorted, "out of memory");
+    s->ranks.slowest = 0;
+    for (int i = 0; i < world; i++) {
+        sorted[i] = m->ranks_host[2 * i];
+        if (m->ranks_host[2 * i] > m->ranks_host[2 * s->ranks.slowest]) s->ranks.slowest = i;
+        if (i < LOG_MAX_RANKS)
+            s->ranks.compute_ms[i] = m->ranks_host[2 * i],
+            s->ranks.wait_ms[i] = m->ranks_host[2 * i + 1];
+    }
+    qsort(sorted, (size_t)world, sizeof *sorted, cmp_double);
+    double median = world % 2 ? sorted[world / 2] : (sorted[world / 2 - 1] + sorted[world / 2]) / 2;
+    free(sorted);
+    s->ranks.n = world < LOG_MAX_RANKS ? world : LOG_MAX_RANKS;
+    s->ranks.slowdown = median > 0 ? m->ranks_host[2 * s->ranks.slowest] / median : 1;
+    s->ranks.flagged = s->ranks.slowdown > t->cfg->logging.straggler_ratio;
 }
 
 /* The op profiler (--profile) counts the timed steps only: it starts with the first of them. */
@@ -152,6 +204,7 @@ log_step train_metrics_report(trainer *t, const step_mark *mark, double loss, do
                               double lr, int finite, int spiked) {
     train_metrics *m = &t->met;
     log_step s = report_step(t, mark, loss, norm, lr, finite, m->fpt, m->peak);
+    gather_ranks(t, mark, &s);
     s.spike = spiked ? (int)t->cfg->train.on_spike : 0;
     s.restarts = t->restarts;
     double raised = raise_measured_peak(t, m->peak, m->fpt, &s);
@@ -245,6 +298,9 @@ static void print_done(trainer *t, const train_result *res) {
 /* After the loop (rc its exit code): the memory figures into res, and rank 0's summaries. */
 void train_metrics_result(trainer *t, int rc, const train_opts *opts, train_result *res) {
     const ust_config *cfg = t->cfg;
+    if (t->met.ranks_dev) t->eng.ops->free(t->eng.ops, t->met.ranks_dev);
+    free(t->met.ranks_host);
+    t->met.ranks_dev = NULL, t->met.ranks_host = NULL;
     res->arena_bytes = (double)t->eng.arena.total;
     for (int i = 0; i < MEM_NCAT && i < 6; i++)
         res->arena_by_cat[i] = (double)t->eng.arena.bytes[i];

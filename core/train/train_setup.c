@@ -24,7 +24,12 @@ int train_runtime_init(ust_runtime *rt, const ust_config *cfg, ust_err *e) {
     /* GPUs talk through NCCL; a single GPU needs no communicator backend beyond the trivial */
     comm_backend be =
         cfg->run.device == DEV_CUDA && rt->world > 1 ? COMM_BACKEND_NCCL : COMM_BACKEND_SHM;
-    comm_opts co = {.backend = be, .timeout_s = cfg->dist.timeout_s};
+    char flight[UST_PATH_MAX + 8];
+    snprintf(flight, sizeof flight, "%s/flight", cfg->run.out_dir);
+    comm_opts co = {.backend = be,
+                    .timeout_s = cfg->dist.timeout_s,
+                    .flight_entries = cfg->logging.flight_entries,
+                    .flight_dir = flight};
     if (topo_grid_from_config(&g, cfg, rt->world, e) ||
         comm_ctx_init(&rt->comm, &rt->boot, &co, e) ||
         topo_connect(&rt->topo, &g, rt->comm, rt->rank, e)) {
@@ -69,7 +74,7 @@ static int check_outputs(const ust_config *cfg, ust_err *e) {
 /* What no single config key can check: the backend's precision and the sequence-parallel rows.
  * Exported (train.h) so that `ustrain validate` runs the same checks. */
 int train_check_runnable(const ust_config *cfg, ust_err *e) {
-    if (check_outputs(cfg, e)) return -1;
+    if (check_outputs(cfg, e) || train_trace_check(cfg, e)) return -1;
     if (cfg->run.device == DEV_CPU && cfg->train.precision == PREC_BF16)
         return ust_errf(e, "train.precision = bf16: the CPU backend computes in fp32 only; use "
                            "fp32, or run.device: cuda");

@@ -5,6 +5,7 @@
  * the queue when an operation is waited on; NCCL launches each operation as it is posted and the
  * queue only remembers what is outstanding. */
 #include "comm_impl.h"
+#include "flight_impl.h"
 #include "log.h"
 
 #include <stdio.h>
@@ -50,6 +51,7 @@ int comm_ctx_init(comm_ctx **out, ust_boot *boot, const comm_opts *opts, ust_err
     /* Sizes stay multiples of 64 so every slot and ring starts on its own cache line. */
     ctx->opts.shm_slot_bytes = (ctx->opts.shm_slot_bytes + 63) / 64 * 64;
     ctx->opts.shm_chan_bytes = (ctx->opts.shm_chan_bytes + 63) / 64 * 64;
+    ctx->opts.flight_dir = NULL; /* the caller's string need not outlive this call */
     if (ctx->be->ctx_init(ctx, e)) {
         free(ctx);
         return -1;
@@ -80,6 +82,7 @@ int comm_ctx_init(comm_ctx **out, ust_boot *boot, const comm_opts *opts, ust_err
                         boot->nnodes);
 #endif
     }
+    ctx->fl = flight_create(ctx, opts->flight_entries, opts->flight_dir);
     *out = ctx;
     return 0;
 }
@@ -117,6 +120,8 @@ void comm_free(ust_comm *c) {
         if (ctx->all[i] == c) ctx->all[i] = ctx->all[--ctx->nall];
     free(c->granks);
     free(c->queue);
+    free(c->fsent);
+    free(c->frecvd);
     free(c);
 }
 
@@ -128,6 +133,7 @@ void comm_ctx_free(comm_ctx *ctx) {
     if (ctx->gloo) comm_gloo_backend.ctx_free(ctx);
 #endif
     ctx->be->ctx_free(ctx);
+    flight_free(ctx->fl);
     free(ctx);
 }
 
@@ -188,7 +194,10 @@ int comm_create_many(comm_ctx *ctx, int ng, const comm_group_spec *gs, ust_comm 
         c->granks = malloc(sizeof(int) * (size_t)g->n);
         c->qcap = 16;
         c->queue = calloc((size_t)c->qcap, sizeof(comm_desc));
-        UST_ASSERT(c->granks && c->queue, "out of memory");
+        c->fid = ctx->nfid++;
+        c->fsent = calloc((size_t)g->n, sizeof(uint64_t));
+        c->frecvd = calloc((size_t)g->n, sizeof(uint64_t));
+        UST_ASSERT(c->granks && c->queue && c->fsent && c->frecvd, "out of memory");
         memcpy(c->granks, g->ranks, sizeof(int) * (size_t)g->n);
         if (ctx->nall == ctx->capall) {
             ctx->capall = ctx->capall ? 2 * ctx->capall : 16;
@@ -267,6 +276,12 @@ static comm_req post(ust_comm *c, comm_desc d) {
         c->qcap *= 2;
     }
     d.seq = ++c->posted;
+    d.coll = d.kind == COMM_SENDRECV ? 0 : ++c->fcolls;
+    if (c->ctx->trace) d.tpost = trace_on(c->ctx->trace) ? log_now_s() : 0;
+    if (c->ctx->fl) {
+        flight_poll(c->ctx->fl);
+        d.fidx = flight_post(c->ctx->fl, c, &d, bus_bytes(c, &d));
+    }
     c->queue[d.seq % (uint64_t)c->qcap] = d;
     if (c->be->launch) c->be->launch(c, &c->queue[d.seq % (uint64_t)c->qcap]);
     return (comm_req){c, d.seq};
@@ -345,16 +360,62 @@ void comm_sum_doubles(ust_comm *c, const ust_ops *ops, float *dev, double *x, in
 
 comm_req comm_barrier(ust_comm *c) { return post(c, (comm_desc){.kind = COMM_BARRIER}); }
 
+/* The timeline of a wait that completed ops from + 1 .. seq: each as issued .. completed, and
+ * the wait itself. */
+static void trace_wait(const ust_comm *c, uint64_t from, uint64_t seq, double t0) {
+    ust_trace *t = c->ctx->trace;
+    if (!trace_on(t)) return;
+    double now = log_now_s();
+    char name[64], args[160];
+    for (uint64_t s = from + 1; s <= seq; s++) {
+        const comm_desc *d = &c->queue[s % (uint64_t)c->qcap];
+        if (d->seq != s || d->tpost <= 0) continue; /* posted before the traced steps */
+        snprintf(name, sizeof name, "%s %s", comm_kind_name(d->kind), c->name);
+        snprintf(args, sizeof args,
+                 "\"group\": \"%s\", \"members\": \"%d..%d/%d\", \"kind\": \"%s\", \"seq\": "
+                 "%llu, \"coll\": %llu, \"bytes\": %llu",
+                 c->name, c->granks[0], c->granks[c->size - 1], c->size, comm_kind_name(d->kind),
+                 (unsigned long long)s, (unsigned long long)d->coll,
+                 (unsigned long long)bus_bytes(c, d));
+        trace_async(t, "comm", name, ((uint64_t)c->fid << 40) | s, d->tpost, now, args);
+    }
+    const comm_desc *last = &c->queue[seq % (uint64_t)c->qcap];
+    snprintf(name, sizeof name, "wait %s %s", comm_kind_name(last->kind), c->name);
+    snprintf(args, sizeof args, "\"group\": \"%s\", \"seq\": %llu", c->name,
+             (unsigned long long)seq);
+    trace_span(t, TRACE_COMM, name, t0, now, args);
+}
+
 void comm_wait(comm_req *r) {
     ust_comm *c = r->comm;
     if (!c || r->seq <= c->done) return;
     UST_ASSERT(r->seq <= c->posted, "waiting on seq %llu of '%s', only %llu posted",
                (unsigned long long)r->seq, c->name, (unsigned long long)c->posted);
     double t0 = log_now_s();
+    flight *fl = c->ctx->fl;
+    uint64_t from = c->done; /* shm's wait_until advances c->done as it runs the queue */
+    if (fl) flight_wait_begin(fl, c, r->seq);
     c->be->wait_until(c, r->seq);
     c->cnt.wait_s += log_now_s() - t0;
+    if (fl) flight_wait_end(fl, c, from, r->seq);
+    if (c->ctx->trace) trace_wait(c, from, r->seq, t0);
     c->done = r->seq;
     r->comm = NULL;
+}
+
+void comm_ctx_set_trace(comm_ctx *ctx, ust_trace *t) { ctx->trace = t; }
+ust_trace *comm_trace(const ust_comm *c) { return c ? c->ctx->trace : NULL; }
+ust_trace *comm_ctx_trace(const comm_ctx *ctx) { return ctx->trace; }
+
+void comm_flight_label(ust_comm *c, const char *label) {
+    if (c && c->ctx->fl) flight_label(c, label);
+}
+
+void comm_progress(ust_comm *c) {
+    if (!c || c->be != &comm_shm_backend || c->posted != c->done + 1) return;
+    if (!shm_sends_fit(c, &c->queue[c->posted % (uint64_t)c->qcap])) return;
+    comm_req r = {c, c->posted};
+    comm_wait(&r);
 }
 
 void comm_wait_all(comm_req *r, int n) {

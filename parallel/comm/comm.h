@@ -15,6 +15,7 @@
 #include "bootstrap.h"
 #include "error.h"
 #include "ops.h"
+#include "trace.h"
 
 typedef enum { COMM_FP32, COMM_BF16 } comm_dtype; /* bf16: uint16 storage, fp32 accumulation */
 typedef enum { COMM_SUM, COMM_AVG } comm_redop;   /* AVG = SUM / members */
@@ -74,9 +75,11 @@ typedef struct {
 
 typedef struct {
     comm_backend backend;
-    double timeout_s;      /* deadline of every wait (dist.timeout_s); <= 0 means 300 */
-    size_t shm_slot_bytes; /* shm: staging bytes per member and round (0: 2 MiB) */
-    size_t shm_chan_bytes; /* shm: ring buffer per ordered pair for send/recv (0: 256 KiB) */
+    double timeout_s;       /* deadline of every wait (dist.timeout_s); <= 0 means 300 */
+    size_t shm_slot_bytes;  /* shm: staging bytes per member and round (0: 2 MiB) */
+    size_t shm_chan_bytes;  /* shm: ring buffer per ordered pair for send/recv (0: 256 KiB) */
+    int flight_entries;     /* flight recorder ring (logging.flight_entries; 0: off) */
+    const char *flight_dir; /* where its rank_R.json goes (NULL: kept in memory only) */
 } comm_opts;
 
 /* One entry of a batched send/recv: `count` elements to or from comm-local rank `peer`. */
@@ -151,6 +154,23 @@ comm_req comm_barrier(ust_comm *c);
 /* Sums n (<= 4) doubles over c, in place, through dev (2n floats of device memory from ops):
  * each double travels as a float plus its rounding error, so the sum keeps ~48 bits. Blocks. */
 void comm_sum_doubles(ust_comm *c, const ust_ops *ops, float *dev, double *x, int n);
+
+/* The timeline every operation is recorded in while it is on (trace.h; NULL: none): each
+ * operation as an asynchronous event from its post to the end of the wait that completed it
+ * (group, kind, seq, collective number, bytes), and each wait as a span on the comm thread. */
+void comm_ctx_set_trace(comm_ctx *ctx, ust_trace *t);
+ust_trace *comm_trace(const ust_comm *c); /* its ctx's */
+ust_trace *comm_ctx_trace(const comm_ctx *ctx);
+
+/* Names the next operation posted on c in the flight recorder (flight.h), e.g. pp's
+ * "recv act chunk 0 mb 5"; up to 47 bytes are kept. */
+void comm_flight_label(ust_comm *c, const char *label);
+
+/* Shared memory runs posted operations only when they are waited on: when the one operation
+ * outstanding on c is a batch of sends that fit in their rings now, this completes it at once
+ * (it waits for no one), so that the data leaves before the caller computes. Else, and on
+ * other backends (which start operations as they are posted), nothing. */
+void comm_progress(ust_comm *c);
 
 /* Completes r (and, on shm, everything posted before it on the same communicator). */
 void comm_wait(comm_req *r);

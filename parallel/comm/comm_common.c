@@ -1,5 +1,6 @@
 /* comm_common: see comm_common.h. */
 #include "comm_impl.h"
+#include "flight_impl.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -60,6 +61,7 @@ _Noreturn void comm_fail_timeout_at(const ust_comm *c, comm_kind k, const int *w
     fprintf(stderr, "hang: group '%s' global rank %d waits in op #%llu (%s)%s%s\n", c->name,
             c->granks[c->rank], (unsigned long long)c->done + 1, comm_kind_name(k),
             behind && *behind ? "; behind: " : "", behind ? behind : "");
+    flight_on_timeout(c->ctx->fl); /* every reachable rank's ring, and the diagnosis */
     comm_fail_wait(c, k, waiting, nwaiting, why);
 }
 

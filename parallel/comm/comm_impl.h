@@ -6,6 +6,9 @@
 
 #include "comm.h"
 #include "comm_common.h"
+#include "flight.h"
+
+enum { FLIGHT_LABEL = 48, FLIGHT_P2P = 4 }; /* flight recorder: label bytes, p2p kept per entry */
 
 /* One posted operation, as the caller described it (pointers are the caller's). For all-to-all
  * with equal counts the count arrays are NULL and `count` is the per-member count. */
@@ -21,6 +24,9 @@ typedef struct {
     const comm_p2p *p2p;
     int np2p;
     uint64_t seq;
+    int fidx;      /* its flight recorder entry */
+    uint64_t coll; /* its number among the group's collectives (0: p2p) */
+    double tpost;  /* tracing: when it was posted (log_now_s; 0 when not traced) */
 } comm_desc;
 
 typedef struct comm_backend_ops comm_backend_ops;
@@ -38,6 +44,11 @@ struct ust_comm {
     const comm_backend_ops *be; /* this group's backend: the ctx's, or gloo for a CPU group that
                                    spans nodes (comm_create_many) */
     void *impl;                 /* backend state */
+    /* flight recorder (flight.c): this group's number, its collectives posted, p2p messages
+     * sent to and received from each member, the label of the next operation */
+    int fid;
+    uint64_t fcolls, *fsent, *frecvd;
+    char flabel[FLIGHT_LABEL];
 };
 
 struct comm_ctx {
@@ -51,8 +62,11 @@ struct comm_ctx {
     ust_comm **all;
     int nall, capall;
     void *impl;
-    void *gloo;   /* gloo's per-process state (comm_gloo.c), when a group may span nodes */
-    int gloo_all; /* UST_COMM_GLOO=all: every CPU group of several members uses gloo */
+    void *gloo;       /* gloo's per-process state (comm_gloo.c), when a group may span nodes */
+    int gloo_all;     /* UST_COMM_GLOO=all: every CPU group of several members uses gloo */
+    flight *fl;       /* the flight recorder (NULL: off) */
+    ust_trace *trace; /* the timeline (NULL: off), comm_ctx_set_trace */
+    int nfid;         /* groups created so far (each gets the next flight number) */
 };
 
 /* Access to a desc's per-member counts and displacements (all-to-all with equal counts). */
@@ -95,6 +109,9 @@ extern const comm_backend_ops comm_nccl_backend; /* comm_nccl.c, only with -DUST
 #ifdef UST_GLOO
 extern const comm_backend_ops comm_gloo_backend; /* comm_gloo.c, only with -DUST_GLOO */
 #endif
+
+/* shm: d is a batch of sends only, all of which fit in their rings now (comm_progress). */
+int shm_sends_fit(const ust_comm *c, const comm_desc *d);
 
 /* Liveness of a process on this node (what the shm backend checks of a peer that keeps it
  * waiting): NULL while pid runs and, when start is not 0, is still the process that started at

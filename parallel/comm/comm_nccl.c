@@ -243,6 +243,7 @@ static void nccl_wait_until(ust_comm *c, uint64_t seq) {
             }
             sleep_us(nap);
             nap = nap < 500 ? nap * 2 : nap;
+            flight_poll(c->ctx->fl); /* a SIGUSR2 asks for the flight recorder's file */
         }
         give_event(s, ev);
     }

@@ -380,6 +380,23 @@ static int p2p_who(const ust_comm *c, const void *arg, int *waiting) {
     return n;
 }
 
+int shm_sends_fit(const ust_comm *c, const comm_desc *d) {
+    if (d->kind != COMM_SENDRECV) return 0;
+    if (c->size == 1) return 1;
+    size_t cap = c->ctx->opts.shm_chan_bytes, es = comm_dtype_size(d->t);
+    for (int i = 0; i < d->np2p; i++) {
+        const comm_p2p *o = &d->p2p[i];
+        if (!o->is_send) return 0;
+        if (o->peer == c->rank) return 0; /* a send to itself needs its receive */
+        size_t need = 0; /* every send of the batch to this peer, headers included */
+        for (int k = 0; k < d->np2p; k++)
+            if (d->p2p[k].peer == o->peer) need += 8 + (d->p2p[k].count * es + 7) / 8 * 8;
+        const shm_chan *ch = chan(c, c->rank, o->peer);
+        if (need > cap - (size_t)(atomic_load(&ch->head) - atomic_load(&ch->tail))) return 0;
+    }
+    return 1;
+}
+
 static void run_sendrecv(ust_comm *c, const comm_desc *d) {
     shm_comm *s = c->impl;
     size_t es = comm_dtype_size(d->t);

@@ -220,6 +220,7 @@ void shm_wait(ust_comm *c, comm_kind k, _Atomic uint32_t *w, _Atomic uint32_t *s
         }
         atomic_fetch_sub(sleepers, 1);
         if (pred(c, arg)) return;
+        flight_poll(c->ctx->fl); /* a SIGUSR2 wakes the futex: the file shows this wait */
         /* Only a whole quiet slice makes us look at the peers (one /proc read per member). */
         if (!slept_out && log_now_s() < deadline) continue;
         int nw = who(c, arg, waiting);

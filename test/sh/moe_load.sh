@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# MoE load per layer (metrics "moe": tokens per expert, the overload factor max/mean; TensorBoard
+# moe/layerN/overload) and scripts/plot --moe's heat map. A planted imbalance: a shard of one
+# repeated token gives every position the same input to every MoE layer (the attention of
+# identical values is that value), so all tokens take the same top-2 of 8 experts: overload
+# exactly 8/2 = 4 in every layer, against well under 4 on the demo text.
+. "$(dirname "$0")/../lib.sh"
+
+$UST data demo $TMP/data >/dev/null
+mkdir -p $TMP/flat
+cp $TMP/data/meta.json $TMP/flat/
+python3 - $TMP/flat <<'EOT'
+import sys
+import numpy as np
+for name in ("train_000.bin", "val_000.bin"):
+    h = np.zeros(256, dtype=np.int32)
+    h[:3] = (20240520, 1, 100000)
+    with open(f"{sys.argv[1]}/{name}", "wb") as f:
+        f.write(h.tobytes())
+        f.write(np.full(100000, 65, dtype=np.uint16).tobytes())
+EOT
+sed -e "s#data/tiny/#$TMP/data/#g" -e "s#runs/tiny#$TMP/run#g" configs/tiny.yaml |
+    sed 's/init_from: null}/init_from: null, moe: {num_experts: 8, top_k: 2, d_ff_expert: 32}}/' >$TMP/c.yaml
+C="--set train.steps=3 --set checkpoint.every=0 --set train.seq_len=64 --set data.val_every=100"
+$UST train $TMP/c.yaml $C --set logging.tensorboard_dir=$TMP/tb >$TMP/text.out 2>&1 || fail moe_text_run "$(tail -2 $TMP/text.out)"
+mv $TMP/run $TMP/text
+$UST train $TMP/c.yaml $C --set "data.train=$TMP/flat/train_*.bin" --set "data.val=$TMP/flat/val_*.bin" >$TMP/flat.out 2>&1 ||
+    fail moe_flat_run "$(tail -2 $TMP/flat.out)"
+python3 - $TMP/text/metrics.jsonl $TMP/run/metrics.jsonl >$TMP/check.out 2>&1 <<'EOT'
+import json, sys
+text = [json.loads(l) for l in open(sys.argv[1])]
+flat = [json.loads(l) for l in open(sys.argv[2])]
+for rows, planted in ((text, False), (flat, True)):
+    for r in rows:
+        assert len(r["moe"]) == 4, r["moe"]
+        for m in r["moe"]:
+            e = m["experts"]
+            # every token of the global batch routed twice: 8 x 64 tokens x top-2
+            assert len(e) == 8 and sum(e) == 8 * 64 * 2, (r["step"], m)
+            over = max(e) / (sum(e) / 8)
+            assert abs(m["overload"] - over) < 1e-4, m
+            if planted:
+                assert m["overload"] == 4 and sorted(e)[-2:] == [512, 512], m
+            else:  # an untrained router is uneven too (a layer may even send all to two)
+                assert m["overload"] <= 4, m
+mean = sum(m["overload"] for r in text for m in r["moe"]) / sum(len(r["moe"]) for r in text)
+assert mean < 3.5, mean
+print("ok")
+EOT
+grep -q "^ok" $TMP/check.out && pass moe_planted_imbalance_shows_in_the_overload_factor ||
+    fail moe_planted_imbalance_shows_in_the_overload_factor "$(tail -2 $TMP/check.out)"
+python3 - $TMP/tb >$TMP/tb.out 2>&1 <<'EOT'
+import sys
+from tensorboard.backend.event_processing import event_accumulator as ea
+acc = ea.EventAccumulator(sys.argv[1]); acc.Reload()
+tags = acc.Tags()["scalars"]
+miss = [t for t in ("moe/layer%d/overload" % l for l in range(4)) if t not in tags]
+print("missing", miss) if miss else print("ok")
+EOT
+grep -q "^ok" $TMP/tb.out && pass moe_overload_in_tensorboard || fail moe_overload_in_tensorboard "$(tail -1 $TMP/tb.out)"
+out=$(scripts/plot -o $TMP/plots --moe $TMP/run/metrics.jsonl 2>&1)
+rc=$?
+[ $rc = 0 ] && echo "$out" | grep -q "moe_load.png: 4 MoE layers x 8 experts, 3 steps" &&
+    echo "$out" | grep -q "layer 3: overload last 4.000, max 4.000" &&
+    python3 -c "import matplotlib.image as m, sys; assert m.imread(sys.argv[1]).shape[1] > 600" $TMP/plots/moe_load.png &&
+    pass plot_moe_heat_map || fail plot_moe_heat_map "rc=$rc $out"
+echo '{"step": 1, "loss": 2.5}' >$TMP/dense.jsonl
+expect_exit plot_moe_without_moe_exit_2 2 "no step with per-expert MoE load" -- scripts/plot -o $TMP/plots --moe $TMP/dense.jsonl
+exit 0
