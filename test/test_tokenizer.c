@@ -450,7 +450,7 @@ static int decode_tool(const char *tok_path, const char *in, const char *out) {
     while (!rc && fread(hdr, 4, 2, f) == 2) {
         ids = realloc(ids, (hdr[0] + 1) * sizeof *ids);
         if (fread(ids, 4, hdr[0], f) != hdr[0]) rc = 1;
-        size_t len;
+        size_t len = 0;
         char *text = tok_decode_text(t, ids, hdr[0], &len);
         uint32_t n32 = (uint32_t)len;
         fwrite(&n32, 4, 1, g);

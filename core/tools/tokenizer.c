@@ -18,6 +18,7 @@
 #include "hf_config.h"
 #include "tok_dec.h"
 #include "tok_norm.h"
+#include "tok_unigram.h"
 
 #include <errno.h>
 #include <stdbool.h>
@@ -187,6 +188,7 @@ struct tok_tokenizer {
     stage stages[MAX_STAGES];
     tok_norm norm;
     tok_dec *decoder;
+    tok_unigram *uni;      /* a Unigram model (else BPE) */
     int32_t byte_id[256];  /* the single-byte symbol of each byte, -1 when the vocab lacks it */
     int32_t fallback[256]; /* byte_fallback: the id of <0xXX>, -1 without (or none) */
     strmap vocab;          /* raw bytes (byte-level) or the string -> id */
@@ -218,6 +220,7 @@ struct tok_work {
     char *pfx[MAX_STAGES]; /* a piece with its prefix space (or metaspaces), per stage */
     size_t pfx_cap[MAX_STAGES];
     tok_buf norm, norm_tmp; /* a normalized piece */
+    tok_unigram_work *uw;
 };
 
 /* GPT-2's bytes_to_unicode: printable Latin-1 bytes map to themselves, the other 68 to U+0100.. */
@@ -257,6 +260,7 @@ void tok_free(tok_tokenizer *t) {
     free(t->dec0_len);
     tok_norm_free(&t->norm);
     tok_dec_free(t->decoder);
+    tok_unigram_free(t->uni);
     free(t);
 }
 
@@ -500,9 +504,9 @@ static int load_pretok(tok_tokenizer *t, const cJSON *p, const char *path, const
 /* Refuses the model options that change what encode returns and are not implemented. */
 static int check_model(const cJSON *model, const char *path, ust_err *e) {
     const char *type = json_type(model);
-    if (type[0] && strcmp(type, "BPE") != 0)
-        return ust_errf(e, "%s: model.type '%s' is not supported (supported models: BPE)", path,
-                        type);
+    if (type[0] && strcmp(type, "BPE") != 0 && strcmp(type, "Unigram") != 0)
+        return ust_errf(e, "%s: model.type '%s' is not supported (supported models: BPE, Unigram)",
+                        path, type);
     const cJSON *d = cJSON_GetObjectItemCaseSensitive(model, "dropout");
     if (cJSON_IsNumber(d) && d->valuedouble > 0)
         return ust_errf(e, "%s: BPE dropout %g is not supported (must be null or 0)", path,
@@ -727,7 +731,11 @@ static void build_decoder(tok_tokenizer *t, const cJSON *vocab) {
     }
     tok_buf b = {0}, tmp = {0};
     const cJSON *x;
-    cJSON_ArrayForEach(x, vocab) decode_entry(t, (int32_t)x->valuedouble, x->string, &b, &tmp);
+    if (t->uni) /* every id, a repeated piece's too */
+        for (int32_t id = 0; id < tok_unigram_size(t->uni); id++)
+            decode_entry(t, id, tok_unigram_piece(t->uni, id), &b, &tmp);
+    else
+        cJSON_ArrayForEach(x, vocab) decode_entry(t, (int32_t)x->valuedouble, x->string, &b, &tmp);
     for (int i = 0; i < t->nadded; i++)
         decode_entry(t, t->added[i].id, t->added[i].content, &b, &tmp);
     free(b.p);
@@ -773,16 +781,7 @@ static bool cuttable_stages(const tok_tokenizer *t) {
     return regex && t->norm.local;
 }
 
-static int load_json(tok_tokenizer *t, const cJSON *root, const char *path, ust_err *e) {
-    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
-    if (!cJSON_IsObject(model)) return ust_errf(e, "%s: no \"model\" object", path);
-    if (check_model(model, path, e)) return -1;
-    if (tok_norm_load(&t->norm, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), path,
-                      "normalizer", e))
-        return -1;
-    const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
-    if (cJSON_IsObject(pre) && load_pretok(t, pre, path, "pre_tokenizer", e) < 0) return -1;
-    t->cuttable = cuttable_stages(t);
+static int load_bpe(tok_tokenizer *t, const cJSON *model, const char *path, ust_err *e) {
     unsigned int map[256];
     int16_t inv[512];
     byte_level_map(map);
@@ -795,15 +794,45 @@ static int load_json(tok_tokenizer *t, const cJSON *root, const char *path, ust_
     if (load_merges(t, merges, alpha, path, e)) return -1;
     t->ignore_merges = json_bool(model, "ignore_merges", false);
     t->fuse_unk = json_bool(model, "fuse_unk", false);
-    if (load_special_ids(t, model, alpha, path, e)) return -1;
-    if (load_added(t, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"),
-                   cJSON_GetObjectItemCaseSensitive(model, "vocab"), path, e))
-        return -1;
-    if (tok_dec_load(&t->decoder, cJSON_GetObjectItemCaseSensitive(root, "decoder"), t->byte_level,
-                     path, e))
-        return -1;
-    build_decoder(t, cJSON_GetObjectItemCaseSensitive(model, "vocab"));
+    return load_special_ids(t, model, alpha, path, e);
+}
+
+static int load_unigram(tok_tokenizer *t, const cJSON *model, cJSON **vocab, const char *path,
+                        ust_err *e) {
+    if (t->byte_level)
+        return ust_errf(e,
+                        "%s: model.type 'Unigram' with a ByteLevel pre-tokenizer is not "
+                        "supported",
+                        path);
+    if (tok_unigram_load(&t->uni, model, vocab, path, e)) return -1;
+    t->vocab_size = tok_unigram_size(t->uni);
+    t->unk_id = -1;
     return 0;
+}
+
+static int load_json(tok_tokenizer *t, const cJSON *root, const char *path, ust_err *e) {
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (!cJSON_IsObject(model)) return ust_errf(e, "%s: no \"model\" object", path);
+    if (check_model(model, path, e)) return -1;
+    if (tok_norm_load(&t->norm, cJSON_GetObjectItemCaseSensitive(root, "normalizer"), path,
+                      "normalizer", e))
+        return -1;
+    const cJSON *pre = cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer");
+    if (cJSON_IsObject(pre) && load_pretok(t, pre, path, "pre_tokenizer", e) < 0) return -1;
+    t->cuttable = cuttable_stages(t);
+    cJSON *uvocab = NULL; /* a Unigram's pieces as {piece: id} */
+    const cJSON *vocab = cJSON_GetObjectItemCaseSensitive(model, "vocab");
+    int rc = strcmp(json_type(model), "Unigram") == 0 ? load_unigram(t, model, &uvocab, path, e)
+                                                      : load_bpe(t, model, path, e);
+    if (uvocab) vocab = uvocab;
+    if (!rc)
+        rc = load_added(t, cJSON_GetObjectItemCaseSensitive(root, "added_tokens"), vocab, path, e);
+    if (!rc)
+        rc = tok_dec_load(&t->decoder, cJSON_GetObjectItemCaseSensitive(root, "decoder"),
+                          t->byte_level, path, e);
+    if (!rc) build_decoder(t, vocab);
+    cJSON_Delete(uvocab);
+    return rc;
 }
 
 /* e.g. "BPE (byte-level, qwen2 regex; NFC; decoder ByteLevel)" */
@@ -818,10 +847,10 @@ static void describe(tok_tokenizer *t) {
         if (name[0])
             off += (size_t)snprintf(pre + off, sizeof pre - off, "%s%s", off ? "+" : "", name);
     }
-    snprintf(t->describe, sizeof t->describe, "BPE (%s%s%s%s%s; decoder %s)",
-             t->byte_level ? "byte-level" : "characters", t->byte_fallback ? ", byte fallback" : "",
-             pre[0] ? ", " : "", pre, t->norm.n ? ", normalized" : "",
-             tok_dec_describe(t->decoder));
+    snprintf(t->describe, sizeof t->describe, "%s (%s%s%s%s%s; decoder %s)",
+             t->uni ? "Unigram" : "BPE", t->byte_level ? "byte-level" : "characters",
+             t->byte_fallback ? ", byte fallback" : "", pre[0] ? ", " : "", pre,
+             t->norm.n ? ", normalized" : "", tok_dec_describe(t->decoder));
 }
 
 int tok_load(tok_tokenizer **out, const char *path, ust_err *e) {
@@ -987,6 +1016,7 @@ void tok_work_free(tok_work *w) {
     for (int i = 0; i < MAX_STAGES; i++) free(w->pfx[i]);
     free(w->norm.p);
     free(w->norm_tmp.p);
+    tok_unigram_work_free(w->uw);
     free(w);
 }
 
@@ -1082,6 +1112,10 @@ static int32_t initial_symbols(const tok_tokenizer *t, tok_work *w, const unsign
  * pair now merges to another id; merge; queue the two pairs the new symbol forms. */
 static void bpe_piece(const tok_tokenizer *t, tok_work *w, const unsigned char *s, size_t n,
                       tok_ids *out) {
+    if (t->uni) {
+        tok_unigram_encode(t->uni, &w->uw, s, n, out);
+        return;
+    }
     if (t->ignore_merges) {
         int32_t id = strmap_get(&t->vocab, s, n);
         if (id >= 0) {

@@ -1,7 +1,8 @@
 /* tokenizer: text -> token ids, either raw bytes (id = byte) or the BPE model of a Hugging Face
  * tokenizer.json: added tokens matched first, then the normalizers (tok_norm.h), the
  * pre-tokenizers (ByteLevel, Split on the GPT-2/Llama-3/Qwen2 regex or on a string, Digits,
- * Metaspace, Sequence) and BPE over bytes (byte-level) or characters with byte_fallback / unk.
+ * Metaspace, Sequence), then BPE over bytes (byte-level) or characters with byte_fallback / unk,
+ * or a Unigram model (tok_unigram.h).
  * encode() is token-for-token what `tokenizers` encode(text, add_special_tokens=False) returns on
  * valid UTF-8; decode follows the file's decoder. A loaded tokenizer is read-only: threads share
  * it and each passes its own tok_work scratch. Unsupported files are refused, naming the JSON

@@ -15,7 +15,8 @@
                               mistral (Metaspace prepend first, no split, byte_fallback, Metaspace
                               decoder), gemma (Replace normalizer, some <0xXX> missing: unk fused),
                               metasplit (Metaspace always + split, a Split on a string
-                              MergedWithPrevious, Digits)
+                              MergedWithPrevious, Digits), unigram (NFKC, Metaspace, a Unigram
+                              model with byte_fallback; <0x80>..<0x9F> missing: unk)
   check TOK.json EOT SHARDDIR OUT.ids FILE...
                               every token of the shards against tokenizers' encode of each
                               document + EOT; writes the documents' ids for the decode check (per
@@ -152,9 +153,36 @@ def train_spm(kind, chunks, out):
     byte_tokens(out, missing=range(0x80, 0x90) if kind == "gemma" else ())
 
 
+def train_unigram(chunks, out):
+    """T5-style Unigram: NFKC, Metaspace (always, split), byte_fallback with <0xXX> pieces (scored
+    below every other piece, as SentencePiece does), unk for the rest."""
+    tok = Tokenizer(models.Unigram())
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always", split=True)
+    tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Metaspace(prepend_scheme="always")])
+    tr = trainers.UnigramTrainer(vocab_size=1200, special_tokens=["<unk>", "<s>", "</s>"],
+                                 unk_token="<unk>", show_progress=False)
+    tok.train_from_iterator(chunks[:60], tr)
+    tok.save(out)
+    j = json.load(open(out, encoding="utf-8"))
+    m = j["model"]
+    # characters without a piece of their own: their bytes (byte fallback), or with a byte among
+    # the missing <0x80>..<0x9F> (as in 的 E7 9A 84) unk, fused over consecutive ones
+    m["vocab"] = [v for v in m["vocab"] if v[0] not in set("的一是不了人我在αβγδабвгاب")]
+    ids = {p: i for i, (p, _) in enumerate(m["vocab"])}
+    for a in j["added_tokens"]:
+        a["id"] = ids[a["content"]]
+    low = min(sc for _, sc in m["vocab"])
+    m["vocab"] += [["<0x%02X>" % b, low - 1.0] for b in range(256) if b < 0x80 or b >= 0xA0]
+    m["byte_fallback"] = True
+    json.dump(j, open(out, "w", encoding="utf-8"), ensure_ascii=False)
+
+
 def train(kind, d, out):
     text = open(os.path.join(d, "train.txt"), encoding="utf-8", newline="").read()
     chunks = [text[i:i + 2000] for i in range(0, len(text), 2000)]
+    if kind == "unigram":
+        return train_unigram(chunks, out)
     if kind in ("llama2", "mistral", "gemma", "metasplit"):
         return train_spm(kind, chunks, out)
     tok = Tokenizer(models.BPE())
