@@ -64,6 +64,7 @@ typedef struct {
         double norm_eps;              /* RMSNorm/LayerNorm epsilon (default 1e-5) */
         bool tie_embeddings;          /* gpt2 always ties; llama may */
         bool qkv_bias;                /* llama with q/k/v biases (Qwen2); gpt2 always has them */
+        bool qk_norm;                 /* llama: each head's q and k RMSNormed (Qwen3) */
         bool allow_nonfinite;         /* import an HF model holding NaN/Inf weights (refused) */
         char init_from[UST_PATH_MAX]; /* "" = random init; an llm.c gpt2 .bin or an HF dir */
         struct {

@@ -81,6 +81,7 @@ const cfg_key cfg_keys[] = {
     DBL("model.norm_eps", model.norm_eps, "1e-5", 0, INFINITY, LO_OPEN),
     BOOL("model.tie_embeddings", model.tie_embeddings, "false"),
     BOOL("model.qkv_bias", model.qkv_bias, "false"),
+    BOOL("model.qk_norm", model.qk_norm, "false"),
     BOOL("model.allow_nonfinite", model.allow_nonfinite, "false"),
     STR("model.init_from", model.init_from, "null", NULLABLE),
     INTR("model.moe.num_experts", model.moe.num_experts, "0", 0, 4096),

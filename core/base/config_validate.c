@@ -34,6 +34,8 @@ static int cfg_validate_model(const ust_config *c, ust_err *e) {
             m->max_seq_len);
     REQUIRE(m->rope_scaling.type == ROPE_NONE || m->arch == ARCH_LLAMA,
             "model.rope_scaling applies to llama's RoPE; gpt2 has learned positions");
+    REQUIRE(!m->qk_norm || m->arch == ARCH_LLAMA,
+            "model.qk_norm: true applies to llama (Qwen3's per-head q/k RMSNorm), not gpt2");
     REQUIRE(m->rope_scaling.type == ROPE_NONE ||
                 m->rope_scaling.high_freq_factor > m->rope_scaling.low_freq_factor,
             "model.rope_scaling.high_freq_factor (%g) must be > low_freq_factor (%g)",

@@ -157,9 +157,8 @@ static int parse_llama(const jctx *x, ust_config *c) {
                : 0;
 }
 
-static int parse_qwen2(const jctx *x, ust_config *c) {
-    if (parse_llama_common(x, c, 10000, 1e-6)) return -1;
-    c->model.qkv_bias = true;
+/* Qwen2 and Qwen3: full attention in every layer (no sliding window). */
+static int qwen_full_attention(const jctx *x) {
     if (refuse_true(x, "use_sliding_window", "ustrain's attention is full causal attention"))
         return -1;
     const cJSON *types = jget(x, "layer_types"), *t; /* transformers 5: one per layer */
@@ -175,6 +174,23 @@ static int parse_qwen2(const jctx *x, ust_config *c) {
         i++;
     }
     return 0;
+}
+
+static int parse_qwen2(const jctx *x, ust_config *c) {
+    if (parse_llama_common(x, c, 10000, 1e-6)) return -1;
+    c->model.qkv_bias = true;
+    return qwen_full_attention(x);
+}
+
+/* Qwen3: a llama with RMSNorm over each head's q and k before RoPE (q_norm, k_norm), no biases
+ * (attention_bias would put them on o_proj too, which ustrain's llama has not). */
+static int parse_qwen3(const jctx *x, ust_config *c) {
+    if (parse_llama_common(x, c, 10000, 1e-6)) return -1;
+    c->model.qk_norm = true;
+    return refuse_true(x, "attention_bias", "Qwen3ForCausalLM with q/k/v/o biases") ||
+                   qwen_full_attention(x)
+               ? -1
+               : 0;
 }
 
 static int parse_mixtral(const jctx *x, ust_config *c) {
@@ -239,9 +255,8 @@ static const struct {
     const char *arch, *model_type;
     int (*parse)(const jctx *x, ust_config *c);
 } ARCHS[] = {
-    {"LlamaForCausalLM", "llama", parse_llama},
-    {"Qwen2ForCausalLM", "qwen2", parse_qwen2},
-    {"MixtralForCausalLM", "mixtral", parse_mixtral},
+    {"LlamaForCausalLM", "llama", parse_llama}, {"Qwen2ForCausalLM", "qwen2", parse_qwen2},
+    {"Qwen3ForCausalLM", "qwen3", parse_qwen3}, {"MixtralForCausalLM", "mixtral", parse_mixtral},
     {"GPT2LMHeadModel", "gpt2", parse_gpt2},
 };
 
@@ -268,7 +283,7 @@ int hf_config_parse(const cJSON *j, const char *path, ust_config *c, char *arch,
         }
     return ust_errf(e,
                     "%s: architecture '%.80s' is not supported (ustrain imports LlamaForCausalLM, "
-                    "Qwen2ForCausalLM, MixtralForCausalLM and GPT2LMHeadModel)",
+                    "Qwen2ForCausalLM, Qwen3ForCausalLM, MixtralForCausalLM and GPT2LMHeadModel)",
                     path,
                     name   ? name
                     : type ? type
@@ -336,6 +351,7 @@ static const hf_key SHAPE_KEYS[] = {
     K("model.norm_eps", "rms_norm_eps / layer_norm_epsilon", V_DBL, model.norm_eps),
     K("model.tie_embeddings", "tie_word_embeddings", V_BOOL, model.tie_embeddings),
     K("model.qkv_bias", "architectures (Qwen2: q/k/v biases)", V_BOOL, model.qkv_bias),
+    K("model.qk_norm", "architectures (Qwen3: q/k head norms)", V_BOOL, model.qk_norm),
     K("model.rope_scaling.type", "rope_scaling.rope_type", V_ROPE, model.rope_scaling.type),
     K("model.moe.num_experts", "num_local_experts", V_INT, model.moe.num_experts),
 };

@@ -16,8 +16,9 @@
  * up_b, down, down_b), so dense MLPs and experts share one forward. */
 typedef struct {
     float *ln1_w, *ln1_b, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo, *ln2_w, *ln2_b;
-    moe_expert mlp;  /* dense layers */
-    moe_weights moe; /* MoE layers: router [E, C], experts[E], shared */
+    float *qn_w, *kn_w; /* model.qk_norm: the per-head q and k norms (D each) */
+    moe_expert mlp;     /* dense layers */
+    moe_weights moe;    /* MoE layers: router [E, C], experts[E], shared */
     int is_moe;
     act *kc, *vc; /* (S, Hkv, D) each: position t's keys (after RoPE) and values */
 } infer_layer;
@@ -25,6 +26,7 @@ typedef struct {
 /* The model's dimensions (from the config; chunk: tokens per forward call, S: the cache's). */
 typedef struct {
     int llama, L, C, H, Hkv, D, F, V, Vp, S, chunk;
+    int qk_norm;
     int E, k, Fe, shared;
     float eps;
     ust_rope rope;
@@ -119,6 +121,8 @@ static void enum_layer(const ust_config *cfg, int l, infer_layer *w, tensor_fn f
     if (qkvb) E_("self_attn.v_proj.bias", 1, KV, 0, bv);
     E_("self_attn.o_proj.weight", C, HD, 1, wo);
     if (gpt2) E_("self_attn.o_proj.bias", 1, C, 0, bo);
+    if (!gpt2 && cfg->model.qk_norm) E_("self_attn.q_norm.weight", 1, D, 0, qn_w);
+    if (!gpt2 && cfg->model.qk_norm) E_("self_attn.k_norm.weight", 1, D, 0, kn_w);
     E_("post_attention_layernorm.weight", 1, C, 0, ln2_w);
     if (gpt2) E_("post_attention_layernorm.bias", 1, C, 0, ln2_b);
     if (moe_layer_is_moe(cfg, l)) {
@@ -244,6 +248,7 @@ static void dims(infer_model *m, const ust_config *cfg) {
     m->shape.eps =
         m->shape.llama ? (float)cfg->model.norm_eps : 1e-5f; /* as model.c's norm_forward */
     m->shape.rope = ops_rope(cfg);
+    m->shape.qk_norm = m->shape.llama && cfg->model.qk_norm;
     m->shape.E = cfg->model.moe.num_experts, m->shape.k = cfg->model.moe.top_k;
     m->shape.Fe = cfg->model.moe.d_ff_expert, m->shape.shared = cfg->model.moe.shared_expert;
 }
@@ -423,6 +428,11 @@ static void attention(infer_model *m, const infer_layer *w, int n) {
     o->linear_fwd(o, m->a.q, m->a.ln, w->wq, w->bq, n, C, HD);
     o->linear_fwd(o, k, m->a.ln, w->wk, w->bk, n, C, KV);
     o->linear_fwd(o, v, m->a.ln, w->wv, w->bv, n, C, KV);
+    if (m->shape.qk_norm) { /* each head's q and k, in place; lse (H, n) is free until attention */
+        o->rmsnorm_fwd(o, m->a.q, m->a.lse, m->a.q, w->qn_w, n * m->shape.H, m->shape.D,
+                       m->shape.eps);
+        o->rmsnorm_fwd(o, k, m->a.lse, k, w->kn_w, n * m->shape.Hkv, m->shape.D, m->shape.eps);
+    }
     if (m->shape.llama) {
         o->rope_fwd(o, m->a.q, m->a.q, pos, 1, n, m->shape.H, m->shape.D, &m->shape.rope);
         o->rope_fwd(o, k, k, pos, 1, n, m->shape.Hkv, m->shape.D, &m->shape.rope);

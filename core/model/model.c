@@ -216,6 +216,9 @@ void model_chunk_weight_grad(model *m, int c, int slot) {
             block_norm_backward(m, m->acts.dtmp, *j->dw, j->db ? *j->db : NULL, j->dout, j->x,
                                 *j->w, j->mean, j->rstd);
             break;
+        case WG_HEADNORM:
+            block_head_norm_wgrad(m, *j->dw, j->dout, j->x, *j->w, j->rstd, j->N);
+            break;
         case WG_EMBED:
             vocab_embedding_backward(m, s->tok, j->dout, j->vc);
             break;

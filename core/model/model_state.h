@@ -13,12 +13,15 @@
 typedef struct {
     float *ln1_w, *ln1_b, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo;
     float *ln2_w, *ln2_b, *wg, *wu, *bu, *wd, *bd;
-} layer_w; /* weights of one layer; the same struct points into the gradients */
+    float *qn_w, *kn_w; /* model.qk_norm: the per-head q and k RMSNorm weights (D each) */
+} layer_w;              /* weights of one layer; the same struct points into the gradients */
 
 typedef struct layer_acts_s {
     act *ln1;                   /* (N,C) */
     float *ln1_mean, *ln1_rstd; /* (N), (N) */
     act *q, *k, *v;             /* (N,H*D), (N,Hkv*D), (N,Hkv*D); after RoPE for llama */
+    act *qr, *kr;               /* model.qk_norm: q and k before their head norms */
+    float *q_rstd, *k_rstd;     /* model.qk_norm: (N*H), (N*Hkv) */
     act *att;                   /* (N,H*D) */
     float *lse;                 /* (B,H,T) */
     act *res2;                  /* (N,C) residual after attention */
@@ -32,6 +35,7 @@ typedef struct layer_acts_s {
 typedef struct {
     act *gmlp, *dup, *dgate, *dln2;  /* (N,C) down_proj out, (N,F) up/gate out, (Nl,C) norm 2 */
     act *gatt, *dq, *dk, *dv, *dln1; /* (N,C) o_proj out, q/k/v out, (Nl,C) norm 1 */
+    act *dqn, *dkn;                  /* model.qk_norm: the head norms' output gradients */
 } layer_wsave;
 
 /* Zero-bubble's deferred weight gradients: B records, in backward order, what W must do later,
@@ -45,7 +49,8 @@ typedef enum {
     WG_GATHER,     /* gather x (a half's input, this rank's rows) for the linears after it */
     WG_LINEAR,     /* dw (+ db) += dout^T @ x, x the last gathered input (gathered) or x itself */
     WG_NORM,       /* a norm's weight (and bias) gradient */
-    WG_EMBED       /* the embeddings' gradients from the chunk's input gradient */
+    WG_EMBED,      /* the embeddings' gradients from the chunk's input gradient */
+    WG_HEADNORM    /* model.qk_norm: a per-head norm's weight gradient (N rows of C = D) */
 } wg_kind;
 
 typedef struct {
@@ -112,6 +117,7 @@ typedef struct {
     float eps;
     ust_rope rope;
     int qkv_bias;  /* q/k/v projections have biases (gpt2; llama with model.qkv_bias) */
+    int qk_norm;   /* model.qk_norm: RMSNorm over each head's q and k before RoPE */
     int doc_mask;  /* data.doc_mask: attention inside documents */
     int reset_pos; /* data.reset_positions: positions restart at each document */
     ust_recompute recompute;

@@ -4,7 +4,8 @@ and compares an imported-then-exported directory with the original.
 
   hf_make_model.py make KIND OUT [--dtype f32|bf16|f16] [--shards N] [--seed S]
                    [--set KEY=JSON]... [--bad-shape TENSOR] [--bad-dtype TENSOR=DT]
-      KIND: llama, llama_tied, llama3 (rope_scaling llama3), qwen2 (q/k/v biases), mixtral, gpt2.
+      KIND: llama, llama_tied, llama3 (rope_scaling llama3), qwen2 (q/k/v biases), qwen3 (q/k head
+      norms), mixtral, gpt2.
       Writes OUT/config.json and OUT/model.safetensors, or with --shards N > 1
       OUT/model-0000i-of-0000N.safetensors + model.safetensors.index.json. The safetensors files
       are written by hand (8-byte little-endian header length, JSON header padded to 8 bytes,
@@ -32,10 +33,11 @@ DIMS = dict(L=2, C=64, H=4, KV=2, F=96, V=300, T=64, E=4, K=2, FE=48)
 
 def llama_config(kind):
     d = DIMS
-    arch = {"qwen2": "Qwen2ForCausalLM", "mixtral": "MixtralForCausalLM"}.get(kind, "LlamaForCausalLM")
+    arch = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+            "mixtral": "MixtralForCausalLM"}.get(kind, "LlamaForCausalLM")
     cfg = {
         "architectures": [arch],
-        "model_type": {"qwen2": "qwen2", "mixtral": "mixtral"}.get(kind, "llama"),
+        "model_type": {"qwen2": "qwen2", "qwen3": "qwen3", "mixtral": "mixtral"}.get(kind, "llama"),
         "hidden_size": d["C"], "intermediate_size": d["FE"] if kind == "mixtral" else d["F"],
         "num_hidden_layers": d["L"], "num_attention_heads": d["H"], "num_key_value_heads": d["KV"],
         "vocab_size": d["V"], "max_position_embeddings": d["T"], "rms_norm_eps": 1e-5,
@@ -46,8 +48,10 @@ def llama_config(kind):
     if kind == "llama3":
         cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
-    if kind == "qwen2":
+    if kind in ("qwen2", "qwen3"):
         cfg.update(use_sliding_window=False, sliding_window=None, max_window_layers=d["L"])
+    if kind == "qwen3":
+        cfg.update(attention_bias=False, head_dim=d["C"] // d["H"])
     if kind == "mixtral":
         cfg.update(num_local_experts=d["E"], num_experts_per_tok=d["K"], sliding_window=None,
                    router_aux_loss_coef=0.001)
@@ -69,6 +73,8 @@ def llama_tensors(kind):
               (p + "self_attn.v_proj.weight", (KVD, d["C"])),
               (p + "self_attn.o_proj.weight", (d["C"], HD)),
               (p + "post_attention_layernorm.weight", (d["C"],))]
+        if kind == "qwen3":
+            t += [(p + "self_attn.q_norm.weight", (D,)), (p + "self_attn.k_norm.weight", (D,))]
         if kind == "qwen2":
             t += [(p + "self_attn.q_proj.bias", (HD,)), (p + "self_attn.k_proj.bias", (KVD,)),
                   (p + "self_attn.v_proj.bias", (KVD,))]
@@ -234,6 +240,9 @@ def make_with_transformers(kind, out, seed=1):
         model = tf.GPT2LMHeadModel(cfg)
     elif kind == "qwen2":
         model = tf.Qwen2ForCausalLM(tf.Qwen2Config(intermediate_size=d["F"], **common))
+    elif kind == "qwen3":
+        model = tf.Qwen3ForCausalLM(tf.Qwen3Config(intermediate_size=d["F"],
+                                                   head_dim=d["C"] // d["H"], **common))
     elif kind == "mixtral":
         model = tf.MixtralForCausalLM(tf.MixtralConfig(
             intermediate_size=d["FE"], num_local_experts=d["E"], num_experts_per_tok=d["K"],
