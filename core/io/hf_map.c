@@ -188,6 +188,19 @@ int hf_table_build(hf_table *l, const ust_config *c, ust_err *e) {
     if (moe->num_experts > 0 && c->model.qkv_bias)
         return ust_errf(e, "model.qkv_bias: Mixtral's attention has no q/k/v biases, so a mixture "
                            "of experts with model.qkv_bias: true has no Hugging Face layout");
+    int first = -1, suffix = 1; /* the windowed layers: from `first` on, all of them? */
+    for (int l = 0; l < c->model.n_layer; l++) {
+        if (cfg_layer_window(c, l) && first < 0) first = l;
+        if (!cfg_layer_window(c, l) && first >= 0) suffix = 0;
+    }
+    if (first >= 0 && (!suffix || (first > 0 && !c->model.qkv_bias && !c->model.qk_norm)))
+        return ust_errf(e,
+                        "model.sliding_window [%s]: a Hugging Face layout slides a window on "
+                        "every layer (MistralForCausalLM, MixtralForCausalLM) or on the layers "
+                        "from max_window_layers on (Qwen2/Qwen3ForCausalLM, a model with "
+                        "model.qkv_bias or model.qk_norm); this model's windowed layers are "
+                        "neither",
+                        c->model.sliding_window);
     if (c->model.qk_norm && (moe->num_experts > 0 || c->model.qkv_bias))
         return ust_errf(e,
                         "model.qk_norm: its Hugging Face layout is Qwen3ForCausalLM, a dense "
@@ -269,6 +282,18 @@ static void rope_scaling_json(cJSON *j, const ust_config *c) {
         return;
     }
     cJSON *o = cJSON_AddObjectToObject(j, "rope_scaling");
+    if (r->type == ROPE_YARN) { /* attention_factor 0: transformers derives the same default */
+        cJSON_AddStringToObject(o, "rope_type", "yarn");
+        cJSON_AddNumberToObject(o, "factor", r->factor);
+        cJSON_AddNumberToObject(o, "original_max_position_embeddings",
+                                r->original_max_position_embeddings);
+        cJSON_AddNumberToObject(o, "beta_fast", r->beta_fast);
+        cJSON_AddNumberToObject(o, "beta_slow", r->beta_slow);
+        cJSON_AddBoolToObject(o, "truncate", r->truncate);
+        if (r->attention_factor > 0)
+            cJSON_AddNumberToObject(o, "attention_factor", r->attention_factor);
+        return;
+    }
     cJSON_AddStringToObject(o, "rope_type", "llama3");
     cJSON_AddNumberToObject(o, "factor", r->factor);
     cJSON_AddNumberToObject(o, "low_freq_factor", r->low_freq_factor);
@@ -280,17 +305,23 @@ static void rope_scaling_json(cJSON *j, const ust_config *c) {
 static cJSON *llama_config(const ust_config *c, int bos, int eos) {
     const __typeof__(c->model) *m = &c->model;
     int moe = m->moe.num_experts > 0, qwen2 = !moe && m->qkv_bias, qwen3 = m->qk_norm;
-    const char *arch = moe     ? "MixtralForCausalLM"
-                       : qwen2 ? "Qwen2ForCausalLM"
-                       : qwen3 ? "Qwen3ForCausalLM"
-                               : "LlamaForCausalLM";
+    int W = 0, first = m->n_layer; /* model.sliding_window: the windowed layers are a suffix */
+    for (int l = m->n_layer - 1; l >= 0 && cfg_layer_window(c, l); l--)
+        W = cfg_layer_window(c, l), first = l;
+    int mistral = W && !moe && !qwen2 && !qwen3;
+    const char *arch = moe       ? "MixtralForCausalLM"
+                       : qwen2   ? "Qwen2ForCausalLM"
+                       : qwen3   ? "Qwen3ForCausalLM"
+                       : mistral ? "MistralForCausalLM"
+                                 : "LlamaForCausalLM";
     cJSON *j = cJSON_CreateObject();
     cJSON_AddItemToObject(j, "architectures", cJSON_CreateStringArray(&arch, 1));
     cJSON_AddStringToObject(j, "model_type",
-                            moe     ? "mixtral"
-                            : qwen2 ? "qwen2"
-                            : qwen3 ? "qwen3"
-                                    : "llama");
+                            moe       ? "mixtral"
+                            : qwen2   ? "qwen2"
+                            : qwen3   ? "qwen3"
+                            : mistral ? "mistral"
+                                      : "llama");
     cJSON_AddNumberToObject(j, "vocab_size", m->vocab_size);
     cJSON_AddNumberToObject(j, "hidden_size", m->d_model);
     cJSON_AddNumberToObject(j, "intermediate_size", moe ? m->moe.d_ff_expert : m->d_ff);
@@ -300,10 +331,17 @@ static cJSON *llama_config(const ust_config *c, int bos, int eos) {
         cJSON_AddNumberToObject(j, "router_aux_loss_coef", m->moe.aux_loss_coef);
         cJSON_AddBoolToObject(j, "output_router_logits", 0);
     }
-    if (moe || qwen2 || qwen3) cJSON_AddNullToObject(j, "sliding_window");
+    if (W)
+        cJSON_AddNumberToObject(j, "sliding_window", W);
+    else if (moe || qwen2 || qwen3 || mistral)
+        cJSON_AddNullToObject(j, "sliding_window");
     if (qwen2 || qwen3) { /* Qwen2's q/k/v biases, Qwen3's head norms: by the architecture */
-        cJSON_AddBoolToObject(j, "use_sliding_window", 0);
-        cJSON_AddNumberToObject(j, "max_window_layers", m->n_layer);
+        cJSON_AddBoolToObject(j, "use_sliding_window", W > 0);
+        cJSON_AddNumberToObject(j, "max_window_layers", first);
+        cJSON *types = cJSON_AddArrayToObject(j, "layer_types"); /* transformers 5 */
+        for (int l = 0; l < m->n_layer; l++)
+            cJSON_AddItemToArray(
+                types, cJSON_CreateString(l >= first ? "sliding_attention" : "full_attention"));
     }
     cJSON_AddNumberToObject(j, "num_hidden_layers", m->n_layer);
     cJSON_AddNumberToObject(j, "num_attention_heads", m->n_head);
@@ -316,7 +354,7 @@ static cJSON *llama_config(const ust_config *c, int bos, int eos) {
     rope_scaling_json(j, c);
     cJSON_AddNumberToObject(j, "attention_dropout", 0.0);
     if (qwen3) cJSON_AddBoolToObject(j, "attention_bias", 0);
-    if (!qwen2 && !qwen3) {
+    if (!qwen2 && !qwen3 && !mistral) {
         cJSON_AddBoolToObject(j, "attention_bias", 0);
         cJSON_AddBoolToObject(j, "mlp_bias", 0);
         cJSON_AddNumberToObject(j, "pretraining_tp", 1);

@@ -20,6 +20,7 @@ typedef struct {
     moe_expert mlp;     /* dense layers */
     moe_weights moe;    /* MoE layers: router [E, C], experts[E], shared */
     int is_moe;
+    int window;   /* model.sliding_window (0: full attention) */
     act *kc, *vc; /* (S, Hkv, D) each: position t's keys (after RoPE) and values */
 } infer_layer;
 
@@ -47,6 +48,7 @@ typedef struct {
     act *logits;                        /* (V) */
     float *mean, *rstd, *lse;           /* (n) (n) (H, n) */
     int32_t *tok, *pos;                 /* device (chunk), (S): pos[t] = t */
+    int32_t *wstart, *wstart_h;         /* (chunk) device, host: each new token's first key */
 } infer_acts;
 
 /* MoE routing: router logits, probabilities, choices, gates; expert-ordered rows. */
@@ -265,7 +267,8 @@ static void alloc_acts(infer_model *m) {
     m->a.logits = A_(m->shape.V);
     m->a.mean = o->alloc(o, n * sizeof(float)), m->a.rstd = o->alloc(o, n * sizeof(float));
     m->a.lse = o->alloc(o, n * m->shape.H * sizeof(float));
-    m->a.tok = I_(n), m->a.pos = I_(m->shape.S);
+    m->a.tok = I_(n), m->a.pos = I_(m->shape.S), m->a.wstart = I_(n);
+    m->a.wstart_h = malloc((size_t)n * sizeof(int32_t));
     int32_t *pos = malloc((size_t)m->shape.S * sizeof(int32_t));
     UST_ASSERT(pos, "out of host memory");
     for (int t = 0; t < m->shape.S; t++) pos[t] = t;
@@ -299,6 +302,7 @@ int infer_create(infer_model **out, const ust_config *cfg, const ust_ops *ops, i
     m->shape.chunk = chunk < m->shape.S ? chunk : m->shape.S;
     m->w.lw = calloc(m->shape.L, sizeof *m->w.lw);
     UST_ASSERT(m->w.lw, "out of host memory");
+    for (int l = 0; l < m->shape.L; l++) m->w.lw[l].window = cfg_layer_window(cfg, l);
     for (int l = 0; l < m->shape.L; l++)
         if (moe_layer_is_moe(cfg, l)) {
             infer_layer *w = &m->w.lw[l];
@@ -328,10 +332,10 @@ void infer_destroy(infer_model *m) {
     if (!m) return;
     const ust_ops *o = m->ops;
     for (int i = 0; i < m->w.nowned; i++) o->free(o, m->w.owned[i]);
-    void *dev[] = {m->a.x,     m->a.ln,   m->a.tmp,  m->a.tmp2,    m->a.q,     m->a.att,
-                   m->a.h1,    m->a.h2,   m->a.h,    m->a.logits,  m->a.mean,  m->a.rstd,
-                   m->a.lse,   m->a.tok,  m->a.pos,  m->r.rlogits, m->r.xe,    m->r.eout,
-                   m->r.probs, m->r.gate, m->r.topk, m->r.rowpos,  m->r.assign};
+    void *dev[] = {m->a.x,     m->a.ln,   m->a.tmp,  m->a.tmp2,    m->a.q,      m->a.att,
+                   m->a.h1,    m->a.h2,   m->a.h,    m->a.logits,  m->a.mean,   m->a.rstd,
+                   m->a.lse,   m->a.tok,  m->a.pos,  m->r.rlogits, m->r.xe,     m->r.eout,
+                   m->r.probs, m->r.gate, m->r.topk, m->r.rowpos,  m->r.assign, m->a.wstart};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) o->free(o, dev[i]);
     for (int l = 0; l < m->shape.L; l++) {
@@ -339,6 +343,7 @@ void infer_destroy(infer_model *m) {
         free(m->w.lw[l].moe.experts);
     }
     free(m->r.topk_h), free(m->r.rowpos_h), free(m->r.assign_h), free(m->r.count_h);
+    free(m->a.wstart_h);
     free(m->w.lw), free(m->w.owned);
     free(m);
 }
@@ -437,8 +442,9 @@ static void attention(infer_model *m, const infer_layer *w, int n) {
         o->rope_fwd(o, m->a.q, m->a.q, pos, 1, n, m->shape.H, m->shape.D, &m->shape.rope);
         o->rope_fwd(o, k, k, pos, 1, n, m->shape.Hkv, m->shape.D, &m->shape.rope);
     }
+    /* a windowed layer (model.sliding_window): keys from position - W + 1 on (infer_forward) */
     o->attention_fwd(o, m->a.att, m->a.lse, m->a.q, w->kc, w->vc, 1, n, m->len + n, m->shape.H,
-                     m->shape.Hkv, m->shape.D, pos, m->a.pos, 1, NULL);
+                     m->shape.Hkv, m->shape.D, pos, m->a.pos, 1, w->window ? m->a.wstart : NULL);
     o->linear_fwd(o, m->a.tmp, m->a.att, w->wo, w->bo, n, HD, C);
     o->add(o, m->a.x, m->a.x, m->a.tmp, (int64_t)n * C);
 }
@@ -464,6 +470,13 @@ void infer_forward(infer_model *m, const int32_t *tok, int n, float *logits) {
     o->to_device(o, m->a.tok, tok, (size_t)n * sizeof(int32_t));
     o->embedding_fwd(o, m->a.x, m->a.tok, m->shape.llama ? NULL : m->a.pos + m->len, m->w.wte,
                      m->w.wpe, 1, n, m->shape.C, 0, m->shape.Vp);
+    int W = 0;
+    for (int l = 0; l < m->shape.L; l++) W = m->w.lw[l].window ? m->w.lw[l].window : W;
+    if (W) { /* one window size per model (cfg_validate) */
+        for (int i = 0; i < n; i++)
+            m->a.wstart_h[i] = m->len + i - W + 1 > 0 ? m->len + i - W + 1 : 0;
+        o->to_device(o, m->a.wstart, m->a.wstart_h, (size_t)n * sizeof(int32_t));
+    }
     for (int l = 0; l < m->shape.L; l++) {
         attention(m, &m->w.lw[l], n);
         feed_forward(m, &m->w.lw[l], n);

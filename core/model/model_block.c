@@ -117,6 +117,12 @@ static void moe_mlp_forward(model *m, int l, act *x_out, const layer_acts *a, mo
     o->add(o, x_out, m->acts.dln, a->res2, (int64_t)m->shape.Nl * m->shape.C);
 }
 
+/* What layer l's attention masks by: its window (model.sliding_window), its documents, or none. */
+static const cp_docs *layer_docs(const model *m, int l) {
+    if (cfg_layer_window(m->cfg, l)) return &m->batch.wdocs;
+    return m->shape.doc_mask ? &m->batch.docs : NULL;
+}
+
 /* x_in, x_out: (B,T,C). Pre-norm block: res2 = x + attn(norm1(x)); out = res2 + mlp(norm2(res2)) */
 void block_forward(model *m, int l, const act *x_in, act *x_out, layer_acts *a, moe_acts *ma,
                    moe_stats *st) {
@@ -141,8 +147,7 @@ void block_forward(model *m, int l, const act *x_in, act *x_out, layer_acts *a, 
         o->rope_fwd(o, a->k, a->k, m->batch.rows, m->shape.B, m->shape.T, m->shape.Hkv, m->shape.D,
                     &m->shape.rope);
     }
-    cp_attention_fwd(m->par.cp, a->att, a->lse, a->q, a->k, a->v, m->shape.H,
-                     m->shape.doc_mask ? &m->batch.docs : NULL);
+    cp_attention_fwd(m->par.cp, a->att, a->lse, a->q, a->k, a->v, m->shape.H, layer_docs(m, l));
     tp_row_linear_fwd(m->par.tp, a->res2, a->att, w->wo, w->bo, N, HD, C);
     o->add(o, a->res2, a->res2, x_in, (int64_t)m->shape.Nl * C);
     block_norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b);
@@ -319,7 +324,7 @@ static act *attention_backward(model *m, int l, const act *dx, layer_acts *a, co
     o->zero(o, m->acts.dk, act_bytes(o, (int64_t)N * KV));
     o->zero(o, m->acts.dv, act_bytes(o, (int64_t)N * KV));
     cp_attention_bwd(m->par.cp, m->acts.dq, m->acts.dk, m->acts.dv, m->acts.datt, a->att, a->lse,
-                     a->q, a->k, a->v, m->shape.H, m->shape.doc_mask ? &m->batch.docs : NULL);
+                     a->q, a->k, a->v, m->shape.H, layer_docs(m, l));
     if (m->shape.llama) {
         o->rope_bwd(o, m->acts.dq, m->acts.dq, m->batch.rows, m->shape.B, m->shape.T, m->shape.H,
                     m->shape.D, &m->shape.rope);

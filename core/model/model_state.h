@@ -80,14 +80,16 @@ typedef struct {
     wg_list wg;        /* zb only: the weight gradients B left for W */
     moe_acts *ma;      /* MoE layers: one per layer of the chunk (dense layers leave it unset) */
     act *lnf, *logits; /* head chunk: (Nl,C) (N,Vl) */
-    float *lnf_mean, *lnf_rstd; /* head chunk: (Nl) (Nl) */
-    act *dlnf;                  /* head chunk under zb: the final norm's output gradient (Nl,C) */
-    int32_t *tok;               /* embedding chunk: the token ids */
-    int32_t *doc;               /* data.doc_mask: where each token's document begins (B,Tl) */
-    int32_t doc_min;            /* ... the smallest of them */
-    int32_t *udoc;              /* ... under Ulysses cp: those of the tokens attended (B, Tb) */
-    int32_t udoc_min;           /* ... the smallest of them */
-    int32_t *pos;               /* (B,Tl) each token's position (ust_batch.positions) */
+    float *lnf_mean, *lnf_rstd;  /* head chunk: (Nl) (Nl) */
+    act *dlnf;                   /* head chunk under zb: the final norm's output gradient (Nl,C) */
+    int32_t *tok;                /* embedding chunk: the token ids */
+    int32_t *doc;                /* data.doc_mask: where each token's document begins (B,Tl) */
+    int32_t doc_min;             /* ... the smallest of them */
+    int32_t *udoc;               /* ... under Ulysses cp: those of the tokens attended (B, Tb) */
+    int32_t udoc_min;            /* ... the smallest of them */
+    int32_t *wdoc, *uwdoc;       /* model.sliding_window: doc and udoc raised to each token's */
+    int32_t wdoc_min, uwdoc_min; /* window start (position - W + 1), and their smallest */
+    int32_t *pos;                /* (B,Tl) each token's position (ust_batch.positions) */
     act *dy; /* (Nl,C): d loss / d chunk output on entry to backward, d / d input after */
 } act_slot;
 
@@ -197,8 +199,10 @@ typedef struct {
 
 /* model.c: the micro-batch being computed (its slot's copies of the ust_batch). */
 typedef struct {
-    int32_t *rows; /* (B,Tl) its positions (the slot's pos) */
-    cp_docs docs;  /* its documents */
+    int32_t *rows;  /* (B,Tl) its positions (the slot's pos) */
+    cp_docs docs;   /* its documents */
+    cp_docs wdocs;  /* model.sliding_window: its documents cut to each query's window */
+    int32_t *whost; /* (B,Tl) host scratch for the window starts */
 } model_batch;
 
 struct model {

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The model families beyond Llama/Qwen2/Mixtral/GPT-2 (docs/huggingface.md), one block each:
-# Qwen3 (model.qk_norm: RMSNorm over each head's q and k before RoPE). For each: a numpy-made
+# Qwen3 (model.qk_norm: RMSNorm over each head's q and k before RoPE), YaRN-scaled Llama
+# (model.rope_scaling.type: yarn); the sliding-window
+# families are test/sh/hf_windows.sh's (helpers: test/hf_lib.sh). For each: a numpy-made
 # directory imports and exports bit-identically; the import trains the one-process losses under
 # tp (with and without sp), cp, pp (1f1b and zero-bubble), dp ZeRO-3 and full recompute; and
 # against transformers' own tiny model (its class, random weights): the loss on the same windows
@@ -8,78 +10,8 @@
 # training under dp=2 x tp=2 and pp=2 the export loads in transformers with every key used and
 # gives ustrain's validation loss. Bad configs exit 2 naming the key.
 . "$(dirname "$0")/../lib.sh"
-
-MAKE="python3 test/tools/hf_make_model.py"
 need_py hf_families_python_deps numpy || exit 0
-
-$UST data demo $TMP/data >/dev/null
-cat >$TMP/run.yaml <<EOT
-run:   {name: hf-families, seed: 7}
-model: {arch: auto, init_from: null}
-train: {steps: 0, seq_len: 32, micro_batch_size: 2, global_batch_size: 4}
-optimizer: {lr: 3.0e-3, warmup_steps: 2}
-data:  {train: "$TMP/data/train_*.bin", val: "$TMP/data/val_*.bin", val_steps: 2}
-checkpoint: {dir: $TMP/ckpt}
-logging: {metrics_file: $TMP/metrics.jsonl}
-EOT
-EQ="python3 test/tools/equiv.py --steps 4 --config $TMP/eq.yaml"
-sed -e 's/steps: 0/steps: 4/' -e 's/micro_batch_size: 2/micro_batch_size: 1/' \
-    -e 's#val: "[^"]*"#val: null#' $TMP/run.yaml >$TMP/eq.yaml
-
-# roundtrip TAG KIND MAKE_OPTS...: a numpy-made directory imports and exports bit-identically
-roundtrip() {
-    local tag=$1 kind=$2
-    shift 2
-    $MAKE make $kind $TMP/$tag "$@"
-    $UST train $TMP/run.yaml --set model.init_from=$TMP/$tag --set checkpoint.dir=$TMP/$tag-ck \
-        >$TMP/$tag.log 2>&1 || { fail ${tag}_imports "$(tail -2 $TMP/$tag.log)"; return; }
-    $UST export $TMP/$tag-ck/step_0 --to hf $TMP/$tag-out >/dev/null 2>&1 ||
-        { fail ${tag}_exports "export failed"; return; }
-    $MAKE compare $tag $TMP/$tag $TMP/$tag-out
-}
-
-# versus_transformers KIND: transformers builds KIND; loss, greedy generate, trained exports
-versus_transformers() {
-    local k=$1 d=$TMP/tf-$1
-    $MAKE transformers $k $d >$d.make.log 2>&1 || { fail ${k}_transformers_builds "$(tail -1 $d.make.log)"; return; }
-    local vl
-    vl=$($UST train $TMP/run.yaml --set model.init_from=$d --set checkpoint.dir=$d-ck 2>&1 |
-        sed -n 's/^step 0: val_loss \([0-9.]*\).*/\1/p')
-    [ -z "$vl" ] && { fail ${k}_import_transformers_loss "no val_loss"; return; }
-    # fp32 on both sides over the same 128 targets
-    python3 test/tools/hf_export_check.py transformers ${k}_import $d $TMP/data/val_000.bin 4 32 "$vl" 1e-5 2>&1 |
-        grep -E '^(PASS|FAIL|  )'
-    $UST export $d-ck/step_0 --to hf $d-out >/dev/null 2>&1 || { fail ${k}_reexport "export failed"; return; }
-    python3 test/tools/hf_export_check.py transformers ${k}_reexport $d-out $TMP/data/val_000.bin 4 32 "$vl" 1e-5 2>&1 |
-        grep -E '^(PASS|FAIL|  )'
-    # greedy generate from transformers' directory: the same 32 tokens as transformers' generate
-    local ids
-    ids=$(python3 -c 'import sys; print(",".join(str(b) for b in sys.argv[1].encode()))' "Once upon a time")
-    $UST generate $d --prompt "Once upon a time" --tokenizer bytes --temperature 0 --max-new-tokens 32 \
-        --dump-logits $d.logits >/dev/null 2>$d.gen.log || { fail ${k}_generate "$(tail -1 $d.gen.log)"; return; }
-    python3 test/tools/generate_check.py transformers ${k}_greedy_generate_matches_transformers $d "$ids" $d.logits 2>&1 |
-        grep -E '^(PASS|FAIL)'
-    # 10 steps under dp=2 x tp=2 and pp=2, exported: transformers loads every key and gives the
-    # run's step-10 validation loss
-    trained_export ${k}_trained_dp2_tp2 $d 4 --set parallel.dp=2 --set parallel.tp=2
-    trained_export ${k}_trained_pp2 $d 2 --set parallel.pp=2
-}
-
-# trained_export NAME DIR WORLD SETS...: 10 steps from DIR on WORLD ranks, exported, checked
-trained_export() {
-    local n=$1 d=$2 w=$3
-    shift 3
-    scripts/ustrun --nproc-per-node $w $UST train $TMP/run.yaml --set model.init_from=$d \
-        --set checkpoint.dir=$TMP/$n-ck --set train.steps=10 --set data.val_every=10 \
-        --set logging.metrics_file=$TMP/$n.jsonl "$@" >$TMP/$n.log 2>&1 ||
-        { fail ${n}_trains "$(tail -2 $TMP/$n.log)"; return; }
-    local tl
-    tl=$(grep -o '"val_loss":[0-9.]*' $TMP/$n.jsonl | tail -1 | cut -d: -f2)
-    [ -z "$tl" ] && { fail ${n}_export_loss "no step-10 val_loss: $(tail -2 $TMP/$n.log)"; return; }
-    $UST export $TMP/$n-ck --to hf $TMP/$n-out >/dev/null 2>&1 || { fail ${n}_export "export failed"; return; }
-    python3 test/tools/hf_export_check.py transformers $n $TMP/$n-out $TMP/data/val_000.bin 4 32 "$tl" 1e-5 2>&1 |
-        grep -E '^(PASS|FAIL|  )'
-}
+. "$(dirname "$0")/../hf_lib.sh"
 
 # ------------------------------------------------------------------ Qwen3: per-head q/k norms
 roundtrip qwen3_bf16_sharded qwen3 --dtype bf16 --shards 2
@@ -102,9 +34,28 @@ fi
 $MAKE make qwen3 $TMP/b-q3bias --set 'attention_bias=true'
 expect_exit qwen3_attention_bias_exits_2 2 "'attention_bias': true is not supported \(Qwen3ForCausalLM" -- \
     $UST train $TMP/run.yaml --set model.init_from=$TMP/b-q3bias --set checkpoint.dir=$TMP/b
-$MAKE make qwen3 $TMP/b-q3win --set 'use_sliding_window=true'
-expect_exit qwen3_sliding_window_exits_2 2 "'use_sliding_window': true is not supported" -- \
+$MAKE make qwen3 $TMP/b-q3win --set 'use_sliding_window=true' --set 'max_window_layers=0'
+expect_exit qwen3_sliding_window_without_size_exits_2 2 "b-q3win/config.json: 'sliding_window' is missing" -- \
     $UST train $TMP/run.yaml --set model.init_from=$TMP/b-q3win --set checkpoint.dir=$TMP/b
 expect_exit qk_norm_on_gpt2_exits_2 2 "model.qk_norm: true applies to llama" -- \
     $UST validate $TMP/eq.yaml --set model.arch=gpt2 --set model.qk_norm=true
+
+# ------------------------------------------------------------------ YaRN rope scaling
+# factor 4 over 16 original positions in sequences of 32: positions past the original maximum
+roundtrip llama_yarn_f32 llama_yarn
+python3 - $TMP <<'EOF2'
+import json, sys
+a = json.load(open(f"{sys.argv[1]}/llama_yarn_f32-out/config.json"))["rope_scaling"]
+ok = a["rope_type"] == "yarn" and a["factor"] == 4 and a["original_max_position_embeddings"] == 16
+print("PASS llama_yarn_config_round_trips" if ok else f"FAIL llama_yarn_config_round_trips: {a}")
+EOF2
+expect_exit yarn_validate_prints_it 0 "rope: theta 10000, yarn scaling factor 4 \(original 16, beta_fast 32, beta_slow 1, attention factor 1.13863" -- \
+    $UST validate $TMP/run.yaml --set model.init_from=$TMP/llama_yarn_f32
+$EQ --name _hf_llama_yarn --set model.init_from=$TMP/llama_yarn_f32 --layout "tp=2" --layout "cp=2"
+if need_py hf_families_yarn_transformers torch transformers; then
+    versus_transformers llama_yarn
+fi
+$MAKE make llama $TMP/b-yarn-prf --set 'rope_scaling={"rope_type": "yarn", "factor": 4.0, "partial_rotary_factor": 0.5}'
+expect_exit yarn_partial_rotary_exits_2 2 "b-yarn-prf/config.json: 'partial_rotary_factor' is not supported" -- \
+    $UST train $TMP/run.yaml --set model.init_from=$TMP/b-yarn-prf --set checkpoint.dir=$TMP/b
 exit 0
