@@ -306,6 +306,23 @@ static int validate_preflight(const ust_config *c, ust_err *e) {
     return 0;
 }
 
+/* model.sliding_window: which layers attend through a window, and whether training sees it. */
+static void print_windows(const ust_config *c) {
+    int n = 0, w = 0;
+    for (int l = 0; l < c->model.n_layer; l++)
+        if (cfg_layer_window(c, l)) n++, w = cfg_layer_window(c, l);
+    if (!c->model.sliding_window[0]) return;
+    if (!n) {
+        printf("attention: sliding window [%s] >= model.max_seq_len (%d): full attention\n",
+               c->model.sliding_window, c->model.max_seq_len);
+        return;
+    }
+    printf("attention: sliding window of %d keys on %d of %d layers%s\n", w, n, c->model.n_layer,
+           w >= c->train.seq_len ? " (>= train.seq_len: full attention in training, the window "
+                                   "only matters to generate)"
+                                 : "");
+}
+
 /* Where the run will write, its positions' RoPE and the datasets it reads. */
 static void print_run_settings(const ust_config *c) {
     printf("outputs: checkpoints %s (every %d steps, resume %s), metrics %s, tensorboard %s\n",
@@ -320,8 +337,15 @@ static void print_run_settings(const ust_config *c) {
                c->model.rope_theta, c->model.rope_scaling.factor,
                c->model.rope_scaling.low_freq_factor, c->model.rope_scaling.high_freq_factor,
                c->model.rope_scaling.original_max_position_embeddings);
+    else if (c->model.rope_scaling.type == ROPE_YARN)
+        printf("rope: theta %g, yarn scaling factor %g (original %d, beta_fast %g, beta_slow %g, "
+               "attention factor %g)\n",
+               c->model.rope_theta, c->model.rope_scaling.factor,
+               c->model.rope_scaling.original_max_position_embeddings,
+               c->model.rope_scaling.beta_fast, c->model.rope_scaling.beta_slow, ops_rope(c).attn);
     else
         printf("rope: theta %g, no scaling\n", c->model.rope_theta);
+    print_windows(c);
     for (int val = 0; val < 2; val++) {
         cfg_dataset sets[CFG_MAX_BLEND];
         int n = cfg_data_sets(c, val, sets);

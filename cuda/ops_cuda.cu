@@ -861,7 +861,8 @@ __global__ void k_rope(act *out_, const act *inp_, const int32_t *pos, int64_t r
         int i = (int)(x % half), t = (int)(r % Tn);
         double p = pos ? pos[r] : t;
         double a = p * ust_rope_inv_freq(&rope, i, D);
-        float cs = (float)cos(a), sn = (float)(sign * sin(a));
+        double as = rope.attn > 0 ? rope.attn : 1.0; /* YaRN's attention scale */
+        float cs = (float)(as * cos(a)), sn = (float)(as * sign * sin(a));
         for (int h = 0; h < H; h++) {
             int64_t base = (r * H + h) * D;
             float x1 = ld_act(inp, base + i), x2 = ld_act(inp, base + i + half);

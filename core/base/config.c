@@ -312,6 +312,33 @@ static int cfg_load_mapping(const cfg_ctx *x, const yaml_node_t *map, const char
     return 0;
 }
 
+/* A per-layer model.sliding_window list of the wrong length, where it stands in the file (the
+ * model's own n_layer as this document leaves it; cfg_validate checks the final config too). */
+static int cfg_check_window_list(const cfg_ctx *x, const yaml_node_t *root) {
+    const yaml_node_t *model = NULL, *w = NULL;
+    for (const yaml_node_pair_t *p = root->data.mapping.pairs.start;
+         p < root->data.mapping.pairs.top; p++) {
+        const yaml_node_t *k = yaml_document_get_node(x->doc, p->key);
+        if (k->type == YAML_SCALAR_NODE && !strcmp((const char *)k->data.scalar.value, "model"))
+            model = yaml_document_get_node(x->doc, p->value);
+    }
+    for (const yaml_node_pair_t *p =
+             model && model->type == YAML_MAPPING_NODE ? model->data.mapping.pairs.start : NULL;
+         p && p < model->data.mapping.pairs.top; p++) {
+        const yaml_node_t *k = yaml_document_get_node(x->doc, p->key);
+        if (k->type == YAML_SCALAR_NODE &&
+            !strcmp((const char *)k->data.scalar.value, "sliding_window"))
+            w = yaml_document_get_node(x->doc, p->value);
+    }
+    if (!w || w->type != YAML_SEQUENCE_NODE) return 0;
+    long n = w->data.sequence.items.top - w->data.sequence.items.start;
+    if (n <= 1 || n == x->c->model.n_layer) return 0;
+    return cfg_fail_at(x, w->start_mark,
+                       "model.sliding_window has %ld entries; it takes one window for every "
+                       "layer or one per layer (model.n_layer = %d)",
+                       n, x->c->model.n_layer);
+}
+
 static int cfg_load_root(const cfg_ctx *x) {
     yaml_node_t *root = yaml_document_get_root_node(x->doc);
     /* an empty file is more likely a truncated copy or the wrong path than a wish for every
@@ -327,7 +354,8 @@ static int cfg_load_root(const cfg_ctx *x) {
             x, root->start_mark,
             "the top level must be a mapping of sections (run:, model:, ...), got %s",
             cfg_node_kind(root));
-    return cfg_load_mapping(x, root, "");
+    if (cfg_load_mapping(x, root, "")) return -1;
+    return cfg_check_window_list(x, root);
 }
 
 /* ---------------------------------------------------------------- public: loading */

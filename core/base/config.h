@@ -32,7 +32,7 @@
 /* ARCH_AUTO: the architecture of a Hugging Face model.init_from (hf_import resolves it before
  * cfg_validate, which refuses it unresolved) */
 typedef enum { ARCH_GPT2, ARCH_LLAMA, ARCH_AUTO } ust_arch;
-typedef enum { ROPE_NONE, ROPE_LLAMA3 } ust_rope_scaling;
+typedef enum { ROPE_NONE, ROPE_LLAMA3, ROPE_YARN } ust_rope_scaling;
 typedef enum { DEV_CPU, DEV_CUDA } ust_device;
 typedef enum { PREC_FP32, PREC_BF16 } ust_precision;
 typedef enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL } ust_recompute;
@@ -64,6 +64,8 @@ typedef struct {
         double norm_eps;              /* RMSNorm/LayerNorm epsilon (default 1e-5) */
         bool tie_embeddings;          /* gpt2 always ties; llama may */
         bool qkv_bias;                /* llama with q/k/v biases (Qwen2); gpt2 always has them */
+        bool qk_norm;                 /* llama: each head's q and k RMSNormed (Qwen3) */
+        char sliding_window[256];     /* "" (full), "W" (every layer) or one window per layer */
         bool allow_nonfinite;         /* import an HF model holding NaN/Inf weights (refused) */
         char init_from[UST_PATH_MAX]; /* "" = random init; an llm.c gpt2 .bin or an HF dir */
         struct {
@@ -84,6 +86,8 @@ typedef struct {
             ust_rope_scaling type;
             double factor, low_freq_factor, high_freq_factor;
             int original_max_position_embeddings;
+            double beta_fast, beta_slow, attention_factor; /* yarn (0: 0.1 ln(factor) + 1) */
+            bool truncate;                                 /* yarn: integer correction range */
         } rope_scaling;
     } model;
     struct {
@@ -218,6 +222,9 @@ int cfg_head_dim(const ust_config *c);
  * under a2a+ring, 1 under ring and allgather. */
 int cfg_cp_a2a(const ust_config *c);
 bool cfg_tied(const ust_config *c); /* gpt2, or llama with tie_embeddings */
+/* model.sliding_window of layer l: query i sees keys j with i - W < j <= i; 0: full attention
+ * (no window, or one of at least model.max_seq_len). */
+int cfg_layer_window(const ust_config *c, int l);
 /* Bytes of one activation element (ops.h act_size): 2 (bf16) on cuda under train.precision
  * bf16, else 4. */
 int cfg_act_size(const ust_config *c);

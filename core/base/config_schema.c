@@ -13,7 +13,7 @@
 
 static const char *const DEVICES[] = {"cpu", "cuda", NULL};
 static const char *const ARCHS[] = {"gpt2", "llama", "auto", NULL};
-static const char *const ROPE_SCALINGS[] = {"none", "llama3", NULL};
+static const char *const ROPE_SCALINGS[] = {"none", "llama3", "yarn", NULL};
 const char *const cfg_pp_schedule_names[] = {"afab",      "1f1b",     "interleaved", "zb",
                                              "dualpipev", "dualpipe", NULL};
 static const char *const CP_LAYOUTS[] = {"zigzag", "contiguous", NULL};
@@ -85,6 +85,8 @@ const cfg_key cfg_keys[] = {
     DBL("model.norm_eps", model.norm_eps, "1e-5", 0, INFINITY, LO_OPEN),
     BOOL("model.tie_embeddings", model.tie_embeddings, "false"),
     BOOL("model.qkv_bias", model.qkv_bias, "false"),
+    BOOL("model.qk_norm", model.qk_norm, "false"),
+    LIST("model.sliding_window", model.sliding_window, 1 << 24),
     BOOL("model.allow_nonfinite", model.allow_nonfinite, "false"),
     STR("model.init_from", model.init_from, "null", NULLABLE),
     INTR("model.moe.num_experts", model.moe.num_experts, "0", 0, 4096),
@@ -106,6 +108,10 @@ const cfg_key cfg_keys[] = {
         LO_OPEN),
     INTR("model.rope_scaling.original_max_position_embeddings",
          model.rope_scaling.original_max_position_embeddings, "8192", 1, 1 << 24),
+    DBL("model.rope_scaling.beta_fast", model.rope_scaling.beta_fast, "32", 0, 1e6, LO_OPEN),
+    DBL("model.rope_scaling.beta_slow", model.rope_scaling.beta_slow, "1", 0, 1e6, LO_OPEN),
+    DBL("model.rope_scaling.attention_factor", model.rope_scaling.attention_factor, "0", 0, 1e6, 0),
+    BOOL("model.rope_scaling.truncate", model.rope_scaling.truncate, "true"),
 
     {"parallel.dp", K_INT, AT(parallel.dp), "1", 1, CFG_MAX_WORLD, AUTO, NULL},
     INTR("parallel.tp", parallel.tp, "1", 1, CFG_MAX_WORLD),

@@ -4,6 +4,7 @@
 #include "config_internal.h"
 
 #include <stdarg.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 int cfg_vfail(const ust_config *c, ust_err *e, const char *fmt, ...) {
@@ -13,6 +14,40 @@ int cfg_vfail(const ust_config *c, ust_err *e, const char *fmt, ...) {
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     return ust_errf(e, "%s%s%s", c->source, c->source[0] ? ": " : "", msg);
+}
+
+int cfg_layer_window(const ust_config *c, int l) {
+    const char *s = c->model.sliding_window;
+    long w = 0;
+    for (int i = 0; *s && i <= l; i++) { /* one entry: every layer's */
+        w = strtol(s, (char **)&s, 10);
+        if (*s == ',') s++;
+    }
+    return w >= c->model.max_seq_len ? 0 : (int)w;
+}
+
+/* model.sliding_window: one window, or one per layer; the windows below max_seq_len are one
+ * size (the micro-batch carries one set of window starts). */
+static int cfg_check_window(const ust_config *c, ust_err *e) {
+    const __typeof__(c->model) *m = &c->model;
+    int n = 0, w0 = 0, l0 = 0;
+    for (const char *s = m->sliding_window; *s; s++) n += *s == ',';
+    n += m->sliding_window[0] != 0;
+    REQUIRE(n <= 1 || n == m->n_layer,
+            "model.sliding_window [%s] has %d entries; it takes one window for every layer or "
+            "one per layer (model.n_layer = %d)",
+            m->sliding_window, n, m->n_layer);
+    REQUIRE(!n || m->arch == ARCH_LLAMA, "model.sliding_window applies to llama, not gpt2");
+    for (int l = 0; n && l < m->n_layer; l++) {
+        int w = cfg_layer_window(c, l);
+        REQUIRE(!w || !w0 || w == w0,
+                "model.sliding_window [%s]: layers %d and %d have windows %d and %d; ustrain "
+                "computes one window size per model (a window of at least model.max_seq_len = %d "
+                "is full attention)",
+                m->sliding_window, l0, l, w0, w, m->max_seq_len);
+        if (w && !w0) w0 = w, l0 = l;
+    }
+    return 0;
 }
 
 static int cfg_validate_model(const ust_config *c, ust_err *e) {
@@ -34,7 +69,10 @@ static int cfg_validate_model(const ust_config *c, ust_err *e) {
             m->max_seq_len);
     REQUIRE(m->rope_scaling.type == ROPE_NONE || m->arch == ARCH_LLAMA,
             "model.rope_scaling applies to llama's RoPE; gpt2 has learned positions");
-    REQUIRE(m->rope_scaling.type == ROPE_NONE ||
+    if (cfg_check_window(c, e)) return -1;
+    REQUIRE(!m->qk_norm || m->arch == ARCH_LLAMA,
+            "model.qk_norm: true applies to llama (Qwen3's per-head q/k RMSNorm), not gpt2");
+    REQUIRE(m->rope_scaling.type != ROPE_LLAMA3 ||
                 m->rope_scaling.high_freq_factor > m->rope_scaling.low_freq_factor,
             "model.rope_scaling.high_freq_factor (%g) must be > low_freq_factor (%g)",
             m->rope_scaling.high_freq_factor, m->rope_scaling.low_freq_factor);

@@ -24,6 +24,17 @@ ust_rope ops_rope(const ust_config *c) {
         r.high_freq_factor = rs->high_freq_factor;
         r.original_max_pos = rs->original_max_position_embeddings;
     }
+    if (c->model.rope_scaling.type == ROPE_YARN) {
+        const __typeof__(c->model.rope_scaling) *rs = &c->model.rope_scaling;
+        r.factor = rs->factor;
+        r.original_max_pos = rs->original_max_position_embeddings;
+        r.yarn = 1, r.truncate = rs->truncate;
+        r.beta_fast = rs->beta_fast, r.beta_slow = rs->beta_slow;
+        /* transformers' default: 0.1 ln(factor) + 1 (yarn_get_mscale) */
+        r.attn = rs->attention_factor > 0 ? rs->attention_factor
+                 : rs->factor > 1         ? 0.1 * log(rs->factor) + 1.0
+                                          : 1.0;
+    }
     return r;
 }
 

@@ -34,13 +34,31 @@ typedef struct {
     double theta;
     double factor; /* 0: no scaling */
     double low_freq_factor, high_freq_factor, original_max_pos;
+    /* YaRN (yarn > 0, transformers' _compute_yarn_parameters): pairs below the correction range
+     * of beta_fast / beta_slow rotations over original_max_pos keep their frequency, pairs above
+     * it are slowed by factor, a linear ramp between; the rotated q and k are scaled by attn
+     * (0: 1), so attention logits by attn^2 */
+    int yarn, truncate;
+    double beta_fast, beta_slow, attn;
 } ust_rope;
 /* The model's RoPE as the config gives it (model.rope_theta and a llama3 rope_scaling). */
 ust_rope ops_rope(const ust_config *c);
 
+static inline UST_HOST_DEVICE double ust_rope_yarn(const ust_rope *r, int i, int D, double f) {
+    const double pi = 3.14159265358979323846, lt = 2.0 * log(r->theta);
+    double lo = D * log(r->original_max_pos / (r->beta_fast * 2.0 * pi)) / lt;
+    double hi = D * log(r->original_max_pos / (r->beta_slow * 2.0 * pi)) / lt;
+    if (r->truncate) lo = floor(lo), hi = ceil(hi);
+    lo = lo > 0 ? lo : 0, hi = hi < D - 1 ? hi : D - 1;
+    if (lo == hi) hi += 0.001;
+    double ramp = (i - lo) / (hi - lo), keep = 1.0 - (ramp < 0 ? 0 : ramp > 1 ? 1 : ramp);
+    return f / r->factor * (1.0 - keep) + f * keep;
+}
+
 static inline UST_HOST_DEVICE double ust_rope_inv_freq(const ust_rope *r, int i, int D) {
     double f = pow(r->theta, -2.0 * i / D);
     if (r->factor <= 0) return f;
+    if (r->yarn) return ust_rope_yarn(r, i, D, f);
     double wavelen = 2.0 * 3.14159265358979323846 / f;
     if (wavelen < r->original_max_pos / r->high_freq_factor) return f;
     if (wavelen > r->original_max_pos / r->low_freq_factor) return f / r->factor;

@@ -542,7 +542,7 @@ static void rope_apply(const ust_ops *o, float *out, const float *inp, const int
                ROPE_DMAX, D);
     int half = D / 2;
     int64_t rows = (int64_t)B * T;
-    double inv_freq[ROPE_DMAX / 2];
+    double inv_freq[ROPE_DMAX / 2], as = rope->attn > 0 ? rope->attn : 1.0; /* YaRN's scale */
     for (int i = 0; i < half; i++) inv_freq[i] = ust_rope_inv_freq(rope, i, D);
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int64_t r = 0; r < rows; r++) {
@@ -551,8 +551,8 @@ static void rope_apply(const ust_ops *o, float *out, const float *inp, const int
         double p = pos ? pos[r] : t;
         for (int i = 0; i < half; i++) {
             double a = p * inv_freq[i];
-            cs[i] = (float)cos(a);
-            sn[i] = (float)(sign * sin(a));
+            cs[i] = (float)(as * cos(a));
+            sn[i] = (float)(as * sign * sin(a));
         }
         for (int h = 0; h < H; h++) {
             const float *x = inp + (r * H + h) * D;

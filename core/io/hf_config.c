@@ -87,6 +87,39 @@ static int refuse_true(const jctx *x, const char *key, const char *why) {
     return 0;
 }
 
+/* YaRN (transformers' _compute_yarn_parameters): factor (null: max_position_embeddings /
+ * original), original_max_position_embeddings (default: max_position_embeddings), beta_fast,
+ * beta_slow, truncate, and attention_factor or, absent, mscale / mscale_all_dim (both set:
+ * mscale(factor, mscale) / mscale(factor, mscale_all_dim); else 0.1 ln(factor) + 1). */
+static double yarn_mscale(double factor, double m) {
+    return factor <= 1 ? 1.0 : 0.1 * m * log(factor) + 1.0;
+}
+
+static int parse_yarn(const jctx *x, const jctx *y, ust_config *c) {
+    __typeof__(c->model.rope_scaling) *s = &c->model.rope_scaling;
+    int maxpos = 0;
+    double ms = 0, msa = 0;
+    s->type = ROPE_YARN;
+    if (jint(x, "max_position_embeddings", -1, 1, &maxpos) ||
+        jint(y, "original_max_position_embeddings", maxpos, 1,
+             &s->original_max_position_embeddings) ||
+        jdbl(y, "factor", (double)maxpos / s->original_max_position_embeddings, &s->factor) ||
+        jdbl(y, "beta_fast", 32, &s->beta_fast) || jdbl(y, "beta_slow", 1, &s->beta_slow) ||
+        jbool(y, "truncate", true, &s->truncate) || jdbl(y, "mscale", 0, &ms) ||
+        jdbl(y, "mscale_all_dim", 0, &msa) || jdbl(y, "attention_factor", 0, &s->attention_factor))
+        return -1;
+    if (!(s->factor >= 1))
+        return ust_errf(x->e, "%s: rope yarn factor = %g: expected at least 1", x->path, s->factor);
+    if (!jget(y, "attention_factor") && ms && msa)
+        s->attention_factor = yarn_mscale(s->factor, ms) / yarn_mscale(s->factor, msa);
+    if (jget(y, "partial_rotary_factor") || jget(x, "partial_rotary_factor"))
+        return ust_errf(x->e,
+                        "%s: 'partial_rotary_factor' is not supported (ustrain rotates the "
+                        "whole head)",
+                        x->path);
+    return 0;
+}
+
 /* RoPE: transformers 4 writes rope_theta and rope_scaling (null, or {rope_type/type, ...});
  * transformers 5 one rope_parameters {rope_type, rope_theta, ...}. ustrain computes no scaling
  * ("default") or Llama 3.1's "llama3". */
@@ -103,10 +136,11 @@ static int parse_rope(const jctx *x, ust_config *c, double theta) {
         return -1;
     c->model.rope_theta = theta;
     if (!strcmp(type, "default")) return 0;
+    if (!strcmp(type, "yarn")) return parse_yarn(x, &y, c);
     if (strcmp(type, "llama3"))
         return ust_errf(x->e,
                         "%s: %s rope_type '%.60s' is not supported (ustrain's RoPE has no "
-                        "scaling ('default') or Llama 3.1's 'llama3')",
+                        "scaling ('default'), Llama 3.1's 'llama3' or 'yarn')",
                         x->path, key, type);
     __typeof__(c->model.rope_scaling) *s = &c->model.rope_scaling;
     s->type = ROPE_LLAMA3;
@@ -157,39 +191,94 @@ static int parse_llama(const jctx *x, ust_config *c) {
                : 0;
 }
 
+/* model.sliding_window from the layers that attend through a window of W keys (windowed[l]):
+ * "W" when every layer does, else one entry per layer, max_seq_len standing for full attention. */
+static int set_windows(const jctx *x, ust_config *c, int W, const bool *windowed) {
+    __typeof__(c->model) *m = &c->model;
+    int all = 1, any = 0;
+    for (int l = 0; l < m->n_layer; l++) all &= windowed[l], any |= windowed[l];
+    m->sliding_window[0] = 0;
+    if (!any) return 0;
+    if (W < 1)
+        return ust_errf(x->e, "%s: 'sliding_window' = %d: a window is at least 1 key", x->path, W);
+    size_t n = 0, cap = sizeof m->sliding_window;
+    for (int l = 0; l < (all ? 1 : m->n_layer) && n < cap; l++)
+        n += (size_t)snprintf(m->sliding_window + n, cap - n, "%s%d", l ? "," : "",
+                              windowed[l] ? W : m->max_seq_len);
+    if (n >= cap)
+        return ust_errf(x->e, "%s: the windows of %d layers do not fit model.sliding_window",
+                        x->path, m->n_layer);
+    return 0;
+}
+
+/* Which layers slide a window (transformers 5's layer_types, else the architecture's rule in
+ * windowed[]) and how wide (sliding_window). */
+static int parse_windows(const jctx *x, ust_config *c, bool *windowed) {
+    int n = c->model.n_layer, W = 0, any = 0, i = 0;
+    const cJSON *types = jget(x, "layer_types"), *t;
+    if (types && (!cJSON_IsArray(types) || cJSON_GetArraySize(types) != n))
+        return ust_errf(x->e, "%s: 'layer_types' is not a list of num_hidden_layers = %d entries",
+                        x->path, n);
+    cJSON_ArrayForEach(t, types) {
+        const char *v = cJSON_IsString(t) ? t->valuestring : "not a string";
+        if (strcmp(v, "full_attention") && strcmp(v, "sliding_attention"))
+            return ust_errf(x->e,
+                            "%s: layer_types[%d] is %.60s; ustrain computes 'full_attention' and "
+                            "'sliding_attention'",
+                            x->path, i, v);
+        windowed[i++] = !strcmp(v, "sliding_attention");
+    }
+    for (i = 0; i < n; i++) any |= windowed[i];
+    if (any && jint(x, "sliding_window", -1, INT_MIN + 1, &W)) return -1;
+    return set_windows(x, c, W, windowed);
+}
+
+/* Qwen2, Qwen3: with use_sliding_window the layers from max_window_layers on slide a window;
+ * Mistral, Mixtral (every = 1): a sliding_window that is not null is every layer's. */
+static int windows_of(const jctx *x, ust_config *c, int every) {
+    bool use = false;
+    int mwl = 0, n = c->model.n_layer;
+    if (!every &&
+        (jbool(x, "use_sliding_window", false, &use) || jint(x, "max_window_layers", n, 0, &mwl)))
+        return -1;
+    bool *w = calloc((size_t)n, sizeof *w);
+    if (!w) return ust_errf(x->e, "out of memory");
+    for (int l = 0; l < n; l++) w[l] = every ? jget(x, "sliding_window") != NULL : use && l >= mwl;
+    int rc = parse_windows(x, c, w);
+    free(w);
+    return rc;
+}
+
 static int parse_qwen2(const jctx *x, ust_config *c) {
     if (parse_llama_common(x, c, 10000, 1e-6)) return -1;
     c->model.qkv_bias = true;
-    if (refuse_true(x, "use_sliding_window", "ustrain's attention is full causal attention"))
-        return -1;
-    const cJSON *types = jget(x, "layer_types"), *t; /* transformers 5: one per layer */
-    if (types && !cJSON_IsArray(types))
-        return ust_errf(x->e, "%s: 'layer_types' is not a list", x->path);
-    int i = 0;
-    cJSON_ArrayForEach(t, types) {
-        if (!cJSON_IsString(t) || strcmp(t->valuestring, "full_attention"))
-            return ust_errf(x->e,
-                            "%s: layer_types[%d] is %.60s; only 'full_attention' is supported "
-                            "(ustrain has no sliding-window attention)",
-                            x->path, i, cJSON_IsString(t) ? t->valuestring : "not a string");
-        i++;
-    }
-    return 0;
+    return windows_of(x, c, 0);
+}
+
+/* Mistral: a llama whose layers may slide a window (sliding_window; null: full attention). */
+static int parse_mistral(const jctx *x, ust_config *c) {
+    if (parse_llama_common(x, c, 10000, 1e-6)) return -1;
+    return refuse_true(x, "attention_bias", "MistralForCausalLM with attention biases") ||
+                   windows_of(x, c, 1)
+               ? -1
+               : 0;
+}
+
+/* Qwen3: a llama with RMSNorm over each head's q and k before RoPE (q_norm, k_norm), no biases
+ * (attention_bias would put them on o_proj too, which ustrain's llama has not). */
+static int parse_qwen3(const jctx *x, ust_config *c) {
+    if (parse_llama_common(x, c, 10000, 1e-6)) return -1;
+    c->model.qk_norm = true;
+    return refuse_true(x, "attention_bias", "Qwen3ForCausalLM with q/k/v/o biases") ||
+                   windows_of(x, c, 0)
+               ? -1
+               : 0;
 }
 
 static int parse_mixtral(const jctx *x, ust_config *c) {
     __typeof__(c->model.moe) *moe = &c->model.moe;
     if (parse_llama_common(x, c, 1e6, 1e-5)) return -1;
-    const cJSON *w = jget(x, "sliding_window");
-    if (w) {
-        char *s = cJSON_PrintUnformatted(w);
-        ust_errf(x->e,
-                 "%s: sliding_window = %.60s is not supported (ustrain's attention is full "
-                 "causal attention; it must be null)",
-                 x->path, s ? s : "?");
-        free(s);
-        return -1;
-    }
+    if (windows_of(x, c, 1)) return -1;
     moe->d_ff_expert = c->model.d_ff;
     moe->every = 1; /* every Mixtral layer is a mixture of experts, none shared */
     moe->shared_expert = false;
@@ -239,10 +328,14 @@ static const struct {
     const char *arch, *model_type;
     int (*parse)(const jctx *x, ust_config *c);
 } ARCHS[] = {
+    // clang-format off
     {"LlamaForCausalLM", "llama", parse_llama},
     {"Qwen2ForCausalLM", "qwen2", parse_qwen2},
+    {"Qwen3ForCausalLM", "qwen3", parse_qwen3},
+    {"MistralForCausalLM", "mistral", parse_mistral},
     {"MixtralForCausalLM", "mixtral", parse_mixtral},
     {"GPT2LMHeadModel", "gpt2", parse_gpt2},
+    // clang-format on
 };
 
 /* The architecture is architectures[0], or else model_type; the result is checked by cfg_validate
@@ -266,13 +359,15 @@ int hf_config_parse(const cJSON *j, const char *path, ust_config *c, char *arch,
             snprintf(c->source, sizeof c->source, "%.*s", (int)sizeof c->source - 1, path);
             return cfg_validate(c, 0, e);
         }
-    return ust_errf(e,
-                    "%s: architecture '%.80s' is not supported (ustrain imports LlamaForCausalLM, "
-                    "Qwen2ForCausalLM, MixtralForCausalLM and GPT2LMHeadModel)",
-                    path,
-                    name   ? name
-                    : type ? type
-                           : "(no architectures or model_type)");
+    return ust_errf(
+        e,
+        "%s: architecture '%.80s' is not supported (ustrain imports LlamaForCausalLM, "
+        "Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, MixtralForCausalLM and "
+        "GPT2LMHeadModel)",
+        path,
+        name   ? name
+        : type ? type
+               : "(no architectures or model_type)");
 }
 
 /* ------------------------------------------------------------------ NUL in JSON strings */
@@ -313,7 +408,7 @@ int hf_json_refuse_nul(const char *s, size_t n, const char *file, ust_err *e) {
 
 /* ------------------------------------------------------------------ the run's config */
 
-typedef enum { V_INT, V_DBL, V_BOOL, V_ARCH, V_ROPE } hf_vkind;
+typedef enum { V_INT, V_DBL, V_BOOL, V_ARCH, V_ROPE, V_TEXT } hf_vkind;
 
 typedef struct {
     const char *key; /* ustrain's */
@@ -336,6 +431,8 @@ static const hf_key SHAPE_KEYS[] = {
     K("model.norm_eps", "rms_norm_eps / layer_norm_epsilon", V_DBL, model.norm_eps),
     K("model.tie_embeddings", "tie_word_embeddings", V_BOOL, model.tie_embeddings),
     K("model.qkv_bias", "architectures (Qwen2: q/k/v biases)", V_BOOL, model.qkv_bias),
+    K("model.qk_norm", "architectures (Qwen3: q/k head norms)", V_BOOL, model.qk_norm),
+    K("model.sliding_window", "sliding_window / layer_types", V_TEXT, model.sliding_window),
     K("model.rope_scaling.type", "rope_scaling.rope_type", V_ROPE, model.rope_scaling.type),
     K("model.moe.num_experts", "num_local_experts", V_INT, model.moe.num_experts),
 };
@@ -350,18 +447,32 @@ static const hf_key MOE_KEYS[] = {
 };
 static const hf_key ROPE_KEYS[] = {
     K("model.rope_scaling.factor", "rope_scaling.factor", V_DBL, model.rope_scaling.factor),
-    K("model.rope_scaling.low_freq_factor", "rope_scaling.low_freq_factor", V_DBL,
-      model.rope_scaling.low_freq_factor),
-    K("model.rope_scaling.high_freq_factor", "rope_scaling.high_freq_factor", V_DBL,
-      model.rope_scaling.high_freq_factor),
     K("model.rope_scaling.original_max_position_embeddings",
       "rope_scaling.original_max_position_embeddings", V_INT,
       model.rope_scaling.original_max_position_embeddings),
 };
+static const hf_key LLAMA3_KEYS[] = {
+    K("model.rope_scaling.low_freq_factor", "rope_scaling.low_freq_factor", V_DBL,
+      model.rope_scaling.low_freq_factor),
+    K("model.rope_scaling.high_freq_factor", "rope_scaling.high_freq_factor", V_DBL,
+      model.rope_scaling.high_freq_factor),
+};
+static const hf_key YARN_KEYS[] = {
+    K("model.rope_scaling.beta_fast", "rope_scaling.beta_fast", V_DBL,
+      model.rope_scaling.beta_fast),
+    K("model.rope_scaling.beta_slow", "rope_scaling.beta_slow", V_DBL,
+      model.rope_scaling.beta_slow),
+    K("model.rope_scaling.attention_factor", "rope_scaling.attention_factor", V_DBL,
+      model.rope_scaling.attention_factor),
+    K("model.rope_scaling.truncate", "rope_scaling.truncate", V_BOOL, model.rope_scaling.truncate),
+};
 #undef K
 
 static size_t vsize(hf_vkind k) {
-    return k == V_DBL ? sizeof(double) : k == V_BOOL ? sizeof(bool) : sizeof(int);
+    return k == V_DBL    ? sizeof(double)
+           : k == V_BOOL ? sizeof(bool)
+           : k == V_TEXT ? sizeof(((ust_config *)0)->model.sliding_window)
+                         : sizeof(int);
 }
 
 static void vtext(const hf_key *k, const void *p, char *out, size_t n) {
@@ -375,12 +486,15 @@ static void vtext(const hf_key *k, const void *p, char *out, size_t n) {
     case V_BOOL:
         memcpy(&b, p, sizeof b), snprintf(out, n, "%s", b ? "true" : "false");
         break;
+    case V_TEXT:
+        snprintf(out, n, "[%.60s]", (const char *)p);
+        break;
     default:
         memcpy(&i, p, sizeof i);
         if (k->kind == V_ARCH)
             snprintf(out, n, "%s", i == ARCH_GPT2 ? "gpt2" : i == ARCH_LLAMA ? "llama" : "auto");
         else if (k->kind == V_ROPE)
-            snprintf(out, n, "%s", i == ROPE_LLAMA3 ? "llama3" : "none");
+            snprintf(out, n, "%s", i == ROPE_LLAMA3 ? "llama3" : i == ROPE_YARN ? "yarn" : "none");
         else
             snprintf(out, n, "%d", i);
     }
@@ -393,7 +507,8 @@ static int apply_keys(const ust_config *hf, const char *dir, const hf_key *keys,
         const char *from = (const char *)hf + k->off;
         char *to = (char *)c + k->off;
         int auto_arch = k->kind == V_ARCH && c->model.arch == ARCH_AUTO;
-        if (cfg_was_set(c, k->key) && !auto_arch && memcmp(from, to, vsize(k->kind))) {
+        int differ = k->kind == V_TEXT ? strcmp(from, to) != 0 : memcmp(from, to, vsize(k->kind));
+        if (cfg_was_set(c, k->key) && !auto_arch && differ) {
             char have[64], want[64];
             vtext(k, to, have, sizeof have);
             vtext(k, from, want, sizeof want);
@@ -410,7 +525,9 @@ int hf_config_apply(const ust_config *hf, const char *dir, ust_config *c, ust_er
     const __typeof__(hf->model) *m = &hf->model;
 #define APPLY(keys) apply_keys(hf, dir, keys, sizeof keys / sizeof keys[0], &tmp, e)
     if (APPLY(SHAPE_KEYS) || (m->moe.num_experts > 0 ? APPLY(MOE_KEYS) : APPLY(DENSE_KEYS)) ||
-        (m->rope_scaling.type == ROPE_LLAMA3 && APPLY(ROPE_KEYS)))
+        (m->rope_scaling.type != ROPE_NONE && APPLY(ROPE_KEYS)) ||
+        (m->rope_scaling.type == ROPE_LLAMA3 && APPLY(LLAMA3_KEYS)) ||
+        (m->rope_scaling.type == ROPE_YARN && APPLY(YARN_KEYS)))
         return -1;
 #undef APPLY
     /* a training coefficient, not the shape: config.json's unless the config sets its own */

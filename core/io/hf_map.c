@@ -7,8 +7,8 @@
  *
  * llama: ustrain already stores tensors under LlamaForCausalLM's names, [out, in] like
  * nn.Linear. RoPE needs no re-ordering of q_proj/k_proj rows: ustrain rotates the pairs
- * (x_i, x_{i+D/2}) of each head (core/base/ops_cpu.c rope_apply), which is transformers' rotate_half
- * convention; the permutation of Meta->HF conversions is only for weights trained with
+ * (x_i, x_{i+D/2}) of each head (core/base/ops_cpu.c rope_apply), which is transformers'
+ * rotate_half convention; the permutation of Meta->HF conversions is only for weights trained with
  * interleaved pairs (x_{2i}, x_{2i+1}). Grouped-query heads map the same way too: query head h
  * reads key/value head h / (n_head / n_kv_head) in both (repeat_kv).
  *
@@ -107,6 +107,10 @@ static void llama_table(hf_table *l) {
             SAME("self_attn.v_proj.bias", 1, KV, 0);
         }
         SAME("self_attn.o_proj.weight", 2, C, HD);
+        if (c->model.qk_norm) { /* Qwen3ForCausalLM */
+            SAME("self_attn.q_norm.weight", 1, D, 0);
+            SAME("self_attn.k_norm.weight", 1, D, 0);
+        }
         SAME("post_attention_layernorm.weight", 1, C, 0);
         if (c->model.moe.num_experts > 0) {
             mixtral_layer(l, i);
@@ -184,6 +188,24 @@ int hf_table_build(hf_table *l, const ust_config *c, ust_err *e) {
     if (moe->num_experts > 0 && c->model.qkv_bias)
         return ust_errf(e, "model.qkv_bias: Mixtral's attention has no q/k/v biases, so a mixture "
                            "of experts with model.qkv_bias: true has no Hugging Face layout");
+    int first = -1, suffix = 1; /* the windowed layers: from `first` on, all of them? */
+    for (int l = 0; l < c->model.n_layer; l++) {
+        if (cfg_layer_window(c, l) && first < 0) first = l;
+        if (!cfg_layer_window(c, l) && first >= 0) suffix = 0;
+    }
+    if (first >= 0 && (!suffix || (first > 0 && !c->model.qkv_bias && !c->model.qk_norm)))
+        return ust_errf(e,
+                        "model.sliding_window [%s]: a Hugging Face layout slides a window on "
+                        "every layer (MistralForCausalLM, MixtralForCausalLM) or on the layers "
+                        "from max_window_layers on (Qwen2/Qwen3ForCausalLM, a model with "
+                        "model.qkv_bias or model.qk_norm); this model's windowed layers are "
+                        "neither",
+                        c->model.sliding_window);
+    if (c->model.qk_norm && (moe->num_experts > 0 || c->model.qkv_bias))
+        return ust_errf(e,
+                        "model.qk_norm: its Hugging Face layout is Qwen3ForCausalLM, a dense "
+                        "llama without q/k/v biases (this model: %s)",
+                        moe->num_experts > 0 ? "mixture of experts" : "model.qkv_bias: true");
     l->c = c;
     l->n = 0;
     int64_t n = hf_table_count(c);
@@ -202,7 +224,7 @@ int64_t hf_table_count(const ust_config *c) {
     const __typeof__(c->model) *m = &c->model;
     if (m->arch != ARCH_LLAMA) return 4 + 12 * (int64_t)m->n_layer; /* wte, wpe, ln_f.{w,b} */
     int64_t moe = m->moe.num_experts > 0 ? 1 + 3 * (int64_t)m->moe.num_experts : 3;
-    int64_t layer = 6 + (m->qkv_bias ? 3 : 0) + moe;
+    int64_t layer = 6 + (m->qkv_bias ? 3 : 0) + (m->qk_norm ? 2 : 0) + moe;
     return 2 + (cfg_tied(c) ? 0 : 1) + layer * m->n_layer; /* embed, norm, lm_head */
 }
 
@@ -260,6 +282,18 @@ static void rope_scaling_json(cJSON *j, const ust_config *c) {
         return;
     }
     cJSON *o = cJSON_AddObjectToObject(j, "rope_scaling");
+    if (r->type == ROPE_YARN) { /* attention_factor 0: transformers derives the same default */
+        cJSON_AddStringToObject(o, "rope_type", "yarn");
+        cJSON_AddNumberToObject(o, "factor", r->factor);
+        cJSON_AddNumberToObject(o, "original_max_position_embeddings",
+                                r->original_max_position_embeddings);
+        cJSON_AddNumberToObject(o, "beta_fast", r->beta_fast);
+        cJSON_AddNumberToObject(o, "beta_slow", r->beta_slow);
+        cJSON_AddBoolToObject(o, "truncate", r->truncate);
+        if (r->attention_factor > 0)
+            cJSON_AddNumberToObject(o, "attention_factor", r->attention_factor);
+        return;
+    }
     cJSON_AddStringToObject(o, "rope_type", "llama3");
     cJSON_AddNumberToObject(o, "factor", r->factor);
     cJSON_AddNumberToObject(o, "low_freq_factor", r->low_freq_factor);
@@ -270,11 +304,24 @@ static void rope_scaling_json(cJSON *j, const ust_config *c) {
 
 static cJSON *llama_config(const ust_config *c, int bos, int eos) {
     const __typeof__(c->model) *m = &c->model;
-    int moe = m->moe.num_experts > 0, qwen2 = !moe && m->qkv_bias;
-    const char *arch = moe ? "MixtralForCausalLM" : qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
+    int moe = m->moe.num_experts > 0, qwen2 = !moe && m->qkv_bias, qwen3 = m->qk_norm;
+    int W = 0, first = m->n_layer; /* model.sliding_window: the windowed layers are a suffix */
+    for (int l = m->n_layer - 1; l >= 0 && cfg_layer_window(c, l); l--)
+        W = cfg_layer_window(c, l), first = l;
+    int mistral = W && !moe && !qwen2 && !qwen3;
+    const char *arch = moe       ? "MixtralForCausalLM"
+                       : qwen2   ? "Qwen2ForCausalLM"
+                       : qwen3   ? "Qwen3ForCausalLM"
+                       : mistral ? "MistralForCausalLM"
+                                 : "LlamaForCausalLM";
     cJSON *j = cJSON_CreateObject();
     cJSON_AddItemToObject(j, "architectures", cJSON_CreateStringArray(&arch, 1));
-    cJSON_AddStringToObject(j, "model_type", moe ? "mixtral" : qwen2 ? "qwen2" : "llama");
+    cJSON_AddStringToObject(j, "model_type",
+                            moe       ? "mixtral"
+                            : qwen2   ? "qwen2"
+                            : qwen3   ? "qwen3"
+                            : mistral ? "mistral"
+                                      : "llama");
     cJSON_AddNumberToObject(j, "vocab_size", m->vocab_size);
     cJSON_AddNumberToObject(j, "hidden_size", m->d_model);
     cJSON_AddNumberToObject(j, "intermediate_size", moe ? m->moe.d_ff_expert : m->d_ff);
@@ -284,10 +331,17 @@ static cJSON *llama_config(const ust_config *c, int bos, int eos) {
         cJSON_AddNumberToObject(j, "router_aux_loss_coef", m->moe.aux_loss_coef);
         cJSON_AddBoolToObject(j, "output_router_logits", 0);
     }
-    if (moe || qwen2) cJSON_AddNullToObject(j, "sliding_window");
-    if (qwen2) { /* its q/k/v biases are implied by the architecture; no window */
-        cJSON_AddBoolToObject(j, "use_sliding_window", 0);
-        cJSON_AddNumberToObject(j, "max_window_layers", m->n_layer);
+    if (W)
+        cJSON_AddNumberToObject(j, "sliding_window", W);
+    else if (moe || qwen2 || qwen3 || mistral)
+        cJSON_AddNullToObject(j, "sliding_window");
+    if (qwen2 || qwen3) { /* Qwen2's q/k/v biases, Qwen3's head norms: by the architecture */
+        cJSON_AddBoolToObject(j, "use_sliding_window", W > 0);
+        cJSON_AddNumberToObject(j, "max_window_layers", first);
+        cJSON *types = cJSON_AddArrayToObject(j, "layer_types"); /* transformers 5 */
+        for (int l = 0; l < m->n_layer; l++)
+            cJSON_AddItemToArray(
+                types, cJSON_CreateString(l >= first ? "sliding_attention" : "full_attention"));
     }
     cJSON_AddNumberToObject(j, "num_hidden_layers", m->n_layer);
     cJSON_AddNumberToObject(j, "num_attention_heads", m->n_head);
@@ -299,7 +353,8 @@ static cJSON *llama_config(const ust_config *c, int bos, int eos) {
     cJSON_AddNumberToObject(j, "rope_theta", m->rope_theta);
     rope_scaling_json(j, c);
     cJSON_AddNumberToObject(j, "attention_dropout", 0.0);
-    if (!qwen2) {
+    if (qwen3) cJSON_AddBoolToObject(j, "attention_bias", 0);
+    if (!qwen2 && !qwen3 && !mistral) {
         cJSON_AddBoolToObject(j, "attention_bias", 0);
         cJSON_AddBoolToObject(j, "mlp_bias", 0);
         cJSON_AddNumberToObject(j, "pretraining_tp", 1);

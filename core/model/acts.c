@@ -25,6 +25,12 @@ static void alloc_layer_acts(model *m, ust_arena *a, layer_acts *x, act *shared_
     x->k = A(N * KV);
     x->v = A(N * KV);
     x->att = A(N * HD);
+    if (m->shape.qk_norm) {
+        x->qr = A(N * HD);
+        x->kr = A(N * KV);
+        x->q_rstd = F32(N * m->shape.H);
+        x->k_rstd = F32(N * m->shape.Hkv);
+    }
     x->lse = F32((int64_t)m->shape.B * m->shape.H * m->shape.T);
     x->res2 = A(Nl * C);
     x->ln2 = A(Nl * C);
@@ -57,6 +63,10 @@ static void alloc_wsave(model *m, ust_arena *a, layer_wsave *w) {
     w->dk = A(N * KV);
     w->dv = A(N * KV);
     w->dln1 = A((int64_t)m->shape.Nl * C);
+    if (m->shape.qk_norm) {
+        w->dqn = A(N * HD);
+        w->dkn = A(N * KV);
+    }
 }
 
 /* none: every layer keeps its activations; selective: the MLP activation output is recomputed
@@ -80,9 +90,9 @@ static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *
     if (m->shape.zb) {
         s->ws = calloc(nl, sizeof *s->ws);
         for (int i = 0; i < nl; i++) alloc_wsave(m, a, &s->ws[i]);
-        /* per layer: two unit marks, an activation, two gathers, seven linears, two norms;
+        /* per layer: two unit marks, an activation, two gathers, seven linears, four norms;
          * the head: marks, a gather, a linear, a norm; the embeddings: marks and a job */
-        s->wg.cap = 16 * nl + 16 + 4 * (2 * m->vc.nvc + 1); /* + vocabulary chunks' marks, jobs */
+        s->wg.cap = 18 * nl + 16 + 4 * (2 * m->vc.nvc + 1); /* + vocabulary chunks' marks, jobs */
         s->wg.jobs = calloc((size_t)s->wg.cap, sizeof *s->wg.jobs);
     }
     if (ch->head) {
@@ -97,6 +107,11 @@ static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *
         s->doc = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
     if (m->shape.doc_mask && cp_ulysses(m->par.cp) > 1) /* the documents of every token attended */
         s->udoc = mem_alloc(a, MEM_ACTS, N * cp_ulysses(m->par.cp) * sizeof(int32_t));
+    if (m->cfg->model.sliding_window[0]) { /* each query's first visible key (ops.h q_start) */
+        s->wdoc = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
+        if (cp_ulysses(m->par.cp) > 1)
+            s->uwdoc = mem_alloc(a, MEM_ACTS, N * cp_ulysses(m->par.cp) * sizeof(int32_t));
+    }
     s->pos = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
     s->dy = A(Nl * C);
 }
@@ -124,7 +139,8 @@ void acts_alloc(model *m, ust_arena *a) {
         m->acts.vc_merge = A(N);
         m->acts.vc_merge2 = A(N);
     }
-    if (tp_sp(m->par.tp) || m->shape.zb) m->acts.dnorm = F32(2 * C);
+    if (tp_sp(m->par.tp) || m->shape.zb || m->shape.qk_norm) /* qk_norm: D <= C floats */
+        m->acts.dnorm = F32(2 * C);
     m->acts.dq = A(N * HD);
     m->acts.dk = A(N * KV);
     m->acts.dv = A(N * KV);

@@ -16,15 +16,18 @@
  * up_b, down, down_b), so dense MLPs and experts share one forward. */
 typedef struct {
     float *ln1_w, *ln1_b, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo, *ln2_w, *ln2_b;
-    moe_expert mlp;  /* dense layers */
-    moe_weights moe; /* MoE layers: router [E, C], experts[E], shared */
+    float *qn_w, *kn_w; /* model.qk_norm: the per-head q and k norms (D each) */
+    moe_expert mlp;     /* dense layers */
+    moe_weights moe;    /* MoE layers: router [E, C], experts[E], shared */
     int is_moe;
+    int window;   /* model.sliding_window (0: full attention) */
     act *kc, *vc; /* (S, Hkv, D) each: position t's keys (after RoPE) and values */
 } infer_layer;
 
 /* The model's dimensions (from the config; chunk: tokens per forward call, S: the cache's). */
 typedef struct {
     int llama, L, C, H, Hkv, D, F, V, Vp, S, chunk;
+    int qk_norm;
     int E, k, Fe, shared;
     float eps;
     ust_rope rope;
@@ -45,6 +48,7 @@ typedef struct {
     act *logits;                        /* (V) */
     float *mean, *rstd, *lse;           /* (n) (n) (H, n) */
     int32_t *tok, *pos;                 /* device (chunk), (S): pos[t] = t */
+    int32_t *wstart, *wstart_h;         /* (chunk) device, host: each new token's first key */
 } infer_acts;
 
 /* MoE routing: router logits, probabilities, choices, gates; expert-ordered rows. */
@@ -119,6 +123,8 @@ static void enum_layer(const ust_config *cfg, int l, infer_layer *w, tensor_fn f
     if (qkvb) E_("self_attn.v_proj.bias", 1, KV, 0, bv);
     E_("self_attn.o_proj.weight", C, HD, 1, wo);
     if (gpt2) E_("self_attn.o_proj.bias", 1, C, 0, bo);
+    if (!gpt2 && cfg->model.qk_norm) E_("self_attn.q_norm.weight", 1, D, 0, qn_w);
+    if (!gpt2 && cfg->model.qk_norm) E_("self_attn.k_norm.weight", 1, D, 0, kn_w);
     E_("post_attention_layernorm.weight", 1, C, 0, ln2_w);
     if (gpt2) E_("post_attention_layernorm.bias", 1, C, 0, ln2_b);
     if (moe_layer_is_moe(cfg, l)) {
@@ -244,6 +250,7 @@ static void dims(infer_model *m, const ust_config *cfg) {
     m->shape.eps =
         m->shape.llama ? (float)cfg->model.norm_eps : 1e-5f; /* as model.c's norm_forward */
     m->shape.rope = ops_rope(cfg);
+    m->shape.qk_norm = m->shape.llama && cfg->model.qk_norm;
     m->shape.E = cfg->model.moe.num_experts, m->shape.k = cfg->model.moe.top_k;
     m->shape.Fe = cfg->model.moe.d_ff_expert, m->shape.shared = cfg->model.moe.shared_expert;
 }
@@ -260,7 +267,8 @@ static void alloc_acts(infer_model *m) {
     m->a.logits = A_(m->shape.V);
     m->a.mean = o->alloc(o, n * sizeof(float)), m->a.rstd = o->alloc(o, n * sizeof(float));
     m->a.lse = o->alloc(o, n * m->shape.H * sizeof(float));
-    m->a.tok = I_(n), m->a.pos = I_(m->shape.S);
+    m->a.tok = I_(n), m->a.pos = I_(m->shape.S), m->a.wstart = I_(n);
+    m->a.wstart_h = malloc((size_t)n * sizeof(int32_t));
     int32_t *pos = malloc((size_t)m->shape.S * sizeof(int32_t));
     UST_ASSERT(pos, "out of host memory");
     for (int t = 0; t < m->shape.S; t++) pos[t] = t;
@@ -294,6 +302,7 @@ int infer_create(infer_model **out, const ust_config *cfg, const ust_ops *ops, i
     m->shape.chunk = chunk < m->shape.S ? chunk : m->shape.S;
     m->w.lw = calloc(m->shape.L, sizeof *m->w.lw);
     UST_ASSERT(m->w.lw, "out of host memory");
+    for (int l = 0; l < m->shape.L; l++) m->w.lw[l].window = cfg_layer_window(cfg, l);
     for (int l = 0; l < m->shape.L; l++)
         if (moe_layer_is_moe(cfg, l)) {
             infer_layer *w = &m->w.lw[l];
@@ -323,10 +332,10 @@ void infer_destroy(infer_model *m) {
     if (!m) return;
     const ust_ops *o = m->ops;
     for (int i = 0; i < m->w.nowned; i++) o->free(o, m->w.owned[i]);
-    void *dev[] = {m->a.x,     m->a.ln,   m->a.tmp,  m->a.tmp2,    m->a.q,     m->a.att,
-                   m->a.h1,    m->a.h2,   m->a.h,    m->a.logits,  m->a.mean,  m->a.rstd,
-                   m->a.lse,   m->a.tok,  m->a.pos,  m->r.rlogits, m->r.xe,    m->r.eout,
-                   m->r.probs, m->r.gate, m->r.topk, m->r.rowpos,  m->r.assign};
+    void *dev[] = {m->a.x,     m->a.ln,   m->a.tmp,  m->a.tmp2,    m->a.q,      m->a.att,
+                   m->a.h1,    m->a.h2,   m->a.h,    m->a.logits,  m->a.mean,   m->a.rstd,
+                   m->a.lse,   m->a.tok,  m->a.pos,  m->r.rlogits, m->r.xe,     m->r.eout,
+                   m->r.probs, m->r.gate, m->r.topk, m->r.rowpos,  m->r.assign, m->a.wstart};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) o->free(o, dev[i]);
     for (int l = 0; l < m->shape.L; l++) {
@@ -334,6 +343,7 @@ void infer_destroy(infer_model *m) {
         free(m->w.lw[l].moe.experts);
     }
     free(m->r.topk_h), free(m->r.rowpos_h), free(m->r.assign_h), free(m->r.count_h);
+    free(m->a.wstart_h);
     free(m->w.lw), free(m->w.owned);
     free(m);
 }
@@ -423,12 +433,18 @@ static void attention(infer_model *m, const infer_layer *w, int n) {
     o->linear_fwd(o, m->a.q, m->a.ln, w->wq, w->bq, n, C, HD);
     o->linear_fwd(o, k, m->a.ln, w->wk, w->bk, n, C, KV);
     o->linear_fwd(o, v, m->a.ln, w->wv, w->bv, n, C, KV);
+    if (m->shape.qk_norm) { /* each head's q and k, in place; lse (H, n) is free until attention */
+        o->rmsnorm_fwd(o, m->a.q, m->a.lse, m->a.q, w->qn_w, n * m->shape.H, m->shape.D,
+                       m->shape.eps);
+        o->rmsnorm_fwd(o, k, m->a.lse, k, w->kn_w, n * m->shape.Hkv, m->shape.D, m->shape.eps);
+    }
     if (m->shape.llama) {
         o->rope_fwd(o, m->a.q, m->a.q, pos, 1, n, m->shape.H, m->shape.D, &m->shape.rope);
         o->rope_fwd(o, k, k, pos, 1, n, m->shape.Hkv, m->shape.D, &m->shape.rope);
     }
+    /* a windowed layer (model.sliding_window): keys from position - W + 1 on (infer_forward) */
     o->attention_fwd(o, m->a.att, m->a.lse, m->a.q, w->kc, w->vc, 1, n, m->len + n, m->shape.H,
-                     m->shape.Hkv, m->shape.D, pos, m->a.pos, 1, NULL);
+                     m->shape.Hkv, m->shape.D, pos, m->a.pos, 1, w->window ? m->a.wstart : NULL);
     o->linear_fwd(o, m->a.tmp, m->a.att, w->wo, w->bo, n, HD, C);
     o->add(o, m->a.x, m->a.x, m->a.tmp, (int64_t)n * C);
 }
@@ -454,6 +470,13 @@ void infer_forward(infer_model *m, const int32_t *tok, int n, float *logits) {
     o->to_device(o, m->a.tok, tok, (size_t)n * sizeof(int32_t));
     o->embedding_fwd(o, m->a.x, m->a.tok, m->shape.llama ? NULL : m->a.pos + m->len, m->w.wte,
                      m->w.wpe, 1, n, m->shape.C, 0, m->shape.Vp);
+    int W = 0;
+    for (int l = 0; l < m->shape.L; l++) W = m->w.lw[l].window ? m->w.lw[l].window : W;
+    if (W) { /* one window size per model (cfg_validate) */
+        for (int i = 0; i < n; i++)
+            m->a.wstart_h[i] = m->len + i - W + 1 > 0 ? m->len + i - W + 1 : 0;
+        o->to_device(o, m->a.wstart, m->a.wstart_h, (size_t)n * sizeof(int32_t));
+    }
     for (int l = 0; l < m->shape.L; l++) {
         attention(m, &m->w.lw[l], n);
         feed_forward(m, &m->w.lw[l], n);

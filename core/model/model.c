@@ -76,6 +76,7 @@ void model_destroy(model *m) {
     free(m->w.lg);
     free(m->tab.all);
     model_moe_free(m);
+    free(m->batch.whost);
     free(m->tab.unit_expert);
     params_vocab_chunks_free(m);
     if (m->par.cp == &m->par.own_cp) cp_free(&m->par.own_cp);
@@ -92,7 +93,31 @@ void model_set_hooks(model *m, const model_hooks *h) {
 /* The micro-batch of slot s is the one computed now. */
 static void use_batch(model *m, const act_slot *s) {
     m->batch.docs = s->udoc ? (cp_docs){s->udoc, s->udoc_min} : (cp_docs){s->doc, s->doc_min};
+    m->batch.wdocs = s->uwdoc ? (cp_docs){s->uwdoc, s->uwdoc_min} : (cp_docs){s->wdoc, s->wdoc_min};
     m->batch.rows = s->pos;
+}
+
+/* model.sliding_window: key j is visible to query i when j > i - W, so each query's first visible
+ * key is the later of its document's start and its own position - W + 1, positions being the
+ * token's index in the whole sequence (the context-parallel layout's, as attention masks by). */
+static void take_windows(model *m, act_slot *s, const ust_batch *b) {
+    int B = m->shape.B, Tl = m->shape.T, W = 0;
+    for (int l = 0; l < m->shape.L && !W; l++) W = cfg_layer_window(m->cfg, l);
+    if (!W) W = m->cfg->model.max_seq_len; /* every window is full attention */
+    if (!m->batch.whost) m->batch.whost = malloc((size_t)B * Tl * sizeof(int32_t));
+    UST_ASSERT(m->batch.whost, "out of host memory");
+    const int32_t *P = cp_positions_of(m->par.cp, cp_rank(m->par.cp));
+    int32_t *w = m->batch.whost;
+    for (int r = 0; r < B; r++)
+        for (int i = 0; i < Tl; i++) {
+            int32_t doc = b->doc_starts && m->shape.doc_mask ? b->doc_starts[r * Tl + i] : 0;
+            int32_t win = P[i] - W + 1;
+            w[r * Tl + i] = win > doc ? win : doc;
+        }
+    s->wdoc_min = w[0];
+    for (int i = 1; i < B * Tl; i++) s->wdoc_min = w[i] < s->wdoc_min ? w[i] : s->wdoc_min;
+    m->ops->to_device(m->ops, s->wdoc, w, (size_t)B * Tl * sizeof(int32_t));
+    if (s->uwdoc) s->uwdoc_min = cp_gather_docs(m->par.cp, s->uwdoc, s->wdoc);
 }
 
 /* The slot keeps its micro-batch's positions and documents for the backward and a recompute. */
@@ -107,6 +132,7 @@ static void take_batch(model *m, act_slot *s, const ust_batch *b) {
             s->doc_min = b->doc_starts[i] < s->doc_min ? b->doc_starts[i] : s->doc_min;
         if (s->udoc) s->udoc_min = cp_gather_docs(m->par.cp, s->udoc, s->doc);
     }
+    if (s->wdoc) take_windows(m, s, b);
     use_batch(m, s);
 }
 
@@ -215,6 +241,9 @@ void model_chunk_weight_grad(model *m, int c, int slot) {
         case WG_NORM:
             block_norm_backward(m, m->acts.dtmp, *j->dw, j->db ? *j->db : NULL, j->dout, j->x,
                                 *j->w, j->mean, j->rstd);
+            break;
+        case WG_HEADNORM:
+            block_head_norm_wgrad(m, *j->dw, j->dout, j->x, *j->w, j->rstd, j->N);
             break;
         case WG_EMBED:
             vocab_embedding_backward(m, s->tok, j->dout, j->vc);

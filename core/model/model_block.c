@@ -55,6 +55,48 @@ void block_mlp_activation(model *m, layer_acts *a) {
         m->ops->gelu_fwd(m->ops, a->act, a->up, n);
 }
 
+/* model.qk_norm (Qwen3): RMSNorm over each head's D features of q or k, the (N, heads*D) tensor
+ * as N*heads rows of D; under tensor parallelism each rank norms its own heads. */
+static void head_norm_forward(model *m, act *out, float *rstd, const act *inp, const float *w,
+                              int heads) {
+    m->ops->rmsnorm_fwd(m->ops, out, rstd, inp, w, m->shape.B * m->shape.T * heads, m->shape.D,
+                        m->shape.eps);
+}
+
+/* dw += the head norm's weight gradient from its output gradient dout: each tensor-parallel rank
+ * saw only its heads, so the partial sums are summed over the group (the weight is whole on
+ * every rank and must stay equal there). */
+void block_head_norm_wgrad(model *m, float *dw, const act *dout, const act *inp, const float *w,
+                           const float *rstd, int rows) {
+    const ust_ops *o = m->ops;
+    o->zero(o, m->acts.dnorm, (size_t)m->shape.D * sizeof(float));
+    o->rmsnorm_bwd(o, NULL, m->acts.dnorm, dout, inp, w, rstd, rows, m->shape.D);
+    tp_sp_sum_norm_grads(m->par.tp, dw, NULL, m->acts.dnorm, m->shape.D);
+}
+
+/* d (rows of D, in place): d out -> d inp of a head norm; the weight gradient now, or under B a
+ * job reading d out saved in keep. datt (free once attention's backward has run) is scratch. */
+static void head_norm_backward(model *m, const deferral *df, act *d, const act *inp,
+                               float *const *w, float **gw, const float *rstd, int heads,
+                               act *keep) {
+    const ust_ops *o = m->ops;
+    int rows = m->shape.B * m->shape.T * heads;
+    if (df->list)
+        block_later(m, df,
+                    (wg_job){.kind = WG_HEADNORM,
+                             .dw = gw,
+                             .dout = d,
+                             .x = inp,
+                             .w = w,
+                             .rstd = rstd,
+                             .N = rows},
+                    keep, (int64_t)rows * m->shape.D);
+    else
+        block_head_norm_wgrad(m, *gw, d, inp, *w, rstd, rows);
+    o->rmsnorm_bwd(o, m->acts.datt, NULL, d, inp, *w, rstd, rows, m->shape.D);
+    o->copy(o, d, m->acts.datt, act_bytes(o, (int64_t)rows * m->shape.D));
+}
+
 /* Where this tensor-parallel rank's MoE tokens start in a (B*T, C) tensor every tp rank holds
  * whole (without sp; under sp the rank's own rows are its tokens: 0). */
 static int64_t moe_tp_offset(const model *m) {
@@ -75,6 +117,12 @@ static void moe_mlp_forward(model *m, int l, act *x_out, const layer_acts *a, mo
     o->add(o, x_out, m->acts.dln, a->res2, (int64_t)m->shape.Nl * m->shape.C);
 }
 
+/* What layer l's attention masks by: its window (model.sliding_window), its documents, or none. */
+static const cp_docs *layer_docs(const model *m, int l) {
+    if (cfg_layer_window(m->cfg, l)) return &m->batch.wdocs;
+    return m->shape.doc_mask ? &m->batch.docs : NULL;
+}
+
 /* x_in, x_out: (B,T,C). Pre-norm block: res2 = x + attn(norm1(x)); out = res2 + mlp(norm2(res2)) */
 void block_forward(model *m, int l, const act *x_in, act *x_out, layer_acts *a, moe_acts *ma,
                    moe_stats *st) {
@@ -84,18 +132,22 @@ void block_forward(model *m, int l, const act *x_in, act *x_out, layer_acts *a, 
         KV = m->shape.Hkv * m->shape.D;
     block_norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x_in, w->ln1_w, w->ln1_b);
     /* every token enters attention, for this rank's heads */
-    tp_col qkv[3] = {{.out = a->q, .w = w->wq, .b = w->bq, .OC = HD},
-                     {.out = a->k, .w = w->wk, .b = w->bk, .OC = KV},
+    int qkn = m->shape.qk_norm; /* q and k go through their head norms before RoPE */
+    tp_col qkv[3] = {{.out = qkn ? a->qr : a->q, .w = w->wq, .b = w->bq, .OC = HD},
+                     {.out = qkn ? a->kr : a->k, .w = w->wk, .b = w->bk, .OC = KV},
                      {.out = a->v, .w = w->wv, .b = w->bv, .OC = KV}};
     tp_column_fwd(m->par.tp, a->ln1, qkv, 3, N, C);
+    if (qkn) {
+        head_norm_forward(m, a->q, a->q_rstd, a->qr, w->qn_w, m->shape.H);
+        head_norm_forward(m, a->k, a->k_rstd, a->kr, w->kn_w, m->shape.Hkv);
+    }
     if (m->shape.llama) {
         o->rope_fwd(o, a->q, a->q, m->batch.rows, m->shape.B, m->shape.T, m->shape.H, m->shape.D,
                     &m->shape.rope);
         o->rope_fwd(o, a->k, a->k, m->batch.rows, m->shape.B, m->shape.T, m->shape.Hkv, m->shape.D,
                     &m->shape.rope);
     }
-    cp_attention_fwd(m->par.cp, a->att, a->lse, a->q, a->k, a->v, m->shape.H,
-                     m->shape.doc_mask ? &m->batch.docs : NULL);
+    cp_attention_fwd(m->par.cp, a->att, a->lse, a->q, a->k, a->v, m->shape.H, layer_docs(m, l));
     tp_row_linear_fwd(m->par.tp, a->res2, a->att, w->wo, w->bo, N, HD, C);
     o->add(o, a->res2, a->res2, x_in, (int64_t)m->shape.Nl * C);
     block_norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b);
@@ -272,12 +324,18 @@ static act *attention_backward(model *m, int l, const act *dx, layer_acts *a, co
     o->zero(o, m->acts.dk, act_bytes(o, (int64_t)N * KV));
     o->zero(o, m->acts.dv, act_bytes(o, (int64_t)N * KV));
     cp_attention_bwd(m->par.cp, m->acts.dq, m->acts.dk, m->acts.dv, m->acts.datt, a->att, a->lse,
-                     a->q, a->k, a->v, m->shape.H, m->shape.doc_mask ? &m->batch.docs : NULL);
+                     a->q, a->k, a->v, m->shape.H, layer_docs(m, l));
     if (m->shape.llama) {
         o->rope_bwd(o, m->acts.dq, m->acts.dq, m->batch.rows, m->shape.B, m->shape.T, m->shape.H,
                     m->shape.D, &m->shape.rope);
         o->rope_bwd(o, m->acts.dk, m->acts.dk, m->batch.rows, m->shape.B, m->shape.T, m->shape.Hkv,
                     m->shape.D, &m->shape.rope);
+    }
+    if (m->shape.qk_norm) {
+        head_norm_backward(m, df, m->acts.dq, a->qr, &w->qn_w, &g->qn_w, a->q_rstd, m->shape.H,
+                           k ? k->dqn : NULL);
+        head_norm_backward(m, df, m->acts.dk, a->kr, &w->kn_w, &g->kn_w, a->k_rstd, m->shape.Hkv,
+                           k ? k->dkn : NULL);
     }
     const block_col qkv[3] = {{&g->wq, &g->bq, m->acts.dq, k ? k->dq : NULL, &w->wq, HD},
                               {&g->wk, &g->bk, m->acts.dk, k ? k->dk : NULL, &w->wk, KV},

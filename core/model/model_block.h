@@ -44,6 +44,9 @@ void block_norm_backward(model *m, act *dinp, float *dw, float *db, const act *d
 /* The input gradient only (B): the weight gradient is dropped, W computes it again. */
 void block_norm_backward_input(model *m, act *dinp, const act *dout, const act *inp, const float *w,
                                const float *mean, const float *rstd);
+/* model.qk_norm: dw += a head norm's weight gradient (rows of D), summed over the tp group. */
+void block_head_norm_wgrad(model *m, float *dw, const act *dout, const act *inp, const float *w,
+                           const float *rstd, int rows);
 /* act(N,F) = swiglu(gate, up) for llama, gelu(up) for gpt2 */
 void block_mlp_activation(model *m, layer_acts *a);
 

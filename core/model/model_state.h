@@ -13,12 +13,15 @@
 typedef struct {
     float *ln1_w, *ln1_b, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo;
     float *ln2_w, *ln2_b, *wg, *wu, *bu, *wd, *bd;
-} layer_w; /* weights of one layer; the same struct points into the gradients */
+    float *qn_w, *kn_w; /* model.qk_norm: the per-head q and k RMSNorm weights (D each) */
+} layer_w;              /* weights of one layer; the same struct points into the gradients */
 
 typedef struct layer_acts_s {
     act *ln1;                   /* (N,C) */
     float *ln1_mean, *ln1_rstd; /* (N), (N) */
     act *q, *k, *v;             /* (N,H*D), (N,Hkv*D), (N,Hkv*D); after RoPE for llama */
+    act *qr, *kr;               /* model.qk_norm: q and k before their head norms */
+    float *q_rstd, *k_rstd;     /* model.qk_norm: (N*H), (N*Hkv) */
     act *att;                   /* (N,H*D) */
     float *lse;                 /* (B,H,T) */
     act *res2;                  /* (N,C) residual after attention */
@@ -32,6 +35,7 @@ typedef struct layer_acts_s {
 typedef struct {
     act *gmlp, *dup, *dgate, *dln2;  /* (N,C) down_proj out, (N,F) up/gate out, (Nl,C) norm 2 */
     act *gatt, *dq, *dk, *dv, *dln1; /* (N,C) o_proj out, q/k/v out, (Nl,C) norm 1 */
+    act *dqn, *dkn;                  /* model.qk_norm: the head norms' output gradients */
 } layer_wsave;
 
 /* Zero-bubble's deferred weight gradients: B records, in backward order, what W must do later,
@@ -45,7 +49,8 @@ typedef enum {
     WG_GATHER,     /* gather x (a half's input, this rank's rows) for the linears after it */
     WG_LINEAR,     /* dw (+ db) += dout^T @ x, x the last gathered input (gathered) or x itself */
     WG_NORM,       /* a norm's weight (and bias) gradient */
-    WG_EMBED       /* the embeddings' gradients from the chunk's input gradient */
+    WG_EMBED,      /* the embeddings' gradients from the chunk's input gradient */
+    WG_HEADNORM    /* model.qk_norm: a per-head norm's weight gradient (N rows of C = D) */
 } wg_kind;
 
 typedef struct {
@@ -75,14 +80,16 @@ typedef struct {
     wg_list wg;        /* zb only: the weight gradients B left for W */
     moe_acts *ma;      /* MoE layers: one per layer of the chunk (dense layers leave it unset) */
     act *lnf, *logits; /* head chunk: (Nl,C) (N,Vl) */
-    float *lnf_mean, *lnf_rstd; /* head chunk: (Nl) (Nl) */
-    act *dlnf;                  /* head chunk under zb: the final norm's output gradient (Nl,C) */
-    int32_t *tok;               /* embedding chunk: the token ids */
-    int32_t *doc;               /* data.doc_mask: where each token's document begins (B,Tl) */
-    int32_t doc_min;            /* ... the smallest of them */
-    int32_t *udoc;              /* ... under Ulysses cp: those of the tokens attended (B, Tb) */
-    int32_t udoc_min;           /* ... the smallest of them */
-    int32_t *pos;               /* (B,Tl) each token's position (ust_batch.positions) */
+    float *lnf_mean, *lnf_rstd;  /* head chunk: (Nl) (Nl) */
+    act *dlnf;                   /* head chunk under zb: the final norm's output gradient (Nl,C) */
+    int32_t *tok;                /* embedding chunk: the token ids */
+    int32_t *doc;                /* data.doc_mask: where each token's document begins (B,Tl) */
+    int32_t doc_min;             /* ... the smallest of them */
+    int32_t *udoc;               /* ... under Ulysses cp: those of the tokens attended (B, Tb) */
+    int32_t udoc_min;            /* ... the smallest of them */
+    int32_t *wdoc, *uwdoc;       /* model.sliding_window: doc and udoc raised to each token's */
+    int32_t wdoc_min, uwdoc_min; /* window start (position - W + 1), and their smallest */
+    int32_t *pos;                /* (B,Tl) each token's position (ust_batch.positions) */
     act *dy; /* (Nl,C): d loss / d chunk output on entry to backward, d / d input after */
 } act_slot;
 
@@ -112,6 +119,7 @@ typedef struct {
     float eps;
     ust_rope rope;
     int qkv_bias;  /* q/k/v projections have biases (gpt2; llama with model.qkv_bias) */
+    int qk_norm;   /* model.qk_norm: RMSNorm over each head's q and k before RoPE */
     int doc_mask;  /* data.doc_mask: attention inside documents */
     int reset_pos; /* data.reset_positions: positions restart at each document */
     ust_recompute recompute;
@@ -191,8 +199,10 @@ typedef struct {
 
 /* model.c: the micro-batch being computed (its slot's copies of the ust_batch). */
 typedef struct {
-    int32_t *rows; /* (B,Tl) its positions (the slot's pos) */
-    cp_docs docs;  /* its documents */
+    int32_t *rows;  /* (B,Tl) its positions (the slot's pos) */
+    cp_docs docs;   /* its documents */
+    cp_docs wdocs;  /* model.sliding_window: its documents cut to each query's window */
+    int32_t *whost; /* (B,Tl) host scratch for the window starts */
 } model_batch;
 
 struct model {

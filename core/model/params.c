@@ -117,6 +117,9 @@ static void add_layer_params(model *m, int l) {
     if (m->shape.qkv_bias) { P("self_attn.v_proj.bias", 1, KV, CO, 0, 0, 0, bv); }
     P("self_attn.o_proj.weight", C, HD, CO, 1, proj_std, 0, wo);
     if (gpt2) { P("self_attn.o_proj.bias", 1, C, N0, 0, 0, 0, bo); }
+    /* whole on every tp rank: each rank's heads use all of it (gradients summed, tp.c) */
+    if (m->shape.qk_norm) { P("self_attn.q_norm.weight", 1, m->shape.D, N0, 0, 0, 1, qn_w); }
+    if (m->shape.qk_norm) { P("self_attn.k_norm.weight", 1, m->shape.D, N0, 0, 0, 1, kn_w); }
     P("post_attention_layernorm.weight", 1, C, N0, 0, 0, 1, ln2_w);
     if (gpt2) { P("post_attention_layernorm.bias", 1, C, N0, 0, 0, 0, ln2_b); }
     if (is_moe(m, l)) { add_moe_params(m, l); return; }
@@ -516,6 +519,7 @@ void params_dims(model *m, const ust_config *cfg) {
     m->shape.eps = (float)cfg->model.norm_eps;
     m->shape.rope = ops_rope(cfg);
     m->shape.qkv_bias = !m->shape.llama || cfg->model.qkv_bias;
+    m->shape.qk_norm = m->shape.llama && cfg->model.qk_norm;
     /* packed examples (data.packing: first_fit) are documents masked apart, positions reset */
     m->shape.doc_mask = cfg->data.doc_mask || cfg->data.packing;
     m->shape.reset_pos = cfg->data.reset_positions || cfg->data.packing;

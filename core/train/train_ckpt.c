@@ -338,6 +338,7 @@ static int same_run(const ust_config *c, const char *dir, ust_err *e) {
              {"model.vocab_size", m->vocab_size, o->vocab_size},
              {"model.tie_embeddings", m->tie_embeddings, o->tie_embeddings},
              {"model.qkv_bias", m->qkv_bias, o->qkv_bias},
+             {"model.qk_norm", m->qk_norm, o->qk_norm},
              {"model.moe.num_experts", m->moe.num_experts, o->moe.num_experts},
              {"model.moe.d_ff_expert", m->moe.d_ff_expert, o->moe.d_ff_expert},
              {"model.moe.every", m->moe.every, o->moe.every},

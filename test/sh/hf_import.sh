@@ -133,18 +133,18 @@ bad hf_dir_without_config_exits_2 "not a Hugging Face model directory \(no $TMP/
 rm -rf $TMP/b-dup && cp -r $TMP/llama_f32 $TMP/b-dup &&
     python3 -c "import sys; p=sys.argv[1]; s=open(p).read().rstrip(); open(p,'w').write(s[:-1] + ', \"hidden_size\": 128}')" $TMP/b-dup/config.json
 bad hf_config_key_twice_exits_2 "b-dup/config.json: key 'hidden_size' appears twice" $TMP/b-dup
-$MAKE make llama $TMP/b-arch --set 'architectures=["MistralForCausalLM"]'
-bad hf_unsupported_architecture_exits_2 "architecture 'MistralForCausalLM' is not supported" $TMP/b-arch
-$MAKE make llama $TMP/b-rope --set 'rope_scaling={"rope_type": "yarn", "factor": 4.0}'
-bad hf_unsupported_rope_type_exits_2 "b-rope/config.json: rope_scaling rope_type 'yarn' is not supported" $TMP/b-rope
+$MAKE make llama $TMP/b-arch --set 'architectures=["Gemma3ForCausalLM"]'
+bad hf_unsupported_architecture_exits_2 "architecture 'Gemma3ForCausalLM' is not supported" $TMP/b-arch
+$MAKE make llama $TMP/b-rope --set 'rope_scaling={"rope_type": "longrope", "factor": 4.0}'
+bad hf_unsupported_rope_type_exits_2 "b-rope/config.json: rope_scaling rope_type 'longrope' is not supported" $TMP/b-rope
 $MAKE make llama $TMP/b-rope5 --set 'rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0}'
 bad hf_unsupported_rope_parameters_exits_2 "rope_parameters rope_type 'dynamic' is not supported" $TMP/b-rope5
-$MAKE make mixtral $TMP/b-window --set 'sliding_window=4096'
-bad hf_mixtral_sliding_window_exits_2 "b-window/config.json: sliding_window = 4096 is not supported" $TMP/b-window
+$MAKE make mixtral $TMP/b-window --set 'sliding_window=0'
+bad hf_mixtral_sliding_window_0_exits_2 "b-window/config.json: 'sliding_window' = 0: a window is at least 1 key" $TMP/b-window
 $MAKE make mixtral $TMP/b-aux --set 'router_aux_loss_coef=-0.5'
 bad hf_mixtral_negative_aux_coef_exits_2 "b-aux/config.json: router_aux_loss_coef = -0.5: expected a finite value >= 0" $TMP/b-aux
-$MAKE make qwen2 $TMP/b-qwin --set 'use_sliding_window=true'
-bad hf_qwen2_sliding_window_exits_2 "'use_sliding_window': true is not supported" $TMP/b-qwin
+$MAKE make qwen2 $TMP/b-qwin --set 'layer_types=["full_attention", "chunked_attention"]'
+bad hf_qwen2_unknown_layer_type_exits_2 "layer_types\[1\] is chunked_attention; ustrain computes 'full_attention' and 'sliding_attention'" $TMP/b-qwin
 $MAKE make llama $TMP/b-bias --set 'attention_bias=true'
 bad hf_llama_attention_bias_exits_2 "'attention_bias': true is not supported" $TMP/b-bias
 $MAKE make llama $TMP/b-act --set 'hidden_act="gelu"'

@@ -4,7 +4,10 @@ and compares an imported-then-exported directory with the original.
 
   hf_make_model.py make KIND OUT [--dtype f32|bf16|f16] [--shards N] [--seed S]
                    [--set KEY=JSON]... [--bad-shape TENSOR] [--bad-dtype TENSOR=DT]
-      KIND: llama, llama_tied, llama3 (rope_scaling llama3), qwen2 (q/k/v biases), mixtral, gpt2.
+      KIND: llama, llama_tied, llama3 (rope_scaling llama3), qwen2 (q/k/v biases), qwen3 (q/k head
+      norms), mistral (a sliding window of 8 in every layer), qwen2_window (Qwen2 with a window
+      of 8 on the layers from max_window_layers = 1 on), llama_yarn (rope_scaling yarn, factor 4
+      over 16 original positions), mixtral, gpt2.
       Writes OUT/config.json and OUT/model.safetensors, or with --shards N > 1
       OUT/model-0000i-of-0000N.safetensors + model.safetensors.index.json. The safetensors files
       are written by hand (8-byte little-endian header length, JSON header padded to 8 bytes,
@@ -28,14 +31,19 @@ import sys
 import numpy as np
 
 DIMS = dict(L=2, C=64, H=4, KV=2, F=96, V=300, T=64, E=4, K=2, FE=48)
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16,
+        "beta_fast": 32.0, "beta_slow": 1.0}
 
 
 def llama_config(kind):
     d = DIMS
-    arch = {"qwen2": "Qwen2ForCausalLM", "mixtral": "MixtralForCausalLM"}.get(kind, "LlamaForCausalLM")
+    arch = {"qwen2": "Qwen2ForCausalLM", "qwen2_window": "Qwen2ForCausalLM",
+            "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM",
+            "mixtral": "MixtralForCausalLM"}.get(kind, "LlamaForCausalLM")
     cfg = {
         "architectures": [arch],
-        "model_type": {"qwen2": "qwen2", "mixtral": "mixtral"}.get(kind, "llama"),
+        "model_type": {"qwen2": "qwen2", "qwen2_window": "qwen2", "qwen3": "qwen3",
+                       "mistral": "mistral", "mixtral": "mixtral"}.get(kind, "llama"),
         "hidden_size": d["C"], "intermediate_size": d["FE"] if kind == "mixtral" else d["F"],
         "num_hidden_layers": d["L"], "num_attention_heads": d["H"], "num_key_value_heads": d["KV"],
         "vocab_size": d["V"], "max_position_embeddings": d["T"], "rms_norm_eps": 1e-5,
@@ -43,15 +51,23 @@ def llama_config(kind):
         "tie_word_embeddings": kind == "llama_tied", "rope_scaling": None,
         "torch_dtype": "float32",
     }
+    if kind == "llama_yarn":
+        cfg["rope_scaling"] = YARN
     if kind == "llama3":
         cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
-    if kind == "qwen2":
+    if kind in ("qwen2", "qwen3"):
         cfg.update(use_sliding_window=False, sliding_window=None, max_window_layers=d["L"])
+    if kind == "qwen3":
+        cfg.update(attention_bias=False, head_dim=d["C"] // d["H"])
+    if kind == "qwen2_window":
+        cfg.update(use_sliding_window=True, sliding_window=8, max_window_layers=1)
+    if kind == "mistral":
+        cfg.update(sliding_window=8, head_dim=d["C"] // d["H"])
     if kind == "mixtral":
         cfg.update(num_local_experts=d["E"], num_experts_per_tok=d["K"], sliding_window=None,
                    router_aux_loss_coef=0.001)
-    if kind in ("llama", "llama_tied", "llama3"):
+    if kind in ("llama", "llama_tied", "llama3", "llama_yarn"):
         cfg.update(attention_bias=False, mlp_bias=False, head_dim=d["C"] // d["H"])
     return cfg
 
@@ -69,7 +85,9 @@ def llama_tensors(kind):
               (p + "self_attn.v_proj.weight", (KVD, d["C"])),
               (p + "self_attn.o_proj.weight", (d["C"], HD)),
               (p + "post_attention_layernorm.weight", (d["C"],))]
-        if kind == "qwen2":
+        if kind == "qwen3":
+            t += [(p + "self_attn.q_norm.weight", (D,)), (p + "self_attn.k_norm.weight", (D,))]
+        if kind in ("qwen2", "qwen2_window"):
             t += [(p + "self_attn.q_proj.bias", (HD,)), (p + "self_attn.k_proj.bias", (KVD,)),
                   (p + "self_attn.v_proj.bias", (KVD,))]
         if kind == "mixtral":
@@ -234,6 +252,15 @@ def make_with_transformers(kind, out, seed=1):
         model = tf.GPT2LMHeadModel(cfg)
     elif kind == "qwen2":
         model = tf.Qwen2ForCausalLM(tf.Qwen2Config(intermediate_size=d["F"], **common))
+    elif kind == "qwen2_window":
+        model = tf.Qwen2ForCausalLM(tf.Qwen2Config(intermediate_size=d["F"], use_sliding_window=True,
+                                                   sliding_window=8, max_window_layers=1, **common))
+    elif kind == "mistral":
+        model = tf.MistralForCausalLM(tf.MistralConfig(intermediate_size=d["F"], sliding_window=8,
+                                                       head_dim=d["C"] // d["H"], **common))
+    elif kind == "qwen3":
+        model = tf.Qwen3ForCausalLM(tf.Qwen3Config(intermediate_size=d["F"],
+                                                   head_dim=d["C"] // d["H"], **common))
     elif kind == "mixtral":
         model = tf.MixtralForCausalLM(tf.MixtralConfig(
             intermediate_size=d["FE"], num_local_experts=d["E"], num_experts_per_tok=d["K"],
@@ -241,7 +268,7 @@ def make_with_transformers(kind, out, seed=1):
     else:
         rope = ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                  "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
-                if kind == "llama3" else None)
+                if kind == "llama3" else dict(YARN) if kind == "llama_yarn" else None)
         model = tf.LlamaForCausalLM(tf.LlamaConfig(intermediate_size=d["F"], rope_scaling=rope,
                                                    rope_theta=500000.0 if rope else 10000.0,
                                                    **common))
