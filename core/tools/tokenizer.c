@@ -994,7 +994,9 @@ void tok_ids_push(tok_ids *v, int32_t id) {
     if (v->n == v->cap) {
         v->cap = v->cap ? 2 * v->cap : 1024;
         v->ids = realloc(v->ids, (size_t)v->cap * sizeof *v->ids);
-        UST_ASSERT(v->ids, "out of memory (%lld token ids)", (long long)v->cap);
+        if (!v->ids) /* a document too long for the memory: the run's failure, not a bug */
+            ust_fatal(UST_EXIT_RUNTIME, "out of memory for %lld token ids of one document",
+                      (long long)v->cap);
     }
     v->ids[v->n++] = id;
 }
