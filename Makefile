@@ -222,7 +222,8 @@ CXX       ?= g++
 CFLAGS    += -DUST_CUDA -DUST_NCCL -DUST_CUDA_EMU -Icuda/emu/include
 # linked in directly: no plugin (cuda_plugin.cu) and no library to dlopen
 EMU_CU    := $(filter-out cuda/cuda_plugin.cu,$(sort $(wildcard cuda/*.cu)))
-EMU_OBJ   := $(EMU_CU:%.cu=$(B)/%.o) $(B)/cuda/emu/emu_rt.o $(B)/cuda/ops_cuda_load.o
+EMU_OBJ   := $(EMU_CU:%.cu=$(B)/%.o) $(B)/cuda/emu/emu_rt.o $(B)/cuda/emu/emu_strict.o \
+             $(B)/cuda/ops_cuda_load.o
 EMU_CXX   := $(CXX) -std=c++17 $(OPT) -g -MMD -MP
 .PRECIOUS: $(B)/cuda/%.cpp
 $(B)/cuda/%.cpp: cuda/%.cu cuda/emu/cu2cpp.py
@@ -233,9 +234,11 @@ $(B)/cuda/%.cpp: cuda/%.cu cuda/emu/cu2cpp.py
 $(B)/cuda/cuda_internal.h: cuda/cuda_internal.h cuda/emu/cu2cpp.py
 	@mkdir -p $(dir $@)
 	python3 cuda/emu/cu2cpp.py $< $@
+# the kernels call emu_strict.cpp before every memory access (its strict mode, EMU_STRICT=1)
+EMU_TSAN  := -fsanitize=thread --param=tsan-instrument-func-entry-exit=0
 $(B)/cuda/%.o: $(B)/cuda/%.cpp $(B)/cuda/cuda_internal.h
-	$(EMU_CXX) -w -Icuda/emu/include -Icuda -Icore/base -c $< -o $@
-$(B)/cuda/emu/emu_rt.o: cuda/emu/emu_rt.cpp
+	$(EMU_CXX) $(EMU_TSAN) -w -Icuda/emu/include -Icuda -Icore/base -c $< -o $@
+$(B)/cuda/emu/%.o: cuda/emu/%.cpp
 	@mkdir -p $(dir $@)
 	$(EMU_CXX) -Wall -Wextra -Werror -c $< -o $@
 $(B)/libustrain.a: $(EMU_OBJ)

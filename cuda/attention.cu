@@ -32,8 +32,10 @@
 
 /* ---------------------------------------------------------------- forward */
 
+/* At least one block per SM: with the default ptxas spilled 8-28 bytes at DPL = 4 and 8 (sm_90,
+ * test/sh/cuda_resources.sh); it takes 116-147 registers now. */
 template <int DPL> /* dimensions per lane: ceil(D / 32) rounded up to 1, 2, 4, 8 */
-__global__ void __launch_bounds__(NW * 32)
+__global__ void __launch_bounds__(NW * 32, 1)
     k_att_fwd(float *out, float *lse, const float *q, const float *k, const float *v, int Tq,
               int Tk, int H, int Hkv, int D, const int32_t *q_pos, const int32_t *k_pos, int causal,
               const int32_t *q_start, float scale, int nqt) {

@@ -328,9 +328,10 @@ __device__ __forceinline__ void probs_and_ds(float s[4], float dp[4], bool vis[4
 }
 
 /* dq(B,Tq,H,D) += scale sum_j dS_ij k_j, from dout(B,Tq,H,D), lse and Di (B,H,Tq). Grid as the
- * forward's. */
+ * forward's. At least one block per SM: without it ptxas capped D = 64 at 128 registers and
+ * spilled 8 bytes (sm_90); it takes 133 now (test/sh/cuda_resources.sh). */
 template <int D, typename T>
-__global__ void __launch_bounds__(TC_THREADS)
+__global__ void __launch_bounds__(TC_THREADS, 1)
     k_tc_dq(act *dq_, const act *dout_, const float *lse, const float *Di, const act *q_,
             const act *k_, const act *v_, int Tq, int Tk, int H, int Hkv, const int32_t *q_pos,
             const int32_t *k_pos, int causal, const int32_t *q_start, float scale, int nqt) {

@@ -176,12 +176,16 @@ static uint32_t align_of(const void *p, int64_t stride_bytes) {
 
 static size_t type_bytes(cudaDataType t) { return t == CUDA_R_16BF ? 2 : 4; }
 
+static bf16 *to_bf16(const ust_ops *o, int slot, const float *src, int64_t n);
+
 /* bf16 inputs, C of type ct (fp32, or bf16 for activations: read widened when beta != 0, the
  * result rounded once), CUBLAS_COMPUTE_32F through cuBLASLt, with an optional epilogue: bias
- * (N fp32, one per column of the row-major C) added, and with gelu_pre the result stored there
- * (ldc, type ct: the pre-activation) and gelu of it in C; with dgelu instead (no bias) gelu_pre
- * is read: C = the product times gelu'(gelu_pre), the GELU's backward. Returns 0, or -1 when
- * cuBLASLt has no algorithm for the problem (nothing ran: the caller takes another path). */
+ * (N fp32, one per column of the row-major C; rounded to bf16 in scratch slot C for a bf16 C:
+ * cuBLASLt takes a bias of D's type only, outside IMMA and fp8 kernels) added, and with gelu_pre
+ * the result stored there (ldc, type ct: the pre-activation) and gelu of it in C; with dgelu
+ * instead (no bias) gelu_pre is read: C = the product times gelu'(gelu_pre), the GELU's backward.
+ * Returns 0, or -1 when cuBLASLt has no algorithm for the problem (nothing ran: the caller takes
+ * another path). */
 static int lt_gemm(const ust_ops *o, void *C, cudaDataType ct, int64_t ldc, int64_t sC,
                    const bf16 *A, int64_t lda, int64_t sA, const bf16 *B, int64_t ldb, int64_t sB,
                    int M, int N, int K, int tA, int tB, float alpha, float beta, int batch,
@@ -209,12 +213,12 @@ static int lt_gemm(const ust_ops *o, void *C, cudaDataType ct, int64_t ldc, int6
                                            : CUBLASLT_EPILOGUE_GELU_AUX;
         LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
         if (bias) {
-            /* the bias is an fp32 parameter; unset, cuBLASLt would read it as D's type */
-            int32_t bt = CUDA_R_32F;
+            int32_t bt = ct;
+            const void *bp = ct == CUDA_R_16BF ? (const void *)to_bf16(o, SCR_C, bias, N) : bias;
             LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
                                               sizeof bt));
-            LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                              sizeof bias));
+            LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp,
+                                              sizeof bp));
         }
         if (gelu_pre) { /* the aux buffer has D's type (the attribute's default) */
             int64_t ld = ldc;
@@ -304,6 +308,16 @@ static bf16 *to_bf16(const ust_ops *o, int slot, const float *src, int64_t n) {
     return dst;
 }
 
+/* A cuBLASLt epilogue that finds no algorithm costs a separate pass: said once per process. */
+static void lt_fallback_note(const char *what) {
+    static int said;
+    if (said++) return;
+    fprintf(stderr,
+            "ustrain: note: cuBLASLt has no algorithm for the fused %s here: the bias and GELU run "
+            "as separate kernels (slower, same results)\n",
+            what);
+}
+
 /* The GEMM of bf16 inputs with C of type ct: cuBLASLt, with the bias epilogue when asked, else
  * cublasGemmStridedBatchedEx (bf16 C included). Returns 1 when the bias was added. */
 static int gemm16(const ust_ops *o, void *C, cudaDataType ct, int64_t ldc, int64_t sC,
@@ -316,8 +330,10 @@ static int gemm16(const ust_ops *o, void *C, cudaDataType ct, int64_t ldc, int64
                 bias, NULL, 0) == 0)
         return bias != NULL;
     if (bias && lt_gemm(o, C, ct, ldc, sC, a16, lda, sA, b16, ldb, sB, M, N, K, tA, tB, alpha, beta,
-                        batch, NULL, NULL, 0) == 0)
+                        batch, NULL, NULL, 0) == 0) {
+        lt_fallback_note("bias epilogue");
         return 0; /* cuBLASLt runs the GEMM, only not with this epilogue */
+    }
     CKB(cublasGemmStridedBatchedEx(im->blas, opB, opA, N, M, K, &alpha, b16, CUDA_R_16BF, (int)ldb,
                                    sB, a16, CUDA_R_16BF, (int)lda, sA, &beta, C, ct, (int)ldc, sC,
                                    batch, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
@@ -811,6 +827,7 @@ static void cu_linear_gelu_fwd(const ust_ops *o, act *up, act *out, const act *i
         if (lt_gemm(o, out, CUDA_R_16BF, OC, 0, (const bf16 *)inp, C, 0, w16, C, 0, N, OC, C, 0, 1,
                     1.0f, 0.0f, 1, bias, up, 0) == 0)
             return;
+        lt_fallback_note(bias ? "bias and GELU epilogue" : "GELU epilogue");
     }
     cu_linear_fwd(o, up, inp, w, bias, N, C, OC);
     cu_gelu_fwd(o, out, up, (int64_t)N * OC);
@@ -830,6 +847,7 @@ static void cu_linear_gelu_bwd(const ust_ops *o, act *dup, float *dw, float *dbi
             cu_linear_bwd(o, NULL, dw, dbias, dout, inp, w, N, OC, C, 0);
             return;
         }
+        lt_fallback_note("GELU-gradient epilogue");
     }
     cu_linear_bwd(o, dup, dw, dbias, dout, inp, w, N, OC, C, 0);
     cu_gelu_bwd(o, dup, up, dup, (int64_t)N * OC);

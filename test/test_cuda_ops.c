@@ -399,8 +399,9 @@ static double bf16_linear_error(const float *got, const float *ref, const float 
     return worst;
 }
 
-/* bf16: gpt2's biased linears take bf16 activations in and write bf16 out, with the fp32 bias in
- * the cuBLASLt epilogue (or, where cuBLASLt has no algorithm, in a separate kernel); either way
+/* bf16: gpt2's biased linears take bf16 activations in and write bf16 out, with the bias in the
+ * cuBLASLt epilogue (rounded to bf16: cuBLASLt takes a bias of D's type), or, where cuBLASLt has
+ * no algorithm, the fp32 bias in a separate kernel; either way
  * within bf16 rounding of the fp32 CPU result on the same bf16 inputs, and the bias really added
  * (the result moves by it). */
 static void test_cuda_bf16_linear_bias_matches_cpu(void) {
@@ -422,12 +423,13 @@ static void test_cuda_bf16_linear_bias_matches_cpu(void) {
     for (int i = 0; i < N; i++)
         for (int j = 0; j < OC; j++) {
             double d = fabs(with[i * OC + j] - without[i * OC + j] - b[j]);
-            double lim = (fabs(with[i * OC + j]) + fabs(without[i * OC + j])) * BF16_U + 1e-4;
+            double lim =
+                (fabs(with[i * OC + j]) + fabs(without[i * OC + j]) + fabs(b[j])) * BF16_U + 1e-4;
             moved = fmax(moved, d / lim);
         }
     CHECK(worst <= 1.0, "bf16 linear with bias: error %.3g of the bf16 bound", worst);
-    /* both results are rounded to bf16 (2^-8 relative each), beyond that the GEMMs may only
-     * reassociate (1e-4); a missing bias is off by ~0.5 */
+    /* both results and the bias are rounded to bf16 (2^-8 relative each), beyond that the GEMMs
+     * may only reassociate (1e-4); a missing bias is off by ~0.5 */
     CHECK(moved <= 1.0, "the bias moved the output by %.3g of the bound less or more than itself",
           moved);
     free(x), free(w), free(b), free(y), free(with), free(without);

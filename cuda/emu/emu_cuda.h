@@ -29,7 +29,9 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define __shared__ static
+#define __shared__ static /* cu2cpp.py registers each array with emu_shared_reg (strict mode) */
+/* the emulator's own code skips strict mode's per-access calls (-fsanitize=thread, emu_strict) */
+#define EMU_NOTSAN __attribute__((no_sanitize_thread))
 
 struct alignas(16) float4 { float x, y, z, w; };
 struct alignas(8) uint2 { unsigned x, y; };
@@ -44,6 +46,8 @@ struct EmuThread {
     void *sp;       /* saved stack pointer (x86-64 switch) */
     ucontext_t ctx; /* elsewhere */
     int state; /* 0 run, 1 wait block, 2 wait warp, 3 done */
+    int sync;      /* at a warp wait: 1 __syncwarp, 2 a shuffle (strict mode checks the lanes agree) */
+    unsigned mask; /* and the lanes its mask names */
     dim3 tid;
     int lane, warp;
     char *stack;
@@ -53,14 +57,14 @@ inline EmuThread *emu_cur;
 inline dim3 emu_blockIdx, emu_blockDim, emu_gridDim;
 inline ucontext_t emu_sched;
 inline void *emu_sched_sp;
-inline void emu_entry();
+EMU_NOTSAN inline void emu_entry();
 #if defined(__x86_64__)
 /* emu_rt.cpp: saves the callee-saved registers on the current stack, stores the stack pointer in
  * *save_sp, switches to load_sp and restores what was saved there. No signal-mask syscalls. */
 extern "C" void emu_switch(void **save_sp, void *load_sp);
-inline void emu_to_sched();
-inline void emu_to_thread(EmuThread &t) { emu_switch(&emu_sched_sp, t.sp); }
-inline void emu_prepare(EmuThread &t) {
+EMU_NOTSAN inline void emu_to_sched();
+EMU_NOTSAN inline void emu_to_thread(EmuThread &t) { emu_switch(&emu_sched_sp, t.sp); }
+EMU_NOTSAN inline void emu_prepare(EmuThread &t) {
     void **top = (void **)(((uintptr_t)t.stack + EMU_STACK) & ~(uintptr_t)15);
     top[-1] = nullptr;           /* emu_entry's return address: it never returns */
     top[-2] = (void *)emu_entry; /* where emu_switch's ret goes */
@@ -68,9 +72,9 @@ inline void emu_prepare(EmuThread &t) {
     t.sp = &top[-8];
 }
 #else
-inline void emu_to_sched();
-inline void emu_to_thread(EmuThread &t) { swapcontext(&emu_sched, &t.ctx); }
-inline void emu_prepare(EmuThread &t) {
+EMU_NOTSAN inline void emu_to_sched();
+EMU_NOTSAN inline void emu_to_thread(EmuThread &t) { swapcontext(&emu_sched, &t.ctx); }
+EMU_NOTSAN inline void emu_prepare(EmuThread &t) {
     getcontext(&t.ctx);
     t.ctx.uc_stack.ss_sp = t.stack;
     t.ctx.uc_stack.ss_size = EMU_STACK;
@@ -80,44 +84,45 @@ inline void emu_prepare(EmuThread &t) {
 #endif
 inline uint64_t emu_slots[32][32];
 inline char *emu_dyn_smem;
-inline size_t emu_smem_limit = 48 * 1024;
+enum : size_t { EMU_SMEM_DEFAULT = 48 * 1024, EMU_SMEM_MAX = 227 * 1024 }; /* per block, sm_90 */
 inline int emu_gemm_calls[4]; /* sgemm, gemmEx, cublasLt, grouped */
 inline int emu_lt_fail = getenv("EMU_LT_FAIL") != nullptr;
 inline std::function<void()> *emu_fn;
-inline std::vector<EmuThread> emu_threads;
+inline EmuThread emu_threads[1024]; /* a plain array: the scheduler calls no instrumented code */
 #define threadIdx (emu_cur->tid)
 #define blockIdx emu_blockIdx
 #define blockDim emu_blockDim
 #define gridDim emu_gridDim
 #if defined(__x86_64__)
-inline void emu_to_sched() { emu_switch(&emu_cur->sp, emu_sched_sp); }
+EMU_NOTSAN inline void emu_to_sched() { emu_switch(&emu_cur->sp, emu_sched_sp); }
 #else
-inline void emu_to_sched() { swapcontext(&emu_cur->ctx, &emu_sched); }
+EMU_NOTSAN inline void emu_to_sched() { swapcontext(&emu_cur->ctx, &emu_sched); }
 #endif
 
-inline void __syncthreads() {
+EMU_NOTSAN inline void __syncthreads() {
     emu_cur->state = 1;
     emu_to_sched();
 }
-inline void __syncwarp(unsigned m = 0xffffffffu) {
-    (void)m;
+EMU_NOTSAN inline void emu_warp_wait(int sync, unsigned mask) {
     emu_cur->state = 2;
+    emu_cur->sync = sync, emu_cur->mask = mask;
     emu_to_sched();
 }
-template <class T> inline T emu_shfl(T v, int src) {
+EMU_NOTSAN inline void __syncwarp(unsigned m = 0xffffffffu) { emu_warp_wait(1, m); }
+template <class T> EMU_NOTSAN inline T emu_shfl(unsigned mask, T v, int src) {
     uint64_t u = 0;
     memcpy(&u, &v, sizeof v);
     emu_slots[emu_cur->warp][emu_cur->lane] = u;
-    __syncwarp();
+    emu_warp_wait(2, mask);
     T r;
     uint64_t w = emu_slots[emu_cur->warp][src & 31];
     memcpy(&r, &w, sizeof r);
-    __syncwarp();
+    emu_warp_wait(2, mask);
     return r;
 }
-template <class T> inline T __shfl_sync(unsigned, T v, int src) { return emu_shfl(v, src); }
-template <class T> inline T __shfl_xor_sync(unsigned, T v, int off) {
-    return emu_shfl(v, emu_cur->lane ^ off);
+template <class T> EMU_NOTSAN inline T __shfl_sync(unsigned m, T v, int src) { return emu_shfl(m, v, src); }
+template <class T> EMU_NOTSAN inline T __shfl_xor_sync(unsigned m, T v, int off) {
+    return emu_shfl(m, v, emu_cur->lane ^ off);
 }
 template <class T> static inline T min(T a, T b) { return a < b ? a : b; }
 template <class T> static inline T max(T a, T b) { return a > b ? a : b; }
@@ -129,6 +134,7 @@ inline void emu_run(dim3 g, dim3 b, size_t smem, std::function<void()> f);
 struct EmuArg { const void *p; int writable, index; };
 inline thread_local std::vector<EmuArg> emu_args;
 inline thread_local const char *emu_args_kernel = "", *emu_args_fn = "";
+inline thread_local const void *emu_args_fnptr; /* the kernel function launched */
 inline void emu_check_args_in_flight() {
     for (const EmuArg &a : emu_args)
         emu_check_in_flight(emu_args_kernel, emu_args_fn, a.index, a.p, a.writable);
@@ -153,10 +159,10 @@ template <class T> inline void emu_check_arg(const char *k, const char *f, int i
     emu_check_kernel_pointer(k, f, i, (const void *)p);
     if (p) emu_args.push_back({(const void *)p, !std::is_const<T>::value, i}); /* const: read only */
 }
-template <class... A> inline int emu_check_args(const char *k, const char *host_fn, const A &...a) {
+template <class... A> inline int emu_check_args(const void *fnptr, const char *k, const char *host_fn, const A &...a) {
     int i = 0;
     emu_args.clear();
-    emu_args_kernel = k, emu_args_fn = host_fn;
+    emu_args_kernel = k, emu_args_fn = host_fn, emu_args_fnptr = fnptr;
     (emu_check_arg(k, host_fn, i++, a), ...);
     return 0;
 }
@@ -164,8 +170,18 @@ template <class... A> inline int emu_check_args(const char *k, const char *host_
 /* runtime (emu_rt): the C++ conveniences the CUDA headers add */
 template <class T> inline cudaError_t cudaMalloc(T **p, size_t n) { return cudaMalloc((void **)p, n); }
 template <class T> inline cudaError_t cudaMallocHost(T **p, size_t n) { return cudaMallocHost((void **)p, n); }
-template <class K> cudaError_t cudaFuncSetAttribute(K, cudaFuncAttribute, int v) {
-    emu_smem_limit = (size_t)v > emu_smem_limit ? (size_t)v : emu_smem_limit;
+/* the dynamic shared memory each kernel opted into (a kernel's own attribute, as on a GPU) */
+inline std::vector<std::pair<const void *, size_t>> emu_smem_optins;
+template <class K> cudaError_t cudaFuncSetAttribute(K k, cudaFuncAttribute, int v) {
+    if (v < 0 || (size_t)v > EMU_SMEM_MAX) return cudaErrorInvalidValue; /* as the runtime refuses it */
+    for (auto &o : emu_smem_optins)
+        if (o.first == (const void *)k) { o.second = (size_t)v; return 0; }
+    emu_smem_optins.push_back({(const void *)k, (size_t)v});
+    return 0;
+}
+inline size_t emu_smem_optin(const void *k) {
+    for (auto &o : emu_smem_optins)
+        if (o.first == k) return o.second;
     return 0;
 }
 
@@ -174,6 +190,7 @@ struct __nv_bfloat16 { uint16_t x; };
 inline __nv_bfloat16 __float2bfloat16_rn(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return __nv_bfloat16{0x7FFF}; /* NaN: the canonical one, as cvt.rn.bf16.f32 */
     u += 0x7FFFu + ((u >> 16) & 1u);
     __nv_bfloat16 b;
     b.x = (uint16_t)(u >> 16);
@@ -347,110 +364,185 @@ inline cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPrefere
     if (a != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) { uint32_t al = *(const uint32_t *)v; if (al == 0 || (al & (al - 1))) return CUBLAS_STATUS_NOT_SUPPORTED; }
     return CUBLAS_STATUS_SUCCESS;
 }
-inline cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatmulPreference_t, int, cublasLtMatmulHeuristicResult_t *, int *n) {
-    *n = emu_lt_fail ? 0 : 1;
+/* Only the combinations cuBLASLt's documentation lists for CUBLAS_COMPUTE_32F (cublasLtMatmul's
+ * type table): A and B both bf16 with C = D bf16 or fp32, or all fp32; an epilogue's bias and aux
+ * of D's type (other bias types exist only for IMMA and fp8 kernels). Anything else finds no
+ * algorithm, as a real cuBLASLt may, and the caller's fallback runs. */
+inline bool emu_lt_listed(const EmuLtDesc *d, const EmuLtLayout *a, const EmuLtLayout *b, const EmuLtLayout *c, const EmuLtLayout *dd) {
+    if (a->type != b->type || c->type != dd->type) return false;
+    if (a->type == CUDA_R_32F && dd->type != CUDA_R_32F) return false;
+    if ((d->epilogue & CUBLASLT_EPILOGUE_BIAS) && d->bias_type >= 0 && d->bias_type != dd->type) return false;
+    if ((d->epilogue & (CUBLASLT_EPILOGUE_GELU | CUBLASLT_EPILOGUE_DGELU)) && d->aux_type >= 0 && d->aux_type != dd->type) return false;
+    return true;
+}
+inline cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dd, cublasLtMatmulPreference_t, int, cublasLtMatmulHeuristicResult_t *, int *n) {
+    *n = emu_lt_fail || !emu_lt_listed(d, a, b, c, dd) ? 0 : 1;
     return CUBLAS_STATUS_SUCCESS;
 }
 inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void *alpha, const void *A, cublasLtMatrixLayout_t la, const void *B, cublasLtMatrixLayout_t lb, const void *beta, const void *C, cublasLtMatrixLayout_t lc, void *D, cublasLtMatrixLayout_t ld, const cublasLtMatmulAlgo_t *, void *, size_t, cudaStream_t);
 
-inline void emu_entry() {
+EMU_NOTSAN inline void emu_entry() {
     (*emu_fn)();
     emu_cur->state = 3;
     emu_to_sched();
 }
 
-inline void emu_run(dim3 g, dim3 b, size_t smem, std::function<void()> f) {
+/* One scheduling round of a block's threads: each runnable thread runs to its next barrier,
+ * in the order EMU_ORDER asks (forward, reverse, random). */
+EMU_NOTSAN inline void emu_round(int nt) {
+    static const char *ord = getenv("EMU_ORDER");
+    static unsigned rs = 12345;
+    int mode = ord ? (ord[0] == 'r' && ord[1] == 'e' ? 1 : 2) : 0;
+    int order[1024];
+    for (int t = 0; t < nt; t++) order[t] = mode == 1 ? nt - 1 - t : t;
+    if (mode == 2)
+        for (int t = nt - 1; t > 0; t--) {
+            rs = rs * 1103515245u + 12345u;
+            int j = (rs >> 8) % (t + 1);
+            int x = order[t]; order[t] = order[j]; order[j] = x;
+        }
+    const bool strict = emu_strict_enabled();
+    for (int oi = 0; oi < nt; oi++) {
+        int t = order[oi];
+        if (emu_threads[t].state == 0) {
+            emu_cur = &emu_threads[t];
+            if (strict) emu_strict_tid = t;
+            emu_to_thread(*emu_cur);
+            emu_strict_tid = -1;
+        }
+    }
+}
+
+/* Strict mode, as warp w's waiting lanes are released together: every lane a lane's mask names
+ * exists, has not exited and waits at the same kind of warp barrier with the same mask (on a GPU
+ * anything else is undefined: a hang or garbage). */
+EMU_NOTSAN inline void emu_check_warp(int w, int nt) {
+    static const char *kind[] = {"", "__syncwarp", "__shfl_*_sync"};
+    for (int l = 0; l < 32 && w * 32 + l < nt; l++) {
+        const EmuThread &a = emu_threads[w * 32 + l];
+        if (a.state != 2) continue;
+        const char *why = nullptr;
+        int j = l;
+        char buf[160];
+        if (!(a.mask >> l & 1)) why = "leaves the lane itself out";
+        for (j = 0; !why && j < 32; j++) {
+            if (!(a.mask >> j & 1)) continue;
+            const EmuThread &b = emu_threads[w * 32 + j];
+            if (w * 32 + j >= nt) why = "names a lane the block does not have";
+            else if (b.state == 3) why = "names a lane that exited";
+            else if (b.sync != a.sync || b.mask != a.mask) {
+                snprintf(buf, sizeof buf, "names a lane that sits at another sync point (%s, mask 0x%08x)",
+                         kind[b.sync], b.mask);
+                why = buf;
+            }
+            if (why) break;
+        }
+        if (!why) continue;
+        fprintf(stderr, "emu strict: in kernel %s, block (%u,%u,%u), warp %d: lane %d's %s mask 0x%08x %s: lane %d\n",
+                emu_args_kernel, emu_blockIdx.x, emu_blockIdx.y, emu_blockIdx.z, w, l, kind[a.sync], a.mask, why, j);
+        fflush(stderr);
+        std::_Exit(3);
+    }
+}
+
+/* Releases the warps whose live threads all wait at a warp barrier, else the block when all its
+ * live threads wait at __syncthreads; dies on a deadlock. Returns the live threads. */
+EMU_NOTSAN inline int emu_release(int nt, dim3 bi) {
+    int alive = 0, nblock = 0, released = 0;
+    for (int t = 0; t < nt; t++) {
+        int s = emu_threads[t].state;
+        if (s != 3) alive++;
+        if (s == 1) nblock++;
+    }
+    if (!alive) return 0;
+    for (int w = 0; w * 32 < nt; w++) {
+        int waiting = 0, other = 0;
+        for (int t = w * 32; t < nt && t < w * 32 + 32; t++) {
+            int s = emu_threads[t].state;
+            if (s == 2) waiting++;
+            else if (s != 3) other++;
+        }
+        if (waiting && !other) {
+            if (emu_strict_enabled()) emu_check_warp(w, nt);
+            for (int t = w * 32; t < nt && t < w * 32 + 32; t++)
+                if (emu_threads[t].state == 2) emu_threads[t].state = 0;
+            released++;
+            emu_strict_warp(w);
+        }
+    }
+    if (!released && nblock == alive) {
+        for (int t = 0; t < nt; t++)
+            if (emu_threads[t].state == 1) emu_threads[t].state = 0;
+        released++;
+        emu_strict_barrier();
+    }
+    if (!released) {
+        fprintf(stderr, "emu: deadlock in block (%u,%u,%u): %d alive, %d at __syncthreads\n", bi.x, bi.y, bi.z, alive, nblock);
+        abort();
+    }
+    return alive;
+}
+
+/* Runs the grid block after block. In strict mode the blocks run in a random order (EMU_SEED,
+ * default 1): a result that depends on block order changes. */
+EMU_NOTSAN inline void emu_run(dim3 g, dim3 b, size_t smem, std::function<void()> f) {
     int nt = b.x * b.y * b.z;
     if (nt > 1024 || nt <= 0) { fprintf(stderr, "emu: bad block %d\n", nt); abort(); }
-    if (smem > emu_smem_limit) { fprintf(stderr, "emu: %zu bytes dynamic smem over the opted-in %zu\n", smem, emu_smem_limit); abort(); }
+    const size_t optin = emu_smem_optin(emu_args_fnptr);
+    if (smem > (optin > EMU_SMEM_DEFAULT ? optin : (size_t)EMU_SMEM_DEFAULT)) {
+        fprintf(stderr, "emu: kernel %s launched with %zu bytes of dynamic shared memory: over 48 KiB needs the kernel's own cudaFuncSetAttribute(MaxDynamicSharedMemorySize), which %s\n",
+                emu_args_kernel, smem, optin ? "it set lower" : "it never set");
+        abort();
+    }
     if (g.x > 2147483647u || g.y > 65535 || g.z > 65535) { fprintf(stderr, "emu: bad grid\n"); abort(); }
     emu_fn = &f;
     emu_gridDim = g;
     emu_blockDim = b;
     std::vector<char> sm(smem + 16);
-    if ((int)emu_threads.size() < nt) {
-        size_t old = emu_threads.size();
-        emu_threads.resize(nt);
-        for (size_t i = old; i < (size_t)nt; i++) emu_threads[i].stack = (char *)malloc(EMU_STACK);
+    for (int t = 0; t < nt; t++)
+        if (!emu_threads[t].stack) emu_threads[t].stack = (char *)malloc(EMU_STACK);
+    const unsigned nb = g.x * g.y * g.z;
+    std::vector<unsigned> blocks(nb);
+    for (unsigned i = 0; i < nb; i++) blocks[i] = i;
+    const bool strict = emu_strict_enabled();
+    if (strict) {
+        static unsigned long long seed = getenv("EMU_SEED") ? strtoull(getenv("EMU_SEED"), nullptr, 10) : 1;
+        for (unsigned i = nb; i > 1; i--) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            unsigned j = (unsigned)((seed >> 33) % i), x = blocks[i - 1];
+            blocks[i - 1] = blocks[j], blocks[j] = x;
+        }
+        emu_strict_launch(emu_args_kernel, nb, sm.data(), smem, optin > EMU_SMEM_DEFAULT ? EMU_SMEM_MAX : EMU_SMEM_DEFAULT);
     }
-    for (unsigned bz = 0; bz < g.z; bz++)
-        for (unsigned by = 0; by < g.y; by++)
-            for (unsigned bx = 0; bx < g.x; bx++) {
-                emu_blockIdx = dim3(bx, by, bz);
-                memset(sm.data(), 0xAB, sm.size());
-                emu_dyn_smem = sm.data();
-                for (int t = 0; t < nt; t++) {
-                    EmuThread &th = emu_threads[t];
-                    th.tid = dim3(t % b.x, t / b.x % b.y, t / (b.x * b.y));
-                    th.lane = t % 32, th.warp = t / 32, th.state = 0;
-                    emu_prepare(th);
-                }
-                int alive = nt;
-                while (alive > 0) {
-                    static const char *ord = getenv("EMU_ORDER");
-                    static unsigned rs = 12345;
-                    int mode = ord ? (ord[0] == 'r' && ord[1] == 'e' ? 1 : 2) : 0;
-                    std::vector<int> order(nt);
-                    for (int t = 0; t < nt; t++) order[t] = mode == 1 ? nt - 1 - t : t;
-                    if (mode == 2)
-                        for (int t = nt - 1; t > 0; t--) {
-                            rs = rs * 1103515245u + 12345u;
-                            int j = (rs >> 8) % (t + 1);
-                            int x = order[t]; order[t] = order[j]; order[j] = x;
-                        }
-                    for (int oi = 0; oi < nt; oi++) {
-                        int t = order[oi];
-                        if (emu_threads[t].state == 0) {
-                            emu_cur = &emu_threads[t];
-                            emu_to_thread(*emu_cur);
-                        }
-                    }
-                    alive = 0;
-                    int nblock = 0, released = 0;
-                    for (int t = 0; t < nt; t++) {
-                        int s = emu_threads[t].state;
-                        if (s != 3) alive++;
-                        if (s == 1) nblock++;
-                    }
-                    if (!alive) break;
-                    for (int w = 0; w * 32 < nt; w++) {
-                        int waiting = 0, other = 0;
-                        for (int t = w * 32; t < nt && t < w * 32 + 32; t++) {
-                            int s = emu_threads[t].state;
-                            if (s == 2) waiting++;
-                            else if (s != 3) other++;
-                        }
-                        if (waiting && !other) {
-                            for (int t = w * 32; t < nt && t < w * 32 + 32; t++)
-                                if (emu_threads[t].state == 2) emu_threads[t].state = 0;
-                            released++;
-                        }
-                    }
-                    if (!released && nblock == alive) {
-                        for (int t = 0; t < nt; t++)
-                            if (emu_threads[t].state == 1) emu_threads[t].state = 0;
-                        released++;
-                    }
-                    if (!released) {
-                        fprintf(stderr, "emu: deadlock in block (%u,%u,%u): %d alive, %d at __syncthreads\n", bx, by, bz, alive, nblock);
-                        abort();
-                    }
-                }
-            }
+    for (unsigned lin : blocks) {
+        const unsigned bx = lin % g.x, by = lin / g.x % g.y, bz = lin / (g.x * g.y);
+        emu_blockIdx = dim3(bx, by, bz);
+        if (strict) emu_strict_block(lin, bx, by, bz);
+        memset(sm.data(), 0xAB, sm.size());
+        emu_dyn_smem = sm.data();
+        for (int t = 0; t < nt; t++) {
+            EmuThread &th = emu_threads[t];
+            th.tid = dim3(t % b.x, t / b.x % b.y, t / (b.x * b.y));
+            th.lane = t % 32, th.warp = t / 32, th.state = 0;
+            emu_prepare(th);
+        }
+        do emu_round(nt);
+        while (emu_release(nt, emu_blockIdx) > 0);
+    }
 }
 
-inline float emu_ld_el(const void *p, int bf, long long i) {
+EMU_NOTSAN inline float emu_ld_el(const void *p, int bf, long long i) {
     return bf ? emu_bf2f(((const __nv_bfloat16 *)p)[i]) : ((const float *)p)[i];
 }
 
-inline void emu_st_el(void *p, int bf, long long i, float v) {
+EMU_NOTSAN inline void emu_st_el(void *p, int bf, long long i, float v) {
     if (bf) ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(v);
     else ((float *)p)[i] = v;
 }
 
 /* C (fp32, or bf16 when cbf: read widened, the result rounded once on store) = alpha A B + beta C,
  * with the sum of products accumulated at (at least) fp32 precision. */
-inline void emu_gemm(int ta, int tb, int m, int n, int k, float alpha, const void *A, int abf, int lda,
+EMU_NOTSAN inline void emu_gemm(int ta, int tb, int m, int n, int k, float alpha, const void *A, int abf, int lda,
               long long sA, const void *B, int bbf, int ldb, long long sB, float beta, void *C,
               int cbf, int ldc, long long sC, int batch) {
     if (lda < (ta ? k : m) || ldb < (tb ? n : k) || ldc < m) { fprintf(stderr, "emu gemm: bad ld\n"); abort(); }
@@ -470,6 +562,7 @@ inline void emu_gemm(int ta, int tb, int m, int n, int k, float alpha, const voi
 }
 
 inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void *alpha, const void *A, cublasLtMatrixLayout_t la, const void *B, cublasLtMatrixLayout_t lb, const void *beta, const void *C, cublasLtMatrixLayout_t lc, void *D, cublasLtMatrixLayout_t ldd, const cublasLtMatmulAlgo_t *, void *, size_t, cudaStream_t stream) {
+    if (!emu_lt_listed(d, la, lb, lc, ldd)) return CUBLAS_STATUS_NOT_SUPPORTED;
     emu_gemm_calls[2]++;
     uint64_t m = d->ta ? la->cols : la->rows, ka = d->ta ? la->rows : la->cols;
     uint64_t kb = d->tb ? lb->cols : lb->rows, n = d->tb ? lb->rows : lb->cols;

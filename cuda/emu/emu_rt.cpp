@@ -215,6 +215,28 @@ extern "C" void emu_dev_close(void) {
     if (--heap.open_depth == 0) heap_protect_locked(PROT_NONE);
 }
 
+extern "C" void emu_heap_describe(size_t off, char *buf, size_t n) {
+    std::lock_guard<std::mutex> l(heap.mu);
+    auto it = heap.live.upper_bound(off);
+    if (it == heap.live.begin()) {
+        snprintf(buf, n, "before every live allocation");
+        return;
+    }
+    --it;
+    size_t end = it->first + it->second.first;
+    if (off < end)
+        snprintf(buf, n, "inside the allocation of %zu bytes at offset %zu", it->second.first, it->first);
+    else
+        snprintf(buf, n, "%zu bytes past the end of the allocation of %zu bytes at offset %zu",
+                 off - end, it->second.first, it->first);
+}
+
+extern "C" void emu_heap_bounds(char **base, size_t *cap) {
+    std::lock_guard<std::mutex> l(heap.mu);
+    heap_init_locked();
+    *base = heap.base, *cap = heap.cap;
+}
+
 extern "C" cudaError_t cudaMalloc(void **p, size_t n) {
     std::lock_guard<std::mutex> l(heap.mu);
     heap_init_locked();
@@ -225,6 +247,7 @@ extern "C" cudaError_t cudaMalloc(void **p, size_t n) {
         heap.free_.erase(it);
         if (rest) heap.free_[off + want] = rest;
         heap.live[off] = {n, want};
+        emu_strict_alloc(heap.cap, off, n, 1);
         heap.used += want;
         size_t end = (off + want + kPage - 1) / kPage * kPage;
         if (end > heap.top) {
@@ -250,6 +273,7 @@ extern "C" cudaError_t cudaFree(void *p) {
     auto it = heap.live.find(off);
     if (it == heap.live.end()) emu_die("cudaFree(%p): not the start of a live allocation", p);
     size_t len = it->second.second;
+    emu_strict_alloc(heap.cap, off, it->second.first, 0);
     heap.live.erase(it);
     heap.used -= len;
     auto nx = heap.free_.lower_bound(off);

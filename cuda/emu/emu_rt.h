@@ -81,6 +81,23 @@ void emu_check_kernel_pointer(const char *kernel, const char *host_fn, int arg, 
 void emu_check_in_flight(const char *kernel, const char *host_fn, int arg, const void *p,
                          int writable);
 
+/* ---- strict mode (EMU_STRICT=1; emu_strict.cpp): shared- and global-memory race detection
+ * through the -fsanitize=thread calls the kernels are compiled with. emu_cuda.h reports the
+ * launch, each block, barrier and warp release, and sets emu_strict_tid to the thread it runs
+ * (-1 between threads and outside kernels: the checks are off). */
+extern int emu_strict_tid;
+int emu_strict_enabled(void);
+void emu_strict_launch(const char *kernel, unsigned nblocks, char *dyn, size_t dyn_n,
+                       size_t smem_limit); /* smem_limit: static + dynamic shared memory per block */
+void emu_strict_block(unsigned linear, unsigned bx, unsigned by, unsigned bz);
+void emu_strict_barrier(void);
+void emu_strict_warp(int warp);
+void emu_shared_reg(void *p, size_t n); /* a static __shared__ array, as a thread meets it */
+void emu_heap_bounds(char **base, size_t *cap); /* the device heap's address range */
+/* the live bytes of the heap (strict mode's fence): [off, off + n) allocated (live) or freed */
+void emu_strict_alloc(size_t cap, size_t off, size_t n, int live);
+void emu_heap_describe(size_t off, char *buf, size_t n); /* where a heap offset lies */
+
 /* ---- NCCL */
 typedef enum { ncclSuccess = 0, ncclUnhandledCudaError = 1, ncclSystemError = 2,
                ncclInternalError = 3, ncclInvalidArgument = 4, ncclInvalidUsage = 5,

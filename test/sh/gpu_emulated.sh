@@ -32,6 +32,9 @@ if ! make -s emu -j"$(nproc)" >$TMP/build.log 2>&1; then
 fi
 pass emu_build
 E=build-emu
+# strict mode (cuda/emu/emu_strict.cpp): every kernel below runs under the shared- and global-
+# memory race checks; test/sh/emu_strict.sh shows each check catching its planted bug
+export EMU_STRICT=1
 export EMU_GPUS=8
 
 # run_prefixed NAME CMD...: runs a test program, its PASS/FAIL lines renamed emu_*; a crash fails

@@ -14,6 +14,7 @@ if ! make -s emu -j"$(nproc)" >$TMP/build.log 2>&1; then
     exit 0
 fi
 export EMU_GPUS=8
+export EMU_STRICT=1 # strict mode's race checks (cuda/emu/emu_strict.cpp, test/sh/emu_strict.sh)
 equiv_configs emu-dpv 4 2
 sed -i 's/n_layer: 2/n_layer: 4/' $TMP/llama.yaml $TMP/gpt2.yaml
 EQ="python3 test/tools/equiv.py --ustrain build-emu/ustrain --steps 3"
