@@ -13,6 +13,7 @@ if [ ! -x "$NVCC" ]; then
 fi
 for f in cuda/*.cu; do
     n=$(basename $f .cu)
+    grep -q '__global__' $f || continue # no kernel of its own (cuda_plugin.cu: the loader's table)
     mkdir -p $TMP/$n
     if ! nice "$NVCC" -O3 -std=c++17 -gencode arch=compute_90,code=sm_90 -Xptxas -v -keep \
         -keep-dir $TMP/$n -Icuda -Icore/base -c $f -o $TMP/$n.o >$TMP/$n.log 2>&1; then
