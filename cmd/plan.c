@@ -255,10 +255,14 @@ static void print_steps(const ust_config *c, const plan_opts *o, const planner_s
            c->model.arch == ARCH_GPT2 ? "gpt2" : "llama", fmt_count(b[3], 32, s.n_params),
            fmt_count(n[0], 32, active), c->model.n_layer, c->model.d_model,
            planner_flops_per_token(c) / 1e9);
-    printf("step 1, fit one model instance: weights, gradients and AdamW moments take 16 bytes "
-           "x %s = %s unsharded (fp32); %ld of %ld valid layouts fit %s per rank; the "
+    /* fp32 weights and gradients, and the two optimizer slots (AdamW's moments; Muon's momentum
+     * and the slot its matrices carry unused) in fp32 or bf16 (optimizer.state_dtype) */
+    int per = 8 + 2 * (c->optimizer.state_dtype ? 2 : 4);
+    printf("step 1, fit one model instance: weights, gradients and optimizer state take %d bytes "
+           "x %s = %s unsharded (fp32%s); %ld of %ld valid layouts fit %s per rank; the "
            "smallest model-parallel degree that fits is tp x pp x cp = %d (%s)\n",
-           fmt_count(n[1], 32, s.n_params), log_bytes(b[1], 32, 16.0 * s.n_params), st->fitting,
+           per, fmt_count(n[1], 32, s.n_params), log_bytes(b[1], 32, (double)per * s.n_params),
+           c->optimizer.state_dtype ? ", bf16 optimizer state" : "", st->fitting,
            st->fitting + st->over_mem, log_bytes(b[2], 32, o->hw.gpu_mem),
            best->l.tp * best->l.pp * best->l.cp, line);
     printf("step 2, reach the global batch: %d sequences x %d tokens = %lld tokens per step = "

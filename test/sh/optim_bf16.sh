@@ -41,6 +41,12 @@ plan_matches_arena optim_bf16_plan_equals_arena_zero1 $TMP/llama.yaml 2 --set pa
     --set optimizer.zero_stage=1 --set optimizer.state_dtype=bf16 --set optimizer.name=muon \
     --set train.steps=2 --set checkpoint.every=0 --set checkpoint.resume=none
 
+# plan's first step counts the bf16 slots: 4 + 4 + 2 x 2 bytes per parameter (16 in fp32)
+p16=$($UST plan $TMP/llama.yaml --world 2 2>&1 | grep -o 'optimizer state take [0-9]* bytes')
+p12=$($UST plan $TMP/llama.yaml --world 2 --set optimizer.state_dtype=bf16 2>&1 | grep -o 'optimizer state take [0-9]* bytes')
+[ "$p16" = "optimizer state take 16 bytes" ] && [ "$p12" = "optimizer state take 12 bytes" ] &&
+    pass optim_bf16_plan_counts_12_bytes || fail optim_bf16_plan_counts_12_bytes "'$p16' / '$p12'"
+
 EQ="python3 test/tools/equiv.py --steps 4"
 $EQ --name _bf16_states --config $TMP/llama.yaml --set optimizer.state_dtype=bf16 \
     --layout "dp=2 zero=1" --layout "dp=2 zero=3"
