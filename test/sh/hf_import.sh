@@ -9,38 +9,9 @@
 # transformers itself built give transformers' loss within 1e-5 relative.
 . "$(dirname "$0")/../lib.sh"
 
-MAKE="python3 test/tools/hf_make_model.py"
 need_py hf_import_python_deps numpy || exit 0
+. "$(dirname "$0")/../hf_lib.sh"
 
-$UST data demo $TMP/data >/dev/null
-# the model's shape is left to config.json (model.arch: auto); 2 val steps x micro-batch 2 = the
-# first 4 windows of 32 (+1) tokens of val_000.bin
-cat >$TMP/run.yaml <<EOT
-run:   {name: hf-import, seed: 7}
-model: {arch: auto, init_from: null}
-train: {steps: 0, seq_len: 32, micro_batch_size: 2, global_batch_size: 4}
-optimizer: {lr: 3.0e-3, warmup_steps: 2}
-data:  {train: "$TMP/data/train_*.bin", val: "$TMP/data/val_*.bin", val_steps: 2}
-checkpoint: {dir: $TMP/ckpt}
-logging: {metrics_file: $TMP/metrics.jsonl}
-EOT
-
-# roundtrip TAG KIND MAKE_OPTS...: import, export, compare
-roundtrip() {
-    local tag=$1 kind=$2
-    shift 2
-    $MAKE make $kind $TMP/$tag "$@"
-    if ! $UST train $TMP/run.yaml --set model.init_from=$TMP/$tag \
-        --set checkpoint.dir=$TMP/$tag-ck >$TMP/$tag.log 2>&1; then
-        fail ${tag}_imports "$(tail -2 $TMP/$tag.log)"
-        return
-    fi
-    grep -q "step 0: val_loss" $TMP/$tag.log && pass ${tag}_imports ||
-        fail ${tag}_imports "no step-0 val_loss: $(tail -2 $TMP/$tag.log)"
-    $UST export $TMP/$tag-ck/step_0 --to hf $TMP/$tag-out >/dev/null 2>&1 ||
-        { fail ${tag}_exports "export failed"; return; }
-    $MAKE compare $tag $TMP/$tag $TMP/$tag-out
-}
 roundtrip llama_f32 llama
 roundtrip llama_bf16_sharded llama --dtype bf16 --shards 3
 roundtrip llama_tied_f16 llama_tied --dtype f16 --shards 2
@@ -84,9 +55,6 @@ expect_exit hf_validate_auto_without_init_from_exits_2 2 "model.arch: auto takes
     $UST validate $TMP/run.yaml
 
 # --- every layout trains the one-process losses from the same import
-EQ="python3 test/tools/equiv.py --steps 4 --config $TMP/eq.yaml"
-sed -e 's/steps: 0/steps: 4/' -e 's/micro_batch_size: 2/micro_batch_size: 1/' \
-    -e 's#val: "[^"]*"#val: null#' $TMP/run.yaml >$TMP/eq.yaml
 $EQ --name _hf_llama --set model.init_from=$TMP/llama_bf16_sharded --layout "tp=2" --layout "pp=2" \
     --layout "cp=2" --layout "dp=2 zero=3" --layout "tp=2 sp=true dp=2 zero=1"
 $EQ --name _hf_mixtral --set model.init_from=$TMP/mixtral_bf16_sharded --layout "dp=2 ep=2" \
@@ -243,21 +211,10 @@ expect_exit hf_agreeing_explicit_keys_accepted 0 "step 0: val_loss" -- $UST trai
 
 # --- transformers itself: its own tiny models, its loss on the same windows
 if need_py hf_import_transformers_comparison torch transformers; then
+    # fp32 on both sides over the same 128 targets; the export of each import loads back into
+    # transformers (Qwen2ForCausalLM for the biases, rope_scaling for llama3) with the same loss
     for k in llama llama_tied llama3 qwen2 mixtral gpt2; do
-        $MAKE transformers $k $TMP/tf-$k >$TMP/tf-$k.make.log 2>&1 ||
-            { fail ${k}_hf_transformers_builds "$(tail -1 $TMP/tf-$k.make.log)"; continue; }
-        vl=$($UST train $TMP/run.yaml --set model.init_from=$TMP/tf-$k --set checkpoint.dir=$TMP/tf-$k-ck \
-            2>&1 | sed -n 's/^step 0: val_loss \([0-9.]*\).*/\1/p')
-        [ -z "$vl" ] && { fail ${k}_hf_import_transformers_loss "no val_loss"; continue; }
-        # fp32 on both sides over the same 128 targets: measured |diff| <= 3e-7 (5e-8 relative)
-        python3 test/tools/hf_export_check.py transformers ${k}_hf_import $TMP/tf-$k \
-            $TMP/data/val_000.bin 4 32 "$vl" 1e-5 2>&1 | grep -E '^(PASS|FAIL|  )'
-        # and the way back: transformers loads ustrain's export of the import (Qwen2ForCausalLM for
-        # the biases, rope_scaling for llama3) and computes the same loss
-        $UST export $TMP/tf-$k-ck/step_0 --to hf $TMP/tf-$k-out >/dev/null 2>&1 ||
-            { fail ${k}_hf_reexport "export failed"; continue; }
-        python3 test/tools/hf_export_check.py transformers ${k}_hf_reexport $TMP/tf-$k-out \
-            $TMP/data/val_000.bin 4 32 "$vl" 1e-5 2>&1 | grep -E '^(PASS|FAIL|  )'
+        loss_both_ways $k ${k}_hf
     done
 fi
 exit 0
