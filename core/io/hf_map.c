@@ -173,6 +173,8 @@ static void gpt2_table(hf_table *l) {
 
 int hf_table_build(hf_table *l, const ust_config *c, ust_err *e) {
     const __typeof__(c->model.moe) *moe = &c->model.moe;
+    if (c->model.mla.enabled)
+        return ust_errf(e, "model.mla: the DeepseekV3ForCausalLM export is not implemented yet");
     if (moe->num_experts > 0 &&
         (c->model.arch != ARCH_LLAMA || moe->every != 1 || moe->shared_expert))
         return ust_errf(e,

@@ -295,6 +295,8 @@ int infer_create(infer_model **out, const ust_config *cfg, const ust_ops *ops, i
                  infer_read_fn read, void *read_ctx, ust_err *e) {
     UST_ASSERT(ops->act_size == 4, "generation runs fp32 activations (act_size %d)", ops->act_size);
     UST_ASSERT(chunk >= 1, "chunk %d", chunk);
+    if (cfg->model.mla.enabled)
+        return ust_errf(e, "model.mla: generation with latent attention is not implemented yet");
     infer_model *m = calloc(1, sizeof *m);
     UST_ASSERT(m, "out of host memory");
     m->cfg = cfg, m->ops = ops;
