@@ -80,6 +80,14 @@ static const char *ALL_CHANGED_YAML = "run:\n"
                                       "    beta_slow: 2\n"
                                       "    attention_factor: 1.5\n"
                                       "    truncate: false\n"
+                                      "  mla:\n"
+                                      "    enabled: true\n"
+                                      "    q_lora_rank: 96\n"
+                                      "    kv_lora_rank: 64\n"
+                                      "    qk_nope_head_dim: 24\n"
+                                      "    qk_rope_head_dim: 8\n"
+                                      "    v_head_dim: 16\n"
+                                      "    rope_interleave: false\n"
                                       "parallel:\n"
                                       "  dp: 4\n"
                                       "  tp: 2\n"
@@ -689,6 +697,53 @@ static void test_validate_rechecks_ranges_of_values_set_in_code(void) {
     CHECK(cfg_validate(&c, 1, &e) == -1 && strstr(e.msg, "train.precision"), "%s", txt(e.msg));
 }
 
+/* model.mla: a DeepSeek-V3-shaped layer validates; each inconsistent or unsupported setting is
+ * refused naming its key and what is allowed. */
+static void test_mla_validation_names_the_key_and_what_is_allowed(void) {
+    static const char *const base[] = {"model.n_head=4",
+                                       "model.n_kv_head=4",
+                                       "model.mla.enabled=true",
+                                       "model.mla.q_lora_rank=24",
+                                       "model.mla.kv_lora_rank=16",
+                                       "model.mla.qk_nope_head_dim=8",
+                                       "model.mla.qk_rope_head_dim=4",
+                                       "model.mla.v_head_dim=8"};
+    static const struct {
+        const char *set, *want, *set2;
+    } bad[] = {
+        {"model.mla.kv_lora_rank=0", "model.mla.kv_lora_rank is 0", NULL},
+        {"model.mla.qk_rope_head_dim=5", "model.mla.qk_rope_head_dim (5) must be even", NULL},
+        {"model.mla.v_head_dim=13", "model.mla.v_head_dim (13) must be <= qk_nope_head_dim", NULL},
+        {"model.n_kv_head=2", "set model.n_kv_head (2) = model.n_head (4)", NULL},
+        {"model.qk_norm=true", "model.mla takes neither model.qk_norm nor model.qkv_bias", NULL},
+        {"model.qkv_bias=true", "model.mla takes neither model.qk_norm nor model.qkv_bias", NULL},
+        {"model.arch=gpt2", "model.mla.enabled: true applies to llama", NULL},
+        {"model.rope_scaling.type=yarn", "model.rope_scaling.type: yarn is not supported yet",
+         NULL},
+        {"model.mla.qk_nope_head_dim=65536", "at most 2^24 each", "model.n_head=1024"},
+        {"model.mla.kv_lora_rank=1048577", "model.mla.kv_lora_rank: 1048577 is out of range", NULL},
+    };
+    for (size_t i = 0; i <= sizeof bad / sizeof bad[0]; i++) {
+        ust_config c;
+        ust_err e = {{0}};
+        cfg_defaults(&c);
+        for (size_t j = 0; j < sizeof base / sizeof base[0]; j++)
+            CHECK(cfg_set(&c, base[j], &e) == 0, "%s", txt(e.msg));
+        if (i == sizeof bad / sizeof bad[0]) { /* the base itself */
+            CHECK(cfg_validate(&c, 1, &e) == 0, "%s", txt(e.msg));
+            CHECK(cfg_head_dim(&c) == 12, "MLA's head dim is nope + rope: %d", cfg_head_dim(&c));
+            continue;
+        }
+        int rc = cfg_set(&c, bad[i].set, &e);
+        if (rc == 0 && bad[i].set2) /* with d_model divisible by the heads */
+            rc = cfg_set(&c, bad[i].set2, &e) || cfg_set(&c, "model.n_kv_head=1024", &e) ||
+                 cfg_set(&c, "model.d_model=1024", &e);
+        if (rc == 0) rc = cfg_validate(&c, 1, &e);
+        CHECK(rc == -1 && strstr(e.msg, bad[i].want), "%s: want '%s', got: %s", bad[i].set,
+              bad[i].want, rc ? txt(e.msg) : "accepted");
+    }
+}
+
 /* ---------------------------------------------------------------- limits (hardening) */
 
 /* Real model shapes must stay valid under the size limits. */
@@ -909,7 +964,7 @@ static int dump_roundtrip(const ust_config *c, ust_config *back, char *text, siz
 }
 
 static void test_dump_round_trips_to_an_identical_struct(void) {
-    static char text[32768];
+    static char text[65536];
     ust_config c, back, d;
     ust_err e;
     CHECK(load(&c, ALL_CHANGED_YAML, &e) == 0, "%s", txt(e.msg));
@@ -918,7 +973,7 @@ static void test_dump_round_trips_to_an_identical_struct(void) {
           "string escapes: '%s' '%s'", txt(c.run.name), txt(c.run.out_dir));
     /* The fixture really changes every key: compare the dump of the defaults line by line. */
     cfg_defaults(&d);
-    static char dtext[32768];
+    static char dtext[65536];
     CHECK(dump_roundtrip(&d, &back, dtext, sizeof dtext, &e) == 0, "defaults: %s", txt(e.msg));
     CHECK(same_values(&d, &back), "defaults do not round-trip:\n%s", txt(dtext));
     CHECK(dump_roundtrip(&c, &back, text, sizeof text, &e) == 0, "%s\n%s", txt(e.msg), txt(text));
@@ -958,7 +1013,7 @@ static void test_blend_lists_load_check_and_round_trip(void) {
           "datasets: %d, %s %g %d, %s %g %d", n, d[0].path, d[0].weight, d[0].format, d[1].path,
           d[1].weight, d[1].format);
     CHECK(cfg_data_is_blend(&c, 0) && !cfg_data_is_blend(&c, 1), "blend flags");
-    static char text[32768];
+    static char text[65536];
     CHECK(dump_roundtrip(&c, &back, text, sizeof text, &e) == 0, "%s", txt(e.msg));
     CHECK(same_values(&c, &back), "blend does not round-trip:\n%s", txt(text));
     n = cfg_data_sets(&c, 1, d); /* the default val: one glob of weight 1 */
@@ -993,7 +1048,7 @@ static void test_dp_auto_resolves_against_the_world(void) {
                &e) == 0 &&
               c.parallel.dp == 0,
           "%s", txt(e.msg));
-    static char text[32768];
+    static char text[65536];
     CHECK(dump_roundtrip(&c, &back, text, sizeof text, &e) == 0 && back.parallel.dp == 0 &&
               strstr(text, "  dp: auto\n"),
           "dump: %s", txt(text));
@@ -1108,5 +1163,6 @@ int main(void) {
     RUN_TEST(test_was_set_marks_the_keys_the_yaml_and_set_give);
     RUN_TEST(test_validate_refuses_arch_auto_that_nothing_resolved);
     RUN_TEST(test_dualpipe_implies_vpp_2_unless_vpp_is_given);
+    RUN_TEST(test_mla_validation_names_the_key_and_what_is_allowed);
     return TEST_SUMMARY();
 }

@@ -14,6 +14,10 @@
 
 enum { TB = 2, TT = 8 };
 
+/* model.mla in tiny_config: 0 off, 1 with q_lora_rank, 2 without (q = W_q x); v_head_dim 8 <
+ * qk head 6 + 4 so v's padding is exercised */
+static int tiny_mla;
+
 static void tiny_config(ust_config *c, ust_arch arch) {
     cfg_defaults(c);
     c->model.arch = arch;
@@ -28,6 +32,14 @@ static void tiny_config(ust_config *c, ust_arch arch) {
     c->model.rope_theta = 10000;
     c->train.micro_batch_size = TB;
     c->train.seq_len = TT;
+    if (!tiny_mla) return;
+    c->model.n_kv_head = c->model.n_head;
+    c->model.mla.enabled = true;
+    c->model.mla.q_lora_rank = tiny_mla == 1 ? 12 : 0;
+    c->model.mla.kv_lora_rank = 10;
+    c->model.mla.qk_nope_head_dim = 6;
+    c->model.mla.qk_rope_head_dim = 4;
+    c->model.mla.v_head_dim = 8;
 }
 
 typedef struct {
@@ -330,6 +342,10 @@ static void check_gradients(ust_arch arch) {
 
 static void test_gpt2_gradients_match_finite_differences(void) { check_gradients(ARCH_GPT2); }
 static void test_llama_gradients_match_finite_differences(void) { check_gradients(ARCH_LLAMA); }
+static void test_mla_gradients_match_finite_differences(void) {
+    for (tiny_mla = 1; tiny_mla <= 2; tiny_mla++) check_gradients(ARCH_LLAMA);
+    tiny_mla = 0;
+}
 
 /* ------------------------------------------------------------------ documents */
 
@@ -428,6 +444,12 @@ static void test_selective_recompute_gives_identical_gradients(void) {
 static void test_full_recompute_gives_identical_gradients(void) {
     check_recompute(ARCH_GPT2, RECOMPUTE_FULL);
     check_recompute(ARCH_LLAMA, RECOMPUTE_FULL);
+}
+
+static void test_mla_full_recompute_gives_identical_gradients(void) {
+    tiny_mla = 1;
+    check_recompute(ARCH_LLAMA, RECOMPUTE_FULL);
+    tiny_mla = 0;
 }
 
 /* ---------------------------------------------------------------- the op profiler */
@@ -596,6 +618,8 @@ int main(void) {
     RUN_TEST(test_llama_gradients_match_finite_differences);
     RUN_TEST(test_selective_recompute_gives_identical_gradients);
     RUN_TEST(test_full_recompute_gives_identical_gradients);
+    RUN_TEST(test_mla_gradients_match_finite_differences);
+    RUN_TEST(test_mla_full_recompute_gives_identical_gradients);
     RUN_TEST(test_op_profiler_is_transparent_and_counts_the_model_ops);
     RUN_TEST(test_init_is_keyed_by_seed_name_and_index);
     RUN_TEST(test_parameter_names_and_shapes_are_canonical);

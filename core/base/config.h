@@ -89,6 +89,15 @@ typedef struct {
             double beta_fast, beta_slow, attention_factor; /* yarn (0: 0.1 ln(factor) + 1) */
             bool truncate;                                 /* yarn: integer correction range */
         } rope_scaling;
+        struct { /* DeepSeek-V3's multi-head latent attention (model_mla.h; docs/deepseek.md) */
+            bool enabled;
+            int q_lora_rank;  /* 0: q = W_q x (no q compression) */
+            int kv_lora_rank; /* the latent c_kv's width */
+            int qk_nope_head_dim, qk_rope_head_dim, v_head_dim;
+            /* the Hugging Face files' order of the rope rows (DeepSeek's interleaved pairs,
+             * permuted on import and back on export); training always rotates (i, i + R/2) */
+            bool rope_interleave;
+        } mla;
     } model;
     struct {
         int dp, tp, pp, cp, ep;

@@ -112,6 +112,13 @@ const cfg_key cfg_keys[] = {
     DBL("model.rope_scaling.beta_slow", model.rope_scaling.beta_slow, "1", 0, 1e6, LO_OPEN),
     DBL("model.rope_scaling.attention_factor", model.rope_scaling.attention_factor, "0", 0, 1e6, 0),
     BOOL("model.rope_scaling.truncate", model.rope_scaling.truncate, "true"),
+    BOOL("model.mla.enabled", model.mla.enabled, "false"),
+    INTR("model.mla.q_lora_rank", model.mla.q_lora_rank, "0", 0, 1 << 20),
+    INTR("model.mla.kv_lora_rank", model.mla.kv_lora_rank, "0", 0, 1 << 20),
+    INTR("model.mla.qk_nope_head_dim", model.mla.qk_nope_head_dim, "32", 1, 1 << 16),
+    INTR("model.mla.qk_rope_head_dim", model.mla.qk_rope_head_dim, "16", 2, 1 << 16),
+    INTR("model.mla.v_head_dim", model.mla.v_head_dim, "32", 1, 1 << 16),
+    BOOL("model.mla.rope_interleave", model.mla.rope_interleave, "true"),
 
     {"parallel.dp", K_INT, AT(parallel.dp), "1", 1, CFG_MAX_WORLD, AUTO, NULL},
     INTR("parallel.tp", parallel.tp, "1", 1, CFG_MAX_WORLD),

@@ -50,6 +50,56 @@ static int cfg_check_window(const ust_config *c, ust_err *e) {
     return 0;
 }
 
+/* model.mla (DeepSeek-V3's latent attention): its dimensions, and what it does not combine with.
+ * The widths below bound every per-token row the layer holds (H x head dims) well inside the
+ * 32-bit element counts the ops take. */
+static int cfg_validate_mla(const ust_config *c, ust_err *e) {
+    const __typeof__(c->model) *m = &c->model;
+    const __typeof__(m->mla) *a = &m->mla;
+    if (!a->enabled) return 0;
+    REQUIRE(m->arch == ARCH_LLAMA, "model.mla.enabled: true applies to llama (RMSNorm, RoPE), not "
+                                   "gpt2 (set model.arch: llama)");
+    REQUIRE(a->kv_lora_rank > 0,
+            "model.mla.kv_lora_rank is 0, but latent attention needs the latent's width: 1 to "
+            "1048576 (DeepSeek-V3: 512)");
+    REQUIRE(a->qk_rope_head_dim % 2 == 0,
+            "model.mla.qk_rope_head_dim (%d) must be even: RoPE rotates pairs (DeepSeek-V3: 64)",
+            a->qk_rope_head_dim);
+    REQUIRE(a->v_head_dim <= a->qk_nope_head_dim + a->qk_rope_head_dim,
+            "model.mla.v_head_dim (%d) must be <= qk_nope_head_dim + qk_rope_head_dim (%d + %d): "
+            "the attention op takes one head width, and v is zero-padded to q's and k's",
+            a->v_head_dim, a->qk_nope_head_dim, a->qk_rope_head_dim);
+    REQUIRE(m->n_kv_head == m->n_head,
+            "model.mla: each of the model.n_head heads expands its own k and v from the latent; "
+            "set model.n_kv_head (%d) = model.n_head (%d)",
+            m->n_kv_head, m->n_head);
+    REQUIRE(!m->qk_norm && !m->qkv_bias,
+            "model.mla takes neither model.qk_norm nor model.qkv_bias (its q and latent have "
+            "their own RMSNorms, its projections no biases): set both to false");
+    REQUIRE(m->rope_scaling.type != ROPE_YARN,
+            "model.mla with model.rope_scaling.type: yarn is not supported yet (DeepSeek's "
+            "mscale on the softmax scale): use none or llama3");
+    ust_pp_schedule s = c->parallel.pp_schedule;
+    REQUIRE(c->parallel.pp == 1 || (s != PP_ZB && s != PP_DUALPIPE && s != PP_DUALPIPEV),
+            "model.mla under parallel.pp_schedule: %s is not supported yet (its deferred weight "
+            "gradients); use afab, 1f1b or interleaved",
+            cfg_pp_schedule_names[s]);
+    double H = m->n_head, qk = (double)a->qk_nope_head_dim + a->qk_rope_head_dim,
+           kv = (double)a->qk_nope_head_dim + a->v_head_dim;
+    REQUIRE(H * qk <= (1 << 24) && H * kv <= (1 << 24),
+            "model.mla: model.n_head x (qk_nope_head_dim + qk_rope_head_dim) = %.0f and x "
+            "(qk_nope_head_dim + v_head_dim) = %.0f features per token; at most 2^24 each",
+            H * qk, H * kv);
+    double C = m->d_model, q = a->q_lora_rank, r = a->kv_lora_rank,
+           layer = (q > 0 ? C * q + q * H * qk : C * H * qk) + C * (r + a->qk_rope_head_dim) +
+                   r * H * kv + H * a->v_head_dim * C;
+    REQUIRE(layer * m->n_layer <= (double)CFG_MAX_PARAMS,
+            "model.mla: the attention alone would have about %.3g parameters (model.n_layer %d); "
+            "at most 2^42",
+            layer * m->n_layer, m->n_layer);
+    return 0;
+}
+
 static int cfg_validate_model(const ust_config *c, ust_err *e) {
     const __typeof__(c->model) *m = &c->model;
     REQUIRE(m->arch != ARCH_AUTO,
@@ -61,7 +111,7 @@ static int cfg_validate_model(const ust_config *c, ust_err *e) {
             "model.d_model (%d) must be divisible by model.n_head (%d)", m->d_model, m->n_head);
     REQUIRE(m->n_head % m->n_kv_head == 0,
             "model.n_head (%d) must be divisible by model.n_kv_head (%d)", m->n_head, m->n_kv_head);
-    REQUIRE(m->arch != ARCH_LLAMA || cfg_head_dim(c) % 2 == 0,
+    REQUIRE(m->arch != ARCH_LLAMA || m->mla.enabled || cfg_head_dim(c) % 2 == 0,
             "llama's RoPE needs an even head dim, but model.d_model / model.n_head = %d / %d = %d",
             m->d_model, m->n_head, cfg_head_dim(c));
     REQUIRE(c->train.seq_len <= m->max_seq_len,
@@ -85,7 +135,7 @@ static int cfg_validate_model(const ust_config *c, ust_err *e) {
             c->parallel.ep);
     REQUIRE(moe->num_experts > 0 || c->parallel.ep == 1,
             "parallel.ep (%d) needs experts, but model.moe.num_experts is 0", c->parallel.ep);
-    return 0;
+    return cfg_validate_mla(c, e);
 }
 
 /* Validation sized in windows or tokens: whole micro-batches of whole windows, so every
@@ -250,6 +300,8 @@ int cfg_val_micro_batches(const ust_config *c) {
 }
 
 int cfg_head_dim(const ust_config *c) {
+    /* latent attention's q and k heads; its v heads (v_head_dim) are padded to this width */
+    if (c->model.mla.enabled) return c->model.mla.qk_nope_head_dim + c->model.mla.qk_rope_head_dim;
     return c->model.n_head > 0 ? c->model.d_model / c->model.n_head : 0;
 }
 

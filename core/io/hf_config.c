@@ -275,6 +275,43 @@ static int parse_qwen3(const jctx *x, ust_config *c) {
                : 0;
 }
 
+/* DeepSeek-V3 (and V2's layout): a llama whose attention is multi-head latent attention
+ * (model.mla). Only all-dense models import: the MoE layers from first_k_dense_replace on route
+ * with DeepSeek's sigmoid gates, which ustrain does not compute yet. head_dim there is
+ * qk_rope_head_dim, not a q/k head, so parse_llama_common reads a copy without it. */
+static int parse_deepseek_v3(const jctx *x, ust_config *c) {
+    __typeof__(c->model) *m = &c->model;
+    __typeof__(m->mla) *a = &m->mla;
+    cJSON *copy = cJSON_Duplicate(x->j, 1);
+    if (!copy) return ust_errf(x->e, "%s: out of memory", x->path);
+    cJSON_DeleteItemFromObjectCaseSensitive(copy, "head_dim");
+    jctx y = {x->path, copy, x->e};
+    int rc = parse_llama_common(&y, c, 10000, 1e-6);
+    cJSON_Delete(copy);
+    if (rc) return -1;
+    a->enabled = true;
+    const cJSON *q = cJSON_GetObjectItemCaseSensitive(x->j, "q_lora_rank");
+    if (!q) return ust_errf(x->e, "%s: 'q_lora_rank' is missing (null: no q compression)", x->path);
+    int dense = 0;
+    if ((!cJSON_IsNull(q) && jint(x, "q_lora_rank", -1, 1, &a->q_lora_rank)) ||
+        jint(x, "kv_lora_rank", -1, 1, &a->kv_lora_rank) ||
+        jint(x, "qk_nope_head_dim", -1, 1, &a->qk_nope_head_dim) ||
+        jint(x, "qk_rope_head_dim", -1, 1, &a->qk_rope_head_dim) ||
+        jint(x, "v_head_dim", -1, 1, &a->v_head_dim) ||
+        jbool(x, "rope_interleave", true, &a->rope_interleave) ||
+        jint(x, "first_k_dense_replace", 3, 0, &dense) ||
+        refuse_true(x, "attention_bias", "DeepseekV3ForCausalLM with q/kv/o biases"))
+        return -1;
+    if (dense < m->n_layer)
+        return ust_errf(x->e,
+                        "%s: 'first_k_dense_replace' = %d < num_hidden_layers = %d: layers %d.. "
+                        "are DeepSeek MoE layers (sigmoid group-limited routing), which ustrain "
+                        "does not import yet; only all-dense DeepseekV3ForCausalLM models "
+                        "(first_k_dense_replace >= num_hidden_layers) are",
+                        x->path, dense, m->n_layer, dense);
+    return 0;
+}
+
 static int parse_mixtral(const jctx *x, ust_config *c) {
     __typeof__(c->model.moe) *moe = &c->model.moe;
     if (parse_llama_common(x, c, 1e6, 1e-5)) return -1;
@@ -335,6 +372,7 @@ static const struct {
     {"MistralForCausalLM", "mistral", parse_mistral},
     {"MixtralForCausalLM", "mixtral", parse_mixtral},
     {"GPT2LMHeadModel", "gpt2", parse_gpt2},
+    {"DeepseekV3ForCausalLM", "deepseek_v3", parse_deepseek_v3},
     // clang-format on
 };
 
@@ -359,15 +397,14 @@ int hf_config_parse(const cJSON *j, const char *path, ust_config *c, char *arch,
             snprintf(c->source, sizeof c->source, "%.*s", (int)sizeof c->source - 1, path);
             return cfg_validate(c, 0, e);
         }
-    return ust_errf(
-        e,
-        "%s: architecture '%.80s' is not supported (ustrain imports LlamaForCausalLM, "
-        "Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, MixtralForCausalLM and "
-        "GPT2LMHeadModel)",
-        path,
-        name   ? name
-        : type ? type
-               : "(no architectures or model_type)");
+    return ust_errf(e,
+                    "%s: architecture '%.80s' is not supported (ustrain imports LlamaForCausalLM, "
+                    "Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, MixtralForCausalLM, "
+                    "GPT2LMHeadModel and dense DeepseekV3ForCausalLM)",
+                    path,
+                    name   ? name
+                    : type ? type
+                           : "(no architectures or model_type)");
 }
 
 /* ------------------------------------------------------------------ NUL in JSON strings */
@@ -466,6 +503,16 @@ static const hf_key YARN_KEYS[] = {
       model.rope_scaling.attention_factor),
     K("model.rope_scaling.truncate", "rope_scaling.truncate", V_BOOL, model.rope_scaling.truncate),
 };
+static const hf_key MLA_KEYS[] = {
+    K("model.mla.enabled", "architectures (DeepseekV3: latent attention)", V_BOOL,
+      model.mla.enabled),
+    K("model.mla.q_lora_rank", "q_lora_rank", V_INT, model.mla.q_lora_rank),
+    K("model.mla.kv_lora_rank", "kv_lora_rank", V_INT, model.mla.kv_lora_rank),
+    K("model.mla.qk_nope_head_dim", "qk_nope_head_dim", V_INT, model.mla.qk_nope_head_dim),
+    K("model.mla.qk_rope_head_dim", "qk_rope_head_dim", V_INT, model.mla.qk_rope_head_dim),
+    K("model.mla.v_head_dim", "v_head_dim", V_INT, model.mla.v_head_dim),
+    K("model.mla.rope_interleave", "rope_interleave", V_BOOL, model.mla.rope_interleave),
+};
 #undef K
 
 static size_t vsize(hf_vkind k) {
@@ -527,7 +574,7 @@ int hf_config_apply(const ust_config *hf, const char *dir, ust_config *c, ust_er
     if (APPLY(SHAPE_KEYS) || (m->moe.num_experts > 0 ? APPLY(MOE_KEYS) : APPLY(DENSE_KEYS)) ||
         (m->rope_scaling.type != ROPE_NONE && APPLY(ROPE_KEYS)) ||
         (m->rope_scaling.type == ROPE_LLAMA3 && APPLY(LLAMA3_KEYS)) ||
-        (m->rope_scaling.type == ROPE_YARN && APPLY(YARN_KEYS)))
+        (m->rope_scaling.type == ROPE_YARN && APPLY(YARN_KEYS)) || APPLY(MLA_KEYS))
         return -1;
 #undef APPLY
     /* a training coefficient, not the shape: config.json's unless the config sets its own */

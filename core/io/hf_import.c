@@ -480,6 +480,8 @@ static void widen(const st_view *v, const unsigned char *p, int64_t n, float *ou
 static int64_t file_index(const hf_model *h, const hf_tensor *x, int j, int64_t r, int64_t col) {
     const ust_config *c = &h->cfg;
     if (x->op == HF_T) return col * x->shape[1] + r; /* the file is [cols, rows] of ours */
+    if (x->op == HF_ROPE_Q || x->op == HF_ROPE_KV)
+        return hf_rope_row(c, x->op, r) * x->shape[1] + col;
     UST_ASSERT(x->op == HF_QKV, "file_index of a copy (%s)", x->name);
     /* the first query head that reads key/value head r / D (hf_qkv_row's inverse) */
     int64_t D = cfg_head_dim(c), HD = c->model.n_head * D;

@@ -84,6 +84,42 @@ static void mixtral_layer(hf_table *l, int i) {
         }
 }
 
+/* model.mla's attention under DeepseekV3Attention's names: ours, row for row, but for the
+ * rope rows of q and of the shared key, which DeepSeek's files order as interleaved pairs
+ * (x_2i, x_2i+1) where ustrain rotates (x_i, x_i+R/2): HF_ROPE_* permutes them. */
+static void mla_layer(hf_table *l, int i) {
+    const __typeof__(l->c->model) *m = &l->c->model;
+    int64_t C = m->d_model, H = m->n_head, Rq = m->mla.q_lora_rank, Rkv = m->mla.kv_lora_rank;
+    int64_t QK = H * cfg_head_dim(l->c), R = m->mla.qk_rope_head_dim;
+    hf_xform q = m->mla.rope_interleave ? HF_ROPE_Q : HF_COPY,
+             kv = m->mla.rope_interleave ? HF_ROPE_KV : HF_COPY;
+    char n[CKPT_NAME_MAX];
+#define ONE(op, suffix, ndim, rows, cols)                                                          \
+    snprintf(n, sizeof n, "model.layers.%d.self_attn.%s", i, suffix);                              \
+    xsame(l, op, n, n, ndim, rows, cols)
+    if (Rq) {
+        ONE(HF_COPY, "q_a_proj.weight", 2, Rq, C);
+        ONE(HF_COPY, "q_a_layernorm.weight", 1, Rq, 0);
+        ONE(q, "q_b_proj.weight", 2, QK, Rq);
+    } else {
+        ONE(q, "q_proj.weight", 2, QK, C);
+    }
+    ONE(kv, "kv_a_proj_with_mqa.weight", 2, Rkv + R, C);
+    ONE(HF_COPY, "kv_a_layernorm.weight", 1, Rkv, 0);
+    ONE(HF_COPY, "kv_b_proj.weight", 2, H * (m->mla.qk_nope_head_dim + m->mla.v_head_dim), Rkv);
+    ONE(HF_COPY, "o_proj.weight", 2, C, H * m->mla.v_head_dim);
+#undef ONE
+}
+
+int64_t hf_rope_row(const ust_config *c, hf_xform op, int64_t r) {
+    const __typeof__(c->model.mla) *a = &c->model.mla;
+    int64_t P = op == HF_ROPE_Q ? cfg_head_dim(c) : a->kv_lora_rank + a->qk_rope_head_dim;
+    int64_t off = op == HF_ROPE_Q ? a->qk_nope_head_dim : a->kv_lora_rank,
+            half = a->qk_rope_head_dim / 2, j = r % P - off;
+    if (j < 0) return r;
+    return r - j + (j < half ? 2 * j : 2 * (j - half) + 1);
+}
+
 static void llama_table(hf_table *l) {
     const ust_config *c = l->c;
     int64_t C = c->model.d_model, V = c->model.vocab_size, Vp = cfg_vocab_padded(c);
@@ -98,6 +134,10 @@ static void llama_table(hf_table *l) {
     snprintf(n, sizeof n, "model.layers.%d.%s", i, suffix);                                        \
     xsame(l, HF_COPY, n, n, ndim, rows, cols)
         SAME("input_layernorm.weight", 1, C, 0);
+        if (c->model.mla.enabled) {
+            mla_layer(l, i);
+            goto mlp;
+        }
         SAME("self_attn.q_proj.weight", 2, HD, C);
         SAME("self_attn.k_proj.weight", 2, KV, C);
         SAME("self_attn.v_proj.weight", 2, KV, C);
@@ -111,6 +151,7 @@ static void llama_table(hf_table *l) {
             SAME("self_attn.q_norm.weight", 1, D, 0);
             SAME("self_attn.k_norm.weight", 1, D, 0);
         }
+    mlp:
         SAME("post_attention_layernorm.weight", 1, C, 0);
         if (c->model.moe.num_experts > 0) {
             mixtral_layer(l, i);
@@ -173,6 +214,9 @@ static void gpt2_table(hf_table *l) {
 
 int hf_table_build(hf_table *l, const ust_config *c, ust_err *e) {
     const __typeof__(c->model.moe) *moe = &c->model.moe;
+    if (c->model.mla.enabled && moe->num_experts > 0)
+        return ust_errf(e, "model.mla with model.moe: DeepseekV3ForCausalLM's MoE layers route "
+                           "with DeepSeek's sigmoid gates, which ustrain does not have yet");
     if (moe->num_experts > 0 &&
         (c->model.arch != ARCH_LLAMA || moe->every != 1 || moe->shared_expert))
         return ust_errf(e,
@@ -225,6 +269,8 @@ int64_t hf_table_count(const ust_config *c) {
     if (m->arch != ARCH_LLAMA) return 4 + 12 * (int64_t)m->n_layer; /* wte, wpe, ln_f.{w,b} */
     int64_t moe = m->moe.num_experts > 0 ? 1 + 3 * (int64_t)m->moe.num_experts : 3;
     int64_t layer = 6 + (m->qkv_bias ? 3 : 0) + (m->qk_norm ? 2 : 0) + moe;
+    if (m->mla.enabled) /* the norms, q (3 tensors through the q latent), kv_a, its norm, kv_b, o */
+        layer = 2 + (m->mla.q_lora_rank ? 3 : 1) + 4 + moe;
     return 2 + (cfg_tied(c) ? 0 : 1) + layer * m->n_layer; /* embed, norm, lm_head */
 }
 
@@ -248,6 +294,14 @@ void hf_make(const ust_config *c, const hf_tensor *x, const float *src[3], float
         int64_t rows = x->src[0].shape[0], cols = x->src[0].shape[1];
         for (int64_t i = 0; i < rows; i++)
             for (int64_t j = 0; j < cols; j++) out[j * rows + i] = src[0][i * cols + j];
+        break;
+    }
+    case HF_ROPE_Q:
+    case HF_ROPE_KV: {
+        int64_t rows = x->shape[0], cols = x->shape[1];
+        for (int64_t r = 0; r < rows; r++)
+            memcpy(out + hf_rope_row(c, x->op, r) * cols, src[0] + r * cols,
+                   (size_t)cols * sizeof(float));
         break;
     }
     case HF_QKV: {
@@ -398,7 +452,53 @@ static cJSON *gpt2_config(const ust_config *c, int bos, int eos) {
     return j;
 }
 
+/* model.mla -> DeepseekV3ForCausalLM with every layer dense (first_k_dense_replace = layers). */
+static cJSON *deepseek_config(const ust_config *c, int bos, int eos) {
+    const __typeof__(c->model) *m = &c->model;
+    const __typeof__(m->mla) *a = &m->mla;
+    const char *arch = "DeepseekV3ForCausalLM";
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddItemToObject(j, "architectures", cJSON_CreateStringArray(&arch, 1));
+    cJSON_AddStringToObject(j, "model_type", "deepseek_v3");
+    static const char *const ints[] = {"vocab_size",
+                                       "hidden_size",
+                                       "intermediate_size",
+                                       "num_hidden_layers",
+                                       "num_attention_heads",
+                                       "num_key_value_heads",
+                                       "kv_lora_rank",
+                                       "qk_nope_head_dim",
+                                       "qk_rope_head_dim",
+                                       "v_head_dim",
+                                       "max_position_embeddings",
+                                       "first_k_dense_replace"};
+    int vals[] = {m->vocab_size,       m->d_model,    m->d_ff,         m->n_layer,
+                  m->n_head,           m->n_kv_head,  a->kv_lora_rank, a->qk_nope_head_dim,
+                  a->qk_rope_head_dim, a->v_head_dim, m->max_seq_len,  m->n_layer};
+    for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++)
+        cJSON_AddNumberToObject(j, ints[i], vals[i]);
+    if (a->q_lora_rank)
+        cJSON_AddNumberToObject(j, "q_lora_rank", a->q_lora_rank);
+    else
+        cJSON_AddNullToObject(j, "q_lora_rank");
+    cJSON_AddNumberToObject(j, "num_nextn_predict_layers", 0);
+    cJSON_AddBoolToObject(j, "rope_interleave", a->rope_interleave);
+    cJSON_AddStringToObject(j, "hidden_act", "silu");
+    cJSON_AddNumberToObject(j, "rms_norm_eps", m->norm_eps);
+    cJSON_AddNumberToObject(j, "rope_theta", m->rope_theta);
+    rope_scaling_json(j, c);
+    cJSON_AddBoolToObject(j, "attention_bias", 0);
+    cJSON_AddNumberToObject(j, "attention_dropout", 0.0);
+    cJSON_AddBoolToObject(j, "tie_word_embeddings", cfg_tied(c));
+    special_tokens(j, bos, eos);
+    cJSON_AddNumberToObject(j, "initializer_range", 0.02);
+    cJSON_AddBoolToObject(j, "use_cache", 1);
+    cJSON_AddStringToObject(j, "torch_dtype", "float32");
+    return j;
+}
+
 cJSON *hf_config_json(const ust_config *c, int bos, int eos) {
+    if (c->model.mla.enabled) return deepseek_config(c, bos, eos);
     return c->model.arch == ARCH_LLAMA ? llama_config(c, bos, eos) : gpt2_config(c, bos, eos);
 }
 

@@ -15,11 +15,13 @@
 #include <stdint.h>
 
 typedef enum {
-    HF_COPY, /* the same values */
-    HF_ROWS, /* the first shape[0] rows: the vocabulary without ustrain's padding rows */
-    HF_T,    /* transposed: [out, in] -> Conv1D's [in, out] */
-    HF_QKV,  /* q | k | v stacked along the output features, k and v repeated up to n_head heads;
-               transposed when 2-D (c_attn.weight), concatenated when 1-D (c_attn.bias) */
+    HF_COPY,    /* the same values */
+    HF_ROWS,    /* the first shape[0] rows: the vocabulary without ustrain's padding rows */
+    HF_T,       /* transposed: [out, in] -> Conv1D's [in, out] */
+    HF_QKV,     /* q | k | v stacked along the output features, k and v repeated up to n_head heads;
+                  transposed when 2-D (c_attn.weight), concatenated when 1-D (c_attn.bias) */
+    HF_ROPE_Q,  /* model.mla with rope_interleave: rows permuted, each head's last R rows in */
+    HF_ROPE_KV, /* DeepSeek's interleaved pair order (q_b_proj / q_proj; kv_a_proj_with_mqa) */
 } hf_xform;
 
 typedef struct {
@@ -36,6 +38,8 @@ typedef struct {
     hf_tensor *t;
     int n;
 } hf_table;
+/* HF_ROPE_*: the file's row of ustrain's row r (hf_map.c). */
+int64_t hf_rope_row(const ust_config *c, hf_xform op, int64_t r);
 
 /* The table of config c (l->t allocated; hf_table_free releases it). -1 with a message when the
  * model has no transformers counterpart. */

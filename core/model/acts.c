@@ -3,6 +3,7 @@
  * activation sets of every chunk (one per micro-batch in flight through it, as many as the
  * pipeline's schedule asked for), plus the backward's scratch. Shapes as in model.c. */
 #include "acts.h"
+#include "model_mla.h"
 #include "model_state.h"
 
 #include <stdlib.h>
@@ -31,6 +32,7 @@ static void alloc_layer_acts(model *m, ust_arena *a, layer_acts *x, act *shared_
         x->q_rstd = F32(N * m->shape.H);
         x->k_rstd = F32(N * m->shape.Hkv);
     }
+    if (is_mla(m)) mla_alloc_layer(m, a, x);
     x->lse = F32((int64_t)m->shape.B * m->shape.H * m->shape.T);
     x->res2 = A(Nl * C);
     x->ln2 = A(Nl * C);
@@ -150,6 +152,7 @@ void acts_alloc(model *m, ust_arena *a) {
     m->acts.dact =
         m->shape.llama ? A(N * F) : NULL; /* gpt2's GELU backward is fused (linear_gelu_bwd) */
     m->acts.tgt = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
+    if (is_mla(m)) mla_alloc_scratch(m, a);
 }
 #undef A
 #undef F32

@@ -17,8 +17,12 @@
 typedef struct {
     float *ln1_w, *ln1_b, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo, *ln2_w, *ln2_b;
     float *qn_w, *kn_w; /* model.qk_norm: the per-head q and k norms (D each) */
-    moe_expert mlp;     /* dense layers */
-    moe_weights moe;    /* MoE layers: router [E, C], experts[E], shared */
+    /* model.mla (model_mla.h): q_a_proj, q_a_layernorm, q_b_proj, kv_a_proj_with_mqa,
+     * kv_a_layernorm, kv_b_proj; kc then caches the normed latent c_kv (S, Rkv) and vc the
+     * shared rope key after RoPE (S, R): the latent, not the per-head K/V */
+    float *wqa, *qa_norm, *wqb, *wkva, *kva_norm, *wkvb;
+    moe_expert mlp;  /* dense layers */
+    moe_weights moe; /* MoE layers: router [E, C], experts[E], shared */
     int is_moe;
     int window;   /* model.sliding_window (0: full attention) */
     act *kc, *vc; /* (S, Hkv, D) each: position t's keys (after RoPE) and values */
@@ -49,6 +53,9 @@ typedef struct {
     float *mean, *rstd, *lse;           /* (n) (n) (H, n) */
     int32_t *tok, *pos;                 /* device (chunk), (S): pos[t] = t */
     int32_t *wstart, *wstart_h;         /* (chunk) device, host: each new token's first key */
+    /* model.mla: the cache re-expanded (S, H*W) -> k, v (S, H*D); the q latent (n, Rq); q's
+     * rope parts (n*H, R); the attention output without v's padding (n, H*Dv) */
+    act *kvb, *k, *v, *qa, *qr, *attv;
 } infer_acts;
 
 /* MoE routing: router logits, probabilities, choices, gates; expert-ordered rows. */
@@ -106,6 +113,27 @@ static void emit(tensor_fn fn, void *ctx, int l, const char *suffix, int64_t row
     fn(ctx, &t, dst, -1);
 }
 
+/* model.mla's attention tensors in params.c's order (add_mla_params). */
+static void enum_mla(const ust_config *cfg, int l, infer_layer *w, tensor_fn fn, void *ctx) {
+    const __typeof__(cfg->model.mla) *a = &cfg->model.mla;
+    int64_t C = cfg->model.d_model, H = cfg->model.n_head, QK = H * cfg_head_dim(cfg);
+#define E_(suffix, rows, cols, decay, field)                                                       \
+    emit(fn, ctx, l, suffix, rows, cols, decay, w ? &w->field : NULL)
+    if (a->q_lora_rank) {
+        E_("self_attn.q_a_proj.weight", a->q_lora_rank, C, 1, wqa);
+        E_("self_attn.q_a_layernorm.weight", 1, a->q_lora_rank, 0, qa_norm);
+        E_("self_attn.q_b_proj.weight", QK, a->q_lora_rank, 1, wqb);
+    } else {
+        E_("self_attn.q_proj.weight", QK, C, 1, wq);
+    }
+    E_("self_attn.kv_a_proj_with_mqa.weight", a->kv_lora_rank + a->qk_rope_head_dim, C, 1, wkva);
+    E_("self_attn.kv_a_layernorm.weight", 1, a->kv_lora_rank, 0, kva_norm);
+    E_("self_attn.kv_b_proj.weight", H * (a->qk_nope_head_dim + a->v_head_dim), a->kv_lora_rank, 1,
+       wkvb);
+    E_("self_attn.o_proj.weight", C, H * a->v_head_dim, 1, wo);
+#undef E_
+}
+
 /* Layer l's tensors in params.c's order (add_layer_params). w NULL: listing only. */
 static void enum_layer(const ust_config *cfg, int l, infer_layer *w, tensor_fn fn, void *ctx) {
     int64_t C = cfg->model.d_model, D = cfg_head_dim(cfg), HD = cfg->model.n_head * D,
@@ -115,6 +143,10 @@ static void enum_layer(const ust_config *cfg, int l, infer_layer *w, tensor_fn f
     emit(fn, ctx, l, suffix, rows, cols, decay, w ? &w->field : NULL)
     E_("input_layernorm.weight", 1, C, 0, ln1_w);
     if (gpt2) E_("input_layernorm.bias", 1, C, 0, ln1_b);
+    if (cfg->model.mla.enabled) {
+        enum_mla(cfg, l, w, fn, ctx);
+        goto mlp;
+    }
     E_("self_attn.q_proj.weight", HD, C, 1, wq);
     if (qkvb) E_("self_attn.q_proj.bias", 1, HD, 0, bq);
     E_("self_attn.k_proj.weight", KV, C, 1, wk);
@@ -125,6 +157,7 @@ static void enum_layer(const ust_config *cfg, int l, infer_layer *w, tensor_fn f
     if (gpt2) E_("self_attn.o_proj.bias", 1, C, 0, bo);
     if (!gpt2 && cfg->model.qk_norm) E_("self_attn.q_norm.weight", 1, D, 0, qn_w);
     if (!gpt2 && cfg->model.qk_norm) E_("self_attn.k_norm.weight", 1, D, 0, kn_w);
+mlp:
     E_("post_attention_layernorm.weight", 1, C, 0, ln2_w);
     if (gpt2) E_("post_attention_layernorm.bias", 1, C, 0, ln2_b);
     if (moe_layer_is_moe(cfg, l)) {
@@ -275,7 +308,19 @@ static void alloc_acts(infer_model *m) {
     o->to_device(o, m->a.pos, pos, (size_t)m->shape.S * sizeof(int32_t));
     free(pos);
     int64_t KV = (int64_t)m->shape.S * m->shape.Hkv * m->shape.D;
-    for (int l = 0; l < m->shape.L; l++) m->w.lw[l].kc = A_(KV), m->w.lw[l].vc = A_(KV);
+    const __typeof__(m->cfg->model.mla) *mla = &m->cfg->model.mla;
+    if (mla->enabled) { /* the latent cache, and the scratch to expand it into */
+        int64_t S = m->shape.S, H = m->shape.H;
+        for (int l = 0; l < m->shape.L; l++)
+            m->w.lw[l].kc = A_(S * mla->kv_lora_rank),
+            m->w.lw[l].vc = A_(S * mla->qk_rope_head_dim);
+        m->a.kvb = A_(S * H * (mla->qk_nope_head_dim + mla->v_head_dim));
+        m->a.k = A_(KV), m->a.v = A_(KV);
+        m->a.qa = A_(n * (mla->q_lora_rank ? mla->q_lora_rank : 1));
+        m->a.qr = A_(n * H * mla->qk_rope_head_dim), m->a.attv = A_(n * H * mla->v_head_dim);
+    } else {
+        for (int l = 0; l < m->shape.L; l++) m->w.lw[l].kc = A_(KV), m->w.lw[l].vc = A_(KV);
+    }
     if (m->shape.E > 0) {
         int64_t A = n * m->shape.k;
         m->r.rlogits = A_(n * m->shape.E), m->r.xe = A_(A * C), m->r.eout = A_(A * C);
@@ -335,7 +380,8 @@ void infer_destroy(infer_model *m) {
     void *dev[] = {m->a.x,     m->a.ln,   m->a.tmp,  m->a.tmp2,    m->a.q,      m->a.att,
                    m->a.h1,    m->a.h2,   m->a.h,    m->a.logits,  m->a.mean,   m->a.rstd,
                    m->a.lse,   m->a.tok,  m->a.pos,  m->r.rlogits, m->r.xe,     m->r.eout,
-                   m->r.probs, m->r.gate, m->r.topk, m->r.rowpos,  m->r.assign, m->a.wstart};
+                   m->r.probs, m->r.gate, m->r.topk, m->r.rowpos,  m->r.assign, m->a.wstart,
+                   m->a.kvb,   m->a.k,    m->a.v,    m->a.qa,      m->a.qr,     m->a.attv};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) o->free(o, dev[i]);
     for (int l = 0; l < m->shape.L; l++) {
@@ -352,6 +398,13 @@ int infer_len(const infer_model *m) { return m->len; }
 void infer_reset(infer_model *m) { m->len = 0; }
 int64_t infer_weight_bytes_per_token(const infer_model *m) { return m->bytes_per_token; }
 int64_t infer_param_count(const infer_model *m) { return m->nparams; }
+
+int64_t infer_cache_bytes_per_token(const infer_model *m) {
+    const __typeof__(m->cfg->model.mla) *a = &m->cfg->model.mla;
+    int64_t per_layer =
+        a->enabled ? a->kv_lora_rank + a->qk_rope_head_dim : 2 * (int64_t)m->shape.Hkv * m->shape.D;
+    return per_layer * m->shape.L * m->ops->act_size;
+}
 
 /* ------------------------------------------------------------------ forward */
 
@@ -449,6 +502,54 @@ static void attention(infer_model *m, const infer_layer *w, int n) {
     o->add(o, m->a.x, m->a.x, m->a.tmp, (int64_t)n * C);
 }
 
+/* Columns [s0, s0 + w) of `rows` rows of src (pitch sp elements) to [d0, d0 + w) of dst (dp). */
+static void cols(infer_model *m, act *dst, int64_t dp, int64_t d0, const act *src, int64_t sp,
+                 int64_t s0, int64_t w, int64_t rows) {
+    const ust_ops *o = m->ops;
+    size_t as = (size_t)o->act_size;
+    o->copy2d(o, act_at(o, dst, d0), (size_t)dp * as, act_at(o, src, s0), (size_t)sp * as,
+              (size_t)w * as, (size_t)rows);
+}
+
+/* model.mla (model_mla.c's math on one sequence): the new tokens' latent c_kv (normed) and rope
+ * key (after RoPE) appended to the cache; every cached position's k and v re-expanded from it
+ * (kv_b_proj), the shared key copied into each head; v zero-padded to the q/k width. */
+static void mla_attention(infer_model *m, const infer_layer *w, int n) {
+    const ust_ops *o = m->ops;
+    const __typeof__(m->cfg->model.mla) *a = &m->cfg->model.mla;
+    int C = m->shape.C, H = m->shape.H, D = m->shape.D, R = a->qk_rope_head_dim,
+        Rkv = a->kv_lora_rank, nope = a->qk_nope_head_dim, Dv = a->v_head_dim, W = nope + Dv;
+    int len = m->len, S = len + n;
+    const int32_t *pos = m->a.pos + len;
+    act *ckv = act_at(o, w->kc, (int64_t)len * Rkv), *kr = act_at(o, w->vc, (int64_t)len * R);
+    norm(m, m->a.ln, m->a.x, w->ln1_w, w->ln1_b, n);
+    if (a->q_lora_rank) {
+        o->linear_fwd(o, m->a.qa, m->a.ln, w->wqa, NULL, n, C, a->q_lora_rank);
+        o->rmsnorm_fwd(o, m->a.qa, m->a.rstd, m->a.qa, w->qa_norm, n, a->q_lora_rank, 1e-6f);
+        o->linear_fwd(o, m->a.q, m->a.qa, w->wqb, NULL, n, a->q_lora_rank, H * D);
+    } else {
+        o->linear_fwd(o, m->a.q, m->a.ln, w->wq, NULL, n, C, H * D);
+    }
+    o->linear_fwd(o, ckv, m->a.ln, w->wkva, NULL, n, C, Rkv);
+    o->linear_fwd(o, kr, m->a.ln, w->wkva + (int64_t)Rkv * C, NULL, n, C, R);
+    o->rmsnorm_fwd(o, ckv, m->a.rstd, ckv, w->kva_norm, n, Rkv, 1e-6f);
+    o->rope_fwd(o, kr, kr, pos, 1, n, 1, R, &m->shape.rope);
+    cols(m, m->a.qr, R, 0, m->a.q, D, nope, R, (int64_t)n * H);
+    o->rope_fwd(o, m->a.qr, m->a.qr, pos, 1, n, H, R, &m->shape.rope);
+    cols(m, m->a.q, D, nope, m->a.qr, R, 0, R, (int64_t)n * H);
+    o->linear_fwd(o, m->a.kvb, w->kc, w->wkvb, NULL, S, Rkv, H * W);
+    cols(m, m->a.k, D, 0, m->a.kvb, W, 0, nope, (int64_t)S * H);
+    for (int h = 0; h < H; h++)
+        cols(m, m->a.k, (int64_t)H * D, (int64_t)h * D + nope, w->vc, R, 0, R, S);
+    if (Dv < D) o->zero(o, m->a.v, act_bytes(o, (int64_t)S * H * D));
+    cols(m, m->a.v, D, 0, m->a.kvb, W, nope, Dv, (int64_t)S * H);
+    o->attention_fwd(o, m->a.att, m->a.lse, m->a.q, m->a.k, m->a.v, 1, n, S, H, H, D, pos, m->a.pos,
+                     1, w->window ? m->a.wstart : NULL);
+    cols(m, m->a.attv, Dv, 0, m->a.att, D, 0, Dv, (int64_t)n * H);
+    o->linear_fwd(o, m->a.tmp, m->a.attv, w->wo, NULL, n, H * Dv, C);
+    o->add(o, m->a.x, m->a.x, m->a.tmp, (int64_t)n * C);
+}
+
 /* x(n,C) += mlp(norm2(x)) */
 static void feed_forward(infer_model *m, const infer_layer *w, int n) {
     norm(m, m->a.ln, m->a.x, w->ln2_w, w->ln2_b, n);
@@ -478,7 +579,10 @@ void infer_forward(infer_model *m, const int32_t *tok, int n, float *logits) {
         o->to_device(o, m->a.wstart, m->a.wstart_h, (size_t)n * sizeof(int32_t));
     }
     for (int l = 0; l < m->shape.L; l++) {
-        attention(m, &m->w.lw[l], n);
+        if (m->cfg->model.mla.enabled)
+            mla_attention(m, &m->w.lw[l], n);
+        else
+            attention(m, &m->w.lw[l], n);
         feed_forward(m, &m->w.lw[l], n);
     }
     /* only the last token's logits are wanted: norm and head on that row, real vocabulary */

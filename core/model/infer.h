@@ -38,6 +38,9 @@ void infer_reset(infer_model *m);    /* empties the cache */
  * unused rows, and of each MoE layer the router, the shared expert and top_k experts. */
 int64_t infer_weight_bytes_per_token(const infer_model *m);
 int64_t infer_param_count(const infer_model *m); /* every element read from the source */
+/* Bytes the cache holds per position: 2 x kv heads x head dim per layer, or under model.mla
+ * the latent, kv_lora_rank + qk_rope_head_dim per layer (activation bytes each). */
+int64_t infer_cache_bytes_per_token(const infer_model *m);
 
 /* The tensors of cfg's model in checkpoint order (whole shapes), as a weight source must supply
  * them; *n gets the count. The caller frees the array. */

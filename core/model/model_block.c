@@ -5,6 +5,7 @@
 
 #include "cp.h"
 #include "error.h"
+#include "model_mla.h"
 #include "moe.h"
 #include "tp.h"
 
@@ -123,14 +124,12 @@ static const cp_docs *layer_docs(const model *m, int l) {
     return m->shape.doc_mask ? &m->batch.docs : NULL;
 }
 
-/* x_in, x_out: (B,T,C). Pre-norm block: res2 = x + attn(norm1(x)); out = res2 + mlp(norm2(res2)) */
-void block_forward(model *m, int l, const act *x_in, act *x_out, layer_acts *a, moe_acts *ma,
-                   moe_stats *st) {
+/* res2 = attn(ln1) (before the residual) with q, k, v projected from ln1 */
+static void attention_forward(model *m, int l, layer_acts *a) {
     const ust_ops *o = m->ops;
     const layer_w *w = &m->w.lw[l];
     int N = m->shape.B * m->shape.T, C = m->shape.C, HD = m->shape.H * m->shape.D,
         KV = m->shape.Hkv * m->shape.D;
-    block_norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x_in, w->ln1_w, w->ln1_b);
     /* every token enters attention, for this rank's heads */
     int qkn = m->shape.qk_norm; /* q and k go through their head norms before RoPE */
     tp_col qkv[3] = {{.out = qkn ? a->qr : a->q, .w = w->wq, .b = w->bq, .OC = HD},
@@ -149,6 +148,19 @@ void block_forward(model *m, int l, const act *x_in, act *x_out, layer_acts *a, 
     }
     cp_attention_fwd(m->par.cp, a->att, a->lse, a->q, a->k, a->v, m->shape.H, layer_docs(m, l));
     tp_row_linear_fwd(m->par.tp, a->res2, a->att, w->wo, w->bo, N, HD, C);
+}
+
+/* x_in, x_out: (B,T,C). Pre-norm block: res2 = x + attn(norm1(x)); out = res2 + mlp(norm2(res2)) */
+void block_forward(model *m, int l, const act *x_in, act *x_out, layer_acts *a, moe_acts *ma,
+                   moe_stats *st) {
+    const ust_ops *o = m->ops;
+    const layer_w *w = &m->w.lw[l];
+    int N = m->shape.B * m->shape.T, C = m->shape.C;
+    block_norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x_in, w->ln1_w, w->ln1_b);
+    if (is_mla(m))
+        mla_forward(m, l, a, layer_docs(m, l));
+    else
+        attention_forward(m, l, a);
     o->add(o, a->res2, a->res2, x_in, (int64_t)m->shape.Nl * C);
     block_norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b);
     if (is_moe(m, l)) {
@@ -353,7 +365,9 @@ void block_backward(model *m, int l, const act *x_in, act *dx, layer_acts *a, mo
     act *dln = is_moe(m, l) ? moe_mlp_backward(m, l, dx, a, ma) : mlp_backward(m, l, dx, a, df);
     norm_step_backward(m, df, dx, dln, a->res2, &w->ln2_w, &g->ln2_w, &g->ln2_b, a->ln2_mean,
                        a->ln2_rstd, k ? k->dln2 : NULL); /* dx = d res2 */
-    dln = attention_backward(m, l, dx, a, df);
+    UST_ASSERT(!df->list || !is_mla(m), "zero-bubble B/W split of a latent-attention layer");
+    dln = is_mla(m) ? mla_backward(m, l, dx, a, layer_docs(m, l))
+                    : attention_backward(m, l, dx, a, df);
     norm_step_backward(m, df, dx, dln, x_in, &w->ln1_w, &g->ln1_w, &g->ln1_b, a->ln1_mean,
                        a->ln1_rstd, k ? k->dln1 : NULL); /* dx = d x_in */
 }

@@ -14,7 +14,20 @@ typedef struct {
     float *ln1_w, *ln1_b, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo;
     float *ln2_w, *ln2_b, *wg, *wu, *bu, *wd, *bd;
     float *qn_w, *kn_w; /* model.qk_norm: the per-head q and k RMSNorm weights (D each) */
-} layer_w;              /* weights of one layer; the same struct points into the gradients */
+    /* model.mla (model_mla.c): q_a_proj, q_a_layernorm, q_b_proj (q_lora_rank > 0; else wq),
+     * kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj; wo is o_proj (C, H*v_head_dim) */
+    float *wqa, *qa_norm, *wqb, *wkva, *kva_norm, *wkvb;
+} layer_w; /* weights of one layer; the same struct points into the gradients */
+
+/* model.mla: what a layer's latent attention keeps for its backward (model_mla.c); N rows,
+ * Rq = q_lora_rank, Rkv = kv_lora_rank, R = qk_rope_head_dim, Dv = v_head_dim */
+typedef struct {
+    act *qa, *qan;            /* (N,Rq) q_a_proj's output, after q_a_layernorm */
+    float *qa_rstd, *kv_rstd; /* (N) each: the two latent norms' statistics */
+    act *ckv, *ckvn;          /* (N,Rkv) the latent c_kv, after kv_a_layernorm */
+    act *krope;               /* (N,R) the one rope key all heads share, after RoPE */
+    act *attv;                /* (N,H*Dv) attention's output without v's padding (o_proj's input) */
+} mla_acts;
 
 typedef struct layer_acts_s {
     act *ln1;                   /* (N,C) */
@@ -28,6 +41,7 @@ typedef struct layer_acts_s {
     act *ln2;                   /* (N,C) */
     float *ln2_mean, *ln2_rstd; /* (N), (N) */
     act *gate, *up, *act;       /* (N,F) each; gate only for llama */
+    mla_acts mla;               /* model.mla */
 } layer_acts;
 
 /* Zero-bubble schedules split a layer's backward into B (input gradients, now) and W (weight
@@ -195,6 +209,12 @@ typedef struct {
     float *vc_lse;             /* (4N): the chunked cross-entropy's statistics */
     act *vc_merge, *vc_merge2; /* (N) each: the lse merge's unused outputs */
     int32_t *tgt;
+    /* model.mla's scratch: kv_b_proj's output (N, H*(nope+Dv)) in forward and its gradient in
+     * backward; the heads' rope parts gathered (N*H, R); d krope (N,R); d of the latents before
+     * and after their norms (N, max(Rq, Rkv)) x2; d attv (N,H*Dv); fp32 partial weight
+     * gradients of the tp-replicated down-projections and norms (tp > 1) */
+    act *mla_kvb, *mla_rope, *mla_dkr, *mla_d1, *mla_d2, *mla_dattv;
+    float *mla_dw;
 } model_acts;
 
 /* model.c: the micro-batch being computed (its slot's copies of the ust_batch). */
@@ -220,6 +240,8 @@ struct model {
     model_batch batch;
     model_hooks hooks;
 };
+
+static inline int is_mla(const model *m) { return m->cfg->model.mla.enabled; }
 
 static inline int is_moe(const model *m, int l) {
     return m->moe.has_moe && moe_layer_is_moe(m->cfg, l);

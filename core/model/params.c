@@ -94,6 +94,36 @@ static void add_moe_params(model *m, int l) {
     m->tab.in_experts = 0;
 }
 
+/* model.mla's attention tensors, under transformers' DeepseekV3Attention names: the
+ * up-projections split by heads (rows), o_proj by its H*v_head_dim columns, the
+ * down-projections and latent norms whole on every tp rank (their gradients summed there). */
+static void add_mla_params(model *m, int l) {
+    char n[CKPT_NAME_MAX] = "";
+    layer_w *w = &m->w.lw[l], *g = &m->w.lg[l];
+    const __typeof__(m->cfg->model.mla) *c = &m->cfg->model.mla;
+    int64_t C = m->shape.C, H = m->shape.Hg, QK = H * m->shape.D,
+            KV = H * (c->qk_nope_head_dim + c->v_head_dim), O = H * c->v_head_dim;
+    float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * m->shape.L);
+    const int N0 = SPLIT_NONE, R = SPLIT_ROWS, CO = SPLIT_COLS;
+    // clang-format off
+#define P(suffix, rows, cols, split, decay, sd, val, field)                                       \
+    if (!m->tab.sizing) snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                      \
+    add_param(m, n, rows, cols, split, decay, sd, val, &w->field, &g->field)
+    if (c->q_lora_rank) {
+        P("self_attn.q_a_proj.weight", c->q_lora_rank, C, N0, 1, std, 0, wqa);
+        P("self_attn.q_a_layernorm.weight", 1, c->q_lora_rank, N0, 0, 0, 1, qa_norm);
+        P("self_attn.q_b_proj.weight", QK, c->q_lora_rank, R, 1, std, 0, wqb);
+    } else {
+        P("self_attn.q_proj.weight", QK, C, R, 1, std, 0, wq);
+    }
+    P("self_attn.kv_a_proj_with_mqa.weight", c->kv_lora_rank + c->qk_rope_head_dim, C, N0, 1, std, 0, wkva);
+    P("self_attn.kv_a_layernorm.weight", 1, c->kv_lora_rank, N0, 0, 0, 1, kva_norm);
+    P("self_attn.kv_b_proj.weight", KV, c->kv_lora_rank, R, 1, std, 0, wkvb);
+    P("self_attn.o_proj.weight", C, O, CO, 1, proj_std, 0, wo);
+#undef P
+    // clang-format on
+}
+
 static void add_layer_params(model *m, int l) {
     char n[CKPT_NAME_MAX] = "";
     layer_w *w = &m->w.lw[l], *g = &m->w.lg[l];
@@ -109,6 +139,7 @@ static void add_layer_params(model *m, int l) {
     add_param(m, n, rows, cols, split, decay, sd, val, &w->field, &g->field)
     P("input_layernorm.weight", 1, C, N0, 0, 0, 1, ln1_w);
     if (gpt2) { P("input_layernorm.bias", 1, C, N0, 0, 0, 0, ln1_b); }
+    if (is_mla(m)) { add_mla_params(m, l); goto mlp; }
     P("self_attn.q_proj.weight", HD, C, R, 1, std, 0, wq);
     if (m->shape.qkv_bias) { P("self_attn.q_proj.bias", 1, HD, CO, 0, 0, 0, bq); }
     P("self_attn.k_proj.weight", KV, C, R, 1, std, 0, wk);
@@ -120,6 +151,7 @@ static void add_layer_params(model *m, int l) {
     /* whole on every tp rank: each rank's heads use all of it (gradients summed, tp.c) */
     if (m->shape.qk_norm) { P("self_attn.q_norm.weight", 1, m->shape.D, N0, 0, 0, 1, qn_w); }
     if (m->shape.qk_norm) { P("self_attn.k_norm.weight", 1, m->shape.D, N0, 0, 0, 1, kn_w); }
+mlp:
     P("post_attention_layernorm.weight", 1, C, N0, 0, 0, 1, ln2_w);
     if (gpt2) { P("post_attention_layernorm.bias", 1, C, N0, 0, 0, 0, ln2_b); }
     if (is_moe(m, l)) { add_moe_params(m, l); return; }

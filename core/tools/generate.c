@@ -393,6 +393,11 @@ static int generate(gen_input *in, const gen_options *opt, ust_err *e) {
         ops->destroy(ops);
         return UST_EXIT_USAGE;
     }
+    fprintf(stderr, "generate: cache %lld bytes per token (%s, %d layers)\n",
+            (long long)infer_cache_bytes_per_token(m),
+            c->model.mla.enabled ? "the latent: kv_lora_rank + qk_rope_head_dim per layer"
+                                 : "K and V: 2 x n_kv_head x head_dim per layer",
+            c->model.n_layer);
     FILE *dump = in->dump;
     int rc = 0, V = c->model.vocab_size;
     float *logits = malloc((size_t)V * sizeof(float));

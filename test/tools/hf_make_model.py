@@ -261,6 +261,12 @@ def make_with_transformers(kind, out, seed=1):
     elif kind == "qwen3":
         model = tf.Qwen3ForCausalLM(tf.Qwen3Config(intermediate_size=d["F"],
                                                    head_dim=d["C"] // d["H"], **common))
+    elif kind in ("deepseek_v3", "deepseek_v3_noq"):  # all layers dense: no DeepSeek routing
+        model = tf.DeepseekV3ForCausalLM(tf.DeepseekV3Config(
+            intermediate_size=d["F"], first_k_dense_replace=d["L"], num_nextn_predict_layers=0,
+            q_lora_rank=24 if kind == "deepseek_v3" else None, kv_lora_rank=16,
+            qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=16, rope_interleave=True,
+            **dict(common, num_key_value_heads=d["H"])))
     elif kind == "mixtral":
         model = tf.MixtralForCausalLM(tf.MixtralConfig(
             intermediate_size=d["FE"], num_local_experts=d["E"], num_experts_per_tok=d["K"],

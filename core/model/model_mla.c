@@ -1,0 +1,218 @@
+/* model_mla.c: multi-head latent attention (model_mla.h), llm.c style: the forward keeps what
+ * the backward needs (mla_acts), the backward mirrors it in reverse. Shapes: N tokens of this
+ * rank (all B*T; the tp halves see every row), H this rank's heads, D = qk_nope + qk_rope (the
+ * attention op's head width), Rq = q_lora_rank, Rkv = kv_lora_rank, R = qk_rope_head_dim, Dv =
+ * v_head_dim, W = qk_nope + Dv (one head's rows of kv_b_proj). As transformers'
+ * DeepseekV3Attention, with its rope in rotate-half order (interleaved checkpoints are permuted
+ * on import: hf_map.c). */
+#include "model_mla.h"
+
+#include "cp.h"
+#include "error.h"
+#include "tp.h"
+
+/* q_a_layernorm and kv_a_layernorm: transformers' DeepseekV3RMSNorm default epsilon (the
+ * checkpoints' rms_norm_eps applies to the residual norms only) */
+#define MLA_LATENT_EPS 1e-6f
+
+typedef struct {
+    int N, H, D, C, Rq, Rkv, R, nope, Dv, W;
+} mla_dims;
+
+static mla_dims dims_of(const model *m) {
+    const __typeof__(m->cfg->model.mla) *c = &m->cfg->model.mla;
+    return (mla_dims){.N = m->shape.B * m->shape.T,
+                      .H = m->shape.H,
+                      .D = m->shape.D,
+                      .C = m->shape.C,
+                      .Rq = c->q_lora_rank,
+                      .Rkv = c->kv_lora_rank,
+                      .R = c->qk_rope_head_dim,
+                      .nope = c->qk_nope_head_dim,
+                      .Dv = c->v_head_dim,
+                      .W = c->qk_nope_head_dim + c->v_head_dim};
+}
+
+/* Columns [s0, s0 + w) of `rows` rows of src (pitch sp elements) to columns [d0, d0 + w) of dst
+ * (pitch dp): how heads are cut apart and put together without a kernel of their own. */
+static void cols(const model *m, act *dst, int64_t dp, int64_t d0, const act *src, int64_t sp,
+                 int64_t s0, int w, int64_t rows) {
+    const ust_ops *o = m->ops;
+    size_t as = (size_t)o->act_size;
+    o->copy2d(o, act_at(o, dst, d0), (size_t)dp * as, act_at(o, src, s0), (size_t)sp * as,
+              (size_t)w * as, (size_t)rows);
+}
+
+/* RoPE (or, bwd, its transpose) on the last R features of each of q's H heads: gathered into
+ * the scratch, rotated as (B,T,H,R), put back. */
+static void rope_q(model *m, act *q, const mla_dims *d, int bwd) {
+    const ust_ops *o = m->ops;
+    act *r = m->acts.mla_rope;
+    cols(m, r, d->R, 0, q, d->D, d->nope, d->R, (int64_t)d->N * d->H);
+    if (bwd)
+        o->rope_bwd(o, r, r, m->batch.rows, m->shape.B, m->shape.T, d->H, d->R, &m->shape.rope);
+    else
+        o->rope_fwd(o, r, r, m->batch.rows, m->shape.B, m->shape.T, d->H, d->R, &m->shape.rope);
+    cols(m, q, d->D, d->nope, r, d->R, 0, d->R, (int64_t)d->N * d->H);
+}
+
+/* k (N,H,D) = [k_nope of each head, the one rope key]; v (N,H,D) = [v of each head, zeros]:
+ * the latent's expansion kvb (N,H,W) and krope (N,R) laid out as the attention op takes them. */
+static void expand_kv(model *m, act *k, act *v, const act *kvb, const act *krope,
+                      const mla_dims *d) {
+    int64_t NH = (int64_t)d->N * d->H, HD = (int64_t)d->H * d->D;
+    cols(m, k, d->D, 0, kvb, d->W, 0, d->nope, NH);
+    for (int h = 0; h < d->H; h++) /* shared: every head reads the same key */
+        cols(m, k, HD, (int64_t)h * d->D + d->nope, krope, d->R, 0, d->R, d->N);
+    if (d->Dv < d->D) m->ops->zero(m->ops, v, act_bytes(m->ops, (int64_t)d->N * HD));
+    cols(m, v, d->D, 0, kvb, d->W, d->nope, d->Dv, NH);
+}
+
+void mla_forward(model *m, int l, layer_acts *a, const cp_docs *docs) {
+    const ust_ops *o = m->ops;
+    const layer_w *w = &m->w.lw[l];
+    mla_dims d = dims_of(m);
+    mla_acts *x = &a->mla;
+    int N = d.N, HD = d.H * d.D;
+    /* what reads ln1: the down-projections (whole on every tp rank), or q itself (its heads) */
+    tp_col in[3] = {
+        {.out = d.Rq ? x->qa : a->q, .w = d.Rq ? w->wqa : w->wq, .OC = d.Rq ? d.Rq : HD},
+        {.out = x->ckv, .w = w->wkva, .OC = d.Rkv},
+        {.out = x->krope, .w = w->wkva + (int64_t)d.Rkv * d.C, .OC = d.R}};
+    tp_column_fwd(m->par.tp, a->ln1, in, 3, N, d.C);
+    if (d.Rq) {
+        o->rmsnorm_fwd(o, x->qan, x->qa_rstd, x->qa, w->qa_norm, N, d.Rq, MLA_LATENT_EPS);
+        o->linear_fwd(o, a->q, x->qan, w->wqb, NULL, N, d.Rq, HD);
+    }
+    o->rmsnorm_fwd(o, x->ckvn, x->kv_rstd, x->ckv, w->kva_norm, N, d.Rkv, MLA_LATENT_EPS);
+    o->linear_fwd(o, m->acts.mla_kvb, x->ckvn, w->wkvb, NULL, N, d.Rkv, d.H * d.W);
+    rope_q(m, a->q, &d, 0);
+    o->rope_fwd(o, x->krope, x->krope, m->batch.rows, m->shape.B, m->shape.T, 1, d.R,
+                &m->shape.rope);
+    expand_kv(m, a->k, a->v, m->acts.mla_kvb, x->krope, &d);
+    cp_attention_fwd(m->par.cp, a->att, a->lse, a->q, a->k, a->v, d.H, docs);
+    if (d.Dv < d.D) cols(m, x->attv, d.Dv, 0, a->att, d.D, 0, d.Dv, (int64_t)N * d.H);
+    tp_row_linear_fwd(m->par.tp, a->res2, x->attv, w->wo, NULL, N, d.H * d.Dv, d.C);
+}
+
+/* Where the tp-replicated tensors' gradients go: under tp each rank's heads give a partial
+ * sum, gathered in the fp32 scratch (wkva, kva_norm, wqa, qa_norm) and summed over the group
+ * at the end; alone, straight into the gradients. */
+typedef struct {
+    float *wkva, *kva_norm, *wqa, *qa_norm;
+    int64_t n;
+} mla_rep;
+
+static mla_rep rep_grads(model *m, layer_w *g, const mla_dims *d) {
+    if (tp_size(m->par.tp) == 1) return (mla_rep){g->wkva, g->kva_norm, g->wqa, g->qa_norm, 0};
+    float *s = m->acts.mla_dw;
+    int64_t kv = (int64_t)(d->Rkv + d->R) * d->C, q = (int64_t)d->Rq * d->C;
+    mla_rep r = {s, s + kv, s + kv + d->Rkv, s + kv + d->Rkv + q, kv + d->Rkv + q + d->Rq};
+    m->ops->zero(m->ops, s, (size_t)r.n * sizeof(float));
+    return r;
+}
+
+static void rep_sum(model *m, layer_w *g, const mla_rep *r, const mla_dims *d) {
+    if (!r->n) return;
+    const ust_ops *o = m->ops;
+    tp_allreduce(m->par.tp, r->wkva, r->n);
+    o->axpy(o, g->wkva, 1.0f, r->wkva, (int64_t)(d->Rkv + d->R) * d->C);
+    o->axpy(o, g->kva_norm, 1.0f, r->kva_norm, d->Rkv);
+    if (!d->Rq) return;
+    o->axpy(o, g->wqa, 1.0f, r->wqa, (int64_t)d->Rq * d->C);
+    o->axpy(o, g->qa_norm, 1.0f, r->qa_norm, d->Rq);
+}
+
+/* d krope (N,R) = the sum over heads of d k's rope parts, then RoPE's transpose. */
+static void shared_key_backward(model *m, const act *dk, const mla_dims *d) {
+    const ust_ops *o = m->ops;
+    act *dkr = m->acts.mla_dkr, *tmp = m->acts.mla_rope;
+    int64_t HD = (int64_t)d->H * d->D, NR = (int64_t)d->N * d->R;
+    cols(m, dkr, d->R, 0, dk, HD, d->nope, d->R, d->N);
+    for (int h = 1; h < d->H; h++) {
+        cols(m, tmp, d->R, 0, dk, HD, (int64_t)h * d->D + d->nope, d->R, d->N);
+        o->add(o, dkr, dkr, tmp, NR);
+    }
+    o->rope_bwd(o, dkr, dkr, m->batch.rows, m->shape.B, m->shape.T, 1, d->R, &m->shape.rope);
+}
+
+act *mla_backward(model *m, int l, const act *dx, layer_acts *a, const cp_docs *docs) {
+    const ust_ops *o = m->ops;
+    const layer_w *w = &m->w.lw[l];
+    layer_w *g = &m->w.lg[l];
+    mla_dims d = dims_of(m);
+    mla_acts *x = &a->mla;
+    int N = d.N, HD = d.H * d.D;
+    int64_t NH = (int64_t)N * d.H;
+    act *datt = m->acts.datt, *dattv = d.Dv < d.D ? m->acts.mla_dattv : datt;
+    tp_row_linear_bwd(m->par.tp, dattv, g->wo, NULL, dx, x->attv, w->wo, N, d.H * d.Dv, d.C);
+    if (d.Dv < d.D) { /* v's padding gets no gradient */
+        o->zero(o, datt, act_bytes(o, (int64_t)N * HD));
+        cols(m, datt, d.D, 0, dattv, d.Dv, 0, d.Dv, NH);
+    }
+    act *dq = m->acts.dq, *dk = m->acts.dk, *dv = m->acts.dv, *dkvb = m->acts.mla_kvb;
+    o->zero(o, dq, act_bytes(o, (int64_t)N * HD));
+    o->zero(o, dk, act_bytes(o, (int64_t)N * HD));
+    o->zero(o, dv, act_bytes(o, (int64_t)N * HD));
+    cp_attention_bwd(m->par.cp, dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, d.H, docs);
+    cols(m, dkvb, d.W, 0, dk, d.D, 0, d.nope, NH);
+    cols(m, dkvb, d.W, d.nope, dv, d.D, 0, d.Dv, NH);
+    shared_key_backward(m, dk, &d);
+    rope_q(m, dq, &d, 1);
+    mla_rep rep = rep_grads(m, g, &d);
+    /* kv_b_proj and kv_a_layernorm, then q_b_proj and q_a_layernorm: under tp the latents'
+     * gradients are this rank's heads' share, summed where they leave (tp_column_bwd) */
+    act *d1 = m->acts.mla_d1, *dckv = m->acts.mla_d2,
+        *dqa = act_at(o, m->acts.mla_d2, (int64_t)N * d.Rkv);
+    o->linear_bwd(o, d1, g->wkvb, NULL, dkvb, x->ckvn, w->wkvb, N, d.Rkv, d.H * d.W, 0);
+    o->rmsnorm_bwd(o, dckv, rep.kva_norm, d1, x->ckv, w->kva_norm, x->kv_rstd, N, d.Rkv);
+    if (d.Rq) {
+        o->linear_bwd(o, d1, g->wqb, NULL, dq, x->qan, w->wqb, N, d.Rq, HD, 0);
+        o->rmsnorm_bwd(o, dqa, rep.qa_norm, d1, x->qa, w->qa_norm, x->qa_rstd, N, d.Rq);
+    }
+    tp_col in[3] = {{.out = d.Rq ? dqa : dq,
+                     .w = d.Rq ? w->wqa : w->wq,
+                     .dw = d.Rq ? rep.wqa : g->wq,
+                     .OC = d.Rq ? d.Rq : HD},
+                    {.out = dckv, .w = w->wkva, .dw = rep.wkva, .OC = d.Rkv},
+                    {.out = m->acts.mla_dkr,
+                     .w = w->wkva + (int64_t)d.Rkv * d.C,
+                     .dw = rep.wkva + (int64_t)d.Rkv * d.C,
+                     .OC = d.R}};
+    act *dln = tp_column_bwd(m->par.tp, m->acts.dln, a->ln1, in, 3, N, d.C);
+    rep_sum(m, g, &rep, &d);
+    return dln;
+}
+
+#define A(n) ((act *)mem_alloc(a, MEM_ACTS, act_bytes(m->ops, (n))))
+#define F32(n) ((float *)mem_alloc(a, MEM_ACTS, (size_t)(n) * sizeof(float)))
+
+void mla_alloc_layer(model *m, ust_arena *a, layer_acts *x) {
+    mla_dims d = dims_of(m);
+    int64_t N = d.N;
+    if (d.Rq) {
+        x->mla.qa = A(N * d.Rq);
+        x->mla.qan = A(N * d.Rq);
+        x->mla.qa_rstd = F32(N);
+    }
+    x->mla.ckv = A(N * d.Rkv);
+    x->mla.ckvn = A(N * d.Rkv);
+    x->mla.kv_rstd = F32(N);
+    x->mla.krope = A(N * d.R);
+    x->mla.attv = d.Dv < d.D ? A(N * d.H * d.Dv) : x->att;
+}
+
+void mla_alloc_scratch(model *m, ust_arena *a) {
+    mla_dims d = dims_of(m);
+    int64_t N = d.N, wide = d.Rq > d.Rkv ? d.Rq : d.Rkv;
+    m->acts.mla_kvb = A(N * d.H * d.W);
+    m->acts.mla_rope = A(N * d.H * d.R);
+    m->acts.mla_dkr = A(N * d.R);
+    m->acts.mla_d1 = A(N * wide);
+    m->acts.mla_d2 = A(N * (d.Rkv + d.Rq));
+    if (d.Dv < d.D) m->acts.mla_dattv = A(N * d.H * d.Dv);
+    if (tp_size(m->par.tp) > 1)
+        m->acts.mla_dw = F32((int64_t)(d.Rkv + d.R + d.Rq) * d.C + d.Rkv + d.Rq);
+}
+#undef A
+#undef F32
