@@ -595,41 +595,104 @@ __device__ __forceinline__ int emb_dst_row(int wpe_mode, const int32_t *tok, con
     return (id >= v_start && id < v_end) ? id - v_start : -1;
 }
 
-/* dst[row(r)] += dout[r] for every source row r in order: one warp owns 32 columns and walks all
- * rows, so repeated tokens add in row order without atomics (deterministic). Eight rows are
- * loaded at a time; when their destinations are distinct the eight read-modify-writes are
- * independent and overlap, otherwise they are done one by one (same result either way). */
-#define EMB_U 8
-template <typename T>
-__global__ void k_embedding_bwd(float *dst, const act *dout_, const int32_t *tok,
-                                const int32_t *pos, int wpe_mode, int64_t rows, int Tn, int C,
-                                int v_start, int v_end) {
-    const T *dout = (const T *)dout_;
-    int c = blockIdx.x * 32 + threadIdx.x;
-    for (int64_t r0 = 0; r0 < rows; r0 += EMB_U) {
-        int dr[EMB_U];
-        float g[EMB_U];
-        int nr = rows - r0 < EMB_U ? (int)(rows - r0) : EMB_U;
-        for (int u = 0; u < EMB_U; u++) {
-            dr[u] = u < nr ? emb_dst_row(wpe_mode, tok, pos, r0 + u, Tn, v_start, v_end) : -1;
-            g[u] = (u < nr && c < C) ? ld_act(dout, (r0 + u) * C + c) : 0.0f;
-        }
-        if (c >= C) continue;
-        int distinct = 1;
-        for (int u = 0; u < EMB_U; u++)
-            for (int u2 = u + 1; u2 < EMB_U; u2++)
-                if (dr[u] >= 0 && dr[u] == dr[u2]) distinct = 0;
-        if (distinct) {
-            float d[EMB_U];
-            for (int u = 0; u < EMB_U; u++)
-                if (dr[u] >= 0) d[u] = dst[(int64_t)dr[u] * C + c];
-            for (int u = 0; u < EMB_U; u++)
-                if (dr[u] >= 0) dst[(int64_t)dr[u] * C + c] = d[u] + g[u];
-        } else {
-            for (int u = 0; u < EMB_U; u++)
-                if (dr[u] >= 0) dst[(int64_t)dr[u] * C + c] += g[u];
+/* The backward sorts the source rows by destination row, then one warp per run of equal
+ * destinations adds the run's rows in row order: every destination row gets the same float
+ * additions in the same order as the CPU backend's walk over all rows, with no atomics and
+ * parallel over the distinct tokens (a one-warp-per-32-columns walk over all rows left 24 warps
+ * busy for 8192 serial rows on GPT-2). Keys are dst << 32 | row, so equal destinations sort by
+ * row; skipped rows and the padding up to a power of two get EMB_NONE and sort last. The sort
+ * is bitonic: tiles of EMB_TILE keys in shared memory, with global passes for the strides the
+ * tiles do not cover. */
+#define EMB_TILE 2048
+#define EMB_NONE UINT64_MAX
+
+__global__ void k_emb_keys(uint64_t *keys, const int32_t *tok, const int32_t *pos, int wpe_mode,
+                           int64_t rows, int64_t n, int Tn, int v_start, int v_end) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int d = i < rows ? emb_dst_row(wpe_mode, tok, pos, i, Tn, v_start, v_end) : -1;
+        keys[i] = d >= 0 ? ((uint64_t)d << 32) | (uint64_t)i : EMB_NONE;
+    }
+}
+
+/* keys[i] and keys[i + j] in the order of the bitonic sequence of size k holding i */
+__device__ __forceinline__ void emb_cas(uint64_t *a, uint64_t *b, int64_t gi, int64_t k) {
+    uint64_t x = *a, y = *b;
+    if ((x > y) == ((gi & k) == 0)) *a = y, *b = x;
+}
+
+/* One global pass (stride j >= EMB_TILE) of the merge of size k: a thread per pair. */
+__global__ void k_emb_sort_pass(uint64_t *keys, int64_t n, int64_t j, int64_t k) {
+    for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < n / 2;
+         t += (int64_t)gridDim.x * blockDim.x) {
+        int64_t i = 2 * t - (t & (j - 1));
+        emb_cas(&keys[i], &keys[i + j], i, k);
+    }
+}
+
+/* Each block: one tile of `tile` keys (blockDim.x = tile / 2) in shared memory, the merges of
+ * sizes k0..k1 (powers of two) over it with strides below min(k, tile). k0 = 2, k1 = tile sorts
+ * the tile; k0 = k1 = k > tile finishes the global merge of size k. */
+__global__ void k_emb_sort_tile(uint64_t *keys, int tile, int64_t k0, int64_t k1) {
+    __shared__ uint64_t sh[EMB_TILE];
+    int64_t base = (int64_t)blockIdx.x * tile;
+    for (int i = threadIdx.x; i < tile; i += blockDim.x) sh[i] = keys[base + i];
+    __syncthreads();
+    for (int64_t k = k0; k <= k1; k <<= 1) {
+        for (int j = (int)(k < tile ? k : tile) / 2; j > 0; j >>= 1) {
+            int t = threadIdx.x, i = 2 * t - (t & (j - 1));
+            emb_cas(&sh[i], &sh[i + j], base + i, k);
+            __syncthreads();
         }
     }
+    for (int i = threadIdx.x; i < tile; i += blockDim.x) keys[base + i] = sh[i];
+}
+
+/* One warp per sorted position that begins a run: dst[row] += the run's source rows, in order. */
+template <typename T>
+__global__ void k_emb_reduce(float *dst, const act *dout_, const uint64_t *keys, int64_t n, int C) {
+    const T *dout = (const T *)dout_;
+    int lane = threadIdx.x & 31;
+    for (int64_t p = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5; p < n;
+         p += ((int64_t)gridDim.x * blockDim.x) >> 5) {
+        uint64_t key = keys[p];
+        if (key == EMB_NONE || (p > 0 && (keys[p - 1] >> 32) == (key >> 32))) continue;
+        int64_t d = (int64_t)(key >> 32) * C;
+        for (int c = lane; c < C; c += 32) {
+            float acc = dst[d + c];
+            for (int64_t q = p; q < n && (keys[q] >> 32) == (key >> 32); q++)
+                acc += ld_act(dout, (int64_t)(uint32_t)keys[q] * C + c);
+            dst[d + c] = acc;
+        }
+    }
+}
+
+/* keys[0..n) (n a power of two >= 2) sorted ascending, on the backend's stream. */
+static void emb_sort(const ust_ops *o, uint64_t *keys, int64_t n) {
+    int tile = n < EMB_TILE ? (int)n : EMB_TILE, tiles = (int)(n / tile);
+    k_emb_sort_tile<<<tiles, tile / 2, 0, STREAM(o)>>>(keys, tile, 2, tile);
+    CK_LAUNCH();
+    for (int64_t k = 2 * (int64_t)tile; k <= n; k <<= 1) {
+        for (int64_t j = k / 2; j >= tile; j >>= 1) {
+            k_emb_sort_pass<<<grid_for(n / 2, EW_THREADS), EW_THREADS, 0, STREAM(o)>>>(keys, n, j,
+                                                                                       k);
+            CK_LAUNCH();
+        }
+        k_emb_sort_tile<<<tiles, tile / 2, 0, STREAM(o)>>>(keys, tile, k, k);
+        CK_LAUNCH();
+    }
+}
+
+/* dst[row(r)] += dout[r] over the source rows (wpe_mode: rows by position, else by token). */
+static void emb_bwd_table(const ust_ops *o, float *dst, const act *dout, const int32_t *tok,
+                          const int32_t *pos, int wpe_mode, int64_t rows, int T, int C, int v_start,
+                          int v_end) {
+    int64_t n = 2;
+    while (n < rows) n <<= 1;
+    uint64_t *keys = (uint64_t *)cuda_scratch(o, SCR_C, (size_t)n * sizeof(uint64_t));
+    EW_LAUNCH(k_emb_keys, n, keys, tok, pos, wpe_mode, rows, n, T, v_start, v_end);
+    emb_sort(o, keys, n);
+    ACT_LAUNCH(o, k_emb_reduce, grid_for(n * 32, EW_THREADS), EW_THREADS, 0, dst, dout, keys, n, C);
 }
 
 static void cu_embedding_bwd(const ust_ops *o, float *dwte, float *dwpe, const act *dout,
@@ -637,13 +700,9 @@ static void cu_embedding_bwd(const ust_ops *o, float *dwte, float *dwpe, const a
                              int v_start, int v_end) {
     int64_t rows = (int64_t)B * T;
     if (rows <= 0 || C <= 0) return;
-    int grid = (C + 31) / 32;
-    if (dwte)
-        ACT_LAUNCH(o, k_embedding_bwd, grid, 32, 0, dwte, dout, tok, pos, 0, rows, T, C, v_start,
-                   v_end);
-    if (dwpe)
-        ACT_LAUNCH(o, k_embedding_bwd, grid, 32, 0, dwpe, dout, tok, pos, 1, rows, T, C, v_start,
-                   v_end);
+    UST_ASSERT(rows < ((int64_t)1 << 31), "embedding backward over %lld rows", (long long)rows);
+    if (dwte) emb_bwd_table(o, dwte, dout, tok, pos, 0, rows, T, C, v_start, v_end);
+    if (dwpe) emb_bwd_table(o, dwpe, dout, tok, pos, 1, rows, T, C, v_start, v_end);
 }
 
 /* ---------------------------------------------------------------- norms */
@@ -1212,8 +1271,8 @@ __global__ void k_moe_router_fwd(float *probs, float *lse, int32_t *topk, float 
         for (int e = 0; e < E; e++) {
             int used = 0;
             for (int m = 0; m < j; m++) used |= sel[m] == e;
-            if (!used && (best < 0 || p[e] + (bias ? bias[e] : 0.0f) >
-                                          p[best] + (bias ? bias[best] : 0.0f)))
+            if (!used &&
+                (best < 0 || p[e] + (bias ? bias[e] : 0.0f) > p[best] + (bias ? bias[best] : 0.0f)))
                 best = e;
         }
         sel[j] = best;
@@ -1233,8 +1292,8 @@ __global__ void k_moe_colsum(float *psum, const float *probs, int N, int E) {
 }
 
 static void cu_moe_router_fwd(const ust_ops *o, float *probs, float *lse, int32_t *topk,
-                              float *gate, float *psum, const act *logits, const float *bias,
-                              int N, int E, int k) {
+                              float *gate, float *psum, const act *logits, const float *bias, int N,
+                              int E, int k) {
     if (N > 0)
         ACT_LAUNCH(o, k_moe_router_fwd, (N + 127) / 128, 128, 0, probs, lse, topk, gate, logits,
                    bias, N, E, k);
@@ -1366,8 +1425,7 @@ static void gemm_grouped32(const ust_ops *o, int G, float *const *C, const float
     if (G <= 0) return;
     cuda_impl *im = CUDA_IMPL(o);
     cublasOperation_t ta[G], tb[G];
-    int m[G], n[G], k[G], lda[G],
-        ldb[G], ldc[G], size[G];
+    int m[G], n[G], k[G], lda[G], ldb[G], ldc[G], size[G];
     float alpha[G], betas[G];
     const void *ptr[3 * (G)];
     int c = 0;
@@ -1398,9 +1456,8 @@ static void gemm_grouped32(const ust_ops *o, int G, float *const *C, const float
 
 /* out_g = inp_g @ w[g]^T + b[g] (ops.h): fp32 one grouped GEMM (then each group's bias); bf16 the
  * groups' linears in turn (cuBLAS has no grouped GEMM from bf16 inputs to an fp32 gradient). */
-static void cu_grouped_linear_fwd(const ust_ops *o, act *out, const act *inp,
-                                  const float *const *w, const float *const *b, const int32_t *M,
-                                  int G, int C, int OC) {
+static void cu_grouped_linear_fwd(const ust_ops *o, act *out, const act *inp, const float *const *w,
+                                  const float *const *b, const int32_t *M, int G, int C, int OC) {
     int64_t off = 0;
     if (G <= 0) return;
     if (o->act_size == 2) {
@@ -1425,7 +1482,8 @@ static void cu_grouped_linear_fwd(const ust_ops *o, act *out, const act *inp,
         act *rows = Cp[g]; /* (plain locals: the emulator's launch captures its arguments) */
         const float *bias = b[g];
         int64_t Mg = M[g];
-        k_bias_add<float><<<grid_for(n, EW_THREADS), EW_THREADS, 0, STREAM(o)>>>(rows, bias, Mg, OC);
+        k_bias_add<float>
+            <<<grid_for(n, EW_THREADS), EW_THREADS, 0, STREAM(o)>>>(rows, bias, Mg, OC);
         CK_LAUNCH();
     }
 }
@@ -1441,8 +1499,8 @@ static void cu_grouped_linear_bwd(const ust_ops *o, act *dinp, float *const *dw,
         for (int g = 0; g < G; off += M[g++])
             if (M[g] > 0)
                 cu_linear_bwd(o, dinp ? act_at(o, dinp, off * C) : NULL, dw[g], db ? db[g] : NULL,
-                              act_at(o, dout, off * OC), act_at(o, inp, off * C), w[g], M[g], C,
-                              OC, acc_dinp);
+                              act_at(o, dout, off * OC), act_at(o, inp, off * C), w[g], M[g], C, OC,
+                              acc_dinp);
         return;
     }
     float *Cp[G];

@@ -636,6 +636,27 @@ static void test_cuda_embedding_matches_cpu_vocab_slice_positions_repeats(void) 
     gfree(gdwpe);
 }
 
+/* The backward sorts the rows by destination (ops_cuda.cu emb_sort): 5000 rows span several
+ * 2048-key tiles and the global merge passes between them; tokens repeat (one id 1000 times),
+ * some fall outside the vocabulary slice, positions repeat. The sums must be the CPU's bits. */
+static void test_cuda_embedding_bwd_sorts_many_rows_exactly(void) {
+    const int B = 2, T = 2500, C = 5, V = 700, vs = 50, ve = 650, P = 300;
+    const int64_t R = (int64_t)B * T;
+    int32_t *tok = malloc(R * sizeof *tok), *pos = malloc(R * sizeof *pos);
+    for (int64_t i = 0; i < R; i++) tok[i] = i % 5 == 0 ? 77 : irand(V);
+    for (int64_t r = 0; r < R; r++) pos[r] = (int32_t)((r * 13 + 1) % P);
+    float *dout = hrand(R * C, 1), *dwte = hrand((ve - vs) * C, 1), *dwpe = hrand(P * C, 1);
+    float *gdo = gup_act(dout, R * C), *gdwte = gup(dwte, (ve - vs) * C), *gdwpe = gup(dwpe, P * C);
+    int32_t *gtok = gupi(tok, R), *gpos = gupi(pos, R);
+    CPU->embedding_bwd(CPU, dwte, dwpe, dout, tok, pos, B, T, C, vs, ve);
+    GPU->embedding_bwd(GPU, gdwte, gdwpe, gdo, gtok, gpos, B, T, C, vs, ve);
+    CHECK_G("dwte, 5000 rows", gdwte, dwte, (ve - vs) * C, 0, 0);
+    CHECK_G("dwpe, 5000 rows", gdwpe, dwpe, P * C, 0, 0);
+    free(tok), free(pos), free(dout), free(dwte), free(dwpe);
+    gfree(gdo), gfree(gdwte), gfree(gdwpe), gfree(gtok), gfree(gpos);
+}
+
+
 /* ---------------------------------------------------------------- norms */
 
 static void test_cuda_layernorm_and_rmsnorm_match_cpu(void) {
@@ -1497,6 +1518,7 @@ int main(void) {
     RUN_TEST(test_cuda_linear_gelu_bwd_matches_cpu_fp32_and_bf16);
     RUN_TEST(test_cuda_bf16_linear_bwd_within_bf16_rounding);
     RUN_TEST(test_cuda_embedding_matches_cpu_vocab_slice_positions_repeats);
+    RUN_TEST(test_cuda_embedding_bwd_sorts_many_rows_exactly);
     RUN_TEST(test_cuda_layernorm_and_rmsnorm_match_cpu);
     RUN_TEST(test_cuda_gelu_swiglu_match_cpu);
     RUN_TEST(test_cuda_rope_matches_cpu_in_place_and_inverse);
