@@ -178,6 +178,131 @@ static size_t type_bytes(cudaDataType t) { return t == CUDA_R_16BF ? 2 : 4; }
 
 static bf16 *to_bf16(const ust_ops *o, int slot, const float *src, int64_t n);
 
+/* cuBLASLt's descriptor, layouts and chosen algorithm per problem, built once: creating them and
+ * asking the heuristic costs more host time than a small GEMM runs (a GPT-2 step makes ~150
+ * GEMM calls of ~20 problems). A problem is everything the descriptor, layouts and algorithm
+ * depend on, alignments included; the bias and GELU aux pointers change per call and are set on
+ * the cached descriptor just before cublasLtMatmul, which reads it when called. Full: the
+ * oldest entry is replaced. */
+typedef struct {
+    int32_t ct, M, N, K, tA, tB, batch, epi, bias;
+    uint32_t alA, alB, alC;
+    int64_t lda, ldb, ldc, sA, sB, sC;
+} lt_key;
+
+typedef struct {
+    lt_key key;
+    int ok; /* 1: the heuristic found an algorithm; 0: none (the caller falls back) */
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t lb, la, lc; /* lb describes B (cuBLAS's "A") */
+    cublasLtMatmulAlgo_t algo;
+} lt_entry;
+
+#define LT_CACHE 64
+struct lt_cache {
+    lt_entry e[LT_CACHE];
+    int n, next;
+};
+
+static void lt_entry_free(lt_entry *e) {
+    if (e->lc) cublasLtMatrixLayoutDestroy(e->lc);
+    if (e->la) cublasLtMatrixLayoutDestroy(e->la);
+    if (e->lb) cublasLtMatrixLayoutDestroy(e->lb);
+    if (e->op) cublasLtMatmulDescDestroy(e->op);
+    memset(e, 0, sizeof *e);
+}
+
+void cuda_lt_cache_free(cuda_impl *im) {
+    if (!im->ltc) return;
+    for (int i = 0; i < im->ltc->n; i++) lt_entry_free(&im->ltc->e[i]);
+    free(im->ltc);
+    im->ltc = NULL;
+}
+
+#define LT(call)                                                                                   \
+    if ((call) != CUBLAS_STATUS_SUCCESS) return -1
+/* e's descriptor (transposes, epilogue, bias type) and its three layouts from its key. */
+static int lt_describe(lt_entry *e) {
+    const lt_key *k = &e->key;
+    cublasOperation_t opB = k->tB ? CUBLAS_OP_T : CUBLAS_OP_N,
+                      opA = k->tA ? CUBLAS_OP_T : CUBLAS_OP_N;
+    LT(cublasLtMatmulDescCreate(&e->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSA, &opB, sizeof opB));
+    LT(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSB, &opA, sizeof opA));
+    if (k->epi != CUBLASLT_EPILOGUE_DEFAULT) {
+        cublasLtEpilogue_t epi = (cublasLtEpilogue_t)k->epi;
+        LT(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+        if (k->bias) { /* of D's type: rounded to bf16 for a bf16 output */
+            int32_t bt = k->ct;
+            LT(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
+                                              sizeof bt));
+        }
+    }
+    LT(cublasLtMatrixLayoutCreate(&e->lb, CUDA_R_16BF, k->tB ? k->K : k->N, k->tB ? k->N : k->K,
+                                  k->ldb));
+    LT(cublasLtMatrixLayoutCreate(&e->la, CUDA_R_16BF, k->tA ? k->M : k->K, k->tA ? k->K : k->M,
+                                  k->lda));
+    LT(cublasLtMatrixLayoutCreate(&e->lc, (cudaDataType)k->ct, k->N, k->M, k->ldc));
+    if (k->batch > 1) { /* the three layouts' batch count and stride */
+        cublasLtMatrixLayout_t lay[3] = {e->lb, e->la, e->lc};
+        int64_t stride[3] = {k->sB, k->sA, k->sC};
+        int32_t bc = k->batch;
+        for (int i = 0; i < 3; i++) {
+            LT(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc,
+                                                sizeof bc));
+            LT(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                &stride[i], sizeof stride[i]));
+        }
+    }
+    return 0;
+}
+
+/* The heuristic's first algorithm for e under the workspace and the key's alignments: 0, or -1
+ * when there is none. */
+static int lt_choose(cuda_impl *im, lt_entry *e) {
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t res;
+    uint64_t ws = im->lt_ws_bytes;
+    int nres = 0, rc = -1;
+    if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return -1;
+    const cublasLtMatmulPreferenceAttributes_t al_attr[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    const uint32_t al[4] = {e->key.alB, e->key.alA, e->key.alC, e->key.alC};
+    int ok = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &ws, sizeof ws) == CUBLAS_STATUS_SUCCESS;
+    for (int i = 0; i < 4 && ok; i++)
+        ok = cublasLtMatmulPreferenceSetAttribute(pref, al_attr[i], &al[i], sizeof al[i]) ==
+             CUBLAS_STATUS_SUCCESS;
+    if (ok &&
+        cublasLtMatmulAlgoGetHeuristic(im->lt, e->op, e->lb, e->la, e->lc, e->lc, pref, 1, &res,
+                                       &nres) == CUBLAS_STATUS_SUCCESS &&
+        nres >= 1) {
+        e->algo = res.algo;
+        rc = 0;
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    return rc;
+}
+
+/* The cache's entry for key k, built on a miss. */
+static lt_entry *lt_lookup(cuda_impl *im, const lt_key *k) {
+    if (!im->ltc) {
+        im->ltc = (lt_cache *)calloc(1, sizeof(lt_cache));
+        UST_ASSERT(im->ltc, "out of memory for the cuBLASLt cache");
+    }
+    lt_cache *c = im->ltc;
+    for (int i = 0; i < c->n; i++)
+        if (memcmp(&c->e[i].key, k, sizeof *k) == 0) return &c->e[i];
+    int slot = c->n < LT_CACHE ? c->n++ : c->next; /* full: the oldest is replaced */
+    if (slot == c->next && c->n == LT_CACHE) c->next = (c->next + 1) % LT_CACHE;
+    lt_entry *e = &c->e[slot];
+    lt_entry_free(e);
+    e->key = *k;
+    e->ok = lt_describe(e) == 0 && lt_choose(im, e) == 0;
+    return e;
+}
+
 /* bf16 inputs, C of type ct (fp32, or bf16 for activations: read widened when beta != 0, the
  * result rounded once), CUBLAS_COMPUTE_32F through cuBLASLt, with an optional epilogue: bias
  * (N fp32, one per column of the row-major C; rounded to bf16 in scratch slot C for a bf16 C:
@@ -191,81 +316,35 @@ static int lt_gemm(const ust_ops *o, void *C, cudaDataType ct, int64_t ldc, int6
                    int M, int N, int K, int tA, int tB, float alpha, float beta, int batch,
                    const float *bias, void *gelu_pre, int dgelu) {
     cuda_impl *im = CUDA_IMPL(o);
-    cublasLtMatmulDesc_t op = NULL;
-    cublasLtMatrixLayout_t lb = NULL, la = NULL, lc = NULL; /* lb describes B (cuBLAS's "A") */
-    cublasLtMatmulPreference_t pref = NULL;
-    cublasOperation_t opB = tB ? CUBLAS_OP_T : CUBLAS_OP_N, opA = tA ? CUBLAS_OP_T : CUBLAS_OP_N;
-    int rc = -1, nres = 0;
-    cublasLtMatmulHeuristicResult_t res;
-    uint64_t ws = im->lt_ws_bytes;
-    uint32_t alB = align_of(B, sB * 2), alA = align_of(A, sA * 2);
-    uint32_t alC = align_of(C, sC * (int64_t)type_bytes(ct));
-    int32_t bc = batch;
-#define LT(call)                                                                                   \
-    if ((call) != CUBLAS_STATUS_SUCCESS) goto done
-    LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opB, sizeof opB));
-    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opA, sizeof opA));
-    if (bias || gelu_pre) { /* cuBLASLt's D is C transposed: its rows are our columns */
-        cublasLtEpilogue_t epi = !gelu_pre ? CUBLASLT_EPILOGUE_BIAS
-                                 : dgelu   ? CUBLASLT_EPILOGUE_DGELU
-                                 : bias    ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
-                                           : CUBLASLT_EPILOGUE_GELU_AUX;
-        LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-        if (bias) {
-            int32_t bt = ct;
-            const void *bp = ct == CUDA_R_16BF ? (const void *)to_bf16(o, SCR_C, bias, N) : bias;
-            LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
-                                              sizeof bt));
-            LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp,
-                                              sizeof bp));
-        }
-        if (gelu_pre) { /* the aux buffer has D's type (the attribute's default) */
-            int64_t ld = ldc;
-            LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-                                              &gelu_pre, sizeof gelu_pre));
-            LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld,
-                                              sizeof ld));
-        }
+    lt_key k;
+    memset(&k, 0, sizeof k); /* the padding too: keys compare with memcmp */
+    k.ct = ct, k.M = M, k.N = N, k.K = K, k.tA = tA, k.tB = tB, k.batch = batch;
+    k.lda = lda, k.ldb = ldb, k.ldc = ldc, k.sA = sA, k.sB = sB, k.sC = sC, k.bias = bias != NULL;
+    k.epi = !gelu_pre ? (bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT)
+            : dgelu   ? CUBLASLT_EPILOGUE_DGELU
+            : bias    ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                      : CUBLASLT_EPILOGUE_GELU_AUX;
+    k.alB = align_of(B, sB * 2), k.alA = align_of(A, sA * 2);
+    k.alC = align_of(C, sC * (int64_t)type_bytes(ct));
+    lt_entry *e = lt_lookup(im, &k);
+    if (!e->ok) return -1;
+    if (bias) { /* cuBLASLt's D is C transposed: its rows are our columns */
+        const void *bp = ct == CUDA_R_16BF ? (const void *)to_bf16(o, SCR_C, bias, N) : bias;
+        LT(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp,
+                                          sizeof bp));
     }
-    LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, tB ? K : N, tB ? N : K, ldb));
-    LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, tA ? M : K, tA ? K : M, lda));
-    LT(cublasLtMatrixLayoutCreate(&lc, ct, N, M, ldc));
-    if (batch > 1) { /* the three layouts' batch count and stride */
-        cublasLtMatrixLayout_t lay[3] = {lb, la, lc};
-        int64_t stride[3] = {sB, sA, sC};
-        for (int i = 0; i < 3; i++) {
-            LT(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc,
-                                                sizeof bc));
-            LT(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
-                                                &stride[i], sizeof stride[i]));
-        }
+    if (gelu_pre) { /* the aux buffer has D's type (the attribute's default) */
+        int64_t ld = ldc;
+        LT(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                          &gelu_pre, sizeof gelu_pre));
+        LT(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld,
+                                          sizeof ld));
     }
-    LT(cublasLtMatmulPreferenceCreate(&pref));
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                            sizeof ws));
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &alB,
-                                            sizeof alB));
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &alA,
-                                            sizeof alA));
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &alC,
-                                            sizeof alC));
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &alC,
-                                            sizeof alC));
-    LT(cublasLtMatmulAlgoGetHeuristic(im->lt, op, lb, la, lc, lc, pref, 1, &res, &nres));
-    if (nres < 1) goto done;
-    LT(cublasLtMatmul(im->lt, op, &alpha, B, lb, A, la, &beta, C, lc, C, lc, &res.algo, im->lt_ws,
-                      im->lt_ws_bytes, im->stream));
-    rc = 0;
-#undef LT
-done:
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (lc) cublasLtMatrixLayoutDestroy(lc);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (op) cublasLtMatmulDescDestroy(op);
-    return rc;
+    LT(cublasLtMatmul(im->lt, e->op, &alpha, B, e->lb, A, e->la, &beta, C, e->lc, C, e->lc,
+                      &e->algo, im->lt_ws, im->lt_ws_bytes, im->stream));
+    return 0;
 }
+#undef LT
 
 /* C = beta C over an (M,N) block at leading dimension ldc: a GEMM with an empty sum (K = 0). */
 template <typename T> __global__ void k_scale_rows(act *C_, int64_t ldc, int M, int N, float beta) {
@@ -1540,6 +1619,7 @@ static void cu_destroy(ust_ops *o) {
         if (im->dev_partials) cudaFree(im->dev_partials);
         if (im->host_partials) cudaFreeHost(im->host_partials);
         free(im->chunks_host);
+        cuda_lt_cache_free(im);
         if (im->lt) cublasLtDestroy(im->lt);
         if (im->blas) cublasDestroy(im->blas);
         if (im->stream) cudaStreamDestroy(im->stream);

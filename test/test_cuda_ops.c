@@ -242,6 +242,36 @@ static void test_cuda_matmul_batched_matches_cpu_with_strides(void) {
  * per product) and accumulates in fp32, so |C_bf16 - C_fp32| <= 2^-8 sum_k |a_k b_k| plus fp32
  * rounding; the bound below is 1.5x that. The error must also be clearly non-zero, which shows
  * the bf16 path ran (random fp32 inputs are not bf16-representable). */
+/* The backend keeps cuBLASLt's descriptors per problem (ops_cuda.cu lt_lookup): one shape
+ * with other batch strides (pad 128: the same alignments as the dense strides, so only the
+ * strides tell them apart), batch counts and transposes, interleaved and repeated, must each get
+ * their own layouts (a cache keyed on the shape alone reads the wrong elements: errors of O(1)
+ * where bf16 rounding allows ~0.1). */
+static void test_cuda_bf16_gemm_cache_keeps_problems_apart(void) {
+    if (fake) return;
+    const int M = 8, N = 16, K = 24;
+    static const struct {
+        int batch, pad, tA;
+    } pr[] = {{2, 0, 0}, {2, 128, 0}, {3, 0, 0}, {2, 0, 1}, {2, 5, 0}, {2, 128, 0}, {2, 0, 0}};
+    ops_cuda_set_bf16(GPU, 1);
+    for (int p = 0; p < (int)(sizeof pr / sizeof pr[0]); p++) {
+        const int batch = pr[p].batch;
+        const int64_t sA = M * K + pr[p].pad, sB = K * N + 2 * pr[p].pad, sC = M * N + pr[p].pad;
+        float *A = hrand(sA * batch, 1), *B = hrand(sB * batch, 1), *C = hrand(sC * batch, 1);
+        float *dA = gup(A, sA * batch), *dB = gup(B, sB * batch), *dC = gup(C, sC * batch);
+        CPU->matmul_batched(CPU, C, A, B, M, N, K, pr[p].tA, 0, 1.0f, 0.0f, batch, sA, sB, sC);
+        GPU->matmul_batched(GPU, dC, dA, dB, M, N, K, pr[p].tA, 0, 1.0f, 0.0f, batch, sA, sB, sC);
+        char what[64];
+        snprintf(what, sizeof what, "problem %d (batch %d, pad %d, tA %d)", p, batch, pr[p].pad,
+                 pr[p].tA);
+        int ok = gclose(what, dC, C, sC * batch, 0.15, 0);
+        free(A), free(B), free(C), gfree(dA), gfree(dB), gfree(dC);
+        if (!ok) ops_cuda_set_bf16(GPU, 0);
+        CHECK(ok, "%s", msg);
+    }
+    ops_cuda_set_bf16(GPU, 0);
+}
+
 static void test_cuda_bf16_matmul_within_bf16_rounding_of_fp32(void) {
     if (fake) return;
     /* the second shape has odd sizes and inputs one float past an aligned address: the rounding
@@ -1511,6 +1541,7 @@ int main(void) {
     RUN_TEST(test_cuda_matmul_matches_cpu_all_transposes);
     RUN_TEST(test_cuda_matmul_batched_matches_cpu_with_strides);
     RUN_TEST(test_cuda_bf16_matmul_within_bf16_rounding_of_fp32);
+    RUN_TEST(test_cuda_bf16_gemm_cache_keeps_problems_apart);
     RUN_TEST(test_cuda_linear_fwd_bwd_match_cpu);
     RUN_TEST(test_cuda_grouped_linear_matches_cpu);
     RUN_TEST(test_cuda_bf16_linear_bias_matches_cpu);
