@@ -1191,6 +1191,35 @@ static void test_cuda_adamw_matches_cpu(void) {
 
 /* The multi-tensor forms against the CPU: segments spanning several 65536-element chunks, one
  * shorter than a chunk, one empty, each buffer laid out differently. */
+/* AdamW updates four parameters at a time when its arrays are 16-byte aligned and one at a time
+ * otherwise (ops_cuda.cu adamw_span): the same values one float further on (misaligned) must
+ * give the same bits, in adamw and adamw_many, the tails past a multiple of four included. */
+static void test_cuda_adamw_vector_and_scalar_paths_same_bits(void) {
+    const int64_t n = 1003;
+    const ops_segment seg[2] = {{0, 0, 0, 500, 0.1f}, {500, 500, 500, n - 500, 0.0f}};
+    float *h[4] = {hrand(n, 1), hrand(n, 1), hrand(n, 0.1f), hrand(n, 0.1f)}, *r[2][4];
+    for (int64_t i = 0; i < n; i++) h[3][i] = fabsf(h[3][i]); /* p, g, m, v */
+    for (int off = 0; off < 2; off++) {
+        float *d[4];
+        for (int k = 0; k < 4; k++) {
+            d[k] = GPU->alloc(GPU, (size_t)(n + 1) * sizeof(float));
+            GPU->to_device(GPU, d[k] + off, h[k], (size_t)n * sizeof(float));
+        }
+        for (int t = 1; t <= 2; t++)
+            GPU->adamw(GPU, d[0] + off, d[1] + off, d[2] + off, d[3] + off, n, 1e-3f, 0.9f, 0.95f,
+                       1e-8f, 0.1f, 0.5f, t);
+        GPU->adamw_many(GPU, d[0] + off, d[1] + off, d[2] + off, d[3] + off, seg, 2, 1e-3f, 0.9f,
+                        0.95f, 1e-8f, 0.5f, 3);
+        for (int k = 0; k < 4; k++) r[off][k] = gdown(d[k] + off, n), gfree(d[k]);
+    }
+    int same = 1;
+    for (int k = 0; k < 4; k++) same &= memcmp(r[0][k], r[1][k], (size_t)n * sizeof(float)) == 0;
+    int moved = memcmp(r[0][0], h[0], (size_t)n * sizeof(float)) != 0;
+    for (int k = 0; k < 4; k++) free(h[k]), free(r[0][k]), free(r[1][k]);
+    CHECK(moved, "adamw left the parameters as they were");
+    CHECK(same, "aligned (vector) and misaligned (scalar) AdamW differ");
+}
+
 static void test_cuda_adamw_many_and_sumsq_many_match_cpu(void) {
     enum { k = 4 };
     const int64_t np = 300000, ng = 250000, nm = 280000;
@@ -1563,6 +1592,7 @@ int main(void) {
     RUN_TEST(test_cuda_xent_vocab_parallel_matches_cpu);
     RUN_TEST(test_cuda_adamw_matches_cpu);
     RUN_TEST(test_cuda_adamw_many_and_sumsq_many_match_cpu);
+    RUN_TEST(test_cuda_adamw_vector_and_scalar_paths_same_bits);
     RUN_TEST(test_cuda_elementwise_and_reductions_match_cpu);
     RUN_TEST(test_cuda_add_matches_cpu);
     RUN_TEST(test_cuda_moe_ops_match_cpu);
