@@ -1059,13 +1059,19 @@ __global__ void k_xent(float *losses, act *dlogits, const act *logits, const int
             for (int c = threadIdx.x; c < V; c += blockDim.x) st_act(dx, c, 0.0f);
         return;
     }
-    float mx = -INFINITY;
-    for (int c = threadIdx.x; c < v_real; c += blockDim.x) mx = fmaxf(mx, ld_act(x, c));
-    mx = block_max(mx, sh);
+    /* the max and the sum of exponentials in one pass over the row (online softmax: the sum is
+     * rescaled when the running max grows), so the logits are read twice, not three times */
+    float mt = -INFINITY, st = 0.0f;
+    for (int c = threadIdx.x; c < v_real; c += blockDim.x) {
+        float xc = ld_act(x, c);
+        if (xc > mt)
+            st = st * expf(mt - xc) + 1.0f, mt = xc;
+        else if (xc != -INFINITY) /* exp(-inf - mt) adds 0, but -inf - -inf would be NaN */
+            st += expf(xc - mt);
+    }
+    float mx = block_max(mt, sh);
     float xt = tgt < v_real ? ld_act(x, tgt) : NAN;
-    float s = 0.0f;
-    for (int c = threadIdx.x; c < v_real; c += blockDim.x) s += expf(ld_act(x, c) - mx);
-    s = block_sum(s, sh);
+    float s = block_sum(mt == -INFINITY ? st : st * expf(mt - mx), sh);
     if (losses && threadIdx.x == 0) losses[n] = logf(s) + mx - xt;
     if (!dx) return;
     float inv = 1.0f / s;

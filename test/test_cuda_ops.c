@@ -1129,6 +1129,32 @@ static void test_cuda_xent_matches_cpu_padding_ignored_targets_aliasing(void) {
     }
 }
 
+/* The GPU finds each row's max and sum of exponentials in one pass (online softmax, ops_cuda.cu
+ * k_xent): rows whose max keeps growing (every element rescales the sum), keeps falling, and
+ * whose threads see -inf logits first (masked columns add 0, not NaN) match the CPU's two
+ * passes. */
+static void test_cuda_xent_online_softmax_rescales_and_skips_minus_inf(void) {
+    const int N = 3, V = 300, vr = 290;
+    const int64_t n = (int64_t)N * V;
+    float *x = hrand(n, 1), *loss = hrand(N, 1), *dx = hrand(n, 1);
+    int32_t tgt[3] = {280, 7, 150};
+    for (int c = 0; c < V; c++) {
+        x[c] = c < 260 ? -INFINITY : 0.01f * c;  /* row 0: -inf before 260 */
+        x[V + c] = 0.05f * c - 3.0f;             /* row 1: growing */
+        x[2 * V + c] = 4.0f - 0.03f * c;         /* row 2: falling */
+    }
+    float *gx = gup_act(x, n), *gloss = gup(loss, N), *gdx = gup_act(dx, n);
+    int32_t *gt = gupi(tgt, N);
+    CPU->xent_fwd_bwd(CPU, loss, dx, x, tgt, N, V, vr, 1.0f);
+    GPU->xent_fwd_bwd(GPU, gloss, gdx, gx, gt, N, V, vr, 1.0f);
+    int finite = 1;
+    for (int i = 0; i < N; i++) finite &= isfinite(loss[i]);
+    CHECK(finite, "the CPU reference's losses are not finite");
+    CHECK_G("online xent losses", gloss, loss, N, EW, EW);
+    CHECK_A("online xent dlogits", gdx, dx, n, 1e-6, 1e-4);
+    free(x), free(loss), free(dx), gfree(gx), gfree(gloss), gfree(gdx), gfree(gt);
+}
+
 /* Two vocabulary shards (the second holding the padding) run locally, combined on the host as
  * the caller would (lse merged, tlogit summed), then finished in place. */
 static void test_cuda_xent_vocab_parallel_matches_cpu(void) {
@@ -1589,6 +1615,7 @@ int main(void) {
     RUN_TEST(test_cuda_attention_gemm_in_query_chunks_matches_cpu);
     RUN_TEST(test_cuda_attention_merge_matches_cpu);
     RUN_TEST(test_cuda_xent_matches_cpu_padding_ignored_targets_aliasing);
+    RUN_TEST(test_cuda_xent_online_softmax_rescales_and_skips_minus_inf);
     RUN_TEST(test_cuda_xent_vocab_parallel_matches_cpu);
     RUN_TEST(test_cuda_adamw_matches_cpu);
     RUN_TEST(test_cuda_adamw_many_and_sumsq_many_match_cpu);
