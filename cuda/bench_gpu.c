@@ -235,12 +235,23 @@ static void roof_gpt2(roof_table *t, const ust_config *c, int B, int T) {
     roof_add(t, "attention_fwd", L, L * att, L * (4 * N * d * a + 4 * N * H));
     roof_add(t, "residual_add", 4 * L, N * d * 4 * L, 4 * L * 3 * N * d * a);
     roof_add(t, "lm_head_fwd", 1, 2 * N * d * V, N * d * a + V * d * a + N * V * a);
-    roof_add(t, "xent_fwd_bwd", 1, 5 * N * V, 2 * N * V * a);
+    /* k_xent reads the logits twice (max and sum in one online pass, then the gradient) and
+     * writes the gradient once */
+    roof_add(t, "xent_fwd_bwd", 1, 5 * N * V, 3 * N * V * a);
     roof_add(t, "lm_head_bwd", 2, 4 * N * d * V, 2 * N * V * a + V * d * (a + 8) + 2 * N * d * a);
     roof_add(t, "matmul_bwd", 8 * L, 4 * N * L * Pl, L * (2 * N * lin_act * a + Pl * (a + 8)));
     roof_add(t, "attention_bwd", L, 3.5 * L * att, L * (8 * N * d * a + 4 * N * H));
     roof_add(t, "layernorm_bwd", 2 * L + 1, 10 * N * d * (2 * L + 1), (2 * L + 1) * 3 * N * d * a);
     roof_add(t, "embedding", 2, 0, 2 * N * d * (a + 4) + T * d * 8);
+    /* the embedding backward sorts its rows by destination (ops_cuda.cu emb_sort), per table: the
+     * keys written and read back by the sum, a tile sort, and per merge above the 2048-key tile
+     * its global passes and a tile pass, each reading and writing every 8-byte key */
+    double n = 2, tile, sweeps = 1, launches = 3;
+    while (n < N) n *= 2;
+    tile = n < 2048 ? n : 2048;
+    for (double k = 2 * tile; k <= n; k *= 2, sweeps++, launches++)
+        for (double j = k / 2; j >= tile; j /= 2) sweeps++, launches++;
+    roof_add(t, "embedding_sort", 2 * launches, 0, 2 * (16 * n + 16 * n * sweeps));
     roof_add(t, "adamw", 1, 10 * P, 28 * P);
 }
 

@@ -18,6 +18,8 @@ extern "C" {
 }
 #undef _Noreturn
 
+typedef struct lt_cache lt_cache; /* ops_cuda.cu: cuBLASLt descriptors per problem */
+
 typedef struct {
     int device;
     int smem_optin; /* max dynamic shared memory per block (bytes) */
@@ -27,6 +29,7 @@ typedef struct {
     cublasLtHandle_t lt;
     void *lt_ws; /* cuBLASLt workspace */
     size_t lt_ws_bytes;
+    lt_cache *ltc;    /* built on first use, freed with the backend (cuda_lt_cache_free) */
     void *scratch[8]; /* grow-only device scratch, one slot per use (SCR_*) */
     size_t scratch_bytes[8];
     int attn_mode;         /* ATT_*: which attention implementation (UST_CUDA_ATTENTION) */
@@ -73,6 +76,9 @@ enum {
 /* After a kernel launch: launch-configuration errors surface here, execution errors at the
  * next synchronizing call. */
 #define CK_LAUNCH() CK(cudaGetLastError())
+
+/* Frees the cuBLASLt descriptors ops_cuda.cu kept per problem (at the backend's end). */
+void cuda_lt_cache_free(cuda_impl *im);
 
 /* Grid for an elementwise kernel over n items with grid-stride loops. */
 static inline int grid_for(int64_t n, int threads) {

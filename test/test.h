@@ -31,8 +31,11 @@ static char t_why[1024];
               (double)(rtol));                                                                     \
     } while (0)
 
+/* UST_TEST_MATCH=substring: run only the tests whose name contains it (a quick rerun of one case
+ * of a slow program, e.g. on the CUDA emulator) */
 #define RUN_TEST(fn)                                                                               \
     do {                                                                                           \
+        if (getenv("UST_TEST_MATCH") && !strstr(#fn, getenv("UST_TEST_MATCH"))) break;             \
         t_failed_flag = 0;                                                                         \
         t_why[0] = 0;                                                                              \
         fn();                                                                                      \

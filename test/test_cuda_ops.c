@@ -242,6 +242,36 @@ static void test_cuda_matmul_batched_matches_cpu_with_strides(void) {
  * per product) and accumulates in fp32, so |C_bf16 - C_fp32| <= 2^-8 sum_k |a_k b_k| plus fp32
  * rounding; the bound below is 1.5x that. The error must also be clearly non-zero, which shows
  * the bf16 path ran (random fp32 inputs are not bf16-representable). */
+/* The backend keeps cuBLASLt's descriptors per problem (ops_cuda.cu lt_lookup): one shape
+ * with other batch strides (pad 128: the same alignments as the dense strides, so only the
+ * strides tell them apart), batch counts and transposes, interleaved and repeated, must each get
+ * their own layouts (a cache keyed on the shape alone reads the wrong elements: errors of O(1)
+ * where bf16 rounding allows ~0.1). */
+static void test_cuda_bf16_gemm_cache_keeps_problems_apart(void) {
+    if (fake) return;
+    const int M = 8, N = 16, K = 24;
+    static const struct {
+        int batch, pad, tA;
+    } pr[] = {{2, 0, 0}, {2, 128, 0}, {3, 0, 0}, {2, 0, 1}, {2, 5, 0}, {2, 128, 0}, {2, 0, 0}};
+    ops_cuda_set_bf16(GPU, 1);
+    for (int p = 0; p < (int)(sizeof pr / sizeof pr[0]); p++) {
+        const int batch = pr[p].batch;
+        const int64_t sA = M * K + pr[p].pad, sB = K * N + 2 * pr[p].pad, sC = M * N + pr[p].pad;
+        float *A = hrand(sA * batch, 1), *B = hrand(sB * batch, 1), *C = hrand(sC * batch, 1);
+        float *dA = gup(A, sA * batch), *dB = gup(B, sB * batch), *dC = gup(C, sC * batch);
+        CPU->matmul_batched(CPU, C, A, B, M, N, K, pr[p].tA, 0, 1.0f, 0.0f, batch, sA, sB, sC);
+        GPU->matmul_batched(GPU, dC, dA, dB, M, N, K, pr[p].tA, 0, 1.0f, 0.0f, batch, sA, sB, sC);
+        char what[64];
+        snprintf(what, sizeof what, "problem %d (batch %d, pad %d, tA %d)", p, batch, pr[p].pad,
+                 pr[p].tA);
+        int ok = gclose(what, dC, C, sC * batch, 0.15, 0);
+        free(A), free(B), free(C), gfree(dA), gfree(dB), gfree(dC);
+        if (!ok) ops_cuda_set_bf16(GPU, 0);
+        CHECK(ok, "%s", msg);
+    }
+    ops_cuda_set_bf16(GPU, 0);
+}
+
 static void test_cuda_bf16_matmul_within_bf16_rounding_of_fp32(void) {
     if (fake) return;
     /* the second shape has odd sizes and inputs one float past an aligned address: the rounding
@@ -635,6 +665,27 @@ static void test_cuda_embedding_matches_cpu_vocab_slice_positions_repeats(void) 
     gfree(gwte), gfree(gwpe), gfree(gout), gfree(gtok), gfree(gpos), gfree(gdo), gfree(gdwte);
     gfree(gdwpe);
 }
+
+/* The backward sorts the rows by destination (ops_cuda.cu emb_sort): 5000 rows span several
+ * 2048-key tiles and the global merge passes between them; tokens repeat (one id 1000 times),
+ * some fall outside the vocabulary slice, positions repeat. The sums must be the CPU's bits. */
+static void test_cuda_embedding_bwd_sorts_many_rows_exactly(void) {
+    const int B = 2, T = 2500, C = 5, V = 700, vs = 50, ve = 650, P = 300;
+    const int64_t R = (int64_t)B * T;
+    int32_t *tok = malloc(R * sizeof *tok), *pos = malloc(R * sizeof *pos);
+    for (int64_t i = 0; i < R; i++) tok[i] = i % 5 == 0 ? 77 : irand(V);
+    for (int64_t r = 0; r < R; r++) pos[r] = (int32_t)((r * 13 + 1) % P);
+    float *dout = hrand(R * C, 1), *dwte = hrand((ve - vs) * C, 1), *dwpe = hrand(P * C, 1);
+    float *gdo = gup_act(dout, R * C), *gdwte = gup(dwte, (ve - vs) * C), *gdwpe = gup(dwpe, P * C);
+    int32_t *gtok = gupi(tok, R), *gpos = gupi(pos, R);
+    CPU->embedding_bwd(CPU, dwte, dwpe, dout, tok, pos, B, T, C, vs, ve);
+    GPU->embedding_bwd(GPU, gdwte, gdwpe, gdo, gtok, gpos, B, T, C, vs, ve);
+    CHECK_G("dwte, 5000 rows", gdwte, dwte, (ve - vs) * C, 0, 0);
+    CHECK_G("dwpe, 5000 rows", gdwpe, dwpe, P * C, 0, 0);
+    free(tok), free(pos), free(dout), free(dwte), free(dwpe);
+    gfree(gdo), gfree(gdwte), gfree(gdwpe), gfree(gtok), gfree(gpos);
+}
+
 
 /* ---------------------------------------------------------------- norms */
 
@@ -1078,6 +1129,32 @@ static void test_cuda_xent_matches_cpu_padding_ignored_targets_aliasing(void) {
     }
 }
 
+/* The GPU finds each row's max and sum of exponentials in one pass (online softmax, ops_cuda.cu
+ * k_xent): rows whose max keeps growing (every element rescales the sum), keeps falling, and
+ * whose threads see -inf logits first (masked columns add 0, not NaN) match the CPU's two
+ * passes. */
+static void test_cuda_xent_online_softmax_rescales_and_skips_minus_inf(void) {
+    const int N = 3, V = 300, vr = 290;
+    const int64_t n = (int64_t)N * V;
+    float *x = hrand(n, 1), *loss = hrand(N, 1), *dx = hrand(n, 1);
+    int32_t tgt[3] = {280, 7, 150};
+    for (int c = 0; c < V; c++) {
+        x[c] = c < 260 ? -INFINITY : 0.01f * c;  /* row 0: -inf before 260 */
+        x[V + c] = 0.05f * c - 3.0f;             /* row 1: growing */
+        x[2 * V + c] = 4.0f - 0.03f * c;         /* row 2: falling */
+    }
+    float *gx = gup_act(x, n), *gloss = gup(loss, N), *gdx = gup_act(dx, n);
+    int32_t *gt = gupi(tgt, N);
+    CPU->xent_fwd_bwd(CPU, loss, dx, x, tgt, N, V, vr, 1.0f);
+    GPU->xent_fwd_bwd(GPU, gloss, gdx, gx, gt, N, V, vr, 1.0f);
+    int finite = 1;
+    for (int i = 0; i < N; i++) finite &= isfinite(loss[i]);
+    CHECK(finite, "the CPU reference's losses are not finite");
+    CHECK_G("online xent losses", gloss, loss, N, EW, EW);
+    CHECK_A("online xent dlogits", gdx, dx, n, 1e-6, 1e-4);
+    free(x), free(loss), free(dx), gfree(gx), gfree(gloss), gfree(gdx), gfree(gt);
+}
+
 /* Two vocabulary shards (the second holding the padding) run locally, combined on the host as
  * the caller would (lse merged, tlogit summed), then finished in place. */
 static void test_cuda_xent_vocab_parallel_matches_cpu(void) {
@@ -1140,6 +1217,35 @@ static void test_cuda_adamw_matches_cpu(void) {
 
 /* The multi-tensor forms against the CPU: segments spanning several 65536-element chunks, one
  * shorter than a chunk, one empty, each buffer laid out differently. */
+/* AdamW updates four parameters at a time when its arrays are 16-byte aligned and one at a time
+ * otherwise (ops_cuda.cu adamw_span): the same values one float further on (misaligned) must
+ * give the same bits, in adamw and adamw_many, the tails past a multiple of four included. */
+static void test_cuda_adamw_vector_and_scalar_paths_same_bits(void) {
+    const int64_t n = 1003;
+    const ops_segment seg[2] = {{0, 0, 0, 500, 0.1f}, {500, 500, 500, n - 500, 0.0f}};
+    float *h[4] = {hrand(n, 1), hrand(n, 1), hrand(n, 0.1f), hrand(n, 0.1f)}, *r[2][4];
+    for (int64_t i = 0; i < n; i++) h[3][i] = fabsf(h[3][i]); /* p, g, m, v */
+    for (int off = 0; off < 2; off++) {
+        float *d[4];
+        for (int k = 0; k < 4; k++) {
+            d[k] = GPU->alloc(GPU, (size_t)(n + 1) * sizeof(float));
+            GPU->to_device(GPU, d[k] + off, h[k], (size_t)n * sizeof(float));
+        }
+        for (int t = 1; t <= 2; t++)
+            GPU->adamw(GPU, d[0] + off, d[1] + off, d[2] + off, d[3] + off, n, 1e-3f, 0.9f, 0.95f,
+                       1e-8f, 0.1f, 0.5f, t);
+        GPU->adamw_many(GPU, d[0] + off, d[1] + off, d[2] + off, d[3] + off, seg, 2, 1e-3f, 0.9f,
+                        0.95f, 1e-8f, 0.5f, 3);
+        for (int k = 0; k < 4; k++) r[off][k] = gdown(d[k] + off, n), gfree(d[k]);
+    }
+    int same = 1;
+    for (int k = 0; k < 4; k++) same &= memcmp(r[0][k], r[1][k], (size_t)n * sizeof(float)) == 0;
+    int moved = memcmp(r[0][0], h[0], (size_t)n * sizeof(float)) != 0;
+    for (int k = 0; k < 4; k++) free(h[k]), free(r[0][k]), free(r[1][k]);
+    CHECK(moved, "adamw left the parameters as they were");
+    CHECK(same, "aligned (vector) and misaligned (scalar) AdamW differ");
+}
+
 static void test_cuda_adamw_many_and_sumsq_many_match_cpu(void) {
     enum { k = 4 };
     const int64_t np = 300000, ng = 250000, nm = 280000;
@@ -1490,6 +1596,7 @@ int main(void) {
     RUN_TEST(test_cuda_matmul_matches_cpu_all_transposes);
     RUN_TEST(test_cuda_matmul_batched_matches_cpu_with_strides);
     RUN_TEST(test_cuda_bf16_matmul_within_bf16_rounding_of_fp32);
+    RUN_TEST(test_cuda_bf16_gemm_cache_keeps_problems_apart);
     RUN_TEST(test_cuda_linear_fwd_bwd_match_cpu);
     RUN_TEST(test_cuda_grouped_linear_matches_cpu);
     RUN_TEST(test_cuda_bf16_linear_bias_matches_cpu);
@@ -1497,6 +1604,7 @@ int main(void) {
     RUN_TEST(test_cuda_linear_gelu_bwd_matches_cpu_fp32_and_bf16);
     RUN_TEST(test_cuda_bf16_linear_bwd_within_bf16_rounding);
     RUN_TEST(test_cuda_embedding_matches_cpu_vocab_slice_positions_repeats);
+    RUN_TEST(test_cuda_embedding_bwd_sorts_many_rows_exactly);
     RUN_TEST(test_cuda_layernorm_and_rmsnorm_match_cpu);
     RUN_TEST(test_cuda_gelu_swiglu_match_cpu);
     RUN_TEST(test_cuda_rope_matches_cpu_in_place_and_inverse);
@@ -1507,9 +1615,11 @@ int main(void) {
     RUN_TEST(test_cuda_attention_gemm_in_query_chunks_matches_cpu);
     RUN_TEST(test_cuda_attention_merge_matches_cpu);
     RUN_TEST(test_cuda_xent_matches_cpu_padding_ignored_targets_aliasing);
+    RUN_TEST(test_cuda_xent_online_softmax_rescales_and_skips_minus_inf);
     RUN_TEST(test_cuda_xent_vocab_parallel_matches_cpu);
     RUN_TEST(test_cuda_adamw_matches_cpu);
     RUN_TEST(test_cuda_adamw_many_and_sumsq_many_match_cpu);
+    RUN_TEST(test_cuda_adamw_vector_and_scalar_paths_same_bits);
     RUN_TEST(test_cuda_elementwise_and_reductions_match_cpu);
     RUN_TEST(test_cuda_add_matches_cpu);
     RUN_TEST(test_cuda_moe_ops_match_cpu);

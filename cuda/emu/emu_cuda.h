@@ -86,6 +86,7 @@ inline uint64_t emu_slots[32][32];
 inline char *emu_dyn_smem;
 enum : size_t { EMU_SMEM_DEFAULT = 48 * 1024, EMU_SMEM_MAX = 227 * 1024 }; /* per block, sm_90 */
 inline int emu_gemm_calls[4]; /* sgemm, gemmEx, cublasLt, grouped */
+inline int emu_lt_heuristics;  /* cublasLtMatmulAlgoGetHeuristic calls (the backend caches them) */
 inline int emu_lt_fail = getenv("EMU_LT_FAIL") != nullptr;
 inline std::function<void()> *emu_fn;
 inline EmuThread emu_threads[1024]; /* a plain array: the scheduler calls no instrumented code */
@@ -376,6 +377,7 @@ inline bool emu_lt_listed(const EmuLtDesc *d, const EmuLtLayout *a, const EmuLtL
     return true;
 }
 inline cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dd, cublasLtMatmulPreference_t, int, cublasLtMatmulHeuristicResult_t *, int *n) {
+    emu_lt_heuristics++;
     *n = emu_lt_fail || !emu_lt_listed(d, a, b, c, dd) ? 0 : 1;
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -610,8 +612,8 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, c
 
 struct EmuReport { /* EMU_REPORT=1: which GEMM paths ran (the cuBLASLt fallback check reads it) */
     ~EmuReport() {
-        if (getenv("EMU_REPORT")) fprintf(stderr, "emu: sgemm calls %d, gemmEx calls %d, cublasLt calls %d, grouped calls %d\n", emu_gemm_calls[0],
-                emu_gemm_calls[1], emu_gemm_calls[2], emu_gemm_calls[3]);
+        if (getenv("EMU_REPORT")) fprintf(stderr, "emu: sgemm calls %d, gemmEx calls %d, cublasLt calls %d, grouped calls %d, cublasLt heuristics %d\n", emu_gemm_calls[0],
+                emu_gemm_calls[1], emu_gemm_calls[2], emu_gemm_calls[3], emu_lt_heuristics);
     }
 };
 inline EmuReport emu_report;

@@ -57,9 +57,15 @@ n=$(grep -c '^PASS comm_w4_nccl' $TMP/comm)
 
 # the GPU benchmark's two modes run (their figures mean nothing here): a model's steps end with
 # tokens/s and MFU, then the per-op breakdown; the attention benchmark times all three
-$E/bench_gpu 1 32 1 bf16 llama-tiny >$TMP/bench 2>&1 && grep -q 'tokens/s, .* MFU' $TMP/bench &&
+EMU_REPORT=1 $E/bench_gpu 1 32 1 bf16 llama-tiny >$TMP/bench 2>&1 && grep -q 'tokens/s, .* MFU' $TMP/bench &&
     grep -qE '^attention_bwd +4\.0 ' $TMP/bench && grep -q '^total ' $TMP/bench &&
     pass emu_bench_gpu_model_steps || fail emu_bench_gpu_model_steps "$(tail -3 $TMP/bench)"
+# cuBLASLt's descriptors and algorithm are built once per problem (ops_cuda.cu lt_lookup): the
+# run's hundreds of cuBLASLt GEMMs ask the heuristic once per distinct problem (15 here)
+read -r lt_calls lt_heur < <(sed -n 's/^emu: .*cublasLt calls \([0-9]*\).*cublasLt heuristics \([0-9]*\)$/\1 \2/p' $TMP/bench)
+[ -n "$lt_heur" ] && [ "$lt_calls" -gt 100 ] && [ "$lt_heur" -le 20 ] &&
+    pass emu_cublaslt_descriptors_cached ||
+    fail emu_cublaslt_descriptors_cached "cublasLt calls ${lt_calls:-?}, heuristics ${lt_heur:-?} (at most 20 problems)"
 $E/bench_gpu attention 1 70 2 32 1 >$TMP/bench 2>&1 &&
     [ "$(grep -cE '^bench_gpu attention (tc|gemm|flash) .*backward' $TMP/bench)" = 3 ] &&
     pass emu_bench_gpu_attention_modes || fail emu_bench_gpu_attention_modes "$(tail -3 $TMP/bench)"
