@@ -105,6 +105,10 @@ int model_create(model **out, const ust_config *cfg, const ust_ops *ops, ust_are
 int model_create_with(model **out, const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
                       const model_storage *st, ust_err *e);
 void model_set_hooks(model *m, const model_hooks *h);
+/* logging.trace: each unit's forward, backward and input-only backward as a span on the
+ * compute thread (named by its parameters, "fwd transformer.h.3"), while t is on; NULL: off. */
+struct ust_trace;
+void model_set_trace(model *m, struct ust_trace *t);
 
 int model_num_units(const model *m);
 void model_unit_range(const model *m, int unit, int64_t *offset, int64_t *len);

@@ -78,6 +78,7 @@ typedef struct {
     void *stage_buf;                       /* its memory when the backend gave it (page-locked) */
     ckpt_writer *pending;                  /* checkpoint.async: the save still being written */
     int64_t pending_step, pending_started; /* its step, and the step it was started after */
+    double pending_s[2];   /* its writer's start and end (ckpt_set_times), for logging.trace */
     double save_s, wait_s; /* the step loop's time in saves, and waiting for async ones */
     int saves;
     double started_s;   /* when this process began training (train.exit_after_min counts from it) */
@@ -134,6 +135,7 @@ int train_trace_check(const ust_config *cfg, ust_err *e);
 int train_trace_open(trainer *t);
 void train_trace_step_begin(trainer *t);
 void train_trace_span(trainer *t, int tid, const char *name, double t0);
+void train_trace_ckpt_write(trainer *t); /* checkpoint.async: the completed save's writer */
 void train_trace_step_end(trainer *t, const log_step *s);
 void train_trace_close(trainer *t, int ok);
 
