@@ -408,7 +408,9 @@ static void json_moe(FILE *f, const log_step *s) {
         fprintf(f, "],\"experts\":[");
         for (int e = 0; e < s->moe.E; e++) fprintf(f, "%s%.9g", e ? "," : "", s->moe.experts[i][e]);
         double over = moe_overload(s, i);
-        fprintf(f, isfinite(over) ? "],\"overload\":%.6g}" : "],\"overload\":null}", over);
+        fprintf(f, isfinite(over) ? "],\"overload\":%.6g" : "],\"overload\":null", over);
+        double br = s->moe.bias_range[i];
+        fprintf(f, isfinite(br) ? ",\"bias_range\":%.6g}" : ",\"bias_range\":null}", br);
     }
     fputc(']', f);
 }
@@ -451,10 +453,10 @@ static void tb_step(ust_log *l, const log_step *s, const log_scalar *x, int n, d
         tb_value(&summary, tag, s->ranks.wait_ms[r]);
     }
     for (int i = 0; i < s->moe.n; i++) {
-        const char *what[4] = {"load_max", "load_mean", "dropped", "overload"};
-        double v[4] = {s->moe.load_max[i], s->moe.load_mean[i], s->moe.dropped[i],
-                       moe_overload(s, i)};
-        for (int k = 0; k < 4; k++) {
+        const char *what[5] = {"load_max", "load_mean", "dropped", "overload", "bias_range"};
+        double v[5] = {s->moe.load_max[i], s->moe.load_mean[i], s->moe.dropped[i],
+                       moe_overload(s, i), s->moe.bias_range[i]};
+        for (int k = 0; k < 5; k++) {
             char tag[64];
             snprintf(tag, sizeof tag, "moe/layer%d/%s", s->moe.layer[i], what[k]);
             if (isfinite(v[k])) tb_value(&summary, tag, v[k]);

@@ -52,6 +52,7 @@ typedef struct {
     double rank_rows[LOG_MAX_MOE][LOG_MAX_EP];
     int E; /* the tokens routed to each expert in the step (global counts), E entries each */
     double experts[LOG_MAX_MOE][LOG_MAX_EXPERTS];
+    double bias_range[LOG_MAX_MOE]; /* the balancing bias's max - min; NaN: none */
 } log_moe;
 
 /* Where the run is in its data, after this step. */
