@@ -65,13 +65,21 @@ def main():
         if e.get("ph") == "X":
             assert e["dur"] >= 0, e
             by[(e["pid"], e["tid"])].append((e["ts"], e["ts"] + e["dur"], e["name"]))
+    # Perfetto takes a tid for a system-wide thread id: a tid two ranks share, or one equal to a
+    # pid, merges their threads into one track
+    owner = {}
+    for e in ev:
+        if "tid" in e:
+            owner.setdefault(e["tid"], set()).add(e["pid"])
+    clash = [t for t, p in owner.items() if len(p) > 1 or t in pids]
+    print(("bad" if clash else "ok") + " thread_ids_unique_across_ranks", clash[:3])
     why = [w for w in (nested(v) for v in by.values()) if w]
     print(("bad" if why else "ok") + " spans_well_nested_per_thread", why[:1])
     op = {}
     bad = []
     for e in ev:
         if e.get("ph") in ("b", "e"):
-            op.setdefault((e["pid"], e.get("cat"), e["id"]), {})[e["ph"]] = e
+            op.setdefault((e["pid"], e.get("cat"), e["id2"]["local"]), {})[e["ph"]] = e
     for k, v in op.items():
         if set(v) != {"b", "e"} or v["b"]["ts"] > v["e"]["ts"]:
             bad.append(k)
