@@ -77,6 +77,18 @@ typedef struct {
     double compute_ms[LOG_MAX_RANKS], wait_ms[LOG_MAX_RANKS];
 } log_ranks;
 
+/* Stability figures (logging.stats_every; n 0: not this step): per layer (the last entry: the
+ * parameters outside the layers: embeddings, final norm, head) the gradient's L2 norm and the
+ * update's norm over the weights' after it; spike_layer: the layer whose gradient norm rose most
+ * over its mean at the earlier stats steps, above logging.stats_spike (-1: none; n - 1: the
+ * parameters outside the layers), spike_ratio that rise. */
+enum { LOG_MAX_LAYERS = 256 };
+typedef struct {
+    int n, spike_layer;
+    double spike_ratio;
+    double grad_norm[LOG_MAX_LAYERS + 1], update_ratio[LOG_MAX_LAYERS + 1];
+} log_layers;
+
 typedef struct {
     int64_t step, steps;
     double loss, lr, grad_norm, tokens_per_s, mfu, ms, eta_s; /* loss: ce_loss + MoE aux/z */
@@ -92,6 +104,7 @@ typedef struct {
     log_moe moe;
     log_data data;
     log_ranks ranks;
+    log_layers layers;
 } log_step;
 
 typedef struct {

@@ -112,11 +112,21 @@ typedef struct {
     spike_window loss_w, norm_w; /* train.on_spike: the recent steps' losses and norms */
     int restarts;                /* UST_RESTART_COUNT (scripts/ustrun --max-restarts) */
     int eval; /* train_eval: the checkpoint is only read (no training notes are printed) */
+    struct train_stats *stats; /* logging.stats_every (train_stats.c); NULL: off */
     train_engine eng;
     train_feed feed;
     train_ckpt ck;
     train_metrics met;
 } trainer;
+
+/* train_stats.c: logging.stats_every. open after the engine is built; before and after the
+ * update on every step (each rank: collective on stats steps); report fills the step's layers. */
+typedef struct train_stats train_stats;
+int train_stats_open(trainer *t);
+void train_stats_close(trainer *t);
+void train_stats_before(trainer *t);
+void train_stats_after(trainer *t);
+void train_stats_report(trainer *t, log_step *s);
 
 /* train_setup.c */
 #define TRAIN_SETUP_PROFILE 1 /* train_setup flags: time every op */
