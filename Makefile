@@ -16,7 +16,7 @@ LAYER_io    := core/io
 LAYER_comm  := parallel/comm
 LAYER_split := parallel/tp parallel/cp parallel/ep
 LAYER_model := core/model
-LAYER_wrap  := parallel/dp parallel/dp_io parallel/dp_internal parallel/dp_muon parallel/pp parallel/pp_schedule \
+LAYER_wrap  := parallel/dp parallel/dp_io parallel/dp_internal parallel/dp_muon parallel/dp_stats parallel/pp parallel/pp_schedule \
                parallel/pp_schedule_check
 LAYER_train := core/train
 LAYER_tools := core/tools cmd cuda/bench_gpu

@@ -158,6 +158,10 @@ static void alloc_state(dp_state *d, ust_arena *a) {
         }
     }
     d->red.scalar = mem_alloc(a, MEM_COMM, 4 * sizeof(float));
+    if (d->cfg->logging.stats_every > 0) /* dp_stats.c: the update's norm per layer */
+        d->buf.snap =
+            mem_alloc(a, MEM_OTHER,
+                      (whole(d, BUF_PARAMS) ? d->lay.numel : d->lay.shard_numel) * sizeof(float));
     dp_muon_create(d, a);
 }
 

@@ -81,6 +81,13 @@ void dp_finish_grads(dp_state *d); /* wait for every reduction, then sum with th
 double dp_grad_norm(dp_state *d);  /* global L2 norm (same on every rank) */
 void dp_optimizer_step(dp_state *d, double lr, float grad_scale, int64_t step);
 double dp_sum(dp_state *d, double x); /* all-reduce of one number over the group */
+/* logging.stats_every (dp_stats.c): per group of parameters (group[i] for parameter i, in
+ * 0..ngroups-1, the same on every rank), sums of squares over the whole model, each element
+ * counted once as dp_grad_norm counts it, the same on every rank; collective. before (after
+ * dp_grad_norm, before the update): the gradients' into gsq, and the parameters kept; after (the
+ * update made): the parameters' into wsq and the update's (now - kept) into usq. */
+void dp_stats_before(dp_state *d, const int *group, int ngroups, double *gsq);
+void dp_stats_after(dp_state *d, const int *group, int ngroups, double *wsq, double *usq);
 
 /* Checkpoints: the model's tensors and the optimizer's state: AdamW's two moments
  * ("<name>.exp_avg", "<name>.exp_avg_sq"), Muon's momentum ("<name>.momentum_buffer"). */

@@ -37,6 +37,7 @@ typedef struct {
      * step through fp32 working chunks sm/sv of DP_STATE_CHUNK floats */
     uint16_t *m16, *v16;
     float *sm, *sv;
+    float *snap; /* logging.stats_every: the parameters before a stats step's update */
 } dp_buffers;
 
 #define DP_STATE_CHUNK (1 << 14) /* 64 KiB each: small beside the states it saves */

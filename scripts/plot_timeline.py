@@ -35,9 +35,12 @@ def kind(e):
     op = e.get("args", {}).get("op")
     if op in ("F", "B", "W") and not e["name"].startswith("val "):
         return op
-    if e["tid"] == 1 and e["name"].startswith("wait "):
+    if "unit" in e.get("args", {}):  # an op group inside an action: drawn as its action
+        return None
+    tid = e["tid"] % 10  # the thread: ustrain's tids are 1000000 + 10 x rank + thread
+    if tid == 1 and e["name"].startswith("wait "):
         return "comm"
-    return "other" if e["tid"] == 0 and not e["name"].startswith("step ") else None
+    return "other" if tid == 0 and not e["name"].startswith("step ") else None
 
 
 def step_rows(ev, by_rank):

@@ -172,6 +172,8 @@ static const char *ALL_CHANGED_YAML = "run:\n"
                                       "  flight_entries: 64\n"
                                       "  straggler_ratio: 1.5\n"
                                       "  trace: {steps: [2, 3], dir: tr}\n"
+                                      "  stats_every: 5\n"
+                                      "  stats_spike: 4\n"
                                       "dist:\n"
                                       "  timeout_s: 30.5\n";
 

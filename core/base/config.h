@@ -177,6 +177,8 @@ typedef struct {
         double straggler_ratio;       /* a rank's compute over the median above it: a straggler */
         char trace_steps[32];         /* logging.trace.steps "first,last" ("" = off) */
         char trace_dir[UST_PATH_MAX]; /* "" = <run.out_dir>/trace */
+        int stats_every;              /* per-layer stability figures every N steps (0: off) */
+        double stats_spike;           /* a layer's grad norm over its mean before: a spike, named */
     } logging;
     struct {
         double timeout_s;

@@ -204,6 +204,8 @@ const cfg_key cfg_keys[] = {
     DBL("logging.straggler_ratio", logging.straggler_ratio, "1.2", 1, INFINITY, 0),
     LIST("logging.trace.steps", logging.trace_steps, 1e9),
     STR("logging.trace.dir", logging.trace_dir, "null", NULLABLE),
+    INTR("logging.stats_every", logging.stats_every, "0", 0, 1 << 30),
+    DBL("logging.stats_spike", logging.stats_spike, "10", 1, INFINITY, 0),
 
     DBL("dist.timeout_s", dist.timeout_s, "300", 1, 1e6, 0), /* below a second: every wait fails */
 };

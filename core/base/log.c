@@ -288,8 +288,15 @@ void log_step_line(const log_step *s) {
     if (s->comm.ep_ms > 0 && n < sizeof extra)
         n += snprintf(extra + n, sizeof extra - n, " | a2a %.0f ms", s->comm.ep_ms);
     if (s->ranks.flagged && n < sizeof extra)
-        snprintf(extra + n, sizeof extra - n, " | straggler rank %d x%.2f", s->ranks.slowest,
-                 s->ranks.slowdown);
+        n += snprintf(extra + n, sizeof extra - n, " | straggler rank %d x%.2f", s->ranks.slowest,
+                      s->ranks.slowdown);
+    if (s->layers.n > 0 && s->layers.spike_layer >= 0 && n < sizeof extra) {
+        char where[32] = "embeddings/head"; /* the last entry: the parameters outside layers */
+        if (s->layers.spike_layer < s->layers.n - 1)
+            snprintf(where, sizeof where, "layer %d", s->layers.spike_layer);
+        snprintf(extra + n, sizeof extra - n, " | grad spike in %s x%.1f", where,
+                 s->layers.spike_ratio);
+    }
     /* in 64 bits, and capped: train.steps may be far beyond what the run will reach */
     double eta_s = isfinite(s->eta_s) && s->eta_s > 0 ? s->eta_s : 0;
     long long eta = eta_s < 1e12 ? (long long)(eta_s + 0.5) : 999999999999LL;
@@ -408,7 +415,9 @@ static void json_moe(FILE *f, const log_step *s) {
         fprintf(f, "],\"experts\":[");
         for (int e = 0; e < s->moe.E; e++) fprintf(f, "%s%.9g", e ? "," : "", s->moe.experts[i][e]);
         double over = moe_overload(s, i);
-        fprintf(f, isfinite(over) ? "],\"overload\":%.6g}" : "],\"overload\":null}", over);
+        fprintf(f, isfinite(over) ? "],\"overload\":%.6g" : "],\"overload\":null", over);
+        double br = s->moe.bias_range[i];
+        fprintf(f, isfinite(br) ? ",\"bias_range\":%.6g}" : ",\"bias_range\":null}", br);
     }
     fputc(']', f);
 }
@@ -427,6 +436,35 @@ static void json_ranks(FILE *f, const log_step *s) {
         fprintf(f, ",\"%s\":[", key[k]);
         for (int r = 0; r < s->ranks.n; r++) fprintf(f, "%s%.4f", r ? "," : "", v[k][r]);
         fputc(']', f);
+    }
+}
+
+/* logging.stats_every: per layer, the last entry the parameters outside the layers. */
+static void json_layers(FILE *f, const log_step *s) {
+    const char *key[2] = {"layer_grad_norm", "layer_update_ratio"};
+    const double *v[2] = {s->layers.grad_norm, s->layers.update_ratio};
+    for (int k = 0; k < 2; k++) {
+        fprintf(f, ",\"%s\":[", key[k]);
+        for (int i = 0; i < s->layers.n; i++)
+            fprintf(f, isfinite(v[k][i]) ? "%s%.6g" : "%snull", i ? "," : "", v[k][i]);
+        fputc(']', f);
+    }
+    if (s->layers.spike_layer >= 0)
+        fprintf(f, ",\"layer_spike\":%d,\"layer_spike_ratio\":%.4g", s->layers.spike_layer,
+                s->layers.spike_ratio);
+}
+
+static void tb_layers(pbuf *summary, const log_step *s) {
+    for (int i = 0; i < s->layers.n; i++) {
+        char tag[64], who[24];
+        if (i < s->layers.n - 1)
+            snprintf(who, sizeof who, "%d", i);
+        else
+            snprintf(who, sizeof who, "other");
+        snprintf(tag, sizeof tag, "layers/%s/grad_norm", who);
+        if (isfinite(s->layers.grad_norm[i])) tb_value(summary, tag, s->layers.grad_norm[i]);
+        snprintf(tag, sizeof tag, "layers/%s/update_ratio", who);
+        if (isfinite(s->layers.update_ratio[i])) tb_value(summary, tag, s->layers.update_ratio[i]);
     }
 }
 
@@ -451,15 +489,16 @@ static void tb_step(ust_log *l, const log_step *s, const log_scalar *x, int n, d
         tb_value(&summary, tag, s->ranks.wait_ms[r]);
     }
     for (int i = 0; i < s->moe.n; i++) {
-        const char *what[4] = {"load_max", "load_mean", "dropped", "overload"};
-        double v[4] = {s->moe.load_max[i], s->moe.load_mean[i], s->moe.dropped[i],
-                       moe_overload(s, i)};
-        for (int k = 0; k < 4; k++) {
+        const char *what[5] = {"load_max", "load_mean", "dropped", "overload", "bias_range"};
+        double v[5] = {s->moe.load_max[i], s->moe.load_mean[i], s->moe.dropped[i],
+                       moe_overload(s, i), s->moe.bias_range[i]};
+        for (int k = 0; k < 5; k++) {
             char tag[64];
             snprintf(tag, sizeof tag, "moe/layer%d/%s", s->moe.layer[i], what[k]);
             if (isfinite(v[k])) tb_value(&summary, tag, v[k]);
         }
     }
+    tb_layers(&summary, s);
     tb_event_head(&ev, s->step, unix_time);
     if (summary.overflow) ev.overflow = 1;
     pb_len(&ev, 5, summary.buf, summary.n);
@@ -479,6 +518,7 @@ void log_step_json(ust_log *l, const log_step *s) {
     }
     if (s->data.n > 0) json_data(l->metrics, s);
     if (s->ranks.n > 0) json_ranks(l->metrics, s);
+    if (s->layers.n > 0) json_layers(l->metrics, s);
     if (s->skipped) fprintf(l->metrics, ",\"skipped\":true");
     if (s->spike) fprintf(l->metrics, ",\"spike\":\"%s\"", s->spike == 1 ? "skipped" : "rewound");
     fprintf(l->metrics, "}\n");

@@ -52,6 +52,7 @@ typedef struct {
     double rank_rows[LOG_MAX_MOE][LOG_MAX_EP];
     int E; /* the tokens routed to each expert in the step (global counts), E entries each */
     double experts[LOG_MAX_MOE][LOG_MAX_EXPERTS];
+    double bias_range[LOG_MAX_MOE]; /* the balancing bias's max - min; NaN: none */
 } log_moe;
 
 /* Where the run is in its data, after this step. */
@@ -76,6 +77,18 @@ typedef struct {
     double compute_ms[LOG_MAX_RANKS], wait_ms[LOG_MAX_RANKS];
 } log_ranks;
 
+/* Stability figures (logging.stats_every; n 0: not this step): per layer (the last entry: the
+ * parameters outside the layers: embeddings, final norm, head) the gradient's L2 norm and the
+ * update's norm over the weights' after it; spike_layer: the layer whose gradient norm rose most
+ * over its mean at the earlier stats steps, above logging.stats_spike (-1: none; n - 1: the
+ * parameters outside the layers), spike_ratio that rise. */
+enum { LOG_MAX_LAYERS = 256 };
+typedef struct {
+    int n, spike_layer;
+    double spike_ratio;
+    double grad_norm[LOG_MAX_LAYERS + 1], update_ratio[LOG_MAX_LAYERS + 1];
+} log_layers;
+
 typedef struct {
     int64_t step, steps;
     double loss, lr, grad_norm, tokens_per_s, mfu, ms, eta_s; /* loss: ce_loss + MoE aux/z */
@@ -91,6 +104,7 @@ typedef struct {
     log_moe moe;
     log_data data;
     log_ranks ranks;
+    log_layers layers;
 } log_step;
 
 typedef struct {

@@ -104,15 +104,17 @@ int trace_write(const ust_trace *t, const char *path, ust_err *e) {
             fprintf(f,
                     "%s{\"name\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": %d, \"ts\": %.3f, "
                     "\"dur\": %.3f, \"args\": {%s}}",
-                    sep, x->name, t->rank, x->tid, us(t, x->t0), (x->t1 - x->t0) * 1e6, x->args);
+                    sep, x->name, t->rank, TRACE_TID(t->rank, x->tid), us(t, x->t0),
+                    (x->t1 - x->t0) * 1e6, x->args);
         else
             for (int k = 0; k < 2; k++)
                 fprintf(f,
-                        "%s{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"%c\", \"id\": \"0x%llx\", "
+                        "%s{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"%c\", "
+                        "\"id2\": {\"local\": \"0x%llx\"}, "
                         "\"pid\": %d, \"tid\": %d, \"ts\": %.3f, \"args\": {%s%s\"at\": \"%s\"}}",
                         k ? ",\n" : sep, x->name, x->cat, k ? 'e' : 'b', (unsigned long long)x->id,
-                        t->rank, x->tid, us(t, k ? x->t1 : x->t0), x->args, comma,
-                        k ? "complete" : "issue");
+                        t->rank, TRACE_TID(t->rank, x->tid), us(t, k ? x->t1 : x->t0), x->args,
+                        comma, k ? "complete" : "issue");
     }
     fprintf(f, "\n], \"ustrain\": {\"rank\": %d, \"clock_offset_s\": %.9f}}\n", t->rank, t->offset);
     int bad = ferror(f);
@@ -147,14 +149,15 @@ int trace_merge(const char *dir, int world, const char *out, const char *meta, u
     for (int r = 0; r < world; r++) {
         fprintf(f,
                 "%s{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": "
-                "\"rank %d\"}}",
-                first ? "" : ",\n", r, r);
+                "\"rank %d\"}},\n{\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": %d, "
+                "\"args\": {\"sort_index\": %d}}",
+                first ? "" : ",\n", r, r, r, r);
         first = 0;
         for (int k = 0; k < 3; k++)
             fprintf(f,
                     ",\n{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": %d, \"tid\": %d, "
                     "\"args\": {\"name\": \"%s\"}}",
-                    r, k, threads[k]);
+                    r, TRACE_TID(r, k), threads[k]);
     }
     char path[4200];
     for (int r = 0; r < world && !rc; r++) {

@@ -13,6 +13,9 @@
 
 typedef struct ust_trace ust_trace;
 enum { TRACE_COMPUTE = 0, TRACE_COMM = 1, TRACE_IO = 2 };
+/* The files' tid of rank r's thread k: unique over the ranks, since Perfetto takes a tid for a
+ * system-wide thread id (a tid reused by two processes, or equal to a pid, merges threads). */
+#define TRACE_TID(r, k) (1000000 + 10 * (r) + (k))
 
 ust_trace *trace_create(int rank, int64_t first, int64_t last);
 void trace_free(ust_trace *t);

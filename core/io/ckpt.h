@@ -111,6 +111,9 @@ int ckpt_stage_reserve(ckpt_writer *w, int file, const char *name, const ckpt_sl
                        ust_err *e);
 int ckpt_commit_async(ckpt_writer *w, const char *state_json, int keep_last, ust_err *e);
 int ckpt_poll(ckpt_writer *w, int block, ust_err *e);
+/* The writer's start and end (log_now_s) go to times[0..1], the caller's memory, which must
+ * outlive the save; read them once ckpt_poll has completed it (logging.trace's async span). */
+void ckpt_set_times(ckpt_writer *w, double *times);
 
 typedef struct ckpt_reader ckpt_reader;
 

@@ -1,6 +1,7 @@
 /* ckpt_commit: the end of a save (sync or async): every rank's files closed, the manifest that
  * seals the step, the atomic rename into place, `latest`, pruning; or nothing published. */
 #include "ckpt_internal.h"
+#include "log.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -178,6 +179,7 @@ int ckpt_commit(ckpt_writer *w, const char *state_json, int keep_last, ust_err *
  */
 static void *writer_thread(void *arg) {
     ckpt_writer *w = arg;
+    if (w->times) w->times[0] = log_now_s();
     const ckpt_stage *s = w->stage;
     ust_err e = w->first_error;
     int rc = w->failed ? -1 : 0;
@@ -192,6 +194,7 @@ static void *writer_thread(void *arg) {
     rc = ckpt_finish_local(w, w->state_json, &e);
     w->thread_err = e;
     w->thread_rc = rc;
+    if (w->times) w->times[1] = log_now_s(); /* seen by the poll that sees thread_done */
     atomic_store(&w->thread_done, 1);
     return NULL;
 }
@@ -215,6 +218,8 @@ int ckpt_commit_async(ckpt_writer *w, const char *state_json, int keep_last, ust
         writer_thread(w); /* no thread to be had: write now */
     return 0;
 }
+
+void ckpt_set_times(ckpt_writer *w, double *times) { w->times = times; }
 
 int ckpt_poll(ckpt_writer *w, int block, ust_err *e) {
     if (block && w->thread_started) {

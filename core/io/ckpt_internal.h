@@ -95,6 +95,7 @@ struct ckpt_writer {
     ust_err thread_err;
     char *state_json; /* rank 0: what the thread writes as state.json */
     int keep_last;
+    double *times; /* ckpt_set_times: where the writer's start and end go, or NULL */
     progress prog; /* rank 0's synchronous writes on a terminal (started by the first slice) */
 };
 

@@ -78,6 +78,7 @@ void model_destroy(model *m) {
     model_moe_free(m);
     free(m->batch.whost);
     free(m->tab.unit_expert);
+    free(m->tracing.names);
     params_vocab_chunks_free(m);
     if (m->par.cp == &m->par.own_cp) cp_free(&m->par.own_cp);
     free(m);

@@ -105,6 +105,10 @@ int model_create(model **out, const ust_config *cfg, const ust_ops *ops, ust_are
 int model_create_with(model **out, const ust_config *cfg, const ust_ops *ops, ust_arena *arena,
                       const model_storage *st, ust_err *e);
 void model_set_hooks(model *m, const model_hooks *h);
+/* logging.trace: each unit's forward, backward and input-only backward as a span on the
+ * compute thread (named by its parameters, "fwd transformer.h.3"), while t is on; NULL: off. */
+struct ust_trace;
+void model_set_trace(model *m, struct ust_trace *t);
 
 int model_num_units(const model *m);
 void model_unit_range(const model *m, int unit, int64_t *offset, int64_t *len);
@@ -202,6 +206,10 @@ int model_moe_rank_rows(const model *m, int i, double *rows, int max);
 /* For the i-th layer model_moe_stats lists: the tokens routed to each expert in the last step
  * (its global counts); returns how many (the number of experts, at most max). */
 int model_moe_expert_load(const model *m, int i, double *counts, int max);
+/* For the i-th layer model_moe_stats lists: the range (max - min over the experts) of its
+ * aux-loss-free balancing bias as it stands; NaN without a bias (model.moe.bias_update_rate 0)
+ * or without whole parameters (ZeRO-3: each rank holds a shard of it). */
+double model_moe_bias_range(const model *m, int i);
 /* The unit holds a MoE layer's experts: its gradients are reduced over expert-dp x cp. */
 int model_unit_is_expert(const model *m, int unit);
 

@@ -4,6 +4,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
 #include "cp.h"
@@ -141,6 +142,21 @@ int model_moe_rank_rows(const model *m, int i, double *rows, int max) {
                 return ep < max ? ep : max;
             }
     return 0;
+}
+
+double model_moe_bias_range(const model *m, int i) {
+    int n = 0, E = m->moe.ctx.E;
+    if (m->cfg->model.moe.bias_update_rate <= 0 || !m->tab.p) return NAN;
+    for (int c = 0; c < m->nchunks; c++)
+        for (int l = m->chunks[c].lo; l < m->chunks[c].hi; l++)
+            if (is_moe(m, l) && n++ == i) {
+                float *h = m->moe.ctx.stats_host; /* >= E floats, free between forwards */
+                m->ops->to_host(m->ops, h, m->moe.mw[l].bias, (size_t)E * sizeof(float));
+                float lo = h[0], hi = h[0];
+                for (int e = 1; e < E; e++) lo = h[e] < lo ? h[e] : lo, hi = h[e] > hi ? h[e] : hi;
+                return (double)hi - lo;
+            }
+    return NAN;
 }
 
 double model_take_moe_loss(model *m) {

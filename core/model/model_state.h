@@ -217,6 +217,15 @@ typedef struct {
     float *mla_dw;
 } model_acts;
 
+/* model_trace.c: logging.trace's spans of each unit (op group) between its hooks; t is NULL when
+ * tracing is off. */
+typedef struct {
+    struct ust_trace *t;
+    char (*names)[48]; /* per unit: the common prefix of its parameters' names */
+    double t0[8];      /* the open units' begin times, innermost last */
+    int depth;
+} model_tracing;
+
 /* model.c: the micro-batch being computed (its slot's copies of the ust_batch). */
 typedef struct {
     int32_t *rows;  /* (B,Tl) its positions (the slot's pos) */
@@ -239,6 +248,7 @@ struct model {
     model_acts acts;
     model_batch batch;
     model_hooks hooks;
+    model_tracing tracing;
 };
 
 static inline int is_mla(const model *m) { return m->cfg->model.mla.enabled; }
@@ -247,9 +257,14 @@ static inline int is_moe(const model *m, int l) {
     return m->moe.has_moe && moe_layer_is_moe(m->cfg, l);
 }
 
-/* Calls the sharding layer's hook at a unit boundary (model_hooks). */
+void model_trace_unit(model *m, int unit, model_phase phase, int after);
+
+/* Calls the sharding layer's hook at a unit boundary (model_hooks); a traced unit's span holds
+ * its hooks (a ZeRO-3 gather, a gradient reduction's post). */
 static inline void model_hook(model *m, int unit, model_phase phase) {
+    if (m->tracing.t) model_trace_unit(m, unit, phase, 0);
     if (m->hooks.unit) m->hooks.unit(m->hooks.ctx, unit, phase);
+    if (m->tracing.t) model_trace_unit(m, unit, phase, 1);
 }
 
 #endif

@@ -119,7 +119,9 @@ static int train_step(trainer *t, double *loss, double *norm, double *lr, int *f
         return UST_EXIT_RUNTIME;
     }
     double t0 = log_now_s();
+    train_stats_before(t);
     if (*finite && !*spiked) dp_optimizer_step(t->eng.dp, *lr, optim_clip_scale(c, *norm), t->step);
+    train_stats_after(t);
     train_trace_span(t, TRACE_COMPUTE, "optimizer", t0);
     if (t->eng.has_moe) /* dualpipe: the mirror's copies of these layers routed the other half */
         model_moe_end_step(t->eng.m, dp_sum_replicas, *finite && !*spiked, dp_add_to_param,
@@ -157,6 +159,7 @@ static int run_step(trainer *t, const train_opts *opts) {
     train_feed_assign(t);
     if (train_step(t, &loss, &norm, &lr, &finite, &spiked)) return -1;
     log_step s = train_metrics_report(t, &mark, loss, norm, lr, finite, spiked);
+    train_stats_report(t, &s);
     t->step++;
     t->sample_index += c->train.global_batch_size;
     t->last_loss = loss;
@@ -164,7 +167,7 @@ static int run_step(trainer *t, const train_opts *opts) {
     int last = t->step == c->train.steps;
     if (t->feed.val && (t->step % c->data.val_every == 0 || last)) s.val_loss = validation_loss(t);
     if (t->rank0 && !opts->quiet &&
-        (t->step % c->logging.every == 0 || last || !isnan(s.val_loss))) {
+        (t->step % c->logging.every == 0 || last || !isnan(s.val_loss) || s.layers.n)) {
         log_step_line(&s);
         log_step_json(&t->met.log, &s);
     }
@@ -226,7 +229,7 @@ static int run_with(const ust_config *cfg, ust_runtime *rt, const train_opts *op
         train_teardown(&t);
         return UST_EXIT_USAGE;
     }
-    if (train_metrics_open(&t, opts) || train_trace_open(&t)) {
+    if (train_metrics_open(&t, opts) || train_trace_open(&t) || train_stats_open(&t)) {
         train_teardown(&t);
         return UST_EXIT_USAGE;
     }
@@ -235,6 +238,7 @@ static int run_with(const ust_config *cfg, ust_runtime *rt, const train_opts *op
     train_metrics_header(&t, opts);
     train_install_stop_handlers(); /* `ustrain train` did already, before the bootstrap */
     int rc = loop(&t, opts, res);
+    train_stats_close(&t);
     train_trace_close(&t, rc == UST_EXIT_OK);
     train_stop_handlers_reset();
     train_metrics_result(&t, rc, opts, res);
@@ -277,7 +281,8 @@ int train_eval_each(const ust_config *cfg, ust_runtime *rt, int64_t n, double *m
     trainer t;
     ust_err e;
     int rc = train_setup(&t, cfg, rt, TRAIN_SETUP_EVAL, &e);
-    if (rc == 0 && (!t.feed.val || cfg_val_micro_batches(cfg) != 1 || cfg->train.micro_batch_size != 1))
+    if (rc == 0 &&
+        (!t.feed.val || cfg_val_micro_batches(cfg) != 1 || cfg->train.micro_batch_size != 1))
         rc = ust_errf(&e, "eval: one window per micro-batch and one micro-batch per pass");
     if (rc) fprintf(stderr, "ustrain: error: %s\n", e.msg);
     for (int64_t k = 0; rc == 0 && k < n; k++) { /* the pass's one sample is sample k */

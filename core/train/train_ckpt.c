@@ -146,6 +146,7 @@ int train_ckpt_poll(trainer *t, int block, ust_err *e) {
     t->ck.wait_s += log_now_s() - t0;
     if (rc == 1) return 0;
     t->ck.pending = NULL;
+    train_trace_ckpt_write(t);
     if (rc == 0 && t->rank0)
         printf("checkpoint step_%lld committed (written in the background during %lld step%s)\n",
                (long long)t->ck.pending_step, (long long)(t->step - t->ck.pending_started),
@@ -162,7 +163,7 @@ int train_ckpt_save(trainer *t, ust_err *e) {
     ckpt_writer *w =
         ckpt_begin(c->checkpoint.dir, t->step, t->rt->rank, t->rt->boot.job_id, world_sync, t, e);
     if (!w) return -1;
-    if (t->ck.stage) ckpt_set_stage(w, t->ck.stage);
+    if (t->ck.stage) ckpt_set_stage(w, t->ck.stage), ckpt_set_times(w, t->ck.pending_s);
     dp_save(t->eng.dp, w, e); /* a failure is sticky in w: the commit reports it on every rank */
     char *state = t->rank0 ? state_json(t) : NULL;
     int rc = t->ck.stage ? ckpt_commit_async(w, state, c->checkpoint.keep_last, e)

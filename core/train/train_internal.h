@@ -78,6 +78,7 @@ typedef struct {
     void *stage_buf;                       /* its memory when the backend gave it (page-locked) */
     ckpt_writer *pending;                  /* checkpoint.async: the save still being written */
     int64_t pending_step, pending_started; /* its step, and the step it was started after */
+    double pending_s[2];   /* its writer's start and end (ckpt_set_times), for logging.trace */
     double save_s, wait_s; /* the step loop's time in saves, and waiting for async ones */
     int saves;
     double started_s;   /* when this process began training (train.exit_after_min counts from it) */
@@ -111,11 +112,21 @@ typedef struct {
     spike_window loss_w, norm_w; /* train.on_spike: the recent steps' losses and norms */
     int restarts;                /* UST_RESTART_COUNT (scripts/ustrun --max-restarts) */
     int eval; /* train_eval: the checkpoint is only read (no training notes are printed) */
+    struct train_stats *stats; /* logging.stats_every (train_stats.c); NULL: off */
     train_engine eng;
     train_feed feed;
     train_ckpt ck;
     train_metrics met;
 } trainer;
+
+/* train_stats.c: logging.stats_every. open after the engine is built; before and after the
+ * update on every step (each rank: collective on stats steps); report fills the step's layers. */
+typedef struct train_stats train_stats;
+int train_stats_open(trainer *t);
+void train_stats_close(trainer *t);
+void train_stats_before(trainer *t);
+void train_stats_after(trainer *t);
+void train_stats_report(trainer *t, log_step *s);
 
 /* train_setup.c */
 #define TRAIN_SETUP_PROFILE 1 /* train_setup flags: time every op */
@@ -134,6 +145,7 @@ int train_trace_check(const ust_config *cfg, ust_err *e);
 int train_trace_open(trainer *t);
 void train_trace_step_begin(trainer *t);
 void train_trace_span(trainer *t, int tid, const char *name, double t0);
+void train_trace_ckpt_write(trainer *t); /* checkpoint.async: the completed save's writer */
 void train_trace_step_end(trainer *t, const log_step *s);
 void train_trace_close(trainer *t, int ok);
 

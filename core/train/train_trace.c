@@ -97,6 +97,7 @@ int train_trace_open(trainer *t) {
     ust_trace *tr = trace_create(t->rt->rank, a, b);
     trace_set_offset(tr, off);
     comm_ctx_set_trace(t->rt->comm, tr);
+    model_set_trace(t->eng.m, tr);
     /* every rank's figures to rank 0, which reports the worst */
     double mine[2] = {off, err}, worst[2] = {fabs(off), err};
     if (t->rt->world > 1 &&
@@ -123,6 +124,19 @@ void train_trace_span(trainer *t, int tid, const char *name, double t0) {
     if (trace_on(tr)) trace_span(tr, tid, name, t0, log_now_s(), "");
 }
 
+/* checkpoint.async's background part, from the writer thread's start to its end, as an
+ * asynchronous event (it runs beside the steps, on no thread of the timeline's). */
+void train_trace_ckpt_write(trainer *t) {
+    ust_trace *tr = comm_ctx_trace(t->rt->comm);
+    const double *s = t->ck.pending_s;
+    if (!trace_on(tr) || !(s[1] >= s[0] && s[0] > 0)) return;
+    char args[64];
+    snprintf(args, sizeof args, "\"step\": %lld", (long long)t->ck.pending_step);
+    trace_async(tr, "checkpoint", "checkpoint write (async)",
+                (1ull << 63) | (uint64_t)t->ck.pending_step, /* apart from comm ids */ s[0], s[1],
+                args);
+}
+
 /* After step last: each rank's file, then (after a barrier, so that all are there) rank 0's
  * merge. Every rank reaches the barrier whatever its write did. */
 static void finish(trainer *t, ust_trace *tr) {
@@ -134,6 +148,7 @@ static void finish(trainer *t, ust_trace *tr) {
     if (bad)
         fprintf(stderr, "ustrain[rank %d]: warning: %s; the run goes on\n", t->rt->rank, e.msg);
     comm_ctx_set_trace(t->rt->comm, NULL);
+    model_set_trace(t->eng.m, NULL);
     trace_free(tr);
     if (train_any_rank(t, bad) || !t->rank0) return;
     snprintf(meta, sizeof meta, "\"world\": %d, \"pp\": %d, \"pp_schedule\": \"%s\"", t->rt->world,
@@ -173,5 +188,6 @@ void train_trace_close(trainer *t, int ok) {
         return;
     }
     comm_ctx_set_trace(t->rt->comm, NULL);
+    model_set_trace(t->eng.m, NULL);
     trace_free(tr);
 }

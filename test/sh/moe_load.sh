@@ -64,6 +64,33 @@ rc=$?
     echo "$out" | grep -q "layer 3: overload last 4.000, max 4.000" &&
     python3 -c "import matplotlib.image as m, sys; assert m.imread(sys.argv[1]).shape[1] > 600" $TMP/plots/moe_load.png &&
     pass plot_moe_heat_map || fail plot_moe_heat_map "rc=$rc $out"
+# the aux-loss-free bias range: on the planted imbalance each step's update moves the 2 busy
+# experts' biases by -rate and the 6 idle ones' by +rate, so after step 1 the range is exactly
+# 2 x rate, and after step s at most 2 x s x rate; without a bias it is null
+rm -rf $TMP/run
+$UST train $TMP/c.yaml $C --set "data.train=$TMP/flat/train_*.bin" --set "data.val=$TMP/flat/val_*.bin" \
+    --set model.moe.bias_update_rate=0.01 --set logging.tensorboard_dir=$TMP/tbb --set checkpoint.resume=none >$TMP/bias.out 2>&1
+rc=$?
+python3 - $TMP/run/metrics.jsonl $TMP/text/metrics.jsonl $TMP/tbb >$TMP/bias_check.out 2>&1 <<'EOT'
+import json, sys
+from tensorboard.backend.event_processing import event_accumulator as ea
+rows = [json.loads(l) for l in open(sys.argv[1]) if '"moe"' in l]
+assert [r["step"] for r in rows] == [1, 2, 3], [r["step"] for r in rows]
+for r in rows:
+    for m in r["moe"]:
+        b = m["bias_range"]
+        assert b is not None and 0 < b <= 0.02 * r["step"] + 1e-6, (r["step"], m)
+        if r["step"] == 1:
+            assert abs(b - 0.02) < 1e-6, m
+for l in open(sys.argv[2]):
+    for m in json.loads(l).get("moe", []):
+        assert m["bias_range"] is None, m
+acc = ea.EventAccumulator(sys.argv[3]); acc.Reload()
+assert "moe/layer3/bias_range" in acc.Tags()["scalars"], acc.Tags()["scalars"]
+print("ok")
+EOT
+[ $rc = 0 ] && grep -q "^ok" $TMP/bias_check.out && pass moe_bias_range_in_metrics_and_tensorboard ||
+    fail moe_bias_range_in_metrics_and_tensorboard "rc=$rc $(tail -2 $TMP/bias_check.out) $(tail -1 $TMP/bias.out)"
 echo '{"step": 1, "loss": 2.5}' >$TMP/dense.jsonl
 expect_exit plot_moe_without_moe_exit_2 2 "no step with per-expert MoE load" -- scripts/plot -o $TMP/plots --moe $TMP/dense.jsonl
 exit 0

