@@ -1190,68 +1190,110 @@ static double cu_sum(const ust_ops *o, const float *x, int64_t n) { return reduc
 
 /* ---------------------------------------------------------------- mixture of experts */
 
-/* One thread per token: softmax over E, then k argmax passes (strict >, so ties go to the lower
- * index, as on the CPU), gates renormalized over the chosen k. */
+/* One token's k experts from its scores p(E) + bias, as the CPU's route_select: with groups,
+ * only among the topk_group groups of highest top-2 sums; k argmax passes (strict >, so ties
+ * go to the lower index). */
+__device__ void moe_route_select(const float *p, const float *bias, int E, int k, ops_moe_route r,
+                                 int32_t *sel) {
+    int G = r.n_group > 1 ? r.n_group : 1, Eg = E / G, T = G > 1 ? r.topk_group : G;
+    unsigned long long groups = G > 1 ? 0ull : 1ull;
+#define SC(e) (p[e] + (bias ? bias[e] : 0.0f))
+    for (int t = 0; t < T && G > 1; t++) {
+        int best = -1;
+        float bs = 0.0f;
+        for (int g = 0; g < G; g++) {
+            if (groups >> g & 1ull) continue;
+            float m1 = -INFINITY, m2 = -INFINITY;
+            for (int e = g * Eg; e < (g + 1) * Eg; e++) {
+                float v = SC(e);
+                if (v > m1)
+                    m2 = m1, m1 = v;
+                else if (v > m2)
+                    m2 = v;
+            }
+            if (best < 0 || m1 + m2 > bs) best = g, bs = m1 + m2;
+        }
+        groups |= 1ull << best;
+    }
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int used = !(groups >> (G > 1 ? e / Eg : 0) & 1ull);
+            for (int m = 0; m < j; m++) used |= sel[m] == e;
+            if (!used && (best < 0 || SC(e) > SC(best))) best = e;
+        }
+        sel[j] = best;
+    }
+#undef SC
+}
+
+/* One thread per token: softmax (or sigmoid) over E, the choice, the gates (ops.h). */
 template <typename T>
 __global__ void k_moe_router_fwd(float *probs, float *lse, int32_t *topk, float *gate,
-                                 const act *logits, const float *bias, int N, int E, int k) {
+                                 const act *logits, const float *bias, int N, int E, int k,
+                                 ops_moe_route r) {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n >= N) return;
     const T *x = (const T *)logits + (int64_t)n * E;
     float *p = probs + (int64_t)n * E;
-    float mx = -INFINITY, sum = 0.0f;
-    for (int e = 0; e < E; e++) mx = fmaxf(mx, ld_act(x, e));
-    for (int e = 0; e < E; e++) sum += expf(ld_act(x, e) - mx);
-    float inv = 1.0f / sum;
-    for (int e = 0; e < E; e++) p[e] = expf(ld_act(x, e) - mx) * inv;
-    if (lse) lse[n] = mx + logf(sum);
-    int32_t *sel = topk + (int64_t)n * k;
-    float s = 0.0f;
-    for (int j = 0; j < k; j++) {
-        int best = -1;
-        for (int e = 0; e < E; e++) {
-            int used = 0;
-            for (int m = 0; m < j; m++) used |= sel[m] == e;
-            if (!used && (best < 0 || p[e] + (bias ? bias[e] : 0.0f) >
-                                          p[best] + (bias ? bias[best] : 0.0f)))
-                best = e;
-        }
-        sel[j] = best;
-        s += p[best];
+    if (r.sigmoid) {
+        float sum = 0.0f;
+        for (int e = 0; e < E; e++) p[e] = 1.0f / (1.0f + expf(-ld_act(x, e))), sum += p[e];
+        if (lse) lse[n] = sum;
+    } else {
+        float mx = -INFINITY, sum = 0.0f;
+        for (int e = 0; e < E; e++) mx = fmaxf(mx, ld_act(x, e));
+        for (int e = 0; e < E; e++) sum += expf(ld_act(x, e) - mx);
+        float inv = 1.0f / sum;
+        for (int e = 0; e < E; e++) p[e] = expf(ld_act(x, e) - mx) * inv;
+        if (lse) lse[n] = mx + logf(sum);
     }
-    for (int j = 0; j < k; j++) gate[(int64_t)n * k + j] = p[sel[j]] / s;
+    int32_t *sel = topk + (int64_t)n * k;
+    moe_route_select(p, bias, E, k, r, sel);
+    float s = 0.0f;
+    for (int j = 0; j < k; j++) s += p[sel[j]];
+    for (int j = 0; j < k; j++)
+        gate[(int64_t)n * k + j] = (r.norm ? p[sel[j]] / s : p[sel[j]]) * r.scale;
 }
 
-/* psum[e] = sum over rows of probs[:, e]: one block per column, a fixed tree in double. */
-__global__ void k_moe_colsum(float *psum, const float *probs, int N, int E) {
+/* psum[e] = sum over rows of probs[:, e] (over rowsum[n] when given): one block per column, a
+ * fixed tree in double. */
+__global__ void k_moe_colsum(float *psum, const float *probs, const float *rowsum, int N, int E) {
     __shared__ double sh[32];
     int e = blockIdx.x;
     double s = 0.0;
-    for (int n = threadIdx.x; n < N; n += blockDim.x) s += probs[(int64_t)n * E + e];
+    for (int n = threadIdx.x; n < N; n += blockDim.x)
+        s += (double)probs[(int64_t)n * E + e] / (rowsum ? rowsum[n] : 1.0f);
     s = block_sum(s, sh);
     if (threadIdx.x == 0) psum[e] = (float)s;
 }
 
+static const ops_moe_route cu_route_default = {0, 1, 1, 1, 1.0f};
+
 static void cu_moe_router_fwd(const ust_ops *o, float *probs, float *lse, int32_t *topk,
-                              float *gate, float *psum, const act *logits, const float *bias,
-                              int N, int E, int k) {
+                              float *gate, float *psum, const act *logits, const float *bias, int N,
+                              int E, int k, const ops_moe_route *r) {
+    ops_moe_route rr = r ? *r : cu_route_default;
+    UST_ASSERT(!rr.sigmoid || !psum || lse, "sigmoid routing's psum needs the score sums (lse)");
     if (N > 0)
         ACT_LAUNCH(o, k_moe_router_fwd, (N + 127) / 128, 128, 0, probs, lse, topk, gate, logits,
-                   bias, N, E, k);
+                   bias, N, E, k, rr);
     if (psum) {
-        k_moe_colsum<<<E, 256, 0, STREAM(o)>>>(psum, probs, N, E);
+        k_moe_colsum<<<E, 256, 0, STREAM(o)>>>(psum, probs, rr.sigmoid ? lse : NULL, N, E);
         CK_LAUNCH();
     }
 }
 
-/* dprobs[e] of one token (see ops.h): aux_dp[e] plus, when e was chosen as the token's j-th
- * expert, the renormalization's backward (dg[j] - dot) / s. */
+/* dprobs[e] of one token (see ops.h): aux_dp[e] (sigmoid: through q = p / sum, aq = sum_f
+ * aux_f q_f, inv = 1 / sum) plus, when e was chosen as the token's j-th expert, the gates'
+ * backward: (c dg[j] - dot) / s under norm, else c dg[j]. */
 __device__ __forceinline__ float router_dprob(int e, const float *aux_dp, const int32_t *sel,
-                                              const float *dg, int k, float dot, float s) {
-    float d = aux_dp ? aux_dp[e] : 0.0f;
+                                              const float *dg, int k, float dot, float s,
+                                              const ops_moe_route &r, float aq, float inv) {
+    float d = aux_dp ? (aux_dp[e] - aq) * inv : 0.0f;
     if (dg)
         for (int j = 0; j < k; j++)
-            if (sel[j] == e) d += (dg[j] - dot) / s;
+            if (sel[j] == e) d += r.norm ? (r.scale * dg[j] - dot) / s : r.scale * dg[j];
     return d;
 }
 
@@ -1260,30 +1302,40 @@ __device__ __forceinline__ float router_dprob(int e, const float *aux_dp, const 
 template <typename T>
 __global__ void k_moe_router_bwd(act *dlogits, const float *dgate, const float *probs,
                                  const float *lse, const int32_t *topk, const float *gate,
-                                 const float *aux_dp, float zscale, int N, int E, int k) {
+                                 const float *aux_dp, float zscale, int N, int E, int k,
+                                 ops_moe_route r) {
     int n = blockIdx.x * blockDim.x + threadIdx.x;
     if (n >= N) return;
     const float *p = probs + (int64_t)n * E;
     T *d = (T *)dlogits + (int64_t)n * E;
     const int32_t *sel = topk + (int64_t)n * k;
     const float *dg = dgate ? dgate + (int64_t)n * k : NULL, *g = gate + (int64_t)n * k;
-    float s = 0.0f, dot = 0.0f;
+    float s = 0.0f, dot = 0.0f, aq = 0.0f, inv = r.sigmoid && aux_dp ? 1.0f / lse[n] : 1.0f;
+    for (int e = 0; e < E && r.sigmoid && aux_dp; e++) aq += aux_dp[e] * p[e] * inv;
     if (dg)
         for (int j = 0; j < k; j++) s += p[sel[j]], dot += dg[j] * g[j];
+    if (r.sigmoid) {
+        for (int e = 0; e < E; e++)
+            st_act(d, e,
+                   p[e] * (1.0f - p[e]) * router_dprob(e, aux_dp, sel, dg, k, dot, s, r, aq, inv));
+        return;
+    }
     float pd = 0.0f;
-    for (int e = 0; e < E; e++) pd += p[e] * router_dprob(e, aux_dp, sel, dg, k, dot, s);
+    for (int e = 0; e < E; e++)
+        pd += p[e] * router_dprob(e, aux_dp, sel, dg, k, dot, s, r, aq, inv);
     float z = lse && zscale != 0.0f ? zscale * lse[n] : 0.0f;
     for (int e = 0; e < E; e++)
-        st_act(d, e, p[e] * (router_dprob(e, aux_dp, sel, dg, k, dot, s) - pd + z));
+        st_act(d, e, p[e] * (router_dprob(e, aux_dp, sel, dg, k, dot, s, r, aq, inv) - pd + z));
 }
 
 static void cu_moe_router_bwd(const ust_ops *o, act *dlogits, const float *dgate,
                               const float *probs, const float *lse, const int32_t *topk,
                               const float *gate, const float *aux_dp, float zscale, int N, int E,
-                              int k) {
+                              int k, const ops_moe_route *r) {
     if (N <= 0) return;
+    ops_moe_route rr = r ? *r : cu_route_default;
     ACT_LAUNCH(o, k_moe_router_bwd, (N + 127) / 128, 128, 0, dlogits, dgate, probs, lse, topk, gate,
-               aux_dp, zscale, N, E, k);
+               aux_dp, zscale, N, E, k, rr);
 }
 
 template <typename T>
@@ -1366,8 +1418,7 @@ static void gemm_grouped32(const ust_ops *o, int G, float *const *C, const float
     if (G <= 0) return;
     cuda_impl *im = CUDA_IMPL(o);
     cublasOperation_t ta[G], tb[G];
-    int m[G], n[G], k[G], lda[G],
-        ldb[G], ldc[G], size[G];
+    int m[G], n[G], k[G], lda[G], ldb[G], ldc[G], size[G];
     float alpha[G], betas[G];
     const void *ptr[3 * (G)];
     int c = 0;
@@ -1398,9 +1449,8 @@ static void gemm_grouped32(const ust_ops *o, int G, float *const *C, const float
 
 /* out_g = inp_g @ w[g]^T + b[g] (ops.h): fp32 one grouped GEMM (then each group's bias); bf16 the
  * groups' linears in turn (cuBLAS has no grouped GEMM from bf16 inputs to an fp32 gradient). */
-static void cu_grouped_linear_fwd(const ust_ops *o, act *out, const act *inp,
-                                  const float *const *w, const float *const *b, const int32_t *M,
-                                  int G, int C, int OC) {
+static void cu_grouped_linear_fwd(const ust_ops *o, act *out, const act *inp, const float *const *w,
+                                  const float *const *b, const int32_t *M, int G, int C, int OC) {
     int64_t off = 0;
     if (G <= 0) return;
     if (o->act_size == 2) {
@@ -1425,7 +1475,8 @@ static void cu_grouped_linear_fwd(const ust_ops *o, act *out, const act *inp,
         act *rows = Cp[g]; /* (plain locals: the emulator's launch captures its arguments) */
         const float *bias = b[g];
         int64_t Mg = M[g];
-        k_bias_add<float><<<grid_for(n, EW_THREADS), EW_THREADS, 0, STREAM(o)>>>(rows, bias, Mg, OC);
+        k_bias_add<float>
+            <<<grid_for(n, EW_THREADS), EW_THREADS, 0, STREAM(o)>>>(rows, bias, Mg, OC);
         CK_LAUNCH();
     }
 }
@@ -1441,8 +1492,8 @@ static void cu_grouped_linear_bwd(const ust_ops *o, act *dinp, float *const *dw,
         for (int g = 0; g < G; off += M[g++])
             if (M[g] > 0)
                 cu_linear_bwd(o, dinp ? act_at(o, dinp, off * C) : NULL, dw[g], db ? db[g] : NULL,
-                              act_at(o, dout, off * OC), act_at(o, inp, off * C), w[g], M[g], C,
-                              OC, acc_dinp);
+                              act_at(o, dout, off * OC), act_at(o, inp, off * C), w[g], M[g], C, OC,
+                              acc_dinp);
         return;
     }
     float *Cp[G];
