@@ -323,6 +323,28 @@ static void print_windows(const ust_config *c) {
                                  : "");
 }
 
+/* The mixture of experts: its routing and which layers are MoE (a mixed model's dense layers
+ * have model.d_ff). */
+static void print_moe(const ust_config *c) {
+    const __typeof__(c->model.moe) *m = &c->model.moe;
+    if (m->num_experts <= 0) return;
+    printf("moe: %d experts, top-%d of %s scores", m->num_experts, m->top_k,
+           m->score == MOE_SIGMOID ? "sigmoid" : "softmax");
+    if (m->n_group > 1) printf(" in %d of %d groups", m->topk_group, m->n_group);
+    printf(", gates %s x %g; experts d_ff %d", m->norm_topk ? "renormalized" : "not renormalized",
+           m->routed_scale, m->d_ff_expert);
+    if (m->shared_expert)
+        printf(", shared expert d_ff %d", m->shared_d_ff ? m->shared_d_ff : m->d_ff_expert);
+    printf("; MoE layers");
+    int dense = 0;
+    for (int l = 0; l < c->model.n_layer; l++)
+        if (cfg_layer_is_moe(c, l))
+            printf(" %d", l);
+        else
+            dense++;
+    printf(" of %d (%d dense, d_ff %d)\n", c->model.n_layer, dense, c->model.d_ff);
+}
+
 /* Where the run will write, its positions' RoPE and the datasets it reads. */
 static void print_run_settings(const ust_config *c) {
     printf("outputs: checkpoints %s (every %d steps, resume %s), metrics %s, tensorboard %s\n",
@@ -346,6 +368,7 @@ static void print_run_settings(const ust_config *c) {
     else
         printf("rope: theta %g, no scaling\n", c->model.rope_theta);
     print_windows(c);
+    print_moe(c);
     for (int val = 0; val < 2; val++) {
         cfg_dataset sets[CFG_MAX_BLEND];
         int n = cfg_data_sets(c, val, sets);

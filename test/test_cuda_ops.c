@@ -638,7 +638,7 @@ static void test_cuda_embedding_matches_cpu_vocab_slice_positions_repeats(void) 
     const int B = 3, T = 11, C = 40, V = 30, vs = 5, ve = 25, P = T + 3;
     int32_t tok[B * T], pos[B * T];
     for (int i = 0; i < B * T; i++) tok[i] = irand(i % 4 == 0 ? 8 : V); /* many repeats */
-    for (int r = 0; r < B * T; r++) pos[r] = (r * 7 + 3) % T; /* per token, repeated */
+    for (int r = 0; r < B * T; r++) pos[r] = (r * 7 + 3) % T;           /* per token, repeated */
     float *wte = hrand((ve - vs) * C, 1), *wpe = hrand(P * C, 1), *out = hrand(B * T * C, 1);
     float *gwte = gup(wte, (ve - vs) * C), *gwpe = gup(wpe, P * C);
     float *gout = gup_act(out, B * T * C);
@@ -770,8 +770,18 @@ static void test_cuda_rope_matches_cpu_in_place_and_inverse(void) {
     CPU->rope_fwd(CPU, out, x, pos, B, T, H, D, &(ust_rope){.theta = 10000});
     GPU->rope_fwd(GPU, gout, gx, gpos, B, T, H, D, &(ust_rope){.theta = 10000});
     CHECK_A("rope", gout, out, n, EW, EW);
-    CPU->rope_fwd(CPU, x, x, NULL, B, T, H, D, &(ust_rope){.theta = 500000, .factor = 8, .low_freq_factor = 1, .high_freq_factor = 4, .original_max_pos = 64}); /* in place, default positions */
-    GPU->rope_fwd(GPU, gx, gx, NULL, B, T, H, D, &(ust_rope){.theta = 500000, .factor = 8, .low_freq_factor = 1, .high_freq_factor = 4, .original_max_pos = 64});
+    CPU->rope_fwd(CPU, x, x, NULL, B, T, H, D,
+                  &(ust_rope){.theta = 500000,
+                              .factor = 8,
+                              .low_freq_factor = 1,
+                              .high_freq_factor = 4,
+                              .original_max_pos = 64}); /* in place, default positions */
+    GPU->rope_fwd(GPU, gx, gx, NULL, B, T, H, D,
+                  &(ust_rope){.theta = 500000,
+                              .factor = 8,
+                              .low_freq_factor = 1,
+                              .high_freq_factor = 4,
+                              .original_max_pos = 64});
     CHECK_A("rope in place", gx, x, n, EW, EW);
     CPU->rope_bwd(CPU, out, out, pos, B, T, H, D, &(ust_rope){.theta = 10000});
     GPU->rope_bwd(GPU, gout, gout, gpos, B, T, H, D, &(ust_rope){.theta = 10000});
@@ -839,8 +849,7 @@ static int attention_case(const att_case *c, const att_tol *tol) {
     int ok = 0;
     char what[128];
     CPU->attention_fwd(CPU, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, cq, ck, c->causal, qs);
-    GPU->attention_fwd(GPU, gout, glse, gq, gk, gv, B, Tq, Tk, H, Hkv, D, gqp, gkp, c->causal,
-                       gqs);
+    GPU->attention_fwd(GPU, gout, glse, gq, gk, gv, B, Tq, Tk, H, Hkv, D, gqp, gkp, c->causal, gqs);
     snprintf(what, sizeof what, "%s: out", c->name);
     att_worst_out = fmax(att_worst_out, max_abs_diff(gout, out, nq));
     if (!gclose_act(what, gout, out, nq, tol->out_a, tol->out_r)) goto done;
@@ -1028,8 +1037,8 @@ static int att_full_run(const char *mode, int B, int T, float *const x[4], float
     for (int i = 0; i < 4; i++) g[i] = gup_act(x[i], n);
     for (int i = 0; i < 3; i++) gr[i] = GPU->alloc(GPU, (size_t)n * 2); /* zeroed: += target */
     GPU->attention_fwd(GPU, out, lse, g[0], g[1], g[2], B, T, T, H, H, D, NULL, NULL, 1, NULL);
-    GPU->attention_bwd(GPU, gr[0], gr[1], gr[2], g[3], out, lse, g[0], g[1], g[2], B, T, T, H, H,
-                       D, NULL, NULL, 1, NULL);
+    GPU->attention_bwd(GPU, gr[0], gr[1], gr[2], g[3], out, lse, g[0], g[1], g[2], B, T, T, H, H, D,
+                       NULL, NULL, 1, NULL);
     r[0] = gdown_act(out, n), r[1] = gdown(lse, nl);
     for (int i = 0; i < 3; i++) r[2 + i] = gdown_act(gr[i], n), gfree(gr[i]);
     for (int i = 0; i < 4; i++) gfree(g[i]);
@@ -1325,16 +1334,23 @@ static void test_cuda_moe_ops_match_cpu(void) {
     float *ggate = gup(gate, A), *gpsum = gup(psum, E);
     int32_t *gtk = gupi(topk, A);
     float *bias = hrand(E, 0.3f), *gbias = gup(bias, E); /* the balancing bias moves choices */
-    CPU->moe_router_fwd(CPU, probs, lse, topk, gate, psum, logits, bias, N, E, k);
-    GPU->moe_router_fwd(GPU, gprobs, glse, gtk, ggate, gpsum, glogits, gbias, N, E, k);
+    /* Mixtral's (NULL), Qwen3-MoE's without renormalization, DeepSeek-V3's (sigmoid, 2 of 3
+     * groups, scaled); the last one stays for the ops below */
+    const ops_moe_route routes[3] = {{0, 1, 1, 1, 1.0f}, {0, 0, 1, 1, 1.0f}, {1, 1, 3, 2, 2.5f}};
+    for (int ri = -1; ri < 3; ri++) {
+        const ops_moe_route *r = ri < 0 ? NULL : &routes[ri];
+        CPU->moe_router_fwd(CPU, probs, lse, topk, gate, psum, logits, bias, N, E, k, r);
+        GPU->moe_router_fwd(GPU, gprobs, glse, gtk, ggate, gpsum, glogits, gbias, N, E, k, r);
+        CHECK_G("router probs", gprobs, probs, N * E, EW, EW);
+        CHECK_G("router lse", glse, lse, N, EW, EW);
+        CHECK_G("router gate", ggate, gate, A, EW, EW);
+        CHECK_G("router psum", gpsum, psum, E, EW, EW);
+        GPU->to_host(GPU, gtopk, gtk, sizeof gtopk);
+        for (int a = 0; a < A; a++)
+            CHECK(gtopk[a] == topk[a], "route %d topk[%d]: gpu %d cpu %d", ri, a, gtopk[a],
+                  topk[a]);
+    }
     free(bias), gfree(gbias);
-    CHECK_G("router probs", gprobs, probs, N * E, EW, EW);
-    CHECK_G("router lse", glse, lse, N, EW, EW);
-    CHECK_G("router gate", ggate, gate, A, EW, EW);
-    CHECK_G("router psum", gpsum, psum, E, EW, EW);
-    GPU->to_host(GPU, gtopk, gtk, sizeof gtopk);
-    for (int a = 0; a < A; a++)
-        CHECK(gtopk[a] == topk[a], "topk[%d]: gpu %d cpu %d", a, gtopk[a], topk[a]);
 
     /* assignment a goes to row src-order position pos[a]; one dropped */
     int32_t src[N * k], pos[N * k];
@@ -1360,11 +1376,13 @@ static void test_cuda_moe_ops_match_cpu(void) {
 
     float *aux = hrand(E, 0.1f), *gaux = gup(aux, E), *dl = hrand(N * E, 1);
     float *gdl = gup_act(dl, N * E);
-    for (int full = 0; full < 2; full++) {
-        CPU->moe_router_bwd(CPU, dl, full ? dg : NULL, probs, lse, topk, gate, full ? aux : NULL,
-                            full ? 0.01f : 0.0f, N, E, k);
-        GPU->moe_router_bwd(GPU, gdl, full ? gdg : NULL, gprobs, glse, gtk, ggate,
-                            full ? gaux : NULL, full ? 0.01f : 0.0f, N, E, k);
+    for (int full = 0; full < 4; full++) { /* 2, 3: under the last (sigmoid) route */
+        const ops_moe_route *r = full >= 2 ? &routes[2] : NULL;
+        int f = full & 1;
+        CPU->moe_router_bwd(CPU, dl, f ? dg : NULL, probs, lse, topk, gate, f ? aux : NULL,
+                            f && !r ? 0.01f : 0.0f, N, E, k, r);
+        GPU->moe_router_bwd(GPU, gdl, f ? gdg : NULL, gprobs, glse, gtk, ggate, f ? gaux : NULL,
+                            f && !r ? 0.01f : 0.0f, N, E, k, r);
         CHECK_A("router dlogits", gdl, dl, N * E, EW, 1e-4);
     }
     free(logits), free(probs), free(lse), free(gate), free(psum), free(x), free(rows), free(y);

@@ -124,6 +124,7 @@ static double silu64(double x) { return x / (1.0 + exp(-x)); }
 static void ref_expert(const ref_ctx *r, const moe_expert *e, const double *x, double scale,
                        double *out) {
     int C = r->cfg->model.d_model, F = r->cfg->model.moe.d_ff_expert;
+    if (e == &r->w->shared && r->cfg->model.moe.shared_d_ff > 0) F = r->cfg->model.moe.shared_d_ff;
     int llama = r->cfg->model.arch == ARCH_LLAMA;
     double h[256];
     for (int f = 0; f < F; f++) {
@@ -138,6 +139,40 @@ static void ref_expert(const ref_ctx *r, const moe_expert *e, const double *x, d
         double s = e->down_b ? e->down_b[c] : 0.0;
         for (int f = 0; f < F; f++) s += (double)e->down[c * F + f] * h[f];
         out[c] += scale * s;
+    }
+}
+
+/* A token's k experts (descending scores p + bias, ties to the lower index), group-limited
+ * (n_group > 1: only the topk_group groups whose two best p + bias sum highest), written from
+ * DeepSeek-V3's description independently of ops_cpu.c. */
+static void ref_select(const __typeof__(((ust_config *)0)->model.moe) *mc, const double *p,
+                       const float *bias, int *sel) {
+    int E = mc->num_experts, G = mc->n_group, Eg = E / G, ok[64];
+    double sc[64], gs[64];
+    for (int e = 0; e < E; e++) sc[e] = p[e] + (bias ? bias[e] : 0), ok[e] = G == 1;
+    for (int g = 0; g < G; g++) { /* the sum of the group's two highest */
+        double a = -INFINITY, b = -INFINITY;
+        for (int e = g * Eg; e < (g + 1) * Eg; e++)
+            if (sc[e] > a)
+                b = a, a = sc[e];
+            else if (sc[e] > b)
+                b = sc[e];
+        gs[g] = a + b;
+    }
+    for (int t = 0; t < mc->topk_group && G > 1; t++) {
+        int best = -1;
+        for (int g = 0; g < G; g++)
+            if (!ok[g * Eg] && (best < 0 || gs[g] > gs[best])) best = g;
+        for (int e = best * Eg; e < (best + 1) * Eg; e++) ok[e] = 1;
+    }
+    for (int j = 0; j < mc->top_k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++) {
+            int used = !ok[e];
+            for (int m = 0; m < j; m++) used |= sel[m] == e;
+            if (!used && (best < 0 || sc[e] > sc[best])) best = e;
+        }
+        sel[j] = best;
     }
 }
 
@@ -161,28 +196,24 @@ static double ref_loss(const ref_ctx *r, const float *x, const float *dy, double
             for (int c = 0; c < C; c++) lg[e] += (double)r->w->router[e * C + c] * xn[c];
             mx = fmax(mx, lg[e]);
         }
-        for (int e = 0; e < E; e++) s += exp(lg[e] - mx);
-        for (int e = 0; e < E; e++)
-            p[e] = exp(lg[e] - mx) / s, psum[e] += p[e], spsum[n / Tl][e] += p[e];
-        zsum += pow(mx + log(s), 2);
+        int sig = mc->score == MOE_SIGMOID;
+        for (int e = 0; e < E; e++) p[e] = sig ? 1 / (1 + exp(-lg[e])) : exp(lg[e] - mx);
+        for (int e = 0; e < E; e++) s += p[e];
+        for (int e = 0; e < E; e++) { /* the aux statistics: softmax, or normalized sigmoid */
+            if (!sig) p[e] /= s;
+            psum[e] += sig ? p[e] / s : p[e], spsum[n / Tl][e] += sig ? p[e] / s : p[e];
+        }
+        if (!sig) zsum += pow(mx + log(s), 2);
         int sel[64];
         double S = 0;
-        for (int j = 0; j < k; j++) {
-            int best = -1;
-            for (int e = 0; e < E; e++) {
-                int used = 0;
-                for (int m = 0; m < j; m++) used |= sel[m] == e;
-                if (!used &&
-                    (best < 0 || p[e] + (bias ? bias[e] : 0) > p[best] + (bias ? bias[best] : 0)))
-                    best = e;
-            }
-            sel[j] = best, S += p[best];
-        }
+        ref_select(mc, p, bias, sel);
+        for (int j = 0; j < k; j++) S += p[sel[j]];
         for (int j = 0; j < k; j++) {
             int e = sel[j];
             cnt[e]++, scnt[n / Tl][e]++;
             if (kept[e]++ >= cap) continue; /* dropped: contributes nothing */
-            ref_expert(r, &r->w->experts[e], xn, p[e] / S, y);
+            ref_expert(r, &r->w->experts[e], xn,
+                       (mc->norm_topk ? p[e] / S : p[e]) * mc->routed_scale, y);
         }
         if (mc->shared_expert) ref_expert(r, &r->w->shared, xn, 1.0, y);
         for (int c = 0; c < C; c++) {
@@ -513,10 +544,85 @@ static void test_moe_every_selects_layers_from_zero(void) {
     CHECK(!moe_layer_is_moe(&c, 0), "no experts");
 }
 
+/* DeepSeek's first_k_dense_replace (first_dense) and an explicit per-layer list (Qwen3-MoE's
+ * mlp_only_layers / decoder_sparse_step), with first_dense over the list */
+static void test_moe_first_dense_and_layer_list_select_layers(void) {
+    ust_config c;
+    moe_config(&c, ARCH_LLAMA, 4, 2, 8, 8, 0);
+    c.model.n_layer = 4;
+    c.model.moe.first_dense = 1;
+    CHECK(!moe_layer_is_moe(&c, 0) && moe_layer_is_moe(&c, 1) && moe_layer_is_moe(&c, 3),
+          "first_dense 1");
+    snprintf(c.model.moe.layers, sizeof c.model.moe.layers, "1,1,0,1");
+    CHECK(!moe_layer_is_moe(&c, 0) && moe_layer_is_moe(&c, 1) && !moe_layer_is_moe(&c, 2) &&
+              moe_layer_is_moe(&c, 3),
+          "list 1,1,0,1 after first_dense 1");
+    c.model.moe.first_dense = 0;
+    CHECK(moe_layer_is_moe(&c, 0) && !moe_layer_is_moe(&c, 2), "list alone");
+}
+
+/* The router's options on a hand case (sigmoid scores s, logits = logit(s)), E = 4 in 2 groups
+ * of 2, top-2 within the one chosen group, scale 2: group 0 holds s = (.9, .1) (top-2 sum 1.0,
+ * max .9), group 1 (.6, .55) (sum 1.15, max .6): the top-2 sums choose group 1, experts 2, 3;
+ * gates 2 s = (1.2, 1.1), renormalized 2 s / 1.15. A bias of .2 on expert 0 moves group 0's sum
+ * to 1.2 and the choice to experts 0, 1, but not the gates: 2 s = (1.8, .2). */
+static void test_moe_router_groups_bias_and_norm_hand_case(void) {
+    ust_ops *o = ops_cpu_create(1, 1);
+    const float s[4] = {0.9f, 0.1f, 0.6f, 0.55f}, b[4] = {0.2f, 0, 0, 0};
+    float lg[4], probs[4], lse[1], gate[2], psum[4];
+    int32_t tk[2];
+    for (int e = 0; e < 4; e++) lg[e] = logf(s[e] / (1 - s[e]));
+    for (int v = 0; v < 4; v++) {
+        int norm = v & 1, bias = v >> 1;
+        ops_moe_route r = {1, norm, 2, 1, 2.0f};
+        o->moe_router_fwd(o, probs, lse, tk, gate, psum, lg, bias ? b : NULL, 1, 4, 2, &r);
+        int e0 = bias ? 0 : 2, e1 = bias ? 1 : 3;
+        double S = s[e0] + s[e1], g0 = 2 * s[e0] / (norm ? S : 1), g1 = 2 * s[e1] / (norm ? S : 1);
+        CHECK(tk[0] == e0 && tk[1] == e1, "norm %d bias %d: experts %d %d, want %d %d", norm, bias,
+              tk[0], tk[1], e0, e1);
+        CHECK(fabs(gate[0] - g0) < 1e-6 && fabs(gate[1] - g1) < 1e-6,
+              "norm %d bias %d: gates %.7g %.7g, want %.7g %.7g", norm, bias, gate[0], gate[1], g0,
+              g1);
+        CHECK(fabs(lse[0] - 2.15f) < 1e-6 && fabs(psum[1] - 0.1f / 2.15f) < 1e-6,
+              "score sum %.7g, normalized affinity %.7g", lse[0], psum[1]);
+    }
+    o->destroy(o);
+}
+
+/* The layer under each routing option against the fp64 reference (forward and every gradient):
+ * Qwen3-MoE's (softmax, no renormalization), DeepSeek-V3's (sigmoid, 2 of 4 groups, scale 2.5,
+ * a balancing bias, a shared expert of its own width, the aux and sequence-wise losses through
+ * the normalized affinities) and sigmoid without renormalization. */
+static void test_moe_routing_options_gradients_match_finite_differences(void) {
+    for (int v = 0; v < 3 && !t_failed_flag; v++) {
+        fixture f;
+        moe_config(&f.cfg, ARCH_LLAMA, 8, 2, 8, 6, v == 1);
+        f.cfg.model.moe.aux_loss_coef = 0.3;
+        f.cfg.model.moe.z_loss_coef = v == 0 ? 0.05 : 0;
+        f.cfg.model.moe.norm_topk = v == 1;
+        f.cfg.model.moe.score = v == 0 ? MOE_SOFTMAX : MOE_SIGMOID;
+        f.cfg.model.moe.n_group = v == 1 ? 4 : 1;
+        f.cfg.model.moe.topk_group = v == 1 ? 2 : 1;
+        f.cfg.model.moe.routed_scale = v == 1 ? 2.5 : 1;
+        f.cfg.model.moe.shared_d_ff = v == 1 ? 10 : 0;
+        f.cfg.model.moe.bias_update_rate = v == 1 ? 0.01 : 0;
+        f.cfg.train.micro_batch_size = 3;
+        f.cfg.model.moe.seq_aux_loss_coef = v == 2 ? 0.4 : 0;
+        fixture_make(&f, 12);
+        fill_random(&f, 41 + v);
+        char why[512];
+        const char *what[] = {"softmax no norm", "sigmoid groups scale bias shared", "sigmoid"};
+        int bad = check_gradients(&f, what[v], why, sizeof why);
+        fixture_free(&f);
+        CHECK(!bad, "%s", why);
+    }
+}
+
 /* moe_acts_bytes (for the memory plan) is exactly what moe_acts_init takes from the arena. */
 static void test_moe_acts_bytes_match_the_arena(void) {
     ust_config c;
     moe_config(&c, ARCH_LLAMA, 4, 2, 8, 8, 1);
+    c.model.moe.shared_d_ff = 20; /* a shared expert wider than the routed ones */
     ust_ops *o = ops_cpu_create(1, 1);
     ust_arena a;
     mem_init(&a, o);
@@ -722,6 +828,9 @@ int main(void) {
     RUN_TEST(test_moe_params_name_local_experts_by_global_index);
     RUN_TEST(test_moe_gpt2_params_have_biases_without_decay);
     RUN_TEST(test_moe_every_selects_layers_from_zero);
+    RUN_TEST(test_moe_first_dense_and_layer_list_select_layers);
+    RUN_TEST(test_moe_router_groups_bias_and_norm_hand_case);
+    RUN_TEST(test_moe_routing_options_gradients_match_finite_differences);
     RUN_TEST(test_moe_acts_bytes_match_the_arena);
     RUN_TEST(test_moe_layer_on_cuda_matches_cpu);
     return TEST_SUMMARY();

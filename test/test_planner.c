@@ -85,16 +85,52 @@ static void test_parameter_count_equals_the_memory_plans() {
     moe(&m);
     s = m, s.model.moe.shared_expert = true, s.model.moe.every = 2, s.model.arch = ARCH_GPT2;
     s.model.n_kv_head = 4;
-    const ust_config *all[] = {&c, &g, &m, &s};
-    const char *names[] = {"llama", "gpt2 (tied, biases, positions)", "llama MoE",
-                           "gpt2 MoE every 2 with a shared expert"};
-    for (int i = 0; i < 4; i++) {
+    ust_config d = m, q = m; /* DeepSeek's dense first layer, a wider shared expert; Qwen3's list */
+    d.model.moe.first_dense = 1, d.model.d_ff = 96, d.model.moe.shared_expert = true;
+    d.model.moe.shared_d_ff = 160;
+    snprintf(q.model.moe.layers, sizeof q.model.moe.layers, "0,1,0,1");
+    const ust_config *all[] = {&c, &g, &m, &s, &d, &q};
+    const char *names[] = {"llama",
+                           "gpt2 (tied, biases, positions)",
+                           "llama MoE",
+                           "gpt2 MoE every 2 with a shared expert",
+                           "first_dense 1, shared_d_ff 160",
+                           "moe.layers 0,1,0,1"};
+    for (int i = 0; i < 6; i++) {
         mem_plan p;
         plan_memory(all[i], &p);
         planner_model_sizes(all[i], &z);
         CHECK(z.n_params == (double)p.n_params, "%s: planner %.0f, memory plan %lld", names[i],
               z.n_params, (long long)p.n_params);
     }
+}
+
+/* A mixed model's MoE layers sit unevenly on the pipeline: with 4 layers on pp = 2 and the
+ * first 2 dense, rank 1 holds both MoE layers, so its expert traffic is that of a model whose
+ * every layer is MoE (not half of it), and the compute stretches to the slower stage's. */
+static void test_mixed_layers_count_on_the_rank_that_holds_them() {
+    ust_config m, d, a, b;
+    moe(&m);
+    d = m, d.model.moe.first_dense = 2;
+    planner_hw hw = hw_of(1e11, 1e10, 8);
+    CHECK(!layout(&a, &m, LAYOUT(.dp = 2, .ep = 2, .pp = 2), 8), "all MoE layout");
+    CHECK(!layout(&b, &d, LAYOUT(.dp = 2, .ep = 2, .pp = 2), 8), "first_dense layout");
+    planner_cost ca, cb;
+    planner_estimate(&a, &hw, &ca);
+    planner_estimate(&b, &hw, &cb);
+    CHECK_CLOSE(cb.group[PLAN_EP], ca.group[PLAN_EP], 0, 1e-12, "ep time of the MoE stage");
+    planner_sizes z;
+    planner_model_sizes(&b, &z);
+    CHECK(z.n_moe == 2, "2 MoE layers, %d", z.n_moe);
+    /* per layer: attention + its MLP (or its router and active experts) + scores' 2 C T */
+    double T = b.train.seq_len, C = b.model.d_model, L = b.model.n_layer;
+    double fd = z.attn + z.mlp + 2 * C * T, fm = z.attn + 2 * C * T + z.mm_moe / z.n_moe;
+    double slowest = 2 * (fd > fm ? fd : fm) / (fd + fm);
+    double tokens = (double)b.train.global_batch_size * T;
+    double flops = tokens / 2 * (6 * z.mm_dense + 12 * L * C * T + 6 * z.mm_moe) / 2;
+    CHECK(slowest > 1.01, "the stages differ: %g", slowest);
+    CHECK_CLOSE(cb.compute, slowest * flops / (hw.mfu * hw.peak_flops), 0, 1e-9,
+                "compute at the slower stage's pace");
 }
 
 static void test_flops_per_token_by_hand() {
@@ -539,6 +575,7 @@ int main(void) {
     RUN_TEST(test_group_is_intra_node_when_its_span_fits_and_divides_the_node);
     RUN_TEST(test_parameter_count_equals_the_memory_plans);
     RUN_TEST(test_flops_per_token_by_hand);
+    RUN_TEST(test_mixed_layers_count_on_the_rank_that_holds_them);
     RUN_TEST(test_compute_and_pipeline_bubble);
     RUN_TEST(test_moe_compute_splits_over_tp);
     RUN_TEST(test_dp_only_gradient_all_reduce);

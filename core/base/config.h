@@ -32,6 +32,7 @@
 /* ARCH_AUTO: the architecture of a Hugging Face model.init_from (hf_import resolves it before
  * cfg_validate, which refuses it unresolved) */
 typedef enum { ARCH_GPT2, ARCH_LLAMA, ARCH_AUTO } ust_arch;
+typedef enum { MOE_SOFTMAX, MOE_SIGMOID } ust_moe_score; /* model.moe.score */
 typedef enum { ROPE_NONE, ROPE_LLAMA3, ROPE_YARN } ust_rope_scaling;
 typedef enum { DEV_CPU, DEV_CUDA } ust_device;
 typedef enum { PREC_FP32, PREC_BF16 } ust_precision;
@@ -81,6 +82,19 @@ typedef struct {
             double seq_aux_loss_coef;
             bool grouped_gemm; /* the local experts' projections as one grouped GEMM each
                                 * (default); false: one linear per expert (for comparison) */
+            /* which layers are MoE (cfg_layer_is_moe): the first first_dense are dense
+             * (DeepSeek's first_k_dense_replace); layers "" (every-th) or one 0/1 per layer */
+            int first_dense;
+            char layers[256];
+            /* routing (moe.h): scores softmax or sigmoid (DeepSeek-V3); the k gates
+             * renormalized to sum 1 (norm_topk, Qwen3-MoE's norm_topk_prob) and times
+             * routed_scale; group-limited choice: the experts in n_group groups, the k chosen
+             * within the topk_group groups of highest top-2 score sums */
+            ust_moe_score score;
+            bool norm_topk;
+            int n_group, topk_group;
+            double routed_scale;
+            int shared_d_ff; /* the shared expert's width (0: d_ff_expert) */
         } moe;
         struct { /* Llama 3.1's rope_scaling (ops.h ust_rope) */
             ust_rope_scaling type;
@@ -236,6 +250,9 @@ bool cfg_tied(const ust_config *c); /* gpt2, or llama with tie_embeddings */
 /* model.sliding_window of layer l: query i sees keys j with i - W < j <= i; 0: full attention
  * (no window, or one of at least model.max_seq_len). */
 int cfg_layer_window(const ust_config *c, int l);
+/* Layer l (0-based) is a MoE layer: model.moe.num_experts > 0, l >= moe.first_dense, and
+ * moe.layers[l] == 1 when the list is given, else l % moe.every == 0. */
+bool cfg_layer_is_moe(const ust_config *c, int l);
 /* Bytes of one activation element (ops.h act_size): 2 (bf16) on cuda under train.precision
  * bf16, else 4. */
 int cfg_act_size(const ust_config *c);

@@ -29,6 +29,7 @@ static const char *const PACKINGS[] = {"concat", "first_fit", NULL};
 static const char *const OVERLONGS[] = {"split", "drop", NULL};
 static const char *const LR_SCHEDULES[] = {"cosine", "linear", "constant", "wsd", NULL};
 const char *const cfg_data_format_names[] = {"llmc", "nanogpt", "megatron", NULL};
+static const char *const MOE_SCORES[] = {"softmax", "sigmoid", NULL};
 
 /* Enum fields are stored through an int. */
 _Static_assert(sizeof(ust_arch) == sizeof(int) && sizeof(ust_device) == sizeof(int) &&
@@ -100,6 +101,14 @@ const cfg_key cfg_keys[] = {
     DBL("model.moe.bias_update_rate", model.moe.bias_update_rate, "0", 0, 1e6, 0),
     BOOL("model.moe.grouped_gemm", model.moe.grouped_gemm, "true"),
     DBL("model.moe.seq_aux_loss_coef", model.moe.seq_aux_loss_coef, "0", 0, INFINITY, 0),
+    INTR("model.moe.first_dense", model.moe.first_dense, "0", 0, 4096),
+    {"model.moe.layers", K_LIST, AT(model.moe.layers), "null", 0, 1, NULLABLE, NULL}, /* 0/1 */
+    ENUM("model.moe.score", model.moe.score, "softmax", MOE_SCORES),
+    BOOL("model.moe.norm_topk", model.moe.norm_topk, "true"),
+    INTR("model.moe.n_group", model.moe.n_group, "1", 1, 4096),
+    INTR("model.moe.topk_group", model.moe.topk_group, "1", 1, 4096),
+    DBL("model.moe.routed_scale", model.moe.routed_scale, "1", 0, 1e6, LO_OPEN),
+    INTR("model.moe.shared_d_ff", model.moe.shared_d_ff, "0", 0, 1 << 22),
     ENUM("model.rope_scaling.type", model.rope_scaling.type, "none", ROPE_SCALINGS),
     DBL("model.rope_scaling.factor", model.rope_scaling.factor, "8", 1, 1e6, 0),
     DBL("model.rope_scaling.low_freq_factor", model.rope_scaling.low_freq_factor, "1", 0, 1e6,

@@ -26,6 +26,60 @@ int cfg_layer_window(const ust_config *c, int l) {
     return w >= c->model.max_seq_len ? 0 : (int)w;
 }
 
+bool cfg_layer_is_moe(const ust_config *c, int l) {
+    const __typeof__(c->model.moe) *m = &c->model.moe;
+    if (m->num_experts <= 0 || l < m->first_dense) return false;
+    if (!m->layers[0]) return l % (m->every > 0 ? m->every : 1) == 0;
+    const char *s = m->layers;
+    long v = 0;
+    for (int i = 0; *s && i <= l; i++) {
+        v = strtol(s, (char **)&s, 10);
+        if (*s == ',') s++;
+    }
+    return v == 1;
+}
+
+/* model.moe.layers (one 0/1 per layer) against every and first_dense: some layer is MoE. */
+static int cfg_check_moe_layers(const ust_config *c, ust_err *e) {
+    const __typeof__(c->model) *m = &c->model;
+    int n = 0, moe = 0;
+    for (const char *s = m->moe.layers; *s; s++) n += *s == ',';
+    n += m->moe.layers[0] != 0;
+    REQUIRE(!n || n == m->n_layer,
+            "model.moe.layers [%s] has %d entries; it takes one per layer (model.n_layer = %d), "
+            "1 for a MoE layer and 0 for a dense one",
+            m->moe.layers, n, m->n_layer);
+    REQUIRE(!n || m->moe.every == 1,
+            "model.moe.layers and model.moe.every (%d) both choose the MoE layers: give one",
+            m->moe.every);
+    const __typeof__(m->moe) *r = &m->moe;
+    int G = r->n_group;
+    REQUIRE(r->topk_group <= G,
+            "model.moe.topk_group (%d) must be <= model.moe.n_group (%d): the groups a token's "
+            "experts are chosen from",
+            r->topk_group, G);
+    REQUIRE(r->num_experts == 0 || r->num_experts % G == 0,
+            "model.moe.num_experts (%d) must be divisible by model.moe.n_group (%d)",
+            r->num_experts, G);
+    REQUIRE(G == 1 || (G <= 64 && r->num_experts / G >= 2),
+            "model.moe.n_group (%d): group-limited routing takes 2..64 groups of at least 2 "
+            "experts each (model.moe.num_experts %d)",
+            G, r->num_experts);
+    REQUIRE(G == 1 || r->top_k <= r->topk_group * (r->num_experts / G),
+            "model.moe.top_k (%d) must be <= model.moe.topk_group x experts per group (%d x %d)",
+            r->top_k, r->topk_group, r->num_experts / G);
+    REQUIRE(r->score != MOE_SIGMOID || r->z_loss_coef == 0,
+            "model.moe.z_loss_coef (%g) needs softmax scores: sigmoid routing (model.moe.score) "
+            "has no log-sum-exp; set it to 0",
+            r->z_loss_coef);
+    for (int l = 0; l < m->n_layer; l++) moe += cfg_layer_is_moe(c, l);
+    REQUIRE(m->moe.num_experts == 0 || moe > 0,
+            "model.moe.num_experts is %d but no layer is MoE (model.moe.first_dense %d, "
+            "model.moe.layers [%s], model.n_layer %d): set num_experts: 0 for a dense model",
+            m->moe.num_experts, m->moe.first_dense, m->moe.layers, m->n_layer);
+    return 0;
+}
+
 /* model.sliding_window: one window, or one per layer; the windows below max_seq_len are one
  * size (the micro-batch carries one set of window starts). */
 static int cfg_check_window(const ust_config *c, ust_err *e) {
@@ -135,6 +189,7 @@ static int cfg_validate_model(const ust_config *c, ust_err *e) {
             c->parallel.ep);
     REQUIRE(moe->num_experts > 0 || c->parallel.ep == 1,
             "parallel.ep (%d) needs experts, but model.moe.num_experts is 0", c->parallel.ep);
+    if (cfg_check_moe_layers(c, e)) return -1;
     return cfg_validate_mla(c, e);
 }
 

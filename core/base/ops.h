@@ -78,6 +78,14 @@ typedef struct {
     float wd;
 } ops_segment;
 
+/* The MoE router's options (moe_router_fwd): sigmoid scores (DeepSeek-V3) instead of softmax,
+ * the k gates renormalized (norm), group-limited choice (n_group > 1: topk_group groups of
+ * E/n_group consecutive experts, at most 64 groups), the gates' factor (scale). */
+typedef struct {
+    int sigmoid, norm, n_group, topk_group;
+    float scale;
+} ops_moe_route;
+
 /* Device memory as a backend sees it (all 0 on the CPU): its own scratch and workspaces outside
  * the arena (bytes), the device allocations it has made so far (arena blocks and scratch growth:
  * none should happen once the first step has sized the scratch), and the device's used and total
@@ -250,19 +258,26 @@ struct ust_ops {
     /* ---- mixture of experts (core/model/moe.c, parallel/ep.c) ----
      * Routing: a token n picks k experts; assignment a = n*k + j is its j-th choice. Rows of the
      * expert buffers are assignments grouped by expert. Index arrays are device int32. */
-    /* Per token over E experts: probs = softmax(logits) in fp32, lse = log-sum-exp (may be NULL),
-     * topk(N,k) the k experts of highest probs + bias (bias(E): the aux-loss-free balancing
-     * bias, selection only; NULL: 0) (descending; ties to the lower index), gate(N,k) their
-     * probabilities (without bias) renormalized to sum 1; psum(E) = column sums of probs (may be
-     * NULL). */
+    /* Per token over E experts (r: the routing options, ops_moe_route; NULL: softmax, norm,
+     * no groups, scale 1): probs = softmax(logits) in fp32 and lse its log-sum-exp, or under
+     * r->sigmoid probs = sigmoid(logits) and lse = the sum of the token's E scores (lse may be
+     * NULL); topk(N,k) the k experts of highest probs + bias (bias(E): the aux-loss-free
+     * balancing bias, selection only; NULL: 0) (descending; ties to the lower index), among the
+     * experts of the topk_group groups (of n_group, consecutive experts) whose two highest
+     * probs + bias sum highest; gate(N,k) their probs (without bias), renormalized to sum 1
+     * under r->norm, times r->scale; psum(E) = column sums of probs (sigmoid: of each token's
+     * probs over their sum, DeepSeek-V3's normalized affinities) (may be NULL). */
     void (*moe_router_fwd)(const ust_ops *o, float *probs, float *lse, int32_t *topk, float *gate,
-                           float *psum, const act *logits, const float *bias, int N, int E, int k);
-    /* dlogits(N,E) = softmax backward of dprobs, where dprobs = the gate renormalization's
-     * backward of dgate(N,k) (NULL: 0) + aux_dp[e] for every token (NULL: 0), plus zscale * lse[n]
-     * * probs (the gradient of zscale/2 * lse^2). Overwrites dlogits. */
+                           float *psum, const act *logits, const float *bias, int N, int E, int k,
+                           const ops_moe_route *r);
+    /* dlogits(N,E) = the scores' backward (softmax, or sigmoid: s (1 - s)) of dprobs, where
+     * dprobs = the gates' backward (renormalization and scale) of dgate(N,k) (NULL: 0) +
+     * aux_dp[e] for every token (NULL: 0; sigmoid: through the normalized affinities), plus,
+     * softmax only, zscale * lse[n] * probs (the gradient of zscale/2 * lse^2). Overwrites. */
     void (*moe_router_bwd)(const ust_ops *o, act *dlogits, const float *dgate, const float *probs,
                            const float *lse, const int32_t *topk, const float *gate,
-                           const float *aux_dp, float zscale, int N, int E, int k);
+                           const float *aux_dp, float zscale, int N, int E, int k,
+                           const ops_moe_route *r);
     /* out(M,C): row i = inp[src[i] / div] * (scale ? scale[src[i]] : 1). Gathers token rows into
      * expert order (div = k, scale = gate for a gradient) or permutes rows (div = 1). */
     void (*moe_gather)(const ust_ops *o, act *out, const act *inp, const int32_t *src,

@@ -1165,56 +1165,125 @@ static int chosen(const int32_t *sel, int j, int e) {
     return 0;
 }
 
+static const ops_moe_route route_default = {0, 1, 1, 1, 1.0f};
+
+/* One token's scores p(E) (+ bias) -> its k experts sel, descending, ties to the lower index:
+ * with groups, only among the topk_group groups of highest top-2 sums (groups chosen the same
+ * way). */
+static void route_select(const float *p, const float *bias, int E, int k, const ops_moe_route *r,
+                         int32_t *sel) {
+    int G = r->n_group > 1 ? r->n_group : 1, Eg = E / G, T = G > 1 ? r->topk_group : G;
+    uint64_t groups = G > 1 ? 0 : 1; /* bit g: group g may be chosen (one group: all) */
+#define SC(e) (p[e] + (bias ? bias[e] : 0.0f))
+    for (int t = 0; t < T && G > 1; t++) {
+        int best = -1;
+        float bs = 0.0f;
+        for (int g = 0; g < G; g++) {
+            if (groups >> g & 1) continue;
+            float m1 = -INFINITY, m2 = -INFINITY; /* the group's two highest */
+            for (int e = g * Eg; e < (g + 1) * Eg; e++) {
+                float v = SC(e);
+                if (v > m1)
+                    m2 = m1, m1 = v;
+                else if (v > m2)
+                    m2 = v;
+            }
+            float gs = m1 + m2;
+            if (best < 0 || gs > bs) best = g, bs = gs;
+        }
+        groups |= (uint64_t)1 << best;
+    }
+    for (int j = 0; j < k; j++) { /* k passes: strict > keeps the lower index on ties */
+        int best = -1;
+        for (int e = 0; e < E; e++)
+            if ((groups >> (G > 1 ? e / Eg : 0) & 1) && !chosen(sel, j, e) &&
+                (best < 0 || SC(e) > SC(best)))
+                best = e;
+        sel[j] = best;
+    }
+#undef SC
+}
+
+/* psum(E) += each token's probs (sigmoid: over the token's score sum), in token order in fp64 */
+static void route_psum(float *psum, const float *probs, const float *rowsum, int N, int E) {
+    double acc[E];
+    for (int e = 0; e < E; e++) acc[e] = 0.0;
+    for (int n = 0; n < N; n++)
+        for (int e = 0; e < E; e++)
+            acc[e] += (double)probs[(int64_t)n * E + e] / (rowsum ? rowsum[n] : 1.0f);
+    for (int e = 0; e < E; e++) psum[e] = (float)acc[e];
+}
+
 static void cpu_moe_router_fwd(const ust_ops *o, float *probs, float *lse, int32_t *topk,
                                float *gate, float *psum, const act *logits_, const float *bias,
-                               int N, int E, int k) {
+                               int N, int E, int k, const ops_moe_route *r) {
     const float *logits = logits_;
+    if (!r) r = &route_default;
     UST_ASSERT(k >= 1 && k <= E, "top-%d of %d experts", k, E);
+    UST_ASSERT(r->n_group <= 1 ||
+                   (E % r->n_group == 0 && r->n_group <= 64 && r->topk_group <= r->n_group &&
+                    k <= r->topk_group * E / r->n_group),
+               "top-%d of %d experts in %d of %d groups", k, E, r->topk_group, r->n_group);
+    float *rowsum = r->sigmoid && psum && !lse ? malloc((size_t)N * sizeof(float)) : lse;
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int n = 0; n < N; n++) {
         const float *x = logits + (int64_t)n * E;
         float *p = probs + (int64_t)n * E;
-        float mx = -INFINITY;
-        for (int e = 0; e < E; e++) mx = x[e] > mx ? x[e] : mx;
-        double sum = 0.0;
-        for (int e = 0; e < E; e++) sum += expf(x[e] - mx);
-        float inv = (float)(1.0 / sum);
-        for (int e = 0; e < E; e++) p[e] = expf(x[e] - mx) * inv;
-        if (lse) lse[n] = mx + (float)log(sum);
+        if (r->sigmoid) {
+            double sum = 0.0;
+            for (int e = 0; e < E; e++) p[e] = 1.0f / (1.0f + expf(-x[e])), sum += p[e];
+            if (rowsum) rowsum[n] = (float)sum;
+        } else {
+            float mx = -INFINITY;
+            for (int e = 0; e < E; e++) mx = x[e] > mx ? x[e] : mx;
+            double sum = 0.0;
+            for (int e = 0; e < E; e++) sum += expf(x[e] - mx);
+            float inv = (float)(1.0 / sum);
+            for (int e = 0; e < E; e++) p[e] = expf(x[e] - mx) * inv;
+            if (lse) lse[n] = mx + (float)log(sum);
+        }
         int32_t *sel = topk + (int64_t)n * k;
         float *g = gate + (int64_t)n * k, s = 0.0f;
-        for (int j = 0; j < k; j++) { /* k passes: strict > keeps the lower index on ties */
-            int best = -1;
-            for (int e = 0; e < E; e++)
-                if (!chosen(sel, j, e) && (best < 0 || p[e] + (bias ? bias[e] : 0.0f) >
-                                                           p[best] + (bias ? bias[best] : 0.0f)))
-                    best = e;
-            sel[j] = best;
-            s += p[best];
-        }
-        for (int j = 0; j < k; j++) g[j] = p[sel[j]] / s;
+        route_select(p, bias, E, k, r, sel);
+        for (int j = 0; j < k; j++) s += p[sel[j]];
+        for (int j = 0; j < k; j++) g[j] = (r->norm ? p[sel[j]] / s : p[sel[j]]) * r->scale;
     }
-    if (psum) column_sums(o, psum, probs, N, E, 0);
+    if (psum && r->sigmoid)
+        route_psum(psum, probs, rowsum, N, E);
+    else if (psum)
+        column_sums(o, psum, probs, N, E, 0);
+    if (rowsum != lse) free(rowsum);
 }
 
-/* gate_j = p_{i_j} / S with S = sum_m p_{i_m}: dp_{i_j} += (dgate_j - sum_m dgate_m gate_m) / S.
- * Softmax: dlogit_e = p_e (dp_e - sum_f p_f dp_f); the z-loss adds zscale lse p_e. */
+/* gate_j = c p_{i_j} / S with S = sum_m p_{i_m} (norm; else c p_{i_j}):
+ * dp_{i_j} += (c dgate_j - sum_m dgate_m gate_m) / S (else c dgate_j). Softmax:
+ * dlogit_e = p_e (dp_e - sum_f p_f dp_f); the z-loss adds zscale lse p_e. Sigmoid: the aux
+ * factors reach q_e = p_e / sum_f p_f (lse holds the sum), dp_f += (aux_f - sum_e aux_e q_e) /
+ * sum; dlogit_e = p_e (1 - p_e) dp_e. */
 static void cpu_moe_router_bwd(const ust_ops *o, act *dlogits_, const float *dgate,
                                const float *probs, const float *lse, const int32_t *topk,
                                const float *gate, const float *aux_dp, float zscale, int N, int E,
-                               int k) {
+                               int k, const ops_moe_route *r) {
     float *dlogits = dlogits_;
+    if (!r) r = &route_default;
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int n = 0; n < N; n++) {
         const float *p = probs + (int64_t)n * E;
         float *d = dlogits + (int64_t)n * E; /* holds dprobs first */
-        for (int e = 0; e < E; e++) d[e] = aux_dp ? aux_dp[e] : 0.0f;
+        float aq = 0.0f, inv = r->sigmoid && aux_dp ? 1.0f / lse[n] : 1.0f;
+        for (int e = 0; e < E && r->sigmoid && aux_dp; e++) aq += aux_dp[e] * p[e] * inv;
+        for (int e = 0; e < E; e++) d[e] = aux_dp ? (aux_dp[e] - aq) * inv : 0.0f;
         if (dgate) {
             const int32_t *sel = topk + (int64_t)n * k;
             const float *dg = dgate + (int64_t)n * k, *g = gate + (int64_t)n * k;
             float s = 0.0f, dot = 0.0f;
             for (int j = 0; j < k; j++) s += p[sel[j]], dot += dg[j] * g[j];
-            for (int j = 0; j < k; j++) d[sel[j]] += (dg[j] - dot) / s;
+            for (int j = 0; j < k; j++)
+                d[sel[j]] += r->norm ? (r->scale * dg[j] - dot) / s : r->scale * dg[j];
+        }
+        if (r->sigmoid) {
+            for (int e = 0; e < E; e++) d[e] = p[e] * (1.0f - p[e]) * d[e];
+            continue;
         }
         double pd = 0.0;
         for (int e = 0; e < E; e++) pd += (double)p[e] * d[e];

@@ -222,16 +222,16 @@ static double pf_sum(const ust_ops *o, const float *x, int64_t n) {
 }
 static void pf_moe_router_fwd(const ust_ops *o, float *probs, float *lse, int32_t *topk,
                               float *gate, float *psum, const act *logits, const float *bias, int N,
-                              int E, int k) {
+                              int E, int k, const ops_moe_route *r) {
     TIMED(P_moe_router_fwd,
-          in->moe_router_fwd(in, probs, lse, topk, gate, psum, logits, bias, N, E, k));
+          in->moe_router_fwd(in, probs, lse, topk, gate, psum, logits, bias, N, E, k, r));
 }
 static void pf_moe_router_bwd(const ust_ops *o, act *dlogits, const float *dgate,
                               const float *probs, const float *lse, const int32_t *topk,
                               const float *gate, const float *aux_dp, float zscale, int N, int E,
-                              int k) {
-    TIMED(P_moe_router_bwd,
-          in->moe_router_bwd(in, dlogits, dgate, probs, lse, topk, gate, aux_dp, zscale, N, E, k));
+                              int k, const ops_moe_route *r) {
+    TIMED(P_moe_router_bwd, in->moe_router_bwd(in, dlogits, dgate, probs, lse, topk, gate, aux_dp,
+                                               zscale, N, E, k, r));
 }
 static void pf_moe_gather(const ust_ops *o, act *out, const act *inp, const int32_t *src,
                           const float *scale, int M, int C, int div) {

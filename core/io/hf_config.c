@@ -332,6 +332,60 @@ static int parse_mixtral(const jctx *x, ust_config *c) {
                : 0;
 }
 
+/* Qwen3-MoE: Qwen3's attention; layer l is sparse unless listed in mlp_only_layers, and only
+ * when (l + 1) % decoder_sparse_step == 0 (model.moe.layers, one 0/1 per layer); the dense
+ * layers' MLP is intermediate_size wide, the experts moe_intermediate_size; softmax top-k,
+ * renormalized under norm_topk_prob; no shared expert. */
+static int parse_qwen3_moe(const jctx *x, ust_config *c) {
+    __typeof__(c->model.moe) *moe = &c->model.moe;
+    int step = 1, n = 0, i = 0;
+    if (parse_llama_common(x, c, 10000, 1e-6)) return -1;
+    c->model.qk_norm = true;
+    if (refuse_true(x, "attention_bias", "Qwen3MoeForCausalLM with q/k/v/o biases") ||
+        refuse_true(x, "use_sliding_window", "ustrain imports Qwen3-MoE with full attention") ||
+        jint(x, "moe_intermediate_size", -1, 1, &moe->d_ff_expert) ||
+        jint(x, "num_experts_per_tok", -1, 1, &moe->top_k) ||
+        jint(x, "decoder_sparse_step", 1, 1, &step) ||
+        jbool(x, "norm_topk_prob", false, &moe->norm_topk) ||
+        jdbl(x, "router_aux_loss_coef", 0.001, &moe->aux_loss_coef))
+        return -1;
+    const char *ne = jget(x, "num_experts") ? "num_experts" : "num_local_experts";
+    if (jint(x, ne, -1, 1, &moe->num_experts)) return -1;
+    if (!(moe->aux_loss_coef >= 0 && isfinite(moe->aux_loss_coef)))
+        return ust_errf(x->e, "%s: router_aux_loss_coef = %g: expected a finite value >= 0",
+                        x->path, moe->aux_loss_coef);
+    moe->every = 1;
+    moe->shared_expert = false;
+    int L = c->model.n_layer;
+    char *sparse = calloc((size_t)L, 1);
+    if (!sparse) return ust_errf(x->e, "out of memory");
+    for (int l = 0; l < L; l++) sparse[l] = (l + 1) % step == 0;
+    const cJSON *only = jget(x, "mlp_only_layers"), *t;
+    if (only && !cJSON_IsArray(only)) {
+        free(sparse);
+        return ust_errf(x->e, "%s: 'mlp_only_layers' is not a list of layer indices", x->path);
+    }
+    cJSON_ArrayForEach(t, only) {
+        if (!cJSON_IsNumber(t) || t->valuedouble != (int)t->valuedouble || t->valueint < 0 ||
+            t->valueint >= L) {
+            free(sparse);
+            return ust_errf(x->e, "%s: mlp_only_layers[%d] is not a layer index in 0..%d", x->path,
+                            i, L - 1);
+        }
+        sparse[t->valueint] = 0, i++;
+    }
+    size_t cap = sizeof moe->layers, off = 0;
+    moe->layers[0] = 0;
+    for (int l = 0; l < L; l++) n += sparse[l];
+    for (int l = 0; n < L && (size_t)L * 2 <= cap && l < L; l++) /* all sparse: "" */
+        off += (size_t)snprintf(moe->layers + off, cap - off, "%s%d", l ? "," : "", sparse[l]);
+    free(sparse);
+    if (n < L && (size_t)L * 2 > cap)
+        return ust_errf(x->e, "%s: the sparse layers of %d layers do not fit model.moe.layers",
+                        x->path, L);
+    return 0;
+}
+
 static int parse_gpt2(const jctx *x, ust_config *c) {
     __typeof__(c->model) *m = &c->model;
     m->arch = ARCH_GPT2;
@@ -371,6 +425,7 @@ static const struct {
     {"Qwen3ForCausalLM", "qwen3", parse_qwen3},
     {"MistralForCausalLM", "mistral", parse_mistral},
     {"MixtralForCausalLM", "mixtral", parse_mixtral},
+    {"Qwen3MoeForCausalLM", "qwen3_moe", parse_qwen3_moe},
     {"GPT2LMHeadModel", "gpt2", parse_gpt2},
     {"DeepseekV3ForCausalLM", "deepseek_v3", parse_deepseek_v3},
     // clang-format on
@@ -400,7 +455,7 @@ int hf_config_parse(const cJSON *j, const char *path, ust_config *c, char *arch,
     return ust_errf(e,
                     "%s: architecture '%.80s' is not supported (ustrain imports LlamaForCausalLM, "
                     "Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, MixtralForCausalLM, "
-                    "GPT2LMHeadModel and dense DeepseekV3ForCausalLM)",
+                    "Qwen3MoeForCausalLM, GPT2LMHeadModel and dense DeepseekV3ForCausalLM)",
                     path,
                     name   ? name
                     : type ? type
@@ -481,6 +536,16 @@ static const hf_key MOE_KEYS[] = {
     K("model.moe.d_ff_expert", "intermediate_size", V_INT, model.moe.d_ff_expert),
     K("model.moe.every", "(every Mixtral layer)", V_INT, model.moe.every),
     K("model.moe.shared_expert", "(Mixtral has none)", V_BOOL, model.moe.shared_expert),
+    K("model.moe.layers", "decoder_sparse_step / mlp_only_layers", V_TEXT, model.moe.layers),
+    K("model.moe.first_dense", "(none: model.moe.layers)", V_INT, model.moe.first_dense),
+    K("model.moe.norm_topk", "norm_topk_prob", V_BOOL, model.moe.norm_topk),
+    K("model.moe.score", "(softmax)", V_INT, model.moe.score),
+    K("model.moe.n_group", "(no groups)", V_INT, model.moe.n_group),
+    K("model.moe.routed_scale", "(1)", V_DBL, model.moe.routed_scale),
+};
+/* a mixed model's dense layers */
+static const hf_key MIXED_KEYS[] = {
+    K("model.d_ff", "intermediate_size", V_INT, model.d_ff),
 };
 static const hf_key ROPE_KEYS[] = {
     K("model.rope_scaling.factor", "rope_scaling.factor", V_DBL, model.rope_scaling.factor),
@@ -521,6 +586,9 @@ static size_t vsize(hf_vkind k) {
            : k == V_TEXT ? sizeof(((ust_config *)0)->model.sliding_window)
                          : sizeof(int);
 }
+_Static_assert(sizeof(((ust_config *)0)->model.sliding_window) ==
+                   sizeof(((ust_config *)0)->model.moe.layers),
+               "V_TEXT keys are one size");
 
 static void vtext(const hf_key *k, const void *p, char *out, size_t n) {
     int i;
@@ -571,8 +639,11 @@ int hf_config_apply(const ust_config *hf, const char *dir, ust_config *c, ust_er
     ust_config tmp = *c; /* a failure leaves c as it was */
     const __typeof__(hf->model) *m = &hf->model;
 #define APPLY(keys) apply_keys(hf, dir, keys, sizeof keys / sizeof keys[0], &tmp, e)
+    int mixed = 0;
+    for (int l = 0; m->moe.num_experts > 0 && l < m->n_layer; l++)
+        mixed |= !cfg_layer_is_moe(hf, l);
     if (APPLY(SHAPE_KEYS) || (m->moe.num_experts > 0 ? APPLY(MOE_KEYS) : APPLY(DENSE_KEYS)) ||
-        (m->rope_scaling.type != ROPE_NONE && APPLY(ROPE_KEYS)) ||
+        (mixed && APPLY(MIXED_KEYS)) || (m->rope_scaling.type != ROPE_NONE && APPLY(ROPE_KEYS)) ||
         (m->rope_scaling.type == ROPE_LLAMA3 && APPLY(LLAMA3_KEYS)) ||
         (m->rope_scaling.type == ROPE_YARN && APPLY(YARN_KEYS)) || APPLY(MLA_KEYS))
         return -1;

@@ -17,6 +17,10 @@
  * Hub's per-expert names, which transformers and vLLM read). Mixtral routes as ustrain does:
  * softmax over all experts, top-k, the k weights renormalized to sum to one.
  *
+ * llama with MoE and per-head q/k norms (model.qk_norm) -> Qwen3MoeForCausalLM: any mix of dense
+ * and MoE layers (mlp_only_layers lists the dense ones), the router mlp.gate, the experts under
+ * ustrain's own names, norm_topk_prob = model.moe.norm_topk.
+ *
  * gpt2: GPT2LMHeadModel keeps GPT-2's Conv1D weights, [in, out] (the transpose of ours), and one
  * fused c_attn whose output features are q | k | v. GPT-2 has no grouped-query attention, so a
  * ustrain gpt2 with n_kv_head < n_head is exported with each key/value head repeated for the
@@ -120,6 +124,23 @@ int64_t hf_rope_row(const ust_config *c, hf_xform op, int64_t r) {
     return r - j + (j < half ? 2 * j : 2 * (j - half) + 1);
 }
 
+/* A MoE layer under Qwen3-MoE's names: the router is mlp.gate, the experts ustrain's names. */
+static void qwen3_moe_layer(hf_table *l, int i) {
+    const ust_config *c = l->c;
+    int64_t C = c->model.d_model, E = c->model.moe.num_experts, Fe = c->model.moe.d_ff_expert;
+    char dst[CKPT_NAME_MAX], src[CKPT_NAME_MAX];
+    snprintf(dst, sizeof dst, "model.layers.%d.mlp.gate.weight", i);
+    snprintf(src, sizeof src, "model.layers.%d.mlp.router.weight", i);
+    xsame(l, HF_COPY, dst, src, 2, E, C);
+    static const char *const proj[] = {"gate_proj", "up_proj", "down_proj"};
+    for (int64_t e = 0; e < E; e++)
+        for (int k = 0; k < 3; k++) {
+            snprintf(dst, sizeof dst, "model.layers.%d.mlp.experts.%lld.%s.weight", i, (long long)e,
+                     proj[k]);
+            xsame(l, HF_COPY, dst, dst, 2, k == 2 ? C : Fe, k == 2 ? Fe : C);
+        }
+}
+
 static void llama_table(hf_table *l) {
     const ust_config *c = l->c;
     int64_t C = c->model.d_model, V = c->model.vocab_size, Vp = cfg_vocab_padded(c);
@@ -153,8 +174,8 @@ static void llama_table(hf_table *l) {
         }
     mlp:
         SAME("post_attention_layernorm.weight", 1, C, 0);
-        if (c->model.moe.num_experts > 0) {
-            mixtral_layer(l, i);
+        if (cfg_layer_is_moe(c, i)) {
+            c->model.qk_norm ? qwen3_moe_layer(l, i) : mixtral_layer(l, i);
             continue;
         }
         SAME("mlp.gate_proj.weight", 2, F, C);
@@ -212,26 +233,53 @@ static void gpt2_table(hf_table *l) {
     /* no lm_head.weight: GPT2LMHeadModel ties it to transformer.wte, as GPT-2's own files do */
 }
 
+/* The mixture of experts' Hugging Face layouts: Mixtral (every layer, renormalized) and
+ * Qwen3-MoE (model.qk_norm: any layers), both softmax top-k without a shared expert. */
+static int moe_layout_check(const ust_config *c, ust_err *e) {
+    const __typeof__(c->model.moe) *moe = &c->model.moe;
+    int all = 1, q3 = c->model.qk_norm;
+    for (int l = 0; l < c->model.n_layer; l++) all &= cfg_layer_is_moe(c, l);
+    if (c->model.arch != ARCH_LLAMA || (!all && !q3) || moe->shared_expert)
+        return ust_errf(e,
+                        "model.moe: the Hugging Face layouts for mixture of experts are Mixtral's, "
+                        "a llama with experts in every layer, and Qwen3-MoE's (model.qk_norm: "
+                        "true), neither with a shared expert (this model: arch %s, %s layer "
+                        "MoE, moe.shared_expert = %s)",
+                        c->model.arch == ARCH_LLAMA ? "llama" : "gpt2", all ? "every" : "not every",
+                        moe->shared_expert ? "true" : "false");
+    if (moe->score != MOE_SOFTMAX || moe->n_group > 1 || moe->routed_scale != 1)
+        return ust_errf(e,
+                        "model.moe.score/n_group/routed_scale: Mixtral and Qwen3-MoE route by "
+                        "softmax top-k without groups or a scale (this model: %s, %d groups, "
+                        "scale %g)",
+                        moe->score == MOE_SIGMOID ? "sigmoid" : "softmax", moe->n_group,
+                        moe->routed_scale);
+    if (!q3 && !moe->norm_topk)
+        return ust_errf(e, "model.moe.norm_topk: false: Mixtral renormalizes the top-k weights; "
+                           "Qwen3-MoE (model.qk_norm: true) has norm_topk_prob");
+    if (moe->bias_update_rate > 0)
+        return ust_errf(e, "model.moe.bias_update_rate: Mixtral's and Qwen3-MoE's routers have no "
+                           "balancing bias, so a model trained with one (router.expert_bias) has "
+                           "no Hugging Face layout that routes as it does");
+    if (c->model.qkv_bias)
+        return ust_errf(e, "model.qkv_bias: Mixtral's and Qwen3-MoE's attention have no q/k/v "
+                           "biases, so a mixture of experts with model.qkv_bias: true has no "
+                           "Hugging Face layout");
+    if (q3 && c->model.sliding_window[0])
+        return ust_errf(e,
+                        "model.sliding_window [%s]: ustrain exports Qwen3-MoE with full "
+                        "attention only",
+                        c->model.sliding_window);
+    return 0;
+}
+
 int hf_table_build(hf_table *l, const ust_config *c, ust_err *e) {
     const __typeof__(c->model.moe) *moe = &c->model.moe;
     if (c->model.mla.enabled && moe->num_experts > 0)
         return ust_errf(e, "model.mla with model.moe: DeepseekV3ForCausalLM's MoE layers route "
-                           "with DeepSeek's sigmoid gates, which ustrain does not have yet");
-    if (moe->num_experts > 0 &&
-        (c->model.arch != ARCH_LLAMA || moe->every != 1 || moe->shared_expert))
-        return ust_errf(e,
-                        "model.moe: the Hugging Face layout for mixture of experts is Mixtral's, "
-                        "a llama with experts in every layer and no shared expert (this model: "
-                        "arch %s, moe.every = %d, moe.shared_expert = %s)",
-                        c->model.arch == ARCH_LLAMA ? "llama" : "gpt2", moe->every,
-                        moe->shared_expert ? "true" : "false");
-    if (moe->num_experts > 0 && moe->bias_update_rate > 0)
-        return ust_errf(e, "model.moe.bias_update_rate: Mixtral's router has no balancing bias, so "
-                           "a model trained with one (router.expert_bias) has no Hugging Face "
-                           "layout that routes as it does");
-    if (moe->num_experts > 0 && c->model.qkv_bias)
-        return ust_errf(e, "model.qkv_bias: Mixtral's attention has no q/k/v biases, so a mixture "
-                           "of experts with model.qkv_bias: true has no Hugging Face layout");
+                           "with DeepSeek's sigmoid gates, which the import does not map yet "
+                           "(model.moe.score: sigmoid trains them from YAML)");
+    if (moe->num_experts > 0 && moe_layout_check(c, e)) return -1;
     int first = -1, suffix = 1; /* the windowed layers: from `first` on, all of them? */
     for (int l = 0; l < c->model.n_layer; l++) {
         if (cfg_layer_window(c, l) && first < 0) first = l;
@@ -245,11 +293,10 @@ int hf_table_build(hf_table *l, const ust_config *c, ust_err *e) {
                         "model.qkv_bias or model.qk_norm); this model's windowed layers are "
                         "neither",
                         c->model.sliding_window);
-    if (c->model.qk_norm && (moe->num_experts > 0 || c->model.qkv_bias))
-        return ust_errf(e,
-                        "model.qk_norm: its Hugging Face layout is Qwen3ForCausalLM, a dense "
-                        "llama without q/k/v biases (this model: %s)",
-                        moe->num_experts > 0 ? "mixture of experts" : "model.qkv_bias: true");
+    if (c->model.qk_norm && c->model.qkv_bias)
+        return ust_errf(e, "model.qk_norm: its Hugging Face layouts are Qwen3ForCausalLM and "
+                           "Qwen3MoeForCausalLM, llamas without q/k/v biases (this model: "
+                           "model.qkv_bias: true)");
     l->c = c;
     l->n = 0;
     int64_t n = hf_table_count(c);
@@ -267,11 +314,14 @@ int hf_table_build(hf_table *l, const ust_config *c, ust_err *e) {
 int64_t hf_table_count(const ust_config *c) {
     const __typeof__(c->model) *m = &c->model;
     if (m->arch != ARCH_LLAMA) return 4 + 12 * (int64_t)m->n_layer; /* wte, wpe, ln_f.{w,b} */
-    int64_t moe = m->moe.num_experts > 0 ? 1 + 3 * (int64_t)m->moe.num_experts : 3;
-    int64_t layer = 6 + (m->qkv_bias ? 3 : 0) + (m->qk_norm ? 2 : 0) + moe;
-    if (m->mla.enabled) /* the norms, q (3 tensors through the q latent), kv_a, its norm, kv_b, o */
-        layer = 2 + (m->mla.q_lora_rank ? 3 : 1) + 4 + moe;
-    return 2 + (cfg_tied(c) ? 0 : 1) + layer * m->n_layer; /* embed, norm, lm_head */
+    int64_t n = 2 + (cfg_tied(c) ? 0 : 1);                          /* embed, norm, lm_head */
+    /* per layer: the norms, then q|k|v (+ biases, + q/k norms), or MLA's q (3 tensors through the
+     * q latent, else 1), kv_a, its norm, kv_b and o; then the MLP or the router and experts */
+    int64_t attn = m->mla.enabled ? 2 + (m->mla.q_lora_rank ? 3 : 1) + 4
+                                  : 6 + (m->qkv_bias ? 3 : 0) + (m->qk_norm ? 2 : 0);
+    for (int l = 0; l < m->n_layer; l++)
+        n += attn + (cfg_layer_is_moe(c, l) ? 1 + 3 * (int64_t)m->moe.num_experts : 3);
+    return n;
 }
 
 /* Row r of the stacked q | k | v (each n_head heads of D rows) as a (source, row) pair: k and v
@@ -356,14 +406,33 @@ static void rope_scaling_json(cJSON *j, const ust_config *c) {
                             r->original_max_position_embeddings);
 }
 
+/* Qwen3MoeConfig's MoE keys: every layer sparse but those in mlp_only_layers. */
+static void qwen3_moe_json(cJSON *j, const ust_config *c) {
+    const __typeof__(c->model.moe) *moe = &c->model.moe;
+    cJSON_AddNumberToObject(j, "moe_intermediate_size", moe->d_ff_expert);
+    cJSON_AddNumberToObject(j, "num_experts", moe->num_experts);
+    cJSON_AddNumberToObject(j, "num_experts_per_tok", moe->top_k);
+    cJSON_AddNumberToObject(j, "decoder_sparse_step", 1);
+    cJSON *only = cJSON_AddArrayToObject(j, "mlp_only_layers");
+    for (int l = 0; l < c->model.n_layer; l++)
+        if (!cfg_layer_is_moe(c, l)) cJSON_AddItemToArray(only, cJSON_CreateNumber(l));
+    cJSON_AddBoolToObject(j, "norm_topk_prob", moe->norm_topk);
+    cJSON_AddNumberToObject(j, "router_aux_loss_coef", moe->aux_loss_coef);
+    cJSON_AddBoolToObject(j, "output_router_logits", 0);
+    cJSON_AddBoolToObject(j, "use_sliding_window", 0);
+}
+
 static cJSON *llama_config(const ust_config *c, int bos, int eos) {
     const __typeof__(c->model) *m = &c->model;
     int moe = m->moe.num_experts > 0, qwen2 = !moe && m->qkv_bias, qwen3 = m->qk_norm;
+    int q3moe = moe && qwen3;
+    if (q3moe) moe = 0, qwen3 = 0; /* its own keys: qwen3_moe_json */
     int W = 0, first = m->n_layer; /* model.sliding_window: the windowed layers are a suffix */
     for (int l = m->n_layer - 1; l >= 0 && cfg_layer_window(c, l); l--)
         W = cfg_layer_window(c, l), first = l;
-    int mistral = W && !moe && !qwen2 && !qwen3;
-    const char *arch = moe       ? "MixtralForCausalLM"
+    int mistral = W && !moe && !qwen2 && !qwen3 && !q3moe;
+    const char *arch = q3moe     ? "Qwen3MoeForCausalLM"
+                       : moe     ? "MixtralForCausalLM"
                        : qwen2   ? "Qwen2ForCausalLM"
                        : qwen3   ? "Qwen3ForCausalLM"
                        : mistral ? "MistralForCausalLM"
@@ -371,7 +440,8 @@ static cJSON *llama_config(const ust_config *c, int bos, int eos) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddItemToObject(j, "architectures", cJSON_CreateStringArray(&arch, 1));
     cJSON_AddStringToObject(j, "model_type",
-                            moe       ? "mixtral"
+                            q3moe     ? "qwen3_moe"
+                            : moe     ? "mixtral"
                             : qwen2   ? "qwen2"
                             : qwen3   ? "qwen3"
                             : mistral ? "mistral"
@@ -379,6 +449,7 @@ static cJSON *llama_config(const ust_config *c, int bos, int eos) {
     cJSON_AddNumberToObject(j, "vocab_size", m->vocab_size);
     cJSON_AddNumberToObject(j, "hidden_size", m->d_model);
     cJSON_AddNumberToObject(j, "intermediate_size", moe ? m->moe.d_ff_expert : m->d_ff);
+    if (q3moe) qwen3_moe_json(j, c);
     if (moe) {
         cJSON_AddNumberToObject(j, "num_local_experts", m->moe.num_experts);
         cJSON_AddNumberToObject(j, "num_experts_per_tok", m->moe.top_k);
@@ -387,7 +458,7 @@ static cJSON *llama_config(const ust_config *c, int bos, int eos) {
     }
     if (W)
         cJSON_AddNumberToObject(j, "sliding_window", W);
-    else if (moe || qwen2 || qwen3 || mistral)
+    else if (moe || qwen2 || qwen3 || mistral || q3moe)
         cJSON_AddNullToObject(j, "sliding_window");
     if (qwen2 || qwen3) { /* Qwen2's q/k/v biases, Qwen3's head norms: by the architecture */
         cJSON_AddBoolToObject(j, "use_sliding_window", W > 0);
@@ -407,8 +478,8 @@ static cJSON *llama_config(const ust_config *c, int bos, int eos) {
     cJSON_AddNumberToObject(j, "rope_theta", m->rope_theta);
     rope_scaling_json(j, c);
     cJSON_AddNumberToObject(j, "attention_dropout", 0.0);
-    if (qwen3) cJSON_AddBoolToObject(j, "attention_bias", 0);
-    if (!qwen2 && !qwen3 && !mistral) {
+    if (qwen3 || q3moe) cJSON_AddBoolToObject(j, "attention_bias", 0);
+    if (!qwen2 && !qwen3 && !mistral && !q3moe) {
         cJSON_AddBoolToObject(j, "attention_bias", 0);
         cJSON_AddBoolToObject(j, "mlp_bias", 0);
         cJSON_AddNumberToObject(j, "pretraining_tp", 1);

@@ -33,6 +33,8 @@ typedef struct {
     int llama, L, C, H, Hkv, D, F, V, Vp, S, chunk;
     int qk_norm;
     int E, k, Fe, shared;
+    int Fs;              /* the shared expert's width */
+    ops_moe_route route; /* the router's options (moe.h) */
     float eps;
     ust_rope rope;
 } infer_shape;
@@ -286,12 +288,17 @@ static void dims(infer_model *m, const ust_config *cfg) {
     m->shape.qk_norm = m->shape.llama && cfg->model.qk_norm;
     m->shape.E = cfg->model.moe.num_experts, m->shape.k = cfg->model.moe.top_k;
     m->shape.Fe = cfg->model.moe.d_ff_expert, m->shape.shared = cfg->model.moe.shared_expert;
+    const __typeof__(cfg->model.moe) *mc = &cfg->model.moe;
+    m->shape.Fs = mc->shared_d_ff > 0 ? mc->shared_d_ff : mc->d_ff_expert;
+    m->shape.route = (ops_moe_route){mc->score == MOE_SIGMOID, mc->norm_topk, mc->n_group,
+                                     mc->topk_group, (float)mc->routed_scale};
 }
 
 static void alloc_acts(infer_model *m) {
     const ust_ops *o = m->ops;
     int64_t n = m->shape.chunk, C = m->shape.C, HD = (int64_t)m->shape.H * m->shape.D;
     int64_t F = m->shape.E > 0 && m->shape.Fe > m->shape.F ? m->shape.Fe : m->shape.F;
+    if (m->shape.E > 0 && m->shape.shared && m->shape.Fs > F) F = m->shape.Fs;
 #define A_(count) o->alloc(o, act_bytes(o, (count)))
 #define I_(count) o->alloc(o, (size_t)(count) * sizeof(int32_t))
     m->a.x = A_(n * C), m->a.ln = A_(n * C), m->a.tmp = A_(n * C), m->a.tmp2 = A_(n * C);
@@ -462,7 +469,7 @@ static void moe_mlp(infer_model *m, const infer_layer *w, int n) {
     int C = m->shape.C, E = m->shape.E, k = m->shape.k, off[E + 1];
     o->linear_fwd(o, m->r.rlogits, m->a.ln, w->moe.router, NULL, n, C, E);
     o->moe_router_fwd(o, m->r.probs, NULL, m->r.topk, m->r.gate, NULL, m->r.rlogits, w->moe.bias, n,
-                      E, k);
+                      E, k, &m->shape.route);
     route(m, n, off);
     o->moe_gather(o, m->r.xe, m->a.ln, m->r.assign, NULL, n * k, C, k);
     for (int e = 0; e < E; e++)
@@ -470,7 +477,7 @@ static void moe_mlp(infer_model *m, const infer_layer *w, int n) {
             act_at(o, m->r.xe, (int64_t)off[e] * C), off[e + 1] - off[e], m->shape.Fe);
     o->moe_combine(o, m->a.tmp, m->r.eout, m->r.rowpos, m->r.gate, n, k, C, 0);
     if (m->shape.shared) {
-        mlp(m, &w->moe.shared, m->a.tmp2, m->a.ln, n, m->shape.Fe);
+        mlp(m, &w->moe.shared, m->a.tmp2, m->a.ln, n, m->shape.Fs);
         o->add(o, m->a.tmp, m->a.tmp, m->a.tmp2, (int64_t)n * C);
     }
 }

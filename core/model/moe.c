@@ -15,9 +15,11 @@
 
 /* ------------------------------------------------------------------ parameters */
 
-int moe_layer_is_moe(const ust_config *cfg, int l) {
-    int every = cfg->model.moe.every > 0 ? cfg->model.moe.every : 1;
-    return cfg->model.moe.num_experts > 0 && l % every == 0;
+int moe_layer_is_moe(const ust_config *cfg, int l) { return cfg_layer_is_moe(cfg, l); }
+
+int moe_shared_width(const ust_config *cfg) {
+    int Fs = cfg->model.moe.shared_d_ff;
+    return Fs > 0 ? Fs : cfg->model.moe.d_ff_expert;
 }
 
 static void emit(moe_param_fn fn, void *ctx, const char *name, int64_t rows, int64_t cols,
@@ -27,10 +29,10 @@ static void emit(moe_param_fn fn, void *ctx, const char *name, int64_t rows, int
 }
 
 /* One expert's tensors under `prefix` (e.g. "model.layers.3.mlp.experts.5"). */
-static void emit_expert(const ust_config *cfg, const char *prefix, int expert, moe_expert *w,
-                        moe_expert *g, moe_param_fn fn, void *ctx) {
+static void emit_expert(const ust_config *cfg, const char *prefix, int expert, int64_t F,
+                        moe_expert *w, moe_expert *g, moe_param_fn fn, void *ctx) {
     char n[256];
-    int64_t C = cfg->model.d_model, F = cfg->model.moe.d_ff_expert;
+    int64_t C = cfg->model.d_model;
     int gpt2 = cfg->model.arch == ARCH_GPT2;
     float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * cfg->model.n_layer);
 #define T(f) (w ? &w->f : NULL), (g ? &g->f : NULL)
@@ -72,11 +74,13 @@ void moe_enum_params(const ust_config *cfg, int l, int ep_size, int ep_rank, moe
     }
     if (cfg->model.moe.shared_expert) {
         snprintf(n, sizeof n, "model.layers.%d.mlp.shared_expert", l);
-        emit_expert(cfg, n, -1, w ? &w->shared : NULL, g ? &g->shared : NULL, fn, ctx);
+        emit_expert(cfg, n, -1, moe_shared_width(cfg), w ? &w->shared : NULL, g ? &g->shared : NULL,
+                    fn, ctx);
     }
     for (int i = 0; i < El; i++) {
         snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%d", l, e0 + i);
-        emit_expert(cfg, n, e0 + i, w ? &w->experts[i] : NULL, g ? &g->experts[i] : NULL, fn, ctx);
+        emit_expert(cfg, n, e0 + i, cfg->model.moe.d_ff_expert, w ? &w->experts[i] : NULL,
+                    g ? &g->experts[i] : NULL, fn, ctx);
     }
 }
 
@@ -142,7 +146,7 @@ static int expert_tensors(int llama, int64_t C, int64_t F, moe_expert *w, float 
 static int layer_tensors(const moe_ctx *m, moe_weights *w, float ***p, int64_t *n) {
     int c = 0;
     p[c] = &w->router, n[c++] = (int64_t)m->E * m->C;
-    if (m->shared) c += expert_tensors(m->llama, m->C, m->Fe, &w->shared, p + c, n + c);
+    if (m->shared) c += expert_tensors(m->llama, m->C, m->Fs, &w->shared, p + c, n + c);
     for (int i = 0; i < m->El; i++)
         c += expert_tensors(m->llama, m->C, m->Fe, &w->experts[i], p + c, n + c);
     return c;
@@ -152,8 +156,10 @@ static int layer_tensors(const moe_ctx *m, moe_weights *w, float ***p, int64_t *
 static int64_t grad_scratch_floats(const ust_config *cfg, int ep) {
     const __typeof__(cfg->model.moe) *c = &cfg->model.moe;
     int64_t C = cfg->model.d_model, F = c->d_ff_expert, llama = cfg->model.arch == ARCH_LLAMA;
-    int64_t ex = pad16(F * C) * (llama ? 3 : 2) + (llama ? 0 : pad16(F) + pad16(C));
-    return pad16((int64_t)c->num_experts * C) + (c->shared_expert ? ex : 0) +
+    int64_t ex = pad16(F * C) * (llama ? 3 : 2) + (llama ? 0 : pad16(F) + pad16(C)), Fs;
+    Fs = moe_shared_width(cfg);
+    int64_t sh = pad16(Fs * C) * (llama ? 3 : 2) + (llama ? 0 : pad16(Fs) + pad16(C));
+    return pad16((int64_t)c->num_experts * C) + (c->shared_expert ? sh : 0) +
            (int64_t)(c->num_experts / ep) * ex;
 }
 
@@ -210,9 +216,10 @@ static void init_scratch(moe_ctx *m, const ust_ops *ops, ust_arena *arena, int64
     m->scratch.d_home = AC(A * C);
     m->scratch.d_local = ep1 ? NULL : AC(m->R * C);
     m->scratch.dxe = AC(m->R * C);
-    m->scratch.dh1 = AC(m->R * m->Fe);
-    m->scratch.dh2 = AC(m->R * m->Fe);
-    m->scratch.dact = AC(m->R * m->Fe);
+    int64_t F = m->R * m->Fe > (m->shared ? N * m->Fs : 0) ? m->R * m->Fe : N * m->Fs;
+    m->scratch.dh1 = AC(F); /* the local experts' rows, or the shared expert's tokens */
+    m->scratch.dh2 = AC(F);
+    m->scratch.dact = AC(F);
 }
 
 void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *arena, int N,
@@ -230,6 +237,9 @@ void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *
     m->k = c->top_k;
     m->C = cfg->model.d_model;
     m->Fe = c->d_ff_expert;
+    m->Fs = moe_shared_width(cfg);
+    m->route = (ops_moe_route){c->score == MOE_SIGMOID, c->norm_topk, c->n_group, c->topk_group,
+                               (float)c->routed_scale};
     m->grouped = c->grouped_gemm;
     m->Nmb = N;
     m->N = (int)moe_rank_tokens(cfg, N);
@@ -304,11 +314,11 @@ void moe_free(moe_ctx *m) {
 /* Per-layer bytes of what moe_acts_init carves, with activations of `a` bytes (fp32 and int32
  * four). */
 static int64_t acts_bytes(int llama, int shared, int64_t N, int64_t E, int64_t k, int64_t C,
-                          int64_t Fe, int64_t R, int ep1, int a) {
+                          int64_t Fe, int64_t Fs, int64_t R, int ep1, int a) {
     int64_t A = N * k;
     int64_t four = N * E + N + A + 3 * A;                    /* probs lse gate topk assign pos */
     int64_t acts = R * C + (llama ? 3 : 2) * R * Fe + A * C; /* xe h1 h2 act eout */
-    if (shared) acts += (llama ? 3 : 2) * N * Fe;            /* s_h1 s_h2 s_act */
+    if (shared) acts += (llama ? 3 : 2) * N * Fs;            /* s_h1 s_h2 s_act */
     if (!ep1) four += 2 * R;                                 /* plan order, inv */
     return 4 * four + a * acts;
 }
@@ -318,11 +328,12 @@ int64_t moe_ctx_bytes(const ust_config *cfg, int N, int ep_size) {
     int64_t Nmb = N, tp = cfg->parallel.tp > 0 ? cfg->parallel.tp : 1;
     N = (int)moe_rank_tokens(cfg, N);
     int64_t A = (int64_t)N * c->top_k, C = cfg->model.d_model, E = c->num_experts;
-    int64_t S, R, Fe = c->d_ff_expert, ep1 = ep_size == 1;
+    int64_t S, R, Fe = c->d_ff_expert, ep1 = ep_size == 1, Fs = moe_shared_width(cfg);
     moe_dispatch_rows(cfg, Nmb, ep_size, &S, &R);
+    int64_t F = R * Fe > (c->shared_expert ? N * Fs : 0) ? R * Fe : N * Fs; /* dh1 dh2 dact */
     /* as moe_init carves them: logits dlogits tmp [xd eout d_local] d_home dxe dh1 dh2 dact;
      * dgate aux_dp stats */
-    int64_t acts = 2 * N * E + N * C + (ep1 ? 0 : A * C + 2 * R * C) + A * C + R * C + 3 * R * Fe;
+    int64_t acts = 2 * N * E + N * C + (ep1 ? 0 : A * C + 2 * R * C) + A * C + R * C + 3 * F;
     int64_t B = c->seq_aux_loss_coef > 0 ? cfg->train.micro_batch_size : 0;
     int64_t four = A + E + moe_stats_floats(E, B) + (int64_t)cfg->model.n_layer * E; /* ... loads */
     four += B * E;                          /* seq_dp: at most one segment per sequence */
@@ -349,9 +360,9 @@ void moe_acts_init(moe_ctx *m, moe_acts *a, ust_arena *arena) {
     a->act = AC(R * Fe);
     a->eout = AC(A * C);
     if (m->shared) {
-        a->s_h1 = m->llama ? AC(N * Fe) : NULL;
-        a->s_h2 = AC(N * Fe);
-        a->s_act = AC(N * Fe);
+        a->s_h1 = m->llama ? AC(N * m->Fs) : NULL;
+        a->s_h2 = AC(N * m->Fs);
+        a->s_act = AC(N * m->Fs);
     }
     ep_plan_init(m->ep, &a->plan, arena);
     a->aux_dp_host =
@@ -370,7 +381,8 @@ int64_t moe_acts_bytes(const ust_config *cfg, int N, int ep_size) {
     moe_dispatch_rows(cfg, N, ep_size, &S, &R);
     N = (int)moe_rank_tokens(cfg, N);
     return acts_bytes(cfg->model.arch == ARCH_LLAMA, c->shared_expert, N, c->num_experts, c->top_k,
-                      cfg->model.d_model, c->d_ff_expert, R, ep_size == 1, cfg_act_size(cfg));
+                      cfg->model.d_model, c->d_ff_expert, moe_shared_width(cfg), R, ep_size == 1,
+                      cfg_act_size(cfg));
 }
 #undef FL
 #undef IN
@@ -386,7 +398,7 @@ void moe_forward(moe_ctx *m, moe_acts *a, const moe_weights *w, act *y, const ac
     o->linear_fwd(o, m->scratch.logits, x, w->router, NULL, N, C, E);
     if (!m->loss.seqB) {
         o->moe_router_fwd(o, a->probs, a->lse, a->topk, a->gate, m->loss.stats + E,
-                          m->scratch.logits, w->bias, N, E, k);
+                          m->scratch.logits, w->bias, N, E, k, &m->route);
     } else { /* per sequence segment: its prob sums into its slot, then the total */
         float *seq_psum = m->loss.stats + 2 * E + 3 + (int64_t)m->loss.seqB * (E + 1);
         o->zero(o, seq_psum, (size_t)m->loss.seqB * E * sizeof(float));
@@ -395,7 +407,8 @@ void moe_forward(moe_ctx *m, moe_acts *a, const moe_weights *w, act *y, const ac
             int64_t r = m->loss.seg[3 * s], n = m->loss.seg[3 * s + 1];
             float *ps = seq_psum + (int64_t)m->loss.seg[3 * s + 2] * E;
             o->moe_router_fwd(o, a->probs + r * E, a->lse + r, a->topk + r * k, a->gate + r * k, ps,
-                              act_at(o, m->scratch.logits, r * E), w->bias, (int)n, E, k);
+                              act_at(o, m->scratch.logits, r * E), w->bias, (int)n, E, k,
+                              &m->route);
             o->axpy(o, m->loss.stats + E, 1.0f, ps, E);
         }
     }
@@ -411,7 +424,7 @@ void moe_forward(moe_ctx *m, moe_acts *a, const moe_weights *w, act *y, const ac
     if (!ep1) ep_combine(m->ep, &a->plan, a->eout, eout);
     o->moe_combine(o, y, a->eout, a->pos, a->gate, N, k, C, 0);
     if (m->shared) {
-        moe_expert_fwd(m, &w->shared, m->scratch.tmp, x, a->s_h1, a->s_h2, a->s_act, N);
+        moe_expert_fwd(m, &w->shared, m->scratch.tmp, x, a->s_h1, a->s_h2, a->s_act, N, m->Fs);
         o->add(o, y, y, m->scratch.tmp, (int64_t)N * C);
     }
 }
@@ -457,7 +470,8 @@ void moe_backward(moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g_
     if (!ep1) ep_combine(m->ep, &a->plan, dx_home, m->scratch.dxe);
     o->moe_combine(o, dx, dx_home, a->pos, NULL, N, k, C, acc_dx);
     if (m->shared)
-        moe_expert_bwd(m, &w->shared, &g->shared, dx, dy, x, a->s_h1, a->s_h2, a->s_act, N, 1);
+        moe_expert_bwd(m, &w->shared, &g->shared, dx, dy, x, a->s_h1, a->s_h2, a->s_act, N, m->Fs,
+                       1);
     /* router: gates, aux loss (through P_e) and z-loss, then logits = x Wr^T */
     float *aux = NULL;
     if (m->loss.seqB) { /* per sequence segment, with its own aux factors */
@@ -468,7 +482,8 @@ void moe_backward(moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g_
             int64_t r = m->loss.seg[3 * s], rows = m->loss.seg[3 * s + 1];
             o->moe_router_bwd(o, act_at(o, m->scratch.dlogits, r * E), m->scratch.dgate + r * k,
                               a->probs + r * E, a->lse + r, a->topk + r * k, a->gate + r * k,
-                              m->loss.seq_dp + s * E, a->zscale * loss_scale, (int)rows, E, k);
+                              m->loss.seq_dp + s * E, a->zscale * loss_scale, (int)rows, E, k,
+                              &m->route);
         }
     } else {
         if (m->loss.aux_coef != 0.0) {
@@ -477,7 +492,7 @@ void moe_backward(moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g_
             aux = m->loss.aux_dp;
         }
         o->moe_router_bwd(o, m->scratch.dlogits, m->scratch.dgate, a->probs, a->lse, a->topk,
-                          a->gate, aux, a->zscale * loss_scale, N, E, k);
+                          a->gate, aux, a->zscale * loss_scale, N, E, k, &m->route);
     }
     o->linear_bwd(o, dx, g->router, NULL, m->scratch.dlogits, x, w->router, N, C, E, 1);
     if (m->tp.n > 1) tp_reduce_grads(m, g_out);

@@ -2,12 +2,12 @@
  * the ops.h interface, llm.c style; expert parallelism through parallel/ep (no rank computed here).
  *   y(N,C) = sum_{j<k} gate_j * expert_{e_j}(x) [+ shared_expert(x)]   (the caller adds y to the
  *   residual stream; x is the normed input, kept by the caller for backward)
- * Router: x @ Wr^T (Wr [E,C]), softmax in fp32, top-k (ties to the lower index), gates = their
- * probabilities renormalized over the k. Experts: llama SwiGLU or gpt2 GELU of width
- * model.moe.d_ff_expert; the optional shared expert sees every token with weight 1. The losses,
- * capacity, expert parallelism and memory are described where they are declared below; the
- * model's use of it (per MoE layer) is moe_init once, then moe_weights_init/moe_enum_params/
- * moe_acts_init per layer, moe_forward and moe_backward per micro-batch. */
+ * Router: x @ Wr^T (Wr [E,C]), softmax or sigmoid scores (model.moe.score), top-k of scores + bias
+ * (group-limited: n_group/topk_group), gates renormalized (norm_topk) x routed_scale: ops.h
+ * moe_router_fwd. Experts: llama SwiGLU or gpt2 GELU of width d_ff_expert; the optional shared
+ * expert (width shared_d_ff) sees every token with weight 1. Losses, capacity, expert parallelism
+ * and memory: where declared below. Per MoE layer: moe_init once, then moe_weights_init/
+ * moe_enum_params/moe_acts_init per layer, moe_forward and moe_backward per micro-batch. */
 #ifndef UST_MOE_H
 #define UST_MOE_H
 
@@ -48,7 +48,9 @@ typedef struct {
 } moe_param;
 typedef void (*moe_param_fn)(void *ctx, const moe_param *p);
 
-/* 1 when layer l (0-based) is a MoE layer: num_experts > 0 and l % moe.every == 0 (Megatron's
+/* 1 when layer l (0-based) is a MoE layer (cfg_layer_is_moe): num_experts > 0, l >=
+ * moe.first_dense (DeepSeek's first_k_dense_replace), and moe.layers[l] == 1 when that list is
+ * given (Qwen3-MoE's mlp_only_layers / decoder_sparse_step), else l % moe.every == 0 (Megatron's
  * moe_layer_freq: every = 1 makes every layer MoE, every = 2 layers 0, 2, 4, ...). */
 int moe_layer_is_moe(const ust_config *cfg, int l);
 
@@ -184,10 +186,12 @@ typedef struct moe_ctx {
     const ust_ops *ops;
     ust_ep *ep, own_ep; /* the dispatch context (own_ep: a group of one) */
     int llama, shared, E, k, C, Fe, N;
-    int Nmb;     /* tp.n * N: the micro-batch's tokens on this cp rank */
-    int grouped; /* model.moe.grouped_gemm: one grouped GEMM per projection */
-    int El, e0;  /* local experts: [e0, e0 + El) */
-    int64_t R;   /* rows of the local-expert buffers */
+    int Fs;              /* the shared expert's width (model.moe.shared_d_ff or Fe) */
+    ops_moe_route route; /* the router's options (model.moe.score, norm_topk, groups, scale) */
+    int Nmb;             /* tp.n * N: the micro-batch's tokens on this cp rank */
+    int grouped;         /* model.moe.grouped_gemm: one grouped GEMM per projection */
+    int El, e0;          /* local experts: [e0, e0 + El) */
+    int64_t R;           /* rows of the local-expert buffers */
     /* host stats_floats: the statistics' host copy, free between forwards as host scratch (the
      * bias update, the backward's aux factors) */
     float *stats_host;
@@ -204,7 +208,7 @@ typedef struct {
     int32_t *topk, *assign, *pos; /* (N,k); assign: row -> assignment; pos: assignment -> row */
     act *xe, *h1, *h2, *act;      /* local-expert rows (R,C) (R,Fe) x3; h1 = gate_proj (llama) */
     act *eout;                    /* (N*k,C) expert outputs back home, in row order */
-    act *s_h1, *s_h2, *s_act;     /* shared expert (N,Fe) each */
+    act *s_h1, *s_h2, *s_act;     /* shared expert (N,Fs) each */
     ep_plan plan;
     int64_t nkept;      /* rows sent (kept assignments) */
     float *aux_dp_host; /* host E: d aux_coef*aux / d probs[:, e] */
@@ -256,11 +260,11 @@ void moe_backward(moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g,
 /* Aux-loss-free balancing over a step (DeepSeek-V3). The caller adds up each MoE layer's
  * moe_stats.routed over its micro-batches (one member of the stats groups counts each
  * micro-batch) into loads (host, n_layer*E, layer l at l*E) and sums them over the ranks whose
- * micro-batches differ (model_moe_end_step, through moe_balance's buffers): the step's global counts,
- * the same on every rank and in every layout.
- * bias(E, device) += model.moe.bias_update_rate * sign(mean load - load_e), from one layer's
- * global step loads: identical on every rank that holds the layer. moe_bias_delta: that
- * increment alone (E floats, host), for a bias a sharding layer holds (ZeRO-3). */
+ * micro-batches differ (model_moe_end_step, through moe_balance's buffers): the step's global
+ * counts, the same on every rank and in every layout. bias(E, device) += model.moe.bias_update_rate
+ * * sign(mean load - load_e), from one layer's global step loads: identical on every rank that
+ * holds the layer. moe_bias_delta: that increment alone (E floats, host), for a bias a sharding
+ * layer holds (ZeRO-3). */
 void moe_update_bias(moe_ctx *m, float *bias, const double *load);
 void moe_bias_delta(const moe_ctx *m, const double *load, float *delta);
 

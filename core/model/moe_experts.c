@@ -4,11 +4,11 @@
 
 /* ------------------------------------------------------------------ experts */
 
-/* out(M,C) = expert(x(M,C)); h1, h2, act (M,Fe) saved. */
+/* out(M,C) = expert(x(M,C)) of width F; h1, h2, act (M,F) saved. */
 void moe_expert_fwd(const moe_ctx *m, const moe_expert *w, act *out, const act *x, act *h1, act *h2,
-                    act *y, int M) {
+                    act *y, int M, int F) {
     const ust_ops *o = m->ops;
-    int C = m->C, F = m->Fe;
+    int C = m->C;
     if (M == 0) return;
     if (m->llama) {
         o->linear_fwd(o, h1, x, w->gate, NULL, M, C, F);
@@ -23,9 +23,10 @@ void moe_expert_fwd(const moe_ctx *m, const moe_expert *w, act *out, const act *
 
 /* dx(M,C) (= or += when acc) and g += from dout(M,C); uses the context's backward scratch. */
 void moe_expert_bwd(const moe_ctx *m, const moe_expert *w, moe_expert *g, act *dx, const act *dout,
-                    const act *x, const act *h1, const act *h2, const act *y, int M, int acc) {
+                    const act *x, const act *h1, const act *h2, const act *y, int M, int F,
+                    int acc) {
     const ust_ops *o = m->ops;
-    int C = m->C, F = m->Fe;
+    int C = m->C;
     if (M == 0) return;
     o->linear_bwd(o, m->scratch.dact, g->down, g->down_b, dout, y, w->down, M, F, C, 0);
     if (m->llama) {
@@ -46,7 +47,7 @@ static void per_expert_fwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, 
         int M = a->plan.local[i];
         moe_expert_fwd(m, &w->experts[i], act_at(o, out, off * C), act_at(o, a->xe, off * C),
                        a->h1 ? act_at(o, a->h1, off * F) : NULL, act_at(o, a->h2, off * F),
-                       act_at(o, a->act, off * F), M);
+                       act_at(o, a->act, off * F), M, F);
         off += M;
     }
 }
@@ -60,7 +61,7 @@ static void per_expert_bwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, 
         moe_expert_bwd(m, &w->experts[i], &g->experts[i], act_at(o, dx, off * C),
                        act_at(o, dout, off * C), act_at(o, a->xe, off * C),
                        a->h1 ? act_at(o, a->h1, off * F) : NULL, act_at(o, a->h2, off * F),
-                       act_at(o, a->act, off * F), M, 0);
+                       act_at(o, a->act, off * F), M, F, 0);
         off += M;
     }
 }

@@ -20,9 +20,12 @@ void moe_statistics(moe_ctx *m, moe_acts *a, moe_stats *st); /* losses and load 
 
 /* moe_experts.c */
 void moe_expert_fwd(const moe_ctx *m, const moe_expert *w, act *out, const act *x, act *h1, act *h2,
-                    act *y, int M);
+                    act *y, int M, int F);
 void moe_expert_bwd(const moe_ctx *m, const moe_expert *w, moe_expert *g, act *dx, const act *dout,
-                    const act *x, const act *h1, const act *h2, const act *y, int M, int acc);
+                    const act *x, const act *h1, const act *h2, const act *y, int M, int F,
+                    int acc);
+/* The shared expert's width: model.moe.shared_d_ff, or d_ff_expert when 0. */
+int moe_shared_width(const ust_config *cfg);
 void moe_local_experts_fwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, act *out);
 void moe_local_experts_bwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, moe_weights *g,
                            act *dx, const act *dout);

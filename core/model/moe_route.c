@@ -138,7 +138,7 @@ void moe_statistics(moe_ctx *m, moe_acts *a, moe_stats *st) {
     int E = m->E, k = m->k;
     float *h = m->stats_host;
     for (int e = 0; e < E; e++) h[e] = (float)m->routing.cnt_host[e];
-    h[2 * E] = (float)o->sumsq(o, a->lse, m->N);
+    h[2 * E] = m->route.sigmoid ? 0.0f : (float)o->sumsq(o, a->lse, m->N); /* sigmoid: no z */
     h[2 * E + 1] = (float)m->N;
     h[2 * E + 2] = (float)((int64_t)m->N * k - a->nkept);
     int64_t B = m->loss.seqB, nst = moe_stats_floats(E, B);

@@ -49,13 +49,15 @@ void planner_model_sizes(const ust_config *c, planner_sizes *s) {
     s->mlp = mlp_mm + (gpt2 ? F + C : 0);
     s->expert = expert_mm + (gpt2 ? Fe + C : 0);
     int shared = c->model.moe.shared_expert;
-    s->moe_dense = E * C + (shared ? s->expert : 0);
-    for (int l = 0; E > 0 && l < L; l++) s->n_moe += l % c->model.moe.every == 0;
+    double Fs = c->model.moe.shared_d_ff > 0 ? c->model.moe.shared_d_ff : Fe; /* its own width */
+    double shared_mm = (gpt2 ? 2 : 3) * Fs * C;
+    s->moe_dense = E * C + (shared ? shared_mm + (gpt2 ? Fs + C : 0) : 0);
+    for (int l = 0; E > 0 && l < L; l++) s->n_moe += cfg_layer_is_moe(c, l);
     s->n_params = s->emb + s->head + L * s->attn + (L - s->n_moe) * s->mlp +
                   s->n_moe * (s->moe_dense + E * s->expert);
     /* the logits matmul runs whether or not lm_head is tied to the embedding */
     s->mm_dense = L * attn_mm + (L - s->n_moe) * mlp_mm + V * C;
-    s->mm_moe = s->n_moe * (E * C + (c->model.moe.top_k + shared) * expert_mm);
+    s->mm_moe = s->n_moe * (E * C + c->model.moe.top_k * expert_mm + shared * shared_mm);
 }
 
 double planner_flops_per_token(const ust_config *c) {
@@ -155,9 +157,44 @@ typedef struct {
     int dp, tp, pp, v, cp, ep, m, full, sp, dual, both_ends;
     ust_pp_schedule kind;
     double B, T, C, L, Tl, A, layers, moe_on, dense_on, copies;
+    double slowest; /* the slowest pp rank's layer work over the mean rank's (1: balanced) */
     planner_sizes s;
     double bw[PLAN_NGROUPS];
 } est_in;
+
+/* Dense and MoE layers per pp rank (a mixed model: moe.first_dense, moe.layers): the rank
+ * holding the most MoE layers sets moe_on (its memory and expert traffic are what the layout
+ * must fit), and the slowest rank's layer FLOPs over the mean rank's stretch the compute (a
+ * pipeline runs at its slowest stage). Stage s is on rank s % pp, dualpipev's second half
+ * mirrored (2pp-1-s); dualpipe's rank r holds stages r and pp-1-r (one copy each). */
+static void est_stage_moe(est_in *e) {
+    const ust_config *c = e->c;
+    int p = e->pp, S = cfg_pp_stages(c);
+    /* one layer's matmul parameters (attention with its MLP or its MoE's active experts) and
+     * its attention scores' 2 C T: proportional to its FLOPs */
+    double fd = e->s.attn + e->s.mlp + 2 * e->C * e->T, fm = fd - e->s.mlp;
+    if (e->s.n_moe) fm += e->s.mm_moe / e->s.n_moe;
+    double moe[p], all[p], work = 0, top = 0;
+    memset(moe, 0, sizeof moe), memset(all, 0, sizeof all);
+    for (int st = 0; st < S; st++) {
+        int lo, hi, r = e->kind == PP_DUALPIPEV && st >= p ? 2 * p - 1 - st : st % p;
+        cfg_stage_layers(c, st, &lo, &hi);
+        for (int l = lo; l < hi; l++)
+            for (int twice = 0; twice <= e->dual; twice++) {
+                int rr = twice ? p - 1 - r : r;
+                moe[rr] += (double)cfg_layer_is_moe(c, l) / e->copies;
+                all[rr] += 1.0 / e->copies;
+            }
+    }
+    e->moe_on = 0, e->slowest = 1;
+    for (int r = 0; r < p; r++) {
+        double w = (all[r] - moe[r]) * fd + moe[r] * fm;
+        work += w / p, top = w > top ? w : top;
+        if (moe[r] > e->moe_on) e->moe_on = moe[r];
+    }
+    if (work > 0) e->slowest = top / work;
+    e->dense_on = e->layers > e->moe_on ? e->layers - e->moe_on : 0;
+}
 
 static void est_setup(const ust_config *c, const planner_hw *hw, est_in *e) {
     const __typeof__(c->parallel) *p = &c->parallel;
@@ -174,8 +211,7 @@ static void est_setup(const ust_config *c, const planner_hw *hw, est_in *e) {
     e->B = c->train.micro_batch_size, e->T = c->train.seq_len, e->C = c->model.d_model;
     e->L = c->model.n_layer, e->Tl = e->T / e->cp, e->A = cfg_act_size(c);
     planner_model_sizes(c, &e->s);
-    e->layers = e->L / e->pp, e->moe_on = (double)e->s.n_moe / e->pp;
-    e->dense_on = e->layers - e->moe_on;
+    e->layers = e->L / e->pp;
     /* dualpipe: rank r holds stage r for the micro-batches entering at rank 0 and stage pp-1-r
      * for those entering at pp-1, i.e. two copies of a 1f1b rank's layers (the pair r, pp-1-r
      * holds the same two); each micro-batch still visits every rank once, so compute and p2p
@@ -184,6 +220,7 @@ static void est_setup(const ust_config *c, const planner_hw *hw, est_in *e) {
     e->kind = e->pp > 1 ? p->pp_schedule : PP_1F1B;
     e->dual = e->kind == PP_DUALPIPE, e->both_ends = e->dual || e->kind == PP_DUALPIPEV;
     e->copies = e->dual ? 2 : 1;
+    est_stage_moe(e);
 }
 
 /* compute: the dense part is split over tp, the MoE MLPs' tokens too (each tp rank routes
@@ -194,7 +231,7 @@ static void est_compute(const est_in *e, planner_cost *o) {
     if (e->full) f_dense += 2 * e->s.mm_dense + 4 * e->L * e->C * e->T, f_moe += 2 * e->s.mm_moe;
     double tokens = (double)e->c->train.global_batch_size * e->T;
     double flops = tokens / ((double)e->dp * e->cp) * (f_dense + f_moe) / ((double)e->tp * e->pp);
-    o->compute = flops / (e->hw->mfu * e->hw->peak_flops);
+    o->compute = e->slowest * flops / (e->hw->mfu * e->hw->peak_flops);
     /* the schedule's published bubble (pp_schedule.h), with the planner's F : B : W = 1 : 1 : 1
      * (a whole backward costs two forwards) */
     pps_costs fbw = {.f = 1, .b = 1, .w = 1};
@@ -240,8 +277,7 @@ static void est_tp(const est_in *e, planner_cost *o) {
     int tp = e->tp, sp = e->sp, full = e->full;
     double unit = planner_allgather_s(e->A * e->B * e->Tl * e->C, tp, e->bw[PLAN_TP]);
     double u_dense = (sp ? 10 : 8) + full * 4, u_moe = (sp ? 5 : 6) + full * (sp ? 2 : 3);
-    double moe_grads = (moe->num_experts / e->ep + (moe->shared_expert ? 1 : 0)) * e->s.expert +
-                       moe->num_experts * e->C;
+    double moe_grads = moe->num_experts / e->ep * e->s.expert + e->s.moe_dense; /* + router */
     double moe_reduce = tp > 1 ? 2 * planner_allgather_s(4 * moe_grads, tp, e->bw[PLAN_TP]) : 0;
     o->group[PLAN_TP] =
         e->m * ((e->dense_on * u_dense + e->moe_on * u_moe + 4) * unit + e->moe_on * moe_reduce);

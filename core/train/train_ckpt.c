@@ -343,6 +343,7 @@ static int same_run(const ust_config *c, const char *dir, ust_err *e) {
              {"model.moe.num_experts", m->moe.num_experts, o->moe.num_experts},
              {"model.moe.d_ff_expert", m->moe.d_ff_expert, o->moe.d_ff_expert},
              {"model.moe.every", m->moe.every, o->moe.every},
+             {"model.moe.first_dense", m->moe.first_dense, o->moe.first_dense},
              {"model.moe.shared_expert", m->moe.shared_expert, o->moe.shared_expert}};
     char diff[1024] = "";
     size_t n = 0;

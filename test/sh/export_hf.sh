@@ -85,7 +85,7 @@ copy_ckpt() {
         python3 test/tools/reseal.py $TMP/$1
 }
 copy_ckpt moe 's/num_experts: 0/num_experts: 4/; s/shared_expert: false/shared_expert: true/'
-expect_exit export_moe_with_shared_expert_exits_2 2 "the Hugging Face layout for mixture of experts is Mixtral's.*moe.shared_expert = true" -- \
+expect_exit export_moe_with_shared_expert_exits_2 2 "the Hugging Face layouts for mixture of experts are Mixtral's.*moe.shared_expert = true" -- \
     $UST export $TMP/moe --to hf $TMP/bad-out
 copy_ckpt moe2 's/num_experts: 0/num_experts: 4/'
 expect_exit export_moe_config_on_dense_checkpoint_exits_2 2 "model.layers.0.mlp.router.weight" -- \

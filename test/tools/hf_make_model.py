@@ -7,7 +7,8 @@ and compares an imported-then-exported directory with the original.
       KIND: llama, llama_tied, llama3 (rope_scaling llama3), qwen2 (q/k/v biases), qwen3 (q/k head
       norms), mistral (a sliding window of 8 in every layer), qwen2_window (Qwen2 with a window
       of 8 on the layers from max_window_layers = 1 on), llama_yarn (rope_scaling yarn, factor 4
-      over 16 original positions), mixtral, gpt2.
+      over 16 original positions), mixtral, qwen3_moe (decoder_sparse_step 2: layer 0 dense,
+      layer 1 four experts), gpt2.
       Writes OUT/config.json and OUT/model.safetensors, or with --shards N > 1
       OUT/model-0000i-of-0000N.safetensors + model.safetensors.index.json. The safetensors files
       are written by hand (8-byte little-endian header length, JSON header padded to 8 bytes,
@@ -39,11 +40,13 @@ def llama_config(kind):
     d = DIMS
     arch = {"qwen2": "Qwen2ForCausalLM", "qwen2_window": "Qwen2ForCausalLM",
             "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM",
-            "mixtral": "MixtralForCausalLM"}.get(kind, "LlamaForCausalLM")
+            "mixtral": "MixtralForCausalLM",
+            "qwen3_moe": "Qwen3MoeForCausalLM"}.get(kind, "LlamaForCausalLM")
     cfg = {
         "architectures": [arch],
         "model_type": {"qwen2": "qwen2", "qwen2_window": "qwen2", "qwen3": "qwen3",
-                       "mistral": "mistral", "mixtral": "mixtral"}.get(kind, "llama"),
+                       "mistral": "mistral", "mixtral": "mixtral",
+                       "qwen3_moe": "qwen3_moe"}.get(kind, "llama"),
         "hidden_size": d["C"], "intermediate_size": d["FE"] if kind == "mixtral" else d["F"],
         "num_hidden_layers": d["L"], "num_attention_heads": d["H"], "num_key_value_heads": d["KV"],
         "vocab_size": d["V"], "max_position_embeddings": d["T"], "rms_norm_eps": 1e-5,
@@ -69,6 +72,11 @@ def llama_config(kind):
                    router_aux_loss_coef=0.001)
     if kind in ("llama", "llama_tied", "llama3", "llama_yarn"):
         cfg.update(attention_bias=False, mlp_bias=False, head_dim=d["C"] // d["H"])
+    if kind == "qwen3_moe":
+        cfg.update(attention_bias=False, head_dim=d["C"] // d["H"], moe_intermediate_size=d["FE"],
+                   num_experts=d["E"], num_experts_per_tok=d["K"], decoder_sparse_step=2,
+                   mlp_only_layers=[], norm_topk_prob=True, use_sliding_window=False,
+                   sliding_window=None, router_aux_loss_coef=0.001)
     return cfg
 
 
@@ -85,7 +93,7 @@ def llama_tensors(kind):
               (p + "self_attn.v_proj.weight", (KVD, d["C"])),
               (p + "self_attn.o_proj.weight", (d["C"], HD)),
               (p + "post_attention_layernorm.weight", (d["C"],))]
-        if kind == "qwen3":
+        if kind in ("qwen3", "qwen3_moe"):
             t += [(p + "self_attn.q_norm.weight", (D,)), (p + "self_attn.k_norm.weight", (D,))]
         if kind in ("qwen2", "qwen2_window"):
             t += [(p + "self_attn.q_proj.bias", (HD,)), (p + "self_attn.k_proj.bias", (KVD,)),
@@ -96,6 +104,13 @@ def llama_tensors(kind):
                 q = f"{p}block_sparse_moe.experts.{e}."
                 t += [(q + "w1.weight", (d["FE"], d["C"])), (q + "w2.weight", (d["C"], d["FE"])),
                       (q + "w3.weight", (d["FE"], d["C"]))]
+        elif kind == "qwen3_moe" and i % 2 == 1:  # decoder_sparse_step 2
+            t.append((p + "mlp.gate.weight", (d["E"], d["C"])))
+            for e in range(d["E"]):
+                q = f"{p}mlp.experts.{e}."
+                t += [(q + "gate_proj.weight", (d["FE"], d["C"])),
+                      (q + "up_proj.weight", (d["FE"], d["C"])),
+                      (q + "down_proj.weight", (d["C"], d["FE"]))]
         else:
             t += [(p + "mlp.gate_proj.weight", (d["F"], d["C"])),
                   (p + "mlp.up_proj.weight", (d["F"], d["C"])),
@@ -267,6 +282,12 @@ def make_with_transformers(kind, out, seed=1):
             q_lora_rank=24 if kind == "deepseek_v3" else None, kv_lora_rank=16,
             qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=16, rope_interleave=True,
             **dict(common, num_key_value_heads=d["H"])))
+    elif kind == "qwen3_moe":  # 4 layers, 1 and 3 sparse (mlp_only_layers), unrenormalized
+        common["num_hidden_layers"] = 4
+        model = tf.Qwen3MoeForCausalLM(tf.Qwen3MoeConfig(
+            intermediate_size=d["F"], moe_intermediate_size=d["FE"], num_experts=d["E"],
+            num_experts_per_tok=d["K"], decoder_sparse_step=1, mlp_only_layers=[0, 2],
+            norm_topk_prob=False, head_dim=d["C"] // d["H"], **common))
     elif kind == "mixtral":
         model = tf.MixtralForCausalLM(tf.MixtralConfig(
             intermediate_size=d["FE"], num_local_experts=d["E"], num_experts_per_tok=d["K"],
