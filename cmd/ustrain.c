@@ -14,6 +14,7 @@
 #include "config.h"
 #include "data.h"
 #include "error.h"
+#include "eval_task.h"
 #include "fs.h"
 #include "hf_import.h"
 #include "log.h"
@@ -257,14 +258,21 @@ static int cmd_train(int argc, char **argv) {
     int rc = load_config(&c, argc, argv, &a);
     if (rc) return rc;
     ust_runtime rt;
-    train_install_stop_handlers(); /* a stop asked for while joining the job still counts */
-    if (train_runtime_init(&rt, &c, &e)) {
+    task_set *tasks;
+    if (task_load_all(&c, &tasks, &e)) { /* eval.tasks: read and tokenized before any work */
         fprintf(stderr, "ustrain: error: %s\n", e.msg);
         return UST_EXIT_USAGE;
     }
-    train_opts o = {.quiet = 0, .write_config = 1};
+    train_install_stop_handlers(); /* a stop asked for while joining the job still counts */
+    if (train_runtime_init(&rt, &c, &e)) {
+        fprintf(stderr, "ustrain: error: %s\n", e.msg);
+        task_free_all(&c, tasks);
+        return UST_EXIT_USAGE;
+    }
+    train_opts o = {.quiet = 0, .write_config = 1, .tasks = tasks};
     rc = train_run(&c, &rt, &o, NULL);
     if (rc == 0) train_runtime_finalize(&rt); /* a failed rank leaves without waiting for peers */
+    task_free_all(&c, tasks);
     return rc;
 }
 

@@ -76,6 +76,15 @@ typedef struct {
     double compute_ms[LOG_MAX_RANKS], wait_ms[LOG_MAX_RANKS];
 } log_ranks;
 
+/* eval.tasks scored this step (n 0: none): each task's name and scores (train_task.h). */
+enum { LOG_MAX_TASKS = 16 };
+typedef struct {
+    int n;
+    char name[LOG_MAX_TASKS][64];
+    int items[LOG_MAX_TASKS];
+    double acc[LOG_MAX_TASKS], acc_norm[LOG_MAX_TASKS], loglik[LOG_MAX_TASKS];
+} log_tasks;
+
 typedef struct {
     int64_t step, steps;
     double loss, lr, grad_norm, tokens_per_s, mfu, ms, eta_s; /* loss: ce_loss + MoE aux/z */
@@ -91,6 +100,7 @@ typedef struct {
     log_moe moe;
     log_data data;
     log_ranks ranks;
+    log_tasks tasks;
 } log_step;
 
 typedef struct {
