@@ -2,8 +2,9 @@
  * config_schema.c: the key table cfg_keys (path, field, type, default, range), key lookup,
  * cfg_defaults and cfg_dump; config_value.c: one scalar into its field (cfg_put) and the per-key
  * check of a whole struct; config.c: the YAML document walk, loading and --set; config_blend.c:
- * dataset blends; config_validate.c: the cross-key rules (cfg_vfail / REQUIRE), the parallel
- * layout's in config_parallel.c. Errors keep the text and the order they had in one file. */
+ * dataset blends; config_tasks.c: eval.tasks; config_validate.c: the cross-key rules (cfg_vfail /
+ * REQUIRE), the parallel layout's in config_parallel.c. Errors keep the text and the order they
+ * had in one file. */
 #ifndef UST_CONFIG_INTERNAL_H
 #define UST_CONFIG_INTERNAL_H
 
