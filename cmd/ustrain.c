@@ -287,6 +287,26 @@ static int data_present(const cfg_dataset *sets, int n) {
     return 1;
 }
 
+/* eval.tasks read and tokenized as train reads them (their files here: else named, unchecked). */
+static int validate_tasks(const ust_config *c, ust_err *e) {
+    cfg_task t[CFG_MAX_TASKS];
+    int n = cfg_eval_tasks(c, t);
+    for (int i = 0; i < n; i++)
+        if (access(t[i].path, F_OK) != 0) {
+            fprintf(stderr,
+                    "ustrain: note: eval.tasks[%d] (%s): %s not found here, tasks not checked\n", i,
+                    t[i].name, t[i].path);
+            return 0;
+        }
+    task_set *sets;
+    if (task_load_all(c, &sets, e)) return -1;
+    for (int i = 0; i < n; i++)
+        printf("eval.tasks[%d]: %s, %d items (%lld choices), every %d steps\n", i, t[i].name,
+               sets[i].n, (long long)sets[i].nex, t[i].every);
+    task_free_all(c, sets);
+    return 0;
+}
+
 /* What train checks before it locks, reads or allocates anything, by the same functions: the
  * output paths and the backend (train_check_runnable), the shards' meta.json, and every dataset
  * of the blend opened as train opens it (shard headers, a window of seq_len + 1 tokens). A config
@@ -311,7 +331,7 @@ static int validate_preflight(const ust_config *c, ust_err *e) {
             return -1;
         data_blend_close(b);
     }
-    return 0;
+    return validate_tasks(c, e);
 }
 
 /* model.sliding_window: which layers attend through a window, and whether training sees it. */

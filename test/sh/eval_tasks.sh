@@ -114,5 +114,9 @@ expect_exit eval_tasks_missing_file_exit_2 2 "eval.tasks\[0\] \(mc\): .*$TMP/not
     $UST train $TMP/c.yaml --set checkpoint.dir=$TMP/bad/ckpt --set "eval.tasks=[{name: mc, path: $TMP/nothere.jsonl, every: 2}]"
 expect_exit eval_tasks_missing_tokenizer_exit_2 2 "eval.tokenizer: .*$TMP/no-tok.json" -- \
     $UST train $TMP/c.yaml --set checkpoint.dir=$TMP/bad/ckpt --set eval.tokenizer=$TMP/no-tok.json
+expect_exit eval_tasks_validate_refuses_a_bad_item 2 "eval.tasks\[0\] \(mc\): $TMP/badlabel.jsonl:2: label out of range" -- \
+    $UST validate $TMP/c.yaml --set "eval.tasks=[{name: mc, path: $TMP/badlabel.jsonl, every: 2}]"
+$UST validate $TMP/c.yaml 2>&1 | grep -q "^eval.tasks\[0\]: mc, 12 items (33 choices), every 2 steps" &&
+    pass eval_tasks_validate_reads_them || fail eval_tasks_validate_reads_them "$($UST validate $TMP/c.yaml 2>&1 | tail -2)"
 [ ! -d $TMP/bad/ckpt ] && pass eval_tasks_refusals_wrote_nothing || fail eval_tasks_refusals_wrote_nothing "$(ls $TMP/bad/ckpt)"
 exit 0
