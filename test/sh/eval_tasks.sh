@@ -3,7 +3,8 @@
 # conversations, as docs/huggingface.md's example). The scores in the metrics and TensorBoard at
 # a step equal `ustrain eval --task` on that step's checkpoint (which takes the tokenizer the
 # checkpoint records); eval scores B choices per micro-batch and every micro-batch size gives the
-# same log-likelihoods to the last printed digit; dp, tp, pp and cp give one process's scores;
+# same log-likelihoods to the last printed digit; dp, tp, pp, cp and (a MoE model) ep give one
+# process's scores;
 # bad entries and bad task files exit 2 naming file:line(:col), the value and what is allowed.
 . "$(dirname "$0")/../lib.sh"
 
@@ -89,6 +90,25 @@ for s in a:
     assert abs(a[s]["loglik"] - b[s]["loglik"]) <= 1e-6 * abs(a[s]["loglik"]), (s, a[s], b[s])
 EOT
 done
+
+# a mixture-of-experts model on byte tokens (the demo data's meta.json names "bytes": the tasks'
+# tokenizer): eval --task under ep=2 dp=2 on the step's checkpoint gives the scores training logged
+$UST data demo $TMP/demo >/dev/null 2>&1 &&
+    $UST train configs/tiny.yaml --set "data.train=$TMP/demo/train_*.bin" --set "data.val=$TMP/demo/val_*.bin" \
+        --set train.steps=2 --set checkpoint.every=2 --set checkpoint.dir=$TMP/moe/ckpt --set logging.metrics_file=$TMP/moe/m.jsonl \
+        --set model.moe.num_experts=4 --set model.moe.top_k=2 --set model.moe.d_ff_expert=64 \
+        --set "eval.tasks=[{name: mc, path: $D/mc.jsonl, every: 2}]" >$TMP/moe.log 2>&1 &&
+    scripts/ustrun --nproc-per-node 2 $UST eval $TMP/moe/ckpt --task $D/mc.jsonl --scores $TMP/moe.jsonl \
+        --set parallel.dp=2 --set parallel.ep=2 >$TMP/moe_eval.log 2>&1 &&
+    python3 - $TMP/moe/m.jsonl $TMP/moe.jsonl <<'EOT' && pass eval_tasks_moe_ep2_scores_equal_training || fail eval_tasks_moe_ep2_scores_equal_training "$(cat $TMP/moe.log $TMP/moe_eval.log | tail -3)"
+import json, sys
+got = [json.loads(l) for l in open(sys.argv[1]) if '"tasks"' in l][-1]["tasks"]["mc"]
+items = [json.loads(l) for l in open(sys.argv[2])]
+ll = sum(i["loglik"][i["label"]] for i in items) / len(items)
+acc = sum(i["pred"] == i["label"] for i in items) / len(items)
+assert got["items"] == 12 and abs(got["acc"] - acc) < 1e-8, (got, acc)
+assert abs(got["loglik"] - ll) <= 1e-6 * abs(ll), (got, ll)
+EOT
 
 # bad input: the YAML entry (file:line:col, the value, what is allowed), the task file
 # (file:line), the tokenizer; exit 2 before any training
