@@ -4,8 +4,8 @@
 # a step equal `ustrain eval --task` on that step's checkpoint (which takes the tokenizer the
 # checkpoint records); eval scores B choices per micro-batch and every micro-batch size gives the
 # same log-likelihoods to the last printed digit; dp, tp, pp, cp and (a MoE model) ep give one
-# process's scores;
-# bad entries and bad task files exit 2 naming file:line(:col), the value and what is allowed.
+# process's scores; bad entries and bad task files exit 2 naming file:line(:col), the value and
+# what is allowed.
 . "$(dirname "$0")/../lib.sh"
 
 need_py eval_tasks_needs_torch torch transformers tokenizers tensorboard || exit 0
