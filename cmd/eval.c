@@ -41,10 +41,11 @@ static const char *EVAL_USAGE =
     "  --set           any config key, e.g. --set parallel.tp=2 under scripts/ustrun: every\n"
     "                  layout gives the numbers of one process\n"
     "       ustrain eval CKPT_OR_HF_DIR --task FILE.jsonl [--tokenizer tokenizer.json|bytes]\n"
-    "                    [--scores OUT.jsonl] [--seq-len T] [--set ...]\n"
+    "                    [--scores OUT.jsonl] [--seq-len T] [--micro-batch-size B] [--set ...]\n"
     "  multiple choice: items {context, choices, label} (or llm.c's HellaSwag {ctx, endings,\n"
-    "  label}) scored by each choice's log-likelihood after the context; prints acc and\n"
-    "  acc_norm (per character); --tokenizer defaults to the model directory's tokenizer.json\n";
+    "  label}) scored by each choice's log-likelihood after the context, B choices per\n"
+    "  micro-batch; prints acc, acc_norm (per character) and loglik (the right choices' mean);\n"
+    "  --tokenizer defaults to the model directory's tokenizer.json\n";
 
 typedef struct {
     const char *model, *data, *task, *tokenizer, *scores;
@@ -239,28 +240,58 @@ static int eval_steps(const ust_config *c, const eval_args *a, int *steps, ust_e
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Multiple choice: every (item, choice) an example of a temporary masked shard, packed one per
- * window, each scored alone by the validation pass (any layout: the numbers of one process). */
+ * Multiple choice: every (item, choice) an example alone at the start of a window, B windows per
+ * micro-batch (core/train/train_task.h; any layout: the numbers of one process, and those of
+ * eval.tasks during the training run at this checkpoint). */
 
-static int task_tokenizer(const eval_args *a, tok_tokenizer **tok, ust_err *e) {
-    char p[PATH_MAX + 32];
-    if (a->tokenizer && !strcmp(a->tokenizer, "bytes")) return *tok = tok_bytes(), 0;
-    snprintf(p, sizeof p, "%s/tokenizer.json", a->model);
-    if (!a->tokenizer && !is_file(a->model, "tokenizer.json"))
-        return ust_errf(e, "eval: --task needs --tokenizer (no %s)", p);
-    return tok_load(tok, a->tokenizer ? a->tokenizer : p, e);
+/* The tokenizer a checkpoint's state.json records (the training data's, as export ships it). */
+static void recorded_tokenizer(const ust_config *c, char *out, size_t cap) {
+    ust_err ignored;
+    ckpt_reader *r =
+        strcmp(c->checkpoint.resume, "none") ? ckpt_open(c->checkpoint.resume, &ignored) : NULL;
+    cJSON *j = r ? cJSON_Parse(ckpt_state_json(r)) : NULL;
+    if (r) ckpt_close(r);
+    const cJSON *rec = cJSON_GetObjectItemCaseSensitive(j, "tokenizer"),
+                *p = cJSON_GetObjectItemCaseSensitive(rec, "path");
+    if (cJSON_IsString(p)) snprintf(out, cap, "%s", p->valuestring);
+    cJSON_Delete(j);
 }
 
-/* The examples as DIR/train_000.bin (targets: the choices) and the config that scores them. */
+/* --tokenizer, else the model directory's tokenizer.json, else the checkpoint's record. */
+static int task_tokenizer(const eval_args *a, const ust_config *c, tok_tokenizer **tok,
+                          ust_err *e) {
+    char p[PATH_MAX + 32] = "";
+    if (a->tokenizer) snprintf(p, sizeof p, "%s", a->tokenizer);
+    if (!p[0] && is_file(a->model, "tokenizer.json"))
+        snprintf(p, sizeof p, "%s/tokenizer.json", a->model);
+    if (!p[0]) recorded_tokenizer(c, p, sizeof p);
+    if (!p[0])
+        return ust_errf(e,
+                        "eval: --task needs --tokenizer (no %s/tokenizer.json, and the checkpoint "
+                        "records none)",
+                        a->model);
+    if (!strcmp(p, "bytes")) return *tok = tok_bytes(), 0;
+    return tok_load(tok, p, e);
+}
+
+/* The run needs datasets to open: DIR/train_000.bin, the examples (their ids checked against
+ * the model's vocabulary) then a micro-batch of windows of end of text, never read; the run's
+ * data settings stay as the checkpoint's, so its windows are those of eval.tasks in training. */
 static int task_data(ust_config *c, const char *dir, const task_set *s, const tok_tokenizer *tok,
                      int eot, ust_err *e) {
     char p[PATH_MAX];
     snprintf(p, sizeof p, "%s/train_000.bin", dir);
     int vocab = tok_vocab_size(tok) > eot ? tok_vocab_size(tok) : eot + 1;
-    if (data_write_llmc_shard_mask(p, s->tokens, s->flags, s->ntok, e) ||
-        prep_write_meta(dir, NULL, eot, vocab, vocab <= 65536 ? 2 : 4, NULL, e))
-        return -1;
-    c->data.packing = 1, c->data.pack_buffer = 1, c->data.shuffle = false;
+    int64_t pad = (int64_t)(c->train.seq_len + 1) * (c->train.micro_batch_size + 1),
+            n = s->ntok + pad;
+    int32_t *tokens = malloc((size_t)n * sizeof *tokens);
+    UST_ASSERT(tokens, "out of memory");
+    memcpy(tokens, s->tokens, (size_t)s->ntok * sizeof *tokens);
+    for (int64_t i = s->ntok; i < n; i++) tokens[i] = eot;
+    int rc = data_write_llmc_shard(p, tokens, n, e) ||
+             prep_write_meta(dir, NULL, eot, vocab, vocab <= 65536 ? 2 : 4, NULL, e);
+    free(tokens);
+    if (rc) return -1;
     c->data.val_steps = 1, c->data.val_samples = 0, c->data.val_tokens = 0, c->data.eot_id = eot;
     return cfg_validate(c, 0, e);
 }
@@ -272,27 +303,28 @@ static void task_cleanup(const char *dir) {
     rmdir(dir);
 }
 
-static void task_report(const eval_args *a, const task_set *s, const double *mean, double dt) {
-    double acc, acc_norm;
+static void task_report(const eval_args *a, const task_set *s, const double *ll, double dt) {
     FILE *f = a->scores ? fopen(a->scores, "w") : NULL;
     if (a->scores && !f) fprintf(stderr, "ustrain: warning: %s: cannot write\n", a->scores);
-    task_score(s, mean, &acc, &acc_norm, f);
+    task_scores sc = train_task_score(s, ll, f);
     if (f) fclose(f);
-    printf("eval: task %s: %d items (%lld choices), acc %.4f acc_norm %.4f, %.1f items/s\n",
-           a->task, s->n, (long long)s->nex, acc, acc_norm, dt > 0 ? s->n / dt : 0.0);
+    printf("eval: task %s: %d items (%lld choices), acc %.4f acc_norm %.4f loglik %.6f, %.1f "
+           "items/s\n",
+           a->task, s->n, (long long)s->nex, sc.acc, sc.acc_norm, sc.loglik,
+           dt > 0 ? s->n / dt : 0.0);
 }
 
 static int eval_task(eval_args *a, int argc, char **argv) {
     char dir[] = "/tmp/ustrain-task.XXXXXX", glob[64];
     if (!mkdtemp(dir)) return fprintf(stderr, "ustrain: error: mkdtemp: %s\n", strerror(errno)), 1;
     snprintf(glob, sizeof glob, "%s/train_*.bin", dir);
-    a->data = glob, a->mb = 1;
+    a->data = glob;
     ust_config c;
     ust_err e;
     tok_tokenizer *tok = NULL;
     task_set s = {0};
     int rc = model_config(&c, a->model, &e) || apply_overrides(&c, argc, argv, a, &e) ||
-             task_tokenizer(a, &tok, &e);
+             task_tokenizer(a, &c, &tok, &e);
     int eot = rc ? 0 : tok_eot(tok) >= 0 ? tok_eot(tok) : 0;
     if (!rc)
         rc = task_load(&s, a->task, tok, eot, c.train.seq_len, &e) ||
@@ -302,12 +334,12 @@ static int eval_task(eval_args *a, int argc, char **argv) {
     ust_runtime rt;
     if (!rc && train_runtime_init(&rt, &c, &e)) rc = 1;
     if (rc) fprintf(stderr, "ustrain: error: %s\n", e.msg);
-    double *mean = rc ? NULL : calloc((size_t)s.nex, sizeof *mean), t0 = log_now_s();
-    if (!rc && (rc = train_eval_each(&c, &rt, s.nex, mean)) == 0 && rt.rank == 0)
-        task_report(a, &s, mean, log_now_s() - t0);
+    double *ll = rc ? NULL : calloc((size_t)s.nex, sizeof *ll), t0 = log_now_s();
+    if (!rc && (rc = train_eval_task(&c, &rt, &s, ll)) == 0 && rt.rank == 0)
+        task_report(a, &s, ll, log_now_s() - t0);
     if (rc == 0) train_runtime_finalize(&rt);
     task_cleanup(dir);
-    task_free(&s), free(mean);
+    task_free(&s), free(ll);
     return rc ? UST_EXIT_USAGE : 0;
 }
 

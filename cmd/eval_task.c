@@ -18,7 +18,7 @@ static void grow(void **p, int64_t *cap, int64_t need, size_t size) {
 }
 
 typedef struct {
-    int64_t tok_cap, ex_cap, item_cap;
+    int64_t tok_cap, ex_cap, item_cap, start_cap;
     tok_work *w;
     tok_ids ctx, ch;
 } loader;
@@ -53,6 +53,8 @@ static int add_example(task_set *s, loader *l, const tok_tokenizer *tok, int eot
     grow((void **)&s->chars, &l->ex_cap, s->nex + 1, sizeof *s->chars);
     s->targets[s->nex] = (int)l->ch.n;
     s->chars[s->nex++] = utf8_chars(choice);
+    grow((void **)&s->start, &l->start_cap, s->nex + 1, sizeof *s->start);
+    s->start[s->nex] = s->ntok;
     return 0;
 }
 
@@ -101,8 +103,11 @@ int task_load(task_set *s, const char *path, const tok_tokenizer *tok, int eot, 
     memset(s, 0, sizeof *s);
     ust_err inner;
     FILE *f = fs_fopen_regular(path, "rb", &inner);
-    if (!f) return ust_errf(e, "eval: --task %s", inner.msg);
+    if (!f) return ust_errf(e, "%s", inner.msg);
     loader l = {.w = tok_work_new(tok)};
+    s->eot = eot;
+    grow((void **)&s->start, &l.start_cap, 1, sizeof *s->start);
+    s->start[0] = 0;
     char *buf = NULL, why[256];
     size_t cap = 0;
     int rc = 0, line = 0;
@@ -125,28 +130,60 @@ int task_load(task_set *s, const char *path, const tok_tokenizer *tok, int eot, 
 
 void task_free(task_set *s) {
     free(s->items), free(s->tokens), free(s->flags), free(s->targets), free(s->chars);
+    free(s->start);
 }
 
-void task_score(const task_set *s, const double *mean, double *acc, double *acc_norm, FILE *out) {
-    int right = 0, right_norm = 0;
-    for (int i = 0; i < s->n; i++) {
-        const task_item *it = &s->items[i];
-        int best = 0, best_norm = 0;
-        double ll[64], top = -INFINITY, top_norm = -INFINITY;
-        for (int c = 0; c < it->nchoices; c++) {
-            int64_t k = it->first + c;
-            double v = -mean[k] * s->targets[k]; /* the mean over its targets, times their count */
-            if (c < 64) ll[c] = v;
-            if (v > top) top = v, best = c;
-            if (v / s->chars[k] > top_norm) top_norm = v / s->chars[k], best_norm = c;
-        }
-        right += best == it->label, right_norm += best_norm == it->label;
-        if (!out) continue;
-        fprintf(out, "{\"line\": %d, \"label\": %d, \"loglik\": [", it->line, it->label);
-        for (int c = 0; c < it->nchoices && c < 64; c++)
-            fprintf(out, "%s%.9g", c ? ", " : "", ll[c]);
-        fprintf(out, "], \"pred\": %d, \"pred_norm\": %d}\n", best, best_norm);
+/* eval.tokenizer, else the "tokenizer" of the meta.json beside data.train's (first) shards. */
+static int task_tokenizer_of(const ust_config *c, tok_tokenizer **tok, ust_err *e) {
+    char meta[UST_PATH_MAX + 32], name[UST_PATH_MAX] = "";
+    snprintf(name, sizeof name, "%s", c->eval.tokenizer);
+    cfg_dataset sets[CFG_MAX_BLEND];
+    if (!name[0] && cfg_data_sets(c, 0, sets) > 0) {
+        const char *slash = strrchr(sets[0].path, '/');
+        snprintf(meta, sizeof meta, "%.*s/meta.json", slash ? (int)(slash - sets[0].path) : 1,
+                 slash ? sets[0].path : ".");
+        FILE *f = fopen(meta, "rb");
+        char buf[1 << 16];
+        size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+        if (f) fclose(f);
+        buf[n] = 0;
+        cJSON *j = cJSON_Parse(buf);
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "tokenizer");
+        if (cJSON_IsString(t)) snprintf(name, sizeof name, "%s", t->valuestring);
+        cJSON_Delete(j);
     }
-    *acc = (double)right / s->n;
-    *acc_norm = (double)right_norm / s->n;
+    if (!name[0])
+        return ust_errf(e, "eval.tasks: no tokenizer: set eval.tokenizer (a tokenizer.json or "
+                           "\"bytes\"); data.train's meta.json names none");
+    if (!strcmp(name, "bytes")) return *tok = tok_bytes(), 0;
+    ust_err inner;
+    if (tok_load(tok, name, &inner)) return ust_errf(e, "eval.tokenizer: %s", inner.msg);
+    return 0;
+}
+
+int task_load_all(const ust_config *c, task_set **sets, ust_err *e) {
+    cfg_task t[CFG_MAX_TASKS];
+    int n = cfg_eval_tasks(c, t);
+    *sets = NULL;
+    if (n == 0) return 0;
+    tok_tokenizer *tok;
+    if (task_tokenizer_of(c, &tok, e)) return -1;
+    int eot = tok_eot(tok) >= 0 ? tok_eot(tok) : 0, rc = 0;
+    *sets = calloc((size_t)n, sizeof **sets);
+    UST_ASSERT(*sets, "out of memory");
+    for (int i = 0; i < n && rc == 0; i++) {
+        ust_err inner;
+        rc = task_load(&(*sets)[i], t[i].path, tok, eot, c->train.seq_len, &inner);
+        if (rc) ust_errf(e, "eval.tasks[%d] (%s): %s", i, t[i].name, inner.msg);
+    }
+    tok_free(tok);
+    if (rc) task_free_all(c, *sets), *sets = NULL;
+    return rc;
+}
+
+void task_free_all(const ust_config *c, task_set *sets) {
+    cfg_task t[CFG_MAX_TASKS];
+    int n = sets ? cfg_eval_tasks(c, t) : 0;
+    for (int i = 0; i < n; i++) task_free(&sets[i]);
+    free(sets);
 }

@@ -14,6 +14,7 @@
 #include "config.h"
 #include "data.h"
 #include "error.h"
+#include "eval_task.h"
 #include "fs.h"
 #include "hf_import.h"
 #include "log.h"
@@ -257,14 +258,21 @@ static int cmd_train(int argc, char **argv) {
     int rc = load_config(&c, argc, argv, &a);
     if (rc) return rc;
     ust_runtime rt;
-    train_install_stop_handlers(); /* a stop asked for while joining the job still counts */
-    if (train_runtime_init(&rt, &c, &e)) {
+    task_set *tasks;
+    if (task_load_all(&c, &tasks, &e)) { /* eval.tasks: read and tokenized before any work */
         fprintf(stderr, "ustrain: error: %s\n", e.msg);
         return UST_EXIT_USAGE;
     }
-    train_opts o = {.quiet = 0, .write_config = 1};
+    train_install_stop_handlers(); /* a stop asked for while joining the job still counts */
+    if (train_runtime_init(&rt, &c, &e)) {
+        fprintf(stderr, "ustrain: error: %s\n", e.msg);
+        task_free_all(&c, tasks);
+        return UST_EXIT_USAGE;
+    }
+    train_opts o = {.quiet = 0, .write_config = 1, .tasks = tasks};
     rc = train_run(&c, &rt, &o, NULL);
     if (rc == 0) train_runtime_finalize(&rt); /* a failed rank leaves without waiting for peers */
+    task_free_all(&c, tasks);
     return rc;
 }
 
@@ -277,6 +285,26 @@ static int data_present(const cfg_dataset *sets, int n) {
         if (rc != 0) return 0;
     }
     return 1;
+}
+
+/* eval.tasks read and tokenized as train reads them (their files here: else named, unchecked). */
+static int validate_tasks(const ust_config *c, ust_err *e) {
+    cfg_task t[CFG_MAX_TASKS];
+    int n = cfg_eval_tasks(c, t);
+    for (int i = 0; i < n; i++)
+        if (access(t[i].path, F_OK) != 0) {
+            fprintf(stderr,
+                    "ustrain: note: eval.tasks[%d] (%s): %s not found here, tasks not checked\n", i,
+                    t[i].name, t[i].path);
+            return 0;
+        }
+    task_set *sets;
+    if (task_load_all(c, &sets, e)) return -1;
+    for (int i = 0; i < n; i++)
+        printf("eval.tasks[%d]: %s, %d items (%lld choices), every %d steps\n", i, t[i].name,
+               sets[i].n, (long long)sets[i].nex, t[i].every);
+    task_free_all(c, sets);
+    return 0;
 }
 
 /* What train checks before it locks, reads or allocates anything, by the same functions: the
@@ -303,7 +331,7 @@ static int validate_preflight(const ust_config *c, ust_err *e) {
             return -1;
         data_blend_close(b);
     }
-    return 0;
+    return validate_tasks(c, e);
 }
 
 /* model.sliding_window: which layers attend through a window, and whether training sees it. */

@@ -306,6 +306,7 @@ static double compute(pp_state *s, const pp_callbacks *cb, const pps_action *a, 
         }
         loss = model_chunk_forward(s->m, a->chunk, slot, batch, dscale, &n);
         *ntok += n;
+        if (cb->forwarded) cb->forwarded(cb->ctx, a->mb, a->chunk);
         break;
     }
     case PPS_B: /* a split B leaves the weight gradients (and their hooks) to its W */

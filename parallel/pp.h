@@ -23,6 +23,9 @@ typedef struct {
     /* called before a pass that adds parameter gradients of micro-batch mb (last: mb is the
      * step's last micro-batch) */
     void (*before_grads)(void *ctx, int mb, int last);
+    /* optional: after each forward of micro-batch mb through chunk (its losses, when it holds
+     * the head, are model_chunk_losses until the next forward) */
+    void (*forwarded)(void *ctx, int mb, int chunk);
 } pp_callbacks;
 
 /* How the executor runs the list (pp.c):

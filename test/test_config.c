@@ -182,6 +182,9 @@ static const char *ALL_CHANGED_YAML = "run:\n"
                                       "  trace: {steps: [2, 3], dir: tr}\n"
                                       "  stats_every: 5\n"
                                       "  stats_spike: 4\n"
+                                      "eval:\n"
+                                      "  tasks: [{name: hs, path: /t/hs.jsonl, every: 50}]\n"
+                                      "  tokenizer: tok.json\n"
                                       "dist:\n"
                                       "  timeout_s: 30.5\n";
 
@@ -455,7 +458,7 @@ static void test_unknown_keys_suggest_the_nearest_valid_key(void) {
                      "unknown key 'dist.xyzzy_frobnicate' (valid keys in 'dist': timeout_s)");
     CHECK_LOAD_FAILS("zzzzzzzzzzzz: 1\n", "t.yaml:1:1: ",
                      "unknown section 'zzzzzzzzzzzz' (valid sections: run, model, parallel, train, "
-                     "optimizer, data, checkpoint, logging, dist)");
+                     "optimizer, data, checkpoint, logging, dist, eval)");
     CHECK_LOAD_FAILS("train.steps: 5\n", "t.yaml:1:1: ", "contains '.'");
 }
 

@@ -239,6 +239,7 @@ static int cfg_load_list(const cfg_ctx *x, const cfg_key *k, const yaml_node_t *
 static int cfg_load_leaf(const cfg_ctx *x, const cfg_key *k, const yaml_node_t *v) {
     if (k->kind == K_LIST && v->type == YAML_SEQUENCE_NODE) return cfg_load_list(x, k, v);
     if (k->kind == K_DATA && v->type == YAML_SEQUENCE_NODE) return cfg_load_blend(x, k, v);
+    if (k->kind == K_TASKS && v->type == YAML_SEQUENCE_NODE) return cfg_load_tasks(x, k, v);
     if (v->type != YAML_SCALAR_NODE)
         return cfg_fail_at(x, v->start_mark, "%s: expected a single value, got %s", k->path,
                            cfg_node_kind(v));

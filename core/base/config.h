@@ -14,8 +14,10 @@
 #include "error.h"
 
 #define UST_PATH_MAX 512
-#define CFG_DATA_MAX 8192 /* data.train / data.val: a glob or a blend of datasets */
-#define CFG_MAX_BLEND 64  /* datasets in a blend */
+#define CFG_DATA_MAX 8192  /* data.train / data.val: a glob or a blend of datasets */
+#define CFG_MAX_BLEND 64   /* datasets in a blend */
+#define CFG_TASKS_MAX 8192 /* eval.tasks as text */
+#define CFG_MAX_TASKS 16   /* eval.tasks entries */
 
 /* Limits that keep every derived size representable (64-bit byte counts, 32-bit token and row
  * counts) while leaving room for the largest real models (llama-405B: 126 layers, d_model
@@ -197,6 +199,10 @@ typedef struct {
     struct {
         double timeout_s;
     } dist;
+    struct {
+        char tasks[CFG_TASKS_MAX];    /* multiple-choice tasks: canonical flow YAML ("": none) */
+        char tokenizer[UST_PATH_MAX]; /* their tokenizer.json or "bytes" ("": the data's) */
+    } eval;
     char source[UST_PATH_MAX]; /* the YAML file it came from */
     uint64_t set_bits[4];      /* keys given by the YAML or --set (cfg_was_set), by table index */
 } ust_config;
@@ -213,6 +219,16 @@ typedef struct {
 int cfg_data_sets(const ust_config *c, int val, cfg_dataset *out);
 /* 1 when data.train (or data.val) lists datasets, 0 for a lone glob. */
 int cfg_data_is_blend(const ust_config *c, int val);
+
+/* One task of eval.tasks: its name (a metrics key), its JSONL file of items and how often it is
+ * scored (every `every` steps, and at the last). */
+typedef struct {
+    char name[64];
+    char path[UST_PATH_MAX];
+    int every;
+} cfg_task;
+/* eval.tasks into out[CFG_MAX_TASKS]; returns how many (0: none). */
+int cfg_eval_tasks(const ust_config *c, cfg_task *out);
 
 void cfg_defaults(ust_config *c);
 int cfg_load_file(ust_config *c, const char *path, ust_err *e);

@@ -2,8 +2,9 @@
  * config_schema.c: the key table cfg_keys (path, field, type, default, range), key lookup,
  * cfg_defaults and cfg_dump; config_value.c: one scalar into its field (cfg_put) and the per-key
  * check of a whole struct; config.c: the YAML document walk, loading and --set; config_blend.c:
- * dataset blends; config_validate.c: the cross-key rules (cfg_vfail / REQUIRE), the parallel
- * layout's in config_parallel.c. Errors keep the text and the order they had in one file. */
+ * dataset blends; config_tasks.c: eval.tasks; config_validate.c: the cross-key rules (cfg_vfail /
+ * REQUIRE), the parallel layout's in config_parallel.c. Errors keep the text and the order they
+ * had in one file. */
 #ifndef UST_CONFIG_INTERNAL_H
 #define UST_CONFIG_INTERNAL_H
 
@@ -15,7 +16,19 @@
 /* ---------------------------------------------------------------- the key table */
 
 /* K_DATA: data.train / data.val, a string (a glob) or a list of datasets (cfg_load_blend) */
-typedef enum { K_INT, K_I64, K_U64, K_DBL, K_BOOL, K_STR, K_ENUM, K_LIST, K_DATA } cfg_kind;
+/* K_TASKS: eval.tasks, null or a list of {name, path, every} (cfg_load_tasks) */
+typedef enum {
+    K_INT,
+    K_I64,
+    K_U64,
+    K_DBL,
+    K_BOOL,
+    K_STR,
+    K_ENUM,
+    K_LIST,
+    K_DATA,
+    K_TASKS
+} cfg_kind;
 
 enum { LO_OPEN = 1, HI_OPEN = 2, NULLABLE = 4, AUTO = 8 }; /* AUTO: "auto" is stored as 0 */
 
@@ -80,6 +93,12 @@ const char *cfg_node_kind(const yaml_node_t *n); /* "a mapping", "a list", "a si
 int cfg_load_blend(const cfg_ctx *x, const cfg_key *k, const yaml_node_t *v);
 /* A blend's canonical text back into its datasets; -1 (reason in why) when it is not one. */
 int cfg_parse_sets(const char *text, cfg_dataset *out, char *why, size_t n);
+
+/* ---------------------------------------------------------------- config_tasks.c */
+
+/* A YAML list of tasks into eval.tasks (k) as its canonical text; its text back (-1: not one). */
+int cfg_load_tasks(const cfg_ctx *x, const cfg_key *k, const yaml_node_t *v);
+int cfg_parse_tasks(const char *text, cfg_task *out, char *why, size_t n);
 
 /* ---------------------------------------------------------------- config_validate.c */
 

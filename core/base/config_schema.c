@@ -217,6 +217,9 @@ const cfg_key cfg_keys[] = {
     DBL("logging.stats_spike", logging.stats_spike, "10", 1, INFINITY, 0),
 
     DBL("dist.timeout_s", dist.timeout_s, "300", 1, 1e6, 0), /* below a second: every wait fails */
+
+    {"eval.tasks", K_TASKS, AT(eval.tasks), "null", 0, 0, NULLABLE, NULL},
+    STR("eval.tokenizer", eval.tokenizer, "null", NULLABLE),
 };
 
 #define N_KEYS (sizeof cfg_keys / sizeof cfg_keys[0])
@@ -339,6 +342,9 @@ static void cfg_dump_value(FILE *f, const ust_config *c, const cfg_key *k) {
             fputs(p, f); /* canonical flow YAML already */
         else
             cfg_dump_string(f, p);
+        break;
+    case K_TASKS:
+        fputs(p[0] ? p : "null", f); /* canonical flow YAML already */
         break;
     case K_LIST:
         if (!p[0]) {

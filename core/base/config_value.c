@@ -220,7 +220,7 @@ bool cfg_is_blend_text(const char *s) {
 int cfg_put(ust_config *c, const cfg_key *k, const char *s, bool plain, char *why, size_t n) {
     void *dst = (char *)c + k->off;
     if (k->kind != K_STR && k->kind != K_DATA && k->kind != K_ENUM && k->kind != K_LIST &&
-        cfg_is_null(s, plain)) {
+        k->kind != K_TASKS && cfg_is_null(s, plain)) {
         snprintf(why, n, "needs a value, got null");
         return -1;
     }
@@ -244,6 +244,13 @@ int cfg_put(ust_config *c, const cfg_key *k, const char *s, bool plain, char *wh
         return cfg_put_enum(dst, k, s, plain, why, n);
     case K_LIST:
         return cfg_put_list(dst, k, s, plain, why, n);
+    case K_TASKS:
+        if (cfg_is_null(s, plain)) return memset(dst, 0, k->size), 0;
+        return snprintf(why, n,
+                        "expected a list of tasks [{name: N, path: FILE.jsonl, every: STEPS}] or "
+                        "null, got '%.64s'",
+                        s),
+               -1;
     }
     return -1;
 }
@@ -280,6 +287,11 @@ int cfg_check_value(const ust_config *c, const cfg_key *k, char *why, size_t n) 
         cfg_dataset d[CFG_MAX_BLEND];
         if (cfg_is_blend_text(p) && cfg_parse_sets(p, d, why, n) < 0) return -1;
         return 0;
+    }
+    if (k->kind == K_TASKS) {
+        cfg_task d[CFG_MAX_TASKS];
+        if (!memchr(p, 0, k->size)) return snprintf(why, n, "string is not terminated"), -1;
+        return cfg_parse_tasks(p, d, why, n) < 0 ? -1 : 0;
     }
     if (k->kind == K_STR) {
         if (!memchr(p, 0, k->size)) return snprintf(why, n, "string is not terminated"), -1;

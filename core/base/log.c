@@ -468,6 +468,36 @@ static void tb_layers(pbuf *summary, const log_step *s) {
     }
 }
 
+/* eval.tasks: "tasks": {"NAME": {"items", "acc", "acc_norm", "loglik"}} (TensorBoard:
+ * task/NAME/acc...). */
+static const char *const TASK_KEYS[3] = {"acc", "acc_norm", "loglik"};
+
+static double task_value(const log_step *s, int i, int k) {
+    return k == 0 ? s->tasks.acc[i] : k == 1 ? s->tasks.acc_norm[i] : s->tasks.loglik[i];
+}
+
+static void json_tasks(FILE *f, const log_step *s) {
+    fprintf(f, ",\"tasks\":{");
+    for (int i = 0; i < s->tasks.n; i++) {
+        fprintf(f, "%s\"%s\":{\"items\":%d", i ? "," : "", s->tasks.name[i], s->tasks.items[i]);
+        for (int k = 0; k < 3; k++) {
+            log_scalar x = {TASK_KEYS[k], task_value(s, i, k), 0, 0};
+            json_scalar(f, &x);
+        }
+        fputc('}', f);
+    }
+    fputc('}', f);
+}
+
+static void tb_tasks(pbuf *summary, const log_step *s) {
+    for (int i = 0; i < s->tasks.n; i++)
+        for (int k = 0; k < 3; k++) {
+            char tag[96];
+            snprintf(tag, sizeof tag, "task/%s/%s", s->tasks.name[i], TASK_KEYS[k]);
+            if (isfinite(task_value(s, i, k))) tb_value(summary, tag, task_value(s, i, k));
+        }
+}
+
 /* The step's event: its wall_time is the JSONL's "time", which is no scalar here (a float32 holds
  * unix seconds only to 128 s); elapsed_s is the scalar of time. */
 static void tb_step(ust_log *l, const log_step *s, const log_scalar *x, int n, double unix_time) {
@@ -499,6 +529,7 @@ static void tb_step(ust_log *l, const log_step *s, const log_scalar *x, int n, d
         }
     }
     tb_layers(&summary, s);
+    tb_tasks(&summary, s);
     tb_event_head(&ev, s->step, unix_time);
     if (summary.overflow) ev.overflow = 1;
     pb_len(&ev, 5, summary.buf, summary.n);
@@ -519,6 +550,7 @@ void log_step_json(ust_log *l, const log_step *s) {
     if (s->data.n > 0) json_data(l->metrics, s);
     if (s->ranks.n > 0) json_ranks(l->metrics, s);
     if (s->layers.n > 0) json_layers(l->metrics, s);
+    if (s->tasks.n > 0) json_tasks(l->metrics, s);
     if (s->skipped) fprintf(l->metrics, ",\"skipped\":true");
     if (s->spike) fprintf(l->metrics, ",\"spike\":\"%s\"", s->spike == 1 ? "skipped" : "rewound");
     fprintf(l->metrics, "}\n");

@@ -89,6 +89,15 @@ typedef struct {
     double grad_norm[LOG_MAX_LAYERS + 1], update_ratio[LOG_MAX_LAYERS + 1];
 } log_layers;
 
+/* eval.tasks scored this step (n 0: none): each task's name and scores (train_task.h). */
+enum { LOG_MAX_TASKS = 16 };
+typedef struct {
+    int n;
+    char name[LOG_MAX_TASKS][64];
+    int items[LOG_MAX_TASKS];
+    double acc[LOG_MAX_TASKS], acc_norm[LOG_MAX_TASKS], loglik[LOG_MAX_TASKS];
+} log_tasks;
+
 typedef struct {
     int64_t step, steps;
     double loss, lr, grad_norm, tokens_per_s, mfu, ms, eta_s; /* loss: ce_loss + MoE aux/z */
@@ -105,6 +114,7 @@ typedef struct {
     log_data data;
     log_ranks ranks;
     log_layers layers;
+    log_tasks tasks;
 } log_step;
 
 typedef struct {

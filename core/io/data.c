@@ -39,8 +39,12 @@ typedef struct {
     const unsigned char *mask; /* version 2: a bit per token (1: a target), LSB first; or NULL */
     int width;                 /* bytes per token: 2 or 4 */
     int64_t ntok;
-    int64_t start;  /* index of its first token in the stream */
-    struct stat st; /* as opened: a later change (size, mtime, inode) stops the run */
+    int64_t start;   /* index of its first token in the stream */
+    struct stat st;  /* as opened: a later change (size, mtime, inode) stops the run */
+    char *mask_path; /* Megatron: the PREFIX.mask sidecar the mask is mapped from, or NULL */
+    void *mask_map;
+    size_t mask_len;
+    struct stat mask_st;
 } shard;
 
 struct ust_dataset {
@@ -81,6 +85,54 @@ static int cmp_str(const void *a, const void *b) {
 #define MEGATRON_HEADER 34 /* 9 + 8 + 1 + 8 + 8 */
 
 static int megatron_width(int code) { return code == 8 ? 2 : code == 4 ? 4 : 0; }
+
+/* PREFIX.mask beside PREFIX.bin (ustrain's; Megatron-LM has none): the target mask of its
+ * tokens, "USTMASK\0", a uint64 version (1), a uint64 token count (the .bin's), then
+ * ceil(count / 8) bytes, bit i % 8 of byte i / 8 set when token i is a target (the llm.c version
+ * 2 bits). Without one every token is a target. */
+#define MEGATRON_MASK_MAGIC "USTMASK\0"
+#define MEGATRON_MASK_HEADER 24
+
+static int open_megatron_mask(shard *s, const char *bin_path, ust_err *e) {
+    char path[UST_PATH_MAX + 8];
+    snprintf(path, sizeof path, "%.*s.mask", (int)strlen(bin_path) - 4, bin_path);
+    struct stat st;
+    if (lstat(path, &st) != 0 && errno == ENOENT) return 0;
+    int fd = fs_open_regular(path, O_RDONLY, 0, e);
+    if (fd < 0 || fstat(fd, &s->mask_st) != 0) {
+        if (fd >= 0) close(fd);
+        return fd < 0 ? -1 : ust_errf(e, "%s: cannot stat: %s", path, strerror(errno));
+    }
+    size_t size = (size_t)s->mask_st.st_size;
+    if (size < MEGATRON_MASK_HEADER) {
+        close(fd);
+        return ust_errf(e, "%s: not a target mask (%zu bytes, shorter than its %d-byte header)",
+                        path, size, MEGATRON_MASK_HEADER);
+    }
+    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int err = errno;
+    close(fd);
+    if (map == MAP_FAILED) return ust_errf(e, "%s: cannot mmap: %s", path, strerror(err));
+    s->mask_path = strdup(path), s->mask_map = map, s->mask_len = size;
+    UST_ASSERT(s->mask_path, "out of memory");
+    fs_guard_mapping(map, size, path);
+    const unsigned char *h = map;
+    uint64_t version, count, want = MEGATRON_MASK_HEADER + ((uint64_t)s->ntok + 7) / 8;
+    memcpy(&version, h + 8, 8), memcpy(&count, h + 16, 8);
+    if (memcmp(h, MEGATRON_MASK_MAGIC, 8) != 0 || version != 1)
+        return ust_errf(e,
+                        "%s: not a target mask (read: magic \"USTMASK\", version 1; got %zu "
+                        "bytes, version %llu)",
+                        path, size, (unsigned long long)version);
+    if (count != (uint64_t)s->ntok || size != want)
+        return ust_errf(e,
+                        "%s: a mask of %llu tokens in %zu bytes, but %s holds %lld tokens (a mask "
+                        "of them is %llu bytes)",
+                        path, (unsigned long long)count, size, bin_path, (long long)s->ntok,
+                        (unsigned long long)want);
+    s->mask = h + MEGATRON_MASK_HEADER;
+    return 0;
+}
 
 static int open_megatron_index(shard *s, const char *bin_path, size_t bin_size, ust_err *e) {
     char idx[UST_PATH_MAX + 8];
@@ -149,7 +201,7 @@ static int open_megatron_index(shard *s, const char *bin_path, size_t bin_size, 
     }
     s->tok = s->map;
     s->ntok = next / s->width;
-    rc = 0;
+    rc = open_megatron_mask(s, bin_path, e);
 done:
     free(sizes);
     free(ptrs);
@@ -325,7 +377,12 @@ void data_close(ust_dataset *d) {
             fs_unguard_mapping(d->shards[i].map);
             munmap(d->shards[i].map, d->shards[i].map_len);
         }
+        if (d->shards[i].mask_map) {
+            fs_unguard_mapping(d->shards[i].mask_map);
+            munmap(d->shards[i].mask_map, d->shards[i].mask_len);
+        }
         free(d->shards[i].path);
+        free(d->shards[i].mask_path);
     }
     free(d->shards);
     data_pack_free(d->pack);
@@ -381,20 +438,24 @@ static int64_t shuffle_index(uint64_t seed, uint64_t epoch, int64_t S, int64_t x
 
 /* A shard that changed since it was opened (rewritten in place, truncated, replaced) would feed
  * the run other tokens than a resume of it would see, or fault: the run stops, naming it. */
-static void check_unchanged(const shard *sh) {
+static void check_file_unchanged(const char *path, const struct stat *was) {
     struct stat now;
-    if (stat(sh->path, &now) != 0)
-        ust_fatal(UST_EXIT_RUNTIME, "data shard %s is gone while the run reads it: %s", sh->path,
+    if (stat(path, &now) != 0)
+        ust_fatal(UST_EXIT_RUNTIME, "data shard %s is gone while the run reads it: %s", path,
                   strerror(errno));
-    if (now.st_ino != sh->st.st_ino || now.st_dev != sh->st.st_dev ||
-        now.st_size != sh->st.st_size || now.st_mtim.tv_sec != sh->st.st_mtim.tv_sec ||
-        now.st_mtim.tv_nsec != sh->st.st_mtim.tv_nsec)
+    if (now.st_ino != was->st_ino || now.st_dev != was->st_dev || now.st_size != was->st_size ||
+        now.st_mtim.tv_sec != was->st_mtim.tv_sec || now.st_mtim.tv_nsec != was->st_mtim.tv_nsec)
         ust_fatal(UST_EXIT_RUNTIME,
                   "data shard %s changed while the run reads it (size %lld -> %lld bytes, "
                   "modified again at %lld): shards must not be rewritten during a run; "
                   "checkpoints already written are intact",
-                  sh->path, (long long)sh->st.st_size, (long long)now.st_size,
+                  path, (long long)was->st_size, (long long)now.st_size,
                   (long long)now.st_mtim.tv_sec);
+}
+
+static void check_unchanged(const shard *sh) {
+    check_file_unchanged(sh->path, &sh->st);
+    if (sh->mask_path) check_file_unchanged(sh->mask_path, &sh->mask_st);
 }
 
 static int32_t checked_token(const ust_dataset *d, const shard *sh, int64_t i) {

@@ -173,6 +173,10 @@ double model_chunk_forward(model *m, int c, int slot, const ust_batch *b, float 
     return vocab_head_forward(m, s, s->xs[ch->hi - ch->lo], u, dscale);
 }
 
+const float *model_chunk_losses(const model *m, int c) {
+    return m->chunks[c].head ? m->acts.losses : NULL;
+}
+
 double model_forward(model *m, const ust_batch *b, float dscale, int64_t *ntok) {
     UST_ASSERT(m->nchunks == 1 && m->chunks[0].embed && m->chunks[0].head,
                "model_forward runs the whole model; a pipeline stage runs model_chunk_forward");

@@ -174,6 +174,10 @@ double model_chunk_forward(model *m, int chunk, int slot, const ust_batch *b, fl
  * model_chunk_weight_grad (W) needs to add the weight gradients later. */
 void model_chunk_backward(model *m, int chunk, int slot, int input_only);
 void model_chunk_weight_grad(model *m, int chunk, int slot);
+/* The per-token losses of the chunk's last forward (device, B x Tl of this rank; 0 where the
+ * target is not counted) when the chunk holds the head, else NULL: what a multiple-choice
+ * scorer sums per window. */
+const float *model_chunk_losses(const model *m, int chunk);
 
 /* Every tensor of the whole model (all stages, whole shapes) in checkpoint order. */
 const ckpt_tensor *model_all_tensors(const model *m, int *n);

@@ -36,7 +36,7 @@ static void sync_tied_grads(trainer *t) {
  * * G/dp. */
 static double forward_backward(trainer *t) {
     int64_t N = t->feed.step_targets > 0 ? t->feed.step_targets : 1;
-    pp_callbacks cb = {t, train_feed_train, pp_before_grads};
+    pp_callbacks cb = {t, train_feed_train, pp_before_grads, NULL};
     dp_begin_step(t->eng.dp);
     double loss_sum = pp_train_step(t->eng.pp, &cb, 1.0f / (float)N);
     dp_finish_grads(t->eng.dp);
@@ -51,7 +51,7 @@ static double forward_backward(trainer *t) {
  * evaluates the same windows, each cp rank its own tokens of them: summing both over the group
  * counts every token the same number of times. */
 static double validation_loss(trainer *t) {
-    pp_callbacks cb = {t, train_feed_val, pp_before_grads};
+    pp_callbacks cb = {t, train_feed_val, pp_before_grads, NULL};
     int64_t count = 0;
     double sum = pp_sum(t->eng.pp, pp_forward_only(t->eng.pp, &cb, &count));
     count = (int64_t)pp_sum(t->eng.pp, (double)count);
@@ -166,8 +166,9 @@ static int run_step(trainer *t, const train_opts *opts) {
     train_metrics_count(t, &s);
     int last = t->step == c->train.steps;
     if (t->feed.val && (t->step % c->data.val_every == 0 || last)) s.val_loss = validation_loss(t);
+    train_tasks_step(t, opts, &s);
     if (t->rank0 && !opts->quiet &&
-        (t->step % c->logging.every == 0 || last || !isnan(s.val_loss) || s.layers.n)) {
+        (t->step % c->logging.every == 0 || last || !isnan(s.val_loss) || s.layers.n || s.tasks.n)) {
         log_step_line(&s);
         log_step_json(&t->met.log, &s);
     }
@@ -273,22 +274,6 @@ int train_eval(const ust_config *cfg, ust_runtime *rt, double *loss) {
     if (rc == 0 && !t.feed.val) rc = ust_errf(&e, "eval: no data.val to evaluate (val_steps 0?)");
     if (rc) fprintf(stderr, "ustrain: error: %s\n", e.msg);
     if (rc == 0) *loss = validation_loss(&t);
-    train_teardown(&t);
-    return rc ? UST_EXIT_USAGE : 0;
-}
-
-int train_eval_each(const ust_config *cfg, ust_runtime *rt, int64_t n, double *mean) {
-    trainer t;
-    ust_err e;
-    int rc = train_setup(&t, cfg, rt, TRAIN_SETUP_EVAL, &e);
-    if (rc == 0 &&
-        (!t.feed.val || cfg_val_micro_batches(cfg) != 1 || cfg->train.micro_batch_size != 1))
-        rc = ust_errf(&e, "eval: one window per micro-batch and one micro-batch per pass");
-    if (rc) fprintf(stderr, "ustrain: error: %s\n", e.msg);
-    for (int64_t k = 0; rc == 0 && k < n; k++) { /* the pass's one sample is sample k */
-        t.feed.val_which[0] = 0, t.feed.val_index[0] = k;
-        mean[k] = validation_loss(&t);
-    }
     train_teardown(&t);
     return rc ? UST_EXIT_USAGE : 0;
 }

@@ -13,6 +13,7 @@
 #include "comm.h"
 #include "config.h"
 #include "topology.h"
+#include "train_task.h"
 
 /* The process's place in the job: bootstrap, communicators and every group of the 5D grid. */
 typedef struct {
@@ -42,6 +43,7 @@ typedef struct {
     int write_config;  /* write the effective config under run.out_dir */
     int untimed_steps; /* first steps left out of the mean step time (default 1) */
     int profile;       /* time every op of the timed steps (ops_prof.h); rank 0 prints a table */
+    const task_set *tasks; /* eval.tasks loaded, in the config's order (NULL: not scored) */
 } train_opts;
 
 typedef struct {
@@ -67,8 +69,8 @@ int train_run(const ust_config *cfg, ust_runtime *rt, const train_opts *opts, tr
  * resume from checkpoint.resume, or model.init_from. Trains and writes nothing (clear
  * checkpoint.dir so that no lock is taken). 0, or UST_EXIT_USAGE after printing the error. */
 int train_eval(const ust_config *cfg, ust_runtime *rt, double *loss);
-/* The same start-up, then the mean loss of each of data.val's first n samples alone (one
- * micro-batch of one window each, data.val_steps 1): mean[k] for sample k. */
-int train_eval_each(const ust_config *cfg, ust_runtime *rt, int64_t n, double *mean);
+/* The same start-up, then the log-likelihood of every example of s (train_task.h says how),
+ * ll[k] for example k on every rank. */
+int train_eval_task(const ust_config *cfg, ust_runtime *rt, const task_set *s, double *ll);
 
 #endif

@@ -169,6 +169,8 @@ const ust_batch *train_feed_train(void *ctx, int mb) {
     return batch;
 }
 
+const ust_batch *train_feed_windows(trainer *t) { return split_windows(t, t->feed.flags); }
+
 const ust_batch *train_feed_val(void *ctx, int mb) {
     trainer *t = ctx;
     const ust_config *c = t->cfg;

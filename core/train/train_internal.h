@@ -158,6 +158,14 @@ void train_feed_assign(trainer *t); /* the step's global batch */
 const ust_batch *train_feed_train(void *ctx, int mb);
 const ust_batch *train_feed_val(void *ctx, int mb);
 
+/* This rank's record of the micro-batch now in samples and flags (train_task.c fills them). */
+const ust_batch *train_feed_windows(trainer *t);
+
+/* train_task.c: every example's log-likelihood (on every rank; 0), and eval.tasks' scores of
+ * the step into s (those due). */
+int train_task_logliks(trainer *t, const task_set *s, double *ll);
+void train_tasks_step(trainer *t, const train_opts *opts, log_step *s);
+
 /* train_ckpt.c */
 int train_ckpt_initialize(trainer *t, ust_err *e); /* resume, import or init */
 int train_ckpt_check_seq_len(const trainer *t, ust_err *e);

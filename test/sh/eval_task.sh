@@ -12,7 +12,7 @@ $REF make $TMP/t >/dev/null 2>&1 && $REF model $TMP/qwen 640 >$TMP/model.log 2>&
     { fail eval_task_setup "$(tail -2 $TMP/model.log)"; exit 0; }
 cp $TMP/t/chatml/tokenizer.json $TMP/qwen/
 out=$($UST eval $TMP/qwen --task $TMP/mc.jsonl --scores $TMP/s1.jsonl 2>&1) &&
-    echo "$out" | grep -qE "eval: task .*mc.jsonl: 12 items \(33 choices\), acc [0-9.]+ acc_norm [0-9.]+, [0-9.]+ items/s" &&
+    echo "$out" | grep -qE "eval: task .*mc.jsonl: 12 items \(33 choices\), acc [0-9.]+ acc_norm [0-9.]+ loglik -[0-9.]+, [0-9.]+ items/s" &&
     out=$($REF mc-check $TMP/qwen $TMP/qwen/tokenizer.json $TMP/mc.jsonl $TMP/s1.jsonl 2>&1) &&
     pass eval_task_scores_equal_transformers || fail eval_task_scores_equal_transformers "$(echo "$out" | tail -3)"
 echo "  $(echo "$out" | tail -1)"

@@ -4,7 +4,8 @@
 # NaN) and the masked tokens are in neither the sum nor the denominator; the step's target count
 # is in the metrics; every layout (dp/ZeRO, tp+sp, cp both layouts, pp 1f1b/zb/dualpipev, ep)
 # and micro-batch split trains the one-process model; damaged or unknown shard versions are
-# refused naming the file.
+# refused naming the file. Megatron datasets carry the mask as a PREFIX.mask sidecar: the same
+# losses and target counts as the llm.c version 2 shards of the same tokens and mask.
 . "$(dirname "$0")/../lib.sh"
 
 M="python3 test/tools/masked_shards.py"
@@ -82,4 +83,56 @@ expect_exit loss_mask_cut_mask_refused 2 "cut_000.bin: truncated shard: header s
     $UST train $TMP/llama.yaml --set "data.train=$TMP/bad/cut_*.bin" --set checkpoint.dir=$TMP/x/ckpt
 expect_exit loss_mask_unknown_version_refused 2 "v3_000.bin: unsupported llm.c shard version 3 \(expected 1, or 2 with a target mask\)" -- \
     $UST train $TMP/llama.yaml --set "data.train=$TMP/bad/v3_*.bin" --set checkpoint.dir=$TMP/x/ckpt
+# Megatron datasets with PREFIX.mask: the llm.c run's losses and target counts exactly (the same
+# windows of the same stream), also packed first-fit and under dp=2 (the layout's equivalence)
+mkdir -p $TMP/meg && $M megatron $TMP/chat $TMP/meg 256 || fail loss_mask_megatron_data "writing the Megatron copy failed"
+MEG=(--set data.format=megatron --set "data.train=$TMP/meg/train_*.bin" --set "data.val=$TMP/meg/val_*.bin")
+# figures TAG LAUNCH... -- SETS...: each step's loss, val_loss and target_tokens of a 4-step run
+figures() {
+    local tag=$1 pre=()
+    shift
+    while [ "$1" != -- ]; do pre+=("$1"); shift; done
+    shift
+    "${pre[@]}" train $TMP/llama.yaml --set train.steps=4 --set checkpoint.dir=$TMP/$tag/ckpt \
+        --set logging.metrics_file=$TMP/$tag/m.jsonl "$@" >$TMP/$tag.log 2>&1 &&
+        grep -o '"loss":[0-9.]*\|"val_loss":[0-9.]*\|"target_tokens":[0-9]*' $TMP/$tag/m.jsonl | tr '\n' ' '
+}
+for pk in concat first_fit; do
+    a=$(figures meg_llmc_$pk $UST -- --set data.packing=$pk) && b=$(figures meg_$pk $UST -- --set data.packing=$pk "${MEG[@]}") &&
+        [ -n "$a" ] && [ "$a" = "$b" ] && echo "$a" | grep -q '"target_tokens":[0-9]' && ! echo "$a" | grep -q '"target_tokens":128 ' &&
+        pass loss_mask_megatron_equals_llmc_v2_$pk || fail loss_mask_megatron_equals_llmc_v2_$pk "llmc '$a' megatron '$b' $(tail -2 $TMP/meg_$pk.log)"
+done
+c=$(figures meg_dp2 scripts/ustrun --nproc-per-node 2 $UST -- "${MEG[@]}" --set parallel.dp=2) &&
+    python3 - "$(figures meg_llmc_concat2 $UST --)" "$c" <<'EOT' && pass loss_mask_megatron_dp2_equals_one_process || fail loss_mask_megatron_dp2_equals_one_process "$c $(tail -2 $TMP/meg_dp2.log)"
+import sys
+a, b = (s.split() for s in sys.argv[1:3])
+assert len(a) == len(b) == 10, (a, b)  # 4 losses, 4 target counts, 2 val_loss
+for x, y in zip(a, b):
+    kx, vx = x.split(":"); ky, vy = y.split(":")
+    assert kx == ky and abs(float(vx) - float(vy)) <= 1e-5 * abs(float(vx)), (x, y)
+EOT
+# refused masks: another token count, a foreign file, a directory; named with the value
+python3 - $TMP/meg $TMP/megbad <<'EOT'
+import os, shutil, struct, sys
+src, dst = sys.argv[1:3]
+for name in ("count", "magic", "dir", "short"):
+    os.makedirs(dst + "/" + name, exist_ok=True)
+    for ext in ("bin", "idx"):
+        shutil.copy(src + "/train_000." + ext, dst + "/" + name + "/train_000." + ext)
+m = open(src + "/train_000.mask", "rb").read()
+n = struct.unpack("<Q", m[16:24])[0]
+open(dst + "/count/train_000.mask", "wb").write(m[:16] + struct.pack("<Q", n + 9) + m[24:])
+open(dst + "/magic/train_000.mask", "wb").write(b"NOTMASK\0" + m[8:])
+os.makedirs(dst + "/dir/train_000.mask")
+open(dst + "/short/train_000.mask", "wb").write(m[:5])
+EOT
+for bad in count magic dir short; do
+    want="train_000.mask: a mask of [0-9]+ tokens in [0-9]+ bytes, but .*train_000.bin holds [0-9]+ tokens"
+    [ $bad = magic ] && want='train_000.mask: not a target mask \(read: magic "USTMASK", version 1'
+    [ $bad = dir ] && want="train_000.mask: .*directory"
+    [ $bad = short ] && want="train_000.mask: not a target mask \(5 bytes, shorter than its 24-byte header\)"
+    expect_exit loss_mask_megatron_mask_${bad}_refused 2 "$want" -- \
+        $UST train $TMP/llama.yaml --set data.format=megatron --set "data.train=$TMP/megbad/$bad/train_*.bin" \
+        --set data.val=null --set checkpoint.dir=$TMP/x/ckpt
+done
 exit 0

@@ -43,6 +43,14 @@ EQ="python3 test/tools/equiv.py --steps 4"
 $EQ --name _packed --config $TMP/llama.yaml --layout "dp=2 zero=0" --layout "dp=2 zero=3" --layout "tp=2 sp=true" \
     --layout "cp=2" --layout "pp=2 sched=zb"
 $EQ --name _packed --config $TMP/llama.yaml --save-layout "dp=2 zero=1" --resume-at 2 --layout "pp=2" --layout "dp=1"
+# ... and the rest of the harness's layouts: cp contiguous and every cp_comm, pp 1f1b and
+# dualpipev, ep
+sed -e 's/n_layer: 2/n_layer: 4/' -e 's/global_batch_size: 4/global_batch_size: 8/' $TMP/llama.yaml >$TMP/dpv.yaml
+sed -e 's/max_seq_len: 64}/max_seq_len: 64, moe: {num_experts: 4, top_k: 2, d_ff_expert: 32}}/' $TMP/llama.yaml >$TMP/moe.yaml
+$EQ --name _packed_more --config $TMP/llama.yaml --layout "cp=2 parallel.cp_layout=contiguous parallel.cp_comm=allgather" \
+    --layout "cp=2 parallel.cp_comm=a2a" --layout "cp=4 parallel.cp_comm=a2a+ring parallel.cp_a2a=2" --layout "pp=2"
+$EQ --name _packed_dualpipev --config $TMP/dpv.yaml --layout "pp=2 vpp=2 sched=dualpipev"
+$EQ --name _packed_moe --config $TMP/moe.yaml --layout "ep=2 dp=2"
 
 # overlong examples: split into overlapping pieces, or dropped; both counted
 python3 test/tools/pack_lengths.py $TMP/long 10,50,5,12 >/dev/null

@@ -36,5 +36,6 @@ import json, sys
 r = [json.loads(l) for l in open(sys.argv[1])]
 assert r[-1]["loss"] < r[0]["loss"] - 0.5, (r[0]["loss"], r[-1]["loss"])
 assert all(x["target_tokens"] > 0 and 0 <= x["padding_frac"] < 1 for x in r)
+assert [x["step"] for x in r if "tasks" in x] == [10, 20, 30], [x["step"] for x in r if "tasks" in x]
 EOT
 exit 0

@@ -7,6 +7,9 @@ first) for the loss-mask tests, independently of ustrain's writer.
   masked_shards.py denom DIR VOCAB T           the denominator case: dataset A holds window X
                                                (every target) then a window of no target, B
                                                holds X twice (every target)
+  masked_shards.py megatron SRC DST EOT        SRC's llm.c shards (chat) as Megatron datasets
+                                               (PREFIX.bin/.idx, a sequence per document ended
+                                               by EOT) with the PREFIX.mask target sidecar
 Prints the count of target tokens of each dataset's windows where asked."""
 import random
 import struct
@@ -49,9 +52,46 @@ def denom(out, vocab, T):
     write(f"{out}/b_000.bin", X + X[1:], [1] * (2 * T + 1))
 
 
+def read(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<3i", b[:12])[2]
+    toks = struct.unpack("<%dH" % n, b[1024:1024 + 2 * n])
+    bits = b[1024 + 2 * n:]
+    return list(toks), [(bits[i >> 3] >> (i & 7)) & 1 for i in range(n)]
+
+
+def megatron(src, dst, eot):
+    import glob, os
+    for path in sorted(glob.glob(src + "/*_000.bin")):
+        toks, flags = read(path)
+        sizes, start = [], 0
+        for i, t in enumerate(toks):  # a sequence per document; the tail is one too
+            if t == eot or i == len(toks) - 1:
+                sizes.append(i + 1 - start)
+                start = i + 1
+        prefix = dst + "/" + os.path.basename(path)[:-4]
+        with open(prefix + ".bin", "wb") as f:
+            f.write(struct.pack("<%dH" % len(toks), *toks))
+        ptrs = [2 * sum(sizes[:k]) for k in range(len(sizes))]
+        with open(prefix + ".idx", "wb") as f:
+            f.write(b"MMIDIDX\0\0" + struct.pack("<QBQQ", 1, 8, len(sizes), len(sizes) + 1))
+            f.write(struct.pack("<%di" % len(sizes), *sizes))
+            f.write(struct.pack("<%dq" % len(sizes), *ptrs))
+            f.write(struct.pack("<%dq" % (len(sizes) + 1), *range(len(sizes) + 1)))
+        bits = bytearray((len(toks) + 7) // 8)
+        for i, fl in enumerate(flags):
+            bits[i >> 3] |= fl << (i & 7)
+        with open(prefix + ".mask", "wb") as f:
+            f.write(b"USTMASK\0" + struct.pack("<QQ", 1, len(toks)) + bytes(bits))
+    with open(src + "/meta.json") as f, open(dst + "/meta.json", "w") as g:
+        g.write(f.read())
+
+
 if __name__ == "__main__":
     kind, out = sys.argv[1], sys.argv[2]
-    if kind == "chat":
+    if kind == "megatron":
+        megatron(out, sys.argv[3], int(sys.argv[4]))
+    elif kind == "chat":
         chat(out, int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
     else:
         denom(out, int(sys.argv[3]), int(sys.argv[4]))
