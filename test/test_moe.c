@@ -667,21 +667,21 @@ static float *host_copy(const ust_ops *o, const void *p, int64_t n) {
     return h;
 }
 
-/* The whole layer (forward, backward, every gradient; capacity drops and the shared expert on, so
- * the five MoE ops and the host routing all run) on the GPU against the CPU backend. Both are fp32;
- * they differ in summation order and expf/logf ulps: 1e-4 relative on O(1) values. */
-static void test_moe_layer_on_cuda_matches_cpu(void) {
-    ust_err e;
-    ust_ops *gpu = gpu_backend(&e);
-    /* UST_REQUIRE_GPU: a GPU that CUDA cannot open fails the test instead of skipping it */
-    CHECK(gpu || !ops_cuda_gpu_required(), "no GPU backend: %s", e.msg);
-    if (!gpu) return;
+/* One layer on the GPU and on the CPU backend (v = 1: DeepSeek-V3's routing): the worst relative
+ * difference of the losses, output and every gradient, and where (what). */
+static double cuda_case(ust_ops *gpu, int v, char *what, size_t nwhat) {
     fixture c, g;
     for (fixture *f = &c; f; f = f == &c ? &g : NULL) {
-        moe_config(&f->cfg, ARCH_LLAMA, 6, 2, 40, 24, 1);
+        moe_config(&f->cfg, ARCH_LLAMA, v ? 8 : 6, 2, 40, 24, 1);
         f->cfg.model.moe.aux_loss_coef = 0.3;
-        f->cfg.model.moe.z_loss_coef = 0.05;
+        f->cfg.model.moe.z_loss_coef = v ? 0 : 0.05;
         f->cfg.model.moe.capacity_factor = 0.8;
+        if (v) { /* DeepSeek-V3's routing: sigmoid, 2 of 4 groups, scale, bias, shared width */
+            f->cfg.model.moe.score = MOE_SIGMOID, f->cfg.model.moe.n_group = 4;
+            f->cfg.model.moe.topk_group = 2, f->cfg.model.moe.routed_scale = 2.5;
+            f->cfg.model.moe.shared_d_ff = 32, f->cfg.model.moe.bias_update_rate = 0.01;
+            f->cfg.model.moe.seq_aux_loss_coef = 0.2, f->cfg.train.micro_batch_size = 1;
+        }
     }
     const int N = 37;
     fixture_make(&c, N);
@@ -697,23 +697,40 @@ static void test_moe_layer_on_cuda_matches_cpu(void) {
     moe_forward(&g.m, &g.a, &g.w, g.y, g.x, &sg);
     moe_backward(&g.m, &g.a, &g.w, &g.g, g.dx, g.dy, g.x, 0.7f, 0);
     double worst = fabs(sc.loss - sg.loss) + fabs(sc.dropped_frac - sg.dropped_frac);
-    char what[160] = "losses";
+    snprintf(what, nwhat, "losses");
     float *h = host_copy(gpu, g.y, NC);
-    if (max_rel(h, c.y, NC) > worst) worst = max_rel(h, c.y, NC), snprintf(what, sizeof what, "y");
+    if (max_rel(h, c.y, NC) > worst) worst = max_rel(h, c.y, NC), snprintf(what, nwhat, "y");
     free(h);
     h = host_copy(gpu, g.dx, NC);
-    if (max_rel(h, c.dx, NC) > worst)
-        worst = max_rel(h, c.dx, NC), snprintf(what, sizeof what, "dx");
+    if (max_rel(h, c.dx, NC) > worst) worst = max_rel(h, c.dx, NC), snprintf(what, nwhat, "dx");
     free(h);
     for (int i = 0; i < c.pl.n; i++) {
         h = host_copy(gpu, g.pl.t[i].g, c.pl.t[i].n);
         double d = max_rel(h, c.pl.t[i].g, c.pl.t[i].n);
-        if (d > worst || d != d) worst = d, snprintf(what, sizeof what, "%s", c.pl.t[i].name);
+        if (d > worst || d != d) worst = d, snprintf(what, nwhat, "%s", c.pl.t[i].name);
         free(h);
     }
     fixture_free(&c);
     fixture_free(&g);
-    CHECK(worst <= 1e-4, "GPU vs CPU: worst relative difference %.3g in %s", worst, what);
+    return worst;
+}
+
+/* The whole layer (forward, backward, every gradient; capacity drops and the shared expert on, so
+ * the five MoE ops and the host routing all run) on the GPU against the CPU backend, with softmax
+ * routing and with DeepSeek-V3's. Both are fp32; they differ in summation order and expf/logf
+ * ulps: 1e-4 relative on O(1) values. */
+static void test_moe_layer_on_cuda_matches_cpu(void) {
+    for (int v = 0; v < 2; v++) {
+        ust_err e;
+        ust_ops *gpu = gpu_backend(&e);
+        /* UST_REQUIRE_GPU: a GPU that CUDA cannot open fails the test instead of skipping it */
+        CHECK(gpu || !ops_cuda_gpu_required(), "no GPU backend: %s", e.msg);
+        if (!gpu) return;
+        char what[160];
+        double worst = cuda_case(gpu, v, what, sizeof what);
+        CHECK(worst <= 1e-4, "%s routing, GPU vs CPU: worst relative difference %.3g in %s",
+              v ? "DeepSeek" : "softmax", worst, what);
+    }
 }
 
 /* ---------------------------------------------------------------- grouped GEMM, balancing */
