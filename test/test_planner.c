@@ -89,14 +89,21 @@ static void test_parameter_count_equals_the_memory_plans() {
     d.model.moe.first_dense = 1, d.model.d_ff = 96, d.model.moe.shared_expert = true;
     d.model.moe.shared_d_ff = 160;
     snprintf(q.model.moe.layers, sizeof q.model.moe.layers, "0,1,0,1");
-    const ust_config *all[] = {&c, &g, &m, &s, &d, &q};
+    ust_config a = d, b = c; /* latent attention, with and without the q latent, over MoE */
+    a.model.mla.enabled = true, a.model.mla.q_lora_rank = 24, a.model.mla.kv_lora_rank = 16;
+    a.model.mla.qk_nope_head_dim = 12, a.model.mla.qk_rope_head_dim = 8;
+    a.model.mla.v_head_dim = 16, a.model.n_kv_head = a.model.n_head, a.model.arch = ARCH_LLAMA;
+    b.model.mla = a.model.mla, b.model.mla.q_lora_rank = 0, b.model.n_kv_head = b.model.n_head;
+    const ust_config *all[] = {&c, &g, &m, &s, &d, &q, &a, &b};
     const char *names[] = {"llama",
                            "gpt2 (tied, biases, positions)",
                            "llama MoE",
                            "gpt2 MoE every 2 with a shared expert",
                            "first_dense 1, shared_d_ff 160",
-                           "moe.layers 0,1,0,1"};
-    for (int i = 0; i < 6; i++) {
+                           "moe.layers 0,1,0,1",
+                           "mla with a q latent, over MoE",
+                           "mla without a q latent"};
+    for (int i = 0; i < 8; i++) {
         mem_plan p;
         plan_memory(all[i], &p);
         planner_model_sizes(all[i], &z);
@@ -143,6 +150,14 @@ static void test_flops_per_token_by_hand() {
     /* each MoE layer: router 4*128 and top_k = 2 of the 4 experts, 3*64*128 each */
     double mm = 4 * 49152.0 + 65536 + 4 * (512 + 2 * 3 * 64 * 128.0);
     CHECK_CLOSE(planner_flops_per_token(&m), 6 * mm + 786432, 0, RT, "MoE: active experts only");
+    /* latent attention (4 heads): q 24*128 + 80*24, kv_a 24*128, kv_b 4*28*16, o 128*64 = 18048
+     * a layer; scores over the 20-wide q/k heads, values 16 wide: 6*L*H*(20+16)*T */
+    tiny(&c);
+    c.model.n_kv_head = c.model.n_head, c.model.mla.enabled = true, c.model.mla.q_lora_rank = 24;
+    c.model.mla.kv_lora_rank = 16, c.model.mla.qk_nope_head_dim = 12;
+    c.model.mla.qk_rope_head_dim = 8, c.model.mla.v_head_dim = 16;
+    CHECK_CLOSE(planner_flops_per_token(&c), 6.0 * (4 * (18048 + 147456) + 65536) + 442368, 0, RT,
+                "MLA");
 }
 
 /* compute = tokens x FLOP/token / ranks / (mfu x peak); 1f1b's bubble (p-1)/m of it, interleaved

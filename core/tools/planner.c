@@ -33,6 +33,19 @@ void planner_apply(const ust_config *base, const planner_layout *l, ust_config *
 
 /* ---------------------------------------------------------------- model sizes and FLOPs */
 
+/* Latent attention's matmul weights and parameters per layer (model_mla.h): q through its latent
+ * (q_a, its norm, q_b) or q_proj; kv_a to the latent and the shared rope key, its norm, kv_b up to
+ * each head's nope key and value; o from H * v_head_dim. */
+static void mla_sizes(const ust_config *c, double *mm, double *params) {
+    const __typeof__(c->model.mla) *a = &c->model.mla;
+    double C = c->model.d_model, H = c->model.n_head, Rq = a->q_lora_rank, Rkv = a->kv_lora_rank;
+    double QK = H * cfg_head_dim(c);
+    double q = Rq > 0 ? Rq * C + QK * Rq : QK * C;
+    *mm = q + (Rkv + a->qk_rope_head_dim) * C + H * (a->qk_nope_head_dim + a->v_head_dim) * Rkv +
+          C * H * a->v_head_dim;
+    *params = *mm + 2 * C + Rkv + (Rq > 0 ? Rq : 0); /* the block's two norms, the latents' */
+}
+
 void planner_model_sizes(const ust_config *c, planner_sizes *s) {
     double C = c->model.d_model, F = c->model.d_ff, V = cfg_vocab_padded(c);
     double HD = (double)c->model.n_head * cfg_head_dim(c);
@@ -45,6 +58,7 @@ void planner_model_sizes(const ust_config *c, planner_sizes *s) {
     double attn_mm = 2 * HD * C + 2 * KV * C; /* q, o; k, v */
     /* gpt2: LayerNorms with biases, biases on q, k, v, o */
     s->attn = attn_mm + (gpt2 ? 4 * C + HD + 2 * KV + C : 2 * C);
+    if (c->model.mla.enabled) mla_sizes(c, &attn_mm, &s->attn);
     double mlp_mm = (gpt2 ? 2 : 3) * F * C, expert_mm = (gpt2 ? 2 : 3) * Fe * C;
     s->mlp = mlp_mm + (gpt2 ? F + C : 0);
     s->expert = expert_mm + (gpt2 ? Fe + C : 0);
@@ -63,8 +77,12 @@ void planner_model_sizes(const ust_config *c, planner_sizes *s) {
 double planner_flops_per_token(const ust_config *c) {
     planner_sizes s;
     planner_model_sizes(c, &s);
-    return 6.0 * (s.mm_dense + s.mm_moe) +
-           12.0 * c->model.n_layer * (double)c->model.d_model * c->train.seq_len;
+    /* scores and the weighted sum: 2 FLOPs a multiply-add, x3 for backward, over T keys per query
+     * (latent attention: q.k over the qk head, p.v over v_head_dim) */
+    double width = 2.0 * c->model.d_model;
+    if (c->model.mla.enabled)
+        width = (double)c->model.n_head * (cfg_head_dim(c) + c->model.mla.v_head_dim);
+    return 6.0 * (s.mm_dense + s.mm_moe) + 6.0 * c->model.n_layer * width * c->train.seq_len;
 }
 
 /* ---------------------------------------------------------------- collectives */
