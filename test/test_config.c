@@ -96,6 +96,7 @@ static const char *ALL_CHANGED_YAML = "run:\n"
                                       "    qk_rope_head_dim: 8\n"
                                       "    v_head_dim: 16\n"
                                       "    rope_interleave: false\n"
+                                      "    mscale_all_dim: 0.5\n"
                                       "parallel:\n"
                                       "  dp: 4\n"
                                       "  tp: 2\n"
@@ -731,8 +732,7 @@ static void test_mla_validation_names_the_key_and_what_is_allowed(void) {
         {"model.qk_norm=true", "model.mla takes neither model.qk_norm nor model.qkv_bias", NULL},
         {"model.qkv_bias=true", "model.mla takes neither model.qk_norm nor model.qkv_bias", NULL},
         {"model.arch=gpt2", "model.mla.enabled: true applies to llama", NULL},
-        {"model.rope_scaling.type=yarn", "model.rope_scaling.type: yarn is not supported yet",
-         NULL},
+        {"model.mla.mscale_all_dim=1", "it needs model.rope_scaling (type yarn), or 0", NULL},
         {"model.mla.qk_nope_head_dim=65536", "at most 2^24 each", "model.n_head=1024"},
         {"model.mla.kv_lora_rank=1048577", "model.mla.kv_lora_rank: 1048577 is out of range", NULL},
     };

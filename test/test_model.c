@@ -14,7 +14,8 @@
 
 enum { TB = 2, TT = 8 };
 
-/* model.mla in tiny_config: 0 off, 1 with q_lora_rank, 2 without (q = W_q x); v_head_dim 8 <
+/* model.mla in tiny_config: 0 off, 1 with q_lora_rank, 2 without (q = W_q x), 3 as 1 with YaRN
+ * and its softmax mscale; v_head_dim 8 <
  * qk head 6 + 4 so v's padding is exercised */
 static int tiny_mla;
 
@@ -40,6 +41,11 @@ static void tiny_config(ust_config *c, ust_arch arch) {
     c->model.mla.qk_nope_head_dim = 6;
     c->model.mla.qk_rope_head_dim = 4;
     c->model.mla.v_head_dim = 8;
+    if (tiny_mla != 3) return; /* YaRN past 8 original positions, its softmax mscale on q */
+    c->model.rope_scaling.type = ROPE_YARN;
+    c->model.rope_scaling.factor = 4;
+    c->model.rope_scaling.original_max_position_embeddings = 8;
+    c->model.mla.mscale_all_dim = 1;
 }
 
 typedef struct {
@@ -343,7 +349,7 @@ static void check_gradients(ust_arch arch) {
 static void test_gpt2_gradients_match_finite_differences(void) { check_gradients(ARCH_GPT2); }
 static void test_llama_gradients_match_finite_differences(void) { check_gradients(ARCH_LLAMA); }
 static void test_mla_gradients_match_finite_differences(void) {
-    for (tiny_mla = 1; tiny_mla <= 2; tiny_mla++) check_gradients(ARCH_LLAMA);
+    for (tiny_mla = 1; tiny_mla <= 3; tiny_mla++) check_gradients(ARCH_LLAMA);
     tiny_mla = 0;
 }
 

@@ -113,6 +113,9 @@ typedef struct {
             /* the Hugging Face files' order of the rope rows (DeepSeek's interleaved pairs,
              * permuted on import and back on export); training always rotates (i, i + R/2) */
             bool rope_interleave;
+            /* YaRN's softmax scale on every q/k feature (transformers' yarn_apply_mscale):
+             * logits x (0.1 mscale_all_dim ln(rope_scaling.factor) + 1)^2; 0: none */
+            double mscale_all_dim;
         } mla;
     } model;
     struct {

@@ -130,9 +130,13 @@ static int cfg_validate_mla(const ust_config *c, ust_err *e) {
     REQUIRE(!m->qk_norm && !m->qkv_bias,
             "model.mla takes neither model.qk_norm nor model.qkv_bias (its q and latent have "
             "their own RMSNorms, its projections no biases): set both to false");
-    REQUIRE(m->rope_scaling.type != ROPE_YARN,
-            "model.mla with model.rope_scaling.type: yarn is not supported yet (DeepSeek's "
-            "mscale on the softmax scale): use none or llama3");
+    REQUIRE(!a->mscale_all_dim || m->rope_scaling.type != ROPE_NONE,
+            "model.mla.mscale_all_dim (%g) scales the softmax by YaRN's factor: it needs "
+            "model.rope_scaling (type yarn), or 0",
+            a->mscale_all_dim);
+    REQUIRE(!a->mscale_all_dim || cfg_act_size(c) == 4,
+            "model.mla.mscale_all_dim under train.precision: bf16 on cuda is not supported yet "
+            "(the softmax scale is applied to fp32 activations): use fp32, or 0");
     ust_pp_schedule s = c->parallel.pp_schedule;
     REQUIRE(c->parallel.pp == 1 || (s != PP_ZB && s != PP_DUALPIPE && s != PP_DUALPIPEV),
             "model.mla under parallel.pp_schedule: %s is not supported yet (its deferred weight "

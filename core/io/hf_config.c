@@ -302,6 +302,12 @@ static int parse_deepseek_v3(const jctx *x, ust_config *c) {
         jint(x, "first_k_dense_replace", 3, 0, &dense) ||
         refuse_true(x, "attention_bias", "DeepseekV3ForCausalLM with q/kv/o biases"))
         return -1;
+    const cJSON *r =
+        jget(x, "rope_parameters") ? jget(x, "rope_parameters") : jget(x, "rope_scaling");
+    jctx rs = {x->path, r, x->e}; /* yarn_apply_mscale: any scaling but 'default' */
+    if (r && m->rope_scaling.type != ROPE_NONE &&
+        jdbl(&rs, "mscale_all_dim", 0, &a->mscale_all_dim))
+        return -1;
     if (dense < m->n_layer)
         return ust_errf(x->e,
                         "%s: 'first_k_dense_replace' = %d < num_hidden_layers = %d: layers %d.. "
@@ -577,6 +583,7 @@ static const hf_key MLA_KEYS[] = {
     K("model.mla.qk_rope_head_dim", "qk_rope_head_dim", V_INT, model.mla.qk_rope_head_dim),
     K("model.mla.v_head_dim", "v_head_dim", V_INT, model.mla.v_head_dim),
     K("model.mla.rope_interleave", "rope_interleave", V_BOOL, model.mla.rope_interleave),
+    K("model.mla.mscale_all_dim", "rope_scaling.mscale_all_dim", V_DBL, model.mla.mscale_all_dim),
 };
 #undef K
 

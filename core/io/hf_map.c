@@ -558,6 +558,9 @@ static cJSON *deepseek_config(const ust_config *c, int bos, int eos) {
     cJSON_AddNumberToObject(j, "rms_norm_eps", m->norm_eps);
     cJSON_AddNumberToObject(j, "rope_theta", m->rope_theta);
     rope_scaling_json(j, c);
+    cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
+    if (a->mscale_all_dim && cJSON_IsObject(rs))
+        cJSON_AddNumberToObject(rs, "mscale_all_dim", a->mscale_all_dim);
     cJSON_AddBoolToObject(j, "attention_bias", 0);
     cJSON_AddNumberToObject(j, "attention_dropout", 0.0);
     cJSON_AddBoolToObject(j, "tie_word_embeddings", cfg_tied(c));

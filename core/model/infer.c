@@ -5,6 +5,7 @@
  */
 #include "infer.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -544,6 +545,8 @@ static void mla_attention(infer_model *m, const infer_layer *w, int n) {
     cols(m, m->a.qr, R, 0, m->a.q, D, nope, R, (int64_t)n * H);
     o->rope_fwd(o, m->a.qr, m->a.qr, pos, 1, n, H, R, &m->shape.rope);
     cols(m, m->a.q, D, nope, m->a.qr, R, 0, R, (int64_t)n * H);
+    double ms = a->mscale_all_dim ? 0.1 * a->mscale_all_dim * log(m->shape.rope.factor) + 1 : 1;
+    if (ms != 1) o->scale(o, (float *)m->a.q, (float)(ms * ms), (int64_t)n * H * D); /* YaRN */
     o->linear_fwd(o, m->a.kvb, w->kc, w->wkvb, NULL, S, Rkv, H * W);
     cols(m, m->a.k, D, 0, m->a.kvb, W, 0, nope, (int64_t)S * H);
     for (int h = 0; h < H; h++)

@@ -7,6 +7,8 @@
  * on import: hf_map.c). */
 #include "model_mla.h"
 
+#include <math.h>
+
 #include "cp.h"
 #include "error.h"
 #include "tp.h"
@@ -41,6 +43,20 @@ static void cols(const model *m, act *dst, int64_t dp, int64_t d0, const act *sr
     size_t as = (size_t)o->act_size;
     o->copy2d(o, act_at(o, dst, d0), (size_t)dp * as, act_at(o, src, s0), (size_t)sp * as,
               (size_t)w * as, (size_t)rows);
+}
+
+/* YaRN's softmax scale (model.mla.mscale_all_dim, transformers' yarn_apply_mscale): the logits
+ * of every q/k feature times m^2, applied to q after RoPE (fp32 activations: cfg_validate). */
+static float softmax_mscale(const model *m) {
+    double a = m->cfg->model.mla.mscale_all_dim, f = m->cfg->model.rope_scaling.factor;
+    if (!a || f <= 1) return 1.0f;
+    double s = 0.1 * a * log(f) + 1.0;
+    return (float)(s * s);
+}
+
+static void scale_q(model *m, act *q, const mla_dims *d) {
+    float s = softmax_mscale(m);
+    if (s != 1.0f) m->ops->scale(m->ops, (float *)q, s, (int64_t)d->N * d->H * d->D);
 }
 
 /* RoPE (or, bwd, its transpose) on the last R features of each of q's H heads: gathered into
@@ -87,6 +103,7 @@ void mla_forward(model *m, int l, layer_acts *a, const cp_docs *docs) {
     o->rmsnorm_fwd(o, x->ckvn, x->kv_rstd, x->ckv, w->kva_norm, N, d.Rkv, MLA_LATENT_EPS);
     o->linear_fwd(o, m->acts.mla_kvb, x->ckvn, w->wkvb, NULL, N, d.Rkv, d.H * d.W);
     rope_q(m, a->q, &d, 0);
+    scale_q(m, a->q, &d);
     o->rope_fwd(o, x->krope, x->krope, m->batch.rows, m->shape.B, m->shape.T, 1, d.R,
                 &m->shape.rope);
     expand_kv(m, a->k, a->v, m->acts.mla_kvb, x->krope, &d);
@@ -158,6 +175,7 @@ act *mla_backward(model *m, int l, const act *dx, layer_acts *a, const cp_docs *
     cols(m, dkvb, d.W, 0, dk, d.D, 0, d.nope, NH);
     cols(m, dkvb, d.W, d.nope, dv, d.D, 0, d.Dv, NH);
     shared_key_backward(m, dk, &d);
+    scale_q(m, dq, &d);
     rope_q(m, dq, &d, 1);
     mla_rep rep = rep_grads(m, g, &d);
     /* kv_b_proj and kv_a_layernorm, then q_b_proj and q_a_layernorm: under tp the latents'

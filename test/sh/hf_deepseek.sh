@@ -2,11 +2,13 @@
 # DeepSeek-V3's multi-head latent attention against transformers (docs/deepseek.md): a tiny
 # random DeepseekV3ForCausalLM built by transformers' own class, every layer dense
 # (first_k_dense_replace = layers: DeepSeek's MoE routing is not imported yet), rope_interleave
-# true, with the q latent (q_lora_rank 24) and without (null). For each: the import's loss
+# true, with the q latent (q_lora_rank 24; YaRN factor 4 over 16 positions with DeepSeek's
+# mscale 1 / mscale_all_dim 1: the softmax scale x 1.296) and without (null, no scaling). For each: the import's loss
 # within 1e-5 relative of transformers', greedy generate token-identical for 32 tokens (the
 # latent cache), and the export bit-identical to the import and loaded by transformers with
 # every key used and the same loss; with the q latent also 10 trained steps under dp=2 x tp=2
-# and pp=2 exported and checked (hf_lib.sh's versus_transformers). A MoE DeepSeek and YaRN exit 2.
+# and pp=2 exported and checked (hf_lib.sh's versus_transformers). A MoE DeepSeek and attention
+# biases exit 2.
 . "$(dirname "$0")/../lib.sh"
 need_py hf_deepseek_transformers numpy torch transformers || exit 0
 . "$(dirname "$0")/../hf_lib.sh"
@@ -31,18 +33,17 @@ $UST generate $d --prompt "Once upon a time" --tokenizer bytes --temperature 0 -
 python3 test/tools/generate_check.py transformers deepseek_v3_noq_greedy_generate_matches_transformers $d "$ids" $d.logits 2>&1 |
     grep -E '^(PASS|FAIL)'
 
-# bad input: MoE layers (first_k_dense_replace < layers), YaRN
-mkdir -p $TMP/b-moe $TMP/b-yarn
-cp $d/model.safetensors $TMP/b-moe/ && cp $d/model.safetensors $TMP/b-yarn/
+# bad input: MoE layers (first_k_dense_replace < layers), attention biases
+mkdir -p $TMP/b-moe $TMP/b-bias
+cp $d/model.safetensors $TMP/b-moe/ && cp $d/model.safetensors $TMP/b-bias/
 python3 - $d $TMP <<'EOF2'
 import json, sys
 c = json.load(open(f"{sys.argv[1]}/config.json"))
 json.dump(dict(c, first_k_dense_replace=1), open(f"{sys.argv[2]}/b-moe/config.json", "w"))
-y = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 10000.0}
-json.dump(dict(c, rope_parameters=y), open(f"{sys.argv[2]}/b-yarn/config.json", "w"))
+json.dump(dict(c, attention_bias=True), open(f"{sys.argv[2]}/b-bias/config.json", "w"))
 EOF2
 expect_exit deepseek_v3_moe_layers_exit_2 2 "'first_k_dense_replace' = 1 < num_hidden_layers = 2: layers 1.. are DeepSeek MoE layers" -- \
     $UST train $TMP/run.yaml --set model.init_from=$TMP/b-moe --set checkpoint.dir=$TMP/b
-expect_exit deepseek_v3_yarn_exits_2 2 "model.mla with model.rope_scaling.type: yarn is not supported yet" -- \
-    $UST train $TMP/run.yaml --set model.init_from=$TMP/b-yarn --set checkpoint.dir=$TMP/b
+expect_exit deepseek_v3_attention_bias_exits_2 2 "'attention_bias': true is not supported \(DeepseekV3ForCausalLM" -- \
+    $UST train $TMP/run.yaml --set model.init_from=$TMP/b-bias --set checkpoint.dir=$TMP/b
 exit 0

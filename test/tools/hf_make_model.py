@@ -281,6 +281,8 @@ def make_with_transformers(kind, out, seed=1):
             intermediate_size=d["F"], first_k_dense_replace=d["L"], num_nextn_predict_layers=0,
             q_lora_rank=24 if kind == "deepseek_v3" else None, kv_lora_rank=16,
             qk_nope_head_dim=12, qk_rope_head_dim=8, v_head_dim=16, rope_interleave=True,
+            rope_parameters=dict(YARN, rope_theta=10000.0, mscale=1.0, mscale_all_dim=1.0)
+            if kind == "deepseek_v3" else None,
             **dict(common, num_key_value_heads=d["H"])))
     elif kind == "qwen3_moe":  # 4 layers, 1 and 3 sparse (mlp_only_layers), unrenormalized
         common["num_hidden_layers"] = 4
