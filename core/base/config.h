@@ -134,6 +134,7 @@ typedef struct {
         bool reset_state; /* resume: the checkpoint's weights only (another optimizer's state) */
         int state_dtype;  /* 0: fp32 moments and momentum, 1: bf16 (fp32 master weights kept) */
         int ns_steps, muon_scale;
+        double qk_clip_threshold; /* > 0: QK-clip (MuonClip) at this max attention logit; 0: off */
     } optimizer;
     struct {
         ust_data_format format;

@@ -72,6 +72,10 @@ static int cfg_validate_model(const ust_config *c, ust_err *e) {
     if (cfg_check_window(c, e)) return -1;
     REQUIRE(!m->qk_norm || m->arch == ARCH_LLAMA,
             "model.qk_norm: true applies to llama (Qwen3's per-head q/k RMSNorm), not gpt2");
+    REQUIRE(!m->qk_norm || c->optimizer.qk_clip_threshold == 0,
+            "optimizer.qk_clip_threshold (%g) needs q/k weights that scale the logits, but "
+            "model.qk_norm: true normalizes them away (set one of them off)",
+            c->optimizer.qk_clip_threshold);
     REQUIRE(m->rope_scaling.type != ROPE_LLAMA3 ||
                 m->rope_scaling.high_freq_factor > m->rope_scaling.low_freq_factor,
             "model.rope_scaling.high_freq_factor (%g) must be > low_freq_factor (%g)",

@@ -91,6 +91,8 @@ typedef struct {
     log_moe moe;
     log_data data;
     log_ranks ranks;
+    double max_logit; /* QK-clip: the step's largest attention logit (NaN: not tracked) */
+    int qk_clipped;   /* ... and its (layer, query head) pairs above the threshold */
 } log_step;
 
 typedef struct {

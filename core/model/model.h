@@ -202,6 +202,19 @@ int model_moe_rank_rows(const model *m, int i, double *rows, int max);
 /* For the i-th layer model_moe_stats lists: the tokens routed to each expert in the last step
  * (its global counts); returns how many (the number of experts, at most max). */
 int model_moe_expert_load(const model *m, int i, double *counts, int max);
+/* QK-clip (optimizer.qk_clip_threshold, docs/training.md#qk-clip). While table (L x Hg floats,
+ * host) is set, each training forward max-accumulates into row l, at this rank's query heads,
+ * every head's largest pre-softmax logit (model_qk_row: NULL when not tracking); NULL stops it
+ * (validation). After the step's update, global holds every rank's table max-reduced: each query
+ * head of this rank's layers whose max exceeds tau, eta = tau / max, has its q rows and bias
+ * scaled by sqrt(eta), and each key/value head by sqrt(the least eta of the query heads sharing
+ * it), through scale(ctx, i, f, per): parameter i's element e, of what this rank holds of it, by
+ * f[e / per] (per: a head's elements of the tensor-parallel slice). */
+typedef void (*model_param_scale_fn)(void *ctx, int param, const float *f, int64_t per);
+void model_qk_track(model *m, float *table);
+float *model_qk_row(const model *m, int l);
+void model_qk_clip(model *m, const float *global, double tau, model_param_scale_fn scale,
+                   void *ctx);
 /* The unit holds a MoE layer's experts: its gradients are reduced over expert-dp x cp. */
 int model_unit_is_expert(const model *m, int unit);
 

@@ -219,6 +219,7 @@ struct model {
     model_acts acts;
     model_batch batch;
     model_hooks hooks;
+    float *qk_max; /* model_qk_track's table (NULL: the forwards track no logits) */
 };
 
 static inline int is_moe(const model *m, int l) {

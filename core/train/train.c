@@ -104,6 +104,7 @@ static int train_step(trainer *t, double *loss, double *norm, double *lr, int *f
     const ust_config *c = t->cfg;
     fault_hang(t);
     fault_die(t);
+    train_qk_begin(t);
     *loss = forward_backward(t);
     *norm = dp_grad_norm(t->eng.dp);
     *lr = optim_lr(c, t->step);
@@ -120,6 +121,7 @@ static int train_step(trainer *t, double *loss, double *norm, double *lr, int *f
     }
     double t0 = log_now_s();
     if (*finite && !*spiked) dp_optimizer_step(t->eng.dp, *lr, optim_clip_scale(c, *norm), t->step);
+    train_qk_end(t, *finite && !*spiked);
     train_trace_span(t, TRACE_COMPUTE, "optimizer", t0);
     if (t->eng.has_moe) /* dualpipe: the mirror's copies of these layers routed the other half */
         model_moe_end_step(t->eng.m, dp_sum_replicas, *finite && !*spiked, dp_add_to_param,

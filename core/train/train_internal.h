@@ -35,6 +35,7 @@ typedef struct {
     int has_moe;    /* the model has mixture-of-experts layers */
     int tied_param; /* pipeline with tied embeddings: this rank's table or copy (-1: none) */
     float *flag;    /* one device float for train_any_rank */
+    float *qk_buf;  /* QK-clip: L x H max logits of this rank, then of every rank (train_qk) */
 } train_engine;
 
 /* train_build.c: a rank's runtime in the one order the run and the memory plan share, into g
@@ -97,6 +98,8 @@ typedef struct {
     int64_t allocs_after_one; /* device allocations after the first step (-1: not yet) */
     double ce_loss;           /* the step's cross-entropy: its loss less the MoE aux/z terms */
     float *ranks_dev, *ranks_host; /* stragglers: every rank's compute and wait (2 x world) */
+    double max_logit; /* QK-clip: the step's largest attention logit (NaN: not tracked) */
+    int qk_clipped;   /* ... and the (layer, query head) pairs above the threshold */
 } train_metrics;
 
 typedef struct {
@@ -116,6 +119,12 @@ typedef struct {
     train_ckpt ck;
     train_metrics met;
 } trainer;
+
+/* train_qkclip.c: QK-clip around a step (optimizer.qk_clip_threshold > 0; else only the
+ * metrics' max_logit is reset to NaN): begin tracks the training forwards' logits, end takes the
+ * world's maxima into t->met and, when the step's update was applied, rescales the heads. */
+void train_qk_begin(trainer *t);
+void train_qk_end(trainer *t, int applied);
 
 /* train_setup.c */
 #define TRAIN_SETUP_PROFILE 1 /* train_setup flags: time every op */

@@ -100,6 +100,8 @@ static log_step report_step(trainer *t, const step_mark *mark, double loss, doub
                   .grad_norm = norm,
                   .ms = 1e3 * (log_now_s() - mark->t0),
                   .val_loss = NAN,
+                  .max_logit = t->met.max_logit,
+                  .qk_clipped = t->met.qk_clipped,
                   .pp.bubble = NAN,
                   .skipped = !finite,
                   .comm.bytes_dp = dp_bytes_sent(t->eng.dp)}; /* before validation's gathers */
