@@ -145,6 +145,10 @@ const cfg_key cfg_keys[] = {
     INTR("train.threads", train.threads, "0", 0, CFG_MAX_THREADS),
     DBL("train.exit_after_min", train.exit_after_min, "0", 0, 1e9, 0),
     I64("train.stop_at_step", train.stop_at_step, "0", 0),
+    INT("train.batch_ramp.start", train.batch_ramp.start, "0", 0),
+    INT("train.batch_ramp.increment", train.batch_ramp.increment, "0", 0),
+    I64("train.batch_ramp.tokens", train.batch_ramp.tokens, "0", 0),
+    BOOL("train.batch_ramp.sqrt_lr", train.batch_ramp.sqrt_lr, "false"),
 
     ONEOF("optimizer.name", optimizer.name, "adamw", OPTIMIZERS),
     INTR("optimizer.zero_stage", optimizer.zero_stage, "0", 0, 3),

@@ -70,7 +70,7 @@ static int is_spike(trainer *t, double loss, double norm) {
                    "%d steps, samples [%lld, %lld)\n",
                    (long long)t->step + 1, loss, zl, norm, zn, c->train.spike_window,
                    (long long)t->sample_index,
-                   (long long)(t->sample_index + c->train.global_batch_size));
+                   (long long)(t->sample_index + t->batch_size));
         return 1;
     }
     spike_push(&t->loss_w, loss);
@@ -108,6 +108,8 @@ static int train_step(trainer *t, double *loss, double *norm, double *lr, int *f
     *loss = forward_backward(t);
     *norm = dp_grad_norm(t->eng.dp);
     *lr = optim_lr(c, t->step);
+    if (c->train.batch_ramp.sqrt_lr) /* the ramp's smaller batches take a smaller step */
+        *lr *= sqrt((double)t->batch_size / c->train.global_batch_size);
     *finite = isfinite(*loss) && isfinite(*norm);
     *spiked = *finite && is_spike(t, *loss, *norm);
     if (!*finite && c->train.on_nan == ONNAN_STOP) {
@@ -156,11 +158,16 @@ static int run_step(trainer *t, const train_opts *opts) {
     step_mark mark = train_metrics_mark(t);
     double loss, norm, lr;
     int finite, spiked;
+    ust_err re;
+    if (train_feed_ramp(t, &re)) {
+        fprintf(stderr, "ustrain: error: train.batch_ramp: %s\n", re.msg);
+        return -1;
+    }
     train_feed_assign(t);
     if (train_step(t, &loss, &norm, &lr, &finite, &spiked)) return -1;
     log_step s = train_metrics_report(t, &mark, loss, norm, lr, finite, spiked);
     t->step++;
-    t->sample_index += c->train.global_batch_size;
+    t->sample_index += t->batch_size;
     t->last_loss = loss;
     train_metrics_count(t, &s);
     int last = t->step == c->train.steps;

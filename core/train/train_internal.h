@@ -109,6 +109,7 @@ typedef struct {
     int fresh;                  /* started from an import or the init, not a checkpoint */
     int64_t step, sample_index; /* the run's position: steps done, samples consumed */
     int64_t batch_since_step, batch_since_sample; /* where the current global batch size began */
+    int batch_size; /* the step's global batch (train.batch_ramp), batch_since's; 0: not yet set */
     int resumed_seq_len; /* the resumed checkpoint's train.seq_len (0: none, or not known) */
     double last_loss;
     spike_window loss_w, norm_w; /* train.on_spike: the recent steps' losses and norms */
@@ -119,6 +120,10 @@ typedef struct {
     train_ckpt ck;
     train_metrics met;
 } trainer;
+
+/* train_data.c: the global batch of the step about to run (cfg_batch_at of the tokens consumed;
+ * the pipeline's micro-batch count follows it); a new size starts a new batch_since. */
+int train_feed_ramp(trainer *t, ust_err *e);
 
 /* train_qkclip.c: QK-clip around a step (optimizer.qk_clip_threshold > 0; else only the
  * metrics' max_logit is reset to NaN): begin tracks the training forwards' logits, end takes the
