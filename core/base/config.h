@@ -140,6 +140,7 @@ typedef struct {
         int state_dtype;  /* 0: fp32 moments and momentum, 1: bf16 (fp32 master weights kept) */
         int ns_steps, muon_scale;
         double qk_clip_threshold; /* > 0: QK-clip (MuonClip) at this max attention logit; 0: off */
+        double embed_lr, norm_lr; /* > 0: peak lr of the embeddings/head, the norms/biases */
     } optimizer;
     struct {
         ust_data_format format;

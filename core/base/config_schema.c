@@ -170,6 +170,8 @@ const cfg_key cfg_keys[] = {
     BOOL("optimizer.reset_state", optimizer.reset_state, "false"),
     ENUM("optimizer.state_dtype", optimizer.state_dtype, "fp32", STATE_DTYPES),
     DBL("optimizer.qk_clip_threshold", optimizer.qk_clip_threshold, "0", 0, INFINITY, 0),
+    DBL("optimizer.embed_lr", optimizer.embed_lr, "0", 0, INFINITY, 0),
+    DBL("optimizer.norm_lr", optimizer.norm_lr, "0", 0, INFINITY, 0),
 
     ENUM("data.format", data.format, "llmc", cfg_data_format_names),
     DATASETS("data.train", data.train, "data/tiny/train_*.bin", 0),
