@@ -248,6 +248,19 @@ static act *block_of(const ust_cp *cp, act *all, int r) {
     return act_at(cp->ops, all, (int64_t)r * blk(cp));
 }
 
+void cp_track_logit_max(ust_cp *cp, float *mx) { cp->logit_max = mx; }
+
+/* QK-clip's scores of the block in hand: where attention_fwd just ran (the query heads this rank
+ * scores start at its Ulysses share: member j holds heads [j Hq, (j+1) Hq)). */
+static void logit_max(ust_cp *cp, const act *q, const act *k, int H, const int32_t *kp,
+                      const cp_docs *docs) {
+    if (!cp->logit_max) return;
+    int first = cp->uly.a > 1 ? comm_rank(cp->uly.comm) * cp->uly.Hq : 0;
+    ops_cpu_attention_logit_max(cp->logit_max + first, q, k, cp->B, cp->Tb, cp->Tb, H,
+                                cp->ring.Hkvr, cp->D, pos_dev(cp, cp->ring.rr), kp, 1,
+                                starts(docs));
+}
+
 /* The ring stage: attention of this block's queries (Tb tokens, H heads) over every block. */
 static void ring_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *k, const act *v,
                      int H, const cp_docs *docs) {
@@ -274,11 +287,13 @@ static void ring_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *
         }
         if (s == 0) {
             o->attention_fwd(o, out, lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp, qp, 1, starts(docs));
+            logit_max(cp, q, ck, H, qp, docs);
             count(cp, owner, H);
         } else if (!hidden(cp, owner, docs)) {
             o->attention_fwd(o, rg->part_out, rg->part_lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp,
                              pos_dev(cp, owner), 1, starts(docs));
             o->attention_merge(o, out, lse, rg->part_out, rg->part_lse, B, Tl, H, D);
+            logit_max(cp, q, ck, H, pos_dev(cp, owner), docs);
             count(cp, owner, H);
         }
         if (nk) {

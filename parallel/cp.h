@@ -66,6 +66,7 @@ typedef struct ust_cp {
     double pairs;     /* (query, key) pairs attended so far (causal ones only) */
     double a2a_bytes; /* Ulysses: the bytes this rank's all-to-alls sent (cp_a2a_layer_bytes) */
     int64_t skipped;  /* blocks no query could see under document masking, not computed */
+    float *logit_max; /* cp_track_logit_max's destination for the next forward (NULL: none) */
 } ust_cp;
 
 /* A micro-batch's documents (ops.h q_start): where each local query's document begins, on the
@@ -113,6 +114,10 @@ void cp_layout_positions(ust_cp_layout layout, int T, int n, int r, int32_t *out
  * docs (NULL: none) masks documents. */
 void cp_attention_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *k, const act *v,
                       int H, const cp_docs *docs);
+/* QK-clip's statistic (CPU backend): the next cp_attention_fwd max-accumulates each of its H
+ * query heads' largest visible logit over this rank's queries into mx(H) (host; NULL: none).
+ * Under Ulysses this rank scores only its head share, the others' entries stay as they were. */
+void cp_track_logit_max(ust_cp *cp, float *mx);
 /* Accumulates into dq, dk, dv (the caller zeroes them) the gradients of the local tokens. */
 void cp_attention_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, const act *out,
                       const float *lse, const act *q, const act *k, const act *v, int H,

@@ -13,6 +13,31 @@
 
 /* ------------------------------------------------------------------ set-up */
 
+static int group_of(const model_param *q) {
+    if (!strncmp(q->name, "model.embed_", 12) || !strncmp(q->name, "lm_head", 7))
+        return DP_GROUP_EMBED;
+    return q->decay ? DP_GROUP_REST : DP_GROUP_NORM;
+}
+
+/* aseg reordered (stably) into its groups: each group is one adamw_many call at its lr. */
+static void group_segments(dp_state *d) {
+    int n = d->buf.naseg, k = 0, *param = malloc((size_t)(n ? n : 1) * sizeof *param);
+    ops_segment *sorted = malloc((size_t)(n ? n : 1) * sizeof *sorted);
+    UST_ASSERT(param && sorted, "out of memory");
+    for (int s = 0, a = 0; s < d->buf.nseg; s++) /* aseg's parameters, in aseg's order */
+        if (!optim_muon_takes(d->cfg, model_param_at(d->m, d->buf.seg_param[s])->matrix))
+            param[a++] = d->buf.seg_param[s];
+    for (int g = 0; g < DP_GROUPS; g++) {
+        d->buf.agroup[g] = 0;
+        for (int s = 0; s < n; s++)
+            if (group_of(model_param_at(d->m, param[s])) == g)
+                sorted[k++] = d->buf.aseg[s], d->buf.agroup[g]++;
+    }
+    memcpy(d->buf.aseg, sorted, (size_t)n * sizeof *sorted);
+    free(sorted);
+    free(param);
+}
+
 /* The pieces of every parameter this rank holds (whole or its partition) as segments of the
  * parameter, gradient and moment buffers, non-replicas first (d->buf.seg, d->buf.nseg,
  * d->buf.nseg_norm). */
@@ -37,6 +62,7 @@ static void make_segments(dp_state *d) {
         }
         if (!replicas) d->buf.nseg_norm = d->buf.nseg;
     }
+    group_segments(d);
 }
 
 /* ZeRO-3's vocabulary chunk: parallel.zero3_vocab_chunk_rows, or as many of a rank's rows as
@@ -464,9 +490,9 @@ double dp_grad_norm(dp_state *d) {
 
 /* AdamW on bf16 states: each segment in chunks through the fp32 working buffers, so the
  * update's arithmetic is the fp32 op's and only the stored moments are rounded. */
-static void adamw_bf16(dp_state *d, float lr, float grad_scale, int64_t t) {
+static void adamw_bf16(dp_state *d, int first, int count, float lr, float grad_scale, int64_t t) {
     const ust_config *c = d->cfg;
-    for (int s = 0; s < d->buf.naseg; s++) {
+    for (int s = first; s < first + count; s++) {
         const ops_segment *g = &d->buf.aseg[s];
         for (int64_t k = 0; k < g->n; k += DP_STATE_CHUNK) {
             int64_t n = g->n - k < DP_STATE_CHUNK ? g->n - k : DP_STATE_CHUNK;
@@ -488,13 +514,20 @@ void dp_optimizer_step(dp_state *d, double lr, float grad_scale, int64_t step) {
     double alr = !strcmp(c->optimizer.name, "muon") && c->optimizer.adamw_lr > 0
                      ? lr * c->optimizer.adamw_lr / c->optimizer.lr
                      : lr;
-    if (d->buf.m16)
-        adamw_bf16(d, (float)alr, grad_scale, step + 1);
-    else
-        d->ops->adamw_many(d->ops, buf_base(d, BUF_PARAMS), buf_base(d, BUF_GRADS),
-                           buf_base(d, BUF_M), buf_base(d, BUF_V), d->buf.aseg, d->buf.naseg,
-                           (float)alr, (float)c->optimizer.beta1, (float)c->optimizer.beta2,
-                           (float)c->optimizer.eps, grad_scale, step + 1);
+    /* the embeddings' and norms' own peaks (optimizer.embed_lr, norm_lr), the same schedule */
+    double peak[DP_GROUPS] = {0, c->optimizer.embed_lr, c->optimizer.norm_lr};
+    for (int g = 0, first = 0; g < DP_GROUPS; first += d->buf.agroup[g++]) {
+        float glr = (float)(peak[g] > 0 ? lr * peak[g] / c->optimizer.lr : alr);
+        if (!d->buf.agroup[g]) continue;
+        if (d->buf.m16)
+            adamw_bf16(d, first, d->buf.agroup[g], glr, grad_scale, step + 1);
+        else
+            d->ops->adamw_many(d->ops, buf_base(d, BUF_PARAMS), buf_base(d, BUF_GRADS),
+                               buf_base(d, BUF_M), buf_base(d, BUF_V), d->buf.aseg + first,
+                               d->buf.agroup[g], glr, (float)c->optimizer.beta1,
+                               (float)c->optimizer.beta2, (float)c->optimizer.eps, grad_scale,
+                               step + 1);
+    }
     if (d->muon.n) dp_muon_step(d, lr, grad_scale);
     if (d->stage == 1 || d->stage == 2) { /* everyone needs the whole updated weights */
         for (int u = 0; u < d->lay.nunits; u++) {

@@ -65,6 +65,10 @@ int dp_load_llmc(dp_state *d, const char *path, ust_err *e);
  * rank holds them (its ZeRO-3 shard, or the whole tensor): an update outside the optimizer,
  * the same on every rank (the MoE routing bias). A model_param_add_fn with ctx = d. */
 void dp_add_to_param(void *d, int i, const float *delta);
+/* Multiplies element e of parameter i's master weights, as this rank holds them (its ZeRO-3
+ * shard, or the whole tensor), by f[e / per] (e counts over the whole tensor-parallel slice):
+ * QK-clip's rescale, the same on every rank. A model_param_scale_fn with ctx = d. */
+void dp_scale_param(void *d, int i, const float *f, int64_t per);
 /* x (n floats, device) summed in place over the replicas whose tokens differ: the dense group,
  * then dualpipe's mirror. A model_sum_fn with ctx = d (the MoE layers' step loads). */
 void dp_sum_replicas(void *d, float *x, int64_t n);

@@ -13,6 +13,10 @@ typedef enum { BUF_PARAMS, BUF_GRADS, BUF_M, BUF_V } dp_buf;
 
 /* The ZeRO shard layout (dp.c shard_units): a unit is split into un[u] chunks of chunk[u]
  * floats; this rank owns [urank*chunk, (urank+1)*chunk). */
+/* AdamW's parameter groups, each at its own peak lr on the schedule (optimizer.embed_lr,
+ * norm_lr): the rest, the embeddings and head, the norms and biases (no weight decay). */
+enum { DP_GROUP_REST, DP_GROUP_EMBED, DP_GROUP_NORM, DP_GROUPS };
+
 typedef struct {
     int nunits, has_experts;
     ust_comm **ucomm;                    /* per unit: the group it is reduced and sharded over */
@@ -33,6 +37,7 @@ typedef struct {
     int nseg, nseg_norm;
     ops_segment *aseg; /* the segments AdamW steps: all but Muon's matrices */
     int naseg;
+    int agroup[DP_GROUPS]; /* aseg in groups of their lr (dp_group): how many of each, in order */
     /* optimizer.state_dtype: bf16 (CPU): the states live in m16/v16 (mom_m, mom_v NULL) and
      * step through fp32 working chunks sm/sv of DP_STATE_CHUNK floats */
     uint16_t *m16, *v16;

@@ -48,6 +48,19 @@ void dp_add_to_param(void *ctx, int i, const float *delta) {
     free(host);
 }
 
+void dp_scale_param(void *ctx, int i, const float *f, int64_t per) {
+    dp_state *d = ctx;
+    int64_t a, b, t0 = piece(d, i, !whole(d, BUF_PARAMS), &a, &b);
+    if (b <= a) return;
+    float *host = malloc((size_t)(b - a) * sizeof(float));
+    UST_ASSERT(host, "out of host memory");
+    float *dev = at(d, BUF_PARAMS, model_param_unit(d->m, i), t0 + a);
+    d->ops->to_host(d->ops, host, dev, (b - a) * sizeof(float));
+    for (int64_t k = 0; k < b - a; k++) host[k] *= f[(a + k) / per];
+    d->ops->to_device(d->ops, dev, host, (b - a) * sizeof(float));
+    free(host);
+}
+
 typedef struct {
     dp_state *d;
 } llmc_ctx;

@@ -189,6 +189,53 @@ int pp_activation_sets_all(const ust_config *cfg, int (*slots)[MODEL_MAX_CHUNKS]
     return 0;
 }
 
+/* Every rank's schedule of nmb micro-batches, and whether each fits the activation sets the
+ * model has for the run's schedule (the most any of train.batch_ramp's steps may use). */
+static int build_for(const ust_config *cfg, int nmb, pps_schedule *all, ust_err *e) {
+    int p = cfg->parallel.pp, full[MODEL_MAX_CHUNKS], slots[MODEL_MAX_CHUNKS], zb;
+    if (pps_build_all(all, pp_kind(cfg), p, cfg->parallel.vpp, nmb, plan_flags(cfg), e)) return -1;
+    for (int r = 0; r < p; r++) {
+        if (pp_activation_sets(cfg, r, full, &zb, e)) return -1;
+        pps_slots(&all[r], NULL, slots);
+        for (int c = 0; c < cfg->parallel.vpp; c++)
+            if (slots[c] > full[c])
+                return ust_errf(e,
+                                "%d micro-batches need %d activation sets on pipeline rank %d, "
+                                "more than the %d of the run's %d",
+                                nmb, slots[c], r, full[c], cfg_grad_accum(cfg));
+    }
+    return 0;
+}
+
+int pp_check_micro_batches(const ust_config *cfg, int nmb, ust_err *e) {
+    pps_schedule *all = calloc(cfg->parallel.pp, sizeof *all);
+    if (!all) return ust_errf(e, "pp schedule: out of memory");
+    int rc = build_for(cfg, nmb, all, e);
+    pps_free_all(all, cfg->parallel.pp);
+    free(all);
+    return rc;
+}
+
+int pp_set_micro_batches(pp_state *s, int nmb, ust_err *e) {
+    if (nmb == s->nmb) return 0;
+    pps_schedule *all = calloc(s->p, sizeof *all);
+    if (!all) return ust_errf(e, "pp schedule: out of memory");
+    int rank = s->sched->rank, slots[MODEL_MAX_CHUNKS];
+    if (build_for(s->cfg, nmb, all, e)) {
+        pps_free_all(all, s->p);
+        free(all);
+        return -1;
+    }
+    int *slot = malloc(((size_t)all[rank].n + 1) * sizeof *slot);
+    UST_ASSERT(slot, "out of memory");
+    pps_slots(&all[rank], slot, slots);
+    pps_free_all(s->all, s->p);
+    free(s->all);
+    free(s->slot);
+    s->all = all, s->sched = &all[rank], s->slot = slot, s->nmb = nmb;
+    return 0;
+}
+
 float *pp_alloc_scalars(ust_arena *arena, int p) {
     return mem_alloc(arena, MEM_COMM, (size_t)NSTAT * p * sizeof(float));
 }

@@ -74,6 +74,12 @@ float *pp_alloc_scalars(ust_arena *arena, int p);
 pp_state *pp_create(const ust_config *cfg, const ust_ops *ops, ust_arena *arena, model *m,
                     ust_comm *pipe, ust_comm *emb, pps_schedule *sched);
 void pp_destroy(pp_state *s);
+/* train.batch_ramp: the steps from now on run nmb micro-batches (every rank's schedule rebuilt
+ * for them; nothing happens when the count is the current one). pp_check_micro_batches says,
+ * before anything is built, whether the schedule runs nmb micro-batches within the activation
+ * sets of the run's own count (the model's). */
+int pp_set_micro_batches(pp_state *s, int nmb, ust_err *e);
+int pp_check_micro_batches(const ust_config *cfg, int nmb, ust_err *e);
 
 /* Runs one step's schedule; returns this rank's sum of per-token losses (non-zero on the last
  * stage only). dscale as in model_forward. */

@@ -146,6 +146,11 @@ typedef struct {
         int threads;           /* compute threads per rank, 0 = cores / local ranks */
         double exit_after_min; /* > 0: checkpoint and exit 0 after this long (from start) */
         int64_t stop_at_step;  /* > 0: checkpoint and exit 0 after this step */
+        struct {               /* Megatron's rampup-batch-size (cfg_batch_at); start 0: off */
+            int start, increment; /* sequences: the first steps' global batch, and its steps */
+            int64_t tokens;       /* the ramp's length in tokens consumed */
+            bool sqrt_lr;         /* lr times sqrt(the step's batch / global_batch_size) */
+        } batch_ramp;
     } train;
     struct {
         char name[16]; /* "adamw" or "muon" */
@@ -162,6 +167,8 @@ typedef struct {
         bool reset_state; /* resume: the checkpoint's weights only (another optimizer's state) */
         int state_dtype;  /* 0: fp32 moments and momentum, 1: bf16 (fp32 master weights kept) */
         int ns_steps, muon_scale;
+        double qk_clip_threshold; /* > 0: QK-clip (MuonClip) at this max attention logit; 0: off */
+        double embed_lr, norm_lr; /* > 0: peak lr of the embeddings/head, the norms/biases */
     } optimizer;
     struct {
         ust_data_format format;
@@ -258,6 +265,11 @@ void cfg_dump(const ust_config *c, FILE *f);
 /* Derived values every module agrees on. */
 int cfg_vocab_padded(const ust_config *c);
 int cfg_grad_accum(const ust_config *c); /* global / (micro * dp) */
+/* train.batch_ramp: the global batch of the step that starts after `tokens` tokens were consumed:
+ * start + k increments, k = floor(tokens x increments-to-go / ramp tokens), up to
+ * global_batch_size (global_batch_size without a ramp). A pure function of the data position,
+ * so a resumed run and every layout take the same batches. */
+int cfg_batch_at(const ust_config *c, int64_t tokens);
 /* Validation's micro-batches: data.val_samples or val_tokens in whole micro-batches (the same
  * windows for every micro-batch size and layout), else data.val_steps. */
 int cfg_val_micro_batches(const ust_config *c);

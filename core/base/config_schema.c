@@ -162,6 +162,10 @@ const cfg_key cfg_keys[] = {
     INTR("train.threads", train.threads, "0", 0, CFG_MAX_THREADS),
     DBL("train.exit_after_min", train.exit_after_min, "0", 0, 1e9, 0),
     I64("train.stop_at_step", train.stop_at_step, "0", 0),
+    INT("train.batch_ramp.start", train.batch_ramp.start, "0", 0),
+    INT("train.batch_ramp.increment", train.batch_ramp.increment, "0", 0),
+    I64("train.batch_ramp.tokens", train.batch_ramp.tokens, "0", 0),
+    BOOL("train.batch_ramp.sqrt_lr", train.batch_ramp.sqrt_lr, "false"),
 
     ONEOF("optimizer.name", optimizer.name, "adamw", OPTIMIZERS),
     INTR("optimizer.zero_stage", optimizer.zero_stage, "0", 0, 3),
@@ -182,6 +186,9 @@ const cfg_key cfg_keys[] = {
     BOOL("optimizer.muon_routers", optimizer.muon_routers, "false"),
     BOOL("optimizer.reset_state", optimizer.reset_state, "false"),
     ENUM("optimizer.state_dtype", optimizer.state_dtype, "fp32", STATE_DTYPES),
+    DBL("optimizer.qk_clip_threshold", optimizer.qk_clip_threshold, "0", 0, INFINITY, 0),
+    DBL("optimizer.embed_lr", optimizer.embed_lr, "0", 0, INFINITY, 0),
+    DBL("optimizer.norm_lr", optimizer.norm_lr, "0", 0, INFINITY, 0),
 
     ENUM("data.format", data.format, "llmc", cfg_data_format_names),
     DATASETS("data.train", data.train, "data/tiny/train_*.bin", 0),

@@ -180,6 +180,10 @@ static int cfg_validate_model(const ust_config *c, ust_err *e) {
     if (cfg_check_window(c, e)) return -1;
     REQUIRE(!m->qk_norm || m->arch == ARCH_LLAMA,
             "model.qk_norm: true applies to llama (Qwen3's per-head q/k RMSNorm), not gpt2");
+    REQUIRE(!m->qk_norm || c->optimizer.qk_clip_threshold == 0,
+            "optimizer.qk_clip_threshold (%g) needs q/k weights that scale the logits, but "
+            "model.qk_norm: true normalizes them away (set one of them off)",
+            c->optimizer.qk_clip_threshold);
     REQUIRE(m->rope_scaling.type != ROPE_LLAMA3 ||
                 m->rope_scaling.high_freq_factor > m->rope_scaling.low_freq_factor,
             "model.rope_scaling.high_freq_factor (%g) must be > low_freq_factor (%g)",
@@ -217,6 +221,30 @@ static int cfg_validate_val(const ust_config *c, ust_err *e) {
     return 0;
 }
 
+/* train.batch_ramp: every step's batch whole micro-batches of every dp rank, below the target. */
+static int cfg_validate_ramp(const ust_config *c, ust_err *e) {
+    const __typeof__(c->train.batch_ramp) *r = &c->train.batch_ramp;
+    long long per = (long long)c->train.micro_batch_size * c->parallel.dp;
+    if (r->start == 0) return 0;
+    REQUIRE(r->start < c->train.global_batch_size,
+            "train.batch_ramp.start (%d) must be below train.global_batch_size (%d), the target",
+            r->start, c->train.global_batch_size);
+    REQUIRE(r->start % per == 0 && r->increment % per == 0 && r->increment > 0,
+            "train.batch_ramp.start (%d) and increment (%d) must be positive multiples of "
+            "train.micro_batch_size * parallel.dp (%lld): every step is whole micro-batches",
+            r->start, r->increment, per);
+    REQUIRE((c->train.global_batch_size - r->start) % r->increment == 0,
+            "train.batch_ramp: train.global_batch_size - start (%d - %d) must be whole "
+            "increments of %d",
+            c->train.global_batch_size, r->start, r->increment);
+    REQUIRE(r->tokens > 0, "train.batch_ramp.tokens must be > 0 (the ramp's length) when start "
+                           "is set");
+    REQUIRE(c->model.moe.num_experts == 0,
+            "train.batch_ramp with model.moe.num_experts > 0 is not supported yet (the MoE loss "
+            "is averaged over a fixed count of micro-batches)");
+    return 0;
+}
+
 static int cfg_validate_train(const ust_config *c, ust_err *e) {
     long long per_step = (long long)c->train.micro_batch_size * c->parallel.dp;
     REQUIRE(c->train.global_batch_size % per_step == 0,
@@ -230,7 +258,7 @@ static int cfg_validate_train(const ust_config *c, ust_err *e) {
     REQUIRE(c->data.eot_id < c->model.vocab_size,
             "data.eot_id (%d) must be a token of the vocabulary, below model.vocab_size (%d)",
             c->data.eot_id, c->model.vocab_size);
-    if (cfg_validate_val(c, e)) return -1;
+    if (cfg_validate_val(c, e) || cfg_validate_ramp(c, e)) return -1;
     REQUIRE(c->checkpoint.dir[0], "checkpoint.dir is empty%s",
             c->checkpoint.async ? " (checkpoint.async writes checkpoints there)" : "");
     return 0;
@@ -350,6 +378,16 @@ int cfg_vocab_padded(const ust_config *c) {
 int cfg_grad_accum(const ust_config *c) {
     long long per_step = (long long)c->train.micro_batch_size * c->parallel.dp;
     return per_step > 0 ? (int)(c->train.global_batch_size / per_step) : 0;
+}
+
+int cfg_batch_at(const ust_config *c, int64_t tokens) {
+    const __typeof__(c->train.batch_ramp) *r = &c->train.batch_ramp;
+    int G = c->train.global_batch_size;
+    if (r->start <= 0 || r->start >= G) return G;
+    int64_t n = (G - r->start) / r->increment; /* increments to the target */
+    /* in 128 bits: tokens x n may pass 2^63 for long runs */
+    int64_t k = (int64_t)((__int128)tokens * n / r->tokens);
+    return k >= n ? G : r->start + (int)k * r->increment;
 }
 
 int cfg_val_micro_batches(const ust_config *c) {

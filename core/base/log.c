@@ -368,6 +368,10 @@ static int log_scalars(const log_step *s, double unix_time, log_scalar *o) {
         n = add_scalar(o, n, "slowest_slowdown", s->ranks.slowdown);
         if (s->ranks.flagged) n = add_count(o, n, "straggler_rank", (uint64_t)s->ranks.slowest);
     }
+    if (!isnan(s->max_logit)) {
+        n = add_scalar(o, n, "max_logit", s->max_logit);
+        n = add_count(o, n, "qk_clipped_heads", (uint64_t)s->qk_clipped);
+    }
     if (!isnan(s->val_loss)) n = add_scalar(o, n, "val_loss", s->val_loss);
     n = add_scalar(o, n, "time", unix_time);
     n = add_scalar(o, n, "elapsed_s", s->elapsed_s);

@@ -115,6 +115,8 @@ typedef struct {
     log_ranks ranks;
     log_layers layers;
     log_tasks tasks;
+    double max_logit; /* QK-clip: the step's largest attention logit (NaN: not tracked) */
+    int qk_clipped;   /* ... and its (layer, query head) pairs above the threshold */
 } log_step;
 
 typedef struct {

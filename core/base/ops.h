@@ -330,6 +330,13 @@ static inline act *act_at(const ust_ops *o, const act *p, int64_t i) {
 /* Bytes of n activation elements. */
 static inline size_t act_bytes(const ust_ops *o, int64_t n) { return (size_t)n * o->act_size; }
 
+/* CPU backend only (optimizer.qk_clip_threshold, which CUDA refuses): the largest visible
+ * pre-softmax logit s_ij of each query head in an attention_fwd call with the same arguments,
+ * max-accumulated into mx(H) (host; a NaN score makes its head's NaN). QK-clip's statistic. */
+void ops_cpu_attention_logit_max(float *mx, const act *q, const act *k, int B, int Tq, int Tk,
+                                 int H, int Hkv, int D, const int32_t *q_pos, const int32_t *k_pos,
+                                 int causal, const int32_t *q_start);
+
 /* The backend a run asks for: CPU (train.threads threads shared by local_world ranks of the
  * node, see ops_cpu_create), or for run.device cuda the CUDA backend on GPU local_rank %
  * (visible devices) with bf16 activations under train.precision bf16. NULL with a message in e

@@ -837,6 +837,52 @@ static void cpu_attention_fwd(const ust_ops *o, act *out, float *lse, const act 
     free(scratch);
 }
 
+/* The largest visible score of query tile `task` (-INFINITY: none visible; a NaN score stays
+ * NaN: every later comparison with it is false). kt: this thread's ATT_KB x D scratch. */
+static float att_max_tile(const att_geom *g, float *kt, const float *q, const float *k,
+                          int64_t task) {
+    att_qtile t = att_qtile_of(g, task);
+    const int64_t base = (int64_t)t.b * g->Tk * g->kstride + (int64_t)(t.h / g->G) * g->D;
+    float best = -INFINITY, s[ATT_KB];
+    for (int j0 = 0; j0 < g->Tk; j0 += ATT_KB) {
+        int nj = g->Tk - j0 < ATT_KB ? g->Tk - j0 : ATT_KB, kpmin, kpmax;
+        att_block_extent(g, j0, nj, &kpmin, &kpmax);
+        if ((g->causal && kpmin > t.qpmax) || kpmax < t.qsmin) continue;
+        transpose_block(kt, k + base + j0 * g->kstride, g->kstride, nj, g->D);
+        for (int x = 0; x < t.ni; x++) {
+            int qp = posof(g->q_pos, t.i0 + x), qs = doc_start(g->q_start, t.b, g->Tq, t.i0 + x);
+            if ((g->causal && kpmin > qp) || kpmax < qs) continue;
+            const float *qi =
+                q + ((int64_t)t.b * g->Tq + t.i0 + x) * g->qstride + (int64_t)t.h * g->D;
+            block_scores(s, qi, kt, j0, nj, g->D, g->scale, g->causal, g->k_pos, qp, qs);
+            for (int jj = 0; jj < nj; jj++) best = s[jj] > best || s[jj] != s[jj] ? s[jj] : best;
+        }
+    }
+    return best;
+}
+
+/* A second pass over the scores, not a side output of cpu_attention_fwd: the forward's op keeps
+ * one signature on every backend, and only optimizer.qk_clip_threshold pays for this. */
+void ops_cpu_attention_logit_max(float *mx, const act *q, const act *k, int B, int Tq, int Tk,
+                                 int H, int Hkv, int D, const int32_t *q_pos, const int32_t *k_pos,
+                                 int causal, const int32_t *q_start) {
+    const att_geom g = att_geom_make(B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal, q_start);
+    const int64_t tasks = (int64_t)B * H * g.nqt;
+    int nt = omp_get_max_threads(); /* the backend set the rank's threads (ops_cpu_create) */
+    float *best = malloc((size_t)tasks * sizeof(float)),
+          *kt = malloc((size_t)nt * ATT_KB * D * sizeof(float));
+    if (!best || !kt) ust_fatal(UST_EXIT_RUNTIME, "out of memory (attention logit max)");
+#pragma omp parallel for schedule(static) num_threads(nt)
+    for (int64_t task = 0; task < tasks; task++)
+        best[task] = att_max_tile(&g, kt + (size_t)omp_get_thread_num() * ATT_KB * D, q, k, task);
+    for (int64_t task = 0; task < tasks; task++) {
+        float *m = &mx[task / g.nqt % H], v = best[task];
+        *m = v > *m || v != v ? v : *m;
+    }
+    free(best);
+    free(kt);
+}
+
 /* The input of a backward tile: the forward's tensors and the output gradient. */
 typedef struct {
     const float *dout, *out, *lse, *q, *k, *v;

@@ -214,6 +214,19 @@ int model_moe_expert_load(const model *m, int i, double *counts, int max);
  * aux-loss-free balancing bias as it stands; NaN without a bias (model.moe.bias_update_rate 0)
  * or without whole parameters (ZeRO-3: each rank holds a shard of it). */
 double model_moe_bias_range(const model *m, int i);
+/* QK-clip (optimizer.qk_clip_threshold, docs/training.md#qk-clip). While table (L x Hg floats,
+ * host) is set, each training forward max-accumulates into row l, at this rank's query heads,
+ * every head's largest pre-softmax logit (model_qk_row: NULL when not tracking); NULL stops it
+ * (validation). After the step's update, global holds every rank's table max-reduced: each query
+ * head of this rank's layers whose max exceeds tau, eta = tau / max, has its q rows and bias
+ * scaled by sqrt(eta), and each key/value head by sqrt(the least eta of the query heads sharing
+ * it), through scale(ctx, i, f, per): parameter i's element e, of what this rank holds of it, by
+ * f[e / per] (per: a head's elements of the tensor-parallel slice). */
+typedef void (*model_param_scale_fn)(void *ctx, int param, const float *f, int64_t per);
+void model_qk_track(model *m, float *table);
+float *model_qk_row(const model *m, int l);
+void model_qk_clip(model *m, const float *global, double tau, model_param_scale_fn scale,
+                   void *ctx);
 /* The unit holds a MoE layer's experts: its gradients are reduced over expert-dp x cp. */
 int model_unit_is_expert(const model *m, int unit);
 

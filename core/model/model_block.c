@@ -146,6 +146,7 @@ static void attention_forward(model *m, int l, layer_acts *a) {
         o->rope_fwd(o, a->k, a->k, m->batch.rows, m->shape.B, m->shape.T, m->shape.Hkv, m->shape.D,
                     &m->shape.rope);
     }
+    cp_track_logit_max(m->par.cp, model_qk_row(m, l)); /* QK-clip's statistic, when tracked */
     cp_attention_fwd(m->par.cp, a->att, a->lse, a->q, a->k, a->v, m->shape.H, layer_docs(m, l));
     tp_row_linear_fwd(m->par.tp, a->res2, a->att, w->wo, w->bo, N, HD, C);
 }

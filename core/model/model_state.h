@@ -249,6 +249,7 @@ struct model {
     model_batch batch;
     model_hooks hooks;
     model_tracing tracing;
+    float *qk_max; /* model_qk_track's table (NULL: the forwards track no logits) */
 };
 
 static inline int is_mla(const model *m) { return m->cfg->model.mla.enabled; }

@@ -70,7 +70,7 @@ static int is_spike(trainer *t, double loss, double norm) {
                    "%d steps, samples [%lld, %lld)\n",
                    (long long)t->step + 1, loss, zl, norm, zn, c->train.spike_window,
                    (long long)t->sample_index,
-                   (long long)(t->sample_index + c->train.global_batch_size));
+                   (long long)(t->sample_index + t->batch_size));
         return 1;
     }
     spike_push(&t->loss_w, loss);
@@ -104,9 +104,12 @@ static int train_step(trainer *t, double *loss, double *norm, double *lr, int *f
     const ust_config *c = t->cfg;
     fault_hang(t);
     fault_die(t);
+    train_qk_begin(t);
     *loss = forward_backward(t);
     *norm = dp_grad_norm(t->eng.dp);
     *lr = optim_lr(c, t->step);
+    if (c->train.batch_ramp.sqrt_lr) /* the ramp's smaller batches take a smaller step */
+        *lr *= sqrt((double)t->batch_size / c->train.global_batch_size);
     *finite = isfinite(*loss) && isfinite(*norm);
     *spiked = *finite && is_spike(t, *loss, *norm);
     if (!*finite && c->train.on_nan == ONNAN_STOP) {
@@ -122,6 +125,7 @@ static int train_step(trainer *t, double *loss, double *norm, double *lr, int *f
     train_stats_before(t);
     if (*finite && !*spiked) dp_optimizer_step(t->eng.dp, *lr, optim_clip_scale(c, *norm), t->step);
     train_stats_after(t);
+    train_qk_end(t, *finite && !*spiked);
     train_trace_span(t, TRACE_COMPUTE, "optimizer", t0);
     if (t->eng.has_moe) /* dualpipe: the mirror's copies of these layers routed the other half */
         model_moe_end_step(t->eng.m, dp_sum_replicas, *finite && !*spiked, dp_add_to_param,
@@ -156,12 +160,17 @@ static int run_step(trainer *t, const train_opts *opts) {
     step_mark mark = train_metrics_mark(t);
     double loss, norm, lr;
     int finite, spiked;
+    ust_err re;
+    if (train_feed_ramp(t, &re)) {
+        fprintf(stderr, "ustrain: error: train.batch_ramp: %s\n", re.msg);
+        return -1;
+    }
     train_feed_assign(t);
     if (train_step(t, &loss, &norm, &lr, &finite, &spiked)) return -1;
     log_step s = train_metrics_report(t, &mark, loss, norm, lr, finite, spiked);
     train_stats_report(t, &s);
     t->step++;
-    t->sample_index += c->train.global_batch_size;
+    t->sample_index += t->batch_size;
     t->last_loss = loss;
     train_metrics_count(t, &s);
     int last = t->step == c->train.steps;

@@ -113,7 +113,8 @@ static char *state_json(trainer *t) {
     cJSON *since = cJSON_AddObjectToObject(j, "batch_since");
     cJSON_AddNumberToObject(since, "step", (double)t->batch_since_step);
     cJSON_AddNumberToObject(since, "sample_index", (double)t->batch_since_sample);
-    cJSON_AddNumberToObject(since, "global_batch_size", c->train.global_batch_size);
+    cJSON_AddNumberToObject(since, "global_batch_size",
+                            t->batch_size ? t->batch_size : c->train.global_batch_size);
     data_blend_save(t->feed.train, &t->feed.pos, j);
     cJSON *lay = cJSON_AddObjectToObject(j, "layout");
     cJSON_AddNumberToObject(lay, "dp", c->parallel.dp);
@@ -234,9 +235,12 @@ static int read_state(trainer *t, const char *json, const char *dir, ust_err *e)
     t->last_loss = st.loss;
     ust_config was; /* what the position was counted in (0: not known) */
     t->resumed_seq_len = ckpt_load_config(dir, "resume", &was, &why) == 0 ? was.train.seq_len : 0;
-    bool same_batch = !st.batch_size || st.batch_size == G;
+    /* the next step's batch (train.batch_ramp: the ramp's at this position) */
+    int next = cfg_batch_at(c, st.sample_index * c->train.seq_len);
+    bool same_batch = st.batch_size ? st.batch_size == next : G == next;
     t->batch_since_step = same_batch ? st.batch_since_step : st.step;
     t->batch_since_sample = same_batch ? st.batch_since_sample : st.sample_index;
+    t->batch_size = next; /* batch_since's: set here, so train_feed_ramp moves nothing */
     return 0;
 }
 
@@ -485,6 +489,7 @@ int train_ckpt_rewind(trainer *t, ust_err *e) {
     t->step = st.step;
     t->batch_since_step = st.step;
     t->batch_since_sample = t->sample_index;
+    t->batch_size = 0; /* the next step's batch is set from here without moving batch_since */
     return 0;
 }
 

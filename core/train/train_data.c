@@ -67,7 +67,7 @@ int train_feed_open(trainer *t, ust_err *e) {
  * of input p when the flag of token p + 1 of its window is 1 (2: padding). */
 static int64_t count_targets(trainer *t, int64_t *pad) {
     const ust_config *c = t->cfg;
-    int64_t G = c->train.global_batch_size, T = c->train.seq_len, n = 0;
+    int64_t G = t->batch_size, T = c->train.seq_len, n = 0;
     *pad = 0;
     if (!t->feed.masked) return G * T;
     for (int64_t k = 0; k < G; k++) {
@@ -79,11 +79,25 @@ static int64_t count_targets(trainer *t, int64_t *pad) {
     return n;
 }
 
+int train_feed_ramp(trainer *t, ust_err *e) {
+    const ust_config *c = t->cfg;
+    int G = cfg_batch_at(c, t->sample_index * c->train.seq_len);
+    if (t->batch_size &&
+        G != t->batch_size) { /* the data position moves by another step from here */
+        t->batch_since_step = t->step, t->batch_since_sample = t->sample_index;
+        if (t->rank0 && !t->eval)
+            printf("batch ramp: global batch %d from step %lld (%lld tokens consumed)\n", G,
+                   (long long)t->step + 1, (long long)(t->sample_index * c->train.seq_len));
+    }
+    t->batch_size = G;
+    return pp_set_micro_batches(t->eng.pp, G / (c->train.micro_batch_size * c->parallel.dp), e);
+}
+
 /* The step's global batch: which dataset and sample each of its G samples is (every rank
  * computes all of them and reads its share); a dataset entering a new epoch is logged. */
 void train_feed_assign(trainer *t) {
     const ust_config *c = t->cfg;
-    int64_t G = c->train.global_batch_size;
+    int64_t G = t->batch_size;
     data_blend_assign(t->feed.train, &t->feed.pos, t->sample_index, G, t->feed.which,
                       t->feed.index);
     t->feed.step_targets = count_targets(t, &t->feed.step_pad);
@@ -136,7 +150,7 @@ static ust_batch *split_windows(trainer *t, const uint8_t *flags) {
  * global batch starts at sample_index + dp_rank * G/dp. */
 static int64_t first_sample(trainer *t, int mb) {
     const ust_config *c = t->cfg;
-    int64_t G = c->train.global_batch_size, dp_rank = t->rt->topo.me.dp;
+    int64_t G = t->batch_size, dp_rank = t->rt->topo.me.dp;
     return t->sample_index + dp_rank * (G / c->parallel.dp) +
            (int64_t)mb * c->train.micro_batch_size;
 }

@@ -35,6 +35,7 @@ typedef struct {
     int has_moe;    /* the model has mixture-of-experts layers */
     int tied_param; /* pipeline with tied embeddings: this rank's table or copy (-1: none) */
     float *flag;    /* one device float for train_any_rank */
+    float *qk_buf;  /* QK-clip: L x H max logits of this rank, then of every rank (train_qk) */
 } train_engine;
 
 /* train_build.c: a rank's runtime in the one order the run and the memory plan share, into g
@@ -98,6 +99,8 @@ typedef struct {
     int64_t allocs_after_one; /* device allocations after the first step (-1: not yet) */
     double ce_loss;           /* the step's cross-entropy: its loss less the MoE aux/z terms */
     float *ranks_dev, *ranks_host; /* stragglers: every rank's compute and wait (2 x world) */
+    double max_logit; /* QK-clip: the step's largest attention logit (NaN: not tracked) */
+    int qk_clipped;   /* ... and the (layer, query head) pairs above the threshold */
 } train_metrics;
 
 typedef struct {
@@ -107,6 +110,7 @@ typedef struct {
     int fresh;                  /* started from an import or the init, not a checkpoint */
     int64_t step, sample_index; /* the run's position: steps done, samples consumed */
     int64_t batch_since_step, batch_since_sample; /* where the current global batch size began */
+    int batch_size; /* the step's global batch (train.batch_ramp), batch_since's; 0: not yet set */
     int resumed_seq_len; /* the resumed checkpoint's train.seq_len (0: none, or not known) */
     double last_loss;
     spike_window loss_w, norm_w; /* train.on_spike: the recent steps' losses and norms */
@@ -127,6 +131,16 @@ void train_stats_close(trainer *t);
 void train_stats_before(trainer *t);
 void train_stats_after(trainer *t);
 void train_stats_report(trainer *t, log_step *s);
+
+/* train_data.c: the global batch of the step about to run (cfg_batch_at of the tokens consumed;
+ * the pipeline's micro-batch count follows it); a new size starts a new batch_since. */
+int train_feed_ramp(trainer *t, ust_err *e);
+
+/* train_qkclip.c: QK-clip around a step (optimizer.qk_clip_threshold > 0; else only the
+ * metrics' max_logit is reset to NaN): begin tracks the training forwards' logits, end takes the
+ * world's maxima into t->met and, when the step's update was applied, rescales the heads. */
+void train_qk_begin(trainer *t);
+void train_qk_end(trainer *t, int applied);
 
 /* train_setup.c */
 #define TRAIN_SETUP_PROFILE 1 /* train_setup flags: time every op */

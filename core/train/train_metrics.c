@@ -56,7 +56,7 @@ step_mark train_metrics_mark(trainer *t) {
 
 /* The figures of the step just done (s already holds step, loss, lr, norm and time). */
 static void measure_step(trainer *t, const step_mark *m, double fpt, double peak, log_step *s) {
-    double tokens = (double)t->cfg->train.global_batch_size * t->cfg->train.seq_len;
+    double tokens = (double)t->batch_size * t->cfg->train.seq_len;
     s->tokens_per_s = tokens / (s->ms / 1e3);
     s->mfu = fpt * s->tokens_per_s / (peak * t->rt->world); /* peak is one rank's */
     s->mem.peak = t->eng.arena.peak;
@@ -100,6 +100,8 @@ static log_step report_step(trainer *t, const step_mark *mark, double loss, doub
                   .grad_norm = norm,
                   .ms = 1e3 * (log_now_s() - mark->t0),
                   .val_loss = NAN,
+                  .max_logit = t->met.max_logit,
+                  .qk_clipped = t->met.qk_clipped,
                   .pp.bubble = NAN,
                   .skipped = !finite,
                   .comm.bytes_dp = dp_bytes_sent(t->eng.dp)}; /* before validation's gathers */
@@ -226,9 +228,9 @@ void train_metrics_count(trainer *t, log_step *s) {
     s->data.samples_seen = t->sample_index;
     s->data.tokens_seen = t->sample_index * c->train.seq_len;
     s->data.target_tokens = t->feed.step_targets;
-    s->data.pad_frac = c->data.packing ? (double)t->feed.step_pad /
-                                             (double)(c->train.global_batch_size * c->train.seq_len)
-                                       : NAN;
+    s->data.pad_frac = c->data.packing
+                           ? (double)t->feed.step_pad / (double)(t->batch_size * c->train.seq_len)
+                           : NAN;
 }
 
 /* The loop's totals into res: steps, the mean of the timed steps, throughput and MFU. */

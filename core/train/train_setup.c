@@ -75,6 +75,20 @@ static int check_outputs(const ust_config *cfg, ust_err *e) {
  * Exported (train.h) so that `ustrain validate` runs the same checks. */
 int train_check_runnable(const ust_config *cfg, ust_err *e) {
     if (check_outputs(cfg, e) || train_trace_check(cfg, e)) return -1;
+    for (int G = cfg->train.batch_ramp.start; G > 0 && G < cfg->train.global_batch_size;
+         G += cfg->train.batch_ramp.increment) {
+        int nmb = G / (cfg->train.micro_batch_size * cfg->parallel.dp);
+        if (pp_check_micro_batches(cfg, nmb, e))
+            return ust_errf(e,
+                            "train.batch_ramp: a step of %d sequences is %d micro-batches per "
+                            "dp rank, which parallel.pp_schedule cannot run: %s",
+                            G, nmb, e->msg);
+    }
+    if (cfg->run.device != DEV_CPU && cfg->optimizer.qk_clip_threshold > 0)
+        return ust_errf(e,
+                        "optimizer.qk_clip_threshold (%g): QK-clip's logit statistic runs on "
+                        "the CPU backend only for now; use run.device: cpu, or 0 (off)",
+                        cfg->optimizer.qk_clip_threshold);
     if (cfg->run.device == DEV_CPU && cfg->train.precision == PREC_BF16)
         return ust_errf(e, "train.precision = bf16: the CPU backend computes in fp32 only; use "
                            "fp32, or run.device: cuda");
