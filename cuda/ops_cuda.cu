@@ -924,11 +924,24 @@ __global__ void k_rmsnorm_bwd_dx(act *dinp_, const act *dout_, const act *inp_, 
     int64_t n = blockIdx.x;
     const T *x = (const T *)inp_ + n * C, *dy = (const T *)dout_ + n * C;
     T *dx = (T *)dinp_ + n * C;
-    float r = rstd[n], sgx = 0.0f;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) sgx += w[c] * ld_act(dy, c) * ld_act(x, c);
+    float r = rstd[n], sgx = 0.0f, gr[ROW_REG], xr[ROW_REG];
+    const int c0 = threadIdx.x, cr = threadIdx.x + ROW_REG * blockDim.x; /* first not cached */
+#pragma unroll
+    for (int k = 0; k < ROW_REG; k++) {
+        int c = c0 + k * blockDim.x;
+        gr[k] = c < C ? w[c] * ld_act(dy, c) : 0.0f;
+        xr[k] = c < C ? ld_act(x, c) : 0.0f;
+        sgx += gr[k] * xr[k];
+    }
+    for (int c = cr; c < C; c += blockDim.x) sgx += w[c] * ld_act(dy, c) * ld_act(x, c);
     sgx = block_sum(sgx, sh);
     float kk = sgx / C * r * r;
-    for (int c = threadIdx.x; c < C; c += blockDim.x)
+#pragma unroll
+    for (int k = 0; k < ROW_REG; k++) {
+        int c = c0 + k * blockDim.x;
+        if (c < C) st_act(dx, c, (gr[k] - xr[k] * kk) * r);
+    }
+    for (int c = cr; c < C; c += blockDim.x)
         st_act(dx, c, (w[c] * ld_act(dy, c) - ld_act(x, c) * kk) * r);
 }
 
