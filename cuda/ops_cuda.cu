@@ -650,6 +650,12 @@ static void cu_embedding_bwd(const ust_ops *o, float *dwte, float *dwpe, const a
 
 static int row_threads(int C) { return C >= 2048 ? 512 : C >= 512 ? 256 : 128; }
 
+/* The norms read a row once: a thread keeps its first ROW_REG elements (c = threadIdx.x + k
+ * blockDim.x, k < ROW_REG: rows up to 4096 with row_threads) in registers for the later passes,
+ * and reads the rest of a longer row again per pass. The sums run over the same elements in
+ * the same order as passes over memory would (an element past the row adds +0.0f). */
+#define ROW_REG 8
+
 /* One block per row. */
 template <typename T>
 __global__ void k_layernorm_fwd(act *out_, float *mean, float *rstd, const act *inp_,
@@ -658,17 +664,34 @@ __global__ void k_layernorm_fwd(act *out_, float *mean, float *rstd, const act *
     int64_t n = blockIdx.x;
     const T *x = (const T *)inp_ + n * C;
     T *y = (T *)out_ + n * C;
-    float s = 0.0f;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) s += ld_act(x, c);
+    const int c0 = threadIdx.x, cr = threadIdx.x + ROW_REG * blockDim.x; /* first not cached */
+    float xr[ROW_REG], s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < ROW_REG; k++) {
+        int c = c0 + k * blockDim.x;
+        xr[k] = c < C ? ld_act(x, c) : 0.0f;
+        s += xr[k];
+    }
+    for (int c = cr; c < C; c += blockDim.x) s += ld_act(x, c);
     float m = block_sum(s, sh) / C;
     float v = 0.0f;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+#pragma unroll
+    for (int k = 0; k < ROW_REG; k++) {
+        float d = xr[k] - m;
+        if (c0 + k * (int)blockDim.x < C) v += d * d;
+    }
+    for (int c = cr; c < C; c += blockDim.x) {
         float d = ld_act(x, c) - m;
         v += d * d;
     }
     v = block_sum(v, sh);
     float r = rsqrtf(v / C + eps);
-    for (int c = threadIdx.x; c < C; c += blockDim.x)
+#pragma unroll
+    for (int k = 0; k < ROW_REG; k++) {
+        int c = c0 + k * blockDim.x;
+        if (c < C) st_act(y, c, (xr[k] - m) * r * w[c] + (b ? b[c] : 0.0f));
+    }
+    for (int c = cr; c < C; c += blockDim.x)
         st_act(y, c, (ld_act(x, c) - m) * r * w[c] + (b ? b[c] : 0.0f));
     if (threadIdx.x == 0) {
         if (mean) mean[n] = m;
@@ -684,8 +707,17 @@ __global__ void k_layernorm_bwd_dx(act *dinp_, const act *dout_, const act *inp_
     int64_t n = blockIdx.x;
     const T *x = (const T *)inp_ + n * C, *dy = (const T *)dout_ + n * C;
     T *dx = (T *)dinp_ + n * C;
-    float m = mean[n], r = rstd[n], sg = 0.0f, sgx = 0.0f;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float m = mean[n], r = rstd[n], sg = 0.0f, sgx = 0.0f, gr[ROW_REG], xnr[ROW_REG];
+    const int c0 = threadIdx.x, cr = threadIdx.x + ROW_REG * blockDim.x; /* first not cached */
+#pragma unroll
+    for (int k = 0; k < ROW_REG; k++) {
+        int c = c0 + k * blockDim.x;
+        gr[k] = c < C ? w[c] * ld_act(dy, c) : 0.0f;
+        xnr[k] = c < C ? (ld_act(x, c) - m) * r : 0.0f;
+        sg += gr[k];
+        sgx += gr[k] * xnr[k];
+    }
+    for (int c = cr; c < C; c += blockDim.x) {
         float g = w[c] * ld_act(dy, c);
         sg += g;
         sgx += g * ((ld_act(x, c) - m) * r);
@@ -693,7 +725,12 @@ __global__ void k_layernorm_bwd_dx(act *dinp_, const act *dout_, const act *inp_
     sg = block_sum(sg, sh);
     sgx = block_sum(sgx, sh);
     float mg = sg / C, mgx = sgx / C;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+#pragma unroll
+    for (int k = 0; k < ROW_REG; k++) {
+        int c = c0 + k * blockDim.x;
+        if (c < C) st_act(dx, c, (gr[k] - mg - xnr[k] * mgx) * r);
+    }
+    for (int c = cr; c < C; c += blockDim.x) {
         float xn = (ld_act(x, c) - m) * r;
         st_act(dx, c, (w[c] * ld_act(dy, c) - mg - xn * mgx) * r);
     }
@@ -721,11 +758,23 @@ __global__ void k_rmsnorm_fwd(act *out_, float *rstd, const act *inp_, const flo
     int64_t n = blockIdx.x;
     const T *x = (const T *)inp_ + n * C;
     T *y = (T *)out_ + n * C;
-    float ss = 0.0f;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) ss += ld_act(x, c) * ld_act(x, c);
+    const int c0 = threadIdx.x, cr = threadIdx.x + ROW_REG * blockDim.x; /* first not cached */
+    float xr[ROW_REG], ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < ROW_REG; k++) {
+        int c = c0 + k * blockDim.x;
+        xr[k] = c < C ? ld_act(x, c) : 0.0f;
+        ss += xr[k] * xr[k];
+    }
+    for (int c = cr; c < C; c += blockDim.x) ss += ld_act(x, c) * ld_act(x, c);
     ss = block_sum(ss, sh);
     float r = rsqrtf(ss / C + eps);
-    for (int c = threadIdx.x; c < C; c += blockDim.x) st_act(y, c, ld_act(x, c) * r * w[c]);
+#pragma unroll
+    for (int k = 0; k < ROW_REG; k++) {
+        int c = c0 + k * blockDim.x;
+        if (c < C) st_act(y, c, xr[k] * r * w[c]);
+    }
+    for (int c = cr; c < C; c += blockDim.x) st_act(y, c, ld_act(x, c) * r * w[c]);
     if (threadIdx.x == 0 && rstd) rstd[n] = r;
 }
 
@@ -737,11 +786,24 @@ __global__ void k_rmsnorm_bwd_dx(act *dinp_, const act *dout_, const act *inp_, 
     int64_t n = blockIdx.x;
     const T *x = (const T *)inp_ + n * C, *dy = (const T *)dout_ + n * C;
     T *dx = (T *)dinp_ + n * C;
-    float r = rstd[n], sgx = 0.0f;
-    for (int c = threadIdx.x; c < C; c += blockDim.x) sgx += w[c] * ld_act(dy, c) * ld_act(x, c);
+    float r = rstd[n], sgx = 0.0f, gr[ROW_REG], xr[ROW_REG];
+    const int c0 = threadIdx.x, cr = threadIdx.x + ROW_REG * blockDim.x; /* first not cached */
+#pragma unroll
+    for (int k = 0; k < ROW_REG; k++) {
+        int c = c0 + k * blockDim.x;
+        gr[k] = c < C ? w[c] * ld_act(dy, c) : 0.0f;
+        xr[k] = c < C ? ld_act(x, c) : 0.0f;
+        sgx += gr[k] * xr[k];
+    }
+    for (int c = cr; c < C; c += blockDim.x) sgx += w[c] * ld_act(dy, c) * ld_act(x, c);
     sgx = block_sum(sgx, sh);
     float kk = sgx / C * r * r;
-    for (int c = threadIdx.x; c < C; c += blockDim.x)
+#pragma unroll
+    for (int k = 0; k < ROW_REG; k++) {
+        int c = c0 + k * blockDim.x;
+        if (c < C) st_act(dx, c, (gr[k] - xr[k] * kk) * r);
+    }
+    for (int c = cr; c < C; c += blockDim.x)
         st_act(dx, c, (w[c] * ld_act(dy, c) - ld_act(x, c) * kk) * r);
 }
 
