@@ -65,6 +65,8 @@ typedef struct {
         bool tie_embeddings;          /* gpt2 always ties; llama may */
         bool qkv_bias;                /* llama with q/k/v biases (Qwen2); gpt2 always has them */
         bool qk_norm;                 /* llama: each head's q and k RMSNormed (Qwen3) */
+        bool qk_norm_whole;           /* qk_norm over the whole q/k projection (OLMo 2) */
+        bool post_norm;               /* llama: norms after attention and the MLP (OLMo 2) */
         char sliding_window[256];     /* "" (full), "W" (every layer) or one window per layer */
         bool allow_nonfinite;         /* import an HF model holding NaN/Inf weights (refused) */
         char init_from[UST_PATH_MAX]; /* "" = random init; an llm.c gpt2 .bin or an HF dir */

@@ -86,6 +86,8 @@ const cfg_key cfg_keys[] = {
     BOOL("model.tie_embeddings", model.tie_embeddings, "false"),
     BOOL("model.qkv_bias", model.qkv_bias, "false"),
     BOOL("model.qk_norm", model.qk_norm, "false"),
+    BOOL("model.qk_norm_whole", model.qk_norm_whole, "false"),
+    BOOL("model.post_norm", model.post_norm, "false"),
     LIST("model.sliding_window", model.sliding_window, 1 << 24),
     BOOL("model.allow_nonfinite", model.allow_nonfinite, "false"),
     STR("model.init_from", model.init_from, "null", NULLABLE),

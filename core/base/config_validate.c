@@ -72,6 +72,13 @@ static int cfg_validate_model(const ust_config *c, ust_err *e) {
     if (cfg_check_window(c, e)) return -1;
     REQUIRE(!m->qk_norm || m->arch == ARCH_LLAMA,
             "model.qk_norm: true applies to llama (Qwen3's per-head q/k RMSNorm), not gpt2");
+    REQUIRE(!m->qk_norm_whole || m->qk_norm,
+            "model.qk_norm_whole: true says how model.qk_norm norms q and k, but model.qk_norm "
+            "is false");
+    REQUIRE(!m->post_norm || (m->arch == ARCH_LLAMA && m->moe.num_experts == 0),
+            "model.post_norm: true applies to a dense llama (OLMo 2's norms after attention and "
+            "the MLP), not %s",
+            m->arch == ARCH_LLAMA ? "a mixture of experts" : "gpt2");
     REQUIRE(m->rope_scaling.type != ROPE_LLAMA3 ||
                 m->rope_scaling.high_freq_factor > m->rope_scaling.low_freq_factor,
             "model.rope_scaling.high_freq_factor (%g) must be > low_freq_factor (%g)",

@@ -97,7 +97,10 @@ static void llama_table(hf_table *l) {
 #define SAME(suffix, ndim, rows, cols)                                                             \
     snprintf(n, sizeof n, "model.layers.%d.%s", i, suffix);                                        \
     xsame(l, HF_COPY, n, n, ndim, rows, cols)
-        SAME("input_layernorm.weight", 1, C, 0);
+        int post = c->model.post_norm; /* Olmo2ForCausalLM: both norms after their sublayer */
+        if (!post) {
+            SAME("input_layernorm.weight", 1, C, 0);
+        }
         SAME("self_attn.q_proj.weight", 2, HD, C);
         SAME("self_attn.k_proj.weight", 2, KV, C);
         SAME("self_attn.v_proj.weight", 2, KV, C);
@@ -107,11 +110,14 @@ static void llama_table(hf_table *l) {
             SAME("self_attn.v_proj.bias", 1, KV, 0);
         }
         SAME("self_attn.o_proj.weight", 2, C, HD);
-        if (c->model.qk_norm) { /* Qwen3ForCausalLM */
-            SAME("self_attn.q_norm.weight", 1, D, 0);
-            SAME("self_attn.k_norm.weight", 1, D, 0);
+        if (c->model.qk_norm) { /* Qwen3ForCausalLM; Olmo2ForCausalLM: over all heads */
+            SAME("self_attn.q_norm.weight", 1, c->model.qk_norm_whole ? HD : D, 0);
+            SAME("self_attn.k_norm.weight", 1, c->model.qk_norm_whole ? KV : D, 0);
         }
         SAME("post_attention_layernorm.weight", 1, C, 0);
+        if (post) {
+            SAME("post_feedforward_layernorm.weight", 1, C, 0);
+        }
         if (c->model.moe.num_experts > 0) {
             mixtral_layer(l, i);
             continue;
@@ -201,6 +207,12 @@ int hf_table_build(hf_table *l, const ust_config *c, ust_err *e) {
                         "model.qkv_bias or model.qk_norm); this model's windowed layers are "
                         "neither",
                         c->model.sliding_window);
+    int olmo2 = c->model.qk_norm && c->model.qk_norm_whole && c->model.post_norm;
+    if ((c->model.qk_norm_whole || c->model.post_norm) &&
+        (!olmo2 || first >= 0 || c->model.qkv_bias || cfg_tied(c)))
+        return ust_errf(e, "model.qk_norm_whole / model.post_norm: their Hugging Face layout is "
+                           "Olmo2ForCausalLM, a llama with both (and model.qk_norm), no q/k/v "
+                           "biases, no sliding window and untied embeddings");
     if (c->model.qk_norm && (moe->num_experts > 0 || c->model.qkv_bias))
         return ust_errf(e,
                         "model.qk_norm: its Hugging Face layout is Qwen3ForCausalLM, a dense "
@@ -304,12 +316,14 @@ static void rope_scaling_json(cJSON *j, const ust_config *c) {
 
 static cJSON *llama_config(const ust_config *c, int bos, int eos) {
     const __typeof__(c->model) *m = &c->model;
-    int moe = m->moe.num_experts > 0, qwen2 = !moe && m->qkv_bias, qwen3 = m->qk_norm;
+    int moe = m->moe.num_experts > 0, qwen2 = !moe && m->qkv_bias, olmo2 = m->post_norm,
+        qwen3 = m->qk_norm && !olmo2;
     int W = 0, first = m->n_layer; /* model.sliding_window: the windowed layers are a suffix */
     for (int l = m->n_layer - 1; l >= 0 && cfg_layer_window(c, l); l--)
         W = cfg_layer_window(c, l), first = l;
     int mistral = W && !moe && !qwen2 && !qwen3;
-    const char *arch = moe       ? "MixtralForCausalLM"
+    const char *arch = olmo2     ? "Olmo2ForCausalLM"
+                       : moe     ? "MixtralForCausalLM"
                        : qwen2   ? "Qwen2ForCausalLM"
                        : qwen3   ? "Qwen3ForCausalLM"
                        : mistral ? "MistralForCausalLM"
@@ -317,7 +331,8 @@ static cJSON *llama_config(const ust_config *c, int bos, int eos) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddItemToObject(j, "architectures", cJSON_CreateStringArray(&arch, 1));
     cJSON_AddStringToObject(j, "model_type",
-                            moe       ? "mixtral"
+                            olmo2     ? "olmo2"
+                            : moe     ? "mixtral"
                             : qwen2   ? "qwen2"
                             : qwen3   ? "qwen3"
                             : mistral ? "mistral"
@@ -353,8 +368,8 @@ static cJSON *llama_config(const ust_config *c, int bos, int eos) {
     cJSON_AddNumberToObject(j, "rope_theta", m->rope_theta);
     rope_scaling_json(j, c);
     cJSON_AddNumberToObject(j, "attention_dropout", 0.0);
-    if (qwen3) cJSON_AddBoolToObject(j, "attention_bias", 0);
-    if (!qwen2 && !qwen3 && !mistral) {
+    if (qwen3 || olmo2) cJSON_AddBoolToObject(j, "attention_bias", 0);
+    if (!qwen2 && !qwen3 && !mistral && !olmo2) {
         cJSON_AddBoolToObject(j, "attention_bias", 0);
         cJSON_AddBoolToObject(j, "mlp_bias", 0);
         cJSON_AddNumberToObject(j, "pretraining_tp", 1);

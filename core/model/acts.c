@@ -141,6 +141,12 @@ void acts_alloc(model *m, ust_arena *a) {
     }
     if (tp_sp(m->par.tp) || m->shape.zb || m->shape.qk_norm) /* qk_norm: D <= C floats */
         m->acts.dnorm = F32(2 * C);
+    if (m->shape.qk_whole && tp_size(m->par.tp) > 1) { /* whole rows (proj_norm.c) */
+        int64_t whole = N * m->shape.Hg * m->shape.D;
+        m->acts.pn_stage = A(whole);
+        m->acts.pn_x = A(whole);
+        m->acts.pn_y = A(whole);
+    }
     m->acts.dq = A(N * HD);
     m->acts.dk = A(N * KV);
     m->acts.dv = A(N * KV);

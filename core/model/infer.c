@@ -28,6 +28,7 @@ typedef struct {
 typedef struct {
     int llama, L, C, H, Hkv, D, F, V, Vp, S, chunk;
     int qk_norm;
+    int qk_whole, post_norm; /* model.qk_norm_whole, model.post_norm (OLMo 2) */
     int E, k, Fe, shared;
     float eps;
     ust_rope rope;
@@ -113,7 +114,8 @@ static void enum_layer(const ust_config *cfg, int l, infer_layer *w, tensor_fn f
     int gpt2 = cfg->model.arch == ARCH_GPT2, qkvb = gpt2 || cfg->model.qkv_bias;
 #define E_(suffix, rows, cols, decay, field)                                                       \
     emit(fn, ctx, l, suffix, rows, cols, decay, w ? &w->field : NULL)
-    E_("input_layernorm.weight", 1, C, 0, ln1_w);
+    int post = !gpt2 && cfg->model.post_norm, whole = cfg->model.qk_norm_whole;
+    E_(post ? "post_attention_layernorm.weight" : "input_layernorm.weight", 1, C, 0, ln1_w);
     if (gpt2) E_("input_layernorm.bias", 1, C, 0, ln1_b);
     E_("self_attn.q_proj.weight", HD, C, 1, wq);
     if (qkvb) E_("self_attn.q_proj.bias", 1, HD, 0, bq);
@@ -123,9 +125,10 @@ static void enum_layer(const ust_config *cfg, int l, infer_layer *w, tensor_fn f
     if (qkvb) E_("self_attn.v_proj.bias", 1, KV, 0, bv);
     E_("self_attn.o_proj.weight", C, HD, 1, wo);
     if (gpt2) E_("self_attn.o_proj.bias", 1, C, 0, bo);
-    if (!gpt2 && cfg->model.qk_norm) E_("self_attn.q_norm.weight", 1, D, 0, qn_w);
-    if (!gpt2 && cfg->model.qk_norm) E_("self_attn.k_norm.weight", 1, D, 0, kn_w);
-    E_("post_attention_layernorm.weight", 1, C, 0, ln2_w);
+    if (!gpt2 && cfg->model.qk_norm) E_("self_attn.q_norm.weight", 1, whole ? HD : D, 0, qn_w);
+    if (!gpt2 && cfg->model.qk_norm) E_("self_attn.k_norm.weight", 1, whole ? KV : D, 0, kn_w);
+    E_(post ? "post_feedforward_layernorm.weight" : "post_attention_layernorm.weight", 1, C, 0,
+       ln2_w);
     if (gpt2) E_("post_attention_layernorm.bias", 1, C, 0, ln2_b);
     if (moe_layer_is_moe(cfg, l)) {
         moe_sink s = {fn, ctx};
@@ -251,6 +254,8 @@ static void dims(infer_model *m, const ust_config *cfg) {
         m->shape.llama ? (float)cfg->model.norm_eps : 1e-5f; /* as model.c's norm_forward */
     m->shape.rope = ops_rope(cfg);
     m->shape.qk_norm = m->shape.llama && cfg->model.qk_norm;
+    m->shape.qk_whole = m->shape.qk_norm && cfg->model.qk_norm_whole;
+    m->shape.post_norm = m->shape.llama && cfg->model.post_norm;
     m->shape.E = cfg->model.moe.num_experts, m->shape.k = cfg->model.moe.top_k;
     m->shape.Fe = cfg->model.moe.d_ff_expert, m->shape.shared = cfg->model.moe.shared_expert;
 }
@@ -422,21 +427,24 @@ static void moe_mlp(infer_model *m, const infer_layer *w, int n) {
     }
 }
 
-/* x(n,C) += attn(norm1(x)): q from the new tokens, their k/v appended to the cache at rows
- * [len, len+n), attention over all len+n cached positions (causal by position). */
+/* x(n,C) += attn(norm1(x)) (model.post_norm: += norm1(attn(x))): q from the new tokens, their
+ * k/v appended to the cache at rows [len, len+n), attention over all len+n cached positions
+ * (causal by position). */
 static void attention(infer_model *m, const infer_layer *w, int n) {
     const ust_ops *o = m->ops;
     int C = m->shape.C, HD = m->shape.H * m->shape.D, KV = m->shape.Hkv * m->shape.D;
     const int32_t *pos = m->a.pos + m->len;
     act *k = act_at(o, w->kc, (int64_t)m->len * KV), *v = act_at(o, w->vc, (int64_t)m->len * KV);
-    norm(m, m->a.ln, m->a.x, w->ln1_w, w->ln1_b, n);
-    o->linear_fwd(o, m->a.q, m->a.ln, w->wq, w->bq, n, C, HD);
-    o->linear_fwd(o, k, m->a.ln, w->wk, w->bk, n, C, KV);
-    o->linear_fwd(o, v, m->a.ln, w->wv, w->bv, n, C, KV);
-    if (m->shape.qk_norm) { /* each head's q and k, in place; lse (H, n) is free until attention */
-        o->rmsnorm_fwd(o, m->a.q, m->a.lse, m->a.q, w->qn_w, n * m->shape.H, m->shape.D,
-                       m->shape.eps);
-        o->rmsnorm_fwd(o, k, m->a.lse, k, w->kn_w, n * m->shape.Hkv, m->shape.D, m->shape.eps);
+    const act *in = m->a.x;
+    if (!m->shape.post_norm) norm(m, m->a.ln, m->a.x, w->ln1_w, w->ln1_b, n), in = m->a.ln;
+    o->linear_fwd(o, m->a.q, in, w->wq, w->bq, n, C, HD);
+    o->linear_fwd(o, k, in, w->wk, w->bk, n, C, KV);
+    o->linear_fwd(o, v, in, w->wv, w->bv, n, C, KV);
+    if (m->shape.qk_norm) { /* each head's q and k (model.qk_norm_whole: each token's), in place;
+                             * lse (H, n) is free until attention */
+        int wh = m->shape.qk_whole, hq = wh ? 1 : m->shape.H, hk = wh ? 1 : m->shape.Hkv;
+        o->rmsnorm_fwd(o, m->a.q, m->a.lse, m->a.q, w->qn_w, n * hq, HD / hq, m->shape.eps);
+        o->rmsnorm_fwd(o, k, m->a.lse, k, w->kn_w, n * hk, KV / hk, m->shape.eps);
     }
     if (m->shape.llama) {
         o->rope_fwd(o, m->a.q, m->a.q, pos, 1, n, m->shape.H, m->shape.D, &m->shape.rope);
@@ -446,11 +454,18 @@ static void attention(infer_model *m, const infer_layer *w, int n) {
     o->attention_fwd(o, m->a.att, m->a.lse, m->a.q, w->kc, w->vc, 1, n, m->len + n, m->shape.H,
                      m->shape.Hkv, m->shape.D, pos, m->a.pos, 1, w->window ? m->a.wstart : NULL);
     o->linear_fwd(o, m->a.tmp, m->a.att, w->wo, w->bo, n, HD, C);
+    if (m->shape.post_norm) norm(m, m->a.tmp, m->a.tmp, w->ln1_w, w->ln1_b, n);
     o->add(o, m->a.x, m->a.x, m->a.tmp, (int64_t)n * C);
 }
 
-/* x(n,C) += mlp(norm2(x)) */
+/* x(n,C) += mlp(norm2(x)) (model.post_norm, a dense llama: += norm2(mlp(x))) */
 static void feed_forward(infer_model *m, const infer_layer *w, int n) {
+    if (m->shape.post_norm) {
+        mlp(m, &w->mlp, m->a.tmp, m->a.x, n, m->shape.F);
+        norm(m, m->a.tmp, m->a.tmp, w->ln2_w, w->ln2_b, n);
+        m->ops->add(m->ops, m->a.x, m->a.x, m->a.tmp, (int64_t)n * m->shape.C);
+        return;
+    }
     norm(m, m->a.ln, m->a.x, w->ln2_w, w->ln2_b, n);
     if (w->is_moe)
         moe_mlp(m, w, n);

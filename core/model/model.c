@@ -10,6 +10,7 @@
 #include "model_moe.h"
 #include "model_vocab.h"
 #include "params.h"
+#include "proj_norm.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -244,6 +245,9 @@ void model_chunk_weight_grad(model *m, int c, int slot) {
             break;
         case WG_HEADNORM:
             block_head_norm_wgrad(m, *j->dw, j->dout, j->x, *j->w, j->rstd, j->N);
+            break;
+        case WG_PROJNORM:
+            proj_norm_wgrad(m, *j->dw, j->dout, j->x, *j->w, j->rstd, j->N);
             break;
         case WG_EMBED:
             vocab_embedding_backward(m, s->tok, j->dout, j->vc);

@@ -50,7 +50,8 @@ typedef enum {
     WG_LINEAR,     /* dw (+ db) += dout^T @ x, x the last gathered input (gathered) or x itself */
     WG_NORM,       /* a norm's weight (and bias) gradient */
     WG_EMBED,      /* the embeddings' gradients from the chunk's input gradient */
-    WG_HEADNORM    /* model.qk_norm: a per-head norm's weight gradient (N rows of C = D) */
+    WG_HEADNORM,   /* model.qk_norm: a per-head norm's weight gradient (N rows of C = D) */
+    WG_PROJNORM    /* model.qk_norm_whole: a whole-projection norm's (N = its heads) */
 } wg_kind;
 
 typedef struct {
@@ -120,6 +121,8 @@ typedef struct {
     ust_rope rope;
     int qkv_bias;  /* q/k/v projections have biases (gpt2; llama with model.qkv_bias) */
     int qk_norm;   /* model.qk_norm: RMSNorm over each head's q and k before RoPE */
+    int qk_whole;  /* model.qk_norm_whole: ... over the whole q and k projections (OLMo 2) */
+    int post_norm; /* model.post_norm: the norms after attention and the MLP (OLMo 2) */
     int doc_mask;  /* data.doc_mask: attention inside documents */
     int reset_pos; /* data.reset_positions: positions restart at each document */
     ust_recompute recompute;
@@ -191,7 +194,9 @@ typedef struct {
     moe_acts moe_scratch; /* full recompute: the one set every MoE layer rebuilds into */
     float *losses;        /* (N) */
     act *dtmp, *dln, *dq, *dk, *dv, *datt, *dgate, *dup, *dact;
-    float *dnorm;              /* 2C: a norm's weight (and bias) gradient before the sp reduction */
+    float *dnorm; /* 2C: a norm's weight (and bias) gradient before the sp reduction */
+    act *pn_stage, *pn_x,
+        *pn_y;                 /* model.qk_norm_whole under tp: (N, H*D) whole rows (proj_norm.c) */
     float *vc_lse;             /* (4N): the chunked cross-entropy's statistics */
     act *vc_merge, *vc_merge2; /* (N) each: the lse merge's unused outputs */
     int32_t *tgt;

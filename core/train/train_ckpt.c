@@ -339,6 +339,8 @@ static int same_run(const ust_config *c, const char *dir, ust_err *e) {
              {"model.tie_embeddings", m->tie_embeddings, o->tie_embeddings},
              {"model.qkv_bias", m->qkv_bias, o->qkv_bias},
              {"model.qk_norm", m->qk_norm, o->qk_norm},
+             {"model.qk_norm_whole", m->qk_norm_whole, o->qk_norm_whole},
+             {"model.post_norm", m->post_norm, o->post_norm},
              {"model.moe.num_experts", m->moe.num_experts, o->moe.num_experts},
              {"model.moe.d_ff_expert", m->moe.d_ff_expert, o->moe.d_ff_expert},
              {"model.moe.every", m->moe.every, o->moe.every},
