@@ -21,12 +21,16 @@ typedef struct {
     moe_weights moe;    /* MoE layers: router [E, C], experts[E], shared */
     int is_moe;
     int window;   /* model.sliding_window (0: full attention) */
-    act *kc, *vc; /* (S, Hkv, D) each: position t's keys (after RoPE) and values */
+    act *kc, *vc; /* (cap, Hkv, D) each: position t's keys (after RoPE) and values at row t, or
+                   * in a windowed layer's ring (cap < S) at row t % cap */
+    int cap;
+    int32_t *kpos, *kpos_h; /* the ring's rows' positions (device, host); NULL: no ring */
 } infer_layer;
 
 /* The model's dimensions (from the config; chunk: tokens per forward call, S: the cache's). */
 typedef struct {
     int llama, L, C, H, Hkv, D, F, V, Vp, S, chunk;
+    int max_n; /* tokens per infer_forward (the caller's chunk; runs in pieces of chunk) */
     int qk_norm;
     int qk_whole, post_norm; /* model.qk_norm_whole, model.post_norm (OLMo 2) */
     int E, k, Fe, shared;
@@ -45,6 +49,7 @@ typedef struct {
 /* Activations for `chunk` tokens. */
 typedef struct {
     act *x, *ln, *q, *att, *tmp, *tmp2; /* (n,C) (n,C) (n,H*D) (n,H*D) (n,C) (n,C) */
+    act *knew, *vnew;                   /* (n,Hkv*D) each: a ring's new keys and values */
     act *h1, *h2, *h;                   /* (n, max(F, Fe)) each: gate, up, activation */
     act *logits;                        /* (V) */
     float *mean, *rstd, *lse;           /* (n) (n) (H, n) */
@@ -279,8 +284,17 @@ static void alloc_acts(infer_model *m) {
     for (int t = 0; t < m->shape.S; t++) pos[t] = t;
     o->to_device(o, m->a.pos, pos, (size_t)m->shape.S * sizeof(int32_t));
     free(pos);
-    int64_t KV = (int64_t)m->shape.S * m->shape.Hkv * m->shape.D;
-    for (int l = 0; l < m->shape.L; l++) m->w.lw[l].kc = A_(KV), m->w.lw[l].vc = A_(KV);
+    int64_t KV = (int64_t)m->shape.Hkv * m->shape.D;
+    m->a.knew = A_(n * KV), m->a.vnew = A_(n * KV);
+    for (int l = 0; l < m->shape.L; l++) { /* a window of W needs W - 1 keys before a piece */
+        infer_layer *w = &m->w.lw[l];
+        int ring = w->window ? w->window + (int)n - 1 : m->shape.S;
+        w->cap = ring < m->shape.S ? ring : m->shape.S;
+        w->kc = A_(w->cap * KV), w->vc = A_(w->cap * KV);
+        if (w->cap == m->shape.S) continue;
+        w->kpos = I_(w->cap), w->kpos_h = calloc((size_t)w->cap, sizeof(int32_t));
+        UST_ASSERT(w->kpos_h, "out of host memory");
+    }
     if (m->shape.E > 0) {
         int64_t A = n * m->shape.k;
         m->r.rlogits = A_(n * m->shape.E), m->r.xe = A_(A * C), m->r.eout = A_(A * C);
@@ -304,10 +318,13 @@ int infer_create(infer_model **out, const ust_config *cfg, const ust_ops *ops, i
     UST_ASSERT(m, "out of host memory");
     m->cfg = cfg, m->ops = ops;
     dims(m, cfg);
-    m->shape.chunk = chunk < m->shape.S ? chunk : m->shape.S;
+    m->shape.chunk = m->shape.max_n = chunk < m->shape.S ? chunk : m->shape.S;
     m->w.lw = calloc(m->shape.L, sizeof *m->w.lw);
     UST_ASSERT(m->w.lw, "out of host memory");
-    for (int l = 0; l < m->shape.L; l++) m->w.lw[l].window = cfg_layer_window(cfg, l);
+    for (int l = 0; l < m->shape.L; l++) { /* pieces of at most a window: rings of 2W - 1 */
+        int W = m->w.lw[l].window = cfg_layer_window(cfg, l);
+        if (W && W < m->shape.chunk) m->shape.chunk = W;
+    }
     for (int l = 0; l < m->shape.L; l++)
         if (moe_layer_is_moe(cfg, l)) {
             infer_layer *w = &m->w.lw[l];
@@ -340,11 +357,14 @@ void infer_destroy(infer_model *m) {
     void *dev[] = {m->a.x,     m->a.ln,   m->a.tmp,  m->a.tmp2,    m->a.q,      m->a.att,
                    m->a.h1,    m->a.h2,   m->a.h,    m->a.logits,  m->a.mean,   m->a.rstd,
                    m->a.lse,   m->a.tok,  m->a.pos,  m->r.rlogits, m->r.xe,     m->r.eout,
-                   m->r.probs, m->r.gate, m->r.topk, m->r.rowpos,  m->r.assign, m->a.wstart};
+                   m->r.probs, m->r.gate, m->r.topk, m->r.rowpos,  m->r.assign, m->a.wstart,
+                   m->a.knew,  m->a.vnew};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) o->free(o, dev[i]);
     for (int l = 0; l < m->shape.L; l++) {
         if (m->w.lw[l].kc) o->free(o, m->w.lw[l].kc), o->free(o, m->w.lw[l].vc);
+        if (m->w.lw[l].kpos) o->free(o, m->w.lw[l].kpos);
+        free(m->w.lw[l].kpos_h);
         free(m->w.lw[l].moe.experts);
     }
     free(m->r.topk_h), free(m->r.rowpos_h), free(m->r.assign_h), free(m->r.count_h);
@@ -356,6 +376,11 @@ void infer_destroy(infer_model *m) {
 int infer_len(const infer_model *m) { return m->len; }
 void infer_reset(infer_model *m) { m->len = 0; }
 int64_t infer_weight_bytes_per_token(const infer_model *m) { return m->bytes_per_token; }
+int64_t infer_cache_bytes(const infer_model *m) {
+    int64_t rows = 0;
+    for (int l = 0; l < m->shape.L; l++) rows += m->w.lw[l].cap;
+    return 2 * rows * m->shape.Hkv * m->shape.D * (int64_t)m->ops->act_size;
+}
 int64_t infer_param_count(const infer_model *m) { return m->nparams; }
 
 /* ------------------------------------------------------------------ forward */
@@ -427,14 +452,32 @@ static void moe_mlp(infer_model *m, const infer_layer *w, int n) {
     }
 }
 
+/* A ring's n new keys and values (knew, vnew) into rows (len + i) % cap, and their positions. */
+static void ring_store(infer_model *m, infer_layer *w, int n) {
+    const ust_ops *o = m->ops;
+    int64_t KV = (int64_t)m->shape.Hkv * m->shape.D;
+    for (int i = 0; i < n;) { /* n <= chunk <= cap - W + 1: at most two runs */
+        int p = m->len + i, row = p % w->cap, run = n - i < w->cap - row ? n - i : w->cap - row;
+        o->copy(o, act_at(o, w->kc, row * KV), act_at(o, m->a.knew, i * KV),
+                act_bytes(o, run * KV));
+        o->copy(o, act_at(o, w->vc, row * KV), act_at(o, m->a.vnew, i * KV),
+                act_bytes(o, run * KV));
+        for (int j = 0; j < run; j++) w->kpos_h[row + j] = p + j;
+        i += run;
+    }
+    o->to_device(o, w->kpos, w->kpos_h, (size_t)w->cap * sizeof(int32_t));
+}
+
 /* x(n,C) += attn(norm1(x)) (model.post_norm: += norm1(attn(x))): q from the new tokens, their
  * k/v appended to the cache at rows [len, len+n), attention over all len+n cached positions
  * (causal by position). */
-static void attention(infer_model *m, const infer_layer *w, int n) {
+static void attention(infer_model *m, infer_layer *w, int n) {
     const ust_ops *o = m->ops;
     int C = m->shape.C, HD = m->shape.H * m->shape.D, KV = m->shape.Hkv * m->shape.D;
     const int32_t *pos = m->a.pos + m->len;
-    act *k = act_at(o, w->kc, (int64_t)m->len * KV), *v = act_at(o, w->vc, (int64_t)m->len * KV);
+    act *k = m->a.knew, *v = m->a.vnew; /* a windowed layer's ring: stored after RoPE */
+    if (!w->kpos)
+        k = act_at(o, w->kc, (int64_t)m->len * KV), v = act_at(o, w->vc, (int64_t)m->len * KV);
     const act *in = m->a.x;
     if (!m->shape.post_norm) norm(m, m->a.ln, m->a.x, w->ln1_w, w->ln1_b, n), in = m->a.ln;
     o->linear_fwd(o, m->a.q, in, w->wq, w->bq, n, C, HD);
@@ -450,9 +493,13 @@ static void attention(infer_model *m, const infer_layer *w, int n) {
         o->rope_fwd(o, m->a.q, m->a.q, pos, 1, n, m->shape.H, m->shape.D, &m->shape.rope);
         o->rope_fwd(o, k, k, pos, 1, n, m->shape.Hkv, m->shape.D, &m->shape.rope);
     }
-    /* a windowed layer (model.sliding_window): keys from position - W + 1 on (infer_forward) */
-    o->attention_fwd(o, m->a.att, m->a.lse, m->a.q, w->kc, w->vc, 1, n, m->len + n, m->shape.H,
-                     m->shape.Hkv, m->shape.D, pos, m->a.pos, 1, w->window ? m->a.wstart : NULL);
+    /* a windowed layer (model.sliding_window): keys from position - W + 1 on (infer_forward),
+     * of the ring's filled rows at their positions */
+    int Tk = m->len + n;
+    if (w->kpos) ring_store(m, w, n), Tk = Tk < w->cap ? Tk : w->cap;
+    o->attention_fwd(o, m->a.att, m->a.lse, m->a.q, w->kc, w->vc, 1, n, Tk, m->shape.H,
+                     m->shape.Hkv, m->shape.D, pos, w->kpos ? w->kpos : m->a.pos, 1,
+                     w->window ? m->a.wstart : NULL);
     o->linear_fwd(o, m->a.tmp, m->a.att, w->wo, w->bo, n, HD, C);
     if (m->shape.post_norm) norm(m, m->a.tmp, m->a.tmp, w->ln1_w, w->ln1_b, n);
     o->add(o, m->a.x, m->a.x, m->a.tmp, (int64_t)n * C);
@@ -477,11 +524,8 @@ static void feed_forward(infer_model *m, const infer_layer *w, int n) {
 /* The training model's math: gpt2 (LayerNorm eps 1e-5, learned positions, GELU tanh, biases) or
  * llama (RMSNorm, RoPE rotate-half with ust_rope incl. llama3 scaling, GQA, SwiGLU, optional
  * q/k/v biases); MoE layers as moe.c (softmax router, top-k, gates renormalized, shared expert). */
-void infer_forward(infer_model *m, const int32_t *tok, int n, float *logits) {
+static void forward_piece(infer_model *m, const int32_t *tok, int n, float *logits) {
     const ust_ops *o = m->ops;
-    UST_ASSERT(n >= 1 && n <= m->shape.chunk && m->len + n <= m->shape.S,
-               "forward of %d tokens at %d (chunk %d, S %d)", n, m->len, m->shape.chunk,
-               m->shape.S);
     o->to_device(o, m->a.tok, tok, (size_t)n * sizeof(int32_t));
     o->embedding_fwd(o, m->a.x, m->a.tok, m->shape.llama ? NULL : m->a.pos + m->len, m->w.wte,
                      m->w.wpe, 1, n, m->shape.C, 0, m->shape.Vp);
@@ -496,10 +540,21 @@ void infer_forward(infer_model *m, const int32_t *tok, int n, float *logits) {
         attention(m, &m->w.lw[l], n);
         feed_forward(m, &m->w.lw[l], n);
     }
+    if (!logits) return;
     /* only the last token's logits are wanted: norm and head on that row, real vocabulary */
     act *last = act_at(o, m->a.x, (int64_t)(n - 1) * m->shape.C);
     norm(m, m->a.ln, last, m->w.lnf_w, m->w.lnf_b, 1);
     o->linear_fwd(o, m->a.logits, m->a.ln, m->w.lm, NULL, 1, m->shape.C, m->shape.V);
     o->to_host(o, logits, m->a.logits, (size_t)m->shape.V * sizeof(float));
-    m->len += n;
+}
+
+void infer_forward(infer_model *m, const int32_t *tok, int n, float *logits) {
+    UST_ASSERT(n >= 1 && n <= m->shape.max_n && m->len + n <= m->shape.S,
+               "forward of %d tokens at %d (chunk %d, S %d)", n, m->len, m->shape.max_n,
+               m->shape.S);
+    for (int i = 0; i < n; i += m->shape.chunk) { /* a windowed model's pieces (infer_create) */
+        int k = n - i < m->shape.chunk ? n - i : m->shape.chunk;
+        forward_piece(m, tok + i, k, i + k == n ? logits : NULL);
+        m->len += k;
+    }
 }

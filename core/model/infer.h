@@ -38,6 +38,10 @@ void infer_reset(infer_model *m);    /* empties the cache */
  * unused rows, and of each MoE layer the router, the shared expert and top_k experts. */
 int64_t infer_weight_bytes_per_token(const infer_model *m);
 int64_t infer_param_count(const infer_model *m); /* every element read from the source */
+/* Bytes of the KV caches: max_seq_len rows per layer; a layer with a window W keeps a ring of
+ * W + P - 1 rows (P = min(chunk, the smallest window): the pieces a forward runs in), when
+ * that is fewer. */
+int64_t infer_cache_bytes(const infer_model *m);
 
 /* The tensors of cfg's model in checkpoint order (whole shapes), as a weight source must supply
  * them; *n gets the count. The caller frees the array. */
