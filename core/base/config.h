@@ -227,6 +227,12 @@ bool cfg_tied(const ust_config *c); /* gpt2, or llama with tie_embeddings */
 /* model.sliding_window of layer l: query i sees keys j with i - W < j <= i; 0: full attention
  * (no window, or one of at least model.max_seq_len). */
 int cfg_layer_window(const ust_config *c, int l);
+/* The distinct windows below max_seq_len, in the order layers first use them (at most
+ * CFG_MAX_WINDOWS, cfg_validate): cfg_windows fills w and returns how many; cfg_window_slot is
+ * layer l's window's index among them (-1: full attention). */
+#define CFG_MAX_WINDOWS 4
+int cfg_windows(const ust_config *c, int *w);
+int cfg_window_slot(const ust_config *c, int l);
 /* Bytes of one activation element (ops.h act_size): 2 (bf16) on cuda under train.precision
  * bf16, else 4. */
 int cfg_act_size(const ust_config *c);

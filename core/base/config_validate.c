@@ -26,11 +26,28 @@ int cfg_layer_window(const ust_config *c, int l) {
     return w >= c->model.max_seq_len ? 0 : (int)w;
 }
 
-/* model.sliding_window: one window, or one per layer; the windows below max_seq_len are one
- * size (the micro-batch carries one set of window starts). */
+int cfg_window_slot(const ust_config *c, int l) {
+    int w[CFG_MAX_WINDOWS], n = cfg_windows(c, w), W = cfg_layer_window(c, l);
+    for (int k = 0; W && k < n; k++)
+        if (w[k] == W) return k;
+    return -1;
+}
+
+int cfg_windows(const ust_config *c, int *w) {
+    int n = 0;
+    for (int l = 0; l < c->model.n_layer; l++) {
+        int W = cfg_layer_window(c, l), k = 0;
+        while (k < n && w[k] != W) k++;
+        if (W && k == n && n < CFG_MAX_WINDOWS) w[n++] = W;
+    }
+    return n;
+}
+
+/* model.sliding_window: one window, or one per layer; at most CFG_MAX_WINDOWS sizes below
+ * max_seq_len (the micro-batch carries one set of window starts for each). */
 static int cfg_check_window(const ust_config *c, ust_err *e) {
     const __typeof__(c->model) *m = &c->model;
-    int n = 0, w0 = 0, l0 = 0;
+    int n = 0;
     for (const char *s = m->sliding_window; *s; s++) n += *s == ',';
     n += m->sliding_window[0] != 0;
     REQUIRE(n <= 1 || n == m->n_layer,
@@ -38,14 +55,14 @@ static int cfg_check_window(const ust_config *c, ust_err *e) {
             "one per layer (model.n_layer = %d)",
             m->sliding_window, n, m->n_layer);
     REQUIRE(!n || m->arch == ARCH_LLAMA, "model.sliding_window applies to llama, not gpt2");
+    int w[CFG_MAX_WINDOWS], k = cfg_windows(c, w);
     for (int l = 0; n && l < m->n_layer; l++) {
-        int w = cfg_layer_window(c, l);
-        REQUIRE(!w || !w0 || w == w0,
-                "model.sliding_window [%s]: layers %d and %d have windows %d and %d; ustrain "
-                "computes one window size per model (a window of at least model.max_seq_len = %d "
-                "is full attention)",
-                m->sliding_window, l0, l, w0, w, m->max_seq_len);
-        if (w && !w0) w0 = w, l0 = l;
+        int W = cfg_layer_window(c, l), known = !W;
+        for (int i = 0; i < k; i++) known |= w[i] == W;
+        REQUIRE(known,
+                "model.sliding_window [%s]: layer %d's window %d is one size too many: ustrain "
+                "computes at most %d window sizes below model.max_seq_len = %d per model",
+                m->sliding_window, l, W, CFG_MAX_WINDOWS, m->max_seq_len);
     }
     return 0;
 }

@@ -194,6 +194,12 @@ int hf_table_build(hf_table *l, const ust_config *c, ust_err *e) {
     if (moe->num_experts > 0 && c->model.qkv_bias)
         return ust_errf(e, "model.qkv_bias: Mixtral's attention has no q/k/v biases, so a mixture "
                            "of experts with model.qkv_bias: true has no Hugging Face layout");
+    int wsizes[CFG_MAX_WINDOWS];
+    if (cfg_windows(c, wsizes) > 1)
+        return ust_errf(e,
+                        "model.sliding_window [%s]: windows of %d and %d keys in one model; a "
+                        "Hugging Face layout has one window size",
+                        c->model.sliding_window, wsizes[0], wsizes[1]);
     int first = -1, suffix = 1; /* the windowed layers: from `first` on, all of them? */
     for (int l = 0; l < c->model.n_layer; l++) {
         if (cfg_layer_window(c, l) && first < 0) first = l;

@@ -21,6 +21,7 @@ typedef struct {
     moe_weights moe;    /* MoE layers: router [E, C], experts[E], shared */
     int is_moe;
     int window;   /* model.sliding_window (0: full attention) */
+    int wslot;    /* its index among the model's window sizes (cfg_window_slot) */
     act *kc, *vc; /* (cap, Hkv, D) each: position t's keys (after RoPE) and values at row t, or
                    * in a windowed layer's ring (cap < S) at row t % cap */
     int cap;
@@ -54,7 +55,8 @@ typedef struct {
     act *logits;                        /* (V) */
     float *mean, *rstd, *lse;           /* (n) (n) (H, n) */
     int32_t *tok, *pos;                 /* device (chunk), (S): pos[t] = t */
-    int32_t *wstart, *wstart_h;         /* (chunk) device, host: each new token's first key */
+    int32_t *wstart[CFG_MAX_WINDOWS];   /* (chunk) device: each new token's first key, for */
+    int32_t *wstart_h;                  /* each window size (cfg_windows); host scratch */
 } infer_acts;
 
 /* MoE routing: router logits, probabilities, choices, gates; expert-ordered rows. */
@@ -277,7 +279,9 @@ static void alloc_acts(infer_model *m) {
     m->a.logits = A_(m->shape.V);
     m->a.mean = o->alloc(o, n * sizeof(float)), m->a.rstd = o->alloc(o, n * sizeof(float));
     m->a.lse = o->alloc(o, n * m->shape.H * sizeof(float));
-    m->a.tok = I_(n), m->a.pos = I_(m->shape.S), m->a.wstart = I_(n);
+    m->a.tok = I_(n), m->a.pos = I_(m->shape.S);
+    int W[CFG_MAX_WINDOWS], nw = cfg_windows(m->cfg, W);
+    for (int k = 0; k < nw; k++) m->a.wstart[k] = I_(n);
     m->a.wstart_h = malloc((size_t)n * sizeof(int32_t));
     int32_t *pos = malloc((size_t)m->shape.S * sizeof(int32_t));
     UST_ASSERT(pos, "out of host memory");
@@ -323,6 +327,7 @@ int infer_create(infer_model **out, const ust_config *cfg, const ust_ops *ops, i
     UST_ASSERT(m->w.lw, "out of host memory");
     for (int l = 0; l < m->shape.L; l++) { /* pieces of at most a window: rings of 2W - 1 */
         int W = m->w.lw[l].window = cfg_layer_window(cfg, l);
+        m->w.lw[l].wslot = cfg_window_slot(cfg, l);
         if (W && W < m->shape.chunk) m->shape.chunk = W;
     }
     for (int l = 0; l < m->shape.L; l++)
@@ -357,7 +362,7 @@ void infer_destroy(infer_model *m) {
     void *dev[] = {m->a.x,     m->a.ln,   m->a.tmp,  m->a.tmp2,    m->a.q,      m->a.att,
                    m->a.h1,    m->a.h2,   m->a.h,    m->a.logits,  m->a.mean,   m->a.rstd,
                    m->a.lse,   m->a.tok,  m->a.pos,  m->r.rlogits, m->r.xe,     m->r.eout,
-                   m->r.probs, m->r.gate, m->r.topk, m->r.rowpos,  m->r.assign, m->a.wstart,
+                   m->r.probs, m->r.gate, m->r.topk, m->r.rowpos,  m->r.assign, m->a.wstart[0],
                    m->a.knew,  m->a.vnew};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) o->free(o, dev[i]);
@@ -369,6 +374,8 @@ void infer_destroy(infer_model *m) {
     }
     free(m->r.topk_h), free(m->r.rowpos_h), free(m->r.assign_h), free(m->r.count_h);
     free(m->a.wstart_h);
+    for (int k = 1; k < CFG_MAX_WINDOWS; k++)
+        if (m->a.wstart[k]) o->free(o, m->a.wstart[k]);
     free(m->w.lw), free(m->w.owned);
     free(m);
 }
@@ -499,7 +506,7 @@ static void attention(infer_model *m, infer_layer *w, int n) {
     if (w->kpos) ring_store(m, w, n), Tk = Tk < w->cap ? Tk : w->cap;
     o->attention_fwd(o, m->a.att, m->a.lse, m->a.q, w->kc, w->vc, 1, n, Tk, m->shape.H,
                      m->shape.Hkv, m->shape.D, pos, w->kpos ? w->kpos : m->a.pos, 1,
-                     w->window ? m->a.wstart : NULL);
+                     w->window ? m->a.wstart[w->wslot] : NULL);
     o->linear_fwd(o, m->a.tmp, m->a.att, w->wo, w->bo, n, HD, C);
     if (m->shape.post_norm) norm(m, m->a.tmp, m->a.tmp, w->ln1_w, w->ln1_b, n);
     o->add(o, m->a.x, m->a.x, m->a.tmp, (int64_t)n * C);
@@ -529,12 +536,11 @@ static void forward_piece(infer_model *m, const int32_t *tok, int n, float *logi
     o->to_device(o, m->a.tok, tok, (size_t)n * sizeof(int32_t));
     o->embedding_fwd(o, m->a.x, m->a.tok, m->shape.llama ? NULL : m->a.pos + m->len, m->w.wte,
                      m->w.wpe, 1, n, m->shape.C, 0, m->shape.Vp);
-    int W = 0;
-    for (int l = 0; l < m->shape.L; l++) W = m->w.lw[l].window ? m->w.lw[l].window : W;
-    if (W) { /* one window size per model (cfg_validate) */
+    int W[CFG_MAX_WINDOWS], nw = cfg_windows(m->cfg, W);
+    for (int k = 0; k < nw; k++) { /* each window size's starts (cfg_windows) */
         for (int i = 0; i < n; i++)
-            m->a.wstart_h[i] = m->len + i - W + 1 > 0 ? m->len + i - W + 1 : 0;
-        o->to_device(o, m->a.wstart, m->a.wstart_h, (size_t)n * sizeof(int32_t));
+            m->a.wstart_h[i] = m->len + i - W[k] + 1 > 0 ? m->len + i - W[k] + 1 : 0;
+        o->to_device(o, m->a.wstart[k], m->a.wstart_h, (size_t)n * sizeof(int32_t));
     }
     for (int l = 0; l < m->shape.L; l++) {
         attention(m, &m->w.lw[l], n);

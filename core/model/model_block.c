@@ -120,7 +120,8 @@ static void moe_mlp_forward(model *m, int l, act *x_out, const layer_acts *a, mo
 
 /* What layer l's attention masks by: its window (model.sliding_window), its documents, or none. */
 static const cp_docs *layer_docs(const model *m, int l) {
-    if (cfg_layer_window(m->cfg, l)) return &m->batch.wdocs;
+    int k = cfg_window_slot(m->cfg, l);
+    if (k >= 0) return &m->batch.wdocs[k];
     return m->shape.doc_mask ? &m->batch.docs : NULL;
 }
 

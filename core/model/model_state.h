@@ -81,17 +81,19 @@ typedef struct {
     wg_list wg;        /* zb only: the weight gradients B left for W */
     moe_acts *ma;      /* MoE layers: one per layer of the chunk (dense layers leave it unset) */
     act *lnf, *logits; /* head chunk: (Nl,C) (N,Vl) */
-    float *lnf_mean, *lnf_rstd;  /* head chunk: (Nl) (Nl) */
-    act *dlnf;                   /* head chunk under zb: the final norm's output gradient (Nl,C) */
-    int32_t *tok;                /* embedding chunk: the token ids */
-    int32_t *doc;                /* data.doc_mask: where each token's document begins (B,Tl) */
-    int32_t doc_min;             /* ... the smallest of them */
-    int32_t *udoc;               /* ... under Ulysses cp: those of the tokens attended (B, Tb) */
-    int32_t udoc_min;            /* ... the smallest of them */
-    int32_t *wdoc, *uwdoc;       /* model.sliding_window: doc and udoc raised to each token's */
-    int32_t wdoc_min, uwdoc_min; /* window start (position - W + 1), and their smallest */
-    int32_t *pos;                /* (B,Tl) each token's position (ust_batch.positions) */
-    act *dy; /* (Nl,C): d loss / d chunk output on entry to backward, d / d input after */
+    float *lnf_mean, *lnf_rstd; /* head chunk: (Nl) (Nl) */
+    act *dlnf;                  /* head chunk under zb: the final norm's output gradient (Nl,C) */
+    int32_t *tok;               /* embedding chunk: the token ids */
+    int32_t *doc;               /* data.doc_mask: where each token's document begins (B,Tl) */
+    int32_t doc_min;            /* ... the smallest of them */
+    int32_t *udoc;              /* ... under Ulysses cp: those of the tokens attended (B, Tb) */
+    int32_t udoc_min;           /* ... the smallest of them */
+    /* model.sliding_window, for each window size k (cfg_windows): doc and udoc raised to each
+     * token's window start (position - W_k + 1), and their smallest */
+    int32_t *wdoc[CFG_MAX_WINDOWS], *uwdoc[CFG_MAX_WINDOWS];
+    int32_t wdoc_min[CFG_MAX_WINDOWS], uwdoc_min[CFG_MAX_WINDOWS];
+    int32_t *pos; /* (B,Tl) each token's position (ust_batch.positions) */
+    act *dy;      /* (Nl,C): d loss / d chunk output on entry to backward, d / d input after */
 } act_slot;
 
 /* A contiguous run of layers: one pipeline stage (the whole model without pipelining). */
@@ -204,10 +206,11 @@ typedef struct {
 
 /* model.c: the micro-batch being computed (its slot's copies of the ust_batch). */
 typedef struct {
-    int32_t *rows;  /* (B,Tl) its positions (the slot's pos) */
-    cp_docs docs;   /* its documents */
-    cp_docs wdocs;  /* model.sliding_window: its documents cut to each query's window */
-    int32_t *whost; /* (B,Tl) host scratch for the window starts */
+    int32_t *rows;                  /* (B,Tl) its positions (the slot's pos) */
+    cp_docs docs;                   /* its documents */
+    cp_docs wdocs[CFG_MAX_WINDOWS]; /* model.sliding_window: its documents cut to each query's
+                                     * window, one set per window size (cfg_windows) */
+    int32_t *whost;                 /* (B,Tl) host scratch for the window starts */
 } model_batch;
 
 struct model {
