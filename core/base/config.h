@@ -67,6 +67,7 @@ typedef struct {
         bool qk_norm;                 /* llama: each head's q and k RMSNormed (Qwen3) */
         bool qk_norm_whole;           /* qk_norm over the whole q/k projection (OLMo 2) */
         bool post_norm;               /* llama: norms after attention and the MLP (OLMo 2) */
+        double partial_rotary_factor; /* llama: RoPE on this share of each head's features */
         char sliding_window[256];     /* "" (full), "W" (every layer) or one window per layer */
         bool allow_nonfinite;         /* import an HF model holding NaN/Inf weights (refused) */
         char init_from[UST_PATH_MAX]; /* "" = random init; an llm.c gpt2 .bin or an HF dir */

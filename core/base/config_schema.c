@@ -88,6 +88,7 @@ const cfg_key cfg_keys[] = {
     BOOL("model.qk_norm", model.qk_norm, "false"),
     BOOL("model.qk_norm_whole", model.qk_norm_whole, "false"),
     BOOL("model.post_norm", model.post_norm, "false"),
+    DBL("model.partial_rotary_factor", model.partial_rotary_factor, "1", 0, 1, LO_OPEN),
     LIST("model.sliding_window", model.sliding_window, 1 << 24),
     BOOL("model.allow_nonfinite", model.allow_nonfinite, "false"),
     STR("model.init_from", model.init_from, "null", NULLABLE),

@@ -92,6 +92,20 @@ static int cfg_validate_model(const ust_config *c, ust_err *e) {
     REQUIRE(!m->qk_norm_whole || m->qk_norm,
             "model.qk_norm_whole: true says how model.qk_norm norms q and k, but model.qk_norm "
             "is false");
+    if (m->partial_rotary_factor < 1) {
+        int rot = (int)(cfg_head_dim(c) * m->partial_rotary_factor);
+        REQUIRE(m->arch == ARCH_LLAMA && m->rope_scaling.type == ROPE_NONE,
+                "model.partial_rotary_factor %g applies to llama's RoPE without rope_scaling",
+                m->partial_rotary_factor);
+        REQUIRE(rot >= 2 && rot % 2 == 0,
+                "model.partial_rotary_factor %g rotates %d of a head's %d features; it must be an "
+                "even number of at least 2",
+                m->partial_rotary_factor, rot, cfg_head_dim(c));
+        REQUIRE(c->run.device != DEV_CUDA,
+                "model.partial_rotary_factor %g: the CUDA RoPE kernel rotates whole heads; train "
+                "it with run.device: cpu",
+                m->partial_rotary_factor);
+    }
     REQUIRE(!m->post_norm || (m->arch == ARCH_LLAMA && m->moe.num_experts == 0),
             "model.post_norm: true applies to a dense llama (OLMo 2's norms after attention and "
             "the MLP), not %s",

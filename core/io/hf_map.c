@@ -194,6 +194,11 @@ int hf_table_build(hf_table *l, const ust_config *c, ust_err *e) {
     if (moe->num_experts > 0 && c->model.qkv_bias)
         return ust_errf(e, "model.qkv_bias: Mixtral's attention has no q/k/v biases, so a mixture "
                            "of experts with model.qkv_bias: true has no Hugging Face layout");
+    if (c->model.partial_rotary_factor < 1)
+        return ust_errf(e,
+                        "model.partial_rotary_factor %g: ustrain imports and exports no family "
+                        "with partial RoPE",
+                        c->model.partial_rotary_factor);
     int wsizes[CFG_MAX_WINDOWS];
     if (cfg_windows(c, wsizes) > 1)
         return ust_errf(e,

@@ -3,7 +3,8 @@
 different sizes), independently of the C code, from a ustrain checkpoint's model.safetensors.
 
   window_ref.py loss TAG STEP_DIR HEADS WINDOWS VAL_SHARD NWIN T EXPECTED
-      HEADS: n_head,n_kv_head,vocab_size; WINDOWS: one per layer, comma-separated (0: full). The mean cross-entropy over
+      HEADS: n_head,n_kv_head,vocab_size[,rot] (rot: model.partial_rotary_factor's rotated
+      features of a head, the first rot as pairs (i, i + rot/2); default all); WINDOWS: one per layer, comma-separated (0: full). The mean cross-entropy over
       the first NWIN windows of T+1 tokens of the llm.c shard against ustrain's val_loss at the
       same weights, within 1e-5 relative.
   window_ref.py logits TAG STEP_DIR HEADS WINDOWS PROMPT_IDS LOGITS_FILE
@@ -21,7 +22,7 @@ from safetensors.numpy import load_file
 
 
 
-def forward(w, H, Hkv, V, windows, x):
+def forward(w, H, Hkv, V, windows, x, rot=0):
     """logits (B, T, V) of tokens x (B, T)."""
     def rms(h, g):
         return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5) * g
@@ -29,14 +30,16 @@ def forward(w, H, Hkv, V, windows, x):
     h = w["model.embed_tokens.weight"][x]
     C = h.shape[-1]
     D = C // H
-    inv = 1.0 / (10000.0 ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+    R = rot or D
+    inv = 1.0 / (10000.0 ** (torch.arange(0, R, 2, dtype=torch.float64) / R))
     ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None]
     cos = torch.cat([ang.cos(), ang.cos()], -1).float()
     sin = torch.cat([ang.sin(), ang.sin()], -1).float()
 
-    def rope(t):  # (B, heads, T, D)
-        t1, t2 = t[..., : D // 2], t[..., D // 2 :]
-        return t * cos + torch.cat([-t2, t1], -1) * sin
+    def rope(t):  # (B, heads, T, D): the first R features rotate, the rest pass
+        r, rest = t[..., :R], t[..., R:]
+        t1, t2 = r[..., : R // 2], r[..., R // 2 :]
+        return torch.cat([r * cos + torch.cat([-t2, t1], -1) * sin, rest], -1)
     i = torch.arange(T)[:, None]
     j = torch.arange(T)[None, :]
     for l, W in enumerate(windows):
@@ -65,7 +68,7 @@ def main():
     mode, tag, step, heads, wins = sys.argv[1:6]
     windows = [int(x) for x in wins.split(",")]
     w = {k: torch.tensor(v) for k, v in load_file(f"{step}/model.safetensors").items()}
-    H, Hkv, V = (int(x) for x in heads.split(","))
+    H, Hkv, V, rot = ([int(x) for x in heads.split(",")] + [0])[:4]
     torch.set_grad_enabled(False)
     if mode == "loss":
         shard, nwin, T, expected = sys.argv[6], int(sys.argv[7]), int(sys.argv[8]), float(sys.argv[9])
@@ -73,7 +76,7 @@ def main():
         dt = np.uint16 if hdr[0] == 20240520 else np.uint32
         tok = np.fromfile(shard, dtype=dt, offset=1024).astype(np.int64)
         x = torch.tensor(np.stack([tok[n * T : n * T + T + 1] for n in range(nwin)]))
-        logits = forward(w, H, Hkv, V, windows, x[:, :-1])
+        logits = forward(w, H, Hkv, V, windows, x[:, :-1], rot)
         loss = float(torch.nn.functional.cross_entropy(logits.reshape(-1, V), x[:, 1:].reshape(-1)))
         ok = abs(loss - expected) <= 1e-5 * abs(expected)
         print(f"PASS {tag}" if ok else f"FAIL {tag}: reference {loss:.7f} vs ustrain {expected:.7f}")
@@ -82,7 +85,7 @@ def main():
     ids = [int(t) for t in sys.argv[6].split(",")]
     rows = np.fromfile(sys.argv[7], dtype=np.float32).reshape(-1, V)
     seq = ids + [int(r.argmax()) for r in rows]
-    ref = forward(w, H, Hkv, V, windows, torch.tensor([seq[:-1]]))[0, len(ids) - 1 :].numpy()
+    ref = forward(w, H, Hkv, V, windows, torch.tensor([seq[:-1]]), rot)[0, len(ids) - 1 :].numpy()
     err = float(np.abs(ref - rows).max() / np.abs(ref).max())
     print(f"PASS {tag}" if err <= 1e-4 else f"FAIL {tag}: logits differ by {err:.2e} of their scale")
     print(f"  {tag}: {len(rows)} tokens, largest logit difference {err:.2e} of the scale")
