@@ -345,6 +345,12 @@ static void print_windows(const ust_config *c) {
                c->model.sliding_window, c->model.max_seq_len);
         return;
     }
+    int sizes[CFG_MAX_WINDOWS];
+    if (cfg_windows(c, sizes) > 1) { /* several sizes: the list as given */
+        printf("attention: sliding windows [%s] (%d layers windowed of %d)\n",
+               c->model.sliding_window, n, c->model.n_layer);
+        return;
+    }
     printf("attention: sliding window of %d keys on %d of %d layers%s\n", w, n, c->model.n_layer,
            w >= c->train.seq_len ? " (>= train.seq_len: full attention in training, the window "
                                    "only matters to generate)"

@@ -193,6 +193,51 @@ static void test_cache_gives_the_same_logits_whatever_the_chunks(void) {
     o->destroy(o);
 }
 
+/* model.sliding_window: a windowed layer's cache is a ring of 2W - 1 rows (forwards run in pieces
+ * of at most W tokens), the other layers' max_seq_len rows: [64, 4, 4] over 3 layers of 2 kv
+ * heads of 8 holds (64 + 7 + 7) rows instead of 192. 28 tokens wrap the rings several times:
+ * prefilled at once (pieces of 4, the last token reading through layer 2 the layer-1 output of
+ * a piece's first query, the one a ring one row short would have robbed of its oldest key), in
+ * chunks of 5 and one by one, the last logits agree within fp32 reassociation, and after
+ * infer_reset the same bits come again. */
+static void test_window_cache_is_a_ring_of_2w_minus_1_rows(void) {
+    const char *y = "model: {arch: llama, n_layer: 3, d_model: 32, n_head: 4, n_kv_head: 2, "
+                    "d_ff: 48, vocab_size: 70, max_seq_len: 64, sliding_window: [64, 4, 4]}\n"
+                    "train: {seq_len: 16}\n";
+    ust_config c;
+    ust_err e;
+    cfg_defaults(&c);
+    CHECK(cfg_load_string(&c, y, "t.yaml", &e) == 0 && cfg_validate(&c, 0, &e) == 0, "%s", e.msg);
+    ust_ops *o = ops_cpu_create(1, 1);
+    infer_model *whole = NULL, *fives = NULL;
+    CHECK(infer_create(&whole, &c, o, 32, read_random, NULL, &e) == 0, "%s", e.msg);
+    CHECK(infer_create(&fives, &c, o, 5, read_random, NULL, &e) == 0, "%s", e.msg);
+    int32_t tok[28];
+    for (int i = 0; i < 28; i++) tok[i] = (i * 37 + 11) % 70;
+    float a[70], b[70], d[70], again[70];
+    infer_forward(whole, tok, 28, a);
+    for (int i = 0; i < 28; i += 5) infer_forward(fives, tok + i, i + 5 <= 28 ? 5 : 28 - i, b);
+    infer_reset(whole);
+    for (int i = 0; i < 28; i++) infer_forward(whole, tok + i, 1, d);
+    infer_reset(whole);
+    infer_forward(whole, tok, 28, again);
+    double scale = 0;
+    for (int v = 0; v < 70; v++) scale = fmax(scale, fabs(a[v]));
+    for (int v = 0; v < 70; v++) {
+        CHECK(fabs(a[v] - b[v]) <= 1e-5 * scale, "logit %d: whole %g, chunks of 5 %g", v, a[v],
+              b[v]);
+        CHECK(fabs(a[v] - d[v]) <= 1e-5 * scale, "logit %d: whole %g, one by one %g", v, a[v],
+              d[v]);
+        CHECK(a[v] == again[v], "logit %d after reset: %g then %g", v, a[v], again[v]);
+    }
+    int64_t want = 2 * (64 + 7 + 7) * 16 * 4;
+    CHECK(infer_cache_bytes(whole) == want, "%lld cache bytes, expected %lld",
+          (long long)infer_cache_bytes(whole), (long long)want);
+    infer_destroy(whole);
+    infer_destroy(fives);
+    o->destroy(o);
+}
+
 /* The bytes a decoding step reads, counted by hand for TINY_MOE: one embedding row, the real 70
  * rows of the head, every dense tensor, and of the MoE layer (layer 0; every: 2) the router and
  * 2 of the 4 experts. */
@@ -227,5 +272,6 @@ int main(void) {
     RUN_TEST(test_utf8_ready_holds_only_incomplete_characters);
     RUN_TEST(test_cache_gives_the_same_logits_whatever_the_chunks);
     RUN_TEST(test_weight_bytes_per_token_count_only_what_a_step_reads);
+    RUN_TEST(test_window_cache_is_a_ring_of_2w_minus_1_rows);
     return TEST_SUMMARY();
 }

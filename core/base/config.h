@@ -68,6 +68,9 @@ typedef struct {
         bool tie_embeddings;          /* gpt2 always ties; llama may */
         bool qkv_bias;                /* llama with q/k/v biases (Qwen2); gpt2 always has them */
         bool qk_norm;                 /* llama: each head's q and k RMSNormed (Qwen3) */
+        bool qk_norm_whole;           /* qk_norm over the whole q/k projection (OLMo 2) */
+        bool post_norm;               /* llama: norms after attention and the MLP (OLMo 2) */
+        double partial_rotary_factor; /* llama: RoPE on this share of each head's features */
         char sliding_window[256];     /* "" (full), "W" (every layer) or one window per layer */
         bool allow_nonfinite;         /* import an HF model holding NaN/Inf weights (refused) */
         char init_from[UST_PATH_MAX]; /* "" = random init; an llm.c gpt2 .bin or an HF dir */
@@ -284,6 +287,12 @@ int cfg_layer_window(const ust_config *c, int l);
 /* Layer l (0-based) is a MoE layer: model.moe.num_experts > 0, l >= moe.first_dense, and
  * moe.layers[l] == 1 when the list is given, else l % moe.every == 0. */
 bool cfg_layer_is_moe(const ust_config *c, int l);
+/* The distinct windows below max_seq_len, in the order layers first use them (at most
+ * CFG_MAX_WINDOWS, cfg_validate): cfg_windows fills w and returns how many; cfg_window_slot is
+ * layer l's window's index among them (-1: full attention). */
+#define CFG_MAX_WINDOWS 4
+int cfg_windows(const ust_config *c, int *w);
+int cfg_window_slot(const ust_config *c, int l);
 /* Bytes of one activation element (ops.h act_size): 2 (bf16) on cuda under train.precision
  * bf16, else 4. */
 int cfg_act_size(const ust_config *c);

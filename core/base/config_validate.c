@@ -82,9 +82,29 @@ static int cfg_check_moe_layers(const ust_config *c, ust_err *e) {
 
 /* model.sliding_window: one window, or one per layer; the windows below max_seq_len are one
  * size (the micro-batch carries one set of window starts). */
+
+int cfg_window_slot(const ust_config *c, int l) {
+    int w[CFG_MAX_WINDOWS], n = cfg_windows(c, w), W = cfg_layer_window(c, l);
+    for (int k = 0; W && k < n; k++)
+        if (w[k] == W) return k;
+    return -1;
+}
+
+int cfg_windows(const ust_config *c, int *w) {
+    int n = 0;
+    for (int l = 0; l < c->model.n_layer; l++) {
+        int W = cfg_layer_window(c, l), k = 0;
+        while (k < n && w[k] != W) k++;
+        if (W && k == n && n < CFG_MAX_WINDOWS) w[n++] = W;
+    }
+    return n;
+}
+
+/* model.sliding_window: one window, or one per layer; at most CFG_MAX_WINDOWS sizes below
+ * max_seq_len (the micro-batch carries one set of window starts for each). */
 static int cfg_check_window(const ust_config *c, ust_err *e) {
     const __typeof__(c->model) *m = &c->model;
-    int n = 0, w0 = 0, l0 = 0;
+    int n = 0;
     for (const char *s = m->sliding_window; *s; s++) n += *s == ',';
     n += m->sliding_window[0] != 0;
     REQUIRE(n <= 1 || n == m->n_layer,
@@ -92,14 +112,14 @@ static int cfg_check_window(const ust_config *c, ust_err *e) {
             "one per layer (model.n_layer = %d)",
             m->sliding_window, n, m->n_layer);
     REQUIRE(!n || m->arch == ARCH_LLAMA, "model.sliding_window applies to llama, not gpt2");
+    int w[CFG_MAX_WINDOWS], k = cfg_windows(c, w);
     for (int l = 0; n && l < m->n_layer; l++) {
-        int w = cfg_layer_window(c, l);
-        REQUIRE(!w || !w0 || w == w0,
-                "model.sliding_window [%s]: layers %d and %d have windows %d and %d; ustrain "
-                "computes one window size per model (a window of at least model.max_seq_len = %d "
-                "is full attention)",
-                m->sliding_window, l0, l, w0, w, m->max_seq_len);
-        if (w && !w0) w0 = w, l0 = l;
+        int W = cfg_layer_window(c, l), known = !W;
+        for (int i = 0; i < k; i++) known |= w[i] == W;
+        REQUIRE(known,
+                "model.sliding_window [%s]: layer %d's window %d is one size too many: ustrain "
+                "computes at most %d window sizes below model.max_seq_len = %d per model",
+                m->sliding_window, l, W, CFG_MAX_WINDOWS, m->max_seq_len);
     }
     return 0;
 }
@@ -130,6 +150,14 @@ static int cfg_validate_mla(const ust_config *c, ust_err *e) {
     REQUIRE(!m->qk_norm && !m->qkv_bias,
             "model.mla takes neither model.qk_norm nor model.qkv_bias (its q and latent have "
             "their own RMSNorms, its projections no biases): set both to false");
+    REQUIRE(!m->post_norm && m->partial_rotary_factor >= 1 && !m->sliding_window[0],
+            "model.mla takes neither model.post_norm, model.partial_rotary_factor < 1 nor "
+            "model.sliding_window (DeepSeek-V3's blocks are pre-norm, its rope key is its own "
+            "qk_rope_head_dim, its attention full)");
+    REQUIRE(c->optimizer.qk_clip_threshold == 0,
+            "optimizer.qk_clip_threshold (%g) with model.mla: QK-clip rescales q_proj/k_proj rows "
+            "per head; latent attention's heads share kv_b_proj and the rope key (set it to 0)",
+            c->optimizer.qk_clip_threshold);
     REQUIRE(!a->mscale_all_dim || m->rope_scaling.type != ROPE_NONE,
             "model.mla.mscale_all_dim (%g) scales the softmax by YaRN's factor: it needs "
             "model.rope_scaling (type yarn), or 0",
@@ -184,6 +212,28 @@ static int cfg_validate_model(const ust_config *c, ust_err *e) {
             "optimizer.qk_clip_threshold (%g) needs q/k weights that scale the logits, but "
             "model.qk_norm: true normalizes them away (set one of them off)",
             c->optimizer.qk_clip_threshold);
+
+    REQUIRE(!m->qk_norm_whole || m->qk_norm,
+            "model.qk_norm_whole: true says how model.qk_norm norms q and k, but model.qk_norm "
+            "is false");
+    if (m->partial_rotary_factor < 1) {
+        int rot = (int)(cfg_head_dim(c) * m->partial_rotary_factor);
+        REQUIRE(m->arch == ARCH_LLAMA && m->rope_scaling.type == ROPE_NONE,
+                "model.partial_rotary_factor %g applies to llama's RoPE without rope_scaling",
+                m->partial_rotary_factor);
+        REQUIRE(rot >= 2 && rot % 2 == 0,
+                "model.partial_rotary_factor %g rotates %d of a head's %d features; it must be an "
+                "even number of at least 2",
+                m->partial_rotary_factor, rot, cfg_head_dim(c));
+        REQUIRE(c->run.device != DEV_CUDA,
+                "model.partial_rotary_factor %g: the CUDA RoPE kernel rotates whole heads; train "
+                "it with run.device: cpu",
+                m->partial_rotary_factor);
+    }
+    REQUIRE(!m->post_norm || (m->arch == ARCH_LLAMA && m->moe.num_experts == 0),
+            "model.post_norm: true applies to a dense llama (OLMo 2's norms after attention and "
+            "the MLP), not %s",
+            m->arch == ARCH_LLAMA ? "a mixture of experts" : "gpt2");
     REQUIRE(m->rope_scaling.type != ROPE_LLAMA3 ||
                 m->rope_scaling.high_freq_factor > m->rope_scaling.low_freq_factor,
             "model.rope_scaling.high_freq_factor (%g) must be > low_freq_factor (%g)",

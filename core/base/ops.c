@@ -17,6 +17,8 @@ _Static_assert(sizeof(ust_ops) == offsetof(ust_ops, alloc) +
 
 ust_rope ops_rope(const ust_config *c) {
     ust_rope r = {.theta = c->model.rope_theta};
+    if (c->model.partial_rotary_factor < 1) /* transformers: int(head_dim * factor) */
+        r.rot = (int)(cfg_head_dim(c) * c->model.partial_rotary_factor);
     if (c->model.rope_scaling.type == ROPE_LLAMA3) {
         const __typeof__(c->model.rope_scaling) *rs = &c->model.rope_scaling;
         r.factor = rs->factor;

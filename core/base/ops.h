@@ -40,6 +40,9 @@ typedef struct {
      * (0: 1), so attention logits by attn^2 */
     int yarn, truncate;
     double beta_fast, beta_slow, attn;
+    /* model.partial_rotary_factor: the first rot features of a head rotate, as pairs (i,
+     * i + rot/2) at theta^(-2i/rot), the others pass unchanged (0: all D; the CPU backend) */
+    int rot;
 } ust_rope;
 /* The model's RoPE as the config gives it (model.rope_theta and a llama3 rope_scaling). */
 ust_rope ops_rope(const ust_config *c);

@@ -540,10 +540,10 @@ static void rope_apply(const ust_ops *o, float *out, const float *inp, const int
                        int T, int H, int D, const ust_rope *rope, double sign) {
     UST_ASSERT(D % 2 == 0 && D <= ROPE_DMAX, "rope needs an even head dim <= %d, got D=%d",
                ROPE_DMAX, D);
-    int half = D / 2;
+    int R = rope->rot > 0 ? rope->rot : D, half = R / 2; /* model.partial_rotary_factor: R < D */
     int64_t rows = (int64_t)B * T;
     double inv_freq[ROPE_DMAX / 2], as = rope->attn > 0 ? rope->attn : 1.0; /* YaRN's scale */
-    for (int i = 0; i < half; i++) inv_freq[i] = ust_rope_inv_freq(rope, i, D);
+    for (int i = 0; i < half; i++) inv_freq[i] = ust_rope_inv_freq(rope, i, R);
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int64_t r = 0; r < rows; r++) {
         float cs[ROPE_DMAX / 2], sn[ROPE_DMAX / 2];
@@ -562,6 +562,7 @@ static void rope_apply(const ust_ops *o, float *out, const float *inp, const int
                 y[i] = x1 * cs[i] - x2 * sn[i];
                 y[i + half] = x2 * cs[i] + x1 * sn[i];
             }
+            for (int i = R; i < D && y != x; i++) y[i] = x[i];
         }
     }
 }

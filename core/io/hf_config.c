@@ -318,6 +318,14 @@ static int parse_deepseek_v3(const jctx *x, ust_config *c) {
     return 0;
 }
 
+/* OLMo 2: a llama whose q_norm/k_norm span the whole q and k projections and whose norms follow
+ * attention and the MLP (post_attention_layernorm, post_feedforward_layernorm), no input norm. */
+static int parse_olmo2(const jctx *x, ust_config *c) {
+    if (parse_llama_common(x, c, 10000, 1e-5)) return -1;
+    c->model.qk_norm = c->model.qk_norm_whole = c->model.post_norm = true;
+    return refuse_true(x, "attention_bias", "Olmo2ForCausalLM with q/k/v/o biases") ? -1 : 0;
+}
+
 static int parse_mixtral(const jctx *x, ust_config *c) {
     __typeof__(c->model.moe) *moe = &c->model.moe;
     if (parse_llama_common(x, c, 1e6, 1e-5)) return -1;
@@ -432,6 +440,7 @@ static const struct {
     {"MistralForCausalLM", "mistral", parse_mistral},
     {"MixtralForCausalLM", "mixtral", parse_mixtral},
     {"Qwen3MoeForCausalLM", "qwen3_moe", parse_qwen3_moe},
+    {"Olmo2ForCausalLM", "olmo2", parse_olmo2},
     {"GPT2LMHeadModel", "gpt2", parse_gpt2},
     {"DeepseekV3ForCausalLM", "deepseek_v3", parse_deepseek_v3},
     // clang-format on
@@ -461,7 +470,8 @@ int hf_config_parse(const cJSON *j, const char *path, ust_config *c, char *arch,
     return ust_errf(e,
                     "%s: architecture '%.80s' is not supported (ustrain imports LlamaForCausalLM, "
                     "Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, MixtralForCausalLM, "
-                    "Qwen3MoeForCausalLM, GPT2LMHeadModel and dense DeepseekV3ForCausalLM)",
+                    "Qwen3MoeForCausalLM, Olmo2ForCausalLM, GPT2LMHeadModel and dense "
+                    "DeepseekV3ForCausalLM)",
                     path,
                     name   ? name
                     : type ? type
@@ -530,6 +540,10 @@ static const hf_key SHAPE_KEYS[] = {
     K("model.tie_embeddings", "tie_word_embeddings", V_BOOL, model.tie_embeddings),
     K("model.qkv_bias", "architectures (Qwen2: q/k/v biases)", V_BOOL, model.qkv_bias),
     K("model.qk_norm", "architectures (Qwen3: q/k head norms)", V_BOOL, model.qk_norm),
+    K("model.qk_norm_whole", "architectures (OLMo 2: q/k norms over all heads)", V_BOOL,
+      model.qk_norm_whole),
+    K("model.post_norm", "architectures (OLMo 2: norms after attention and the MLP)", V_BOOL,
+      model.post_norm),
     K("model.sliding_window", "sliding_window / layer_types", V_TEXT, model.sliding_window),
     K("model.rope_scaling.type", "rope_scaling.rope_type", V_ROPE, model.rope_scaling.type),
     K("model.moe.num_experts", "num_local_experts", V_INT, model.moe.num_experts),

@@ -154,7 +154,10 @@ static void llama_table(hf_table *l) {
 #define SAME(suffix, ndim, rows, cols)                                                             \
     snprintf(n, sizeof n, "model.layers.%d.%s", i, suffix);                                        \
     xsame(l, HF_COPY, n, n, ndim, rows, cols)
-        SAME("input_layernorm.weight", 1, C, 0);
+        int post = c->model.post_norm; /* Olmo2ForCausalLM: both norms after their sublayer */
+        if (!post) {
+            SAME("input_layernorm.weight", 1, C, 0);
+        }
         if (c->model.mla.enabled) {
             mla_layer(l, i);
             goto mlp;
@@ -168,12 +171,15 @@ static void llama_table(hf_table *l) {
             SAME("self_attn.v_proj.bias", 1, KV, 0);
         }
         SAME("self_attn.o_proj.weight", 2, C, HD);
-        if (c->model.qk_norm) { /* Qwen3ForCausalLM */
-            SAME("self_attn.q_norm.weight", 1, D, 0);
-            SAME("self_attn.k_norm.weight", 1, D, 0);
+        if (c->model.qk_norm) { /* Qwen3ForCausalLM; Olmo2ForCausalLM: over all heads */
+            SAME("self_attn.q_norm.weight", 1, c->model.qk_norm_whole ? HD : D, 0);
+            SAME("self_attn.k_norm.weight", 1, c->model.qk_norm_whole ? KV : D, 0);
         }
     mlp:
         SAME("post_attention_layernorm.weight", 1, C, 0);
+        if (post) {
+            SAME("post_feedforward_layernorm.weight", 1, C, 0);
+        }
         if (cfg_layer_is_moe(c, i)) {
             c->model.qk_norm ? qwen3_moe_layer(l, i) : mixtral_layer(l, i);
             continue;
@@ -280,6 +286,17 @@ int hf_table_build(hf_table *l, const ust_config *c, ust_err *e) {
                            "with DeepSeek's sigmoid gates, which the import does not map yet "
                            "(model.moe.score: sigmoid trains them from YAML)");
     if (moe->num_experts > 0 && moe_layout_check(c, e)) return -1;
+    if (c->model.partial_rotary_factor < 1)
+        return ust_errf(e,
+                        "model.partial_rotary_factor %g: ustrain imports and exports no family "
+                        "with partial RoPE",
+                        c->model.partial_rotary_factor);
+    int wsizes[CFG_MAX_WINDOWS];
+    if (cfg_windows(c, wsizes) > 1)
+        return ust_errf(e,
+                        "model.sliding_window [%s]: windows of %d and %d keys in one model; a "
+                        "Hugging Face layout has one window size",
+                        c->model.sliding_window, wsizes[0], wsizes[1]);
     int first = -1, suffix = 1; /* the windowed layers: from `first` on, all of them? */
     for (int l = 0; l < c->model.n_layer; l++) {
         if (cfg_layer_window(c, l) && first < 0) first = l;
@@ -293,6 +310,12 @@ int hf_table_build(hf_table *l, const ust_config *c, ust_err *e) {
                         "model.qkv_bias or model.qk_norm); this model's windowed layers are "
                         "neither",
                         c->model.sliding_window);
+    int olmo2 = c->model.qk_norm && c->model.qk_norm_whole && c->model.post_norm;
+    if ((c->model.qk_norm_whole || c->model.post_norm) &&
+        (!olmo2 || first >= 0 || c->model.qkv_bias || cfg_tied(c)))
+        return ust_errf(e, "model.qk_norm_whole / model.post_norm: their Hugging Face layout is "
+                           "Olmo2ForCausalLM, a llama with both (and model.qk_norm), no q/k/v "
+                           "biases, no sliding window and untied embeddings");
     if (c->model.qk_norm && c->model.qkv_bias)
         return ust_errf(e, "model.qk_norm: its Hugging Face layouts are Qwen3ForCausalLM and "
                            "Qwen3MoeForCausalLM, llamas without q/k/v biases (this model: "
@@ -424,14 +447,16 @@ static void qwen3_moe_json(cJSON *j, const ust_config *c) {
 
 static cJSON *llama_config(const ust_config *c, int bos, int eos) {
     const __typeof__(c->model) *m = &c->model;
-    int moe = m->moe.num_experts > 0, qwen2 = !moe && m->qkv_bias, qwen3 = m->qk_norm;
+    int moe = m->moe.num_experts > 0, qwen2 = !moe && m->qkv_bias, olmo2 = m->post_norm,
+        qwen3 = m->qk_norm && !olmo2;
     int q3moe = moe && qwen3;
     if (q3moe) moe = 0, qwen3 = 0; /* its own keys: qwen3_moe_json */
     int W = 0, first = m->n_layer; /* model.sliding_window: the windowed layers are a suffix */
     for (int l = m->n_layer - 1; l >= 0 && cfg_layer_window(c, l); l--)
         W = cfg_layer_window(c, l), first = l;
-    int mistral = W && !moe && !qwen2 && !qwen3 && !q3moe;
-    const char *arch = q3moe     ? "Qwen3MoeForCausalLM"
+    int mistral = W && !moe && !qwen2 && !qwen3 && !q3moe && !olmo2;
+    const char *arch = olmo2     ? "Olmo2ForCausalLM"
+                       : q3moe   ? "Qwen3MoeForCausalLM"
                        : moe     ? "MixtralForCausalLM"
                        : qwen2   ? "Qwen2ForCausalLM"
                        : qwen3   ? "Qwen3ForCausalLM"
@@ -440,7 +465,8 @@ static cJSON *llama_config(const ust_config *c, int bos, int eos) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddItemToObject(j, "architectures", cJSON_CreateStringArray(&arch, 1));
     cJSON_AddStringToObject(j, "model_type",
-                            q3moe     ? "qwen3_moe"
+                            olmo2     ? "olmo2"
+                            : q3moe   ? "qwen3_moe"
                             : moe     ? "mixtral"
                             : qwen2   ? "qwen2"
                             : qwen3   ? "qwen3"
@@ -478,8 +504,8 @@ static cJSON *llama_config(const ust_config *c, int bos, int eos) {
     cJSON_AddNumberToObject(j, "rope_theta", m->rope_theta);
     rope_scaling_json(j, c);
     cJSON_AddNumberToObject(j, "attention_dropout", 0.0);
-    if (qwen3 || q3moe) cJSON_AddBoolToObject(j, "attention_bias", 0);
-    if (!qwen2 && !qwen3 && !mistral && !q3moe) {
+    if (qwen3 || q3moe || olmo2) cJSON_AddBoolToObject(j, "attention_bias", 0);
+    if (!qwen2 && !qwen3 && !mistral && !q3moe && !olmo2) {
         cJSON_AddBoolToObject(j, "attention_bias", 0);
         cJSON_AddBoolToObject(j, "mlp_bias", 0);
         cJSON_AddNumberToObject(j, "pretraining_tp", 1);

@@ -109,10 +109,11 @@ static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *
         s->doc = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
     if (m->shape.doc_mask && cp_ulysses(m->par.cp) > 1) /* the documents of every token attended */
         s->udoc = mem_alloc(a, MEM_ACTS, N * cp_ulysses(m->par.cp) * sizeof(int32_t));
-    if (m->cfg->model.sliding_window[0]) { /* each query's first visible key (ops.h q_start) */
-        s->wdoc = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
+    int W[CFG_MAX_WINDOWS], nw = cfg_windows(m->cfg, W);
+    for (int k = 0; k < nw; k++) { /* each query's first visible key (ops.h q_start) */
+        s->wdoc[k] = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
         if (cp_ulysses(m->par.cp) > 1)
-            s->uwdoc = mem_alloc(a, MEM_ACTS, N * cp_ulysses(m->par.cp) * sizeof(int32_t));
+            s->uwdoc[k] = mem_alloc(a, MEM_ACTS, N * cp_ulysses(m->par.cp) * sizeof(int32_t));
     }
     s->pos = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
     s->dy = A(Nl * C);
@@ -143,6 +144,12 @@ void acts_alloc(model *m, ust_arena *a) {
     }
     if (tp_sp(m->par.tp) || m->shape.zb || m->shape.qk_norm) /* qk_norm: D <= C floats */
         m->acts.dnorm = F32(2 * C);
+    if (m->shape.qk_whole && tp_size(m->par.tp) > 1) { /* whole rows (proj_norm.c) */
+        int64_t whole = N * m->shape.Hg * m->shape.D;
+        m->acts.pn_stage = A(whole);
+        m->acts.pn_x = A(whole);
+        m->acts.pn_y = A(whole);
+    }
     m->acts.dq = A(N * HD);
     m->acts.dk = A(N * KV);
     m->acts.dv = A(N * KV);

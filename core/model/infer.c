@@ -26,13 +26,19 @@ typedef struct {
     moe_weights moe; /* MoE layers: router [E, C], experts[E], shared */
     int is_moe;
     int window;   /* model.sliding_window (0: full attention) */
-    act *kc, *vc; /* (S, Hkv, D) each: position t's keys (after RoPE) and values */
+    int wslot;    /* its index among the model's window sizes (cfg_window_slot) */
+    act *kc, *vc; /* (cap, Hkv, D) each: position t's keys (after RoPE) and values at row t, or
+                   * in a windowed layer's ring (cap < S) at row t % cap */
+    int cap;
+    int32_t *kpos, *kpos_h; /* the ring's rows' positions (device, host); NULL: no ring */
 } infer_layer;
 
 /* The model's dimensions (from the config; chunk: tokens per forward call, S: the cache's). */
 typedef struct {
     int llama, L, C, H, Hkv, D, F, V, Vp, S, chunk;
+    int max_n; /* tokens per infer_forward (the caller's chunk; runs in pieces of chunk) */
     int qk_norm;
+    int qk_whole, post_norm; /* model.qk_norm_whole, model.post_norm (OLMo 2) */
     int E, k, Fe, shared;
     int Fs;              /* the shared expert's width */
     ops_moe_route route; /* the router's options (moe.h) */
@@ -51,11 +57,13 @@ typedef struct {
 /* Activations for `chunk` tokens. */
 typedef struct {
     act *x, *ln, *q, *att, *tmp, *tmp2; /* (n,C) (n,C) (n,H*D) (n,H*D) (n,C) (n,C) */
+    act *knew, *vnew;                   /* (n,Hkv*D) each: a ring's new keys and values */
     act *h1, *h2, *h;                   /* (n, max(F, Fe)) each: gate, up, activation */
     act *logits;                        /* (V) */
     float *mean, *rstd, *lse;           /* (n) (n) (H, n) */
     int32_t *tok, *pos;                 /* device (chunk), (S): pos[t] = t */
-    int32_t *wstart, *wstart_h;         /* (chunk) device, host: each new token's first key */
+    int32_t *wstart[CFG_MAX_WINDOWS];   /* (chunk) device: each new token's first key, for */
+    int32_t *wstart_h;                  /* each window size (cfg_windows); host scratch */
     /* model.mla: the cache re-expanded (S, H*W) -> k, v (S, H*D); the q latent (n, Rq); q's
      * rope parts (n*H, R); the attention output without v's padding (n, H*Dv) */
     act *kvb, *k, *v, *qa, *qr, *attv;
@@ -144,7 +152,8 @@ static void enum_layer(const ust_config *cfg, int l, infer_layer *w, tensor_fn f
     int gpt2 = cfg->model.arch == ARCH_GPT2, qkvb = gpt2 || cfg->model.qkv_bias;
 #define E_(suffix, rows, cols, decay, field)                                                       \
     emit(fn, ctx, l, suffix, rows, cols, decay, w ? &w->field : NULL)
-    E_("input_layernorm.weight", 1, C, 0, ln1_w);
+    int post = !gpt2 && cfg->model.post_norm, whole = cfg->model.qk_norm_whole;
+    E_(post ? "post_attention_layernorm.weight" : "input_layernorm.weight", 1, C, 0, ln1_w);
     if (gpt2) E_("input_layernorm.bias", 1, C, 0, ln1_b);
     if (cfg->model.mla.enabled) {
         enum_mla(cfg, l, w, fn, ctx);
@@ -158,10 +167,11 @@ static void enum_layer(const ust_config *cfg, int l, infer_layer *w, tensor_fn f
     if (qkvb) E_("self_attn.v_proj.bias", 1, KV, 0, bv);
     E_("self_attn.o_proj.weight", C, HD, 1, wo);
     if (gpt2) E_("self_attn.o_proj.bias", 1, C, 0, bo);
-    if (!gpt2 && cfg->model.qk_norm) E_("self_attn.q_norm.weight", 1, D, 0, qn_w);
-    if (!gpt2 && cfg->model.qk_norm) E_("self_attn.k_norm.weight", 1, D, 0, kn_w);
+    if (!gpt2 && cfg->model.qk_norm) E_("self_attn.q_norm.weight", 1, whole ? HD : D, 0, qn_w);
+    if (!gpt2 && cfg->model.qk_norm) E_("self_attn.k_norm.weight", 1, whole ? KV : D, 0, kn_w);
 mlp:
-    E_("post_attention_layernorm.weight", 1, C, 0, ln2_w);
+    E_(post ? "post_feedforward_layernorm.weight" : "post_attention_layernorm.weight", 1, C, 0,
+       ln2_w);
     if (gpt2) E_("post_attention_layernorm.bias", 1, C, 0, ln2_b);
     if (moe_layer_is_moe(cfg, l)) {
         moe_sink s = {fn, ctx};
@@ -287,6 +297,8 @@ static void dims(infer_model *m, const ust_config *cfg) {
         m->shape.llama ? (float)cfg->model.norm_eps : 1e-5f; /* as model.c's norm_forward */
     m->shape.rope = ops_rope(cfg);
     m->shape.qk_norm = m->shape.llama && cfg->model.qk_norm;
+    m->shape.qk_whole = m->shape.qk_norm && cfg->model.qk_norm_whole;
+    m->shape.post_norm = m->shape.llama && cfg->model.post_norm;
     m->shape.E = cfg->model.moe.num_experts, m->shape.k = cfg->model.moe.top_k;
     m->shape.Fe = cfg->model.moe.d_ff_expert, m->shape.shared = cfg->model.moe.shared_expert;
     const __typeof__(cfg->model.moe) *mc = &cfg->model.moe;
@@ -308,26 +320,38 @@ static void alloc_acts(infer_model *m) {
     m->a.logits = A_(m->shape.V);
     m->a.mean = o->alloc(o, n * sizeof(float)), m->a.rstd = o->alloc(o, n * sizeof(float));
     m->a.lse = o->alloc(o, n * m->shape.H * sizeof(float));
-    m->a.tok = I_(n), m->a.pos = I_(m->shape.S), m->a.wstart = I_(n);
+    m->a.tok = I_(n), m->a.pos = I_(m->shape.S);
+    int W[CFG_MAX_WINDOWS], nw = cfg_windows(m->cfg, W);
+    for (int k = 0; k < nw; k++) m->a.wstart[k] = I_(n);
     m->a.wstart_h = malloc((size_t)n * sizeof(int32_t));
     int32_t *pos = malloc((size_t)m->shape.S * sizeof(int32_t));
     UST_ASSERT(pos, "out of host memory");
     for (int t = 0; t < m->shape.S; t++) pos[t] = t;
     o->to_device(o, m->a.pos, pos, (size_t)m->shape.S * sizeof(int32_t));
     free(pos);
-    int64_t KV = (int64_t)m->shape.S * m->shape.Hkv * m->shape.D;
+    int64_t KV = (int64_t)m->shape.Hkv * m->shape.D;
     const __typeof__(m->cfg->model.mla) *mla = &m->cfg->model.mla;
-    if (mla->enabled) { /* the latent cache, and the scratch to expand it into */
+    if (mla->enabled) { /* the latent cache (no ring: windows refused), the scratch to expand it */
         int64_t S = m->shape.S, H = m->shape.H;
         for (int l = 0; l < m->shape.L; l++)
-            m->w.lw[l].kc = A_(S * mla->kv_lora_rank),
+            m->w.lw[l].cap = (int)S, m->w.lw[l].kc = A_(S * mla->kv_lora_rank),
             m->w.lw[l].vc = A_(S * mla->qk_rope_head_dim);
         m->a.kvb = A_(S * H * (mla->qk_nope_head_dim + mla->v_head_dim));
-        m->a.k = A_(KV), m->a.v = A_(KV);
+        m->a.k = A_(S * KV), m->a.v = A_(S * KV);
         m->a.qa = A_(n * (mla->q_lora_rank ? mla->q_lora_rank : 1));
         m->a.qr = A_(n * H * mla->qk_rope_head_dim), m->a.attv = A_(n * H * mla->v_head_dim);
     } else {
-        for (int l = 0; l < m->shape.L; l++) m->w.lw[l].kc = A_(KV), m->w.lw[l].vc = A_(KV);
+        m->a.knew = A_(n * KV), m->a.vnew = A_(n * KV);
+    }
+    for (int l = 0; !mla->enabled && l < m->shape.L;
+         l++) { /* a window W: W - 1 keys before a piece */
+        infer_layer *w = &m->w.lw[l];
+        int ring = w->window ? w->window + (int)n - 1 : m->shape.S;
+        w->cap = ring < m->shape.S ? ring : m->shape.S;
+        w->kc = A_(w->cap * KV), w->vc = A_(w->cap * KV);
+        if (w->cap == m->shape.S) continue;
+        w->kpos = I_(w->cap), w->kpos_h = calloc((size_t)w->cap, sizeof(int32_t));
+        UST_ASSERT(w->kpos_h, "out of host memory");
     }
     if (m->shape.E > 0) {
         int64_t A = n * m->shape.k;
@@ -352,10 +376,14 @@ int infer_create(infer_model **out, const ust_config *cfg, const ust_ops *ops, i
     UST_ASSERT(m, "out of host memory");
     m->cfg = cfg, m->ops = ops;
     dims(m, cfg);
-    m->shape.chunk = chunk < m->shape.S ? chunk : m->shape.S;
+    m->shape.chunk = m->shape.max_n = chunk < m->shape.S ? chunk : m->shape.S;
     m->w.lw = calloc(m->shape.L, sizeof *m->w.lw);
     UST_ASSERT(m->w.lw, "out of host memory");
-    for (int l = 0; l < m->shape.L; l++) m->w.lw[l].window = cfg_layer_window(cfg, l);
+    for (int l = 0; l < m->shape.L; l++) { /* pieces of at most a window: rings of 2W - 1 */
+        int W = m->w.lw[l].window = cfg_layer_window(cfg, l);
+        m->w.lw[l].wslot = cfg_window_slot(cfg, l);
+        if (W && W < m->shape.chunk) m->shape.chunk = W;
+    }
     for (int l = 0; l < m->shape.L; l++)
         if (moe_layer_is_moe(cfg, l)) {
             infer_layer *w = &m->w.lw[l];
@@ -388,16 +416,21 @@ void infer_destroy(infer_model *m) {
     void *dev[] = {m->a.x,     m->a.ln,   m->a.tmp,  m->a.tmp2,    m->a.q,      m->a.att,
                    m->a.h1,    m->a.h2,   m->a.h,    m->a.logits,  m->a.mean,   m->a.rstd,
                    m->a.lse,   m->a.tok,  m->a.pos,  m->r.rlogits, m->r.xe,     m->r.eout,
-                   m->r.probs, m->r.gate, m->r.topk, m->r.rowpos,  m->r.assign, m->a.wstart,
-                   m->a.kvb,   m->a.k,    m->a.v,    m->a.qa,      m->a.qr,     m->a.attv};
+                   m->r.probs, m->r.gate, m->r.topk, m->r.rowpos,  m->r.assign, m->a.wstart[0],
+                   m->a.knew,  m->a.vnew, m->a.kvb,  m->a.k,       m->a.v,      m->a.qa,
+                   m->a.qr,    m->a.attv};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
         if (dev[i]) o->free(o, dev[i]);
     for (int l = 0; l < m->shape.L; l++) {
         if (m->w.lw[l].kc) o->free(o, m->w.lw[l].kc), o->free(o, m->w.lw[l].vc);
+        if (m->w.lw[l].kpos) o->free(o, m->w.lw[l].kpos);
+        free(m->w.lw[l].kpos_h);
         free(m->w.lw[l].moe.experts);
     }
     free(m->r.topk_h), free(m->r.rowpos_h), free(m->r.assign_h), free(m->r.count_h);
     free(m->a.wstart_h);
+    for (int k = 1; k < CFG_MAX_WINDOWS; k++)
+        if (m->a.wstart[k]) o->free(o, m->a.wstart[k]);
     free(m->w.lw), free(m->w.owned);
     free(m);
 }
@@ -405,6 +438,14 @@ void infer_destroy(infer_model *m) {
 int infer_len(const infer_model *m) { return m->len; }
 void infer_reset(infer_model *m) { m->len = 0; }
 int64_t infer_weight_bytes_per_token(const infer_model *m) { return m->bytes_per_token; }
+int64_t infer_cache_bytes(const infer_model *m) {
+    int64_t rows = 0;
+    for (int l = 0; l < m->shape.L; l++) rows += m->w.lw[l].cap;
+    const __typeof__(m->cfg->model.mla) *a = &m->cfg->model.mla; /* the latent, or K and V */
+    int64_t row =
+        a->enabled ? a->kv_lora_rank + a->qk_rope_head_dim : 2 * (int64_t)m->shape.Hkv * m->shape.D;
+    return rows * row * (int64_t)m->ops->act_size;
+}
 int64_t infer_param_count(const infer_model *m) { return m->nparams; }
 
 int64_t infer_cache_bytes_per_token(const infer_model *m) {
@@ -483,30 +524,56 @@ static void moe_mlp(infer_model *m, const infer_layer *w, int n) {
     }
 }
 
-/* x(n,C) += attn(norm1(x)): q from the new tokens, their k/v appended to the cache at rows
- * [len, len+n), attention over all len+n cached positions (causal by position). */
-static void attention(infer_model *m, const infer_layer *w, int n) {
+/* A ring's n new keys and values (knew, vnew) into rows (len + i) % cap, and their positions. */
+static void ring_store(infer_model *m, infer_layer *w, int n) {
+    const ust_ops *o = m->ops;
+    int64_t KV = (int64_t)m->shape.Hkv * m->shape.D;
+    for (int i = 0; i < n;) { /* n <= chunk <= cap - W + 1: at most two runs */
+        int p = m->len + i, row = p % w->cap, run = n - i < w->cap - row ? n - i : w->cap - row;
+        o->copy(o, act_at(o, w->kc, row * KV), act_at(o, m->a.knew, i * KV),
+                act_bytes(o, run * KV));
+        o->copy(o, act_at(o, w->vc, row * KV), act_at(o, m->a.vnew, i * KV),
+                act_bytes(o, run * KV));
+        for (int j = 0; j < run; j++) w->kpos_h[row + j] = p + j;
+        i += run;
+    }
+    o->to_device(o, w->kpos, w->kpos_h, (size_t)w->cap * sizeof(int32_t));
+}
+
+/* x(n,C) += attn(norm1(x)) (model.post_norm: += norm1(attn(x))): q from the new tokens, their
+ * k/v appended to the cache at rows [len, len+n), attention over all len+n cached positions
+ * (causal by position). */
+static void attention(infer_model *m, infer_layer *w, int n) {
     const ust_ops *o = m->ops;
     int C = m->shape.C, HD = m->shape.H * m->shape.D, KV = m->shape.Hkv * m->shape.D;
     const int32_t *pos = m->a.pos + m->len;
-    act *k = act_at(o, w->kc, (int64_t)m->len * KV), *v = act_at(o, w->vc, (int64_t)m->len * KV);
-    norm(m, m->a.ln, m->a.x, w->ln1_w, w->ln1_b, n);
-    o->linear_fwd(o, m->a.q, m->a.ln, w->wq, w->bq, n, C, HD);
-    o->linear_fwd(o, k, m->a.ln, w->wk, w->bk, n, C, KV);
-    o->linear_fwd(o, v, m->a.ln, w->wv, w->bv, n, C, KV);
-    if (m->shape.qk_norm) { /* each head's q and k, in place; lse (H, n) is free until attention */
-        o->rmsnorm_fwd(o, m->a.q, m->a.lse, m->a.q, w->qn_w, n * m->shape.H, m->shape.D,
-                       m->shape.eps);
-        o->rmsnorm_fwd(o, k, m->a.lse, k, w->kn_w, n * m->shape.Hkv, m->shape.D, m->shape.eps);
+    act *k = m->a.knew, *v = m->a.vnew; /* a windowed layer's ring: stored after RoPE */
+    if (!w->kpos)
+        k = act_at(o, w->kc, (int64_t)m->len * KV), v = act_at(o, w->vc, (int64_t)m->len * KV);
+    const act *in = m->a.x;
+    if (!m->shape.post_norm) norm(m, m->a.ln, m->a.x, w->ln1_w, w->ln1_b, n), in = m->a.ln;
+    o->linear_fwd(o, m->a.q, in, w->wq, w->bq, n, C, HD);
+    o->linear_fwd(o, k, in, w->wk, w->bk, n, C, KV);
+    o->linear_fwd(o, v, in, w->wv, w->bv, n, C, KV);
+    if (m->shape.qk_norm) { /* each head's q and k (model.qk_norm_whole: each token's), in place;
+                             * lse (H, n) is free until attention */
+        int wh = m->shape.qk_whole, hq = wh ? 1 : m->shape.H, hk = wh ? 1 : m->shape.Hkv;
+        o->rmsnorm_fwd(o, m->a.q, m->a.lse, m->a.q, w->qn_w, n * hq, HD / hq, m->shape.eps);
+        o->rmsnorm_fwd(o, k, m->a.lse, k, w->kn_w, n * hk, KV / hk, m->shape.eps);
     }
     if (m->shape.llama) {
         o->rope_fwd(o, m->a.q, m->a.q, pos, 1, n, m->shape.H, m->shape.D, &m->shape.rope);
         o->rope_fwd(o, k, k, pos, 1, n, m->shape.Hkv, m->shape.D, &m->shape.rope);
     }
-    /* a windowed layer (model.sliding_window): keys from position - W + 1 on (infer_forward) */
-    o->attention_fwd(o, m->a.att, m->a.lse, m->a.q, w->kc, w->vc, 1, n, m->len + n, m->shape.H,
-                     m->shape.Hkv, m->shape.D, pos, m->a.pos, 1, w->window ? m->a.wstart : NULL);
+    /* a windowed layer (model.sliding_window): keys from position - W + 1 on (infer_forward),
+     * of the ring's filled rows at their positions */
+    int Tk = m->len + n;
+    if (w->kpos) ring_store(m, w, n), Tk = Tk < w->cap ? Tk : w->cap;
+    o->attention_fwd(o, m->a.att, m->a.lse, m->a.q, w->kc, w->vc, 1, n, Tk, m->shape.H,
+                     m->shape.Hkv, m->shape.D, pos, w->kpos ? w->kpos : m->a.pos, 1,
+                     w->window ? m->a.wstart[w->wslot] : NULL);
     o->linear_fwd(o, m->a.tmp, m->a.att, w->wo, w->bo, n, HD, C);
+    if (m->shape.post_norm) norm(m, m->a.tmp, m->a.tmp, w->ln1_w, w->ln1_b, n);
     o->add(o, m->a.x, m->a.x, m->a.tmp, (int64_t)n * C);
 }
 
@@ -554,14 +621,20 @@ static void mla_attention(infer_model *m, const infer_layer *w, int n) {
     if (Dv < D) o->zero(o, m->a.v, act_bytes(o, (int64_t)S * H * D));
     cols(m, m->a.v, D, 0, m->a.kvb, W, nope, Dv, (int64_t)S * H);
     o->attention_fwd(o, m->a.att, m->a.lse, m->a.q, m->a.k, m->a.v, 1, n, S, H, H, D, pos, m->a.pos,
-                     1, w->window ? m->a.wstart : NULL);
+                     1, w->window ? m->a.wstart[w->wslot] : NULL);
     cols(m, m->a.attv, Dv, 0, m->a.att, D, 0, Dv, (int64_t)n * H);
     o->linear_fwd(o, m->a.tmp, m->a.attv, w->wo, NULL, n, H * Dv, C);
     o->add(o, m->a.x, m->a.x, m->a.tmp, (int64_t)n * C);
 }
 
-/* x(n,C) += mlp(norm2(x)) */
+/* x(n,C) += mlp(norm2(x)) (model.post_norm, a dense llama: += norm2(mlp(x))) */
 static void feed_forward(infer_model *m, const infer_layer *w, int n) {
+    if (m->shape.post_norm) {
+        mlp(m, &w->mlp, m->a.tmp, m->a.x, n, m->shape.F);
+        norm(m, m->a.tmp, m->a.tmp, w->ln2_w, w->ln2_b, n);
+        m->ops->add(m->ops, m->a.x, m->a.x, m->a.tmp, (int64_t)n * m->shape.C);
+        return;
+    }
     norm(m, m->a.ln, m->a.x, w->ln2_w, w->ln2_b, n);
     if (w->is_moe)
         moe_mlp(m, w, n);
@@ -573,20 +646,16 @@ static void feed_forward(infer_model *m, const infer_layer *w, int n) {
 /* The training model's math: gpt2 (LayerNorm eps 1e-5, learned positions, GELU tanh, biases) or
  * llama (RMSNorm, RoPE rotate-half with ust_rope incl. llama3 scaling, GQA, SwiGLU, optional
  * q/k/v biases); MoE layers as moe.c (softmax router, top-k, gates renormalized, shared expert). */
-void infer_forward(infer_model *m, const int32_t *tok, int n, float *logits) {
+static void forward_piece(infer_model *m, const int32_t *tok, int n, float *logits) {
     const ust_ops *o = m->ops;
-    UST_ASSERT(n >= 1 && n <= m->shape.chunk && m->len + n <= m->shape.S,
-               "forward of %d tokens at %d (chunk %d, S %d)", n, m->len, m->shape.chunk,
-               m->shape.S);
     o->to_device(o, m->a.tok, tok, (size_t)n * sizeof(int32_t));
     o->embedding_fwd(o, m->a.x, m->a.tok, m->shape.llama ? NULL : m->a.pos + m->len, m->w.wte,
                      m->w.wpe, 1, n, m->shape.C, 0, m->shape.Vp);
-    int W = 0;
-    for (int l = 0; l < m->shape.L; l++) W = m->w.lw[l].window ? m->w.lw[l].window : W;
-    if (W) { /* one window size per model (cfg_validate) */
+    int W[CFG_MAX_WINDOWS], nw = cfg_windows(m->cfg, W);
+    for (int k = 0; k < nw; k++) { /* each window size's starts (cfg_windows) */
         for (int i = 0; i < n; i++)
-            m->a.wstart_h[i] = m->len + i - W + 1 > 0 ? m->len + i - W + 1 : 0;
-        o->to_device(o, m->a.wstart, m->a.wstart_h, (size_t)n * sizeof(int32_t));
+            m->a.wstart_h[i] = m->len + i - W[k] + 1 > 0 ? m->len + i - W[k] + 1 : 0;
+        o->to_device(o, m->a.wstart[k], m->a.wstart_h, (size_t)n * sizeof(int32_t));
     }
     for (int l = 0; l < m->shape.L; l++) {
         if (m->cfg->model.mla.enabled)
@@ -595,10 +664,21 @@ void infer_forward(infer_model *m, const int32_t *tok, int n, float *logits) {
             attention(m, &m->w.lw[l], n);
         feed_forward(m, &m->w.lw[l], n);
     }
+    if (!logits) return;
     /* only the last token's logits are wanted: norm and head on that row, real vocabulary */
     act *last = act_at(o, m->a.x, (int64_t)(n - 1) * m->shape.C);
     norm(m, m->a.ln, last, m->w.lnf_w, m->w.lnf_b, 1);
     o->linear_fwd(o, m->a.logits, m->a.ln, m->w.lm, NULL, 1, m->shape.C, m->shape.V);
     o->to_host(o, logits, m->a.logits, (size_t)m->shape.V * sizeof(float));
-    m->len += n;
+}
+
+void infer_forward(infer_model *m, const int32_t *tok, int n, float *logits) {
+    UST_ASSERT(n >= 1 && n <= m->shape.max_n && m->len + n <= m->shape.S,
+               "forward of %d tokens at %d (chunk %d, S %d)", n, m->len, m->shape.max_n,
+               m->shape.S);
+    for (int i = 0; i < n; i += m->shape.chunk) { /* a windowed model's pieces (infer_create) */
+        int k = n - i < m->shape.chunk ? n - i : m->shape.chunk;
+        forward_piece(m, tok + i, k, i + k == n ? logits : NULL);
+        m->len += k;
+    }
 }

@@ -41,6 +41,10 @@ int64_t infer_param_count(const infer_model *m); /* every element read from the 
 /* Bytes the cache holds per position: 2 x kv heads x head dim per layer, or under model.mla
  * the latent, kv_lora_rank + qk_rope_head_dim per layer (activation bytes each). */
 int64_t infer_cache_bytes_per_token(const infer_model *m);
+/* Bytes of the KV caches: max_seq_len rows per layer; a layer with a window W keeps a ring of
+ * W + P - 1 rows (P = min(chunk, the smallest window): the pieces a forward runs in), when
+ * that is fewer. */
+int64_t infer_cache_bytes(const infer_model *m);
 
 /* The tensors of cfg's model in checkpoint order (whole shapes), as a weight source must supply
  * them; *n gets the count. The caller frees the array. */

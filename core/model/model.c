@@ -10,6 +10,7 @@
 #include "model_moe.h"
 #include "model_vocab.h"
 #include "params.h"
+#include "proj_norm.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -94,17 +95,17 @@ void model_set_hooks(model *m, const model_hooks *h) {
 /* The micro-batch of slot s is the one computed now. */
 static void use_batch(model *m, const act_slot *s) {
     m->batch.docs = s->udoc ? (cp_docs){s->udoc, s->udoc_min} : (cp_docs){s->doc, s->doc_min};
-    m->batch.wdocs = s->uwdoc ? (cp_docs){s->uwdoc, s->uwdoc_min} : (cp_docs){s->wdoc, s->wdoc_min};
+    for (int k = 0; k < CFG_MAX_WINDOWS; k++)
+        m->batch.wdocs[k] = s->uwdoc[k] ? (cp_docs){s->uwdoc[k], s->uwdoc_min[k]}
+                                        : (cp_docs){s->wdoc[k], s->wdoc_min[k]};
     m->batch.rows = s->pos;
 }
 
 /* model.sliding_window: key j is visible to query i when j > i - W, so each query's first visible
  * key is the later of its document's start and its own position - W + 1, positions being the
  * token's index in the whole sequence (the context-parallel layout's, as attention masks by). */
-static void take_windows(model *m, act_slot *s, const ust_batch *b) {
-    int B = m->shape.B, Tl = m->shape.T, W = 0;
-    for (int l = 0; l < m->shape.L && !W; l++) W = cfg_layer_window(m->cfg, l);
-    if (!W) W = m->cfg->model.max_seq_len; /* every window is full attention */
+static void take_windows(model *m, act_slot *s, const ust_batch *b, int k, int W) {
+    int B = m->shape.B, Tl = m->shape.T;
     if (!m->batch.whost) m->batch.whost = malloc((size_t)B * Tl * sizeof(int32_t));
     UST_ASSERT(m->batch.whost, "out of host memory");
     const int32_t *P = cp_positions_of(m->par.cp, cp_rank(m->par.cp));
@@ -115,10 +116,10 @@ static void take_windows(model *m, act_slot *s, const ust_batch *b) {
             int32_t win = P[i] - W + 1;
             w[r * Tl + i] = win > doc ? win : doc;
         }
-    s->wdoc_min = w[0];
-    for (int i = 1; i < B * Tl; i++) s->wdoc_min = w[i] < s->wdoc_min ? w[i] : s->wdoc_min;
-    m->ops->to_device(m->ops, s->wdoc, w, (size_t)B * Tl * sizeof(int32_t));
-    if (s->uwdoc) s->uwdoc_min = cp_gather_docs(m->par.cp, s->uwdoc, s->wdoc);
+    s->wdoc_min[k] = w[0];
+    for (int i = 1; i < B * Tl; i++) s->wdoc_min[k] = w[i] < s->wdoc_min[k] ? w[i] : s->wdoc_min[k];
+    m->ops->to_device(m->ops, s->wdoc[k], w, (size_t)B * Tl * sizeof(int32_t));
+    if (s->uwdoc[k]) s->uwdoc_min[k] = cp_gather_docs(m->par.cp, s->uwdoc[k], s->wdoc[k]);
 }
 
 /* The slot keeps its micro-batch's positions and documents for the backward and a recompute. */
@@ -133,7 +134,8 @@ static void take_batch(model *m, act_slot *s, const ust_batch *b) {
             s->doc_min = b->doc_starts[i] < s->doc_min ? b->doc_starts[i] : s->doc_min;
         if (s->udoc) s->udoc_min = cp_gather_docs(m->par.cp, s->udoc, s->doc);
     }
-    if (s->wdoc) take_windows(m, s, b);
+    int W[CFG_MAX_WINDOWS], nw = cfg_windows(m->cfg, W);
+    for (int k = 0; k < nw; k++) take_windows(m, s, b, k, W[k]);
     use_batch(m, s);
 }
 
@@ -249,6 +251,9 @@ void model_chunk_weight_grad(model *m, int c, int slot) {
             break;
         case WG_HEADNORM:
             block_head_norm_wgrad(m, *j->dw, j->dout, j->x, *j->w, j->rstd, j->N);
+            break;
+        case WG_PROJNORM:
+            proj_norm_wgrad(m, *j->dw, j->dout, j->x, *j->w, j->rstd, j->N);
             break;
         case WG_EMBED:
             vocab_embedding_backward(m, s->tok, j->dout, j->vc);

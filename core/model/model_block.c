@@ -7,6 +7,7 @@
 #include "error.h"
 #include "model_mla.h"
 #include "moe.h"
+#include "proj_norm.h"
 #include "tp.h"
 
 /* ------------------------------------------------------------------ forward */
@@ -120,12 +121,13 @@ static void moe_mlp_forward(model *m, int l, act *x_out, const layer_acts *a, mo
 
 /* What layer l's attention masks by: its window (model.sliding_window), its documents, or none. */
 static const cp_docs *layer_docs(const model *m, int l) {
-    if (cfg_layer_window(m->cfg, l)) return &m->batch.wdocs;
+    int k = cfg_window_slot(m->cfg, l);
+    if (k >= 0) return &m->batch.wdocs[k];
     return m->shape.doc_mask ? &m->batch.docs : NULL;
 }
 
-/* res2 = attn(ln1) (before the residual) with q, k, v projected from ln1 */
-static void attention_forward(model *m, int l, layer_acts *a) {
+/* out (Nl,C) = attention(x) @ wo^T + bo, x: this rank's rows of the attention's input */
+static void attention_forward(model *m, int l, const act *x, act *out, layer_acts *a) {
     const ust_ops *o = m->ops;
     const layer_w *w = &m->w.lw[l];
     int N = m->shape.B * m->shape.T, C = m->shape.C, HD = m->shape.H * m->shape.D,
@@ -135,8 +137,11 @@ static void attention_forward(model *m, int l, layer_acts *a) {
     tp_col qkv[3] = {{.out = qkn ? a->qr : a->q, .w = w->wq, .b = w->bq, .OC = HD},
                      {.out = qkn ? a->kr : a->k, .w = w->wk, .b = w->bk, .OC = KV},
                      {.out = a->v, .w = w->wv, .b = w->bv, .OC = KV}};
-    tp_column_fwd(m->par.tp, a->ln1, qkv, 3, N, C);
-    if (qkn) {
+    tp_column_fwd(m->par.tp, x, qkv, 3, N, C);
+    if (qkn && m->shape.qk_whole) { /* model.qk_norm_whole: over all heads of the token */
+        proj_norm_forward(m, a->q, a->q_rstd, a->qr, w->qn_w, m->shape.H);
+        proj_norm_forward(m, a->k, a->k_rstd, a->kr, w->kn_w, m->shape.Hkv);
+    } else if (qkn) {
         head_norm_forward(m, a->q, a->q_rstd, a->qr, w->qn_w, m->shape.H);
         head_norm_forward(m, a->k, a->k_rstd, a->kr, w->kn_w, m->shape.Hkv);
     }
@@ -148,26 +153,13 @@ static void attention_forward(model *m, int l, layer_acts *a) {
     }
     cp_track_logit_max(m->par.cp, model_qk_row(m, l)); /* QK-clip's statistic, when tracked */
     cp_attention_fwd(m->par.cp, a->att, a->lse, a->q, a->k, a->v, m->shape.H, layer_docs(m, l));
-    tp_row_linear_fwd(m->par.tp, a->res2, a->att, w->wo, w->bo, N, HD, C);
+    tp_row_linear_fwd(m->par.tp, out, a->att, w->wo, w->bo, N, HD, C);
 }
 
-/* x_in, x_out: (B,T,C). Pre-norm block: res2 = x + attn(norm1(x)); out = res2 + mlp(norm2(res2)) */
-void block_forward(model *m, int l, const act *x_in, act *x_out, layer_acts *a, moe_acts *ma,
-                   moe_stats *st) {
-    const ust_ops *o = m->ops;
+/* out (Nl,C) = the dense MLP of x (this rank's rows) */
+static void dense_mlp_forward(model *m, int l, const act *x, act *out, layer_acts *a) {
     const layer_w *w = &m->w.lw[l];
     int N = m->shape.B * m->shape.T, C = m->shape.C;
-    block_norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x_in, w->ln1_w, w->ln1_b);
-    if (is_mla(m))
-        mla_forward(m, l, a, layer_docs(m, l));
-    else
-        attention_forward(m, l, a);
-    o->add(o, a->res2, a->res2, x_in, (int64_t)m->shape.Nl * C);
-    block_norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b);
-    if (is_moe(m, l)) {
-        moe_mlp_forward(m, l, x_out, a, ma, st);
-        return;
-    }
     /* llama: gate and up, then swiglu; gpt2: up with its GELU fused in */
     tp_col gu[2] = {{.out = a->gate, .w = w->wg, .OC = m->shape.F},
                     {.out = a->up,
@@ -175,9 +167,47 @@ void block_forward(model *m, int l, const act *x_in, act *x_out, layer_acts *a, 
                      .w = w->wu,
                      .b = w->bu,
                      .OC = m->shape.F}};
-    tp_column_fwd(m->par.tp, a->ln2, m->shape.llama ? gu : gu + 1, m->shape.llama ? 2 : 1, N, C);
+    tp_column_fwd(m->par.tp, x, m->shape.llama ? gu : gu + 1, m->shape.llama ? 2 : 1, N, C);
     if (m->shape.llama) block_mlp_activation(m, a);
-    tp_row_linear_fwd(m->par.tp, x_out, a->act, w->wd, w->bd, N, m->shape.F, C);
+    tp_row_linear_fwd(m->par.tp, out, a->act, w->wd, w->bd, N, m->shape.F, C);
+}
+
+/* model.post_norm (OLMo 2): res2 = x + norm1(attn(x)); out = res2 + norm2(mlp(res2)). ln1 and
+ * ln2 hold the sublayers' outputs, the norms' inputs. */
+static void post_norm_forward(model *m, int l, const act *x_in, act *x_out, layer_acts *a) {
+    const ust_ops *o = m->ops;
+    const layer_w *w = &m->w.lw[l];
+    int64_t n = (int64_t)m->shape.Nl * m->shape.C;
+    attention_forward(m, l, x_in, a->ln1, a);
+    block_norm_forward(m, a->res2, a->ln1_mean, a->ln1_rstd, a->ln1, w->ln1_w, w->ln1_b);
+    o->add(o, a->res2, a->res2, x_in, n);
+    dense_mlp_forward(m, l, a->res2, a->ln2, a);
+    block_norm_forward(m, x_out, a->ln2_mean, a->ln2_rstd, a->ln2, w->ln2_w, w->ln2_b);
+    o->add(o, x_out, x_out, a->res2, n);
+}
+
+/* x_in, x_out: (B,T,C). Pre-norm block: res2 = x + attn(norm1(x)); out = res2 + mlp(norm2(res2)) */
+void block_forward(model *m, int l, const act *x_in, act *x_out, layer_acts *a, moe_acts *ma,
+                   moe_stats *st) {
+    const ust_ops *o = m->ops;
+    const layer_w *w = &m->w.lw[l];
+    int C = m->shape.C;
+    if (m->shape.post_norm) {
+        post_norm_forward(m, l, x_in, x_out, a);
+        return;
+    }
+    block_norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x_in, w->ln1_w, w->ln1_b);
+    if (is_mla(m)) /* reads ln1, writes res2 as attention_forward does */
+        mla_forward(m, l, a, layer_docs(m, l));
+    else
+        attention_forward(m, l, a->ln1, a->res2, a);
+    o->add(o, a->res2, a->res2, x_in, (int64_t)m->shape.Nl * C);
+    block_norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b);
+    if (is_moe(m, l)) {
+        moe_mlp_forward(m, l, x_out, a, ma, st);
+        return;
+    }
+    dense_mlp_forward(m, l, a->ln2, x_out, a);
     o->add(o, x_out, x_out, a->res2, (int64_t)m->shape.Nl * C);
 }
 
@@ -265,7 +295,8 @@ static void row_backward(model *m, const deferral *df, act *dinp, const act *dx,
 
 /* Dense MLP, out = res2 + act(ln2 @ wu^T [, ln2 @ wg^T]) @ wd^T + bd: from d out (dx, this
  * rank's rows) to d ln2; returns this rank's rows of it. */
-static act *mlp_backward(model *m, int l, const act *dx, layer_acts *a, const deferral *df) {
+static act *mlp_backward(model *m, int l, const act *dx, layer_acts *a, const deferral *df,
+                         const act *x) {
     const ust_ops *o = m->ops;
     const layer_w *w = &m->w.lw[l];
     layer_w *g = &m->w.lg[l];
@@ -287,7 +318,7 @@ static act *mlp_backward(model *m, int l, const act *dx, layer_acts *a, const de
         {&g->wu, &g->bu, m->acts.dup, k ? k->dup : NULL, &w->wu, m->shape.F},
         {&g->wg, NULL, m->acts.dgate, k ? k->dgate : NULL, &w->wg, m->shape.F}};
     /* the MLP's input is shared by the group: summed */
-    return block_column_backward(m, df, a->ln2, up_gate, llama ? 2 : 1);
+    return block_column_backward(m, df, x, up_gate, llama ? 2 : 1);
 }
 
 /* MoE MLP: each tensor-parallel rank backs up its own tokens (its rows under sp); without sp
@@ -301,11 +332,11 @@ static act *moe_mlp_backward(model *m, int l, const act *dx, layer_acts *a, moe_
     return m->acts.dln;
 }
 
-/* dx += d loss / d (a norm's input), given its output gradient dout (this rank's rows); the
+/* dtmp = d loss / d (a norm's input), given its output gradient dout (this rank's rows); the
  * weight (and bias) gradient now, or under B a job reading dout saved in keep. */
-static void norm_step_backward(model *m, const deferral *df, act *dx, act *dout, const act *inp,
-                               float *const *w, float **gw, float **gb, const float *mean,
-                               const float *rstd, act *keep) {
+static void norm_input_grad(model *m, const deferral *df, act *dout, const act *inp,
+                            float *const *w, float **gw, float **gb, const float *mean,
+                            const float *rstd, act *keep) {
     if (df->list)
         block_norm_backward_input(m, m->acts.dtmp, dout, inp, *w, mean, rstd);
     else
@@ -320,12 +351,19 @@ static void norm_step_backward(model *m, const deferral *df, act *dx, act *dout,
                          .mean = mean,
                          .rstd = rstd},
                 keep, (int64_t)m->shape.Nl * m->shape.C);
-    m->ops->add(m->ops, dx, dx, m->acts.dtmp, (int64_t)m->shape.Nl * m->shape.C);
 }
 
+/* dx += d loss / d (a norm's input), given its output gradient dout (this rank's rows). */
+static void norm_step_backward(model *m, const deferral *df, act *dx, act *dout, const act *inp,
+                               float *const *w, float **gw, float **gb, const float *mean,
+                               const float *rstd, act *keep) {
+    norm_input_grad(m, df, dout, inp, w, gw, gb, mean, rstd, keep);
+    m->ops->add(m->ops, dx, dx, m->acts.dtmp, (int64_t)m->shape.Nl * m->shape.C);
+}
 /* Attention, res2 = x_in + attn(ln1) @ wo^T + bo: from d res2 (dx) to d ln1; returns this
  * rank's rows of it. */
-static act *attention_backward(model *m, int l, const act *dx, layer_acts *a, const deferral *df) {
+static act *attention_backward(model *m, int l, const act *dx, layer_acts *a, const deferral *df,
+                               const act *x) {
     const ust_ops *o = m->ops;
     const layer_w *w = &m->w.lw[l];
     layer_w *g = &m->w.lg[l];
@@ -344,7 +382,12 @@ static act *attention_backward(model *m, int l, const act *dx, layer_acts *a, co
         o->rope_bwd(o, m->acts.dk, m->acts.dk, m->batch.rows, m->shape.B, m->shape.T, m->shape.Hkv,
                     m->shape.D, &m->shape.rope);
     }
-    if (m->shape.qk_norm) {
+    if (m->shape.qk_whole) {
+        proj_norm_backward(m, df, m->acts.dq, a->qr, &w->qn_w, &g->qn_w, a->q_rstd, m->shape.H,
+                           k ? k->dqn : NULL);
+        proj_norm_backward(m, df, m->acts.dk, a->kr, &w->kn_w, &g->kn_w, a->k_rstd, m->shape.Hkv,
+                           k ? k->dkn : NULL);
+    } else if (m->shape.qk_norm) {
         head_norm_backward(m, df, m->acts.dq, a->qr, &w->qn_w, &g->qn_w, a->q_rstd, m->shape.H,
                            k ? k->dqn : NULL);
         head_norm_backward(m, df, m->acts.dk, a->kr, &w->kn_w, &g->kn_w, a->k_rstd, m->shape.Hkv,
@@ -353,7 +396,23 @@ static act *attention_backward(model *m, int l, const act *dx, layer_acts *a, co
     const block_col qkv[3] = {{&g->wq, &g->bq, m->acts.dq, k ? k->dq : NULL, &w->wq, HD},
                               {&g->wk, &g->bk, m->acts.dk, k ? k->dk : NULL, &w->wk, KV},
                               {&g->wv, &g->bv, m->acts.dv, k ? k->dv : NULL, &w->wv, KV}};
-    return block_column_backward(m, df, a->ln1, qkv, 3); /* so is attention's */
+    return block_column_backward(m, df, x, qkv, 3); /* so is attention's */
+}
+
+/* model.post_norm: the backward of post_norm_forward; dx as block_backward's. */
+static void post_norm_backward(model *m, int l, const act *x_in, act *dx, layer_acts *a,
+                               const deferral *df) {
+    const ust_ops *o = m->ops;
+    const layer_w *w = &m->w.lw[l];
+    layer_w *g = &m->w.lg[l];
+    const layer_wsave *k = df->keep;
+    int64_t n = (int64_t)m->shape.Nl * m->shape.C;
+    norm_input_grad(m, df, dx, a->ln2, &w->ln2_w, &g->ln2_w, &g->ln2_b, a->ln2_mean, a->ln2_rstd,
+                    k ? k->dln2 : NULL);                                    /* dtmp = d mlp out */
+    o->add(o, dx, dx, mlp_backward(m, l, m->acts.dtmp, a, df, a->res2), n); /* dx = d res2 */
+    norm_input_grad(m, df, dx, a->ln1, &w->ln1_w, &g->ln1_w, &g->ln1_b, a->ln1_mean, a->ln1_rstd,
+                    k ? k->dln1 : NULL); /* dtmp = d attention out */
+    o->add(o, dx, dx, attention_backward(m, l, m->acts.dtmp, a, df, x_in), n); /* dx = d x_in */
 }
 
 /* dx: (B,T,C) holds d loss / d x_out on entry and d loss / d x_in on exit. */
@@ -363,12 +422,17 @@ void block_backward(model *m, int l, const act *x_in, act *dx, layer_acts *a, mo
     layer_w *g = &m->w.lg[l];
     const layer_wsave *k = df->keep;
     UST_ASSERT(!df->list || !is_moe(m, l), "zero-bubble B/W split of a MoE layer");
-    act *dln = is_moe(m, l) ? moe_mlp_backward(m, l, dx, a, ma) : mlp_backward(m, l, dx, a, df);
+    if (m->shape.post_norm) {
+        post_norm_backward(m, l, x_in, dx, a, df);
+        return;
+    }
+    act *dln =
+        is_moe(m, l) ? moe_mlp_backward(m, l, dx, a, ma) : mlp_backward(m, l, dx, a, df, a->ln2);
     norm_step_backward(m, df, dx, dln, a->res2, &w->ln2_w, &g->ln2_w, &g->ln2_b, a->ln2_mean,
                        a->ln2_rstd, k ? k->dln2 : NULL); /* dx = d res2 */
     UST_ASSERT(!df->list || !is_mla(m), "zero-bubble B/W split of a latent-attention layer");
     dln = is_mla(m) ? mla_backward(m, l, dx, a, layer_docs(m, l))
-                    : attention_backward(m, l, dx, a, df);
+                    : attention_backward(m, l, dx, a, df, a->ln1);
     norm_step_backward(m, df, dx, dln, x_in, &w->ln1_w, &g->ln1_w, &g->ln1_b, a->ln1_mean,
                        a->ln1_rstd, k ? k->dln1 : NULL); /* dx = d x_in */
 }

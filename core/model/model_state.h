@@ -64,7 +64,8 @@ typedef enum {
     WG_LINEAR,     /* dw (+ db) += dout^T @ x, x the last gathered input (gathered) or x itself */
     WG_NORM,       /* a norm's weight (and bias) gradient */
     WG_EMBED,      /* the embeddings' gradients from the chunk's input gradient */
-    WG_HEADNORM    /* model.qk_norm: a per-head norm's weight gradient (N rows of C = D) */
+    WG_HEADNORM,   /* model.qk_norm: a per-head norm's weight gradient (N rows of C = D) */
+    WG_PROJNORM    /* model.qk_norm_whole: a whole-projection norm's (N = its heads) */
 } wg_kind;
 
 typedef struct {
@@ -94,17 +95,19 @@ typedef struct {
     wg_list wg;        /* zb only: the weight gradients B left for W */
     moe_acts *ma;      /* MoE layers: one per layer of the chunk (dense layers leave it unset) */
     act *lnf, *logits; /* head chunk: (Nl,C) (N,Vl) */
-    float *lnf_mean, *lnf_rstd;  /* head chunk: (Nl) (Nl) */
-    act *dlnf;                   /* head chunk under zb: the final norm's output gradient (Nl,C) */
-    int32_t *tok;                /* embedding chunk: the token ids */
-    int32_t *doc;                /* data.doc_mask: where each token's document begins (B,Tl) */
-    int32_t doc_min;             /* ... the smallest of them */
-    int32_t *udoc;               /* ... under Ulysses cp: those of the tokens attended (B, Tb) */
-    int32_t udoc_min;            /* ... the smallest of them */
-    int32_t *wdoc, *uwdoc;       /* model.sliding_window: doc and udoc raised to each token's */
-    int32_t wdoc_min, uwdoc_min; /* window start (position - W + 1), and their smallest */
-    int32_t *pos;                /* (B,Tl) each token's position (ust_batch.positions) */
-    act *dy; /* (Nl,C): d loss / d chunk output on entry to backward, d / d input after */
+    float *lnf_mean, *lnf_rstd; /* head chunk: (Nl) (Nl) */
+    act *dlnf;                  /* head chunk under zb: the final norm's output gradient (Nl,C) */
+    int32_t *tok;               /* embedding chunk: the token ids */
+    int32_t *doc;               /* data.doc_mask: where each token's document begins (B,Tl) */
+    int32_t doc_min;            /* ... the smallest of them */
+    int32_t *udoc;              /* ... under Ulysses cp: those of the tokens attended (B, Tb) */
+    int32_t udoc_min;           /* ... the smallest of them */
+    /* model.sliding_window, for each window size k (cfg_windows): doc and udoc raised to each
+     * token's window start (position - W_k + 1), and their smallest */
+    int32_t *wdoc[CFG_MAX_WINDOWS], *uwdoc[CFG_MAX_WINDOWS];
+    int32_t wdoc_min[CFG_MAX_WINDOWS], uwdoc_min[CFG_MAX_WINDOWS];
+    int32_t *pos; /* (B,Tl) each token's position (ust_batch.positions) */
+    act *dy;      /* (Nl,C): d loss / d chunk output on entry to backward, d / d input after */
 } act_slot;
 
 /* A contiguous run of layers: one pipeline stage (the whole model without pipelining). */
@@ -134,6 +137,8 @@ typedef struct {
     ust_rope rope;
     int qkv_bias;  /* q/k/v projections have biases (gpt2; llama with model.qkv_bias) */
     int qk_norm;   /* model.qk_norm: RMSNorm over each head's q and k before RoPE */
+    int qk_whole;  /* model.qk_norm_whole: ... over the whole q and k projections (OLMo 2) */
+    int post_norm; /* model.post_norm: the norms after attention and the MLP (OLMo 2) */
     int doc_mask;  /* data.doc_mask: attention inside documents */
     int reset_pos; /* data.reset_positions: positions restart at each document */
     ust_recompute recompute;
@@ -205,7 +210,9 @@ typedef struct {
     moe_acts moe_scratch; /* full recompute: the one set every MoE layer rebuilds into */
     float *losses;        /* (N) */
     act *dtmp, *dln, *dq, *dk, *dv, *datt, *dgate, *dup, *dact;
-    float *dnorm;              /* 2C: a norm's weight (and bias) gradient before the sp reduction */
+    float *dnorm; /* 2C: a norm's weight (and bias) gradient before the sp reduction */
+    act *pn_stage, *pn_x,
+        *pn_y;                 /* model.qk_norm_whole under tp: (N, H*D) whole rows (proj_norm.c) */
     float *vc_lse;             /* (4N): the chunked cross-entropy's statistics */
     act *vc_merge, *vc_merge2; /* (N) each: the lse merge's unused outputs */
     int32_t *tgt;
@@ -228,10 +235,11 @@ typedef struct {
 
 /* model.c: the micro-batch being computed (its slot's copies of the ust_batch). */
 typedef struct {
-    int32_t *rows;  /* (B,Tl) its positions (the slot's pos) */
-    cp_docs docs;   /* its documents */
-    cp_docs wdocs;  /* model.sliding_window: its documents cut to each query's window */
-    int32_t *whost; /* (B,Tl) host scratch for the window starts */
+    int32_t *rows;                  /* (B,Tl) its positions (the slot's pos) */
+    cp_docs docs;                   /* its documents */
+    cp_docs wdocs[CFG_MAX_WINDOWS]; /* model.sliding_window: its documents cut to each query's
+                                     * window, one set per window size (cfg_windows) */
+    int32_t *whost;                 /* (B,Tl) host scratch for the window starts */
 } model_batch;
 
 struct model {

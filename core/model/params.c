@@ -137,7 +137,9 @@ static void add_layer_params(model *m, int l) {
 #define P(suffix, rows, cols, split, decay, sd, val, field)                                       \
     if (!m->tab.sizing) snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                      \
     add_param(m, n, rows, cols, split, decay, sd, val, &w->field, &g->field)
-    P("input_layernorm.weight", 1, C, N0, 0, 0, 1, ln1_w);
+    /* model.post_norm (OLMo 2): norm 1 follows attention and norm 2 the MLP, named so */
+    int post = m->shape.post_norm, qn = m->shape.qk_whole ? m->shape.Hg : 1;
+    P(post ? "post_attention_layernorm.weight" : "input_layernorm.weight", 1, C, N0, 0, 0, 1, ln1_w);
     if (gpt2) { P("input_layernorm.bias", 1, C, N0, 0, 0, 0, ln1_b); }
     if (is_mla(m)) { add_mla_params(m, l); goto mlp; }
     P("self_attn.q_proj.weight", HD, C, R, 1, std, 0, wq);
@@ -149,10 +151,11 @@ static void add_layer_params(model *m, int l) {
     P("self_attn.o_proj.weight", C, HD, CO, 1, proj_std, 0, wo);
     if (gpt2) { P("self_attn.o_proj.bias", 1, C, N0, 0, 0, 0, bo); }
     /* whole on every tp rank: each rank's heads use all of it (gradients summed, tp.c) */
-    if (m->shape.qk_norm) { P("self_attn.q_norm.weight", 1, m->shape.D, N0, 0, 0, 1, qn_w); }
-    if (m->shape.qk_norm) { P("self_attn.k_norm.weight", 1, m->shape.D, N0, 0, 0, 1, kn_w); }
+    /* model.qk_norm_whole: one weight over all heads (qn of them; k: Hkv), whole on each rank */
+    if (m->shape.qk_norm) { P("self_attn.q_norm.weight", 1, qn * m->shape.D, N0, 0, 0, 1, qn_w); }
+    if (m->shape.qk_norm) { P("self_attn.k_norm.weight", 1, (qn > 1 ? m->shape.Hkvg : 1) * m->shape.D, N0, 0, 0, 1, kn_w); }
 mlp:
-    P("post_attention_layernorm.weight", 1, C, N0, 0, 0, 1, ln2_w);
+    P(post ? "post_feedforward_layernorm.weight" : "post_attention_layernorm.weight", 1, C, N0, 0, 0, 1, ln2_w);
     if (gpt2) { P("post_attention_layernorm.bias", 1, C, N0, 0, 0, 0, ln2_b); }
     if (is_moe(m, l)) { add_moe_params(m, l); return; }
     if (!gpt2) { P("mlp.gate_proj.weight", F, C, R, 1, std, 0, wg); }
@@ -552,6 +555,8 @@ void params_dims(model *m, const ust_config *cfg) {
     m->shape.rope = ops_rope(cfg);
     m->shape.qkv_bias = !m->shape.llama || cfg->model.qkv_bias;
     m->shape.qk_norm = m->shape.llama && cfg->model.qk_norm;
+    m->shape.qk_whole = m->shape.qk_norm && cfg->model.qk_norm_whole;
+    m->shape.post_norm = m->shape.llama && cfg->model.post_norm;
     /* packed examples (data.packing: first_fit) are documents masked apart, positions reset */
     m->shape.doc_mask = cfg->data.doc_mask || cfg->data.packing;
     m->shape.reset_pos = cfg->data.reset_positions || cfg->data.packing;

@@ -52,7 +52,8 @@ expect_exit window_negative_exits_2 2 "wneg.yaml:2:23: model.sliding_window: exp
 printf 'model: {arch: llama, n_layer: 2,\n  sliding_window: [8, 8, 8]}\n' >$TMP/wlen.yaml
 expect_exit window_list_wrong_length_exits_2 2 "wlen.yaml:2:19: model.sliding_window has 3 entries; it takes one window for every layer or one per layer \(model.n_layer = 2\)" -- \
     $UST validate $TMP/wlen.yaml
-expect_exit window_two_sizes_exits_2 2 "layers 0 and 1 have windows 8 and 4; ustrain computes one window size" -- \
+# two sizes are computed (test/sh/window_sizes.sh); the validation names them
+expect_exit window_two_sizes_validate_prints_them 0 "attention: sliding windows \[8,4\] \(2 layers windowed of 2\)" -- \
     $W --set model.sliding_window=8,4
 expect_exit window_longer_than_the_sequence_is_full 0 "sliding window of 40 keys on 2 of 2 layers \(>= train.seq_len: full attention in training" -- \
     $W --set model.sliding_window=40

@@ -7,7 +7,8 @@ and compares an imported-then-exported directory with the original.
       KIND: llama, llama_tied, llama3 (rope_scaling llama3), qwen2 (q/k/v biases), qwen3 (q/k head
       norms), mistral (a sliding window of 8 in every layer), qwen2_window (Qwen2 with a window
       of 8 on the layers from max_window_layers = 1 on), llama_yarn (rope_scaling yarn, factor 4
-      over 16 original positions), mixtral, qwen3_moe (decoder_sparse_step 2: layer 0 dense,
+      over 16 original positions), olmo2 (q/k norms over the whole projections, norms after
+      attention and the MLP), mixtral, qwen3_moe (decoder_sparse_step 2: layer 0 dense,
       layer 1 four experts), gpt2.
       Writes OUT/config.json and OUT/model.safetensors, or with --shards N > 1
       OUT/model-0000i-of-0000N.safetensors + model.safetensors.index.json. The safetensors files
@@ -41,12 +42,12 @@ def llama_config(kind):
     arch = {"qwen2": "Qwen2ForCausalLM", "qwen2_window": "Qwen2ForCausalLM",
             "qwen3": "Qwen3ForCausalLM", "mistral": "MistralForCausalLM",
             "mixtral": "MixtralForCausalLM",
-            "qwen3_moe": "Qwen3MoeForCausalLM"}.get(kind, "LlamaForCausalLM")
+            "qwen3_moe": "Qwen3MoeForCausalLM", "olmo2": "Olmo2ForCausalLM"}.get(kind, "LlamaForCausalLM")
     cfg = {
         "architectures": [arch],
         "model_type": {"qwen2": "qwen2", "qwen2_window": "qwen2", "qwen3": "qwen3",
                        "mistral": "mistral", "mixtral": "mixtral",
-                       "qwen3_moe": "qwen3_moe"}.get(kind, "llama"),
+                       "qwen3_moe": "qwen3_moe", "olmo2": "olmo2"}.get(kind, "llama"),
         "hidden_size": d["C"], "intermediate_size": d["FE"] if kind == "mixtral" else d["F"],
         "num_hidden_layers": d["L"], "num_attention_heads": d["H"], "num_key_value_heads": d["KV"],
         "vocab_size": d["V"], "max_position_embeddings": d["T"], "rms_norm_eps": 1e-5,
@@ -63,6 +64,8 @@ def llama_config(kind):
         cfg.update(use_sliding_window=False, sliding_window=None, max_window_layers=d["L"])
     if kind == "qwen3":
         cfg.update(attention_bias=False, head_dim=d["C"] // d["H"])
+    if kind == "olmo2":
+        cfg.update(attention_bias=False)
     if kind == "qwen2_window":
         cfg.update(use_sliding_window=True, sliding_window=8, max_window_layers=1)
     if kind == "mistral":
@@ -87,7 +90,8 @@ def llama_tensors(kind):
     t = [("model.embed_tokens.weight", (d["V"], d["C"]))]
     for i in range(d["L"]):
         p = f"model.layers.{i}."
-        t += [(p + "input_layernorm.weight", (d["C"],)),
+        t += [(p + ("post_feedforward_layernorm.weight" if kind == "olmo2"
+                    else "input_layernorm.weight"), (d["C"],)),
               (p + "self_attn.q_proj.weight", (HD, d["C"])),
               (p + "self_attn.k_proj.weight", (KVD, d["C"])),
               (p + "self_attn.v_proj.weight", (KVD, d["C"])),
@@ -95,6 +99,8 @@ def llama_tensors(kind):
               (p + "post_attention_layernorm.weight", (d["C"],))]
         if kind in ("qwen3", "qwen3_moe"):
             t += [(p + "self_attn.q_norm.weight", (D,)), (p + "self_attn.k_norm.weight", (D,))]
+        if kind == "olmo2":
+            t += [(p + "self_attn.q_norm.weight", (HD,)), (p + "self_attn.k_norm.weight", (KVD,))]
         if kind in ("qwen2", "qwen2_window"):
             t += [(p + "self_attn.q_proj.bias", (HD,)), (p + "self_attn.k_proj.bias", (KVD,)),
                   (p + "self_attn.v_proj.bias", (KVD,))]
@@ -290,6 +296,8 @@ def make_with_transformers(kind, out, seed=1):
             intermediate_size=d["F"], moe_intermediate_size=d["FE"], num_experts=d["E"],
             num_experts_per_tok=d["K"], decoder_sparse_step=1, mlp_only_layers=[0, 2],
             norm_topk_prob=False, head_dim=d["C"] // d["H"], **common))
+    elif kind == "olmo2":
+        model = tf.Olmo2ForCausalLM(tf.Olmo2Config(intermediate_size=d["F"], **common))
     elif kind == "mixtral":
         model = tf.MixtralForCausalLM(tf.MixtralConfig(
             intermediate_size=d["FE"], num_local_experts=d["E"], num_experts_per_tok=d["K"],
