@@ -35,30 +35,25 @@ static void fill_init(dp_state *d, int i, int64_t a, int64_t b, float *host, voi
 
 void dp_init_params(dp_state *d, uint64_t seed) { fill_params(d, fill_init, &seed); }
 
-void dp_add_to_param(void *ctx, int i, const float *delta) {
-    dp_state *d = ctx;
+/* This rank's piece of parameter i updated through host memory: per 0 adds v (the whole tensor's
+ * delta), else scales element e by v[e / per]. */
+static void param_on_host(dp_state *d, int i, const float *v, int64_t per) {
     int64_t a, b, t0 = piece(d, i, !whole(d, BUF_PARAMS), &a, &b);
     if (b <= a) return;
     float *host = malloc((size_t)(b - a) * sizeof(float));
     UST_ASSERT(host, "out of host memory");
     float *dev = at(d, BUF_PARAMS, model_param_unit(d->m, i), t0 + a);
     d->ops->to_host(d->ops, host, dev, (b - a) * sizeof(float));
-    for (int64_t k = 0; k < b - a; k++) host[k] += delta[a + k];
+    for (int64_t k = 0; k < b - a; k++)
+        host[k] = per ? host[k] * v[(a + k) / per] : host[k] + v[a + k];
     d->ops->to_device(d->ops, dev, host, (b - a) * sizeof(float));
     free(host);
 }
 
+void dp_add_to_param(void *ctx, int i, const float *delta) { param_on_host(ctx, i, delta, 0); }
+
 void dp_scale_param(void *ctx, int i, const float *f, int64_t per) {
-    dp_state *d = ctx;
-    int64_t a, b, t0 = piece(d, i, !whole(d, BUF_PARAMS), &a, &b);
-    if (b <= a) return;
-    float *host = malloc((size_t)(b - a) * sizeof(float));
-    UST_ASSERT(host, "out of host memory");
-    float *dev = at(d, BUF_PARAMS, model_param_unit(d->m, i), t0 + a);
-    d->ops->to_host(d->ops, host, dev, (b - a) * sizeof(float));
-    for (int64_t k = 0; k < b - a; k++) host[k] *= f[(a + k) / per];
-    d->ops->to_device(d->ops, dev, host, (b - a) * sizeof(float));
-    free(host);
+    param_on_host(ctx, i, f, per);
 }
 
 typedef struct {

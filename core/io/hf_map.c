@@ -445,6 +445,16 @@ static void qwen3_moe_json(cJSON *j, const ust_config *c) {
     cJSON_AddBoolToObject(j, "use_sliding_window", 0);
 }
 
+/* The keys every llama-family config.json ends with. */
+static cJSON *common_tail(cJSON *j, const ust_config *c, int bos, int eos) {
+    cJSON_AddBoolToObject(j, "tie_word_embeddings", cfg_tied(c));
+    special_tokens(j, bos, eos);
+    cJSON_AddNumberToObject(j, "initializer_range", 0.02);
+    cJSON_AddBoolToObject(j, "use_cache", 1);
+    cJSON_AddStringToObject(j, "torch_dtype", "float32");
+    return j;
+}
+
 static cJSON *llama_config(const ust_config *c, int bos, int eos) {
     const __typeof__(c->model) *m = &c->model;
     int moe = m->moe.num_experts > 0, qwen2 = !moe && m->qkv_bias, olmo2 = m->post_norm,
@@ -510,12 +520,7 @@ static cJSON *llama_config(const ust_config *c, int bos, int eos) {
         cJSON_AddBoolToObject(j, "mlp_bias", 0);
         cJSON_AddNumberToObject(j, "pretraining_tp", 1);
     }
-    cJSON_AddBoolToObject(j, "tie_word_embeddings", cfg_tied(c));
-    special_tokens(j, bos, eos);
-    cJSON_AddNumberToObject(j, "initializer_range", 0.02);
-    cJSON_AddBoolToObject(j, "use_cache", 1);
-    cJSON_AddStringToObject(j, "torch_dtype", "float32");
-    return j;
+    return common_tail(j, c, bos, eos);
 }
 
 static cJSON *gpt2_config(const ust_config *c, int bos, int eos) {
@@ -589,12 +594,7 @@ static cJSON *deepseek_config(const ust_config *c, int bos, int eos) {
         cJSON_AddNumberToObject(rs, "mscale_all_dim", a->mscale_all_dim);
     cJSON_AddBoolToObject(j, "attention_bias", 0);
     cJSON_AddNumberToObject(j, "attention_dropout", 0.0);
-    cJSON_AddBoolToObject(j, "tie_word_embeddings", cfg_tied(c));
-    special_tokens(j, bos, eos);
-    cJSON_AddNumberToObject(j, "initializer_range", 0.02);
-    cJSON_AddBoolToObject(j, "use_cache", 1);
-    cJSON_AddStringToObject(j, "torch_dtype", "float32");
-    return j;
+    return common_tail(j, c, bos, eos);
 }
 
 cJSON *hf_config_json(const ust_config *c, int bos, int eos) {
