@@ -128,6 +128,10 @@ void train_stats_before(trainer *t);
 void train_stats_after(trainer *t);
 void train_stats_report(trainer *t, log_step *s);
 
+/* train_memmap.c: the arena's limit (run.memory_limit_mb, or the device's free memory) and the
+ * owner map printed and written (run.out_dir/memory_map_rank_R.json) when it would be passed. */
+void train_memmap_arm(trainer *t);
+
 /* train_setup.c */
 #define TRAIN_SETUP_PROFILE 1 /* train_setup flags: time every op */
 #define TRAIN_SETUP_EVAL 2    /* ... evaluation only: trainer.eval */
