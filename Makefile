@@ -139,6 +139,7 @@ bench: deps
 	scripts/bench-moe.sh
 	scripts/bench-ckpt.sh
 	scripts/bench-muon.sh
+	scripts/bench-trace.sh
 	OMP_WAIT_POLICY=PASSIVE ./ustrain bench generate configs/gpt2-124m.yaml --new-tokens 64
 	scripts/bench-contention.sh ./ustrain $(UST_BASE)
 

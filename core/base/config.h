@@ -56,6 +56,7 @@ typedef struct {
         uint64_t seed;
         ust_device device;
         char out_dir[UST_PATH_MAX];
+        double memory_limit_mb; /* the arena's limit (0: none; cuda: the device's free memory) */
     } run;
     struct {
         ust_arch arch;

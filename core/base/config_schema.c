@@ -72,6 +72,7 @@ const cfg_key cfg_keys[] = {
     U64("run.seed", run.seed, "1234"),
     ENUM("run.device", run.device, "cpu", DEVICES),
     STR("run.out_dir", run.out_dir, "runs/tiny", 0),
+    DBL("run.memory_limit_mb", run.memory_limit_mb, "0", 0, INFINITY, 0),
 
     ENUM("model.arch", model.arch, "llama", ARCHS),
     INTR("model.n_layer", model.n_layer, "4", 1, 4096),

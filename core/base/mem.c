@@ -19,6 +19,13 @@ void *mem_alloc(ust_arena *a, mem_cat cat, size_t bytes) {
     UST_ASSERT(!a->frozen, "allocation of %zu bytes after setup (category %s)", bytes,
                mem_cat_name(cat));
     if (bytes == 0) bytes = 64;
+    if (a->limit && a->total + bytes > a->limit) {
+        if (a->overflow) a->overflow(a->overflow_ctx, a, cat, bytes);
+        ust_fatal(UST_EXIT_USAGE,
+                  "memory: %zu bytes of %s would take the arena from %zu to %zu bytes, past its "
+                  "limit of %zu",
+                  bytes, mem_cat_name(cat), a->total, a->total + bytes, a->limit);
+    }
     a->bytes[cat] += bytes;
     a->total += bytes;
     if (a->total > a->peak) a->peak = a->total;
@@ -34,6 +41,10 @@ void *mem_alloc(ust_arena *a, mem_cat cat, size_t bytes) {
 }
 
 void mem_freeze(ust_arena *a) { a->frozen = 1; }
+
+void mem_set_limit(ust_arena *a, size_t limit, mem_overflow_fn fn, void *ctx) {
+    a->limit = limit, a->overflow = fn, a->overflow_ctx = ctx;
+}
 
 void mem_release(ust_arena *a) {
     for (int i = 0; i < a->nblocks; i++) a->ops->free(a->ops, a->blocks[i]);

@@ -11,13 +11,21 @@
 
 typedef enum { MEM_PARAMS, MEM_GRADS, MEM_OPTIM, MEM_ACTS, MEM_COMM, MEM_OTHER, MEM_NCAT } mem_cat;
 
-typedef struct {
+struct ust_arena_s;
+/* Called when an allocation would take the arena past its limit (mem_set_limit), before the
+ * run exits: the memory map's report. */
+typedef void (*mem_overflow_fn)(void *ctx, const struct ust_arena_s *a, mem_cat cat, size_t bytes);
+
+typedef struct ust_arena_s {
     const ust_ops *ops;
     size_t bytes[MEM_NCAT];
     size_t total, peak;
     int frozen;
     void **blocks; /* every allocation, to free them (grows as needed) */
     int nblocks, cap;
+    size_t limit; /* 0: none; else mem_alloc past it reports (overflow) and exits 2 */
+    mem_overflow_fn overflow;
+    void *overflow_ctx;
 } ust_arena;
 
 void mem_init(ust_arena *a, const ust_ops *ops);
@@ -28,6 +36,9 @@ void mem_init_counting(ust_arena *a);
 int mem_counting(const ust_arena *a);
 void *mem_alloc(ust_arena *a, mem_cat cat, size_t bytes); /* zeroed; fatal when frozen */
 void mem_freeze(ust_arena *a);
+/* run.memory_limit_mb, or the device's free memory: an allocation that would take the arena's
+ * total past limit calls fn (the owner map) and exits 2 instead of allocating. */
+void mem_set_limit(ust_arena *a, size_t limit, mem_overflow_fn fn, void *ctx);
 void mem_release(ust_arena *a); /* frees everything */
 const char *mem_cat_name(mem_cat c);
 size_t mem_peak_rss_bytes(void); /* VmHWM of this process (CPU) */

@@ -142,6 +142,10 @@ int train_feed_ramp(trainer *t, ust_err *e);
 void train_qk_begin(trainer *t);
 void train_qk_end(trainer *t, int applied);
 
+/* train_memmap.c: the arena's limit (run.memory_limit_mb, or the device's free memory) and the
+ * owner map printed and written (run.out_dir/memory_map_rank_R.json) when it would be passed. */
+void train_memmap_arm(trainer *t);
+
 /* train_setup.c */
 #define TRAIN_SETUP_PROFILE 1 /* train_setup flags: time every op */
 #define TRAIN_SETUP_EVAL 2    /* ... evaluation only: trainer.eval */

@@ -123,6 +123,7 @@ static int open_backend(trainer *t, int profile, ust_err *e) {
                "backend activations of %d bytes, plan %d", t->eng.ops->act_size,
                cfg_act_size(cfg)); /* the memory plan counts on it */
     mem_init(&t->eng.arena, t->eng.ops);
+    train_memmap_arm(t);
     return 0;
 }
 
