@@ -178,6 +178,131 @@ static size_t type_bytes(cudaDataType t) { return t == CUDA_R_16BF ? 2 : 4; }
 
 static bf16 *to_bf16(const ust_ops *o, int slot, const float *src, int64_t n);
 
+/* cuBLASLt's descriptor, layouts and chosen algorithm per problem, built once: creating them and
+ * asking the heuristic costs more host time than a small GEMM runs (a GPT-2 step makes ~150
+ * GEMM calls of ~20 problems). A problem is everything the descriptor, layouts and algorithm
+ * depend on, alignments included; the bias and GELU aux pointers change per call and are set on
+ * the cached descriptor just before cublasLtMatmul, which reads it when called. Full: the
+ * oldest entry is replaced. */
+typedef struct {
+    int32_t ct, M, N, K, tA, tB, batch, epi, bias;
+    uint32_t alA, alB, alC;
+    int64_t lda, ldb, ldc, sA, sB, sC;
+} lt_key;
+
+typedef struct {
+    lt_key key;
+    int ok; /* 1: the heuristic found an algorithm; 0: none (the caller falls back) */
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t lb, la, lc; /* lb describes B (cuBLAS's "A") */
+    cublasLtMatmulAlgo_t algo;
+} lt_entry;
+
+#define LT_CACHE 64
+struct lt_cache {
+    lt_entry e[LT_CACHE];
+    int n, next;
+};
+
+static void lt_entry_free(lt_entry *e) {
+    if (e->lc) cublasLtMatrixLayoutDestroy(e->lc);
+    if (e->la) cublasLtMatrixLayoutDestroy(e->la);
+    if (e->lb) cublasLtMatrixLayoutDestroy(e->lb);
+    if (e->op) cublasLtMatmulDescDestroy(e->op);
+    memset(e, 0, sizeof *e);
+}
+
+void cuda_lt_cache_free(cuda_impl *im) {
+    if (!im->ltc) return;
+    for (int i = 0; i < im->ltc->n; i++) lt_entry_free(&im->ltc->e[i]);
+    free(im->ltc);
+    im->ltc = NULL;
+}
+
+#define LT(call)                                                                                   \
+    if ((call) != CUBLAS_STATUS_SUCCESS) return -1
+/* e's descriptor (transposes, epilogue, bias type) and its three layouts from its key. */
+static int lt_describe(lt_entry *e) {
+    const lt_key *k = &e->key;
+    cublasOperation_t opB = k->tB ? CUBLAS_OP_T : CUBLAS_OP_N,
+                      opA = k->tA ? CUBLAS_OP_T : CUBLAS_OP_N;
+    LT(cublasLtMatmulDescCreate(&e->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSA, &opB, sizeof opB));
+    LT(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_TRANSB, &opA, sizeof opA));
+    if (k->epi != CUBLASLT_EPILOGUE_DEFAULT) {
+        cublasLtEpilogue_t epi = (cublasLtEpilogue_t)k->epi;
+        LT(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+        if (k->bias) { /* of D's type: rounded to bf16 for a bf16 output */
+            int32_t bt = k->ct;
+            LT(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
+                                              sizeof bt));
+        }
+    }
+    LT(cublasLtMatrixLayoutCreate(&e->lb, CUDA_R_16BF, k->tB ? k->K : k->N, k->tB ? k->N : k->K,
+                                  k->ldb));
+    LT(cublasLtMatrixLayoutCreate(&e->la, CUDA_R_16BF, k->tA ? k->M : k->K, k->tA ? k->K : k->M,
+                                  k->lda));
+    LT(cublasLtMatrixLayoutCreate(&e->lc, (cudaDataType)k->ct, k->N, k->M, k->ldc));
+    if (k->batch > 1) { /* the three layouts' batch count and stride */
+        cublasLtMatrixLayout_t lay[3] = {e->lb, e->la, e->lc};
+        int64_t stride[3] = {k->sB, k->sA, k->sC};
+        int32_t bc = k->batch;
+        for (int i = 0; i < 3; i++) {
+            LT(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc,
+                                                sizeof bc));
+            LT(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                &stride[i], sizeof stride[i]));
+        }
+    }
+    return 0;
+}
+
+/* The heuristic's first algorithm for e under the workspace and the key's alignments: 0, or -1
+ * when there is none. */
+static int lt_choose(cuda_impl *im, lt_entry *e) {
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t res;
+    uint64_t ws = im->lt_ws_bytes;
+    int nres = 0, rc = -1;
+    if (cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS) return -1;
+    const cublasLtMatmulPreferenceAttributes_t al_attr[4] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    const uint32_t al[4] = {e->key.alB, e->key.alA, e->key.alC, e->key.alC};
+    int ok = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &ws, sizeof ws) == CUBLAS_STATUS_SUCCESS;
+    for (int i = 0; i < 4 && ok; i++)
+        ok = cublasLtMatmulPreferenceSetAttribute(pref, al_attr[i], &al[i], sizeof al[i]) ==
+             CUBLAS_STATUS_SUCCESS;
+    if (ok &&
+        cublasLtMatmulAlgoGetHeuristic(im->lt, e->op, e->lb, e->la, e->lc, e->lc, pref, 1, &res,
+                                       &nres) == CUBLAS_STATUS_SUCCESS &&
+        nres >= 1) {
+        e->algo = res.algo;
+        rc = 0;
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    return rc;
+}
+
+/* The cache's entry for key k, built on a miss. */
+static lt_entry *lt_lookup(cuda_impl *im, const lt_key *k) {
+    if (!im->ltc) {
+        im->ltc = (lt_cache *)calloc(1, sizeof(lt_cache));
+        UST_ASSERT(im->ltc, "out of memory for the cuBLASLt cache");
+    }
+    lt_cache *c = im->ltc;
+    for (int i = 0; i < c->n; i++)
+        if (memcmp(&c->e[i].key, k, sizeof *k) == 0) return &c->e[i];
+    int slot = c->n < LT_CACHE ? c->n++ : c->next; /* full: the oldest is replaced */
+    if (slot == c->next && c->n == LT_CACHE) c->next = (c->next + 1) % LT_CACHE;
+    lt_entry *e = &c->e[slot];
+    lt_entry_free(e);
+    e->key = *k;
+    e->ok = lt_describe(e) == 0 && lt_choose(im, e) == 0;
+    return e;
+}
+
 /* bf16 inputs, C of type ct (fp32, or bf16 for activations: read widened when beta != 0, the
  * result rounded once), CUBLAS_COMPUTE_32F through cuBLASLt, with an optional epilogue: bias
  * (N fp32, one per column of the row-major C; rounded to bf16 in scratch slot C for a bf16 C:
@@ -191,81 +316,35 @@ static int lt_gemm(const ust_ops *o, void *C, cudaDataType ct, int64_t ldc, int6
                    int M, int N, int K, int tA, int tB, float alpha, float beta, int batch,
                    const float *bias, void *gelu_pre, int dgelu) {
     cuda_impl *im = CUDA_IMPL(o);
-    cublasLtMatmulDesc_t op = NULL;
-    cublasLtMatrixLayout_t lb = NULL, la = NULL, lc = NULL; /* lb describes B (cuBLAS's "A") */
-    cublasLtMatmulPreference_t pref = NULL;
-    cublasOperation_t opB = tB ? CUBLAS_OP_T : CUBLAS_OP_N, opA = tA ? CUBLAS_OP_T : CUBLAS_OP_N;
-    int rc = -1, nres = 0;
-    cublasLtMatmulHeuristicResult_t res;
-    uint64_t ws = im->lt_ws_bytes;
-    uint32_t alB = align_of(B, sB * 2), alA = align_of(A, sA * 2);
-    uint32_t alC = align_of(C, sC * (int64_t)type_bytes(ct));
-    int32_t bc = batch;
-#define LT(call)                                                                                   \
-    if ((call) != CUBLAS_STATUS_SUCCESS) goto done
-    LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opB, sizeof opB));
-    LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opA, sizeof opA));
-    if (bias || gelu_pre) { /* cuBLASLt's D is C transposed: its rows are our columns */
-        cublasLtEpilogue_t epi = !gelu_pre ? CUBLASLT_EPILOGUE_BIAS
-                                 : dgelu   ? CUBLASLT_EPILOGUE_DGELU
-                                 : bias    ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
-                                           : CUBLASLT_EPILOGUE_GELU_AUX;
-        LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-        if (bias) {
-            int32_t bt = ct;
-            const void *bp = ct == CUDA_R_16BF ? (const void *)to_bf16(o, SCR_C, bias, N) : bias;
-            LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt,
-                                              sizeof bt));
-            LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp,
-                                              sizeof bp));
-        }
-        if (gelu_pre) { /* the aux buffer has D's type (the attribute's default) */
-            int64_t ld = ldc;
-            LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
-                                              &gelu_pre, sizeof gelu_pre));
-            LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld,
-                                              sizeof ld));
-        }
+    lt_key k;
+    memset(&k, 0, sizeof k); /* the padding too: keys compare with memcmp */
+    k.ct = ct, k.M = M, k.N = N, k.K = K, k.tA = tA, k.tB = tB, k.batch = batch;
+    k.lda = lda, k.ldb = ldb, k.ldc = ldc, k.sA = sA, k.sB = sB, k.sC = sC, k.bias = bias != NULL;
+    k.epi = !gelu_pre ? (bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT)
+            : dgelu   ? CUBLASLT_EPILOGUE_DGELU
+            : bias    ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                      : CUBLASLT_EPILOGUE_GELU_AUX;
+    k.alB = align_of(B, sB * 2), k.alA = align_of(A, sA * 2);
+    k.alC = align_of(C, sC * (int64_t)type_bytes(ct));
+    lt_entry *e = lt_lookup(im, &k);
+    if (!e->ok) return -1;
+    if (bias) { /* cuBLASLt's D is C transposed: its rows are our columns */
+        const void *bp = ct == CUDA_R_16BF ? (const void *)to_bf16(o, SCR_C, bias, N) : bias;
+        LT(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp,
+                                          sizeof bp));
     }
-    LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, tB ? K : N, tB ? N : K, ldb));
-    LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, tA ? M : K, tA ? K : M, lda));
-    LT(cublasLtMatrixLayoutCreate(&lc, ct, N, M, ldc));
-    if (batch > 1) { /* the three layouts' batch count and stride */
-        cublasLtMatrixLayout_t lay[3] = {lb, la, lc};
-        int64_t stride[3] = {sB, sA, sC};
-        for (int i = 0; i < 3; i++) {
-            LT(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc,
-                                                sizeof bc));
-            LT(cublasLtMatrixLayoutSetAttribute(lay[i], CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
-                                                &stride[i], sizeof stride[i]));
-        }
+    if (gelu_pre) { /* the aux buffer has D's type (the attribute's default) */
+        int64_t ld = ldc;
+        LT(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                          &gelu_pre, sizeof gelu_pre));
+        LT(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld,
+                                          sizeof ld));
     }
-    LT(cublasLtMatmulPreferenceCreate(&pref));
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                            sizeof ws));
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &alB,
-                                            sizeof alB));
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &alA,
-                                            sizeof alA));
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &alC,
-                                            sizeof alC));
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &alC,
-                                            sizeof alC));
-    LT(cublasLtMatmulAlgoGetHeuristic(im->lt, op, lb, la, lc, lc, pref, 1, &res, &nres));
-    if (nres < 1) goto done;
-    LT(cublasLtMatmul(im->lt, op, &alpha, B, lb, A, la, &beta, C, lc, C, lc, &res.algo, im->lt_ws,
-                      im->lt_ws_bytes, im->stream));
-    rc = 0;
-#undef LT
-done:
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
-    if (lc) cublasLtMatrixLayoutDestroy(lc);
-    if (la) cublasLtMatrixLayoutDestroy(la);
-    if (lb) cublasLtMatrixLayoutDestroy(lb);
-    if (op) cublasLtMatmulDescDestroy(op);
-    return rc;
+    LT(cublasLtMatmul(im->lt, e->op, &alpha, B, e->lb, A, e->la, &beta, C, e->lc, C, e->lc,
+                      &e->algo, im->lt_ws, im->lt_ws_bytes, im->stream));
+    return 0;
 }
+#undef LT
 
 /* C = beta C over an (M,N) block at leading dimension ldc: a GEMM with an empty sum (K = 0). */
 template <typename T> __global__ void k_scale_rows(act *C_, int64_t ldc, int M, int N, float beta) {
@@ -595,41 +674,104 @@ __device__ __forceinline__ int emb_dst_row(int wpe_mode, const int32_t *tok, con
     return (id >= v_start && id < v_end) ? id - v_start : -1;
 }
 
-/* dst[row(r)] += dout[r] for every source row r in order: one warp owns 32 columns and walks all
- * rows, so repeated tokens add in row order without atomics (deterministic). Eight rows are
- * loaded at a time; when their destinations are distinct the eight read-modify-writes are
- * independent and overlap, otherwise they are done one by one (same result either way). */
-#define EMB_U 8
-template <typename T>
-__global__ void k_embedding_bwd(float *dst, const act *dout_, const int32_t *tok,
-                                const int32_t *pos, int wpe_mode, int64_t rows, int Tn, int C,
-                                int v_start, int v_end) {
-    const T *dout = (const T *)dout_;
-    int c = blockIdx.x * 32 + threadIdx.x;
-    for (int64_t r0 = 0; r0 < rows; r0 += EMB_U) {
-        int dr[EMB_U];
-        float g[EMB_U];
-        int nr = rows - r0 < EMB_U ? (int)(rows - r0) : EMB_U;
-        for (int u = 0; u < EMB_U; u++) {
-            dr[u] = u < nr ? emb_dst_row(wpe_mode, tok, pos, r0 + u, Tn, v_start, v_end) : -1;
-            g[u] = (u < nr && c < C) ? ld_act(dout, (r0 + u) * C + c) : 0.0f;
-        }
-        if (c >= C) continue;
-        int distinct = 1;
-        for (int u = 0; u < EMB_U; u++)
-            for (int u2 = u + 1; u2 < EMB_U; u2++)
-                if (dr[u] >= 0 && dr[u] == dr[u2]) distinct = 0;
-        if (distinct) {
-            float d[EMB_U];
-            for (int u = 0; u < EMB_U; u++)
-                if (dr[u] >= 0) d[u] = dst[(int64_t)dr[u] * C + c];
-            for (int u = 0; u < EMB_U; u++)
-                if (dr[u] >= 0) dst[(int64_t)dr[u] * C + c] = d[u] + g[u];
-        } else {
-            for (int u = 0; u < EMB_U; u++)
-                if (dr[u] >= 0) dst[(int64_t)dr[u] * C + c] += g[u];
+/* The backward sorts the source rows by destination row, then one warp per run of equal
+ * destinations adds the run's rows in row order: every destination row gets the same float
+ * additions in the same order as the CPU backend's walk over all rows, with no atomics and
+ * parallel over the distinct tokens (a one-warp-per-32-columns walk over all rows left 24 warps
+ * busy for 8192 serial rows on GPT-2). Keys are dst << 32 | row, so equal destinations sort by
+ * row; skipped rows and the padding up to a power of two get EMB_NONE and sort last. The sort
+ * is bitonic: tiles of EMB_TILE keys in shared memory, with global passes for the strides the
+ * tiles do not cover. */
+#define EMB_TILE 2048
+#define EMB_NONE UINT64_MAX
+
+__global__ void k_emb_keys(uint64_t *keys, const int32_t *tok, const int32_t *pos, int wpe_mode,
+                           int64_t rows, int64_t n, int Tn, int v_start, int v_end) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int d = i < rows ? emb_dst_row(wpe_mode, tok, pos, i, Tn, v_start, v_end) : -1;
+        keys[i] = d >= 0 ? ((uint64_t)d << 32) | (uint64_t)i : EMB_NONE;
+    }
+}
+
+/* keys[i] and keys[i + j] in the order of the bitonic sequence of size k holding i */
+__device__ __forceinline__ void emb_cas(uint64_t *a, uint64_t *b, int64_t gi, int64_t k) {
+    uint64_t x = *a, y = *b;
+    if ((x > y) == ((gi & k) == 0)) *a = y, *b = x;
+}
+
+/* One global pass (stride j >= EMB_TILE) of the merge of size k: a thread per pair. */
+__global__ void k_emb_sort_pass(uint64_t *keys, int64_t n, int64_t j, int64_t k) {
+    for (int64_t t = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; t < n / 2;
+         t += (int64_t)gridDim.x * blockDim.x) {
+        int64_t i = 2 * t - (t & (j - 1));
+        emb_cas(&keys[i], &keys[i + j], i, k);
+    }
+}
+
+/* Each block: one tile of `tile` keys (blockDim.x = tile / 2) in shared memory, the merges of
+ * sizes k0..k1 (powers of two) over it with strides below min(k, tile). k0 = 2, k1 = tile sorts
+ * the tile; k0 = k1 = k > tile finishes the global merge of size k. */
+__global__ void k_emb_sort_tile(uint64_t *keys, int tile, int64_t k0, int64_t k1) {
+    __shared__ uint64_t sh[EMB_TILE];
+    int64_t base = (int64_t)blockIdx.x * tile;
+    for (int i = threadIdx.x; i < tile; i += blockDim.x) sh[i] = keys[base + i];
+    __syncthreads();
+    for (int64_t k = k0; k <= k1; k <<= 1) {
+        for (int j = (int)(k < tile ? k : tile) / 2; j > 0; j >>= 1) {
+            int t = threadIdx.x, i = 2 * t - (t & (j - 1));
+            emb_cas(&sh[i], &sh[i + j], base + i, k);
+            __syncthreads();
         }
     }
+    for (int i = threadIdx.x; i < tile; i += blockDim.x) keys[base + i] = sh[i];
+}
+
+/* One warp per sorted position that begins a run: dst[row] += the run's source rows, in order. */
+template <typename T>
+__global__ void k_emb_reduce(float *dst, const act *dout_, const uint64_t *keys, int64_t n, int C) {
+    const T *dout = (const T *)dout_;
+    int lane = threadIdx.x & 31;
+    for (int64_t p = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5; p < n;
+         p += ((int64_t)gridDim.x * blockDim.x) >> 5) {
+        uint64_t key = keys[p];
+        if (key == EMB_NONE || (p > 0 && (keys[p - 1] >> 32) == (key >> 32))) continue;
+        int64_t d = (int64_t)(key >> 32) * C;
+        for (int c = lane; c < C; c += 32) {
+            float acc = dst[d + c];
+            for (int64_t q = p; q < n && (keys[q] >> 32) == (key >> 32); q++)
+                acc += ld_act(dout, (int64_t)(uint32_t)keys[q] * C + c);
+            dst[d + c] = acc;
+        }
+    }
+}
+
+/* keys[0..n) (n a power of two >= 2) sorted ascending, on the backend's stream. */
+static void emb_sort(const ust_ops *o, uint64_t *keys, int64_t n) {
+    int tile = n < EMB_TILE ? (int)n : EMB_TILE, tiles = (int)(n / tile);
+    k_emb_sort_tile<<<tiles, tile / 2, 0, STREAM(o)>>>(keys, tile, 2, tile);
+    CK_LAUNCH();
+    for (int64_t k = 2 * (int64_t)tile; k <= n; k <<= 1) {
+        for (int64_t j = k / 2; j >= tile; j >>= 1) {
+            k_emb_sort_pass<<<grid_for(n / 2, EW_THREADS), EW_THREADS, 0, STREAM(o)>>>(keys, n, j,
+                                                                                       k);
+            CK_LAUNCH();
+        }
+        k_emb_sort_tile<<<tiles, tile / 2, 0, STREAM(o)>>>(keys, tile, k, k);
+        CK_LAUNCH();
+    }
+}
+
+/* dst[row(r)] += dout[r] over the source rows (wpe_mode: rows by position, else by token). */
+static void emb_bwd_table(const ust_ops *o, float *dst, const act *dout, const int32_t *tok,
+                          const int32_t *pos, int wpe_mode, int64_t rows, int T, int C, int v_start,
+                          int v_end) {
+    int64_t n = 2;
+    while (n < rows) n <<= 1;
+    uint64_t *keys = (uint64_t *)cuda_scratch(o, SCR_C, (size_t)n * sizeof(uint64_t));
+    EW_LAUNCH(k_emb_keys, n, keys, tok, pos, wpe_mode, rows, n, T, v_start, v_end);
+    emb_sort(o, keys, n);
+    ACT_LAUNCH(o, k_emb_reduce, grid_for(n * 32, EW_THREADS), EW_THREADS, 0, dst, dout, keys, n, C);
 }
 
 static void cu_embedding_bwd(const ust_ops *o, float *dwte, float *dwpe, const act *dout,
@@ -637,13 +779,9 @@ static void cu_embedding_bwd(const ust_ops *o, float *dwte, float *dwpe, const a
                              int v_start, int v_end) {
     int64_t rows = (int64_t)B * T;
     if (rows <= 0 || C <= 0) return;
-    int grid = (C + 31) / 32;
-    if (dwte)
-        ACT_LAUNCH(o, k_embedding_bwd, grid, 32, 0, dwte, dout, tok, pos, 0, rows, T, C, v_start,
-                   v_end);
-    if (dwpe)
-        ACT_LAUNCH(o, k_embedding_bwd, grid, 32, 0, dwpe, dout, tok, pos, 1, rows, T, C, v_start,
-                   v_end);
+    UST_ASSERT(rows < ((int64_t)1 << 31), "embedding backward over %lld rows", (long long)rows);
+    if (dwte) emb_bwd_table(o, dwte, dout, tok, pos, 0, rows, T, C, v_start, v_end);
+    if (dwpe) emb_bwd_table(o, dwpe, dout, tok, pos, 1, rows, T, C, v_start, v_end);
 }
 
 /* ---------------------------------------------------------------- norms */
@@ -983,13 +1121,19 @@ __global__ void k_xent(float *losses, act *dlogits, const act *logits, const int
             for (int c = threadIdx.x; c < V; c += blockDim.x) st_act(dx, c, 0.0f);
         return;
     }
-    float mx = -INFINITY;
-    for (int c = threadIdx.x; c < v_real; c += blockDim.x) mx = fmaxf(mx, ld_act(x, c));
-    mx = block_max(mx, sh);
+    /* the max and the sum of exponentials in one pass over the row (online softmax: the sum is
+     * rescaled when the running max grows), so the logits are read twice, not three times */
+    float mt = -INFINITY, st = 0.0f;
+    for (int c = threadIdx.x; c < v_real; c += blockDim.x) {
+        float xc = ld_act(x, c);
+        if (xc > mt)
+            st = st * expf(mt - xc) + 1.0f, mt = xc;
+        else if (xc != -INFINITY) /* exp(-inf - mt) adds 0, but -inf - -inf would be NaN */
+            st += expf(xc - mt);
+    }
+    float mx = block_max(mt, sh);
     float xt = tgt < v_real ? ld_act(x, tgt) : NAN;
-    float s = 0.0f;
-    for (int c = threadIdx.x; c < v_real; c += blockDim.x) s += expf(ld_act(x, c) - mx);
-    s = block_sum(s, sh);
+    float s = block_sum(mt == -INFINITY ? st : st * expf(mt - mx), sh);
     if (losses && threadIdx.x == 0) losses[n] = logf(s) + mx - xt;
     if (!dx) return;
     float inv = 1.0f / s;
@@ -1085,12 +1229,34 @@ __device__ __forceinline__ void adamw_one(float *p, float grad, float *m, float 
     *p -= lr * (mhat / (sqrtf(vhat) + eps) + wd * *p);
 }
 
+/* Elements [first, n) of one AdamW update, stride apart: four at a time with 16-byte loads and
+ * stores when all four arrays are 16-byte aligned (AdamW reads 16 B and writes 12 B per
+ * parameter, all of it memory-bound), the rest one by one; the same arithmetic per element
+ * either way, so the results are the same bits. */
+__device__ __forceinline__ void adamw_span(float *p, const float *grad, float *m, float *v,
+                                           int64_t n, int64_t first, int64_t stride, float lr,
+                                           float b1, float b2, float eps, float wd,
+                                           float grad_scale, float bc1, float bc2) {
+    const uintptr_t al = (uintptr_t)p | (uintptr_t)grad | (uintptr_t)m | (uintptr_t)v;
+    const int64_t n4 = al % 16 == 0 ? n / 4 : 0;
+    for (int64_t i = first; i < n4; i += stride) {
+        float4 p4 = ((float4 *)p)[i], m4 = ((float4 *)m)[i], v4 = ((float4 *)v)[i];
+        const float4 g4 = ((const float4 *)grad)[i];
+        adamw_one(&p4.x, g4.x, &m4.x, &v4.x, lr, b1, b2, eps, wd, grad_scale, bc1, bc2);
+        adamw_one(&p4.y, g4.y, &m4.y, &v4.y, lr, b1, b2, eps, wd, grad_scale, bc1, bc2);
+        adamw_one(&p4.z, g4.z, &m4.z, &v4.z, lr, b1, b2, eps, wd, grad_scale, bc1, bc2);
+        adamw_one(&p4.w, g4.w, &m4.w, &v4.w, lr, b1, b2, eps, wd, grad_scale, bc1, bc2);
+        ((float4 *)p)[i] = p4, ((float4 *)m)[i] = m4, ((float4 *)v)[i] = v4;
+    }
+    for (int64_t i = 4 * n4 + first; i < n; i += stride)
+        adamw_one(p + i, grad[i], m + i, v + i, lr, b1, b2, eps, wd, grad_scale, bc1, bc2);
+}
+
 __global__ void k_adamw(float *p, const float *grad, float *m, float *v, int64_t n, float lr,
                         float b1, float b2, float eps, float wd, float grad_scale, float bc1,
                         float bc2) {
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x)
-        adamw_one(p + i, grad[i], m + i, v + i, lr, b1, b2, eps, wd, grad_scale, bc1, bc2);
+    adamw_span(p, grad, m, v, n, blockIdx.x * (int64_t)blockDim.x + threadIdx.x,
+               (int64_t)gridDim.x * blockDim.x, lr, b1, b2, eps, wd, grad_scale, bc1, bc2);
 }
 
 static void cu_adamw(const ust_ops *o, float *p, const float *grad, float *m, float *v, int64_t n,
@@ -1098,7 +1264,8 @@ static void cu_adamw(const ust_ops *o, float *p, const float *grad, float *m, fl
                      int64_t t) {
     float bc1 = (float)(1.0 - pow((double)b1, (double)t));
     float bc2 = (float)(1.0 - pow((double)b2, (double)t));
-    EW_LAUNCH(k_adamw, n, p, grad, m, v, n, lr, b1, b2, eps, wd, grad_scale, bc1, bc2);
+    /* a thread per four elements (grid-stride loops cover the rest) */
+    EW_LAUNCH(k_adamw, (n + 3) / 4, p, grad, m, v, n, lr, b1, b2, eps, wd, grad_scale, bc1, bc2);
 }
 
 /* ---------------------------------------------------------------- multi-tensor */
@@ -1154,9 +1321,8 @@ __global__ void k_adamw_many(float *p, const float *grad, float *m, float *v, co
                              float lr, float b1, float b2, float eps, float grad_scale, float bc1,
                              float bc2) {
     seg_chunk c = ch[blockIdx.x];
-    for (int64_t i = threadIdx.x; i < c.n; i += blockDim.x)
-        adamw_one(p + c.p + i, grad[c.g + i], m + c.m + i, v + c.m + i, lr, b1, b2, eps, c.wd,
-                  grad_scale, bc1, bc2);
+    adamw_span(p + c.p, grad + c.g, m + c.m, v + c.m, c.n, threadIdx.x, blockDim.x, lr, b1, b2, eps,
+               c.wd, grad_scale, bc1, bc2);
 }
 
 static void cu_adamw_many(const ust_ops *o, float *p, const float *grad, float *m, float *v,
@@ -1595,6 +1761,7 @@ static void cu_destroy(ust_ops *o) {
         if (im->dev_partials) cudaFree(im->dev_partials);
         if (im->host_partials) cudaFreeHost(im->host_partials);
         free(im->chunks_host);
+        cuda_lt_cache_free(im);
         if (im->lt) cublasLtDestroy(im->lt);
         if (im->blas) cublasDestroy(im->blas);
         if (im->stream) cudaStreamDestroy(im->stream);
