@@ -14,6 +14,7 @@
 #include "ops.h"
 #include "test.h"
 
+#include <cblas.h>
 #include <limits.h>
 #include <stdint.h>
 
@@ -1143,6 +1144,48 @@ static void test_two_threads_match_one_thread_bit_for_bit_attention_and_layernor
     O2->destroy(O2);
 }
 
+/* sgemm cuts large products into row or column blocks run on the threads (ops_cpu.c): every
+ * shape, transpose and thread count gives the one-thread result bit for bit, and the result is
+ * the product (checked in fp64 on a few elements). */
+static void test_split_matmul_matches_one_thread_bit_for_bit(void) {
+    static const int shapes[][3] = {{300, 257, 129}, {70, 1000, 65}, {1031, 96, 40}, {5, 3000, 64}};
+    ust_ops *On[3] = {ops_cpu_create(2, 1), ops_cpu_create(3, 1), ops_cpu_create(16, 1)};
+    for (int s = 0; s < 4; s++) {
+        int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        float *A = randv((int64_t)M * K, 1), *B = randv((int64_t)K * N, 1), *C0 = fbuf(M * N);
+        float *C = fbuf((int64_t)M * N);
+        for (int t = 0; t < 4; t++) {
+            int tA = t & 1, tB = t >> 1;
+            for (int64_t i = 0; i < (int64_t)M * N; i++) C0[i] = (float)(i % 7) - 3.0f;
+            memcpy(C, C0, sizeof(float) * M * N);
+            O->matmul(O, C0, A, B, M, N, K, tA, tB, 0.5f, 0.25f);
+            for (int i = 0; i < M; i += M / 3 + 1) { /* C0 = 0.5 op(A) op(B) + 0.25 C */
+                int j = (i * 7) % N;
+                double ref = 0.25 * ((double)(((int64_t)i * N + j) % 7) - 3.0);
+                for (int k = 0; k < K; k++)
+                    ref += 0.5 * A[tA ? (int64_t)k * M + i : (int64_t)i * K + k] *
+                           B[tB ? (int64_t)j * K + k : (int64_t)k * N + j];
+                CHECK(fabs(C0[(int64_t)i * N + j] - ref) < 1e-4 * (1 + fabs(ref)),
+                      "matmul %dx%dx%d t%d%d C[%d,%d] %g vs %g", M, N, K, tA, tB, i, j,
+                      C0[(int64_t)i * N + j], ref);
+            }
+            for (int n = 0; n < 3; n++) {
+                float *Cn = fbuf((int64_t)M * N);
+                memcpy(Cn, C, sizeof(float) * M * N);
+                On[n]->matmul(On[n], Cn, A, B, M, N, K, tA, tB, 0.5f, 0.25f);
+                CHECK(memcmp(Cn, C0, sizeof(float) * M * N) == 0,
+                      "matmul %dx%dx%d t%d%d differs on %d threads", M, N, K, tA, tB,
+                      n == 2 ? 16 : n + 2);
+                fr(Cn);
+            }
+        }
+        fr(A), fr(B), fr(C0), fr(C);
+    }
+    /* OpenBLAS's own threads spin-wait for each other (docs/performance.md): it stays on one */
+    CHECK(openblas_get_num_threads() == 1, "OpenBLAS runs %d threads", openblas_get_num_threads());
+    for (int n = 0; n < 3; n++) On[n]->destroy(On[n]);
+}
+
 static void test_measured_sgemm_rate_is_positive(void) {
     double f = ops_measure_sgemm_flops(O, 64, 3);
     CHECK(f > 0 && isfinite(f), "measured %g FLOP/s", f);
@@ -1185,6 +1228,7 @@ int main(void) {
     RUN_TEST(test_add_axpy_scale_are_exact_elementwise);
     RUN_TEST(test_vocab_parallel_xent_matches_the_whole_vocabulary);
     RUN_TEST(test_two_threads_match_one_thread_bit_for_bit_attention_and_layernorm);
+    RUN_TEST(test_split_matmul_matches_one_thread_bit_for_bit);
     RUN_TEST(test_measured_sgemm_rate_is_positive);
     O->destroy(O);
     return TEST_SUMMARY();

@@ -23,11 +23,15 @@ typedef struct {
 
 static int nthreads(const ust_ops *o) { return ((const cpu_impl *)o->impl)->threads; }
 
-/* OpenBLAS's OpenMP build follows its own thread setting, which is process-wide; several
- * backends (tests make a 1- and a 2-thread one) may coexist, so set it before each call. */
+/* OpenBLAS always runs on one thread: its threaded GEMM hands work between its threads by
+ * spinning on flags with sched_yield, and when another process holds a core the thread it waits
+ * for is off the CPU for whole time slices (a tiny step took 900-1100 ms beside one busy process
+ * per core instead of 60-90 ms idle, even with a passive OpenMP wait policy). The setting is
+ * process-wide and a library user may change it, so it is checked before each call; the
+ * parallelism is ours (sgemm's row or column blocks on OpenMP threads, which sleep). */
 static void blas_threads(const ust_ops *o) {
-    int n = nthreads(o);
-    if (openblas_get_num_threads() != n) openblas_set_num_threads(n);
+    (void)o;
+    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
 }
 
 /* Reductions over a row dimension are done per chunk of this many columns, each chunk by one
@@ -83,6 +87,22 @@ static void cpu_sync(const ust_ops *o) { (void)o; }
 
 /* ---------------------------------------------------------------- matmul */
 
+/* sgemm's blocks: a product of at least GEMM_SPLIT_WORK multiply-adds is cut along its longer
+ * output side into about GEMM_BLOCKS blocks of rows (or columns), at least GEMM_BLOCK_MIN long
+ * and a multiple of GEMM_BLOCK_ALIGN. The threads take blocks dynamically, so one that is off
+ * the CPU (a busy neighbour process) leaves its blocks to the others instead of holding them at
+ * a barrier. The blocks depend on the shape only, never on the thread count (one thread walks
+ * the same blocks): OpenBLAS's edge kernels round differently for a different cut, so this is
+ * what keeps results bit-identical across thread counts (test_ops). Each block re-packs the
+ * other operand, 1/(2 x block length) of its work. */
+enum { GEMM_SPLIT_WORK = 1 << 18, GEMM_BLOCKS = 16, GEMM_BLOCK_MIN = 128, GEMM_BLOCK_ALIGN = 16 };
+
+static int gemm_block_len(int dim) {
+    int len = (dim + GEMM_BLOCKS - 1) / GEMM_BLOCKS;
+    if (len < GEMM_BLOCK_MIN) len = GEMM_BLOCK_MIN;
+    return (len + GEMM_BLOCK_ALIGN - 1) / GEMM_BLOCK_ALIGN * GEMM_BLOCK_ALIGN;
+}
+
 /* C[M,N] = alpha op(A) op(B) + beta C, row-major. A is stored (M,K), or (K,M) when tA. */
 static void sgemm(const ust_ops *o, float *C, const float *A, const float *B, int M, int N, int K,
                   int tA, int tB, float alpha, float beta) {
@@ -92,8 +112,24 @@ static void sgemm(const ust_ops *o, float *C, const float *A, const float *B, in
         return;
     }
     blas_threads(o);
-    cblas_sgemm(CblasRowMajor, tA ? CblasTrans : CblasNoTrans, tB ? CblasTrans : CblasNoTrans, M, N,
-                K, alpha, A, tA ? M : K, B, tB ? K : N, beta, C, N);
+    const CBLAS_TRANSPOSE ta = tA ? CblasTrans : CblasNoTrans, tb = tB ? CblasTrans : CblasNoTrans;
+    const int lda = tA ? M : K, ldb = tB ? K : N, by_rows = M >= N, dim = by_rows ? M : N;
+    const int len = gemm_block_len(dim), blocks = (dim + len - 1) / len;
+    if ((int64_t)M * N * K < GEMM_SPLIT_WORK || blocks < 2) {
+        cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, N);
+        return;
+    }
+    int threads = nthreads(o) < blocks ? nthreads(o) : blocks;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int b = 0; b < blocks; b++) {
+        const int lo = b * len, n = dim - lo < len ? dim - lo : len;
+        if (by_rows) /* rows lo.. of C and of op(A) */
+            cblas_sgemm(CblasRowMajor, ta, tb, n, N, K, alpha, tA ? A + lo : A + (int64_t)lo * K,
+                        lda, B, ldb, beta, C + (int64_t)lo * N, N);
+        else /* columns lo.. of C and of op(B) */
+            cblas_sgemm(CblasRowMajor, ta, tb, M, n, K, alpha, A, lda,
+                        tB ? B + (int64_t)lo * K : B + lo, ldb, beta, C + lo, N);
+    }
 }
 
 static void cpu_matmul(const ust_ops *o, float *C, const float *A, const float *B, int M, int N,
@@ -118,7 +154,14 @@ static void cpu_linear_fwd(const ust_ops *o, act *out_, const act *inp_, const f
     if (N == 1 && C > 0) { /* one token (decoding): OpenBLAS's GEMM would pack all of w first,
                               reading it twice and writing it once; GEMV streams it once */
         blas_threads(o);
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, OC, C, 1.0f, w, C, inp, 1, 0.0f, out, 1);
+        const int len = gemm_block_len(OC), blocks = (OC + len - 1) / len;
+#pragma omp parallel for schedule(dynamic, 1)                                                      \
+    num_threads(nthreads(o) < blocks ? nthreads(o) : blocks)
+        for (int b = 0; b < blocks; b++) { /* output rows b*len.., each one dot over all of C */
+            const int lo = b * len, n = OC - lo < len ? OC - lo : len;
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, n, C, 1.0f, w + (int64_t)lo * C, C, inp, 1,
+                        0.0f, out + lo, 1);
+        }
     } else {
         sgemm(o, out, inp, w, N, OC, C, 0, 1, 1.0f, 0.0f);
     }
@@ -175,7 +218,7 @@ static int grouped_parallel(const ust_ops *o, const int32_t *M, int G) {
     int n = nthreads(o), busy = 0;
     for (int g = 0; g < G; g++) busy += M[g] > 0;
     if (n <= 1 || busy < n) return 0;
-    if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+    blas_threads(o);
     return 1;
 }
 
@@ -1441,7 +1484,7 @@ ust_ops *ops_cpu_create(int threads, int local_ranks) {
     if (!o || !impl) ust_fatal(UST_EXIT_RUNTIME, "out of memory creating the CPU backend");
     impl->threads = threads;
     omp_set_num_threads(threads);
-    openblas_set_num_threads(threads);
+    openblas_set_num_threads(1); /* see blas_threads */
 
     o->name = "cpu";
     o->impl = impl;
