@@ -227,6 +227,13 @@ void model_qk_track(model *m, float *table);
 float *model_qk_row(const model *m, int l);
 void model_qk_clip(model *m, const float *global, double tau, model_param_scale_fn scale,
                    void *ctx);
+/* logging.stats_every's activation RMS at the blocks' outputs. While sq (2 x n_layer doubles,
+ * host) is set, each training forward adds to sq[2l] the sum of squares of layer l's output (the
+ * residual stream after the block: this rank's rows) and to sq[2l + 1] their count of elements,
+ * each row counted once over the tensor-parallel group (under sp each rank its rows, else tp rank
+ * 0 the replicated ones), so the sums over every rank are the global batch's; a full recompute's
+ * rerun adds nothing. NULL stops it (validation's forwards are not the step's). */
+void model_act_track(model *m, double *sq);
 /* The unit holds a MoE layer's experts: its gradients are reduced over expert-dp x cp. */
 int model_unit_is_expert(const model *m, int unit);
 
