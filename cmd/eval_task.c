@@ -7,6 +7,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "data.h"
 #include "eval_task.h"
 #include "fs.h"
 
@@ -135,22 +136,15 @@ void task_free(task_set *s) {
 
 /* eval.tokenizer, else the "tokenizer" of the meta.json beside data.train's (first) shards. */
 static int task_tokenizer_of(const ust_config *c, tok_tokenizer **tok, ust_err *e) {
-    char meta[UST_PATH_MAX + 32], name[UST_PATH_MAX] = "";
+    char name[UST_PATH_MAX] = "";
     snprintf(name, sizeof name, "%s", c->eval.tokenizer);
     cfg_dataset sets[CFG_MAX_BLEND];
     if (!name[0] && cfg_data_sets(c, 0, sets) > 0) {
-        const char *slash = strrchr(sets[0].path, '/');
-        snprintf(meta, sizeof meta, "%.*s/meta.json", slash ? (int)(slash - sets[0].path) : 1,
-                 slash ? sets[0].path : ".");
-        FILE *f = fopen(meta, "rb");
-        char buf[1 << 16];
-        size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-        if (f) fclose(f);
-        buf[n] = 0;
-        cJSON *j = cJSON_Parse(buf);
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "tokenizer");
-        if (cJSON_IsString(t)) snprintf(name, sizeof name, "%s", t->valuestring);
-        cJSON_Delete(j);
+        data_meta meta;
+        ust_err inner;
+        if (data_meta_read(sets[0].path, &meta, &inner) < 0)
+            return ust_errf(e, "eval.tasks: no eval.tokenizer, and data.train's %s", inner.msg);
+        snprintf(name, sizeof name, "%s", meta.tokenizer);
     }
     if (!name[0])
         return ust_errf(e, "eval.tasks: no tokenizer: set eval.tokenizer (a tokenizer.json or "

@@ -182,6 +182,10 @@ static void alloc_state(dp_state *d, ust_arena *a) {
             d->red.gath[s] = mem_alloc(a, MEM_PARAMS, d->lay.max_unit * sizeof(float));
             d->red.gath_unit[s] = -1;
         }
+        if (d->cfg->model.moe.bias_update_rate > 0) { /* the metrics' bias range (dp_io.c) */
+            d->buf.whole_cap = d->cfg->model.moe.num_experts;
+            d->buf.whole_one = mem_alloc(a, MEM_COMM, d->buf.whole_cap * sizeof(float));
+        }
     }
     d->red.scalar = mem_alloc(a, MEM_COMM, 4 * sizeof(float));
     if (d->cfg->logging.stats_every > 0) /* dp_stats.c: the update's norm per layer */

@@ -69,6 +69,10 @@ void dp_add_to_param(void *d, int i, const float *delta);
  * shard, or the whole tensor), by f[e / per] (e counts over the whole tensor-parallel slice):
  * QK-clip's rescale, the same on every rank. A model_param_scale_fn with ctx = d. */
 void dp_scale_param(void *d, int i, const float *f, int64_t per);
+/* Parameter i's whole tensor into host (numel floats) on every rank of the group holding its
+ * ZeRO-3 shards (collective there; without ZeRO-3 a copy): the MoE routing bias's range in the
+ * metrics. A model_param_get_fn with ctx = d. */
+void dp_param_whole(void *d, int i, float *host);
 /* x (n floats, device) summed in place over the replicas whose tokens differ: the dense group,
  * then dualpipe's mirror. A model_sum_fn with ctx = d (the MoE layers' step loads). */
 void dp_sum_replicas(void *d, float *x, int64_t n);

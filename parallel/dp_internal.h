@@ -42,7 +42,9 @@ typedef struct {
      * step through fp32 working chunks sm/sv of DP_STATE_CHUNK floats */
     uint16_t *m16, *v16;
     float *sm, *sv;
-    float *snap; /* logging.stats_every: the parameters before a stats step's update */
+    float *snap;      /* logging.stats_every: the parameters before a stats step's update */
+    float *whole_one; /* ZeRO-3 with a routing bias: one small tensor made whole (dp_param_whole) */
+    int64_t whole_cap; /* ... its floats */
 } dp_buffers;
 
 #define DP_STATE_CHUNK (1 << 14) /* 64 KiB each: small beside the states it saves */

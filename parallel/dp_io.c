@@ -56,6 +56,27 @@ void dp_scale_param(void *ctx, int i, const float *f, int64_t per) {
     param_on_host(ctx, i, f, per);
 }
 
+void dp_param_whole(void *ctx, int i, float *host) {
+    dp_state *d = ctx;
+    int u = model_param_unit(d->m, i), part = !whole(d, BUF_PARAMS);
+    int64_t a, b, t0 = piece(d, i, part, &a, &b), n = model_param_at(d->m, i)->numel;
+    if (!part) {
+        d->ops->to_host(d->ops, host, at(d, BUF_PARAMS, u, t0), n * sizeof(float));
+        return;
+    }
+    UST_ASSERT(n <= d->buf.whole_cap, "parameter %d: %lld floats made whole, room for %lld", i,
+               (long long)n, (long long)d->buf.whole_cap);
+    /* every member's piece in place, zeros elsewhere: the sum is the tensor, exactly */
+    float *w = d->buf.whole_one;
+    d->ops->zero(d->ops, w, n * sizeof(float));
+    if (b > a) d->ops->copy(d->ops, w + a, at(d, BUF_PARAMS, u, t0 + a), (b - a) * sizeof(float));
+    if (d->lay.un[u] > 1) {
+        comm_req r = comm_allreduce(d->lay.ucomm[u], w, w, (size_t)n, COMM_FP32, COMM_SUM);
+        comm_wait(&r);
+    }
+    d->ops->to_host(d->ops, host, w, n * sizeof(float));
+}
+
 typedef struct {
     dp_state *d;
 } llmc_ctx;

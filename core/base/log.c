@@ -370,7 +370,7 @@ static int log_scalars(const log_step *s, double unix_time, log_scalar *o) {
     }
     if (!isnan(s->max_logit)) {
         n = add_scalar(o, n, "max_logit", s->max_logit);
-        n = add_count(o, n, "qk_clipped_heads", (uint64_t)s->qk_clipped);
+        if (s->qk_clipped >= 0) n = add_count(o, n, "qk_clipped_heads", (uint64_t)s->qk_clipped);
     }
     if (!isnan(s->val_loss)) n = add_scalar(o, n, "val_loss", s->val_loss);
     n = add_scalar(o, n, "time", unix_time);
@@ -443,13 +443,16 @@ static void json_ranks(FILE *f, const log_step *s) {
     }
 }
 
-/* logging.stats_every: per layer, the last entry the parameters outside the layers. */
+/* logging.stats_every: per layer, the last entry the parameters outside the layers (the
+ * activations' and logits' arrays: the layers only). */
 static void json_layers(FILE *f, const log_step *s) {
-    const char *key[2] = {"layer_grad_norm", "layer_update_ratio"};
-    const double *v[2] = {s->layers.grad_norm, s->layers.update_ratio};
-    for (int k = 0; k < 2; k++) {
+    const char *key[4] = {"layer_grad_norm", "layer_update_ratio", "layer_act_rms",
+                          "layer_max_logit"};
+    const double *v[4] = {s->layers.grad_norm, s->layers.update_ratio, s->layers.act_rms,
+                          s->layers.max_logit};
+    for (int k = 0; k < 3 + s->layers.has_logit; k++) {
         fprintf(f, ",\"%s\":[", key[k]);
-        for (int i = 0; i < s->layers.n; i++)
+        for (int i = 0; i < s->layers.n - (k >= 2); i++)
             fprintf(f, isfinite(v[k][i]) ? "%s%.6g" : "%snull", i ? "," : "", v[k][i]);
         fputc(']', f);
     }
@@ -469,6 +472,11 @@ static void tb_layers(pbuf *summary, const log_step *s) {
         if (isfinite(s->layers.grad_norm[i])) tb_value(summary, tag, s->layers.grad_norm[i]);
         snprintf(tag, sizeof tag, "layers/%s/update_ratio", who);
         if (isfinite(s->layers.update_ratio[i])) tb_value(summary, tag, s->layers.update_ratio[i]);
+        if (i == s->layers.n - 1) break; /* the activations and logits are the layers' */
+        snprintf(tag, sizeof tag, "layers/%s/act_rms", who);
+        if (isfinite(s->layers.act_rms[i])) tb_value(summary, tag, s->layers.act_rms[i]);
+        snprintf(tag, sizeof tag, "layers/%s/max_logit", who);
+        if (isfinite(s->layers.max_logit[i])) tb_value(summary, tag, s->layers.max_logit[i]);
     }
 }
 

@@ -81,12 +81,15 @@ typedef struct {
  * parameters outside the layers: embeddings, final norm, head) the gradient's L2 norm and the
  * update's norm over the weights' after it; spike_layer: the layer whose gradient norm rose most
  * over its mean at the earlier stats steps, above logging.stats_spike (-1: none; n - 1: the
- * parameters outside the layers), spike_ratio that rise. */
+ * parameters outside the layers), spike_ratio that rise. For the n - 1 layers only: the RMS of
+ * each one's output over the step's training forwards, and (has_logit: tracked, on the CPU) its
+ * largest pre-softmax attention logit. */
 enum { LOG_MAX_LAYERS = 256 };
 typedef struct {
-    int n, spike_layer;
+    int n, spike_layer, has_logit;
     double spike_ratio;
     double grad_norm[LOG_MAX_LAYERS + 1], update_ratio[LOG_MAX_LAYERS + 1];
+    double act_rms[LOG_MAX_LAYERS], max_logit[LOG_MAX_LAYERS];
 } log_layers;
 
 /* eval.tasks scored this step (n 0: none): each task's name and scores (train_task.h). */
@@ -115,8 +118,8 @@ typedef struct {
     log_ranks ranks;
     log_layers layers;
     log_tasks tasks;
-    double max_logit; /* QK-clip: the step's largest attention logit (NaN: not tracked) */
-    int qk_clipped;   /* ... and its (layer, query head) pairs above the threshold */
+    double max_logit; /* QK-clip or a stats step: the largest attention logit (NaN: none) */
+    int qk_clipped;   /* QK-clip: its (layer, query head) pairs above the threshold (-1: off) */
 } log_step;
 
 typedef struct {

@@ -960,20 +960,37 @@ static int meta_int(const cJSON *j, const char *key, int *out) {
     return 0;
 }
 
+/* A string field into out (cap bytes): absent or null is "". */
+static int meta_string(const cJSON *j, const char *key, char *out, size_t cap) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    out[0] = 0;
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsString(v) || strlen(v->valuestring) >= cap) return -1;
+    memcpy(out, v->valuestring, strlen(v->valuestring) + 1);
+    return 0;
+}
+
 int data_meta_read(const char *glob_pattern, data_meta *out, ust_err *e) {
     const char *slash = strrchr(glob_pattern, '/');
     int dir_len = slash ? (int)(slash - glob_pattern) : 1;
     snprintf(out->path, sizeof out->path, "%.*s/meta.json", dir_len, slash ? glob_pattern : ".");
     out->vocab_size = out->eot_id = -1;
+    out->tokenizer[0] = out->tokenizer_sha256[0] = 0;
     if (access(out->path, F_OK) != 0 && errno == ENOENT) return 0;
     char *buf = fs_read_file(out->path, 1 << 20, NULL, e); /* data prep writes ~300 bytes */
     if (!buf) return -1;
     cJSON *j = cJSON_Parse(buf);
     free(buf);
     int rc = j && cJSON_IsObject(j) && !meta_int(j, "vocab_size", &out->vocab_size) &&
-                     !meta_int(j, "eot_id", &out->eot_id)
+                     !meta_int(j, "eot_id", &out->eot_id) &&
+                     !meta_string(j, "tokenizer", out->tokenizer, sizeof out->tokenizer) &&
+                     !meta_string(j, "tokenizer_sha256", out->tokenizer_sha256,
+                                  sizeof out->tokenizer_sha256)
                  ? 1
-                 : ust_errf(e, "%s: not a data prep meta.json (vocab_size, eot_id)", out->path);
+                 : ust_errf(e,
+                            "%s: not a data prep meta.json (vocab_size, eot_id: whole numbers; "
+                            "tokenizer, tokenizer_sha256: strings)",
+                            out->path);
     cJSON_Delete(j);
     return rc;
 }

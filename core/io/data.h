@@ -109,12 +109,15 @@ int data_blend_restore(const data_blend *b, const struct cJSON *state, int64_t i
                        ust_err *e);
 
 /* meta.json beside a dataset's shards (the directory of its glob), as `ustrain data prep` writes
- * it: the vocabulary size and end-of-text id its tokens were made with (-1 where not given).
- * Returns 1 when found, 0 when there is none, -1 (message naming the file) when it is
- * malformed. */
+ * it: the vocabulary size and end-of-text id its tokens were made with (-1 where not given), the
+ * tokenizer and its SHA-256 ("" where not given). Read as a regular file of at most 1 MiB (a
+ * FIFO there is refused, never waited on). Returns 1 when found, 0 when there is none, -1
+ * (message naming the file) when it cannot be read or is malformed. The one reader of meta.json:
+ * data checks, eval.tokenizer's default, the tokenizer a checkpoint records. */
 typedef struct {
     int vocab_size, eot_id;
     char path[UST_PATH_MAX + 16];
+    char tokenizer[UST_PATH_MAX], tokenizer_sha256[72];
 } data_meta;
 int data_meta_read(const char *glob_pattern, data_meta *out, ust_err *e);
 /* Every dataset's meta.json (train and val) against the config, without reading a token: the

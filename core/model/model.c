@@ -80,6 +80,7 @@ void model_destroy(model *m) {
     free(m->batch.whost);
     free(m->tab.unit_expert);
     free(m->tracing.names);
+    free(m->act_host);
     params_vocab_chunks_free(m);
     if (m->par.cp == &m->par.own_cp) cp_free(&m->par.own_cp);
     free(m);
@@ -160,6 +161,7 @@ double model_chunk_forward(model *m, int c, int slot, const ust_batch *b, float 
         if (moe) model_hook(m, u + 1, MODEL_FWD_BEGIN);
         block_forward(m, l, s->xs[i], s->xs[i + 1], acts_of(m, s, i),
                       moe ? moe_acts_of(m, s, i) : NULL, &st);
+        if (m->act_sq) model_act_add(m, l, s->xs[i + 1]); /* logging.stats_every's RMS */
         if (moe) {
             model_hook(m, u + 1, MODEL_FWD_END);
             model_moe_record(m, l, &st, dscale);

@@ -211,9 +211,12 @@ int model_moe_rank_rows(const model *m, int i, double *rows, int max);
  * (its global counts); returns how many (the number of experts, at most max). */
 int model_moe_expert_load(const model *m, int i, double *counts, int max);
 /* For the i-th layer model_moe_stats lists: the range (max - min over the experts) of its
- * aux-loss-free balancing bias as it stands; NaN without a bias (model.moe.bias_update_rate 0)
- * or without whole parameters (ZeRO-3: each rank holds a shard of it). */
-double model_moe_bias_range(const model *m, int i);
+ * aux-loss-free balancing bias as it stands; NaN without a bias (model.moe.bias_update_rate 0).
+ * Without whole parameters (ZeRO-3: each rank holds a shard of it) get(ctx, i, host) gives
+ * parameter i's whole tensor (collective over the ranks holding its shards: they all call this
+ * for the same layers; NULL get: NaN). */
+typedef void (*model_param_get_fn)(void *ctx, int param, float *host);
+double model_moe_bias_range(model *m, int i, model_param_get_fn get, void *ctx);
 /* QK-clip (optimizer.qk_clip_threshold, docs/training.md#qk-clip). While table (L x Hg floats,
  * host) is set, each training forward max-accumulates into row l, at this rank's query heads,
  * every head's largest pre-softmax logit (model_qk_row: NULL when not tracking); NULL stops it
@@ -227,6 +230,13 @@ void model_qk_track(model *m, float *table);
 float *model_qk_row(const model *m, int l);
 void model_qk_clip(model *m, const float *global, double tau, model_param_scale_fn scale,
                    void *ctx);
+/* logging.stats_every's activation RMS at the blocks' outputs. While sq (2 x n_layer doubles,
+ * host) is set, each training forward adds to sq[2l] the sum of squares of layer l's output (the
+ * residual stream after the block: this rank's rows) and to sq[2l + 1] their count of elements,
+ * each row counted once over the tensor-parallel group (under sp each rank its rows, else tp rank
+ * 0 the replicated ones), so the sums over every rank are the global batch's; a full recompute's
+ * rerun adds nothing. NULL stops it (validation's forwards are not the step's). */
+void model_act_track(model *m, double *sq);
 /* The unit holds a MoE layer's experts: its gradients are reduced over expert-dp x cp. */
 int model_unit_is_expert(const model *m, int unit);
 

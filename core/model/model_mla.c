@@ -107,6 +107,7 @@ void mla_forward(model *m, int l, layer_acts *a, const cp_docs *docs) {
     o->rope_fwd(o, x->krope, x->krope, m->batch.rows, m->shape.B, m->shape.T, 1, d.R,
                 &m->shape.rope);
     expand_kv(m, a->k, a->v, m->acts.mla_kvb, x->krope, &d);
+    cp_track_logit_max(m->par.cp, model_qk_row(m, l)); /* the stats' logits, when tracked */
     cp_attention_fwd(m->par.cp, a->att, a->lse, a->q, a->k, a->v, d.H, docs);
     if (d.Dv < d.D) cols(m, x->attv, d.Dv, 0, a->att, d.D, 0, d.Dv, (int64_t)N * d.H);
     tp_row_linear_fwd(m->par.tp, a->res2, x->attv, w->wo, NULL, N, d.H * d.Dv, d.C);

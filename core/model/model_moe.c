@@ -144,14 +144,20 @@ int model_moe_rank_rows(const model *m, int i, double *rows, int max) {
     return 0;
 }
 
-double model_moe_bias_range(const model *m, int i) {
+double model_moe_bias_range(model *m, int i, model_param_get_fn get, void *ctx) {
     int n = 0, E = m->moe.ctx.E;
-    if (m->cfg->model.moe.bias_update_rate <= 0 || !m->tab.p) return NAN;
+    if (m->cfg->model.moe.bias_update_rate <= 0 || (!m->tab.p && !get)) return NAN;
     for (int c = 0; c < m->nchunks; c++)
         for (int l = m->chunks[c].lo; l < m->chunks[c].hi; l++)
             if (is_moe(m, l) && n++ == i) {
                 float *h = m->moe.ctx.stats_host; /* >= E floats, free between forwards */
-                m->ops->to_host(m->ops, h, m->moe.mw[l].bias, (size_t)E * sizeof(float));
+                if (m->tab.p)
+                    m->ops->to_host(m->ops, h, m->moe.mw[l].bias, (size_t)E * sizeof(float));
+                else { /* the sharding layer's pieces, made whole */
+                    int p = bias_param(m, l);
+                    UST_ASSERT(p >= 0, "layer %d: a routing bias without its parameter", l);
+                    get(ctx, p, h);
+                }
                 float lo = h[0], hi = h[0];
                 for (int e = 1; e < E; e++) lo = h[e] < lo ? h[e] : lo, hi = h[e] > hi ? h[e] : hi;
                 return (double)hi - lo;

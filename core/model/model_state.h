@@ -257,8 +257,13 @@ struct model {
     model_batch batch;
     model_hooks hooks;
     model_tracing tracing;
-    float *qk_max; /* model_qk_track's table (NULL: the forwards track no logits) */
+    float *qk_max;      /* model_qk_track's table (NULL: the forwards track no logits) */
+    double *act_sq;     /* model_act_track's table (NULL: the forwards add nothing) */
+    uint16_t *act_host; /* bf16 activations: one residual tensor copied to the host */
 };
+
+/* model_stats.c: layer l's output x (this rank's Nl rows) into model_act_track's table. */
+void model_act_add(model *m, int l, const act *x);
 
 static inline int is_mla(const model *m) { return m->cfg->model.mla.enabled; }
 

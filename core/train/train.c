@@ -104,6 +104,7 @@ static int train_step(trainer *t, double *loss, double *norm, double *lr, int *f
     const ust_config *c = t->cfg;
     fault_hang(t);
     fault_die(t);
+    train_stats_begin(t); /* before train_qk_begin: a stats step tracks the logits */
     train_qk_begin(t);
     *loss = forward_backward(t);
     *norm = dp_grad_norm(t->eng.dp);

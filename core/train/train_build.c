@@ -96,10 +96,15 @@ int train_build_rank(train_engine *g, const ust_config *cfg, const train_build_a
     else
         pp_alloc_scalars(&g->arena, l->pp); /* the executor's own: every schedule is the run's */
     g->flag = mem_alloc(&g->arena, MEM_COMM, sizeof(float)); /* train_any_rank's */
-    if (cfg->optimizer.qk_clip_threshold > 0) /* QK-clip: this rank's table, then every rank's */
+    /* QK-clip, or the stats' logits (host memory: the CPU backend's arena): this rank's table,
+     * then every rank's */
+    if (cfg->optimizer.qk_clip_threshold > 0 ||
+        (cfg->logging.stats_every > 0 && cfg->run.device == DEV_CPU))
         g->qk_buf = mem_alloc(&g->arena, MEM_COMM,
                               (size_t)(1 + l->dp * l->tp * l->pp * l->cp) * cfg->model.n_layer *
                                   cfg->model.n_head * sizeof(float));
+    if (cfg->logging.stats_every > 0) /* the activation sums' world reduction */
+        g->sums = mem_alloc(&g->arena, MEM_COMM, 8 * sizeof(float));
     return 0;
 }
 

@@ -70,35 +70,23 @@ static int world_sync(void *arg, int failed, char *msg, size_t cap) {
 }
 
 /* The tokenizer the training data was made with, for export to ship beside the model: from the
- * meta.json data prep writes beside the shards (in the directory of data.train's glob, as
- * data_meta_read finds it; of a blend, its first dataset's), as {"path", "sha256", "eot_id"};
- * NULL when there is none, or it names no tokenizer. */
+ * meta.json data prep writes beside the shards (data_meta_read's, of data.train's glob; of a
+ * blend, its first dataset's), as {"path", "sha256", "eot_id"}; NULL when there is none, it
+ * names no tokenizer, or it cannot be read (train checked it at the start: data_check_meta). */
 static cJSON *data_tokenizer(const ust_config *c) {
     cfg_dataset sets[CFG_MAX_BLEND];
-    if (cfg_data_sets(c, 0, sets) < 1) return NULL;
-    const char *slash = strrchr(sets[0].path, '/');
-    char path[UST_PATH_MAX + 32];
-    snprintf(path, sizeof path, "%.*s/meta.json", slash ? (int)(slash - sets[0].path) : 1,
-             slash ? sets[0].path : ".");
-    FILE *f = fopen(path, "rb");
-    char buf[1 << 16];
-    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
-    if (f) fclose(f);
-    buf[n] = 0;
-    cJSON *meta = cJSON_Parse(buf), *out = NULL;
-    const cJSON *tok = cJSON_GetObjectItemCaseSensitive(meta, "tokenizer"),
-                *sha = cJSON_GetObjectItemCaseSensitive(meta, "tokenizer_sha256"),
-                *eot = cJSON_GetObjectItemCaseSensitive(meta, "eot_id");
-    if (cJSON_IsString(tok)) {
-        out = cJSON_CreateObject();
-        cJSON_AddStringToObject(out, "path", tok->valuestring);
-        if (cJSON_IsString(sha)) cJSON_AddStringToObject(out, "sha256", sha->valuestring);
-        if (cJSON_IsNumber(eot))
-            cJSON_AddNumberToObject(out, "eot_id", eot->valuedouble);
-        else
-            cJSON_AddNullToObject(out, "eot_id");
-    }
-    cJSON_Delete(meta);
+    data_meta meta;
+    ust_err e;
+    if (cfg_data_sets(c, 0, sets) < 1 || data_meta_read(sets[0].path, &meta, &e) < 1 ||
+        !meta.tokenizer[0])
+        return NULL;
+    cJSON *out = cJSON_CreateObject();
+    cJSON_AddStringToObject(out, "path", meta.tokenizer);
+    if (meta.tokenizer_sha256[0]) cJSON_AddStringToObject(out, "sha256", meta.tokenizer_sha256);
+    if (meta.eot_id >= 0)
+        cJSON_AddNumberToObject(out, "eot_id", meta.eot_id);
+    else
+        cJSON_AddNullToObject(out, "eot_id");
     return out;
 }
 

@@ -35,7 +35,9 @@ typedef struct {
     int has_moe;    /* the model has mixture-of-experts layers */
     int tied_param; /* pipeline with tied embeddings: this rank's table or copy (-1: none) */
     float *flag;    /* one device float for train_any_rank */
-    float *qk_buf;  /* QK-clip: L x H max logits of this rank, then of every rank (train_qk) */
+    float *qk_buf;  /* QK-clip, or stats on the CPU: L x H max logits of this rank, then of every
+                       rank (train_qk) */
+    float *sums;    /* logging.stats_every: 8 device floats for comm_sum_doubles */
 } train_engine;
 
 /* train_build.c: a rank's runtime in the one order the run and the memory plan share, into g
@@ -100,7 +102,7 @@ typedef struct {
     double ce_loss;           /* the step's cross-entropy: its loss less the MoE aux/z terms */
     float *ranks_dev, *ranks_host; /* stragglers: every rank's compute and wait (2 x world) */
     double max_logit; /* QK-clip: the step's largest attention logit (NaN: not tracked) */
-    int qk_clipped;   /* ... and the (layer, query head) pairs above the threshold */
+    int qk_clipped;   /* ... and the (layer, query head) pairs above the threshold (-1: no clip) */
 } train_metrics;
 
 typedef struct {
@@ -123,11 +125,15 @@ typedef struct {
     train_metrics met;
 } trainer;
 
-/* train_stats.c: logging.stats_every. open after the engine is built; before and after the
- * update on every step (each rank: collective on stats steps); report fills the step's layers. */
+/* train_stats.c: logging.stats_every. open after the engine is built; begin before the step's
+ * forwards, before and after the update on every step (each rank: collective on stats steps);
+ * logits takes train_qk's world table (L x n_head); report fills the step's layers. */
 typedef struct train_stats train_stats;
 int train_stats_open(trainer *t);
 void train_stats_close(trainer *t);
+void train_stats_begin(trainer *t);
+int train_stats_on(const trainer *t); /* this step is a stats step */
+void train_stats_logits(trainer *t, const float *table);
 void train_stats_before(trainer *t);
 void train_stats_after(trainer *t);
 void train_stats_report(trainer *t, log_step *s);
@@ -136,9 +142,10 @@ void train_stats_report(trainer *t, log_step *s);
  * the pipeline's micro-batch count follows it); a new size starts a new batch_since. */
 int train_feed_ramp(trainer *t, ust_err *e);
 
-/* train_qkclip.c: QK-clip around a step (optimizer.qk_clip_threshold > 0; else only the
- * metrics' max_logit is reset to NaN): begin tracks the training forwards' logits, end takes the
- * world's maxima into t->met and, when the step's update was applied, rescales the heads. */
+/* train_qkclip.c: QK-clip around a step (optimizer.qk_clip_threshold > 0, or a stats step on
+ * the CPU; else only the metrics' max_logit is reset to NaN): begin tracks the training forwards'
+ * logits, end takes the world's maxima into t->met and the stats and, under QK-clip, when the
+ * step's update was applied, rescales the heads. */
 void train_qk_begin(trainer *t);
 void train_qk_end(trainer *t, int applied);
 

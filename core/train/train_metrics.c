@@ -114,7 +114,7 @@ static log_step report_step(trainer *t, const step_mark *mark, double loss, doub
     for (int i = 0; i < s.moe.n; i++) {
         s.moe.ep = model_moe_rank_rows(t->eng.m, i, s.moe.rank_rows[i], LOG_MAX_EP);
         s.moe.E = model_moe_expert_load(t->eng.m, i, s.moe.experts[i], LOG_MAX_EXPERTS);
-        s.moe.bias_range[i] = model_moe_bias_range(t->eng.m, i);
+        s.moe.bias_range[i] = model_moe_bias_range(t->eng.m, i, dp_param_whole, t->eng.dp);
     }
     if (c->parallel.pp > 1) {
         pp_stats ps = pp_last_step_stats(t->eng.pp);

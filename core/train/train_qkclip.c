@@ -1,6 +1,7 @@
 /* train_qkclip.c: QK-clip's step (optimizer.qk_clip_threshold, docs/training.md#qk-clip): the
  * training forwards record each layer's and query head's largest attention logit, the world
- * takes the maximum, and after the update the model rescales the heads above the threshold. */
+ * takes the maximum, and after the update the model rescales the heads above the threshold.
+ * logging.stats_every's stats steps record the same table (on the CPU) as telemetry. */
 #include <math.h>
 
 #include "train_internal.h"
@@ -10,9 +11,14 @@ static int64_t qk_n(const trainer *t) {
     return (int64_t)t->cfg->model.n_layer * t->cfg->model.n_head;
 }
 
+/* This step's forwards record the table: every step under QK-clip, else a stats step's. */
+static int tracking(const trainer *t) {
+    return t->eng.qk_buf && (t->cfg->optimizer.qk_clip_threshold > 0 || train_stats_on(t));
+}
+
 void train_qk_begin(trainer *t) {
-    t->met.max_logit = NAN, t->met.qk_clipped = 0;
-    if (!t->eng.qk_buf) return;
+    t->met.max_logit = NAN, t->met.qk_clipped = -1;
+    if (!tracking(t)) return;
     /* host memory: QK-clip runs on the CPU backend only (train_check_runnable) */
     for (int64_t i = 0; i < qk_n(t); i++) t->eng.qk_buf[i] = -INFINITY;
     model_qk_track(t->eng.m, t->eng.qk_buf);
@@ -38,15 +44,19 @@ static void world_max(trainer *t) {
 }
 
 void train_qk_end(trainer *t, int applied) {
-    if (!t->eng.qk_buf) return;
+    if (!tracking(t)) return;
     model_qk_track(t->eng.m, NULL); /* validation's forwards are not the step's */
     world_max(t);
+    train_stats_logits(t, t->eng.qk_buf);
     double tau = t->cfg->optimizer.qk_clip_threshold, mx = -INFINITY;
+    int clipped = 0;
     for (int64_t i = 0; i < qk_n(t); i++) {
         float v = t->eng.qk_buf[i];
         mx = v > mx || v != v ? v : mx;
-        t->met.qk_clipped += isfinite(v) && v > tau;
+        clipped += isfinite(v) && v > tau;
     }
     t->met.max_logit = mx;
+    if (tau <= 0) return; /* telemetry only */
+    t->met.qk_clipped = clipped;
     if (applied) model_qk_clip(t->eng.m, t->eng.qk_buf, tau, dp_scale_param, t->eng.dp);
 }

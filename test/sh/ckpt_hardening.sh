@@ -173,6 +173,21 @@ expect_exit fifo_as_data_shard_exits_2 2 "train_001.bin: not a regular file \(a 
 mkfifo $TMP/cfg.fifo.yaml
 expect_exit fifo_as_metrics_file_exits_2 2 "metrics file .*: not a regular file \(a FIFO\)" -- \
     bounded $TMP/fifo3/ck 2 --set "logging.metrics_file=$TMP/cfg.fifo.yaml"
+# a FIFO for the shards' meta.json: every reader (data checks, eval.tasks' default tokenizer, the
+# tokenizer a checkpoint records) goes through data_meta_read's regular-file open: exit 2 naming
+# it, never a wait for a writer (timeout's 124 when one blocks)
+mkdir -p $TMP/mdata; cp $TMP/data/train_000.bin $TMP/mdata/; mkfifo $TMP/mdata/meta.json
+printf '%s\n' '{"context": "a", "choices": ["b", "c"], "label": 1}' >$TMP/mc.jsonl
+MT=(--set "data.train=$TMP/mdata/train_*.bin" --set "eval.tasks=[{name: mc, path: $TMP/mc.jsonl, every: 2}]")
+expect_exit fifo_as_meta_json_train_with_eval_tasks_exits_2 2 \
+    "eval.tasks: no eval.tokenizer, and data.train's .*mdata/meta.json: not a regular file \(a FIFO\)" -- \
+    bounded $TMP/fifo4/ck 2 "${MT[@]}"
+expect_exit fifo_as_meta_json_validate_exits_2 2 "mdata/meta.json: not a regular file \(a FIFO\)" -- \
+    timeout -k 5 60 $UST validate $TMP/c.yaml "${MT[@]}"
+expect_exit fifo_as_meta_json_train_exits_2 2 "mdata/meta.json: not a regular file \(a FIFO\)" -- \
+    bounded $TMP/fifo5/ck 2 --set "data.train=$TMP/mdata/train_*.bin"
+[ ! -e $TMP/fifo4 ] && pass fifo_as_meta_json_eval_tasks_refused_before_any_work ||
+    fail fifo_as_meta_json_eval_tasks_refused_before_any_work "$(ls -R $TMP/fifo4 2>&1 | tr '\n' ' ')"
 
 # --- item 5: a shard rewritten or cut while the run reads it -----------------------------------
 # (the run's shards are copies; steps long enough that it is still reading when they change)

@@ -10,7 +10,8 @@
 $UST data demo $TMP/data >/dev/null
 sed -e "s#data/tiny/#$TMP/data/#g" -e "s#runs/tiny#$TMP/run#g" configs/tiny.yaml >$TMP/c.yaml
 S="--set train.steps=6 --set logging.stats_every=2 --set data.val_every=100 --set train.seq_len=64"
-$UST train $TMP/c.yaml $S --set checkpoint.every=1 --set checkpoint.keep_last=10 >$TMP/one.out 2>&1
+$UST train $TMP/c.yaml $S --set checkpoint.every=1 --set checkpoint.keep_last=10 \
+    --set logging.tensorboard_dir=$TMP/run/tb >$TMP/one.out 2>&1
 rc=$?
 python3 - $TMP/run/metrics.jsonl $TMP/run/ckpt >$TMP/check.out 2>&1 <<'EOT'
 import json, math, re, sys
@@ -46,11 +47,40 @@ cat $TMP/check.out | sed 's/^/  /'
 for t in layer_norms_add_up_to_the_global_norm update_ratio_equals_the_checkpoints; do
     [ $rc = 0 ] && grep -q "^ok $t" $TMP/check.out && pass stats_$t || fail stats_$t "rc=$rc $(tail -2 $TMP/check.out) $(tail -1 $TMP/one.out)"
 done
+# activation RMS and max logit against a numpy forward: step s trains samples 8(s-1)..8s-1 (global
+# batch 8) with step s-1's weights
+SHARD=$(ls $TMP/data/train_*.bin | head -1)
+for s in 2 4 6; do
+    python3 test/tools/qkclip_ref.py stats $TMP/run/ckpt/step_$((s - 1)) $SHARD $((8 * (s - 1))) 8 \
+        $TMP/run/metrics.jsonl $s >$TMP/ref$s.out 2>&1
+    [ $rc = 0 ] && grep -q "^PASS" $TMP/ref$s.out && pass "stats_act_rms_and_max_logit_match_numpy_step$s $(cut -c6- $TMP/ref$s.out)" ||
+        fail stats_act_rms_and_max_logit_match_numpy_step$s "rc=$rc $(tail -2 $TMP/ref$s.out)"
+done
+python3 - $TMP/run/tb $TMP/run/metrics.jsonl >$TMP/tb.check 2>&1 <<'EOT'
+import json, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+acc = EventAccumulator(sys.argv[1], size_guidance={"scalars": 0})
+acc.Reload()
+rows = [r for r in map(json.loads, open(sys.argv[2])) if "layer_act_rms" in r]
+n = 0
+for l in range(4):
+    for key, tag in (("layer_act_rms", "act_rms"), ("layer_max_logit", "max_logit")):
+        got = {e.step: e.value for e in acc.Scalars(f"layers/{l}/{tag}")}
+        for r in rows:
+            # the JSON keeps 6 digits
+            assert abs(got[r["step"]] - r[key][l]) <= 1e-5 * abs(r[key][l]), (l, tag, got, r[key])
+            n += 1
+print("ok", n)
+EOT
+[ $rc = 0 ] && grep -q "^ok 24" $TMP/tb.check && pass stats_act_rms_and_max_logit_in_tensorboard ||
+    fail stats_act_rms_and_max_logit_in_tensorboard "$(tail -2 $TMP/tb.check)"
 mv $TMP/run/metrics.jsonl $TMP/one.jsonl
 
-# the same figures from other layouts: dp = 2 under ZeRO-2, and a 2-stage pipeline
+# the same figures from other layouts: dp = 2 under ZeRO-2, tp = 2 with sp, cp = 2 and a 2-stage
+# pipeline (each holds a part of the tokens or of the layers: the sums go over every rank)
 L="--set checkpoint.every=0 --set checkpoint.resume=none"
-for lay in "dp2_zero2:--set parallel.dp=2 --set optimizer.zero_stage=2" "pp2:--set parallel.pp=2"; do
+for lay in "dp2_zero2:--set parallel.dp=2 --set optimizer.zero_stage=2" "pp2:--set parallel.pp=2" \
+    "tp2_sp:--set parallel.tp=2 --set parallel.sp=true" "cp2:--set parallel.cp=2"; do
     name=${lay%%:*}
     rm -rf $TMP/run
     scripts/ustrun --nproc-per-node 2 $UST train $TMP/c.yaml $S $L ${lay#*:} >$TMP/$name.out 2>&1
@@ -60,7 +90,8 @@ import json, sys
 a, b = ({r["step"]: r for r in map(json.loads, open(p)) if "layer_grad_norm" in r} for p in sys.argv[1:])
 assert sorted(a) == sorted(b) == [2, 4, 6], (sorted(a), sorted(b))
 for s in a:
-    for k in ("layer_grad_norm", "layer_update_ratio"):
+    for k in ("layer_grad_norm", "layer_update_ratio", "layer_act_rms", "layer_max_logit"):
+        assert len(a[s][k]) == len(b[s][k]), (s, k, a[s][k], b[s][k])
         for x, y in zip(a[s][k], b[s][k]):
             assert abs(x - y) <= 1e-4 * abs(x), (s, k, a[s][k], b[s][k])
 print("ok")

@@ -91,6 +91,27 @@ print("ok")
 EOT
 [ $rc = 0 ] && grep -q "^ok" $TMP/bias_check.out && pass moe_bias_range_in_metrics_and_tensorboard ||
     fail moe_bias_range_in_metrics_and_tensorboard "rc=$rc $(tail -2 $TMP/bias_check.out) $(tail -1 $TMP/bias.out)"
+# under ZeRO-3 each rank holds a shard of the bias: the range is made from the whole tensor (the
+# shards summed over the group), the one-process figure at every step (the demo text: ranges
+# that differ by layer and step)
+B="--set model.moe.bias_update_rate=0.01 --set checkpoint.resume=none"
+rm -rf $TMP/run
+$UST train $TMP/c.yaml $C $B >$TMP/b1.out 2>&1 && mv $TMP/run/metrics.jsonl $TMP/b1.jsonl
+scripts/ustrun --nproc-per-node 2 $UST train $TMP/c.yaml $C $B --set parallel.dp=2 \
+    --set optimizer.zero_stage=3 >$TMP/b3.out 2>&1
+rc=$?
+python3 - $TMP/b1.jsonl $TMP/run/metrics.jsonl >$TMP/b3.check 2>&1 <<'EOT'
+import json, sys
+a, b = ([[m["bias_range"] for m in json.loads(l)["moe"]] for l in open(p)] for p in sys.argv[1:])
+assert len(a) == len(b) == 3 and len(set(x for r in a for x in r)) > 1, (a, b)
+assert all(abs(x - y) < 1e-6 for r, s in zip(a, b) for x, y in zip(r, s)), (a, b)
+print("ok")
+EOT
+[ $rc = 0 ] && grep -q "^ok" $TMP/b3.check && pass moe_bias_range_zero3_dp2_equals_one_process ||
+    fail moe_bias_range_zero3_dp2_equals_one_process "rc=$rc $(tail -2 $TMP/b3.check) $(tail -1 $TMP/b3.out)"
+# the plan counts the buffer the bias is made whole in: plan = arena
+plan_matches_arena moe_bias_zero3_plan_equals_arena $TMP/c.yaml 2 $C $B --set parallel.dp=2 \
+    --set optimizer.zero_stage=3 --set train.steps=1
 echo '{"step": 1, "loss": 2.5}' >$TMP/dense.jsonl
 expect_exit plot_moe_without_moe_exit_2 2 "no step with per-expert MoE load" -- scripts/plot -o $TMP/plots --moe $TMP/dense.jsonl
 exit 0

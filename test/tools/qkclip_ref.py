@@ -13,6 +13,11 @@ checkpoints (test/sh/qkclip.sh).
       sqrt(eta_h), key/value head g's k rows and bias PLAIN's times sqrt(min of eta over the query
       heads that share g), every other tensor PLAIN's bit for bit; METRICS' last max_logit must
       be the reference's largest logit and qk_clipped_heads its count of heads above TAU.
+  qkclip_ref.py stats STEP_DIR SHARD SAMPLE0 COUNT METRICS STEP
+      logging.stats_every's telemetry of metrics line STEP, whose forwards are those of samples
+      [SAMPLE0, SAMPLE0 + COUNT) with STEP_DIR's weights: layer_act_rms[l] must be the RMS of
+      layer l's output (the residual stream after the block) over every token, layer_max_logit[l]
+      layer l's largest logit, max_logit the largest of all (QK-clip off).
 
 A sample i is the window of T + 1 tokens at token i * T of the (first) llm.c shard. Prints
 PASS/FAIL lines."""
@@ -32,8 +37,9 @@ def samples(shard, s0, count, T):
     return [toks[i * T:i * T + T] for i in range(s0, s0 + count)]
 
 
-def max_logits(cfg, w, ids, out):
-    """out[l, h] = max(out[l, h], the largest causal logit of query head h in layer l)."""
+def max_logits(cfg, w, ids, out, sq=None):
+    """out[l, h] = max(out[l, h], the largest causal logit of query head h in layer l); sq[l] +=
+    the sum of squares of layer l's output, when given."""
     m = cfg["model"]
     llama = m["arch"] == "llama"
     T, H, Hkv = len(ids), m["n_head"], m["n_kv_head"]
@@ -64,6 +70,8 @@ def max_logits(cfg, w, ids, out):
         h = norm(x, w, p + ".post_attention_layernorm", llama, float(m["norm_eps"]))
         is_moe = m["moe"]["num_experts"] > 0 and l % max(m["moe"]["every"], 1) == 0
         x = x + (moe(h, w, p + ".mlp", m, llama) if is_moe else mlp(h, w, p + ".mlp", llama))
+        if sq is not None:
+            sq[l] += (x * x).sum()
 
 
 def table(step, shard, s0, count):
@@ -111,7 +119,37 @@ def check(a):
     return not bad
 
 
+def stats(a):
+    step, shard, s0, count, metrics, at = a
+    cfg, w = load_model(step)
+    m = cfg["model"]
+    T, L = cfg["train"]["seq_len"], m["n_layer"]
+    mx, sq = np.full((L, m["n_head"]), -np.inf), np.zeros(L)
+    for ids in samples(shard, int(s0), int(count), T):
+        max_logits(cfg, w, ids, mx, sq)
+    rms = np.sqrt(sq / (int(count) * T * m["d_model"]))
+    rec = [r for r in map(json.loads, open(metrics)) if r["step"] == int(at)][0]
+    bad, worst = [], 0.0
+    # fp32 forwards against float64: ~1e-6 relative; 1e-4 leaves room, a wrong layer or a
+    # missing micro-batch moves these by percents
+    for key, want in (("layer_act_rms", rms), ("layer_max_logit", mx.max(1))):
+        got = np.array(rec.get(key, []), dtype=np.float64)
+        if got.shape != want.shape:
+            bad.append(f"{key} {rec.get(key)}: want {L} layers {want}")
+            continue
+        err = float(np.abs(got - want).max() / np.abs(want).max())
+        worst = max(worst, err)
+        if err > 1e-4:
+            bad.append(f"{key} {got} but the reference's {want}")
+    if abs(rec.get("max_logit", np.nan) - mx.max()) > 1e-4 * abs(mx.max()):
+        bad.append(f"max_logit {rec.get('max_logit')} but the reference's {mx.max()}")
+    print("FAIL " + "; ".join(bad[:3]) if bad else f"PASS ({worst:.2g} relative)")
+    return not bad
+
+
 def main():
+    if sys.argv[1] == "stats":
+        return 0 if stats(sys.argv[2:]) else 1
     if sys.argv[1] == "tau":
         _, mx = table(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))
         print(f"{np.median(mx):.9g}")
