@@ -134,6 +134,7 @@ bench: deps
 	scripts/bench-dp.sh
 	scripts/bench-tp.sh
 	scripts/bench-cp.sh
+	scripts/bench-window.sh
 	scripts/bench-pp.sh
 	scripts/bench-packing.sh
 	scripts/bench-moe.sh

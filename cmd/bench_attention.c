@@ -1,7 +1,8 @@
 /* ustrain bench attention: the attention op (forward + backward) on one long sequence of many
- * short documents, without and with data.doc_mask's q_start, on the CPU backend. The documents
- * hide most key blocks from most query tiles, which the kernels skip; the ratio printed is that
- * saving, measured in one run (best of --iters each). */
+ * short documents, without and with data.doc_mask's q_start, on the CPU backend; with --window W
+ * also under a sliding window of W keys (model.sliding_window's q_start). The documents (or the
+ * window) hide most key blocks from most query tiles, which the kernels skip; the ratios printed
+ * are that saving, measured in one run (best of --iters each). */
 #include <float.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -15,12 +16,13 @@
 
 static const char *ATT_USAGE =
     "usage: ustrain bench attention [--seq-len T] [--doc-len L] [--heads H] [--head-dim D]\n"
-    "                               [--iters N] [--threads N]\n"
-    "  defaults: T 4096, L 128, H 8 (2 key/value heads), D 64, 3 iterations, every CPU;\n"
-    "  T 64..65536, L 1..T, H 1..64 (a multiple of 2), D 8..256 (even), N 1..100\n";
+    "                               [--iters N] [--threads N] [--window W]\n"
+    "  defaults: T 4096, L 128, H 8 (2 key/value heads), D 64, 3 iterations, every CPU, no "
+    "window;\n"
+    "  T 64..65536, L 1..T, H 1..64 (a multiple of 2), D 8..256 (even), N 1..100, W 1..T\n";
 
 typedef struct {
-    int T, L, H, D, iters, threads;
+    int T, L, H, D, iters, threads, window;
 } att_args;
 
 static int parse(int argc, char **argv, att_args *a) {
@@ -34,7 +36,8 @@ static int parse(int argc, char **argv, att_args *a) {
                 {"--heads", 2, 64, offsetof(att_args, H)},
                 {"--head-dim", 8, 256, offsetof(att_args, D)},
                 {"--iters", 1, 100, offsetof(att_args, iters)},
-                {"--threads", 1, 1024, offsetof(att_args, threads)}};
+                {"--threads", 1, 1024, offsetof(att_args, threads)},
+                {"--window", 1, 65536, offsetof(att_args, window)}};
     for (int i = 0; i < argc; i += 2) {
         size_t k = 0;
         while (k < sizeof opts / sizeof opts[0] && strcmp(argv[i], opts[k].opt)) k++;
@@ -48,9 +51,11 @@ static int parse(int argc, char **argv, att_args *a) {
             return UST_EXIT_USAGE;
         *(int *)((char *)a + opts[k].off) = (int)v;
     }
-    if (a->L > a->T || a->H % 2 || a->D % 2)
+    if (a->L > a->T || a->window > a->T || a->H % 2 || a->D % 2)
         return cmd_usage_error("ustrain", ATT_USAGE, "%s%s",
-                               "--doc-len must be <= --seq-len, --heads and --head-dim even", "");
+                               "--doc-len and --window must be <= --seq-len, --heads and "
+                               "--head-dim even",
+                               "");
     return 0;
 }
 
@@ -79,7 +84,7 @@ static double time_attention(const ust_ops *o, const att_args *a, float *const b
 
 int cmd_bench_attention(int argc, char **argv) {
     if (cmd_wants_help(argc, argv)) return cmd_print_usage(ATT_USAGE);
-    att_args a = {4096, 128, 8, 64, 3, 0};
+    att_args a = {4096, 128, 8, 64, 3, 0, 0};
     int rc = parse(argc, argv, &a);
     if (rc) return rc;
     ust_ops *o = ops_cpu_create(a.threads, 1);
@@ -95,6 +100,12 @@ int cmd_bench_attention(int argc, char **argv) {
     printf("  causal attention fwd+bwd:            %8.2f ms\n", 1e3 * plain);
     printf("  with document masking (q_start):     %8.2f ms\n", 1e3 * docs);
     printf("  speed-up from skipping hidden blocks: %.2fx\n", plain / docs);
+    if (a.window) { /* query t sees keys t - W + 1 .. t */
+        for (int t = 0; t < a.T; t++) q_start[t] = t - a.window + 1 > 0 ? t - a.window + 1 : 0;
+        double win = time_attention(o, &a, buf, q_start);
+        printf("  with a sliding window of %d keys:  %8.2f ms (%.2fx faster than causal)\n",
+               a.window, 1e3 * win, plain / win);
+    }
     for (int i = 0; i < 8; i++) free(buf[i]);
     free(q_start);
     o->destroy(o);

@@ -184,6 +184,9 @@ void cp_free(ust_cp *cp) {
     free(cp->ring.block_pairs);
     free(cp->ring.block_max);
     free(cp->uly.ustart_host);
+    for (int i = 0; i < cp->ring.nroute; i++)
+        free(cp->ring.route[i].need), free(cp->ring.route[i].hops);
+    cp->ring.nroute = 0;
     cp->pos_host = cp->ring.bpos_host = cp->uly.ustart_host = NULL;
     cp->ring.block_pairs = NULL;
     cp->ring.block_max = NULL;
@@ -218,21 +221,6 @@ static int hidden(ust_cp *cp, int owner, const cp_docs *docs) {
     return 1;
 }
 
-/* Posts (the list lives in cp until the wait): send the `nbuf` buffers of send[] to the next rank,
- * receive as many into recv[] from the previous one (one batch, so two ranks exchanging with each
- * other cannot deadlock). */
-static comm_req pass_on(ust_cp *cp, act *const *send, act *const *recv, int nbuf) {
-    comm_p2p *ops = cp->ring.p2p; /* must stay valid until the wait */
-    size_t count = (size_t)cp->B * cp->Tb * cp->ring.Hkvr * cp->D;
-    int next = (cp->ring.rr + 1) % cp->ring.rn,
-        prev = (cp->ring.rr + cp->ring.rn - 1) % cp->ring.rn;
-    for (int i = 0; i < nbuf; i++) {
-        ops[2 * i] = (comm_p2p){.peer = next, .is_send = 1, .buf = send[i], .count = count};
-        ops[2 * i + 1] = (comm_p2p){.peer = prev, .is_send = 0, .buf = recv[i], .count = count};
-    }
-    return comm_sendrecv(cp->ring.comm, ops, 2 * nbuf, comm_act_dtype(cp->ops));
-}
-
 static void gather_blocks(ust_cp *cp, const act *k, const act *v) {
     size_t count = (size_t)cp->B * cp->Tb * cp->ring.Hkvr * cp->D;
     comm_dtype t = comm_act_dtype(cp->ops);
@@ -261,6 +249,101 @@ static void logit_max(ust_cp *cp, const act *q, const act *k, int H, const int32
                                 starts(docs));
 }
 
+/* ---------------------------------------------------------------- routes */
+
+/* 1 when a key of kp (sorted, Tk) lies in some query's visible range (q - W, q] (W 0: [0, q]). */
+static int sees_any(const int32_t *qp, const int32_t *sorted, int Tq, int Tk, int W) {
+    for (int i = 0; i < Tq; i++) {
+        int32_t lo_pos = W ? qp[i] - W + 1 : 0;
+        int lo = 0, hi = Tk; /* the first key >= lo_pos */
+        while (lo < hi) {
+            int mid = (lo + hi) / 2;
+            if (sorted[mid] < lo_pos)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        if (lo < Tk && sorted[lo] <= qp[i]) return 1;
+    }
+    return 0;
+}
+
+static void make_route(const ust_cp *cp, cp_route *rt, int W) {
+    int n = cp->ring.rn, Tb = cp->Tb;
+    rt->window = W;
+    rt->need = malloc((size_t)n * n);
+    rt->hops = malloc((size_t)n * sizeof(int));
+    int32_t *sorted = malloc((size_t)Tb * sizeof(int32_t));
+    UST_ASSERT(rt->need && rt->hops && sorted, "out of host memory");
+    for (int g = 0; g < n; g++) {
+        memcpy(sorted, cp->ring.bpos_host + (size_t)g * Tb, (size_t)Tb * sizeof(int32_t));
+        qsort(sorted, (size_t)Tb, sizeof *sorted, cmp_i32);
+        for (int r = 0; r < n; r++)
+            rt->need[r * n + g] =
+                (uint8_t)sees_any(cp->ring.bpos_host + (size_t)r * Tb, sorted, Tb, Tb, W);
+        rt->hops[g] = 0;
+        for (int h = 1; h < n; h++)
+            if (rt->need[((g + h) % n) * n + g]) rt->hops[g] = h;
+    }
+    free(sorted);
+}
+
+/* The route of a mask: made once, at the mask's first attention (host tables, a few per run). */
+static const cp_route *route_of(ust_cp *cp, const cp_docs *docs) {
+    int W = docs ? docs->window : 0;
+    cp_ring_stage *rg = &cp->ring;
+    for (int i = 0; i < rg->nroute; i++)
+        if (rg->route[i].window == W) return &rg->route[i];
+    UST_ASSERT(rg->nroute < CP_MAX_ROUTES, "more than %d attention masks", CP_MAX_ROUTES);
+    make_route(cp, &rg->route[rg->nroute], W);
+    return &rg->route[rg->nroute++];
+}
+
+/* The ring steps' traffic: at step s this rank holds block (rr - s) when it has come this far
+ * (s <= its hops; every rank that needs it does), and passes it on while a later rank needs it. */
+static int owner_at(const ust_cp *cp, int r, int s) {
+    return ((r - s) % cp->ring.rn + cp->ring.rn) % cp->ring.rn;
+}
+static int sends_on(const ust_cp *cp, const cp_route *rt, int s) {
+    return s < rt->hops[owner_at(cp, cp->ring.rr, s)];
+}
+/* what the previous rank passes on at step s: the block this rank holds at step s + 1 */
+static int receives(const ust_cp *cp, const cp_route *rt, int s) {
+    return s < rt->hops[owner_at(cp, cp->ring.rr, s + 1)];
+}
+static int needs(const ust_cp *cp, const cp_route *rt, int owner) {
+    return rt->need[cp->ring.rr * cp->ring.rn + owner];
+}
+
+/* Posts (the list lives in cp until the wait): send the `ns` buffers of send[] to the next rank
+ * and receive `nr` into recv[] from the previous one; a block's gradients going home from its
+ * last rank (hs[2] to comm-local rank hs_to, -1: none) and ours coming home (into hr[2] from
+ * hr_from); one batch, so two ranks exchanging with each other cannot deadlock. An empty list
+ * posts nothing. */
+typedef struct {
+    act *const *send, *const *recv;
+    int ns, nr;
+    act *const *hs, *const *hr;
+    int hs_to, hr_from;
+} ring_msgs;
+
+static comm_req pass_on(ust_cp *cp, ring_msgs m) {
+    comm_p2p *ops = cp->ring.p2p; /* must stay valid until the wait */
+    size_t count = blk(cp);
+    int next = (cp->ring.rr + 1) % cp->ring.rn,
+        prev = (cp->ring.rr + cp->ring.rn - 1) % cp->ring.rn, k = 0;
+    for (int i = 0; i < m.ns; i++)
+        ops[k++] = (comm_p2p){.peer = next, .is_send = 1, .buf = m.send[i], .count = count};
+    for (int i = 0; i < m.nr; i++)
+        ops[k++] = (comm_p2p){.peer = prev, .is_send = 0, .buf = m.recv[i], .count = count};
+    for (int i = 0; m.hs_to >= 0 && i < 2; i++)
+        ops[k++] = (comm_p2p){.peer = m.hs_to, .is_send = 1, .buf = m.hs[i], .count = count};
+    for (int i = 0; m.hr_from >= 0 && i < 2; i++)
+        ops[k++] = (comm_p2p){.peer = m.hr_from, .is_send = 0, .buf = m.hr[i], .count = count};
+    if (!k) return (comm_req){0};
+    return comm_sendrecv(cp->ring.comm, ops, k, comm_act_dtype(cp->ops));
+}
+
 /* The ring stage: attention of this block's queries (Tb tokens, H heads) over every block. */
 static void ring_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *k, const act *v,
                      int H, const cp_docs *docs) {
@@ -268,6 +351,7 @@ static void ring_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *
     cp_ring_stage *rg = &cp->ring;
     int B = cp->B, Tl = cp->Tb, Hkv = rg->Hkvr, D = cp->D, n = rg->rn;
     const int32_t *qp = pos_dev(cp, rg->rr);
+    const cp_route *rt = n > 1 ? route_of(cp, docs) : NULL;
     if (n > 1 && cp->mode == CP_ALLGATHER) gather_blocks(cp, k, v);
     const act *ck = k, *cv = v;
     /* step s works on the block of rank - s; the local block comes first: it holds the diagonal,
@@ -280,7 +364,8 @@ static void ring_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *
             /* send the block in hand on before computing with it, so the transfer overlaps */
             act *send[2] = {(act *)ck, (act *)cv};
             act *recv[2] = {rg->kv[(s + 1) % 2][0], rg->kv[(s + 1) % 2][1]};
-            r = pass_on(cp, send, recv, 2);
+            int ns = sends_on(cp, rt, s) ? 2 : 0, nr = receives(cp, rt, s) ? 2 : 0;
+            r = pass_on(cp, (ring_msgs){send, recv, ns, nr, NULL, NULL, -1, -1});
             nk = recv[0], nv = recv[1];
         } else if (cp->mode == CP_ALLGATHER && s > 0) {
             ck = block_of(cp, rg->all_k, owner), cv = block_of(cp, rg->all_v, owner);
@@ -289,7 +374,7 @@ static void ring_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *
             o->attention_fwd(o, out, lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp, qp, 1, starts(docs));
             logit_max(cp, q, ck, H, qp, docs);
             count(cp, owner, H);
-        } else if (!hidden(cp, owner, docs)) {
+        } else if (needs(cp, rt, owner) && !hidden(cp, owner, docs)) {
             o->attention_fwd(o, rg->part_out, rg->part_lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp,
                              pos_dev(cp, owner), 1, starts(docs));
             o->attention_merge(o, out, lse, rg->part_out, rg->part_lse, B, Tl, H, D);
@@ -301,6 +386,31 @@ static void ring_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *
             ck = nk, cv = nv;
         }
     }
+}
+
+static void allgather_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, const act *out,
+                          const float *lse, const act *q, const act *k, const act *v, int H,
+                          const cp_docs *docs) {
+    const ust_ops *o = cp->ops;
+    cp_ring_stage *rg = &cp->ring;
+    int B = cp->B, Tl = cp->Tb, Hkv = rg->Hkvr, D = cp->D, n = rg->rn;
+    const int32_t *qp = pos_dev(cp, rg->rr);
+    const cp_route *rt = route_of(cp, docs);
+    /* every block's gradient computed here, then summed at its owner */
+    gather_blocks(cp, k, v);
+    o->zero(o, rg->all_dk, act_bytes(o, blk(cp) * n));
+    o->zero(o, rg->all_dv, act_bytes(o, blk(cp) * n));
+    for (int r = 0; r < n; r++)
+        if (needs(cp, rt, r) && !hidden(cp, r, docs))
+            o->attention_bwd(o, dq, block_of(cp, rg->all_dk, r), block_of(cp, rg->all_dv, r), dout,
+                             out, lse, q, block_of(cp, rg->all_k, r), block_of(cp, rg->all_v, r), B,
+                             Tl, Tl, H, Hkv, D, qp, pos_dev(cp, r), 1, starts(docs));
+    comm_dtype t = comm_act_dtype(o);
+    comm_req r[2] = {comm_reduce_scatter(rg->comm, rg->all_dk, rg->acc_dk, blk(cp), t, COMM_SUM),
+                     comm_reduce_scatter(rg->comm, rg->all_dv, rg->acc_dv, blk(cp), t, COMM_SUM)};
+    comm_wait_all(r, 2);
+    o->add(o, dk, dk, rg->acc_dk, (int64_t)blk(cp));
+    o->add(o, dv, dv, rg->acc_dv, (int64_t)blk(cp));
 }
 
 static void ring_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, const act *out,
@@ -316,51 +426,44 @@ static void ring_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, con
         return;
     }
     if (cp->mode == CP_ALLGATHER) {
-        /* every block's gradient computed here, then summed at its owner */
-        gather_blocks(cp, k, v);
-        o->zero(o, rg->all_dk, act_bytes(o, blk(cp) * n));
-        o->zero(o, rg->all_dv, act_bytes(o, blk(cp) * n));
-        for (int r = 0; r < n; r++)
-            if (!hidden(cp, r, docs))
-                o->attention_bwd(o, dq, block_of(cp, rg->all_dk, r), block_of(cp, rg->all_dv, r),
-                                 dout, out, lse, q, block_of(cp, rg->all_k, r),
-                                 block_of(cp, rg->all_v, r), B, Tl, Tl, H, Hkv, D, qp,
-                                 pos_dev(cp, r), 1, starts(docs));
-        comm_dtype t = comm_act_dtype(o);
-        comm_req r[2] = {
-            comm_reduce_scatter(rg->comm, rg->all_dk, rg->acc_dk, blk(cp), t, COMM_SUM),
-            comm_reduce_scatter(rg->comm, rg->all_dv, rg->acc_dv, blk(cp), t, COMM_SUM)};
-        comm_wait_all(r, 2);
-        o->add(o, dk, dk, rg->acc_dk, (int64_t)blk(cp));
-        o->add(o, dv, dv, rg->acc_dv, (int64_t)blk(cp));
+        allgather_bwd(cp, dq, dk, dv, dout, out, lse, q, k, v, H, docs);
         return;
     }
     /* the ring: the block in hand (k, v and the gradients gathered for it so far) moves on after
-     * each step; after n steps every block is back at its owner with its whole gradient */
+     * each step while a later rank needs it; from the last such rank its gradients go straight
+     * home (with every rank needing every block that last rank is the previous one, the ring's
+     * own last hop). This rank's block's gradients accumulate in acc from step 0 on and come
+     * back there. */
+    const cp_route *rt = route_of(cp, docs);
     o->zero(o, rg->acc_dk, act_bytes(o, blk(cp)));
     o->zero(o, rg->acc_dv, act_bytes(o, blk(cp)));
     const act *ck = k, *cv = v;
-    act *cdk = rg->acc_dk, *cdv = rg->acc_dv;
+    act *cdk = rg->acc_dk, *cdv = rg->acc_dv, *acc[2] = {rg->acc_dk, rg->acc_dv};
     for (int s = 0; s < n; s++) {
-        int owner = (rg->rr - s + n) % n;
+        int owner = (rg->rr - s + n) % n, on = sends_on(cp, rt, s);
         act *const *buf = rg->kv[s % 2];
         /* the block's keys and values move on while we compute; its gradients after */
         comm_req kv = {0};
         if (s + 1 < n) {
             act *send[2] = {(act *)ck, (act *)cv};
-            kv = pass_on(cp, send, buf, 2);
+            int nr = receives(cp, rt, s) ? 2 : 0;
+            kv = pass_on(cp, (ring_msgs){send, buf, on ? 2 : 0, nr, NULL, NULL, -1, -1});
         }
-        if (!hidden(cp, owner, docs))
+        if (needs(cp, rt, owner) && !hidden(cp, owner, docs))
             o->attention_bwd(o, dq, cdk, cdv, dout, out, lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp,
                              pos_dev(cp, owner), 1, starts(docs));
-        if (s + 1 < n) comm_wait(&kv);
+        comm_wait(&kv);
+        /* gradients: on with the block, or home from its last rank; ours home at step hops */
         act *send[2] = {cdk, cdv};
-        comm_req g = pass_on(cp, send, buf + 2, 2);
+        int last = s > 0 && s == rt->hops[owner], home = s > 0 && s == rt->hops[rg->rr];
+        ring_msgs m = {send, buf + 2, on ? 2 : 0,        s + 1 < n && receives(cp, rt, s) ? 2 : 0,
+                       send, acc,     last ? owner : -1, home ? (rg->rr + s) % n : -1};
+        comm_req g = pass_on(cp, m);
         comm_wait(&g);
         ck = buf[0], cv = buf[1], cdk = buf[2], cdv = buf[3];
     }
-    o->add(o, dk, dk, cdk, (int64_t)blk(cp));
-    o->add(o, dv, dv, cdv, (int64_t)blk(cp));
+    o->add(o, dk, dk, rg->acc_dk, (int64_t)blk(cp));
+    o->add(o, dv, dv, rg->acc_dv, (int64_t)blk(cp));
 }
 
 /* ---------------------------------------------------------------- Ulysses */

@@ -30,9 +30,21 @@ typedef struct {
     int32_t *ustart_host;                           /* gathered document starts, for their min */
 } cp_ulysses_stage;
 
+/* Who needs which block under one mask (window W keys, 0: causal only), from the blocks'
+ * positions alone, so every rank knows it without asking: need[r * rn + g] when a query of block
+ * r sees a key of block g; hops[g] how far block g travels the ring (its last rank that needs it,
+ * counted from g: the ranks after it neither see it nor pass it on). */
+typedef struct {
+    int window;
+    uint8_t *need;
+    int *hops;
+} cp_route;
+#define CP_MAX_ROUTES (CFG_MAX_WINDOWS + 1)
+
 /* The ring over `rn` blocks of Tb tokens (this rank's block is number rr): each rank keeps its
  * queries while key/value blocks travel around, partial results merged through their
- * log-sum-exp; in backward the key/value gradients travel with their blocks and arrive home. The
+ * log-sum-exp, each block only as far as a rank needs it (cp_route); in backward the key/value
+ * gradients travel with their blocks and go home from the last rank that needed them. The
  * allgather mode gathers every block first instead. */
 typedef struct {
     ust_comm *comm;     /* the whole group under ring/allgather, cp_ring under a2a+ring, NULL (rn 1)
@@ -46,8 +58,10 @@ typedef struct {
     float *part_lse;
     act *all_k, *all_v, *all_dk, *all_dv; /* allgather mode: every block */
     comm_p2p p2p[8];                      /* the posted send/recv list of the block in flight */
-    double *block_pairs; /* per block owner: causal pairs of our queries with its keys */
-    int32_t *block_max;  /* per block owner: its largest position */
+    double *block_pairs;           /* per block owner: causal pairs of our queries with its keys */
+    int32_t *block_max;            /* per block owner: its largest position */
+    cp_route route[CP_MAX_ROUTES]; /* per mask met so far (made at its first use) */
+    int nroute;
 } cp_ring_stage;
 
 typedef struct ust_cp {
@@ -71,10 +85,13 @@ typedef struct ust_cp {
 
 /* A micro-batch's documents (ops.h q_start): where each local query's document begins, on the
  * device (B x Tl; under Ulysses the gathered B x Tb of cp_gather_docs), and the smallest of them:
- * a key/value block whose positions all come before it is skipped (it still travels the ring). */
+ * a key/value block whose positions all come before it is skipped (it still travels the ring).
+ * window: the sliding window these starts include (model.sliding_window; 0: none): the ring
+ * sends a block no further than the last rank whose queries' windows reach it. */
 typedef struct {
     const int32_t *start;
     int32_t min_start;
+    int window;
 } cp_docs;
 
 /* comm may be NULL (no context parallelism). T: the whole sequence; B, H, Hkv, D: the attention

@@ -5,8 +5,10 @@
  * backward for its tokens and compares them with single-rank attention over the whole sequence;
  * the (query, key) pairs each rank's attention counted must be equal within 1% under zigzag and
  * unequal under contiguous. MODE a2a (Ulysses) and a2a+ring (Ulysses over pairs, the ring across)
- * also check their all-to-all bytes against the formula; a fifth argument `docs` masks
- * documents (Ulysses gathers their starts). */
+ * also check their all-to-all bytes against the formula. Options after MODE: `docs` masks
+ * documents (Ulysses gathers their starts), `window=W` a sliding window of W keys (the ring routes
+ * blocks by it), `bytes=N` the bytes the ring's groups must send in all (the script's hand count).
+ */
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,7 +67,27 @@ static ust_cp_comm mode_of(const char *name) {
     exit(2);
 }
 
-static int ring_check(const char *layout_name, const char *mode_name, int docs) {
+/* A ring check's options: document masking, a sliding window of `window` keys (0: none) and
+ * the bytes the ring's group must send in all (summed over its ranks; -1: not checked). */
+typedef struct {
+    int docs, window;
+    double bytes;
+} check_opts;
+
+/* Sums x over the group (fp32: exact for the byte counts of these sizes, < 2^24). */
+static double group_sum(ust_comm *comm, ust_ops *o, double x) {
+    int n = comm_size(comm);
+    float *all = o->alloc(o, n * sizeof(float)), mine = (float)x;
+    comm_req req = comm_allgather(comm, &mine, all, 1, COMM_FP32);
+    comm_wait(&req);
+    double s = 0;
+    for (int i = 0; i < n; i++) s += all[i];
+    o->free(o, all);
+    return s;
+}
+
+static int ring_check(const char *layout_name, const char *mode_name, check_opts opt) {
+    int docs = opt.docs, W = opt.window;
     test_world w;
     if (test_world_join(&w, "cp")) return 1;
     ust_comm *comm = w.comm, *sub[2] = {NULL, NULL};
@@ -97,17 +119,21 @@ static int ring_check(const char *layout_name, const char *mode_name, int docs) 
     int32_t pos[T], start[B * T], start_l[B * T];
     for (int t = 0; t < T; t++) pos[t] = t;
     for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) start[b * T + t] = doc_start_of(b, t);
+        for (int t = 0; t < T; t++) { /* a window raises the start to t - W + 1 */
+            start[b * T + t] = docs ? doc_start_of(b, t) : 0;
+            if (W && t - W + 1 > start[b * T + t]) start[b * T + t] = t - W + 1;
+        }
     for (int b = 0; b < B; b++)
         for (int j = 0; j < Tl; j++) start_l[b * Tl + j] = start[b * T + mine[j]];
-    const int32_t *qs = docs ? start : NULL;
+    const int32_t *qs = docs || W ? start : NULL;
     o->attention_fwd(o, out, lse, q, k, v, B, T, T, H, HKV, D, pos, pos, 1, qs);
     o->attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, T, T, H, HKV, D, pos, pos, 1, qs);
     /* the documents as the model gives them: local, gathered under Ulysses */
     int32_t *ustart = malloc(sizeof(int32_t) * B * T), min_l = start_l[0];
     for (int i = 1; i < B * Tl; i++) min_l = start_l[i] < min_l ? start_l[i] : min_l;
-    cp_docs dl = {start_l, min_l};
-    if (docs && cp_ulysses(&cp) > 1) dl = (cp_docs){ustart, cp_gather_docs(&cp, ustart, start_l)};
+    cp_docs dl = {start_l, min_l, W};
+    if ((docs || W) && cp_ulysses(&cp) > 1)
+        dl = (cp_docs){ustart, cp_gather_docs(&cp, ustart, start_l), W};
     int64_t lq = (int64_t)B * Tl * H * D, lk = (int64_t)B * Tl * HKV * D;
     float *q_l = malloc(lq * 4), *k_l = malloc(lk * 4), *v_l = malloc(lk * 4),
           *dout_l = malloc(lq * 4);
@@ -120,11 +146,15 @@ static int ring_check(const char *layout_name, const char *mode_name, int docs) 
         }
     float *out_l = calloc(lq, 4), *lse_l = calloc(B * H * Tl, 4), *dq_l = calloc(lq, 4),
           *dk_l = calloc(lk, 4), *dv_l = calloc(lk, 4);
-    ust_comm *a2a = mode == CP_A2A ? comm : sub[0];
+    ust_comm *a2a = mode == CP_A2A ? comm : sub[0], *ring = mode == CP_A2A_RING ? sub[1] : comm;
     if (a2a) comm_reset_counters(a2a);
-    cp_attention_fwd(&cp, out_l, lse_l, q_l, k_l, v_l, H, docs ? &dl : NULL);
+    if (mode != CP_A2A) comm_reset_counters(ring);
+    cp_attention_fwd(&cp, out_l, lse_l, q_l, k_l, v_l, H, docs || W ? &dl : NULL);
     cp_attention_bwd(&cp, dq_l, dk_l, dv_l, dout_l, out_l, lse_l, q_l, k_l, v_l, H,
-                     docs ? &dl : NULL);
+                     docs || W ? &dl : NULL);
+    double ring_sent = 0;
+    for (int kd = 0; mode != CP_A2A && kd < COMM_NKINDS; kd++)
+        ring_sent += (double)comm_get_counters(ring)->bytes[kd];
     /* fp32, sums over up to 32 keys regrouped by blocks: agreement to ~1e-6 */
     double worst[4] = {0};
     for (int b = 0; b < B; b++)
@@ -140,7 +170,9 @@ static int ring_check(const char *layout_name, const char *mode_name, int docs) 
                 worst[3] = fmax(worst[3], fabs(dv_l[a] - dv[g]));
             }
         }
-    const char *what[4] = {"out", "dq", "dk", "dv"}, *dn = docs ? "_docs" : "";
+    char dn[32];
+    snprintf(dn, sizeof dn, "%s%s%.0d", docs ? "_docs" : "", W ? "_window" : "", W);
+    const char *what[4] = {"out", "dq", "dk", "dv"};
     int bad = 0;
     for (int i = 0; i < 4; i++)
         if (!(worst[i] <= 2e-5)) {
@@ -165,6 +197,14 @@ static int ring_check(const char *layout_name, const char *mode_name, int docs) 
                    ok ? "PASS" : "FAIL", n, layout_name, mode_name, dn, got, want);
         bad |= !ok;
     }
+    if (opt.bytes >= 0) { /* the ring group's bytes, every rank's summed (the launcher's world) */
+        double got = group_sum(comm, o, ring_sent);
+        int ok = got == opt.bytes;
+        if (r == 0)
+            printf("%s cp%d_%s_%s%s_ring_bytes_equal_hand_count: %.0f sent, %.0f by hand\n",
+                   ok ? "PASS" : "FAIL", n, layout_name, mode_name, dn, got, opt.bytes);
+        bad |= !ok;
+    }
     /* load balance: every rank's counted (query, key) pairs, gathered */
     float *pairs = o->alloc(o, n * sizeof(float)), mine_pairs = (float)cp.pairs;
     comm_req req = comm_allgather(comm, &mine_pairs, pairs, 1, COMM_FP32);
@@ -172,7 +212,7 @@ static int ring_check(const char *layout_name, const char *mode_name, int docs) 
     float lo = pairs[0], hi = pairs[0];
     for (int i = 1; i < n; i++) lo = fminf(lo, pairs[i]), hi = fmaxf(hi, pairs[i]);
     int balanced = hi <= lo * 1.01f;
-    if (r == 0 && !docs) { /* (blocks no query can see are skipped, not counted) */
+    if (r == 0 && !docs && !W) { /* (blocks no query can see are skipped, not counted) */
         /* Ulysses alone: every rank attends all the tokens of its heads, balanced in any layout */
         int want = layout == CP_ZIGZAG || mode == CP_A2A;
         printf("%s cp%d_%s_attention_pairs_%s: per rank min %.0f max %.0f\n",
@@ -186,8 +226,19 @@ static int ring_check(const char *layout_name, const char *mode_name, int docs) 
 }
 
 int main(int argc, char **argv) {
-    if ((argc == 4 || argc == 5) && !strcmp(argv[1], "--ring-check"))
-        return ring_check(argv[2], argv[3], argc == 5 && !strcmp(argv[4], "docs"));
+    if (argc >= 4 && !strcmp(argv[1], "--ring-check")) { /* [docs] [window=W] [bytes=N] */
+        check_opts opt = {0, 0, -1};
+        for (int i = 4; i < argc; i++)
+            if (!strcmp(argv[i], "docs"))
+                opt.docs = 1;
+            else if (!strncmp(argv[i], "window=", 7))
+                opt.window = atoi(argv[i] + 7);
+            else if (!strncmp(argv[i], "bytes=", 6))
+                opt.bytes = atof(argv[i] + 6);
+            else
+                return fprintf(stderr, "test_cp: option %s?\n", argv[i]), 2;
+        return ring_check(argv[2], argv[3], opt);
+    }
     RUN_TEST(test_zigzag_gives_rank_r_chunks_r_and_2n_minus_1_minus_r);
     RUN_TEST(test_every_position_is_held_exactly_once);
     return TEST_SUMMARY();

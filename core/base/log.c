@@ -359,6 +359,7 @@ static int log_scalars(const log_step *s, double unix_time, log_scalar *o) {
         n = add_scalar(o, n, "pp_w_ms", s->pp.op_ms[2]);
     }
     if (s->comm.bytes_cp) n = add_count(o, n, "comm_bytes_cp", s->comm.bytes_cp);
+    if (s->comm.bytes_cp_all) n = add_count(o, n, "comm_bytes_cp_group", s->comm.bytes_cp_all);
     if (s->comm.bytes_mirror) n = add_count(o, n, "comm_bytes_mirror", s->comm.bytes_mirror);
     if (s->data.cp_docs)
         n = add_count(o, n, "cp_blocks_skipped", (uint64_t)s->data.cp_blocks_skipped);

@@ -22,6 +22,7 @@ typedef struct {
     uint64_t bytes_tp;     /* ... in its tensor-parallel group */
     uint64_t bytes_pp;     /* ... to its pipeline neighbours (activations, gradients) */
     uint64_t bytes_cp;     /* ... in its context-parallel group(s) (0: none, not logged) */
+    uint64_t bytes_cp_all; /* bytes_cp summed over the cp group's ranks (0: none) */
     uint64_t bytes_mirror; /* ... to dualpipe's mirror rank (0: none, not logged) */
     double tp_ms;          /* time spent waiting for tensor-parallel collectives */
     double cp_wait_ms;     /* ... for context-parallel key/value blocks */

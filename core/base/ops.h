@@ -333,6 +333,19 @@ static inline act *act_at(const ust_ops *o, const act *p, int64_t i) {
 /* Bytes of n activation elements. */
 static inline size_t act_bytes(const ust_ops *o, int64_t n) { return (size_t)n * o->act_size; }
 
+/* CPU backend only (model.qk_norm_whole under tp, proj_norm.c; CUDA gathers whole rows): RMSNorm
+ * of (N, C) column slices of rows Cw wide whose sums the caller adds up over the slices.
+ * ops_cpu_rows_sumsq: ss(N) = each row's sum of squares. ops_cpu_rmsnorm_rows_fwd: out = x rstd w,
+ * rstd = 1 / sqrt(ss / Cw + eps), w this slice's C weights. ops_cpu_rows_wdot: dot(N) = each
+ * row's sum of w dout x. ops_cpu_rmsnorm_rows_bwd: dinp (NULL: none; may be dout) = rstd (w dout
+ * - x rstd^2 dot / Cw), dw (NULL: none) += sum over rows of dout x rstd. */
+void ops_cpu_rows_sumsq(float *ss, const act *inp, int N, int C);
+void ops_cpu_rmsnorm_rows_fwd(act *out, float *rstd, const act *inp, const float *w,
+                              const float *ss, int N, int C, int Cw, float eps);
+void ops_cpu_rows_wdot(float *dot, const act *dout, const act *inp, const float *w, int N, int C);
+void ops_cpu_rmsnorm_rows_bwd(act *dinp, float *dw, const act *dout, const act *inp, const float *w,
+                              const float *rstd, const float *dot, int N, int C, int Cw);
+
 /* CPU backend only (optimizer.qk_clip_threshold, which CUDA refuses): the largest visible
  * pre-softmax logit s_ij of each query head in an attention_fwd call with the same arguments,
  * max-accumulated into mx(H) (host; a NaN score makes its head's NaN). QK-clip's statistic. */

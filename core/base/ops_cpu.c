@@ -1519,3 +1519,59 @@ double ops_measure_sgemm_flops(const ust_ops *o, int n, int reps) {
     o->free(o, C);
     return best > 0 ? 2.0 * n * (double)n * n / best : 0.0;
 }
+
+/* ---- RMSNorm over rows split by columns (model.qk_norm_whole under tp: proj_norm.c) ---- */
+
+void ops_cpu_rows_sumsq(float *ss, const act *inp_, int N, int C) {
+    const float *inp = inp_;
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (int64_t)n * C;
+        double s = 0.0;
+        for (int c = 0; c < C; c++) s += (double)x[c] * x[c];
+        ss[n] = (float)s;
+    }
+}
+
+void ops_cpu_rmsnorm_rows_fwd(act *out_, float *rstd, const act *inp_, const float *w,
+                              const float *ss, int N, int C, int Cw, float eps) {
+    float *out = out_;
+    const float *inp = inp_;
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (int64_t)n * C;
+        float *y = out + (int64_t)n * C;
+        float r = (float)(1.0 / sqrt((double)ss[n] / Cw + eps));
+        for (int c = 0; c < C; c++) y[c] = x[c] * r * w[c];
+        rstd[n] = r;
+    }
+}
+
+void ops_cpu_rows_wdot(float *dot, const act *dout_, const act *inp_, const float *w, int N,
+                       int C) {
+    const float *dout = dout_, *inp = inp_;
+    for (int n = 0; n < N; n++) {
+        const float *x = inp + (int64_t)n * C, *dy = dout + (int64_t)n * C;
+        double s = 0.0;
+        for (int c = 0; c < C; c++) s += (double)(w[c] * dy[c]) * x[c];
+        dot[n] = (float)s;
+    }
+}
+
+void ops_cpu_rmsnorm_rows_bwd(act *dinp_, float *dw, const act *dout_, const act *inp_,
+                              const float *w, const float *rstd, const float *dot, int N, int C,
+                              int Cw) {
+    float *dinp = dinp_;
+    const float *dout = dout_, *inp = inp_;
+    /* the weight's gradient first: dinp may overwrite dout */
+    for (int c = 0; dw && c < C; c++) {
+        double a = 0.0;
+        for (int n = 0; n < N; n++)
+            a += (double)dout[(int64_t)n * C + c] * (inp[(int64_t)n * C + c] * rstd[n]);
+        dw[c] += (float)a;
+    }
+    for (int n = 0; dinp && n < N; n++) {
+        const float *x = inp + (int64_t)n * C, *dy = dout + (int64_t)n * C;
+        float *dx = dinp + (int64_t)n * C, r = rstd[n];
+        float k = (float)((double)dot[n] / Cw) * r * r;
+        for (int c = 0; c < C; c++) dx[c] = (w[c] * dy[c] - x[c] * k) * r;
+    }
+}

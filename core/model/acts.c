@@ -144,7 +144,10 @@ void acts_alloc(model *m, ust_arena *a) {
     }
     if (tp_sp(m->par.tp) || m->shape.zb || m->shape.qk_norm) /* qk_norm: D <= C floats */
         m->acts.dnorm = F32(2 * C);
-    if (m->shape.qk_whole && tp_size(m->par.tp) > 1) { /* whole rows (proj_norm.c) */
+    if (m->shape.qk_whole && tp_size(m->par.tp) > 1 && m->cfg->run.device != DEV_CUDA) {
+        /* the rows' sums (proj_norm.c): N of them, our weight columns and the whole's */
+        m->acts.pn_sums = F32(N + 2 * m->shape.Hg * m->shape.D);
+    } else if (m->shape.qk_whole && tp_size(m->par.tp) > 1) { /* whole rows (proj_norm.c) */
         int64_t whole = N * m->shape.Hg * m->shape.D;
         m->acts.pn_stage = A(whole);
         m->acts.pn_x = A(whole);

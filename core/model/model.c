@@ -95,10 +95,11 @@ void model_set_hooks(model *m, const model_hooks *h) {
 
 /* The micro-batch of slot s is the one computed now. */
 static void use_batch(model *m, const act_slot *s) {
-    m->batch.docs = s->udoc ? (cp_docs){s->udoc, s->udoc_min} : (cp_docs){s->doc, s->doc_min};
-    for (int k = 0; k < CFG_MAX_WINDOWS; k++)
-        m->batch.wdocs[k] = s->uwdoc[k] ? (cp_docs){s->uwdoc[k], s->uwdoc_min[k]}
-                                        : (cp_docs){s->wdoc[k], s->wdoc_min[k]};
+    m->batch.docs = s->udoc ? (cp_docs){s->udoc, s->udoc_min, 0} : (cp_docs){s->doc, s->doc_min, 0};
+    int W[CFG_MAX_WINDOWS], nw = cfg_windows(m->cfg, W);
+    for (int k = 0; k < nw; k++) /* the window rides along: the cp ring routes blocks by it */
+        m->batch.wdocs[k] = s->uwdoc[k] ? (cp_docs){s->uwdoc[k], s->uwdoc_min[k], W[k]}
+                                        : (cp_docs){s->wdoc[k], s->wdoc_min[k], W[k]};
     m->batch.rows = s->pos;
 }
 

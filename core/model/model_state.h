@@ -212,8 +212,9 @@ typedef struct {
     act *dtmp, *dln, *dq, *dk, *dv, *datt, *dgate, *dup, *dact;
     float *dnorm; /* 2C: a norm's weight (and bias) gradient before the sp reduction */
     act *pn_stage, *pn_x,
-        *pn_y;                 /* model.qk_norm_whole under tp: (N, H*D) whole rows (proj_norm.c) */
-    float *vc_lse;             /* (4N): the chunked cross-entropy's statistics */
+        *pn_y;      /* model.qk_norm_whole under tp: (N, H*D) whole rows (proj_norm.c) */
+    float *pn_sums; /* ... on the CPU: the rows' sums and the weight's gradient (proj_norm.c) */
+    float *vc_lse;  /* (4N): the chunked cross-entropy's statistics */
     act *vc_merge, *vc_merge2; /* (N) each: the lse merge's unused outputs */
     int32_t *tgt;
     /* model.mla's scratch: kv_b_proj's output (N, H*(nope+Dv)) in forward and its gradient in

@@ -1,12 +1,19 @@
 /* proj_norm.c: model.qk_norm_whole (OLMo 2's q_norm/k_norm over the whole projection). The mean
- * square runs over every head of the token, so under tensor parallelism, where a rank holds only
- * its heads' columns, the rank's (N, W) columns are all-gathered over the tp group (tp.c) and
- * interleaved into whole (N, tp*W) rows; every rank then norms the same whole rows with the
- * whole weight (so the weight's gradient is the same on every rank, as a replicated weight's
- * must be) and keeps its own columns. One rank: the ops on the rows as they are. */
+ * square runs over every head of the token, but under tensor parallelism a rank holds only its
+ * heads' (N, W) columns of the (N, n W) rows. On the CPU the ranks all-reduce each row's sum of
+ * squares (N values; and in backward each row's sum of w dy x) and norm their own columns with
+ * their slice of the whole weight; the weight's gradient columns are then all-gathered so it is
+ * the same on every rank, as a replicated weight's must be. On CUDA (no row kernels yet) the
+ * columns are all-gathered into whole rows (N n W values) that every rank norms. One rank: the
+ * ops on the rows as they are. */
 #include "proj_norm.h"
 
+#include <string.h>
+
 #include "tp.h"
+
+/* The row-sum variant (the CPU backend's row ops, ops.h ops_cpu_rows_*). */
+static int by_sums(const model *m) { return m->cfg->run.device != DEV_CUDA; }
 
 /* whole (N, n*W) from each rank's (N, W) columns, rank r's at column r*W; the stage buffer
  * receives the gather. Returns whole, or mine itself on one rank. */
@@ -37,9 +44,35 @@ void proj_norm_forward(model *m, act *out, float *rstd, const act *inp, const fl
         o->rmsnorm_fwd(o, out, rstd, inp, w, N, W, m->shape.eps);
         return;
     }
+    if (by_sums(m)) { /* the rows' sums of squares over the group, then our columns */
+        ops_cpu_rows_sumsq(m->acts.pn_sums, inp, N, W);
+        tp_allreduce(m->par.tp, m->acts.pn_sums, N);
+        ops_cpu_rmsnorm_rows_fwd(out, rstd, inp, w + (int64_t)tp_rank(m->par.tp) * W,
+                                 m->acts.pn_sums, N, W, n * W, m->shape.eps);
+        return;
+    }
     const act *x = gather_rows(m, m->acts.pn_x, inp, N, W);
     o->rmsnorm_fwd(o, m->acts.pn_y, rstd, x, w, N, W * n, m->shape.eps);
     keep_mine(m, out, m->acts.pn_y, N, W);
+}
+
+/* The row-sum variant's backward: d inp needs each row's sum of w dy x over the group; the
+ * weight's gradient is our columns' (N sums each), gathered into the whole so every rank adds
+ * the same. */
+static void backward_by_sums(model *m, act *dinp, float *dw, const act *dout, const act *inp,
+                             const float *w, const float *rstd, int heads) {
+    int N = m->shape.B * m->shape.T, W = heads * m->shape.D, n = tp_size(m->par.tp);
+    const float *wm = w + (int64_t)tp_rank(m->par.tp) * W;
+    float *dot = m->acts.pn_sums, *part = dot + N, *all = part + W;
+    if (dinp) {
+        ops_cpu_rows_wdot(dot, dout, inp, wm, N, W);
+        tp_allreduce(m->par.tp, dot, N);
+    }
+    if (dw) memset(part, 0, (size_t)W * sizeof(float));
+    ops_cpu_rmsnorm_rows_bwd(dinp, dw ? part : NULL, dout, inp, wm, rstd, dot, N, W, n * W);
+    if (!dw) return;
+    tp_allgather(m->par.tp, part, all, W);
+    m->ops->axpy(m->ops, dw, 1.0f, all, (int64_t)n * W);
 }
 
 /* dinp (this rank's columns; NULL: none) and dw (NULL: none) from dout */
@@ -52,12 +85,15 @@ static void backward(model *m, act *dinp, float *dw, const act *dout, const act 
         if (dinp) o->copy(o, dinp, m->acts.datt, act_bytes(o, (int64_t)N * W));
         return;
     }
+    if (by_sums(m)) {
+        backward_by_sums(m, dinp, dw, dout, inp, w, rstd, heads);
+        return;
+    }
     const act *x = gather_rows(m, m->acts.pn_x, inp, N, W);
     const act *dy = gather_rows(m, m->acts.pn_y, dout, N, W);
     o->rmsnorm_bwd(o, dinp ? m->acts.pn_stage : NULL, dw, dy, x, w, rstd, N, W * n);
     if (dinp) keep_mine(m, dinp, m->acts.pn_stage, N, W);
 }
-
 void proj_norm_wgrad(model *m, float *dw, const act *dout, const act *inp, const float *w,
                      const float *rstd, int heads) {
     backward(m, NULL, dw, dout, inp, w, rstd, heads);

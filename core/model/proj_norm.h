@@ -1,7 +1,8 @@
 /* proj_norm: model.qk_norm_whole (OLMo 2), RMSNorm over a token's whole q or k projection (all
  * heads' H*D features, one weight of H*D) instead of each head's D (core/model/proj_norm.c).
- * Under tensor parallelism the rows are whole on every rank (gathered over the tp group) and so
- * is the weight and its gradient; each rank keeps its heads' columns. heads: this rank's. */
+ * Under tensor parallelism each rank norms its heads' columns by the rows' sums of squares
+ * summed over the tp group (CPU; CUDA gathers whole rows); the weight and its gradient are whole
+ * and the same on every rank. heads: this rank's. */
 #ifndef UST_PROJ_NORM_H
 #define UST_PROJ_NORM_H
 

@@ -106,6 +106,13 @@ static log_step report_step(trainer *t, const step_mark *mark, double loss, doub
                   .skipped = !finite,
                   .comm.bytes_dp = dp_bytes_sent(t->eng.dp)}; /* before validation's gathers */
     measure_step(t, mark, fpt, peak, &s);
+    if (c->parallel.cp >
+        1) { /* two fp32 sums, the high and low 20 bits: exact for up to 16 ranks */
+        uint64_t b = s.comm.bytes_cp;
+        double hi = train_group_sum(t, TOPO_CP, (double)(b >> 20)),
+               lo = train_group_sum(t, TOPO_CP, (double)(b & 0xFFFFF));
+        s.comm.bytes_cp_all = (uint64_t)hi * 1048576u + (uint64_t)lo;
+    }
     s.data.cp_docs = c->parallel.cp > 1 && (c->data.doc_mask || c->data.packing);
     if (s.data.cp_docs) /* the context-parallel group's, since the run began */
         s.data.cp_blocks_skipped = (int64_t)train_group_sum(t, TOPO_CP, (double)t->eng.cp.skipped);

@@ -4,8 +4,9 @@
 # starts (core/model/model.c:take_windows). The step-0 validation loss equals a torch reference
 # with one mask per layer (test/tools/window_ref.py) within 1e-5 relative; greedy generate's
 # logits (its caches: rings of 7 and 11 rows, pieces of 4) equal the reference's at every new
-# token; tp (with and without sp), cp (ring, all-gather, Ulysses, with document masks), pp and
-# ZeRO-3 train one process's losses. Five sizes exit 2 naming the layer; the export exits 2.
+# token; tp (with and without sp), cp (ring, all-gather, Ulysses, with document masks; at cp 4
+# contiguous the ring stops each block at the last rank whose windows reach it), pp and
+# ZeRO-3 train one process's losses; the ring's bytes per step equal the hand count. Five sizes exit 2 naming the layer; the export exits 2.
 . "$(dirname "$0")/../lib.sh"
 equiv_configs winsizes 4 2
 sed -i 's/n_layer: 2/n_layer: 4/; s/max_seq_len: 64}/max_seq_len: 64, sliding_window: [4, 8, 64, 8]}/' $TMP/llama.yaml
@@ -16,7 +17,27 @@ $EQ --name _window_sizes --layout "tp=2" --layout "tp=2 sp=true dp=2 zero=1" --l
     --layout "cp=2 parallel.cp_comm=allgather" --layout "cp=2 parallel.cp_comm=a2a" \
     --layout "pp=2 sched=zb" --layout "dp=2 zero=3"
 $EQ --name _window_sizes_docs --set data.doc_mask=true --layout "cp=2" \
-    --layout "cp=2 parallel.cp_comm=a2a"
+    --layout "cp=2 parallel.cp_comm=a2a" --layout "cp=4 parallel.cp_layout=contiguous" \
+    --layout "cp=4 parallel.cp_comm=a2a+ring parallel.cp_a2a=2 parallel.cp_layout=contiguous"
+# the ring's traffic by hand, cp 4 contiguous (Tl 8): a block's k (or v, dk, dv) is
+# 1*8*2*16*4 = 1024 bytes, k and v together 2048. Windows 4 and 8 reach only the block before:
+# hops 1,1,1,0, so rank 0 sends its block once forward, once backward, its gradients once
+# onwards and receives them home: 3 block-sends a layer; the full layer (64 = max_seq_len)
+# causally hops 3,2,1,0: rank 0 again 3 (the blocks before it hold nothing it needs). 4 layers
+# x 3 x 2048 x 4 micro-batches = 98304 bytes a step on rank 0 (every block round the ring, as
+# before: 3 + 3 + 4 = 10 block-sends a layer, 327680); over the group (comm_bytes_cp_group) each
+# windowed layer takes 3*3 + 3 = 12 block-sends and the full one 3*6 + 3 = 21: (3*12 + 21) x 2048
+# x 4 = 466944 (before: 40 a layer, 1310720)
+scripts/ustrun --nproc-per-node 4 $UST train $TMP/llama.yaml --set parallel.cp=4 \
+    --set parallel.cp_layout=contiguous --set train.steps=2 --set checkpoint.resume=none \
+    --set checkpoint.every=0 --set logging.metrics_file=$TMP/traffic.jsonl >$TMP/traffic.out 2>&1 ||
+    fail window_cp4_traffic_run "$(tail -2 $TMP/traffic.out)"
+got=$(grep -o '"comm_bytes_cp":[0-9]*' $TMP/traffic.jsonl | cut -d: -f2 | tr '\n' ' ')
+[ "$got" = "98304 98304 " ] && pass window_cp4_rank0_ring_bytes_equal_hand_count ||
+    fail window_cp4_rank0_ring_bytes_equal_hand_count "comm_bytes_cp per step: $got, by hand 98304"
+got=$(grep -o '"comm_bytes_cp_group":[0-9]*' $TMP/traffic.jsonl | cut -d: -f2 | tr '\n' ' ')
+[ "$got" = "466944 466944 " ] && pass window_cp4_group_ring_bytes_equal_hand_count ||
+    fail window_cp4_group_ring_bytes_equal_hand_count "comm_bytes_cp_group per step: $got, by hand 466944"
 if need_py window_sizes_reference torch safetensors; then
     $UST train $TMP/llama.yaml --set train.steps=0 --set "data.val=$TMP/data/val_*.bin" \
         --set data.val_steps=4 --set checkpoint.dir=$TMP/ck >$TMP/t.log 2>&1
