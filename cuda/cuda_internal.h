@@ -19,6 +19,7 @@ extern "C" {
 #undef _Noreturn
 
 typedef struct lt_cache lt_cache; /* ops_cuda.cu: cuBLASLt descriptors per problem */
+typedef struct cuda_w16 cuda_w16; /* ops_cuda_w16.cu: the bf16 copy of the weights */
 
 typedef struct {
     int device;
@@ -39,6 +40,7 @@ typedef struct {
     int64_t allocations;   /* cudaMalloc calls of alloc and scratch growth (ops.h memory) */
     void *chunks_host;     /* multi-tensor ops: the chunk list and partial sums on the host */
     size_t chunks_host_bytes;
+    cuda_w16 *w16; /* built by the first AdamW under bf16, freed with the backend */
 } cuda_impl;
 
 /* Attention implementations: tensor-core flash kernels under bf16 where the head dim has one
@@ -79,6 +81,20 @@ enum {
 
 /* Frees the cuBLASLt descriptors ops_cuda.cu kept per problem (at the backend's end). */
 void cuda_lt_cache_free(cuda_impl *im);
+
+/* ---- ops_cuda_w16.cu: the bf16 copy of the weights that AdamW writes (bf16 on) ----
+ * cuda_w16_target: where AdamW, updating elements [0, end) of parameter buffer p, writes their
+ * bf16 copy (element i at [i]; NULL: none, fp32 mode); cuda_w16_mark: those segments of it are
+ * now valid (after the kernel that writes them is queued). Any op that may write fp32 memory
+ * calls cuda_w16_cut on what it writes (a free, cuda_w16_drop); cuda_w16_find gives the copy
+ * of n weights at p when all of it is valid, else NULL (the caller rounds them itself). */
+__nv_bfloat16 *cuda_w16_target(const ust_ops *o, const float *p, int64_t end);
+void cuda_w16_mark(const ust_ops *o, const ops_segment *seg, int k);
+void cuda_w16_cut(const ust_ops *o, const void *p, size_t bytes);
+void cuda_w16_drop(const ust_ops *o);
+const __nv_bfloat16 *cuda_w16_find(const ust_ops *o, const float *p, int64_t n);
+size_t cuda_w16_bytes(const cuda_impl *im);
+void cuda_w16_free(cuda_impl *im);
 
 /* Grid for an elementwise kernel over n items with grid-stride loops. */
 static inline int grid_for(int64_t n, int threads) {

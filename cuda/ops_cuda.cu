@@ -3,7 +3,8 @@
  * ones that hand a value to the host (to_host, sum, sumsq, sync). Activations are fp32, or bf16
  * with bf16 on (act_size 2; kernels are templates on the storage type). Matmuls go to cuBLAS
  * (fp32, no TF32) or, with bf16 on, to cuBLASLt on bf16 inputs (activations as stored, fp32
- * parameters rounded into scratch) with fp32 accumulation.
+ * parameters as the bf16 copy AdamW writes, ops_cuda_w16.cu, or rounded into scratch) with fp32
+ * accumulation.
  * Determinism: no atomics. Reductions over rows (bias, norm-weight and embedding gradients,
  * sum/sumsq) use fixed chunkings and fixed reduction trees, so a run repeats bit for bit on the
  * same GPU. Results differ from the CPU backend only by summation order (and expf/tanhf ulps). */
@@ -86,6 +87,7 @@ static void cu_free(const ust_ops *o, void *p) {
     if (!p) return;
     CK(cudaStreamSynchronize(STREAM(o))); /* work queued before may still use p */
     CK(cudaFree(p));
+    cuda_w16_drop(o); /* the bf16 weight copy may be of memory in p */
 }
 
 /* Page-locked host memory: device-to-host copies into it run at the link's full speed. */
@@ -109,6 +111,7 @@ static void cu_host_free(const ust_ops *o, void *p) {
 /* From pageable host memory the copy has read host_src when the call returns. */
 static void cu_to_device(const ust_ops *o, void *dst, const void *host_src, size_t bytes) {
     if (bytes) CK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, STREAM(o)));
+    cuda_w16_cut(o, dst, bytes);
 }
 
 static void cu_to_host(const ust_ops *o, void *host_dst, const void *src, size_t bytes) {
@@ -119,17 +122,21 @@ static void cu_to_host(const ust_ops *o, void *host_dst, const void *src, size_t
 static void cu_copy(const ust_ops *o, void *dst, const void *src, size_t bytes) {
     if (bytes && dst != src)
         CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, STREAM(o)));
+    cuda_w16_cut(o, dst, bytes);
 }
 
 static void cu_copy2d(const ust_ops *o, void *dst, size_t dpitch, const void *src, size_t spitch,
                       size_t width, size_t rows) {
-    if (width && rows)
+    if (width && rows) {
         CK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice,
                              STREAM(o)));
+        cuda_w16_cut(o, dst, dpitch * (rows - 1) + width);
+    }
 }
 
 static void cu_zero(const ust_ops *o, void *p, size_t bytes) {
     if (bytes) CK(cudaMemsetAsync(p, 0, bytes, STREAM(o)));
+    cuda_w16_cut(o, p, bytes);
 }
 
 static void cu_sync(const ust_ops *o) { CK(cudaStreamSynchronize(STREAM(o))); }
@@ -177,6 +184,7 @@ static uint32_t align_of(const void *p, int64_t stride_bytes) {
 static size_t type_bytes(cudaDataType t) { return t == CUDA_R_16BF ? 2 : 4; }
 
 static bf16 *to_bf16(const ust_ops *o, int slot, const float *src, int64_t n);
+static const bf16 *weight16(const ust_ops *o, int slot, const float *w, int64_t n);
 
 /* cuBLASLt's descriptor, layouts and chosen algorithm per problem, built once: creating them and
  * asking the heuristic costs more host time than a small GEMM runs (a GPT-2 step makes ~150
@@ -329,7 +337,7 @@ static int lt_gemm(const ust_ops *o, void *C, cudaDataType ct, int64_t ldc, int6
     lt_entry *e = lt_lookup(im, &k);
     if (!e->ok) return -1;
     if (bias) { /* cuBLASLt's D is C transposed: its rows are our columns */
-        const void *bp = ct == CUDA_R_16BF ? (const void *)to_bf16(o, SCR_C, bias, N) : bias;
+        const void *bp = ct == CUDA_R_16BF ? (const void *)weight16(o, SCR_C, bias, N) : bias;
         LT(cublasLtMatmulDescSetAttribute(e->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp,
                                           sizeof bp));
     }
@@ -387,6 +395,13 @@ static bf16 *to_bf16(const ust_ops *o, int slot, const float *src, int64_t n) {
     return dst;
 }
 
+/* n fp32 weights (or any GEMM input) at w as bf16: the copy AdamW wrote when it is still valid
+ * (ops_cuda_w16.cu: once per step instead of before every use), else rounded into `slot`. */
+static const bf16 *weight16(const ust_ops *o, int slot, const float *w, int64_t n) {
+    const bf16 *c = cuda_w16_find(o, w, n);
+    return c ? c : to_bf16(o, slot, w, n);
+}
+
 /* A cuBLASLt epilogue that finds no algorithm costs a separate pass: said once per process. */
 static void lt_fallback_note(const char *what) {
     static int said;
@@ -431,6 +446,7 @@ void cuda_gemm(const ust_ops *o, float *C, int64_t ldc, int64_t sC, const float 
     }
     UST_ASSERT(lda < INT32_MAX && ldb < INT32_MAX && ldc < INT32_MAX,
                "leading dimension too large");
+    cuda_w16_cut(o, C, (size_t)span_of(batch, sC, M, N, ldc) * sizeof(float));
     if (o->act_size != 2) { /* fp32 mode */
         if (batch == 1)
             CKB(cublasSgemm(im->blas, opB, opA, N, M, K, &alpha, B, (int)ldb, A, (int)lda, &beta, C,
@@ -441,8 +457,8 @@ void cuda_gemm(const ust_ops *o, float *C, int64_t ldc, int64_t sC, const float 
         return;
     }
     /* bf16: both inputs (everything their strided layouts span) rounded into scratch */
-    bf16 *a16 = to_bf16(o, SCR_A, A, span_of(batch, sA, tA ? K : M, tA ? M : K, lda));
-    bf16 *b16 = to_bf16(o, SCR_B, B, span_of(batch, sB, tB ? N : K, tB ? K : N, ldb));
+    const bf16 *a16 = weight16(o, SCR_A, A, span_of(batch, sA, tA ? K : M, tA ? M : K, lda));
+    const bf16 *b16 = weight16(o, SCR_B, B, span_of(batch, sB, tB ? N : K, tB ? K : N, ldb));
     gemm16(o, C, CUDA_R_32F, ldc, sC, a16, lda, sA, b16, ldb, sB, M, N, K, tA, tB, alpha, beta,
            batch, NULL);
 }
@@ -600,7 +616,7 @@ static void cu_linear_fwd(const ust_ops *o, act *out, const act *inp, const floa
                           const float *bias, int N, int C, int OC) {
     if (N <= 0 || OC <= 0) return;
     if (o->act_size == 2) {
-        const bf16 *w16 = to_bf16(o, SCR_B, w, (int64_t)OC * C);
+        const bf16 *w16 = weight16(o, SCR_B, w, (int64_t)OC * C);
         gemm_act16(o, out, CUDA_R_16BF, OC, (const bf16 *)inp, C, w16, C, N, OC, C, 0, 1, 0.0f,
                    bias);
         return;
@@ -622,7 +638,7 @@ static void cu_linear_bwd(const ust_ops *o, act *dinp, float *dw, float *dbias, 
     if (o->act_size == 2) {
         const bf16 *d16 = (const bf16 *)dout;
         if (dinp && N > 0 && C > 0)
-            gemm_act16(o, dinp, CUDA_R_16BF, C, d16, OC, to_bf16(o, SCR_B, w, (int64_t)OC * C), C,
+            gemm_act16(o, dinp, CUDA_R_16BF, C, d16, OC, weight16(o, SCR_B, w, (int64_t)OC * C), C,
                        N, C, OC, 0, 0, beta, NULL);
         if (dw)
             gemm_act16(o, dw, CUDA_R_32F, C, d16, OC, (const bf16 *)inp, C, OC, C, N, 1, 0, 1.0f,
@@ -1023,7 +1039,7 @@ static void cu_gelu_bwd(const ust_ops *o, act *dinp, const act *inp, const act *
 static void cu_linear_gelu_fwd(const ust_ops *o, act *up, act *out, const act *inp, const float *w,
                                const float *bias, int N, int C, int OC) {
     if (o->act_size == 2 && N > 0 && C > 0 && OC % 8 == 0) {
-        const bf16 *w16 = to_bf16(o, SCR_B, w, (int64_t)OC * C);
+        const bf16 *w16 = weight16(o, SCR_B, w, (int64_t)OC * C);
         if (lt_gemm(o, out, CUDA_R_16BF, OC, 0, (const bf16 *)inp, C, 0, w16, C, 0, N, OC, C, 0, 1,
                     1.0f, 0.0f, 1, bias, up, 0) == 0)
             return;
@@ -1041,7 +1057,7 @@ static void cu_linear_gelu_bwd(const ust_ops *o, act *dup, float *dw, float *dbi
                                const act *inp, const act *up, const float *w, int N, int OC,
                                int C) {
     if (o->act_size == 2 && N > 0 && C > 0 && OC % 8 == 0) {
-        const bf16 *w16 = to_bf16(o, SCR_B, w, (int64_t)C * OC);
+        const bf16 *w16 = weight16(o, SCR_B, w, (int64_t)C * OC);
         if (lt_gemm(o, dup, CUDA_R_16BF, OC, 0, (const bf16 *)dout, C, 0, w16, OC, 0, N, OC, C, 0,
                     0, 1.0f, 0.0f, 1, NULL, (void *)up, 1) == 0) {
             cu_linear_bwd(o, NULL, dw, dbias, dout, inp, w, N, OC, C, 0);
@@ -1232,13 +1248,15 @@ __device__ __forceinline__ void adamw_one(float *p, float grad, float *m, float 
 /* Elements [first, n) of one AdamW update, stride apart: four at a time with 16-byte loads and
  * stores when all four arrays are 16-byte aligned (AdamW reads 16 B and writes 12 B per
  * parameter, all of it memory-bound), the rest one by one; the same arithmetic per element
- * either way, so the results are the same bits. */
-__device__ __forceinline__ void adamw_span(float *p, const float *grad, float *m, float *v,
-                                           int64_t n, int64_t first, int64_t stride, float lr,
-                                           float b1, float b2, float eps, float wd,
+ * either way, so the results are the same bits. With p16 (bf16 on) the updated parameters are
+ * also stored rounded there, the copy the linears' GEMMs read (ops_cuda_w16.cu): 2 B more per
+ * parameter once per step instead of a rounding pass before every use. */
+__device__ __forceinline__ void adamw_span(float *p, bf16 *p16, const float *grad, float *m,
+                                           float *v, int64_t n, int64_t first, int64_t stride,
+                                           float lr, float b1, float b2, float eps, float wd,
                                            float grad_scale, float bc1, float bc2) {
     const uintptr_t al = (uintptr_t)p | (uintptr_t)grad | (uintptr_t)m | (uintptr_t)v;
-    const int64_t n4 = al % 16 == 0 ? n / 4 : 0;
+    const int64_t n4 = al % 16 == 0 && (uintptr_t)p16 % 8 == 0 ? n / 4 : 0;
     for (int64_t i = first; i < n4; i += stride) {
         float4 p4 = ((float4 *)p)[i], m4 = ((float4 *)m)[i], v4 = ((float4 *)v)[i];
         const float4 g4 = ((const float4 *)grad)[i];
@@ -1247,15 +1265,18 @@ __device__ __forceinline__ void adamw_span(float *p, const float *grad, float *m
         adamw_one(&p4.z, g4.z, &m4.z, &v4.z, lr, b1, b2, eps, wd, grad_scale, bc1, bc2);
         adamw_one(&p4.w, g4.w, &m4.w, &v4.w, lr, b1, b2, eps, wd, grad_scale, bc1, bc2);
         ((float4 *)p)[i] = p4, ((float4 *)m)[i] = m4, ((float4 *)v)[i] = v4;
+        if (p16) ((uint2 *)p16)[i] = make_uint2(pack_bf16x2(p4.x, p4.y), pack_bf16x2(p4.z, p4.w));
     }
-    for (int64_t i = 4 * n4 + first; i < n; i += stride)
+    for (int64_t i = 4 * n4 + first; i < n; i += stride) {
         adamw_one(p + i, grad[i], m + i, v + i, lr, b1, b2, eps, wd, grad_scale, bc1, bc2);
+        if (p16) p16[i] = __float2bfloat16_rn(p[i]);
+    }
 }
 
-__global__ void k_adamw(float *p, const float *grad, float *m, float *v, int64_t n, float lr,
-                        float b1, float b2, float eps, float wd, float grad_scale, float bc1,
-                        float bc2) {
-    adamw_span(p, grad, m, v, n, blockIdx.x * (int64_t)blockDim.x + threadIdx.x,
+__global__ void k_adamw(float *p, bf16 *p16, const float *grad, float *m, float *v, int64_t n,
+                        float lr, float b1, float b2, float eps, float wd, float grad_scale,
+                        float bc1, float bc2) {
+    adamw_span(p, p16, grad, m, v, n, blockIdx.x * (int64_t)blockDim.x + threadIdx.x,
                (int64_t)gridDim.x * blockDim.x, lr, b1, b2, eps, wd, grad_scale, bc1, bc2);
 }
 
@@ -1264,8 +1285,12 @@ static void cu_adamw(const ust_ops *o, float *p, const float *grad, float *m, fl
                      int64_t t) {
     float bc1 = (float)(1.0 - pow((double)b1, (double)t));
     float bc2 = (float)(1.0 - pow((double)b2, (double)t));
+    bf16 *p16 = cuda_w16_target(o, p, n);
     /* a thread per four elements (grid-stride loops cover the rest) */
-    EW_LAUNCH(k_adamw, (n + 3) / 4, p, grad, m, v, n, lr, b1, b2, eps, wd, grad_scale, bc1, bc2);
+    EW_LAUNCH(k_adamw, (n + 3) / 4, p, p16, grad, m, v, n, lr, b1, b2, eps, wd, grad_scale, bc1,
+              bc2);
+    ops_segment all = {0, 0, 0, n, 0.0f};
+    if (p16) cuda_w16_mark(o, &all, 1);
 }
 
 /* ---------------------------------------------------------------- multi-tensor */
@@ -1317,12 +1342,12 @@ static chunk_list upload_chunks(const ust_ops *o, const ops_segment *seg, int k)
     return cl;
 }
 
-__global__ void k_adamw_many(float *p, const float *grad, float *m, float *v, const seg_chunk *ch,
-                             float lr, float b1, float b2, float eps, float grad_scale, float bc1,
-                             float bc2) {
+__global__ void k_adamw_many(float *p, bf16 *p16, const float *grad, float *m, float *v,
+                             const seg_chunk *ch, float lr, float b1, float b2, float eps,
+                             float grad_scale, float bc1, float bc2) {
     seg_chunk c = ch[blockIdx.x];
-    adamw_span(p + c.p, grad + c.g, m + c.m, v + c.m, c.n, threadIdx.x, blockDim.x, lr, b1, b2, eps,
-               c.wd, grad_scale, bc1, bc2);
+    adamw_span(p + c.p, p16 ? p16 + c.p : NULL, grad + c.g, m + c.m, v + c.m, c.n, threadIdx.x,
+               blockDim.x, lr, b1, b2, eps, c.wd, grad_scale, bc1, bc2);
 }
 
 static void cu_adamw_many(const ust_ops *o, float *p, const float *grad, float *m, float *v,
@@ -1332,9 +1357,13 @@ static void cu_adamw_many(const ust_ops *o, float *p, const float *grad, float *
     if (!cl.n) return;
     float bc1 = (float)(1.0 - pow((double)b1, (double)t));
     float bc2 = (float)(1.0 - pow((double)b2, (double)t));
-    k_adamw_many<<<cl.n, 256, 0, STREAM(o)>>>(p, grad, m, v, cl.dev, lr, b1, b2, eps, grad_scale,
-                                              bc1, bc2);
+    int64_t end = 0;
+    for (int i = 0; i < k; i++) end = seg[i].p + seg[i].n > end ? seg[i].p + seg[i].n : end;
+    bf16 *p16 = cuda_w16_target(o, p, end);
+    k_adamw_many<<<cl.n, 256, 0, STREAM(o)>>>(p, p16, grad, m, v, cl.dev, lr, b1, b2, eps,
+                                              grad_scale, bc1, bc2);
     CK_LAUNCH();
+    if (p16) cuda_w16_mark(o, seg, k);
 }
 
 /* Block c sums the squares of chunk c in double; the host adds the chunks of each segment in
@@ -1372,6 +1401,7 @@ static void cu_add(const ust_ops *o, act *out, const act *a, const act *b, int64
 }
 static void cu_axpy(const ust_ops *o, float *y, float a, const float *x, int64_t n) {
     EW_LAUNCH(k_axpy, n, y, a, x, n);
+    if (n > 0) cuda_w16_cut(o, y, (size_t)n * sizeof(float));
 }
 __global__ void k_scale_keep(float *x, float s, int64_t n) { /* x *= s, NaN-propagating */
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
@@ -1380,6 +1410,7 @@ __global__ void k_scale_keep(float *x, float s, int64_t n) { /* x *= s, NaN-prop
 }
 static void cu_scale(const ust_ops *o, float *x, float s, int64_t n) {
     EW_LAUNCH(k_scale_keep, n, x, s, n);
+    if (n > 0) cuda_w16_cut(o, x, (size_t)n * sizeof(float));
 }
 
 /* Block b sums its fixed chunk [b per, (b+1) per) in double. */
@@ -1762,6 +1793,7 @@ static void cu_destroy(ust_ops *o) {
         if (im->host_partials) cudaFreeHost(im->host_partials);
         free(im->chunks_host);
         cuda_lt_cache_free(im);
+        cuda_w16_free(im);
         if (im->lt) cublasLtDestroy(im->lt);
         if (im->blas) cublasDestroy(im->blas);
         if (im->stream) cudaStreamDestroy(im->stream);
@@ -1782,6 +1814,7 @@ static void cu_memory(const ust_ops *o, ops_mem *m) {
     const cuda_impl *im = CUDA_IMPL(o);
     size_t own = im->lt_ws_bytes + RED_BLOCKS * sizeof(double), fr = 0, tot = 0;
     for (int i = 0; i < SCR_N; i++) own += im->scratch_bytes[i];
+    own += cuda_w16_bytes(im);
     CK(cudaMemGetInfo(&fr, &tot));
     m->backend_bytes = own;
     m->device_used = tot - fr;

@@ -1256,6 +1256,85 @@ static void test_cuda_adamw_vector_and_scalar_paths_same_bits(void) {
     CHECK(same, "aligned (vector) and misaligned (scalar) AdamW differ");
 }
 
+/* One kind of write into the parameters p (np floats) after AdamW made their bf16 copy valid;
+ * src holds np other values. */
+static void w16_write(int kind, float *p, const float *src, float *host, int64_t np) {
+    switch (kind) {
+    case 0:
+        break; /* AdamW alone */
+    case 1:
+        GPU->to_device(GPU, p + 5, host, 100 * sizeof(float));
+        break;
+    case 2:
+        GPU->copy(GPU, p + 100, src, 200 * sizeof(float));
+        break;
+    case 3:
+        GPU->copy2d(GPU, p + 3, 64 * sizeof(float), src, 64 * sizeof(float), 8 * 4, 10);
+        break;
+    case 4:
+        GPU->zero(GPU, p + 1000, 50 * sizeof(float));
+        break;
+    case 5:
+        GPU->axpy(GPU, p + 7, 0.5f, src, 900);
+        break;
+    case 6:
+        GPU->scale(GPU, p + np - 40, 2.0f, 32);
+        break; /* the bias */
+    case 7:
+        GPU->matmul(GPU, p + 64, src, src + 512, 4, 16, 8, 0, 0, 1.0f, 0.0f);
+        break;
+    case 8: { /* adamw_many on part of it: that part's copy is rewritten, the rest kept */
+        const ops_segment seg[2] = {{0, 0, 0, 700, 0.1f}, {np - 40, np - 40, np - 40, 32, 0.0f}};
+        GPU->adamw_many(GPU, p, src, p + np, p + 2 * np, seg, 2, 1e-2f, 0.9f, 0.95f, 1e-8f, 1.0f,
+                        3);
+        break;
+    }
+    }
+}
+
+/* Under bf16 AdamW also writes a bf16 copy of the parameters it updates, which the linears'
+ * GEMMs read instead of rounding their weights before each use (ops_cuda_w16.cu). A linear
+ * whose weights and bias lie in the updated buffer must give the same bits as the same linear
+ * on a fresh copy of them elsewhere (rounded at the call), after AdamW alone and after each
+ * other kind of write into them: a copy left stale gives the old weights' product. Base
+ * aligned (vector AdamW) and one float off (scalar). */
+static void test_cuda_bf16_weight_copy_follows_every_write(void) {
+    if (fake) return;
+    const int N = 8, C = 64, OC = 32;
+    const int64_t np = OC * C + OC + 8; /* weights, bias, a tail */
+    float *hp = hrand(np, 1), *hs = hrand(np, 1), *x = hrand(N * C, 1), *y = hrand(N * OC, 1);
+    ops_cuda_set_bf16(GPU, 1);
+    acts16 = 1;
+    float *dx = gup_act(x, N * C), *dy = gup_act(y, N * OC), *dy2 = gup_act(y, N * OC);
+    float *src = gup(hs, np), *q = GPU->alloc(GPU, np * sizeof(float));
+    int bad = -1;
+    for (int off = 0; off < 2 && bad < 0; off++) {
+        /* p, then AdamW's moments (zeroed) behind it; its gradient is src */
+        float *buf = GPU->alloc(GPU, (3 * np + 1) * sizeof(float)), *p = buf + off;
+        GPU->to_device(GPU, p, hp, np * sizeof(float));
+        for (int kind = 0; kind < 9 && bad < 0; kind++) {
+            GPU->adamw(GPU, p, src, p + np, p + 2 * np, np, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 1.0f,
+                       kind + 1);
+            w16_write(kind, p, src, hs + 7, np);
+            GPU->copy(GPU, q, p, np * sizeof(float));
+            GPU->linear_fwd(GPU, dy, dx, p, p + OC * C, N, C, OC);
+            GPU->linear_fwd(GPU, dy2, dx, q, q + OC * C, N, C, OC);
+            float *a = gdown_act(dy, N * OC), *b = gdown_act(dy2, N * OC);
+            if (memcmp(a, b, N * OC * sizeof(float))) bad = kind + 10 * off;
+            free(a), free(b);
+        }
+        gfree(buf);
+    }
+    acts16 = 0;
+    ops_cuda_set_bf16(GPU, 0);
+    static const char *const kinds[] = {"adamw", "to_device", "copy",   "copy2d",    "zero",
+                                        "axpy",  "scale",     "matmul", "adamw_many"};
+    CHECK(bad < 0, "a linear on AdamW's weights after %s (base %s) differs from one on a copy",
+          bad < 0 ? "" : kinds[bad % 10], bad >= 10 ? "one float off" : "aligned");
+    free(hp), free(hs), free(x), free(y);
+    gfree(dx), gfree(dy), gfree(dy2), gfree(src), gfree(q);
+}
+
 static void test_cuda_adamw_many_and_sumsq_many_match_cpu(void) {
     enum { k = 4 };
     const int64_t np = 300000, ng = 250000, nm = 280000;
@@ -1639,6 +1718,7 @@ int main(void) {
     RUN_TEST(test_cuda_adamw_matches_cpu);
     RUN_TEST(test_cuda_adamw_many_and_sumsq_many_match_cpu);
     RUN_TEST(test_cuda_adamw_vector_and_scalar_paths_same_bits);
+    RUN_TEST(test_cuda_bf16_weight_copy_follows_every_write);
     RUN_TEST(test_cuda_elementwise_and_reductions_match_cpu);
     RUN_TEST(test_cuda_add_matches_cpu);
     RUN_TEST(test_cuda_moe_ops_match_cpu);

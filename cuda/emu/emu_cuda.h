@@ -160,7 +160,12 @@ template <class T> inline void emu_check_arg(const char *k, const char *f, int i
     emu_check_kernel_pointer(k, f, i, (const void *)p);
     if (p) emu_args.push_back({(const void *)p, !std::is_const<T>::value, i}); /* const: read only */
 }
+/* EMU_COUNT=NAME: launches of kernel NAME, printed with EMU_REPORT (how often the backend rounds
+ * weights, for one) */
+inline int emu_counted_launches;
 template <class... A> inline int emu_check_args(const void *fnptr, const char *k, const char *host_fn, const A &...a) {
+    static const char *counted = getenv("EMU_COUNT");
+    if (counted && strcmp(counted, k) == 0) emu_counted_launches++;
     int i = 0;
     emu_args.clear();
     emu_args_kernel = k, emu_args_fn = host_fn, emu_args_fnptr = fnptr;
@@ -614,6 +619,8 @@ struct EmuReport { /* EMU_REPORT=1: which GEMM paths ran (the cuBLASLt fallback 
     ~EmuReport() {
         if (getenv("EMU_REPORT")) fprintf(stderr, "emu: sgemm calls %d, gemmEx calls %d, cublasLt calls %d, grouped calls %d, cublasLt heuristics %d\n", emu_gemm_calls[0],
                 emu_gemm_calls[1], emu_gemm_calls[2], emu_gemm_calls[3], emu_lt_heuristics);
+        if (getenv("EMU_REPORT") && getenv("EMU_COUNT"))
+            fprintf(stderr, "emu: launches of %s: %d\n", getenv("EMU_COUNT"), emu_counted_launches);
     }
 };
 inline EmuReport emu_report;

@@ -57,7 +57,7 @@ n=$(grep -c '^PASS comm_w4_nccl' $TMP/comm)
 
 # the GPU benchmark's two modes run (their figures mean nothing here): a model's steps end with
 # tokens/s and MFU, then the per-op breakdown; the attention benchmark times all three
-EMU_REPORT=1 $E/bench_gpu 1 32 1 bf16 llama-tiny >$TMP/bench 2>&1 && grep -q 'tokens/s, .* MFU' $TMP/bench &&
+EMU_REPORT=1 EMU_COUNT=k_to_bf16 $E/bench_gpu 1 32 1 bf16 llama-tiny >$TMP/bench 2>&1 && grep -q 'tokens/s, .* MFU' $TMP/bench &&
     grep -qE '^attention_bwd +4\.0 ' $TMP/bench && grep -q '^total ' $TMP/bench &&
     pass emu_bench_gpu_model_steps || fail emu_bench_gpu_model_steps "$(tail -3 $TMP/bench)"
 # cuBLASLt's descriptors and algorithm are built once per problem (ops_cuda.cu lt_lookup): the
@@ -66,6 +66,14 @@ read -r lt_calls lt_heur < <(sed -n 's/^emu: .*cublasLt calls \([0-9]*\).*cublas
 [ -n "$lt_heur" ] && [ "$lt_calls" -gt 100 ] && [ "$lt_heur" -le 20 ] &&
     pass emu_cublaslt_descriptors_cached ||
     fail emu_cublaslt_descriptors_cached "cublasLt calls ${lt_calls:-?}, heuristics ${lt_heur:-?} (at most 20 problems)"
+# the linears read the bf16 copy of the weights that AdamW writes (ops_cuda_w16.cu): weights are
+# rounded (k_to_bf16) in the first of the run's 5 steps only, before AdamW has written the copy,
+# which is fewer launches than one step's cuBLASLt GEMMs; rounding per use would round before 2
+# of every 3 GEMMs (forward, input gradient) in each of the 5 steps
+rounds=$(sed -n 's/^emu: launches of k_to_bf16: \([0-9]*\)$/\1/p' $TMP/bench)
+[ -n "$rounds" ] && [ -n "$lt_calls" ] && [ "$rounds" -gt 0 ] && [ $((rounds * 5)) -le "$lt_calls" ] &&
+    pass emu_bf16_weights_rounded_in_first_step_only ||
+    fail emu_bf16_weights_rounded_in_first_step_only "k_to_bf16 launches ${rounds:-?}, cublasLt calls ${lt_calls:-?} in 5 steps"
 $E/bench_gpu attention 1 70 2 32 1 >$TMP/bench 2>&1 &&
     [ "$(grep -cE '^bench_gpu attention (tc|gemm|flash) .*backward' $TMP/bench)" = 3 ] &&
     pass emu_bench_gpu_attention_modes || fail emu_bench_gpu_attention_modes "$(tail -3 $TMP/bench)"
