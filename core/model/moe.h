@@ -68,6 +68,12 @@ int moe_layer_is_moe(const ust_config *cfg, int l);
  * up by moe_weights_init for this ep rank. Pure: needs no context. */
 void moe_enum_params(const ust_config *cfg, int l, int ep_size, int ep_rank, moe_weights *w,
                      moe_weights *g, moe_param_fn fn, void *ctx);
+/* moe_enum_params (w, g NULL) up to the first local expert: the other E/ep_size - 1 have its
+ * shapes, so a table of sizes alone (the memory plan's, for thousands of layouts of models with
+ * hundreds of experts a layer) counts them without listing each. Names are not formatted: ""
+ * but the router's ".router." (the kind optim_matrix_kind reads from a name). */
+void moe_enum_first_expert(const ust_config *cfg, int l, int ep_size, int ep_rank, moe_param_fn fn,
+                           void *ctx);
 
 /* Tokens a rank routes of the N of its micro-batch (N / parallel.tp). */
 int64_t moe_rank_tokens(const ust_config *cfg, int64_t N);
