@@ -261,6 +261,7 @@ void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *
     m->route = (ops_moe_route){c->score == MOE_SIGMOID, c->norm_topk, c->n_group, c->topk_group,
                                (float)c->routed_scale};
     m->grouped = c->grouped_gemm;
+    m->selective = cfg->train.recompute == RECOMPUTE_SELECTIVE;
     m->Nmb = N;
     m->N = (int)moe_rank_tokens(cfg, N);
     m->tp.n = cfg->parallel.tp > 0 ? cfg->parallel.tp : 1;
@@ -332,14 +333,14 @@ void moe_free(moe_ctx *m) {
 }
 
 /* Per-layer bytes of what moe_acts_init carves, with activations of `a` bytes (fp32 and int32
- * four). */
+ * four); sel: selective recompute (no act, s_act). */
 static int64_t acts_bytes(int llama, int shared, int64_t N, int64_t E, int64_t k, int64_t C,
-                          int64_t Fe, int64_t Fs, int64_t R, int ep1, int a) {
-    int64_t A = N * k;
-    int64_t four = N * E + N + A + 3 * A;                    /* probs lse gate topk assign pos */
-    int64_t acts = R * C + (llama ? 3 : 2) * R * Fe + A * C; /* xe h1 h2 act eout */
-    if (shared) acts += (llama ? 3 : 2) * N * Fs;            /* s_h1 s_h2 s_act */
-    if (!ep1) four += 2 * R;                                 /* plan order, inv */
+                          int64_t Fe, int64_t Fs, int64_t R, int ep1, int a, int sel) {
+    int64_t A = N * k, per = (llama ? 3 : 2) - sel;
+    int64_t four = N * E + N + A + 3 * A;        /* probs lse gate topk assign pos */
+    int64_t acts = R * C + per * R * Fe + A * C; /* xe h1 h2 act eout */
+    if (shared) acts += per * N * Fs;            /* s_h1 s_h2 s_act */
+    if (!ep1) four += 2 * R;                     /* plan order, inv */
     return 4 * four + a * acts;
 }
 
@@ -377,12 +378,12 @@ void moe_acts_init(moe_ctx *m, moe_acts *a, ust_arena *arena) {
     a->xe = AC(R * C);
     a->h1 = m->llama ? AC(R * Fe) : NULL;
     a->h2 = AC(R * Fe);
-    a->act = AC(R * Fe);
+    a->act = m->selective ? NULL : AC(R * Fe);
     a->eout = AC(A * C);
     if (m->shared) {
         a->s_h1 = m->llama ? AC(N * m->Fs) : NULL;
         a->s_h2 = AC(N * m->Fs);
-        a->s_act = AC(N * m->Fs);
+        a->s_act = m->selective ? NULL : AC(N * m->Fs);
     }
     ep_plan_init(m->ep, &a->plan, arena);
     a->aux_dp_host =
@@ -402,7 +403,7 @@ int64_t moe_acts_bytes(const ust_config *cfg, int N, int ep_size) {
     N = (int)moe_rank_tokens(cfg, N);
     return acts_bytes(cfg->model.arch == ARCH_LLAMA, c->shared_expert, N, c->num_experts, c->top_k,
                       cfg->model.d_model, c->d_ff_expert, moe_shared_width(cfg), R, ep_size == 1,
-                      cfg_act_size(cfg));
+                      cfg_act_size(cfg), cfg->train.recompute == RECOMPUTE_SELECTIVE);
 }
 #undef FL
 #undef IN
@@ -444,7 +445,8 @@ void moe_forward(moe_ctx *m, moe_acts *a, const moe_weights *w, act *y, const ac
     if (!ep1) ep_combine(m->ep, &a->plan, a->eout, eout);
     o->moe_combine(o, y, a->eout, a->pos, a->gate, N, k, C, 0);
     if (m->shared) {
-        moe_expert_fwd(m, &w->shared, m->scratch.tmp, x, a->s_h1, a->s_h2, a->s_act, N, m->Fs);
+        moe_expert_fwd(m, &w->shared, m->scratch.tmp, x, a->s_h1, a->s_h2,
+                       a->s_act ? a->s_act : m->scratch.dh1, N, m->Fs);
         o->add(o, y, y, m->scratch.tmp, (int64_t)N * C);
     }
 }

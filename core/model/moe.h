@@ -198,6 +198,8 @@ typedef struct moe_ctx {
     int grouped;         /* model.moe.grouped_gemm: one grouped GEMM per projection */
     int El, e0;          /* local experts: [e0, e0 + El) */
     int64_t R;           /* rows of the local-expert buffers */
+    int selective;       /* train.recompute selective: the experts' activation outputs (act,
+                          * s_act) are not saved but recomputed in backward, in scratch.dh1 */
     /* host stats_floats: the statistics' host copy, free between forwards as host scratch (the
      * bias update, the backward's aux factors) */
     float *stats_host;
@@ -214,7 +216,7 @@ typedef struct {
     int32_t *topk, *assign, *pos; /* (N,k); assign: row -> assignment; pos: assignment -> row */
     act *xe, *h1, *h2, *act;      /* local-expert rows (R,C) (R,Fe) x3; h1 = gate_proj (llama) */
     act *eout;                    /* (N*k,C) expert outputs back home, in row order */
-    act *s_h1, *s_h2, *s_act;     /* shared expert (N,Fs) each */
+    act *s_h1, *s_h2, *s_act;     /* shared expert (N,Fs) each; act, s_act NULL: selective */
     ep_plan plan;
     int64_t nkept;      /* rows sent (kept assignments) */
     float *aux_dp_host; /* host E: d aux_coef*aux / d probs[:, e] */
@@ -245,8 +247,10 @@ void moe_free(moe_ctx *m); /* host memory; the arena owns the rest */
 void moe_weights_init(moe_weights *w, const moe_ctx *m);
 void moe_weights_free(moe_weights *w);
 /* One layer's saved activations from the arena (MEM_ACTS), sizes fixed by the config: the
- * local-expert buffers hold the dropless worst case, N*k rows at ep = 1 and ep*N*k rows at
- * ep > 1 (every rank's tokens all routed to this rank's experts). */
+ * local-expert buffers hold the worst case, R rows (moe_dispatch_rows: dropless N*k at ep = 1 and
+ * ep*N*k at ep > 1, every rank's tokens all routed to this rank's experts; with a capacity at
+ * most each source's capacity for each local expert). Under selective recompute the experts'
+ * activation outputs are left out (recomputed from h1, h2 in backward). */
 void moe_acts_init(moe_ctx *m, moe_acts *a, ust_arena *arena);
 void moe_acts_free(moe_acts *a); /* host memory */
 /* Bytes moe_init (with its ep_init) takes from the arena (for the memory plan). */
