@@ -160,12 +160,13 @@ static inline void state_unpack(float *dst, const uint16_t *src, int64_t n) {
     }
 }
 
-/* The part [*a, *b) of parameter i (flat, within the tensor) that lies in this rank's partition
- * (part = 1) or the whole tensor (part = 0); returns the tensor's offset inside its unit. */
-static inline int64_t piece(const dp_state *d, int i, int part, int64_t *a, int64_t *b) {
+/* piece() of copy k of a sizes-only table's repeated entry (model_param.repeat: the memory
+ * plan's), k strides past the entry's own place. */
+static inline int64_t piece_copy(const dp_state *d, int i, int k, int part, int64_t *a,
+                                 int64_t *b) {
     const model_param *q = model_param_at(d->m, i);
     int u = model_param_unit(d->m, i);
-    int64_t t0 = q->offset - d->lay.uoff[u];
+    int64_t t0 = q->offset + k * q->stride - d->lay.uoff[u];
     *a = 0;
     *b = q->numel;
     if (part) {
@@ -175,6 +176,12 @@ static inline int64_t piece(const dp_state *d, int i, int part, int64_t *a, int6
         if (*b < *a) *b = *a;
     }
     return t0;
+}
+
+/* The part [*a, *b) of parameter i (flat, within the tensor) that lies in this rank's partition
+ * (part = 1) or the whole tensor (part = 0); returns the tensor's offset inside its unit. */
+static inline int64_t piece(const dp_state *d, int i, int part, int64_t *a, int64_t *b) {
+    return piece_copy(d, i, 0, part, a, b);
 }
 
 #endif

@@ -214,10 +214,12 @@ static int transfer(dp_state *d, dp_buf b, int file, ckpt_writer *w, ckpt_reader
 int64_t dp_save_bytes(const dp_state *d) {
     int64_t n = 0;
     for (int i = 0; i < model_num_params(d->m); i++) {
-        int64_t a, b;
-        piece(d, i, 1, &a, &b);
         const model_param *q = model_param_at(d->m, i);
-        if (b > a && writes(d, q)) n += (b - a) * (muon_tensor(d, &q->whole) ? 2 : 3);
+        for (int k = 0; k < (q->repeat > 1 ? q->repeat : 1); k++) { /* the memory plan's experts */
+            int64_t a, b;
+            piece_copy(d, i, k, 1, &a, &b);
+            if (b > a && writes(d, q)) n += (b - a) * (muon_tensor(d, &q->whole) ? 2 : 3);
+        }
     }
     return n * (int64_t)sizeof(float); /* the parameters, m and (AdamW's) v */
 }

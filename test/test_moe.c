@@ -315,6 +315,30 @@ static void test_moe_gpt2_top2_shared_gradients_match_finite_differences(void) {
 static void test_moe_llama_top3_gradients_match_finite_differences(void) {
     gradient_case(ARCH_LLAMA, 3, 0, 0, "llama top-3");
 }
+/* train.recompute selective: no layer keeps its experts' or shared expert's activation outputs
+ * (backward recomputes them from the saved projections into its scratch), and the gradients stay
+ * the reference's, through the grouped GEMMs and one linear per expert */
+static void selective_case(ust_arch arch, int grouped, const char *what) {
+    fixture f;
+    moe_config(&f.cfg, arch, 4, 2, 8, 6, 1);
+    f.cfg.model.moe.aux_loss_coef = 0.3;
+    f.cfg.model.moe.grouped_gemm = grouped;
+    f.cfg.train.recompute = RECOMPUTE_SELECTIVE;
+    fixture_make(&f, 12);
+    int kept = f.a.act || f.a.s_act;
+    fill_random(&f, 17);
+    char why[512];
+    int bad = check_gradients(&f, what, why, sizeof why);
+    fixture_free(&f);
+    CHECK(!kept, "%s: the activation outputs are kept", what);
+    CHECK(!bad, "%s", why);
+}
+
+static void test_moe_selective_recompute_gradients_match_finite_differences(void) {
+    selective_case(ARCH_LLAMA, 1, "llama shared, grouped, selective");
+    selective_case(ARCH_LLAMA, 0, "llama shared, per expert, selective");
+    selective_case(ARCH_GPT2, 1, "gpt2 shared, grouped, selective");
+}
 static void hand_fixture_cfg(fixture *f, int k, double capacity, double aux_coef, double seq);
 
 /* the sequence-wise balance loss: 12 tokens as 3 sequences of 4 (its statistics per sequence),
@@ -619,10 +643,11 @@ static void test_moe_routing_options_gradients_match_finite_differences(void) {
 }
 
 /* moe_acts_bytes (for the memory plan) is exactly what moe_acts_init takes from the arena. */
-static void test_moe_acts_bytes_match_the_arena(void) {
+static void acts_bytes_case(ust_recompute r) {
     ust_config c;
     moe_config(&c, ARCH_LLAMA, 4, 2, 8, 8, 1);
     c.model.moe.shared_d_ff = 20; /* a shared expert wider than the routed ones */
+    c.train.recompute = r;
     ust_ops *o = ops_cpu_create(1, 1);
     ust_arena a;
     mem_init(&a, o);
@@ -636,7 +661,13 @@ static void test_moe_acts_bytes_match_the_arena(void) {
     moe_free(&m);
     mem_release(&a);
     o->destroy(o);
-    CHECK(got == want, "arena %lld bytes, moe_acts_bytes %lld", (long long)got, (long long)want);
+    CHECK(got == want, "recompute %d: arena %lld bytes, moe_acts_bytes %lld", (int)r,
+          (long long)got, (long long)want);
+}
+
+static void test_moe_acts_bytes_match_the_arena(void) {
+    acts_bytes_case(RECOMPUTE_NONE);
+    acts_bytes_case(RECOMPUTE_SELECTIVE); /* without the activation outputs */
 }
 
 /* ---------------------------------------------------------------- the CUDA backend */
@@ -828,6 +859,7 @@ static void test_moe_balancing_bias_moves_choices_not_gates(void) {
 
 int main(void) {
     RUN_TEST(test_moe_grouped_gemm_matches_per_expert_linears);
+    RUN_TEST(test_moe_selective_recompute_gradients_match_finite_differences);
     RUN_TEST(test_moe_seq_aux_gradients_match_finite_differences);
     RUN_TEST(test_moe_seq_aux_loss_matches_hand_computed_value);
     RUN_TEST(test_moe_balancing_bias_moves_choices_not_gates);

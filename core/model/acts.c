@@ -72,7 +72,8 @@ static void alloc_wsave(model *m, ust_arena *a, layer_wsave *w) {
 }
 
 /* none: every layer keeps its activations; selective: the MLP activation output is recomputed
- * in backward, so one shared buffer; full: only the layer inputs are kept, one scratch set. */
+ * in backward, so one shared buffer (a MoE layer's experts: moe_acts_init leaves theirs out);
+ * full: only the layer inputs are kept, one scratch set. */
 static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *s, act *shared) {
     int64_t N = (int64_t)m->shape.B * m->shape.T, C = m->shape.C, Nl = m->shape.Nl,
             nl = ch->hi - ch->lo;

@@ -31,6 +31,8 @@ typedef struct {
                           pipeline): loaded, never saved, counted once in the gradient norm */
     float init_std;    /* N(0, init_std); 0 means the constant init_value */
     float init_value;
+    int repeat;     /* a sizes-only table (the memory plan's): this entry stands for `repeat` */
+    int64_t stride; /* tensors of its shape, `stride` floats apart (a layer's local experts) */
 } model_param;
 
 typedef struct model model;
@@ -181,6 +183,8 @@ const float *model_chunk_losses(const model *m, int chunk);
 
 /* Every tensor of the whole model (all stages, whole shapes) in checkpoint order. */
 const ckpt_tensor *model_all_tensors(const model *m, int *n);
+/* Their elements: the model's parameter count (padding rows included). */
+int64_t model_all_numel(const model *m);
 /* Tied embeddings whose embedding and head are both on this rank (one tensor serves both). */
 int model_tied_local(const model *m);
 /* The MoE losses (aux_loss_coef * aux + z_loss_coef * z, each micro-batch's averaged over the

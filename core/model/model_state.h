@@ -166,9 +166,11 @@ typedef struct {
     float *p, *g;     /* whole flat buffers, or NULL when a sharding layer owns the storage */
     ckpt_tensor *all; /* every tensor of the whole model (all stages), checkpoint order */
     int nall;
-    int sizing;              /* the memory plan's model (params_shape): shapes only, no names */
-    int listing;             /* building the whole model's list (list_all_tensors): every expert */
-    int in_experts;          /* building the table: the current unit holds experts */
+    int64_t all_numel; /* their elements (a sizes-only list: with the experts it leaves out) */
+    int64_t unlisted;  /* building a sizes-only table: elements of the experts repeat stands for */
+    int sizing;        /* the memory plan's model (params_shape): shapes only, no names */
+    int listing;       /* building the whole model's list (list_all_tensors): every expert */
+    int in_experts;    /* building the table: the current unit holds experts */
     int sub_row0, sub_nrows; /* building: add_param keeps these rows of its slice */
     int copy_chunk;          /* building: the chunk's tensors are replicas (dualpipe) */
 } model_table;

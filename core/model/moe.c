@@ -28,7 +28,10 @@ static void emit(moe_param_fn fn, void *ctx, const char *name, int64_t rows, int
     fn(ctx, &q);
 }
 
-/* One expert's tensors under `prefix` (e.g. "model.layers.3.mlp.experts.5"). */
+/* name = the formatted name, or "" for a sizes-only enumeration (unnamed: no formatting) */
+#define NAME(...) (void)(prefix ? snprintf(n, sizeof n, __VA_ARGS__) : (n[0] = 0))
+
+/* One expert's tensors under `prefix` (e.g. "model.layers.3.mlp.experts.5"; NULL: unnamed). */
 static void emit_expert(const ust_config *cfg, const char *prefix, int expert, int64_t F,
                         moe_expert *w, moe_expert *g, moe_param_fn fn, void *ctx) {
     char n[256];
@@ -37,26 +40,28 @@ static void emit_expert(const ust_config *cfg, const char *prefix, int expert, i
     float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * cfg->model.n_layer);
 #define T(f) (w ? &w->f : NULL), (g ? &g->f : NULL)
     if (!gpt2) {
-        snprintf(n, sizeof n, "%s.gate_proj.weight", prefix);
+        NAME("%s.gate_proj.weight", prefix);
         emit(fn, ctx, n, F, C, 1, std, expert, T(gate));
     }
-    snprintf(n, sizeof n, "%s.up_proj.weight", prefix);
+    NAME("%s.up_proj.weight", prefix);
     emit(fn, ctx, n, F, C, 1, std, expert, T(up));
     if (gpt2) {
-        snprintf(n, sizeof n, "%s.up_proj.bias", prefix);
+        NAME("%s.up_proj.bias", prefix);
         emit(fn, ctx, n, 1, F, 0, 0.0f, expert, T(up_b));
     }
-    snprintf(n, sizeof n, "%s.down_proj.weight", prefix);
+    NAME("%s.down_proj.weight", prefix);
     emit(fn, ctx, n, C, F, 1, proj_std, expert, T(down));
     if (gpt2) {
-        snprintf(n, sizeof n, "%s.down_proj.bias", prefix);
+        NAME("%s.down_proj.bias", prefix);
         emit(fn, ctx, n, 1, C, 0, 0.0f, expert, T(down_b));
     }
 #undef T
 }
 
-void moe_enum_params(const ust_config *cfg, int l, int ep_size, int ep_rank, moe_weights *w,
-                     moe_weights *g, moe_param_fn fn, void *ctx) {
+/* moe_enum_params with the first `listed` of the El local experts; named 0: every name "" but
+ * the router's ".router." (what optim_matrix_kind reads), no formatting */
+static void enum_layer(const ust_config *cfg, int l, int ep_size, int ep_rank, moe_weights *w,
+                       moe_weights *g, moe_param_fn fn, void *ctx, int listed, int named) {
     int E = cfg->model.moe.num_experts, El = E / ep_size, e0 = ep_rank * El;
     UST_ASSERT(E % ep_size == 0 && ep_rank >= 0 && ep_rank < ep_size, "E %d ep %d/%d", E, ep_rank,
                ep_size);
@@ -65,24 +70,39 @@ void moe_enum_params(const ust_config *cfg, int l, int ep_size, int ep_rank, moe
     UST_ASSERT(!g || (g->nexperts == El && g->first_expert == e0), "grads for experts %d+%d",
                g->first_expert, g->nexperts);
     char n[256];
-    snprintf(n, sizeof n, "model.layers.%d.mlp.router.weight", l);
+    const char *prefix = named ? "" : NULL; /* NAME's switch */
+    if (named)
+        snprintf(n, sizeof n, "model.layers.%d.mlp.router.weight", l);
+    else
+        strcpy(n, ".router.");
     emit(fn, ctx, n, E, cfg->model.d_model, 1, 0.02f, -1, w ? &w->router : NULL,
          g ? &g->router : NULL);
     if (cfg->model.moe.bias_update_rate > 0) {
-        snprintf(n, sizeof n, "model.layers.%d.mlp.router.expert_bias", l);
+        NAME("model.layers.%d.mlp.router.expert_bias", l);
         emit(fn, ctx, n, 1, E, 0, 0.0f, -1, w ? &w->bias : NULL, g ? &g->bias : NULL);
     }
     if (cfg->model.moe.shared_expert) {
-        snprintf(n, sizeof n, "model.layers.%d.mlp.shared_expert", l);
-        emit_expert(cfg, n, -1, moe_shared_width(cfg), w ? &w->shared : NULL, g ? &g->shared : NULL,
-                    fn, ctx);
+        NAME("model.layers.%d.mlp.shared_expert", l);
+        emit_expert(cfg, named ? n : NULL, -1, moe_shared_width(cfg), w ? &w->shared : NULL,
+                    g ? &g->shared : NULL, fn, ctx);
     }
-    for (int i = 0; i < El; i++) {
-        snprintf(n, sizeof n, "model.layers.%d.mlp.experts.%d", l, e0 + i);
-        emit_expert(cfg, n, e0 + i, cfg->model.moe.d_ff_expert, w ? &w->experts[i] : NULL,
-                    g ? &g->experts[i] : NULL, fn, ctx);
+    for (int i = 0; i < listed && i < El; i++) {
+        NAME("model.layers.%d.mlp.experts.%d", l, e0 + i);
+        emit_expert(cfg, named ? n : NULL, e0 + i, cfg->model.moe.d_ff_expert,
+                    w ? &w->experts[i] : NULL, g ? &g->experts[i] : NULL, fn, ctx);
     }
 }
+
+void moe_enum_params(const ust_config *cfg, int l, int ep_size, int ep_rank, moe_weights *w,
+                     moe_weights *g, moe_param_fn fn, void *ctx) {
+    enum_layer(cfg, l, ep_size, ep_rank, w, g, fn, ctx, INT_MAX, 1);
+}
+
+void moe_enum_first_expert(const ust_config *cfg, int l, int ep_size, int ep_rank, moe_param_fn fn,
+                           void *ctx) {
+    enum_layer(cfg, l, ep_size, ep_rank, NULL, NULL, fn, ctx, 1, 0);
+}
+#undef NAME
 
 void moe_weights_init(moe_weights *w, const moe_ctx *m) {
     memset(w, 0, sizeof *w);
@@ -241,6 +261,7 @@ void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *
     m->route = (ops_moe_route){c->score == MOE_SIGMOID, c->norm_topk, c->n_group, c->topk_group,
                                (float)c->routed_scale};
     m->grouped = c->grouped_gemm;
+    m->selective = cfg->train.recompute == RECOMPUTE_SELECTIVE;
     m->Nmb = N;
     m->N = (int)moe_rank_tokens(cfg, N);
     m->tp.n = cfg->parallel.tp > 0 ? cfg->parallel.tp : 1;
@@ -312,14 +333,14 @@ void moe_free(moe_ctx *m) {
 }
 
 /* Per-layer bytes of what moe_acts_init carves, with activations of `a` bytes (fp32 and int32
- * four). */
+ * four); sel: selective recompute (no act, s_act). */
 static int64_t acts_bytes(int llama, int shared, int64_t N, int64_t E, int64_t k, int64_t C,
-                          int64_t Fe, int64_t Fs, int64_t R, int ep1, int a) {
-    int64_t A = N * k;
-    int64_t four = N * E + N + A + 3 * A;                    /* probs lse gate topk assign pos */
-    int64_t acts = R * C + (llama ? 3 : 2) * R * Fe + A * C; /* xe h1 h2 act eout */
-    if (shared) acts += (llama ? 3 : 2) * N * Fs;            /* s_h1 s_h2 s_act */
-    if (!ep1) four += 2 * R;                                 /* plan order, inv */
+                          int64_t Fe, int64_t Fs, int64_t R, int ep1, int a, int sel) {
+    int64_t A = N * k, per = (llama ? 3 : 2) - sel;
+    int64_t four = N * E + N + A + 3 * A;        /* probs lse gate topk assign pos */
+    int64_t acts = R * C + per * R * Fe + A * C; /* xe h1 h2 act eout */
+    if (shared) acts += per * N * Fs;            /* s_h1 s_h2 s_act */
+    if (!ep1) four += 2 * R;                     /* plan order, inv */
     return 4 * four + a * acts;
 }
 
@@ -357,12 +378,12 @@ void moe_acts_init(moe_ctx *m, moe_acts *a, ust_arena *arena) {
     a->xe = AC(R * C);
     a->h1 = m->llama ? AC(R * Fe) : NULL;
     a->h2 = AC(R * Fe);
-    a->act = AC(R * Fe);
+    a->act = m->selective ? NULL : AC(R * Fe);
     a->eout = AC(A * C);
     if (m->shared) {
         a->s_h1 = m->llama ? AC(N * m->Fs) : NULL;
         a->s_h2 = AC(N * m->Fs);
-        a->s_act = AC(N * m->Fs);
+        a->s_act = m->selective ? NULL : AC(N * m->Fs);
     }
     ep_plan_init(m->ep, &a->plan, arena);
     a->aux_dp_host =
@@ -382,7 +403,7 @@ int64_t moe_acts_bytes(const ust_config *cfg, int N, int ep_size) {
     N = (int)moe_rank_tokens(cfg, N);
     return acts_bytes(cfg->model.arch == ARCH_LLAMA, c->shared_expert, N, c->num_experts, c->top_k,
                       cfg->model.d_model, c->d_ff_expert, moe_shared_width(cfg), R, ep_size == 1,
-                      cfg_act_size(cfg));
+                      cfg_act_size(cfg), cfg->train.recompute == RECOMPUTE_SELECTIVE);
 }
 #undef FL
 #undef IN
@@ -424,7 +445,8 @@ void moe_forward(moe_ctx *m, moe_acts *a, const moe_weights *w, act *y, const ac
     if (!ep1) ep_combine(m->ep, &a->plan, a->eout, eout);
     o->moe_combine(o, y, a->eout, a->pos, a->gate, N, k, C, 0);
     if (m->shared) {
-        moe_expert_fwd(m, &w->shared, m->scratch.tmp, x, a->s_h1, a->s_h2, a->s_act, N, m->Fs);
+        moe_expert_fwd(m, &w->shared, m->scratch.tmp, x, a->s_h1, a->s_h2,
+                       a->s_act ? a->s_act : m->scratch.dh1, N, m->Fs);
         o->add(o, y, y, m->scratch.tmp, (int64_t)N * C);
     }
 }

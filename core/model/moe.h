@@ -68,6 +68,12 @@ int moe_layer_is_moe(const ust_config *cfg, int l);
  * up by moe_weights_init for this ep rank. Pure: needs no context. */
 void moe_enum_params(const ust_config *cfg, int l, int ep_size, int ep_rank, moe_weights *w,
                      moe_weights *g, moe_param_fn fn, void *ctx);
+/* moe_enum_params (w, g NULL) up to the first local expert: the other E/ep_size - 1 have its
+ * shapes, so a table of sizes alone (the memory plan's, for thousands of layouts of models with
+ * hundreds of experts a layer) counts them without listing each. Names are not formatted: ""
+ * but the router's ".router." (the kind optim_matrix_kind reads from a name). */
+void moe_enum_first_expert(const ust_config *cfg, int l, int ep_size, int ep_rank, moe_param_fn fn,
+                           void *ctx);
 
 /* Tokens a rank routes of the N of its micro-batch (N / parallel.tp). */
 int64_t moe_rank_tokens(const ust_config *cfg, int64_t N);
@@ -192,6 +198,8 @@ typedef struct moe_ctx {
     int grouped;         /* model.moe.grouped_gemm: one grouped GEMM per projection */
     int El, e0;          /* local experts: [e0, e0 + El) */
     int64_t R;           /* rows of the local-expert buffers */
+    int selective;       /* train.recompute selective: the experts' activation outputs (act,
+                          * s_act) are not saved but recomputed in backward, in scratch.dh1 */
     /* host stats_floats: the statistics' host copy, free between forwards as host scratch (the
      * bias update, the backward's aux factors) */
     float *stats_host;
@@ -208,7 +216,7 @@ typedef struct {
     int32_t *topk, *assign, *pos; /* (N,k); assign: row -> assignment; pos: assignment -> row */
     act *xe, *h1, *h2, *act;      /* local-expert rows (R,C) (R,Fe) x3; h1 = gate_proj (llama) */
     act *eout;                    /* (N*k,C) expert outputs back home, in row order */
-    act *s_h1, *s_h2, *s_act;     /* shared expert (N,Fs) each */
+    act *s_h1, *s_h2, *s_act;     /* shared expert (N,Fs) each; act, s_act NULL: selective */
     ep_plan plan;
     int64_t nkept;      /* rows sent (kept assignments) */
     float *aux_dp_host; /* host E: d aux_coef*aux / d probs[:, e] */
@@ -239,8 +247,10 @@ void moe_free(moe_ctx *m); /* host memory; the arena owns the rest */
 void moe_weights_init(moe_weights *w, const moe_ctx *m);
 void moe_weights_free(moe_weights *w);
 /* One layer's saved activations from the arena (MEM_ACTS), sizes fixed by the config: the
- * local-expert buffers hold the dropless worst case, N*k rows at ep = 1 and ep*N*k rows at
- * ep > 1 (every rank's tokens all routed to this rank's experts). */
+ * local-expert buffers hold the worst case, R rows (moe_dispatch_rows: dropless N*k at ep = 1 and
+ * ep*N*k at ep > 1, every rank's tokens all routed to this rank's experts; with a capacity at
+ * most each source's capacity for each local expert). Under selective recompute the experts'
+ * activation outputs are left out (recomputed from h1, h2 in backward). */
 void moe_acts_init(moe_ctx *m, moe_acts *a, ust_arena *arena);
 void moe_acts_free(moe_acts *a); /* host memory */
 /* Bytes moe_init (with its ep_init) takes from the arena (for the memory plan). */

@@ -21,13 +21,24 @@ void moe_expert_fwd(const moe_ctx *m, const moe_expert *w, act *out, const act *
     o->linear_fwd(o, out, y, w->down, w->down_b, M, F, C);
 }
 
-/* dx(M,C) (= or += when acc) and g += from dout(M,C); uses the context's backward scratch. */
+/* act(n) = the activation of h1, h2 again (selective recompute), into out */
+static act *activation_again(const moe_ctx *m, act *out, const act *h1, const act *h2, int64_t n) {
+    if (m->llama)
+        m->ops->swiglu_fwd(m->ops, out, h1, h2, n);
+    else
+        m->ops->gelu_fwd(m->ops, out, h2, n);
+    return out;
+}
+
+/* dx(M,C) (= or += when acc) and g += from dout(M,C); uses the context's backward scratch. y
+ * NULL (selective recompute): recomputed into dh1, free until the activation's backward. */
 void moe_expert_bwd(const moe_ctx *m, const moe_expert *w, moe_expert *g, act *dx, const act *dout,
                     const act *x, const act *h1, const act *h2, const act *y, int M, int F,
                     int acc) {
     const ust_ops *o = m->ops;
     int C = m->C;
     if (M == 0) return;
+    if (!y) y = activation_again(m, m->scratch.dh1, h1, h2, (int64_t)M * F);
     o->linear_bwd(o, m->scratch.dact, g->down, g->down_b, dout, y, w->down, M, F, C, 0);
     if (m->llama) {
         o->swiglu_bwd(o, m->scratch.dh1, m->scratch.dh2, m->scratch.dact, h1, h2, (int64_t)M * F);
@@ -47,7 +58,7 @@ static void per_expert_fwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, 
         int M = a->plan.local[i];
         moe_expert_fwd(m, &w->experts[i], act_at(o, out, off * C), act_at(o, a->xe, off * C),
                        a->h1 ? act_at(o, a->h1, off * F) : NULL, act_at(o, a->h2, off * F),
-                       act_at(o, a->act, off * F), M, F);
+                       act_at(o, a->act ? a->act : m->scratch.dh1, off * F), M, F);
         off += M;
     }
 }
@@ -61,7 +72,7 @@ static void per_expert_bwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, 
         moe_expert_bwd(m, &w->experts[i], &g->experts[i], act_at(o, dx, off * C),
                        act_at(o, dout, off * C), act_at(o, a->xe, off * C),
                        a->h1 ? act_at(o, a->h1, off * F) : NULL, act_at(o, a->h2, off * F),
-                       act_at(o, a->act, off * F), M, F, 0);
+                       a->act ? act_at(o, a->act, off * F) : NULL, M, F, 0);
         off += M;
     }
 }
@@ -94,21 +105,22 @@ void moe_local_experts_fwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, 
     const int32_t *M = a->plan.local;
     int64_t rows = a->plan.nrecv, n = rows * F;
     const float *const *wp = m->scratch.wp, *const *bp = m->scratch.wp + El;
+    act *y = a->act ? a->act : m->scratch.dh1; /* selective: not kept */
     if (rows == 0) return;
     if (m->llama) {
         EXPERT_PTRS(m, w, gate, up_b);
         o->grouped_linear_fwd(o, a->h1, a->xe, wp, NULL, M, El, C, F);
         EXPERT_PTRS(m, w, up, up_b);
         o->grouped_linear_fwd(o, a->h2, a->xe, wp, NULL, M, El, C, F);
-        o->swiglu_fwd(o, a->act, a->h1, a->h2, n);
+        o->swiglu_fwd(o, y, a->h1, a->h2, n);
         EXPERT_PTRS(m, w, down, down_b);
-        o->grouped_linear_fwd(o, out, a->act, wp, NULL, M, El, F, C);
+        o->grouped_linear_fwd(o, out, y, wp, NULL, M, El, F, C);
     } else {
         EXPERT_PTRS(m, w, up, up_b);
         o->grouped_linear_fwd(o, a->h2, a->xe, wp, bp, M, El, C, F);
-        o->gelu_fwd(o, a->act, a->h2, n);
+        o->gelu_fwd(o, y, a->h2, n);
         EXPERT_PTRS(m, w, down, down_b);
-        o->grouped_linear_fwd(o, out, a->act, wp, bp, M, El, F, C);
+        o->grouped_linear_fwd(o, out, y, wp, bp, M, El, F, C);
     }
 }
 
@@ -125,10 +137,11 @@ void moe_local_experts_bwd(const moe_ctx *m, moe_acts *a, const moe_weights *w, 
     const float *const *wp = m->scratch.wp;
     float *gp[2 * El];
     if (rows == 0) return;
+    const act *y = a->act ? a->act : activation_again(m, m->scratch.dh1, a->h1, a->h2, n);
     EXPERT_PTRS(m, w, down, down_b);
     GRAD_PTRS(m, g, down, down_b);
-    o->grouped_linear_bwd(o, m->scratch.dact, gp, llama ? NULL : gp + El, dout, a->act, wp, M, El,
-                          F, C, 0);
+    o->grouped_linear_bwd(o, m->scratch.dact, gp, llama ? NULL : gp + El, dout, y, wp, M, El, F, C,
+                          0);
     if (llama) {
         o->swiglu_bwd(o, m->scratch.dh1, m->scratch.dh2, m->scratch.dact, a->h1, a->h2, n);
         EXPERT_PTRS(m, w, up, up_b);

@@ -84,12 +84,35 @@ static void add_moe_param(void *ctx, const moe_param *q) {
               q->g);
 }
 
+/* A sizes-only table (the memory plan's): the first local expert's tensors stand for all El
+ * (model_param.repeat), the flat layout advanced as if the others followed, so a model of
+ * hundreds of experts a layer costs the plan of thousands of layouts a few entries per layer. */
+static void add_moe_sizes(model *m, int l, int ep, int rank) {
+    int i0 = m->tab.nparams, El = m->cfg->model.moe.num_experts / ep;
+    moe_enum_first_expert(m->cfg, l, ep, rank, add_moe_param, m);
+    int64_t stride = 0, whole = 0;
+    for (int i = i0; i < m->tab.nparams; i++) {
+        model_param *q = &m->tab.params[i];
+        if (m->tab.param_unit[i] != m->tab.cur_unit) continue; /* router, shared expert */
+        stride += (q->numel + 15) & ~(int64_t)15;              /* add_param's alignment */
+        whole += q->numel;                                     /* experts are never split */
+    }
+    for (int i = i0; i < m->tab.nparams; i++)
+        if (m->tab.param_unit[i] == m->tab.cur_unit)
+            m->tab.params[i].repeat = El, m->tab.params[i].stride = stride;
+    m->tab.numel += (El - 1) * stride;
+    m->tab.unlisted += (El - 1) * whole;
+}
+
 static void add_moe_params(model *m, int l) {
     m->tab.in_experts = 0;
-    if (m->tab.listing) /* the whole model's list: every expert */
+    int ep = m->tab.listing ? 1 : m->moe.ep_size, rank = m->tab.listing ? 0 : m->moe.ep_rank;
+    if (m->tab.sizing) /* one expert stands for the layer's others (the whole list's too) */
+        add_moe_sizes(m, l, ep, rank);
+    else if (m->tab.listing)
         moe_enum_params(m->cfg, l, 1, 0, NULL, NULL, add_moe_param, m);
     else
-        moe_enum_params(m->cfg, l, m->moe.ep_size, m->moe.ep_rank, m->moe.mw ? &m->moe.mw[l] : NULL,
+        moe_enum_params(m->cfg, l, ep, rank, m->moe.mw ? &m->moe.mw[l] : NULL,
                         m->moe.mg ? &m->moe.mg[l] : NULL, add_moe_param, m);
     m->tab.in_experts = 0;
 }
@@ -296,10 +319,16 @@ static void list_all_tensors(model *m) {
     t.chunks = &whole, t.nchunks = 1;
     t.w.lw = calloc(m->shape.L, sizeof *t.w.lw);
     t.w.lg = calloc(m->shape.L, sizeof *t.w.lg);
+    t.tab.unlisted = 0;
     build_param_table(&t);
     m->tab.nall = t.tab.nparams;
     m->tab.all = calloc(t.tab.nparams, sizeof *m->tab.all);
-    for (int i = 0; i < t.tab.nparams; i++) m->tab.all[i] = t.tab.params[i].whole;
+    m->tab.all_numel = t.tab.unlisted; /* a sizes-only list's unlisted experts */
+    for (int i = 0; i < t.tab.nparams; i++) {
+        const ckpt_tensor *w = &t.tab.params[i].whole;
+        m->tab.all[i] = *w;
+        m->tab.all_numel += w->ndim == 2 ? w->shape[0] * w->shape[1] : w->shape[0];
+    }
     free(t.tab.params), free(t.tab.targets), free(t.tab.param_unit), free(t.tab.unit_off),
         free(t.tab.unit_len);
     free(t.tab.unit_expert);
@@ -370,6 +399,8 @@ const ckpt_tensor *model_all_tensors(const model *m, int *n) {
     *n = m->tab.nall;
     return m->tab.all;
 }
+
+int64_t model_all_numel(const model *m) { return m->tab.all_numel; }
 
 int model_tied_local(const model *m) { return m->shape.tied_local; }
 

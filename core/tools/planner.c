@@ -156,9 +156,14 @@ static void memory(const ust_config *c, rank_sets *sets, planner_cost *o) {
         plan_activation_sets(c, sets->slots, sets->zb);
         sets->built = 1;
     }
-    plan_memory_rank_sets(c, 0, 1, sets->slots[0], sets->zb[0], &mp);
-    o->mem = mp.total;
-    o->mem_peak = plan_memory_peak_sets(c, (const int(*)[MODEL_MAX_CHUNKS])sets->slots, sets->zb);
+    /* each pipeline rank once, without the whole model's tensor list (n_params, which the
+     * estimate does not read): rank 0's total is plan_memory's, the largest the peak */
+    o->mem = o->mem_peak = 0;
+    for (int r = 0; r < c->parallel.pp; r++) {
+        plan_memory_rank_sets(c, r, 0, sets->slots[r], sets->zb[r], &mp);
+        if (r == 0) o->mem = mp.total;
+        if (mp.total > o->mem_peak) o->mem_peak = mp.total;
+    }
 }
 
 static void estimate(const ust_config *c, const planner_hw *hw, planner_cost *o, rank_sets *sets);

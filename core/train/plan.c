@@ -21,11 +21,7 @@ void plan_memory_rank_sets(const ust_config *c, int r, int whole, const int *set
     ust_err e;
     UST_ASSERT(train_build_rank(&g, c, &at, &e) == 0, "%s", e.msg); /* the plan's never fails */
     p->ckpt_staging = c->checkpoint.async ? (double)dp_save_bytes(g.dp) : 0;
-    int n = 0;
-    const ckpt_tensor *all = whole ? model_all_tensors(g.m, &n) : NULL;
-    p->n_params = 0;
-    for (int i = 0; i < n; i++)
-        p->n_params += all[i].ndim == 2 ? all[i].shape[0] * all[i].shape[1] : all[i].shape[0];
+    p->n_params = whole ? model_all_numel(g.m) : 0;
     /* the token embedding's padding rows, and the head's when it is a tensor of its own */
     p->n_pad_params = whole ? (int64_t)(cfg_vocab_padded(c) - c->model.vocab_size) *
                                   c->model.d_model * (cfg_tied(c) ? 1 : 2)

@@ -27,7 +27,8 @@ EQ="python3 test/tools/equiv.py --steps 6"
 $EQ --name _moe_llama --config $TMP/llama.yaml \
     --layout "dp=2" --layout "dp=2 ep=2" --layout "dp=4 ep=4" --layout "dp=4 ep=2 zero=1" \
     --layout "dp=2 ep=2 zero=2" --layout "dp=2 ep=2 zero=3" --layout "dp=2 ep=2 tp=2" \
-    --layout "dp=2 ep=2 tp=2 sp=true" --layout "dp=2 ep=2 pp=2" --layout "dp=2 ep=2 cp=2"
+    --layout "dp=2 ep=2 tp=2 sp=true" --layout "dp=2 ep=2 pp=2" --layout "dp=2 ep=2 cp=2" \
+    --layout "dp=2 ep=2 train.recompute=selective"
 # capacity drops are decided per micro-batch per dp rank, before dispatch, in the micro-batch's
 # token order whatever the cp split: neither ep nor cp moves them
 $EQ --name _moe_capacity --config $TMP/llama.yaml --set model.moe.capacity_factor=1.0 \

@@ -45,3 +45,11 @@ check $TMP/c.yaml memory_plan_moe_capacity_cp2 2 $M --set parallel.cp=2 --set mo
 # the tp ranks' token split (its gradient scratch, the tp parts' choices for the capacity), the
 # balancing bias and the per-sequence statistics of the sequence-wise loss
 check $TMP/c.yaml memory_plan_moe_tp2_capacity_bias_seq 2 $M --set parallel.tp=2 --set model.moe.capacity_factor=1.0 --set model.moe.bias_update_rate=0.01 --set model.moe.seq_aux_loss_coef=0.01 --set train.micro_batch_size=2
+# selective recompute leaves the experts' and the shared expert's activation outputs out of every
+# MoE layer's saved set (recomputed in backward into the scratch)
+check $TMP/c.yaml memory_plan_moe_selective_shared_ep2_dp2 2 $M --set model.moe.shared_expert=true --set train.recompute=selective --set parallel.dp=2 --set parallel.ep=2
+# DeepSeek-V3's shape in small (configs/deepseek-v3.yaml): latent attention, a dense first layer,
+# sigmoid group-limited routing with a wider shared expert and the balancing bias, a capacity,
+# selective recompute; ep 2 and a 1f1b pipeline over the dense/MoE boundary with ZeRO-1
+DS="$M --set model.n_layer=4 --set model.n_kv_head=8 --set model.mla.enabled=true --set model.mla.q_lora_rank=24 --set model.mla.kv_lora_rank=16 --set model.mla.qk_nope_head_dim=12 --set model.mla.qk_rope_head_dim=8 --set model.mla.v_head_dim=16 --set model.moe.first_dense=1 --set model.moe.score=sigmoid --set model.moe.n_group=2 --set model.moe.topk_group=1 --set model.moe.shared_expert=true --set model.moe.shared_d_ff=96 --set model.moe.bias_update_rate=0.01 --set model.moe.capacity_factor=1.25 --set train.recompute=selective"
+check $TMP/c.yaml memory_plan_deepseek_shape_pp2_ep2_dp2_zero1 4 $DS --set parallel.pp=2 --set parallel.dp=2 --set parallel.ep=2 --set optimizer.zero_stage=1 --set train.global_batch_size=8
