@@ -155,6 +155,10 @@ typedef struct {
             int64_t tokens;       /* the ramp's length in tokens consumed */
             bool sqrt_lr;         /* lr times sqrt(the step's batch / global_batch_size) */
         } batch_ramp;
+        struct {            /* short sequences first (cfg_seq_len_at); start 0: off */
+            int64_t start;  /* the first steps' sequence length: seq_len / 2^k */
+            int64_t tokens; /* the warmup's length in tokens consumed */
+        } seq_len_warmup;
     } train;
     struct {
         char name[16]; /* "adamw" or "muon" */
@@ -274,6 +278,11 @@ int cfg_grad_accum(const ust_config *c); /* global / (micro * dp) */
  * global_batch_size (global_batch_size without a ramp). A pure function of the data position,
  * so a resumed run and every layout take the same batches. */
 int cfg_batch_at(const ust_config *c, int64_t tokens);
+/* train.seq_len_warmup: the sequence length of the step that starts after `tokens` tokens were
+ * consumed: the linear start + (seq_len - start) x tokens / warmup tokens rounded down to start
+ * x 2^n (OLMo-core's split rule), seq_len from the warmup's end on and without one. Each window
+ * of seq_len is then that many sequences of this length. */
+int cfg_seq_len_at(const ust_config *c, int64_t tokens);
 /* Validation's micro-batches: data.val_samples or val_tokens in whole micro-batches (the same
  * windows for every micro-batch size and layout), else data.val_steps. */
 int cfg_val_micro_batches(const ust_config *c);

@@ -170,6 +170,8 @@ const cfg_key cfg_keys[] = {
     INT("train.batch_ramp.increment", train.batch_ramp.increment, "0", 0),
     I64("train.batch_ramp.tokens", train.batch_ramp.tokens, "0", 0),
     BOOL("train.batch_ramp.sqrt_lr", train.batch_ramp.sqrt_lr, "false"),
+    I64("train.seq_len_warmup.start", train.seq_len_warmup.start, "0", 0),
+    I64("train.seq_len_warmup.tokens", train.seq_len_warmup.tokens, "0", 0),
 
     ONEOF("optimizer.name", optimizer.name, "adamw", OPTIMIZERS),
     INTR("optimizer.zero_stage", optimizer.zero_stage, "0", 0, 3),

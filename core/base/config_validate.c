@@ -295,6 +295,23 @@ static int cfg_validate_ramp(const ust_config *c, ust_err *e) {
     return 0;
 }
 
+/* train.seq_len_warmup: every step's length start x 2^n, so the pieces tile each window. */
+static int cfg_validate_seq_warmup(const ust_config *c, ust_err *e) {
+    long long S = c->train.seq_len_warmup.start, T = c->train.seq_len;
+    if (S == 0) return 0;
+    REQUIRE(S < T,
+            "train.seq_len_warmup.start (%lld) must be below train.seq_len (%lld), the target", S,
+            T);
+    long long ratio = T % S == 0 ? T / S : 0;
+    REQUIRE(ratio > 0 && (ratio & (ratio - 1)) == 0,
+            "train.seq_len_warmup.start (%lld) must be train.seq_len (%lld) / 2^k, e.g. %lld: "
+            "every length start x 2^n then cuts the windows into whole sequences",
+            S, T, T / 2);
+    REQUIRE(c->train.seq_len_warmup.tokens > 0,
+            "train.seq_len_warmup.tokens must be > 0 (the warmup's length) when start is set");
+    return 0;
+}
+
 static int cfg_validate_train(const ust_config *c, ust_err *e) {
     long long per_step = (long long)c->train.micro_batch_size * c->parallel.dp;
     REQUIRE(c->train.global_batch_size % per_step == 0,
@@ -308,7 +325,8 @@ static int cfg_validate_train(const ust_config *c, ust_err *e) {
     REQUIRE(c->data.eot_id < c->model.vocab_size,
             "data.eot_id (%d) must be a token of the vocabulary, below model.vocab_size (%d)",
             c->data.eot_id, c->model.vocab_size);
-    if (cfg_validate_val(c, e) || cfg_validate_ramp(c, e)) return -1;
+    if (cfg_validate_val(c, e) || cfg_validate_ramp(c, e) || cfg_validate_seq_warmup(c, e))
+        return -1;
     REQUIRE(c->checkpoint.dir[0], "checkpoint.dir is empty%s",
             c->checkpoint.async ? " (checkpoint.async writes checkpoints there)" : "");
     return 0;
@@ -438,6 +456,16 @@ int cfg_batch_at(const ust_config *c, int64_t tokens) {
     /* in 128 bits: tokens x n may pass 2^63 for long runs */
     int64_t k = (int64_t)((__int128)tokens * n / r->tokens);
     return k >= n ? G : r->start + (int)k * r->increment;
+}
+
+int cfg_seq_len_at(const ust_config *c, int64_t tokens) {
+    int64_t S = c->train.seq_len_warmup.start, T = c->train.seq_len,
+            N = c->train.seq_len_warmup.tokens;
+    if (S <= 0 || S >= T || N <= 0 || tokens >= N) return (int)T;
+    /* floor of the linear length; 2L <= it exactly when 2L <= the real one (2L is whole) */
+    int64_t lin = S + (int64_t)((__int128)(T - S) * tokens / N), L = S;
+    while (2 * L <= lin && 2 * L <= T) L *= 2;
+    return (int)L;
 }
 
 int cfg_val_micro_batches(const ust_config *c) {

@@ -588,8 +588,10 @@ void params_dims(model *m, const ust_config *cfg) {
     m->shape.qk_norm = m->shape.llama && cfg->model.qk_norm;
     m->shape.qk_whole = m->shape.qk_norm && cfg->model.qk_norm_whole;
     m->shape.post_norm = m->shape.llama && cfg->model.post_norm;
-    /* packed examples (data.packing: first_fit) are documents masked apart, positions reset */
-    m->shape.doc_mask = cfg->data.doc_mask || cfg->data.packing;
+    /* packed examples (data.packing: first_fit) are documents masked apart, positions reset;
+     * train.seq_len_warmup's short sequences are pieces of each window masked apart */
+    m->shape.doc_mask =
+        cfg->data.doc_mask || cfg->data.packing || cfg->train.seq_len_warmup.start > 0;
     m->shape.reset_pos = cfg->data.reset_positions || cfg->data.packing;
     m->shape.recompute = cfg->train.recompute;
     int start;

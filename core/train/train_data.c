@@ -1,6 +1,7 @@
 /* train_data.c: the trainer's data feed: the datasets, each step's global batch, and this
  * rank's record of a micro-batch (of training or validation): its inputs, targets, positions
  * and document starts (ust_batch), made once here and read by every chunk it passes. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -79,6 +80,17 @@ static int64_t count_targets(trainer *t, int64_t *pad) {
     return n;
 }
 
+/* train.seq_len_warmup: the step's sequence length, announced when it changes. */
+static void seq_len_at(trainer *t) {
+    const ust_config *c = t->cfg;
+    int64_t tokens = t->sample_index * c->train.seq_len;
+    int L = cfg_seq_len_at(c, tokens);
+    if (c->train.seq_len_warmup.start > 0 && L != t->feed.seq_len && t->rank0 && !t->eval)
+        printf("seq_len warmup: sequences of %d tokens from step %lld (%lld tokens consumed)\n", L,
+               (long long)t->step + 1, (long long)tokens);
+    t->feed.seq_len = L;
+}
+
 int train_feed_ramp(trainer *t, ust_err *e) {
     const ust_config *c = t->cfg;
     int G = cfg_batch_at(c, t->sample_index * c->train.seq_len);
@@ -90,6 +102,7 @@ int train_feed_ramp(trainer *t, ust_err *e) {
                    (long long)t->step + 1, (long long)(t->sample_index * c->train.seq_len));
     }
     t->batch_size = G;
+    seq_len_at(t);
     return pp_set_micro_batches(t->eng.pp, G / (c->train.micro_batch_size * c->parallel.dp), e);
 }
 
@@ -110,29 +123,40 @@ void train_feed_assign(trainer *t) {
     }
 }
 
-/* data.doc_mask: where the document of each of this rank's tokens begins. A document ends with
- * its end-of-text token (which predicts the next document's first), so input t starts a new one
- * when input t-1 is end of text; the positions are the sequence's, whatever rank holds them.
- * data.reset_positions: each token's position counts from its document's start. */
-static void find_docs(trainer *t) {
-    int B = t->cfg->train.micro_batch_size, T = t->cfg->train.seq_len, Tl = t->feed.Tl;
+/* Where the document of each of this rank's tokens begins, and its position. data.doc_mask: a
+ * document ends with its end-of-text token (which predicts the next document's first), so input
+ * t starts a new one when input t-1 is end of text. train.seq_len_warmup: the window is pieces of
+ * L tokens, each a sequence of its own (masked apart, positions from 0), so input t's sequence
+ * starts at the later of its document's start and its piece's. The positions are the window's,
+ * whatever rank holds them. data.reset_positions: each token's position counts from that start;
+ * else from its piece's. */
+static void find_docs(trainer *t, int L) {
+    const ust_config *c = t->cfg;
+    int B = c->train.micro_batch_size, T = c->train.seq_len, Tl = t->feed.Tl;
+    int docs = c->data.doc_mask || c->data.packing,
+        reset = c->data.reset_positions || c->data.packing;
+    int pieces = c->train.seq_len_warmup.start > 0, eot = docs || reset ? t->feed.eot : INT32_MIN;
     for (int b = 0; b < B; b++) {
         const int32_t *w = t->feed.samples + (int64_t)b * (T + 1);
         for (int p = 0, start = 0; p < T; p++) {
-            t->feed.doc_scratch[p] = start;
-            if (w[p] == t->feed.eot) start = p + 1;
+            int piece = p - p % L;
+            t->feed.doc_scratch[p] = start > piece ? start : piece;
+            if (w[p] == eot) start = p + 1;
         }
-        for (int j = 0; j < Tl; j++)
-            t->feed.docs[b * Tl + j] = t->feed.doc_scratch[t->feed.layout[j]];
+        for (int j = 0; j < Tl; j++) {
+            int p = t->feed.layout[j], piece = p - p % L, at = t->feed.doc_scratch[p];
+            /* the mask's start; pieces without data.doc_mask mask by the piece alone */
+            t->feed.docs[b * Tl + j] = docs || !pieces ? at : piece;
+            t->feed.rows[b * Tl + j] -= reset ? at : piece;
+        }
     }
-    if (!t->cfg->data.reset_positions && !t->cfg->data.packing) return;
-    for (int i = 0; i < B * Tl; i++) t->feed.rows[i] -= t->feed.docs[i];
 }
 
 /* The record of B windows of T+1 tokens: this rank's tokens of each (all of them, or its
  * context-parallel chunks) as inputs, the token after each as its target (-1, not counted, where
- * masked: flags, when given), their positions and document starts. */
-static ust_batch *split_windows(trainer *t, const uint8_t *flags) {
+ * masked: flags, when given), their positions and document starts; each window as sequences of
+ * L tokens (train.seq_len_warmup; L = T: the whole window). */
+static ust_batch *split_windows(trainer *t, const uint8_t *flags, int L) {
     int B = t->cfg->train.micro_batch_size, T = t->cfg->train.seq_len, Tl = t->feed.Tl;
     for (int b = 0; b < B; b++)
         for (int j = 0; j < Tl; j++) {
@@ -142,7 +166,7 @@ static ust_batch *split_windows(trainer *t, const uint8_t *flags) {
             t->feed.targets[b * Tl + j] = !flags || flags[at + 1] == 1 ? w[1] : -1;
             t->feed.rows[b * Tl + j] = t->feed.layout[j];
         }
-    if (t->feed.docs) find_docs(t);
+    if (t->feed.docs) find_docs(t, L);
     return &t->feed.batch;
 }
 
@@ -173,7 +197,7 @@ const ust_batch *train_feed_train(void *ctx, int mb) {
                                 c->train.seq_len, c->data.shuffle, c->run.seed,
                                 t->feed.flags + b * W);
     }
-    ust_batch *batch = split_windows(t, t->feed.masked ? t->feed.flags : NULL);
+    ust_batch *batch = split_windows(t, t->feed.masked ? t->feed.flags : NULL, t->feed.seq_len);
     /* test fault UST_FAULT_SPIKE_STEP=N: the first micro-batch of step N's data (samples from
      * (N-1) x global_batch_size: a rewind moves past them) learns garbage targets */
     for (int k = 0; poison && k < c->train.micro_batch_size * t->feed.Tl; k++)
@@ -183,7 +207,10 @@ const ust_batch *train_feed_train(void *ctx, int mb) {
     return batch;
 }
 
-const ust_batch *train_feed_windows(trainer *t) { return split_windows(t, t->feed.flags); }
+/* eval.tasks' windows: whole, whatever the step's length */
+const ust_batch *train_feed_windows(trainer *t) {
+    return split_windows(t, t->feed.flags, t->cfg->train.seq_len);
+}
 
 const ust_batch *train_feed_val(void *ctx, int mb) {
     trainer *t = ctx;
@@ -198,7 +225,7 @@ const ust_batch *train_feed_val(void *ctx, int mb) {
             data_blend_get_mask(t->feed.val, t->feed.val_which[k], t->feed.val_index[k],
                                 c->train.seq_len, 0, c->run.seed, t->feed.flags + b * W);
     }
-    return split_windows(t, t->feed.val_masked ? t->feed.flags : NULL);
+    return split_windows(t, t->feed.val_masked ? t->feed.flags : NULL, c->train.seq_len);
 }
 
 /* This rank's positions of each sequence (all of them, or its context-parallel chunks, as
@@ -210,6 +237,7 @@ void train_feed_layout(trainer *t) {
     size_t N = (size_t)cfg->train.micro_batch_size * (cfg->train.seq_len / cp);
     train_feed *f = &t->feed;
     f->Tl = cfg->train.seq_len / cp;
+    f->seq_len = cfg->train.seq_len; /* train_feed_ramp sets each step's */
     f->layout = malloc(f->Tl * sizeof(int32_t));
     cp_layout_positions(cfg->parallel.cp_layout, cfg->train.seq_len, cp,
                         comm_rank(t->rt->topo.comm[TOPO_CP]), f->layout);
@@ -218,7 +246,8 @@ void train_feed_layout(trainer *t) {
     f->rows = malloc(N * sizeof(int32_t));
     f->flags = malloc((size_t)cfg->train.micro_batch_size * (cfg->train.seq_len + 1));
     UST_ASSERT(f->layout && f->tokens && f->targets && f->rows && f->flags, "out of memory");
-    if (cfg->data.doc_mask || cfg->data.reset_positions || cfg->data.packing) {
+    if (cfg->data.doc_mask || cfg->data.reset_positions || cfg->data.packing ||
+        cfg->train.seq_len_warmup.start > 0) {
         f->docs = malloc(N * sizeof(int32_t));
         f->doc_scratch = malloc((size_t)cfg->train.seq_len * sizeof(int32_t));
         UST_ASSERT(f->docs && f->doc_scratch, "out of memory");

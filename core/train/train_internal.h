@@ -70,6 +70,7 @@ typedef struct {
     int64_t step_pad;            /* ... and its padding inputs (data.packing: first_fit) */
     int32_t *layout;             /* host: the Tl positions of this rank's part of a sequence */
     int Tl;                      /* tokens of each sequence on this rank (T / cp) */
+    int seq_len;                 /* the step's sequence length (train.seq_len_warmup) */
     int64_t fault_spike_step;    /* UST_FAULT_SPIKE_STEP (tests): the step poisoned, or 0 */
     bool fault_spike_on;         /* ... "N+": every step's data from step N's on */
 } train_feed;
@@ -139,7 +140,8 @@ void train_stats_after(trainer *t);
 void train_stats_report(trainer *t, log_step *s);
 
 /* train_data.c: the global batch of the step about to run (cfg_batch_at of the tokens consumed;
- * the pipeline's micro-batch count follows it); a new size starts a new batch_since. */
+ * the pipeline's micro-batch count follows it; a new size starts a new batch_since) and its
+ * sequence length (cfg_seq_len_at). */
 int train_feed_ramp(trainer *t, ust_err *e);
 
 /* train_qkclip.c: QK-clip around a step (optimizer.qk_clip_threshold > 0, or a stats step on

@@ -113,7 +113,8 @@ static log_step report_step(trainer *t, const step_mark *mark, double loss, doub
                lo = train_group_sum(t, TOPO_CP, (double)(b & 0xFFFFF));
         s.comm.bytes_cp_all = (uint64_t)hi * 1048576u + (uint64_t)lo;
     }
-    s.data.cp_docs = c->parallel.cp > 1 && (c->data.doc_mask || c->data.packing);
+    s.data.cp_docs = c->parallel.cp > 1 &&
+                     (c->data.doc_mask || c->data.packing || c->train.seq_len_warmup.start > 0);
     if (s.data.cp_docs) /* the context-parallel group's, since the run began */
         s.data.cp_blocks_skipped = (int64_t)train_group_sum(t, TOPO_CP, (double)t->eng.cp.skipped);
     s.moe.n = model_moe_stats(t->eng.m, s.moe.layer, s.moe.load_max, s.moe.load_mean, s.moe.dropped,
