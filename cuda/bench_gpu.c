@@ -110,7 +110,7 @@ static double train_step(model *m, const ust_ops *o, const int32_t *in, const in
     int64_t ntok = 0, n = model_numel(m);
     int32_t *pos = malloc((size_t)B * T * sizeof(int32_t));
     for (int i = 0; i < B * T; i++) pos[i] = i % T;
-    ust_batch b = {in, tgt, pos, NULL};
+    ust_batch b = {.tokens = in, .targets = tgt, .positions = pos};
     model_zero_grads(m);
     double loss = model_forward(m, &b, 1.0f / (B * T), &ntok) / (double)ntok;
     free(pos);

@@ -1523,7 +1523,7 @@ static const ust_batch *tiny_batch(const int32_t *in, const int32_t *tgt) {
     static int32_t pos[MB * MT];
     static ust_batch b;
     for (int i = 0; i < MB * MT; i++) pos[i] = i % MT;
-    b = (ust_batch){in, tgt, pos, NULL};
+    b = (ust_batch){.tokens = in, .targets = tgt, .positions = pos};
     return &b;
 }
 

@@ -18,6 +18,7 @@ enum { TB = 2, TT = 8 };
  * and its softmax mscale; v_head_dim 8 <
  * qk head 6 + 4 so v's padding is exercised */
 static int tiny_mla;
+static int tiny_mtp; /* model.mtp.depth in tiny_config (loss_weight 2) */
 
 static void tiny_config(ust_config *c, ust_arch arch) {
     cfg_defaults(c);
@@ -33,6 +34,8 @@ static void tiny_config(ust_config *c, ust_arch arch) {
     c->model.rope_theta = 10000;
     c->train.micro_batch_size = TB;
     c->train.seq_len = TT;
+    c->model.mtp.depth = tiny_mtp;
+    c->model.mtp.loss_weight = 2; /* each module weighs as much as the main loss */
     if (!tiny_mla) return;
     c->model.n_kv_head = c->model.n_head;
     c->model.mla.enabled = true;
@@ -264,11 +267,17 @@ static double ref_loss(fixture *f, const int32_t *in, const int32_t *tgt) {
  * each sequence, counted from each document's start under data.reset_positions. */
 static const ust_batch *batch_of(const fixture *f, const int32_t *in, const int32_t *tgt,
                                  const int32_t *docs) {
-    static int32_t pos[TB * TT];
+    static int32_t pos[TB * TT], mtp[2 * CFG_MAX_MTP * TB * TT];
     static ust_batch b;
     for (int i = 0; i < TB * TT; i++)
         pos[i] = i % TT - (docs && f->cfg.data.reset_positions ? docs[i] : 0);
-    b = (ust_batch){in, tgt, pos, docs};
+    b = (ust_batch){.tokens = in, .targets = tgt, .positions = pos, .doc_starts = docs};
+    int D = f->cfg.model.mtp.depth, n = D * TB * TT, V = f->cfg.model.vocab_size;
+    for (int i = 0; i < n; i++) { /* model.mtp: its shifted inputs and targets, some ignored */
+        mtp[i] = (int32_t)(rng_u64(3, 3, i) % V);
+        mtp[n + i] = i % 5 == 4 ? -1 : (int32_t)(rng_u64(3, 4, i) % V);
+    }
+    if (D) b.mtp_tokens = mtp, b.mtp_targets = mtp + n;
     return &b;
 }
 
@@ -295,9 +304,12 @@ static void test_llama_forward_matches_fp64_reference(void) {
     check_forward_matches_reference(ARCH_LLAMA);
 }
 
+/* With model.mtp: the main loss plus loss_weight / D x the modules' sums, over the main count. */
 static double mean_loss(fixture *f, const int32_t *in, const int32_t *tgt) {
     int64_t n;
-    double s = model_forward(f->m, batch_of(f, in, tgt, NULL), 0, &n);
+    double s = model_forward(f->m, batch_of(f, in, tgt, NULL), 0, &n), mtp[CFG_MAX_MTP];
+    int D = model_take_mtp_losses(f->m, mtp);
+    for (int k = 0; k < D; k++) s += f->cfg.model.mtp.loss_weight / D * mtp[k];
     return s / n;
 }
 
@@ -313,6 +325,8 @@ static void check_gradients(ust_arch arch) {
     model_zero_grads(f.m);
     model_forward(f.m, batch_of(&f, in, tgt, NULL), 1.0f / (TB * TT - 1), &n);
     model_backward(f.m);
+    double taken[CFG_MAX_MTP];
+    model_take_mtp_losses(f.m, taken); /* mean_loss's forwards count their own */
     int bad = -1;
     double bad_fd = 0, bad_an = 0;
     for (int i = 0; i < model_num_params(f.m) && bad < 0; i++) {
@@ -348,6 +362,15 @@ static void check_gradients(ust_arch arch) {
 
 static void test_gpt2_gradients_match_finite_differences(void) { check_gradients(ARCH_GPT2); }
 static void test_llama_gradients_match_finite_differences(void) { check_gradients(ARCH_LLAMA); }
+/* model.mtp: two modules (embedding and lm_head shared, each module's weights), dense blocks
+ * and MLA blocks. */
+static void test_mtp_gradients_match_finite_differences(void) {
+    tiny_mtp = 2;
+    check_gradients(ARCH_LLAMA);
+    tiny_mla = 1;
+    check_gradients(ARCH_LLAMA);
+    tiny_mla = tiny_mtp = 0;
+}
 static void test_mla_gradients_match_finite_differences(void) {
     for (tiny_mla = 1; tiny_mla <= 3; tiny_mla++) check_gradients(ARCH_LLAMA);
     tiny_mla = 0;
@@ -625,6 +648,7 @@ int main(void) {
     RUN_TEST(test_selective_recompute_gives_identical_gradients);
     RUN_TEST(test_full_recompute_gives_identical_gradients);
     RUN_TEST(test_mla_gradients_match_finite_differences);
+    RUN_TEST(test_mtp_gradients_match_finite_differences);
     RUN_TEST(test_mla_full_recompute_gives_identical_gradients);
     RUN_TEST(test_op_profiler_is_transparent_and_counts_the_model_ops);
     RUN_TEST(test_init_is_keyed_by_seed_name_and_index);

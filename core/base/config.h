@@ -18,6 +18,7 @@
 #define CFG_MAX_BLEND 64   /* datasets in a blend */
 #define CFG_TASKS_MAX 8192 /* eval.tasks as text */
 #define CFG_MAX_TASKS 16   /* eval.tasks entries */
+#define CFG_MAX_MTP 4      /* model.mtp.depth */
 
 /* Limits that keep every derived size representable (64-bit byte counts, 32-bit token and row
  * counts) while leaving room for the largest real models (llama-405B: 126 layers, d_model
@@ -121,6 +122,11 @@ typedef struct {
              * logits x (0.1 mscale_all_dim ln(rope_scaling.factor) + 1)^2; 0: none */
             double mscale_all_dim;
         } mla;
+        struct {       /* DeepSeek-V3's multi-token prediction (model_mtp.h; docs/deepseek.md) */
+            int depth; /* D sequential modules after the main model; 0: none (at most
+                          CFG_MAX_MTP) */
+            double loss_weight; /* lambda: loss_weight / D x the sum of their cross-entropies */
+        } mtp;
     } model;
     struct {
         int dp, tp, pp, cp, ep;

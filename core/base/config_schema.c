@@ -125,6 +125,8 @@ const cfg_key cfg_keys[] = {
     DBL("model.rope_scaling.beta_slow", model.rope_scaling.beta_slow, "1", 0, 1e6, LO_OPEN),
     DBL("model.rope_scaling.attention_factor", model.rope_scaling.attention_factor, "0", 0, 1e6, 0),
     BOOL("model.rope_scaling.truncate", model.rope_scaling.truncate, "true"),
+    INTR("model.mtp.depth", model.mtp.depth, "0", 0, 4),
+    DBL("model.mtp.loss_weight", model.mtp.loss_weight, "0.3", 0, 1e6, LO_OPEN),
     BOOL("model.mla.enabled", model.mla.enabled, "false"),
     INTR("model.mla.q_lora_rank", model.mla.q_lora_rank, "0", 0, 1 << 20),
     INTR("model.mla.kv_lora_rank", model.mla.kv_lora_rank, "0", 0, 1 << 20),

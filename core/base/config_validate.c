@@ -186,6 +186,41 @@ static int cfg_validate_mla(const ust_config *c, ust_err *e) {
     return 0;
 }
 
+/* model.mtp (DeepSeek-V3's multi-token prediction, model_mtp.h): D modules after the main model
+ * on its last stage, each a pre-norm llama block; what they do not combine with yet. */
+static int cfg_validate_mtp(const ust_config *c, ust_err *e) {
+    const __typeof__(c->model) *m = &c->model;
+    int D = m->mtp.depth;
+    if (!D) return 0;
+    REQUIRE(m->arch == ARCH_LLAMA,
+            "model.mtp.depth %d applies to llama (RMSNorm, RoPE), not gpt2 "
+            "(set model.arch: llama or model.mtp.depth: 0)",
+            D);
+    REQUIRE(D < c->train.seq_len,
+            "model.mtp.depth %d reaches beyond the sequence: module k predicts the token k + 1 "
+            "ahead, so it must be < train.seq_len (%d)",
+            D, c->train.seq_len);
+    REQUIRE(!m->post_norm && !m->sliding_window[0] && c->optimizer.qk_clip_threshold == 0,
+            "model.mtp.depth %d takes neither model.post_norm, model.sliding_window nor "
+            "optimizer.qk_clip_threshold (the modules' blocks are DeepSeek-V3's pre-norm, "
+            "full-attention blocks): set them off or model.mtp.depth: 0",
+            D);
+    ust_pp_schedule s = c->parallel.pp_schedule;
+    REQUIRE(s != PP_ZB && s != PP_DUALPIPE && s != PP_DUALPIPEV,
+            "model.mtp.depth %d under parallel.pp_schedule: %s is not supported yet (deferred "
+            "weight gradients): use afab, 1f1b or interleaved, or model.mtp.depth: 0",
+            D, cfg_pp_schedule_names[s]);
+    REQUIRE(c->run.device == DEV_CPU,
+            "model.mtp.depth %d on run.device: cuda is not supported yet: use cpu, or "
+            "model.mtp.depth: 0",
+            D);
+    REQUIRE(!m->init_from[0],
+            "model.mtp.depth %d with model.init_from '%s': importing multi-token prediction "
+            "layers is not supported yet (set model.mtp.depth: 0 to import)",
+            D, m->init_from);
+    return 0;
+}
+
 static int cfg_validate_model(const ust_config *c, ust_err *e) {
     const __typeof__(c->model) *m = &c->model;
     REQUIRE(m->arch != ARCH_AUTO,
@@ -247,7 +282,7 @@ static int cfg_validate_model(const ust_config *c, ust_err *e) {
             c->parallel.ep);
     REQUIRE(moe->num_experts > 0 || c->parallel.ep == 1,
             "parallel.ep (%d) needs experts, but model.moe.num_experts is 0", c->parallel.ep);
-    if (cfg_check_moe_layers(c, e)) return -1;
+    if (cfg_check_moe_layers(c, e) || cfg_validate_mtp(c, e)) return -1;
     return cfg_validate_mla(c, e);
 }
 
@@ -309,6 +344,10 @@ static int cfg_validate_seq_warmup(const ust_config *c, ust_err *e) {
             S, T, T / 2);
     REQUIRE(c->train.seq_len_warmup.tokens > 0,
             "train.seq_len_warmup.tokens must be > 0 (the warmup's length) when start is set");
+    REQUIRE(c->model.mtp.depth == 0,
+            "train.seq_len_warmup with model.mtp.depth %d is not supported (the prediction "
+            "modules' targets run past a short sequence's end): set one of them off",
+            c->model.mtp.depth);
     return 0;
 }
 

@@ -287,6 +287,8 @@ void log_step_line(const log_step *s) {
                       s->pp.analytic);
     if (s->comm.ep_ms > 0 && n < sizeof extra)
         n += snprintf(extra + n, sizeof extra - n, " | a2a %.0f ms", s->comm.ep_ms);
+    for (int k = 0; k < s->mtp.n && k < LOG_MAX_MTP && n < sizeof extra; k++)
+        n += snprintf(extra + n, sizeof extra - n, k ? " %.4f" : " | mtp %.4f", s->mtp.loss[k]);
     if (s->ranks.flagged && n < sizeof extra)
         n += snprintf(extra + n, sizeof extra - n, " | straggler rank %d x%.2f", s->ranks.slowest,
                       s->ranks.slowdown);
@@ -317,7 +319,7 @@ typedef struct {
     int count;
 } log_scalar;
 
-#define LOG_MAX_SCALARS 48
+#define LOG_MAX_SCALARS 56
 
 static int add_scalar(log_scalar *out, int n, const char *key, double v) {
     out[n] = (log_scalar){key, v, 0, 0};
@@ -374,6 +376,13 @@ static int log_scalars(const log_step *s, double unix_time, log_scalar *o) {
         if (s->qk_clipped >= 0) n = add_count(o, n, "qk_clipped_heads", (uint64_t)s->qk_clipped);
     }
     if (!isnan(s->val_loss)) n = add_scalar(o, n, "val_loss", s->val_loss);
+    static const char *const mtp[2][LOG_MAX_MTP] = {
+        {"mtp_loss_1", "mtp_loss_2", "mtp_loss_3", "mtp_loss_4"},
+        {"val_mtp_loss_1", "val_mtp_loss_2", "val_mtp_loss_3", "val_mtp_loss_4"}};
+    for (int k = 0; k < s->mtp.n && k < LOG_MAX_MTP; k++) {
+        n = add_scalar(o, n, mtp[0][k], s->mtp.loss[k]);
+        if (!isnan(s->mtp.val[k])) n = add_scalar(o, n, mtp[1][k], s->mtp.val[k]);
+    }
     n = add_scalar(o, n, "time", unix_time);
     n = add_scalar(o, n, "elapsed_s", s->elapsed_s);
     n = add_count(o, n, "samples_seen", (uint64_t)s->data.samples_seen);

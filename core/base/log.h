@@ -102,6 +102,14 @@ typedef struct {
     double acc[LOG_MAX_TASKS], acc_norm[LOG_MAX_TASKS], loglik[LOG_MAX_TASKS];
 } log_tasks;
 
+/* model.mtp.depth n modules: each one's mean cross-entropy over the step's target tokens (the
+ * main model's count, the paper's 1/T), and over validation's (NaN: not this step). */
+enum { LOG_MAX_MTP = 4 };
+typedef struct {
+    int n;
+    double loss[LOG_MAX_MTP], val[LOG_MAX_MTP];
+} log_mtp;
+
 typedef struct {
     int64_t step, steps;
     double loss, lr, grad_norm, tokens_per_s, mfu, ms, eta_s; /* loss: ce_loss + MoE aux/z */
@@ -121,6 +129,7 @@ typedef struct {
     log_tasks tasks;
     double max_logit; /* QK-clip or a stats step: the largest attention logit (NaN: none) */
     int qk_clipped;   /* QK-clip: its (layer, query head) pairs above the threshold (-1: off) */
+    log_mtp mtp;
 } log_step;
 
 typedef struct {

@@ -4,6 +4,7 @@
  * pipeline's schedule asked for), plus the backward's scratch. Shapes as in model.c. */
 #include "acts.h"
 #include "model_mla.h"
+#include "model_mtp.h"
 #include "model_state.h"
 
 #include <stdlib.h>
@@ -15,7 +16,7 @@
 #define F32(n) ((float *)mem_alloc(a, MEM_ACTS, (size_t)(n) * sizeof(float)))
 
 /* mlp: the dense MLP's buffers too (a MoE layer keeps its own in moe_acts) */
-static void alloc_layer_acts(model *m, ust_arena *a, layer_acts *x, act *shared_act, int mlp) {
+void acts_alloc_layer(model *m, ust_arena *a, layer_acts *x, act *shared_act, int mlp) {
     int64_t N = (int64_t)m->shape.B * m->shape.T, C = m->shape.C, HD = m->shape.H * m->shape.D,
             KV = m->shape.Hkv * m->shape.D, F = m->shape.F;
     int64_t Nl = m->shape.Nl;
@@ -78,11 +79,12 @@ static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *
     int64_t N = (int64_t)m->shape.B * m->shape.T, C = m->shape.C, Nl = m->shape.Nl,
             nl = ch->hi - ch->lo;
     s->xs = calloc(nl + 1, sizeof *s->xs);
-    for (int i = 0; i <= nl; i++) s->xs[i] = A(Nl * C);
+    for (int i = 0; i <= nl; i++) /* the boundaries carry model.mtp's embeddings behind */
+        s->xs[i] = A(i == 0 || i == nl ? model_boundary_numel(m) : Nl * C);
     if (m->shape.recompute != RECOMPUTE_FULL) {
         s->la = calloc(nl, sizeof *s->la);
         for (int i = 0; i < nl; i++)
-            alloc_layer_acts(m, a, &s->la[i], shared, !is_moe(m, ch->lo + i));
+            acts_alloc_layer(m, a, &s->la[i], shared, !is_moe(m, ch->lo + i));
     }
     if (m->moe.has_moe &&
         m->shape.recompute != RECOMPUTE_FULL) { /* full: the shared m->acts.moe_scratch */
@@ -117,7 +119,9 @@ static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *
             s->uwdoc[k] = mem_alloc(a, MEM_ACTS, N * cp_ulysses(m->par.cp) * sizeof(int32_t));
     }
     s->pos = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
-    s->dy = A(Nl * C);
+    s->dy = A(model_boundary_numel(m));
+    if (m->mtp.D && ch->embed) s->mtp_tok = mem_alloc(a, MEM_ACTS, m->mtp.D * N * sizeof(int32_t));
+    if (m->mtp.D && ch->head) mtp_alloc_slot(m, a, s, shared);
 }
 
 void acts_alloc(model *m, ust_arena *a) {
@@ -125,7 +129,7 @@ void acts_alloc(model *m, ust_arena *a) {
             KV = m->shape.Hkv * m->shape.D, F = m->shape.F;
     int64_t wide = HD > F ? HD : F;
     act *shared = m->shape.recompute == RECOMPUTE_SELECTIVE ? A(N * F) : NULL;
-    if (m->shape.recompute == RECOMPUTE_FULL) alloc_layer_acts(m, a, &m->acts.scratch, shared, 1);
+    if (m->shape.recompute == RECOMPUTE_FULL) acts_alloc_layer(m, a, &m->acts.scratch, shared, 1);
     if (m->shape.recompute == RECOMPUTE_FULL && m->moe.has_moe)
         alloc_moe_acts(m, a, &m->acts.moe_scratch);
     for (int c = 0; c < m->nchunks; c++) {
@@ -164,6 +168,7 @@ void acts_alloc(model *m, ust_arena *a) {
         m->shape.llama ? A(N * F) : NULL; /* gpt2's GELU backward is fused (linear_gelu_bwd) */
     m->acts.tgt = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
     if (is_mla(m)) mla_alloc_scratch(m, a);
+    if (m->mtp.D && head) mtp_alloc_scratch(m, a);
 }
 #undef A
 #undef F32
@@ -174,7 +179,7 @@ void acts_free(model *m) {
             act_slot *s = &m->chunks[c].slots[k];
             for (int i = 0; s->ma && i < m->chunks[c].hi - m->chunks[c].lo; i++)
                 if (is_moe(m, m->chunks[c].lo + i)) moe_acts_free(&s->ma[i]);
-            free(s->xs), free(s->la), free(s->ws), free(s->ma), free(s->wg.jobs);
+            free(s->xs), free(s->la), free(s->ws), free(s->ma), free(s->wg.jobs), free(s->mtp);
         }
         free(m->chunks[c].slots);
     }
@@ -191,7 +196,11 @@ moe_acts *moe_acts_of(model *m, act_slot *s, int i) {
 
 int model_num_chunks(const model *m) { return m->nchunks; }
 int model_chunk_slots(const model *m, int c) { return m->chunks[c].nslots; }
-int64_t model_boundary_numel(const model *m) { return (int64_t)m->shape.Nl * m->shape.C; }
+/* model.mtp: the residual, then each module's input embedding (made on the first stage, used on
+ * the last; in the gradient, its gradient going back) */
+int64_t model_boundary_numel(const model *m) {
+    return (int64_t)(1 + m->mtp.D) * m->shape.Nl * m->shape.C;
+}
 act *model_chunk_input(model *m, int c, int slot) { return m->chunks[c].slots[slot].xs[0]; }
 act *model_chunk_output(model *m, int c, int slot) {
     const model_chunk *ch = &m->chunks[c];

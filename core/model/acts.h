@@ -12,6 +12,8 @@ void acts_alloc(model *m, ust_arena *a);
 void acts_free(model *m); /* the host arrays; the arena owns the rest */
 /* The saved activations of layer i of a set (the shared scratch under full recompute). */
 layer_acts *acts_of(model *m, act_slot *s, int i);
+/* One layer's saved activations (mlp: a dense MLP's too; shared_act: selective recompute's). */
+void acts_alloc_layer(model *m, ust_arena *a, layer_acts *x, act *shared_act, int mlp);
 moe_acts *moe_acts_of(model *m, act_slot *s, int i);
 
 #endif

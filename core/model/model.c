@@ -8,6 +8,7 @@
 #include "acts.h"
 #include "model_block.h"
 #include "model_moe.h"
+#include "model_mtp.h"
 #include "model_vocab.h"
 #include "params.h"
 #include "proj_norm.h"
@@ -52,8 +53,8 @@ int model_create_with(model **out, const ust_config *cfg, const ust_ops *ops, us
     params_chunks(m, st->chunks, st->nchunks);
     params_vocab_chunks(m, st->vocab_chunk_rows);
     if (cfg->model.moe.num_experts > 0) model_moe_init(m, arena, st);
-    m->w.lw = calloc(m->shape.L, sizeof *m->w.lw);
-    m->w.lg = calloc(m->shape.L, sizeof *m->w.lg);
+    m->w.lw = calloc(m->shape.L + m->mtp.D, sizeof *m->w.lw); /* + model.mtp's blocks */
+    m->w.lg = calloc(m->shape.L + m->mtp.D, sizeof *m->w.lg);
     params_build(m);
     if (st->alloc_params) m->tab.p = mem_alloc(arena, MEM_PARAMS, m->tab.numel * sizeof(float));
     if (st->alloc_grads) m->tab.g = mem_alloc(arena, MEM_GRADS, m->tab.numel * sizeof(float));
@@ -75,6 +76,7 @@ void model_destroy(model *m) {
     free(m->tab.unit_len);
     free(m->w.lw);
     free(m->w.lg);
+    free(m->mtp.w);
     free(m->tab.all);
     model_moe_free(m);
     free(m->batch.whost);
@@ -151,8 +153,12 @@ double model_chunk_forward(model *m, int c, int slot, const ust_batch *b, float 
     int N = m->shape.B * m->shape.T, u = ch->unit0;
     if (ntok) *ntok = 0;
     take_batch(m, s, b);
+    /* model.mtp: the modules run where the batch carries their tokens (training, validation) */
+    s->mtp_live = m->mtp.D > 0 && b->mtp_tokens;
     if (ch->embed) {
         o->to_device(o, s->tok, b->tokens, N * sizeof(int32_t));
+        if (s->mtp_live)
+            o->to_device(o, s->mtp_tok, b->mtp_tokens, (size_t)m->mtp.D * N * sizeof(int32_t));
         u = vocab_embed_forward(m, s, u);
     }
     for (int l = ch->lo; l < ch->hi; l++) {
@@ -170,12 +176,18 @@ double model_chunk_forward(model *m, int c, int slot, const ust_batch *b, float 
         model_hook(m, u, MODEL_FWD_END);
         u += 1 + moe;
     }
-    if (!ch->head) return 0;
+    if (!ch->head) {
+        mtp_pass_on(m, s, ch->hi - ch->lo);
+        return 0;
+    }
     o->to_device(o, m->acts.tgt, b->targets, N * sizeof(int32_t));
     int64_t counted = 0;
     for (int i = 0; i < N; i++) counted += b->targets[i] >= 0;
     if (ntok) *ntok = counted;
-    return vocab_head_forward(m, s, s->xs[ch->hi - ch->lo], u, dscale);
+    const act *x_last = s->xs[ch->hi - ch->lo];
+    double loss = vocab_head_forward(m, s, x_last, u + m->mtp.D, dscale);
+    if (s->mtp_live) mtp_forward(m, s, b, x_last, dscale, ch->mtp_u0);
+    return loss;
 }
 
 const float *model_chunk_losses(const model *m, int c) {
@@ -201,7 +213,10 @@ void model_chunk_backward(model *m, int c, int slot, int input_only) {
     deferral df = {input_only ? &s->wg : NULL, NULL};
     if (input_only) s->wg.n = 0;
     use_batch(m, s);
+    if (ch->head && s->mtp_live) mtp_backward(m, s, s->xs[nl], ch->mtp_u0); /* before the head */
     if (ch->head) u = vocab_head_backward(m, s, s->xs[nl], dx, &df, begin, end, u);
+    if (ch->head && s->mtp_live) mtp_add_input_grad(m, dx);
+    if (ch->head) u -= m->mtp.D; /* the modules' units */
     for (int l = ch->hi - 1; l >= ch->lo; l--) {
         int i = l - ch->lo, moe = is_moe(m, l), ua = u - moe; /* MoE: ua dense, u experts */
         moe_acts *ma = moe ? moe_acts_of(m, s, i) : NULL;
@@ -259,7 +274,7 @@ void model_chunk_weight_grad(model *m, int c, int slot) {
             proj_norm_wgrad(m, *j->dw, j->dout, j->x, *j->w, j->rstd, j->N);
             break;
         case WG_EMBED:
-            vocab_embedding_backward(m, s->tok, j->dout, j->vc);
+            vocab_embed_grads(m, s, j->dout, j->vc);
             break;
         }
     }

@@ -150,6 +150,10 @@ void model_zero_grads(model *m);
  * data.doc_mask or reset_positions, else NULL). A chunk copies what it keeps to its slot. */
 typedef struct {
     const int32_t *tokens, *targets, *positions, *doc_starts;
+    /* model.mtp.depth D: (D,B,Tl) module k's input token at each position p, t_{p+k+1}, and its
+     * target t_{p+k+2} (< 0: none, past the window or masked); NULL: the modules do not run
+     * (a scorer's forward) */
+    const int32_t *mtp_tokens, *mtp_targets;
 } ust_batch;
 /* The whole model on one micro-batch. Returns the sum of the per-token losses; *ntok gets the
  * number of counted targets. dscale > 0 prepares backward with d(loss_sum)/d(logits) scaled by
@@ -191,6 +195,9 @@ int model_tied_local(const model *m);
  * step's micro-batches of the whole batch) of the training forwards since the last call; summed
  * over the dp x cp group and the pipeline it is the step's share of the loss. */
 double model_take_moe_loss(model *m);
+/* model.mtp: each module's summed per-token cross-entropy over the forwards since the last call
+ * (this rank's tokens; sum over the dp x cp group), into loss[0..D); returns D. */
+int model_take_mtp_losses(model *m, double *loss);
 /* This rank's MoE layers and their last forward's load: most tokens routed to one expert, the
  * mean, the dropped fraction. Returns how many (at most max). */
 int model_moe_stats(const model *m, int *layers, double *load_max, double *load_mean,

@@ -87,6 +87,18 @@ typedef struct {
     int n, cap;
 } wg_list;
 
+/* model.mtp (model_mtp.c): what multi-token prediction module k keeps of one micro-batch; Nl
+ * rows of this rank, the block's own layer_acts (its layer index is n_layer + k). Its input
+ * embedding Emb(t_{i+k+1}) and that one's gradient travel behind the residual stream in the
+ * chunks' boundary tensors (mtp_emb, mtp_demb). */
+typedef struct {
+    act *en, *hn; /* (Nl,C) enorm(emb), hnorm(h_{k-1}) */
+    float *en_rstd, *hn_rstd, *lnf_rstd;
+    act *cat, *x, *h;  /* (Nl,2C) [en, hn]; (Nl,C) eh_proj's output, the block's output h_k */
+    act *lnf, *logits; /* (Nl,C) shared_head.norm(h_k); (N,Vl) logits, then their gradient */
+    layer_acts la;
+} mtp_acts;
+
 /* What one micro-batch in flight through a chunk keeps between its forward and backward. */
 typedef struct {
     act **xs;          /* layers+1 residual tensors (Nl,C): xs[i] is layer lo+i's input */
@@ -106,8 +118,11 @@ typedef struct {
      * token's window start (position - W_k + 1), and their smallest */
     int32_t *wdoc[CFG_MAX_WINDOWS], *uwdoc[CFG_MAX_WINDOWS];
     int32_t wdoc_min[CFG_MAX_WINDOWS], uwdoc_min[CFG_MAX_WINDOWS];
-    int32_t *pos; /* (B,Tl) each token's position (ust_batch.positions) */
-    act *dy;      /* (Nl,C): d loss / d chunk output on entry to backward, d / d input after */
+    int32_t *pos;     /* (B,Tl) each token's position (ust_batch.positions) */
+    act *dy;          /* (Nl,C): d loss / d chunk output on entry to backward, d / d input after */
+    mtp_acts *mtp;    /* model.mtp: one per module (head chunk) */
+    int32_t *mtp_tok; /* ... (D,B,Tl) the shifted input tokens (embedding chunk) */
+    int mtp_live;     /* ... the modules ran in this micro-batch's forward */
 } act_slot;
 
 /* A contiguous run of layers: one pipeline stage (the whole model without pipelining). */
@@ -116,6 +131,7 @@ typedef struct {
     int embed, head;   /* holds the embeddings / the final norm, lm_head and loss */
     int copy;          /* a synced copy of a stage another rank owns (model_stage.copy) */
     int unit0, nunits; /* its units in the rank's unit numbering */
+    int mtp_u0;        /* head chunk under model.mtp: module k's unit is mtp_u0 + k */
     int nslots;
     act_slot *slots;
 } model_chunk;
@@ -227,6 +243,25 @@ typedef struct {
     float *mla_dw;
 } model_acts;
 
+/* model_mtp.c: multi-token prediction (model.mtp.depth D > 0): each module's weights (its
+ * block's are lw/lg[n_layer + k]), the scratch its backward shares, and the cross-entropy sums
+ * of the forwards since model_take_mtp_losses. */
+typedef struct {
+    float *enorm, *hnorm, *eh, *norm; /* enorm, hnorm (C); eh_proj (C, 2C); shared_head.norm */
+} mtp_w;
+
+typedef struct {
+    int D;
+    mtp_w *w, *g;
+    act *dh;      /* (Nl,C) d loss / d h_k flowing back from module k + 1 (then d x_last) */
+    act *dx;      /* (Nl,C) the block's output gradient, its input gradient after */
+    act *dcat;    /* (Nl,2C) */
+    float *dw;    /* eh_proj's gradient partial sums under sp (C x 2C) */
+    int32_t *tgt; /* (N) a module's targets */
+    float *losses;
+    double loss[CFG_MAX_MTP];
+} model_mtp;
+
 /* model_trace.c: logging.trace's spans of each unit (op group) between its hooks; t is NULL when
  * tracing is off. */
 typedef struct {
@@ -263,15 +298,23 @@ struct model {
     float *qk_max;      /* model_qk_track's table (NULL: the forwards track no logits) */
     double *act_sq;     /* model_act_track's table (NULL: the forwards add nothing) */
     uint16_t *act_host; /* bf16 activations: one residual tensor copied to the host */
+    model_mtp mtp;
 };
 
 /* model_stats.c: layer l's output x (this rank's Nl rows) into model_act_track's table. */
 void model_act_add(model *m, int l, const act *x);
 
+/* model.mtp: module k's input embedding (Nl,C) behind the residual in a boundary tensor (a
+ * chunk's input or output, (1 + D) x Nl x C), and its gradient behind the residual's in dy. */
+static inline act *mtp_emb(const model *m, act *boundary, int k) {
+    return act_at(m->ops, boundary, (int64_t)(1 + k) * m->shape.Nl * m->shape.C);
+}
+
 static inline int is_mla(const model *m) { return m->cfg->model.mla.enabled; }
 
 static inline int is_moe(const model *m, int l) {
-    return m->moe.has_moe && moe_layer_is_moe(m->cfg, l);
+    /* model.mtp's blocks (layers n_layer + k) are dense */
+    return m->moe.has_moe && l < m->shape.L && moe_layer_is_moe(m->cfg, l);
 }
 
 void model_trace_unit(model *m, int unit, model_phase phase, int after);

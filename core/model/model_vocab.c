@@ -4,6 +4,7 @@
 #include "model_vocab.h"
 
 #include "error.h"
+#include "model_mtp.h"
 #include "tp.h"
 
 /* Rows [*r0, return) of this rank's vocabulary slice make chunk k. */
@@ -19,23 +20,23 @@ static act *vc_block(const model *m, act *logits, int k) {
     return act_at(m->ops, logits, (int64_t)m->shape.B * m->shape.T * r0);
 }
 
-/* The embedding over its units u (positions, gpt2) and the table's chunks; returns the unit
- * after them. Each chunk adds the tokens in its rows (m->acts.dln, free in forward, is the lookup's
- * scratch); every token is in exactly one chunk. */
-static int embedding_forward_chunks(model *m, act_slot *s, int u) {
+/* The embedding of tok into out over its units u (positions, gpt2) and the table's chunks;
+ * returns the unit after them. Each chunk adds the tokens in its rows (m->acts.dln, free in
+ * forward, is the lookup's scratch); every token is in exactly one chunk. */
+static int embedding_forward_chunks(model *m, const int32_t *tok, act *out, int u) {
     int wpe = !m->shape.llama;
     if (wpe) model_hook(m, u, MODEL_FWD_BEGIN);
-    act *sum = tp_embedding_begin(m->par.tp, s->xs[0], s->tok, wpe ? m->batch.rows : NULL,
+    act *sum = tp_embedding_begin(m->par.tp, out, tok, wpe ? m->batch.rows : NULL,
                                   wpe ? m->w.wpe : NULL, m->shape.B, m->shape.T, m->shape.C);
     if (wpe) model_hook(m, u++, MODEL_FWD_END);
     for (int k = 0; k < m->vc.nvc; k++, u++) {
         int r0, r1 = vc_range(m, k, &r0);
         model_hook(m, u, MODEL_FWD_BEGIN);
-        tp_embedding_add(m->par.tp, sum, m->acts.dln, s->tok, m->vc.wte_c[k], r0, r1, m->shape.B,
+        tp_embedding_add(m->par.tp, sum, m->acts.dln, tok, m->vc.wte_c[k], r0, r1, m->shape.B,
                          m->shape.T, m->shape.C, m->shape.Vp);
         model_hook(m, u, MODEL_FWD_END);
     }
-    tp_embedding_end(m->par.tp, sum, s->xs[0], m->shape.B, m->shape.T, m->shape.C);
+    tp_embedding_end(m->par.tp, sum, out, m->shape.B, m->shape.T, m->shape.C);
     return u;
 }
 
@@ -43,25 +44,24 @@ static int embedding_forward_chunks(model *m, act_slot *s, int u) {
  * when the embedding is here too), then the loss over the blocks: the logits stay whole (one
  * (N, Vl) buffer, block-major), only the weights are chunked, and the softmax's log-sum-exp is
  * merged over the blocks (tp_xent_blocks). One chunk is the unchunked head exactly. */
-static void head_forward_chunks(model *m, act_slot *s, float dscale) {
+static void head_forward_chunks(model *m, const act *lnf, act *logits, float *losses,
+                                const int32_t *tgt, float dscale) {
     int N = m->shape.B * m->shape.T, r0s[MODEL_MAX_VOCAB_CHUNKS + 1];
     UST_ASSERT(m->vc.nvc <= MODEL_MAX_VOCAB_CHUNKS, "%d vocabulary chunks", m->vc.nvc);
-    const act *x = tp_column_open(m->par.tp, s->lnf); /* the chunks are one column group */
+    const act *x = tp_column_open(m->par.tp, lnf); /* the chunks are one column group */
     for (int k = 0; k < m->vc.nvc; k++) {
         int r1 = vc_range(m, k, &r0s[k]);
         r0s[k + 1] = r1;
         model_hook(m, m->vc.lm_u0 + k, MODEL_FWD_BEGIN);
-        tp_column_linear_fwd(m->par.tp, vc_block(m, s->logits, k), x, m->vc.lm_c[k], NULL, N,
+        tp_column_linear_fwd(m->par.tp, vc_block(m, logits, k), x, m->vc.lm_c[k], NULL, N,
                              m->shape.C, r1 - r0s[k]);
         model_hook(m, m->vc.lm_u0 + k, MODEL_FWD_END);
     }
     if (m->vc.nvc == 1)
-        tp_xent(m->par.tp, m->acts.losses, s->logits, m->acts.tgt, N, m->shape.Vp, m->shape.V,
-                dscale);
+        tp_xent(m->par.tp, losses, logits, tgt, N, m->shape.Vp, m->shape.V, dscale);
     else
-        tp_xent_blocks(m->par.tp, m->acts.losses, s->logits, r0s, m->vc.nvc, m->acts.tgt, N,
-                       m->shape.Vp, m->shape.V, dscale, m->acts.vc_lse, m->acts.vc_merge,
-                       m->acts.vc_merge2);
+        tp_xent_blocks(m->par.tp, losses, logits, r0s, m->vc.nvc, tgt, N, m->shape.Vp, m->shape.V,
+                       dscale, m->acts.vc_lse, m->acts.vc_merge, m->acts.vc_merge2);
 }
 
 /* The head's backward: logits hold d loss / d logits (written by the fused cross-entropy);
@@ -73,14 +73,14 @@ static act *head_backward(model *m, act_slot *s, const deferral *df) {
 
 /* The head's chunks, last first, each between its unit's hooks (and marks for W): d lnf
  * (m->acts.dln, summed over the blocks) and each chunk's weight gradient. */
-static void head_backward_chunks(model *m, act_slot *s, const deferral *df, model_phase begin,
-                                 model_phase end) {
+static void head_backward_chunks(model *m, const act *lnf, act *logits, const deferral *df,
+                                 model_phase begin, model_phase end) {
     int N = m->shape.B * m->shape.T;
-    const act *x = tp_column_open(m->par.tp, s->lnf);
-    block_later(m, df, (wg_job){.kind = WG_GATHER, .x = s->lnf}, NULL, 0);
+    const act *x = tp_column_open(m->par.tp, lnf);
+    block_later(m, df, (wg_job){.kind = WG_GATHER, .x = lnf}, NULL, 0);
     for (int k = m->vc.nvc - 1; k >= 0; k--) {
         int r0, r1 = vc_range(m, k, &r0), u = m->vc.lm_u0 + k;
-        act *blk = vc_block(m, s->logits, k);
+        act *blk = vc_block(m, logits, k);
         model_hook(m, u, begin);
         block_later_unit(m, df, WG_UNIT_BEGIN, u);
         tp_column_linear_bwd(m->par.tp, m->acts.dln, block_now(df, m->vc.g_lm_c[k]), NULL, blk, x,
@@ -136,13 +136,64 @@ void vocab_embedding_backward(model *m, const int32_t *tok, const act *dx, int v
                      m->shape.Vp);
 }
 
+/* model.mtp: each module's shifted tokens are looked up with the main model's (a llama: no
+ * positions), so the table is used between its own units' hooks only. */
 int vocab_embed_forward(model *m, act_slot *s, int u) {
-    if (m->vc.nvc) return embedding_forward_chunks(m, s, u);
+    int N = m->shape.B * m->shape.T, D = s->mtp_live ? m->mtp.D : 0;
+    if (m->vc.nvc) {
+        int next = embedding_forward_chunks(m, s->tok, s->xs[0], u);
+        for (int k = 0; k < D; k++)
+            embedding_forward_chunks(m, s->mtp_tok + (int64_t)k * N, mtp_emb(m, s->xs[0], k),
+                                     m->vc.wte_u0);
+        return next;
+    }
     model_hook(m, u, MODEL_FWD_BEGIN);
     tp_embedding_fwd(m->par.tp, s->xs[0], s->tok, m->shape.llama ? NULL : m->batch.rows, m->w.wte,
                      m->w.wpe, m->shape.B, m->shape.T, m->shape.C, m->shape.Vp);
+    for (int k = 0; k < D; k++)
+        tp_embedding_fwd(m->par.tp, mtp_emb(m, s->xs[0], k), s->mtp_tok + (int64_t)k * N, NULL,
+                         m->w.wte, NULL, m->shape.B, m->shape.T, m->shape.C, m->shape.Vp);
     model_hook(m, u++, MODEL_FWD_END);
     return u;
+}
+
+/* The embedding's gradients of vocabulary chunk vc (as vocab_embedding_backward) from the chunk's
+ * input gradient dx and, after a forward with model.mtp, each module's embedding gradient. */
+void vocab_embed_grads(model *m, act_slot *s, const act *dx, int vc) {
+    int N = m->shape.B * m->shape.T;
+    vocab_embedding_backward(m, s->tok, dx, vc);
+    for (int k = 0; s->mtp_live && (vc >= 0 || !m->vc.nvc) && k < m->mtp.D; k++)
+        vocab_embedding_backward(m, s->mtp_tok + (int64_t)k * N, mtp_emb(m, s->dy, k), vc);
+}
+
+void vocab_logits_forward(model *m, const act *lnf, act *logits, float *losses, const int32_t *tgt,
+                          float dscale, int u) {
+    if (m->vc.nvc) {
+        head_forward_chunks(m, lnf, logits, losses, tgt, dscale);
+        return;
+    }
+    int N = m->shape.B * m->shape.T;
+    model_hook(m, u, MODEL_FWD_BEGIN);
+    const tp_col lm = {.out = logits, .w = m->w.lm, .OC = m->shape.Vl};
+    tp_column_fwd(m->par.tp, lnf, &lm, 1, N, m->shape.C);
+    tp_xent(m->par.tp, losses, logits, tgt, N, m->shape.Vp, m->shape.V, dscale);
+    model_hook(m, u, MODEL_FWD_END);
+}
+
+act *vocab_logits_backward(model *m, const act *lnf, act *logits) {
+    const deferral now = {NULL, NULL};
+    if (m->vc.nvc) {
+        head_backward_chunks(m, lnf, logits, &now, MODEL_BWD_BEGIN, MODEL_BWD_END);
+        return tp_column_close_bwd(m->par.tp, m->acts.dln);
+    }
+    const tp_col lm = {.out = logits, .w = m->w.lm, .OC = m->shape.Vl}; /* dw later */
+    return tp_column_bwd(m->par.tp, m->acts.dln, lnf, &lm, 1, m->shape.B * m->shape.T, m->shape.C);
+}
+
+void vocab_logits_wgrad(model *m, const act *lnf, const act *logits) {
+    if (m->vc.nvc) return;
+    tp_linear_wgrad(m->par.tp, m->w.g_lm, NULL, logits, tp_column_open(m->par.tp, lnf),
+                    m->shape.B * m->shape.T, m->shape.C, m->shape.Vl);
 }
 
 double vocab_head_forward(model *m, act_slot *s, const act *x_last, int u, float dscale) {
@@ -152,7 +203,7 @@ double vocab_head_forward(model *m, act_slot *s, const act *x_last, int u, float
     block_norm_forward(m, s->lnf, s->lnf_mean, s->lnf_rstd, x_last, m->w.lnf_w, m->w.lnf_b);
     if (m->vc.nvc) {
         model_hook(m, u, MODEL_FWD_END);
-        head_forward_chunks(m, s, dscale);
+        head_forward_chunks(m, s->lnf, s->logits, m->acts.losses, m->acts.tgt, dscale);
         return o->sum(o, m->acts.losses, N);
     }
     const tp_col lm = {.out = s->logits, .w = m->w.lm, .OC = m->shape.Vl};
@@ -166,7 +217,7 @@ double vocab_head_forward(model *m, act_slot *s, const act *x_last, int u, float
 int vocab_head_backward(model *m, act_slot *s, const act *x_last, act *dx, const deferral *df,
                         model_phase begin, model_phase end, int u) {
     if (m->vc.nvc) { /* chunks, then the final norm's unit */
-        head_backward_chunks(m, s, df, begin, end);
+        head_backward_chunks(m, s->lnf, s->logits, df, begin, end);
         if (!m->shape.tied_local) u -= m->vc.nvc;
     }
     model_hook(m, u, begin);
@@ -174,6 +225,7 @@ int vocab_head_backward(model *m, act_slot *s, const act *x_last, act *dx, const
     /* the chunks' column group closes here, the whole head's in head_backward */
     act *dln = m->vc.nvc ? tp_column_close_bwd(m->par.tp, m->acts.dln) : head_backward(m, s, df);
     head_norm_backward(m, s, x_last, dx, dln, df);
+    if (s->mtp_live) mtp_head_wgrad(m, s); /* the whole head's weight: one unit, one pair */
     block_later_unit(m, df, WG_UNIT_END, u);
     model_hook(m, u--, end);
     return u;
@@ -185,7 +237,7 @@ void vocab_embed_backward(model *m, act_slot *s, act *dx, const deferral *df, in
     for (int vc = m->vc.nvc ? m->vc.nvc - 1 : 0; vc >= (m->vc.nvc && !m->shape.llama ? -1 : 0);
          vc--, u--) {
         model_hook(m, u, begin);
-        if (!input_only) vocab_embedding_backward(m, s->tok, dx, vc);
+        if (!input_only) vocab_embed_grads(m, s, dx, vc);
         block_later_unit(m, df, WG_UNIT_BEGIN, u);
         block_later(m, df, (wg_job){.kind = WG_EMBED, .dout = dx, .vc = vc}, NULL, 0);
         block_later_unit(m, df, WG_UNIT_END, u);

@@ -17,6 +17,16 @@ int vocab_head_backward(model *m, act_slot *s, const act *x_last, act *dx, const
 /* The embedding's units, last first (the weight gradients now unless input_only). */
 void vocab_embed_backward(model *m, act_slot *s, act *dx, const deferral *df, int input_only,
                           model_phase begin, model_phase end, int u);
+/* The embedding's gradients of chunk vc from dx and from model.mtp's modules (when they ran). */
+void vocab_embed_grads(model *m, act_slot *s, const act *dx, int vc);
+/* model.mtp's heads, the main model's lm_head on other rows: the logits of lnf (Nl,C) against tgt
+ * (device) into losses, each vocabulary chunk between its unit's hooks (whole: inside unit u's);
+ * the backward returns this rank's rows of d lnf (in m->acts.dln) with the chunks' weight
+ * gradients, the whole head's are vocab_logits_wgrad's (inside the head unit's one pair). */
+void vocab_logits_forward(model *m, const act *lnf, act *logits, float *losses, const int32_t *tgt,
+                          float dscale, int u);
+act *vocab_logits_backward(model *m, const act *lnf, act *logits);
+void vocab_logits_wgrad(model *m, const act *lnf, const act *logits);
 /* The embedding's gradients from dx: vocabulary chunk vc's rows (-1: the positions; no chunks:
  * all of them). */
 void vocab_embedding_backward(model *m, const int32_t *tok, const act *dx, int vc);

@@ -190,6 +190,25 @@ mlp:
     // clang-format on
 }
 
+/* model.mtp's module k, a unit of its own before the head's, under DeepSeek-V3's checkpoint
+ * names (layer n_layer + k): enorm, hnorm, eh_proj (whole on every tp rank: it runs on this
+ * rank's rows, its gradient summed under sp), the block, shared_head.norm. The embedding and the
+ * head are the main model's. */
+static void add_mtp_params(model *m, int k) {
+    char n[CKPT_NAME_MAX] = "";
+    int l = m->shape.L + k, C = m->shape.C;
+    mtp_w *w = &m->mtp.w[k], *g = &m->mtp.g[k];
+#define P(suffix, rows, cols, decay, sd, val, field)                                               \
+    if (!m->tab.sizing) snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                    \
+    add_param(m, n, rows, cols, SPLIT_NONE, decay, sd, val, &w->field, &g->field)
+    P("enorm.weight", 1, C, 0, 0, 1, enorm);
+    P("hnorm.weight", 1, C, 0, 0, 1, hnorm);
+    P("eh_proj.weight", C, 2 * C, 1, 0.02f, 0, eh);
+    add_layer_params(m, l);
+    P("shared_head.norm.weight", 1, C, 0, 0, 1, norm);
+#undef P
+}
+
 /* Closes the current unit: pads the flat buffer to a multiple of unit_pad, and to at least
  * min_len floats. */
 static void end_unit(model *m, int64_t min_len) {
@@ -287,6 +306,7 @@ static void build_param_table(model *m) {
         if (m->vc.nvc && ch->embed)
             ch->nunits += m->vc.nvc + !m->shape.llama; /* positions, chunks */
         if (m->vc.nvc && ch->head) ch->nunits += 1 + (m->shape.tied_local ? 0 : m->vc.nvc);
+        if (ch->head) ch->nunits += m->mtp.D; /* model.mtp: a unit per module */
         for (int l = ch->lo; l < ch->hi; l++) ch->nunits += is_moe(m, l); /* + its experts */
         m->tab.nunits += ch->nunits;
     }
@@ -294,11 +314,16 @@ static void build_param_table(model *m) {
     m->tab.unit_len = calloc(m->tab.nunits, sizeof *m->tab.unit_len);
     m->tab.unit_expert = calloc(m->tab.nunits, sizeof *m->tab.unit_expert);
     for (int c = 0; c < m->nchunks; c++) {
-        const model_chunk *ch = &m->chunks[c];
+        model_chunk *ch = &m->chunks[c];
         m->tab.copy_chunk = ch->copy;
         if (ch->embed) add_embed_unit(m);
         for (int l = ch->lo; l < ch->hi; l++) {
             add_layer_params(m, l);
+            end_unit(m, 0);
+        }
+        ch->mtp_u0 = m->tab.cur_unit;
+        for (int k = 0; ch->head && k < m->mtp.D; k++) {
+            add_mtp_params(m, k);
             end_unit(m, 0);
         }
         if (ch->head) add_head_unit(m);
@@ -317,8 +342,8 @@ static void list_all_tensors(model *m) {
     t.vc.nvc = 0; /* whole tensors */
     model_chunk whole = {.stage = 0, .lo = 0, .hi = m->shape.L, .embed = 1, .head = 1};
     t.chunks = &whole, t.nchunks = 1;
-    t.w.lw = calloc(m->shape.L, sizeof *t.w.lw);
-    t.w.lg = calloc(m->shape.L, sizeof *t.w.lg);
+    t.w.lw = calloc(m->shape.L + m->mtp.D, sizeof *t.w.lw);
+    t.w.lg = calloc(m->shape.L + m->mtp.D, sizeof *t.w.lg);
     t.tab.unlisted = 0;
     build_param_table(&t);
     m->tab.nall = t.tab.nparams;
@@ -599,6 +624,12 @@ void params_dims(model *m, const ust_config *cfg) {
     m->shape.Hkv = tp_part(m->par.tp, m->shape.Hkvg, &start);
     m->shape.F = tp_part(m->par.tp, m->shape.Fg, &start);
     m->shape.Vl = tp_part(m->par.tp, m->shape.Vp, &start);
+    m->mtp.D = cfg->model.mtp.depth; /* its modules' weights: mtp_w[D] then their gradients */
+    if (m->mtp.D && !m->mtp.w) {
+        m->mtp.w = calloc(2 * (size_t)m->mtp.D, sizeof *m->mtp.w);
+        UST_ASSERT(m->mtp.w, "out of host memory");
+        m->mtp.g = m->mtp.w + m->mtp.D;
+    }
 }
 
 void params_vocab_chunks(model *m, int rows) {
@@ -664,8 +695,8 @@ model *params_shape(const ust_config *cfg, const ust_ops *sizes, const model_sto
         m->moe.has_moe = 1, m->moe.ep_size = cfg->parallel.ep, m->moe.ep_rank = 0;
         mem_alloc(count, MEM_ACTS, moe_ctx_bytes(cfg, m->shape.B * m->shape.T, m->moe.ep_size));
     }
-    m->w.lw = calloc(m->shape.L, sizeof *m->w.lw);
-    m->w.lg = calloc(m->shape.L, sizeof *m->w.lg);
+    m->w.lw = calloc(m->shape.L + m->mtp.D, sizeof *m->w.lw);
+    m->w.lg = calloc(m->shape.L + m->mtp.D, sizeof *m->w.lg);
     if (whole)
         params_build(m);
     else
@@ -684,7 +715,7 @@ void params_shape_free(model *m) {
         free(m->chunks);
     free(m->tab.params), free(m->tab.targets), free(m->tab.param_unit);
     free(m->tab.unit_off), free(m->tab.unit_len), free(m->tab.unit_expert), free(m->tab.all);
-    free(m->w.lw), free(m->w.lg);
+    free(m->w.lw), free(m->w.lg), free(m->mtp.w);
     params_vocab_chunks_free(m);
     free(m);
 }

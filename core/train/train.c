@@ -28,6 +28,20 @@ static void sync_tied_grads(trainer *t) {
     }
 }
 
+/* model.mtp: each module's summed cross-entropy since the last take, over the pipeline and the
+ * dp x cp group, as a mean over the main model's count of target tokens (into mean[k]); returns
+ * what the modules add to the loss, loss_weight / D x their sum. */
+static double mtp_losses(trainer *t, double *mean, double count) {
+    double sum[CFG_MAX_MTP], total = 0;
+    int D = model_take_mtp_losses(t->eng.m, sum);
+    for (int k = 0; k < D; k++) {
+        mean[k] = dp_sum(t->eng.dp, pp_sum(t->eng.pp, sum[k])) / count;
+        total += mean[k];
+    }
+    t->met.mtp.n = D;
+    return D ? t->cfg->model.mtp.loss_weight / D * total : 0;
+}
+
 /* Forward and backward over this rank's micro-batches of the step, through the pipeline
  * executor (the only path; one stage is gradient accumulation); returns the global-batch mean
  * loss: the mean over the target tokens of the whole global batch (every token without a mask),
@@ -44,7 +58,8 @@ static double forward_backward(trainer *t) {
     double moe = model_take_moe_loss(t->eng.m);
     if (t->eng.has_moe) moe = dp_sum(t->eng.dp, pp_sum(t->eng.pp, moe));
     t->met.ce_loss = dp_sum(t->eng.dp, pp_sum(t->eng.pp, loss_sum)) / (double)N;
-    return t->met.ce_loss + moe;
+    for (int k = 0; k < LOG_MAX_MTP; k++) t->met.mtp.val[k] = NAN;
+    return t->met.ce_loss + moe + mtp_losses(t, t->met.mtp.loss, (double)N);
 }
 
 /* Only the last stage counts; the pipeline sum brings it to every stage. Every dp rank
@@ -55,7 +70,9 @@ static double validation_loss(trainer *t) {
     int64_t count = 0;
     double sum = pp_sum(t->eng.pp, pp_forward_only(t->eng.pp, &cb, &count));
     count = (int64_t)pp_sum(t->eng.pp, (double)count);
-    return dp_sum(t->eng.dp, sum) / dp_sum(t->eng.dp, (double)count);
+    double all = dp_sum(t->eng.dp, (double)count);
+    mtp_losses(t, t->met.mtp.val, all); /* the modules' on the same windows */
+    return dp_sum(t->eng.dp, sum) / all;
 }
 
 /* train.on_spike: is this step's loss or gradient norm a spike against the recent steps? Both are
@@ -69,8 +86,7 @@ static int is_spike(trainer *t, double loss, double norm) {
             printf("spike at step %lld: loss %.4f (z %.1f), grad norm %.3f (z %.1f) over the last "
                    "%d steps, samples [%lld, %lld)\n",
                    (long long)t->step + 1, loss, zl, norm, zn, c->train.spike_window,
-                   (long long)t->sample_index,
-                   (long long)(t->sample_index + t->batch_size));
+                   (long long)t->sample_index, (long long)(t->sample_index + t->batch_size));
         return 1;
     }
     spike_push(&t->loss_w, loss);
@@ -142,6 +158,8 @@ static int step_zero(trainer *t) {
     if (t->feed.val) {
         double vl = validation_loss(t);
         if (t->rank0) printf("step 0: val_loss %.7f (the starting weights)\n", vl);
+        for (int k = 0; t->rank0 && k < t->met.mtp.n; k++)
+            printf("step 0: val_mtp_loss_%d %.7f\n", k + 1, t->met.mtp.val[k]);
     }
     ust_err e;
     if (c->checkpoint.dir[0] && c->checkpoint.every > 0 && train_ckpt_save(t, &e)) {
@@ -175,10 +193,14 @@ static int run_step(trainer *t, const train_opts *opts) {
     t->last_loss = loss;
     train_metrics_count(t, &s);
     int last = t->step == c->train.steps;
-    if (t->feed.val && (t->step % c->data.val_every == 0 || last)) s.val_loss = validation_loss(t);
+    if (t->feed.val && (t->step % c->data.val_every == 0 || last)) {
+        s.val_loss = validation_loss(t);
+        memcpy(s.mtp.val, t->met.mtp.val, sizeof s.mtp.val);
+    }
     train_tasks_step(t, opts, &s);
     if (t->rank0 && !opts->quiet &&
-        (t->step % c->logging.every == 0 || last || !isnan(s.val_loss) || s.layers.n || s.tasks.n)) {
+        (t->step % c->logging.every == 0 || last || !isnan(s.val_loss) || s.layers.n ||
+         s.tasks.n)) {
         log_step_line(&s);
         log_step_json(&t->met.log, &s);
     }

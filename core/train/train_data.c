@@ -156,6 +156,26 @@ static void find_docs(trainer *t, int L) {
  * context-parallel chunks) as inputs, the token after each as its target (-1, not counted, where
  * masked: flags, when given), their positions and document starts; each window as sequences of
  * L tokens (train.seq_len_warmup; L = T: the whole window). */
+/* model.mtp.depth D: module k's input at position p is t_{p+k+1} and its target t_{p+k+2}, from
+ * the whole window, so the shifted tokens cross the context-parallel chunks' boundaries. Past the
+ * window's T + 1 tokens an input is 0 and a target none: no later position has a target then, so
+ * the filler gets no gradient. (config_validate refuses it with train.seq_len_warmup: L = T.) */
+static void split_mtp(trainer *t, const uint8_t *flags) {
+    int B = t->cfg->train.micro_batch_size, T = t->cfg->train.seq_len, Tl = t->feed.Tl;
+    int D = t->cfg->model.mtp.depth;
+    int32_t *tok = t->feed.mtp, *tgt = t->feed.mtp + (size_t)D * B * Tl;
+    for (int k = 0; k < D; k++)
+        for (int b = 0; b < B; b++)
+            for (int j = 0; j < Tl; j++) {
+                int64_t w0 = (int64_t)b * (T + 1), p = t->feed.layout[j];
+                int64_t i = ((int64_t)k * B + b) * Tl + j;
+                const int32_t *w = t->feed.samples + w0;
+                tok[i] = p + k + 1 <= T ? w[p + k + 1] : 0;
+                tgt[i] =
+                    p + k + 2 <= T && (!flags || flags[w0 + p + k + 2] == 1) ? w[p + k + 2] : -1;
+            }
+}
+
 static ust_batch *split_windows(trainer *t, const uint8_t *flags, int L) {
     int B = t->cfg->train.micro_batch_size, T = t->cfg->train.seq_len, Tl = t->feed.Tl;
     for (int b = 0; b < B; b++)
@@ -167,7 +187,16 @@ static ust_batch *split_windows(trainer *t, const uint8_t *flags, int L) {
             t->feed.rows[b * Tl + j] = t->feed.layout[j];
         }
     if (t->feed.docs) find_docs(t, L);
+    if (t->feed.mtp) split_mtp(t, flags);
     return &t->feed.batch;
+}
+
+/* The batch the feeders hand out: with model.mtp's shifted tokens (training and validation). */
+static ust_batch *with_mtp(trainer *t, ust_batch *b) {
+    int64_t n = (int64_t)t->cfg->model.mtp.depth * t->cfg->train.micro_batch_size * t->feed.Tl;
+    b->mtp_tokens = t->feed.mtp;
+    b->mtp_targets = t->feed.mtp ? t->feed.mtp + n : NULL;
+    return b;
 }
 
 /* The first sample of micro-batch mb of this step on this rank: its data-parallel block of the
@@ -197,7 +226,8 @@ const ust_batch *train_feed_train(void *ctx, int mb) {
                                 c->train.seq_len, c->data.shuffle, c->run.seed,
                                 t->feed.flags + b * W);
     }
-    ust_batch *batch = split_windows(t, t->feed.masked ? t->feed.flags : NULL, t->feed.seq_len);
+    ust_batch *batch =
+        with_mtp(t, split_windows(t, t->feed.masked ? t->feed.flags : NULL, t->feed.seq_len));
     /* test fault UST_FAULT_SPIKE_STEP=N: the first micro-batch of step N's data (samples from
      * (N-1) x global_batch_size: a rewind moves past them) learns garbage targets */
     for (int k = 0; poison && k < c->train.micro_batch_size * t->feed.Tl; k++)
@@ -207,9 +237,12 @@ const ust_batch *train_feed_train(void *ctx, int mb) {
     return batch;
 }
 
-/* eval.tasks' windows: whole, whatever the step's length */
+/* eval.tasks' windows: whole, whatever the step's length; a scorer's forward runs no multi-token
+ * prediction (the batch carries none). */
 const ust_batch *train_feed_windows(trainer *t) {
-    return split_windows(t, t->feed.flags, t->cfg->train.seq_len);
+    ust_batch *b = split_windows(t, t->feed.flags, t->cfg->train.seq_len);
+    b->mtp_tokens = b->mtp_targets = NULL;
+    return b;
 }
 
 const ust_batch *train_feed_val(void *ctx, int mb) {
@@ -225,7 +258,8 @@ const ust_batch *train_feed_val(void *ctx, int mb) {
             data_blend_get_mask(t->feed.val, t->feed.val_which[k], t->feed.val_index[k],
                                 c->train.seq_len, 0, c->run.seed, t->feed.flags + b * W);
     }
-    return split_windows(t, t->feed.val_masked ? t->feed.flags : NULL, c->train.seq_len);
+    return with_mtp(t,
+                    split_windows(t, t->feed.val_masked ? t->feed.flags : NULL, c->train.seq_len));
 }
 
 /* This rank's positions of each sequence (all of them, or its context-parallel chunks, as
@@ -252,7 +286,12 @@ void train_feed_layout(trainer *t) {
         f->doc_scratch = malloc((size_t)cfg->train.seq_len * sizeof(int32_t));
         UST_ASSERT(f->docs && f->doc_scratch, "out of memory");
     }
-    f->batch = (ust_batch){f->tokens, f->targets, f->rows, f->docs};
+    f->batch = (ust_batch){
+        .tokens = f->tokens, .targets = f->targets, .positions = f->rows, .doc_starts = f->docs};
+    if (cfg->model.mtp.depth) {
+        f->mtp = malloc(2 * cfg->model.mtp.depth * N * sizeof(int32_t));
+        UST_ASSERT(f->mtp, "out of memory");
+    }
 }
 
 void train_feed_close(trainer *t) {
@@ -260,7 +299,7 @@ void train_feed_close(trainer *t) {
     data_blend_close(f->train);
     data_blend_close(f->val);
     free(f->which), free(f->index), free(f->val_which), free(f->val_index);
-    free(f->docs), free(f->doc_scratch);
+    free(f->docs), free(f->doc_scratch), free(f->mtp);
     free(f->samples), free(f->flags);
     free(f->layout), free(f->tokens), free(f->targets), free(f->rows);
 }

@@ -59,6 +59,7 @@ typedef struct {
     int32_t *docs, *doc_scratch; /* data.doc_mask: B x Tl document starts, T of one window */
     int32_t *tokens, *targets;   /* host: B x Tl, the micro-batch's inputs and targets */
     int32_t *rows;               /* host: B x Tl, their positions */
+    int32_t *mtp;                /* model.mtp.depth D: host, D x B x Tl tokens then targets */
     ust_batch batch;             /* the micro-batch loaded last: the arrays above */
     int eot;                     /* the end-of-text id documents end with */
     int *which, *val_which;      /* the step's global batch (the validation samples): dataset */
@@ -104,6 +105,7 @@ typedef struct {
     float *ranks_dev, *ranks_host; /* stragglers: every rank's compute and wait (2 x world) */
     double max_logit; /* QK-clip: the step's largest attention logit (NaN: not tracked) */
     int qk_clipped;   /* ... and the (layer, query head) pairs above the threshold (-1: no clip) */
+    log_mtp mtp;      /* model.mtp: each module's cross-entropy (the step's; validation's) */
 } train_metrics;
 
 typedef struct {

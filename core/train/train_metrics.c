@@ -102,6 +102,7 @@ static log_step report_step(trainer *t, const step_mark *mark, double loss, doub
                   .val_loss = NAN,
                   .max_logit = t->met.max_logit,
                   .qk_clipped = t->met.qk_clipped,
+                  .mtp = t->met.mtp,
                   .pp.bubble = NAN,
                   .skipped = !finite,
                   .comm.bytes_dp = dp_bytes_sent(t->eng.dp)}; /* before validation's gathers */

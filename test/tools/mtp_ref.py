@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""DeepSeek-V3's multi-token prediction written from the paper's equations (arXiv 2412.19437,
+section 2.2) in torch, against ustrain's validation losses. Prints PASS/FAIL lines (test/lib.sh).
+
+  mtp_ref.py TAG STEP_DIR MODEL_JSON VAL_SHARD NWIN T VAL_LOSS MTP_LOSSES [REL_TOL]
+
+STEP_DIR: a ustrain checkpoint of a llama with model.mtp.depth D; MODEL_JSON: n_layer, d_model,
+n_head, n_kv_head, vocab_size, norm_eps, rope_theta, depth. The main model (a plain llama: RMSNorm,
+rotate-half RoPE, causal grouped-query attention, SwiGLU) over the first NWIN windows of T + 1
+tokens of the llm.c shard must give VAL_LOSS; module k (1..D) at position i:
+  h'_i = M_k [RMSNorm(Emb(t_{i+k})); RMSNorm(h^{k-1}_i)]   (enorm, hnorm; eh_proj = M_k, the
+         embedding's half first, as DeepSeek's checkpoints lay it out)
+  h^k = TRM_k(h'),  P^k_{i+k+1} = softmax(lm_head(RMSNorm(h^k_i)))   (shared_head.norm)
+with h^0 the main model's last hidden state before its final norm, and its loss
+  L^k = -1/T sum_{i=2+k}^{T+1} log P^k_i[t_i]   (the main model's token count T)
+must give each of MTP_LOSSES (comma-separated), relative REL_TOL (default 1e-5)."""
+import json
+import sys
+
+import numpy as np
+import safetensors.numpy
+import torch
+
+F = torch.nn.functional
+
+
+def rms(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rope(x, theta):
+    """x (B, T, H, D) rotated at positions 0..T-1, pairs (j, j + D/2)."""
+    T, D = x.shape[1], x.shape[3]
+    inv = 1.0 / theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
+    ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None]
+    cos = torch.cat([ang.cos(), ang.cos()], -1).float()[None, :, None, :]
+    sin = torch.cat([ang.sin(), ang.sin()], -1).float()[None, :, None, :]
+    rot = torch.cat([-x[..., D // 2:], x[..., :D // 2]], -1)
+    return x * cos + rot * sin
+
+
+def block(w, l, x, m):
+    p, eps = f"model.layers.{l}.", m["norm_eps"]
+    B, T, C = x.shape
+    H, Hkv = m["n_head"], m["n_kv_head"]
+    D = C // H
+    h = rms(x, w[p + "input_layernorm.weight"], eps)
+    q = rope((h @ w[p + "self_attn.q_proj.weight"].T).view(B, T, H, D), m["rope_theta"])
+    k = rope((h @ w[p + "self_attn.k_proj.weight"].T).view(B, T, Hkv, D), m["rope_theta"])
+    v = (h @ w[p + "self_attn.v_proj.weight"].T).view(B, T, Hkv, D)
+    k, v = k.repeat_interleave(H // Hkv, 2), v.repeat_interleave(H // Hkv, 2)
+    s = torch.einsum("bihd,bjhd->bhij", q, k) / D ** 0.5
+    s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
+    a = torch.einsum("bhij,bjhd->bihd", s.softmax(-1), v).reshape(B, T, C)
+    x = x + a @ w[p + "self_attn.o_proj.weight"].T
+    h = rms(x, w[p + "post_attention_layernorm.weight"], eps)
+    g, u = h @ w[p + "mlp.gate_proj.weight"].T, h @ w[p + "mlp.up_proj.weight"].T
+    return x + (F.silu(g) * u) @ w[p + "mlp.down_proj.weight"].T
+
+
+def losses(w, m, tok):
+    """tok (B, T+1): the main mean loss and each module's L^k."""
+    V, L, eps = m["vocab_size"], m["n_layer"], m["norm_eps"]
+    E = w["model.embed_tokens.weight"][:V]
+    lm = w.get("lm_head.weight", w["model.embed_tokens.weight"])[:V]
+    B, T = tok.shape[0], tok.shape[1] - 1
+    h = E[tok[:, :T]]
+    for l in range(L):
+        h = block(w, l, h, m)
+    main = F.cross_entropy((rms(h, w["model.norm.weight"], eps) @ lm.T).reshape(-1, V),
+                           tok[:, 1:].reshape(-1))
+    out = []
+    for k in range(1, m["depth"] + 1):
+        n, p = T - k, f"model.layers.{L + k - 1}."  # positions i = 1..T-k predict t_{i+k+1}
+        e = rms(E[tok[:, k:k + n]], w[p + "enorm.weight"], eps)
+        hp = rms(h[:, :n], w[p + "hnorm.weight"], eps)
+        h = block(w, L + k - 1, torch.cat([e, hp], -1) @ w[p + "eh_proj.weight"].T, m)
+        logits = rms(h, w[p + "shared_head.norm.weight"], eps) @ lm.T
+        ce = F.cross_entropy(logits.reshape(-1, V), tok[:, k + 1:k + 1 + n].reshape(-1),
+                             reduction="sum")
+        out.append(float(ce) / (B * T))
+    return float(main), out
+
+
+def main():
+    tag, step, mj, shard, nwin, T, vl, ml = sys.argv[1:9]
+    rel = float(sys.argv[9]) if len(sys.argv) > 9 else 1e-5
+    nwin, T, vl = int(nwin), int(T), float(vl)
+    ml = [float(x) for x in ml.split(",") if x]
+    m = json.load(open(mj))
+    w = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in
+         safetensors.numpy.load_file(step + "/model.safetensors").items()}
+    hdr = np.fromfile(shard, dtype=np.int32, count=256)
+    dt = np.uint16 if hdr[0] == 20240520 else np.uint32
+    t = np.fromfile(shard, dtype=dt, offset=1024).astype(np.int64)
+    tok = torch.tensor(np.stack([t[i * T: i * T + T + 1] for i in range(nwin)]))
+    with torch.no_grad():
+        got, mtp = losses(w, m, tok)
+    ok = abs(got - vl) <= rel * abs(vl)
+    print(f"PASS {tag}_main_loss_matches_reference" if ok else
+          f"FAIL {tag}_main_loss_matches_reference: reference {got:.7f} vs ustrain {vl:.7f}")
+    ok = len(ml) == m["depth"] and all(abs(a - b) <= rel * abs(b) for a, b in zip(mtp, ml))
+    print(f"PASS {tag}_mtp_losses_match_paper_reference" if ok else
+          f"FAIL {tag}_mtp_losses_match_paper_reference: reference {mtp} vs ustrain {ml}")
+    print(f"  {tag}: main {got:.7f} (ustrain {vl:.7f}); modules {['%.7f' % x for x in mtp]} "
+          f"(ustrain {['%.7f' % x for x in ml]})")
+
+
+if __name__ == "__main__":
+    main()
