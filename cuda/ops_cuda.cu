@@ -1027,6 +1027,35 @@ __global__ void k_swiglu_bwd(act *dgate_, act *dup_, const act *dout_, const act
     }
 }
 
+/* GeGLU (model.hidden_act gelu_tanh): out = gelu(g) u, its backward as k_gelu_bwd's */
+template <typename T>
+__global__ void k_geglu_fwd(act *out_, const act *gate_, const act *up_, int64_t n) {
+    T *out = (T *)out_;
+    const T *gate = (const T *)gate_, *up = (const T *)up_;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float x = ld_act(gate, i);
+        float y = 0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x)));
+        st_act(out, i, y * ld_act(up, i));
+    }
+}
+
+template <typename T>
+__global__ void k_geglu_bwd(act *dgate_, act *dup_, const act *dout_, const act *gate_,
+                            const act *up_, int64_t n) {
+    T *dgate = (T *)dgate_, *dup = (T *)dup_;
+    const T *dout = (const T *)dout_, *gate = (const T *)gate_, *up = (const T *)up_;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float x = ld_act(gate, i), u = ld_act(up, i), dy = ld_act(dout, i);
+        float t = tanhf(GELU_K * (x + 0.044715f * x * x * x));
+        float g = 0.5f * (1.0f + t) +
+                  0.5f * x * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+        if (dgate) st_act(dgate, i, dy * u * g);
+        if (dup) st_act(dup, i, dy * 0.5f * x * (1.0f + t));
+    }
+}
+
 static void cu_gelu_fwd(const ust_ops *o, act *out, const act *inp, int64_t n) {
     ACT_EW_LAUNCH(k_gelu_fwd, n, out, inp, n);
 }
@@ -1076,6 +1105,14 @@ static void cu_swiglu_bwd(const ust_ops *o, act *dgate, act *dup, const act *dou
                           const act *up, int64_t n) {
     if (!dgate && !dup) return;
     ACT_EW_LAUNCH(k_swiglu_bwd, n, dgate, dup, dout, gate, up, n);
+}
+static void cu_geglu_fwd(const ust_ops *o, act *out, const act *gate, const act *up, int64_t n) {
+    ACT_EW_LAUNCH(k_geglu_fwd, n, out, gate, up, n);
+}
+static void cu_geglu_bwd(const ust_ops *o, act *dgate, act *dup, const act *dout, const act *gate,
+                         const act *up, int64_t n) {
+    if (!dgate && !dup) return;
+    ACT_EW_LAUNCH(k_geglu_bwd, n, dgate, dup, dout, gate, up, n);
 }
 
 /* ---------------------------------------------------------------- RoPE */

@@ -686,7 +686,6 @@ static void test_cuda_embedding_bwd_sorts_many_rows_exactly(void) {
     gfree(gdo), gfree(gdwte), gfree(gdwpe), gfree(gtok), gfree(gpos);
 }
 
-
 /* ---------------------------------------------------------------- norms */
 
 static void test_cuda_layernorm_and_rmsnorm_match_cpu(void) {
@@ -755,6 +754,13 @@ static void test_cuda_gelu_swiglu_match_cpu(void) {
     CPU->swiglu_bwd(CPU, d1, NULL, dy, u, x, n);
     GPU->swiglu_bwd(GPU, gd1, NULL, gdy, gu, gx, n);
     CHECK_A("swiglu dgate, NULL dup", gd1, d1, n, EW, EW);
+    CPU->geglu_fwd(CPU, out, x, u, n); /* model.hidden_act gelu_tanh */
+    GPU->geglu_fwd(GPU, gout, gx, gu, n);
+    CHECK_A("geglu", gout, out, n, EW, EW);
+    CPU->geglu_bwd(CPU, d1, d2, dy, x, u, n);
+    GPU->geglu_bwd(GPU, gd1, gd2, gdy, gx, gu, n);
+    CHECK_A("geglu dgate", gd1, d1, n, EW, EW);
+    CHECK_A("geglu dup", gd2, d2, n, EW, EW);
     free(x), free(u), free(dy), free(out), free(d1), free(d2);
     gfree(gx), gfree(gu), gfree(gdy), gfree(gout), gfree(gd1), gfree(gd2);
 }
@@ -1149,9 +1155,9 @@ static void test_cuda_xent_online_softmax_rescales_and_skips_minus_inf(void) {
     float *x = hrand(n, 1), *loss = hrand(N, 1), *dx = hrand(n, 1);
     int32_t tgt[3] = {280, 7, 150};
     for (int c = 0; c < V; c++) {
-        x[c] = c < 260 ? -INFINITY : 0.01f * c;  /* row 0: -inf before 260 */
-        x[V + c] = 0.05f * c - 3.0f;             /* row 1: growing */
-        x[2 * V + c] = 4.0f - 0.03f * c;         /* row 2: falling */
+        x[c] = c < 260 ? -INFINITY : 0.01f * c; /* row 0: -inf before 260 */
+        x[V + c] = 0.05f * c - 3.0f;            /* row 1: growing */
+        x[2 * V + c] = 4.0f - 0.03f * c;        /* row 2: falling */
     }
     float *gx = gup_act(x, n), *gloss = gup(loss, N), *gdx = gup_act(dx, n);
     int32_t *gt = gupi(tgt, N);

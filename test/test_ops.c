@@ -390,12 +390,14 @@ enum { AN = 37 };
 
 typedef struct {
     float *x, *y, *out, *R;
-    int swiglu;
+    int swiglu; /* 1: swiglu, 2: geglu (gelu's tanh form gating), 0: gelu */
 } act_ctx;
 
 static double act_loss(void *p) {
     act_ctx *c = p;
-    if (c->swiglu)
+    if (c->swiglu == 2)
+        O->geglu_fwd(O, c->out, c->x, c->y, AN);
+    else if (c->swiglu)
         O->swiglu_fwd(O, c->out, c->x, c->y, AN);
     else
         O->gelu_fwd(O, c->out, c->x, AN);
@@ -464,6 +466,30 @@ static void test_swiglu_backward_matches_finite_differences(void) {
     CHECK(fd_ok("dgate", c.x, dgate, AN, act_loss, &c, 1e-2f, FD_ATOL, FD_RTOL), "%s", msg);
     CHECK(fd_ok("dup", c.y, dup, AN, act_loss, &c, 1e-2f, FD_ATOL, FD_RTOL), "%s", msg);
     O->swiglu_bwd(O, dgate2, NULL, c.R, c.x, c.y, AN); /* dup not wanted */
+    CHECK(memcmp(dgate, dgate2, AN * sizeof(float)) == 0, "dgate changed when dup is NULL");
+    fr(c.x), fr(c.y), fr(c.out), fr(c.R), fr(dgate), fr(dup), fr(dgate2);
+}
+
+/* GeGLU (model.hidden_act gelu_tanh): torch's gelu(approximate="tanh") of the gate times up */
+static void test_geglu_forward_matches_reference(void) {
+    act_ctx c = act_make(2);
+    act_loss(&c);
+    double ref[AN];
+    for (int i = 0; i < AN; i++) {
+        double x = c.x[i];
+        ref[i] = 0.5 * x * (1.0 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))) * c.y[i];
+    }
+    CHECK(close_d("geglu", c.out, ref, AN, 1e-6, 1e-5), "%s", msg);
+    fr(c.x), fr(c.y), fr(c.out), fr(c.R);
+}
+
+static void test_geglu_backward_matches_finite_differences(void) {
+    act_ctx c = act_make(2);
+    float *dgate = fbuf(AN), *dup = fbuf(AN), *dgate2 = fbuf(AN);
+    O->geglu_bwd(O, dgate, dup, c.R, c.x, c.y, AN);
+    CHECK(fd_ok("dgate", c.x, dgate, AN, act_loss, &c, 1e-2f, FD_ATOL, FD_RTOL), "%s", msg);
+    CHECK(fd_ok("dup", c.y, dup, AN, act_loss, &c, 1e-2f, FD_ATOL, FD_RTOL), "%s", msg);
+    O->geglu_bwd(O, dgate2, NULL, c.R, c.x, c.y, AN); /* dup not wanted */
     CHECK(memcmp(dgate, dgate2, AN * sizeof(float)) == 0, "dgate changed when dup is NULL");
     fr(c.x), fr(c.y), fr(c.out), fr(c.R), fr(dgate), fr(dup), fr(dgate2);
 }
@@ -1209,6 +1235,8 @@ int main(void) {
     RUN_TEST(test_linear_gelu_backward_is_linear_then_gelu_backward);
     RUN_TEST(test_swiglu_forward_matches_reference);
     RUN_TEST(test_swiglu_backward_matches_finite_differences);
+    RUN_TEST(test_geglu_forward_matches_reference);
+    RUN_TEST(test_geglu_backward_matches_finite_differences);
     RUN_TEST(test_rope_forward_rotates_half_pairs_by_position);
     RUN_TEST(test_rope_backward_matches_finite_differences_and_inverts_forward);
     RUN_TEST(test_rope_llama3_scaling_matches_transformers_formula);

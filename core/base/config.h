@@ -36,7 +36,9 @@
  * cfg_validate, which refuses it unresolved) */
 typedef enum { ARCH_GPT2, ARCH_LLAMA, ARCH_AUTO } ust_arch;
 typedef enum { MOE_SOFTMAX, MOE_SIGMOID } ust_moe_score; /* model.moe.score */
-typedef enum { ROPE_NONE, ROPE_LLAMA3, ROPE_YARN } ust_rope_scaling;
+typedef enum { ROPE_NONE, ROPE_LLAMA3, ROPE_YARN, ROPE_LINEAR } ust_rope_scaling;
+/* model.hidden_act: the gated MLP's activation, SwiGLU or GeGLU (gelu with tanh, Gemma) */
+typedef enum { HACT_SILU, HACT_GELU_TANH } ust_hidden_act;
 typedef enum { DEV_CPU, DEV_CUDA } ust_device;
 typedef enum { PREC_FP32, PREC_BF16 } ust_precision;
 typedef enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL } ust_recompute;
@@ -73,6 +75,15 @@ typedef struct {
         bool qk_norm_whole;           /* qk_norm over the whole q/k projection (OLMo 2) */
         bool post_norm;               /* llama: norms after attention and the MLP (OLMo 2) */
         double partial_rotary_factor; /* llama: RoPE on this share of each head's features */
+        int head_dim;                 /* q/k/v head width (0: d_model / n_head; Gemma's differs) */
+        struct { /* Gemma 3's block (docs/huggingface.md#gemma-3); the keys are model.<name> */
+            ust_hidden_act hidden_act;    /* silu (SwiGLU) or gelu_tanh (GeGLU) */
+            bool norm_offset;             /* every RMSNorm scales by (1 + weight) */
+            bool sandwich_norm;           /* norms before and after attention and the MLP */
+            bool embed_scale;             /* the embeddings times sqrt(d_model) */
+            double query_pre_attn_scalar; /* attention logits scaled by 1/sqrt(this) (0: D) */
+            double rope_local_theta;      /* RoPE base of the windowed layers (0: rope_theta) */
+        } gemma;
         char sliding_window[256];     /* "" (full), "W" (every layer) or one window per layer */
         bool allow_nonfinite;         /* import an HF model holding NaN/Inf weights (refused) */
         char init_from[UST_PATH_MAX]; /* "" = random init; an llm.c gpt2 .bin or an HF dir */

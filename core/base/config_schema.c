@@ -13,7 +13,8 @@
 
 static const char *const DEVICES[] = {"cpu", "cuda", NULL};
 static const char *const ARCHS[] = {"gpt2", "llama", "auto", NULL};
-static const char *const ROPE_SCALINGS[] = {"none", "llama3", "yarn", NULL};
+static const char *const ROPE_SCALINGS[] = {"none", "llama3", "yarn", "linear", NULL};
+static const char *const HIDDEN_ACTS[] = {"silu", "gelu_tanh", NULL};
 const char *const cfg_pp_schedule_names[] = {"afab",      "1f1b",     "interleaved", "zb",
                                              "dualpipev", "dualpipe", NULL};
 static const char *const CP_LAYOUTS[] = {"zigzag", "contiguous", NULL};
@@ -92,6 +93,13 @@ const cfg_key cfg_keys[] = {
     BOOL("model.post_norm", model.post_norm, "false"),
     DBL("model.partial_rotary_factor", model.partial_rotary_factor, "1", 0, 1, LO_OPEN),
     LIST("model.sliding_window", model.sliding_window, 1 << 24),
+    INTR("model.head_dim", model.head_dim, "0", 0, 1 << 16),
+    ENUM("model.hidden_act", model.gemma.hidden_act, "silu", HIDDEN_ACTS),
+    BOOL("model.norm_offset", model.gemma.norm_offset, "false"),
+    BOOL("model.sandwich_norm", model.gemma.sandwich_norm, "false"),
+    BOOL("model.embed_scale", model.gemma.embed_scale, "false"),
+    DBL("model.query_pre_attn_scalar", model.gemma.query_pre_attn_scalar, "0", 0, 1e9, 0),
+    DBL("model.rope_local_theta", model.gemma.rope_local_theta, "0", 0, INFINITY, 0),
     BOOL("model.allow_nonfinite", model.allow_nonfinite, "false"),
     STR("model.init_from", model.init_from, "null", NULLABLE),
     INTR("model.moe.num_experts", model.moe.num_experts, "0", 0, 4096),

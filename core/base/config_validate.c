@@ -218,6 +218,48 @@ static int cfg_validate_mtp(const ust_config *c, ust_err *e) {
             "model.mtp.depth %d with model.init_from '%s': importing multi-token prediction "
             "layers is not supported yet (set model.mtp.depth: 0 to import)",
             D, m->init_from);
+    REQUIRE(!m->gemma.embed_scale && !m->gemma.sandwich_norm && m->gemma.hidden_act == HACT_SILU &&
+                !m->gemma.norm_offset,
+            "model.mtp.depth %d with Gemma 3's block options (model.embed_scale, sandwich_norm, "
+            "hidden_act, norm_offset) is not supported (the modules are DeepSeek-V3's blocks): "
+            "set model.mtp.depth: 0",
+            D);
+    return 0;
+}
+
+/* model.head_dim and Gemma 3's block options (model.gemma in config.h): llama only, a dense MLP
+ * for GeGLU and the sandwich norms, and the CPU backend (the CUDA backend has no GeGLU or
+ * embedding scale of activations yet). */
+static int cfg_validate_gemma(const ust_config *c, ust_err *e) {
+    const __typeof__(c->model) *m = &c->model;
+    const __typeof__(m->gemma) *g = &m->gemma;
+    int llama = m->arch == ARCH_LLAMA, mla = m->mla.enabled;
+    REQUIRE(!m->head_dim || (llama && !mla),
+            "model.head_dim %d applies to llama's attention (model.mla sets its own head widths)",
+            m->head_dim);
+    REQUIRE(g->hidden_act == HACT_SILU || (llama && m->moe.num_experts == 0),
+            "model.hidden_act: gelu_tanh (GeGLU) applies to a dense llama MLP, not %s",
+            llama ? "a mixture of experts" : "gpt2 (its MLP is GELU already)");
+    REQUIRE(!g->norm_offset || (llama && !mla && !m->qk_norm_whole),
+            "model.norm_offset: true applies to llama's RMSNorms (not gpt2's LayerNorm, "
+            "model.mla's latent norms or model.qk_norm_whole)");
+    REQUIRE(!g->sandwich_norm || (llama && !mla && !m->post_norm && m->moe.num_experts == 0),
+            "model.sandwich_norm: true applies to a dense llama without model.post_norm or "
+            "model.mla (Gemma 3's norms before and after attention and the MLP)");
+    REQUIRE(!g->embed_scale || llama, "model.embed_scale: true applies to llama, not gpt2");
+    REQUIRE(g->query_pre_attn_scalar == 0 || (llama && !mla && m->partial_rotary_factor >= 1),
+            "model.query_pre_attn_scalar %g applies to llama's attention with whole-head RoPE",
+            g->query_pre_attn_scalar);
+    REQUIRE(
+        g->rope_local_theta == 0 || (llama && !mla && m->sliding_window[0]),
+        "model.rope_local_theta %g is the RoPE base of windowed layers, but model.sliding_window "
+        "is empty (or the model is not a llama)",
+        g->rope_local_theta);
+    int any = g->hidden_act != HACT_SILU || g->norm_offset || g->sandwich_norm || g->embed_scale ||
+              g->query_pre_attn_scalar > 0 || g->rope_local_theta > 0;
+    REQUIRE(!any || c->run.device != DEV_CUDA,
+            "model.hidden_act, norm_offset, sandwich_norm, embed_scale, query_pre_attn_scalar and "
+            "rope_local_theta (Gemma 3) run on the CPU backend only; train with run.device: cpu");
     return 0;
 }
 
@@ -228,8 +270,9 @@ static int cfg_validate_model(const ust_config *c, ust_err *e) {
             "model.init_from (a directory holding config.json), but model.init_from is %s%s%s",
             m->init_from[0] ? "'" : "", m->init_from[0] ? m->init_from : "null",
             m->init_from[0] ? "'" : "");
-    REQUIRE(m->d_model % m->n_head == 0,
-            "model.d_model (%d) must be divisible by model.n_head (%d)", m->d_model, m->n_head);
+    REQUIRE(m->head_dim > 0 || m->d_model % m->n_head == 0,
+            "model.d_model (%d) must be divisible by model.n_head (%d) (or set model.head_dim)",
+            m->d_model, m->n_head);
     REQUIRE(m->n_head % m->n_kv_head == 0,
             "model.n_head (%d) must be divisible by model.n_kv_head (%d)", m->n_head, m->n_kv_head);
     REQUIRE(m->arch != ARCH_LLAMA || m->mla.enabled || cfg_head_dim(c) % 2 == 0,
@@ -283,6 +326,7 @@ static int cfg_validate_model(const ust_config *c, ust_err *e) {
     REQUIRE(moe->num_experts > 0 || c->parallel.ep == 1,
             "parallel.ep (%d) needs experts, but model.moe.num_experts is 0", c->parallel.ep);
     if (cfg_check_moe_layers(c, e) || cfg_validate_mtp(c, e)) return -1;
+    if (cfg_validate_gemma(c, e)) return -1;
     return cfg_validate_mla(c, e);
 }
 
@@ -516,6 +560,7 @@ int cfg_val_micro_batches(const ust_config *c) {
 int cfg_head_dim(const ust_config *c) {
     /* latent attention's q and k heads; its v heads (v_head_dim) are padded to this width */
     if (c->model.mla.enabled) return c->model.mla.qk_nope_head_dim + c->model.mla.qk_rope_head_dim;
+    if (c->model.head_dim > 0) return c->model.head_dim;
     return c->model.n_head > 0 ? c->model.d_model / c->model.n_head : 0;
 }
 

@@ -37,6 +37,17 @@ ust_rope ops_rope(const ust_config *c) {
                  : rs->factor > 1         ? 0.1 * log(rs->factor) + 1.0
                                           : 1.0;
     }
+    if (c->model.rope_scaling.type == ROPE_LINEAR)
+        r.linear = 1, r.factor = c->model.rope_scaling.factor;
+    double s = c->model.gemma.query_pre_attn_scalar;
+    if (s > 0) r.attn = (r.attn > 0 ? r.attn : 1.0) * pow(cfg_head_dim(c) / s, 0.25);
+    return r;
+}
+
+ust_rope ops_rope_local(const ust_config *c) {
+    ust_rope g = ops_rope(c), r = {.theta = c->model.gemma.rope_local_theta, .rot = g.rot};
+    double s = c->model.gemma.query_pre_attn_scalar;
+    if (s > 0) r.attn = pow(cfg_head_dim(c) / s, 0.25);
     return r;
 }
 

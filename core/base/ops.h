@@ -43,9 +43,14 @@ typedef struct {
     /* model.partial_rotary_factor: the first rot features of a head rotate, as pairs (i,
      * i + rot/2) at theta^(-2i/rot), the others pass unchanged (0: all D; the CPU backend) */
     int rot;
+    int linear; /* rope_scaling linear (Gemma 3's global layers): every frequency / factor */
 } ust_rope;
-/* The model's RoPE as the config gives it (model.rope_theta and a llama3 rope_scaling). */
+/* The model's RoPE as the config gives it (model.rope_theta and a llama3 rope_scaling). Under
+ * model.query_pre_attn_scalar s, attn also carries (D / s)^(1/4): q.k / sqrt(D) becomes
+ * q.k / sqrt(s), as Gemma scales its attention logits. */
 ust_rope ops_rope(const ust_config *c);
+/* model.rope_local_theta: the windowed layers' RoPE, that base without rope_scaling. */
+ust_rope ops_rope_local(const ust_config *c);
 
 static inline UST_HOST_DEVICE double ust_rope_yarn(const ust_rope *r, int i, int D, double f) {
     const double pi = 3.14159265358979323846, lt = 2.0 * log(r->theta);
@@ -61,6 +66,7 @@ static inline UST_HOST_DEVICE double ust_rope_yarn(const ust_rope *r, int i, int
 static inline UST_HOST_DEVICE double ust_rope_inv_freq(const ust_rope *r, int i, int D) {
     double f = pow(r->theta, -2.0 * i / D);
     if (r->factor <= 0) return f;
+    if (r->linear) return f / r->factor;
     if (r->yarn) return ust_rope_yarn(r, i, D, f);
     double wavelen = 2.0 * 3.14159265358979323846 / f;
     if (wavelen < r->original_max_pos / r->high_freq_factor) return f;
@@ -182,6 +188,10 @@ struct ust_ops {
     void (*swiglu_fwd)(const ust_ops *o, act *out, const act *gate, const act *up, int64_t n);
     void (*swiglu_bwd)(const ust_ops *o, act *dgate, act *dup, const act *dout, const act *gate,
                        const act *up, int64_t n);
+    /* out = gelu(gate) * up, GELU's tanh form (GeGLU: model.hidden_act gelu_tanh, Gemma) */
+    void (*geglu_fwd)(const ust_ops *o, act *out, const act *gate, const act *up, int64_t n);
+    void (*geglu_bwd)(const ust_ops *o, act *dgate, act *dup, const act *dout, const act *gate,
+                      const act *up, int64_t n);
 
     /* ---- RoPE on x(B,T,H,D), rotate-half convention (pairs i, i+D/2, as Hugging Face Llama),
      * angle pos[b, t] * ust_rope_inv_freq(rope, i, D) (pos(B,T); NULL: positions t). out may equal
@@ -319,7 +329,7 @@ struct ust_ops {
     X(memory)                                                                                      \
     X(matmul) X(matmul_batched) X(linear_fwd) X(linear_bwd) X(embedding_fwd) X(embedding_bwd)      \
     X(layernorm_fwd) X(layernorm_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd) X(gelu_fwd) X(gelu_bwd)        \
-    X(linear_gelu_fwd) X(linear_gelu_bwd) X(swiglu_fwd) X(swiglu_bwd) X(rope_fwd) X(rope_bwd)      \
+    X(linear_gelu_fwd) X(linear_gelu_bwd) X(swiglu_fwd) X(swiglu_bwd) X(geglu_fwd) X(geglu_bwd) X(rope_fwd) X(rope_bwd) \
     X(attention_fwd) X(attention_bwd) X(attention_merge) X(xent_fwd_bwd) X(xent_vp_local)          \
     X(xent_vp_finish) X(adamw) X(adamw_many) X(sumsq_many) X(add) X(axpy) X(scale) X(sumsq)        \
     X(sum) X(destroy) X(moe_router_fwd) X(moe_router_bwd) X(moe_gather) X(moe_combine)             \

@@ -573,6 +573,38 @@ static void cpu_swiglu_bwd(const ust_ops *o, act *dgate_, act *dup_, const act *
     }
 }
 
+/* GeGLU: out = gelu(g) u with gelu as cpu_gelu_fwd's tanh form (torch's gelu_pytorch_tanh) */
+static void cpu_geglu_fwd(const ust_ops *o, act *out_, const act *gate_, const act *up_,
+                          int64_t n) {
+    float *out = out_;
+    const float *gate = gate_;
+    const float *up = up_;
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int64_t i = 0; i < n; i++) {
+        float x = gate[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(GELU_K * (x + 0.044715f * x * x * x))) * up[i];
+    }
+}
+
+/* d gate = dy u gelu'(g) (gelu' as cpu_gelu_bwd's), d up = dy gelu(g) */
+static void cpu_geglu_bwd(const ust_ops *o, act *dgate_, act *dup_, const act *dout_,
+                          const act *gate_, const act *up_, int64_t n) {
+    float *dgate = dgate_;
+    float *dup = dup_;
+    const float *dout = dout_;
+    const float *gate = gate_;
+    const float *up = up_;
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int64_t i = 0; i < n; i++) {
+        float x = gate[i], dy = dout[i];
+        float t = tanhf(GELU_K * (x + 0.044715f * x * x * x));
+        float g = 0.5f * (1.0f + t) +
+                  0.5f * x * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+        if (dgate) dgate[i] = dy * up[i] * g;
+        if (dup) dup[i] = dy * 0.5f * x * (1.0f + t);
+    }
+}
+
 /* ---------------------------------------------------------------- RoPE */
 
 #define ROPE_DMAX 1024

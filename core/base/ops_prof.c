@@ -144,6 +144,13 @@ static void pf_swiglu_bwd(const ust_ops *o, act *dgate, act *dup, const act *dou
                           const act *up, int64_t n) {
     TIMED(P_swiglu_bwd, in->swiglu_bwd(in, dgate, dup, dout, gate, up, n));
 }
+static void pf_geglu_fwd(const ust_ops *o, act *out, const act *gate, const act *up, int64_t n) {
+    TIMED(P_geglu_fwd, in->geglu_fwd(in, out, gate, up, n));
+}
+static void pf_geglu_bwd(const ust_ops *o, act *dgate, act *dup, const act *dout, const act *gate,
+                         const act *up, int64_t n) {
+    TIMED(P_geglu_bwd, in->geglu_bwd(in, dgate, dup, dout, gate, up, n));
+}
 static void pf_rope_fwd(const ust_ops *o, act *out, const act *inp, const int32_t *pos, int B,
                         int T, int H, int D, const ust_rope *rope) {
     TIMED(P_rope_fwd, in->rope_fwd(in, out, inp, pos, B, T, H, D, rope));

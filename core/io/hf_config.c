@@ -137,10 +137,14 @@ static int parse_rope(const jctx *x, ust_config *c, double theta) {
     c->model.rope_theta = theta;
     if (!strcmp(type, "default")) return 0;
     if (!strcmp(type, "yarn")) return parse_yarn(x, &y, c);
+    if (!strcmp(type, "linear")) { /* every frequency / factor */
+        c->model.rope_scaling.type = ROPE_LINEAR;
+        return jdbl(&y, "factor", 1, &c->model.rope_scaling.factor);
+    }
     if (strcmp(type, "llama3"))
         return ust_errf(x->e,
                         "%s: %s rope_type '%.60s' is not supported (ustrain's RoPE has no "
-                        "scaling ('default'), Llama 3.1's 'llama3' or 'yarn')",
+                        "scaling ('default'), Llama 3.1's 'llama3', 'yarn' or 'linear')",
                         x->path, key, type);
     __typeof__(c->model.rope_scaling) *s = &c->model.rope_scaling;
     s->type = ROPE_LLAMA3;
@@ -326,6 +330,121 @@ static int parse_olmo2(const jctx *x, ust_config *c) {
     return refuse_true(x, "attention_bias", "Olmo2ForCausalLM with q/k/v/o biases") ? -1 : 0;
 }
 
+/* Gemma 3's RoPE, one per layer kind. transformers 5: rope_parameters {full_attention: {rope_type,
+ * rope_theta, factor}, sliding_attention: {...}}; 4: rope_theta, rope_local_base_freq and
+ * rope_scaling (the global layers'). The global layers may scale linearly; the local do not. */
+static int gemma3_rope_kind(const jctx *x, const cJSON *r, const char *kind, double theta,
+                            double *out, ust_config *c) {
+    jctx y = {x->path, r, x->e};
+    const char *type = "default";
+    if (r && !cJSON_IsObject(r))
+        return ust_errf(x->e, "%s: rope_parameters.%s is not an object", x->path, kind);
+    if (r && (jstr(&y, "rope_type", NULL, &type) || (!type && jstr(&y, "type", "default", &type)) ||
+              jdbl(&y, "rope_theta", theta, &theta)))
+        return -1;
+    *out = theta;
+    int global = !strcmp(kind, "full_attention");
+    if (!strcmp(type, "default")) return 0;
+    if (strcmp(type, "linear") || !global)
+        return ust_errf(x->e,
+                        "%s: %s rope_type '%.60s' is not supported (ustrain imports Gemma 3 with "
+                        "'default' RoPE, and 'linear' scaling on its full-attention layers)",
+                        x->path, kind, type);
+    c->model.rope_scaling.type = ROPE_LINEAR;
+    return jdbl(&y, "factor", 1, &c->model.rope_scaling.factor);
+}
+
+static int gemma3_rope(const jctx *x, ust_config *c) {
+    __typeof__(c->model) *m = &c->model;
+    const cJSON *p = jget(x, "rope_parameters");
+    double g = 1e6, l = 1e4; /* Gemma3TextConfig.default_theta */
+    if (jdbl(x, "rope_theta", g, &g) || jdbl(x, "rope_local_base_freq", l, &l)) return -1;
+    if (p && cJSON_IsObject(p) && !cJSON_GetObjectItemCaseSensitive(p, "full_attention"))
+        return ust_errf(x->e, "%s: rope_parameters without full_attention / sliding_attention",
+                        x->path);
+    const cJSON *full =
+        p ? cJSON_GetObjectItemCaseSensitive(p, "full_attention") : jget(x, "rope_scaling");
+    const cJSON *local = p ? cJSON_GetObjectItemCaseSensitive(p, "sliding_attention") : NULL;
+    if (gemma3_rope_kind(x, full, "full_attention", g, &m->rope_theta, c) ||
+        gemma3_rope_kind(x, local, "sliding_attention", l, &m->gemma.rope_local_theta, c))
+        return -1;
+    if (!m->sliding_window[0]) m->gemma.rope_local_theta = 0; /* no local layer */
+    return 0;
+}
+
+/* A float key that must be null or absent (Gemma 2's soft-capping, which ustrain omits). */
+static int refuse_set(const jctx *x, const char *key, const char *why) {
+    const cJSON *v = jget(x, key);
+    if (!v) return 0;
+    char *t = cJSON_PrintUnformatted(v);
+    ust_errf(x->e, "%s: '%s' = %.40s is not supported (%s; null is)", x->path, key, t ? t : "?",
+             why);
+    free(t);
+    return -1;
+}
+
+/* Gemma 3 (text): a llama with q/k head norms, norms before and after attention and the MLP, all
+ * RMSNorms by (1 + w), GeGLU, embeddings times sqrt(hidden_size), head_dim of its own, logits
+ * scaled by query_pre_attn_scalar^-1/2, local (sliding) and global layers with two RoPE bases;
+ * parse_llama_common reads a copy without head_dim and the RoPE keys, which gemma3_rope reads. */
+static int parse_gemma3(const jctx *x, ust_config *c) {
+    __typeof__(c->model) *m = &c->model;
+    cJSON *copy = cJSON_Duplicate(x->j, 1);
+    if (!copy) return ust_errf(x->e, "%s: out of memory", x->path);
+    const char *drop[] = {"head_dim", "rope_parameters", "rope_scaling", "rope_theta",
+                          "hidden_act"};
+    for (size_t i = 0; i < sizeof drop / sizeof drop[0]; i++)
+        cJSON_DeleteItemFromObjectCaseSensitive(copy, drop[i]);
+    jctx y = {x->path, copy, x->e};
+    int rc = parse_llama_common(&y, c, 1e6, 1e-6), pattern = 6;
+    cJSON_Delete(copy);
+    const char *act = "";
+    if (rc || jint(x, "head_dim", 256, 1, &m->head_dim) ||
+        jbool(x, "tie_word_embeddings", true, &m->tie_embeddings) ||
+        jdbl(x, "query_pre_attn_scalar", 256, &m->gemma.query_pre_attn_scalar) ||
+        jstr(x, "hidden_activation", "gelu_pytorch_tanh", &act) ||
+        jint(x, "sliding_window_pattern", 6, 1, &pattern) ||
+        refuse_true(x, "attention_bias", "Gemma3ForCausalLM with q/k/v/o biases") ||
+        refuse_true(x, "use_bidirectional_attention", "ustrain's attention is causal") ||
+        refuse_set(x, "attn_logit_softcapping", "ustrain does not soft-cap attention logits") ||
+        refuse_set(x, "final_logit_softcapping", "ustrain does not soft-cap the final logits"))
+        return -1;
+    if (strcmp(act, "gelu_pytorch_tanh") && strcmp(act, "gelu_tanh"))
+        return ust_errf(x->e,
+                        "%s: hidden_activation '%.60s' is not supported (ustrain's GeGLU is "
+                        "gelu_pytorch_tanh)",
+                        x->path, act);
+    if (!(m->gemma.query_pre_attn_scalar > 0))
+        return ust_errf(x->e, "%s: query_pre_attn_scalar = %g: expected > 0", x->path,
+                        m->gemma.query_pre_attn_scalar);
+    m->qk_norm = m->gemma.norm_offset = m->gemma.sandwich_norm = m->gemma.embed_scale = true;
+    m->gemma.hidden_act = HACT_GELU_TANH;
+    bool *w = calloc((size_t)m->n_layer, sizeof *w); /* (l + 1) % pattern: local, else global */
+    if (!w) return ust_errf(x->e, "out of memory");
+    for (int l = 0; l < m->n_layer; l++) w[l] = (l + 1) % pattern != 0;
+    rc = parse_windows(x, c, w);
+    free(w);
+    int W = 0; /* ustrain tells a local layer by its window, so it must be below the maximum */
+    for (int l = 0; !rc && l < m->n_layer; l++) W |= cfg_layer_window(c, l);
+    if (!rc && m->sliding_window[0] && !W)
+        return ust_errf(x->e,
+                        "%s: 'sliding_window' is not below max_position_embeddings = %d: the "
+                        "local layers would attend fully, which ustrain cannot tell from global "
+                        "ones",
+                        x->path, m->max_seq_len);
+    return rc ? -1 : gemma3_rope(x, c);
+}
+
+/* Gemma3ForConditionalGeneration: the vision tower is refused; its text model imports as
+ * Gemma3ForCausalLM once saved alone. */
+static int parse_gemma3_vision(const jctx *x, ust_config *c) {
+    (void)c;
+    return ust_errf(x->e,
+                    "%s: 'vision_config' (Gemma3ForConditionalGeneration's vision tower) is not "
+                    "supported: ustrain imports Gemma 3's text model, Gemma3ForCausalLM",
+                    x->path);
+}
+
 static int parse_mixtral(const jctx *x, ust_config *c) {
     __typeof__(c->model.moe) *moe = &c->model.moe;
     if (parse_llama_common(x, c, 1e6, 1e-5)) return -1;
@@ -443,6 +562,8 @@ static const struct {
     {"Olmo2ForCausalLM", "olmo2", parse_olmo2},
     {"GPT2LMHeadModel", "gpt2", parse_gpt2},
     {"DeepseekV3ForCausalLM", "deepseek_v3", parse_deepseek_v3},
+    {"Gemma3ForCausalLM", "gemma3_text", parse_gemma3},
+    {"Gemma3ForConditionalGeneration", "gemma3", parse_gemma3_vision},
     // clang-format on
 };
 
@@ -470,8 +591,8 @@ int hf_config_parse(const cJSON *j, const char *path, ust_config *c, char *arch,
     return ust_errf(e,
                     "%s: architecture '%.80s' is not supported (ustrain imports LlamaForCausalLM, "
                     "Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, MixtralForCausalLM, "
-                    "Qwen3MoeForCausalLM, Olmo2ForCausalLM, GPT2LMHeadModel and dense "
-                    "DeepseekV3ForCausalLM)",
+                    "Qwen3MoeForCausalLM, Olmo2ForCausalLM, Gemma3ForCausalLM, GPT2LMHeadModel "
+                    "and dense DeepseekV3ForCausalLM)",
                     path,
                     name   ? name
                     : type ? type
@@ -545,6 +666,18 @@ static const hf_key SHAPE_KEYS[] = {
     K("model.post_norm", "architectures (OLMo 2: norms after attention and the MLP)", V_BOOL,
       model.post_norm),
     K("model.sliding_window", "sliding_window / layer_types", V_TEXT, model.sliding_window),
+    K("model.head_dim", "head_dim", V_INT, model.head_dim),
+    K("model.hidden_act", "hidden_activation", V_INT, model.gemma.hidden_act),
+    K("model.norm_offset", "architectures (Gemma 3: norms by 1 + w)", V_BOOL,
+      model.gemma.norm_offset),
+    K("model.sandwich_norm", "architectures (Gemma 3: pre and post norms)", V_BOOL,
+      model.gemma.sandwich_norm),
+    K("model.embed_scale", "architectures (Gemma 3: embeddings x sqrt(hidden_size))", V_BOOL,
+      model.gemma.embed_scale),
+    K("model.query_pre_attn_scalar", "query_pre_attn_scalar", V_DBL,
+      model.gemma.query_pre_attn_scalar),
+    K("model.rope_local_theta", "rope_local_base_freq / rope_parameters", V_DBL,
+      model.gemma.rope_local_theta),
     K("model.rope_scaling.type", "rope_scaling.rope_type", V_ROPE, model.rope_scaling.type),
     K("model.moe.num_experts", "num_local_experts", V_INT, model.moe.num_experts),
 };
@@ -630,7 +763,11 @@ static void vtext(const hf_key *k, const void *p, char *out, size_t n) {
         if (k->kind == V_ARCH)
             snprintf(out, n, "%s", i == ARCH_GPT2 ? "gpt2" : i == ARCH_LLAMA ? "llama" : "auto");
         else if (k->kind == V_ROPE)
-            snprintf(out, n, "%s", i == ROPE_LLAMA3 ? "llama3" : i == ROPE_YARN ? "yarn" : "none");
+            snprintf(out, n, "%s",
+                     i == ROPE_LLAMA3   ? "llama3"
+                     : i == ROPE_YARN   ? "yarn"
+                     : i == ROPE_LINEAR ? "linear"
+                                        : "none");
         else
             snprintf(out, n, "%d", i);
     }

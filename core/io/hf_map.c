@@ -180,6 +180,10 @@ static void llama_table(hf_table *l) {
         if (post) {
             SAME("post_feedforward_layernorm.weight", 1, C, 0);
         }
+        if (c->model.gemma.sandwich_norm) { /* Gemma3ForCausalLM: the MLP's pre and post norms */
+            SAME("pre_feedforward_layernorm.weight", 1, C, 0);
+            SAME("post_feedforward_layernorm.weight", 1, C, 0);
+        }
         if (cfg_layer_is_moe(c, i)) {
             c->model.qk_norm ? qwen3_moe_layer(l, i) : mixtral_layer(l, i);
             continue;
@@ -279,6 +283,25 @@ static int moe_layout_check(const ust_config *c, ust_err *e) {
     return 0;
 }
 
+/* Gemma 3's options (model.gemma) export only as Gemma3ForCausalLM, which has all of them. */
+static int gemma3_check(const ust_config *c, ust_err *e) {
+    const __typeof__(c->model) *m = &c->model;
+    const __typeof__(m->gemma) *g = &m->gemma;
+    int any = g->sandwich_norm || g->norm_offset || g->embed_scale || g->hidden_act != HACT_SILU ||
+              g->query_pre_attn_scalar > 0 || g->rope_local_theta > 0;
+    int all = g->sandwich_norm && g->norm_offset && g->embed_scale &&
+              g->hidden_act == HACT_GELU_TANH && m->qk_norm && !m->qk_norm_whole && !m->qkv_bias &&
+              !m->post_norm && m->moe.num_experts == 0 &&
+              (m->rope_scaling.type == ROPE_NONE || m->rope_scaling.type == ROPE_LINEAR);
+    if (any && !all)
+        return ust_errf(e, "model.sandwich_norm / norm_offset / embed_scale / hidden_act / "
+                           "query_pre_attn_scalar / rope_local_theta: their Hugging Face layout "
+                           "is Gemma3ForCausalLM, a dense llama with the first four (gelu_tanh), "
+                           "model.qk_norm per head, no q/k/v biases and no rope_scaling but "
+                           "linear");
+    return 0;
+}
+
 int hf_table_build(hf_table *l, const ust_config *c, ust_err *e) {
     const __typeof__(c->model.moe) *moe = &c->model.moe;
     if (c->model.mla.enabled && moe->num_experts > 0)
@@ -297,12 +320,14 @@ int hf_table_build(hf_table *l, const ust_config *c, ust_err *e) {
                         "model.sliding_window [%s]: windows of %d and %d keys in one model; a "
                         "Hugging Face layout has one window size",
                         c->model.sliding_window, wsizes[0], wsizes[1]);
+    if (gemma3_check(c, e)) return -1;
+    int gemma = c->model.gemma.sandwich_norm; /* Gemma 3: any layers local (layer_types) */
     int first = -1, suffix = 1; /* the windowed layers: from `first` on, all of them? */
     for (int l = 0; l < c->model.n_layer; l++) {
         if (cfg_layer_window(c, l) && first < 0) first = l;
         if (!cfg_layer_window(c, l) && first >= 0) suffix = 0;
     }
-    if (first >= 0 && (!suffix || (first > 0 && !c->model.qkv_bias && !c->model.qk_norm)))
+    if (first >= 0 && !gemma && (!suffix || (first > 0 && !c->model.qkv_bias && !c->model.qk_norm)))
         return ust_errf(e,
                         "model.sliding_window [%s]: a Hugging Face layout slides a window on "
                         "every layer (MistralForCausalLM, MixtralForCausalLM) or on the layers "
@@ -342,6 +367,7 @@ int64_t hf_table_count(const ust_config *c) {
      * q latent, else 1), kv_a, its norm, kv_b and o; then the MLP or the router and experts */
     int64_t attn = m->mla.enabled ? 2 + (m->mla.q_lora_rank ? 3 : 1) + 4
                                   : 6 + (m->qkv_bias ? 3 : 0) + (m->qk_norm ? 2 : 0);
+    attn += m->gemma.sandwich_norm ? 2 : 0; /* Gemma 3's norms around the MLP */
     for (int l = 0; l < m->n_layer; l++)
         n += attn + (cfg_layer_is_moe(c, l) ? 1 + 3 * (int64_t)m->moe.num_experts : 3);
     return n;
@@ -419,6 +445,11 @@ static void rope_scaling_json(cJSON *j, const ust_config *c) {
         cJSON_AddBoolToObject(o, "truncate", r->truncate);
         if (r->attention_factor > 0)
             cJSON_AddNumberToObject(o, "attention_factor", r->attention_factor);
+        return;
+    }
+    if (r->type == ROPE_LINEAR) {
+        cJSON_AddStringToObject(o, "rope_type", "linear");
+        cJSON_AddNumberToObject(o, "factor", r->factor);
         return;
     }
     cJSON_AddStringToObject(o, "rope_type", "llama3");
@@ -597,8 +628,66 @@ static cJSON *deepseek_config(const ust_config *c, int bos, int eos) {
     return common_tail(j, c, bos, eos);
 }
 
+/* One of Gemma 3's rope_parameters entries (transformers 5's layout). */
+static void gemma3_rope_json(cJSON *p, const char *kind, double theta, const ust_config *c) {
+    cJSON *o = cJSON_AddObjectToObject(p, kind);
+    int linear = !strcmp(kind, "full_attention") && c->model.rope_scaling.type == ROPE_LINEAR;
+    cJSON_AddStringToObject(o, "rope_type", linear ? "linear" : "default");
+    cJSON_AddNumberToObject(o, "rope_theta", theta);
+    if (linear) cJSON_AddNumberToObject(o, "factor", c->model.rope_scaling.factor);
+}
+
+/* model.sandwich_norm & co. -> Gemma3ForCausalLM (Gemma3TextConfig): the windowed layers are
+ * sliding_attention in layer_types, the others full_attention, each with its RoPE. */
+static cJSON *gemma3_config(const ust_config *c, int bos, int eos) {
+    const __typeof__(c->model) *m = &c->model;
+    const char *arch = "Gemma3ForCausalLM";
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddItemToObject(j, "architectures", cJSON_CreateStringArray(&arch, 1));
+    cJSON_AddStringToObject(j, "model_type", "gemma3_text");
+    static const char *const ints[] = {"vocab_size",
+                                       "hidden_size",
+                                       "intermediate_size",
+                                       "num_hidden_layers",
+                                       "num_attention_heads",
+                                       "num_key_value_heads",
+                                       "head_dim",
+                                       "max_position_embeddings"};
+    int vals[] = {m->vocab_size, m->d_model,   m->d_ff,         m->n_layer,
+                  m->n_head,     m->n_kv_head, cfg_head_dim(c), m->max_seq_len};
+    for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++)
+        cJSON_AddNumberToObject(j, ints[i], vals[i]);
+    cJSON_AddStringToObject(j, "hidden_activation", "gelu_pytorch_tanh");
+    cJSON_AddNumberToObject(j, "rms_norm_eps", m->norm_eps);
+    double qs = m->gemma.query_pre_attn_scalar;
+    cJSON_AddNumberToObject(j, "query_pre_attn_scalar", qs > 0 ? qs : cfg_head_dim(c));
+    int W = 0;
+    cJSON *types = cJSON_CreateArray();
+    for (int l = 0; l < m->n_layer; l++) {
+        if (cfg_layer_window(c, l)) W = cfg_layer_window(c, l);
+        cJSON_AddItemToArray(types, cJSON_CreateString(cfg_layer_window(c, l) ? "sliding_attention"
+                                                                              : "full_attention"));
+    }
+    if (W)
+        cJSON_AddNumberToObject(j, "sliding_window", W);
+    else
+        cJSON_AddNullToObject(j, "sliding_window");
+    cJSON_AddItemToObject(j, "layer_types", types);
+    cJSON *rp = cJSON_AddObjectToObject(j, "rope_parameters");
+    gemma3_rope_json(rp, "full_attention", m->rope_theta, c);
+    double lt = m->gemma.rope_local_theta;
+    gemma3_rope_json(rp, "sliding_attention", lt > 0 ? lt : m->rope_theta, c);
+    cJSON_AddNullToObject(j, "final_logit_softcapping");
+    cJSON_AddNullToObject(j, "attn_logit_softcapping");
+    cJSON_AddBoolToObject(j, "attention_bias", 0);
+    cJSON_AddNumberToObject(j, "attention_dropout", 0.0);
+    cJSON_AddBoolToObject(j, "use_bidirectional_attention", 0);
+    return common_tail(j, c, bos, eos);
+}
+
 cJSON *hf_config_json(const ust_config *c, int bos, int eos) {
     if (c->model.mla.enabled) return deepseek_config(c, bos, eos);
+    if (c->model.gemma.sandwich_norm) return gemma3_config(c, bos, eos);
     return c->model.arch == ARCH_LLAMA ? llama_config(c, bos, eos) : gpt2_config(c, bos, eos);
 }
 

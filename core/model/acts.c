@@ -39,6 +39,12 @@ void acts_alloc_layer(model *m, ust_arena *a, layer_acts *x, act *shared_act, in
     x->ln2 = A(Nl * C);
     x->ln2_mean = F32(Nl);
     x->ln2_rstd = F32(Nl);
+    if (m->shape.fam.sandwich) {
+        x->att_o = A(Nl * C);
+        x->mlp_o = A(Nl * C);
+        x->pn1_rstd = F32(Nl);
+        x->pn2_rstd = F32(Nl);
+    }
     if (!mlp) return;
     x->gate = m->shape.llama ? A(N * F) : NULL;
     x->up = A(N * F);
@@ -70,6 +76,23 @@ static void alloc_wsave(model *m, ust_arena *a, layer_wsave *w) {
         w->dqn = A(N * HD);
         w->dkn = A(N * KV);
     }
+    if (m->shape.fam.sandwich) {
+        w->dpn1 = A((int64_t)m->shape.Nl * C);
+        w->dpn2 = A((int64_t)m->shape.Nl * C);
+    }
+}
+
+/* model.norm_offset: the ones 1 + w is made from (block_norm_weight), set once here */
+static void alloc_norm_offset(model *m, ust_arena *a) {
+    int64_t n = m->shape.C > m->shape.D ? m->shape.C : m->shape.D;
+    m->acts.ones = F32(n);
+    m->acts.wone = F32(n);
+    if (!m->acts.ones) return; /* a counting arena */
+    float *h = malloc((size_t)n * sizeof(float));
+    UST_ASSERT(h, "out of host memory");
+    for (int64_t i = 0; i < n; i++) h[i] = 1.0f;
+    m->ops->to_device(m->ops, m->acts.ones, h, (size_t)n * sizeof(float));
+    free(h);
 }
 
 /* none: every layer keeps its activations; selective: the MLP activation output is recomputed
@@ -97,7 +120,9 @@ static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *
         for (int i = 0; i < nl; i++) alloc_wsave(m, a, &s->ws[i]);
         /* per layer: two unit marks, an activation, two gathers, seven linears, four norms;
          * the head: marks, a gather, a linear, a norm; the embeddings: marks and a job */
-        s->wg.cap = 18 * nl + 16 + 4 * (2 * m->vc.nvc + 1); /* + vocabulary chunks' marks, jobs */
+        /* (model.sandwich_norm: two more norms) */
+        s->wg.cap = (18 + 2 * m->shape.fam.sandwich) * nl + 16 +
+                    4 * (2 * m->vc.nvc + 1); /* + vocabulary chunks' marks, jobs */
         s->wg.jobs = calloc((size_t)s->wg.cap, sizeof *s->wg.jobs);
     }
     if (ch->head) {
@@ -169,6 +194,7 @@ void acts_alloc(model *m, ust_arena *a) {
     m->acts.tgt = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
     if (is_mla(m)) mla_alloc_scratch(m, a);
     if (m->mtp.D && head) mtp_alloc_scratch(m, a);
+    if (m->shape.fam.norm_offset) alloc_norm_offset(m, a);
 }
 #undef A
 #undef F32

@@ -18,10 +18,13 @@
 typedef struct {
     float *ln1_w, *ln1_b, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo, *ln2_w, *ln2_b;
     float *qn_w, *kn_w; /* model.qk_norm: the per-head q and k norms (D each) */
+    float *pn_w[2];     /* model.sandwich_norm: the norms after attention and after the MLP */
     /* model.mla (model_mla.h): q_a_proj, q_a_layernorm, q_b_proj, kv_a_proj_with_mqa,
      * kv_a_layernorm, kv_b_proj; kc then caches the normed latent c_kv (S, Rkv) and vc the
      * shared rope key after RoPE (S, R): the latent, not the per-head K/V */
-    float *wqa, *qa_norm, *wqb, *wkva, *kva_norm, *wkvb;
+    struct {
+        float *wqa, *qa_norm, *wqb, *wkva, *kva_norm, *wkvb;
+    } mla;
     moe_expert mlp;  /* dense layers */
     moe_weights moe; /* MoE layers: router [E, C], experts[E], shared */
     int is_moe;
@@ -39,6 +42,10 @@ typedef struct {
     int max_n; /* tokens per infer_forward (the caller's chunk; runs in pieces of chunk) */
     int qk_norm;
     int qk_whole, post_norm; /* model.qk_norm_whole, model.post_norm (OLMo 2) */
+    int sandwich, geglu;     /* model.sandwich_norm, model.hidden_act gelu_tanh (Gemma 3) */
+    float embed_scale;       /* model.embed_scale: sqrt(C) (0: none) */
+    int local_rope;          /* model.rope_local_theta: windowed layers rotate by rope_local */
+    ust_rope rope_local;
     int E, k, Fe, shared;
     int Fs;              /* the shared expert's width */
     ops_moe_route route; /* the router's options (moe.h) */
@@ -131,16 +138,17 @@ static void enum_mla(const ust_config *cfg, int l, infer_layer *w, tensor_fn fn,
 #define E_(suffix, rows, cols, decay, field)                                                       \
     emit(fn, ctx, l, suffix, rows, cols, decay, w ? &w->field : NULL)
     if (a->q_lora_rank) {
-        E_("self_attn.q_a_proj.weight", a->q_lora_rank, C, 1, wqa);
-        E_("self_attn.q_a_layernorm.weight", 1, a->q_lora_rank, 0, qa_norm);
-        E_("self_attn.q_b_proj.weight", QK, a->q_lora_rank, 1, wqb);
+        E_("self_attn.q_a_proj.weight", a->q_lora_rank, C, 1, mla.wqa);
+        E_("self_attn.q_a_layernorm.weight", 1, a->q_lora_rank, 0, mla.qa_norm);
+        E_("self_attn.q_b_proj.weight", QK, a->q_lora_rank, 1, mla.wqb);
     } else {
         E_("self_attn.q_proj.weight", QK, C, 1, wq);
     }
-    E_("self_attn.kv_a_proj_with_mqa.weight", a->kv_lora_rank + a->qk_rope_head_dim, C, 1, wkva);
-    E_("self_attn.kv_a_layernorm.weight", 1, a->kv_lora_rank, 0, kva_norm);
+    E_("self_attn.kv_a_proj_with_mqa.weight", a->kv_lora_rank + a->qk_rope_head_dim, C, 1,
+       mla.wkva);
+    E_("self_attn.kv_a_layernorm.weight", 1, a->kv_lora_rank, 0, mla.kva_norm);
     E_("self_attn.kv_b_proj.weight", H * (a->qk_nope_head_dim + a->v_head_dim), a->kv_lora_rank, 1,
-       wkvb);
+       mla.wkvb);
     E_("self_attn.o_proj.weight", C, H * a->v_head_dim, 1, wo);
 #undef E_
 }
@@ -153,6 +161,7 @@ static void enum_layer(const ust_config *cfg, int l, infer_layer *w, tensor_fn f
 #define E_(suffix, rows, cols, decay, field)                                                       \
     emit(fn, ctx, l, suffix, rows, cols, decay, w ? &w->field : NULL)
     int post = !gpt2 && cfg->model.post_norm, whole = cfg->model.qk_norm_whole;
+    int sw = !gpt2 && cfg->model.gemma.sandwich_norm; /* Gemma 3: pre and post norms */
     E_(post ? "post_attention_layernorm.weight" : "input_layernorm.weight", 1, C, 0, ln1_w);
     if (gpt2) E_("input_layernorm.bias", 1, C, 0, ln1_b);
     if (cfg->model.mla.enabled) {
@@ -169,9 +178,13 @@ static void enum_layer(const ust_config *cfg, int l, infer_layer *w, tensor_fn f
     if (gpt2) E_("self_attn.o_proj.bias", 1, C, 0, bo);
     if (!gpt2 && cfg->model.qk_norm) E_("self_attn.q_norm.weight", 1, whole ? HD : D, 0, qn_w);
     if (!gpt2 && cfg->model.qk_norm) E_("self_attn.k_norm.weight", 1, whole ? KV : D, 0, kn_w);
+    if (sw) E_("post_attention_layernorm.weight", 1, C, 0, pn_w[0]);
 mlp:
-    E_(post ? "post_feedforward_layernorm.weight" : "post_attention_layernorm.weight", 1, C, 0,
-       ln2_w);
+    E_(post ? "post_feedforward_layernorm.weight"
+       : sw ? "pre_feedforward_layernorm.weight"
+            : "post_attention_layernorm.weight",
+       1, C, 0, ln2_w);
+    if (sw) E_("post_feedforward_layernorm.weight", 1, C, 0, pn_w[1]);
     if (gpt2) E_("post_attention_layernorm.bias", 1, C, 0, ln2_b);
     if (moe_layer_is_moe(cfg, l)) {
         moe_sink s = {fn, ctx};
@@ -275,6 +288,10 @@ static void load_tensor(void *ctx, const ckpt_tensor *t, float **dst, int expert
         ld->failed = 1;
         return;
     }
+    /* model.norm_offset (Gemma): every norm's weight held as 1 + w, in fp32 as transformers'
+     * 1.0 + weight.float(), so the norms below are plain RMSNorms */
+    if (m->cfg->model.gemma.norm_offset && strstr(t->name, "norm.weight"))
+        for (int64_t i = 0; i < n; i++) ld->host[i] = 1.0f + ld->host[i];
     const ust_ops *o = m->ops;
     *dst = o->alloc(o, (size_t)n * sizeof(float));
     o->to_device(o, *dst, ld->host, (size_t)n * sizeof(float));
@@ -299,6 +316,12 @@ static void dims(infer_model *m, const ust_config *cfg) {
     m->shape.qk_norm = m->shape.llama && cfg->model.qk_norm;
     m->shape.qk_whole = m->shape.qk_norm && cfg->model.qk_norm_whole;
     m->shape.post_norm = m->shape.llama && cfg->model.post_norm;
+    const __typeof__(cfg->model.gemma) *gm = &cfg->model.gemma; /* as params.c's params_dims */
+    m->shape.sandwich = m->shape.llama && gm->sandwich_norm;
+    m->shape.geglu = m->shape.llama && gm->hidden_act == HACT_GELU_TANH;
+    m->shape.embed_scale = gm->embed_scale ? (float)sqrt((double)m->shape.C) : 0;
+    m->shape.local_rope = m->shape.llama && gm->rope_local_theta > 0;
+    m->shape.rope_local = ops_rope_local(cfg);
     m->shape.E = cfg->model.moe.num_experts, m->shape.k = cfg->model.moe.top_k;
     m->shape.Fe = cfg->model.moe.d_ff_expert, m->shape.shared = cfg->model.moe.shared_expert;
     const __typeof__(cfg->model.moe) *mc = &cfg->model.moe;
@@ -472,10 +495,11 @@ static void mlp(infer_model *m, const moe_expert *w, act *out, const act *x, int
     const ust_ops *o = m->ops;
     int C = m->shape.C;
     if (M == 0) return;
-    if (m->shape.llama) {
+    if (m->shape.llama) { /* (model.hidden_act gelu_tanh: GeGLU) */
         o->linear_fwd(o, m->a.h1, x, w->gate, NULL, M, C, F);
         o->linear_fwd(o, m->a.h2, x, w->up, w->up_b, M, C, F);
-        o->swiglu_fwd(o, m->a.h, m->a.h1, m->a.h2, (int64_t)M * F);
+        (m->shape.geglu ? o->geglu_fwd : o->swiglu_fwd)(o, m->a.h, m->a.h1, m->a.h2,
+                                                        (int64_t)M * F);
     } else {
         o->linear_gelu_fwd(o, m->a.h2, m->a.h, x, w->up, w->up_b, M, C, F);
     }
@@ -561,9 +585,11 @@ static void attention(infer_model *m, infer_layer *w, int n) {
         o->rmsnorm_fwd(o, m->a.q, m->a.lse, m->a.q, w->qn_w, n * hq, HD / hq, m->shape.eps);
         o->rmsnorm_fwd(o, k, m->a.lse, k, w->kn_w, n * hk, KV / hk, m->shape.eps);
     }
-    if (m->shape.llama) {
-        o->rope_fwd(o, m->a.q, m->a.q, pos, 1, n, m->shape.H, m->shape.D, &m->shape.rope);
-        o->rope_fwd(o, k, k, pos, 1, n, m->shape.Hkv, m->shape.D, &m->shape.rope);
+    if (m->shape.llama) { /* model.rope_local_theta: a windowed layer's own base */
+        const ust_rope *r =
+            m->shape.local_rope && w->window ? &m->shape.rope_local : &m->shape.rope;
+        o->rope_fwd(o, m->a.q, m->a.q, pos, 1, n, m->shape.H, m->shape.D, r);
+        o->rope_fwd(o, k, k, pos, 1, n, m->shape.Hkv, m->shape.D, r);
     }
     /* a windowed layer (model.sliding_window): keys from position - W + 1 on (infer_forward),
      * of the ring's filled rows at their positions */
@@ -574,6 +600,7 @@ static void attention(infer_model *m, infer_layer *w, int n) {
                      w->window ? m->a.wstart[w->wslot] : NULL);
     o->linear_fwd(o, m->a.tmp, m->a.att, w->wo, w->bo, n, HD, C);
     if (m->shape.post_norm) norm(m, m->a.tmp, m->a.tmp, w->ln1_w, w->ln1_b, n);
+    if (m->shape.sandwich) norm(m, m->a.tmp, m->a.tmp, w->pn_w[0], NULL, n);
     o->add(o, m->a.x, m->a.x, m->a.tmp, (int64_t)n * C);
 }
 
@@ -599,22 +626,22 @@ static void mla_attention(infer_model *m, const infer_layer *w, int n) {
     act *ckv = act_at(o, w->kc, (int64_t)len * Rkv), *kr = act_at(o, w->vc, (int64_t)len * R);
     norm(m, m->a.ln, m->a.x, w->ln1_w, w->ln1_b, n);
     if (a->q_lora_rank) {
-        o->linear_fwd(o, m->a.qa, m->a.ln, w->wqa, NULL, n, C, a->q_lora_rank);
-        o->rmsnorm_fwd(o, m->a.qa, m->a.rstd, m->a.qa, w->qa_norm, n, a->q_lora_rank, 1e-6f);
-        o->linear_fwd(o, m->a.q, m->a.qa, w->wqb, NULL, n, a->q_lora_rank, H * D);
+        o->linear_fwd(o, m->a.qa, m->a.ln, w->mla.wqa, NULL, n, C, a->q_lora_rank);
+        o->rmsnorm_fwd(o, m->a.qa, m->a.rstd, m->a.qa, w->mla.qa_norm, n, a->q_lora_rank, 1e-6f);
+        o->linear_fwd(o, m->a.q, m->a.qa, w->mla.wqb, NULL, n, a->q_lora_rank, H * D);
     } else {
         o->linear_fwd(o, m->a.q, m->a.ln, w->wq, NULL, n, C, H * D);
     }
-    o->linear_fwd(o, ckv, m->a.ln, w->wkva, NULL, n, C, Rkv);
-    o->linear_fwd(o, kr, m->a.ln, w->wkva + (int64_t)Rkv * C, NULL, n, C, R);
-    o->rmsnorm_fwd(o, ckv, m->a.rstd, ckv, w->kva_norm, n, Rkv, 1e-6f);
+    o->linear_fwd(o, ckv, m->a.ln, w->mla.wkva, NULL, n, C, Rkv);
+    o->linear_fwd(o, kr, m->a.ln, w->mla.wkva + (int64_t)Rkv * C, NULL, n, C, R);
+    o->rmsnorm_fwd(o, ckv, m->a.rstd, ckv, w->mla.kva_norm, n, Rkv, 1e-6f);
     o->rope_fwd(o, kr, kr, pos, 1, n, 1, R, &m->shape.rope);
     cols(m, m->a.qr, R, 0, m->a.q, D, nope, R, (int64_t)n * H);
     o->rope_fwd(o, m->a.qr, m->a.qr, pos, 1, n, H, R, &m->shape.rope);
     cols(m, m->a.q, D, nope, m->a.qr, R, 0, R, (int64_t)n * H);
     double ms = a->mscale_all_dim ? 0.1 * a->mscale_all_dim * log(m->shape.rope.factor) + 1 : 1;
     if (ms != 1) o->scale(o, (float *)m->a.q, (float)(ms * ms), (int64_t)n * H * D); /* YaRN */
-    o->linear_fwd(o, m->a.kvb, w->kc, w->wkvb, NULL, S, Rkv, H * W);
+    o->linear_fwd(o, m->a.kvb, w->kc, w->mla.wkvb, NULL, S, Rkv, H * W);
     cols(m, m->a.k, D, 0, m->a.kvb, W, 0, nope, (int64_t)S * H);
     for (int h = 0; h < H; h++)
         cols(m, m->a.k, (int64_t)H * D, (int64_t)h * D + nope, w->vc, R, 0, R, S);
@@ -640,6 +667,7 @@ static void feed_forward(infer_model *m, const infer_layer *w, int n) {
         moe_mlp(m, w, n);
     else
         mlp(m, &w->mlp, m->a.tmp, m->a.ln, n, m->shape.F);
+    if (m->shape.sandwich) norm(m, m->a.tmp, m->a.tmp, w->pn_w[1], NULL, n);
     m->ops->add(m->ops, m->a.x, m->a.x, m->a.tmp, (int64_t)n * m->shape.C);
 }
 
@@ -651,6 +679,10 @@ static void forward_piece(infer_model *m, const int32_t *tok, int n, float *logi
     o->to_device(o, m->a.tok, tok, (size_t)n * sizeof(int32_t));
     o->embedding_fwd(o, m->a.x, m->a.tok, m->shape.llama ? NULL : m->a.pos + m->len, m->w.wte,
                      m->w.wpe, 1, n, m->shape.C, 0, m->shape.Vp);
+    if (m->shape.embed_scale) { /* model.embed_scale: fp32 activations (refused on CUDA) */
+        UST_ASSERT(o->act_size == 4, "model.embed_scale with %d-byte activations", o->act_size);
+        o->scale(o, (float *)m->a.x, m->shape.embed_scale, (int64_t)n * m->shape.C);
+    }
     int W[CFG_MAX_WINDOWS], nw = cfg_windows(m->cfg, W);
     for (int k = 0; k < nw; k++) { /* each window size's starts (cfg_windows) */
         for (int i = 0; i < n; i++)

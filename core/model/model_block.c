@@ -12,12 +12,25 @@
 
 /* ------------------------------------------------------------------ forward */
 
+/* The weight an RMSNorm's op takes: w, or under model.norm_offset (Gemma) 1 + w made in the
+ * scratch wone (n floats) just before the op, in fp32 as transformers' 1.0 + weight.float(). The
+ * op's weight gradient is then d/dw itself (d(1 + w)/dw = 1). The scratch is one for all norms:
+ * each op reads it before the next norm refills it (ops are ordered on the backend's stream). */
+static const float *block_norm_weight(model *m, const float *w, int n) {
+    if (!m->shape.fam.norm_offset) return w;
+    const ust_ops *o = m->ops;
+    o->copy(o, m->acts.wone, m->acts.ones, (size_t)n * sizeof(float));
+    o->axpy(o, m->acts.wone, 1.0f, w, n);
+    return m->acts.wone;
+}
+
 /* Norms run on this rank's rows (all of them without sequence parallelism). */
 void block_norm_forward(model *m, act *out, float *mean, float *rstd, const act *inp,
                         const float *w, const float *b) {
     int N = m->shape.Nl;
     if (m->shape.llama)
-        m->ops->rmsnorm_fwd(m->ops, out, rstd, inp, w, N, m->shape.C, m->shape.eps);
+        m->ops->rmsnorm_fwd(m->ops, out, rstd, inp, block_norm_weight(m, w, m->shape.C), N,
+                            m->shape.C, m->shape.eps);
     else
         m->ops->layernorm_fwd(m->ops, out, mean, rstd, inp, w, b, N, m->shape.C, 1e-5f);
 }
@@ -27,7 +40,8 @@ static void norm_backward_rows(model *m, act *dinp, float *dw, float *db, const 
                                const float *rstd) {
     int N = m->shape.Nl;
     if (m->shape.llama)
-        m->ops->rmsnorm_bwd(m->ops, dinp, dw, dout, inp, w, rstd, N, m->shape.C);
+        m->ops->rmsnorm_bwd(m->ops, dinp, dw, dout, inp, block_norm_weight(m, w, m->shape.C), rstd,
+                            N, m->shape.C);
     else
         m->ops->layernorm_bwd(m->ops, dinp, dw, db, dout, inp, w, mean, rstd, N, m->shape.C);
 }
@@ -48,10 +62,13 @@ void block_norm_backward(model *m, act *dinp, float *dw, float *db, const act *d
     tp_sp_sum_norm_grads(m->par.tp, dw, db, m->acts.dnorm, C);
 }
 
-/* act(N,F) = swiglu(gate, up) for llama, gelu(up) for gpt2 */
+/* act(N,F) = swiglu(gate, up) for llama (geglu under model.hidden_act gelu_tanh), gelu(up) for
+ * gpt2 */
 void block_mlp_activation(model *m, layer_acts *a) {
     int64_t n = (int64_t)m->shape.B * m->shape.T * m->shape.F;
-    if (m->shape.llama)
+    if (m->shape.fam.geglu)
+        m->ops->geglu_fwd(m->ops, a->act, a->gate, a->up, n);
+    else if (m->shape.llama)
         m->ops->swiglu_fwd(m->ops, a->act, a->gate, a->up, n);
     else
         m->ops->gelu_fwd(m->ops, a->act, a->up, n);
@@ -61,8 +78,8 @@ void block_mlp_activation(model *m, layer_acts *a) {
  * as N*heads rows of D; under tensor parallelism each rank norms its own heads. */
 static void head_norm_forward(model *m, act *out, float *rstd, const act *inp, const float *w,
                               int heads) {
-    m->ops->rmsnorm_fwd(m->ops, out, rstd, inp, w, m->shape.B * m->shape.T * heads, m->shape.D,
-                        m->shape.eps);
+    m->ops->rmsnorm_fwd(m->ops, out, rstd, inp, block_norm_weight(m, w, m->shape.D),
+                        m->shape.B * m->shape.T * heads, m->shape.D, m->shape.eps);
 }
 
 /* dw += the head norm's weight gradient from its output gradient dout: each tensor-parallel rank
@@ -72,7 +89,8 @@ void block_head_norm_wgrad(model *m, float *dw, const act *dout, const act *inp,
                            const float *rstd, int rows) {
     const ust_ops *o = m->ops;
     o->zero(o, m->acts.dnorm, (size_t)m->shape.D * sizeof(float));
-    o->rmsnorm_bwd(o, NULL, m->acts.dnorm, dout, inp, w, rstd, rows, m->shape.D);
+    o->rmsnorm_bwd(o, NULL, m->acts.dnorm, dout, inp, block_norm_weight(m, w, m->shape.D), rstd,
+                   rows, m->shape.D);
     tp_sp_sum_norm_grads(m->par.tp, dw, NULL, m->acts.dnorm, m->shape.D);
 }
 
@@ -95,7 +113,8 @@ static void head_norm_backward(model *m, const deferral *df, act *d, const act *
                     keep, (int64_t)rows * m->shape.D);
     else
         block_head_norm_wgrad(m, *gw, d, inp, *w, rstd, rows);
-    o->rmsnorm_bwd(o, m->acts.datt, NULL, d, inp, *w, rstd, rows, m->shape.D);
+    o->rmsnorm_bwd(o, m->acts.datt, NULL, d, inp, block_norm_weight(m, *w, m->shape.D), rstd, rows,
+                   m->shape.D);
     o->copy(o, d, m->acts.datt, act_bytes(o, (int64_t)rows * m->shape.D));
 }
 
@@ -126,6 +145,12 @@ static const cp_docs *layer_docs(const model *m, int l) {
     return m->shape.doc_mask ? &m->batch.docs : NULL;
 }
 
+/* Layer l's RoPE: model.rope_local_theta's for a windowed layer (Gemma 3's local layers) */
+static const ust_rope *layer_rope(const model *m, int l) {
+    if (m->shape.fam.local_rope && cfg_layer_window(m->cfg, l)) return &m->shape.fam.rope_local;
+    return &m->shape.rope;
+}
+
 /* out (Nl,C) = attention(x) @ wo^T + bo, x: this rank's rows of the attention's input */
 static void attention_forward(model *m, int l, const act *x, act *out, layer_acts *a) {
     const ust_ops *o = m->ops;
@@ -147,9 +172,9 @@ static void attention_forward(model *m, int l, const act *x, act *out, layer_act
     }
     if (m->shape.llama) {
         o->rope_fwd(o, a->q, a->q, m->batch.rows, m->shape.B, m->shape.T, m->shape.H, m->shape.D,
-                    &m->shape.rope);
+                    layer_rope(m, l));
         o->rope_fwd(o, a->k, a->k, m->batch.rows, m->shape.B, m->shape.T, m->shape.Hkv, m->shape.D,
-                    &m->shape.rope);
+                    layer_rope(m, l));
     }
     cp_track_logit_max(m->par.cp, model_qk_row(m, l)); /* QK-clip's statistic, when tracked */
     cp_attention_fwd(m->par.cp, a->att, a->lse, a->q, a->k, a->v, m->shape.H, layer_docs(m, l));
@@ -192,22 +217,25 @@ void block_forward(model *m, int l, const act *x_in, act *x_out, layer_acts *a, 
     const ust_ops *o = m->ops;
     const layer_w *w = &m->w.lw[l];
     int C = m->shape.C;
-    if (m->shape.post_norm) {
+    if (m->shape.fam.post_norm) {
         post_norm_forward(m, l, x_in, x_out, a);
         return;
     }
+    int sw = m->shape.fam.sandwich; /* model.sandwich_norm: the sublayers' outputs normed too */
     block_norm_forward(m, a->ln1, a->ln1_mean, a->ln1_rstd, x_in, w->ln1_w, w->ln1_b);
     if (is_mla(m)) /* reads ln1, writes res2 as attention_forward does */
         mla_forward(m, l, a, layer_docs(m, l));
     else
-        attention_forward(m, l, a->ln1, a->res2, a);
+        attention_forward(m, l, a->ln1, sw ? a->att_o : a->res2, a);
+    if (sw) block_norm_forward(m, a->res2, NULL, a->pn1_rstd, a->att_o, w->pn1_w, NULL);
     o->add(o, a->res2, a->res2, x_in, (int64_t)m->shape.Nl * C);
     block_norm_forward(m, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, w->ln2_w, w->ln2_b);
     if (is_moe(m, l)) {
         moe_mlp_forward(m, l, x_out, a, ma, st);
         return;
     }
-    dense_mlp_forward(m, l, a->ln2, x_out, a);
+    dense_mlp_forward(m, l, a->ln2, sw ? a->mlp_o : x_out, a);
+    if (sw) block_norm_forward(m, x_out, NULL, a->pn2_rstd, a->mlp_o, w->pn2_w, NULL);
     o->add(o, x_out, x_out, a->res2, (int64_t)m->shape.Nl * C);
 }
 
@@ -311,9 +339,10 @@ static act *mlp_backward(model *m, int l, const act *dx, layer_acts *a, const de
     /* gpt2: gelu's backward fused in, straight to d up */
     row_backward(m, df, llama ? m->acts.dact : m->acts.dup, dx, a->act, llama ? NULL : a->up,
                  &g->wd, &g->bd, w->wd, m->shape.F, k ? k->gmlp : NULL);
-    if (llama)
-        o->swiglu_bwd(o, m->acts.dgate, m->acts.dup, m->acts.dact, a->gate, a->up,
-                      (int64_t)m->shape.B * m->shape.T * m->shape.F);
+    if (llama) /* (model.hidden_act gelu_tanh: GeGLU's) */
+        (m->shape.fam.geglu ? o->geglu_bwd
+                            : o->swiglu_bwd)(o, m->acts.dgate, m->acts.dup, m->acts.dact, a->gate,
+                                             a->up, (int64_t)m->shape.B * m->shape.T * m->shape.F);
     const block_col up_gate[2] = {
         {&g->wu, &g->bu, m->acts.dup, k ? k->dup : NULL, &w->wu, m->shape.F},
         {&g->wg, NULL, m->acts.dgate, k ? k->dgate : NULL, &w->wg, m->shape.F}};
@@ -378,9 +407,9 @@ static act *attention_backward(model *m, int l, const act *dx, layer_acts *a, co
                      a->q, a->k, a->v, m->shape.H, layer_docs(m, l));
     if (m->shape.llama) {
         o->rope_bwd(o, m->acts.dq, m->acts.dq, m->batch.rows, m->shape.B, m->shape.T, m->shape.H,
-                    m->shape.D, &m->shape.rope);
+                    m->shape.D, layer_rope(m, l));
         o->rope_bwd(o, m->acts.dk, m->acts.dk, m->batch.rows, m->shape.B, m->shape.T, m->shape.Hkv,
-                    m->shape.D, &m->shape.rope);
+                    m->shape.D, layer_rope(m, l));
     }
     if (m->shape.qk_whole) {
         proj_norm_backward(m, df, m->acts.dq, a->qr, &w->qn_w, &g->qn_w, a->q_rstd, m->shape.H,
@@ -422,17 +451,27 @@ void block_backward(model *m, int l, const act *x_in, act *dx, layer_acts *a, mo
     layer_w *g = &m->w.lg[l];
     const layer_wsave *k = df->keep;
     UST_ASSERT(!df->list || !is_moe(m, l), "zero-bubble B/W split of a MoE layer");
-    if (m->shape.post_norm) {
+    if (m->shape.fam.post_norm) {
         post_norm_backward(m, l, x_in, dx, a, df);
         return;
     }
+    /* model.sandwich_norm: through the post norm first, dtmp = d mlp_o (then d att_o); its
+     * bias is llama's, none (g->ln1_b, NULL) */
+    int sw = m->shape.fam.sandwich;
+    if (sw)
+        norm_input_grad(m, df, dx, a->mlp_o, &w->pn2_w, &g->pn2_w, &g->ln1_b, NULL, a->pn2_rstd,
+                        k ? k->dpn2 : NULL);
+    const act *dsub = sw ? m->acts.dtmp : dx; /* d of the sublayer's output */
     act *dln =
-        is_moe(m, l) ? moe_mlp_backward(m, l, dx, a, ma) : mlp_backward(m, l, dx, a, df, a->ln2);
+        is_moe(m, l) ? moe_mlp_backward(m, l, dx, a, ma) : mlp_backward(m, l, dsub, a, df, a->ln2);
     norm_step_backward(m, df, dx, dln, a->res2, &w->ln2_w, &g->ln2_w, &g->ln2_b, a->ln2_mean,
                        a->ln2_rstd, k ? k->dln2 : NULL); /* dx = d res2 */
     UST_ASSERT(!df->list || !is_mla(m), "zero-bubble B/W split of a latent-attention layer");
+    if (sw)
+        norm_input_grad(m, df, dx, a->att_o, &w->pn1_w, &g->pn1_w, &g->ln1_b, NULL, a->pn1_rstd,
+                        k ? k->dpn1 : NULL);
     dln = is_mla(m) ? mla_backward(m, l, dx, a, layer_docs(m, l))
-                    : attention_backward(m, l, dx, a, df, a->ln1);
+                    : attention_backward(m, l, dsub, a, df, a->ln1);
     norm_step_backward(m, df, dx, dln, x_in, &w->ln1_w, &g->ln1_w, &g->ln1_b, a->ln1_mean,
                        a->ln1_rstd, k ? k->dln1 : NULL); /* dx = d x_in */
 }

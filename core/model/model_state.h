@@ -13,7 +13,8 @@
 typedef struct {
     float *ln1_w, *ln1_b, *wq, *bq, *wk, *bk, *wv, *bv, *wo, *bo;
     float *ln2_w, *ln2_b, *wg, *wu, *bu, *wd, *bd;
-    float *qn_w, *kn_w; /* model.qk_norm: the per-head q and k RMSNorm weights (D each) */
+    float *qn_w, *kn_w;   /* model.qk_norm: the per-head q and k RMSNorm weights (D each) */
+    float *pn1_w, *pn2_w; /* model.sandwich_norm: the norms after attention and after the MLP */
     /* model.mla (model_mla.c): q_a_proj, q_a_layernorm, q_b_proj (q_lora_rank > 0; else wq),
      * kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj; wo is o_proj (C, H*v_head_dim) */
     float *wqa, *qa_norm, *wqb, *wkva, *kva_norm, *wkvb;
@@ -41,6 +42,8 @@ typedef struct layer_acts_s {
     act *ln2;                   /* (N,C) */
     float *ln2_mean, *ln2_rstd; /* (N), (N) */
     act *gate, *up, *act;       /* (N,F) each; gate only for llama */
+    act *att_o, *mlp_o;         /* model.sandwich_norm: (Nl,C) attention's and the MLP's outputs */
+    float *pn1_rstd, *pn2_rstd; /* ... and their post norms' statistics (Nl) */
     mla_acts mla;               /* model.mla */
 } layer_acts;
 
@@ -50,6 +53,7 @@ typedef struct {
     act *gmlp, *dup, *dgate, *dln2;  /* (N,C) down_proj out, (N,F) up/gate out, (Nl,C) norm 2 */
     act *gatt, *dq, *dk, *dv, *dln1; /* (N,C) o_proj out, q/k/v out, (Nl,C) norm 1 */
     act *dqn, *dkn;                  /* model.qk_norm: the head norms' output gradients */
+    act *dpn1, *dpn2;                /* model.sandwich_norm: the post norms' (Nl,C) */
 } layer_wsave;
 
 /* Zero-bubble's deferred weight gradients: B records, in backward order, what W must do later,
@@ -151,10 +155,18 @@ typedef struct {
     int Hg, Hkvg, Fg;
     float eps;
     ust_rope rope;
-    int qkv_bias;  /* q/k/v projections have biases (gpt2; llama with model.qkv_bias) */
-    int qk_norm;   /* model.qk_norm: RMSNorm over each head's q and k before RoPE */
-    int qk_whole;  /* model.qk_norm_whole: ... over the whole q and k projections (OLMo 2) */
-    int post_norm; /* model.post_norm: the norms after attention and the MLP (OLMo 2) */
+    int qkv_bias;        /* q/k/v projections have biases (gpt2; llama with model.qkv_bias) */
+    int qk_norm;         /* model.qk_norm: RMSNorm over each head's q and k before RoPE */
+    int qk_whole;        /* model.qk_norm_whole: ... over the whole q and k projections (OLMo 2) */
+    struct {             /* the block's family options (params_dims) */
+        int post_norm;   /* model.post_norm: the norms after attention and the MLP (OLMo 2) */
+        int sandwich;    /* model.sandwich_norm: norms before and after both (Gemma 3) */
+        int norm_offset; /* model.norm_offset: every RMSNorm scales by (1 + w) */
+        int geglu;       /* model.hidden_act gelu_tanh: the gated MLP's GELU */
+        float embed_scale; /* model.embed_scale: sqrt(C) (0: none) */
+        int local_rope;    /* model.rope_local_theta: windowed layers rotate by rope_local */
+        ust_rope rope_local;
+    } fam;
     int doc_mask;  /* data.doc_mask: attention inside documents */
     int reset_pos; /* data.reset_positions: positions restart at each document */
     ust_recompute recompute;
@@ -241,6 +253,9 @@ typedef struct {
      * gradients of the tp-replicated down-projections and norms (tp > 1) */
     act *mla_kvb, *mla_rope, *mla_dkr, *mla_d1, *mla_d2, *mla_dattv;
     float *mla_dw;
+    /* model.norm_offset: ones (max(C, D) floats, fp32) and the scratch each norm's 1 + w is
+     * made in just before its op (model_block.c:block_norm_weight) */
+    float *ones, *wone;
 } model_acts;
 
 /* model_mtp.c: multi-token prediction (model.mtp.depth D > 0): each module's weights (its

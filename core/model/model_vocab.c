@@ -136,8 +136,20 @@ void vocab_embedding_backward(model *m, const int32_t *tok, const act *dx, int v
                      m->shape.Vp);
 }
 
+/* model.embed_scale (Gemma): x (this rank's rows) times sqrt(C) in place, as transformers'
+ * embedding output times its fp32 scale; the backward scales the gradient the same way. fp32
+ * activations only (the config refuses it on CUDA). */
+static void embed_scale(model *m, act *x) {
+    float sc = m->shape.fam.embed_scale;
+    if (sc == 0) return;
+    UST_ASSERT(m->ops->act_size == 4, "model.embed_scale with %d-byte activations",
+               m->ops->act_size);
+    m->ops->scale(m->ops, (float *)x, sc, (int64_t)m->shape.Nl * m->shape.C);
+}
+
 /* model.mtp: each module's shifted tokens are looked up with the main model's (a llama: no
- * positions), so the table is used between its own units' hooks only. */
+ * positions), so the table is used between its own units' hooks only (config_validate refuses
+ * model.mtp with model.embed_scale). */
 int vocab_embed_forward(model *m, act_slot *s, int u) {
     int N = m->shape.B * m->shape.T, D = s->mtp_live ? m->mtp.D : 0;
     if (m->vc.nvc) {
@@ -145,6 +157,7 @@ int vocab_embed_forward(model *m, act_slot *s, int u) {
         for (int k = 0; k < D; k++)
             embedding_forward_chunks(m, s->mtp_tok + (int64_t)k * N, mtp_emb(m, s->xs[0], k),
                                      m->vc.wte_u0);
+        embed_scale(m, s->xs[0]);
         return next;
     }
     model_hook(m, u, MODEL_FWD_BEGIN);
@@ -153,6 +166,7 @@ int vocab_embed_forward(model *m, act_slot *s, int u) {
     for (int k = 0; k < D; k++)
         tp_embedding_fwd(m->par.tp, mtp_emb(m, s->xs[0], k), s->mtp_tok + (int64_t)k * N, NULL,
                          m->w.wte, NULL, m->shape.B, m->shape.T, m->shape.C, m->shape.Vp);
+    embed_scale(m, s->xs[0]);
     model_hook(m, u++, MODEL_FWD_END);
     return u;
 }
@@ -233,6 +247,7 @@ int vocab_head_backward(model *m, act_slot *s, const act *x_last, act *dx, const
 
 void vocab_embed_backward(model *m, act_slot *s, act *dx, const deferral *df, int input_only,
                           model_phase begin, model_phase end, int u) {
+    embed_scale(m, dx); /* d of the unscaled embedding (once: W's jobs read this dx) */
     /* its one unit, or the table's chunks last first and then the positions */
     for (int vc = m->vc.nvc ? m->vc.nvc - 1 : 0; vc >= (m->vc.nvc && !m->shape.llama ? -1 : 0);
          vc--, u--) {

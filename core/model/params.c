@@ -161,8 +161,10 @@ static void add_layer_params(model *m, int l) {
     if (!m->tab.sizing) snprintf(n, sizeof n, "model.layers.%d.%s", l, suffix);                      \
     add_param(m, n, rows, cols, split, decay, sd, val, &w->field, &g->field)
     /* model.post_norm (OLMo 2): norm 1 follows attention and norm 2 the MLP, named so */
-    int post = m->shape.post_norm, qn = m->shape.qk_whole ? m->shape.Hg : 1;
-    P(post ? "post_attention_layernorm.weight" : "input_layernorm.weight", 1, C, N0, 0, 0, 1, ln1_w);
+    int post = m->shape.fam.post_norm, qn = m->shape.qk_whole ? m->shape.Hg : 1;
+    /* model.norm_offset: the norms scale by 1 + w, so they start at w = 0 (Gemma's init) */
+    int sw = m->shape.fam.sandwich, n1 = !m->shape.fam.norm_offset;
+    P(post ? "post_attention_layernorm.weight" : "input_layernorm.weight", 1, C, N0, 0, 0, n1, ln1_w);
     if (gpt2) { P("input_layernorm.bias", 1, C, N0, 0, 0, 0, ln1_b); }
     if (is_mla(m)) { add_mla_params(m, l); goto mlp; }
     P("self_attn.q_proj.weight", HD, C, R, 1, std, 0, wq);
@@ -175,10 +177,13 @@ static void add_layer_params(model *m, int l) {
     if (gpt2) { P("self_attn.o_proj.bias", 1, C, N0, 0, 0, 0, bo); }
     /* whole on every tp rank: each rank's heads use all of it (gradients summed, tp.c) */
     /* model.qk_norm_whole: one weight over all heads (qn of them; k: Hkv), whole on each rank */
-    if (m->shape.qk_norm) { P("self_attn.q_norm.weight", 1, qn * m->shape.D, N0, 0, 0, 1, qn_w); }
-    if (m->shape.qk_norm) { P("self_attn.k_norm.weight", 1, (qn > 1 ? m->shape.Hkvg : 1) * m->shape.D, N0, 0, 0, 1, kn_w); }
+    if (m->shape.qk_norm) { P("self_attn.q_norm.weight", 1, qn * m->shape.D, N0, 0, 0, n1, qn_w); }
+    if (m->shape.qk_norm) { P("self_attn.k_norm.weight", 1, (qn > 1 ? m->shape.Hkvg : 1) * m->shape.D, N0, 0, 0, n1, kn_w); }
+    /* model.sandwich_norm (Gemma 3): ln1 and ln2 before attention and the MLP, pn1 and pn2 after */
+    if (sw) { P("post_attention_layernorm.weight", 1, C, N0, 0, 0, n1, pn1_w); }
 mlp:
-    P(post ? "post_feedforward_layernorm.weight" : "post_attention_layernorm.weight", 1, C, N0, 0, 0, 1, ln2_w);
+    P(post ? "post_feedforward_layernorm.weight" : sw ? "pre_feedforward_layernorm.weight" : "post_attention_layernorm.weight", 1, C, N0, 0, 0, n1, ln2_w);
+    if (sw) { P("post_feedforward_layernorm.weight", 1, C, N0, 0, 0, n1, pn2_w); }
     if (gpt2) { P("post_attention_layernorm.bias", 1, C, N0, 0, 0, 0, ln2_b); }
     if (is_moe(m, l)) { add_moe_params(m, l); return; }
     if (!gpt2) { P("mlp.gate_proj.weight", F, C, R, 1, std, 0, wg); }
@@ -269,7 +274,8 @@ static void add_embed_unit(model *m) {
 static void add_head_unit(model *m) {
     int C = m->shape.C;
     if (m->vc.nvc) { /* the final norm, then the head's chunks (tied here: the table's) */
-        add_param(m, "model.norm.weight", 1, C, SPLIT_NONE, 0, 0, 1, &m->w.lnf_w, &m->w.g_lnf_w);
+        add_param(m, "model.norm.weight", 1, C, SPLIT_NONE, 0, 0, !m->shape.fam.norm_offset,
+                  &m->w.lnf_w, &m->w.g_lnf_w);
         if (!m->shape.llama)
             add_param(m, "model.norm.bias", 1, C, SPLIT_NONE, 0, 0, 0, &m->w.lnf_b, &m->w.g_lnf_b);
         end_unit(m, 0);
@@ -288,7 +294,8 @@ static void add_head_unit(model *m) {
                   &m->w.g_lm);
         m->tab.params[m->tab.nparams - 1].replica = 1;
     }
-    add_param(m, "model.norm.weight", 1, C, SPLIT_NONE, 0, 0, 1, &m->w.lnf_w, &m->w.g_lnf_w);
+    add_param(m, "model.norm.weight", 1, C, SPLIT_NONE, 0, 0, !m->shape.fam.norm_offset,
+              &m->w.lnf_w, &m->w.g_lnf_w);
     if (!m->shape.llama)
         add_param(m, "model.norm.bias", 1, C, SPLIT_NONE, 0, 0, 0, &m->w.lnf_b, &m->w.g_lnf_b);
     if (!m->shape.tied)
@@ -612,7 +619,14 @@ void params_dims(model *m, const ust_config *cfg) {
     m->shape.qkv_bias = !m->shape.llama || cfg->model.qkv_bias;
     m->shape.qk_norm = m->shape.llama && cfg->model.qk_norm;
     m->shape.qk_whole = m->shape.qk_norm && cfg->model.qk_norm_whole;
-    m->shape.post_norm = m->shape.llama && cfg->model.post_norm;
+    m->shape.fam.post_norm = m->shape.llama && cfg->model.post_norm;
+    const __typeof__(cfg->model.gemma) *gm = &cfg->model.gemma;
+    m->shape.fam.sandwich = m->shape.llama && gm->sandwich_norm;
+    m->shape.fam.norm_offset = m->shape.llama && gm->norm_offset;
+    m->shape.fam.geglu = m->shape.llama && gm->hidden_act == HACT_GELU_TANH;
+    m->shape.fam.embed_scale = gm->embed_scale ? (float)sqrt((double)m->shape.C) : 0;
+    m->shape.fam.local_rope = m->shape.llama && gm->rope_local_theta > 0;
+    m->shape.fam.rope_local = ops_rope_local(cfg);
     /* packed examples (data.packing: first_fit) are documents masked apart, positions reset;
      * train.seq_len_warmup's short sequences are pieces of each window masked apart */
     m->shape.doc_mask =

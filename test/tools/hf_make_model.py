@@ -9,7 +9,9 @@ and compares an imported-then-exported directory with the original.
       of 8 on the layers from max_window_layers = 1 on), llama_yarn (rope_scaling yarn, factor 4
       over 16 original positions), olmo2 (q/k norms over the whole projections, norms after
       attention and the MLP), mixtral, qwen3_moe (decoder_sparse_step 2: layer 0 dense,
-      layer 1 four experts), gpt2.
+      layer 1 four experts), gemma3 (Gemma3ForCausalLM: 4 layers local, local, global, local
+      with a window of 8, head_dim 24 apart from hidden_size / heads, query_pre_attn_scalar 20,
+      global RoPE 1e6 with linear scaling 2, local 1e4, tied embeddings), gpt2.
       Writes OUT/config.json and OUT/model.safetensors, or with --shards N > 1
       OUT/model-0000i-of-0000N.safetensors + model.safetensors.index.json. The safetensors files
       are written by hand (8-byte little-endian header length, JSON header padded to 8 bytes,
@@ -127,6 +129,43 @@ def llama_tensors(kind):
     return t
 
 
+GEMMA3 = dict(L=4, HD=24, QS=20, W=8,
+              TYPES=["sliding_attention", "sliding_attention", "full_attention",
+                     "sliding_attention"],
+              ROPE={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+
+
+def gemma3_config():
+    d, g = DIMS, GEMMA3
+    return {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+            "hidden_size": d["C"], "intermediate_size": d["F"], "num_hidden_layers": g["L"],
+            "num_attention_heads": d["H"], "num_key_value_heads": d["KV"], "head_dim": g["HD"],
+            "vocab_size": d["V"], "max_position_embeddings": d["T"], "rms_norm_eps": 1e-6,
+            "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": g["QS"],
+            "sliding_window": g["W"], "layer_types": g["TYPES"], "rope_parameters": g["ROPE"],
+            "final_logit_softcapping": None, "attn_logit_softcapping": None,
+            "attention_bias": False, "tie_word_embeddings": True, "torch_dtype": "float32"}
+
+
+def gemma3_tensors():
+    d, g = DIMS, GEMMA3
+    C, Q, KV = d["C"], d["H"] * g["HD"], d["KV"] * g["HD"]
+    t = [("model.embed_tokens.weight", (d["V"], C))]
+    for i in range(g["L"]):
+        p = f"model.layers.{i}."
+        t += [(p + "input_layernorm.weight", (C,)), (p + "self_attn.q_proj.weight", (Q, C)),
+              (p + "self_attn.k_proj.weight", (KV, C)), (p + "self_attn.v_proj.weight", (KV, C)),
+              (p + "self_attn.o_proj.weight", (C, Q)), (p + "self_attn.q_norm.weight", (g["HD"],)),
+              (p + "self_attn.k_norm.weight", (g["HD"],)),
+              (p + "post_attention_layernorm.weight", (C,)),
+              (p + "pre_feedforward_layernorm.weight", (C,)),
+              (p + "post_feedforward_layernorm.weight", (C,)),
+              (p + "mlp.gate_proj.weight", (d["F"], C)), (p + "mlp.up_proj.weight", (d["F"], C)),
+              (p + "mlp.down_proj.weight", (C, d["F"]))]
+    return t + [("model.norm.weight", (C,))]
+
+
 def gpt2_config():
     d = DIMS
     return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": d["V"],
@@ -178,8 +217,10 @@ def write_safetensors(path, items):
 def make(kind, out, dtype="f32", shards=1, seed=1, sets=(), bad_shape=None, bad_dtype=None,
          hub_names=False):
     rng = np.random.default_rng(seed)
-    cfg = gpt2_config() if kind == "gpt2" else llama_config(kind)
-    names = gpt2_tensors() if kind == "gpt2" else llama_tensors(kind)
+    cfg = (gpt2_config() if kind == "gpt2" else gemma3_config() if kind == "gemma3"
+           else llama_config(kind))
+    names = (gpt2_tensors() if kind == "gpt2" else gemma3_tensors() if kind == "gemma3"
+             else llama_tensors(kind))
     for s in sets:
         k, v = s.split("=", 1)
         cfg[k] = json.loads(v)
@@ -188,7 +229,9 @@ def make(kind, out, dtype="f32", shards=1, seed=1, sets=(), bad_shape=None, bad_
         if name == bad_shape:
             shape = (shape[0] + 1,) + tuple(shape[1:])
         norm = "norm" in name or "ln_" in name
-        vals = (1 + 0.1 * rng.standard_normal(shape) if norm and name.endswith("weight")
+        # (Gemma 3's norms scale by 1 + w: their weights are drawn around 0, as it stores them)
+        one = 0 if kind == "gemma3" else 1
+        vals = (one + 0.1 * rng.standard_normal(shape) if norm and name.endswith("weight")
                 else 0.05 * rng.standard_normal(shape)).astype(np.float32)
         if name in ("model.embed_tokens.weight", "transformer.wte.weight"):
             # the edges of the narrow formats that keep the loss sane: signed zero, F16's
@@ -296,6 +339,12 @@ def make_with_transformers(kind, out, seed=1):
             intermediate_size=d["F"], moe_intermediate_size=d["FE"], num_experts=d["E"],
             num_experts_per_tok=d["K"], decoder_sparse_step=1, mlp_only_layers=[0, 2],
             norm_topk_prob=False, head_dim=d["C"] // d["H"], **common))
+    elif kind == "gemma3":
+        g = GEMMA3
+        model = tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(
+            intermediate_size=d["F"], head_dim=g["HD"], query_pre_attn_scalar=g["QS"],
+            sliding_window=g["W"], layer_types=g["TYPES"], rope_parameters=g["ROPE"],
+            **dict(common, num_hidden_layers=g["L"], rms_norm_eps=1e-6, tie_word_embeddings=True)))
     elif kind == "olmo2":
         model = tf.Olmo2ForCausalLM(tf.Olmo2Config(intermediate_size=d["F"], **common))
     elif kind == "mixtral":
@@ -312,7 +361,8 @@ def make_with_transformers(kind, out, seed=1):
     with torch.no_grad():
         for name, p in model.named_parameters():
             norm = "norm" in name or "ln_" in name
-            p.copy_(1 + 0.1 * torch.randn_like(p) if norm and name.endswith("weight")
+            one = 0 if kind == "gemma3" else 1  # Gemma 3's norms: 1 + w, w around 0
+            p.copy_(one + 0.1 * torch.randn_like(p) if norm and name.endswith("weight")
                     else 0.05 * torch.randn_like(p))
     model.save_pretrained(out, safe_serialization=True)
 
