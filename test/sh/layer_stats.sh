@@ -76,11 +76,15 @@ EOT
     fail stats_act_rms_and_max_logit_in_tensorboard "$(tail -2 $TMP/tb.check)"
 mv $TMP/run/metrics.jsonl $TMP/one.jsonl
 
-# the same figures from other layouts: dp = 2 under ZeRO-2, tp = 2 with sp, cp = 2 and a 2-stage
-# pipeline (each holds a part of the tokens or of the layers: the sums go over every rank)
+# the same figures from other layouts: dp = 2 under ZeRO-2, tp = 2 with sp, cp = 2, a 2-stage
+# pipeline and dualpipev (each holds a part of the tokens or of the layers, or the mirror's
+# micro-batches: the sums go over every rank), and tp = 2 with full recompute (replicated rows and
+# the backward's rerun of each forward counted once)
 L="--set checkpoint.every=0 --set checkpoint.resume=none"
 for lay in "dp2_zero2:--set parallel.dp=2 --set optimizer.zero_stage=2" "pp2:--set parallel.pp=2" \
-    "tp2_sp:--set parallel.tp=2 --set parallel.sp=true" "cp2:--set parallel.cp=2"; do
+    "tp2_sp:--set parallel.tp=2 --set parallel.sp=true" "cp2:--set parallel.cp=2" \
+    "tp2_recompute_full:--set parallel.tp=2 --set train.recompute=full" \
+    "dualpipev:--set parallel.pp=2 --set parallel.vpp=2 --set parallel.pp_schedule=dualpipev --set train.micro_batch_size=2"; do
     name=${lay%%:*}
     rm -rf $TMP/run
     scripts/ustrun --nproc-per-node 2 $UST train $TMP/c.yaml $S $L ${lay#*:} >$TMP/$name.out 2>&1
