@@ -2,9 +2,12 @@
 # Stability telemetry (logging.stats_every, core/train/train_stats.c, parallel/dp_stats.c): on
 # every stats step each layer's gradient norm and update-to-weight ratio. The layers' gradient
 # squares add up to the step's global norm; the update ratio equals the one read off two
-# consecutive checkpoints (||w_s - w_s-1|| / ||w_s|| per layer); a data-parallel ZeRO-2 and a
-# 2-stage pipeline run give the one-process figures; a planted gradient spike (UST_FAULT_SPIKE_STEP)
-# is named with its layer, the one whose norm rose most over its mean; bad settings exit 2.
+# consecutive checkpoints (||w_s - w_s-1|| / ||w_s|| per layer); each layer's output RMS and largest
+# attention logit equal a numpy forward of the step's samples on the previous checkpoint
+# (test/tools/qkclip_ref.py stats) and reach TensorBoard; data-parallel ZeRO-2, tp2 with sp, cp2,
+# 2-stage pipeline, dualpipev and tp2 full-recompute runs give the one-process figures; a planted
+# gradient spike (UST_FAULT_LAYER_GRAD) is named with its layer, the one whose norm rose most over
+# its mean; bad settings exit 2.
 . "$(dirname "$0")/../lib.sh"
 
 $UST data demo $TMP/data >/dev/null
