@@ -2,9 +2,12 @@
 # Stability telemetry (logging.stats_every, core/train/train_stats.c, parallel/dp_stats.c): on
 # every stats step each layer's gradient norm and update-to-weight ratio. The layers' gradient
 # squares add up to the step's global norm; the update ratio equals the one read off two
-# consecutive checkpoints (||w_s - w_s-1|| / ||w_s|| per layer); a data-parallel ZeRO-2 and a
-# 2-stage pipeline run give the one-process figures; a planted gradient spike (UST_FAULT_SPIKE_STEP)
-# is named with its layer, the one whose norm rose most over its mean; bad settings exit 2.
+# consecutive checkpoints (||w_s - w_s-1|| / ||w_s|| per layer); each layer's output RMS and largest
+# attention logit equal a numpy forward of the step's samples on the previous checkpoint
+# (test/tools/qkclip_ref.py stats) and reach TensorBoard; data-parallel ZeRO-2, tp2 with sp, cp2,
+# 2-stage pipeline, dualpipev and tp2 full-recompute runs give the one-process figures; a planted
+# gradient spike (UST_FAULT_LAYER_GRAD) is named with its layer, the one whose norm rose most over
+# its mean; bad settings exit 2.
 . "$(dirname "$0")/../lib.sh"
 
 $UST data demo $TMP/data >/dev/null
@@ -76,11 +79,15 @@ EOT
     fail stats_act_rms_and_max_logit_in_tensorboard "$(tail -2 $TMP/tb.check)"
 mv $TMP/run/metrics.jsonl $TMP/one.jsonl
 
-# the same figures from other layouts: dp = 2 under ZeRO-2, tp = 2 with sp, cp = 2 and a 2-stage
-# pipeline (each holds a part of the tokens or of the layers: the sums go over every rank)
+# the same figures from other layouts: dp = 2 under ZeRO-2, tp = 2 with sp, cp = 2, a 2-stage
+# pipeline and dualpipev (each holds a part of the tokens or of the layers, or the mirror's
+# micro-batches: the sums go over every rank), and tp = 2 with full recompute (replicated rows and
+# the backward's rerun of each forward counted once)
 L="--set checkpoint.every=0 --set checkpoint.resume=none"
 for lay in "dp2_zero2:--set parallel.dp=2 --set optimizer.zero_stage=2" "pp2:--set parallel.pp=2" \
-    "tp2_sp:--set parallel.tp=2 --set parallel.sp=true" "cp2:--set parallel.cp=2"; do
+    "tp2_sp:--set parallel.tp=2 --set parallel.sp=true" "cp2:--set parallel.cp=2" \
+    "tp2_recompute_full:--set parallel.tp=2 --set train.recompute=full" \
+    "dualpipev:--set parallel.pp=2 --set parallel.vpp=2 --set parallel.pp_schedule=dualpipev --set train.micro_batch_size=2"; do
     name=${lay%%:*}
     rm -rf $TMP/run
     scripts/ustrun --nproc-per-node 2 $UST train $TMP/c.yaml $S $L ${lay#*:} >$TMP/$name.out 2>&1
