@@ -556,6 +556,48 @@ static void test_planner_never_proposes_a_schedule_validate_refuses() {
     }
 }
 
+/* Stages that do not divide the layers get them as evenly as they can, the extra ones on the
+ * stages after the first: 61 layers on 16 stages is DeepSeek-V3's 3, 4 x 13, 3, 3. A search over
+ * 6 layers on 4 ranks proposes pp 4 (1, 2, 2, 1), each valid with the memory plan of its split,
+ * and interleaving only at a vpp whose stages divide the layers. */
+static void test_uneven_stages_when_they_do_not_divide_the_layers() {
+    ust_config c, x;
+    tiny(&c);
+    c.model.n_layer = 61;
+    planner_layout l = LAYOUT(.pp = 16, .dp = 1);
+    planner_apply(&c, &l, &x);
+    CHECK(!strcmp(x.parallel.pp_layers, "3,4,4,4,4,4,4,4,4,4,4,4,4,4,3,3"), "61 on 16: %s",
+          x.parallel.pp_layers);
+    l = LAYOUT(.pp = 4, .vpp = 2, .schedule = PP_DUALPIPEV); /* 8 stages: 7, 8 x 6, 7 */
+    planner_apply(&c, &l, &x);
+    CHECK(!strcmp(x.parallel.pp_layers, "7,8,8,8,8,8,7,7"), "61 on 8: %s", x.parallel.pp_layers);
+    c.model.n_layer = 64;
+    planner_apply(&c, &l, &x);
+    CHECK(!x.parallel.pp_layers[0], "an even split is left to the config: %s",
+          x.parallel.pp_layers);
+    tiny(&c);
+    c.model.n_layer = 6, c.train.global_batch_size = 16;
+    planner_hw hw = hw_of(450e9, 50e9, 8);
+    planner_entry *e;
+    planner_stats st;
+    long n = planner_search(&c, 4, &hw, &e, &st), pp4 = 0;
+    for (long i = 0; i < n; i++) {
+        ust_config y;
+        ust_err err;
+        planner_apply(&c, &e[i].l, &y);
+        CHECK(!cfg_validate(&y, 4, &err), "entry %ld: %s", i, err.msg);
+        CHECK(e[i].cost.mem_peak == plan_memory_peak(&y), "entry %ld: the peak of its split", i);
+        CHECK(e[i].l.schedule != PP_INTERLEAVED || 6 % (e[i].l.pp * e[i].l.vpp) == 0,
+              "interleaved pp %d vpp %d", e[i].l.pp, e[i].l.vpp);
+        if (e[i].l.pp == 4 && e[i].l.schedule == PP_1F1B) {
+            pp4++;
+            CHECK(!strcmp(y.parallel.pp_layers, "1,2,2,1"), "%s", y.parallel.pp_layers);
+        }
+    }
+    CHECK(pp4 > 0, "pp 4 over 6 layers proposed (%ld fitting)", n);
+    free(e);
+}
+
 /* Two layouts that differ only in the schedule (interleaved, dualpipev and dualpipe all run at
  * vpp 2) never tie, even at equal estimates, so qsort's result does not depend on the order the
  * search enumerated them in; per mesh only the better one is listed (the schedule is a variant of
@@ -605,6 +647,7 @@ int main(void) {
     RUN_TEST(test_deep_pipeline_prefers_a_zero_bubble_schedule);
     RUN_TEST(test_planner_never_proposes_a_schedule_validate_refuses);
     RUN_TEST(test_compare_and_mesh_dedup_with_schedules);
+    RUN_TEST(test_uneven_stages_when_they_do_not_divide_the_layers);
     RUN_TEST(test_no_layout_of_a_prime_world);
     return TEST_SUMMARY();
 }

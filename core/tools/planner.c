@@ -19,13 +19,33 @@ void planner_hw_defaults(planner_hw *h) {
     h->gpu_mem = 80.0 * (1 << 30);
 }
 
+/* parallel.pp_layers for S stages of L layers that S does not divide: as even as it gets, the
+ * L % S extra layers on the stages after the first, so the first (with the embedding) and the
+ * last (with the head and the loss) keep the fewer (61 layers on 16 stages: 3, 4 x 13, 3, 3,
+ * DeepSeek-V3's split). "" (an even split) when S divides L, exceeds it, or the list is too
+ * long for the field. */
+static void uneven_layers(int L, int S, char *out, size_t cap) {
+    out[0] = 0;
+    if (S <= 1 || S > L || L % S == 0) return;
+    size_t k = 0;
+    for (int s = 0; s < S; s++) {
+        int n = snprintf(out + k, cap - k, "%s%d", s ? "," : "", L / S + (s >= 1 && s <= L % S));
+        if (n < 0 || (size_t)n >= cap - k) {
+            out[0] = 0;
+            return;
+        }
+        k += (size_t)n;
+    }
+}
+
 void planner_apply(const ust_config *base, const planner_layout *l, ust_config *out) {
     *out = *base;
     out->parallel.dp = l->dp, out->parallel.tp = l->tp, out->parallel.pp = l->pp;
     out->parallel.vpp = l->vpp, out->parallel.cp = l->cp, out->parallel.ep = l->ep;
     out->parallel.sp = l->sp;
     out->parallel.pp_schedule = l->schedule;
-    out->parallel.pp_layers[0] = 0;
+    int S = l->pp > 1 && l->schedule == PP_DUALPIPE ? l->pp : l->pp * l->vpp;
+    uneven_layers(base->model.n_layer, S, out->parallel.pp_layers, sizeof out->parallel.pp_layers);
     out->train.micro_batch_size = l->micro_batch;
     out->train.recompute = l->recompute;
     out->optimizer.zero_stage = l->zero;
@@ -359,7 +379,10 @@ static void estimate(const ust_config *c, const planner_hw *hw, planner_cost *o,
     est_tp(&e, o);
     est_cp(&e, o);
     est_pp_ep(&e, o, dense, experts);
-    for (int g = 0; g < PLAN_NGROUPS; g++) o->comm += o->group[g];
+    for (int g = 0; g < PLAN_NGROUPS; g++) {
+        o->comm += o->group[g];
+        o->sent[g] = o->group[g] * e.bw[g]; /* every time above is bytes sent / bw */
+    }
     o->total = o->compute + o->bubble + o->comm;
     o->tokens_per_s = (double)c->train.global_batch_size * e.T / o->total;
     memory(c, sets, o);
@@ -478,8 +501,10 @@ static void sweep_schedules(search *s, planner_layout l) {
         if (kind == PP_DUALPIPE && l.pp % 2) continue; /* its ranks pair up, r with pp-1-r */
         int lo = SCHEDULES[k].vpp ? SCHEDULES[k].vpp : 2, hi = SCHEDULES[k].vpp ? lo : 16;
         for (int v = lo; v <= hi; v++) {
-            /* dualpipe's pp stages each appear twice, one copy per direction */
-            if (L % (kind == PP_DUALPIPE ? l.pp : l.pp * v)) continue;
+            /* dualpipe's pp stages each appear twice, one copy per direction; the stages need
+             * a layer each, and interleaving's vpp an even split (each vpp one more search) */
+            int S = kind == PP_DUALPIPE ? l.pp : l.pp * v;
+            if (S > L || (kind == PP_INTERLEAVED && L % S)) continue;
             l.vpp = v, l.schedule = kind;
             sweep_mesh(s, l);
         }
