@@ -160,6 +160,41 @@ static void test_flops_per_token_by_hand() {
                 "MLA");
 }
 
+/* Sliding-window layers are charged the keys of their window, not the sequence's (issue 35):
+ * the tiny model (L 4, C 128, T 128) with windows 32, none, 16, none. */
+static void test_flops_per_token_counts_each_window() {
+    ust_config c;
+    tiny(&c);
+    snprintf(c.model.sliding_window, sizeof c.model.sliding_window, "32,%d,16,%d",
+             c.model.max_seq_len, c.model.max_seq_len);
+    /* matmul weights as the dense case (851968); attention 6 x 2C per key over 32 + 128 + 16 +
+     * 128 keys a query, where full attention counts 4 x 128 (786432 = 6 x 256 x 512) */
+    CHECK_CLOSE(planner_flops_per_token(&c), 6.0 * 851968 + 6.0 * 256 * 304, 0, RT, "windows");
+    /* a window as long as the sequence is full attention */
+    snprintf(c.model.sliding_window, sizeof c.model.sliding_window, "128");
+    CHECK_CLOSE(planner_flops_per_token(&c), 6.0 * 851968 + 786432, 0, RT, "window = T");
+    /* pp 2: stage 0 (windows 32 and none: 160 keys) is slower than stage 1 (16 and none: 144),
+     * and the step runs at its pace; per layer its matmul parameters plus 2C keys */
+    ust_config b, l;
+    tiny(&b);
+    snprintf(b.model.sliding_window, sizeof b.model.sliding_window, "32,%d,16,%d",
+             b.model.max_seq_len, b.model.max_seq_len);
+    CHECK(!layout(&l, &b, LAYOUT(.pp = 2), 8), "pp2 with windows");
+    planner_hw hw = hw_of(1e9, 1e9, 8);
+    planner_cost k;
+    planner_estimate(&l, &hw, &k);
+    planner_sizes z;
+    planner_model_sizes(&l, &z);
+    double w0 = 2 * (z.attn + z.mlp) + 256.0 * 160, w1 = 2 * (z.attn + z.mlp) + 256.0 * 144;
+    double flops = 8 * 128 * (6.0 * 851968 + 6.0 * 256 * 304) / 2;
+    CHECK_CLOSE(k.compute, w0 / ((w0 + w1) / 2) * flops / 0.5e12, 0, 1e-12, "pp2 compute");
+    /* full recompute adds the forward's 2 x 2C per key */
+    l.train.recompute = RECOMPUTE_FULL;
+    planner_estimate(&l, &hw, &k);
+    flops = 8 * 128 * (8.0 * 851968 + 8.0 * 256 * 304) / 2;
+    CHECK_CLOSE(k.compute, w0 / ((w0 + w1) / 2) * flops / 0.5e12, 0, 1e-12, "full recompute");
+}
+
 /* compute = tokens x FLOP/token / ranks / (mfu x peak); 1f1b's bubble (p-1)/m of it, interleaved
  * (p-1)/(v*m) */
 static void test_compute_and_pipeline_bubble() {
@@ -632,6 +667,7 @@ int main(void) {
     RUN_TEST(test_group_is_intra_node_when_its_span_fits_and_divides_the_node);
     RUN_TEST(test_parameter_count_equals_the_memory_plans);
     RUN_TEST(test_flops_per_token_by_hand);
+    RUN_TEST(test_flops_per_token_counts_each_window);
     RUN_TEST(test_mixed_layers_count_on_the_rank_that_holds_them);
     RUN_TEST(test_compute_and_pipeline_bubble);
     RUN_TEST(test_moe_compute_splits_over_tp);
