@@ -291,15 +291,9 @@ static void print_table(const ust_config *c, const planner_entry *e, long n, int
     }
 }
 
-static void print_best(const ust_config *c, const planner_entry *e, int world) {
-    char line[256], m[32];
-    layout_line(&e->l, world, line, sizeof line);
-    printf("\nbest: %s\n", line);
-    char t[4][32];
-    printf("  step %s = compute %s + communication %s + bubble %s; %.0f tokens/s\n",
-           fmt_time(t[0], 32, e->cost.total), fmt_time(t[1], 32, e->cost.compute),
-           fmt_time(t[2], 32, e->cost.comm), fmt_time(t[3], 32, e->cost.bubble),
-           e->cost.tokens_per_s);
+/* One layout's time per group and the bytes a rank sends over it per step. */
+static void print_groups(const planner_entry *e) {
+    char t[32], m[32];
     const planner_layout *l = &e->l;
     int size[PLAN_NGROUPS] = {[PLAN_DP] = l->dp * l->cp,
                               [PLAN_TP] = l->tp,
@@ -309,13 +303,26 @@ static void print_best(const ust_config *c, const planner_entry *e, int world) {
     printf("  communication per step:");
     for (int g = 0; g < PLAN_NGROUPS; g++) {
         if (size[g] > 1)
-            printf(" %s %s (%d ranks, %s)", planner_group_names[g],
-                   fmt_time(t[0], 32, e->cost.group[g]), size[g],
-                   e->cost.intra[g] ? "intra-node" : "inter-node");
+            printf(" %s %s (%d ranks, %s, %s sent)", planner_group_names[g],
+                   fmt_time(t, 32, e->cost.group[g]), size[g],
+                   e->cost.intra[g] ? "intra-node" : "inter-node",
+                   log_bytes(m, sizeof m, e->cost.sent[g]));
         else
             printf(" %s -", planner_group_names[g]);
         printf("%s", g + 1 < PLAN_NGROUPS ? "," : "\n");
     }
+}
+
+static void print_best(const ust_config *c, const planner_entry *e, int world) {
+    char line[256], m[32];
+    layout_line(&e->l, world, line, sizeof line);
+    printf("\nbest: %s\n", line);
+    char t[4][32];
+    printf("  step %s = compute %s + communication %s + bubble %s; %.0f tokens/s\n",
+           fmt_time(t[0], 32, e->cost.total), fmt_time(t[1], 32, e->cost.compute),
+           fmt_time(t[2], 32, e->cost.comm), fmt_time(t[3], 32, e->cost.bubble),
+           e->cost.tokens_per_s);
+    print_groups(e);
     printf("  memory per rank: %s (%.0f bytes; the fp32 memory plan `ustrain validate` prints)\n",
            log_bytes(m, sizeof m, e->cost.mem), e->cost.mem);
     if (e->l.pp > 1) {
@@ -330,7 +337,7 @@ static void print_best(const ust_config *c, const planner_entry *e, int world) {
  * layouts: 0-based rank (n when it does not fit), or -1 when it is not a layout of this world.
  * The description goes to buf. */
 static int own_layout(const ust_config *base, const plan_opts *o, const planner_entry *e, long n,
-                      char *buf, size_t len) {
+                      char *buf, size_t len, planner_entry *mine) {
     ust_err err;
     if (cfg_validate(base, o->world, &err)) return -1;
     const __typeof__(base->parallel) *p = &base->parallel;
@@ -339,6 +346,7 @@ static int own_layout(const ust_config *base, const plan_opts *o, const planner_
                               base->train.micro_batch_size, p->sp, base->train.recompute,
                               p->pp > 1 ? p->pp_schedule : PP_1F1B}};
     planner_estimate(base, &o->hw, &me.cost);
+    *mine = me;
     char line[256], t[32], m[32];
     layout_line(&me.l, o->world, line, sizeof line);
     long r = 0;
@@ -411,7 +419,8 @@ static int plan_run(int argc, char **argv, plan_opts *o) {
         if (e[i].l.tp * e[i].l.pp * e[i].l.cp < small.l.tp * small.l.pp * small.l.cp) small = e[i];
     print_steps(&base, o, &st, &small);
     char own[512];
-    int own_rank = own_layout(&base, o, e, n, own, sizeof own);
+    planner_entry mine;
+    int own_rank = own_layout(&base, o, e, n, own, sizeof own, &mine);
     long shown = o->all ? n : planner_best_per_mesh(e, n);
     print_table(&base, e, shown, o->top);
     printf("(%ld of %ld %s; %ld layouts tried, %ld refused by validation, %ld over memory)\n",
@@ -419,7 +428,10 @@ static int plan_run(int argc, char **argv, plan_opts *o) {
            o->all ? "fitting layouts" : "meshes, the best variant of each (--all: every variant)",
            st.candidates, st.invalid, st.over_mem);
     print_best(&base, &e[0], o->world);
-    if (own_rank >= 0) printf("the config's own layout: %s\n", own);
+    if (own_rank >= 0) {
+        printf("the config's own layout: %s\n", own);
+        print_groups(&mine);
+    }
     rc = o->write ? write_yaml(&base, &e[0], o->world, o) : 0;
     free(e);
     return rc;

@@ -160,6 +160,41 @@ static void test_flops_per_token_by_hand() {
                 "MLA");
 }
 
+/* Sliding-window layers are charged the keys of their window, not the sequence's (issue 35):
+ * the tiny model (L 4, C 128, T 128) with windows 32, none, 16, none. */
+static void test_flops_per_token_counts_each_window() {
+    ust_config c;
+    tiny(&c);
+    snprintf(c.model.sliding_window, sizeof c.model.sliding_window, "32,%d,16,%d",
+             c.model.max_seq_len, c.model.max_seq_len);
+    /* matmul weights as the dense case (851968); attention 6 x 2C per key over 32 + 128 + 16 +
+     * 128 keys a query, where full attention counts 4 x 128 (786432 = 6 x 256 x 512) */
+    CHECK_CLOSE(planner_flops_per_token(&c), 6.0 * 851968 + 6.0 * 256 * 304, 0, RT, "windows");
+    /* a window as long as the sequence is full attention */
+    snprintf(c.model.sliding_window, sizeof c.model.sliding_window, "128");
+    CHECK_CLOSE(planner_flops_per_token(&c), 6.0 * 851968 + 786432, 0, RT, "window = T");
+    /* pp 2: stage 0 (windows 32 and none: 160 keys) is slower than stage 1 (16 and none: 144),
+     * and the step runs at its pace; per layer its matmul parameters plus 2C keys */
+    ust_config b, l;
+    tiny(&b);
+    snprintf(b.model.sliding_window, sizeof b.model.sliding_window, "32,%d,16,%d",
+             b.model.max_seq_len, b.model.max_seq_len);
+    CHECK(!layout(&l, &b, LAYOUT(.pp = 2), 8), "pp2 with windows");
+    planner_hw hw = hw_of(1e9, 1e9, 8);
+    planner_cost k;
+    planner_estimate(&l, &hw, &k);
+    planner_sizes z;
+    planner_model_sizes(&l, &z);
+    double w0 = 2 * (z.attn + z.mlp) + 256.0 * 160, w1 = 2 * (z.attn + z.mlp) + 256.0 * 144;
+    double flops = 8 * 128 * (6.0 * 851968 + 6.0 * 256 * 304) / 2;
+    CHECK_CLOSE(k.compute, w0 / ((w0 + w1) / 2) * flops / 0.5e12, 0, 1e-12, "pp2 compute");
+    /* full recompute adds the forward's 2 x 2C per key */
+    l.train.recompute = RECOMPUTE_FULL;
+    planner_estimate(&l, &hw, &k);
+    flops = 8 * 128 * (8.0 * 851968 + 8.0 * 256 * 304) / 2;
+    CHECK_CLOSE(k.compute, w0 / ((w0 + w1) / 2) * flops / 0.5e12, 0, 1e-12, "full recompute");
+}
+
 /* compute = tokens x FLOP/token / ranks / (mfu x peak); 1f1b's bubble (p-1)/m of it, interleaved
  * (p-1)/(v*m) */
 static void test_compute_and_pipeline_bubble() {
@@ -556,6 +591,48 @@ static void test_planner_never_proposes_a_schedule_validate_refuses() {
     }
 }
 
+/* Stages that do not divide the layers get them as evenly as they can, the extra ones on the
+ * stages after the first: 61 layers on 16 stages is DeepSeek-V3's 3, 4 x 13, 3, 3. A search over
+ * 6 layers on 4 ranks proposes pp 4 (1, 2, 2, 1), each valid with the memory plan of its split,
+ * and interleaving only at a vpp whose stages divide the layers. */
+static void test_uneven_stages_when_they_do_not_divide_the_layers() {
+    ust_config c, x;
+    tiny(&c);
+    c.model.n_layer = 61;
+    planner_layout l = LAYOUT(.pp = 16, .dp = 1);
+    planner_apply(&c, &l, &x);
+    CHECK(!strcmp(x.parallel.pp_layers, "3,4,4,4,4,4,4,4,4,4,4,4,4,4,3,3"), "61 on 16: %s",
+          x.parallel.pp_layers);
+    l = LAYOUT(.pp = 4, .vpp = 2, .schedule = PP_DUALPIPEV); /* 8 stages: 7, 8 x 6, 7 */
+    planner_apply(&c, &l, &x);
+    CHECK(!strcmp(x.parallel.pp_layers, "7,8,8,8,8,8,7,7"), "61 on 8: %s", x.parallel.pp_layers);
+    c.model.n_layer = 64;
+    planner_apply(&c, &l, &x);
+    CHECK(!x.parallel.pp_layers[0], "an even split is left to the config: %s",
+          x.parallel.pp_layers);
+    tiny(&c);
+    c.model.n_layer = 6, c.train.global_batch_size = 16;
+    planner_hw hw = hw_of(450e9, 50e9, 8);
+    planner_entry *e;
+    planner_stats st;
+    long n = planner_search(&c, 4, &hw, &e, &st), pp4 = 0;
+    for (long i = 0; i < n; i++) {
+        ust_config y;
+        ust_err err;
+        planner_apply(&c, &e[i].l, &y);
+        CHECK(!cfg_validate(&y, 4, &err), "entry %ld: %s", i, err.msg);
+        CHECK(e[i].cost.mem_peak == plan_memory_peak(&y), "entry %ld: the peak of its split", i);
+        CHECK(e[i].l.schedule != PP_INTERLEAVED || 6 % (e[i].l.pp * e[i].l.vpp) == 0,
+              "interleaved pp %d vpp %d", e[i].l.pp, e[i].l.vpp);
+        if (e[i].l.pp == 4 && e[i].l.schedule == PP_1F1B) {
+            pp4++;
+            CHECK(!strcmp(y.parallel.pp_layers, "1,2,2,1"), "%s", y.parallel.pp_layers);
+        }
+    }
+    CHECK(pp4 > 0, "pp 4 over 6 layers proposed (%ld fitting)", n);
+    free(e);
+}
+
 /* Two layouts that differ only in the schedule (interleaved, dualpipev and dualpipe all run at
  * vpp 2) never tie, even at equal estimates, so qsort's result does not depend on the order the
  * search enumerated them in; per mesh only the better one is listed (the schedule is a variant of
@@ -590,6 +667,7 @@ int main(void) {
     RUN_TEST(test_group_is_intra_node_when_its_span_fits_and_divides_the_node);
     RUN_TEST(test_parameter_count_equals_the_memory_plans);
     RUN_TEST(test_flops_per_token_by_hand);
+    RUN_TEST(test_flops_per_token_counts_each_window);
     RUN_TEST(test_mixed_layers_count_on_the_rank_that_holds_them);
     RUN_TEST(test_compute_and_pipeline_bubble);
     RUN_TEST(test_moe_compute_splits_over_tp);
@@ -605,6 +683,7 @@ int main(void) {
     RUN_TEST(test_deep_pipeline_prefers_a_zero_bubble_schedule);
     RUN_TEST(test_planner_never_proposes_a_schedule_validate_refuses);
     RUN_TEST(test_compare_and_mesh_dedup_with_schedules);
+    RUN_TEST(test_uneven_stages_when_they_do_not_divide_the_layers);
     RUN_TEST(test_no_layout_of_a_prime_world);
     return TEST_SUMMARY();
 }

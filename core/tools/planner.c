@@ -19,13 +19,33 @@ void planner_hw_defaults(planner_hw *h) {
     h->gpu_mem = 80.0 * (1 << 30);
 }
 
+/* parallel.pp_layers for S stages of L layers that S does not divide: as even as it gets, the
+ * L % S extra layers on the stages after the first, so the first (with the embedding) and the
+ * last (with the head and the loss) keep the fewer (61 layers on 16 stages: 3, 4 x 13, 3, 3,
+ * DeepSeek-V3's split). "" (an even split) when S divides L, exceeds it, or the list is too
+ * long for the field. */
+static void uneven_layers(int L, int S, char *out, size_t cap) {
+    out[0] = 0;
+    if (S <= 1 || S > L || L % S == 0) return;
+    size_t k = 0;
+    for (int s = 0; s < S; s++) {
+        int n = snprintf(out + k, cap - k, "%s%d", s ? "," : "", L / S + (s >= 1 && s <= L % S));
+        if (n < 0 || (size_t)n >= cap - k) {
+            out[0] = 0;
+            return;
+        }
+        k += (size_t)n;
+    }
+}
+
 void planner_apply(const ust_config *base, const planner_layout *l, ust_config *out) {
     *out = *base;
     out->parallel.dp = l->dp, out->parallel.tp = l->tp, out->parallel.pp = l->pp;
     out->parallel.vpp = l->vpp, out->parallel.cp = l->cp, out->parallel.ep = l->ep;
     out->parallel.sp = l->sp;
     out->parallel.pp_schedule = l->schedule;
-    out->parallel.pp_layers[0] = 0;
+    int S = l->pp > 1 && l->schedule == PP_DUALPIPE ? l->pp : l->pp * l->vpp;
+    uneven_layers(base->model.n_layer, S, out->parallel.pp_layers, sizeof out->parallel.pp_layers);
     out->train.micro_batch_size = l->micro_batch;
     out->train.recompute = l->recompute;
     out->optimizer.zero_stage = l->zero;
@@ -74,15 +94,40 @@ void planner_model_sizes(const ust_config *c, planner_sizes *s) {
     s->mm_moe = s->n_moe * (E * C + c->model.moe.top_k * expert_mm + shared * shared_mm);
 }
 
+/* The keys a query of layer l is charged for: every key of the sequence, T, under full
+ * attention (the count of Kaplan's and PaLM's 12 L d T, not halved for the causal mask), and
+ * every key of its window, W, in a sliding-window layer (model.sliding_window) whose window is
+ * shorter than the sequence (the sequence's first W-1 queries, which see fewer, not
+ * discounted either). */
+static double layer_keys(const ust_config *c, int l) {
+    int W = c->model.sliding_window[0] ? cfg_layer_window(c, l) : 0, T = c->train.seq_len;
+    return W > 0 && W < T ? W : T;
+}
+
+/* The keys the windowed layers are not charged for: sum over layers of T - layer_keys, 0
+ * without windows (so the full-attention terms below stay as they were, bit for bit). */
+static double keys_saved(const ust_config *c) {
+    double saved = 0;
+    for (int l = 0; l < c->model.n_layer; l++) saved += c->train.seq_len - layer_keys(c, l);
+    return saved;
+}
+
+/* The widths a query's scores and weighted sum run over per key: q.k and p.v, d_model each
+ * (latent attention: the qk head and v_head_dim of every head). */
+static double attn_width(const ust_config *c) {
+    if (c->model.mla.enabled)
+        return (double)c->model.n_head * (cfg_head_dim(c) + c->model.mla.v_head_dim);
+    return 2.0 * c->model.d_model;
+}
+
 double planner_flops_per_token(const ust_config *c) {
     planner_sizes s;
     planner_model_sizes(c, &s);
     /* scores and the weighted sum: 2 FLOPs a multiply-add, x3 for backward, over T keys per query
-     * (latent attention: q.k over the qk head, p.v over v_head_dim) */
-    double width = 2.0 * c->model.d_model;
-    if (c->model.mla.enabled)
-        width = (double)c->model.n_head * (cfg_head_dim(c) + c->model.mla.v_head_dim);
-    return 6.0 * (s.mm_dense + s.mm_moe) + 6.0 * c->model.n_layer * width * c->train.seq_len;
+     * (a window's W) */
+    double width = attn_width(c);
+    return 6.0 * (s.mm_dense + s.mm_moe) + 6.0 * c->model.n_layer * width * c->train.seq_len -
+           6.0 * width * keys_saved(c);
 }
 
 /* ---------------------------------------------------------------- collectives */
@@ -195,10 +240,11 @@ static void est_stage_moe(est_in *e) {
     int p = e->pp, S = cfg_pp_stages(c);
     /* one layer's matmul parameters (attention with its MLP or its MoE's active experts) and
      * its attention scores' 2 C T: proportional to its FLOPs */
-    double fd = e->s.attn + e->s.mlp + 2 * e->C * e->T, fm = fd - e->s.mlp;
+    double X = attn_width(c); /* a layer's scores and weighted sum: X T per token (x 2 FLOPs) */
+    double fd = e->s.attn + e->s.mlp + X * e->T, fm = fd - e->s.mlp;
     if (e->s.n_moe) fm += e->s.mm_moe / e->s.n_moe;
-    double moe[p], all[p], work = 0, top = 0;
-    memset(moe, 0, sizeof moe), memset(all, 0, sizeof all);
+    double moe[p], all[p], saved[p], work = 0, top = 0; /* saved: keys outside windows */
+    memset(moe, 0, sizeof moe), memset(all, 0, sizeof all), memset(saved, 0, sizeof saved);
     for (int st = 0; st < S; st++) {
         int lo, hi, r = e->kind == PP_DUALPIPEV && st >= p ? 2 * p - 1 - st : st % p;
         cfg_stage_layers(c, st, &lo, &hi);
@@ -207,11 +253,12 @@ static void est_stage_moe(est_in *e) {
                 int rr = twice ? p - 1 - r : r;
                 moe[rr] += (double)cfg_layer_is_moe(c, l) / e->copies;
                 all[rr] += 1.0 / e->copies;
+                saved[rr] += (e->T - layer_keys(c, l)) / e->copies;
             }
     }
     e->moe_on = 0, e->slowest = 1;
     for (int r = 0; r < p; r++) {
-        double w = (all[r] - moe[r]) * fd + moe[r] * fm;
+        double w = (all[r] - moe[r]) * fd + moe[r] * fm - X * saved[r];
         work += w / p, top = w > top ? w : top;
         if (moe[r] > e->moe_on) e->moe_on = moe[r];
     }
@@ -250,8 +297,11 @@ static void est_setup(const ust_config *c, const planner_hw *hw, est_in *e) {
  * its 1/tp of them); every token of the step goes through once (dp x cp split the tokens, pp
  * the layers); full recompute runs the forward (a third of the work) twice */
 static void est_compute(const est_in *e, planner_cost *o) {
-    double f_dense = 6 * e->s.mm_dense + 12 * e->L * e->C * e->T, f_moe = 6 * e->s.mm_moe;
-    if (e->full) f_dense += 2 * e->s.mm_dense + 4 * e->L * e->C * e->T, f_moe += 2 * e->s.mm_moe;
+    /* attention: X = 2 d_model (latent attention's widths: attn_width) per key, T keys a query
+     * (sliding windows: keys_saved fewer) */
+    double X = attn_width(e->c), keys = e->L * e->T - keys_saved(e->c);
+    double f_dense = 6 * e->s.mm_dense + 6 * X * keys, f_moe = 6 * e->s.mm_moe;
+    if (e->full) f_dense += 2 * e->s.mm_dense + 2 * X * keys, f_moe += 2 * e->s.mm_moe;
     double tokens = (double)e->c->train.global_batch_size * e->T;
     double flops = tokens / ((double)e->dp * e->cp) * (f_dense + f_moe) / ((double)e->tp * e->pp);
     o->compute = e->slowest * flops / (e->hw->mfu * e->hw->peak_flops);
@@ -359,7 +409,10 @@ static void estimate(const ust_config *c, const planner_hw *hw, planner_cost *o,
     est_tp(&e, o);
     est_cp(&e, o);
     est_pp_ep(&e, o, dense, experts);
-    for (int g = 0; g < PLAN_NGROUPS; g++) o->comm += o->group[g];
+    for (int g = 0; g < PLAN_NGROUPS; g++) {
+        o->comm += o->group[g];
+        o->sent[g] = o->group[g] * e.bw[g]; /* every time above is bytes sent / bw */
+    }
     o->total = o->compute + o->bubble + o->comm;
     o->tokens_per_s = (double)c->train.global_batch_size * e.T / o->total;
     memory(c, sets, o);
@@ -478,8 +531,10 @@ static void sweep_schedules(search *s, planner_layout l) {
         if (kind == PP_DUALPIPE && l.pp % 2) continue; /* its ranks pair up, r with pp-1-r */
         int lo = SCHEDULES[k].vpp ? SCHEDULES[k].vpp : 2, hi = SCHEDULES[k].vpp ? lo : 16;
         for (int v = lo; v <= hi; v++) {
-            /* dualpipe's pp stages each appear twice, one copy per direction */
-            if (L % (kind == PP_DUALPIPE ? l.pp : l.pp * v)) continue;
+            /* dualpipe's pp stages each appear twice, one copy per direction; the stages need
+             * a layer each, and interleaving's vpp an even split (each vpp one more search) */
+            int S = kind == PP_DUALPIPE ? l.pp : l.pp * v;
+            if (S > L || (kind == PP_INTERLEAVED && L % S)) continue;
             l.vpp = v, l.schedule = kind;
             sweep_mesh(s, l);
         }

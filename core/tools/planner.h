@@ -34,7 +34,8 @@ typedef struct {
     ust_pp_schedule schedule;
 } planner_layout;
 
-/* out = base with the layout's parallel.* (pp_schedule included; pp_layers an even split),
+/* out = base with the layout's parallel.* (pp_schedule included; pp_layers an even split, or
+ * as even as it gets when the stages do not divide the layers: the first and last stage fewer),
  * train.micro_batch_size, train.recompute and optimizer.zero_stage. */
 void planner_apply(const ust_config *base, const planner_layout *l, ust_config *out);
 
@@ -80,11 +81,12 @@ typedef struct {
     double bubble;  /* the schedule's analytic bubble fraction * compute */
     double comm;    /* sum of group[] (no overlap with compute assumed) */
     double group[PLAN_NGROUPS];
-    int intra[PLAN_NGROUPS]; /* the group's bandwidth: 1 intra-node, 0 inter-node */
-    double total;            /* compute + bubble + comm */
-    double tokens_per_s;     /* global batch tokens / total */
-    double mem;              /* plan_memory total bytes (fp32, as `validate`: pipeline rank 0) */
-    double mem_peak;         /* the largest over the pipeline ranks: what must fit */
+    int intra[PLAN_NGROUPS];   /* the group's bandwidth: 1 intra-node, 0 inter-node */
+    double sent[PLAN_NGROUPS]; /* bytes this rank sends over the group per step: group x bw */
+    double total;              /* compute + bubble + comm */
+    double tokens_per_s;       /* global batch tokens / total */
+    double mem;                /* plan_memory total bytes (fp32, as `validate`: pipeline rank 0) */
+    double mem_peak;           /* the largest over the pipeline ranks: what must fit */
 } planner_cost;
 
 void planner_estimate(const ust_config *c, const planner_hw *hw, planner_cost *out);

@@ -95,6 +95,24 @@ else
     fail plan_cli_llama_8b_64_gpus "plan $planned bytes, validate $validated: $(echo "$out" | tail -3)"
 fi
 
+# DeepSeek-V3 at its real size (configs/deepseek-v3.yaml) on 2048 GPUs: 671B parameters in ~45k
+# expert tensors, planned in seconds (a layout's memory plan counts a layer's experts once; 19 s of
+# CPU for 613k layouts at this global batch); pipelines over its 61 layers split them unevenly; the
+# config's own layout (pp 16: 3, 4 x 13, 3, 3) fits 80 GiB and is ranked with its traffic; the
+# written best validates at 2048 with the memory the plan printed and fits
+out=$(timeout -k 5 300 $UST plan configs/deepseek-v3.yaml --world 2048 --gpu-mem 80GiB \
+    --global-batch 2048 --top 3 --write $TMP/ds.yaml 2>&1)
+planned=$(echo "$out" | sed -n 's/^  memory per rank: .*(\([0-9]*\) bytes;.*/\1/p')
+validated=$($UST validate $TMP/ds.yaml --world 2048 2>&1 | sed -n 's/^  total.*(\([0-9]*\) bytes).*/\1/p')
+if echo "$out" | grep -q '^model: llama, 671 B parameters (37.6 B active per token), 61 layers' &&
+    echo "$out" | grep -q "the config's own layout: dp=128 tp=1 pp=16 .* 32.8 GiB per rank; would rank" &&
+    echo "$out" | grep -q 'ep .* (64 ranks, inter-node, .* sent)' && [ -n "$planned" ] &&
+    [ "$planned" = "$validated" ] && [ "$planned" -le $((80 << 30)) ]; then
+    pass plan_cli_deepseek_v3_2048_gpus
+else
+    fail plan_cli_deepseek_v3_2048_gpus "plan $planned bytes, validate $validated: $(echo "$out" | tail -4)"
+fi
+
 # bad input: exit 2 with the offending value
 P="$UST plan $TMP/c.yaml"
 expect_exit plan_cli_unknown_option 2 'unknown option --frobnicate' -- $P --world 4 --frobnicate 1
