@@ -9,9 +9,16 @@
 #include <string.h>
 
 #include "error.h"
+#include "optim.h"
 #include "optim_muon.h"
 
 /* ------------------------------------------------------------------ set-up */
+
+_Static_assert((int)DP_GROUP_REST == (int)OPTIM_GROUP_REST &&
+                   (int)DP_GROUP_EMBED == (int)OPTIM_GROUP_EMBED &&
+                   (int)DP_GROUP_NORM == (int)OPTIM_GROUP_NORM &&
+                   (int)DP_GROUPS == (int)OPTIM_GROUPS,
+               "dp's AdamW groups are optim's");
 
 static int group_of(const model_param *q) {
     if (!strncmp(q->name, "model.embed_", 12) || !strncmp(q->name, "lm_head", 7))
@@ -38,6 +45,13 @@ static void group_segments(dp_state *d) {
     free(param);
 }
 
+/* A tensor's weight decay: its group's (optimizer.embed/norm.weight_decay, else weight_decay;
+ * the norms and biases none unless optimizer.norm.weight_decay says). */
+static float weight_decay(const ust_config *c, const model_param *q) {
+    int g = group_of(q);
+    return g == DP_GROUP_NORM || q->decay ? (float)optim_group_wd(c, g) : 0.0f;
+}
+
 /* The pieces of every parameter this rank holds (whole or its partition) as segments of the
  * parameter, gradient and moment buffers, non-replicas first (d->buf.seg, d->buf.nseg,
  * d->buf.nseg_norm). */
@@ -55,7 +69,7 @@ static void make_segments(dp_state *d) {
                               .g = at(d, BUF_GRADS, u, t0 + a) - buf_base(d, BUF_GRADS),
                               .m = state_off(d, u, t0 + a), /* BUF_V: the same layout */
                               .n = b - a,
-                              .wd = q->decay ? (float)c->optimizer.weight_decay : 0.0f};
+                              .wd = weight_decay(c, q)};
             if (!optim_muon_takes(c, q->matrix))
                 d->buf.aseg[d->buf.naseg++] = d->buf.seg[d->buf.nseg];
             d->buf.seg_param[d->buf.nseg++] = i;
@@ -512,16 +526,12 @@ static void adamw_bf16(dp_state *d, int first, int count, float lr, float grad_s
     }
 }
 
-void dp_optimizer_step(dp_state *d, double lr, float grad_scale, int64_t step) {
+void dp_optimizer_step(dp_state *d, double lr, double lr_mult, float grad_scale, int64_t step) {
     const ust_config *c = d->cfg;
-    /* Muon's AdamW groups follow the same schedule, scaled to optimizer.adamw_lr */
-    double alr = !strcmp(c->optimizer.name, "muon") && c->optimizer.adamw_lr > 0
-                     ? lr * c->optimizer.adamw_lr / c->optimizer.lr
-                     : lr;
-    /* the embeddings' and norms' own peaks (optimizer.embed_lr, norm_lr), the same schedule */
-    double peak[DP_GROUPS] = {0, c->optimizer.embed_lr, c->optimizer.norm_lr};
     for (int g = 0, first = 0; g < DP_GROUPS; first += d->buf.agroup[g++]) {
-        float glr = (float)(peak[g] > 0 ? lr * peak[g] / c->optimizer.lr : alr);
+        /* each group's rate: its peak and shape (optimizer.embed_lr, norm_lr, adamw_lr, embed,
+         * norm), times the batch ramp's factor */
+        float glr = (float)(optim_group_lr(c, g, step) * lr_mult);
         if (!d->buf.agroup[g]) continue;
         if (d->buf.m16)
             adamw_bf16(d, first, d->buf.agroup[g], glr, grad_scale, step + 1);

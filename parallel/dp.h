@@ -87,7 +87,9 @@ void dp_begin_step(dp_state *d);                 /* zero the gradients */
 void dp_begin_microbatch(dp_state *d, int last); /* last: reduce as units finish */
 void dp_finish_grads(dp_state *d); /* wait for every reduction, then sum with the mirror's */
 double dp_grad_norm(dp_state *d);  /* global L2 norm (same on every rank) */
-void dp_optimizer_step(dp_state *d, double lr, float grad_scale, int64_t step);
+/* Muon's matrices step at lr, AdamW's groups at optim_group_lr x lr_mult (the batch ramp's
+ * sqrt_lr factor, which lr already holds) */
+void dp_optimizer_step(dp_state *d, double lr, double lr_mult, float grad_scale, int64_t step);
 double dp_sum(dp_state *d, double x); /* all-reduce of one number over the group */
 /* logging.stats_every (dp_stats.c): per group of parameters (group[i] for parameter i, in
  * 0..ngroups-1, the same on every rank), sums of squares over the whole model, each element

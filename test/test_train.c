@@ -34,6 +34,48 @@ static void base_config(ust_config *c) {
     c->logging.peak_flops = 1e12;
 }
 
+/* optimizer.embed / norm: a group's own shape (schedule, warmup, floor) at its own peak, and
+ * without one the optimizer's shape scaled to the peak, bit for bit the run's rate when the peak
+ * is lr. */
+static void test_group_lr_has_its_own_shape(void) {
+    ust_config c;
+    cfg_defaults(&c);
+    c.train.steps = 100;
+    c.optimizer.warmup_steps = 10;
+    c.optimizer.lr = 1.0;
+    c.optimizer.min_lr = 0.1;
+    c.optimizer.embed_lr = 0.5;
+    for (int64_t s = 0; s < 100; s += 7) {
+        CHECK(optim_group_lr(&c, OPTIM_GROUP_REST, s) == optim_lr(&c, s), "rest at step %lld",
+              (long long)s);
+        CHECK(optim_group_lr(&c, OPTIM_GROUP_NORM, s) == optim_lr(&c, s), "norm at step %lld",
+              (long long)s);
+        CHECK_CLOSE(optim_group_lr(&c, OPTIM_GROUP_EMBED, s), 0.5 * optim_lr(&c, s), 1e-15, 0,
+                    "embed scaled");
+    }
+    c.optimizer.embed.schedule = SCHED_CONSTANT; /* constant at 0.5 after no warmup */
+    c.optimizer.embed.warmup_steps = 0;
+    CHECK_CLOSE(optim_group_lr(&c, OPTIM_GROUP_EMBED, 0), 0.5, 1e-15, 0, "embed, no warmup");
+    CHECK_CLOSE(optim_group_lr(&c, OPTIM_GROUP_EMBED, 99), 0.5, 1e-15, 0, "embed constant");
+    c.optimizer.norm.warmup_steps = 5; /* cosine from step 5 to its own floor */
+    c.optimizer.norm.min_lr = 0.0;
+    CHECK_CLOSE(optim_group_lr(&c, OPTIM_GROUP_NORM, 1), 0.4, 1e-15, 0, "norm warmup 2 of 5");
+    CHECK_CLOSE(optim_group_lr(&c, OPTIM_GROUP_NORM, 99), 0.0, 1e-15, 0, "norm floor");
+    CHECK_CLOSE(optim_group_lr(&c, OPTIM_GROUP_NORM, 5 + 47), 0.5, 1e-12, 0,
+                "norm cosine midpoint");
+    CHECK_CLOSE(optim_lr(&c, 99), 0.1, 1e-12, 0, "the optimizer's own shape unchanged");
+    /* weight decay: the optimizer's, a group's own, the norms' none by default */
+    c.optimizer.weight_decay = 0.1;
+    CHECK(optim_group_wd(&c, OPTIM_GROUP_EMBED) == 0.1 && optim_group_wd(&c, OPTIM_GROUP_NORM) == 0,
+          "default weight decays");
+    c.optimizer.embed.weight_decay = 0.0;
+    c.optimizer.norm.weight_decay = 0.05;
+    CHECK(optim_group_wd(&c, OPTIM_GROUP_EMBED) == 0 &&
+              optim_group_wd(&c, OPTIM_GROUP_NORM) == 0.05 &&
+              optim_group_wd(&c, OPTIM_GROUP_REST) == 0.1,
+          "group weight decays");
+}
+
 static void test_lr_warmup_then_cosine_to_min_lr(void) {
     ust_config c;
     cfg_defaults(&c);
@@ -138,6 +180,7 @@ int main(void) {
         return 1;
     }
     RUN_TEST(test_lr_warmup_then_cosine_to_min_lr);
+    RUN_TEST(test_group_lr_has_its_own_shape);
     RUN_TEST(test_clip_scale_brings_the_norm_to_grad_clip);
     RUN_TEST(test_memory_plan_matches_the_arena_gpt2);
     RUN_TEST(test_memory_plan_matches_the_arena_llama);

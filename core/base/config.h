@@ -45,6 +45,16 @@ typedef enum { RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL } ust_recompu
 typedef enum { ONNAN_STOP, ONNAN_SKIP } ust_on_nan;
 typedef enum { SPIKE_NONE, SPIKE_SKIP, SPIKE_REWIND } ust_on_spike;
 typedef enum { SCHED_COSINE, SCHED_LINEAR, SCHED_CONSTANT, SCHED_WSD } ust_lr_schedule;
+#define CFG_SCHED_SAME 4 /* a group's schedule: "same", the optimizer's */
+
+/* optimizer.embed, optimizer.norm: a parameter group's own schedule shape and weight decay
+ * (core/model/optim.c:optim_group_lr); -1 and "same" keep the optimizer's. */
+typedef struct {
+    int schedule;        /* ust_lr_schedule, or CFG_SCHED_SAME */
+    int warmup_steps;    /* -1: optimizer.warmup_steps */
+    double min_lr;       /* the group's floor; -1: optimizer.min_lr x the group's peak / lr */
+    double weight_decay; /* -1: optimizer.weight_decay */
+} cfg_lr_group;
 typedef enum { PP_AFAB, PP_1F1B, PP_INTERLEAVED, PP_ZB, PP_DUALPIPEV, PP_DUALPIPE } ust_pp_schedule;
 typedef enum { CP_ZIGZAG, CP_CONTIGUOUS } ust_cp_layout;
 /* ring / allgather: key-value blocks travel (cp.h); a2a: DeepSpeed-Ulysses, an all-to-all from
@@ -194,6 +204,7 @@ typedef struct {
         int ns_steps, muon_scale;
         double qk_clip_threshold; /* > 0: QK-clip (MuonClip) at this max attention logit; 0: off */
         double embed_lr, norm_lr; /* > 0: peak lr of the embeddings/head, the norms/biases */
+        cfg_lr_group embed, norm; /* ... and their schedule shapes and weight decays */
     } optimizer;
     struct {
         ust_data_format format;

@@ -29,6 +29,8 @@ static const char *const STATE_DTYPES[] = {"fp32", "bf16", NULL};
 static const char *const PACKINGS[] = {"concat", "first_fit", NULL};
 static const char *const OVERLONGS[] = {"split", "drop", NULL};
 static const char *const LR_SCHEDULES[] = {"cosine", "linear", "constant", "wsd", NULL};
+/* a group's: LR_SCHEDULES' and "same" (CFG_SCHED_SAME), the optimizer's */
+static const char *const GROUP_SCHEDULES[] = {"cosine", "linear", "constant", "wsd", "same", NULL};
 const char *const cfg_data_format_names[] = {"llmc", "nanogpt", "megatron", NULL};
 static const char *const MOE_SCORES[] = {"softmax", "sigmoid", NULL};
 
@@ -205,6 +207,14 @@ const cfg_key cfg_keys[] = {
     DBL("optimizer.qk_clip_threshold", optimizer.qk_clip_threshold, "0", 0, INFINITY, 0),
     DBL("optimizer.embed_lr", optimizer.embed_lr, "0", 0, INFINITY, 0),
     DBL("optimizer.norm_lr", optimizer.norm_lr, "0", 0, INFINITY, 0),
+    ENUM("optimizer.embed.schedule", optimizer.embed.schedule, "same", GROUP_SCHEDULES),
+    INT("optimizer.embed.warmup_steps", optimizer.embed.warmup_steps, "-1", -1),
+    DBL("optimizer.embed.min_lr", optimizer.embed.min_lr, "-1", -1, INFINITY, 0),
+    DBL("optimizer.embed.weight_decay", optimizer.embed.weight_decay, "-1", -1, INFINITY, 0),
+    ENUM("optimizer.norm.schedule", optimizer.norm.schedule, "same", GROUP_SCHEDULES),
+    INT("optimizer.norm.warmup_steps", optimizer.norm.warmup_steps, "-1", -1),
+    DBL("optimizer.norm.min_lr", optimizer.norm.min_lr, "-1", -1, INFINITY, 0),
+    DBL("optimizer.norm.weight_decay", optimizer.norm.weight_decay, "0", -1, INFINITY, 0),
 
     ENUM("data.format", data.format, "llmc", cfg_data_format_names),
     DATASETS("data.train", data.train, "data/tiny/train_*.bin", 0),

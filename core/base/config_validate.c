@@ -374,6 +374,23 @@ static int cfg_validate_ramp(const ust_config *c, ust_err *e) {
     return 0;
 }
 
+/* optimizer.embed / norm: -1 (the optimizer's) or a value; the floor not above the group's peak. */
+static int cfg_validate_group(const ust_config *c, const cfg_lr_group *g, const char *name,
+                              double own, ust_err *e) {
+    const __typeof__(c->optimizer) *o = &c->optimizer;
+    double peak = own > 0 ? own : !strcmp(o->name, "muon") && o->adamw_lr > 0 ? o->adamw_lr : o->lr;
+    REQUIRE(g->min_lr == -1 || g->min_lr >= 0,
+            "optimizer.%s.min_lr (%g) must be -1 (optimizer.min_lr scaled to the group's peak) "
+            "or >= 0",
+            name, g->min_lr);
+    REQUIRE(g->weight_decay == -1 || g->weight_decay >= 0,
+            "optimizer.%s.weight_decay (%g) must be -1 (optimizer.weight_decay) or >= 0", name,
+            g->weight_decay);
+    REQUIRE(g->min_lr <= peak, "optimizer.%s.min_lr (%g) must be <= the group's peak lr (%g)", name,
+            g->min_lr, peak);
+    return 0;
+}
+
 /* train.seq_len_warmup: every step's length start x 2^n, so the pieces tile each window. */
 static int cfg_validate_seq_warmup(const ust_config *c, ust_err *e) {
     long long S = c->train.seq_len_warmup.start, T = c->train.seq_len;
@@ -408,7 +425,9 @@ static int cfg_validate_train(const ust_config *c, ust_err *e) {
     REQUIRE(c->data.eot_id < c->model.vocab_size,
             "data.eot_id (%d) must be a token of the vocabulary, below model.vocab_size (%d)",
             c->data.eot_id, c->model.vocab_size);
-    if (cfg_validate_val(c, e) || cfg_validate_ramp(c, e) || cfg_validate_seq_warmup(c, e))
+    if (cfg_validate_val(c, e) || cfg_validate_ramp(c, e) || cfg_validate_seq_warmup(c, e) ||
+        cfg_validate_group(c, &c->optimizer.embed, "embed", c->optimizer.embed_lr, e) ||
+        cfg_validate_group(c, &c->optimizer.norm, "norm", c->optimizer.norm_lr, e))
         return -1;
     REQUIRE(c->checkpoint.dir[0], "checkpoint.dir is empty%s",
             c->checkpoint.async ? " (checkpoint.async writes checkpoints there)" : "");

@@ -124,9 +124,10 @@ static int train_step(trainer *t, double *loss, double *norm, double *lr, int *f
     train_qk_begin(t);
     *loss = forward_backward(t);
     *norm = dp_grad_norm(t->eng.dp);
-    *lr = optim_lr(c, t->step);
-    if (c->train.batch_ramp.sqrt_lr) /* the ramp's smaller batches take a smaller step */
-        *lr *= sqrt((double)t->batch_size / c->train.global_batch_size);
+    double mult = 1; /* train.batch_ramp.sqrt_lr: the ramp's smaller batches take smaller steps */
+    if (c->train.batch_ramp.sqrt_lr)
+        mult = sqrt((double)t->batch_size / c->train.global_batch_size);
+    *lr = optim_lr(c, t->step) * mult;
     *finite = isfinite(*loss) && isfinite(*norm);
     *spiked = *finite && is_spike(t, *loss, *norm);
     if (!*finite && c->train.on_nan == ONNAN_STOP) {
@@ -140,7 +141,8 @@ static int train_step(trainer *t, double *loss, double *norm, double *lr, int *f
     }
     double t0 = log_now_s();
     train_stats_before(t);
-    if (*finite && !*spiked) dp_optimizer_step(t->eng.dp, *lr, optim_clip_scale(c, *norm), t->step);
+    if (*finite && !*spiked)
+        dp_optimizer_step(t->eng.dp, *lr, mult, optim_clip_scale(c, *norm), t->step);
     train_stats_after(t);
     train_qk_end(t, *finite && !*spiked);
     train_trace_span(t, TRACE_COMPUTE, "optimizer", t0);
