@@ -165,11 +165,6 @@ static int cfg_validate_mla(const ust_config *c, ust_err *e) {
     REQUIRE(!a->mscale_all_dim || cfg_act_size(c) == 4,
             "model.mla.mscale_all_dim under train.precision: bf16 on cuda is not supported yet "
             "(the softmax scale is applied to fp32 activations): use fp32, or 0");
-    ust_pp_schedule s = c->parallel.pp_schedule;
-    REQUIRE(c->parallel.pp == 1 || (s != PP_ZB && s != PP_DUALPIPE && s != PP_DUALPIPEV),
-            "model.mla under parallel.pp_schedule: %s is not supported yet (its deferred weight "
-            "gradients); use afab, 1f1b or interleaved",
-            cfg_pp_schedule_names[s]);
     double H = m->n_head, qk = (double)a->qk_nope_head_dim + a->qk_rope_head_dim,
            kv = (double)a->qk_nope_head_dim + a->v_head_dim;
     REQUIRE(H * qk <= (1 << 24) && H * kv <= (1 << 24),

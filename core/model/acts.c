@@ -70,6 +70,7 @@ static void alloc_wsave(model *m, ust_arena *a, layer_wsave *w) {
         w->dqn = A(N * HD);
         w->dkn = A(N * KV);
     }
+    if (is_mla(m)) mla_alloc_wsave(m, a, w);
 }
 
 /* none: every layer keeps its activations; selective: the MLP activation output is recomputed
@@ -94,9 +95,10 @@ static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *
     if (m->shape.zb) {
         s->ws = calloc(nl, sizeof *s->ws);
         for (int i = 0; i < nl; i++) alloc_wsave(m, a, &s->ws[i]);
-        /* per layer: two unit marks, an activation, two gathers, seven linears, four norms;
-         * the head: marks, a gather, a linear, a norm; the embeddings: marks and a job */
-        s->wg.cap = 18 * nl + 16 + 4 * (2 * m->vc.nvc + 1); /* + vocabulary chunks' marks, jobs */
+        /* per layer: two unit marks, an activation, two gathers, seven linears, four norms
+         * (model.mla: two gathers, eight linears, four norms, two scratch marks); the head:
+         * marks, a gather, a linear, a norm; the embeddings: marks and a job */
+        s->wg.cap = 22 * nl + 16 + 4 * (2 * m->vc.nvc + 1); /* + vocabulary chunks' marks, jobs */
         s->wg.jobs = calloc((size_t)s->wg.cap, sizeof *s->wg.jobs);
     }
     if (ch->head) {

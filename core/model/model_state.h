@@ -50,6 +50,9 @@ typedef struct {
     act *gmlp, *dup, *dgate, *dln2;  /* (N,C) down_proj out, (N,F) up/gate out, (Nl,C) norm 2 */
     act *gatt, *dq, *dk, *dv, *dln1; /* (N,C) o_proj out, q/k/v out, (Nl,C) norm 1 */
     act *dqn, *dkn;                  /* model.qk_norm: the head norms' output gradients */
+    /* model.mla: kv_b_proj's (N,H*W) and kv_a_layernorm's (N,Rkv) output gradients, q_b_proj's
+     * (N,H*D) and q_a_layernorm's (N,Rq), and the down-projections' (N,Rq or H*D), (N,Rkv+R) */
+    act *mla_kvb, *mla_kvn, *mla_qb, *mla_qan, *mla_qa, *mla_kva;
 } layer_wsave;
 
 /* Zero-bubble's deferred weight gradients: B records, in backward order, what W must do later,
@@ -65,7 +68,10 @@ typedef enum {
     WG_NORM,       /* a norm's weight (and bias) gradient */
     WG_EMBED,      /* the embeddings' gradients from the chunk's input gradient */
     WG_HEADNORM,   /* model.qk_norm: a per-head norm's weight gradient (N rows of C = D) */
-    WG_PROJNORM    /* model.qk_norm_whole: a whole-projection norm's (N = its heads) */
+    WG_PROJNORM,   /* model.qk_norm_whole: a whole-projection norm's (N = its heads) */
+    WG_LATNORM,    /* model.mla: a latent norm's (N rows of C, its width) */
+    WG_REP_BEGIN,  /* model.mla under tp: W's gradients of the tp-replicated tensors gather in */
+    WG_REP_END     /* scratch (BEGIN zeroes it), END sums them into layer .unit's over the group */
 } wg_kind;
 
 typedef struct {
@@ -238,6 +244,7 @@ typedef struct {
      * gradients of the tp-replicated down-projections and norms (tp > 1) */
     act *mla_kvb, *mla_rope, *mla_dkr, *mla_d1, *mla_d2, *mla_dattv;
     float *mla_dw;
+    float *mla_rep[4]; /* zero-bubble's W under tp: mla_dw's parts (wkva, kva_norm, wqa, qa_norm) */
 } model_acts;
 
 /* model_mtp.c: multi-token prediction (model.mtp.depth D > 0): each module's weights (its
