@@ -4,8 +4,9 @@
 # (test/tools/mtp_ref.py), and so does the main model's; the main loss of step 1 is the one of
 # the same model without modules; every layout trains the one-process losses and weights (dp
 # ZeRO-2/3 with the vocabulary-chunked head, tp with and without sp, cp across the shifted
-# tokens' chunk boundaries, pp with the embeddings passed to the last stage, MLA blocks under
-# tp+sp+cp); the memory plan equals the arena; bad configs exit 2 naming the key.
+# tokens' chunk boundaries, pp with the embeddings passed to the last stage (1f1b, afab,
+# dualpipe and dualpipev), MLA blocks under tp+sp+cp); the memory plan equals the arena; bad
+# configs exit 2 naming the key.
 . "$(dirname "$0")/../lib.sh"
 
 equiv_configs equiv-mtp 4 2
@@ -50,6 +51,13 @@ $EQ --name _mtp --config $TMP/llama.yaml --layout "dp=2 zero=3" --layout "dp=2 z
 MLA="mla: {enabled: true, q_lora_rank: 24, kv_lora_rank: 16, qk_nope_head_dim: 12, qk_rope_head_dim: 8, v_head_dim: 16}"
 sed -e "s/max_seq_len: 64,/max_seq_len: 64, n_kv_head: 4, $MLA,/" -e "s/n_kv_head: 2,//" $TMP/llama.yaml >$TMP/mla.yaml
 $EQ --name _mtp_mla --config $TMP/mla.yaml --layout "tp=2 sp=true cp=2 parallel.cp_layout=contiguous"
+
+# DualPipe(V): the last stage's modules on rank 0 (V) or both ends on both ranks; whole backwards
+sed -e 's/n_layer: 2/n_layer: 4/' $TMP/llama.yaml >$TMP/mtp4.yaml
+$EQ --name _mtp_dualpipe --config $TMP/mtp4.yaml --layout "pp=2 vpp=2 sched=dualpipev" \
+    --layout "pp=2 vpp=2 sched=dualpipe"
+$EQ --name _mtp_dpv_dp --config $TMP/mtp4.yaml --set train.global_batch_size=8 \
+    --layout "pp=2 vpp=2 sched=dualpipev dp=2 zero=2"
 
 plan_matches_arena mtp_plan_equals_arena_tp2_sp $TMP/llama.yaml 2 --set parallel.tp=2 --set parallel.sp=true \
     --set train.steps=2 $R
