@@ -205,9 +205,9 @@ static int cfg_validate_mtp(const ust_config *c, ust_err *e) {
             "weight gradients; dualpipe and dualpipev run whole backwards with the modules): use "
             "afab, 1f1b, interleaved, dualpipe or dualpipev, or model.mtp.depth: 0",
             D);
-    REQUIRE(c->run.device == DEV_CPU,
-            "model.mtp.depth %d on run.device: cuda is not supported yet: use cpu, or "
-            "model.mtp.depth: 0",
+    REQUIRE(cfg_act_size(c) == 4,
+            "model.mtp.depth %d under train.precision: bf16 on cuda is not checked yet: use fp32, "
+            "or model.mtp.depth: 0",
             D);
     REQUIRE(!m->init_from[0],
             "model.mtp.depth %d with model.init_from '%s': importing multi-token prediction "
