@@ -52,11 +52,10 @@ ust_pp_schedule pp_kind(const ust_config *cfg) {
 static int plan_flags(const ust_config *cfg) {
     int flags = cfg->parallel.pp_breadth_first ? PPS_BREADTH_FIRST : 0;
     /* dualpipev and dualpipe split B and W only where the model can defer weight gradients (not
-     * in MoE layers, not under full recomputation: zb's own limits, nor with model.mtp's
-     * modules); otherwise their B's are whole */
+     * in MoE layers, not under full recomputation: zb's own limits); otherwise their B's are
+     * whole */
     if ((pp_kind(cfg) == PP_DUALPIPEV || pp_kind(cfg) == PP_DUALPIPE) &&
-        (cfg->model.moe.num_experts > 0 || cfg->train.recompute == RECOMPUTE_FULL ||
-         cfg->model.mtp.depth > 0))
+        (cfg->model.moe.num_experts > 0 || cfg->train.recompute == RECOMPUTE_FULL))
         flags |= PPS_NO_SPLIT;
     return flags;
 }

@@ -200,11 +200,6 @@ static int cfg_validate_mtp(const ust_config *c, ust_err *e) {
             "optimizer.qk_clip_threshold (the modules' blocks are DeepSeek-V3's pre-norm, "
             "full-attention blocks): set them off or model.mtp.depth: 0",
             D);
-    REQUIRE(c->parallel.pp_schedule != PP_ZB,
-            "model.mtp.depth %d under parallel.pp_schedule: zb is not supported yet (its deferred "
-            "weight gradients; dualpipe and dualpipev run whole backwards with the modules): use "
-            "afab, 1f1b, interleaved, dualpipe or dualpipev, or model.mtp.depth: 0",
-            D);
     REQUIRE(cfg_act_size(c) == 4,
             "model.mtp.depth %d under train.precision: bf16 on cuda is not checked yet: use fp32, "
             "or model.mtp.depth: 0",

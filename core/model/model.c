@@ -274,6 +274,9 @@ void model_chunk_weight_grad(model *m, int c, int slot) {
         case WG_LATNORM: /* model.mla */
             m->ops->rmsnorm_bwd(m->ops, NULL, *j->dw, j->dout, j->x, *j->w, j->rstd, j->N, j->C);
             break;
+        case WG_MTP_HEAD:
+            mtp_head_wgrad(m, s);
+            break;
         case WG_REP_BEGIN:
         case WG_REP_END:
             mla_wgrad_rep(m, j->kind == WG_REP_END ? j->unit : -1);

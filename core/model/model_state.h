@@ -71,7 +71,8 @@ typedef enum {
     WG_PROJNORM,   /* model.qk_norm_whole: a whole-projection norm's (N = its heads) */
     WG_LATNORM,    /* model.mla: a latent norm's (N rows of C, its width) */
     WG_REP_BEGIN,  /* model.mla under tp: W's gradients of the tp-replicated tensors gather in */
-    WG_REP_END     /* scratch (BEGIN zeroes it), END sums them into layer .unit's over the group */
+    WG_REP_END,    /* scratch (BEGIN zeroes it), END sums them into layer .unit's over the group */
+    WG_MTP_HEAD    /* model.mtp: the whole lm_head's weight gradient of every module */
 } wg_kind;
 
 typedef struct {
