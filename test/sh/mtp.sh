@@ -43,6 +43,11 @@ if need_py mtp_reference torch numpy safetensors; then
 EOT
     python3 test/tools/mtp_ref.py mtp $TMP/ck/step_3 $TMP/m.json $TMP/data/val_000.bin 2 32 \
         "${vl:-0}" "$m1,$m2" 1e-5 2>&1 | grep -E '^(PASS|FAIL|  )'
+    # generate ignores the modules; the export writes the main model only
+    expect_exit mtp_generate_ignores_the_modules 0 "2 prompt tokens, 4 new tokens" -- \
+        $UST generate $TMP/ck --prompt ab --max-new-tokens 4 --tokenizer bytes
+    $UST export $TMP/ck --to hf $TMP/hf >$TMP/exp.log 2>&1 || fail mtp_export "$(tail -2 $TMP/exp.log)"
+    python3 -c "import safetensors.numpy as s, sys; k = s.load_file(sys.argv[1]).keys(); print('PASS mtp_export_writes_the_main_model_only' if 'model.layers.1.mlp.up_proj.weight' in k and not [n for n in k if 'layers.2.' in n] else 'FAIL mtp_export_writes_the_main_model_only: %s' % sorted(k)[:5])" $TMP/hf/model.safetensors
 fi
 
 $EQ --name _mtp --config $TMP/llama.yaml --layout "dp=2 zero=3" --layout "dp=2 zero=2" \
