@@ -165,11 +165,6 @@ static int cfg_validate_mla(const ust_config *c, ust_err *e) {
     REQUIRE(!a->mscale_all_dim || cfg_act_size(c) == 4,
             "model.mla.mscale_all_dim under train.precision: bf16 on cuda is not supported yet "
             "(the softmax scale is applied to fp32 activations): use fp32, or 0");
-    ust_pp_schedule s = c->parallel.pp_schedule;
-    REQUIRE(c->parallel.pp == 1 || (s != PP_ZB && s != PP_DUALPIPE && s != PP_DUALPIPEV),
-            "model.mla under parallel.pp_schedule: %s is not supported yet (its deferred weight "
-            "gradients); use afab, 1f1b or interleaved",
-            cfg_pp_schedule_names[s]);
     double H = m->n_head, qk = (double)a->qk_nope_head_dim + a->qk_rope_head_dim,
            kv = (double)a->qk_nope_head_dim + a->v_head_dim;
     REQUIRE(H * qk <= (1 << 24) && H * kv <= (1 << 24),
@@ -205,14 +200,9 @@ static int cfg_validate_mtp(const ust_config *c, ust_err *e) {
             "optimizer.qk_clip_threshold (the modules' blocks are DeepSeek-V3's pre-norm, "
             "full-attention blocks): set them off or model.mtp.depth: 0",
             D);
-    ust_pp_schedule s = c->parallel.pp_schedule;
-    REQUIRE(s != PP_ZB && s != PP_DUALPIPE && s != PP_DUALPIPEV,
-            "model.mtp.depth %d under parallel.pp_schedule: %s is not supported yet (deferred "
-            "weight gradients): use afab, 1f1b or interleaved, or model.mtp.depth: 0",
-            D, cfg_pp_schedule_names[s]);
-    REQUIRE(c->run.device == DEV_CPU,
-            "model.mtp.depth %d on run.device: cuda is not supported yet: use cpu, or "
-            "model.mtp.depth: 0",
+    REQUIRE(cfg_act_size(c) == 4,
+            "model.mtp.depth %d under train.precision: bf16 on cuda is not checked yet: use fp32, "
+            "or model.mtp.depth: 0",
             D);
     REQUIRE(!m->init_from[0],
             "model.mtp.depth %d with model.init_from '%s': importing multi-token prediction "

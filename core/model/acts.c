@@ -80,6 +80,7 @@ static void alloc_wsave(model *m, ust_arena *a, layer_wsave *w) {
         w->dpn1 = A((int64_t)m->shape.Nl * C);
         w->dpn2 = A((int64_t)m->shape.Nl * C);
     }
+    if (is_mla(m)) mla_alloc_wsave(m, a, w);
 }
 
 /* model.norm_offset: the ones 1 + w is made from (block_norm_weight), set once here */
@@ -118,10 +119,11 @@ static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *
     if (m->shape.zb) {
         s->ws = calloc(nl, sizeof *s->ws);
         for (int i = 0; i < nl; i++) alloc_wsave(m, a, &s->ws[i]);
-        /* per layer: two unit marks, an activation, two gathers, seven linears, four norms;
-         * the head: marks, a gather, a linear, a norm; the embeddings: marks and a job */
-        /* (model.sandwich_norm: two more norms) */
-        s->wg.cap = (18 + 2 * m->shape.fam.sandwich) * nl + 16 +
+        /* per layer: two unit marks, an activation, two gathers, seven linears, four norms
+         * (model.mla: two gathers, eight linears, four norms, two scratch marks;
+         * model.sandwich_norm: two more norms); the head: marks, a gather, a linear, a norm; the
+         * embeddings: marks and a job */
+        s->wg.cap = (22 + 2 * m->shape.fam.sandwich) * nl + 16 +
                     4 * (2 * m->vc.nvc + 1); /* + vocabulary chunks' marks, jobs */
         s->wg.jobs = calloc((size_t)s->wg.cap, sizeof *s->wg.jobs);
     }

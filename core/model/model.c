@@ -7,6 +7,7 @@
 #include "model_state.h"
 #include "acts.h"
 #include "model_block.h"
+#include "model_mla.h"
 #include "model_moe.h"
 #include "model_mtp.h"
 #include "model_vocab.h"
@@ -272,6 +273,16 @@ void model_chunk_weight_grad(model *m, int c, int slot) {
             break;
         case WG_PROJNORM:
             proj_norm_wgrad(m, *j->dw, j->dout, j->x, *j->w, j->rstd, j->N);
+            break;
+        case WG_LATNORM: /* model.mla */
+            m->ops->rmsnorm_bwd(m->ops, NULL, *j->dw, j->dout, j->x, *j->w, j->rstd, j->N, j->C);
+            break;
+        case WG_MTP_HEAD:
+            mtp_head_wgrad(m, s);
+            break;
+        case WG_REP_BEGIN:
+        case WG_REP_END:
+            mla_wgrad_rep(m, j->kind == WG_REP_END ? j->unit : -1);
             break;
         case WG_EMBED:
             vocab_embed_grads(m, s, j->dout, j->vc);

@@ -466,11 +466,10 @@ void block_backward(model *m, int l, const act *x_in, act *dx, layer_acts *a, mo
         is_moe(m, l) ? moe_mlp_backward(m, l, dx, a, ma) : mlp_backward(m, l, dsub, a, df, a->ln2);
     norm_step_backward(m, df, dx, dln, a->res2, &w->ln2_w, &g->ln2_w, &g->ln2_b, a->ln2_mean,
                        a->ln2_rstd, k ? k->dln2 : NULL); /* dx = d res2 */
-    UST_ASSERT(!df->list || !is_mla(m), "zero-bubble B/W split of a latent-attention layer");
     if (sw)
         norm_input_grad(m, df, dx, a->att_o, &w->pn1_w, &g->pn1_w, &g->ln1_b, NULL, a->pn1_rstd,
                         k ? k->dpn1 : NULL);
-    dln = is_mla(m) ? mla_backward(m, l, dx, a, layer_docs(m, l))
+    dln = is_mla(m) ? mla_backward(m, l, dx, a, layer_docs(m, l), df) /* no sandwich: config */
                     : attention_backward(m, l, dsub, a, df, a->ln1);
     norm_step_backward(m, df, dx, dln, x_in, &w->ln1_w, &g->ln1_w, &g->ln1_b, a->ln1_mean,
                        a->ln1_rstd, k ? k->dln1 : NULL); /* dx = d x_in */

@@ -141,6 +141,19 @@ static void rep_sum(model *m, layer_w *g, const mla_rep *r, const mla_dims *d) {
     o->axpy(o, g->qa_norm, 1.0f, r->qa_norm, d->Rq);
 }
 
+/* Zero-bubble's W under tp: BEGIN (l < 0) zeroes the scratch its jobs add the tp-replicated
+ * tensors' gradients into (m->acts.mla_rep); END sums them over the group into layer l's. */
+void mla_wgrad_rep(model *m, int l) {
+    mla_dims d = dims_of(m);
+    float *s = m->acts.mla_rep[0];
+    int64_t kv = (int64_t)(d.Rkv + d.R) * d.C, q = (int64_t)d.Rq * d.C;
+    mla_rep r = {s, s + kv, s + kv + d.Rkv, s + kv + d.Rkv + q, kv + d.Rkv + q + d.Rq};
+    if (l < 0)
+        m->ops->zero(m->ops, s, (size_t)r.n * sizeof(float));
+    else
+        rep_sum(m, &m->w.lg[l], &r, &d);
+}
+
 /* d krope (N,R) = the sum over heads of d k's rope parts, then RoPE's transpose. */
 static void shared_key_backward(model *m, const act *dk, const mla_dims *d) {
     const ust_ops *o = m->ops;
@@ -154,16 +167,118 @@ static void shared_key_backward(model *m, const act *dk, const mla_dims *d) {
     o->rope_bwd(o, dkr, dkr, m->batch.rows, m->shape.B, m->shape.T, 1, d->R, &m->shape.rope);
 }
 
-act *mla_backward(model *m, int l, const act *dx, layer_acts *a, const cp_docs *docs) {
+/* Under zero-bubble's B (df->list): where W adds a tp-replicated tensor's gradient, the layer's
+ * own (tp 1) or the scratch part i that WG_REP_END sums over the group. */
+static float **rep_target(model *m, float **own, int i) {
+    return tp_size(m->par.tp) == 1 ? own : &m->acts.mla_rep[i];
+}
+
+/* Under B: a local linear's W job (dw += dout^T x, dout (N, OC) kept), a latent norm's. */
+static void later_linear(model *m, const deferral *df, float **dw, const act *dout, const act *x,
+                         int C, int OC, act *keep) {
+    int N = m->shape.B * m->shape.T;
+    block_later(
+        m, df,
+        (wg_job){.kind = WG_LINEAR, .dw = dw, .dout = dout, .x = x, .N = N, .C = C, .OC = OC}, keep,
+        (int64_t)N * OC);
+}
+
+static void later_norm(model *m, const deferral *df, float **dw, const act *dout, const act *x,
+                       float *const *w, const float *rstd, int C, act *keep) {
+    int N = m->shape.B * m->shape.T;
+    block_later(m, df,
+                (wg_job){.kind = WG_LATNORM,
+                         .dw = dw,
+                         .dout = dout,
+                         .x = x,
+                         .w = w,
+                         .rstd = rstd,
+                         .N = N,
+                         .C = C},
+                keep, (int64_t)N * C);
+}
+
+/* Under B: the down-projections' W jobs (one column group from ln1, gathered again): q's (or
+ * q_a_proj's) linear, and kv_a_proj_with_mqa's as one linear over its Rkv + R rows, the output
+ * gradients of the latent and the rope key side by side in keep. */
+static void later_down(model *m, const deferral *df, const layer_acts *a, layer_w *g, const act *dq,
+                       const act *dckv, const mla_dims *d) {
+    const layer_wsave *k = df->keep;
+    int N = d->N, OCq = d->Rq ? d->Rq : d->H * d->D;
+    block_later(m, df, (wg_job){.kind = WG_GATHER, .x = a->ln1}, NULL, 0);
+    block_later(m, df,
+                (wg_job){.kind = WG_LINEAR,
+                         .gathered = 1,
+                         .dw = d->Rq ? rep_target(m, &g->wqa, 2) : &g->wq,
+                         .dout = dq,
+                         .N = N,
+                         .C = d->C,
+                         .OC = OCq},
+                k->mla_qa, (int64_t)N * OCq);
+    cols(m, k->mla_kva, d->Rkv + d->R, 0, dckv, d->Rkv, 0, d->Rkv, N);
+    cols(m, k->mla_kva, d->Rkv + d->R, d->Rkv, m->acts.mla_dkr, d->R, 0, d->R, N);
+    block_later(m, df,
+                (wg_job){.kind = WG_LINEAR,
+                         .gathered = 1,
+                         .dw = rep_target(m, &g->wkva, 0),
+                         .dout = k->mla_kva,
+                         .N = N,
+                         .C = d->C,
+                         .OC = d->Rkv + d->R},
+                NULL, 0);
+}
+
+/* The latents' backward from d kvb (m->acts.mla_kvb) and d q: kv_b_proj and kv_a_layernorm,
+ * then q_b_proj and q_a_layernorm, into the down-projections' output gradients (mla_d2: d c_kv,
+ * then d q_a); under B their weight gradients are W's jobs. */
+static void latents_backward(model *m, int l, const layer_acts *a, const act *dq,
+                             const mla_rep *rep, const deferral *df, const mla_dims *d) {
+    const ust_ops *o = m->ops;
+    const layer_w *w = &m->w.lw[l];
+    layer_w *g = &m->w.lg[l];
+    const layer_wsave *k = df->keep;
+    const mla_acts *x = &a->mla;
+    int N = d->N, HD = d->H * d->D;
+    act *d1 = m->acts.mla_d1, *dckv = m->acts.mla_d2,
+        *dqa = act_at(o, m->acts.mla_d2, (int64_t)N * d->Rkv);
+    o->linear_bwd(o, d1, block_now(df, g->wkvb), NULL, m->acts.mla_kvb, x->ckvn, w->wkvb, N, d->Rkv,
+                  d->H * d->W, 0);
+    later_linear(m, df, &g->wkvb, m->acts.mla_kvb, x->ckvn, d->Rkv, d->H * d->W,
+                 k ? k->mla_kvb : NULL);
+    o->rmsnorm_bwd(o, dckv, block_now(df, rep->kva_norm), d1, x->ckv, w->kva_norm, x->kv_rstd, N,
+                   d->Rkv);
+    later_norm(m, df, rep_target(m, &g->kva_norm, 1), d1, x->ckv, &w->kva_norm, x->kv_rstd, d->Rkv,
+               k ? k->mla_kvn : NULL);
+    if (!d->Rq) return;
+    o->linear_bwd(o, d1, block_now(df, g->wqb), NULL, dq, x->qan, w->wqb, N, d->Rq, HD, 0);
+    later_linear(m, df, &g->wqb, dq, x->qan, d->Rq, HD, k ? k->mla_qb : NULL);
+    o->rmsnorm_bwd(o, dqa, block_now(df, rep->qa_norm), d1, x->qa, w->qa_norm, x->qa_rstd, N,
+                   d->Rq);
+    later_norm(m, df, rep_target(m, &g->qa_norm, 3), d1, x->qa, &w->qa_norm, x->qa_rstd, d->Rq,
+               k ? k->mla_qan : NULL);
+}
+
+act *mla_backward(model *m, int l, const act *dx, layer_acts *a, const cp_docs *docs,
+                  const deferral *df) {
     const ust_ops *o = m->ops;
     const layer_w *w = &m->w.lw[l];
     layer_w *g = &m->w.lg[l];
     mla_dims d = dims_of(m);
     mla_acts *x = &a->mla;
-    int N = d.N, HD = d.H * d.D;
+    int N = d.N, HD = d.H * d.D, tp = tp_size(m->par.tp);
     int64_t NH = (int64_t)N * d.H;
     act *datt = m->acts.datt, *dattv = d.Dv < d.D ? m->acts.mla_dattv : datt;
-    tp_row_linear_bwd(m->par.tp, dattv, g->wo, NULL, dx, x->attv, w->wo, N, d.H * d.Dv, d.C);
+    const act *gdx = tp_row_linear_bwd(m->par.tp, dattv, block_now(df, g->wo), NULL, dx, x->attv,
+                                       w->wo, N, d.H * d.Dv, d.C);
+    block_later(m, df,
+                (wg_job){.kind = WG_LINEAR,
+                         .dw = &g->wo,
+                         .dout = gdx,
+                         .x = x->attv,
+                         .N = N,
+                         .C = d.H * d.Dv,
+                         .OC = d.C},
+                df->keep ? df->keep->gatt : NULL, (int64_t)N * d.C);
     if (d.Dv < d.D) { /* v's padding gets no gradient */
         o->zero(o, datt, act_bytes(o, (int64_t)N * HD));
         cols(m, datt, d.D, 0, dattv, d.Dv, 0, d.Dv, NH);
@@ -179,27 +294,26 @@ act *mla_backward(model *m, int l, const act *dx, layer_acts *a, const cp_docs *
     scale_q(m, dq, &d);
     rope_q(m, dq, &d, 1);
     mla_rep rep = rep_grads(m, g, &d);
-    /* kv_b_proj and kv_a_layernorm, then q_b_proj and q_a_layernorm: under tp the latents'
-     * gradients are this rank's heads' share, summed where they leave (tp_column_bwd) */
-    act *d1 = m->acts.mla_d1, *dckv = m->acts.mla_d2,
-        *dqa = act_at(o, m->acts.mla_d2, (int64_t)N * d.Rkv);
-    o->linear_bwd(o, d1, g->wkvb, NULL, dkvb, x->ckvn, w->wkvb, N, d.Rkv, d.H * d.W, 0);
-    o->rmsnorm_bwd(o, dckv, rep.kva_norm, d1, x->ckv, w->kva_norm, x->kv_rstd, N, d.Rkv);
-    if (d.Rq) {
-        o->linear_bwd(o, d1, g->wqb, NULL, dq, x->qan, w->wqb, N, d.Rq, HD, 0);
-        o->rmsnorm_bwd(o, dqa, rep.qa_norm, d1, x->qa, w->qa_norm, x->qa_rstd, N, d.Rq);
-    }
+    if (df->list && tp > 1) block_later(m, df, (wg_job){.kind = WG_REP_BEGIN}, NULL, 0);
+    /* under tp the latents' gradients are this rank's heads' share, summed where they leave
+     * (tp_column_bwd) */
+    latents_backward(m, l, a, dq, &rep, df, &d);
+    act *dckv = m->acts.mla_d2, *dqa = act_at(o, m->acts.mla_d2, (int64_t)N * d.Rkv);
     tp_col in[3] = {{.out = d.Rq ? dqa : dq,
                      .w = d.Rq ? w->wqa : w->wq,
-                     .dw = d.Rq ? rep.wqa : g->wq,
+                     .dw = block_now(df, d.Rq ? rep.wqa : g->wq),
                      .OC = d.Rq ? d.Rq : HD},
-                    {.out = dckv, .w = w->wkva, .dw = rep.wkva, .OC = d.Rkv},
+                    {.out = dckv, .w = w->wkva, .dw = block_now(df, rep.wkva), .OC = d.Rkv},
                     {.out = m->acts.mla_dkr,
                      .w = w->wkva + (int64_t)d.Rkv * d.C,
-                     .dw = rep.wkva + (int64_t)d.Rkv * d.C,
+                     .dw = df->list ? NULL : rep.wkva + (int64_t)d.Rkv * d.C,
                      .OC = d.R}};
+    if (df->list) later_down(m, df, a, g, d.Rq ? dqa : dq, dckv, &d);
     act *dln = tp_column_bwd(m->par.tp, m->acts.dln, a->ln1, in, 3, N, d.C);
-    rep_sum(m, g, &rep, &d);
+    if (df->list && tp > 1)
+        block_later(m, df, (wg_job){.kind = WG_REP_END, .unit = l}, NULL, 0);
+    else if (!df->list)
+        rep_sum(m, g, &rep, &d);
     return dln;
 }
 
@@ -230,8 +344,24 @@ void mla_alloc_scratch(model *m, ust_arena *a) {
     m->acts.mla_d1 = A(N * wide);
     m->acts.mla_d2 = A(N * (d.Rkv + d.Rq));
     if (d.Dv < d.D) m->acts.mla_dattv = A(N * d.H * d.Dv);
-    if (tp_size(m->par.tp) > 1)
-        m->acts.mla_dw = F32((int64_t)(d.Rkv + d.R + d.Rq) * d.C + d.Rkv + d.Rq);
+    if (tp_size(m->par.tp) > 1) {
+        int64_t kv = (int64_t)(d.Rkv + d.R) * d.C, q = (int64_t)d.Rq * d.C;
+        float *s = m->acts.mla_dw = F32(kv + q + d.Rkv + d.Rq);
+        m->acts.mla_rep[0] = s, m->acts.mla_rep[1] = s + kv;
+        m->acts.mla_rep[2] = s + kv + d.Rkv, m->acts.mla_rep[3] = s + kv + d.Rkv + q;
+    }
+}
+
+void mla_alloc_wsave(model *m, ust_arena *a, layer_wsave *w) {
+    mla_dims d = dims_of(m);
+    int64_t N = d.N, HD = (int64_t)d.H * d.D;
+    w->mla_kvb = A(N * d.H * d.W);
+    w->mla_kvn = A(N * d.Rkv);
+    w->mla_kva = A(N * (d.Rkv + d.R));
+    w->mla_qa = A(N * (d.Rq ? d.Rq : HD));
+    if (!d.Rq) return;
+    w->mla_qb = A(N * HD);
+    w->mla_qan = A(N * d.Rq);
 }
 #undef A
 #undef F32

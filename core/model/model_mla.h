@@ -7,12 +7,17 @@
 #ifndef UST_MODEL_MLA_H
 #define UST_MODEL_MLA_H
 
-#include "model_state.h"
+#include "model_block.h"
 
 /* res2 (Nl,C) = o_proj(attention(q, k, v)) of ln1 (Nl,C), both this rank's rows. */
 void mla_forward(model *m, int l, layer_acts *a, const cp_docs *docs);
-/* From d res2 (dx, this rank's rows) to d ln1; returns this rank's rows of it (summed over tp). */
-act *mla_backward(model *m, int l, const act *dx, layer_acts *a, const cp_docs *docs);
+/* From d res2 (dx, this rank's rows) to d ln1; returns this rank's rows of it (summed over tp).
+ * Under zero-bubble's B (df->list) the weight gradients are left as W's jobs (WG_LATNORM, and
+ * under tp WG_REP_BEGIN/END around those of the replicated tensors: mla_wgrad_rep). */
+act *mla_backward(model *m, int l, const act *dx, layer_acts *a, const cp_docs *docs,
+                  const deferral *df);
+void mla_wgrad_rep(model *m, int l);
+void mla_alloc_wsave(model *m, ust_arena *a, layer_wsave *w);
 /* The layer's activations and the shared scratch (acts.c's A / F32 through the arena). */
 void mla_alloc_layer(model *m, ust_arena *a, layer_acts *x);
 void mla_alloc_scratch(model *m, ust_arena *a);

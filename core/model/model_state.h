@@ -54,6 +54,9 @@ typedef struct {
     act *gatt, *dq, *dk, *dv, *dln1; /* (N,C) o_proj out, q/k/v out, (Nl,C) norm 1 */
     act *dqn, *dkn;                  /* model.qk_norm: the head norms' output gradients */
     act *dpn1, *dpn2;                /* model.sandwich_norm: the post norms' (Nl,C) */
+    /* model.mla: kv_b_proj's (N,H*W) and kv_a_layernorm's (N,Rkv) output gradients, q_b_proj's
+     * (N,H*D) and q_a_layernorm's (N,Rq), and the down-projections' (N,Rq or H*D), (N,Rkv+R) */
+    act *mla_kvb, *mla_kvn, *mla_qb, *mla_qan, *mla_qa, *mla_kva;
 } layer_wsave;
 
 /* Zero-bubble's deferred weight gradients: B records, in backward order, what W must do later,
@@ -69,7 +72,11 @@ typedef enum {
     WG_NORM,       /* a norm's weight (and bias) gradient */
     WG_EMBED,      /* the embeddings' gradients from the chunk's input gradient */
     WG_HEADNORM,   /* model.qk_norm: a per-head norm's weight gradient (N rows of C = D) */
-    WG_PROJNORM    /* model.qk_norm_whole: a whole-projection norm's (N = its heads) */
+    WG_PROJNORM,   /* model.qk_norm_whole: a whole-projection norm's (N = its heads) */
+    WG_LATNORM,    /* model.mla: a latent norm's (N rows of C, its width) */
+    WG_REP_BEGIN,  /* model.mla under tp: W's gradients of the tp-replicated tensors gather in */
+    WG_REP_END,    /* scratch (BEGIN zeroes it), END sums them into layer .unit's over the group */
+    WG_MTP_HEAD    /* model.mtp: the whole lm_head's weight gradient of every module */
 } wg_kind;
 
 typedef struct {
@@ -256,6 +263,7 @@ typedef struct {
     /* model.norm_offset: ones (max(C, D) floats, fp32) and the scratch each norm's 1 + w is
      * made in just before its op (model_block.c:block_norm_weight) */
     float *ones, *wone;
+    float *mla_rep[4]; /* zero-bubble's W under tp: mla_dw's parts (wkva, kva_norm, wqa, qa_norm) */
 } model_acts;
 
 /* model_mtp.c: multi-token prediction (model.mtp.depth D > 0): each module's weights (its

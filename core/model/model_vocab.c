@@ -239,7 +239,9 @@ int vocab_head_backward(model *m, act_slot *s, const act *x_last, act *dx, const
     /* the chunks' column group closes here, the whole head's in head_backward */
     act *dln = m->vc.nvc ? tp_column_close_bwd(m->par.tp, m->acts.dln) : head_backward(m, s, df);
     head_norm_backward(m, s, x_last, dx, dln, df);
-    if (s->mtp_live) mtp_head_wgrad(m, s); /* the whole head's weight: one unit, one pair */
+    /* model.mtp: the whole head's weight gradient in the head unit's one pair (under B, W's) */
+    if (s->mtp_live && df->list) block_later(m, df, (wg_job){.kind = WG_MTP_HEAD}, NULL, 0);
+    if (s->mtp_live && !df->list) mtp_head_wgrad(m, s);
     block_later_unit(m, df, WG_UNIT_END, u);
     model_hook(m, u--, end);
     return u;

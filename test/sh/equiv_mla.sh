@@ -2,7 +2,8 @@
 # Multi-head latent attention (model.mla) in the equivalence harness: every layout trains the
 # same losses as one process. tp splits the heads and sums the replicated down-projections'
 # gradients (the q latent on and off), cp exchanges the re-expanded per-head K/V in both
-# layouts, pp runs 1f1b, dp shards with ZeRO-3.
+# layouts, pp runs 1f1b, zb and dualpipev (B/W split: the latents' weight gradients deferred, under
+# tp the replicated ones summed after W), dp shards with ZeRO-3.
 . "$(dirname "$0")/../lib.sh"
 
 equiv_configs equiv-mla 4 4
@@ -18,6 +19,12 @@ $EQ --name _mla_noq --config $TMP/noq.yaml --layout "tp=2 sp=true" --layout "cp=
 
 plan_matches_arena mla_plan_equals_arena_tp2_sp $TMP/llama.yaml 2 --set parallel.tp=2 --set parallel.sp=true \
     --set train.steps=2 --set checkpoint.resume=none --set checkpoint.every=0
-expect_exit mla_zb_schedule_exits_2 2 "model.mla under parallel.pp_schedule: zb is not supported" -- \
-    $UST validate $TMP/llama.yaml --set parallel.pp=2 --set parallel.pp_schedule=zb --world 2
+# zero-bubble's and DualPipe's split backward: W adds the latents' weight gradients later, under
+# tp the replicated ones through the scratch summed over the group
+$EQ --name _mla_zb --config $TMP/llama.yaml --layout "pp=2 sched=zb" --layout "pp=2 sched=zb tp=2 sp=true"
+sed -e 's/n_layer: 2/n_layer: 4/' $TMP/llama.yaml >$TMP/mla4.yaml
+$EQ --name _mla_dpv --config $TMP/mla4.yaml --layout "pp=2 vpp=2 sched=dualpipev"
+$EQ --name _mla_zb_noq --config $TMP/noq.yaml --layout "pp=2 sched=zb tp=2"
+plan_matches_arena mla_zb_plan_equals_arena_pp2 $TMP/llama.yaml 2 --set parallel.pp=2 \
+    --set parallel.pp_schedule=zb --set train.steps=2 --set checkpoint.resume=none --set checkpoint.every=0
 exit 0

@@ -105,6 +105,10 @@ sed -e 's/max_seq_len: 64}/max_seq_len: 64, moe: {num_experts: 4, top_k: 2, ever
     -e 's/^optimizer: {/optimizer: {eps: 1.0e-6, /' $TMP/llama.yaml >$TMP/moe.yaml
 $EQ --name _emu_moe --config $TMP/moe.yaml --layout "dp=2 ep=2 run.device=cuda" \
     --layout "dp=2 ep=2 tp=2 sp=true zero=1 run.device=cuda"
+# model.mtp's modules (composed of existing ops) on the emulated GPU, alone and under tp+sp x pp
+sed -e 's/max_seq_len: 64}/max_seq_len: 64, mtp: {depth: 2, loss_weight: 0.3}}/' $TMP/llama.yaml >$TMP/mtp.yaml
+$EQ --name _emu_mtp --config $TMP/mtp.yaml --layout "run.device=cuda" \
+    --layout "tp=2 sp=true pp=2 run.device=cuda"
 # checkpoints cross devices: saved on (emulated) GPUs, resumed on the CPU and the other way
 $EQ --name _emu_ckpt --config $TMP/llama.yaml --save-layout "dp=2 zero=3 run.device=cuda" \
     --resume-at 2 --layout "dp=1" --layout "tp=2 run.device=cuda"
