@@ -39,6 +39,11 @@ bool cfg_layer_is_moe(const ust_config *c, int l) {
     return v == 1;
 }
 
+bool cfg_moe_has_bias(const ust_config *c) {
+    const __typeof__(c->model.moe) *m = &c->model.moe;
+    return m->num_experts > 0 && (m->bias_update_rate > 0 || m->score == MOE_SIGMOID);
+}
+
 /* model.moe.layers (one 0/1 per layer) against every and first_dense: some layer is MoE. */
 static int cfg_check_moe_layers(const ust_config *c, ust_err *e) {
     const __typeof__(c->model) *m = &c->model;

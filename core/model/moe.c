@@ -68,7 +68,7 @@ void moe_enum_params(const ust_config *cfg, int l, int ep_size, int ep_rank, moe
     snprintf(n, sizeof n, "model.layers.%d.mlp.router.weight", l);
     emit(fn, ctx, n, E, cfg->model.d_model, 1, 0.02f, -1, w ? &w->router : NULL,
          g ? &g->router : NULL);
-    if (cfg->model.moe.bias_update_rate > 0) {
+    if (cfg_moe_has_bias(cfg)) {
         snprintf(n, sizeof n, "model.layers.%d.mlp.router.expert_bias", l);
         emit(fn, ctx, n, 1, E, 0, 0.0f, -1, w ? &w->bias : NULL, g ? &g->bias : NULL);
     }

@@ -30,7 +30,7 @@ typedef struct {
  * first_expert + i. Filled through moe_enum_params' p/g targets. */
 typedef struct {
     float *router; /* [E, C] */
-    float *bias;   /* [E]: the balancing bias (model.moe.bias_update_rate > 0; else NULL) */
+    float *bias;   /* [E]: the balancing bias (cfg_moe_has_bias; else NULL) */
     moe_expert *experts;
     int nexperts, first_expert;
     moe_expert shared; /* all NULL without a shared expert */
@@ -58,7 +58,7 @@ int moe_layer_is_moe(const ust_config *cfg, int l);
  * (and its balancing bias), shared expert, then the local experts by increasing global index.
  * Names:
  *   model.layers.l.mlp.router.weight                          [E, C]
- *   model.layers.l.mlp.router.expert_bias                     [E] (bias_update_rate > 0: not
+ *   model.layers.l.mlp.router.expert_bias                     [E] (cfg_moe_has_bias: not
  *       trained by the optimizer, its gradient stays 0; moved by moe_update_bias)
  *   model.layers.l.mlp.experts.e.{gate_proj,up_proj}.weight   [Fe, C]   (+ up_proj.bias [Fe], gpt2)
  *   model.layers.l.mlp.experts.e.down_proj.weight             [C, Fe]   (+ down_proj.bias [C],
