@@ -686,7 +686,6 @@ static void test_cuda_embedding_bwd_sorts_many_rows_exactly(void) {
     gfree(gdo), gfree(gdwte), gfree(gdwpe), gfree(gtok), gfree(gpos);
 }
 
-
 /* ---------------------------------------------------------------- norms */
 
 static void test_cuda_layernorm_and_rmsnorm_match_cpu(void) {
@@ -1149,9 +1148,9 @@ static void test_cuda_xent_online_softmax_rescales_and_skips_minus_inf(void) {
     float *x = hrand(n, 1), *loss = hrand(N, 1), *dx = hrand(n, 1);
     int32_t tgt[3] = {280, 7, 150};
     for (int c = 0; c < V; c++) {
-        x[c] = c < 260 ? -INFINITY : 0.01f * c;  /* row 0: -inf before 260 */
-        x[V + c] = 0.05f * c - 3.0f;             /* row 1: growing */
-        x[2 * V + c] = 4.0f - 0.03f * c;         /* row 2: falling */
+        x[c] = c < 260 ? -INFINITY : 0.01f * c; /* row 0: -inf before 260 */
+        x[V + c] = 0.05f * c - 3.0f;            /* row 1: growing */
+        x[2 * V + c] = 4.0f - 0.03f * c;        /* row 2: falling */
     }
     float *gx = gup_act(x, n), *gloss = gup(loss, N), *gdx = gup_act(dx, n);
     int32_t *gt = gupi(tgt, N);
@@ -1335,10 +1334,12 @@ static void test_cuda_moe_ops_match_cpu(void) {
     float *ggate = gup(gate, A), *gpsum = gup(psum, E);
     int32_t *gtk = gupi(topk, A);
     float *bias = hrand(E, 0.3f), *gbias = gup(bias, E); /* the balancing bias moves choices */
-    /* Mixtral's (NULL), Qwen3-MoE's without renormalization, DeepSeek-V3's (sigmoid, 2 of 3
-     * groups, scaled); the last one stays for the ops below */
-    const ops_moe_route routes[3] = {{0, 1, 1, 1, 1.0f}, {0, 0, 1, 1, 1.0f}, {1, 1, 3, 2, 2.5f}};
-    for (int ri = -1; ri < 3; ri++) {
+    /* Mixtral's (NULL), Qwen3-MoE's without renormalization, node-limited (2 of 3 nodes ranked
+     * by their best score: top_k / max_nodes_per_token = 1), DeepSeek-V3's (sigmoid, 2 of 3
+     * groups by top-2 sums, scaled); the last one stays for the ops below */
+    const ops_moe_route routes[4] = {
+        {0, 1, 1, 1, 1.0f, 2}, {0, 0, 1, 1, 1.0f, 2}, {1, 1, 3, 2, 2.5f, 1}, {1, 1, 3, 2, 2.5f, 2}};
+    for (int ri = -1; ri < 4; ri++) {
         const ops_moe_route *r = ri < 0 ? NULL : &routes[ri];
         CPU->moe_router_fwd(CPU, probs, lse, topk, gate, psum, logits, bias, N, E, k, r);
         GPU->moe_router_fwd(GPU, gprobs, glse, gtk, ggate, gpsum, glogits, gbias, N, E, k, r);
@@ -1378,7 +1379,7 @@ static void test_cuda_moe_ops_match_cpu(void) {
     float *aux = hrand(E, 0.1f), *gaux = gup(aux, E), *dl = hrand(N * E, 1);
     float *gdl = gup_act(dl, N * E);
     for (int full = 0; full < 4; full++) { /* 2, 3: under the last (sigmoid) route */
-        const ops_moe_route *r = full >= 2 ? &routes[2] : NULL;
+        const ops_moe_route *r = full >= 2 ? &routes[3] : NULL;
         int f = full & 1;
         CPU->moe_router_bwd(CPU, dl, f ? dg : NULL, probs, lse, topk, gate, f ? aux : NULL,
                             f && !r ? 0.01f : 0.0f, N, E, k, r);

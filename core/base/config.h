@@ -101,6 +101,10 @@ typedef struct {
             int n_group, topk_group;
             double routed_scale;
             int shared_d_ff; /* the shared expert's width (0: d_ff_expert) */
+            /* DeepSeek-V3's node-limited routing: the n_group groups are the nodes EP places
+             * them on; a token's experts come from at most this many, ranked by the sum of
+             * their top_k / max_nodes_per_token best scores (0: off) */
+            int max_nodes_per_token;
         } moe;
         struct { /* Llama 3.1's rope_scaling (ops.h ust_rope) */
             ust_rope_scaling type;

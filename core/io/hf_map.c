@@ -341,6 +341,11 @@ static int deepseek_moe_check(const ust_config *c, ust_err *e) {
     if (moe->score != MOE_SIGMOID)
         return ust_errf(e, "model.moe.score: softmax: DeepseekV3ForCausalLM routes by sigmoid "
                            "scores (model.moe.score: sigmoid)");
+    if (moe->max_nodes_per_token && moe->top_k / moe->max_nodes_per_token != 2)
+        return ust_errf(e,
+                        "model.moe.max_nodes_per_token %d: DeepseekV3ForCausalLM ranks groups by "
+                        "their top-2 scores, and top_k %d / %d is not 2",
+                        moe->max_nodes_per_token, moe->top_k, moe->max_nodes_per_token);
     if (!moe->shared_expert || shared_width(c) % moe->d_ff_expert)
         return ust_errf(e,
                         "model.moe.shared_expert / shared_d_ff: DeepseekV3ForCausalLM's MoE layer "
@@ -641,7 +646,9 @@ static void deepseek_moe_json(cJSON *j, const ust_config *c) {
     cJSON_AddNumberToObject(j, "moe_intermediate_size", moe->d_ff_expert);
     cJSON_AddNumberToObject(j, "n_shared_experts", shared_width(c) / moe->d_ff_expert);
     cJSON_AddNumberToObject(j, "n_group", moe->n_group);
-    cJSON_AddNumberToObject(j, "topk_group", moe->topk_group);
+    /* node-limited routing with top_k / M = 2 is transformers' group-limited choice of M */
+    cJSON_AddNumberToObject(j, "topk_group",
+                            moe->max_nodes_per_token ? moe->max_nodes_per_token : moe->topk_group);
     add_float(j, "routed_scaling_factor", moe->routed_scale);
     cJSON_AddBoolToObject(j, "norm_topk_prob", moe->norm_topk);
     cJSON_AddStringToObject(j, "scoring_func", "sigmoid");

@@ -84,6 +84,13 @@ void moe_enum_params(const ust_config *cfg, int l, int ep_size, int ep_rank, moe
     }
 }
 
+ops_moe_route moe_route_of(const ust_config *cfg) {
+    const __typeof__(cfg->model.moe) *c = &cfg->model.moe;
+    int M = c->max_nodes_per_token;
+    return (ops_moe_route){c->score == MOE_SIGMOID, c->norm_topk,           c->n_group,
+                           M ? M : c->topk_group,   (float)c->routed_scale, M ? c->top_k / M : 2};
+}
+
 void moe_weights_init(moe_weights *w, const moe_ctx *m) {
     memset(w, 0, sizeof *w);
     w->nexperts = m->El;
@@ -238,8 +245,7 @@ void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *
     m->C = cfg->model.d_model;
     m->Fe = c->d_ff_expert;
     m->Fs = moe_shared_width(cfg);
-    m->route = (ops_moe_route){c->score == MOE_SIGMOID, c->norm_topk, c->n_group, c->topk_group,
-                               (float)c->routed_scale};
+    m->route = moe_route_of(cfg);
     m->grouped = c->grouped_gemm;
     m->Nmb = N;
     m->N = (int)moe_rank_tokens(cfg, N);

@@ -53,6 +53,9 @@ typedef void (*moe_param_fn)(void *ctx, const moe_param *p);
  * given (Qwen3-MoE's mlp_only_layers / decoder_sparse_step), else l % moe.every == 0 (Megatron's
  * moe_layer_freq: every = 1 makes every layer MoE, every = 2 layers 0, 2, 4, ...). */
 int moe_layer_is_moe(const ust_config *cfg, int l);
+/* The router's options (ops.h) of model.moe: node-limited routing (max_nodes_per_token M) is the
+ * group-limited choice of M groups, the nodes, ranked by their top_k / M highest scores. */
+ops_moe_route moe_route_of(const ust_config *cfg);
 
 /* Enumerates layer l's tensors held by ep rank ep_rank of ep_size, in a fixed order: router
  * (and its balancing bias), shared expert, then the local experts by increasing global index.
