@@ -1487,11 +1487,12 @@ static double cu_sum(const ust_ops *o, const float *x, int64_t n) { return reduc
 /* ---------------------------------------------------------------- mixture of experts */
 
 /* One token's k experts from its scores p(E) + bias, as the CPU's route_select: with groups,
- * only among the topk_group groups of highest top-2 sums; k argmax passes (strict >, so ties
- * go to the lower index). */
+ * only among the topk_group groups of highest top-q sums (q = group_top, 0: 2); k argmax passes
+ * (strict >, so ties go to the lower index). */
 __device__ void moe_route_select(const float *p, const float *bias, int E, int k, ops_moe_route r,
                                  int32_t *sel) {
     int G = r.n_group > 1 ? r.n_group : 1, Eg = E / G, T = G > 1 ? r.topk_group : G;
+    int q = r.group_top > 0 ? r.group_top : 2;
     unsigned long long groups = G > 1 ? 0ull : 1ull;
 #define SC(e) (p[e] + (bias ? bias[e] : 0.0f))
     for (int t = 0; t < T && G > 1; t++) {
@@ -1499,15 +1500,18 @@ __device__ void moe_route_select(const float *p, const float *bias, int E, int k
         float bs = 0.0f;
         for (int g = 0; g < G; g++) {
             if (groups >> g & 1ull) continue;
-            float m1 = -INFINITY, m2 = -INFINITY;
+            float top[16]; /* the group's q highest, descending */
+            for (int i = 0; i < q; i++) top[i] = -INFINITY;
             for (int e = g * Eg; e < (g + 1) * Eg; e++) {
                 float v = SC(e);
-                if (v > m1)
-                    m2 = m1, m1 = v;
-                else if (v > m2)
-                    m2 = v;
+                int i = q - 1;
+                if (!(v > top[i])) continue;
+                for (; i > 0 && v > top[i - 1]; i--) top[i] = top[i - 1];
+                top[i] = v;
             }
-            if (best < 0 || m1 + m2 > bs) best = g, bs = m1 + m2;
+            float gs = top[0];
+            for (int i = 1; i < q; i++) gs += top[i];
+            if (best < 0 || gs > bs) best = g, bs = gs;
         }
         groups |= 1ull << best;
     }
@@ -1564,7 +1568,7 @@ __global__ void k_moe_colsum(float *psum, const float *probs, const float *rowsu
     if (threadIdx.x == 0) psum[e] = (float)s;
 }
 
-static const ops_moe_route cu_route_default = {0, 1, 1, 1, 1.0f};
+static const ops_moe_route cu_route_default = {0, 1, 1, 1, 1.0f, 2};
 
 static void cu_moe_router_fwd(const ust_ops *o, float *probs, float *lse, int32_t *topk,
                               float *gate, float *psum, const act *logits, const float *bias, int N,

@@ -54,13 +54,7 @@ loss_both_ways() {
 versus_transformers() {
     local k=$1 d=$TMP/tf-$1
     loss_both_ways $k $k || return
-    # greedy generate from transformers' directory: the same 32 tokens as transformers' generate
-    local ids
-    ids=$(python3 -c 'import sys; print(",".join(str(b) for b in sys.argv[1].encode()))' "Once upon a time")
-    $UST generate $d --prompt "Once upon a time" --tokenizer bytes --temperature 0 --max-new-tokens 32 \
-        --dump-logits $d.logits >/dev/null 2>$d.gen.log || { fail ${k}_generate "$(tail -1 $d.gen.log)"; return; }
-    python3 test/tools/generate_check.py transformers ${k}_greedy_generate_matches_transformers $d "$ids" $d.logits 2>&1 |
-        grep -E '^(PASS|FAIL)'
+    greedy_generate $k $d || return
     # 10 steps under dp=2 x tp=2 and pp=2, exported: transformers loads every key and gives the
     # run's step-10 validation loss
     trained_export ${k}_trained_dp2_tp2 $d 4 --set parallel.dp=2 --set parallel.tp=2
@@ -83,3 +77,14 @@ trained_export() {
         grep -E '^(PASS|FAIL|  )'
 }
 
+
+# greedy_generate NAME DIR: greedy generate from transformers' directory DIR gives the same 32
+# tokens as transformers' generate
+greedy_generate() {
+    local k=$1 d=$2 ids
+    ids=$(python3 -c 'import sys; print(",".join(str(b) for b in sys.argv[1].encode()))' "Once upon a time")
+    $UST generate $d --prompt "Once upon a time" --tokenizer bytes --temperature 0 --max-new-tokens 32 \
+        --dump-logits $d.logits >/dev/null 2>$d.gen.log || { fail ${k}_generate "$(tail -1 $d.gen.log)"; return 1; }
+    python3 test/tools/generate_check.py transformers ${k}_greedy_generate_matches_transformers $d "$ids" $d.logits 2>&1 |
+        grep -E '^(PASS|FAIL)'
+}

@@ -1420,10 +1420,12 @@ static void test_cuda_moe_ops_match_cpu(void) {
     float *ggate = gup(gate, A), *gpsum = gup(psum, E);
     int32_t *gtk = gupi(topk, A);
     float *bias = hrand(E, 0.3f), *gbias = gup(bias, E); /* the balancing bias moves choices */
-    /* Mixtral's (NULL), Qwen3-MoE's without renormalization, DeepSeek-V3's (sigmoid, 2 of 3
-     * groups, scaled); the last one stays for the ops below */
-    const ops_moe_route routes[3] = {{0, 1, 1, 1, 1.0f}, {0, 0, 1, 1, 1.0f}, {1, 1, 3, 2, 2.5f}};
-    for (int ri = -1; ri < 3; ri++) {
+    /* Mixtral's (NULL), Qwen3-MoE's without renormalization, node-limited (2 of 3 nodes ranked
+     * by their best score: top_k / max_nodes_per_token = 1), DeepSeek-V3's (sigmoid, 2 of 3
+     * groups by top-2 sums, scaled); the last one stays for the ops below */
+    const ops_moe_route routes[4] = {
+        {0, 1, 1, 1, 1.0f, 2}, {0, 0, 1, 1, 1.0f, 2}, {1, 1, 3, 2, 2.5f, 1}, {1, 1, 3, 2, 2.5f, 2}};
+    for (int ri = -1; ri < 4; ri++) {
         const ops_moe_route *r = ri < 0 ? NULL : &routes[ri];
         CPU->moe_router_fwd(CPU, probs, lse, topk, gate, psum, logits, bias, N, E, k, r);
         GPU->moe_router_fwd(GPU, gprobs, glse, gtk, ggate, gpsum, glogits, gbias, N, E, k, r);
@@ -1463,7 +1465,7 @@ static void test_cuda_moe_ops_match_cpu(void) {
     float *aux = hrand(E, 0.1f), *gaux = gup(aux, E), *dl = hrand(N * E, 1);
     float *gdl = gup_act(dl, N * E);
     for (int full = 0; full < 4; full++) { /* 2, 3: under the last (sigmoid) route */
-        const ops_moe_route *r = full >= 2 ? &routes[2] : NULL;
+        const ops_moe_route *r = full >= 2 ? &routes[3] : NULL;
         int f = full & 1;
         CPU->moe_router_bwd(CPU, dl, f ? dg : NULL, probs, lse, topk, gate, f ? aux : NULL,
                             f && !r ? 0.01f : 0.0f, N, E, k, r);

@@ -5,6 +5,7 @@
  * parameter enumeration (names, shapes, local experts under ep) and the activation sizes. */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "config.h"
@@ -142,24 +143,28 @@ static void ref_expert(const ref_ctx *r, const moe_expert *e, const double *x, d
     }
 }
 
+static int desc(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x < y) - (x > y);
+}
+
 /* A token's k experts (descending scores p + bias, ties to the lower index), group-limited
- * (n_group > 1: only the topk_group groups whose two best p + bias sum highest), written from
+ * (n_group > 1: only the topk_group groups whose two best p + bias sum highest) or node-limited
+ * (max_nodes_per_token M: the M groups whose top_k / M best sum highest), written from
  * DeepSeek-V3's description independently of ops_cpu.c. */
 static void ref_select(const __typeof__(((ust_config *)0)->model.moe) *mc, const double *p,
                        const float *bias, int *sel) {
-    int E = mc->num_experts, G = mc->n_group, Eg = E / G, ok[64];
-    double sc[64], gs[64];
+    int E = mc->num_experts, G = mc->n_group, Eg = E / G, ok[64], M = mc->max_nodes_per_token;
+    int q = M ? mc->top_k / M : 2, T = M ? M : mc->topk_group;
+    double sc[64], gs[64], v[64];
     for (int e = 0; e < E; e++) sc[e] = p[e] + (bias ? bias[e] : 0), ok[e] = G == 1;
-    for (int g = 0; g < G; g++) { /* the sum of the group's two highest */
-        double a = -INFINITY, b = -INFINITY;
-        for (int e = g * Eg; e < (g + 1) * Eg; e++)
-            if (sc[e] > a)
-                b = a, a = sc[e];
-            else if (sc[e] > b)
-                b = sc[e];
-        gs[g] = a + b;
+    for (int g = 0; g < G; g++) { /* the sum of the group's q highest: sorted */
+        memcpy(v, sc + g * Eg, sizeof(double) * (size_t)Eg);
+        qsort(v, (size_t)Eg, sizeof(double), desc);
+        gs[g] = 0;
+        for (int i = 0; i < q; i++) gs[g] += v[i];
     }
-    for (int t = 0; t < mc->topk_group && G > 1; t++) {
+    for (int t = 0; t < T && G > 1; t++) {
         int best = -1;
         for (int g = 0; g < G; g++)
             if (!ok[g * Eg] && (best < 0 || gs[g] > gs[best])) best = g;
@@ -598,7 +603,7 @@ static void test_moe_router_groups_bias_and_norm_hand_case(void) {
     for (int e = 0; e < 4; e++) lg[e] = logf(s[e] / (1 - s[e]));
     for (int v = 0; v < 4; v++) {
         int norm = v & 1, bias = v >> 1;
-        ops_moe_route r = {1, norm, 2, 1, 2.0f};
+        ops_moe_route r = {1, norm, 2, 1, 2.0f, 2};
         o->moe_router_fwd(o, probs, lse, tk, gate, psum, lg, bias ? b : NULL, 1, 4, 2, &r);
         int e0 = bias ? 0 : 2, e1 = bias ? 1 : 3;
         double S = s[e0] + s[e1], g0 = 2 * s[e0] / (norm ? S : 1), g1 = 2 * s[e1] / (norm ? S : 1);
@@ -616,11 +621,12 @@ static void test_moe_router_groups_bias_and_norm_hand_case(void) {
 /* The layer under each routing option against the fp64 reference (forward and every gradient):
  * Qwen3-MoE's (softmax, no renormalization), DeepSeek-V3's (sigmoid, 2 of 4 groups, scale 2.5,
  * a balancing bias, a shared expert of its own width, the aux and sequence-wise losses through
- * the normalized affinities) and sigmoid without renormalization. */
+ * the normalized affinities), sigmoid without renormalization, and node-limited routing (top-6
+ * from at most 2 of 3 nodes, the nodes ranked by their top-3 sums). */
 static void test_moe_routing_options_gradients_match_finite_differences(void) {
-    for (int v = 0; v < 3 && !t_failed_flag; v++) {
+    for (int v = 0; v < 4 && !t_failed_flag; v++) {
         fixture f;
-        moe_config(&f.cfg, ARCH_LLAMA, 8, 2, 8, 6, v == 1);
+        moe_config(&f.cfg, ARCH_LLAMA, v == 3 ? 12 : 8, v == 3 ? 6 : 2, 8, 6, v == 1);
         f.cfg.model.moe.aux_loss_coef = 0.3;
         f.cfg.model.moe.z_loss_coef = v == 0 ? 0.05 : 0;
         f.cfg.model.moe.norm_topk = v == 1;
@@ -632,10 +638,15 @@ static void test_moe_routing_options_gradients_match_finite_differences(void) {
         f.cfg.model.moe.bias_update_rate = v == 1 ? 0.01 : 0;
         f.cfg.train.micro_batch_size = 3;
         f.cfg.model.moe.seq_aux_loss_coef = v == 2 ? 0.4 : 0;
+        if (v == 3) { /* node-limited: 2 of 3 nodes of 4 experts, ranked by their top-3 sums */
+            f.cfg.model.moe.score = MOE_SIGMOID, f.cfg.model.moe.n_group = 3;
+            f.cfg.model.moe.max_nodes_per_token = 2, f.cfg.model.moe.routed_scale = 2.5;
+        }
         fixture_make(&f, 12);
         fill_random(&f, 41 + v);
         char why[512];
-        const char *what[] = {"softmax no norm", "sigmoid groups scale bias shared", "sigmoid"};
+        const char *what[] = {"softmax no norm", "sigmoid groups scale bias shared", "sigmoid",
+                              "sigmoid node-limited top-3 sums"};
         int bad = check_gradients(&f, what[v], why, sizeof why);
         fixture_free(&f);
         CHECK(!bad, "%s", why);
@@ -703,7 +714,7 @@ static float *host_copy(const ust_ops *o, const void *p, int64_t n) {
 static double cuda_case(ust_ops *gpu, int v, char *what, size_t nwhat) {
     fixture c, g;
     for (fixture *f = &c; f; f = f == &c ? &g : NULL) {
-        moe_config(&f->cfg, ARCH_LLAMA, v ? 8 : 6, 2, 40, 24, 1);
+        moe_config(&f->cfg, ARCH_LLAMA, v == 2 ? 12 : v ? 8 : 6, v == 2 ? 6 : 2, 40, 24, 1);
         f->cfg.model.moe.aux_loss_coef = 0.3;
         f->cfg.model.moe.z_loss_coef = v ? 0 : 0.05;
         f->cfg.model.moe.capacity_factor = 0.8;
@@ -713,6 +724,9 @@ static double cuda_case(ust_ops *gpu, int v, char *what, size_t nwhat) {
             f->cfg.model.moe.shared_d_ff = 32, f->cfg.model.moe.bias_update_rate = 0.01;
             f->cfg.model.moe.seq_aux_loss_coef = 0.2, f->cfg.train.micro_batch_size = 1;
         }
+        if (v == 2) /* node-limited: 2 of 3 nodes of 4 experts by their top-3 sums */
+            f->cfg.model.moe.n_group = 3, f->cfg.model.moe.topk_group = 1,
+            f->cfg.model.moe.max_nodes_per_token = 2;
     }
     const int N = 37;
     fixture_make(&c, N);
@@ -751,7 +765,7 @@ static double cuda_case(ust_ops *gpu, int v, char *what, size_t nwhat) {
  * routing and with DeepSeek-V3's. Both are fp32; they differ in summation order and expf/logf
  * ulps: 1e-4 relative on O(1) values. */
 static void test_moe_layer_on_cuda_matches_cpu(void) {
-    for (int v = 0; v < 2; v++) {
+    for (int v = 0; v < 3; v++) {
         ust_err e;
         ust_ops *gpu = gpu_backend(&e);
         /* UST_REQUIRE_GPU: a GPU that CUDA cannot open fails the test instead of skipping it */
@@ -760,7 +774,10 @@ static void test_moe_layer_on_cuda_matches_cpu(void) {
         char what[160];
         double worst = cuda_case(gpu, v, what, sizeof what);
         CHECK(worst <= 1e-4, "%s routing, GPU vs CPU: worst relative difference %.3g in %s",
-              v ? "DeepSeek" : "softmax", worst, what);
+              v == 2 ? "node-limited"
+              : v    ? "DeepSeek"
+                     : "softmax",
+              worst, what);
     }
 }
 

@@ -123,6 +123,10 @@ typedef struct {
             int n_group, topk_group;
             double routed_scale;
             int shared_d_ff; /* the shared expert's width (0: d_ff_expert) */
+            /* DeepSeek-V3's node-limited routing: the n_group groups are the nodes EP places
+             * them on; a token's experts come from at most this many, ranked by the sum of
+             * their top_k / max_nodes_per_token best scores (0: off) */
+            int max_nodes_per_token;
         } moe;
         struct { /* Llama 3.1's rope_scaling (ops.h ust_rope) */
             ust_rope_scaling type;
@@ -325,6 +329,10 @@ int cfg_layer_window(const ust_config *c, int l);
 /* Layer l (0-based) is a MoE layer: model.moe.num_experts > 0, l >= moe.first_dense, and
  * moe.layers[l] == 1 when the list is given, else l % moe.every == 0. */
 bool cfg_layer_is_moe(const ust_config *c, int l);
+/* MoE layers carry the routing bias router.expert_bias (used for the top-k choice only): with
+ * aux-loss-free balancing (moe.bias_update_rate > 0, which moves it) and with sigmoid scores,
+ * whose DeepSeek-V3 checkpoints hold it (e_score_correction_bias; frozen at rate 0). */
+bool cfg_moe_has_bias(const ust_config *c);
 /* The distinct windows below max_seq_len, in the order layers first use them (at most
  * CFG_MAX_WINDOWS, cfg_validate): cfg_windows fills w and returns how many; cfg_window_slot is
  * layer l's window's index among them (-1: full attention). */

@@ -123,6 +123,7 @@ const cfg_key cfg_keys[] = {
     INTR("model.moe.topk_group", model.moe.topk_group, "1", 1, 4096),
     DBL("model.moe.routed_scale", model.moe.routed_scale, "1", 0, 1e6, LO_OPEN),
     INTR("model.moe.shared_d_ff", model.moe.shared_d_ff, "0", 0, 1 << 22),
+    INTR("model.moe.max_nodes_per_token", model.moe.max_nodes_per_token, "0", 0, 64),
     ENUM("model.rope_scaling.type", model.rope_scaling.type, "none", ROPE_SCALINGS),
     DBL("model.rope_scaling.factor", model.rope_scaling.factor, "8", 1, 1e6, 0),
     DBL("model.rope_scaling.low_freq_factor", model.rope_scaling.low_freq_factor, "1", 0, 1e6,

@@ -39,6 +39,36 @@ bool cfg_layer_is_moe(const ust_config *c, int l) {
     return v == 1;
 }
 
+bool cfg_moe_has_bias(const ust_config *c) {
+    const __typeof__(c->model.moe) *m = &c->model.moe;
+    return m->num_experts > 0 && (m->bias_update_rate > 0 || m->score == MOE_SIGMOID);
+}
+
+/* model.moe.max_nodes_per_token M: node-limited routing over the n_group nodes (groups), each
+ * node ranked by its top_k / M best scores (an integer, at most 16 and the node's experts). */
+static int cfg_check_moe_nodes(const ust_config *c, ust_err *e) {
+    const __typeof__(c->model.moe) *r = &c->model.moe;
+    int M = r->max_nodes_per_token, G = r->n_group;
+    if (!M || !r->num_experts) return 0;
+    REQUIRE(G > 1,
+            "model.moe.max_nodes_per_token (%d) limits the nodes a token's experts live on, but "
+            "with model.moe.n_group 1 the experts are a single node: set n_group to the nodes "
+            "expert parallelism spreads them over (DeepSeek-V3: 8)",
+            M);
+    REQUIRE(M <= G, "model.moe.max_nodes_per_token (%d) must be <= model.moe.n_group (%d nodes)", M,
+            G);
+    REQUIRE(r->topk_group == 1 || r->topk_group == M,
+            "model.moe.max_nodes_per_token (%d) and model.moe.topk_group (%d) both choose how many "
+            "groups a token reaches: give one",
+            M, r->topk_group);
+    REQUIRE(r->top_k % M == 0 && r->top_k / M <= 16 && r->top_k / M <= r->num_experts / G,
+            "model.moe.top_k (%d) must be max_nodes_per_token (%d) x a share of at most 16 and "
+            "at most the %d experts of a node: each node is ranked by its top_k / "
+            "max_nodes_per_token best scores",
+            r->top_k, M, r->num_experts / G);
+    return 0;
+}
+
 /* model.moe.layers (one 0/1 per layer) against every and first_dense: some layer is MoE. */
 static int cfg_check_moe_layers(const ust_config *c, ust_err *e) {
     const __typeof__(c->model) *m = &c->model;
@@ -65,9 +95,11 @@ static int cfg_check_moe_layers(const ust_config *c, ust_err *e) {
             "model.moe.n_group (%d): group-limited routing takes 2..64 groups of at least 2 "
             "experts each (model.moe.num_experts %d)",
             G, r->num_experts);
-    REQUIRE(G == 1 || r->top_k <= r->topk_group * (r->num_experts / G),
-            "model.moe.top_k (%d) must be <= model.moe.topk_group x experts per group (%d x %d)",
-            r->top_k, r->topk_group, r->num_experts / G);
+    int T = r->max_nodes_per_token ? r->max_nodes_per_token : r->topk_group; /* groups reached */
+    REQUIRE(G == 1 || r->top_k <= T * (r->num_experts / G),
+            "model.moe.top_k (%d) must be <= model.moe.topk_group (or max_nodes_per_token) x "
+            "experts per group (%d x %d)",
+            r->top_k, T, r->num_experts / G);
     REQUIRE(r->score != MOE_SIGMOID || r->z_loss_coef == 0,
             "model.moe.z_loss_coef (%g) needs softmax scores: sigmoid routing (model.moe.score) "
             "has no log-sum-exp; set it to 0",
@@ -315,7 +347,8 @@ static int cfg_validate_model(const ust_config *c, ust_err *e) {
             c->parallel.ep);
     REQUIRE(moe->num_experts > 0 || c->parallel.ep == 1,
             "parallel.ep (%d) needs experts, but model.moe.num_experts is 0", c->parallel.ep);
-    if (cfg_check_moe_layers(c, e) || cfg_validate_mtp(c, e)) return -1;
+    if (cfg_check_moe_layers(c, e) || cfg_check_moe_nodes(c, e) || cfg_validate_mtp(c, e))
+        return -1;
     if (cfg_validate_gemma(c, e)) return -1;
     return cfg_validate_mla(c, e);
 }

@@ -89,10 +89,13 @@ typedef struct {
 
 /* The MoE router's options (moe_router_fwd): sigmoid scores (DeepSeek-V3) instead of softmax,
  * the k gates renormalized (norm), group-limited choice (n_group > 1: topk_group groups of
- * E/n_group consecutive experts, at most 64 groups), the gates' factor (scale). */
+ * E/n_group consecutive experts, at most 64 groups, ranked by the sum of each group's group_top
+ * highest scores + bias: 0 means 2, DeepSeek-V3's; node-limited routing sums top_k / nodes, at
+ * most 16), the gates' factor (scale). */
 typedef struct {
     int sigmoid, norm, n_group, topk_group;
     float scale;
+    int group_top;
 } ops_moe_route;
 
 /* Device memory as a backend sees it (all 0 on the CPU): its own scratch and workspaces outside

@@ -1287,14 +1287,15 @@ static int chosen(const int32_t *sel, int j, int e) {
     return 0;
 }
 
-static const ops_moe_route route_default = {0, 1, 1, 1, 1.0f};
+static const ops_moe_route route_default = {0, 1, 1, 1, 1.0f, 2};
 
 /* One token's scores p(E) (+ bias) -> its k experts sel, descending, ties to the lower index:
- * with groups, only among the topk_group groups of highest top-2 sums (groups chosen the same
- * way). */
+ * with groups, only among the topk_group groups of highest top-q sums (q = group_top, 0: 2;
+ * groups chosen the same way). */
 static void route_select(const float *p, const float *bias, int E, int k, const ops_moe_route *r,
                          int32_t *sel) {
     int G = r->n_group > 1 ? r->n_group : 1, Eg = E / G, T = G > 1 ? r->topk_group : G;
+    int q = r->group_top > 0 ? r->group_top : 2;
     uint64_t groups = G > 1 ? 0 : 1; /* bit g: group g may be chosen (one group: all) */
 #define SC(e) (p[e] + (bias ? bias[e] : 0.0f))
     for (int t = 0; t < T && G > 1; t++) {
@@ -1302,15 +1303,17 @@ static void route_select(const float *p, const float *bias, int E, int k, const 
         float bs = 0.0f;
         for (int g = 0; g < G; g++) {
             if (groups >> g & 1) continue;
-            float m1 = -INFINITY, m2 = -INFINITY; /* the group's two highest */
+            float top[16]; /* the group's q highest, descending (insertion: ties keep order) */
+            for (int i = 0; i < q; i++) top[i] = -INFINITY;
             for (int e = g * Eg; e < (g + 1) * Eg; e++) {
                 float v = SC(e);
-                if (v > m1)
-                    m2 = m1, m1 = v;
-                else if (v > m2)
-                    m2 = v;
+                int i = q - 1;
+                if (!(v > top[i])) continue;
+                for (; i > 0 && v > top[i - 1]; i--) top[i] = top[i - 1];
+                top[i] = v;
             }
-            float gs = m1 + m2;
+            float gs = top[0];
+            for (int i = 1; i < q; i++) gs += top[i];
             if (best < 0 || gs > bs) best = g, bs = gs;
         }
         groups |= (uint64_t)1 << best;
@@ -1344,8 +1347,10 @@ static void cpu_moe_router_fwd(const ust_ops *o, float *probs, float *lse, int32
     UST_ASSERT(k >= 1 && k <= E, "top-%d of %d experts", k, E);
     UST_ASSERT(r->n_group <= 1 ||
                    (E % r->n_group == 0 && r->n_group <= 64 && r->topk_group <= r->n_group &&
-                    k <= r->topk_group * E / r->n_group),
-               "top-%d of %d experts in %d of %d groups", k, E, r->topk_group, r->n_group);
+                    k <= r->topk_group * E / r->n_group && r->group_top <= 16 &&
+                    r->group_top <= E / r->n_group),
+               "top-%d of %d experts in %d of %d groups (top-%d sums)", k, E, r->topk_group,
+               r->n_group, r->group_top);
     float *rowsum = r->sigmoid && psum && !lse ? malloc((size_t)N * sizeof(float)) : lse;
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int n = 0; n < N; n++) {

@@ -279,10 +279,53 @@ static int parse_qwen3(const jctx *x, ust_config *c) {
                : 0;
 }
 
+/* DeepSeek-V3's MoE layers (transformers' DeepseekV3MoE): layers from first_k_dense_replace on
+ * (model.moe.first_dense), n_routed_experts of moe_intermediate_size, sigmoid scores
+ * (model.moe.score) whose correction bias picks the top-k only, group-limited (n_group /
+ * topk_group), the gates renormalized (norm_topk_prob) and scaled (routed_scaling_factor), one
+ * shared MLP of n_shared_experts x moe_intermediate_size (model.moe.shared_d_ff). transformers
+ * computes no auxiliary loss for it, so aux_loss_coef is 0. The remote-code keys that would route
+ * otherwise (scoring_func, topk_method, moe_layer_freq) are refused unless they say the same. */
+static int parse_deepseek_moe(const jctx *x, ust_config *c, int dense) {
+    __typeof__(c->model.moe) *moe = &c->model.moe;
+    int shared = 1, freq = 1;
+    const char *fn = "sigmoid", *method = "noaux_tc";
+    if (jint(x, "n_routed_experts", 256, 1, &moe->num_experts) ||
+        jint(x, "num_experts_per_tok", 8, 1, &moe->top_k) ||
+        jint(x, "moe_intermediate_size", 2048, 1, &moe->d_ff_expert) ||
+        jint(x, "n_shared_experts", 1, 0, &shared) || jint(x, "n_group", 1, 1, &moe->n_group) ||
+        jint(x, "topk_group", 1, 1, &moe->topk_group) ||
+        jdbl(x, "routed_scaling_factor", 2.5, &moe->routed_scale) ||
+        jbool(x, "norm_topk_prob", true, &moe->norm_topk) || jstr(x, "scoring_func", fn, &fn) ||
+        jstr(x, "topk_method", method, &method) || jint(x, "moe_layer_freq", 1, 1, &freq))
+        return -1;
+    if (strcmp(fn, "sigmoid") || strcmp(method, "noaux_tc") || freq != 1)
+        return ust_errf(x->e,
+                        "%s: scoring_func '%.40s', topk_method '%.40s', moe_layer_freq %d: "
+                        "DeepseekV3ForCausalLM routes by sigmoid scores with the correction bias "
+                        "('sigmoid', 'noaux_tc') in every layer from first_k_dense_replace on (1)",
+                        x->path, fn, method, freq);
+    if (!shared || (int64_t)shared * moe->d_ff_expert > (1 << 22))
+        return ust_errf(x->e,
+                        "%s: 'n_shared_experts' = %d: ustrain's DeepSeek MoE layer has one shared "
+                        "MLP of n_shared_experts x moe_intermediate_size (%d), 1 to %d wide",
+                        x->path, shared, moe->d_ff_expert, 1 << 22);
+    if (!(moe->routed_scale > 0))
+        return ust_errf(x->e, "%s: 'routed_scaling_factor' = %g: expected a value > 0", x->path,
+                        moe->routed_scale);
+    moe->first_dense = dense;
+    moe->every = 1;
+    moe->score = MOE_SIGMOID;
+    moe->shared_expert = true;
+    moe->shared_d_ff = shared * moe->d_ff_expert;
+    moe->aux_loss_coef = 0;
+    return 0;
+}
+
 /* DeepSeek-V3 (and V2's layout): a llama whose attention is multi-head latent attention
- * (model.mla). Only all-dense models import: the MoE layers from first_k_dense_replace on route
- * with DeepSeek's sigmoid gates, which ustrain does not compute yet. head_dim there is
- * qk_rope_head_dim, not a q/k head, so parse_llama_common reads a copy without it. */
+ * (model.mla), its layers from first_k_dense_replace on DeepSeek MoE layers (parse_deepseek_moe).
+ * head_dim there is qk_rope_head_dim, not a q/k head, so parse_llama_common reads a copy without
+ * it. */
 static int parse_deepseek_v3(const jctx *x, ust_config *c) {
     __typeof__(c->model) *m = &c->model;
     __typeof__(m->mla) *a = &m->mla;
@@ -312,14 +355,7 @@ static int parse_deepseek_v3(const jctx *x, ust_config *c) {
     if (r && m->rope_scaling.type != ROPE_NONE &&
         jdbl(&rs, "mscale_all_dim", 0, &a->mscale_all_dim))
         return -1;
-    if (dense < m->n_layer)
-        return ust_errf(x->e,
-                        "%s: 'first_k_dense_replace' = %d < num_hidden_layers = %d: layers %d.. "
-                        "are DeepSeek MoE layers (sigmoid group-limited routing), which ustrain "
-                        "does not import yet; only all-dense DeepseekV3ForCausalLM models "
-                        "(first_k_dense_replace >= num_hidden_layers) are",
-                        x->path, dense, m->n_layer, dense);
-    return 0;
+    return dense < m->n_layer ? parse_deepseek_moe(x, c, dense) : 0;
 }
 
 /* OLMo 2: a llama whose q_norm/k_norm span the whole q and k projections and whose norms follow
@@ -592,7 +628,7 @@ int hf_config_parse(const cJSON *j, const char *path, ust_config *c, char *arch,
                     "%s: architecture '%.80s' is not supported (ustrain imports LlamaForCausalLM, "
                     "Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, MixtralForCausalLM, "
                     "Qwen3MoeForCausalLM, Olmo2ForCausalLM, Gemma3ForCausalLM, GPT2LMHeadModel "
-                    "and dense DeepseekV3ForCausalLM)",
+                    "and DeepseekV3ForCausalLM)",
                     path,
                     name   ? name
                     : type ? type
@@ -679,22 +715,27 @@ static const hf_key SHAPE_KEYS[] = {
     K("model.rope_local_theta", "rope_local_base_freq / rope_parameters", V_DBL,
       model.gemma.rope_local_theta),
     K("model.rope_scaling.type", "rope_scaling.rope_type", V_ROPE, model.rope_scaling.type),
-    K("model.moe.num_experts", "num_local_experts", V_INT, model.moe.num_experts),
+    K("model.moe.num_experts", "num_local_experts / n_routed_experts", V_INT,
+      model.moe.num_experts),
 };
 static const hf_key DENSE_KEYS[] = {
     K("model.d_ff", "intermediate_size / n_inner", V_INT, model.d_ff),
 };
 static const hf_key MOE_KEYS[] = {
     K("model.moe.top_k", "num_experts_per_tok", V_INT, model.moe.top_k),
-    K("model.moe.d_ff_expert", "intermediate_size", V_INT, model.moe.d_ff_expert),
+    K("model.moe.d_ff_expert", "intermediate_size / moe_intermediate_size", V_INT,
+      model.moe.d_ff_expert),
     K("model.moe.every", "(every Mixtral layer)", V_INT, model.moe.every),
     K("model.moe.shared_expert", "(Mixtral has none)", V_BOOL, model.moe.shared_expert),
     K("model.moe.layers", "decoder_sparse_step / mlp_only_layers", V_TEXT, model.moe.layers),
-    K("model.moe.first_dense", "(none: model.moe.layers)", V_INT, model.moe.first_dense),
+    K("model.moe.first_dense", "first_k_dense_replace (else 0)", V_INT, model.moe.first_dense),
     K("model.moe.norm_topk", "norm_topk_prob", V_BOOL, model.moe.norm_topk),
-    K("model.moe.score", "(softmax)", V_INT, model.moe.score),
-    K("model.moe.n_group", "(no groups)", V_INT, model.moe.n_group),
-    K("model.moe.routed_scale", "(1)", V_DBL, model.moe.routed_scale),
+    K("model.moe.score", "scoring_func (Mixtral, Qwen3-MoE: softmax)", V_INT, model.moe.score),
+    K("model.moe.n_group", "n_group (Mixtral, Qwen3-MoE: none)", V_INT, model.moe.n_group),
+    K("model.moe.routed_scale", "routed_scaling_factor (1)", V_DBL, model.moe.routed_scale),
+    K("model.moe.topk_group", "topk_group (1)", V_INT, model.moe.topk_group),
+    K("model.moe.shared_d_ff", "n_shared_experts x moe_intermediate_size (0)", V_INT,
+      model.moe.shared_d_ff),
 };
 /* a mixed model's dense layers */
 static const hf_key MIXED_KEYS[] = {

@@ -42,6 +42,11 @@ struct hf_model {
     int nrefs;
     int64_t bytes_read, tensor_bytes;
     int allow_nonfinite; /* hf_allow_nonfinite */
+    /* FP8 checkpoints (DeepSeek-V3's release): config.json's quantization_config, fp8 with
+     * weight_block_size [b0, b1]; each F8_E4M3 weight W has W_scale_inv, one fp32 scale per
+     * b0 x b1 block, in shard scale_shard[row] (-1: the row is not F8) */
+    int fp8, block[2];
+    int *scale_shard;
 };
 
 /* ------------------------------------------------------------------ files */
@@ -122,12 +127,46 @@ static cJSON *read_json(const char *dir, const char *name, ust_err *e) {
     return j;
 }
 
+/* quantization_config: absent, or DeepSeek-V3's {quant_method: fp8, fmt: e4m3,
+ * weight_block_size: [b0, b1] (default [128, 128])}; activation_scheme is how inference would
+ * quantize activations, nothing a dequantizing import uses. Anything else is refused by name. */
+static int parse_quantization(hf_model *h, const cJSON *j, const char *path, ust_err *e) {
+    const cJSON *q = cJSON_GetObjectItemCaseSensitive(j, "quantization_config");
+    if (!q || cJSON_IsNull(q)) return 0;
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(q, "quant_method"),
+                *f = cJSON_GetObjectItemCaseSensitive(q, "fmt"),
+                *b = cJSON_GetObjectItemCaseSensitive(q, "weight_block_size");
+    if (!cJSON_IsObject(q) || !cJSON_IsString(m) || strcmp(m->valuestring, "fp8") ||
+        (f && (!cJSON_IsString(f) || strcmp(f->valuestring, "e4m3"))))
+        return ust_errf(e,
+                        "%s: quantization_config: ustrain dequantizes DeepSeek-V3's block-scaled "
+                        "FP8 (quant_method 'fp8', fmt 'e4m3') on import; this one says "
+                        "quant_method %.40s, fmt %.40s",
+                        path, cJSON_IsString(m) ? m->valuestring : "(none)",
+                        cJSON_IsString(f) ? f->valuestring : "(none)");
+    h->fp8 = 1;
+    h->block[0] = h->block[1] = 128;
+    for (int i = 0; b && i < 2; i++) {
+        const cJSON *v =
+            cJSON_IsArray(b) && cJSON_GetArraySize(b) == 2 ? cJSON_GetArrayItem(b, i) : NULL;
+        if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 1 ||
+            v->valuedouble > 1 << 20)
+            return ust_errf(e,
+                            "%s: quantization_config.weight_block_size is not two block sizes "
+                            "[rows, cols] in 1..%d (DeepSeek-V3: [128, 128])",
+                            path, 1 << 20);
+        h->block[i] = (int)v->valuedouble;
+    }
+    return 0;
+}
+
 static int load_config(hf_model *h, ust_err *e) {
     cJSON *j = read_json(h->dir, "config.json", e);
     if (!j) return -1;
     char path[PATH_MAX + 16];
     snprintf(path, sizeof path, "%s/config.json", h->dir);
     int rc = hf_config_parse(j, path, &h->cfg, h->arch, sizeof h->arch, e);
+    if (!rc) rc = parse_quantization(h, j, path, e);
     cJSON_Delete(j);
     return rc;
 }
@@ -207,6 +246,59 @@ static const char *name_in_files(const hf_model *h, const hf_tensor *x, const cJ
     return x->name;
 }
 
+/* The scale tensor's name of F8 weight `name` (…weight -> …weight_scale_inv). */
+static void scale_name(const char *name, char *out, size_t cap) {
+    snprintf(out, cap, "%s_scale_inv", name);
+}
+
+/* Row r's file tensor w (name in the files) is F8_E4M3: config.json declares the block scaling,
+ * the tensor is a matrix, and its scale tensor is there (in the shard the index names), fp32, one
+ * finite value per block: [ceil(rows / b0), ceil(cols / b1)]. */
+static int find_scale(hf_model *h, int r, const char *name, const st_view *w, const cJSON *map,
+                      ust_err *e) {
+    char sn[CKPT_NAME_MAX + 16];
+    scale_name(name, sn, sizeof sn);
+    if (!h->fp8 || w->ndim != 2)
+        return ust_errf(e,
+                        "%s: tensor '%s' is F8_E4M3 but %s (ustrain dequantizes DeepSeek-V3's FP8 "
+                        "matrices, one fp32 scale per block, quantization_config fp8)",
+                        h->dir, name,
+                        !h->fp8 ? "config.json has no quantization_config" : "not a matrix");
+    const cJSON *v = map ? cJSON_GetObjectItemCaseSensitive(map, sn) : NULL;
+    int s = map ? (v ? add_shard(h, v->valuestring, e) : -2) : 0;
+    if (s == -1) return -1;
+    st_view sv;
+    if (s < 0 || st_raw(h->shards[s], sn, &sv))
+        return ust_errf(e, "%s: tensor '%s' (the block scales of F8_E4M3 tensor '%s') is missing",
+                        s < 0 ? h->dir : st_path(h->shards[s]), sn, name);
+    const char *file = st_path(h->shards[s]);
+    int64_t want[2] = {(w->shape[0] + h->block[0] - 1) / h->block[0],
+                       (w->shape[1] + h->block[1] - 1) / h->block[1]};
+    if (strcmp(sv.dtype, "F32") || sv.ndim != 2 || sv.shape[0] != want[0] ||
+        sv.shape[1] != want[1]) {
+        char have[128];
+        ckpt_format_shape(have, sizeof have, sv.ndim, sv.shape);
+        return ust_errf(e,
+                        "%s: tensor '%s' is %s %s, but the scales of a [%lld, %lld] weight in "
+                        "blocks of [%d, %d] (quantization_config.weight_block_size) are F32 "
+                        "[%lld, %lld]",
+                        file, sn, sv.dtype, have, (long long)w->shape[0], (long long)w->shape[1],
+                        h->block[0], h->block[1], (long long)want[0], (long long)want[1]);
+    }
+    for (int64_t i = 0; i < want[0] * want[1]; i++) {
+        float f;
+        memcpy(&f, sv.data + 4 * i, 4);
+        if (!isfinite(f))
+            return ust_errf(e,
+                            "%s: tensor '%s' holds a non-finite scale (%g, block %lld of %lld): "
+                            "its weight '%s' would dequantize to NaN or Inf",
+                            file, sn, f, (long long)i, (long long)(want[0] * want[1]), name);
+    }
+    h->scale_shard[r] = s;
+    h->tensor_bytes += want[0] * want[1] * 4;
+    return 0;
+}
+
 /* Table row r: in the shard the index names (or the single file), in a dtype ustrain reads,
  * with the shape config.json implies. */
 static int find_row(hf_model *h, int r, const cJSON *map, ust_err *e) {
@@ -224,9 +316,15 @@ static int find_row(hf_model *h, int r, const cJSON *map, ust_err *e) {
     const char *file = st_path(h->shards[s]);
     if (st_raw(h->shards[s], name, &w))
         return ust_errf(e, "%s: tensor '%s' (which %s needs) is missing", file, x->name, h->arch);
-    if (strcmp(w.dtype, "F32") && strcmp(w.dtype, "BF16") && strcmp(w.dtype, "F16"))
-        return ust_errf(e, "%s: tensor '%s' has dtype %s (ustrain imports F32, BF16 and F16)", file,
-                        x->name, w.dtype);
+    h->scale_shard[r] = -1;
+    if (!strcmp(w.dtype, "F8_E4M3")) {
+        if (find_scale(h, r, name, &w, map, e)) return -1;
+    } else if (strcmp(w.dtype, "F32") && strcmp(w.dtype, "BF16") && strcmp(w.dtype, "F16")) {
+        return ust_errf(e,
+                        "%s: tensor '%s' has dtype %s (ustrain imports F32, BF16, F16 and "
+                        "block-scaled F8_E4M3)",
+                        file, x->name, w.dtype);
+    }
     bool same = w.ndim == x->ndim;
     for (int d = 0; same && d < x->ndim; d++) same = w.shape[d] == x->shape[d];
     if (!same) {
@@ -257,21 +355,35 @@ static int cmp_row_name(const void *a, const void *b, void *ctx) {
     return strcmp(t->t[*(const int *)a].name, t->t[*(const int *)b].name);
 }
 
-static bool in_table(const hf_model *h, const int *order, const char *name) {
+/* The table row named name, or -1. */
+static int table_row(const hf_model *h, const int *order, const char *name) {
     int lo = 0, hi = h->table.n - 1;
     while (lo <= hi) {
         int mid = (lo + hi) / 2, c = strcmp(name, h->table.t[order[mid]].name);
-        if (!c) return true;
+        if (!c) return order[mid];
         if (c < 0) hi = mid - 1;
         if (c > 0) lo = mid + 1;
     }
-    return false;
+    return -1;
 }
 
-static bool used(const hf_model *h, const int *order, const char *name) {
+static bool in_table(const hf_model *h, const int *order, const char *name) {
     char full[CKPT_NAME_MAX + 16];
     snprintf(full, sizeof full, "%s%.*s", base_prefix(h), CKPT_NAME_MAX, name);
-    return in_table(h, order, name) || in_table(h, order, full) || is_buffer(name);
+    return table_row(h, order, name) >= 0 || table_row(h, order, full) >= 0;
+}
+
+/* A name the files may hold: a table row's, a saved buffer, or the block scales of an F8 row. */
+static bool used(const hf_model *h, const int *order, const char *name) {
+    size_t n = strlen(name), k = strlen("_scale_inv");
+    if (in_table(h, order, name) || is_buffer(name)) return true;
+    if (n <= k || n - k >= CKPT_NAME_MAX || strcmp(name + n - k, "_scale_inv")) return false;
+    char base[CKPT_NAME_MAX], full[CKPT_NAME_MAX + 16];
+    snprintf(base, sizeof base, "%.*s", (int)(n - k), name);
+    snprintf(full, sizeof full, "%s%s", base_prefix(h), base);
+    int r = table_row(h, order, base);
+    if (r < 0) r = table_row(h, order, full);
+    return r >= 0 && h->scale_shard[r] >= 0;
 }
 
 /* Every entry of the index names a tensor its shard holds and the table uses: an entry for a
@@ -372,7 +484,8 @@ static int open_files(hf_model *h, ust_err *e) {
     if (!rc) rc = check_count(h, e);
     if (!rc) rc = hf_table_build(&h->table, &h->cfg, e);
     if (!rc && (!(h->shard_of = calloc((size_t)h->table.n + 1, sizeof *h->shard_of)) ||
-                !(h->name_off = calloc((size_t)h->table.n + 1, sizeof *h->name_off))))
+                !(h->name_off = calloc((size_t)h->table.n + 1, sizeof *h->name_off)) ||
+                !(h->scale_shard = calloc((size_t)h->table.n + 1, sizeof *h->scale_shard))))
         rc = ust_errf(e, "%s: out of memory", h->dir);
     for (int r = 0; r < h->table.n && !rc; r++) rc = find_row(h, r, map, e);
     if (!rc) rc = check_no_extra(h, map, e);
@@ -410,6 +523,7 @@ void hf_close(hf_model *h) {
     free(h->shards);
     free(h->shard_of);
     free(h->name_off);
+    free(h->scale_shard);
     free(h->refs);
     hf_table_free(&h->table);
     free(h);
@@ -515,7 +629,35 @@ typedef struct {
     int64_t cols; /* of the ustrain tensor */
     st_view v;
     float *out;
+    st_view scale; /* F8_E4M3: the block scales (v.dtype), and e4m3's 256 values */
+    float e4m3[256];
 } read_ctx;
+
+/* float8 e4m3fn: 4 exponent bits (bias 7), 3 mantissa bits, no infinities, S.1111.111 is NaN. */
+static float e4m3_to_f32(unsigned b) {
+    unsigned ex = (b >> 3) & 15, man = b & 7;
+    float v = ex == 15 && man == 7 ? NAN
+              : ex                 ? ldexpf((float)(8 + man), (int)ex - 10)
+                                   : ldexpf((float)man, -9);
+    return b & 128 ? -v : v;
+}
+
+/* n elements of the file tensor from element f on (row-major), as fp32: widened, or F8 times
+ * the scale of each element's block. */
+static void load(read_ctx *c, int64_t f, int64_t n, float *out) {
+    const st_view *v = &c->v;
+    if (strcmp(v->dtype, "F8_E4M3")) {
+        widen(v, v->data + f * v->esize, n, out);
+        return;
+    }
+    int64_t cols = v->shape[1], scols = c->scale.shape[1];
+    for (int64_t i = 0; i < n; i++) {
+        int64_t r = (f + i) / cols, col = (f + i) % cols;
+        float s;
+        memcpy(&s, c->scale.data + 4 * ((r / c->h->block[0]) * scols + col / c->h->block[1]), 4);
+        out[i] = c->e4m3[v->data[f + i]] * s;
+    }
+}
 
 /* n elements of ustrain's tensor from element elem on (row-major), into out + at: copies are
  * contiguous in the file too (one widen; the padded vocabulary rows past the file's read as
@@ -528,14 +670,14 @@ static int read_run(void *vc, int64_t elem, int64_t at, int64_t n, ust_err *e) {
     if (c->x->op == HF_COPY || c->x->op == HF_ROWS) {
         int64_t in_file = c->x->ndim == 2 ? c->x->shape[0] * c->x->shape[1] : c->x->shape[0];
         int64_t k = elem >= in_file ? 0 : in_file - elem < n ? in_file - elem : n;
-        widen(v, v->data + elem * v->esize, k, out);
+        load(c, elem, k, out);
         memset(out + k, 0, (size_t)(n - k) * sizeof(float)); /* the padded vocabulary rows */
         c->h->bytes_read += k * v->esize;
         return 0;
     }
     for (int64_t i = 0; i < n; i++) {
         int64_t f = file_index(c->h, c->x, c->src, (elem + i) / c->cols, (elem + i) % c->cols);
-        widen(v, v->data + f * v->esize, 1, out + i);
+        load(c, f, 1, out + i);
     }
     c->h->bytes_read += n * v->esize;
     return 0;
@@ -567,9 +709,17 @@ int hf_read_slice(hf_model *h, const ckpt_tensor *t, const ckpt_slice *s, float 
     if (check_request(h, x, &x->src[ref->src], t, e)) return -1;
     int64_t rows = t->ndim == 2 ? t->shape[0] : 1, cols = t->ndim == 2 ? t->shape[1] : t->shape[0];
     if (ckpt_check_slice(s, rows, cols, t->name, e)) return -1;
-    read_ctx c = {h, x, ref->src, cols, {0}, out};
-    int rc = st_raw(h->shards[h->shard_of[ref->row]], x->name + h->name_off[ref->row], &c.v);
+    read_ctx c = {h, x, ref->src, cols, {0}, out, {0}, {0}};
+    const char *name = x->name + h->name_off[ref->row];
+    int rc = st_raw(h->shards[h->shard_of[ref->row]], name, &c.v);
     UST_ASSERT(rc == 0, "tensor %s vanished from its shard", x->name);
+    if (h->scale_shard[ref->row] >= 0) { /* find_scale checked it */
+        char sn[CKPT_NAME_MAX + 16];
+        scale_name(name, sn, sizeof sn);
+        rc = st_raw(h->shards[h->scale_shard[ref->row]], sn, &c.scale);
+        UST_ASSERT(rc == 0, "tensor %s vanished from its shard", sn);
+        for (unsigned b = 0; b < 256; b++) c.e4m3[b] = e4m3_to_f32(b);
+    }
     if (ckpt_for_each_run(s, cols, read_run, &c, e)) return -1;
     return h->allow_nonfinite ? 0 : refuse_nonfinite(h, x, t, s, out, e);
 }

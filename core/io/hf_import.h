@@ -1,9 +1,9 @@
 /* hf_import: a Hugging Face model directory (config.json + model.safetensors, or
  * model.safetensors.index.json and its shards) as the starting weights of a run.
- * hf_open reads config.json (LlamaForCausalLM, Qwen2ForCausalLM, MixtralForCausalLM,
- * GPT2LMHeadModel; anything else is refused naming what is unsupported), maps every shard and
- * checks, before any weight is read, that the files hold exactly the tensors hf_map's table
- * implies for that config, with its shapes, in F32, BF16 or F16. hf_apply_config puts the model
+ * hf_open reads config.json (hf_config's architectures; anything else is refused naming what is
+ * unsupported), maps every shard and checks, before any weight is read, that the files hold
+ * exactly the tensors hf_map's table implies for that config, with its shapes, in F32, BF16, F16
+ * or F8_E4M3 with DeepSeek-V3's per-block scales (dequantized). hf_apply_config puts the model
  * section into the run's config (explicitly set keys must agree); hf_read_slice reads one rank's
  * box of a ustrain tensor, touching only the bytes of that box (the table read backwards). */
 #ifndef UST_HF_IMPORT_H

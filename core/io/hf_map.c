@@ -21,6 +21,11 @@
  * and MoE layers (mlp_only_layers lists the dense ones), the router mlp.gate, the experts under
  * ustrain's own names, norm_topk_prob = model.moe.norm_topk.
  *
+ * llama with model.mla -> DeepseekV3ForCausalLM: its MoE layers (a dense prefix, then MoE to the
+ * end: first_k_dense_replace) hold the router mlp.gate with the routing bias as
+ * gate.e_score_correction_bias, the experts under ustrain's names and the shared MLP as
+ * mlp.shared_experts (n_shared_experts x moe_intermediate_size wide).
+ *
  * gpt2: GPT2LMHeadModel keeps GPT-2's Conv1D weights, [in, out] (the transpose of ours), and one
  * fused c_attn whose output features are q | k | v. GPT-2 has no grouped-query attention, so a
  * ustrain gpt2 with n_kv_head < n_head is exported with each key/value head repeated for the
@@ -33,6 +38,18 @@
 
 static int64_t numel(int ndim, const int64_t *shape) {
     return ndim == 2 ? shape[0] * shape[1] : shape[0];
+}
+
+/* The first MoE layer (n_layer: none), DeepSeek's first_k_dense_replace. */
+static int deepseek_first_moe(const ust_config *c) {
+    int l = 0;
+    while (l < c->model.n_layer && !cfg_layer_is_moe(c, l)) l++;
+    return l;
+}
+
+/* The shared expert's width (model.moe.shared_d_ff; 0: d_ff_expert, as moe_shared_width). */
+static int64_t shared_width(const ust_config *c) {
+    return c->model.moe.shared_d_ff ? c->model.moe.shared_d_ff : c->model.moe.d_ff_expert;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -124,6 +141,33 @@ int64_t hf_rope_row(const ust_config *c, hf_xform op, int64_t r) {
     return r - j + (j < half ? 2 * j : 2 * (j - half) + 1);
 }
 
+/* A MoE layer under DeepseekV3MoE's names: the router mlp.gate with the routing bias as its
+ * e_score_correction_bias, the experts ustrain's names, the shared MLP mlp.shared_experts. */
+static void deepseek_moe_layer(hf_table *l, int i) {
+    const ust_config *c = l->c;
+    int64_t C = c->model.d_model, E = c->model.moe.num_experts, Fe = c->model.moe.d_ff_expert;
+    int64_t Fs = shared_width(c);
+    char dst[CKPT_NAME_MAX], src[CKPT_NAME_MAX];
+    static const char *const proj[] = {"gate_proj", "up_proj", "down_proj"};
+    snprintf(dst, sizeof dst, "model.layers.%d.mlp.gate.weight", i);
+    snprintf(src, sizeof src, "model.layers.%d.mlp.router.weight", i);
+    xsame(l, HF_COPY, dst, src, 2, E, C);
+    snprintf(dst, sizeof dst, "model.layers.%d.mlp.gate.e_score_correction_bias", i);
+    snprintf(src, sizeof src, "model.layers.%d.mlp.router.expert_bias", i);
+    xsame(l, HF_COPY, dst, src, 1, E, 0);
+    for (int k = 0; k < 3; k++) {
+        snprintf(dst, sizeof dst, "model.layers.%d.mlp.shared_experts.%s.weight", i, proj[k]);
+        snprintf(src, sizeof src, "model.layers.%d.mlp.shared_expert.%s.weight", i, proj[k]);
+        xsame(l, HF_COPY, dst, src, 2, k == 2 ? C : Fs, k == 2 ? Fs : C);
+    }
+    for (int64_t e = 0; e < E; e++)
+        for (int k = 0; k < 3; k++) {
+            snprintf(dst, sizeof dst, "model.layers.%d.mlp.experts.%lld.%s.weight", i, (long long)e,
+                     proj[k]);
+            xsame(l, HF_COPY, dst, dst, 2, k == 2 ? C : Fe, k == 2 ? Fe : C);
+        }
+}
+
 /* A MoE layer under Qwen3-MoE's names: the router is mlp.gate, the experts ustrain's names. */
 static void qwen3_moe_layer(hf_table *l, int i) {
     const ust_config *c = l->c;
@@ -185,7 +229,10 @@ static void llama_table(hf_table *l) {
             SAME("post_feedforward_layernorm.weight", 1, C, 0);
         }
         if (cfg_layer_is_moe(c, i)) {
-            c->model.qk_norm ? qwen3_moe_layer(l, i) : mixtral_layer(l, i);
+            if (c->model.mla.enabled)
+                deepseek_moe_layer(l, i);
+            else
+                c->model.qk_norm ? qwen3_moe_layer(l, i) : mixtral_layer(l, i);
             continue;
         }
         SAME("mlp.gate_proj.weight", 2, F, C);
@@ -302,13 +349,40 @@ static int gemma3_check(const ust_config *c, ust_err *e) {
     return 0;
 }
 
+/* DeepseekV3ForCausalLM's MoE layout: dense layers, then MoE layers to the end
+ * (first_k_dense_replace), sigmoid scores, a shared MLP n_shared_experts x d_ff_expert wide. */
+static int deepseek_moe_check(const ust_config *c, ust_err *e) {
+    const __typeof__(c->model.moe) *moe = &c->model.moe;
+    int first = deepseek_first_moe(c), suffix = 1;
+    for (int l = 0; l < c->model.n_layer; l++) suffix &= cfg_layer_is_moe(c, l) == (l >= first);
+    if (!suffix)
+        return ust_errf(e,
+                        "model.moe.layers / every / first_dense: DeepseekV3ForCausalLM's MoE "
+                        "layers are every layer from first_k_dense_replace on; this model's are "
+                        "not (first MoE layer %d of %d)",
+                        first, c->model.n_layer);
+    if (moe->score != MOE_SIGMOID)
+        return ust_errf(e, "model.moe.score: softmax: DeepseekV3ForCausalLM routes by sigmoid "
+                           "scores (model.moe.score: sigmoid)");
+    if (moe->max_nodes_per_token && moe->top_k / moe->max_nodes_per_token != 2)
+        return ust_errf(e,
+                        "model.moe.max_nodes_per_token %d: DeepseekV3ForCausalLM ranks groups by "
+                        "their top-2 scores, and top_k %d / %d is not 2",
+                        moe->max_nodes_per_token, moe->top_k, moe->max_nodes_per_token);
+    if (!moe->shared_expert || shared_width(c) % moe->d_ff_expert)
+        return ust_errf(e,
+                        "model.moe.shared_expert / shared_d_ff: DeepseekV3ForCausalLM's MoE layer "
+                        "has a shared MLP of n_shared_experts x moe_intermediate_size (%d); this "
+                        "model's is %d wide",
+                        moe->d_ff_expert, moe->shared_expert ? (int)shared_width(c) : 0);
+    return 0;
+}
+
 int hf_table_build(hf_table *l, const ust_config *c, ust_err *e) {
     const __typeof__(c->model.moe) *moe = &c->model.moe;
-    if (c->model.mla.enabled && moe->num_experts > 0)
-        return ust_errf(e, "model.mla with model.moe: DeepseekV3ForCausalLM's MoE layers route "
-                           "with DeepSeek's sigmoid gates, which the import does not map yet "
-                           "(model.moe.score: sigmoid trains them from YAML)");
-    if (moe->num_experts > 0 && moe_layout_check(c, e)) return -1;
+    if (moe->num_experts > 0 &&
+        (c->model.mla.enabled ? deepseek_moe_check(c, e) : moe_layout_check(c, e)))
+        return -1;
     if (c->model.partial_rotary_factor < 1)
         return ust_errf(e,
                         "model.partial_rotary_factor %g: ustrain imports and exports no family "
@@ -368,8 +442,9 @@ int64_t hf_table_count(const ust_config *c) {
     int64_t attn = m->mla.enabled ? 2 + (m->mla.q_lora_rank ? 3 : 1) + 4
                                   : 6 + (m->qkv_bias ? 3 : 0) + (m->qk_norm ? 2 : 0);
     attn += m->gemma.sandwich_norm ? 2 : 0; /* Gemma 3's norms around the MLP */
-    for (int l = 0; l < m->n_layer; l++)
-        n += attn + (cfg_layer_is_moe(c, l) ? 1 + 3 * (int64_t)m->moe.num_experts : 3);
+    /* a DeepSeek MoE layer also has the router's correction bias and the shared MLP */
+    int64_t moe = 1 + 3 * (int64_t)m->moe.num_experts + (m->mla.enabled ? 4 : 0);
+    for (int l = 0; l < m->n_layer; l++) n += attn + (cfg_layer_is_moe(c, l) ? moe : 3);
     return n;
 }
 
@@ -585,7 +660,34 @@ static cJSON *gpt2_config(const ust_config *c, int bos, int eos) {
     return j;
 }
 
-/* model.mla -> DeepseekV3ForCausalLM with every layer dense (first_k_dense_replace = layers). */
+/* A float key written with a decimal point: transformers' strict config classes refuse an int
+ * where they declare a float (routed_scaling_factor 1 would not load; 1.0 does). */
+static void add_float(cJSON *j, const char *key, double v) {
+    char s[40];
+    snprintf(s, sizeof s, "%.17g", v);
+    if (!strpbrk(s, ".eEn")) strcat(s, ".0"); /* n: nan / inf are not JSON anyway */
+    cJSON_AddRawToObject(j, key, s);
+}
+
+/* DeepseekV3Config's MoE keys (deepseek_moe_check holds). */
+static void deepseek_moe_json(cJSON *j, const ust_config *c) {
+    const __typeof__(c->model.moe) *moe = &c->model.moe;
+    cJSON_AddNumberToObject(j, "n_routed_experts", moe->num_experts);
+    cJSON_AddNumberToObject(j, "num_experts_per_tok", moe->top_k);
+    cJSON_AddNumberToObject(j, "moe_intermediate_size", moe->d_ff_expert);
+    cJSON_AddNumberToObject(j, "n_shared_experts", shared_width(c) / moe->d_ff_expert);
+    cJSON_AddNumberToObject(j, "n_group", moe->n_group);
+    /* node-limited routing with top_k / M = 2 is transformers' group-limited choice of M */
+    cJSON_AddNumberToObject(j, "topk_group",
+                            moe->max_nodes_per_token ? moe->max_nodes_per_token : moe->topk_group);
+    add_float(j, "routed_scaling_factor", moe->routed_scale);
+    cJSON_AddBoolToObject(j, "norm_topk_prob", moe->norm_topk);
+    cJSON_AddStringToObject(j, "scoring_func", "sigmoid");
+    cJSON_AddStringToObject(j, "topk_method", "noaux_tc");
+}
+
+/* model.mla -> DeepseekV3ForCausalLM: the dense layers, then its MoE layers (every layer dense
+ * without model.moe: first_k_dense_replace = layers). */
 static cJSON *deepseek_config(const ust_config *c, int bos, int eos) {
     const __typeof__(c->model) *m = &c->model;
     const __typeof__(m->mla) *a = &m->mla;
@@ -607,13 +709,14 @@ static cJSON *deepseek_config(const ust_config *c, int bos, int eos) {
                                        "first_k_dense_replace"};
     int vals[] = {m->vocab_size,       m->d_model,    m->d_ff,         m->n_layer,
                   m->n_head,           m->n_kv_head,  a->kv_lora_rank, a->qk_nope_head_dim,
-                  a->qk_rope_head_dim, a->v_head_dim, m->max_seq_len,  m->n_layer};
+                  a->qk_rope_head_dim, a->v_head_dim, m->max_seq_len,  deepseek_first_moe(c)};
     for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++)
         cJSON_AddNumberToObject(j, ints[i], vals[i]);
     if (a->q_lora_rank)
         cJSON_AddNumberToObject(j, "q_lora_rank", a->q_lora_rank);
     else
         cJSON_AddNullToObject(j, "q_lora_rank");
+    if (m->moe.num_experts > 0) deepseek_moe_json(j, c);
     cJSON_AddNumberToObject(j, "num_nextn_predict_layers", 0);
     cJSON_AddBoolToObject(j, "rope_interleave", a->rope_interleave);
     cJSON_AddStringToObject(j, "hidden_act", "silu");

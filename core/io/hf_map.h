@@ -1,9 +1,10 @@
 /* hf_map: ustrain's tensors <-> the Hugging Face transformers layout, in one table.
  * hf_table_build lists, for a model config, every tensor of the transformers checkpoint
  * (LlamaForCausalLM, Qwen2ForCausalLM (llama + q/k/v biases), MixtralForCausalLM,
- * GPT2LMHeadModel) with the ustrain tensors it is made of
- * and how (copy, cut the padded vocabulary, transpose, fuse q/k/v); export reads the table one
- * way (hf_make), import the other. hf_config_json writes the matching config.json. */
+ * GPT2LMHeadModel, DeepseekV3ForCausalLM and the others hf_map.c lists) with the ustrain
+ * tensors it is made of and how (copy, cut the padded vocabulary, transpose, fuse q/k/v);
+ * export reads the table one way (hf_make), import the other. hf_config_json writes the
+ * matching config.json. */
 #ifndef UST_HF_MAP_H
 #define UST_HF_MAP_H
 

@@ -326,8 +326,7 @@ static void dims(infer_model *m, const ust_config *cfg) {
     m->shape.Fe = cfg->model.moe.d_ff_expert, m->shape.shared = cfg->model.moe.shared_expert;
     const __typeof__(cfg->model.moe) *mc = &cfg->model.moe;
     m->shape.Fs = mc->shared_d_ff > 0 ? mc->shared_d_ff : mc->d_ff_expert;
-    m->shape.route = (ops_moe_route){mc->score == MOE_SIGMOID, mc->norm_topk, mc->n_group,
-                                     mc->topk_group, (float)mc->routed_scale};
+    m->shape.route = moe_route_of(cfg);
 }
 
 static void alloc_acts(infer_model *m) {

@@ -77,7 +77,7 @@ static void enum_layer(const ust_config *cfg, int l, int ep_size, int ep_rank, m
         strcpy(n, ".router.");
     emit(fn, ctx, n, E, cfg->model.d_model, 1, 0.02f, -1, w ? &w->router : NULL,
          g ? &g->router : NULL);
-    if (cfg->model.moe.bias_update_rate > 0) {
+    if (cfg_moe_has_bias(cfg)) {
         NAME("model.layers.%d.mlp.router.expert_bias", l);
         emit(fn, ctx, n, 1, E, 0, 0.0f, -1, w ? &w->bias : NULL, g ? &g->bias : NULL);
     }
@@ -103,6 +103,13 @@ void moe_enum_first_expert(const ust_config *cfg, int l, int ep_size, int ep_ran
     enum_layer(cfg, l, ep_size, ep_rank, NULL, NULL, fn, ctx, 1, 0);
 }
 #undef NAME
+
+ops_moe_route moe_route_of(const ust_config *cfg) {
+    const __typeof__(cfg->model.moe) *c = &cfg->model.moe;
+    int M = c->max_nodes_per_token;
+    return (ops_moe_route){c->score == MOE_SIGMOID, c->norm_topk,           c->n_group,
+                           M ? M : c->topk_group,   (float)c->routed_scale, M ? c->top_k / M : 2};
+}
 
 void moe_weights_init(moe_weights *w, const moe_ctx *m) {
     memset(w, 0, sizeof *w);
@@ -258,8 +265,7 @@ void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *
     m->C = cfg->model.d_model;
     m->Fe = c->d_ff_expert;
     m->Fs = moe_shared_width(cfg);
-    m->route = (ops_moe_route){c->score == MOE_SIGMOID, c->norm_topk, c->n_group, c->topk_group,
-                               (float)c->routed_scale};
+    m->route = moe_route_of(cfg);
     m->grouped = c->grouped_gemm;
     m->selective = cfg->train.recompute == RECOMPUTE_SELECTIVE;
     m->Nmb = N;

@@ -30,7 +30,7 @@ typedef struct {
  * first_expert + i. Filled through moe_enum_params' p/g targets. */
 typedef struct {
     float *router; /* [E, C] */
-    float *bias;   /* [E]: the balancing bias (model.moe.bias_update_rate > 0; else NULL) */
+    float *bias;   /* [E]: the balancing bias (cfg_moe_has_bias; else NULL) */
     moe_expert *experts;
     int nexperts, first_expert;
     moe_expert shared; /* all NULL without a shared expert */
@@ -53,12 +53,15 @@ typedef void (*moe_param_fn)(void *ctx, const moe_param *p);
  * given (Qwen3-MoE's mlp_only_layers / decoder_sparse_step), else l % moe.every == 0 (Megatron's
  * moe_layer_freq: every = 1 makes every layer MoE, every = 2 layers 0, 2, 4, ...). */
 int moe_layer_is_moe(const ust_config *cfg, int l);
+/* The router's options (ops.h) of model.moe: node-limited routing (max_nodes_per_token M) is the
+ * group-limited choice of M groups, the nodes, ranked by their top_k / M highest scores. */
+ops_moe_route moe_route_of(const ust_config *cfg);
 
 /* Enumerates layer l's tensors held by ep rank ep_rank of ep_size, in a fixed order: router
  * (and its balancing bias), shared expert, then the local experts by increasing global index.
  * Names:
  *   model.layers.l.mlp.router.weight                          [E, C]
- *   model.layers.l.mlp.router.expert_bias                     [E] (bias_update_rate > 0: not
+ *   model.layers.l.mlp.router.expert_bias                     [E] (cfg_moe_has_bias: not
  *       trained by the optimizer, its gradient stays 0; moved by moe_update_bias)
  *   model.layers.l.mlp.experts.e.{gate_proj,up_proj}.weight   [Fe, C]   (+ up_proj.bias [Fe], gpt2)
  *   model.layers.l.mlp.experts.e.down_proj.weight             [C, Fe]   (+ down_proj.bias [C],

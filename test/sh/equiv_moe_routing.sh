@@ -25,6 +25,17 @@ $EQ --name _moe_deepseek --config $TMP/llama.yaml \
     --layout "pp=2 vpp=2 sched=interleaved" --layout "cp=2" --layout "dp=2 ep=2 tp=2 pp=2 zero=1"
 $EQ --name _moe_qwen3 --config $TMP/qwen3moe.yaml \
     --layout "dp=2 ep=2 zero=3" --layout "tp=2" --layout "pp=2" --layout "dp=2 ep=2 pp=2"
+# node-limited routing (model.moe.max_nodes_per_token): 12 experts on 3 nodes (n_group), a
+# token's top-6 from at most 2 nodes ranked by their top-3 sums
+sed -e 's/num_experts: 8, top_k: 2, d_ff_expert: 32, first_dense: 2, score: sigmoid, n_group: 4, topk_group: 2,/num_experts: 12, top_k: 6, d_ff_expert: 32, first_dense: 2, score: sigmoid, n_group: 3, max_nodes_per_token: 2,/' \
+    $TMP/llama.yaml >$TMP/nodes.yaml
+$EQ --name _moe_nodes --config $TMP/nodes.yaml --layout "dp=2 ep=2" --layout "tp=2 sp=true"
+expect_exit moe_max_nodes_with_one_node_exits_2 2 "model.moe.max_nodes_per_token \(2\) limits the nodes a token's experts live on, but with model.moe.n_group 1 the experts are a single node" -- \
+    $UST validate $TMP/nodes.yaml --set model.moe.n_group=1
+expect_exit moe_max_nodes_share_not_integer_exits_2 2 "model.moe.top_k \(5\) must be max_nodes_per_token \(2\) x a share" -- \
+    $UST validate $TMP/nodes.yaml --set model.moe.top_k=5
+expect_exit moe_max_nodes_and_topk_group_exits_2 2 "model.moe.max_nodes_per_token \(2\) and model.moe.topk_group \(3\) both choose" -- \
+    $UST validate $TMP/nodes.yaml --set model.moe.topk_group=3
 $EQ --name _moe_deepseek_tp_fault --config $TMP/llama.yaml --expect-fail \
     --env UST_FAULT_MOE_SKIP_TP_GRAD_SUM=1 --layout "tp=2 sp=true"
 
@@ -46,7 +57,7 @@ expect_exit moe_topk_group_over_n_group_exits_2 2 "model.moe.topk_group \(5\) mu
     $UST validate $TMP/llama.yaml --set model.moe.topk_group=5
 expect_exit moe_experts_not_divisible_by_groups_exits_2 2 "model.moe.num_experts \(8\) must be divisible by model.moe.n_group \(3\)" -- \
     $UST validate $TMP/llama.yaml --set model.moe.n_group=3 --set model.moe.topk_group=1
-expect_exit moe_top_k_over_group_experts_exits_2 2 "model.moe.top_k \(3\) must be <= model.moe.topk_group x experts per group \(1 x 2\)" -- \
+expect_exit moe_top_k_over_group_experts_exits_2 2 "model.moe.top_k \(3\) must be <= model.moe.topk_group \(or max_nodes_per_token\) x experts per group \(1 x 2\)" -- \
     $UST validate $TMP/llama.yaml --set model.moe.top_k=3 --set model.moe.topk_group=1
 expect_exit moe_sigmoid_z_loss_exits_2 2 "model.moe.z_loss_coef \(0.001\) needs softmax scores" -- \
     $UST validate $TMP/llama.yaml --set model.moe.z_loss_coef=0.001

@@ -10,7 +10,8 @@
 #     tp+sp, cp, pp, ep, mixed) train the one-GPU bf16 run's model within bf16 rounding;
 #   - the equivalence harness with run.device=cuda over emulated NCCL (dp/ZeRO-1/2/3, tp+sp,
 #     pp 1f1b/interleaved/zb with tied embeddings, cp ring/all-gather/a2a, ep, tp x pp x cp,
-#     recomputation) against the single-process CPU run, and a rank's dropped gradients caught
+#     recomputation, MLA on one GPU, tp+sp and cp) against the single-process CPU run, and a
+#     rank's dropped gradients caught
 #     on that path too;
 #   - communication overlaps with computation where the design says (dp buckets during
 #     backward, ZeRO-3 prefetch, ring attention's K/V exchange, pipeline sends);
@@ -109,6 +110,12 @@ $EQ --name _emu_moe --config $TMP/moe.yaml --layout "dp=2 ep=2 run.device=cuda" 
 sed -e 's/max_seq_len: 64}/max_seq_len: 64, mtp: {depth: 2, loss_weight: 0.3}}/' $TMP/llama.yaml >$TMP/mtp.yaml
 $EQ --name _emu_mtp --config $TMP/mtp.yaml --layout "run.device=cuda" \
     --layout "tp=2 sp=true pp=2 run.device=cuda"
+# multi-head latent attention (model.mla, with the q latent) composed of the backend's ops: one
+# GPU, tp2+sp (the latent's gradients summed over tp) and cp2 train the one-process CPU losses
+sed -e 's/n_kv_head: 2/n_kv_head: 4/' -e 's/max_seq_len: 64}/max_seq_len: 64, mla: {enabled: true, q_lora_rank: 24, kv_lora_rank: 16, qk_nope_head_dim: 12, qk_rope_head_dim: 8, v_head_dim: 16}}/' \
+    $TMP/llama.yaml >$TMP/mla.yaml
+$EQ --name _emu_mla --config $TMP/mla.yaml --layout "run.device=cuda" \
+    --layout "tp=2 sp=true run.device=cuda" --layout "cp=2 run.device=cuda"
 # checkpoints cross devices: saved on (emulated) GPUs, resumed on the CPU and the other way
 $EQ --name _emu_ckpt --config $TMP/llama.yaml --save-layout "dp=2 zero=3 run.device=cuda" \
     --resume-at 2 --layout "dp=1" --layout "tp=2 run.device=cuda"

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# DeepSeek-V3's multi-head latent attention against transformers (docs/deepseek.md): a tiny
-# random DeepseekV3ForCausalLM built by transformers' own class, every layer dense
-# (first_k_dense_replace = layers: DeepSeek's MoE routing is not imported yet), rope_interleave
-# true, with the q latent (q_lora_rank 24; YaRN factor 4 over 16 positions with DeepSeek's
-# mscale 1 / mscale_all_dim 1: the softmax scale x 1.296) and without (null, no scaling). For each: the import's loss
-# within 1e-5 relative of transformers', greedy generate token-identical for 32 tokens (the
-# latent cache), and the export bit-identical to the import and loaded by transformers with
-# every key used and the same loss; with the q latent also 10 trained steps under dp=2 x tp=2
-# and pp=2 exported and checked (hf_lib.sh's versus_transformers). A MoE DeepSeek and attention
-# biases exit 2.
+# DeepSeek-V3 against transformers (docs/deepseek.md): tiny random DeepseekV3ForCausalLM models
+# built by transformers' own class, rope_interleave true. Dense (first_k_dense_replace = layers),
+# with the q latent (q_lora_rank 24; YaRN factor 4 over 16 positions with DeepSeek's mscale 1 /
+# mscale_all_dim 1: the softmax scale x 1.296) and without (null, no scaling); and with a DeepSeek
+# MoE layer (layer 0 dense, layer 1: 8 experts in 4 groups, top-2 from the best 2 groups by
+# sigmoid score + a non-zero correction bias, routed scale 2.5, a shared MLP of 2 x 24). For each:
+# the import's loss within 1e-5 relative of transformers', greedy generate token-identical for 32
+# tokens (the latent cache), and the export bit-identical to the import and loaded by
+# transformers with every key used and the same loss; 10 trained steps exported and checked
+# (hf_lib.sh's trained_export): dense under dp=2 x tp=2 and pp=2, MoE under dp=2 x ep=2 with the
+# balancing bias moving and pp=2 across the dense/MoE boundary. Bad configs exit 2.
 . "$(dirname "$0")/../lib.sh"
 need_py hf_deepseek_transformers numpy torch transformers || exit 0
 . "$(dirname "$0")/../hf_lib.sh"
@@ -33,17 +34,75 @@ $UST generate $d --prompt "Once upon a time" --tokenizer bytes --temperature 0 -
 python3 test/tools/generate_check.py transformers deepseek_v3_noq_greedy_generate_matches_transformers $d "$ids" $d.logits 2>&1 |
     grep -E '^(PASS|FAIL)'
 
-# bad input: MoE layers (first_k_dense_replace < layers), attention biases
-mkdir -p $TMP/b-moe $TMP/b-bias
-cp $d/model.safetensors $TMP/b-moe/ && cp $d/model.safetensors $TMP/b-bias/
-python3 - $d $TMP <<'EOF2'
-import json, sys
-c = json.load(open(f"{sys.argv[1]}/config.json"))
-json.dump(dict(c, first_k_dense_replace=1), open(f"{sys.argv[2]}/b-moe/config.json", "w"))
-json.dump(dict(c, attention_bias=True), open(f"{sys.argv[2]}/b-bias/config.json", "w"))
-EOF2
-expect_exit deepseek_v3_moe_layers_exit_2 2 "'first_k_dense_replace' = 1 < num_hidden_layers = 2: layers 1.. are DeepSeek MoE layers" -- \
-    $UST train $TMP/run.yaml --set model.init_from=$TMP/b-moe --set checkpoint.dir=$TMP/b
+# with DeepSeek MoE layers
+k=deepseek_v3_moe
+m=$TMP/tf-$k
+if loss_both_ways $k $k; then
+    $MAKE compare ${k}_export $m $m-out
+    greedy_generate $k $m
+    trained_export ${k}_trained_dp2_ep2 $m 2 --set parallel.dp=2 --set parallel.ep=2 \
+        --set model.moe.bias_update_rate=0.01
+    trained_export ${k}_trained_pp2 $m 2 --set parallel.pp=2
+fi
+
+# FP8 block-quantized (DeepSeek-V3's release format, made by torch: test/tools/hf_fp8.py): the
+# import dequantizes to exactly torch's fp8.float() * scale (the export is bit-identical to the
+# fp32 reference) and trains the reference's loss; bad scales exit 2 naming the tensor
+val_loss() { # val_loss DIR: ustrain's step-0 validation loss of Hugging Face model DIR
+    $UST train $TMP/run.yaml --set model.init_from=$1 --set checkpoint.dir=$1-ck 2>&1 |
+        sed -n 's/^step 0: val_loss \([0-9.]*\).*/\1/p'
+}
+if python3 test/tools/hf_fp8.py $m $TMP/fp8 $TMP/fp8-ref; then
+    l8=$(val_loss $TMP/fp8)
+    lr=$(val_loss $TMP/fp8-ref)
+    [ -n "$l8" ] && [ "$l8" = "$lr" ] && pass deepseek_v3_fp8_loss_equals_dequantized_reference ||
+        fail deepseek_v3_fp8_loss_equals_dequantized_reference "fp8 '$l8' vs reference '$lr'"
+    $UST export $TMP/fp8-ck/step_0 --to hf $TMP/fp8-out >/dev/null 2>&1
+    $MAKE compare deepseek_v3_fp8_dequantized $TMP/fp8-ref $TMP/fp8-out
+else
+    fail deepseek_v3_fp8_made_by_torch "hf_fp8.py failed"
+fi
+n=model.layers.1.self_attn.kv_b_proj.weight_scale_inv
+for brk in missing-scale scale-shape scale-inf no-config; do
+    python3 test/tools/hf_fp8.py $m $TMP/fp8-$brk $TMP/fp8-$brk-ref --break $brk
+done
+expect_exit deepseek_v3_fp8_missing_scale_exits_2 2 "tensor '$n' \(the block scales of F8_E4M3 tensor 'model.layers.1.self_attn.kv_b_proj.weight'\) is missing" -- \
+    $UST train $TMP/run.yaml --set model.init_from=$TMP/fp8-missing-scale --set checkpoint.dir=$TMP/b
+expect_exit deepseek_v3_fp8_scale_shape_exits_2 2 "tensor '$n' is F32 \[6, 2\], but the scales of a \[112, 16\] weight in blocks of \[16, 8\] \(quantization_config.weight_block_size\) are F32 \[7, 2\]" -- \
+    $UST train $TMP/run.yaml --set model.init_from=$TMP/fp8-scale-shape --set checkpoint.dir=$TMP/b
+expect_exit deepseek_v3_fp8_scale_inf_exits_2 2 "tensor '$n' holds a non-finite scale \(inf, block 5 of 14\)" -- \
+    $UST train $TMP/run.yaml --set model.init_from=$TMP/fp8-scale-inf --set checkpoint.dir=$TMP/b
+expect_exit deepseek_v3_fp8_without_quantization_config_exits_2 2 "is F8_E4M3 but config.json has no quantization_config" -- \
+    $UST train $TMP/run.yaml --set model.init_from=$TMP/fp8-no-config --set checkpoint.dir=$TMP/b
+
+patched() { # patched NAME JSON_PATCH: $TMP/b-NAME = the MoE model with its config.json patched
+    mkdir -p $TMP/b-$1 && cp $m/model.safetensors $TMP/b-$1/
+    python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); c.update(json.loads(sys.argv[2])); json.dump(c, open(sys.argv[3], "w"))' \
+        $m/config.json "$2" $TMP/b-$1/config.json
+}
+# routed_scaling_factor 1 is written 1.0: transformers' strict DeepseekV3Config refuses an int
+patched scale1 '{"routed_scaling_factor": 1.0}'
+vl=$(val_loss $TMP/b-scale1)
+$UST export $TMP/b-scale1-ck/step_0 --to hf $TMP/b-scale1-out >/dev/null 2>&1
+python3 test/tools/hf_export_check.py transformers deepseek_v3_moe_scale_1_export $TMP/b-scale1-out \
+    $TMP/data/val_000.bin 4 32 "$vl" 1e-5 2>&1 | grep -E '^(PASS|FAIL|  )'
+
+# bad input: attention biases; MoE routing transformers' class does not compute; no shared MLP;
+# a layout DeepseekV3ForCausalLM cannot hold on export
+patched bias '{"attention_bias": true}'
+patched softmax '{"scoring_func": "softmax"}'
+patched noshared '{"n_shared_experts": 0}'
 expect_exit deepseek_v3_attention_bias_exits_2 2 "'attention_bias': true is not supported \(DeepseekV3ForCausalLM" -- \
     $UST train $TMP/run.yaml --set model.init_from=$TMP/b-bias --set checkpoint.dir=$TMP/b
+expect_exit deepseek_v3_softmax_scoring_exits_2 2 "scoring_func 'softmax', topk_method 'noaux_tc', moe_layer_freq 1: DeepseekV3ForCausalLM routes by sigmoid" -- \
+    $UST train $TMP/run.yaml --set model.init_from=$TMP/b-softmax --set checkpoint.dir=$TMP/b
+expect_exit deepseek_v3_no_shared_experts_exits_2 2 "'n_shared_experts' = 0: ustrain's DeepSeek MoE layer has one shared MLP" -- \
+    $UST train $TMP/run.yaml --set model.init_from=$TMP/b-noshared --set checkpoint.dir=$TMP/b
+# trained from YAML with its MoE layer first: no first_k_dense_replace says that
+sed -e 's/arch: auto, init_from: null/arch: llama, n_layer: 2, d_model: 64, n_head: 4, n_kv_head: 4, d_ff: 96, vocab_size: 300, max_seq_len: 64, mla: {enabled: true, kv_lora_rank: 16, qk_nope_head_dim: 12, qk_rope_head_dim: 8, v_head_dim: 16}, moe: {num_experts: 4, top_k: 2, d_ff_expert: 24, layers: [1, 0], score: sigmoid, shared_expert: true}/' \
+    $TMP/run.yaml >$TMP/mla-moe.yaml
+$UST train $TMP/mla-moe.yaml --set checkpoint.dir=$TMP/mla-moe-ck >$TMP/mla-moe.log 2>&1 ||
+    fail deepseek_v3_yaml_moe_trains "$(tail -2 $TMP/mla-moe.log)"
+expect_exit deepseek_v3_export_moe_not_a_suffix_exits_2 2 "DeepseekV3ForCausalLM's MoE layers are every layer from first_k_dense_replace on; this model's are not \(first MoE layer 0 of 2\)" -- \
+    $UST export $TMP/mla-moe-ck/step_0 --to hf $TMP/b-out
 exit 0

@@ -333,6 +333,17 @@ def make_with_transformers(kind, out, seed=1):
             rope_parameters=dict(YARN, rope_theta=10000.0, mscale=1.0, mscale_all_dim=1.0)
             if kind == "deepseek_v3" else None,
             **dict(common, num_key_value_heads=d["H"])))
+    elif kind == "deepseek_v3_moe":  # layer 0 dense, layer 1 DeepSeek MoE: 8 experts in 4 groups
+        model = tf.DeepseekV3ForCausalLM(tf.DeepseekV3Config(
+            intermediate_size=d["F"], first_k_dense_replace=1, num_nextn_predict_layers=0,
+            n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=d["FE"] // 2,
+            n_shared_experts=2, n_group=4, topk_group=2, routed_scaling_factor=2.5,
+            norm_topk_prob=True, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=12,
+            qk_rope_head_dim=8, v_head_dim=16, rope_interleave=True,
+            rope_parameters=dict(YARN, rope_theta=10000.0, mscale=1.0, mscale_all_dim=1.0),
+            **dict(common, num_key_value_heads=d["H"])))
+        with torch.no_grad():  # a correction bias that changes the choice (not the weights)
+            model.model.layers[1].mlp.gate.e_score_correction_bias.copy_(0.1 * torch.randn(8))
     elif kind == "qwen3_moe":  # 4 layers, 1 and 3 sparse (mlp_only_layers), unrenormalized
         common["num_hidden_layers"] = 4
         model = tf.Qwen3MoeForCausalLM(tf.Qwen3MoeConfig(
