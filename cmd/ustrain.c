@@ -335,6 +335,21 @@ static int validate_preflight(const ust_config *c, ust_err *e) {
 }
 
 /* model.sliding_window: which layers attend through a window, and whether training sees it. */
+/* model.gemma's options (Gemma 3's block), when any is set */
+static void print_gemma(const ust_config *c) {
+    const __typeof__(c->model.gemma) *g = &c->model.gemma;
+    if (!g->sandwich_norm && !g->norm_offset && !g->embed_scale && g->hidden_act == HACT_SILU &&
+        !g->query_pre_attn_scalar && !g->rope_local_theta)
+        return;
+    printf("block: %s MLP%s%s%s, head_dim %d", g->hidden_act == HACT_SILU ? "SwiGLU" : "GeGLU",
+           g->norm_offset ? ", norms by (1 + w)" : "",
+           g->sandwich_norm ? ", norms before and after attention and the MLP" : "",
+           g->embed_scale ? ", embeddings x sqrt(d_model)" : "", cfg_head_dim(c));
+    if (g->query_pre_attn_scalar > 0) printf(", logits / sqrt(%g)", g->query_pre_attn_scalar);
+    if (g->rope_local_theta > 0) printf(", windowed layers' rope theta %g", g->rope_local_theta);
+    printf("\n");
+}
+
 static void print_windows(const ust_config *c) {
     int n = 0, w = 0;
     for (int l = 0; l < c->model.n_layer; l++)
@@ -399,9 +414,13 @@ static void print_run_settings(const ust_config *c) {
                c->model.rope_theta, c->model.rope_scaling.factor,
                c->model.rope_scaling.original_max_position_embeddings,
                c->model.rope_scaling.beta_fast, c->model.rope_scaling.beta_slow, ops_rope(c).attn);
+    else if (c->model.rope_scaling.type == ROPE_LINEAR)
+        printf("rope: theta %g, linear scaling factor %g\n", c->model.rope_theta,
+               c->model.rope_scaling.factor);
     else
         printf("rope: theta %g, no scaling\n", c->model.rope_theta);
     print_windows(c);
+    print_gemma(c);
     print_moe(c);
     for (int val = 0; val < 2; val++) {
         cfg_dataset sets[CFG_MAX_BLEND];

@@ -27,6 +27,10 @@ print("PASS gemma3_exports_as_gemma3" if ok else f"FAIL gemma3_exports_as_gemma3
 EOF2
 expect_exit gemma3_validate_reads_the_keys 0 "model: llama, 4 layers" -- \
     $UST validate $TMP/run.yaml --set model.init_from=$TMP/gemma3_bf16_sharded
+expect_exit gemma3_validate_prints_the_block 0 "block: GeGLU MLP, norms by \(1 \+ w\), norms before and after attention and the MLP, embeddings x sqrt\(d_model\), head_dim 24, logits / sqrt\(20\), windowed layers' rope theta 10000" -- \
+    $UST validate $TMP/run.yaml --set model.init_from=$TMP/gemma3_bf16_sharded
+expect_exit gemma3_validate_prints_linear_rope 0 "rope: theta 1e\+06, linear scaling factor 2" -- \
+    $UST validate $TMP/run.yaml --set model.init_from=$TMP/gemma3_bf16_sharded
 $EQ --name _hf_gemma3 --set model.init_from=$TMP/gemma3_bf16_sharded --layout "tp=2" \
     --layout "tp=2 sp=true dp=2 zero=1" --layout "cp=2" --layout "cp=2 parallel.cp_comm=a2a" \
     --layout "pp=2" --layout "pp=2 sched=zb" --layout "dp=2 zero=3" \

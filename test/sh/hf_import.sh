@@ -101,8 +101,8 @@ bad hf_dir_without_config_exits_2 "not a Hugging Face model directory \(no $TMP/
 rm -rf $TMP/b-dup && cp -r $TMP/llama_f32 $TMP/b-dup &&
     python3 -c "import sys; p=sys.argv[1]; s=open(p).read().rstrip(); open(p,'w').write(s[:-1] + ', \"hidden_size\": 128}')" $TMP/b-dup/config.json
 bad hf_config_key_twice_exits_2 "b-dup/config.json: key 'hidden_size' appears twice" $TMP/b-dup
-$MAKE make llama $TMP/b-arch --set 'architectures=["Gemma3ForCausalLM"]'
-bad hf_unsupported_architecture_exits_2 "architecture 'Gemma3ForCausalLM' is not supported" $TMP/b-arch
+$MAKE make llama $TMP/b-arch --set 'architectures=["Phi3ForCausalLM"]'
+bad hf_unsupported_architecture_exits_2 "architecture 'Phi3ForCausalLM' is not supported" $TMP/b-arch
 $MAKE make llama $TMP/b-rope --set 'rope_scaling={"rope_type": "longrope", "factor": 4.0}'
 bad hf_unsupported_rope_type_exits_2 "b-rope/config.json: rope_scaling rope_type 'longrope' is not supported" $TMP/b-rope
 $MAKE make llama $TMP/b-rope5 --set 'rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0}'
