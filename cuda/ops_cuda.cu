@@ -804,49 +804,160 @@ static void cu_embedding_bwd(const ust_ops *o, float *dwte, float *dwpe, const a
 
 static int row_threads(int C) { return C >= 2048 ? 512 : C >= 512 ? 256 : 128; }
 
-/* The norms read a row once: a thread keeps its first ROW_REG elements (c = threadIdx.x + k
- * blockDim.x, k < ROW_REG: rows up to 4096 with row_threads) in registers for the later passes,
- * and reads the rest of a longer row again per pass. The sums run over the same elements in
- * the same order as passes over memory would (an element past the row adds +0.0f). */
+/* The norms read a row once: a thread keeps its first ROW_REG elements in registers for the
+ * later passes (rows up to ROW_REG x 512 threads = 4096) and reads the rest of a longer row
+ * again per pass. It owns groups of VW consecutive elements, group g = threadIdx.x + k
+ * blockDim.x, elements g VW .. g VW + VW - 1: VW = 16 / sizeof(T) (4 floats, 8 bf16) moves each
+ * group in one 16-byte load or store when the rows allow (row_vec), 1 otherwise. An element
+ * past the row adds +0.0f to the sums. */
 #define ROW_REG 8
 
+/* VW consecutive activations from c (a multiple of VW) into f: 16-byte loads when VW fills them
+ * (4 floats, 8 bf16), else one by one; st_vec the other way, rounding once. */
+template <int VW> __device__ __forceinline__ void ld_vec(const float *p, int64_t c, float *f) {
+#pragma unroll
+    for (int j = 0; j < VW; j += 4) {
+        if (VW % 4) break;
+        float4 q = *(const float4 *)(p + c + j);
+        f[j] = q.x, f[j + 1] = q.y, f[j + 2] = q.z, f[j + 3] = q.w;
+    }
+#pragma unroll
+    for (int j = 0; j < VW; j++)
+        if (VW % 4) f[j] = p[c + j];
+}
+template <int VW> __device__ __forceinline__ void ld_vec(const bf16 *p, int64_t c, float *f) {
+#pragma unroll
+    for (int j = 0; j < VW; j += 8) {
+        if (VW % 8) break;
+        uint4 q = *(const uint4 *)(p + c + j);
+        const uint32_t u[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) /* lo half first: memory order */
+            f[j + 2 * i] = __uint_as_float(u[i] << 16),
+                      f[j + 2 * i + 1] = __uint_as_float(u[i] & 0xFFFF0000u);
+    }
+#pragma unroll
+    for (int j = 0; j < VW; j++)
+        if (VW % 8) f[j] = __bfloat162float(p[c + j]);
+}
+template <int VW> __device__ __forceinline__ void st_vec(float *p, int64_t c, const float *f) {
+#pragma unroll
+    for (int j = 0; j < VW; j += 4) {
+        if (VW % 4) break;
+        *(float4 *)(p + c + j) = make_float4(f[j], f[j + 1], f[j + 2], f[j + 3]);
+    }
+#pragma unroll
+    for (int j = 0; j < VW; j++)
+        if (VW % 4) p[c + j] = f[j];
+}
+template <int VW> __device__ __forceinline__ void st_vec(bf16 *p, int64_t c, const float *f) {
+#pragma unroll
+    for (int j = 0; j < VW; j += 8) {
+        if (VW % 8) break;
+        *(uint4 *)(p + c + j) =
+            make_uint4(pack_bf16x2(f[j], f[j + 1]), pack_bf16x2(f[j + 2], f[j + 3]),
+                       pack_bf16x2(f[j + 4], f[j + 5]), pack_bf16x2(f[j + 6], f[j + 7]));
+    }
+#pragma unroll
+    for (int j = 0; j < VW; j++)
+        if (VW % 8) p[c + j] = __float2bfloat16_rn(f[j]);
+}
+
+/* 16 / act_size when rows of C activations at every pointer given (NULL: none) start 16-byte
+ * aligned, so a group of that many moves in one access; else 1. */
+static int row_vec(const ust_ops *o, int64_t C, const void *a, const void *b, const void *c) {
+    const int vw = 16 / o->act_size;
+    const uintptr_t al = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c;
+    return C % vw == 0 && al % 16 == 0 ? vw : 1;
+}
+
+/* Threads per row of C in groups of VW: row_threads, or for 16-byte groups enough warps that
+ * the registers hold the row (up to 512). */
+static int row_threads_vec(int64_t C, int vw) {
+    if (vw == 1) return row_threads((int)C);
+    int64_t t = (C / vw + ROW_REG / vw - 1) / (ROW_REG / vw);
+    t = (t + 31) / 32 * 32;
+    return t < 32 ? 32 : t > 512 ? 512 : (int)t;
+}
+
+/* kernel<T, VW> for the backend's activation type with VW = vw (from row_vec), on its stream. */
+#define VEC_LAUNCH(o, kernel, vw, grid, threads, ...)                                              \
+    do {                                                                                           \
+        const int vw_ = (vw), th_ = (threads);                                                     \
+        if ((o)->act_size == 2 && vw_ > 1)                                                         \
+            kernel<bf16, 8><<<grid, th_, 0, STREAM(o)>>>(__VA_ARGS__);                             \
+        else if ((o)->act_size == 2)                                                               \
+            kernel<bf16, 1><<<grid, th_, 0, STREAM(o)>>>(__VA_ARGS__);                             \
+        else if (vw_ > 1)                                                                          \
+            kernel<float, 4><<<grid, th_, 0, STREAM(o)>>>(__VA_ARGS__);                            \
+        else                                                                                       \
+            kernel<float, 1><<<grid, th_, 0, STREAM(o)>>>(__VA_ARGS__);                            \
+        CK_LAUNCH();                                                                               \
+    } while (0)
+/* A norm's kernel over N rows of C: one block per row, threads by the vector width. */
+#define ROW_LAUNCH(o, kernel, vw, N, C, ...)                                                       \
+    do {                                                                                           \
+        const int rvw_ = (vw);                                                                     \
+        VEC_LAUNCH(o, kernel, rvw_, N, row_threads_vec((C), rvw_), __VA_ARGS__);                   \
+    } while (0)
+
+/* The first element of this thread's k-th group. */
+#define ROW_GROUP(k) ((threadIdx.x + (k) * (int)blockDim.x) * VW)
+
 /* One block per row. */
-template <typename T>
+template <typename T, int VW>
 __global__ void k_layernorm_fwd(act *out_, float *mean, float *rstd, const act *inp_,
                                 const float *w, const float *b, int C, float eps) {
+    constexpr int R = ROW_REG / VW; /* groups kept in registers */
     __shared__ float sh[32];
     int64_t n = blockIdx.x;
     const T *x = (const T *)inp_ + n * C;
     T *y = (T *)out_ + n * C;
-    const int c0 = threadIdx.x, cr = threadIdx.x + ROW_REG * blockDim.x; /* first not cached */
-    float xr[ROW_REG], s = 0.0f;
+    const int cr = ROW_GROUP(R), step = blockDim.x * VW; /* first element not kept */
+    float xr[ROW_REG], t[VW], s = 0.0f;
 #pragma unroll
-    for (int k = 0; k < ROW_REG; k++) {
-        int c = c0 + k * blockDim.x;
-        xr[k] = c < C ? ld_act(x, c) : 0.0f;
-        s += xr[k];
+    for (int k = 0; k < R; k++) {
+        const int c = ROW_GROUP(k);
+        if (c < C) ld_vec<VW>(x, c, xr + k * VW);
+#pragma unroll
+        for (int j = 0; j < VW; j++) {
+            if (c >= C) xr[k * VW + j] = 0.0f;
+            s += xr[k * VW + j];
+        }
     }
-    for (int c = cr; c < C; c += blockDim.x) s += ld_act(x, c);
+    for (int c = cr; c < C; c += step) {
+        ld_vec<VW>(x, c, t);
+        for (int j = 0; j < VW; j++) s += t[j];
+    }
     float m = block_sum(s, sh) / C;
     float v = 0.0f;
 #pragma unroll
-    for (int k = 0; k < ROW_REG; k++) {
-        float d = xr[k] - m;
-        if (c0 + k * (int)blockDim.x < C) v += d * d;
-    }
-    for (int c = cr; c < C; c += blockDim.x) {
-        float d = ld_act(x, c) - m;
-        v += d * d;
+    for (int k = 0; k < R; k++)
+#pragma unroll
+        for (int j = 0; j < VW; j++) {
+            float d = xr[k * VW + j] - m;
+            if (ROW_GROUP(k) < C) v += d * d;
+        }
+    for (int c = cr; c < C; c += step) {
+        ld_vec<VW>(x, c, t);
+        for (int j = 0; j < VW; j++) v += (t[j] - m) * (t[j] - m);
     }
     v = block_sum(v, sh);
     float r = rsqrtf(v / C + eps);
 #pragma unroll
-    for (int k = 0; k < ROW_REG; k++) {
-        int c = c0 + k * blockDim.x;
-        if (c < C) st_act(y, c, (xr[k] - m) * r * w[c] + (b ? b[c] : 0.0f));
+    for (int k = 0; k < R; k++) {
+        const int c = ROW_GROUP(k);
+        if (c >= C) continue;
+#pragma unroll
+        for (int j = 0; j < VW; j++)
+            t[j] = (xr[k * VW + j] - m) * r * w[c + j] + (b ? b[c + j] : 0.0f);
+        st_vec<VW>(y, c, t);
     }
-    for (int c = cr; c < C; c += blockDim.x)
-        st_act(y, c, (ld_act(x, c) - m) * r * w[c] + (b ? b[c] : 0.0f));
+    for (int c = cr; c < C; c += step) {
+        ld_vec<VW>(x, c, t);
+        for (int j = 0; j < VW; j++) t[j] = (t[j] - m) * r * w[c + j] + (b ? b[c + j] : 0.0f);
+        st_vec<VW>(y, c, t);
+    }
     if (threadIdx.x == 0) {
         if (mean) mean[n] = m;
         if (rstd) rstd[n] = r;
@@ -854,46 +965,61 @@ __global__ void k_layernorm_fwd(act *out_, float *mean, float *rstd, const act *
 }
 
 /* dinp = rstd (g - mean(g) - xn mean(g xn)), g = w dout, xn = (x - mean) rstd */
-template <typename T>
+template <typename T, int VW>
 __global__ void k_layernorm_bwd_dx(act *dinp_, const act *dout_, const act *inp_, const float *w,
                                    const float *mean, const float *rstd, int C) {
+    constexpr int R = ROW_REG / VW;
     __shared__ float sh[32];
     int64_t n = blockIdx.x;
     const T *x = (const T *)inp_ + n * C, *dy = (const T *)dout_ + n * C;
     T *dx = (T *)dinp_ + n * C;
     float m = mean[n], r = rstd[n], sg = 0.0f, sgx = 0.0f, gr[ROW_REG], xnr[ROW_REG];
-    const int c0 = threadIdx.x, cr = threadIdx.x + ROW_REG * blockDim.x; /* first not cached */
+    float t[VW], u[VW];
+    const int cr = ROW_GROUP(R), step = blockDim.x * VW;
 #pragma unroll
-    for (int k = 0; k < ROW_REG; k++) {
-        int c = c0 + k * blockDim.x;
-        gr[k] = c < C ? w[c] * ld_act(dy, c) : 0.0f;
-        xnr[k] = c < C ? (ld_act(x, c) - m) * r : 0.0f;
-        sg += gr[k];
-        sgx += gr[k] * xnr[k];
+    for (int k = 0; k < R; k++) {
+        const int c = ROW_GROUP(k);
+        if (c < C) ld_vec<VW>(dy, c, gr + k * VW), ld_vec<VW>(x, c, xnr + k * VW);
+#pragma unroll
+        for (int j = 0; j < VW; j++) {
+            const int i = k * VW + j;
+            gr[i] = c < C ? w[c + j] * gr[i] : 0.0f;
+            xnr[i] = c < C ? (xnr[i] - m) * r : 0.0f;
+            sg += gr[i];
+            sgx += gr[i] * xnr[i];
+        }
     }
-    for (int c = cr; c < C; c += blockDim.x) {
-        float g = w[c] * ld_act(dy, c);
-        sg += g;
-        sgx += g * ((ld_act(x, c) - m) * r);
+    for (int c = cr; c < C; c += step) {
+        ld_vec<VW>(dy, c, t), ld_vec<VW>(x, c, u);
+        for (int j = 0; j < VW; j++) {
+            float g = w[c + j] * t[j];
+            sg += g;
+            sgx += g * ((u[j] - m) * r);
+        }
     }
     sg = block_sum(sg, sh);
     sgx = block_sum(sgx, sh);
     float mg = sg / C, mgx = sgx / C;
 #pragma unroll
-    for (int k = 0; k < ROW_REG; k++) {
-        int c = c0 + k * blockDim.x;
-        if (c < C) st_act(dx, c, (gr[k] - mg - xnr[k] * mgx) * r);
+    for (int k = 0; k < R; k++) {
+        const int c = ROW_GROUP(k);
+        if (c >= C) continue;
+#pragma unroll
+        for (int j = 0; j < VW; j++) t[j] = (gr[k * VW + j] - mg - xnr[k * VW + j] * mgx) * r;
+        st_vec<VW>(dx, c, t);
     }
-    for (int c = cr; c < C; c += blockDim.x) {
-        float xn = (ld_act(x, c) - m) * r;
-        st_act(dx, c, (w[c] * ld_act(dy, c) - mg - xn * mgx) * r);
+    for (int c = cr; c < C; c += step) {
+        ld_vec<VW>(dy, c, t), ld_vec<VW>(x, c, u);
+        for (int j = 0; j < VW; j++) t[j] = (w[c + j] * t[j] - mg - (u[j] - m) * r * mgx) * r;
+        st_vec<VW>(dx, c, t);
     }
 }
 
 static void cu_layernorm_fwd(const ust_ops *o, act *out, float *mean, float *rstd, const act *inp,
                              const float *w, const float *b, int N, int C, float eps) {
     if (N <= 0) return;
-    ACT_LAUNCH(o, k_layernorm_fwd, N, row_threads(C), 0, out, mean, rstd, inp, w, b, C, eps);
+    ROW_LAUNCH(o, k_layernorm_fwd, row_vec(o, C, out, inp, NULL), N, C, out, mean, rstd, inp, w, b,
+               C, eps);
 }
 
 static void cu_layernorm_bwd(const ust_ops *o, act *dinp, float *dw, float *db, const act *dout,
@@ -901,76 +1027,109 @@ static void cu_layernorm_bwd(const ust_ops *o, act *dinp, float *dw, float *db, 
                              int N, int C) {
     if (N <= 0) return;
     if (dinp)
-        ACT_LAUNCH(o, k_layernorm_bwd_dx, N, row_threads(C), 0, dinp, dout, inp, w, mean, rstd, C);
+        ROW_LAUNCH(o, k_layernorm_bwd_dx, row_vec(o, C, dinp, dout, inp), N, C, dinp, dout, inp, w,
+                   mean, rstd, C);
     colred(o, MODE_LN, dw, db, dout, inp, mean, rstd, N, C);
 }
 
-template <typename T>
+template <typename T, int VW>
 __global__ void k_rmsnorm_fwd(act *out_, float *rstd, const act *inp_, const float *w, int C,
                               float eps) {
+    constexpr int R = ROW_REG / VW;
     __shared__ float sh[32];
     int64_t n = blockIdx.x;
     const T *x = (const T *)inp_ + n * C;
     T *y = (T *)out_ + n * C;
-    const int c0 = threadIdx.x, cr = threadIdx.x + ROW_REG * blockDim.x; /* first not cached */
-    float xr[ROW_REG], ss = 0.0f;
+    const int cr = ROW_GROUP(R), step = blockDim.x * VW;
+    float xr[ROW_REG], t[VW], ss = 0.0f;
 #pragma unroll
-    for (int k = 0; k < ROW_REG; k++) {
-        int c = c0 + k * blockDim.x;
-        xr[k] = c < C ? ld_act(x, c) : 0.0f;
-        ss += xr[k] * xr[k];
+    for (int k = 0; k < R; k++) {
+        const int c = ROW_GROUP(k);
+        if (c < C) ld_vec<VW>(x, c, xr + k * VW);
+#pragma unroll
+        for (int j = 0; j < VW; j++) {
+            if (c >= C) xr[k * VW + j] = 0.0f;
+            ss += xr[k * VW + j] * xr[k * VW + j];
+        }
     }
-    for (int c = cr; c < C; c += blockDim.x) ss += ld_act(x, c) * ld_act(x, c);
+    for (int c = cr; c < C; c += step) {
+        ld_vec<VW>(x, c, t);
+        for (int j = 0; j < VW; j++) ss += t[j] * t[j];
+    }
     ss = block_sum(ss, sh);
     float r = rsqrtf(ss / C + eps);
 #pragma unroll
-    for (int k = 0; k < ROW_REG; k++) {
-        int c = c0 + k * blockDim.x;
-        if (c < C) st_act(y, c, xr[k] * r * w[c]);
+    for (int k = 0; k < R; k++) {
+        const int c = ROW_GROUP(k);
+        if (c >= C) continue;
+#pragma unroll
+        for (int j = 0; j < VW; j++) t[j] = xr[k * VW + j] * r * w[c + j];
+        st_vec<VW>(y, c, t);
     }
-    for (int c = cr; c < C; c += blockDim.x) st_act(y, c, ld_act(x, c) * r * w[c]);
+    for (int c = cr; c < C; c += step) {
+        ld_vec<VW>(x, c, t);
+        for (int j = 0; j < VW; j++) t[j] = t[j] * r * w[c + j];
+        st_vec<VW>(y, c, t);
+    }
     if (threadIdx.x == 0 && rstd) rstd[n] = r;
 }
 
 /* dinp = rstd (g - x rstd^2 mean(g x)), g = w dout */
-template <typename T>
+template <typename T, int VW>
 __global__ void k_rmsnorm_bwd_dx(act *dinp_, const act *dout_, const act *inp_, const float *w,
                                  const float *rstd, int C) {
+    constexpr int R = ROW_REG / VW;
     __shared__ float sh[32];
     int64_t n = blockIdx.x;
     const T *x = (const T *)inp_ + n * C, *dy = (const T *)dout_ + n * C;
     T *dx = (T *)dinp_ + n * C;
-    float r = rstd[n], sgx = 0.0f, gr[ROW_REG], xr[ROW_REG];
-    const int c0 = threadIdx.x, cr = threadIdx.x + ROW_REG * blockDim.x; /* first not cached */
+    float r = rstd[n], sgx = 0.0f, gr[ROW_REG], xr[ROW_REG], t[VW], u[VW];
+    const int cr = ROW_GROUP(R), step = blockDim.x * VW;
 #pragma unroll
-    for (int k = 0; k < ROW_REG; k++) {
-        int c = c0 + k * blockDim.x;
-        gr[k] = c < C ? w[c] * ld_act(dy, c) : 0.0f;
-        xr[k] = c < C ? ld_act(x, c) : 0.0f;
-        sgx += gr[k] * xr[k];
+    for (int k = 0; k < R; k++) {
+        const int c = ROW_GROUP(k);
+        if (c < C) ld_vec<VW>(dy, c, gr + k * VW), ld_vec<VW>(x, c, xr + k * VW);
+#pragma unroll
+        for (int j = 0; j < VW; j++) {
+            const int i = k * VW + j;
+            gr[i] = c < C ? w[c + j] * gr[i] : 0.0f;
+            xr[i] = c < C ? xr[i] : 0.0f;
+            sgx += gr[i] * xr[i];
+        }
     }
-    for (int c = cr; c < C; c += blockDim.x) sgx += w[c] * ld_act(dy, c) * ld_act(x, c);
+    for (int c = cr; c < C; c += step) {
+        ld_vec<VW>(dy, c, t), ld_vec<VW>(x, c, u);
+        for (int j = 0; j < VW; j++) sgx += w[c + j] * t[j] * u[j];
+    }
     sgx = block_sum(sgx, sh);
     float kk = sgx / C * r * r;
 #pragma unroll
-    for (int k = 0; k < ROW_REG; k++) {
-        int c = c0 + k * blockDim.x;
-        if (c < C) st_act(dx, c, (gr[k] - xr[k] * kk) * r);
+    for (int k = 0; k < R; k++) {
+        const int c = ROW_GROUP(k);
+        if (c >= C) continue;
+#pragma unroll
+        for (int j = 0; j < VW; j++) t[j] = (gr[k * VW + j] - xr[k * VW + j] * kk) * r;
+        st_vec<VW>(dx, c, t);
     }
-    for (int c = cr; c < C; c += blockDim.x)
-        st_act(dx, c, (w[c] * ld_act(dy, c) - ld_act(x, c) * kk) * r);
+    for (int c = cr; c < C; c += step) {
+        ld_vec<VW>(dy, c, t), ld_vec<VW>(x, c, u);
+        for (int j = 0; j < VW; j++) t[j] = (w[c + j] * t[j] - u[j] * kk) * r;
+        st_vec<VW>(dx, c, t);
+    }
 }
 
 static void cu_rmsnorm_fwd(const ust_ops *o, act *out, float *rstd, const act *inp, const float *w,
                            int N, int C, float eps) {
     if (N <= 0) return;
-    ACT_LAUNCH(o, k_rmsnorm_fwd, N, row_threads(C), 0, out, rstd, inp, w, C, eps);
+    ROW_LAUNCH(o, k_rmsnorm_fwd, row_vec(o, C, out, inp, NULL), N, C, out, rstd, inp, w, C, eps);
 }
 
 static void cu_rmsnorm_bwd(const ust_ops *o, act *dinp, float *dw, const act *dout, const act *inp,
                            const float *w, const float *rstd, int N, int C) {
     if (N <= 0) return;
-    if (dinp) ACT_LAUNCH(o, k_rmsnorm_bwd_dx, N, row_threads(C), 0, dinp, dout, inp, w, rstd, C);
+    if (dinp)
+        ROW_LAUNCH(o, k_rmsnorm_bwd_dx, row_vec(o, C, dinp, dout, inp), N, C, dinp, dout, inp, w,
+                   rstd, C);
     colred(o, MODE_RMS, dw, NULL, dout, inp, NULL, rstd, N, C);
 }
 
@@ -1160,29 +1319,37 @@ static void cu_rope_bwd(const ust_ops *o, act *dinp, const act *dout, const int3
 /* One block per row. Everything read from a row is read before the barrier inside the last
  * block_sum, and each element is then rewritten by the thread that reads it, so dlogits may
  * alias logits. A target outside [0, v_real) other than the ignore marker gives a NaN loss. */
-template <typename T>
+template <typename T, int VW>
 __global__ void k_xent(float *losses, act *dlogits, const act *logits, const int32_t *targets,
                        int V, int v_real, float dscale) {
     __shared__ float sh[32];
     int64_t n = blockIdx.x;
     const T *x = (const T *)logits + n * V;
     T *dx = dlogits ? (T *)dlogits + n * V : NULL;
+    const int c0 = threadIdx.x * VW, step = blockDim.x * VW; /* VW elements per access */
+    float t[VW];
     int tgt = targets[n];
     if (tgt < 0) {
         if (losses && threadIdx.x == 0) losses[n] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < VW; j++) t[j] = 0.0f;
         if (dx)
-            for (int c = threadIdx.x; c < V; c += blockDim.x) st_act(dx, c, 0.0f);
+            for (int c = c0; c < V; c += step) st_vec<VW>(dx, c, t);
         return;
     }
     /* the max and the sum of exponentials in one pass over the row (online softmax: the sum is
      * rescaled when the running max grows), so the logits are read twice, not three times */
     float mt = -INFINITY, st = 0.0f;
-    for (int c = threadIdx.x; c < v_real; c += blockDim.x) {
-        float xc = ld_act(x, c);
-        if (xc > mt)
-            st = st * expf(mt - xc) + 1.0f, mt = xc;
-        else if (xc != -INFINITY) /* exp(-inf - mt) adds 0, but -inf - -inf would be NaN */
-            st += expf(xc - mt);
+    for (int c = c0; c < v_real; c += step) {
+        ld_vec<VW>(x, c, t);
+#pragma unroll
+        for (int j = 0; j < VW; j++) {
+            float xc = c + j < v_real ? t[j] : -INFINITY; /* padding adds nothing */
+            if (xc > mt)
+                st = st * expf(mt - xc) + 1.0f, mt = xc;
+            else if (xc != -INFINITY) /* exp(-inf - mt) adds 0, but -inf - -inf would be NaN */
+                st += expf(xc - mt);
+        }
     }
     float mx = block_max(mt, sh);
     float xt = tgt < v_real ? ld_act(x, tgt) : NAN;
@@ -1190,10 +1357,13 @@ __global__ void k_xent(float *losses, act *dlogits, const act *logits, const int
     if (losses && threadIdx.x == 0) losses[n] = logf(s) + mx - xt;
     if (!dx) return;
     float inv = 1.0f / s;
-    for (int c = threadIdx.x; c < V; c += blockDim.x) {
-        float d = 0.0f;
-        if (c < v_real) d = (expf(ld_act(x, c) - mx) * inv - (c == tgt ? 1.0f : 0.0f)) * dscale;
-        st_act(dx, c, d);
+    for (int c = c0; c < V; c += step) {
+        ld_vec<VW>(x, c, t);
+#pragma unroll
+        for (int j = 0; j < VW; j++)
+            t[j] = c + j < v_real ? (expf(t[j] - mx) * inv - (c + j == tgt ? 1.0f : 0.0f)) * dscale
+                                  : 0.0f;
+        st_vec<VW>(dx, c, t);
     }
 }
 
@@ -1201,8 +1371,8 @@ static void cu_xent_fwd_bwd(const ust_ops *o, float *losses, act *dlogits, const
                             const int32_t *targets, int N, int V, int v_real, float dscale) {
     UST_ASSERT(v_real > 0 && v_real <= V, "v_real=%d must be in 1..V=%d", v_real, V);
     if (N <= 0) return;
-    ACT_LAUNCH(o, k_xent, N, V >= 4096 ? 512 : 128, 0, losses, dlogits, logits, targets, V, v_real,
-               dscale);
+    VEC_LAUNCH(o, k_xent, row_vec(o, V, logits, dlogits, NULL), N, V >= 4096 ? 512 : 128, losses,
+               dlogits, logits, targets, V, v_real, dscale);
 }
 
 /* Vocabulary-parallel cross-entropy: this shard holds global columns [v_start, v_start + V), the
@@ -1230,20 +1400,25 @@ __global__ void k_xent_vp_local(float *lse, float *tlogit, const act *logits,
 /* After the shards' lse were merged and tlogits summed: losses = lse - tlogit, and dlogits =
  * (softmax - onehot) dscale on the local columns (0 on padding and ignored rows). Each element
  * is read and rewritten by one thread, so dlogits may alias logits. */
-template <typename T>
+template <typename T, int VW>
 __global__ void k_xent_vp_finish(float *losses, act *dlogits, const act *logits,
                                  const int32_t *targets, const float *lse, const float *tlogit,
                                  int V, int v_start, int real, float dscale) {
     int64_t n = blockIdx.x;
     int t = targets[n], ignored = t < 0, local = t - v_start;
-    float L = lse[n];
+    float L = lse[n], f[VW];
     if (losses && threadIdx.x == 0) losses[n] = ignored ? 0.0f : L - tlogit[n];
     if (!dlogits) return;
     const T *x = (const T *)logits + n * V;
     T *dx = (T *)dlogits + n * V;
-    for (int c = threadIdx.x; c < V; c += blockDim.x) {
-        float p = c < real && !ignored ? expf(ld_act(x, c) - L) : 0.0f;
-        st_act(dx, c, ignored ? 0.0f : (p - (c == local ? 1.0f : 0.0f)) * dscale);
+    for (int c = threadIdx.x * VW; c < V; c += blockDim.x * VW) {
+        ld_vec<VW>(x, c, f);
+#pragma unroll
+        for (int j = 0; j < VW; j++) {
+            float p = c + j < real && !ignored ? expf(f[j] - L) : 0.0f;
+            f[j] = ignored ? 0.0f : (p - (c + j == local ? 1.0f : 0.0f)) * dscale;
+        }
+        st_vec<VW>(dx, c, f);
     }
 }
 
@@ -1263,8 +1438,9 @@ static void cu_xent_vp_finish(const ust_ops *o, float *losses, act *dlogits, con
                               const int32_t *targets, const float *lse, const float *tlogit, int N,
                               int V, int v_start, int v_real, float dscale) {
     if (N <= 0) return;
-    ACT_LAUNCH(o, k_xent_vp_finish, N, V >= 4096 ? 512 : 128, 0, losses, dlogits, logits, targets,
-               lse, tlogit, V, v_start, vp_real_columns(V, v_start, v_real), dscale);
+    VEC_LAUNCH(o, k_xent_vp_finish, dlogits ? row_vec(o, V, logits, dlogits, NULL) : 1, N,
+               V >= 4096 ? 512 : 128, losses, dlogits, logits, targets, lse, tlogit, V, v_start,
+               vp_real_columns(V, v_start, v_real), dscale);
 }
 
 /* ---------------------------------------------------------------- optimizer */
