@@ -86,13 +86,13 @@ static void alloc_wsave(model *m, ust_arena *a, layer_wsave *w) {
 /* model.norm_offset: the ones 1 + w is made from (block_norm_weight), set once here */
 static void alloc_norm_offset(model *m, ust_arena *a) {
     int64_t n = m->shape.C > m->shape.D ? m->shape.C : m->shape.D;
-    m->acts.ones = F32(n);
-    m->acts.wone = F32(n);
-    if (!m->acts.ones) return; /* a counting arena */
+    m->acts.noff.ones = F32(n);
+    m->acts.noff.wone = F32(n);
+    if (!m->acts.noff.ones) return; /* a counting arena */
     float *h = malloc((size_t)n * sizeof(float));
     UST_ASSERT(h, "out of host memory");
     for (int64_t i = 0; i < n; i++) h[i] = 1.0f;
-    m->ops->to_device(m->ops, m->acts.ones, h, (size_t)n * sizeof(float));
+    m->ops->to_device(m->ops, m->acts.noff.ones, h, (size_t)n * sizeof(float));
     free(h);
 }
 

@@ -19,9 +19,9 @@
 static const float *block_norm_weight(model *m, const float *w, int n) {
     if (!m->shape.fam.norm_offset) return w;
     const ust_ops *o = m->ops;
-    o->copy(o, m->acts.wone, m->acts.ones, (size_t)n * sizeof(float));
-    o->axpy(o, m->acts.wone, 1.0f, w, n);
-    return m->acts.wone;
+    o->copy(o, m->acts.noff.wone, m->acts.noff.ones, (size_t)n * sizeof(float));
+    o->axpy(o, m->acts.noff.wone, 1.0f, w, n);
+    return m->acts.noff.wone;
 }
 
 /* Norms run on this rank's rows (all of them without sequence parallelism). */

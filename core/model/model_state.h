@@ -262,7 +262,9 @@ typedef struct {
     float *mla_dw;
     /* model.norm_offset: ones (max(C, D) floats, fp32) and the scratch each norm's 1 + w is
      * made in just before its op (model_block.c:block_norm_weight) */
-    float *ones, *wone;
+    struct {
+        float *ones, *wone;
+    } noff;
     float *mla_rep[4]; /* zero-bubble's W under tp: mla_dw's parts (wkva, kva_norm, wqa, qa_norm) */
 } model_acts;
 

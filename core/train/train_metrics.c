@@ -107,8 +107,8 @@ static log_step report_step(trainer *t, const step_mark *mark, double loss, doub
                   .skipped = !finite,
                   .comm.bytes_dp = dp_bytes_sent(t->eng.dp)}; /* before validation's gathers */
     measure_step(t, mark, fpt, peak, &s);
-    if (c->parallel.cp >
-        1) { /* two fp32 sums, the high and low 20 bits: exact for up to 16 ranks */
+    /* the cp group's bytes: two fp32 sums, the high and low 20 bits (exact for up to 16 ranks) */
+    if (c->parallel.cp > 1) {
         uint64_t b = s.comm.bytes_cp;
         double hi = train_group_sum(t, TOPO_CP, (double)(b >> 20)),
                lo = train_group_sum(t, TOPO_CP, (double)(b & 0xFFFFF));
