@@ -192,7 +192,7 @@ bad hf_tensor_wrong_shape_exits_2 "tensor 'model.layers.1.mlp.up_proj.weight' ha
 $MAKE make llama $TMP/b-dtype --bad-dtype model.norm.weight=F99
 bad hf_unknown_dtype_exits_2 "tensor 'model.norm.weight' has unknown dtype 'F99'" $TMP/b-dtype
 $MAKE make llama $TMP/b-i32 --bad-dtype model.norm.weight=I32
-bad hf_unsupported_dtype_exits_2 "tensor 'model.norm.weight' has dtype I32 \(ustrain imports F32, BF16 and F16\)" $TMP/b-i32
+bad hf_unsupported_dtype_exits_2 "tensor 'model.norm.weight' has dtype I32 \(ustrain imports F32, BF16, F16 and block-scaled F8_E4M3\)" $TMP/b-i32
 $MAKE make llama $TMP/b-trunc
 truncate -s 5000 $TMP/b-trunc/model.safetensors
 bad hf_truncated_file_exits_2 "b-trunc/model.safetensors: tensor '[^']+' data_offsets .* run past the end of the file" $TMP/b-trunc
