@@ -456,9 +456,22 @@ typedef struct {
     double smallest;
 } search;
 
+/* zb and dualpipe(v) win back at most 1f1b's bubble, (pp - 1) / m of the step, and their memory
+ * plan simulates every rank's m micro-batches (seconds at thousands of them): past m =
+ * DEEP_M x pp, where that bubble is under 1/DEEP_M, the search leaves them out. */
+enum { DEEP_M = 32 };
+
+static int deep_pipeline(const ust_config *base, const planner_layout *l) {
+    ust_pp_schedule k = l->schedule;
+    long long m = base->train.global_batch_size / ((long long)l->dp * l->micro_batch);
+    return l->pp > 1 && (k == PP_ZB || k == PP_DUALPIPE || k == PP_DUALPIPEV) &&
+           m > (long long)DEEP_M * l->pp;
+}
+
 static void consider(search *s, const planner_layout *l, rank_sets *sets) {
     ust_config c;
     ust_err err;
+    if (deep_pipeline(s->base, l)) return;
     planner_apply(s->base, l, &c);
     s->st->candidates++;
     if (cfg_validate(&c, s->world, &err)) {
