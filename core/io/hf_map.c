@@ -552,6 +552,19 @@ static void qwen3_moe_json(cJSON *j, const ust_config *c) {
 }
 
 /* The keys every llama-family config.json ends with. */
+/* A config.json's first keys: {"architectures": [arch], "model_type": type}. */
+static cJSON *config_head(const char *arch, const char *type) {
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddItemToObject(j, "architectures", cJSON_CreateStringArray(&arch, 1));
+    cJSON_AddStringToObject(j, "model_type", type);
+    return j;
+}
+
+/* n integer keys in order */
+static void add_ints(cJSON *j, const char *const *keys, const int *vals, size_t n) {
+    for (size_t i = 0; i < n; i++) cJSON_AddNumberToObject(j, keys[i], vals[i]);
+}
+
 static cJSON *common_tail(cJSON *j, const ust_config *c, int bos, int eos) {
     cJSON_AddBoolToObject(j, "tie_word_embeddings", cfg_tied(c));
     special_tokens(j, bos, eos);
@@ -578,16 +591,13 @@ static cJSON *llama_config(const ust_config *c, int bos, int eos) {
                        : qwen3   ? "Qwen3ForCausalLM"
                        : mistral ? "MistralForCausalLM"
                                  : "LlamaForCausalLM";
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddItemToObject(j, "architectures", cJSON_CreateStringArray(&arch, 1));
-    cJSON_AddStringToObject(j, "model_type",
-                            olmo2     ? "olmo2"
-                            : q3moe   ? "qwen3_moe"
-                            : moe     ? "mixtral"
-                            : qwen2   ? "qwen2"
-                            : qwen3   ? "qwen3"
-                            : mistral ? "mistral"
-                                      : "llama");
+    cJSON *j = config_head(arch, olmo2     ? "olmo2"
+                                 : q3moe   ? "qwen3_moe"
+                                 : moe     ? "mixtral"
+                                 : qwen2   ? "qwen2"
+                                 : qwen3   ? "qwen3"
+                                 : mistral ? "mistral"
+                                           : "llama");
     cJSON_AddNumberToObject(j, "vocab_size", m->vocab_size);
     cJSON_AddNumberToObject(j, "hidden_size", m->d_model);
     cJSON_AddNumberToObject(j, "intermediate_size", moe ? m->moe.d_ff_expert : m->d_ff);
@@ -631,10 +641,7 @@ static cJSON *llama_config(const ust_config *c, int bos, int eos) {
 
 static cJSON *gpt2_config(const ust_config *c, int bos, int eos) {
     const __typeof__(c->model) *m = &c->model;
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddItemToObject(j, "architectures",
-                          cJSON_CreateStringArray((const char *[]){"GPT2LMHeadModel"}, 1));
-    cJSON_AddStringToObject(j, "model_type", "gpt2");
+    cJSON *j = config_head("GPT2LMHeadModel", "gpt2");
     cJSON_AddNumberToObject(j, "vocab_size", m->vocab_size);
     cJSON_AddNumberToObject(j, "n_positions", m->max_seq_len);
     cJSON_AddNumberToObject(j, "n_ctx", m->max_seq_len);
@@ -691,10 +698,7 @@ static void deepseek_moe_json(cJSON *j, const ust_config *c) {
 static cJSON *deepseek_config(const ust_config *c, int bos, int eos) {
     const __typeof__(c->model) *m = &c->model;
     const __typeof__(m->mla) *a = &m->mla;
-    const char *arch = "DeepseekV3ForCausalLM";
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddItemToObject(j, "architectures", cJSON_CreateStringArray(&arch, 1));
-    cJSON_AddStringToObject(j, "model_type", "deepseek_v3");
+    cJSON *j = config_head("DeepseekV3ForCausalLM", "deepseek_v3");
     static const char *const ints[] = {"vocab_size",
                                        "hidden_size",
                                        "intermediate_size",
@@ -710,8 +714,7 @@ static cJSON *deepseek_config(const ust_config *c, int bos, int eos) {
     int vals[] = {m->vocab_size,       m->d_model,    m->d_ff,         m->n_layer,
                   m->n_head,           m->n_kv_head,  a->kv_lora_rank, a->qk_nope_head_dim,
                   a->qk_rope_head_dim, a->v_head_dim, m->max_seq_len,  deepseek_first_moe(c)};
-    for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++)
-        cJSON_AddNumberToObject(j, ints[i], vals[i]);
+    add_ints(j, ints, vals, sizeof vals / sizeof vals[0]);
     if (a->q_lora_rank)
         cJSON_AddNumberToObject(j, "q_lora_rank", a->q_lora_rank);
     else
@@ -744,10 +747,7 @@ static void gemma3_rope_json(cJSON *p, const char *kind, double theta, const ust
  * sliding_attention in layer_types, the others full_attention, each with its RoPE. */
 static cJSON *gemma3_config(const ust_config *c, int bos, int eos) {
     const __typeof__(c->model) *m = &c->model;
-    const char *arch = "Gemma3ForCausalLM";
-    cJSON *j = cJSON_CreateObject();
-    cJSON_AddItemToObject(j, "architectures", cJSON_CreateStringArray(&arch, 1));
-    cJSON_AddStringToObject(j, "model_type", "gemma3_text");
+    cJSON *j = config_head("Gemma3ForCausalLM", "gemma3_text");
     static const char *const ints[] = {"vocab_size",
                                        "hidden_size",
                                        "intermediate_size",
@@ -758,8 +758,7 @@ static cJSON *gemma3_config(const ust_config *c, int bos, int eos) {
                                        "max_position_embeddings"};
     int vals[] = {m->vocab_size, m->d_model,   m->d_ff,         m->n_layer,
                   m->n_head,     m->n_kv_head, cfg_head_dim(c), m->max_seq_len};
-    for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++)
-        cJSON_AddNumberToObject(j, ints[i], vals[i]);
+    add_ints(j, ints, vals, sizeof vals / sizeof vals[0]);
     cJSON_AddStringToObject(j, "hidden_activation", "gelu_pytorch_tanh");
     cJSON_AddNumberToObject(j, "rms_norm_eps", m->norm_eps);
     double qs = m->gemma.query_pre_attn_scalar;
