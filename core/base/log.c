@@ -279,7 +279,7 @@ const char *log_bytes(char *buf, int n, double b) {
 }
 
 void log_step_line(const log_step *s) {
-    char mem[32], val[48] = "", extra[160] = "";
+    char mem[32], val[48] = "", extra[256] = "";
     if (!isnan(s->val_loss)) snprintf(val, sizeof val, " | val %.4f", s->val_loss);
     size_t n = 0;
     if (!isnan(s->pp.bubble)) /* the schedule's own accounting, and the analytic value */
@@ -292,12 +292,14 @@ void log_step_line(const log_step *s) {
     if (s->ranks.flagged && n < sizeof extra)
         n += snprintf(extra + n, sizeof extra - n, " | straggler rank %d x%.2f", s->ranks.slowest,
                       s->ranks.slowdown);
-    if (s->layers.n > 0 && s->layers.spike_layer >= 0 && n < sizeof extra) {
+    for (int k = 0; k < LOG_SPIKES && s->layers.n > 0 && n < sizeof extra; k++) {
+        static const char *const what[LOG_SPIKES] = {"grad", "act", "logit"};
+        int l = s->layers.spike_layer[k];
         char where[32] = "embeddings/head"; /* the last entry: the parameters outside layers */
-        if (s->layers.spike_layer < s->layers.n - 1)
-            snprintf(where, sizeof where, "layer %d", s->layers.spike_layer);
-        snprintf(extra + n, sizeof extra - n, " | grad spike in %s x%.1f", where,
-                 s->layers.spike_ratio);
+        if (l < s->layers.n - 1) snprintf(where, sizeof where, "layer %d", l);
+        if (l >= 0)
+            n += snprintf(extra + n, sizeof extra - n, " | %s spike in %s x%.1f", what[k], where,
+                          s->layers.spike_ratio[k]);
     }
     /* in 64 bits, and capped: train.steps may be far beyond what the run will reach */
     double eta_s = isfinite(s->eta_s) && s->eta_s > 0 ? s->eta_s : 0;
@@ -466,12 +468,32 @@ static void json_layers(FILE *f, const log_step *s) {
             fprintf(f, isfinite(v[k][i]) ? "%s%.6g" : "%snull", i ? "," : "", v[k][i]);
         fputc(']', f);
     }
-    if (s->layers.spike_layer >= 0)
-        fprintf(f, ",\"layer_spike\":%d,\"layer_spike_ratio\":%.4g", s->layers.spike_layer,
-                s->layers.spike_ratio);
+    static const char *const spike[LOG_SPIKES] = {"layer_spike", "layer_act_spike",
+                                                  "layer_logit_spike"};
+    for (int k = 0; k < LOG_SPIKES; k++)
+        if (s->layers.spike_layer[k] >= 0)
+            fprintf(f, ",\"%s\":%d,\"%s_ratio\":%.4g", spike[k], s->layers.spike_layer[k], spike[k],
+                    s->layers.spike_ratio[k]);
+}
+
+/* A spike's rise under its layer's tag: layers/L/grad_norm_spike, act_rms_spike,
+ * max_logit_spike (the steps without one have no point). */
+static void tb_spikes(pbuf *summary, const log_step *s) {
+    static const char *const what[LOG_SPIKES] = {"grad_norm", "act_rms", "max_logit"};
+    for (int k = 0; k < LOG_SPIKES && s->layers.n > 0; k++) {
+        int l = s->layers.spike_layer[k];
+        char tag[64];
+        if (l < 0) continue;
+        if (l < s->layers.n - 1)
+            snprintf(tag, sizeof tag, "layers/%d/%s_spike", l, what[k]);
+        else
+            snprintf(tag, sizeof tag, "layers/other/%s_spike", what[k]);
+        tb_value(summary, tag, s->layers.spike_ratio[k]);
+    }
 }
 
 static void tb_layers(pbuf *summary, const log_step *s) {
+    tb_spikes(summary, s);
     for (int i = 0; i < s->layers.n; i++) {
         char tag[64], who[24];
         if (i < s->layers.n - 1)

@@ -80,15 +80,17 @@ typedef struct {
 
 /* Stability figures (logging.stats_every; n 0: not this step): per layer (the last entry: the
  * parameters outside the layers: embeddings, final norm, head) the gradient's L2 norm and the
- * update's norm over the weights' after it; spike_layer: the layer whose gradient norm rose most
- * over its mean at the earlier stats steps, above logging.stats_spike (-1: none; n - 1: the
- * parameters outside the layers), spike_ratio that rise. For the n - 1 layers only: the RMS of
- * each one's output over the step's training forwards, and (has_logit: tracked, on the CPU) its
- * largest pre-softmax attention logit. */
+ * update's norm over the weights' after it. For the n - 1 layers only: the RMS of each one's
+ * output over the step's training forwards, and (has_logit: tracked, on the CPU) its largest
+ * pre-softmax attention logit. Per kind (LOG_SPIKE_*: gradient norm, output RMS, logit), the
+ * layer whose figure rose most over its mean at the earlier stats steps, above
+ * logging.stats_spike (-1: none; n - 1: the parameters outside the layers), and that rise. */
 enum { LOG_MAX_LAYERS = 256 };
+enum { LOG_SPIKE_GRAD, LOG_SPIKE_ACT, LOG_SPIKE_LOGIT, LOG_SPIKES };
 typedef struct {
-    int n, spike_layer, has_logit;
-    double spike_ratio;
+    int n, has_logit;
+    int spike_layer[LOG_SPIKES];
+    double spike_ratio[LOG_SPIKES];
     double grad_norm[LOG_MAX_LAYERS + 1], update_ratio[LOG_MAX_LAYERS + 1];
     double act_rms[LOG_MAX_LAYERS], max_logit[LOG_MAX_LAYERS];
 } log_layers;

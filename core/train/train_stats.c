@@ -4,28 +4,38 @@
  * rank as the global gradient norm is, so the layers' squares add up to it); the RMS of each
  * layer's output over the step's training forwards (model_act_track, summed over the world); and
  * on the CPU each layer's largest attention logit (train_qkclip.c's table). A layer whose
- * gradient norm is logging.stats_spike times its mean over the earlier stats steps is named on
- * the step line, in the metrics and in a warning: the layer a loss spike starts in. */
+ * gradient norm, output RMS or largest logit is logging.stats_spike times its mean over the
+ * earlier stats steps is named on the step line, in the metrics and in a warning: the layer a
+ * loss spike starts in. */
 #include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "train_internal.h"
+
+/* Test faults, a spike whose layer is known, each STEP:LAYER:FACTOR: UST_FAULT_LAYER_GRAD that
+ * layer's gradients scaled on that step (before the figures); UST_FAULT_LAYER_ACT its output
+ * projections (o_proj, down_proj: its output jumps) and UST_FAULT_LAYER_LOGIT its query
+ * projection (q_proj: its logits) scaled before that step's forward, for good. */
+static const char *const FAULT_ENV[LOG_SPIKES] = {"UST_FAULT_LAYER_GRAD", "UST_FAULT_LAYER_ACT",
+                                                  "UST_FAULT_LAYER_LOGIT"};
+typedef struct {
+    long long step; /* 0: none */
+    int layer;
+    double factor;
+} stats_fault;
 
 struct train_stats {
     int G;         /* groups: the layers, then the parameters outside them */
     int *group;    /* per parameter */
     double *sq;    /* 3G: the gradients', weights' and update's sums of squares */
-    double *mean;  /* per group: mean gradient norm over the earlier stats steps */
+    double *mean;  /* LOG_SPIKES x G: each figure's sum and count over the earlier stats steps */
     double *act;   /* 2L: each layer's output's sum of squares and count (model_act_track) */
     double *logit; /* L: each layer's largest attention logit (NaN: not tracked) */
-    int seen, on;  /* stats steps so far; this step is one */
-    /* test fault UST_FAULT_LAYER_GRAD=STEP:LAYER:FACTOR: that layer's gradients scaled on that
-     * step (before the figures), a spike whose layer is known */
-    long long fault_step;
-    int fault_layer;
-    double fault_factor;
+    int on;        /* this step is a stats step */
+    stats_fault fault[LOG_SPIKES];
 };
 
 /* The layer in a parameter's name (its first ".N." part: model.layers.3.mlp..., h.3....), or
@@ -48,15 +58,17 @@ int train_stats_open(trainer *t) {
     st->G = (L < LOG_MAX_LAYERS ? L : LOG_MAX_LAYERS) + 1;
     st->group = calloc(np ? np : 1, sizeof *st->group);
     st->sq = calloc(3 * (size_t)st->G, sizeof *st->sq);
-    st->mean = calloc(st->G, sizeof *st->mean);
+    st->mean = calloc(2 * LOG_SPIKES * (size_t)st->G, sizeof *st->mean);
     st->act = calloc(2 * (size_t)L, sizeof *st->act);
     st->logit = calloc(L, sizeof *st->logit);
     UST_ASSERT(st->group && st->sq && st->mean && st->act && st->logit,
                "out of memory (stats of %d layers)", st->G);
     for (int i = 0; i < np; i++) st->group[i] = layer_of(model_param_at(t->eng.m, i)->name, st->G);
-    const char *f = getenv("UST_FAULT_LAYER_GRAD");
-    if (!f || sscanf(f, "%lld:%d:%lf", &st->fault_step, &st->fault_layer, &st->fault_factor) != 3)
-        st->fault_step = 0;
+    for (int k = 0; k < LOG_SPIKES; k++) {
+        stats_fault *f = &st->fault[k];
+        const char *v = getenv(FAULT_ENV[k]);
+        if (!v || sscanf(v, "%lld:%d:%lf", &f->step, &f->layer, &f->factor) != 3) f->step = 0;
+    }
     t->stats = st;
     return 0;
 }
@@ -68,9 +80,33 @@ void train_stats_close(trainer *t) {
     t->stats = NULL;
 }
 
+/* Does parameter name end in one of the fault's weights? */
+static int fault_weight(int kind, const char *name) {
+    static const char *const w[] = {"o_proj.weight", "down_proj.weight", "q_proj.weight"};
+    size_t n = strlen(name);
+    for (int j = kind == LOG_SPIKE_ACT ? 0 : 2; j < (kind == LOG_SPIKE_ACT ? 2 : 3); j++)
+        if (n >= strlen(w[j]) && !strcmp(name + n - strlen(w[j]), w[j])) return 1;
+    return 0;
+}
+
+/* UST_FAULT_LAYER_ACT and _LOGIT: the layer's weights scaled as every rank holds them. */
+static void fault_weights(trainer *t) {
+    train_stats *st = t->stats;
+    for (int k = LOG_SPIKE_ACT; k <= LOG_SPIKE_LOGIT; k++) {
+        const stats_fault *f = &st->fault[k];
+        float x = (float)f->factor;
+        for (int i = 0; f->step == t->step + 1 && i < model_num_params(t->eng.m); i++) {
+            const model_param *p = model_param_at(t->eng.m, i);
+            if (st->group[i] == f->layer && fault_weight(k, p->name))
+                dp_scale_param(t->eng.dp, i, &x, p->numel);
+        }
+    }
+}
+
 void train_stats_begin(trainer *t) {
     train_stats *st = t->stats;
     if (!st) return;
+    fault_weights(t);
     st->on = (t->step + 1) % t->cfg->logging.stats_every == 0;
     if (!st->on) return;
     int L = t->cfg->model.n_layer;
@@ -106,11 +142,11 @@ void train_stats_before(trainer *t) {
     if (!st || !st->on) return;
     model_act_track(t->eng.m, NULL);
     act_world_sum(t, st->act, 2 * t->cfg->model.n_layer);
-    for (int i = 0; st->on && st->fault_step == t->step + 1 && i < model_num_params(t->eng.m);
-         i++) {
+    const stats_fault *f = &st->fault[LOG_SPIKE_GRAD];
+    for (int i = 0; f->step == t->step + 1 && i < model_num_params(t->eng.m); i++) {
         int64_t n;
-        float *g = st->group[i] == st->fault_layer ? dp_grad_piece(t->eng.dp, i, &n) : NULL;
-        if (g) t->eng.ops->scale(t->eng.ops, g, (float)st->fault_factor, n);
+        float *g = st->group[i] == f->layer ? dp_grad_piece(t->eng.dp, i, &n) : NULL;
+        if (g) t->eng.ops->scale(t->eng.ops, g, (float)f->factor, n);
     }
     dp_stats_before(t->eng.dp, st->group, st->G, st->sq);
 }
@@ -121,23 +157,44 @@ void train_stats_after(trainer *t) {
         dp_stats_after(t->eng.dp, st->group, st->G, st->sq + st->G, st->sq + 2 * st->G);
 }
 
-/* The group whose gradient norm rose most over its mean, above logging.stats_spike; then each
- * finite norm joins its group's mean. */
-static void find_spike(train_stats *st, double spike, log_layers *o) {
-    o->spike_layer = -1, o->spike_ratio = 0;
-    for (int g = 0; g < st->G; g++) {
-        double r = st->seen && st->mean[g] > 0 ? o->grad_norm[g] / st->mean[g] : 0;
-        if (isfinite(r) && r > spike && r > o->spike_ratio) o->spike_layer = g, o->spike_ratio = r;
+/* Figure k's spike over its n entries v: the entry that rose most over its mean at the earlier
+ * stats steps, above logging.stats_spike; then each finite value joins its mean (sum and
+ * count). */
+static void find_spike(train_stats *st, int k, const double *v, int n, double spike,
+                       log_layers *o) {
+    double *sum = st->mean + 2 * k * st->G, *cnt = sum + st->G;
+    o->spike_layer[k] = -1, o->spike_ratio[k] = 0;
+    for (int g = 0; g < n; g++) {
+        double mean = cnt[g] > 0 ? sum[g] / cnt[g] : 0, r = mean > 0 ? v[g] / mean : 0;
+        if (isfinite(r) && r > spike && r > o->spike_ratio[k])
+            o->spike_layer[k] = g, o->spike_ratio[k] = r;
     }
-    for (int g = 0; g < st->G; g++)
-        if (isfinite(o->grad_norm[g]))
-            st->mean[g] = (st->mean[g] * st->seen + o->grad_norm[g]) / (st->seen + 1);
-    st->seen++;
+    for (int g = 0; g < n; g++)
+        if (isfinite(v[g])) sum[g] += v[g], cnt[g] += 1;
+}
+
+/* The warning naming figure k's spike (rank 0). */
+static void warn_spike(const trainer *t, int k, const log_step *s) {
+    static const char *const what[LOG_SPIKES][2] = {{"gradient spike", "norm"},
+                                                    {"activation spike", "output RMS"},
+                                                    {"attention logit spike", "max logit"}};
+    const log_layers *o = &s->layers;
+    const double *v[LOG_SPIKES] = {o->grad_norm, o->act_rms, o->max_logit};
+    int l = o->spike_layer[k];
+    const double *cnt = t->stats->mean + (2 * k + 1) * t->stats->G;
+    char where[32] = "the embeddings/head";
+    if (l < o->n - 1) snprintf(where, sizeof where, "layer %d", l);
+    fprintf(stderr,
+            "ustrain: warning: step %lld: %s in %s: %s %.4g, %.1f times its mean over the %d "
+            "earlier stats steps (logging.stats_spike %g)\n",
+            (long long)s->step, what[k][0], where, what[k][1], v[k][l], o->spike_ratio[k],
+            (int)cnt[l] - 1, t->cfg->logging.stats_spike);
 }
 
 void train_stats_report(trainer *t, log_step *s) {
     train_stats *st = t->stats;
     s->layers.n = 0;
+    for (int k = 0; k < LOG_SPIKES; k++) s->layers.spike_layer[k] = -1;
     if (!st || !st->on) return;
     log_layers *o = &s->layers;
     o->n = st->G;
@@ -153,14 +210,11 @@ void train_stats_report(trainer *t, log_step *s) {
         o->max_logit[g] = st->logit[g];
         o->has_logit |= !isnan(st->logit[g]);
     }
-    find_spike(st, t->cfg->logging.stats_spike, o);
+    double spike = t->cfg->logging.stats_spike;
+    find_spike(st, LOG_SPIKE_GRAD, o->grad_norm, st->G, spike, o);
+    find_spike(st, LOG_SPIKE_ACT, o->act_rms, st->G - 1, spike, o);
+    find_spike(st, LOG_SPIKE_LOGIT, o->max_logit, st->G - 1, spike, o);
     st->on = 0;
-    if (o->spike_layer < 0 || !t->rank0) return;
-    char where[32] = "the embeddings/head";
-    if (o->spike_layer < st->G - 1) snprintf(where, sizeof where, "layer %d", o->spike_layer);
-    fprintf(stderr,
-            "ustrain: warning: step %lld: gradient spike in %s: norm %.4g, %.1f times its mean "
-            "over the %d earlier stats steps (logging.stats_spike %g)\n",
-            (long long)s->step, where, o->grad_norm[o->spike_layer], o->spike_ratio, st->seen - 1,
-            t->cfg->logging.stats_spike);
+    for (int k = 0; k < LOG_SPIKES && t->rank0; k++)
+        if (o->spike_layer[k] >= 0) warn_spike(t, k, s);
 }

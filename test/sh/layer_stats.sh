@@ -7,7 +7,9 @@
 # (test/tools/qkclip_ref.py stats) and reach TensorBoard; data-parallel ZeRO-2, tp2 with sp, cp2,
 # 2-stage pipeline, dualpipev and tp2 full-recompute runs give the one-process figures; a planted
 # gradient spike (UST_FAULT_LAYER_GRAD) is named with its layer, the one whose norm rose most over
-# its mean; bad settings exit 2.
+# its mean; a planted output jump (UST_FAULT_LAYER_ACT) and logit jump (UST_FAULT_LAYER_LOGIT)
+# are named with theirs by the same rule, on the step line, in the metrics and TensorBoard, the
+# same under a 2-stage pipeline; bad settings exit 2.
 . "$(dirname "$0")/../lib.sh"
 
 $UST data demo $TMP/data >/dev/null
@@ -112,11 +114,18 @@ done
 # ratio the metrics carry
 rm -rf $TMP/run
 UST_FAULT_LAYER_GRAD=5:2:30 $UST train $TMP/c.yaml $L --set train.steps=5 --set logging.stats_every=1 \
-    --set logging.stats_spike=2 --set data.val_every=100 --set train.seq_len=64 >$TMP/spike.out 2>&1
+    --set logging.stats_spike=2 --set data.val_every=100 --set train.seq_len=64 \
+    --set logging.tensorboard_dir=$TMP/run/tb >$TMP/spike.out 2>&1
 rc=$?
-python3 - $TMP/run/metrics.jsonl >$TMP/spike.check 2>&1 <<'EOT'
+python3 - $TMP/run/metrics.jsonl $TMP/run/tb >$TMP/spike.check 2>&1 <<'EOT'
 import json, sys
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+acc = EventAccumulator(sys.argv[2], size_guidance={"scalars": 0})
+acc.Reload()
 rows = [json.loads(l) for l in open(sys.argv[1])]
+tags = [t for t in acc.Tags()["scalars"] if t.endswith("grad_norm_spike")]
+assert tags == ["layers/%d/grad_norm_spike" % rows[4]["layer_spike"]], tags
+assert [(e.step, round(e.value, 3)) for e in acc.Scalars(tags[0])] == [(5, round(rows[4]["layer_spike_ratio"], 3))]
 assert [r["step"] for r in rows] == [1, 2, 3, 4, 5], [r["step"] for r in rows]
 assert all("layer_spike" not in r for r in rows[:4]), rows[:4]
 means = [sum(r["layer_grad_norm"][g] for r in rows[:4]) / 4 for g in range(5)]
@@ -132,6 +141,68 @@ where="layer $best"
 [ $rc = 0 ] && grep -q "^ok" $TMP/spike.check && grep -q "warning: step 5: gradient spike in $where: norm" $TMP/spike.out &&
     grep -q "^step     5/5 .*| grad spike in ${where#the } x" $TMP/spike.out &&
     pass stats_planted_spike_names_its_layer || fail stats_planted_spike_names_its_layer "rc=$rc $(tail -2 $TMP/spike.check) $(grep -E 'spike|error' $TMP/spike.out | head -3)"
+
+# the same rule for the outputs' RMS and the largest logits: layer 2's output projections and
+# layer 3's query projection x30 before step 5's forward (UST_FAULT_LAYER_ACT, _LOGIT); step 5
+# names layer 2, whose RMS rose most over its mean at steps 1..4 (x41; the residual stream
+# carries the jump on to layer 3, x31), and layer 3, whose largest logit rose most (x30); no step
+# before it (the early steps' RMS grows up to 3x: logging.stats_spike 5); TensorBoard has the rises
+# under those layers; a 2-stage pipeline (layers 2 and 3 on rank 1) names the same
+F="--set train.steps=5 --set logging.stats_every=1 --set logging.stats_spike=5 --set data.val_every=100 --set train.seq_len=64"
+for lay in one "pp2:--set parallel.pp=2"; do
+    rm -rf $TMP/run
+    if [ "$lay" = one ]; then
+        UST_FAULT_LAYER_ACT=5:2:30 UST_FAULT_LAYER_LOGIT=5:3:30 $UST train $TMP/c.yaml $L $F \
+            --set logging.tensorboard_dir=$TMP/run/tb >$TMP/act.out 2>&1
+    else
+        UST_FAULT_LAYER_ACT=5:2:30 UST_FAULT_LAYER_LOGIT=5:3:30 scripts/ustrun --nproc-per-node 2 \
+            $UST train $TMP/c.yaml $L $F ${lay#*:} >$TMP/act.out 2>&1
+    fi
+    rc=$?
+    sed -i 's/^\[rank 0\] //' $TMP/act.out
+    cp $TMP/run/metrics.jsonl $TMP/act_${lay%%:*}.jsonl
+    python3 - $TMP/run/metrics.jsonl $TMP/run/tb $TMP/act_one.jsonl >$TMP/act.check 2>&1 <<'EOT'
+import json, os, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["step"] for r in rows] == [1, 2, 3, 4, 5], [r["step"] for r in rows]
+keys = ("layer_act_spike", "layer_logit_spike")
+assert all(k not in r for r in rows[:4] for k in keys), [{k: r.get(k) for k in keys} for r in rows[:4]]
+ratio = {}
+for key in ("layer_act_rms", "layer_max_logit"):
+    means = [sum(r[key][l] for r in rows[:4]) / 4 for l in range(4)]
+    ratio[key] = [rows[4][key][l] / means[l] for l in range(4)]
+act = max(range(4), key=lambda l: ratio["layer_act_rms"][l])
+logit = max(range(4), key=lambda l: ratio["layer_max_logit"][l])
+got = {k: (rows[4].get(k), rows[4].get(k + "_ratio")) for k in keys}
+assert (act, logit) == (2, 3) and min(ratio["layer_act_rms"][2], ratio["layer_max_logit"][3]) > 5, ratio
+for k, l, r in zip(keys, (act, logit), (ratio["layer_act_rms"][act], ratio["layer_max_logit"][logit])):
+    assert got[k][0] == l and abs(got[k][1] - r) < 1e-3 * r, (k, got[k], l, r)
+if os.path.isdir(sys.argv[2]):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(sys.argv[2], size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = sorted(t for t in acc.Tags()["scalars"] if t.endswith("_spike"))
+    assert tags == ["layers/2/act_rms_spike", "layers/3/max_logit_spike"], tags
+    for tag, k in zip(tags, keys):
+        pts = [(e.step, e.value) for e in acc.Scalars(tag)]
+        assert len(pts) == 1 and pts[0][0] == 5 and abs(pts[0][1] - got[k][1]) < 1e-3 * got[k][1], (tag, pts)
+else:  # the pipeline: the one-process figures
+    one = json.loads(open(sys.argv[3]).readlines()[4])
+    for k in keys:
+        assert one[k] == got[k][0] and abs(one[k + "_ratio"] - got[k][1]) < 1e-3 * got[k][1], (k, one[k + "_ratio"], got[k])
+print("ok %.1f %.1f" % (got[keys[0]][1], got[keys[1]][1]))
+EOT
+    name=stats_planted_act_and_logit_spikes_name_their_layers
+    [ "$lay" = one ] || name=stats_planted_act_and_logit_spikes_pp2_equal_one_process
+    [ $rc = 0 ] && grep -q "^ok" $TMP/act.check &&
+        grep -q "warning: step 5: activation spike in layer 2: output RMS .* times its mean over the 4 earlier" $TMP/act.out &&
+        grep -q "warning: step 5: attention logit spike in layer 3: max logit .* times its mean over the 4 earlier" $TMP/act.out &&
+        grep -q "^step     5/5 .*| act spike in layer 2 x[0-9.]* | logit spike in layer 3 x" $TMP/act.out &&
+        pass "$name ($(cut -c4- $TMP/act.check))" || fail $name "rc=$rc $(tail -2 $TMP/act.check) $(grep -E 'spike|error' $TMP/act.out | head -3)"
+done
+# a normal run flags nothing (the first run: the default logging.stats_spike 10)
+! grep -q "spike" $TMP/one.jsonl && ! grep -q "spike" $TMP/one.out && pass stats_no_spike_in_a_normal_run ||
+    fail stats_no_spike_in_a_normal_run "$(grep -o '"layer[a-z_]*spike[a-z_]*":[0-9.]*' $TMP/one.jsonl | head -3)"
 
 # bad settings: exit 2 before work, naming the key and where it is
 sed 's/^logging:    {every: 1,/logging:    {every: 1, stats_every: -1,/' $TMP/c.yaml >$TMP/bad.yaml
