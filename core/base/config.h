@@ -244,7 +244,7 @@ typedef struct {
         char trace_steps[32];         /* logging.trace.steps "first,last" ("" = off) */
         char trace_dir[UST_PATH_MAX]; /* "" = <run.out_dir>/trace */
         int stats_every;              /* per-layer stability figures every N steps (0: off) */
-        double stats_spike;           /* a layer's grad norm over its mean before: a spike, named */
+        double stats_spike;           /* a layer's figure over its mean before: a spike, named */
     } logging;
     struct {
         double timeout_s;
