@@ -232,14 +232,6 @@ static int cfg_validate_mtp(const ust_config *c, ust_err *e) {
             "optimizer.qk_clip_threshold (the modules' blocks are DeepSeek-V3's pre-norm, "
             "full-attention blocks): set them off or model.mtp.depth: 0",
             D);
-    REQUIRE(cfg_act_size(c) == 4,
-            "model.mtp.depth %d under train.precision: bf16 on cuda is not checked yet: use fp32, "
-            "or model.mtp.depth: 0",
-            D);
-    REQUIRE(!m->init_from[0],
-            "model.mtp.depth %d with model.init_from '%s': importing multi-token prediction "
-            "layers is not supported yet (set model.mtp.depth: 0 to import)",
-            D, m->init_from);
     REQUIRE(!m->gemma.embed_scale && !m->gemma.sandwich_norm && m->gemma.hidden_act == HACT_SILU &&
                 !m->gemma.norm_offset,
             "model.mtp.depth %d with Gemma 3's block options (model.embed_scale, sandwich_norm, "

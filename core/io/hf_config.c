@@ -347,8 +347,16 @@ static int parse_deepseek_v3(const jctx *x, ust_config *c) {
         jint(x, "v_head_dim", -1, 1, &a->v_head_dim) ||
         jbool(x, "rope_interleave", true, &a->rope_interleave) ||
         jint(x, "first_k_dense_replace", 3, 0, &dense) ||
+        jint(x, "num_nextn_predict_layers", 0, 0, &m->mtp.depth) ||
         refuse_true(x, "attention_bias", "DeepseekV3ForCausalLM with q/kv/o biases"))
         return -1;
+    /* the MTP layers (model.mtp): dense blocks; DeepSeek's sit past first_k_dense_replace */
+    if (m->mtp.depth > 4 || (m->mtp.depth && dense < m->n_layer))
+        return ust_errf(x->e,
+                        "%s: 'num_nextn_predict_layers' = %d: ustrain imports up to 4 multi-token "
+                        "prediction layers, with dense blocks (first_k_dense_replace %d of %d "
+                        "layers makes them MoE layers, which model.mtp does not have yet)",
+                        x->path, m->mtp.depth, dense, m->n_layer);
     const cJSON *r =
         jget(x, "rope_parameters") ? jget(x, "rope_parameters") : jget(x, "rope_scaling");
     jctx rs = {x->path, r, x->e}; /* yarn_apply_mscale: any scaling but 'default' */
@@ -620,7 +628,7 @@ int hf_config_parse(const cJSON *j, const char *path, ust_config *c, char *arch,
             snprintf(arch, cap, "%s", ARCHS[i].arch);
             cfg_defaults(c);
             if (ARCHS[i].parse(&x, c)) return -1;
-            c->train.seq_len = 1; /* the model's own checks only */
+            c->train.seq_len = 1 + c->model.mtp.depth; /* the model's own checks only */
             snprintf(c->source, sizeof c->source, "%.*s", (int)sizeof c->source - 1, path);
             return cfg_validate(c, 0, e);
         }
@@ -847,6 +855,15 @@ int hf_config_apply(const ust_config *hf, const char *dir, ust_config *c, ust_er
         (m->rope_scaling.type == ROPE_YARN && APPLY(YARN_KEYS)) || APPLY(MLA_KEYS))
         return -1;
 #undef APPLY
+    /* DeepSeek's MTP layers: all of them, or the first model.mtp.depth the config sets */
+    int D = c->model.mtp.depth;
+    if (cfg_was_set(c, "model.mtp.depth") && D > m->mtp.depth)
+        return ust_errf(e,
+                        "model.mtp.depth: the config sets %d but %s/config.json "
+                        "(num_nextn_predict_layers) has %d multi-token prediction layers; "
+                        "at most that many import",
+                        D, dir, m->mtp.depth);
+    tmp.model.mtp.depth = cfg_was_set(c, "model.mtp.depth") ? D : m->mtp.depth;
     /* a training coefficient, not the shape: config.json's unless the config sets its own */
     if (m->moe.num_experts > 0 && !cfg_was_set(c, "model.moe.aux_loss_coef"))
         tmp.model.moe.aux_loss_coef = m->moe.aux_loss_coef;

@@ -38,8 +38,9 @@ struct hf_model {
     int nshards;
     int *shard_of;    /* per table row */
     int *name_off;    /* per table row: 0, or the base prefix's length when the file lacks it */
-    hf_src_ref *refs; /* every row's sources, sorted by name */
+    hf_src_ref *refs; /* every row's sources, sorted by name (hf_tensor.dup rows left out) */
     int nrefs;
+    int *dups, ndups; /* the hf_tensor.dup rows */
     int64_t bytes_read, tensor_bytes;
     int allow_nonfinite; /* hf_allow_nonfinite */
     /* FP8 checkpoints (DeepSeek-V3's release): config.json's quantization_config, fp8 with
@@ -439,10 +440,16 @@ static int cmp_ref(const void *a, const void *b) {
 /* ustrain name -> (row, source), for hf_read_slice. */
 static int index_sources(hf_model *h, ust_err *e) {
     h->refs = calloc((size_t)h->table.n * 3 + 1, sizeof *h->refs);
-    if (!h->refs) return ust_errf(e, "%s: out of memory", h->dir);
-    for (int r = 0; r < h->table.n; r++)
+    h->dups = calloc((size_t)h->table.n + 1, sizeof *h->dups);
+    if (!h->refs || !h->dups) return ust_errf(e, "%s: out of memory", h->dir);
+    for (int r = 0; r < h->table.n; r++) {
+        if (h->table.t[r].dup) {
+            h->dups[h->ndups++] = r;
+            continue;
+        }
         for (int j = 0; j < h->table.t[r].nsrc; j++)
             h->refs[h->nrefs++] = (hf_src_ref){h->table.t[r].src[j].name, r, j};
+    }
     qsort(h->refs, (size_t)h->nrefs, sizeof *h->refs, cmp_ref);
     return 0;
 }
@@ -525,6 +532,7 @@ void hf_close(hf_model *h) {
     free(h->name_off);
     free(h->scale_shard);
     free(h->refs);
+    free(h->dups);
     hf_table_free(&h->table);
     free(h);
 }
@@ -699,29 +707,62 @@ static int refuse_nonfinite(const hf_model *h, const hf_tensor *x, const ckpt_te
                     (long long)n);
 }
 
+/* Slice s of ustrain tensor t through table row `row` (its source j). */
+static int read_row(hf_model *h, int row, int j, const ckpt_tensor *t, const ckpt_slice *s,
+                    float *out, ust_err *e) {
+    const hf_tensor *x = &h->table.t[row];
+    if (check_request(h, x, &x->src[j], t, e)) return -1;
+    int64_t rows = t->ndim == 2 ? t->shape[0] : 1, cols = t->ndim == 2 ? t->shape[1] : t->shape[0];
+    if (ckpt_check_slice(s, rows, cols, t->name, e)) return -1;
+    read_ctx c = {h, x, j, cols, {0}, out, {0}, {0}};
+    const char *name = x->name + h->name_off[row];
+    int rc = st_raw(h->shards[h->shard_of[row]], name, &c.v);
+    UST_ASSERT(rc == 0, "tensor %s vanished from its shard", x->name);
+    if (h->scale_shard[row] >= 0) { /* find_scale checked it */
+        char sn[CKPT_NAME_MAX + 16];
+        scale_name(name, sn, sizeof sn);
+        rc = st_raw(h->shards[h->scale_shard[row]], sn, &c.scale);
+        UST_ASSERT(rc == 0, "tensor %s vanished from its shard", sn);
+        for (unsigned b = 0; b < 256; b++) c.e4m3[b] = e4m3_to_f32(b);
+    }
+    if (ckpt_for_each_run(s, cols, read_run, &c, e)) return -1;
+    return h->allow_nonfinite ? 0 : refuse_nonfinite(h, x, t, s, out, e);
+}
+
+/* DeepSeek's MTP layers carry copies of the shared embedding and head (hf_tensor.dup); ustrain's
+ * modules use the main model's, so each copy must hold the same values: every rank checks the
+ * slice it read (the whole tensor is some rank's) and refuses a copy that differs. */
+static int check_dups(hf_model *h, const ckpt_tensor *t, const ckpt_slice *s, const float *out,
+                      ust_err *e) {
+    int64_t n = s->flat1 - s->flat0;
+    for (int d = 0; d < h->ndups; d++) {
+        const hf_tensor *x = &h->table.t[h->dups[d]];
+        if (strcmp(x->src[0].name, t->name)) continue;
+        float *copy = malloc((size_t)(n ? n : 1) * sizeof(float));
+        if (!copy) return ust_errf(e, "%s: out of memory", h->dir);
+        int rc = read_row(h, h->dups[d], 0, t, s, copy, e);
+        int64_t i = 0;
+        while (!rc && i < n && !memcmp(&copy[i], &out[i], sizeof(float))) i++;
+        if (!rc && i < n)
+            rc = ust_errf(e,
+                          "%s: tensor '%s' differs from '%s' (element %lld: %.9g, not %.9g): the "
+                          "multi-token prediction modules share the main model's embedding and "
+                          "head, so their copies must equal them",
+                          h->dir, x->name, t->name, (long long)(s->flat0 + i), copy[i], out[i]);
+        free(copy);
+        if (rc) return -1;
+    }
+    return 0;
+}
+
 int hf_read_slice(hf_model *h, const ckpt_tensor *t, const ckpt_slice *s, float *out, ust_err *e) {
     hf_src_ref key = {t->name, 0, 0};
     const hf_src_ref *ref = bsearch(&key, h->refs, (size_t)h->nrefs, sizeof key, cmp_ref);
     if (!ref)
         return ust_errf(e, "%s: the model's tensor '%s' has no counterpart in this %s", h->dir,
                         t->name, h->arch);
-    const hf_tensor *x = &h->table.t[ref->row];
-    if (check_request(h, x, &x->src[ref->src], t, e)) return -1;
-    int64_t rows = t->ndim == 2 ? t->shape[0] : 1, cols = t->ndim == 2 ? t->shape[1] : t->shape[0];
-    if (ckpt_check_slice(s, rows, cols, t->name, e)) return -1;
-    read_ctx c = {h, x, ref->src, cols, {0}, out, {0}, {0}};
-    const char *name = x->name + h->name_off[ref->row];
-    int rc = st_raw(h->shards[h->shard_of[ref->row]], name, &c.v);
-    UST_ASSERT(rc == 0, "tensor %s vanished from its shard", x->name);
-    if (h->scale_shard[ref->row] >= 0) { /* find_scale checked it */
-        char sn[CKPT_NAME_MAX + 16];
-        scale_name(name, sn, sizeof sn);
-        rc = st_raw(h->shards[h->scale_shard[ref->row]], sn, &c.scale);
-        UST_ASSERT(rc == 0, "tensor %s vanished from its shard", sn);
-        for (unsigned b = 0; b < 256; b++) c.e4m3[b] = e4m3_to_f32(b);
-    }
-    if (ckpt_for_each_run(s, cols, read_run, &c, e)) return -1;
-    return h->allow_nonfinite ? 0 : refuse_nonfinite(h, x, t, s, out, e);
+    if (read_row(h, ref->row, ref->src, t, s, out, e)) return -1;
+    return check_dups(h, t, s, out, e);
 }
 
 void hf_allow_nonfinite(hf_model *h, int allow) { h->allow_nonfinite = allow; }

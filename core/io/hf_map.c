@@ -185,66 +185,104 @@ static void qwen3_moe_layer(hf_table *l, int i) {
         }
 }
 
-static void llama_table(hf_table *l) {
+/* Layer i of a llama-family model (moe: its MLP is a MoE layer). */
+static void llama_layer(hf_table *l, int i, int moe) {
     const ust_config *c = l->c;
-    int64_t C = c->model.d_model, V = c->model.vocab_size, Vp = cfg_vocab_padded(c);
-    int64_t F = c->model.d_ff, D = cfg_head_dim(c);
+    int64_t C = c->model.d_model, F = c->model.d_ff, D = cfg_head_dim(c);
     int64_t HD = c->model.n_head * D, KV = c->model.n_kv_head * D;
-    hf_tensor *x = xadd(l, HF_ROWS, "model.embed_tokens.weight", 2, V, C);
-    xsrc(x, "model.embed_tokens.weight", 2, Vp, C);
-    for (int i = 0; i < c->model.n_layer; i++) {
-        char n[CKPT_NAME_MAX];
-        /* the same name and shape on both sides */
+    char n[CKPT_NAME_MAX];
+    /* the same name and shape on both sides */
 #define SAME(suffix, ndim, rows, cols)                                                             \
     snprintf(n, sizeof n, "model.layers.%d.%s", i, suffix);                                        \
     xsame(l, HF_COPY, n, n, ndim, rows, cols)
-        int post = c->model.post_norm; /* Olmo2ForCausalLM: both norms after their sublayer */
-        if (!post) {
-            SAME("input_layernorm.weight", 1, C, 0);
-        }
-        if (c->model.mla.enabled) {
-            mla_layer(l, i);
-            goto mlp;
-        }
-        SAME("self_attn.q_proj.weight", 2, HD, C);
-        SAME("self_attn.k_proj.weight", 2, KV, C);
-        SAME("self_attn.v_proj.weight", 2, KV, C);
-        if (c->model.qkv_bias) { /* Qwen2ForCausalLM */
-            SAME("self_attn.q_proj.bias", 1, HD, 0);
-            SAME("self_attn.k_proj.bias", 1, KV, 0);
-            SAME("self_attn.v_proj.bias", 1, KV, 0);
-        }
-        SAME("self_attn.o_proj.weight", 2, C, HD);
-        if (c->model.qk_norm) { /* Qwen3ForCausalLM; Olmo2ForCausalLM: over all heads */
-            SAME("self_attn.q_norm.weight", 1, c->model.qk_norm_whole ? HD : D, 0);
-            SAME("self_attn.k_norm.weight", 1, c->model.qk_norm_whole ? KV : D, 0);
-        }
-    mlp:
-        SAME("post_attention_layernorm.weight", 1, C, 0);
-        if (post) {
-            SAME("post_feedforward_layernorm.weight", 1, C, 0);
-        }
-        if (c->model.gemma.sandwich_norm) { /* Gemma3ForCausalLM: the MLP's pre and post norms */
-            SAME("pre_feedforward_layernorm.weight", 1, C, 0);
-            SAME("post_feedforward_layernorm.weight", 1, C, 0);
-        }
-        if (cfg_layer_is_moe(c, i)) {
-            if (c->model.mla.enabled)
-                deepseek_moe_layer(l, i);
-            else
-                c->model.qk_norm ? qwen3_moe_layer(l, i) : mixtral_layer(l, i);
-            continue;
-        }
-        SAME("mlp.gate_proj.weight", 2, F, C);
-        SAME("mlp.up_proj.weight", 2, F, C);
-        SAME("mlp.down_proj.weight", 2, C, F);
+    int post = c->model.post_norm; /* Olmo2ForCausalLM: both norms after their sublayer */
+    if (!post) {
+        SAME("input_layernorm.weight", 1, C, 0);
+    }
+    if (c->model.mla.enabled) {
+        mla_layer(l, i);
+        goto mlp;
+    }
+    SAME("self_attn.q_proj.weight", 2, HD, C);
+    SAME("self_attn.k_proj.weight", 2, KV, C);
+    SAME("self_attn.v_proj.weight", 2, KV, C);
+    if (c->model.qkv_bias) { /* Qwen2ForCausalLM */
+        SAME("self_attn.q_proj.bias", 1, HD, 0);
+        SAME("self_attn.k_proj.bias", 1, KV, 0);
+        SAME("self_attn.v_proj.bias", 1, KV, 0);
+    }
+    SAME("self_attn.o_proj.weight", 2, C, HD);
+    if (c->model.qk_norm) { /* Qwen3ForCausalLM; Olmo2ForCausalLM: over all heads */
+        SAME("self_attn.q_norm.weight", 1, c->model.qk_norm_whole ? HD : D, 0);
+        SAME("self_attn.k_norm.weight", 1, c->model.qk_norm_whole ? KV : D, 0);
+    }
+mlp:
+    SAME("post_attention_layernorm.weight", 1, C, 0);
+    if (post) {
+        SAME("post_feedforward_layernorm.weight", 1, C, 0);
+    }
+    if (c->model.gemma.sandwich_norm) { /* Gemma3ForCausalLM: the MLP's pre and post norms */
+        SAME("pre_feedforward_layernorm.weight", 1, C, 0);
+        SAME("post_feedforward_layernorm.weight", 1, C, 0);
+    }
+    if (moe) {
+        if (c->model.mla.enabled)
+            deepseek_moe_layer(l, i);
+        else
+            c->model.qk_norm ? qwen3_moe_layer(l, i) : mixtral_layer(l, i);
+        return;
+    }
+    SAME("mlp.gate_proj.weight", 2, F, C);
+    SAME("mlp.up_proj.weight", 2, F, C);
+    SAME("mlp.down_proj.weight", 2, C, F);
 #undef SAME
-    }
-    xsame(l, HF_COPY, "model.norm.weight", "model.norm.weight", 1, C, 0);
-    if (!cfg_tied(c)) { /* tied: transformers takes lm_head from embed_tokens */
-        x = xadd(l, HF_ROWS, "lm_head.weight", 2, V, C);
-        xsrc(x, "lm_head.weight", 2, Vp, C);
-    }
+}
+
+/* The vocabulary table `src` (padded to Vp rows) as file tensor `name` (vocab_size rows); dup:
+ * DeepSeek's per-module copy of the shared embedding or head (hf_tensor.dup). */
+static void vocab_row(hf_table *l, const char *name, const char *src, int dup) {
+    const ust_config *c = l->c;
+    hf_tensor *x = xadd(l, HF_ROWS, name, 2, c->model.vocab_size, c->model.d_model);
+    xsrc(x, src, 2, cfg_vocab_padded(c), c->model.d_model);
+    x->dup = dup;
+}
+
+/* model.mtp's module k as DeepSeek-V3's checkpoints hold it, layer n_layer + k: its own norms,
+ * eh_proj and dense block (params.c:add_mtp_params' names), and copies of the shared embedding
+ * and head, which the export writes and the import checks against the main model's. */
+static void mtp_layer(hf_table *l, int k) {
+    const ust_config *c = l->c;
+    int64_t C = c->model.d_model;
+    int i = c->model.n_layer + k;
+    char n[CKPT_NAME_MAX];
+#define ONE(suffix, ndim, rows, cols)                                                              \
+    snprintf(n, sizeof n, "model.layers.%d.%s", i, suffix);                                        \
+    xsame(l, HF_COPY, n, n, ndim, rows, cols)
+    ONE("enorm.weight", 1, C, 0);
+    ONE("hnorm.weight", 1, C, 0);
+    ONE("eh_proj.weight", 2, C, 2 * C);
+    snprintf(n, sizeof n, "model.layers.%d.embed_tokens.weight", i);
+    vocab_row(l, n, "model.embed_tokens.weight", 1);
+    llama_layer(l, i, 0);
+    ONE("shared_head.norm.weight", 1, C, 0);
+#undef ONE
+    snprintf(n, sizeof n, "model.layers.%d.shared_head.head.weight", i);
+    vocab_row(l, n, cfg_tied(c) ? "model.embed_tokens.weight" : "lm_head.weight", 1);
+}
+
+/* DeepSeek's multi-token prediction layers in a table: model.mla's, with model.mtp. */
+static int hf_mtp_depth(const ust_config *c) {
+    return c->model.mla.enabled ? c->model.mtp.depth : 0;
+}
+
+static void llama_table(hf_table *l) {
+    const ust_config *c = l->c;
+    vocab_row(l, "model.embed_tokens.weight", "model.embed_tokens.weight", 0);
+    for (int i = 0; i < c->model.n_layer; i++) llama_layer(l, i, cfg_layer_is_moe(c, i));
+    for (int k = 0; k < hf_mtp_depth(c); k++) mtp_layer(l, k);
+    xsame(l, HF_COPY, "model.norm.weight", "model.norm.weight", 1, c->model.d_model, 0);
+    if (!cfg_tied(c)) /* tied: transformers takes lm_head from embed_tokens */
+        vocab_row(l, "lm_head.weight", "lm_head.weight", 0);
 }
 
 static void gpt2_table(hf_table *l) {
@@ -369,6 +407,11 @@ static int deepseek_moe_check(const ust_config *c, ust_err *e) {
                         "model.moe.max_nodes_per_token %d: DeepseekV3ForCausalLM ranks groups by "
                         "their top-2 scores, and top_k %d / %d is not 2",
                         moe->max_nodes_per_token, moe->top_k, moe->max_nodes_per_token);
+    if (c->model.mtp.depth)
+        return ust_errf(e,
+                        "model.mtp.depth %d with MoE layers: DeepseekV3's multi-token prediction "
+                        "layers are MoE layers there, and ustrain's modules have dense blocks",
+                        c->model.mtp.depth);
     if (!moe->shared_expert || shared_width(c) % moe->d_ff_expert)
         return ust_errf(e,
                         "model.moe.shared_expert / shared_d_ff: DeepseekV3ForCausalLM's MoE layer "
@@ -445,7 +488,8 @@ int64_t hf_table_count(const ust_config *c) {
     /* a DeepSeek MoE layer also has the router's correction bias and the shared MLP */
     int64_t moe = 1 + 3 * (int64_t)m->moe.num_experts + (m->mla.enabled ? 4 : 0);
     for (int l = 0; l < m->n_layer; l++) n += attn + (cfg_layer_is_moe(c, l) ? moe : 3);
-    return n;
+    /* each MTP module: a dense layer, enorm, hnorm, eh_proj, shared_head.norm and the two copies */
+    return n + (int64_t)hf_mtp_depth(c) * (attn + 3 + 6);
 }
 
 /* Row r of the stacked q | k | v (each n_head heads of D rows) as a (source, row) pair: k and v
@@ -720,7 +764,7 @@ static cJSON *deepseek_config(const ust_config *c, int bos, int eos) {
     else
         cJSON_AddNullToObject(j, "q_lora_rank");
     if (m->moe.num_experts > 0) deepseek_moe_json(j, c);
-    cJSON_AddNumberToObject(j, "num_nextn_predict_layers", 0);
+    cJSON_AddNumberToObject(j, "num_nextn_predict_layers", m->mtp.depth);
     cJSON_AddBoolToObject(j, "rope_interleave", a->rope_interleave);
     cJSON_AddStringToObject(j, "hidden_act", "silu");
     cJSON_AddNumberToObject(j, "rms_norm_eps", m->norm_eps);

@@ -32,6 +32,8 @@ typedef struct {
     hf_xform op;
     int nsrc;
     ckpt_tensor src[3]; /* checkpoint names and the shapes the config implies */
+    int dup; /* a copy of src[0] that another row also writes (DeepSeek's MTP layers' embed_tokens
+                and shared_head.head): the import reads the other and checks this one equals it */
 } hf_tensor;
 
 typedef struct {

@@ -136,6 +136,10 @@ $EQ --name _emu_bf16_gpt2 --config $TMP/gpt2.yaml --ref "$B16" --tolerance bf16 
     --layout "pp=2 sched=zb dp=2 zero=2 $B16" --layout "tp=2 $B16"
 $EQ --name _emu_bf16_moe --config $TMP/moe.yaml --ref "$B16" --tolerance bf16 \
     --layout "dp=2 ep=2 tp=2 sp=true zero=1 $B16"
+# model.mtp under bf16 activations: one GPU and tp2+sp x pp2 (the modules' embeddings in bf16
+# boundary tensors) train the CPU's fp32 losses and weights within bf16 rounding
+$EQ --name _emu_bf16_mtp --config $TMP/mtp.yaml --tolerance bf16 --layout "$B16" \
+    --layout "tp=2 sp=true pp=2 $B16"
 $EQ --name _emu_bf16_fault --config $TMP/llama.yaml --ref "$B16" --tolerance bf16 --expect-fail \
     --env UST_FAULT_DP_DROP_GRADS_RANK=1 --layout "dp=2 zero=1 $B16"
 
@@ -187,6 +191,7 @@ plan_bf16 emu_bf16_memory_plan_one_gpu 1
 plan_bf16 emu_bf16_memory_plan_tp2_sp 2 --set parallel.tp=2 --set parallel.sp=true
 plan_bf16 emu_bf16_memory_plan_cp2 2 --set parallel.cp=2
 plan_bf16 emu_bf16_memory_plan_pp2_zb 2 --set parallel.pp=2 --set parallel.pp_schedule=zb
+plan_bf16 emu_bf16_memory_plan_mtp_pp2 2 --set model.mtp.depth=2 --set parallel.pp=2
 plan_bf16 emu_bf16_memory_plan_moe_ep2 2 --set model.moe.num_experts=4 --set model.moe.d_ff_expert=64 \
     --set parallel.dp=2 --set parallel.ep=2
 $E/ustrain validate $TMP/plan.yaml --set run.device=cuda --set train.precision=bf16 --world 1 |

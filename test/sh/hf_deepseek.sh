@@ -87,11 +87,55 @@ $UST export $TMP/b-scale1-ck/step_0 --to hf $TMP/b-scale1-out >/dev/null 2>&1
 python3 test/tools/hf_export_check.py transformers deepseek_v3_moe_scale_1_export $TMP/b-scale1-out \
     $TMP/data/val_000.bin 4 32 "$vl" 1e-5 2>&1 | grep -E '^(PASS|FAIL|  )'
 
+# DeepSeek's multi-token prediction layers (model.layers.{2,3}, num_nextn_predict_layers 2, written
+# with safetensors beside transformers' main model: hf_make_model.py add_mtp_layers) import into
+# model.mtp: the main and both modules' losses equal test/tools/mtp_ref.py's (the paper's
+# equations around transformers' own blocks); the export is bit-identical and transformers loads
+# it without unexpected keys (told to ignore those layers as it ignores DeepSeek-V3's layer 61);
+# trained under pp2, the export's module losses are the run's; the copies of the embedding and
+# head must equal the main ones; depth 0 imports the main model alone; bad depths exit 2
+t=$TMP/tf-mtp
+mtp_losses() { # mtp_losses LOG: "val_loss m1,m2" of a step-0 import's output
+    echo "$(sed -n 's/^step 0: val_loss \([0-9.]*\).*/\1/p' $1)" \
+        "$(sed -n 's/^step 0: val_mtp_loss_[0-9] \([0-9.]*\).*/\1/p' $1 | paste -sd,)"
+}
+if $MAKE transformers deepseek_v3_mtp $t >$t.log 2>&1; then
+    $UST train $TMP/run.yaml --set model.init_from=$t --set checkpoint.dir=$t-ck >$t.run 2>&1
+    python3 test/tools/mtp_ref.py hf deepseek_v3_mtp_import $t $TMP/data/val_000.bin 4 32 $(mtp_losses $t.run) 2>&1 |
+        grep -E '^(PASS|FAIL|  )'
+    $UST export $t-ck/step_0 --to hf $t-out >/dev/null 2>&1
+    $MAKE compare deepseek_v3_mtp_export $t $t-out
+    python3 test/tools/hf_export_check.py transformers deepseek_v3_mtp_export $t-out $TMP/data/val_000.bin 4 32 \
+        "$(mtp_losses $t.run | cut -d' ' -f1)" 1e-5 2>&1 | grep -E '^(PASS|FAIL|  )'
+    n=deepseek_v3_mtp_trained_pp2
+    scripts/ustrun --nproc-per-node 2 $UST train $TMP/run.yaml --set model.init_from=$t \
+        --set checkpoint.dir=$TMP/$n-ck --set train.steps=6 --set data.val_every=6 --set parallel.pp=2 \
+        --set logging.metrics_file=$TMP/$n.jsonl >$TMP/$n.log 2>&1 || fail ${n}_trains "$(tail -2 $TMP/$n.log)"
+    $UST export $TMP/$n-ck --to hf $TMP/$n-out >/dev/null 2>&1
+    python3 test/tools/mtp_ref.py hf $n $TMP/$n-out $TMP/data/val_000.bin 4 32 \
+        $(python3 -c 'import json, sys; r = [json.loads(l) for l in open(sys.argv[1])][-1]
+print(r["val_loss"], "%s,%s" % (r["val_mtp_loss_1"], r["val_mtp_loss_2"]))' $TMP/$n.jsonl) 2>&1 | grep -E '^(PASS|FAIL)'
+    $UST train $TMP/run.yaml --set model.init_from=$t --set model.mtp.depth=0 --set checkpoint.dir=$t-d0 >$t.d0 2>&1
+    [ "$(mtp_losses $t.d0)" = "$(mtp_losses $t.run | cut -d' ' -f1) " ] &&
+        pass deepseek_v3_mtp_depth_0_imports_the_main_model ||
+        fail deepseek_v3_mtp_depth_0_imports_the_main_model "$(mtp_losses $t.d0) vs $(mtp_losses $t.run)"
+    expect_exit deepseek_v3_mtp_deeper_than_the_files_exits_2 2 "model.mtp.depth: the config sets 3 but .*num_nextn_predict_layers\) has 2 multi-token prediction layers" -- \
+        $UST train $TMP/run.yaml --set model.init_from=$t --set model.mtp.depth=3 --set checkpoint.dir=$TMP/b
+    $MAKE transformers deepseek_v3_mtp_dupdiff $t-dd >/dev/null 2>&1
+    expect_exit deepseek_v3_mtp_head_copy_differs_exits_2 2 "tensor 'model.layers.3.shared_head.head.weight' differs from 'lm_head.weight' \(element 451: " -- \
+        $UST train $TMP/run.yaml --set model.init_from=$t-dd --set checkpoint.dir=$TMP/b
+else
+    fail deepseek_v3_mtp_builds "$(tail -1 $t.log)"
+fi
+
 # bad input: attention biases; MoE routing transformers' class does not compute; no shared MLP;
 # a layout DeepseekV3ForCausalLM cannot hold on export
 patched bias '{"attention_bias": true}'
 patched softmax '{"scoring_func": "softmax"}'
 patched noshared '{"n_shared_experts": 0}'
+patched mtp_moe '{"num_nextn_predict_layers": 1}'
+expect_exit deepseek_v3_mtp_with_moe_layers_exits_2 2 "'num_nextn_predict_layers' = 1: ustrain imports up to 4 multi-token prediction layers, with dense blocks \(first_k_dense_replace 1 of 2 layers makes them MoE layers" -- \
+    $UST train $TMP/run.yaml --set model.init_from=$TMP/b-mtp_moe --set checkpoint.dir=$TMP/b
 expect_exit deepseek_v3_attention_bias_exits_2 2 "'attention_bias': true is not supported \(DeepseekV3ForCausalLM" -- \
     $UST train $TMP/run.yaml --set model.init_from=$TMP/b-bias --set checkpoint.dir=$TMP/b
 expect_exit deepseek_v3_softmax_scoring_exits_2 2 "scoring_func 'softmax', topk_method 'noaux_tc', moe_layer_freq 1: DeepseekV3ForCausalLM routes by sigmoid" -- \

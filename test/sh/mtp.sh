@@ -75,8 +75,6 @@ expect_exit mtp_depth_beyond_sequence_exits_2 2 "model.mtp.depth 4 reaches beyon
     $UST validate $TMP/llama.yaml --set model.mtp.depth=4 --set train.seq_len=4
 expect_exit mtp_gpt2_exits_2 2 "model.mtp.depth 1 applies to llama" -- \
     $UST validate $TMP/gpt2.yaml --set model.mtp.depth=1
-expect_exit mtp_cuda_bf16_exits_2 2 "model.mtp.depth 2 under train.precision: bf16 on cuda is not checked yet" -- \
-    $UST validate $TMP/llama.yaml --set run.device=cuda --set train.precision=bf16
 expect_exit mtp_weight_zero_exits_2 2 "model.mtp.loss_weight" -- \
     $UST validate $TMP/llama.yaml --set model.mtp.loss_weight=0
 exit 0

@@ -219,6 +219,11 @@ def check_layout(tag, step, out, model_json):
 def check_transformers(tag, out, shard, nwin, T, expected, rel_tol=None):
     import torch
     import transformers
+    c = json.load(open(f"{out}/config.json"))
+    if c.get("num_nextn_predict_layers"):  # DeepSeek's MTP layers: as transformers ignores 61
+        L = c["num_hidden_layers"]
+        transformers.DeepseekV3ForCausalLM._keys_to_ignore_on_load_unexpected = [
+            rf"model\.layers\.{L + k}\..*" for k in range(c["num_nextn_predict_layers"])]
     model, info = transformers.AutoModelForCausalLM.from_pretrained(
         out, output_loading_info=True, dtype=torch.float32)
     missing = {k: sorted(v) for k, v in info.items() if v and k != "error_msgs"}

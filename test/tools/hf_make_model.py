@@ -344,6 +344,13 @@ def make_with_transformers(kind, out, seed=1):
             **dict(common, num_key_value_heads=d["H"])))
         with torch.no_grad():  # a correction bias that changes the choice (not the weights)
             model.model.layers[1].mlp.gate.e_score_correction_bias.copy_(0.1 * torch.randn(8))
+    elif kind.startswith("deepseek_v3_mtp"):  # dense, with 2 MTP layers (add_mtp_layers)
+        model = tf.DeepseekV3ForCausalLM(tf.DeepseekV3Config(
+            intermediate_size=d["F"], first_k_dense_replace=d["L"], num_nextn_predict_layers=2,
+            q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=12, qk_rope_head_dim=8,
+            v_head_dim=16, rope_interleave=True,
+            rope_parameters=dict(YARN, rope_theta=10000.0, mscale=1.0, mscale_all_dim=1.0),
+            **dict(common, num_key_value_heads=d["H"])))
     elif kind == "qwen3_moe":  # 4 layers, 1 and 3 sparse (mlp_only_layers), unrenormalized
         common["num_hidden_layers"] = 4
         model = tf.Qwen3MoeForCausalLM(tf.Qwen3MoeConfig(
@@ -376,6 +383,35 @@ def make_with_transformers(kind, out, seed=1):
             p.copy_(one + 0.1 * torch.randn_like(p) if norm and name.endswith("weight")
                     else 0.05 * torch.randn_like(p))
     model.save_pretrained(out, safe_serialization=True)
+    if kind.startswith("deepseek_v3_mtp"):
+        add_mtp_layers(model, out, kind.endswith("_dupdiff"))
+
+
+def add_mtp_layers(model, out, dupdiff):
+    """DeepSeek-V3's MTP layers (model.layers.{L + k}), which transformers' main model does not
+    hold, written beside its weights with safetensors: enorm, hnorm, eh_proj, a dense decoder block
+    made by transformers' own DeepseekV3DecoderLayer, shared_head.norm, and the copies of the
+    embedding and head DeepSeek's files carry (dupdiff: one element of a head copy changed)."""
+    import safetensors.torch as st
+    import torch
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer
+    cfg, L, C = model.config, model.config.num_hidden_layers, model.config.hidden_size
+    w = st.load_file(f"{out}/model.safetensors")
+    for k in range(cfg.num_nextn_predict_layers):
+        p = f"model.layers.{L + k}."
+        block = DeepseekV3DecoderLayer(cfg, 0)  # layer 0 < first_k_dense_replace: dense
+        new = {n: t for n, t in block.state_dict().items()}
+        new.update({"enorm.weight": torch.empty(C), "hnorm.weight": torch.empty(C),
+                    "eh_proj.weight": torch.empty(C, 2 * C),
+                    "shared_head.norm.weight": torch.empty(C)})
+        for n, t in new.items():
+            w[p + n] = (1 + 0.1 * torch.randn_like(t) if "norm" in n else
+                        0.05 * torch.randn_like(t)).contiguous()
+        w[p + "embed_tokens.weight"] = w["model.embed_tokens.weight"].clone()
+        w[p + "shared_head.head.weight"] = w["lm_head.weight"].clone()
+    if dupdiff:
+        w[f"model.layers.{L + 1}.shared_head.head.weight"][7, 3] += 1e-3
+    st.save_file(w, f"{out}/model.safetensors", metadata={"format": "pt"})
 
 
 if __name__ == "__main__":

@@ -13,7 +13,14 @@ tokens of the llm.c shard must give VAL_LOSS; module k (1..D) at position i:
   h^k = TRM_k(h'),  P^k_{i+k+1} = softmax(lm_head(RMSNorm(h^k_i)))   (shared_head.norm)
 with h^0 the main model's last hidden state before its final norm, and its loss
   L^k = -1/T sum_{i=2+k}^{T+1} log P^k_i[t_i]   (the main model's token count T)
-must give each of MTP_LOSSES (comma-separated), relative REL_TOL (default 1e-5)."""
+must give each of MTP_LOSSES (comma-separated), relative REL_TOL (default 1e-5).
+
+  mtp_ref.py hf TAG HF_DIR VAL_SHARD NWIN T VAL_LOSS MTP_LOSSES [REL_TOL]
+
+The same equations over a DeepseekV3ForCausalLM directory whose files carry DeepSeek's MTP layers
+(model.layers.{L + k - 1}; config num_nextn_predict_layers): the main model and TRM_k are
+transformers' own (DeepseekV3ForCausalLM, DeepseekV3DecoderLayer: latent attention), h^0 the input
+of its final norm; Emb and lm_head are the main model's (the layers' copies must equal them)."""
 import json
 import sys
 
@@ -82,20 +89,73 @@ def losses(w, m, tok):
     return float(main), out
 
 
+def hf_losses(d, tok):
+    """losses() over Hugging Face directory d with transformers' main model and blocks."""
+    import transformers as tf
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer
+    c = json.load(open(d + "/config.json"))  # the MTP layers: as transformers ignores layer 61
+    tf.DeepseekV3ForCausalLM._keys_to_ignore_on_load_unexpected = [
+        rf"model\.layers\.{c['num_hidden_layers'] + k}\..*"
+        for k in range(c["num_nextn_predict_layers"])]
+    model = tf.AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32,
+                                                    attn_implementation="eager").eval()
+    cfg = model.config
+    L, D, eps, V = cfg.num_hidden_layers, cfg.num_nextn_predict_layers, cfg.rms_norm_eps, cfg.vocab_size
+    w = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in
+         safetensors.numpy.load_file(d + "/model.safetensors").items()}
+    E, lm = w["model.embed_tokens.weight"], w.get("lm_head.weight", w["model.embed_tokens.weight"])
+    B, T = tok.shape[0], tok.shape[1] - 1
+    got = {}
+    model.model.norm.register_forward_pre_hook(lambda mod, a: got.update(h=a[0]))
+    logits = model(tok[:, :T]).logits
+    main = F.cross_entropy(logits.reshape(-1, V), tok[:, 1:].reshape(-1))
+    h, out = got["h"], []
+    for k in range(1, D + 1):
+        n, p = T - k, f"model.layers.{L + k - 1}."
+        ok = all(torch.equal(w[p + a], w[b]) for a, b in
+                 (("embed_tokens.weight", "model.embed_tokens.weight"),
+                  ("shared_head.head.weight", "lm_head.weight")))
+        print(f"PASS hf_mtp_layer_{k}_copies_equal_main" if ok else
+              f"FAIL hf_mtp_layer_{k}_copies_equal_main: embed_tokens or shared_head.head differs")
+        e = rms(E[tok[:, k:k + n]], w[p + "enorm.weight"], eps)
+        hp = rms(h[:, :n], w[p + "hnorm.weight"], eps)
+        x = torch.cat([e, hp], -1) @ w[p + "eh_proj.weight"].T
+        blk = DeepseekV3DecoderLayer(cfg, 0).eval()  # layer 0: dense, as the test's MTP blocks
+        blk.load_state_dict({a[len(p):]: v for a, v in w.items() if a.startswith(p) and
+                             a[len(p):].startswith(("input_", "self_attn.", "post_attention_",
+                                                    "mlp."))})
+        pos = torch.arange(n)[None]
+        mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+        h = blk(x, attention_mask=mask, position_ids=pos,
+                position_embeddings=model.model.rotary_emb(x, pos))
+        lg = rms(h, w[p + "shared_head.norm.weight"], eps) @ lm.T
+        ce = F.cross_entropy(lg.reshape(-1, V), tok[:, k + 1:k + 1 + n].reshape(-1), reduction="sum")
+        out.append(float(ce) / (B * T))
+    return float(main), out
+
+
 def main():
-    tag, step, mj, shard, nwin, T, vl, ml = sys.argv[1:9]
-    rel = float(sys.argv[9]) if len(sys.argv) > 9 else 1e-5
+    hf = sys.argv[1] == "hf"
+    if hf:
+        del sys.argv[1]
+    tag, step, mj, shard, nwin, T, vl, ml = (sys.argv[1:3] + [None] + sys.argv[3:8] if hf else
+                                             sys.argv[1:9])
+    rel = float(sys.argv[9 - hf]) if len(sys.argv) > 9 - hf else 1e-5
     nwin, T, vl = int(nwin), int(T), float(vl)
     ml = [float(x) for x in ml.split(",") if x]
-    m = json.load(open(mj))
-    w = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in
-         safetensors.numpy.load_file(step + "/model.safetensors").items()}
     hdr = np.fromfile(shard, dtype=np.int32, count=256)
     dt = np.uint16 if hdr[0] == 20240520 else np.uint32
     t = np.fromfile(shard, dtype=dt, offset=1024).astype(np.int64)
     tok = torch.tensor(np.stack([t[i * T: i * T + T + 1] for i in range(nwin)]))
     with torch.no_grad():
-        got, mtp = losses(w, m, tok)
+        if hf:
+            got, mtp = hf_losses(step, tok)
+            m = {"depth": len(mtp)}
+        else:
+            m = json.load(open(mj))
+            w = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in
+                 safetensors.numpy.load_file(step + "/model.safetensors").items()}
+            got, mtp = losses(w, m, tok)
     ok = abs(got - vl) <= rel * abs(vl)
     print(f"PASS {tag}_main_loss_matches_reference" if ok else
           f"FAIL {tag}_main_loss_matches_reference: reference {got:.7f} vs ustrain {vl:.7f}")
