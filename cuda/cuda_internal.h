@@ -203,6 +203,9 @@ template <typename K> static void cuda_smem_optin(const ust_ops *o, K kernel, si
         CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
 }
 
+/* ops_cuda_act.cu: ops.h's scale_act on activations of the backend's type. */
+void cuda_scale_act(const ust_ops *o, act *x, float s, int64_t n);
+
 /* attention.cu: ops.h's attention on activations of the backend's type (act_size). */
 void cuda_attention_fwd(const ust_ops *o, act *out, float *lse, const act *q, const act *k,
                         const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,

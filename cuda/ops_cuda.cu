@@ -1625,6 +1625,9 @@ static void cu_scale(const ust_ops *o, float *x, float s, int64_t n) {
     EW_LAUNCH(k_scale_keep, n, x, s, n);
     if (n > 0) cuda_w16_cut(o, x, (size_t)n * sizeof(float));
 }
+static void cu_scale_act(const ust_ops *o, act *x, float s, int64_t n) {
+    cuda_scale_act(o, x, s, n); /* ops_cuda_act.cu; activations are never AdamW's weights */
+}
 
 /* Block b sums its fixed chunk [b per, (b+1) per) in double. */
 template <int SQUARE>

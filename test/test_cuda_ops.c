@@ -795,6 +795,14 @@ static void test_cuda_rope_matches_cpu_in_place_and_inverse(void) {
     CPU->rope_bwd(CPU, out, out, pos, B, T, H, D, &(ust_rope){.theta = 10000});
     GPU->rope_bwd(GPU, gout, gout, gpos, B, T, H, D, &(ust_rope){.theta = 10000});
     CHECK_A("rope backward", gout, out, n, EW, EW);
+    /* Gemma 3's global layers: linear scaling, and q/k scaled by (D / query_pre_attn_scalar)^1/4 */
+    ust_rope lin = {.theta = 1e6, .factor = 2, .linear = 1, .attn = 0.8};
+    CPU->rope_fwd(CPU, out, x, pos, B, T, H, D, &lin);
+    GPU->rope_fwd(GPU, gout, gx, gpos, B, T, H, D, &lin);
+    CHECK_A("rope linear, attention factor", gout, out, n, EW, EW);
+    CPU->rope_bwd(CPU, out, out, pos, B, T, H, D, &lin);
+    GPU->rope_bwd(GPU, gout, gout, gpos, B, T, H, D, &lin);
+    CHECK_A("rope linear, attention factor, backward", gout, out, n, EW, EW);
     free(x), free(out);
     gfree(gx), gfree(gout), gfree(gpos);
 }
@@ -1393,7 +1401,8 @@ static void test_cuda_elementwise_and_reductions_match_cpu(void) {
     gfree(ga), gfree(gb), gfree(gout);
 }
 
-/* add on activations (the elementwise test above covers the fp32 ops axpy and scale on it). */
+/* add and scale_act on activations (the elementwise test above covers the fp32 ops axpy and
+ * scale on it). */
 static void test_cuda_add_matches_cpu(void) {
     const int64_t n = 10007;
     float *a = hrand(n, 1), *b = hrand(n, 1), *out = hrand(n, 1);
@@ -1401,6 +1410,10 @@ static void test_cuda_add_matches_cpu(void) {
     CPU->add(CPU, out, a, b, n);
     GPU->add(GPU, gout, ga, gb, n);
     CHECK_A("add", gout, out, n, 0, 0);
+    /* scale_act (model.embed_scale): one fp32 product, so bf16 differs by its one rounding */
+    CPU->scale_act(CPU, out, 8.0f * sqrtf(1.5f), n);
+    GPU->scale_act(GPU, gout, 8.0f * sqrtf(1.5f), n);
+    CHECK_A("scale_act", gout, out, n, 0, 0);
     free(a), free(b), free(out);
     gfree(ga), gfree(gb), gfree(gout);
 }

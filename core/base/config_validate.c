@@ -241,9 +241,8 @@ static int cfg_validate_mtp(const ust_config *c, ust_err *e) {
     return 0;
 }
 
-/* model.head_dim and Gemma 3's block options (model.gemma in config.h): llama only, a dense MLP
- * for GeGLU and the sandwich norms, and the CPU backend (the CUDA backend has no GeGLU or
- * embedding scale of activations yet). */
+/* model.head_dim and Gemma 3's block options (model.gemma in config.h): llama only, and a dense
+ * MLP for GeGLU and the sandwich norms. Both backends run them (fp32, and bf16 on CUDA). */
 static int cfg_validate_gemma(const ust_config *c, ust_err *e) {
     const __typeof__(c->model) *m = &c->model;
     const __typeof__(m->gemma) *g = &m->gemma;
@@ -269,11 +268,6 @@ static int cfg_validate_gemma(const ust_config *c, ust_err *e) {
         "model.rope_local_theta %g is the RoPE base of windowed layers, but model.sliding_window "
         "is empty (or the model is not a llama)",
         g->rope_local_theta);
-    int any = g->hidden_act != HACT_SILU || g->norm_offset || g->sandwich_norm || g->embed_scale ||
-              g->query_pre_attn_scalar > 0 || g->rope_local_theta > 0;
-    REQUIRE(!any || c->run.device != DEV_CUDA,
-            "model.hidden_act, norm_offset, sandwich_norm, embed_scale, query_pre_attn_scalar and "
-            "rope_local_theta (Gemma 3) run on the CPU backend only; train with run.device: cpu");
     return 0;
 }
 

@@ -266,6 +266,8 @@ struct ust_ops {
     void (*add)(const ust_ops *o, act *out, const act *a, const act *b, int64_t n);
     void (*axpy)(const ust_ops *o, float *y, float a, const float *x, int64_t n); /* y += a x */
     void (*scale)(const ust_ops *o, float *x, float s, int64_t n);
+    /* x(n) *= s on activations, computed in fp32 and stored in their type (model.embed_scale) */
+    void (*scale_act)(const ust_ops *o, act *x, float s, int64_t n);
     double (*sumsq)(const ust_ops *o, const float *x, int64_t n); /* sum x^2, fp64, to host */
     double (*sum)(const ust_ops *o, const float *x, int64_t n);   /* sum x, fp64, to host */
 
@@ -334,7 +336,7 @@ struct ust_ops {
     X(layernorm_fwd) X(layernorm_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd) X(gelu_fwd) X(gelu_bwd)        \
     X(linear_gelu_fwd) X(linear_gelu_bwd) X(swiglu_fwd) X(swiglu_bwd) X(geglu_fwd) X(geglu_bwd) X(rope_fwd) X(rope_bwd) \
     X(attention_fwd) X(attention_bwd) X(attention_merge) X(xent_fwd_bwd) X(xent_vp_local)          \
-    X(xent_vp_finish) X(adamw) X(adamw_many) X(sumsq_many) X(add) X(axpy) X(scale) X(sumsq)        \
+    X(xent_vp_finish) X(adamw) X(adamw_many) X(sumsq_many) X(add) X(axpy) X(scale) X(scale_act) X(sumsq)        \
     X(sum) X(destroy) X(moe_router_fwd) X(moe_router_bwd) X(moe_gather) X(moe_combine)             \
     X(moe_gate_grad) X(grouped_linear_fwd) X(grouped_linear_bwd)
 /* clang-format on */

@@ -1248,6 +1248,9 @@ static void cpu_scale(const ust_ops *o, float *x, float s, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] *= s;
 }
 
+/* the CPU's activations are fp32: scale's own loop */
+static void cpu_scale_act(const ust_ops *o, act *x, float s, int64_t n) { cpu_scale(o, x, s, n); }
+
 /* Fixed chunking (independent of the thread count), partials summed in order: deterministic. */
 #define RED_CHUNKS 256
 

@@ -217,6 +217,9 @@ static void pf_axpy(const ust_ops *o, float *y, float a, const float *x, int64_t
 static void pf_scale(const ust_ops *o, float *x, float s, int64_t n) {
     TIMED(P_scale, in->scale(in, x, s, n));
 }
+static void pf_scale_act(const ust_ops *o, act *x, float s, int64_t n) {
+    TIMED(P_scale_act, in->scale_act(in, x, s, n));
+}
 static double pf_sumsq(const ust_ops *o, const float *x, int64_t n) {
     double r;
     TIMED(P_sumsq, r = in->sumsq(in, x, n));

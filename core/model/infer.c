@@ -678,10 +678,8 @@ static void forward_piece(infer_model *m, const int32_t *tok, int n, float *logi
     o->to_device(o, m->a.tok, tok, (size_t)n * sizeof(int32_t));
     o->embedding_fwd(o, m->a.x, m->a.tok, m->shape.llama ? NULL : m->a.pos + m->len, m->w.wte,
                      m->w.wpe, 1, n, m->shape.C, 0, m->shape.Vp);
-    if (m->shape.embed_scale) { /* model.embed_scale: fp32 activations (refused on CUDA) */
-        UST_ASSERT(o->act_size == 4, "model.embed_scale with %d-byte activations", o->act_size);
-        o->scale(o, (float *)m->a.x, m->shape.embed_scale, (int64_t)n * m->shape.C);
-    }
+    if (m->shape.embed_scale) /* model.embed_scale: Gemma's embeddings x sqrt(C) */
+        o->scale_act(o, m->a.x, m->shape.embed_scale, (int64_t)n * m->shape.C);
     int W[CFG_MAX_WINDOWS], nw = cfg_windows(m->cfg, W);
     for (int k = 0; k < nw; k++) { /* each window size's starts (cfg_windows) */
         for (int i = 0; i < n; i++)

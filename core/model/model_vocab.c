@@ -137,14 +137,12 @@ void vocab_embedding_backward(model *m, const int32_t *tok, const act *dx, int v
 }
 
 /* model.embed_scale (Gemma): x (this rank's rows) times sqrt(C) in place, as transformers'
- * embedding output times its fp32 scale; the backward scales the gradient the same way. fp32
- * activations only (the config refuses it on CUDA). */
+ * embedding output times its scale; the backward scales the gradient the same way. The product
+ * is fp32, stored in the activations' type (bf16 on CUDA under train.precision bf16). */
 static void embed_scale(model *m, act *x) {
     float sc = m->shape.fam.embed_scale;
     if (sc == 0) return;
-    UST_ASSERT(m->ops->act_size == 4, "model.embed_scale with %d-byte activations",
-               m->ops->act_size);
-    m->ops->scale(m->ops, (float *)x, sc, (int64_t)m->shape.Nl * m->shape.C);
+    m->ops->scale_act(m->ops, x, sc, (int64_t)m->shape.Nl * m->shape.C);
 }
 
 /* model.mtp: each module's shifted tokens are looked up with the main model's (a llama: no

@@ -58,8 +58,10 @@ expect_exit hidden_act_unknown_exits_2 2 "model.hidden_act" -- \
     $UST validate $TMP/eq.yaml --set model.arch=llama --set model.hidden_act=relu
 expect_exit rope_local_theta_without_window_exits_2 2 "model.rope_local_theta 10000 is the RoPE base of windowed layers" -- \
     $UST validate $TMP/eq.yaml --set model.arch=llama --set model.rope_local_theta=10000
-expect_exit gemma_on_cuda_exits_2 2 "run on the CPU backend only" -- \
-    $UST validate $TMP/eq.yaml --set model.arch=llama --set model.norm_offset=true --set run.device=cuda
+# the options run on CUDA too (test/sh/gemma_emulated.sh trains them there)
+expect_exit gemma_on_cuda_validates 0 "block: GeGLU MLP, norms by \(1 \+ w\)" -- \
+    $UST validate $TMP/eq.yaml --set model.arch=llama --set model.norm_offset=true \
+    --set model.hidden_act=gelu_tanh --set run.device=cuda --set train.precision=bf16
 # from YAML: GeGLU alone trains, but its only Hugging Face layout is Gemma 3's whole block
 $UST train $TMP/eq.yaml --set model.arch=llama --set model.hidden_act=gelu_tanh --set train.steps=1 \
     --set checkpoint.dir=$TMP/gg-ck --set checkpoint.every=1 >$TMP/gg.log 2>&1 ||
