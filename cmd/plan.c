@@ -302,13 +302,19 @@ static void print_groups(const planner_entry *e) {
                               [PLAN_EP] = l->ep};
     printf("  communication per step:");
     for (int g = 0; g < PLAN_NGROUPS; g++) {
-        if (size[g] > 1)
-            printf(" %s %s (%d ranks, %s, %s sent)", planner_group_names[g],
+        if (size[g] > 1) {
+            printf(" %s %s (%d ranks, %s, %s sent", planner_group_names[g],
                    fmt_time(t, 32, e->cost.group[g]), size[g],
                    e->cost.intra[g] ? "intra-node" : "inter-node",
                    log_bytes(m, sizeof m, e->cost.sent[g]));
-        else
+            /* the ring's ranks send unequally: its busiest, and the whole group's */
+            if (g == PLAN_CP)
+                printf(" by the busiest rank, %s = %.0f bytes by the group",
+                       log_bytes(m, sizeof m, e->cost.cp_group), e->cost.cp_group);
+            printf(")");
+        } else {
             printf(" %s -", planner_group_names[g]);
+        }
         printf("%s", g + 1 < PLAN_NGROUPS ? "," : "\n");
     }
 }

@@ -8,6 +8,7 @@
 #include "config.h"
 #include "plan.h"
 #include "planner.h"
+#include "planner_cp.h"
 #include "pp_schedule.h"
 #include "test.h"
 
@@ -321,6 +322,54 @@ static void test_cp_ring_kv_passes() {
     planner_estimate(&c, &hw, &k);
     CHECK_CLOSE(k.group[PLAN_DP], 2.0 / 2 * 4 * 918656 / 1e9, 0, RT,
                 "cp ranks reduce gradients too");
+}
+
+/* The ring's routes, as test/sh/cp_attention.sh counts them by hand (cp 4, T 32; a block-send is
+ * one block's k and v or their gradients): a block goes hops ranks on, each passing it 3 times
+ * (k, v forward, again backward, dk, dv with them), and its gradients go home from its last rank.
+ * zigzag full: hops 3 each, 40 a layer (10 on every rank); contiguous full (causal): 3, 2, 1, 0,
+ * 21 (rank 2 passes blocks 0, 1, 2: 9); window 4, contiguous: 1, 1, 1, 0, 12 (ranks 1, 2: 3 and
+ * a home, 4); zigzag: 1, 3, 3, 3, 34; a2a+ring in pairs, contiguous: 2 blocks, 1, 0, 4 a ring.
+ * Full recompute passes each once more: contiguous full 27. cp 2: 3 + 1 on each rank. The estimate
+ * of the window_sizes.sh model ([4, 8, 64, 8], a2a+ring over pairs, contiguous, 4 micro-batches)
+ * sends what its run measures (comm_bytes_cp_group 852992: the ring 4 x 4 layers x 2 rings x 2048 x
+ * 4, Ulysses' 18 x 512 x 4 layers x 4 ranks x 4, and each window's starts gathered, 2 x 32 x 4 x
+ * 4). */
+static void test_cp_ring_routes_by_hand() {
+    ust_config c;
+    tiny(&c);
+    c.model.n_layer = 1, c.model.max_seq_len = 64, c.train.seq_len = 32;
+    struct {
+        ust_cp_layout layout;
+        const char *window;
+        int rn, a, full;
+        double group, busiest;
+    } k[] = {{CP_ZIGZAG, "", 4, 1, 0, 40, 10},     {CP_CONTIGUOUS, "", 4, 1, 0, 21, 9},
+             {CP_CONTIGUOUS, "4", 4, 1, 0, 12, 4}, {CP_ZIGZAG, "4", 4, 1, 0, 34, 10},
+             {CP_CONTIGUOUS, "4", 2, 2, 0, 4, 3},  {CP_CONTIGUOUS, "", 4, 1, 1, 27, 12},
+             {CP_ZIGZAG, "", 2, 1, 0, 8, 4}};
+    for (size_t i = 0; i < sizeof k / sizeof *k; i++) {
+        c.parallel.cp_layout = k[i].layout;
+        c.train.recompute = k[i].full ? RECOMPUTE_FULL : RECOMPUTE_NONE;
+        snprintf(c.model.sliding_window, sizeof c.model.sliding_window, "%s", k[i].window);
+        planner_ring r;
+        planner_ring_sends(&c, k[i].rn, k[i].a, &r);
+        CHECK(r.group == k[i].group && r.busiest == k[i].busiest,
+              "case %zu: %g block-sends a layer (%g on the busiest rank), by hand %g (%g)", i,
+              r.group, r.busiest, k[i].group, k[i].busiest);
+    }
+    ust_config base, e;
+    cfg_defaults(&base);
+    base.model.n_layer = 4, base.model.d_model = 64, base.model.d_ff = 128;
+    base.model.vocab_size = 500, base.model.max_seq_len = 64, base.train.seq_len = 32;
+    snprintf(base.model.sliding_window, sizeof base.model.sliding_window, "4,8,64,8");
+    base.parallel.cp_comm = CP_A2A_RING, base.parallel.cp_a2a = 2;
+    base.parallel.cp_layout = CP_CONTIGUOUS;
+    CHECK(!layout(&e, &base, LAYOUT(.cp = 4), 4), "a2a+ring");
+    planner_hw hw = hw_of(1e9, 1e9, 8);
+    planner_cost o;
+    planner_estimate(&e, &hw, &o);
+    CHECK(o.cp_group == 852992, "the group sends %.0f bytes, its run 852992", o.cp_group);
 }
 
 /* PP: each micro-batch sends its activations (B, T, C) forward and their gradient back over each
@@ -674,6 +723,7 @@ int main(void) {
     RUN_TEST(test_dp_only_gradient_all_reduce);
     RUN_TEST(test_tp_volume_per_layer);
     RUN_TEST(test_cp_ring_kv_passes);
+    RUN_TEST(test_cp_ring_routes_by_hand);
     RUN_TEST(test_pp_p2p_activations);
     RUN_TEST(test_ep_all_to_all);
     RUN_TEST(test_ranking_without_communication_cost);

@@ -6,6 +6,7 @@
 
 #include "model.h"
 #include "plan.h"
+#include "planner_cp.h"
 #include "pp_schedule.h"
 
 const char *const planner_group_names[PLAN_NGROUPS] = {"dp", "tp", "cp", "pp", "ep"};
@@ -356,29 +357,45 @@ static void est_tp(const est_in *e, planner_cost *o) {
         e->m * ((e->dense_on * u_dense + e->moe_on * u_moe + 4) * unit + e->moe_on * moe_reduce);
 }
 
-/* CP ring: the local K/V block goes around the group (n-1 hops) forward and again in
- * backward, where their gradients travel with them and one hop more, home (n hops); once
- * more forward under full recompute. The allgather variant gathers K/V forward and backward
+/* CP ring: each key/value block travels only as far as the last rank whose queries see it,
+ * forward and again in backward, where their gradients travel with them and go home from that
+ * rank; once more forward under full recompute (planner_cp.h: with every block needed everywhere
+ * that is n-1 hops forward, n-1 back and n for the gradients, 3n - 2 blocks a layer). The ring's
+ * time is its busiest rank's sends. The allgather variant gathers K/V forward and backward
  * and reduce-scatters their gradients: 3 (n-1) blocks (4 under full recompute). Ulysses over a
  * ranks (a2a: a = cp; a2a+ring: parallel.cp_a2a, the ring then runs over cp/a blocks of a*Tl
  * tokens of H/a heads): per layer each rank sends (a-1) parts of B*Tl*D per head: forward q, k,
  * v there and out back (2 Hq + 2 Hk heads), backward q, k, v, out, d out there and dq, dk, dv
  * back (4 Hq + 4 Hk), with Hq = H/a, Hk = Hkv/a (1 when a key/value head is replicated); cp.h
  * cp_a2a_layer_bytes, which the traffic test checks against the counters. Both stages at
- * the cp group's bandwidth. */
+ * the cp group's bandwidth, over every attention layer (model.mtp's blocks too) of a mean stage
+ * (model.mtp's one-token halo is not counted); cp_group: what the group's ranks send together
+ * (the metric comm_bytes_cp_group). */
 static void est_cp(const est_in *e, planner_cost *o) {
     const ust_config *c = e->c;
     int cp = e->cp, tp = e->tp, full = e->full;
+    if (cp == 1) return;
     double A = e->A, B = e->B, Tl = e->Tl;
-    int a = cp > 1 ? cfg_cp_a2a(c) : 1, ring = cp / a;
+    int a = cfg_cp_a2a(c), ring = cp / a;
     double D = cfg_head_dim(c), H = c->model.n_head / tp, Hkv = c->model.n_kv_head / tp;
     double Hq = H / a, Hk = a == 1 ? Hkv : ((int)Hkv % a == 0 ? Hkv / a : 1);
     double kv = A * B * Tl * a * 2.0 * Hk * D; /* one ring block */
-    double hops = ring == 1                             ? 0
-                  : c->parallel.cp_comm == CP_ALLGATHER ? (3 + full) * (ring - 1.0)
-                                                        : (2 + full) * (ring - 1.0) + ring;
+    double layers = (double)e->L + c->model.mtp.depth;
+    planner_ring rs = {0};
+    if (ring > 1 && c->parallel.cp_comm == CP_ALLGATHER)
+        rs.busiest = layers * (3 + full) * (ring - 1.0), rs.group = ring * rs.busiest;
+    else if (ring > 1)
+        planner_ring_sends(c, ring, a, &rs);
     double u = (a - 1) * A * B * Tl * D, ulysses = u * (6 * Hq + 6 * Hk + full * (2 * Hq + 2 * Hk));
-    o->group[PLAN_CP] = cp > 1 ? e->m * e->layers * (hops * kv + ulysses) / e->bw[PLAN_CP] : 0;
+    /* Ulysses also gathers each micro-batch's query starts once per stage: the documents' and
+     * each window's (int32, as fp32; model.c take_batch) */
+    int w[CFG_MAX_WINDOWS], starts = cfg_windows(c, w) + (c->data.doc_mask || c->data.packing ||
+                                                          c->train.seq_len_warmup.start > 0);
+    double gather = a > 1 ? starts * (a - 1) * B * Tl * 4.0 : 0;
+    double per = e->m / (double)e->pp; /* micro-batches over a mean stage's share of the layers */
+    o->group[PLAN_CP] =
+        (per * (rs.busiest * kv + layers * ulysses) + e->m * gather) / e->bw[PLAN_CP];
+    o->cp_group = per * (a * rs.group * kv + cp * layers * ulysses) + e->m * cp * gather;
 }
 
 /* PP: each micro-batch crosses every chunk boundary forward (activations) and backward

@@ -83,6 +83,8 @@ typedef struct {
     double group[PLAN_NGROUPS];
     int intra[PLAN_NGROUPS];   /* the group's bandwidth: 1 intra-node, 0 inter-node */
     double sent[PLAN_NGROUPS]; /* bytes this rank sends over the group per step: group x bw */
+    double cp_group;           /* bytes the cp group's ranks send together per step (the
+                                  metric comm_bytes_cp_group; a mean pipeline stage's) */
     double total;              /* compute + bubble + comm */
     double tokens_per_s;       /* global batch tokens / total */
     double mem;                /* plan_memory total bytes (fp32, as `validate`: pipeline rank 0) */
