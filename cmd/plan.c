@@ -251,7 +251,7 @@ static void print_steps(const ust_config *c, const plan_opts *o, const planner_s
            c->source, o->world, o->hw.gpus_per_node, log_bytes(b[0], 32, o->hw.gpu_mem), o->hw.mfu,
            o->hw.peak_flops / 1e12, o->hw.bw_intra / 1e9, o->hw.bw_inter / 1e9);
     printf("model: %s, %s parameters (%s active per token), %d layers, d_model %d; %.4g "
-           "GFLOP per token (6 x active matmul weights + 12 x layers x d_model x seq_len)\n",
+           "GFLOP per token (6 x active matmul weights + attention over each layer's keys)\n",
            c->model.arch == ARCH_GPT2 ? "gpt2" : "llama", fmt_count(b[3], 32, s.n_params),
            fmt_count(n[0], 32, active), c->model.n_layer, c->model.d_model,
            planner_flops_per_token(c) / 1e9);

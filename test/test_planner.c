@@ -2,10 +2,12 @@
  * group's volume, compute, bubble), its parameter count against the memory plan's, and the
  * search's ranking in cases whose answer is known. The tiny model is the config defaults: llama,
  * L=4, d_model C=128, 4 heads of 32 (2 kv heads), d_ff 384, vocabulary 512, seq_len T=128. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "config.h"
+#include "model.h"
 #include "plan.h"
 #include "planner.h"
 #include "planner_cp.h"
@@ -159,6 +161,64 @@ static void test_flops_per_token_by_hand() {
     c.model.mla.qk_rope_head_dim = 8, c.model.mla.v_head_dim = 16;
     CHECK_CLOSE(planner_flops_per_token(&c), 6.0 * (4 * (18048 + 147456) + 65536) + 442368, 0, RT,
                 "MLA");
+}
+
+/* model.mtp's D modules (DeepSeek-V3's, dense blocks): each a projection from 2C (2 x 128^2), a
+ * block as the tiny model's (attention 49152, MLP 147456) and logits through the shared head
+ * (512 x 128): 294912 weights, and full attention over T (6 x 4 heads x 64 x 128 = 196608). */
+static void test_flops_per_token_counts_mtp_modules() {
+    ust_config c;
+    tiny(&c);
+    c.model.mtp.depth = 2;
+    CHECK_CLOSE(planner_flops_per_token(&c), 6.0 * (851968 + 2 * 294912) + 786432 + 2 * 196608, 0,
+                RT, "mtp depth 2");
+    /* the modules run on the last stage: pp 2's slowest stage is the last */
+    ust_config b, l;
+    tiny(&b);
+    b.model.mtp.depth = 2;
+    CHECK(!layout(&l, &b, LAYOUT(.pp = 2), 4), "pp2");
+    planner_hw hw = hw_of(1e9, 1e9, 8);
+    planner_cost k;
+    planner_estimate(&l, &hw, &k);
+    planner_sizes z;
+    planner_model_sizes(&b, &z);
+    double layer = z.attn + z.mlp + 32768, mtp = 294912 + 32768; /* FLOPs / 6, attention 32768 */
+    double mean = (4 * layer + 2 * mtp) / 2, last = 2 * layer + 2 * mtp;
+    double flops = 4 * 128 / 2.0 * planner_flops_per_token(&b);
+    CHECK_CLOSE(k.compute, last / mean * flops / 0.5e12, 0, 1e-12, "the last stage's pace");
+}
+
+/* What a run's MFU divides by (model_flops_per_token, from the model's own tensor list) equals
+ * the planner's count: windows, MoE's active experts (a shared expert, a dense first layer, tied
+ * embeddings), latent attention with MTP, a decoupled head_dim, gpt2. */
+static void test_flops_per_token_equal_the_models() {
+    const char *sets[][6] = {
+        {"model.sliding_window=[8,300,32,300]", NULL},
+        {"model.moe.num_experts=4", "model.moe.top_k=1", "model.moe.d_ff_expert=64",
+         "model.moe.first_dense=1", "model.moe.shared_expert=true", "model.tie_embeddings=true"},
+        {"model.n_kv_head=4", "model.mla.enabled=true", "model.mla.kv_lora_rank=32",
+         "model.mla.qk_nope_head_dim=16", "model.mla.qk_rope_head_dim=16", "model.mtp.depth=2"},
+        {"model.head_dim=48", NULL},
+        {"model.arch=gpt2", "model.n_kv_head=4", NULL}};
+    ust_ops *ops = ops_cpu_create(1, 1);
+    for (size_t i = 0; i < sizeof sets / sizeof *sets; i++) {
+        ust_config c;
+        ust_err e;
+        tiny(&c);
+        c.model.mla.v_head_dim = 16;
+        for (int k = 0; k < 6 && sets[i][k]; k++)
+            CHECK(!cfg_set(&c, sets[i][k], &e), "%s: %s", sets[i][k], e.msg);
+        ust_arena a;
+        mem_init(&a, ops);
+        model *m;
+        CHECK(!model_create(&m, &c, ops, &a, &e), "case %zu: %s", i, e.msg);
+        double got = model_flops_per_token(m), want = planner_flops_per_token(&c);
+        CHECK(fabs(got - want) <= 1e-12 * want, "case %zu: the model %.17g, the planner %.17g", i,
+              got, want);
+        model_destroy(m);
+        mem_release(&a);
+    }
+    ops->destroy(ops);
 }
 
 /* Sliding-window layers are charged the keys of their window, not the sequence's (issue 35):
@@ -717,6 +777,8 @@ int main(void) {
     RUN_TEST(test_parameter_count_equals_the_memory_plans);
     RUN_TEST(test_flops_per_token_by_hand);
     RUN_TEST(test_flops_per_token_counts_each_window);
+    RUN_TEST(test_flops_per_token_counts_mtp_modules);
+    RUN_TEST(test_flops_per_token_equal_the_models);
     RUN_TEST(test_mixed_layers_count_on_the_rank_that_holds_them);
     RUN_TEST(test_compute_and_pipeline_bubble);
     RUN_TEST(test_moe_compute_splits_over_tp);

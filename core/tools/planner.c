@@ -88,47 +88,31 @@ void planner_model_sizes(const ust_config *c, planner_sizes *s) {
     double shared_mm = (gpt2 ? 2 : 3) * Fs * C;
     s->moe_dense = E * C + (shared ? shared_mm + (gpt2 ? Fs + C : 0) : 0);
     for (int l = 0; E > 0 && l < L; l++) s->n_moe += cfg_layer_is_moe(c, l);
+    /* model.mtp's modules (dense blocks, model_mtp.h): two norms, the projection from 2C, the
+     * block, the head's norm; each computes logits again with the shared head */
+    int D = c->model.mtp.depth;
+    s->mtp = D * (2 * C + 2 * C * C + s->attn + s->mlp + C);
+    s->mm_mtp = D * (2 * C * C + attn_mm + mlp_mm + V * C);
     s->n_params = s->emb + s->head + L * s->attn + (L - s->n_moe) * s->mlp +
-                  s->n_moe * (s->moe_dense + E * s->expert);
+                  s->n_moe * (s->moe_dense + E * s->expert) + s->mtp;
     /* the logits matmul runs whether or not lm_head is tied to the embedding */
-    s->mm_dense = L * attn_mm + (L - s->n_moe) * mlp_mm + V * C;
+    s->mm_dense = L * attn_mm + (L - s->n_moe) * mlp_mm + V * C + s->mm_mtp;
     s->mm_moe = s->n_moe * (E * C + c->model.moe.top_k * expert_mm + shared * shared_mm);
 }
 
-/* The keys a query of layer l is charged for: every key of the sequence, T, under full
- * attention (the count of Kaplan's and PaLM's 12 L d T, not halved for the causal mask), and
- * every key of its window, W, in a sliding-window layer (model.sliding_window) whose window is
- * shorter than the sequence (the sequence's first W-1 queries, which see fewer, not
- * discounted either). */
-static double layer_keys(const ust_config *c, int l) {
-    int W = c->model.sliding_window[0] ? cfg_layer_window(c, l) : 0, T = c->train.seq_len;
-    return W > 0 && W < T ? W : T;
-}
-
-/* The keys the windowed layers are not charged for: sum over layers of T - layer_keys, 0
- * without windows (so the full-attention terms below stay as they were, bit for bit). */
-static double keys_saved(const ust_config *c) {
-    double saved = 0;
-    for (int l = 0; l < c->model.n_layer; l++) saved += c->train.seq_len - layer_keys(c, l);
-    return saved;
-}
-
-/* The widths a query's scores and weighted sum run over per key: q.k and p.v, d_model each
- * (latent attention: the qk head and v_head_dim of every head). */
-static double attn_width(const ust_config *c) {
-    if (c->model.mla.enabled)
-        return (double)c->model.n_head * (cfg_head_dim(c) + c->model.mla.v_head_dim);
-    return 2.0 * c->model.d_model;
+/* Every attention layer's scores and weighted sum per token (model_attention_flops: the keys of
+ * the sequence or of a layer's window), the model.mtp modules' blocks included. */
+static double attention_flops(const ust_config *c) {
+    double f = 0;
+    for (int l = 0; l < c->model.n_layer + c->model.mtp.depth; l++)
+        f += model_attention_flops(c, l, c->train.seq_len);
+    return f;
 }
 
 double planner_flops_per_token(const ust_config *c) {
     planner_sizes s;
     planner_model_sizes(c, &s);
-    /* scores and the weighted sum: 2 FLOPs a multiply-add, x3 for backward, over T keys per query
-     * (a window's W) */
-    double width = attn_width(c);
-    return 6.0 * (s.mm_dense + s.mm_moe) + 6.0 * c->model.n_layer * width * c->train.seq_len -
-           6.0 * width * keys_saved(c);
+    return 6.0 * (s.mm_dense + s.mm_moe) + attention_flops(c);
 }
 
 /* ---------------------------------------------------------------- collectives */
@@ -235,32 +219,31 @@ typedef struct {
  * holding the most MoE layers sets moe_on (its memory and expert traffic are what the layout
  * must fit), and the slowest rank's layer FLOPs over the mean rank's stretch the compute (a
  * pipeline runs at its slowest stage). Stage s is on rank s % pp, dualpipev's second half
- * mirrored (2pp-1-s); dualpipe's rank r holds stages r and pp-1-r (one copy each). */
+ * mirrored (2pp-1-s); dualpipe's rank r holds stages r and pp-1-r (one copy each). The last
+ * stage also runs model.mtp's modules. */
 static void est_stage_moe(est_in *e) {
     const ust_config *c = e->c;
-    int p = e->pp, S = cfg_pp_stages(c);
-    /* one layer's matmul parameters (attention with its MLP or its MoE's active experts) and
-     * its attention scores' 2 C T: proportional to its FLOPs */
-    double X = attn_width(c); /* a layer's scores and weighted sum: X T per token (x 2 FLOPs) */
-    double fd = e->s.attn + e->s.mlp + X * e->T, fm = fd - e->s.mlp;
-    if (e->s.n_moe) fm += e->s.mm_moe / e->s.n_moe;
-    double moe[p], all[p], saved[p], work = 0, top = 0; /* saved: keys outside windows */
-    memset(moe, 0, sizeof moe), memset(all, 0, sizeof all), memset(saved, 0, sizeof saved);
+    int p = e->pp, S = cfg_pp_stages(c), L = c->model.n_layer, D = c->model.mtp.depth;
+    /* a layer's work in FLOPs / 6: its matmul parameters (attention with its MLP or its MoE's
+     * active experts), its scores and weighted sum over its keys (model_attention_flops) */
+    double fm = e->s.attn + (e->s.n_moe ? e->s.mm_moe / e->s.n_moe : 0);
+    double moe[p], w[p], work = 0, top = 0;
+    memset(moe, 0, sizeof moe), memset(w, 0, sizeof w);
     for (int st = 0; st < S; st++) {
         int lo, hi, r = e->kind == PP_DUALPIPEV && st >= p ? 2 * p - 1 - st : st % p;
         cfg_stage_layers(c, st, &lo, &hi);
+        if (st == S - 1) hi += D; /* layers L.. are the modules' blocks */
         for (int l = lo; l < hi; l++)
             for (int twice = 0; twice <= e->dual; twice++) {
-                int rr = twice ? p - 1 - r : r;
-                moe[rr] += (double)cfg_layer_is_moe(c, l) / e->copies;
-                all[rr] += 1.0 / e->copies;
-                saved[rr] += (e->T - layer_keys(c, l)) / e->copies;
+                int rr = twice ? p - 1 - r : r, m = l < L && cfg_layer_is_moe(c, l);
+                double f = l >= L ? e->s.mm_mtp / D : m ? fm : e->s.attn + e->s.mlp;
+                moe[rr] += m / e->copies;
+                w[rr] += (f + model_attention_flops(c, l, (int)e->T) / 6) / e->copies;
             }
     }
     e->moe_on = 0, e->slowest = 1;
     for (int r = 0; r < p; r++) {
-        double w = (all[r] - moe[r]) * fd + moe[r] * fm - X * saved[r];
-        work += w / p, top = w > top ? w : top;
+        work += w[r] / p, top = w[r] > top ? w[r] : top;
         if (moe[r] > e->moe_on) e->moe_on = moe[r];
     }
     if (work > 0) e->slowest = top / work;
@@ -298,11 +281,9 @@ static void est_setup(const ust_config *c, const planner_hw *hw, est_in *e) {
  * its 1/tp of them); every token of the step goes through once (dp x cp split the tokens, pp
  * the layers); full recompute runs the forward (a third of the work) twice */
 static void est_compute(const est_in *e, planner_cost *o) {
-    /* attention: X = 2 d_model (latent attention's widths: attn_width) per key, T keys a query
-     * (sliding windows: keys_saved fewer) */
-    double X = attn_width(e->c), keys = e->L * e->T - keys_saved(e->c);
-    double f_dense = 6 * e->s.mm_dense + 6 * X * keys, f_moe = 6 * e->s.mm_moe;
-    if (e->full) f_dense += 2 * e->s.mm_dense + 2 * X * keys, f_moe += 2 * e->s.mm_moe;
+    double attn = attention_flops(e->c); /* every layer's keys, a window's where shorter */
+    double f_dense = 6 * e->s.mm_dense + attn, f_moe = 6 * e->s.mm_moe;
+    if (e->full) f_dense += 2 * e->s.mm_dense + attn / 3, f_moe += 2 * e->s.mm_moe;
     double tokens = (double)e->c->train.global_batch_size * e->T;
     double flops = tokens / ((double)e->dp * e->cp) * (f_dense + f_moe) / ((double)e->tp * e->pp);
     o->compute = e->slowest * flops / (e->hw->mfu * e->hw->peak_flops);
