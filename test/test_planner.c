@@ -97,7 +97,9 @@ static void test_parameter_count_equals_the_memory_plans() {
     a.model.mla.qk_nope_head_dim = 12, a.model.mla.qk_rope_head_dim = 8;
     a.model.mla.v_head_dim = 16, a.model.n_kv_head = a.model.n_head, a.model.arch = ARCH_LLAMA;
     b.model.mla = a.model.mla, b.model.mla.q_lora_rank = 0, b.model.n_kv_head = b.model.n_head;
-    const ust_config *all[] = {&c, &g, &m, &s, &d, &q, &a, &b};
+    ust_config t = c, u = b; /* model.mtp's modules, dense and latent blocks */
+    t.model.mtp.depth = 2, u.model.mtp.depth = 1;
+    const ust_config *all[] = {&c, &g, &m, &s, &d, &q, &a, &b, &t, &u};
     const char *names[] = {"llama",
                            "gpt2 (tied, biases, positions)",
                            "llama MoE",
@@ -105,8 +107,10 @@ static void test_parameter_count_equals_the_memory_plans() {
                            "first_dense 1, shared_d_ff 160",
                            "moe.layers 0,1,0,1",
                            "mla with a q latent, over MoE",
-                           "mla without a q latent"};
-    for (int i = 0; i < 8; i++) {
+                           "mla without a q latent",
+                           "mtp depth 2",
+                           "mtp over mla"};
+    for (int i = 0; i < 10; i++) {
         mem_plan p;
         plan_memory(all[i], &p);
         planner_model_sizes(all[i], &z);
