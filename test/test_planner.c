@@ -685,7 +685,8 @@ static void test_planner_never_proposes_a_schedule_validate_refuses() {
             CHECK(!cfg_validate(&x, 8, &err), "case %d entry %ld (%s): %s", t, i,
                   pps_kind_name(l->schedule), err.msg);
             CHECK(x.parallel.pp_schedule == l->schedule, "planner_apply writes the schedule");
-            /* the search builds each schedule's activation sets once per mesh and micro-batch */
+            /* the search builds each (schedule, pp, vpp, micro-batches, recompute)'s activation
+             * sets once and keeps them across meshes (sets_of) */
             CHECK(e[i].cost.mem_peak == plan_memory_peak(&x), "entry %ld: peak %.0f vs plan %.0f",
                   i, e[i].cost.mem_peak, plan_memory_peak(&x));
             CHECK(l->pp > 1 || (l->schedule == PP_1F1B && l->vpp == 1), "pp 1: 1f1b, got %s",

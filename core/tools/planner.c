@@ -160,32 +160,79 @@ static double dp_time(double params, int n, double bw, int zero, int m) {
     }
 }
 
-/* Every pipeline rank's activation sets for one micro-batch size and recompute setting
- * (plan_activation_sets), kept while a mesh is swept: they depend on the schedule, pp, vpp, the
- * micro-batch count and whether recompute is full, not on sp or the ZeRO stage, and building
- * them (dualpipe(v) simulates every rank) is most of what the memory plan costs. */
+/* Every pipeline rank's activation sets (plan_activation_sets) of one (schedule, pp, vpp,
+ * micro-batch count, full recompute or not), kept for the whole search: they depend on nothing
+ * else of a search's layouts (not on dp, tp, cp, ep, sp or the ZeRO stage), and building them
+ * (zb and dualpipe(v) simulate every rank's micro-batches) is most of what the memory plan
+ * costs. An open-addressing table, grown at half full. */
 typedef struct {
-    int built;
+    int used, kind, pp, vpp, m, full;
     int (*slots)[MODEL_MAX_CHUNKS], *zb; /* pp of each */
 } rank_sets;
 
-/* mem and mem_peak: plan_memory and plan_memory_peak, from sets when given (built on first
- * use) */
-static void memory(const ust_config *c, rank_sets *sets, planner_cost *o) {
+typedef struct {
+    rank_sets *e;
+    long cap, n;
+} sets_cache;
+
+static unsigned long sets_hash(int kind, int pp, int vpp, int m, int full, long cap) {
+    unsigned long h = 1469598103934665603UL;
+    int k[] = {kind, pp, vpp, m, full};
+    for (int i = 0; i < 5; i++) h = (h ^ (unsigned)k[i]) * 1099511628211UL;
+    return h % (unsigned long)cap;
+}
+
+static rank_sets *sets_slot(sets_cache *sc, int kind, int pp, int vpp, int m, int full) {
+    unsigned long i = sets_hash(kind, pp, vpp, m, full, sc->cap);
+    for (rank_sets *x = &sc->e[i]; x->used; i = (i + 1) % sc->cap, x = &sc->e[i])
+        if (x->kind == kind && x->pp == pp && x->vpp == vpp && x->m == m && x->full == full)
+            return x;
+    return &sc->e[i];
+}
+
+static void sets_grow(sets_cache *sc) {
+    sets_cache g = {.cap = sc->cap ? 2 * sc->cap : 256, .n = sc->n};
+    g.e = calloc(g.cap, sizeof *g.e);
+    if (!g.e) abort();
+    for (long i = 0; i < sc->cap; i++)
+        if (sc->e[i].used) {
+            const rank_sets *x = &sc->e[i];
+            *sets_slot(&g, x->kind, x->pp, x->vpp, x->m, x->full) = *x;
+        }
+    free(sc->e);
+    *sc = g;
+}
+
+/* The sets of c's pipeline, built on first use. */
+static const rank_sets *sets_of(sets_cache *sc, const ust_config *c) {
+    int pp = c->parallel.pp, kind = c->parallel.pp_schedule, vpp = c->parallel.vpp;
+    int m = cfg_grad_accum(c), full = c->train.recompute == RECOMPUTE_FULL;
+    if (2 * (sc->n + 1) > sc->cap) sets_grow(sc);
+    rank_sets *x = sets_slot(sc, kind, pp, vpp, m, full);
+    if (x->used) return x;
+    *x = (rank_sets){
+        1, kind, pp, vpp, m, full, calloc(pp, sizeof *x->slots), calloc(pp, sizeof *x->zb)};
+    if (!x->slots || !x->zb) abort();
+    plan_activation_sets(c, x->slots, x->zb);
+    sc->n++;
+    return x;
+}
+
+static void sets_free(sets_cache *sc) {
+    for (long i = 0; i < sc->cap; i++) free(sc->e[i].slots), free(sc->e[i].zb);
+    free(sc->e);
+}
+
+/* mem and mem_peak: plan_memory and plan_memory_peak, from the cache's sets when given */
+static void memory(const ust_config *c, sets_cache *cache, planner_cost *o) {
     mem_plan mp;
-    if (!sets) {
+    if (!cache) {
         plan_memory(c, &mp);
         o->mem = mp.total;
         o->mem_peak = plan_memory_peak(c);
         return;
     }
-    if (!sets->built) {
-        int pp = c->parallel.pp;
-        sets->slots = calloc(pp, sizeof *sets->slots), sets->zb = calloc(pp, sizeof *sets->zb);
-        if (!sets->slots || !sets->zb) abort();
-        plan_activation_sets(c, sets->slots, sets->zb);
-        sets->built = 1;
-    }
+    const rank_sets *sets = sets_of(cache, c);
     /* each pipeline rank once, without the whole model's tensor list (n_params, which the
      * estimate does not read): rank 0's total is plan_memory's, the largest the peak */
     o->mem = o->mem_peak = 0;
@@ -196,7 +243,7 @@ static void memory(const ust_config *c, rank_sets *sets, planner_cost *o) {
     }
 }
 
-static void estimate(const ust_config *c, const planner_hw *hw, planner_cost *o, rank_sets *sets);
+static void estimate(const ust_config *c, const planner_hw *hw, planner_cost *o, sets_cache *sets);
 
 void planner_estimate(const ust_config *c, const planner_hw *hw, planner_cost *o) {
     estimate(c, hw, o, NULL);
@@ -396,7 +443,7 @@ static void est_pp_ep(const est_in *e, planner_cost *o, double dense, double exp
                         planner_alltoall_s(e->A * rows * e->C, e->ep, e->bw[PLAN_EP]);
 }
 
-static void estimate(const ust_config *c, const planner_hw *hw, planner_cost *o, rank_sets *sets) {
+static void estimate(const ust_config *c, const planner_hw *hw, planner_cost *o, sets_cache *sets) {
     est_in e;
     double dense, experts;
     est_setup(c, hw, &e);
@@ -452,11 +499,14 @@ typedef struct {
     long n, cap;
     planner_stats *st;
     double smallest;
+    sets_cache sets;
 } search;
 
 /* zb and dualpipe(v) win back at most 1f1b's bubble, (pp - 1) / m of the step, and their memory
  * plan simulates every rank's m micro-batches (seconds at thousands of them): past m =
- * DEEP_M x pp, where that bubble is under 1/DEEP_M, the search leaves them out. */
+ * DEEP_M x pp, where that bubble is under 1/DEEP_M, the search leaves them out. (The cache of
+ * sets_of does not make this cut-off unnecessary: without it plan --world 16 of
+ * configs/deepseek-v3.yaml did not finish in 10 minutes.) */
 enum { DEEP_M = 32 };
 
 static int deep_pipeline(const ust_config *base, const planner_layout *l) {
@@ -466,7 +516,7 @@ static int deep_pipeline(const ust_config *base, const planner_layout *l) {
            m > (long long)DEEP_M * l->pp;
 }
 
-static void consider(search *s, const planner_layout *l, rank_sets *sets) {
+static void consider(search *s, const planner_layout *l) {
     ust_config c;
     ust_err err;
     if (deep_pipeline(s->base, l)) return;
@@ -478,7 +528,7 @@ static void consider(search *s, const planner_layout *l, rank_sets *sets) {
         return;
     }
     planner_entry e = {.l = *l};
-    estimate(&c, s->hw, &e.cost, sets);
+    estimate(&c, s->hw, &e.cost, &s->sets);
     if (s->smallest == 0 || e.cost.mem_peak < s->smallest)
         s->smallest = e.cost.mem_peak, s->st->smallest = e;
     if (e.cost.mem_peak > s->hw->gpu_mem) {
@@ -498,22 +548,17 @@ static void sweep_mesh(search *s, planner_layout l) {
     int G = s->base->train.global_batch_size, mbs[64];
     if (G % l.dp) { /* cfg_validate says why */
         l.micro_batch = 1, l.zero = 0, l.sp = 0, l.recompute = RECOMPUTE_NONE;
-        consider(s, &l, NULL);
+        consider(s, &l);
         return;
     }
     int nm = divisors(G / l.dp, mbs, 64);
-    /* per micro-batch size and full recompute or not: the pipeline ranks' activation sets */
-    rank_sets *sets = calloc((size_t)nm * 2, sizeof *sets);
-    if (!sets) abort();
     for (int sp = 0; sp <= (l.tp > 1); sp++)
         for (int z = 0; z <= 3; z++)
             for (int r = RECOMPUTE_NONE; r <= RECOMPUTE_FULL; r++)
                 for (int i = 0; i < nm; i++) {
                     l.sp = sp, l.zero = z, l.recompute = (ust_recompute)r, l.micro_batch = mbs[i];
-                    consider(s, &l, &sets[(size_t)i * 2 + (r == RECOMPUTE_FULL)]);
+                    consider(s, &l);
                 }
-    for (int k = 0; k < 2 * nm; k++) free(sets[k].slots), free(sets[k].zb);
-    free(sets);
 }
 
 /* The schedules tried at pp > 1 and the vpp each runs at (0: every vpp 2..16 the layers divide
@@ -572,6 +617,7 @@ long planner_search(const ust_config *base, int world, const planner_hw *hw, pla
                 }
             }
     progress_end(&pr);
+    sets_free(&s.sets);
     if (s.n) qsort(s.e, s.n, sizeof *s.e, planner_compare); /* qsort(NULL, 0) is undefined */
     st->fitting = s.n;
     *out = s.e;
