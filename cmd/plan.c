@@ -251,7 +251,7 @@ static void print_steps(const ust_config *c, const plan_opts *o, const planner_s
            c->source, o->world, o->hw.gpus_per_node, log_bytes(b[0], 32, o->hw.gpu_mem), o->hw.mfu,
            o->hw.peak_flops / 1e12, o->hw.bw_intra / 1e9, o->hw.bw_inter / 1e9);
     printf("model: %s, %s parameters (%s active per token), %d layers, d_model %d; %.4g "
-           "GFLOP per token (6 x active matmul weights + 12 x layers x d_model x seq_len)\n",
+           "GFLOP per token (6 x active matmul weights + attention over each layer's keys)\n",
            c->model.arch == ARCH_GPT2 ? "gpt2" : "llama", fmt_count(b[3], 32, s.n_params),
            fmt_count(n[0], 32, active), c->model.n_layer, c->model.d_model,
            planner_flops_per_token(c) / 1e9);
@@ -302,13 +302,19 @@ static void print_groups(const planner_entry *e) {
                               [PLAN_EP] = l->ep};
     printf("  communication per step:");
     for (int g = 0; g < PLAN_NGROUPS; g++) {
-        if (size[g] > 1)
-            printf(" %s %s (%d ranks, %s, %s sent)", planner_group_names[g],
+        if (size[g] > 1) {
+            printf(" %s %s (%d ranks, %s, %s sent", planner_group_names[g],
                    fmt_time(t, 32, e->cost.group[g]), size[g],
                    e->cost.intra[g] ? "intra-node" : "inter-node",
                    log_bytes(m, sizeof m, e->cost.sent[g]));
-        else
+            /* the ring's ranks send unequally: its busiest, and the whole group's */
+            if (g == PLAN_CP)
+                printf(" by the busiest rank, %s = %.0f bytes by the group",
+                       log_bytes(m, sizeof m, e->cost.cp_group), e->cost.cp_group);
+            printf(")");
+        } else {
             printf(" %s -", planner_group_names[g]);
+        }
         printf("%s", g + 1 < PLAN_NGROUPS ? "," : "\n");
     }
 }

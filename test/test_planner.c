@@ -2,12 +2,15 @@
  * group's volume, compute, bubble), its parameter count against the memory plan's, and the
  * search's ranking in cases whose answer is known. The tiny model is the config defaults: llama,
  * L=4, d_model C=128, 4 heads of 32 (2 kv heads), d_ff 384, vocabulary 512, seq_len T=128. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "config.h"
+#include "model.h"
 #include "plan.h"
 #include "planner.h"
+#include "planner_cp.h"
 #include "pp_schedule.h"
 #include "test.h"
 
@@ -94,7 +97,9 @@ static void test_parameter_count_equals_the_memory_plans() {
     a.model.mla.qk_nope_head_dim = 12, a.model.mla.qk_rope_head_dim = 8;
     a.model.mla.v_head_dim = 16, a.model.n_kv_head = a.model.n_head, a.model.arch = ARCH_LLAMA;
     b.model.mla = a.model.mla, b.model.mla.q_lora_rank = 0, b.model.n_kv_head = b.model.n_head;
-    const ust_config *all[] = {&c, &g, &m, &s, &d, &q, &a, &b};
+    ust_config t = c, u = b; /* model.mtp's modules, dense and latent blocks */
+    t.model.mtp.depth = 2, u.model.mtp.depth = 1;
+    const ust_config *all[] = {&c, &g, &m, &s, &d, &q, &a, &b, &t, &u};
     const char *names[] = {"llama",
                            "gpt2 (tied, biases, positions)",
                            "llama MoE",
@@ -102,8 +107,10 @@ static void test_parameter_count_equals_the_memory_plans() {
                            "first_dense 1, shared_d_ff 160",
                            "moe.layers 0,1,0,1",
                            "mla with a q latent, over MoE",
-                           "mla without a q latent"};
-    for (int i = 0; i < 8; i++) {
+                           "mla without a q latent",
+                           "mtp depth 2",
+                           "mtp over mla"};
+    for (int i = 0; i < 10; i++) {
         mem_plan p;
         plan_memory(all[i], &p);
         planner_model_sizes(all[i], &z);
@@ -158,6 +165,64 @@ static void test_flops_per_token_by_hand() {
     c.model.mla.qk_rope_head_dim = 8, c.model.mla.v_head_dim = 16;
     CHECK_CLOSE(planner_flops_per_token(&c), 6.0 * (4 * (18048 + 147456) + 65536) + 442368, 0, RT,
                 "MLA");
+}
+
+/* model.mtp's D modules (DeepSeek-V3's, dense blocks): each a projection from 2C (2 x 128^2), a
+ * block as the tiny model's (attention 49152, MLP 147456) and logits through the shared head
+ * (512 x 128): 294912 weights, and full attention over T (6 x 4 heads x 64 x 128 = 196608). */
+static void test_flops_per_token_counts_mtp_modules() {
+    ust_config c;
+    tiny(&c);
+    c.model.mtp.depth = 2;
+    CHECK_CLOSE(planner_flops_per_token(&c), 6.0 * (851968 + 2 * 294912) + 786432 + 2 * 196608, 0,
+                RT, "mtp depth 2");
+    /* the modules run on the last stage: pp 2's slowest stage is the last */
+    ust_config b, l;
+    tiny(&b);
+    b.model.mtp.depth = 2;
+    CHECK(!layout(&l, &b, LAYOUT(.pp = 2), 4), "pp2");
+    planner_hw hw = hw_of(1e9, 1e9, 8);
+    planner_cost k;
+    planner_estimate(&l, &hw, &k);
+    planner_sizes z;
+    planner_model_sizes(&b, &z);
+    double layer = z.attn + z.mlp + 32768, mtp = 294912 + 32768; /* FLOPs / 6, attention 32768 */
+    double mean = (4 * layer + 2 * mtp) / 2, last = 2 * layer + 2 * mtp;
+    double flops = 4 * 128 / 2.0 * planner_flops_per_token(&b);
+    CHECK_CLOSE(k.compute, last / mean * flops / 0.5e12, 0, 1e-12, "the last stage's pace");
+}
+
+/* What a run's MFU divides by (model_flops_per_token, from the model's own tensor list) equals
+ * the planner's count: windows, MoE's active experts (a shared expert, a dense first layer, tied
+ * embeddings), latent attention with MTP, a decoupled head_dim, gpt2. */
+static void test_flops_per_token_equal_the_models() {
+    const char *sets[][6] = {
+        {"model.sliding_window=[8,300,32,300]", NULL},
+        {"model.moe.num_experts=4", "model.moe.top_k=1", "model.moe.d_ff_expert=64",
+         "model.moe.first_dense=1", "model.moe.shared_expert=true", "model.tie_embeddings=true"},
+        {"model.n_kv_head=4", "model.mla.enabled=true", "model.mla.kv_lora_rank=32",
+         "model.mla.qk_nope_head_dim=16", "model.mla.qk_rope_head_dim=16", "model.mtp.depth=2"},
+        {"model.head_dim=48", NULL},
+        {"model.arch=gpt2", "model.n_kv_head=4", NULL}};
+    ust_ops *ops = ops_cpu_create(1, 1);
+    for (size_t i = 0; i < sizeof sets / sizeof *sets; i++) {
+        ust_config c;
+        ust_err e;
+        tiny(&c);
+        c.model.mla.v_head_dim = 16;
+        for (int k = 0; k < 6 && sets[i][k]; k++)
+            CHECK(!cfg_set(&c, sets[i][k], &e), "%s: %s", sets[i][k], e.msg);
+        ust_arena a;
+        mem_init(&a, ops);
+        model *m;
+        CHECK(!model_create(&m, &c, ops, &a, &e), "case %zu: %s", i, e.msg);
+        double got = model_flops_per_token(m), want = planner_flops_per_token(&c);
+        CHECK(fabs(got - want) <= 1e-12 * want, "case %zu: the model %.17g, the planner %.17g", i,
+              got, want);
+        model_destroy(m);
+        mem_release(&a);
+    }
+    ops->destroy(ops);
 }
 
 /* Sliding-window layers are charged the keys of their window, not the sequence's (issue 35):
@@ -321,6 +386,54 @@ static void test_cp_ring_kv_passes() {
     planner_estimate(&c, &hw, &k);
     CHECK_CLOSE(k.group[PLAN_DP], 2.0 / 2 * 4 * 918656 / 1e9, 0, RT,
                 "cp ranks reduce gradients too");
+}
+
+/* The ring's routes, as test/sh/cp_attention.sh counts them by hand (cp 4, T 32; a block-send is
+ * one block's k and v or their gradients): a block goes hops ranks on, each passing it 3 times
+ * (k, v forward, again backward, dk, dv with them), and its gradients go home from its last rank.
+ * zigzag full: hops 3 each, 40 a layer (10 on every rank); contiguous full (causal): 3, 2, 1, 0,
+ * 21 (rank 2 passes blocks 0, 1, 2: 9); window 4, contiguous: 1, 1, 1, 0, 12 (ranks 1, 2: 3 and
+ * a home, 4); zigzag: 1, 3, 3, 3, 34; a2a+ring in pairs, contiguous: 2 blocks, 1, 0, 4 a ring.
+ * Full recompute passes each once more: contiguous full 27. cp 2: 3 + 1 on each rank. The estimate
+ * of the window_sizes.sh model ([4, 8, 64, 8], a2a+ring over pairs, contiguous, 4 micro-batches)
+ * sends what its run measures (comm_bytes_cp_group 852992: the ring 4 x 4 layers x 2 rings x 2048 x
+ * 4, Ulysses' 18 x 512 x 4 layers x 4 ranks x 4, and each window's starts gathered, 2 x 32 x 4 x
+ * 4). */
+static void test_cp_ring_routes_by_hand() {
+    ust_config c;
+    tiny(&c);
+    c.model.n_layer = 1, c.model.max_seq_len = 64, c.train.seq_len = 32;
+    struct {
+        ust_cp_layout layout;
+        const char *window;
+        int rn, a, full;
+        double group, busiest;
+    } k[] = {{CP_ZIGZAG, "", 4, 1, 0, 40, 10},     {CP_CONTIGUOUS, "", 4, 1, 0, 21, 9},
+             {CP_CONTIGUOUS, "4", 4, 1, 0, 12, 4}, {CP_ZIGZAG, "4", 4, 1, 0, 34, 10},
+             {CP_CONTIGUOUS, "4", 2, 2, 0, 4, 3},  {CP_CONTIGUOUS, "", 4, 1, 1, 27, 12},
+             {CP_ZIGZAG, "", 2, 1, 0, 8, 4}};
+    for (size_t i = 0; i < sizeof k / sizeof *k; i++) {
+        c.parallel.cp_layout = k[i].layout;
+        c.train.recompute = k[i].full ? RECOMPUTE_FULL : RECOMPUTE_NONE;
+        snprintf(c.model.sliding_window, sizeof c.model.sliding_window, "%s", k[i].window);
+        planner_ring r;
+        planner_ring_sends(&c, k[i].rn, k[i].a, &r);
+        CHECK(r.group == k[i].group && r.busiest == k[i].busiest,
+              "case %zu: %g block-sends a layer (%g on the busiest rank), by hand %g (%g)", i,
+              r.group, r.busiest, k[i].group, k[i].busiest);
+    }
+    ust_config base, e;
+    cfg_defaults(&base);
+    base.model.n_layer = 4, base.model.d_model = 64, base.model.d_ff = 128;
+    base.model.vocab_size = 500, base.model.max_seq_len = 64, base.train.seq_len = 32;
+    snprintf(base.model.sliding_window, sizeof base.model.sliding_window, "4,8,64,8");
+    base.parallel.cp_comm = CP_A2A_RING, base.parallel.cp_a2a = 2;
+    base.parallel.cp_layout = CP_CONTIGUOUS;
+    CHECK(!layout(&e, &base, LAYOUT(.cp = 4), 4), "a2a+ring");
+    planner_hw hw = hw_of(1e9, 1e9, 8);
+    planner_cost o;
+    planner_estimate(&e, &hw, &o);
+    CHECK(o.cp_group == 852992, "the group sends %.0f bytes, its run 852992", o.cp_group);
 }
 
 /* PP: each micro-batch sends its activations (B, T, C) forward and their gradient back over each
@@ -572,7 +685,8 @@ static void test_planner_never_proposes_a_schedule_validate_refuses() {
             CHECK(!cfg_validate(&x, 8, &err), "case %d entry %ld (%s): %s", t, i,
                   pps_kind_name(l->schedule), err.msg);
             CHECK(x.parallel.pp_schedule == l->schedule, "planner_apply writes the schedule");
-            /* the search builds each schedule's activation sets once per mesh and micro-batch */
+            /* the search builds each (schedule, pp, vpp, micro-batches, recompute)'s activation
+             * sets once and keeps them across meshes (sets_of) */
             CHECK(e[i].cost.mem_peak == plan_memory_peak(&x), "entry %ld: peak %.0f vs plan %.0f",
                   i, e[i].cost.mem_peak, plan_memory_peak(&x));
             CHECK(l->pp > 1 || (l->schedule == PP_1F1B && l->vpp == 1), "pp 1: 1f1b, got %s",
@@ -668,12 +782,15 @@ int main(void) {
     RUN_TEST(test_parameter_count_equals_the_memory_plans);
     RUN_TEST(test_flops_per_token_by_hand);
     RUN_TEST(test_flops_per_token_counts_each_window);
+    RUN_TEST(test_flops_per_token_counts_mtp_modules);
+    RUN_TEST(test_flops_per_token_equal_the_models);
     RUN_TEST(test_mixed_layers_count_on_the_rank_that_holds_them);
     RUN_TEST(test_compute_and_pipeline_bubble);
     RUN_TEST(test_moe_compute_splits_over_tp);
     RUN_TEST(test_dp_only_gradient_all_reduce);
     RUN_TEST(test_tp_volume_per_layer);
     RUN_TEST(test_cp_ring_kv_passes);
+    RUN_TEST(test_cp_ring_routes_by_hand);
     RUN_TEST(test_pp_p2p_activations);
     RUN_TEST(test_ep_all_to_all);
     RUN_TEST(test_ranking_without_communication_cost);

@@ -124,6 +124,7 @@ int cfg_window_slot(const ust_config *c, int l) {
 
 int cfg_windows(const ust_config *c, int *w) {
     int n = 0;
+    if (!c->model.sliding_window[0]) return 0; /* the memory plan asks per layer and layout */
     for (int l = 0; l < c->model.n_layer; l++) {
         int W = cfg_layer_window(c, l), k = 0;
         while (k < n && w[k] != W) k++;

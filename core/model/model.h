@@ -127,8 +127,15 @@ int model_find_param(const model *m, const char *name); /* index or -1 */
 float *model_params(model *m);                          /* flat device buffer */
 float *model_grads(model *m);
 int64_t model_numel(const model *m);
-/* Parameter count and training FLOPs per token (6 N_matmul + 12 L d T, PaLM's convention). */
+/* Training FLOPs per token (PaLM's convention): 6 x the matmul weights a token uses (top_k of a
+ * MoE layer's experts; model.mtp's modules with their extra logits) + every attention layer's
+ * model_attention_flops at the whole sequence; ustrain plan's planner_flops_per_token equals it. */
 double model_flops_per_token(const model *m);
+/* Layer l's scores q.k and weighted sum p.v (l >= n_layer: model.mtp's full-attention blocks) per
+ * token: 2 FLOPs a multiply-add, x3 with backward, n_head x (q/k head + value head) per key, over
+ * every key of the T-token sequence (Kaplan's and PaLM's count, not halved for the causal mask) or
+ * of its sliding window when that is shorter (its first W-1 queries not discounted). */
+double model_attention_flops(const ust_config *c, int l, int T);
 
 /* Draws every parameter from the counter-based RNG keyed by (seed, name, element index). */
 void model_init_params(model *m, uint64_t seed);

@@ -203,9 +203,10 @@ typedef struct {
     int nall;
     int64_t all_numel; /* their elements (a sizes-only list: with the experts it leaves out) */
     int64_t unlisted;  /* building a sizes-only table: elements of the experts repeat stands for */
-    int sizing;        /* the memory plan's model (params_shape): shapes only, no names */
-    int listing;       /* building the whole model's list (list_all_tensors): every expert */
-    int in_experts;    /* building the table: the current unit holds experts */
+    double all_expert_mm;    /* the whole list's expert matrices' elements (a run's model) */
+    int sizing;              /* the memory plan's model (params_shape): shapes only, no names */
+    int listing;             /* building the whole model's list (list_all_tensors): every expert */
+    int in_experts;          /* building the table: the current unit holds experts */
     int sub_row0, sub_nrows; /* building: add_param keeps these rows of its slice */
     int copy_chunk;          /* building: the chunk's tensors are replicas (dualpipe) */
 } model_table;

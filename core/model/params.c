@@ -360,6 +360,8 @@ static void list_all_tensors(model *m) {
         const ckpt_tensor *w = &t.tab.params[i].whole;
         m->tab.all[i] = *w;
         m->tab.all_numel += w->ndim == 2 ? w->shape[0] * w->shape[1] : w->shape[0];
+        if (w->ndim == 2 && t.tab.unit_expert[t.tab.param_unit[i]]) /* an expert's matrix */
+            m->tab.all_expert_mm += (double)w->shape[0] * (double)w->shape[1];
     }
     free(t.tab.params), free(t.tab.targets), free(t.tab.param_unit), free(t.tab.unit_off),
         free(t.tab.unit_len);
@@ -415,7 +417,15 @@ int model_find_param(const model *m, const char *name) {
     return -1;
 }
 
+double model_attention_flops(const ust_config *c, int l, int T) {
+    int W = l < c->model.n_layer && c->model.sliding_window[0] ? cfg_layer_window(c, l) : 0;
+    double keys = W > 0 && W < T ? W : T;
+    double qk = cfg_head_dim(c), v = c->model.mla.enabled ? c->model.mla.v_head_dim : qk;
+    return 6.0 * c->model.n_head * (qk + v) * keys;
+}
+
 double model_flops_per_token(const model *m) {
+    const ust_config *c = m->cfg;
     double matmul = 0; /* weights used in a matmul: every 2-D tensor but the lookup tables */
     for (int i = 0; i < m->tab.nall; i++) { /* whole tensors: the model's FLOPs, not this rank's */
         const ckpt_tensor *q = &m->tab.all[i];
@@ -423,8 +433,15 @@ double model_flops_per_token(const model *m) {
             (strcmp(q->name, "model.embed_tokens.weight") != 0 || m->shape.tied))
             matmul += (double)q->shape[0] * (double)q->shape[1];
     }
-    return 6.0 * matmul + 12.0 * m->shape.L * (double)(m->shape.Hg * m->shape.D) *
-                              m->par.cp->T; /* whole sequence */
+    /* a token runs through top_k of a MoE layer's experts, not all of them */
+    double E = c->model.moe.num_experts;
+    if (E > 0) matmul -= (1 - c->model.moe.top_k / E) * m->tab.all_expert_mm;
+    /* model.mtp's modules each compute logits again with the shared head (listed once) */
+    matmul += (double)m->mtp.D * m->shape.Vp * m->shape.C;
+    double attn = 0; /* the whole sequence's keys (a window's), the modules' blocks too */
+    for (int l = 0; l < m->shape.L + m->mtp.D; l++)
+        attn += model_attention_flops(c, l, m->par.cp->T);
+    return 6.0 * matmul + attn;
 }
 
 const ckpt_tensor *model_all_tensors(const model *m, int *n) {

@@ -6,6 +6,7 @@
 
 #include "model.h"
 #include "plan.h"
+#include "planner_cp.h"
 #include "pp_schedule.h"
 
 const char *const planner_group_names[PLAN_NGROUPS] = {"dp", "tp", "cp", "pp", "ep"};
@@ -87,47 +88,31 @@ void planner_model_sizes(const ust_config *c, planner_sizes *s) {
     double shared_mm = (gpt2 ? 2 : 3) * Fs * C;
     s->moe_dense = E * C + (shared ? shared_mm + (gpt2 ? Fs + C : 0) : 0);
     for (int l = 0; E > 0 && l < L; l++) s->n_moe += cfg_layer_is_moe(c, l);
+    /* model.mtp's modules (dense blocks, model_mtp.h): two norms, the projection from 2C, the
+     * block, the head's norm; each computes logits again with the shared head */
+    int D = c->model.mtp.depth;
+    s->mtp = D * (2 * C + 2 * C * C + s->attn + s->mlp + C);
+    s->mm_mtp = D * (2 * C * C + attn_mm + mlp_mm + V * C);
     s->n_params = s->emb + s->head + L * s->attn + (L - s->n_moe) * s->mlp +
-                  s->n_moe * (s->moe_dense + E * s->expert);
+                  s->n_moe * (s->moe_dense + E * s->expert) + s->mtp;
     /* the logits matmul runs whether or not lm_head is tied to the embedding */
-    s->mm_dense = L * attn_mm + (L - s->n_moe) * mlp_mm + V * C;
+    s->mm_dense = L * attn_mm + (L - s->n_moe) * mlp_mm + V * C + s->mm_mtp;
     s->mm_moe = s->n_moe * (E * C + c->model.moe.top_k * expert_mm + shared * shared_mm);
 }
 
-/* The keys a query of layer l is charged for: every key of the sequence, T, under full
- * attention (the count of Kaplan's and PaLM's 12 L d T, not halved for the causal mask), and
- * every key of its window, W, in a sliding-window layer (model.sliding_window) whose window is
- * shorter than the sequence (the sequence's first W-1 queries, which see fewer, not
- * discounted either). */
-static double layer_keys(const ust_config *c, int l) {
-    int W = c->model.sliding_window[0] ? cfg_layer_window(c, l) : 0, T = c->train.seq_len;
-    return W > 0 && W < T ? W : T;
-}
-
-/* The keys the windowed layers are not charged for: sum over layers of T - layer_keys, 0
- * without windows (so the full-attention terms below stay as they were, bit for bit). */
-static double keys_saved(const ust_config *c) {
-    double saved = 0;
-    for (int l = 0; l < c->model.n_layer; l++) saved += c->train.seq_len - layer_keys(c, l);
-    return saved;
-}
-
-/* The widths a query's scores and weighted sum run over per key: q.k and p.v, d_model each
- * (latent attention: the qk head and v_head_dim of every head). */
-static double attn_width(const ust_config *c) {
-    if (c->model.mla.enabled)
-        return (double)c->model.n_head * (cfg_head_dim(c) + c->model.mla.v_head_dim);
-    return 2.0 * c->model.d_model;
+/* Every attention layer's scores and weighted sum per token (model_attention_flops: the keys of
+ * the sequence or of a layer's window), the model.mtp modules' blocks included. */
+static double attention_flops(const ust_config *c) {
+    double f = 0;
+    for (int l = 0; l < c->model.n_layer + c->model.mtp.depth; l++)
+        f += model_attention_flops(c, l, c->train.seq_len);
+    return f;
 }
 
 double planner_flops_per_token(const ust_config *c) {
     planner_sizes s;
     planner_model_sizes(c, &s);
-    /* scores and the weighted sum: 2 FLOPs a multiply-add, x3 for backward, over T keys per query
-     * (a window's W) */
-    double width = attn_width(c);
-    return 6.0 * (s.mm_dense + s.mm_moe) + 6.0 * c->model.n_layer * width * c->train.seq_len -
-           6.0 * width * keys_saved(c);
+    return 6.0 * (s.mm_dense + s.mm_moe) + attention_flops(c);
 }
 
 /* ---------------------------------------------------------------- collectives */
@@ -175,32 +160,79 @@ static double dp_time(double params, int n, double bw, int zero, int m) {
     }
 }
 
-/* Every pipeline rank's activation sets for one micro-batch size and recompute setting
- * (plan_activation_sets), kept while a mesh is swept: they depend on the schedule, pp, vpp, the
- * micro-batch count and whether recompute is full, not on sp or the ZeRO stage, and building
- * them (dualpipe(v) simulates every rank) is most of what the memory plan costs. */
+/* Every pipeline rank's activation sets (plan_activation_sets) of one (schedule, pp, vpp,
+ * micro-batch count, full recompute or not), kept for the whole search: they depend on nothing
+ * else of a search's layouts (not on dp, tp, cp, ep, sp or the ZeRO stage), and building them
+ * (zb and dualpipe(v) simulate every rank's micro-batches) is most of what the memory plan
+ * costs. An open-addressing table, grown at half full. */
 typedef struct {
-    int built;
+    int used, kind, pp, vpp, m, full;
     int (*slots)[MODEL_MAX_CHUNKS], *zb; /* pp of each */
 } rank_sets;
 
-/* mem and mem_peak: plan_memory and plan_memory_peak, from sets when given (built on first
- * use) */
-static void memory(const ust_config *c, rank_sets *sets, planner_cost *o) {
+typedef struct {
+    rank_sets *e;
+    long cap, n;
+} sets_cache;
+
+static unsigned long sets_hash(int kind, int pp, int vpp, int m, int full, long cap) {
+    unsigned long h = 1469598103934665603UL;
+    int k[] = {kind, pp, vpp, m, full};
+    for (int i = 0; i < 5; i++) h = (h ^ (unsigned)k[i]) * 1099511628211UL;
+    return h % (unsigned long)cap;
+}
+
+static rank_sets *sets_slot(sets_cache *sc, int kind, int pp, int vpp, int m, int full) {
+    unsigned long i = sets_hash(kind, pp, vpp, m, full, sc->cap);
+    for (rank_sets *x = &sc->e[i]; x->used; i = (i + 1) % sc->cap, x = &sc->e[i])
+        if (x->kind == kind && x->pp == pp && x->vpp == vpp && x->m == m && x->full == full)
+            return x;
+    return &sc->e[i];
+}
+
+static void sets_grow(sets_cache *sc) {
+    sets_cache g = {.cap = sc->cap ? 2 * sc->cap : 256, .n = sc->n};
+    g.e = calloc(g.cap, sizeof *g.e);
+    if (!g.e) abort();
+    for (long i = 0; i < sc->cap; i++)
+        if (sc->e[i].used) {
+            const rank_sets *x = &sc->e[i];
+            *sets_slot(&g, x->kind, x->pp, x->vpp, x->m, x->full) = *x;
+        }
+    free(sc->e);
+    *sc = g;
+}
+
+/* The sets of c's pipeline, built on first use. */
+static const rank_sets *sets_of(sets_cache *sc, const ust_config *c) {
+    int pp = c->parallel.pp, kind = c->parallel.pp_schedule, vpp = c->parallel.vpp;
+    int m = cfg_grad_accum(c), full = c->train.recompute == RECOMPUTE_FULL;
+    if (2 * (sc->n + 1) > sc->cap) sets_grow(sc);
+    rank_sets *x = sets_slot(sc, kind, pp, vpp, m, full);
+    if (x->used) return x;
+    *x = (rank_sets){
+        1, kind, pp, vpp, m, full, calloc(pp, sizeof *x->slots), calloc(pp, sizeof *x->zb)};
+    if (!x->slots || !x->zb) abort();
+    plan_activation_sets(c, x->slots, x->zb);
+    sc->n++;
+    return x;
+}
+
+static void sets_free(sets_cache *sc) {
+    for (long i = 0; i < sc->cap; i++) free(sc->e[i].slots), free(sc->e[i].zb);
+    free(sc->e);
+}
+
+/* mem and mem_peak: plan_memory and plan_memory_peak, from the cache's sets when given */
+static void memory(const ust_config *c, sets_cache *cache, planner_cost *o) {
     mem_plan mp;
-    if (!sets) {
+    if (!cache) {
         plan_memory(c, &mp);
         o->mem = mp.total;
         o->mem_peak = plan_memory_peak(c);
         return;
     }
-    if (!sets->built) {
-        int pp = c->parallel.pp;
-        sets->slots = calloc(pp, sizeof *sets->slots), sets->zb = calloc(pp, sizeof *sets->zb);
-        if (!sets->slots || !sets->zb) abort();
-        plan_activation_sets(c, sets->slots, sets->zb);
-        sets->built = 1;
-    }
+    const rank_sets *sets = sets_of(cache, c);
     /* each pipeline rank once, without the whole model's tensor list (n_params, which the
      * estimate does not read): rank 0's total is plan_memory's, the largest the peak */
     o->mem = o->mem_peak = 0;
@@ -211,7 +243,7 @@ static void memory(const ust_config *c, rank_sets *sets, planner_cost *o) {
     }
 }
 
-static void estimate(const ust_config *c, const planner_hw *hw, planner_cost *o, rank_sets *sets);
+static void estimate(const ust_config *c, const planner_hw *hw, planner_cost *o, sets_cache *sets);
 
 void planner_estimate(const ust_config *c, const planner_hw *hw, planner_cost *o) {
     estimate(c, hw, o, NULL);
@@ -234,32 +266,31 @@ typedef struct {
  * holding the most MoE layers sets moe_on (its memory and expert traffic are what the layout
  * must fit), and the slowest rank's layer FLOPs over the mean rank's stretch the compute (a
  * pipeline runs at its slowest stage). Stage s is on rank s % pp, dualpipev's second half
- * mirrored (2pp-1-s); dualpipe's rank r holds stages r and pp-1-r (one copy each). */
+ * mirrored (2pp-1-s); dualpipe's rank r holds stages r and pp-1-r (one copy each). The last
+ * stage also runs model.mtp's modules. */
 static void est_stage_moe(est_in *e) {
     const ust_config *c = e->c;
-    int p = e->pp, S = cfg_pp_stages(c);
-    /* one layer's matmul parameters (attention with its MLP or its MoE's active experts) and
-     * its attention scores' 2 C T: proportional to its FLOPs */
-    double X = attn_width(c); /* a layer's scores and weighted sum: X T per token (x 2 FLOPs) */
-    double fd = e->s.attn + e->s.mlp + X * e->T, fm = fd - e->s.mlp;
-    if (e->s.n_moe) fm += e->s.mm_moe / e->s.n_moe;
-    double moe[p], all[p], saved[p], work = 0, top = 0; /* saved: keys outside windows */
-    memset(moe, 0, sizeof moe), memset(all, 0, sizeof all), memset(saved, 0, sizeof saved);
+    int p = e->pp, S = cfg_pp_stages(c), L = c->model.n_layer, D = c->model.mtp.depth;
+    /* a layer's work in FLOPs / 6: its matmul parameters (attention with its MLP or its MoE's
+     * active experts), its scores and weighted sum over its keys (model_attention_flops) */
+    double fm = e->s.attn + (e->s.n_moe ? e->s.mm_moe / e->s.n_moe : 0);
+    double moe[p], w[p], work = 0, top = 0;
+    memset(moe, 0, sizeof moe), memset(w, 0, sizeof w);
     for (int st = 0; st < S; st++) {
         int lo, hi, r = e->kind == PP_DUALPIPEV && st >= p ? 2 * p - 1 - st : st % p;
         cfg_stage_layers(c, st, &lo, &hi);
+        if (st == S - 1) hi += D; /* layers L.. are the modules' blocks */
         for (int l = lo; l < hi; l++)
             for (int twice = 0; twice <= e->dual; twice++) {
-                int rr = twice ? p - 1 - r : r;
-                moe[rr] += (double)cfg_layer_is_moe(c, l) / e->copies;
-                all[rr] += 1.0 / e->copies;
-                saved[rr] += (e->T - layer_keys(c, l)) / e->copies;
+                int rr = twice ? p - 1 - r : r, m = l < L && cfg_layer_is_moe(c, l);
+                double f = l >= L ? e->s.mm_mtp / D : m ? fm : e->s.attn + e->s.mlp;
+                moe[rr] += m / e->copies;
+                w[rr] += (f + model_attention_flops(c, l, (int)e->T) / 6) / e->copies;
             }
     }
     e->moe_on = 0, e->slowest = 1;
     for (int r = 0; r < p; r++) {
-        double w = (all[r] - moe[r]) * fd + moe[r] * fm - X * saved[r];
-        work += w / p, top = w > top ? w : top;
+        work += w[r] / p, top = w[r] > top ? w[r] : top;
         if (moe[r] > e->moe_on) e->moe_on = moe[r];
     }
     if (work > 0) e->slowest = top / work;
@@ -297,11 +328,9 @@ static void est_setup(const ust_config *c, const planner_hw *hw, est_in *e) {
  * its 1/tp of them); every token of the step goes through once (dp x cp split the tokens, pp
  * the layers); full recompute runs the forward (a third of the work) twice */
 static void est_compute(const est_in *e, planner_cost *o) {
-    /* attention: X = 2 d_model (latent attention's widths: attn_width) per key, T keys a query
-     * (sliding windows: keys_saved fewer) */
-    double X = attn_width(e->c), keys = e->L * e->T - keys_saved(e->c);
-    double f_dense = 6 * e->s.mm_dense + 6 * X * keys, f_moe = 6 * e->s.mm_moe;
-    if (e->full) f_dense += 2 * e->s.mm_dense + 2 * X * keys, f_moe += 2 * e->s.mm_moe;
+    double attn = attention_flops(e->c); /* every layer's keys, a window's where shorter */
+    double f_dense = 6 * e->s.mm_dense + attn, f_moe = 6 * e->s.mm_moe;
+    if (e->full) f_dense += 2 * e->s.mm_dense + attn / 3, f_moe += 2 * e->s.mm_moe;
     double tokens = (double)e->c->train.global_batch_size * e->T;
     double flops = tokens / ((double)e->dp * e->cp) * (f_dense + f_moe) / ((double)e->tp * e->pp);
     o->compute = e->slowest * flops / (e->hw->mfu * e->hw->peak_flops);
@@ -356,29 +385,45 @@ static void est_tp(const est_in *e, planner_cost *o) {
         e->m * ((e->dense_on * u_dense + e->moe_on * u_moe + 4) * unit + e->moe_on * moe_reduce);
 }
 
-/* CP ring: the local K/V block goes around the group (n-1 hops) forward and again in
- * backward, where their gradients travel with them and one hop more, home (n hops); once
- * more forward under full recompute. The allgather variant gathers K/V forward and backward
+/* CP ring: each key/value block travels only as far as the last rank whose queries see it,
+ * forward and again in backward, where their gradients travel with them and go home from that
+ * rank; once more forward under full recompute (planner_cp.h: with every block needed everywhere
+ * that is n-1 hops forward, n-1 back and n for the gradients, 3n - 2 blocks a layer). The ring's
+ * time is its busiest rank's sends. The allgather variant gathers K/V forward and backward
  * and reduce-scatters their gradients: 3 (n-1) blocks (4 under full recompute). Ulysses over a
  * ranks (a2a: a = cp; a2a+ring: parallel.cp_a2a, the ring then runs over cp/a blocks of a*Tl
  * tokens of H/a heads): per layer each rank sends (a-1) parts of B*Tl*D per head: forward q, k,
  * v there and out back (2 Hq + 2 Hk heads), backward q, k, v, out, d out there and dq, dk, dv
  * back (4 Hq + 4 Hk), with Hq = H/a, Hk = Hkv/a (1 when a key/value head is replicated); cp.h
  * cp_a2a_layer_bytes, which the traffic test checks against the counters. Both stages at
- * the cp group's bandwidth. */
+ * the cp group's bandwidth, over every attention layer (model.mtp's blocks too) of a mean stage
+ * (model.mtp's one-token halo is not counted); cp_group: what the group's ranks send together
+ * (the metric comm_bytes_cp_group). */
 static void est_cp(const est_in *e, planner_cost *o) {
     const ust_config *c = e->c;
     int cp = e->cp, tp = e->tp, full = e->full;
+    if (cp == 1) return;
     double A = e->A, B = e->B, Tl = e->Tl;
-    int a = cp > 1 ? cfg_cp_a2a(c) : 1, ring = cp / a;
+    int a = cfg_cp_a2a(c), ring = cp / a;
     double D = cfg_head_dim(c), H = c->model.n_head / tp, Hkv = c->model.n_kv_head / tp;
     double Hq = H / a, Hk = a == 1 ? Hkv : ((int)Hkv % a == 0 ? Hkv / a : 1);
     double kv = A * B * Tl * a * 2.0 * Hk * D; /* one ring block */
-    double hops = ring == 1                             ? 0
-                  : c->parallel.cp_comm == CP_ALLGATHER ? (3 + full) * (ring - 1.0)
-                                                        : (2 + full) * (ring - 1.0) + ring;
+    double layers = (double)e->L + c->model.mtp.depth;
+    planner_ring rs = {0};
+    if (ring > 1 && c->parallel.cp_comm == CP_ALLGATHER)
+        rs.busiest = layers * (3 + full) * (ring - 1.0), rs.group = ring * rs.busiest;
+    else if (ring > 1)
+        planner_ring_sends(c, ring, a, &rs);
     double u = (a - 1) * A * B * Tl * D, ulysses = u * (6 * Hq + 6 * Hk + full * (2 * Hq + 2 * Hk));
-    o->group[PLAN_CP] = cp > 1 ? e->m * e->layers * (hops * kv + ulysses) / e->bw[PLAN_CP] : 0;
+    /* Ulysses also gathers each micro-batch's query starts once per stage: the documents' and
+     * each window's (int32, as fp32; model.c take_batch) */
+    int w[CFG_MAX_WINDOWS], starts = cfg_windows(c, w) + (c->data.doc_mask || c->data.packing ||
+                                                          c->train.seq_len_warmup.start > 0);
+    double gather = a > 1 ? starts * (a - 1) * B * Tl * 4.0 : 0;
+    double per = e->m / (double)e->pp; /* micro-batches over a mean stage's share of the layers */
+    o->group[PLAN_CP] =
+        (per * (rs.busiest * kv + layers * ulysses) + e->m * gather) / e->bw[PLAN_CP];
+    o->cp_group = per * (a * rs.group * kv + cp * layers * ulysses) + e->m * cp * gather;
 }
 
 /* PP: each micro-batch crosses every chunk boundary forward (activations) and backward
@@ -398,7 +443,7 @@ static void est_pp_ep(const est_in *e, planner_cost *o, double dense, double exp
                         planner_alltoall_s(e->A * rows * e->C, e->ep, e->bw[PLAN_EP]);
 }
 
-static void estimate(const ust_config *c, const planner_hw *hw, planner_cost *o, rank_sets *sets) {
+static void estimate(const ust_config *c, const planner_hw *hw, planner_cost *o, sets_cache *sets) {
     est_in e;
     double dense, experts;
     est_setup(c, hw, &e);
@@ -454,11 +499,14 @@ typedef struct {
     long n, cap;
     planner_stats *st;
     double smallest;
+    sets_cache sets;
 } search;
 
 /* zb and dualpipe(v) win back at most 1f1b's bubble, (pp - 1) / m of the step, and their memory
  * plan simulates every rank's m micro-batches (seconds at thousands of them): past m =
- * DEEP_M x pp, where that bubble is under 1/DEEP_M, the search leaves them out. */
+ * DEEP_M x pp, where that bubble is under 1/DEEP_M, the search leaves them out. (The cache of
+ * sets_of does not make this cut-off unnecessary: without it plan --world 16 of
+ * configs/deepseek-v3.yaml did not finish in 10 minutes.) */
 enum { DEEP_M = 32 };
 
 static int deep_pipeline(const ust_config *base, const planner_layout *l) {
@@ -468,7 +516,7 @@ static int deep_pipeline(const ust_config *base, const planner_layout *l) {
            m > (long long)DEEP_M * l->pp;
 }
 
-static void consider(search *s, const planner_layout *l, rank_sets *sets) {
+static void consider(search *s, const planner_layout *l) {
     ust_config c;
     ust_err err;
     if (deep_pipeline(s->base, l)) return;
@@ -480,7 +528,7 @@ static void consider(search *s, const planner_layout *l, rank_sets *sets) {
         return;
     }
     planner_entry e = {.l = *l};
-    estimate(&c, s->hw, &e.cost, sets);
+    estimate(&c, s->hw, &e.cost, &s->sets);
     if (s->smallest == 0 || e.cost.mem_peak < s->smallest)
         s->smallest = e.cost.mem_peak, s->st->smallest = e;
     if (e.cost.mem_peak > s->hw->gpu_mem) {
@@ -500,22 +548,17 @@ static void sweep_mesh(search *s, planner_layout l) {
     int G = s->base->train.global_batch_size, mbs[64];
     if (G % l.dp) { /* cfg_validate says why */
         l.micro_batch = 1, l.zero = 0, l.sp = 0, l.recompute = RECOMPUTE_NONE;
-        consider(s, &l, NULL);
+        consider(s, &l);
         return;
     }
     int nm = divisors(G / l.dp, mbs, 64);
-    /* per micro-batch size and full recompute or not: the pipeline ranks' activation sets */
-    rank_sets *sets = calloc((size_t)nm * 2, sizeof *sets);
-    if (!sets) abort();
     for (int sp = 0; sp <= (l.tp > 1); sp++)
         for (int z = 0; z <= 3; z++)
             for (int r = RECOMPUTE_NONE; r <= RECOMPUTE_FULL; r++)
                 for (int i = 0; i < nm; i++) {
                     l.sp = sp, l.zero = z, l.recompute = (ust_recompute)r, l.micro_batch = mbs[i];
-                    consider(s, &l, &sets[(size_t)i * 2 + (r == RECOMPUTE_FULL)]);
+                    consider(s, &l);
                 }
-    for (int k = 0; k < 2 * nm; k++) free(sets[k].slots), free(sets[k].zb);
-    free(sets);
 }
 
 /* The schedules tried at pp > 1 and the vpp each runs at (0: every vpp 2..16 the layers divide
@@ -574,6 +617,7 @@ long planner_search(const ust_config *base, int world, const planner_hw *hw, pla
                 }
             }
     progress_end(&pr);
+    sets_free(&s.sets);
     if (s.n) qsort(s.e, s.n, sizeof *s.e, planner_compare); /* qsort(NULL, 0) is undefined */
     st->fitting = s.n;
     *out = s.e;

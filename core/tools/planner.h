@@ -50,14 +50,17 @@ typedef struct {
     int n_moe;        /* MoE layers */
     double n_params;  /* total */
     /* weights in a matmul per token, i.e. forward FLOPs / 2 (MoE: top_k experts only) */
-    double mm_dense; /* attention, dense MLPs, lm_head: split over tp */
+    double mm_dense; /* attention, dense MLPs, lm_head, model.mtp's: split over tp */
     double mm_moe;   /* routers, active experts, shared experts: computed on every tp rank */
+    double mtp;      /* model.mtp's modules (on the head's stage) */
+    double mm_mtp;   /* theirs, with their logits through the shared head (part of mm_dense) */
 } planner_sizes;
 
 void planner_model_sizes(const ust_config *c, planner_sizes *s);
 
-/* Training FLOPs per token at the config's seq_len: 6 * matmul weights + 12 * L * d_model * T
- * (what core/model's model_flops_per_token counts, with only the active experts). */
+/* Training FLOPs per token at the config's seq_len: 6 x the matmul weights (mm_dense + mm_moe)
+ * + every attention layer's model_attention_flops: what a run's model_flops_per_token counts
+ * (its MFU's). */
 double planner_flops_per_token(const ust_config *c);
 
 /* Ring collective times over n ranks at bw bytes/s. bytes: the whole buffer (all-reduce, the
@@ -83,6 +86,8 @@ typedef struct {
     double group[PLAN_NGROUPS];
     int intra[PLAN_NGROUPS];   /* the group's bandwidth: 1 intra-node, 0 inter-node */
     double sent[PLAN_NGROUPS]; /* bytes this rank sends over the group per step: group x bw */
+    double cp_group;           /* bytes the cp group's ranks send together per step (the
+                                  metric comm_bytes_cp_group; a mean pipeline stage's) */
     double total;              /* compute + bubble + comm */
     double tokens_per_s;       /* global batch tokens / total */
     double mem;                /* plan_memory total bytes (fp32, as `validate`: pipeline rank 0) */

@@ -96,11 +96,12 @@ else
 fi
 
 # DeepSeek-V3 at its real size (configs/deepseek-v3.yaml) on 2048 GPUs: 671B parameters in ~45k
-# expert tensors (a layout's memory plan counts a layer's experts once; about 3 min of CPU at this
-# global batch since zb and dualpipe(v) run latent attention and are simulated too); pipelines over its 61 layers split them unevenly; the
+# expert tensors (a layout's memory plan counts a layer's experts once; about 1 min of CPU at this
+# global batch: zb and dualpipe(v) run latent attention and are simulated too, each (schedule, pp,
+# vpp, micro-batches, recompute) once per search); pipelines over its 61 layers split them unevenly; the
 # config's own layout (pp 16: 3, 4 x 13, 3, 3) fits 80 GiB and is ranked with its traffic; the
 # written best validates at 2048 with the memory the plan printed and fits
-out=$(timeout -k 5 900 $UST plan configs/deepseek-v3.yaml --world 2048 --gpu-mem 80GiB \
+out=$(timeout -k 5 300 $UST plan configs/deepseek-v3.yaml --world 2048 --gpu-mem 80GiB \
     --global-batch 2048 --top 3 --write $TMP/ds.yaml 2>&1)
 planned=$(echo "$out" | sed -n 's/^  memory per rank: .*(\([0-9]*\) bytes;.*/\1/p')
 validated=$($UST validate $TMP/ds.yaml --world 2048 2>&1 | sed -n 's/^  total.*(\([0-9]*\) bytes).*/\1/p')

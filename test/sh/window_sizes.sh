@@ -6,7 +6,9 @@
 # logits (its caches: rings of 7 and 11 rows, pieces of 4) equal the reference's at every new
 # token; tp (with and without sp), cp (ring, all-gather, Ulysses, with document masks; at cp 4
 # contiguous the ring stops each block at the last rank whose windows reach it), pp and
-# ZeRO-3 train one process's losses; the ring's bytes per step equal the hand count. Five sizes exit 2 naming the layer; the export exits 2.
+# ZeRO-3 train one process's losses; the ring's bytes per step equal the hand count, and `ustrain
+# plan`'s cp group bytes equal the runs' (zigzag, contiguous; windows, full). Five sizes exit 2
+# naming the layer; the export exits 2.
 . "$(dirname "$0")/../lib.sh"
 equiv_configs winsizes 4 2
 sed -i 's/n_layer: 2/n_layer: 4/; s/max_seq_len: 64}/max_seq_len: 64, sliding_window: [4, 8, 64, 8]}/' $TMP/llama.yaml
@@ -38,6 +40,23 @@ got=$(grep -o '"comm_bytes_cp":[0-9]*' $TMP/traffic.jsonl | cut -d: -f2 | tr '\n
 got=$(grep -o '"comm_bytes_cp_group":[0-9]*' $TMP/traffic.jsonl | cut -d: -f2 | tr '\n' ' ')
 [ "$got" = "466944 466944 " ] && pass window_cp4_group_ring_bytes_equal_hand_count ||
     fail window_cp4_group_ring_bytes_equal_hand_count "comm_bytes_cp_group per step: $got, by hand 466944"
+# the plan's figure for the cp group (`ustrain plan`, the config's own layout) equals what a run
+# measures, for both layouts with these windows and with full (causal) attention
+cp_plan_vs_run() { # NAME LAYOUT WINDOW [metrics of a run done]
+    local name=$1 S="--set parallel.cp=4 --set parallel.cp_layout=$2 --set model.sliding_window=$3"
+    local m=${4:-$TMP/$name.jsonl} plan got
+    [ $# -ge 4 ] || set -- "$@" ""
+    [ -n "$4" ] || scripts/ustrun --nproc-per-node 4 $UST train $TMP/llama.yaml $S --set train.steps=1 \
+        --set checkpoint.resume=none --set checkpoint.every=0 --set logging.metrics_file=$m \
+        >$TMP/$name.out 2>&1 || { fail $name "run: $(tail -2 $TMP/$name.out)"; return; }
+    got=$(grep -o '"comm_bytes_cp_group":[0-9]*' $m | head -1 | cut -d: -f2)
+    plan=$($UST plan $TMP/llama.yaml --world 4 $S | sed -n '/own layout/,$s/.* \([0-9]*\) bytes by the group.*/\1/p')
+    [ -n "$got" ] && [ "$plan" = "$got" ] && pass $name || fail $name "plan $plan bytes, the run $got"
+}
+cp_plan_vs_run window_cp4_plan_equals_run_contiguous contiguous "[4,8,64,8]" $TMP/traffic.jsonl
+cp_plan_vs_run window_cp4_plan_equals_run_zigzag zigzag "[4,8,64,8]"
+cp_plan_vs_run window_cp4_plan_equals_run_contiguous_full contiguous "''"
+cp_plan_vs_run window_cp4_plan_equals_run_zigzag_full zigzag "''"
 if need_py window_sizes_reference torch safetensors; then
     $UST train $TMP/llama.yaml --set train.steps=0 --set "data.val=$TMP/data/val_*.bin" \
         --set data.val_steps=4 --set checkpoint.dir=$TMP/ck >$TMP/t.log 2>&1
