@@ -446,9 +446,9 @@ static void json_data(FILE *f, const log_step *s) {
 }
 
 static void json_ranks(FILE *f, const log_step *s) {
-    const char *key[2] = {"rank_compute_ms", "rank_wait_ms"};
-    const double *v[2] = {s->ranks.compute_ms, s->ranks.wait_ms};
-    for (int k = 0; k < 2; k++) {
+    const char *key[3] = {"rank_compute_ms", "rank_wait_ms", "rank_step_ms"};
+    const double *v[3] = {s->ranks.compute_ms, s->ranks.wait_ms, s->ranks.step_ms};
+    for (int k = 0; k < 3; k++) {
         fprintf(f, ",\"%s\":[", key[k]);
         for (int r = 0; r < s->ranks.n; r++) fprintf(f, "%s%.4f", r ? "," : "", v[k][r]);
         fputc(']', f);
@@ -561,6 +561,8 @@ static void tb_step(ust_log *l, const log_step *s, const log_scalar *x, int n, d
         tb_value(&summary, tag, s->ranks.compute_ms[r]);
         snprintf(tag, sizeof tag, "rank/%d/wait_ms", r);
         tb_value(&summary, tag, s->ranks.wait_ms[r]);
+        snprintf(tag, sizeof tag, "rank/%d/step_ms", r);
+        tb_value(&summary, tag, s->ranks.step_ms[r]);
     }
     for (int i = 0; i < s->moe.n; i++) {
         const char *what[5] = {"load_max", "load_mean", "dropped", "overload", "bias_range"};

@@ -68,14 +68,14 @@ typedef struct {
 } log_data;
 
 /* Stragglers (every logging.every steps on a job of several ranks): each rank's compute time
- * (the step less its waits on communicators) and wait time, the rank computing longest and its
- * compute over the median (n 0: not gathered this step; per-rank figures for the first
+ * (the step less its waits on communicators), wait time and step time, the rank computing longest
+ * and its compute over the median (n 0: not gathered this step; per-rank figures for the first
  * LOG_MAX_RANKS ranks). */
 enum { LOG_MAX_RANKS = 64 };
 typedef struct {
     int n, slowest, flagged; /* flagged: slowdown above logging.straggler_ratio */
     double slowdown;
-    double compute_ms[LOG_MAX_RANKS], wait_ms[LOG_MAX_RANKS];
+    double compute_ms[LOG_MAX_RANKS], wait_ms[LOG_MAX_RANKS], step_ms[LOG_MAX_RANKS];
 } log_ranks;
 
 /* Stability figures (logging.stats_every; n 0: not this step): per layer (the last entry: the

@@ -15,6 +15,25 @@ void mem_init_counting(ust_arena *a) { mem_init(a, NULL); }
 
 int mem_counting(const ust_arena *a) { return a->ops == NULL; }
 
+/* The row of this allocation's owner: the label when it is for this category, else the
+ * category's own. Labels take at most MEM_MAX_OWNERS - MEM_NCAT rows; past them a label's bytes
+ * go to its category's own row, which always has room, so the rows still sum to the total. */
+static mem_owner *owner_of(ust_arena *a, mem_cat cat) {
+    const char *name = a->label[cat] ? a->label[cat] : mem_cat_name(cat);
+    mem_owner *o = &a->owners[a->last];
+    if (a->nowners && o->cat == cat && (o->name == name || !strcmp(o->name, name))) return o;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int i = 0; i < a->nowners; i++)
+            if (a->owners[i].cat == cat && !strcmp(a->owners[i].name, name))
+                return &a->owners[a->last = i];
+        if (name == mem_cat_name(cat) || a->nowners < MEM_MAX_OWNERS - MEM_NCAT) break;
+        name = mem_cat_name(cat); /* the labels' rows are full */
+    }
+    a->last = a->nowners++;
+    a->owners[a->last] = (mem_owner){.name = name, .cat = cat};
+    return &a->owners[a->last];
+}
+
 void *mem_alloc(ust_arena *a, mem_cat cat, size_t bytes) {
     UST_ASSERT(!a->frozen, "allocation of %zu bytes after setup (category %s)", bytes,
                mem_cat_name(cat));
@@ -28,6 +47,8 @@ void *mem_alloc(ust_arena *a, mem_cat cat, size_t bytes) {
     }
     a->bytes[cat] += bytes;
     a->total += bytes;
+    mem_owner *o = owner_of(a, cat);
+    o->bytes += bytes, o->count++;
     if (a->total > a->peak) a->peak = a->total;
     if (mem_counting(a)) return NULL;
     if (a->nblocks == a->cap) {
@@ -54,7 +75,15 @@ void mem_release(ust_arena *a) {
     a->cap = 0;
     a->total = 0;
     memset(a->bytes, 0, sizeof a->bytes);
+    a->nowners = a->last = 0;
+    memset(a->label, 0, sizeof a->label);
     a->frozen = 0;
+}
+
+const char *mem_label(ust_arena *a, mem_cat cat, const char *name) {
+    const char *prev = a->label[cat];
+    a->label[cat] = name;
+    return prev;
 }
 
 const char *mem_cat_name(mem_cat c) {

@@ -11,7 +11,9 @@
 
 /* ------------------------------------------------------------------ activations */
 
-/* activations (the backend's act_size each) and fp32 statistics */
+/* activations (the backend's act_size each) and fp32 statistics, under the owner that
+ * mem_label last named: the memory map's rows, one per kind of buffer (acts.layer.attn, ...) */
+#define OWNER(name) mem_label(a, MEM_ACTS, name)
 #define A(n) ((act *)mem_alloc(a, MEM_ACTS, act_bytes(m->ops, n)))
 #define F32(n) ((float *)mem_alloc(a, MEM_ACTS, (size_t)(n) * sizeof(float)))
 
@@ -20,6 +22,7 @@ void acts_alloc_layer(model *m, ust_arena *a, layer_acts *x, act *shared_act, in
     int64_t N = (int64_t)m->shape.B * m->shape.T, C = m->shape.C, HD = m->shape.H * m->shape.D,
             KV = m->shape.Hkv * m->shape.D, F = m->shape.F;
     int64_t Nl = m->shape.Nl;
+    const char *caller = OWNER("acts.layer.attn");
     x->ln1 = A(Nl * C);
     x->ln1_mean = F32(Nl);
     x->ln1_rstd = F32(Nl);
@@ -35,6 +38,7 @@ void acts_alloc_layer(model *m, ust_arena *a, layer_acts *x, act *shared_act, in
     }
     if (is_mla(m)) mla_alloc_layer(m, a, x);
     x->lse = F32((int64_t)m->shape.B * m->shape.H * m->shape.T);
+    OWNER("acts.layer.mlp");
     x->res2 = A(Nl * C);
     x->ln2 = A(Nl * C);
     x->ln2_mean = F32(Nl);
@@ -45,24 +49,29 @@ void acts_alloc_layer(model *m, ust_arena *a, layer_acts *x, act *shared_act, in
         x->pn1_rstd = F32(Nl);
         x->pn2_rstd = F32(Nl);
     }
-    if (!mlp) return;
-    x->gate = m->shape.llama ? A(N * F) : NULL;
-    x->up = A(N * F);
-    x->act = m->shape.recompute == RECOMPUTE_SELECTIVE ? shared_act : A(N * F);
+    if (mlp) {
+        x->gate = m->shape.llama ? A(N * F) : NULL;
+        x->up = A(N * F);
+        x->act = m->shape.recompute == RECOMPUTE_SELECTIVE ? shared_act : A(N * F);
+    }
+    OWNER(caller);
 }
 
 /* A MoE layer's saved routing and expert activations. A counting arena (the memory plan's
  * model has no MoE context) counts what moe_acts_init carves, sized beside it. */
 static void alloc_moe_acts(model *m, ust_arena *a, moe_acts *ma) {
+    const char *caller = OWNER("acts.layer.moe");
     if (mem_counting(a))
         mem_alloc(a, MEM_ACTS, moe_acts_bytes(m->cfg, m->shape.B * m->shape.T, m->moe.ep_size));
     else
         moe_acts_init(&m->moe.ctx, ma, a);
+    OWNER(caller);
 }
 
 static void alloc_wsave(model *m, ust_arena *a, layer_wsave *w) {
     int64_t N = (int64_t)m->shape.B * m->shape.T, C = m->shape.C, HD = m->shape.H * m->shape.D,
             KV = m->shape.Hkv * m->shape.D, F = m->shape.F;
+    const char *caller = OWNER("acts.layer.zb_grads");
     w->gmlp = A(N * C);
     w->dup = A(N * F);
     w->dgate = m->shape.llama ? A(N * F) : NULL;
@@ -81,6 +90,7 @@ static void alloc_wsave(model *m, ust_arena *a, layer_wsave *w) {
         w->dpn2 = A((int64_t)m->shape.Nl * C);
     }
     if (is_mla(m)) mla_alloc_wsave(m, a, w);
+    OWNER(caller);
 }
 
 /* model.norm_offset: the ones 1 + w is made from (block_norm_weight), set once here */
@@ -103,6 +113,7 @@ static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *
     int64_t N = (int64_t)m->shape.B * m->shape.T, C = m->shape.C, Nl = m->shape.Nl,
             nl = ch->hi - ch->lo;
     s->xs = calloc(nl + 1, sizeof *s->xs);
+    OWNER("acts.slot.residual");
     for (int i = 0; i <= nl; i++) /* the boundaries carry model.mtp's embeddings behind */
         s->xs[i] = A(i == 0 || i == nl ? model_boundary_numel(m) : Nl * C);
     if (m->shape.recompute != RECOMPUTE_FULL) {
@@ -128,12 +139,14 @@ static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *
         s->wg.jobs = calloc((size_t)s->wg.cap, sizeof *s->wg.jobs);
     }
     if (ch->head) {
+        OWNER("acts.slot.head");
         s->lnf = A(Nl * C);
         s->lnf_mean = F32(Nl);
         s->lnf_rstd = F32(Nl);
         s->logits = A(N * m->shape.Vl);
         if (m->shape.zb) s->dlnf = A(Nl * C);
     }
+    OWNER("acts.slot.tokens");
     if (ch->embed) s->tok = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
     if (m->shape.doc_mask || m->shape.reset_pos)
         s->doc = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
@@ -146,15 +159,19 @@ static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *
             s->uwdoc[k] = mem_alloc(a, MEM_ACTS, N * cp_ulysses(m->par.cp) * sizeof(int32_t));
     }
     s->pos = mem_alloc(a, MEM_ACTS, N * sizeof(int32_t));
-    s->dy = A(model_boundary_numel(m));
     if (m->mtp.D && ch->embed) s->mtp_tok = mem_alloc(a, MEM_ACTS, m->mtp.D * N * sizeof(int32_t));
+    OWNER("acts.slot.grad");
+    s->dy = A(model_boundary_numel(m));
+    OWNER("acts.slot.mtp");
     if (m->mtp.D && ch->head) mtp_alloc_slot(m, a, s, shared);
+    OWNER(NULL);
 }
 
 void acts_alloc(model *m, ust_arena *a) {
     int64_t N = (int64_t)m->shape.B * m->shape.T, C = m->shape.C, HD = m->shape.H * m->shape.D,
             KV = m->shape.Hkv * m->shape.D, F = m->shape.F;
     int64_t wide = HD > F ? HD : F;
+    const char *caller = OWNER("acts.shared.mlp_act"); /* train.recompute: selective's */
     act *shared = m->shape.recompute == RECOMPUTE_SELECTIVE ? A(N * F) : NULL;
     if (m->shape.recompute == RECOMPUTE_FULL) acts_alloc_layer(m, a, &m->acts.scratch, shared, 1);
     if (m->shape.recompute == RECOMPUTE_FULL && m->moe.has_moe)
@@ -164,6 +181,7 @@ void acts_alloc(model *m, ust_arena *a) {
         ch->slots = calloc(ch->nslots, sizeof *ch->slots);
         for (int k = 0; k < ch->nslots; k++) alloc_slot(m, a, ch, &ch->slots[k], shared);
     }
+    OWNER("acts.scratch"); /* the step's own: the loss, the backward's gradients */
     m->acts.losses = F32(N);
     m->acts.dtmp = A((int64_t)m->shape.Nl * C);
     m->acts.dln = A(N * C);
@@ -197,7 +215,9 @@ void acts_alloc(model *m, ust_arena *a) {
     if (is_mla(m)) mla_alloc_scratch(m, a);
     if (m->mtp.D && head) mtp_alloc_scratch(m, a);
     if (m->shape.fam.norm_offset) alloc_norm_offset(m, a);
+    OWNER(caller);
 }
+#undef OWNER
 #undef A
 #undef F32
 

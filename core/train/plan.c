@@ -12,8 +12,8 @@
 /* The plan of pipeline rank r (every rank without a pipeline): rank 0 of its tensor-, context-
  * and expert-parallel groups, built as the run builds it (train_build_rank, with the activation
  * sets pp_plan gives each chunk) against a counting arena, so every figure is the arena's own. */
-void plan_memory_rank_sets(const ust_config *c, int r, int whole, const int *sets, int zb,
-                           mem_plan *p) {
+static void plan_count(const ust_config *c, int r, int whole, const int *sets, int zb, mem_plan *p,
+                       ust_arena *owners) {
     ust_ops sizes = {.act_size = cfg_act_size(c)}; /* no backend: element sizes only */
     train_engine g = {.ops = &sizes};
     mem_init_counting(&g.arena);
@@ -35,19 +35,29 @@ void plan_memory_rank_sets(const ust_config *c, int r, int whole, const int *set
     p->acts = (double)count->bytes[MEM_ACTS];
     p->comm = (double)count->bytes[MEM_COMM];
     p->total = p->params + p->grads + p->optim + p->acts + p->comm;
+    if (owners) *owners = g.arena;
 }
 
-static void plan_rank(const ust_config *c, int r, int whole, mem_plan *p) {
+void plan_memory_rank_sets(const ust_config *c, int r, int whole, const int *sets, int zb,
+                           mem_plan *p) {
+    plan_count(c, r, whole, sets, zb, p, NULL);
+}
+
+static void plan_rank(const ust_config *c, int r, int whole, mem_plan *p, ust_arena *owners) {
     int slots[MODEL_MAX_CHUNKS] = {0}, zb = 0;
     ust_err e;
     if (pp_activation_sets(c, r, slots, &zb, &e)) slots[0] = 1; /* validation reports it */
-    plan_memory_rank_sets(c, r, whole, slots, zb, p);
+    plan_count(c, r, whole, slots, zb, p, owners);
 }
 
-void plan_memory(const ust_config *c, mem_plan *p) { plan_rank(c, 0, 1, p); }
+void plan_memory(const ust_config *c, mem_plan *p) { plan_rank(c, 0, 1, p, NULL); }
 
 void plan_memory_rank(const ust_config *c, int pp_rank, mem_plan *p) {
-    plan_rank(c, pp_rank, 1, p);
+    plan_rank(c, pp_rank, 1, p, NULL);
+}
+
+void plan_memory_owners(const ust_config *c, int pp_rank, mem_plan *p, ust_arena *count) {
+    plan_rank(c, pp_rank, 1, p, count);
 }
 
 void plan_activation_sets(const ust_config *c, int (*slots)[MODEL_MAX_CHUNKS], int *zb) {
@@ -98,7 +108,7 @@ int plan_check_fits(const ust_config *c, ust_err *e) {
     double total = 0, peak = 0, per_stage = (double)l->dp * l->tp * l->cp;
     for (int r = 0; r < l->pp; r++) {
         mem_plan q;
-        plan_rank(c, r, 0, &q);
+        plan_rank(c, r, 0, &q, NULL);
         total += q.total * per_stage;
         if (q.total > peak) peak = q.total;
     }
@@ -154,7 +164,7 @@ void plan_print(const ust_config *c, const mem_plan *p, FILE *f) {
         for (int r = 0; r < c->parallel.pp; r++) {
             mem_plan q;
             char s[3][32];
-            plan_rank(c, r, 0, &q);
+            plan_rank(c, r, 0, &q, NULL);
             fprintf(f, "  pp rank %-3d parameters %10s  activations %10s  total %10s\n", r,
                     log_bytes(s[0], 32, q.params), log_bytes(s[1], 32, q.acts),
                     log_bytes(s[2], 32, q.total));

@@ -21,6 +21,9 @@ typedef struct {
 
 void plan_memory(const ust_config *c, mem_plan *p); /* pipeline rank 0 (every rank without pp) */
 void plan_memory_rank(const ust_config *c, int pp_rank, mem_plan *p);
+/* plan_memory_rank, and the counting arena it was counted in: its owners (mem_owner) are the
+ * plan of each row of the memory map (train_memmap.c). */
+void plan_memory_owners(const ust_config *c, int pp_rank, mem_plan *p, ust_arena *count);
 /* The largest total over the pipeline ranks: what must fit a device. */
 double plan_memory_peak(const ust_config *c);
 /* plan_memory_rank (whole 1: n_params too) or one rank of plan_memory_peak (whole 0) with the

@@ -10,8 +10,17 @@
 
 /* The contexts of the dimensions that split a layer (tensor, context and expert parallelism),
  * each over the group it owns; the plan's carve what they would and talk to nobody. */
+/* The memory map's owners of what follows: the activations' and communication's named by who
+ * carves them (the model's activations name themselves: acts.c) */
+static void build_owner(train_engine *g, const char *acts, const char *comm, const char *other) {
+    mem_label(&g->arena, MEM_ACTS, acts);
+    mem_label(&g->arena, MEM_COMM, comm);
+    mem_label(&g->arena, MEM_OTHER, other);
+}
+
 static void build_contexts(train_engine *g, const ust_config *cfg, const ust_topology *topo) {
     const __typeof__(cfg->parallel) *l = &cfg->parallel;
+    build_owner(g, "acts.tp.sp_scratch", "comm.tp", NULL);
     int B = cfg->train.micro_batch_size, T = cfg->train.seq_len, Tl = T / l->cp;
     int C = cfg->model.d_model, hd = cfg_head_dim(cfg);
     if (topo) {
@@ -20,6 +29,7 @@ static void build_contexts(train_engine *g, const ust_config *cfg, const ust_top
         g->tp = tp_shape(g->ops, l->tp, B * Tl, C, l->sp);
         tp_alloc_scratch(&g->tp, &g->arena);
     }
+    build_owner(g, "acts.cp.scratch", "comm.cp", NULL);
     int start, H = tp_part(&g->tp, cfg->model.n_head, &start); /* attention after the tp split */
     int Hkv = tp_part(&g->tp, cfg->model.n_kv_head, &start);
     if (topo) {
@@ -31,12 +41,14 @@ static void build_contexts(train_engine *g, const ust_config *cfg, const ust_top
     }
     /* the MoE layers' dispatch context, sized for their tokens (the plan's is counted with the
      * model's MoE context: params_shape) */
+    build_owner(g, "acts.moe.dispatch", "comm.ep", NULL);
     if (g->has_moe && topo) {
         int64_t send, recv;
         moe_dispatch_rows(cfg, (int64_t)B * Tl, l->ep, &send, &recv);
         ep_init(&g->ep, g->ops, l->ep > 1 ? topo->comm[TOPO_EP] : NULL, &g->arena,
                 cfg->model.moe.num_experts, C, send, recv);
     }
+    build_owner(g, NULL, NULL, NULL);
 }
 
 /* Where the model's tensors live on this rank: the ZeRO unit padding over the ranks that sum
@@ -79,6 +91,9 @@ int train_build_rank(train_engine *g, const ust_config *cfg, const train_build_a
                              .mp = topo->comm[TOPO_TP],
                              .pipe = l->pp > 1 ? topo->comm[TOPO_PP] : NULL,
                              .mirror = topo->comm[TOPO_MIRROR]};
+    }
+    build_owner(g, "acts.moe.dispatch", "comm.moe", NULL); /* the MoE context's */
+    if (topo) {
         if (model_create_with(&g->m, cfg, g->ops, &g->arena, &st, e)) {
             pps_free(&sched);
             return -1;
@@ -86,7 +101,10 @@ int train_build_rank(train_engine *g, const ust_config *cfg, const train_build_a
     } else {
         g->m = params_shape(cfg, g->ops, &st, at->whole, &g->arena);
     }
-    if (dp_create(&g->dp, cfg, g->ops, &g->arena, g->m, &groups, e)) {
+    build_owner(g, NULL, "comm.dp", "scratch.dp_stats");
+    int bad = dp_create(&g->dp, cfg, g->ops, &g->arena, g->m, &groups, e);
+    build_owner(g, NULL, "comm.pp", NULL);
+    if (bad) {
         pps_free(&sched);
         return -1;
     }
@@ -95,6 +113,7 @@ int train_build_rank(train_engine *g, const ust_config *cfg, const train_build_a
                           &sched);
     else
         pp_alloc_scalars(&g->arena, l->pp); /* the executor's own: every schedule is the run's */
+    build_owner(g, NULL, "comm.train", NULL);
     g->flag = mem_alloc(&g->arena, MEM_COMM, sizeof(float)); /* train_any_rank's */
     /* QK-clip, or the stats' logits (host memory: the CPU backend's arena): this rank's table,
      * then every rank's */
@@ -105,6 +124,7 @@ int train_build_rank(train_engine *g, const ust_config *cfg, const train_build_a
                                   cfg->model.n_head * sizeof(float));
     if (cfg->logging.stats_every > 0) /* the activation sums' world reduction */
         g->sums = mem_alloc(&g->arena, MEM_COMM, 8 * sizeof(float));
+    build_owner(g, NULL, NULL, NULL);
     return 0;
 }
 

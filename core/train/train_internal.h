@@ -102,7 +102,7 @@ typedef struct {
     int64_t timed;            /* their count */
     int64_t allocs_after_one; /* device allocations after the first step (-1: not yet) */
     double ce_loss;           /* the step's cross-entropy: its loss less the MoE aux/z terms */
-    float *ranks_dev, *ranks_host; /* stragglers: every rank's compute and wait (2 x world) */
+    float *ranks_dev, *ranks_host; /* stragglers: every rank's compute, wait, step (3 x world) */
     double max_logit; /* QK-clip: the step's largest attention logit (NaN: not tracked) */
     int qk_clipped;   /* ... and the (layer, query head) pairs above the threshold (-1: no clip) */
     log_mtp mtp;      /* model.mtp: each module's cross-entropy (the step's; validation's) */

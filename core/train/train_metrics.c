@@ -137,6 +137,8 @@ static log_step report_step(trainer *t, const step_mark *mark, double loss, doub
 }
 
 /* The loop's start: the peak MFU is measured against, and the steps the mean time leaves out. */
+enum { RANK_FIGS = 3 }; /* the stragglers' figures of each rank: compute, wait, step */
+
 void train_metrics_begin(trainer *t, const train_opts *opts, train_result *res) {
     train_metrics *m = &t->met;
     m->fpt = model_flops_per_token(t->eng.m);
@@ -151,7 +153,7 @@ void train_metrics_begin(trainer *t, const train_opts *opts, train_result *res) 
     m->untimed = opts->untimed_steps > 0 ? opts->untimed_steps : 1;
     m->all_timed = t->cfg->train.steps - m->first <= m->untimed;
     if (t->rt->world > 1) { /* the stragglers' exchange (gather_ranks) */
-        size_t bytes = 2 * (size_t)t->rt->world * sizeof(float);
+        size_t bytes = RANK_FIGS * (size_t)t->rt->world * sizeof(float);
         m->ranks_dev = t->eng.ops->alloc(t->eng.ops, bytes);
         m->ranks_host = malloc(bytes);
         UST_ASSERT(m->ranks_host, "out of memory");
@@ -163,9 +165,9 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Stragglers: every rank's compute (the step less its waits on every group) and wait time, summed
- * into a zeroed vector where each rank fills its own pair (one all-reduce over the world); the
- * rank computing longest is the slowest, its compute over the median its slowdown. Every
+/* Stragglers: every rank's compute (the step less its waits on every group), wait and step time,
+ * summed into a zeroed vector where each rank fills its own three (one all-reduce over the world);
+ * the rank computing longest is the slowest, its compute over the median its slowdown. Every
  * logging.every steps and the last, on every rank (the condition is the step's alone). */
 static void gather_ranks(trainer *t, const step_mark *mark, log_step *s) {
     int world = t->rt->world, every = t->cfg->logging.every;
@@ -174,31 +176,33 @@ static void gather_ranks(trainer *t, const step_mark *mark, log_step *s) {
     step_mark now = train_metrics_mark(t);
     double wait = 0;
     for (int k = 0; k < TOPO_NKINDS; k++) wait += now.wait_s[k] - mark->wait_s[k];
-    for (int i = 0; i < 2 * world; i++) m->ranks_host[i] = 0;
-    m->ranks_host[2 * t->rt->rank] = (float)(s->ms - 1e3 * wait);
-    m->ranks_host[2 * t->rt->rank + 1] = (float)(1e3 * wait);
+    float *h = m->ranks_host; /* rank i: compute, wait, step at RANK_FIGS * i */
+    for (int i = 0; i < RANK_FIGS * world; i++) h[i] = 0;
+    h[RANK_FIGS * t->rt->rank] = (float)(s->ms - 1e3 * wait);
+    h[RANK_FIGS * t->rt->rank + 1] = (float)(1e3 * wait);
+    h[RANK_FIGS * t->rt->rank + 2] = (float)s->ms;
     const ust_ops *o = t->eng.ops;
-    size_t bytes = 2 * (size_t)world * sizeof(float);
+    size_t bytes = RANK_FIGS * (size_t)world * sizeof(float);
     o->to_device(o, m->ranks_dev, m->ranks_host, bytes);
     comm_req r = comm_allreduce(t->rt->topo.comm[TOPO_WORLD], m->ranks_dev, m->ranks_dev,
-                                2 * (size_t)world, COMM_FP32, COMM_SUM);
+                                RANK_FIGS * (size_t)world, COMM_FP32, COMM_SUM);
     comm_wait(&r);
     o->to_host(o, m->ranks_host, m->ranks_dev, bytes);
     double *sorted = malloc(sizeof(double) * (size_t)world);
     UST_ASSERT(sorted, "out of memory");
     s->ranks.slowest = 0;
     for (int i = 0; i < world; i++) {
-        sorted[i] = m->ranks_host[2 * i];
-        if (m->ranks_host[2 * i] > m->ranks_host[2 * s->ranks.slowest]) s->ranks.slowest = i;
+        const float *r = &h[RANK_FIGS * i];
+        sorted[i] = r[0];
+        if (r[0] > h[RANK_FIGS * s->ranks.slowest]) s->ranks.slowest = i;
         if (i < LOG_MAX_RANKS)
-            s->ranks.compute_ms[i] = m->ranks_host[2 * i],
-            s->ranks.wait_ms[i] = m->ranks_host[2 * i + 1];
+            s->ranks.compute_ms[i] = r[0], s->ranks.wait_ms[i] = r[1], s->ranks.step_ms[i] = r[2];
     }
     qsort(sorted, (size_t)world, sizeof *sorted, cmp_double);
     double median = world % 2 ? sorted[world / 2] : (sorted[world / 2 - 1] + sorted[world / 2]) / 2;
     free(sorted);
     s->ranks.n = world < LOG_MAX_RANKS ? world : LOG_MAX_RANKS;
-    s->ranks.slowdown = median > 0 ? m->ranks_host[2 * s->ranks.slowest] / median : 1;
+    s->ranks.slowdown = median > 0 ? h[RANK_FIGS * s->ranks.slowest] / median : 1;
     s->ranks.flagged = s->ranks.slowdown > t->cfg->logging.straggler_ratio;
 }
 

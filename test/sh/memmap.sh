@@ -3,6 +3,8 @@
 # allocation that would pass the limit prints the arena by owner beside the memory plan's figure
 # for each and writes it as JSON (run.out_dir/memory_map_rank_R.json): the owners sum to the
 # arena, the request takes it past the limit, every owner allocated whole equals its plan; the
+# activations and scratch are one row per kind of buffer (acts.layer.attn, acts.slot.head, ...),
+# none left under the bare category, and the printed rows sum to the printed total; the
 # suggestion is the planner's next option for the largest owner (recompute, then ZeRO); exit 2
 # before any step; a limit that fits changes nothing; a bad limit is a config error.
 . "$(dirname "$0")/../lib.sh"
@@ -24,6 +26,20 @@ for path in sys.argv[5:]:
     for owner in ("params", "grads"):  # allocated whole before the activations
         assert m["arena"][owner] == m["plan"][owner], (owner, m)
     assert sum(m["plan"].values()) == m["plan_total"], m
+    assert sum(m["categories"].values()) == m["arena_total"], m
+    acts = [k for k in m["plan"] if k.startswith("acts.")]
+    assert "activations" not in m["plan"] and "activations" not in m["arena"], m
+    for k in ("acts.layer.attn", "acts.layer.mlp", "acts.slot.residual", "acts.slot.head", "acts.scratch"):
+        assert m["plan"][k] > 0 and k in text, (k, m)
+    assert sum(m["arena"][k] for k in acts) == m["categories"]["activations"], m
+    if m["request"]["category"] != "activations":  # past them: every kind allocated whole
+        assert all(m["arena"][k] == m["plan"][k] for k in acts), m
+    rows = [l.split("]")[-1].split() for l in text.splitlines() if "MiB   plan" in l]
+    arena = lambda r: float(r[r.index("MiB") - 1])  # every rank's rows and totals together
+    printed = sum(arena(r) for r in rows if r[0] != "total")
+    total = sum(arena(r) for r in rows if r[0] == "total")
+    assert total > 0, text[-400:]
+    assert abs(printed - total) <= 0.005 * len(rows) + 1e-9, (printed, total)
     assert want in m["next"] and want in text, (want, m["next"])
 print("ok")
 EOT
@@ -41,6 +57,11 @@ rm -rf $TMP/run
 scripts/ustrun --nproc-per-node 2 $UST train $TMP/c.yaml $S --set parallel.dp=2 --set run.memory_limit_mb=20 >$TMP/c.out 2>&1
 check c 2 $TMP/c.out "train.recompute: selective" $TMP/run/memory_map_rank_0.json $TMP/run/memory_map_rank_1.json >$TMP/c.check 2>&1
 grep -q "^ok" $TMP/c.check && pass memmap_every_rank_writes_its_map || fail memmap_every_rank_writes_its_map "$(tail -2 $TMP/c.check) $(ls $TMP/run)"
+rm -rf $TMP/run
+$UST train $TMP/c.yaml $S --set run.memory_limit_mb=30 >$TMP/e.out 2>&1
+check e $? $TMP/e.out "acts.layer.mlp the largest" $TMP/run/memory_map_rank_0.json >$TMP/e.check 2>&1
+grep -q "^ok" $TMP/e.check && grep -q "optimizer .*<- this allocation's owner" $TMP/e.out &&
+    pass memmap_every_activation_kind_equals_its_plan || fail memmap_every_activation_kind_equals_its_plan "$(tail -2 $TMP/e.check) $(tail -2 $TMP/e.out)"
 rm -rf $TMP/run
 $UST train $TMP/c.yaml $S --set run.memory_limit_mb=1000 >$TMP/d.out 2>&1
 rc=$?

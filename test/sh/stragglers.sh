@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Stragglers: every logging.every steps each rank's compute time (its step less its waits on
-# communicators) and wait time are gathered; a rank slowed by a planted delay
+# communicators), wait time and step time (their sum) are gathered; a rank slowed by a planted delay
 # (UST_FAULT_SLOW_RANK=R:ms, a sleep in its computation) is named as the slowest in every
 # gathered step, with its slowdown against the median compute above logging.straggler_ratio in
 # the step line and the metrics, and TensorBoard gets every rank's figures. A ratio above the
@@ -21,6 +21,9 @@ assert [r["step"] for r in rows] == [2, 4, 6], [r["step"] for r in rows]
 for r in rows:
     c = r["rank_compute_ms"]
     assert len(c) == 4 and len(r["rank_wait_ms"]) == 4, r
+    for k in range(4):  # each rank's own step: its compute and its waits
+        w, st = r["rank_wait_ms"][k], r["rank_step_ms"][k]
+        assert st > 0 and abs(st - (c[k] + w)) <= 1e-3 * st + 0.01, (k, c, r["rank_wait_ms"], r["rank_step_ms"])
     # the planted 200 ms is rank 2's computation: above every other rank's by most of it
     assert r["slowest_rank"] == 2 and r["straggler_rank"] == 2, r
     assert c[2] - max(c[:2] + c[3:]) > 150, c
@@ -36,7 +39,7 @@ import sys
 from tensorboard.backend.event_processing import event_accumulator as ea
 acc = ea.EventAccumulator(sys.argv[1]); acc.Reload()
 tags = acc.Tags()["scalars"]
-need = ["rank/%d/%s" % (r, k) for r in range(4) for k in ("compute_ms", "wait_ms")] + ["slowest_slowdown", "straggler_rank"]
+need = ["rank/%d/%s" % (r, k) for r in range(4) for k in ("compute_ms", "wait_ms", "step_ms")] + ["slowest_slowdown", "straggler_rank"]
 miss = [t for t in need if t not in tags]
 print("missing", miss) if miss else print("ok")
 EOT
