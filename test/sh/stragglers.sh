@@ -26,7 +26,7 @@ for r in rows:
         assert st > 0 and abs(st - (c[k] + w)) <= 1e-3 * st + 0.01, (k, c, r["rank_wait_ms"], r["rank_step_ms"])
     # the planted 200 ms is rank 2's computation: above every other rank's by most of it
     assert r["slowest_rank"] == 2 and r["straggler_rank"] == 2, r
-    assert c[2] - max(c[:2] + c[3:]) > 150, c
+    assert c[2] - max(c[:2] + c[3:]) > 100, c  # 200 planted; 4 ranks on 2 shared cores jitter by tens of ms
     assert r["slowest_slowdown"] > 1.2, r
 print("ok")
 EOT
