@@ -864,6 +864,18 @@ static int attention_case(const att_case *c, const att_tol *tol) {
     if (!gclose_act(what, gout, out, nq, tol->out_a, tol->out_r)) goto done;
     snprintf(what, sizeof what, "%s: lse", c->name);
     if (!gclose(what, glse, lse, nl, tol->lse_a, tol->lse_r)) goto done;
+    /* the largest visible logit per head (QK-clip's statistic), max-accumulated into what is
+     * there (head 0 starts above every score; 1e3 must stay): the same fp32 sums in the same
+     * order as the CPU, so only a fused multiply-add's rounding may differ */
+    float mx[64];
+    for (int h = 0; h < H; h++) mx[h] = h == 0 && H > 1 ? 1e3f : -INFINITY;
+    float *gmx = gup(mx, H);
+    CPU->attention_logit_max(CPU, mx, q, k, B, Tq, Tk, H, Hkv, D, cq, ck, c->causal, qs);
+    GPU->attention_logit_max(GPU, gmx, gq, gk, B, Tq, Tk, H, Hkv, D, gqp, gkp, c->causal, gqs);
+    snprintf(what, sizeof what, "%s: logit max", c->name);
+    int mx_ok = gclose(what, gmx, mx, H, 1e-5, 1e-5);
+    gfree(gmx);
+    if (!mx_ok) goto done;
     CPU->attention_bwd(CPU, dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, cq, ck,
                        c->causal, qs);
     GPU->attention_bwd(GPU, gdq, gdk, gdv, gdout, gout, glse, gq, gk, gv, B, Tq, Tk, H, Hkv, D, gqp,
