@@ -222,6 +222,11 @@ void cuda_attention_merge(const ust_ops *o, act *out, float *lse, const act *out
 const float *cuda_attention_dot(const ust_ops *o, const act *dout, const act *out, int B, int Tq,
                                 int H, int D);
 
+/* attention_max.cu: ops.h's attention_logit_max (any act_size). */
+void cuda_attention_logit_max(const ust_ops *o, float *mx, const act *q, const act *k, int B,
+                              int Tq, int Tk, int H, int Hkv, int D, const int32_t *q_pos,
+                              const int32_t *k_pos, int causal, const int32_t *q_start);
+
 /* attention_tc.cu: the tensor-core kernels (bf16 products, fp32 softmax and accumulators) for
  * the head dims cuda_attention_tc_supported accepts, reading and writing activations as stored;
  * the backward takes Di from above. */

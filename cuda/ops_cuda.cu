@@ -2100,6 +2100,7 @@ extern "C" ust_ops *ops_cuda_create(int device, ust_err *e) {
 #define cu_attention_fwd cuda_attention_fwd
 #define cu_attention_bwd cuda_attention_bwd
 #define cu_attention_merge cuda_attention_merge
+#define cu_attention_logit_max cuda_attention_logit_max
 #define FILL(op) o->op = cu_##op;
     UST_OPS_LIST(FILL)
 #undef FILL

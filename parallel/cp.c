@@ -244,9 +244,9 @@ static void logit_max(ust_cp *cp, const act *q, const act *k, int H, const int32
                       const cp_docs *docs) {
     if (!cp->logit_max) return;
     int first = cp->uly.a > 1 ? comm_rank(cp->uly.comm) * cp->uly.Hq : 0;
-    ops_cpu_attention_logit_max(cp->logit_max + first, q, k, cp->B, cp->Tb, cp->Tb, H,
-                                cp->ring.Hkvr, cp->D, pos_dev(cp, cp->ring.rr), kp, 1,
-                                starts(docs));
+    cp->ops->attention_logit_max(cp->ops, cp->logit_max + first, q, k, cp->B, cp->Tb, cp->Tb, H,
+                                 cp->ring.Hkvr, cp->D, pos_dev(cp, cp->ring.rr), kp, 1,
+                                 starts(docs));
 }
 
 /* ---------------------------------------------------------------- routes */

@@ -131,8 +131,8 @@ void cp_layout_positions(ust_cp_layout layout, int T, int n, int r, int32_t *out
  * docs (NULL: none) masks documents. */
 void cp_attention_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *k, const act *v,
                       int H, const cp_docs *docs);
-/* QK-clip's statistic (CPU backend): the next cp_attention_fwd max-accumulates each of its H
- * query heads' largest visible logit over this rank's queries into mx(H) (host; NULL: none).
+/* QK-clip's statistic: the next cp_attention_fwd max-accumulates each of its H query heads'
+ * largest visible logit over this rank's queries into mx(H) (device; NULL: none).
  * Under Ulysses this rank scores only its head share, the others' entries stay as they were. */
 void cp_track_logit_max(ust_cp *cp, float *mx);
 /* Accumulates into dq, dk, dv (the caller zeroes them) the gradients of the local tokens. */

@@ -17,6 +17,7 @@
 #include "mem.h"
 #include "model.h"
 #include "ops.h"
+#include "optim_muon.h"
 #include "test.h"
 
 #include <math.h>
@@ -247,6 +248,55 @@ static void test_cuda_matmul_batched_matches_cpu_with_strides(void) {
  * strides tell them apart), batch counts and transposes, interleaved and repeated, must each get
  * their own layouts (a cache keyed on the shape alone reads the wrong elements: errors of O(1)
  * where bf16 rounding allows ~0.1). */
+/* Muon's Newton-Schulz (core/model/optim_muon.c: 5 quintic steps through the backend's matmul)
+ * on the GPU. In fp32 it is SGEMM: the CPU's result within summation order, which the iteration
+ * amplifies (its slope reaches a = 3.4 near 0) to ~1e-6 relative; 1e-4 bounds it. Under bf16
+ * the same calls take bf16 inputs with fp32 accumulation (the backend's bf16 matmul) and keep X
+ * in fp32 between steps: each of the 15 products carries ~2^-9 relative input rounding, which
+ * the quintic does not damp (it leaves singular values oscillating in [0.68, 1.13] rather than
+ * converging, and multiplies the small ones by up to 3.4 a step), so the update moves by a few
+ * percent: 1.8-3.3% (relative, Frobenius) on these shapes, measured on the emulator. NS_BF16_TOL
+ * bounds it; a wrong product (a dropped term, a transposed operand) moves it by O(1). It must
+ * also differ from fp32 by more than 1e-4: the products really are bf16. */
+#define NS_BF16_TOL 5e-2
+static void test_cuda_newton_schulz_fp32_and_bf16_against_cpu(void) {
+    static const int shapes[][2] = {{64, 48}, {24, 80}, {40, 40}};
+    double worst[2] = {0, 0}, least16 = 1.0;
+    for (int s = 0; s < 3; s++) {
+        const int r = shapes[s][0], c = shapes[s][1];
+        const int64_t n = (int64_t)r * c, nw = optim_ns_work(r, c);
+        float *X = hrand(n, 1), *ref = malloc((size_t)n * sizeof(float)), *work = hrand(nw, 1);
+        memcpy(ref, X, (size_t)n * sizeof(float));
+        optim_newton_schulz(CPU, ref, r, c, 5, work);
+        for (int b16 = 0; b16 < 2 && !(b16 && fake); b16++) {
+            if (b16) ops_cuda_set_bf16(GPU, 1);
+            float *dX = gup(X, n), *dW = gup(work, nw);
+            optim_newton_schulz(GPU, dX, r, c, 5, dW);
+            float *got = gdown(dX, n);
+            if (b16) ops_cuda_set_bf16(GPU, 0);
+            double num = 0, den = 0;
+            for (int64_t i = 0; i < n; i++) {
+                double d = (double)got[i] - ref[i];
+                num += d * d, den += (double)ref[i] * ref[i];
+            }
+            double rel = sqrt(num / den);
+            worst[b16] = fmax(worst[b16], rel);
+            if (b16) least16 = fmin(least16, rel);
+            printf("  Newton-Schulz %dx%d %s: %.3g from the fp32 CPU's (relative, Frobenius)\n", r,
+                   c, b16 ? "bf16" : "fp32", rel);
+            free(got), gfree(dX), gfree(dW);
+        }
+        free(X), free(ref), free(work);
+    }
+    CHECK(worst[0] <= 1e-4, "fp32 Newton-Schulz %.3g from the CPU's (relative, Frobenius)",
+          worst[0]);
+    if (fake) return;
+    CHECK(worst[1] <= NS_BF16_TOL, "bf16 Newton-Schulz %.3g from the fp32 CPU's, bound %.3g",
+          worst[1], NS_BF16_TOL);
+    CHECK(least16 > 1e-4, "bf16 Newton-Schulz only %.3g from fp32: its products are not bf16",
+          least16);
+}
+
 static void test_cuda_bf16_gemm_cache_keeps_problems_apart(void) {
     if (fake) return;
     const int M = 8, N = 16, K = 24;
@@ -872,6 +922,18 @@ static int attention_case(const att_case *c, const att_tol *tol) {
     if (!gclose_act(what, gout, out, nq, tol->out_a, tol->out_r)) goto done;
     snprintf(what, sizeof what, "%s: lse", c->name);
     if (!gclose(what, glse, lse, nl, tol->lse_a, tol->lse_r)) goto done;
+    /* the largest visible logit per head (QK-clip's statistic), max-accumulated into what is
+     * there (head 0 starts above every score; 1e3 must stay): the same fp32 sums in the same
+     * order as the CPU, so only a fused multiply-add's rounding may differ */
+    float mx[64];
+    for (int h = 0; h < H; h++) mx[h] = h == 0 && H > 1 ? 1e3f : -INFINITY;
+    float *gmx = gup(mx, H);
+    CPU->attention_logit_max(CPU, mx, q, k, B, Tq, Tk, H, Hkv, D, cq, ck, c->causal, qs);
+    GPU->attention_logit_max(GPU, gmx, gq, gk, B, Tq, Tk, H, Hkv, D, gqp, gkp, c->causal, gqs);
+    snprintf(what, sizeof what, "%s: logit max", c->name);
+    int mx_ok = gclose(what, gmx, mx, H, 1e-5, 1e-5);
+    gfree(gmx);
+    if (!mx_ok) goto done;
     CPU->attention_bwd(CPU, dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, cq, ck,
                        c->causal, qs);
     GPU->attention_bwd(GPU, gdq, gdk, gdv, gdout, gout, glse, gq, gk, gv, B, Tq, Tk, H, Hkv, D, gqp,
@@ -1718,6 +1780,7 @@ int main(void) {
     RUN_TEST(test_cuda_matmul_batched_matches_cpu_with_strides);
     RUN_TEST(test_cuda_bf16_matmul_within_bf16_rounding_of_fp32);
     RUN_TEST(test_cuda_bf16_gemm_cache_keeps_problems_apart);
+    RUN_TEST(test_cuda_newton_schulz_fp32_and_bf16_against_cpu);
     RUN_TEST(test_cuda_linear_fwd_bwd_match_cpu);
     RUN_TEST(test_cuda_grouped_linear_matches_cpu);
     RUN_TEST(test_cuda_bf16_linear_bias_matches_cpu);

@@ -320,6 +320,16 @@ struct ust_ops {
     void (*grouped_linear_bwd)(const ust_ops *o, act *dinp, float *const *dw, float *const *db,
                                const act *dout, const act *inp, const float *const *w,
                                const int32_t *M, int G, int C, int OC, int acc_dinp);
+
+    /* ---- attention's largest logit (QK-clip, logging.stats_every's layer_max_logit) ----
+     * The largest visible pre-softmax score s_ij of each query head over an attention_fwd call
+     * with the same arguments, max-accumulated into mx(H) (device fp32; a NaN score makes its
+     * head's NaN; -INFINITY stays where no key is visible). A second pass over the scores rather
+     * than a side output of attention_fwd, so the forward keeps one signature and only the
+     * steps that track the statistic pay for it. */
+    void (*attention_logit_max)(const ust_ops *o, float *mx, const act *q, const act *k, int B,
+                                int Tq, int Tk, int H, int Hkv, int D, const int32_t *q_pos,
+                                const int32_t *k_pos, int causal, const int32_t *q_start);
 };
 
 /* Every function member of ust_ops, in struct order: each backend fills its vtable from this
@@ -338,7 +348,7 @@ struct ust_ops {
     X(attention_fwd) X(attention_bwd) X(attention_merge) X(xent_fwd_bwd) X(xent_vp_local)          \
     X(xent_vp_finish) X(adamw) X(adamw_many) X(sumsq_many) X(add) X(axpy) X(scale) X(scale_act) X(sumsq)        \
     X(sum) X(destroy) X(moe_router_fwd) X(moe_router_bwd) X(moe_gather) X(moe_combine)             \
-    X(moe_gate_grad) X(grouped_linear_fwd) X(grouped_linear_bwd)
+    X(moe_gate_grad) X(grouped_linear_fwd) X(grouped_linear_bwd) X(attention_logit_max)
 /* clang-format on */
 
 /* Element i of activation tensor p (strchr-style: the result drops const). */
@@ -360,13 +370,6 @@ void ops_cpu_rmsnorm_rows_fwd(act *out, float *rstd, const act *inp, const float
 void ops_cpu_rows_wdot(float *dot, const act *dout, const act *inp, const float *w, int N, int C);
 void ops_cpu_rmsnorm_rows_bwd(act *dinp, float *dw, const act *dout, const act *inp, const float *w,
                               const float *rstd, const float *dot, int N, int C, int Cw);
-
-/* CPU backend only (optimizer.qk_clip_threshold, which CUDA refuses): the largest visible
- * pre-softmax logit s_ij of each query head in an attention_fwd call with the same arguments,
- * max-accumulated into mx(H) (host; a NaN score makes its head's NaN). QK-clip's statistic. */
-void ops_cpu_attention_logit_max(float *mx, const act *q, const act *k, int B, int Tq, int Tk,
-                                 int H, int Hkv, int D, const int32_t *q_pos, const int32_t *k_pos,
-                                 int causal, const int32_t *q_start);
 
 /* The backend a run asks for: CPU (train.threads threads shared by local_world ranks of the
  * node, see ops_cpu_create), or for run.device cuda the CUDA backend on GPU local_rank %

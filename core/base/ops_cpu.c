@@ -937,11 +937,11 @@ static float att_max_tile(const att_geom *g, float *kt, const float *q, const fl
     return best;
 }
 
-/* A second pass over the scores, not a side output of cpu_attention_fwd: the forward's op keeps
- * one signature on every backend, and only optimizer.qk_clip_threshold pays for this. */
-void ops_cpu_attention_logit_max(float *mx, const act *q, const act *k, int B, int Tq, int Tk,
-                                 int H, int Hkv, int D, const int32_t *q_pos, const int32_t *k_pos,
-                                 int causal, const int32_t *q_start) {
+/* A second pass over the scores, not a side output of cpu_attention_fwd (ops.h says why). */
+static void cpu_attention_logit_max(const ust_ops *o, float *mx, const act *q, const act *k, int B,
+                                    int Tq, int Tk, int H, int Hkv, int D, const int32_t *q_pos,
+                                    const int32_t *k_pos, int causal, const int32_t *q_start) {
+    (void)o;
     const att_geom g = att_geom_make(B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal, q_start);
     const int64_t tasks = (int64_t)B * H * g.nqt;
     int nt = omp_get_max_threads(); /* the backend set the rank's threads (ops_cpu_create) */

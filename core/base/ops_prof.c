@@ -265,6 +265,12 @@ static void pf_grouped_linear_bwd(const ust_ops *o, act *dinp, float *const *dw,
     TIMED(P_grouped_linear_bwd,
           in->grouped_linear_bwd(in, dinp, dw, db, dout, inp, w, M, G, C, OC, acc_dinp));
 }
+static void pf_attention_logit_max(const ust_ops *o, float *mx, const act *q, const act *k, int B,
+                                   int Tq, int Tk, int H, int Hkv, int D, const int32_t *q_pos,
+                                   const int32_t *k_pos, int causal, const int32_t *q_start) {
+    TIMED(P_attention_logit_max, in->attention_logit_max(in, mx, q, k, B, Tq, Tk, H, Hkv, D, q_pos,
+                                                         k_pos, causal, q_start));
+}
 
 static void pf_destroy(ust_ops *o) {
     free(o->impl);

@@ -236,10 +236,10 @@ int model_moe_expert_load(const model *m, int i, double *counts, int max);
 typedef void (*model_param_get_fn)(void *ctx, int param, float *host);
 double model_moe_bias_range(model *m, int i, model_param_get_fn get, void *ctx);
 /* QK-clip (optimizer.qk_clip_threshold, docs/training.md#qk-clip). While table (L x Hg floats,
- * host) is set, each training forward max-accumulates into row l, at this rank's query heads,
+ * device) is set, each training forward max-accumulates into row l, at this rank's query heads,
  * every head's largest pre-softmax logit (model_qk_row: NULL when not tracking); NULL stops it
- * (validation). After the step's update, global holds every rank's table max-reduced: each query
- * head of this rank's layers whose max exceeds tau, eta = tau / max, has its q rows and bias
+ * (validation). After the step's update, global (host) holds every rank's table max-reduced: each
+ * query head of this rank's layers whose max exceeds tau, eta = tau / max, has its q rows and bias
  * scaled by sqrt(eta), and each key/value head by sqrt(the least eta of the query heads sharing
  * it), through scale(ctx, i, f, per): parameter i's element e, of what this rank holds of it, by
  * f[e / per] (per: a head's elements of the tensor-parallel slice). */

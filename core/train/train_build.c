@@ -2,6 +2,7 @@
  * The run builds against its backend's arena with its groups; the plan (plan.c) against a
  * counting arena as rank 0 of every group, with shape-only contexts where the run's need a
  * communicator, so the plan's figures are this build's own allocations. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "moe.h"
@@ -115,13 +116,15 @@ int train_build_rank(train_engine *g, const ust_config *cfg, const train_build_a
         pp_alloc_scalars(&g->arena, l->pp); /* the executor's own: every schedule is the run's */
     build_owner(g, NULL, "comm.train", NULL);
     g->flag = mem_alloc(&g->arena, MEM_COMM, sizeof(float)); /* train_any_rank's */
-    /* QK-clip, or the stats' logits (host memory: the CPU backend's arena): this rank's table,
-     * then every rank's */
-    if (cfg->optimizer.qk_clip_threshold > 0 ||
-        (cfg->logging.stats_every > 0 && cfg->run.device == DEV_CPU))
-        g->qk_buf = mem_alloc(&g->arena, MEM_COMM,
-                              (size_t)(1 + l->dp * l->tp * l->pp * l->cp) * cfg->model.n_layer *
-                                  cfg->model.n_head * sizeof(float));
+    /* QK-clip, or the stats' logits: this rank's table, then every rank's (device), and their
+     * host copy that train_qk_end reduces (a run's, not the plan's: host memory) */
+    if (cfg->optimizer.qk_clip_threshold > 0 || cfg->logging.stats_every > 0) {
+        size_t bytes = (size_t)(1 + l->dp * l->tp * l->pp * l->cp) * cfg->model.n_layer *
+                       cfg->model.n_head * sizeof(float);
+        g->qk_buf = mem_alloc(&g->arena, MEM_COMM, bytes);
+        g->qk_host = topo ? malloc(bytes) : NULL;
+        UST_ASSERT(!topo || g->qk_host, "out of host memory (%zu bytes of logit tables)", bytes);
+    }
     if (cfg->logging.stats_every > 0) /* the activation sums' world reduction */
         g->sums = mem_alloc(&g->arena, MEM_COMM, 8 * sizeof(float));
     build_owner(g, NULL, NULL, NULL);

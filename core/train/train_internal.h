@@ -35,8 +35,9 @@ typedef struct {
     int has_moe;    /* the model has mixture-of-experts layers */
     int tied_param; /* pipeline with tied embeddings: this rank's table or copy (-1: none) */
     float *flag;    /* one device float for train_any_rank */
-    float *qk_buf;  /* QK-clip, or stats on the CPU: L x H max logits of this rank, then of every
-                       rank (train_qk) */
+    float *qk_buf;  /* QK-clip, or stats: L x H max logits of this rank, then of every rank
+                       (train_qk; device) */
+    float *qk_host; /* ... every rank's tables on the host, max-reduced into the first (malloc) */
     float *sums;    /* logging.stats_every: 8 device floats for comm_sum_doubles */
 } train_engine;
 
@@ -146,8 +147,8 @@ void train_stats_report(trainer *t, log_step *s);
  * sequence length (cfg_seq_len_at). */
 int train_feed_ramp(trainer *t, ust_err *e);
 
-/* train_qkclip.c: QK-clip around a step (optimizer.qk_clip_threshold > 0, or a stats step on
- * the CPU; else only the metrics' max_logit is reset to NaN): begin tracks the training forwards'
+/* train_qkclip.c: QK-clip around a step (optimizer.qk_clip_threshold > 0, or a stats step;
+ * else only the metrics' max_logit is reset to NaN): begin tracks the training forwards'
  * logits, end takes the world's maxima into t->met and the stats and, under QK-clip, when the
  * step's update was applied, rescales the heads. */
 void train_qk_begin(trainer *t);

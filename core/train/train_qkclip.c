@@ -1,7 +1,8 @@
 /* train_qkclip.c: QK-clip's step (optimizer.qk_clip_threshold, docs/training.md#qk-clip): the
  * training forwards record each layer's and query head's largest attention logit, the world
  * takes the maximum, and after the update the model rescales the heads above the threshold.
- * logging.stats_every's stats steps record the same table (on the CPU) as telemetry. */
+ * logging.stats_every's stats steps record the same table as telemetry. The tables live in
+ * device memory (the forwards write them on the backend's stream); the reduction is the host's. */
 #include <math.h>
 
 #include "train_internal.h"
@@ -19,44 +20,46 @@ static int tracking(const trainer *t) {
 void train_qk_begin(trainer *t) {
     t->met.max_logit = NAN, t->met.qk_clipped = -1;
     if (!tracking(t)) return;
-    /* host memory: QK-clip runs on the CPU backend only (train_check_runnable) */
-    for (int64_t i = 0; i < qk_n(t); i++) t->eng.qk_buf[i] = -INFINITY;
+    float *h = t->eng.qk_host;
+    for (int64_t i = 0; i < qk_n(t); i++) h[i] = -INFINITY;
+    t->eng.ops->to_device(t->eng.ops, t->eng.qk_buf, h, (size_t)qk_n(t) * sizeof(float));
     model_qk_track(t->eng.m, t->eng.qk_buf);
 }
 
 /* Every rank's table gathered (the world: dp and cp ranks saw other tokens, tp ranks hold other
- * heads, pipeline ranks other layers, dualpipe's mirror the other half of the micro-batches)
- * and max-reduced into the first n floats; a NaN anywhere stays NaN. */
+ * heads, pipeline ranks other layers, dualpipe's mirror the other half of the micro-batches),
+ * brought to the host and max-reduced into qk_host's first n floats; a NaN anywhere stays NaN. */
 static void world_max(trainer *t) {
     int64_t n = qk_n(t);
     int w = t->rt->world;
-    float *x = t->eng.qk_buf, *all = x + n;
-    if (w == 1) return;
-    comm_req r = comm_allgather(t->rt->topo.comm[TOPO_WORLD], x, all, (size_t)n, COMM_FP32);
-    comm_wait(&r);
-    for (int64_t i = 0; i < n; i++) {
-        x[i] = all[i];
-        for (int k = 1; k < w; k++) {
-            float v = all[(int64_t)k * n + i];
-            x[i] = v > x[i] || v != v ? v : x[i];
-        }
+    float *x = t->eng.qk_buf, *all = w == 1 ? x : x + n, *h = t->eng.qk_host;
+    if (w > 1) {
+        comm_req r = comm_allgather(t->rt->topo.comm[TOPO_WORLD], x, all, (size_t)n, COMM_FP32);
+        comm_wait(&r);
     }
+    t->eng.ops->to_host(t->eng.ops, h, all, (size_t)(w * n) * sizeof(float));
+    for (int64_t i = 0; i < n; i++)
+        for (int k = 1; k < w; k++) {
+            float v = h[(int64_t)k * n + i];
+            h[i] = v > h[i] || v != v ? v : h[i];
+        }
 }
 
 void train_qk_end(trainer *t, int applied) {
     if (!tracking(t)) return;
     model_qk_track(t->eng.m, NULL); /* validation's forwards are not the step's */
     world_max(t);
-    train_stats_logits(t, t->eng.qk_buf);
+    const float *table = t->eng.qk_host;
+    train_stats_logits(t, table);
     double tau = t->cfg->optimizer.qk_clip_threshold, mx = -INFINITY;
     int clipped = 0;
     for (int64_t i = 0; i < qk_n(t); i++) {
-        float v = t->eng.qk_buf[i];
+        float v = table[i];
         mx = v > mx || v != v ? v : mx;
         clipped += isfinite(v) && v > tau;
     }
     t->met.max_logit = mx;
     if (tau <= 0) return; /* telemetry only */
     t->met.qk_clipped = clipped;
-    if (applied) model_qk_clip(t->eng.m, t->eng.qk_buf, tau, dp_scale_param, t->eng.dp);
+    if (applied) model_qk_clip(t->eng.m, table, tau, dp_scale_param, t->eng.dp);
 }

@@ -84,11 +84,6 @@ int train_check_runnable(const ust_config *cfg, ust_err *e) {
                             "dp rank, which parallel.pp_schedule cannot run: %s",
                             G, nmb, e->msg);
     }
-    if (cfg->run.device != DEV_CPU && cfg->optimizer.qk_clip_threshold > 0)
-        return ust_errf(e,
-                        "optimizer.qk_clip_threshold (%g): QK-clip's logit statistic runs on "
-                        "the CPU backend only for now; use run.device: cpu, or 0 (off)",
-                        cfg->optimizer.qk_clip_threshold);
     if (cfg->run.device == DEV_CPU && cfg->train.precision == PREC_BF16)
         return ust_errf(e, "train.precision = bf16: the CPU backend computes in fp32 only; use "
                            "fp32, or run.device: cuda");
@@ -191,6 +186,7 @@ void train_teardown(trainer *t) {
     pp_destroy(t->eng.pp);
     dp_destroy(t->eng.dp);
     model_destroy(t->eng.m);
+    free(t->eng.qk_host);
     cp_free(&t->eng.cp);
     if (t->eng.has_moe) ep_free(&t->eng.ep);
     if (t->eng.backend) {

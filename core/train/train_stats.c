@@ -3,10 +3,9 @@
  * weights' after it), from the optimizer's buffers (dp_stats_before/after: summed over every
  * rank as the global gradient norm is, so the layers' squares add up to it); the RMS of each
  * layer's output over the step's training forwards (model_act_track, summed over the world); and
- * on the CPU each layer's largest attention logit (train_qkclip.c's table). A layer whose
- * gradient norm, output RMS or largest logit is logging.stats_spike times its mean over the
- * earlier stats steps is named on the step line, in the metrics and in a warning: the layer a
- * loss spike starts in. */
+ * each layer's largest attention logit (train_qkclip.c's table). A layer whose gradient norm,
+ * output RMS or largest logit is logging.stats_spike times its mean over the earlier stats steps
+ * is named on the step line, in the metrics and in a warning: the layer a loss spike starts in. */
 #include <ctype.h>
 #include <math.h>
 #include <stdio.h>

@@ -116,6 +116,43 @@ sed -e 's/n_kv_head: 2/n_kv_head: 4/' -e 's/max_seq_len: 64}/max_seq_len: 64, ml
     $TMP/llama.yaml >$TMP/mla.yaml
 $EQ --name _emu_mla --config $TMP/mla.yaml --layout "run.device=cuda" \
     --layout "tp=2 sp=true run.device=cuda" --layout "cp=2 run.device=cuda"
+# QK-clip and the attention max logit on the emulated GPU (cuda/attention_max.cu), as qkclip.sh
+# checks them on the CPU: step 2 from step 1's checkpoint, plain (with logging.stats_every's
+# layer_max_logit) and clipped at the median head's logit, against the numpy reference
+# (test/tools/qkclip_ref.py: q/k rows times sqrt(tau / max) per head to 2e-6, every other tensor
+# bit for bit, the logged maxima the reference's); then clipping at every step (tau 0.05) under
+# tp2 x cp2 on emulated GPUs trains the one-process CPU run (world max over device tables)
+if need_py emu_qkclip numpy safetensors; then
+    SHARD=$(ls $TMP/data/train_*.bin | head -1)
+    QK="$E/ustrain train $TMP/llama.yaml --set run.device=cuda --set optimizer.name=muon --set train.steps=2 --set checkpoint.every=1 --set checkpoint.keep_last=5"
+    $QK --set optimizer.qk_clip_threshold=1e30 --set logging.stats_every=1 --set checkpoint.dir=$TMP/qk/plain \
+        --set checkpoint.resume=none --set logging.metrics_file=$TMP/qk/plain.jsonl >$TMP/qk.out 2>&1 &&
+        tau=$(python3 test/tools/qkclip_ref.py tau $TMP/qk/plain/step_1 $SHARD 4 4) &&
+        $QK --set optimizer.qk_clip_threshold=$tau --set checkpoint.dir=$TMP/qk/clip \
+            --set checkpoint.resume=$TMP/qk/plain/step_1 --set logging.metrics_file=$TMP/qk/clip.jsonl >$TMP/qk.out 2>&1 ||
+        fail emu_qkclip_runs "$(tail -2 $TMP/qk.out)"
+    python3 test/tools/qkclip_ref.py check $TMP/qk/plain/step_1 $SHARD 4 4 "${tau:-1}" $TMP/qk/plain/step_2 \
+        $TMP/qk/clip/step_2 $TMP/qk/clip.jsonl >$TMP/qk.ref 2>&1 &&
+        pass "emu_qkclip_on_cuda_matches_numpy $(cut -c6- $TMP/qk.ref)" || fail emu_qkclip_on_cuda_matches_numpy "$(tail -2 $TMP/qk.ref)"
+    python3 test/tools/qkclip_ref.py stats $TMP/qk/plain/step_1 $SHARD 4 4 $TMP/qk/plain.jsonl 2 >$TMP/qk.ref 2>&1 &&
+        pass "emu_layer_max_logit_on_cuda_matches_numpy $(cut -c6- $TMP/qk.ref)" ||
+        fail emu_layer_max_logit_on_cuda_matches_numpy "$(tail -2 $TMP/qk.ref)"
+    sed -e 's/^optimizer: {/optimizer: {name: muon, qk_clip_threshold: 0.05, /' $TMP/llama.yaml >$TMP/qkclip.yaml
+    $EQ --steps 3 --name _emu_qkclip --config $TMP/qkclip.yaml --layout "tp=2 cp=2 run.device=cuda"
+    # under bf16 the rescale (to_device into the fp32 master weights) drops those rows from the bf16
+    # weight copy (ops_cuda_w16.cu), so the next step's linears round the clipped q/k weights
+    # afresh (k_to_bf16) rather than read the stale copy: more rounding launches than unclipped
+    # (264 against 232 in 3 steps); without the drop the counts are equal
+    for tau in 1e30 0.05; do
+        EMU_GPUS=1 EMU_REPORT=1 EMU_COUNT=k_to_bf16 $E/ustrain train $TMP/llama.yaml --set run.device=cuda \
+            --set train.precision=bf16 --set optimizer.qk_clip_threshold=$tau --set train.steps=3 \
+            --set checkpoint.every=0 --set checkpoint.resume=none --set run.out_dir=$TMP/w16o_$tau \
+            --set logging.metrics_file=$TMP/w16o_$tau/m.jsonl 2>&1 | sed -n 's/^emu: launches of k_to_bf16: //p' >$TMP/w16_$tau
+    done
+    [ -s $TMP/w16_0.05 ] && [ "$(cat $TMP/w16_0.05)" -gt "$(cat $TMP/w16_1e30)" ] &&
+        pass "emu_qkclip_bf16_rescale_drops_the_weight_copy ($(cat $TMP/w16_1e30) -> $(cat $TMP/w16_0.05) roundings)" ||
+        fail emu_qkclip_bf16_rescale_drops_the_weight_copy "k_to_bf16 launches $(cat $TMP/w16_1e30) unclipped, $(cat $TMP/w16_0.05) clipped"
+fi
 # checkpoints cross devices: saved on (emulated) GPUs, resumed on the CPU and the other way
 $EQ --name _emu_ckpt --config $TMP/llama.yaml --save-layout "dp=2 zero=3 run.device=cuda" \
     --resume-at 2 --layout "dp=1" --layout "tp=2 run.device=cuda"
