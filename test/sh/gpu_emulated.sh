@@ -51,6 +51,18 @@ run_prefixed() {
 }
 run_prefixed test_cuda_ops $E/test/test_cuda_ops
 run_prefixed test_moe $E/test/test_moe
+# the fp-contract mode (make emu-fma): the kernels again with a GPU's FMA contraction (a*b+c
+# rounded once, nvcc's default --fmad=true) pass the op tests with the same tolerances
+if make -s emu-fma -j"$(nproc)" >$TMP/fma.log 2>&1; then
+    objdump -d $E/fma/test_cuda_ops | grep -q vfmadd && pass emu_fma_kernels_are_contracted ||
+        fail emu_fma_kernels_are_contracted "no fused multiply-add in $E/fma/test_cuda_ops"
+    EMU_STRICT=0 EMU_ASYNC=0 $E/fma/test_cuda_ops >$TMP/fma 2>&1
+    rc=$?
+    sed -n -e 's/^PASS /PASS emu_fma_/p' -e 's/^FAIL /FAIL emu_fma_/p' $TMP/fma
+    [ $rc -eq 0 ] || grep -q '^FAIL' $TMP/fma || fail emu_fma_test_cuda_ops "exit $rc: $(tail -3 $TMP/fma)"
+else
+    fail emu_fma_build "make emu-fma failed: $(grep -m3 -E 'error|Error' $TMP/fma.log)"
+fi
 # the NCCL backend: only its cases (the shm ones already ran in the normal build)
 EMU_GPUS=4 UST_TEST_ONLY_NCCL=1 $E/test/test_comm >$TMP/comm 2>&1
 rc=$?
