@@ -249,7 +249,20 @@ all: $(B)/bench_gpu
 $(B)/bench_gpu: $(B)/cuda/bench_gpu.o $(B)/libustrain.a
 	$(CC) $(LDFLAGS) -o $@ $< $(B)/libustrain.a $(LDLIBS)
 -include $(EMU_OBJ:.o=.d) $(B)/cuda/bench_gpu.d
+# the fp-contract mode (make emu-fma): the kernels again at -O2 with -ffp-contract=fast -mfma, so
+# a*b+c rounds once as nvcc's default --fmad=true makes it on a GPU, and test_cuda_ops linked with
+# them (they come before the archive, whose own kernel objects then stay out)
+EMU_FMA_OBJ := $(EMU_CU:cuda/%.cu=$(B)/fma/%.o)
+$(B)/fma/%.o: $(B)/cuda/%.cpp $(B)/cuda/cuda_internal.h
+	@mkdir -p $(dir $@)
+	$(EMU_CXX) -O2 -ffp-contract=fast -mfma -w -Icuda/emu/include -Icuda -Icore/base -c $< -o $@
+$(B)/fma/test_cuda_ops: $(B)/test/test_cuda_ops.o $(EMU_FMA_OBJ) $(B)/libustrain.a
+	$(CC) $(LDFLAGS) -o $@ $< $(EMU_FMA_OBJ) $(B)/libustrain.a $(LDLIBS)
+-include $(EMU_FMA_OBJ:.o=.d)
 endif
+.PHONY: emu-fma
+emu-fma: emu
+	$(MAKE) B=build-emu BIN=build-emu/ustrain CUDA=0 NCCL=0 EMU=1 OPT="-O1" build-emu/fma/test_cuda_ops
 
 # ---- NCCL communicator backend (parallel/comm/comm_nccl.c) ------------------------------------------
 # Compiled when nccl.h is found (CUDA toolkit or system) unless CUDA=0 or NCCL=0: C code gets

@@ -14,6 +14,7 @@
 #define UST_EMU_CUDA_H
 #include <ucontext.h>
 #include <functional>
+#include <mutex>
 #include <vector>
 #include <cmath>
 #include <cstring>
@@ -139,19 +140,31 @@ struct EmuArg { const void *p; int writable, index; };
 inline thread_local std::vector<EmuArg> emu_args;
 inline thread_local const char *emu_args_kernel = "", *emu_args_fn = "";
 inline thread_local const void *emu_args_fnptr; /* the kernel function launched */
-inline void emu_check_args_in_flight() {
+inline void emu_check_args_in_flight(cudaStream_t s) {
     for (const EmuArg &a : emu_args)
-        emu_check_in_flight(emu_args_kernel, emu_args_fn, a.index, a.p, a.writable);
+        emu_check_in_flight(s, emu_args_kernel, emu_args_fn, a.index, a.p, a.writable);
     emu_args.clear();
 }
-/* A kernel runs once its stream's earlier work is done, with device memory open to it. */
+/* Kernels and GEMMs run one at a time (the emulated block's state is global), on the calling
+ * thread or, under EMU_ASYNC, on their stream's. */
+inline std::mutex emu_exec_mu;
+/* A kernel runs once its stream's earlier work is done, with device memory open to it: at the
+ * call, or (EMU_ASYNC) when a sync, event or NCCL operation needs it. */
 inline void emu_launch(dim3 g, dim3 b, size_t smem, cudaStream_t s, std::function<void()> f) {
     emu_note_launch();
+    emu_check_args_in_flight(s);
+    const char *k = emu_args_kernel, *fn = emu_args_fn;
+    const void *fp = emu_args_fnptr;
+    auto run = [=] {
+        std::lock_guard<std::mutex> l(emu_exec_mu);
+        emu_args_kernel = k, emu_args_fn = fn, emu_args_fnptr = fp;
+        emu_dev_open();
+        emu_run(g, b, smem, f);
+        emu_dev_close();
+    };
+    if (emu_async_enabled()) return emu_enqueue(s, run);
     emu_stream_drain(s);
-    emu_check_args_in_flight();
-    emu_dev_open();
-    emu_run(g, b, smem, f);
-    emu_dev_close();
+    run();
 }
 inline void emu_launch(dim3 g, dim3 b, size_t smem, std::function<void()> f) { emu_launch(g, b, smem, nullptr, f); }
 inline void emu_launch(dim3 g, dim3 b, std::function<void()> f) { emu_launch(g, b, 0, nullptr, f); }
@@ -235,22 +248,29 @@ inline cublasStatus_t cublasSetMathMode(cublasHandle_t, cublasMath_t) { return C
 inline void emu_gemm(int ta, int tb, int m, int n, int k, float alpha, const void *A, int abf, int lda,
               long long sA, const void *B, int bbf, int ldb, long long sB, float beta, void *C,
               int cbf, int ldc, long long sC, int batch);
-/* A GEMM on stream s: like a kernel, after the stream's earlier work, with device memory open. */
+/* A GEMM on stream s: like a kernel, after the stream's earlier work, with device memory open.
+ * f captures by value what it needs: under EMU_ASYNC it runs after the call has returned. */
 template <class F> inline void emu_gemm_on(cudaStream_t s, const void *A, const void *B, void *C, F f) {
     emu_note_launch();
+    emu_check_in_flight(s, "GEMM", "cuBLAS", 0, A, 0);
+    emu_check_in_flight(s, "GEMM", "cuBLAS", 1, B, 0);
+    emu_check_in_flight(s, "GEMM", "cuBLAS", 2, C, 1);
+    auto run = [f] {
+        std::lock_guard<std::mutex> l(emu_exec_mu);
+        emu_dev_open();
+        f();
+        emu_dev_close();
+    };
+    if (emu_async_enabled()) return emu_enqueue(s, run);
     emu_stream_drain(s);
-    emu_check_in_flight("GEMM", "cuBLAS", 0, A, 0);
-    emu_check_in_flight("GEMM", "cuBLAS", 1, B, 0);
-    emu_check_in_flight("GEMM", "cuBLAS", 2, C, 1);
-    emu_dev_open();
-    f();
-    emu_dev_close();
+    run();
 }
 inline cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
                                   int n, int k, const float *al, const float *A, int lda,
                                   const float *B, int ldb, const float *be, float *C, int ldc) {
     emu_gemm_calls[0]++;
-    emu_gemm_on(h->stream, A, B, C, [&] { emu_gemm(ta, tb, m, n, k, *al, A, 0, lda, 0, B, 0, ldb, 0, *be, C, 0, ldc, 0, 1); });
+    const float a = *al, b = *be; /* host scalars are read at the call */
+    emu_gemm_on(h->stream, A, B, C, [=] { emu_gemm(ta, tb, m, n, k, a, A, 0, lda, 0, B, 0, ldb, 0, b, C, 0, ldc, 0, 1); });
     return CUBLAS_STATUS_SUCCESS;
 }
 inline cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperation_t ta,
@@ -260,7 +280,8 @@ inline cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t h, cublasOperatio
                                                 const float *be, float *C, int ldc, long long sC,
                                                 int batch) {
     emu_gemm_calls[0]++;
-    emu_gemm_on(h->stream, A, B, C, [&] { emu_gemm(ta, tb, m, n, k, *al, A, 0, lda, sA, B, 0, ldb, sB, *be, C, 0, ldc, sC, batch); });
+    const float a = *al, b = *be;
+    emu_gemm_on(h->stream, A, B, C, [=] { emu_gemm(ta, tb, m, n, k, a, A, 0, lda, sA, B, 0, ldb, sB, b, C, 0, ldc, sC, batch); });
     return CUBLAS_STATUS_SUCCESS;
 }
 inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperation_t ta,
@@ -272,9 +293,10 @@ inline cublasStatus_t cublasGemmStridedBatchedEx(cublasHandle_t h, cublasOperati
                                                  long long sC, int batch, cublasComputeType_t,
                                                  cublasGemmAlgo_t) {
     emu_gemm_calls[1]++;
-    emu_gemm_on(h->stream, A, B, C, [&] {
-        emu_gemm(ta, tb, m, n, k, *(const float *)al, A, at == CUDA_R_16BF, lda, sA, B,
-                 bt == CUDA_R_16BF, ldb, sB, *(const float *)be, C, ct == CUDA_R_16BF, ldc, sC, batch);
+    const float a = *(const float *)al, b = *(const float *)be;
+    emu_gemm_on(h->stream, A, B, C, [=] {
+        emu_gemm(ta, tb, m, n, k, a, A, at == CUDA_R_16BF, lda, sA, B,
+                 bt == CUDA_R_16BF, ldb, sB, b, C, ct == CUDA_R_16BF, ldc, sC, batch);
     });
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -290,13 +312,19 @@ inline cublasStatus_t cublasGemmGroupedBatchedEx(
     if (c != CUBLAS_COMPUTE_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
     emu_gemm_calls[3]++;
     /* the pointer arrays are what the call reads from device memory directly */
-    emu_gemm_on(h->stream, (const void *)A, (const void *)B, (void *)C, [&] {
+    /* the shapes, alpha and beta are host arrays, read at the call */
+    struct Group { int ta, tb, m, n, k, lda, ldb, ldc, size; float al, be; };
+    std::vector<Group> gs;
+    for (int g = 0; g < groups; g++)
+        gs.push_back({ta[g], tb[g], m[g], n[g], k[g], lda[g], ldb[g], ldc[g], size[g],
+                      ((const float *)al)[g], ((const float *)be)[g]});
+    emu_gemm_on(h->stream, (const void *)A, (const void *)B, (void *)C, [=] {
         int idx = 0;
-        for (int g = 0; g < groups; g++)
-            for (int s = 0; s < size[g]; s++, idx++)
-                emu_gemm(ta[g], tb[g], m[g], n[g], k[g], ((const float *)al)[g], A[idx],
-                         at == CUDA_R_16BF, lda[g], 0, B[idx], bt == CUDA_R_16BF, ldb[g], 0,
-                         ((const float *)be)[g], C[idx], ct == CUDA_R_16BF, ldc[g], 0, 1);
+        for (const Group &g : gs)
+            for (int s = 0; s < g.size; s++, idx++)
+                emu_gemm(g.ta, g.tb, g.m, g.n, g.k, g.al, A[idx], at == CUDA_R_16BF, g.lda, 0,
+                         B[idx], bt == CUDA_R_16BF, g.ldb, 0, g.be, C[idx], ct == CUDA_R_16BF,
+                         g.ldc, 0, 1);
     });
     return CUBLAS_STATUS_SUCCESS;
 }
@@ -588,7 +616,14 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, c
     const int dbf = lc->type == CUDA_R_16BF;
     const int bias_bf = (d->bias_type < 0 ? lc->type : d->bias_type) == CUDA_R_16BF;
     const int aux_bf = (d->aux_type < 0 ? lc->type : d->aux_type) == CUDA_R_16BF;
-    emu_gemm_on(stream, A, B, D, [&] {
+    /* the descriptors, alpha and beta are read at the call (the GEMM may run after it returns) */
+    const EmuLtDesc dv = *d;
+    const EmuLtLayout lav = *la, lbv = *lb, lcv = *lc;
+    const float alv = *(const float *)alpha, bev = *(const float *)beta;
+    emu_gemm_on(stream, A, B, D, [=] {
+        const EmuLtDesc *d = &dv;
+        const EmuLtLayout *la = &lav, *lb = &lbv, *lc = &lcv;
+        const float *alpha = &alv, *beta = &bev;
         if (!has_bias && !has_gelu && !has_dgelu) {
             emu_gemm(d->ta, d->tb, (int)m, (int)n, (int)ka, *(const float *)alpha, A, la->type == CUDA_R_16BF, (int)la->ld, la->stride, B, lb->type == CUDA_R_16BF, (int)lb->ld, lb->stride, *(const float *)beta, D, dbf, (int)lc->ld, lc->stride, la->batch);
             return;

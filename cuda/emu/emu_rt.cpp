@@ -21,6 +21,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -146,65 +147,6 @@ extern "C" void emu_check_kernel_pointer(const char *kernel, const char *host_fn
                 kernel, host_fn, arg + 1, p);
 }
 
-/* ---- unfinished NCCL operations: the device memory each reads and writes, from its enqueue to
- * its completion. A kernel, GEMM or copy touching it meanwhile has no wait between them: on a
- * GPU it would race with the communication. */
-namespace {
-struct Flight {
-    const char *lo, *hi; /* device addresses */
-    bool writes;
-    const char *op;
-};
-std::mutex flight_mu;
-std::map<uint64_t, std::vector<Flight>> flights;
-uint64_t flight_next = 1;
-
-/* The first unfinished operation's range that [lo, hi) overlaps, where one side writes. */
-const Flight *conflict_locked(const char *lo, const char *hi, bool writes) {
-    for (auto &kv : flights)
-        for (const Flight &f : kv.second)
-            if (lo < f.hi && f.lo < hi && (writes || f.writes)) return &f;
-    return nullptr;
-}
-
-void check_range(const char *what, const void *p, size_t n, bool writes) {
-    if (!n || !in_heap(p)) return;
-    std::lock_guard<std::mutex> l(flight_mu);
-    const char *lo = (const char *)p;
-    if (const Flight *f = conflict_locked(lo, lo + n, writes))
-        emu_die("%s %s %zu bytes at %p while an unfinished %s %s them (no wait between them)", what,
-                writes ? "writes" : "reads", n, p, f->op, f->writes ? "writes" : "reads");
-}
-
-uint64_t flight_add(const char *op, std::vector<Flight> ranges) {
-    std::lock_guard<std::mutex> l(flight_mu);
-    for (Flight &r : ranges) {
-        r.op = op;
-        if (const Flight *f = conflict_locked(r.lo, r.hi, r.writes))
-            emu_die("%s %s %p..%p while an unfinished %s %s them", op, r.writes ? "writes" : "reads",
-                    (const void *)r.lo, (const void *)r.hi, f->op, f->writes ? "writes" : "reads");
-    }
-    flights[flight_next] = std::move(ranges);
-    return flight_next++;
-}
-
-void flight_done(uint64_t id) {
-    std::lock_guard<std::mutex> l(flight_mu);
-    flights.erase(id);
-}
-} // namespace
-
-extern "C" void emu_check_in_flight(const char *kernel, const char *host_fn, int arg, const void *p,
-                                    int writable) {
-    if (!p || !in_heap(p)) return;
-    std::lock_guard<std::mutex> l(flight_mu);
-    const char *c = (const char *)p;
-    if (const Flight *f = conflict_locked(c, c + 1, writable))
-        emu_die("kernel %s launched by %s: argument %d (%p) is memory an unfinished %s %s (no wait "
-                "between them)",
-                kernel, host_fn, arg + 1, p, f->op, f->writes ? "writes" : "reads");
-}
-
 extern "C" void emu_dev_open(void) {
     std::lock_guard<std::mutex> l(heap.mu);
     if (heap.open_depth++ == 0) heap_protect_locked(PROT_READ | PROT_WRITE);
@@ -288,17 +230,6 @@ extern "C" cudaError_t cudaFree(void *p) {
     return cudaSuccess;
 }
 
-extern "C" cudaError_t cudaMallocHost(void **p, size_t n) {
-    *p = aligned_alloc(256, (n + 255) / 256 * 256);
-    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
-}
-
-extern "C" cudaError_t cudaFreeHost(void *p) {
-    if (in_heap(p)) emu_die("cudaFreeHost(%p): that is device memory", p);
-    free(p);
-    return cudaSuccess;
-}
-
 extern "C" cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
     std::lock_guard<std::mutex> l(heap.mu);
     heap_init_locked();
@@ -307,24 +238,41 @@ extern "C" cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes) {
     return cudaSuccess;
 }
 
-/* ================================================================ streams and events */
+/* ================================================================ streams and events
+ * A stream is a FIFO run by its own thread. Without EMU_ASYNC, kernels, GEMMs and copies run on
+ * the calling thread once their stream is drained, and only NCCL operations and event waits are
+ * queued. With EMU_ASYNC=1 everything is queued, and a queued item stays put until something
+ * needs it (a stream or event sync, an event query, another stream's wait on it, an NCCL
+ * operation queued behind it): work takes effect late, never at call time, as on a GPU. */
 struct EmuStream {
     std::mutex mu;
     std::condition_variable cv;
     std::deque<std::function<void()>> q;
-    uint64_t enq = 0, done = 0;
+    uint64_t enq = 0, done = 0, released = 0; /* items queued, run, allowed to run */
     bool stop = false;
     std::thread worker;
     const char *last_op = nullptr; /* the NCCL operation queued last (EMU_STATS) */
+    int id = 0;                    /* its index in the vector clocks */
+    std::vector<uint64_t> vc;      /* under order_mu: per stream, the items complete before the
+                                      next item queued here starts */
 };
 struct EmuEvent {
     EmuStream *s = nullptr;
     uint64_t seq = 0;
+    std::vector<uint64_t> vc; /* the stream's clock at the record (under order_mu) */
     /* EMU_STATS: the operation the record followed, the launch count then, first wait done */
     const char *op = nullptr;
     uint64_t launches = 0;
     bool waited = false;
 };
+
+extern "C" int emu_async_enabled(void) {
+    static const int on = [] {
+        const char *e = getenv("EMU_ASYNC");
+        return e && *e && strcmp(e, "0") != 0;
+    }();
+    return on;
+}
 
 /* ---- EMU_STATS: overlap of communication with computation, as the host issued it */
 namespace {
@@ -343,8 +291,9 @@ struct OverlapStats {
 };
 OverlapStats g_overlap;
 
-/* The host's first wait on the completion of an NCCL operation: overlapped when kernels or
- * GEMMs were issued after the operation and before this wait. */
+/* The first wait on the completion of an NCCL operation (by the host, or by a stream through
+ * cudaStreamWaitEvent): overlapped when kernels or GEMMs were issued after the operation and
+ * before this wait. */
 void note_wait(EmuEvent *ev) {
     if (ev->waited || !ev->op) return;
     ev->waited = true;
@@ -357,18 +306,102 @@ void note_wait(EmuEvent *ev) {
 
 extern "C" void emu_note_launch(void) { g_launches++; }
 
+/* ---- ordering: happens-before by vector clocks, so a missing wait is found whether or not the
+ * operation happened to be finished. Each stream's clock says which items of every stream
+ * complete before its next item starts; the host thread's clock (thread_local) what its syncs
+ * showed complete. A record, an NCCL operation's device memory, may be touched by an item on
+ * another stream only when that item's clock covers it. */
 namespace {
+struct Flight {
+    const char *lo, *hi; /* device addresses */
+    bool writes;
+    const char *op;
+    int stream = -1;  /* the stream it is queued on, and its item there */
+    uint64_t seq = 0;
+    bool done = false;
+};
+std::mutex order_mu;
+std::vector<EmuStream *> g_streams; /* the live streams */
+int g_stream_ids;
+std::deque<Flight> g_records;
+thread_local std::vector<uint64_t> host_vc;
+
+void vc_join(std::vector<uint64_t> &a, const std::vector<uint64_t> &b) {
+    if (a.size() < b.size()) a.resize(b.size());
+    for (size_t i = 0; i < b.size(); i++) a[i] = a[i] > b[i] ? a[i] : b[i];
+}
+uint64_t vc_at(const std::vector<uint64_t> &a, int i) { return (size_t)i < a.size() ? a[i] : 0; }
+void vc_set(std::vector<uint64_t> &a, int i, uint64_t v) {
+    if (a.size() <= (size_t)i) a.resize((size_t)i + 1);
+    if (a[i] < v) a[i] = v;
+}
+
+void register_stream(EmuStream *s) {
+    std::lock_guard<std::mutex> l(order_mu);
+    s->id = g_stream_ids++;
+    s->vc = host_vc;
+    g_streams.push_back(s);
+}
+
 EmuStream *legacy_default() {
-    static EmuStream *d = new EmuStream; /* never destroyed: its thread may outlive main */
+    static EmuStream *d = [] { /* never destroyed: its thread may outlive main */
+        EmuStream *s = new EmuStream;
+        register_stream(s);
+        return s;
+    }();
     return d;
 }
 EmuStream *S(cudaStream_t s) { return s ? s : legacy_default(); }
 
+/* The clock of the item the host thread queues next on s (with order_mu held). */
+std::vector<uint64_t> &item_clock_locked(EmuStream *s) {
+    vc_join(s->vc, host_vc);
+    return s->vc;
+}
+
+/* The first record [lo, hi) of an item on s conflicts with: overlapping, one side writing,
+ * on another stream and not ordered before the item (with order_mu held). */
+const Flight *conflict_locked(EmuStream *s, const char *lo, const char *hi, bool writes) {
+    const std::vector<uint64_t> &vc = item_clock_locked(s);
+    for (const Flight &f : g_records)
+        if (lo < f.hi && f.lo < hi && (writes || f.writes) && f.stream != s->id &&
+            vc_at(vc, f.stream) < f.seq)
+            return &f;
+    return nullptr;
+}
+
+/* Drops the records every stream's clock covers (and, past 4096, the oldest finished ones: a
+ * stream that never waits on a communicator must not make the list grow without end). */
+void prune_locked() {
+    for (auto it = g_records.begin(); it != g_records.end();) {
+        bool all = it->done;
+        for (EmuStream *s : g_streams)
+            if (all && s->id != it->stream && vc_at(s->vc, it->stream) < it->seq) all = false;
+        it = all ? g_records.erase(it) : std::next(it);
+    }
+    while (g_records.size() > 4096 && g_records.front().done) g_records.pop_front();
+}
+
+void order_die(const char *what, const char *verb, size_t n, const void *p,
+                            const Flight *f) {
+    emu_die("%s %s %zu bytes at %p that an %s on another stream %s, with nothing ordering them "
+            "(no cudaStreamWaitEvent on its event, no host sync after it)",
+            what, verb, n, p, f->op, f->writes ? "writes" : "reads");
+}
+
+void check_range(EmuStream *s, const char *what, const void *p, size_t n, bool writes) {
+    if (!n || !in_heap(p)) return;
+    std::lock_guard<std::mutex> l(order_mu);
+    const char *lo = (const char *)p;
+    if (const Flight *f = conflict_locked(s, lo, lo + n, writes))
+        order_die(what, writes ? "writes" : "reads", n, p, f);
+}
+
 void worker_loop(EmuStream *s) {
     std::unique_lock<std::mutex> l(s->mu);
     for (;;) {
-        s->cv.wait(l, [&] { return s->stop || !s->q.empty(); });
-        if (s->q.empty()) return;
+        s->cv.wait(l, [&] { return s->stop || (!s->q.empty() && s->done < s->released); });
+        if (s->q.empty() || s->done >= s->released) return; /* stopped */
         std::function<void()> f = std::move(s->q.front());
         s->q.pop_front();
         l.unlock();
@@ -379,34 +412,69 @@ void worker_loop(EmuStream *s) {
     }
 }
 
-/* Queues f on s, to run on the stream's own thread after everything queued before it. */
-void enqueue(cudaStream_t st, std::function<void()> f) {
-    EmuStream *s = S(st);
+/* Lets s run its items up to seq. */
+void release(EmuStream *s, uint64_t seq) {
+    std::lock_guard<std::mutex> l(s->mu);
+    if (seq <= s->released) return;
+    s->released = seq;
+    s->cv.notify_all();
+}
+
+/* Queues f on s, to run on the stream's own thread after everything queued before it: at once
+ * unless EMU_ASYNC holds it until needed (now: an NCCL operation, which its peers wait for).
+ * Returns its item number. */
+uint64_t enqueue(EmuStream *s, std::function<void()> f, bool now) {
     std::lock_guard<std::mutex> l(s->mu);
     if (!s->worker.joinable()) s->worker = std::thread(worker_loop, s);
     s->q.push_back(std::move(f));
     s->enq++;
+    if (now || !emu_async_enabled()) s->released = s->enq;
     s->cv.notify_all();
+    return s->enq;
 }
 
 void wait_done(EmuStream *s, uint64_t seq) {
+    release(s, seq);
     std::unique_lock<std::mutex> l(s->mu);
     s->cv.wait(l, [&] { return s->done >= seq; });
+}
+
+/* The host has seen s complete up to item seq (a sync): what s knew then is known to it. */
+void host_learns(EmuStream *s, uint64_t seq) {
+    std::lock_guard<std::mutex> l(order_mu);
+    vc_join(host_vc, s->vc);
+    vc_set(host_vc, s->id, seq);
+}
+
+uint64_t queued(EmuStream *s) {
+    std::lock_guard<std::mutex> l(s->mu);
+    return s->enq;
 }
 } // namespace
 
 extern "C" void emu_stream_drain(cudaStream_t st) {
     EmuStream *s = S(st);
-    uint64_t seq;
-    {
-        std::lock_guard<std::mutex> l(s->mu);
-        seq = s->enq;
-    }
-    wait_done(s, seq);
+    wait_done(s, queued(s));
+}
+
+void emu_enqueue(cudaStream_t st, std::function<void()> f) { enqueue(S(st), std::move(f), false); }
+
+extern "C" void emu_check_in_flight(cudaStream_t st, const char *kernel, const char *host_fn,
+                                    int arg, const void *p, int writable) {
+    if (!p || !in_heap(p)) return;
+    EmuStream *s = S(st); /* before order_mu: the legacy stream registers itself under it */
+    std::lock_guard<std::mutex> l(order_mu);
+    const char *c = (const char *)p;
+    if (const Flight *f = conflict_locked(s, c, c + 1, writable))
+        emu_die("kernel %s launched by %s: argument %d (%p) is memory an %s on another stream %s, "
+                "with nothing ordering them (no cudaStreamWaitEvent on its event, no host sync "
+                "after it)",
+                kernel, host_fn, arg + 1, p, f->op, f->writes ? "writes" : "reads");
 }
 
 extern "C" cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) {
     *s = new EmuStream;
+    register_stream(*s);
     return cudaSuccess;
 }
 
@@ -419,18 +487,37 @@ extern "C" cudaError_t cudaStreamDestroy(cudaStream_t s) {
         s->cv.notify_all();
     }
     if (s->worker.joinable()) s->worker.join();
+    {
+        std::lock_guard<std::mutex> l(order_mu);
+        for (size_t i = 0; i < g_streams.size(); i++)
+            if (g_streams[i] == s) g_streams.erase(g_streams.begin() + (long)i);
+    }
     delete s;
     return cudaSuccess;
 }
 
-extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+extern "C" cudaError_t cudaStreamSynchronize(cudaStream_t st) {
     g_host_waits++;
-    emu_stream_drain(s);
+    EmuStream *s = S(st);
+    uint64_t seq = queued(s);
+    wait_done(s, seq);
+    host_learns(s, seq);
     return cudaSuccess;
 }
 
+/* Every stream, as the device-wide sync does. */
 extern "C" cudaError_t cudaDeviceSynchronize(void) {
-    emu_stream_drain(nullptr);
+    std::vector<EmuStream *> all;
+    legacy_default();
+    {
+        std::lock_guard<std::mutex> l(order_mu);
+        all = g_streams;
+    }
+    for (EmuStream *s : all) {
+        uint64_t seq = queued(s);
+        wait_done(s, seq);
+        host_learns(s, seq);
+    }
     return cudaSuccess;
 }
 
@@ -447,9 +534,12 @@ extern "C" cudaError_t cudaEventDestroy(cudaEvent_t ev) {
 /* An event completes when its stream has done everything queued before the record. */
 extern "C" cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t st) {
     EmuStream *s = S(st);
+    std::lock_guard<std::mutex> lo(order_mu);
     std::lock_guard<std::mutex> l(s->mu);
     ev->s = s;
     ev->seq = s->enq;
+    ev->vc = item_clock_locked(s);
+    vc_set(ev->vc, s->id, s->enq);
     ev->op = s->last_op;
     s->last_op = nullptr;
     ev->launches = g_launches.load();
@@ -457,78 +547,169 @@ extern "C" cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t st) {
     return cudaSuccess;
 }
 
+namespace {
+/* The event's stream and item, and (when learn) its clock joined into the host's. */
+EmuStream *event_target(cudaEvent_t ev, uint64_t *seq) {
+    std::lock_guard<std::mutex> l(order_mu);
+    *seq = ev->seq;
+    return ev->s;
+}
+void host_learns_event(cudaEvent_t ev) {
+    std::lock_guard<std::mutex> l(order_mu);
+    vc_join(host_vc, ev->vc);
+}
+} // namespace
+
 extern "C" cudaError_t cudaEventQuery(cudaEvent_t ev) {
     note_wait(ev);
-    if (!ev->s) return cudaSuccess;
-    std::lock_guard<std::mutex> l(ev->s->mu);
-    return ev->s->done >= ev->seq ? cudaSuccess : cudaErrorNotReady;
+    uint64_t seq;
+    EmuStream *s = event_target(ev, &seq);
+    if (s) {
+        release(s, seq); /* a GPU runs the work by itself: polling must see it finish */
+        std::lock_guard<std::mutex> l(s->mu);
+        if (s->done < seq) return cudaErrorNotReady;
+    }
+    host_learns_event(ev);
+    return cudaSuccess;
 }
 
 extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
     note_wait(ev);
-    if (ev->s) wait_done(ev->s, ev->seq);
+    uint64_t seq;
+    EmuStream *s = event_target(ev, &seq);
+    if (s) wait_done(s, seq);
+    host_learns_event(ev);
     return cudaSuccess;
 }
 
 extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t ev, unsigned) {
-    EmuStream *es = ev->s, *s = S(st);
-    uint64_t seq = ev->seq;
+    note_wait(ev);
+    EmuStream *s = S(st), *es;
+    uint64_t seq;
+    {
+        std::lock_guard<std::mutex> l(order_mu);
+        es = ev->s, seq = ev->seq;
+        vc_join(item_clock_locked(s), ev->vc);
+    }
     if (!es || es == s) return cudaSuccess;
-    enqueue(st, [es, seq] { wait_done(es, seq); });
+    enqueue(s, [es, seq] { wait_done(es, seq); }, false);
     return cudaSuccess;
 }
 
-/* ================================================================ copies */
+/* ================================================================ copies
+ * Checked against where the pointers live (the kind must match) and against NCCL operations
+ * nothing orders them after; they run through the alias mapping. Without EMU_ASYNC on the
+ * caller's thread once the stream is drained. With it, as CUDA specifies: a copy from pageable
+ * host memory has read its source when the call returns (staged), one into pageable memory
+ * returns when done; with page-locked (cudaMallocHost) memory the call returns at once, the
+ * destination holds poison (0xFF bytes: NaN as floats) until the copy runs, and a source the
+ * host changes before the copy runs is reported. */
 namespace {
-/* Copies run on the caller's thread once the stream is drained, through the alias mapping;
- * the kind must match where the pointers are. */
-void copy_checked(void *dst, const void *src, size_t n, cudaMemcpyKind kind, const char *what) {
+std::mutex pinned_mu;
+std::map<const char *, size_t> g_pinned; /* cudaMallocHost's blocks */
+
+bool pinned(const void *p, size_t n) {
+    std::lock_guard<std::mutex> l(pinned_mu);
+    auto it = g_pinned.upper_bound((const char *)p);
+    if (it == g_pinned.begin()) return false;
+    --it;
+    return (const char *)p + n <= it->first + it->second;
+}
+
+const char *kind_name(cudaMemcpyKind kind) {
+    return kind == cudaMemcpyHostToDevice   ? "HostToDevice"
+           : kind == cudaMemcpyDeviceToHost ? "DeviceToHost"
+                                            : "DeviceToDevice";
+}
+
+void copy_checked(EmuStream *st, void *dst, const void *src, size_t n, cudaMemcpyKind kind,
+                  const char *what, bool async) {
     bool dd = in_heap(dst), sd = in_heap(src);
     bool want_dd = kind != cudaMemcpyDeviceToHost, want_sd = kind != cudaMemcpyHostToDevice;
     if (dd != want_dd || sd != want_sd)
         emu_die("%s(%p <- %p, %zu bytes, %s): the destination is %s memory and the source %s",
-                what, dst, src, n,
-                kind == cudaMemcpyHostToDevice   ? "HostToDevice"
-                : kind == cudaMemcpyDeviceToHost ? "DeviceToHost"
-                                                 : "DeviceToDevice",
-                dd ? "device" : "host", sd ? "device" : "host");
+                what, dst, src, n, kind_name(kind), dd ? "device" : "host", sd ? "device" : "host");
     if (!n) return;
-    check_range(what, src, n, false);
-    check_range(what, dst, n, true);
+    check_range(st, what, src, n, false);
+    check_range(st, what, dst, n, true);
     char *d = dd ? dev_alias(dst, n, what) : (char *)dst;
     const char *s = sd ? dev_alias(src, n, what) : (const char *)src;
-    memmove(d, s, n);
+    if (!async || !emu_async_enabled()) {
+        emu_stream_drain(st);
+        memmove(d, s, n);
+        return;
+    }
+    if (!dd && !pinned(dst, n)) { /* into pageable memory: done when the call returns */
+        emu_stream_drain(st);
+        memmove(d, s, n);
+        return;
+    }
+    if (!dd) memset(d, 0xFF, n); /* page-locked: poison until the stream gets there */
+    std::shared_ptr<std::vector<char>> snap;
+    if (!sd) snap = std::make_shared<std::vector<char>>(s, s + n);
+    bool reuse_check = !sd && pinned(src, n);
+    enqueue(st, [=] {
+        if (reuse_check && memcmp(s, snap->data(), n) != 0)
+            emu_die("%s(%p <- %p, %zu bytes, HostToDevice): the page-locked source changed before "
+                    "the copy ran; reuse it only after a stream or event sync shows the copy done",
+                    what, dst, src, n);
+        memmove(d, snap ? snap->data() : s, n);
+    }, false);
 }
 } // namespace
 
+extern "C" cudaError_t cudaMallocHost(void **p, size_t n) {
+    *p = aligned_alloc(256, (n + 255) / 256 * 256);
+    if (!*p) return cudaErrorMemoryAllocation;
+    std::lock_guard<std::mutex> l(pinned_mu);
+    g_pinned[(const char *)*p] = n;
+    return cudaSuccess;
+}
+
+extern "C" cudaError_t cudaFreeHost(void *p) {
+    if (in_heap(p)) emu_die("cudaFreeHost(%p): that is device memory", p);
+    {
+        std::lock_guard<std::mutex> l(pinned_mu);
+        g_pinned.erase((const char *)p);
+    }
+    free(p);
+    return cudaSuccess;
+}
+
 extern "C" cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
                                        cudaStream_t s) {
-    emu_stream_drain(s);
-    copy_checked(dst, src, n, kind, "cudaMemcpyAsync");
+    copy_checked(S(s), dst, src, n, kind, "cudaMemcpyAsync", true);
     return cudaSuccess;
 }
 
 extern "C" cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
                                          size_t width, size_t height, cudaMemcpyKind kind,
                                          cudaStream_t s) {
-    emu_stream_drain(s);
     if (width > dpitch || width > spitch) emu_die("cudaMemcpy2DAsync: width above a pitch");
     for (size_t r = 0; r < height; r++)
-        copy_checked((char *)dst + r * dpitch, (const char *)src + r * spitch, width, kind,
-                     "cudaMemcpy2DAsync");
+        copy_checked(S(s), (char *)dst + r * dpitch, (const char *)src + r * spitch, width, kind,
+                     "cudaMemcpy2DAsync", true);
     return cudaSuccess;
 }
 
+/* On the legacy default stream, returning when done; it does not wait for the other streams
+ * (every stream the code makes is non-blocking). */
 extern "C" cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
-    emu_stream_drain(nullptr);
-    copy_checked(dst, src, n, kind, "cudaMemcpy");
+    copy_checked(legacy_default(), dst, src, n, kind, "cudaMemcpy", false);
     return cudaSuccess;
 }
 
-extern "C" cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s) {
+extern "C" cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t st) {
+    EmuStream *s = S(st);
+    check_range(s, "cudaMemset", p, n, true);
+    if (!n) return cudaSuccess;
+    char *d = dev_alias(p, n, "cudaMemset");
+    if (emu_async_enabled()) {
+        enqueue(s, [d, v, n] { memset(d, v, n); }, false);
+        return cudaSuccess;
+    }
     emu_stream_drain(s);
-    check_range("cudaMemset", p, n, true);
-    if (n) memset(dev_alias(p, n, "cudaMemset"), v, n);
+    memset(d, v, n);
     return cudaSuccess;
 }
 
@@ -717,22 +898,41 @@ ncclResult_t submit(EmuNccl *c, cudaStream_t s, const char *what, std::vector<Fl
                     std::function<bool()> op) {
     if (!c) return ncclInvalidArgument;
     if (c->err.load() != ncclSuccess) return (ncclResult_t)c->err.load();
-    for (size_t i = 0; i < mem.size(); i++)
-        if (mem[i].lo == mem[i].hi) mem.erase(mem.begin() + (long)i--);
-    uint64_t flight = flight_add(what, std::move(mem));
+    EmuStream *st = S(s);
+    std::lock_guard<std::mutex> lo(order_mu); /* its records go in with the item's number */
+    for (size_t i = 0; i < mem.size(); i++) {
+        if (mem[i].lo == mem[i].hi) {
+            mem.erase(mem.begin() + (long)i--);
+            continue;
+        }
+        if (const Flight *f = conflict_locked(st, mem[i].lo, mem[i].hi, mem[i].writes))
+            emu_die("%s %s %p..%p that an %s on another stream %s, with nothing ordering them", what,
+                    mem[i].writes ? "writes" : "reads", (const void *)mem[i].lo,
+                    (const void *)mem[i].hi, f->op, f->writes ? "writes" : "reads");
+    }
     {
-        EmuStream *st = S(s);
         std::lock_guard<std::mutex> l(st->mu);
         st->last_op = what;
     }
     c->pending++;
-    enqueue(s, [c, op, flight] {
+    std::shared_ptr<uint64_t> seq = std::make_shared<uint64_t>(0);
+    /* queued now (its peers wait for it): that lets its stream, and what it waits for, run */
+    *seq = enqueue(st, [c, op, seq, st] {
         if (!c->aborted.load() && c->err.load() == ncclSuccess && !op() && !c->aborted.load() &&
             c->err.load() == ncclSuccess)
             c->err = ncclInternalError;
-        flight_done(flight);
+        {
+            std::lock_guard<std::mutex> l(order_mu);
+            for (Flight &f : g_records)
+                if (f.stream == st->id && f.seq == *seq) f.done = true;
+        }
         c->pending--;
-    });
+    }, true);
+    for (Flight &f : mem) {
+        f.op = what, f.stream = st->id, f.seq = *seq;
+        g_records.push_back(f);
+    }
+    prune_locked();
     return ncclSuccess;
 }
 } // namespace

@@ -10,7 +10,10 @@
  *   - streams are FIFOs: kernels, copies and GEMMs run on the calling thread once everything
  *     queued on their stream before them is done; NCCL operations, event records and waits are
  *     queued and run by the stream's own thread, so communication really overlaps with the
- *     caller and only the events order them;
+ *     caller and only the events order them. EMU_ASYNC=1 queues kernels, GEMMs and copies too,
+ *     held until a sync, event or NCCL operation needs them (a late host read sees poison);
+ *   - ordering by vector clocks: memory an NCCL operation reads or writes may be touched by
+ *     work on another stream only after a cudaStreamWaitEvent on its event or a host sync;
  *   - NCCL communicators of different processes meet in shared memory (collectives summed in
  *     rank order, point-to-point through per-pair rings); a dead peer or ncclCommAbort ends a
  *     waiting operation with an error instead of a hang.
@@ -73,19 +76,25 @@ cudaError_t cudaEventSynchronize(cudaEvent_t ev);
 void emu_dev_open(void);
 void emu_dev_close(void);
 void emu_stream_drain(cudaStream_t s);
+int emu_async_enabled(void); /* EMU_ASYNC=1: kernels, GEMMs and copies are queued, run late */
 void emu_note_launch(void); /* a kernel or GEMM was issued (for EMU_STATS) */
 /* Dies naming the kernel and argument when p is neither null nor device memory. */
 void emu_check_kernel_pointer(const char *kernel, const char *host_fn, int arg, const void *p);
-/* Dies when p is memory an unfinished NCCL operation writes, or (writable) reads: a kernel or
- * copy that touches it needs a wait (comm_wait, an event) after the operation. */
-void emu_check_in_flight(const char *kernel, const char *host_fn, int arg, const void *p,
-                         int writable);
+/* Dies when p is memory an NCCL operation on another stream writes, or (writable) reads, that
+ * nothing orders before the next item of stream s: it needs a cudaStreamWaitEvent on the
+ * operation's event or a host sync after it. */
+void emu_check_in_flight(cudaStream_t s, const char *kernel, const char *host_fn, int arg,
+                         const void *p, int writable);
 
 /* ---- strict mode (EMU_STRICT=1; emu_strict.cpp): shared- and global-memory race detection
  * through the -fsanitize=thread calls the kernels are compiled with. emu_cuda.h reports the
  * launch, each block, barrier and warp release, and sets emu_strict_tid to the thread it runs
  * (-1 between threads and outside kernels: the checks are off). */
-extern int emu_strict_tid;
+#ifdef __cplusplus
+extern thread_local int emu_strict_tid; /* per thread: EMU_ASYNC runs kernels on stream threads */
+#else
+extern _Thread_local int emu_strict_tid;
+#endif
 int emu_strict_enabled(void);
 void emu_strict_launch(const char *kernel, unsigned nblocks, char *dyn, size_t dyn_n,
                        size_t smem_limit); /* smem_limit: static + dynamic shared memory per block */
@@ -140,5 +149,8 @@ ncclResult_t ncclGroupEnd(void);
 
 #ifdef __cplusplus
 }
+#include <functional>
+/* Queues f on stream s (EMU_ASYNC: a kernel or GEMM, run by the stream's thread when needed). */
+void emu_enqueue(cudaStream_t s, std::function<void()> f);
 #endif
 #endif

@@ -31,7 +31,7 @@
 
 extern "C" {
 int emu_strict_on = -1;
-int emu_strict_tid = -1;
+thread_local int emu_strict_tid = -1;
 }
 
 namespace {

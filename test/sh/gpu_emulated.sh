@@ -37,6 +37,9 @@ E=build-emu
 # memory race checks; test/sh/emu_strict.sh shows each check catching its planted bug
 export EMU_STRICT=1
 export EMU_GPUS=8
+# asynchrony (cuda/emu/emu_rt.h): kernels, GEMMs and copies take effect late, when a sync, an
+# event or an NCCL operation needs them; a host read too early sees poison (cases below)
+export EMU_ASYNC=1
 
 # run_prefixed NAME CMD...: runs a test program, its PASS/FAIL lines renamed emu_*; a crash fails
 run_prefixed() {
@@ -48,6 +51,18 @@ run_prefixed() {
 }
 run_prefixed test_cuda_ops $E/test/test_cuda_ops
 run_prefixed test_moe $E/test/test_moe
+# the fp-contract mode (make emu-fma): the kernels again with a GPU's FMA contraction (a*b+c
+# rounded once, nvcc's default --fmad=true) pass the op tests with the same tolerances
+if make -s emu-fma -j"$(nproc)" >$TMP/fma.log 2>&1; then
+    objdump -d $E/fma/test_cuda_ops | grep -q vfmadd && pass emu_fma_kernels_are_contracted ||
+        fail emu_fma_kernels_are_contracted "no fused multiply-add in $E/fma/test_cuda_ops"
+    EMU_STRICT=0 EMU_ASYNC=0 $E/fma/test_cuda_ops >$TMP/fma 2>&1
+    rc=$?
+    sed -n -e 's/^PASS /PASS emu_fma_/p' -e 's/^FAIL /FAIL emu_fma_/p' $TMP/fma
+    [ $rc -eq 0 ] || grep -q '^FAIL' $TMP/fma || fail emu_fma_test_cuda_ops "exit $rc: $(tail -3 $TMP/fma)"
+else
+    fail emu_fma_build "make emu-fma failed: $(grep -m3 -E 'error|Error' $TMP/fma.log)"
+fi
 # the NCCL backend: only its cases (the shm ones already ran in the normal build)
 EMU_GPUS=4 UST_TEST_ONLY_NCCL=1 $E/test/test_comm >$TMP/comm 2>&1
 rc=$?
@@ -283,6 +298,7 @@ cat >$TMP/misuse.c <<'EOF'
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 #include <stdio.h>
+#include <unistd.h>
 #include "cuda/ops_cuda.h"
 int main(int argc, char **argv) {
     float *d, h[16] = {0};
@@ -311,6 +327,51 @@ int main(int argc, char **argv) {
         o->add(o, d, d, h, 4);
         break;
     }
+    case 'e': case 'E': { /* a kernel after an all-reduce on another stream: long finished, */
+        ncclUniqueId id;   /* but only the compute stream's wait on its event ('E') orders it */
+        ncclComm_t c;
+        cudaStream_t s;
+        cudaEvent_t ev;
+        ust_err e;
+        ust_ops *o = ops_cuda_create(0, &e);
+        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+        cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+        ncclGetUniqueId(&id);
+        ncclCommInitRank(&c, 1, id, 0);
+        ncclAllReduce(d, d, 4, ncclFloat32, ncclSum, c, s);
+        cudaEventRecord(ev, s);
+        usleep(100000);
+        if (argv[1][0] == 'E') cudaStreamWaitEvent((cudaStream_t)o->stream(o), ev, 0);
+        o->add(o, d, d, d, 4);
+        o->sync(o);
+        printf("ok\n");
+        break;
+    }
+    case 'p': case 'P': { /* a host read of a page-locked copy's destination before ('p') and */
+        float *pin, one[4] = {1.5f, 1.5f, 1.5f, 1.5f}; /* after ('P') the stream's sync */
+        cudaStream_t s;
+        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+        cudaMallocHost((void **)&pin, 16);
+        cudaMemcpyAsync(d, one, 16, cudaMemcpyHostToDevice, s);
+        cudaMemcpyAsync(pin, d, 16, cudaMemcpyDeviceToHost, s);
+        if (argv[1][0] == 'P') cudaStreamSynchronize(s);
+        printf("read %g\n", pin[0]);
+        cudaStreamSynchronize(s);
+        break;
+    }
+    case 'u': case 'U': { /* a page-locked copy source refilled before ('u') or after ('U') the */
+        float *pin;       /* stream's sync shows the copy done */
+        cudaStream_t s;
+        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+        cudaMallocHost((void **)&pin, 16);
+        for (int i = 0; i < 4; i++) pin[i] = 1.0f;
+        cudaMemcpyAsync(d, pin, 16, cudaMemcpyHostToDevice, s);
+        if (argv[1][0] == 'U') cudaStreamSynchronize(s);
+        pin[0] = 2.0f;
+        cudaStreamSynchronize(s);
+        printf("ok\n");
+        break;
+    }
     case 'n': {                                                  /* host buffer to NCCL */
         ncclUniqueId id;
         ncclComm_t c;
@@ -337,8 +398,10 @@ if gcc -std=c11 -D_GNU_SOURCE -DUST_CUDA -I. -Icore/base -Icuda/emu/include $TMP
         "o|write_past_an_allocation|run 64 bytes past their allocation" \
         "n|host_buffer_given_to_nccl|ncclAllReduce send: 0x[0-9a-f]+ is not device memory" \
         "k|host_buffer_given_to_a_kernel|launched by cu_add: argument 3 .* is host memory" \
-        "w|kernel_racing_an_unfinished_allreduce|launched by cu_add: argument 1 .* unfinished ncclAllReduce writes" \
-        "m|copy_racing_an_unfinished_allreduce|cudaMemcpy reads 16 bytes .* unfinished ncclAllReduce writes"; do
+        "w|kernel_racing_an_unfinished_allreduce|launched by cu_add: argument 1 .* ncclAllReduce on another stream writes, with nothing ordering them" \
+        "m|copy_racing_an_unfinished_allreduce|cudaMemcpy reads 16 bytes .* ncclAllReduce on another stream writes" \
+        "e|kernel_after_a_finished_allreduce_without_a_wait|launched by cu_add: argument 1 .* ncclAllReduce on another stream writes, with nothing ordering them" \
+        "u|pinned_source_refilled_before_its_copy_ran|cudaMemcpyAsync\\(.*HostToDevice\\): the page-locked source changed before the copy ran"; do
         IFS='|' read -r mode what pat <<<"$m"
         out=$($TMP/misuse "$mode" 2>&1)
         rc=$?
@@ -348,6 +411,16 @@ if gcc -std=c11 -D_GNU_SOURCE -DUST_CUDA -I. -Icore/base -Icuda/emu/include $TMP
             fail "emu_catches_$what" "exit $rc: $(echo "$out" | head -2)"
         fi
     done
+    # the same programs with the wait, or the sync, in place run clean
+    expect_exit emu_kernel_after_a_stream_wait_on_the_allreduce_runs 0 '^ok' -- $TMP/misuse E
+    expect_exit emu_pinned_source_refilled_after_the_sync_runs 0 '^ok' -- $TMP/misuse U
+    # EMU_ASYNC: a host read of a page-locked copy's destination before the stream's sync sees
+    # poison (NaN), after it the data; without the mode the early read passes unnoticed
+    $TMP/misuse p 2>&1 | grep -qxE 'read -?nan' && [ "$($TMP/misuse P 2>&1)" = "read 1.5" ] &&
+        pass emu_async_early_host_read_sees_poison ||
+        fail emu_async_early_host_read_sees_poison "$($TMP/misuse p 2>&1 | head -2) / $($TMP/misuse P 2>&1 | head -2)"
+    [ "$(EMU_ASYNC=0 $TMP/misuse p 2>&1)" = "read 1.5" ] && pass emu_async_mode_is_what_catches_the_early_read ||
+        fail emu_async_mode_is_what_catches_the_early_read "$(EMU_ASYNC=0 $TMP/misuse p 2>&1 | head -2)"
     # the racing cases' communicators never saw their second rank, so never unlinked their segment
     find /dev/shm -maxdepth 1 -name 'emu-nccl-*' -newer $TMP/misuse -delete 2>/dev/null
 else
