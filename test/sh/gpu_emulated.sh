@@ -116,6 +116,9 @@ sed -e 's/n_kv_head: 2/n_kv_head: 4/' -e 's/max_seq_len: 64}/max_seq_len: 64, ml
     $TMP/llama.yaml >$TMP/mla.yaml
 $EQ --name _emu_mla --config $TMP/mla.yaml --layout "run.device=cuda" \
     --layout "tp=2 sp=true run.device=cuda" --layout "cp=2 run.device=cuda"
+# cp2 passes the latent (model.mla.cp_latent) and re-expands it: in bf16 too, against one GPU
+$EQ --name _emu_mla_bf16 --config $TMP/mla.yaml --ref "run.device=cuda train.precision=bf16" \
+    --tolerance bf16 --layout "cp=2 run.device=cuda train.precision=bf16"
 # checkpoints cross devices: saved on (emulated) GPUs, resumed on the CPU and the other way
 $EQ --name _emu_ckpt --config $TMP/llama.yaml --save-layout "dp=2 zero=3 run.device=cuda" \
     --resume-at 2 --layout "dp=1" --layout "tp=2 run.device=cuda"
