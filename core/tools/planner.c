@@ -377,6 +377,13 @@ static void est_cp(const est_in *e, planner_cost *o) {
     double hops = ring == 1                             ? 0
                   : c->parallel.cp_comm == CP_ALLGATHER ? (3 + full) * (ring - 1.0)
                                                         : (2 + full) * (ring - 1.0) + ring;
+    /* latent attention's latent ring (cfg_cp_latent; docs/deepseek.md): a block is B Tl
+     * (kv_lora_rank + qk_rope_head_dim) values and its gradient skips the first hop, n-1 hops
+     * each way and for the gradient, ring and all-gather alike */
+    if (cfg_cp_latent(c)) {
+        kv = A * B * Tl * cfg_cp_latent(c);
+        hops = (3 + full) * (ring - 1.0);
+    }
     double u = (a - 1) * A * B * Tl * D, ulysses = u * (6 * Hq + 6 * Hk + full * (2 * Hq + 2 * Hk));
     o->group[PLAN_CP] = cp > 1 ? e->m * e->layers * (hops * kv + ulysses) / e->bw[PLAN_CP] : 0;
 }
