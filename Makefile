@@ -135,6 +135,7 @@ bench: deps
 	scripts/bench-tp.sh
 	scripts/bench-cp.sh
 	scripts/bench-window.sh
+	scripts/bench-latent.sh
 	scripts/bench-pp.sh
 	scripts/bench-packing.sh
 	scripts/bench-moe.sh

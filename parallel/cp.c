@@ -92,7 +92,7 @@ static void ring_blocks(ust_cp *cp) {
 }
 
 void cp_init(ust_cp *cp, const ust_ops *ops, ust_comm *comm, ust_comm *a2a, ust_comm *ring,
-             ust_arena *arena, int T, int B, int H, int Hkv, int D, ust_cp_layout layout,
+             ust_arena *arena, int T, int B, int H, int Hkv, int D, int lat, ust_cp_layout layout,
              ust_cp_comm mode, int cp_a2a) {
     memset(cp, 0, sizeof *cp);
     cp->ops = ops;
@@ -107,6 +107,7 @@ void cp_init(ust_cp *cp, const ust_ops *ops, ust_comm *comm, ust_comm *a2a, ust_
     cp->D = D;
     cp->layout = layout;
     cp->mode = mode;
+    cp->lat = cp->n > 1 && (mode == CP_RING || mode == CP_ALLGATHER) ? lat : 0;
     cp->uly.a = 1;
     cp->ring.comm = comm;
     if (cp->n > 1 && mode == CP_A2A) {
@@ -129,6 +130,9 @@ void cp_init(ust_cp *cp, const ust_ops *ops, ust_comm *comm, ust_comm *a2a, ust_
                    (size_t)cp->n * cp->Tl * sizeof(int32_t));
 }
 
+static void kv_buffers(ust_cp *cp, ust_arena *arena, size_t blk);
+static void latent_buffers(ust_cp *cp, ust_arena *arena, size_t blk);
+
 void cp_alloc_buffers(ust_cp *cp, ust_arena *arena, int H) {
     const ust_ops *ops = cp->ops;
     int B = cp->B, D = cp->D;
@@ -148,6 +152,17 @@ void cp_alloc_buffers(ust_cp *cp, ust_arena *arena, int H) {
     }
     if (cp->ring.rn == 1) return;
     size_t blk = act_bytes(ops, (int64_t)B * cp->Tb * cp->ring.Hkvr * D);
+    if (cp->lat) {
+        latent_buffers(cp, arena, blk);
+    } else {
+        kv_buffers(cp, arena, blk);
+    }
+    cp->ring.part_out =
+        mem_alloc(arena, MEM_ACTS, act_bytes(ops, (int64_t)B * cp->Tb * cp->uly.Hq * D));
+    cp->ring.part_lse = mem_alloc(arena, MEM_ACTS, (size_t)B * cp->uly.Hq * cp->Tb * sizeof(float));
+}
+
+static void kv_buffers(ust_cp *cp, ust_arena *arena, size_t blk) {
     cp->ring.acc_dk = mem_alloc(arena, MEM_ACTS, blk);
     cp->ring.acc_dv = mem_alloc(arena, MEM_ACTS, blk);
     if (cp->mode != CP_ALLGATHER) {
@@ -159,15 +174,31 @@ void cp_alloc_buffers(ust_cp *cp, ust_arena *arena, int H) {
         cp->ring.all_dk = mem_alloc(arena, MEM_ACTS, blk * cp->ring.rn);
         cp->ring.all_dv = mem_alloc(arena, MEM_ACTS, blk * cp->ring.rn);
     }
-    cp->ring.part_out =
-        mem_alloc(arena, MEM_ACTS, act_bytes(ops, (int64_t)B * cp->Tb * cp->uly.Hq * D));
-    cp->ring.part_lse = mem_alloc(arena, MEM_ACTS, (size_t)B * cp->uly.Hq * cp->Tb * sizeof(float));
 }
 
-ust_cp cp_shape(const ust_ops *ops, int n, int a, int T, int B, int Hkv, int D, ust_cp_comm mode) {
+/* The latent ring's: a remote block's expansion (k, v and their gradients, blk bytes each), and
+ * latents (lb bytes a block) where K/V blocks would travel. */
+static void latent_buffers(ust_cp *cp, ust_arena *arena, size_t blk) {
+    cp_ring_stage *rg = &cp->ring;
+    size_t lb = act_bytes(cp->ops, (int64_t)cp->B * cp->Tb * cp->lat);
+    for (int i = 0; i < 4; i++) rg->ex[i] = mem_alloc(arena, MEM_ACTS, blk);
+    rg->lat_mine = mem_alloc(arena, MEM_ACTS, lb);
+    rg->acc_dlat = mem_alloc(arena, MEM_ACTS, lb);
+    if (cp->mode != CP_ALLGATHER) {
+        for (int s = 0; s < 2; s++)
+            for (int k = 0; k < 2; k++) rg->lat[s][k] = mem_alloc(arena, MEM_ACTS, lb);
+    } else {
+        rg->all_lat = mem_alloc(arena, MEM_ACTS, lb * rg->rn);
+        rg->all_dlat = mem_alloc(arena, MEM_ACTS, lb * rg->rn);
+    }
+}
+
+ust_cp cp_shape(const ust_ops *ops, int n, int a, int T, int B, int Hkv, int D, int lat,
+                ust_cp_comm mode) {
     /* clang-format off */
     ust_cp cp = {.ops = ops, .n = n, .T = T, .Tl = T / n, .B = B, .Hkv = Hkv, .D = D,
-                 .mode = mode, .uly.a = n > 1 && a > 1 ? a : 1};
+                 .mode = mode, .uly.a = n > 1 && a > 1 ? a : 1,
+                 .lat = n > 1 && (mode == CP_RING || mode == CP_ALLGATHER) ? lat : 0};
     /* clang-format on */
     cp.ring.rn = n / cp.uly.a, cp.Tb = cp.uly.a * cp.Tl;
     cp.ring.Hkvr = cp.uly.a > 1 ? (Hkv % cp.uly.a == 0 ? Hkv / cp.uly.a : 1) : Hkv;
@@ -325,20 +356,23 @@ typedef struct {
     int ns, nr;
     act *const *hs, *const *hr;
     int hs_to, hr_from;
+    int nh;       /* buffers going home (0: 2, a block's dk and dv) */
+    size_t count; /* elements of each buffer (0: a K/V block's) */
 } ring_msgs;
 
 static comm_req pass_on(ust_cp *cp, ring_msgs m) {
     comm_p2p *ops = cp->ring.p2p; /* must stay valid until the wait */
-    size_t count = blk(cp);
+    size_t count = m.count ? m.count : blk(cp);
+    int nh = m.nh ? m.nh : 2;
     int next = (cp->ring.rr + 1) % cp->ring.rn,
         prev = (cp->ring.rr + cp->ring.rn - 1) % cp->ring.rn, k = 0;
     for (int i = 0; i < m.ns; i++)
         ops[k++] = (comm_p2p){.peer = next, .is_send = 1, .buf = m.send[i], .count = count};
     for (int i = 0; i < m.nr; i++)
         ops[k++] = (comm_p2p){.peer = prev, .is_send = 0, .buf = m.recv[i], .count = count};
-    for (int i = 0; m.hs_to >= 0 && i < 2; i++)
+    for (int i = 0; m.hs_to >= 0 && i < nh; i++)
         ops[k++] = (comm_p2p){.peer = m.hs_to, .is_send = 1, .buf = m.hs[i], .count = count};
-    for (int i = 0; m.hr_from >= 0 && i < 2; i++)
+    for (int i = 0; m.hr_from >= 0 && i < nh; i++)
         ops[k++] = (comm_p2p){.peer = m.hr_from, .is_send = 0, .buf = m.hr[i], .count = count};
     if (!k) return (comm_req){0};
     return comm_sendrecv(cp->ring.comm, ops, k, comm_act_dtype(cp->ops));
@@ -365,7 +399,7 @@ static void ring_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *
             act *send[2] = {(act *)ck, (act *)cv};
             act *recv[2] = {rg->kv[(s + 1) % 2][0], rg->kv[(s + 1) % 2][1]};
             int ns = sends_on(cp, rt, s) ? 2 : 0, nr = receives(cp, rt, s) ? 2 : 0;
-            r = pass_on(cp, (ring_msgs){send, recv, ns, nr, NULL, NULL, -1, -1});
+            r = pass_on(cp, (ring_msgs){send, recv, ns, nr, NULL, NULL, -1, -1, 0, 0});
             nk = recv[0], nv = recv[1];
         } else if (cp->mode == CP_ALLGATHER && s > 0) {
             ck = block_of(cp, rg->all_k, owner), cv = block_of(cp, rg->all_v, owner);
@@ -447,7 +481,7 @@ static void ring_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, con
         if (s + 1 < n) {
             act *send[2] = {(act *)ck, (act *)cv};
             int nr = receives(cp, rt, s) ? 2 : 0;
-            kv = pass_on(cp, (ring_msgs){send, buf, on ? 2 : 0, nr, NULL, NULL, -1, -1});
+            kv = pass_on(cp, (ring_msgs){send, buf, on ? 2 : 0, nr, NULL, NULL, -1, -1, 0, 0});
         }
         if (needs(cp, rt, owner) && !hidden(cp, owner, docs))
             o->attention_bwd(o, dq, cdk, cdv, dout, out, lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp,
@@ -457,13 +491,205 @@ static void ring_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, con
         act *send[2] = {cdk, cdv};
         int last = s > 0 && s == rt->hops[owner], home = s > 0 && s == rt->hops[rg->rr];
         ring_msgs m = {send, buf + 2, on ? 2 : 0,        s + 1 < n && receives(cp, rt, s) ? 2 : 0,
-                       send, acc,     last ? owner : -1, home ? (rg->rr + s) % n : -1};
+                       send, acc,     last ? owner : -1, home ? (rg->rr + s) % n : -1,
+                       0,    0};
         comm_req g = pass_on(cp, m);
         comm_wait(&g);
         ck = buf[0], cv = buf[1], cdk = buf[2], cdv = buf[3];
     }
     o->add(o, dk, dk, rg->acc_dk, (int64_t)blk(cp));
     o->add(o, dv, dv, rg->acc_dv, (int64_t)blk(cp));
+}
+
+/* ---------------------------------------------------------------- the latent ring */
+
+/* Why a latent travels and every rank re-expands it (docs/deepseek.md, "Context parallelism"):
+ * multi-head latent attention's k and v are one GEMM (kv_b_proj) of a per-token latent of
+ * kv_lora_rank values plus one rope key shared by the heads, lat values a token against 2 Hkv D
+ * for the expanded block (DeepSeek-V3: 576 against 2 x 128 x 192, 1/85). So the block's bytes
+ * shrink by that factor for one extra GEMM per remote block a rank attends to (and again in
+ * backward, instead of keeping the expansion). The gradient goes back in the latent's shape
+ * too: each rank contracts its dk, dv of a remote block through kv_b_proj's transpose (the rope
+ * key's summed over the heads) before it travels, since contraction is linear and the sum of
+ * the contractions is the contraction of the sum; kv_b_proj's weight gradient of that block is
+ * added where it was computed (dense gradients are summed over dp x cp after the step anyway).
+ * The owner's own block never travels expanded: its queries use its k, v as they are and its
+ * gradients stay in dk, dv, so the first hop carries no gradient. */
+
+static size_t lblk(const ust_cp *cp) { return (size_t)cp->B * cp->Tb * cp->lat; }
+
+int cp_latent(const ust_cp *cp) { return cp->lat; }
+act *cp_latent_mine(ust_cp *cp) { return cp->ring.lat_mine; }
+
+static act *lat_of(const ust_cp *cp, act *all, int r) {
+    return act_at(cp->ops, all, (int64_t)r * lblk(cp));
+}
+
+static void gather_latents(ust_cp *cp) {
+    comm_req r = comm_allgather(cp->ring.comm, cp->ring.lat_mine, cp->ring.all_lat, lblk(cp),
+                                comm_act_dtype(cp->ops));
+    comm_wait(&r);
+}
+
+/* What a latent block's attention reads and writes besides the block: the local queries, their
+ * output and its statistics, and (backward) the gradients of the output and the queries. */
+typedef struct {
+    act *out, *dq;
+    float *lse;
+    const act *q, *dout;
+    const float *clse;
+    int H;
+    const cp_docs *docs;
+    const cp_expander *ex;
+} latent_io;
+
+/* A remote block's forward: expanded into ex[0], ex[1], its partial result merged. */
+static void latent_block_fwd(ust_cp *cp, const latent_io *io, const act *lat, int owner) {
+    const ust_ops *o = cp->ops;
+    cp_ring_stage *rg = &cp->ring;
+    int B = cp->B, Tb = cp->Tb, H = io->H;
+    io->ex->expand(io->ex->ctx, rg->ex[0], rg->ex[1], lat);
+    o->attention_fwd(o, rg->part_out, rg->part_lse, io->q, rg->ex[0], rg->ex[1], B, Tb, Tb, H,
+                     rg->Hkvr, cp->D, pos_dev(cp, rg->rr), pos_dev(cp, owner), 1, starts(io->docs));
+    o->attention_merge(o, io->out, io->lse, rg->part_out, rg->part_lse, B, Tb, H, cp->D);
+    logit_max(cp, io->q, rg->ex[0], H, pos_dev(cp, owner), io->docs);
+    count(cp, owner, H);
+}
+
+/* A remote block's backward: expanded again, its dk, dv (ex[2], ex[3]) from the queries here,
+ * contracted into dlat. */
+static void latent_block_bwd(ust_cp *cp, const latent_io *io, act *dlat, const act *lat,
+                             int owner) {
+    const ust_ops *o = cp->ops;
+    cp_ring_stage *rg = &cp->ring;
+    size_t kb = act_bytes(o, (int64_t)blk(cp));
+    io->ex->expand(io->ex->ctx, rg->ex[0], rg->ex[1], lat);
+    o->zero(o, rg->ex[2], kb);
+    o->zero(o, rg->ex[3], kb);
+    o->attention_bwd(o, io->dq, rg->ex[2], rg->ex[3], io->dout, io->out, io->clse, io->q, rg->ex[0],
+                     rg->ex[1], cp->B, cp->Tb, cp->Tb, io->H, rg->Hkvr, cp->D, pos_dev(cp, rg->rr),
+                     pos_dev(cp, owner), 1, starts(io->docs));
+    io->ex->contract(io->ex->ctx, dlat, rg->ex[2], rg->ex[3], lat);
+}
+
+void cp_latent_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *k, const act *v,
+                   int H, const cp_docs *docs, const cp_expander *ex) {
+    const ust_ops *o = cp->ops;
+    cp_ring_stage *rg = &cp->ring;
+    int n = rg->rn;
+    UST_ASSERT(cp->lat && n > 1 && cp->uly.a == 1, "the latent ring without a latent");
+    latent_io io = {.out = out, .lse = lse, .q = q, .H = H, .docs = docs, .ex = ex};
+    const int32_t *qp = pos_dev(cp, rg->rr);
+    const cp_route *rt = route_of(cp, docs);
+    if (cp->mode == CP_ALLGATHER) gather_latents(cp);
+    const act *cl = rg->lat_mine;
+    for (int s = 0; s < n; s++) { /* as ring_fwd: the local block first, the next in flight */
+        int owner = (rg->rr - s + n) % n;
+        comm_req r = {0};
+        act *nl = NULL;
+        if (cp->mode != CP_ALLGATHER && s + 1 < n) {
+            act *send[1] = {(act *)cl}, *recv[1] = {rg->lat[(s + 1) % 2][0]};
+            int ns = sends_on(cp, rt, s), nr = receives(cp, rt, s);
+            r = pass_on(cp, (ring_msgs){send, recv, ns, nr, NULL, NULL, -1, -1, 0, lblk(cp)});
+            nl = recv[0];
+        } else if (cp->mode == CP_ALLGATHER && s > 0) {
+            cl = lat_of(cp, rg->all_lat, owner);
+        }
+        if (s == 0) {
+            o->attention_fwd(o, out, lse, q, k, v, cp->B, cp->Tb, cp->Tb, H, rg->Hkvr, cp->D, qp,
+                             qp, 1, starts(docs));
+            logit_max(cp, q, k, H, qp, docs);
+            count(cp, owner, H);
+        } else if (needs(cp, rt, owner) && !hidden(cp, owner, docs)) {
+            latent_block_fwd(cp, &io, cl, owner);
+        }
+        if (nl) {
+            comm_wait(&r);
+            cl = nl;
+        }
+    }
+}
+
+/* The ring's backward with latents: as ring_bwd, the latent moving on while a later rank needs
+ * it and its gradient (from step 1 on) with it, home from the last such rank into acc_dlat. */
+static void latent_ring_bwd(ust_cp *cp, const latent_io *io, act *dk, act *dv, const act *k,
+                            const act *v) {
+    const ust_ops *o = cp->ops;
+    cp_ring_stage *rg = &cp->ring;
+    int n = rg->rn;
+    size_t lc = lblk(cp);
+    const cp_route *rt = route_of(cp, io->docs);
+    const act *cl = rg->lat_mine;
+    act *cdl = NULL, *acc[1] = {rg->acc_dlat};
+    for (int s = 0; s < n; s++) {
+        int owner = (rg->rr - s + n) % n, on = sends_on(cp, rt, s);
+        act *const *buf = rg->lat[s % 2];
+        comm_req lr = {0};
+        if (s + 1 < n) {
+            act *send[1] = {(act *)cl};
+            int nr = receives(cp, rt, s);
+            lr = pass_on(cp, (ring_msgs){send, buf, on, nr, NULL, NULL, -1, -1, 0, lc});
+        }
+        if (s == 0)
+            o->attention_bwd(o, io->dq, dk, dv, io->dout, io->out, io->clse, io->q, k, v, cp->B,
+                             cp->Tb, cp->Tb, io->H, rg->Hkvr, cp->D, pos_dev(cp, rg->rr),
+                             pos_dev(cp, rg->rr), 1, starts(io->docs));
+        else if (needs(cp, rt, owner) && !hidden(cp, owner, io->docs))
+            latent_block_bwd(cp, io, cdl, cl, owner);
+        comm_wait(&lr);
+        act *send[1] = {cdl};
+        int last = s > 0 && s == rt->hops[owner], home = s > 0 && s == rt->hops[rg->rr];
+        int fw = s > 0 && on, rv = s > 0 && s + 1 < n && receives(cp, rt, s);
+        ring_msgs m = {
+            send, buf + 1, fw, rv, send, acc, last ? owner : -1, home ? (rg->rr + s) % n : -1,
+            1,    lc};
+        comm_req g = pass_on(cp, m);
+        comm_wait(&g);
+        cl = buf[0], cdl = buf[1];
+        if (s == 0) o->zero(o, cdl, act_bytes(o, (int64_t)lc)); /* no gradient on the first hop */
+    }
+}
+
+/* Allgather mode: every latent gathered again, every block's gradient contracted here, the
+ * latents' gradients summed at their owners. */
+static void latent_allgather_bwd(ust_cp *cp, const latent_io *io, act *dk, act *dv, const act *k,
+                                 const act *v) {
+    const ust_ops *o = cp->ops;
+    cp_ring_stage *rg = &cp->ring;
+    int n = rg->rn;
+    const cp_route *rt = route_of(cp, io->docs);
+    const int32_t *qp = pos_dev(cp, rg->rr);
+    gather_latents(cp);
+    o->zero(o, rg->all_dlat, act_bytes(o, (int64_t)lblk(cp) * n));
+    o->attention_bwd(o, io->dq, dk, dv, io->dout, io->out, io->clse, io->q, k, v, cp->B, cp->Tb,
+                     cp->Tb, io->H, rg->Hkvr, cp->D, qp, qp, 1, starts(io->docs));
+    for (int r = 0; r < n; r++)
+        if (r != rg->rr && needs(cp, rt, r) && !hidden(cp, r, io->docs))
+            latent_block_bwd(cp, io, lat_of(cp, rg->all_dlat, r), lat_of(cp, rg->all_lat, r), r);
+    comm_req r = comm_reduce_scatter(rg->comm, rg->all_dlat, rg->acc_dlat, lblk(cp),
+                                     comm_act_dtype(o), COMM_SUM);
+    comm_wait(&r);
+}
+
+const act *cp_latent_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, const act *out,
+                         const float *lse, const act *q, const act *k, const act *v, int H,
+                         const cp_docs *docs, const cp_expander *ex) {
+    cp_ring_stage *rg = &cp->ring;
+    UST_ASSERT(cp->lat && rg->rn > 1 && cp->uly.a == 1, "the latent ring without a latent");
+    latent_io io = {.out = (act *)out,
+                    .dq = dq,
+                    .q = q,
+                    .dout = dout,
+                    .clse = lse,
+                    .H = H,
+                    .docs = docs,
+                    .ex = ex};
+    cp->ops->zero(cp->ops, rg->acc_dlat, act_bytes(cp->ops, (int64_t)lblk(cp)));
+    if (cp->mode == CP_ALLGATHER)
+        latent_allgather_bwd(cp, &io, dk, dv, k, v);
+    else
+        latent_ring_bwd(cp, &io, dk, dv, k, v);
+    return rg->acc_dlat;
 }
 
 /* ---------------------------------------------------------------- Ulysses */

@@ -58,6 +58,10 @@ typedef struct {
     float *part_lse;
     act *all_k, *all_v, *all_dk, *all_dv; /* allgather mode: every block */
     comm_p2p p2p[8];                      /* the posted send/recv list of the block in flight */
+    /* the latent ring (ust_cp.lat > 0): latent and its gradient of one block, twice; this
+     * rank's packed latent and its gradient from the other ranks; allgather mode: every block's;
+     * a remote block re-expanded: k, v, dk, dv (B, Tb, Hkvr, D) */
+    act *lat[2][2], *lat_mine, *acc_dlat, *all_lat, *all_dlat, *ex[4];
     double *block_pairs;           /* per block owner: causal pairs of our queries with its keys */
     int32_t *block_max;            /* per block owner: its largest position */
     cp_route route[CP_MAX_ROUTES]; /* per mask met so far (made at its first use) */
@@ -68,7 +72,8 @@ typedef struct ust_cp {
     const ust_ops *ops;
     ust_comm *comm; /* the whole group (n ranks, this one `rank`) */
     int n, rank, T, Tl, B, H, Hkv, D;
-    int Tb; /* the tokens one attention call sees: a * Tl (the ring's block, Ulysses' gather) */
+    int lat; /* > 0: the latent ring's width per token (cp_latent_fwd); 0: K/V blocks travel */
+    int Tb;  /* the tokens one attention call sees: a * Tl (the ring's block, Ulysses' gather) */
     ust_cp_layout layout;
     ust_cp_comm mode;
     /* n x Tl: the positions every rank holds, the group's geometry (the ring's block positions
@@ -97,9 +102,10 @@ typedef struct {
 /* comm may be NULL (no context parallelism). T: the whole sequence; B, H, Hkv, D: the attention
  * shapes of this rank (heads after tensor parallelism). a2a, ring: under a2a+ring the
  * topology's cp_a2a and cp_ring sub-groups of comm (ignored otherwise; may be NULL). Heads that
- * the Ulysses degree does not divide are fatal (the config refused them first). */
+ * the Ulysses degree does not divide are fatal (the config refused them first). lat > 0: the
+ * blocks travel as a latent of lat values per token (cp_latent_fwd; ring and allgather only). */
 void cp_init(ust_cp *cp, const ust_ops *ops, ust_comm *comm, ust_comm *a2a, ust_comm *ring,
-             ust_arena *arena, int T, int B, int H, int Hkv, int D, ust_cp_layout layout,
+             ust_arena *arena, int T, int B, int H, int Hkv, int D, int lat, ust_cp_layout layout,
              ust_cp_comm mode, int cp_a2a);
 /* The device buffers cp_init carves (MEM_ACTS): the blocks' positions and, for n > 1, the K/V
  * blocks in flight and the partial outputs. cp_init's own allocation, which the memory plan runs
@@ -108,7 +114,8 @@ void cp_alloc_buffers(ust_cp *cp, ust_arena *arena, int H);
 /* Rank 0 of a group of n without communicator or buffers: what the memory plan shapes a model
  * with (cp_local_len answers as in the real group) and sizes the buffers of; a: the Ulysses
  * degree (config.h cfg_cp_a2a). */
-ust_cp cp_shape(const ust_ops *ops, int n, int a, int T, int B, int Hkv, int D, ust_cp_comm mode);
+ust_cp cp_shape(const ust_ops *ops, int n, int a, int T, int B, int Hkv, int D, int lat,
+                ust_cp_comm mode);
 /* The Ulysses degree (1: none): > 1 means the documents must be gathered (cp_gather_docs). */
 int cp_ulysses(const ust_cp *cp);
 /* Under Ulysses: the document starts of the tokens this rank attends, full(B, Tb) on the
@@ -139,6 +146,30 @@ void cp_track_logit_max(ust_cp *cp, float *mx);
 void cp_attention_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, const act *out,
                       const float *lse, const act *q, const act *k, const act *v, int H,
                       const cp_docs *docs);
+
+/* The latent ring (multi-head latent attention, docs/deepseek.md): a block travels as its
+ * latent, lat values per token, and each rank re-expands a remote block into per-head k, v
+ * itself (expand: k, v (B, Tl, Hkv, D) from lat (B, Tl, lat)); in backward it contracts the
+ * remote block's dk, dv into the latent's gradient (contract: dlat += ..., and the expansion's
+ * weight gradient its share), which travels home as the K/V gradients do. */
+typedef struct {
+    void *ctx;
+    void (*expand)(void *ctx, act *k, act *v, const act *lat);
+    void (*contract)(void *ctx, act *dlat, const act *dk, const act *dv, const act *lat);
+} cp_expander;
+/* The width per token (0: K/V blocks travel) and the buffer (B, Tl, lat) the caller packs this
+ * rank's latent into before cp_latent_fwd / cp_latent_bwd. */
+int cp_latent(const ust_cp *cp);
+act *cp_latent_mine(ust_cp *cp);
+/* cp_attention_fwd with the latent ring: k, v are the local block's expansion (used as they
+ * are), the latent in cp_latent_mine travels. */
+void cp_latent_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *k, const act *v,
+                   int H, const cp_docs *docs, const cp_expander *ex);
+/* cp_attention_bwd with the latent ring: dq, dk, dv accumulate the local block's gradients as
+ * there; returns the gradient the other ranks' queries give this rank's latent (B, Tl, lat). */
+const act *cp_latent_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, const act *out,
+                         const float *lse, const act *q, const act *k, const act *v, int H,
+                         const cp_docs *docs, const cp_expander *ex);
 
 /* The group's size and this rank's place in it. */
 int cp_size(const ust_cp *cp);

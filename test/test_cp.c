@@ -106,7 +106,7 @@ static int ring_check(const char *layout_name, const char *mode_name, check_opts
     ust_arena arena;
     mem_init(&arena, o);
     ust_cp cp;
-    cp_init(&cp, o, comm, sub[0], sub[1], &arena, T, B, H, HKV, D, layout, mode, ua);
+    cp_init(&cp, o, comm, sub[0], sub[1], &arena, T, B, H, HKV, D, 0, layout, mode, ua);
     int n = cp.n, Tl = cp.Tl, r = cp.rank;
     const int32_t *mine = cp_positions_of(&cp, r);
     /* the whole sequence's q, k, v, dout: the reference, and this rank's rows of them */

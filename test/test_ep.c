@@ -258,7 +258,7 @@ static int run_stats_case(ust_comm *world, const ust_ops *o, int rank, int n) {
     ep_case c = {"stats", ARCH_LLAMA, 2, 0, 0, 0};
     layer full, shard;
     ust_cp cp; /* one head of width 1: only its group and positions are used */
-    cp_init(&cp, o, world, NULL, NULL, &arena, n * NTOK, 1, 1, 1, 1, CP_CONTIGUOUS, CP_RING, 1);
+    cp_init(&cp, o, world, NULL, NULL, &arena, n * NTOK, 1, 1, 1, 1, 0, CP_CONTIGUOUS, CP_RING, 1);
     moe_groups g = {.cp = &cp};
     layer_make(&full, &cfg, o, &arena, n * NTOK, NULL, NULL);
     fill_weights(&full.pl, &c);

@@ -358,6 +358,34 @@ static void test_tp_volume_per_layer() {
  * comm counters measure); the all-gather variant 3 (n-1). Ulysses over a ranks: (a-1) parts of
  * B*Tl*D per head, 6 Hq + 6 Hk heads (q, k, v there, out back forward; q, k, v, out, d out there,
  * dq, dk, dv back backward); the 2x2 hybrid adds the ring over 2 blocks of a*Tl tokens. */
+/* Latent attention under cp passes its latent (model.mla.cp_latent): a block is B x Tl x
+ * (kv_lora_rank 16 + qk_rope_head_dim 8) values, n-1 hops forward, n-1 backward and its gradient
+ * n-1 (none on the first hop): 9 blocks at cp 4, ring and all-gather alike, as
+ * test/sh/equiv_mla.sh's counters; with cp_latent off the K/V ring's 3n - 2 blocks of 2 x 4
+ * heads x (24 + 8). */
+static void test_cp_latent_ring_passes() {
+    ust_config base, c;
+    tiny(&base);
+    base.model.n_kv_head = base.model.n_head;
+    base.model.mla.enabled = true, base.model.mla.kv_lora_rank = 16;
+    base.model.mla.qk_nope_head_dim = 24, base.model.mla.qk_rope_head_dim = 8;
+    base.model.mla.v_head_dim = 16;
+    planner_hw hw = hw_of(1e9, 1e9, 8);
+    planner_cost k;
+    double lat = 4.0 * 1 * 32 * (16 + 8), kv = 4.0 * 1 * 32 * 2 * 4 * 32;
+    for (int g = 0; g < 2; g++) {
+        base.parallel.cp_comm = g ? CP_ALLGATHER : CP_RING;
+        CHECK(!layout(&c, &base, LAYOUT(.cp = 4), 2), "cp4 mla");
+        planner_estimate(&c, &hw, &k);
+        CHECK_CLOSE(k.group[PLAN_CP], 2 * 4 * 9 * lat / 1e9, 0, RT,
+                    g ? "cp 4 latent, allgather" : "cp 4 latent ring");
+    }
+    base.parallel.cp_comm = CP_RING, base.model.mla.cp_latent = false;
+    CHECK(!layout(&c, &base, LAYOUT(.cp = 4), 2), "cp4 mla, K/V");
+    planner_estimate(&c, &hw, &k);
+    CHECK_CLOSE(k.group[PLAN_CP], 2 * 4 * 10 * kv / 1e9, 0, RT, "cp 4 mla K/V");
+}
+
 static void test_cp_ring_kv_passes() {
     ust_config base, c;
     tiny(&base);
@@ -791,6 +819,7 @@ int main(void) {
     RUN_TEST(test_tp_volume_per_layer);
     RUN_TEST(test_cp_ring_kv_passes);
     RUN_TEST(test_cp_ring_routes_by_hand);
+    RUN_TEST(test_cp_latent_ring_passes);
     RUN_TEST(test_pp_p2p_activations);
     RUN_TEST(test_ep_all_to_all);
     RUN_TEST(test_ranking_without_communication_cost);

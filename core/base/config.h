@@ -143,6 +143,7 @@ typedef struct {
             /* the Hugging Face files' order of the rope rows (DeepSeek's interleaved pairs,
              * permuted on import and back on export); training always rotates (i, i + R/2) */
             bool rope_interleave;
+            bool cp_latent; /* cp ring/allgather pass the latent, not K/V (cfg_cp_latent) */
             /* YaRN's softmax scale on every q/k feature (transformers' yarn_apply_mscale):
              * logits x (0.1 mscale_all_dim ln(rope_scaling.factor) + 1)^2; 0: none */
             double mscale_all_dim;
@@ -322,6 +323,10 @@ int cfg_head_dim(const ust_config *c);
 /* The Ulysses (all-to-all) degree of the context-parallel group: cp under a2a, parallel.cp_a2a
  * under a2a+ring, 1 under ring and allgather. */
 int cfg_cp_a2a(const ust_config *c);
+/* The latent ring's width per token (kv_lora_rank + qk_rope_head_dim) when MLA layers' context
+ * parallelism passes latents (model.mla.cp_latent, cp > 1, ring or allgather, a schedule without
+ * zero-bubble's deferred weight gradients); 0: they pass per-head K/V. */
+int cfg_cp_latent(const ust_config *c);
 bool cfg_tied(const ust_config *c); /* gpt2, or llama with tie_embeddings */
 /* model.sliding_window of layer l: query i sees keys j with i - W < j <= i; 0: full attention
  * (no window, or one of at least model.max_seq_len). */

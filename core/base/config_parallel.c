@@ -255,6 +255,18 @@ int cfg_cp_a2a(const ust_config *c) {
     }
 }
 
+int cfg_cp_latent(const ust_config *c) {
+    const __typeof__(c->model.mla) *a = &c->model.mla;
+    const __typeof__(c->parallel) *p = &c->parallel;
+    ust_pp_schedule s = p->pp_schedule;
+    /* a remote block's kv_b_proj weight gradient is added during backward, which zero-bubble's
+     * and DualPipe's B leaves to W (docs/deepseek.md): those keep the K/V ring */
+    int split = p->pp > 1 && (s == PP_ZB || s == PP_DUALPIPEV || s == PP_DUALPIPE);
+    if (!a->enabled || !a->cp_latent || p->cp < 2 || split) return 0;
+    if (p->cp_comm != CP_RING && p->cp_comm != CP_ALLGATHER) return 0;
+    return a->kv_lora_rank + a->qk_rope_head_dim;
+}
+
 int cfg_pp_layers(const ust_config *c, int *per) {
     int n = 0;
     for (const char *q = c->parallel.pp_layers; *q && n < CFG_MAX_STAGES; n++) {

@@ -146,6 +146,7 @@ const cfg_key cfg_keys[] = {
     INTR("model.mla.v_head_dim", model.mla.v_head_dim, "32", 1, 1 << 16),
     BOOL("model.mla.rope_interleave", model.mla.rope_interleave, "true"),
     DBL("model.mla.mscale_all_dim", model.mla.mscale_all_dim, "0", 0, 1e6, 0),
+    BOOL("model.mla.cp_latent", model.mla.cp_latent, "true"),
 
     {"parallel.dp", K_INT, AT(parallel.dp), "1", 1, CFG_MAX_WORLD, AUTO, NULL},
     INTR("parallel.tp", parallel.tp, "1", 1, CFG_MAX_WORLD),

@@ -46,7 +46,7 @@ int model_create_with(model **out, const ust_config *cfg, const ust_ops *ops, us
     m->par.cp = st->cp;
     if (!m->par.cp) {
         cp_init(&m->par.own_cp, ops, NULL, NULL, NULL, arena, m->shape.T, m->shape.B, m->shape.H,
-                m->shape.Hkv, m->shape.D, cfg->parallel.cp_layout, cfg->parallel.cp_comm, 1);
+                m->shape.Hkv, m->shape.D, 0, cfg->parallel.cp_layout, cfg->parallel.cp_comm, 1);
         m->par.cp = &m->par.own_cp;
     }
     params_local_rows(m);

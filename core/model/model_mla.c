@@ -84,6 +84,64 @@ static void expand_kv(model *m, act *k, act *v, const act *kvb, const act *krope
     cols(m, v, d->D, 0, kvb, d->W, d->nope, d->Dv, NH);
 }
 
+/* The heads' rope-key gradients summed into dst (N,R) (the key is shared: its gradient is the
+ * sum of every head's), dst += them. */
+static void head_add(model *m, act *dst, const act *dk, const mla_dims *d) {
+    act *tmp = m->acts.mla_rope;
+    int64_t HD = (int64_t)d->H * d->D, NR = (int64_t)d->N * d->R;
+    for (int h = 0; h < d->H; h++) {
+        cols(m, tmp, d->R, 0, dk, HD, (int64_t)h * d->D + d->nope, d->R, d->N);
+        m->ops->add(m->ops, dst, dst, tmp, NR);
+    }
+}
+
+/* The latent ring under context parallelism (cp.h cp_expander; why: parallel/cp.c's latent
+ * ring, docs/deepseek.md): a block travels as [RMSNorm(c_kv) (N,Rkv) | rotated k_rope (N,R)],
+ * the two parts one after the other, and every rank expands a remote block through its own
+ * heads' rows of kv_b_proj, as the owner did its own. */
+typedef struct {
+    model *m;
+    int l;
+    mla_dims d;
+} mla_ring;
+
+static void ring_expand(void *ctx, act *k, act *v, const act *lat) {
+    const mla_ring *r = ctx;
+    model *m = r->m;
+    const mla_dims *d = &r->d;
+    m->ops->linear_fwd(m->ops, m->acts.mla_kvb, lat, m->w.lw[r->l].wkvb, NULL, d->N, d->Rkv,
+                       d->H * d->W);
+    expand_kv(m, k, v, m->acts.mla_kvb, act_at(m->ops, lat, (int64_t)d->N * d->Rkv), d);
+}
+
+/* dlat += the remote block's latent gradient: d c_kv through kv_b_proj's transpose (this
+ * rank's heads' share; under tp the owner's latent backward sums the shares as for its own),
+ * d k_rope summed over the heads; kv_b_proj's weight gradient takes the block's share here. */
+static void ring_contract(void *ctx, act *dlat, const act *dk, const act *dv, const act *lat) {
+    const mla_ring *r = ctx;
+    model *m = r->m;
+    const ust_ops *o = m->ops;
+    const mla_dims *d = &r->d;
+    int64_t NH = (int64_t)d->N * d->H;
+    act *dkvb = m->acts.mla_kvb;
+    cols(m, dkvb, d->W, 0, dk, d->D, 0, d->nope, NH);
+    cols(m, dkvb, d->W, d->nope, dv, d->D, 0, d->Dv, NH);
+    o->linear_bwd(o, dlat, m->w.lg[r->l].wkvb, NULL, dkvb, lat, m->w.lw[r->l].wkvb, d->N, d->Rkv,
+                  d->H * d->W, 1);
+    head_add(m, act_at(o, dlat, (int64_t)d->N * d->Rkv), dk, d);
+}
+
+/* This rank's latent packed where the ring sends it from; the expander over layer l. */
+static cp_expander ring_of(model *m, mla_ring *r, int l, const mla_acts *x, const mla_dims *d) {
+    const ust_ops *o = m->ops;
+    act *mine = cp_latent_mine(m->par.cp);
+    *r = (mla_ring){.m = m, .l = l, .d = *d};
+    o->copy(o, mine, x->ckvn, act_bytes(o, (int64_t)d->N * d->Rkv));
+    o->copy(o, act_at(o, mine, (int64_t)d->N * d->Rkv), x->krope,
+            act_bytes(o, (int64_t)d->N * d->R));
+    return (cp_expander){.ctx = r, .expand = ring_expand, .contract = ring_contract};
+}
+
 void mla_forward(model *m, int l, layer_acts *a, const cp_docs *docs) {
     const ust_ops *o = m->ops;
     const layer_w *w = &m->w.lw[l];
@@ -108,7 +166,13 @@ void mla_forward(model *m, int l, layer_acts *a, const cp_docs *docs) {
                 &m->shape.rope);
     expand_kv(m, a->k, a->v, m->acts.mla_kvb, x->krope, &d);
     cp_track_logit_max(m->par.cp, model_qk_row(m, l)); /* the stats' logits, when tracked */
-    cp_attention_fwd(m->par.cp, a->att, a->lse, a->q, a->k, a->v, d.H, docs);
+    if (cp_latent(m->par.cp)) {
+        mla_ring r;
+        cp_expander ex = ring_of(m, &r, l, x, &d);
+        cp_latent_fwd(m->par.cp, a->att, a->lse, a->q, a->k, a->v, d.H, docs, &ex);
+    } else {
+        cp_attention_fwd(m->par.cp, a->att, a->lse, a->q, a->k, a->v, d.H, docs);
+    }
     if (d.Dv < d.D) cols(m, x->attv, d.Dv, 0, a->att, d.D, 0, d.Dv, (int64_t)N * d.H);
     tp_row_linear_fwd(m->par.tp, a->res2, x->attv, w->wo, NULL, N, d.H * d.Dv, d.C);
 }
@@ -154,16 +218,17 @@ void mla_wgrad_rep(model *m, int l) {
         rep_sum(m, &m->w.lg[l], &r, &d);
 }
 
-/* d krope (N,R) = the sum over heads of d k's rope parts, then RoPE's transpose. */
-static void shared_key_backward(model *m, const act *dk, const mla_dims *d) {
+/* d krope (N,R) = the sum over heads of d k's rope parts (plus the other cp ranks' sums from
+ * the latent ring, remote: NULL when none), then RoPE's transpose. */
+static void shared_key_backward(model *m, const act *dk, const act *remote, const mla_dims *d) {
     const ust_ops *o = m->ops;
-    act *dkr = m->acts.mla_dkr, *tmp = m->acts.mla_rope;
-    int64_t HD = (int64_t)d->H * d->D, NR = (int64_t)d->N * d->R;
-    cols(m, dkr, d->R, 0, dk, HD, d->nope, d->R, d->N);
-    for (int h = 1; h < d->H; h++) {
-        cols(m, tmp, d->R, 0, dk, HD, (int64_t)h * d->D + d->nope, d->R, d->N);
-        o->add(o, dkr, dkr, tmp, NR);
-    }
+    act *dkr = m->acts.mla_dkr;
+    size_t nb = act_bytes(o, (int64_t)d->N * d->R);
+    if (remote)
+        o->copy(o, dkr, remote, nb);
+    else
+        o->zero(o, dkr, nb);
+    head_add(m, dkr, dk, d);
     o->rope_bwd(o, dkr, dkr, m->batch.rows, m->shape.B, m->shape.T, 1, d->R, &m->shape.rope);
 }
 
@@ -231,7 +296,7 @@ static void later_down(model *m, const deferral *df, const layer_acts *a, layer_
 /* The latents' backward from d kvb (m->acts.mla_kvb) and d q: kv_b_proj and kv_a_layernorm,
  * then q_b_proj and q_a_layernorm, into the down-projections' output gradients (mla_d2: d c_kv,
  * then d q_a); under B their weight gradients are W's jobs. */
-static void latents_backward(model *m, int l, const layer_acts *a, const act *dq,
+static void latents_backward(model *m, int l, const layer_acts *a, const act *dq, const act *dlat,
                              const mla_rep *rep, const deferral *df, const mla_dims *d) {
     const ust_ops *o = m->ops;
     const layer_w *w = &m->w.lw[l];
@@ -243,6 +308,7 @@ static void latents_backward(model *m, int l, const layer_acts *a, const act *dq
         *dqa = act_at(o, m->acts.mla_d2, (int64_t)N * d->Rkv);
     o->linear_bwd(o, d1, block_now(df, g->wkvb), NULL, m->acts.mla_kvb, x->ckvn, w->wkvb, N, d->Rkv,
                   d->H * d->W, 0);
+    if (dlat) o->add(o, d1, d1, dlat, (int64_t)N * d->Rkv); /* the other cp ranks' d c_kv */
     later_linear(m, df, &g->wkvb, m->acts.mla_kvb, x->ckvn, d->Rkv, d->H * d->W,
                  k ? k->mla_kvb : NULL);
     o->rmsnorm_bwd(o, dckv, block_now(df, rep->kva_norm), d1, x->ckv, w->kva_norm, x->kv_rstd, N,
@@ -287,17 +353,26 @@ act *mla_backward(model *m, int l, const act *dx, layer_acts *a, const cp_docs *
     o->zero(o, dq, act_bytes(o, (int64_t)N * HD));
     o->zero(o, dk, act_bytes(o, (int64_t)N * HD));
     o->zero(o, dv, act_bytes(o, (int64_t)N * HD));
-    cp_attention_bwd(m->par.cp, dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, d.H, docs);
+    const act *dlat = NULL; /* the latent ring: what the other ranks' queries give our latent */
+    if (cp_latent(m->par.cp)) {
+        UST_ASSERT(!df->list, "the latent ring under a deferred weight gradient (cfg_cp_latent)");
+        mla_ring r;
+        cp_expander ex = ring_of(m, &r, l, x, &d);
+        dlat = cp_latent_bwd(m->par.cp, dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, d.H,
+                             docs, &ex);
+    } else {
+        cp_attention_bwd(m->par.cp, dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, d.H, docs);
+    }
     cols(m, dkvb, d.W, 0, dk, d.D, 0, d.nope, NH);
     cols(m, dkvb, d.W, d.nope, dv, d.D, 0, d.Dv, NH);
-    shared_key_backward(m, dk, &d);
+    shared_key_backward(m, dk, dlat ? act_at(o, dlat, (int64_t)N * d.Rkv) : NULL, &d);
     scale_q(m, dq, &d);
     rope_q(m, dq, &d, 1);
     mla_rep rep = rep_grads(m, g, &d);
     if (df->list && tp > 1) block_later(m, df, (wg_job){.kind = WG_REP_BEGIN}, NULL, 0);
     /* under tp the latents' gradients are this rank's heads' share, summed where they leave
      * (tp_column_bwd) */
-    latents_backward(m, l, a, dq, &rep, df, &d);
+    latents_backward(m, l, a, dq, dlat, &rep, df, &d);
     act *dckv = m->acts.mla_d2, *dqa = act_at(o, m->acts.mla_d2, (int64_t)N * d.Rkv);
     tp_col in[3] = {{.out = d.Rq ? dqa : dq,
                      .w = d.Rq ? w->wqa : w->wq,

@@ -409,6 +409,9 @@ static void est_cp(const est_in *e, planner_cost *o) {
     double Hq = H / a, Hk = a == 1 ? Hkv : ((int)Hkv % a == 0 ? Hkv / a : 1);
     double kv = A * B * Tl * a * 2.0 * Hk * D; /* one ring block */
     double layers = (double)e->L + c->model.mtp.depth;
+    /* latent attention's latent ring (cfg_cp_latent; docs/deepseek.md): a block is B Tl
+     * (kv_lora_rank + qk_rope_head_dim) values, on the same routes (planner_ring_sends) */
+    if (cfg_cp_latent(c)) kv = A * B * Tl * cfg_cp_latent(c);
     planner_ring rs = {0};
     if (ring > 1 && c->parallel.cp_comm == CP_ALLGATHER)
         rs.busiest = layers * (3 + full) * (ring - 1.0), rs.group = ring * rs.busiest;

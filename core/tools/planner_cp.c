@@ -43,14 +43,16 @@ static int sees(const pos_run *q, int nq, const pos_run *k, int nk, int W) {
  * k and v forward, again backward, dk and dv with them), and its last rank sends the gradients
  * home. */
 static double layer_sends(int rn, pos_run (*runs)[2 * MAX_A], const int *nr, int W, int per,
-                          double times, double *sends) {
+                          int lat, double times, double *sends) {
     double group = 0;
     for (int g = 0; g < rn; g++) {
         int h = rn - 1;
         while (h > 0 && !sees(runs[(g + h) % rn], nr[(g + h) % rn], runs[g], nr[g], W)) h--;
         for (int s = 0; s < h; s++) sends[(g + s) % rn] += times * per;
         if (h > 0) sends[(g + h) % rn] += times;
-        group += times * (per * h + (h > 0));
+        /* the latent ring's gradient starts one hop out (its owner's share stays home) */
+        if (h > 0 && lat) sends[g] -= times;
+        group += times * (per * h + (h > 0) - (h > 0 && lat));
     }
     return group;
 }
@@ -64,9 +66,9 @@ static ring_memo memo[RING_CACHE];
 static int memo_n, memo_next;
 
 void planner_ring_sends(const ust_config *c, int rn, int a, planner_ring *out) {
-    int full = c->train.recompute == RECOMPUTE_FULL, L = c->model.n_layer;
+    int full = c->train.recompute == RECOMPUTE_FULL, L = c->model.n_layer, lat = cfg_cp_latent(c) > 0;
     char key[KEY];
-    snprintf(key, sizeof key, "%d %d %d %d %d %d %d %d %d %s", c->parallel.cp_layout,
+    snprintf(key, sizeof key, "%d %d %d %d %d %d %d %d %d %d %s", lat, c->parallel.cp_layout,
              c->train.seq_len, rn, a, full, L, c->model.mtp.depth, c->model.max_seq_len,
              CFG_MAX_WINDOWS, c->model.sliding_window);
     for (int i = 0; i < memo_n; i++)
@@ -88,10 +90,10 @@ void planner_ring_sends(const ust_config *c, int rn, int a, planner_ring *out) {
     for (int k = 0; k < nw; k++) {
         double layers = 0;
         for (int l = 0; l < L; l++) layers += cfg_layer_window(c, l) == w[k];
-        group += layer_sends(rn, runs, nr, w[k], 3 + full, layers, sends);
+        group += layer_sends(rn, runs, nr, w[k], 3 + full, lat, layers, sends);
         windowed += layers;
     }
-    group += layer_sends(rn, runs, nr, 0, 3 + full, L - windowed + c->model.mtp.depth, sends);
+    group += layer_sends(rn, runs, nr, 0, 3 + full, lat, L - windowed + c->model.mtp.depth, sends);
     *out = (planner_ring){.group = group};
     for (int r = 0; r < rn; r++)
         if (sends[r] > out->busiest) out->busiest = sends[r];

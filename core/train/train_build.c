@@ -35,9 +35,11 @@ static void build_contexts(train_engine *g, const ust_config *cfg, const ust_top
     int Hkv = tp_part(&g->tp, cfg->model.n_kv_head, &start);
     if (topo) {
         cp_init(&g->cp, g->ops, topo->comm[TOPO_CP], topo->comm[TOPO_CPA], topo->comm[TOPO_CPR],
-                &g->arena, T, B, H, Hkv, hd, l->cp_layout, l->cp_comm, cfg_cp_a2a(cfg));
+                &g->arena, T, B, H, Hkv, hd, cfg_cp_latent(cfg), l->cp_layout, l->cp_comm,
+                cfg_cp_a2a(cfg));
     } else {
-        g->cp = cp_shape(g->ops, l->cp, l->cp > 1 ? cfg_cp_a2a(cfg) : 1, T, B, Hkv, hd, l->cp_comm);
+        g->cp = cp_shape(g->ops, l->cp, l->cp > 1 ? cfg_cp_a2a(cfg) : 1, T, B, Hkv, hd,
+                         cfg_cp_latent(cfg), l->cp_comm);
         cp_alloc_buffers(&g->cp, &g->arena, H);
     }
     /* the MoE layers' dispatch context, sized for their tokens (the plan's is counted with the

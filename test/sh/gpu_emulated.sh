@@ -131,6 +131,9 @@ sed -e 's/n_kv_head: 2/n_kv_head: 4/' -e 's/max_seq_len: 64}/max_seq_len: 64, ml
     $TMP/llama.yaml >$TMP/mla.yaml
 $EQ --name _emu_mla --config $TMP/mla.yaml --layout "run.device=cuda" \
     --layout "tp=2 sp=true run.device=cuda" --layout "cp=2 run.device=cuda"
+# cp2 passes the latent (model.mla.cp_latent) and re-expands it: in bf16 too, against one GPU
+$EQ --name _emu_mla_bf16 --config $TMP/mla.yaml --ref "run.device=cuda train.precision=bf16" \
+    --tolerance bf16 --layout "cp=2 run.device=cuda train.precision=bf16"
 # QK-clip and the attention max logit on the emulated GPU (cuda/attention_max.cu), as qkclip.sh
 # checks them on the CPU: step 2 from step 1's checkpoint, plain (with logging.stats_every's
 # layer_max_logit) and clipped at the median head's logit, against the numpy reference
