@@ -731,8 +731,10 @@ static void attention_bwd_widened(const ust_ops *o, int mode, act *dq, act *dk, 
 void cuda_attention_fwd(const ust_ops *o, act *out, float *lse, const act *q, const act *k,
                         const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
                         const int32_t *q_pos, const int32_t *k_pos, int causal,
-                        const int32_t *q_start) {
+                        const int32_t *q_start, float softcap) {
     check_shapes(H, Hkv, D);
+    /* model.attn_softcap runs on the CPU backend only (config_validate refuses it on cuda) */
+    UST_ASSERT(softcap == 0.0f, "attention soft-cap %g on the CUDA backend", softcap);
     if (B <= 0 || Tq <= 0 || H <= 0) return;
     int mode = attention_mode(o, D);
     if (mode == ATT_TC)
@@ -749,8 +751,9 @@ void cuda_attention_fwd(const ust_ops *o, act *out, float *lse, const act *q, co
 void cuda_attention_bwd(const ust_ops *o, act *dq, act *dk, act *dv, const act *dout,
                         const act *out, const float *lse, const act *q, const act *k, const act *v,
                         int B, int Tq, int Tk, int H, int Hkv, int D, const int32_t *q_pos,
-                        const int32_t *k_pos, int causal, const int32_t *q_start) {
+                        const int32_t *k_pos, int causal, const int32_t *q_start, float softcap) {
     check_shapes(H, Hkv, D);
+    UST_ASSERT(softcap == 0.0f, "attention soft-cap %g on the CUDA backend", softcap);
     if (B <= 0 || Tq <= 0 || Tk <= 0 || H <= 0 || (!dq && !dk && !dv)) return;
     int mode = attention_mode(o, D);
     if (mode == ATT_TC) {

@@ -1368,8 +1368,11 @@ __global__ void k_xent(float *losses, act *dlogits, const act *logits, const int
 }
 
 static void cu_xent_fwd_bwd(const ust_ops *o, float *losses, act *dlogits, const act *logits,
-                            const int32_t *targets, int N, int V, int v_real, float dscale) {
+                            const int32_t *targets, int N, int V, int v_real, float dscale,
+                            float softcap) {
     UST_ASSERT(v_real > 0 && v_real <= V, "v_real=%d must be in 1..V=%d", v_real, V);
+    /* model.final_softcap runs on the CPU backend only (config_validate refuses it on cuda) */
+    UST_ASSERT(softcap == 0.0f, "final logit soft-cap %g on the CUDA backend", softcap);
     if (N <= 0) return;
     VEC_LAUNCH(o, k_xent, row_vec(o, V, logits, dlogits, NULL), N, V >= 4096 ? 512 : 128, losses,
                dlogits, logits, targets, V, v_real, dscale);
@@ -1428,7 +1431,9 @@ static int vp_real_columns(int V, int v_start, int v_real) {
 }
 
 static void cu_xent_vp_local(const ust_ops *o, float *lse, float *tlogit, const act *logits,
-                             const int32_t *targets, int N, int V, int v_start, int v_real) {
+                             const int32_t *targets, int N, int V, int v_start, int v_real,
+                             float softcap) {
+    UST_ASSERT(softcap == 0.0f, "final logit soft-cap %g on the CUDA backend", softcap);
     if (N <= 0) return;
     ACT_LAUNCH(o, k_xent_vp_local, N, V >= 4096 ? 512 : 128, 0, lse, tlogit, logits, targets, V,
                v_start, vp_real_columns(V, v_start, v_real));
@@ -1436,7 +1441,8 @@ static void cu_xent_vp_local(const ust_ops *o, float *lse, float *tlogit, const 
 
 static void cu_xent_vp_finish(const ust_ops *o, float *losses, act *dlogits, const act *logits,
                               const int32_t *targets, const float *lse, const float *tlogit, int N,
-                              int V, int v_start, int v_real, float dscale) {
+                              int V, int v_start, int v_real, float dscale, float softcap) {
+    UST_ASSERT(softcap == 0.0f, "final logit soft-cap %g on the CUDA backend", softcap);
     if (N <= 0) return;
     VEC_LAUNCH(o, k_xent_vp_finish, dlogits ? row_vec(o, V, logits, dlogits, NULL) : 1, N,
                V >= 4096 ? 512 : 128, losses, dlogits, logits, targets, lse, tlogit, V, v_start,

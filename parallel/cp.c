@@ -346,7 +346,7 @@ static comm_req pass_on(ust_cp *cp, ring_msgs m) {
 
 /* The ring stage: attention of this block's queries (Tb tokens, H heads) over every block. */
 static void ring_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *k, const act *v,
-                     int H, const cp_docs *docs) {
+                     int H, const cp_docs *docs, float cap) {
     const ust_ops *o = cp->ops;
     cp_ring_stage *rg = &cp->ring;
     int B = cp->B, Tl = cp->Tb, Hkv = rg->Hkvr, D = cp->D, n = rg->rn;
@@ -371,12 +371,13 @@ static void ring_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *
             ck = block_of(cp, rg->all_k, owner), cv = block_of(cp, rg->all_v, owner);
         }
         if (s == 0) {
-            o->attention_fwd(o, out, lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp, qp, 1, starts(docs));
+            o->attention_fwd(o, out, lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp, qp, 1, starts(docs),
+                             cap);
             logit_max(cp, q, ck, H, qp, docs);
             count(cp, owner, H);
         } else if (needs(cp, rt, owner) && !hidden(cp, owner, docs)) {
             o->attention_fwd(o, rg->part_out, rg->part_lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp,
-                             pos_dev(cp, owner), 1, starts(docs));
+                             pos_dev(cp, owner), 1, starts(docs), cap);
             o->attention_merge(o, out, lse, rg->part_out, rg->part_lse, B, Tl, H, D);
             logit_max(cp, q, ck, H, pos_dev(cp, owner), docs);
             count(cp, owner, H);
@@ -390,7 +391,7 @@ static void ring_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *
 
 static void allgather_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, const act *out,
                           const float *lse, const act *q, const act *k, const act *v, int H,
-                          const cp_docs *docs) {
+                          const cp_docs *docs, float cap) {
     const ust_ops *o = cp->ops;
     cp_ring_stage *rg = &cp->ring;
     int B = cp->B, Tl = cp->Tb, Hkv = rg->Hkvr, D = cp->D, n = rg->rn;
@@ -404,7 +405,7 @@ static void allgather_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout
         if (needs(cp, rt, r) && !hidden(cp, r, docs))
             o->attention_bwd(o, dq, block_of(cp, rg->all_dk, r), block_of(cp, rg->all_dv, r), dout,
                              out, lse, q, block_of(cp, rg->all_k, r), block_of(cp, rg->all_v, r), B,
-                             Tl, Tl, H, Hkv, D, qp, pos_dev(cp, r), 1, starts(docs));
+                             Tl, Tl, H, Hkv, D, qp, pos_dev(cp, r), 1, starts(docs), cap);
     comm_dtype t = comm_act_dtype(o);
     comm_req r[2] = {comm_reduce_scatter(rg->comm, rg->all_dk, rg->acc_dk, blk(cp), t, COMM_SUM),
                      comm_reduce_scatter(rg->comm, rg->all_dv, rg->acc_dv, blk(cp), t, COMM_SUM)};
@@ -415,18 +416,18 @@ static void allgather_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout
 
 static void ring_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, const act *out,
                      const float *lse, const act *q, const act *k, const act *v, int H,
-                     const cp_docs *docs) {
+                     const cp_docs *docs, float cap) {
     const ust_ops *o = cp->ops;
     cp_ring_stage *rg = &cp->ring;
     int B = cp->B, Tl = cp->Tb, Hkv = rg->Hkvr, D = cp->D, n = rg->rn;
     const int32_t *qp = pos_dev(cp, rg->rr);
     if (n == 1) {
         o->attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, Tl, Tl, H, Hkv, D, qp, qp, 1,
-                         starts(docs));
+                         starts(docs), cap);
         return;
     }
     if (cp->mode == CP_ALLGATHER) {
-        allgather_bwd(cp, dq, dk, dv, dout, out, lse, q, k, v, H, docs);
+        allgather_bwd(cp, dq, dk, dv, dout, out, lse, q, k, v, H, docs, cap);
         return;
     }
     /* the ring: the block in hand (k, v and the gradients gathered for it so far) moves on after
@@ -451,7 +452,7 @@ static void ring_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, con
         }
         if (needs(cp, rt, owner) && !hidden(cp, owner, docs))
             o->attention_bwd(o, dq, cdk, cdv, dout, out, lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp,
-                             pos_dev(cp, owner), 1, starts(docs));
+                             pos_dev(cp, owner), 1, starts(docs), cap);
         comm_wait(&kv);
         /* gradients: on with the block, or home from its last rank; ours home at step hops */
         act *send[2] = {cdk, cdv};
@@ -523,9 +524,9 @@ static void from_heads(ust_cp *cp, act *x, const act *u, int heads, int h, int k
 }
 
 void cp_attention_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *k, const act *v,
-                      int H, const cp_docs *docs) {
+                      int H, const cp_docs *docs, float softcap) {
     if (cp->uly.a == 1) {
-        ring_fwd(cp, out, lse, q, k, v, H, docs);
+        ring_fwd(cp, out, lse, q, k, v, H, docs, softcap);
         return;
     }
     UST_ASSERT(H == cp->H, "attention with %d heads, cp sized for %d", H, cp->H);
@@ -533,15 +534,15 @@ void cp_attention_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act 
     to_heads(cp, cp->uly.uk, k, cp->Hkv, cp->uly.Hk, 1);
     to_heads(cp, cp->uly.uv, v, cp->Hkv, cp->uly.Hk, 1);
     /* lse(B, Hq, Tb) fills the caller's (B, H, Tl): the same count, kept for backward */
-    ring_fwd(cp, cp->uly.uo, lse, cp->uly.uq, cp->uly.uk, cp->uly.uv, cp->uly.Hq, docs);
+    ring_fwd(cp, cp->uly.uo, lse, cp->uly.uq, cp->uly.uk, cp->uly.uv, cp->uly.Hq, docs, softcap);
     from_heads(cp, out, cp->uly.uo, H, cp->uly.Hq, 0, 0);
 }
 
 void cp_attention_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, const act *out,
                       const float *lse, const act *q, const act *k, const act *v, int H,
-                      const cp_docs *docs) {
+                      const cp_docs *docs, float softcap) {
     if (cp->uly.a == 1) {
-        ring_bwd(cp, dq, dk, dv, dout, out, lse, q, k, v, H, docs);
+        ring_bwd(cp, dq, dk, dv, dout, out, lse, q, k, v, H, docs, softcap);
         return;
     }
     const ust_ops *o = cp->ops;
@@ -557,7 +558,7 @@ void cp_attention_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, co
     o->zero(o, cp->uly.udk, ab(cp, nk));
     o->zero(o, cp->uly.udv, ab(cp, nk));
     ring_bwd(cp, cp->uly.udq, cp->uly.udk, cp->uly.udv, cp->uly.udo, cp->uly.uo, lse, cp->uly.uq,
-             cp->uly.uk, cp->uly.uv, cp->uly.Hq, docs);
+             cp->uly.uk, cp->uly.uv, cp->uly.Hq, docs, softcap);
     from_heads(cp, dq, cp->uly.udq, H, cp->uly.Hq, 0, 1);
     from_heads(cp, dk, cp->uly.udk, cp->Hkv, cp->uly.Hk, 1, 1);
     from_heads(cp, dv, cp->uly.udv, cp->Hkv, cp->uly.Hk, 1, 1);

@@ -857,17 +857,18 @@ static int attention_case(const att_case *c, const att_tol *tol) {
     float *gdq = gup_act(dq, nq), *gdk = gup_act(dk, nk), *gdv = gup_act(dv, nk);
     int ok = 0;
     char what[128];
-    CPU->attention_fwd(CPU, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, cq, ck, c->causal, qs);
-    GPU->attention_fwd(GPU, gout, glse, gq, gk, gv, B, Tq, Tk, H, Hkv, D, gqp, gkp, c->causal, gqs);
+    CPU->attention_fwd(CPU, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, cq, ck, c->causal, qs, 0.0f);
+    GPU->attention_fwd(GPU, gout, glse, gq, gk, gv, B, Tq, Tk, H, Hkv, D, gqp, gkp, c->causal, gqs,
+                       0.0f);
     snprintf(what, sizeof what, "%s: out", c->name);
     att_worst_out = fmax(att_worst_out, max_abs_diff(gout, out, nq));
     if (!gclose_act(what, gout, out, nq, tol->out_a, tol->out_r)) goto done;
     snprintf(what, sizeof what, "%s: lse", c->name);
     if (!gclose(what, glse, lse, nl, tol->lse_a, tol->lse_r)) goto done;
     CPU->attention_bwd(CPU, dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, cq, ck,
-                       c->causal, qs);
+                       c->causal, qs, 0.0f);
     GPU->attention_bwd(GPU, gdq, gdk, gdv, gdout, gout, glse, gq, gk, gv, B, Tq, Tk, H, Hkv, D, gqp,
-                       gkp, c->causal, gqs);
+                       gkp, c->causal, gqs, 0.0f);
     snprintf(what, sizeof what, "%s: dq (+=)", c->name);
     if (!gclose_act(what, gdq, dq, nq, tol->grad_a, tol->grad_r)) goto done;
     snprintf(what, sizeof what, "%s: dk (+=)", c->name);
@@ -876,9 +877,9 @@ static int attention_case(const att_case *c, const att_tol *tol) {
     if (!gclose_act(what, gdv, dv, nk, tol->grad_a, tol->grad_r)) goto done;
     /* only dk wanted */
     CPU->attention_bwd(CPU, NULL, dk, NULL, dout, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, cq, ck,
-                       c->causal, qs);
+                       c->causal, qs, 0.0f);
     GPU->attention_bwd(GPU, NULL, gdk, NULL, gdout, gout, glse, gq, gk, gv, B, Tq, Tk, H, Hkv, D,
-                       gqp, gkp, c->causal, gqs);
+                       gqp, gkp, c->causal, gqs, 0.0f);
     snprintf(what, sizeof what, "%s: dk alone", c->name);
     if (!gclose_act(what, gdk, dk, nk, tol->grad_a, tol->grad_r)) goto done;
     ok = 1;
@@ -965,7 +966,7 @@ static int nan_query_case(const char *path) {
     for (int d = 0; d < D; d++) q[((int64_t)row * H + h) * D + d] = NAN;
     float *gq = gup_act(q, nq), *gk = gup_act(k, nk), *gv = gup_act(v, nk);
     float *gout = GPU->alloc(GPU, (size_t)nq * sizeof(float)), *glse = GPU->alloc(GPU, nl * 4);
-    GPU->attention_fwd(GPU, gout, glse, gq, gk, gv, B, T, T, H, 1, D, NULL, NULL, 1, NULL);
+    GPU->attention_fwd(GPU, gout, glse, gq, gk, gv, B, T, T, H, 1, D, NULL, NULL, 1, NULL, 0.0f);
     float *out = gdown_act(gout, nq), *lse = gdown(glse, nl);
     int bad = 0;
     for (int i = 0; i < T; i++)
@@ -1045,9 +1046,10 @@ static int att_full_run(const char *mode, int B, int T, float *const x[4], float
     float *gr[3];
     for (int i = 0; i < 4; i++) g[i] = gup_act(x[i], n);
     for (int i = 0; i < 3; i++) gr[i] = GPU->alloc(GPU, (size_t)n * 2); /* zeroed: += target */
-    GPU->attention_fwd(GPU, out, lse, g[0], g[1], g[2], B, T, T, H, H, D, NULL, NULL, 1, NULL);
+    GPU->attention_fwd(GPU, out, lse, g[0], g[1], g[2], B, T, T, H, H, D, NULL, NULL, 1, NULL,
+                       0.0f);
     GPU->attention_bwd(GPU, gr[0], gr[1], gr[2], g[3], out, lse, g[0], g[1], g[2], B, T, T, H, H, D,
-                       NULL, NULL, 1, NULL);
+                       NULL, NULL, 1, NULL, 0.0f);
     r[0] = gdown_act(out, n), r[1] = gdown(lse, nl);
     for (int i = 0; i < 3; i++) r[2 + i] = gdown_act(gr[i], n), gfree(gr[i]);
     for (int i = 0; i < 4; i++) gfree(g[i]);
@@ -1131,15 +1133,15 @@ static void test_cuda_xent_matches_cpu_padding_ignored_targets_aliasing(void) {
         float *x = hrand(n, 4), *loss = hrand(N, 1), *dx = hrand(n, 1);
         float *gx = gup_act(x, n), *gloss = gup(loss, N), *gdx = gup_act(dx, n);
         int32_t *gt = gupi(tgt, N);
-        CPU->xent_fwd_bwd(CPU, loss, dx, x, tgt, N, V, vr, 0.5f);
-        GPU->xent_fwd_bwd(GPU, gloss, gdx, gx, gt, N, V, vr, 0.5f);
+        CPU->xent_fwd_bwd(CPU, loss, dx, x, tgt, N, V, vr, 0.5f, 0.0f);
+        GPU->xent_fwd_bwd(GPU, gloss, gdx, gx, gt, N, V, vr, 0.5f, 0.0f);
         CHECK_G("xent losses", gloss, loss, N, EW, EW);
         CHECK_A("xent dlogits", gdx, dx, n, 1e-6, 1e-4);
-        CPU->xent_fwd_bwd(CPU, loss, NULL, x, tgt, N, V, vr, 1.0f);
-        GPU->xent_fwd_bwd(GPU, gloss, NULL, gx, gt, N, V, vr, 1.0f);
+        CPU->xent_fwd_bwd(CPU, loss, NULL, x, tgt, N, V, vr, 1.0f, 0.0f);
+        GPU->xent_fwd_bwd(GPU, gloss, NULL, gx, gt, N, V, vr, 1.0f, 0.0f);
         CHECK_G("xent losses, no dlogits", gloss, loss, N, EW, EW);
-        CPU->xent_fwd_bwd(CPU, loss, x, x, tgt, N, V, vr, 2.0f); /* in place */
-        GPU->xent_fwd_bwd(GPU, gloss, gx, gx, gt, N, V, vr, 2.0f);
+        CPU->xent_fwd_bwd(CPU, loss, x, x, tgt, N, V, vr, 2.0f, 0.0f); /* in place */
+        GPU->xent_fwd_bwd(GPU, gloss, gx, gx, gt, N, V, vr, 2.0f, 0.0f);
         CHECK_G("xent losses in place", gloss, loss, N, EW, EW);
         CHECK_A("xent dlogits in place", gx, x, n, 1e-6, 1e-4);
         free(tgt), free(x), free(loss), free(dx);
@@ -1163,8 +1165,8 @@ static void test_cuda_xent_online_softmax_rescales_and_skips_minus_inf(void) {
     }
     float *gx = gup_act(x, n), *gloss = gup(loss, N), *gdx = gup_act(dx, n);
     int32_t *gt = gupi(tgt, N);
-    CPU->xent_fwd_bwd(CPU, loss, dx, x, tgt, N, V, vr, 1.0f);
-    GPU->xent_fwd_bwd(GPU, gloss, gdx, gx, gt, N, V, vr, 1.0f);
+    CPU->xent_fwd_bwd(CPU, loss, dx, x, tgt, N, V, vr, 1.0f, 0.0f);
+    GPU->xent_fwd_bwd(GPU, gloss, gdx, gx, gt, N, V, vr, 1.0f, 0.0f);
     int finite = 1;
     for (int i = 0; i < N; i++) finite &= isfinite(loss[i]);
     CHECK(finite, "the CPU reference's losses are not finite");
@@ -1187,8 +1189,8 @@ static void test_cuda_xent_vocab_parallel_matches_cpu(void) {
         gx[sh] = gup_act(x[sh], (int64_t)N * Vs);
         lse[sh] = hrand(N, 1), tl[sh] = hrand(N, 1);
         glse[sh] = gup(lse[sh], N), gtl[sh] = gup(tl[sh], N);
-        CPU->xent_vp_local(CPU, lse[sh], tl[sh], x[sh], tgt, N, Vs, sh * Vs, v_real);
-        GPU->xent_vp_local(GPU, glse[sh], gtl[sh], gx[sh], gt, N, Vs, sh * Vs, v_real);
+        CPU->xent_vp_local(CPU, lse[sh], tl[sh], x[sh], tgt, N, Vs, sh * Vs, v_real, 0.0f);
+        GPU->xent_vp_local(GPU, glse[sh], gtl[sh], gx[sh], gt, N, Vs, sh * Vs, v_real, 0.0f);
         CHECK_G("vp lse", glse[sh], lse[sh], N, EW, EW);
         CHECK_G("vp tlogit", gtl[sh], tl[sh], N, 0, 0);
     }
@@ -1201,8 +1203,9 @@ static void test_cuda_xent_vocab_parallel_matches_cpu(void) {
     float *gL = gup(L, N), *gT = gup(T, N);
     for (int sh = 0; sh < 2; sh++) {
         float *loss = hrand(N, 1), *gloss = gup(loss, N);
-        CPU->xent_vp_finish(CPU, loss, x[sh], x[sh], tgt, L, T, N, Vs, sh * Vs, v_real, 0.5f);
-        GPU->xent_vp_finish(GPU, gloss, gx[sh], gx[sh], gt, gL, gT, N, Vs, sh * Vs, v_real, 0.5f);
+        CPU->xent_vp_finish(CPU, loss, x[sh], x[sh], tgt, L, T, N, Vs, sh * Vs, v_real, 0.5f, 0.0f);
+        GPU->xent_vp_finish(GPU, gloss, gx[sh], gx[sh], gt, gL, gT, N, Vs, sh * Vs, v_real, 0.5f,
+                            0.0f);
         CHECK_G("vp losses", gloss, loss, N, EW, EW);
         CHECK_A("vp dlogits in place", gx[sh], x[sh], (int64_t)N * Vs, 1e-6, 1e-4);
         free(loss);

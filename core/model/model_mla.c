@@ -108,7 +108,8 @@ void mla_forward(model *m, int l, layer_acts *a, const cp_docs *docs) {
                 &m->shape.rope);
     expand_kv(m, a->k, a->v, m->acts.mla_kvb, x->krope, &d);
     cp_track_logit_max(m->par.cp, model_qk_row(m, l)); /* the stats' logits, when tracked */
-    cp_attention_fwd(m->par.cp, a->att, a->lse, a->q, a->k, a->v, d.H, docs);
+    cp_attention_fwd(m->par.cp, a->att, a->lse, a->q, a->k, a->v, d.H, docs,
+                     m->shape.fam.attn_softcap);
     if (d.Dv < d.D) cols(m, x->attv, d.Dv, 0, a->att, d.D, 0, d.Dv, (int64_t)N * d.H);
     tp_row_linear_fwd(m->par.tp, a->res2, x->attv, w->wo, NULL, N, d.H * d.Dv, d.C);
 }
@@ -287,7 +288,8 @@ act *mla_backward(model *m, int l, const act *dx, layer_acts *a, const cp_docs *
     o->zero(o, dq, act_bytes(o, (int64_t)N * HD));
     o->zero(o, dk, act_bytes(o, (int64_t)N * HD));
     o->zero(o, dv, act_bytes(o, (int64_t)N * HD));
-    cp_attention_bwd(m->par.cp, dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, d.H, docs);
+    cp_attention_bwd(m->par.cp, dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, d.H, docs,
+                     m->shape.fam.attn_softcap);
     cols(m, dkvb, d.W, 0, dk, d.D, 0, d.nope, NH);
     cols(m, dkvb, d.W, d.nope, dv, d.D, 0, d.Dv, NH);
     shared_key_backward(m, dk, &d);
