@@ -73,9 +73,9 @@ static double time_attention(const ust_ops *o, const att_args *a, float *const b
     for (int it = 0; it < a->iters; it++) {
         double t0 = log_now_s();
         o->attention_fwd(o, buf[3], buf[4], buf[0], buf[1], buf[2], 1, T, T, H, Hkv, D, NULL, NULL,
-                         1, q_start);
+                         1, q_start, 0.0f);
         o->attention_bwd(o, buf[5], buf[6], buf[7], buf[3], buf[3], buf[4], buf[0], buf[1], buf[2],
-                         1, T, T, H, Hkv, D, NULL, NULL, 1, q_start);
+                         1, T, T, H, Hkv, D, NULL, NULL, 1, q_start, 0.0f);
         double dt = log_now_s() - t0;
         if (dt < best) best = dt;
     }

@@ -350,6 +350,15 @@ static void print_gemma(const ust_config *c) {
     printf("\n");
 }
 
+/* model.attn_softcap / final_softcap (Gemma 2's soft-capping), when either is set */
+static void print_softcap(const ust_config *c) {
+    const __typeof__(c->model.gemma) *g = &c->model.gemma;
+    if (g->attn_softcap > 0)
+        printf("attention scores soft-capped: %g tanh(s / %g)\n", g->attn_softcap, g->attn_softcap);
+    if (g->final_softcap > 0)
+        printf("final logits soft-capped: %g tanh(x / %g)\n", g->final_softcap, g->final_softcap);
+}
+
 static void print_windows(const ust_config *c) {
     int n = 0, w = 0;
     for (int l = 0; l < c->model.n_layer; l++)
@@ -421,6 +430,7 @@ static void print_run_settings(const ust_config *c) {
         printf("rope: theta %g, no scaling\n", c->model.rope_theta);
     print_windows(c);
     print_gemma(c);
+    print_softcap(c);
     print_moe(c);
     for (int val = 0; val < 2; val++) {
         cfg_dataset sets[CFG_MAX_BLEND];

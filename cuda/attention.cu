@@ -498,14 +498,17 @@ static void flash_attention_bwd(const ust_ops *o, float *dq, float *dk, float *d
 
 /* Row r of a chunk is head h0 + r / n, query i0 + r % n. In place, s -> p: forward computes
  * lse = log sum_visible exp(s) and p = exp(s - max) / sum; backward takes the final lse and
- * p = exp(s - lse). Masked keys (and every key of a row that sees none) get p = 0. */
+ * p = exp(s - lse). Masked keys (and every key of a row that sees none) get p = 0. cap > 0
+ * (model.attn_softcap): s is first soft-capped to cap tanh(s / cap), as the CPU backend's
+ * block_scores (each thread caps the scores it alone reads after). */
 template <int FWD>
 __global__ void k_att_probs(float *S, float *lse, const int32_t *q_pos, const int32_t *k_pos,
                             int causal, const int32_t *q_start, int Tq, int Tk, int H, int b,
-                            int h0, int i0, int n) {
+                            int h0, int i0, int n, float cap) {
     __shared__ float sh[32];
     int r = blockIdx.x, h = h0 + r / n, i = i0 + r % n;
     float *s = S + (int64_t)r * Tk;
+    for (int j = threadIdx.x; cap > 0 && j < Tk; j += blockDim.x) s[j] = cap * tanhf(s[j] / cap);
     float *L = lse + ((int64_t)b * H + h) * Tq + i;
     int qp = posof(q_pos, i), qs = doc_start(q_start, b, Tq, i);
 #define HIDDEN(j) ((causal && posof(k_pos, j) > qp) || posof(k_pos, j) < qs)
@@ -535,14 +538,20 @@ __global__ void k_att_probs(float *S, float *lse, const int32_t *q_pos, const in
 #undef HIDDEN
 }
 
-/* dS = P (dP - Di) in place over dP; row r as in k_att_probs. */
-__global__ void k_att_ds(float *dP, const float *P, const float *Di, int Tq, int Tk, int H, int b,
-                         int h0, int i0, int n, int64_t total) {
+/* dS = P (dP - Di) in place over dP; row r as in k_att_probs. Under a soft-cap (cap > 0) dS is
+ * the raw score's, times 1 - (s / cap)^2 of the capped score s = lse + log P (P > 0; where P is
+ * 0 so is dS), which saves keeping the capped scores beside P. */
+__global__ void k_att_ds(float *dP, const float *P, const float *Di, const float *lse, int Tq,
+                         int Tk, int H, int b, int h0, int i0, int n, int64_t total, float cap) {
     for (int64_t x = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; x < total;
          x += (int64_t)gridDim.x * blockDim.x) {
-        int64_t r = x / Tk;
-        int h = h0 + (int)(r / n), i = i0 + (int)(r % n);
-        dP[x] = P[x] * (dP[x] - Di[((int64_t)b * H + h) * Tq + i]);
+        int64_t r = x / Tk, row = ((int64_t)b * H + h0 + (int)(r / n)) * Tq + i0 + (int)(r % n);
+        float p = P[x], ds = p * (dP[x] - Di[row]);
+        if (cap > 0 && p > 0) {
+            float t = (lse[row] + logf(p)) / cap;
+            ds *= 1.0f - t * t;
+        }
+        dP[x] = ds;
     }
 }
 
@@ -557,7 +566,7 @@ static int att_chunk(const ust_ops *o, int Tq, int nb, int Tk) {
 static void gemm_attention_fwd(const ust_ops *o, float *out, float *lse, const float *q,
                                const float *k, const float *v, int B, int Tq, int Tk, int H,
                                int Hkv, int D, const int32_t *q_pos, const int32_t *k_pos,
-                               int causal, const int32_t *q_start) {
+                               int causal, const int32_t *q_start, float cap) {
     const int G = H / Hkv, nb = G == 1 ? H : 1, qc = att_chunk(o, Tq, nb, Tk);
     const float scale = 1.0f / sqrtf((float)D);
     const int64_t qs = (int64_t)H * D, ks = (int64_t)Hkv * D;
@@ -575,7 +584,7 @@ static void gemm_attention_fwd(const ust_ops *o, float *out, float *lse, const f
                 cuda_gemm(o, S, Tk, (int64_t)n * Tk, qb, qs, D, kb, ks, D, n, Tk, D, 0, 1, scale,
                           0.0f, nb);
                 k_att_probs<1><<<nb * n, 128, 0, STREAM(o)>>>(S, lse, q_pos, k_pos, causal, q_start,
-                                                              Tq, Tk, H, b, h0, i0, n);
+                                                              Tq, Tk, H, b, h0, i0, n, cap);
                 CK_LAUNCH();
                 /* O(n,D) = P(n,Tk) V(Tk,D) */
                 cuda_gemm(o, ob, qs, D, S, Tk, (int64_t)n * Tk, vb, ks, D, n, D, Tk, 0, 0, 1.0f,
@@ -588,7 +597,7 @@ static void gemm_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv
                                const float *out, const float *lse, const float *q, const float *k,
                                const float *v, int B, int Tq, int Tk, int H, int Hkv, int D,
                                const int32_t *q_pos, const int32_t *k_pos, int causal,
-                               const int32_t *q_start) {
+                               const int32_t *q_start, float cap) {
     const int G = H / Hkv, nb = G == 1 ? H : 1, qc = att_chunk(o, Tq, nb, Tk);
     const float scale = 1.0f / sqrtf((float)D);
     const int64_t qs = (int64_t)H * D, ks = (int64_t)Hkv * D;
@@ -606,8 +615,8 @@ static void gemm_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv
                 /* P = exp(scale Q K^T - lse), masked */
                 cuda_gemm(o, P, Tk, sS, q + qoff, qs, D, k + koff, ks, D, n, Tk, D, 0, 1, scale,
                           0.0f, nb);
-                k_att_probs<0><<<nb * n, 128, 0, STREAM(o)>>>(P, (float *)lse, q_pos, k_pos, causal,
-                                                              q_start, Tq, Tk, H, b, h0, i0, n);
+                k_att_probs<0><<<nb * n, 128, 0, STREAM(o)>>>(
+                    P, (float *)lse, q_pos, k_pos, causal, q_start, Tq, Tk, H, b, h0, i0, n, cap);
                 CK_LAUNCH();
                 /* dV(Tk,D) += P^T dO(n,D) */
                 if (dv)
@@ -618,8 +627,8 @@ static void gemm_attention_bwd(const ust_ops *o, float *dq, float *dk, float *dv
                 cuda_gemm(o, dP, Tk, sS, dout + qoff, qs, D, v + koff, ks, D, n, Tk, D, 0, 1, 1.0f,
                           0.0f, nb);
                 int64_t total = (int64_t)nb * sS;
-                k_att_ds<<<grid_for(total, 256), 256, 0, STREAM(o)>>>(dP, P, Di, Tq, Tk, H, b, h0,
-                                                                      i0, n, total);
+                k_att_ds<<<grid_for(total, 256), 256, 0, STREAM(o)>>>(dP, P, Di, lse, Tq, Tk, H, b,
+                                                                      h0, i0, n, total, cap);
                 CK_LAUNCH();
                 /* dQ(n,D) += scale dS K(Tk,D); dK(Tk,D) += scale dS^T Q(n,D) */
                 if (dq)
@@ -645,26 +654,26 @@ static int attention_mode(const ust_ops *o, int D) {
 static void attention_fwd_f32(const ust_ops *o, int mode, float *out, float *lse, const float *q,
                               const float *k, const float *v, int B, int Tq, int Tk, int H, int Hkv,
                               int D, const int32_t *q_pos, const int32_t *k_pos, int causal,
-                              const int32_t *q_start) {
+                              const int32_t *q_start, float cap) {
     if (mode == ATT_FLASH)
         flash_attention_fwd(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal,
                             q_start);
     else
         gemm_attention_fwd(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal,
-                           q_start);
+                           q_start, cap);
 }
 
 static void attention_bwd_f32(const ust_ops *o, int mode, float *dq, float *dk, float *dv,
                               const float *dout, const float *out, const float *lse, const float *q,
                               const float *k, const float *v, int B, int Tq, int Tk, int H, int Hkv,
                               int D, const int32_t *q_pos, const int32_t *k_pos, int causal,
-                              const int32_t *q_start) {
+                              const int32_t *q_start, float cap) {
     if (mode == ATT_FLASH)
         flash_attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos,
                             k_pos, causal, q_start);
     else
         gemm_attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos,
-                           k_pos, causal, q_start);
+                           k_pos, causal, q_start, cap);
 }
 
 /* ---------------------------------------------------------------- bf16 adapter */
@@ -697,13 +706,13 @@ static void narrow(const ust_ops *o, act *dst, const float *src, int64_t n) {
 static void attention_fwd_widened(const ust_ops *o, int mode, act *out, float *lse, const act *q,
                                   const act *k, const act *v, int B, int Tq, int Tk, int H, int Hkv,
                                   int D, const int32_t *q_pos, const int32_t *k_pos, int causal,
-                                  const int32_t *q_start) {
+                                  const int32_t *q_start, float cap) {
     int64_t nq = (int64_t)B * Tq * H * D, nk = (int64_t)B * Tk * Hkv * D;
     float *w = (float *)cuda_scratch(o, SCR_W, (size_t)(2 * nq + 2 * nk + 1) * sizeof(float));
     float *q32 = widen(o, w, q, nq), *k32 = widen(o, w + nq, k, nk);
     float *v32 = widen(o, w + nq + nk, v, nk), *o32 = w + nq + 2 * nk;
     attention_fwd_f32(o, mode, o32, lse, q32, k32, v32, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal,
-                      q_start);
+                      q_start, cap);
     narrow(o, out, o32, nq);
 }
 
@@ -711,7 +720,7 @@ static void attention_bwd_widened(const ust_ops *o, int mode, act *dq, act *dk, 
                                   const act *dout, const act *out, const float *lse, const act *q,
                                   const act *k, const act *v, int B, int Tq, int Tk, int H, int Hkv,
                                   int D, const int32_t *q_pos, const int32_t *k_pos, int causal,
-                                  const int32_t *q_start) {
+                                  const int32_t *q_start, float cap) {
     int64_t nq = (int64_t)B * Tq * H * D, nk = (int64_t)B * Tk * Hkv * D;
     float *w = (float *)cuda_scratch(o, SCR_W, (size_t)(4 * nq + 4 * nk + 1) * sizeof(float));
     float *dout32 = widen(o, w, dout, nq), *out32 = widen(o, w + nq, out, nq);
@@ -720,7 +729,7 @@ static void attention_bwd_widened(const ust_ops *o, int mode, act *dq, act *dk, 
     float *k32 = widen(o, kv, k, nk), *v32 = widen(o, kv + nk, v, nk);
     float *dk32 = widen(o, kv + 2 * nk, dk, nk), *dv32 = widen(o, kv + 3 * nk, dv, nk);
     attention_bwd_f32(o, mode, dq32, dk32, dv32, dout32, out32, lse, q32, k32, v32, B, Tq, Tk, H,
-                      Hkv, D, q_pos, k_pos, causal, q_start);
+                      Hkv, D, q_pos, k_pos, causal, q_start, cap);
     narrow(o, dq, dq32, nq);
     narrow(o, dk, dk32, nk);
     narrow(o, dv, dv32, nk);
@@ -731,39 +740,43 @@ static void attention_bwd_widened(const ust_ops *o, int mode, act *dq, act *dk, 
 void cuda_attention_fwd(const ust_ops *o, act *out, float *lse, const act *q, const act *k,
                         const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
                         const int32_t *q_pos, const int32_t *k_pos, int causal,
-                        const int32_t *q_start) {
+                        const int32_t *q_start, float softcap) {
     check_shapes(H, Hkv, D);
     if (B <= 0 || Tq <= 0 || H <= 0) return;
-    int mode = attention_mode(o, D);
+    /* model.attn_softcap: the GEMM path caps the scores it materializes (the flash and
+     * tensor-core kernels have no cap) */
+    int mode = softcap > 0 ? ATT_GEMM : attention_mode(o, D);
     if (mode == ATT_TC)
         cuda_attention_tc_fwd(o, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal,
                               q_start);
     else if (o->act_size == 2)
         attention_fwd_widened(o, mode, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos,
-                              causal, q_start);
+                              causal, q_start, softcap);
     else
         attention_fwd_f32(o, mode, (float *)out, lse, (const float *)q, (const float *)k,
-                          (const float *)v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal, q_start);
+                          (const float *)v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal, q_start,
+                          softcap);
 }
 
 void cuda_attention_bwd(const ust_ops *o, act *dq, act *dk, act *dv, const act *dout,
                         const act *out, const float *lse, const act *q, const act *k, const act *v,
                         int B, int Tq, int Tk, int H, int Hkv, int D, const int32_t *q_pos,
-                        const int32_t *k_pos, int causal, const int32_t *q_start) {
+                        const int32_t *k_pos, int causal, const int32_t *q_start, float softcap) {
     check_shapes(H, Hkv, D);
     if (B <= 0 || Tq <= 0 || Tk <= 0 || H <= 0 || (!dq && !dk && !dv)) return;
-    int mode = attention_mode(o, D);
+    int mode = softcap > 0 ? ATT_GEMM : attention_mode(o, D); /* as cuda_attention_fwd */
     if (mode == ATT_TC) {
         const float *Di = cuda_attention_dot(o, dout, out, B, Tq, H, D);
         cuda_attention_tc_bwd(o, dq, dk, dv, dout, lse, Di, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos,
                               k_pos, causal, q_start);
     } else if (o->act_size == 2) {
         attention_bwd_widened(o, mode, dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D,
-                              q_pos, k_pos, causal, q_start);
+                              q_pos, k_pos, causal, q_start, softcap);
     } else {
         attention_bwd_f32(o, mode, (float *)dq, (float *)dk, (float *)dv, (const float *)dout,
                           (const float *)out, lse, (const float *)q, (const float *)k,
-                          (const float *)v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal, q_start);
+                          (const float *)v, B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal, q_start,
+                          softcap);
     }
 }
 

@@ -68,11 +68,11 @@ static int bench_attention_mode(const char *mode, int B, int T, int H, int D, in
     double fwd_flops = 4.0 * B * H * (double)T * T * D / 2, t[2] = {0, 0};
     for (int r = -1; r < reps; r++) { /* r = -1: warm-up (scratch, shared-memory opt-in) */
         double t0 = log_now_s();
-        o->attention_fwd(o, out, lse, q, k, v, B, T, T, H, H, D, NULL, NULL, 1, NULL);
+        o->attention_fwd(o, out, lse, q, k, v, B, T, T, H, H, D, NULL, NULL, 1, NULL, 0.0f);
         o->sync(o);
         double t1 = log_now_s();
         o->attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, T, T, H, H, D, NULL, NULL, 1,
-                         NULL);
+                         NULL, 0.0f);
         o->sync(o);
         if (r >= 0) t[0] += t1 - t0, t[1] += log_now_s() - t1;
     }

@@ -210,11 +210,11 @@ void cuda_scale_act(const ust_ops *o, act *x, float s, int64_t n);
 void cuda_attention_fwd(const ust_ops *o, act *out, float *lse, const act *q, const act *k,
                         const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
                         const int32_t *q_pos, const int32_t *k_pos, int causal,
-                        const int32_t *q_start);
+                        const int32_t *q_start, float softcap);
 void cuda_attention_bwd(const ust_ops *o, act *dq, act *dk, act *dv, const act *dout,
                         const act *out, const float *lse, const act *q, const act *k, const act *v,
                         int B, int Tq, int Tk, int H, int Hkv, int D, const int32_t *q_pos,
-                        const int32_t *k_pos, int causal, const int32_t *q_start);
+                        const int32_t *k_pos, int causal, const int32_t *q_start, float softcap);
 void cuda_attention_merge(const ust_ops *o, act *out, float *lse, const act *out2,
                           const float *lse2, int B, int T, int H, int D);
 /* Di[b,h,i] = dout_i . out_i (fp32) for every row, in scratch slot C (the backward's

@@ -1316,12 +1316,21 @@ static void cu_rope_bwd(const ust_ops *o, act *dinp, const act *dout, const int3
 
 /* ---------------------------------------------------------------- cross-entropy */
 
+/* model.final_softcap c (0: none): the logit the loss sees, c tanh(x / c), and a gradient of it
+ * taken back to the raw logit (times 1 - (xc / c)^2), as the CPU backend's cap_logit/cap_grad. */
+__device__ __forceinline__ float cap_logit(float x, float c) {
+    return c > 0 ? c * tanhf(x / c) : x;
+}
+__device__ __forceinline__ float cap_grad(float g, float xc, float c) {
+    return c > 0 ? g * (1.0f - (xc / c) * (xc / c)) : g;
+}
+
 /* One block per row. Everything read from a row is read before the barrier inside the last
  * block_sum, and each element is then rewritten by the thread that reads it, so dlogits may
  * alias logits. A target outside [0, v_real) other than the ignore marker gives a NaN loss. */
 template <typename T, int VW>
 __global__ void k_xent(float *losses, act *dlogits, const act *logits, const int32_t *targets,
-                       int V, int v_real, float dscale) {
+                       int V, int v_real, float dscale, float cap) {
     __shared__ float sh[32];
     int64_t n = blockIdx.x;
     const T *x = (const T *)logits + n * V;
@@ -1344,7 +1353,7 @@ __global__ void k_xent(float *losses, act *dlogits, const act *logits, const int
         ld_vec<VW>(x, c, t);
 #pragma unroll
         for (int j = 0; j < VW; j++) {
-            float xc = c + j < v_real ? t[j] : -INFINITY; /* padding adds nothing */
+            float xc = c + j < v_real ? cap_logit(t[j], cap) : -INFINITY; /* padding: nothing */
             if (xc > mt)
                 st = st * expf(mt - xc) + 1.0f, mt = xc;
             else if (xc != -INFINITY) /* exp(-inf - mt) adds 0, but -inf - -inf would be NaN */
@@ -1352,7 +1361,7 @@ __global__ void k_xent(float *losses, act *dlogits, const act *logits, const int
         }
     }
     float mx = block_max(mt, sh);
-    float xt = tgt < v_real ? ld_act(x, tgt) : NAN;
+    float xt = tgt < v_real ? cap_logit(ld_act(x, tgt), cap) : NAN;
     float s = block_sum(mt == -INFINITY ? st : st * expf(mt - mx), sh);
     if (losses && threadIdx.x == 0) losses[n] = logf(s) + mx - xt;
     if (!dx) return;
@@ -1360,19 +1369,24 @@ __global__ void k_xent(float *losses, act *dlogits, const act *logits, const int
     for (int c = c0; c < V; c += step) {
         ld_vec<VW>(x, c, t);
 #pragma unroll
-        for (int j = 0; j < VW; j++)
-            t[j] = c + j < v_real ? (expf(t[j] - mx) * inv - (c + j == tgt ? 1.0f : 0.0f)) * dscale
-                                  : 0.0f;
+        for (int j = 0; j < VW; j++) {
+            float xc = cap_logit(t[j], cap);
+            t[j] = c + j < v_real
+                       ? cap_grad((expf(xc - mx) * inv - (c + j == tgt ? 1.0f : 0.0f)) * dscale, xc,
+                                  cap)
+                       : 0.0f;
+        }
         st_vec<VW>(dx, c, t);
     }
 }
 
 static void cu_xent_fwd_bwd(const ust_ops *o, float *losses, act *dlogits, const act *logits,
-                            const int32_t *targets, int N, int V, int v_real, float dscale) {
+                            const int32_t *targets, int N, int V, int v_real, float dscale,
+                            float softcap) {
     UST_ASSERT(v_real > 0 && v_real <= V, "v_real=%d must be in 1..V=%d", v_real, V);
     if (N <= 0) return;
     VEC_LAUNCH(o, k_xent, row_vec(o, V, logits, dlogits, NULL), N, V >= 4096 ? 512 : 128, losses,
-               dlogits, logits, targets, V, v_real, dscale);
+               dlogits, logits, targets, V, v_real, dscale, softcap);
 }
 
 /* Vocabulary-parallel cross-entropy: this shard holds global columns [v_start, v_start + V), the
@@ -1380,20 +1394,22 @@ static void cu_xent_fwd_bwd(const ust_ops *o, float *losses, act *dlogits, const
  * (-inf when none) and the target's logit when the target is local (else 0). */
 template <typename T>
 __global__ void k_xent_vp_local(float *lse, float *tlogit, const act *logits,
-                                const int32_t *targets, int V, int v_start, int real) {
+                                const int32_t *targets, int V, int v_start, int real, float cap) {
     __shared__ float sh[32];
     int64_t n = blockIdx.x;
     const T *x = (const T *)logits + n * V;
     float mx = -INFINITY;
-    for (int c = threadIdx.x; c < real; c += blockDim.x) mx = fmaxf(mx, ld_act(x, c));
+    for (int c = threadIdx.x; c < real; c += blockDim.x)
+        mx = fmaxf(mx, cap_logit(ld_act(x, c), cap));
     mx = block_max(mx, sh);
     float s = 0.0f;
-    for (int c = threadIdx.x; c < real; c += blockDim.x) s += expf(ld_act(x, c) - mx);
+    for (int c = threadIdx.x; c < real; c += blockDim.x)
+        s += expf(cap_logit(ld_act(x, c), cap) - mx);
     s = block_sum(s, sh);
     if (threadIdx.x == 0) {
         int t = targets[n], local = t - v_start;
         lse[n] = real > 0 ? mx + logf(s) : -INFINITY;
-        tlogit[n] = t >= 0 && local >= 0 && local < real ? ld_act(x, local) : 0.0f;
+        tlogit[n] = t >= 0 && local >= 0 && local < real ? cap_logit(ld_act(x, local), cap) : 0.0f;
     }
 }
 
@@ -1403,7 +1419,7 @@ __global__ void k_xent_vp_local(float *lse, float *tlogit, const act *logits,
 template <typename T, int VW>
 __global__ void k_xent_vp_finish(float *losses, act *dlogits, const act *logits,
                                  const int32_t *targets, const float *lse, const float *tlogit,
-                                 int V, int v_start, int real, float dscale) {
+                                 int V, int v_start, int real, float dscale, float cap) {
     int64_t n = blockIdx.x;
     int t = targets[n], ignored = t < 0, local = t - v_start;
     float L = lse[n], f[VW];
@@ -1415,8 +1431,9 @@ __global__ void k_xent_vp_finish(float *losses, act *dlogits, const act *logits,
         ld_vec<VW>(x, c, f);
 #pragma unroll
         for (int j = 0; j < VW; j++) {
-            float p = c + j < real && !ignored ? expf(f[j] - L) : 0.0f;
-            f[j] = ignored ? 0.0f : (p - (c + j == local ? 1.0f : 0.0f)) * dscale;
+            float xc = cap_logit(f[j], cap), p = c + j < real && !ignored ? expf(xc - L) : 0.0f;
+            f[j] =
+                ignored ? 0.0f : cap_grad((p - (c + j == local ? 1.0f : 0.0f)) * dscale, xc, cap);
         }
         st_vec<VW>(dx, c, f);
     }
@@ -1428,19 +1445,20 @@ static int vp_real_columns(int V, int v_start, int v_real) {
 }
 
 static void cu_xent_vp_local(const ust_ops *o, float *lse, float *tlogit, const act *logits,
-                             const int32_t *targets, int N, int V, int v_start, int v_real) {
+                             const int32_t *targets, int N, int V, int v_start, int v_real,
+                             float softcap) {
     if (N <= 0) return;
     ACT_LAUNCH(o, k_xent_vp_local, N, V >= 4096 ? 512 : 128, 0, lse, tlogit, logits, targets, V,
-               v_start, vp_real_columns(V, v_start, v_real));
+               v_start, vp_real_columns(V, v_start, v_real), softcap);
 }
 
 static void cu_xent_vp_finish(const ust_ops *o, float *losses, act *dlogits, const act *logits,
                               const int32_t *targets, const float *lse, const float *tlogit, int N,
-                              int V, int v_start, int v_real, float dscale) {
+                              int V, int v_start, int v_real, float dscale, float softcap) {
     if (N <= 0) return;
     VEC_LAUNCH(o, k_xent_vp_finish, dlogits ? row_vec(o, V, logits, dlogits, NULL) : 1, N,
                V >= 4096 ? 512 : 128, losses, dlogits, logits, targets, lse, tlogit, V, v_start,
-               vp_real_columns(V, v_start, v_real), dscale);
+               vp_real_columns(V, v_start, v_real), dscale, softcap);
 }
 
 /* ---------------------------------------------------------------- optimizer */

@@ -380,7 +380,7 @@ static comm_req pass_on(ust_cp *cp, ring_msgs m) {
 
 /* The ring stage: attention of this block's queries (Tb tokens, H heads) over every block. */
 static void ring_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *k, const act *v,
-                     int H, const cp_docs *docs) {
+                     int H, const cp_docs *docs, float cap) {
     const ust_ops *o = cp->ops;
     cp_ring_stage *rg = &cp->ring;
     int B = cp->B, Tl = cp->Tb, Hkv = rg->Hkvr, D = cp->D, n = rg->rn;
@@ -405,12 +405,13 @@ static void ring_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *
             ck = block_of(cp, rg->all_k, owner), cv = block_of(cp, rg->all_v, owner);
         }
         if (s == 0) {
-            o->attention_fwd(o, out, lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp, qp, 1, starts(docs));
+            o->attention_fwd(o, out, lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp, qp, 1, starts(docs),
+                             cap);
             logit_max(cp, q, ck, H, qp, docs);
             count(cp, owner, H);
         } else if (needs(cp, rt, owner) && !hidden(cp, owner, docs)) {
             o->attention_fwd(o, rg->part_out, rg->part_lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp,
-                             pos_dev(cp, owner), 1, starts(docs));
+                             pos_dev(cp, owner), 1, starts(docs), cap);
             o->attention_merge(o, out, lse, rg->part_out, rg->part_lse, B, Tl, H, D);
             logit_max(cp, q, ck, H, pos_dev(cp, owner), docs);
             count(cp, owner, H);
@@ -424,7 +425,7 @@ static void ring_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *
 
 static void allgather_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, const act *out,
                           const float *lse, const act *q, const act *k, const act *v, int H,
-                          const cp_docs *docs) {
+                          const cp_docs *docs, float cap) {
     const ust_ops *o = cp->ops;
     cp_ring_stage *rg = &cp->ring;
     int B = cp->B, Tl = cp->Tb, Hkv = rg->Hkvr, D = cp->D, n = rg->rn;
@@ -438,7 +439,7 @@ static void allgather_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout
         if (needs(cp, rt, r) && !hidden(cp, r, docs))
             o->attention_bwd(o, dq, block_of(cp, rg->all_dk, r), block_of(cp, rg->all_dv, r), dout,
                              out, lse, q, block_of(cp, rg->all_k, r), block_of(cp, rg->all_v, r), B,
-                             Tl, Tl, H, Hkv, D, qp, pos_dev(cp, r), 1, starts(docs));
+                             Tl, Tl, H, Hkv, D, qp, pos_dev(cp, r), 1, starts(docs), cap);
     comm_dtype t = comm_act_dtype(o);
     comm_req r[2] = {comm_reduce_scatter(rg->comm, rg->all_dk, rg->acc_dk, blk(cp), t, COMM_SUM),
                      comm_reduce_scatter(rg->comm, rg->all_dv, rg->acc_dv, blk(cp), t, COMM_SUM)};
@@ -449,18 +450,18 @@ static void allgather_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout
 
 static void ring_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, const act *out,
                      const float *lse, const act *q, const act *k, const act *v, int H,
-                     const cp_docs *docs) {
+                     const cp_docs *docs, float cap) {
     const ust_ops *o = cp->ops;
     cp_ring_stage *rg = &cp->ring;
     int B = cp->B, Tl = cp->Tb, Hkv = rg->Hkvr, D = cp->D, n = rg->rn;
     const int32_t *qp = pos_dev(cp, rg->rr);
     if (n == 1) {
         o->attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, Tl, Tl, H, Hkv, D, qp, qp, 1,
-                         starts(docs));
+                         starts(docs), cap);
         return;
     }
     if (cp->mode == CP_ALLGATHER) {
-        allgather_bwd(cp, dq, dk, dv, dout, out, lse, q, k, v, H, docs);
+        allgather_bwd(cp, dq, dk, dv, dout, out, lse, q, k, v, H, docs, cap);
         return;
     }
     /* the ring: the block in hand (k, v and the gradients gathered for it so far) moves on after
@@ -485,7 +486,7 @@ static void ring_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, con
         }
         if (needs(cp, rt, owner) && !hidden(cp, owner, docs))
             o->attention_bwd(o, dq, cdk, cdv, dout, out, lse, q, ck, cv, B, Tl, Tl, H, Hkv, D, qp,
-                             pos_dev(cp, owner), 1, starts(docs));
+                             pos_dev(cp, owner), 1, starts(docs), cap);
         comm_wait(&kv);
         /* gradients: on with the block, or home from its last rank; ours home at step hops */
         act *send[2] = {cdk, cdv};
@@ -541,6 +542,7 @@ typedef struct {
     int H;
     const cp_docs *docs;
     const cp_expander *ex;
+    float softcap; /* model.attn_softcap (0: none) */
 } latent_io;
 
 /* A remote block's forward: expanded into ex[0], ex[1], its partial result merged. */
@@ -550,7 +552,8 @@ static void latent_block_fwd(ust_cp *cp, const latent_io *io, const act *lat, in
     int B = cp->B, Tb = cp->Tb, H = io->H;
     io->ex->expand(io->ex->ctx, rg->ex[0], rg->ex[1], lat);
     o->attention_fwd(o, rg->part_out, rg->part_lse, io->q, rg->ex[0], rg->ex[1], B, Tb, Tb, H,
-                     rg->Hkvr, cp->D, pos_dev(cp, rg->rr), pos_dev(cp, owner), 1, starts(io->docs));
+                     rg->Hkvr, cp->D, pos_dev(cp, rg->rr), pos_dev(cp, owner), 1, starts(io->docs),
+                     io->softcap);
     o->attention_merge(o, io->out, io->lse, rg->part_out, rg->part_lse, B, Tb, H, cp->D);
     logit_max(cp, io->q, rg->ex[0], H, pos_dev(cp, owner), io->docs);
     count(cp, owner, H);
@@ -568,17 +571,18 @@ static void latent_block_bwd(ust_cp *cp, const latent_io *io, act *dlat, const a
     o->zero(o, rg->ex[3], kb);
     o->attention_bwd(o, io->dq, rg->ex[2], rg->ex[3], io->dout, io->out, io->clse, io->q, rg->ex[0],
                      rg->ex[1], cp->B, cp->Tb, cp->Tb, io->H, rg->Hkvr, cp->D, pos_dev(cp, rg->rr),
-                     pos_dev(cp, owner), 1, starts(io->docs));
+                     pos_dev(cp, owner), 1, starts(io->docs), io->softcap);
     io->ex->contract(io->ex->ctx, dlat, rg->ex[2], rg->ex[3], lat);
 }
 
 void cp_latent_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *k, const act *v,
-                   int H, const cp_docs *docs, const cp_expander *ex) {
+                   int H, const cp_docs *docs, const cp_expander *ex, float softcap) {
     const ust_ops *o = cp->ops;
     cp_ring_stage *rg = &cp->ring;
     int n = rg->rn;
     UST_ASSERT(cp->lat && n > 1 && cp->uly.a == 1, "the latent ring without a latent");
-    latent_io io = {.out = out, .lse = lse, .q = q, .H = H, .docs = docs, .ex = ex};
+    latent_io io = {
+        .out = out, .lse = lse, .q = q, .H = H, .docs = docs, .ex = ex, .softcap = softcap};
     const int32_t *qp = pos_dev(cp, rg->rr);
     const cp_route *rt = route_of(cp, docs);
     if (cp->mode == CP_ALLGATHER) gather_latents(cp);
@@ -597,7 +601,7 @@ void cp_latent_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *k,
         }
         if (s == 0) {
             o->attention_fwd(o, out, lse, q, k, v, cp->B, cp->Tb, cp->Tb, H, rg->Hkvr, cp->D, qp,
-                             qp, 1, starts(docs));
+                             qp, 1, starts(docs), softcap);
             logit_max(cp, q, k, H, qp, docs);
             count(cp, owner, H);
         } else if (needs(cp, rt, owner) && !hidden(cp, owner, docs)) {
@@ -633,7 +637,7 @@ static void latent_ring_bwd(ust_cp *cp, const latent_io *io, act *dk, act *dv, c
         if (s == 0)
             o->attention_bwd(o, io->dq, dk, dv, io->dout, io->out, io->clse, io->q, k, v, cp->B,
                              cp->Tb, cp->Tb, io->H, rg->Hkvr, cp->D, pos_dev(cp, rg->rr),
-                             pos_dev(cp, rg->rr), 1, starts(io->docs));
+                             pos_dev(cp, rg->rr), 1, starts(io->docs), io->softcap);
         else if (needs(cp, rt, owner) && !hidden(cp, owner, io->docs))
             latent_block_bwd(cp, io, cdl, cl, owner);
         comm_wait(&lr);
@@ -662,7 +666,7 @@ static void latent_allgather_bwd(ust_cp *cp, const latent_io *io, act *dk, act *
     gather_latents(cp);
     o->zero(o, rg->all_dlat, act_bytes(o, (int64_t)lblk(cp) * n));
     o->attention_bwd(o, io->dq, dk, dv, io->dout, io->out, io->clse, io->q, k, v, cp->B, cp->Tb,
-                     cp->Tb, io->H, rg->Hkvr, cp->D, qp, qp, 1, starts(io->docs));
+                     cp->Tb, io->H, rg->Hkvr, cp->D, qp, qp, 1, starts(io->docs), io->softcap);
     for (int r = 0; r < n; r++)
         if (r != rg->rr && needs(cp, rt, r) && !hidden(cp, r, io->docs))
             latent_block_bwd(cp, io, lat_of(cp, rg->all_dlat, r), lat_of(cp, rg->all_lat, r), r);
@@ -673,7 +677,7 @@ static void latent_allgather_bwd(ust_cp *cp, const latent_io *io, act *dk, act *
 
 const act *cp_latent_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, const act *out,
                          const float *lse, const act *q, const act *k, const act *v, int H,
-                         const cp_docs *docs, const cp_expander *ex) {
+                         const cp_docs *docs, const cp_expander *ex, float softcap) {
     cp_ring_stage *rg = &cp->ring;
     UST_ASSERT(cp->lat && rg->rn > 1 && cp->uly.a == 1, "the latent ring without a latent");
     latent_io io = {.out = (act *)out,
@@ -683,7 +687,8 @@ const act *cp_latent_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout,
                     .clse = lse,
                     .H = H,
                     .docs = docs,
-                    .ex = ex};
+                    .ex = ex,
+                    .softcap = softcap};
     cp->ops->zero(cp->ops, rg->acc_dlat, act_bytes(cp->ops, (int64_t)lblk(cp)));
     if (cp->mode == CP_ALLGATHER)
         latent_allgather_bwd(cp, &io, dk, dv, k, v);
@@ -749,9 +754,9 @@ static void from_heads(ust_cp *cp, act *x, const act *u, int heads, int h, int k
 }
 
 void cp_attention_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *k, const act *v,
-                      int H, const cp_docs *docs) {
+                      int H, const cp_docs *docs, float softcap) {
     if (cp->uly.a == 1) {
-        ring_fwd(cp, out, lse, q, k, v, H, docs);
+        ring_fwd(cp, out, lse, q, k, v, H, docs, softcap);
         return;
     }
     UST_ASSERT(H == cp->H, "attention with %d heads, cp sized for %d", H, cp->H);
@@ -759,15 +764,15 @@ void cp_attention_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act 
     to_heads(cp, cp->uly.uk, k, cp->Hkv, cp->uly.Hk, 1);
     to_heads(cp, cp->uly.uv, v, cp->Hkv, cp->uly.Hk, 1);
     /* lse(B, Hq, Tb) fills the caller's (B, H, Tl): the same count, kept for backward */
-    ring_fwd(cp, cp->uly.uo, lse, cp->uly.uq, cp->uly.uk, cp->uly.uv, cp->uly.Hq, docs);
+    ring_fwd(cp, cp->uly.uo, lse, cp->uly.uq, cp->uly.uk, cp->uly.uv, cp->uly.Hq, docs, softcap);
     from_heads(cp, out, cp->uly.uo, H, cp->uly.Hq, 0, 0);
 }
 
 void cp_attention_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, const act *out,
                       const float *lse, const act *q, const act *k, const act *v, int H,
-                      const cp_docs *docs) {
+                      const cp_docs *docs, float softcap) {
     if (cp->uly.a == 1) {
-        ring_bwd(cp, dq, dk, dv, dout, out, lse, q, k, v, H, docs);
+        ring_bwd(cp, dq, dk, dv, dout, out, lse, q, k, v, H, docs, softcap);
         return;
     }
     const ust_ops *o = cp->ops;
@@ -783,7 +788,7 @@ void cp_attention_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, co
     o->zero(o, cp->uly.udk, ab(cp, nk));
     o->zero(o, cp->uly.udv, ab(cp, nk));
     ring_bwd(cp, cp->uly.udq, cp->uly.udk, cp->uly.udv, cp->uly.udo, cp->uly.uo, lse, cp->uly.uq,
-             cp->uly.uk, cp->uly.uv, cp->uly.Hq, docs);
+             cp->uly.uk, cp->uly.uv, cp->uly.Hq, docs, softcap);
     from_heads(cp, dq, cp->uly.udq, H, cp->uly.Hq, 0, 1);
     from_heads(cp, dk, cp->uly.udk, cp->Hkv, cp->uly.Hk, 1, 1);
     from_heads(cp, dv, cp->uly.udv, cp->Hkv, cp->uly.Hk, 1, 1);

@@ -135,17 +135,18 @@ void cp_layout_positions(ust_cp_layout layout, int T, int n, int r, int32_t *out
 
 /* Causal attention of this rank's queries over the whole sequence: q(B,Tl,H,D), k,v(B,Tl,Hkv,D)
  * are the local tokens' projections; out(B,Tl,H,D), lse(B,H,Tl) as ops.h's attention_fwd;
- * docs (NULL: none) masks documents. */
+ * docs (NULL: none) masks documents; softcap (model.attn_softcap, 0: none) as attention_fwd's. */
 void cp_attention_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *k, const act *v,
-                      int H, const cp_docs *docs);
+                      int H, const cp_docs *docs, float softcap);
 /* QK-clip's statistic: the next cp_attention_fwd max-accumulates each of its H query heads'
- * largest visible logit over this rank's queries into mx(H) (device; NULL: none).
+ * largest visible logit (the raw score, before any softcap) over this rank's queries into mx(H)
+ * (device; NULL: none).
  * Under Ulysses this rank scores only its head share, the others' entries stay as they were. */
 void cp_track_logit_max(ust_cp *cp, float *mx);
 /* Accumulates into dq, dk, dv (the caller zeroes them) the gradients of the local tokens. */
 void cp_attention_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, const act *out,
                       const float *lse, const act *q, const act *k, const act *v, int H,
-                      const cp_docs *docs);
+                      const cp_docs *docs, float softcap);
 
 /* The latent ring (multi-head latent attention, docs/deepseek.md): a block travels as its
  * latent, lat values per token, and each rank re-expands a remote block into per-head k, v
@@ -164,12 +165,12 @@ act *cp_latent_mine(ust_cp *cp);
 /* cp_attention_fwd with the latent ring: k, v are the local block's expansion (used as they
  * are), the latent in cp_latent_mine travels. */
 void cp_latent_fwd(ust_cp *cp, act *out, float *lse, const act *q, const act *k, const act *v,
-                   int H, const cp_docs *docs, const cp_expander *ex);
+                   int H, const cp_docs *docs, const cp_expander *ex, float softcap);
 /* cp_attention_bwd with the latent ring: dq, dk, dv accumulate the local block's gradients as
  * there; returns the gradient the other ranks' queries give this rank's latent (B, Tl, lat). */
 const act *cp_latent_bwd(ust_cp *cp, act *dq, act *dk, act *dv, const act *dout, const act *out,
                          const float *lse, const act *q, const act *k, const act *v, int H,
-                         const cp_docs *docs, const cp_expander *ex);
+                         const cp_docs *docs, const cp_expander *ex, float softcap);
 
 /* The group's size and this rank's place in it. */
 int cp_size(const ust_cp *cp);

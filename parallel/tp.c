@@ -42,8 +42,8 @@ void tp_alloc_scratch(ust_tp *tp, ust_arena *arena) {
 }
 
 ust_tp tp_shape(const ust_ops *ops, int n, int max_rows, int width, int sp) {
-    ust_tp tp = {.ops = ops, .n = n, .rank = 0, .sp = sp && n > 1, .width = width,
-                 .max_rows = max_rows};
+    ust_tp tp = {
+        .ops = ops, .n = n, .rank = 0, .sp = sp && n > 1, .width = width, .max_rows = max_rows};
     return tp;
 }
 
@@ -156,7 +156,7 @@ void tp_embedding_end(ust_tp *tp, act *sum, act *out, int B, int T, int C) {
 }
 
 void tp_xent_blocks(ust_tp *tp, float *losses, act *logits, const int *r0, int nblk,
-                    const int32_t *targets, int N, int Vp, int v_real, float dscale,
+                    const int32_t *targets, int N, int Vp, int v_real, float dscale, float softcap,
                     float *scratch, act *m1, act *m2) {
     const ust_ops *o = tp->ops;
     UST_ASSERT(o->xent_vp_local && o->xent_vp_finish,
@@ -167,7 +167,7 @@ void tp_xent_blocks(ust_tp *tp, float *losses, act *logits, const int *r0, int n
     for (int k = 0; k < nblk; k++) {
         const act *blk = act_at(o, logits, (int64_t)N * r0[k]);
         o->xent_vp_local(o, k ? lse_k : lse, k ? tl_k : tl, blk, targets, N, r0[k + 1] - r0[k],
-                         v0 + r0[k], v_real);
+                         v0 + r0[k], v_real, softcap);
         if (!k) continue;
         o->attention_merge(o, m1, lse, m2, lse_k, 1, N, 1, 1);
         o->axpy(o, tl, 1.0f, tl_k, N); /* at most one block holds a row's target */
@@ -189,16 +189,16 @@ void tp_xent_blocks(ust_tp *tp, float *losses, act *logits, const int *r0, int n
     for (int k = 0; k < nblk; k++) {
         act *blk = act_at(o, logits, (int64_t)N * r0[k]);
         o->xent_vp_finish(o, losses, dscale > 0 ? blk : NULL, blk, targets, lse, tl, N,
-                          r0[k + 1] - r0[k], v0 + r0[k], v_real, dscale);
+                          r0[k + 1] - r0[k], v0 + r0[k], v_real, dscale, softcap);
     }
 }
 
 void tp_xent(ust_tp *tp, float *losses, act *logits, const int32_t *targets, int N, int Vp,
-             int v_real, float dscale) {
+             int v_real, float dscale, float softcap) {
     const ust_ops *o = tp->ops;
     if (tp_size(tp) == 1) {
         o->xent_fwd_bwd(o, losses, dscale > 0 ? logits : NULL, logits, targets, N, Vp, v_real,
-                        dscale);
+                        dscale, softcap);
         return;
     }
     UST_ASSERT(o->xent_vp_local && o->xent_vp_finish,
@@ -206,7 +206,7 @@ void tp_xent(ust_tp *tp, float *losses, act *logits, const int32_t *targets, int
     UST_ASSERT(N <= tp->max_rows, "%d rows > %d", N, tp->max_rows);
     int v0, V = tp_part(tp, Vp, &v0);
     float *mine = tp->lse_all + (int64_t)tp->rank * N;
-    o->xent_vp_local(o, mine, tp->tlogit, logits, targets, N, V, v0, v_real);
+    o->xent_vp_local(o, mine, tp->tlogit, logits, targets, N, V, v0, v_real, softcap);
     comm_req r[2] = {comm_allgather(tp->comm, mine, tp->lse_all, N, COMM_FP32),
                      comm_allreduce(tp->comm, tp->tlogit, tp->tlogit, N, COMM_FP32, COMM_SUM)};
     comm_wait_all(r, 2);
@@ -216,7 +216,7 @@ void tp_xent(ust_tp *tp, float *losses, act *logits, const int32_t *targets, int
         o->attention_merge(o, tp->merge_out, lse, tp->merge_out2, tp->lse_all + (int64_t)s * N, 1,
                            N, 1, 1);
     o->xent_vp_finish(o, losses, dscale > 0 ? logits : NULL, logits, targets, lse, tp->tlogit, N, V,
-                      v0, v_real, dscale);
+                      v0, v_real, dscale, softcap);
 }
 
 /* ------------------------------------------------------------------ the two halves' linears */
@@ -225,8 +225,8 @@ const act *tp_column_open(ust_tp *tp, const act *x_mine) {
     return gather_rows(tp, x_mine, tp->gath_a);
 }
 
-void tp_column_linear_fwd(ust_tp *tp, act *out, const act *x, const float *w, const float *b,
-                          int N, int C, int OC) {
+void tp_column_linear_fwd(ust_tp *tp, act *out, const act *x, const float *w, const float *b, int N,
+                          int C, int OC) {
     tp->ops->linear_fwd(tp->ops, out, x, w, b, N, C, OC);
 }
 
@@ -273,9 +273,9 @@ const act *tp_row_linear_bwd(ust_tp *tp, act *dx, float *dw, float *db, const ac
     return dout;
 }
 
-const act *tp_row_linear_gelu_bwd(ust_tp *tp, act *dpre, float *dw, float *db,
-                                  const act *dout_mine, const act *act_in, const act *pre,
-                                  const float *w, int N, int C_local, int OC) {
+const act *tp_row_linear_gelu_bwd(ust_tp *tp, act *dpre, float *dw, float *db, const act *dout_mine,
+                                  const act *act_in, const act *pre, const float *w, int N,
+                                  int C_local, int OC) {
     const act *dout = gather_rows(tp, dout_mine, tp->gath_d);
     tp->ops->linear_gelu_bwd(tp->ops, dpre, dw, db, dout, act_in, pre, w, N, C_local, OC);
     return dout;

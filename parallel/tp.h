@@ -65,10 +65,10 @@ void tp_sp_sum_norm_grads(ust_tp *tp, float *dw, float *db, float *part, int C);
  *   head:      lm_head column-parallel over the vocabulary (tp_xent finishes the loss).
  * A column linear holds this rank's OC = OC_whole/n output rows of w (b their bias). */
 typedef struct {
-    act *out;        /* forward: (N, OC) = x @ w^T + b; backward: its gradient */
-    act *gelu;       /* forward only, gpt2's fused GELU: gelu(out) (NULL: none) */
+    act *out;  /* forward: (N, OC) = x @ w^T + b; backward: its gradient */
+    act *gelu; /* forward only, gpt2's fused GELU: gelu(out) (NULL: none) */
     const float *w, *b;
-    float *dw, *db;  /* backward: accumulated (NULL: none, or deferred by zero-bubble's B) */
+    float *dw, *db; /* backward: accumulated (NULL: none, or deferred by zero-bubble's B) */
     int OC;
 } tp_col;
 /* x_mine: this rank's rows of the group's input (all N rows without sp), gathered once. */
@@ -82,8 +82,8 @@ act *tp_column_bwd(ust_tp *tp, act *dx, const act *x_mine, const tp_col *cols, i
  * valid until the next open), the linears take it, close_bwd sums the input gradient as
  * tp_column_bwd does. dx NULL: weights only; accumulate: dx += rather than =. */
 const act *tp_column_open(ust_tp *tp, const act *x_mine);
-void tp_column_linear_fwd(ust_tp *tp, act *out, const act *x, const float *w, const float *b,
-                          int N, int C, int OC);
+void tp_column_linear_fwd(ust_tp *tp, act *out, const act *x, const float *w, const float *b, int N,
+                          int C, int OC);
 void tp_column_linear_bwd(ust_tp *tp, act *dx, float *dw, float *db, const act *dout, const act *x,
                           const float *w, int N, int C, int OC, int accumulate);
 act *tp_column_close_bwd(ust_tp *tp, act *dx);
@@ -97,9 +97,9 @@ void tp_row_linear_fwd(ust_tp *tp, act *out, const act *inp, const float *w, con
  * until the next row backward), for a deferred dw. The _gelu form writes d(pre-activation). */
 const act *tp_row_linear_bwd(ust_tp *tp, act *dx, float *dw, float *db, const act *dout_mine,
                              const act *inp, const float *w, int N, int C_local, int OC);
-const act *tp_row_linear_gelu_bwd(ust_tp *tp, act *dpre, float *dw, float *db,
-                                  const act *dout_mine, const act *act_in, const act *pre,
-                                  const float *w, int N, int C_local, int OC);
+const act *tp_row_linear_gelu_bwd(ust_tp *tp, act *dpre, float *dw, float *db, const act *dout_mine,
+                                  const act *act_in, const act *pre, const float *w, int N,
+                                  int C_local, int OC);
 /* Zero-bubble's W for either kind: dw (+ db) += dout^T @ x from the whole output gradient and
  * the linear's whole input (a column group's as tp_column_open returned it). */
 void tp_linear_wgrad(ust_tp *tp, float *dw, float *db, const act *dout, const act *x, int N, int C,
@@ -125,16 +125,17 @@ void tp_embedding_add(ust_tp *tp, act *sum, act *tmp, const int32_t *tok, const 
 void tp_embedding_end(ust_tp *tp, act *sum, act *out, int B, int T, int C);
 
 /* Cross-entropy over logits(N, Vp/n) of this rank's vocabulary slice: losses(N) (the same on
- * every rank) and, when dscale > 0, dlogits in place of the logits. */
+ * every rank) and, when dscale > 0, dlogits in place of the logits; softcap (model.final_softcap,
+ * 0: none) as ops.h's xent_fwd_bwd: over c tanh(logits / c), dlogits of the raw logits. */
 void tp_xent(ust_tp *tp, float *losses, act *logits, const int32_t *targets, int N, int Vp,
-             int v_real, float dscale);
+             int v_real, float dscale, float softcap);
 /* The same over this rank's slice held as nblk column blocks: block k holds columns
  * [r0[k], r0[k+1]) of the slice as a dense (N, r0[k+1] - r0[k]) array at logits + N * r0[k].
  * Each block's log-sum-exp is merged in block order, then over the group in rank order (an
  * online softmax: exact up to the merge's rounding). scratch: 4N floats; m1, m2: N activations
  * each (the merge's unused outputs). */
 void tp_xent_blocks(ust_tp *tp, float *losses, act *logits, const int *r0, int nblk,
-                    const int32_t *targets, int N, int Vp, int v_real, float dscale,
+                    const int32_t *targets, int N, int Vp, int v_real, float dscale, float softcap,
                     float *scratch, act *m1, act *m2);
 
 /* This rank's place in the group (tp may be NULL: a group of one). */

@@ -126,8 +126,9 @@ static int ring_check(const char *layout_name, const char *mode_name, check_opts
     for (int b = 0; b < B; b++)
         for (int j = 0; j < Tl; j++) start_l[b * Tl + j] = start[b * T + mine[j]];
     const int32_t *qs = docs || W ? start : NULL;
-    o->attention_fwd(o, out, lse, q, k, v, B, T, T, H, HKV, D, pos, pos, 1, qs);
-    o->attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, T, T, H, HKV, D, pos, pos, 1, qs);
+    o->attention_fwd(o, out, lse, q, k, v, B, T, T, H, HKV, D, pos, pos, 1, qs, 0.0f);
+    o->attention_bwd(o, dq, dk, dv, dout, out, lse, q, k, v, B, T, T, H, HKV, D, pos, pos, 1, qs,
+                     0.0f);
     /* the documents as the model gives them: local, gathered under Ulysses */
     int32_t *ustart = malloc(sizeof(int32_t) * B * T), min_l = start_l[0];
     for (int i = 1; i < B * Tl; i++) min_l = start_l[i] < min_l ? start_l[i] : min_l;
@@ -149,9 +150,9 @@ static int ring_check(const char *layout_name, const char *mode_name, check_opts
     ust_comm *a2a = mode == CP_A2A ? comm : sub[0], *ring = mode == CP_A2A_RING ? sub[1] : comm;
     if (a2a) comm_reset_counters(a2a);
     if (mode != CP_A2A) comm_reset_counters(ring);
-    cp_attention_fwd(&cp, out_l, lse_l, q_l, k_l, v_l, H, docs || W ? &dl : NULL);
+    cp_attention_fwd(&cp, out_l, lse_l, q_l, k_l, v_l, H, docs || W ? &dl : NULL, 0.0f);
     cp_attention_bwd(&cp, dq_l, dk_l, dv_l, dout_l, out_l, lse_l, q_l, k_l, v_l, H,
-                     docs || W ? &dl : NULL);
+                     docs || W ? &dl : NULL, 0.0f);
     double ring_sent = 0;
     for (int kd = 0; mode != CP_A2A && kd < COMM_NKINDS; kd++)
         ring_sent += (double)comm_get_counters(ring)->bytes[kd];

@@ -589,11 +589,12 @@ typedef struct {
     const int32_t *qp, *kp;
     float *q, *k, *v, *out, *lse, *R;
     const int32_t *qs; /* (B, Tq) document starts, or NULL */
+    float cap;         /* model.attn_softcap (0: none) */
 } att_ctx;
 
 static att_ctx att_make(int B, int Tq, int Tk, int H, int Hkv, int D, int causal, const int32_t *qp,
                         const int32_t *kp, float qscale) {
-    att_ctx c = {B, Tq, Tk, H, Hkv, D, causal, qp, kp, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    att_ctx c = {B, Tq, Tk, H, Hkv, D, causal, qp, kp, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0};
     c.q = randv((int64_t)B * Tq * H * D, qscale);
     c.k = randv((int64_t)B * Tk * Hkv * D, 1.5f);
     c.v = randv((int64_t)B * Tk * Hkv * D, 1);
@@ -610,12 +611,12 @@ static int64_t nk(const att_ctx *c) { return (int64_t)c->B * c->Tk * c->Hkv * c-
 
 static void att_fwd(const ust_ops *o, att_ctx *c) {
     o->attention_fwd(o, c->out, c->lse, c->q, c->k, c->v, c->B, c->Tq, c->Tk, c->H, c->Hkv, c->D,
-                     c->qp, c->kp, c->causal, c->qs);
+                     c->qp, c->kp, c->causal, c->qs, c->cap);
 }
 
 static void att_bwd(const ust_ops *o, att_ctx *c, float *dq, float *dk, float *dv) {
     o->attention_bwd(o, dq, dk, dv, c->R, c->out, c->lse, c->q, c->k, c->v, c->B, c->Tq, c->Tk,
-                     c->H, c->Hkv, c->D, c->qp, c->kp, c->causal, c->qs);
+                     c->H, c->Hkv, c->D, c->qp, c->kp, c->causal, c->qs, c->cap);
 }
 
 static double att_loss(void *p) {
@@ -644,6 +645,7 @@ static void ref_attention(double *out, double *lse, const att_ctx *c) {
                     double d = 0;
                     for (int x = 0; x < c->D; x++) d += (double)qi[x] * kj[x];
                     s[j] = d * scale;
+                    if (c->cap > 0) s[j] = c->cap * tanh(s[j] / c->cap); /* Gemma 2's soft-cap */
                     if (s[j] > mx) mx = s[j];
                 }
                 double *oi = out + (((int64_t)b * c->Tq + i) * c->H + h) * c->D;
@@ -862,6 +864,32 @@ static void att_subset_free(att_ctx *s) { fr(s->k), fr(s->v), fr(s->out), fr(s->
  * first set, the query at 1 sees neither, so merge meets -inf on each side and on both. */
 static const int split1[4] = {0, 1, 2, 3}, split2[3] = {4, 5, 6};
 
+/* model.attn_softcap: scores c tanh(s / c) before the mask, forward against the reference and
+ * backward against finite differences, with scores well past the cap (q scaled 4x: |s| ~ 10 vs
+ * c = 2, where tanh bends) over several key blocks, documents and the CP-like masked row; a
+ * cap applied after the mask (-inf -> -c) or a backward without tanh's slope fails these. */
+static void test_attention_softcap_matches_reference_and_finite_differences(void) {
+    att_ctx c1 = att_make(1, 70, 70, 2, 1, 8, 1, NULL, NULL, 4);
+    c1.cap = 2.0f;
+    CHECK(att_fwd_ok(&c1), "causal, capped: %s", msg);
+    c1.cap = 0.0f; /* the cap changes the result (else the test would not see it) */
+    float *capped = dupv(c1.out, nq(&c1));
+    att_fwd(O, &c1);
+    CHECK(!close_f("uncapped", c1.out, capped, nq(&c1), 1e-3, 1e-3), "the cap changes nothing");
+    att_ctx c2 = att_make(2, 5, 7, 4, 2, 4, 1, cp_qpos, cp_kpos, 4);
+    c2.cap = 1.5f;
+    CHECK(att_fwd_ok(&c2), "CP masked row, capped: %s", msg);
+    CHECK(att_bwd_fd_ok(&c2), "CP masked row, capped backward: %s", msg);
+    const int cuts[] = {20, 41, 1030};
+    int32_t *qs = doc_starts(2, 70, cuts, 3);
+    att_ctx c3 = att_make(2, 70, 70, 2, 2, 3, 1, NULL, NULL, 4);
+    c3.qs = qs, c3.cap = 2.0f;
+    CHECK(att_fwd_ok(&c3), "documents, capped: %s", msg);
+    CHECK(att_bwd_fd_ok(&c3), "documents, capped backward: %s", msg);
+    free(qs), fr(capped);
+    att_free(&c1), att_free(&c2), att_free(&c3);
+}
+
 /* A NaN in one query (a NaN q_proj weight reaches every score of its rows) makes that row's
  * output and lse NaN and leaves the other rows finite: the online softmax's max must not drop
  * the NaN and skip the block as if nothing were visible (which gave a finite output of 0). */
@@ -949,12 +977,13 @@ static const int32_t x_tgt[XN] = {3, -1, 8, 0, -5};
 
 typedef struct {
     float *logits, *losses;
+    float cap; /* model.final_softcap (0: none) */
 } xent_ctx;
 
 /* L = dscale * sum of losses, whose gradient is exactly what dlogits holds. */
 static double xent_loss(void *p) {
     xent_ctx *c = p;
-    O->xent_fwd_bwd(O, c->losses, NULL, c->logits, x_tgt, XN, XV, XVR, 1.0f);
+    O->xent_fwd_bwd(O, c->losses, NULL, c->logits, x_tgt, XN, XV, XVR, 1.0f, c->cap);
     double s = 0;
     for (int n = 0; n < XN; n++) s += c->losses[n];
     return s * X_DSCALE;
@@ -969,7 +998,7 @@ static float *xent_logits(void) {
 
 static void test_xent_forward_excludes_padding_and_ignores_negative_targets(void) {
     float *logits = xent_logits(), *losses = randv(XN, 1);
-    O->xent_fwd_bwd(O, losses, NULL, logits, x_tgt, XN, XV, XVR, 1.0f);
+    O->xent_fwd_bwd(O, losses, NULL, logits, x_tgt, XN, XV, XVR, 1.0f, 0.0f);
     double ref[XN];
     for (int n = 0; n < XN; n++) {
         ref[n] = 0.0;
@@ -988,13 +1017,13 @@ static void test_xent_forward_excludes_padding_and_ignores_negative_targets(void
 static void test_vocab_parallel_xent_matches_the_whole_vocabulary(void) {
     enum { S = 3, W = XV / S };
     float *logits = xent_logits(), *losses = fbuf(XN), *dl = fbuf(XN * XV);
-    O->xent_fwd_bwd(O, losses, dl, logits, x_tgt, XN, XV, XVR, X_DSCALE);
+    O->xent_fwd_bwd(O, losses, dl, logits, x_tgt, XN, XV, XVR, X_DSCALE, 0.0f);
     float *shard[S], *lse[S], *tl[S], *dummy = fbuf(XN), *dummy2 = fbuf(XN);
     for (int s = 0; s < S; s++) {
         shard[s] = fbuf(XN * W), lse[s] = fbuf(XN), tl[s] = fbuf(XN);
         for (int n = 0; n < XN; n++)
             memcpy(shard[s] + n * W, logits + n * XV + s * W, W * sizeof(float));
-        O->xent_vp_local(O, lse[s], tl[s], shard[s], x_tgt, XN, W, s * W, XVR);
+        O->xent_vp_local(O, lse[s], tl[s], shard[s], x_tgt, XN, W, s * W, XVR, 0.0f);
     }
     float *glse = dupv(lse[0], XN), *gtl = dupv(tl[0], XN);
     for (int s = 1; s < S; s++) {
@@ -1004,7 +1033,7 @@ static void test_vocab_parallel_xent_matches_the_whole_vocabulary(void) {
     int ok = 1;
     for (int s = 0; s < S && ok; s++) {
         float *l = fbuf(XN), *d = fbuf(XN * W), *want = fbuf(XN * W);
-        O->xent_vp_finish(O, l, d, shard[s], x_tgt, glse, gtl, XN, W, s * W, XVR, X_DSCALE);
+        O->xent_vp_finish(O, l, d, shard[s], x_tgt, glse, gtl, XN, W, s * W, XVR, X_DSCALE, 0.0f);
         for (int n = 0; n < XN; n++) memcpy(want + n * W, dl + n * XV + s * W, W * sizeof(float));
         ok = close_f("shard loss", l, losses, XN, 1e-5, 1e-5) &&
              close_f("shard dlogits", d, want, XN * W, 1e-6, 1e-5);
@@ -1016,9 +1045,9 @@ static void test_vocab_parallel_xent_matches_the_whole_vocabulary(void) {
 }
 
 static void test_xent_backward_matches_finite_differences_and_may_alias_logits(void) {
-    xent_ctx c = {xent_logits(), fbuf(XN)};
+    xent_ctx c = {xent_logits(), fbuf(XN), 0};
     float *dlogits = randv(XN * XV, 1), *losses = fbuf(XN);
-    O->xent_fwd_bwd(O, losses, dlogits, c.logits, x_tgt, XN, XV, XVR, X_DSCALE);
+    O->xent_fwd_bwd(O, losses, dlogits, c.logits, x_tgt, XN, XV, XVR, X_DSCALE, 0.0f);
     /* padding columns are not inputs of the loss, so finite differences give 0 there too */
     CHECK(fd_ok("dlogits", c.logits, dlogits, XN * XV, xent_loss, &c, 1e-2f, FD_ATOL, FD_RTOL),
           "%s", msg);
@@ -1028,10 +1057,53 @@ static void test_xent_backward_matches_finite_differences_and_may_alias_logits(v
                 CHECK(dlogits[n * XV + v] == 0.0f, "dlogits[%d,%d] = %g, expected 0", n, v,
                       dlogits[n * XV + v]);
     float *inplace = dupv(c.logits, XN * XV), *losses2 = fbuf(XN);
-    O->xent_fwd_bwd(O, losses2, inplace, inplace, x_tgt, XN, XV, XVR, X_DSCALE);
+    O->xent_fwd_bwd(O, losses2, inplace, inplace, x_tgt, XN, XV, XVR, X_DSCALE, 0.0f);
     CHECK(memcmp(inplace, dlogits, sizeof(float) * XN * XV) == 0, "in-place dlogits differ");
     CHECK(memcmp(losses2, losses, sizeof(float) * XN) == 0, "in-place losses differ");
     fr(c.logits), fr(c.losses), fr(dlogits), fr(losses), fr(inplace), fr(losses2);
+}
+
+/* model.final_softcap: the loss over c tanh(x / c) (against double), dlogits of the raw x against
+ * finite differences and in place, and the vocabulary-parallel pair capped the same way giving
+ * the whole row's loss and gradient. Logits ~3 against c = 2: the cap bends them. */
+static void test_xent_softcap_matches_reference_finite_differences_and_shards(void) {
+    const float cap = 2.0f;
+    xent_ctx c = {xent_logits(), fbuf(XN), cap};
+    float *dl = randv(XN * XV, 1), *losses = fbuf(XN);
+    O->xent_fwd_bwd(O, losses, dl, c.logits, x_tgt, XN, XV, XVR, X_DSCALE, cap);
+    double ref[XN];
+    for (int n = 0; n < XN; n++) {
+        ref[n] = 0.0;
+        if (x_tgt[n] < 0) continue;
+        double sum = 0;
+        for (int v = 0; v < XVR; v++) sum += exp(cap * tanh(c.logits[n * XV + v] / cap));
+        ref[n] = log(sum) - cap * tanh(c.logits[n * XV + x_tgt[n]] / cap);
+    }
+    CHECK(close_d("capped loss", losses, ref, XN, 1e-5, 1e-5), "%s", msg);
+    CHECK(fd_ok("capped dlogits", c.logits, dl, XN * XV, xent_loss, &c, 1e-2f, FD_ATOL, FD_RTOL),
+          "%s", msg);
+    float *inplace = dupv(c.logits, XN * XV), *l2 = fbuf(XN);
+    O->xent_fwd_bwd(O, l2, inplace, inplace, x_tgt, XN, XV, XVR, X_DSCALE, cap);
+    CHECK(memcmp(inplace, dl, sizeof(float) * XN * XV) == 0, "capped in-place dlogits differ");
+    enum { S = 2, W = XV / S };
+    float *lse[S], *tl[S], *d = fbuf(XN * W), *want = fbuf(XN * W), *du = fbuf(XN), *du2 = fbuf(XN);
+    for (int s = 0; s < S; s++) {
+        lse[s] = fbuf(XN), tl[s] = fbuf(XN);
+        for (int n = 0; n < XN; n++) memcpy(d + n * W, c.logits + n * XV + s * W, W * 4);
+        O->xent_vp_local(O, lse[s], tl[s], d, x_tgt, XN, W, s * W, XVR, cap);
+    }
+    O->attention_merge(O, du, lse[0], du2, lse[1], 1, XN, 1, 1);
+    O->add(O, tl[0], tl[0], tl[1], XN);
+    for (int s = 0; s < S; s++) {
+        for (int n = 0; n < XN; n++) memcpy(d + n * W, c.logits + n * XV + s * W, W * 4);
+        for (int n = 0; n < XN; n++) memcpy(want + n * W, dl + n * XV + s * W, W * 4);
+        O->xent_vp_finish(O, l2, d, d, x_tgt, lse[0], tl[0], XN, W, s * W, XVR, X_DSCALE, cap);
+        CHECK(close_f("shard loss", l2, losses, XN, 1e-5, 1e-5), "shard %d: %s", s, msg);
+        CHECK(close_f("shard dlogits", d, want, XN * W, 1e-6, 1e-5), "shard %d: %s", s, msg);
+    }
+    for (int s = 0; s < S; s++) fr(lse[s]), fr(tl[s]);
+    fr(c.logits), fr(c.losses), fr(dl), fr(losses), fr(inplace), fr(l2), fr(d), fr(want), fr(du),
+        fr(du2);
 }
 
 /* ---------------------------------------------------------------- optimizer, elementwise */
@@ -1242,6 +1314,7 @@ int main(void) {
     RUN_TEST(test_rope_llama3_scaling_matches_transformers_formula);
     RUN_TEST(test_attention_forward_matches_reference_causal_noncausal_gqa_cp);
     RUN_TEST(test_attention_backward_matches_finite_differences_noncausal_gqa);
+    RUN_TEST(test_attention_softcap_matches_reference_and_finite_differences);
     RUN_TEST(test_attention_backward_matches_finite_differences_causal_cp_masked_row);
     RUN_TEST(test_attention_backward_matches_finite_differences_many_key_blocks);
     RUN_TEST(test_attention_with_documents_matches_reference_and_each_document_alone);
@@ -1250,6 +1323,7 @@ int main(void) {
     RUN_TEST(test_attention_backward_over_two_key_sets_with_merged_lse_equals_full_backward);
     RUN_TEST(test_xent_forward_excludes_padding_and_ignores_negative_targets);
     RUN_TEST(test_xent_backward_matches_finite_differences_and_may_alias_logits);
+    RUN_TEST(test_xent_softcap_matches_reference_finite_differences_and_shards);
     RUN_TEST(test_adamw_two_steps_match_hand_computation);
     RUN_TEST(test_sumsq_and_sum_match_double_reference);
     RUN_TEST(test_adamw_many_and_sumsq_many_equal_per_segment_calls);

@@ -93,6 +93,8 @@ typedef struct {
             bool embed_scale;             /* the embeddings times sqrt(d_model) */
             double query_pre_attn_scalar; /* attention logits scaled by 1/sqrt(this) (0: D) */
             double rope_local_theta;      /* RoPE base of the windowed layers (0: rope_theta) */
+            double attn_softcap;          /* attention scores -> c tanh(s / c) (0: none; Gemma 2) */
+            double final_softcap; /* the head's logits -> c tanh(x / c) (0: none; Gemma 2) */
         } gemma;
         char sliding_window[256];     /* "" (full), "W" (every layer) or one window per layer */
         bool allow_nonfinite;         /* import an HF model holding NaN/Inf weights (refused) */

@@ -102,6 +102,8 @@ const cfg_key cfg_keys[] = {
     BOOL("model.embed_scale", model.gemma.embed_scale, "false"),
     DBL("model.query_pre_attn_scalar", model.gemma.query_pre_attn_scalar, "0", 0, 1e9, 0),
     DBL("model.rope_local_theta", model.gemma.rope_local_theta, "0", 0, INFINITY, 0),
+    DBL("model.attn_softcap", model.gemma.attn_softcap, "0", 0, 1e9, 0),
+    DBL("model.final_softcap", model.gemma.final_softcap, "0", 0, 1e9, 0),
     BOOL("model.allow_nonfinite", model.allow_nonfinite, "false"),
     STR("model.init_from", model.init_from, "null", NULLABLE),
     INTR("model.moe.num_experts", model.moe.num_experts, "0", 0, 4096),

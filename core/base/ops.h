@@ -213,16 +213,18 @@ struct ust_ops {
      * q_start[b, i], the position where i's document begins (documents are contiguous, so this is
      * "the same document"); a key block no query of a tile can see is skipped. A query that sees
      * no key gets out = 0 and lse = -INFINITY. Backward takes the final out/lse (after any merge)
-     * and accumulates into dq, dk, dv. */
+     * and accumulates into dq, dk, dv. softcap c > 0 (model.attn_softcap, Gemma 2's
+     * attn_logit_softcapping) soft-caps every score before the mask and softmax, s -> c tanh(s /
+     * c), backward through tanh's derivative 1 - tanh^2; 0: none. */
     void (*attention_fwd)(const ust_ops *o, act *out, float *lse, const act *q, const act *k,
                           const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
                           const int32_t *q_pos, const int32_t *k_pos, int causal,
-                          const int32_t *q_start);
+                          const int32_t *q_start, float softcap);
     void (*attention_bwd)(const ust_ops *o, act *dq, act *dk, act *dv, const act *dout,
                           const act *out, const float *lse, const act *q, const act *k,
                           const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
                           const int32_t *q_pos, const int32_t *k_pos, int causal,
-                          const int32_t *q_start);
+                          const int32_t *q_start, float softcap);
     /* Merges a partial result (out2, lse2) over other keys into (out, lse), in place. */
     void (*attention_merge)(const ust_ops *o, act *out, float *lse, const act *out2,
                             const float *lse2, int B, int T, int H, int D);
@@ -230,9 +232,13 @@ struct ust_ops {
     /* ---- softmax cross-entropy, fused with its backward ----
      * logits(N,V); columns >= v_real are padding (probability 0, gradient 0). losses(N) gets
      * -log p[target]; a target < 0 is ignored (loss 0, gradient 0). When dlogits != NULL it gets
-     * (softmax - onehot) * dscale; dlogits may equal logits. */
+     * (softmax - onehot) * dscale; dlogits may equal logits. softcap c > 0 (model.final_softcap,
+     * Gemma 2's final_logit_softcapping): the loss is over the soft-capped logits c tanh(x / c)
+     * and dlogits is with respect to the raw x (times 1 - tanh^2), so logits stay uncapped in
+     * memory; 0: none. The vocabulary-parallel pair below caps the same way. */
     void (*xent_fwd_bwd)(const ust_ops *o, float *losses, act *dlogits, const act *logits,
-                         const int32_t *targets, int N, int V, int v_real, float dscale);
+                         const int32_t *targets, int N, int V, int v_real, float dscale,
+                         float softcap);
 
     /* ---- vocab-parallel cross-entropy: logits(N,V) hold vocabulary columns [v_start,
      * v_start+V) of a vocabulary whose real size is v_real (global columns >= v_real are
@@ -243,10 +249,11 @@ struct ust_ops {
      * (softmax - onehot) * dscale for the local columns (dlogits may equal logits). Targets < 0
      * are ignored (loss 0, gradient 0). ---- */
     void (*xent_vp_local)(const ust_ops *o, float *lse, float *tlogit, const act *logits,
-                          const int32_t *targets, int N, int V, int v_start, int v_real);
+                          const int32_t *targets, int N, int V, int v_start, int v_real,
+                          float softcap);
     void (*xent_vp_finish)(const ust_ops *o, float *losses, act *dlogits, const act *logits,
                            const int32_t *targets, const float *lse, const float *tlogit, int N,
-                           int V, int v_start, int v_real, float dscale);
+                           int V, int v_start, int v_real, float dscale, float softcap);
 
     /* ---- optimizer: AdamW on fp32 master weights, step t >= 1 (bias correction).
      * g = grad * grad_scale; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;

@@ -686,12 +686,13 @@ static void transpose_block(float *xt, const float *rows, int64_t stride, int nj
 /* Accumulator chunks of this many floats stay in one vector register across a loop over keys. */
 #define ATT_VW 16
 
-/* s[jj] = scale * q . k_{j0+jj}, or -inf where the key is padding or masked: after the query
- * (qp, causal) or before its document's start (qs; INT_MIN without documents). Forward and
- * backward both use this, so they see bitwise the same scores. */
+/* s[jj] = scale * q . k_{j0+jj}, soft-capped to cap tanh(s / cap) when cap > 0, or -inf where
+ * the key is padding or masked: after the query (qp, causal) or before its document's start (qs;
+ * INT_MIN without documents). The cap comes before the mask: capping the mask's -inf would give
+ * -cap, a visible key. Forward and backward both use this, so they see bitwise the same scores. */
 static inline void block_scores(float *restrict s, const float *restrict q,
                                 const float *restrict kt, int j0, int nj, int D, float scale,
-                                int causal, const int32_t *k_pos, int qp, int qs) {
+                                float cap, int causal, const int32_t *k_pos, int qp, int qs) {
     for (int c0 = 0; c0 < ATT_KB; c0 += ATT_VW) {
         float a[ATT_VW] = {0};
         for (int d = 0; d < D; d++) {
@@ -705,8 +706,16 @@ static inline void block_scores(float *restrict s, const float *restrict q,
     for (int jj = 0; jj < ATT_KB; jj++) {
         int kp = jj < nj ? posof(k_pos, j0 + jj) : 0; /* padding: no position to read */
         int vis = jj < nj && !(causal && kp > qp) && kp >= qs;
-        s[jj] = vis ? s[jj] * scale : -INFINITY;
+        float x = s[jj] * scale;
+        s[jj] = !vis ? -INFINITY : cap > 0 ? cap * tanhf(x / cap) : x;
     }
+}
+
+/* d(capped score) / d(score) from the capped score s: 1 - tanh^2 = 1 - (s / cap)^2 (1 without a
+ * cap; 0 for a masked key, whose probability is 0 anyway: this keeps 0 * inf out). */
+static inline float cap_slope(float s, float cap) {
+    float t = s / cap;
+    return cap <= 0 ? 1.0f : s == -INFINITY ? 0.0f : 1.0f - t * t;
 }
 
 /* acc[d] += sum_{jj < nj} w[jj] * rows[jj * stride + d], a chunk of acc at a time in registers. */
@@ -759,13 +768,13 @@ static float *att_scratch(const ust_ops *o, int D, size_t *per_thread) {
 /* What every attention tile reads: one call's shapes, strides, scale and masks. */
 typedef struct {
     int B, Tq, Tk, H, G, D, nqt, nkb, causal;
-    float scale;
+    float scale, cap;         /* cap: model.attn_softcap (0: none) */
     int64_t kstride, qstride; /* floats between rows of k/v (Hkv * D) and of q/out (H * D) */
     const int32_t *q_pos, *k_pos, *q_start;
 } att_geom;
 
 static att_geom att_geom_make(int B, int Tq, int Tk, int H, int Hkv, int D, const int32_t *q_pos,
-                              const int32_t *k_pos, int causal, const int32_t *q_start) {
+                              const int32_t *k_pos, int causal, const int32_t *q_start, float cap) {
     UST_ASSERT(Hkv > 0 && H % Hkv == 0 && D > 0, "H=%d must be a multiple of Hkv=%d (D=%d)", H, Hkv,
                D);
     att_geom g = {.B = B,
@@ -778,6 +787,7 @@ static att_geom att_geom_make(int B, int Tq, int Tk, int H, int Hkv, int D, cons
                   .nqt = (Tq + ATT_QT - 1) / ATT_QT,
                   .nkb = (Tk + ATT_KB - 1) / ATT_KB,
                   .scale = 1.0f / sqrtf((float)D),
+                  .cap = cap,
                   .kstride = (int64_t)Hkv * D,
                   .qstride = (int64_t)H * D,
                   .q_pos = q_pos,
@@ -828,7 +838,7 @@ static inline void block_dp(float *restrict dp, const float *restrict doi, const
 static void att_fwd_row(const att_geom *g, float *ai, float *m, float *l, const float *qi,
                         const float *kt, const float *vrows, int j0, int nj, int qp, int qs) {
     float s[ATT_KB];
-    block_scores(s, qi, kt, j0, nj, g->D, g->scale, g->causal, g->k_pos, qp, qs);
+    block_scores(s, qi, kt, j0, nj, g->D, g->scale, g->cap, g->causal, g->k_pos, qp, qs);
     float bm = -INFINITY;
     int nan = 0;
 #pragma omp simd reduction(max : bm) reduction(| : nan)
@@ -902,8 +912,8 @@ static void att_fwd_tile(const att_geom *g, float *ws, float *out, float *lse, c
 static void cpu_attention_fwd(const ust_ops *o, act *out, float *lse, const act *q, const act *k,
                               const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
                               const int32_t *q_pos, const int32_t *k_pos, int causal,
-                              const int32_t *q_start) {
-    const att_geom g = att_geom_make(B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal, q_start);
+                              const int32_t *q_start, float softcap) {
+    const att_geom g = att_geom_make(B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal, q_start, softcap);
     const int64_t tasks = (int64_t)B * H * g.nqt; /* (b, h, query tile) */
     size_t per;
     float *scratch = att_scratch(o, D, &per);
@@ -930,19 +940,20 @@ static float att_max_tile(const att_geom *g, float *kt, const float *q, const fl
             if ((g->causal && kpmin > qp) || kpmax < qs) continue;
             const float *qi =
                 q + ((int64_t)t.b * g->Tq + t.i0 + x) * g->qstride + (int64_t)t.h * g->D;
-            block_scores(s, qi, kt, j0, nj, g->D, g->scale, g->causal, g->k_pos, qp, qs);
+            block_scores(s, qi, kt, j0, nj, g->D, g->scale, 0.0f, g->causal, g->k_pos, qp, qs);
             for (int jj = 0; jj < nj; jj++) best = s[jj] > best || s[jj] != s[jj] ? s[jj] : best;
         }
     }
     return best;
 }
 
-/* A second pass over the scores, not a side output of cpu_attention_fwd (ops.h says why). */
+/* A second pass over the scores, not a side output of cpu_attention_fwd (ops.h says why). The raw
+ * scores, before any model.attn_softcap: QK-clip bounds what q and k make. */
 static void cpu_attention_logit_max(const ust_ops *o, float *mx, const act *q, const act *k, int B,
                                     int Tq, int Tk, int H, int Hkv, int D, const int32_t *q_pos,
                                     const int32_t *k_pos, int causal, const int32_t *q_start) {
     (void)o;
-    const att_geom g = att_geom_make(B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal, q_start);
+    const att_geom g = att_geom_make(B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal, q_start, 0.0f);
     const int64_t tasks = (int64_t)B * H * g.nqt;
     int nt = omp_get_max_threads(); /* the backend set the rank's threads (ops_cpu_create) */
     float *best = malloc((size_t)tasks * sizeof(float)),
@@ -988,11 +999,13 @@ static void att_dq_tile(const att_geom *g, float *ws, float *dq, const att_saved
             float L = lrow[x], Di = Dv[x];
             if (L == -INFINITY || (g->causal && kpmin > qp) || kpmax < qs) continue;
             int64_t off = ((int64_t)t.b * g->Tq + t.i0 + x) * g->qstride + (int64_t)t.h * D;
-            block_scores(s, a->q + off, kt, j0, nj, D, g->scale, g->causal, g->k_pos, qp, qs);
+            block_scores(s, a->q + off, kt, j0, nj, D, g->scale, g->cap, g->causal, g->k_pos, qp,
+                         qs);
             block_dp(dp, a->dout + off, vt, D);
 #pragma omp simd
-            for (int jj = 0; jj < ATT_KB; jj++) /* s becomes ds */
-                s[jj] = exp_vec(s[jj] - L) * (dp[jj] - Di);
+            for (int jj = 0; jj < ATT_KB;
+                 jj++) /* s becomes ds (of the raw score: the cap's slope) */
+                s[jj] = exp_vec(s[jj] - L) * (dp[jj] - Di) * cap_slope(s[jj], g->cap);
             block_axpy(acc + x * D, s, a->k + base + j0 * g->kstride, g->kstride, nj, D);
         }
     }
@@ -1008,12 +1021,12 @@ static void att_dkv_row(const att_geom *g, float *dkt, float *dvt, const float *
                         const float *qi, const float *doi, float L, float Di, int j0, int nj,
                         int qp, int qs) {
     float s[ATT_KB], dp[ATT_KB], p[ATT_KB];
-    block_scores(s, qi, kt, j0, nj, g->D, g->scale, g->causal, g->k_pos, qp, qs);
+    block_scores(s, qi, kt, j0, nj, g->D, g->scale, g->cap, g->causal, g->k_pos, qp, qs);
     block_dp(dp, doi, vt, g->D);
 #pragma omp simd
     for (int jj = 0; jj < ATT_KB; jj++) {
         p[jj] = exp_vec(s[jj] - L);
-        s[jj] = p[jj] * (dp[jj] - Di); /* ds */
+        s[jj] = p[jj] * (dp[jj] - Di) * cap_slope(s[jj], g->cap); /* ds of the raw score */
     }
     for (int d = 0; d < g->D; d++) {
         float gd = doi[d], qd = qi[d];
@@ -1061,7 +1074,8 @@ static void att_dkv_block(const att_geom *g, float *ws, float *dk, float *dv, co
 
 /* With p_ij = exp(s_ij - lse_i) (lse is final, after any merge, so p is the true probability
  * over all keys) and D_i = dout_i . out_i:
- *   dv_j += sum_i p_ij dout_i;  ds_ij = p_ij (dout_i . v_j - D_i);
+ *   dv_j += sum_i p_ij dout_i;  ds_ij = p_ij (dout_i . v_j - D_i) (times 1 - (s_ij / c)^2 under
+ *   a soft-cap c, s_ij the capped score: the gradient of the raw score);
  *   dq_i += scale sum_j ds_ij k_j;  dk_j += scale sum_i ds_ij q_i.
  * Two passes, each writing its outputs from one thread only: dq over (b, h, query tile), then
  * dk/dv over (b, kv head, key block) walking the queries of every head in the group. The scores
@@ -1071,8 +1085,8 @@ static void cpu_attention_bwd(const ust_ops *o, act *dq, act *dk, act *dv, const
                               const act *out, const float *lse, const act *q, const act *k,
                               const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
                               const int32_t *q_pos, const int32_t *k_pos, int causal,
-                              const int32_t *q_start) {
-    const att_geom g = att_geom_make(B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal, q_start);
+                              const int32_t *q_start, float softcap) {
+    const att_geom g = att_geom_make(B, Tq, Tk, H, Hkv, D, q_pos, k_pos, causal, q_start, softcap);
     const att_saved a = {.dout = dout, .out = out, .lse = lse, .q = q, .k = k, .v = v};
     size_t per;
     float *scratch = att_scratch(o, D, &per);
@@ -1123,8 +1137,17 @@ static void cpu_attention_merge(const ust_ops *o, act *out_, float *lse, const a
 /* loss = logsumexp(logits[:v_real]) - logits[target]; dlogits = (softmax - onehot) dscale on the
  * real columns, 0 on the padding. Everything read from a row is read before it is written, so
  * dlogits may alias logits. */
+/* model.final_softcap: the logit the loss sees, c tanh(x / c) (x itself when c is 0). */
+static inline float cap_logit(float x, float c) { return c > 0 ? c * tanhf(x / c) : x; }
+
+/* The cross-entropy's gradient of capped logit xc, d xc / d x = 1 - (xc / c)^2, applied. */
+static inline float cap_grad(float g, float xc, float c) {
+    return c > 0 ? g * (1.0f - (xc / c) * (xc / c)) : g;
+}
+
 static void cpu_xent_fwd_bwd(const ust_ops *o, float *losses, act *dlogits_, const act *logits_,
-                             const int32_t *targets, int N, int V, int v_real, float dscale) {
+                             const int32_t *targets, int N, int V, int v_real, float dscale,
+                             float softcap) {
     float *dlogits = dlogits_;
     const float *logits = logits_;
     UST_ASSERT(v_real > 0 && v_real <= V, "v_real=%d must be in 1..V=%d", v_real, V);
@@ -1141,17 +1164,18 @@ static void cpu_xent_fwd_bwd(const ust_ops *o, float *losses, act *dlogits_, con
         }
         UST_ASSERT(tgt < v_real, "target %d outside the real vocabulary (%d) in row %d", tgt,
                    v_real, n);
+        const float cp = softcap;
         float mx = -INFINITY;
-        for (int c = 0; c < v_real; c++) mx = x[c] > mx ? x[c] : mx;
+        for (int c = 0; c < v_real; c++) mx = fmaxf(mx, cap_logit(x[c], cp));
         double sum = 0.0;
-        for (int c = 0; c < v_real; c++) sum += expf(x[c] - mx);
+        for (int c = 0; c < v_real; c++) sum += expf(cap_logit(x[c], cp) - mx);
         float lsum = (float)log(sum);
-        if (losses) losses[n] = lsum + mx - x[tgt];
+        if (losses) losses[n] = lsum + mx - cap_logit(x[tgt], cp);
         if (!dx) continue;
         float inv = (float)(1.0 / sum);
         for (int c = 0; c < v_real; c++) {
-            float p = expf(x[c] - mx) * inv;
-            dx[c] = (p - (c == tgt ? 1.0f : 0.0f)) * dscale;
+            float xc = cap_logit(x[c], cp), p = expf(xc - mx) * inv;
+            dx[c] = cap_grad((p - (c == tgt ? 1.0f : 0.0f)) * dscale, xc, cp);
         }
         for (int c = v_real; c < V; c++) dx[c] = 0.0f;
     }
@@ -1164,25 +1188,27 @@ static int real_columns(int V, int v_start, int v_real) {
 }
 
 static void cpu_xent_vp_local(const ust_ops *o, float *lse, float *tlogit, const act *logits_,
-                              const int32_t *targets, int N, int V, int v_start, int v_real) {
+                              const int32_t *targets, int N, int V, int v_start, int v_real,
+                              float softcap) {
     const float *logits = logits_;
     int real = real_columns(V, v_start, v_real);
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int n = 0; n < N; n++) {
         const float *x = logits + (int64_t)n * V;
         float mx = -INFINITY;
-        for (int c = 0; c < real; c++) mx = x[c] > mx ? x[c] : mx;
+        for (int c = 0; c < real; c++) mx = fmaxf(mx, cap_logit(x[c], softcap));
         double sum = 0.0;
-        for (int c = 0; c < real; c++) sum += expf(x[c] - mx);
+        for (int c = 0; c < real; c++) sum += expf(cap_logit(x[c], softcap) - mx);
         lse[n] = real ? mx + (float)log(sum) : -INFINITY;
         int local = targets[n] - v_start;
-        tlogit[n] = targets[n] >= 0 && local >= 0 && local < real ? x[local] : 0.0f;
+        tlogit[n] =
+            targets[n] >= 0 && local >= 0 && local < real ? cap_logit(x[local], softcap) : 0.0f;
     }
 }
 
 static void cpu_xent_vp_finish(const ust_ops *o, float *losses, act *dlogits_, const act *logits_,
                                const int32_t *targets, const float *lse, const float *tlogit, int N,
-                               int V, int v_start, int v_real, float dscale) {
+                               int V, int v_start, int v_real, float dscale, float softcap) {
     float *dlogits = dlogits_;
     const float *logits = logits_;
     int real = real_columns(V, v_start, v_real);
@@ -1195,8 +1221,10 @@ static void cpu_xent_vp_finish(const ust_ops *o, float *losses, act *dlogits_, c
         float *dx = dlogits + (int64_t)n * V;
         int local = targets[n] - v_start;
         for (int c = 0; c < V; c++) {
-            float p = c < real && !ignored ? expf(x[c] - lse[n]) : 0.0f;
-            dx[c] = ignored ? 0.0f : (p - (c == local ? 1.0f : 0.0f)) * dscale;
+            float xc = cap_logit(x[c], softcap);
+            float p = c < real && !ignored ? expf(xc - lse[n]) : 0.0f;
+            dx[c] =
+                ignored ? 0.0f : cap_grad((p - (c == local ? 1.0f : 0.0f)) * dscale, xc, softcap);
         }
     }
 }

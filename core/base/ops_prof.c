@@ -162,37 +162,39 @@ static void pf_rope_bwd(const ust_ops *o, act *dinp, const act *dout, const int3
 static void pf_attention_fwd(const ust_ops *o, act *out, float *lse, const act *q, const act *k,
                              const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
                              const int32_t *q_pos, const int32_t *k_pos, int causal,
-                             const int32_t *q_start) {
+                             const int32_t *q_start, float softcap) {
     TIMED(P_attention_fwd, in->attention_fwd(in, out, lse, q, k, v, B, Tq, Tk, H, Hkv, D, q_pos,
-                                             k_pos, causal, q_start));
+                                             k_pos, causal, q_start, softcap));
 }
 static void pf_attention_bwd(const ust_ops *o, act *dq, act *dk, act *dv, const act *dout,
                              const act *out, const float *lse, const act *q, const act *k,
                              const act *v, int B, int Tq, int Tk, int H, int Hkv, int D,
                              const int32_t *q_pos, const int32_t *k_pos, int causal,
-                             const int32_t *q_start) {
+                             const int32_t *q_start, float softcap) {
     TIMED(P_attention_bwd, in->attention_bwd(in, dq, dk, dv, dout, out, lse, q, k, v, B, Tq, Tk, H,
-                                             Hkv, D, q_pos, k_pos, causal, q_start));
+                                             Hkv, D, q_pos, k_pos, causal, q_start, softcap));
 }
 static void pf_attention_merge(const ust_ops *o, act *out, float *lse, const act *out2,
                                const float *lse2, int B, int T, int H, int D) {
     TIMED(P_attention_merge, in->attention_merge(in, out, lse, out2, lse2, B, T, H, D));
 }
 static void pf_xent_fwd_bwd(const ust_ops *o, float *losses, act *dlogits, const act *logits,
-                            const int32_t *targets, int N, int V, int v_real, float dscale) {
+                            const int32_t *targets, int N, int V, int v_real, float dscale,
+                            float softcap) {
     TIMED(P_xent_fwd_bwd,
-          in->xent_fwd_bwd(in, losses, dlogits, logits, targets, N, V, v_real, dscale));
+          in->xent_fwd_bwd(in, losses, dlogits, logits, targets, N, V, v_real, dscale, softcap));
 }
 static void pf_xent_vp_local(const ust_ops *o, float *lse, float *tlogit, const act *logits,
-                             const int32_t *targets, int N, int V, int v_start, int v_real) {
+                             const int32_t *targets, int N, int V, int v_start, int v_real,
+                             float softcap) {
     TIMED(P_xent_vp_local,
-          in->xent_vp_local(in, lse, tlogit, logits, targets, N, V, v_start, v_real));
+          in->xent_vp_local(in, lse, tlogit, logits, targets, N, V, v_start, v_real, softcap));
 }
 static void pf_xent_vp_finish(const ust_ops *o, float *losses, act *dlogits, const act *logits,
                               const int32_t *targets, const float *lse, const float *tlogit, int N,
-                              int V, int v_start, int v_real, float dscale) {
+                              int V, int v_start, int v_real, float dscale, float softcap) {
     TIMED(P_xent_vp_finish, in->xent_vp_finish(in, losses, dlogits, logits, targets, lse, tlogit, N,
-                                               V, v_start, v_real, dscale));
+                                               V, v_start, v_real, dscale, softcap));
 }
 static void pf_adamw(const ust_ops *o, float *p, const float *grad, float *m, float *v, int64_t n,
                      float lr, float b1, float b2, float eps, float wd, float grad_scale,

@@ -427,6 +427,16 @@ static int refuse_set(const jctx *x, const char *key, const char *why) {
     return -1;
 }
 
+/* A Gemma 2 soft-cap: null (none), or c > 0 for x -> c tanh(x / c); 0 and negative values
+ * divide by zero or flip the sign there. */
+static int jcap(const jctx *x, const char *key, double *out) {
+    if (jdbl(x, key, 0, out)) return -1;
+    if (jget(x, key) && !(*out > 0))
+        return ust_errf(x->e, "%s: '%s' = %g: expected a positive number, or null (no cap)",
+                        x->path, key, *out);
+    return 0;
+}
+
 /* Gemma 3 (text): a llama with q/k head norms, norms before and after attention and the MLP, all
  * RMSNorms by (1 + w), GeGLU, embeddings times sqrt(hidden_size), head_dim of its own, logits
  * scaled by query_pre_attn_scalar^-1/2, local (sliding) and global layers with two RoPE bases;
@@ -450,8 +460,10 @@ static int parse_gemma3(const jctx *x, ust_config *c) {
         jint(x, "sliding_window_pattern", 6, 1, &pattern) ||
         refuse_true(x, "attention_bias", "Gemma3ForCausalLM with q/k/v/o biases") ||
         refuse_true(x, "use_bidirectional_attention", "ustrain's attention is causal") ||
-        refuse_set(x, "attn_logit_softcapping", "ustrain does not soft-cap attention logits") ||
-        refuse_set(x, "final_logit_softcapping", "ustrain does not soft-cap the final logits"))
+        refuse_set(x, "attn_logit_softcapping",
+                   "transformers' Gemma3ForCausalLM keeps it in its config but its attention "
+                   "never applies it, so ustrain's model.attn_softcap would differ from it") ||
+        jcap(x, "final_logit_softcapping", &m->gemma.final_softcap))
         return -1;
     if (strcmp(act, "gelu_pytorch_tanh") && strcmp(act, "gelu_tanh"))
         return ust_errf(x->e,
@@ -722,6 +734,8 @@ static const hf_key SHAPE_KEYS[] = {
       model.gemma.query_pre_attn_scalar),
     K("model.rope_local_theta", "rope_local_base_freq / rope_parameters", V_DBL,
       model.gemma.rope_local_theta),
+    K("model.attn_softcap", "attn_logit_softcapping", V_DBL, model.gemma.attn_softcap),
+    K("model.final_softcap", "final_logit_softcapping", V_DBL, model.gemma.final_softcap),
     K("model.rope_scaling.type", "rope_scaling.rope_type", V_ROPE, model.rope_scaling.type),
     K("model.moe.num_experts", "num_local_experts / n_routed_experts", V_INT,
       model.moe.num_experts),

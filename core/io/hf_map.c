@@ -373,15 +373,23 @@ static int gemma3_check(const ust_config *c, ust_err *e) {
     const __typeof__(c->model) *m = &c->model;
     const __typeof__(m->gemma) *g = &m->gemma;
     int any = g->sandwich_norm || g->norm_offset || g->embed_scale || g->hidden_act != HACT_SILU ||
-              g->query_pre_attn_scalar > 0 || g->rope_local_theta > 0;
+              g->query_pre_attn_scalar > 0 || g->rope_local_theta > 0 || g->attn_softcap > 0 ||
+              g->final_softcap > 0;
     int all = g->sandwich_norm && g->norm_offset && g->embed_scale &&
               g->hidden_act == HACT_GELU_TANH && m->qk_norm && !m->qk_norm_whole && !m->qkv_bias &&
               !m->post_norm && m->moe.num_experts == 0 &&
               (m->rope_scaling.type == ROPE_NONE || m->rope_scaling.type == ROPE_LINEAR);
+    if (g->attn_softcap > 0) /* its config keeps the key, its attention ignores it */
+        return ust_errf(e,
+                        "model.attn_softcap %g has no Hugging Face layout: transformers' "
+                        "Gemma3ForCausalLM does not apply attn_logit_softcapping (train with "
+                        "model.attn_softcap: 0 to export)",
+                        g->attn_softcap);
     if (any && !all)
         return ust_errf(e, "model.sandwich_norm / norm_offset / embed_scale / hidden_act / "
-                           "query_pre_attn_scalar / rope_local_theta: their Hugging Face layout "
-                           "is Gemma3ForCausalLM, a dense llama with the first four (gelu_tanh), "
+                           "query_pre_attn_scalar / rope_local_theta / attn_softcap / "
+                           "final_softcap: their Hugging Face layout is Gemma3ForCausalLM, a dense "
+                           "llama with the first four (gelu_tanh), "
                            "model.qk_norm per head, no q/k/v biases and no rope_scaling but "
                            "linear");
     return 0;
@@ -823,8 +831,13 @@ static cJSON *gemma3_config(const ust_config *c, int bos, int eos) {
     gemma3_rope_json(rp, "full_attention", m->rope_theta, c);
     double lt = m->gemma.rope_local_theta;
     gemma3_rope_json(rp, "sliding_attention", lt > 0 ? lt : m->rope_theta, c);
-    cJSON_AddNullToObject(j, "final_logit_softcapping");
-    cJSON_AddNullToObject(j, "attn_logit_softcapping");
+    const double caps[2] = {m->gemma.final_softcap, m->gemma.attn_softcap}; /* 0: null */
+    const char *const cap_keys[2] = {"final_logit_softcapping", "attn_logit_softcapping"};
+    for (int i = 0; i < 2; i++)
+        if (caps[i] > 0)
+            add_float(j, cap_keys[i], caps[i]); /* Gemma3TextConfig's are floats */
+        else
+            cJSON_AddNullToObject(j, cap_keys[i]);
     cJSON_AddBoolToObject(j, "attention_bias", 0);
     cJSON_AddNumberToObject(j, "attention_dropout", 0.0);
     cJSON_AddBoolToObject(j, "use_bidirectional_attention", 0);

@@ -46,6 +46,7 @@ typedef struct {
     float embed_scale;       /* model.embed_scale: sqrt(C) (0: none) */
     int local_rope;          /* model.rope_local_theta: windowed layers rotate by rope_local */
     ust_rope rope_local;
+    float attn_softcap, final_softcap; /* model.attn_softcap, model.final_softcap (0: none) */
     int E, k, Fe, shared;
     int Fs;              /* the shared expert's width */
     ops_moe_route route; /* the router's options (moe.h) */
@@ -322,6 +323,8 @@ static void dims(infer_model *m, const ust_config *cfg) {
     m->shape.embed_scale = gm->embed_scale ? (float)sqrt((double)m->shape.C) : 0;
     m->shape.local_rope = m->shape.llama && gm->rope_local_theta > 0;
     m->shape.rope_local = ops_rope_local(cfg);
+    m->shape.attn_softcap = (float)gm->attn_softcap,
+    m->shape.final_softcap = (float)gm->final_softcap;
     m->shape.E = cfg->model.moe.num_experts, m->shape.k = cfg->model.moe.top_k;
     m->shape.Fe = cfg->model.moe.d_ff_expert, m->shape.shared = cfg->model.moe.shared_expert;
     const __typeof__(cfg->model.moe) *mc = &cfg->model.moe;
@@ -596,7 +599,7 @@ static void attention(infer_model *m, infer_layer *w, int n) {
     if (w->kpos) ring_store(m, w, n), Tk = Tk < w->cap ? Tk : w->cap;
     o->attention_fwd(o, m->a.att, m->a.lse, m->a.q, w->kc, w->vc, 1, n, Tk, m->shape.H,
                      m->shape.Hkv, m->shape.D, pos, w->kpos ? w->kpos : m->a.pos, 1,
-                     w->window ? m->a.wstart[w->wslot] : NULL);
+                     w->window ? m->a.wstart[w->wslot] : NULL, m->shape.attn_softcap);
     o->linear_fwd(o, m->a.tmp, m->a.att, w->wo, w->bo, n, HD, C);
     if (m->shape.post_norm) norm(m, m->a.tmp, m->a.tmp, w->ln1_w, w->ln1_b, n);
     if (m->shape.sandwich) norm(m, m->a.tmp, m->a.tmp, w->pn_w[0], NULL, n);
@@ -647,7 +650,7 @@ static void mla_attention(infer_model *m, const infer_layer *w, int n) {
     if (Dv < D) o->zero(o, m->a.v, act_bytes(o, (int64_t)S * H * D));
     cols(m, m->a.v, D, 0, m->a.kvb, W, nope, Dv, (int64_t)S * H);
     o->attention_fwd(o, m->a.att, m->a.lse, m->a.q, m->a.k, m->a.v, 1, n, S, H, H, D, pos, m->a.pos,
-                     1, w->window ? m->a.wstart[w->wslot] : NULL);
+                     1, w->window ? m->a.wstart[w->wslot] : NULL, m->shape.attn_softcap);
     cols(m, m->a.attv, Dv, 0, m->a.att, D, 0, Dv, (int64_t)n * H);
     o->linear_fwd(o, m->a.tmp, m->a.attv, w->wo, NULL, n, H * Dv, C);
     o->add(o, m->a.x, m->a.x, m->a.tmp, (int64_t)n * C);
@@ -699,6 +702,8 @@ static void forward_piece(infer_model *m, const int32_t *tok, int n, float *logi
     norm(m, m->a.ln, last, m->w.lnf_w, m->w.lnf_b, 1);
     o->linear_fwd(o, m->a.logits, m->a.ln, m->w.lm, NULL, 1, m->shape.C, m->shape.V);
     o->to_host(o, logits, m->a.logits, (size_t)m->shape.V * sizeof(float));
+    float c = m->shape.final_softcap; /* model.final_softcap: what sampling sees, as the loss */
+    for (int i = 0; c > 0 && i < m->shape.V; i++) logits[i] = c * tanhf(logits[i] / c);
 }
 
 void infer_forward(infer_model *m, const int32_t *tok, int n, float *logits) {

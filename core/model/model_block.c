@@ -177,7 +177,8 @@ static void attention_forward(model *m, int l, const act *x, act *out, layer_act
                     layer_rope(m, l));
     }
     cp_track_logit_max(m->par.cp, model_qk_row(m, l)); /* QK-clip's statistic, when tracked */
-    cp_attention_fwd(m->par.cp, a->att, a->lse, a->q, a->k, a->v, m->shape.H, layer_docs(m, l));
+    cp_attention_fwd(m->par.cp, a->att, a->lse, a->q, a->k, a->v, m->shape.H, layer_docs(m, l),
+                     m->shape.fam.attn_softcap);
     tp_row_linear_fwd(m->par.tp, out, a->att, w->wo, w->bo, N, HD, C);
 }
 
@@ -404,7 +405,7 @@ static act *attention_backward(model *m, int l, const act *dx, layer_acts *a, co
     o->zero(o, m->acts.dk, act_bytes(o, (int64_t)N * KV));
     o->zero(o, m->acts.dv, act_bytes(o, (int64_t)N * KV));
     cp_attention_bwd(m->par.cp, m->acts.dq, m->acts.dk, m->acts.dv, m->acts.datt, a->att, a->lse,
-                     a->q, a->k, a->v, m->shape.H, layer_docs(m, l));
+                     a->q, a->k, a->v, m->shape.H, layer_docs(m, l), m->shape.fam.attn_softcap);
     if (m->shape.llama) {
         o->rope_bwd(o, m->acts.dq, m->acts.dq, m->batch.rows, m->shape.B, m->shape.T, m->shape.H,
                     m->shape.D, layer_rope(m, l));

@@ -169,9 +169,11 @@ void mla_forward(model *m, int l, layer_acts *a, const cp_docs *docs) {
     if (cp_latent(m->par.cp)) {
         mla_ring r;
         cp_expander ex = ring_of(m, &r, l, x, &d);
-        cp_latent_fwd(m->par.cp, a->att, a->lse, a->q, a->k, a->v, d.H, docs, &ex);
+        cp_latent_fwd(m->par.cp, a->att, a->lse, a->q, a->k, a->v, d.H, docs, &ex,
+                      m->shape.fam.attn_softcap);
     } else {
-        cp_attention_fwd(m->par.cp, a->att, a->lse, a->q, a->k, a->v, d.H, docs);
+        cp_attention_fwd(m->par.cp, a->att, a->lse, a->q, a->k, a->v, d.H, docs,
+                         m->shape.fam.attn_softcap);
     }
     if (d.Dv < d.D) cols(m, x->attv, d.Dv, 0, a->att, d.D, 0, d.Dv, (int64_t)N * d.H);
     tp_row_linear_fwd(m->par.tp, a->res2, x->attv, w->wo, NULL, N, d.H * d.Dv, d.C);
@@ -359,9 +361,10 @@ act *mla_backward(model *m, int l, const act *dx, layer_acts *a, const cp_docs *
         mla_ring r;
         cp_expander ex = ring_of(m, &r, l, x, &d);
         dlat = cp_latent_bwd(m->par.cp, dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, d.H,
-                             docs, &ex);
+                             docs, &ex, m->shape.fam.attn_softcap);
     } else {
-        cp_attention_bwd(m->par.cp, dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, d.H, docs);
+        cp_attention_bwd(m->par.cp, dq, dk, dv, datt, a->att, a->lse, a->q, a->k, a->v, d.H, docs,
+                         m->shape.fam.attn_softcap);
     }
     cols(m, dkvb, d.W, 0, dk, d.D, 0, d.nope, NH);
     cols(m, dkvb, d.W, d.nope, dv, d.D, 0, d.Dv, NH);

@@ -173,6 +173,8 @@ typedef struct {
         float embed_scale; /* model.embed_scale: sqrt(C) (0: none) */
         int local_rope;    /* model.rope_local_theta: windowed layers rotate by rope_local */
         ust_rope rope_local;
+        float attn_softcap;  /* model.attn_softcap: attention scores c tanh(s / c) (0: none) */
+        float final_softcap; /* model.final_softcap: the loss's logits c tanh(x / c) (0: none) */
     } fam;
     int doc_mask;  /* data.doc_mask: attention inside documents */
     int reset_pos; /* data.reset_positions: positions restart at each document */

@@ -58,10 +58,12 @@ static void head_forward_chunks(model *m, const act *lnf, act *logits, float *lo
         model_hook(m, m->vc.lm_u0 + k, MODEL_FWD_END);
     }
     if (m->vc.nvc == 1)
-        tp_xent(m->par.tp, losses, logits, tgt, N, m->shape.Vp, m->shape.V, dscale);
+        tp_xent(m->par.tp, losses, logits, tgt, N, m->shape.Vp, m->shape.V, dscale,
+                m->shape.fam.final_softcap);
     else
         tp_xent_blocks(m->par.tp, losses, logits, r0s, m->vc.nvc, tgt, N, m->shape.Vp, m->shape.V,
-                       dscale, m->acts.vc_lse, m->acts.vc_merge, m->acts.vc_merge2);
+                       dscale, m->shape.fam.final_softcap, m->acts.vc_lse, m->acts.vc_merge,
+                       m->acts.vc_merge2);
 }
 
 /* The head's backward: logits hold d loss / d logits (written by the fused cross-entropy);
@@ -188,7 +190,8 @@ void vocab_logits_forward(model *m, const act *lnf, act *logits, float *losses, 
     model_hook(m, u, MODEL_FWD_BEGIN);
     const tp_col lm = {.out = logits, .w = m->w.lm, .OC = m->shape.Vl};
     tp_column_fwd(m->par.tp, lnf, &lm, 1, N, m->shape.C);
-    tp_xent(m->par.tp, losses, logits, tgt, N, m->shape.Vp, m->shape.V, dscale);
+    tp_xent(m->par.tp, losses, logits, tgt, N, m->shape.Vp, m->shape.V, dscale,
+            m->shape.fam.final_softcap);
     model_hook(m, u, MODEL_FWD_END);
 }
 
@@ -221,7 +224,8 @@ double vocab_head_forward(model *m, act_slot *s, const act *x_last, int u, float
     const tp_col lm = {.out = s->logits, .w = m->w.lm, .OC = m->shape.Vl};
     tp_column_fwd(m->par.tp, s->lnf, &lm, 1, N, m->shape.C);
     /* per-token losses, and dlogits (in place over logits) when training */
-    tp_xent(m->par.tp, m->acts.losses, s->logits, m->acts.tgt, N, m->shape.Vp, m->shape.V, dscale);
+    tp_xent(m->par.tp, m->acts.losses, s->logits, m->acts.tgt, N, m->shape.Vp, m->shape.V, dscale,
+            m->shape.fam.final_softcap);
     model_hook(m, u, MODEL_FWD_END);
     return o->sum(o, m->acts.losses, N);
 }

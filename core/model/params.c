@@ -643,6 +643,8 @@ void params_dims(model *m, const ust_config *cfg) {
     m->shape.fam.geglu = m->shape.llama && gm->hidden_act == HACT_GELU_TANH;
     m->shape.fam.embed_scale = gm->embed_scale ? (float)sqrt((double)m->shape.C) : 0;
     m->shape.fam.local_rope = m->shape.llama && gm->rope_local_theta > 0;
+    m->shape.fam.attn_softcap = (float)gm->attn_softcap;
+    m->shape.fam.final_softcap = (float)gm->final_softcap;
     m->shape.fam.rope_local = ops_rope_local(cfg);
     /* packed examples (data.packing: first_fit) are documents masked apart, positions reset;
      * train.seq_len_warmup's short sequences are pieces of each window masked apart */

@@ -39,10 +39,42 @@ if need_py hf_gemma3_transformers torch transformers; then
     versus_transformers gemma3
 fi
 
+# Gemma 2's soft-caps (model.attn_softcap, model.final_softcap; docs/huggingface.md#gemma-3):
+# every layout trains the one-process losses with both caps (windows of 8 cut the cp ring), and
+# transformers' own Gemma 3 with final_logit_softcapping 1.0 (its logits reach ~1.7) gives
+# ustrain's loss on import and re-export, greedy generate's tokens, and generate's dumped logits
+# stay inside the cap
+$EQ --name _softcap --set model.arch=llama --set model.attn_softcap=0.3 \
+    --set model.final_softcap=1.0 --set model.sliding_window=8 --layout "tp=2" --layout "cp=2" \
+    --layout "cp=2 parallel.cp_comm=a2a" --layout "pp=2"
+if need_py hf_gemma3_softcap_transformers torch transformers; then
+    if loss_both_ways gemma3_softcap gemma3_softcap; then
+        greedy_generate gemma3_softcap $TMP/tf-gemma3_softcap
+        python3 - $TMP/tf-gemma3_softcap.logits <<'EOF2'
+import sys, numpy as np
+m = float(np.abs(np.fromfile(sys.argv[1], dtype=np.float32)).max())
+print("PASS generate_logits_inside_final_softcap" if 0.5 < m < 1.0 else
+      f"FAIL generate_logits_inside_final_softcap: max |logit| {m}, cap 1.0")
+EOF2
+        grep -q '"final_logit_softcapping":[[:space:]]*1\.0' $TMP/tf-gemma3_softcap-out/config.json &&
+            pass gemma3_softcap_exports_final_cap ||
+            fail gemma3_softcap_exports_final_cap "$(grep softcap $TMP/tf-gemma3_softcap-out/config.json)"
+    fi
+fi
+
 # bad input
-$MAKE make gemma3 $TMP/b-softcap --set 'final_logit_softcapping=30.0'
-expect_exit gemma3_final_softcap_exits_2 2 "'final_logit_softcapping' = 30 is not supported" -- \
+$MAKE make gemma3 $TMP/b-softcap --set 'attn_logit_softcapping=30.0'
+expect_exit gemma3_attn_softcap_exits_2 2 "'attn_logit_softcapping' = 30 is not supported .*never applies it" -- \
     $UST train $TMP/run.yaml --set model.init_from=$TMP/b-softcap --set checkpoint.dir=$TMP/b
+$MAKE make gemma3 $TMP/b-fcap --set 'final_logit_softcapping=-2.0'
+expect_exit gemma3_negative_final_softcap_exits_2 2 "'final_logit_softcapping' = -2: expected a positive number" -- \
+    $UST train $TMP/run.yaml --set model.init_from=$TMP/b-fcap --set checkpoint.dir=$TMP/b
+expect_exit softcap_negative_exits_2 2 "model.attn_softcap: -1 is out of range" -- \
+    $UST validate $TMP/eq.yaml --set model.arch=llama --set model.attn_softcap=-1
+expect_exit softcap_on_cuda_validates 0 "final logits soft-capped: 30 tanh\(x / 30\)" -- \
+    $UST validate $TMP/eq.yaml --set model.arch=llama --set model.final_softcap=30 --set run.device=cuda
+expect_exit softcap_validate_prints_it 0 "attention scores soft-capped: 50 tanh\(s / 50\)" -- \
+    $UST validate $TMP/eq.yaml --set model.arch=llama --set model.attn_softcap=50
 $MAKE make gemma3 $TMP/b-vision --set 'architectures=["Gemma3ForConditionalGeneration"]'
 expect_exit gemma3_vision_tower_exits_2 2 "'vision_config' .* is not supported" -- \
     $UST train $TMP/run.yaml --set model.init_from=$TMP/b-vision --set checkpoint.dir=$TMP/b

@@ -21,7 +21,8 @@ and compares an imported-then-exported directory with the original.
       as the Hub's own files are (no "transformer." prefix, attn.bias / attn.masked_bias buffers).
   hf_make_model.py transformers KIND OUT
       transformers itself builds KIND (LlamaForCausalLM(LlamaConfig(...)), ...) with the same small
-      shapes, every weight redrawn (biases and norms too, so none is trivially zero or one), and
+      shapes (KIND gemma3_softcap: gemma3 with Gemma 2's final_logit_softcapping, GEMMA3_CAPS,
+      small enough to bend this model's logits), every weight redrawn (biases and norms too, so none is trivially zero or one), and
       save_pretrained writes OUT (needs torch and transformers).
   hf_make_model.py compare TAG ORIG_DIR EXPORTED_DIR
       Every tensor of ORIG_DIR is in EXPORTED_DIR (ustrain's fp32 export) with the same shape
@@ -134,6 +135,11 @@ GEMMA3 = dict(L=4, HD=24, QS=20, W=8,
                      "sliding_attention"],
               ROPE={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
                     "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
+
+
+# Gemma 2's final soft-cap on the gemma3 model: its logits reach ~1.7, so a cap of 1.0 bends
+# them (transformers' Gemma3 keeps attn_logit_softcapping in its config but never applies it).
+GEMMA3_CAPS = dict(final_logit_softcapping=1.0)
 
 
 def gemma3_config():
@@ -357,11 +363,12 @@ def make_with_transformers(kind, out, seed=1):
             intermediate_size=d["F"], moe_intermediate_size=d["FE"], num_experts=d["E"],
             num_experts_per_tok=d["K"], decoder_sparse_step=1, mlp_only_layers=[0, 2],
             norm_topk_prob=False, head_dim=d["C"] // d["H"], **common))
-    elif kind == "gemma3":
+    elif kind in ("gemma3", "gemma3_softcap"):
         g = GEMMA3
+        caps = GEMMA3_CAPS if kind == "gemma3_softcap" else {}
         model = tf.Gemma3ForCausalLM(tf.Gemma3TextConfig(
             intermediate_size=d["F"], head_dim=g["HD"], query_pre_attn_scalar=g["QS"],
-            sliding_window=g["W"], layer_types=g["TYPES"], rope_parameters=g["ROPE"],
+            sliding_window=g["W"], layer_types=g["TYPES"], rope_parameters=g["ROPE"], **caps,
             **dict(common, num_hidden_layers=g["L"], rms_norm_eps=1e-6, tie_word_embeddings=True)))
     elif kind == "olmo2":
         model = tf.Olmo2ForCausalLM(tf.Olmo2Config(intermediate_size=d["F"], **common))
@@ -379,7 +386,7 @@ def make_with_transformers(kind, out, seed=1):
     with torch.no_grad():
         for name, p in model.named_parameters():
             norm = "norm" in name or "ln_" in name
-            one = 0 if kind == "gemma3" else 1  # Gemma 3's norms: 1 + w, w around 0
+            one = 0 if kind.startswith("gemma3") else 1  # Gemma 3's norms: 1 + w, w around 0
             p.copy_(one + 0.1 * torch.randn_like(p) if norm and name.endswith("weight")
                     else 0.05 * torch.randn_like(p))
     model.save_pretrained(out, safe_serialization=True)
