@@ -13,7 +13,10 @@ PP="--set parallel.pp=4 --set train.global_batch_size=32 --set train.seq_len=32 
 C="--set train.steps=100000 --set checkpoint.every=0 --set dist.timeout_s=3 $PP"
 
 # --- a stopped rank of a pp=4 job (rank 2: both its neighbours wait on it, rank 0 on rank 1)
-scripts/ustrun --nproc-per-node 4 --fail-grace 1 $UST train $TMP/c.yaml $C >$TMP/stop.out 2>&1 &
+# --fail-grace 5: ranks 0, 1 and 3 each reach their own 3 s deadline and write their ring; on a
+# loaded machine (the suite beside other jobs) they trailed the first failure by over a second, so
+# a grace of 1 s killed them before they wrote (only rank_0.json was there)
+scripts/ustrun --nproc-per-node 4 --fail-grace 5 $UST train $TMP/c.yaml $C >$TMP/stop.out 2>&1 &
 launcher=$!
 for _ in $(seq 600); do [ "$(cat $TMP/run/metrics.jsonl 2>/dev/null | wc -l)" -ge 2 ] && break; sleep 0.1; done
 victim=
