@@ -311,6 +311,8 @@ static void print_groups(const planner_entry *e) {
             if (g == PLAN_CP)
                 printf(" by the busiest rank, %s = %.0f bytes by the group",
                        log_bytes(m, sizeof m, e->cost.cp_group), e->cost.cp_group);
+            if (g == PLAN_EP && !e->cost.intra[g])
+                printf(", %s of them across nodes", log_bytes(m, sizeof m, e->cost.ep_inter));
             printf(")");
         } else {
             printf(" %s -", planner_group_names[g]);

@@ -451,6 +451,38 @@ static void print_run_settings(const ust_config *c) {
                    : "data.val_steps; its windows change with the micro-batch");
 }
 
+/* Node-limited routing's placement (model.moe.max_nodes_per_token): checked against the ranks
+ * per node the launcher gives (LOCAL_WORLD_SIZE, ranks numbered node after node) when the layout
+ * spans several nodes; else the assumption is printed. Returns -1 with the message. */
+static int validate_expert_nodes(const ust_config *c, int world, ust_err *e) {
+    const __typeof__(c->model.moe) *m = &c->model.moe;
+    topo_grid g;
+    if (!m->max_nodes_per_token || !m->num_experts) return 0;
+    if (topo_grid_from_config(&g, c, world, e)) return -1;
+    const char *lw = getenv("LOCAL_WORLD_SIZE");
+    int local = lw && *lw ? atoi(lw) : 0, k = topo_group_holders(&g, c);
+    if (local < 1 || local >= g.world) {
+        printf("moe: node-limited routing takes the %d expert groups (model.moe.n_group) for "
+               "nodes: assumed each is held by the ranks of one node (ranks numbered node after "
+               "node, tp x cp x ep / n_group = %d dividing the ranks per node); the ranks per "
+               "node are not known here, so one node is assumed, where no dispatch crosses "
+               "nodes (LOCAL_WORLD_SIZE=N checks a placement)\n",
+               m->n_group, g.tp * g.cp * (k ? k : 1));
+        return 0;
+    }
+    int *node_of = malloc(sizeof(int) * (size_t)g.world), rc;
+    UST_ASSERT(node_of, "out of memory");
+    for (int r = 0; r < g.world; r++) node_of[r] = r / local;
+    rc = topo_check_expert_nodes(&g, c, node_of, local, e);
+    free(node_of);
+    if (!rc)
+        printf("moe: node-limited routing: each of the %d expert groups is held by the ranks "
+               "of one node (%d ranks per node, LOCAL_WORLD_SIZE): a token's experts span at "
+               "most %d nodes\n",
+               m->n_group, local, m->max_nodes_per_token);
+    return rc;
+}
+
 static int cmd_validate(int argc, char **argv) {
     ust_config c;
     int world = 0;
@@ -460,7 +492,7 @@ static int cmd_validate(int argc, char **argv) {
     int rc = load_config(&c, argc, argv, &a);
     if (rc) return rc;
     ust_err e;
-    if (validate_preflight(&c, &e)) {
+    if (validate_preflight(&c, &e) || validate_expert_nodes(&c, world, &e)) {
         fprintf(stderr, "ustrain: error: %s\n", e.msg);
         return UST_EXIT_USAGE;
     }

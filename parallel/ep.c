@@ -39,7 +39,15 @@ void ep_free(ust_ep *ep) {
     free(ep->cnt_host);
     free(ep->scounts);
     free(ep->idx_host);
-    ep->cnt_host = NULL, ep->scounts = NULL, ep->idx_host = NULL;
+    free(ep->node);
+    ep->cnt_host = NULL, ep->scounts = NULL, ep->idx_host = NULL, ep->node = NULL;
+}
+
+void ep_set_nodes(ust_ep *ep, const int *node) {
+    free(ep->node);
+    ep->node = malloc((size_t)ep->n * sizeof(int));
+    UST_ASSERT(ep->node, "out of host memory (ep nodes)");
+    memcpy(ep->node, node, (size_t)ep->n * sizeof(int));
 }
 
 int ep_size(const ust_ep *ep) { return ep ? ep->n : 1; }
@@ -142,13 +150,19 @@ static void exchange_args(ust_ep *ep, const ep_plan *p, int to_experts) {
     }
 }
 
-static void count_rows(ust_ep *ep, const ep_plan *p) {
+/* The rows moved to other ranks; and those this rank sent to another node: its tokens' copies
+ * for the experts there (to_experts: dispatch) or the expert outputs it computed for their
+ * tokens (the combine). */
+static void count_rows(ust_ep *ep, const ep_plan *p, int to_experts) {
     int El = ep->El;
+    const int32_t *out = to_experts ? p->send : p->recv;
     for (int d = 0; d < ep->n; d++)
         if (d != ep->rank)
             for (int e = 0; e < El; e++) {
                 ep->rows_sent += p->send[d * El + e];
                 ep->rows_received += p->recv[d * El + e];
+                if (ep->node && ep->node[d] != ep->node[ep->rank])
+                    ep->bytes_internode += act_bytes(ep->ops, (int64_t)out[d * El + e] * ep->C);
             }
 }
 
@@ -162,7 +176,7 @@ void ep_dispatch(ust_ep *ep, const ep_plan *p, act *local_rows, const act *send_
     comm_req r = comm_alltoallv(ep->comm, send_rows, ep->scounts, ep->sdispls, ep->stage,
                                 ep->rcounts, ep->rdispls, comm_act_dtype(o));
     comm_wait(&r);
-    count_rows(ep, p);
+    count_rows(ep, p, 1);
     if (p->nrecv) o->moe_gather(o, local_rows, ep->stage, p->order, NULL, (int)p->nrecv, ep->C, 1);
 }
 
@@ -177,5 +191,5 @@ void ep_combine(ust_ep *ep, const ep_plan *p, act *send_rows, const act *local_r
     comm_req r = comm_alltoallv(ep->comm, ep->stage, ep->scounts, ep->sdispls, send_rows,
                                 ep->rcounts, ep->rdispls, comm_act_dtype(o));
     comm_wait(&r);
-    count_rows(ep, p);
+    count_rows(ep, p, 0);
 }

@@ -28,6 +28,10 @@ typedef struct ust_ep {
     size_t *scounts, *sdispls, *rcounts, *rdispls; /* host, n each: all-to-allv arguments */
     int32_t *idx_host;                             /* host (2 * max_recv): regrouping indices */
     int64_t rows_sent, rows_received;              /* token rows moved to / from other ranks */
+    /* node of each member (n entries; NULL: one node) and the bytes of token rows this rank has
+     * sent to members on other nodes, dispatch and combine (the counts' all-to-all left out) */
+    int *node;
+    uint64_t bytes_internode;
 } ust_ep;
 
 /* One dispatch's routing: made in forward, kept with the layer's activations for the combine
@@ -52,6 +56,10 @@ int ep_size(const ust_ep *ep);
 int ep_local_experts(const ust_ep *ep, int *first);
 /* Largest number of rows a rank may hold for its local experts (all tokens of every rank). */
 int64_t ep_max_recv(const ust_ep *ep);
+
+/* Records the node of each of the n members (node[i]: member i's; copied) so that the dispatch
+ * and combine count the bytes they send across nodes (bytes_internode). */
+void ep_set_nodes(ust_ep *ep, const int *node);
 
 /* This rank's place in the group (ep may be NULL: a group of one). */
 int ep_rank(const ust_ep *ep);

@@ -295,6 +295,78 @@ static int run_stats_case(ust_comm *world, const ust_ops *o, int rank, int n) {
     return bad;
 }
 
+/* Node-limited routing over faked nodes: the world's ranks as 2 nodes (ranks [0, n/2) node 0),
+ * model.moe.n_group 2 so expert group g (experts [4g, 4g+4)) lives on node g. With
+ * max_nodes_per_token 1 every token's top-2 experts are on one node, where plain top-2 reaches
+ * both; and the bytes the dispatch and combine sent across nodes (ep.bytes_internode, forward and
+ * backward) equal a count from every rank's routing: 2 x (this rank's copies for experts on the
+ * other node + the copies its experts held for tokens from there) x C fp32. */
+static int run_nodes_case(ust_comm *world, const ust_ops *o, int rank, int n, int M) {
+    ust_config cfg;
+    cfg_defaults(&cfg);
+    cfg.model.arch = ARCH_LLAMA;
+    cfg.model.n_layer = 2;
+    cfg.model.d_model = C;
+    cfg.model.moe.num_experts = E;
+    cfg.model.moe.top_k = 2;
+    cfg.model.moe.d_ff_expert = FE;
+    cfg.model.moe.score = MOE_SIGMOID;
+    cfg.model.moe.n_group = M ? 2 : 1;
+    cfg.model.moe.max_nodes_per_token = M;
+    ust_arena arena;
+    mem_init(&arena, o);
+    ust_ep ctx;
+    int64_t send, recv;
+    moe_dispatch_rows(&cfg, NTOK, n, &send, &recv);
+    ep_init(&ctx, o, world, &arena, E, C, send, recv);
+    int node[8], El = E / n;
+    for (int i = 0; i < n; i++) node[i] = i >= n / 2;
+    ep_set_nodes(&ctx, node);
+    moe_groups g = {.ep = &ctx};
+    layer L;
+    layer_make(&L, &cfg, o, &arena, NTOK, &g, NULL);
+    ep_case c = {"nodes", ARCH_LLAMA, 2, 0, 0, 0};
+    fill_weights(&L.pl, &c);
+    float *x = mem_alloc(&arena, MEM_ACTS, NTOK * C * 4),
+          *dy = mem_alloc(&arena, MEM_ACTS, NTOK * C * 4);
+    fill_tokens(x, dy, rank, NTOK, 0);
+    layer_run(&L, x, dy);
+    /* every rank's choices (global experts, exact as floats) */
+    float mine[NTOK * 2], all[8 * NTOK * 2];
+    for (int i = 0; i < NTOK * 2; i++) mine[i] = (float)L.a.topk[i];
+    comm_req r = comm_allgather(world, mine, all, NTOK * 2, COMM_FP32);
+    comm_wait(&r);
+    int most = 0; /* the most nodes one token's experts are on, over every rank's tokens */
+    int64_t copies = 0;
+    for (int s = 0; s < n; s++)
+        for (int t = 0; t < NTOK; t++) {
+            int on[2] = {0, 0};
+            for (int j = 0; j < 2; j++) {
+                int holder = (int)all[(s * NTOK + t) * 2 + j] / El;
+                on[node[holder]] = 1;
+                /* sent by this rank (its token) or sent back by it (its expert's output) */
+                if (node[holder] != node[s] && (s == rank || holder == rank)) copies++;
+            }
+            most = on[0] + on[1] > most ? on[0] + on[1] : most;
+        }
+    uint64_t want = 2 * (uint64_t)copies * C * sizeof(float), got = ctx.bytes_internode;
+    float v[2] = {got == want ? 0.0f : 1.0f, (float)got}, res[16] = {0};
+    r = comm_allgather(world, v, res, 2, COMM_FP32);
+    comm_wait(&r);
+    float wrong = 0, total = 0;
+    for (int i = 0; i < n; i++) wrong += res[2 * i], total += res[2 * i + 1];
+    int bad = wrong > 0 || total == 0 || most != (M ? M : 2);
+    if (rank == 0)
+        printf("%s ep%d_internode_bytes_equal_the_routing_count_%s: %g ranks off (rank 0: %llu "
+               "bytes, by hand %llu), a token's experts on at most %d node(s)\n",
+               bad ? "FAIL" : "PASS", n, M ? "max_nodes_per_token_1" : "plain_top2", wrong,
+               (unsigned long long)got, (unsigned long long)want, most);
+    layer_free(&L);
+    ep_free(&ctx);
+    mem_release(&arena);
+    return bad;
+}
+
 static int ep_check(void) {
     test_world tw;
     if (test_world_join(&tw, "ep")) return 1;
@@ -312,6 +384,7 @@ static int ep_check(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         bad |= run_case(&cases[i], world, o, rank, n);
     bad |= run_stats_case(world, o, rank, n);
+    bad |= run_nodes_case(world, o, rank, n, 1) | run_nodes_case(world, o, rank, n, 0);
     o->destroy(o);
     test_world_leave(&tw);
     return bad;

@@ -495,6 +495,13 @@ static void test_ep_all_to_all() {
     /* dense gradients over dp 2, each rank's 2 experts per layer over expert-dp 1 */
     double dense = 65536 + 65664 + 4 * (49408 + 4 * 128);
     CHECK_CLOSE(k.group[PLAN_DP], 2.0 / 2 * 4 * dense / 1e9, 0, RT, "experts are not reduced");
+    CHECK(k.intra[PLAN_EP] && k.ep_inter == 0, "ep 2 inside a node: nothing across nodes");
+    /* ep 4 over nodes of 2 GPUs: of the 3 members a rank sends to, 2 are on the other node */
+    hw = hw_of(1e9, 1e8, 2);
+    CHECK(!layout(&c, &base, LAYOUT(.dp = 4, .ep = 4), 4), "dp4 ep4");
+    planner_estimate(&c, &hw, &k);
+    CHECK(!k.intra[PLAN_EP] && k.sent[PLAN_EP] > 0, "ep 4 spans 2 nodes");
+    CHECK_CLOSE(k.ep_inter, 2.0 / 3 * k.sent[PLAN_EP], 0, RT, "ep 4: 2 of 3 parts across nodes");
 }
 
 static int sorted(const planner_entry *e, long n) {

@@ -365,6 +365,10 @@ static int log_scalars(const log_step *s, double unix_time, log_scalar *o) {
     if (s->comm.bytes_cp) n = add_count(o, n, "comm_bytes_cp", s->comm.bytes_cp);
     if (s->comm.bytes_cp_all) n = add_count(o, n, "comm_bytes_cp_group", s->comm.bytes_cp_all);
     if (s->comm.bytes_mirror) n = add_count(o, n, "comm_bytes_mirror", s->comm.bytes_mirror);
+    if (s->comm.ep_logged) {
+        n = add_count(o, n, "comm_bytes_ep", s->comm.bytes_ep);
+        n = add_count(o, n, "comm_bytes_ep_internode", s->comm.bytes_ep_internode);
+    }
     if (s->data.cp_docs)
         n = add_count(o, n, "cp_blocks_skipped", (uint64_t)s->data.cp_blocks_skipped);
     if (s->restarts) n = add_count(o, n, "restarts", (uint64_t)s->restarts);

@@ -18,15 +18,18 @@
 
 /* What one step sent and waited for (this rank, this step). */
 typedef struct {
-    uint64_t bytes_dp;     /* bytes sent in its data-parallel group */
-    uint64_t bytes_tp;     /* ... in its tensor-parallel group */
-    uint64_t bytes_pp;     /* ... to its pipeline neighbours (activations, gradients) */
-    uint64_t bytes_cp;     /* ... in its context-parallel group(s) (0: none, not logged) */
-    uint64_t bytes_cp_all; /* bytes_cp summed over the cp group's ranks (0: none) */
-    uint64_t bytes_mirror; /* ... to dualpipe's mirror rank (0: none, not logged) */
-    double tp_ms;          /* time spent waiting for tensor-parallel collectives */
-    double cp_wait_ms;     /* ... for context-parallel key/value blocks */
-    double ep_ms;          /* ... in MoE dispatch/combine all-to-alls */
+    uint64_t bytes_dp;           /* bytes sent in its data-parallel group */
+    uint64_t bytes_tp;           /* ... in its tensor-parallel group */
+    uint64_t bytes_pp;           /* ... to its pipeline neighbours (activations, gradients) */
+    uint64_t bytes_cp;           /* ... in its context-parallel group(s) (0: none, not logged) */
+    uint64_t bytes_cp_all;       /* bytes_cp summed over the cp group's ranks (0: none) */
+    uint64_t bytes_mirror;       /* ... to dualpipe's mirror rank (0: none, not logged) */
+    uint64_t bytes_ep;           /* ... in its expert-parallel group (logged with ep_logged) */
+    uint64_t bytes_ep_internode; /* ... of which token rows to ranks on other nodes */
+    int ep_logged;               /* MoE layers with parallel.ep > 1: the two above are logged */
+    double tp_ms;                /* time spent waiting for tensor-parallel collectives */
+    double cp_wait_ms;           /* ... for context-parallel key/value blocks */
+    double ep_ms;                /* ... in MoE dispatch/combine all-to-alls */
 } log_comm;
 
 /* This rank's arena: the peak and the bytes by category. */

@@ -444,6 +444,15 @@ static void est_pp_ep(const est_in *e, planner_cost *o, double dense, double exp
     double rows = e->B * e->Tl * e->c->model.moe.top_k / e->tp;
     o->group[PLAN_EP] = e->m * e->moe_on * (4 + 2 * e->full) *
                         planner_alltoall_s(e->A * rows * e->C, e->ep, e->bw[PLAN_EP]);
+    /* the ep members of one node (ranks numbered node after node, tp x cp apart): a copy goes
+     * to each member alike whatever the routing (node-limited routing bounds the nodes a token
+     * reaches, not its copies, which the all-to-all sends one by one), so the share of the sent
+     * bytes that leaves the node is (ep - q) / (ep - 1) */
+    int per_node = e->hw->gpus_per_node / (e->tp * e->cp), q = per_node < 1 ? 1 : per_node;
+    o->ep_inter = 0;
+    if (e->ep > 1 && !o->intra[PLAN_EP])
+        o->ep_inter =
+            (e->ep - (q < e->ep ? q : e->ep)) / (e->ep - 1.0) * o->group[PLAN_EP] * e->bw[PLAN_EP];
 }
 
 static void estimate(const ust_config *c, const planner_hw *hw, planner_cost *o, sets_cache *sets) {

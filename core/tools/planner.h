@@ -88,6 +88,9 @@ typedef struct {
     double sent[PLAN_NGROUPS]; /* bytes this rank sends over the group per step: group x bw */
     double cp_group;           /* bytes the cp group's ranks send together per step (the
                                   metric comm_bytes_cp_group; a mean pipeline stage's) */
+    double ep_inter;           /* of sent[PLAN_EP], the token rows to ep members on other nodes
+                                  (the metric comm_bytes_ep_internode): copies spread evenly
+                                  over the members, (ep - q) / (ep - 1) of them with q a node */
     double total;              /* compute + bubble + comm */
     double tokens_per_s;       /* global batch tokens / total */
     double mem;                /* plan_memory total bytes (fp32, as `validate`: pipeline rank 0) */

@@ -214,6 +214,7 @@ typedef struct {
     double t0;
     double wait_s[TOPO_NKINDS];
     uint64_t bytes[TOPO_NKINDS];
+    uint64_t ep_internode; /* the ep context's bytes_internode */
 } step_mark;
 
 int train_metrics_open(trainer *t, const train_opts *opts); /* the log; -1 after the error */

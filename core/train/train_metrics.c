@@ -51,6 +51,7 @@ step_mark train_metrics_mark(trainer *t) {
         m.wait_s[k] = c ? comm_get_counters(c)->wait_s : 0;
         m.bytes[k] = c ? bytes_sent(t->rt->topo.comm[k]) : 0;
     }
+    m.ep_internode = t->eng.has_moe ? t->eng.ep.bytes_internode : 0;
     return m;
 }
 
@@ -72,6 +73,9 @@ static void measure_step(trainer *t, const step_mark *m, double fpt, double peak
         s->comm.bytes_cp += now.bytes[cp_groups[i]] - m->bytes[cp_groups[i]];
     }
     s->comm.ep_ms = 1e3 * (now.wait_s[TOPO_EP] - m->wait_s[TOPO_EP]);
+    s->comm.ep_logged = t->eng.has_moe && t->cfg->parallel.ep > 1;
+    s->comm.bytes_ep = now.bytes[TOPO_EP] - m->bytes[TOPO_EP];
+    s->comm.bytes_ep_internode = now.ep_internode - m->ep_internode;
     s->comm.bytes_mirror = now.bytes[TOPO_MIRROR] - m->bytes[TOPO_MIRROR];
     s->mem.params = t->eng.arena.bytes[MEM_PARAMS];
     s->mem.grads = t->eng.arena.bytes[MEM_GRADS];

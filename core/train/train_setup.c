@@ -30,7 +30,9 @@ int train_runtime_init(ust_runtime *rt, const ust_config *cfg, ust_err *e) {
                     .timeout_s = cfg->dist.timeout_s,
                     .flight_entries = cfg->logging.flight_entries,
                     .flight_dir = flight};
+    /* node-limited routing's placement, on every rank before any communicator exists */
     if (topo_grid_from_config(&g, cfg, rt->world, e) ||
+        topo_check_expert_nodes(&g, cfg, rt->boot.node_of, rt->boot.local_world, e) ||
         comm_ctx_init(&rt->comm, &rt->boot, &co, e) ||
         topo_connect(&rt->topo, &g, rt->comm, rt->rank, e)) {
         if (rt->comm) comm_ctx_free(rt->comm);
@@ -122,6 +124,18 @@ static int open_backend(trainer *t, int profile, ust_err *e) {
     return 0;
 }
 
+/* The node of each member of this rank's ep group, for the bytes its dispatch sends across
+ * nodes (comm_bytes_ep_internode; all on node 0 in a job of one node). */
+static void set_ep_nodes(trainer *t) {
+    const topo_grid *g = &t->rt->topo.grid;
+    int *ranks = malloc(sizeof(int) * (size_t)g->world);
+    UST_ASSERT(ranks, "out of memory");
+    int n = topo_group(g, TOPO_EP, t->rt->rank, ranks, NULL);
+    for (int i = 0; i < n; i++) ranks[i] = boot_node_of(&t->rt->boot, ranks[i]);
+    ep_set_nodes(&t->eng.ep, ranks);
+    free(ranks);
+}
+
 /* The rank's runtime (train_build_rank) and what the run adds to it: the tied embeddings'
  * second copy and a warning. */
 static int build_model(trainer *t, ust_err *e) {
@@ -129,6 +143,7 @@ static int build_model(trainer *t, ust_err *e) {
     train_feed_layout(t);
     train_build_at at = {.topo = &t->rt->topo, .pp_rank = t->rt->topo.me.pp};
     if (train_build_rank(&t->eng, cfg, &at, e)) return -1;
+    if (t->eng.has_moe && cfg->parallel.ep > 1) set_ep_nodes(t);
     /* tied embeddings over a pipeline: the first stage's table and the last stage's copy (none
      * where one rank holds both ends, dualpipev's rank 0: one tensor serves both) */
     t->eng.tied_param = cfg->parallel.pp > 1 && cfg_tied(cfg) && !model_tied_local(t->eng.m)

@@ -256,6 +256,40 @@ int topo_warn_across_nodes(const topo_grid *g, const ust_boot *b, FILE *f) {
     return warned;
 }
 
+int topo_group_holders(const topo_grid *g, const ust_config *c) {
+    int G = c->model.moe.n_group;
+    return g->ep % G == 0 ? g->ep / G : G % g->ep == 0 ? 1 : 0;
+}
+
+int topo_check_expert_nodes(const topo_grid *g, const ust_config *c, const int *node_of,
+                            int per_node, ust_err *e) {
+    const __typeof__(c->model.moe) *m = &c->model.moe;
+    if (!m->max_nodes_per_token || !m->num_experts || !node_of) return 0;
+    int El = m->num_experts / g->ep, Eg = m->num_experts / m->n_group;
+    /* every rank against the holder of the first expert of each group it holds experts of */
+    for (int r = 0; r < g->world; r++) {
+        topo_coord o = topo_coords(g, r);
+        for (int grp = o.ep * El / Eg; grp <= ((o.ep + 1) * El - 1) / Eg; grp++) {
+            int h = topo_rank_of(g, o.tp, o.cp, o.edp * g->ep + grp * Eg / El, o.pp);
+            if (node_of[h] == node_of[r]) continue;
+            int k = topo_group_holders(g, c), span = g->tp * g->cp * (k ? k : 1);
+            return ust_errf(
+                e,
+                "model.moe.max_nodes_per_token (%d) takes the model.moe.n_group (%d) expert "
+                "groups for nodes, but group %d's experts (%d..%d) are on node %d (global rank "
+                "%d) and node %d (global rank %d), so a token's experts may span more nodes. "
+                "Ranks are numbered node after node: keep the ranks holding one group "
+                "(parallel.tp x parallel.cp x parallel.ep / model.moe.n_group = %d x %d x %d = "
+                "%d) dividing the %d ranks per node%s, or set model.moe.n_group to the nodes the "
+                "ep group spans",
+                m->max_nodes_per_token, m->n_group, grp, grp * Eg, grp * Eg + Eg - 1, node_of[h], h,
+                node_of[r], r, g->tp, g->cp, k ? k : 1, span, per_node,
+                k ? "" : " (parallel.ep and model.moe.n_group must divide one another)");
+        }
+    }
+    return 0;
+}
+
 int topo_connect(ust_topology *t, const topo_grid *g, comm_ctx *ctx, int rank, ust_err *e) {
     memset(t, 0, sizeof *t);
     t->grid = *g;

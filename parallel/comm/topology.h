@@ -95,6 +95,17 @@ int topo_group_across_nodes(const topo_grid *g, topo_kind k, const ust_boot *b, 
  * per node. Returns how many kinds it warned about. */
 int topo_warn_across_nodes(const topo_grid *g, const ust_boot *b, FILE *f);
 
+/* model.moe.max_nodes_per_token takes the model.moe.n_group expert groups (consecutive experts)
+ * for nodes: each token's experts then span at most that many nodes only when every group's
+ * experts are held by ranks of one node, in every ep group. node_of: the node of every global
+ * rank; per_node: the ranks per node (for the message). -1 with a message naming the keys, the
+ * group and its two nodes when a group spans nodes; 0 otherwise (also without the option). */
+int topo_check_expert_nodes(const topo_grid *g, const ust_config *c, const int *node_of,
+                            int per_node, ust_err *e);
+/* The ep ranks holding one expert group (ep / n_group, or 1 when an ep rank holds whole
+ * groups); 0 when groups straddle ep ranks unevenly (neither divides the other). */
+int topo_group_holders(const topo_grid *g, const ust_config *c);
+
 /* Collective over the job: creates every group of `rank` (one comm_create_many call). */
 int topo_connect(ust_topology *t, const topo_grid *g, comm_ctx *ctx, int rank, ust_err *e);
 /* Frees the communicators; call it before comm_ctx_free (which frees any that are left). */

@@ -36,6 +36,47 @@ expect_exit moe_max_nodes_share_not_integer_exits_2 2 "model.moe.top_k \(5\) mus
     $UST validate $TMP/nodes.yaml --set model.moe.top_k=5
 expect_exit moe_max_nodes_and_topk_group_exits_2 2 "model.moe.max_nodes_per_token \(2\) and model.moe.topk_group \(3\) both choose" -- \
     $UST validate $TMP/nodes.yaml --set model.moe.topk_group=3
+# Node-limited routing's nodes, faked on this host: NODES launchers of PER ranks each (ranks
+# numbered node after node; groups across "nodes" use gloo over loopback). 8 experts in 2 groups,
+# each token's top-2 from 1 node, dp4 x ep4 so group g is ep ranks 2g, 2g+1.
+fake_nodes() { # fake_nodes NODES PER OUT SETS...: exit status of the job, output in $TMP/OUT.*
+    local nn=$1 per=$2 out=$3 port=$((20000 + RANDOM % 20000)) i rc=0; shift 3
+    for i in $(seq 0 $((nn - 1))); do
+        UST_JOB_SECRET=nodes-$port timeout 120 scripts/ustrun --nnodes $nn --node-rank $i \
+            --master-addr 127.0.0.1 --master-port $port --nproc-per-node $per $UST train \
+            $TMP/nodes.yaml $NODES --set logging.metrics_file=$TMP/$out.jsonl \
+            --set checkpoint.dir=$TMP/$out/ckpt "$@" >$TMP/$out.$i 2>&1 &
+    done
+    for i in $(seq 1 $nn); do wait -n || rc=$?; done
+    return $rc
+}
+NODES="--set model.moe.num_experts=8 --set model.moe.n_group=2 --set model.moe.top_k=2
+       --set model.moe.max_nodes_per_token=1 --set parallel.dp=4 --set parallel.ep=4
+       --set train.steps=2 --set checkpoint.every=0 --set checkpoint.resume=none"
+ep_bytes() { grep -o "\"comm_bytes_ep${2:-}\":[0-9]*" $TMP/$1.jsonl | cut -d: -f2 | tr '\n' ' '; }
+fake_nodes 2 2 two; rc=$?
+scripts/ustrun --nproc-per-node 4 $UST train $TMP/nodes.yaml $NODES --set logging.metrics_file=$TMP/one.jsonl \
+    --set checkpoint.dir=$TMP/one/ckpt >$TMP/one.out 2>&1; rc1=$?
+read -r a1 a2 <<<"$(ep_bytes two)"; read -r i1 i2 <<<"$(ep_bytes two _internode)"
+read -r b1 b2 <<<"$(ep_bytes one)"; read -r j1 j2 <<<"$(ep_bytes one _internode)"
+# step 1 routes the same tokens with the same weights on one node and on two: the same ep bytes,
+# none of them across nodes on one, part of them on two
+[ $rc = 0 ] && [ $rc1 = 0 ] && [ -n "$a1" ] && [ "$a1" = "$b1" ] && [ "$j1" = 0 ] && [ "$j2" = 0 ] &&
+    [ "$i1" -gt 0 ] && [ "$i1" -lt "$a1" ] && [ "$i2" -gt 0 ] && [ "$i2" -lt "$a2" ] &&
+    pass moe_nodes_internode_bytes_counted_on_2_faked_nodes_none_on_one ||
+    fail moe_nodes_internode_bytes_counted_on_2_faked_nodes_none_on_one \
+        "rc $rc/$rc1; two nodes: ep $a1 $a2, internode $i1 $i2; one node: ep $b1, internode $j1 $j2: $(tail -2 $TMP/two.0)"
+# 4 nodes of 1 rank: group 0 (experts 0..3, ep ranks 0 and 1) would span nodes 0 and 1
+fake_nodes 4 1 four; rc=$?
+[ $rc = 2 ] && grep -q "model.moe.max_nodes_per_token (1) takes the model.moe.n_group (2) expert groups for nodes, but group 0's experts (0..3) are on node 0 (global rank 0) and node 1 (global rank 1).*(parallel.tp x parallel.cp x parallel.ep / model.moe.n_group = 1 x 1 x 2 = 2) dividing the 1 ranks per node" $TMP/four.0 &&
+    ! grep -q "step " $TMP/four.0 && pass moe_nodes_group_across_nodes_exits_2_before_work ||
+    fail moe_nodes_group_across_nodes_exits_2_before_work "exit $rc: $(grep -m1 error $TMP/four.0)"
+expect_exit moe_nodes_validate_checks_ranks_per_node 2 "group 0's experts \(0..3\) are on node 0 \(global rank 0\) and node 1 \(global rank 1\)" -- \
+    env LOCAL_WORLD_SIZE=1 $UST validate $TMP/nodes.yaml $NODES
+expect_exit moe_nodes_validate_placement_ok 0 "each of the 2 expert groups is held by the ranks of one node \(2 ranks per node, LOCAL_WORLD_SIZE\): a token's experts span at most 1 nodes" -- \
+    env LOCAL_WORLD_SIZE=2 $UST validate $TMP/nodes.yaml $NODES
+expect_exit moe_nodes_validate_says_what_is_assumed 0 "assumed each is held by the ranks of one node \(ranks numbered node after node, tp x cp x ep / n_group = 2 dividing the ranks per node\); the ranks per node are not known here, so one node is assumed" -- \
+    env -u LOCAL_WORLD_SIZE $UST validate $TMP/nodes.yaml $NODES
 $EQ --name _moe_deepseek_tp_fault --config $TMP/llama.yaml --expect-fail \
     --env UST_FAULT_MOE_SKIP_TP_GRAD_SUM=1 --layout "tp=2 sp=true"
 

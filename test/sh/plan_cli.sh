@@ -107,7 +107,7 @@ planned=$(echo "$out" | sed -n 's/^  memory per rank: .*(\([0-9]*\) bytes;.*/\1/
 validated=$($UST validate $TMP/ds.yaml --world 2048 2>&1 | sed -n 's/^  total.*(\([0-9]*\) bytes).*/\1/p')
 if echo "$out" | grep -q '^model: llama, 671 B parameters (37.6 B active per token), 61 layers' &&
     echo "$out" | grep -q "the config's own layout: dp=128 tp=1 pp=16 .* 32.8 GiB per rank; would rank" &&
-    echo "$out" | grep -q 'ep .* (64 ranks, inter-node, .* sent)' && [ -n "$planned" ] &&
+    echo "$out" | grep -q 'ep .* (64 ranks, inter-node, .* sent, .* of them across nodes)' && [ -n "$planned" ] &&
     [ "$planned" = "$validated" ] && [ "$planned" -le $((80 << 30)) ]; then
     pass plan_cli_deepseek_v3_2048_gpus
 else
