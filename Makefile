@@ -295,4 +295,4 @@ fuzz:
 # `make test` runs them too.
 .PHONY: test-hf
 test-hf: venv ustrain
-	@for t in export_hf hf_import hf_families hf_windows hf_olmo2 hf_gemma3 export_complete generate eval_cli; do bash test/sh/$$t.sh; done
+	@for t in export_hf hf_import hf_families hf_windows hf_olmo2 hf_gemma3 hf_gemma2 export_complete generate eval_cli; do bash test/sh/$$t.sh; done

@@ -427,43 +427,41 @@ static int refuse_set(const jctx *x, const char *key, const char *why) {
     return -1;
 }
 
-/* A Gemma 2 soft-cap: null (none), or c > 0 for x -> c tanh(x / c); 0 and negative values
- * divide by zero or flip the sign there. */
-static int jcap(const jctx *x, const char *key, double *out) {
+/* A Gemma 2 soft-cap: absent, def (Gemma2Config's 50 and 30; Gemma 3's none); null, none; or
+ * c > 0 for x -> c tanh(x / c): 0 and negative values divide by zero or flip the sign there. */
+static int jcap(const jctx *x, const char *key, double def, double *out) {
     if (jdbl(x, key, 0, out)) return -1;
+    if (!cJSON_GetObjectItemCaseSensitive(x->j, key)) *out = def;
     if (jget(x, key) && !(*out > 0))
         return ust_errf(x->e, "%s: '%s' = %g: expected a positive number, or null (no cap)",
                         x->path, key, *out);
     return 0;
 }
 
-/* Gemma 3 (text): a llama with q/k head norms, norms before and after attention and the MLP, all
- * RMSNorms by (1 + w), GeGLU, embeddings times sqrt(hidden_size), head_dim of its own, logits
- * scaled by query_pre_attn_scalar^-1/2, local (sliding) and global layers with two RoPE bases;
- * parse_llama_common reads a copy without head_dim and the RoPE keys, which gemma3_rope reads. */
-static int parse_gemma3(const jctx *x, ust_config *c) {
+/* What Gemma 2 and Gemma 3 share: parse_llama_common on a copy without head_dim and hidden_act
+ * (Gemma's MLP reads hidden_activation), and for Gemma 3 without the RoPE keys (gemma3_rope reads
+ * them); head_dim of its own, tied embeddings, logits scaled by query_pre_attn_scalar^-1/2, GeGLU,
+ * RMSNorms by (1 + w) before and after attention and the MLP, embeddings x sqrt(hidden_size). */
+static int parse_gemma_common(const jctx *x, ust_config *c, const char *arch, int gemma3) {
     __typeof__(c->model) *m = &c->model;
     cJSON *copy = cJSON_Duplicate(x->j, 1);
     if (!copy) return ust_errf(x->e, "%s: out of memory", x->path);
-    const char *drop[] = {"head_dim", "rope_parameters", "rope_scaling", "rope_theta",
-                          "hidden_act"};
-    for (size_t i = 0; i < sizeof drop / sizeof drop[0]; i++)
+    const char *drop[] = {"head_dim", "hidden_act", "rope_parameters", "rope_scaling",
+                          "rope_theta"};
+    for (size_t i = 0; i < (gemma3 ? sizeof drop / sizeof drop[0] : 2); i++)
         cJSON_DeleteItemFromObjectCaseSensitive(copy, drop[i]);
     jctx y = {x->path, copy, x->e};
-    int rc = parse_llama_common(&y, c, 1e6, 1e-6), pattern = 6;
+    int rc = parse_llama_common(&y, c, gemma3 ? 1e6 : 1e4, 1e-6);
     cJSON_Delete(copy);
     const char *act = "";
+    char bias[64];
+    snprintf(bias, sizeof bias, "%s with q/k/v/o biases", arch);
     if (rc || jint(x, "head_dim", 256, 1, &m->head_dim) ||
         jbool(x, "tie_word_embeddings", true, &m->tie_embeddings) ||
         jdbl(x, "query_pre_attn_scalar", 256, &m->gemma.query_pre_attn_scalar) ||
         jstr(x, "hidden_activation", "gelu_pytorch_tanh", &act) ||
-        jint(x, "sliding_window_pattern", 6, 1, &pattern) ||
-        refuse_true(x, "attention_bias", "Gemma3ForCausalLM with q/k/v/o biases") ||
-        refuse_true(x, "use_bidirectional_attention", "ustrain's attention is causal") ||
-        refuse_set(x, "attn_logit_softcapping",
-                   "transformers' Gemma3ForCausalLM keeps it in its config but its attention "
-                   "never applies it, so ustrain's model.attn_softcap would differ from it") ||
-        jcap(x, "final_logit_softcapping", &m->gemma.final_softcap))
+        refuse_true(x, "attention_bias", bias) ||
+        refuse_true(x, "use_bidirectional_attention", "ustrain's attention is causal"))
         return -1;
     if (strcmp(act, "gelu_pytorch_tanh") && strcmp(act, "gelu_tanh"))
         return ust_errf(x->e,
@@ -473,22 +471,71 @@ static int parse_gemma3(const jctx *x, ust_config *c) {
     if (!(m->gemma.query_pre_attn_scalar > 0))
         return ust_errf(x->e, "%s: query_pre_attn_scalar = %g: expected > 0", x->path,
                         m->gemma.query_pre_attn_scalar);
-    m->qk_norm = m->gemma.norm_offset = m->gemma.sandwich_norm = m->gemma.embed_scale = true;
+    m->qk_norm = gemma3;
+    m->gemma.norm_offset = m->gemma.sandwich_norm = m->gemma.embed_scale = true;
     m->gemma.hidden_act = HACT_GELU_TANH;
-    bool *w = calloc((size_t)m->n_layer, sizeof *w); /* (l + 1) % pattern: local, else global */
-    if (!w) return ust_errf(x->e, "out of memory");
-    for (int l = 0; l < m->n_layer; l++) w[l] = (l + 1) % pattern != 0;
-    rc = parse_windows(x, c, w);
-    free(w);
-    int W = 0; /* ustrain tells a local layer by its window, so it must be below the maximum */
-    for (int l = 0; !rc && l < m->n_layer; l++) W |= cfg_layer_window(c, l);
-    if (!rc && m->sliding_window[0] && !W)
+    return 0;
+}
+
+/* The local layers (windowed[l]) and their window; ustrain tells a local layer by its window, so
+ * it must be below max_position_embeddings. */
+static int gemma_windows(const jctx *x, ust_config *c, bool *windowed) {
+    __typeof__(c->model) *m = &c->model;
+    if (parse_windows(x, c, windowed)) return -1;
+    int W = 0;
+    for (int l = 0; l < m->n_layer; l++) W |= cfg_layer_window(c, l);
+    if (m->sliding_window[0] && !W)
         return ust_errf(x->e,
                         "%s: 'sliding_window' is not below max_position_embeddings = %d: the "
                         "local layers would attend fully, which ustrain cannot tell from global "
                         "ones",
                         x->path, m->max_seq_len);
+    return 0;
+}
+
+/* Gemma 3 (text): Gemma's block (parse_gemma_common) with q/k head norms, local (sliding) and
+ * global layers from layer_types or sliding_window_pattern, with two RoPE bases (gemma3_rope);
+ * attn_logit_softcapping is refused (transformers' Gemma 3 keeps it but never applies it). */
+static int parse_gemma3(const jctx *x, ust_config *c) {
+    __typeof__(c->model) *m = &c->model;
+    int pattern = 6;
+    if (parse_gemma_common(x, c, "Gemma3ForCausalLM", 1) ||
+        jint(x, "sliding_window_pattern", 6, 1, &pattern) ||
+        refuse_set(x, "attn_logit_softcapping",
+                   "transformers' Gemma3ForCausalLM keeps it in its config but its attention "
+                   "never applies it, so ustrain's model.attn_softcap would differ from it") ||
+        jcap(x, "final_logit_softcapping", 0, &m->gemma.final_softcap))
+        return -1;
+    bool *w = calloc((size_t)m->n_layer, sizeof *w); /* (l + 1) % pattern: local, else global */
+    if (!w) return ust_errf(x->e, "out of memory");
+    for (int l = 0; l < m->n_layer; l++) w[l] = (l + 1) % pattern != 0;
+    int rc = gemma_windows(x, c, w);
+    free(w);
     return rc ? -1 : gemma3_rope(x, c);
+}
+
+/* Gemma 2: Gemma's block (parse_gemma_common) without q/k norms, one RoPE (rope_theta, or
+ * rope_parameters; no scaling but linear), the local layers from layer_types or else the even
+ * ones (transformers 4's Gemma2 slides a window where layer_idx % 2 == 0, 5's default layer_types
+ * the same), and both soft-caps (absent: Gemma2Config's 50 and 30; null: none). */
+static int parse_gemma2(const jctx *x, ust_config *c) {
+    __typeof__(c->model) *m = &c->model;
+    if (parse_gemma_common(x, c, "Gemma2ForCausalLM", 0) ||
+        jcap(x, "attn_logit_softcapping", 50, &m->gemma.attn_softcap) ||
+        jcap(x, "final_logit_softcapping", 30, &m->gemma.final_softcap))
+        return -1;
+    int rt = m->rope_scaling.type;
+    if (rt != ROPE_NONE && rt != ROPE_LINEAR)
+        return ust_errf(x->e,
+                        "%s: rope_type '%s' is not supported for Gemma2ForCausalLM (ustrain "
+                        "imports it with 'default' RoPE or 'linear' scaling)",
+                        x->path, rt == ROPE_YARN ? "yarn" : "llama3");
+    bool *w = calloc((size_t)m->n_layer, sizeof *w);
+    if (!w) return ust_errf(x->e, "out of memory");
+    for (int l = 0; l < m->n_layer; l++) w[l] = l % 2 == 0;
+    int rc = gemma_windows(x, c, w);
+    free(w);
+    return rc;
 }
 
 /* Gemma3ForConditionalGeneration: the vision tower is refused; its text model imports as
@@ -620,6 +667,7 @@ static const struct {
     {"DeepseekV3ForCausalLM", "deepseek_v3", parse_deepseek_v3},
     {"Gemma3ForCausalLM", "gemma3_text", parse_gemma3},
     {"Gemma3ForConditionalGeneration", "gemma3", parse_gemma3_vision},
+    {"Gemma2ForCausalLM", "gemma2", parse_gemma2},
     // clang-format on
 };
 
@@ -647,7 +695,8 @@ int hf_config_parse(const cJSON *j, const char *path, ust_config *c, char *arch,
     return ust_errf(e,
                     "%s: architecture '%.80s' is not supported (ustrain imports LlamaForCausalLM, "
                     "Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, MixtralForCausalLM, "
-                    "Qwen3MoeForCausalLM, Olmo2ForCausalLM, Gemma3ForCausalLM, GPT2LMHeadModel "
+                    "Qwen3MoeForCausalLM, Olmo2ForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, "
+                    "GPT2LMHeadModel "
                     "and DeepseekV3ForCausalLM)",
                     path,
                     name   ? name

@@ -221,7 +221,7 @@ mlp:
     if (post) {
         SAME("post_feedforward_layernorm.weight", 1, C, 0);
     }
-    if (c->model.gemma.sandwich_norm) { /* Gemma3ForCausalLM: the MLP's pre and post norms */
+    if (c->model.gemma.sandwich_norm) { /* Gemma2/3ForCausalLM: the MLP's pre, post norms */
         SAME("pre_feedforward_layernorm.weight", 1, C, 0);
         SAME("post_feedforward_layernorm.weight", 1, C, 0);
     }
@@ -368,30 +368,33 @@ static int moe_layout_check(const ust_config *c, ust_err *e) {
     return 0;
 }
 
-/* Gemma 3's options (model.gemma) export only as Gemma3ForCausalLM, which has all of them. */
-static int gemma3_check(const ust_config *c, ust_err *e) {
+/* Gemma's options (model.gemma) export as Gemma3ForCausalLM (with model.qk_norm) or
+ * Gemma2ForCausalLM (without, one RoPE base), which have all of them. */
+static int gemma_check(const ust_config *c, ust_err *e) {
     const __typeof__(c->model) *m = &c->model;
     const __typeof__(m->gemma) *g = &m->gemma;
     int any = g->sandwich_norm || g->norm_offset || g->embed_scale || g->hidden_act != HACT_SILU ||
               g->query_pre_attn_scalar > 0 || g->rope_local_theta > 0 || g->attn_softcap > 0 ||
               g->final_softcap > 0;
     int all = g->sandwich_norm && g->norm_offset && g->embed_scale &&
-              g->hidden_act == HACT_GELU_TANH && m->qk_norm && !m->qk_norm_whole && !m->qkv_bias &&
+              g->hidden_act == HACT_GELU_TANH && !m->qk_norm_whole && !m->qkv_bias &&
               !m->post_norm && m->moe.num_experts == 0 &&
-              (m->rope_scaling.type == ROPE_NONE || m->rope_scaling.type == ROPE_LINEAR);
-    if (g->attn_softcap > 0) /* its config keeps the key, its attention ignores it */
+              (m->rope_scaling.type == ROPE_NONE || m->rope_scaling.type == ROPE_LINEAR) &&
+              (m->qk_norm || g->rope_local_theta == 0);
+    if (all && m->qk_norm && g->attn_softcap > 0) /* its config keeps the key, ignores it */
         return ust_errf(e,
-                        "model.attn_softcap %g has no Hugging Face layout: transformers' "
-                        "Gemma3ForCausalLM does not apply attn_logit_softcapping (train with "
-                        "model.attn_softcap: 0 to export)",
+                        "model.attn_softcap %g has no Hugging Face layout with model.qk_norm: "
+                        "transformers' Gemma3ForCausalLM does not apply attn_logit_softcapping "
+                        "(train with model.attn_softcap: 0 to export; Gemma2ForCausalLM, "
+                        "without model.qk_norm, applies it)",
                         g->attn_softcap);
     if (any && !all)
         return ust_errf(e, "model.sandwich_norm / norm_offset / embed_scale / hidden_act / "
                            "query_pre_attn_scalar / rope_local_theta / attn_softcap / "
-                           "final_softcap: their Hugging Face layout is Gemma3ForCausalLM, a dense "
-                           "llama with the first four (gelu_tanh), "
-                           "model.qk_norm per head, no q/k/v biases and no rope_scaling but "
-                           "linear");
+                           "final_softcap: their Hugging Face layout is Gemma3ForCausalLM (with "
+                           "model.qk_norm per head) or Gemma2ForCausalLM (without, and without "
+                           "rope_local_theta), a dense llama with the first four (gelu_tanh), no "
+                           "q/k/v biases and no rope_scaling but linear");
     return 0;
 }
 
@@ -445,8 +448,8 @@ int hf_table_build(hf_table *l, const ust_config *c, ust_err *e) {
                         "model.sliding_window [%s]: windows of %d and %d keys in one model; a "
                         "Hugging Face layout has one window size",
                         c->model.sliding_window, wsizes[0], wsizes[1]);
-    if (gemma3_check(c, e)) return -1;
-    int gemma = c->model.gemma.sandwich_norm; /* Gemma 3: any layers local (layer_types) */
+    if (gemma_check(c, e)) return -1;
+    int gemma = c->model.gemma.sandwich_norm; /* Gemma 2 and 3: any layers local (layer_types) */
     int first = -1, suffix = 1; /* the windowed layers: from `first` on, all of them? */
     for (int l = 0; l < c->model.n_layer; l++) {
         if (cfg_layer_window(c, l) && first < 0) first = l;
@@ -795,11 +798,14 @@ static void gemma3_rope_json(cJSON *p, const char *kind, double theta, const ust
     if (linear) cJSON_AddNumberToObject(o, "factor", c->model.rope_scaling.factor);
 }
 
-/* model.sandwich_norm & co. -> Gemma3ForCausalLM (Gemma3TextConfig): the windowed layers are
- * sliding_attention in layer_types, the others full_attention, each with its RoPE. */
-static cJSON *gemma3_config(const ust_config *c, int bos, int eos) {
+/* model.sandwich_norm & co. -> Gemma3ForCausalLM (Gemma3TextConfig; model.qk_norm), each layer
+ * kind with its RoPE, or Gemma2ForCausalLM (Gemma2Config), one RoPE as a llama's: the windowed
+ * layers are sliding_attention in layer_types, the others full_attention. */
+static cJSON *gemma_config(const ust_config *c, int bos, int eos) {
     const __typeof__(c->model) *m = &c->model;
-    cJSON *j = config_head("Gemma3ForCausalLM", "gemma3_text");
+    int g3 = m->qk_norm;
+    cJSON *j = g3 ? config_head("Gemma3ForCausalLM", "gemma3_text")
+                  : config_head("Gemma2ForCausalLM", "gemma2");
     static const char *const ints[] = {"vocab_size",
                                        "hidden_size",
                                        "intermediate_size",
@@ -827,15 +833,20 @@ static cJSON *gemma3_config(const ust_config *c, int bos, int eos) {
     else
         cJSON_AddNullToObject(j, "sliding_window");
     cJSON_AddItemToObject(j, "layer_types", types);
-    cJSON *rp = cJSON_AddObjectToObject(j, "rope_parameters");
-    gemma3_rope_json(rp, "full_attention", m->rope_theta, c);
-    double lt = m->gemma.rope_local_theta;
-    gemma3_rope_json(rp, "sliding_attention", lt > 0 ? lt : m->rope_theta, c);
+    if (g3) {
+        cJSON *rp = cJSON_AddObjectToObject(j, "rope_parameters");
+        gemma3_rope_json(rp, "full_attention", m->rope_theta, c);
+        double lt = m->gemma.rope_local_theta;
+        gemma3_rope_json(rp, "sliding_attention", lt > 0 ? lt : m->rope_theta, c);
+    } else { /* transformers 4 reads these; 5 turns them into its rope_parameters */
+        cJSON_AddNumberToObject(j, "rope_theta", m->rope_theta);
+        rope_scaling_json(j, c);
+    }
     const double caps[2] = {m->gemma.final_softcap, m->gemma.attn_softcap}; /* 0: null */
     const char *const cap_keys[2] = {"final_logit_softcapping", "attn_logit_softcapping"};
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 2; i++) /* Gemma2Config's and Gemma3TextConfig's caps are floats */
         if (caps[i] > 0)
-            add_float(j, cap_keys[i], caps[i]); /* Gemma3TextConfig's are floats */
+            add_float(j, cap_keys[i], caps[i]);
         else
             cJSON_AddNullToObject(j, cap_keys[i]);
     cJSON_AddBoolToObject(j, "attention_bias", 0);
@@ -846,7 +857,7 @@ static cJSON *gemma3_config(const ust_config *c, int bos, int eos) {
 
 cJSON *hf_config_json(const ust_config *c, int bos, int eos) {
     if (c->model.mla.enabled) return deepseek_config(c, bos, eos);
-    if (c->model.gemma.sandwich_norm) return gemma3_config(c, bos, eos);
+    if (c->model.gemma.sandwich_norm) return gemma_config(c, bos, eos);
     return c->model.arch == ARCH_LLAMA ? llama_config(c, bos, eos) : gpt2_config(c, bos, eos);
 }
 

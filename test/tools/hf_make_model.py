@@ -11,7 +11,9 @@ and compares an imported-then-exported directory with the original.
       attention and the MLP), mixtral, qwen3_moe (decoder_sparse_step 2: layer 0 dense,
       layer 1 four experts), gemma3 (Gemma3ForCausalLM: 4 layers local, local, global, local
       with a window of 8, head_dim 24 apart from hidden_size / heads, query_pre_attn_scalar 20,
-      global RoPE 1e6 with linear scaling 2, local 1e4, tied embeddings), gpt2.
+      global RoPE 1e6 with linear scaling 2, local 1e4, tied embeddings), gemma2
+      (Gemma2ForCausalLM: Gemma 3's block without q/k norms, 4 layers local, global, local,
+      global with a window of 8, one RoPE base, both soft-caps, GEMMA2), gpt2.
       Writes OUT/config.json and OUT/model.safetensors, or with --shards N > 1
       OUT/model-0000i-of-0000N.safetensors + model.safetensors.index.json. The safetensors files
       are written by hand (8-byte little-endian header length, JSON header padded to 8 bytes,
@@ -22,7 +24,8 @@ and compares an imported-then-exported directory with the original.
   hf_make_model.py transformers KIND OUT
       transformers itself builds KIND (LlamaForCausalLM(LlamaConfig(...)), ...) with the same small
       shapes (KIND gemma3_softcap: gemma3 with Gemma 2's final_logit_softcapping, GEMMA3_CAPS,
-      small enough to bend this model's logits), every weight redrawn (biases and norms too, so none is trivially zero or one), and
+      small enough to bend this model's logits; gemma2 with attn_implementation="eager", the
+      path that applies attn_logit_softcapping), every weight redrawn (biases and norms too, so none is trivially zero or one), and
       save_pretrained writes OUT (needs torch and transformers).
   hf_make_model.py compare TAG ORIG_DIR EXPORTED_DIR
       Every tensor of ORIG_DIR is in EXPORTED_DIR (ustrain's fp32 export) with the same shape
@@ -154,7 +157,24 @@ def gemma3_config():
             "attention_bias": False, "tie_word_embeddings": True, "torch_dtype": "float32"}
 
 
-def gemma3_tensors():
+# Gemma 2: the default layer_types (even layers local), both caps small enough to bend this
+# model's attention scores (|s| up to ~0.4) and logits (~1.7)
+GEMMA2 = dict(L=4, HD=24, QS=20, W=8, THETA=5e4, CAPS=dict(attn_logit_softcapping=0.15,
+                                                          final_logit_softcapping=1.0))
+
+
+def gemma2_config():
+    d, g = DIMS, GEMMA2
+    return {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+            "hidden_size": d["C"], "intermediate_size": d["F"], "num_hidden_layers": g["L"],
+            "num_attention_heads": d["H"], "num_key_value_heads": d["KV"], "head_dim": g["HD"],
+            "vocab_size": d["V"], "max_position_embeddings": d["T"], "rms_norm_eps": 1e-6,
+            "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": g["QS"],
+            "sliding_window": g["W"], "rope_theta": g["THETA"], **g["CAPS"],
+            "attention_bias": False, "tie_word_embeddings": True, "torch_dtype": "float32"}
+
+
+def gemma3_tensors(qk_norm=True):
     d, g = DIMS, GEMMA3
     C, Q, KV = d["C"], d["H"] * g["HD"], d["KV"] * g["HD"]
     t = [("model.embed_tokens.weight", (d["V"], C))]
@@ -162,9 +182,11 @@ def gemma3_tensors():
         p = f"model.layers.{i}."
         t += [(p + "input_layernorm.weight", (C,)), (p + "self_attn.q_proj.weight", (Q, C)),
               (p + "self_attn.k_proj.weight", (KV, C)), (p + "self_attn.v_proj.weight", (KV, C)),
-              (p + "self_attn.o_proj.weight", (C, Q)), (p + "self_attn.q_norm.weight", (g["HD"],)),
-              (p + "self_attn.k_norm.weight", (g["HD"],)),
-              (p + "post_attention_layernorm.weight", (C,)),
+              (p + "self_attn.o_proj.weight", (C, Q))]
+        if qk_norm:
+            t += [(p + "self_attn.q_norm.weight", (g["HD"],)),
+                  (p + "self_attn.k_norm.weight", (g["HD"],))]
+        t += [(p + "post_attention_layernorm.weight", (C,)),
               (p + "pre_feedforward_layernorm.weight", (C,)),
               (p + "post_feedforward_layernorm.weight", (C,)),
               (p + "mlp.gate_proj.weight", (d["F"], C)), (p + "mlp.up_proj.weight", (d["F"], C)),
@@ -224,9 +246,9 @@ def make(kind, out, dtype="f32", shards=1, seed=1, sets=(), bad_shape=None, bad_
          hub_names=False):
     rng = np.random.default_rng(seed)
     cfg = (gpt2_config() if kind == "gpt2" else gemma3_config() if kind == "gemma3"
-           else llama_config(kind))
+           else gemma2_config() if kind == "gemma2" else llama_config(kind))
     names = (gpt2_tensors() if kind == "gpt2" else gemma3_tensors() if kind == "gemma3"
-             else llama_tensors(kind))
+             else gemma3_tensors(False) if kind == "gemma2" else llama_tensors(kind))
     for s in sets:
         k, v = s.split("=", 1)
         cfg[k] = json.loads(v)
@@ -236,7 +258,7 @@ def make(kind, out, dtype="f32", shards=1, seed=1, sets=(), bad_shape=None, bad_
             shape = (shape[0] + 1,) + tuple(shape[1:])
         norm = "norm" in name or "ln_" in name
         # (Gemma 3's norms scale by 1 + w: their weights are drawn around 0, as it stores them)
-        one = 0 if kind == "gemma3" else 1
+        one = 0 if kind.startswith("gemma") else 1
         vals = (one + 0.1 * rng.standard_normal(shape) if norm and name.endswith("weight")
                 else 0.05 * rng.standard_normal(shape)).astype(np.float32)
         if name in ("model.embed_tokens.weight", "transformer.wte.weight"):
@@ -370,6 +392,13 @@ def make_with_transformers(kind, out, seed=1):
             intermediate_size=d["F"], head_dim=g["HD"], query_pre_attn_scalar=g["QS"],
             sliding_window=g["W"], layer_types=g["TYPES"], rope_parameters=g["ROPE"], **caps,
             **dict(common, num_hidden_layers=g["L"], rms_norm_eps=1e-6, tie_word_embeddings=True)))
+    elif kind == "gemma2":
+        g = GEMMA2
+        model = tf.Gemma2ForCausalLM(tf.Gemma2Config(
+            intermediate_size=d["F"], head_dim=g["HD"], query_pre_attn_scalar=g["QS"],
+            sliding_window=g["W"], rope_parameters={"rope_type": "default", "rope_theta": g["THETA"]},
+            **g["CAPS"], **dict(common, num_hidden_layers=g["L"], rms_norm_eps=1e-6,
+                                tie_word_embeddings=True), attn_implementation="eager"))
     elif kind == "olmo2":
         model = tf.Olmo2ForCausalLM(tf.Olmo2Config(intermediate_size=d["F"], **common))
     elif kind == "mixtral":
@@ -386,7 +415,7 @@ def make_with_transformers(kind, out, seed=1):
     with torch.no_grad():
         for name, p in model.named_parameters():
             norm = "norm" in name or "ln_" in name
-            one = 0 if kind.startswith("gemma3") else 1  # Gemma 3's norms: 1 + w, w around 0
+            one = 0 if kind.startswith("gemma") else 1  # Gemma's norms: 1 + w, w around 0
             p.copy_(one + 0.1 * torch.randn_like(p) if norm and name.endswith("weight")
                     else 0.05 * torch.randn_like(p))
     model.save_pretrained(out, safe_serialization=True)
