@@ -20,6 +20,22 @@ $EQ --name _5d --config $TMP/llama.yaml \
     --layout "dp=2 tp=2 pp=2 cp=2 ep=2 sp=true zero=1" \
     --layout "tp=2 pp=2 cp=2" --layout "dp=2 tp=2 pp=2 ep=2 zero=2" \
     --layout "dp=2 pp=2 cp=2 ep=2 sched=afab" --layout "dp=2 tp=2 cp=2 ep=2 zero=3"
+# DeepSeek-V3's pieces all at once (issue 36): latent attention with the q latent (its latent on
+# the cp ring), a multi-token-prediction module, a dense layer then sigmoid-scored group-limited
+# MoE layers with a shared expert and the balancing bias, under dp=2 x tp=2 x pp=2 x cp=2 x ep=2
+cat >$TMP/ds.yaml <<EOT
+run:   {name: equiv-5d-ds, seed: 7}
+model: {arch: llama, n_layer: 4, d_model: 64, n_head: 4, n_kv_head: 4, d_ff: 96, vocab_size: 500,
+        max_seq_len: 64, mtp: {depth: 1, loss_weight: 0.3},
+        mla: {enabled: true, q_lora_rank: 24, kv_lora_rank: 16, qk_nope_head_dim: 12, qk_rope_head_dim: 8, v_head_dim: 16},
+        moe: {num_experts: 8, top_k: 2, d_ff_expert: 32, first_dense: 1, score: sigmoid, n_group: 4,
+              topk_group: 2, routed_scale: 2.5, shared_expert: true, shared_d_ff: 48, aux_loss_coef: 0,
+              seq_aux_loss_coef: 0.01, bias_update_rate: 0.01}}
+train: {seq_len: 32, micro_batch_size: 1, global_batch_size: 4}
+optimizer: {eps: 1.0e-6, lr: 3.0e-3, warmup_steps: 2}
+data:  {train: "$TMP/data/train_*.bin", val: null}
+EOT
+$EQ --name _5d_deepseek --config $TMP/ds.yaml --layout "dp=2 tp=2 pp=2 cp=2 ep=2 sp=true zero=1"
 $EQ --name _5d --config $TMP/llama.yaml --save-layout "dp=2 tp=2 pp=2 ep=2 zero=1" --resume-at 2 \
     --layout "dp=2 cp=2 pp=2 vpp=2 sched=interleaved zero=2" \
     --layout "dp=4 ep=4 tp=2 zero=3" --layout "dp=1"
