@@ -571,15 +571,7 @@ static int child_main(void) {
 #endif
         comm_req r = comm_allreduce(E.world, buf, buf, 4, COMM_FP32, COMM_SUM);
         comm_wait(&r);
-#ifdef UST_NCCL
-        /* NCCL's wait only makes the compute stream wait: the host blocks on the result later,
-         * as a trainer's next read of the device does, and the deadline thread ends it there */
-        if (g_dev) cudaDeviceSynchronize();
-        /* the peer's death may have ended the operation first: the next call reports it */
-        r = comm_allreduce(E.world, buf, buf, 4, COMM_FP32, COMM_SUM);
-        comm_wait(&r);
-#endif
-        return 0; /* not reached: the wait (or the deadline thread) exits */
+        return 0; /* not reached: the wait exits */
     }
     case_world_collectives(&E);
     if (!g_dev) case_byte_counters(&E); /* uses host buffers; counting is backend-independent */
