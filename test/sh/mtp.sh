@@ -86,6 +86,7 @@ if need_py mtp_moe_reference torch numpy safetensors; then
  "rope_theta": 10000, "depth": 2, "top_k": 2, "n_group": 4, "topk_group": 2, "routed_scale": 2.5}
 EOT
     python3 -c "import safetensors.numpy as s, sys; k = s.load_file(sys.argv[1]); b = k['model.layers.3.mlp.router.expert_bias']; print('PASS mtp_moe_block_has_experts_and_a_moving_bias' if 'model.layers.3.mlp.experts.7.down_proj.weight' in k and abs(b).max() > 0 else 'FAIL mtp_moe_block_has_experts_and_a_moving_bias: %s' % b)" $TMP/ckm/step_3/model.safetensors
+    python3 -c "import json, sys; r = json.loads(open(sys.argv[1]).readlines()[-1]); l = [x['layer'] for x in r['moe']]; print('PASS mtp_moe_blocks_in_the_moe_metrics' if l == [1, 2, 3] else 'FAIL mtp_moe_blocks_in_the_moe_metrics: layers %s' % l)" $TMP/refm.jsonl
     python3 test/tools/mtp_ref.py mtp_moe $TMP/ckm/step_3 $TMP/mm.json $TMP/data/val_000.bin 2 32 \
         "${vl:-0}" "$m1,$m2" 1e-5 2>&1 | grep -E '^(PASS|FAIL|  )'
 fi
