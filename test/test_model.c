@@ -19,6 +19,8 @@ enum { TB = 2, TT = 8 };
  * qk head 6 + 4 so v's padding is exercised */
 static int tiny_mla;
 static int tiny_mtp; /* model.mtp.depth in tiny_config (loss_weight 2) */
+static int tiny_moe; /* layer 1 and model.mtp's blocks MoE: DeepSeek's sigmoid routing to all 2
+                      * experts (no choice a finite difference could flip), a shared expert */
 
 static void tiny_config(ust_config *c, ust_arch arch) {
     cfg_defaults(c);
@@ -36,6 +38,12 @@ static void tiny_config(ust_config *c, ust_arch arch) {
     c->train.seq_len = TT;
     c->model.mtp.depth = tiny_mtp;
     c->model.mtp.loss_weight = 2; /* each module weighs as much as the main loss */
+    if (tiny_moe) {
+        c->model.moe.num_experts = 2, c->model.moe.top_k = 2, c->model.moe.d_ff_expert = 16;
+        c->model.moe.first_dense = 1, c->model.moe.score = MOE_SIGMOID;
+        c->model.moe.routed_scale = 2.5, c->model.moe.shared_expert = true;
+        c->model.moe.aux_loss_coef = c->model.moe.z_loss_coef = 0; /* mean_loss has no MoE loss */
+    }
     if (!tiny_mla) return;
     c->model.n_kv_head = c->model.n_head;
     c->model.mla.enabled = true;
@@ -362,14 +370,16 @@ static void check_gradients(ust_arch arch) {
 
 static void test_gpt2_gradients_match_finite_differences(void) { check_gradients(ARCH_GPT2); }
 static void test_llama_gradients_match_finite_differences(void) { check_gradients(ARCH_LLAMA); }
-/* model.mtp: two modules (embedding and lm_head shared, each module's weights), dense blocks
- * and MLA blocks. */
+/* model.mtp: two modules (embedding and lm_head shared, each module's weights), dense blocks,
+ * MLA blocks and MoE blocks. */
 static void test_mtp_gradients_match_finite_differences(void) {
     tiny_mtp = 2;
     check_gradients(ARCH_LLAMA);
     tiny_mla = 1;
     check_gradients(ARCH_LLAMA);
-    tiny_mla = tiny_mtp = 0;
+    tiny_mla = 0, tiny_moe = 1; /* MoE blocks, as DeepSeek-V3's MTP layer */
+    check_gradients(ARCH_LLAMA);
+    tiny_moe = tiny_mtp = 0;
 }
 static void test_mla_gradients_match_finite_differences(void) {
     for (tiny_mla = 1; tiny_mla <= 3; tiny_mla++) check_gradients(ARCH_LLAMA);

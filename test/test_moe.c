@@ -588,6 +588,13 @@ static void test_moe_first_dense_and_layer_list_select_layers(void) {
           "list 1,1,0,1 after first_dense 1");
     c.model.moe.first_dense = 0;
     CHECK(moe_layer_is_moe(&c, 0) && !moe_layer_is_moe(&c, 2), "list alone");
+    /* model.mtp's blocks, layers n_layer + k: MoE in a model with MoE layers, whatever the list's
+     * last entry (DeepSeek-V3's MTP layer is a MoE layer) */
+    snprintf(c.model.moe.layers, sizeof c.model.moe.layers, "1,1,0,0");
+    CHECK(moe_layer_is_moe(&c, 4) && moe_layer_is_moe(&c, 5) && !moe_layer_is_moe(&c, 3),
+          "mtp blocks after a list ending dense");
+    c.model.moe.num_experts = 0;
+    CHECK(!moe_layer_is_moe(&c, 4), "mtp blocks of a dense model");
 }
 
 /* The router's options on a hand case (sigmoid scores s, logits = logit(s)), E = 4 in 2 groups

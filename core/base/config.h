@@ -334,7 +334,8 @@ bool cfg_tied(const ust_config *c); /* gpt2, or llama with tie_embeddings */
  * (no window, or one of at least model.max_seq_len). */
 int cfg_layer_window(const ust_config *c, int l);
 /* Layer l (0-based) is a MoE layer: model.moe.num_experts > 0, l >= moe.first_dense, and
- * moe.layers[l] == 1 when the list is given, else l % moe.every == 0. */
+ * moe.layers[l] == 1 when the list is given, else l % moe.every == 0. model.mtp's blocks (layers
+ * n_layer + k) are MoE in every model with MoE layers (DeepSeek-V3's MTP layer is). */
 bool cfg_layer_is_moe(const ust_config *c, int l);
 /* MoE layers carry the routing bias router.expert_bias (used for the top-k choice only): with
  * aux-loss-free balancing (moe.bias_update_rate > 0, which moves it) and with sigmoid scores,

@@ -29,6 +29,7 @@ int cfg_layer_window(const ust_config *c, int l) {
 bool cfg_layer_is_moe(const ust_config *c, int l) {
     const __typeof__(c->model.moe) *m = &c->model.moe;
     if (m->num_experts <= 0 || l < m->first_dense) return false;
+    if (l >= c->model.n_layer) return true; /* model.mtp's blocks: MoE, as DeepSeek-V3's */
     if (!m->layers[0]) return l % (m->every > 0 ? m->every : 1) == 0;
     const char *s = m->layers;
     long v = 0;

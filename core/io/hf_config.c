@@ -350,13 +350,13 @@ static int parse_deepseek_v3(const jctx *x, ust_config *c) {
         jint(x, "num_nextn_predict_layers", 0, 0, &m->mtp.depth) ||
         refuse_true(x, "attention_bias", "DeepseekV3ForCausalLM with q/kv/o biases"))
         return -1;
-    /* the MTP layers (model.mtp): dense blocks; DeepSeek's sit past first_k_dense_replace */
-    if (m->mtp.depth > 4 || (m->mtp.depth && dense < m->n_layer))
+    /* the MTP layers (model.mtp): their blocks are MoE layers in a model with MoE layers (past
+     * first_k_dense_replace, as DeepSeek's), else dense, as cfg_layer_is_moe makes them */
+    if (m->mtp.depth > 4)
         return ust_errf(x->e,
                         "%s: 'num_nextn_predict_layers' = %d: ustrain imports up to 4 multi-token "
-                        "prediction layers, with dense blocks (first_k_dense_replace %d of %d "
-                        "layers makes them MoE layers, which model.mtp does not have yet)",
-                        x->path, m->mtp.depth, dense, m->n_layer);
+                        "prediction layers",
+                        x->path, m->mtp.depth);
     const cJSON *r =
         jget(x, "rope_parameters") ? jget(x, "rope_parameters") : jget(x, "rope_scaling");
     jctx rs = {x->path, r, x->e}; /* yarn_apply_mscale: any scaling but 'default' */

@@ -248,8 +248,8 @@ static void vocab_row(hf_table *l, const char *name, const char *src, int dup) {
 }
 
 /* model.mtp's module k as DeepSeek-V3's checkpoints hold it, layer n_layer + k: its own norms,
- * eh_proj and dense block (params.c:add_mtp_params' names), and copies of the shared embedding
- * and head, which the export writes and the import checks against the main model's. */
+ * eh_proj and block, dense or MoE (params.c:add_mtp_params' names), and copies of the shared
+ * embedding and head, which the export writes and the import checks against the main model's. */
 static void mtp_layer(hf_table *l, int k) {
     const ust_config *c = l->c;
     int64_t C = c->model.d_model;
@@ -263,7 +263,7 @@ static void mtp_layer(hf_table *l, int k) {
     ONE("eh_proj.weight", 2, C, 2 * C);
     snprintf(n, sizeof n, "model.layers.%d.embed_tokens.weight", i);
     vocab_row(l, n, "model.embed_tokens.weight", 1);
-    llama_layer(l, i, 0);
+    llama_layer(l, i, cfg_layer_is_moe(c, i)); /* MoE in a model with MoE layers */
     ONE("shared_head.norm.weight", 1, C, 0);
 #undef ONE
     snprintf(n, sizeof n, "model.layers.%d.shared_head.head.weight", i);
@@ -418,11 +418,6 @@ static int deepseek_moe_check(const ust_config *c, ust_err *e) {
                         "model.moe.max_nodes_per_token %d: DeepseekV3ForCausalLM ranks groups by "
                         "their top-2 scores, and top_k %d / %d is not 2",
                         moe->max_nodes_per_token, moe->top_k, moe->max_nodes_per_token);
-    if (c->model.mtp.depth)
-        return ust_errf(e,
-                        "model.mtp.depth %d with MoE layers: DeepseekV3's multi-token prediction "
-                        "layers are MoE layers there, and ustrain's modules have dense blocks",
-                        c->model.mtp.depth);
     if (!moe->shared_expert || shared_width(c) % moe->d_ff_expert)
         return ust_errf(e,
                         "model.moe.shared_expert / shared_d_ff: DeepseekV3ForCausalLM's MoE layer "
@@ -499,8 +494,11 @@ int64_t hf_table_count(const ust_config *c) {
     /* a DeepSeek MoE layer also has the router's correction bias and the shared MLP */
     int64_t moe = 1 + 3 * (int64_t)m->moe.num_experts + (m->mla.enabled ? 4 : 0);
     for (int l = 0; l < m->n_layer; l++) n += attn + (cfg_layer_is_moe(c, l) ? moe : 3);
-    /* each MTP module: a dense layer, enorm, hnorm, eh_proj, shared_head.norm and the two copies */
-    return n + (int64_t)hf_mtp_depth(c) * (attn + 3 + 6);
+    /* each MTP module: its layer (MoE in a model with MoE layers), enorm, hnorm, eh_proj,
+     * shared_head.norm and the two copies */
+    for (int k = 0; k < hf_mtp_depth(c); k++)
+        n += attn + (cfg_layer_is_moe(c, m->n_layer + k) ? moe : 3) + 6;
+    return n;
 }
 
 /* Row r of the stacked q | k | v (each n_head heads of D rows) as a (source, row) pair: k and v

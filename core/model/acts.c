@@ -59,7 +59,7 @@ void acts_alloc_layer(model *m, ust_arena *a, layer_acts *x, act *shared_act, in
 
 /* A MoE layer's saved routing and expert activations. A counting arena (the memory plan's
  * model has no MoE context) counts what moe_acts_init carves, sized beside it. */
-static void alloc_moe_acts(model *m, ust_arena *a, moe_acts *ma) {
+void acts_alloc_moe(model *m, ust_arena *a, moe_acts *ma) {
     const char *caller = OWNER("acts.layer.moe");
     if (mem_counting(a))
         mem_alloc(a, MEM_ACTS, moe_acts_bytes(m->cfg, m->shape.B * m->shape.T, m->moe.ep_size));
@@ -125,7 +125,7 @@ static void alloc_slot(model *m, ust_arena *a, const model_chunk *ch, act_slot *
         m->shape.recompute != RECOMPUTE_FULL) { /* full: the shared m->acts.moe_scratch */
         s->ma = calloc(nl, sizeof *s->ma);
         for (int i = 0; i < nl; i++)
-            if (is_moe(m, ch->lo + i)) alloc_moe_acts(m, a, &s->ma[i]);
+            if (is_moe(m, ch->lo + i)) acts_alloc_moe(m, a, &s->ma[i]);
     }
     if (m->shape.zb) {
         s->ws = calloc(nl, sizeof *s->ws);
@@ -175,7 +175,7 @@ void acts_alloc(model *m, ust_arena *a) {
     act *shared = m->shape.recompute == RECOMPUTE_SELECTIVE ? A(N * F) : NULL;
     if (m->shape.recompute == RECOMPUTE_FULL) acts_alloc_layer(m, a, &m->acts.scratch, shared, 1);
     if (m->shape.recompute == RECOMPUTE_FULL && m->moe.has_moe)
-        alloc_moe_acts(m, a, &m->acts.moe_scratch);
+        acts_alloc_moe(m, a, &m->acts.moe_scratch);
     for (int c = 0; c < m->nchunks; c++) {
         model_chunk *ch = &m->chunks[c];
         ch->slots = calloc(ch->nslots, sizeof *ch->slots);
@@ -227,6 +227,8 @@ void acts_free(model *m) {
             act_slot *s = &m->chunks[c].slots[k];
             for (int i = 0; s->ma && i < m->chunks[c].hi - m->chunks[c].lo; i++)
                 if (is_moe(m, m->chunks[c].lo + i)) moe_acts_free(&s->ma[i]);
+            for (int k = 0; s->mtp && k < m->mtp.D; k++) /* model.mtp's MoE blocks */
+                if (is_moe(m, m->shape.L + k)) moe_acts_free(&s->mtp[k].ma);
             free(s->xs), free(s->la), free(s->ws), free(s->ma), free(s->wg.jobs), free(s->mtp);
         }
         free(m->chunks[c].slots);

@@ -15,5 +15,7 @@ layer_acts *acts_of(model *m, act_slot *s, int i);
 /* One layer's saved activations (mlp: a dense MLP's too; shared_act: selective recompute's). */
 void acts_alloc_layer(model *m, ust_arena *a, layer_acts *x, act *shared_act, int mlp);
 moe_acts *moe_acts_of(model *m, act_slot *s, int i);
+/* A MoE layer's saved routing and expert activations (counted only, in a counting arena). */
+void acts_alloc_moe(model *m, ust_arena *a, moe_acts *ma);
 
 #endif

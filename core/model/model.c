@@ -186,7 +186,7 @@ double model_chunk_forward(model *m, int c, int slot, const ust_batch *b, float 
     for (int i = 0; i < N; i++) counted += b->targets[i] >= 0;
     if (ntok) *ntok = counted;
     const act *x_last = s->xs[ch->hi - ch->lo];
-    double loss = vocab_head_forward(m, s, x_last, u + m->mtp.D, dscale);
+    double loss = vocab_head_forward(m, s, x_last, u + m->mtp.D * mtp_units(m), dscale);
     if (s->mtp_live) mtp_forward(m, s, b, x_last, dscale, ch->mtp_u0);
     return loss;
 }
@@ -217,7 +217,7 @@ void model_chunk_backward(model *m, int c, int slot, int input_only) {
     if (ch->head && s->mtp_live) mtp_backward(m, s, s->xs[nl], ch->mtp_u0); /* before the head */
     if (ch->head) u = vocab_head_backward(m, s, s->xs[nl], dx, &df, begin, end, u);
     if (ch->head && s->mtp_live) mtp_add_input_grad(m, dx);
-    if (ch->head) u -= m->mtp.D; /* the modules' units */
+    if (ch->head) u -= m->mtp.D * mtp_units(m); /* the modules' units */
     for (int l = ch->hi - 1; l >= ch->lo; l--) {
         int i = l - ch->lo, moe = is_moe(m, l), ua = u - moe; /* MoE: ua dense, u experts */
         moe_acts *ma = moe ? moe_acts_of(m, s, i) : NULL;

@@ -15,6 +15,23 @@
  * micro-batch's tokens (each routes and computes its 1/tp: its own rows under sp, a slice of the
  * replicated rows without), so no expert work is repeated over tp; the aux-loss statistics are
  * summed over the cp shards and the tp parts. */
+/* The layers with MoE state: the main model's and model.mtp's blocks (layers n_layer + k). */
+static int moe_nlayers(const model *m) { return m->shape.L + m->cfg->model.mtp.depth; }
+
+/* This rank's i-th MoE layer (its chunks' in order, a head chunk's model.mtp blocks after its
+ * layers), or -1. */
+static int moe_layer_at(const model *m, int i) {
+    int n = 0, D = m->cfg->model.mtp.depth;
+    for (int c = 0; c < m->nchunks; c++) {
+        const model_chunk *ch = &m->chunks[c];
+        for (int l = ch->lo; l < ch->hi; l++)
+            if (is_moe(m, l) && n++ == i) return l;
+        for (int k = 0; ch->head && k < D; k++)
+            if (is_moe(m, m->shape.L + k) && n++ == i) return m->shape.L + k;
+    }
+    return -1;
+}
+
 void model_moe_init(model *m, ust_arena *arena, const model_storage *st) {
     m->moe.has_moe = 1;
     m->moe.ep_size = ep_size(st->ep);
@@ -26,14 +43,15 @@ void model_moe_init(model *m, ust_arena *arena, const model_storage *st) {
                     .cap_T = m->cfg->train.seq_len,
                     .cap_Tl = m->shape.T};
     moe_init(&m->moe.ctx, m->cfg, m->ops, arena, m->shape.B * m->shape.T, &g);
-    m->moe.mw = calloc(m->shape.L, sizeof *m->moe.mw);
-    m->moe.mg = calloc(m->shape.L, sizeof *m->moe.mg);
-    m->moe.mstats = calloc(m->shape.L, sizeof *m->moe.mstats);
-    m->moe.moe_load = calloc((size_t)m->shape.L * m->moe.ctx.E, sizeof *m->moe.moe_load);
-    m->moe.moe_gload = calloc((size_t)m->shape.L * m->moe.ctx.E, sizeof *m->moe.moe_gload);
+    int nl = moe_nlayers(m);
+    m->moe.mw = calloc(nl, sizeof *m->moe.mw);
+    m->moe.mg = calloc(nl, sizeof *m->moe.mg);
+    m->moe.mstats = calloc(nl, sizeof *m->moe.mstats);
+    m->moe.moe_load = calloc((size_t)nl * m->moe.ctx.E, sizeof *m->moe.moe_load);
+    m->moe.moe_gload = calloc((size_t)nl * m->moe.ctx.E, sizeof *m->moe.moe_gload);
     UST_ASSERT(m->moe.mw && m->moe.mg && m->moe.mstats && m->moe.moe_load && m->moe.moe_gload,
                "out of host memory (MoE tables)");
-    for (int l = 0; l < m->shape.L; l++)
+    for (int l = 0; l < nl; l++)
         if (is_moe(m, l))
             moe_weights_init(&m->moe.mw[l], &m->moe.ctx),
                 moe_weights_init(&m->moe.mg[l], &m->moe.ctx);
@@ -45,7 +63,7 @@ void model_moe_init(model *m, ust_arena *arena, const model_storage *st) {
 
 void model_moe_free(model *m) {
     if (m->moe.has_moe) {
-        for (int l = 0; l < m->shape.L; l++)
+        for (int l = 0; l < moe_nlayers(m); l++)
             if (is_moe(m, l)) moe_weights_free(&m->moe.mw[l]), moe_weights_free(&m->moe.mg[l]);
         if (m->shape.recompute == RECOMPUTE_FULL) moe_acts_free(&m->acts.moe_scratch);
         moe_free(&m->moe.ctx);
@@ -106,63 +124,47 @@ void model_moe_end_step(model *m, model_sum_fn sum, int update_bias, model_param
     int E = m->moe.ctx.E;
     int has_bias = m->cfg->model.moe.bias_update_rate > 0;
     step_loads(m, sum, ctx);
-    for (int c = 0; c < m->nchunks; c++)
-        for (int l = m->chunks[c].lo; l < m->chunks[c].hi; l++)
-            if (is_moe(m, l) && update_bias && has_bias)
-                move_bias(m, l, m->moe.moe_load + (int64_t)l * E, add, ctx);
-    memcpy(m->moe.moe_gload, m->moe.moe_load, (size_t)m->shape.L * E * sizeof *m->moe.moe_load);
-    memset(m->moe.moe_load, 0, (size_t)m->shape.L * E * sizeof *m->moe.moe_load);
+    for (int i = 0, l; update_bias && has_bias && (l = moe_layer_at(m, i)) >= 0; i++)
+        move_bias(m, l, m->moe.moe_load + (int64_t)l * E, add, ctx);
+    size_t n = (size_t)moe_nlayers(m) * E * sizeof *m->moe.moe_load;
+    memcpy(m->moe.moe_gload, m->moe.moe_load, n);
+    memset(m->moe.moe_load, 0, n);
 }
 
 int model_moe_expert_load(const model *m, int i, double *counts, int max) {
-    int n = 0, E = m->moe.ctx.E;
-    for (int c = 0; c < m->nchunks; c++)
-        for (int l = m->chunks[c].lo; l < m->chunks[c].hi; l++)
-            if (is_moe(m, l) && n++ == i) {
-                for (int e = 0; e < E && e < max; e++)
-                    counts[e] = m->moe.moe_gload[(int64_t)l * E + e];
-                return E < max ? E : max;
-            }
-    return 0;
+    int E = m->moe.ctx.E, l = moe_layer_at(m, i);
+    if (l < 0) return 0;
+    for (int e = 0; e < E && e < max; e++) counts[e] = m->moe.moe_gload[(int64_t)l * E + e];
+    return E < max ? E : max;
 }
 
 int model_moe_rank_rows(const model *m, int i, double *rows, int max) {
-    int n = 0, E = m->moe.ctx.E, ep = m->moe.ep_size, El = E / ep;
+    int E = m->moe.ctx.E, ep = m->moe.ep_size, El = E / ep, l = moe_layer_at(m, i);
     const __typeof__(m->cfg->parallel) *p = &m->cfg->parallel;
     double holders = (double)p->dp / ep * p->cp * p->tp;
-    for (int c = 0; c < m->nchunks; c++)
-        for (int l = m->chunks[c].lo; l < m->chunks[c].hi; l++)
-            if (is_moe(m, l) && n++ == i) {
-                for (int r = 0; r < ep && r < max; r++) {
-                    double s = 0;
-                    for (int e = r * El; e < (r + 1) * El; e++)
-                        s += m->moe.moe_gload[(int64_t)l * E + e];
-                    rows[r] = s / holders;
-                }
-                return ep < max ? ep : max;
-            }
-    return 0;
+    if (l < 0) return 0;
+    for (int r = 0; r < ep && r < max; r++) {
+        double s = 0;
+        for (int e = r * El; e < (r + 1) * El; e++) s += m->moe.moe_gload[(int64_t)l * E + e];
+        rows[r] = s / holders;
+    }
+    return ep < max ? ep : max;
 }
 
 double model_moe_bias_range(model *m, int i, model_param_get_fn get, void *ctx) {
-    int n = 0, E = m->moe.ctx.E;
-    if (m->cfg->model.moe.bias_update_rate <= 0 || (!m->tab.p && !get)) return NAN;
-    for (int c = 0; c < m->nchunks; c++)
-        for (int l = m->chunks[c].lo; l < m->chunks[c].hi; l++)
-            if (is_moe(m, l) && n++ == i) {
-                float *h = m->moe.ctx.stats_host; /* >= E floats, free between forwards */
-                if (m->tab.p)
-                    m->ops->to_host(m->ops, h, m->moe.mw[l].bias, (size_t)E * sizeof(float));
-                else { /* the sharding layer's pieces, made whole */
-                    int p = bias_param(m, l);
-                    UST_ASSERT(p >= 0, "layer %d: a routing bias without its parameter", l);
-                    get(ctx, p, h);
-                }
-                float lo = h[0], hi = h[0];
-                for (int e = 1; e < E; e++) lo = h[e] < lo ? h[e] : lo, hi = h[e] > hi ? h[e] : hi;
-                return (double)hi - lo;
-            }
-    return NAN;
+    int E = m->moe.ctx.E, l = moe_layer_at(m, i);
+    if (m->cfg->model.moe.bias_update_rate <= 0 || (!m->tab.p && !get) || l < 0) return NAN;
+    float *h = m->moe.ctx.stats_host; /* >= E floats, free between forwards */
+    if (m->tab.p)
+        m->ops->to_host(m->ops, h, m->moe.mw[l].bias, (size_t)E * sizeof(float));
+    else { /* the sharding layer's pieces, made whole */
+        int p = bias_param(m, l);
+        UST_ASSERT(p >= 0, "layer %d: a routing bias without its parameter", l);
+        get(ctx, p, h);
+    }
+    float lo = h[0], hi = h[0];
+    for (int e = 1; e < E; e++) lo = h[e] < lo ? h[e] : lo, hi = h[e] > hi ? h[e] : hi;
+    return (double)hi - lo;
 }
 
 double model_take_moe_loss(model *m) {
@@ -174,13 +176,11 @@ double model_take_moe_loss(model *m) {
 int model_moe_stats(const model *m, int *layers, double *load_max, double *load_mean,
                     double *dropped, int max) {
     int n = 0;
-    for (int c = 0; c < m->nchunks; c++)
-        for (int l = m->chunks[c].lo; l < m->chunks[c].hi && n < max; l++)
-            if (is_moe(m, l)) {
-                layers[n] = l;
-                load_max[n] = m->moe.mstats[l].load_max;
-                load_mean[n] = m->moe.mstats[l].load_mean;
-                dropped[n++] = m->moe.mstats[l].dropped_frac;
-            }
+    for (int l; n < max && (l = moe_layer_at(m, n)) >= 0; n++) {
+        layers[n] = l;
+        load_max[n] = m->moe.mstats[l].load_max;
+        load_mean[n] = m->moe.mstats[l].load_mean;
+        dropped[n] = m->moe.mstats[l].dropped_frac;
+    }
     return n;
 }

@@ -1,9 +1,9 @@
 /* model_mtp.c: DeepSeek-V3's multi-token prediction (model_mtp.h), llm.c style. Module k (k =
  * 0..D-1, the paper's k + 1) at position i: x_i = eh_proj [enorm(Emb(t_{i+k+1})), hnorm(h^{k-1}_i)]
  * (the halves in that order, as DeepSeek's checkpoints and their readers lay eh_proj out), h^k =
- * its block (layer n_layer + k, a pre-norm block like the main model's), and the logits of
- * shared_head.norm(h^k) through the main model's lm_head predict t_{i+k+2}. h^{-1} is the main
- * model's last hidden state before its final norm. Each module's cross-entropy is summed over its
+ * its block (layer n_layer + k, a pre-norm block like the main model's, MoE in a model with MoE
+ * layers), and the logits of shared_head.norm(h^k) through the main model's lm_head predict
+ * t_{i+k+2}. h^{-1} is the main model's last hidden state before its final norm. Each module's cross-entropy is summed over its
  * targets and weighted like the main loss's (by the main model's token count: the paper's 1/T)
  * times loss_weight / D. Shapes as in model.c; rows are this rank's (Nl, a share under sp). */
 #include "model_mtp.h"
@@ -13,6 +13,7 @@
 #include "acts.h"
 #include "error.h"
 #include "model_block.h"
+#include "model_moe.h"
 #include "model_vocab.h"
 #include "tp.h"
 
@@ -26,8 +27,10 @@ static void cols(const model *m, act *dst, int64_t dp, int64_t d0, const act *sr
               (size_t)w * as, (size_t)rows);
 }
 
-/* h^k of module k from h_prev = h^{k-1}, and its head's input lnf. */
-static void module_forward(model *m, mtp_acts *x, const act *emb, const act *h_prev, int k) {
+/* h^k of module k from h_prev = h^{k-1}, and its head's input lnf; a MoE block's statistics in
+ * st. */
+static void module_forward(model *m, mtp_acts *x, const act *emb, const act *h_prev, int k,
+                           moe_stats *st) {
     const mtp_w *w = &m->mtp.w[k];
     int Nl = m->shape.Nl, C = m->shape.C;
     block_norm_forward(m, x->en, NULL, x->en_rstd, emb, w->enorm, NULL);
@@ -35,24 +38,31 @@ static void module_forward(model *m, mtp_acts *x, const act *emb, const act *h_p
     cols(m, x->cat, 2 * C, 0, x->en, C, 0, C, Nl);
     cols(m, x->cat, 2 * C, C, x->hn, C, 0, C, Nl);
     m->ops->linear_fwd(m->ops, x->x, x->cat, w->eh, NULL, Nl, 2 * C, C);
-    moe_stats st; /* the modules' blocks are dense */
-    block_forward(m, m->shape.L + k, x->x, x->h, &x->la, NULL, &st);
+    int l = m->shape.L + k;
+    block_forward(m, l, x->x, x->h, &x->la, is_moe(m, l) ? &x->ma : NULL, st);
     block_norm_forward(m, x->lnf, NULL, x->lnf_rstd, x->h, w->norm, NULL);
 }
 
 void mtp_forward(model *m, act_slot *s, const ust_batch *b, const act *x_last, float dscale,
                  int u0) {
     const ust_ops *o = m->ops;
-    int N = m->shape.B * m->shape.T, D = m->mtp.D;
+    int N = m->shape.B * m->shape.T, D = m->mtp.D, nu = mtp_units(m), moe = nu > 1;
     /* d loss / d logits of each module: its weight in the loss times the main model's scale */
     float scale = dscale * (float)(m->cfg->model.mtp.loss_weight / D);
     for (int k = 0; k < D; k++) {
         mtp_acts *x = &s->mtp[k];
-        model_hook(m, u0 + k, MODEL_FWD_BEGIN);
-        module_forward(m, x, mtp_emb(m, s->xs[0], k), k ? s->mtp[k - 1].h : x_last, k);
-        model_hook(m, u0 + k, MODEL_FWD_END);
+        int u = u0 + k * nu; /* a MoE block's experts: unit u + 1 */
+        moe_stats st;
+        model_hook(m, u, MODEL_FWD_BEGIN);
+        if (moe) model_hook(m, u + 1, MODEL_FWD_BEGIN);
+        module_forward(m, x, mtp_emb(m, s->xs[0], k), k ? s->mtp[k - 1].h : x_last, k, &st);
+        if (moe) {
+            model_hook(m, u + 1, MODEL_FWD_END);
+            model_moe_record(m, m->shape.L + k, &st, dscale);
+        }
+        model_hook(m, u, MODEL_FWD_END);
         o->to_device(o, m->mtp.tgt, b->mtp_targets + (int64_t)k * N, N * sizeof(int32_t));
-        vocab_logits_forward(m, x->lnf, x->logits, m->mtp.losses, m->mtp.tgt, scale, u0 + D);
+        vocab_logits_forward(m, x->lnf, x->logits, m->mtp.losses, m->mtp.tgt, scale, u0 + D * nu);
         m->mtp.loss[k] += o->sum(o, m->mtp.losses, N);
     }
 }
@@ -85,7 +95,8 @@ static void module_backward(model *m, mtp_acts *x, act_slot *s, const act *h_pre
     block_norm_backward(m, dx, g->norm, NULL, dlnf, x->h, w->norm, NULL, x->lnf_rstd);
     if (k < m->mtp.D - 1) o->add(o, dx, dx, m->mtp.dh, (int64_t)Nl * C);
     const deferral now = {NULL, NULL};
-    block_backward(m, m->shape.L + k, x->x, dx, &x->la, NULL, &now); /* dx: d x */
+    int l = m->shape.L + k;
+    block_backward(m, l, x->x, dx, &x->la, is_moe(m, l) ? &x->ma : NULL, &now); /* dx: d x */
     eh_backward(m, x, w, g);
     cols(m, dx, C, 0, m->mtp.dcat, 2 * C, 0, C, Nl); /* d en */
     block_norm_backward(m, mtp_emb(m, s->dy, k), g->enorm, NULL, dx, mtp_emb(m, s->xs[0], k),
@@ -95,14 +106,18 @@ static void module_backward(model *m, mtp_acts *x, act_slot *s, const act *h_pre
 }
 
 void mtp_backward(model *m, act_slot *s, const act *x_last, int u0) {
+    int nu = mtp_units(m), moe = nu > 1;
     for (int k = m->mtp.D - 1; k >= 0; k--) {
         mtp_acts *x = &s->mtp[k];
         /* the head: its input gradient (and, in vocabulary chunks, each chunk's weight
          * gradient between that chunk's hooks) */
         act *dlnf = vocab_logits_backward(m, x->lnf, x->logits);
-        model_hook(m, u0 + k, MODEL_BWD_BEGIN);
+        int u = u0 + k * nu; /* a MoE block's experts: unit u + 1 */
+        model_hook(m, u, MODEL_BWD_BEGIN);
+        if (moe) model_hook(m, u + 1, MODEL_BWD_BEGIN);
         module_backward(m, x, s, k ? s->mtp[k - 1].h : x_last, dlnf, k);
-        model_hook(m, u0 + k, MODEL_BWD_END);
+        if (moe) model_hook(m, u + 1, MODEL_BWD_END);
+        model_hook(m, u, MODEL_BWD_END);
     }
 }
 
@@ -142,7 +157,9 @@ void mtp_alloc_slot(model *m, ust_arena *a, act_slot *s, act *shared) {
         x->cat = A(Nl * 2 * C);
         x->x = A(Nl * C), x->h = A(Nl * C), x->lnf = A(Nl * C);
         x->logits = A(N * m->shape.Vl);
-        acts_alloc_layer(m, a, &x->la, shared, 1);
+        int moe = is_moe(m, m->shape.L + k); /* a MoE block keeps its own, not the dense MLP's */
+        acts_alloc_layer(m, a, &x->la, shared, !moe);
+        if (moe) acts_alloc_moe(m, a, &x->ma);
     }
 }
 

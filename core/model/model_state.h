@@ -108,6 +108,7 @@ typedef struct {
     act *cat, *x, *h;  /* (Nl,2C) [en, hn]; (Nl,C) eh_proj's output, the block's output h_k */
     act *lnf, *logits; /* (Nl,C) shared_head.norm(h_k); (N,Vl) logits, then their gradient */
     layer_acts la;
+    moe_acts ma; /* a MoE block's (the model has MoE layers) */
 } mtp_acts;
 
 /* What one micro-batch in flight through a chunk keeps between its forward and backward. */
@@ -142,7 +143,7 @@ typedef struct {
     int embed, head;   /* holds the embeddings / the final norm, lm_head and loss */
     int copy;          /* a synced copy of a stage another rank owns (model_stage.copy) */
     int unit0, nunits; /* its units in the rank's unit numbering */
-    int mtp_u0;        /* head chunk under model.mtp: module k's unit is mtp_u0 + k */
+    int mtp_u0;        /* head chunk under model.mtp: module k's unit is mtp_unit's */
     int nslots;
     act_slot *slots;
 } model_chunk;
@@ -341,8 +342,15 @@ static inline act *mtp_emb(const model *m, act *boundary, int k) {
 static inline int is_mla(const model *m) { return m->cfg->model.mla.enabled; }
 
 static inline int is_moe(const model *m, int l) {
-    /* model.mtp's blocks (layers n_layer + k) are dense */
-    return m->moe.has_moe && l < m->shape.L && moe_layer_is_moe(m->cfg, l);
+    /* model.mtp's blocks (layers n_layer + k) are MoE in a model with MoE layers */
+    return m->moe.has_moe && moe_layer_is_moe(m->cfg, l);
+}
+
+/* model.mtp: the units each module takes (its block's experts open a second in a MoE model),
+ * and module k's first in chunk ch (the head chunk) */
+static inline int mtp_units(const model *m) { return 1 + is_moe(m, m->shape.L); }
+static inline int mtp_unit(const model *m, const model_chunk *ch, int k) {
+    return ch->mtp_u0 + k * mtp_units(m);
 }
 
 void model_trace_unit(model *m, int unit, model_phase phase, int after);

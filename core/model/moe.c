@@ -306,7 +306,7 @@ void moe_init(moe_ctx *m, const ust_config *cfg, const ust_ops *ops, ust_arena *
     m->loss.seq_dp = m->loss.seqB ? FL((int64_t)m->loss.seqB * E) : NULL;
     m->loss.stats = FL(moe_stats_floats(E, m->loss.seqB));
     m->stats_host = moe_host_alloc(moe_stats_floats(E, m->loss.seqB) * sizeof(float));
-    m->bal.nlayers = cfg->model.n_layer;
+    m->bal.nlayers = cfg->model.n_layer + cfg->model.mtp.depth; /* + model.mtp's MoE blocks */
     m->bal.bias_rate = c->bias_update_rate;
     m->bal.fault_local_loads = getenv("UST_FAULT_MOE_LOCAL_LOADS") != NULL;
     m->tp.fault_skip_sum = getenv("UST_FAULT_MOE_SKIP_TP_GRAD_SUM") != NULL;
@@ -362,7 +362,8 @@ int64_t moe_ctx_bytes(const ust_config *cfg, int N, int ep_size) {
      * dgate aux_dp stats */
     int64_t acts = 2 * N * E + N * C + (ep1 ? 0 : A * C + 2 * R * C) + A * C + R * C + 3 * F;
     int64_t B = c->seq_aux_loss_coef > 0 ? cfg->train.micro_batch_size : 0;
-    int64_t four = A + E + moe_stats_floats(E, B) + (int64_t)cfg->model.n_layer * E; /* ... loads */
+    int64_t four = A + E + moe_stats_floats(E, B) +
+                   (int64_t)(cfg->model.n_layer + cfg->model.mtp.depth) * E; /* loads */
     four += B * E;                          /* seq_dp: at most one segment per sequence */
     if (!ep1) four += 2 * E, acts += R * C; /* ep_init's counts and staging rows */
     if (cfg->parallel.cp > 1 && c->capacity_factor > 0) four += cfg->parallel.cp * Nmb * c->top_k;

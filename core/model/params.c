@@ -209,8 +209,14 @@ static void add_mtp_params(model *m, int k) {
     P("enorm.weight", 1, C, 0, 0, 1, enorm);
     P("hnorm.weight", 1, C, 0, 0, 1, hnorm);
     P("eh_proj.weight", C, 2 * C, 1, 0.02f, 0, eh);
+    /* a MoE block's experts close the module's unit and open their own (add_moe_param) */
+    if (is_moe(m, l)) {
+        P("shared_head.norm.weight", 1, C, 0, 0, 1, norm);
+    }
     add_layer_params(m, l);
-    P("shared_head.norm.weight", 1, C, 0, 0, 1, norm);
+    if (!is_moe(m, l)) {
+        P("shared_head.norm.weight", 1, C, 0, 0, 1, norm);
+    }
 #undef P
 }
 
@@ -313,7 +319,7 @@ static void build_param_table(model *m) {
         if (m->vc.nvc && ch->embed)
             ch->nunits += m->vc.nvc + !m->shape.llama; /* positions, chunks */
         if (m->vc.nvc && ch->head) ch->nunits += 1 + (m->shape.tied_local ? 0 : m->vc.nvc);
-        if (ch->head) ch->nunits += m->mtp.D; /* model.mtp: a unit per module */
+        if (ch->head) ch->nunits += m->mtp.D * mtp_units(m); /* model.mtp: per module */
         for (int l = ch->lo; l < ch->hi; l++) ch->nunits += is_moe(m, l); /* + its experts */
         m->tab.nunits += ch->nunits;
     }

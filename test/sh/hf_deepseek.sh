@@ -9,7 +9,8 @@
 # tokens (the latent cache), and the export bit-identical to the import and loaded by
 # transformers with every key used and the same loss; 10 trained steps exported and checked
 # (hf_lib.sh's trained_export): dense under dp=2 x tp=2 and pp=2, MoE under dp=2 x ep=2 with the
-# balancing bias moving and pp=2 across the dense/MoE boundary. Bad configs exit 2.
+# balancing bias moving and pp=2 across the dense/MoE boundary. MTP layers, dense and (in the MoE
+# model) MoE blocks, against mtp_ref.py hf. Bad configs exit 2.
 . "$(dirname "$0")/../lib.sh"
 need_py hf_deepseek_transformers numpy torch transformers || exit 0
 . "$(dirname "$0")/../hf_lib.sh"
@@ -128,14 +129,39 @@ else
     fail deepseek_v3_mtp_builds "$(tail -1 $t.log)"
 fi
 
+# MTP over MoE layers, as DeepSeek-V3 itself: the MoE model with one MTP layer (model.layers.2)
+# whose block is a MoE layer (hf_make_model.py deepseek_v3_moe_mtp: transformers'
+# DeepseekV3DecoderLayer past first_k_dense_replace, a random correction bias): the import's main
+# and module losses equal mtp_ref.py hf's (transformers' DeepseekV3MoE as the block), the export is
+# bit-identical and loaded by transformers; trained 4 steps under dp2 x ep2 with the bias moving,
+# the export's module loss is the run's
+t=$TMP/tf-moe-mtp
+if $MAKE transformers deepseek_v3_moe_mtp $t >$t.log 2>&1; then
+    $UST train $TMP/run.yaml --set model.init_from=$t --set checkpoint.dir=$t-ck >$t.run 2>&1
+    python3 test/tools/mtp_ref.py hf deepseek_v3_moe_mtp_import $t $TMP/data/val_000.bin 4 32 $(mtp_losses $t.run) 2>&1 |
+        grep -E '^(PASS|FAIL|  )'
+    $UST export $t-ck/step_0 --to hf $t-out >/dev/null 2>&1
+    $MAKE compare deepseek_v3_moe_mtp_export $t $t-out
+    python3 test/tools/hf_export_check.py transformers deepseek_v3_moe_mtp_export $t-out $TMP/data/val_000.bin 4 32 \
+        "$(mtp_losses $t.run | cut -d' ' -f1)" 1e-5 2>&1 | grep -E '^(PASS|FAIL|  )'
+    n=deepseek_v3_moe_mtp_trained_dp2_ep2
+    scripts/ustrun --nproc-per-node 2 $UST train $TMP/run.yaml --set model.init_from=$t \
+        --set checkpoint.dir=$TMP/$n-ck --set train.steps=4 --set data.val_every=4 --set parallel.dp=2 \
+        --set parallel.ep=2 --set model.moe.bias_update_rate=0.01 \
+        --set logging.metrics_file=$TMP/$n.jsonl >$TMP/$n.log 2>&1 || fail ${n}_trains "$(tail -2 $TMP/$n.log)"
+    $UST export $TMP/$n-ck --to hf $TMP/$n-out >/dev/null 2>&1
+    python3 test/tools/mtp_ref.py hf $n $TMP/$n-out $TMP/data/val_000.bin 4 32 \
+        $(python3 -c 'import json, sys; r = [json.loads(l) for l in open(sys.argv[1])][-1]
+print(r["val_loss"], r["val_mtp_loss_1"])' $TMP/$n.jsonl) 2>&1 | grep -E '^(PASS|FAIL)'
+else
+    fail deepseek_v3_moe_mtp_builds "$(tail -1 $t.log)"
+fi
+
 # bad input: attention biases; MoE routing transformers' class does not compute; no shared MLP;
 # a layout DeepseekV3ForCausalLM cannot hold on export
 patched bias '{"attention_bias": true}'
 patched softmax '{"scoring_func": "softmax"}'
 patched noshared '{"n_shared_experts": 0}'
-patched mtp_moe '{"num_nextn_predict_layers": 1}'
-expect_exit deepseek_v3_mtp_with_moe_layers_exits_2 2 "'num_nextn_predict_layers' = 1: ustrain imports up to 4 multi-token prediction layers, with dense blocks \(first_k_dense_replace 1 of 2 layers makes them MoE layers" -- \
-    $UST train $TMP/run.yaml --set model.init_from=$TMP/b-mtp_moe --set checkpoint.dir=$TMP/b
 expect_exit deepseek_v3_attention_bias_exits_2 2 "'attention_bias': true is not supported \(DeepseekV3ForCausalLM" -- \
     $UST train $TMP/run.yaml --set model.init_from=$TMP/b-bias --set checkpoint.dir=$TMP/b
 expect_exit deepseek_v3_softmax_scoring_exits_2 2 "scoring_func 'softmax', topk_method 'noaux_tc', moe_layer_freq 1: DeepseekV3ForCausalLM routes by sigmoid" -- \

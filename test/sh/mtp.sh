@@ -5,7 +5,8 @@
 # the same model without modules; every layout trains the one-process losses and weights (dp
 # ZeRO-2/3 with the vocabulary-chunked head, tp with and without sp, cp across the shifted
 # tokens' chunk boundaries, pp with the embeddings passed to the last stage (1f1b, afab, zb,
-# dualpipe and dualpipev), MLA blocks under tp+sp+cp); the memory plan equals the arena; bad
+# dualpipe and dualpipev), MLA blocks under tp+sp+cp; MoE blocks (DeepSeek-V3's) against the
+# reference and under dp2 x ep2, dp2 ZeRO-3, pp2 and tp2+sp); the memory plan equals the arena; bad
 # configs exit 2 naming the key.
 . "$(dirname "$0")/../lib.sh"
 
@@ -66,6 +67,33 @@ $EQ --name _mtp_dualpipe --config $TMP/mtp4.yaml --layout "pp=2 vpp=2 sched=dual
     --layout "pp=2 vpp=2 sched=dualpipe"
 $EQ --name _mtp_dpv_dp --config $TMP/mtp4.yaml --set train.global_batch_size=8 \
     --layout "pp=2 vpp=2 sched=dualpipev dp=2 zero=2"
+
+# MoE blocks (DeepSeek-V3's MTP layer is a MoE layer): layer 0 dense, layer 1 and the modules'
+# blocks 4 experts in 2 groups, sigmoid scores, the balancing bias moving, the sequence-wise loss,
+# a shared expert; the validation losses equal mtp_ref.py's (its own DeepSeek MoE) and ep2 x dp2,
+# pp2 (the modules' experts on the last stage) and tp2+sp train one process's losses and weights
+MOE="moe: {num_experts: 8, top_k: 2, d_ff_expert: 32, first_dense: 1, score: sigmoid, n_group: 4, topk_group: 2, routed_scale: 2.5, shared_expert: true, shared_d_ff: 48, aux_loss_coef: 0, seq_aux_loss_coef: 0.01, bias_update_rate: 0.05}"
+sed -e "s/max_seq_len: 64,/max_seq_len: 64, $MOE,/" $TMP/llama.yaml >$TMP/moe.yaml
+if need_py mtp_moe_reference torch numpy safetensors; then
+    $UST train $TMP/moe.yaml --set train.steps=3 --set "data.val=$TMP/data/val_*.bin" \
+        --set data.val_every=3 --set data.val_steps=2 --set checkpoint.dir=$TMP/ckm --set checkpoint.every=3 \
+        --set logging.metrics_file=$TMP/refm.jsonl >$TMP/refm.log 2>&1 || fail mtp_moe_reference_run "$(tail -2 $TMP/refm.log)"
+    vl=$(grep -o '"val_loss":[0-9.]*' $TMP/refm.jsonl | tail -1 | cut -d: -f2)
+    m1=$(grep -o '"val_mtp_loss_1":[0-9.]*' $TMP/refm.jsonl | tail -1 | cut -d: -f2)
+    m2=$(grep -o '"val_mtp_loss_2":[0-9.]*' $TMP/refm.jsonl | tail -1 | cut -d: -f2)
+    cat >$TMP/mm.json <<EOT
+{"n_layer": 2, "d_model": 64, "n_head": 4, "n_kv_head": 2, "vocab_size": 500, "norm_eps": 1e-5,
+ "rope_theta": 10000, "depth": 2, "top_k": 2, "n_group": 4, "topk_group": 2, "routed_scale": 2.5}
+EOT
+    python3 -c "import safetensors.numpy as s, sys; k = s.load_file(sys.argv[1]); b = k['model.layers.3.mlp.router.expert_bias']; print('PASS mtp_moe_block_has_experts_and_a_moving_bias' if 'model.layers.3.mlp.experts.7.down_proj.weight' in k and abs(b).max() > 0 else 'FAIL mtp_moe_block_has_experts_and_a_moving_bias: %s' % b)" $TMP/ckm/step_3/model.safetensors
+    python3 -c "import json, sys; r = json.loads(open(sys.argv[1]).readlines()[-1]); l = [x['layer'] for x in r['moe']]; print('PASS mtp_moe_blocks_in_the_moe_metrics' if l == [1, 2, 3] else 'FAIL mtp_moe_blocks_in_the_moe_metrics: layers %s' % l)" $TMP/refm.jsonl
+    python3 test/tools/mtp_ref.py mtp_moe $TMP/ckm/step_3 $TMP/mm.json $TMP/data/val_000.bin 2 32 \
+        "${vl:-0}" "$m1,$m2" 1e-5 2>&1 | grep -E '^(PASS|FAIL|  )'
+fi
+$EQ --name _mtp_moe --config $TMP/moe.yaml --layout "dp=2 ep=2" --layout "dp=2 zero=3" --layout "pp=2 sched=1f1b" \
+    --layout "tp=2 sp=true"
+plan_matches_arena mtp_moe_plan_equals_arena_ep2 $TMP/moe.yaml 2 --set parallel.dp=2 --set parallel.ep=2 \
+    --set train.steps=2 $R
 
 plan_matches_arena mtp_plan_equals_arena_tp2_sp $TMP/llama.yaml 2 --set parallel.tp=2 --set parallel.sp=true \
     --set train.steps=2 $R

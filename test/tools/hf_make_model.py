@@ -361,9 +361,11 @@ def make_with_transformers(kind, out, seed=1):
             rope_parameters=dict(YARN, rope_theta=10000.0, mscale=1.0, mscale_all_dim=1.0)
             if kind == "deepseek_v3" else None,
             **dict(common, num_key_value_heads=d["H"])))
-    elif kind == "deepseek_v3_moe":  # layer 0 dense, layer 1 DeepSeek MoE: 8 experts in 4 groups
+    elif kind in ("deepseek_v3_moe", "deepseek_v3_moe_mtp"):  # layer 0 dense, layer 1 DeepSeek
+        # MoE: 8 experts in 4 groups; _mtp: one MTP layer, a MoE block (add_mtp_layers)
         model = tf.DeepseekV3ForCausalLM(tf.DeepseekV3Config(
-            intermediate_size=d["F"], first_k_dense_replace=1, num_nextn_predict_layers=0,
+            intermediate_size=d["F"], first_k_dense_replace=1,
+            num_nextn_predict_layers=1 if kind.endswith("_mtp") else 0,
             n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=d["FE"] // 2,
             n_shared_experts=2, n_group=4, topk_group=2, routed_scaling_factor=2.5,
             norm_topk_prob=True, q_lora_rank=24, kv_lora_rank=16, qk_nope_head_dim=12,
@@ -419,15 +421,17 @@ def make_with_transformers(kind, out, seed=1):
             p.copy_(one + 0.1 * torch.randn_like(p) if norm and name.endswith("weight")
                     else 0.05 * torch.randn_like(p))
     model.save_pretrained(out, safe_serialization=True)
-    if kind.startswith("deepseek_v3_mtp"):
+    if kind.startswith("deepseek_v3_mtp") or kind == "deepseek_v3_moe_mtp":
         add_mtp_layers(model, out, kind.endswith("_dupdiff"))
 
 
 def add_mtp_layers(model, out, dupdiff):
     """DeepSeek-V3's MTP layers (model.layers.{L + k}), which transformers' main model does not
-    hold, written beside its weights with safetensors: enorm, hnorm, eh_proj, a dense decoder block
-    made by transformers' own DeepseekV3DecoderLayer, shared_head.norm, and the copies of the
-    embedding and head DeepSeek's files carry (dupdiff: one element of a head copy changed)."""
+    hold, written beside its weights with safetensors: enorm, hnorm, eh_proj, a decoder block made
+    by transformers' own DeepseekV3DecoderLayer (dense, or a MoE layer as DeepSeek-V3's when the
+    model has MoE layers: its index past first_k_dense_replace; the experts written per expert as
+    the main layers' are in the file), shared_head.norm, and the copies of the embedding and head
+    DeepSeek's files carry (dupdiff: one element of a head copy changed)."""
     import safetensors.torch as st
     import torch
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer
@@ -435,8 +439,13 @@ def add_mtp_layers(model, out, dupdiff):
     w = st.load_file(f"{out}/model.safetensors")
     for k in range(cfg.num_nextn_predict_layers):
         p = f"model.layers.{L + k}."
-        block = DeepseekV3DecoderLayer(cfg, 0)  # layer 0 < first_k_dense_replace: dense
-        new = {n: t for n, t in block.state_dict().items()}
+        moe = cfg.first_k_dense_replace < L
+        block = DeepseekV3DecoderLayer(cfg, L + k if moe else 0)
+        new = {n: t for n, t in block.state_dict().items() if ".experts." not in n}
+        for e in range(cfg.n_routed_experts if moe else 0):
+            F = cfg.moe_intermediate_size
+            new.update({f"mlp.experts.{e}.{a}_proj.weight": torch.empty(F, C) for a in ("gate", "up")})
+            new[f"mlp.experts.{e}.down_proj.weight"] = torch.empty(C, F)
         new.update({"enorm.weight": torch.empty(C), "hnorm.weight": torch.empty(C),
                     "eh_proj.weight": torch.empty(C, 2 * C),
                     "shared_head.norm.weight": torch.empty(C)})

@@ -5,9 +5,11 @@ section 2.2) in torch, against ustrain's validation losses. Prints PASS/FAIL lin
   mtp_ref.py TAG STEP_DIR MODEL_JSON VAL_SHARD NWIN T VAL_LOSS MTP_LOSSES [REL_TOL]
 
 STEP_DIR: a ustrain checkpoint of a llama with model.mtp.depth D; MODEL_JSON: n_layer, d_model,
-n_head, n_kv_head, vocab_size, norm_eps, rope_theta, depth. The main model (a plain llama: RMSNorm,
-rotate-half RoPE, causal grouped-query attention, SwiGLU) over the first NWIN windows of T + 1
-tokens of the llm.c shard must give VAL_LOSS; module k (1..D) at position i:
+n_head, n_kv_head, vocab_size, norm_eps, rope_theta, depth, and for MoE layers top_k, n_group,
+topk_group, routed_scale. The main model (a plain llama: RMSNorm, rotate-half RoPE, causal
+grouped-query attention, SwiGLU; a layer with a router is DeepSeek-V3's MoE, moe() below) over the
+first NWIN windows of T + 1 tokens of the llm.c shard must give VAL_LOSS; module k (1..D) at
+position i:
   h'_i = M_k [RMSNorm(Emb(t_{i+k})); RMSNorm(h^{k-1}_i)]   (enorm, hnorm; eh_proj = M_k, the
          embedding's half first, as DeepSeek's checkpoints lay it out)
   h^k = TRM_k(h'),  P^k_{i+k+1} = softmax(lm_head(RMSNorm(h^k_i)))   (shared_head.norm)
@@ -19,7 +21,8 @@ must give each of MTP_LOSSES (comma-separated), relative REL_TOL (default 1e-5).
 
 The same equations over a DeepseekV3ForCausalLM directory whose files carry DeepSeek's MTP layers
 (model.layers.{L + k - 1}; config num_nextn_predict_layers): the main model and TRM_k are
-transformers' own (DeepseekV3ForCausalLM, DeepseekV3DecoderLayer: latent attention), h^0 the input
+transformers' own (DeepseekV3ForCausalLM, DeepseekV3DecoderLayer: latent attention; TRM_k a MoE
+layer, DeepseekV3MoE, when the model has MoE layers, as DeepSeek-V3's), h^0 the input
 of its final norm; Emb and lm_head are the main model's (the layers' copies must equal them)."""
 import json
 import sys
@@ -46,6 +49,37 @@ def rope(x, theta):
     return x * cos + rot * sin
 
 
+def swiglu(w, p, h):
+    return (F.silu(h @ w[p + "gate_proj.weight"].T) * (h @ w[p + "up_proj.weight"].T)) @ \
+        w[p + "down_proj.weight"].T
+
+
+def moe(w, p, h, m):
+    """DeepSeek-V3's MoE (the paper's section 2.1.2): s = sigmoid(h W_r^T); the bias b (ustrain's
+    router.expert_bias) joins the scores for the choice only: the topk_group groups of the highest
+    sums of their 2 best s + b, then the top_k experts of s + b within them; gates s normalised
+    over the k and times routed_scale; plus the shared expert."""
+    E = w[p + "router.weight"].shape[0]
+    s = torch.sigmoid(h @ w[p + "router.weight"].T)
+    c = s + w[p + "router.expert_bias"]
+    G = m["n_group"]
+    g = c.view(*c.shape[:-1], G, E // G).topk(min(2, E // G), -1)[0].sum(-1)
+    keep = torch.zeros_like(g).scatter(-1, g.topk(m["topk_group"], -1)[1], 1.0)
+    c = c.masked_fill(keep.repeat_interleave(E // G, -1) == 0, float("-inf"))
+    idx = c.topk(m["top_k"], -1)[1]
+    gate = s.gather(-1, idx)
+    gate = gate / gate.sum(-1, keepdim=True) * m["routed_scale"]
+    y = torch.zeros_like(h)
+    for e in range(E):
+        sel = (idx == e)
+        wt = (gate * sel).sum(-1, keepdim=True)
+        if sel.any():
+            y = y + wt * swiglu(w, f"{p}experts.{e}.", h)
+    if p + "shared_expert.gate_proj.weight" in w:
+        y = y + swiglu(w, p + "shared_expert.", h)
+    return y
+
+
 def block(w, l, x, m):
     p, eps = f"model.layers.{l}.", m["norm_eps"]
     B, T, C = x.shape
@@ -61,8 +95,7 @@ def block(w, l, x, m):
     a = torch.einsum("bhij,bjhd->bihd", s.softmax(-1), v).reshape(B, T, C)
     x = x + a @ w[p + "self_attn.o_proj.weight"].T
     h = rms(x, w[p + "post_attention_layernorm.weight"], eps)
-    g, u = h @ w[p + "mlp.gate_proj.weight"].T, h @ w[p + "mlp.up_proj.weight"].T
-    return x + (F.silu(g) * u) @ w[p + "mlp.down_proj.weight"].T
+    return x + (moe(w, p + "mlp.", h, m) if p + "mlp.router.weight" in w else swiglu(w, p + "mlp.", h))
 
 
 def losses(w, m, tok):
@@ -120,10 +153,18 @@ def hf_losses(d, tok):
         e = rms(E[tok[:, k:k + n]], w[p + "enorm.weight"], eps)
         hp = rms(h[:, :n], w[p + "hnorm.weight"], eps)
         x = torch.cat([e, hp], -1) @ w[p + "eh_proj.weight"].T
-        blk = DeepseekV3DecoderLayer(cfg, 0).eval()  # layer 0: dense, as the test's MTP blocks
-        blk.load_state_dict({a[len(p):]: v for a, v in w.items() if a.startswith(p) and
-                             a[len(p):].startswith(("input_", "self_attn.", "post_attention_",
-                                                    "mlp."))})
+        moe = cfg.first_k_dense_replace < L  # a MoE layer past first_k_dense_replace, as V3's
+        blk = DeepseekV3DecoderLayer(cfg, L + k - 1 if moe else 0).eval()
+        sd = {a[len(p):]: v for a, v in w.items() if a.startswith(p) and
+              a[len(p):].startswith(("input_", "self_attn.", "post_attention_", "mlp."))}
+        if "mlp.experts.gate_up_proj" in blk.state_dict():  # the file's experts, fused
+            E = cfg.n_routed_experts
+            x_ = [sd.pop(f"mlp.experts.{e}.{a}_proj.weight") for a in ("gate", "up", "down")
+                  for e in range(E)]
+            sd["mlp.experts.gate_up_proj"] = torch.stack([torch.cat([x_[e], x_[E + e]], 0)
+                                                          for e in range(E)])
+            sd["mlp.experts.down_proj"] = torch.stack(x_[2 * E:])
+        blk.load_state_dict(sd)
         pos = torch.arange(n)[None]
         mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
         h = blk(x, attention_mask=mask, position_ids=pos,
