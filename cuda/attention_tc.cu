@@ -6,13 +6,19 @@
  * bf16 GEMM path: q, k, v, dout, the probabilities P and dS are rounded to bf16 where they enter
  * a product; the softmax, lse, Di and all accumulators stay fp32. Nothing of size T x T exists.
  * - Forward: a block = 4 warps x 16 queries of one (b, h); 64-key tiles of K and V in shared
- *   memory (row-major, filled with 16-byte loads; V read transposed by load_bt); online softmax
- *   in base 2 on the accumulator fragments, whose layout is also the A-operand layout of the
- *   next product, so P never leaves registers.
+ *   memory (row-major, filled with 16-byte loads; V read transposed by load_bt), the next
+ *   tiles' loads in flight in registers during this tile's products; online softmax in base 2
+ *   on the accumulator fragments, whose layout is also the A-operand layout of the next
+ *   product, so P never leaves registers.
  * - dq: the same geometry with 32-key tiles; P and dS are recomputed from lse.
  * - dk/dv: a block = 4 warps x 16 keys of one (b, kv head), walking 32-query tiles of every
  *   query head of its group.
  * Each output element is written by one thread in a fixed order (no atomics): deterministic.
+ * So the backward computes 7 tile products per (query, key) tile, not FlashAttention-2's 5: S
+ * and dP are computed by both kernels (Di = rowsum(dout * out) is precomputed, as in FA2). FA2's
+ * single pass adds dS K into dq with fp32 atomics; deterministic partial dq per key block instead
+ * would move ~400 MB per layer (GPT-2 124M, B=8, T=1024: ~80 us at 4.8 TB/s) against ~18 us
+ * for the two recomputed products (13 GFLOP at 70% of 989 TFLOP/s).
  * Tiles that causality hides entirely are skipped by the block, and by a warp for its rows. */
 #include "cuda_internal.h"
 
@@ -172,6 +178,29 @@ __device__ __forceinline__ void fill_rows(u32 *tile, const T *x, int64_t rs, int
     }
 }
 
+/* Register double buffering of an N-row tile: tile_load issues the next tile's 16-byte loads
+ * (N D / 8 / TC_THREADS per thread; x and its row stride 16-byte aligned) before the current
+ * tile's products, tile_store moves them to shared memory after them, so the loads' latency
+ * overlaps the products. Plain loads: cp.async would skip the registers but is PTX the emulator
+ * cannot run. The block has TC_THREADS threads. */
+template <int D, int N> struct tile_regs { uint4 r[N * D / 8 / TC_THREADS]; };
+template <int D, int N, typename T>
+__device__ __forceinline__ void tile_load(tile_regs<D, N> &f, const T *x, int64_t rs, int r0,
+                                          int valid) {
+    for (int i = 0; i < N * D / 8 / TC_THREADS; i++) {
+        const int idx = threadIdx.x + i * TC_THREADS, r = idx / (D / 8), c = 8 * (idx % (D / 8));
+        f.r[i] = r0 + r < valid ? load8_bits(x + (int64_t)(r0 + r) * rs + c)
+                                : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+template <int D, int N>
+__device__ __forceinline__ void tile_store(u32 *tile, const tile_regs<D, N> &f) {
+    for (int i = 0; i < N * D / 8 / TC_THREADS; i++) {
+        const int idx = threadIdx.x + i * TC_THREADS, r = idx / (D / 8), c = 8 * (idx % (D / 8));
+        *(uint4 *)&tile[r * ((D + 8) / 2) + c / 2] = f.r[i];
+    }
+}
+
 /* x[i] += v on an activation (fp32 read-modify-write, rounded once when bf16). */
 template <typename T> __device__ __forceinline__ void add_act(T *x, int64_t i, float v) {
     st_act(x, i, ld_act(x, i) + v);
@@ -271,12 +300,36 @@ __global__ void __launch_bounds__(TC_THREADS)
     float o[ND][4], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
     for (int dt = 0; dt < ND; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
 
+    /* the next K and V tiles in registers (tile_load) when 16-byte loads are allowed: `staged`
+     * is the tile they hold (uniform over the block), -1 none */
+    const bool vec =
+        (((uintptr_t)kb | (uintptr_t)vb | (uintptr_t)(kvs * (int64_t)sizeof(T))) & 15) == 0;
+    constexpr bool PK = D <= 64; /* D = 128 stages V only: K too took 255 registers and spilled */
+    tile_regs<PK ? D : 16, TC_FK> pk;
+    tile_regs<D, TC_FK> pv;
+    int staged = -1;
     for (int j0 = 0; j0 < Tk; j0 += TC_FK) {
         const int kmin = key_tile_positions(kpos, k_pos, j0, TC_FK, Tk);
         if (causal && kmin > qmax_block) continue;
-        fill_rows<D, T>(ks, kb, kvs, j0, TC_FK, Tk);
-        fill_rows<D, T>(vs, vb, kvs, j0, TC_FK, Tk);
+        if (staged == j0) {
+            if constexpr (PK)
+                tile_store(ks, pk);
+            else
+                fill_rows<D, T>(ks, kb, kvs, j0, TC_FK, Tk);
+            tile_store(vs, pv);
+        } else {
+            fill_rows<D, T>(ks, kb, kvs, j0, TC_FK, Tk);
+            fill_rows<D, T>(vs, vb, kvs, j0, TC_FK, Tk);
+        }
         __syncthreads();
+        /* prefetch the next tile unless its first key is past every query of a causal block (a
+         * guess for positions out of order: a tile not staged is filled directly) */
+        const int jn = j0 + TC_FK;
+        if (vec && jn < Tk && (!causal || posof(k_pos, jn) <= qmax_block)) {
+            if constexpr (PK) tile_load(pk, kb, kvs, jn, Tk);
+            tile_load(pv, vb, kvs, jn, Tk);
+            staged = jn;
+        }
         if (causal && kmin > qmax_warp) continue; /* this warp's queries see none of the tile */
 
         float s[NT][4]; /* S = Q K^T for 16 queries x 64 keys */
