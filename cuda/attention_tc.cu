@@ -5,13 +5,20 @@
  * Every product is an mma.m16n8k16 with bf16 inputs and fp32 accumulation, the precision of the
  * bf16 GEMM path: q, k, v, dout, the probabilities P and dS are rounded to bf16 where they enter
  * a product; the softmax, lse, Di and all accumulators stay fp32. Nothing of size T x T exists.
- * - Forward: a block = 4 warps x 16 queries of one (b, h); 64-key tiles of K and V^T in shared
- *   memory; online softmax in base 2 on the accumulator fragments, whose layout is also the
- *   A-operand layout of the next product, so P never leaves registers.
+ * - Forward: a block = 4 warps x 16 queries of one (b, h); 64-key tiles of K and V in shared
+ *   memory (row-major, filled with 16-byte loads; V read transposed by load_bt), the next
+ *   tiles' loads in flight in registers during this tile's products; online softmax in base 2
+ *   on the accumulator fragments, whose layout is also the A-operand layout of the next
+ *   product, so P never leaves registers.
  * - dq: the same geometry with 32-key tiles; P and dS are recomputed from lse.
  * - dk/dv: a block = 4 warps x 16 keys of one (b, kv head), walking 32-query tiles of every
  *   query head of its group.
  * Each output element is written by one thread in a fixed order (no atomics): deterministic.
+ * So the backward computes 7 tile products per (query, key) tile, not FlashAttention-2's 5: S
+ * and dP are computed by both kernels (Di = rowsum(dout * out) is precomputed, as in FA2). FA2's
+ * single pass adds dS K into dq with fp32 atomics; deterministic partial dq per key block instead
+ * would move ~400 MB per layer (GPT-2 124M, B=8, T=1024: ~80 us at 4.8 TB/s) against ~18 us
+ * for the two recomputed products (13 GFLOP at 70% of 989 TFLOP/s).
  * Tiles that causality hides entirely are skipped by the block, and by a warp for its rows. */
 #include "cuda_internal.h"
 
@@ -98,6 +105,21 @@ __device__ __forceinline__ void load_a(u32 a[4], const u32 *tile, int stride, in
     a[3] = word(tile, stride, r0 + g + 8, 16 * kk + 8 + 2 * t);
 }
 
+/* The B fragment of k-step kk for n-tile nt from a row-major tile whose row k holds row k of B
+ * (a tile fill_rows wrote: V for O += P V, K for dQ += dS K, dout and q for dV and dK):
+ * b = {B[16kk+2t, 16kk+2t+1][8nt+g], B[16kk+8+2t, 16kk+9+2t][8nt+g]}, gathered from bf16 halves.
+ * Before, these operands had a transposed copy in shared memory, read from global memory a
+ * second time with 2-byte loads and stored with 4-way bank conflicts (consecutive threads wrote
+ * words (n + 8) / 2 apart). Here the 4 rows a warp reads (16kk + 2t) sit t (D + 8) words apart,
+ * 0, 8, 16 or 24 banks mod 32 for every D, plus g / 2: 16 distinct banks, lanes g and g ^ 1
+ * sharing a word, so no conflict (ldmatrix.trans would take one instruction on sm_80+). */
+__device__ __forceinline__ void load_bt(u32 b[2], const u32 *tile, int stride, int nt, int kk) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int sh = 16 * (g & 1), w = (8 * nt + g) >> 1, ws = stride / 2, r = 16 * kk + 2 * t;
+    b[0] = ((tile[r * ws + w] >> sh) & 0xffffu) | ((tile[(r + 1) * ws + w] >> sh) << 16);
+    b[1] = ((tile[(r + 8) * ws + w] >> sh) & 0xffffu) | ((tile[(r + 9) * ws + w] >> sh) << 16);
+}
+
 /* The bf16 bits of an activation element: fp32 ones rounded (nearest even), bf16 ones as they
  * are stored (no conversion). */
 __device__ __forceinline__ u32 bf16_bits(float x) {
@@ -121,12 +143,34 @@ __device__ __forceinline__ void global_a(u32 a[4], const T *row0, const T *row1,
     a[3] = row1 ? pair_bits(row1 + c + 8, 1) : 0u;
 }
 
-/* Rows [r0, r0 + n) of x (row r at x + r * rs, D elements) into a shared tile as bf16, row-major
- * (rows past `valid` become zeros); the whole block takes part. */
+/* Eight activation elements at p (16-byte aligned) as four bf16x2 words: one 16-byte load for
+ * bf16, two for fp32 (rounded to bf16 as bf16_bits rounds). */
+__device__ __forceinline__ uint4 load8_bits(const bf16 *p) { return *(const uint4 *)p; }
+__device__ __forceinline__ uint4 load8_bits(const float *p) {
+    const float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
+    return make_uint4(pack_bf16x2(a.x, a.y), pack_bf16x2(a.z, a.w), pack_bf16x2(b.x, b.y),
+                      pack_bf16x2(b.z, b.w));
+}
+
+/* Rows [r0, r0 + n) of x (row r at x + r * rs, D elements) into a shared tile (16-byte aligned)
+ * as bf16, row-major (rows past `valid` become zeros); the whole block takes part. When x and
+ * the row stride are 16-byte aligned (the dense activations always are) each thread moves 8
+ * elements with 16-byte loads and stores; otherwise (a view at an odd offset) 2 with 2-byte
+ * loads. The test is uniform over the block. Row stride D + 8 bf16 = D / 2 + 4 words: the 8
+ * threads of a quarter warp storing one row of D = 64 or 128 hit distinct banks. */
 template <int D, typename T>
 __device__ __forceinline__ void fill_rows(u32 *tile, const T *x, int64_t rs, int r0, int n,
                                           int valid) {
     constexpr int S = D + 8;
+    if ((((uintptr_t)x | (uintptr_t)(rs * (int64_t)sizeof(T))) & 15) == 0) {
+        for (int idx = threadIdx.x; idx < n * (D / 8); idx += blockDim.x) {
+            int r = idx / (D / 8), c = 8 * (idx % (D / 8));
+            uint4 w = make_uint4(0u, 0u, 0u, 0u);
+            if (r0 + r < valid) w = load8_bits(x + (int64_t)(r0 + r) * rs + c);
+            *(uint4 *)&tile[r * (S / 2) + c / 2] = w;
+        }
+        return;
+    }
     for (int idx = threadIdx.x; idx < n * (D / 2); idx += blockDim.x) {
         int r = idx / (D / 2), c = 2 * (idx % (D / 2));
         const T *p = x + (int64_t)(r0 + r) * rs + c;
@@ -134,17 +178,26 @@ __device__ __forceinline__ void fill_rows(u32 *tile, const T *x, int64_t rs, int
     }
 }
 
-/* The same rows transposed: tile row d holds column d of the n rows (n + 8 bf16 per row). */
-template <int D, typename T>
-__device__ __forceinline__ void fill_cols(u32 *tile, const T *x, int64_t rs, int r0, int n,
+/* Register double buffering of an N-row tile: tile_load issues the next tile's 16-byte loads
+ * (N D / 8 / TC_THREADS per thread; x and its row stride 16-byte aligned) before the current
+ * tile's products, tile_store moves them to shared memory after them, so the loads' latency
+ * overlaps the products. Plain loads: cp.async would skip the registers but is PTX the emulator
+ * cannot run. The block has TC_THREADS threads. */
+template <int D, int N> struct tile_regs { uint4 r[N * D / 8 / TC_THREADS]; };
+template <int D, int N, typename T>
+__device__ __forceinline__ void tile_load(tile_regs<D, N> &f, const T *x, int64_t rs, int r0,
                                           int valid) {
-    const int S = n + 8;
-    for (int idx = threadIdx.x; idx < (n / 2) * D; idx += blockDim.x) {
-        int rp = 2 * (idx / D), d = idx % D; /* consecutive threads read consecutive d */
-        const T *p = x + (int64_t)(r0 + rp) * rs + d;
-        u32 lo = r0 + rp < valid ? bf16_bits(p[0]) : 0u;
-        u32 hi = r0 + rp + 1 < valid ? bf16_bits(p[rs]) : 0u;
-        tile[d * (S / 2) + rp / 2] = lo | (hi << 16);
+    for (int i = 0; i < N * D / 8 / TC_THREADS; i++) {
+        const int idx = threadIdx.x + i * TC_THREADS, r = idx / (D / 8), c = 8 * (idx % (D / 8));
+        f.r[i] = r0 + r < valid ? load8_bits(x + (int64_t)(r0 + r) * rs + c)
+                                : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+template <int D, int N>
+__device__ __forceinline__ void tile_store(u32 *tile, const tile_regs<D, N> &f) {
+    for (int i = 0; i < N * D / 8 / TC_THREADS; i++) {
+        const int idx = threadIdx.x + i * TC_THREADS, r = idx / (D / 8), c = 8 * (idx % (D / 8));
+        *(uint4 *)&tile[r * ((D + 8) / 2) + c / 2] = f.r[i];
     }
 }
 
@@ -226,9 +279,9 @@ __global__ void __launch_bounds__(TC_THREADS)
              const int32_t *q_start, float scale2, int nqt) {
     T *out = (T *)out_;
     const T *q = (const T *)q_, *k = (const T *)k_, *v = (const T *)v_;
-    constexpr int NK = D / 16, ND = D / 8, NT = TC_FK / 8, KS = D + 8, VS = TC_FK + 8;
-    __shared__ u32 ks[TC_FK * KS / 2]; /* K tile, row per key */
-    __shared__ u32 vt[D * VS / 2];     /* V tile transposed, row per dimension */
+    constexpr int NK = D / 16, ND = D / 8, NT = TC_FK / 8, KS = D + 8;
+    __shared__ uint4 ks4[TC_FK * KS / 8], vs4[TC_FK * KS / 8]; /* uint4: 16-byte aligned */
+    u32 *ks = (u32 *)ks4, *vs = (u32 *)vs4;                    /* the K and V tiles, row per key */
     __shared__ int kpos[TC_FK], qpos[TC_BQ];
     const int qt = nqt - 1 - (int)(blockIdx.x % nqt); /* the longest causal tiles first */
     const int h = (int)(blockIdx.x / nqt % H), b = (int)(blockIdx.x / nqt / H);
@@ -247,12 +300,36 @@ __global__ void __launch_bounds__(TC_THREADS)
     float o[ND][4], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
     for (int dt = 0; dt < ND; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
 
+    /* the next K and V tiles in registers (tile_load) when 16-byte loads are allowed: `staged`
+     * is the tile they hold (uniform over the block), -1 none */
+    const bool vec =
+        (((uintptr_t)kb | (uintptr_t)vb | (uintptr_t)(kvs * (int64_t)sizeof(T))) & 15) == 0;
+    constexpr bool PK = D <= 64; /* D = 128 stages V only: K too took 255 registers and spilled */
+    tile_regs<PK ? D : 16, TC_FK> pk;
+    tile_regs<D, TC_FK> pv;
+    int staged = -1;
     for (int j0 = 0; j0 < Tk; j0 += TC_FK) {
         const int kmin = key_tile_positions(kpos, k_pos, j0, TC_FK, Tk);
         if (causal && kmin > qmax_block) continue;
-        fill_rows<D, T>(ks, kb, kvs, j0, TC_FK, Tk);
-        fill_cols<D, T>(vt, vb, kvs, j0, TC_FK, Tk);
+        if (staged == j0) {
+            if constexpr (PK)
+                tile_store(ks, pk);
+            else
+                fill_rows<D, T>(ks, kb, kvs, j0, TC_FK, Tk);
+            tile_store(vs, pv);
+        } else {
+            fill_rows<D, T>(ks, kb, kvs, j0, TC_FK, Tk);
+            fill_rows<D, T>(vs, vb, kvs, j0, TC_FK, Tk);
+        }
         __syncthreads();
+        /* prefetch the next tile unless its first key is past every query of a causal block (a
+         * guess for positions out of order: a tile not staged is filled directly) */
+        const int jn = j0 + TC_FK;
+        if (vec && jn < Tk && (!causal || posof(k_pos, jn) <= qmax_block)) {
+            if constexpr (PK) tile_load(pk, kb, kvs, jn, Tk);
+            tile_load(pv, vb, kvs, jn, Tk);
+            staged = jn;
+        }
         if (causal && kmin > qmax_warp) continue; /* this warp's queries see none of the tile */
 
         float s[NT][4]; /* S = Q K^T for 16 queries x 64 keys */
@@ -292,7 +369,7 @@ __global__ void __launch_bounds__(TC_THREADS)
             acc_to_a(pa, s[2 * kk], s[2 * kk + 1]);
             for (int dt = 0; dt < ND; dt++) {
                 u32 bf[2];
-                load_b(bf, vt, VS, dt, kk);
+                load_bt(bf, vs, KS, dt, kk);
                 mma16816(o[dt], pa, bf);
             }
         }
@@ -337,10 +414,10 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
             const int32_t *k_pos, int causal, const int32_t *q_start, float scale, int nqt) {
     T *dq = (T *)dq_;
     const T *dout = (const T *)dout_, *q = (const T *)q_, *k = (const T *)k_, *v = (const T *)v_;
-    constexpr int NK = D / 16, ND = D / 8, NT = TC_DQK / 8, KS = D + 8, TS = TC_DQK + 8;
-    __shared__ u32 ks[TC_DQK * KS / 2]; /* K tile, row per key: S = Q K^T */
-    __shared__ u32 vs[TC_DQK * KS / 2]; /* V tile, row per key: dP = dO V^T */
-    __shared__ u32 kt[D * TS / 2];      /* K tile transposed: dQ += dS K */
+    constexpr int NK = D / 16, ND = D / 8, NT = TC_DQK / 8, KS = D + 8;
+    __shared__ uint4 ks4[TC_DQK * KS / 8], vs4[TC_DQK * KS / 8]; /* uint4: 16-byte aligned */
+    u32 *ks = (u32 *)ks4; /* K tile, row per key: S = Q K^T and (read transposed) dQ += dS K */
+    u32 *vs = (u32 *)vs4; /* V tile, row per key: dP = dO V^T */
     __shared__ int kpos[TC_DQK], qpos[TC_BQ];
     const int qt = nqt - 1 - (int)(blockIdx.x % nqt);
     const int h = (int)(blockIdx.x / nqt % H), b = (int)(blockIdx.x / nqt / H);
@@ -370,7 +447,6 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
         if (causal && kmin > qmax_block) continue;
         fill_rows<D, T>(ks, kb, kvs, j0, TC_DQK, Tk);
         fill_rows<D, T>(vs, vb, kvs, j0, TC_DQK, Tk);
-        fill_cols<D, T>(kt, kb, kvs, j0, TC_DQK, Tk);
         __syncthreads();
         if (causal && kmin > qmax_warp) continue;
 
@@ -397,7 +473,7 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
             acc_to_a(da, dp[2 * kk], dp[2 * kk + 1]);
             for (int dt = 0; dt < ND; dt++) {
                 u32 bf[2];
-                load_b(bf, kt, TS, dt, kk);
+                load_bt(bf, ks, KS, dt, kk);
                 mma16816(acc[dt], da, bf);
             }
         }
@@ -426,14 +502,12 @@ __global__ void __launch_bounds__(TC_THREADS)
               float scale, int nkt) {
     T *dk = (T *)dk_, *dv = (T *)dv_;
     const T *dout = (const T *)dout_, *q = (const T *)q_, *k = (const T *)k_, *v = (const T *)v_;
-    constexpr int NK = D / 16, ND = D / 8, NT = TC_KVQ / 8, RS = D + 8, TS = TC_KVQ + 8;
-    extern __shared__ float sm[];
+    constexpr int NK = D / 16, ND = D / 8, NT = TC_KVQ / 8, RS = D + 8;
+    extern __shared__ float sm[];    /* 16-byte aligned; every tile a multiple of 16 bytes */
     u32 *ks = (u32 *)sm;             /* the block's K rows: A operand of S^T = K Q^T */
     u32 *vs = ks + TC_BKV * RS / 2;  /* its V rows: A operand of dP^T = V dO^T */
-    u32 *qs_ = vs + TC_BKV * RS / 2; /* query tile rows: B of S^T */
-    u32 *os = qs_ + TC_KVQ * RS / 2; /* dout tile rows: B of dP^T */
-    u32 *qt_ = os + TC_KVQ * RS / 2; /* query tile transposed: B of dK += dS^T Q */
-    u32 *ot = qt_ + D * TS / 2;      /* dout tile transposed: B of dV += P^T dO */
+    u32 *qs_ = vs + TC_BKV * RS / 2; /* query tile rows: B of S^T, read transposed for dK */
+    u32 *os = qs_ + TC_KVQ * RS / 2; /* dout tile rows: B of dP^T, read transposed for dV */
     __shared__ int kpos[TC_BKV], qpos[TC_KVQ], qsp[TC_KVQ];
     __shared__ float l2s[TC_KVQ], dis[TC_KVQ];
     const int kt = (int)(blockIdx.x % nkt), hk = (int)(blockIdx.x / nkt % Hkv);
@@ -472,8 +546,6 @@ __global__ void __launch_bounds__(TC_THREADS)
             if (causal && qmax < kmin_block) continue;
             fill_rows<D, T>(qs_, qb, qst, i0, TC_KVQ, Tq);
             fill_rows<D, T>(os, ob, qst, i0, TC_KVQ, Tq);
-            fill_cols<D, T>(qt_, qb, qst, i0, TC_KVQ, Tq);
-            fill_cols<D, T>(ot, ob, qst, i0, TC_KVQ, Tq);
             __syncthreads();
             if (causal && qmax < kmin_warp) continue;
 
@@ -508,9 +580,9 @@ __global__ void __launch_bounds__(TC_THREADS)
                 acc_to_a(da, dp[2 * kk], dp[2 * kk + 1]);
                 for (int dt = 0; dt < ND; dt++) {
                     u32 bf[2];
-                    load_b(bf, ot, TS, dt, kk);
+                    load_bt(bf, os, RS, dt, kk);
                     mma16816(adv[dt], pa, bf);
-                    load_b(bf, qt_, TS, dt, kk);
+                    load_bt(bf, qs_, RS, dt, kk);
                     mma16816(adk[dt], da, bf);
                 }
             }
@@ -533,9 +605,7 @@ __global__ void __launch_bounds__(TC_THREADS)
 
 int cuda_attention_tc_supported(int D) { return D == 16 || D == 32 || D == 64 || D == 128; }
 
-static size_t dkdv_smem(int D) {
-    return (size_t)(2 * TC_BKV * (D + 8) + 2 * TC_KVQ * (D + 8) + 2 * D * (TC_KVQ + 8)) * 2;
-}
+static size_t dkdv_smem(int D) { return (size_t)(2 * TC_BKV * (D + 8) + 2 * TC_KVQ * (D + 8)) * 2; }
 
 template <int D, typename T>
 static void tc_fwd(const ust_ops *o, act *out, float *lse, const act *q, const act *k, const act *v,

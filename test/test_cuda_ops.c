@@ -866,7 +866,18 @@ typedef struct {
     int zigzag; /* positions of the second half of q and k jump by 2 T (a zig-zag CP block) */
     int late;   /* the first `late` keys get positions 1000 later (no query sees them) */
     int docs;   /* > 0: documents (ops.h q_start) begin every `docs` positions, shifted by 3b */
+    int view;   /* q, k, v and dout one element into their buffers: not 16-byte aligned */
 } att_case;
+
+/* gup_act `off` elements into a device buffer of n + off (its start in *base, to free). */
+static float *gup_act_at(float *h, int64_t n, int off, float **base) {
+    if (acts16) round_bf16(h, n); /* as gup_act: the CPU reference sees what the GPU holds */
+    float *x = calloc((size_t)(n + off), sizeof(float));
+    memcpy(x + off, h, (size_t)n * sizeof(float));
+    *base = gup_act(x, n + off);
+    free(x);
+    return (float *)((char *)*base + (size_t)off * (acts16 ? 2 : 4));
+}
 
 /* Tolerances of one attention implementation; bf16: inputs are rounded to bf16 first for both
  * backends, so what remains is the kernels' own rounding of P and dS (relative 2^-9 each). */
@@ -913,8 +924,10 @@ static int attention_case(const att_case *c, const att_tol *tol) {
     float *lse = hrand(nl, 1), *dout = hrand(nq, 1);
     float *dq = hrand(nq, 1), *dk = hrand(nk, 1), *dv = hrand(nk, 1);
     if (tol->bf16) round_bf16(q, nq), round_bf16(k, nk), round_bf16(v, nk), round_bf16(dout, nq);
-    float *gq = gup_act(q, nq), *gk = gup_act(k, nk), *gv = gup_act(v, nk);
-    float *gout = gup_act(out, nq), *glse = gup(lse, nl), *gdout = gup_act(dout, nq);
+    float *bq, *bk, *bv, *bdout; /* the buffers of the views */
+    float *gq = gup_act_at(q, nq, c->view, &bq), *gk = gup_act_at(k, nk, c->view, &bk);
+    float *gv = gup_act_at(v, nk, c->view, &bv), *gdout = gup_act_at(dout, nq, c->view, &bdout);
+    float *gout = gup_act(out, nq), *glse = gup(lse, nl);
     float *gdq = gup_act(dq, nq), *gdk = gup_act(dk, nk), *gdv = gup_act(dv, nk);
     int ok = 0;
     char what[128];
@@ -964,37 +977,40 @@ done:
     if (gkp) gfree(gkp);
     if (gqs) gfree(gqs);
     free(qs);
-    gfree(gq), gfree(gk), gfree(gv), gfree(gout), gfree(glse), gfree(gdout), gfree(gdq), gfree(gdk);
+    gfree(bq), gfree(bk), gfree(bv), gfree(gout), gfree(glse), gfree(bdout), gfree(gdq), gfree(gdk);
     gfree(gdv);
     return ok;
 }
 
 static const att_case att_cases[] = {
-    {"causal gqa D16", 2, 37, 37, 4, 2, 16, 1, -1, 0, 0, 0, 0},
-    {"causal D64 later queries", 1, 20, 45, 2, 1, 64, 1, 30, 0, 0, 0, 0},
-    {"cp block, rows that see nothing", 2, 18, 40, 2, 2, 32, 1, 0, 9, 0, 0, 0},
-    {"non-causal D40 Tk70", 1, 19, 70, 3, 3, 40, 0, -1, 0, 0, 0, 0},
-    {"causal D128", 1, 33, 33, 2, 2, 128, 1, -1, 0, 0, 0, 0},
-    {"causal gqa4 D200", 1, 17, 40, 4, 1, 200, 1, 20, 0, 0, 0, 0},
-    {"causal D8 T1", 1, 1, 1, 1, 1, 8, 1, -1, 0, 0, 0, 0},
-    {"causal gqa D64 T130 (many tiles)", 1, 130, 130, 4, 2, 64, 1, -1, 0, 0, 0, 0},
-    {"zig-zag positions, keys reordered", 2, 48, 48, 2, 1, 32, 1, 0, 0, 1, 0, 0},
-    {"documents gqa D16 T70", 2, 70, 70, 4, 2, 16, 1, -1, 0, 0, 0, 11},
-    {"documents over zig-zag positions", 2, 48, 48, 2, 1, 32, 1, 0, 0, 1, 0, 20},
+    {"causal gqa D16", 2, 37, 37, 4, 2, 16, 1, -1, 0, 0, 0, 0, 0},
+    {"causal D64 later queries", 1, 20, 45, 2, 1, 64, 1, 30, 0, 0, 0, 0, 0},
+    {"cp block, rows that see nothing", 2, 18, 40, 2, 2, 32, 1, 0, 9, 0, 0, 0, 0},
+    {"non-causal D40 Tk70", 1, 19, 70, 3, 3, 40, 0, -1, 0, 0, 0, 0, 0},
+    {"causal D128", 1, 33, 33, 2, 2, 128, 1, -1, 0, 0, 0, 0, 0},
+    {"causal gqa4 D200", 1, 17, 40, 4, 1, 200, 1, 20, 0, 0, 0, 0, 0},
+    {"causal D8 T1", 1, 1, 1, 1, 1, 8, 1, -1, 0, 0, 0, 0, 0},
+    {"causal gqa D64 T130 (many tiles)", 1, 130, 130, 4, 2, 64, 1, -1, 0, 0, 0, 0, 0},
+    {"zig-zag positions, keys reordered", 2, 48, 48, 2, 1, 32, 1, 0, 0, 1, 0, 0, 0},
+    {"documents gqa D16 T70", 2, 70, 70, 4, 2, 16, 1, -1, 0, 0, 0, 11, 0},
+    {"documents over zig-zag positions", 2, 48, 48, 2, 1, 32, 1, 0, 0, 1, 0, 20, 0},
 };
 #define N_ATT_CASES (sizeof att_cases / sizeof att_cases[0])
 
 /* Shapes the tensor-core kernels tile unevenly: several 64-query and 64-key tiles with ragged
  * ends, a query block longer than the keys, GQA 4, and every head dim they have. */
 static const att_case att_tc_cases[] = {
-    {"tc causal D128 T150", 1, 150, 150, 2, 2, 128, 1, -1, 0, 0, 0, 0},
-    {"tc non-causal D64 Tq70 Tk100", 2, 70, 100, 2, 1, 64, 0, -1, 0, 0, 0, 0},
-    {"tc causal gqa4 D32 Tq100 Tk36", 1, 100, 36, 4, 1, 32, 1, 64, 0, 0, 0, 0},
-    {"tc causal D16 zig-zag T96", 1, 96, 96, 1, 1, 16, 1, 0, 0, 1, 0, 0},
+    {"tc causal D128 T150", 1, 150, 150, 2, 2, 128, 1, -1, 0, 0, 0, 0, 0},
+    {"tc non-causal D64 Tq70 Tk100", 2, 70, 100, 2, 1, 64, 0, -1, 0, 0, 0, 0, 0},
+    {"tc causal gqa4 D32 Tq100 Tk36", 1, 100, 36, 4, 1, 32, 1, 64, 0, 0, 0, 0, 0},
+    {"tc causal D16 zig-zag T96", 1, 96, 96, 1, 1, 16, 1, 0, 0, 1, 0, 0, 0},
     /* the last query (position 64) sees keys 63 and 64 only, the first key of a 64-key tile:
      * skipping a tile whose first key equals a block's or warp's last query loses half of it */
-    {"tc causal, last query on the first key of a tile", 1, 16, 100, 2, 1, 64, 1, 49, 0, 0, 63, 0},
-    {"tc documents D64 T150", 2, 150, 150, 2, 1, 64, 1, -1, 0, 0, 0, 37},
+    {"tc causal, last query on the first key of a tile", 1, 16, 100, 2, 1, 64, 1, 49, 0, 0, 63, 0,
+     0},
+    {"tc documents D64 T150", 2, 150, 150, 2, 1, 64, 1, -1, 0, 0, 0, 37, 0},
+    /* the tiles' 2-byte-load fallback (fill_rows): views at an odd element offset */
+    {"tc causal D32 T70, unaligned views", 1, 70, 70, 2, 1, 32, 1, -1, 0, 0, 0, 0, 1},
 };
 
 /* The GPU backend under test is swapped for another configuration of the same device, which
