@@ -97,9 +97,9 @@ static void test_parameter_count_equals_the_memory_plans() {
     a.model.mla.qk_nope_head_dim = 12, a.model.mla.qk_rope_head_dim = 8;
     a.model.mla.v_head_dim = 16, a.model.n_kv_head = a.model.n_head, a.model.arch = ARCH_LLAMA;
     b.model.mla = a.model.mla, b.model.mla.q_lora_rank = 0, b.model.n_kv_head = b.model.n_head;
-    ust_config t = c, u = b; /* model.mtp's modules, dense and latent blocks */
-    t.model.mtp.depth = 2, u.model.mtp.depth = 1;
-    const ust_config *all[] = {&c, &g, &m, &s, &d, &q, &a, &b, &t, &u};
+    ust_config t = c, u = b, w = a; /* model.mtp's modules: dense, latent and MoE blocks */
+    t.model.mtp.depth = 2, u.model.mtp.depth = 1, w.model.mtp.depth = 2;
+    const ust_config *all[] = {&c, &g, &m, &s, &d, &q, &a, &b, &t, &u, &w};
     const char *names[] = {"llama",
                            "gpt2 (tied, biases, positions)",
                            "llama MoE",
@@ -109,8 +109,9 @@ static void test_parameter_count_equals_the_memory_plans() {
                            "mla with a q latent, over MoE",
                            "mla without a q latent",
                            "mtp depth 2",
-                           "mtp over mla"};
-    for (int i = 0; i < 10; i++) {
+                           "mtp over mla",
+                           "mtp over mla and MoE (the modules' blocks MoE)"};
+    for (int i = 0; i < 11; i++) {
         mem_plan p;
         plan_memory(all[i], &p);
         planner_model_sizes(all[i], &z);
@@ -194,7 +195,8 @@ static void test_flops_per_token_counts_mtp_modules() {
 
 /* What a run's MFU divides by (model_flops_per_token, from the model's own tensor list) equals
  * the planner's count: windows, MoE's active experts (a shared expert, a dense first layer, tied
- * embeddings), latent attention with MTP, a decoupled head_dim, gpt2. */
+ * embeddings), latent attention with MTP, MTP over MoE (its block an MoE layer), a decoupled
+ * head_dim, gpt2. */
 static void test_flops_per_token_equal_the_models() {
     const char *sets[][6] = {
         {"model.sliding_window=[8,300,32,300]", NULL},
@@ -202,6 +204,8 @@ static void test_flops_per_token_equal_the_models() {
          "model.moe.first_dense=1", "model.moe.shared_expert=true", "model.tie_embeddings=true"},
         {"model.n_kv_head=4", "model.mla.enabled=true", "model.mla.kv_lora_rank=32",
          "model.mla.qk_nope_head_dim=16", "model.mla.qk_rope_head_dim=16", "model.mtp.depth=2"},
+        {"model.moe.num_experts=4", "model.moe.top_k=1", "model.moe.d_ff_expert=64",
+         "model.moe.first_dense=1", "model.moe.shared_expert=true", "model.mtp.depth=1"},
         {"model.head_dim=48", NULL},
         {"model.arch=gpt2", "model.n_kv_head=4", NULL}};
     ust_ops *ops = ops_cpu_create(1, 1);

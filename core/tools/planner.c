@@ -88,11 +88,15 @@ void planner_model_sizes(const ust_config *c, planner_sizes *s) {
     double shared_mm = (gpt2 ? 2 : 3) * Fs * C;
     s->moe_dense = E * C + (shared ? shared_mm + (gpt2 ? Fs + C : 0) : 0);
     for (int l = 0; E > 0 && l < L; l++) s->n_moe += cfg_layer_is_moe(c, l);
-    /* model.mtp's modules (dense blocks, model_mtp.h): two norms, the projection from 2C, the
-     * block, the head's norm; each computes logits again with the shared head */
-    int D = c->model.mtp.depth;
-    s->mtp = D * (2 * C + 2 * C * C + s->attn + s->mlp + C);
-    s->mm_mtp = D * (2 * C * C + attn_mm + mlp_mm + V * C);
+    /* model.mtp's modules (model_mtp.h): two norms, the projection from 2C, the block (an MoE
+     * layer in a model with experts: cfg_layer_is_moe of layers L..), the head's norm; each
+     * computes logits again with the shared head */
+    int D = c->model.mtp.depth, mtp_moe = D > 0 && E > 0 && cfg_layer_is_moe(c, L);
+    double mtp_mlp = mtp_moe ? s->moe_dense + E * s->expert : s->mlp;
+    double mtp_mlp_mm =
+        mtp_moe ? E * C + c->model.moe.top_k * expert_mm + shared * shared_mm : mlp_mm;
+    s->mtp = D * (2 * C + 2 * C * C + s->attn + mtp_mlp + C);
+    s->mm_mtp = D * (2 * C * C + attn_mm + mtp_mlp_mm + V * C);
     s->n_params = s->emb + s->head + L * s->attn + (L - s->n_moe) * s->mlp +
                   s->n_moe * (s->moe_dense + E * s->expert) + s->mtp;
     /* the logits matmul runs whether or not lm_head is tied to the embedding */
