@@ -36,6 +36,9 @@ optimizer: {eps: 1.0e-6, lr: 3.0e-3, warmup_steps: 2}
 data:  {train: "$TMP/data/train_*.bin", val: null}
 EOT
 $EQ --name _5d_deepseek --config $TMP/ds.yaml --layout "dp=2 tp=2 pp=2 cp=2 ep=2 sp=true zero=1"
+# and a checkpoint of it saved under one layout resumes under others (same losses from step 3)
+$EQ --name _5d_deepseek --config $TMP/ds.yaml --save-layout "dp=2 tp=2 pp=2 ep=2 zero=1" --resume-at 2 \
+    --layout "cp=2 tp=2 sp=true zero=3 dp=2" --layout "dp=1"
 $EQ --name _5d --config $TMP/llama.yaml --save-layout "dp=2 tp=2 pp=2 ep=2 zero=1" --resume-at 2 \
     --layout "dp=2 cp=2 pp=2 vpp=2 sched=interleaved zero=2" \
     --layout "dp=4 ep=4 tp=2 zero=3" --layout "dp=1"
