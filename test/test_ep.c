@@ -187,15 +187,20 @@ static double compare(layer *ep, layer *ref, ust_comm *world, int N, int64_t *ro
  * ~100x float rounding of these O(10)-term sums and far below a misrouted row (O(1)). */
 #define TOL 1e-5
 
+/* The cases' model: 2 layers of width C, E experts of width FE, top-k of them. */
+static void moe_cfg(ust_config *cfg, ust_arch arch, int k) {
+    cfg_defaults(cfg);
+    cfg->model.arch = arch;
+    cfg->model.n_layer = 2;
+    cfg->model.d_model = C;
+    cfg->model.moe.num_experts = E;
+    cfg->model.moe.top_k = k;
+    cfg->model.moe.d_ff_expert = FE;
+}
+
 static int run_case(const ep_case *c, ust_comm *world, const ust_ops *o, int rank, int n) {
     ust_config cfg;
-    cfg_defaults(&cfg);
-    cfg.model.arch = c->arch;
-    cfg.model.n_layer = 2;
-    cfg.model.d_model = C;
-    cfg.model.moe.num_experts = E;
-    cfg.model.moe.top_k = c->k;
-    cfg.model.moe.d_ff_expert = FE;
+    moe_cfg(&cfg, c->arch, c->k);
     cfg.model.moe.shared_expert = c->shared;
     cfg.model.moe.aux_loss_coef = 0.2;
     cfg.model.moe.z_loss_coef = 0.1;
@@ -244,13 +249,7 @@ static int run_case(const ep_case *c, ust_comm *world, const ust_ops *o, int ran
  * outputs of this rank's rows, and the router gradient summed over ranks. */
 static int run_stats_case(ust_comm *world, const ust_ops *o, int rank, int n) {
     ust_config cfg;
-    cfg_defaults(&cfg);
-    cfg.model.arch = ARCH_LLAMA;
-    cfg.model.n_layer = 2;
-    cfg.model.d_model = C;
-    cfg.model.moe.num_experts = E;
-    cfg.model.moe.top_k = 2;
-    cfg.model.moe.d_ff_expert = FE;
+    moe_cfg(&cfg, ARCH_LLAMA, 2);
     cfg.model.moe.aux_loss_coef = 0.2;
     cfg.model.moe.z_loss_coef = 0.1;
     ust_arena arena;
@@ -303,13 +302,7 @@ static int run_stats_case(ust_comm *world, const ust_ops *o, int rank, int n) {
  * other node + the copies its experts held for tokens from there) x C fp32. */
 static int run_nodes_case(ust_comm *world, const ust_ops *o, int rank, int n, int M) {
     ust_config cfg;
-    cfg_defaults(&cfg);
-    cfg.model.arch = ARCH_LLAMA;
-    cfg.model.n_layer = 2;
-    cfg.model.d_model = C;
-    cfg.model.moe.num_experts = E;
-    cfg.model.moe.top_k = 2;
-    cfg.model.moe.d_ff_expert = FE;
+    moe_cfg(&cfg, ARCH_LLAMA, 2);
     cfg.model.moe.score = MOE_SIGMOID;
     cfg.model.moe.n_group = M ? 2 : 1;
     cfg.model.moe.max_nodes_per_token = M;
