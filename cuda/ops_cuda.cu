@@ -1476,30 +1476,61 @@ __device__ __forceinline__ void adamw_one(float *p, float grad, float *m, float 
     *p -= lr * (mhat / (sqrtf(vhat) + eps) + wd * *p);
 }
 
+/* AdamW's states as stored: fp32, or bf16 bits (optimizer.state_dtype: bf16), widened and
+ * rounded in registers by ops.h's ops_state_* (the CPU backend's bits); four at a time as one
+ * 16-byte (fp32) or 8-byte (bf16) access. */
+__device__ __forceinline__ float st_ld(const float *s, int64_t i) { return s[i]; }
+__device__ __forceinline__ float st_ld(const uint16_t *s, int64_t i) { return ops_state_f32(s[i]); }
+__device__ __forceinline__ void st_st(float *s, int64_t i, float x) { s[i] = x; }
+__device__ __forceinline__ void st_st(uint16_t *s, int64_t i, float x) { s[i] = ops_state_bf16(x); }
+__device__ __forceinline__ float4 st_ld4(const float *s, int64_t i) {
+    return ((const float4 *)s)[i];
+}
+__device__ __forceinline__ float4 st_ld4(const uint16_t *s, int64_t i) {
+    uint2 u = ((const uint2 *)s)[i];
+    return make_float4(ops_state_f32((uint16_t)u.x), ops_state_f32((uint16_t)(u.x >> 16)),
+                       ops_state_f32((uint16_t)u.y), ops_state_f32((uint16_t)(u.y >> 16)));
+}
+__device__ __forceinline__ void st_st4(float *s, int64_t i, float4 x) { ((float4 *)s)[i] = x; }
+__device__ __forceinline__ uint32_t st_pair(float lo, float hi) {
+    return (uint32_t)ops_state_bf16(lo) | (uint32_t)ops_state_bf16(hi) << 16;
+}
+__device__ __forceinline__ void st_st4(uint16_t *s, int64_t i, float4 x) {
+    ((uint2 *)s)[i] = make_uint2(st_pair(x.x, x.y), st_pair(x.z, x.w));
+}
+
 /* Elements [first, n) of one AdamW update, stride apart: four at a time with 16-byte loads and
- * stores when all four arrays are 16-byte aligned (AdamW reads 16 B and writes 12 B per
- * parameter, all of it memory-bound), the rest one by one; the same arithmetic per element
- * either way, so the results are the same bits. With p16 (bf16 on) the updated parameters are
- * also stored rounded there, the copy the linears' GEMMs read (ops_cuda_w16.cu): 2 B more per
- * parameter once per step instead of a rounding pass before every use. */
-__device__ __forceinline__ void adamw_span(float *p, bf16 *p16, const float *grad, float *m,
-                                           float *v, int64_t n, int64_t first, int64_t stride,
-                                           float lr, float b1, float b2, float eps, float wd,
+ * stores when all four arrays are aligned (AdamW reads 16 B and writes 12 B per parameter, 8
+ * and 4 less with bf16 states, all of it memory-bound), the rest one by one; the same
+ * arithmetic per element either way, so the results are the same bits. With p16 (bf16 on) the
+ * updated parameters are also stored rounded there, the copy the linears' GEMMs read
+ * (ops_cuda_w16.cu): 2 B more per parameter once per step instead of a rounding pass before
+ * every use. */
+template <typename S>
+__device__ __forceinline__ void adamw_span(float *p, bf16 *p16, const float *grad, S *m, S *v,
+                                           int64_t n, int64_t first, int64_t stride, float lr,
+                                           float b1, float b2, float eps, float wd,
                                            float grad_scale, float bc1, float bc2) {
-    const uintptr_t al = (uintptr_t)p | (uintptr_t)grad | (uintptr_t)m | (uintptr_t)v;
-    const int64_t n4 = al % 16 == 0 && (uintptr_t)p16 % 8 == 0 ? n / 4 : 0;
+    const uintptr_t al = (uintptr_t)p | (uintptr_t)grad, sal = (uintptr_t)m | (uintptr_t)v;
+    const int64_t n4 =
+        al % 16 == 0 && sal % (4 * sizeof(S)) == 0 && (uintptr_t)p16 % 8 == 0 ? n / 4 : 0;
     for (int64_t i = first; i < n4; i += stride) {
-        float4 p4 = ((float4 *)p)[i], m4 = ((float4 *)m)[i], v4 = ((float4 *)v)[i];
+        float4 p4 = ((float4 *)p)[i], m4 = st_ld4(m, i), v4 = st_ld4(v, i);
         const float4 g4 = ((const float4 *)grad)[i];
         adamw_one(&p4.x, g4.x, &m4.x, &v4.x, lr, b1, b2, eps, wd, grad_scale, bc1, bc2);
         adamw_one(&p4.y, g4.y, &m4.y, &v4.y, lr, b1, b2, eps, wd, grad_scale, bc1, bc2);
         adamw_one(&p4.z, g4.z, &m4.z, &v4.z, lr, b1, b2, eps, wd, grad_scale, bc1, bc2);
         adamw_one(&p4.w, g4.w, &m4.w, &v4.w, lr, b1, b2, eps, wd, grad_scale, bc1, bc2);
-        ((float4 *)p)[i] = p4, ((float4 *)m)[i] = m4, ((float4 *)v)[i] = v4;
+        ((float4 *)p)[i] = p4;
+        st_st4(m, i, m4);
+        st_st4(v, i, v4);
         if (p16) ((uint2 *)p16)[i] = make_uint2(pack_bf16x2(p4.x, p4.y), pack_bf16x2(p4.z, p4.w));
     }
     for (int64_t i = 4 * n4 + first; i < n; i += stride) {
-        adamw_one(p + i, grad[i], m + i, v + i, lr, b1, b2, eps, wd, grad_scale, bc1, bc2);
+        float mi = st_ld(m, i), vi = st_ld(v, i);
+        adamw_one(p + i, grad[i], &mi, &vi, lr, b1, b2, eps, wd, grad_scale, bc1, bc2);
+        st_st(m, i, mi);
+        st_st(v, i, vi);
         if (p16) p16[i] = __float2bfloat16_rn(p[i]);
     }
 }
@@ -1573,7 +1604,8 @@ static chunk_list upload_chunks(const ust_ops *o, const ops_segment *seg, int k)
     return cl;
 }
 
-__global__ void k_adamw_many(float *p, bf16 *p16, const float *grad, float *m, float *v,
+template <typename S>
+__global__ void k_adamw_many(float *p, bf16 *p16, const float *grad, S *m, S *v,
                              const seg_chunk *ch, float lr, float b1, float b2, float eps,
                              float grad_scale, float bc1, float bc2) {
     seg_chunk c = ch[blockIdx.x];
@@ -1581,9 +1613,11 @@ __global__ void k_adamw_many(float *p, bf16 *p16, const float *grad, float *m, f
                blockDim.x, lr, b1, b2, eps, c.wd, grad_scale, bc1, bc2);
 }
 
-static void cu_adamw_many(const ust_ops *o, float *p, const float *grad, float *m, float *v,
-                          const ops_segment *seg, int k, float lr, float b1, float b2, float eps,
-                          float grad_scale, int64_t t) {
+/* adamw_many and adamw16_many: one launch, a block per chunk. */
+template <typename S>
+static void adamw_many_launch(const ust_ops *o, float *p, const float *grad, S *m, S *v,
+                              const ops_segment *seg, int k, float lr, float b1, float b2,
+                              float eps, float grad_scale, int64_t t) {
     chunk_list cl = upload_chunks(o, seg, k);
     if (!cl.n) return;
     float bc1 = (float)(1.0 - pow((double)b1, (double)t));
@@ -1591,10 +1625,65 @@ static void cu_adamw_many(const ust_ops *o, float *p, const float *grad, float *
     int64_t end = 0;
     for (int i = 0; i < k; i++) end = seg[i].p + seg[i].n > end ? seg[i].p + seg[i].n : end;
     bf16 *p16 = cuda_w16_target(o, p, end);
-    k_adamw_many<<<cl.n, 256, 0, STREAM(o)>>>(p, p16, grad, m, v, cl.dev, lr, b1, b2, eps,
-                                              grad_scale, bc1, bc2);
+    k_adamw_many<S><<<cl.n, 256, 0, STREAM(o)>>>(p, p16, grad, m, v, cl.dev, lr, b1, b2, eps,
+                                                 grad_scale, bc1, bc2);
     CK_LAUNCH();
     if (p16) cuda_w16_mark(o, seg, k);
+}
+
+static void cu_adamw_many(const ust_ops *o, float *p, const float *grad, float *m, float *v,
+                          const ops_segment *seg, int k, float lr, float b1, float b2, float eps,
+                          float grad_scale, int64_t t) {
+    adamw_many_launch(o, p, grad, m, v, seg, k, lr, b1, b2, eps, grad_scale, t);
+}
+
+static void cu_adamw16_many(const ust_ops *o, float *p, const float *grad, uint16_t *m, uint16_t *v,
+                            const ops_segment *seg, int k, float lr, float b1, float b2, float eps,
+                            float grad_scale, int64_t t) {
+    adamw_many_launch(o, p, grad, m, v, seg, k, lr, b1, b2, eps, grad_scale, t);
+}
+
+/* Muon's momentum on one element: optim_muon.c's scale and axpy steps in the same order, the
+ * scales' products never fused into the adds (as separate kernels they are stored first), so
+ * these are the bits of the fp32 form's kernels with or without FMA contraction. */
+__device__ __forceinline__ void momentum_one(float *g, float *m, float mu, float gs, int nesterov) {
+    float mi = __fmul_rn(*m, mu);
+    mi += gs * *g;
+    *m = mi;
+    if (nesterov) {
+        float gi = __fmul_rn(*g, gs);
+        *g = gi + mu * mi;
+    } else {
+        *g = mi;
+    }
+}
+
+/* momentum16: four elements at a time (a 16-byte gradient and an 8-byte state access) when
+ * aligned, the rest one by one, the same arithmetic either way. */
+__global__ void k_momentum16(float *g, uint16_t *m, int64_t n, float mu, float gs, int nesterov) {
+    const int64_t first = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    const int64_t n4 = (uintptr_t)g % 16 == 0 && (uintptr_t)m % 8 == 0 ? n / 4 : 0;
+    for (int64_t i = first; i < n4; i += stride) {
+        float4 g4 = ((float4 *)g)[i], m4 = st_ld4(m, i);
+        momentum_one(&g4.x, &m4.x, mu, gs, nesterov);
+        momentum_one(&g4.y, &m4.y, mu, gs, nesterov);
+        momentum_one(&g4.z, &m4.z, mu, gs, nesterov);
+        momentum_one(&g4.w, &m4.w, mu, gs, nesterov);
+        ((float4 *)g)[i] = g4;
+        st_st4(m, i, m4);
+    }
+    for (int64_t i = 4 * n4 + first; i < n; i += stride) {
+        float mi = st_ld(m, i);
+        momentum_one(g + i, &mi, mu, gs, nesterov);
+        st_st(m, i, mi);
+    }
+}
+
+static void cu_momentum16(const ust_ops *o, float *g, uint16_t *m, int64_t n, float mu,
+                          float grad_scale, int nesterov) {
+    EW_LAUNCH(k_momentum16, (n + 3) / 4, g, m, n, mu, grad_scale, nesterov);
+    if (n > 0) cuda_w16_cut(o, g, (size_t)n * sizeof(float)); /* as axpy: g is any fp32 buffer */
 }
 
 /* Block c sums the squares of chunk c in double; the host adds the chunks of each segment in

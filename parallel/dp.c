@@ -175,8 +175,6 @@ static void alloc_state(dp_state *d, ust_arena *a) {
     if (d->cfg->optimizer.state_dtype == 1) {
         d->buf.m16 = mem_alloc(a, MEM_OPTIM, moments * sizeof(uint16_t));
         d->buf.v16 = mem_alloc(a, MEM_OPTIM, moments * sizeof(uint16_t));
-        d->buf.sm = mem_alloc(a, MEM_OPTIM, DP_STATE_CHUNK * sizeof(float));
-        d->buf.sv = mem_alloc(a, MEM_OPTIM, DP_STATE_CHUNK * sizeof(float));
     } else {
         d->buf.mom_m = mem_alloc(a, MEM_OPTIM, moments * sizeof(float));
         d->buf.mom_v = mem_alloc(a, MEM_OPTIM, moments * sizeof(float));
@@ -219,11 +217,6 @@ static void on_unit(void *ctx, int u, model_phase ph);
 int dp_create(dp_state **out, const ust_config *cfg, const ust_ops *ops, ust_arena *a, model *m,
               const dp_groups *gr, ust_err *e) {
     ust_comm *comm = gr->dense, *mp = gr->mp;
-    if (cfg->optimizer.state_dtype == 1 && ops->name && strcmp(ops->name, "cpu") != 0)
-        return ust_errf(e,
-                        "optimizer.state_dtype: bf16 runs on the CPU backend only for now "
-                        "(run.device: %s keeps fp32 states)",
-                        ops->name);
     dp_state *d = calloc(1, sizeof *d);
     if (!d) return ust_errf(e, "out of memory");
     d->cfg = cfg;
@@ -506,26 +499,6 @@ double dp_grad_norm(dp_state *d) {
     return sqrt(both[0] + both[1]);
 }
 
-/* AdamW on bf16 states: each segment in chunks through the fp32 working buffers, so the
- * update's arithmetic is the fp32 op's and only the stored moments are rounded. */
-static void adamw_bf16(dp_state *d, int first, int count, float lr, float grad_scale, int64_t t) {
-    const ust_config *c = d->cfg;
-    for (int s = first; s < first + count; s++) {
-        const ops_segment *g = &d->buf.aseg[s];
-        for (int64_t k = 0; k < g->n; k += DP_STATE_CHUNK) {
-            int64_t n = g->n - k < DP_STATE_CHUNK ? g->n - k : DP_STATE_CHUNK;
-            ops_segment one = {.p = g->p + k, .g = g->g + k, .m = 0, .n = n, .wd = g->wd};
-            state_unpack(d->buf.sm, d->buf.m16 + g->m + k, n);
-            state_unpack(d->buf.sv, d->buf.v16 + g->m + k, n);
-            d->ops->adamw_many(d->ops, buf_base(d, BUF_PARAMS), buf_base(d, BUF_GRADS), d->buf.sm,
-                               d->buf.sv, &one, 1, lr, (float)c->optimizer.beta1,
-                               (float)c->optimizer.beta2, (float)c->optimizer.eps, grad_scale, t);
-            state_pack(d->buf.m16 + g->m + k, d->buf.sm, n);
-            state_pack(d->buf.v16 + g->m + k, d->buf.sv, n);
-        }
-    }
-}
-
 void dp_optimizer_step(dp_state *d, double lr, double lr_mult, float grad_scale, int64_t step) {
     const ust_config *c = d->cfg;
     for (int g = 0, first = 0; g < DP_GROUPS; first += d->buf.agroup[g++]) {
@@ -533,8 +506,11 @@ void dp_optimizer_step(dp_state *d, double lr, double lr_mult, float grad_scale,
          * norm), times the batch ramp's factor */
         float glr = (float)(optim_group_lr(c, g, step) * lr_mult);
         if (!d->buf.agroup[g]) continue;
-        if (d->buf.m16)
-            adamw_bf16(d, first, d->buf.agroup[g], glr, grad_scale, step + 1);
+        if (d->buf.m16) /* bf16 states: widened and rounded in the op (one pass) */
+            d->ops->adamw16_many(d->ops, buf_base(d, BUF_PARAMS), buf_base(d, BUF_GRADS),
+                                 d->buf.m16, d->buf.v16, d->buf.aseg + first, d->buf.agroup[g], glr,
+                                 (float)c->optimizer.beta1, (float)c->optimizer.beta2,
+                                 (float)c->optimizer.eps, grad_scale, step + 1);
         else
             d->ops->adamw_many(d->ops, buf_base(d, BUF_PARAMS), buf_base(d, BUF_GRADS),
                                buf_base(d, BUF_M), buf_base(d, BUF_V), d->buf.aseg + first,

@@ -38,16 +38,13 @@ typedef struct {
     ops_segment *aseg; /* the segments AdamW steps: all but Muon's matrices */
     int naseg;
     int agroup[DP_GROUPS]; /* aseg in groups of their lr (dp_group): how many of each, in order */
-    /* optimizer.state_dtype: bf16 (CPU): the states live in m16/v16 (mom_m, mom_v NULL) and
-     * step through fp32 working chunks sm/sv of DP_STATE_CHUNK floats */
+    /* optimizer.state_dtype: bf16: the states live in m16/v16 (mom_m, mom_v NULL), in the
+     * backend's memory; the ops adamw16_many and momentum16 step them */
     uint16_t *m16, *v16;
-    float *sm, *sv;
     float *snap;      /* logging.stats_every: the parameters before a stats step's update */
     float *whole_one; /* ZeRO-3 with a routing bias: one small tensor made whole (dp_param_whole) */
     int64_t whole_cap; /* ... its floats */
 } dp_buffers;
-
-#define DP_STATE_CHUNK (1 << 14) /* 64 KiB each: small beside the states it saves */
 
 /* Muon (dp_muon.c): the matrices it steps and who orthogonalises each. */
 typedef struct {
@@ -142,22 +139,12 @@ static inline int64_t state_off(const dp_state *d, int u, int64_t x) {
     return d->lay.soff[u] + (x - d->lay.urank[u] * d->lay.chunk[u]);
 }
 
-/* bf16 states (round to nearest even; NaN stays NaN) and back: the CPU backend's memory is the
- * host's, so dp converts in place. */
-static inline uint16_t state_bf16(float x) {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
+/* bf16 states (ops_state_bf16: round to nearest even) and back, host memory to host memory. */
 static inline void state_pack(uint16_t *dst, const float *src, int64_t n) {
-    for (int64_t k = 0; k < n; k++) dst[k] = state_bf16(src[k]);
+    for (int64_t k = 0; k < n; k++) dst[k] = ops_state_bf16(src[k]);
 }
 static inline void state_unpack(float *dst, const uint16_t *src, int64_t n) {
-    for (int64_t k = 0; k < n; k++) {
-        uint32_t u = (uint32_t)src[k] << 16;
-        memcpy(&dst[k], &u, 4);
-    }
+    for (int64_t k = 0; k < n; k++) dst[k] = ops_state_f32(src[k]);
 }
 
 /* piece() of copy k of a sizes-only table's repeated entry (model_param.repeat: the memory

@@ -175,6 +175,7 @@ static int writes(const dp_state *d, const model_param *q) {
  * written by exactly one member), everything it holds when loading. */
 static int transfer(dp_state *d, dp_buf b, int file, ckpt_writer *w, ckpt_reader *r, ust_err *e) {
     float *host = NULL;
+    uint16_t *host16 = NULL;
     int64_t cap = 0;
     int rc = 0;
     for (int i = 0; rc == 0 && i < model_num_params(d->m); i++) {
@@ -183,10 +184,17 @@ static int transfer(dp_state *d, dp_buf b, int file, ckpt_writer *w, ckpt_reader
         if (bb <= a) continue;
         if (w && !writes(d, q)) continue;
         if (b == BUF_V && muon_tensor(d, &q->whole)) continue; /* Muon keeps one state */
-        if (bb - a > cap) host = realloc(host, (cap = bb - a) * sizeof(float));
+        if (bb - a > cap) {
+            host = realloc(host, (bb - a) * sizeof(float));
+            host16 = realloc(host16, (bb - a) * sizeof(uint16_t));
+            UST_ASSERT(host && host16, "out of host memory");
+            cap = bb - a;
+        }
         int u = model_param_unit(d->m, i);
-        /* bf16 states (CPU memory): widened to the checkpoint's fp32 and rounded back */
+        /* bf16 states (the backend's memory): through host16, widened to the checkpoint's fp32
+         * values (bf16 numbers) and rounded back, so either state dtype resumes the other */
         uint16_t *s16 = b == BUF_M ? d->buf.m16 : b == BUF_V ? d->buf.v16 : NULL;
+        size_t n16 = (size_t)(bb - a) * sizeof(uint16_t);
         if (s16) s16 += state_off(d, u, t0 + a);
         float *dev = s16 ? NULL : at(d, b, u, t0 + a);
         ckpt_tensor t = tensor_of(d, q, b);
@@ -196,18 +204,25 @@ static int transfer(dp_state *d, dp_buf b, int file, ckpt_writer *w, ckpt_reader
         if (w) { /* checkpoint.async: straight into the stage */
             float *staged = NULL;
             rc = ckpt_stage_reserve(w, file, t.name, &s, &staged, e);
-            if (rc == 0 && s16) state_unpack(staged ? staged : host, s16, bb - a);
+            if (rc == 0 && s16) {
+                d->ops->to_host(d->ops, host16, s16, n16);
+                state_unpack(staged ? staged : host, host16, bb - a);
+            }
             if (rc == 0 && !s16)
                 d->ops->to_host(d->ops, staged ? staged : host, dev, (bb - a) * sizeof(float));
             if (rc == 0 && !staged) rc = ckpt_write_slice(w, file, t.name, &s, host, e);
         } else {
             const char *fname = b == BUF_PARAMS ? "model.safetensors" : "optimizer.safetensors";
             rc = ckpt_read_slice(r, fname, &t, &s, host, e);
-            if (rc == 0 && s16) state_pack(s16, host, bb - a);
+            if (rc == 0 && s16) {
+                state_pack(host16, host, bb - a);
+                d->ops->to_device(d->ops, s16, host16, n16);
+            }
             if (rc == 0 && !s16) d->ops->to_device(d->ops, dev, host, (bb - a) * sizeof(float));
         }
     }
     free(host);
+    free(host16);
     return rc;
 }
 

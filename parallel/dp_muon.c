@@ -128,20 +128,17 @@ static void orthogonalise(dp_state *d, int i, float *X) {
     o->copy2d(o, X, lc * f, d->muon.whole + t * lc, C * f, lc * f, R);
 }
 
-/* The momentum on n elements at unit coordinate x (bf16 states: through the fp32 chunk). */
+/* The momentum on n elements at unit coordinate x (bf16 states: the fused op widens and rounds
+ * them, the fp32 form's arithmetic). */
 static void momentum(dp_state *d, int u, int64_t x, int64_t n, float grad_scale) {
     float *g = at(d, BUF_GRADS, u, x);
     if (!d->buf.m16) {
         optim_muon_momentum(d->ops, d->cfg, g, at(d, BUF_M, u, x), n, grad_scale);
         return;
     }
-    uint16_t *m = d->buf.m16 + state_off(d, u, x);
-    for (int64_t k = 0; k < n; k += DP_STATE_CHUNK) {
-        int64_t len = n - k < DP_STATE_CHUNK ? n - k : DP_STATE_CHUNK;
-        state_unpack(d->buf.sm, m + k, len);
-        optim_muon_momentum(d->ops, d->cfg, g + k, d->buf.sm, len, grad_scale);
-        state_pack(m + k, d->buf.sm, len);
-    }
+    const ust_config *c = d->cfg;
+    d->ops->momentum16(d->ops, g, d->buf.m16 + state_off(d, u, x), n, (float)c->optimizer.momentum,
+                       grad_scale, c->optimizer.nesterov);
 }
 
 /* Muon matrices [lo, hi) of the list, all in unit u. */

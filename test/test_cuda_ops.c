@@ -1792,6 +1792,158 @@ static void test_cuda_tiny_moe_three_steps_match_cpu(void) {
     CHECK(model_3_steps_match(ARCH_LLAMA, 4), "%s", msg);
 }
 
+/* ---------------------------------------------------------------- bf16 optimizer states */
+
+static void frand_seed(uint64_t s) { rng_state = 0x243F6A8885A308D3ull + s; }
+
+/* Round to nearest even, written here apart from ops.h's ops_state_bf16 (finite values). */
+static uint16_t rne16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* n bf16 states of random values (|x| with abs) and the same widened to fp32. */
+static uint16_t *state16_rand(int64_t n, float scale, int abs_, float **wide) {
+    uint16_t *h = malloc((size_t)(n > 0 ? n : 1) * sizeof(uint16_t));
+    *wide = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) {
+        float x = frand() * scale;
+        h[i] = rne16(abs_ ? fabsf(x) : x);
+        (*wide)[i] = ops_state_f32(h[i]);
+    }
+    return h;
+}
+
+static void *bup(const ust_ops *o, const void *h, size_t bytes) {
+    void *d = o->alloc(o, bytes ? bytes : 4);
+    o->to_device(o, d, h, bytes);
+    return d;
+}
+
+/* Device fp32 states s (n) against bf16 states s16: s16 must hold s rounded (rne16); s
+ * then takes those rounded values, as the fp32 form's next step would see them. */
+static int state16_is_rounded(const ust_ops *o, const char *what, float *s, const uint16_t *s16,
+                              int64_t n) {
+    float *f = malloc((size_t)n * sizeof(float));
+    uint16_t *h = malloc((size_t)n * sizeof(uint16_t));
+    o->to_host(o, f, s, (size_t)n * sizeof(float));
+    o->to_host(o, h, s16, (size_t)n * sizeof(uint16_t));
+    int ok = 1;
+    for (int64_t i = 0; i < n && ok; i++) {
+        ok = h[i] == rne16(f[i]);
+        if (!ok)
+            snprintf(msg, sizeof msg, "%s %s[%lld]: bf16 state %#06x, fp32 form %.9g (%#06x)",
+                     o == CPU ? "cpu" : "gpu", what, (long long)i, h[i], f[i], rne16(f[i]));
+        f[i] = ops_state_f32(rne16(f[i]));
+    }
+    o->to_device(o, s, f, (size_t)n * sizeof(float));
+    free(f), free(h);
+    return ok;
+}
+
+static int same_bits(const ust_ops *o, const char *what, const float *a, const float *b,
+                     int64_t n) {
+    float *x = malloc((size_t)n * sizeof(float)), *y = malloc((size_t)n * sizeof(float));
+    o->to_host(o, x, a, (size_t)n * sizeof(float));
+    o->to_host(o, y, b, (size_t)n * sizeof(float));
+    int ok = memcmp(x, y, (size_t)n * sizeof(float)) == 0;
+    if (!ok)
+        snprintf(msg, sizeof msg, "%s %s: bf16-state op differs", o == CPU ? "cpu" : "gpu", what);
+    free(x), free(y);
+    return ok;
+}
+
+/* adamw16_many (bf16 states) on backend o against adamw_many on the widened states, two steps:
+ * the same parameters bit for bit and the states exactly the fp32 form's rounded to nearest even
+ * (a truncating rounding, or a state not written back, fails), on the vector and scalar paths
+ * (a misaligned segment, tails) and across 65536-element chunks. Returns the final parameters,
+ * m and v (widened) on the host. */
+static int adamw16_on(const ust_ops *o, float **out) {
+    enum { k = 3 };
+    const int64_t np = 90000, nm = 90000;
+    const ops_segment seg[k] = {{0, 100, 200, 70000, 0.1f},
+                                {70001, 70500, 70301, 777, 0.0f},
+                                {80000, 75000, 71080, 0, 0.1f}};
+    frand_seed(11);
+    float *p = hrand(np, 1), *g = hrand(np, 1), *mw, *vw;
+    uint16_t *m16 = state16_rand(nm, 0.1f, 0, &mw), *v16 = state16_rand(nm, 0.01f, 1, &vw);
+    float *pa = bup(o, p, np * 4), *pb = bup(o, p, np * 4), *dg = bup(o, g, np * 4);
+    float *dm = bup(o, mw, nm * 4), *dv = bup(o, vw, nm * 4);
+    uint16_t *dm16 = bup(o, m16, nm * 2), *dv16 = bup(o, v16, nm * 2);
+    int ok = 1;
+    for (int t = 1; t <= 2 && ok; t++) {
+        o->adamw16_many(o, pa, dg, dm16, dv16, seg, k, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.5f, t);
+        o->adamw_many(o, pb, dg, dm, dv, seg, k, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.5f, t);
+        ok = same_bits(o, "adamw16_many p", pa, pb, np) &&
+             state16_is_rounded(o, "adamw16_many m", dm, dm16, nm) &&
+             state16_is_rounded(o, "adamw16_many v", dv, dv16, nm);
+    }
+    out[0] = malloc(np * 4), out[1] = malloc(nm * 4), out[2] = malloc(nm * 4);
+    o->to_host(o, out[0], pa, np * 4);
+    o->to_host(o, out[1], dm, nm * 4);
+    o->to_host(o, out[2], dv, nm * 4);
+    void *dev[] = {pa, pb, dg, dm, dv, dm16, dv16};
+    for (int i = 0; i < 7; i++) o->free(o, dev[i]);
+    free(p), free(g), free(mw), free(vw), free(m16), free(v16);
+    return ok;
+}
+
+/* momentum16 on backend o against optim_muon.c's fp32 steps (scale, axpy; then scale and axpy
+ * or copy) on the widened momentum, Nesterov or not, aligned and one float off. */
+static int momentum16_on(const ust_ops *o, int nesterov, int off, float **out) {
+    const int64_t n = 1003;
+    const float mu = 0.95f, gs = 0.5f;
+    frand_seed(12 + nesterov);
+    float *g = hrand(n, 1), *mw;
+    uint16_t *m16 = state16_rand(n, 0.1f, 0, &mw);
+    float *ga = (float *)o->alloc(o, (n + 1) * 4) + off, *gb = bup(o, g, n * 4);
+    float *dm = bup(o, mw, n * 4);
+    uint16_t *dm16 = (uint16_t *)o->alloc(o, (n + 1) * 2) + off;
+    o->to_device(o, ga, g, n * 4);
+    o->to_device(o, dm16, m16, n * 2);
+    int ok = 1;
+    for (int step = 0; step < 2 && ok; step++) {
+        o->momentum16(o, ga, dm16, n, mu, gs, nesterov);
+        o->scale(o, dm, mu, n);
+        o->axpy(o, dm, gs, gb, n);
+        if (nesterov) {
+            o->scale(o, gb, gs, n);
+            o->axpy(o, gb, mu, dm, n);
+        } else {
+            o->copy(o, gb, dm, n * 4);
+        }
+        ok = same_bits(o, "momentum16 g", ga, gb, n) &&
+             state16_is_rounded(o, "momentum16 m", dm, dm16, n);
+        o->to_device(o, gb, g, n * 4), o->to_device(o, ga, g, n * 4); /* a fresh gradient */
+    }
+    out[0] = malloc(n * 4);
+    o->to_host(o, out[0], dm, n * 4);
+    o->free(o, ga - off), o->free(o, gb), o->free(o, dm), o->free(o, dm16 - off);
+    free(g), free(mw), free(m16);
+    return ok;
+}
+
+/* The bf16-state ops: on each backend exactly its fp32 form's arithmetic with the states rounded
+ * to nearest even (so the CPU's bits on a device that computes the fp32 form as the CPU does,
+ * the emulator's); the GPU against the CPU within adamw's tolerance, the states to a bf16 unit. */
+static void test_cuda_bf16_state_ops_match_fp32_forms_and_cpu(void) {
+    float *c[3], *d[3];
+    CHECK(adamw16_on(CPU, c), "%s", msg);
+    CHECK(adamw16_on(GPU, d), "%s", msg);
+    CHECK(close_f("adamw16_many p", d[0], c[0], 90000, 1e-6, 1e-5), "%s", msg);
+    CHECK(close_f("adamw16_many m", d[1], c[1], 90000, 1e-7, 1.0 / 128), "%s", msg);
+    CHECK(close_f("adamw16_many v", d[2], c[2], 90000, 1e-9, 1.0 / 128), "%s", msg);
+    for (int i = 0; i < 3; i++) free(c[i]), free(d[i]);
+    for (int nesterov = 0; nesterov < 2; nesterov++)
+        for (int off = 0; off < 2; off++) {
+            CHECK(momentum16_on(CPU, nesterov, off, c), "%s", msg);
+            CHECK(momentum16_on(GPU, nesterov, off, d), "%s", msg);
+            CHECK(close_f("momentum16 m", d[0], c[0], 1003, 1e-7, 1.0 / 128), "%s", msg);
+            free(c[0]), free(d[0]);
+        }
+}
+
 int main(void) {
     ust_err e;
     CPU = ops_cpu_create(1, 1);
@@ -1865,6 +2017,7 @@ int main(void) {
     RUN_TEST(test_cuda_tiny_llama_three_steps_match_cpu);
     RUN_TEST(test_cuda_tiny_moe_three_steps_match_cpu);
     RUN_TEST(test_cuda_tiny_model_bf16_close_to_fp32_cpu);
+    RUN_TEST(test_cuda_bf16_state_ops_match_fp32_forms_and_cpu);
     GPU->destroy(GPU);
     CPU->destroy(CPU);
     return TEST_SUMMARY();

@@ -14,6 +14,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "config.h"
 #include "error.h"
@@ -268,6 +269,16 @@ struct ust_ops {
                        float grad_scale, int64_t t);
     void (*sumsq_many)(const ust_ops *o, const float *grad, const ops_segment *seg, int k,
                        double *out);
+    /* bf16 optimizer states (optimizer.state_dtype: bf16; m, v bf16 bits, ops_state_bf16):
+     * adamw_many with each element's states widened, updated by adamw's fp32 arithmetic and
+     * stored rounded; momentum16 is Muon's momentum on n elements, the fp32 form's steps
+     * (optim_muon.c: m = mu m; m += gs g; then g = gs g + mu m (nesterov) or g = m, both from
+     * the fp32 m) with m stored rounded. One pass each: no fp32 copy of the states. */
+    void (*adamw16_many)(const ust_ops *o, float *p, const float *grad, uint16_t *m, uint16_t *v,
+                         const ops_segment *seg, int k, float lr, float b1, float b2, float eps,
+                         float grad_scale, int64_t t);
+    void (*momentum16)(const ust_ops *o, float *g, uint16_t *m, int64_t n, float mu,
+                       float grad_scale, int nesterov);
 
     /* ---- elementwise and reductions ---- */
     void (*add)(const ust_ops *o, act *out, const act *a, const act *b, int64_t n);
@@ -353,10 +364,25 @@ struct ust_ops {
     X(layernorm_fwd) X(layernorm_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd) X(gelu_fwd) X(gelu_bwd)        \
     X(linear_gelu_fwd) X(linear_gelu_bwd) X(swiglu_fwd) X(swiglu_bwd) X(geglu_fwd) X(geglu_bwd) X(rope_fwd) X(rope_bwd) \
     X(attention_fwd) X(attention_bwd) X(attention_merge) X(xent_fwd_bwd) X(xent_vp_local)          \
-    X(xent_vp_finish) X(adamw) X(adamw_many) X(sumsq_many) X(add) X(axpy) X(scale) X(scale_act) X(sumsq)        \
+    X(xent_vp_finish) X(adamw) X(adamw_many) X(sumsq_many) X(adamw16_many) X(momentum16) X(add) X(axpy) X(scale) X(scale_act) X(sumsq)        \
     X(sum) X(destroy) X(moe_router_fwd) X(moe_router_bwd) X(moe_gather) X(moe_combine)             \
     X(moe_gate_grad) X(grouped_linear_fwd) X(grouped_linear_bwd) X(attention_logit_max)
 /* clang-format on */
+
+/* A bf16 optimizer state from fp32, rounded to nearest even (NaN stays NaN, made quiet), and
+ * back: the same bits on every backend (the CUDA kernels call these too). */
+static inline UST_HOST_DEVICE uint16_t ops_state_bf16(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+static inline UST_HOST_DEVICE float ops_state_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
 
 /* Element i of activation tensor p (strchr-style: the result drops const). */
 static inline act *act_at(const ust_ops *o, const act *p, int64_t i) {

@@ -1256,6 +1256,48 @@ static void cpu_adamw_many(const ust_ops *o, float *p, const float *grad, float 
                   b2, eps, seg[i].wd, grad_scale, t);
 }
 
+/* adamw's element on bf16 states: widened, the same fp32 arithmetic, rounded back. */
+static void cpu_adamw16(const ust_ops *o, float *p, const float *grad, uint16_t *m, uint16_t *v,
+                        int64_t n, float lr, float b1, float b2, float eps, float wd,
+                        float grad_scale, float bc1, float bc2) {
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int64_t i = 0; i < n; i++) {
+        float g = grad[i] * grad_scale;
+        float mi = b1 * ops_state_f32(m[i]) + (1.0f - b1) * g;
+        float vi = b2 * ops_state_f32(v[i]) + (1.0f - b2) * g * g;
+        m[i] = ops_state_bf16(mi);
+        v[i] = ops_state_bf16(vi);
+        float mhat = mi / bc1, vhat = vi / bc2;
+        p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
+    }
+}
+
+static void cpu_adamw16_many(const ust_ops *o, float *p, const float *grad, uint16_t *m,
+                             uint16_t *v, const ops_segment *seg, int k, float lr, float b1,
+                             float b2, float eps, float grad_scale, int64_t t) {
+    float bc1 = (float)(1.0 - pow((double)b1, (double)t));
+    float bc2 = (float)(1.0 - pow((double)b2, (double)t));
+    for (int i = 0; i < k; i++)
+        cpu_adamw16(o, p + seg[i].p, grad + seg[i].g, m + seg[i].m, v + seg[i].m, seg[i].n, lr, b1,
+                    b2, eps, seg[i].wd, grad_scale, bc1, bc2);
+}
+
+static void cpu_momentum16(const ust_ops *o, float *g, uint16_t *m, int64_t n, float mu,
+                           float grad_scale, int nesterov) {
+#pragma omp parallel for schedule(static) num_threads(nthreads(o))
+    for (int64_t i = 0; i < n; i++) {
+        float mi = ops_state_f32(m[i]) * mu;
+        mi += grad_scale * g[i];
+        m[i] = ops_state_bf16(mi);
+        if (nesterov) {
+            float gi = g[i] * grad_scale;
+            g[i] = gi + mu * mi;
+        } else {
+            g[i] = mi;
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- elementwise, reductions */
 
 static void cpu_add(const ust_ops *o, act *out_, const act *a_, const act *b_, int64_t n) {

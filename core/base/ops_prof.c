@@ -210,6 +210,16 @@ static void pf_sumsq_many(const ust_ops *o, const float *grad, const ops_segment
                           double *out) {
     TIMED(P_sumsq_many, in->sumsq_many(in, grad, seg, k, out));
 }
+static void pf_adamw16_many(const ust_ops *o, float *p, const float *grad, uint16_t *m, uint16_t *v,
+                            const ops_segment *seg, int k, float lr, float b1, float b2, float eps,
+                            float grad_scale, int64_t t) {
+    TIMED(P_adamw16_many,
+          in->adamw16_many(in, p, grad, m, v, seg, k, lr, b1, b2, eps, grad_scale, t));
+}
+static void pf_momentum16(const ust_ops *o, float *g, uint16_t *m, int64_t n, float mu,
+                          float grad_scale, int nesterov) {
+    TIMED(P_momentum16, in->momentum16(in, g, m, n, mu, grad_scale, nesterov));
+}
 static void pf_add(const ust_ops *o, act *out, const act *a, const act *b, int64_t n) {
     TIMED(P_add, in->add(in, out, a, b, n));
 }

@@ -132,6 +132,11 @@ template <class T> EMU_NOTSAN inline T __shfl_xor_sync(unsigned m, T v, int off)
 template <class T> static inline T min(T a, T b) { return a < b ? a : b; }
 template <class T> static inline T max(T a, T b) { return a > b ? a : b; }
 inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
+/* a product never fused into an add (make emu-fma's -ffp-contract=fast included), as on a GPU */
+inline float __fmul_rn(float a, float b) {
+    volatile float r = a * b;
+    return r;
+}
 
 inline void emu_run(dim3 g, dim3 b, size_t smem, std::function<void()> f);
 /* The pointer arguments of the launch being issued on this thread (emu_check_args), checked
