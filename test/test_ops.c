@@ -1135,6 +1135,81 @@ static void test_adamw_two_steps_match_hand_computation(void) {
     }
 }
 
+/* bf16 states: ops_state_bf16 rounds to nearest even (ties to the even neighbour, up into
+ * infinity past the largest bf16), keeps infinities and keeps NaN a (quiet) NaN; adamw16_many and
+ * momentum16 are adamw_many and Muon's fp32 momentum steps (scale, axpy; scale and axpy or copy)
+ * on the widened states with the results stored rounded, bit for bit: an independent rounding
+ * (below) of the fp32 forms' states, the parameters and the updates unchanged. */
+static uint16_t rne_bits(float x) {
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+static float from_bits(uint32_t u) {
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* s16 (n) must be s rounded; s then takes the rounded values for the next step. */
+static int states_rounded(float *s, const uint16_t *s16, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        if (s16[i] != rne_bits(s[i])) {
+            snprintf(msg, sizeof msg, "[%lld]: %#06x, fp32 form %.9g", (long long)i, s16[i], s[i]);
+            return 0;
+        }
+        s[i] = ops_state_f32(s16[i]);
+    }
+    return 1;
+}
+
+static void test_bf16_state_ops_equal_fp32_forms_rounded(void) {
+    static const uint32_t in[] = {0x3f808000u, 0x3f818000u, 0x3f808001u, 0x7f7fffffu, 0xff800000u};
+    static const uint16_t want[] = {0x3f80, 0x3f82, 0x3f81, 0x7f80, 0xff80};
+    for (int i = 0; i < 5; i++)
+        CHECK(ops_state_bf16(from_bits(in[i])) == want[i], "%#010x -> %#06x, want %#06x", in[i],
+              ops_state_bf16(from_bits(in[i])), want[i]);
+    uint16_t nan = ops_state_bf16(from_bits(0x7f800001u));
+    CHECK(isnan(ops_state_f32(nan)) && (nan & 0x40), "NaN -> %#06x", nan);
+    enum { np = 400, nm = 350, k = 3 };
+    const ops_segment seg[k] = {
+        {0, 10, 20, 100, 0.1f}, {150, 120, 130, 200, 0.0f}, {380, 290, 340, 7, 0.05f}};
+    float *p = randv(np, 1), *g = randv(np, 1), *m = randv(nm, 0.1f), *v = randv(nm, 0.1f);
+    uint16_t *m16 = O->alloc(O, nm * 2), *v16 = O->alloc(O, nm * 2);
+    for (int i = 0; i < nm; i++) {
+        m16[i] = rne_bits(m[i]), v16[i] = rne_bits(fabsf(v[i]));
+        m[i] = ops_state_f32(m16[i]), v[i] = ops_state_f32(v16[i]);
+    }
+    float *p2 = dupv(p, np);
+    for (int t = 1; t <= 2; t++) {
+        O->adamw16_many(O, p, g, m16, v16, seg, k, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.5f, t);
+        O->adamw_many(O, p2, g, m, v, seg, k, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.5f, t);
+        CHECK(!memcmp(p, p2, sizeof(float) * np), "adamw16_many parameters differ");
+        CHECK(states_rounded(m, m16, nm), "adamw16_many m%s", msg);
+        CHECK(states_rounded(v, v16, nm), "adamw16_many v%s", msg);
+    }
+    for (int nesterov = 0; nesterov < 2; nesterov++) {
+        float *g1 = dupv(g, np), *g2 = dupv(g, np);
+        for (int step = 0; step < 2; step++) {
+            O->momentum16(O, g1, m16, nm, 0.95f, 0.5f, nesterov);
+            O->scale(O, m, 0.95f, nm);
+            O->axpy(O, m, 0.5f, g2, nm);
+            if (nesterov) {
+                O->scale(O, g2, 0.5f, nm);
+                O->axpy(O, g2, 0.95f, m, nm);
+            } else {
+                O->copy(O, g2, m, sizeof(float) * nm);
+            }
+            CHECK(!memcmp(g1, g2, sizeof(float) * nm), "momentum16 (nesterov %d) update differs",
+                  nesterov);
+            CHECK(states_rounded(m, m16, nm), "momentum16 m%s", msg);
+        }
+        fr(g1), fr(g2);
+    }
+    fr(p), fr(g), fr(m), fr(v), fr(p2), fr(m16), fr(v16);
+}
+
 static void test_sumsq_and_sum_match_double_reference(void) {
     int64_t sizes[4] = {0, 3, 1000, 100003};
     for (int s = 0; s < 4; s++) {
@@ -1327,6 +1402,7 @@ int main(void) {
     RUN_TEST(test_adamw_two_steps_match_hand_computation);
     RUN_TEST(test_sumsq_and_sum_match_double_reference);
     RUN_TEST(test_adamw_many_and_sumsq_many_equal_per_segment_calls);
+    RUN_TEST(test_bf16_state_ops_equal_fp32_forms_rounded);
     RUN_TEST(test_add_axpy_scale_are_exact_elementwise);
     RUN_TEST(test_vocab_parallel_xent_matches_the_whole_vocabulary);
     RUN_TEST(test_two_threads_match_one_thread_bit_for_bit_attention_and_layernorm);
