@@ -482,6 +482,13 @@ static void cu_matmul_batched(const ust_ops *o, float *C, const float *A, const 
     gemm(o, C, A, B, M, N, K, tA, tB, alpha, beta, batch, strideA, strideB, strideC);
 }
 
+/* The Gram matrix as a full matmul of A with itself: the bf16 products of Newton-Schulz under
+ * bf16 stay those of cuda_gemm, and C comes out whole without a mirror kernel. */
+static void cu_syrk(const ust_ops *o, float *C, const float *A, int N, int K, int tA, float alpha,
+                    float beta) {
+    gemm(o, C, A, A, N, N, K, tA, !tA, alpha, beta, 1, 0, 0, 0);
+}
+
 /* ---------------------------------------------------------------- column reductions */
 
 /* Sums over the N rows of (N,C) quantities, deterministic: stage 1 gives each block 32 columns

@@ -1359,6 +1359,47 @@ static void test_split_matmul_matches_one_thread_bit_for_bit(void) {
     for (int n = 0; n < 3; n++) On[n]->destroy(On[n]);
 }
 
+/* syrk computes C's upper triangle by blocks of rows and mirrors it (ops_cpu.c): on shapes of one
+ * block and of several (a ragged last one), both transposes and a beta, every element equals the
+ * fp64 Gram product to 1e-4 relative (fp32 sums of K <= 200 products of O(1) numbers), C is
+ * exactly symmetric, and 2, 3 and 16 threads give one thread's bits. */
+static void test_syrk_is_the_symmetric_gram_product_on_any_thread_count(void) {
+    static const int shapes[][2] = {{7, 5}, {300, 129}, {531, 200}};
+    ust_ops *On[3] = {ops_cpu_create(2, 1), ops_cpu_create(3, 1), ops_cpu_create(16, 1)};
+    for (int s = 0; s < 3; s++)
+        for (int t = 0; t < 4; t++) {
+            const int N = shapes[s][0], K = shapes[s][1], tA = t & 1;
+            const float beta = t >> 1 ? -0.75f : 0.0f;
+            float *A = randv((int64_t)N * K, 1), *C0 = fbuf((int64_t)N * N),
+                  *C = fbuf((int64_t)N * N);
+            for (int i = 0; i < N; i++) /* a symmetric C to start from, as the contract asks */
+                for (int j = 0; j < N; j++) C0[(int64_t)i * N + j] = (float)((i + j) % 5) - 2.0f;
+            memcpy(C, C0, sizeof(float) * N * N);
+            O->syrk(O, C, A, N, K, tA, 0.5f, beta);
+            int bad = 0;
+            for (int i = 0; i < N && !bad; i++)
+                for (int j = 0; j < N && !bad; j++) {
+                    double ref = beta * (double)C0[(int64_t)i * N + j];
+                    for (int k = 0; k < K; k++)
+                        ref += 0.5 * A[tA ? (int64_t)k * N + i : (int64_t)i * K + k] *
+                               A[tA ? (int64_t)k * N + j : (int64_t)j * K + k];
+                    float got = C[(int64_t)i * N + j];
+                    bad = fabs(got - ref) > 1e-4 * (1 + fabs(ref)) || got != C[(int64_t)j * N + i];
+                    CHECK(!bad, "syrk %dx%d tA=%d beta=%g C[%d,%d] %g (C[%d,%d] %g) vs %g", N, K,
+                          tA, beta, i, j, got, j, i, C[(int64_t)j * N + i], ref);
+                }
+            for (int n = 0; n < 3; n++) {
+                float *Cn = dupv(C0, N * N);
+                On[n]->syrk(On[n], Cn, A, N, K, tA, 0.5f, beta);
+                CHECK(memcmp(Cn, C, sizeof(float) * N * N) == 0, "syrk %dx%d tA=%d on %d threads",
+                      N, K, tA, n == 2 ? 16 : n + 2);
+                fr(Cn);
+            }
+            fr(A), fr(C0), fr(C);
+        }
+    for (int n = 0; n < 3; n++) On[n]->destroy(On[n]);
+}
+
 static void test_measured_sgemm_rate_is_positive(void) {
     double f = ops_measure_sgemm_flops(O, 64, 3);
     CHECK(f > 0 && isfinite(f), "measured %g FLOP/s", f);
@@ -1407,6 +1448,7 @@ int main(void) {
     RUN_TEST(test_vocab_parallel_xent_matches_the_whole_vocabulary);
     RUN_TEST(test_two_threads_match_one_thread_bit_for_bit_attention_and_layernorm);
     RUN_TEST(test_split_matmul_matches_one_thread_bit_for_bit);
+    RUN_TEST(test_syrk_is_the_symmetric_gram_product_on_any_thread_count);
     RUN_TEST(test_measured_sgemm_rate_is_positive);
     O->destroy(O);
     return TEST_SUMMARY();

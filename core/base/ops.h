@@ -142,6 +142,12 @@ struct ust_ops {
     void (*matmul_batched)(const ust_ops *o, float *C, const float *A, const float *B, int M, int N,
                            int K, int tA, int tB, float alpha, float beta, int batch,
                            int64_t strideA, int64_t strideB, int64_t strideC);
+    /* C[N,N] = alpha * op(A) op(A)^T + beta * C, op(A) = A stored (N,K), or A^T when tA (A stored
+     * (K,N)): a Gram matrix (Muon's Newton-Schulz). C must be symmetric on entry when beta != 0;
+     * it is written whole, both triangles. The CPU computes one triangle (ssyrk: half the
+     * multiply-adds of matmul) and mirrors it; CUDA runs its matmul (bf16 products under bf16). */
+    void (*syrk)(const ust_ops *o, float *C, const float *A, int N, int K, int tA, float alpha,
+                 float beta);
 
     /* ---- linear: out(N,OC) = inp(N,C) @ w(OC,C)^T + bias(OC) (bias may be NULL) ----
      * backward: dinp(N,C) = dout @ w (or += when acc_dinp), dw(OC,C) += dout^T @ inp,
@@ -360,7 +366,7 @@ struct ust_ops {
 #define UST_OPS_LIST(X)                                                                            \
     X(alloc) X(free) X(host_alloc) X(host_free) X(to_device) X(to_host) X(copy) X(copy2d) X(zero) X(sync) X(stream)           \
     X(memory)                                                                                      \
-    X(matmul) X(matmul_batched) X(linear_fwd) X(linear_bwd) X(embedding_fwd) X(embedding_bwd)      \
+    X(matmul) X(matmul_batched) X(syrk) X(linear_fwd) X(linear_bwd) X(embedding_fwd) X(embedding_bwd)      \
     X(layernorm_fwd) X(layernorm_bwd) X(rmsnorm_fwd) X(rmsnorm_bwd) X(gelu_fwd) X(gelu_bwd)        \
     X(linear_gelu_fwd) X(linear_gelu_bwd) X(swiglu_fwd) X(swiglu_bwd) X(geglu_fwd) X(geglu_bwd) X(rope_fwd) X(rope_bwd) \
     X(attention_fwd) X(attention_bwd) X(attention_merge) X(xent_fwd_bwd) X(xent_vp_local)          \

@@ -144,6 +144,43 @@ static void cpu_matmul_batched(const ust_ops *o, float *C, const float *A, const
         sgemm(o, C + i * strideC, A + i * strideA, B + i * strideB, M, N, K, tA, tB, alpha, beta);
 }
 
+/* C[N,N] = alpha op(A) op(A)^T + beta C: only the upper triangle is computed, by blocks of rows
+ * (the block lengths of sgemm, from the shape alone, so the bits do not depend on the thread
+ * count): block [lo, lo+n) is ssyrk's n x n diagonal block and one sgemm right of it, taken
+ * dynamically by the threads (the first blocks have the most columns). The lower triangle is
+ * then copied from the upper, so C is exactly symmetric. */
+static void cpu_syrk(const ust_ops *o, float *C, const float *A, int N, int K, int tA, float alpha,
+                     float beta) {
+    if (N <= 0) return;
+    if (K <= 0) { /* empty sum: C = beta C (BLAS rejects lda = 0) */
+        for (int64_t i = 0; i < (int64_t)N * N; i++) C[i] = beta == 0.0f ? 0.0f : beta * C[i];
+        return;
+    }
+    blas_threads(o);
+    const CBLAS_TRANSPOSE ta = tA ? CblasTrans : CblasNoTrans;
+    const int lda = tA ? N : K, len = gemm_block_len(N), blocks = (N + len - 1) / len;
+    int threads = nthreads(o) < blocks ? nthreads(o) : blocks;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+    for (int b = 0; b < blocks; b++) {
+        const int lo = b * len, n = N - lo < len ? N - lo : len, hi = lo + n;
+        /* rows lo..hi of op(A): columns of A when tA */
+        const float *Ab = tA ? A + lo : A + (int64_t)lo * K,
+                    *Ar = tA ? A + hi : A + (int64_t)hi * K;
+        cblas_ssyrk(CblasRowMajor, CblasUpper, ta, n, K, alpha, Ab, lda, beta,
+                    C + (int64_t)lo * N + lo, N);
+        if (hi < N) /* C[lo:hi, hi:N] = op(A)[lo:hi] op(A)[hi:N]^T */
+            cblas_sgemm(CblasRowMajor, ta, tA ? CblasNoTrans : CblasTrans, n, N - hi, K, alpha, Ab,
+                        lda, Ar, lda, beta, C + (int64_t)lo * N + hi, N);
+    }
+    /* the mirror by 32 x 32 tiles: the column reads of a row-by-row copy miss the cache */
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthreads(o))
+    for (int ib = 0; ib < N; ib += 32)
+        for (int jb = 0; jb <= ib; jb += 32)
+            for (int i = ib; i < ib + 32 && i < N; i++)
+                for (int j = jb; j < jb + 32 && j < i; j++)
+                    C[(int64_t)i * N + j] = C[(int64_t)j * N + i];
+}
+
 /* ---------------------------------------------------------------- linear */
 
 /* out(N,OC) = inp(N,C) @ w(OC,C)^T + bias(OC) */

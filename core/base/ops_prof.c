@@ -86,6 +86,10 @@ static void pf_matmul_batched(const ust_ops *o, float *C, const float *A, const 
     TIMED(P_matmul_batched, in->matmul_batched(in, C, A, B, M, N, K, tA, tB, alpha, beta, batch,
                                                strideA, strideB, strideC));
 }
+static void pf_syrk(const ust_ops *o, float *C, const float *A, int N, int K, int tA, float alpha,
+                    float beta) {
+    TIMED(P_syrk, in->syrk(in, C, A, N, K, tA, alpha, beta));
+}
 static void pf_linear_fwd(const ust_ops *o, act *out, const act *inp, const float *w,
                           const float *bias, int N, int C, int OC) {
     TIMED(P_linear_fwd, in->linear_fwd(in, out, inp, w, bias, N, C, OC));

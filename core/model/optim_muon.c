@@ -51,12 +51,12 @@ void optim_newton_schulz(const ust_ops *o, float *X, int rows, int cols, int ste
     o->scale(o, X, (float)(1.0 / (sqrt(o->sumsq(o, X, n)) + 1e-7)), n);
     float *cur = X, *next = Y;
     for (int s = 0; s < steps; s++) {
-        if (wide) /* A = X X^T (rows x rows) */
-            o->matmul(o, A, cur, cur, k, k, cols, 0, 1, 1.0f, 0.0f);
-        else /* A = X^T X (cols x cols): the same polynomial applied from the right */
-            o->matmul(o, A, cur, cur, k, k, rows, 1, 0, 1.0f, 0.0f);
+        /* A = X X^T (rows x rows), or X^T X (cols x cols) when tall: the same polynomial applied
+         * from the right. A and A A are symmetric, so syrk computes one triangle of each: B
+         * starts as A and takes c A A^T on top of b B, the polynomial's Gram part in one call. */
+        o->syrk(o, A, cur, k, wide ? cols : rows, !wide, 1.0f, 0.0f);
         o->copy(o, B, A, (size_t)k * k * sizeof(float));
-        o->matmul(o, B, A, A, k, k, k, 0, 0, OPTIM_NS_C, OPTIM_NS_B); /* B = b A + c A A */
+        o->syrk(o, B, A, k, k, 0, OPTIM_NS_C, OPTIM_NS_B); /* B = b A + c A A */
         o->copy(o, next, cur, (size_t)n * sizeof(float));
         if (wide) /* X' = a X + B X */
             o->matmul(o, next, B, cur, rows, cols, rows, 0, 0, 1.0f, OPTIM_NS_A);
