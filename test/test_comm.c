@@ -496,8 +496,9 @@ static void case_wait_seconds_counted_per_group(env *E) {
     char why[256] = "";
     int bad = before != 0 || (n > 1 && me != n - 1 && waited < 0.25);
     if (bad)
-        snprintf(why, sizeof why, "rank %d counted %.3f s (before %.3f) waiting for a 0.3 s late rank",
-                 me, waited, before);
+        snprintf(why, sizeof why,
+                 "rank %d counted %.3f s (before %.3f) waiting for a 0.3 s late rank", me, waited,
+                 before);
     report(E, "wait_seconds_counted_per_group", bad, why);
     /* The spin (enough cores) and the yield poll (more ranks than cores) are bounded: a rank
      * waiting 0.3 s for a late peer sleeps for nearly all of it. A poll that never backed off
@@ -571,7 +572,19 @@ static int child_main(void) {
 #endif
         comm_req r = comm_allreduce(E.world, buf, buf, 4, COMM_FP32, COMM_SUM);
         comm_wait(&r);
-        return 0; /* not reached: the wait exits */
+#ifdef UST_NCCL
+        /* NCCL's wait only makes the compute stream wait: the host blocks on the result later,
+         * as a trainer's next read of the device does, and the deadline thread ends it there */
+        if (g_dev) cudaDeviceSynchronize();
+        /* released by the deadline thread's abort: its report is written by now, and the next
+         * call is refused (or, with UST_TEST_STALL_EXIT, the exit parks) until it ends the
+         * process; the peer's death may also have ended the operation first (an NCCL error) */
+        fprintf(stderr, "stall child: the device sync returned\n");
+        if (getenv("UST_TEST_STALL_EXIT")) return 0;
+        r = comm_allreduce(E.world, buf, buf, 4, COMM_FP32, COMM_SUM);
+        comm_wait(&r);
+#endif
+        return 0; /* not reached: the wait (or the deadline thread) exits */
     }
     case_world_collectives(&E);
     if (!g_dev) case_byte_counters(&E); /* uses host buffers; counting is backend-independent */
@@ -804,6 +817,43 @@ static void fault_case(const char *mode, const char *want, const char *backend) 
     cleanup_dir(&res, 3);
 }
 
+/* The deadline thread's end of the process with its windows held open (it pauses 0.5 s before
+ * and after the abort that releases the main thread): rank 0's main thread returns from its device
+ * sync only after the report ("timed out"), and then its next NCCL call is refused, or (exit_after)
+ * its exit() parks, until the deadline thread ends the process with exit code 1; never a signal,
+ * never the main thread's own exit code. */
+static void nccl_race_case(int exit_after) {
+    const char *extra[] = {"UST_TEST_MODE=stall", "UST_TEST_BACKEND=nccl",
+                           "UST_FAULT_NCCL_DOG_PAUSE_MS=500",
+                           exit_after ? "UST_TEST_STALL_EXIT=1" : NULL, NULL};
+    spawn_result res;
+    spawn(3, extra, 20, &res);
+    char path[128];
+    snprintf(path, sizeof path, "%s/rank0.out", res.dir);
+    char *o = slurp(path);
+    const char *report = strstr(o, "timed out"), *back = strstr(o, "the device sync returned");
+    const char *name = exit_after ? "comm_w3_nccl_deadline_thread_ends_the_process_beside_exit"
+                                  : "comm_w3_nccl_deadline_thread_refuses_calls_after_its_abort";
+    int ok = res.rc[0] == 1 && res.rc[1] == 1 && report && back && report < back &&
+             (exit_after || strstr(back, "all_reduce on group 'world' refused"));
+    if (!ok) {
+        printf("FAIL %s: exit codes %d %d %d; report %s the main thread's return; rank 0 said: "
+               "%.600s\n",
+               name, res.rc[0], res.rc[1], res.rc[2],
+               !report || !back ? "or return missing"
+               : report < back  ? "before"
+                                : "after",
+               o);
+        t_nfail++;
+    } else {
+        printf("PASS %s (%.1f s)\n", name, res.secs);
+        t_npass++;
+    }
+    fflush(stdout);
+    free(o);
+    cleanup_dir(&res, 3);
+}
+
 /* Gloo, on this host: two ranks that the bootstrap places on two nodes (one local rank each), so
  * comm gives their groups to gloo, and four ranks on one node with UST_COMM_GLOO=all; every case
  * of the shm backend, then a rank that dies or stalls. test/sh/multinode*.sh runs gloo across
@@ -922,6 +972,8 @@ static void nccl_cases(void) {
         /* a stalled peer: the others' NCCL wait reaches the deadline, aborts the communicator
          * and names the group and the members it waited for */
         if (ngpu >= 3) fault_case("stalls", "timed out", "UST_TEST_BACKEND=nccl");
+        if (ngpu >= 3) nccl_race_case(0);
+        if (ngpu >= 3) nccl_race_case(1);
     } else {
         printf("SKIP nccl: one GPU, so no multi-rank NCCL cases (NCCL needs a GPU per rank)\n");
     }

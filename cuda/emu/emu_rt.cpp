@@ -276,7 +276,10 @@ extern "C" int emu_async_enabled(void) {
 
 /* ---- EMU_STATS: overlap of communication with computation, as the host issued it */
 namespace {
-std::atomic<uint64_t> g_launches{0}, g_host_waits{0};
+/* host waits: stream syncs, and NCCL completions whose first wait was the host's (a poll or an
+ * event sync) rather than a stream's (cudaStreamWaitEvent): the GPU could not go on before the
+ * host saw them */
+std::atomic<uint64_t> g_launches{0}, g_host_waits{0}, g_host_nccl_waits{0};
 struct OverlapStats {
     std::mutex mu;
     std::map<std::string, std::pair<long, long>> by_op; /* waited, overlapped */
@@ -284,6 +287,8 @@ struct OverlapStats {
         if (!getenv("EMU_STATS")) return;
         fprintf(stderr, "emu-stats: host waits for a stream %llu\n",
                 (unsigned long long)g_host_waits.load());
+        fprintf(stderr, "emu-stats: NCCL completions waited for by the host first %llu\n",
+                (unsigned long long)g_host_nccl_waits.load());
         for (auto &kv : by_op)
             fprintf(stderr, "emu-stats: %s waited %ld overlapped %ld\n", kv.first.c_str(),
                     kv.second.first, kv.second.second);
@@ -294,9 +299,10 @@ OverlapStats g_overlap;
 /* The first wait on the completion of an NCCL operation (by the host, or by a stream through
  * cudaStreamWaitEvent): overlapped when kernels or GEMMs were issued after the operation and
  * before this wait. */
-void note_wait(EmuEvent *ev) {
+void note_wait(EmuEvent *ev, bool host) {
     if (ev->waited || !ev->op) return;
     ev->waited = true;
+    if (host) g_host_waits++, g_host_nccl_waits++;
     std::lock_guard<std::mutex> l(g_overlap.mu);
     auto &st = g_overlap.by_op[ev->op];
     st.first++;
@@ -561,7 +567,7 @@ void host_learns_event(cudaEvent_t ev) {
 } // namespace
 
 extern "C" cudaError_t cudaEventQuery(cudaEvent_t ev) {
-    note_wait(ev);
+    note_wait(ev, true);
     uint64_t seq;
     EmuStream *s = event_target(ev, &seq);
     if (s) {
@@ -574,7 +580,7 @@ extern "C" cudaError_t cudaEventQuery(cudaEvent_t ev) {
 }
 
 extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
-    note_wait(ev);
+    note_wait(ev, true);
     uint64_t seq;
     EmuStream *s = event_target(ev, &seq);
     if (s) wait_done(s, seq);
@@ -583,7 +589,7 @@ extern "C" cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
 }
 
 extern "C" cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t ev, unsigned) {
-    note_wait(ev);
+    note_wait(ev, false);
     EmuStream *s = S(st), *es;
     uint64_t seq;
     {

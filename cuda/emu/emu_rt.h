@@ -21,7 +21,8 @@
  * EMU_STATS=1 prints at exit, per NCCL operation kind, how many completions the host waited on
  * and how many of those had kernels or GEMMs issued between the operation and the wait: the
  * communication the code overlaps with computation (on a GPU it runs concurrently with them);
- * and how often the host waited for a stream (cudaStreamSynchronize: each one idles the GPU). */
+ * and how often the host waited for a stream (cudaStreamSynchronize, or an NCCL completion the
+ * host polled or synced before any stream waited on it: each one idles the GPU). */
 #ifndef UST_EMU_RT_H
 #define UST_EMU_RT_H
 #include <stddef.h>

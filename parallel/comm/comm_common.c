@@ -29,19 +29,26 @@ uint16_t comm_f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
-_Noreturn void comm_fail_wait(const ust_comm *c, comm_kind k, const int *waiting, int nwaiting,
-                              const char *why) {
+void comm_wait_message(const ust_comm *c, comm_kind k, const int *waiting, int nwaiting,
+                       const char *why, char *msg, size_t cap) {
     char peers[1024];
     size_t used = 0;
     peers[0] = 0;
     for (int i = 0; i < nwaiting && used + 16 < sizeof peers; i++)
         used += (size_t)snprintf(peers + used, sizeof peers - used, "%s%d", i ? ", " : "",
                                  c->granks[waiting[i]]);
-    ust_fatal(UST_EXIT_RUNTIME,
-              "comm: %s on group '%s' (member %d of %d, global rank %d): %s; waiting on global "
-              "rank%s %s",
-              comm_kind_name(k), c->name, c->rank, c->size, c->granks[c->rank], why,
-              nwaiting == 1 ? "" : "s", nwaiting ? peers : "(none)");
+    snprintf(msg, cap,
+             "comm: %s on group '%s' (member %d of %d, global rank %d): %s; waiting on global "
+             "rank%s %s",
+             comm_kind_name(k), c->name, c->rank, c->size, c->granks[c->rank], why,
+             nwaiting == 1 ? "" : "s", nwaiting ? peers : "(none)");
+}
+
+_Noreturn void comm_fail_wait(const ust_comm *c, comm_kind k, const int *waiting, int nwaiting,
+                              const char *why) {
+    char msg[3072];
+    comm_wait_message(c, k, waiting, nwaiting, why, msg, sizeof msg);
+    ust_fatal(UST_EXIT_RUNTIME, "%s", msg);
 }
 
 _Noreturn void comm_fail_timeout(const ust_comm *c, comm_kind k, const int *waiting, int nwaiting) {
@@ -51,18 +58,25 @@ _Noreturn void comm_fail_timeout(const ust_comm *c, comm_kind k, const int *wait
 /* "hang:" lines have one shape on every rank and backend, for scripts/ustrun to gather: the
  * group, this rank's operation (sequence number, kind) and its last completed one, and, where
  * the backend can see them, where the members it waits on are. */
-_Noreturn void comm_fail_timeout_at(const ust_comm *c, comm_kind k, const int *waiting,
-                                    int nwaiting, const char *behind) {
+void comm_timeout_report(const ust_comm *c, comm_kind k, uint64_t op, const int *waiting,
+                         int nwaiting, const char *behind, char *msg, size_t cap) {
     char why[1536];
     snprintf(why, sizeof why,
              "timed out after %g s (dist.timeout_s) in op #%llu, the last completed #%llu%s%s",
-             c->ctx->opts.timeout_s, (unsigned long long)c->done + 1, (unsigned long long)c->done,
+             c->ctx->opts.timeout_s, (unsigned long long)op, (unsigned long long)op - 1,
              behind && *behind ? "; behind: " : "", behind ? behind : "");
     fprintf(stderr, "hang: group '%s' global rank %d waits in op #%llu (%s)%s%s\n", c->name,
-            c->granks[c->rank], (unsigned long long)c->done + 1, comm_kind_name(k),
+            c->granks[c->rank], (unsigned long long)op, comm_kind_name(k),
             behind && *behind ? "; behind: " : "", behind ? behind : "");
     flight_on_timeout(c->ctx->fl); /* every reachable rank's ring, and the diagnosis */
-    comm_fail_wait(c, k, waiting, nwaiting, why);
+    comm_wait_message(c, k, waiting, nwaiting, why, msg, cap);
+}
+
+_Noreturn void comm_fail_timeout_at(const ust_comm *c, comm_kind k, const int *waiting,
+                                    int nwaiting, const char *behind) {
+    char msg[3072];
+    comm_timeout_report(c, k, c->done + 1, waiting, nwaiting, behind, msg, sizeof msg);
+    ust_fatal(UST_EXIT_RUNTIME, "%s", msg);
 }
 
 int comm_other_members(const ust_comm *c, int *waiting, int cap) {

@@ -17,6 +17,14 @@ _Noreturn void comm_fail_timeout(const ust_comm *c, comm_kind k, const int *wait
  * one "hang: group 'G' global rank R waits in op #N (kind); behind: ..." line to stderr. */
 _Noreturn void comm_fail_timeout_at(const ust_comm *c, comm_kind k, const int *waiting,
                                     int nwaiting, const char *behind);
+/* The text comm_fail_wait exits with, into msg (capacity cap), for a thread that must end the
+ * process itself (comm_nccl.c's deadline thread). */
+void comm_wait_message(const ust_comm *c, comm_kind k, const int *waiting, int nwaiting,
+                       const char *why, char *msg, size_t cap);
+/* What comm_fail_timeout_at writes before it exits (the "hang:" line, the flight recorder's
+ * timeout files), for operation number op; its message goes into msg. Does not exit. */
+void comm_timeout_report(const ust_comm *c, comm_kind k, uint64_t op, const int *waiting,
+                         int nwaiting, const char *behind, char *msg, size_t cap);
 /* Fills waiting[] (capacity cap) with every member but this rank: whom a collective that cannot
  * tell its stragglers apart (NCCL) waits on. Returns how many. */
 int comm_other_members(const ust_comm *c, int *waiting, int cap);

@@ -14,7 +14,8 @@
 #     rank's dropped gradients caught
 #     on that path too;
 #   - communication overlaps with computation where the design says (dp buckets during
-#     backward, ZeRO-3 prefetch, ring attention's K/V exchange, pipeline sends);
+#     backward, ZeRO-3 prefetch, ring attention's K/V exchange, pipeline sends), and the compute
+#     stream, not the host, waits for the NCCL operations;
 #   - the emulator's own checks fire: host code reading device memory, a host buffer given to
 #     NCCL or to a kernel, a copy in the wrong direction, a write past an allocation, a kernel or
 #     copy touching memory of an unfinished NCCL operation (a missing wait: every layout above
@@ -275,7 +276,7 @@ overlapped() { # OP SETTINGS...: rank 0's count of OP operations that overlapped
     EMU_STATS=1 scripts/ustrun --nproc-per-node 2 $E/ustrain train $TMP/llama.yaml \
         --set run.device=cuda --set train.steps=2 --set run.out_dir=$TMP/ov \
         --set checkpoint.dir=$TMP/ov/ckpt --set logging.metrics_file=$TMP/ov/m.jsonl "$@" 2>&1 |
-        sed -n "s|^\[rank 0\] emu-stats: $op waited [0-9]* overlapped ||p"
+        tee $TMP/ov.stats | sed -n "s|^\[rank 0\] emu-stats: $op waited [0-9]* overlapped ||p"
 }
 check_overlap() { # NAME OP WANT(some|none) SETTINGS...
     local name=$1 op=$2 want=$3; shift 3
@@ -293,6 +294,11 @@ check_overlap() { # NAME OP WANT(some|none) SETTINGS...
 check_overlap dp_buckets_with_backward ncclAllReduce some --set parallel.dp=2 --set parallel.dp_bucket_mb=0.01
 check_overlap dp_one_bucket_control ncclAllReduce none --set parallel.dp=2 --set parallel.dp_bucket_mb=1000
 check_overlap zero3_prefetch ncclAllGather some --set parallel.dp=2 --set optimizer.zero_stage=3
+# comm_wait makes the compute stream wait on each NCCL completion (cudaStreamWaitEvent): the host
+# waited first for none of that run's collectives, only the setup's barrier (polling: all, 63)
+hw=$(sed -n 's/^\[rank 0\] emu-stats: NCCL completions waited for by the host first //p' $TMP/ov.stats)
+[ -n "$hw" ] && [ "$hw" -le 1 ] && pass emu_nccl_completions_waited_for_on_the_gpu ||
+    fail emu_nccl_completions_waited_for_on_the_gpu "the host waited first for ${hw:-?} NCCL completions (the barrier only: 1)"
 check_overlap cp_ring_kv "ncclSend/Recv group" some --set parallel.cp=2
 check_overlap pp_sends "ncclSend/Recv group" some --set parallel.pp=2
 
