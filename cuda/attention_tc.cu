@@ -18,7 +18,8 @@
  * and dP are computed by both kernels (Di = rowsum(dout * out) is precomputed, as in FA2). FA2's
  * single pass adds dS K into dq with fp32 atomics; deterministic partial dq per key block instead
  * would move ~400 MB per layer (GPT-2 124M, B=8, T=1024: ~80 us at 4.8 TB/s) against ~18 us
- * for the two recomputed products (13 GFLOP at 70% of 989 TFLOP/s).
+ * for the two recomputed products (13 GFLOP at 70% of 989 TFLOP/s). Under run.deterministic: false
+ * (ust_ops nondeterministic) k_tc_bwd1 runs FA2's one pass instead: 5 products, dq by atomics.
  * Tiles that causality hides entirely are skipped by the block, and by a warp for its rows. */
 #include "cuda_internal.h"
 
@@ -601,11 +602,184 @@ __global__ void __launch_bounds__(TC_THREADS)
     }
 }
 
+/* ---------------------------------------------------------------- backward: one pass (opt-in) */
+
+/* FlashAttention-2's backward, run when the backend allows non-deterministic kernels
+ * (run.deterministic: false): the dk/dv kernel's blocks also add dQ += dS K of their key block
+ * into an fp32 copy of dq with atomics, so S and dP are computed once (5 tile products, not 7);
+ * the order of the atomic sums varies from run to run. dS passes through shared memory
+ * transposed (row per query: the A operand of dS K), DSS bf16 per row (8 of padding). */
+#define TC_DSS (TC_BKV + 8)
+
+/* This warp's dS^T fragments (keys 16w.., TC_KVQ queries) into ds, row per query, as bf16. */
+__device__ __forceinline__ void store_ds_t(u32 *ds, const float dp[TC_KVQ / 8][4]) {
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    unsigned short *h = (unsigned short *)ds;
+    for (int nt = 0; nt < TC_KVQ / 8; nt++)
+        for (int e = 0; e < 4; e++) {
+            int i = 8 * nt + 2 * t + (e & 1), key = 16 * w + g + 8 * (e >> 1);
+            h[i * TC_DSS + key] = (unsigned short)bf16_bits(dp[nt][e]);
+        }
+}
+
+/* Rows i0.. of dq32 (TC_KVQ queries of one head, rs floats apart) += dS (ds) K (ks, the block's
+ * TC_BKV keys): warp w takes queries 16 (w & 1).. and half of the head dim; fp32 atomics, as
+ * every key block adds into the same rows. */
+template <int D>
+__device__ __forceinline__ void dq_tile_atomic(float *dq32, const u32 *ds, const u32 *ks, int i0,
+                                               int Tq, int64_t rs) {
+    constexpr int NH = D / 16; /* n-tiles per warp */
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int r0 = 16 * (w & 1), d0 = (w >> 1) * NH;
+    float acc[NH][4];
+    for (int j = 0; j < NH; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    for (int kk = 0; kk < TC_BKV / 16; kk++) {
+        u32 a[4];
+        load_a(a, ds, TC_DSS, r0, kk);
+        for (int j = 0; j < NH; j++) {
+            u32 bf[2];
+            load_bt(bf, ks, D + 8, d0 + j, kk);
+            mma16816(acc[j], a, bf);
+        }
+    }
+    for (int j = 0; j < NH; j++)
+        for (int e = 0; e < 4; e++) {
+            int row = i0 + r0 + g + 8 * (e >> 1), col = 8 * (d0 + j) + 2 * t + (e & 1);
+            if (row < Tq) atomicAdd(&dq32[row * rs + col], acc[j][e]);
+        }
+}
+
+/* k_tc_dkdv's dk and dv, and dq32(B,Tq,H,D) += sum_j dS_ij k_j (unscaled; NULL: none). Grid and
+ * dynamic shared memory (bwd1_smem) as k_tc_dkdv's plus the dS tile. */
+template <int D, typename T>
+__global__ void __launch_bounds__(TC_THREADS)
+    k_tc_bwd1(act *dk_, act *dv_, float *dq32, const act *dout_, const float *lse, const float *Di,
+              const act *q_, const act *k_, const act *v_, int Tq, int Tk, int H, int Hkv,
+              const int32_t *q_pos, const int32_t *k_pos, int causal, const int32_t *q_start,
+              float scale, int nkt) {
+    T *dk = (T *)dk_, *dv = (T *)dv_;
+    const T *dout = (const T *)dout_, *q = (const T *)q_, *k = (const T *)k_, *v = (const T *)v_;
+    constexpr int NK = D / 16, ND = D / 8, NT = TC_KVQ / 8, RS = D + 8;
+    extern __shared__ float sm[];
+    u32 *ks = (u32 *)sm; /* as k_tc_dkdv's, and K is also the B operand of dS K */
+    u32 *vs = ks + TC_BKV * RS / 2;
+    u32 *qs_ = vs + TC_BKV * RS / 2;
+    u32 *os = qs_ + TC_KVQ * RS / 2;
+    u32 *ds = os + TC_KVQ * RS / 2; /* dS, row per query */
+    __shared__ int kpos[TC_BKV], qpos[TC_KVQ], qsp[TC_KVQ];
+    __shared__ float l2s[TC_KVQ], dis[TC_KVQ];
+    const int kt = (int)(blockIdx.x % nkt), hk = (int)(blockIdx.x / nkt % Hkv);
+    const int b = (int)(blockIdx.x / nkt / Hkv), G = H / Hkv;
+    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int j0 = kt * TC_BKV, c0 = j0 + 16 * w + g, c1 = c0 + 8;
+    const int64_t qst = (int64_t)H * D, kvs = (int64_t)Hkv * D;
+    const float scale2 = scale * LOG2E;
+    const T *kb = k + ((int64_t)b * Tk * Hkv + hk) * D, *vb = v + (kb - k);
+
+    for (int j = threadIdx.x; j < TC_BKV; j += blockDim.x)
+        kpos[j] = j0 + j < Tk ? posof(k_pos, j0 + j) : INT_MAX;
+    fill_rows<D, T>(ks, kb, kvs, j0, TC_BKV, Tk);
+    fill_rows<D, T>(vs, vb, kvs, j0, TC_BKV, Tk);
+    __syncthreads();
+    const int kp0 = kpos[16 * w + g], kp1 = kpos[16 * w + g + 8];
+    const int kmin_block = tile_min(kpos, TC_BKV), kmin_warp = warp_min_int(min(kp0, kp1));
+
+    float adk[ND][4], adv[ND][4];
+    for (int dt = 0; dt < ND; dt++)
+        for (int e = 0; e < 4; e++) adk[dt][e] = adv[dt][e] = 0.0f;
+    for (int hq = hk * G; hq < (hk + 1) * G; hq++) {
+        const T *qb = q + ((int64_t)b * Tq * H + hq) * D, *ob = dout + (qb - q);
+        const float *lb = lse + ((int64_t)b * H + hq) * Tq, *db = Di + (lb - lse);
+        for (int i0 = 0; i0 < Tq; i0 += TC_KVQ) {
+            __syncthreads();
+            for (int i = threadIdx.x; i < TC_KVQ; i += blockDim.x) {
+                bool in = i0 + i < Tq;
+                qpos[i] = in ? posof(q_pos, i0 + i) : INT_MIN;
+                qsp[i] = doc_start(q_start, b, Tq, i0 + i);
+                l2s[i] = in ? lb[i0 + i] * LOG2E : -INFINITY;
+                dis[i] = in ? db[i0 + i] : 0.0f;
+            }
+            __syncthreads();
+            const int qmax = tile_max(qpos, TC_KVQ);
+            if (causal && qmax < kmin_block) continue;
+            fill_rows<D, T>(qs_, qb, qst, i0, TC_KVQ, Tq);
+            fill_rows<D, T>(os, ob, qst, i0, TC_KVQ, Tq);
+            __syncthreads();
+
+            float s[NT][4], dp[NT][4]; /* S^T and dP^T: 16 keys x 32 queries */
+            for (int nt = 0; nt < NT; nt++)
+                for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.0f;
+            /* a warp whose keys no query of the tile sees keeps dS = 0 but joins the dQ step */
+            if (!causal || qmax >= kmin_warp) {
+                for (int kk = 0; kk < NK; kk++) {
+                    u32 ka[4], va[4];
+                    load_a(ka, ks, RS, 16 * w, kk);
+                    load_a(va, vs, RS, 16 * w, kk);
+                    for (int nt = 0; nt < NT; nt++) {
+                        u32 bf[2];
+                        load_b(bf, qs_, RS, nt, kk);
+                        mma16816(s[nt], ka, bf);
+                        load_b(bf, os, RS, nt, kk);
+                        mma16816(dp[nt], va, bf);
+                    }
+                }
+                for (int nt = 0; nt < NT; nt++)
+                    for (int e = 0; e < 4; e++) {
+                        int i = 8 * nt + 2 * t + (e & 1), kp = e < 2 ? kp0 : kp1;
+                        bool vis = i0 + i < Tq && c0 + 8 * (e >> 1) < Tk &&
+                                   (!causal || kp <= qpos[i]) && kp >= qsp[i];
+                        float p =
+                            vis && l2s[i] != -INFINITY ? exp2f(s[nt][e] * scale2 - l2s[i]) : 0.0f;
+                        s[nt][e] = p;
+                        dp[nt][e] = p * (dp[nt][e] - dis[i]);
+                    }
+                for (int kk = 0; kk < TC_KVQ / 16; kk++) { /* dV += P^T dO, dK += dS^T Q */
+                    u32 pa[4], da[4];
+                    acc_to_a(pa, s[2 * kk], s[2 * kk + 1]);
+                    acc_to_a(da, dp[2 * kk], dp[2 * kk + 1]);
+                    for (int dt = 0; dt < ND; dt++) {
+                        u32 bf[2];
+                        load_bt(bf, os, RS, dt, kk);
+                        mma16816(adv[dt], pa, bf);
+                        load_bt(bf, qs_, RS, dt, kk);
+                        mma16816(adk[dt], da, bf);
+                    }
+                }
+            }
+            if (!dq32) continue;
+            store_ds_t(ds, dp);
+            __syncthreads();
+            dq_tile_atomic<D>(dq32 + ((int64_t)b * Tq * H + hq) * D, ds, ks, i0, Tq, qst);
+        }
+    }
+    T *dkb = dk ? dk + ((int64_t)b * Tk * Hkv + hk) * D : NULL;
+    T *dvb = dv ? dv + ((int64_t)b * Tk * Hkv + hk) * D : NULL;
+    for (int dt = 0; dt < ND; dt++) {
+        int c = 8 * dt + 2 * t;
+        for (int e = 0; e < 4; e++) {
+            int key = e < 2 ? c0 : c1, col = c + (e & 1);
+            if (key >= Tk) continue;
+            if (dkb) add_act(dkb, key * kvs + col, scale * adk[dt][e]);
+            if (dvb) add_act(dvb, key * kvs + col, adv[dt][e]);
+        }
+    }
+}
+
+/* dq += scale dq32, elementwise over n. */
+template <typename T>
+__global__ void k_tc_dq_finish(act *dq_, const float *dq32, float scale, int64_t n) {
+    T *dq = (T *)dq_;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        add_act(dq, i, scale * dq32[i]);
+}
+
 /* ---------------------------------------------------------------- launchers */
 
 int cuda_attention_tc_supported(int D) { return D == 16 || D == 32 || D == 64 || D == 128; }
 
 static size_t dkdv_smem(int D) { return (size_t)(2 * TC_BKV * (D + 8) + 2 * TC_KVQ * (D + 8)) * 2; }
+static size_t bwd1_smem(int D) { return dkdv_smem(D) + (size_t)TC_KVQ * TC_DSS * 2; }
 
 template <int D, typename T>
 static void tc_fwd(const ust_ops *o, act *out, float *lse, const act *q, const act *k, const act *v,
@@ -620,11 +794,36 @@ static void tc_fwd(const ust_ops *o, act *out, float *lse, const act *q, const a
     CK_LAUNCH();
 }
 
+/* The one-pass backward (k_tc_bwd1): dq accumulates in an fp32 scratch copy (SCR_S: the GEMM
+ * attention's, unused on this path), zeroed, then added into dq scaled. */
+template <int D, typename T>
+static void tc_bwd1(const ust_ops *o, act *dq, act *dk, act *dv, const act *dout, const float *lse,
+                    const float *Di, const act *q, const act *k, const act *v, int B, int Tq,
+                    int Tk, int H, int Hkv, const int32_t *q_pos, const int32_t *k_pos, int causal,
+                    const int32_t *q_start) {
+    float scale = 1.0f / sqrtf((float)D);
+    int64_t nq = (int64_t)B * Tq * H * D, nkt = (Tk + TC_BKV - 1) / TC_BKV, blocks = B * Hkv * nkt;
+    UST_ASSERT(blocks < INT_MAX, "attention grid too large (%lld blocks)", (long long)blocks);
+    float *dq32 = (float *)cuda_scratch(o, SCR_S, (size_t)nq * sizeof(float));
+    CK(cudaMemsetAsync(dq32, 0, (size_t)nq * sizeof(float), STREAM(o)));
+    size_t smem = bwd1_smem(D);
+    cuda_smem_optin(o, k_tc_bwd1<D, T>, smem);
+    k_tc_bwd1<D, T><<<(int)blocks, TC_THREADS, smem, STREAM(o)>>>(dk, dv, dq32, dout, lse, Di, q, k,
+                                                                  v, Tq, Tk, H, Hkv, q_pos, k_pos,
+                                                                  causal, q_start, scale, (int)nkt);
+    CK_LAUNCH();
+    k_tc_dq_finish<T><<<grid_for(nq, 256), 256, 0, STREAM(o)>>>(dq, dq32, scale, nq);
+    CK_LAUNCH();
+}
+
 template <int D, typename T>
 static void tc_bwd(const ust_ops *o, act *dq, act *dk, act *dv, const act *dout, const float *lse,
                    const float *Di, const act *q, const act *k, const act *v, int B, int Tq, int Tk,
                    int H, int Hkv, const int32_t *q_pos, const int32_t *k_pos, int causal,
                    const int32_t *q_start) {
+    if (o->nondeterministic && dq) /* run.deterministic: false */
+        return tc_bwd1<D, T>(o, dq, dk, dv, dout, lse, Di, q, k, v, B, Tq, Tk, H, Hkv, q_pos, k_pos,
+                             causal, q_start);
     float scale = 1.0f / sqrtf((float)D);
     if (dq) {
         int nqt = (Tq + TC_BQ - 1) / TC_BQ;

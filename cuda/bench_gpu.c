@@ -219,8 +219,10 @@ static double roof_time(const roof_op *o, double peak, double gemm_eff, double m
  * AdamW writes as it updates the fp32 master weights (2 B more per parameter, once per step),
  * GELU fused into the fc GEMM's epilogue (its input kept for the backward), the tensor-core
  * flash attention (causal: half of the T^2 tiles; the backward computes 7 tile products per
- * tile where the forward computes 2), fused cross-entropy forward+backward over the logits, and
- * AdamW over fp32 parameters, gradients and moments and that copy (30 B per parameter). */
+ * tile where the forward computes 2, or 5 under run.deterministic: false, which also zeroes,
+ * reads and writes an fp32 copy of dq: its atomics are counted as L2 traffic, not HBM), fused
+ * cross-entropy forward+backward over the logits, and AdamW over fp32 parameters, gradients and
+ * moments and that copy (30 B per parameter). */
 static void roof_gpt2(roof_table *t, const ust_config *c, int B, int T) {
     const double L = c->model.n_layer, d = c->model.d_model, ff = c->model.d_ff,
                  V = c->model.vocab_size, H = c->model.n_head, N = (double)B * T, a = 2;
@@ -239,7 +241,9 @@ static void roof_gpt2(roof_table *t, const ust_config *c, int B, int T) {
     roof_add(t, "xent_fwd_bwd", 1, 5 * N * V, 3 * N * V * a);
     roof_add(t, "lm_head_bwd", 2, 4 * N * d * V, 2 * N * V * a + V * d * (a + 8) + 2 * N * d * a);
     roof_add(t, "matmul_bwd", 8 * L, 4 * N * L * Pl, L * (2 * N * lin_act * a + Pl * (a + 8)));
-    roof_add(t, "attention_bwd", L, 3.5 * L * att, L * (8 * N * d * a + 4 * N * H));
+    const double bwd_products = c->run.deterministic ? 7 : 5;
+    roof_add(t, "attention_bwd", L, bwd_products / 2 * L * att,
+             L * (8 * N * d * a + 4 * N * H + (c->run.deterministic ? 0 : 12 * N * d)));
     roof_add(t, "layernorm_bwd", 2 * L + 1, 10 * N * d * (2 * L + 1), (2 * L + 1) * 3 * N * d * a);
     roof_add(t, "embedding", 2, 0, 2 * N * d * (a + 4) + T * d * 8);
     /* the embedding backward sorts its rows by destination (ops_cuda.cu emb_sort), per table: the
@@ -252,6 +256,25 @@ static void roof_gpt2(roof_table *t, const ust_config *c, int B, int T) {
         for (double j = k / 2; j >= tile; j /= 2) sweeps++, launches++;
     roof_add(t, "embedding_sort", 2 * launches, 0, 2 * (16 * n + 16 * n * sweeps));
     roof_add(t, "adamw", 1, 10 * P, 30 * P);
+}
+
+/* The step again with run.deterministic: false (FlashAttention-2's 5-product attention backward):
+ * what the opt-in would save at the realistic efficiencies, against `real` seconds. */
+static void roof_nondeterministic(ust_config *c, int B, int T, double peak, double model_flops,
+                                  double real) {
+    roof_table t = {.n = 0};
+    c->run.deterministic = false;
+    roof_gpt2(&t, c, B, T);
+    c->run.deterministic = true;
+    double q = 0, att = 0;
+    for (int i = 0; i < t.n; i++) {
+        q += roof_time(&t.op[i], peak, 0.7, 0.8);
+        if (strcmp(t.op[i].name, "attention_bwd") == 0) att = roof_time(&t.op[i], peak, 0.7, 0.8);
+    }
+    printf("bench_gpu --model-only: with run.deterministic: false (5 attention backward products, "
+           "not 7; dq by fp32 atomics, not bit-reproducible): attention_bwd %.1f us, %.2f ms/step "
+           "(%.2f ms less), MFU %.1f%% at realistic efficiencies\n",
+           att * 1e6, q * 1e3, (real - q) * 1e3, 100 * model_flops / q / peak);
 }
 
 static int bench_model_only(int argc, char **argv) {
@@ -286,6 +309,7 @@ static int bench_model_only(int argc, char **argv) {
            "ms/step, MFU %.1f%% at realistic efficiencies (%.3g model FLOPs/step)\n",
            roof * 1e3, 100 * model_flops / roof / peak, real * 1e3, 100 * model_flops / real / peak,
            model_flops);
+    roof_nondeterministic(&c, B, T, peak, model_flops, real);
     return 0;
 }
 

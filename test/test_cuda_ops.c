@@ -1013,6 +1013,10 @@ static const att_case att_tc_cases[] = {
     {"tc causal D32 T70, unaligned views", 1, 70, 70, 2, 1, 32, 1, -1, 0, 0, 0, 0, 1},
 };
 
+/* run.deterministic: false on the backends attention_cases_with makes (the tensor-core path's
+ * one-pass backward with fp32 atomics into dq) */
+static int att_nondet;
+
 /* The GPU backend under test is swapped for another configuration of the same device, which
  * runs `cases` (or att_cases) with tolerances tol. */
 static int attention_cases_with(const char *env, const char *value, const att_case *cases,
@@ -1027,6 +1031,7 @@ static int attention_cases_with(const char *env, const char *value, const att_ca
         return 0;
     }
     if (acts16) ops_cuda_set_bf16(alt, 1);
+    alt->nondeterministic = att_nondet;
     GPU = alt;
     int ok = 1;
     for (size_t i = 0; ok && i < ncases; i++) ok = attention_case(&cases[i], tol);
@@ -1111,6 +1116,67 @@ static void test_cuda_attention_tensor_core_kernels_match_cpu(void) {
           att_worst_out);
     printf("  tensor-core attention: largest |out - cpu| %.3g (bound 1e-2 + 1e-2 |cpu|)\n",
            att_worst_out);
+}
+
+/* run.deterministic: false: the tensor-core one-pass backward (k_tc_bwd1, 5 products, dq by fp32
+ * atomics) with the two-kernel backward's bound on its ragged-tile cases (causal, GQA 4, every
+ * head dim, positions, documents, unaligned views) and on rows that see no key (lse -inf), fp32
+ * storage; bf16 storage on two of them. */
+static void test_cuda_attention_tc_one_pass_backward_matches_cpu(void) {
+    if (fake) return;
+    static const att_tol tc = {1e-2, 1e-2, 1e-3, 1e-3, 2e-2, 2e-2, 1};
+    const size_t ntc = sizeof att_tc_cases / sizeof att_tc_cases[0];
+    att_nondet = 1;
+    int ok = attention_cases_with("UST_CUDA_ATTENTION", "tc", att_tc_cases, ntc, &tc) &&
+             attention_cases_with("UST_CUDA_ATTENTION", "tc", &att_cases[2], 1, &tc);
+    acts16 = 1;
+    ok = ok && attention_cases_with("UST_CUDA_ATTENTION", "tc", &att_tc_cases[2], 2, &tc);
+    att_nondet = acts16 = 0;
+    CHECK(ok, "one-pass tc backward: %s", msg);
+}
+
+/* The one-pass backward against the two kernels on the same inputs (causal GQA, ragged tiles):
+ * dk and dv the same bits (the same products in the same order), dq within the fp32 rounding of
+ * sums in another order (the kernels round dS to bf16 alike). */
+static void test_cuda_attention_tc_one_pass_backward_matches_two_kernels(void) {
+    if (fake) return;
+    const int B = 2, T = 100, H = 4, Hkv = 2, D = 64;
+    const int64_t nq = (int64_t)B * T * H * D, nk = (int64_t)B * T * Hkv * D,
+                  nl = (int64_t)B * H * T;
+    ust_ops *be[2];
+    ust_err e;
+    setenv("UST_CUDA_ATTENTION", "tc", 1);
+    be[0] = ops_cuda_create(0, &e), be[1] = ops_cuda_create(0, &e);
+    unsetenv("UST_CUDA_ATTENTION");
+    CHECK(be[0] && be[1], "ops_cuda_create: %s", e.msg);
+    if (!be[0] || !be[1]) return;
+    be[1]->nondeterministic = 1;
+    float *x[7], *g[7], *dq[2], *dk[2], *dv[2];
+    const int64_t n[7] = {nq, nk, nk, nq, nq, nk, nk}; /* q k v dout dq dk dv */
+    for (int i = 0; i < 7; i++) x[i] = hrand(n[i], i < 2 ? 1.5f : 1.0f), g[i] = gup(x[i], n[i]);
+    float *out = gup(x[3], nq), *lse = gup(x[3], nl);
+    GPU->sync(GPU); /* the uploads went on GPU's stream, the ops below run on their own */
+    be[0]->attention_fwd(be[0], out, lse, g[0], g[1], g[2], B, T, T, H, Hkv, D, NULL, NULL, 1, NULL,
+                         0.0f);
+    be[0]->sync(be[0]); /* each backend has its own stream */
+    for (int r = 0; r < 2; r++) {
+        float *gq = gup(x[4], nq), *gk = gup(x[5], nk), *gv = gup(x[6], nk);
+        GPU->sync(GPU);
+        be[r]->attention_bwd(be[r], gq, gk, gv, g[3], out, lse, g[0], g[1], g[2], B, T, T, H, Hkv,
+                             D, NULL, NULL, 1, NULL, 0.0f);
+        be[r]->sync(be[r]);
+        dq[r] = gdown(gq, nq), dk[r] = gdown(gk, nk), dv[r] = gdown(gv, nk);
+        gfree(gq), gfree(gk), gfree(gv);
+    }
+    CHECK(memcmp(dk[0], dk[1], (size_t)nk * 4) == 0 && memcmp(dv[0], dv[1], (size_t)nk * 4) == 0,
+          "one-pass dk/dv differ from the two-kernel backward's bits");
+    CHECK(close_f("one-pass dq vs two kernels", dq[1], dq[0], nq, 1e-5, 1e-5), "%s", msg);
+    double moved = 0;
+    for (int64_t i = 0; i < nq; i++) moved = fmax(moved, fabs((double)dq[1][i] - x[4][i]));
+    CHECK(moved > 1e-3, "dq unchanged by the one-pass backward (largest change %.3g)", moved);
+    for (int i = 0; i < 7; i++) free(x[i]), gfree(g[i]);
+    for (int r = 0; r < 2; r++) free(dq[r]), free(dk[r]), free(dv[r]), be[r]->destroy(be[r]);
+    gfree(out), gfree(lse);
 }
 
 /* ---- the full-size tensor-core check (UST_TEST_ATT_FULL=B,T; scripts/gpu-check.sh runs it) */
@@ -1990,6 +2056,8 @@ int main(void) {
     RUN_TEST(test_cuda_attention_flash_kernels_match_cpu);
     RUN_TEST(test_cuda_attention_carries_a_nan_query_to_its_row);
     RUN_TEST(test_cuda_attention_tensor_core_kernels_match_cpu);
+    RUN_TEST(test_cuda_attention_tc_one_pass_backward_matches_cpu);
+    RUN_TEST(test_cuda_attention_tc_one_pass_backward_matches_two_kernels);
     RUN_TEST(test_cuda_attention_gemm_in_query_chunks_matches_cpu);
     RUN_TEST(test_cuda_attention_merge_matches_cpu);
     RUN_TEST(test_cuda_xent_matches_cpu_padding_ignored_targets_aliasing);

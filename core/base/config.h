@@ -70,6 +70,7 @@ typedef struct {
         ust_device device;
         char out_dir[UST_PATH_MAX];
         double memory_limit_mb; /* the arena's limit (0: none; cuda: the device's free memory) */
+        bool deterministic; /* false: kernels with float atomics (run-to-run rounding) allowed */
     } run;
     struct {
         ust_arch arch;

@@ -76,6 +76,7 @@ const cfg_key cfg_keys[] = {
     ENUM("run.device", run.device, "cpu", DEVICES),
     STR("run.out_dir", run.out_dir, "runs/tiny", 0),
     DBL("run.memory_limit_mb", run.memory_limit_mb, "0", 0, INFINITY, 0),
+    BOOL("run.deterministic", run.deterministic, "true"),
 
     ENUM("model.arch", model.arch, "llama", ARCHS),
     INTR("model.n_layer", model.n_layer, "4", 1, 4096),

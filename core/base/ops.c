@@ -56,5 +56,6 @@ ust_ops *ops_create(const ust_config *cfg, int local_rank, int local_world, ust_
     /* without CUDA compiled in, ops_cuda_create fails with a message saying how to build it */
     ust_ops *o = ops_cuda_create(local_rank, e);
     if (o) ops_cuda_set_bf16(o, cfg->train.precision == PREC_BF16);
+    if (o) o->nondeterministic = !cfg->run.deterministic;
     return o;
 }

@@ -112,6 +112,9 @@ struct ust_ops {
     const char *name; /* "cpu" or "cuda" */
     void *impl;       /* backend-private state */
     int act_size;     /* bytes per activation element: 4 (fp32) or 2 (bf16) */
+    /* run.deterministic false: ops may pick kernels whose fp32 atomics sum in a varying order
+     * (results differ in the last bits run to run); 0: every op is bit-reproducible */
+    int nondeterministic;
 
     /* ---- memory ---- */
     void *(*alloc)(const ust_ops *o, size_t bytes); /* zeroed, 64-byte aligned; fatal on OOM */

@@ -224,6 +224,14 @@ inline __nv_bfloat16 __float2bfloat16_rn(float f) {
     return b;
 }
 inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.x; }
+/* atomicAdd on a float: threads are coroutines, so the read-add-write is atomic as it stands; it
+ * is not instrumented as a plain read and write: strict mode is told it is an atomic instead. */
+EMU_NOTSAN __attribute__((noinline)) inline float atomicAdd(float *p, float v) {
+    if (emu_strict_tid >= 0) emu_strict_atomic(p, sizeof *p, __builtin_return_address(0));
+    float old = *p;
+    *p = old + v;
+    return old;
+}
 inline float __uint_as_float(uint32_t u) {
     float f;
     memcpy(&f, &u, 4);

@@ -106,6 +106,9 @@ void emu_shared_reg(void *p, size_t n); /* a static __shared__ array, as a threa
 void emu_heap_bounds(char **base, size_t *cap); /* the device heap's address range */
 /* the live bytes of the heap (strict mode's fence): [off, off + n) allocated (live) or freed */
 void emu_strict_alloc(size_t cap, size_t off, size_t n, int live);
+/* An atomic read-modify-write of n bytes at p (atomicAdd): blocks' atomics on one word do not
+ * conflict with each other, a plain read or write of it by another block in the launch does. */
+void emu_strict_atomic(void *p, size_t n, const void *pc);
 void emu_heap_describe(size_t off, char *buf, size_t n); /* where a heap offset lies */
 
 /* ---- NCCL */

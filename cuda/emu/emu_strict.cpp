@@ -11,11 +11,12 @@
  * GPU);
  *   - global memory: a shadow per 2 bytes holds the block that last wrote and read it in this
  *     launch; a block writing what another block wrote or read, or reading what another wrote,
- *     in the same launch is a race (blocks run in any order, or at once, on a GPU); and every
- *     byte touched lies in a live allocation, the bytes asked for (an electric fence without
- *     the guard pages: the allocator's rounding slack, a neighbour or freed memory all stop it).
- * A finding names the kernel, the block, both threads, the word and the source lines (addr2line
- * on the return addresses) and ends the process with status 3. */
+ *     in the same launch is a race (blocks run in any order, or at once, on a GPU), except
+ *     atomics (atomicAdd) of several blocks on one word, not a plain access of another block; and
+ * every byte touched lies in a live allocation, the bytes asked for (an electric fence without the
+ * guard pages: the allocator's rounding slack, a neighbour or freed memory all stop it). A finding
+ * names the kernel, the block, both threads, the word and the source lines (addr2line on the return
+ * addresses) and ends the process with status 3. */
 #include "emu_rt.h"
 
 #include <dlfcn.h>
@@ -43,8 +44,8 @@ struct SmemShadow {  /* per 2 bytes of shared memory */
     const void *wpc, *rpc; /* where they were */
 };
 struct GlobShadow {
-    uint32_t w, r;
-}; /* per 2 bytes: the block tags that wrote and read it last */
+    uint32_t w, r, a;
+}; /* per 2 bytes: the block tags that wrote, read and atomically updated it last */
 
 struct Array { /* a static __shared__ array and its shadow */
     char *lo, *hi;
@@ -172,6 +173,12 @@ void gmem(size_t off, size_t n, bool write, const void *pc) {
             report(write ? "global-memory write conflict between blocks (another block wrote it)"
                          : "global-memory race between blocks (read of another block's write)",
                    "device heap", i * 2, emu_strict_tid, pc, -3, nullptr);
+        if (g.a >= S.tag_base && g.a != S.tag)
+            report(write ? "global-memory race between blocks (write of what another block "
+                           "updates atomically)"
+                         : "global-memory race between blocks (read of what another block "
+                           "updates atomically)",
+                   "device heap", i * 2, emu_strict_tid, pc, -3, nullptr);
         if (write) {
             if (g.r >= S.tag_base && g.r != S.tag)
                 report("global-memory race between blocks (write of what another block read)",
@@ -180,6 +187,22 @@ void gmem(size_t off, size_t n, bool write, const void *pc) {
         } else {
             g.r = g.r >= S.tag_base && g.r != S.tag ? S.tag_base + S.nblocks : S.tag;
         }
+    }
+}
+
+/* Atomics of several blocks on one word commute (up to rounding order): no conflict among
+ * them; a plain access of another block is one (checked both ways). */
+void gatomic(size_t off, size_t n, const void *pc) {
+    if (!S.gs) return;
+    fence(off, n, true, pc);
+    for (size_t i = off / 2; i <= (off + n - 1) / 2; i++) {
+        GlobShadow &g = S.gs[i];
+        if ((g.w >= S.tag_base && g.w != S.tag) || (g.r >= S.tag_base && g.r != S.tag))
+            report(g.w >= S.tag_base && g.w != S.tag
+                       ? "global-memory race between blocks (atomic on what another block wrote)"
+                       : "global-memory race between blocks (atomic on what another block read)",
+                   "device heap", i * 2, emu_strict_tid, pc, -3, nullptr);
+        g.a = g.a >= S.tag_base && g.a != S.tag ? S.tag_base + S.nblocks : S.tag;
     }
 }
 
@@ -295,6 +318,12 @@ extern "C" void emu_shared_reg(void *p, size_t n) {
     }
     S.arrays.push_back({(char *)p, (char *)p + n, std::vector<SmemShadow>(n / 2 + 1)});
     S.cur.push_back(&S.arrays.back());
+}
+
+extern "C" void emu_strict_atomic(void *p, size_t n, const void *pc) {
+    const char *c = (const char *)p;
+    if (emu_strict_tid >= 0 && c >= S.heap && c < S.heap + S.heap_cap)
+        gatomic((size_t)(c - S.heap), n, pc);
 }
 
 extern "C" void emu_strict_barrier(void) { S.epoch = ++S.counter; }

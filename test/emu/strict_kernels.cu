@@ -72,6 +72,24 @@ __global__ void k_block_read(float *out, int bug) {
     }
 }
 
+/* blocks accumulate into the same words: atomics commute, a plain += is a race */
+__global__ void k_atomic(float *out, int bug) {
+    const int t = threadIdx.x;
+    if (bug)
+        out[t] += 1.0f;
+    else
+        atomicAdd(&out[t], 1.0f);
+}
+
+/* blocks accumulate atomically while the last one also stores plainly into the same words */
+__global__ void k_atomic_mixed(float *out, int bug) {
+    const int t = threadIdx.x;
+    if (bug && blockIdx.x == gridDim.x - 1)
+        out[t] = 0.0f;
+    else
+        atomicAdd(&out[t], 1.0f);
+}
+
 /* half the tile is never written before it is read */
 __global__ void k_uninit(float *out, int bug) {
     __shared__ float s[64];
@@ -246,7 +264,17 @@ int main(int argc, char **argv) {
         k_blocks<<<4, 32>>>(d, bug);
     else if (!strcmp(m, "block_read"))
         k_block_read<<<4, 32>>>(d, bug);
-    else if (!strcmp(m, "uninit"))
+    else if (!strcmp(m, "atomic") || !strcmp(m, "atomic_mixed")) {
+        float h[32];
+        cudaMemset(d, 0, 32 * sizeof(float));
+        if (!strcmp(m, "atomic"))
+            k_atomic<<<4, 32>>>(d, bug);
+        else
+            k_atomic_mixed<<<4, 32>>>(d, bug);
+        cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost);
+        for (int i = 0; i < 32; i++)
+            if (!bug && h[i] != 4.0f) return printf("out[%d] = %g, want 4\n", i, h[i]), 1;
+    } else if (!strcmp(m, "uninit"))
         k_uninit<<<1, 64>>>(d, bug);
     else if (!strcmp(m, "dynamic"))
         k_dynamic<<<1, 64, 64 * sizeof(float)>>>(d, bug);

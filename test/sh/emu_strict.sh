@@ -50,6 +50,8 @@ strict loop forward "shared-memory race .* in kernel k_loop.*:($(L "s[t] = (floa
 strict warp forward "shared-memory race \(write of what another thread read\) in kernel k_warp.*:$(($(L "if (!bug) __syncwarp()") - 1))"
 strict blocks forward "global-memory write conflict between blocks .* in kernel k_blocks.*word 0 .*:$(L "out[bug ? 0 : blockIdx.x]")"
 strict block_read forward "global-memory race between blocks .* in kernel k_block_read.*:($(L "out[0] = 1.0f")|$(L "bug ? out[0] : 1.0f"))"
+strict atomic forward "global-memory race between blocks \(read of another block's write\) in kernel k_atomic, .*:$(L "out[t] += 1.0f")"
+strict atomic_mixed forward "global-memory race between blocks \((atomic on what another block wrote|write of what another block updates atomically)\) in kernel k_atomic_mixed"
 strict uninit forward "read of shared memory no thread of this block wrote in kernel k_uninit.*word 63 .*:$(L "out[t] = s[63 - t]")"
 strict dynamic reverse "shared-memory race .* in kernel k_dynamic.*dynamic shared memory word .*:($(L "sm[t] = (float)t")|$(L "out[t] = sm[63 - t]"))"
 strict shfl_exit forward "in kernel k_shfl_exit, block \(0,0,0\), warp 0: lane 0's __shfl_\*_sync mask 0xffffffff names a lane that exited: lane 16"

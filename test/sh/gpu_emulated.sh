@@ -11,7 +11,8 @@
 #   - the equivalence harness with run.device=cuda over emulated NCCL (dp/ZeRO-1/2/3, tp+sp,
 #     pp 1f1b/interleaved/zb with tied embeddings, cp ring/all-gather/a2a, ep, tp x pp x cp,
 #     recomputation, MLA on one GPU, tp+sp and cp) against the single-process CPU run, and a
-#     rank's dropped gradients caught
+#     rank's dropped gradients caught; run.deterministic: false's one-pass attention backward
+#     following the default's losses
 #     on that path too;
 #   - communication overlaps with computation where the design says (dp buckets during
 #     backward, ZeRO-3 prefetch, ring attention's K/V exchange, pipeline sends), and the compute
@@ -94,6 +95,15 @@ rounds=$(sed -n 's/^emu: launches of k_to_bf16: \([0-9]*\)$/\1/p' $TMP/bench)
 $E/bench_gpu attention 1 70 2 32 1 >$TMP/bench 2>&1 &&
     [ "$(grep -cE '^bench_gpu attention (tc|gemm|flash) .*backward' $TMP/bench)" = 3 ] &&
     pass emu_bench_gpu_attention_modes || fail emu_bench_gpu_attention_modes "$(tail -3 $TMP/bench)"
+# the roofline counts the attention backward's products of the path in use: 7 (3.5 forward's 2)
+# by default, 5 under run.deterministic: false, whose step line says what the opt-in saves
+$E/bench_gpu --model-only >$TMP/roof 2>&1 && awk '
+    $1 == "attention_fwd" { f = $3 } $1 == "attention_bwd" { b = $3; real = $6 }
+    /with run.deterministic: false \(5 attention backward products/ {
+        for (i = 1; i < NF; i++) if ($i == "attention_bwd") nd = $(i + 1) }
+    END { exit !(f > 0 && b / f > 3.49 && b / f < 3.51 && nd > 0 && nd < real * 0.8) }' $TMP/roof &&
+    pass emu_bench_model_only_counts_attention_products ||
+    fail emu_bench_model_only_counts_attention_products "$(grep -E 'attention|deterministic' $TMP/roof | head -4)"
 
 # ---- training with run.device=cuda
 equiv_configs emu 4 2
@@ -172,6 +182,27 @@ if need_py emu_qkclip numpy safetensors; then
         pass "emu_qkclip_bf16_rescale_drops_the_weight_copy ($(cat $TMP/w16_1e30) -> $(cat $TMP/w16_0.05) roundings)" ||
         fail emu_qkclip_bf16_rescale_drops_the_weight_copy "k_to_bf16 launches $(cat $TMP/w16_1e30) unclipped, $(cat $TMP/w16_0.05) clipped"
 fi
+# run.deterministic: false on the tensor-core path (bf16, head dim 16): FlashAttention-2's one-pass
+# backward (dq by fp32 atomics, cuda/attention_tc.cu k_tc_bwd1) ran, and its 4 steps' losses
+# follow the default two-kernel run's within 1e-4 (the dq sums in another order, then rounded)
+nd() {
+    EMU_GPUS=1 EMU_REPORT=1 EMU_COUNT='k_tc_dq_finish<T>' $E/ustrain train $TMP/llama.yaml \
+        --set run.device=cuda --set train.precision=bf16 --set run.deterministic=$1 \
+        --set train.steps=4 --set checkpoint.every=0 --set checkpoint.resume=none \
+        --set run.out_dir=$TMP/nd_$1 --set logging.metrics_file=$TMP/nd_$1/m.jsonl 2>&1 |
+        sed -n 's/^emu: launches of k_tc_dq_finish<T>: //p' >$TMP/nd_$1.n
+}
+nd true
+nd false
+d=$(python3 -c '
+import json, sys
+l = [[r["loss"] for r in map(json.loads, open(f)) if "loss" in r and "val_loss" not in r] for f in sys.argv[1:]]
+print("%.3g" % max(abs(a - b) for a, b in zip(*l)) if len(l[0]) == len(l[1]) == 4 else "missing")
+' $TMP/nd_true/m.jsonl $TMP/nd_false/m.jsonl 2>&1)
+[ "$(cat $TMP/nd_true.n)" = 0 ] && [ "$(cat $TMP/nd_false.n)" -gt 0 ] &&
+    python3 -c "import sys; sys.exit(not float(sys.argv[1]) <= 1e-4)" "$d" 2>/dev/null &&
+    pass "emu_nondeterministic_attention_follows_deterministic_losses (largest |diff| $d)" ||
+    fail emu_nondeterministic_attention_follows_deterministic_losses "one-pass launches $(cat $TMP/nd_true.n) deterministic, $(cat $TMP/nd_false.n) opt-in; loss diff $d"
 # checkpoints cross devices: saved on (emulated) GPUs, resumed on the CPU and the other way
 $EQ --name _emu_ckpt --config $TMP/llama.yaml --save-layout "dp=2 zero=3 run.device=cuda" \
     --resume-at 2 --layout "dp=1" --layout "tp=2 run.device=cuda"
