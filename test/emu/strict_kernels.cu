@@ -5,6 +5,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+
+#include "ptx.cuh"
 #include <stdio.h>
 #include <string.h>
 
@@ -139,6 +141,44 @@ __global__ void k_fence(float *dst, const float *src, int n) {
     if (t < n) dst[t] = src[t];
 }
 
+/* cp.async in two groups (the second's rows past 16 zero-filled): after wait_group 1 the first
+ * group has landed and the second may not have; the bug reads the second before wait_group 0 */
+__global__ void k_cp_async(float *out, const float *src, int bug) {
+    __shared__ uint4 s[2][32];
+    const int t = threadIdx.x, j = (4 * t + 5) % 128; /* another thread's word */
+    ptx_cp_async16(&s[0][t], src + 4 * t, 16);
+    ptx_cp_async_commit();
+    ptx_cp_async16(&s[1][t], src + 4 * (32 + t), t < 16 ? 16 : 0);
+    ptx_cp_async_commit();
+    ptx_cp_async_wait<1>();
+    __syncthreads();
+    const float a = ((const float *)s[0])[j];
+    float b = bug ? ((const float *)s[1])[j] : 0.0f;
+    ptx_cp_async_wait<0>();
+    __syncthreads();
+    b += ((const float *)s[1])[j];
+    out[t] = a, out[32 + t] = b;
+}
+
+static int cp_async_run(int bug) {
+    float h[256], o[64], *src, *out;
+    for (int i = 0; i < 256; i++) h[i] = (float)(i + 1);
+    cudaMalloc(&src, sizeof h);
+    cudaMalloc(&out, sizeof o);
+    cudaMemcpy(src, h, sizeof h, cudaMemcpyHostToDevice);
+    k_cp_async<<<1, 32>>>(out, src, bug);
+    cudaMemcpy(o, out, sizeof o, cudaMemcpyDeviceToHost);
+    for (int t = 0; t < 32; t++) {
+        const int j = (4 * t + 5) % 128;
+        const float a = h[j], b = j < 64 ? h[128 + j] : 0.0f; /* rows 16..31: zeros */
+        if (o[t] != a || o[32 + t] != b) {
+            printf("thread %d: %g %g, want %g %g\n", t, o[t], o[32 + t], a, b);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* float -> bf16 as the hardware rounds: NaNs become the canonical 0x7FFF (not Inf, not -0) */
 static int bf16_rounding(void) {
     const uint32_t in[] = {0x7F800001u, 0x7FFFFFFFu, 0xFFC00000u, 0xFF800001u,
@@ -187,6 +227,47 @@ __global__ void k_mma(float *D, const float *A, const float *B, const float *C) 
     for (int e = 0; e < 4; e++) D[mma_c_row(g, e) * 8 + mma_c_col(t, e)] = d[e];
 }
 
+/* ldmatrix.x4 against the PTX ISA's table for m8n8 .b16 fragments, written from the ISA: lane i
+ * names row i % 8 of matrix i / 8; lane l receives in register m matrix m's elements at row l / 4,
+ * columns 2 (l % 4) and 2 (l % 4) + 1 (the first in the low half); .trans swaps rows and columns:
+ * rows 2 (l % 4) and 2 (l % 4) + 1, column l / 4. The four matrices sit at a padded stride of 24
+ * bf16 (48 bytes) in reversed order, so a wrong row or matrix number reads another element. */
+__device__ u32 ldsm_el(int m, int r, int c) { return (u32)(m * 64 + r * 8 + c); }
+__global__ void k_ldsm(int *bad) {
+    __shared__ uint4 tile4[4 * 8 * 3];
+    uint16_t *tile = (uint16_t *)tile4;
+    const int l = threadIdx.x;
+    for (int i = l; i < 4 * 8 * 24; i += 32) {
+        const int m = 3 - i / 192, r = i / 24 % 8, c = i % 24;
+        tile[i] = c < 8 ? (uint16_t)ldsm_el(m, r, c) : (uint16_t)0xFFFF;
+    }
+    __syncthreads();
+    const void *row = tile + (3 - l / 8) * 192 + (l % 8) * 24;
+    u32 r[4], rt[4];
+    ptx_ldsm_x4(r, row);
+    ptx_ldsm_x4_t(rt, row);
+    for (int m = 0; m < 4; m++) {
+        const u32 want = ldsm_el(m, l / 4, 2 * (l % 4)) | ldsm_el(m, l / 4, 2 * (l % 4) + 1) << 16;
+        const u32 want_t = ldsm_el(m, 2 * (l % 4), l / 4) | ldsm_el(m, 2 * (l % 4) + 1, l / 4)
+                                                                << 16;
+        if (r[m] != want || rt[m] != want_t) bad[l] = 1 + m;
+    }
+}
+
+static int ldsm_table(void) {
+    int h[32] = {0}, *d;
+    cudaMalloc(&d, sizeof h);
+    cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice);
+    k_ldsm<<<1, 32>>>(d);
+    cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost);
+    for (int l = 0; l < 32; l++)
+        if (h[l]) {
+            printf("ldmatrix: lane %d register %d differs from the PTX table\n", l, h[l] - 1);
+            return 1;
+        }
+    return 0;
+}
+
 /* small integers: every product and sum is exact in bf16 and fp32 */
 static int mma_table(void) {
     float A[256], B[128], C[128], D[128], *dA, *dB, *dC, *dD;
@@ -221,7 +302,7 @@ int main(int argc, char **argv) {
     const char *m = argc > 1 ? argv[1] : "";
 #ifdef MMA_TEST
     if (!strcmp(m, "mma")) {
-        if (mma_table()) return 1;
+        if (mma_table() || ldsm_table()) return 1;
         printf("ok\n");
         return 0;
     }
@@ -268,6 +349,8 @@ int main(int argc, char **argv) {
         cudaMalloc(&a, 100 * sizeof(float));
         cudaMalloc(&b, 128 * sizeof(float));
         k_fence<<<1, 128>>>(b, a, bug ? 101 : 100);
+    } else if (!strcmp(m, "cp_async")) {
+        if (cp_async_run(bug)) return 1;
     } else
         return 2;
     cudaDeviceSynchronize();
