@@ -254,6 +254,57 @@ __global__ void k_ldsm(int *bad) {
     }
 }
 
+/* attention_tc.cu's ldmatrix fragment loads feeding mma16816: A (16x16) row-major for ldsm_a, B
+ * (16x16, two n-tiles) stored transposed for ldsm_b2 (as the K tile) or row-major for ldsm_bt2
+ * (as the V tile), shared rows of 24 bf16; D = A B exactly (small integers) */
+__global__ void k_mma_ldsm(float *D, const float *A, const float *B, int trans) {
+    __shared__ uint4 a4[16 * 3], b4[16 * 3];
+    uint16_t *as = (uint16_t *)a4, *bs = (uint16_t *)b4;
+    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
+    for (int i = lane; i < 256; i += 32) {
+        const int r = i / 16, c = i % 16;
+        as[r * 24 + c] = (uint16_t)mma_bf(A[i]);
+        bs[trans ? r * 24 + c : c * 24 + r] = (uint16_t)mma_bf(B[i]);
+    }
+    __syncthreads();
+    u32 a[4], b0[2], b1[2];
+    float d0[4] = {0, 0, 0, 0}, d1[4] = {0, 0, 0, 0};
+    ldsm_a(a, (const u32 *)as, 24, 0, 0);
+    if (trans)
+        ldsm_bt2(b0, b1, (const u32 *)bs, 24, 0, 0);
+    else
+        ldsm_b2(b0, b1, (const u32 *)bs, 24, 0, 0);
+    mma16816(d0, a, b0);
+    mma16816(d1, a, b1);
+    for (int e = 0; e < 4; e++) {
+        D[mma_c_row(g, e) * 16 + mma_c_col(t, e)] = d0[e];
+        D[mma_c_row(g, e) * 16 + 8 + mma_c_col(t, e)] = d1[e];
+    }
+}
+
+static int mma_ldsm(int trans) {
+    float A[256], B[256], D[256], *dA, *dB, *dD;
+    for (int i = 0; i < 256; i++) A[i] = (float)((i * 7) % 9 - 4), B[i] = (float)((i * 5) % 7 - 3);
+    cudaMalloc(&dA, sizeof A);
+    cudaMalloc(&dB, sizeof B);
+    cudaMalloc(&dD, sizeof D);
+    cudaMemcpy(dA, A, sizeof A, cudaMemcpyHostToDevice);
+    cudaMemcpy(dB, B, sizeof B, cudaMemcpyHostToDevice);
+    k_mma_ldsm<<<1, 32>>>(dD, dA, dB, trans);
+    cudaMemcpy(D, dD, sizeof D, cudaMemcpyDeviceToHost);
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 16; c++) {
+            float want = 0;
+            for (int k = 0; k < 16; k++) want += A[r * 16 + k] * B[k * 16 + c];
+            if (D[r * 16 + c] != want) {
+                printf("%s: D[%d][%d] = %g, want %g\n", trans ? "ldsm_bt2" : "ldsm_b2", r, c,
+                       D[r * 16 + c], want);
+                return 1;
+            }
+        }
+    return 0;
+}
+
 static int ldsm_table(void) {
     int h[32] = {0}, *d;
     cudaMalloc(&d, sizeof h);
@@ -302,7 +353,7 @@ int main(int argc, char **argv) {
     const char *m = argc > 1 ? argv[1] : "";
 #ifdef MMA_TEST
     if (!strcmp(m, "mma")) {
-        if (mma_table() || ldsm_table()) return 1;
+        if (mma_table() || ldsm_table() || mma_ldsm(0) || mma_ldsm(1)) return 1;
         printf("ok\n");
         return 0;
     }
