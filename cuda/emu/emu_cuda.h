@@ -50,7 +50,7 @@ struct EmuThread {
     void *sp;       /* saved stack pointer (x86-64 switch) */
     ucontext_t ctx; /* elsewhere */
     int state; /* 0 run, 1 wait block, 2 wait warp, 3 done */
-    int sync;      /* at a warp wait: 1 __syncwarp, 2 a shuffle (strict mode checks the lanes agree) */
+    int sync;      /* at a warp wait: 1 __syncwarp, 2 a shuffle, 3 ldmatrix (strict mode checks the lanes agree) */
     unsigned mask; /* and the lanes its mask names */
     dim3 tid;
     int lane, warp;
@@ -202,9 +202,9 @@ EMU_NOTSAN inline void emu_warp_rows(const void *row, const char *rows[32]) {
         abort();
     }
     emu_slots[emu_cur->warp][emu_cur->lane] = (uint64_t)(uintptr_t)row;
-    emu_warp_wait(2, 0xffffffffu);
+    emu_warp_wait(3, 0xffffffffu);
     for (int l = 0; l < 32; l++) rows[l] = (const char *)(uintptr_t)emu_slots[emu_cur->warp][l];
-    emu_warp_wait(2, 0xffffffffu);
+    emu_warp_wait(3, 0xffffffffu);
 }
 inline void emu_ldmatrix_x4(uint32_t r[4], const void *row, bool trans) {
     const char *rows[32];
@@ -518,7 +518,7 @@ EMU_NOTSAN inline void emu_round(int nt) {
  * exists, has not exited and waits at the same kind of warp barrier with the same mask (on a GPU
  * anything else is undefined: a hang or garbage). */
 EMU_NOTSAN inline void emu_check_warp(int w, int nt) {
-    static const char *kind[] = {"", "__syncwarp", "__shfl_*_sync"};
+    static const char *kind[] = {"", "__syncwarp", "__shfl_*_sync", "ldmatrix"};
     for (int l = 0; l < 32 && w * 32 + l < nt; l++) {
         const EmuThread &a = emu_threads[w * 32 + l];
         if (a.state != 2) continue;

@@ -160,6 +160,18 @@ __global__ void k_cp_async(float *out, const float *src, int bug) {
     out[t] = a, out[32 + t] = b;
 }
 
+/* ldmatrix is a warp collective: the bug leaves lanes 16..31 out (they have returned) */
+__global__ void k_ldsm_diverged(float *out, int bug) {
+    __shared__ uint4 s[32];
+    const int l = threadIdx.x;
+    s[l] = make_uint4(l, l, l, l);
+    __syncthreads();
+    if (bug && l >= 16) return;
+    uint32_t r[4];
+    ptx_ldsm_x4(r, &s[l]);
+    out[l] = (float)(r[0] + r[1] + r[2] + r[3]);
+}
+
 static int cp_async_run(int bug) {
     float h[256], o[64], *src, *out;
     for (int i = 0; i < 256; i++) h[i] = (float)(i + 1);
@@ -400,6 +412,8 @@ int main(int argc, char **argv) {
         cudaMalloc(&a, 100 * sizeof(float));
         cudaMalloc(&b, 128 * sizeof(float));
         k_fence<<<1, 128>>>(b, a, bug ? 101 : 100);
+    } else if (!strcmp(m, "ldsm_diverged")) {
+        k_ldsm_diverged<<<1, 32>>>(d, bug);
     } else if (!strcmp(m, "cp_async")) {
         if (cp_async_run(bug)) return 1;
     } else

@@ -57,6 +57,7 @@ strict shfl_diverged forward "in kernel k_shfl_diverged, .* mask 0xffffffff name
 strict smem_optin forward "kernel k_big_b launched with 65536 bytes of dynamic shared memory: over 48 KiB needs the kernel's own cudaFuncSetAttribute.* it never set"
 strict smem_total forward "kernel k_total uses 32768 bytes of static and 204800 of dynamic shared memory per block: over the 227 KiB"
 strict fence forward "out-of-bounds read in kernel k_fence, block \(0,0,0\): thread 100 at .*:$(L "if (t < n) dst[t] = src[t]") reads 4 bytes at device heap byte [0-9]+, byte 0 of them 0 bytes past the end of the allocation of 400 bytes"
+strict ldsm_diverged forward "in kernel k_ldsm_diverged, block \(0,0,0\), warp 0: lane 0's ldmatrix mask 0xffffffff names a lane that exited: lane 16"
 strict cp_async forward "shared-memory access to a cp.async destination before the cp.async.wait_group that lands it in kernel k_cp_async.*:$(L "float b = bug ? ((const float *)s[1])[j]")"
 # cp.async writes shared memory at its wait_group in every mode: a read before it sees old bytes
 out=$($TMP/k cp_async bug 2>&1)
