@@ -5,9 +5,9 @@
  * Every product is an mma.m16n8k16 with bf16 inputs and fp32 accumulation, the precision of the
  * bf16 GEMM path: q, k, v, dout, the probabilities P and dS are rounded to bf16 where they enter
  * a product; the softmax, lse, Di and all accumulators stay fp32. Nothing of size T x T exists.
- * - Forward: a block = 4 warps x 16 queries of one (b, h); 64-key tiles of K and V in shared
- *   memory (row-major, filled with 16-byte loads; V read transposed by load_bt), the next
- *   tiles' loads in flight in registers during this tile's products; online softmax in base 2
+ * - Forward: a block = 4 warps x 16 queries of one (b, h); 64-key tiles of K and V in two
+ *   shared stages (bf16: the next tile's cp.async in flight during this tile's products; B
+ *   fragments by ldmatrix, V's transposed by ldmatrix.trans); online softmax in base 2
  *   on the accumulator fragments, whose layout is also the A-operand layout of the next
  *   product, so P never leaves registers.
  * - dq: the same geometry with 32-key tiles; P and dS are recomputed from lse.
@@ -22,6 +22,7 @@
  * (ust_ops nondeterministic) k_tc_bwd1 runs FA2's one pass instead: 5 products, dq by atomics.
  * Tiles that causality hides entirely are skipped by the block, and by a warp for its rows. */
 #include "cuda_internal.h"
+#include "ptx.cuh"
 
 #include <cuda_bf16.h>
 #include <limits.h>
@@ -121,6 +122,33 @@ __device__ __forceinline__ void load_bt(u32 b[2], const u32 *tile, int stride, i
     b[1] = ((tile[(r + 8) * ws + w] >> sh) & 0xffffu) | ((tile[(r + 9) * ws + w] >> sh) << 16);
 }
 
+/* ldmatrix (ptx.cuh) forms of load_a, load_b and load_bt for the forward, one instruction for what
+ * took 4 or 8 shared loads: lane l names row l % 8 of matrix l / 8, and the matrices are, in order,
+ * the fragment registers: ldsm_a's (rows r0 / r0 + 8, columns 16kk / 16kk + 8: a[0..3]), ldsm_b2's
+ * and ldsm_bt2's (b[0], b[1] of n-tile nt, then of nt + 1). The row stride (D + 8 bf16) puts the 8
+ * rows of one matrix on 8 distinct 16-byte bank groups: no conflict. */
+__device__ __forceinline__ void ldsm_a(u32 a[4], const u32 *tile, int stride, int r0, int kk) {
+    const int l = threadIdx.x & 31;
+    ptx_ldsm_x4(a,
+                tile + (r0 + (l & 7) + 8 * ((l >> 3) & 1)) * (stride / 2) + 8 * kk + 4 * (l >> 4));
+}
+__device__ __forceinline__ void ldsm_b2(u32 b0[2], u32 b1[2], const u32 *tile, int stride, int nt,
+                                        int kk) {
+    const int l = threadIdx.x & 31;
+    u32 r[4];
+    ptx_ldsm_x4(r, tile + (8 * nt + 8 * (l >> 4) + (l & 7)) * (stride / 2) + 8 * kk +
+                       4 * ((l >> 3) & 1));
+    b0[0] = r[0], b0[1] = r[1], b1[0] = r[2], b1[1] = r[3];
+}
+__device__ __forceinline__ void ldsm_bt2(u32 b0[2], u32 b1[2], const u32 *tile, int stride, int nt,
+                                         int kk) {
+    const int l = threadIdx.x & 31;
+    u32 r[4];
+    ptx_ldsm_x4_t(r, tile + (16 * kk + (l & 7) + 8 * ((l >> 3) & 1)) * (stride / 2) + 4 * nt +
+                         4 * (l >> 4));
+    b0[0] = r[0], b0[1] = r[1], b1[0] = r[2], b1[1] = r[3];
+}
+
 /* The bf16 bits of an activation element: fp32 ones rounded (nearest even), bf16 ones as they
  * are stored (no conversion). */
 __device__ __forceinline__ u32 bf16_bits(float x) {
@@ -179,11 +207,25 @@ __device__ __forceinline__ void fill_rows(u32 *tile, const T *x, int64_t rs, int
     }
 }
 
+/* Rows [r0, r0 + n) of bf16 x (x and its row stride rs 16-byte aligned) into a shared tile laid
+ * out as fill_rows lays it, by cp.async: 16 bytes per copy, rows past `valid` zero-filled. The
+ * whole block issues; the caller commits the group and waits for it. */
+template <int D>
+__device__ __forceinline__ void fill_rows_async(u32 *tile, const bf16 *x, int64_t rs, int r0, int n,
+                                                int valid) {
+    for (int idx = threadIdx.x; idx < n * (D / 8); idx += blockDim.x) {
+        const int r = idx / (D / 8), c = 8 * (idx % (D / 8));
+        const bool in = r0 + r < valid;
+        ptx_cp_async16(&tile[r * ((D + 8) / 2) + c / 2], in ? x + (int64_t)(r0 + r) * rs + c : x,
+                       in ? 16 : 0);
+    }
+}
+
 /* Register double buffering of an N-row tile: tile_load issues the next tile's 16-byte loads
  * (N D / 8 / TC_THREADS per thread; x and its row stride 16-byte aligned) before the current
  * tile's products, tile_store moves them to shared memory after them, so the loads' latency
- * overlaps the products. Plain loads: cp.async would skip the registers but is PTX the emulator
- * cannot run. The block has TC_THREADS threads. */
+ * overlaps the products (the forward stages its tiles by cp.async instead, fill_rows_async). The
+ * block has TC_THREADS threads. */
 template <int D, int N> struct tile_regs { uint4 r[N * D / 8 / TC_THREADS]; };
 template <int D, int N, typename T>
 __device__ __forceinline__ void tile_load(tile_regs<D, N> &f, const T *x, int64_t rs, int r0,
@@ -271,8 +313,20 @@ __device__ __forceinline__ float quad_sum(float v) {
 
 /* ---------------------------------------------------------------- forward */
 
+/* Whether x and its row stride of rs elements allow 16-byte accesses. */
+template <typename T> __device__ __forceinline__ bool aligned16(const T *x, int64_t rs) {
+    return (((uintptr_t)x | (uintptr_t)(rs * (int64_t)sizeof(T))) & 15) == 0;
+}
+
+/* The forward's shared K and V tiles: two stages of (K, V), 64 rows of D + 8 bf16 each, for bf16
+ * activations (cp.async double buffering); one stage for fp32 ones (filled with fill_rows). */
+static size_t fwd_smem(int D, size_t act_size) {
+    return (size_t)(act_size == 2 ? 4 : 2) * TC_FK * (D + 8) * 2;
+}
+
 /* q(B,Tq,H,D), k,v(B,Tk,Hkv,D) -> out(B,Tq,H,D), lse(B,H,Tq). Grid: B x H x ceil(Tq/64) blocks,
- * last query tile first; scale2 = log2(e) / sqrt(D). */
+ * last query tile first; scale2 = log2(e) / sqrt(D); fwd_smem(D, sizeof(T)) bytes of dynamic
+ * shared memory. */
 template <int D, typename T>
 __global__ void __launch_bounds__(TC_THREADS)
     k_tc_fwd(act *out_, float *lse, const act *q_, const act *k_, const act *v_, int Tq, int Tk,
@@ -280,9 +334,9 @@ __global__ void __launch_bounds__(TC_THREADS)
              const int32_t *q_start, float scale2, int nqt) {
     T *out = (T *)out_;
     const T *q = (const T *)q_, *k = (const T *)k_, *v = (const T *)v_;
-    constexpr int NK = D / 16, ND = D / 8, NT = TC_FK / 8, KS = D + 8;
-    __shared__ uint4 ks4[TC_FK * KS / 8], vs4[TC_FK * KS / 8]; /* uint4: 16-byte aligned */
-    u32 *ks = (u32 *)ks4, *vs = (u32 *)vs4;                    /* the K and V tiles, row per key */
+    constexpr int NK = D / 16, ND = D / 8, NT = TC_FK / 8, KS = D + 8, TW = TC_FK * KS / 2;
+    extern __shared__ float sm[]; /* 16-byte aligned: stage s's K tile at 2 s TW words, V after */
+    u32 *const st = (u32 *)sm;
     __shared__ int kpos[TC_FK], qpos[TC_BQ];
     const int qt = nqt - 1 - (int)(blockIdx.x % nqt); /* the longest causal tiles first */
     const int h = (int)(blockIdx.x / nqt % H), b = (int)(blockIdx.x / nqt / H);
@@ -291,55 +345,72 @@ __global__ void __launch_bounds__(TC_THREADS)
     const int64_t qs = (int64_t)H * D, kvs = (int64_t)Hkv * D;
     const T *qb = q + ((int64_t)b * Tq * H + h) * D;
     const T *kb = k + ((int64_t)b * Tk * Hkv + hk) * D, *vb = v + (kb - k);
+    /* cp.async moves bf16 as it is (fp32 is rounded on the way, by fill_rows) and needs 16-byte
+     * aligned rows (a view at an odd offset takes fill_rows' 2-byte path, one stage) */
+    const bool async = sizeof(T) == 2 && aligned16(kb, kvs) && aligned16(vb, kvs);
+    const bf16 *kb16 = (const bf16 *)(const void *)kb, *vb16 = (const bf16 *)(const void *)vb;
 
     u32 qf[NK][4];
-    for (int kk = 0; kk < NK; kk++)
-        global_a(qf[kk], r0 < Tq ? qb + r0 * qs : NULL, r1 < Tq ? qb + r1 * qs : NULL, kk);
+    if (sizeof(T) == 2 && aligned16(qb, qs)) { /* Q by cp.async into stage 1, free until then */
+        fill_rows_async<D>(st + 2 * TW, (const bf16 *)(const void *)qb, qs, i0, TC_BQ, Tq);
+        ptx_cp_async_commit();
+        ptx_cp_async_wait<0>();
+        __syncthreads();
+        for (int kk = 0; kk < NK; kk++) ldsm_a(qf[kk], st + 2 * TW, KS, 16 * w, kk);
+    } else {
+        for (int kk = 0; kk < NK; kk++)
+            global_a(qf[kk], r0 < Tq ? qb + r0 * qs : NULL, r1 < Tq ? qb + r1 * qs : NULL, kk);
+    }
     const query_rows qr = query_block_positions(qpos, q_pos, i0, Tq, q_start, b);
     const int qp0 = qr.qp0, qp1 = qr.qp1, qmax_block = qr.qmax_block, qmax_warp = qr.qmax_warp;
 
     float o[ND][4], m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
     for (int dt = 0; dt < ND; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.0f;
 
-    /* the next K and V tiles in registers (tile_load) when 16-byte loads are allowed: `staged`
-     * is the tile they hold (uniform over the block), -1 none */
-    const bool vec =
-        (((uintptr_t)kb | (uintptr_t)vb | (uintptr_t)(kvs * (int64_t)sizeof(T))) & 15) == 0;
-    constexpr bool PK = D <= 64; /* D = 128 stages V only: K too took 255 registers and spilled */
-    tile_regs<PK ? D : 16, TC_FK> pk;
-    tile_regs<D, TC_FK> pv;
-    int staged = -1;
+    int cur = 0, staged = -1; /* the stage this tile is in; the tile whose copy went to the other */
     for (int j0 = 0; j0 < Tk; j0 += TC_FK) {
-        const int kmin = key_tile_positions(kpos, k_pos, j0, TC_FK, Tk);
-        if (causal && kmin > qmax_block) continue;
-        if (staged == j0) {
-            if constexpr (PK)
-                tile_store(ks, pk);
-            else
-                fill_rows<D, T>(ks, kb, kvs, j0, TC_FK, Tk);
-            tile_store(vs, pv);
+        const int kmin = key_tile_positions(kpos, k_pos, j0, TC_FK, Tk); /* barriers: stages free */
+        if (causal && kmin > qmax_block) {
+            if (staged == j0) { /* land the copy nobody will read: a stage takes one at a time */
+                ptx_cp_async_wait<0>();
+                staged = -1;
+            }
+            continue;
+        }
+        const u32 *ks = st + 2 * cur * TW, *vs = ks + TW;
+        if (staged != j0 && async) {
+            fill_rows_async<D>(st + 2 * cur * TW, kb16, kvs, j0, TC_FK, Tk);
+            fill_rows_async<D>(st + (2 * cur + 1) * TW, vb16, kvs, j0, TC_FK, Tk);
+            ptx_cp_async_commit();
+        } else if (staged != j0) {
+            fill_rows<D, T>(st + 2 * cur * TW, kb, kvs, j0, TC_FK, Tk);
+            fill_rows<D, T>(st + (2 * cur + 1) * TW, vb, kvs, j0, TC_FK, Tk);
+        }
+        /* the next tile's copy into the other stage overlaps this tile's products, unless its first
+         * key is past every query of a causal block (a guess for positions out of order: a tile
+         * not staged is copied in its turn) */
+        const int jn = j0 + TC_FK;
+        if (async && jn < Tk && (!causal || posof(k_pos, jn) <= qmax_block)) {
+            fill_rows_async<D>(st + 2 * (cur ^ 1) * TW, kb16, kvs, jn, TC_FK, Tk);
+            fill_rows_async<D>(st + (2 * (cur ^ 1) + 1) * TW, vb16, kvs, jn, TC_FK, Tk);
+            ptx_cp_async_commit();
+            ptx_cp_async_wait<1>(); /* this tile's group has landed, the next one's may not */
+            staged = jn, cur ^= 1;
         } else {
-            fill_rows<D, T>(ks, kb, kvs, j0, TC_FK, Tk);
-            fill_rows<D, T>(vs, vb, kvs, j0, TC_FK, Tk);
+            ptx_cp_async_wait<0>();
+            staged = -1;
         }
         __syncthreads();
-        /* prefetch the next tile unless its first key is past every query of a causal block (a
-         * guess for positions out of order: a tile not staged is filled directly) */
-        const int jn = j0 + TC_FK;
-        if (vec && jn < Tk && (!causal || posof(k_pos, jn) <= qmax_block)) {
-            if constexpr (PK) tile_load(pk, kb, kvs, jn, Tk);
-            tile_load(pv, vb, kvs, jn, Tk);
-            staged = jn;
-        }
         if (causal && kmin > qmax_warp) continue; /* this warp's queries see none of the tile */
 
         float s[NT][4]; /* S = Q K^T for 16 queries x 64 keys */
-        for (int nt = 0; nt < NT; nt++) {
-            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+        for (int nt = 0; nt < NT; nt += 2) {
+            for (int e = 0; e < 4; e++) s[nt][e] = s[nt + 1][e] = 0.0f;
             for (int kk = 0; kk < NK; kk++) {
-                u32 bf[2];
-                load_b(bf, ks, KS, nt, kk);
-                mma16816(s[nt], qf[kk], bf);
+                u32 b0[2], b1[2];
+                ldsm_b2(b0, b1, ks, KS, nt, kk);
+                mma16816(s[nt], qf[kk], b0);
+                mma16816(s[nt + 1], qf[kk], b1);
             }
         }
         float mx0 = -INFINITY, mx1 = -INFINITY;
@@ -368,10 +439,11 @@ __global__ void __launch_bounds__(TC_THREADS)
         for (int kk = 0; kk < TC_FK / 16; kk++) { /* O += P V */
             u32 pa[4];
             acc_to_a(pa, s[2 * kk], s[2 * kk + 1]);
-            for (int dt = 0; dt < ND; dt++) {
-                u32 bf[2];
-                load_bt(bf, vs, KS, dt, kk);
-                mma16816(o[dt], pa, bf);
+            for (int dt = 0; dt < ND; dt += 2) {
+                u32 b0[2], b1[2];
+                ldsm_bt2(b0, b1, vs, KS, dt, kk);
+                mma16816(o[dt], pa, b0);
+                mma16816(o[dt + 1], pa, b1);
             }
         }
     }
@@ -789,7 +861,9 @@ static void tc_fwd(const ust_ops *o, act *out, float *lse, const act *q, const a
     int64_t blocks = (int64_t)B * H * nqt;
     UST_ASSERT(blocks < INT_MAX, "attention grid too large (%lld blocks)", (long long)blocks);
     float scale2 = LOG2E / sqrtf((float)D);
-    k_tc_fwd<D, T><<<(int)blocks, TC_THREADS, 0, STREAM(o)>>>(
+    size_t smem = fwd_smem(D, sizeof(T));
+    cuda_smem_optin(o, k_tc_fwd<D, T>, smem);
+    k_tc_fwd<D, T><<<(int)blocks, TC_THREADS, smem, STREAM(o)>>>(
         out, lse, q, k, v, Tq, Tk, H, Hkv, q_pos, k_pos, causal, q_start, scale2, nqt);
     CK_LAUNCH();
 }

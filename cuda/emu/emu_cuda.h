@@ -50,7 +50,7 @@ struct EmuThread {
     void *sp;       /* saved stack pointer (x86-64 switch) */
     ucontext_t ctx; /* elsewhere */
     int state; /* 0 run, 1 wait block, 2 wait warp, 3 done */
-    int sync;      /* at a warp wait: 1 __syncwarp, 2 a shuffle (strict mode checks the lanes agree) */
+    int sync;      /* at a warp wait: 1 __syncwarp, 2 a shuffle, 3 ldmatrix (strict mode checks the lanes agree) */
     unsigned mask; /* and the lanes its mask names */
     dim3 tid;
     int lane, warp;
@@ -194,6 +194,68 @@ template <class... A> inline int emu_check_args(const void *fnptr, const char *k
     return 0;
 }
 
+/* ldmatrix and cp.async (cuda/ptx.cuh), as the PTX ISA defines them. ldmatrix is a warp
+ * collective like a shuffle: every lane publishes its row address at one warp sync point (strict
+ * mode checks that all 32 lanes arrive), then reads its pieces of the others' rows. cp.async reads
+ * its source at issue but writes shared memory only at the cp.async.wait_group that retires its
+ * group (or the thread's exit), so a read before that wait sees the old bytes; strict mode marks
+ * the destination in flight and reports any access to it (emu_strict_async). */
+EMU_NOTSAN inline void emu_warp_rows(const void *row, const char *rows[32]) {
+    if ((uintptr_t)row & 15) {
+        fprintf(stderr, "emu: in kernel %s, thread %u: ldmatrix row address %p is not 16-byte aligned\n",
+                emu_args_kernel, emu_cur->tid.x, row);
+        abort();
+    }
+    emu_slots[emu_cur->warp][emu_cur->lane] = (uint64_t)(uintptr_t)row;
+    emu_warp_wait(3, 0xffffffffu);
+    for (int l = 0; l < 32; l++) rows[l] = (const char *)(uintptr_t)emu_slots[emu_cur->warp][l];
+    emu_warp_wait(3, 0xffffffffu);
+}
+inline void emu_ldmatrix_x4(uint32_t r[4], const void *row, bool trans) {
+    const char *rows[32];
+    emu_warp_rows(row, rows);
+    const int l = emu_cur->lane;
+    for (int m = 0; m < 4; m++) {
+        if (!trans) {
+            r[m] = *(const uint32_t *)(rows[8 * m + l / 4] + 4 * (l % 4));
+            continue;
+        }
+        const uint16_t lo = *(const uint16_t *)(rows[8 * m + 2 * (l % 4)] + 2 * (l / 4));
+        const uint16_t hi = *(const uint16_t *)(rows[8 * m + 2 * (l % 4) + 1] + 2 * (l / 4));
+        r[m] = (uint32_t)lo | (uint32_t)hi << 16;
+    }
+}
+struct EmuAsyncCopy { char *dst; uint32_t data[4]; int group; };
+inline std::vector<EmuAsyncCopy> emu_async_q[1024]; /* per thread of the block, in issue order */
+inline int emu_async_groups[1024];                  /* groups each thread committed */
+inline void emu_cp_async16(void *dst, const void *src, int n) {
+    if (((uintptr_t)dst | (uintptr_t)src) & 15 || (n != 0 && n != 16)) {
+        fprintf(stderr, "emu: in kernel %s, thread %u: cp.async of 16 bytes with dst %p, src %p (16-byte aligned), src-size %d (0 or 16)\n",
+                emu_args_kernel, emu_cur->tid.x, dst, src, n);
+        abort();
+    }
+    const int t = (int)(emu_cur - emu_threads);
+    EmuAsyncCopy c = {(char *)dst, {0u, 0u, 0u, 0u}, emu_async_groups[t]};
+    for (int i = 0; i < 4 && n; i++) c.data[i] = ((const uint32_t *)src)[i];
+    emu_strict_async(dst, 16, 1, __builtin_return_address(0));
+    emu_async_q[t].push_back(c);
+}
+inline void emu_cp_async_commit() { emu_async_groups[emu_cur - emu_threads]++; }
+/* lands the copies of every group but the n newest committed (n < 0: all, uncommitted too) */
+inline void emu_cp_async_wait(int n) {
+    const int t = (int)(emu_cur - emu_threads), last = emu_async_groups[t] - (n < 0 ? -1 : n);
+    std::vector<EmuAsyncCopy> &q = emu_async_q[t];
+    size_t k = 0;
+    for (size_t i = 0; i < q.size(); i++) {
+        if (q[i].group >= last) {
+            q[k++] = q[i];
+            continue;
+        }
+        emu_strict_async(q[i].dst, 16, 0, nullptr);
+        for (int w = 0; w < 4; w++) ((uint32_t *)q[i].dst)[w] = q[i].data[w];
+    }
+    q.resize(k);
+}
 /* runtime (emu_rt): the C++ conveniences the CUDA headers add */
 template <class T> inline cudaError_t cudaMalloc(T **p, size_t n) { return cudaMalloc((void **)p, n); }
 template <class T> inline cudaError_t cudaMallocHost(T **p, size_t n) { return cudaMallocHost((void **)p, n); }
@@ -434,6 +496,7 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, c
 
 EMU_NOTSAN inline void emu_entry() {
     (*emu_fn)();
+    if (!emu_async_q[emu_cur - emu_threads].empty()) emu_cp_async_wait(-1); /* lands at exit */
     emu_cur->state = 3;
     emu_to_sched();
 }
@@ -468,7 +531,7 @@ EMU_NOTSAN inline void emu_round(int nt) {
  * exists, has not exited and waits at the same kind of warp barrier with the same mask (on a GPU
  * anything else is undefined: a hang or garbage). */
 EMU_NOTSAN inline void emu_check_warp(int w, int nt) {
-    static const char *kind[] = {"", "__syncwarp", "__shfl_*_sync"};
+    static const char *kind[] = {"", "__syncwarp", "__shfl_*_sync", "ldmatrix"};
     for (int l = 0; l < 32 && w * 32 + l < nt; l++) {
         const EmuThread &a = emu_threads[w * 32 + l];
         if (a.state != 2) continue;
@@ -575,6 +638,7 @@ EMU_NOTSAN inline void emu_run(dim3 g, dim3 b, size_t smem, std::function<void()
             EmuThread &th = emu_threads[t];
             th.tid = dim3(t % b.x, t / b.x % b.y, t / (b.x * b.y));
             th.lane = t % 32, th.warp = t / 32, th.state = 0;
+            emu_async_q[t].clear(), emu_async_groups[t] = 0;
             emu_prepare(th);
         }
         do emu_round(nt);

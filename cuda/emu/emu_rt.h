@@ -103,6 +103,9 @@ void emu_strict_block(unsigned linear, unsigned bx, unsigned by, unsigned bz);
 void emu_strict_barrier(void);
 void emu_strict_warp(int warp);
 void emu_shared_reg(void *p, size_t n); /* a static __shared__ array, as a thread meets it */
+/* a cp.async of n bytes to shared memory at p: issued (pending, checked as a write now; pc where)
+ * or landed at its wait_group (not pending); any other access to pending bytes is reported */
+void emu_strict_async(void *p, size_t n, int pending, const void *pc);
 void emu_heap_bounds(char **base, size_t *cap); /* the device heap's address range */
 /* the live bytes of the heap (strict mode's fence): [off, off + n) allocated (live) or freed */
 void emu_strict_alloc(size_t cap, size_t off, size_t n, int live);

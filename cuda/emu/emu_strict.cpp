@@ -40,7 +40,7 @@ struct SmemShadow {  /* per 2 bytes of shared memory */
     uint32_t wb, ww; /* the last write's block and warp epochs */
     uint32_t rb, rw; /* the latest read's block and warp epochs */
     int16_t wt, rt;  /* the writer; the reader, -1 several lanes of one warp, -2 of several warps */
-    int16_t rwarp, pad;    /* the readers' warp */
+    int16_t rwarp, pend;   /* the readers' warp; a cp.async to it is in flight (1) */
     const void *wpc, *rpc; /* where they were */
 };
 struct GlobShadow {
@@ -118,6 +118,10 @@ void smem(std::vector<SmemShadow> &sh, const char *space, size_t off, size_t n, 
     const uint32_t E = S.epoch, W = S.wepoch[w];
     for (size_t i = off / 2; i <= (off + n - 1) / 2 && i < sh.size(); i++) {
         SmemShadow &s = sh[i];
+        if (s.pend)
+            report("shared-memory access to a cp.async destination before the "
+                   "cp.async.wait_group that lands it",
+                   space, i * 2, t, pc, s.wt, s.wpc);
         if (s.wb == E && s.wt != t && (s.wt / 32 != w || s.ww == W))
             report(write ? "shared-memory write-write race"
                          : "shared-memory race (read of another thread's write)",
@@ -324,6 +328,31 @@ extern "C" void emu_strict_atomic(void *p, size_t n, const void *pc) {
     const char *c = (const char *)p;
     if (emu_strict_tid >= 0 && c >= S.heap && c < S.heap + S.heap_cap)
         gatomic((size_t)(c - S.heap), n, pc);
+}
+
+/* A cp.async's destination, issued (pending: a write by this thread now, as the copy may land
+ * at any time before its wait) or landed (pending cleared before the landing write). */
+extern "C" void emu_strict_async(void *p, size_t n, int pending, const void *pc) {
+    if (emu_strict_tid < 0) return;
+    const char *c = (const char *)p;
+    std::vector<SmemShadow> *sh = nullptr;
+    const char *space = "dynamic shared memory";
+    size_t off = 0;
+    if (c >= S.dyn && c + n <= S.dyn + S.dyn_n) sh = &S.dy, off = (size_t)(c - S.dyn);
+    for (Array *a : S.cur)
+        if (!sh && c >= a->lo && c + n <= a->hi)
+            sh = &a->sh, off = (size_t)(c - a->lo), space = "static __shared__ array";
+    if (!sh) {
+        fprintf(stderr,
+                "emu strict: cp.async in kernel %s, thread %d at %s: destination %p is not "
+                "shared memory of the block\n",
+                S.kernel, emu_strict_tid, where(pc).c_str(), p);
+        fflush(stderr);
+        _exit(3);
+    }
+    if (pending) smem(*sh, space, off, n, true, pc);
+    for (size_t i = off / 2; i <= (off + n - 1) / 2 && i < sh->size(); i++)
+        (*sh)[i].pend = (int16_t)pending;
 }
 
 extern "C" void emu_strict_barrier(void) { S.epoch = ++S.counter; }

@@ -5,6 +5,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+
+#include "ptx.cuh"
 #include <stdio.h>
 #include <string.h>
 
@@ -157,6 +159,56 @@ __global__ void k_fence(float *dst, const float *src, int n) {
     if (t < n) dst[t] = src[t];
 }
 
+/* cp.async in two groups (the second's rows past 16 zero-filled): after wait_group 1 the first
+ * group has landed and the second may not have; the bug reads the second before wait_group 0 */
+__global__ void k_cp_async(float *out, const float *src, int bug) {
+    __shared__ uint4 s[2][32];
+    const int t = threadIdx.x, j = (4 * t + 5) % 128; /* another thread's word */
+    ptx_cp_async16(&s[0][t], src + 4 * t, 16);
+    ptx_cp_async_commit();
+    ptx_cp_async16(&s[1][t], src + 4 * (32 + t), t < 16 ? 16 : 0);
+    ptx_cp_async_commit();
+    ptx_cp_async_wait<1>();
+    __syncthreads();
+    const float a = ((const float *)s[0])[j];
+    float b = bug ? ((const float *)s[1])[j] : 0.0f;
+    ptx_cp_async_wait<0>();
+    __syncthreads();
+    b += ((const float *)s[1])[j];
+    out[t] = a, out[32 + t] = b;
+}
+
+/* ldmatrix is a warp collective: the bug leaves lanes 16..31 out (they have returned) */
+__global__ void k_ldsm_diverged(float *out, int bug) {
+    __shared__ uint4 s[32];
+    const int l = threadIdx.x;
+    s[l] = make_uint4(l, l, l, l);
+    __syncthreads();
+    if (bug && l >= 16) return;
+    uint32_t r[4];
+    ptx_ldsm_x4(r, &s[l]);
+    out[l] = (float)(r[0] + r[1] + r[2] + r[3]);
+}
+
+static int cp_async_run(int bug) {
+    float h[256], o[64], *src, *out;
+    for (int i = 0; i < 256; i++) h[i] = (float)(i + 1);
+    cudaMalloc(&src, sizeof h);
+    cudaMalloc(&out, sizeof o);
+    cudaMemcpy(src, h, sizeof h, cudaMemcpyHostToDevice);
+    k_cp_async<<<1, 32>>>(out, src, bug);
+    cudaMemcpy(o, out, sizeof o, cudaMemcpyDeviceToHost);
+    for (int t = 0; t < 32; t++) {
+        const int j = (4 * t + 5) % 128;
+        const float a = h[j], b = j < 64 ? h[128 + j] : 0.0f; /* rows 16..31: zeros */
+        if (o[t] != a || o[32 + t] != b) {
+            printf("thread %d: %g %g, want %g %g\n", t, o[t], o[32 + t], a, b);
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* float -> bf16 as the hardware rounds: NaNs become the canonical 0x7FFF (not Inf, not -0) */
 static int bf16_rounding(void) {
     const uint32_t in[] = {0x7F800001u, 0x7FFFFFFFu, 0xFFC00000u, 0xFF800001u,
@@ -205,6 +257,98 @@ __global__ void k_mma(float *D, const float *A, const float *B, const float *C) 
     for (int e = 0; e < 4; e++) D[mma_c_row(g, e) * 8 + mma_c_col(t, e)] = d[e];
 }
 
+/* ldmatrix.x4 against the PTX ISA's table for m8n8 .b16 fragments, written from the ISA: lane i
+ * names row i % 8 of matrix i / 8; lane l receives in register m matrix m's elements at row l / 4,
+ * columns 2 (l % 4) and 2 (l % 4) + 1 (the first in the low half); .trans swaps rows and columns:
+ * rows 2 (l % 4) and 2 (l % 4) + 1, column l / 4. The four matrices sit at a padded stride of 24
+ * bf16 (48 bytes) in reversed order, so a wrong row or matrix number reads another element. */
+__device__ u32 ldsm_el(int m, int r, int c) { return (u32)(m * 64 + r * 8 + c); }
+__global__ void k_ldsm(int *bad) {
+    __shared__ uint4 tile4[4 * 8 * 3];
+    uint16_t *tile = (uint16_t *)tile4;
+    const int l = threadIdx.x;
+    for (int i = l; i < 4 * 8 * 24; i += 32) {
+        const int m = 3 - i / 192, r = i / 24 % 8, c = i % 24;
+        tile[i] = c < 8 ? (uint16_t)ldsm_el(m, r, c) : (uint16_t)0xFFFF;
+    }
+    __syncthreads();
+    const void *row = tile + (3 - l / 8) * 192 + (l % 8) * 24;
+    u32 r[4], rt[4];
+    ptx_ldsm_x4(r, row);
+    ptx_ldsm_x4_t(rt, row);
+    for (int m = 0; m < 4; m++) {
+        const u32 want = ldsm_el(m, l / 4, 2 * (l % 4)) | ldsm_el(m, l / 4, 2 * (l % 4) + 1) << 16;
+        const u32 want_t = ldsm_el(m, 2 * (l % 4), l / 4) | ldsm_el(m, 2 * (l % 4) + 1, l / 4)
+                                                                << 16;
+        if (r[m] != want || rt[m] != want_t) bad[l] = 1 + m;
+    }
+}
+
+/* attention_tc.cu's ldmatrix fragment loads feeding mma16816: A (16x16) row-major for ldsm_a, B
+ * (16x16, two n-tiles) stored transposed for ldsm_b2 (as the K tile) or row-major for ldsm_bt2
+ * (as the V tile), shared rows of 24 bf16; D = A B exactly (small integers) */
+__global__ void k_mma_ldsm(float *D, const float *A, const float *B, int trans) {
+    __shared__ uint4 a4[16 * 3], b4[16 * 3];
+    uint16_t *as = (uint16_t *)a4, *bs = (uint16_t *)b4;
+    const int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
+    for (int i = lane; i < 256; i += 32) {
+        const int r = i / 16, c = i % 16;
+        as[r * 24 + c] = (uint16_t)mma_bf(A[i]);
+        bs[trans ? r * 24 + c : c * 24 + r] = (uint16_t)mma_bf(B[i]);
+    }
+    __syncthreads();
+    u32 a[4], b0[2], b1[2];
+    float d0[4] = {0, 0, 0, 0}, d1[4] = {0, 0, 0, 0};
+    ldsm_a(a, (const u32 *)as, 24, 0, 0);
+    if (trans)
+        ldsm_bt2(b0, b1, (const u32 *)bs, 24, 0, 0);
+    else
+        ldsm_b2(b0, b1, (const u32 *)bs, 24, 0, 0);
+    mma16816(d0, a, b0);
+    mma16816(d1, a, b1);
+    for (int e = 0; e < 4; e++) {
+        D[mma_c_row(g, e) * 16 + mma_c_col(t, e)] = d0[e];
+        D[mma_c_row(g, e) * 16 + 8 + mma_c_col(t, e)] = d1[e];
+    }
+}
+
+static int mma_ldsm(int trans) {
+    float A[256], B[256], D[256], *dA, *dB, *dD;
+    for (int i = 0; i < 256; i++) A[i] = (float)((i * 7) % 9 - 4), B[i] = (float)((i * 5) % 7 - 3);
+    cudaMalloc(&dA, sizeof A);
+    cudaMalloc(&dB, sizeof B);
+    cudaMalloc(&dD, sizeof D);
+    cudaMemcpy(dA, A, sizeof A, cudaMemcpyHostToDevice);
+    cudaMemcpy(dB, B, sizeof B, cudaMemcpyHostToDevice);
+    k_mma_ldsm<<<1, 32>>>(dD, dA, dB, trans);
+    cudaMemcpy(D, dD, sizeof D, cudaMemcpyDeviceToHost);
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 16; c++) {
+            float want = 0;
+            for (int k = 0; k < 16; k++) want += A[r * 16 + k] * B[k * 16 + c];
+            if (D[r * 16 + c] != want) {
+                printf("%s: D[%d][%d] = %g, want %g\n", trans ? "ldsm_bt2" : "ldsm_b2", r, c,
+                       D[r * 16 + c], want);
+                return 1;
+            }
+        }
+    return 0;
+}
+
+static int ldsm_table(void) {
+    int h[32] = {0}, *d;
+    cudaMalloc(&d, sizeof h);
+    cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice);
+    k_ldsm<<<1, 32>>>(d);
+    cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost);
+    for (int l = 0; l < 32; l++)
+        if (h[l]) {
+            printf("ldmatrix: lane %d register %d differs from the PTX table\n", l, h[l] - 1);
+            return 1;
+        }
+    return 0;
+}
+
 /* small integers: every product and sum is exact in bf16 and fp32 */
 static int mma_table(void) {
     float A[256], B[128], C[128], D[128], *dA, *dB, *dC, *dD;
@@ -239,7 +383,7 @@ int main(int argc, char **argv) {
     const char *m = argc > 1 ? argv[1] : "";
 #ifdef MMA_TEST
     if (!strcmp(m, "mma")) {
-        if (mma_table()) return 1;
+        if (mma_table() || ldsm_table() || mma_ldsm(0) || mma_ldsm(1)) return 1;
         printf("ok\n");
         return 0;
     }
@@ -296,6 +440,10 @@ int main(int argc, char **argv) {
         cudaMalloc(&a, 100 * sizeof(float));
         cudaMalloc(&b, 128 * sizeof(float));
         k_fence<<<1, 128>>>(b, a, bug ? 101 : 100);
+    } else if (!strcmp(m, "ldsm_diverged")) {
+        k_ldsm_diverged<<<1, 32>>>(d, bug);
+    } else if (!strcmp(m, "cp_async")) {
+        if (cp_async_run(bug)) return 1;
     } else
         return 2;
     cudaDeviceSynchronize();

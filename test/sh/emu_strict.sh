@@ -59,6 +59,12 @@ strict shfl_diverged forward "in kernel k_shfl_diverged, .* mask 0xffffffff name
 strict smem_optin forward "kernel k_big_b launched with 65536 bytes of dynamic shared memory: over 48 KiB needs the kernel's own cudaFuncSetAttribute.* it never set"
 strict smem_total forward "kernel k_total uses 32768 bytes of static and 204800 of dynamic shared memory per block: over the 227 KiB"
 strict fence forward "out-of-bounds read in kernel k_fence, block \(0,0,0\): thread 100 at .*:$(L "if (t < n) dst[t] = src[t]") reads 4 bytes at device heap byte [0-9]+, byte 0 of them 0 bytes past the end of the allocation of 400 bytes"
+strict ldsm_diverged forward "in kernel k_ldsm_diverged, block \(0,0,0\), warp 0: lane 0's ldmatrix mask 0xffffffff names a lane that exited: lane 16"
+strict cp_async forward "shared-memory access to a cp.async destination before the cp.async.wait_group that lands it in kernel k_cp_async.*:$(L "float b = bug ? ((const float *)s[1])[j]")"
+# cp.async writes shared memory at its wait_group in every mode: a read before it sees old bytes
+out=$($TMP/k cp_async bug 2>&1)
+[ $? -eq 1 ] && echo "$out" | grep -q '^thread' && pass emu_cp_async_lands_at_its_wait_group ||
+    fail emu_cp_async_lands_at_its_wait_group "$out"
 # bf16 rounding as the hardware does it (always, not only in strict mode): a NaN becomes the
 # canonical NaN 0x7FFF, never Inf or -0; ties to even, overflow to Inf
 out=$($TMP/k bf16 2>&1) && [ "$out" = ok ] && pass emu_bf16_nan_rounds_to_the_canonical_nan ||
@@ -80,15 +86,15 @@ out=$(EMU_LT_FAIL=1 gpt2)
     pass emu_lt_fallback_said_once || fail emu_lt_fallback_said_once "$(echo "$out" | grep -m2 -E 'cuBLASLt|error')"
 # mma.m16n8k16's fragment layout, the PTX ISA's table written out in the test, against the
 # product attention_tc.cu's mma16816 computes (here its emulated shuffles; on a GPU the
-# instruction: the same source compiles with nvcc)
+# instruction: the same source compiles with nvcc); and ldmatrix's (cuda/ptx.cuh) likewise
 mkdir -p $TMP/inc
 python3 cuda/emu/cu2cpp.py cuda/attention_tc.cu $TMP/inc/attention_tc.cu
 python3 cuda/emu/cu2cpp.py $K $TMP/km.cpp
 if g++ -std=c++17 -O1 -g -w -DMMA_TEST -I$TMP/inc -I$E/cuda -Icuda/emu/include -Icuda -Icore/base \
     $TMP/km.cpp $E/libustrain.a -L$OB -Wl,-rpath,$OB -lopenblas -lyaml -lcjson -lpmix -lzstd -lz \
     -lcrypto -lm -lrt -fopenmp -pthread -o $TMP/km 2>$TMP/ccm.log; then
-    out=$($TMP/km mma 2>&1) && [ "$out" = ok ] && pass emu_mma_m16n8k16_fragments_match_the_ptx_table ||
-        fail emu_mma_m16n8k16_fragments_match_the_ptx_table "$out"
+    out=$($TMP/km mma 2>&1) && [ "$out" = ok ] && pass emu_mma_m16n8k16_and_ldmatrix_fragments_match_the_ptx_table ||
+        fail emu_mma_m16n8k16_and_ldmatrix_fragments_match_the_ptx_table "$out"
 else
     fail emu_mma_test_build "$(head -3 $TMP/ccm.log)"
 fi
