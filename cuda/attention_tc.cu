@@ -19,7 +19,7 @@
  * single pass adds dS K into dq with fp32 atomics; deterministic partial dq per key block instead
  * would move ~400 MB per layer (GPT-2 124M, B=8, T=1024: ~80 us at 4.8 TB/s) against ~18 us
  * for the two recomputed products (13 GFLOP at 70% of 989 TFLOP/s). Under run.deterministic: false
- * (ust_ops nondeterministic) k_tc_bwd1 runs FA2's one pass instead: 5 products, dq by atomics.
+ * (ust_ops nondeterministic) k_tc_dkdv<DQ> runs FA2's one pass instead: 5 products, dq by atomics.
  * Tiles that causality hides entirely are skipped by the block, and by a warp for its rows. */
 #include "cuda_internal.h"
 #include "ptx.cuh"
@@ -563,117 +563,6 @@ __global__ void __launch_bounds__(TC_THREADS, 1)
     }
 }
 
-/* ---------------------------------------------------------------- backward: dk, dv */
-
-/* dk(B,Tk,Hkv,D) += scale sum_i dS_ij q_i and dv += sum_i P_ij dout_i over the queries of every
- * head of the kv head's group (either may be NULL). Grid: B x Hkv x ceil(Tk/64) blocks. */
-template <int D, typename T>
-__global__ void __launch_bounds__(TC_THREADS)
-    k_tc_dkdv(act *dk_, act *dv_, const act *dout_, const float *lse, const float *Di,
-              const act *q_, const act *k_, const act *v_, int Tq, int Tk, int H, int Hkv,
-              const int32_t *q_pos, const int32_t *k_pos, int causal, const int32_t *q_start,
-              float scale, int nkt) {
-    T *dk = (T *)dk_, *dv = (T *)dv_;
-    const T *dout = (const T *)dout_, *q = (const T *)q_, *k = (const T *)k_, *v = (const T *)v_;
-    constexpr int NK = D / 16, ND = D / 8, NT = TC_KVQ / 8, RS = D + 8;
-    extern __shared__ float sm[];    /* 16-byte aligned; every tile a multiple of 16 bytes */
-    u32 *ks = (u32 *)sm;             /* the block's K rows: A operand of S^T = K Q^T */
-    u32 *vs = ks + TC_BKV * RS / 2;  /* its V rows: A operand of dP^T = V dO^T */
-    u32 *qs_ = vs + TC_BKV * RS / 2; /* query tile rows: B of S^T, read transposed for dK */
-    u32 *os = qs_ + TC_KVQ * RS / 2; /* dout tile rows: B of dP^T, read transposed for dV */
-    __shared__ int kpos[TC_BKV], qpos[TC_KVQ], qsp[TC_KVQ];
-    __shared__ float l2s[TC_KVQ], dis[TC_KVQ];
-    const int kt = (int)(blockIdx.x % nkt), hk = (int)(blockIdx.x / nkt % Hkv);
-    const int b = (int)(blockIdx.x / nkt / Hkv), G = H / Hkv;
-    const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int j0 = kt * TC_BKV, c0 = j0 + 16 * w + g, c1 = c0 + 8; /* this thread's two keys */
-    const int64_t qst = (int64_t)H * D, kvs = (int64_t)Hkv * D;
-    const float scale2 = scale * LOG2E;
-    const T *kb = k + ((int64_t)b * Tk * Hkv + hk) * D, *vb = v + (kb - k);
-
-    for (int j = threadIdx.x; j < TC_BKV; j += blockDim.x)
-        kpos[j] = j0 + j < Tk ? posof(k_pos, j0 + j) : INT_MAX;
-    fill_rows<D, T>(ks, kb, kvs, j0, TC_BKV, Tk);
-    fill_rows<D, T>(vs, vb, kvs, j0, TC_BKV, Tk);
-    __syncthreads();
-    const int kp0 = kpos[16 * w + g], kp1 = kpos[16 * w + g + 8];
-    const int kmin_block = tile_min(kpos, TC_BKV), kmin_warp = warp_min_int(min(kp0, kp1));
-
-    float adk[ND][4], adv[ND][4];
-    for (int dt = 0; dt < ND; dt++)
-        for (int e = 0; e < 4; e++) adk[dt][e] = adv[dt][e] = 0.0f;
-    for (int hq = hk * G; hq < (hk + 1) * G; hq++) {
-        const T *qb = q + ((int64_t)b * Tq * H + hq) * D, *ob = dout + (qb - q);
-        const float *lb = lse + ((int64_t)b * H + hq) * Tq, *db = Di + (lb - lse);
-        for (int i0 = 0; i0 < Tq; i0 += TC_KVQ) {
-            __syncthreads();
-            for (int i = threadIdx.x; i < TC_KVQ; i += blockDim.x) {
-                bool in = i0 + i < Tq;
-                qpos[i] = in ? posof(q_pos, i0 + i) : INT_MIN;
-                qsp[i] = doc_start(q_start, b, Tq, i0 + i);
-                l2s[i] = in ? lb[i0 + i] * LOG2E : -INFINITY;
-                dis[i] = in ? db[i0 + i] : 0.0f;
-            }
-            __syncthreads();
-            const int qmax = tile_max(qpos, TC_KVQ);
-            if (causal && qmax < kmin_block) continue;
-            fill_rows<D, T>(qs_, qb, qst, i0, TC_KVQ, Tq);
-            fill_rows<D, T>(os, ob, qst, i0, TC_KVQ, Tq);
-            __syncthreads();
-            if (causal && qmax < kmin_warp) continue;
-
-            float s[NT][4], dp[NT][4]; /* S^T and dP^T: 16 keys x 32 queries */
-            for (int nt = 0; nt < NT; nt++)
-                for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.0f;
-            for (int kk = 0; kk < NK; kk++) {
-                u32 ka[4], va[4];
-                load_a(ka, ks, RS, 16 * w, kk);
-                load_a(va, vs, RS, 16 * w, kk);
-                for (int nt = 0; nt < NT; nt++) {
-                    u32 bf[2];
-                    load_b(bf, qs_, RS, nt, kk);
-                    mma16816(s[nt], ka, bf);
-                    load_b(bf, os, RS, nt, kk);
-                    mma16816(dp[nt], va, bf);
-                }
-            }
-            for (int nt = 0; nt < NT; nt++)
-                for (int e = 0; e < 4; e++) {
-                    int i = 8 * nt + 2 * t + (e & 1);
-                    bool vis = i0 + i < Tq && c0 + 8 * (e >> 1) < Tk &&
-                               (!causal || (e < 2 ? kp0 : kp1) <= qpos[i]) &&
-                               (e < 2 ? kp0 : kp1) >= qsp[i];
-                    float p = vis && l2s[i] != -INFINITY ? exp2f(s[nt][e] * scale2 - l2s[i]) : 0.0f;
-                    s[nt][e] = p;
-                    dp[nt][e] = p * (dp[nt][e] - dis[i]);
-                }
-            for (int kk = 0; kk < TC_KVQ / 16; kk++) { /* dV += P^T dO, dK += dS^T Q */
-                u32 pa[4], da[4];
-                acc_to_a(pa, s[2 * kk], s[2 * kk + 1]);
-                acc_to_a(da, dp[2 * kk], dp[2 * kk + 1]);
-                for (int dt = 0; dt < ND; dt++) {
-                    u32 bf[2];
-                    load_bt(bf, os, RS, dt, kk);
-                    mma16816(adv[dt], pa, bf);
-                    load_bt(bf, qs_, RS, dt, kk);
-                    mma16816(adk[dt], da, bf);
-                }
-            }
-        }
-    }
-    T *dkb = dk ? dk + ((int64_t)b * Tk * Hkv + hk) * D : NULL;
-    T *dvb = dv ? dv + ((int64_t)b * Tk * Hkv + hk) * D : NULL;
-    for (int dt = 0; dt < ND; dt++) {
-        int c = 8 * dt + 2 * t;
-        for (int e = 0; e < 4; e++) {
-            int key = e < 2 ? c0 : c1, col = c + (e & 1);
-            if (key >= Tk) continue;
-            if (dkb) add_act(dkb, key * kvs + col, scale * adk[dt][e]);
-            if (dvb) add_act(dvb, key * kvs + col, adv[dt][e]);
-        }
-    }
-}
-
 /* ---------------------------------------------------------------- backward: one pass (opt-in) */
 
 /* FlashAttention-2's backward, run when the backend allows non-deterministic kernels
@@ -721,29 +610,33 @@ __device__ __forceinline__ void dq_tile_atomic(float *dq32, const u32 *ds, const
         }
 }
 
-/* k_tc_dkdv's dk and dv, and dq32(B,Tq,H,D) += sum_j dS_ij k_j (unscaled; NULL: none). Grid and
- * dynamic shared memory (bwd1_smem) as k_tc_dkdv's plus the dS tile. */
-template <int D, typename T>
+/* ---------------------------------------------------------------- backward: dk, dv */
+
+/* dk(B,Tk,Hkv,D) += scale sum_i dS_ij q_i and dv += sum_i P_ij dout_i over the queries of every
+ * head of the kv head's group (either may be NULL). Grid: B x Hkv x ceil(Tk/64) blocks, dynamic
+ * shared memory dkdv_smem. DQ (the one pass): also dq32(B,Tq,H,D) += sum_j dS_ij k_j (unscaled)
+ * by atomics, with bwd1_smem (the dS tile after the others). */
+template <int D, typename T, bool DQ>
 __global__ void __launch_bounds__(TC_THREADS)
-    k_tc_bwd1(act *dk_, act *dv_, float *dq32, const act *dout_, const float *lse, const float *Di,
+    k_tc_dkdv(act *dk_, act *dv_, float *dq32, const act *dout_, const float *lse, const float *Di,
               const act *q_, const act *k_, const act *v_, int Tq, int Tk, int H, int Hkv,
               const int32_t *q_pos, const int32_t *k_pos, int causal, const int32_t *q_start,
               float scale, int nkt) {
     T *dk = (T *)dk_, *dv = (T *)dv_;
     const T *dout = (const T *)dout_, *q = (const T *)q_, *k = (const T *)k_, *v = (const T *)v_;
     constexpr int NK = D / 16, ND = D / 8, NT = TC_KVQ / 8, RS = D + 8;
-    extern __shared__ float sm[];
-    u32 *ks = (u32 *)sm; /* as k_tc_dkdv's, and K is also the B operand of dS K */
-    u32 *vs = ks + TC_BKV * RS / 2;
-    u32 *qs_ = vs + TC_BKV * RS / 2;
-    u32 *os = qs_ + TC_KVQ * RS / 2;
-    u32 *ds = os + TC_KVQ * RS / 2; /* dS, row per query */
+    extern __shared__ float sm[];    /* 16-byte aligned; every tile a multiple of 16 bytes */
+    u32 *ks = (u32 *)sm;             /* the block's K rows: A operand of S^T = K Q^T */
+    u32 *vs = ks + TC_BKV * RS / 2;  /* its V rows: A operand of dP^T = V dO^T */
+    u32 *qs_ = vs + TC_BKV * RS / 2; /* query tile rows: B of S^T, read transposed for dK */
+    u32 *os = qs_ + TC_KVQ * RS / 2; /* dout tile rows: B of dP^T, read transposed for dV */
+    u32 *ds = os + TC_KVQ * RS / 2;  /* DQ: dS, row per query (the A operand of dS K) */
     __shared__ int kpos[TC_BKV], qpos[TC_KVQ], qsp[TC_KVQ];
     __shared__ float l2s[TC_KVQ], dis[TC_KVQ];
     const int kt = (int)(blockIdx.x % nkt), hk = (int)(blockIdx.x / nkt % Hkv);
     const int b = (int)(blockIdx.x / nkt / Hkv), G = H / Hkv;
     const int w = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int j0 = kt * TC_BKV, c0 = j0 + 16 * w + g, c1 = c0 + 8;
+    const int j0 = kt * TC_BKV, c0 = j0 + 16 * w + g, c1 = c0 + 8; /* this thread's two keys */
     const int64_t qst = (int64_t)H * D, kvs = (int64_t)Hkv * D;
     const float scale2 = scale * LOG2E;
     const T *kb = k + ((int64_t)b * Tk * Hkv + hk) * D, *vb = v + (kb - k);
@@ -777,12 +670,15 @@ __global__ void __launch_bounds__(TC_THREADS)
             fill_rows<D, T>(qs_, qb, qst, i0, TC_KVQ, Tq);
             fill_rows<D, T>(os, ob, qst, i0, TC_KVQ, Tq);
             __syncthreads();
+            /* a warp whose keys no query of the tile sees skips its products; under DQ it keeps
+             * dS = 0 and joins the dQ step */
+            const bool idle = causal && qmax < kmin_warp;
+            if (idle && !DQ) continue;
 
             float s[NT][4], dp[NT][4]; /* S^T and dP^T: 16 keys x 32 queries */
             for (int nt = 0; nt < NT; nt++)
                 for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.0f;
-            /* a warp whose keys no query of the tile sees keeps dS = 0 but joins the dQ step */
-            if (!causal || qmax >= kmin_warp) {
+            if (!idle) {
                 for (int kk = 0; kk < NK; kk++) {
                     u32 ka[4], va[4];
                     load_a(ka, ks, RS, 16 * w, kk);
@@ -797,9 +693,10 @@ __global__ void __launch_bounds__(TC_THREADS)
                 }
                 for (int nt = 0; nt < NT; nt++)
                     for (int e = 0; e < 4; e++) {
-                        int i = 8 * nt + 2 * t + (e & 1), kp = e < 2 ? kp0 : kp1;
+                        int i = 8 * nt + 2 * t + (e & 1);
                         bool vis = i0 + i < Tq && c0 + 8 * (e >> 1) < Tk &&
-                                   (!causal || kp <= qpos[i]) && kp >= qsp[i];
+                                   (!causal || (e < 2 ? kp0 : kp1) <= qpos[i]) &&
+                                   (e < 2 ? kp0 : kp1) >= qsp[i];
                         float p =
                             vis && l2s[i] != -INFINITY ? exp2f(s[nt][e] * scale2 - l2s[i]) : 0.0f;
                         s[nt][e] = p;
@@ -818,7 +715,7 @@ __global__ void __launch_bounds__(TC_THREADS)
                     }
                 }
             }
-            if (!dq32) continue;
+            if (!DQ) continue;
             store_ds_t(ds, dp);
             __syncthreads();
             dq_tile_atomic<D>(dq32 + ((int64_t)b * Tq * H + hq) * D, ds, ks, i0, Tq, qst);
@@ -868,7 +765,7 @@ static void tc_fwd(const ust_ops *o, act *out, float *lse, const act *q, const a
     CK_LAUNCH();
 }
 
-/* The one-pass backward (k_tc_bwd1): dq accumulates in an fp32 scratch copy (SCR_S: the GEMM
+/* The one-pass backward (k_tc_dkdv<DQ>): dq accumulates in an fp32 scratch copy (SCR_S: the GEMM
  * attention's, unused on this path), zeroed, then added into dq scaled. */
 template <int D, typename T>
 static void tc_bwd1(const ust_ops *o, act *dq, act *dk, act *dv, const act *dout, const float *lse,
@@ -881,10 +778,10 @@ static void tc_bwd1(const ust_ops *o, act *dq, act *dk, act *dv, const act *dout
     float *dq32 = (float *)cuda_scratch(o, SCR_S, (size_t)nq * sizeof(float));
     CK(cudaMemsetAsync(dq32, 0, (size_t)nq * sizeof(float), STREAM(o)));
     size_t smem = bwd1_smem(D);
-    cuda_smem_optin(o, k_tc_bwd1<D, T>, smem);
-    k_tc_bwd1<D, T><<<(int)blocks, TC_THREADS, smem, STREAM(o)>>>(dk, dv, dq32, dout, lse, Di, q, k,
-                                                                  v, Tq, Tk, H, Hkv, q_pos, k_pos,
-                                                                  causal, q_start, scale, (int)nkt);
+    cuda_smem_optin(o, k_tc_dkdv<D, T, true>, smem);
+    k_tc_dkdv<D, T, true><<<(int)blocks, TC_THREADS, smem, STREAM(o)>>>(
+        dk, dv, dq32, dout, lse, Di, q, k, v, Tq, Tk, H, Hkv, q_pos, k_pos, causal, q_start, scale,
+        (int)nkt);
     CK_LAUNCH();
     k_tc_dq_finish<T><<<grid_for(nq, 256), 256, 0, STREAM(o)>>>(dq, dq32, scale, nq);
     CK_LAUNCH();
@@ -912,10 +809,10 @@ static void tc_bwd(const ust_ops *o, act *dq, act *dk, act *dv, const act *dout,
         int64_t blocks = (int64_t)B * Hkv * nkt;
         UST_ASSERT(blocks < INT_MAX, "attention grid too large (%lld blocks)", (long long)blocks);
         size_t smem = dkdv_smem(D);
-        cuda_smem_optin(o, k_tc_dkdv<D, T>, smem);
-        k_tc_dkdv<D, T><<<(int)blocks, TC_THREADS, smem, STREAM(o)>>>(
-            dk, dv, dout, lse, Di, q, k, v, Tq, Tk, H, Hkv, q_pos, k_pos, causal, q_start, scale,
-            nkt);
+        cuda_smem_optin(o, k_tc_dkdv<D, T, false>, smem);
+        k_tc_dkdv<D, T, false><<<(int)blocks, TC_THREADS, smem, STREAM(o)>>>(
+            dk, dv, NULL, dout, lse, Di, q, k, v, Tq, Tk, H, Hkv, q_pos, k_pos, causal, q_start,
+            scale, nkt);
         CK_LAUNCH();
     }
 }
