@@ -186,8 +186,8 @@ static int transfer(dp_state *d, dp_buf b, int file, ckpt_writer *w, ckpt_reader
         if (b == BUF_V && muon_tensor(d, &q->whole)) continue; /* Muon keeps one state */
         if (bb - a > cap) {
             host = realloc(host, (bb - a) * sizeof(float));
-            host16 = realloc(host16, (bb - a) * sizeof(uint16_t));
-            UST_ASSERT(host && host16, "out of host memory");
+            if (d->buf.m16) host16 = realloc(host16, (bb - a) * sizeof(uint16_t));
+            UST_ASSERT(host && (host16 || !d->buf.m16), "out of host memory");
             cap = bb - a;
         }
         int u = model_param_unit(d->m, i);

@@ -1268,21 +1268,24 @@ static void cpu_xent_vp_finish(const ust_ops *o, float *losses, act *dlogits_, c
 
 /* ---------------------------------------------------------------- optimizer */
 
+/* One AdamW element: the moments mi, vi (fp32, updated in place) and the parameter; the fp32
+ * and bf16-state ops share it, so their arithmetic is one. */
+static inline void adamw_elem(float *p, float g, float *mi, float *vi, float lr, float b1, float b2,
+                              float eps, float wd, float bc1, float bc2) {
+    *mi = b1 * *mi + (1.0f - b1) * g;
+    *vi = b2 * *vi + (1.0f - b2) * g * g;
+    float mhat = *mi / bc1, vhat = *vi / bc2;
+    *p -= lr * (mhat / (sqrtf(vhat) + eps) + wd * *p);
+}
+
 static void cpu_adamw(const ust_ops *o, float *p, const float *grad, float *m, float *v, int64_t n,
                       float lr, float b1, float b2, float eps, float wd, float grad_scale,
                       int64_t t) {
     float bc1 = (float)(1.0 - pow((double)b1, (double)t));
     float bc2 = (float)(1.0 - pow((double)b2, (double)t));
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
-    for (int64_t i = 0; i < n; i++) {
-        float g = grad[i] * grad_scale;
-        float mi = b1 * m[i] + (1.0f - b1) * g;
-        float vi = b2 * v[i] + (1.0f - b2) * g * g;
-        m[i] = mi;
-        v[i] = vi;
-        float mhat = mi / bc1, vhat = vi / bc2;
-        p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
-    }
+    for (int64_t i = 0; i < n; i++)
+        adamw_elem(p + i, grad[i] * grad_scale, m + i, v + i, lr, b1, b2, eps, wd, bc1, bc2);
 }
 
 static void cpu_adamw_many(const ust_ops *o, float *p, const float *grad, float *m, float *v,
@@ -1299,13 +1302,10 @@ static void cpu_adamw16(const ust_ops *o, float *p, const float *grad, uint16_t 
                         float grad_scale, float bc1, float bc2) {
 #pragma omp parallel for schedule(static) num_threads(nthreads(o))
     for (int64_t i = 0; i < n; i++) {
-        float g = grad[i] * grad_scale;
-        float mi = b1 * ops_state_f32(m[i]) + (1.0f - b1) * g;
-        float vi = b2 * ops_state_f32(v[i]) + (1.0f - b2) * g * g;
+        float mi = ops_state_f32(m[i]), vi = ops_state_f32(v[i]);
+        adamw_elem(p + i, grad[i] * grad_scale, &mi, &vi, lr, b1, b2, eps, wd, bc1, bc2);
         m[i] = ops_state_bf16(mi);
         v[i] = ops_state_bf16(vi);
-        float mhat = mi / bc1, vhat = vi / bc2;
-        p[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * p[i]);
     }
 }
 
